@@ -1,0 +1,100 @@
+/* test.c — implementation of the harness declared in test.h. */
+#include "tests/support/test.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum test_state { TEST_PASSED, TEST_FAILED, TEST_SKIPPED };
+
+static enum test_state current_state;
+static int n_passed, n_failed, n_skipped;
+static char tmpdir_path[256];
+
+void test_run(const char *name, void (*fn)(void))
+{
+    current_state = TEST_PASSED;
+    fn();
+    switch (current_state) {
+    case TEST_PASSED:
+        n_passed++;
+        printf("  ok   %s\n", name);
+        break;
+    case TEST_FAILED:
+        n_failed++;
+        printf("  FAIL %s\n", name);
+        break;
+    case TEST_SKIPPED:
+        n_skipped++;
+        printf("  skip %s\n", name);
+        break;
+    }
+    fflush(stdout);
+}
+
+void test_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    current_state = TEST_FAILED;
+    printf("       %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+}
+
+void test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    current_state = TEST_SKIPPED;
+    printf("       skipped: ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tmpdir(void)
+{
+    if (tmpdir_path[0])
+        nftw(tmpdir_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char *test_tmpdir(void)
+{
+    if (!tmpdir_path[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(tmpdir_path, sizeof tmpdir_path, "%s/llms-test-XXXXXX", base ? base : "/tmp");
+        if (!mkdtemp(tmpdir_path)) {
+            fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+            exit(2);
+        }
+        atexit(remove_tmpdir);
+    }
+    return tmpdir_path;
+}
+
+const char *test_data_path(const char *relative)
+{
+    static char path[1024];
+    const char *root = getenv("LLMS_TESTDATA");
+    snprintf(path, sizeof path, "%s/%s", root ? root : "../shared/testdata", relative);
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
+int test_finish(void)
+{
+    printf("# result %d %d %d\n", n_passed, n_failed, n_skipped);
+    return n_failed ? 1 : 0;
+}
