@@ -63,4 +63,44 @@ const quant_traits *quant_traits_of(uint32_t t);
  * number of blocks. */
 size_t quant_row_bytes(uint32_t t, int64_t n);
 
+/* ---- scalar conversions ---- */
+
+float quant_f16_to_f32(uint16_t h);
+uint16_t quant_f32_to_f16(float f); /* round to nearest even */
+float quant_bf16_to_f32(uint16_t h);
+uint16_t quant_f32_to_bf16(float f); /* round to nearest even */
+
+/* ---- rows (n elements, a whole number of blocks; t must be computable) ---- */
+
+/* Expands n elements of type t into f32. */
+void quant_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
+
+/* Packs n f32 values into type t with the exact GGUF block layout (a reference
+ * quantizer: round to nearest, scales as llama.cpp's reference code chooses them).
+ * Also accepts QTYPE_Q8_K. Used by the model generator and the tests. */
+void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
+
+/* ---- dot products (the inner loop of every matrix product) ---- */
+
+/* The activation format the dot product of weight type t consumes: Q8_0 for Q8_0 and
+ * Q4_0, Q8_K for Q4_K/Q5_K/Q6_K, F32 for F32/F16/BF16. */
+uint32_t quant_dot_activation_type(uint32_t t);
+
+/* Converts an f32 activation row of n elements into act_type (quant_row_bytes(act_type, n)
+ * bytes at dst); for F32 it is a copy. */
+void quant_prepare_activation(uint32_t act_type, const float *src, void *dst, int64_t n);
+
+/* Dot product of one weight row of type t with one activation row already converted
+ * by quant_prepare_activation; uses the AVX2/FMA kernel when the CPU has it. */
+float quant_dot(uint32_t t, const void *weights, const void *activation, int64_t n);
+
+/* The portable scalar version of quant_dot: the reference SIMD kernels are tested against. */
+float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, int64_t n);
+
+/* Computes out[r] = quant_dot(t, row r, activation) for n_rows rows that are
+ * row_bytes apart: the form matrix-vector products use, so kernels can work on
+ * several rows per pass over the activation. */
+void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                    const void *activation, int64_t n, float *out);
+
 #endif
