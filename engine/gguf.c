@@ -873,8 +873,12 @@ static void wb_str(wbuf *b, const char *s, size_t len)
 
 static int writer_fail(gguf_writer *w, const char *what, const char *name)
 {
-    if (!w->err[0])
-        err_set(w->err, "%s '%.*s'", what, NAME_SHOWN, name ? name : "");
+    if (!w->err[0]) {
+        if (name)
+            err_set(w->err, "%s '%.*s'", what, NAME_SHOWN, name);
+        else
+            err_set(w->err, "%s", what);
+    }
     return -1;
 }
 
@@ -1009,11 +1013,11 @@ int gguf_writer_set_str_arr(gguf_writer *w, const char *key, const char *const *
 int gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t i)
 {
     if (i < 0 || i >= src->n_kv)
-        return writer_fail(w, "copy of a metadata index out of range from key", "");
+        return writer_fail(w, "copy_kv: metadata index out of range", NULL);
     const gguf_kv *kv = &src->kvs[i];
     char *key = strndup(kv->key.ptr, (size_t)kv->key.len);
     if (!key)
-        return writer_fail(w, "out of memory copying a key", "");
+        return writer_fail(w, "out of memory copying a key", NULL);
     wbuf b = {0};
     wb_put(&b, kv->raw, (size_t)kv->raw_len);
     int rc = set_kv(w, key, kv->type, &b);
