@@ -468,6 +468,15 @@ static void multiple_stop_strings_earliest_wins(void)
     CHECK(feed_all(&m, nl, 4, text, true) >= 0);
     CHECK_MSG(strcmp(text, "a\n\nb") == 0, "got '%s'", text);
     CHECK_EQ(stop_hit(&m), 2);
+
+    /* the held tail moves from one stop string's prefix to another's: "ab" (of "abX")
+     * becomes "bc" (of "bcY") when "c" arrives, releasing only "a" */
+    const char *ab[] = {"abX", "bcY"};
+    CHECK(stop_init(&m, ab, 2, NULL) == 0);
+    const char *abc[] = {"ab", "c", "Y"};
+    CHECK(feed_all(&m, abc, 3, text, true) >= 0);
+    CHECK_MSG(strcmp(text, "a") == 0, "got '%s'", text);
+    CHECK_EQ(stop_hit(&m), 1);
 }
 
 static void stop_init_rejects_bad_strings(void)
