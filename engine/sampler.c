@@ -11,6 +11,7 @@
 typedef struct cand {
     int32_t id;
     float logit;
+    float w; /* unnormalized probability, set by weigh() */
 } cand;
 
 struct sampler {
@@ -253,32 +254,45 @@ static void sort_best_first(cand *c, int n)
     }
 }
 
-static float max_logit(const cand *c, int n)
-{
-    float m = c[0].logit;
-    for (int i = 1; i < n; i++)
-        if (c[i].logit > m)
-            m = c[i].logit;
-    return m;
-}
-
-/* exp((logit - max) / temp), with the maximum itself weighing 1 so that all -inf (or
- * several +inf) logits still give a usable distribution. */
-static double weight(float logit, float max, float temp)
-{
-    return logit == max ? 1.0 : exp(((double)logit - max) / temp);
-}
-
-/* Length of the smallest best-first prefix whose probability reaches top_p (>= 1). */
-static int nucleus(const cand *c, int n, float top_p)
+/* Sets each w to exp((logit - max) / temp) and returns their sum. The maximum itself
+ * weighs exactly 1, so all -inf (or several +inf) logits still give a distribution. */
+static double weigh(cand *c, int n, float temp)
 {
     float max = c[0].logit;
+    for (int i = 1; i < n; i++)
+        if (c[i].logit > max)
+            max = c[i].logit;
     double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += weight(c[i].logit, max, 1.0f);
-    double cum = 0, target = top_p * sum;
     for (int i = 0; i < n; i++) {
-        cum += weight(c[i].logit, max, 1.0f);
+        c[i].w = c[i].logit == max ? 1.0f : expf((c[i].logit - max) / temp);
+        sum += c[i].w;
+    }
+    return sum;
+}
+
+/* Sorts, best first, a prefix of c[0..n) whose weight reaches target and returns its
+ * length. Nuclei are usually small, so growing selections beat sorting everything. */
+static int sort_prefix_holding(cand *c, int n, double target)
+{
+    for (int m = 64; m < n; m *= 4) {
+        select_best(c, n, m);
+        sort_best_first(c, m);
+        double mass = 0;
+        for (int i = 0; i < m; i++)
+            mass += c[i].w;
+        if (mass >= target)
+            return m;
+    }
+    sort_best_first(c, n);
+    return n;
+}
+
+/* Length of the shortest best-first prefix whose weight reaches target (at least 1). */
+static int nucleus(const cand *c, int n, double target)
+{
+    double cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += c[i].w;
         if (cum >= target)
             return i + 1;
     }
@@ -288,27 +302,22 @@ static int nucleus(const cand *c, int n, float top_p)
 /* Keeps, in order, the candidates with p >= min_p * p(best); returns how many. */
 static int min_p_filter(cand *c, int n, float min_p)
 {
-    float max = max_logit(c, n);
+    weigh(c, n, 1.0f);
     int kept = 0;
     for (int i = 0; i < n; i++)
-        if (weight(c[i].logit, max, 1.0f) >= min_p)
+        if (c[i].w >= min_p)
             c[kept++] = c[i];
     return kept;
 }
 
-static int32_t draw(sampler *s, const cand *c, int n, float temp)
+static int32_t draw(sampler *s, cand *c, int n, float temp)
 {
-    float max = max_logit(c, n);
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += weight(c[i].logit, max, temp);
-    double u = rng_uniform(s->rng) * sum, cum = 0;
+    double u = rng_uniform(s->rng) * weigh(c, n, temp), cum = 0;
     int last = 0;
     for (int i = 0; i < n; i++) {
-        double w = weight(c[i].logit, max, temp);
-        if (w > 0)
+        if (c[i].w > 0)
             last = i;
-        cum += w;
+        cum += c[i].w;
         if (u < cum)
             return c[i].id;
     }
@@ -329,7 +338,7 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
     if (s->p.temperature <= 0.0f)
         return argmax(c, n);
 
-    bool sorted = false;
+    bool sorted = false; /* whether c[0..n) is in best-first order */
     if (s->p.top_k > 0 && s->p.top_k < n) {
         select_best(c, n, s->p.top_k);
         n = s->p.top_k;
@@ -337,9 +346,10 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
         sorted = true;
     }
     if (s->p.top_p < 1.0f) {
+        double target = s->p.top_p * weigh(c, n, 1.0f);
         if (!sorted)
-            sort_best_first(c, n);
-        n = nucleus(c, n, s->p.top_p);
+            n = sort_prefix_holding(c, n, target);
+        n = nucleus(c, n, target);
     }
     if (s->p.min_p > 0.0f)
         n = min_p_filter(c, n, s->p.min_p);

@@ -1,6 +1,7 @@
 /* Tests of the token sampler and the stop-string matcher. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/sampler.h"
@@ -277,6 +278,56 @@ static void top_k_large_vocab_matches_brute_force(void)
     sampler_free(s);
 }
 
+static const float *g_logits; /* for by_logit_desc */
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    int i = *(const int *)a, j = *(const int *)b;
+    if (g_logits[i] != g_logits[j])
+        return g_logits[i] > g_logits[j] ? -1 : 1;
+    return i - j;
+}
+
+/* top-p without top-k on a vocabulary far larger than the nucleus (about 430 of 5000
+ * tokens hold half the mass): draws stay inside a brute-force nucleus. */
+static void top_p_large_vocab_matches_brute_force(void)
+{
+    enum { N = 5000 };
+    static float l[N];
+    static int order[N];
+    static bool in_nucleus[N];
+    fill_logits(l, N, 31, 4.0f);
+    for (int i = 0; i < N; i++)
+        order[i] = i;
+    g_logits = l;
+    qsort(order, N, sizeof order[0], by_logit_desc);
+    double total = 0, cum = 0;
+    for (int i = 0; i < N; i++)
+        total += exp(l[i]);
+    memset(in_nucleus, 0, sizeof in_nucleus);
+    int size = 0;
+    while (cum < 0.5 * total) {
+        cum += exp(l[order[size]]);
+        in_nucleus[order[size++]] = true;
+    }
+    CHECK(size > 256 && size < 1024);
+    sampler_params p = plain_params(17);
+    p.top_p = 0.5f;
+    sampler *s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    int distinct = 0;
+    static bool seen[N];
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 20000; i++) {
+        int32_t t = sampler_sample(s, l, NULL, 0);
+        CHECK_MSG(t >= 0 && in_nucleus[t], "draw %d gave token %d outside the nucleus", i, t);
+        distinct += !seen[t];
+        seen[t] = true;
+    }
+    CHECK_MSG(distinct > size * 9 / 10, "only %d of %d nucleus tokens drawn", distinct, size);
+    sampler_free(s);
+}
+
 static void repetition_penalty_changes_argmax(void)
 {
     enum { N = 5 };
@@ -522,6 +573,7 @@ int main(void)
     RUN(top_p_excludes_tokens_outside_the_nucleus);
     RUN(min_p_excludes_unlikely_tokens);
     RUN(top_k_large_vocab_matches_brute_force);
+    RUN(top_p_large_vocab_matches_brute_force);
     RUN(repetition_penalty_changes_argmax);
     RUN(invalid_params_are_rejected_with_messages);
     RUN(all_negative_infinity_still_gives_a_token);
