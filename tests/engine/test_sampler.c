@@ -268,7 +268,7 @@ static void top_k_large_vocab_matches_brute_force(void)
     CHECK(s);
     static int count[N];
     memset(count, 0, sizeof count);
-    for (int i = 0; i < 4000; i++) {
+    for (int i = 0; i < 1000; i++) {
         int32_t t = sampler_sample(s, l, NULL, 0);
         CHECK_MSG(t >= 0 && in_top[t], "draw %d gave token %d outside the top %d", i, t, K);
         count[t]++;
@@ -318,13 +318,13 @@ static void top_p_large_vocab_matches_brute_force(void)
     int distinct = 0;
     static bool seen[N];
     memset(seen, 0, sizeof seen);
-    for (int i = 0; i < 20000; i++) {
+    for (int i = 0; i < 2000; i++) {
         int32_t t = sampler_sample(s, l, NULL, 0);
         CHECK_MSG(t >= 0 && in_nucleus[t], "draw %d gave token %d outside the nucleus", i, t);
         distinct += !seen[t];
         seen[t] = true;
     }
-    CHECK_MSG(distinct > size * 9 / 10, "only %d of %d nucleus tokens drawn", distinct, size);
+    CHECK_MSG(distinct > size * 3 / 4, "only %d of %d nucleus tokens drawn", distinct, size);
     sampler_free(s);
 }
 
