@@ -1,0 +1,78 @@
+/*
+ * chat.h — turning a conversation into a prompt with a model's chat template.
+ *
+ * There is no Jinja interpreter: as in llama.cpp, a model's tokenizer.chat_template is
+ * recognised by distinctive markers and mapped to a known family, whose format is
+ * written by hand. The output for every family equals llama.cpp's
+ * llm_chat_apply_template() for the same messages. No family writes the BOS text
+ * ("<s>", "<|begin_of_text|>"): the tokenizer adds BOS.
+ */
+#ifndef LLMS_CHAT_H
+#define LLMS_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum chat_family {
+    /* Not a model's format: "System: ...\nUser: ...\nAssistant: ...\n" lines, and
+     * "Assistant:" as the generation prompt; for models without a known template. */
+    CHAT_PLAIN,
+    /* "<|im_start|>role\ncontent<|im_end|>\n" (Qwen, SmolLM, OpenHermes...) */
+    CHAT_CHATML,
+    /* "<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>", content trimmed */
+    CHAT_LLAMA3,
+    /* "[INST] user [/INST]assistant</s>"; a system message is put first in the turn */
+    CHAT_LLAMA2,
+    /* the same with the system message in a "<<SYS>>\n...\n<</SYS>>\n\n" block */
+    CHAT_LLAMA2_SYS,
+    /* LLAMA2_SYS with "<s>" before each later "[INST]" (template writes bos_token
+     * inside the history) */
+    CHAT_LLAMA2_SYS_BOS,
+    /* LLAMA2_SYS with every message trimmed (template uses content.strip()) */
+    CHAT_LLAMA2_SYS_STRIP,
+    /* Mistral's official templates: " [INST] user [/INST] assistant</s>" (v1),
+     * "[INST] user[/INST] assistant</s>" (v3, assistant trimmed),
+     * "[INST]user[/INST]assistant</s>" (v3-tekken),
+     * "[SYSTEM_PROMPT] sys[/SYSTEM_PROMPT][INST] user[/INST] assistant</s>" (v7) */
+    CHAT_MISTRAL_V1,
+    CHAT_MISTRAL_V3,
+    CHAT_MISTRAL_V3_TEKKEN,
+    CHAT_MISTRAL_V7,
+};
+
+/*
+ * The family of a template: either one of the names chat_family_name() gives, or the
+ * text of tokenizer.chat_template, recognised like llama.cpp does ("<|im_start|>" ->
+ * chatml, "[INST]" -> the llama2/mistral variants, "<|start_header_id|>" with
+ * "<|end_header_id|>" -> llama3). NULL or anything else gives CHAT_PLAIN.
+ */
+enum chat_family chat_detect(const char *template_text);
+
+/* Short name of a family ("chatml", "llama3", "llama2-sys", "mistral-v7", "plain"...). */
+const char *chat_family_name(enum chat_family f);
+
+struct chat_message {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+};
+
+/*
+ * Writes the prompt for msgs[0..n) to out, like snprintf: at most cap bytes including a
+ * terminating NUL (out may be NULL when cap is 0), and returns the full length without
+ * the NUL, so the output was complete when the result is < cap. add_generation_prompt
+ * appends the opening of an assistant turn where the family has one (the llama2 and
+ * mistral families end a user turn with it already and ignore it, as llama.cpp does).
+ * Returns -1 for an unknown family, a NULL message field, a role other than the three
+ * above, n < 0, or a result longer than INT_MAX.
+ */
+int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
+               bool add_generation_prompt, char *out, size_t cap);
+
+/*
+ * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>";
+ * "\nUser:" for plain), for use as a stop string when the tokenizer does not mark the
+ * corresponding token as end-of-generation. Never NULL.
+ */
+const char *chat_stop_text(enum chat_family f);
+
+#endif

@@ -1,0 +1,61 @@
+/*
+ * sampler.h — choosing the next token from a row of logits.
+ *
+ * The steps and their order follow llama.cpp's default chain: repetition penalty over
+ * the recent history -> top-k -> top-p -> min-p -> temperature -> a draw from the
+ * softmax with the sampler's own seeded PRNG (xoshiro256**). Top-p and min-p therefore
+ * see probabilities at temperature 1. A temperature <= 0 means greedy: the argmax after
+ * the penalty (ties go to the lowest id).
+ *
+ * A sampler owns scratch sized for the vocabulary when it is created; sampling never
+ * allocates. One sampler serves one generation stream at a time (no internal locking).
+ */
+#ifndef LLMS_SAMPLER_H
+#define LLMS_SAMPLER_H
+
+#include <stdint.h>
+
+#include "engine/err.h"
+
+/* A seed that asks for a random one (taken from getrandom(), else the clock). */
+#define SAMPLER_SEED_RANDOM UINT64_MAX
+
+typedef struct sampler_params {
+    float temperature;    /* <= 0: greedy; otherwise logits are divided by it */
+    int top_k;            /* keep the k most likely tokens; 0 disables */
+    float top_p;          /* keep the smallest prefix whose mass reaches p; (0,1], 1 disables */
+    float min_p;          /* drop tokens below min_p * p(most likely); [0,1], 0 disables */
+    float repeat_penalty; /* > 0; 1 disables */
+    int repeat_last_n;    /* tokens of history penalized; 0 disables, -1 means all */
+    uint64_t seed;        /* SAMPLER_SEED_RANDOM for a random seed */
+} sampler_params;
+
+/* llama.cpp's defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition
+ * penalty off (1.0) over the last 64 tokens, random seed. */
+sampler_params sampler_params_default(void);
+
+typedef struct sampler sampler;
+
+/* Validates the parameters (the message names the bad one) and allocates the scratch for
+ * a vocabulary of n_vocab tokens. Returns NULL and fills err on failure. */
+sampler *sampler_new(int n_vocab, const sampler_params *p, char err[ERR_MAX]);
+
+void sampler_free(sampler *s);
+
+/*
+ * Picks the next token from logits[n_vocab] (not modified). history holds the tokens
+ * so far (prompt and generated), oldest first; the last repeat_last_n of them are
+ * penalized once each however often they occur; ids outside the vocabulary are ignored.
+ * NaN logits count as -infinity. Returns the token id, or -1 when logits is NULL,
+ * n_history < 0, or n_history > 0 with history NULL.
+ */
+int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, int n_history);
+
+/* Restarts the random stream from seed (SAMPLER_SEED_RANDOM for a random one). */
+void sampler_reset(sampler *s, uint64_t seed);
+
+/* The seed actually in use (the drawn one when a random seed was asked for), so a run
+ * can be reproduced. */
+uint64_t sampler_seed(const sampler *s);
+
+#endif
