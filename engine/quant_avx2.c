@@ -1,0 +1,481 @@
+/*
+ * quant_avx2.c — AVX2/FMA/F16C dot-product and dequantization kernels (see quant_avx2.h).
+ * Compiled with -mavx2 -mfma -mf16c; quant.c calls in only after checking the CPU.
+ *
+ * Dot products of quantized rows do exact integer arithmetic per block (the same integers
+ * as the scalar kernels) and accumulate in f32 vectors, so they differ from the scalar
+ * reference only by the order of f32 additions. Dequantization gives the scalar results
+ * bit for bit: every product it forms with an FMA is exact in f32.
+ */
+#if defined(__x86_64__)
+
+#include "engine/quant_avx2.h"
+
+#include <immintrin.h>
+
+#include "engine/quant.h"
+#include "engine/quant_blocks.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Rows processed per pass over the activation by the multi-row kernels. */
+#define NR 4
+
+INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE __m256i load256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+INLINE __m128i load128(const void *p)
+{
+    return _mm_loadu_si128((const __m128i *)p);
+}
+
+/* Sum of w[i] * a[i] over 32 signed bytes, as 8 int32 partial sums. maddubs wants an
+ * unsigned first operand, so the signs of w move onto a; exact because quantized
+ * activations never hold -128 (and |w| = 128 is fine as an unsigned byte). */
+INLINE __m256i dot_i8x32(__m256i w, __m256i a)
+{
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The 32 signed values (nibble - 8) of a Q4_0 block, in element order. */
+INLINE __m256i unpack_q4_0(const uint8_t *qs)
+{
+    __m128i b = load128(qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), _mm256_set1_epi8(8));
+}
+
+/*
+ * Multi-row kernels take nr (1..NR, a constant after inlining) rows that share each
+ * activation load. The arithmetic of a row is the same for every nr, so a row's result
+ * does not depend on how rows were grouped.
+ */
+
+INLINE void rows_q8_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y, int64_t nb,
+                      float *out)
+{
+    const qblock_q8_0 *x[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i a = load256(y[i].qs);
+        float da = _cvtsh_ss(y[i].d);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            __m256 p = _mm256_cvtepi32_ps(dot_i8x32(load256(x[r][i].qs), a));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * da), p, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum(acc[r]);
+}
+
+INLINE void rows_q4_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y, int64_t nb,
+                      float *out)
+{
+    const qblock_q4_0 *x[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const qblock_q4_0 *)(const void *)(w + (size_t)r * rb);
+        acc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i a = load256(y[i].qs);
+        float da = _cvtsh_ss(y[i].d);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            __m256 p = _mm256_cvtepi32_ps(dot_i8x32(unpack_q4_0(x[r][i].qs), a));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * da), p, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum(acc[r]);
+}
+
+/* Eight consecutive weights of a float type t (F32, F16, BF16) starting at element i. */
+INLINE __m256 load8_float(uint32_t t, const void *row, int64_t i)
+{
+    if (t == QTYPE_F32)
+        return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = load128((const uint16_t *)row + i);
+    if (t == QTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+INLINE float load1_float(uint32_t t, const void *row, int64_t i)
+{
+    if (t == QTYPE_F32)
+        return ((const float *)row)[i];
+    uint16_t h = ((const uint16_t *)row)[i];
+    return t == QTYPE_F16 ? _cvtsh_ss(h) : quant_bf16_to_f32(h);
+}
+
+INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const float *a,
+                       int64_t n, float *out)
+{
+    const void *x[NR];
+    __m256 acc0[NR], acc1[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        x[r] = w + (size_t)r * rb;
+        acc0[r] = _mm256_setzero_ps();
+        acc1[r] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            acc0[r] = _mm256_fmadd_ps(load8_float(t, x[r], i), a0, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(load8_float(t, x[r], i + 8), a1, acc1[r]);
+        }
+    }
+    if (i + 8 <= n) {
+        __m256 a0 = _mm256_loadu_ps(a + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+            acc0[r] = _mm256_fmadd_ps(load8_float(t, x[r], i), a0, acc0[r]);
+        i += 8;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        float s = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+        for (int64_t j = i; j < n; j++)
+            s += load1_float(t, x[r], j) * a[j];
+        out[r] = s;
+    }
+}
+
+/* Per-sub-block 6-bit mins of a Q4_K/Q5_K super-block times the activation's pair sums of
+ * bsums: 8 int32 m[j] * (bsums[2j] + bsums[2j+1]). */
+INLINE __m256i k_mins_dot(const uint8_t m[8], const qblock_q8_k *y)
+{
+    __m128i m8 = _mm_loadl_epi64((const __m128i *)(const void *)m);
+    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    return _mm256_madd_epi16(load256((const uint8_t *)y + offsetof(qblock_q8_k, bsums)), m16);
+}
+
+static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t sc[8], m[8];
+        qb_unpack_k_scales(x[i].scales, sc, m);
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m256i q = load256(x[i].qs + 32 * g);
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
+            __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
+            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * g]));
+            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * g + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
+static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t sc[8], m[8];
+        qb_unpack_k_scales(x[i].scales, sc, m);
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
+        __m256i sumi = _mm256_setzero_si256(), hb = load256(x[i].qh);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m256i q = load256(x[i].qs + 32 * g);
+            /* Bit 2g of each qh byte becomes bit 4 of a low-nibble value, bit 2g+1 of a
+             * high-nibble one; hb is shifted down two bits per group. */
+            __m256i b0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
+            __m256i b1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+            hb = _mm256_srli_epi16(hb, 2);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), b0);
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1);
+            __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
+            __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
+            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * g]));
+            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * g + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
+/* A shuffle picking 16-bit element 2k of each 128-bit lane's scales for the low lane and
+ * element 2k+1 for the high lane: the scales of the two 16-element halves of a 32-value
+ * Q6_K run. */
+INLINE __m256i q6_scale_pick(int k)
+{
+    short lo = (short)(((4 * k + 1) << 8) | (4 * k)), hi = (short)(((4 * k + 3) << 8) | (4 * k + 2));
+    return _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+}
+
+static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x03);
+    const __m256i m0c = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        /* q is stored as q + 32: the sum of sc * 32 * a is taken off through bsums. */
+        __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h;
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(x[i].qh + 32 * h);
+            __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(
+                _mm_loadl_epi64((const __m128i *)(const void *)(x[i].scales + 8 * h))));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m0c), 2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i p = _mm256_maddubs_epi16(q[k], load256(a + 32 * k));
+                __m256i s = _mm256_shuffle_epi8(sc, q6_scale_pick(k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
+void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                         const void *activation, int64_t n, float *out)
+{
+    const uint8_t *w = weights;
+    int64_t r = 0;
+    switch (t) {
+    case QTYPE_Q8_0:
+        for (; r + NR <= n_rows; r += NR)
+            rows_q8_0(NR, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        for (; r < n_rows; r++)
+            rows_q8_0(1, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        break;
+    case QTYPE_Q4_0:
+        for (; r + NR <= n_rows; r += NR)
+            rows_q4_0(NR, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        for (; r < n_rows; r++)
+            rows_q4_0(1, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        break;
+    case QTYPE_F32:
+    case QTYPE_F16:
+    case QTYPE_BF16:
+        for (; r + NR <= n_rows; r += NR) {
+            const uint8_t *x = w + (size_t)r * row_bytes;
+            if (t == QTYPE_F32)
+                rows_float(QTYPE_F32, NR, x, row_bytes, activation, n, out + r);
+            else if (t == QTYPE_F16)
+                rows_float(QTYPE_F16, NR, x, row_bytes, activation, n, out + r);
+            else
+                rows_float(QTYPE_BF16, NR, x, row_bytes, activation, n, out + r);
+        }
+        for (; r < n_rows; r++) {
+            const uint8_t *x = w + (size_t)r * row_bytes;
+            if (t == QTYPE_F32)
+                rows_float(QTYPE_F32, 1, x, row_bytes, activation, n, out + r);
+            else if (t == QTYPE_F16)
+                rows_float(QTYPE_F16, 1, x, row_bytes, activation, n, out + r);
+            else
+                rows_float(QTYPE_BF16, 1, x, row_bytes, activation, n, out + r);
+        }
+        break;
+    case QTYPE_Q4_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q4_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q5_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q5_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q6_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q6_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    default:
+        for (; r < n_rows; r++)
+            out[r] = 0;
+        break;
+    }
+}
+
+/* ---- dequantization ---- */
+
+/* Writes d * q - m for 32 signed bytes q; the first 16 use d0, the last 16 d1. */
+INLINE void store_q32(float *y, __m256i q, __m256 d0, __m256 d1, __m256 m)
+{
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y, _mm256_fmsub_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), m));
+    _mm256_storeu_ps(y + 8, _mm256_fmsub_ps(
+                                d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), m));
+    _mm256_storeu_ps(y + 16, _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), m));
+    _mm256_storeu_ps(y + 24, _mm256_fmsub_ps(
+                                 d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), m));
+}
+
+static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < nb; i++) {
+        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        uint8_t sc[8], m[8];
+        qb_unpack_k_scales(b[i].scales, sc, m);
+        for (int g = 0; g < 4; g++, y += 64) {
+            __m256i q = load256(b[i].qs + 32 * g);
+            __m256 d1 = _mm256_set1_ps(d * sc[2 * g]), d2 = _mm256_set1_ps(d * sc[2 * g + 1]);
+            store_q32(y, _mm256_and_si256(q, m4), d1, d1, _mm256_set1_ps(dmin * m[2 * g]));
+            store_q32(y + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), d2, d2,
+                      _mm256_set1_ps(dmin * m[2 * g + 1]));
+        }
+    }
+}
+
+static void dequant_q5_k(const qblock_q5_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++) {
+        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        uint8_t sc[8], m[8];
+        qb_unpack_k_scales(b[i].scales, sc, m);
+        __m256i hb = load256(b[i].qh);
+        for (int g = 0; g < 4; g++, y += 64) {
+            __m256i q = load256(b[i].qs + 32 * g);
+            __m256i b0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
+            __m256i b1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+            hb = _mm256_srli_epi16(hb, 2);
+            __m256 d1 = _mm256_set1_ps(d * sc[2 * g]), d2 = _mm256_set1_ps(d * sc[2 * g + 1]);
+            store_q32(y, _mm256_or_si256(_mm256_and_si256(q, m4), b0), d1, d1,
+                      _mm256_set1_ps(dmin * m[2 * g]));
+            store_q32(y + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1), d2,
+                      d2, _mm256_set1_ps(dmin * m[2 * g + 1]));
+        }
+    }
+}
+
+static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x03);
+    const __m256i m0c = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30);
+    const __m256i k32 = _mm256_set1_epi8(32);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        float d = _cvtsh_ss(b[i].d);
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = b[i].ql + 64 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(b[i].qh + 32 * h);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m0c), 2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int k = 0; k < 4; k++)
+                store_q32(y + 32 * k, _mm256_sub_epi8(q[k], k32), _mm256_set1_ps(d * sc[2 * k]),
+                          _mm256_set1_ps(d * sc[2 * k + 1]), zero);
+        }
+    }
+}
+
+void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    switch (t) {
+    case QTYPE_F16:
+    case QTYPE_BF16: {
+        const uint16_t *h = src;
+        for (; i + 32 <= n; i += 32)
+            for (int k = 0; k < 32; k += 8)
+                _mm256_storeu_ps(dst + i + k, load8_float(t, h, i + k));
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, load8_float(t, h, i));
+        for (; i < n; i++)
+            dst[i] = load1_float(t, h, i);
+        break;
+    }
+    case QTYPE_Q8_0: {
+        const qblock_q8_0 *b = src;
+        for (int64_t k = 0; k < n / QB_32; k++) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
+            store_q32(dst + QB_32 * k, load256(b[k].qs), d, d, zero);
+        }
+        break;
+    }
+    case QTYPE_Q4_0: {
+        const qblock_q4_0 *b = src;
+        for (int64_t k = 0; k < n / QB_32; k++) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
+            store_q32(dst + QB_32 * k, unpack_q4_0(b[k].qs), d, d, zero);
+        }
+        break;
+    }
+    case QTYPE_Q8_K: {
+        const qblock_q8_k *b = src;
+        for (int64_t k = 0; k < n / QB_256; k++) {
+            __m256 d = _mm256_set1_ps(b[k].d);
+            for (int j = 0; j < QB_256; j += 32)
+                store_q32(dst + QB_256 * k + j, load256(b[k].qs + j), d, d, zero);
+        }
+        break;
+    }
+    case QTYPE_Q4_K:
+        dequant_q4_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q5_K:
+        dequant_q5_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q6_K:
+        dequant_q6_k(src, dst, n / QB_256);
+        break;
+    default:
+        quant_dequantize_row_scalar(t, src, dst, n);
+        break;
+    }
+}
+
+#endif
