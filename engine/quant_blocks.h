@@ -78,8 +78,8 @@ static inline float qb_f16_to_f32(uint16_t h)
         float f = (float)m * 0x1p-24f; /* zero or subnormal: m units of 2^-24 */
         return sign ? -f : f;
     }
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
+    if (e == 31) /* infinity, or NaN made quiet as the F16C instruction does */
+        x = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
     else
         x = sign | ((e + 112) << 23) | (m << 13);
     float f;
