@@ -172,12 +172,12 @@ static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
         float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(b[i].scales, sc, m);
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
         const uint8_t *q = b[i].qs;
         for (int g = 0; g < 4; g++, q += 32, y += 64) {
-            float d1 = d * sc[2 * g], m1 = dmin * m[2 * g];
-            float d2 = d * sc[2 * g + 1], m2 = dmin * m[2 * g + 1];
+            float d1 = d * qb_k_byte(sc, 2 * g), m1 = dmin * qb_k_byte(m, 2 * g);
+            float d2 = d * qb_k_byte(sc, 2 * g + 1), m2 = dmin * qb_k_byte(m, 2 * g + 1);
             for (int l = 0; l < 32; l++) {
                 y[l] = d1 * (float)(q[l] & 0xF) - m1;
                 y[l + 32] = d2 * (float)(q[l] >> 4) - m2;
@@ -190,12 +190,12 @@ static void dequant_q5_k(const qblock_q5_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
         float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(b[i].scales, sc, m);
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
         const uint8_t *q = b[i].qs, *qh = b[i].qh;
         for (int g = 0; g < 4; g++, q += 32, y += 64) {
-            float d1 = d * sc[2 * g], m1 = dmin * m[2 * g];
-            float d2 = d * sc[2 * g + 1], m2 = dmin * m[2 * g + 1];
+            float d1 = d * qb_k_byte(sc, 2 * g), m1 = dmin * qb_k_byte(m, 2 * g);
+            float d2 = d * qb_k_byte(sc, 2 * g + 1), m2 = dmin * qb_k_byte(m, 2 * g + 1);
             for (int l = 0; l < 32; l++) {
                 int lo = (q[l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4);
                 int hi = (q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4);
@@ -618,12 +618,12 @@ static float dot_q4_0(const qblock_q4_0 *x, const qblock_q8_0 *y, int64_t nb)
 static float k_affine_block(float d, float dmin, const uint8_t scales[12], const int32_t sums[8],
                             const qblock_q8_k *y)
 {
-    uint8_t sc[8], m[8];
-    qb_unpack_k_scales(scales, sc, m);
+    uint64_t sc, m;
+    qb_unpack_k_scales(scales, &sc, &m);
     int32_t sumi = 0, summ = 0;
     for (int j = 0; j < 8; j++) {
-        sumi += sc[j] * sums[j];
-        summ += m[j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+        sumi += qb_k_byte(sc, j) * sums[j];
+        summ += qb_k_byte(m, j) * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
     }
     return y->d * (d * (float)sumi - dmin * (float)summ);
 }

@@ -48,12 +48,12 @@ INLINE __m256i dot_i8x32(__m256i w, __m256i a)
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* The 32 signed values (nibble - 8) of a Q4_0 block, in element order. */
+/* The 32 nibbles (0..15, value + 8) of a Q4_0 block, in element order. */
 INLINE __m256i unpack_q4_0(const uint8_t *qs)
 {
     __m128i b = load128(qs);
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0xF)), _mm256_set1_epi8(8));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
 /*
@@ -97,11 +97,17 @@ INLINE void rows_q4_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y,
         acc[r] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
+        /* sum (q - 8) a = sum q a - 8 sum a, with q unsigned as maddubs wants it; the
+         * second sum is shared by all rows. */
         __m256i a = load256(y[i].qs);
+        __m256i a8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a),
+                                       _mm256_set1_epi16(8));
         float da = _cvtsh_ss(y[i].d);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
-            __m256 p = _mm256_cvtepi32_ps(dot_i8x32(unpack_q4_0(x[r][i].qs), a));
+            __m256i qa = _mm256_maddubs_epi16(unpack_q4_0(x[r][i].qs), a);
+            __m256 p = _mm256_cvtepi32_ps(
+                _mm256_sub_epi32(_mm256_madd_epi16(qa, _mm256_set1_epi16(1)), a8));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * da), p, acc[r]);
         }
     }
@@ -165,13 +171,25 @@ INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const fl
     }
 }
 
-/* Per-sub-block 6-bit mins of a Q4_K/Q5_K super-block times the activation's pair sums of
- * bsums: 8 int32 m[j] * (bsums[2j] + bsums[2j+1]). */
-INLINE __m256i k_mins_dot(const uint8_t m[8], const qblock_q8_k *y)
+/* Per-sub-block 6-bit mins of a Q4_K/Q5_K super-block (bytes of m) times the activation's
+ * pair sums of bsums: 8 int32 m[j] * (bsums[2j] + bsums[2j+1]). */
+INLINE __m256i k_mins_dot(uint64_t m, const qblock_q8_k *y)
 {
-    __m128i m8 = _mm_loadl_epi64((const __m128i *)(const void *)m);
+    __m128i m8 = _mm_cvtsi64_si128((long long)m);
     __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
     return _mm256_madd_epi16(load256((const uint8_t *)y + offsetof(qblock_q8_k, bsums)), m16);
+}
+
+/* The 8 bytes of a qb_unpack_k_scales word as int16, repeated in both 128-bit lanes. */
+INLINE __m256i k_bytes16(uint64_t v)
+{
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)v)));
+}
+
+/* 16-bit element j of each lane, broadcast over the lane. */
+INLINE __m256i pick16(__m256i v, int j)
+{
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
 }
 
 static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
@@ -179,8 +197,9 @@ static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(x[i].scales, sc, m);
+        uint64_t scw, m;
+        qb_unpack_k_scales(x[i].scales, &scw, &m);
+        __m256i sc = k_bytes16(scw);
         __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
         accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
         __m256i sumi = _mm256_setzero_si256();
@@ -190,8 +209,8 @@ static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
             __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
-            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * g]));
-            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * g + 1]));
+            p0 = _mm256_madd_epi16(p0, pick16(sc, 2 * g));
+            p1 = _mm256_madd_epi16(p1, pick16(sc, 2 * g + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
         __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
@@ -205,8 +224,9 @@ static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(x[i].scales, sc, m);
+        uint64_t scw, m;
+        qb_unpack_k_scales(x[i].scales, &scw, &m);
+        __m256i sc = k_bytes16(scw);
         __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
         accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
         __m256i sumi = _mm256_setzero_si256(), hb = load256(x[i].qh);
@@ -222,8 +242,8 @@ static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1);
             __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
             __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
-            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * g]));
-            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * g + 1]));
+            p0 = _mm256_madd_epi16(p0, pick16(sc, 2 * g));
+            p1 = _mm256_madd_epi16(p1, pick16(sc, 2 * g + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
         __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
@@ -359,14 +379,15 @@ static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < nb; i++) {
         float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(b[i].scales, sc, m);
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
         for (int g = 0; g < 4; g++, y += 64) {
             __m256i q = load256(b[i].qs + 32 * g);
-            __m256 d1 = _mm256_set1_ps(d * sc[2 * g]), d2 = _mm256_set1_ps(d * sc[2 * g + 1]);
-            store_q32(y, _mm256_and_si256(q, m4), d1, d1, _mm256_set1_ps(dmin * m[2 * g]));
+            __m256 d1 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g));
+            __m256 d2 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g + 1));
+            store_q32(y, _mm256_and_si256(q, m4), d1, d1, _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g)));
             store_q32(y + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), d2, d2,
-                      _mm256_set1_ps(dmin * m[2 * g + 1]));
+                      _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g + 1)));
         }
     }
 }
@@ -376,19 +397,20 @@ static void dequant_q5_k(const qblock_q5_k *b, float *y, int64_t nb)
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < nb; i++) {
         float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
-        uint8_t sc[8], m[8];
-        qb_unpack_k_scales(b[i].scales, sc, m);
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
         __m256i hb = load256(b[i].qh);
         for (int g = 0; g < 4; g++, y += 64) {
             __m256i q = load256(b[i].qs + 32 * g);
             __m256i b0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
             __m256i b1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
             hb = _mm256_srli_epi16(hb, 2);
-            __m256 d1 = _mm256_set1_ps(d * sc[2 * g]), d2 = _mm256_set1_ps(d * sc[2 * g + 1]);
+            __m256 d1 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g));
+            __m256 d2 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g + 1));
             store_q32(y, _mm256_or_si256(_mm256_and_si256(q, m4), b0), d1, d1,
-                      _mm256_set1_ps(dmin * m[2 * g]));
+                      _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g)));
             store_q32(y + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1), d2,
-                      d2, _mm256_set1_ps(dmin * m[2 * g + 1]));
+                      d2, _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g + 1)));
         }
     }
 }
@@ -450,7 +472,7 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         const qblock_q4_0 *b = src;
         for (int64_t k = 0; k < n / QB_32; k++) {
             __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
-            store_q32(dst + QB_32 * k, unpack_q4_0(b[k].qs), d, d, zero);
+            store_q32(dst + QB_32 * k, _mm256_sub_epi8(unpack_q4_0(b[k].qs), _mm256_set1_epi8(8)), d, d, zero);
         }
         break;
     }

@@ -87,17 +87,27 @@ static inline float qb_f16_to_f32(uint16_t h)
     return f;
 }
 
-/* The 6-bit scales sc[8] and mins m[8] of a Q4_K / Q5_K super-block: sub-blocks 0-3 keep
- * theirs in the low 6 bits of bytes 0-3 / 4-7; sub-blocks 4-7 keep their low 4 bits in the
+/* The 6-bit scales and mins of a Q4_K / Q5_K super-block, as 8 bytes each (byte j for
+ * sub-block j, in a little-endian uint64). Sub-blocks 0-3 keep theirs in the low 6 bits of
+ * bytes 0-3 (scales) / 4-7 (mins); sub-blocks 4-7 keep their low 4 bits in the low / high
  * nibbles of bytes 8-11 and their top 2 bits in the top bits of bytes 0-3 / 4-7. */
-static inline void qb_unpack_k_scales(const uint8_t s[12], uint8_t sc[8], uint8_t m[8])
+static inline void qb_unpack_k_scales(const uint8_t s[12], uint64_t *sc, uint64_t *m)
 {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        m[j] = s[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint32_t s0, s1, s2;
+    memcpy(&s0, s, 4);
+    memcpy(&s1, s + 4, 4);
+    memcpy(&s2, s + 8, 4);
+    uint32_t sc_lo = s0 & 0x3f3f3f3fu, m_lo = s1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+    uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)sc_hi << 32 | sc_lo;
+    *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+/* Byte j of a value from qb_unpack_k_scales. */
+static inline int qb_k_byte(uint64_t v, int j)
+{
+    return (int)((v >> (8 * j)) & 0xff);
 }
 
 #endif
