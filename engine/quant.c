@@ -291,10 +291,16 @@ static int clampi(int v, int lo, int hi)
     return v < lo ? lo : v > hi ? hi : v;
 }
 
+/* v rounded to the nearest integer (ties to even) and clamped to [lo, hi]; NaN gives lo.
+ * Adding and removing 1.5 * 2^23 rounds in the FPU's default mode without a libm call,
+ * which matters because activations are quantized on every token. */
 static int round_clamp(float v, int lo, int hi)
 {
-    long r = lrintf(v);
-    return r < lo ? lo : r > hi ? hi : (int)r;
+    if (!(v >= (float)lo))
+        return lo;
+    if (v > (float)hi)
+        return hi;
+    return (int)((v + 0x1.8p23f) - 0x1.8p23f);
 }
 
 /* The value of largest magnitude, with its sign. */
