@@ -237,18 +237,17 @@ static void dequant_q8_k(const qblock_q8_k *b, float *y, int64_t nb)
 
 void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_t n)
 {
-    const uint16_t *h = src;
     switch (t) {
     case QTYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;
     case QTYPE_F16:
         for (int64_t i = 0; i < n; i++)
-            dst[i] = qb_f16_to_f32(h[i]);
+            dst[i] = qb_f16_to_f32(qb_load_u16(src, i));
         break;
     case QTYPE_BF16:
         for (int64_t i = 0; i < n; i++)
-            dst[i] = quant_bf16_to_f32(h[i]);
+            dst[i] = quant_bf16_to_f32(qb_load_u16(src, i));
         break;
     case QTYPE_Q8_0:
         dequant_q8_0(src, dst, n / QB_32);
@@ -537,18 +536,17 @@ static void quantize_q8_k(const float *x, qblock_q8_k *b, int64_t nb)
 
 void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
 {
-    uint16_t *h = dst;
     switch (t) {
     case QTYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;
     case QTYPE_F16:
         for (int64_t i = 0; i < n; i++)
-            h[i] = quant_f32_to_f16(src[i]);
+            qb_store_u16(dst, i, quant_f32_to_f16(src[i]));
         break;
     case QTYPE_BF16:
         for (int64_t i = 0; i < n; i++)
-            h[i] = quant_f32_to_bf16(src[i]);
+            qb_store_u16(dst, i, quant_f32_to_bf16(src[i]));
         break;
     case QTYPE_Q8_0:
         quantize_q8_0(src, dst, n / QB_32);
@@ -706,24 +704,18 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
     const float *a = activation;
     float sum = 0;
     switch (t) {
-    case QTYPE_F32: {
-        const float *w = weights;
+    case QTYPE_F32:
         for (int64_t i = 0; i < n; i++)
-            sum += w[i] * a[i];
+            sum += qb_load_f32(weights, i) * a[i];
         return sum;
-    }
-    case QTYPE_F16: {
-        const uint16_t *w = weights;
+    case QTYPE_F16:
         for (int64_t i = 0; i < n; i++)
-            sum += qb_f16_to_f32(w[i]) * a[i];
+            sum += qb_f16_to_f32(qb_load_u16(weights, i)) * a[i];
         return sum;
-    }
-    case QTYPE_BF16: {
-        const uint16_t *w = weights;
+    case QTYPE_BF16:
         for (int64_t i = 0; i < n; i++)
-            sum += quant_bf16_to_f32(w[i]) * a[i];
+            sum += quant_bf16_to_f32(qb_load_u16(weights, i)) * a[i];
         return sum;
-    }
     case QTYPE_Q8_0:
         return dot_q8_0(weights, activation, n / QB_32);
     case QTYPE_Q4_0:

@@ -130,8 +130,8 @@ INLINE __m256 load8_float(uint32_t t, const void *row, int64_t i)
 INLINE float load1_float(uint32_t t, const void *row, int64_t i)
 {
     if (t == QTYPE_F32)
-        return ((const float *)row)[i];
-    uint16_t h = ((const uint16_t *)row)[i];
+        return qb_load_f32(row, i);
+    uint16_t h = qb_load_u16(row, i);
     return t == QTYPE_F16 ? _cvtsh_ss(h) : quant_bf16_to_f32(h);
 }
 

@@ -70,6 +70,27 @@ _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(qblock_q8_k) == 292, "Q8_K block");
 
+/* Element i of a row of 16-bit or 32-bit values at any address (rows of F16/BF16/F32
+ * tensors need not be aligned to their element size). */
+static inline uint16_t qb_load_u16(const void *row, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, (const uint8_t *)row + 2 * i, sizeof v);
+    return v;
+}
+
+static inline float qb_load_f32(const void *row, int64_t i)
+{
+    float v;
+    memcpy(&v, (const uint8_t *)row + 4 * i, sizeof v);
+    return v;
+}
+
+static inline void qb_store_u16(void *row, int64_t i, uint16_t v)
+{
+    memcpy((uint8_t *)row + 2 * i, &v, sizeof v);
+}
+
 static inline float qb_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
