@@ -14,6 +14,7 @@
 #include "engine/quant_blocks.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #define QUANT_HAVE_AVX2 1
 #else
 #define QUANT_HAVE_AVX2 0
@@ -129,9 +130,12 @@ static void simd_detect(void)
     if (off && *off && strcmp(off, "0") != 0)
         return;
 #if QUANT_HAVE_AVX2
+    /* __builtin_cpu_supports also checks that the OS saves the YMM registers; clang's
+     * does not know "f16c", so that bit comes from CPUID leaf 1 directly. */
+    unsigned eax, ebx, ecx, edx;
     __builtin_cpu_init();
     simd_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
+                __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
 #endif
 }
 
