@@ -362,126 +362,182 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
 
 /* ---- dequantization ---- */
 
-/* Writes d * q - m for 32 signed bytes q; the first 16 use d0, the last 16 d1. */
-INLINE void store_q32(float *y, __m256i q, __m256 d0, __m256 d1, __m256 m)
+/*
+ * The dequantizers widen 8 bytes at a time straight from memory into int32 lanes and
+ * rebuild the values there: cheaper than widening a 32-byte register, which takes
+ * cross-lane shuffles.
+ */
+
+INLINE __m256i zx8(const uint8_t *p)
 {
-    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    _mm256_storeu_ps(y, _mm256_fmsub_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), m));
-    _mm256_storeu_ps(y + 8, _mm256_fmsub_ps(
-                                d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), m));
-    _mm256_storeu_ps(y + 16, _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), m));
-    _mm256_storeu_ps(y + 24, _mm256_fmsub_ps(
-                                 d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), m));
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+/* y[0..8) = d * q - m */
+INLINE void store8(float *y, __m256i q, __m256 d, __m256 m)
+{
+    _mm256_storeu_ps(y, _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(q), m));
+}
+
+static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), k8 = _mm256_set1_epi32(8);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i v = zx8(b[i].qs + k);
+            store8(y + k, _mm256_sub_epi32(_mm256_and_si256(v, m4), k8), d, zero);
+            store8(y + 16 + k, _mm256_sub_epi32(_mm256_srli_epi32(v, 4), k8), d, zero);
+        }
+    }
+}
+
+/* The factors of a K-quant super-block as floats in memory, to be broadcast from there
+ * (a broadcast load costs no ALU work): out[j] = f * byte j of v. */
+INLINE void k_factors(float out[8], float f, uint64_t v)
+{
+    __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
+    _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(f), x));
 }
 
 static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi32(0xF);
+    float ds[8] __attribute__((aligned(32))), ms[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++) {
-        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
         uint64_t sc, m;
         qb_unpack_k_scales(b[i].scales, &sc, &m);
+        k_factors(ds, _cvtsh_ss(b[i].d), sc);
+        k_factors(ms, _cvtsh_ss(b[i].dmin), m);
         for (int g = 0; g < 4; g++, y += 64) {
-            __m256i q = load256(b[i].qs + 32 * g);
-            __m256 d1 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g));
-            __m256 d2 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g + 1));
-            store_q32(y, _mm256_and_si256(q, m4), d1, d1, _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g)));
-            store_q32(y + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), d2, d2,
-                      _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g + 1)));
+            __m256 d1 = _mm256_broadcast_ss(&ds[2 * g]), d2 = _mm256_broadcast_ss(&ds[2 * g + 1]);
+            __m256 m1 = _mm256_broadcast_ss(&ms[2 * g]), m2 = _mm256_broadcast_ss(&ms[2 * g + 1]);
+#pragma GCC unroll 4
+            for (int k = 0; k < 32; k += 8) {
+                __m256i v = zx8(b[i].qs + 32 * g + k);
+                store8(y + k, _mm256_and_si256(v, m4), d1, m1);
+                store8(y + 32 + k, _mm256_srli_epi32(v, 4), d2, m2);
+            }
         }
     }
 }
 
 static void dequant_q5_k(const qblock_q5_k *b, float *y, int64_t nb)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    for (int64_t i = 0; i < nb; i++) {
-        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+    const __m256i m4 = _mm256_set1_epi32(0xF), b4 = _mm256_set1_epi32(0x10);
+    float ds[8] __attribute__((aligned(32))), ms[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
         uint64_t sc, m;
         qb_unpack_k_scales(b[i].scales, &sc, &m);
-        __m256i hb = load256(b[i].qh);
-        for (int g = 0; g < 4; g++, y += 64) {
-            __m256i q = load256(b[i].qs + 32 * g);
-            __m256i b0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
-            __m256i b1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
-            hb = _mm256_srli_epi16(hb, 2);
-            __m256 d1 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g));
-            __m256 d2 = _mm256_set1_ps(d * qb_k_byte(sc, 2 * g + 1));
-            store_q32(y, _mm256_or_si256(_mm256_and_si256(q, m4), b0), d1, d1,
-                      _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g)));
-            store_q32(y + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1), d2,
-                      d2, _mm256_set1_ps(dmin * qb_k_byte(m, 2 * g + 1)));
+        k_factors(ds, _cvtsh_ss(b[i].d), sc);
+        k_factors(ms, _cvtsh_ss(b[i].dmin), m);
+        for (int k = 0; k < 32; k += 8) {
+            /* Bit 2g of qh[l] is bit 4 of element 64g + l, bit 2g+1 of element 64g+32+l;
+             * h moves down two bits per group, so the bits wanted sit at 4 and 5 after a
+             * shift left by 4. */
+            __m256i h = _mm256_slli_epi32(zx8(b[i].qh + k), 4);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m256i v = zx8(b[i].qs + 32 * g + k);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h, b4));
+                __m256i hi = _mm256_or_si256(_mm256_srli_epi32(v, 4),
+                                             _mm256_and_si256(_mm256_srli_epi32(h, 1), b4));
+                store8(y + 64 * g + k, lo, _mm256_broadcast_ss(&ds[2 * g]),
+                       _mm256_broadcast_ss(&ms[2 * g]));
+                store8(y + 64 * g + 32 + k, hi, _mm256_broadcast_ss(&ds[2 * g + 1]),
+                       _mm256_broadcast_ss(&ms[2 * g + 1]));
+                h = _mm256_srli_epi32(h, 2);
+            }
         }
     }
 }
 
 static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x03);
-    const __m256i m0c = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30);
-    const __m256i k32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi32(0xF), m30 = _mm256_set1_epi32(0x30);
+    const __m256i k32 = _mm256_set1_epi32(32);
     const __m256 zero = _mm256_setzero_ps();
+    float ds[16] __attribute__((aligned(32)));
     for (int64_t i = 0; i < nb; i++) {
-        float d = _cvtsh_ss(b[i].d);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)(const void *)(b[i].scales + k));
+            _mm256_store_ps(ds + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
+        }
         for (int h = 0; h < 2; h++, y += 128) {
-            const uint8_t *ql = b[i].ql + 64 * h;
-            const int8_t *sc = b[i].scales + 8 * h;
-            __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(b[i].qh + 32 * h);
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(qh, m0c), 2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_and_si256(qh, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-            for (int k = 0; k < 4; k++)
-                store_q32(y + 32 * k, _mm256_sub_epi8(q[k], k32), _mm256_set1_ps(d * sc[2 * k]),
-                          _mm256_set1_ps(d * sc[2 * k + 1]), zero);
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            const float *sc = ds + 8 * h;
+#pragma GCC unroll 4
+            for (int l = 0; l < 32; l += 8) {
+                int s = l / 16;
+                __m256i l0 = zx8(ql + l), l1 = zx8(ql + 32 + l), hb = zx8(qh + l);
+                __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi32(hb, 4), m30));
+                __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                             _mm256_and_si256(_mm256_slli_epi32(hb, 2), m30));
+                __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(l0, 4), _mm256_and_si256(hb, m30));
+                __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(l1, 4),
+                                             _mm256_and_si256(_mm256_srli_epi32(hb, 2), m30));
+                store8(y + l, _mm256_sub_epi32(q1, k32), _mm256_broadcast_ss(&sc[s]), zero);
+                store8(y + l + 32, _mm256_sub_epi32(q2, k32), _mm256_broadcast_ss(&sc[s + 2]), zero);
+                store8(y + l + 64, _mm256_sub_epi32(q3, k32), _mm256_broadcast_ss(&sc[s + 4]), zero);
+                store8(y + l + 96, _mm256_sub_epi32(q4, k32), _mm256_broadcast_ss(&sc[s + 6]), zero);
+            }
         }
     }
 }
 
+/* y[0..32) = d * q for 32 signed bytes at q. */
+INLINE void store_i8_32(float *y, const int8_t *q, __m256 d)
+{
+#pragma GCC unroll 4
+    for (int k = 0; k < 32; k += 8) {
+        __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + k)));
+        _mm256_storeu_ps(y + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+    }
+}
+
+/* F16 or BF16 (t, a constant after inlining) to f32. */
+INLINE void dequant_half(uint32_t t, const void *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+#pragma GCC unroll 4
+        for (int k = 0; k < 32; k += 8)
+            _mm256_storeu_ps(dst + i + k, load8_float(t, src, i + k));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load8_float(t, src, i));
+    for (; i < n; i++)
+        dst[i] = load1_float(t, src, i);
+}
+
 void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n)
 {
-    const __m256 zero = _mm256_setzero_ps();
-    int64_t i = 0;
     switch (t) {
     case QTYPE_F16:
-    case QTYPE_BF16: {
-        const uint16_t *h = src;
-        for (; i + 32 <= n; i += 32)
-            for (int k = 0; k < 32; k += 8)
-                _mm256_storeu_ps(dst + i + k, load8_float(t, h, i + k));
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, load8_float(t, h, i));
-        for (; i < n; i++)
-            dst[i] = load1_float(t, h, i);
+        dequant_half(QTYPE_F16, src, dst, n);
         break;
-    }
+    case QTYPE_BF16:
+        dequant_half(QTYPE_BF16, src, dst, n);
+        break;
     case QTYPE_Q8_0: {
         const qblock_q8_0 *b = src;
         for (int64_t k = 0; k < n / QB_32; k++) {
             __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
-            store_q32(dst + QB_32 * k, load256(b[k].qs), d, d, zero);
+            store_i8_32(dst + QB_32 * k, b[k].qs, d);
         }
         break;
     }
-    case QTYPE_Q4_0: {
-        const qblock_q4_0 *b = src;
-        for (int64_t k = 0; k < n / QB_32; k++) {
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
-            store_q32(dst + QB_32 * k, _mm256_sub_epi8(unpack_q4_0(b[k].qs), _mm256_set1_epi8(8)), d, d, zero);
-        }
+    case QTYPE_Q4_0:
+        dequant_q4_0(src, dst, n / QB_32);
         break;
-    }
     case QTYPE_Q8_K: {
         const qblock_q8_k *b = src;
         for (int64_t k = 0; k < n / QB_256; k++) {
             __m256 d = _mm256_set1_ps(b[k].d);
             for (int j = 0; j < QB_256; j += 32)
-                store_q32(dst + QB_256 * k + j, load256(b[k].qs + j), d, d, zero);
+                store_i8_32(dst + QB_256 * k + j, b[k].qs + j, d);
         }
         break;
     }
