@@ -594,6 +594,12 @@ uint32_t quant_dot_activation_type(uint32_t t)
 
 void quant_prepare_activation(uint32_t act_type, const float *src, void *dst, int64_t n)
 {
+#if QUANT_HAVE_AVX2
+    if (use_avx2() && (act_type == QTYPE_Q8_0 || act_type == QTYPE_Q8_K)) {
+        quant_avx2_quantize_activation(act_type, src, dst, n);
+        return;
+    }
+#endif
     quant_quantize_row(act_type, src, dst, n);
 }
 

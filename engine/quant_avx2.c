@@ -556,4 +556,71 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
     }
 }
 
+/* ---- activation quantization ---- */
+
+INLINE float hmax(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+INLINE int hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Largest |x| over n (a multiple of 32) floats. */
+INLINE float absmax(const float *x, int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+        m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i + 8)));
+    }
+    return hmax(_mm256_max_ps(m0, m1));
+}
+
+/* Rounds x[0..32) * id to the nearest integer (ties to even, as the scalar quantizer) and
+ * stores them as 32 bytes; |x * id| <= 127 by the choice of id. Returns the four int32
+ * vectors through q (elements 0-7, 8-15, ...) for callers that need sums. */
+INLINE void quantize32(const float *x, __m256 id, int8_t *dst, __m256i q[4])
+{
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id));
+    /* The packs work per 128-bit lane; the permute puts the 4-byte groups back in order. */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(void *)dst, p);
+}
+
+void quant_avx2_quantize_activation(uint32_t t, const float *src, void *dst, int64_t n)
+{
+    __m256i q[4];
+    if (t == QTYPE_Q8_0) {
+        qblock_q8_0 *b = dst;
+        for (int64_t i = 0; i < n / QB_32; i++, src += QB_32) {
+            float d = absmax(src, QB_32) / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* as quant_f32_to_f16 */
+            quantize32(src, _mm256_set1_ps(id), b[i].qs, q);
+        }
+    } else if (t == QTYPE_Q8_K) {
+        qblock_q8_k *b = dst;
+        for (int64_t i = 0; i < n / QB_256; i++, src += QB_256) {
+            float d = absmax(src, QB_256) / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            b[i].d = d;
+            for (int j = 0; j < QB_256; j += 32) {
+                quantize32(src + j, _mm256_set1_ps(id), b[i].qs + j, q);
+                b[i].bsums[j / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
+                b[i].bsums[j / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
+            }
+        }
+    }
+}
+
 #endif

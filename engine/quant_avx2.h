@@ -15,4 +15,8 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
 
 void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 
+/* quant_prepare_activation for Q8_0 and Q8_K (other types are left to the scalar code);
+ * writes the same bytes as quant_quantize_row. */
+void quant_avx2_quantize_activation(uint32_t t, const float *src, void *dst, int64_t n);
+
 #endif

@@ -376,6 +376,37 @@ static void q8_k_activation_layout(void)
     }
 }
 
+/* Activations are quantized exactly like quant_quantize_row does it (whichever kernel
+ * runs), including ties (x / d = k + 0.5 rounds to even) and a zero block. */
+static void prepare_activation_matches_reference(void)
+{
+    enum { N = 2048 };
+    float *x = malloc(N * sizeof *x);
+    uint8_t *a = malloc(N * 4), *b = malloc(N * 4);
+    CHECK(x && a && b);
+    fill_gauss(x, N);
+    for (int i = 0; i < 256; i++) /* first block: max 127, so d = 1 and halves are ties */
+        x[i] = i == 0 ? 127.0f : (float)(i % 64) - 31.5f;
+    for (int i = 256; i < 512; i++)
+        x[i] = 0.0f;
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q8_K, QTYPE_F32};
+    for (size_t k = 0; k < 3; k++) {
+        size_t bytes = quant_row_bytes(types[k], N);
+        memset(a, 0x55, N * 4);
+        memset(b, 0xaa, N * 4);
+        quant_prepare_activation(types[k], x, a, N);
+        quant_quantize_row(types[k], x, b, N);
+        CHECK_MSG(memcmp(a, b, bytes) == 0, "%s", quant_traits_of(types[k])->name);
+    }
+    quant_prepare_activation(QTYPE_Q8_0, x, a, N);
+    CHECK_EQ((int8_t)a[2 + 1], -30); /* x[1] = -30.5, d = 1: tie to even */
+    CHECK_EQ((int8_t)a[2 + 2], -30); /* -29.5 */
+    CHECK_EQ((int8_t)a[2 + 4], -28); /* -27.5 */
+    free(x);
+    free(a);
+    free(b);
+}
+
 /* ---- dot products ---- */
 
 /* A random weight row of type t and a prepared activation, both n long, plus their
@@ -598,6 +629,7 @@ int main(void)
     RUN(quantize_degenerate_blocks);
     RUN(q8_k_activation_layout);
     RUN(activation_types);
+    RUN(prepare_activation_matches_reference);
     RUN(dot_matches_dequantized_rows);
     RUN(simd_dot_matches_scalar);
     RUN(dot_rows_equal_single_dots);
