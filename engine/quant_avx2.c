@@ -192,6 +192,10 @@ INLINE __m256i pick16(__m256i v, int j)
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
 }
 
+/* The K-quant kernels take one row per pass: a two-row version sharing the activation
+ * loads measured no faster (those loads hit L1, and one super-block already has ample
+ * independent work). */
+
 static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
 {
     const __m256i m4 = _mm256_set1_epi8(0xF);
