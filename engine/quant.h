@@ -80,7 +80,9 @@ void quant_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_t n);
 
 /* Packs n f32 values into type t with the exact GGUF block layout (a reference
- * quantizer: round to nearest, scales as llama.cpp's reference code chooses them).
+ * quantizer: round to nearest even; Q8_0 and Q4_0 scales as llama.cpp's reference code
+ * chooses them, K-quant scales and mins by a least-squares search of this module's own,
+ * so the bytes may differ from llama.cpp's while any GGUF reader decodes them alike).
  * Also accepts QTYPE_Q8_K. Used by the model generator and the tests. */
 void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 
@@ -109,9 +111,10 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
 void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                     const void *activation, int64_t n, float *out);
 
-/* Which kernels quant_dot, quant_dot_rows and quant_dequantize_row use: "avx2" when the
- * CPU has AVX2, FMA and F16C (decided once per process), "scalar" otherwise or when the
- * environment variable LLMS_NO_SIMD is set to a value other than "0". */
+/* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
+ * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
+ * per process), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set
+ * to a value other than "0". */
 const char *quant_simd_name(void);
 
 #endif
