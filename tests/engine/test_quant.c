@@ -525,6 +525,55 @@ static void simd_dot_matches_scalar(void)
     }
 }
 
+/* Blocks of random bytes cover what a quantizer rarely produces (Q8_0 weights of -128,
+ * all-ones nibbles, 6-bit scales and mins of 63, negative Q6_K scales): the AVX2 integer
+ * arithmetic must not saturate or lose signs there. Scale fields hold f16 1/64; the
+ * activation has full-scale +-127 entries. */
+static void simd_dot_matches_scalar_on_random_blocks(void)
+{
+    if (!have_avx2())
+        SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    enum { N = 1024 };
+    uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
+    float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
+    CHECK(w && act && x && wf && af);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k], at = quant_dot_activation_type(t);
+        const quant_traits *tr = quant_traits_of(t);
+        for (int trial = 0; trial < 8; trial++) {
+            size_t bytes = quant_row_bytes(t, N);
+            for (size_t i = 0; i < bytes; i++)
+                w[i] = (uint8_t)rng_u32();
+            for (size_t b = 0; b < bytes; b += tr->block_bytes) {
+                if (t == QTYPE_Q6_K) {
+                    put16(w + b + 208, 0x2400);
+                } else {
+                    put16(w + b, 0x2400);
+                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K)
+                        put16(w + b + 2, 0x2400);
+                }
+            }
+            for (int i = 0; i < N; i++)
+                x[i] = trial & 1 ? (i % 3 ? 1.0f : -1.0f) : rng_gauss();
+            quant_prepare_activation(at, x, act, N);
+            quant_dequantize_row(t, w, wf, N);
+            quant_dequantize_row(at, act, af, N);
+            double sa = 0;
+            for (int i = 0; i < N; i++)
+                sa += fabs((double)wf[i] * af[i]);
+            float got = quant_dot(t, w, act, N), ref = quant_dot_scalar(t, w, act, N);
+            CHECK_MSG(fabs(got - ref) <= 1e-5 * sa + 1e-30, "%s trial %d: avx2 %g scalar %g",
+                      tr->name, trial, (double)got, (double)ref);
+        }
+    }
+    free(w);
+    free(act);
+    free(x);
+    free(wf);
+    free(af);
+}
+
 /* quant_dot_rows gives each row exactly what quant_dot gives it, whatever the row's
  * position in the groups the kernel works on; bytes between rows are never read (they
  * hold NaN patterns that would show). */
@@ -632,6 +681,7 @@ int main(void)
     RUN(prepare_activation_matches_reference);
     RUN(dot_matches_dequantized_rows);
     RUN(simd_dot_matches_scalar);
+    RUN(simd_dot_matches_scalar_on_random_blocks);
     RUN(dot_rows_equal_single_dots);
     RUN(simd_dequantize_matches_scalar);
     return test_finish();
