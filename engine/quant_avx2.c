@@ -1,11 +1,13 @@
 /*
- * quant_avx2.c — AVX2/FMA/F16C dot-product and dequantization kernels (see quant_avx2.h).
- * Compiled with -mavx2 -mfma -mf16c; quant.c calls in only after checking the CPU.
+ * quant_avx2.c — AVX2/FMA/F16C dot-product, dequantization and activation-quantization
+ * kernels (see quant_avx2.h). Compiled with -mavx2 -mfma -mf16c; quant.c calls in only
+ * after checking the CPU.
  *
  * Dot products of quantized rows do exact integer arithmetic per block (the same integers
  * as the scalar kernels) and accumulate in f32 vectors, so they differ from the scalar
- * reference only by the order of f32 additions. Dequantization gives the scalar results
- * bit for bit: every product it forms with an FMA is exact in f32.
+ * reference only by the order of f32 additions. Dequantization and activation
+ * quantization give the scalar results bit for bit: each FMA there either has a zero
+ * addend or a product that is exact in f32, so it rounds where the scalar code does.
  */
 #if defined(__x86_64__)
 
