@@ -72,11 +72,17 @@ uint16_t quant_f32_to_bf16(float f); /* round to nearest even */
 
 /* ---- rows (n elements, a whole number of blocks; t must be computable) ---- */
 
-/* Expands n elements of type t into f32. */
+/* Expands n elements of type t into f32 (also accepts QTYPE_Q8_K); uses the AVX2 kernel
+ * when the CPU has it. */
 void quant_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 
+/* The portable scalar version of quant_dequantize_row (same results, bit for bit). */
+void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_t n);
+
 /* Packs n f32 values into type t with the exact GGUF block layout (a reference
- * quantizer: round to nearest, scales as llama.cpp's reference code chooses them).
+ * quantizer: round to nearest even; Q8_0 and Q4_0 scales as llama.cpp's reference code
+ * chooses them, K-quant scales and mins by a least-squares search of this module's own,
+ * so the bytes may differ from llama.cpp's while any GGUF reader decodes them alike).
  * Also accepts QTYPE_Q8_K. Used by the model generator and the tests. */
 void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 
@@ -87,7 +93,8 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 uint32_t quant_dot_activation_type(uint32_t t);
 
 /* Converts an f32 activation row of n elements into act_type (quant_row_bytes(act_type, n)
- * bytes at dst); for F32 it is a copy. */
+ * bytes at dst); for F32 it is a copy. Quantized activations stay within [-127, 127],
+ * which the SIMD kernels rely on. */
 void quant_prepare_activation(uint32_t act_type, const float *src, void *dst, int64_t n);
 
 /* Dot product of one weight row of type t with one activation row already converted
@@ -99,8 +106,15 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
 
 /* Computes out[r] = quant_dot(t, row r, activation) for n_rows rows that are
  * row_bytes apart: the form matrix-vector products use, so kernels can work on
- * several rows per pass over the activation. */
+ * several rows per pass over the activation. Each out[r] is bit-identical to
+ * quant_dot of that row, so splitting rows among threads does not change results. */
 void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                     const void *activation, int64_t n, float *out);
+
+/* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
+ * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
+ * per process), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set
+ * to a value other than "0". */
+const char *quant_simd_name(void);
 
 #endif

@@ -1,0 +1,688 @@
+/*
+ * Tests of the quant module: f16/bf16 conversions, the exact GGUF block layouts (blocks
+ * built byte by byte from the format description, so a layout mistake in the code cannot
+ * hide behind the same mistake in the test), quantizer accuracy, and the dot-product and
+ * dequantization kernels (scalar reference, AVX2 against scalar, rows against single dots).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/quant.h"
+#include "tests/support/test.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static float rng_uniform(void) /* [0, 1) */
+{
+    return (float)(rng_u32() >> 8) * 0x1p-24f;
+}
+
+static float rng_gauss(void)
+{
+    float u = rng_uniform() + 0x1p-25f, v = rng_uniform();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static void fill_gauss(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rng_gauss();
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    return x;
+}
+
+static float bits_f32(uint32_t x)
+{
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static const uint32_t dot_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
+                                     QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+#define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
+
+static bool have_avx2(void)
+{
+    return strcmp(quant_simd_name(), "avx2") == 0;
+}
+
+/* ---- f16 / bf16 ---- */
+
+static void f16_special_values(void)
+{
+    CHECK(quant_f16_to_f32(0x0000) == 0.0f && !signbit(quant_f16_to_f32(0x0000)));
+    CHECK(quant_f16_to_f32(0x8000) == 0.0f && signbit(quant_f16_to_f32(0x8000)));
+    CHECK(quant_f16_to_f32(0x3c00) == 1.0f);
+    CHECK(quant_f16_to_f32(0xc000) == -2.0f);
+    CHECK(quant_f16_to_f32(0x0001) == 0x1p-24f);      /* smallest subnormal */
+    CHECK(quant_f16_to_f32(0x03ff) == 1023 * 0x1p-24f); /* largest subnormal */
+    CHECK(quant_f16_to_f32(0x0400) == 0x1p-14f);      /* smallest normal */
+    CHECK(quant_f16_to_f32(0x7bff) == 65504.0f);
+    CHECK(isinf(quant_f16_to_f32(0x7c00)) && quant_f16_to_f32(0x7c00) > 0);
+    CHECK(isinf(quant_f16_to_f32(0xfc00)) && quant_f16_to_f32(0xfc00) < 0);
+    CHECK(isnan(quant_f16_to_f32(0x7e00)));
+    CHECK(isnan(quant_f16_to_f32(0x7c01))); /* signalling NaN stays a NaN */
+
+    CHECK_EQ(quant_f32_to_f16(0.0f), 0x0000);
+    CHECK_EQ(quant_f32_to_f16(-0.0f), 0x8000);
+    CHECK_EQ(quant_f32_to_f16(1.0f), 0x3c00);
+    CHECK_EQ(quant_f32_to_f16(65504.0f), 0x7bff);
+    CHECK_EQ(quant_f32_to_f16(65519.0f), 0x7bff);
+    CHECK_EQ(quant_f32_to_f16(65520.0f), 0x7c00); /* the tie goes to even: infinity */
+    CHECK_EQ(quant_f32_to_f16(1e10f), 0x7c00);
+    CHECK_EQ(quant_f32_to_f16(-INFINITY), 0xfc00);
+    uint16_t nan = quant_f32_to_f16(NAN);
+    CHECK((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0);
+    CHECK_EQ(quant_f32_to_f16(bits_f32(0x7f800001)) & 0x7e00, 0x7e00); /* tiny payload */
+}
+
+static void f16_rounds_to_nearest_even(void)
+{
+    CHECK_EQ(quant_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie, even below */
+    CHECK_EQ(quant_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie, even above */
+    CHECK_EQ(quant_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+    CHECK_EQ(quant_f32_to_f16(0x1p-25f), 0x0000);           /* tie with 0 */
+    CHECK_EQ(quant_f32_to_f16(0x1p-25f * 1.0001f), 0x0001); /* just above the tie */
+    CHECK_EQ(quant_f32_to_f16(3 * 0x1p-25f), 0x0002);       /* subnormal tie, even above */
+    CHECK_EQ(quant_f32_to_f16(5 * 0x1p-25f), 0x0002);       /* subnormal tie, even below */
+    CHECK_EQ(quant_f32_to_f16(0x1p-14f - 0x1p-26f), 0x0400); /* rounds up into normals */
+    CHECK_EQ(quant_f32_to_f16(-1.5f * 0x1p-24f), 0x8002);
+
+    /* Random finite values in the f16 range: no neighbour of the result is closer, and
+     * on a tie the result is even. */
+    for (int k = 0; k < 200000; k++) {
+        float x = bits_f32((rng_u32() & 0x8fffffffu) | ((uint32_t)(96 + rng_u32() % 48) << 23));
+        if (!(fabsf(x) < 65504.0f))
+            continue;
+        uint16_t h = quant_f32_to_f16(x);
+        double e = fabs((double)quant_f16_to_f32(h) - x);
+        uint16_t below = (h & 0x7fff) ? (uint16_t)(h - 1) : h, above = (uint16_t)(h + 1);
+        double eb = fabs((double)quant_f16_to_f32(below) - x);
+        double ea = fabs((double)quant_f16_to_f32(above) - x);
+        CHECK_MSG(e <= eb && e <= ea, "x=%a -> %#x", (double)x, h);
+        if (e == eb && below != h)
+            CHECK_MSG((h & 1) == 0, "tie x=%a -> odd %#x", (double)x, h);
+        if (e == ea)
+            CHECK_MSG((h & 1) == 0, "tie x=%a -> odd %#x", (double)x, h);
+    }
+}
+
+static void f16_round_trips_all_values(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = quant_f16_to_f32((uint16_t)h);
+        uint16_t back = quant_f32_to_f16(f);
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
+            CHECK_MSG(isnan(f) && (back & 0x7c00) == 0x7c00 && (back & 0x3ff) && (back & 0x8000) == (h & 0x8000),
+                      "NaN %#x -> %#x", h, back);
+            continue;
+        }
+        CHECK_MSG(back == h, "%#x -> %a -> %#x", h, (double)f, back);
+    }
+}
+
+static void bf16_conversions(void)
+{
+    CHECK(quant_bf16_to_f32(0x3f80) == 1.0f);
+    CHECK(quant_bf16_to_f32(0x0001) == 0x1p-133f); /* subnormal */
+    CHECK(isinf(quant_bf16_to_f32(0xff80)));
+    CHECK(isnan(quant_bf16_to_f32(0x7fc0)));
+    CHECK_EQ(quant_f32_to_bf16(1.0f), 0x3f80);
+    CHECK_EQ(quant_f32_to_bf16(-0.0f), 0x8000);
+    CHECK_EQ(quant_f32_to_bf16(bits_f32(0x3f808000)), 0x3f80); /* tie, even below */
+    CHECK_EQ(quant_f32_to_bf16(bits_f32(0x3f818000)), 0x3f82); /* tie, even above */
+    CHECK_EQ(quant_f32_to_bf16(bits_f32(0x3f808001)), 0x3f81);
+    CHECK_EQ(quant_f32_to_bf16(bits_f32(0x7f7fffff)), 0x7f80); /* max float rounds to inf */
+    CHECK_EQ(quant_f32_to_bf16(bits_f32(0x00008000)), 0x0000); /* subnormal tie */
+    CHECK(isnan(quant_bf16_to_f32(quant_f32_to_bf16(bits_f32(0x7f800001)))));
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = quant_bf16_to_f32((uint16_t)h);
+        CHECK_EQ(f32_bits(f), h << 16);
+        if (!isnan(f))
+            CHECK_EQ(quant_f32_to_bf16(f), h);
+    }
+}
+
+/* ---- hand-built blocks ---- */
+
+static void q8_0_layout(void)
+{
+    uint8_t b[34];
+    put16(b, 0x3800); /* d = 0.5 */
+    for (int j = 0; j < 32; j++)
+        b[2 + j] = (uint8_t)(int8_t)(j * 8 - 128);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q8_0, b, y, 32);
+    for (int j = 0; j < 32; j++)
+        CHECK(y[j] == 0.5f * (float)(j * 8 - 128));
+}
+
+static void q4_0_layout(void)
+{
+    uint8_t b[18];
+    put16(b, 0x4000); /* d = 2 */
+    for (int j = 0; j < 16; j++)
+        b[2 + j] = (uint8_t)((j * 7 + 3) & 0xFF);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q4_0, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK(y[j] == 2.0f * (float)((b[2 + j] & 0xF) - 8));
+        CHECK(y[j + 16] == 2.0f * (float)((b[2 + j] >> 4) - 8));
+    }
+}
+
+/* Packed 6-bit scales and mins with every bit position in use, and what they decode to. */
+static const uint8_t k_scales[12] = {0x41, 0x82, 0xC3, 0x04, 0x45, 0x86,
+                                     0xC7, 0x08, 0x21, 0x43, 0x65, 0x87};
+static const int k_sc[8] = {1, 2, 3, 4, 17, 35, 53, 7};
+static const int k_m[8] = {5, 6, 7, 8, 18, 36, 54, 8};
+
+static void q4_k_layout(void)
+{
+    uint8_t b[144];
+    put16(b, 0x3c00);     /* d = 1 */
+    put16(b + 2, 0x3800); /* dmin = 0.5 */
+    memcpy(b + 4, k_scales, 12);
+    const uint8_t *qs = b + 16;
+    for (int k = 0; k < 128; k++)
+        b[16 + k] = (uint8_t)(k * 7 + 3);
+    float y[256];
+    quant_dequantize_row(QTYPE_Q4_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int g = e / 64, hi = (e % 64) >= 32, l = e % 32, sub = 2 * g + hi;
+        int nib = hi ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 0xF;
+        CHECK_MSG(y[e] == (float)(k_sc[sub] * nib) - 0.5f * (float)k_m[sub], "element %d: %g", e,
+                  (double)y[e]);
+    }
+}
+
+static void q5_k_layout(void)
+{
+    uint8_t b[176];
+    put16(b, 0x3400);     /* d = 0.25 */
+    put16(b + 2, 0x3c00); /* dmin = 1 */
+    memcpy(b + 4, k_scales, 12);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int l = 0; l < 32; l++)
+        b[16 + l] = (uint8_t)(l * 37 + 11);
+    for (int k = 0; k < 128; k++)
+        b[48 + k] = (uint8_t)(k * 13 + 5);
+    float y[256];
+    quant_dequantize_row(QTYPE_Q5_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int g = e / 64, hi = (e % 64) >= 32, l = e % 32, sub = 2 * g + hi;
+        int nib = hi ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 0xF;
+        int v = nib + 16 * ((qh[l] >> (2 * g + hi)) & 1);
+        CHECK_MSG(y[e] == 0.25f * (float)(k_sc[sub] * v) - (float)k_m[sub], "element %d: %g", e,
+                  (double)y[e]);
+    }
+}
+
+static void q6_k_layout(void)
+{
+    static const int8_t sc[16] = {-3, 5, 7, -128, 127, 1, 2, -1, 9, -9, 11, 0, 33, -64, 100, 4};
+    uint8_t b[210];
+    const uint8_t *ql = b, *qh = b + 128;
+    for (int k = 0; k < 128; k++)
+        b[k] = (uint8_t)(k * 13 + 5);
+    for (int k = 0; k < 64; k++)
+        b[128 + k] = (uint8_t)(k * 29 + 1);
+    memcpy(b + 192, sc, 16);
+    put16(b + 208, 0x3400); /* d = 0.25, at the end of the block */
+    float y[256];
+    quant_dequantize_row(QTYPE_Q6_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+        int lo = quarter & 1 ? ql[64 * h + l + 32] : ql[64 * h + l];
+        int nib = quarter >= 2 ? lo >> 4 : lo & 0xF;
+        int q = nib | (((qh[32 * h + l] >> (2 * quarter)) & 3) << 4);
+        float want = 0.25f * (float)sc[8 * h + l / 16 + 2 * quarter] * (float)(q - 32);
+        CHECK_MSG(y[e] == want, "element %d: %g, want %g", e, (double)y[e], (double)want);
+    }
+}
+
+static void float_rows_layout(void)
+{
+    uint8_t b[8];
+    put16(b, 0x3c00);
+    put16(b + 2, 0xc200); /* -3 */
+    put16(b + 4, 0x0001);
+    put16(b + 6, 0x7bff);
+    float y[4];
+    quant_dequantize_row(QTYPE_F16, b, y, 4);
+    CHECK(y[0] == 1.0f && y[1] == -3.0f && y[2] == 0x1p-24f && y[3] == 65504.0f);
+    put16(b, 0x3f80);
+    put16(b + 2, 0xc040); /* -3 */
+    put16(b + 4, 0x4049); /* 3.140625 */
+    put16(b + 6, 0x0000);
+    quant_dequantize_row(QTYPE_BF16, b, y, 4);
+    CHECK(y[0] == 1.0f && y[1] == -3.0f && y[2] == 3.140625f && y[3] == 0.0f);
+}
+
+/* ---- quantizers ---- */
+
+/* Root-mean-square error of quantize -> dequantize on N(0, 1) data, relative to the
+ * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
+ * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017). */
+static void quantize_error_is_bounded(void)
+{
+    static const struct {
+        uint32_t t;
+        double max_rel_rms;
+    } cases[] = {
+        {QTYPE_F32, 0},     {QTYPE_F16, 3e-4},  {QTYPE_BF16, 2.2e-3}, {QTYPE_Q8_0, 0.007},
+        {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
+        {QTYPE_Q6_K, 0.023},
+    };
+    enum { N = 8192 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    void *q = malloc(quant_row_bytes(QTYPE_F32, N));
+    CHECK(x && y && q);
+    fill_gauss(x, N);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        quant_quantize_row(cases[c].t, x, q, N);
+        quant_dequantize_row(cases[c].t, q, y, N);
+        double se = 0, sx = 0;
+        for (int i = 0; i < N; i++) {
+            se += (double)(y[i] - x[i]) * (y[i] - x[i]);
+            sx += (double)x[i] * x[i];
+        }
+        double rel = sqrt(se / sx);
+        CHECK_MSG(rel <= cases[c].max_rel_rms, "%s: relative RMS error %.5f > %.5f",
+                  quant_traits_of(cases[c].t)->name, rel, cases[c].max_rel_rms);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* Zero rows stay zero (no NaN from a zero scale); a block of one repeated negative value
+ * and a block with a single spike come back close. */
+static void quantize_degenerate_blocks(void)
+{
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+    float x[256], y[256];
+    uint8_t q[512];
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k];
+        const char *name = quant_traits_of(t)->name;
+        memset(x, 0, sizeof x);
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        for (int i = 0; i < 256; i++)
+            CHECK_MSG(y[i] == 0.0f, "%s zero row: y[%d] = %g", name, i, (double)y[i]);
+        for (int i = 0; i < 256; i++)
+            x[i] = -0.75f;
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        for (int i = 0; i < 256; i++)
+            CHECK_MSG(fabsf(y[i] + 0.75f) <= 0.01f, "%s constant row: y[%d] = %g", name, i, (double)y[i]);
+        memset(x, 0, sizeof x);
+        x[100] = 5.0f;
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        CHECK_MSG(fabsf(y[100] - 5.0f) <= 0.05f, "%s spike: %g", name, (double)y[100]);
+        CHECK_MSG(fabsf(y[101]) <= 0.05f, "%s next to spike: %g", name, (double)y[101]);
+    }
+}
+
+static void q8_k_activation_layout(void)
+{
+    float x[512];
+    fill_gauss(x, 512);
+    uint8_t q[2 * 292];
+    quant_prepare_activation(QTYPE_Q8_K, x, q, 512);
+    for (int blk = 0; blk < 2; blk++) {
+        const uint8_t *b = q + 292 * blk;
+        float d;
+        memcpy(&d, b, sizeof d);
+        CHECK(d > 0);
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) {
+                int v = (int8_t)b[4 + 16 * j + l];
+                CHECK(v >= -127 && v <= 127);
+                CHECK_NEAR(d * (float)v, x[256 * blk + 16 * j + l], 0.5f * d + 1e-6f);
+                s += v;
+            }
+            int16_t bsum;
+            memcpy(&bsum, b + 260 + 2 * j, sizeof bsum);
+            CHECK_EQ(bsum, s);
+        }
+    }
+}
+
+/* Activations are quantized exactly like quant_quantize_row does it (whichever kernel
+ * runs), including ties (x / d = k + 0.5 rounds to even) and a zero block. */
+static void prepare_activation_matches_reference(void)
+{
+    enum { N = 2048 };
+    float *x = malloc(N * sizeof *x);
+    uint8_t *a = malloc(N * 4), *b = malloc(N * 4);
+    CHECK(x && a && b);
+    fill_gauss(x, N);
+    for (int i = 0; i < 256; i++) /* first block: max 127, so d = 1 and halves are ties */
+        x[i] = i == 0 ? 127.0f : (float)(i % 64) - 31.5f;
+    for (int i = 256; i < 512; i++)
+        x[i] = 0.0f;
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q8_K, QTYPE_F32};
+    for (size_t k = 0; k < 3; k++) {
+        size_t bytes = quant_row_bytes(types[k], N);
+        memset(a, 0x55, N * 4);
+        memset(b, 0xaa, N * 4);
+        quant_prepare_activation(types[k], x, a, N);
+        quant_quantize_row(types[k], x, b, N);
+        CHECK_MSG(memcmp(a, b, bytes) == 0, "%s", quant_traits_of(types[k])->name);
+    }
+    quant_prepare_activation(QTYPE_Q8_0, x, a, N);
+    CHECK_EQ((int8_t)a[2 + 1], -30); /* x[1] = -30.5, d = 1: tie to even */
+    CHECK_EQ((int8_t)a[2 + 2], -30); /* -29.5 */
+    CHECK_EQ((int8_t)a[2 + 4], -28); /* -27.5 */
+    free(x);
+    free(a);
+    free(b);
+}
+
+/* ---- dot products ---- */
+
+/* A random weight row of type t and a prepared activation, both n long, plus their
+ * dequantized values (f32) and the f32 data they were made from. */
+typedef struct {
+    uint32_t t, act_t;
+    int64_t n;
+    float *x, *a;        /* the f32 originals */
+    float *xq, *aq;      /* what the packed rows dequantize to */
+    uint8_t *w, *act;    /* packed */
+} dot_case;
+
+static bool dot_case_make(dot_case *c, uint32_t t, int64_t n)
+{
+    c->t = t;
+    c->act_t = quant_dot_activation_type(t);
+    c->n = n;
+    c->x = malloc((size_t)n * sizeof(float));
+    c->a = malloc((size_t)n * sizeof(float));
+    c->xq = malloc((size_t)n * sizeof(float));
+    c->aq = malloc((size_t)n * sizeof(float));
+    c->w = malloc(quant_row_bytes(t, n));
+    c->act = malloc(quant_row_bytes(c->act_t, n));
+    if (!c->x || !c->a || !c->xq || !c->aq || !c->w || !c->act)
+        return false;
+    fill_gauss(c->x, n);
+    fill_gauss(c->a, n);
+    quant_quantize_row(t, c->x, c->w, n);
+    quant_prepare_activation(c->act_t, c->a, c->act, n);
+    quant_dequantize_row(t, c->w, c->xq, n);
+    quant_dequantize_row(c->act_t, c->act, c->aq, n);
+    return true;
+}
+
+static void dot_case_free(dot_case *c)
+{
+    free(c->x);
+    free(c->a);
+    free(c->xq);
+    free(c->aq);
+    free(c->w);
+    free(c->act);
+}
+
+/* Exact dot of the dequantized rows, and the sum of |products| that scales rounding. */
+static double dot_exact(const dot_case *c, double *abs_sum)
+{
+    double s = 0, sa = 0;
+    for (int64_t i = 0; i < c->n; i++) {
+        s += (double)c->xq[i] * c->aq[i];
+        sa += fabs((double)c->xq[i] * c->aq[i]);
+    }
+    *abs_sum = sa;
+    return s;
+}
+
+static int64_t block_of(uint32_t t)
+{
+    return quant_traits_of(t)->block_size == 1 ? 32 : 256;
+}
+
+/* The kernels compute exactly what the dequantized rows give, up to f32 rounding
+ * (relative tolerance 2e-5 of the sum of |products|), and that is close to the dot of
+ * the unquantized data (within the weight and activation quantization error). */
+static void dot_matches_dequantized_rows(void)
+{
+    static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.12, 0.06, 0.03};
+    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+        uint32_t t = dot_types[k];
+        const char *name = quant_traits_of(t)->name;
+        for (int64_t n = block_of(t); n <= 4096; n *= 4) {
+            dot_case c;
+            CHECK(dot_case_make(&c, t, n));
+            double sa, want = dot_exact(&c, &sa);
+            float got = quant_dot(t, c.w, c.act, n), ref = quant_dot_scalar(t, c.w, c.act, n);
+            double xx = 0, aa = 0, truth = 0;
+            for (int64_t i = 0; i < n; i++) {
+                xx += (double)c.x[i] * c.x[i];
+                aa += (double)c.a[i] * c.a[i];
+                truth += (double)c.x[i] * c.a[i];
+            }
+            dot_case_free(&c);
+            CHECK_MSG(fabs(ref - want) <= 2e-5 * sa, "%s n=%lld scalar %g vs %g", name, (long long)n,
+                      (double)ref, want);
+            CHECK_MSG(fabs(got - want) <= 2e-5 * sa, "%s n=%lld %g vs %g", name, (long long)n,
+                      (double)got, want);
+            CHECK_MSG(fabs(got - truth) <= quant_tol[k] * sqrt(xx * aa), "%s n=%lld %g vs unquantized %g",
+                      name, (long long)n, (double)got, truth);
+        }
+    }
+}
+
+/* AVX2 and scalar kernels agree to f32 rounding: |simd - scalar| <= 1e-5 * sum |products|. */
+static void simd_dot_matches_scalar(void)
+{
+    if (!have_avx2())
+        SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const int64_t float_lengths[] = {1, 7, 8, 15, 16, 17, 33, 1000, 4096, 5000};
+    static const int64_t q32_lengths[] = {32, 96, 256, 4096, 5632};
+    static const int64_t q256_lengths[] = {256, 512, 2048, 5632};
+    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+        uint32_t t = dot_types[k];
+        int bs = quant_traits_of(t)->block_size;
+        const int64_t *lens = bs == 1 ? float_lengths : bs == 32 ? q32_lengths : q256_lengths;
+        size_t nl = bs == 1 ? 10 : bs == 32 ? 5 : 4;
+        for (size_t li = 0; li < nl; li++) {
+            dot_case c;
+            CHECK(dot_case_make(&c, t, lens[li]));
+            double sa;
+            dot_exact(&c, &sa);
+            float got = quant_dot(t, c.w, c.act, c.n), ref = quant_dot_scalar(t, c.w, c.act, c.n);
+            dot_case_free(&c);
+            CHECK_MSG(fabs(got - ref) <= 1e-5 * sa + 1e-30, "%s n=%lld avx2 %g scalar %g",
+                      quant_traits_of(t)->name, (long long)lens[li], (double)got, (double)ref);
+        }
+    }
+}
+
+/* Blocks of random bytes cover what a quantizer rarely produces (Q8_0 weights of -128,
+ * all-ones nibbles, 6-bit scales and mins of 63, negative Q6_K scales): the AVX2 integer
+ * arithmetic must not saturate or lose signs there. Scale fields hold f16 1/64; the
+ * activation has full-scale +-127 entries. */
+static void simd_dot_matches_scalar_on_random_blocks(void)
+{
+    if (!have_avx2())
+        SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    enum { N = 1024 };
+    uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
+    float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
+    CHECK(w && act && x && wf && af);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k], at = quant_dot_activation_type(t);
+        const quant_traits *tr = quant_traits_of(t);
+        for (int trial = 0; trial < 8; trial++) {
+            size_t bytes = quant_row_bytes(t, N);
+            for (size_t i = 0; i < bytes; i++)
+                w[i] = (uint8_t)rng_u32();
+            for (size_t b = 0; b < bytes; b += tr->block_bytes) {
+                if (t == QTYPE_Q6_K) {
+                    put16(w + b + 208, 0x2400);
+                } else {
+                    put16(w + b, 0x2400);
+                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K)
+                        put16(w + b + 2, 0x2400);
+                }
+            }
+            for (int i = 0; i < N; i++)
+                x[i] = trial & 1 ? (i % 3 ? 1.0f : -1.0f) : rng_gauss();
+            quant_prepare_activation(at, x, act, N);
+            quant_dequantize_row(t, w, wf, N);
+            quant_dequantize_row(at, act, af, N);
+            double sa = 0;
+            for (int i = 0; i < N; i++)
+                sa += fabs((double)wf[i] * af[i]);
+            float got = quant_dot(t, w, act, N), ref = quant_dot_scalar(t, w, act, N);
+            CHECK_MSG(fabs(got - ref) <= 1e-5 * sa + 1e-30, "%s trial %d: avx2 %g scalar %g",
+                      tr->name, trial, (double)got, (double)ref);
+        }
+    }
+    free(w);
+    free(act);
+    free(x);
+    free(wf);
+    free(af);
+}
+
+/* quant_dot_rows gives each row exactly what quant_dot gives it, whatever the row's
+ * position in the groups the kernel works on; bytes between rows are never read (they
+ * hold NaN patterns that would show). */
+static void dot_rows_equal_single_dots(void)
+{
+    enum { ROWS = 11 };
+    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+        uint32_t t = dot_types[k];
+        int64_t n = block_of(t) == 32 ? 1024 : 1024 + 256;
+        if (quant_traits_of(t)->block_size == 1)
+            n += 3;
+        size_t rb = quant_row_bytes(t, n), stride = rb + 6;
+        uint8_t *w = malloc(stride * ROWS);
+        dot_case c;
+        CHECK(w && dot_case_make(&c, t, n));
+        memset(w, 0xff, stride * ROWS);
+        float *x = malloc((size_t)n * sizeof(float));
+        CHECK(x);
+        for (int r = 0; r < ROWS; r++) {
+            fill_gauss(x, n);
+            quant_quantize_row(t, x, w + (size_t)r * stride, n);
+        }
+        float out[ROWS];
+        quant_dot_rows(t, w, stride, ROWS, c.act, n, out);
+        bool ok = true;
+        for (int r = 0; r < ROWS; r++) {
+            float one = quant_dot(t, w + (size_t)r * stride, c.act, n);
+            if (memcmp(&one, &out[r], sizeof one) != 0 || isnan(one))
+                ok = false;
+        }
+        free(x);
+        free(w);
+        dot_case_free(&c);
+        CHECK_MSG(ok, "%s: quant_dot_rows differs from quant_dot", quant_traits_of(t)->name);
+    }
+}
+
+/* The AVX2 dequantizers give the scalar results bit for bit. */
+static void simd_dequantize_matches_scalar(void)
+{
+    if (!have_avx2())
+        SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
+                                     QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
+    uint8_t *q = malloc(N * 4);
+    CHECK(x && y1 && y2 && q);
+    fill_gauss(x, N);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k];
+        quant_quantize_row(t, x, q, N);
+        quant_dequantize_row(t, q, y1, N);
+        quant_dequantize_row_scalar(t, q, y2, N);
+        CHECK_MSG(memcmp(y1, y2, N * sizeof *y1) == 0, "%s", quant_traits_of(t)->name);
+    }
+    /* Every f16 and bf16 bit pattern (NaNs, subnormals), at lengths with ragged tails. */
+    uint16_t *h = (uint16_t *)q;
+    for (int pass = 0; pass < 16; pass++) {
+        for (int i = 0; i < N; i++)
+            h[i] = (uint16_t)(pass * N + i);
+        for (int t = 0; t < 2; t++) {
+            uint32_t type = t ? QTYPE_BF16 : QTYPE_F16;
+            int64_t n = N - pass;
+            quant_dequantize_row(type, h, y1, n);
+            quant_dequantize_row_scalar(type, h, y2, n);
+            CHECK_MSG(memcmp(y1, y2, (size_t)n * sizeof *y1) == 0, "%s pass %d",
+                      quant_traits_of(type)->name, pass);
+        }
+    }
+    free(x);
+    free(y1);
+    free(y2);
+    free(q);
+}
+
+static void activation_types(void)
+{
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q8_0), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_0), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_K), QTYPE_Q8_K);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_K), QTYPE_Q8_K);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q6_K), QTYPE_Q8_K);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_F16), QTYPE_F32);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_BF16), QTYPE_F32);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_F32), QTYPE_F32);
+}
+
+int main(void)
+{
+    RUN(f16_special_values);
+    RUN(f16_rounds_to_nearest_even);
+    RUN(f16_round_trips_all_values);
+    RUN(bf16_conversions);
+    RUN(q8_0_layout);
+    RUN(q4_0_layout);
+    RUN(q4_k_layout);
+    RUN(q5_k_layout);
+    RUN(q6_k_layout);
+    RUN(float_rows_layout);
+    RUN(quantize_error_is_bounded);
+    RUN(quantize_degenerate_blocks);
+    RUN(q8_k_activation_layout);
+    RUN(activation_types);
+    RUN(prepare_activation_matches_reference);
+    RUN(dot_matches_dequantized_rows);
+    RUN(simd_dot_matches_scalar);
+    RUN(simd_dot_matches_scalar_on_random_blocks);
+    RUN(dot_rows_equal_single_dots);
+    RUN(simd_dequantize_matches_scalar);
+    return test_finish();
+}
