@@ -92,7 +92,7 @@ int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_
     static const char ws[3] = {'\xe2', '\x96', '\x81'}; /* U+2581 '▁' */
     size_t cap = (len + 1) * 3;
     char *esc = malloc(cap);
-    spm_sym *syms = malloc((len + 1) * sizeof *syms);
+    spm_sym *syms = malloc(cap * sizeof *syms); /* invalid UTF-8 can split a '▁' */
     spm_heap heap = {0};
     int rc = -1;
     if (!esc || !syms)

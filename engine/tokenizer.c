@@ -439,6 +439,20 @@ static int seg_add(segments *s, size_t off, size_t len, int32_t id)
     return 0;
 }
 
+/* First occurrence of needle[0..m) (m > 0) in hay[0..n), or NULL. */
+static const char *find_bytes(const char *hay, size_t n, const char *needle, size_t m)
+{
+    for (const char *p = hay, *end = hay + n; (size_t)(end - p) >= m;) {
+        p = memchr(p, needle[0], (size_t)(end - p) - m + 1);
+        if (!p)
+            return NULL;
+        if (memcmp(p, needle, m) == 0)
+            return p;
+        p++;
+    }
+    return NULL;
+}
+
 /* Splits the text around special tokens, longest tokens first, as llama.cpp does:
  * user-defined tokens always, control and unknown ones only with parse_special. */
 static int split_specials(const tokenizer *t, const char *text, size_t len,
@@ -463,7 +477,7 @@ static int split_specials(const tokenizer *t, const char *text, size_t len,
             }
             size_t pos = s.off, end = s.off + s.len;
             const char *hit;
-            while (end - pos >= tl && (hit = memmem(text + pos, end - pos, tt, tl))) {
+            while (end - pos >= tl && (hit = find_bytes(text + pos, end - pos, tt, tl))) {
                 size_t at = (size_t)(hit - text);
                 if ((at > pos && seg_add(&next, pos, at - pos, -1)) || seg_add(&next, at, tl, id))
                     goto fail;

@@ -561,6 +561,10 @@ static void test_spm_merge_order(void)
     char buf[64];
     CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), 8);
     CHECK(strcmp(buf, "a<tool>b") == 0);
+    /* A truncated UTF-8 lead byte before a space swallows part of the '▁': more
+     * symbols than input bytes (found by fuzzing; ASan checks the bounds). */
+    n = enc(t, "\xd9 \xd9 \xf0 \xf0  ", false, false, ids, 32);
+    CHECK(n > 8 && n <= 32);
     tok_free(t);
 
     gguf_writer *w = vocab_writer("llama", spm_vocab, 17);
