@@ -14,71 +14,88 @@
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 #define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-#define RE_LLAMA3                                                                        \
+#define RE_LLAMA3                                                                               \
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
                     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                         \
-    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"      \
+#define RE_QWEN2                                                                           \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
                     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
-#define RE_UPPER_LOWER(suffix)                                                           \
-    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" suffix        \
+#define RE_UPPER_LOWER(suffix)                                                    \
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" suffix \
     "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" suffix
 /* Cased letters, as DeepSeek's tokenizer lists them. */
-#define RE_DEEPSEEK_LETTERS                                                                 \
-    "A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"          \
-    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}"  \
-    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-"  \
-    "\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}"      \
-    "\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}"          \
-    "\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}"          \
-    "\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}"  \
-    "\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-"          \
-    "\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-"          \
-    "\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}"  \
-    "\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-"  \
-    "\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}"   \
-    "\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}"           \
-    "\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}"          \
-    "\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}"          \
-    "\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"      \
-    "\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}"  \
+#define RE_DEEPSEEK_LETTERS                                                                \
+    "A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"         \
+    "\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}" \
+    "\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-" \
+    "\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}"     \
+    "\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}"         \
+    "\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}"         \
+    "\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}" \
+    "\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-"         \
+    "\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-"         \
+    "\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}" \
+    "\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-" \
+    "\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}"  \
+    "\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}"          \
+    "\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}"         \
+    "\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}"         \
+    "\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"     \
+    "\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}" \
     "\\x{1E900}-\\x{1E943}"
 
 typedef struct {
     const char *names[8];
     const char *regex[TOK_MAX_REGEX];
-    bool ignore_merges;
+    bool ignore_merges; /* a fragment that is a whole token is not merged up from bytes */
+    bool add_bos;       /* the default for tokenizer.ggml.add_bos_token */
 } pre_tokenizer;
 
 static const pre_tokenizer pre_tokenizers[] = {
     {{"default"},
      {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"},
+     false,
      false},
     {{"gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "mpt", "olmo"},
      {RE_GPT2},
+     false,
      false},
-    {{"gpt-neox"}, {RE_GPT2}, false},
-    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}, {RE_LLAMA3}, true},
-    {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false},
+    {{"gpt-neox"}, {RE_GPT2}, false, false},
+    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral"},
+     {RE_LLAMA3},
+     true,
+     true},
+    {{"dbrx", "smaug-bpe"}, {RE_LLAMA3}, false, false},
+    {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false, false},
     {{"deepseek-llm"},
      {"[\r\n]", "\\s?[" RE_DEEPSEEK_LETTERS "]+",
       "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
       "\\s+$", RE_CJK, "\\p{N}+"},
+     false,
      false},
-    {{"deepseek-coder"}, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}, false},
-    {{"falcon"}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false},
+    {{"deepseek-coder"}, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}, false, false},
+    {{"falcon"}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
      {"\\p{N}", RE_GPT2},
+     false,
      false},
-    {{"poro-chat", "bloom", "gpt3-finnish"}, {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"}, false},
-    {{"viking"}, {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+", "\\p{N}"}, false},
+    {{"poro-chat", "bloom", "gpt3-finnish"},
+     {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"},
+     false,
+     false},
+    {{"viking"},
+     {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+", "\\p{N}"},
+     false,
+     false},
     {{"tekken"},
      {RE_UPPER_LOWER("") "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)"},
+     true,
      true},
     {{"gpt-4o"},
      {RE_UPPER_LOWER(RE_CONTRACTIONS "?") "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
                                           "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     false,
      false},
 };
 
@@ -149,8 +166,8 @@ static int load_merges(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         }
         if (a < 0 || b < 0 || m < 0) {
             free(buf);
-            return err_set(err, "%s[%llu]: '%.*s' names a token that is not in the vocabulary",
-                           key, (unsigned long long)r, (int)(s.len > 64 ? 64 : s.len), s.ptr);
+            return err_set(err, "%s[%llu]: '%.*s' names a token that is not in the vocabulary", key,
+                           (unsigned long long)r, (int)(s.len > 64 ? 64 : s.len), s.ptr);
         }
         uint64_t pk = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
         uint32_t i = pair_hash(pk) & t->merge_mask;
@@ -169,8 +186,7 @@ static int load_merges(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 {
     gguf_str pre = {"default", 7};
-    if (gguf_find_key(g, "tokenizer.ggml.pre") >= 0 &&
-        !gguf_get_str(g, "tokenizer.ggml.pre", &pre))
+    if (gguf_find_key(g, "tokenizer.ggml.pre") >= 0 && !gguf_get_str(g, "tokenizer.ggml.pre", &pre))
         return err_set(err, "tokenizer.ggml.pre: not a string");
 
     const pre_tokenizer *p = NULL;
@@ -183,14 +199,15 @@ int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         return err_set(err, "unknown pre-tokenizer type '%.*s' (tokenizer.ggml.pre)",
                        (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
     t->ignore_merges = p->ignore_merges;
+    t->add_bos = p->add_bos;
 
     for (int i = 0; i < TOK_MAX_REGEX && p->regex[i]; i++) {
         int code;
         PCRE2_SIZE at;
-        t->regex[i] = pcre2_compile((PCRE2_SPTR)p->regex[i], PCRE2_ZERO_TERMINATED,
-                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF |
-                                        PCRE2_DOLLAR_ENDONLY,
-                                    &code, &at, NULL);
+        t->regex[i] =
+            pcre2_compile((PCRE2_SPTR)p->regex[i], PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY,
+                          &code, &at, NULL);
         if (!t->regex[i]) {
             PCRE2_UCHAR msg[120];
             pcre2_get_error_message(code, msg, sizeof msg);
@@ -243,8 +260,8 @@ static int frag_add(frag_list *l, size_t off, size_t len)
 }
 
 /* Splits every fragment of in by re into out: matches and the gaps between them. */
-static int split(const pcre2_code *re, pcre2_match_data *md, const char *text,
-                 const frag_list *in, frag_list *out)
+static int split(const pcre2_code *re, pcre2_match_data *md, const char *text, const frag_list *in,
+                 frag_list *out)
 {
     out->n = 0;
     for (size_t f = 0; f < in->n; f++) {
@@ -368,8 +385,8 @@ static int encode_word(const tokenizer *t, const unsigned char *w, size_t len, b
 
     bpe_sym *syms = s->syms;
     for (size_t i = 0; i < len; i++)
-        syms[i] = (bpe_sym){(int32_t)i - 1, i + 1 == len ? -1 : (int32_t)i + 1,
-                            t->byte_token[w[i]], (uint32_t)i, 1};
+        syms[i] = (bpe_sym){(int32_t)i - 1, i + 1 == len ? -1 : (int32_t)i + 1, t->byte_token[w[i]],
+                            (uint32_t)i, 1};
     s->heap.n = 0;
     for (size_t i = 1; i < len; i++)
         if (try_pair(t, syms, &s->heap, (int32_t)i - 1, (int32_t)i))

@@ -33,7 +33,7 @@ struct tokenizer {
     size_t max_token_len;
 
     /* text -> id, open addressing; -1 marks an empty slot */
-    int32_t *map;  /* (map_mask + 1) */
+    int32_t *map; /* (map_mask + 1) */
     uint32_t map_mask;
 
     /* BPE merges: (left id, right id) -> rank and merged id; open addressing */
@@ -100,8 +100,7 @@ uint32_t tok_ucd_nfd_first(uint32_t cp);
  * encoders return 0, or -1 when memory runs out. */
 int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX]);
 int tok_bpe_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
-int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix,
-                   tok_out *o);
+int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix, tok_out *o);
 int tok_wpm_setup(tokenizer *t, char err[ERR_MAX]);
 int tok_wpm_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
 

@@ -86,8 +86,7 @@ static int try_pair(const tokenizer *t, const char *esc, const spm_sym *syms, sp
     return heap_push(h, (spm_pair){t->scores[id], left, right, size});
 }
 
-int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix,
-                   tok_out *o)
+int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix, tok_out *o)
 {
     static const char ws[3] = {'\xe2', '\x96', '\x81'}; /* U+2581 '▁' */
     size_t cap = (len + 1) * 3;
@@ -117,8 +116,8 @@ int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_
         size_t l = tok_utf8_len((unsigned char)esc[off]);
         if (l > n - off)
             l = n - off;
-        syms[n_sym] = (spm_sym){n_sym - 1, off + l == n ? -1 : n_sym + 1, (uint32_t)off,
-                                (uint32_t)l};
+        syms[n_sym] =
+            (spm_sym){n_sym - 1, off + l == n ? -1 : n_sym + 1, (uint32_t)off, (uint32_t)l};
         n_sym++;
         off += l;
     }

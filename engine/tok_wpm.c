@@ -28,8 +28,7 @@ int tok_wpm_setup(tokenizer *t, char err[ERR_MAX])
     t->wpm_class = pcre2_compile((PCRE2_SPTR)class_regex, PCRE2_ZERO_TERMINATED,
                                  PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED, &code, &at, NULL);
     if (!t->wpm_class)
-        return err_set(err, "WordPiece character classes: PCRE2 error %d at %zu", code,
-                       (size_t)at);
+        return err_set(err, "WordPiece character classes: PCRE2 error %d at %zu", code, (size_t)at);
     return 0;
 }
 

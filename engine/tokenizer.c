@@ -17,7 +17,10 @@ uint32_t tok_utf8_decode(const char *s, size_t n, size_t *used)
     *used = 1;
     if (!(u[0] & 0x80))
         return u[0];
-    size_t len = (u[0] & 0xe0) == 0xc0 ? 2 : (u[0] & 0xf0) == 0xe0 ? 3 : (u[0] & 0xf8) == 0xf0 ? 4 : 0;
+    size_t len = (u[0] & 0xe0) == 0xc0   ? 2
+                 : (u[0] & 0xf0) == 0xe0 ? 3
+                 : (u[0] & 0xf8) == 0xf0 ? 4
+                                         : 0;
     if (len == 0 || len > n)
         return 0xfffd;
     uint32_t cp = u[0] & (0x7f >> len);
@@ -211,8 +214,7 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         t->add_bos = true, t->add_space_prefix = true;
         break;
     case TOK_MODEL_BPE:
-        id[TOK_SPECIAL_BOS] = 11, id[TOK_SPECIAL_EOS] = 11;
-        t->add_bos = t->ignore_merges; /* llama.cpp adds BOS by default for llama3 only */
+        id[TOK_SPECIAL_BOS] = 11, id[TOK_SPECIAL_EOS] = 11; /* add_bos: see tok_bpe_setup */
         break;
     case TOK_MODEL_WPM:
         id[TOK_SPECIAL_BOS] = 101, id[TOK_SPECIAL_UNK] = 100, id[TOK_SPECIAL_SEP] = 102;
@@ -260,9 +262,19 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 
     /* Tokens that end a turn in common chat formats, as llama.cpp recognises them. */
     static const char *eog_texts[] = {
-        "<|eot_id|>", "<|im_end|>",    "<|end|>",         "<end_of_turn>", "<|endoftext|>",
-        "<|eom_id|>", "<EOT>",         "<|end_of_text|>", "<|return|>",    "<|call|>",
-        "_<EOT>",     "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "<|end_of_text|>",
+        "<|return|>",
+        "<|call|>",
+        "_<EOT>",
+        "<\xef\xbd\x9c"
+        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
     };
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t e = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
@@ -316,16 +328,18 @@ static int list_specials(tokenizer *t, char err[ERR_MAX])
 
 static int hex_digit(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                          : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                  : -1;
 }
 
 /* Byte value of an SPM byte token "<0xXX>", or -1. */
 static int byte_value(const tokenizer *t, int32_t id)
 {
     const char *s = t->text + t->text_off[id];
-    if (t->text_len[id] != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' ||
-        hex_digit(s[3]) < 0 || hex_digit(s[4]) < 0)
+    if (t->text_len[id] != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || hex_digit(s[3]) < 0 ||
+        hex_digit(s[4]) < 0)
         return -1;
     return hex_digit(s[3]) * 16 + hex_digit(s[4]);
 }
@@ -455,8 +469,8 @@ static const char *find_bytes(const char *hay, size_t n, const char *needle, siz
 
 /* Splits the text around special tokens, longest tokens first, as llama.cpp does:
  * user-defined tokens always, control and unknown ones only with parse_special. */
-static int split_specials(const tokenizer *t, const char *text, size_t len,
-                          bool parse_special, segments *segs)
+static int split_specials(const tokenizer *t, const char *text, size_t len, bool parse_special,
+                          segments *segs)
 {
     segments next = {0};
     if (len > 0 && seg_add(segs, 0, len, -1))
@@ -648,7 +662,8 @@ int tok_decode(const tokenizer *t, const int32_t *ids, int n, bool remove_specia
             s.strip_space = true;
         put_piece(t, ids[i], unparse_special, &s);
         uint8_t ty = t->types[ids[i]];
-        after_special = ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN || ty == TOK_TYPE_USER_DEFINED;
+        after_special =
+            ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN || ty == TOK_TYPE_USER_DEFINED;
     }
     return sink_end(&s);
 }

@@ -43,8 +43,8 @@ enum tok_type {
 enum tok_special {
     TOK_SPECIAL_BOS,
     TOK_SPECIAL_EOS,
-    TOK_SPECIAL_EOT,  /* end of turn (chat) */
-    TOK_SPECIAL_EOM,  /* end of message (tool call) */
+    TOK_SPECIAL_EOT, /* end of turn (chat) */
+    TOK_SPECIAL_EOM, /* end of message (tool call) */
     TOK_SPECIAL_UNK,
     TOK_SPECIAL_SEP,
     TOK_SPECIAL_PAD,
@@ -74,7 +74,8 @@ void tok_free(tokenizer *t);
  *                  becomes that token; otherwise it is tokenized as plain text.
  *                  User-defined tokens are always recognised (as llama.cpp does).
  * Returns the number of tokens n; the first min(n, max_out) are written to out. When
- * n > max_out, call again with a buffer of n. Returns -1 only when memory runs out or
+ * n > max_out, call again with a buffer of n. Returns -1 only when memory runs out, the
+ * regex engine fails (PCRE2's match limits, not reached by ordinary text), or
  * the arguments are invalid (len > INT32_MAX / 4, max_out < 0, out NULL with max_out > 0).
  */
 int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special,

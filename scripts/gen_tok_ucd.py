@@ -40,7 +40,7 @@ print('static const uint32_t nfd_first[][2] = {')
 line = []
 for c, m in nfd:
     line.append('{0x%X, 0x%X}' % (c, m))
-    if len(line) == 6:
+    if len(line) == 4:
         print('    ' + ', '.join(line) + ',')
         line = []
 if line:

@@ -414,8 +414,7 @@ static tokenizer *gpt2_with_pre(const char *pre, char *err)
 }
 
 /* Encodes text and compares the decoded pieces, joined by '|', with want. */
-static bool split_is(const tokenizer *t, const char *text, const char *want, char *got,
-                     size_t cap)
+static bool split_is(const tokenizer *t, const char *text, const char *want, char *got, size_t cap)
 {
     int32_t ids[128];
     int n = enc(t, text, false, false, ids, 128);
@@ -469,13 +468,14 @@ static void test_pre_tokenizers(void)
         bool ok = split_is(t, cases[i].text, cases[i].want, got, sizeof got);
         tok_free(t);
         CHECK_MSG(ok, "pre '%s', \"%s\": want \"%s\", got \"%s\"", cases[i].pre,
-                  esc(cases[i].text, strlen(cases[i].text)), esc(cases[i].want, strlen(cases[i].want)),
-                  esc(got, strlen(got)));
+                  esc(cases[i].text, strlen(cases[i].text)),
+                  esc(cases[i].want, strlen(cases[i].want)), esc(got, strlen(got)));
     }
     /* Every listed name compiles. */
-    static const char *names[] = {"mpt", "olmo", "gpt-neox", "dbrx", "smaug-bpe", "refact",
-                                  "command-r", "smollm", "stablelm2", "poro-chat", "bloom",
-                                  "viking", "tekken", "gpt-4o", "deepseek-r1-qwen"};
+    static const char *names[] = {"mpt",       "olmo",      "gpt-neox",        "dbrx",
+                                  "smaug-bpe", "refact",    "command-r",       "smollm",
+                                  "stablelm2", "poro-chat", "bloom",           "viking",
+                                  "tekken",    "gpt-4o",    "deepseek-r1-qwen"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         err[0] = 0;
         tokenizer *t = gpt2_with_pre(names[i], err);
@@ -484,6 +484,17 @@ static void test_pre_tokenizers(void)
         CHECK(enc(t, "Hello, world 123!", false, false, ids, 64) > 0);
         tok_free(t);
     }
+    /* llama.cpp adds BOS by default for the llama3 family only. */
+    tokenizer *t = gpt2_with_pre("llama-bpe", err);
+    CHECK_MSG(t, "%s", err);
+    bool llama3_bos = tok_add_bos(t);
+    tok_free(t);
+    CHECK(llama3_bos);
+    t = gpt2_with_pre("dbrx", err);
+    CHECK_MSG(t, "%s", err);
+    bool dbrx_bos = tok_add_bos(t);
+    tok_free(t);
+    CHECK(!dbrx_bos);
     err[0] = 0;
     CHECK(gpt2_with_pre("no-such-pre", err) == NULL);
     CHECK_MSG(strstr(err, "no-such-pre"), "%s", err);
@@ -531,11 +542,10 @@ static tokenizer *finish(gguf_writer *w, const char *name, char *err)
 #define U2581 "\xe2\x96\x81"
 
 static const vtok spm_vocab[] = {
-    {"<unk>", 0, 2},      {"<s>", 0, 3},       {"</s>", 0, 3},  {"<0x61>", 0, 6},
-    {"<0x62>", 0, 6},     {"<0x63>", 0, 6},    {"<0xE2>", 0, 6}, {"<0x96>", 0, 6},
-    {"<0x81>", 0, 6},     {U2581, -1, 1},      {"a", -2, 1},    {"b", -2, 1},
-    {"c", -2, 1},         {"ab", -3, 1},       {"bc", -2.5f, 1}, {U2581 "a", -4, 1},
-    {"<tool>", 0, 4},
+    {"<unk>", 0, 2},    {"<s>", 0, 3},    {"</s>", 0, 3},   {"<0x61>", 0, 6}, {"<0x62>", 0, 6},
+    {"<0x63>", 0, 6},   {"<0xE2>", 0, 6}, {"<0x96>", 0, 6}, {"<0x81>", 0, 6}, {U2581, -1, 1},
+    {"a", -2, 1},       {"b", -2, 1},     {"c", -2, 1},     {"ab", -3, 1},    {"bc", -2.5f, 1},
+    {U2581 "a", -4, 1}, {"<tool>", 0, 4},
 };
 
 static void test_spm_merge_order(void)
@@ -583,9 +593,20 @@ static void test_spm_merge_order(void)
 static void test_bpe_small(void)
 {
     /* Byte-level alphabet for "a", "b", " " ("Ġ") plus merges. */
-    static const vtok v[] = {{"a", 0, 1},  {"b", 0, 1},   {"\xc4\xa0", 0, 1}, {"ab", 0, 1},
-                             {"\xc4\xa0" "a", 0, 1}, {"\xc4\xa0" "ab", 0, 1}, {"<|end|>", 0, 3}};
-    static const char *merges[] = {"a b", "\xc4\xa0 a", "\xc4\xa0" "a b"};
+    static const vtok v[] = {{"a", 0, 1},
+                             {"b", 0, 1},
+                             {"\xc4\xa0", 0, 1},
+                             {"ab", 0, 1},
+                             {"\xc4\xa0"
+                              "a",
+                              0, 1},
+                             {"\xc4\xa0"
+                              "ab",
+                              0, 1},
+                             {"<|end|>", 0, 3}};
+    static const char *merges[] = {"a b", "\xc4\xa0 a",
+                                   "\xc4\xa0"
+                                   "a b"};
     char err[ERR_MAX] = "";
     gguf_writer *w = vocab_writer("gpt2", v, 7);
     gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 3);

@@ -76,8 +76,9 @@ static void build_vocabs(void)
     int n = 0;
 
     /* SPM: specials, 256 byte tokens, a few pieces. */
-    static const char *spm_extra[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "\xe2\x96\x81t",
-                                      "he", "\xe2\x96\x81the", "<|im_end|>"};
+    static const char *spm_extra[] = {"<unk>",           "<s>",           "</s>",
+                                      "\xe2\x96\x81",    "\xe2\x96\x81t", "he",
+                                      "\xe2\x96\x81the", "<|im_end|>"};
     for (int i = 0; i < 3; i++, n++)
         texts[n] = spm_extra[i], types[n] = i == 0 ? 2 : 3;
     for (int b = 0; b < 256; b++, n++) {
@@ -109,8 +110,9 @@ static void build_vocabs(void)
     vocabs[1] = build("gpt2", "llama3", n, texts, types, 2, merges);
 
     /* WordPiece. */
-    static const char *wpm[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-                                "\xe2\x96\x81the", "\xe2\x96\x81t", "he", "\xe2\x96\x81,"};
+    static const char *wpm[] = {"[PAD]",         "[UNK]",  "[CLS]",
+                                "[SEP]",         "[MASK]", "\xe2\x96\x81the",
+                                "\xe2\x96\x81t", "he",     "\xe2\x96\x81,"};
     n = 0;
     for (int i = 0; i < 9; i++, n++)
         texts[n] = wpm[i], types[n] = i < 5 ? 3 : 1;
