@@ -107,7 +107,9 @@ static uint32_t pair_hash(uint64_t key)
     return (uint32_t)(key >> 32);
 }
 
-int32_t tok_merge_rank(const tokenizer *t, int32_t left, int32_t right, int32_t *result)
+/* Merge rank of two adjacent tokens (-1 if they do not merge); *result gets the merged
+ * token. */
+static int32_t merge_rank(const tokenizer *t, int32_t left, int32_t right, int32_t *result)
 {
     if (!t->merge_keys || left < 0 || right < 0)
         return -1;
@@ -357,7 +359,7 @@ static int try_pair(const tokenizer *t, const bpe_sym *syms, bpe_heap *h, int32_
     if (left < 0 || right < 0)
         return 0;
     int32_t merged;
-    int32_t rank = tok_merge_rank(t, syms[left].id, syms[right].id, &merged);
+    int32_t rank = merge_rank(t, syms[left].id, syms[right].id, &merged);
     if (rank < 0)
         return 0;
     return heap_push(h, (bpe_pair){rank, left, right, syms[left].n + syms[right].n});
@@ -397,7 +399,7 @@ static int encode_word(const tokenizer *t, const unsigned char *w, size_t len, b
         bpe_sym *l = &syms[p.left], *r = &syms[p.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
             continue;
-        tok_merge_rank(t, l->id, r->id, &l->id);
+        merge_rank(t, l->id, r->id, &l->id);
         l->n += r->n;
         r->n = 0;
         l->next = r->next;

@@ -75,10 +75,6 @@ static inline void tok_out_push(tok_out *o, int32_t id)
 /* Token id of an exact text, -1 if none. */
 int32_t tok_lookup(const tokenizer *t, const char *s, size_t n);
 
-/* Merge rank of two adjacent BPE tokens (-1 if they do not merge); *result gets the
- * merged token. */
-int32_t tok_merge_rank(const tokenizer *t, int32_t left, int32_t right, int32_t *result);
-
 /* Byte length of a UTF-8 sequence from its first byte (1 for stray bytes), as
  * llama.cpp counts it. */
 static inline size_t tok_utf8_len(unsigned char c)

@@ -584,12 +584,13 @@ static void put_piece(const tokenizer *t, int32_t id, bool special, sink *s)
     case TOK_TYPE_USER_DEFINED:
         sink_put(s, text, len);
         return;
-    case TOK_TYPE_BYTE:
-        if (t->model != TOK_MODEL_BPE) {
-            char b = (char)byte_value(t, id);
-            sink_put(s, &b, 1);
-        }
+    case TOK_TYPE_BYTE: {
+        int b = t->model != TOK_MODEL_BPE ? byte_value(t, id) : -1;
+        char c = (char)b;
+        if (b >= 0)
+            sink_put(s, &c, 1);
         return;
+    }
     case TOK_TYPE_NORMAL:
         break;
     default:
