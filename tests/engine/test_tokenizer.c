@@ -1,0 +1,722 @@
+/*
+ * Tests of the tokenizers: llama.cpp's test vectors for the SPM, BPE and WordPiece
+ * vocabularies (exact ids), round trips, special tokens, pre-tokenizer splits, small
+ * hand-built vocabularies, and malformed metadata.
+ */
+#include "engine/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/test.h"
+
+/* ---- helpers ---- */
+
+static char *read_whole(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc((size_t)n + 1);
+    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    if (p)
+        p[n] = 0;
+    *size = (size_t)n;
+    return p;
+}
+
+/* Printable form of some bytes for failure messages. */
+static const char *esc(const char *s, size_t n)
+{
+    static char buf[4][256];
+    static int k;
+    char *b = buf[k++ & 3];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < sizeof buf[0]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\')
+            b[o++] = (char)c;
+        else
+            o += (size_t)snprintf(b + o, 5, "\\x%02x", c);
+    }
+    b[o] = 0;
+    return b;
+}
+
+static const char *ids_str(const int32_t *ids, int n)
+{
+    static char buf[2][512];
+    static int k;
+    char *b = buf[k++ & 1];
+    size_t o = 0;
+    b[0] = 0;
+    for (int i = 0; i < n && o + 12 < sizeof buf[0]; i++)
+        o += (size_t)snprintf(b + o, 12, " %d", ids[i]);
+    return b;
+}
+
+static tokenizer *load_path(const char *path, char *err)
+{
+    gguf_file *g = gguf_open(path, err);
+    if (!g)
+        return NULL;
+    tokenizer *t = NULL;
+    tok_load(g, &t, err);
+    gguf_close(g);
+    return t;
+}
+
+static const char *vocab_path(const char *name)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", name);
+    return test_data_path(rel);
+}
+
+/* Encodes text (NUL-terminated) into ids; returns the count. */
+static int enc(const tokenizer *t, const char *text, bool add_special, bool parse_special,
+               int32_t *ids, int cap)
+{
+    return tok_encode(t, text, strlen(text), add_special, parse_special, ids, cap);
+}
+
+static bool ids_eq(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
+}
+
+/* Checks every case of X.gguf.inp against X.gguf.out. */
+static void check_vectors(const char *name)
+{
+    const char *path = vocab_path(name);
+    if (!path)
+        SKIP("vocab/ggml-vocab-%s.gguf not found (set LLMS_TESTDATA)", name);
+    char err[ERR_MAX] = "", rel[128];
+    tokenizer *t = load_path(path, err);
+    CHECK_MSG(t, "load %s: %s", name, err);
+
+    size_t ni, no;
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf.inp", name);
+    const char *pi = test_data_path(rel);
+    char *inp = pi ? read_whole(pi, &ni) : NULL;
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf.out", name);
+    const char *po = test_data_path(rel);
+    char *out = po ? read_whole(po, &no) : NULL;
+    if (!inp || !out) {
+        free(inp);
+        free(out);
+        tok_free(t);
+        SKIP("test vectors for %s not found", name);
+    }
+
+    /* Cases are separated by "\n__ggml_vocab_test__\n" and the file ends with one;
+     * each .out line holds the ids of one case. */
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    int32_t *ids = malloc(4096 * sizeof *ids), *want = malloc(4096 * sizeof *want);
+    char *case_start = inp, *line = out;
+    int n_cases = 0, failed = -1;
+    char msg[1024] = "";
+    for (;;) {
+        char *end = strstr(case_start, sep);
+        if (!end)
+            break;
+        char *eol = strchr(line, '\n');
+        if (!eol) {
+            snprintf(msg, sizeof msg, "case %d: no line left in .out", n_cases);
+            failed = n_cases;
+            break;
+        }
+        int nw = 0;
+        for (char *p = line; p < eol;) {
+            char *q;
+            long v = strtol(p, &q, 10);
+            if (q == p)
+                break;
+            want[nw++] = (int32_t)v;
+            p = q;
+        }
+        size_t len = (size_t)(end - case_start);
+        int n = tok_encode(t, case_start, len, false, false, ids, 4096);
+        if (!ids_eq(ids, n, want, nw)) {
+            snprintf(msg, sizeof msg, "case %d \"%s\":\n   want%s\n   got %s", n_cases,
+                     esc(case_start, len), ids_str(want, nw), ids_str(ids, n < 0 ? 0 : n));
+            failed = n_cases;
+            break;
+        }
+        n_cases++;
+        case_start = end + strlen(sep);
+        line = eol + 1;
+    }
+    free(ids);
+    free(want);
+    free(inp);
+    free(out);
+    tok_free(t);
+    CHECK_MSG(failed < 0, "%s %s", name, msg);
+    CHECK(n_cases >= 40);
+}
+
+/* decode(encode(s)) == s for every test string of a lossless vocabulary. */
+static void check_round_trip(const char *name)
+{
+    const char *path = vocab_path(name);
+    if (!path)
+        SKIP("vocab/ggml-vocab-%s.gguf not found (set LLMS_TESTDATA)", name);
+    char err[ERR_MAX] = "", rel[128];
+    tokenizer *t = load_path(path, err);
+    CHECK_MSG(t, "load %s: %s", name, err);
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf.inp", name);
+    const char *pi = test_data_path(rel);
+    size_t ni;
+    char *inp = pi ? read_whole(pi, &ni) : NULL;
+    if (!inp) {
+        tok_free(t);
+        SKIP("test vectors for %s not found", name);
+    }
+    int32_t *ids = malloc(8192 * sizeof *ids);
+    char *text = malloc(ni + 16);
+    char msg[600] = "";
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    for (char *s = inp, *end; !msg[0] && (end = strstr(s, sep)); s = end + strlen(sep)) {
+        size_t len = (size_t)(end - s);
+        int n = tok_encode(t, s, len, true, false, ids, 8192);
+        int m = tok_decode(t, ids, n, true, false, text, ni + 16);
+        if (m != (int)len || memcmp(text, s, len) != 0)
+            snprintf(msg, sizeof msg, "\"%s\" came back as \"%s\"", esc(s, len),
+                     esc(text, m < 0 ? 0 : (size_t)m));
+    }
+    /* The whole file at once: long input, many fragments. */
+    if (!msg[0]) {
+        int n = tok_encode(t, inp, ni, false, false, ids, 8192);
+        int m = n > 0 && n <= 8192 ? tok_decode(t, ids, n, false, false, text, ni + 16) : -1;
+        if (m != (int)ni || memcmp(text, inp, ni) != 0)
+            snprintf(msg, sizeof msg, "whole .inp file does not round-trip (%d tokens)", n);
+    }
+    free(ids);
+    free(text);
+    free(inp);
+    tok_free(t);
+    CHECK_MSG(!msg[0], "%s: %s", name, msg);
+}
+
+static tokenizer *load_vocab(const char *name, char *err)
+{
+    const char *path = vocab_path(name);
+    return path ? load_path(path, err) : NULL;
+}
+
+/* ---- test vectors ---- */
+
+static void test_vectors_spm(void)
+{
+    check_vectors("llama-spm");
+}
+
+static void test_vectors_bpe_gpt2(void)
+{
+    check_vectors("gpt-2");
+}
+
+static void test_vectors_wpm_bert(void)
+{
+    check_vectors("bert-bge");
+}
+
+static void test_round_trip_spm(void)
+{
+    check_round_trip("llama-spm");
+}
+
+static void test_round_trip_bpe(void)
+{
+    check_round_trip("gpt-2");
+}
+
+/* ---- behaviour on the real vocabularies ---- */
+
+static void test_spm_specials_and_bos(void)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = load_vocab("llama-spm", err);
+    if (!t && !err[0])
+        SKIP("vocab/ggml-vocab-llama-spm.gguf not found");
+    CHECK_MSG(t, "%s", err);
+    int32_t ids[64];
+    CHECK_EQ(tok_model(t), TOK_MODEL_SPM);
+    CHECK_EQ(tok_n_vocab(t), 32000);
+    CHECK_EQ(tok_bos(t), 1);
+    CHECK_EQ(tok_eos(t), 2);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_UNK), 0);
+    CHECK(tok_add_bos(t) && !tok_add_eos(t));
+
+    /* add_special puts BOS first; empty text with add_special is just BOS. */
+    int n = enc(t, "Hello world", true, false, ids, 64);
+    int32_t w1[] = {1, 15043, 3186};
+    CHECK_MSG(ids_eq(ids, n, w1, 3), "got%s", ids_str(ids, n));
+    CHECK_EQ(enc(t, "", true, false, ids, 64), 1);
+    CHECK_EQ(ids[0], 1);
+    CHECK_EQ(enc(t, "", false, false, ids, 64), 0);
+
+    /* parse_special: "<s>" / "</s>" become tokens and text after a special token gets
+     * the space prefix again; without it they are plain text. */
+    n = enc(t, "<s>Hello</s>world", false, true, ids, 64);
+    int32_t w2[] = {1, 15043, 2, 3186};
+    CHECK_MSG(ids_eq(ids, n, w2, 4), "got%s", ids_str(ids, n));
+    n = enc(t, "<s>Hello</s>world", false, false, ids, 64);
+    CHECK(n > 4);
+    for (int i = 0; i < n; i++)
+        CHECK(ids[i] != 1 && ids[i] != 2);
+
+    /* Decoding: specials vanish unless unparsed, and then the text round-trips. */
+    char buf[128];
+    n = enc(t, "<s>Hello</s>world", false, true, ids, 64);
+    CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), 10);
+    CHECK(strcmp(buf, "Helloworld") == 0);
+    CHECK_EQ(tok_decode(t, ids, n, false, true, buf, sizeof buf), 17);
+    CHECK(strcmp(buf, "<s>Hello</s>world") == 0);
+
+    /* Byte fallback: U+1F680 is not in the vocabulary, its bytes are <0xF0>... (id 3 + byte). */
+    n = enc(t, "\xf0\x9f\x9a\x80", false, false, ids, 64);
+    int32_t w3[] = {29871, 3 + 0xf0, 3 + 0x9f, 3 + 0x9a, 3 + 0x80};
+    CHECK_MSG(ids_eq(ids, n, w3, 5), "got%s", ids_str(ids, n));
+    CHECK_EQ(tok_type(t, 3 + 0xf0), TOK_TYPE_BYTE);
+
+    /* Pieces. */
+    CHECK_EQ(tok_piece(t, 15043, buf, sizeof buf), 6);
+    CHECK(strcmp(buf, " Hello") == 0);
+    CHECK_EQ(tok_piece(t, 3 + 'A', buf, sizeof buf), 1);
+    CHECK(strcmp(buf, "A") == 0);
+    CHECK_EQ(tok_piece(t, 1, buf, sizeof buf), 3);
+    CHECK(strcmp(buf, "<s>") == 0);
+    CHECK_EQ(tok_piece(t, 15043, buf, 4), 6); /* truncated, still NUL-terminated */
+    CHECK(strcmp(buf, " He") == 0);
+    CHECK_EQ(tok_piece(t, 32000, buf, sizeof buf), -1);
+
+    /* Lookups. */
+    CHECK_EQ(tok_find(t, "\xe2\x96\x81Hello", 8), 15043);
+    CHECK_EQ(tok_find(t, "</s>", 4), 2);
+    CHECK_EQ(tok_find(t, "no such token", 13), -1);
+    size_t len;
+    CHECK(strcmp(tok_token_text(t, 2, &len), "</s>") == 0 && len == 4);
+    CHECK(tok_token_text(t, -1, NULL) == NULL);
+    CHECK(tok_is_eog(t, 2) && !tok_is_eog(t, 1) && !tok_is_eog(t, 15043));
+    CHECK_EQ(tok_type(t, 0), TOK_TYPE_UNKNOWN);
+    CHECK_EQ(tok_type(t, 1), TOK_TYPE_CONTROL);
+    CHECK_EQ(tok_type(t, 15043), TOK_TYPE_NORMAL);
+    CHECK_EQ(tok_type(t, 99999), TOK_TYPE_INVALID);
+
+    /* The count is returned even when the buffer is too small. */
+    CHECK_EQ(enc(t, "Hello world", true, false, ids, 1), 3);
+    CHECK_EQ(ids[0], 1);
+    CHECK_EQ(enc(t, "Hello world", true, false, NULL, 0), 3);
+    tok_free(t);
+}
+
+static void test_bpe_specials(void)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = load_vocab("gpt-2", err);
+    if (!t && !err[0])
+        SKIP("vocab/ggml-vocab-gpt-2.gguf not found");
+    CHECK_MSG(t, "%s", err);
+    int32_t ids[64];
+    char buf[128];
+    CHECK_EQ(tok_model(t), TOK_MODEL_BPE);
+    CHECK_EQ(tok_bos(t), 50256);
+    CHECK(!tok_add_bos(t)); /* llama.cpp's default for GPT-2 style vocabularies */
+    CHECK(tok_is_eog(t, 50256));
+
+    int n = enc(t, "Hello<|endoftext|> world", false, true, ids, 64);
+    int32_t w1[] = {15496, 50256, 995};
+    CHECK_MSG(ids_eq(ids, n, w1, 3), "got%s", ids_str(ids, n));
+    n = enc(t, "Hello<|endoftext|> world", false, false, ids, 64);
+    CHECK(n > 3);
+    for (int i = 0; i < n; i++)
+        CHECK(ids[i] != 50256);
+    CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), 24);
+    CHECK(strcmp(buf, "Hello<|endoftext|> world") == 0);
+
+    CHECK_EQ(tok_piece(t, 18435, buf, sizeof buf), 6);
+    CHECK(strcmp(buf, " Hello") == 0);
+    CHECK_EQ(tok_piece(t, 198, buf, sizeof buf), 1);
+    CHECK(strcmp(buf, "\n") == 0);
+    CHECK_EQ(tok_find(t, "\xc4\xa0Hello", 7), 18435); /* byte-level 'Ġ' is the space */
+
+    /* Bytes that are not valid UTF-8 still encode, and decode back exactly. */
+    const char bad[] = "a\xff\xfe b\xc3";
+    n = tok_encode(t, bad, sizeof bad - 1, false, false, ids, 64);
+    CHECK(n > 0);
+    CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), (int)sizeof bad - 1);
+    CHECK(memcmp(buf, bad, sizeof bad - 1) == 0);
+    tok_free(t);
+}
+
+static void test_wpm_specials(void)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = load_vocab("bert-bge", err);
+    if (!t && !err[0])
+        SKIP("vocab/ggml-vocab-bert-bge.gguf not found");
+    CHECK_MSG(t, "%s", err);
+    int32_t ids[64];
+    char buf[128];
+    CHECK_EQ(tok_model(t), TOK_MODEL_WPM);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_CLS), 101);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_SEP), 102);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_UNK), 100);
+
+    /* [CLS] text [SEP]; uppercase and accents fold ("Führer" as "fuhrer"). */
+    int n = enc(t, "Hello World", true, false, ids, 64);
+    int32_t w1[] = {101, 7592, 2088, 102};
+    CHECK_MSG(ids_eq(ids, n, w1, 4), "got%s", ids_str(ids, n));
+    n = enc(t, "HELLO F\xc3\xbchrer", false, false, ids, 64);
+    int32_t w2[] = {7592, 11865, 17875};
+    CHECK_MSG(ids_eq(ids, n, w2, 3), "got%s", ids_str(ids, n));
+    /* Special text is recognised only with parse_special. */
+    n = enc(t, "[CLS] hi [SEP]", false, true, ids, 64);
+    CHECK(n == 3 && ids[0] == 101 && ids[2] == 102);
+
+    n = enc(t, "Hello, world!", false, false, ids, 64);
+    CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), 15);
+    CHECK(strcmp(buf, "hello , world !") == 0);
+    tok_free(t);
+}
+
+/* ---- pre-tokenizers ---- */
+
+/* The GPT-2 vocabulary re-labelled with another pre-tokenizer name. */
+static tokenizer *gpt2_with_pre(const char *pre, char *err)
+{
+    const char *path = vocab_path("gpt-2");
+    if (!path)
+        return NULL;
+    gguf_file *g = gguf_open(path, err);
+    if (!g)
+        return NULL;
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        gguf_writer_copy_kv(w, g, i);
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre);
+    char path2[512];
+    snprintf(path2, sizeof path2, "%s/gpt2-%s.gguf", test_tmpdir(), pre);
+    int rc = gguf_writer_write(w, path2, err);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc ? NULL : load_path(path2, err);
+}
+
+/* Encodes text and compares the decoded pieces, joined by '|', with want. */
+static bool split_is(const tokenizer *t, const char *text, const char *want, char *got, size_t cap)
+{
+    int32_t ids[128];
+    int n = enc(t, text, false, false, ids, 128);
+    size_t o = 0;
+    got[0] = 0;
+    for (int i = 0; i < n && o + 1 < cap; i++) {
+        if (i > 0)
+            got[o++] = '|';
+        int m = tok_piece(t, ids[i], got + o, cap - o);
+        if (m < 0 || o + (size_t)m >= cap)
+            return false;
+        o += (size_t)m;
+    }
+    got[o] = 0;
+    return strcmp(got, want) == 0;
+}
+
+static void test_pre_tokenizers(void)
+{
+    if (!vocab_path("gpt-2"))
+        SKIP("vocab/ggml-vocab-gpt-2.gguf not found");
+    static const struct {
+        const char *pre, *text, *want;
+    } cases[] = {
+        /* digits: GPT-2 keeps runs whole, llama3 and "default" cut them into threes,
+         * qwen2 / starcoder / deepseek-coder take single digits */
+        {"gpt-2", "x 12", "x| 12"},
+        {"llama3", "x 12", "x| |12"},
+        {"llama-bpe", "x 1234567", "x| |123|456|7"},
+        {"llama3", "x 1234567", "x| |123|456|7"},
+        {"default", "x 1234567", "x| |123|456|7"},
+        {"falcon", "x 1234567", "x| |123|456|7"},
+        {"qwen2", "x 12345", "x| |1|2|3|4|5"},
+        {"starcoder", "x 12345", "x| |1|2|3|4|5"},
+        {"deepseek-coder", "x 12345", "x| |1|2|3|4|5"},
+        {"deepseek-llm", "x 12", "x| |12"},
+        {"deepseek-llm", "ab cd\n", "ab| cd|\n"},
+        /* punctuation: "default" and falcon split it off before the GPT-2 regex */
+        {"default", "a !!!", "a| |!!!"},
+        {"falcon", "a !!!", "a| |!!!"},
+        /* newlines: llama3 keeps a run of them together; GPT-2's \s+(?!\S) leaves the
+         * last whitespace character before a word on its own */
+        {"llama3", "a\n\nb", "a|\n\n|b"},
+        {"gpt-2", "a\n\nb", "a|\n|\n|b"},
+    };
+    char err[ERR_MAX], got[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = 0;
+        tokenizer *t = gpt2_with_pre(cases[i].pre, err);
+        CHECK_MSG(t, "%s: %s", cases[i].pre, err);
+        bool ok = split_is(t, cases[i].text, cases[i].want, got, sizeof got);
+        tok_free(t);
+        CHECK_MSG(ok, "pre '%s', \"%s\": want \"%s\", got \"%s\"", cases[i].pre,
+                  esc(cases[i].text, strlen(cases[i].text)),
+                  esc(cases[i].want, strlen(cases[i].want)), esc(got, strlen(got)));
+    }
+    /* Every listed name compiles. */
+    static const char *names[] = {"mpt",       "olmo",      "gpt-neox",        "dbrx",
+                                  "smaug-bpe", "refact",    "command-r",       "smollm",
+                                  "stablelm2", "poro-chat", "bloom",           "viking",
+                                  "tekken",    "gpt-4o",    "deepseek-r1-qwen"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        err[0] = 0;
+        tokenizer *t = gpt2_with_pre(names[i], err);
+        CHECK_MSG(t, "%s: %s", names[i], err);
+        int32_t ids[64];
+        CHECK(enc(t, "Hello, world 123!", false, false, ids, 64) > 0);
+        tok_free(t);
+    }
+    /* llama.cpp adds BOS by default for the llama3 family only. */
+    tokenizer *t = gpt2_with_pre("llama-bpe", err);
+    CHECK_MSG(t, "%s", err);
+    bool llama3_bos = tok_add_bos(t);
+    tok_free(t);
+    CHECK(llama3_bos);
+    t = gpt2_with_pre("dbrx", err);
+    CHECK_MSG(t, "%s", err);
+    bool dbrx_bos = tok_add_bos(t);
+    tok_free(t);
+    CHECK(!dbrx_bos);
+    err[0] = 0;
+    CHECK(gpt2_with_pre("no-such-pre", err) == NULL);
+    CHECK_MSG(strstr(err, "no-such-pre"), "%s", err);
+}
+
+/* ---- small hand-built vocabularies (no test data needed) ---- */
+
+typedef struct {
+    const char *text;
+    float score;
+    int32_t type;
+} vtok;
+
+static gguf_writer *vocab_writer(const char *model, const vtok *v, int n)
+{
+    gguf_writer *w = gguf_writer_new();
+    const char **texts = malloc((size_t)n * sizeof *texts);
+    float *scores = malloc((size_t)n * sizeof *scores);
+    int32_t *types = malloc((size_t)n * sizeof *types);
+    for (int i = 0; i < n; i++) {
+        texts[i] = v[i].text;
+        scores[i] = v[i].score;
+        types[i] = v[i].type;
+    }
+    gguf_writer_set_str(w, "tokenizer.ggml.model", model);
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.tokens", texts, (uint64_t)n);
+    gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, scores, (uint64_t)n);
+    gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, types, (uint64_t)n);
+    free(texts);
+    free(scores);
+    free(types);
+    return w;
+}
+
+/* Writes w (and frees it), then loads it; NULL with err on failure. */
+static tokenizer *finish(gguf_writer *w, const char *name, char *err)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), name);
+    int rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    return rc ? NULL : load_path(path, err);
+}
+
+#define U2581 "\xe2\x96\x81"
+
+static const vtok spm_vocab[] = {
+    {"<unk>", 0, 2},    {"<s>", 0, 3},    {"</s>", 0, 3},   {"<0x61>", 0, 6}, {"<0x62>", 0, 6},
+    {"<0x63>", 0, 6},   {"<0xE2>", 0, 6}, {"<0x96>", 0, 6}, {"<0x81>", 0, 6}, {U2581, -1, 1},
+    {"a", -2, 1},       {"b", -2, 1},     {"c", -2, 1},     {"ab", -3, 1},    {"bc", -2.5f, 1},
+    {U2581 "a", -4, 1}, {"<tool>", 0, 4},
+};
+
+static void test_spm_merge_order(void)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = finish(vocab_writer("llama", spm_vocab, 17), "spm-small", err);
+    CHECK_MSG(t, "%s", err);
+    int32_t ids[32];
+    /* "▁abc": pairs ▁a (-4), ab (-3), bc (-2.5): bc wins, then ▁a. */
+    int n = enc(t, "abc", false, false, ids, 32);
+    int32_t w1[] = {15, 14};
+    CHECK_MSG(ids_eq(ids, n, w1, 2), "got%s", ids_str(ids, n));
+    /* No space prefix when add_space_prefix is false is tested below; 'd' is not in the
+     * vocabulary and has no byte token: it becomes <unk>. */
+    n = enc(t, "ad", false, false, ids, 32);
+    int32_t w2[] = {15, 0};
+    CHECK_MSG(ids_eq(ids, n, w2, 2), "got%s", ids_str(ids, n));
+    /* User-defined tokens are split out even without parse_special, and the text after
+     * them gets the space prefix. */
+    n = enc(t, "a<tool>b", false, false, ids, 32);
+    int32_t w3[] = {15, 16, 9, 11};
+    CHECK_MSG(ids_eq(ids, n, w3, 4), "got%s", ids_str(ids, n));
+    char buf[64];
+    CHECK_EQ(tok_decode(t, ids, n, false, false, buf, sizeof buf), 8);
+    CHECK(strcmp(buf, "a<tool>b") == 0);
+    /* A truncated UTF-8 lead byte before a space swallows part of the '▁': more
+     * symbols than input bytes (found by fuzzing; ASan checks the bounds). */
+    n = enc(t, "\xd9 \xd9 \xf0 \xf0  ", false, false, ids, 32);
+    CHECK(n > 8 && n <= 32);
+    tok_free(t);
+
+    gguf_writer *w = vocab_writer("llama", spm_vocab, 17);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", true);
+    t = finish(w, "spm-small-noprefix", err);
+    CHECK_MSG(t, "%s", err);
+    n = enc(t, "abc", true, false, ids, 32);
+    int32_t w4[] = {1, 10, 14, 2};
+    CHECK_MSG(ids_eq(ids, n, w4, 4), "got%s", ids_str(ids, n));
+    CHECK_EQ(tok_decode(t, ids, n, true, false, buf, sizeof buf), 3);
+    CHECK(strcmp(buf, "abc") == 0);
+    tok_free(t);
+}
+
+static void test_bpe_small(void)
+{
+    /* Byte-level alphabet for "a", "b", " " ("Ġ") plus merges. */
+    static const vtok v[] = {{"a", 0, 1},
+                             {"b", 0, 1},
+                             {"\xc4\xa0", 0, 1},
+                             {"ab", 0, 1},
+                             {"\xc4\xa0"
+                              "a",
+                              0, 1},
+                             {"\xc4\xa0"
+                              "ab",
+                              0, 1},
+                             {"<|end|>", 0, 3}};
+    static const char *merges[] = {"a b", "\xc4\xa0 a",
+                                   "\xc4\xa0"
+                                   "a b"};
+    char err[ERR_MAX] = "";
+    gguf_writer *w = vocab_writer("gpt2", v, 7);
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 3);
+    tokenizer *t = finish(w, "bpe-small", err);
+    CHECK_MSG(t, "%s", err);
+    int32_t ids[32];
+    /* "a" "b" merge first (rank 0), so " ab" is Ġ + ab: rank of (Ġ, ab) is absent. */
+    int n = enc(t, "ab ab", false, false, ids, 32);
+    int32_t w1[] = {3, 2, 3};
+    CHECK_MSG(ids_eq(ids, n, w1, 3), "got%s", ids_str(ids, n));
+    CHECK(tok_is_eog(t, 6));
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_EOT), 6);
+    /* 'c' has no byte-level token: it is dropped, like llama.cpp does. */
+    n = enc(t, "acb", false, false, ids, 32);
+    int32_t w2[] = {0, 1};
+    CHECK_MSG(ids_eq(ids, n, w2, 2), "got%s", ids_str(ids, n));
+    tok_free(t);
+}
+
+/* ---- malformed metadata ---- */
+
+static void expect_error(gguf_writer *w, const char *name, const char *needle)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = finish(w, name, err);
+    tok_free(t);
+    CHECK_MSG(t == NULL, "%s: loaded", name);
+    CHECK_MSG(strstr(err, needle), "%s: error \"%s\" lacks \"%s\"", name, err, needle);
+}
+
+static void test_bad_metadata(void)
+{
+    static const vtok v[] = {{"a", 0, 1}, {"b", 0, 1}, {"ab", 0, 1}, {"<s>", 0, 3}};
+    gguf_writer *w;
+
+    w = vocab_writer("gpt2", v, 4);
+    static const char *m1[] = {"a c"};
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", m1, 1);
+    expect_error(w, "merge-missing", "not in the vocabulary");
+
+    w = vocab_writer("gpt2", v, 4);
+    static const char *m2[] = {"ab"};
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", m2, 1);
+    expect_error(w, "merge-nospace", "two tokens");
+
+    w = vocab_writer("gpt2", v, 4);
+    expect_error(w, "merges-absent", "tokenizer.ggml.merges");
+
+    w = vocab_writer("llama", v, 4);
+    int32_t short_types[3] = {1, 1, 1};
+    gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, short_types, 3);
+    expect_error(w, "types-short", "token_type");
+
+    w = vocab_writer("llama", v, 4);
+    int32_t bad_types[4] = {1, 1, 9, 1};
+    gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, bad_types, 4);
+    expect_error(w, "types-bad", "token_type[2]");
+
+    w = vocab_writer("llama", v, 4);
+    float scores[5] = {0};
+    gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, scores, 5);
+    expect_error(w, "scores-long", "scores");
+
+    w = vocab_writer("llama", v, 4);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 4);
+    expect_error(w, "bos-range", "bos_token_id");
+
+    w = vocab_writer("llama", v, 4);
+    gguf_writer_set_str(w, "tokenizer.ggml.eos_token_id", "2");
+    expect_error(w, "eos-type", "eos_token_id");
+
+    w = vocab_writer("llama", v, 4);
+    gguf_writer_set_u32(w, "tokenizer.ggml.add_bos_token", 1);
+    expect_error(w, "flag-type", "add_bos_token");
+
+    w = vocab_writer("rwkv", v, 4);
+    expect_error(w, "model-unknown", "rwkv");
+
+    w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    expect_error(w, "tokens-absent", "tokenizer.ggml.tokens");
+
+    w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    gguf_writer_set_arr(w, "tokenizer.ggml.tokens", GGUF_INT32, short_types, 3);
+    expect_error(w, "tokens-type", "tokenizer.ggml.tokens");
+
+    static const vtok vb[] = {{"<unk>", 0, 2}, {"<s>", 0, 3}, {"</s>", 0, 3}, {"<0xZZ>", 0, 6}};
+    w = vocab_writer("llama", vb, 4);
+    expect_error(w, "byte-bad", "<0xXX>");
+
+    /* A vocabulary too small for the SPM default BOS (1) but asked to add BOS. */
+    static const vtok v1[] = {{"a", 0, 1}};
+    w = vocab_writer("llama", v1, 1);
+    expect_error(w, "bos-missing", "BOS");
+}
+
+int main(void)
+{
+    RUN(test_vectors_spm);
+    RUN(test_vectors_bpe_gpt2);
+    RUN(test_vectors_wpm_bert);
+    RUN(test_round_trip_spm);
+    RUN(test_round_trip_bpe);
+    RUN(test_spm_specials_and_bos);
+    RUN(test_bpe_specials);
+    RUN(test_wpm_specials);
+    RUN(test_pre_tokenizers);
+    RUN(test_spm_merge_order);
+    RUN(test_bpe_small);
+    RUN(test_bad_metadata);
+    return test_finish();
+}
