@@ -98,6 +98,11 @@ int kv_seq_n_tokens(const kv_seq *seq);
  * so that appending n entries needs no further allocation. */
 int kv_seq_reserve(kv_seq *seq, int n, char err[ERR_MAX]);
 
+/* Appends one entry (token id and position) in space made by kv_seq_reserve, and says
+ * where its K/V go: entry *index of *chunk (the caller writes the data for every layer).
+ * Returns -1 when no reserved space is left. Allocates nothing. */
+int kv_seq_append(kv_seq *seq, int32_t token, int32_t pos, kv_chunk **chunk, int *index);
+
 /* Appends an existing chunk (e.g. one loaded from disk); the sequence owns it afterwards.
  * Entries appended later go to new chunks after it when it is not full. */
 int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX]);
