@@ -22,6 +22,7 @@ struct ref_model {
     int arch; /* 0 llama, 1 qwen2, 2 qwen3 */
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
     double rope_base, eps;
+    bool kv_f16;
     double *embd, *out, *out_norm;
     ref_layer *layers;
 };
@@ -134,6 +135,16 @@ void ref_model_free(ref_model *m)
     free(m);
 }
 
+void ref_model_round_kv_f16(ref_model *m, bool on)
+{
+    m->kv_f16 = on;
+}
+
+static double ref_round_f16(double x)
+{
+    return quant_f16_to_f32(quant_f32_to_f16((float)x));
+}
+
 int ref_model_n_vocab(const ref_model *m)
 {
     return m->n_vocab;
@@ -210,6 +221,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             }
             ref_rope(m, q + (size_t)t * qd, m->n_head, positions[t]);
             ref_rope(m, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            for (int i = 0; m->kv_f16 && i < kvd; i++) {
+                k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
+                v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
+            }
         }
         for (int t = 0; t < n; t++) {
             for (int h = 0; h < m->n_head; h++) {

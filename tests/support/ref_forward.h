@@ -6,6 +6,7 @@
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/gguf.h"
@@ -16,6 +17,10 @@ typedef struct ref_model ref_model;
 ref_model *ref_model_load(const gguf_file *g);
 void ref_model_free(ref_model *m);
 int ref_model_n_vocab(const ref_model *m);
+
+/* Rounds every K and V to half precision before attention, as a KV cache stored in f16
+ * does; lets a test separate that rounding from other differences. Off by default. */
+void ref_model_round_kv_f16(ref_model *m, bool on);
 
 /*
  * Runs n tokens at the given positions with full causal attention over the list: token
