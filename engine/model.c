@@ -635,9 +635,9 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
 
         s.norm_w = L->attn_norm;
         model_run(r, model_norm_job, &s);
-        ops_matmul(r->pool, &L->wq, r->xn, n, r->q, r->mm_scratch);
-        ops_matmul(r->pool, &L->wk, r->xn, n, r->k, r->mm_scratch);
-        ops_matmul(r->pool, &L->wv, r->xn, n, r->v, r->mm_scratch);
+        const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[] = {r->q, r->k, r->v};
+        ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
         model_run(r, model_qkv_job, &s);
         tp_run(r->pool, model_attn_job, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
@@ -645,8 +645,9 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
 
         s.norm_w = L->ffn_norm;
         model_run(r, model_norm_job, &s);
-        ops_matmul(r->pool, &L->w_gate, r->xn, n, r->gate, r->mm_scratch);
-        ops_matmul(r->pool, &L->w_up, r->xn, n, r->up, r->mm_scratch);
+        const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+        float *gate_up_out[] = {r->gate, r->up};
+        ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
         model_run(r, model_ffn_act_job, &s);
         ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
         ops_add(r->x, r->proj, n * dim);

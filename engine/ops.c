@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -152,52 +153,75 @@ size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads)
     return act > tiles ? act : tiles;
 }
 
+/* Work units are claimed from a shared counter, so a thread that was descheduled on a
+ * busy machine does not hold the others up. */
 typedef struct ops_matmul_job {
-    const ops_matrix *w;
-    const float *x; /* (n_tok, cols) */
+    int n_mat;
+    const ops_matrix *w[OPS_MATMUL_MAX];
+    float *y[OPS_MATMUL_MAX];    /* (n_tok, w[i]->rows) */
+    int unit_start[OPS_MATMUL_MAX + 1]; /* first work unit of each matrix; last: total */
+    int unit_rows;               /* rows of W per work unit */
+    const float *x;              /* (n_tok, cols) */
     int n_tok;
-    float *y;       /* (n_tok, rows) */
-    const char *act; /* (n_tok, act_stride) converted activations */
+    const char *act;             /* (n_tok, act_stride) converted activations */
     size_t act_stride;
     uint32_t act_type;
     char *scratch;
     size_t tile_stride;
+    _Atomic int next_unit;
 } ops_matmul_job;
 
 static void ops_prepare_job(void *p, int ith, int nth)
 {
     ops_matmul_job *j = p;
+    int cols = j->w[0]->cols;
     long b, e;
     tp_split(j->n_tok, ith, nth, &b, &e);
     for (long t = b; t < e; t++)
-        quant_prepare_activation(j->act_type, j->x + t * j->w->cols,
-                                 (char *)j->act + t * j->act_stride, j->w->cols);
+        quant_prepare_activation(j->act_type, j->x + t * cols, (char *)j->act + t * j->act_stride,
+                                 cols);
+}
+
+/* Claims the next work unit: matrix *m, rows [*r0, *r0 + *n). False when none is left. */
+static bool ops_next_unit(ops_matmul_job *j, int *m, int *r0, int *n)
+{
+    int u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
+    if (u >= j->unit_start[j->n_mat])
+        return false;
+    int i = 0;
+    while (u >= j->unit_start[i + 1])
+        i++;
+    *m = i;
+    *r0 = (u - j->unit_start[i]) * j->unit_rows;
+    *n = j->w[i]->rows - *r0 < j->unit_rows ? j->w[i]->rows - *r0 : j->unit_rows;
+    return true;
 }
 
 static void ops_dot_job(void *p, int ith, int nth)
 {
     ops_matmul_job *j = p;
-    const ops_matrix *w = j->w;
-    long b, e;
-    tp_split(w->rows, ith, nth, &b, &e);
-    for (long r = b; r < e; r += OPS_DOT_BLOCK) {
-        long n = e - r < OPS_DOT_BLOCK ? e - r : OPS_DOT_BLOCK;
-        const char *rows = (const char *)w->data + r * w->row_bytes;
-        for (int t = 0; t < j->n_tok; t++)
-            quant_dot_rows(w->type, rows, w->row_bytes, n, j->act + t * j->act_stride, w->cols,
-                           j->y + (size_t)t * w->rows + r);
+    int m, r0, n;
+    (void)ith, (void)nth;
+    while (ops_next_unit(j, &m, &r0, &n)) {
+        const ops_matrix *w = j->w[m];
+        for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
+            int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
+            const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
+            for (int t = 0; t < j->n_tok; t++)
+                quant_dot_rows(w->type, rows, w->row_bytes, nb, j->act + t * j->act_stride,
+                               w->cols, j->y[m] + (size_t)t * w->rows + b);
+        }
     }
 }
 
 static void ops_sgemm_job(void *p, int ith, int nth)
 {
     ops_matmul_job *j = p;
-    const ops_matrix *w = j->w;
     float *tile = (float *)(j->scratch + (size_t)ith * j->tile_stride);
-    int n_tiles = (w->rows + OPS_TILE_ROWS - 1) / OPS_TILE_ROWS;
-    for (int t = ith; t < n_tiles; t += nth) {
-        int r0 = t * OPS_TILE_ROWS;
-        int n = w->rows - r0 < OPS_TILE_ROWS ? w->rows - r0 : OPS_TILE_ROWS;
+    int m, r0, n;
+    (void)nth;
+    while (ops_next_unit(j, &m, &r0, &n)) {
+        const ops_matrix *w = j->w[m];
         const float *b;
         if (w->type == QTYPE_F32) {
             b = (const float *)((const char *)w->data + (size_t)r0 * w->row_bytes);
@@ -208,30 +232,66 @@ static void ops_sgemm_job(void *p, int ith, int nth)
             b = tile;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n_tok, n, w->cols, 1.0f, j->x,
-                    w->cols, b, w->cols, 0.0f, j->y + r0, w->rows);
+                    w->cols, b, w->cols, 0.0f, j->y[m] + r0, w->rows);
     }
 }
 
-void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
-                void *scratch)
+static void ops_set_units(ops_matmul_job *j, int unit_rows)
 {
-    ops_matmul_job j = {.w = w, .x = x, .n_tok = n_tok, .y = y, .scratch = scratch};
+    j->unit_rows = unit_rows;
+    j->unit_start[0] = 0;
+    for (int i = 0; i < j->n_mat; i++)
+        j->unit_start[i + 1] = j->unit_start[i] + (j->w[i]->rows + unit_rows - 1) / unit_rows;
+    atomic_store_explicit(&j->next_unit, 0, memory_order_relaxed);
+}
+
+void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
+                  int n_tok, float *const *y, void *scratch)
+{
+    ops_matmul_job j = {.n_mat = n_mat, .x = x, .n_tok = n_tok, .scratch = scratch};
+    uint32_t act_type = quant_dot_activation_type(w[0]->type);
+    for (int i = 0; i < n_mat; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        /* matrices that want their input in different forms go one at a time */
+        if (quant_dot_activation_type(w[i]->type) != act_type && n_tok <= OPS_DOT_MAX_TOK) {
+            for (int k = 0; k < n_mat; k++)
+                ops_matmul(pool, w[k], x, n_tok, y[k], scratch);
+            return;
+        }
+    }
+    int nth = tp_n_threads(pool);
     if (n_tok > OPS_DOT_MAX_TOK) {
-        j.tile_stride = ops_align((size_t)OPS_TILE_ROWS * w->cols * sizeof(float));
+        j.tile_stride = ops_align((size_t)OPS_TILE_ROWS * w[0]->cols * sizeof(float));
+        ops_set_units(&j, OPS_TILE_ROWS);
         tp_run(pool, ops_sgemm_job, &j);
         return;
     }
-    j.act_type = quant_dot_activation_type(w->type);
+    j.act_type = act_type;
     if (j.act_type == QTYPE_F32) {
         j.act = (const char *)x;
-        j.act_stride = (size_t)w->cols * sizeof(float);
+        j.act_stride = (size_t)w[0]->cols * sizeof(float);
     } else {
         j.act = scratch;
-        j.act_stride = ops_act_row_bytes(w->cols);
+        j.act_stride = ops_act_row_bytes(w[0]->cols);
         if (n_tok == 1)
             ops_prepare_job(&j, 0, 1);
         else
             tp_run(pool, ops_prepare_job, &j);
     }
+    /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the
+     * counter cheap; a multiple of the block so blocks stay whole */
+    long rows = 0;
+    for (int i = 0; i < n_mat; i++)
+        rows += w[i]->rows;
+    long unit = rows / (8L * nth);
+    unit = (unit + OPS_DOT_BLOCK - 1) / OPS_DOT_BLOCK * OPS_DOT_BLOCK;
+    ops_set_units(&j, unit < OPS_DOT_BLOCK ? OPS_DOT_BLOCK : (int)unit);
     tp_run(pool, ops_dot_job, &j);
+}
+
+void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
+                void *scratch)
+{
+    ops_matmul_n(pool, 1, &w, x, n_tok, &y, scratch);
 }

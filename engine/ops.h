@@ -72,6 +72,13 @@ size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads);
 void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
                 void *scratch);
 
+/* Up to OPS_MATMUL_MAX matrices applied to the same x in one dispatch: y[i] = x w[i]^T
+ * (q, k and v; gate and up). The input is converted once and the threads share out the
+ * rows of all of them, which saves dispatches and balances small matrices. */
+#define OPS_MATMUL_MAX 4
+void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
+                  int n_tok, float *const *y, void *scratch);
+
 /* Makes OpenBLAS single-threaded: our pool parallelises the sgemm tiles. */
 void ops_init(void);
 
