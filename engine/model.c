@@ -144,8 +144,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (hp->n_head % hp->n_head_kv != 0)
         return err_set(err, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
                        hp->n_head_kv);
-    if (hp->head_dim % 2 != 0)
-        return err_set(err, "head dimension %d is odd", hp->head_dim);
+    if (hp->head_dim % 2 != 0 || hp->head_dim > OPS_MAX_HEAD_DIM)
+        return err_set(err, "head dimension %d is odd or above %d", hp->head_dim,
+                       OPS_MAX_HEAD_DIM);
     if ((int64_t)hp->n_head * hp->head_dim > MODEL_MAX_DIM)
         return err_set(err, "head_count * key_length too large");
     float eps_default = hp->arch == MODEL_ARCH_LLAMA ? 1e-5f : 1e-6f;
@@ -353,7 +354,7 @@ struct model_runner {
     float *gate;   /* (max_batch, n_ff) */
     float *up;     /* (max_batch, n_ff) */
     float *rope;   /* (max_batch, head_dim) cos/sin pairs of each token's position */
-    float *scores; /* (n_threads, max_kv) attention scores of one query */
+    float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
     kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
     int *slot_index;       /* (max_batch) */
     void *mm_scratch;      /* ops_matmul scratch */
@@ -399,7 +400,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     size_t sizes[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4,
         B * q_dim * 4, B * hp->dim * 4, B * hp->n_ff * 4, B * hp->n_ff * 4,
-        B * hp->head_dim * 4, (size_t)nt * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
+        B * hp->head_dim * 4, (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
@@ -508,7 +509,11 @@ static void model_qkv_job(void *p, int ith, int nth)
     }
 }
 
-/* One (token, head) pair per item: scores over every visible entry, softmax, sum of V. */
+/*
+ * One (token, KV head) pair per item: the `group` query heads sharing that KV head are
+ * done together so each K/V row is converted once. Scores of every entry, masked by
+ * position, softmax per head, then the probability-weighted sum of V rows.
+ */
 static void model_attn_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -517,56 +522,47 @@ static void model_attn_job(void *p, int ith, int nth)
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     kv_shape shape = model_kv_shape(r->m);
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = r->scores + (size_t)ith * r->max_kv;
+    size_t stride = (size_t)r->max_kv;
+    float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
     long b, e;
-    tp_split((long)s->n * hp->n_head, ith, nth, &b, &e);
+    tp_split((long)s->n * hp->n_head_kv, ith, nth, &b, &e);
     for (long item = b; item < e; item++) {
-        int t = (int)(item / hp->n_head), h = (int)(item % hp->n_head), kvh = h / group;
-        const float *q = r->q + ((size_t)t * hp->n_head + h) * hd;
-        float *out = r->att + ((size_t)t * hp->n_head + h) * hd;
+        int t = (int)(item / hp->n_head_kv), kvh = (int)(item % hp->n_head_kv);
+        int h0 = kvh * group;
+        const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
+        float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
         int32_t pos = s->positions[t];
         size_t off = kv_block_offset(&shape, s->layer, kvh);
 
         int n_kv = 0;
-        float max = -INFINITY;
         for (int c = 0; c < s->seq->n_chunks; c++) {
             const kv_chunk *ch = s->seq->chunks[c];
-            const uint16_t *kb = ch->k + off;
-            for (int i = 0; i < ch->n_tokens; i++, n_kv++) {
-                if (ch->positions[i] > pos) {
-                    scores[n_kv] = -INFINITY;
-                    continue;
-                }
-                float sc = ops_dot_f16(q, kb + (size_t)i * hd, hd) * scale;
-                scores[n_kv] = sc;
-                if (sc > max)
-                    max = sc;
-            }
+            int visible = 0;
+            for (int i = 0; i < ch->n_tokens; i++)
+                visible += ch->positions[i] <= pos;
+            if (visible)
+                ops_attn_scores(q, group, ch->k + off, ch->n_tokens, hd, scale, scores + n_kv, stride);
+            for (int i = 0; i < ch->n_tokens; i++)
+                if (ch->positions[i] > pos)
+                    for (int g = 0; g < group; g++)
+                        scores[g * stride + n_kv + i] = -INFINITY;
+            n_kv += ch->n_tokens;
         }
-        float sum = 0;
-        for (int j = 0; j < n_kv; j++) {
-            float w = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - max);
-            scores[j] = w;
-            sum += w;
-        }
-        float inv = 1.0f / sum;
-        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int g = 0; g < group; g++)
+            ops_softmax(scores + g * stride, n_kv);
+        memset(out, 0, (size_t)group * hd * sizeof(float));
         int j = 0;
         for (int c = 0; c < s->seq->n_chunks; c++) {
             const kv_chunk *ch = s->seq->chunks[c];
-            const uint16_t *vb = ch->v + off;
-            for (int i = 0; i < ch->n_tokens; i++, j++) {
-                if (scores[j] == 0.0f)
-                    continue;
-                scores[j] *= inv;
-                ops_axpy_f16(out, scores[j], vb + (size_t)i * hd, hd);
+            ops_attn_accum(out, group, scores + j, stride, ch->v + off, ch->n_tokens, hd);
+            j += ch->n_tokens;
+        }
+        if (s->attn)
+            for (int g = 0; g < group; g++) {
+                float *row = s->attn + (((size_t)s->layer * hp->n_head + h0 + g) * s->n_total +
+                                        s->t0 + t) * s->n_kv_total;
+                memcpy(row, scores + g * stride, (size_t)n_kv * sizeof(float));
             }
-        }
-        if (s->attn) {
-            float *row = s->attn + (((size_t)s->layer * hp->n_head + h) * s->n_total + s->t0 + t) *
-                                       s->n_kv_total;
-            memcpy(row, scores, (size_t)n_kv * sizeof(float));
-        }
     }
 }
 

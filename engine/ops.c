@@ -109,24 +109,35 @@ void ops_f32_to_f16(uint16_t *dst, const float *src, int n)
         dst[i] = quant_f32_to_f16(src[i]);
 }
 
-float ops_dot_f16(const float *x, const uint16_t *h, int n)
+void ops_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d, float scale,
+                     float *scores, size_t stride)
 {
-    if (ops_have_avx2())
-        return ops_avx2_dot_f16(x, h, n);
-    float sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += x[i] * quant_f16_to_f32(h[i]);
-    return sum;
-}
-
-void ops_axpy_f16(float *y, float a, const uint16_t *h, int n)
-{
-    if (ops_have_avx2()) {
-        ops_avx2_axpy_f16(y, a, h, n);
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_scores(q, n_q, k, n_k, d, scale, scores, stride);
         return;
     }
-    for (int i = 0; i < n; i++)
-        y[i] += a * quant_f16_to_f32(h[i]);
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float sum = 0;
+            for (int j = 0; j < d; j++)
+                sum += q[(size_t)g * d + j] * quant_f16_to_f32(k[(size_t)i * d + j]);
+            scores[(size_t)g * stride + i] = scale * sum;
+        }
+}
+
+void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                    int n_k, int d)
+{
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_accum(out, n_q, p, stride, v, n_k, d);
+        return;
+    }
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float w = p[(size_t)g * stride + i];
+            for (int j = 0; w != 0.0f && j < d; j++)
+                out[(size_t)g * d + j] += w * quant_f16_to_f32(v[(size_t)i * d + j]);
+        }
 }
 
 /* ---- matrix product ---- */

@@ -40,11 +40,19 @@ void ops_rope(float *x, int n_head, int head_dim, const float *cs, enum ops_rope
 /* dst[i] = f16(src[i]). */
 void ops_f32_to_f16(uint16_t *dst, const float *src, int n);
 
-/* Dot product of an f32 row with an f16 row. */
-float ops_dot_f16(const float *x, const uint16_t *h, int n);
+/* ---- attention over f16 K/V blocks (rows of d elements, row i at k + i * d) ---- */
 
-/* y[i] += a * f32(h[i]). */
-void ops_axpy_f16(float *y, float a, const uint16_t *h, int n);
+/* Largest head dimension the attention kernels accept. */
+#define OPS_MAX_HEAD_DIM 512
+
+/* scores[g * stride + i] = scale * dot(q_g, k_i) for the n_q query rows q (n_q, d) that
+ * share this K block, and the n_k rows of k (n_k, d). Each K row is converted once. */
+void ops_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d, float scale,
+                     float *scores, size_t stride);
+
+/* out_g += sum_i p[g * stride + i] * v_i for g < n_q: out (n_q, d), v (n_k, d). */
+void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                    int n_k, int d);
 
 /* ---- matrix product ---- */
 

@@ -10,6 +10,7 @@
 
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -154,8 +155,15 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
 
     fn(arg, 0, n);
 
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
-        tp_cpu_relax();
+    /* On a machine with more runnable threads than cores a worker may be descheduled:
+     * stop spinning then, and give it the core. */
+    int spins = 0;
+    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0) {
+        if (++spins < TP_SPIN)
+            tp_cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 void tp_split(long n, int ith, int nth, long *begin, long *end)
