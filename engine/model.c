@@ -11,6 +11,7 @@
 #include "engine/model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -459,6 +460,8 @@ typedef struct model_step {
     /* attention probabilities: the caller's buffer and where this sub-batch goes in it */
     float *attn;             /* (n_layer, n_head, n_total, n_kv_total) or NULL */
     int n_total, n_kv_total, t0;
+    /* attention items are claimed one by one: with causal masking later tokens cost more */
+    _Atomic long next_item;
 } model_step;
 
 static void model_norm_job(void *p, int ith, int nth)
@@ -524,9 +527,9 @@ static void model_attn_job(void *p, int ith, int nth)
     float scale = 1.0f / sqrtf((float)hd);
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
-    long b, e;
-    tp_split((long)s->n * hp->n_head_kv, ith, nth, &b, &e);
-    for (long item = b; item < e; item++) {
+    long n_items = (long)s->n * hp->n_head_kv, item;
+    (void)nth;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
         int t = (int)(item / hp->n_head_kv), kvh = (int)(item % hp->n_head_kv);
         int h0 = kvh * group;
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
@@ -635,6 +638,7 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
         model_run(r, model_qkv_job, &s);
+        atomic_store_explicit(&s.next_item, 0, memory_order_relaxed);
         tp_run(r->pool, model_attn_job, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         ops_add(r->x, r->proj, n * dim);
