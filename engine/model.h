@@ -71,7 +71,9 @@ kv_shape model_kv_shape(const model *m);
  */
 typedef struct model_runner model_runner;
 
-/* n_threads <= 0: online CPUs. max_batch <= 0: 512. max_kv <= 0: the model's n_ctx. */
+/* n_threads <= 0: online CPUs. max_batch <= 0: 512. max_kv <= 0: the model's n_ctx.
+ * Makes OpenBLAS single-threaded for the whole process (the runner's pool splits the
+ * work instead). */
 model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
                                char err[ERR_MAX]);
 void model_runner_free(model_runner *r);
@@ -103,9 +105,8 @@ typedef struct model_batch {
  * Evaluates the batch against seq and appends its K/V (with ids and positions) to seq.
  * Batches longer than the runner's max_batch are evaluated in consecutive sub-batches,
  * which is exact when positions within the batch do not decrease (otherwise it is
- * refused). Fails (without changing seq) on bad ids or positions, or when the sequence
- * would exceed max_kv entries; fails after partly appending only if the pool refuses
- * chunks.
+ * refused). Fails without changing seq on bad ids, positions or out rows, when the
+ * sequence would exceed max_kv entries, or when its pool refuses the chunks needed.
  */
 int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char err[ERR_MAX]);
 
