@@ -1,0 +1,715 @@
+/*
+ * model.c — loading a llama / qwen2 / qwen3 model from GGUF and its forward pass.
+ *
+ * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
+ * weights and biases) are converted into one f32 array. The forward pass works on a
+ * sub-batch of up to max_batch tokens at a time, layer by layer: every step over the
+ * batch is either a matrix product (ops_matmul) or a per-token / per-head job split
+ * over the runner's thread pool. K/V go straight into the sequence's chunks, and
+ * attention reads them there.
+ */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/ops.h"
+#include "engine/quant.h"
+#include "engine/threadpool.h"
+
+/* Largest dimension accepted from a file: keeps every size product far from overflow. */
+#define MODEL_MAX_DIM (1 << 20)
+
+typedef struct model_layer {
+    const float *attn_norm; /* (dim) */
+    const float *ffn_norm;  /* (dim) */
+    const float *bq;        /* (n_head * head_dim), qwen2 only */
+    const float *bk;        /* (n_head_kv * head_dim), qwen2 only */
+    const float *bv;        /* (n_head_kv * head_dim), qwen2 only */
+    const float *q_norm;    /* (head_dim), qwen3 only */
+    const float *k_norm;    /* (head_dim), qwen3 only */
+    ops_matrix wq;          /* (n_head * head_dim, dim) */
+    ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
+    ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
+    ops_matrix wo;          /* (dim, n_head * head_dim) */
+    ops_matrix w_gate;      /* (n_ff, dim) */
+    ops_matrix w_up;        /* (n_ff, dim) */
+    ops_matrix w_down;      /* (dim, n_ff) */
+} model_layer;
+
+struct model {
+    model_hparams hp;
+    gguf_file *owned;        /* the file when model_load opened it */
+    const gguf_file *g;
+    ops_matrix tok_embd;     /* (n_vocab, dim) */
+    ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
+    const float *output_norm; /* (dim) */
+    model_layer *layers;     /* (n_layer) */
+    float *vecs;             /* every 1-D tensor converted to f32, back to back */
+    size_t vecs_used;
+    size_t vecs_cap;
+};
+
+/* ---- loading ---- */
+
+static const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case MODEL_ARCH_LLAMA: return "llama";
+    case MODEL_ARCH_QWEN2: return "qwen2";
+    case MODEL_ARCH_QWEN3: return "qwen3";
+    }
+    return "?";
+}
+
+/* Reads {arch}.suffix as a positive integer no larger than MODEL_MAX_DIM. */
+static int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
+                         int *out, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    if (gguf_find_key(g, key) < 0) {
+        if (dflt < 0)
+            return err_set(err, "missing metadata key '%s'", key);
+        *out = dflt;
+        return 0;
+    }
+    if (!gguf_get_i64(g, key, &v))
+        return err_set(err, "metadata key '%s' is not an integer", key);
+    if (v <= 0 || v > MODEL_MAX_DIM)
+        return err_set(err, "metadata key '%s' out of range (%lld)", key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int model_get_float(const gguf_file *g, const char *arch, const char *suffix,
+                           float dflt, float *out, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(g, key) < 0) {
+        *out = dflt;
+        return 0;
+    }
+    if (!gguf_get_f32(g, key, out))
+        return err_set(err, "metadata key '%s' is not a number", key);
+    if (!(*out > 0) || !isfinite(*out))
+        return err_set(err, "metadata key '%s' out of range (%g)", key, (double)*out);
+    return 0;
+}
+
+static int model_read_hparams(model *m, char err[ERR_MAX])
+{
+    model_hparams *hp = &m->hp;
+    gguf_str a;
+    if (!gguf_get_str(m->g, "general.architecture", &a))
+        return err_set(err, "missing metadata key 'general.architecture'");
+    if (gguf_str_eq(a, "llama"))
+        hp->arch = MODEL_ARCH_LLAMA;
+    else if (gguf_str_eq(a, "qwen2"))
+        hp->arch = MODEL_ARCH_QWEN2;
+    else if (gguf_str_eq(a, "qwen3"))
+        hp->arch = MODEL_ARCH_QWEN3;
+    else
+        return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
+                       a.ptr);
+    const char *arch = model_arch_name(hp->arch);
+    hp->rope_style = hp->arch == MODEL_ARCH_LLAMA ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
+
+    if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
+        model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
+        model_get_dim(m->g, arch, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.head_count", -1, &hp->n_head, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.key_length", hp->dim / hp->n_head, &hp->head_dim, err) < 0 ||
+        model_get_dim(m->g, arch, "context_length", 2048, &hp->n_ctx, err) < 0)
+        return -1;
+    int value_length;
+    if (model_get_dim(m->g, arch, "attention.value_length", hp->head_dim, &value_length, err) < 0)
+        return -1;
+    if (value_length != hp->head_dim)
+        return err_set(err, "attention.value_length %d differs from key_length %d", value_length,
+                       hp->head_dim);
+    int rope_dims;
+    if (model_get_dim(m->g, arch, "rope.dimension_count", hp->head_dim, &rope_dims, err) < 0)
+        return -1;
+    if (rope_dims != hp->head_dim)
+        return err_set(err, "rope.dimension_count %d differs from head dimension %d (partial "
+                            "rotary embedding is not supported)", rope_dims, hp->head_dim);
+    if (hp->n_layer > 4096)
+        return err_set(err, "block_count %d out of range", hp->n_layer);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return err_set(err, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+                       hp->n_head_kv);
+    if (hp->head_dim % 2 != 0 || hp->head_dim > OPS_MAX_HEAD_DIM)
+        return err_set(err, "head dimension %d is odd or above %d", hp->head_dim,
+                       OPS_MAX_HEAD_DIM);
+    if ((int64_t)hp->n_head * hp->head_dim > MODEL_MAX_DIM)
+        return err_set(err, "head_count * key_length too large");
+    float eps_default = hp->arch == MODEL_ARCH_LLAMA ? 1e-5f : 1e-6f;
+    if (model_get_float(m->g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0 ||
+        model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
+                        &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* Finds a tensor and checks its type is computable and its shape is exactly (ne0[, ne1]). */
+static const gguf_tensor *model_tensor(const model *m, const char *name, int n_dims, int64_t ne0,
+                                       int64_t ne1, char err[ERR_MAX])
+{
+    const gguf_tensor *t = gguf_find_tensor(m->g, name);
+    if (!t) {
+        err_set(err, "tensor '%s' is missing", name);
+        return NULL;
+    }
+    const quant_traits *tr = quant_traits_of(t->type);
+    if (!tr || !tr->computable) {
+        err_set(err, "tensor '%s': type %s is not supported", name, tr ? tr->name : "unknown");
+        return NULL;
+    }
+    bool ok = (int)t->n_dims == n_dims && t->ne[0] == ne0 && (n_dims == 1 || t->ne[1] == ne1);
+    for (int d = n_dims; d < GGUF_MAX_DIMS; d++)
+        ok = ok && t->ne[d] == 1;
+    if (!ok) {
+        if (n_dims == 1)
+            err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%lld]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0);
+        else
+            err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%lld, %lld]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0,
+                    (long long)ne1);
+        return NULL;
+    }
+    size_t row = quant_row_bytes(t->type, ne0);
+    int64_t rows = n_dims == 1 ? 1 : ne1;
+    if (row == 0 || t->bytes < row * (size_t)rows) {
+        err_set(err, "tensor '%s': %zu bytes do not hold %lld rows of %lld %s elements", name,
+                t->bytes, (long long)rows, (long long)ne0, tr->name);
+        return NULL;
+    }
+    return t;
+}
+
+static int model_matrix(const model *m, const char *name, int64_t rows, int64_t cols,
+                        ops_matrix *out, char err[ERR_MAX])
+{
+    const gguf_tensor *t = model_tensor(m, name, 2, cols, rows, err);
+    if (!t)
+        return -1;
+    *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)rows, .cols = (int)cols,
+                        .row_bytes = quant_row_bytes(t->type, cols)};
+    return 0;
+}
+
+/* A 1-D tensor, converted to f32 into m->vecs. */
+static int model_vector(model *m, const char *name, int64_t n, const float **out,
+                        char err[ERR_MAX])
+{
+    const gguf_tensor *t = model_tensor(m, name, 1, n, 1, err);
+    if (!t)
+        return -1;
+    if (m->vecs_used + (size_t)n > m->vecs_cap)
+        return err_set(err, "tensor '%s': internal vector space exhausted", name);
+    float *dst = m->vecs + m->vecs_used;
+    quant_dequantize_row(t->type, t->data, dst, n);
+    m->vecs_used += (size_t)n;
+    *out = dst;
+    return 0;
+}
+
+static int model_load_tensors(model *m, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    const gguf_tensor *emb = gguf_find_tensor(m->g, "token_embd.weight");
+    if (!emb)
+        return err_set(err, "tensor 'token_embd.weight' is missing");
+    if (emb->n_dims != 2 || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX / 2)
+        return err_set(err, "tensor 'token_embd.weight': bad shape");
+    m->hp.n_vocab = (int)emb->ne[1];
+    if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
+        return -1;
+
+    m->vecs_cap = (size_t)hp->dim + (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim +
+                                                            2 * hp->head_dim);
+    m->vecs = malloc(m->vecs_cap * sizeof(float));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->vecs || !m->layers)
+        return err_set(err, "out of memory");
+
+    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0)
+        return -1;
+    if (gguf_find_tensor(m->g, "output.weight")) {
+        if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
+            return -1;
+    } else {
+        m->output = m->tok_embd;
+    }
+
+    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2, qwen3 = hp->arch == MODEL_ARCH_QWEN3;
+    for (int l = 0; l < hp->n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+        if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
+            model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
+            model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
+            model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
+            model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
+            model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0 ||
+            model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim, &L->w_gate, err) < 0 ||
+            model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim, &L->w_up, err) < 0 ||
+            model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+            return -1;
+        if (qwen2 &&
+            (model_vector(m, NAME("attn_q.bias"), q_dim, &L->bq, err) < 0 ||
+             model_vector(m, NAME("attn_k.bias"), kv_dim, &L->bk, err) < 0 ||
+             model_vector(m, NAME("attn_v.bias"), kv_dim, &L->bv, err) < 0))
+            return -1;
+        if (qwen3 &&
+            (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err) < 0 ||
+             model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err) < 0))
+            return -1;
+#undef NAME
+    }
+    return 0;
+}
+
+model *model_from_gguf(const gguf_file *g, char err[ERR_MAX])
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    m->g = g;
+    if (model_read_hparams(m, err) < 0 || model_load_tensors(m, err) < 0) {
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+model *model_load(const char *path, char err[ERR_MAX])
+{
+    gguf_file *g = gguf_open(path, err);
+    if (!g)
+        return NULL;
+    model *m = model_from_gguf(g, err);
+    if (!m) {
+        gguf_close(g);
+        return NULL;
+    }
+    m->owned = g;
+    return m;
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    gguf_close(m->owned);
+    free(m->layers);
+    free(m->vecs);
+    free(m);
+}
+
+const model_hparams *model_hparams_of(const model *m)
+{
+    return &m->hp;
+}
+
+const gguf_file *model_gguf(const model *m)
+{
+    return m->g;
+}
+
+kv_shape model_kv_shape(const model *m)
+{
+    return (kv_shape){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
+}
+
+/* ---- runner ---- */
+
+struct model_runner {
+    const model *m;
+    tp_pool *pool;
+    int max_batch;
+    int max_kv;
+    char *mem; /* one allocation holding every buffer below */
+
+    float *x;      /* (max_batch, dim) residual stream */
+    float *xn;     /* (max_batch, dim) normalized input of a block */
+    float *q;      /* (max_batch, n_head * head_dim) */
+    float *k;      /* (max_batch, n_head_kv * head_dim) */
+    float *v;      /* (max_batch, n_head_kv * head_dim) */
+    float *att;    /* (max_batch, n_head * head_dim) attention output */
+    float *proj;   /* (max_batch, dim) output of attn_output / ffn_down */
+    float *gate;   /* (max_batch, n_ff) */
+    float *up;     /* (max_batch, n_ff) */
+    float *rope;   /* (max_batch, head_dim) cos/sin pairs of each token's position */
+    float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
+    kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
+    int *slot_index;       /* (max_batch) */
+    void *mm_scratch;      /* ops_matmul scratch */
+};
+
+static size_t model_align(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
+                               char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    if (max_batch <= 0)
+        max_batch = 512;
+    if (max_kv <= 0)
+        max_kv = hp->n_ctx;
+    if (max_batch > 1 << 16 || max_kv > 1 << 24) {
+        err_set(err, "runner: max_batch %d or max_kv %d too large", max_batch, max_kv);
+        return NULL;
+    }
+    model_runner *r = calloc(1, sizeof *r);
+    if (!r) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    ops_init();
+    r->m = m;
+    r->max_batch = max_batch;
+    r->max_kv = max_kv;
+    r->pool = tp_new(n_threads, err);
+    if (!r->pool) {
+        free(r);
+        return NULL;
+    }
+    int nt = tp_n_threads(r->pool);
+    size_t B = (size_t)max_batch, q_dim = (size_t)hp->n_head * hp->head_dim,
+           kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
+    if ((int)q_dim > max_cols)
+        max_cols = (int)q_dim;
+    size_t sizes[] = {
+        B * hp->dim * 4, B * hp->dim * 4, B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4,
+        B * q_dim * 4, B * hp->dim * 4, B * hp->n_ff * 4, B * hp->n_ff * 4,
+        B * hp->head_dim * 4, (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
+        ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+    };
+    size_t n = sizeof sizes / sizeof sizes[0], total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += model_align(sizes[i]);
+    r->mem = aligned_alloc(64, total);
+    if (!r->mem) {
+        model_runner_free(r);
+        err_set(err, "runner: out of memory for %zu bytes of scratch", total);
+        return NULL;
+    }
+    void **ptrs[] = {
+        (void **)&r->x, (void **)&r->xn, (void **)&r->q, (void **)&r->k, (void **)&r->v,
+        (void **)&r->att, (void **)&r->proj, (void **)&r->gate, (void **)&r->up,
+        (void **)&r->rope, (void **)&r->scores, (void **)&r->slot_chunk,
+        (void **)&r->slot_index, &r->mm_scratch,
+    };
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        *ptrs[i] = r->mem + off;
+        off += model_align(sizes[i]);
+    }
+    return r;
+}
+
+void model_runner_free(model_runner *r)
+{
+    if (!r)
+        return;
+    tp_free(r->pool);
+    free(r->mem);
+    free(r);
+}
+
+int model_runner_n_threads(const model_runner *r)
+{
+    return tp_n_threads(r->pool);
+}
+
+int model_runner_max_kv(const model_runner *r)
+{
+    return r->max_kv;
+}
+
+/* ---- forward ---- */
+
+/* What the per-token and per-head jobs of one sub-batch share. */
+typedef struct model_step {
+    model_runner *r;
+    const model_layer *L;
+    int layer;
+    int n;                   /* tokens in the sub-batch */
+    const int32_t *positions; /* (n) */
+    const kv_seq *seq;
+    const float *norm_w;     /* model_norm_job: (dim) */
+    /* attention probabilities: the caller's buffer and where this sub-batch goes in it */
+    float *attn;             /* (n_layer, n_head, n_total, n_kv_total) or NULL */
+    int n_total, n_kv_total, t0;
+    /* attention items are claimed one by one: with causal masking later tokens cost more */
+    _Atomic long next_item;
+} model_step;
+
+static void model_norm_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    int dim = s->r->m->hp.dim;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
+}
+
+/* Biases, q/k norms and RoPE on q and k, then K/V of each token into its chunk slot. */
+static void model_qkv_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    const model_layer *L = s->L;
+    int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    enum ops_rope_style style =
+        hp->rope_style == MODEL_ROPE_INTERLEAVED ? OPS_ROPE_INTERLEAVED : OPS_ROPE_HALVES;
+    kv_shape shape = model_kv_shape(r->m);
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
+        if (L->bq) {
+            ops_add(q, L->bq, q_dim);
+            ops_add(k, L->bk, kv_dim);
+            ops_add(v, L->bv, kv_dim);
+        }
+        if (L->q_norm) {
+            for (int h = 0; h < hp->n_head; h++)
+                ops_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                ops_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
+        }
+        ops_rope(q, hp->n_head, hd, r->rope + t * hd, style);
+        ops_rope(k, hp->n_head_kv, hd, r->rope + t * hd, style);
+        kv_chunk *c = r->slot_chunk[t];
+        int slot = r->slot_index[t];
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            size_t off = kv_block_offset(&shape, s->layer, h) + (size_t)slot * hd;
+            ops_f32_to_f16(c->k + off, k + h * hd, hd);
+            ops_f32_to_f16(c->v + off, v + h * hd, hd);
+        }
+    }
+}
+
+/*
+ * One (token, KV head) pair per item: the `group` query heads sharing that KV head are
+ * done together so each K/V row is converted once. Scores of every entry, masked by
+ * position, softmax per head, then the probability-weighted sum of V rows.
+ */
+static void model_attn_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    kv_shape shape = model_kv_shape(r->m);
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t stride = (size_t)r->max_kv;
+    float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
+    long n_items = (long)s->n * hp->n_head_kv, item;
+    (void)nth;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
+        int t = (int)(item / hp->n_head_kv), kvh = (int)(item % hp->n_head_kv);
+        int h0 = kvh * group;
+        const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
+        float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
+        int32_t pos = s->positions[t];
+        size_t off = kv_block_offset(&shape, s->layer, kvh);
+
+        int n_kv = 0;
+        for (int c = 0; c < s->seq->n_chunks; c++) {
+            const kv_chunk *ch = s->seq->chunks[c];
+            int visible = 0;
+            for (int i = 0; i < ch->n_tokens; i++)
+                visible += ch->positions[i] <= pos;
+            if (visible)
+                ops_attn_scores(q, group, ch->k + off, ch->n_tokens, hd, scale, scores + n_kv, stride);
+            for (int i = 0; i < ch->n_tokens; i++)
+                if (ch->positions[i] > pos)
+                    for (int g = 0; g < group; g++)
+                        scores[g * stride + n_kv + i] = -INFINITY;
+            n_kv += ch->n_tokens;
+        }
+        for (int g = 0; g < group; g++)
+            ops_softmax(scores + g * stride, n_kv);
+        memset(out, 0, (size_t)group * hd * sizeof(float));
+        int j = 0;
+        for (int c = 0; c < s->seq->n_chunks; c++) {
+            const kv_chunk *ch = s->seq->chunks[c];
+            ops_attn_accum(out, group, scores + j, stride, ch->v + off, ch->n_tokens, hd);
+            j += ch->n_tokens;
+        }
+        if (s->attn)
+            for (int g = 0; g < group; g++) {
+                float *row = s->attn + (((size_t)s->layer * hp->n_head + h0 + g) * s->n_total +
+                                        s->t0 + t) * s->n_kv_total;
+                memcpy(row, scores + g * stride, (size_t)n_kv * sizeof(float));
+            }
+    }
+}
+
+static void model_ffn_act_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    int n_ff = s->r->m->hp.n_ff;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
+}
+
+static void model_run(model_runner *r, tp_fn fn, model_step *s)
+{
+    /* A dispatch costs more than one token's worth of these small jobs. */
+    if (s->n == 1)
+        fn(s, 0, 1);
+    else
+        tp_run(r->pool, fn, s);
+}
+
+/* Copies the residual rows of this sub-batch's out rows into hidden[slot]. */
+static void model_save_hidden(const model_runner *r, const model_batch *b, int slot, int t0,
+                              int o0, int o1)
+{
+    int dim = r->m->hp.dim;
+    for (int o = o0; o < o1; o++)
+        memcpy(b->hidden + ((size_t)slot * b->n_out + o) * dim,
+               r->x + (size_t)(b->out_rows[o] - t0) * dim, (size_t)dim * sizeof(float));
+}
+
+static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b, int t0, int n,
+                              int n_kv_total)
+{
+    const model *m = r->m;
+    const model_hparams *hp = &m->hp;
+    int dim = hp->dim;
+
+    /* out rows of this sub-batch: [o0, o1) */
+    int o0 = 0, o1;
+    while (o0 < b->n_out && b->out_rows[o0] < t0)
+        o0++;
+    o1 = o0;
+    while (o1 < b->n_out && b->out_rows[o1] < t0 + n)
+        o1++;
+
+    for (int t = 0; t < n; t++) {
+        int32_t tok = b->tokens[t0 + t];
+        quant_dequantize_row(m->tok_embd.type,
+                             (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
+                             r->x + (size_t)t * dim, dim);
+        ops_rope_angles(r->rope + (size_t)t * hp->head_dim, b->positions[t0 + t], hp->head_dim,
+                        hp->rope_base);
+        kv_seq_append(seq, tok, b->positions[t0 + t], &r->slot_chunk[t], &r->slot_index[t]);
+    }
+    if (b->hidden)
+        model_save_hidden(r, b, 0, t0, o0, o1);
+
+    model_step s = {.r = r, .n = n, .positions = b->positions + t0, .seq = seq,
+                    .attn = b->attn, .n_total = b->n_tokens, .n_kv_total = n_kv_total, .t0 = t0};
+    for (int l = 0; l < hp->n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        s.L = L;
+        s.layer = l;
+
+        s.norm_w = L->attn_norm;
+        model_run(r, model_norm_job, &s);
+        const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[] = {r->q, r->k, r->v};
+        ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+        model_run(r, model_qkv_job, &s);
+        atomic_store_explicit(&s.next_item, 0, memory_order_relaxed);
+        tp_run(r->pool, model_attn_job, &s);
+        ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
+        ops_add(r->x, r->proj, n * dim);
+
+        s.norm_w = L->ffn_norm;
+        model_run(r, model_norm_job, &s);
+        const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+        float *gate_up_out[] = {r->gate, r->up};
+        ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+        model_run(r, model_ffn_act_job, &s);
+        ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
+        ops_add(r->x, r->proj, n * dim);
+
+        if (b->hidden)
+            model_save_hidden(r, b, l + 1, t0, o0, o1);
+    }
+
+    if (b->logits && o1 > o0) {
+        for (int o = o0; o < o1; o++)
+            ops_rmsnorm(r->xn + (size_t)(o - o0) * dim, r->x + (size_t)(b->out_rows[o] - t0) * dim,
+                        m->output_norm, dim, hp->norm_eps);
+        ops_matmul(r->pool, &m->output, r->xn, o1 - o0, b->logits + (size_t)o0 * hp->n_vocab,
+                   r->mm_scratch);
+    }
+}
+
+int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[ERR_MAX])
+{
+    const model_hparams *hp = &r->m->hp;
+    int n = b->n_tokens;
+    if (n <= 0)
+        return err_set(err, "forward: empty batch");
+    if (!b->tokens || !b->positions)
+        return err_set(err, "forward: tokens or positions missing");
+    kv_shape want = model_kv_shape(r->m), have = kv_pool_shape(seq->pool);
+    if (want.n_layer != have.n_layer || want.n_head_kv != have.n_head_kv ||
+        want.head_dim != have.head_dim)
+        return err_set(err, "forward: KV pool shape does not match the model");
+    for (int i = 0; i < n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return err_set(err, "forward: token %d id %d out of range [0, %d)", i, b->tokens[i],
+                           hp->n_vocab);
+        if (b->positions[i] < 0)
+            return err_set(err, "forward: token %d has negative position %d", i, b->positions[i]);
+        if (n > r->max_batch && i > 0 && b->positions[i] < b->positions[i - 1])
+            return err_set(err, "forward: batch of %d tokens (> max batch %d) must have "
+                                "non-decreasing positions", n, r->max_batch);
+    }
+    if (b->n_out < 0 || (b->n_out > 0 && !b->out_rows))
+        return err_set(err, "forward: bad out rows");
+    for (int o = 0; o < b->n_out; o++)
+        if (b->out_rows[o] < 0 || b->out_rows[o] >= n || (o > 0 && b->out_rows[o] <= b->out_rows[o - 1]))
+            return err_set(err, "forward: out rows must be strictly increasing batch indices");
+    int n_before = kv_seq_n_tokens(seq);
+    if (n_before + n > r->max_kv)
+        return err_set(err, "forward: %d + %d KV entries exceed the runner's %d", n_before, n,
+                       r->max_kv);
+    for (int c = 0; c < seq->n_chunks; c++)
+        if (seq->chunks[c]->precision != KV_F16)
+            return err_set(err, "forward: chunk %d has a precision other than f16", c);
+    if (kv_seq_reserve(seq, n, err) < 0) {
+        kv_seq_truncate(seq, n_before);
+        return -1;
+    }
+
+    int n_kv_total = n_before + n;
+    if (b->attn)
+        memset(b->attn, 0, (size_t)hp->n_layer * hp->n_head * n * n_kv_total * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += r->max_batch) {
+        int sub = n - t0 < r->max_batch ? n - t0 : r->max_batch;
+        model_forward_sub(r, seq, b, t0, sub, n_kv_total);
+    }
+    return 0;
+}

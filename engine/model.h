@@ -1,0 +1,113 @@
+/*
+ * model.h — a decoder-only transformer loaded from GGUF, and its forward pass.
+ *
+ * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
+ * (per-head RMSNorm of q and k). Weights are used in place from the file mapping.
+ *
+ * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
+ * against a kv_seq: each batch token attends to every entry of the sequence (existing
+ * chunks and the batch's own new entries) whose position is <= its own, and the batch's
+ * K/V are appended to the sequence. This one operation serves prefill, decode, exact
+ * recompute of interleaved chunks, reuse of saved KV, and scoring.
+ */
+#ifndef LLMS_MODEL_H
+#define LLMS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/gguf.h"
+#include "engine/kv.h"
+
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+
+/* How RoPE pairs up dimensions within a head. */
+enum model_rope_style {
+    MODEL_ROPE_INTERLEAVED, /* llama: rotates (x[2i], x[2i+1]) */
+    MODEL_ROPE_HALVES,      /* neox / qwen: rotates (x[i], x[i + head_dim/2]) */
+};
+
+typedef struct model_hparams {
+    enum model_arch arch;
+    enum model_rope_style rope_style;
+    int n_vocab;
+    int dim;        /* embedding length */
+    int n_layer;
+    int n_head;
+    int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
+    int head_dim;   /* attention.key_length */
+    int n_ff;       /* feed-forward hidden size */
+    int n_ctx;      /* context length the model was trained for */
+    float rope_base;
+    float norm_eps;
+} model_hparams;
+
+typedef struct model model;
+
+/* Maps and validates a GGUF model file: architecture, hyper-parameters, and every
+ * tensor's presence, type and shape (errors name the tensor). NULL + err on failure. */
+model *model_load(const char *path, char err[ERR_MAX]);
+
+/* Same, from an already open file; the model borrows g, which must outlive it. */
+model *model_from_gguf(const gguf_file *g, char err[ERR_MAX]);
+
+/* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
+void model_free(model *m);
+
+const model_hparams *model_hparams_of(const model *m);
+
+/* The file the model was loaded from (tokenizer metadata lives there too). */
+const gguf_file *model_gguf(const model *m);
+
+/* The shape of this model's KV chunks, for kv_pool_new. */
+kv_shape model_kv_shape(const model *m);
+
+/*
+ * A runner owns what evaluating the model needs: the thread pool and all scratch memory,
+ * sized for batches of up to max_batch tokens against at most max_kv KV entries, so
+ * that model_forward allocates nothing (except new KV chunks taken from the sequence's
+ * pool). A runner is used by one thread at a time.
+ */
+typedef struct model_runner model_runner;
+
+/* n_threads <= 0: online CPUs. max_batch <= 0: 512. max_kv <= 0: the model's n_ctx.
+ * Makes OpenBLAS single-threaded for the whole process (the runner's pool splits the
+ * work instead). */
+model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
+                               char err[ERR_MAX]);
+void model_runner_free(model_runner *r);
+
+int model_runner_n_threads(const model_runner *r);
+int model_runner_max_kv(const model_runner *r);
+
+/* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */
+typedef struct model_batch {
+    int n_tokens;
+    const int32_t *tokens;    /* (n_tokens) token ids, each < n_vocab */
+    const int32_t *positions; /* (n_tokens) absolute positions, >= 0 */
+
+    /* Rows whose outputs are wanted: n_out strictly increasing indices into the batch. */
+    int n_out;
+    const int32_t *out_rows;  /* (n_out) */
+
+    float *logits;            /* (n_out, n_vocab), or NULL */
+    /* Residual stream of the out rows: hidden[0] is the token embedding, hidden[l + 1]
+     * the output of layer l (the last one before the final norm). */
+    float *hidden;            /* (n_layer + 1, n_out, dim), or NULL */
+    /* Attention probabilities of every batch token over the sequence's entries after
+     * the append (n_kv = entries before + n_tokens, in chunk order then entry order);
+     * entries a token may not see are 0. */
+    float *attn;              /* (n_layer, n_head, n_tokens, n_kv), or NULL */
+} model_batch;
+
+/*
+ * Evaluates the batch against seq and appends its K/V (with ids and positions) to seq.
+ * Batches longer than the runner's max_batch are evaluated in consecutive sub-batches,
+ * which is exact when positions within the batch do not decrease (otherwise it is
+ * refused). Fails without changing seq on bad ids, positions or out rows, when the
+ * sequence would exceed max_kv entries, or when its pool refuses the chunks needed.
+ */
+int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char err[ERR_MAX]);
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * modelgen.h — writes a random-weight model GGUF of any shape (what tools/mkmodel and
+ * the model tests use). Weights are deterministic in the seed: uniform with standard
+ * deviation 1/sqrt(fan-in), so activations keep unit scale through every layer; norm
+ * weights are near 1, biases small. 2-D tensors use the requested type; 1-D tensors
+ * (norms, biases) stay F32 as llama.cpp writes them.
+ */
+#ifndef LLMS_MODELGEN_H
+#define LLMS_MODELGEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/gguf.h"
+
+typedef struct modelgen_params {
+    const char *arch;   /* "llama", "qwen2" or "qwen3" */
+    int dim;
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;       /* 0: dim / n_head */
+    int n_ff;
+    int n_ctx;
+    uint32_t type;      /* enum qtype of the matrices; must be computable */
+    uint64_t seed;
+    bool tie_output;    /* write no output.weight (the output reuses token_embd) */
+    /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
+     * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
+     * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */
+    const gguf_file *vocab;
+    int n_vocab;
+    int n_threads;      /* threads generating and quantizing rows; <= 0: online CPUs */
+} modelgen_params;
+
+/* Writes the model to path. 0, or -1 with err. */
+int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]);
+
+#endif

@@ -1,0 +1,310 @@
+/*
+ * ops.c — transformer row operations and the batched matrix product.
+ */
+#include "engine/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "engine/ops_avx2.h"
+#include "engine/quant.h"
+
+/* Batches up to this many rows use the quantized dot kernels; larger ones sgemm. */
+#define OPS_DOT_MAX_TOK 16
+/* Rows of W one dot-kernel step works on: small enough to stay in L1/L2 while every
+ * token of the batch passes over them. */
+#define OPS_DOT_BLOCK 16
+/* Rows of W dequantized per sgemm tile: sgemm repacks x for every tile, so tiles must
+ * be wide enough to make that cheap (128 rows cost ~9% of a prefill, 256 about half). */
+#define OPS_TILE_ROWS 256
+
+static bool ops_have_avx2(void)
+{
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    return have;
+}
+
+void ops_init(void)
+{
+    openblas_set_num_threads(1);
+    (void)ops_have_avx2();
+}
+
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+void ops_softmax(float *x, int n)
+{
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max)
+            max = x[i];
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        /* masked entries (-inf) are common in causal attention: skip their exp */
+        x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+void ops_silu_mul(float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void ops_add(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
+void ops_rope_angles(float *cs, int pos, int head_dim, float base)
+{
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * pow((double)base, -2.0 * i / head_dim);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void ops_rope(float *x, int n_head, int head_dim, const float *cs, enum ops_rope_style style)
+{
+    int half = head_dim / 2;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = style == OPS_ROPE_INTERLEAVED ? 2 * i : i;
+            int b = style == OPS_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void ops_f32_to_f16(uint16_t *dst, const float *src, int n)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_f32_to_f16(dst, src, n);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        dst[i] = quant_f32_to_f16(src[i]);
+}
+
+void ops_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d, float scale,
+                     float *scores, size_t stride)
+{
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_scores(q, n_q, k, n_k, d, scale, scores, stride);
+        return;
+    }
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float sum = 0;
+            for (int j = 0; j < d; j++)
+                sum += q[(size_t)g * d + j] * quant_f16_to_f32(k[(size_t)i * d + j]);
+            scores[(size_t)g * stride + i] = scale * sum;
+        }
+}
+
+void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                    int n_k, int d)
+{
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_accum(out, n_q, p, stride, v, n_k, d);
+        return;
+    }
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float w = p[(size_t)g * stride + i];
+            for (int j = 0; w != 0.0f && j < d; j++)
+                out[(size_t)g * d + j] += w * quant_f16_to_f32(v[(size_t)i * d + j]);
+        }
+}
+
+/* ---- matrix product ---- */
+
+static size_t ops_align(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Bytes of one activation row converted for the dot kernels, the largest over types. */
+static size_t ops_act_row_bytes(int cols)
+{
+    size_t q8k = quant_row_bytes(QTYPE_Q8_K, cols);
+    size_t q80 = quant_row_bytes(QTYPE_Q8_0, cols);
+    size_t b = q8k > q80 ? q8k : q80;
+    return ops_align(b ? b : (size_t)cols * sizeof(float));
+}
+
+size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads)
+{
+    int dot_tok = max_tok < OPS_DOT_MAX_TOK ? max_tok : OPS_DOT_MAX_TOK;
+    size_t act = (size_t)dot_tok * ops_act_row_bytes(max_cols);
+    size_t tiles = (size_t)n_threads * ops_align((size_t)OPS_TILE_ROWS * max_cols * sizeof(float));
+    return act > tiles ? act : tiles;
+}
+
+/* Work units are claimed from a shared counter, so a thread that was descheduled on a
+ * busy machine does not hold the others up. */
+typedef struct ops_matmul_job {
+    int n_mat;
+    const ops_matrix *w[OPS_MATMUL_MAX];
+    float *y[OPS_MATMUL_MAX];    /* (n_tok, w[i]->rows) */
+    int unit_start[OPS_MATMUL_MAX + 1]; /* first work unit of each matrix; last: total */
+    int unit_rows;               /* rows of W per work unit */
+    const float *x;              /* (n_tok, cols) */
+    int n_tok;
+    const char *act;             /* (n_tok, act_stride) converted activations */
+    size_t act_stride;
+    uint32_t act_type;
+    char *scratch;
+    size_t tile_stride;
+    _Atomic int next_unit;
+} ops_matmul_job;
+
+static void ops_prepare_job(void *p, int ith, int nth)
+{
+    ops_matmul_job *j = p;
+    int cols = j->w[0]->cols;
+    long b, e;
+    tp_split(j->n_tok, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        quant_prepare_activation(j->act_type, j->x + t * cols, (char *)j->act + t * j->act_stride,
+                                 cols);
+}
+
+/* Claims the next work unit: matrix *m, rows [*r0, *r0 + *n). False when none is left. */
+static bool ops_next_unit(ops_matmul_job *j, int *m, int *r0, int *n)
+{
+    int u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed);
+    if (u >= j->unit_start[j->n_mat])
+        return false;
+    int i = 0;
+    while (u >= j->unit_start[i + 1])
+        i++;
+    *m = i;
+    *r0 = (u - j->unit_start[i]) * j->unit_rows;
+    *n = j->w[i]->rows - *r0 < j->unit_rows ? j->w[i]->rows - *r0 : j->unit_rows;
+    return true;
+}
+
+static void ops_dot_job(void *p, int ith, int nth)
+{
+    ops_matmul_job *j = p;
+    int m, r0, n;
+    (void)ith, (void)nth;
+    while (ops_next_unit(j, &m, &r0, &n)) {
+        const ops_matrix *w = j->w[m];
+        for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
+            int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
+            const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
+            for (int t = 0; t < j->n_tok; t++)
+                quant_dot_rows(w->type, rows, w->row_bytes, nb, j->act + t * j->act_stride,
+                               w->cols, j->y[m] + (size_t)t * w->rows + b);
+        }
+    }
+}
+
+static void ops_sgemm_job(void *p, int ith, int nth)
+{
+    ops_matmul_job *j = p;
+    float *tile = (float *)(j->scratch + (size_t)ith * j->tile_stride);
+    int m, r0, n;
+    (void)nth;
+    while (ops_next_unit(j, &m, &r0, &n)) {
+        const ops_matrix *w = j->w[m];
+        const float *b;
+        if (w->type == QTYPE_F32) {
+            b = (const float *)((const char *)w->data + (size_t)r0 * w->row_bytes);
+        } else {
+            for (int r = 0; r < n; r++)
+                quant_dequantize_row(w->type, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                                     tile + (size_t)r * w->cols, w->cols);
+            b = tile;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n_tok, n, w->cols, 1.0f, j->x,
+                    w->cols, b, w->cols, 0.0f, j->y[m] + r0, w->rows);
+    }
+}
+
+static void ops_set_units(ops_matmul_job *j, int unit_rows)
+{
+    j->unit_rows = unit_rows;
+    j->unit_start[0] = 0;
+    for (int i = 0; i < j->n_mat; i++)
+        j->unit_start[i + 1] = j->unit_start[i] + (j->w[i]->rows + unit_rows - 1) / unit_rows;
+    atomic_store_explicit(&j->next_unit, 0, memory_order_relaxed);
+}
+
+void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
+                  int n_tok, float *const *y, void *scratch)
+{
+    ops_matmul_job j = {.n_mat = n_mat, .x = x, .n_tok = n_tok, .scratch = scratch};
+    uint32_t act_type = quant_dot_activation_type(w[0]->type);
+    for (int i = 0; i < n_mat; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        /* matrices that want their input in different forms go one at a time */
+        if (quant_dot_activation_type(w[i]->type) != act_type && n_tok <= OPS_DOT_MAX_TOK) {
+            for (int k = 0; k < n_mat; k++)
+                ops_matmul(pool, w[k], x, n_tok, y[k], scratch);
+            return;
+        }
+    }
+    int nth = tp_n_threads(pool);
+    if (n_tok > OPS_DOT_MAX_TOK) {
+        j.tile_stride = ops_align((size_t)OPS_TILE_ROWS * w[0]->cols * sizeof(float));
+        ops_set_units(&j, OPS_TILE_ROWS);
+        tp_run(pool, ops_sgemm_job, &j);
+        return;
+    }
+    j.act_type = act_type;
+    if (j.act_type == QTYPE_F32) {
+        j.act = (const char *)x;
+        j.act_stride = (size_t)w[0]->cols * sizeof(float);
+    } else {
+        j.act = scratch;
+        j.act_stride = ops_act_row_bytes(w[0]->cols);
+        if (n_tok == 1)
+            ops_prepare_job(&j, 0, 1);
+        else
+            tp_run(pool, ops_prepare_job, &j);
+    }
+    /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the
+     * counter cheap; a multiple of the block so blocks stay whole */
+    long rows = 0;
+    for (int i = 0; i < n_mat; i++)
+        rows += w[i]->rows;
+    long unit = rows / (8L * nth);
+    unit = (unit + OPS_DOT_BLOCK - 1) / OPS_DOT_BLOCK * OPS_DOT_BLOCK;
+    ops_set_units(&j, unit < OPS_DOT_BLOCK ? OPS_DOT_BLOCK : (int)unit);
+    tp_run(pool, ops_dot_job, &j);
+}
+
+void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
+                void *scratch)
+{
+    ops_matmul_n(pool, 1, &w, x, n_tok, &y, scratch);
+}

@@ -1,0 +1,93 @@
+/*
+ * ops.h — the numeric building blocks of a transformer layer on f32 rows, and the
+ * matrix product of a (possibly quantized) weight matrix with a batch of activations.
+ */
+#ifndef LLMS_OPS_H
+#define LLMS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/threadpool.h"
+
+/* y = x / rms(x) * w over n elements (y may be x). */
+void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* In-place softmax over n elements. */
+void ops_softmax(float *x, int n);
+
+/* g[i] = silu(g[i]) * u[i] (SwiGLU). */
+void ops_silu_mul(float *g, const float *u, int n);
+
+/* y[i] += x[i]. */
+void ops_add(float *y, const float *x, int n);
+
+/* ---- rotary position embedding ---- */
+
+enum ops_rope_style {
+    OPS_ROPE_INTERLEAVED, /* rotates pairs (x[2i], x[2i+1]) (llama) */
+    OPS_ROPE_HALVES,      /* rotates pairs (x[i], x[i + head_dim/2]) (neox, qwen) */
+};
+
+/* cs = (cos, sin) of pos * base^(-2i/head_dim) for i < head_dim/2, computed in double. */
+void ops_rope_angles(float *cs, int pos, int head_dim, float base); /* cs: (head_dim/2, 2) */
+
+/* Rotates each of the n_head heads of x (n_head, head_dim) by the angles of cs. */
+void ops_rope(float *x, int n_head, int head_dim, const float *cs, enum ops_rope_style style);
+
+/* ---- half-float rows (KV cache) ---- */
+
+/* dst[i] = f16(src[i]). */
+void ops_f32_to_f16(uint16_t *dst, const float *src, int n);
+
+/* ---- attention over f16 K/V blocks (rows of d elements, row i at k + i * d) ---- */
+
+/* Largest head dimension the attention kernels accept. */
+#define OPS_MAX_HEAD_DIM 512
+
+/* scores[g * stride + i] = scale * dot(q_g, k_i) for the n_q query rows q (n_q, d) that
+ * share this K block, and the n_k rows of k (n_k, d). Each K row is converted once. */
+void ops_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d, float scale,
+                     float *scores, size_t stride);
+
+/* out_g += sum_i p[g * stride + i] * v_i for g < n_q: out (n_q, d), v (n_k, d). */
+void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                    int n_k, int d);
+
+/* ---- matrix product ---- */
+
+/* A weight matrix of rows x cols elements of a computable quant type, rows row_bytes
+ * apart (as stored in GGUF: ne[0] = cols). */
+typedef struct ops_matrix {
+    uint32_t type;
+    const void *data;
+    int rows;
+    int cols;
+    size_t row_bytes;
+} ops_matrix;
+
+/* Scratch bytes ops_matmul needs for batches up to max_tok rows of up to max_cols
+ * columns on n_threads threads. */
+size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads);
+
+/*
+ * y = x W^T for a batch: x (n_tok, w->cols) f32, y (n_tok, w->rows) f32. Small batches
+ * use the quantized dot-product kernels (activations converted once, rows split over
+ * threads); large batches dequantize tiles of W rows and multiply them with sgemm.
+ * scratch holds ops_matmul_scratch_bytes(>= n_tok, >= cols, tp_n_threads(pool)) bytes,
+ * 64-byte aligned.
+ */
+void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
+                void *scratch);
+
+/* Up to OPS_MATMUL_MAX matrices applied to the same x in one dispatch: y[i] = x w[i]^T
+ * (q, k and v; gate and up). The input is converted once and the threads share out the
+ * rows of all of them, which saves dispatches and balances small matrices. */
+#define OPS_MATMUL_MAX 4
+void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
+                  int n_tok, float *const *y, void *scratch);
+
+/* Makes OpenBLAS single-threaded: our pool parallelises the sgemm tiles. */
+void ops_init(void);
+
+#endif

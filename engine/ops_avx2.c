@@ -1,0 +1,73 @@
+/*
+ * ops_avx2.c — half-float row kernels with F16C conversion and FMA.
+ */
+#include "engine/ops_avx2.h"
+
+#include <immintrin.h>
+
+#include "engine/quant.h"
+
+/* Converts an f16 row to f32; d is a multiple of 8 here. */
+static void ops_avx2_row_f32(float *dst, const uint16_t *h, int d)
+{
+    for (int i = 0; i < d; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+}
+
+static float ops_avx2_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
+                          float scale, float *scores, size_t stride)
+{
+    float kf[512] __attribute__((aligned(32)));
+    for (int i = 0; i < n_k; i++) {
+        ops_avx2_row_f32(kf, k + (size_t)i * d, d);
+        for (int g = 0; g < n_q; g++) {
+            const float *qg = q + (size_t)g * d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 16 <= d; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_load_ps(kf + j), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_load_ps(kf + j + 8), a1);
+            }
+            if (j < d)
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_load_ps(kf + j), a0);
+            scores[(size_t)g * stride + i] = scale * ops_avx2_hsum(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                         int n_k, int d)
+{
+    float vf[512] __attribute__((aligned(32)));
+    for (int i = 0; i < n_k; i++) {
+        ops_avx2_row_f32(vf, v + (size_t)i * d, d);
+        for (int g = 0; g < n_q; g++) {
+            float w = p[(size_t)g * stride + i];
+            if (w == 0.0f)
+                continue;
+            __m256 vw = _mm256_set1_ps(w);
+            float *o = out + (size_t)g * d;
+            for (int j = 0; j < d; j += 8)
+                _mm256_storeu_ps(o + j, _mm256_fmadd_ps(vw, _mm256_load_ps(vf + j), _mm256_loadu_ps(o + j)));
+        }
+    }
+}
+
+void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i hv = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(dst + i), hv);
+    }
+    for (; i < n; i++)
+        dst[i] = quant_f32_to_f16(src[i]);
+}

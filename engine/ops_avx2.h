@@ -1,0 +1,17 @@
+/*
+ * ops_avx2.h — AVX2/FMA/F16C versions of ops.c's half-float row and attention kernels. Internal to
+ * ops.c, which calls them only after checking the CPU.
+ */
+#ifndef LLMS_OPS_AVX2_H
+#define LLMS_OPS_AVX2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
+                          float scale, float *scores, size_t stride);
+void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
+                         int n_k, int d);
+void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n);
+
+#endif

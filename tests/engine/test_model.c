@@ -1,0 +1,402 @@
+/*
+ * Model forward pass against the double-precision reference (tests/support/ref_forward).
+ *
+ * Models are generated in the test's temp directory by modelgen on a synthetic
+ * 260-token vocabulary, so these tests need no shared test data. Each architecture x
+ * weight type is checked on a prefill, single-token decodes, and batches at
+ * non-contiguous, out-of-order positions. Tolerances (max abs logit difference; logits
+ * have unit scale): TOL_FLOAT for f32/f16/bf16 weights (f32 arithmetic and an f16 KV
+ * cache; measured ~0.002), TOL_QUANT for quantized weights, whose small batches use
+ * dot kernels on 8-bit quantized activations as llama.cpp does (measured 0.06-0.13;
+ * large batches, sgemm on dequantized weights, stay at ~0.002). The architecture code
+ * is the same for every type, so the tight float tolerance is what catches logic bugs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/support/ref_forward.h"
+#include "tests/support/test.h"
+
+#define TOL_FLOAT 0.02
+#define TOL_QUANT 0.2
+
+static const uint32_t TYPES[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
+                                 QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+static const char *ARCHS[] = {"llama", "qwen2", "qwen3"};
+
+static modelgen_params small_params(const char *arch, uint32_t type)
+{
+    return (modelgen_params){.arch = arch, .dim = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+                             .n_ff = 512, .n_ctx = 128, .type = type, .seed = 7, .n_vocab = 260,
+                             .n_threads = 1};
+}
+
+static const char *gen(const modelgen_params *p, const char *name)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), name);
+    char err[ERR_MAX];
+    if (modelgen_write(p, path, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        return NULL;
+    }
+    return path;
+}
+
+/* Runs the batch on the optimized forward with logits for every row; returns max |diff|
+ * against ref logits (n, n_vocab) rows. */
+static double run_and_compare(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
+                              const int32_t *pos, const double *ref, int n_vocab)
+{
+    int32_t rows[64];
+    for (int i = 0; i < n; i++)
+        rows[i] = i;
+    float *logits = malloc((size_t)n * n_vocab * sizeof(float));
+    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
+                     .out_rows = rows, .logits = logits};
+    char err[ERR_MAX];
+    double maxd = 1e9;
+    if (model_forward(r, seq, &b, err) == 0) {
+        maxd = 0;
+        for (size_t i = 0; i < (size_t)n * n_vocab; i++) {
+            double d = fabs(logits[i] - ref[i]);
+            if (!(d <= maxd))
+                maxd = isnan(d) ? 1e9 : d;
+        }
+    } else {
+        fprintf(stderr, "forward: %s\n", err);
+    }
+    free(logits);
+    return maxd;
+}
+
+/* Prefill of 20, 4 decodes, then a fresh sequence with gapped / out-of-order batches. */
+static double check_model(const char *path, int max_batch, int n_threads)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(path, err);
+    model *m = g ? model_from_gguf(g, err) : NULL;
+    ref_model *rm = g ? ref_model_load(g) : NULL;
+    if (!m || !rm) {
+        fprintf(stderr, "load: %s\n", err);
+        return 1e9;
+    }
+    int nv = model_hparams_of(m)->n_vocab;
+    model_runner *r = model_runner_new(m, n_threads, max_batch, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    enum { N = 24 };
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)((i * 37 + 11) % nv);
+        pos[i] = i;
+    }
+    double *ref = malloc((size_t)N * nv * sizeof(double));
+    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
+    double worst = run_and_compare(r, &seq, 20, tok, pos, ref, nv);
+    for (int i = 20; i < N; i++) {
+        double d = run_and_compare(r, &seq, 1, tok + i, pos + i, ref + (size_t)i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    kv_seq_free(&seq);
+
+    /* A: positions 0..7; B: 20..27 (sees A); C: 10..13 (sees A only, added after B) */
+    kv_seq_init(&seq, pool);
+    int32_t at[20], ap[20];
+    for (int i = 0; i < 8; i++)
+        at[i] = tok[i], ap[i] = i;
+    for (int i = 0; i < 8; i++)
+        at[8 + i] = tok[8 + i], ap[8 + i] = 20 + i;
+    for (int i = 0; i < 4; i++)
+        at[16 + i] = tok[16 + i], ap[16 + i] = 10 + i;
+    ref_forward(rm, 16, at, ap, ref, NULL, NULL); /* A + B */
+    double d = run_and_compare(r, &seq, 8, at, ap, ref, nv);
+    worst = d > worst ? d : worst;
+    d = run_and_compare(r, &seq, 8, at + 8, ap + 8, ref + (size_t)8 * nv, nv);
+    worst = d > worst ? d : worst;
+    int32_t ct[12], cp[12];
+    memcpy(ct, at, 8 * sizeof *ct), memcpy(cp, ap, 8 * sizeof *cp);
+    memcpy(ct + 8, at + 16, 4 * sizeof *ct), memcpy(cp + 8, ap + 16, 4 * sizeof *cp);
+    ref_forward(rm, 12, ct, cp, ref, NULL, NULL); /* A + C */
+    d = run_and_compare(r, &seq, 4, ct + 8, cp + 8, ref + (size_t)8 * nv, nv);
+    worst = d > worst ? d : worst;
+    if (kv_seq_n_tokens(&seq) != 20)
+        worst = 1e9;
+
+    kv_seq_free(&seq);
+    kv_pool_free(pool);
+    free(ref);
+    model_runner_free(r);
+    model_free(m);
+    ref_model_free(rm);
+    gguf_close(g);
+    return worst;
+}
+
+static void test_all_archs_and_types(void)
+{
+    for (size_t a = 0; a < 3; a++)
+        for (size_t t = 0; t < sizeof TYPES / sizeof TYPES[0]; t++) {
+            modelgen_params p = small_params(ARCHS[a], TYPES[t]);
+            const char *path = gen(&p, "m");
+            CHECK(path);
+            double tol = TYPES[t] == QTYPE_F32 || TYPES[t] == QTYPE_F16 || TYPES[t] == QTYPE_BF16
+                             ? TOL_FLOAT : TOL_QUANT;
+            /* max_batch 512: the 20-token prefill takes the sgemm path; 8: dot kernels,
+             * in three sub-batches */
+            double d1 = check_model(path, 512, 2), d2 = check_model(path, 8, 1);
+            printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (dot)\n", ARCHS[a],
+                   quant_traits_of(TYPES[t])->name, d1, d2);
+            CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", ARCHS[a],
+                      quant_traits_of(TYPES[t])->name, d1, d2, tol);
+        }
+}
+
+static void test_gqa_mqa_mha_and_tied(void)
+{
+    int kv[] = {1, 4};
+    for (int i = 0; i < 2; i++) {
+        modelgen_params p = small_params("llama", QTYPE_F32);
+        p.n_head_kv = kv[i];
+        p.tie_output = i == 1;
+        const char *path = gen(&p, "gqa");
+        CHECK(path);
+        double d = check_model(path, 512, 2);
+        CHECK_MSG(d <= TOL_FLOAT, "kv heads %d: %g", kv[i], d);
+    }
+    /* head_dim other than dim / n_head (qwen3 does this) */
+    modelgen_params p = small_params("qwen3", QTYPE_F16);
+    p.head_dim = 32;
+    p.n_head = 8;
+    const char *path = gen(&p, "hd");
+    CHECK(path);
+    CHECK(check_model(path, 512, 2) <= TOL_FLOAT);
+}
+
+/* Logits of the same batch with 1 and 2 threads are bit-identical. */
+static void test_threads_identical(void)
+{
+    modelgen_params p = small_params("qwen2", QTYPE_Q4_K);
+    const char *path = gen(&p, "thr");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    int nv = model_hparams_of(m)->n_vocab;
+    float *out[2];
+    int32_t tok[30], pos[30], rows[30];
+    for (int i = 0; i < 30; i++)
+        tok[i] = (i * 13) % nv, pos[i] = i, rows[i] = i;
+    for (int th = 0; th < 2; th++) {
+        out[th] = malloc(31 * (size_t)nv * sizeof(float));
+        model_runner *r = model_runner_new(m, th + 1, 0, 0, err);
+        kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+        kv_seq s;
+        kv_seq_init(&s, pool);
+        model_batch b = {.n_tokens = 29, .tokens = tok, .positions = pos, .n_out = 29,
+                         .out_rows = rows, .logits = out[th]};
+        CHECK(model_forward(r, &s, &b, err) == 0);
+        model_batch d = {.n_tokens = 1, .tokens = tok + 29, .positions = pos + 29, .n_out = 1,
+                         .out_rows = rows, .logits = out[th] + (size_t)29 * nv};
+        CHECK(model_forward(r, &s, &d, err) == 0);
+        kv_seq_free(&s);
+        kv_pool_free(pool);
+        model_runner_free(r);
+    }
+    CHECK(memcmp(out[0], out[1], 30 * (size_t)nv * sizeof(float)) == 0);
+    free(out[0]);
+    free(out[1]);
+    model_free(m);
+}
+
+/* hidden states and attention probabilities of a prefill match the reference's. */
+static void test_hidden_and_attention(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    const char *path = gen(&p, "ha");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK(m);
+    ref_model *rm = ref_model_load(model_gguf(m));
+    CHECK(rm);
+    const model_hparams *hp = model_hparams_of(m);
+    enum { N = 18 };
+    int32_t tok[N], pos[N], rows[2] = {3, 17};
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7 + 3) % hp->n_vocab, pos[i] = i;
+    size_t nh = (size_t)(hp->n_layer + 1) * N * hp->dim, na = (size_t)hp->n_layer * hp->n_head * N * N;
+    double *rl = malloc((size_t)N * hp->n_vocab * sizeof(double)), *rh = malloc(nh * sizeof(double)),
+           *ra = malloc(na * sizeof(double));
+    ref_forward(rm, N, tok, pos, rl, rh, ra);
+    float *hidden = malloc((size_t)(hp->n_layer + 1) * 2 * hp->dim * sizeof(float));
+    float *attn = malloc(na * sizeof(float));
+    float *logits = malloc(2 * (size_t)hp->n_vocab * sizeof(float));
+    model_runner *r = model_runner_new(m, 2, 8, 0, err); /* 3 sub-batches */
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    model_batch b = {.n_tokens = N, .tokens = tok, .positions = pos, .n_out = 2, .out_rows = rows,
+                     .logits = logits, .hidden = hidden, .attn = attn};
+    CHECK(model_forward(r, &s, &b, err) == 0);
+    for (int l = 0; l <= hp->n_layer; l++)
+        for (int o = 0; o < 2; o++)
+            for (int i = 0; i < hp->dim; i++)
+                CHECK_NEAR(hidden[((size_t)l * 2 + o) * hp->dim + i],
+                           rh[((size_t)l * N + rows[o]) * hp->dim + i], 0.01);
+    for (size_t i = 0; i < na; i++)
+        CHECK_NEAR(attn[i], ra[i], 2e-3);
+    for (int o = 0; o < 2; o++)
+        for (int v = 0; v < hp->n_vocab; v++)
+            CHECK_NEAR(logits[(size_t)o * hp->n_vocab + v], rl[(size_t)rows[o] * hp->n_vocab + v], TOL_FLOAT);
+    kv_seq_free(&s);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    free(rl), free(rh), free(ra), free(hidden), free(attn), free(logits);
+    ref_model_free(rm);
+    model_free(m);
+}
+
+static void test_bad_batches(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_Q8_0);
+    const char *path = gen(&p, "bad");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK(m);
+    model_runner *r = model_runner_new(m, 1, 4, 32, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    int32_t tok[40] = {0}, pos[40], rows[2] = {1, 1};
+    for (int i = 0; i < 40; i++)
+        pos[i] = i;
+    model_batch b = {.n_tokens = 2, .tokens = tok, .positions = pos};
+    tok[1] = 260;
+    CHECK(model_forward(r, &s, &b, err) < 0 && strstr(err, "out of range"));
+    tok[1] = 0;
+    pos[1] = -1;
+    CHECK(model_forward(r, &s, &b, err) < 0);
+    pos[1] = 1;
+    b.n_out = 2, b.out_rows = rows;
+    CHECK(model_forward(r, &s, &b, err) < 0 && strstr(err, "increasing"));
+    b.n_out = 0;
+    b.n_tokens = 33;
+    CHECK(model_forward(r, &s, &b, err) < 0 && strstr(err, "exceed"));
+    b.n_tokens = 6;
+    pos[5] = 2; /* decreasing positions across a sub-batch boundary (max_batch 4) */
+    CHECK(model_forward(r, &s, &b, err) < 0 && strstr(err, "non-decreasing"));
+    CHECK_EQ(kv_seq_n_tokens(&s), 0);
+    pos[5] = 5;
+    CHECK(model_forward(r, &s, &b, err) == 0);
+    CHECK_EQ(kv_seq_n_tokens(&s), 6);
+    kv_seq_free(&s);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+}
+
+/* Rewrites src without tensor `drop`, or with tensor `reshape` given shape ne. */
+static int rewrite(const char *src, const char *dst, const char *drop, const char *reshape,
+                   const int64_t *ne)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        gguf_writer_copy_kv(w, g, i);
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (drop && !strcmp(name, drop))
+            continue;
+        gguf_writer_add_tensor(w, name, t->type, t->n_dims,
+                               reshape && !strcmp(name, reshape) ? ne : t->ne, t->data);
+    }
+    int rc = gguf_writer_write(w, dst, err);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
+static void test_validation_errors(void)
+{
+    modelgen_params p = small_params("qwen2", QTYPE_F16);
+    char src[512], dst[512], err[ERR_MAX];
+    snprintf(src, sizeof src, "%s", gen(&p, "valid"));
+    snprintf(dst, sizeof dst, "%s/broken.gguf", test_tmpdir());
+    model *m = model_load(src, err);
+    CHECK_MSG(m, "%s", err);
+    model_free(m);
+
+    const char *required[] = {"blk.1.attn_k.weight", "blk.0.attn_q.bias", "output_norm.weight",
+                              "blk.1.ffn_down.weight", "token_embd.weight"};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        CHECK(rewrite(src, dst, required[i], NULL, NULL) == 0);
+        CHECK(model_load(dst, err) == NULL);
+        CHECK_MSG(strstr(err, required[i]) && strstr(err, "missing"), "%s", err);
+    }
+    /* wrong shapes: same element count, transposed; and a short norm */
+    int64_t t1[2] = {128, 256};
+    CHECK(rewrite(src, dst, NULL, "blk.0.attn_v.weight", t1) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    CHECK_MSG(strstr(err, "blk.0.attn_v.weight") && strstr(err, "shape"), "%s", err);
+    int64_t t2[1] = {128};
+    CHECK(rewrite(src, dst, NULL, "blk.1.ffn_norm.weight", t2) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    CHECK_MSG(strstr(err, "blk.1.ffn_norm.weight"), "%s", err);
+    /* the qwen3 per-head norms are required for qwen3 */
+    p = small_params("qwen3", QTYPE_F32);
+    snprintf(src, sizeof src, "%s", gen(&p, "q3"));
+    CHECK(rewrite(src, dst, "blk.0.attn_k_norm.weight", NULL, NULL) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    CHECK_MSG(strstr(err, "attn_k_norm"), "%s", err);
+}
+
+static void test_metadata(void)
+{
+    modelgen_params p = small_params("qwen3", QTYPE_Q6_K);
+    p.tie_output = true;
+    char err[ERR_MAX];
+    model *m = model_load(gen(&p, "meta"), err);
+    CHECK_MSG(m, "%s", err);
+    const model_hparams *hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, MODEL_ARCH_QWEN3);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK_EQ(hp->n_vocab, 260);
+    CHECK_EQ(hp->dim, 256);
+    CHECK_EQ(hp->n_layer, 2);
+    CHECK_EQ(hp->n_head, 4);
+    CHECK_EQ(hp->n_head_kv, 2);
+    CHECK_EQ(hp->head_dim, 64);
+    CHECK_EQ(hp->n_ff, 512);
+    CHECK_EQ(hp->n_ctx, 128);
+    CHECK_NEAR(hp->rope_base, 1e6, 1);
+    CHECK_NEAR(hp->norm_eps, 1e-6, 1e-9);
+    kv_shape ks = model_kv_shape(m);
+    CHECK(ks.n_layer == 2 && ks.n_head_kv == 2 && ks.head_dim == 64);
+    CHECK(model_load("/nonexistent/model.gguf", err) == NULL);
+    model_free(m);
+}
+
+int main(void)
+{
+    RUN(test_metadata);
+    RUN(test_all_archs_and_types);
+    RUN(test_gqa_mqa_mha_and_tied);
+    RUN(test_threads_identical);
+    RUN(test_hidden_and_attention);
+    RUN(test_bad_batches);
+    RUN(test_validation_errors);
+    return test_finish();
+}

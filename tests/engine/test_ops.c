@@ -1,0 +1,192 @@
+/* Row operations and the matrix product against straightforward double computations. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/ops.h"
+#include "engine/quant.h"
+#include "tests/support/test.h"
+
+static float frand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xFFFF) / 65536.0f * 2.0f - 1.0f;
+}
+
+static void test_rmsnorm_softmax_silu(void)
+{
+    float x[40], w[40], y[40];
+    unsigned s = 1;
+    double ss = 0;
+    for (int i = 0; i < 40; i++) {
+        x[i] = frand(&s);
+        w[i] = 1 + frand(&s);
+        ss += (double)x[i] * x[i];
+    }
+    ops_rmsnorm(y, x, w, 40, 1e-5f);
+    for (int i = 0; i < 40; i++)
+        CHECK_NEAR(y[i], x[i] / sqrt(ss / 40 + 1e-5) * w[i], 1e-5);
+
+    float p[5] = {1, 2, -INFINITY, 0, 3};
+    ops_softmax(p, 5);
+    double z = exp(1) + exp(2) + exp(0) + exp(3);
+    CHECK_NEAR(p[0], exp(1) / z, 1e-6);
+    CHECK_EQ(p[2], 0);
+    CHECK_NEAR(p[4], exp(3) / z, 1e-6);
+
+    float g[3] = {-2, 0, 3}, u[3] = {2, 5, -1};
+    ops_silu_mul(g, u, 3);
+    CHECK_NEAR(g[0], -2 / (1 + exp(2)) * 2, 1e-6);
+    CHECK_NEAR(g[1], 0, 1e-7);
+    CHECK_NEAR(g[2], 3 / (1 + exp(-3)) * -1, 1e-6);
+}
+
+static void test_rope_styles(void)
+{
+    enum { HD = 8 };
+    float cs[HD], a[2 * HD], b[2 * HD];
+    ops_rope_angles(cs, 5, HD, 10000.0f);
+    for (int i = 0; i < HD / 2; i++) {
+        double th = 5 * pow(10000.0, -2.0 * i / HD);
+        CHECK_NEAR(cs[2 * i], cos(th), 1e-7);
+        CHECK_NEAR(cs[2 * i + 1], sin(th), 1e-7);
+    }
+    for (int i = 0; i < 2 * HD; i++)
+        a[i] = b[i] = (float)(i + 1);
+    ops_rope(a, 2, HD, cs, OPS_ROPE_INTERLEAVED);
+    ops_rope(b, 2, HD, cs, OPS_ROPE_HALVES);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < HD / 2; i++) {
+            double c = cs[2 * i], s = cs[2 * i + 1];
+            /* interleaved: pair (2i, 2i+1) */
+            double x0 = h * HD + 2 * i + 1, x1 = x0 + 1;
+            CHECK_NEAR(a[h * HD + 2 * i], x0 * c - x1 * s, 1e-4);
+            CHECK_NEAR(a[h * HD + 2 * i + 1], x0 * s + x1 * c, 1e-4);
+            /* halves: pair (i, i + HD/2) */
+            x0 = h * HD + i + 1, x1 = x0 + HD / 2;
+            CHECK_NEAR(b[h * HD + i], x0 * c - x1 * s, 1e-4);
+            CHECK_NEAR(b[h * HD + i + HD / 2], x0 * s + x1 * c, 1e-4);
+        }
+    /* position 0 is the identity */
+    ops_rope_angles(cs, 0, HD, 10000.0f);
+    float c[HD] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ops_rope(c, 1, HD, cs, OPS_ROPE_HALVES);
+    CHECK(c[0] == 1 && c[7] == 8);
+}
+
+static void test_attention_kernels(void)
+{
+    int dims[] = {64, 12}; /* 12: not a multiple of 8, the portable path */
+    for (int di = 0; di < 2; di++) {
+        int d = dims[di], nq = 3, nk = 16;
+        unsigned s = 9;
+        float q[3 * 64], kf[16 * 64], vf[16 * 64], p[3 * 20], out[3 * 64];
+        uint16_t k[16 * 64], v[16 * 64];
+        for (int i = 0; i < nq * d; i++)
+            q[i] = frand(&s);
+        for (int i = 0; i < nk * d; i++) {
+            k[i] = quant_f32_to_f16(frand(&s));
+            v[i] = quant_f32_to_f16(frand(&s));
+            kf[i] = quant_f16_to_f32(k[i]);
+            vf[i] = quant_f16_to_f32(v[i]);
+        }
+        ops_attn_scores(q, nq, k, nk, d, 0.5f, p, 20);
+        for (int g = 0; g < nq; g++)
+            for (int i = 0; i < nk; i++) {
+                double e = 0;
+                for (int j = 0; j < d; j++)
+                    e += (double)q[g * d + j] * kf[i * d + j];
+                CHECK_NEAR(p[g * 20 + i], 0.5 * e, 1e-5);
+            }
+        for (int i = 0; i < nq * d; i++)
+            out[i] = 1;
+        ops_attn_accum(out, nq, p, 20, v, nk, d);
+        for (int g = 0; g < nq; g++)
+            for (int j = 0; j < d; j++) {
+                double e = 1;
+                for (int i = 0; i < nk; i++)
+                    e += (double)p[g * 20 + i] * vf[i * d + j];
+                CHECK_NEAR(out[g * d + j], e, 1e-4);
+            }
+    }
+    uint16_t h[19];
+    float f[19];
+    for (int i = 0; i < 19; i++)
+        f[i] = i * 0.37f - 3;
+    ops_f32_to_f16(h, f, 19);
+    for (int i = 0; i < 19; i++)
+        CHECK_EQ(h[i], quant_f32_to_f16(f[i]));
+}
+
+/* y = x W^T for each type on both paths (dot kernels for few tokens, sgemm for many)
+ * and fused, against double products with the dequantized weights. */
+static void test_matmul(void)
+{
+    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
+                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    enum { ROWS = 300, COLS = 512, MAXT = 40 };
+    char err[ERR_MAX];
+    tp_pool *pool = tp_new(2, err);
+    CHECK(pool);
+    ops_init();
+    float *wf = malloc(ROWS * COLS * sizeof(float)), *deq = malloc(COLS * sizeof(float));
+    float *x = malloc(MAXT * COLS * sizeof(float));
+    float *y = malloc(MAXT * ROWS * sizeof(float)), *y2 = malloc(MAXT * 40 * sizeof(float));
+    double *ref = malloc(MAXT * ROWS * sizeof(double));
+    char *w = malloc(ROWS * quant_row_bytes(QTYPE_F32, COLS));
+    void *scratch = aligned_alloc(64, ops_matmul_scratch_bytes(MAXT, COLS, 2));
+    unsigned s = 5;
+    for (int i = 0; i < ROWS * COLS; i++)
+        wf[i] = frand(&s) * 0.05f;
+    for (int i = 0; i < MAXT * COLS; i++)
+        x[i] = frand(&s);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        size_t rb = quant_row_bytes(t, COLS);
+        for (int r = 0; r < ROWS; r++)
+            quant_quantize_row(t, wf + r * COLS, w + r * rb, COLS);
+        for (int r = 0; r < ROWS; r++) {
+            quant_dequantize_row(t, w + r * rb, deq, COLS);
+            for (int n = 0; n < MAXT; n++) {
+                double e = 0;
+                for (int c = 0; c < COLS; c++)
+                    e += (double)deq[c] * x[n * COLS + c];
+                ref[n * ROWS + r] = e;
+            }
+        }
+        ops_matrix m = {t, w, ROWS, COLS, rb};
+        /* the 8-bit activations of the dot kernels cost ~0.5% of a row's magnitude */
+        double tol = t == QTYPE_F32 || t == QTYPE_F16 || t == QTYPE_BF16 ? 1e-4 : 0.03;
+        int ntoks[] = {1, 5, MAXT};
+        for (int k = 0; k < 3; k++) {
+            int nt = ntoks[k];
+            ops_matmul(pool, &m, x, nt, y, scratch);
+            for (int i = 0; i < nt * ROWS; i++)
+                CHECK_MSG(fabs(y[i] - ref[i]) <= (nt == MAXT ? 1e-4 : tol), "%s n=%d i=%d: %g vs %g",
+                          quant_traits_of(t)->name, nt, i, y[i], ref[i]);
+        }
+        /* fused: rows [0, 300) and a 40-row matrix made of rows [100, 140) */
+        ops_matrix m2 = {t, w + 100 * rb, 40, COLS, rb};
+        const ops_matrix *ws[] = {&m, &m2};
+        float *ys[] = {y, y2};
+        for (int k = 0; k < 2; k++) {
+            int nt = k ? MAXT : 3;
+            ops_matmul_n(pool, 2, ws, x, nt, ys, scratch);
+            for (int n = 0; n < nt; n++)
+                for (int r = 0; r < 40; r++)
+                    /* dot kernels give the same bits per row however rows are grouped;
+                     * sgemm's edge kernels may sum in another order */
+                    CHECK_NEAR(y2[n * 40 + r], y[n * ROWS + 100 + r], k ? 1e-5 : 0);
+        }
+    }
+    free(wf), free(deq), free(x), free(y), free(y2), free(ref), free(w), free(scratch);
+    tp_free(pool);
+}
+
+int main(void)
+{
+    RUN(test_rmsnorm_softmax_silu);
+    RUN(test_rope_styles);
+    RUN(test_attention_kernels);
+    RUN(test_matmul);
+    return test_finish();
+}

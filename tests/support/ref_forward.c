@@ -1,0 +1,282 @@
+/*
+ * ref_forward.c — the textbook transformer, loops and doubles, no tricks.
+ */
+#include "tests/support/ref_forward.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/quant.h"
+
+typedef struct ref_layer {
+    double *attn_norm, *ffn_norm;     /* (dim) */
+    double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
+    double *bq, *bk, *bv;             /* or NULL */
+    double *q_norm, *k_norm;          /* (head_dim) or NULL */
+    double *gate, *up, *down;
+} ref_layer;
+
+struct ref_model {
+    int arch; /* 0 llama, 1 qwen2, 2 qwen3 */
+    int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
+    double rope_base, eps;
+    bool kv_f16;
+    double *embd, *out, *out_norm;
+    ref_layer *layers;
+};
+
+static double *ref_tensor(const gguf_file *g, const char *name, int64_t want)
+{
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        return NULL;
+    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (want >= 0 && n != want)
+        return NULL;
+    double *d = malloc((size_t)n * sizeof(double));
+    float *row = malloc((size_t)t->ne[0] * sizeof(float));
+    size_t rb = quant_row_bytes(t->type, t->ne[0]);
+    for (int64_t r = 0; r < n / t->ne[0]; r++) {
+        quant_dequantize_row(t->type, (const char *)t->data + r * rb, row, t->ne[0]);
+        for (int64_t c = 0; c < t->ne[0]; c++)
+            d[r * t->ne[0] + c] = row[c];
+    }
+    free(row);
+    return d;
+}
+
+static int ref_u32(const gguf_file *g, const char *arch, const char *key, int dflt)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    uint32_t v;
+    return gguf_get_u32(g, k, &v) ? (int)v : dflt;
+}
+
+static double ref_f32(const gguf_file *g, const char *arch, const char *key, double dflt)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    float v;
+    return gguf_get_f32(g, k, &v) ? v : dflt;
+}
+
+ref_model *ref_model_load(const gguf_file *g)
+{
+    gguf_str a;
+    if (!gguf_get_str(g, "general.architecture", &a))
+        return NULL;
+    ref_model *m = calloc(1, sizeof *m);
+    const char *arch = gguf_str_eq(a, "llama") ? "llama" : gguf_str_eq(a, "qwen2") ? "qwen2" : "qwen3";
+    m->arch = gguf_str_eq(a, "llama") ? 0 : gguf_str_eq(a, "qwen2") ? 1 : 2;
+    m->dim = ref_u32(g, arch, "embedding_length", 0);
+    m->n_layer = ref_u32(g, arch, "block_count", 0);
+    m->n_head = ref_u32(g, arch, "attention.head_count", 0);
+    m->n_kv_head = ref_u32(g, arch, "attention.head_count_kv", m->n_head);
+    m->head_dim = ref_u32(g, arch, "attention.key_length", m->dim / m->n_head);
+    m->n_ff = ref_u32(g, arch, "feed_forward_length", 0);
+    m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
+    m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
+    const gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
+    m->n_vocab = e ? (int)e->ne[1] : 0;
+    m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
+    m->out = gguf_find_tensor(g, "output.weight") ? ref_tensor(g, "output.weight", -1) : m->embd;
+    m->out_norm = ref_tensor(g, "output_norm.weight", m->dim);
+    m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
+    for (int l = 0; l < m->n_layer; l++) {
+        ref_layer *L = &m->layers[l];
+        char n[96];
+#define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), ref_tensor(g, n, -1))
+        L->attn_norm = T("attn_norm.weight");
+        L->ffn_norm = T("ffn_norm.weight");
+        L->wq = T("attn_q.weight");
+        L->wk = T("attn_k.weight");
+        L->wv = T("attn_v.weight");
+        L->wo = T("attn_output.weight");
+        L->bq = T("attn_q.bias");
+        L->bk = T("attn_k.bias");
+        L->bv = T("attn_v.bias");
+        L->q_norm = T("attn_q_norm.weight");
+        L->k_norm = T("attn_k_norm.weight");
+        L->gate = T("ffn_gate.weight");
+        L->up = T("ffn_up.weight");
+        L->down = T("ffn_down.weight");
+#undef T
+        if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !L->gate || !L->up || !L->down) {
+            ref_model_free(m);
+            return NULL;
+        }
+    }
+    if (!m->embd || !m->out || !m->out_norm) {
+        ref_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void ref_model_free(ref_model *m)
+{
+    if (!m)
+        return;
+    for (int l = 0; m->layers && l < m->n_layer; l++) {
+        ref_layer *L = &m->layers[l];
+        double *all[] = {L->attn_norm, L->ffn_norm, L->wq, L->wk, L->wv, L->wo, L->bq,
+                         L->bk, L->bv, L->q_norm, L->k_norm, L->gate, L->up, L->down};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            free(all[i]);
+    }
+    free(m->layers);
+    if (m->out != m->embd)
+        free(m->out);
+    free(m->embd);
+    free(m->out_norm);
+    free(m);
+}
+
+void ref_model_round_kv_f16(ref_model *m, bool on)
+{
+    m->kv_f16 = on;
+}
+
+static double ref_round_f16(double x)
+{
+    return quant_f16_to_f32(quant_f32_to_f16((float)x));
+}
+
+int ref_model_n_vocab(const ref_model *m)
+{
+    return m->n_vocab;
+}
+
+static void ref_rmsnorm(double *y, const double *x, const double *w, int n, double eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] * s * w[i];
+}
+
+/* y (rows) = W (rows, cols) x (cols) [+ b] */
+static void ref_matvec(double *y, const double *w, const double *x, const double *b, int rows, int cols)
+{
+    for (int r = 0; r < rows; r++) {
+        double s = b ? b[r] : 0;
+        for (int c = 0; c < cols; c++)
+            s += w[(size_t)r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
+{
+    int hd = m->head_dim;
+    for (int h = 0; h < n_heads; h++) {
+        double *v = x + h * hd;
+        for (int i = 0; i < hd / 2; i++) {
+            double ang = pos * pow(m->rope_base, -2.0 * i / hd);
+            int a = m->arch == 0 ? 2 * i : i, b = m->arch == 0 ? 2 * i + 1 : i + hd / 2;
+            double x0 = v[a], x1 = v[b];
+            v[a] = x0 * cos(ang) - x1 * sin(ang);
+            v[b] = x0 * sin(ang) + x1 * cos(ang);
+        }
+    }
+}
+
+void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t *positions,
+                 double *logits, double *hidden, double *attn)
+{
+    int dim = m->dim, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
+    double *x = calloc((size_t)n * dim, sizeof(double));
+    double *xn = malloc((size_t)dim * sizeof(double));
+    double *q = malloc((size_t)n * qd * sizeof(double));
+    double *k = malloc((size_t)n * kvd * sizeof(double));
+    double *v = malloc((size_t)n * kvd * sizeof(double));
+    double *o = malloc((size_t)qd * sizeof(double));
+    double *tmp = malloc((size_t)(dim > m->n_ff ? dim : m->n_ff) * sizeof(double));
+    double *g = malloc((size_t)m->n_ff * sizeof(double));
+    double *u = malloc((size_t)m->n_ff * sizeof(double));
+    double *p = malloc((size_t)n * sizeof(double));
+
+    for (int t = 0; t < n; t++)
+        memcpy(x + (size_t)t * dim, m->embd + (size_t)tokens[t] * dim, dim * sizeof(double));
+    if (hidden)
+        memcpy(hidden, x, (size_t)n * dim * sizeof(double));
+
+    for (int l = 0; l < m->n_layer; l++) {
+        const ref_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(xn, x + (size_t)t * dim, L->attn_norm, dim, m->eps);
+            ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
+            ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
+            ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
+            if (L->q_norm) {
+                for (int h = 0; h < m->n_head; h++)
+                    ref_rmsnorm(q + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, L->q_norm, hd, m->eps);
+                for (int h = 0; h < m->n_kv_head; h++)
+                    ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
+            }
+            ref_rope(m, q + (size_t)t * qd, m->n_head, positions[t]);
+            ref_rope(m, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            for (int i = 0; m->kv_f16 && i < kvd; i++) {
+                k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
+                v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            for (int h = 0; h < m->n_head; h++) {
+                int kh = h / (m->n_head / m->n_kv_head);
+                double max = -INFINITY, sum = 0;
+                for (int j = 0; j < n; j++) {
+                    if (positions[j] > positions[t]) {
+                        p[j] = -INFINITY;
+                        continue;
+                    }
+                    double s = 0;
+                    for (int i = 0; i < hd; i++)
+                        s += q[(size_t)t * qd + h * hd + i] * k[(size_t)j * kvd + kh * hd + i];
+                    p[j] = s / sqrt((double)hd);
+                    if (p[j] > max)
+                        max = p[j];
+                }
+                for (int j = 0; j < n; j++) {
+                    p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - max);
+                    sum += p[j];
+                }
+                for (int i = 0; i < hd; i++)
+                    o[h * hd + i] = 0;
+                for (int j = 0; j < n; j++) {
+                    p[j] /= sum;
+                    for (int i = 0; i < hd; i++)
+                        o[h * hd + i] += p[j] * v[(size_t)j * kvd + kh * hd + i];
+                }
+                if (attn)
+                    memcpy(attn + (((size_t)l * m->n_head + h) * n + t) * n, p, (size_t)n * sizeof(double));
+            }
+            /* the residual of token t is not read again by this layer's attention */
+            ref_matvec(tmp, L->wo, o, NULL, dim, qd);
+            for (int i = 0; i < dim; i++)
+                x[(size_t)t * dim + i] += tmp[i];
+        }
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
+            ref_matvec(g, L->gate, xn, NULL, m->n_ff, dim);
+            ref_matvec(u, L->up, xn, NULL, m->n_ff, dim);
+            for (int i = 0; i < m->n_ff; i++)
+                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            ref_matvec(tmp, L->down, g, NULL, dim, m->n_ff);
+            for (int i = 0; i < dim; i++)
+                x[(size_t)t * dim + i] += tmp[i];
+        }
+        if (hidden)
+            memcpy(hidden + (size_t)(l + 1) * n * dim, x, (size_t)n * dim * sizeof(double));
+    }
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
+        ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
+    }
+    free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(g), free(u), free(p);
+}

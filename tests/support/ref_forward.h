@@ -1,0 +1,34 @@
+/*
+ * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 GGUF models,
+ * in double precision from dequantized weights, written independently of
+ * engine/model.c so the optimized forward can be checked against it.
+ */
+#ifndef LLMS_TEST_REF_FORWARD_H
+#define LLMS_TEST_REF_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/gguf.h"
+
+typedef struct ref_model ref_model;
+
+/* Reads hyper-parameters and dequantizes every weight into doubles. NULL on any problem. */
+ref_model *ref_model_load(const gguf_file *g);
+void ref_model_free(ref_model *m);
+int ref_model_n_vocab(const ref_model *m);
+
+/* Rounds every K and V to half precision before attention, as a KV cache stored in f16
+ * does; lets a test separate that rounding from other differences. Off by default. */
+void ref_model_round_kv_f16(ref_model *m, bool on);
+
+/*
+ * Runs n tokens at the given positions with full causal attention over the list: token
+ * i attends to every token j of the list with positions[j] <= positions[i]. logits
+ * (n, n_vocab) for every token; hidden (n_layer + 1, n, dim) residual streams or NULL;
+ * attn (n_layer, n_head, n, n) attention probabilities or NULL.
+ */
+void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t *positions,
+                 double *logits, double *hidden, double *attn);
+
+#endif
