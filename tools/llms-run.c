@@ -1,0 +1,731 @@
+/*
+ * llms-run — one prompt through the engine, like llama.cpp's llama-cli.
+ *
+ *   llms-run -m MODEL.gguf -p "text" [-n 64] [--temp 0] [-t threads]   generate
+ *   llms-run -m VOCAB.gguf --tokenize  < text        token ids, no BOS/EOS added
+ *   llms-run -m VOCAB.gguf --detokenize < ids        text of the ids
+ *   llms-run -m MODEL.gguf --ids -p "1 450 4996"     prompt and output as token ids
+ *   llms-run -m MODEL.gguf --perplexity FILE -c 512  perplexity as llama-perplexity does
+ *
+ * The continuation goes to stdout as it is produced; timings go to stderr.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/chat.h"
+#include "engine/gguf.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+#include "engine/tokenizer.h"
+
+enum run_mode { MODE_GENERATE, MODE_TOKENIZE, MODE_DETOKENIZE, MODE_PERPLEXITY };
+
+typedef struct run_options {
+    enum run_mode mode;
+    const char *model_path;
+    const char *prompt;
+    const char *prompt_file;
+    const char *perplexity_file;
+    const char *system_prompt;
+    const char *stop[STOP_MAX];
+    int n_stop;
+    int n_predict;
+    int n_threads;
+    int n_ctx;
+    int n_batch;
+    bool ids;
+    bool chat;
+    bool ignore_eos;
+    sampler_params sampling;
+} run_options;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: llms-run -m MODEL.gguf [options]\n"
+            "  -p, --prompt TEXT        prompt (with --ids: space-separated token ids)\n"
+            "  -f, --file FILE          read the prompt from FILE\n"
+            "  -n, --n-predict N        tokens to generate (default 64)\n"
+            "  -t, --threads N          threads (default: online cores)\n"
+            "  -c, --ctx-size N         context size in tokens (default: model's, at most 4096)\n"
+            "  -b, --batch-size N       prefill batch size (default 512)\n"
+            "      --temp T             temperature, 0 = greedy (default 0.8)\n"
+            "      --top-k N            (default 40, 0 = off)\n"
+            "      --top-p P            (default 0.95, 1 = off)\n"
+            "      --min-p P            (default 0.05, 0 = off)\n"
+            "      --repeat-penalty R   (default 1.0 = off)\n"
+            "      --repeat-last-n N    (default 64)\n"
+            "  -s, --seed N             sampling seed (default random)\n"
+            "      --stop TEXT          stop when TEXT is generated (repeatable)\n"
+            "      --ignore-eos         keep generating past end-of-generation tokens\n"
+            "      --chat               wrap the prompt in the model's chat template\n"
+            "      --system TEXT        system message for --chat\n"
+            "      --ids                prompt and output are token ids\n"
+            "      --tokenize           print the token ids of stdin (no BOS/EOS)\n"
+            "      --detokenize         print the text of the token ids on stdin\n"
+            "      --perplexity FILE    perplexity of FILE in chunks of -c tokens\n");
+}
+
+static int parse_int(const char *flag, const char *s, int min, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > 1 << 30) {
+        fprintf(stderr, "llms-run: %s: '%s' is not an integer >= %d\n", flag, s, min);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) {
+        fprintf(stderr, "llms-run: %s: '%s' is not a number\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Whether arg is the flag's short form (NULL when it has none) or its long form. */
+static bool is_flag(const char *arg, const char *short_form, const char *long_form)
+{
+    return (short_form && strcmp(arg, short_form) == 0) || strcmp(arg, long_form) == 0;
+}
+
+static int parse_args(int argc, char **argv, run_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 64;
+    o->n_batch = 512;
+    o->sampling = sampler_params_default();
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+#define IS(short_flag, long_flag) is_flag(a, short_flag, long_flag)
+#define NEED_VALUE()                                                        \
+    do {                                                                    \
+        if (!v) {                                                           \
+            fprintf(stderr, "llms-run: %s needs a value\n", a);             \
+            return -1;                                                      \
+        }                                                                   \
+        i++;                                                                \
+    } while (0)
+        if (IS("-h", "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (IS("-m", "--model")) {
+            NEED_VALUE();
+            o->model_path = v;
+        } else if (IS("-p", "--prompt")) {
+            NEED_VALUE();
+            o->prompt = v;
+        } else if (IS("-f", "--file")) {
+            NEED_VALUE();
+            o->prompt_file = v;
+        } else if (IS("-n", "--n-predict")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->n_predict);
+        } else if (IS("-t", "--threads")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 1, &o->n_threads);
+        } else if (IS("-c", "--ctx-size")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 1, &o->n_ctx);
+        } else if (IS("-b", "--batch-size")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 1, &o->n_batch);
+        } else if (IS(NULL, "--temp")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.temperature);
+        } else if (IS(NULL, "--top-k")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->sampling.top_k);
+        } else if (IS(NULL, "--top-p")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.top_p);
+        } else if (IS(NULL, "--min-p")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.min_p);
+        } else if (IS(NULL, "--repeat-penalty")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.repeat_penalty);
+        } else if (IS(NULL, "--repeat-last-n")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, -1, &o->sampling.repeat_last_n);
+        } else if (IS("-s", "--seed")) {
+            int seed;
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &seed);
+            o->sampling.seed = (uint64_t)seed;
+        } else if (IS(NULL, "--stop")) {
+            NEED_VALUE();
+            if (o->n_stop == STOP_MAX) {
+                fprintf(stderr, "llms-run: at most %d --stop strings\n", STOP_MAX);
+                return -1;
+            }
+            o->stop[o->n_stop++] = v;
+        } else if (IS(NULL, "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else if (IS(NULL, "--chat")) {
+            o->chat = true;
+        } else if (IS(NULL, "--system")) {
+            NEED_VALUE();
+            o->system_prompt = v;
+        } else if (IS(NULL, "--ids")) {
+            o->ids = true;
+        } else if (IS(NULL, "--tokenize")) {
+            o->mode = MODE_TOKENIZE;
+        } else if (IS(NULL, "--detokenize")) {
+            o->mode = MODE_DETOKENIZE;
+        } else if (IS(NULL, "--perplexity")) {
+            NEED_VALUE();
+            o->mode = MODE_PERPLEXITY;
+            o->perplexity_file = v;
+        } else {
+            fprintf(stderr, "llms-run: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (rc)
+            return -1;
+#undef IS
+#undef NEED_VALUE
+    }
+    if (!o->model_path) {
+        fprintf(stderr, "llms-run: a model is needed (-m MODEL.gguf)\n");
+        return -1;
+    }
+    if (o->mode == MODE_GENERATE && !o->prompt && !o->prompt_file) {
+        fprintf(stderr, "llms-run: a prompt is needed (-p TEXT or -f FILE)\n");
+        return -1;
+    }
+    if (o->chat && o->ids) {
+        fprintf(stderr, "llms-run: --chat and --ids cannot be combined\n");
+        return -1;
+    }
+    return 0;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Reads a whole stream or file into a NUL-terminated buffer the caller frees. */
+static char *read_all(FILE *f, size_t *len_out)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    for (;;) {
+        if (len + 1 == cap) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) {
+                free(buf);
+                return NULL;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        free(buf);
+        return NULL;
+    }
+    buf[len] = '\0';
+    *len_out = len;
+    return buf;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "llms-run: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *text = read_all(f, len);
+    fclose(f);
+    if (!text)
+        fprintf(stderr, "llms-run: %s: read failed\n", path);
+    return text;
+}
+
+/* Tokenizes text into a freshly allocated array; *n gets the count. */
+static int32_t *tokenize_alloc(const tokenizer *tok, const char *text, size_t len,
+                               bool add_special, bool parse_special, int *n)
+{
+    int count = tok_encode(tok, text, len, add_special, parse_special, NULL, 0);
+    if (count < 0)
+        return NULL;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(count ? count : 1));
+    if (!ids)
+        return NULL;
+    if (tok_encode(tok, text, len, add_special, parse_special, ids, count) != count) {
+        free(ids);
+        return NULL;
+    }
+    *n = count;
+    return ids;
+}
+
+/* Parses space-separated token ids, each checked against the vocabulary. */
+static int32_t *parse_ids(const char *text, int n_vocab, int *n)
+{
+    size_t cap = strlen(text) / 2 + 1;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    int count = 0;
+    const char *p = text;
+    if (!ids)
+        return NULL;
+    for (;;) {
+        char *end;
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ',')
+            p++;
+        if (!*p)
+            break;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= n_vocab) {
+            fprintf(stderr, "llms-run: bad token id near '%.16s' (vocabulary has %d tokens)\n",
+                    p, n_vocab);
+            free(ids);
+            return NULL;
+        }
+        ids[count++] = (int32_t)v;
+        p = end;
+    }
+    *n = count;
+    return ids;
+}
+
+static int run_tokenize(const tokenizer *tok)
+{
+    size_t len;
+    int n;
+    char *text = read_all(stdin, &len);
+    if (!text) {
+        fprintf(stderr, "llms-run: cannot read stdin\n");
+        return 1;
+    }
+    int32_t *ids = tokenize_alloc(tok, text, len, false, false, &n);
+    free(text);
+    if (!ids) {
+        fprintf(stderr, "llms-run: tokenization failed\n");
+        return 1;
+    }
+    for (int i = 0; i < n; i++)
+        printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    return 0;
+}
+
+static int run_detokenize(const tokenizer *tok)
+{
+    size_t len;
+    int n;
+    char *text = read_all(stdin, &len);
+    if (!text) {
+        fprintf(stderr, "llms-run: cannot read stdin\n");
+        return 1;
+    }
+    int32_t *ids = parse_ids(text, tok_n_vocab(tok), &n);
+    free(text);
+    if (!ids)
+        return 1;
+    int need = tok_decode(tok, ids, n, false, true, NULL, 0);
+    char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (!out || tok_decode(tok, ids, n, false, true, out, (size_t)need + 1) != need) {
+        fprintf(stderr, "llms-run: detokenization failed\n");
+        free(ids);
+        free(out);
+        return 1;
+    }
+    fwrite(out, 1, (size_t)need, stdout);
+    printf("\n");
+    free(out);
+    free(ids);
+    return 0;
+}
+
+/* What a generation or scoring run holds: model, runner, KV. */
+typedef struct engine_session {
+    model *m;
+    model_runner *runner;
+    kv_pool *pool;
+    kv_seq seq;
+    int n_ctx;
+} engine_session;
+
+static int session_open(engine_session *s, model *m, const run_options *o, char err[ERR_MAX])
+{
+    const model_hparams *hp = model_hparams_of(m);
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    s->n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx < 4096 ? hp->n_ctx : 4096);
+    s->runner = model_runner_new(m, o->n_threads, o->n_batch, s->n_ctx, err);
+    if (!s->runner)
+        return -1;
+    s->pool = kv_pool_new(model_kv_shape(m), 0, err);
+    if (!s->pool) {
+        model_runner_free(s->runner);
+        return -1;
+    }
+    kv_seq_init(&s->seq, s->pool);
+    return 0;
+}
+
+static void session_close(engine_session *s)
+{
+    kv_seq_free(&s->seq);
+    kv_pool_free(s->pool);
+    model_runner_free(s->runner);
+}
+
+/* Evaluates tokens at positions first_pos.. and writes the last row's logits. */
+static int session_eval(engine_session *s, const int32_t *tokens, int n, int first_pos,
+                        int32_t *positions, float *logits, char err[ERR_MAX])
+{
+    int32_t last = n - 1;
+    for (int i = 0; i < n; i++)
+        positions[i] = first_pos + i;
+    model_batch b = {
+        .n_tokens = n,
+        .tokens = tokens,
+        .positions = positions,
+        .n_out = 1,
+        .out_rows = &last,
+        .logits = logits,
+    };
+    return model_forward(s->runner, &s->seq, &b, err);
+}
+
+/* Builds the prompt text, applying the chat template when asked (its family goes to
+ * *family). */
+static char *prompt_text(const run_options *o, const model *m, size_t *len,
+                         enum chat_family *family)
+{
+    char *raw;
+    if (o->prompt_file) {
+        raw = read_file(o->prompt_file, len);
+    } else {
+        raw = strdup(o->prompt);
+        *len = strlen(o->prompt);
+    }
+    if (!raw || !o->chat)
+        return raw;
+
+    gguf_str tmpl_str;
+    char *tmpl = NULL;
+    if (gguf_get_str(model_gguf(m), "tokenizer.chat_template", &tmpl_str))
+        tmpl = strndup(tmpl_str.ptr, tmpl_str.len);
+    *family = chat_detect(tmpl);
+    free(tmpl);
+
+    struct chat_message msgs[2];
+    int n = 0;
+    if (o->system_prompt)
+        msgs[n++] = (struct chat_message){"system", o->system_prompt};
+    msgs[n++] = (struct chat_message){"user", raw};
+    int need = chat_apply(*family, msgs, n, true, NULL, 0);
+    char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (text)
+        chat_apply(*family, msgs, n, true, text, (size_t)need + 1);
+    else
+        fprintf(stderr, "llms-run: chat template failed\n");
+    free(raw);
+    *len = text ? (size_t)need : 0;
+    return text;
+}
+
+static void emit_text(const char *bytes, long n)
+{
+    if (n > 0) {
+        fwrite(bytes, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
+}
+
+static int run_generate(model *m, const tokenizer *tok, const run_options *o)
+{
+    char err[ERR_MAX];
+    const int n_vocab = model_hparams_of(m)->n_vocab;
+    int n_prompt = 0, status = 1;
+    int32_t *prompt = NULL, *history = NULL, *positions = NULL;
+    float *logits = NULL;
+    sampler *smp = NULL;
+    stop_matcher stop;
+    engine_session s;
+
+    if (session_open(&s, m, o, err)) {
+        fprintf(stderr, "llms-run: %s\n", err);
+        return 1;
+    }
+    size_t len;
+    enum chat_family family = CHAT_PLAIN;
+    char *text = prompt_text(o, m, &len, &family);
+    if (text && o->ids)
+        prompt = parse_ids(text, n_vocab, &n_prompt);
+    else if (text)
+        prompt = tokenize_alloc(tok, text, len, true, true, &n_prompt);
+    free(text);
+    if (!prompt)
+        goto out;
+    if (n_prompt == 0) {
+        fprintf(stderr, "llms-run: the prompt has no tokens\n");
+        goto out;
+    }
+    if (n_prompt + o->n_predict > s.n_ctx) {
+        fprintf(stderr, "llms-run: prompt (%d tokens) + %d to generate exceed the context (%d)\n",
+                n_prompt, o->n_predict, s.n_ctx);
+        goto out;
+    }
+    /* A chat turn ends at the template's end-of-turn text even when the tokenizer does
+     * not mark that token as end-of-generation. */
+    const char *stops[STOP_MAX];
+    int n_stops = o->n_stop;
+    memcpy(stops, o->stop, sizeof *stops * (size_t)n_stops);
+    if (o->chat && n_stops < STOP_MAX)
+        stops[n_stops++] = chat_stop_text(family);
+    if (stop_init(&stop, stops, n_stops, err)) {
+        fprintf(stderr, "llms-run: --stop: %s\n", err);
+        goto out;
+    }
+    smp = sampler_new(n_vocab, &o->sampling, err);
+    history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
+    positions = malloc(sizeof *positions * (size_t)n_prompt);
+    logits = malloc(sizeof *logits * (size_t)n_vocab);
+    if (!smp || !history || !positions || !logits) {
+        fprintf(stderr, "llms-run: %s\n", smp ? "out of memory" : err);
+        goto out;
+    }
+    memcpy(history, prompt, sizeof *prompt * (size_t)n_prompt);
+
+    double t0 = now_seconds();
+    if (session_eval(&s, prompt, n_prompt, 0, positions, logits, err)) {
+        fprintf(stderr, "llms-run: prefill: %s\n", err);
+        goto out;
+    }
+    double t_prefill = now_seconds() - t0;
+
+    int n_hist = n_prompt, n_gen = 0;
+    char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
+    t0 = now_seconds();
+    while (n_gen < o->n_predict) {
+        int32_t next = sampler_sample(smp, logits, history, n_hist);
+        if (!o->ignore_eos && tok_is_eog(tok, next))
+            break;
+        history[n_hist++] = next;
+        n_gen++;
+        if (o->ids) {
+            printf(n_gen > 1 ? " %d" : "%d", next);
+            fflush(stdout);
+        } else {
+            int len = tok_piece(tok, next, piece, sizeof piece);
+            if (len > (int)sizeof piece - 1)
+                len = (int)sizeof piece - 1;
+            emit_text(shown, stop_feed(&stop, piece, len > 0 ? (size_t)len : 0, shown,
+                                       sizeof shown));
+            if (stop_hit(&stop) >= 0)
+                break;
+        }
+        if (n_gen == o->n_predict)
+            break;
+        int32_t pos = n_hist - 1;
+        if (session_eval(&s, &next, 1, pos, positions, logits, err)) {
+            fprintf(stderr, "\nllms-run: decode: %s\n", err);
+            goto out;
+        }
+    }
+    double t_decode = now_seconds() - t0;
+    if (!o->ids)
+        emit_text(shown, (long)stop_flush(&stop, shown));
+    printf("\n");
+    fprintf(stderr,
+            "prefill: %d tokens in %.3f s, %.2f tok/s\n"
+            "decode:  %d tokens in %.3f s, %.2f tok/s\n",
+            n_prompt, t_prefill, n_prompt / t_prefill, n_gen, t_decode,
+            n_gen > 0 ? n_gen / t_decode : 0.0);
+    status = 0;
+out:
+    free(logits);
+    free(positions);
+    free(history);
+    free(prompt);
+    sampler_free(smp);
+    session_close(&s);
+    return status;
+}
+
+/* log(softmax(logits)[target]) in double precision. */
+static double log_prob(const float *logits, int n_vocab, int32_t target)
+{
+    double max = logits[0], sum = 0.0;
+    for (int i = 1; i < n_vocab; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    for (int i = 0; i < n_vocab; i++)
+        sum += exp((double)logits[i] - max);
+    return (double)logits[target] - max - log(sum);
+}
+
+/*
+ * llama-perplexity's method: the text (with BOS) is cut into chunks of n_ctx tokens,
+ * each evaluated from an empty context with its first token replaced by BOS, and only
+ * the predictions of its second half are scored.
+ */
+static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
+{
+    char err[ERR_MAX];
+    size_t len;
+    int n_tokens, status = 1;
+    const int n_vocab = model_hparams_of(m)->n_vocab;
+    engine_session s;
+    char *text = read_file(o->perplexity_file, &len);
+    if (!text)
+        return 1;
+    int32_t *tokens = tokenize_alloc(tok, text, len, true, false, &n_tokens);
+    free(text);
+    if (!tokens) {
+        fprintf(stderr, "llms-run: tokenization failed\n");
+        return 1;
+    }
+    if (session_open(&s, m, o, err)) {
+        fprintf(stderr, "llms-run: %s\n", err);
+        free(tokens);
+        return 1;
+    }
+    const int n_ctx = s.n_ctx, first = n_ctx / 2, n_scored = n_ctx - 1 - first;
+    const int n_chunk = n_tokens / n_ctx;
+    int32_t *chunk = malloc(sizeof *chunk * (size_t)n_ctx);
+    int32_t *positions = malloc(sizeof *positions * (size_t)n_ctx);
+    int32_t *rows = malloc(sizeof *rows * (size_t)n_scored);
+    float *logits = malloc(sizeof *logits * (size_t)n_scored * (size_t)n_vocab);
+    if (!chunk || !positions || !rows || !logits) {
+        fprintf(stderr, "llms-run: out of memory\n");
+        goto out;
+    }
+    if (n_tokens < 2 * n_ctx) {
+        fprintf(stderr, "llms-run: need at least %d tokens for -c %d, the text has %d\n",
+                2 * n_ctx, n_ctx, n_tokens);
+        goto out;
+    }
+    fprintf(stderr, "perplexity: %d tokens, %d chunks of %d, scoring %d per chunk\n",
+            n_tokens, n_chunk, n_ctx, n_scored);
+
+    double nll = 0.0, nll2 = 0.0;
+    long count = 0;
+    double t0 = now_seconds();
+    for (int c = 0; c < n_chunk; c++) {
+        memcpy(chunk, tokens + (size_t)c * n_ctx, sizeof *chunk * (size_t)n_ctx);
+        if (tok_add_bos(tok) && tok_bos(tok) >= 0)
+            chunk[0] = tok_bos(tok);
+        for (int i = 0; i < n_ctx; i++)
+            positions[i] = i;
+        for (int i = 0; i < n_scored; i++)
+            rows[i] = first + i;
+        model_batch b = {
+            .n_tokens = n_ctx,
+            .tokens = chunk,
+            .positions = positions,
+            .n_out = n_scored,
+            .out_rows = rows,
+            .logits = logits,
+        };
+        kv_seq_truncate(&s.seq, 0);
+        if (model_forward(s.runner, &s.seq, &b, err)) {
+            fprintf(stderr, "llms-run: chunk %d: %s\n", c, err);
+            goto out;
+        }
+        for (int i = 0; i < n_scored; i++) {
+            int32_t target = tokens[(size_t)c * n_ctx + first + i + 1];
+            double lp = -log_prob(logits + (size_t)i * n_vocab, n_vocab, target);
+            nll += lp;
+            nll2 += lp * lp;
+            count++;
+        }
+        fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / count), c + 1 == n_chunk ? "\n" : ",");
+    }
+    double mean = nll / count, var = nll2 / count - mean * mean;
+    double ppl = exp(mean);
+    double ppl_err = count > 1 && var > 0 ? ppl * sqrt(var / (count - 1)) : 0.0;
+    fprintf(stderr, "perplexity: %.2f s for %d chunks\n", now_seconds() - t0, n_chunk);
+    printf("PPL = %.4f +/- %.5f\n", ppl, ppl_err);
+    status = 0;
+out:
+    free(logits);
+    free(rows);
+    free(positions);
+    free(chunk);
+    free(tokens);
+    session_close(&s);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    run_options o;
+    char err[ERR_MAX];
+    tokenizer *tok = NULL;
+    int status;
+
+    if (parse_args(argc, argv, &o))
+        return 2;
+
+    if (o.mode == MODE_TOKENIZE || o.mode == MODE_DETOKENIZE) {
+        /* Vocabulary-only files have no weights: read the tokenizer alone. */
+        gguf_file *g = gguf_open(o.model_path, err);
+        if (!g) {
+            fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
+            return 1;
+        }
+        if (tok_load(g, &tok, err)) {
+            fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
+            gguf_close(g);
+            return 1;
+        }
+        gguf_close(g);
+        status = o.mode == MODE_TOKENIZE ? run_tokenize(tok) : run_detokenize(tok);
+        tok_free(tok);
+        return status;
+    }
+
+    model *m = model_load(o.model_path, err);
+    if (!m) {
+        fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
+        return 1;
+    }
+    if (tok_load(model_gguf(m), &tok, err)) {
+        fprintf(stderr, "llms-run: %s: tokenizer: %s\n", o.model_path, err);
+        model_free(m);
+        return 1;
+    }
+    if (o.mode == MODE_PERPLEXITY)
+        status = run_perplexity(m, tok, &o);
+    else
+        status = run_generate(m, tok, &o);
+    tok_free(tok);
+    model_free(m);
+    return status;
+}
