@@ -48,6 +48,10 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
 
 void ops_softmax(float *x, int n)
 {
+    if (ops_have_avx2()) {
+        ops_avx2_softmax(x, n);
+        return;
+    }
     float max = -INFINITY;
     for (int i = 0; i < n; i++)
         if (x[i] > max)
