@@ -69,6 +69,10 @@ void ops_softmax(float *x, int n)
 
 void ops_silu_mul(float *g, const float *u, int n)
 {
+    if (ops_have_avx2()) {
+        ops_avx2_silu_mul(g, u, n);
+        return;
+    }
     for (int i = 0; i < n; i++)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }

@@ -117,6 +117,23 @@ void ops_avx2_softmax(float *x, int n)
         x[i] *= 1.0f / sum;
 }
 
+/* silu(x) = x / (1 + e^-x), evaluated with t = e^-|x| <= 1 so the exp never
+ * overflows: x / (1 + t) for x >= 0, x t / (1 + t) for x < 0. */
+void ops_avx2_silu_mul(float *g, const float *u, int n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 t = ops_avx2_exp_neg(_mm256_or_ps(x, sign));
+        __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), x); /* sign bit picks x t */
+        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, t));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n)
 {
     int i = 0;

@@ -13,6 +13,7 @@ void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, i
 void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
                          int n_k, int d);
 void ops_avx2_softmax(float *x, int n);
+void ops_avx2_silu_mul(float *g, const float *u, int n);
 void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n);
 
 #endif

@@ -51,11 +51,17 @@ static void test_rmsnorm_softmax_silu(void)
     }
     CHECK_NEAR(total, 1, 1e-5);
 
-    float g[3] = {-2, 0, 3}, u[3] = {2, 5, -1};
-    ops_silu_mul(g, u, 3);
-    CHECK_NEAR(g[0], -2 / (1 + exp(2)) * 2, 1e-6);
-    CHECK_NEAR(g[1], 0, 1e-7);
-    CHECK_NEAR(g[2], 3 / (1 + exp(-3)) * -1, 1e-6);
+    /* 19 values: the vector path and the scalar tail, large magnitudes both ways */
+    float g[19], u[19], g0[19];
+    for (int i = 0; i < 19; i++) {
+        g[i] = g0[i] = (float)(i - 9) * (i % 2 ? 11.0f : 0.7f);
+        u[i] = frand(&s);
+    }
+    ops_silu_mul(g, u, 19);
+    for (int i = 0; i < 19; i++) {
+        double want = g0[i] / (1 + exp(-(double)g0[i])) * u[i];
+        CHECK_NEAR(g[i], want, 1e-5 * fabs(want) + 1e-7);
+    }
 }
 
 static void test_rope_styles(void)
