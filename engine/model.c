@@ -16,9 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "engine/ops.h"
 #include "engine/quant.h"
 #include "engine/threadpool.h"
+
+/* Sub-batches of at least this many tokens do attention with sgemm on K/V converted to
+ * f32 once per layer (prefill); smaller ones (decode) read the f16 chunks directly. */
+#define MODEL_ATTN_GEMM_MIN 16
+/* Query tokens per batched attention work item. */
+#define MODEL_ATTN_BLOCK 32
 
 /* Largest dimension accepted from a file: keeps every size product far from overflow. */
 #define MODEL_MAX_DIM (1 << 20)
@@ -356,6 +364,12 @@ struct model_runner {
     float *up;     /* (max_batch, n_ff) */
     float *rope;   /* (max_batch, head_dim) cos/sin pairs of each token's position */
     float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
+    /* batched attention (sub-batches of at least MODEL_ATTN_GEMM_MIN tokens) */
+    float *kv_f32;     /* (2, max_kv, head_dim) K then V of one layer and KV head, as f32 */
+    int32_t *kv_pos;   /* (max_kv) position of every entry of the sequence, in order */
+    int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
+    int max_chunks;
+    float *blk_scores; /* (n_threads, MODEL_ATTN_BLOCK, max_kv) */
     kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
     int *slot_index;       /* (max_batch) */
     void *mm_scratch;      /* ops_matmul scratch */
@@ -401,7 +415,10 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     size_t sizes[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4,
         B * q_dim * 4, B * hp->dim * 4, B * hp->n_ff * 4, B * hp->n_ff * 4,
-        B * hp->head_dim * 4, (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
+        B * hp->head_dim * 4, (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4,
+        2 * (size_t)max_kv * hp->head_dim * 4, (size_t)max_kv * 4,
+        ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
+        (size_t)nt * MODEL_ATTN_BLOCK * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
@@ -416,7 +433,8 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     void **ptrs[] = {
         (void **)&r->x, (void **)&r->xn, (void **)&r->q, (void **)&r->k, (void **)&r->v,
         (void **)&r->att, (void **)&r->proj, (void **)&r->gate, (void **)&r->up,
-        (void **)&r->rope, (void **)&r->scores, (void **)&r->slot_chunk,
+        (void **)&r->rope, (void **)&r->scores, (void **)&r->kv_f32, (void **)&r->kv_pos,
+        (void **)&r->chunk_base, (void **)&r->blk_scores, (void **)&r->slot_chunk,
         (void **)&r->slot_index, &r->mm_scratch,
     };
     size_t off = 0;
@@ -424,6 +442,8 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         *ptrs[i] = r->mem + off;
         off += model_align(sizes[i]);
     }
+    /* non-empty chunks hold >= 1 entry; empty ones are at most the reserve's tail */
+    r->max_chunks = max_kv + max_batch / KV_CHUNK_TOKENS + 2;
     return r;
 }
 
@@ -462,6 +482,8 @@ typedef struct model_step {
     int n_total, n_kv_total, t0;
     /* attention items are claimed one by one: with causal masking later tokens cost more */
     _Atomic long next_item;
+    int kv_head;             /* batched attention: the KV head being processed */
+    int n_kv;                /* batched attention: entries in the sequence */
 } model_step;
 
 static void model_norm_job(void *p, int ith, int nth)
@@ -569,6 +591,86 @@ static void model_attn_job(void *p, int ith, int nth)
     }
 }
 
+/* Batched attention, step 1: K and V of KV head s->kv_head of this layer, every entry,
+ * into r->kv_f32; chunks are split over threads. */
+static void model_kv_f32_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    int hd = r->m->hp.head_dim;
+    kv_shape shape = model_kv_shape(r->m);
+    size_t off = kv_block_offset(&shape, s->layer, s->kv_head);
+    float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    long b, e;
+    tp_split(s->seq->n_chunks, ith, nth, &b, &e);
+    for (long c = b; c < e; c++) {
+        const kv_chunk *ch = s->seq->chunks[c];
+        size_t base = (size_t)r->chunk_base[c] * hd, len = (size_t)ch->n_tokens * hd;
+        quant_dequantize_row(QTYPE_F16, ch->k + off, kf + base, (int64_t)len);
+        quant_dequantize_row(QTYPE_F16, ch->v + off, vf + base, (int64_t)len);
+    }
+}
+
+/* Batched attention, step 2: one item is (query head of the group, block of tokens):
+ * scores = Q K^T with sgemm over the entries up to the last one any token of the block
+ * may see, mask by position, softmax, then P V with sgemm. */
+static void model_attn_gemm_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    float *sc = r->blk_scores + (size_t)ith * MODEL_ATTN_BLOCK * r->max_kv;
+    long n_blocks = (s->n + MODEL_ATTN_BLOCK - 1) / MODEL_ATTN_BLOCK, item;
+    (void)nth;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) <
+           n_blocks * group) {
+        int h = s->kv_head * group + (int)(item % group);
+        int t0 = (int)(item / group) * MODEL_ATTN_BLOCK;
+        int nt = s->n - t0 < MODEL_ATTN_BLOCK ? s->n - t0 : MODEL_ATTN_BLOCK;
+        int32_t max_pos = 0;
+        for (int t = t0; t < t0 + nt; t++)
+            max_pos = s->positions[t] > max_pos ? s->positions[t] : max_pos;
+        int nv = s->n_kv;
+        while (nv > 0 && r->kv_pos[nv - 1] > max_pos)
+            nv--;
+        /* every token sees its own entry, so nv >= 1 */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nv, hd, scale,
+                    r->q + (size_t)t0 * ld_q + (size_t)h * hd, ld_q, kf, hd, 0.0f, sc, r->max_kv);
+        for (int t = 0; t < nt; t++) {
+            float *row = sc + (size_t)t * r->max_kv;
+            int32_t pos = s->positions[t0 + t];
+            for (int j = 0; j < nv; j++)
+                if (r->kv_pos[j] > pos)
+                    row[j] = -INFINITY;
+            ops_softmax(row, nv);
+            if (s->attn)
+                memcpy(s->attn + (((size_t)s->layer * hp->n_head + h) * s->n_total + s->t0 + t0 + t) *
+                                     s->n_kv_total,
+                       row, (size_t)nv * sizeof(float));
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, hd, nv, 1.0f, sc, r->max_kv, vf,
+                    hd, 0.0f, r->att + (size_t)t0 * ld_q + (size_t)h * hd, ld_q);
+    }
+}
+
+static void model_attention(model_runner *r, model_step *s)
+{
+    if (s->n < MODEL_ATTN_GEMM_MIN) {
+        atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
+        tp_run(r->pool, model_attn_job, s);
+        return;
+    }
+    for (int h = 0; h < r->m->hp.n_head_kv; h++) {
+        s->kv_head = h;
+        tp_run(r->pool, model_kv_f32_job, s);
+        atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
+        tp_run(r->pool, model_attn_gemm_job, s);
+    }
+}
+
 static void model_ffn_act_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -627,6 +729,16 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
 
     model_step s = {.r = r, .n = n, .positions = b->positions + t0, .seq = seq,
                     .attn = b->attn, .n_total = b->n_tokens, .n_kv_total = n_kv_total, .t0 = t0};
+    if (n >= MODEL_ATTN_GEMM_MIN) {
+        int j = 0;
+        for (int c = 0; c < seq->n_chunks; c++) {
+            const kv_chunk *ch = seq->chunks[c];
+            r->chunk_base[c] = j;
+            for (int i = 0; i < ch->n_tokens; i++)
+                r->kv_pos[j++] = ch->positions[i];
+        }
+        s.n_kv = j;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         s.L = L;
@@ -638,8 +750,7 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
         model_run(r, model_qkv_job, &s);
-        atomic_store_explicit(&s.next_item, 0, memory_order_relaxed);
-        tp_run(r->pool, model_attn_job, &s);
+        model_attention(r, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         ops_add(r->x, r->proj, n * dim);
 
@@ -702,6 +813,11 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[E
     if (kv_seq_reserve(seq, n, err) < 0) {
         kv_seq_truncate(seq, n_before);
         return -1;
+    }
+    if (seq->n_chunks > r->max_chunks) {
+        kv_seq_truncate(seq, n_before);
+        return err_set(err, "forward: sequence has %d chunks, more than the runner's %d",
+                       seq->n_chunks, r->max_chunks);
     }
 
     int n_kv_total = n_before + n;

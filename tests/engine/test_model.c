@@ -238,26 +238,31 @@ static void test_hidden_and_attention(void)
     float *hidden = malloc((size_t)(hp->n_layer + 1) * 2 * hp->dim * sizeof(float));
     float *attn = malloc(na * sizeof(float));
     float *logits = malloc(2 * (size_t)hp->n_vocab * sizeof(float));
-    model_runner *r = model_runner_new(m, 2, 8, 0, err); /* 3 sub-batches */
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    kv_seq s;
-    kv_seq_init(&s, pool);
-    model_batch b = {.n_tokens = N, .tokens = tok, .positions = pos, .n_out = 2, .out_rows = rows,
-                     .logits = logits, .hidden = hidden, .attn = attn};
-    CHECK(model_forward(r, &s, &b, err) == 0);
-    for (int l = 0; l <= hp->n_layer; l++)
+    /* max batch 8: three sub-batches, attention on the chunks; 512: one batch, attention
+     * with sgemm */
+    for (int mb = 8; mb <= 512; mb *= 64) {
+        model_runner *r = model_runner_new(m, 2, mb, 0, err);
+        kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+        kv_seq s;
+        kv_seq_init(&s, pool);
+        model_batch b = {.n_tokens = N, .tokens = tok, .positions = pos, .n_out = 2,
+                         .out_rows = rows, .logits = logits, .hidden = hidden, .attn = attn};
+        CHECK(model_forward(r, &s, &b, err) == 0);
+        for (int l = 0; l <= hp->n_layer; l++)
+            for (int o = 0; o < 2; o++)
+                for (int i = 0; i < hp->dim; i++)
+                    CHECK_NEAR(hidden[((size_t)l * 2 + o) * hp->dim + i],
+                               rh[((size_t)l * N + rows[o]) * hp->dim + i], 0.01);
+        for (size_t i = 0; i < na; i++)
+            CHECK_NEAR(attn[i], ra[i], 2e-3);
         for (int o = 0; o < 2; o++)
-            for (int i = 0; i < hp->dim; i++)
-                CHECK_NEAR(hidden[((size_t)l * 2 + o) * hp->dim + i],
-                           rh[((size_t)l * N + rows[o]) * hp->dim + i], 0.01);
-    for (size_t i = 0; i < na; i++)
-        CHECK_NEAR(attn[i], ra[i], 2e-3);
-    for (int o = 0; o < 2; o++)
-        for (int v = 0; v < hp->n_vocab; v++)
-            CHECK_NEAR(logits[(size_t)o * hp->n_vocab + v], rl[(size_t)rows[o] * hp->n_vocab + v], TOL_FLOAT);
-    kv_seq_free(&s);
-    kv_pool_free(pool);
-    model_runner_free(r);
+            for (int v = 0; v < hp->n_vocab; v++)
+                CHECK_NEAR(logits[(size_t)o * hp->n_vocab + v],
+                           rl[(size_t)rows[o] * hp->n_vocab + v], TOL_FLOAT);
+        kv_seq_free(&s);
+        kv_pool_free(pool);
+        model_runner_free(r);
+    }
     free(rl), free(rh), free(ra), free(hidden), free(attn), free(logits);
     ref_model_free(rm);
     model_free(m);
