@@ -296,64 +296,7 @@ typedef struct {
     uint32_t off, n; /* bytes of the fragment; n == 0 once merged away */
 } bpe_sym;
 
-typedef struct {
-    int32_t rank, left, right;
-    uint32_t size;
-} bpe_pair;
-
-typedef struct {
-    bpe_pair *v;
-    size_t n, cap;
-} bpe_heap;
-
-static bool pair_before(const bpe_pair *a, const bpe_pair *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static int heap_push(bpe_heap *h, bpe_pair p)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        bpe_pair *v = realloc(h->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!pair_before(&p, &h->v[parent]))
-            break;
-        h->v[i] = h->v[parent];
-        i = parent;
-    }
-    h->v[i] = p;
-    return 0;
-}
-
-static bpe_pair heap_pop(bpe_heap *h)
-{
-    bpe_pair top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && pair_before(&h->v[c + 1], &h->v[c]))
-            c++;
-        if (!pair_before(&h->v[c], &last))
-            break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->v[i] = last;
-    return top;
-}
-
-static int try_pair(const tokenizer *t, const bpe_sym *syms, bpe_heap *h, int32_t left,
+static int try_pair(const tokenizer *t, const bpe_sym *syms, tok_merge_queue *h, int32_t left,
                     int32_t right)
 {
     if (left < 0 || right < 0)
@@ -362,12 +305,13 @@ static int try_pair(const tokenizer *t, const bpe_sym *syms, bpe_heap *h, int32_
     int32_t rank = merge_rank(t, syms[left].id, syms[right].id, &merged);
     if (rank < 0)
         return 0;
-    return heap_push(h, (bpe_pair){rank, left, right, syms[left].n + syms[right].n});
+    return tok_merge_queue_push(h, (tok_pair){-(float)rank, left, right,
+                                           syms[left].n + syms[right].n});
 }
 
 typedef struct {
     bpe_sym *syms;
-    bpe_heap heap;
+    tok_merge_queue heap;
     char *mapped;
 } bpe_scratch;
 
@@ -395,7 +339,7 @@ static int encode_word(const tokenizer *t, const unsigned char *w, size_t len, b
             return -1;
 
     while (s->heap.n > 0) {
-        bpe_pair p = heap_pop(&s->heap);
+        tok_pair p = tok_merge_queue_pop(&s->heap);
         bpe_sym *l = &syms[p.left], *r = &syms[p.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
             continue;

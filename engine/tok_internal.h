@@ -94,6 +94,27 @@ uint32_t tok_ucd_nfd_first(uint32_t cp);
 
 /* Per-model setup and encoding of one run of plain text (no special tokens). The
  * encoders return 0, or -1 when memory runs out. */
+/*
+ * The queue of candidate merges SPM and BPE share: adjacent symbol pairs, best first.
+ * SPM ranks a pair by its token's score, BPE by its merge rank (lower is better), so a
+ * pair carries a priority where higher is better; ties go to the leftmost pair.
+ */
+typedef struct tok_pair {
+    float priority;
+    int32_t left, right; /* symbol indices */
+    uint32_t size;       /* bytes of the pair when pushed; stale if the symbols changed */
+} tok_pair;
+
+typedef struct tok_merge_queue {
+    tok_pair *v;
+    size_t n, cap;
+} tok_merge_queue;
+
+/* Adds a pair; -1 when memory runs out. */
+int tok_merge_queue_push(tok_merge_queue *q, tok_pair p);
+/* Removes and returns the best pair; q must not be empty. */
+tok_pair tok_merge_queue_pop(tok_merge_queue *q);
+
 int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX]);
 int tok_bpe_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
 int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix, tok_out *o);

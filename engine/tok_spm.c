@@ -16,65 +16,7 @@ typedef struct {
     uint32_t off, n;    /* bytes of the escaped text; n == 0 once merged away */
 } spm_sym;
 
-typedef struct {
-    float score;
-    int32_t left, right;
-    uint32_t size; /* bytes of the pair when pushed; stale if the symbols changed */
-} spm_pair;
-
-typedef struct {
-    spm_pair *v;
-    size_t n, cap;
-} spm_heap;
-
-static bool pair_before(const spm_pair *a, const spm_pair *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static int heap_push(spm_heap *h, spm_pair p)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        spm_pair *v = realloc(h->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!pair_before(&p, &h->v[parent]))
-            break;
-        h->v[i] = h->v[parent];
-        i = parent;
-    }
-    h->v[i] = p;
-    return 0;
-}
-
-static spm_pair heap_pop(spm_heap *h)
-{
-    spm_pair top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && pair_before(&h->v[c + 1], &h->v[c]))
-            c++;
-        if (!pair_before(&h->v[c], &last))
-            break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->v[i] = last;
-    return top;
-}
-
-static int try_pair(const tokenizer *t, const char *esc, const spm_sym *syms, spm_heap *h,
+static int try_pair(const tokenizer *t, const char *esc, const spm_sym *syms, tok_merge_queue *h,
                     int32_t left, int32_t right)
 {
     if (left < 0 || right < 0)
@@ -83,7 +25,7 @@ static int try_pair(const tokenizer *t, const char *esc, const spm_sym *syms, sp
     int32_t id = tok_lookup(t, esc + syms[left].off, size);
     if (id < 0)
         return 0;
-    return heap_push(h, (spm_pair){t->scores[id], left, right, size});
+    return tok_merge_queue_push(h, (tok_pair){t->scores[id], left, right, size});
 }
 
 int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix, tok_out *o)
@@ -92,7 +34,7 @@ int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_
     size_t cap = (len + 1) * 3;
     char *esc = malloc(cap);
     spm_sym *syms = malloc(cap * sizeof *syms); /* invalid UTF-8 can split a '▁' */
-    spm_heap heap = {0};
+    tok_merge_queue heap = {0};
     int rc = -1;
     if (!esc || !syms)
         goto done;
@@ -127,7 +69,7 @@ int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_
             goto done;
 
     while (heap.n > 0) {
-        spm_pair p = heap_pop(&heap);
+        tok_pair p = tok_merge_queue_pop(&heap);
         spm_sym *l = &syms[p.left], *r = &syms[p.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
             continue;

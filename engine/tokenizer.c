@@ -729,3 +729,52 @@ int32_t tok_find(const tokenizer *t, const char *text, size_t len)
 {
     return text || len == 0 ? tok_lookup(t, text ? text : "", len) : -1;
 }
+
+/* ---- the merge queue of SPM and BPE (a binary heap) ---- */
+
+static bool pair_before(const tok_pair *a, const tok_pair *b)
+{
+    return a->priority > b->priority || (a->priority == b->priority && a->left < b->left);
+}
+
+int tok_merge_queue_push(tok_merge_queue *q, tok_pair p)
+{
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 64;
+        tok_pair *v = realloc(q->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        q->v = v;
+        q->cap = cap;
+    }
+    size_t i = q->n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!pair_before(&p, &q->v[parent]))
+            break;
+        q->v[i] = q->v[parent];
+        i = parent;
+    }
+    q->v[i] = p;
+    return 0;
+}
+
+tok_pair tok_merge_queue_pop(tok_merge_queue *q)
+{
+    tok_pair top = q->v[0], last = q->v[--q->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= q->n)
+            break;
+        if (c + 1 < q->n && pair_before(&q->v[c + 1], &q->v[c]))
+            c++;
+        if (!pair_before(&q->v[c], &last))
+            break;
+        q->v[i] = q->v[c];
+        i = c;
+    }
+    if (q->n > 0)
+        q->v[i] = last;
+    return top;
+}

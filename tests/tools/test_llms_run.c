@@ -1,0 +1,196 @@
+/*
+ * End-to-end tests of the llms-run program: they run the binary of the same build
+ * (release or sanitizer) as this test and check what it prints.
+ */
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/support/test.h"
+
+static char llms_run[1024];
+
+/* Runs a shell command, captures up to cap-1 bytes of its stdout, returns its exit code. */
+static int run_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    size_t len = 0;
+    if (!p)
+        return -1;
+    while (len + 1 < cap) {
+        size_t got = fread(out + len, 1, cap - 1 - len, p);
+        if (got == 0)
+            break;
+        len += got;
+    }
+    out[len] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static const char *stories(void)
+{
+    return test_data_path("models/stories260K.gguf");
+}
+
+/* The test vectors of a vocabulary: its first cases, tokenized through the CLI. */
+static void check_tokenize_vectors(const char *vocab)
+{
+    char name[256], inp_name[256], out_name[256];
+    snprintf(name, sizeof name, "vocab/%s.gguf", vocab);
+    snprintf(inp_name, sizeof inp_name, "vocab/%s.gguf.inp", vocab);
+    snprintf(out_name, sizeof out_name, "vocab/%s.gguf.out", vocab);
+    if (!test_data_path(name) || !test_data_path(inp_name))
+        SKIP("../shared/testdata/vocab is absent");
+
+    char gguf[1024], inp[1024], expected_path[1024];
+    snprintf(gguf, sizeof gguf, "%s", test_data_path(name));
+    snprintf(inp, sizeof inp, "%s", test_data_path(inp_name));
+    snprintf(expected_path, sizeof expected_path, "%s", test_data_path(out_name));
+
+    /* Cases are separated by "\n__ggml_vocab_test__\n"; take the third one, which in
+     * every vector file is ordinary text, and feed it without the trailing newline. */
+    char cmd[4096], got[65536], expected[65536];
+    snprintf(cmd, sizeof cmd,
+             "awk 'BEGIN{RS=\"\\n__ggml_vocab_test__\\n\"} NR==3{printf \"%%s\", $0}' '%s' "
+             "| %s -m '%s' --tokenize",
+             inp, llms_run, gguf);
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+    snprintf(cmd, sizeof cmd, "sed -n 3p '%s'", expected_path);
+    CHECK_EQ(run_capture(cmd, expected, sizeof expected), 0);
+    CHECK_MSG(strcmp(got, expected) == 0, "%s: got '%s', expected '%s'", vocab, got, expected);
+}
+
+static void tokenize_matches_vectors_spm(void)
+{
+    check_tokenize_vectors("ggml-vocab-llama-spm");
+}
+
+static void tokenize_matches_vectors_bpe(void)
+{
+    check_tokenize_vectors("ggml-vocab-gpt-2");
+}
+
+static void tokenize_matches_vectors_wordpiece(void)
+{
+    check_tokenize_vectors("ggml-vocab-bert-bge");
+}
+
+static void detokenize_inverts_tokenize(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-gpt-2.gguf");
+    if (!vocab)
+        SKIP("../shared/testdata/vocab is absent");
+    char cmd[4096], got[4096];
+    snprintf(cmd, sizeof cmd,
+             "printf 'Hello, world! 12345  tabs\\tand ünïcödé' | %s -m '%s' --tokenize "
+             "| %s -m '%s' --detokenize",
+             llms_run, vocab, llms_run, vocab);
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+    CHECK_MSG(strcmp(got, "Hello, world! 12345  tabs\tand ünïcödé\n") == 0, "got '%s'", got);
+}
+
+static void greedy_generation_is_deterministic_across_threads(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char cmd[4096], one[4096], two[4096];
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p 1 -n 40 --temp 0 -t 1 2>/dev/null",
+             llms_run, stories());
+    CHECK_EQ(run_capture(cmd, one, sizeof one), 0);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p 1 -n 40 --temp 0 -t 2 2>/dev/null",
+             llms_run, stories());
+    CHECK_EQ(run_capture(cmd, two, sizeof two), 0);
+    CHECK_MSG(strcmp(one, two) == 0, "1 thread: '%s', 2 threads: '%s'", one, two);
+
+    int n = 0;
+    for (char *p = strtok(one, " \n"); p; p = strtok(NULL, " \n")) {
+        int id = atoi(p);
+        CHECK_MSG(id >= 0 && id < 512, "token id %d out of the 512-token vocabulary", id);
+        n++;
+    }
+    CHECK_EQ(n, 40);
+}
+
+static void sampling_is_reproducible_by_seed(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char cmd[4096], a[4096], b[4096], c[4096];
+    const char *fmt = "%s -m '%s' --ids -p 1 -n 60 --temp 1 --seed %d 2>/dev/null";
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 7);
+    CHECK_EQ(run_capture(cmd, a, sizeof a), 0);
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 7);
+    CHECK_EQ(run_capture(cmd, b, sizeof b), 0);
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 8);
+    CHECK_EQ(run_capture(cmd, c, sizeof c), 0);
+    CHECK(strcmp(a, b) == 0);
+    CHECK(strcmp(a, c) != 0);
+}
+
+static void perplexity_prints_llama_style_figure(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char text_path[1024], cmd[4096], got[4096];
+    snprintf(text_path, sizeof text_path, "%s/ppl.txt", test_tmpdir());
+    FILE *f = fopen(text_path, "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "Once upon a time there was a little girl who liked to play outside. ");
+    fclose(f);
+
+    double ppl[2];
+    for (int t = 1; t <= 2; t++) {
+        snprintf(cmd, sizeof cmd, "%s -m '%s' --perplexity '%s' -c 128 -t %d 2>/dev/null",
+                 llms_run, stories(), text_path, t);
+        CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+        CHECK_MSG(sscanf(got, "PPL = %lf", &ppl[t - 1]) == 1, "output '%s'", got);
+    }
+    /* The text is unfamiliar bytes to this model (its vocabulary has placeholder pieces),
+     * so the figure itself says little; it must be a real, thread-independent value. */
+    CHECK(isfinite(ppl[0]) && ppl[0] > 1.0);
+    CHECK_NEAR(ppl[0], ppl[1], 1e-3 * ppl[0]);
+}
+
+static void bad_arguments_fail_with_a_message(void)
+{
+    char cmd[4096], got[4096];
+    snprintf(cmd, sizeof cmd, "%s --no-such-flag 2>&1", llms_run);
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 2);
+    CHECK(strstr(got, "unknown option") != NULL);
+
+    snprintf(cmd, sizeof cmd, "%s -m /nonexistent.gguf -p hi 2>&1", llms_run);
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 1);
+    CHECK(strstr(got, "/nonexistent.gguf") != NULL);
+
+    snprintf(cmd, sizeof cmd, "%s -m x.gguf -n many 2>&1", llms_run);
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 2);
+
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p '1 99999' 2>&1", llms_run, stories());
+    CHECK_EQ(run_capture(cmd, got, sizeof got), 1);
+    CHECK(strstr(got, "bad token id") != NULL);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    /* build[/asan]/tests/tools/test_llms_run -> build[/asan]/llms-run */
+    char self[1024];
+    snprintf(self, sizeof self, "%s", argv[0]);
+    snprintf(llms_run, sizeof llms_run, "%s/../../llms-run", dirname(self));
+
+    RUN(tokenize_matches_vectors_spm);
+    RUN(tokenize_matches_vectors_bpe);
+    RUN(tokenize_matches_vectors_wordpiece);
+    RUN(detokenize_inverts_tokenize);
+    RUN(greedy_generation_is_deterministic_across_threads);
+    RUN(sampling_is_reproducible_by_seed);
+    RUN(perplexity_prints_llama_style_figure);
+    RUN(bad_arguments_fail_with_a_message);
+    return test_finish();
+}
