@@ -171,7 +171,9 @@ static void test_matches_reference(void)
         CHECK(model_forward(r, &s, &d, err) == 0);
     }
     /* Logits reach |14|. Against the exact reference the f16 KV cache costs ~0.03; with
-     * the reference rounding K/V to f16 too, only f32 arithmetic is left (~5e-4). */
+     * the reference rounding K/V to f16 too, only f32 arithmetic is left: ~4e-4 in the
+     * release build, ~2e-3 at -O1 (the ASan build), where the compiler orders the f32
+     * dot products of quant_avx2.c differently. */
     double worst = 0, worst16 = 0;
     for (size_t i = 0; i < 41 * (size_t)nv; i++) {
         worst = fmax(worst, fabs(logits[i] - ref[i]));
@@ -180,7 +182,7 @@ static void test_matches_reference(void)
     printf("  max |logit diff| vs reference: %.3g, vs reference with f16 K/V: %.3g\n", worst,
            worst16);
     CHECK(worst < 0.1);
-    CHECK(worst16 < 3e-3);
+    CHECK(worst16 < 5e-3);
     free(ref), free(ref16), free(logits);
     kv_seq_free(&s);
     kv_pool_free(pool);
