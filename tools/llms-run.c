@@ -562,6 +562,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     if (!o->ids)
         emit_text(shown, (long)stop_flush(&stop, shown));
     printf("\n");
+    fflush(stdout);
     fprintf(stderr,
             "prefill: %d tokens in %.3f s, %.2f tok/s\n"
             "decode:  %d tokens in %.3f s, %.2f tok/s\n",
