@@ -1,0 +1,88 @@
+/*
+ * store.h — the daemon's persistent catalog: apps, contexts and their histories.
+ *
+ * One sqlite3 database in the state directory, in WAL mode with synchronous=FULL so
+ * that a committed turn survives a crash of the daemon or the machine. The store knows bytes, strings and ids, not
+ * transformers: a context's history is a list of turns, each with its role, its text
+ * and the token ids it added to the context, so a context's full token sequence is the
+ * concatenation of its turns' tokens and can be recomputed after a restart.
+ *
+ * Every function returns 0 on success and -1 on failure with a message in err; a
+ * missing row is -1 with *found (where offered) set to false rather than an error text.
+ * A store is used from one thread at a time (the daemon's worker serialises access).
+ */
+#ifndef LLMS_STORE_H
+#define LLMS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+
+typedef struct store store;
+
+/* Opens (creating when needed) <dir>/llmsd.db, creating dir with mode 0750 if missing,
+ * and migrates the schema. A file that is not a valid database is an error naming it. */
+store *store_open(const char *dir, char err[ERR_MAX]);
+void store_close(store *s);
+
+/* The id of app (uid, name), created on first use. */
+int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char err[ERR_MAX]);
+
+/* What the catalog keeps about a context (strings owned by the store_context_list
+ * caller's callback scope: copy what you keep). */
+typedef struct store_context {
+    const char *id;            /* unguessable string chosen by the daemon */
+    int64_t app_id;
+    uint32_t uid;
+    const char *app_name;
+    const char *system_prompt; /* NULL when none */
+    const void *params;        /* serialized defaults (opaque bytes), NULL when none */
+    size_t params_len;
+    int64_t created_ms;        /* Unix time in milliseconds */
+    int64_t last_used_ms;
+    int64_t n_tokens;          /* sum of the turns' token counts */
+    int64_t n_turns;
+} store_context;
+
+int store_context_create(store *s, const char *id, int64_t app_id, const char *system_prompt,
+                         const void *params, size_t params_len, int64_t now_ms,
+                         char err[ERR_MAX]);
+
+/* Deletes a context and its turns; *found says whether it existed. */
+int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX]);
+
+/* Calls fn for each context (of one app when app_id >= 0, of all apps when -1), oldest
+ * first. A non-zero return from fn stops the walk and is returned. */
+int store_context_list(store *s, int64_t app_id,
+                       int (*fn)(void *arg, const store_context *c), void *arg,
+                       char err[ERR_MAX]);
+
+/* Looks one context up; *found false when absent. */
+int store_context_get(store *s, const char *id,
+                      int (*fn)(void *arg, const store_context *c), void *arg, bool *found,
+                      char err[ERR_MAX]);
+
+/*
+ * Appends turns to a context in one transaction, durable when it returns (a crash
+ * afterwards keeps them; a crash before keeps none of them), and updates last_used.
+ * role is "system", "user", "assistant", or "raw" for text added without a template.
+ */
+typedef struct store_turn {
+    const char *role;
+    const char *text;
+    const int32_t *tokens;
+    int n_tokens;
+} store_turn;
+
+int store_context_append(store *s, const char *id, const store_turn *turns, int n_turns,
+                         int64_t now_ms, char err[ERR_MAX]);
+
+/* Calls fn for each turn of a context in order (strings and tokens valid during the
+ * call only). */
+int store_context_turns(store *s, const char *id,
+                        int (*fn)(void *arg, const store_turn *t), void *arg,
+                        char err[ERR_MAX]);
+
+#endif
