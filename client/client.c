@@ -1,0 +1,816 @@
+/* client.c — libllmsclient: blocking calls over llms.proto frames (see llms.h). */
+#include "client/llms.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "proto/frame.h"
+
+/* Replies (a listing with histories) may be far larger than any request the daemon
+ * accepts, so the client's own limit is generous; it only guards against garbage. */
+#define CLIENT_MAX_FRAME (256u << 20)
+
+struct llms_conn {
+    int fd;
+    uint64_t next_id; /* ids increase per connection; 0 is the daemon's "no request" */
+    int broken;       /* an I/O or protocol failure: the stream is out of step */
+    char err[LLMS_ERROR_MAX];
+};
+
+static const char *const status_names[] = {
+    "OK",          "INVALID_ARGUMENT", "NOT_FOUND",   "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED", "INTERNAL",
+    "UNAVAILABLE", "UNIMPLEMENTED",    "MALFORMED_FRAME",
+};
+
+const char *llms_status_name(enum llms_status s)
+{
+    if ((unsigned)s < sizeof status_names / sizeof status_names[0])
+        return status_names[s];
+    if (s == LLMS_ERR_IO)
+        return "IO";
+    if (s == LLMS_ERR_PROTOCOL)
+        return "PROTOCOL";
+    return "UNKNOWN";
+}
+
+__attribute__((format(printf, 3, 4))) static enum llms_status
+fail(llms_conn *c, enum llms_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    if (s == LLMS_ERR_IO || s == LLMS_ERR_PROTOCOL)
+        c->broken = 1;
+    return s;
+}
+
+void llms_params_init(llms_params *p)
+{
+    *p = (llms_params)LLMS_PARAMS_INIT;
+}
+
+enum llms_status llms_connect(const char *socket_path, llms_conn **out, char err[LLMS_ERROR_MAX])
+{
+    char scratch[LLMS_ERROR_MAX];
+    if (!err)
+        err = scratch;
+    *out = NULL;
+    if (!socket_path)
+        socket_path = getenv("LLMS_SOCKET");
+    if (!socket_path || !*socket_path)
+        socket_path = LLMS_DEFAULT_SOCKET;
+
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(socket_path) >= sizeof addr.sun_path) {
+        snprintf(err, LLMS_ERROR_MAX, "socket path too long: %s", socket_path);
+        return LLMS_ERR_IO;
+    }
+    strcpy(addr.sun_path, socket_path);
+
+    llms_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, LLMS_ERROR_MAX, "out of memory");
+        return LLMS_ERR_INTERNAL;
+    }
+    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->fd < 0) {
+        snprintf(err, LLMS_ERROR_MAX, "socket: %s", strerror(errno));
+        free(c);
+        return LLMS_ERR_IO;
+    }
+    int rc;
+    do
+        rc = connect(c->fd, (struct sockaddr *)&addr, sizeof addr);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
+        snprintf(err, LLMS_ERROR_MAX, "connect %s: %s", socket_path, strerror(errno));
+        close(c->fd);
+        free(c);
+        return LLMS_ERR_IO;
+    }
+    c->next_id = 1;
+    *out = c;
+    return LLMS_OK;
+}
+
+void llms_close(llms_conn *conn)
+{
+    if (!conn)
+        return;
+    close(conn->fd);
+    free(conn);
+}
+
+const char *llms_last_error(const llms_conn *conn)
+{
+    return conn ? conn->err : "no connection";
+}
+
+/* ---- transport ---- */
+
+static enum llms_status write_all(llms_conn *c, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        /* MSG_NOSIGNAL: a daemon that went away is an error code, not a SIGPIPE. */
+        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return fail(c, LLMS_ERR_IO, "write to llmsd: %s", strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return LLMS_OK;
+}
+
+static enum llms_status read_all(llms_conn *c, uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(c->fd, p, n);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return fail(c, LLMS_ERR_IO, "read from llmsd: %s", strerror(errno));
+        }
+        if (r == 0)
+            return fail(c, LLMS_ERR_IO, "llmsd closed the connection");
+        p += r;
+        n -= (size_t)r;
+    }
+    return LLMS_OK;
+}
+
+/* Sends req with a fresh id, which is returned in *id. */
+static enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
+{
+    if (c->broken)
+        return fail(c, LLMS_ERR_IO, "connection is unusable after an earlier failure");
+    req->id = c->next_id++;
+    uint8_t *buf;
+    size_t len;
+    if (frame_pack(&req->base, UINT32_MAX, &buf, &len) < 0)
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory packing a request");
+    enum llms_status s = write_all(c, buf, len);
+    free(buf);
+    if (s == LLMS_OK && id)
+        *id = req->id;
+    return s;
+}
+
+/* Reads the next frame, whatever its id. */
+static enum llms_status read_response(llms_conn *c, Llms__Response **out)
+{
+    uint8_t header[FRAME_HEADER_BYTES];
+    uint32_t len = 0;
+    enum llms_status s = read_all(c, header, sizeof header);
+    if (s != LLMS_OK)
+        return s;
+    switch (frame_peek(header, sizeof header, CLIENT_MAX_FRAME, &len)) {
+    case FRAME_EMPTY:
+        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an empty frame");
+    case FRAME_TOO_LARGE:
+        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a frame of %u bytes", len);
+    default:
+        break;
+    }
+    uint8_t *body = malloc(len);
+    if (!body)
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory reading a %u-byte frame", len);
+    s = read_all(c, body, len);
+    if (s == LLMS_OK) {
+        *out = frame_unpack_response(body, len);
+        if (!*out)
+            s = fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an undecodable frame");
+    }
+    free(body);
+    return s;
+}
+
+/*
+ * Reads frames until the next one for request id. Frames for other ids (late answers to
+ * cancelled or abandoned requests) are skipped. An error frame with id 0 is the daemon
+ * refusing the stream itself: it closes the connection after it.
+ */
+static enum llms_status next_for(llms_conn *c, uint64_t id, Llms__Response **out)
+{
+    for (;;) {
+        Llms__Response *r;
+        enum llms_status s = read_response(c, &r);
+        if (s != LLMS_OK)
+            return s;
+        if (r->id == id) {
+            *out = r;
+            return LLMS_OK;
+        }
+        if (r->id == 0 && r->error) {
+            s = fail(c, (enum llms_status)r->error->code, "%s", r->error->message);
+            c->broken = 1;
+            frame_free_response(r);
+            return s;
+        }
+        frame_free_response(r);
+    }
+}
+
+/* Takes an error Response apart: its code and message. */
+static enum llms_status error_of(llms_conn *c, const Llms__Response *r)
+{
+    enum llms_status code = (enum llms_status)r->error->code;
+    if (code == LLMS_OK)
+        code = LLMS_ERR_INTERNAL;
+    return fail(c, code, "%s", r->error->message ? r->error->message : "");
+}
+
+/*
+ * Sends a unary request and reads its single final reply, which must carry body
+ * `want` (or an error).
+ */
+static enum llms_status unary(llms_conn *c, Llms__Request *req, Llms__Response__BodyCase want,
+                              Llms__Response **out)
+{
+    uint64_t id;
+    enum llms_status s = send_request(c, req, &id);
+    if (s != LLMS_OK)
+        return s;
+    Llms__Response *r;
+    if ((s = next_for(c, id, &r)) != LLMS_OK)
+        return s;
+    if (r->error)
+        s = error_of(c, r);
+    else if (r->body_case != want || !r->final)
+        s = fail(c, LLMS_ERR_PROTOCOL, "llmsd answered with an unexpected message (body %d)",
+                 (int)r->body_case);
+    if (s != LLMS_OK) {
+        frame_free_response(r);
+        return s;
+    }
+    c->err[0] = '\0';
+    *out = r;
+    return LLMS_OK;
+}
+
+static enum llms_status unary_ok(llms_conn *c, Llms__Request *req)
+{
+    Llms__Response *r;
+    enum llms_status s = unary(c, req, LLMS__RESPONSE__BODY_OK, &r);
+    if (s == LLMS_OK)
+        frame_free_response(r);
+    return s;
+}
+
+static enum llms_status check_str(llms_conn *c, const char *s, const char *what)
+{
+    if (!s)
+        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    return LLMS_OK;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+/* ---- generation parameters ---- */
+
+/* Fills g from p; returns whether anything is set (NULL p: nothing). */
+static int params_to_proto(const llms_params *p, Llms__GenerationParams *g)
+{
+    llms__generation_params__init(g);
+    if (!p)
+        return 0;
+    g->has_temperature = !isnan(p->temperature);
+    g->temperature = p->temperature;
+    g->has_top_k = p->top_k != LLMS_UNSET;
+    g->top_k = p->top_k;
+    g->has_top_p = !isnan(p->top_p);
+    g->top_p = p->top_p;
+    g->has_min_p = !isnan(p->min_p);
+    g->min_p = p->min_p;
+    g->has_repeat_penalty = !isnan(p->repeat_penalty);
+    g->repeat_penalty = p->repeat_penalty;
+    g->has_repeat_last_n = p->repeat_last_n != LLMS_UNSET;
+    g->repeat_last_n = p->repeat_last_n;
+    g->has_max_tokens = p->max_tokens != LLMS_UNSET;
+    g->max_tokens = p->max_tokens;
+    g->has_seed = p->has_seed != 0;
+    g->seed = p->seed;
+    g->n_stop = p->stop ? p->n_stop : 0;
+    g->stop = (char **)p->stop; /* only read while packing */
+    return g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p ||
+           g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
+           g->has_seed || g->n_stop > 0;
+}
+
+/* ---- session ---- */
+
+enum llms_status llms_bind(llms_conn *c, const char *app_name)
+{
+    enum llms_status s = check_str(c, app_name, "app_name");
+    if (s != LLMS_OK)
+        return s;
+    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
+    b.app_name = (char *)app_name;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_BIND;
+    req.bind = &b;
+    Llms__Response *r;
+    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_BIND, &r)) != LLMS_OK)
+        return s;
+    frame_free_response(r);
+    return LLMS_OK;
+}
+
+enum llms_status llms_context_create(llms_conn *c, const char *system_prompt,
+                                     const llms_params *params, char id_out[LLMS_ID_MAX])
+{
+    Llms__GenerationParams g;
+    Llms__CreateContextRequest cc = LLMS__CREATE_CONTEXT_REQUEST__INIT;
+    cc.system_prompt = (char *)system_prompt;
+    if (params_to_proto(params, &g))
+        cc.defaults = &g;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_CREATE_CONTEXT;
+    req.create_context = &cc;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_CREATE_CONTEXT, &r);
+    if (s != LLMS_OK)
+        return s;
+    const char *id = r->create_context->context_id;
+    if (strlen(id) >= LLMS_ID_MAX)
+        s = fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes", LLMS_ID_MAX - 1);
+    else
+        strcpy(id_out, id);
+    frame_free_response(r);
+    return s;
+}
+
+enum llms_status llms_context_delete(llms_conn *c, const char *context_id)
+{
+    enum llms_status s = check_str(c, context_id, "context_id");
+    if (s != LLMS_OK)
+        return s;
+    Llms__DeleteContextRequest d = LLMS__DELETE_CONTEXT_REQUEST__INIT;
+    d.context_id = (char *)context_id;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_DELETE_CONTEXT;
+    req.delete_context = &d;
+    return unary_ok(c, &req);
+}
+
+/* ---- streamed generation ---- */
+
+void llms_result_free(llms_result *r)
+{
+    if (!r)
+        return;
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+/*
+ * Reads the stream of request id to its final frame, passing chunks to on_text. When
+ * on_text asks to stop, a Cancel goes out and the rest of the stream is drained without
+ * further callbacks, so the connection stays in step.
+ */
+static enum llms_status stream(llms_conn *c, uint64_t id, llms_token_cb on_text, void *user,
+                               llms_result *out)
+{
+    int cancelled = 0;
+    for (;;) {
+        Llms__Response *r;
+        enum llms_status s = next_for(c, id, &r);
+        if (s != LLMS_OK)
+            return s;
+        if (r->error) {
+            s = error_of(c, r);
+            int final = r->final;
+            frame_free_response(r);
+            if (!final)
+                continue;
+            return cancelled ? fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+        }
+        if (r->body_case == LLMS__RESPONSE__BODY_CHUNK && !r->final) {
+            if (!cancelled && on_text && on_text(r->chunk->text, strlen(r->chunk->text), user)) {
+                cancelled = 1;
+                Llms__CancelRequest cr = LLMS__CANCEL_REQUEST__INIT;
+                cr.request_id = id;
+                Llms__Request req = LLMS__REQUEST__INIT;
+                req.body_case = LLMS__REQUEST__BODY_CANCEL;
+                req.cancel = &cr;
+                /* The Cancel's own answer arrives under its id and is skipped. */
+                if ((s = send_request(c, &req, NULL)) != LLMS_OK) {
+                    frame_free_response(r);
+                    return s;
+                }
+            }
+            frame_free_response(r);
+            continue;
+        }
+        if (r->body_case != LLMS__RESPONSE__BODY_RESULT || !r->final) {
+            frame_free_response(r);
+            return fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a streamed reply");
+        }
+        if (out) {
+            const Llms__CallResult *cr = r->result;
+            *out = (llms_result){
+                .prompt_tokens = cr->prompt_tokens,
+                .generated_tokens = cr->generated_tokens,
+                .context_tokens = cr->context_tokens,
+                .prefill_ms = cr->prefill_ms,
+                .decode_ms = cr->decode_ms,
+                .queue_ms = cr->queue_ms,
+                .stop_reason = (enum llms_stop_reason)cr->stop_reason,
+                .text = strdup(cr->text),
+            };
+            if (!out->text) {
+                frame_free_response(r);
+                return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+            }
+        }
+        frame_free_response(r);
+        if (cancelled)
+            return fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller");
+        c->err[0] = '\0';
+        return LLMS_OK;
+    }
+}
+
+enum llms_status llms_call(llms_conn *c, const char *context_id, const char *prompt,
+                           const llms_params *params, llms_token_cb on_text, void *user,
+                           llms_result *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    enum llms_status s = check_str(c, context_id, "context_id");
+    if (s != LLMS_OK || (s = check_str(c, prompt, "prompt")) != LLMS_OK)
+        return s;
+    Llms__GenerationParams g;
+    Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
+    call.context_id = (char *)context_id;
+    call.prompt = (char *)prompt;
+    if (params_to_proto(params, &g))
+        call.params = &g;
+    if (params && params->raw) {
+        call.has_raw = 1;
+        call.raw = 1;
+    }
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_CALL;
+    req.call = &call;
+    uint64_t id;
+    if ((s = send_request(c, &req, &id)) != LLMS_OK)
+        return s;
+    return stream(c, id, on_text, user, out);
+}
+
+enum llms_status llms_call_text(llms_conn *c, const char *context_id, const char *prompt,
+                                const llms_params *params, char **text_out)
+{
+    llms_result r;
+    *text_out = NULL;
+    enum llms_status s = llms_call(c, context_id, prompt, params, NULL, NULL, &r);
+    if (s == LLMS_OK)
+        *text_out = r.text;
+    else
+        llms_result_free(&r);
+    return s;
+}
+
+enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *system_prompt,
+                               int chat, const llms_params *params, llms_token_cb on_text,
+                               void *user, llms_result *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    enum llms_status s = check_str(c, prompt, "prompt");
+    if (s != LLMS_OK)
+        return s;
+    Llms__GenerationParams g;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    cr.prompt = (char *)prompt;
+    cr.system_prompt = (char *)system_prompt;
+    cr.has_chat = 1;
+    cr.chat = chat != 0;
+    if (params_to_proto(params, &g))
+        cr.params = &g;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_COMPLETE;
+    req.complete = &cr;
+    uint64_t id;
+    if ((s = send_request(c, &req, &id)) != LLMS_OK)
+        return s;
+    return stream(c, id, on_text, user, out);
+}
+
+/* ---- context listings ---- */
+
+void llms_context_info_free(llms_context_info *info)
+{
+    if (!info)
+        return;
+    free(info->app_name);
+    free(info->system_prompt);
+    for (size_t i = 0; i < info->n_history; i++) {
+        free(info->history[i].role);
+        free(info->history[i].content);
+    }
+    free(info->history);
+    memset(info, 0, sizeof *info);
+}
+
+void llms_context_list_free(llms_context_info *infos, size_t n)
+{
+    if (!infos)
+        return;
+    for (size_t i = 0; i < n; i++)
+        llms_context_info_free(&infos[i]);
+    free(infos);
+}
+
+/* Copies a ContextInfo into *out (zeroed first, so a failure leaves it freeable). */
+static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p,
+                                        llms_context_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (strlen(p->context_id) >= LLMS_ID_MAX)
+        return fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes", LLMS_ID_MAX - 1);
+    strcpy(out->id, p->context_id);
+    out->has_uid = p->has_uid;
+    out->uid = p->uid;
+    out->n_tokens = p->n_tokens;
+    out->created_unix_ms = p->created_unix_ms;
+    out->last_used_unix_ms = p->last_used_unix_ms;
+    out->memory = (enum llms_memory)p->memory;
+    out->kv_bytes = p->has_kv_bytes ? p->kv_bytes : 0;
+    out->app_name = dup_or_null(p->app_name);
+    out->system_prompt = dup_or_null(p->system_prompt);
+    if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt))
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    if (p->n_history > 0) {
+        out->history = calloc(p->n_history, sizeof *out->history);
+        if (!out->history)
+            return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        out->n_history = p->n_history;
+        for (size_t i = 0; i < p->n_history; i++) {
+            out->history[i].role = strdup(p->history[i]->role);
+            out->history[i].content = strdup(p->history[i]->content);
+            if (!out->history[i].role || !out->history[i].content)
+                return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        }
+    }
+    return LLMS_OK;
+}
+
+static enum llms_status list_contexts(llms_conn *c, Llms__Request *req, llms_context_info **out,
+                                      size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    Llms__Response *r;
+    enum llms_status s = unary(c, req, LLMS__RESPONSE__BODY_CONTEXTS, &r);
+    if (s != LLMS_OK)
+        return s;
+    size_t n = r->contexts->n_contexts;
+    llms_context_info *infos = calloc(n ? n : 1, sizeof *infos);
+    if (!infos) {
+        frame_free_response(r);
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    }
+    for (size_t i = 0; i < n && s == LLMS_OK; i++)
+        s = info_from_proto(c, r->contexts->contexts[i], &infos[i]);
+    frame_free_response(r);
+    if (s != LLMS_OK) {
+        llms_context_list_free(infos, n);
+        return s;
+    }
+    *out = infos;
+    *n_out = n;
+    return LLMS_OK;
+}
+
+enum llms_status llms_context_list(llms_conn *c, llms_context_info **out, size_t *n_out)
+{
+    Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LIST_CONTEXTS;
+    req.list_contexts = &lc;
+    return list_contexts(c, &req, out, n_out);
+}
+
+enum llms_status llms_list_all_contexts(llms_conn *c, llms_context_info **out, size_t *n_out)
+{
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS;
+    req.list_all_contexts = &e;
+    return list_contexts(c, &req, out, n_out);
+}
+
+enum llms_status llms_context_get(llms_conn *c, const char *context_id, int with_history,
+                                  llms_context_info *out)
+{
+    memset(out, 0, sizeof *out);
+    enum llms_status s = check_str(c, context_id, "context_id");
+    if (s != LLMS_OK)
+        return s;
+    Llms__GetContextRequest g = LLMS__GET_CONTEXT_REQUEST__INIT;
+    g.context_id = (char *)context_id;
+    g.has_include_history = 1;
+    g.include_history = with_history != 0;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_GET_CONTEXT;
+    req.get_context = &g;
+    Llms__Response *r;
+    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_CONTEXT, &r)) != LLMS_OK)
+        return s;
+    s = info_from_proto(c, r->context, out);
+    frame_free_response(r);
+    if (s != LLMS_OK)
+        llms_context_info_free(out);
+    return s;
+}
+
+/* ---- tokens ---- */
+
+enum llms_status llms_tokenize(llms_conn *c, const char *text, int add_special,
+                               int parse_special, int32_t **tokens_out, size_t *n_out)
+{
+    *tokens_out = NULL;
+    *n_out = 0;
+    enum llms_status s = check_str(c, text, "text");
+    if (s != LLMS_OK)
+        return s;
+    Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;
+    t.text = (char *)text;
+    t.has_add_special = t.has_parse_special = 1;
+    t.add_special = add_special != 0;
+    t.parse_special = parse_special != 0;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_TOKENIZE;
+    req.tokenize = &t;
+    Llms__Response *r;
+    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_TOKENIZE, &r)) != LLMS_OK)
+        return s;
+    size_t n = r->tokenize->n_tokens;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) {
+        frame_free_response(r);
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    }
+    if (n)
+        memcpy(ids, r->tokenize->tokens, n * sizeof *ids);
+    frame_free_response(r);
+    *tokens_out = ids;
+    *n_out = n;
+    return LLMS_OK;
+}
+
+enum llms_status llms_detokenize(llms_conn *c, const int32_t *tokens, size_t n, char **text_out)
+{
+    *text_out = NULL;
+    if (n > 0 && !tokens)
+        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "tokens is NULL");
+    Llms__DetokenizeRequest d = LLMS__DETOKENIZE_REQUEST__INIT;
+    d.n_tokens = n;
+    d.tokens = (int32_t *)tokens;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_DETOKENIZE;
+    req.detokenize = &d;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_DETOKENIZE, &r);
+    if (s != LLMS_OK)
+        return s;
+    *text_out = strdup(r->detokenize->text);
+    frame_free_response(r);
+    return *text_out ? LLMS_OK : fail(c, LLMS_ERR_INTERNAL, "out of memory");
+}
+
+/* ---- admin ---- */
+
+void llms_daemon_status_free(llms_daemon_status *st)
+{
+    if (!st)
+        return;
+    free(st->version);
+    free(st->model_path);
+    free(st->model_arch);
+    memset(st, 0, sizeof *st);
+}
+
+enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
+{
+    memset(out, 0, sizeof *out);
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_STATUS;
+    req.status = &e;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_STATUS, &r);
+    if (s != LLMS_OK)
+        return s;
+    const Llms__StatusResponse *p = r->status;
+    *out = (llms_daemon_status){
+        .version = strdup(p->version),
+        .model_path = strdup(p->model_path),
+        .model_arch = strdup(p->model_arch),
+        .model_bytes = p->model_bytes,
+        .n_ctx = p->n_ctx,
+        .threads = p->threads,
+        .uptime_ms = p->uptime_ms,
+        .n_connections = p->n_connections,
+        .n_apps = p->n_apps,
+        .n_contexts = p->n_contexts,
+        .n_resident_contexts = p->n_resident_contexts,
+        .kv_bytes_resident = p->kv_bytes_resident,
+        .queued_requests = p->queued_requests,
+        .running_requests = p->running_requests,
+        .rss_bytes = p->rss_bytes,
+    };
+    frame_free_response(r);
+    if (!out->version || !out->model_path || !out->model_arch) {
+        llms_daemon_status_free(out);
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    }
+    return LLMS_OK;
+}
+
+void llms_app_list_free(llms_app_info *apps, size_t n)
+{
+    if (!apps)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(apps[i].app_name);
+    free(apps);
+}
+
+enum llms_status llms_list_apps(llms_conn *c, llms_app_info **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LIST_APPS;
+    req.list_apps = &e;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_APPS, &r);
+    if (s != LLMS_OK)
+        return s;
+    size_t n = r->apps->n_apps;
+    llms_app_info *apps = calloc(n ? n : 1, sizeof *apps);
+    if (!apps) {
+        frame_free_response(r);
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Llms__AppInfo *a = r->apps->apps[i];
+        apps[i] = (llms_app_info){
+            .uid = a->uid,
+            .app_name = strdup(a->app_name),
+            .n_contexts = a->n_contexts,
+            .queued_requests = a->queued_requests,
+            .n_connections = a->n_connections,
+        };
+        if (!apps[i].app_name)
+            s = LLMS_ERR_INTERNAL;
+    }
+    frame_free_response(r);
+    if (s != LLMS_OK) {
+        llms_app_list_free(apps, n);
+        return fail(c, s, "out of memory");
+    }
+    *out = apps;
+    *n_out = n;
+    return LLMS_OK;
+}
+
+enum llms_status llms_evict(llms_conn *c, const char *context_id)
+{
+    enum llms_status s = check_str(c, context_id, "context_id");
+    if (s != LLMS_OK)
+        return s;
+    Llms__EvictContextRequest ev = LLMS__EVICT_CONTEXT_REQUEST__INIT;
+    ev.context_id = (char *)context_id;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_EVICT_CONTEXT;
+    req.evict_context = &ev;
+    return unary_ok(c, &req);
+}
+
+enum llms_status llms_shutdown(llms_conn *c)
+{
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_SHUTDOWN;
+    req.shutdown = &e;
+    return unary_ok(c, &req);
+}

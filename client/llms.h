@@ -1,0 +1,323 @@
+/*
+ * llms.h — libllmsclient, the C client of llmsd (the LLM system service).
+ *
+ * An app connects to the daemon's Unix socket, binds to an app name, and then creates
+ * contexts (persistent conversations kept by the daemon, also across daemon restarts)
+ * and calls them; replies stream back token by token through a callback.
+ *
+ *     #include <llms.h>
+ *
+ *     static int on_text(const char *text, size_t len, void *user)
+ *     {
+ *         fwrite(text, 1, len, stdout);
+ *         return 0;                        // nonzero cancels the call
+ *     }
+ *
+ *     llms_conn *c;
+ *     char err[LLMS_ERROR_MAX], ctx[LLMS_ID_MAX];
+ *     if (llms_connect(NULL, &c, err) != LLMS_OK) { fprintf(stderr, "%s\n", err); exit(1); }
+ *     if (llms_bind(c, "my-app") != LLMS_OK ||
+ *         llms_context_create(c, "You are terse.", NULL, ctx) != LLMS_OK ||
+ *         llms_call(c, ctx, "Hello!", NULL, on_text, NULL, NULL) != LLMS_OK)
+ *         fprintf(stderr, "llms: %s\n", llms_last_error(c));
+ *     llms_close(c);
+ *
+ * Build with: cc app.c $(pkg-config --cflags --libs llmsclient)
+ *
+ * Threads: every call is blocking and a connection carries one call at a time. A
+ * connection must not be shared between threads without external locking; use one
+ * connection per thread (connections are cheap). Different connections are independent.
+ *
+ * Errors: every function that talks to the daemon returns an enum llms_status: LLMS_OK,
+ * one of the daemon's error codes, or LLMS_ERR_IO / LLMS_ERR_PROTOCOL when the
+ * connection itself failed (after which the connection is unusable: close it and
+ * connect again). llms_last_error() gives the human message of the last failure.
+ *
+ * Memory: strings and arrays the library hands out are malloc'd; each is freed with
+ * free() or with the _free function named at its declaration.
+ */
+#ifndef LLMS_CLIENT_H
+#define LLMS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Size of a buffer that holds any context id with its terminating NUL. */
+#define LLMS_ID_MAX 128
+/* Size of the buffer llms_connect() fills with an error message. */
+#define LLMS_ERROR_MAX 256
+/* Path used by llms_connect() when neither an argument nor $LLMS_SOCKET names one. */
+#define LLMS_DEFAULT_SOCKET "/run/llmsd/llmsd.sock"
+
+/* Outcome of a call. Values 1..10 are the daemon's codes (proto ErrorCode). */
+enum llms_status {
+    LLMS_OK = 0,
+    LLMS_ERR_INVALID_ARGUMENT = 1,    /* a field is missing, out of range or malformed */
+    LLMS_ERR_NOT_FOUND = 2,           /* no such context (or not this app's) */
+    LLMS_ERR_PERMISSION_DENIED = 3,   /* admin call from a non-admin peer */
+    LLMS_ERR_RESOURCE_EXHAUSTED = 4,  /* a per-app limit or the frame size */
+    LLMS_ERR_FAILED_PRECONDITION = 5, /* e.g. a call before llms_bind(), bind twice */
+    LLMS_ERR_CANCELLED = 6,           /* the call was cancelled (callback or shutdown) */
+    LLMS_ERR_INTERNAL = 7,            /* the daemon (or this library) failed */
+    LLMS_ERR_UNAVAILABLE = 8,         /* the daemon is shutting down */
+    LLMS_ERR_UNIMPLEMENTED = 9,       /* the daemon does not know this call */
+    LLMS_ERR_MALFORMED_FRAME = 10,    /* the daemon could not decode a frame */
+    LLMS_ERR_IO = 100,                /* connect, read or write failed; connection dead */
+    LLMS_ERR_PROTOCOL = 101,          /* the daemon sent something unexpected; dead too */
+};
+
+/* A short constant name for a status ("OK", "NOT_FOUND", "IO", ...). */
+const char *llms_status_name(enum llms_status s);
+
+/* Why generation stopped (proto StopReason). */
+enum llms_stop_reason {
+    LLMS_STOP_EOS = 0,          /* the model ended its turn */
+    LLMS_STOP_MAX_TOKENS = 1,   /* max_tokens reached */
+    LLMS_STOP_STRING = 2,       /* a stop string was generated */
+    LLMS_STOP_CONTEXT_FULL = 3, /* the context window is full */
+    LLMS_STOP_CANCELLED = 4,    /* cancelled */
+};
+
+/* Where a context's KV memory is (proto MemoryState). */
+enum llms_memory {
+    LLMS_MEMORY_NONE = 0,     /* rebuilt from the token history on the next call */
+    LLMS_MEMORY_RESIDENT = 1, /* in the daemon's memory */
+    LLMS_MEMORY_ON_DISK = 2,  /* swapped out to the daemon's store */
+};
+
+/* An unset integer field of llms_params. */
+#define LLMS_UNSET INT32_MIN
+
+/*
+ * Generation settings. Unset fields take the context's defaults, then the daemon's.
+ * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
+ * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET.
+ */
+typedef struct llms_params {
+    float temperature;      /* <= 0: greedy */
+    int32_t top_k;          /* 0: off */
+    float top_p;            /* (0, 1]; 1: off */
+    float min_p;            /* [0, 1]; 0: off */
+    float repeat_penalty;   /* 1: off */
+    int32_t repeat_last_n;  /* -1: whole history */
+    int32_t max_tokens;     /* tokens to generate at most */
+    int has_seed;           /* nonzero: use seed (otherwise a random seed) */
+    uint64_t seed;
+    const char *const *stop; /* n_stop stop strings (not included in the output) */
+    size_t n_stop;
+    int raw;                /* llms_call only: append the prompt as is, no chat template */
+} llms_params;
+
+#define LLMS_PARAMS_INIT                                                              \
+    {                                                                                 \
+        __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
+            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0              \
+    }
+
+/* Sets every field of *p to unset. */
+void llms_params_init(llms_params *p);
+
+/* Outcome of a generation (proto CallResult). */
+typedef struct llms_result {
+    uint32_t prompt_tokens;    /* tokens evaluated for the prompt */
+    uint32_t generated_tokens;
+    uint32_t context_tokens;   /* context length after the call (0 for llms_complete) */
+    double prefill_ms;
+    double decode_ms;
+    double queue_ms;           /* time spent waiting for a worker */
+    enum llms_stop_reason stop_reason;
+    char *text;                /* the whole reply; free with llms_result_free() */
+} llms_result;
+
+/* Frees the strings inside *r (not r itself) and zeroes it. NULL is fine. */
+void llms_result_free(llms_result *r);
+
+/*
+ * Receives each streamed piece of a reply: len bytes of UTF-8 text at text (not
+ * NUL-terminated), safe to show as is. Return 0 to go on, nonzero to cancel the call.
+ */
+typedef int (*llms_token_cb)(const char *text, size_t len, void *user);
+
+typedef struct llms_conn llms_conn;
+
+/*
+ * Connects to the daemon at socket_path; NULL means $LLMS_SOCKET, or LLMS_DEFAULT_SOCKET
+ * when that is unset. On success *out is the new connection. On failure err (when not
+ * NULL) gets a message and LLMS_ERR_IO (or LLMS_ERR_INTERNAL when out of memory) is
+ * returned.
+ */
+enum llms_status llms_connect(const char *socket_path, llms_conn **out,
+                              char err[LLMS_ERROR_MAX]);
+
+/* Closes the connection and frees it. Contexts stay in the daemon. NULL is fine. */
+void llms_close(llms_conn *conn);
+
+/*
+ * The message of the last failed call on conn ("" when none). Valid until the next call
+ * on conn.
+ */
+const char *llms_last_error(const llms_conn *conn);
+
+/*
+ * Attaches the connection to an app: 1..64 bytes of [A-Za-z0-9._-]. The app's identity
+ * is (your uid, app_name); contexts belong to it. Every call but the admin ones needs a
+ * bound connection. A connection binds once.
+ */
+enum llms_status llms_bind(llms_conn *conn, const char *app_name);
+
+/*
+ * Creates a context with an optional system prompt and default generation settings
+ * (params; NULL for the daemon's). Its id (an unguessable string) is written to id_out.
+ * RESOURCE_EXHAUSTED when the app has as many contexts as it may.
+ */
+enum llms_status llms_context_create(llms_conn *conn, const char *system_prompt,
+                                     const llms_params *params, char id_out[LLMS_ID_MAX]);
+
+/*
+ * One user turn in a context: prompt is added as a user message, the reply is generated,
+ * kept in the context and streamed to on_text (may be NULL). When on_text returns
+ * nonzero the call is cancelled: the daemon is told, the library waits for the call's
+ * last frame and returns LLMS_ERR_CANCELLED. out (may be NULL) gets the outcome when the
+ * call finished or was cancelled after the daemon sent it; free it with
+ * llms_result_free(). params may be NULL. Calls on one context are serialised by the
+ * daemon.
+ */
+enum llms_status llms_call(llms_conn *conn, const char *context_id, const char *prompt,
+                           const llms_params *params, llms_token_cb on_text, void *user,
+                           llms_result *out);
+
+/*
+ * llms_call without streaming: *text_out gets the whole reply (malloc'd, free() it),
+ * or NULL on failure.
+ */
+enum llms_status llms_call_text(llms_conn *conn, const char *context_id, const char *prompt,
+                                const llms_params *params, char **text_out);
+
+/*
+ * Stateless one-shot generation: nothing is kept. With chat nonzero the prompt is
+ * wrapped as a user message (after system_prompt, may be NULL) in the model's chat
+ * template; otherwise the model simply continues the prompt. Streaming, cancelling and
+ * out behave as in llms_call().
+ */
+enum llms_status llms_complete(llms_conn *conn, const char *prompt, const char *system_prompt,
+                               int chat, const llms_params *params, llms_token_cb on_text,
+                               void *user, llms_result *out);
+
+/* Deletes one of the app's contexts and everything the daemon kept for it. */
+enum llms_status llms_context_delete(llms_conn *conn, const char *context_id);
+
+/* One message of a context's history. */
+typedef struct llms_message {
+    char *role;    /* "system", "user" or "assistant" */
+    char *content;
+} llms_message;
+
+/* What the daemon says about a context (proto ContextInfo). */
+typedef struct llms_context_info {
+    char id[LLMS_ID_MAX];
+    char *app_name;             /* admin listings only, else NULL */
+    int has_uid;                /* admin listings only */
+    uint32_t uid;
+    uint32_t n_tokens;          /* tokens in the context (prompt + replies) */
+    uint64_t created_unix_ms;
+    uint64_t last_used_unix_ms;
+    enum llms_memory memory;
+    char *system_prompt;        /* NULL when none */
+    uint64_t kv_bytes;          /* resident KV bytes (0 when not reported) */
+    llms_message *history;      /* n_history messages; only from llms_context_get() with
+                                   history asked for */
+    size_t n_history;
+} llms_context_info;
+
+/* Frees what *info holds (not info itself). NULL is fine. */
+void llms_context_info_free(llms_context_info *info);
+
+/* Frees an array of n infos from a listing, and the array. NULL is fine. */
+void llms_context_list_free(llms_context_info *infos, size_t n);
+
+/* The app's contexts: *out gets n (*n_out) infos; free with llms_context_list_free(). */
+enum llms_status llms_context_list(llms_conn *conn, llms_context_info **out, size_t *n_out);
+
+/*
+ * One context of the app; with_history nonzero also fetches its messages. Free *out
+ * with llms_context_info_free().
+ */
+enum llms_status llms_context_get(llms_conn *conn, const char *context_id, int with_history,
+                                  llms_context_info *out);
+
+/*
+ * Tokenizes text with the daemon's model. add_special: add BOS etc. as the model wants;
+ * parse_special: text like "<|im_start|>" becomes special tokens. *tokens_out (free())
+ * gets *n_out ids.
+ */
+enum llms_status llms_tokenize(llms_conn *conn, const char *text, int add_special,
+                               int parse_special, int32_t **tokens_out, size_t *n_out);
+
+/* Turns n token ids back into text: *text_out (free()). */
+enum llms_status llms_detokenize(llms_conn *conn, const int32_t *tokens, size_t n,
+                                 char **text_out);
+
+/* ---- admin calls: the peer must be root or in the group llms-admin ---- */
+
+/* The daemon's state (proto StatusResponse). */
+typedef struct llms_daemon_status {
+    char *version;
+    char *model_path;
+    char *model_arch;
+    uint64_t model_bytes;
+    uint32_t n_ctx;
+    uint32_t threads;
+    uint64_t uptime_ms;
+    uint32_t n_connections;
+    uint32_t n_apps;
+    uint32_t n_contexts;
+    uint32_t n_resident_contexts;
+    uint64_t kv_bytes_resident;
+    uint32_t queued_requests;
+    uint32_t running_requests;
+    uint64_t rss_bytes;
+} llms_daemon_status;
+
+/* Frees the strings in *s (not s itself). NULL is fine. */
+void llms_daemon_status_free(llms_daemon_status *s);
+
+/*
+ * The daemon's status. (Named llms_status_get because enum llms_status is the type of
+ * every result.) Free *out with llms_daemon_status_free().
+ */
+enum llms_status llms_status_get(llms_conn *conn, llms_daemon_status *out);
+
+/* One app the daemon knows (proto AppInfo). */
+typedef struct llms_app_info {
+    uint32_t uid;
+    char *app_name;
+    uint32_t n_contexts;
+    uint32_t queued_requests;
+    uint32_t n_connections;
+} llms_app_info;
+
+/* Frees an array of n app infos and the array. NULL is fine. */
+void llms_app_list_free(llms_app_info *apps, size_t n);
+
+/* Every app: *out gets *n_out infos; free with llms_app_list_free(). */
+enum llms_status llms_list_apps(llms_conn *conn, llms_app_info **out, size_t *n_out);
+
+/* Every context of every app (app_name and uid filled); free with llms_context_list_free(). */
+enum llms_status llms_list_all_contexts(llms_conn *conn, llms_context_info **out,
+                                        size_t *n_out);
+
+/* Drops a context's KV from memory (it stays persisted and is rebuilt when used). */
+enum llms_status llms_evict(llms_conn *conn, const char *context_id);
+
+/* Asks the daemon to shut down cleanly (in-flight calls finish or cancel, state is kept). */
+enum llms_status llms_shutdown(llms_conn *conn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
