@@ -1,0 +1,275 @@
+/*
+ * llmsctl — the administrator's command line client of llmsd (root or group llms-admin).
+ *
+ *   llmsctl [--socket PATH] [--json] status | apps | contexts | show CTX | evict CTX | shutdown
+ *
+ * With --json each command prints exactly one JSON object on stdout (also for errors:
+ * {"error": {"code": ..., "message": ...}}).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/llms.h"
+
+static int json;
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: llmsctl [--socket PATH] [--json] status | apps | contexts | "
+                    "show CTX | evict CTX | shutdown\n");
+    exit(2);
+}
+
+/* Writes s as a JSON string: quotes, backslashes and control bytes escaped; other bytes
+ * (UTF-8 included) pass through. NULL is written as null. */
+static void json_str(const char *s)
+{
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"':
+            fputs("\\\"", stdout);
+            break;
+        case '\\':
+            fputs("\\\\", stdout);
+            break;
+        case '\n':
+            fputs("\\n", stdout);
+            break;
+        case '\r':
+            fputs("\\r", stdout);
+            break;
+        case '\t':
+            fputs("\\t", stdout);
+            break;
+        default:
+            if (*p < 0x20 || *p == 0x7f)
+                printf("\\u%04x", *p);
+            else
+                putchar(*p);
+        }
+    }
+    putchar('"');
+}
+
+static const char *memory_name(enum llms_memory m)
+{
+    switch (m) {
+    case LLMS_MEMORY_RESIDENT:
+        return "resident";
+    case LLMS_MEMORY_ON_DISK:
+        return "on_disk";
+    default:
+        return "none";
+    }
+}
+
+static void json_context(const llms_context_info *c)
+{
+    fputs("{\"context_id\":", stdout);
+    json_str(c->id);
+    fputs(",\"app_name\":", stdout);
+    json_str(c->app_name);
+    if (c->has_uid)
+        printf(",\"uid\":%" PRIu32, c->uid);
+    printf(",\"n_tokens\":%" PRIu32 ",\"created_unix_ms\":%" PRIu64
+           ",\"last_used_unix_ms\":%" PRIu64 ",\"memory\":\"%s\",\"kv_bytes\":%" PRIu64,
+           c->n_tokens, c->created_unix_ms, c->last_used_unix_ms, memory_name(c->memory),
+           c->kv_bytes);
+    fputs(",\"system_prompt\":", stdout);
+    json_str(c->system_prompt);
+    putchar('}');
+}
+
+static void text_context(const llms_context_info *c)
+{
+    printf("%s  uid %-6" PRIu32 " %-20s %6" PRIu32 " tokens  %-8s  kv %" PRIu64 " bytes\n",
+           c->id, c->uid, c->app_name ? c->app_name : "?", c->n_tokens,
+           memory_name(c->memory), c->kv_bytes);
+}
+
+static enum llms_status cmd_status(llms_conn *c)
+{
+    llms_daemon_status st;
+    enum llms_status s = llms_status_get(c, &st);
+    if (s != LLMS_OK)
+        return s;
+    if (json) {
+        fputs("{\"version\":", stdout);
+        json_str(st.version);
+        fputs(",\"model_path\":", stdout);
+        json_str(st.model_path);
+        fputs(",\"model_arch\":", stdout);
+        json_str(st.model_arch);
+        printf(",\"model_bytes\":%" PRIu64 ",\"n_ctx\":%" PRIu32 ",\"threads\":%" PRIu32
+               ",\"uptime_ms\":%" PRIu64 ",\"n_connections\":%" PRIu32 ",\"n_apps\":%" PRIu32
+               ",\"n_contexts\":%" PRIu32 ",\"n_resident_contexts\":%" PRIu32
+               ",\"kv_bytes_resident\":%" PRIu64 ",\"queued_requests\":%" PRIu32
+               ",\"running_requests\":%" PRIu32 ",\"rss_bytes\":%" PRIu64 "}\n",
+               st.model_bytes, st.n_ctx, st.threads, st.uptime_ms, st.n_connections,
+               st.n_apps, st.n_contexts, st.n_resident_contexts, st.kv_bytes_resident,
+               st.queued_requests, st.running_requests, st.rss_bytes);
+    } else {
+        printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
+               "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
+               "\nuptime            %.1f s\nconnections       %" PRIu32
+               "\napps              %" PRIu32 "\ncontexts          %" PRIu32
+               " (%" PRIu32 " resident, %" PRIu64 " KV bytes)\n"
+               "requests          %" PRIu32 " running, %" PRIu32 " queued\n"
+               "rss               %" PRIu64 " bytes\n",
+               st.version, st.model_path, st.model_arch, st.model_bytes, st.n_ctx, st.threads,
+               (double)st.uptime_ms / 1000.0, st.n_connections, st.n_apps, st.n_contexts,
+               st.n_resident_contexts, st.kv_bytes_resident, st.running_requests,
+               st.queued_requests, st.rss_bytes);
+    }
+    llms_daemon_status_free(&st);
+    return LLMS_OK;
+}
+
+static enum llms_status cmd_apps(llms_conn *c)
+{
+    llms_app_info *apps;
+    size_t n;
+    enum llms_status s = llms_list_apps(c, &apps, &n);
+    if (s != LLMS_OK)
+        return s;
+    if (json)
+        fputs("{\"apps\":[", stdout);
+    for (size_t i = 0; i < n; i++) {
+        const llms_app_info *a = &apps[i];
+        if (json) {
+            printf("%s{\"uid\":%" PRIu32 ",\"app_name\":", i ? "," : "", a->uid);
+            json_str(a->app_name);
+            printf(",\"n_contexts\":%" PRIu32 ",\"queued_requests\":%" PRIu32
+                   ",\"n_connections\":%" PRIu32 "}",
+                   a->n_contexts, a->queued_requests, a->n_connections);
+        } else {
+            printf("uid %-6" PRIu32 " %-24s %4" PRIu32 " contexts  %3" PRIu32
+                   " queued  %3" PRIu32 " connections\n",
+                   a->uid, a->app_name, a->n_contexts, a->queued_requests, a->n_connections);
+        }
+    }
+    if (json)
+        fputs("]}\n", stdout);
+    llms_app_list_free(apps, n);
+    return LLMS_OK;
+}
+
+/* Lists every context, or with id only that one (NOT_FOUND when absent). */
+static enum llms_status cmd_contexts(llms_conn *c, const char *id)
+{
+    llms_context_info *infos;
+    size_t n;
+    enum llms_status s = llms_list_all_contexts(c, &infos, &n);
+    if (s != LLMS_OK)
+        return s;
+    if (id) {
+        size_t i = 0;
+        while (i < n && strcmp(infos[i].id, id) != 0)
+            i++;
+        if (i == n) {
+            s = LLMS_ERR_NOT_FOUND;
+        } else if (json) {
+            json_context(&infos[i]);
+            putchar('\n');
+        } else {
+            text_context(&infos[i]);
+            if (infos[i].system_prompt)
+                printf("system prompt: %s\n", infos[i].system_prompt);
+        }
+    } else {
+        if (json)
+            fputs("{\"contexts\":[", stdout);
+        for (size_t i = 0; i < n; i++) {
+            if (json) {
+                if (i)
+                    putchar(',');
+                json_context(&infos[i]);
+            } else {
+                text_context(&infos[i]);
+            }
+        }
+        if (json)
+            fputs("]}\n", stdout);
+    }
+    llms_context_list_free(infos, n);
+    return s;
+}
+
+static enum llms_status cmd_ok(llms_conn *c, enum llms_status s)
+{
+    (void)c;
+    if (s == LLMS_OK)
+        puts(json ? "{\"ok\":true}" : "ok");
+    return s;
+}
+
+static enum llms_status run(llms_conn *c, int npos, char **pos)
+{
+    const char *cmd = pos[0];
+    if (!strcmp(cmd, "status") && npos == 1)
+        return cmd_status(c);
+    if (!strcmp(cmd, "apps") && npos == 1)
+        return cmd_apps(c);
+    if (!strcmp(cmd, "contexts") && npos == 1)
+        return cmd_contexts(c, NULL);
+    if (!strcmp(cmd, "show") && npos == 2)
+        return cmd_contexts(c, pos[1]);
+    if (!strcmp(cmd, "evict") && npos == 2)
+        return cmd_ok(c, llms_evict(c, pos[1]));
+    if (!strcmp(cmd, "shutdown") && npos == 1)
+        return cmd_ok(c, llms_shutdown(c));
+    usage();
+    return LLMS_ERR_INVALID_ARGUMENT;
+}
+
+int main(int argc, char **argv)
+{
+    const char *socket_path = NULL;
+    char *pos[3];
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--socket") && i + 1 < argc)
+            socket_path = argv[++i];
+        else if (argv[i][0] == '-' || npos == 2)
+            usage();
+        else
+            pos[npos++] = argv[i];
+    }
+    if (npos == 0)
+        usage();
+
+    llms_conn *c;
+    char err[LLMS_ERROR_MAX];
+    enum llms_status s = llms_connect(socket_path, &c, err);
+    if (s == LLMS_OK) {
+        s = run(c, npos, pos);
+        /* A daemon that wants every connection bound first gets the admin tool's name. */
+        if (s == LLMS_ERR_FAILED_PRECONDITION && llms_bind(c, "llmsctl") == LLMS_OK)
+            s = run(c, npos, pos);
+        if (s != LLMS_OK)
+            snprintf(err, sizeof err, "%s", s == LLMS_ERR_NOT_FOUND && !*llms_last_error(c)
+                                                ? "no such context"
+                                                : llms_last_error(c));
+        llms_close(c);
+    }
+    if (s == LLMS_OK)
+        return 0;
+    if (json) {
+        fputs("{\"error\":{\"code\":", stdout);
+        json_str(llms_status_name(s));
+        fputs(",\"message\":", stdout);
+        json_str(err);
+        fputs("}}\n", stdout);
+    }
+    fprintf(stderr, "llmsctl: %s (%s)\n", err, llms_status_name(s));
+    return 1;
+}
