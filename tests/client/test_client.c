@@ -1,0 +1,466 @@
+/*
+ * libllmsclient against a scripted fake daemon (a thread on a Unix socket): streaming,
+ * cancel, skipped frames of other ids, frames that arrive a byte at a time, error codes,
+ * a daemon that refuses the stream, listings, tokens and the status call.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client/llms.h"
+#include "proto/frame.h"
+#include "tests/support/test.h"
+
+static char sock_path[512];
+static int listen_fd = -1;
+
+/* What the fake daemon saw, checked by the tests after the connection ends. */
+static uint64_t seen_ids[64];
+static int n_seen;
+static uint64_t cancelled_id;
+static float seen_temperature;
+static int seen_has_top_k;
+
+static int read_full(int fd, uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static Llms__Request *read_request(int fd)
+{
+    uint8_t h[FRAME_HEADER_BYTES];
+    uint32_t len;
+    if (read_full(fd, h, sizeof h) < 0 ||
+        frame_peek(h, sizeof h, FRAME_DEFAULT_MAX_BYTES, &len) == FRAME_TOO_LARGE)
+        return NULL;
+    uint8_t *body = malloc(len);
+    Llms__Request *req = NULL;
+    if (body && read_full(fd, body, len) == 0)
+        req = frame_unpack_request(body, len);
+    free(body);
+    return req;
+}
+
+/* Sends a response; with trickle, one byte per write so the client sees short reads. */
+static void send_response(int fd, Llms__Response *r, int trickle)
+{
+    uint8_t *buf;
+    size_t len;
+    if (frame_pack(&r->base, FRAME_DEFAULT_MAX_BYTES, &buf, &len) < 0)
+        abort();
+    size_t step = trickle ? 1 : len;
+    for (size_t off = 0; off < len; off += step)
+        if (write(fd, buf + off, step) != (ssize_t)step)
+            break;
+    free(buf);
+}
+
+static void send_error(int fd, uint64_t id, Llms__ErrorCode code, const char *msg)
+{
+    Llms__Error e = LLMS__ERROR__INIT;
+    e.code = code;
+    e.message = (char *)msg;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = id;
+    r.final = 1;
+    r.error = &e;
+    send_response(fd, &r, 0);
+}
+
+static void send_chunk(int fd, uint64_t id, const char *text)
+{
+    Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
+    ch.text = (char *)text;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = id;
+    r.body_case = LLMS__RESPONSE__BODY_CHUNK;
+    r.chunk = &ch;
+    send_response(fd, &r, 0);
+}
+
+static void send_result(int fd, uint64_t id, const char *text, Llms__StopReason why)
+{
+    Llms__CallResult res = LLMS__CALL_RESULT__INIT;
+    res.prompt_tokens = 5;
+    res.generated_tokens = 3;
+    res.context_tokens = 8;
+    res.stop_reason = why;
+    res.text = (char *)text;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_RESULT;
+    r.result = &res;
+    send_response(fd, &r, 0);
+}
+
+static void send_ok(int fd, uint64_t id)
+{
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_OK;
+    r.ok = &e;
+    send_response(fd, &r, 0);
+}
+
+/* Answers one request; returns 0 to go on, -1 to end the connection. */
+static int serve_one(int fd, Llms__Request *q)
+{
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = q->id;
+    r.final = 1;
+    switch (q->body_case) {
+    case LLMS__REQUEST__BODY_BIND: {
+        Llms__BindResponse b = LLMS__BIND_RESPONSE__INIT;
+        b.uid = 1000;
+        b.app_name = q->bind->app_name;
+        r.body_case = LLMS__RESPONSE__BODY_BIND;
+        r.bind = &b;
+        send_response(fd, &r, 1);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_CREATE_CONTEXT: {
+        send_ok(fd, 9999); /* a frame for an id the client never used */
+        if (q->create_context->defaults) {
+            seen_temperature = q->create_context->defaults->temperature;
+            seen_has_top_k = q->create_context->defaults->has_top_k;
+        }
+        Llms__CreateContextResponse cc = LLMS__CREATE_CONTEXT_RESPONSE__INIT;
+        cc.context_id = "ctx-0123456789abcdef";
+        r.body_case = LLMS__RESPONSE__BODY_CREATE_CONTEXT;
+        r.create_context = &cc;
+        send_response(fd, &r, 1);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_CALL:
+        if (strcmp(q->call->context_id, "ctx-0123456789abcdef") != 0) {
+            send_error(fd, q->id, LLMS__ERROR_CODE__NOT_FOUND, "no such context");
+            return 0;
+        }
+        if (!strcmp(q->call->prompt, "cancel me")) {
+            send_chunk(fd, q->id, "first");
+            Llms__Request *cq = read_request(fd);
+            if (!cq)
+                return -1;
+            if (cq->body_case == LLMS__REQUEST__BODY_CANCEL)
+                cancelled_id = cq->cancel->request_id;
+            seen_ids[n_seen++] = cq->id;
+            send_chunk(fd, q->id, "late"); /* already on the way when Cancel arrived */
+            send_ok(fd, cq->id);
+            frame_free_request(cq);
+            send_error(fd, q->id, LLMS__ERROR_CODE__CANCELLED, "cancelled");
+            return 0;
+        }
+        send_chunk(fd, q->id, "Hel");
+        send_chunk(fd, q->id, "lo");
+        send_chunk(fd, q->id, "!");
+        send_result(fd, q->id, "Hello!", LLMS__STOP_REASON__STOP_EOS);
+        return 0;
+    case LLMS__REQUEST__BODY_COMPLETE:
+        send_chunk(fd, q->id, q->complete->chat ? "chat:" : "raw:");
+        send_chunk(fd, q->id, q->complete->prompt);
+        send_result(fd, q->id, "done", LLMS__STOP_REASON__STOP_MAX_TOKENS);
+        return 0;
+    case LLMS__REQUEST__BODY_DELETE_CONTEXT:
+        send_error(fd, q->id, LLMS__ERROR_CODE__NOT_FOUND, "no such context");
+        return 0;
+    case LLMS__REQUEST__BODY_LIST_CONTEXTS:
+    case LLMS__REQUEST__BODY_GET_CONTEXT: {
+        Llms__Message m[2] = {LLMS__MESSAGE__INIT, LLMS__MESSAGE__INIT};
+        m[0].role = "user";
+        m[0].content = "hi";
+        m[1].role = "assistant";
+        m[1].content = "hello";
+        Llms__Message *hist[2] = {&m[0], &m[1]};
+        Llms__ContextInfo ci[2] = {LLMS__CONTEXT_INFO__INIT, LLMS__CONTEXT_INFO__INIT};
+        ci[0].context_id = "ctx-a";
+        ci[0].n_tokens = 42;
+        ci[0].memory = LLMS__MEMORY_STATE__MEMORY_RESIDENT;
+        ci[0].system_prompt = "be kind";
+        ci[0].n_history = 2;
+        ci[0].history = hist;
+        ci[1].context_id = "ctx-b";
+        ci[1].n_tokens = 7;
+        Llms__ContextInfo *list[2] = {&ci[0], &ci[1]};
+        Llms__ListContextsResponse lr = LLMS__LIST_CONTEXTS_RESPONSE__INIT;
+        if (q->body_case == LLMS__REQUEST__BODY_GET_CONTEXT) {
+            r.body_case = LLMS__RESPONSE__BODY_CONTEXT;
+            r.context = &ci[0];
+        } else {
+            lr.n_contexts = 2;
+            lr.contexts = list;
+            r.body_case = LLMS__RESPONSE__BODY_CONTEXTS;
+            r.contexts = &lr;
+        }
+        send_response(fd, &r, 0);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_TOKENIZE: {
+        int32_t ids[64];
+        size_t n = strlen(q->tokenize->text);
+        for (size_t i = 0; i < n && i < 64; i++)
+            ids[i] = (unsigned char)q->tokenize->text[i];
+        Llms__TokenizeResponse t = LLMS__TOKENIZE_RESPONSE__INIT;
+        t.n_tokens = n < 64 ? n : 64;
+        t.tokens = ids;
+        r.body_case = LLMS__RESPONSE__BODY_TOKENIZE;
+        r.tokenize = &t;
+        send_response(fd, &r, 0);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_STATUS: {
+        Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
+        st.version = "0.test";
+        st.model_path = "/m.gguf";
+        st.model_arch = "llama";
+        st.n_ctx = 512;
+        st.n_contexts = 3;
+        r.body_case = LLMS__RESPONSE__BODY_STATUS;
+        r.status = &st;
+        send_response(fd, &r, 0);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_SHUTDOWN:
+        /* A wrong body for the call: the client must call it a protocol error. */
+        send_chunk(fd, q->id, "?");
+        return 0;
+    default:
+        /* The daemon refusing the stream: an error with id 0, then the close. */
+        send_error(fd, 0, LLMS__ERROR_CODE__MALFORMED_FRAME, "garbage");
+        return -1;
+    }
+}
+
+static void *server(void *arg)
+{
+    (void)arg;
+    int fd = accept(listen_fd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    for (;;) {
+        Llms__Request *q = read_request(fd);
+        if (!q)
+            break;
+        if (n_seen < 64)
+            seen_ids[n_seen++] = q->id;
+        int rc = serve_one(fd, q);
+        frame_free_request(q);
+        if (rc < 0)
+            break;
+    }
+    close(fd);
+    return NULL;
+}
+
+/* Starts the fake daemon for one connection and connects to it. */
+static llms_conn *start(pthread_t *th)
+{
+    n_seen = 0;
+    cancelled_id = 0;
+    if (pthread_create(th, NULL, server, NULL) != 0)
+        return NULL;
+    llms_conn *c = NULL;
+    char err[LLMS_ERROR_MAX];
+    if (llms_connect(sock_path, &c, err) != LLMS_OK)
+        fprintf(stderr, "connect: %s\n", err);
+    return c;
+}
+
+struct collect {
+    char text[256];
+    int calls;
+    int stop_after;
+};
+
+static int collect_text(const char *text, size_t len, void *user)
+{
+    struct collect *col = user;
+    strncat(col->text, text, len);
+    col->calls++;
+    return col->stop_after && col->calls >= col->stop_after;
+}
+
+static void stream_and_errors(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    CHECK_EQ(llms_bind(c, "test-app"), LLMS_OK);
+
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0.25f;
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_OK);
+    CHECK(strcmp(id, "ctx-0123456789abcdef") == 0);
+
+    struct collect col = {0};
+    llms_result res;
+    CHECK_EQ(llms_call(c, id, "hi", NULL, collect_text, &col, &res), LLMS_OK);
+    CHECK(strcmp(col.text, "Hello!") == 0);
+    CHECK_EQ(col.calls, 3);
+    CHECK(strcmp(res.text, "Hello!") == 0);
+    CHECK_EQ(res.prompt_tokens, 5);
+    CHECK_EQ(res.context_tokens, 8);
+    CHECK_EQ(res.stop_reason, LLMS_STOP_EOS);
+    llms_result_free(&res);
+
+    char *text;
+    CHECK_EQ(llms_call_text(c, id, "again", NULL, &text), LLMS_OK);
+    CHECK(strcmp(text, "Hello!") == 0);
+    free(text);
+
+    CHECK_EQ(llms_call(c, "ctx-other", "hi", NULL, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    CHECK(strcmp(llms_last_error(c), "no such context") == 0);
+    CHECK_EQ(llms_context_delete(c, "gone"), LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_call(c, NULL, "hi", NULL, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
+
+    memset(&col, 0, sizeof col);
+    CHECK_EQ(llms_complete(c, "xyz", NULL, 1, NULL, collect_text, &col, &res), LLMS_OK);
+    CHECK(strcmp(col.text, "chat:xyz") == 0);
+    CHECK_EQ(res.stop_reason, LLMS_STOP_MAX_TOKENS);
+    llms_result_free(&res);
+
+    /* The connection still works after errors. */
+    int32_t *toks;
+    size_t n;
+    CHECK_EQ(llms_tokenize(c, "ab", 1, 0, &toks, &n), LLMS_OK);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(toks[0], 'a');
+    CHECK_EQ(toks[1], 'b');
+    free(toks);
+    llms_close(c);
+    pthread_join(th, NULL);
+
+    CHECK_NEAR(seen_temperature, 0.25, 1e-6);
+    CHECK(!seen_has_top_k); /* unset fields stay off the wire */
+    for (int i = 1; i < n_seen; i++)
+        CHECK_MSG(seen_ids[i] > seen_ids[i - 1], "request ids must increase");
+}
+
+static void cancel_from_callback(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    struct collect col = {.stop_after = 1};
+    CHECK_EQ(llms_call(c, id, "cancel me", NULL, collect_text, &col, NULL), LLMS_ERR_CANCELLED);
+    CHECK_EQ(col.calls, 1); /* nothing is delivered after the callback said stop */
+    CHECK(strcmp(col.text, "first") == 0);
+    /* The Cancel named the call, and the stream is still in step for the next call. */
+    char *text;
+    CHECK_EQ(llms_call_text(c, id, "next", NULL, &text), LLMS_OK);
+    CHECK(strcmp(text, "Hello!") == 0);
+    free(text);
+    llms_close(c);
+    pthread_join(th, NULL);
+    CHECK_EQ(n_seen, 4);
+    CHECK_EQ(cancelled_id, seen_ids[1]);
+}
+
+static void listings_and_status(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    llms_context_info *infos;
+    size_t n;
+    CHECK_EQ(llms_context_list(c, &infos, &n), LLMS_OK);
+    CHECK_EQ(n, 2);
+    CHECK(strcmp(infos[0].id, "ctx-a") == 0);
+    CHECK_EQ(infos[0].n_tokens, 42);
+    CHECK_EQ(infos[0].memory, LLMS_MEMORY_RESIDENT);
+    CHECK(strcmp(infos[0].system_prompt, "be kind") == 0);
+    CHECK(infos[1].system_prompt == NULL);
+    llms_context_list_free(infos, n);
+
+    llms_context_info info;
+    CHECK_EQ(llms_context_get(c, "ctx-a", 1, &info), LLMS_OK);
+    CHECK_EQ(info.n_history, 2);
+    CHECK(strcmp(info.history[1].role, "assistant") == 0);
+    CHECK(strcmp(info.history[1].content, "hello") == 0);
+    llms_context_info_free(&info);
+
+    llms_daemon_status st;
+    CHECK_EQ(llms_status_get(c, &st), LLMS_OK);
+    CHECK(strcmp(st.model_arch, "llama") == 0);
+    CHECK_EQ(st.n_ctx, 512);
+    CHECK_EQ(st.n_contexts, 3);
+    llms_daemon_status_free(&st);
+
+    /* A reply with the wrong body breaks the connection for good. */
+    CHECK_EQ(llms_shutdown(c), LLMS_ERR_PROTOCOL);
+    CHECK_EQ(llms_status_get(c, &st), LLMS_ERR_IO);
+    llms_close(c);
+    pthread_join(th, NULL);
+}
+
+static void daemon_refuses_stream(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    char *text;
+    int32_t t = 1;
+    CHECK_EQ(llms_detokenize(c, &t, 1, &text), LLMS_ERR_MALFORMED_FRAME);
+    CHECK(strcmp(llms_last_error(c), "garbage") == 0);
+    CHECK_EQ(llms_bind(c, "x"), LLMS_ERR_IO);
+    llms_close(c);
+    pthread_join(th, NULL);
+}
+
+static void connect_failures(void)
+{
+    llms_conn *c = (llms_conn *)1;
+    char err[LLMS_ERROR_MAX];
+    char path[600];
+    snprintf(path, sizeof path, "%s/absent.sock", test_tmpdir());
+    CHECK_EQ(llms_connect(path, &c, err), LLMS_ERR_IO);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "absent.sock") != NULL);
+    setenv("LLMS_SOCKET", path, 1);
+    CHECK_EQ(llms_connect(NULL, &c, err), LLMS_ERR_IO);
+    CHECK(strstr(err, "absent.sock") != NULL);
+    unsetenv("LLMS_SOCKET");
+    CHECK(strcmp(llms_status_name(LLMS_ERR_RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED") == 0);
+    CHECK(strcmp(llms_status_name(LLMS_ERR_PROTOCOL), "PROTOCOL") == 0);
+}
+
+int main(void)
+{
+    snprintf(sock_path, sizeof sock_path, "%s/fake.sock", test_tmpdir());
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(sock_path) >= sizeof addr.sun_path) {
+        fprintf(stderr, "temporary directory path too long for a socket\n");
+        return 1;
+    }
+    memcpy(addr.sun_path, sock_path, strlen(sock_path) + 1);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
+        listen(listen_fd, 4) < 0) {
+        perror("fake daemon socket");
+        return 1;
+    }
+    RUN(stream_and_errors);
+    RUN(cancel_from_callback);
+    RUN(listings_and_status);
+    RUN(daemon_refuses_stream);
+    RUN(connect_failures);
+    close(listen_fd);
+    return test_finish();
+}
