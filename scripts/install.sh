@@ -1,0 +1,60 @@
+#!/bin/sh
+# install.sh DESTDIR PREFIX BUILD — what `make install` does: copies the programs,
+# libllmsclient, its header and pkg-config file, the systemd units and snippets, and the
+# example configuration (never over an existing one) into DESTDIR/PREFIX.
+set -eu
+if [ $# -ne 3 ]; then
+    echo "usage: install.sh DESTDIR PREFIX BUILD" >&2
+    exit 2
+fi
+destdir=$1 prefix=$2 build=$3
+version=0.1.0
+src=$(cd "$(dirname "$0")/.." && pwd)
+root=$destdir$prefix
+
+for f in llmsd llms llmsctl llms-run mkmodel libllmsclient.so libllmsclient.a \
+         libllmsproto.a; do
+    if [ ! -f "$build/$f" ]; then
+        echo "install.sh: $build/$f is missing (run make first)" >&2
+        exit 1
+    fi
+done
+
+install -d "$root/sbin" "$root/bin" "$root/lib/pkgconfig" "$root/include" \
+    "$root/lib/systemd/system" "$root/lib/sysusers.d" "$root/lib/tmpfiles.d" \
+    "$destdir/etc/llmsd"
+
+install -m 0755 "$build/llmsd" "$root/sbin/llmsd"
+for p in llms llmsctl llms-run mkmodel; do
+    install -m 0755 "$build/$p" "$root/bin/$p"
+done
+
+# The shared library goes under its soname with the development link beside it.
+install -m 0755 "$build/libllmsclient.so" "$root/lib/libllmsclient.so.1"
+ln -sf libllmsclient.so.1 "$root/lib/libllmsclient.so"
+
+# The build's libllmsclient.a holds only the client; apps linking statically also need
+# the protocol code, so the installed archive merges both.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'create %s\naddlib %s\naddlib %s\nsave\nend\n' "$tmp/libllmsclient.a" \
+    "$build/libllmsclient.a" "$build/libllmsproto.a" | ar -M
+install -m 0644 "$tmp/libllmsclient.a" "$root/lib/libllmsclient.a"
+
+install -m 0644 "$src/client/llms.h" "$root/include/llms.h"
+sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" "$src/client/llmsclient.pc.in" \
+    >"$tmp/llmsclient.pc"
+install -m 0644 "$tmp/llmsclient.pc" "$root/lib/pkgconfig/llmsclient.pc"
+
+sed -e "s|@SBINDIR@|$prefix/sbin|g" "$src/systemd/llmsd.service" >"$tmp/llmsd.service"
+install -m 0644 "$tmp/llmsd.service" "$root/lib/systemd/system/llmsd.service"
+install -m 0644 "$src/systemd/llmsd.socket" "$root/lib/systemd/system/llmsd.socket"
+install -m 0644 "$src/systemd/llmsd.sysusers" "$root/lib/sysusers.d/llmsd.conf"
+install -m 0644 "$src/systemd/llmsd.tmpfiles" "$root/lib/tmpfiles.d/llmsd.conf"
+
+if [ -e "$destdir/etc/llmsd/llmsd.conf" ]; then
+    echo "install.sh: keeping the existing $destdir/etc/llmsd/llmsd.conf"
+else
+    install -m 0644 "$src/systemd/llmsd.conf" "$destdir/etc/llmsd/llmsd.conf"
+fi
+echo "installed under $root"

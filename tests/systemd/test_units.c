@@ -1,0 +1,306 @@
+/*
+ * `make install` into a temporary DESTDIR (scripts/install.sh with this test's build
+ * directory): the installed tree, the pkg-config file (an app compiled and linked
+ * through it, shared and static), the systemd units under `systemd-analyze verify`, and
+ * the sysusers snippet under `systemd-sysusers --root`.
+ */
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/support/test.h"
+
+#define PREFIX "/usr/local"
+
+static char build[1024];   /* the build directory holding this test's programs */
+static char srcdir[1024];  /* the source tree (the current directory under make) */
+static char dest[1200];    /* DESTDIR of the install */
+static int installed;      /* 1 installed, -1 llmsd not built, -2 install failed */
+static char install_log[8192];
+static char san_flags[64]; /* the sanitizer flags of this build, which its libraries need */
+
+/* snprintf that aborts the program rather than run a truncated command or path. */
+__attribute__((format(printf, 3, 4))) static void fmt(char *buf, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(buf, cap, f, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "test_units: a path or command is too long\n");
+        exit(1);
+    }
+}
+
+/* Runs a shell command with stdout and stderr captured into out; returns its exit code. */
+static int run_capture(const char *cmd, char *out, size_t cap)
+{
+    char full[8192];
+    fmt(full, sizeof full, "( %s ) 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    size_t len = 0;
+    if (!p)
+        return -1;
+    while (len + 1 < cap) {
+        size_t got = fread(out + len, 1, cap - 1 - len, p);
+        if (got == 0)
+            break;
+        len += got;
+    }
+    out[len] = '\0';
+    char sink[512];
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int have_program(const char *name)
+{
+    char cmd[256], out[256];
+    fmt(cmd, sizeof cmd, "command -v %s", name);
+    return run_capture(cmd, out, sizeof out) == 0;
+}
+
+/* Installs once for all tests. */
+static void install_once(void)
+{
+    if (installed)
+        return;
+    char path[1400];
+    fmt(path, sizeof path, "%s/llmsd", build);
+    if (access(path, X_OK) != 0) {
+        installed = -1;
+        return;
+    }
+    fmt(dest, sizeof dest, "%s/dest", test_tmpdir());
+    char cmd[4096];
+    fmt(cmd, sizeof cmd, "sh '%s/scripts/install.sh' '%s' '%s' '%s'", srcdir, dest, PREFIX,
+             build);
+    installed = run_capture(cmd, install_log, sizeof install_log) == 0 ? 1 : -2;
+    char out[64];
+    fmt(cmd, sizeof cmd, "nm -u '%s/libllmsclient.a' | grep -q __asan_", build);
+    if (run_capture(cmd, out, sizeof out) == 0)
+        fmt(san_flags, sizeof san_flags, "-fsanitize=address,undefined");
+}
+
+#define NEED_INSTALL()                                                              \
+    do {                                                                            \
+        install_once();                                                             \
+        if (installed == -1)                                                        \
+            SKIP("%s/llmsd is not built (the daemon is not in this tree)", build);  \
+        CHECK_MSG(installed == 1, "install.sh failed:\n%s", install_log);           \
+    } while (0)
+
+/* The installed path of a file below DESTDIR (valid until the next call). */
+static const char *at(const char *rel)
+{
+    static char path[2048];
+    fmt(path, sizeof path, "%s%s", dest, rel);
+    return path;
+}
+
+static long file_mode(const char *rel)
+{
+    struct stat st;
+    return lstat(at(rel), &st) == 0 ? (long)st.st_mode : -1;
+}
+
+static int file_contains(const char *rel, const char *needle)
+{
+    char cmd[4096], out[64];
+    fmt(cmd, sizeof cmd, "grep -qF -e '%s' '%s'", needle, at(rel));
+    return run_capture(cmd, out, sizeof out) == 0;
+}
+
+static void installed_tree(void)
+{
+    NEED_INSTALL();
+    static const char *const exe[] = {PREFIX "/sbin/llmsd", PREFIX "/bin/llms",
+                                      PREFIX "/bin/llmsctl", PREFIX "/bin/llms-run",
+                                      PREFIX "/bin/mkmodel", PREFIX "/lib/libllmsclient.so.1"};
+    for (size_t i = 0; i < sizeof exe / sizeof exe[0]; i++) {
+        long m = file_mode(exe[i]);
+        CHECK_MSG(m >= 0 && S_ISREG(m) && (m & 0111), "%s missing or not executable", exe[i]);
+    }
+    static const char *const data[] = {
+        PREFIX "/lib/libllmsclient.a",           PREFIX "/include/llms.h",
+        PREFIX "/lib/pkgconfig/llmsclient.pc",   PREFIX "/lib/systemd/system/llmsd.service",
+        PREFIX "/lib/systemd/system/llmsd.socket", PREFIX "/lib/sysusers.d/llmsd.conf",
+        PREFIX "/lib/tmpfiles.d/llmsd.conf",     "/etc/llmsd/llmsd.conf"};
+    for (size_t i = 0; i < sizeof data / sizeof data[0]; i++) {
+        long m = file_mode(data[i]);
+        CHECK_MSG(m >= 0 && S_ISREG(m), "%s missing", data[i]);
+    }
+    CHECK(S_ISLNK(file_mode(PREFIX "/lib/libllmsclient.so")));
+    char target[256];
+    ssize_t n = readlink(at(PREFIX "/lib/libllmsclient.so"), target, sizeof target - 1);
+    CHECK(n > 0);
+    target[n] = '\0';
+    CHECK(strcmp(target, "libllmsclient.so.1") == 0);
+
+    CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
+                        "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
+    CHECK(!file_contains(PREFIX "/lib/systemd/system/llmsd.service", "@SBINDIR@"));
+    CHECK(file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "prefix=" PREFIX));
+    CHECK(!file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "@"));
+    /* The installed archive carries the protocol code the static client needs. */
+    char cmd[4096], out[4096];
+    fmt(cmd, sizeof cmd, "ar t '%s'", at(PREFIX "/lib/libllmsclient.a"));
+    CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "client.o") && strstr(out, "frame.o") && strstr(out, "llms.pb-c.o"),
+              "archive members: %s", out);
+}
+
+static void existing_config_is_kept(void)
+{
+    NEED_INSTALL();
+    FILE *f = fopen(at("/etc/llmsd/llmsd.conf"), "a");
+    CHECK(f);
+    fputs("# edited by the administrator\n", f);
+    fclose(f);
+    char cmd[4096], out[4096];
+    fmt(cmd, sizeof cmd, "sh '%s/scripts/install.sh' '%s' '%s' '%s'", srcdir, dest, PREFIX,
+             build);
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "reinstall failed: %s", out);
+    CHECK(file_contains("/etc/llmsd/llmsd.conf", "# edited by the administrator"));
+}
+
+static const char app_source[] =
+    "#include <llms.h>\n"
+    "#include <stdio.h>\n"
+    "#include <string.h>\n"
+    "int main(void) {\n"
+    "    llms_params p = LLMS_PARAMS_INIT;\n"
+    "    llms_conn *c;\n"
+    "    char err[LLMS_ERROR_MAX];\n"
+    "    if (llms_connect(\"/nonexistent/llmsd.sock\", &c, err) != LLMS_ERR_IO) return 1;\n"
+    "    puts(llms_status_name(LLMS_ERR_NOT_FOUND));\n"
+    "    return p.top_k == LLMS_UNSET ? 0 : 1;\n"
+    "}\n";
+
+/* An app built the documented way: cc app.c $(pkg-config --cflags --libs llmsclient). */
+static void pkg_config_builds_an_app(void)
+{
+    NEED_INSTALL();
+    if (!have_program("pkg-config"))
+        SKIP("pkg-config is not installed");
+    char pc_dir[1400], out[4096], cmd[8192], app[1400];
+    fmt(pc_dir, sizeof pc_dir, "%s", at(PREFIX "/lib/pkgconfig"));
+    fmt(cmd, sizeof cmd, "PKG_CONFIG_PATH='%s' pkg-config --cflags --libs llmsclient",
+             pc_dir);
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "pkg-config: %s", out);
+    CHECK_MSG(strstr(out, "-lllmsclient") && strstr(out, "-L" PREFIX "/lib"), "got: %s", out);
+
+    fmt(app, sizeof app, "%s/app.c", test_tmpdir());
+    FILE *f = fopen(app, "w");
+    CHECK(f);
+    fputs(app_source, f);
+    fclose(f);
+    /* The tree sits under DESTDIR, so the prefix is moved there for the build. */
+    fmt(cmd, sizeof cmd,
+             "flags=$(PKG_CONFIG_PATH='%s' pkg-config --define-variable=prefix='%s%s' "
+             "--cflags --libs llmsclient) && cc -std=c99 -Wall -Werror %s -o '%s/app' '%s' $flags "
+             "&& LD_LIBRARY_PATH='%s%s/lib' '%s/app'",
+             pc_dir, dest, PREFIX, san_flags, test_tmpdir(), app, dest, PREFIX, test_tmpdir());
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "shared build: %s", out);
+    CHECK_MSG(strcmp(out, "NOT_FOUND\n") == 0, "app printed: %s", out);
+
+    fmt(cmd, sizeof cmd,
+             "flags=$(PKG_CONFIG_PATH='%s' pkg-config --define-variable=prefix='%s%s' --static "
+             "--cflags --libs llmsclient) && cc -std=c99 %s -o '%s/app-static' '%s' "
+             "$(echo $flags | sed 's/-lllmsclient/-l:libllmsclient.a/') && '%s/app-static'",
+             pc_dir, dest, PREFIX, san_flags, test_tmpdir(), app, test_tmpdir());
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "static build: %s", out);
+    CHECK_MSG(strcmp(out, "NOT_FOUND\n") == 0, "app printed: %s", out);
+}
+
+/*
+ * systemd-analyze verify on the installed units. It checks that ExecStart's program
+ * exists, so it looks at copies whose ExecStart points into DESTDIR. Any output is a
+ * complaint (verify returns 0 for unknown keys and other warnings).
+ */
+static void units_verify(void)
+{
+    NEED_INSTALL();
+    if (!have_program("systemd-analyze"))
+        SKIP("systemd-analyze is not installed");
+    char dir[1400], cmd[8192], out[8192], service[2048], socket[2048];
+    fmt(dir, sizeof dir, "%s/units", test_tmpdir());
+    fmt(service, sizeof service, "%s", at(PREFIX "/lib/systemd/system/llmsd.service"));
+    fmt(socket, sizeof socket, "%s", at(PREFIX "/lib/systemd/system/llmsd.socket"));
+    mkdir(dir, 0755);
+
+    /* First a unit that is surely valid: if that fails, verify cannot run here. */
+    fmt(cmd, sizeof cmd,
+             "printf '[Unit]\\nDescription=probe\\n[Service]\\nExecStart=/bin/true\\n' "
+             ">'%s/llms-probe.service' && systemd-analyze verify '%s/llms-probe.service'",
+             dir, dir);
+    if (run_capture(cmd, out, sizeof out) != 0 || out[0])
+        SKIP("systemd-analyze verify cannot run in this environment: %.200s", out);
+
+    fmt(cmd, sizeof cmd,
+             "sed 's|^ExecStart=%s/|ExecStart=%s%s/|' '%s' >'%s/llmsd.service' && "
+             "cp '%s' '%s/llmsd.socket' && "
+             "systemd-analyze verify '%s/llmsd.service' '%s/llmsd.socket'",
+             PREFIX, dest, PREFIX, service, dir, socket, dir, dir, dir);
+    int rc = run_capture(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && out[0] == '\0', "systemd-analyze verify (exit %d):\n%s", rc, out);
+}
+
+/* systemd-sysusers applied to an empty root creates the user and both groups. */
+static void sysusers_creates_accounts(void)
+{
+    NEED_INSTALL();
+    if (!have_program("systemd-sysusers"))
+        SKIP("systemd-sysusers is not installed");
+    char root[1400], cmd[8192], out[4096];
+    fmt(root, sizeof root, "%s/sysroot", test_tmpdir());
+    fmt(cmd, sizeof cmd, "mkdir -p '%s/etc' && systemd-sysusers --root='%s' '%s'", root,
+             root, at(PREFIX "/lib/sysusers.d/llmsd.conf"));
+    if (run_capture(cmd, out, sizeof out) != 0)
+        SKIP("systemd-sysusers --root cannot run in this environment: %.200s", out);
+    fmt(cmd, sizeof cmd,
+             "grep -q '^llmsd:' '%s/etc/passwd' && grep -q '^llms:' '%s/etc/group' && "
+             "grep -q '^llms-admin:' '%s/etc/group'",
+             root, root, root);
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "accounts missing in %s/etc", root);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    char self[1024];
+    fmt(self, sizeof self, "%s", argv[0]);
+    char *abs = realpath(dirname(self), NULL);
+    if (!abs || !getcwd(srcdir, sizeof srcdir)) {
+        fprintf(stderr, "cannot resolve the build directory\n");
+        return 1;
+    }
+    fmt(build, sizeof build, "%s/../..", abs);
+    free(abs);
+    char *b = realpath(build, NULL);
+    if (b) {
+        fmt(build, sizeof build, "%s", b);
+        free(b);
+    }
+    /* tests/run.sh runs from the source tree; find it from the build dir otherwise. */
+    char probe[2048];
+    fmt(probe, sizeof probe, "%s/scripts/install.sh", srcdir);
+    for (int up = 1; up <= 2 && access(probe, R_OK) != 0; up++) {
+        fmt(srcdir, sizeof srcdir, "%s%s", build, up == 1 ? "/.." : "/../..");
+        fmt(probe, sizeof probe, "%s/scripts/install.sh", srcdir);
+    }
+
+    RUN(installed_tree);
+    RUN(existing_config_is_kept);
+    RUN(pkg_config_builds_an_app);
+    RUN(units_verify);
+    RUN(sysusers_creates_accounts);
+    return test_finish();
+}
