@@ -1,31 +1,120 @@
 #!/bin/sh
-# make run: shows the engine at work. The daemon (llmsd) and its clients come with
-# issue 3; until then this runs the engine's own command-line tool, llms-run.
+# make run: llmsd serving its clients. Make has built everything; this generates a small
+# demo model (unless MODEL=path.gguf is given), starts build/llmsd on a socket in a
+# temporary directory with a temporary state directory, asks one question with
+# `llms ask`, has a two-turn `llms chat`, and stops the daemon.
 set -eu
+build=${BUILD:-build}
 data=${LLMS_TESTDATA:-../shared/testdata}
-stories=$data/models/stories260K.gguf
-vocab=$data/vocab/ggml-vocab-gpt-2.gguf
-if [ ! -f "$stories" ] || [ ! -f "$vocab" ]; then
-    echo "demo: $data is needed (a trained tiny model and real vocabularies)" >&2
-    exit 1
+
+for p in llmsd llms llmsctl mkmodel; do
+    if [ ! -x "$build/$p" ]; then
+        echo "demo: $build/$p is missing (run make)" >&2
+        exit 1
+    fi
+done
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/llmsd-demo.XXXXXX")
+pid=
+cleanup() {
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -n "${MODEL:-}" ]; then
+    model=$MODEL
+    echo "== model: $model"
+else
+    vocab=$data/vocab/ggml-vocab-llama-spm.gguf
+    if [ ! -f "$vocab" ]; then
+        echo "demo: $vocab is needed for the demo model (or give MODEL=path.gguf)" >&2
+        exit 1
+    fi
+    model=$build/demo-llama-q8_0.gguf
+    [ -f "$model" ] || "$build/mkmodel" -o "$model" --arch llama --dim 256 --layers 4 \
+        --heads 8 --kv-heads 4 --ffn 768 --ctx 1024 --type q8_0 --vocab "$vocab" \
+        --seed 1 >/dev/null
+    cat <<MSG
+== model: $model
+   A generated llama-shaped model on the llama SentencePiece vocabulary. Its weights are
+   RANDOM, so its answers are noise: this demo shows the service (socket, apps,
+   contexts, streaming, persistence), not a language model. For real answers give any
+   llama or qwen2/qwen3 GGUF file:   make run MODEL=/path/to/model.gguf
+MSG
 fi
 
-echo "== 1. a trained model (stories260K, llama architecture): greedy generation from BOS"
-echo "   (its vocabulary has placeholder pieces, so the output is token ids)"
-./build/llms-run -m "$stories" --ids -p 1 -n 48 --temp 0
+sock=$tmp/llmsd.sock
+cat >"$tmp/llmsd.conf" <<CONF
+model = $model
+socket = $sock
+state_dir = $tmp/state
+threads = ${THREADS:-2}
+max_tokens = 32
+temperature = 0.7
+CONF
 
 echo
-echo "== 2. the GPT-2 tokenizer on a sentence, and back"
-text="llmsd keeps every app's context alive."
-ids=$(printf '%s' "$text" | ./build/llms-run -m "$vocab" --tokenize)
-echo "   text:  $text"
-echo "   ids:   $ids"
-echo "   back:  $(echo "$ids" | ./build/llms-run -m "$vocab" --detokenize)"
+echo "== starting llmsd (socket $sock)"
+"$build/llmsd" --config "$tmp/llmsd.conf" 2>"$tmp/llmsd.log" &
+pid=$!
+tries=0
+while [ ! -S "$sock" ]; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+        echo "demo: llmsd exited; its log:" >&2
+        cat "$tmp/llmsd.log" >&2
+        pid=
+        exit 1
+    fi
+    tries=$((tries + 1))
+    if [ "$tries" -gt 300 ]; then
+        echo "demo: llmsd did not open its socket within 30 s" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+
+export LLMS_SOCKET=$sock
+question="What is a system service?"
+echo
+echo "== llms ask \"$question\""
+"$build/llms" --max-tokens 32 --seed 7 ask "$question"
 
 echo
-echo "== 3. a generated qwen2-shaped model on the GPT-2 vocabulary (random weights, so"
-echo "   the text is noise), with its chat template, sampling and speed"
-model=build/demo-qwen2-q8_0.gguf
-[ -f "$model" ] || ./build/mkmodel -o "$model" --arch qwen2 --dim 256 --layers 4 \
-    --heads 8 --kv-heads 2 --ffn 768 --ctx 1024 --type q8_0 --vocab "$vocab" --seed 1
-./build/llms-run -m "$model" --chat -p "Tell me a story." -n 24 --temp 0.8 --seed 3
+echo "== llms chat: two turns piped on stdin (the context id goes to stderr)"
+printf 'Hello, who are you?\nWhat did I just ask you?\n' >"$tmp/turns"
+sed 's/^/   you:   /' "$tmp/turns"
+"$build/llms" --max-tokens 24 --seed 7 chat --system "You are a helpful assistant." \
+    <"$tmp/turns" 2>"$tmp/chat.err" | sed 's/^/   reply: /'
+cat "$tmp/chat.err"
+ctx=$(sed -n 's/^context \([^ ]*\) .*/\1/p' "$tmp/chat.err")
+
+echo
+echo "== llms ctx list (the app llms-cli now has one context)"
+"$build/llms" ctx list
+if [ -n "$ctx" ]; then
+    echo
+    echo "== llms ctx show $ctx (its stored history)"
+    "$build/llms" ctx show "$ctx"
+fi
+
+echo
+echo "== llmsctl status (admin: root or the group llms-admin)"
+"$build/llmsctl" status || true
+
+echo
+echo "== stopping llmsd (SIGTERM: in-flight calls end, every context is persisted)"
+kill -TERM "$pid"
+if wait "$pid"; then
+    echo "   llmsd exited cleanly"
+else
+    echo "   llmsd exited with status $?; its log:" >&2
+    cat "$tmp/llmsd.log" >&2
+    pid=
+    exit 1
+fi
+pid=
