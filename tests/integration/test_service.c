@@ -1,0 +1,879 @@
+/*
+ * llmsd end to end: a real daemon of this build (build/llmsd) on a socket in a temporary
+ * directory, driven through libllmsclient and, for the abuse cases, raw frames.
+ *
+ * Concurrent clients of several apps; isolation between apps; streaming and cancel;
+ * per-app quotas; malformed, truncated, oversized and garbage frames next to a working
+ * client; a context that survives kill -9 and continues with the same greedy tokens as
+ * an uninterrupted run (stories260K); SIGTERM losing nothing.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/llms.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "proto/frame.h"
+#include "tests/support/test.h"
+
+#define MAX_FRAME 65536 /* the daemons here refuse larger frames */
+
+static char llmsd_path[1024];
+static char tiny_model[1024]; /* generated once: random weights, synthetic vocabulary */
+
+typedef struct daemon_proc {
+    pid_t pid;
+    char dir[512];   /* its config, log and socket live here */
+    char sock[600];
+    char log[600];
+} daemon_proc;
+
+__attribute__((format(printf, 3, 4))) static void fmt(char *buf, size_t cap, const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(buf, cap, f, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "test_service: path too long\n");
+        exit(1);
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void print_log(const daemon_proc *d)
+{
+    FILE *f = fopen(d->log, "r");
+    char line[512];
+    if (!f)
+        return;
+    fprintf(stderr, "---- llmsd log (%s)\n", d->log);
+    while (fgets(line, sizeof line, f))
+        fprintf(stderr, "     %s", line);
+    fclose(f);
+}
+
+/*
+ * Starts llmsd with a config file naming model, a state directory (kept between starts
+ * of the same name) and extra "key = value" lines; waits until it accepts connections.
+ */
+static int daemon_start(daemon_proc *d, const char *name, const char *model, const char *extra)
+{
+    memset(d, 0, sizeof *d);
+    fmt(d->dir, sizeof d->dir, "%s/%s", test_tmpdir(), name);
+    mkdir(d->dir, 0755);
+    fmt(d->sock, sizeof d->sock, "%s/s", d->dir);
+    fmt(d->log, sizeof d->log, "%s/llmsd.log", d->dir);
+    char conf[700];
+    fmt(conf, sizeof conf, "%s/llmsd.conf", d->dir);
+    FILE *f = fopen(conf, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state\nthreads = 1\nn_ctx = 512\n"
+               "max_frame_bytes = %d\nkv_budget_mb = 64\n%s",
+            model, d->sock, d->dir, MAX_FRAME, extra ? extra : "");
+    fclose(f);
+
+    d->pid = fork();
+    if (d->pid < 0)
+        return -1;
+    if (d->pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(llmsd_path, "llmsd", "--config", conf, (char *)NULL);
+        _exit(127);
+    }
+    double deadline = now_s() + 60; /* sanitizer builds load slowly */
+    while (now_s() < deadline) {
+        int status;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            d->pid = 0;
+            print_log(d);
+            return -1;
+        }
+        llms_conn *c;
+        if (llms_connect(d->sock, &c, NULL) == LLMS_OK) {
+            llms_close(c);
+            return 0;
+        }
+        usleep(20000);
+    }
+    print_log(d);
+    return -1;
+}
+
+/* Sends sig and waits for the exit; returns the exit status (-1 when killed by a signal). */
+static int daemon_stop(daemon_proc *d, int sig)
+{
+    if (d->pid <= 0)
+        return -1;
+    kill(d->pid, sig);
+    int status;
+    while (waitpid(d->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    d->pid = 0;
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return -1;
+}
+
+static llms_conn *connect_bound(const daemon_proc *d, const char *app)
+{
+    llms_conn *c;
+    char err[LLMS_ERROR_MAX];
+    if (llms_connect(d->sock, &c, err) != LLMS_OK) {
+        fprintf(stderr, "connect: %s\n", err);
+        return NULL;
+    }
+    if (app && llms_bind(c, app) != LLMS_OK) {
+        fprintf(stderr, "bind %s: %s\n", app, llms_last_error(c));
+        llms_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+static llms_params greedy(int max_tokens)
+{
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = max_tokens;
+    return p;
+}
+
+/* ---- concurrent clients of several apps ---- */
+
+struct worker {
+    const daemon_proc *d;
+    char app[32];
+    int ok;         /* calls that succeeded */
+    char msg[256];  /* the first failure */
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    llms_conn *c = connect_bound(w->d, w->app);
+    if (!c) {
+        snprintf(w->msg, sizeof w->msg, "%s: connect/bind failed", w->app);
+        return NULL;
+    }
+    llms_params p = greedy(6);
+    char id[LLMS_ID_MAX];
+    enum llms_status s = llms_context_create(c, "You are a test.", NULL, id);
+    uint32_t last_len = 0;
+    for (int turn = 0; s == LLMS_OK && turn < 2; turn++) {
+        llms_result r;
+        s = llms_call(c, id, turn ? "And then?" : "Hello there", &p, NULL, NULL, &r);
+        if (s == LLMS_OK) {
+            if (r.context_tokens <= last_len || r.generated_tokens == 0 ||
+                r.generated_tokens > 6) {
+                snprintf(w->msg, sizeof w->msg, "%s: turn %d: context %u after %u, %u generated",
+                         w->app, turn, r.context_tokens, last_len, r.generated_tokens);
+                s = LLMS_ERR_INTERNAL;
+            }
+            last_len = r.context_tokens;
+            w->ok++;
+        }
+        llms_result_free(&r);
+    }
+    if (s == LLMS_OK) {
+        llms_result r;
+        s = llms_complete(c, "one shot", NULL, 0, &p, NULL, NULL, &r);
+        w->ok += s == LLMS_OK;
+        llms_result_free(&r);
+    }
+    if (s != LLMS_OK && !w->msg[0])
+        snprintf(w->msg, sizeof w->msg, "%s: %s: %s", w->app, llms_status_name(s),
+                 llms_last_error(c));
+    llms_close(c);
+    return NULL;
+}
+
+static daemon_proc shared_daemon; /* for the tests that do not restart it */
+static int shared_up;
+
+static const daemon_proc *shared(void)
+{
+    if (!shared_up) {
+        shared_up = daemon_start(&shared_daemon, "shared", tiny_model,
+                                 "max_contexts_per_app = 4\nmax_queued_per_app = 4\n") == 0
+                        ? 1
+                        : -1;
+    }
+    return shared_up == 1 ? &shared_daemon : NULL;
+}
+
+#define NEED_DAEMON(d)                                                         \
+    do {                                                                       \
+        if (!llmsd_path[0])                                                    \
+            SKIP("llmsd is not built in this tree");                           \
+        CHECK_MSG(tiny_model[0], "could not generate the test model");         \
+        (d) = shared();                                                        \
+        CHECK_MSG((d), "llmsd did not start");                                 \
+    } while (0)
+
+static void concurrent_apps(void)
+{
+    const daemon_proc *d;
+    NEED_DAEMON(d);
+    enum { N_APPS = 3, PER_APP = 2 };
+    struct worker w[N_APPS * PER_APP];
+    pthread_t th[N_APPS * PER_APP];
+    for (int i = 0; i < N_APPS * PER_APP; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].d = d;
+        snprintf(w[i].app, sizeof w[i].app, "conc-app-%d", i % N_APPS);
+        CHECK(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0);
+    }
+    for (int i = 0; i < N_APPS * PER_APP; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N_APPS * PER_APP; i++)
+        CHECK_MSG(w[i].ok == 3, "worker %d: %d calls ok; %s", i, w[i].ok, w[i].msg);
+
+    /* Each app sees exactly its own two contexts; the admin view agrees. */
+    for (int a = 0; a < N_APPS; a++) {
+        char app[32];
+        snprintf(app, sizeof app, "conc-app-%d", a);
+        llms_conn *c = connect_bound(d, app);
+        CHECK(c);
+        llms_context_info *infos;
+        size_t n;
+        CHECK_EQ(llms_context_list(c, &infos, &n), LLMS_OK);
+        llms_context_list_free(infos, n);
+        llms_close(c);
+        CHECK_EQ(n, PER_APP);
+    }
+    llms_conn *admin = connect_bound(d, "conc-admin");
+    CHECK(admin);
+    llms_app_info *apps;
+    size_t n_apps;
+    CHECK_EQ(llms_list_apps(admin, &apps, &n_apps), LLMS_OK);
+    int seen = 0;
+    for (size_t i = 0; i < n_apps; i++)
+        if (!strncmp(apps[i].app_name, "conc-app-", 9)) {
+            seen++;
+            CHECK_EQ(apps[i].n_contexts, PER_APP);
+        }
+    llms_app_list_free(apps, n_apps);
+    llms_close(admin);
+    CHECK_EQ(seen, N_APPS);
+}
+
+/* ---- isolation ---- */
+
+static void isolation(void)
+{
+    const daemon_proc *d;
+    NEED_DAEMON(d);
+    llms_conn *a = connect_bound(d, "iso-a"), *b = connect_bound(d, "iso-b");
+    CHECK(a && b);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(a, "secret", NULL, id), LLMS_OK);
+    llms_params p = greedy(3);
+    CHECK_EQ(llms_call(a, id, "hi", &p, NULL, NULL, NULL), LLMS_OK);
+
+    /* B gets what a made-up id gets: NOT_FOUND, with the same message. */
+    char other_msg[LLMS_ERROR_MAX], made_up_msg[LLMS_ERROR_MAX];
+    CHECK_EQ(llms_call(b, id, "hi", &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    snprintf(other_msg, sizeof other_msg, "%s", llms_last_error(b));
+    CHECK_EQ(llms_call(b, "ctx-that-does-not-exist", "hi", &p, NULL, NULL, NULL),
+             LLMS_ERR_NOT_FOUND);
+    snprintf(made_up_msg, sizeof made_up_msg, "%s", llms_last_error(b));
+    CHECK_MSG(strcmp(other_msg, made_up_msg) == 0 || !strstr(other_msg, id),
+              "the message reveals the context: '%s' vs '%s'", other_msg, made_up_msg);
+    llms_context_info info;
+    CHECK_EQ(llms_context_get(b, id, 1, &info), LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_context_delete(b, id), LLMS_ERR_NOT_FOUND);
+    llms_context_info *infos;
+    size_t n;
+    CHECK_EQ(llms_context_list(b, &infos, &n), LLMS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK(strcmp(infos[i].id, id) != 0);
+    llms_context_list_free(infos, n);
+
+    /* A's context is untouched. */
+    CHECK_EQ(llms_context_get(a, id, 1, &info), LLMS_OK);
+    CHECK(info.n_tokens > 0);
+    CHECK(info.n_history >= 2);
+    llms_context_info_free(&info);
+    CHECK_EQ(llms_context_delete(a, id), LLMS_OK);
+    CHECK_EQ(llms_context_get(a, id, 0, &info), LLMS_ERR_NOT_FOUND);
+    llms_close(a);
+    llms_close(b);
+}
+
+/* ---- streaming and cancel ---- */
+
+struct stream_log {
+    char text[8192];
+    size_t len;
+    int pieces;
+    int cancel_at; /* 0: never */
+};
+
+static int on_piece(const char *text, size_t len, void *user)
+{
+    struct stream_log *s = user;
+    if (s->len + len < sizeof s->text) {
+        memcpy(s->text + s->len, text, len);
+        s->len += len;
+        s->text[s->len] = '\0';
+    }
+    s->pieces++;
+    return s->cancel_at && s->pieces >= s->cancel_at;
+}
+
+static void streaming_and_cancel(void)
+{
+    const daemon_proc *d;
+    NEED_DAEMON(d);
+    llms_conn *c = connect_bound(d, "stream-app");
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    llms_params p = greedy(24);
+    struct stream_log log = {0};
+    llms_result r;
+    CHECK_EQ(llms_call(c, id, "Tell me everything.", &p, on_piece, &log, &r), LLMS_OK);
+    CHECK_MSG(log.pieces >= 2 || r.generated_tokens <= 1, "%d pieces for %u tokens", log.pieces,
+              r.generated_tokens);
+    CHECK_MSG(strcmp(log.text, r.text) == 0, "streamed '%s' but the result says '%s'", log.text,
+              r.text);
+    uint32_t len_before = r.context_tokens;
+    llms_result_free(&r);
+
+    /* Cancel after the first piece of a long reply: CANCELLED, far fewer tokens. */
+    llms_params longp = greedy(400);
+    struct stream_log cl = {.cancel_at = 1};
+    enum llms_status s = llms_call(c, id, "Go on at length.", &longp, on_piece, &cl, &r);
+    CHECK_MSG(s == LLMS_ERR_CANCELLED, "got %s: %s", llms_status_name(s), llms_last_error(c));
+    CHECK_EQ(cl.pieces, 1);
+    llms_result_free(&r);
+
+    /* The connection and the context still work, and the context did not lose turns. */
+    CHECK_EQ(llms_call(c, id, "Short answer.", &p, NULL, NULL, &r), LLMS_OK);
+    CHECK(r.context_tokens > len_before);
+    llms_result_free(&r);
+
+    struct stream_log cc = {.cancel_at = 1};
+    s = llms_complete(c, "Once upon a time", NULL, 0, &longp, on_piece, &cc, NULL);
+    CHECK_EQ(s, LLMS_ERR_CANCELLED);
+    char *text;
+    CHECK_EQ(llms_call_text(c, id, "Bye.", &p, &text), LLMS_OK);
+    free(text);
+    llms_close(c);
+}
+
+/* ---- raw frames ---- */
+
+static int raw_connect(const daemon_proc *d)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, d->sock, strlen(d->sock) + 1);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    /* A daemon that hangs on a bad frame fails the test rather than hanging it. */
+    struct timeval tv = {.tv_sec = 20};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static int raw_write(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int raw_send(int fd, Llms__Request *req)
+{
+    uint8_t *buf;
+    size_t len;
+    if (frame_pack(&req->base, UINT32_MAX, &buf, &len) < 0)
+        return -1;
+    int rc = raw_write(fd, buf, len);
+    free(buf);
+    return rc;
+}
+
+/* Reads one Response; NULL at EOF, on a timeout (*timed_out set) or garbage. */
+static Llms__Response *raw_read(int fd, int *timed_out)
+{
+    uint8_t h[FRAME_HEADER_BYTES];
+    size_t got = 0;
+    uint32_t len;
+    *timed_out = 0;
+    while (got < sizeof h) {
+        ssize_t r = read(fd, h + got, sizeof h - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            *timed_out = 1;
+        if (r <= 0)
+            return NULL;
+        got += (size_t)r;
+    }
+    if (frame_peek(h, sizeof h, 1u << 26, &len) == FRAME_TOO_LARGE || len == 0)
+        return NULL;
+    uint8_t *body = malloc(len);
+    for (got = 0; body && got < len;) {
+        ssize_t r = read(fd, body + got, len - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            *timed_out = 1;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    Llms__Response *resp = body && got == len ? frame_unpack_response(body, len) : NULL;
+    free(body);
+    return resp;
+}
+
+/*
+ * After a bad frame the daemon must answer with an error or close the connection:
+ * reads until EOF, checking that every frame that comes is an error. Returns 0 when
+ * that holds, -1 on a success reply or a timeout.
+ */
+static int expect_error_or_close(int fd, char *why, size_t cap)
+{
+    for (int frames = 0; frames < 4; frames++) {
+        int timed_out;
+        Llms__Response *r = raw_read(fd, &timed_out);
+        if (!r) {
+            if (timed_out)
+                snprintf(why, cap, "no answer and no close within 20 s");
+            return timed_out ? -1 : 0;
+        }
+        int is_error = r->error && r->error->code != LLMS__ERROR_CODE__OK;
+        frame_free_response(r);
+        if (!is_error) {
+            snprintf(why, cap, "a non-error reply to a bad frame");
+            return -1;
+        }
+    }
+    return 0; /* errors only, connection left open: acceptable for a decodable frame */
+}
+
+struct victim {
+    const daemon_proc *d;
+    volatile int stop;
+    int calls_ok;
+    char msg[256];
+};
+
+/* A well-behaved client calling in a loop while others misbehave. */
+static void *victim_main(void *arg)
+{
+    struct victim *v = arg;
+    llms_conn *c = connect_bound(v->d, "victim");
+    char id[LLMS_ID_MAX];
+    if (!c || llms_context_create(c, NULL, NULL, id) != LLMS_OK) {
+        snprintf(v->msg, sizeof v->msg, "setup: %s", c ? llms_last_error(c) : "connect");
+        llms_close(c);
+        return NULL;
+    }
+    llms_params p = greedy(4);
+    while (!v->stop || v->calls_ok < 2) {
+        struct stream_log log = {0};
+        enum llms_status s = llms_call(c, id, "ping", &p, on_piece, &log, NULL);
+        if (s != LLMS_OK) {
+            snprintf(v->msg, sizeof v->msg, "call %d: %s: %s", v->calls_ok, llms_status_name(s),
+                     llms_last_error(c));
+            break;
+        }
+        v->calls_ok++;
+    }
+    llms_close(c);
+    return NULL;
+}
+
+static void bad_frames_do_not_disturb_others(void)
+{
+    const daemon_proc *d;
+    NEED_DAEMON(d);
+    struct victim v = {.d = d};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, victim_main, &v) == 0);
+
+    char why[128] = "";
+    uint8_t buf[8192];
+    int failures = 0;
+    const char *failed_case = "";
+    for (int kind = 0; kind < 7; kind++) {
+        int fd = raw_connect(d);
+        if (fd < 0) {
+            failures++;
+            failed_case = "connect";
+            continue;
+        }
+        int expect = 1; /* read the answer */
+        switch (kind) {
+        case 0: /* garbage bytes that are not protobuf */
+            frame_put_header(buf, 16);
+            memset(buf + 4, 0xff, 16);
+            raw_write(fd, buf, 20);
+            break;
+        case 1: /* a valid protobuf that is not a Request (no id) */
+            frame_put_header(buf, 2);
+            buf[4] = 0x50; /* field 10, varint */
+            buf[5] = 0x01;
+            raw_write(fd, buf, 6);
+            break;
+        case 2: /* an empty frame */
+            frame_put_header(buf, 0);
+            raw_write(fd, buf, 4);
+            break;
+        case 3: /* oversized: the header announces more than max_frame_bytes */
+            frame_put_header(buf, MAX_FRAME + 1);
+            memset(buf + 4, 0, 1024);
+            raw_write(fd, buf, 4 + 1024);
+            break;
+        case 4: /* truncated: half a frame, then the client goes away */
+            frame_put_header(buf, 100);
+            memset(buf + 4, 0x08, 50);
+            raw_write(fd, buf, 54);
+            expect = 0;
+            break;
+        case 5: /* random noise without framing */
+            srand(7);
+            for (size_t i = 0; i < sizeof buf; i++)
+                buf[i] = (uint8_t)rand();
+            raw_write(fd, buf, sizeof buf);
+            break;
+        case 6: { /* a Request with no body */
+            Llms__Request req = LLMS__REQUEST__INIT;
+            req.id = 5;
+            raw_send(fd, &req);
+            break;
+        }
+        }
+        if (expect && expect_error_or_close(fd, why, sizeof why) < 0) {
+            failures++;
+            failed_case = why;
+        }
+        close(fd);
+    }
+    v.stop = 1;
+    pthread_join(th, NULL);
+    CHECK_MSG(failures == 0, "%d bad frames handled wrongly: %s", failures, failed_case);
+    CHECK_MSG(!v.msg[0], "the well-behaved client was disturbed: %s", v.msg);
+    CHECK(v.calls_ok >= 2);
+
+    /* The daemon still takes new clients. */
+    llms_conn *c = connect_bound(d, "after-garbage");
+    CHECK(c);
+    int32_t *toks;
+    size_t n;
+    CHECK_EQ(llms_tokenize(c, "still here", 1, 0, &toks, &n), LLMS_OK);
+    free(toks);
+    llms_close(c);
+}
+
+/* ---- quotas ---- */
+
+static void quotas(void)
+{
+    const daemon_proc *d;
+    NEED_DAEMON(d);
+    /* max_contexts_per_app = 4 */
+    llms_conn *c = connect_bound(d, "quota-app");
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_ERR_RESOURCE_EXHAUSTED);
+    /* Deleting one makes room again. */
+    CHECK_EQ(llms_context_delete(c, id), LLMS_OK);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    /* Another app has its own allowance. */
+    llms_conn *other = connect_bound(d, "quota-other");
+    CHECK(other);
+    CHECK_EQ(llms_context_create(other, NULL, NULL, id), LLMS_OK);
+    llms_close(other);
+    llms_close(c);
+
+    /* max_queued_per_app = 4: eight pipelined Completes in one write; some must be
+     * refused with RESOURCE_EXHAUSTED, the others answered. */
+    int fd = raw_connect(d);
+    CHECK(fd >= 0);
+    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
+    b.app_name = "quota-queue";
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 1;
+    req.body_case = LLMS__REQUEST__BODY_BIND;
+    req.bind = &b;
+    CHECK(raw_send(fd, &req) == 0);
+    int timed_out;
+    Llms__Response *r = raw_read(fd, &timed_out);
+    CHECK(r && !r->error);
+    frame_free_response(r);
+
+    uint8_t *all = NULL;
+    size_t all_len = 0;
+    Llms__GenerationParams g = LLMS__GENERATION_PARAMS__INIT;
+    g.has_max_tokens = 1;
+    g.max_tokens = 32;
+    g.has_temperature = 1;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    cr.prompt = "count to ten";
+    cr.params = &g;
+    for (int i = 0; i < 8; i++) {
+        Llms__Request q = LLMS__REQUEST__INIT;
+        q.id = 10 + (uint64_t)i;
+        q.body_case = LLMS__REQUEST__BODY_COMPLETE;
+        q.complete = &cr;
+        uint8_t *fr;
+        size_t fl;
+        CHECK(frame_pack(&q.base, UINT32_MAX, &fr, &fl) == 0);
+        all = realloc(all, all_len + fl);
+        CHECK(all);
+        memcpy(all + all_len, fr, fl);
+        all_len += fl;
+        free(fr);
+    }
+    CHECK(raw_write(fd, all, all_len) == 0);
+    free(all);
+    int finals = 0, exhausted = 0, results = 0;
+    while (finals < 8) {
+        r = raw_read(fd, &timed_out);
+        CHECK_MSG(r, "the stream ended after %d of 8 answers", finals);
+        if (r->final) {
+            finals++;
+            if (r->error && r->error->code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED)
+                exhausted++;
+            else if (!r->error && r->body_case == LLMS__RESPONSE__BODY_RESULT)
+                results++;
+        }
+        frame_free_response(r);
+    }
+    close(fd);
+    CHECK_MSG(exhausted >= 1 && results >= 1, "%d refused, %d answered", exhausted, results);
+    CHECK_EQ(exhausted + results, 8);
+}
+
+/* ---- persistence ---- */
+
+struct turns {
+    char text[3][4096];
+    uint32_t len[3];
+};
+
+/* Creates a greedy context and runs turn first..last-1 on it. */
+static int run_turns(llms_conn *c, const char *id, int first, int last, struct turns *t)
+{
+    static const char *const prompts[3] = {"Once upon a time", "there was a cat", "and a dog"};
+    llms_params p = greedy(12);
+    p.raw = 1;
+    for (int i = first; i < last; i++) {
+        llms_result r;
+        if (llms_call(c, id, prompts[i], &p, NULL, NULL, &r) != LLMS_OK) {
+            fprintf(stderr, "turn %d: %s\n", i, llms_last_error(c));
+            return -1;
+        }
+        snprintf(t->text[i], sizeof t->text[i], "%s", r.text);
+        t->len[i] = r.context_tokens;
+        llms_result_free(&r);
+    }
+    return 0;
+}
+
+static void kill9_then_same_continuation(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024];
+    snprintf(model, sizeof model, "%s", stories);
+
+    /* Reference: three turns without interruption. */
+    daemon_proc d;
+    CHECK_MSG(daemon_start(&d, "k9-ref", model, NULL) == 0, "llmsd did not start");
+    llms_conn *c = connect_bound(&d, "k9");
+    char id[LLMS_ID_MAX];
+    struct turns ref = {0}, got = {0};
+    llms_params defaults = greedy(12);
+    int ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK &&
+             run_turns(c, id, 0, 3, &ref) == 0;
+    llms_close(c);
+    daemon_stop(&d, SIGTERM);
+    CHECK_MSG(ok, "the reference run failed");
+    CHECK(ref.text[2][0] != '\0');
+
+    /* The same with kill -9 after the first turn and a restart on the same state. */
+    CHECK_MSG(daemon_start(&d, "k9", model, NULL) == 0, "llmsd did not start");
+    c = connect_bound(&d, "k9");
+    ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK &&
+         run_turns(c, id, 0, 1, &got) == 0;
+    llms_close(c);
+    daemon_stop(&d, SIGKILL);
+    CHECK_MSG(ok, "the first turn failed");
+    CHECK_MSG(strcmp(got.text[0], ref.text[0]) == 0, "turn 0: '%s' vs '%s'", got.text[0],
+              ref.text[0]);
+
+    CHECK_MSG(daemon_start(&d, "k9", model, NULL) == 0, "llmsd did not restart after kill -9");
+    c = connect_bound(&d, "k9");
+    CHECK(c);
+    llms_context_info info;
+    enum llms_status s = llms_context_get(c, id, 1, &info);
+    CHECK_MSG(s == LLMS_OK, "the context is gone after kill -9: %s", llms_last_error(c));
+    CHECK_EQ(info.n_tokens, ref.len[0]);
+    llms_context_info_free(&info);
+    ok = run_turns(c, id, 1, 3, &got) == 0;
+    llms_close(c);
+    daemon_stop(&d, SIGTERM);
+    CHECK(ok);
+    for (int i = 1; i < 3; i++) {
+        CHECK_MSG(strcmp(got.text[i], ref.text[i]) == 0, "turn %d after kill -9: '%s' vs '%s'",
+                  i, got.text[i], ref.text[i]);
+        CHECK_EQ(got.len[i], ref.len[i]);
+    }
+}
+
+struct long_call {
+    const daemon_proc *d;
+    enum llms_status status;
+    char msg[256];
+};
+
+static void *long_call_main(void *arg)
+{
+    struct long_call *lc = arg;
+    llms_conn *c = connect_bound(lc->d, "term-app");
+    char id[LLMS_ID_MAX];
+    lc->status = LLMS_ERR_IO;
+    if (c && llms_context_create(c, NULL, NULL, id) == LLMS_OK) {
+        llms_params p = greedy(400);
+        lc->status = llms_call(c, id, "Talk for a long time.", &p, NULL, NULL, NULL);
+        snprintf(lc->msg, sizeof lc->msg, "%s", llms_last_error(c));
+    }
+    llms_close(c);
+    return NULL;
+}
+
+static void sigterm_loses_nothing(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    CHECK(tiny_model[0]);
+    daemon_proc d;
+    CHECK_MSG(daemon_start(&d, "term", tiny_model, NULL) == 0, "llmsd did not start");
+    llms_conn *c = connect_bound(&d, "term-app");
+    CHECK(c);
+    char ids[3][LLMS_ID_MAX];
+    uint32_t lens[3];
+    size_t hist[3];
+    llms_params p = greedy(5);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(llms_context_create(c, i ? "sys" : NULL, NULL, ids[i]), LLMS_OK);
+        for (int t = 0; t <= i; t++)
+            CHECK_EQ(llms_call(c, ids[i], "remember this", &p, NULL, NULL, NULL), LLMS_OK);
+        llms_context_info info;
+        CHECK_EQ(llms_context_get(c, ids[i], 1, &info), LLMS_OK);
+        lens[i] = info.n_tokens;
+        hist[i] = info.n_history;
+        llms_context_info_free(&info);
+    }
+    llms_close(c);
+
+    /* SIGTERM while a long call runs: the call gets a final answer, the daemon exits 0. */
+    struct long_call lc = {.d = &d};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, long_call_main, &lc) == 0);
+    usleep(300000);
+    int rc = daemon_stop(&d, SIGTERM);
+    pthread_join(th, NULL);
+    if (rc != 0)
+        print_log(&d);
+    CHECK_EQ(rc, 0);
+    CHECK_MSG(lc.status == LLMS_OK || lc.status == LLMS_ERR_CANCELLED ||
+                  lc.status == LLMS_ERR_UNAVAILABLE,
+              "the call in flight got %s: %s", llms_status_name(lc.status), lc.msg);
+
+    CHECK_MSG(daemon_start(&d, "term", tiny_model, NULL) == 0, "llmsd did not restart");
+    c = connect_bound(&d, "term-app");
+    CHECK(c);
+    for (int i = 0; i < 3; i++) {
+        llms_context_info info;
+        CHECK_EQ(llms_context_get(c, ids[i], 1, &info), LLMS_OK);
+        CHECK_EQ(info.n_tokens, lens[i]);
+        CHECK_EQ(info.n_history, hist[i]);
+        llms_context_info_free(&info);
+    }
+    CHECK_EQ(llms_call(c, ids[2], "still there?", &p, NULL, NULL, NULL), LLMS_OK);
+    llms_close(c);
+    CHECK_EQ(daemon_stop(&d, SIGTERM), 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    char self[1024];
+    snprintf(self, sizeof self, "%s", argv[0]);
+    fmt(llmsd_path, sizeof llmsd_path, "%s/../../llmsd", dirname(self));
+    if (access(llmsd_path, X_OK) != 0)
+        llmsd_path[0] = '\0';
+
+    fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .n_vocab = 300, .n_threads = 1,
+    };
+    char err[ERR_MAX];
+    if (modelgen_write(&mp, tiny_model, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        tiny_model[0] = '\0';
+    }
+
+    RUN(concurrent_apps);
+    RUN(isolation);
+    RUN(streaming_and_cancel);
+    RUN(bad_frames_do_not_disturb_others);
+    RUN(quotas);
+    if (shared_up == 1 && daemon_stop(&shared_daemon, SIGTERM) != 0)
+        fprintf(stderr, "the shared llmsd did not exit cleanly\n");
+    RUN(kill9_then_same_continuation);
+    RUN(sigterm_loses_nothing);
+    return test_finish();
+}
