@@ -286,6 +286,18 @@ static void concurrent_apps(void)
 
 /* ---- isolation ---- */
 
+/* Replaces the first occurrence of id in msg by "ID", so that messages echoing the id a
+ * client asked for compare equal. */
+static void mask_id(char *msg, const char *id)
+{
+    char *at = strstr(msg, id);
+    if (!at)
+        return;
+    size_t n = strlen(id);
+    memmove(at + 2, at + n, strlen(at + n) + 1);
+    memcpy(at, "ID", 2);
+}
+
 static void isolation(void)
 {
     const daemon_proc *d;
@@ -304,8 +316,10 @@ static void isolation(void)
     CHECK_EQ(llms_call(b, "ctx-that-does-not-exist", "hi", &p, NULL, NULL, NULL),
              LLMS_ERR_NOT_FOUND);
     snprintf(made_up_msg, sizeof made_up_msg, "%s", llms_last_error(b));
-    CHECK_MSG(strcmp(other_msg, made_up_msg) == 0 || !strstr(other_msg, id),
-              "the message reveals the context: '%s' vs '%s'", other_msg, made_up_msg);
+    mask_id(other_msg, id);
+    mask_id(made_up_msg, "ctx-that-does-not-exist");
+    CHECK_MSG(strcmp(other_msg, made_up_msg) == 0, "the message reveals the context: '%s' vs '%s'",
+              other_msg, made_up_msg);
     llms_context_info info;
     CHECK_EQ(llms_context_get(b, id, 1, &info), LLMS_ERR_NOT_FOUND);
     CHECK_EQ(llms_context_delete(b, id), LLMS_ERR_NOT_FOUND);
@@ -537,12 +551,12 @@ static void bad_frames_do_not_disturb_others(void)
     char why[128] = "";
     uint8_t buf[8192];
     int failures = 0;
-    const char *failed_case = "";
+    char failed_case[160] = "";
     for (int kind = 0; kind < 7; kind++) {
         int fd = raw_connect(d);
         if (fd < 0) {
             failures++;
-            failed_case = "connect";
+            snprintf(failed_case, sizeof failed_case, "case %d: connect failed", kind);
             continue;
         }
         int expect = 1; /* read the answer */
@@ -586,9 +600,14 @@ static void bad_frames_do_not_disturb_others(void)
             break;
         }
         }
+        /* Except for the oversized frame, which must be refused from its header
+         * alone, the client then stops sending: a daemon may rightly wait for the rest
+         * of a frame that is merely incomplete so far. */
+        if (kind != 3)
+            shutdown(fd, SHUT_WR);
         if (expect && expect_error_or_close(fd, why, sizeof why) < 0) {
             failures++;
-            failed_case = why;
+            snprintf(failed_case, sizeof failed_case, "case %d: %s", kind, why);
         }
         close(fd);
     }
