@@ -7,7 +7,7 @@
  * model unless --model is given), then measures:
  *   1. a short Complete (one generated token) through the socket versus the same work
  *      done in-process with the engine: p50 of each and the added latency (target:
- *      under 1 ms at p50);
+ *      under 1 ms at p50), and the p50 of a Tokenize round trip (transport alone);
  *   2. aggregate decode tokens/s with 1, 4 and 16 concurrent clients, each on its own
  *      connection and context (target: 16 clients together at least the 1-client rate).
  */
@@ -161,7 +161,32 @@ out:
     return rc;
 }
 
-static int socket_latency(const char *sock, int iters, double *out_p50, double *queue_p50)
+/* p50 of a Tokenize round trip: the transport and the event loop, no inference. */
+static int roundtrip_latency(llms_conn *c, int iters, double *out_p50)
+{
+    double *t = malloc(sizeof *t * (size_t)iters);
+    if (!t)
+        return -1;
+    for (int i = -3; i < iters; i++) {
+        int32_t *ids;
+        size_t n;
+        double t0 = now_s();
+        if (llms_tokenize(c, PROMPT, 1, 0, &ids, &n) != LLMS_OK) {
+            fprintf(stderr, "service: Tokenize: %s\n", llms_last_error(c));
+            free(t);
+            return -1;
+        }
+        if (i >= 0)
+            t[i] = now_s() - t0;
+        free(ids);
+    }
+    *out_p50 = p50(t, iters);
+    free(t);
+    return 0;
+}
+
+static int socket_latency(const char *sock, int iters, double *out_p50, double *queue_p50,
+                          double *rt_p50)
 {
     llms_conn *c;
     char err[LLMS_ERROR_MAX];
@@ -194,6 +219,7 @@ static int socket_latency(const char *sock, int iters, double *out_p50, double *
     if (rc == 0 && t && q) {
         *out_p50 = p50(t, iters);
         *queue_p50 = p50(q, iters);
+        rc = roundtrip_latency(c, iters, rt_p50);
     }
     free(t);
     free(q);
@@ -272,7 +298,7 @@ static int decode_throughput(const char *sock, int n_clients, int tokens, const 
 int main(int argc, char **argv)
 {
     const char *model = NULL;
-    int iters = 50, tokens = 64, threads = 2;
+    int iters = 200, tokens = 64, threads = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -317,16 +343,17 @@ int main(int argc, char **argv)
     }
 
     int rc = 1;
-    double in_p50 = 0, sock_p50 = 0, queue_p50 = 0;
+    double in_p50 = 0, sock_p50 = 0, queue_p50 = 0, rt_p50 = 0;
     char sock[1100];
     if (inprocess_latency(model, threads, iters, &in_p50) == 0 &&
         start_daemon(llmsd, dir, model, threads, sock, sizeof sock) == 0 &&
-        socket_latency(sock, iters, &sock_p50, &queue_p50) == 0) {
+        socket_latency(sock, iters, &sock_p50, &queue_p50, &rt_p50) == 0) {
         printf("{\"bench\":\"service_complete_latency\",\"model\":\"%s\",\"prompt\":\"%s\","
                "\"max_tokens\":1,\"iters\":%d,\"p50_inprocess_ms\":%.3f,"
-               "\"p50_socket_ms\":%.3f,\"p50_queue_ms\":%.3f,\"added_p50_ms\":%.3f}\n",
+               "\"p50_socket_ms\":%.3f,\"p50_queue_ms\":%.3f,\"added_p50_ms\":%.3f,"
+               "\"p50_tokenize_roundtrip_ms\":%.3f}\n",
                model, PROMPT, iters, in_p50 * 1e3, sock_p50 * 1e3, queue_p50 * 1e3,
-               (sock_p50 - in_p50) * 1e3);
+               (sock_p50 - in_p50) * 1e3, rt_p50 * 1e3);
         fflush(stdout);
         rc = 0;
         static const int clients[] = {1, 4, 16};
