@@ -136,12 +136,12 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
     return rc;
 }
 
+/* argv is one of: list | show ID | rm ID (checked by main). */
 static int cmd_ctx(llms_conn *c, int argc, char **argv)
 {
-    if (argc < 1)
-        usage();
+    (void)argc;
     enum llms_status s;
-    if (!strcmp(argv[0], "list") && argc == 1) {
+    if (!strcmp(argv[0], "list")) {
         llms_context_info *infos;
         size_t n;
         if ((s = llms_context_list(c, &infos, &n)) != LLMS_OK)
@@ -155,7 +155,7 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
         llms_context_list_free(infos, n);
         return 0;
     }
-    if (!strcmp(argv[0], "show") && argc == 2) {
+    if (!strcmp(argv[0], "show")) {
         llms_context_info info;
         if ((s = llms_context_get(c, argv[1], 1, &info)) != LLMS_OK)
             return report(c, s, argv[1]);
@@ -170,10 +170,7 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
         llms_context_info_free(&info);
         return 0;
     }
-    if (!strcmp(argv[0], "rm") && argc == 2)
-        return report(c, llms_context_delete(c, argv[1]), argv[1]);
-    usage();
-    return 2;
+    return report(c, llms_context_delete(c, argv[1]), argv[1]);
 }
 
 /* Parses a number option's value or exits with usage. */
@@ -227,7 +224,12 @@ int main(int argc, char **argv)
         } else
             usage();
     }
-    if (npos == 0)
+    int valid = npos > 0 && ((!strcmp(pos[0], "ask") && npos == 2) ||
+                             (!strcmp(pos[0], "chat") && npos == 1) ||
+                             (!strcmp(pos[0], "ctx") && npos == 2 && !strcmp(pos[1], "list")) ||
+                             (!strcmp(pos[0], "ctx") && npos == 3 &&
+                              (!strcmp(pos[1], "show") || !strcmp(pos[1], "rm"))));
+    if (!valid)
         usage();
 
     /* No SA_RESTART: Ctrl-C must not be lost inside a blocking read; the library
@@ -243,14 +245,12 @@ int main(int argc, char **argv)
     }
     int rc = report(c, llms_bind(c, app), "bind");
     if (rc == 0) {
-        if (!strcmp(pos[0], "ask") && npos == 2)
+        if (!strcmp(pos[0], "ask"))
             rc = cmd_ask(c, &p, pos[1]);
-        else if (!strcmp(pos[0], "chat") && npos == 1)
+        else if (!strcmp(pos[0], "chat"))
             rc = cmd_chat(c, &p, context, system);
-        else if (!strcmp(pos[0], "ctx"))
-            rc = cmd_ctx(c, npos - 1, pos + 1);
         else
-            usage();
+            rc = cmd_ctx(c, npos - 1, pos + 1);
     }
     llms_close(c);
     free(pos);

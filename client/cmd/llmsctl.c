@@ -210,23 +210,21 @@ static enum llms_status cmd_ok(llms_conn *c, enum llms_status s)
     return s;
 }
 
-static enum llms_status run(llms_conn *c, int npos, char **pos)
+/* Runs a command main has checked. */
+static enum llms_status run(llms_conn *c, char **pos)
 {
     const char *cmd = pos[0];
-    if (!strcmp(cmd, "status") && npos == 1)
+    if (!strcmp(cmd, "status"))
         return cmd_status(c);
-    if (!strcmp(cmd, "apps") && npos == 1)
+    if (!strcmp(cmd, "apps"))
         return cmd_apps(c);
-    if (!strcmp(cmd, "contexts") && npos == 1)
+    if (!strcmp(cmd, "contexts"))
         return cmd_contexts(c, NULL);
-    if (!strcmp(cmd, "show") && npos == 2)
+    if (!strcmp(cmd, "show"))
         return cmd_contexts(c, pos[1]);
-    if (!strcmp(cmd, "evict") && npos == 2)
+    if (!strcmp(cmd, "evict"))
         return cmd_ok(c, llms_evict(c, pos[1]));
-    if (!strcmp(cmd, "shutdown") && npos == 1)
-        return cmd_ok(c, llms_shutdown(c));
-    usage();
-    return LLMS_ERR_INVALID_ARGUMENT;
+    return cmd_ok(c, llms_shutdown(c));
 }
 
 int main(int argc, char **argv)
@@ -244,17 +242,20 @@ int main(int argc, char **argv)
         else
             pos[npos++] = argv[i];
     }
-    if (npos == 0)
+    int one = npos == 1 && (!strcmp(pos[0], "status") || !strcmp(pos[0], "apps") ||
+                            !strcmp(pos[0], "contexts") || !strcmp(pos[0], "shutdown"));
+    int two = npos == 2 && (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict"));
+    if (!one && !two)
         usage();
 
     llms_conn *c;
     char err[LLMS_ERROR_MAX];
     enum llms_status s = llms_connect(socket_path, &c, err);
     if (s == LLMS_OK) {
-        s = run(c, npos, pos);
+        s = run(c, pos);
         /* A daemon that wants every connection bound first gets the admin tool's name. */
         if (s == LLMS_ERR_FAILED_PRECONDITION && llms_bind(c, "llmsctl") == LLMS_OK)
-            s = run(c, npos, pos);
+            s = run(c, pos);
         if (s != LLMS_OK)
             snprintf(err, sizeof err, "%s", s == LLMS_ERR_NOT_FOUND && !*llms_last_error(c)
                                                 ? "no such context"

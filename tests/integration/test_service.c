@@ -28,133 +28,13 @@
 #include "engine/modelgen.h"
 #include "engine/quant.h"
 #include "proto/frame.h"
+#include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
-#define MAX_FRAME 65536 /* the daemons here refuse larger frames */
+#define MAX_FRAME LLMSD_PROC_MAX_FRAME
 
 static char llmsd_path[1024];
 static char tiny_model[1024]; /* generated once: random weights, synthetic vocabulary */
-
-typedef struct daemon_proc {
-    pid_t pid;
-    char dir[512];   /* its config, log and socket live here */
-    char sock[600];
-    char log[600];
-} daemon_proc;
-
-__attribute__((format(printf, 3, 4))) static void fmt(char *buf, size_t cap, const char *f, ...)
-{
-    va_list ap;
-    va_start(ap, f);
-    int n = vsnprintf(buf, cap, f, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= cap) {
-        fprintf(stderr, "test_service: path too long\n");
-        exit(1);
-    }
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void print_log(const daemon_proc *d)
-{
-    FILE *f = fopen(d->log, "r");
-    char line[512];
-    if (!f)
-        return;
-    fprintf(stderr, "---- llmsd log (%s)\n", d->log);
-    while (fgets(line, sizeof line, f))
-        fprintf(stderr, "     %s", line);
-    fclose(f);
-}
-
-/*
- * Starts llmsd with a config file naming model, a state directory (kept between starts
- * of the same name) and extra "key = value" lines; waits until it accepts connections.
- */
-static int daemon_start(daemon_proc *d, const char *name, const char *model, const char *extra)
-{
-    memset(d, 0, sizeof *d);
-    fmt(d->dir, sizeof d->dir, "%s/%s", test_tmpdir(), name);
-    mkdir(d->dir, 0755);
-    fmt(d->sock, sizeof d->sock, "%s/s", d->dir);
-    fmt(d->log, sizeof d->log, "%s/llmsd.log", d->dir);
-    char conf[700];
-    fmt(conf, sizeof conf, "%s/llmsd.conf", d->dir);
-    FILE *f = fopen(conf, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state\nthreads = 1\nn_ctx = 512\n"
-               "max_frame_bytes = %d\nkv_budget_mb = 64\n%s",
-            model, d->sock, d->dir, MAX_FRAME, extra ? extra : "");
-    fclose(f);
-
-    d->pid = fork();
-    if (d->pid < 0)
-        return -1;
-    if (d->pid == 0) {
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(llmsd_path, "llmsd", "--config", conf, (char *)NULL);
-        _exit(127);
-    }
-    double deadline = now_s() + 60; /* sanitizer builds load slowly */
-    while (now_s() < deadline) {
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            d->pid = 0;
-            print_log(d);
-            return -1;
-        }
-        llms_conn *c;
-        if (llms_connect(d->sock, &c, NULL) == LLMS_OK) {
-            llms_close(c);
-            return 0;
-        }
-        usleep(20000);
-    }
-    print_log(d);
-    return -1;
-}
-
-/* Sends sig and waits for the exit; returns the exit status (-1 when killed by a signal). */
-static int daemon_stop(daemon_proc *d, int sig)
-{
-    if (d->pid <= 0)
-        return -1;
-    kill(d->pid, sig);
-    int status;
-    while (waitpid(d->pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    d->pid = 0;
-    if (WIFEXITED(status))
-        return WEXITSTATUS(status);
-    return -1;
-}
-
-static llms_conn *connect_bound(const daemon_proc *d, const char *app)
-{
-    llms_conn *c;
-    char err[LLMS_ERROR_MAX];
-    if (llms_connect(d->sock, &c, err) != LLMS_OK) {
-        fprintf(stderr, "connect: %s\n", err);
-        return NULL;
-    }
-    if (app && llms_bind(c, app) != LLMS_OK) {
-        fprintf(stderr, "bind %s: %s\n", app, llms_last_error(c));
-        llms_close(c);
-        return NULL;
-    }
-    return c;
-}
 
 static llms_params greedy(int max_tokens)
 {
@@ -168,7 +48,7 @@ static llms_params greedy(int max_tokens)
 /* ---- concurrent clients of several apps ---- */
 
 struct worker {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     char app[32];
     int ok;         /* calls that succeeded */
     char msg[256];  /* the first failure */
@@ -177,7 +57,7 @@ struct worker {
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
-    llms_conn *c = connect_bound(w->d, w->app);
+    llms_conn *c = proc_connect(w->d, w->app);
     if (!c) {
         snprintf(w->msg, sizeof w->msg, "%s: connect/bind failed", w->app);
         return NULL;
@@ -214,13 +94,13 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static daemon_proc shared_daemon; /* for the tests that do not restart it */
+static llmsd_proc shared_daemon; /* for the tests that do not restart it */
 static int shared_up;
 
-static const daemon_proc *shared(void)
+static const llmsd_proc *shared(void)
 {
     if (!shared_up) {
-        shared_up = daemon_start(&shared_daemon, "shared", tiny_model,
+        shared_up = proc_start(&shared_daemon, llmsd_path, "shared", tiny_model,
                                  "max_contexts_per_app = 4\nmax_queued_per_app = 4\n") == 0
                         ? 1
                         : -1;
@@ -239,7 +119,7 @@ static const daemon_proc *shared(void)
 
 static void concurrent_apps(void)
 {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     NEED_DAEMON(d);
     enum { N_APPS = 3, PER_APP = 2 };
     struct worker w[N_APPS * PER_APP];
@@ -259,7 +139,7 @@ static void concurrent_apps(void)
     for (int a = 0; a < N_APPS; a++) {
         char app[32];
         snprintf(app, sizeof app, "conc-app-%d", a);
-        llms_conn *c = connect_bound(d, app);
+        llms_conn *c = proc_connect(d, app);
         CHECK(c);
         llms_context_info *infos;
         size_t n;
@@ -268,7 +148,7 @@ static void concurrent_apps(void)
         llms_close(c);
         CHECK_EQ(n, PER_APP);
     }
-    llms_conn *admin = connect_bound(d, "conc-admin");
+    llms_conn *admin = proc_connect(d, "conc-admin");
     CHECK(admin);
     llms_app_info *apps;
     size_t n_apps;
@@ -300,9 +180,9 @@ static void mask_id(char *msg, const char *id)
 
 static void isolation(void)
 {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     NEED_DAEMON(d);
-    llms_conn *a = connect_bound(d, "iso-a"), *b = connect_bound(d, "iso-b");
+    llms_conn *a = proc_connect(d, "iso-a"), *b = proc_connect(d, "iso-b");
     CHECK(a && b);
     char id[LLMS_ID_MAX];
     CHECK_EQ(llms_context_create(a, "secret", NULL, id), LLMS_OK);
@@ -364,9 +244,9 @@ static int on_piece(const char *text, size_t len, void *user)
 
 static void streaming_and_cancel(void)
 {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     NEED_DAEMON(d);
-    llms_conn *c = connect_bound(d, "stream-app");
+    llms_conn *c = proc_connect(d, "stream-app");
     CHECK(c);
     char id[LLMS_ID_MAX];
     CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
@@ -405,7 +285,7 @@ static void streaming_and_cancel(void)
 
 /* ---- raw frames ---- */
 
-static int raw_connect(const daemon_proc *d)
+static int raw_connect(const llmsd_proc *d)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -508,7 +388,7 @@ static int expect_error_or_close(int fd, char *why, size_t cap)
 }
 
 struct victim {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     volatile int stop;
     int calls_ok;
     char msg[256];
@@ -518,7 +398,7 @@ struct victim {
 static void *victim_main(void *arg)
 {
     struct victim *v = arg;
-    llms_conn *c = connect_bound(v->d, "victim");
+    llms_conn *c = proc_connect(v->d, "victim");
     char id[LLMS_ID_MAX];
     if (!c || llms_context_create(c, NULL, NULL, id) != LLMS_OK) {
         snprintf(v->msg, sizeof v->msg, "setup: %s", c ? llms_last_error(c) : "connect");
@@ -542,7 +422,7 @@ static void *victim_main(void *arg)
 
 static void bad_frames_do_not_disturb_others(void)
 {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     NEED_DAEMON(d);
     struct victim v = {.d = d};
     pthread_t th;
@@ -618,7 +498,7 @@ static void bad_frames_do_not_disturb_others(void)
     CHECK(v.calls_ok >= 2);
 
     /* The daemon still takes new clients. */
-    llms_conn *c = connect_bound(d, "after-garbage");
+    llms_conn *c = proc_connect(d, "after-garbage");
     CHECK(c);
     int32_t *toks;
     size_t n;
@@ -631,10 +511,10 @@ static void bad_frames_do_not_disturb_others(void)
 
 static void quotas(void)
 {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     NEED_DAEMON(d);
     /* max_contexts_per_app = 4 */
-    llms_conn *c = connect_bound(d, "quota-app");
+    llms_conn *c = proc_connect(d, "quota-app");
     CHECK(c);
     char id[LLMS_ID_MAX];
     for (int i = 0; i < 4; i++)
@@ -644,7 +524,7 @@ static void quotas(void)
     CHECK_EQ(llms_context_delete(c, id), LLMS_OK);
     CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
     /* Another app has its own allowance. */
-    llms_conn *other = connect_bound(d, "quota-other");
+    llms_conn *other = proc_connect(d, "quota-other");
     CHECK(other);
     CHECK_EQ(llms_context_create(other, NULL, NULL, id), LLMS_OK);
     llms_close(other);
@@ -746,32 +626,33 @@ static void kill9_then_same_continuation(void)
     snprintf(model, sizeof model, "%s", stories);
 
     /* Reference: three turns without interruption. */
-    daemon_proc d;
-    CHECK_MSG(daemon_start(&d, "k9-ref", model, NULL) == 0, "llmsd did not start");
-    llms_conn *c = connect_bound(&d, "k9");
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "k9-ref", model, NULL) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "k9");
     char id[LLMS_ID_MAX];
     struct turns ref = {0}, got = {0};
     llms_params defaults = greedy(12);
     int ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK &&
              run_turns(c, id, 0, 3, &ref) == 0;
     llms_close(c);
-    daemon_stop(&d, SIGTERM);
+    proc_stop(&d, SIGTERM);
     CHECK_MSG(ok, "the reference run failed");
     CHECK(ref.text[2][0] != '\0');
 
     /* The same with kill -9 after the first turn and a restart on the same state. */
-    CHECK_MSG(daemon_start(&d, "k9", model, NULL) == 0, "llmsd did not start");
-    c = connect_bound(&d, "k9");
+    CHECK_MSG(proc_start(&d, llmsd_path, "k9", model, NULL) == 0, "llmsd did not start");
+    c = proc_connect(&d, "k9");
     ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK &&
          run_turns(c, id, 0, 1, &got) == 0;
     llms_close(c);
-    daemon_stop(&d, SIGKILL);
+    proc_stop(&d, SIGKILL);
     CHECK_MSG(ok, "the first turn failed");
     CHECK_MSG(strcmp(got.text[0], ref.text[0]) == 0, "turn 0: '%s' vs '%s'", got.text[0],
               ref.text[0]);
 
-    CHECK_MSG(daemon_start(&d, "k9", model, NULL) == 0, "llmsd did not restart after kill -9");
-    c = connect_bound(&d, "k9");
+    CHECK_MSG(proc_start(&d, llmsd_path, "k9", model, NULL) == 0,
+              "llmsd did not restart after kill -9");
+    c = proc_connect(&d, "k9");
     CHECK(c);
     llms_context_info info;
     enum llms_status s = llms_context_get(c, id, 1, &info);
@@ -780,7 +661,7 @@ static void kill9_then_same_continuation(void)
     llms_context_info_free(&info);
     ok = run_turns(c, id, 1, 3, &got) == 0;
     llms_close(c);
-    daemon_stop(&d, SIGTERM);
+    proc_stop(&d, SIGTERM);
     CHECK(ok);
     for (int i = 1; i < 3; i++) {
         CHECK_MSG(strcmp(got.text[i], ref.text[i]) == 0, "turn %d after kill -9: '%s' vs '%s'",
@@ -790,7 +671,7 @@ static void kill9_then_same_continuation(void)
 }
 
 struct long_call {
-    const daemon_proc *d;
+    const llmsd_proc *d;
     enum llms_status status;
     char msg[256];
 };
@@ -798,7 +679,7 @@ struct long_call {
 static void *long_call_main(void *arg)
 {
     struct long_call *lc = arg;
-    llms_conn *c = connect_bound(lc->d, "term-app");
+    llms_conn *c = proc_connect(lc->d, "term-app");
     char id[LLMS_ID_MAX];
     lc->status = LLMS_ERR_IO;
     if (c && llms_context_create(c, NULL, NULL, id) == LLMS_OK) {
@@ -815,9 +696,9 @@ static void sigterm_loses_nothing(void)
     if (!llmsd_path[0])
         SKIP("llmsd is not built in this tree");
     CHECK(tiny_model[0]);
-    daemon_proc d;
-    CHECK_MSG(daemon_start(&d, "term", tiny_model, NULL) == 0, "llmsd did not start");
-    llms_conn *c = connect_bound(&d, "term-app");
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "term", tiny_model, NULL) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "term-app");
     CHECK(c);
     char ids[3][LLMS_ID_MAX];
     uint32_t lens[3];
@@ -840,17 +721,17 @@ static void sigterm_loses_nothing(void)
     pthread_t th;
     CHECK(pthread_create(&th, NULL, long_call_main, &lc) == 0);
     usleep(300000);
-    int rc = daemon_stop(&d, SIGTERM);
+    int rc = proc_stop(&d, SIGTERM);
     pthread_join(th, NULL);
     if (rc != 0)
-        print_log(&d);
+        proc_print_log(&d);
     CHECK_EQ(rc, 0);
     CHECK_MSG(lc.status == LLMS_OK || lc.status == LLMS_ERR_CANCELLED ||
                   lc.status == LLMS_ERR_UNAVAILABLE,
               "the call in flight got %s: %s", llms_status_name(lc.status), lc.msg);
 
-    CHECK_MSG(daemon_start(&d, "term", tiny_model, NULL) == 0, "llmsd did not restart");
-    c = connect_bound(&d, "term-app");
+    CHECK_MSG(proc_start(&d, llmsd_path, "term", tiny_model, NULL) == 0, "llmsd did not restart");
+    c = proc_connect(&d, "term-app");
     CHECK(c);
     for (int i = 0; i < 3; i++) {
         llms_context_info info;
@@ -861,20 +742,16 @@ static void sigterm_loses_nothing(void)
     }
     CHECK_EQ(llms_call(c, ids[2], "still there?", &p, NULL, NULL, NULL), LLMS_OK);
     llms_close(c);
-    CHECK_EQ(daemon_stop(&d, SIGTERM), 0);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
 int main(int argc, char **argv)
 {
     (void)argc;
     signal(SIGPIPE, SIG_IGN);
-    char self[1024];
-    snprintf(self, sizeof self, "%s", argv[0]);
-    fmt(llmsd_path, sizeof llmsd_path, "%s/../../llmsd", dirname(self));
-    if (access(llmsd_path, X_OK) != 0)
-        llmsd_path[0] = '\0';
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
 
-    fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
+    proc_fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
     modelgen_params mp = {
         .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .n_vocab = 300, .n_threads = 1,
@@ -890,7 +767,7 @@ int main(int argc, char **argv)
     RUN(streaming_and_cancel);
     RUN(bad_frames_do_not_disturb_others);
     RUN(quotas);
-    if (shared_up == 1 && daemon_stop(&shared_daemon, SIGTERM) != 0)
+    if (shared_up == 1 && proc_stop(&shared_daemon, SIGTERM) != 0)
         fprintf(stderr, "the shared llmsd did not exit cleanly\n");
     RUN(kill9_then_same_continuation);
     RUN(sigterm_loses_nothing);

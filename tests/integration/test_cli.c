@@ -1,0 +1,223 @@
+/*
+ * The llms and llmsctl programs of this build against a real llmsd: ask, a piped
+ * two-turn chat resumed with --context, ctx list/show/rm, and llmsctl's text and --json
+ * output (strings escaped, errors as one JSON object).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+static char llmsd_path[1024], llms_path[1100], llmsctl_path[1100];
+static char model_path[1024];
+static llmsd_proc llmsd;
+static int llmsd_up; /* 1 up, -1 failed to start */
+
+/* Runs a shell command; stdout into out, stderr into err_out (either may be NULL). */
+static int run(const char *cmd, char *out, size_t cap, char *err_out, size_t err_cap)
+{
+    char full[8192], err_file[700];
+    proc_fmt(err_file, sizeof err_file, "%s/stderr.txt", test_tmpdir());
+    proc_fmt(full, sizeof full, "( %s ) 2>'%s'", cmd, err_file);
+    FILE *p = popen(full, "r");
+    if (!p)
+        return -1;
+    size_t len = 0;
+    char sink[256];
+    if (out) {
+        while (len + 1 < cap) {
+            size_t got = fread(out + len, 1, cap - 1 - len, p);
+            if (got == 0)
+                break;
+            len += got;
+        }
+        out[len] = '\0';
+    }
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
+    int status = pclose(p);
+    if (err_out) {
+        FILE *f = fopen(err_file, "r");
+        size_t n = f ? fread(err_out, 1, err_cap - 1, f) : 0;
+        err_out[n] = '\0';
+        if (f)
+            fclose(f);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#define NEED_DAEMON()                                                                \
+    do {                                                                             \
+        if (!llmsd_path[0])                                                          \
+            SKIP("llmsd is not built in this tree");                                 \
+        if (!llmsd_up)                                                              \
+            llmsd_up = model_path[0] && proc_start(&llmsd, llmsd_path, "cli",      \
+                                                    model_path, "max_tokens = 8\n") == 0 \
+                            ? 1                                                      \
+                            : -1;                                                    \
+        CHECK_MSG(llmsd_up == 1, "llmsd did not start");                            \
+    } while (0)
+
+static void ask_prints_an_answer(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[4096], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --temp 0 --max-tokens 5 ask 'Hello there'",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "llms ask failed: %s", err);
+    size_t n = strlen(out);
+    CHECK_MSG(n > 1 && out[n - 1] == '\n', "answer: '%s'", out);
+    /* Nothing is kept by ask. */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' ctx list", llms_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(out[0] == '\0', "ask left contexts: %s", out);
+}
+
+static void chat_resumes_and_ctx_commands(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[8192], err[4096];
+    proc_fmt(cmd, sizeof cmd,
+             "printf 'first question\\nsecond question\\n' | '%s' --socket '%s' --app cli-chat "
+             "--temp 0 --max-tokens 4 chat --system \"$(printf 'be \"brief\"\\t\\\\ok')\"",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "llms chat failed: %s", err);
+    char id[LLMS_ID_MAX];
+    CHECK_MSG(sscanf(err, "context %127s", id) == 1, "no context id on stderr: %s", err);
+    int lines = 0;
+    for (const char *p = out; *p; p++)
+        lines += *p == '\n';
+    CHECK_MSG(lines >= 2, "two replies expected, got: '%s'", out);
+
+    /* Resume: a third turn lands in the same context. */
+    proc_fmt(cmd, sizeof cmd,
+             "echo 'third question' | '%s' --socket '%s' --app cli-chat --max-tokens 4 "
+             "chat --context %s",
+             llms_path, llmsd.sock, id);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "resume failed: %s", err);
+    CHECK_MSG(!strstr(err, "context "), "resuming created a context: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-chat ctx show %s", llms_path,
+             llmsd.sock, id);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(strstr(out, "first question") && strstr(out, "third question") &&
+                  strstr(out, "[assistant]"),
+              "history: %s", out);
+
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-chat ctx list", llms_path,
+             llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK(strstr(out, id) != NULL);
+    /* Another app does not see it. */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app someone-else ctx show %s", llms_path,
+             llmsd.sock, id);
+    CHECK(run(cmd, out, sizeof out, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "NOT_FOUND"), "stderr: %s", err);
+
+    /* llmsctl sees it, with the system prompt escaped in JSON. */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json contexts", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(!strncmp(out, "{\"contexts\":[", 13) && strstr(out, id), "json: %s", out);
+    /* The system prompt holds quotes, a tab and a backslash. */
+    CHECK_MSG(strstr(out, "\"system_prompt\":\"be \\\"brief\\\"\\t\\\\ok\""), "json: %s",
+              out);
+    CHECK_MSG(strstr(out, "\"app_name\":\"cli-chat\""), "json: %s", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json show %s", llmsctl_path, llmsd.sock,
+             id);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(out[0] == '{' && strstr(out, id), "json: %s", out);
+
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-chat ctx rm %s", llms_path,
+             llmsd.sock, id);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-chat ctx list", llms_path,
+             llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK(strstr(out, id) == NULL);
+}
+
+static void llmsctl_reports(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[8192], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' status", llmsctl_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "status: %s", err);
+    CHECK_MSG(strstr(out, "llama") && strstr(out, model_path), "status: %s", out);
+
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json status", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(out[0] == '{' && strstr(out, "\"model_arch\":\"llama\"") &&
+                  strstr(out, "\"n_ctx\":512") && !strchr(strchr(out, '\n') + 1, '\n'),
+              "json: %s", out);
+
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json apps", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(!strncmp(out, "{\"apps\":[", 9), "json: %s", out);
+
+    /* Errors: one JSON object on stdout, a message on stderr, exit status 1. */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json evict no-such-context", llmsctl_path,
+             llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 1);
+    CHECK_MSG(!strncmp(out, "{\"error\":{\"code\":\"NOT_FOUND\"", 28), "json: %s", out);
+    CHECK(err[0] != '\0');
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s/none' --json status", llmsctl_path,
+             test_tmpdir());
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 1);
+    CHECK_MSG(!strncmp(out, "{\"error\":{\"code\":\"IO\"", 21), "json: %s", out);
+
+    /* shutdown: the llmsd exits cleanly. */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' shutdown", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    int status;
+    CHECK(waitpid(llmsd.pid, &status, 0) == llmsd.pid);
+    llmsd.pid = 0;
+    llmsd_up = -1;
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void bad_usage_fails(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char cmd[4096], out[1024], err[1024];
+    proc_fmt(cmd, sizeof cmd, "'%s' frobnicate", llms_path);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
+    CHECK(strstr(err, "usage") != NULL);
+    proc_fmt(cmd, sizeof cmd, "'%s' --temp abc ask hi", llms_path);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
+    proc_fmt(cmd, sizeof cmd, "'%s' show", llmsctl_path);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    if (llmsd_path[0]) {
+        /* The clients sit beside llmsd: replace its name at the end of the path. */
+        int dir_len = (int)strlen(llmsd_path) - (int)strlen("llmsd");
+        proc_fmt(llms_path, sizeof llms_path, "%.*sllms", dir_len, llmsd_path);
+        proc_fmt(llmsctl_path, sizeof llmsctl_path, "%.*sllmsctl", dir_len, llmsd_path);
+    }
+    proc_fmt(model_path, sizeof model_path, "%s/cli.gguf", test_tmpdir());
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
+    };
+    char err[ERR_MAX];
+    if (modelgen_write(&mp, model_path, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        model_path[0] = '\0';
+    }
+    RUN(ask_prints_an_answer);
+    RUN(chat_resumes_and_ctx_commands);
+    RUN(llmsctl_reports);
+    RUN(bad_usage_fails);
+    if (llmsd_up == 1)
+        proc_stop(&llmsd, SIGTERM);
+    return test_finish();
+}
