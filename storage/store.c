@@ -405,7 +405,7 @@ static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const sto
         if (!c.params)
             c.params_len = 0;
         (*n)++;
-        int stop = fn(arg, &c);
+        int stop = fn ? fn(arg, &c) : 0;
         if (stop) {
             sqlite3_reset(st);
             return stop;

@@ -62,7 +62,8 @@ int store_context_list(store *s, int64_t app_id,
                        int (*fn)(void *arg, const store_context *c), void *arg,
                        char err[ERR_MAX]);
 
-/* Looks one context up and calls fn with it; *found false (fn not called) when absent. */
+/* Looks one context up and calls fn (which may be NULL) with it; *found false (fn not
+ * called) when absent. */
 int store_context_get(store *s, const char *id,
                       int (*fn)(void *arg, const store_context *c), void *arg, bool *found,
                       char err[ERR_MAX]);

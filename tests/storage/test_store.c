@@ -157,6 +157,8 @@ static void create_list_get_delete(void)
     CHECK(found);
     CHECK_EQ(one.n, 1);
     CHECK(strcmp(one.id[0], "ctx-b") == 0);
+    found = false;
+    CHECK(store_context_get(s, "ctx-b", NULL, NULL, &found, err) == 0 && found);
 
     seen none = {0};
     found = true;
@@ -457,6 +459,22 @@ static void garbage_file_is_an_error(void)
     CHECK_MSG(strstr(err, "not a directory"), "%s", err);
 }
 
+static void newer_schema_is_refused(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("future");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    store_close(s);
+    sqlite3 *db = raw_db(dir);
+    CHECK(db != NULL);
+    int rc = sqlite3_exec(db, "PRAGMA user_version = 99", NULL, NULL, NULL);
+    sqlite3_close(db);
+    CHECK_EQ(rc, SQLITE_OK);
+    CHECK(store_open(dir, err) == NULL);
+    CHECK_MSG(strstr(err, "schema version 99"), "%s", err);
+}
+
 static void deleting_a_context_deletes_its_turns(void)
 {
     char err[ERR_MAX] = "";
@@ -545,6 +563,7 @@ int main(void)
     RUN(failed_append_leaves_nothing);
     RUN(corrupt_token_blob_is_an_error);
     RUN(garbage_file_is_an_error);
+    RUN(newer_schema_is_refused);
     RUN(deleting_a_context_deletes_its_turns);
     RUN(many_turns);
     return test_finish();
