@@ -586,7 +586,7 @@ static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
         err_set(err, "out of memory");
         goto fail;
     }
-    if (c)
+    if (c && c->n_tokens)
         memcpy(g->hist, c->tokens, sizeof *g->hist * (size_t)c->n_tokens);
     memcpy(g->hist + g->n_base, turn, sizeof *turn * (size_t)n_turn);
     g->n_turn = n_turn;
