@@ -531,6 +531,30 @@ static void admin_status(void)
         CHECK(r && !r->error && r->body_case == LLMS__RESPONSE__BODY_STATUS);
         CHECK_EQ(r->status->n_ctx, 256);
         CHECK(r->status->n_connections >= 1);
+        frame_free_response(r);
+        char id[33];
+        call_out out;
+        CHECK_EQ(create_context(fd, NULL, id), 0);
+        CHECK_EQ(do_call(fd, 71, id, "tok5", &out), 0);
+        frame_free_response(out.final);
+        Llms__EvictContextRequest ev = LLMS__EVICT_CONTEXT_REQUEST__INIT;
+        ev.context_id = id;
+        r = simple(fd, 72, LLMS__REQUEST__BODY_EVICT_CONTEXT, &ev);
+        CHECK(r && !r->error && r->body_case == LLMS__RESPONSE__BODY_OK);
+        frame_free_response(r);
+        Llms__GetContextRequest g = LLMS__GET_CONTEXT_REQUEST__INIT;
+        g.context_id = id;
+        r = simple(fd, 73, LLMS__REQUEST__BODY_GET_CONTEXT, &g);
+        CHECK(r && !r->error);
+        CHECK_EQ(r->context->memory, LLMS__MEMORY_STATE__MEMORY_NONE);
+        frame_free_response(r);
+        /* The next call rebuilds the KV. */
+        CHECK_EQ(do_call(fd, 74, id, "tok6", &out), 0);
+        CHECK(out.final && !out.final->error);
+        frame_free_response(out.final);
+        r = simple(fd, 75, LLMS__REQUEST__BODY_GET_CONTEXT, &g);
+        CHECK(r && !r->error);
+        CHECK_EQ(r->context->memory, LLMS__MEMORY_STATE__MEMORY_RESIDENT);
     }
     frame_free_response(r);
     close(fd);
@@ -594,6 +618,94 @@ static void cancel_call(void)
     CHECK_EQ(r->context->n_tokens, expect);
     frame_free_response(r);
     close(fd);
+}
+
+/* Starts a long Call (not waiting for it) on a fresh context of app; returns the fd. */
+static int start_long_call(const char *app, uint64_t rid, char id[33])
+{
+    int fd = open_app(app);
+    if (fd < 0 || create_context(fd, NULL, id))
+        return -1;
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.has_max_tokens = 1;
+    gp.max_tokens = 200;
+    Llms__CallRequest c = LLMS__CALL_REQUEST__INIT;
+    c.context_id = id;
+    c.prompt = "tok50 tok51";
+    c.params = &gp;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = rid;
+    req.body_case = LLMS__REQUEST__BODY_CALL;
+    req.call = &c;
+    if (send_req(fd, &req)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* n_tokens of a context as its app sees it, or -1. */
+static long context_tokens(const char *app, const char *id)
+{
+    int fd = open_app(app);
+    if (fd < 0)
+        return -1;
+    Llms__GetContextRequest g = LLMS__GET_CONTEXT_REQUEST__INIT;
+    g.context_id = (char *)id;
+    Llms__Response *r = simple(fd, 100, LLMS__REQUEST__BODY_GET_CONTEXT, &g);
+    long n = r && !r->error && r->body_case == LLMS__RESPONSE__BODY_CONTEXT
+                 ? (long)r->context->n_tokens : -1;
+    frame_free_response(r);
+    close(fd);
+    return n;
+}
+
+static void disconnect_cancels(void)
+{
+    char id[33];
+    int fd = start_long_call("leaver", 110, id);
+    CHECK(fd >= 0);
+    close(fd);
+    /* The daemon keeps serving; the context holds a whole number of turns (0 or 1). */
+    int other = open_app("leaver");
+    CHECK(other >= 0);
+    char id2[33];
+    CHECK_EQ(create_context(other, NULL, id2), 0);
+    call_out out;
+    CHECK_EQ(do_call(other, 111, id2, "tok60", &out), 0);
+    CHECK(out.final && !out.final->error);
+    frame_free_response(out.final);
+    close(other);
+    CHECK(context_tokens("leaver", id) >= 0);
+}
+
+static void sigterm_persists_partial_turns(void)
+{
+    char id[33];
+    int fd = start_long_call("stopper", 120, id);
+    CHECK(fd >= 0);
+    /* Wait for the first streamed token, so the call is running. */
+    Llms__Response *r = recv_resp(fd);
+    CHECK(r && r->id == 120);
+    bool final = r->final;
+    frame_free_response(r);
+    CHECK_EQ(stop_daemon(), 0);
+    /* The daemon answered the call before exiting: with a result (cancelled or done). */
+    uint32_t n = 0;
+    bool got = false;
+    while (!final && (r = recv_resp(fd))) {
+        if (r->final) {
+            CHECK(r->body_case == LLMS__RESPONSE__BODY_RESULT);
+            n = r->result->context_tokens;
+            got = true;
+            final = true;
+        }
+        frame_free_response(r);
+    }
+    close(fd);
+    CHECK_EQ(start_daemon(), 0);
+    if (got)
+        CHECK_EQ(context_tokens("stopper", id), n);
 }
 
 static int call_text(int fd, uint64_t rid, const char *id, const char *prompt, char *text,
@@ -676,6 +788,8 @@ int main(int argc, char **argv)
     RUN(others_undisturbed);
     RUN(admin_status);
     RUN(cancel_call);
+    RUN(disconnect_cancels);
+    RUN(sigterm_persists_partial_turns);
     RUN(restart_keeps_contexts);
     int st = stop_daemon();
     if (st != 0) {
