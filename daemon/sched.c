@@ -245,7 +245,13 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
 static void handle_get_context(sched *s, const sched_job *j)
 {
     Llms__GetContextRequest *g = j->req->get_context;
-    ctx_entry *c = ctx_find(s->cm, g->context_id, j->uid, j->app);
+    bool any = g->has_any_app && g->any_app;
+    if (any && !j->admin) {
+        send_error(s, j, LLMS__ERROR_CODE__PERMISSION_DENIED, "any_app is an admin option");
+        return;
+    }
+    ctx_entry *c = any ? ctx_find_any(s->cm, g->context_id)
+                       : ctx_find(s->cm, g->context_id, j->uid, j->app);
     if (!c) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", g->context_id);
         return;
@@ -264,7 +270,7 @@ static void handle_get_context(sched *s, const sched_job *j)
         }
     }
     Llms__ContextInfo info;
-    fill_info(s, c, false, history, &info, hist, hmsgs);
+    fill_info(s, c, any, history, &info, hist, hmsgs);
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
