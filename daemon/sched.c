@@ -617,17 +617,13 @@ fail:
     return NULL;
 }
 
-static void send_chunk(sched *s, gen *g, const char *text, size_t len, const int32_t *tok, int n_tok)
+/* Streams text (NUL-terminated) and the tokens that produced it. */
+static void send_chunk(sched *s, gen *g, char *text, const int32_t *tok, int n_tok)
 {
     if (g->quiet)
         return;
-    char *t = malloc(len + 1);
-    if (!t)
-        return;
-    memcpy(t, text, len);
-    t[len] = '\0';
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
-    ch.text = t;
+    ch.text = text;
     ch.n_tokens = (size_t)n_tok;
     ch.tokens = (int32_t *)tok;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -636,7 +632,6 @@ static void send_chunk(sched *s, gen *g, const char *text, size_t len, const int
     r.body_case = LLMS__RESPONSE__BODY_CHUNK;
     r.chunk = &ch;
     send_resp(s, g->job->conn_id, &r, true);
-    free(t);
 }
 
 static void finish(gen *g, Llms__StopReason reason)
@@ -655,18 +650,19 @@ static void take_token(sched *s, gen *g)
     }
     g->hist[g->n_hist++] = next;
     g->n_gen++;
-    char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX)];
+    char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX) + 1];
     int len = tok_piece(s->env.tok, next, piece, sizeof piece);
     if (len < 0)
         len = 0;
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     append_text(&g->raw, &g->raw_len, &g->raw_cap, piece, (size_t)len);
-    long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown);
+    long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
     if (n < 0)
         n = 0;
+    shown[n] = '\0';
     append_text(&g->shown, &g->shown_len, &g->shown_cap, shown, (size_t)n);
-    send_chunk(s, g, shown, (size_t)n, &next, 1);
+    send_chunk(s, g, shown, &next, 1);
     if (stop_hit(&g->stop) >= 0)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
@@ -737,11 +733,12 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
         snprintf(err, sizeof err, "%s", s->shutting ? "the daemon is shutting down" : "cancelled");
     }
     if (!failed) {
-        char tail[STOP_MAX_LEN];
+        char tail[STOP_MAX_LEN + 1];
         size_t n = stop_flush(&g->stop, tail);
+        tail[n] = '\0';
         if (n) {
             append_text(&g->shown, &g->shown_len, &g->shown_cap, tail, n);
-            send_chunk(s, g, tail, n, NULL, 0);
+            send_chunk(s, g, tail, NULL, 0);
         }
     }
     if (g->c) {

@@ -66,7 +66,7 @@ static int start_daemon(void)
         execl(llmsd, llmsd, "--config", "/dev/null", "--model", model_path, "--socket", sock_path,
               "--state_dir", state_dir, "--threads", "1", "--temperature", "0",
               "--max_frame_bytes", "65536", "--max_contexts_per_app", "3", "--max_tokens",
-              "8", (char *)NULL);
+              "8", "--max_queued_per_app", "2", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {
@@ -708,6 +708,56 @@ static void sigterm_persists_partial_turns(void)
         CHECK_EQ(context_tokens("stopper", id), n);
 }
 
+static void queue_limit(void)
+{
+    /* Three long calls sent in one write: two are queued or running, the third is
+     * refused (the first cannot finish before the loop has read all three). */
+    int fd = open_app("queuer");
+    CHECK(fd >= 0);
+    char ids[3][33];
+    uint8_t *frames[3];
+    size_t lens[3], total = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(create_context(fd, NULL, ids[i]), 0);
+        Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+        gp.has_max_tokens = 1;
+        gp.max_tokens = 100;
+        Llms__CallRequest c = LLMS__CALL_REQUEST__INIT;
+        c.context_id = ids[i];
+        c.prompt = "tok50 tok51";
+        c.params = &gp;
+        Llms__Request req = LLMS__REQUEST__INIT;
+        req.id = 130 + (uint64_t)i;
+        req.body_case = LLMS__REQUEST__BODY_CALL;
+        req.call = &c;
+        CHECK_EQ(frame_pack(&req.base, FRAME_DEFAULT_MAX_BYTES, &frames[i], &lens[i]), 0);
+        total += lens[i];
+    }
+    uint8_t *all = malloc(total);
+    CHECK(all);
+    for (size_t i = 0, off = 0; i < 3; off += lens[i], i++) {
+        memcpy(all + off, frames[i], lens[i]);
+        free(frames[i]);
+    }
+    int rc = write_all(fd, all, total);
+    free(all);
+    CHECK_EQ(rc, 0);
+    int finals = 0, exhausted = 0, results = 0;
+    while (finals < 3) {
+        Llms__Response *r = recv_resp(fd);
+        CHECK(r);
+        if (r->final) {
+            finals++;
+            exhausted += error_code(r) == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            results += r->body_case == LLMS__RESPONSE__BODY_RESULT;
+        }
+        frame_free_response(r);
+    }
+    CHECK_EQ(exhausted, 1);
+    CHECK_EQ(results, 2);
+    close(fd);
+}
+
 static int call_text(int fd, uint64_t rid, const char *id, const char *prompt, char *text,
                      size_t cap, uint32_t *n_ctx)
 {
@@ -788,6 +838,7 @@ int main(int argc, char **argv)
     RUN(others_undisturbed);
     RUN(admin_status);
     RUN(cancel_call);
+    RUN(queue_limit);
     RUN(disconnect_cancels);
     RUN(sigterm_persists_partial_turns);
     RUN(restart_keeps_contexts);
