@@ -4,6 +4,7 @@
 #include "engine/ops.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,9 +25,12 @@
 static bool ops_have_avx2(void)
 {
     static int have = -1;
+    /* clang's __builtin_cpu_supports does not know "f16c" (make fuzz builds with clang),
+     * so that bit comes from CPUID leaf 1 directly, as in quant.c. */
+    unsigned eax, ebx, ecx, edx;
     if (have < 0)
         have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     return have;
 }
 

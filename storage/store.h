@@ -7,8 +7,10 @@
  * and the token ids it added to the context, so a context's full token sequence is the
  * concatenation of its turns' tokens and can be recomputed after a restart.
  *
- * Every function returns 0 on success and -1 on failure with a message in err; a
- * missing row is -1 with *found (where offered) set to false rather than an error text.
+ * Every function returns 0 on success and -1 on failure with a message in err. Where a
+ * function offers *found, a missing row is not a failure: it returns 0 with *found false
+ * (and *found is false whenever it returns -1). Other functions given an unknown context
+ * fail with "no context '<id>'". A callback's non-zero return value is passed through.
  * A store is used from one thread at a time (the daemon's worker serialises access).
  */
 #ifndef LLMS_STORE_H
@@ -27,7 +29,7 @@ typedef struct store store;
 store *store_open(const char *dir, char err[ERR_MAX]);
 void store_close(store *s);
 
-/* The id of app (uid, name), created on first use. */
+/* The id of app (uid, name) (always >= 0), created on first use. */
 int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char err[ERR_MAX]);
 
 /* What the catalog keeps about a context (strings owned by the store_context_list
@@ -46,6 +48,7 @@ typedef struct store_context {
     int64_t n_turns;
 } store_context;
 
+/* Adds an empty context (no turns) of an existing app; an id already used fails. */
 int store_context_create(store *s, const char *id, int64_t app_id, const char *system_prompt,
                          const void *params, size_t params_len, int64_t now_ms,
                          char err[ERR_MAX]);
@@ -59,7 +62,8 @@ int store_context_list(store *s, int64_t app_id,
                        int (*fn)(void *arg, const store_context *c), void *arg,
                        char err[ERR_MAX]);
 
-/* Looks one context up; *found false when absent. */
+/* Looks one context up and calls fn (which may be NULL) with it; *found false (fn not
+ * called) when absent. */
 int store_context_get(store *s, const char *id,
                       int (*fn)(void *arg, const store_context *c), void *arg, bool *found,
                       char err[ERR_MAX]);
@@ -67,7 +71,9 @@ int store_context_get(store *s, const char *id,
 /*
  * Appends turns to a context in one transaction, durable when it returns (a crash
  * afterwards keeps them; a crash before keeps none of them), and updates last_used.
- * role is "system", "user", "assistant", or "raw" for text added without a template.
+ * role is "system", "user", "assistant", or "raw" for text added without a template;
+ * text must not be NULL (may be empty); n_tokens >= 0. An unknown id fails with
+ * "no context '<id>'" and writes nothing.
  */
 typedef struct store_turn {
     const char *role;
@@ -80,7 +86,7 @@ int store_context_append(store *s, const char *id, const store_turn *turns, int 
                          int64_t now_ms, char err[ERR_MAX]);
 
 /* Calls fn for each turn of a context in order (strings and tokens valid during the
- * call only). */
+ * call only). A stored row that cannot be decoded is an error naming the turn. */
 int store_context_turns(store *s, const char *id,
                         int (*fn)(void *arg, const store_turn *t), void *arg,
                         char err[ERR_MAX]);

@@ -1,0 +1,650 @@
+/* store.c — the sqlite3 catalog of apps, contexts and turns (see store.h). */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STORE_FILE "llmsd.db"
+#define STORE_BUSY_TIMEOUT_MS 5000
+
+/*
+ * Schema migrations: entry i moves a database from user_version i to i + 1, in one
+ * transaction together with the version bump, so a crash mid-migration leaves the
+ * previous version intact.
+ */
+static const char *const store_migrations[] = {
+    "CREATE TABLE apps ("
+    "  id INTEGER PRIMARY KEY,"
+    "  uid INTEGER NOT NULL,"
+    "  name TEXT NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  UNIQUE (uid, name));"
+    "CREATE TABLE contexts ("
+    "  id TEXT PRIMARY KEY,"
+    "  app_id INTEGER NOT NULL REFERENCES apps(id),"
+    "  system_prompt TEXT,"
+    "  params BLOB,"
+    "  created_ms INTEGER NOT NULL,"
+    "  last_used_ms INTEGER NOT NULL,"
+    "  n_tokens INTEGER NOT NULL DEFAULT 0,"
+    "  n_turns INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX contexts_by_app ON contexts (app_id, created_ms);"
+    "CREATE TABLE turns ("
+    "  context_id TEXT NOT NULL REFERENCES contexts(id) ON DELETE CASCADE,"
+    "  seq INTEGER NOT NULL,"
+    "  role TEXT NOT NULL,"
+    "  text TEXT NOT NULL,"
+    "  tokens BLOB NOT NULL," /* int32 little-endian each */
+    "  PRIMARY KEY (context_id, seq));",
+};
+#define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
+
+#define CONTEXT_COLUMNS                                                                    \
+    "SELECT c.id, c.app_id, a.uid, a.name, c.system_prompt, c.params, c.created_ms,"     \
+    " c.last_used_ms, c.n_tokens, c.n_turns FROM contexts c JOIN apps a ON a.id = c.app_id "
+
+enum store_stmt {
+    ST_BEGIN,
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_APP_INSERT,
+    ST_APP_SELECT,
+    ST_CTX_INSERT,
+    ST_CTX_DELETE,
+    ST_CTX_GET,
+    ST_CTX_LIST_APP,
+    ST_CTX_LIST_ALL,
+    ST_CTX_TURNS,
+    ST_CTX_TOUCH,
+    ST_TURN_INSERT,
+    ST_TURN_SELECT,
+    ST_COUNT
+};
+
+static const char *const store_sql[ST_COUNT] = {
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_APP_INSERT] = "INSERT OR IGNORE INTO apps (uid, name, created_ms) VALUES (?, ?, ?)",
+    [ST_APP_SELECT] = "SELECT id FROM apps WHERE uid = ? AND name = ?",
+    [ST_CTX_INSERT] = "INSERT INTO contexts (id, app_id, system_prompt, params, created_ms,"
+                      " last_used_ms) VALUES (?, ?, ?, ?, ?, ?)",
+    [ST_CTX_DELETE] = "DELETE FROM contexts WHERE id = ?",
+    [ST_CTX_GET] = CONTEXT_COLUMNS "WHERE c.id = ?",
+    [ST_CTX_LIST_APP] = CONTEXT_COLUMNS "WHERE c.app_id = ? ORDER BY c.created_ms, c.rowid",
+    [ST_CTX_LIST_ALL] = CONTEXT_COLUMNS "ORDER BY c.created_ms, c.rowid",
+    [ST_CTX_TURNS] = "SELECT n_turns FROM contexts WHERE id = ?",
+    [ST_CTX_TOUCH] = "UPDATE contexts SET n_tokens = n_tokens + ?, n_turns = n_turns + ?,"
+                     " last_used_ms = ? WHERE id = ?",
+    [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens)"
+                       " VALUES (?, ?, ?, ?, ?)",
+    [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
+                       " ORDER BY seq",
+};
+
+struct store {
+    sqlite3 *db;
+    char *path;
+    sqlite3_stmt *st[ST_COUNT];
+    uint8_t *blob;     /* scratch for encoding tokens: (blob_cap) bytes */
+    size_t blob_cap;
+    int32_t *tokens;   /* scratch for decoding tokens: (tokens_cap) ids */
+    size_t tokens_cap;
+};
+
+static int db_err(store *s, char *err, const char *what)
+{
+    return err_set(err, "store: %s: %s", what, sqlite3_errmsg(s->db));
+}
+
+static int64_t now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Creates dir and its missing parents with mode 0750. */
+static int make_dirs(const char *dir, char *err)
+{
+    char path[PATH_MAX];
+    size_t n = strlen(dir);
+    if (n >= sizeof path)
+        return err_set(err, "store: state directory path too long");
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        char c = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0750) != 0 && errno != EEXIST)
+            return err_set(err, "store: creating directory %s: %s", path, strerror(errno));
+        path[i] = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return err_set(err, "store: %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return err_set(err, "store: %s is not a directory", dir);
+    return 0;
+}
+
+/* Runs SQL that returns no rows (or whose rows do not matter). */
+static int exec(store *s, const char *sql, const char *what, char *err)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        err_set(err, "store: %s: %s: %s", s->path, what, msg ? msg : sqlite3_errmsg(s->db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs a pragma (or any one-row query) and returns its first column as an integer
+ * or, when text is given, copies it as text. */
+static int query_one(store *s, const char *sql, int64_t *num, char *text, size_t text_cap,
+                     char *err)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK)
+        return err_set(err, "store: %s: %s: %s", s->path, sql, sqlite3_errmsg(s->db));
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        err_set(err, "store: %s: %s: %s", s->path, sql,
+                rc == SQLITE_DONE ? "no result" : sqlite3_errmsg(s->db));
+        sqlite3_finalize(st);
+        return -1;
+    }
+    if (num)
+        *num = sqlite3_column_int64(st, 0);
+    if (text) {
+        const unsigned char *t = sqlite3_column_text(st, 0);
+        snprintf(text, text_cap, "%s", t ? (const char *)t : "");
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+static int migrate(store *s, char *err)
+{
+    int64_t version;
+    if (query_one(s, "PRAGMA user_version", &version, NULL, 0, err) != 0)
+        return -1;
+    if (version < 0 || version > STORE_SCHEMA_VERSION)
+        return err_set(err, "store: %s: schema version %lld is not one this llmsd knows "
+                       "(0..%d)", s->path, (long long)version, STORE_SCHEMA_VERSION);
+    for (int v = (int)version; v < STORE_SCHEMA_VERSION; v++) {
+        char bump[64], what[64];
+        snprintf(bump, sizeof bump, "PRAGMA user_version = %d", v + 1);
+        snprintf(what, sizeof what, "migrating schema to version %d", v + 1);
+        if (exec(s, "BEGIN IMMEDIATE", what, err) != 0)
+            return -1;
+        if (exec(s, store_migrations[v], what, err) != 0 || exec(s, bump, what, err) != 0 ||
+            exec(s, "COMMIT", what, err) != 0) {
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int configure(store *s, char *err)
+{
+    char mode[16];
+    int64_t on;
+    /* The first read of the file happens here, so a non-database fails on this line. */
+    if (query_one(s, "PRAGMA journal_mode = WAL", NULL, mode, sizeof mode, err) != 0)
+        return -1;
+    if (strcmp(mode, "wal") != 0)
+        return err_set(err, "store: %s: cannot use WAL journal mode (got '%s')", s->path, mode);
+    if (exec(s, "PRAGMA synchronous = FULL", "setting synchronous", err) != 0 ||
+        exec(s, "PRAGMA foreign_keys = ON", "enabling foreign keys", err) != 0)
+        return -1;
+    if (query_one(s, "PRAGMA foreign_keys", &on, NULL, 0, err) != 0)
+        return -1;
+    if (on != 1)
+        return err_set(err, "store: sqlite3 was built without foreign key support");
+    if (sqlite3_busy_timeout(s->db, STORE_BUSY_TIMEOUT_MS) != SQLITE_OK)
+        return db_err(s, err, "setting busy timeout");
+    return 0;
+}
+
+store *store_open(const char *dir, char err[ERR_MAX])
+{
+    if (!dir || !dir[0]) {
+        err_set(err, "store: no state directory given");
+        return NULL;
+    }
+    if (make_dirs(dir, err) != 0)
+        return NULL;
+    store *s = calloc(1, sizeof *s);
+    if (!s || asprintf(&s->path, "%s/%s", dir, STORE_FILE) < 0) {
+        free(s);
+        err_set(err, "store: out of memory");
+        return NULL;
+    }
+    /* Create the file ourselves so conversations are not world-readable whatever the
+     * umask; sqlite gives its -wal and -shm files the database file's mode. */
+    int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        err_set(err, "store: %s: %s", s->path, strerror(errno));
+        free(s->path);
+        free(s);
+        return NULL;
+    }
+    close(fd);
+    int rc = sqlite3_open_v2(s->path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+                             NULL);
+    if (rc != SQLITE_OK) {
+        err_set(err, "store: opening %s: %s", s->path,
+                s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+        store_close(s);
+        return NULL;
+    }
+    sqlite3_extended_result_codes(s->db, 1);
+    if (configure(s, err) != 0 || migrate(s, err) != 0) {
+        store_close(s);
+        return NULL;
+    }
+    for (int i = 0; i < ST_COUNT; i++) {
+        if (sqlite3_prepare_v3(s->db, store_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i],
+                               NULL) != SQLITE_OK) {
+            err_set(err, "store: %s: preparing '%s': %s", s->path, store_sql[i],
+                    sqlite3_errmsg(s->db));
+            store_close(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+void store_close(store *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < ST_COUNT; i++)
+        sqlite3_finalize(s->st[i]);
+    /* close_v2 cannot fail with BUSY: every statement is finalized above. */
+    sqlite3_close_v2(s->db);
+    free(s->blob);
+    free(s->tokens);
+    free(s->path);
+    free(s);
+}
+
+/* A prepared statement, reset and unbound, ready for new bindings. */
+static sqlite3_stmt *stmt(store *s, enum store_stmt which)
+{
+    sqlite3_stmt *st = s->st[which];
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return st;
+}
+
+/* Steps a statement that returns no rows. */
+static int run(store *s, sqlite3_stmt *st, const char *what, char *err)
+{
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE) {
+        db_err(s, err, what);
+        sqlite3_reset(st);
+        return -1;
+    }
+    sqlite3_reset(st);
+    return 0;
+}
+
+static int bind_text(sqlite3_stmt *st, int i, const char *v)
+{
+    return v ? sqlite3_bind_text(st, i, v, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+}
+
+int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char err[ERR_MAX])
+{
+    if (!name || !name[0])
+        return err_set(err, "store: app id: empty app name");
+    sqlite3_stmt *ins = stmt(s, ST_APP_INSERT);
+    if (sqlite3_bind_int64(ins, 1, uid) != SQLITE_OK || bind_text(ins, 2, name) != SQLITE_OK ||
+        sqlite3_bind_int64(ins, 3, now_unix_ms()) != SQLITE_OK)
+        return db_err(s, err, "app id: binding");
+    if (run(s, ins, "app id: inserting", err) != 0)
+        return -1;
+    sqlite3_stmt *sel = stmt(s, ST_APP_SELECT);
+    if (sqlite3_bind_int64(sel, 1, uid) != SQLITE_OK || bind_text(sel, 2, name) != SQLITE_OK)
+        return db_err(s, err, "app id: binding");
+    int rc = sqlite3_step(sel);
+    if (rc != SQLITE_ROW) {
+        if (rc == SQLITE_DONE)
+            err_set(err, "store: app id: app (%u, '%s') missing after insert", uid, name);
+        else
+            db_err(s, err, "app id: selecting");
+        sqlite3_reset(sel);
+        return -1;
+    }
+    *app_id = sqlite3_column_int64(sel, 0);
+    sqlite3_reset(sel);
+    return 0;
+}
+
+int store_context_create(store *s, const char *id, int64_t app_id, const char *system_prompt,
+                         const void *params, size_t params_len, int64_t now_ms,
+                         char err[ERR_MAX])
+{
+    if (!id || !id[0])
+        return err_set(err, "store: create context: empty context id");
+    if (app_id < 0)
+        return err_set(err, "store: create context '%s': negative app id", id);
+    if (!params && params_len > 0)
+        return err_set(err, "store: create context '%s': params length without params", id);
+    sqlite3_stmt *st = stmt(s, ST_CTX_INSERT);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 2, app_id) != SQLITE_OK ||
+        bind_text(st, 3, system_prompt) != SQLITE_OK ||
+        (params ? sqlite3_bind_blob64(st, 4, params, params_len, SQLITE_STATIC)
+                : sqlite3_bind_null(st, 4)) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 5, now_ms) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 6, now_ms) != SQLITE_OK)
+        return db_err(s, err, "create context: binding");
+    char what[96];
+    snprintf(what, sizeof what, "create context '%.40s'", id);
+    return run(s, st, what, err);
+}
+
+int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX])
+{
+    *found = false;
+    if (!id || !id[0])
+        return err_set(err, "store: delete context: empty context id");
+    sqlite3_stmt *st = stmt(s, ST_CTX_DELETE);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "delete context: binding");
+    char what[96];
+    snprintf(what, sizeof what, "delete context '%.40s'", id);
+    if (run(s, st, what, err) != 0)
+        return -1;
+    *found = sqlite3_changes(s->db) > 0;
+    return 0;
+}
+
+/* Walks the rows of a context query, calling fn on each; *n gets the row count. */
+static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_context *),
+                         void *arg, int *n, const char *what, char *err)
+{
+    int rc;
+    *n = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        store_context c = {
+            .id = (const char *)sqlite3_column_text(st, 0),
+            .app_id = sqlite3_column_int64(st, 1),
+            .uid = (uint32_t)sqlite3_column_int64(st, 2),
+            .app_name = (const char *)sqlite3_column_text(st, 3),
+            .system_prompt = (const char *)sqlite3_column_text(st, 4),
+            .params = sqlite3_column_blob(st, 5),
+            .params_len = (size_t)sqlite3_column_bytes(st, 5),
+            .created_ms = sqlite3_column_int64(st, 6),
+            .last_used_ms = sqlite3_column_int64(st, 7),
+            .n_tokens = sqlite3_column_int64(st, 8),
+            .n_turns = sqlite3_column_int64(st, 9),
+        };
+        /* The schema forbids these NULLs, so they mean corruption or no memory. */
+        if (!c.id || !c.app_name ||
+            (!c.system_prompt && sqlite3_column_type(st, 4) != SQLITE_NULL)) {
+            err_set(err, "store: %s: unreadable context row", what);
+            sqlite3_reset(st);
+            return -1;
+        }
+        if (!c.params)
+            c.params_len = 0;
+        (*n)++;
+        int stop = fn ? fn(arg, &c) : 0;
+        if (stop) {
+            sqlite3_reset(st);
+            return stop;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        db_err(s, err, what);
+        sqlite3_reset(st);
+        return -1;
+    }
+    sqlite3_reset(st);
+    return 0;
+}
+
+int store_context_list(store *s, int64_t app_id,
+                       int (*fn)(void *arg, const store_context *c), void *arg,
+                       char err[ERR_MAX])
+{
+    sqlite3_stmt *st;
+    if (app_id >= 0) {
+        st = stmt(s, ST_CTX_LIST_APP);
+        if (sqlite3_bind_int64(st, 1, app_id) != SQLITE_OK)
+            return db_err(s, err, "list contexts: binding");
+    } else if (app_id == -1) {
+        st = stmt(s, ST_CTX_LIST_ALL);
+    } else {
+        return err_set(err, "store: list contexts: app id %lld is neither an app nor -1",
+                       (long long)app_id);
+    }
+    int n;
+    return walk_contexts(s, st, fn, arg, &n, "list contexts", err);
+}
+
+int store_context_get(store *s, const char *id,
+                      int (*fn)(void *arg, const store_context *c), void *arg, bool *found,
+                      char err[ERR_MAX])
+{
+    *found = false;
+    if (!id || !id[0])
+        return err_set(err, "store: get context: empty context id");
+    sqlite3_stmt *st = stmt(s, ST_CTX_GET);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "get context: binding");
+    int n;
+    int rc = walk_contexts(s, st, fn, arg, &n, "get context", err);
+    *found = n > 0;
+    return rc;
+}
+
+/* Encodes tokens as int32 little-endian into the store's scratch buffer. */
+static int encode_tokens(store *s, const int32_t *tokens, int n, char *err)
+{
+    size_t bytes = (size_t)n * 4;
+    if (bytes > s->blob_cap) {
+        uint8_t *b = realloc(s->blob, bytes);
+        if (!b)
+            return err_set(err, "store: out of memory for %d tokens", n);
+        s->blob = b;
+        s->blob_cap = bytes;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)tokens[i];
+        s->blob[4 * i] = (uint8_t)v;
+        s->blob[4 * i + 1] = (uint8_t)(v >> 8);
+        s->blob[4 * i + 2] = (uint8_t)(v >> 16);
+        s->blob[4 * i + 3] = (uint8_t)(v >> 24);
+    }
+    return 0;
+}
+
+static bool valid_role(const char *role)
+{
+    return role && (strcmp(role, "system") == 0 || strcmp(role, "user") == 0 ||
+                    strcmp(role, "assistant") == 0 || strcmp(role, "raw") == 0);
+}
+
+/* The body of store_context_append, inside its transaction. */
+static int append_turns(store *s, const char *id, const store_turn *turns, int n_turns,
+                        int64_t now_ms, char *err)
+{
+    sqlite3_stmt *st = stmt(s, ST_CTX_TURNS);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "append: binding");
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        sqlite3_reset(st);
+        return err_set(err, "store: append: no context '%.40s'", id);
+    }
+    if (rc != SQLITE_ROW) {
+        db_err(s, err, "append: looking up context");
+        sqlite3_reset(st);
+        return -1;
+    }
+    int64_t seq = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+
+    int64_t added = 0;
+    for (int i = 0; i < n_turns; i++) {
+        const store_turn *t = &turns[i];
+        if (encode_tokens(s, t->tokens, t->n_tokens, err) != 0)
+            return -1;
+        st = stmt(s, ST_TURN_INSERT);
+        if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK ||
+            sqlite3_bind_int64(st, 2, seq + i) != SQLITE_OK ||
+            sqlite3_bind_text(st, 3, t->role, -1, SQLITE_STATIC) != SQLITE_OK ||
+            sqlite3_bind_text(st, 4, t->text, -1, SQLITE_STATIC) != SQLITE_OK ||
+            sqlite3_bind_blob64(st, 5, t->n_tokens ? (const void *)s->blob : "",
+                                (sqlite3_uint64)t->n_tokens * 4, SQLITE_STATIC) != SQLITE_OK)
+            return db_err(s, err, "append: binding turn");
+        char what[96];
+        snprintf(what, sizeof what, "append turn %lld to context '%.40s'",
+                 (long long)(seq + i), id);
+        if (run(s, st, what, err) != 0)
+            return -1;
+        added += t->n_tokens;
+    }
+
+    st = stmt(s, ST_CTX_TOUCH);
+    if (sqlite3_bind_int64(st, 1, added) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 2, n_turns) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 3, now_ms) != SQLITE_OK ||
+        sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "append: binding context update");
+    return run(s, st, "append: updating context", err);
+}
+
+int store_context_append(store *s, const char *id, const store_turn *turns, int n_turns,
+                         int64_t now_ms, char err[ERR_MAX])
+{
+    if (!id || !id[0])
+        return err_set(err, "store: append: empty context id");
+    if (n_turns < 0 || (n_turns > 0 && !turns))
+        return err_set(err, "store: append to '%.40s': %d turns", id, n_turns);
+    for (int i = 0; i < n_turns; i++) {
+        const store_turn *t = &turns[i];
+        if (!valid_role(t->role))
+            return err_set(err, "store: append to '%.40s': turn %d: role '%s' is not system, "
+                           "user, assistant or raw", id, i, t->role ? t->role : "(null)");
+        if (!t->text)
+            return err_set(err, "store: append to '%.40s': turn %d has no text", id, i);
+        if (t->n_tokens < 0 || (t->n_tokens > 0 && !t->tokens) || t->n_tokens > INT_MAX / 4)
+            return err_set(err, "store: append to '%.40s': turn %d: bad token count %d", id, i,
+                           t->n_tokens);
+    }
+
+    if (run(s, stmt(s, ST_BEGIN), "append: begin", err) != 0)
+        return -1;
+    if (append_turns(s, id, turns, n_turns, now_ms, err) != 0) {
+        /* ROLLBACK may report that sqlite already rolled back (e.g. after a full disk);
+         * the first error is the one worth reporting. */
+        sqlite3_step(stmt(s, ST_ROLLBACK));
+        sqlite3_reset(s->st[ST_ROLLBACK]);
+        return -1;
+    }
+    if (run(s, stmt(s, ST_COMMIT), "append: commit", err) != 0) {
+        sqlite3_step(stmt(s, ST_ROLLBACK));
+        sqlite3_reset(s->st[ST_ROLLBACK]);
+        return -1;
+    }
+    return 0;
+}
+
+/* Decodes a tokens blob into the store's scratch buffer. */
+static int decode_tokens(store *s, const uint8_t *b, size_t bytes, int *n, char *err)
+{
+    size_t count = bytes / 4;
+    if (count > s->tokens_cap) {
+        int32_t *t = realloc(s->tokens, count * sizeof *t);
+        if (!t)
+            return err_set(err, "store: out of memory for %zu tokens", count);
+        s->tokens = t;
+        s->tokens_cap = count;
+    }
+    for (size_t i = 0; i < count; i++)
+        s->tokens[i] = (int32_t)((uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 |
+                                 (uint32_t)b[4 * i + 2] << 16 | (uint32_t)b[4 * i + 3] << 24);
+    *n = (int)count;
+    return 0;
+}
+
+int store_context_turns(store *s, const char *id,
+                        int (*fn)(void *arg, const store_turn *t), void *arg,
+                        char err[ERR_MAX])
+{
+    if (!id || !id[0])
+        return err_set(err, "store: turns: empty context id");
+    sqlite3_stmt *st = stmt(s, ST_TURN_SELECT);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "turns: binding");
+    int rc, n_rows = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t seq = sqlite3_column_int64(st, 0);
+        store_turn t = {
+            .role = (const char *)sqlite3_column_text(st, 1),
+            .text = (const char *)sqlite3_column_text(st, 2),
+        };
+        const uint8_t *blob = sqlite3_column_blob(st, 3);
+        int bytes = sqlite3_column_bytes(st, 3);
+        const char *bad = !t.role ? "unreadable role"
+                          : !t.text ? "unreadable text"
+                          : bytes % 4 ? "tokens blob length is not a multiple of 4"
+                          : bytes > 0 && !blob ? "unreadable tokens blob"
+                          : NULL;
+        if (bad) {
+            err_set(err, "store: context '%.40s' turn %lld: %s (%d bytes of tokens)", id,
+                    (long long)seq, bad, bytes);
+            sqlite3_reset(st);
+            return -1;
+        }
+        if (decode_tokens(s, blob, (size_t)bytes, &t.n_tokens, err) != 0) {
+            sqlite3_reset(st);
+            return -1;
+        }
+        t.tokens = s->tokens;
+        n_rows++;
+        int stop = fn(arg, &t);
+        if (stop) {
+            sqlite3_reset(st);
+            return stop;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        db_err(s, err, "turns: reading");
+        sqlite3_reset(st);
+        return -1;
+    }
+    sqlite3_reset(st);
+    if (n_rows > 0)
+        return 0;
+
+    /* No turns: an empty context is fine, an unknown one is an error. */
+    st = stmt(s, ST_CTX_TURNS);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "turns: binding");
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc == SQLITE_DONE)
+        return err_set(err, "store: turns: no context '%.40s'", id);
+    if (rc != SQLITE_ROW)
+        return db_err(s, err, "turns: looking up context");
+    return 0;
+}
