@@ -65,7 +65,7 @@ static int push_tokens(ctx_entry *c, const int32_t *t, int n)
     return 0;
 }
 
-static int push_msg(ctx_entry *c, const char *role, const char *text)
+static int push_msg(ctx_entry *c, const char *role, const char *text, int n_tokens)
 {
     if (c->n_msgs == c->cap_msgs) {
         int cap = c->cap_msgs ? c->cap_msgs * 2 : 8;
@@ -81,14 +81,14 @@ static int push_msg(ctx_entry *c, const char *role, const char *text)
         free(t);
         return -1;
     }
-    c->msgs[c->n_msgs++] = (ctx_msg){r, t};
+    c->msgs[c->n_msgs++] = (ctx_msg){r, t, n_tokens};
     return 0;
 }
 
 static int load_turn(void *arg, const store_turn *t)
 {
     ctx_entry *c = arg;
-    return push_tokens(c, t->tokens, t->n_tokens) || push_msg(c, t->role, t->text) ? 1 : 0;
+    return push_tokens(c, t->tokens, t->n_tokens) || push_msg(c, t->role, t->text, t->n_tokens) ? 1 : 0;
 }
 
 typedef struct load_state {
@@ -283,7 +283,8 @@ int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char 
     /* Reserve memory first so that a stored turn is always mirrored in memory. */
     int n0 = c->n_tokens, m0 = c->n_msgs;
     if (push_tokens(c, user_tokens, n_user) || push_tokens(c, reply_tokens, n_reply) ||
-        push_msg(c, user_role, user_text) || push_msg(c, "assistant", reply_text)) {
+        push_msg(c, user_role, user_text, n_user) ||
+        push_msg(c, "assistant", reply_text, n_reply)) {
         err_set(err, "out of memory");
         goto undo;
     }

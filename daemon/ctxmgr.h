@@ -25,8 +25,10 @@
 #define CTX_ID_LEN 32 /* hex characters of 128 random bits */
 
 typedef struct ctx_msg {
-    char *role; /* "user", "assistant", or "raw" (text added without the template) */
-    char *text; /* user: the prompt; assistant: the text of every generated token kept */
+    char *role;   /* "user", "assistant", or "raw" (text added without the template) */
+    char *text;   /* user: the prompt; assistant: the reply as the client saw it (stop
+                     strings removed) */
+    int n_tokens; /* tokens the message added to the context */
 } ctx_msg;
 
 typedef struct ctx_entry {

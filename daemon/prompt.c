@@ -39,9 +39,8 @@ static char *render(enum chat_family f, const struct chat_message *msgs, int n, 
     return s;
 }
 
-/* The text of the turn to add (fresh string). */
-static char *turn_text(enum chat_family family, const ctx_entry *c, const char *prompt,
-                       char err[ERR_MAX])
+char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
+                       const char *prompt, char err[ERR_MAX])
 {
     int n_max = c->n_msgs + 2, n = 0;
     struct chat_message *msgs = malloc(sizeof *msgs * (size_t)n_max);
@@ -62,15 +61,13 @@ static char *turn_text(enum chat_family family, const ctx_entry *c, const char *
         msgs[n++] = (struct chat_message){"user", prompt};
         out = render(family, msgs, n, true, err);
     } else if (!has_raw && c->n_msgs >= 2 && strcmp(c->msgs[c->n_msgs - 1].role, "assistant") == 0) {
-        /* What the context holds: the rendering up to the last assistant opening, then
-         * the generated text itself. */
         char *held = render(family, msgs, n - 1, true, err);
         msgs[n++] = (struct chat_message){"user", prompt};
         char *full = held ? render(family, msgs, n, true, err) : NULL;
-        const char *reply = c->msgs[c->n_msgs - 1].text;
-        size_t hl = held ? strlen(held) : 0, rl = strlen(reply);
-        if (full && strncmp(full, held, hl) == 0 && strncmp(full + hl, reply, rl) == 0)
-            out = strdup(full + hl + rl);
+        const char *g = generated ? generated : "";
+        size_t hl = held ? strlen(held) : 0, gl = strlen(g);
+        if (full && strncmp(full, held, hl) == 0 && strncmp(full + hl, g, gl) == 0)
+            out = strdup(full + hl + gl);
         free(held);
         free(full);
     }
@@ -82,13 +79,51 @@ static char *turn_text(enum chat_family family, const ctx_entry *c, const char *
     return out;
 }
 
+/* G: the text of the tokens of the last reply (NULL when there is none or memory runs
+ * out, which only costs the fallback rendering). */
+static char *last_reply_text(const tokenizer *tok, const ctx_entry *c)
+{
+    if (c->n_msgs == 0 || strcmp(c->msgs[c->n_msgs - 1].role, "assistant") != 0)
+        return NULL;
+    int n = c->msgs[c->n_msgs - 1].n_tokens;
+    if (n <= 0 || n > c->n_tokens)
+        return NULL;
+    const int32_t *ids = c->tokens + c->n_tokens - n;
+    size_t len = 0, cap = 64;
+    char *s = malloc(cap);
+    for (int i = 0; s && i < n; i++) {
+        char piece[256];
+        int pl = tok_piece(tok, ids[i], piece, sizeof piece);
+        if (pl < 0)
+            continue;
+        if (pl > (int)sizeof piece - 1)
+            pl = (int)sizeof piece - 1;
+        if (len + (size_t)pl + 1 > cap) {
+            cap = 2 * (len + (size_t)pl + 1);
+            char *p = realloc(s, cap);
+            if (!p) {
+                free(s);
+                return NULL;
+            }
+            s = p;
+        }
+        memcpy(s + len, piece, (size_t)pl);
+        len += (size_t)pl;
+    }
+    if (s)
+        s[len] = '\0';
+    return s;
+}
+
 int prompt_turn(const tokenizer *tok, enum chat_family family, const ctx_entry *c,
                 const char *prompt, bool raw, int32_t **out, int *n, char err[ERR_MAX])
 {
     bool first = c->n_tokens == 0;
     if (raw)
         return prompt_tokenize(tok, prompt, strlen(prompt), first, true, out, n, err);
-    char *text = turn_text(family, c, prompt, err);
+    char *generated = last_reply_text(tok, c);
+    char *text = prompt_turn_text(family, c, generated, prompt, err);
+    free(generated);
     if (!text)
         return -1;
     int rc = prompt_tokenize(tok, text, strlen(text), first, true, out, n, err);

@@ -1,16 +1,16 @@
 /*
  * prompt.h — the tokens a new turn adds to a context, and tokenizing into fresh memory.
  *
- * How a chat turn extends a context without recomputing it: the whole conversation
- * (system prompt, earlier turns, the new user message, the assistant opening) is
- * rendered with the model's chat template, and so is the text the context already
- * holds (the rendering up to the previous assistant opening, followed by the exact
- * text of the tokens generated then). When the latter is a prefix of the former, only
- * the remainder is tokenized: typically the previous turn's end-of-turn text, the new
- * user message and the new assistant opening. Templates that rewrite earlier text
- * (trimming, BOS inside the history) break the prefix; then the new user message is
- * rendered alone and appended. A context that holds raw (untemplated) text always
- * takes the second path.
+ * How a chat turn extends a context without recomputing it. The context holds R + G:
+ * R, the conversation up to the last assistant opening as the chat template renders
+ * it, and G, the text of the tokens generated in the last reply (which may go past the
+ * reply the client saw, e.g. when it ended on a stop string such as "<|im_end|>").
+ * The new conversation (with the last reply as the client saw it, then the new user
+ * message) renders as R + F. When G is a prefix of F, the turn adds F without G:
+ * typically the rest of the previous end of turn, the new user message and the new
+ * assistant opening. Otherwise (templates that trim or rewrite earlier messages, a
+ * reply cut at a user's stop string, raw text in the history) the new user message is
+ * rendered alone and appended.
  */
 #ifndef LLMS_PROMPT_H
 #define LLMS_PROMPT_H
@@ -27,6 +27,12 @@
 /* Tokenizes len bytes of text into a fresh array (*out, free() it; *n tokens). */
 int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,
                     bool parse_special, int32_t **out, int *n, char err[ERR_MAX]);
+
+/* The text a templated (non-raw) Call adds to context c for prompt, as described
+ * above; generated is G, the text of the last reply's tokens (NULL for none). Fresh
+ * string; NULL + err when the template cannot render it. */
+char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
+                       const char *prompt, char err[ERR_MAX]);
 
 /*
  * The tokens a Call adds to context c (which holds c->n_tokens tokens) for prompt:

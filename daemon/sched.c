@@ -47,8 +47,6 @@ typedef struct gen {
     bool prefilled;
     int n_eval;            /* tokens evaluated by the prefill step */
     const char *user_role;
-    char *raw;             /* text of every generated token kept */
-    size_t raw_len, raw_cap;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
     sampler *smp;
@@ -476,7 +474,6 @@ static void gen_free(gen *g)
     if (!g->c)
         kv_seq_free(&g->own_seq);
     free(g->hist);
-    free(g->raw);
     free(g->shown);
     sampler_free(g->smp);
     job_free(g->job);
@@ -656,7 +653,6 @@ static void take_token(sched *s, gen *g)
         len = 0;
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
-    append_text(&g->raw, &g->raw_len, &g->raw_cap, piece, (size_t)len);
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
     if (n < 0)
         n = 0;
@@ -745,7 +741,7 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
         if (!failed) {
             Llms__CallRequest *cr = g->job->req->call;
             if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->hist + g->n_base,
-                                g->n_turn, g->raw ? g->raw : "", g->hist + g->n_base + g->n_turn,
+                                g->n_turn, g->shown ? g->shown : "", g->hist + g->n_base + g->n_turn,
                                 g->n_gen, wall_ms(), err)) {
                 failed = true;
                 code = LLMS__ERROR_CODE__INTERNAL;
