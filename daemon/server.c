@@ -174,9 +174,16 @@ static void conn_write(struct bufferevent *bev, void *arg)
 
 static void conn_event(struct bufferevent *bev, short what, void *arg)
 {
-    (void)bev;
-    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
-        conn_free(arg, true);
+    conn *c = arg;
+    if ((what & BEV_EVENT_ERROR) ||
+        ((what & BEV_EVENT_EOF) && evbuffer_get_length(bufferevent_get_output(bev)) == 0)) {
+        conn_free(c, true);
+    } else if (what & BEV_EVENT_EOF) {
+        /* The client stopped sending: deliver what is already answered, then close
+         * (requests still in flight are cancelled then). */
+        c->closing = true;
+        bufferevent_disable(bev, EV_READ);
+    }
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,

@@ -9,7 +9,8 @@
  * connection, an oversized one likewise with RESOURCE_EXHAUSTED. A connection whose
  * unread replies pass SERVER_OUT_CAP stops being read and has its streamed calls
  * cancelled until it catches up, so a client that does not read cannot make the
- * daemon grow without bound. A connection that goes away cancels its requests.
+ * daemon grow without bound. A connection that goes away cancels its requests; one
+ * that only stops sending (EOF) first gets the replies already queued for it.
  */
 #ifndef LLMS_SERVER_H
 #define LLMS_SERVER_H
