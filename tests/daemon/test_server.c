@@ -27,6 +27,7 @@
 static char llmsd[1024];
 static char model_path[1024], sock_path[108], state_dir[1024], log_path[1024];
 static pid_t daemon_pid = -1;
+static char notify_path[108]; /* when set, the daemon is started under a fake systemd */
 
 static int make_model(void)
 {
@@ -63,6 +64,10 @@ static int start_daemon(void)
         int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (log >= 0)
             dup2(log, 2);
+        if (notify_path[0]) {
+            setenv("NOTIFY_SOCKET", notify_path, 1);
+            setenv("WATCHDOG_USEC", "200000", 1);
+        }
         execl(llmsd, llmsd, "--config", "/dev/null", "--model", model_path, "--socket", sock_path,
               "--state_dir", state_dir, "--threads", "1", "--temperature", "0",
               "--max_frame_bytes", "65536", "--max_contexts_per_app", "3", "--max_tokens",
@@ -758,6 +763,50 @@ static void queue_limit(void)
     close(fd);
 }
 
+/* Reads datagrams from the fake notify socket until one contains want (or a timeout). */
+static int notified(int fd, const char *want)
+{
+    char msg[4096];
+    for (;;) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        if (poll(&pfd, 1, IO_TIMEOUT_MS) != 1)
+            return 0;
+        ssize_t n = recv(fd, msg, sizeof msg - 1, 0);
+        if (n < 0)
+            return 0;
+        msg[n] = '\0';
+        if (strstr(msg, want))
+            return 1;
+    }
+}
+
+static void sd_notify_protocol(void)
+{
+    /* The daemon under test stops; one under a fake systemd takes its place. */
+    CHECK_EQ(stop_daemon(), 0);
+    snprintf(notify_path, sizeof notify_path, "%s/notify", test_tmpdir());
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", notify_path);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    int started = start_daemon();
+    notify_path[0] = '\0';
+    CHECK_EQ(started, 0);
+    CHECK(notified(fd, "READY=1"));
+    CHECK(notified(fd, "STATUS=serving"));
+    CHECK(notified(fd, "WATCHDOG=1"));
+    CHECK(notified(fd, "WATCHDOG=1"));
+    pid_t pid = daemon_pid;
+    kill(pid, SIGTERM);
+    CHECK(notified(fd, "STOPPING=1"));
+    int st;
+    daemon_pid = -1;
+    CHECK_EQ(waitpid(pid, &st, 0), pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fd);
+    CHECK_EQ(start_daemon(), 0);
+}
+
 static int call_text(int fd, uint64_t rid, const char *id, const char *prompt, char *text,
                      size_t cap, uint32_t *n_ctx)
 {
@@ -842,6 +891,7 @@ int main(int argc, char **argv)
     RUN(disconnect_cancels);
     RUN(sigterm_persists_partial_turns);
     RUN(restart_keeps_contexts);
+    RUN(sd_notify_protocol);
     int st = stop_daemon();
     if (st != 0) {
         test_fail(__FILE__, __LINE__, "llmsd exited with %d on SIGTERM", st);
