@@ -14,6 +14,7 @@ struct outq {
     pthread_mutex_t lock;
     outq_item *head, *tail;
     int efd;
+    bool unsignalled; /* items pushed since the last wake (worker thread only) */
 };
 
 outq *outq_new(char err[ERR_MAX])
@@ -70,11 +71,19 @@ static int push(outq *q, outq_item *it)
         q->head = it;
     q->tail = it;
     pthread_mutex_unlock(&q->lock);
+    q->unsignalled = true;
+    return 0;
+}
+
+void outq_wake(outq *q)
+{
+    if (!q->unsignalled)
+        return;
+    q->unsignalled = false;
     uint64_t one = 1;
     /* A full counter (EAGAIN) still leaves the fd readable, so the wakeup is not lost. */
     ssize_t w = write(q->efd, &one, sizeof one);
     (void)w;
-    return 0;
 }
 
 int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable)
@@ -93,7 +102,9 @@ int outq_push_end(outq *q)
     outq_item *it = calloc(1, sizeof *it);
     if (!it)
         return -1;
-    return push(q, it);
+    push(q, it);
+    outq_wake(q);
+    return 0;
 }
 
 outq_item *outq_pop_all(outq *q)

@@ -36,11 +36,17 @@ void outq_free(outq *q);
 /* The descriptor the loop watches for readability. */
 int outq_fd(const outq *q);
 
-/* Appends a frame (taking ownership of data, which is freed on failure) and wakes the
- * loop. Returns -1 only when memory runs out. */
+/* Appends a frame (taking ownership of data, which is freed on failure). The loop is
+ * not woken until outq_wake: the worker pushes a round's frames (one token of every
+ * running generation) and wakes the loop once, which keeps wakeups from stealing the
+ * engine's cores. Returns -1 only when memory runs out. */
 int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable);
 
-/* Signals that the worker is done: an item with conn_id 0 and data NULL. */
+/* Wakes the loop when frames were pushed since the last wake. */
+void outq_wake(outq *q);
+
+/* Signals that the worker is done: an item with conn_id 0 and data NULL (and wakes
+ * the loop). */
 int outq_push_end(outq *q);
 
 /* Clears the wakeup and takes every queued item, oldest first (NULL when empty). The

@@ -1044,8 +1044,10 @@ static void *worker(void *arg)
             handle_job(s, j);
             j = next;
         }
+        outq_wake(s->env.out);
         admit(s);
         run_steps(s);
+        outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
             break;
     }
