@@ -821,6 +821,30 @@ static int call_text(int fd, uint64_t rid, const char *id, const char *prompt, c
     return 0;
 }
 
+static void kill9_keeps_finished_turns(void)
+{
+    int fd = open_app("crashy");
+    CHECK(fd >= 0);
+    char id[33], text[4096];
+    uint32_t n;
+    CHECK_EQ(create_context(fd, NULL, id), 0);
+    CHECK_EQ(call_text(fd, 140, id, "tok70", text, sizeof text, &n), 0);
+    close(fd);
+    kill(daemon_pid, SIGKILL);
+    int st;
+    CHECK_EQ(waitpid(daemon_pid, &st, 0), daemon_pid);
+    daemon_pid = -1;
+    /* The socket file is left behind; the next daemon replaces it. */
+    CHECK_EQ(start_daemon(), 0);
+    CHECK_EQ(context_tokens("crashy", id), n);
+    fd = open_app("crashy");
+    CHECK(fd >= 0);
+    uint32_t n2;
+    CHECK_EQ(call_text(fd, 141, id, "tok71", text, sizeof text, &n2), 0);
+    CHECK(n2 > n);
+    close(fd);
+}
+
 static void restart_keeps_contexts(void)
 {
     /* Two contexts get the same first turn; one gets its second turn before the
@@ -891,6 +915,7 @@ int main(int argc, char **argv)
     RUN(disconnect_cancels);
     RUN(sigterm_persists_partial_turns);
     RUN(restart_keeps_contexts);
+    RUN(kill9_keeps_finished_turns);
     RUN(sd_notify_protocol);
     int st = stop_daemon();
     if (st != 0) {
