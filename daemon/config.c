@@ -1,0 +1,202 @@
+/*
+ * config.c — parsing llmsd's settings. A table maps each key to its field, type and
+ * range, so the file parser, the flags and --help share one list.
+ */
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum key_type { KEY_STRING, KEY_INT, KEY_FLOAT, KEY_MODE };
+
+typedef struct key_def {
+    const char *name;
+    enum key_type type;
+    size_t offset;
+    size_t size;       /* KEY_STRING: capacity of the field */
+    double min, max;   /* numeric range, inclusive */
+    const char *help;
+} key_def;
+
+#define STR(f, h) {#f, KEY_STRING, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h}
+#define INT(f, lo, hi, h) {#f, KEY_INT, offsetof(config, f), 0, lo, hi, h}
+#define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h}
+
+static const key_def keys[] = {
+    STR(model, "GGUF model file (required)"),
+    STR(socket, "Unix socket path (default /run/llmsd/llmsd.sock)"),
+    STR(state_dir, "state directory holding the catalog (default /var/lib/llmsd)"),
+    INT(threads, 0, 1024, "engine threads, 0 = online cores (default 0)"),
+    INT(n_ctx, 0, 1 << 24, "tokens per context window, 0 = min(model, 4096) (default 0)"),
+    INT(max_contexts_per_app, 1, INT_MAX, "contexts an app may keep (default 64)"),
+    INT(max_tokens_per_context, 0, 1 << 24, "tokens per context, 0 = n_ctx (default 0)"),
+    INT(max_queued_per_app, 1, INT_MAX, "Call/Complete requests an app may have queued or "
+                                        "running (default 16)"),
+    {"max_frame_bytes", KEY_INT, offsetof(config, max_frame_bytes), 0, 1024, (double)UINT32_MAX,
+     "largest frame accepted or sent (default 16777216)"},
+    INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts over it "
+                                  "lose their KV, least recently used first (default 1024)"),
+    STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
+    {"socket_mode", KEY_MODE, offsetof(config, socket_mode), 0, 0, 0777,
+     "permission bits of the socket, octal (default 0660)"},
+    FLT(temperature, 0, 100, "default temperature, <= 0 greedy (default 0.8)"),
+    INT(top_k, 0, INT_MAX, "default top-k, 0 = off (default 40)"),
+    FLT(top_p, FLT_MIN, 1, "default top-p, 1 = off (default 0.95)"),
+    FLT(min_p, 0, 1, "default min-p, 0 = off (default 0.05)"),
+    FLT(repeat_penalty, FLT_MIN, 100, "default repetition penalty, 1 = off (default 1.0)"),
+    INT(repeat_last_n, -1, INT_MAX, "default penalized history, -1 = all (default 64)"),
+    INT(max_tokens, 1, 1 << 24, "default tokens generated per call at most (default 256)"),
+};
+
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+void config_defaults(config *c)
+{
+    memset(c, 0, sizeof *c);
+    strcpy(c->socket, "/run/llmsd/llmsd.sock");
+    strcpy(c->state_dir, "/var/lib/llmsd");
+    c->max_contexts_per_app = 64;
+    c->max_queued_per_app = 16;
+    c->max_frame_bytes = 16u << 20;
+    c->kv_budget_mb = 1024;
+    strcpy(c->admin_group, "llms-admin");
+    c->socket_mode = 0660;
+    c->temperature = 0.8f;
+    c->top_k = 40;
+    c->top_p = 0.95f;
+    c->min_p = 0.05f;
+    c->repeat_penalty = 1.0f;
+    c->repeat_last_n = 64;
+    c->max_tokens = 256;
+}
+
+static const key_def *find_key(const char *name)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (strcmp(keys[i].name, name) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+int config_known(const char *key)
+{
+    return find_key(key) != NULL;
+}
+
+int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
+{
+    const key_def *k = find_key(key);
+    if (!k)
+        return err_set(err, "unknown key '%s'", key);
+    char *field = (char *)c + k->offset;
+    char *end;
+    errno = 0;
+    switch (k->type) {
+    case KEY_STRING:
+        if (!*value)
+            return err_set(err, "%s: empty value", key);
+        if (strlen(value) >= k->size)
+            return err_set(err, "%s: value longer than %zu bytes", key, k->size - 1);
+        strcpy(field, value);
+        return 0;
+    case KEY_INT: {
+        long long v = strtoll(value, &end, 10);
+        if (end == value || *end || errno)
+            return err_set(err, "%s: '%s' is not an integer", key, value);
+        if ((double)v < k->min || (double)v > k->max)
+            return err_set(err, "%s: %lld is outside [%.0f, %.0f]", key, v, k->min, k->max);
+        if (strcmp(key, "max_frame_bytes") == 0)
+            *(uint32_t *)field = (uint32_t)v;
+        else
+            *(int *)field = (int)v;
+        return 0;
+    }
+    case KEY_FLOAT: {
+        double v = strtod(value, &end);
+        if (end == value || *end || errno || v != v)
+            return err_set(err, "%s: '%s' is not a number", key, value);
+        if (v < k->min || v > k->max)
+            return err_set(err, "%s: %g is outside [%g, %g]", key, v, k->min, k->max);
+        *(float *)field = (float)v;
+        return 0;
+    }
+    case KEY_MODE: {
+        unsigned long v = strtoul(value, &end, 8);
+        if (end == value || *end || errno || value[0] == '-')
+            return err_set(err, "%s: '%s' is not an octal mode", key, value);
+        if (v > 0777)
+            return err_set(err, "%s: %lo is not a permission mode (at most 0777)", key, v);
+        *(unsigned *)field = (unsigned)v;
+        return 0;
+    }
+    }
+    return err_set(err, "%s: bad key type", key);
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+int config_load(config *c, const char *path, char err[ERR_MAX])
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return err_set(err, "%s: %s", path, strerror(errno));
+    char line[8192], e[ERR_MAX];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n' && !feof(f)) {
+            rc = err_set(err, "%s:%d: line longer than %zu bytes", path, lineno, sizeof line - 2);
+            break;
+        }
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            rc = err_set(err, "%s:%d: expected 'key = value', got '%s'", path, lineno, s);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *value = trim(eq + 1);
+        if (config_set(c, key, value, e)) {
+            rc = err_set(err, "%s:%d: %s", path, lineno, e);
+            break;
+        }
+    }
+    if (!rc && ferror(f))
+        rc = err_set(err, "%s: read error", path);
+    fclose(f);
+    return rc;
+}
+
+int config_check(const config *c, char err[ERR_MAX])
+{
+    if (!c->model[0])
+        return err_set(err, "model: no model file given (set model = PATH or --model PATH)");
+    if (!c->socket[0])
+        return err_set(err, "socket: empty path");
+    return 0;
+}
+
+void config_print_keys(FILE *out)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        fprintf(out, "  --%-24s %s\n", keys[i].name, keys[i].help);
+}

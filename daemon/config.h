@@ -1,0 +1,66 @@
+/*
+ * config.h — llmsd's settings: a "key = value" file with command-line overrides.
+ *
+ * The file has one setting per line; '#' starts a comment (whole line or after a
+ * value), blank lines are ignored, and spaces around key and value are trimmed. Every
+ * key can also be given on the command line as --key VALUE; main applies the file
+ * first and the flags after it. An unknown key or a bad value is an error naming the
+ * key (and, for the file, the file and line).
+ */
+#ifndef LLMS_CONFIG_H
+#define LLMS_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/err.h"
+
+#define CONFIG_DEFAULT_PATH "/etc/llmsd/llmsd.conf"
+#define CONFIG_PATH_MAX 4096
+#define CONFIG_SOCKET_MAX 108 /* sizeof sun_path, NUL included */
+
+typedef struct config {
+    char model[CONFIG_PATH_MAX];       /* GGUF file; required */
+    char socket[CONFIG_SOCKET_MAX];    /* Unix socket path (unless systemd passes one) */
+    char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
+    int threads;                       /* engine threads; 0: online cores */
+    int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
+    int max_contexts_per_app;
+    int max_tokens_per_context;        /* 0: n_ctx */
+    int max_queued_per_app;            /* Call/Complete requests queued or running */
+    uint32_t max_frame_bytes;
+    int kv_budget_mb;                  /* resident KV cap; 0: no cap */
+    char admin_group[64];
+    unsigned socket_mode;              /* permission bits of the socket file */
+    /* Generation defaults (a context's defaults and a request's params override them). */
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+    float repeat_penalty;
+    int repeat_last_n;
+    int max_tokens;
+} config;
+
+/* The built-in defaults. */
+void config_defaults(config *c);
+
+/* Sets one key from its text value. -1 with err naming the key for an unknown key or
+ * a bad value. */
+int config_set(config *c, const char *key, const char *value, char err[ERR_MAX]);
+
+/* Whether key is a known setting (for telling flags from mistakes). */
+int config_known(const char *key);
+
+/* Applies every setting of the file at path. -1 with err naming the file, the line
+ * and the key when a line is malformed, a key unknown or a value bad, or when the file
+ * cannot be read. */
+int config_load(config *c, const char *path, char err[ERR_MAX]);
+
+/* Checks what a running daemon needs (a model path). -1 with err. */
+int config_check(const config *c, char err[ERR_MAX]);
+
+/* Writes the list of keys with their meaning, for --help. */
+void config_print_keys(FILE *out);
+
+#endif

@@ -1,0 +1,254 @@
+/*
+ * main.c — llmsd: settings, model, store, worker, event loop, clean shutdown.
+ */
+#include <errno.h>
+#include <event2/event.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+#include "daemon/notify.h"
+#include "daemon/outq.h"
+#include "daemon/sched.h"
+#include "daemon/server.h"
+#include "engine/chat.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "storage/store.h"
+
+#define STATUS_SECONDS 5
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: llmsd [-c PATH] [--KEY VALUE]...\n"
+            "Serves an LLM to the apps of this machine over a Unix socket.\n\n"
+            "  -c, --config PATH           settings file (default %s; a missing default\n"
+            "                              file is fine, a missing given one is an error)\n"
+            "  -h, --help                  this text\n\n"
+            "Every setting of the file can be given as --KEY VALUE (or --KEY=VALUE), which\n"
+            "overrides the file:\n",
+            CONFIG_DEFAULT_PATH);
+    config_print_keys(out);
+}
+
+/* Loads the file, then applies the flags. Returns 0, 1 for --help, -1 on error. */
+static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
+{
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+            return 1;
+        if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) {
+            if (i + 1 >= argc)
+                return err_set(err, "%s needs a path", argv[i]);
+            path = argv[++i];
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            path = argv[i] + 9;
+        }
+    }
+    config_defaults(cfg);
+    if (path) {
+        if (config_load(cfg, path, err))
+            return -1;
+    } else if (access(CONFIG_DEFAULT_PATH, F_OK) == 0 && config_load(cfg, CONFIG_DEFAULT_PATH, err)) {
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-c") == 0 || strcmp(a, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0)
+            continue;
+        if (strncmp(a, "--", 2) != 0)
+            return err_set(err, "unexpected argument '%s' (see --help)", a);
+        char key[64];
+        const char *value;
+        const char *eq = strchr(a + 2, '=');
+        size_t klen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (klen >= sizeof key)
+            return err_set(err, "unknown option '%s'", a);
+        memcpy(key, a + 2, klen);
+        key[klen] = '\0';
+        if (!config_known(key))
+            return err_set(err, "unknown option '--%s' (see --help)", key);
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return err_set(err, "--%s needs a value", key);
+            value = argv[++i];
+        }
+        char e[ERR_MAX];
+        if (config_set(cfg, key, value, e))
+            return err_set(err, "--%s", e);
+    }
+    return config_check(cfg, err);
+}
+
+typedef struct loop_state {
+    server *srv;
+    sched *sch;
+    struct event *watchdog;
+    struct event *status;
+    unsigned last_contexts, last_conns;
+    bool status_sent;
+} loop_state;
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    loop_state *ls = arg;
+    fprintf(stderr, "llmsd: signal %d: shutting down\n", (int)sig);
+    server_shutdown(ls->srv);
+}
+
+static void on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    notify_watchdog();
+}
+
+static void on_status(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    loop_state *ls = arg;
+    unsigned n_ctx = sched_n_contexts(ls->sch), n_conn = server_n_connections(ls->srv);
+    if (ls->status_sent && n_ctx == ls->last_contexts && n_conn == ls->last_conns)
+        return;
+    notify_status("serving %u contexts, %u connections", n_ctx, n_conn);
+    ls->last_contexts = n_ctx;
+    ls->last_conns = n_conn;
+    ls->status_sent = true;
+}
+
+/* Resolves the settings that depend on the model. */
+static void resolve(config *cfg, const model_hparams *hp)
+{
+    if (cfg->n_ctx == 0)
+        cfg->n_ctx = hp->n_ctx < 4096 ? hp->n_ctx : 4096;
+    if (cfg->n_ctx > hp->n_ctx)
+        fprintf(stderr, "llmsd: warning: n_ctx %d exceeds the model's trained %d\n", cfg->n_ctx,
+                hp->n_ctx);
+    if (cfg->max_tokens_per_context == 0 || cfg->max_tokens_per_context > cfg->n_ctx)
+        cfg->max_tokens_per_context = cfg->n_ctx;
+}
+
+static enum chat_family model_family(const model *m)
+{
+    gguf_str t;
+    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
+        return CHAT_PLAIN;
+    char *s = strndup(t.ptr, t.len);
+    enum chat_family f = chat_detect(s);
+    free(s);
+    return f;
+}
+
+int main(int argc, char **argv)
+{
+    static config cfg;
+    char err[ERR_MAX];
+    int rc = parse_args(argc, argv, &cfg, err);
+    if (rc == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    int status = 1;
+    model *m = NULL;
+    tokenizer *tok = NULL;
+    store *st = NULL;
+    outq *out = NULL;
+    sched *sch = NULL;
+    struct event_base *base = NULL;
+    struct event *sigterm = NULL, *sigint = NULL;
+    loop_state ls = {0};
+
+    if (!(m = model_load(cfg.model, err)) || tok_load(model_gguf(m), &tok, err)) {
+        fprintf(stderr, "llmsd: model %s: %s\n", cfg.model, err);
+        goto out;
+    }
+    resolve(&cfg, model_hparams_of(m));
+    enum chat_family family = model_family(m);
+    if (!(st = store_open(cfg.state_dir, err)) || !(out = outq_new(err))) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    sched_env env = {&cfg, cfg.model, m, tok, family, st, out};
+    if (!(sch = sched_new(&env, err))) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    base = event_base_new();
+    if (!base) {
+        fprintf(stderr, "llmsd: event_base_new failed\n");
+        goto out;
+    }
+    ls.sch = sch;
+    ls.srv = server_new(base, &cfg, tok, sch, out, err);
+    if (!ls.srv) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    if (sched_start(sch, err)) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    sigterm = evsignal_new(base, SIGTERM, on_signal, &ls);
+    sigint = evsignal_new(base, SIGINT, on_signal, &ls);
+    ls.status = event_new(base, -1, EV_PERSIST, on_status, &ls);
+    struct timeval status_tv = {STATUS_SECONDS, 0};
+    if (!sigterm || !sigint || !ls.status || evsignal_add(sigterm, NULL) ||
+        evsignal_add(sigint, NULL) || event_add(ls.status, &status_tv)) {
+        fprintf(stderr, "llmsd: libevent setup failed\n");
+        server_shutdown(ls.srv);
+    }
+    uint64_t wd = notify_watchdog_usec();
+    if (wd) {
+        struct timeval tv = {(time_t)(wd / 2 / 1000000), (suseconds_t)(wd / 2 % 1000000)};
+        ls.watchdog = event_new(base, -1, EV_PERSIST, on_watchdog, NULL);
+        if (ls.watchdog)
+            event_add(ls.watchdog, &tv);
+    }
+    fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
+            cfg.model, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
+    notify_ready();
+    on_status(-1, 0, &ls);
+    event_base_dispatch(base);
+    status = 0;
+out:
+    /* The worker has persisted everything and exited (or sched_free waits for it). */
+    sched_free(sch);
+    server_free(ls.srv);
+    if (ls.watchdog)
+        event_free(ls.watchdog);
+    if (ls.status)
+        event_free(ls.status);
+    if (sigterm)
+        event_free(sigterm);
+    if (sigint)
+        event_free(sigint);
+    if (base)
+        event_base_free(base);
+    outq_free(out);
+    store_close(st);
+    tok_free(tok);
+    model_free(m);
+    if (status == 0)
+        fprintf(stderr, "llmsd: stopped\n");
+    return status;
+}

@@ -1,0 +1,149 @@
+/*
+ * prompt.c — rendering turns with the chat template and tokenizing what is new.
+ */
+#include "daemon/prompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,
+                    bool parse_special, int32_t **out, int *n, char err[ERR_MAX])
+{
+    int need = tok_encode(tok, text, len, add_special, parse_special, NULL, 0);
+    if (need < 0)
+        return err_set(err, "tokenizer failed on the text");
+    int32_t *ids = malloc(sizeof *ids * (size_t)(need > 0 ? need : 1));
+    if (!ids)
+        return err_set(err, "out of memory");
+    if (need > 0 && tok_encode(tok, text, len, add_special, parse_special, ids, need) != need) {
+        free(ids);
+        return err_set(err, "tokenizer failed on the text");
+    }
+    *out = ids;
+    *n = need;
+    return 0;
+}
+
+/* chat_apply into a fresh string. */
+static char *render(enum chat_family f, const struct chat_message *msgs, int n, bool gen,
+                    char err[ERR_MAX])
+{
+    int need = chat_apply(f, msgs, n, gen, NULL, 0);
+    char *s = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (!s) {
+        err_set(err, need < 0 ? "the chat template cannot render the conversation"
+                              : "out of memory");
+        return NULL;
+    }
+    chat_apply(f, msgs, n, gen, s, (size_t)need + 1);
+    return s;
+}
+
+char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
+                       const char *prompt, char err[ERR_MAX])
+{
+    int n_max = c->n_msgs + 2, n = 0;
+    struct chat_message *msgs = malloc(sizeof *msgs * (size_t)n_max);
+    if (!msgs) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    bool has_raw = false;
+    if (c->system_prompt)
+        msgs[n++] = (struct chat_message){"system", c->system_prompt};
+    int n_fixed = n;
+    for (int i = 0; i < c->n_msgs; i++) {
+        has_raw |= strcmp(c->msgs[i].role, "raw") == 0;
+        msgs[n++] = (struct chat_message){c->msgs[i].role, c->msgs[i].text};
+    }
+    char *out = NULL;
+    if (c->n_tokens == 0 && c->n_msgs == 0) {
+        msgs[n++] = (struct chat_message){"user", prompt};
+        out = render(family, msgs, n, true, err);
+    } else if (!has_raw && c->n_msgs >= 2 && strcmp(c->msgs[c->n_msgs - 1].role, "assistant") == 0) {
+        char *held = render(family, msgs, n - 1, true, err);
+        msgs[n++] = (struct chat_message){"user", prompt};
+        char *full = held ? render(family, msgs, n, true, err) : NULL;
+        const char *g = generated ? generated : "";
+        size_t hl = held ? strlen(held) : 0, gl = strlen(g);
+        if (full && strncmp(full, held, hl) == 0 && strncmp(full + hl, g, gl) == 0)
+            out = strdup(full + hl + gl);
+        free(held);
+        free(full);
+    }
+    if (!out) {
+        msgs[n_fixed] = (struct chat_message){"user", prompt};
+        out = render(family, msgs + n_fixed, 1, true, err);
+    }
+    free(msgs);
+    return out;
+}
+
+/* G: the text of the tokens of the last reply (NULL when there is none or memory runs
+ * out, which only costs the fallback rendering). */
+static char *last_reply_text(const tokenizer *tok, const ctx_entry *c)
+{
+    if (c->n_msgs == 0 || strcmp(c->msgs[c->n_msgs - 1].role, "assistant") != 0)
+        return NULL;
+    int n = c->msgs[c->n_msgs - 1].n_tokens;
+    if (n <= 0 || n > c->n_tokens)
+        return NULL;
+    const int32_t *ids = c->tokens + c->n_tokens - n;
+    size_t len = 0, cap = 64;
+    char *s = malloc(cap);
+    for (int i = 0; s && i < n; i++) {
+        char piece[256];
+        int pl = tok_piece(tok, ids[i], piece, sizeof piece);
+        if (pl < 0)
+            continue;
+        if (pl > (int)sizeof piece - 1)
+            pl = (int)sizeof piece - 1;
+        if (len + (size_t)pl + 1 > cap) {
+            cap = 2 * (len + (size_t)pl + 1);
+            char *p = realloc(s, cap);
+            if (!p) {
+                free(s);
+                return NULL;
+            }
+            s = p;
+        }
+        memcpy(s + len, piece, (size_t)pl);
+        len += (size_t)pl;
+    }
+    if (s)
+        s[len] = '\0';
+    return s;
+}
+
+int prompt_turn(const tokenizer *tok, enum chat_family family, const ctx_entry *c,
+                const char *prompt, bool raw, int32_t **out, int *n, char err[ERR_MAX])
+{
+    bool first = c->n_tokens == 0;
+    if (raw)
+        return prompt_tokenize(tok, prompt, strlen(prompt), first, true, out, n, err);
+    char *generated = last_reply_text(tok, c);
+    char *text = prompt_turn_text(family, c, generated, prompt, err);
+    free(generated);
+    if (!text)
+        return -1;
+    int rc = prompt_tokenize(tok, text, strlen(text), first, true, out, n, err);
+    free(text);
+    return rc;
+}
+
+char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,
+                           const char *system_prompt, char err[ERR_MAX])
+{
+    if (!chat) {
+        char *s = strdup(prompt);
+        if (!s)
+            err_set(err, "out of memory");
+        return s;
+    }
+    struct chat_message msgs[2];
+    int n = 0;
+    if (system_prompt)
+        msgs[n++] = (struct chat_message){"system", system_prompt};
+    msgs[n++] = (struct chat_message){"user", prompt};
+    return render(family, msgs, n, true, err);
+}

@@ -1,0 +1,50 @@
+/*
+ * prompt.h — the tokens a new turn adds to a context, and tokenizing into fresh memory.
+ *
+ * How a chat turn extends a context without recomputing it. The context holds R + G:
+ * R, the conversation up to the last assistant opening as the chat template renders
+ * it, and G, the text of the tokens generated in the last reply (which may go past the
+ * reply the client saw, e.g. when it ended on a stop string such as "<|im_end|>").
+ * The new conversation (with the last reply as the client saw it, then the new user
+ * message) renders as R + F. When G is a prefix of F, the turn adds F without G:
+ * typically the rest of the previous end of turn, the new user message and the new
+ * assistant opening. Otherwise (templates that trim or rewrite earlier messages, a
+ * reply cut at a user's stop string, raw text in the history) the new user message is
+ * rendered alone and appended.
+ */
+#ifndef LLMS_PROMPT_H
+#define LLMS_PROMPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/ctxmgr.h"
+#include "engine/chat.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+
+/* Tokenizes len bytes of text into a fresh array (*out, free() it; *n tokens). */
+int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,
+                    bool parse_special, int32_t **out, int *n, char err[ERR_MAX]);
+
+/* The text a templated (non-raw) Call adds to context c for prompt, as described
+ * above; generated is G, the text of the last reply's tokens (NULL for none). Fresh
+ * string; NULL + err when the template cannot render it. */
+char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
+                       const char *prompt, char err[ERR_MAX]);
+
+/*
+ * The tokens a Call adds to context c (which holds c->n_tokens tokens) for prompt:
+ * raw text as is, otherwise through family's template as described above. The first
+ * turn of a context gets the tokenizer's BOS. Fresh array in *out (*n tokens).
+ */
+int prompt_turn(const tokenizer *tok, enum chat_family family, const ctx_entry *c,
+                const char *prompt, bool raw, int32_t **out, int *n, char err[ERR_MAX]);
+
+/* The prompt text of a stateless Complete: the prompt, or with chat the conversation
+ * [system_prompt?, prompt] rendered with the assistant opening. Fresh string. */
+char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,
+                           const char *system_prompt, char err[ERR_MAX]);
+
+#endif

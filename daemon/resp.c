@@ -1,0 +1,36 @@
+/*
+ * resp.c — Response frames, with an oversized reply turned into an error rather than a
+ * frame the client would refuse.
+ */
+#include "daemon/resp.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "proto/frame.h"
+
+int resp_error(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
+               size_t *len, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    Llms__Error e = LLMS__ERROR__INIT;
+    e.code = code;
+    e.message = msg;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = id;
+    r.final = 1;
+    r.error = &e;
+    return frame_pack(&r.base, max_bytes, out, len);
+}
+
+int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, size_t *len)
+{
+    if (frame_pack(&resp->base, max_bytes, out, len) == 0)
+        return 0;
+    return resp_error(resp->id, LLMS__ERROR_CODE__INTERNAL, max_bytes, out, len,
+                      "reply larger than max_frame_bytes (%u)", max_bytes);
+}

@@ -1,0 +1,46 @@
+/*
+ * server.h — llmsd's event loop side: the listening socket, connections, frames, and
+ * the replies coming back from the worker.
+ *
+ * The socket is the one systemd passes (sd_listen_fds) or a Unix socket at the
+ * configured path (its directory created when missing, a stale socket file replaced,
+ * its mode set to socket_mode). Each connection reads length-prefixed Request frames;
+ * a malformed or empty frame is answered with MALFORMED_FRAME (id 0) and closes the
+ * connection, an oversized one likewise with RESOURCE_EXHAUSTED. A connection whose
+ * unread replies pass SERVER_OUT_CAP stops being read and has its streamed calls
+ * cancelled until it catches up, so a client that does not read cannot make the
+ * daemon grow without bound. A connection that goes away cancels its requests; one
+ * that only stops sending (EOF) first gets the replies already queued for it.
+ */
+#ifndef LLMS_SERVER_H
+#define LLMS_SERVER_H
+
+#include <event2/event.h>
+
+#include "daemon/config.h"
+#include "daemon/outq.h"
+#include "daemon/sched.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+
+#define SERVER_OUT_CAP (8u << 20) /* bytes of replies queued on a connection */
+
+typedef struct server server;
+
+/* Opens the listening socket and starts accepting on base. Replies are read from out;
+ * requests go to sch. NULL + err on failure. */
+server *server_new(struct event_base *base, const config *cfg, const tokenizer *tok,
+                   sched *sch, outq *out, char err[ERR_MAX]);
+
+/* Begins shutdown: stops accepting, tells the worker to cancel and persist everything,
+ * and, once the worker is done and replies are flushed (or after a grace period),
+ * leaves the event loop. Idempotent. */
+void server_shutdown(server *srv);
+
+/* Open connections. */
+unsigned server_n_connections(const server *srv);
+
+/* Closes every connection and the socket (removing the socket file it created). */
+void server_free(server *srv);
+
+#endif

@@ -1,0 +1,141 @@
+/*
+ * Tests of llmsd's settings: defaults, the file format, values, and errors that name
+ * the key, the file and the line.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/config.h"
+#include "tests/support/test.h"
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return NULL;
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void defaults(void)
+{
+    config c;
+    config_defaults(&c);
+    CHECK(strcmp(c.socket, "/run/llmsd/llmsd.sock") == 0);
+    CHECK(strcmp(c.state_dir, "/var/lib/llmsd") == 0);
+    CHECK(strcmp(c.admin_group, "llms-admin") == 0);
+    CHECK_EQ(c.socket_mode, 0660);
+    CHECK_EQ(c.threads, 0);
+    CHECK_EQ(c.n_ctx, 0);
+    CHECK_EQ(c.max_frame_bytes, 16u << 20);
+    CHECK_NEAR(c.temperature, 0.8, 1e-6);
+    CHECK_EQ(c.model[0], '\0');
+    char err[ERR_MAX];
+    CHECK_EQ(config_check(&c, err), -1);
+    CHECK(strstr(err, "model") != NULL);
+}
+
+static void file_with_comments(void)
+{
+    const char *path = write_file("ok.conf",
+                                  "# llmsd settings\n"
+                                  "\n"
+                                  "model = /models/x.gguf   # the weights\n"
+                                  "  socket=/tmp/s.sock\n"
+                                  "threads = 4\n"
+                                  "socket_mode = 0600\n"
+                                  "temperature = 0\n"
+                                  "top_p = 0.5\n"
+                                  "repeat_last_n = -1\n"
+                                  "max_frame_bytes = 4294967295\n");
+    CHECK(path);
+    config c;
+    config_defaults(&c);
+    char err[ERR_MAX];
+    CHECK_MSG(config_load(&c, path, err) == 0, "%s", err);
+    CHECK(strcmp(c.model, "/models/x.gguf") == 0);
+    CHECK(strcmp(c.socket, "/tmp/s.sock") == 0);
+    CHECK_EQ(c.threads, 4);
+    CHECK_EQ(c.socket_mode, 0600);
+    CHECK_NEAR(c.temperature, 0, 0);
+    CHECK_NEAR(c.top_p, 0.5, 1e-6);
+    CHECK_EQ(c.repeat_last_n, -1);
+    CHECK_EQ(c.max_frame_bytes, 4294967295u);
+    CHECK_EQ(c.max_tokens, 256); /* untouched keys keep their defaults */
+    CHECK_EQ(config_check(&c, err), 0);
+}
+
+/* Loads text and expects an error mentioning every one of the words. */
+static int load_fails_with(const char *text, const char *w1, const char *w2)
+{
+    const char *path = write_file("bad.conf", text);
+    config c;
+    config_defaults(&c);
+    char err[ERR_MAX] = "";
+    if (!path || config_load(&c, path, err) != -1)
+        return 0;
+    if (!strstr(err, "bad.conf") || (w1 && !strstr(err, w1)) || (w2 && !strstr(err, w2))) {
+        fprintf(stderr, "unexpected message: %s\n", err);
+        return 0;
+    }
+    return 1;
+}
+
+static void file_errors_name_key_file_and_line(void)
+{
+    CHECK(load_fails_with("threads = 2\nfrobnicate = 1\n", "frobnicate", ":2:"));
+    CHECK(load_fails_with("threads = two\n", "threads", ":1:"));
+    CHECK(load_fails_with("\n\nthreads = -1\n", "threads", ":3:"));
+    CHECK(load_fails_with("top_p = 1.5\n", "top_p", ":1:"));
+    CHECK(load_fails_with("temperature = nan\n", "temperature", NULL));
+    CHECK(load_fails_with("socket_mode = 0999\n", "socket_mode", NULL));
+    CHECK(load_fails_with("socket_mode = 01777\n", "socket_mode", NULL));
+    CHECK(load_fails_with("just words\n", ":1:", "key = value"));
+    CHECK(load_fails_with("model =\n", "model", "empty"));
+    CHECK(load_fails_with("max_frame_bytes = 4294967296\n", "max_frame_bytes", NULL));
+    CHECK(load_fails_with("max_tokens = 10x\n", "max_tokens", NULL));
+}
+
+static void missing_file(void)
+{
+    config c;
+    config_defaults(&c);
+    char err[ERR_MAX];
+    char path[1024];
+    snprintf(path, sizeof path, "%s/absent.conf", test_tmpdir());
+    CHECK_EQ(config_load(&c, path, err), -1);
+    CHECK(strstr(err, "absent.conf") != NULL);
+}
+
+static void set_single_keys(void)
+{
+    config c;
+    config_defaults(&c);
+    char err[ERR_MAX];
+    CHECK_EQ(config_set(&c, "kv_budget_mb", "0", err), 0);
+    CHECK_EQ(c.kv_budget_mb, 0);
+    CHECK_EQ(config_set(&c, "admin_group", "wheel", err), 0);
+    CHECK(strcmp(c.admin_group, "wheel") == 0);
+    CHECK_EQ(config_set(&c, "nope", "1", err), -1);
+    CHECK(strstr(err, "nope") != NULL);
+    CHECK(config_known("max_queued_per_app"));
+    CHECK(!config_known("max_queued"));
+    char longpath[200];
+    memset(longpath, 'a', sizeof longpath - 1);
+    longpath[sizeof longpath - 1] = '\0';
+    CHECK_EQ(config_set(&c, "socket", longpath, err), -1);
+    CHECK(strstr(err, "socket") != NULL);
+}
+
+int main(void)
+{
+    RUN(defaults);
+    RUN(file_with_comments);
+    RUN(file_errors_name_key_file_and_line);
+    RUN(missing_file);
+    RUN(set_single_keys);
+    return test_finish();
+}

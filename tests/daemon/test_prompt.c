@@ -1,0 +1,86 @@
+/*
+ * Tests of the text a Call adds to a context: the first turn is the whole rendering,
+ * later turns only what extends the text the context holds, and templates that rewrite
+ * history fall back to the new turn alone.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/prompt.h"
+#include "tests/support/test.h"
+
+/* A context whose history is the given (role, text) pairs. */
+static void make_ctx(ctx_entry *c, const char *system, ctx_msg *msgs, int n)
+{
+    memset(c, 0, sizeof *c);
+    c->system_prompt = (char *)system;
+    c->msgs = msgs;
+    c->n_msgs = n;
+    c->n_tokens = n ? 10 : 0;
+}
+
+static int text_is(enum chat_family f, const ctx_entry *c, const char *generated,
+                   const char *prompt, const char *want)
+{
+    char err[ERR_MAX];
+    char *got = prompt_turn_text(f, c, generated, prompt, err);
+    int ok = got && strcmp(got, want) == 0;
+    if (!ok)
+        fprintf(stderr, "got [%s]\nwant [%s]\n", got ? got : err, want);
+    free(got);
+    return ok;
+}
+
+static void first_turn_is_whole_rendering(void)
+{
+    ctx_entry c;
+    make_ctx(&c, "Be brief.", NULL, 0);
+    CHECK(text_is(CHAT_CHATML, &c, NULL, "Hi",
+                  "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                  "<|im_start|>assistant\n"));
+    make_ctx(&c, NULL, NULL, 0);
+    CHECK(text_is(CHAT_CHATML, &c, NULL, "Hi", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+static void later_turn_extends_the_context(void)
+{
+    ctx_entry c;
+    /* The reply ended on the end-of-turn token (not kept): the suffix closes the turn. */
+    ctx_msg m1[] = {{"user", "Hi", 3}, {"assistant", "Hello!", 2}};
+    make_ctx(&c, "S", m1, 2);
+    CHECK(text_is(CHAT_CHATML, &c, "Hello!", "More",
+                  "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
+    /* The reply ended on the stop string "<|im_end|>", which the context holds. */
+    CHECK(text_is(CHAT_CHATML, &c, "Hello!<|im_end|>", "More",
+                  "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
+    /* A reply cut at a user's stop string ("!"): what the context holds does not
+     * continue the rendering, so the new turn comes alone. */
+    ctx_msg m2[] = {{"user", "Hi", 3}, {"assistant", "Hello", 2}};
+    make_ctx(&c, "S", m2, 2);
+    CHECK(text_is(CHAT_CHATML, &c, "Hello! Bye", "More",
+                  "<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+static void rewriting_templates_fall_back(void)
+{
+    ctx_entry c;
+    /* llama3 trims contents, so " Hello " is not a prefix of the new rendering. */
+    ctx_msg m[] = {{"user", "Hi", 3}, {"assistant", " Hello ", 2}};
+    make_ctx(&c, NULL, m, 2);
+    CHECK(text_is(CHAT_LLAMA3, &c, " Hello ", "More",
+                  "<|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n"));
+    /* A raw turn in the history: the new turn alone. */
+    ctx_msg r[] = {{"raw", "free text", 3}, {"assistant", "reply", 1}};
+    make_ctx(&c, NULL, r, 2);
+    CHECK(text_is(CHAT_CHATML, &c, "reply", "Q", "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+int main(void)
+{
+    RUN(first_turn_is_whole_rendering);
+    RUN(later_turn_extends_the_context);
+    RUN(rewriting_templates_fall_back);
+    return test_finish();
+}
