@@ -616,8 +616,8 @@ enum llms_status llms_list_all_contexts(llms_conn *c, llms_context_info **out, s
     return list_contexts(c, &req, out, n_out);
 }
 
-enum llms_status llms_context_get(llms_conn *c, const char *context_id, int with_history,
-                                  llms_context_info *out)
+static enum llms_status get_context(llms_conn *c, const char *context_id, int with_history,
+                                   int any_app, llms_context_info *out)
 {
     memset(out, 0, sizeof *out);
     enum llms_status s = check_str(c, context_id, "context_id");
@@ -627,6 +627,8 @@ enum llms_status llms_context_get(llms_conn *c, const char *context_id, int with
     g.context_id = (char *)context_id;
     g.has_include_history = 1;
     g.include_history = with_history != 0;
+    g.has_any_app = any_app;
+    g.any_app = any_app;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_GET_CONTEXT;
     req.get_context = &g;
@@ -638,6 +640,18 @@ enum llms_status llms_context_get(llms_conn *c, const char *context_id, int with
     if (s != LLMS_OK)
         llms_context_info_free(out);
     return s;
+}
+
+enum llms_status llms_context_get(llms_conn *c, const char *context_id, int with_history,
+                                  llms_context_info *out)
+{
+    return get_context(c, context_id, with_history, 0, out);
+}
+
+enum llms_status llms_admin_context_get(llms_conn *c, const char *context_id, int with_history,
+                                        llms_context_info *out)
+{
+    return get_context(c, context_id, with_history, 1, out);
 }
 
 /* ---- tokens ---- */

@@ -310,6 +310,13 @@ enum llms_status llms_list_apps(llms_conn *conn, llms_app_info **out, size_t *n_
 enum llms_status llms_list_all_contexts(llms_conn *conn, llms_context_info **out,
                                         size_t *n_out);
 
+/*
+ * One context of any app (app_name and uid filled), with its messages when with_history
+ * is nonzero. Free *out with llms_context_info_free().
+ */
+enum llms_status llms_admin_context_get(llms_conn *conn, const char *context_id,
+                                        int with_history, llms_context_info *out);
+
 /* Drops a context's KV from memory (it stays persisted and is rebuilt when used). */
 enum llms_status llms_evict(llms_conn *conn, const char *context_id);
 

@@ -70,7 +70,8 @@ static const char *memory_name(enum llms_memory m)
     }
 }
 
-static void json_context(const llms_context_info *c)
+/* One context as a JSON object; with_history adds its messages. */
+static void json_context(const llms_context_info *c, int with_history)
 {
     fputs("{\"context_id\":", stdout);
     json_str(c->id);
@@ -84,6 +85,17 @@ static void json_context(const llms_context_info *c)
            c->kv_bytes);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
+    if (with_history) {
+        fputs(",\"history\":[", stdout);
+        for (size_t i = 0; i < c->n_history; i++) {
+            fputs(i ? ",{\"role\":" : "{\"role\":", stdout);
+            json_str(c->history[i].role);
+            fputs(",\"content\":", stdout);
+            json_str(c->history[i].content);
+            putchar('}');
+        }
+        putchar(']');
+    }
     putchar('}');
 }
 
@@ -161,45 +173,49 @@ static enum llms_status cmd_apps(llms_conn *c)
     return LLMS_OK;
 }
 
-/* Lists every context, or with id only that one (NOT_FOUND when absent). */
-static enum llms_status cmd_contexts(llms_conn *c, const char *id)
+static enum llms_status cmd_contexts(llms_conn *c)
 {
     llms_context_info *infos;
     size_t n;
     enum llms_status s = llms_list_all_contexts(c, &infos, &n);
     if (s != LLMS_OK)
         return s;
-    if (id) {
-        size_t i = 0;
-        while (i < n && strcmp(infos[i].id, id) != 0)
-            i++;
-        if (i == n) {
-            s = LLMS_ERR_NOT_FOUND;
-        } else if (json) {
-            json_context(&infos[i]);
-            putchar('\n');
+    if (json)
+        fputs("{\"contexts\":[", stdout);
+    for (size_t i = 0; i < n; i++) {
+        if (json) {
+            if (i)
+                putchar(',');
+            json_context(&infos[i], 0);
         } else {
             text_context(&infos[i]);
-            if (infos[i].system_prompt)
-                printf("system prompt: %s\n", infos[i].system_prompt);
         }
-    } else {
-        if (json)
-            fputs("{\"contexts\":[", stdout);
-        for (size_t i = 0; i < n; i++) {
-            if (json) {
-                if (i)
-                    putchar(',');
-                json_context(&infos[i]);
-            } else {
-                text_context(&infos[i]);
-            }
-        }
-        if (json)
-            fputs("]}\n", stdout);
     }
+    if (json)
+        fputs("]}\n", stdout);
     llms_context_list_free(infos, n);
-    return s;
+    return LLMS_OK;
+}
+
+/* One context of any app with its history. */
+static enum llms_status cmd_show(llms_conn *c, const char *id)
+{
+    llms_context_info info;
+    enum llms_status s = llms_admin_context_get(c, id, 1, &info);
+    if (s != LLMS_OK)
+        return s;
+    if (json) {
+        json_context(&info, 1);
+        putchar('\n');
+    } else {
+        text_context(&info);
+        if (info.system_prompt)
+            printf("system prompt: %s\n", info.system_prompt);
+        for (size_t i = 0; i < info.n_history; i++)
+            printf("\n[%s]\n%s\n", info.history[i].role, info.history[i].content);
+    }
+    llms_context_info_free(&info);
+    return LLMS_OK;
 }
 
 static enum llms_status cmd_ok(llms_conn *c, enum llms_status s)
@@ -219,9 +235,9 @@ static enum llms_status run(llms_conn *c, char **pos)
     if (!strcmp(cmd, "apps"))
         return cmd_apps(c);
     if (!strcmp(cmd, "contexts"))
-        return cmd_contexts(c, NULL);
+        return cmd_contexts(c);
     if (!strcmp(cmd, "show"))
-        return cmd_contexts(c, pos[1]);
+        return cmd_show(c, pos[1]);
     if (!strcmp(cmd, "evict"))
         return cmd_ok(c, llms_evict(c, pos[1]));
     return cmd_ok(c, llms_shutdown(c));
@@ -257,9 +273,7 @@ int main(int argc, char **argv)
         if (s == LLMS_ERR_FAILED_PRECONDITION && llms_bind(c, "llmsctl") == LLMS_OK)
             s = run(c, pos);
         if (s != LLMS_OK)
-            snprintf(err, sizeof err, "%s", s == LLMS_ERR_NOT_FOUND && !*llms_last_error(c)
-                                                ? "no such context"
-                                                : llms_last_error(c));
+            snprintf(err, sizeof err, "%s", llms_last_error(c));
         llms_close(c);
     }
     if (s == LLMS_OK)

@@ -129,7 +129,10 @@ static void chat_resumes_and_ctx_commands(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json show %s", llmsctl_path, llmsd.sock,
              id);
     CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
-    CHECK_MSG(out[0] == '{' && strstr(out, id), "json: %s", out);
+    CHECK_MSG(out[0] == '{' && strstr(out, id) &&
+                  strstr(out, "\"history\":[{\"role\":\"system\"") &&
+                  strstr(out, "{\"role\":\"user\",\"content\":\"third question\"}"),
+              "json: %s", out);
 
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-chat ctx rm %s", llms_path,
              llmsd.sock, id);

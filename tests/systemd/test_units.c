@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
 #include "tests/support/test.h"
 
 #define PREFIX "/usr/local"
@@ -272,6 +273,40 @@ static void sysusers_creates_accounts(void)
     CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "accounts missing in %s/etc", root);
 }
 
+/* The example config is valid for this daemon and documents every key it knows. */
+static void example_config_matches_daemon(void)
+{
+    char path[1100], err[ERR_MAX];
+    fmt(path, sizeof path, "%s/systemd/llmsd.conf", srcdir);
+    config cfg;
+    config_defaults(&cfg);
+    CHECK_MSG(config_load(&cfg, path, err) == 0, "%s", err);
+    CHECK_MSG(config_check(&cfg, err) == 0, "%s", err);
+
+    char keys_path[1100];
+    fmt(keys_path, sizeof keys_path, "%s/keys.txt", test_tmpdir());
+    FILE *f = fopen(keys_path, "w+");
+    CHECK(f);
+    config_print_keys(f);
+    rewind(f);
+    char line[512];
+    int n_keys = 0;
+    while (fgets(line, sizeof line, f)) {
+        char key[64];
+        if (sscanf(line, " --%63[a-z_]", key) != 1)
+            continue;
+        n_keys++;
+        char cmd[2048], out[64];
+        fmt(cmd, sizeof cmd, "grep -q '^%s = ' '%s'", key, path);
+        if (run_capture(cmd, out, sizeof out) != 0) {
+            fclose(f);
+            CHECK_MSG(0, "llmsd.conf does not set key '%s'", key);
+        }
+    }
+    fclose(f);
+    CHECK_MSG(n_keys >= 19, "only %d keys listed by config_print_keys", n_keys);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -297,6 +332,7 @@ int main(int argc, char **argv)
         fmt(probe, sizeof probe, "%s/scripts/install.sh", srcdir);
     }
 
+    RUN(example_config_matches_daemon);
     RUN(installed_tree);
     RUN(existing_config_is_kept);
     RUN(pkg_config_builds_an_app);
