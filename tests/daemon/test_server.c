@@ -713,17 +713,16 @@ static void sigterm_persists_partial_turns(void)
         CHECK_EQ(context_tokens("stopper", id), n);
 }
 
-static void queue_limit(void)
+/* Sends three long calls in one write on fresh contexts; counts the refusals and
+ * results among the finals. -1 on a transport failure. */
+static int send_three_calls(int fd, uint64_t first_id, int *exhausted, int *results)
 {
-    /* Three long calls sent in one write: two are queued or running, the third is
-     * refused (the first cannot finish before the loop has read all three). */
-    int fd = open_app("queuer");
-    CHECK(fd >= 0);
     char ids[3][33];
     uint8_t *frames[3];
     size_t lens[3], total = 0;
     for (int i = 0; i < 3; i++) {
-        CHECK_EQ(create_context(fd, NULL, ids[i]), 0);
+        if (create_context(fd, NULL, ids[i]) != 0)
+            return -1;
         Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
         gp.has_max_tokens = 1;
         gp.max_tokens = 100;
@@ -732,35 +731,60 @@ static void queue_limit(void)
         c.prompt = "tok50 tok51";
         c.params = &gp;
         Llms__Request req = LLMS__REQUEST__INIT;
-        req.id = 130 + (uint64_t)i;
+        req.id = first_id + (uint64_t)i;
         req.body_case = LLMS__REQUEST__BODY_CALL;
         req.call = &c;
-        CHECK_EQ(frame_pack(&req.base, FRAME_DEFAULT_MAX_BYTES, &frames[i], &lens[i]), 0);
+        if (frame_pack(&req.base, FRAME_DEFAULT_MAX_BYTES, &frames[i], &lens[i]) != 0)
+            return -1;
         total += lens[i];
     }
     uint8_t *all = malloc(total);
-    CHECK(all);
+    if (!all)
+        return -1;
     for (size_t i = 0, off = 0; i < 3; off += lens[i], i++) {
         memcpy(all + off, frames[i], lens[i]);
         free(frames[i]);
     }
     int rc = write_all(fd, all, total);
     free(all);
-    CHECK_EQ(rc, 0);
-    int finals = 0, exhausted = 0, results = 0;
+    if (rc != 0)
+        return -1;
+    int finals = 0;
+    *exhausted = *results = 0;
     while (finals < 3) {
         Llms__Response *r = recv_resp(fd);
-        CHECK(r);
+        if (!r)
+            return -1;
         if (r->final) {
             finals++;
-            exhausted += error_code(r) == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-            results += r->body_case == LLMS__RESPONSE__BODY_RESULT;
+            *exhausted += error_code(r) == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            *results += r->body_case == LLMS__RESPONSE__BODY_RESULT;
         }
         frame_free_response(r);
     }
+    return 0;
+}
+
+static void queue_limit(void)
+{
+    /* With max_queued_per_app 2, the third of three calls sent together is refused while
+     * the first two are queued or running. The worker admits calls as it reads them, so
+     * if the first call finishes before the third is read (the loop thread lost its CPU
+     * that long) all three run: the round is repeated, and the limit must show within a
+     * few rounds. Each round is a new app, as each uses up max_contexts_per_app. */
+    int exhausted = 0, results = 0;
+    for (int round = 0; round < 5 && exhausted == 0; round++) {
+        char app[32];
+        snprintf(app, sizeof app, "queuer%d", round);
+        int fd = open_app(app);
+        CHECK(fd >= 0);
+        int rc = send_three_calls(fd, 130, &exhausted, &results);
+        close(fd);
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(exhausted + results, 3);
+    }
     CHECK_EQ(exhausted, 1);
     CHECK_EQ(results, 2);
-    close(fd);
 }
 
 /* Reads datagrams from the fake notify socket until one contains want (or a timeout). */
