@@ -80,6 +80,20 @@ static size_t partial_tail(const stop_matcher *m, const char *piece, size_t tota
     return best;
 }
 
+/* Length of an incomplete UTF-8 character at the end of the text (0..3), so that
+ * emitted text never ends inside a character split across token pieces. */
+static size_t incomplete_utf8_tail(const stop_matcher *m, const char *piece, size_t total)
+{
+    for (size_t back = 1; back <= 4 && back <= total; back++) {
+        unsigned char c = (unsigned char)at(m, piece, total - back);
+        if ((c & 0xC0) == 0x80)
+            continue; /* continuation byte: the lead is further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back && c < 0xF8 ? back : 0;
+    }
+    return 0;
+}
+
 static void copy_text(const stop_matcher *m, const char *piece, size_t from, size_t to,
                       char *dst)
 {
@@ -106,6 +120,9 @@ long stop_feed(stop_matcher *m, const char *piece, size_t len, char *out, size_t
             }
 
     size_t hold = partial_tail(m, piece, total);
+    size_t split_char = incomplete_utf8_tail(m, piece, total);
+    if (split_char > hold)
+        hold = split_char;
     size_t emit = total - hold;
     copy_text(m, piece, 0, emit, out);
     /* The new tail may start inside the old one, so shift before appending the piece. */

@@ -7,8 +7,10 @@
  * the matcher is done: the stop string and anything after it are never emitted. When
  * generation ends for another reason, stop_flush() releases the held tail.
  *
- * Matching is on bytes; a held tail may end in the middle of a UTF-8 character just as
- * a token piece may. The matcher is a plain struct with fixed buffers: no allocation.
+ * Matching is on bytes. Token pieces may split a UTF-8 character; the matcher also holds
+ * back such an incomplete character until its remaining bytes arrive, so emitted text
+ * never ends inside one (only stop_flush may release an incomplete tail). The matcher is
+ * a plain struct with fixed buffers: no allocation.
  */
 #ifndef LLMS_STOP_H
 #define LLMS_STOP_H
@@ -27,7 +29,8 @@ typedef struct stop_matcher {
     size_t len[STOP_MAX];
     char str[STOP_MAX][STOP_MAX_LEN];
     size_t n_held;
-    char held[STOP_MAX_LEN]; /* a proper prefix of some stop string, so < STOP_MAX_LEN */
+    char held[STOP_MAX_LEN]; /* a proper prefix of a stop string or a split UTF-8
+                                character, so < STOP_MAX_LEN */
     int hit;                 /* index of the stop string that completed, or -1 */
 } stop_matcher;
 

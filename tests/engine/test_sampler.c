@@ -495,6 +495,24 @@ static void held_tail_is_flushed_at_the_end(void)
     CHECK(memcmp(out, "\nUs", 3) == 0);
 }
 
+static void split_utf8_character_is_held_until_complete(void)
+{
+    stop_matcher m;
+    CHECK(stop_init(&m, NULL, 0, NULL) == 0);
+    char out[64];
+    /* "é" is C3 A9, "€" is E2 82 AC: pieces cut them between their bytes. */
+    CHECK_EQ(stop_feed(&m, "caf\xc3", 4, out, sizeof out), 3);
+    CHECK(memcmp(out, "caf", 3) == 0);
+    CHECK_EQ(stop_feed(&m, "\xa9 \xe2", 3, out, sizeof out), 3);
+    CHECK(memcmp(out, "\xc3\xa9 ", 3) == 0);
+    CHECK_EQ(stop_feed(&m, "\x82", 1, out, sizeof out), 0);
+    CHECK_EQ(stop_feed(&m, "\xac!", 2, out, sizeof out), 4);
+    CHECK(memcmp(out, "\xe2\x82\xac!", 4) == 0);
+    /* At the end an incomplete character is released as it is. */
+    CHECK_EQ(stop_feed(&m, "\xf0\x9f", 2, out, sizeof out), 0);
+    CHECK_EQ(stop_flush(&m, out), 2);
+}
+
 static void multiple_stop_strings_earliest_wins(void)
 {
     stop_matcher m;
@@ -580,6 +598,7 @@ int main(void)
     RUN(stop_string_split_across_pieces);
     RUN(false_prefix_is_released);
     RUN(held_tail_is_flushed_at_the_end);
+    RUN(split_utf8_character_is_held_until_complete);
     RUN(multiple_stop_strings_earliest_wins);
     RUN(stop_init_rejects_bad_strings);
     return test_finish();
