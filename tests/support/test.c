@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 enum test_state { TEST_PASSED, TEST_FAILED, TEST_SKIPPED };
@@ -97,4 +98,25 @@ int test_finish(void)
 {
     printf("# result %d %d %d\n", n_passed, n_failed, n_skipped);
     return n_failed ? 1 : 0;
+}
+
+int test_run_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    size_t len = 0;
+    if (!p)
+        return -1;
+    while (len + 1 < cap) {
+        size_t got = fread(out + len, 1, cap - 1 - len, p);
+        if (got == 0)
+            break;
+        len += got;
+    }
+    if (cap > 0)
+        out[len] = '\0';
+    char sink[512];
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

@@ -36,6 +36,11 @@ const char *test_data_path(const char *relative);
 /* A fresh private temporary directory for the running program (removed at exit). */
 const char *test_tmpdir(void);
 
+/* Runs a shell command, captures up to cap-1 bytes of its stdout into out (always
+ * NUL-terminated; the rest is read and dropped), and returns its exit code (-1 when it
+ * could not run or was killed). */
+int test_run_capture(const char *cmd, char *out, size_t cap);
+
 #define RUN(fn) test_run(#fn, fn)
 
 #define CHECK(cond)                                                        \

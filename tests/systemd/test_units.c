@@ -43,22 +43,7 @@ static int run_capture(const char *cmd, char *out, size_t cap)
 {
     char full[8192];
     fmt(full, sizeof full, "( %s ) 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    size_t len = 0;
-    if (!p)
-        return -1;
-    while (len + 1 < cap) {
-        size_t got = fread(out + len, 1, cap - 1 - len, p);
-        if (got == 0)
-            break;
-        len += got;
-    }
-    out[len] = '\0';
-    char sink[512];
-    while (fread(sink, 1, sizeof sink, p) > 0)
-        ;
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return test_run_capture(full, out, cap);
 }
 
 static int have_program(const char *name)

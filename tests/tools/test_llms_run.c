@@ -6,29 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "tests/support/test.h"
 
 static char llms_run[1024];
-
-/* Runs a shell command, captures up to cap-1 bytes of its stdout, returns its exit code. */
-static int run_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *p = popen(cmd, "r");
-    size_t len = 0;
-    if (!p)
-        return -1;
-    while (len + 1 < cap) {
-        size_t got = fread(out + len, 1, cap - 1 - len, p);
-        if (got == 0)
-            break;
-        len += got;
-    }
-    out[len] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static const char *stories(void)
 {
@@ -57,9 +38,9 @@ static void check_tokenize_vectors(const char *vocab)
              "awk 'BEGIN{RS=\"\\n__ggml_vocab_test__\\n\"} NR==3{printf \"%%s\", $0}' '%s' "
              "| %s -m '%s' --tokenize",
              inp, llms_run, gguf);
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
     snprintf(cmd, sizeof cmd, "sed -n 3p '%s'", expected_path);
-    CHECK_EQ(run_capture(cmd, expected, sizeof expected), 0);
+    CHECK_EQ(test_run_capture(cmd, expected, sizeof expected), 0);
     CHECK_MSG(strcmp(got, expected) == 0, "%s: got '%s', expected '%s'", vocab, got, expected);
 }
 
@@ -88,7 +69,7 @@ static void detokenize_inverts_tokenize(void)
              "printf 'Hello, world! 12345  tabs\\tand ünïcödé' | %s -m '%s' --tokenize "
              "| %s -m '%s' --detokenize",
              llms_run, vocab, llms_run, vocab);
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
     CHECK_MSG(strcmp(got, "Hello, world! 12345  tabs\tand ünïcödé\n") == 0, "got '%s'", got);
 }
 
@@ -99,10 +80,10 @@ static void greedy_generation_is_deterministic_across_threads(void)
     char cmd[4096], one[4096], two[4096];
     snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p 1 -n 40 --temp 0 -t 1 2>/dev/null",
              llms_run, stories());
-    CHECK_EQ(run_capture(cmd, one, sizeof one), 0);
+    CHECK_EQ(test_run_capture(cmd, one, sizeof one), 0);
     snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p 1 -n 40 --temp 0 -t 2 2>/dev/null",
              llms_run, stories());
-    CHECK_EQ(run_capture(cmd, two, sizeof two), 0);
+    CHECK_EQ(test_run_capture(cmd, two, sizeof two), 0);
     CHECK_MSG(strcmp(one, two) == 0, "1 thread: '%s', 2 threads: '%s'", one, two);
 
     int n = 0;
@@ -121,11 +102,11 @@ static void sampling_is_reproducible_by_seed(void)
     char cmd[4096], a[4096], b[4096], c[4096];
     const char *fmt = "%s -m '%s' --ids -p 1 -n 60 --temp 1 --seed %d 2>/dev/null";
     snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 7);
-    CHECK_EQ(run_capture(cmd, a, sizeof a), 0);
+    CHECK_EQ(test_run_capture(cmd, a, sizeof a), 0);
     snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 7);
-    CHECK_EQ(run_capture(cmd, b, sizeof b), 0);
+    CHECK_EQ(test_run_capture(cmd, b, sizeof b), 0);
     snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), 8);
-    CHECK_EQ(run_capture(cmd, c, sizeof c), 0);
+    CHECK_EQ(test_run_capture(cmd, c, sizeof c), 0);
     CHECK(strcmp(a, b) == 0);
     CHECK(strcmp(a, c) != 0);
 }
@@ -146,7 +127,7 @@ static void perplexity_prints_llama_style_figure(void)
     for (int t = 1; t <= 2; t++) {
         snprintf(cmd, sizeof cmd, "%s -m '%s' --perplexity '%s' -c 128 -t %d 2>/dev/null",
                  llms_run, stories(), text_path, t);
-        CHECK_EQ(run_capture(cmd, got, sizeof got), 0);
+        CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
         CHECK_MSG(sscanf(got, "PPL = %lf", &ppl[t - 1]) == 1, "output '%s'", got);
     }
     /* The text is unfamiliar bytes to this model (its vocabulary has placeholder pieces),
@@ -159,20 +140,20 @@ static void bad_arguments_fail_with_a_message(void)
 {
     char cmd[4096], got[4096];
     snprintf(cmd, sizeof cmd, "%s --no-such-flag 2>&1", llms_run);
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 2);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 2);
     CHECK(strstr(got, "unknown option") != NULL);
 
     snprintf(cmd, sizeof cmd, "%s -m /nonexistent.gguf -p hi 2>&1", llms_run);
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 1);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 1);
     CHECK(strstr(got, "/nonexistent.gguf") != NULL);
 
     snprintf(cmd, sizeof cmd, "%s -m x.gguf -n many 2>&1", llms_run);
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 2);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 2);
 
     if (!stories())
         SKIP("../shared/testdata/models/stories260K.gguf is absent");
     snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p '1 99999' 2>&1", llms_run, stories());
-    CHECK_EQ(run_capture(cmd, got, sizeof got), 1);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 1);
     CHECK(strstr(got, "bad token id") != NULL);
 }
 
