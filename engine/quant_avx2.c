@@ -78,9 +78,17 @@ INLINE void rows_q8_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y,
         x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
         acc[r] = _mm256_setzero_ps();
     }
+    /* The next group of rows follows this one in memory: fetching it evenly over this
+     * pass turns eight strided streams into one sequential stream ahead of them, which
+     * the hardware prefetcher alone does not keep up with (2 threads: ~17 -> ~22 GB/s).
+     * Integer addresses, as the last group prefetches past the matrix (harmless). */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = nb ? (size_t)nr * rb / (size_t)nb : 0;
     for (int64_t i = 0; i < nb; i++) {
         __m256i a = load256(y[i].qs);
         float da = _cvtsh_ss(y[i].d);
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)i * pf_step + k), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++) {
             __m256 p = _mm256_cvtepi32_ps(dot_i8x32(load256(x[r][i].qs), a));
