@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/quant.h"
@@ -47,25 +48,6 @@ static const baseline llamacpp_baselines[] = {
     {"Q8_0", 67.0, 24.8},
     {"F16", 88.0, 15.0},
 };
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int32_t argmax(const float *v, int n)
 {
@@ -123,15 +105,15 @@ static int bench_model(const char *path, const bench_options *o)
             .n_out = 1, .out_rows = &last, .logits = logits,
         };
         kv_seq_truncate(&seq, 0);
-        double t0 = now_seconds();
+        double t0 = bench_now_s();
         if (model_forward(r, &seq, &b, err)) {
             fprintf(stderr, "engine: prefill: %s\n", err);
             kv_seq_free(&seq);
             goto out;
         }
-        prefill[run] = o->n_prompt / (now_seconds() - t0);
+        prefill[run] = o->n_prompt / (bench_now_s() - t0);
 
-        t0 = now_seconds();
+        t0 = bench_now_s();
         for (int i = 0; i < o->n_gen; i++) {
             int32_t next = argmax(logits, hp->n_vocab), pos = o->n_prompt + i, row = 0;
             model_batch d = {
@@ -144,7 +126,7 @@ static int bench_model(const char *path, const bench_options *o)
                 goto out;
             }
         }
-        decode[run] = o->n_gen / (now_seconds() - t0);
+        decode[run] = o->n_gen / (bench_now_s() - t0);
         kv_bytes = (size_t)seq.n_chunks * kv_chunk_bytes(model_kv_shape(m));
     }
     kv_seq_free(&seq);
@@ -157,7 +139,7 @@ static int bench_model(const char *path, const bench_options *o)
     const double rss_mb = ru.ru_maxrss / 1024.0;
     const double model_mb = st.st_size / mib, kv_mb = kv_bytes / mib;
     const char *type = model_weight_type(m);
-    double prefill_med = median(prefill, o->n_runs), decode_med = median(decode, o->n_runs);
+    double prefill_med = bench_median(prefill, o->n_runs), decode_med = bench_median(decode, o->n_runs);
 
     printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"dim\":%d,\"layers\":%d,"
            "\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"

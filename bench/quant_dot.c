@@ -15,24 +15,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench.h"
 #include "engine/quant.h"
 
 enum { COLS = 4096, REPS = 5, DISTINCT_ROWS = 16 };
 
 #define MATRIX_BYTES ((size_t)128 << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef enum { DOT_SCALAR, DOT_SIMD, DEQ_SCALAR, DEQ_SIMD } job_kind;
 
@@ -81,7 +69,7 @@ static double time_pass(job base, int64_t rows, int n_threads, float *scratch[2]
     for (int rep = -1; rep < REPS; rep++) { /* rep -1 warms up */
         job jobs[2];
         pthread_t th[2];
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int k = 0; k < n_threads; k++) {
             jobs[k] = base;
             jobs[k].row0 = rows / n_threads * k;
@@ -97,10 +85,9 @@ static double time_pass(job base, int64_t rows, int n_threads, float *scratch[2]
         for (int k = 1; k < n_threads; k++)
             pthread_join(th[k], NULL);
         if (rep >= 0)
-            t[rep] = now_s() - t0;
+            t[rep] = bench_now_s() - t0;
     }
-    qsort(t, REPS, sizeof t[0], cmp_double);
-    return t[REPS / 2];
+    return bench_median(t, REPS);
 }
 
 static void report(const char *bench, uint32_t t, const char *path, int threads, int64_t rows,

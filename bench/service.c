@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "client/llms.h"
 #include "engine/kv.h"
 #include "engine/model.h"
@@ -32,25 +33,6 @@
 #include "engine/tokenizer.h"
 
 #define PROMPT "Hello, how are you today?"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double p50(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static pid_t daemon_pid;
 
@@ -87,7 +69,7 @@ static int start_daemon(const char *llmsd, const char *dir, const char *model, i
         execl(llmsd, "llmsd", "--config", conf, (char *)NULL);
         _exit(127);
     }
-    for (double end = now_s() + 60; now_s() < end; usleep(20000)) {
+    for (double end = bench_now_s() + 60; bench_now_s() < end; usleep(20000)) {
         if (waitpid(daemon_pid, NULL, WNOHANG) == daemon_pid) {
             daemon_pid = 0;
             fprintf(stderr, "service: llmsd exited at startup (log: %s)\n", log);
@@ -126,7 +108,7 @@ static int inprocess_latency(const char *path, int threads, int iters, double *o
     kv_seq seq;
     kv_seq_init(&seq, pool);
     for (int i = -3; i < iters; i++) { /* three warm-up runs */
-        double t0 = now_s();
+        double t0 = bench_now_s();
         int n = tok_encode(tok, PROMPT, strlen(PROMPT), true, false, ids, 256);
         int32_t last = n - 1;
         for (int j = 0; j < n; j++)
@@ -146,10 +128,10 @@ static int inprocess_latency(const char *path, int threads, int iters, double *o
         char piece[64];
         tok_piece(tok, best, piece, sizeof piece);
         if (i >= 0)
-            t[i] = now_s() - t0;
+            t[i] = bench_now_s() - t0;
     }
     kv_seq_free(&seq);
-    *out_p50 = p50(t, iters);
+    *out_p50 = bench_median(t, iters);
     rc = 0;
 out:
     free(t);
@@ -170,17 +152,17 @@ static int roundtrip_latency(llms_conn *c, int iters, double *out_p50)
     for (int i = -3; i < iters; i++) {
         int32_t *ids;
         size_t n;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         if (llms_tokenize(c, PROMPT, 1, 0, &ids, &n) != LLMS_OK) {
             fprintf(stderr, "service: Tokenize: %s\n", llms_last_error(c));
             free(t);
             return -1;
         }
         if (i >= 0)
-            t[i] = now_s() - t0;
+            t[i] = bench_now_s() - t0;
         free(ids);
     }
-    *out_p50 = p50(t, iters);
+    *out_p50 = bench_median(t, iters);
     free(t);
     return 0;
 }
@@ -202,9 +184,9 @@ static int socket_latency(const char *sock, int iters, double *out_p50, double *
     int rc = 0;
     for (int i = -3; i < iters && t && q; i++) {
         llms_result r;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         enum llms_status s = llms_complete(c, PROMPT, NULL, 0, &p, NULL, NULL, &r);
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         if (s != LLMS_OK) {
             fprintf(stderr, "service: Complete: %s\n", llms_last_error(c));
             rc = -1;
@@ -217,8 +199,8 @@ static int socket_latency(const char *sock, int iters, double *out_p50, double *
         llms_result_free(&r);
     }
     if (rc == 0 && t && q) {
-        *out_p50 = p50(t, iters);
-        *queue_p50 = p50(q, iters);
+        *out_p50 = bench_median(t, iters);
+        *queue_p50 = bench_median(q, iters);
         rc = roundtrip_latency(c, iters, rt_p50);
     }
     free(t);
@@ -276,7 +258,7 @@ static int decode_throughput(const char *sock, int n_clients, int tokens, const 
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
     pthread_barrier_wait(&start);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     uint64_t total = 0;
     int failed = 0;
     for (int i = 0; i < n_clients; i++) {
@@ -284,7 +266,7 @@ static int decode_throughput(const char *sock, int n_clients, int tokens, const 
         total += cl[i].generated;
         failed += cl[i].failed;
     }
-    double wall = now_s() - t0;
+    double wall = bench_now_s() - t0;
     pthread_barrier_destroy(&start);
     printf("{\"bench\":\"service_decode\",\"model\":\"%s\",\"clients\":%d,\"max_tokens\":%d,"
            "\"generated_tokens\":%llu,\"failed_clients\":%d,\"wall_s\":%.3f,"
