@@ -99,6 +99,16 @@ typedef struct model_batch {
      * the append (n_kv = entries before + n_tokens, in chunk order then entry order);
      * entries a token may not see are 0. */
     float *attn;              /* (n_layer, n_head, n_tokens, n_kv), or NULL */
+    /* Attention each entry of the sequence receives (same order as attn), summed over
+     * layers, heads and the batch's tokens; added to (not overwritten), so the caller
+     * can accumulate it over calls. Cheap enough to keep on for every call. */
+    float *attn_received;     /* (n_kv after the append), or NULL */
+
+    /* Called before layer l reads any K/V of the sequence's existing chunks: lets their
+     * data arrive layer by layer (read from disk by another thread) while earlier layers
+     * compute. The chunks' precision, ids and positions must be set before the forward. */
+    void (*layer_ready)(void *arg, int layer);
+    void *layer_ready_arg;
 } model_batch;
 
 /*

@@ -91,4 +91,18 @@ int store_context_turns(store *s, const char *id,
                         int (*fn)(void *arg, const store_turn *t), void *arg,
                         char err[ERR_MAX]);
 
+/* ---- settings: small named values (profiled cost models, calibrated thresholds) ---- */
+
+/* Stores n doubles under key (replacing them). */
+int store_setting_put(store *s, const char *key, const double *values, int n,
+                      char err[ERR_MAX]);
+
+/* Reads up to max values of key into values; *n gets how many are stored (0 and *found
+ * false when the key is absent). */
+int store_setting_get(store *s, const char *key, double *values, int max, int *n,
+                      bool *found, char err[ERR_MAX]);
+
+/* The directory the store lives in (chunk files go below it). */
+const char *store_dir(const store *s);
+
 #endif

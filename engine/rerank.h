@@ -1,0 +1,86 @@
+/*
+ * rerank.h — top-K selection of documents for a query with a decoder-only cross-encoder
+ * (the GRATING design): every candidate is scored by the probability of "yes" against
+ * "no" after the model's reranker prompt, all candidates advance together layer by
+ * layer, and once their provisional scores disperse enough, clusters of clear winners
+ * and clear losers stop computing.
+ *
+ * Scoring: each (query, document) pair is rendered with the reranker prompt (the
+ * model's own from GGUF metadata when present, else the documented default in
+ * rerank.c), tokenized, and run through the layers; the score at layer l is
+ * sigmoid(logit_yes - logit_no) of the final-norm'd hidden state of the last token at
+ * that layer against the output rows of the "yes" and "no" tokens (for models without
+ * such tokens, e.g. stories260K, options.yes_token/no_token give the rows to use).
+ *
+ * Memory: the weights may be read layer by layer from the file into two buffers by an
+ * I/O thread (dual-layer sliding window) instead of mapped whole; candidates run in
+ * chunks sized from memory_limit; hidden states of finished chunks can be offloaded to
+ * a temporary file; embedding rows come from an LRU cache.
+ *
+ * A reranker is used by one thread at a time.
+ */
+#ifndef LLMS_RERANK_H
+#define LLMS_RERANK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+
+enum rerank_mode {
+    RERANK_SET,     /* only membership of the top-K matters: prune winners and losers */
+    RERANK_ORDERED, /* exact order and scores of the winners: prune only hopeless ones */
+};
+
+typedef struct rerank_options {
+    int top_k;               /* >= 1; more than the candidates: all of them */
+    enum rerank_mode mode;
+    /* Coefficient of variation of the active candidates' provisional scores above which
+     * a layer's scores are clustered and pruned; <= 0 disables pruning (full forward). */
+    float cv_threshold;
+    size_t memory_limit;     /* bytes for activations of one chunk of candidates; 0: default */
+    bool stream_weights;     /* dual-layer sliding window instead of the whole mapping */
+    int32_t yes_token, no_token; /* -1: find "yes" / "no" in the vocabulary */
+    int n_threads;           /* <= 0: online CPUs */
+} rerank_options;
+
+/* Defaults: top_k 5, RERANK_SET, cv_threshold 0.2 (see rerank.c), memory_limit 0,
+ * stream_weights true, yes/no -1, n_threads 0. */
+rerank_options rerank_default_options(void);
+
+typedef struct rerank_result {
+    int n;                   /* entries of index/score: min(top_k, n_docs) */
+    int *index;              /* (n) document indices, best first */
+    float *score;            /* (n) their scores in [0, 1] at the layer they stopped */
+    /* statistics */
+    int n_layer;
+    int *layers_computed;    /* (n_docs) layers each candidate went through */
+    int *pruned_at_layer;    /* (n_layer) candidates that stopped after each layer */
+    size_t peak_bytes;       /* largest memory the call held: weights buffers, activations,
+                                caches (not the file mapping when stream_weights is off) */
+    double ms;               /* wall time of the call */
+} rerank_result;
+
+void rerank_result_free(rerank_result *r);
+
+typedef struct reranker reranker;
+
+/* Opens a llama / qwen2 / qwen3 GGUF as a reranker. With options->stream_weights the
+ * weight matrices are not mapped: only metadata, the tokenizer and small tensors are
+ * kept, and layers are read on demand. NULL + err on failure. */
+reranker *rerank_open(const char *model_path, const rerank_options *options,
+                      char err[ERR_MAX]);
+void rerank_close(reranker *rr);
+
+/* Scores n_docs documents against query and returns the top-K in *out (freed with
+ * rerank_result_free). options NULL: those given to rerank_open. */
+int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_docs,
+               const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
+
+/* Same on token ids already rendered with the reranker prompt (benchmarks and tests
+ * that score fixed token sequences): pairs[i] has lens[i] tokens. */
+int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens, int n_docs,
+                      const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
+
+#endif

@@ -1,0 +1,98 @@
+/*
+ * chunks.h — blobs of a context's KV chunks, stored as files beside the catalog.
+ *
+ * The store knows bytes, not transformers: a chunk blob is a list of byte sections (the
+ * daemon writes one per model layer so that it can read a chunk back one layer at a
+ * time) plus a small record in the catalog (table chunks) describing it. Files live in
+ * <dir>/chunks/<context id>/; each section is compressed with zstd and checksummed, and
+ * every read verifies sizes and checksums, so a corrupt, truncated or missing file is
+ * an error naming the chunk, never wrong bytes.
+ *
+ * Writes are crash-safe: the file is written under a temporary name, fsynced, renamed
+ * and its directory fsynced before the catalog row commits; a crash at any point leaves
+ * either the old chunk (row and file) or the new one. Files no row refers to (left by a
+ * crash between rename and commit) are removed by store_chunks_gc.
+ *
+ * Catalog functions run on the store's thread (like store.h). A store_chunk_reader,
+ * once opened, touches only its file and may be used from another thread (an I/O
+ * thread), one thread at a time.
+ */
+#ifndef LLMS_STORAGE_CHUNKS_H
+#define LLMS_STORAGE_CHUNKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "storage/store.h"
+
+#define STORE_CHUNK_MAX_SECTIONS 1024
+
+/* What the catalog keeps about one stored chunk. */
+typedef struct store_chunk {
+    int index;             /* chunk number in its context: covers tokens [16 i, 16 i + 16) */
+    int precision;         /* opaque to the store (the engine's kv_precision) */
+    int n_tokens;          /* entries the chunk holds */
+    int n_sections;        /* sections of the blob */
+    int64_t raw_bytes;     /* sum of the sections' uncompressed sizes */
+    int64_t file_bytes;    /* size of the file on disk */
+    float density;         /* opaque to the store (attention-based information density) */
+    int64_t last_used_ms;  /* Unix ms; set by the caller */
+} store_chunk;
+
+/*
+ * Writes chunk meta->index of context ctx_id (which must exist) from n_sections
+ * sections, replacing any stored version, durable when it returns. meta->n_sections
+ * and the byte counts are filled in by the store (meta is updated in place).
+ */
+int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
+                      const void *const *sections, const size_t *section_bytes,
+                      int n_sections, char err[ERR_MAX]);
+
+/* Updates the catalog fields that change without rewriting the blob. */
+int store_chunk_touch(store *s, const char *ctx_id, int index, float density,
+                      int64_t last_used_ms, char err[ERR_MAX]);
+
+/* Calls fn for each stored chunk of a context in index order. */
+int store_chunk_list(store *s, const char *ctx_id,
+                     int (*fn)(void *arg, const store_chunk *c), void *arg, char err[ERR_MAX]);
+
+/* Deletes the chunks of a context whose index is >= first (0: all of them), rows and
+ * files. store_context_delete also deletes a context's chunks. */
+int store_chunk_delete_from(store *s, const char *ctx_id, int first, char err[ERR_MAX]);
+
+/* Removes chunk files that no catalog row refers to (after a crash); *n_removed counts
+ * them (may be NULL). Called when the daemon starts. */
+int store_chunks_gc(store *s, int *n_removed, char err[ERR_MAX]);
+
+/* Asks the kernel to drop the page cache of every chunk file of a context (benchmarks
+ * measure reads from the disk, not from memory). */
+int store_chunk_drop_cache(store *s, const char *ctx_id, char err[ERR_MAX]);
+
+/* ---- reading ---- */
+
+typedef struct store_chunk_reader store_chunk_reader;
+
+/* Opens chunk index of ctx_id for reading; its header is read and checked. *found false
+ * (and NULL) when the catalog has no such chunk; a missing or corrupt file is an error. */
+store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bool *found,
+                                     char err[ERR_MAX]);
+
+/* The catalog record the reader was opened from. */
+const store_chunk *store_chunk_reader_meta(const store_chunk_reader *r);
+
+/* Uncompressed size of section i. */
+size_t store_chunk_section_bytes(const store_chunk_reader *r, int i);
+
+/* Reads, decompresses and verifies section i into dst, which holds exactly
+ * store_chunk_section_bytes(r, i) bytes. Sections may be read in any order. */
+int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst_bytes,
+                             char err[ERR_MAX]);
+
+/* Bytes read from the file so far (to report the disk bandwidth seen). */
+int64_t store_chunk_reader_bytes_read(const store_chunk_reader *r);
+
+void store_chunk_close(store_chunk_reader *r);
+
+#endif
