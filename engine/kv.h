@@ -78,7 +78,8 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *chunk);
 
 /* ---- sequence: one context's KV ---- */
 
-typedef struct kv_seq {
+typedef struct kv_seq kv_seq;
+struct kv_seq {
     kv_pool *pool;       /* where appended chunks come from and freed ones go */
     kv_chunk **chunks;   /* (n_chunks) in the order the entries were appended */
     int n_chunks;
@@ -89,7 +90,7 @@ typedef struct kv_seq {
      * NULL fault: a missing chunk fails the forward. */
     int (*fault)(void *arg, kv_seq *seq, int index, char err[ERR_MAX]);
     void *fault_arg;
-} kv_seq;
+};
 
 /* An empty sequence drawing chunks from pool. */
 void kv_seq_init(kv_seq *seq, kv_pool *pool);
