@@ -243,7 +243,7 @@ static int run_grating(const workload *w, const bench_options *o, float cv)
             done += res.layers_computed[i];
         double saved = 1.0 - (double)done / ((double)w->n * w->n_layer);
         int first = -1;
-        for (int l = 0; l < res.n_layer && first < 0; l++)
+        for (int l = 0; l + 1 < res.n_layer && first < 0; l++)
             if (res.pruned_at_layer[l])
                 first = l;
         if (cv > 0) {
