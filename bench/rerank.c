@@ -34,6 +34,8 @@
 #include "engine/gguf.h"
 #include "engine/kv.h"
 #include "engine/model.h"
+#include "engine/ops.h"
+#include "engine/quant.h"
 #include "engine/rerank.h"
 #include "engine/tokenizer.h"
 
@@ -155,6 +157,58 @@ static double precision(const workload *w, int k, const int *got, int n_got)
     return (double)hit / k;
 }
 
+/* Provisional score of every candidate after every layer (scores (n, n_layer)) from the
+ * hidden outputs of the full forward: their dispersion per layer, and for each K the
+ * first layer from which the provisional top-K set is the final one at every later
+ * layer (how early the scores "diverge"). Printed as extra fields of the JSON line. */
+static void print_divergence(const workload *w, const bench_options *o, const float *scores,
+                             int n_layer)
+{
+    printf(",\"cv_by_layer\":[");
+    for (int l = 0; l < n_layer; l++) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < w->n; i++)
+            mean += scores[(size_t)i * n_layer + l];
+        mean /= w->n;
+        for (int i = 0; i < w->n; i++) {
+            double d = scores[(size_t)i * n_layer + l] - mean;
+            var += d * d;
+        }
+        printf("%s%.3f", l ? "," : "", mean > 0 ? sqrt(var / w->n) / mean : 0.0);
+    }
+    printf("],\"topk_settled_layer\":{");
+    int *idx = malloc((size_t)w->n * sizeof *idx);
+    char *in_final = calloc((size_t)w->n, 1);
+    float *col = malloc((size_t)w->n * sizeof *col);
+    for (int ki = 0; ki < o->n_k; ki++) {
+        int k = o->k_list[ki] < w->n ? o->k_list[ki] : w->n, settled = n_layer - 1;
+        for (int l = n_layer - 1; l >= 0; l--) {
+            for (int i = 0; i < w->n; i++) {
+                col[i] = scores[(size_t)i * n_layer + l];
+                idx[i] = i;
+            }
+            qsort_r(idx, (size_t)w->n, sizeof *idx, cmp_desc, col);
+            if (l == n_layer - 1) {
+                memset(in_final, 0, (size_t)w->n);
+                for (int i = 0; i < k; i++)
+                    in_final[idx[i]] = 1;
+                continue;
+            }
+            int same = 1;
+            for (int i = 0; i < k; i++)
+                same &= in_final[idx[i]];
+            if (!same)
+                break;
+            settled = l;
+        }
+        printf("%s\"%d\":%d", ki ? "," : "", o->k_list[ki], settled);
+    }
+    printf("}");
+    free(idx);
+    free(in_final);
+    free(col);
+}
+
 /* full_resident: scores every candidate with model_forward; writes them to fd. */
 static int run_full_resident(const workload *w, const bench_options *o, int fd)
 {
@@ -169,8 +223,23 @@ static int run_full_resident(const workload *w, const bench_options *o, int fd)
         fprintf(stderr, "rerank: %s\n", err);
         return 1;
     }
-    int n_vocab = model_hparams_of(m)->n_vocab;
+    const model_hparams *hp = model_hparams_of(m);
+    int n_vocab = hp->n_vocab, dim = hp->dim, nl = hp->n_layer;
     float *logits = malloc((size_t)n_vocab * sizeof(float));
+    float *hidden = malloc((size_t)(nl + 1) * dim * sizeof(float));
+    float *layer_scores = malloc((size_t)w->n * nl * sizeof(float));
+    /* final norm and the yes / no output rows, for the scores after each layer */
+    const gguf_file *g = model_gguf(m);
+    const gguf_tensor *norm = gguf_find_tensor(g, "output_norm.weight");
+    const gguf_tensor *out = gguf_find_tensor(g, "output.weight");
+    if (!out)
+        out = gguf_find_tensor(g, "token_embd.weight");
+    size_t rb = quant_row_bytes(out->type, dim);
+    float *nw = malloc((size_t)dim * 4), *wy = malloc((size_t)dim * 4),
+          *wn = malloc((size_t)dim * 4), *xn = malloc((size_t)dim * 4);
+    quant_dequantize_row(norm->type, norm->data, nw, dim);
+    quant_dequantize_row(out->type, (const char *)out->data + (size_t)w->yes * rb, wy, dim);
+    quant_dequantize_row(out->type, (const char *)out->data + (size_t)w->no * rb, wn, dim);
     int32_t *pos = malloc((size_t)max_len * sizeof(int32_t));
     for (int t = 0; t < max_len; t++)
         pos[t] = t;
@@ -183,22 +252,38 @@ static int run_full_resident(const workload *w, const bench_options *o, int fd)
             kv_seq_init(&seq, pool);
             int32_t last = w->len[i] - 1;
             model_batch b = {.n_tokens = w->len[i], .tokens = w->tok[i], .positions = pos,
-                             .n_out = 1, .out_rows = &last, .logits = logits};
+                             .n_out = 1, .out_rows = &last, .logits = logits,
+                             .hidden = run + 1 == o->n_runs ? hidden : NULL};
             if (model_forward(r, &seq, &b, err) < 0) {
                 fprintf(stderr, "rerank: forward: %s\n", err);
                 return 1;
             }
             kv_seq_free(&seq);
             scores[i] = 1.0f / (1.0f + expf(-(logits[w->yes] - logits[w->no])));
+            for (int l = 0; l < nl && run + 1 == o->n_runs; l++) {
+                ops_rmsnorm(xn, hidden + (size_t)(l + 1) * dim, nw, dim, hp->norm_eps);
+                double y = 0, no = 0;
+                for (int j = 0; j < dim; j++)
+                    y += (double)xn[j] * wy[j], no += (double)xn[j] * wn[j];
+                layer_scores[(size_t)i * nl + l] = (float)(1.0 / (1.0 + exp(-(y - no))));
+            }
         }
         ms[run] = (bench_now_s() - t0) * 1e3;
     }
     if (write(fd, scores, (size_t)w->n * sizeof(float)) != (ssize_t)(w->n * sizeof(float)))
         return 1;
     printf("{\"model\":\"%s\",\"system\":\"full_resident\",\"n\":%d,\"tokens\":%d,"
-           "\"ms\":%.1f,\"peak_rss_mb\":%.1f,\"precision\":1.0,\"layers_saved\":0.0}\n",
+           "\"ms\":%.1f,\"peak_rss_mb\":%.1f,\"precision\":1.0,\"layers_saved\":0.0",
            w->model, w->n, o->tokens, bench_median(ms, o->n_runs), peak_rss_mb());
+    print_divergence(w, o, layer_scores, nl);
+    printf("}\n");
     fflush(stdout);
+    free(nw);
+    free(wy);
+    free(wn);
+    free(xn);
+    free(layer_scores);
+    free(hidden);
     free(scores);
     free(pos);
     free(logits);
