@@ -30,20 +30,25 @@
 
 static const char *ARCHS[] = {"llama", "qwen2", "qwen3"};
 
-static const char *gen_model(const char *arch, int n_layer, uint64_t seed)
+static const char *gen_model_tied(const char *arch, int n_layer, uint64_t seed, bool tied)
 {
     static char path[512];
-    snprintf(path, sizeof path, "%s/%s-%d-%llu.gguf", test_tmpdir(), arch, n_layer,
-             (unsigned long long)seed);
+    snprintf(path, sizeof path, "%s/%s-%d-%llu%s.gguf", test_tmpdir(), arch, n_layer,
+             (unsigned long long)seed, tied ? "-tied" : "");
     modelgen_params p = {.arch = arch, .dim = 64, .n_layer = n_layer, .n_head = 4,
                          .n_head_kv = 2, .n_ff = 128, .n_ctx = 256, .type = QTYPE_F32,
-                         .seed = seed, .n_vocab = 300, .n_threads = 1};
+                         .seed = seed, .n_vocab = 300, .n_threads = 1, .tie_output = tied};
     char err[ERR_MAX];
     if (modelgen_write(&p, path, err) < 0) {
         fprintf(stderr, "modelgen: %s\n", err);
         return NULL;
     }
     return path;
+}
+
+static const char *gen_model(const char *arch, int n_layer, uint64_t seed)
+{
+    return gen_model_tied(arch, n_layer, seed, false);
 }
 
 /* Documents: n token sequences of varied lengths drawn from a seed. */
@@ -170,7 +175,8 @@ static float score_of(const rerank_result *r, int i)
 static void test_full_matches_forward(void)
 {
     for (int a = 0; a < 3; a++) {
-        const char *path = gen_model(ARCHS[a], 3, 5);
+        /* qwen2 with the output tied to the token embeddings */
+        const char *path = gen_model_tied(ARCHS[a], 3, 5, a == 1);
         CHECK(path);
         docs d;
         make_docs(&d, 7, 300, 3 + a);
@@ -492,6 +498,62 @@ static void test_text_stories(void)
     free_docs(&d);
 }
 
+/* A model file with its own reranker prompt in tokenizer.chat_template.rerank. */
+static void test_prompt_from_metadata(void)
+{
+    const char *src = gen_model("llama", 2, 61);
+    CHECK(src);
+    char err[ERR_MAX], path[512];
+    snprintf(path, sizeof path, "%s/with-prompt.gguf", test_tmpdir());
+    gguf_file *g = gguf_open(src, err);
+    CHECK(g);
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        CHECK(gguf_writer_copy_kv(w, g, i) == 0);
+    CHECK(gguf_writer_set_str(w, "tokenizer.chat_template.rerank", "Q: {query} D: {document}") == 0);
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data) == 0);
+    }
+    CHECK_MSG(gguf_writer_write(w, path, err) == 0, "%s", err);
+    gguf_writer_free(w);
+
+    tokenizer *tk = NULL;
+    CHECK(tok_load(g, &tk, err) == 0);
+    const char *query = "tok7 tok8", *doc_txt[] = {"tok20 tok21 tok22", "tok40"};
+    docs d = {.n = 2};
+    for (int i = 0; i < 2; i++) {
+        int32_t *p = d.tok[i] = malloc(256 * sizeof(int32_t));
+        int n = 0;
+        if (tok_add_bos(tk))
+            p[n++] = tok_bos(tk);
+        n += tok_encode(tk, "Q: ", 3, false, true, p + n, 256 - n);
+        n += tok_encode(tk, query, strlen(query), false, false, p + n, 256 - n);
+        n += tok_encode(tk, " D: ", 4, false, true, p + n, 256 - n);
+        n += tok_encode(tk, doc_txt[i], strlen(doc_txt[i]), false, false, p + n, 256 - n);
+        d.len[i] = n;
+    }
+    tok_free(tk);
+    gguf_close(g);
+
+    rerank_options o = opts(2, 0, true);
+    reranker *rr = rerank_open(path, &o, err);
+    CHECK_MSG(rr, "%s", err);
+    rerank_result a, b;
+    CHECK_MSG(rerank_run(rr, query, doc_txt, 2, &o, &a, err) == 0, "%s", err);
+    CHECK(run(rr, &d, &o, &b) == 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(a.index[i], b.index[i]);
+        CHECK(a.score[i] == b.score[i]);
+    }
+    rerank_result_free(&a);
+    rerank_result_free(&b);
+    rerank_close(rr);
+    free_docs(&d);
+}
+
 int main(void)
 {
     RUN(test_kmeans);
@@ -501,6 +563,7 @@ int main(void)
     RUN(test_pruning_separated);
     RUN(test_threshold_not_reached);
     RUN(test_bad_inputs);
+    RUN(test_prompt_from_metadata);
     RUN(test_text_stories);
     return test_finish();
 }
