@@ -3,7 +3,7 @@
  * full forward of every candidate.
  *
  *   build/bench/rerank [-r RUNS] [--threads N] [-n N,N..] [-t TOKENS] [-k K,K..]
- *                      [--cv X,X..] [MODEL.gguf ...]
+ *                      [--cv X,X..] [--mem MB] [MODEL.gguf ...]
  *
  * With no model given it uses the issue's two: a Qwen3-0.6B-shaped random-weight model
  * (qwen3, dim 1024, 28 layers, 16 heads of 128, 8 KV heads, FFN 3072, the gpt-2
@@ -17,8 +17,13 @@
  *   full_resident     model_forward of every candidate, weights mapped (the usual way)
  *   full_layer_reads  the reranker with pruning off, weights read layer by layer
  *   grating           the reranker with pruning at each --cv threshold, per K
- * precision@K is against full_resident's own top-K. One JSON object per line; latency
- * is the median of the runs.
+ * precision@K is against full_resident's own top-K. --mem sets the reranker's
+ * memory_limit (activations of one chunk; below the candidates' hidden states they go
+ * through a temporary file). full_resident also reports the dispersion (cv) of the
+ * provisional scores after each layer and, per K, the first layer from which the
+ * provisional top-K is already the final one ("topk_settled_layer": what an ideal
+ * pruner could save). first_prune_layer is -1 when nothing stopped before the last
+ * layer. One JSON object per line; latency is the median of the runs.
  */
 #include <errno.h>
 #include <math.h>
@@ -53,6 +58,7 @@ typedef struct bench_options {
     int k_list[MAX_LIST], n_k;
     float cv_list[MAX_LIST];
     int n_cv;
+    int mem_mb; /* memory_limit of the reranker, 0: its default */
 } bench_options;
 
 typedef struct workload {
@@ -303,6 +309,7 @@ static int run_grating(const workload *w, const bench_options *o, float cv)
     ro.no_token = w->no;
     ro.n_threads = o->n_threads;
     ro.stream_weights = true;
+    ro.memory_limit = (size_t)o->mem_mb << 20;
     reranker *rr = rerank_open(w->model, &ro, err);
     if (!rr) {
         fprintf(stderr, "rerank: %s\n", err);
@@ -462,6 +469,8 @@ int main(int argc, char **argv)
             rc = parse_list(v, &o.tokens, NULL, &nn, PREFIX_TOKENS + 1, 100000) || nn != 1, i++;
         else if (!strcmp(argv[i], "-k"))
             rc = parse_list(v, o.k_list, NULL, &o.n_k, 1, 10000), i++;
+        else if (!strcmp(argv[i], "--mem"))
+            rc = parse_list(v, &o.mem_mb, NULL, &nn, 1, 1 << 20) || nn != 1, i++;
         else if (!strcmp(argv[i], "--cv"))
             rc = parse_list(v, NULL, o.cv_list, &o.n_cv, 1e-6, 100), i++;
         else if (argv[i][0] == '-' || n_models == 16)
@@ -470,7 +479,7 @@ int main(int argc, char **argv)
             models[n_models++] = argv[i];
         if (rc) {
             fprintf(stderr, "usage: rerank [-r RUNS] [--threads N] [-n N,N..] [-t TOKENS] "
-                            "[-k K,K..] [--cv X,X..] [MODEL.gguf ...]\n");
+                            "[-k K,K..] [--cv X,X..] [--mem MB] [MODEL.gguf ...]\n");
             return 2;
         }
     }
