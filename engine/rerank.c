@@ -47,7 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -294,6 +294,26 @@ void rerank_close(reranker *rr)
     free(rr);
 }
 
+/* The page-aligned span of the mapping holding the tensor data (gguf_open maps the file
+ * read-only and private, so advice on it never changes what is read there). */
+static size_t rr_data_span(const gguf_file *g, void **from)
+{
+    if (gguf_n_tensors(g) == 0)
+        return 0;
+    const gguf_tensor *t0 = gguf_tensor_at(g, 0);
+    const char *base = (const char *)t0->data - t0->offset;
+    uint64_t end = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        if (t->offset + t->bytes > end)
+            end = t->offset + t->bytes;
+    }
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)base & ~(page - 1);
+    *from = (void *)start;
+    return (size_t)((uintptr_t)base + end - start);
+}
+
 reranker *rerank_open(const char *model_path, const rerank_options *options, char err[ERR_MAX])
 {
     if (!model_path) {
@@ -317,11 +337,21 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
         err_set(err, "%s: %s", model_path, strerror(errno));
         goto fail;
     }
+    /* model_from_gguf validates the file and reads the 1-D tensors through the mapping:
+     * without streaming that is how the weights are used anyway; with it, small pages keep
+     * those touches small, and afterwards the pages go back so that the resident set holds
+     * only what the reranker allocates (clean file pages: reading them again is exact) */
+    void *span_from = NULL;
+    size_t span = rr_data_span(rr->g, &span_from);
+    if (span && rr->opt.stream_weights)
+        madvise(span_from, span, MADV_NOHUGEPAGE);
     model *m = model_from_gguf(rr->g, err);
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
     model_free(m);
+    if (span)
+        madvise(span_from, span, MADV_DONTNEED);
     rr->q_dim = rr->hp.n_head * rr->hp.head_dim;
     rr->kv_dim = rr->hp.n_head_kv * rr->hp.head_dim;
     rr->embd = gguf_find_tensor(rr->g, "token_embd.weight");
@@ -504,7 +534,6 @@ typedef struct rr_run {
     /* the chunk being computed */
     float *x;       /* (n_tok, dim) its hidden states */
     int n_tok;
-    const int *ccand;
     int nc;
     const float *norm_w;
     _Atomic long next_item;
@@ -607,7 +636,7 @@ static void rr_act_job(void *p, int ith, int nth)
         ops_silu_mul(s->gate + t * n_ff, s->up + t * n_ff, n_ff);
 }
 
-/* Runs the current layer over the chunk set up in s (x, n_tok, ccand, nc, row0). */
+/* Runs the current layer over the chunk set up in s (x, n_tok, nc, row0). */
 static void rr_layer_forward(rr_run *s)
 {
     reranker *rr = s->rr;
@@ -908,11 +937,10 @@ static bool rr_prune(rr_run *s, int l, int top_k, int *n_selected, int *pruned_a
         return false;
     for (int i = 0; i < na; i++)
         vals[i] = s->cand[idx[i]].score;
-    int m = kmeans1d(vals, na, kmeans1d_k(na), bounds);
+    kmeans1d(vals, na, kmeans1d_k(na), bounds);
     int b = 0;
     while (bounds[b + 1] <= need - 1)
         b++;
-    (void)m;
     for (int i = bounds[b + 1]; i < na; i++) {
         s->cand[idx[i]].state = RR_DROPPED;
         pruned_at[l]++;
@@ -1024,7 +1052,6 @@ static int rr_forward_all(rr_run *s, int *pruned_at, char err[ERR_MAX])
             }
             s->x = buf;
             s->n_tok = ch->n_tok;
-            s->ccand = ch->cand;
             s->nc = ch->n_cand;
             s->blk0[0] = 0;
             rr_layer_forward(s);
