@@ -24,6 +24,8 @@
  *     selected and the run ends. RERANK_ORDERED only drops, so the winners run every
  *     layer and their order and scores are those of the full forward.
  * The result is the non-dropped candidates sorted by score (ties by index), best first.
+ * (So in RERANK_SET with top_k >= n_docs every candidate is selected after the first
+ * layer: membership is all that mode promises.)
  *
  * Reranker prompt: the GGUF metadata key "tokenizer.chat_template.rerank" when present,
  * else RR_DEFAULT_PROMPT (the Qwen3-Reranker format). Placeholders "{query}",
@@ -131,24 +133,44 @@ struct reranker {
 
 /* ---- accounted allocations ---- */
 
+/* Buffers from this size up are mapped directly, so that freeing them always returns
+ * the memory (malloc would keep freed blocks below its growing mmap threshold in the
+ * heap, and the resident set would grow from run to run). */
+#define RR_MMAP_MIN ((size_t)1 << 20)
+
+static size_t rr_round(size_t n)
+{
+    return n ? (n + 63) & ~(size_t)63 : 64;
+}
+
 static void *rr_alloc(reranker *rr, size_t n)
 {
-    size_t a = (n + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, a ? a : 64);
-    if (!p)
+    size_t a = rr_round(n);
+    void *p;
+    if (a >= RR_MMAP_MIN) {
+        p = mmap(NULL, a, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+    } else if (!(p = aligned_alloc(64, a))) {
         return NULL;
+    }
     rr->bytes_now += a;
     if (rr->bytes_now > rr->bytes_peak)
         rr->bytes_peak = rr->bytes_now;
     return p;
 }
 
+/* Frees what rr_alloc(rr, n) returned (the same n). NULL is allowed. */
 static void rr_free(reranker *rr, void *p, size_t n)
 {
     if (!p)
         return;
-    rr->bytes_now -= (n + 63) & ~(size_t)63;
-    free(p);
+    size_t a = rr_round(n);
+    rr->bytes_now -= a;
+    if (a >= RR_MMAP_MIN)
+        munmap(p, a);
+    else
+        free(p);
 }
 
 /* ---- file access ---- */
@@ -285,7 +307,7 @@ void rerank_close(reranker *rr)
     free(c->slot);
     free(c->prev);
     free(c->next);
-    free(rr->vecs);
+    rr_free(rr, rr->vecs, rr->vecs_bytes);
     free(rr->layers);
     free(rr->prompt);
     if (rr->fd >= 0)
