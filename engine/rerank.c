@@ -476,17 +476,31 @@ static int rr_embed(reranker *rr, bool stream, int32_t tok, float *dst, char err
     if (s >= 0) {
         rr_cache_unlink(c, s);
     } else {
-        if (c->used < c->cap) {
+        bool fresh = c->used < c->cap;
+        if (fresh) {
             s = c->used++;
         } else {
             s = c->tail;
             rr_cache_unlink(c, s);
-            c->slot[c->token[s]] = -1;
+            if (c->token[s] >= 0)
+                c->slot[c->token[s]] = -1;
         }
         char *row = c->rows + (size_t)s * rr->embd_row_bytes;
         if (rr_pread(rr->fd, row, rr->embd_row_bytes,
                      rr_file_off(rr, t) + (off_t)((size_t)tok * rr->embd_row_bytes), err) < 0) {
-            c->used = c->used > s ? s : c->used;
+            /* the slot holds nothing now: unused, or first in line for eviction */
+            if (fresh) {
+                c->used--;
+            } else {
+                c->token[s] = -1;
+                c->next[s] = -1;
+                c->prev[s] = c->tail;
+                if (c->tail >= 0)
+                    c->next[c->tail] = s;
+                else
+                    c->head = s;
+                c->tail = s;
+            }
             return -1;
         }
         c->token[s] = tok;
