@@ -7,12 +7,15 @@
  * overwrites the file the committed row names. The file is (all integers little-endian):
  *
  *   "LLMSCHNK"  u32 version  u32 n_sections
- *   n_sections x { u64 raw_bytes  u64 compressed_bytes  u32 crc32c of compressed bytes }
+ *   n_sections x { u64 raw_bytes  u64 stored_bytes  u32 crc32c of stored bytes  u32 codec }
  *   u32 crc32c of everything above
- *   the sections' zstd frames, back to back
+ *   the sections' stored bytes, back to back
  *
- * Each frame also carries zstd's own checksum of the uncompressed bytes, so a section
- * is checked both as stored (CRC-32C, before decompressing) and as decoded.
+ * A section is stored as one zstd frame (codec 1), or as is (codec 0) when zstd saves
+ * less than an eighth: quantized KV is close to random, and decompressing ~10% away
+ * costs more time than reading those bytes (bench/chunkstore). A zstd frame also
+ * carries zstd's checksum of the uncompressed bytes, so it is checked both as stored
+ * (CRC-32C, before decompressing) and as decoded.
  */
 #include "storage/chunks.h"
 
@@ -32,14 +35,16 @@
 #include "storage/crc32c.h"
 #include "storage/store_internal.h"
 
-/* Level 1 compresses int8 KV data about as well as level 3 at about twice the speed
+/* Level 3 compresses int8-like data no better than level 1 and more slowly
  * (bench/chunkstore measures both); chunks are written after every call. */
 #define CHUNK_ZSTD_LEVEL 1
+
+enum chunk_codec { CODEC_RAW = 0, CODEC_ZSTD = 1 };
 
 #define CHUNK_MAGIC "LLMSCHNK"
 #define CHUNK_VERSION 1u
 #define CHUNK_HEAD_FIXED 16  /* magic, version, n_sections */
-#define CHUNK_HEAD_ENTRY 20  /* raw, compressed, crc */
+#define CHUNK_HEAD_ENTRY 24  /* raw, stored, crc, codec */
 #define CHUNK_DIR "chunks"
 #define CHUNK_SUFFIX ".chunk"
 #define CHUNK_TMP_SUFFIX ".chunk.tmp"
@@ -88,9 +93,10 @@ struct store_chunk_reader {
     int n_sections;
     uint64_t *raw;      /* (n_sections) uncompressed bytes */
     uint64_t *comp;     /* (n_sections) stored bytes */
+    uint32_t *codec;    /* (n_sections) enum chunk_codec */
     uint64_t *offset;   /* (n_sections) file offset of each frame */
     uint32_t *crc;      /* (n_sections) CRC-32C of the stored bytes */
-    uint8_t *scratch;   /* (largest comp) one stored section */
+    uint8_t *scratch;   /* (largest compressed section) one zstd frame */
     ZSTD_DCtx *dctx;
     int64_t bytes_read;
 };
@@ -442,17 +448,25 @@ static int encode_chunk(store_chunks *c, const char *ctx_id, int index,
     size_t at = head;
     *raw_total = 0;
     for (int i = 0; i < n_sections; i++) {
-        size_t z = 0;
-        if (section_bytes[i] > 0) {
-            z = ZSTD_compress2(c->cctx, c->buf + at, cap - at, sections[i], section_bytes[i]);
+        size_t raw = section_bytes[i], z = 0;
+        enum chunk_codec codec = CODEC_RAW;
+        if (raw > 0) {
+            z = ZSTD_compress2(c->cctx, c->buf + at, cap - at, sections[i], raw);
             if (ZSTD_isError(z))
                 return chunk_fail(err, ctx_id, index, "compressing section %d: %s", i,
                                   ZSTD_getErrorName(z));
+            if (z < raw - raw / 8) {
+                codec = CODEC_ZSTD;
+            } else {
+                memcpy(c->buf + at, sections[i], raw);
+                z = raw;
+            }
         }
         uint8_t *e = h + CHUNK_HEAD_FIXED + (size_t)i * CHUNK_HEAD_ENTRY;
-        put_u64(e, section_bytes[i]);
+        put_u64(e, raw);
         put_u64(e + 8, z);
         put_u32(e + 16, crc32c(0, c->buf + at, z));
+        put_u32(e + 20, codec);
         at += z;
         *raw_total += (int64_t)section_bytes[i];
     }
@@ -856,6 +870,7 @@ void store_chunk_close(store_chunk_reader *r)
         close(r->fd);
     free(r->raw);
     free(r->comp);
+    free(r->codec);
     free(r->offset);
     free(r->crc);
     free(r->scratch);
@@ -884,9 +899,10 @@ static int read_header(store_chunk_reader *r, const char *path, char *err)
     uint8_t *h = malloc(head);
     r->raw = calloc((size_t)n + 1, sizeof *r->raw);
     r->comp = calloc((size_t)n + 1, sizeof *r->comp);
+    r->codec = calloc((size_t)n + 1, sizeof *r->codec);
     r->offset = calloc((size_t)n + 1, sizeof *r->offset);
     r->crc = calloc((size_t)n + 1, sizeof *r->crc);
-    if (!h || !r->raw || !r->comp || !r->offset || !r->crc) {
+    if (!h || !r->raw || !r->comp || !r->codec || !r->offset || !r->crc) {
         free(h);
         return chunk_fail(err, id, index, "out of memory");
     }
@@ -914,9 +930,16 @@ static int read_header(store_chunk_reader *r, const char *path, char *err)
         r->raw[i] = get_u64(e);
         r->comp[i] = get_u64(e + 8);
         r->crc[i] = get_u32(e + 16);
+        r->codec[i] = get_u32(e + 20);
         r->offset[i] = at;
+        if (r->codec[i] != CODEC_RAW && r->codec[i] != CODEC_ZSTD) {
+            result = chunk_fail(err, id, index, "%s: section %d has unknown codec %u", path,
+                                i, r->codec[i]);
+            break;
+        }
         if (r->comp[i] > (uint64_t)r->meta.file_bytes - at ||
-            (r->raw[i] == 0) != (r->comp[i] == 0) || r->raw[i] > (uint64_t)INT64_MAX) {
+            (r->raw[i] == 0) != (r->comp[i] == 0) || r->raw[i] > (uint64_t)INT64_MAX ||
+            (r->codec[i] == CODEC_RAW && r->comp[i] != r->raw[i])) {
             result = chunk_fail(err, id, index, "%s: section %d sizes (%" PRIu64 " raw, %"
                                 PRIu64 " stored) do not fit the file", path, i, r->raw[i],
                                 r->comp[i]);
@@ -924,7 +947,7 @@ static int read_header(store_chunk_reader *r, const char *path, char *err)
         }
         at += r->comp[i];
         raw_total += r->raw[i];
-        if (r->comp[i] > largest)
+        if (r->codec[i] == CODEC_ZSTD && r->comp[i] > largest)
             largest = r->comp[i];
     }
     free(h);
@@ -1010,15 +1033,18 @@ int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst
         return 0;
     if (!dst)
         return chunk_fail(err, id, index, "section %d: no destination", i);
-    ssize_t got = pread_all(r->fd, r->scratch, r->comp[i], (off_t)r->offset[i]);
+    uint8_t *stored = r->codec[i] == CODEC_RAW ? dst : r->scratch;
+    ssize_t got = pread_all(r->fd, stored, r->comp[i], (off_t)r->offset[i]);
     if (got < 0)
         return chunk_fail(err, id, index, "reading section %d: %s", i, strerror(errno));
     r->bytes_read += got;
     if ((uint64_t)got != r->comp[i])
         return chunk_fail(err, id, index, "section %d cut short (%zd of %" PRIu64 " bytes)",
                           i, got, r->comp[i]);
-    if (crc32c(0, r->scratch, r->comp[i]) != r->crc[i])
+    if (crc32c(0, stored, r->comp[i]) != r->crc[i])
         return chunk_fail(err, id, index, "section %d checksum mismatch", i);
+    if (r->codec[i] == CODEC_RAW)
+        return 0;
     size_t n = ZSTD_decompressDCtx(r->dctx, dst, dst_bytes, r->scratch, r->comp[i]);
     if (ZSTD_isError(n))
         return chunk_fail(err, id, index, "section %d: zstd: %s", i, ZSTD_getErrorName(n));
