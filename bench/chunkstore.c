@@ -152,28 +152,28 @@ static double resident_fraction(store *s, const char *ctx, int index)
     store_chunk_reader *r = store_chunk_open(s, ctx, index, &found, err);
     if (!r)
         return -1;
-    int64_t gen_bytes = store_chunk_reader_meta(r)->file_bytes;
+    int64_t file_bytes = store_chunk_reader_meta(r)->file_bytes;
     store_chunk_close(r);
     snprintf(path, sizeof path, "%s/chunks/%s/%d.1.chunk", store_dir(s), ctx, index);
     int fd = open(path, O_RDONLY);
     if (fd < 0)
         return -1;
-    void *m = mmap(NULL, (size_t)gen_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, (size_t)file_bytes, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
         return -1;
     long page = sysconf(_SC_PAGESIZE);
-    size_t pages = ((size_t)gen_bytes + (size_t)page - 1) / (size_t)page;
+    size_t pages = ((size_t)file_bytes + (size_t)page - 1) / (size_t)page;
     unsigned char *vec = malloc(pages);
     double frac = -1;
-    if (vec && mincore(m, (size_t)gen_bytes, vec) == 0) {
+    if (vec && mincore(m, (size_t)file_bytes, vec) == 0) {
         size_t in = 0;
         for (size_t i = 0; i < pages; i++)
             in += vec[i] & 1;
         frac = (double)in / (double)pages;
     }
     free(vec);
-    munmap(m, (size_t)gen_bytes);
+    munmap(m, (size_t)file_bytes);
     return frac;
 }
 

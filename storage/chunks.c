@@ -632,7 +632,7 @@ int store_chunk_list(store *s, const char *ctx_id,
         store_chunk c;
         int64_t gen;
         read_row(st, &c, &gen);
-        int stop = fn(arg, &c);
+        int stop = fn ? fn(arg, &c) : 0;
         if (stop) {
             sqlite3_reset(st);
             return stop;

@@ -55,7 +55,8 @@ int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
 int store_chunk_touch(store *s, const char *ctx_id, int index, float density,
                       int64_t last_used_ms, char err[ERR_MAX]);
 
-/* Calls fn for each stored chunk of a context in index order. */
+/* Calls fn (may be NULL) for each stored chunk of a context in index order; a non-zero
+ * return from fn stops the walk and is returned. fn must not call store_chunk_list. */
 int store_chunk_list(store *s, const char *ctx_id,
                      int (*fn)(void *arg, const store_chunk *c), void *arg, char err[ERR_MAX]);
 
