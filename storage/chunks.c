@@ -692,11 +692,12 @@ int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chun
     batch_item *items = calloc((size_t)n_chunks, sizeof *items);
     if (!items)
         return err_set(err, "store: out of memory for a batch of %d chunks", n_chunks);
+    for (int k = 0; k < n_chunks; k++)
+        items[k].fd = -1;
     int result = 0;
     for (int k = 0; k < n_chunks && result == 0; k++) {
         store_chunk old;
         int64_t old_gen = 0;
-        items[k].fd = -1;
         result = get_row(s, ctx_id, chunks[k].meta.index, &old, &old_gen, &items[k].had,
                          err);
         items[k].gen = items[k].had ? old_gen + 1 : 1;
