@@ -332,19 +332,23 @@ void kv_assign_precisions(const float *density, int n, double ratio, enum kv_pre
     for (int i = 0; i < n; i++)
         sum[i + 1] = sum[i] + density[order[i]];
 
-    /* value(n8, n4) = 2 S(n) + 2 S(n8 + n4) + 4 S(n8): 8 bits to the first n8, 4 to the
-     * next n4, 2 to the rest; cost 4 n8 + 2 n4 + (n - n8 - n4) <= budget */
+    /* Minimises the attention-weighted squared error sum_i density_i * step(bits_i)^2,
+     * step(b) = 1 / (2^b - 1) the code step relative to a group's range: with the n8
+     * densest at int8, the next n4 at int4 and the rest at int2 that is
+     * e2 S(n) + (e4 - e2) S(n8 + n4) + (e8 - e4) S(n8), under the cost
+     * 4 n8 + 2 n4 + (n - n8 - n4) <= budget. */
+    const double e8 = 1.0 / (255.0 * 255.0), e4 = 1.0 / (15.0 * 15.0), e2 = 1.0 / 9.0;
     int best8 = 0, best4 = 0;
-    double best = -1e300, tol = 1e-9 * (fabs(sum[n]) + 1e-30);
+    double best = 1e300, tol = 1e-12 * (fabs(sum[n]) + 1e-30);
     for (int n8 = 0; n8 <= n; n8++) {
         long left = budget - (long)n - 3L * n8;
         if (left < 0)
             break;
         for (int n4 = 0; n4 <= n - n8 && n4 <= left; n4++) {
-            double val = 2 * sum[n8 + n4] + 4 * sum[n8];
+            double cost = e2 * sum[n] + (e4 - e2) * sum[n8 + n4] + (e8 - e4) * sum[n8];
             int n2 = n - n8 - n4, best2 = n - best8 - best4;
-            if (val > best + tol || (val >= best - tol && n2 < best2)) {
-                best = val > best ? val : best;
+            if (cost < best - tol || (cost <= best + tol && n2 < best2)) {
+                best = cost < best ? cost : best;
                 best8 = n8;
                 best4 = n4;
             }

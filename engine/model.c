@@ -23,7 +23,8 @@
 #include "engine/threadpool.h"
 
 /* Sub-batches of at least this many tokens do attention with sgemm on K/V converted to
- * f32 once per layer (prefill); smaller ones (decode) read the f16 chunks directly. */
+ * f32 once per layer (prefill); smaller ones (decode) read f16 chunks in place and
+ * compressed ones decoded block by block. */
 #define MODEL_ATTN_GEMM_MIN 16
 /* Query tokens per batched attention work item. */
 #define MODEL_ATTN_BLOCK 32

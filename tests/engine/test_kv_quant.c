@@ -317,11 +317,14 @@ static void test_reserve_converts_partial(void)
 
 /* ---- precision assignment ---- */
 
-static double assignment_value(const float *d, const enum kv_precision *a, int n)
+/* The documented objective: attention-weighted squared code step (lower is better). */
+static double assignment_error(const float *d, const enum kv_precision *a, int n)
 {
     double v = 0;
-    for (int i = 0; i < n; i++)
-        v += d[i] * kv_precision_bits(a[i]);
+    for (int i = 0; i < n; i++) {
+        double step = 1.0 / ((1 << kv_precision_bits(a[i])) - 1);
+        v += d[i] * step * step;
+    }
     return v;
 }
 
@@ -341,14 +344,16 @@ static void test_assign_brute_force(void)
     for (int trial = 0; trial < 60; trial++) {
         int n = 1 + trial % 8;
         for (int i = 0; i < n; i++)
-            d[i] = (float)(frand() + 1) * (trial % 3 == 0 ? (float)(i + 1) : 1.0f);
+            d[i] = trial % 3 == 0 ? (float)(frand() + 1) * (float)(i + 1)
+                   : trial % 3 == 1 ? expf(5 * frand()) /* wide spread: mixed choices */
+                                    : (float)(frand() + 1);
         if (trial % 5 == 0)
             d[n - 1] = d[0]; /* ties */
         double ratio = ratios[trial % 8];
         kv_assign_precisions(d, n, ratio, got);
         CHECK(assignment_bits(got, n) <= 8 * ratio * n + 1e-9);
         /* every assignment of the three integer precisions within the budget */
-        double best = -1;
+        double best = 1e300;
         int total = 1;
         for (int i = 0; i < n; i++)
             total *= 3;
@@ -356,12 +361,12 @@ static void test_assign_brute_force(void)
             for (int i = 0, c = code; i < n; i++, c /= 3)
                 all[i] = (enum kv_precision)(KV_INT8 + c % 3);
             if (assignment_bits(all, n) <= 8 * ratio * n + 1e-9) {
-                double v = assignment_value(d, all, n);
-                best = v > best ? v : best;
+                double v = assignment_error(d, all, n);
+                best = v < best ? v : best;
             }
         }
-        double v = assignment_value(d, got, n);
-        CHECK_MSG(fabs(v - best) <= 1e-5 * best, "n %d ratio %.2f: value %.6f, best %.6f", n,
+        double v = assignment_error(d, got, n);
+        CHECK_MSG(fabs(v - best) <= 1e-9 * best, "n %d ratio %.2f: error %.9g, best %.9g", n,
                   ratio, v, best);
     }
 }
