@@ -21,7 +21,8 @@
  * "tolerance_shuffled" = the same mix of precisions placed at random (a control: what
  * the density ranking adds). Prints one JSON object per model and scheme: median, min
  * and max KL over the sequences, the prefix's KV bytes relative to int8 (real bytes,
- * scales included, and nominal bits), and the median mix of precisions.
+ * scales included, and nominal bits), the median mix of precisions, and the median time
+ * of a teacher-forced decode step (attention decodes compressed chunks as it reads them).
  */
 #include <errno.h>
 #include <math.h>
@@ -173,7 +174,8 @@ static int teacher_force(bench_ctx *b, kv_seq *seq, double *kl, char err[ERR_MAX
 
 /* One sequence: kl[scheme] and bytes[scheme] (relative to int8), density spread. */
 static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes, double *nominal,
-                          double (*mix)[3], double *density_cv, char err[ERR_MAX])
+                          double (*mix)[3], double *ms, double *ms_f16, double *density_cv,
+                          char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     const model_hparams *hp = model_hparams_of(b->m);
@@ -205,8 +207,10 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
         var += (b->density[c] - mean) * (b->density[c] - mean) / n_chunks;
     *density_cv = sqrt(var) / mean;
 
+    double t_ref = bench_now_s();
     if (clone_seq(b->pool, &prefix, &work, err) < 0 || teacher_force(b, &work, NULL, err) < 0)
         goto out;
+    *ms_f16 = (bench_now_s() - t_ref) * 1e3 / (o->len - o->prefix);
     kv_seq_free(&work);
 
     uint64_t shuffle = seed * 2654435761u + 1;
@@ -238,8 +242,10 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
         }
         bytes[s] = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
         nominal[s] = bits / (8.0 * n_chunks);
+        double t0 = bench_now_s();
         if (teacher_force(b, &work, &kl[s], err) < 0)
             goto out;
+        ms[s] = (bench_now_s() - t0) * 1e3 / (o->len - o->prefix);
         kv_seq_free(&work);
     }
     rc = 0;
@@ -281,20 +287,21 @@ static int bench_model(const char *path, const bench_options *o)
         b.positions[i] = i;
 
     double kl[N_SCHEMES][MAX_SEQS], bytes[N_SCHEMES][MAX_SEQS], nominal[N_SCHEMES][MAX_SEQS];
-    double cv[MAX_SEQS], k[N_SCHEMES], by[N_SCHEMES], nb[N_SCHEMES], mx[N_SCHEMES][3];
-    double mix[N_SCHEMES][3][MAX_SEQS];
+    double cv[MAX_SEQS], ms_f16[MAX_SEQS], k[N_SCHEMES], by[N_SCHEMES], nb[N_SCHEMES], mx[N_SCHEMES][3];
+    double mix[N_SCHEMES][3][MAX_SEQS], ms[N_SCHEMES][MAX_SEQS], tm[N_SCHEMES];
     for (int q = 0; q < o->n_seqs; q++) {
-        if (bench_sequence(&b, 1000 + (uint64_t)q, k, by, nb, mx, &cv[q], err) < 0) {
+        if (bench_sequence(&b, 1000 + (uint64_t)q, k, by, nb, mx, tm, &ms_f16[q], &cv[q], err) < 0) {
             fprintf(stderr, "kvquant: %s: sequence %d: %s\n", path, q, err);
             goto out;
         }
         for (int s = 0; s < N_SCHEMES; s++)
         {
-            kl[s][q] = k[s], bytes[s][q] = by[s], nominal[s][q] = nb[s];
+            kl[s][q] = k[s], bytes[s][q] = by[s], nominal[s][q] = nb[s], ms[s][q] = tm[s];
             for (int p = 0; p < 3; p++)
                 mix[s][p][q] = mx[s][p];
         }
     }
+    double ms_f16_med = bench_median(ms_f16, o->n_seqs);
     double cv_med = bench_median(cv, o->n_seqs), seconds = bench_now_s() - t_start;
     for (int s = 0; s < N_SCHEMES; s++) {
         double lo = kl[s][0], hi = kl[s][0];
@@ -306,13 +313,14 @@ static int bench_model(const char *path, const bench_options *o)
                "\"kv_heads\":%d,\"head_dim\":%d,\"seqs\":%d,\"len\":%d,\"prefix\":%d,"
                "\"scheme\":\"%s\",\"ratio\":%.3g,\"kl_median\":%.6g,\"kl_min\":%.6g,"
                "\"kl_max\":%.6g,\"bytes_vs_int8\":%.4f,\"nominal_bits_vs_int8\":%.4f,"
-               "\"mix_int8_int4_int2\":[%.2f,%.2f,%.2f],\"density_cv_median\":%.3f,"
+               "\"mix_int8_int4_int2\":[%.2f,%.2f,%.2f],\"decode_ms\":%.3f,\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,"
                "\"seconds\":%.1f}\n",
                path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
                o->len, o->prefix, schemes[s].name, schemes[s].ratio,
                bench_median(kl[s], o->n_seqs), lo, hi, bench_median(bytes[s], o->n_seqs),
                bench_median(nominal[s], o->n_seqs), bench_median(mix[s][0], o->n_seqs),
-               bench_median(mix[s][1], o->n_seqs), bench_median(mix[s][2], o->n_seqs), cv_med,
+               bench_median(mix[s][1], o->n_seqs), bench_median(mix[s][2], o->n_seqs),
+               bench_median(ms[s], o->n_seqs), ms_f16_med, cv_med,
                seconds);
     }
     fflush(stdout);

@@ -50,12 +50,6 @@ static void kv_quant_put(uint8_t *row, int j, int bits, unsigned code)
     row[bit / 8] |= (uint8_t)(code << (bit % 8));
 }
 
-static unsigned kv_quant_get(const uint8_t *row, int j, int bits)
-{
-    int bit = j * bits;
-    return (row[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
-}
-
 void kv_quant_encode(uint8_t *dst, int head_dim, int bits, int n_tokens, const float *k,
                      const float *v)
 {
@@ -98,6 +92,26 @@ void kv_quant_encode(uint8_t *dst, int head_dim, int bits, int n_tokens, const f
     }
 }
 
+/* row[j] = min[j] + scale[j] * code j of the packed codes, for j < n. */
+static void kv_quant_decode_row(const uint8_t *codes, int bits, int n, const float *scale,
+                                const float *min, float *row)
+{
+    switch (bits) {
+    case 8:
+        for (int j = 0; j < n; j++)
+            row[j] = min[j] + scale[j] * (float)codes[j];
+        break;
+    case 4:
+        for (int j = 0; j < n; j++)
+            row[j] = min[j] + scale[j] * (float)((codes[j >> 1] >> ((j & 1) * 4)) & 15);
+        break;
+    default:
+        for (int j = 0; j < n; j++)
+            row[j] = min[j] + scale[j] * (float)((codes[j >> 2] >> ((j & 3) * 2)) & 3);
+        break;
+    }
+}
+
 void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
                      float *v)
 {
@@ -106,22 +120,25 @@ void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, f
     const uint8_t *kc = src, *vc = src + KV_CHUNK_TOKENS * rb;
     const uint16_t *kp = (const uint16_t *)(vc + KV_CHUNK_TOKENS * rb);
     const uint16_t *vp = kp + 2 * (size_t)head_dim;
-    if (k)
+    float scale[KV_MAX_HEAD_DIM], min[KV_MAX_HEAD_DIM];
+    if (k) {
         for (int j = 0; j < head_dim; j++) {
-            float scale = quant_f16_to_f32(kp[2 * j]), min = quant_f16_to_f32(kp[2 * j + 1]);
-            for (int i = 0; i < n_tokens; i++)
-                k[(size_t)i * head_dim + j] = min + scale * (float)kv_quant_get(kc + i * rb, j, bits);
+            scale[j] = quant_f16_to_f32(kp[2 * j]);
+            min[j] = quant_f16_to_f32(kp[2 * j + 1]);
         }
+        for (int i = 0; i < n_tokens; i++)
+            kv_quant_decode_row(kc + i * rb, bits, head_dim, scale, min, k + (size_t)i * head_dim);
+    }
     if (v)
         for (int i = 0; i < n_tokens; i++) {
-            float *row = v + (size_t)i * head_dim;
             for (int g = 0; g < ng; g++) {
                 const uint16_t *p = vp + 2 * ((size_t)i * ng + g);
-                float scale = quant_f16_to_f32(p[0]), min = quant_f16_to_f32(p[1]);
+                float s = quant_f16_to_f32(p[0]), m = quant_f16_to_f32(p[1]);
                 int j0 = g * KV_QUANT_V_GROUP;
                 int j1 = j0 + KV_QUANT_V_GROUP < head_dim ? j0 + KV_QUANT_V_GROUP : head_dim;
                 for (int j = j0; j < j1; j++)
-                    row[j] = min + scale * (float)kv_quant_get(vc + i * rb, j, bits);
+                    scale[j] = s, min[j] = m;
             }
+            kv_quant_decode_row(vc + i * rb, bits, head_dim, scale, min, v + (size_t)i * head_dim);
         }
 }

@@ -29,7 +29,8 @@ size_t kv_quant_block_bytes(int head_dim, int bits);
 void kv_quant_encode(uint8_t *dst, int head_dim, int bits, int n_tokens, const float *k,
                      const float *v);
 
-/* Decodes the first n_tokens rows into k and v (n_tokens, head_dim); either may be NULL. */
+/* Decodes the first n_tokens rows into k and v (n_tokens, head_dim); either may be NULL.
+ * head_dim <= KV_MAX_HEAD_DIM. */
 void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
                      float *v);
 
