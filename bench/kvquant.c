@@ -3,7 +3,7 @@
  * distributions, for uniform int8 / int4 / int2 and for tolerance-aware precisions.
  *
  *   build/bench/kvquant [-t THREADS] [-s SEQS] [--len N] [--prefix N] [--ratio R]
- *                       [--testdata DIR] [MODEL.gguf ...]
+ *                       [--window N] [--testdata DIR] [MODEL.gguf ...]
  *
  * With no model given it uses DIR/models/stories260K.gguf (a trained tiny llama; DIR is
  * ../shared/testdata by default) and a random-weight llama (dim 256, 8 layers, 4 heads,
@@ -11,12 +11,14 @@
  * of 4096 tokens to keep the run short) generated into build/bench-models/.
  *
  * For each of SEQS sequences: --len tokens are sampled from the model itself (BOS first,
- * temperature 1, seeded); the first --prefix tokens are prefilled with f16 KV, with
- * attention received per entry (each column's sum normalised by n_layer * n_head * the
- * rows that can attend to it; a chunk's density is the mean over its columns). Then for
- * each scheme a copy of the prefix's chunks is compressed and the remaining tokens are
- * teacher-forced one by one (their own K/V stay f16); the score is the mean over those
- * positions of KL(p_f16 || p_scheme). Schemes: int8, int4, int2 everywhere;
+ * temperature 1, seeded); the first --prefix tokens are prefilled with f16 KV, the last
+ * --window of them (default 32) with attention received per entry (each column's sum
+ * normalised by n_layer * n_head * the rows that can attend to it; a chunk's density is
+ * the mean over its columns). On stories260K the attention of recent tokens predicts
+ * which chunks later tokens need better than that of the whole prefix (--window 448).
+ * Then for each scheme a copy of the prefix's chunks is compressed and the remaining
+ * tokens are teacher-forced one by one (their own K/V stay f16); the score is the mean
+ * over those positions of KL(p_f16 || p_scheme). Schemes: int8, int4, int2 everywhere;
  * "tolerance" = kv_assign_precisions at ratio --ratio (default 0.5), 0.75 and 0.375;
  * "tolerance_shuffled" = the same mix of precisions placed at random (a control: what
  * the density ranking adds). Prints one JSON object per model and scheme: median, min
@@ -65,6 +67,7 @@ typedef struct bench_options {
     int len;
     int prefix;
     const char *testdata;
+    int window; /* density from the attention of the prefix's last `window` tokens */
 } bench_options;
 
 /* What one model's run keeps between sequences. */
@@ -187,9 +190,13 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
     kv_seq_init(&prefix, b->pool);
     kv_seq_init(&work, b->pool);
     memset(b->received, 0, (size_t)o->prefix * sizeof(float));
-    model_batch pre = {.n_tokens = o->prefix, .tokens = b->tokens, .positions = b->positions,
-                       .attn_received = b->received};
-    if (model_forward(b->r, &prefix, &pre, err) < 0)
+    int win = o->window > 0 && o->window < o->prefix ? o->window : o->prefix;
+    model_batch head = {.n_tokens = o->prefix - win, .tokens = b->tokens,
+                        .positions = b->positions};
+    model_batch pre = {.n_tokens = win, .tokens = b->tokens + o->prefix - win,
+                       .positions = b->positions + o->prefix - win, .attn_received = b->received};
+    if ((head.n_tokens > 0 && model_forward(b->r, &prefix, &head, err) < 0) ||
+        model_forward(b->r, &prefix, &pre, err) < 0)
         goto out;
     int n_chunks = prefix.n_chunks;
     double mean = 0, var = 0;
@@ -198,7 +205,8 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
         int n = prefix.chunks[c]->n_tokens;
         for (int i = 0; i < n; i++) {
             int j = c * KV_CHUNK_TOKENS + i;
-            d += b->received[j] / ((double)hp->n_layer * hp->n_head * (o->prefix - j));
+            int rows = o->prefix - j < win ? o->prefix - j : win;
+            d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
         }
         b->density[c] = (float)(d / n);
         mean += b->density[c] / n_chunks;
@@ -311,12 +319,12 @@ static int bench_model(const char *path, const bench_options *o)
         }
         printf("{\"bench\":\"kvquant\",\"model\":\"%s\",\"dim\":%d,\"layers\":%d,\"heads\":%d,"
                "\"kv_heads\":%d,\"head_dim\":%d,\"seqs\":%d,\"len\":%d,\"prefix\":%d,"
-               "\"scheme\":\"%s\",\"ratio\":%.3g,\"kl_median\":%.6g,\"kl_min\":%.6g,"
+               "\"density_window\":%d,\"scheme\":\"%s\",\"ratio\":%.3g,\"kl_median\":%.6g,\"kl_min\":%.6g,"
                "\"kl_max\":%.6g,\"bytes_vs_int8\":%.4f,\"nominal_bits_vs_int8\":%.4f,"
                "\"mix_int8_int4_int2\":[%.2f,%.2f,%.2f],\"decode_ms\":%.3f,\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,"
                "\"seconds\":%.1f}\n",
                path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
-               o->len, o->prefix, schemes[s].name, schemes[s].ratio,
+               o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix, schemes[s].name, schemes[s].ratio,
                bench_median(kl[s], o->n_seqs), lo, hi, bench_median(bytes[s], o->n_seqs),
                bench_median(nominal[s], o->n_seqs), bench_median(mix[s][0], o->n_seqs),
                bench_median(mix[s][1], o->n_seqs), bench_median(mix[s][2], o->n_seqs),
@@ -376,7 +384,7 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
 
 int main(int argc, char **argv)
 {
-    bench_options o = {.n_threads = 2, .n_seqs = 5, .len = 512, .prefix = 448,
+    bench_options o = {.n_threads = 2, .n_seqs = 5, .len = 512, .prefix = 448, .window = 32,
                        .testdata = "../shared/testdata"};
     const char *models[16];
     int n_models = 0, failures = 0;
@@ -401,11 +409,13 @@ int main(int argc, char **argv)
                 if (schemes[s].ratio == 0.5)
                     schemes[s].ratio = r;
             i++;
-        } else if (!strcmp(argv[i], "--testdata"))
+        } else if (!strcmp(argv[i], "--window"))
+            rc = parse_int("--window", v, 1, 1 << 16, &o.window), i++;
+        else if (!strcmp(argv[i], "--testdata"))
             o.testdata = v, i++;
         else if (argv[i][0] == '-') {
             fprintf(stderr, "usage: %s [-t THREADS] [-s SEQS] [--len N] [--prefix N] "
-                            "[--ratio R] [--testdata DIR] [MODEL.gguf ...]\n", argv[0]);
+                            "[--ratio R] [--window N] [--testdata DIR] [MODEL.gguf ...]\n", argv[0]);
             return 2;
         } else if (n_models < 16)
             models[n_models++] = argv[i];
