@@ -296,12 +296,10 @@ int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[E
 
 /* ---- tolerance-aware precisions ---- */
 
-static const float *kv_sort_keys;
-
-static int kv_by_density_desc(const void *a, const void *b)
+static int kv_by_density_desc(const void *a, const void *b, void *keys)
 {
     int i = *(const int *)a, j = *(const int *)b;
-    float x = kv_sort_keys[i], y = kv_sort_keys[j];
+    float x = ((const float *)keys)[i], y = ((const float *)keys)[j];
     if (x != y)
         return x > y ? -1 : 1;
     return (i > j) - (i < j);
@@ -326,8 +324,7 @@ void kv_assign_precisions(const float *density, int n, double ratio, enum kv_pre
     }
     for (int i = 0; i < n; i++)
         order[i] = i;
-    kv_sort_keys = density;
-    qsort(order, (size_t)n, sizeof *order, kv_by_density_desc);
+    qsort_r(order, (size_t)n, sizeof *order, kv_by_density_desc, (void *)density);
     sum[0] = 0;
     for (int i = 0; i < n; i++)
         sum[i + 1] = sum[i] + density[order[i]];
