@@ -4,14 +4,16 @@
  * The store knows bytes, not transformers: a chunk blob is a list of byte sections (the
  * daemon writes one per model layer so that it can read a chunk back one layer at a
  * time) plus a small record in the catalog (table chunks) describing it. Files live in
- * <dir>/chunks/<context id>/; each section is compressed with zstd and checksummed, and
+ * <dir>/chunks/<context id>/; each section is compressed with zstd (or kept as is when
+ * that saves little) and checksummed, and
  * every read verifies sizes and checksums, so a corrupt, truncated or missing file is
  * an error naming the chunk, never wrong bytes.
  *
  * Writes are crash-safe: the file is written under a temporary name, fsynced, renamed
  * and its directory fsynced before the catalog row commits; a crash at any point leaves
  * either the old chunk (row and file) or the new one. Files no row refers to (left by a
- * crash between rename and commit) are removed by store_chunks_gc.
+ * crash between rename and commit) are removed by store_chunks_gc. A batch of chunks
+ * shares the syncs and one catalog transaction, which costs much less per chunk.
  *
  * Catalog functions run on the store's thread (like store.h). A store_chunk_reader,
  * once opened, touches only its file and may be used from another thread (an I/O
@@ -41,11 +43,27 @@ typedef struct store_chunk {
     int64_t last_used_ms;  /* Unix ms; set by the caller */
 } store_chunk;
 
+/* One chunk to write: its record and its sections. */
+typedef struct store_chunk_blob {
+    store_chunk meta;                 /* in: index, precision, n_tokens, density,
+                                       * last_used_ms; out: n_sections and byte counts */
+    const void *const *sections;      /* (n_sections) bytes of each section */
+    const size_t *section_bytes;      /* (n_sections) size of each section */
+    int n_sections;                   /* 0 .. STORE_CHUNK_MAX_SECTIONS */
+} store_chunk_blob;
+
 /*
- * Writes chunk meta->index of context ctx_id (which must exist) from n_sections
- * sections, replacing any stored version, durable when it returns. meta->n_sections
- * and the byte counts are filled in by the store (meta is updated in place).
+ * Writes n_chunks chunks (distinct indexes; 0 is fine) of context ctx_id (which must
+ * exist), each replacing any stored version, all durable when it returns. All or
+ * nothing: every file is written and synced, then one catalog transaction stores every
+ * row; on failure no row changes, the stored versions stay readable and the new files
+ * are removed. chunks[k].meta.n_sections and the byte counts are filled in on success.
  */
+int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
+                            int n_chunks, char err[ERR_MAX]);
+
+/* A batch of one: writes chunk meta->index of ctx_id from n_sections sections; meta's
+ * n_sections and byte counts are filled in. */
 int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
                       const void *const *sections, const size_t *section_bytes,
                       int n_sections, char err[ERR_MAX]);
@@ -54,7 +72,8 @@ int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
 int store_chunk_touch(store *s, const char *ctx_id, int index, float density,
                       int64_t last_used_ms, char err[ERR_MAX]);
 
-/* Calls fn for each stored chunk of a context in index order. */
+/* Calls fn (may be NULL) for each stored chunk of a context in index order; a non-zero
+ * return from fn stops the walk and is returned. fn must not call store_chunk_list. */
 int store_chunk_list(store *s, const char *ctx_id,
                      int (*fn)(void *arg, const store_chunk *c), void *arg, char err[ERR_MAX]);
 
@@ -86,7 +105,8 @@ const store_chunk *store_chunk_reader_meta(const store_chunk_reader *r);
 size_t store_chunk_section_bytes(const store_chunk_reader *r, int i);
 
 /* Reads, decompresses and verifies section i into dst, which holds exactly
- * store_chunk_section_bytes(r, i) bytes. Sections may be read in any order. */
+ * store_chunk_section_bytes(r, i) bytes. Sections may be read in any order. On failure
+ * (a wrong size leaves dst alone) dst may hold partial bytes that must not be used. */
 int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst_bytes,
                              char err[ERR_MAX]);
 
