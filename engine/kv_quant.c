@@ -4,9 +4,12 @@
 #include "engine/kv_quant.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "engine/kv.h"
+#include "engine/kv_quant_avx2.h"
 #include "engine/quant.h"
 
 size_t kv_quant_row_bytes(int head_dim, int bits)
@@ -112,8 +115,8 @@ static void kv_quant_decode_row(const uint8_t *codes, int bits, int n, const flo
     }
 }
 
-void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
-                     float *v)
+void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
+                            float *v)
 {
     int ng = kv_quant_groups(head_dim);
     size_t rb = kv_quant_row_bytes(head_dim, bits);
@@ -141,4 +144,34 @@ void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, f
             }
             kv_quant_decode_row(vc + i * rb, bits, head_dim, scale, min, v + (size_t)i * head_dim);
         }
+}
+
+static pthread_once_t kv_quant_once = PTHREAD_ONCE_INIT;
+static bool kv_quant_avx2;
+
+/* The AVX2 decoder runs where the quant module's AVX2 kernels do: same CPU check, and
+ * LLMS_NO_SIMD turns both off. */
+static void kv_quant_detect(void)
+{
+    kv_quant_avx2 = strcmp(quant_simd_name(), "avx2") == 0;
+}
+
+void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
+                     float *v)
+{
+#if defined(__x86_64__)
+    pthread_once(&kv_quant_once, kv_quant_detect);
+    if (kv_quant_avx2) {
+        size_t rb = kv_quant_row_bytes(head_dim, bits);
+        const uint8_t *kc = src, *vc = src + KV_CHUNK_TOKENS * rb;
+        const uint16_t *kp = (const uint16_t *)(vc + KV_CHUNK_TOKENS * rb);
+        const uint16_t *vp = kp + 2 * (size_t)head_dim;
+        if (k)
+            kv_quant_avx2_decode_k(kc, rb, kp, head_dim, bits, n_tokens, k);
+        if (v)
+            kv_quant_avx2_decode_v(vc, rb, vp, head_dim, bits, n_tokens, v);
+        return;
+    }
+#endif
+    kv_quant_decode_scalar(src, head_dim, bits, n_tokens, k, v);
 }

@@ -30,8 +30,13 @@ void kv_quant_encode(uint8_t *dst, int head_dim, int bits, int n_tokens, const f
                      const float *v);
 
 /* Decodes the first n_tokens rows into k and v (n_tokens, head_dim); either may be NULL.
- * head_dim <= KV_MAX_HEAD_DIM. */
+ * head_dim <= KV_MAX_HEAD_DIM. Uses AVX2/F16C where the CPU has them (and LLMS_NO_SIMD is
+ * not set); the result equals kv_quant_decode_scalar's bit for bit. */
 void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
                      float *v);
+
+/* kv_quant_decode in portable C: the reference the vector path is tested against. */
+void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
+                            float *v);
 
 #endif

@@ -311,6 +311,68 @@ static void test_reserve_converts_partial(void)
     kv_pool_free(p);
 }
 
+/* ---- vector decoding ---- */
+
+/* Same bits, or both NaN (the two paths may carry different NaN payloads). */
+static bool same_floats(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]) != 0 && !(isnan(a[i]) && isnan(b[i])))
+            return false;
+    return true;
+}
+
+/* kv_quant_decode (AVX2 here) against kv_quant_decode_scalar for every width, head_dims
+ * that are and are not multiples of 8, 16, 32, partial chunks, and blocks both encoded
+ * from data and of random bytes (every code, and scales and mins that are subnormal,
+ * infinite or NaN). Blocks are allocated to their exact size so ASan sees any over-read;
+ * rows past n_tokens must stay untouched. */
+static void test_avx2_decode_matches_scalar(void)
+{
+    if (strcmp(quant_simd_name(), "avx2") != 0)
+        SKIP("AVX2 decoding not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const int dims[] = {8, 12, 20, 64, 72, 80, 128, 200};
+    static const int lens[] = {1, 3, 8, 15, 16};
+    enum { MAXD = 200 };
+    static float k[KV_CHUNK_TOKENS * MAXD], v[KV_CHUNK_TOKENS * MAXD];
+    static float ka[KV_CHUNK_TOKENS * MAXD + 1], va[KV_CHUNK_TOKENS * MAXD + 1];
+    static float ks[KV_CHUNK_TOKENS * MAXD + 1], vs[KV_CHUNK_TOKENS * MAXD + 1];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int bits = 8; bits >= 2; bits /= 2)
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                for (int random_bytes = 0; random_bytes < 2; random_bytes++) {
+                    int hd = dims[di], n = lens[li];
+                    size_t bytes = kv_quant_block_bytes(hd, bits);
+                    uint8_t *blk = malloc(bytes);
+                    CHECK(blk);
+                    if (random_bytes) {
+                        for (size_t b = 0; b < bytes; b++)
+                            blk[b] = (uint8_t)(frand() * 128 + 128);
+                    } else {
+                        for (int i = 0; i < n * hd; i++)
+                            k[i] = (1.0f + (float)(i % hd % 5) * 3) * frand(),
+                            v[i] = (0.25f + (float)(i / hd % 4)) * frand();
+                        kv_quant_encode(blk, hd, bits, n, k, v);
+                    }
+                    size_t used = (size_t)n * hd, all = KV_CHUNK_TOKENS * MAXD + 1;
+                    for (size_t i = 0; i < all; i++)
+                        ka[i] = va[i] = ks[i] = vs[i] = -7.0f;
+                    kv_quant_decode(blk, hd, bits, n, ka, va);
+                    kv_quant_decode_scalar(blk, hd, bits, n, ks, vs);
+                    CHECK_MSG(same_floats(ka, ks, all) && same_floats(va, vs, all),
+                              "hd %d bits %d n %d %s: avx2 differs from scalar", hd, bits, n,
+                              random_bytes ? "random bytes" : "encoded");
+                    CHECK(ka[used] == -7.0f && va[used] == -7.0f);
+                    /* each half alone gives the same */
+                    for (size_t i = 0; i < used; i++)
+                        ka[i] = va[i] = -7.0f;
+                    kv_quant_decode(blk, hd, bits, n, ka, NULL);
+                    kv_quant_decode(blk, hd, bits, n, NULL, va);
+                    CHECK(same_floats(ka, ks, used) && same_floats(va, vs, used));
+                    free(blk);
+                }
+}
+
 /* ---- precision assignment ---- */
 
 /* The documented objective: attention-weighted squared code step (lower is better). */
@@ -409,6 +471,7 @@ int main(void)
     RUN(test_conversions);
     RUN(test_pool_bytes_and_reuse);
     RUN(test_reserve_converts_partial);
+    RUN(test_avx2_decode_matches_scalar);
     RUN(test_assign_brute_force);
     RUN(test_assign_limits_and_order);
     return test_finish();
