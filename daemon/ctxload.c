@@ -339,6 +339,11 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
         goto out;
     }
     for (int j = 0; j < n_rec; j++) {
+        /* A chunk the store holds compressed is used at that precision, so that the
+         * context's KV does not depend on whether it was read or recomputed. */
+        int p = c->map[rec[j]].disk_precision;
+        if (p > KV_F16)
+            kv_chunk_convert(cm->pool, made[j], (enum kv_precision)p, err);
         c->seq.chunks[rec[j]] = made[j];
         st->chunks_recomputed++;
     }

@@ -6,7 +6,8 @@
  * Reference: the same turns evaluated with the same batches on a plain kv_seq that is
  * never swapped. Read-back f16 chunks are the same bytes, so logits are bitwise equal
  * (kv_compress none). Recomputed chunks come from a batch of another shape, whose sums
- * round differently before the f16 store: logits within 1e-3 (stated tolerance).
+ * round differently before the f16 store (one f16 step in a few K/V values): logits
+ * within 1e-4 (measured: under 1e-5).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -24,7 +25,7 @@
 #include "tests/support/test.h"
 
 #define N_CTX 512
-#define RECOMPUTE_TOL 1e-3
+#define RECOMPUTE_TOL 1e-4
 
 static model *g_model;
 static int g_vocab;
@@ -272,8 +273,8 @@ static int corrupt_files(const char *dir)
     while ((de = readdir(d))) {
         if (de->d_name[0] == '.')
             continue;
-        char p[2048];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        char p[4096];
+        snprintf(p, sizeof p, "%.2047s/%.255s", dir, de->d_name);
         struct stat sb;
         if (stat(p, &sb) || !S_ISREG(sb.st_mode) || sb.st_size < 8)
             continue;
@@ -512,12 +513,26 @@ static void test_compressed_modes(void)
         CHECK(ref_turn(&r, tok, 8, want) == 0);
         CHECK_MSG(max_diff(got, gotd, g_vocab) == 0, "mode %d: read back differs by %g", m,
                   max_diff(got, gotd, g_vocab));
-        double span = 0;
-        for (int i = 0; i < g_vocab; i++)
-            span = want[i] > span ? want[i] : (-want[i] > span ? -want[i] : span);
-        double tol = m == 0 ? 0.05 : 0.25;
-        CHECK_MSG(max_diff(got, want, g_vocab) < tol * span, "mode %d: %g from f16 (span %g)",
-                  m, max_diff(got, want, g_vocab), span);
+        if (modes[m] == CTX_COMPRESS_INT8) {
+            double span = 0;
+            for (int i = 0; i < g_vocab; i++)
+                span = want[i] > span ? want[i] : (-want[i] > span ? -want[i] : span);
+            CHECK_MSG(max_diff(got, want, g_vocab) < 0.02 * span, "int8: %g from f16 (span %g)",
+                      max_diff(got, want, g_vocab), span);
+        } else {
+            /* Tolerance: at most half of int8's bits on average, and a denser chunk never
+             * gets fewer bits than a sparser one. (How close that stays to f16 is
+             * bench/kvquant's question; random weights attend almost uniformly.) */
+            int n_full = c->n_tokens / KV_CHUNK_TOKENS, bits = 0;
+            for (int i = 0; i < n_full; i++) {
+                bits += kv_precision_bits(c->seq.chunks[i]->precision);
+                for (int j = 0; j < n_full; j++)
+                    CHECK(!(c->map[i].density > c->map[j].density &&
+                            c->seq.chunks[i]->precision > c->seq.chunks[j]->precision));
+            }
+            CHECK_MSG(bits <= 4 * n_full, "%d bits over %d chunks", bits, n_full);
+            CHECK(c->seq.chunks[n_full]->precision == KV_F16);
+        }
         kv_seq_free(&r.seq);
         env_close(&e);
     }
