@@ -496,7 +496,7 @@ static void chunk_drop(ctxmgr *cm, ctx_entry *c, int i)
 {
     char err[ERR_MAX];
     bool stored = !ctx_chunk_needs_write(c, i) ||
-                  (cm->policy.swap_out && ctx_chunk_write(cm, c, i, err) == 0);
+                  (cm->policy.swap != CTX_SWAP_NONE && ctx_chunk_write(cm, c, i, err) == 0);
     if (!stored && c->map[i].dirty)
         c->map[i].disk_precision = -1;
     kv_chunk_free(cm->pool, c->seq.chunks[i]);
@@ -523,13 +523,24 @@ typedef struct victim {
 } victim;
 
 /* LCTRU: the heaviest precision first (f16, int8, int4, int2), then least recently used. */
-static int victim_cmp(const void *a, const void *b)
+static int victim_lctru(const void *a, const void *b)
 {
     const victim *x = a, *y = b;
     if (x->precision != y->precision)
         return x->precision < y->precision ? -1 : 1;
     if (x->last_use != y->last_use)
         return x->last_use < y->last_use ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Whole contexts: the least recently used context's chunks together. */
+static int victim_lru_context(const void *a, const void *b)
+{
+    const victim *x = a, *y = b;
+    if (x->c->last_used_ms != y->c->last_used_ms)
+        return x->c->last_used_ms < y->c->last_used_ms ? -1 : 1;
+    if (x->c != y->c)
+        return strcmp(x->c->id, y->c->id);
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
@@ -554,9 +565,14 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
                 if (c->seq.chunks[i])
                     v[k++] = (victim){c, i, (int)c->seq.chunks[i]->precision,
                                       i < c->n_map ? c->map[i].last_use : 0};
-    qsort(v, n, sizeof *v, victim_cmp);
-    for (k = 0; k < n && kv_pool_bytes_used(cm->pool) > target; k++)
+    bool whole = cm->policy.whole_context;
+    qsort(v, n, sizeof *v, whole ? victim_lru_context : victim_lctru);
+    for (k = 0; k < n; k++) {
+        bool same_context = whole && k > 0 && v[k].c == v[k - 1].c;
+        if (kv_pool_bytes_used(cm->pool) <= target && !same_context)
+            break;
         chunk_drop(cm, v[k].c, v[k].index);
+    }
     free(v);
     return kv_pool_bytes_used(cm->pool) <= target;
 }
@@ -612,6 +628,9 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     }
     double t0 = ctx_mono_ms();
     int rc = c->n_map ? ctx_load_range(cm, c, c->n_map - 1, st, err) : 0;
+    /* The whole context must fit, also when it was resident already. */
+    if (rc == 0)
+        rc = ctx_claim(cm, 0, err);
     if (rc) {
         c->busy = false;
         return rc;
@@ -741,7 +760,7 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
         cm->clock++;
         for (int i = 0; i < c->n_map; i++) {
             c->map[i].last_use = cm->clock;
-            if (cm->policy.swap_out && ctx_chunk_needs_write(c, i))
+            if (cm->policy.swap == CTX_SWAP_AHEAD && ctx_chunk_needs_write(c, i))
                 ctx_chunk_write(cm, c, i, err);
         }
     }

@@ -93,6 +93,13 @@ enum ctx_compress {
     CTX_COMPRESS_NONE,      /* f16 everywhere: lossless (the test mode) */
 };
 
+/* When modified chunks are written (benchmarks compare the others). */
+enum ctx_swap {
+    CTX_SWAP_AHEAD,       /* when the call returns (ahead of time): reclaim only drops */
+    CTX_SWAP_ON_RECLAIM,  /* when reclaimed (swap at eviction) */
+    CTX_SWAP_NONE,        /* never: a dropped chunk is recomputed (kill and recompute) */
+};
+
 /* How a context's missing chunks are brought in (benchmarks compare the others). */
 enum ctx_switch {
     CTX_SWITCH_PLAN,          /* read or recompute each, from the cost models */
@@ -104,8 +111,10 @@ typedef struct ctx_policy {
     size_t budget_bytes;         /* resident KV cap (kv_pool_bytes_used); 0: none */
     enum ctx_compress compress;
     double compress_ratio;       /* tolerance mode: mean bits over 8 */
-    bool swap_out;               /* write modified chunks after each call */
+    enum ctx_swap swap;
     enum ctx_switch switch_mode;
+    bool whole_context;          /* reclaim drops whole contexts, least recently used
+                                    first, instead of single chunks in LCTRU order */
 } ctx_policy;
 
 /* Linear cost models of a switch-in, in milliseconds:

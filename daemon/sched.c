@@ -1163,7 +1163,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
                     : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
                                                             : CTX_COMPRESS_TOLERANCE,
         .compress_ratio = cfg->kv_compress_ratio,
-        .swap_out = true,
+        .swap = CTX_SWAP_AHEAD,
         .switch_mode = CTX_SWITCH_PLAN,
     };
     s->cm = ctx_open(env->st, s->pool, s->runner, env->m, &policy, err);

@@ -7,7 +7,8 @@
  * never swapped. Read-back f16 chunks are the same bytes, so logits are bitwise equal
  * (kv_compress none). Recomputed chunks come from a batch of another shape, whose sums
  * round differently before the f16 store (one f16 step in a few K/V values): logits
- * within 1e-4 (measured: under 1e-5).
+ * within 1e-3 (measured: under 1e-5 for one recompute, under 2e-4 after chunks were
+ * recomputed from recomputed chunks over many switches).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -25,7 +26,7 @@
 #include "tests/support/test.h"
 
 #define N_CTX 512
-#define RECOMPUTE_TOL 1e-4
+#define RECOMPUTE_TOL 1e-3
 
 static model *g_model;
 static int g_vocab;
@@ -60,7 +61,7 @@ static int counter;
 
 static ctx_policy policy_none(void)
 {
-    return (ctx_policy){.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5, .swap_out = true,
+    return (ctx_policy){.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5, .swap = CTX_SWAP_AHEAD,
                         .switch_mode = CTX_SWITCH_PLAN};
 }
 
@@ -336,7 +337,7 @@ static void test_mixed_and_fault(void)
     int32_t tok[12];
     make_tokens(tok, 12, 77);
     ctx_load_stats st;
-    ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap_out = true,
+    ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap = CTX_SWAP_AHEAD,
                                         .switch_mode = CTX_SWITCH_READ});
     CHECK(turn(e.cm, c, tok, 12, got, &st) == 0);
     CHECK(ref_turn(&r, tok, 12, want) == 0);
@@ -386,15 +387,15 @@ static void test_mixed_and_fault(void)
     env_close(&e);
 }
 
-/* Many contexts in a budget of about two: it is never exceeded, answers stay exact. */
-static void test_budget_many_switches(void)
+/* Many contexts in a budget of about two under one policy: the budget is never
+ * exceeded and the answers stay those of the uninterrupted runs (exactly when chunks are
+ * only read back). */
+static void many_switches(ctx_policy pol, bool exact, ctx_stats *out)
 {
     env e;
-    ctx_policy pol = policy_none();
     kv_shape sh = model_kv_shape(g_model);
     size_t chunk = kv_chunk_data_bytes(sh, KV_F16);
     pol.budget_bytes = 15 * chunk;
-    pol.switch_mode = CTX_SWITCH_READ;
     CHECK(env_open(&e, false, &pol) == 0);
     char err[ERR_MAX];
     enum { N = 5 };
@@ -410,24 +411,22 @@ static void test_budget_many_switches(void)
         r[k].pool = rp;
         kv_seq_init(&r[k].seq, rp);
     }
-    size_t peak = 0;
     for (int round = 0; round < 4; round++)
         for (int k = 0; k < N; k++) {
             int n = 13 + (round * 7 + k * 5) % 28;
             make_tokens(tok, n, round * 10 + k);
             CHECK(turn(e.cm, c[k], tok, n, got, NULL) == 0);
             size_t used = kv_pool_bytes_used(e.pool);
-            peak = used > peak ? used : peak;
             CHECK_MSG(used <= pol.budget_bytes, "resident %zu over the budget %zu", used,
                       pol.budget_bytes);
             CHECK(ref_turn(&r[k], tok, n, want) == 0);
-            CHECK_MSG(max_diff(got, want, g_vocab) == 0, "round %d ctx %d: logits differ by %g",
-                      round, k, max_diff(got, want, g_vocab));
+            double d = max_diff(got, want, g_vocab);
+            CHECK_MSG(exact ? d == 0 : d < RECOMPUTE_TOL, "round %d ctx %d: logits differ by %g",
+                      round, k, d);
         }
-    const ctx_stats *s = ctx_get_stats(e.cm);
-    CHECK(s->chunks_read > 0);
-    CHECK(s->chunks_reclaimed > 0);
-    CHECK_EQ(s->faults, 0);
+    *out = *ctx_get_stats(e.cm);
+    CHECK_EQ(out->faults, 0);
+    CHECK(out->chunks_reclaimed > 0);
     /* A call whose context alone exceeds the budget is refused. */
     ctx_policy tiny = pol;
     tiny.budget_bytes = 2 * chunk;
@@ -438,6 +437,34 @@ static void test_budget_many_switches(void)
         kv_seq_free(&r[k].seq);
     kv_pool_free(rp);
     env_close(&e);
+}
+
+static void test_budget_many_switches(void)
+{
+    ctx_stats st = {0};
+    ctx_policy pol = policy_none();
+    pol.switch_mode = CTX_SWITCH_READ;
+    many_switches(pol, true, &st);
+    CHECK(st.chunks_read > 0 && st.chunks_recomputed == 0);
+}
+
+/* The baselines a benchmark compares: swap at eviction of whole contexts, and kill and
+ * recompute. Same answers, same budget. */
+static void test_budget_other_policies(void)
+{
+    ctx_stats st = {0};
+    ctx_policy pol = policy_none();
+    pol.swap = CTX_SWAP_ON_RECLAIM;
+    pol.whole_context = true;
+    pol.switch_mode = CTX_SWITCH_READ;
+    many_switches(pol, true, &st);
+    CHECK(st.chunks_read > 0 && st.chunks_written > 0 && st.chunks_recomputed == 0);
+    pol = policy_none();
+    pol.swap = CTX_SWAP_NONE;
+    pol.switch_mode = CTX_SWITCH_RECOMPUTE;
+    memset(&st, 0, sizeof st);
+    many_switches(pol, false, &st);
+    CHECK(st.chunks_read == 0 && st.chunks_written == 0 && st.chunks_recomputed > 0);
 }
 
 /* Reclaim pops f16 chunks before int8 ones, and within a level the least recently used. */
@@ -559,7 +586,7 @@ static void test_restart(void)
     CHECK(grow(&e, c, &r, sizes, 2, 31, got, want) == 0); /* 104 tokens: 6 full + 8 */
     /* The last turn is committed but not swapped out (as if killed right after). */
     ctx_policy noswap = pol;
-    noswap.swap_out = false;
+    noswap.swap = CTX_SWAP_NONE;
     ctx_set_policy(e.cm, &noswap);
     int32_t tok[30];
     make_tokens(tok, 30, 50);
@@ -579,7 +606,7 @@ static void test_restart(void)
     CHECK_EQ(stored, 6);
     make_tokens(tok, 6, 60);
     ctx_load_stats st;
-    ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap_out = true,
+    ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap = CTX_SWAP_AHEAD,
                                         .switch_mode = CTX_SWITCH_READ});
     CHECK(turn(e.cm, c, tok, 6, got, &st) == 0);
     CHECK(ref_turn(&r, tok, 6, want) == 0);
@@ -635,6 +662,7 @@ int main(void)
     RUN(test_recompute_matches_prefill);
     RUN(test_mixed_and_fault);
     RUN(test_budget_many_switches);
+    RUN(test_budget_other_policies);
     RUN(test_lctru_order);
     RUN(test_compressed_modes);
     RUN(test_restart);
