@@ -86,14 +86,15 @@ static int forward_timed(ctxmgr *cm, kv_seq *seq, int from, int n, double *ms, c
     return 0;
 }
 
-/* Recompute samples: batches of 16 and 64 tokens after 0 and after ctx entries. */
+/* Recompute samples: batches of 16 and 64 tokens after 0 and after 128 entries (a few
+ * hundred tokens in all: seconds on a 1B model on two cores, once per model). */
 static int profile_recompute(ctxmgr *cm, kv_seq *seq, ctx_cost *k, char err[ERR_MAX])
 {
     int max_kv = model_runner_max_kv(cm->runner);
     int ctx = (max_kv - 64) / KV_CHUNK_TOKENS * KV_CHUNK_TOKENS;
-    if (ctx > 256)
-        ctx = 256;
-    double x[8 * 3], y[8], ms;
+    if (ctx > PROF_CHUNKS * KV_CHUNK_TOKENS)
+        ctx = PROF_CHUNKS * KV_CHUNK_TOKENS;
+    double x[4 * 3], y[4], ms;
     int n = 0;
     static const int sizes[2] = {16, 64};
     if (max_kv < 64)
@@ -101,33 +102,31 @@ static int profile_recompute(ctxmgr *cm, kv_seq *seq, ctx_cost *k, char err[ERR_
     if (forward_timed(cm, seq, 0, 16, &ms, err))
         return -1;
     kv_seq_truncate(seq, 0);
-    for (int rep = 0; rep < 2; rep++)
-        for (int s = 0; s < 2; s++) {
-            if (forward_timed(cm, seq, 0, sizes[s], &ms, err))
-                return -1;
-            kv_seq_truncate(seq, 0);
-            x[n * 3] = 1;
-            x[n * 3 + 1] = sizes[s];
-            x[n * 3 + 2] = 0;
-            y[n++] = ms;
-        }
+    for (int s = 0; s < 2; s++) {
+        if (forward_timed(cm, seq, 0, sizes[s], &ms, err))
+            return -1;
+        kv_seq_truncate(seq, 0);
+        x[n * 3] = 1;
+        x[n * 3 + 1] = sizes[s];
+        x[n * 3 + 2] = 0;
+        y[n++] = ms;
+    }
     bool with_ctx = ctx >= PROF_CHUNKS * KV_CHUNK_TOKENS;
     for (int at = 0; with_ctx && at < ctx; at += 64)
         if (forward_timed(cm, seq, at, ctx - at < 64 ? ctx - at : 64, &ms, err))
             return -1;
-    for (int rep = 0; with_ctx && rep < 2; rep++)
-        for (int s = 0; s < 2; s++) {
-            if (forward_timed(cm, seq, ctx, sizes[s], &ms, err))
-                return -1;
-            kv_seq_truncate(seq, ctx);
-            x[n * 3] = 1;
-            x[n * 3 + 1] = sizes[s];
-            x[n * 3 + 2] = (double)sizes[s] * ctx;
-            y[n++] = ms;
-        }
+    for (int s = 0; with_ctx && s < 2; s++) {
+        if (forward_timed(cm, seq, ctx, sizes[s], &ms, err))
+            return -1;
+        kv_seq_truncate(seq, ctx);
+        x[n * 3] = 1;
+        x[n * 3 + 1] = sizes[s];
+        x[n * 3 + 2] = (double)sizes[s] * ctx;
+        y[n++] = ms;
+    }
     double w[3] = {0, 0, 0};
     if (!with_ctx || fit(x, y, n, 3, w)) {
-        double x2[8 * 2];
+        double x2[4 * 2];
         int m = 0;
         for (int s = 0; s < n; s++)
             if (x[s * 3 + 2] == 0) {
@@ -219,9 +218,8 @@ int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX])
     ctx_cost k = {0};
     kv_seq seq;
     kv_seq_init(&seq, cm->pool);
-    int rc = ctx_claim(cm, (size_t)ctx_n_chunks(model_runner_max_kv(cm->runner) < 320
-                                                    ? model_runner_max_kv(cm->runner) : 320) *
-                               kv_chunk_data_bytes(cm->shape, KV_F16), err);
+    /* At most 128 + 64 entries at a time. */
+    int rc = ctx_claim(cm, (size_t)ctx_n_chunks(192) * kv_chunk_data_bytes(cm->shape, KV_F16), err);
     if (rc == 0)
         rc = profile_recompute(cm, &seq, &k, err);
     if (rc == 0)
