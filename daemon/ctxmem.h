@@ -40,12 +40,6 @@ static inline int ctx_n_chunks(int n_tokens)
     return (n_tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
 }
 
-/* Whether resident chunk i has to be written before it may be dropped. */
-bool ctx_chunk_needs_write(const ctx_entry *c, int i);
-
-/* Writes resident chunk i (one section per layer, then its token ids). */
-int ctx_chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX]);
-
 /* Makes the map and the sequence's slot array n chunks long (new ones: nowhere). */
 int ctx_map_resize(ctx_entry *c, int n);
 

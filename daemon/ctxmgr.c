@@ -449,45 +449,100 @@ undo:
 
 /* ---- chunks: write and drop ---- */
 
-bool ctx_chunk_needs_write(const ctx_entry *c, int i)
+/* Whether resident chunk i has to be written before it may be dropped. */
+static bool chunk_needs_write(const ctx_entry *c, int i)
 {
     const kv_chunk *k = c->seq.chunks[i];
     return k && (c->map[i].dirty || c->map[i].disk_precision != (int)k->precision);
 }
 
-int ctx_chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
+/* Describes resident chunk i as a blob: one section per layer, then its token ids (a
+ * blob is used only for the tokens it was computed from). sec and bytes hold
+ * n_layer + 1 entries. Until the write succeeds, a stored version of other content is
+ * not to be used. */
+static void chunk_blob(ctxmgr *cm, ctx_entry *c, int i, store_chunk_blob *b, const void **sec,
+                       size_t *bytes)
 {
     const kv_chunk *k = c->seq.chunks[i];
     int n_layer = cm->shape.n_layer;
-    const void *sec[STORE_CHUNK_MAX_SECTIONS];
-    size_t bytes[STORE_CHUNK_MAX_SECTIONS];
-    if (n_layer + 1 > STORE_CHUNK_MAX_SECTIONS)
-        return err_set(err, "a chunk of %d layers does not fit a blob", n_layer);
     for (int l = 0; l < n_layer; l++) {
         sec[l] = kv_chunk_layer(k, cm->shape, l);
         bytes[l] = kv_chunk_layer_bytes(cm->shape, k->precision);
     }
-    /* The token ids go last: a blob is used only for the tokens it was computed from. */
     sec[n_layer] = k->tokens;
     bytes[n_layer] = sizeof(int32_t) * (size_t)k->n_tokens;
-    store_chunk meta = {
-        .index = i,
-        .precision = (int)k->precision,
-        .n_tokens = k->n_tokens,
-        .density = c->map[i].density,
-        .last_used_ms = c->last_used_ms,
+    *b = (store_chunk_blob){
+        .meta = {.index = i, .precision = (int)k->precision, .n_tokens = k->n_tokens,
+                 .density = c->map[i].density, .last_used_ms = c->last_used_ms},
+        .sections = sec,
+        .section_bytes = bytes,
+        .n_sections = n_layer + 1,
     };
-    /* Until the write succeeds the stored blob may hold other content. */
     if (c->map[i].dirty)
         c->map[i].disk_precision = -1;
-    if (store_chunk_write(cm->st, c->id, &meta, sec, bytes, n_layer + 1, err))
-        return -1;
-    c->map[i].disk_precision = (int)k->precision;
-    c->map[i].disk_bytes = meta.raw_bytes;
-    c->map[i].dirty = false;
+}
+
+static void chunk_written(ctxmgr *cm, ctx_entry *c, const store_chunk *meta)
+{
+    ctx_chunk *k = &c->map[meta->index];
+    k->disk_precision = meta->precision;
+    k->disk_bytes = meta->raw_bytes;
+    k->dirty = false;
     cm->stats.chunks_written++;
-    cm->stats.bytes_written += (uint64_t)meta.raw_bytes;
+    cm->stats.bytes_written += (uint64_t)meta->raw_bytes;
+}
+
+/* Writes resident chunk i. */
+static int chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
+{
+    int n_sec = cm->shape.n_layer + 1;
+    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    const void *sec[STORE_CHUNK_MAX_SECTIONS];
+    size_t bytes[STORE_CHUNK_MAX_SECTIONS];
+    store_chunk_blob b;
+    chunk_blob(cm, c, i, &b, sec, bytes);
+    if (store_chunk_write_batch(cm->st, c->id, &b, 1, err))
+        return -1;
+    chunk_written(cm, c, &b.meta);
     return 0;
+}
+
+/* Writes every resident chunk of c that needs it, in batches that share their syncs and
+ * one catalog transaction each. A batch that fails leaves its chunks dirty. */
+static int write_pending(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+{
+    enum { BATCH = 64 };
+    int n_sec = cm->shape.n_layer + 1, nb = 0, rc = 0;
+    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    store_chunk_blob *b = malloc(sizeof *b * BATCH);
+    const void **sec = malloc(sizeof *sec * BATCH * (size_t)n_sec);
+    size_t *bytes = malloc(sizeof *bytes * BATCH * (size_t)n_sec);
+    if (!b || !sec || !bytes) {
+        rc = err_set(err, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i <= c->seq.n_chunks && i <= c->n_map; i++) {
+        bool last = i == c->seq.n_chunks || i == c->n_map;
+        if (!last && chunk_needs_write(c, i)) {
+            chunk_blob(cm, c, i, &b[nb], sec + (size_t)nb * n_sec, bytes + (size_t)nb * n_sec);
+            nb++;
+        }
+        if (nb == BATCH || (last && nb > 0)) {
+            if (store_chunk_write_batch(cm->st, c->id, b, nb, err))
+                rc = -1;
+            else
+                for (int k = 0; k < nb; k++)
+                    chunk_written(cm, c, &b[k].meta);
+            nb = 0;
+        }
+    }
+out:
+    free(b);
+    free(sec);
+    free(bytes);
+    return rc;
 }
 
 /* Drops resident chunk i, writing it first when the store lacks it and swap-out is on;
@@ -495,8 +550,8 @@ int ctx_chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
 static void chunk_drop(ctxmgr *cm, ctx_entry *c, int i)
 {
     char err[ERR_MAX];
-    bool stored = !ctx_chunk_needs_write(c, i) ||
-                  (cm->policy.swap != CTX_SWAP_NONE && ctx_chunk_write(cm, c, i, err) == 0);
+    bool stored = !chunk_needs_write(c, i) ||
+                  (cm->policy.swap != CTX_SWAP_NONE && chunk_write(cm, c, i, err) == 0);
     if (!stored && c->map[i].dirty)
         c->map[i].disk_precision = -1;
     kv_chunk_free(cm->pool, c->seq.chunks[i]);
@@ -506,8 +561,11 @@ static void chunk_drop(ctxmgr *cm, ctx_entry *c, int i)
 
 void ctx_evict(ctxmgr *cm, ctx_entry *c)
 {
+    char err[ERR_MAX];
     if (c->busy)
         return;
+    if (cm->policy.swap != CTX_SWAP_NONE)
+        write_pending(cm, c, err);
     for (int i = 0; i < c->seq.n_chunks; i++)
         if (c->seq.chunks[i])
             chunk_drop(cm, c, i);
@@ -758,11 +816,10 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
             free(level);
         }
         cm->clock++;
-        for (int i = 0; i < c->n_map; i++) {
+        for (int i = 0; i < c->n_map; i++)
             c->map[i].last_use = cm->clock;
-            if (cm->policy.swap == CTX_SWAP_AHEAD && ctx_chunk_needs_write(c, i))
-                ctx_chunk_write(cm, c, i, err);
-        }
+        if (cm->policy.swap == CTX_SWAP_AHEAD)
+            write_pending(cm, c, err);
     }
     c->busy = false;
     c->loaded = false;
