@@ -165,7 +165,8 @@ static int run_system(bench *b, const system_def *sys, int n, result *res)
         return -1;
     kv_shape shape = model_kv_shape(b->m);
     ctx_policy pol = sys->policy;
-    pol.budget_bytes = (size_t)(o->budget_contexts * ((o->max_ctx + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS) *
+    int ctx_chunks = (o->max_ctx + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
+    pol.budget_bytes = (size_t)(o->budget_contexts * ctx_chunks *
                                 (double)kv_chunk_data_bytes(shape, KV_F16));
     store *st = store_open(dir, err);
     kv_pool *pool = st ? kv_pool_new(shape, 0, err) : NULL;
@@ -187,9 +188,11 @@ static int run_system(bench *b, const system_def *sys, int n, result *res)
     int n_read = 0, n_rec = 0;
     for (int k = 0; k < o->calls; k++) {
         int i = pick(o, ctxs, n, recency);
-        int p = (int)exp(log(o->prompt_min) + uniform() * (log(o->prompt_max) - log(o->prompt_min)));
+        double lo = log(o->prompt_min), hi = log(o->prompt_max);
+        int p = (int)exp(lo + uniform() * (hi - lo));
         if (ctxs[i]->n_tokens + p >= b->max_kv) {
-            if (ctx_delete(cm, ctxs[i], err) || ctx_create(cm, 0, "bench", NULL, NULL, 1, &ctxs[i], err) ||
+            if (ctx_delete(cm, ctxs[i], err) ||
+                ctx_create(cm, 0, "bench", NULL, NULL, 1, &ctxs[i], err) ||
                 call(b, cm, ctxs[i], o->min_ctx, NULL, err))
                 goto out;
         }
@@ -284,7 +287,8 @@ int main(int argc, char **argv)
             o.model = v;
         else if (!strcmp(a, "--dir"))
             o.dir = v;
-        else if (!strcmp(a, "--trace") && (!strcmp(v, "random") || !strcmp(v, "markov") || !strcmp(v, "gaussian")))
+        else if (!strcmp(a, "--trace") &&
+                 (!strcmp(v, "random") || !strcmp(v, "markov") || !strcmp(v, "gaussian")))
             o.trace = v;
         else if (!strcmp(a, "--contexts")) {
             o.n_n = 0;

@@ -96,13 +96,19 @@ static store_chunk_reader *open_checked(ctxmgr *cm, ctx_entry *c, int i)
         ok = store_chunk_section_bytes(rd, l) ==
              kv_chunk_layer_bytes(cm->shape, (enum kv_precision)k->disk_precision);
     int32_t tokens[KV_CHUNK_TOKENS];
-    ok = ok && store_chunk_read_section(rd, n_layer, tokens, sizeof *tokens * (size_t)nt, err) == 0 &&
-         memcmp(tokens, c->tokens + i * KV_CHUNK_TOKENS, sizeof *tokens * (size_t)nt) == 0;
+    size_t tbytes = sizeof *tokens * (size_t)nt;
+    ok = ok && store_chunk_read_section(rd, n_layer, tokens, tbytes, err) == 0 &&
+         memcmp(tokens, c->tokens + i * KV_CHUNK_TOKENS, tbytes) == 0;
     if (!ok) {
         store_chunk_close(rd);
         return NULL;
     }
     return rd;
+}
+
+static enum kv_precision disk_prec(const ctx_entry *c, int i)
+{
+    return (enum kv_precision)c->map[i].disk_precision;
 }
 
 static void forget_blob(ctxmgr *cm, ctx_entry *c, int i)
@@ -253,7 +259,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
             reads[n_d].index = i;
             reads[n_d].rd = rd;
             d[n_d].index = i;
-            d[n_d].bytes = (int64_t)kv_chunk_data_bytes(cm->shape, (enum kv_precision)c->map[i].disk_precision);
+            d[n_d].bytes = (int64_t)kv_chunk_data_bytes(cm->shape, disk_prec(c, i));
             n_d++;
         } else {
             to_rec[i] = true;
@@ -277,14 +283,14 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
             rec[n_rec++] = i;
     size_t need = (size_t)n_rec * kv_chunk_data_bytes(cm->shape, KV_F16);
     for (int j = 0; j < n_reads; j++)
-        need += kv_chunk_data_bytes(cm->shape, (enum kv_precision)c->map[reads[j].index].disk_precision);
+        need += kv_chunk_data_bytes(cm->shape, disk_prec(c, reads[j].index));
     rc = ctx_claim(cm, need, err);
     if (rc)
         goto out;
     rc = -1;
     for (int j = 0; j < n_reads; j++) {
         int i = reads[j].index;
-        kv_chunk *k = kv_chunk_new_precision(cm->pool, (enum kv_precision)c->map[i].disk_precision, err);
+        kv_chunk *k = kv_chunk_new_precision(cm->pool, disk_prec(c, i), err);
         if (!k)
             goto out;
         k->n_tokens = ctx_chunk_tokens(c->n_tokens, i);
@@ -309,7 +315,8 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
     if (!threaded)
         for (int l = 0; l < cm->shape.n_layer; l++)
             read_layer(&rdr, l);
-    int rrc = n_rec ? recompute(cm, c, rec, n_rec, reads, n_reads, threaded ? &rdr : NULL, made, err) : 0;
+    reader *hook = threaded ? &rdr : NULL;
+    int rrc = n_rec ? recompute(cm, c, rec, n_rec, reads, n_reads, hook, made, err) : 0;
     if (threaded) {
         pthread_join(th, NULL);
         pthread_mutex_destroy(&rdr.mu);

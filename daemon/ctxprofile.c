@@ -17,8 +17,8 @@
 
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx)
 {
-    return tokens > 0 ? k->rec_a + k->rec_b * (double)tokens + k->rec_c * (double)tokens * (double)ctx
-                      : 0;
+    double t = (double)tokens;
+    return tokens > 0 ? k->rec_a + k->rec_b * t + k->rec_c * t * (double)ctx : 0;
 }
 
 double ctx_cost_read(const ctx_cost *k, int64_t bytes)

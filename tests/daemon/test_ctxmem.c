@@ -61,8 +61,8 @@ static int counter;
 
 static ctx_policy policy_none(void)
 {
-    return (ctx_policy){.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5, .swap = CTX_SWAP_AHEAD,
-                        .switch_mode = CTX_SWITCH_PLAN};
+    return (ctx_policy){.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5,
+                        .swap = CTX_SWAP_AHEAD, .switch_mode = CTX_SWITCH_PLAN};
 }
 
 static int env_open(env *e, bool reuse, const ctx_policy *pol)
@@ -249,7 +249,8 @@ static void test_recompute_matches_prefill(void)
                 CHECK(x && y && x->n_tokens == y->n_tokens);
                 kv_chunk_read_f32(x, sh, l, h, ka, va);
                 kv_chunk_read_f32(y, sh, l, h, kb, vb);
-                double dk = max_diff(ka, kb, x->n_tokens * hd), dv = max_diff(va, vb, x->n_tokens * hd);
+                int m = x->n_tokens * hd;
+                double dk = max_diff(ka, kb, m), dv = max_diff(va, vb, m);
                 worst = dk > worst ? dk : worst;
                 worst = dv > worst ? dv : worst;
             }

@@ -104,7 +104,8 @@ static void restored_context_answers_the_same(void)
                   strstr(out, "\"swap_faults\":0,"),
               "status: %s", out);
     unsigned long long rd = 0, rc = 0;
-    const char *p = strstr(out, "\"swap_chunks_read\":"), *q = strstr(out, "\"swap_chunks_recomputed\":");
+    const char *p = strstr(out, "\"swap_chunks_read\":");
+    const char *q = strstr(out, "\"swap_chunks_recomputed\":");
     CHECK(p && q && sscanf(p, "\"swap_chunks_read\":%llu", &rd) == 1 &&
           sscanf(q, "\"swap_chunks_recomputed\":%llu", &rc) == 1);
     CHECK_MSG(rd + rc >= n_chunks, "%llu read + %llu recomputed of %zu", rd, rc, n_chunks);
