@@ -525,6 +525,7 @@ void llms_context_info_free(llms_context_info *info)
         free(info->history[i].content);
     }
     free(info->history);
+    free(info->chunks);
     memset(info, 0, sizeof *info);
 }
 
@@ -566,6 +567,17 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
             out->history[i].content = strdup(p->history[i]->content);
             if (!out->history[i].role || !out->history[i].content)
                 return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        }
+    }
+    if (p->n_chunks > 0) {
+        out->chunks = calloc(p->n_chunks, sizeof *out->chunks);
+        if (!out->chunks)
+            return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        out->n_chunks = p->n_chunks;
+        for (size_t i = 0; i < p->n_chunks; i++) {
+            const Llms__ChunkInfo *k = p->chunks[i];
+            out->chunks[i] = (llms_chunk_info){k->index, k->n_tokens, k->resident, k->on_disk,
+                                               k->bits, k->density};
         }
     }
     return LLMS_OK;
@@ -749,6 +761,16 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .queued_requests = p->queued_requests,
         .running_requests = p->running_requests,
         .rss_bytes = p->rss_bytes,
+        .kv_budget_bytes = p->kv_budget_bytes,
+        .swap_bytes_written = p->swap_bytes_written,
+        .swap_bytes_read = p->swap_bytes_read,
+        .swap_chunks_written = p->swap_chunks_written,
+        .swap_chunks_read = p->swap_chunks_read,
+        .swap_chunks_recomputed = p->swap_chunks_recomputed,
+        .swap_faults = p->swap_faults,
+        .swap_bad_blobs = p->swap_bad_blobs,
+        .switch_ins = p->switch_ins,
+        .switch_in_mean_ms = p->switch_in_mean_ms,
     };
     frame_free_response(r);
     if (!out->version || !out->model_path || !out->model_arch) {
@@ -818,6 +840,23 @@ enum llms_status llms_evict(llms_conn *c, const char *context_id)
     req.body_case = LLMS__REQUEST__BODY_EVICT_CONTEXT;
     req.evict_context = &ev;
     return unary_ok(c, &req);
+}
+
+enum llms_status llms_profile(llms_conn *c, llms_profile_result *out)
+{
+    memset(out, 0, sizeof *out);
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_PROFILE;
+    req.profile = &e;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_PROFILE, &r);
+    if (s != LLMS_OK)
+        return s;
+    const Llms__ProfileResponse *p = r->profile;
+    *out = (llms_profile_result){p->rec_a, p->rec_b, p->rec_c, p->io_d, p->io_e};
+    frame_free_response(r);
+    return LLMS_OK;
 }
 
 enum llms_status llms_shutdown(llms_conn *c)

@@ -216,6 +216,16 @@ typedef struct llms_message {
     char *content;
 } llms_message;
 
+/* One 16-token chunk of a context's KV (proto ChunkInfo). */
+typedef struct llms_chunk_info {
+    uint32_t index;             /* covers tokens [16 index, 16 index + 16) */
+    uint32_t n_tokens;
+    int resident;               /* in the daemon's memory */
+    int on_disk;                /* in its store */
+    uint32_t bits;              /* precision: 16, 8, 4 or 2 (0: neither resident nor stored) */
+    float density;              /* attention its tokens receive per attending row */
+} llms_chunk_info;
+
 /* What the daemon says about a context (proto ContextInfo). */
 typedef struct llms_context_info {
     char id[LLMS_ID_MAX];
@@ -231,6 +241,8 @@ typedef struct llms_context_info {
     llms_message *history;      /* n_history messages; only from llms_context_get() with
                                    history asked for */
     size_t n_history;
+    llms_chunk_info *chunks;    /* n_chunks: the chunk map, from the get calls only */
+    size_t n_chunks;
 } llms_context_info;
 
 /* Frees what *info holds (not info itself). NULL is fine. */
@@ -280,6 +292,14 @@ typedef struct llms_daemon_status {
     uint32_t queued_requests;
     uint32_t running_requests;
     uint64_t rss_bytes;
+    /* Context memory: the budget (0: none) and swap totals since the daemon started. */
+    uint64_t kv_budget_bytes;
+    uint64_t swap_bytes_written, swap_bytes_read;
+    uint64_t swap_chunks_written, swap_chunks_read, swap_chunks_recomputed;
+    uint64_t swap_faults;       /* chunks brought in during a forward (normally 0) */
+    uint64_t swap_bad_blobs;    /* stored chunks found corrupt or stale (recomputed) */
+    uint64_t switch_ins;
+    double switch_in_mean_ms;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */
@@ -319,6 +339,16 @@ enum llms_status llms_admin_context_get(llms_conn *conn, const char *context_id,
 
 /* Drops a context's KV from memory (it stays persisted and is rebuilt when used). */
 enum llms_status llms_evict(llms_conn *conn, const char *context_id);
+
+/* The switch-in cost models, in milliseconds: recomputing t tokens of a context of n
+ * costs rec_a + rec_b t + rec_c t n; reading b bytes of chunks costs io_d + io_e b. */
+typedef struct llms_profile_result {
+    double rec_a, rec_b, rec_c;
+    double io_d, io_e;
+} llms_profile_result;
+
+/* Makes the daemon measure its cost models again (a second or so) and returns them. */
+enum llms_status llms_profile(llms_conn *conn, llms_profile_result *out);
 
 /* Asks the daemon to shut down cleanly (in-flight calls finish or cancel, state is kept). */
 enum llms_status llms_shutdown(llms_conn *conn);

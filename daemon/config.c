@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum key_type { KEY_STRING, KEY_INT, KEY_FLOAT, KEY_MODE };
+enum key_type { KEY_STRING, KEY_INT, KEY_FLOAT, KEY_MODE, KEY_CHOICE };
 
 typedef struct key_def {
     const char *name;
@@ -21,11 +21,13 @@ typedef struct key_def {
     size_t size;       /* KEY_STRING: capacity of the field */
     double min, max;   /* numeric range, inclusive */
     const char *help;
+    const char *choices; /* KEY_CHOICE: the allowed values, '|'-separated */
 } key_def;
 
-#define STR(f, h) {#f, KEY_STRING, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h}
-#define INT(f, lo, hi, h) {#f, KEY_INT, offsetof(config, f), 0, lo, hi, h}
-#define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h}
+#define STR(f, h) {#f, KEY_STRING, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, NULL}
+#define INT(f, lo, hi, h) {#f, KEY_INT, offsetof(config, f), 0, lo, hi, h, NULL}
+#define CHOICE(f, c, h) {#f, KEY_CHOICE, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, c}
+#define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h, NULL}
 
 static const key_def keys[] = {
     STR(model, "GGUF model file (required)"),
@@ -38,12 +40,17 @@ static const key_def keys[] = {
     INT(max_queued_per_app, 1, INT_MAX, "Call/Complete requests an app may have queued or "
                                         "running (default 16)"),
     {"max_frame_bytes", KEY_INT, offsetof(config, max_frame_bytes), 0, 1024, (double)UINT32_MAX,
-     "largest frame accepted or sent (default 16777216)"},
-    INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts over it "
-                                  "lose their KV, least recently used first (default 1024)"),
+     "largest frame accepted or sent (default 16777216)", NULL},
+    INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
+                                  "over it are dropped, LCTRU order (default 1024)"),
+    CHOICE(kv_compress, "tolerance|int8|none",
+           "KV chunk compression after a call: tolerance (int8/4/2 by attention density), "
+           "int8, or none (f16, lossless) (default tolerance)"),
+    FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: mean bits per element over 8 "
+                                    "(default 0.5)"),
     STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
     {"socket_mode", KEY_MODE, offsetof(config, socket_mode), 0, 0, 0777,
-     "permission bits of the socket, octal (default 0660)"},
+     "permission bits of the socket, octal (default 0660)", NULL},
     FLT(temperature, 0, 100, "default temperature, <= 0 greedy (default 0.8)"),
     INT(top_k, 0, INT_MAX, "default top-k, 0 = off (default 40)"),
     FLT(top_p, FLT_MIN, 1, "default top-p, 1 = off (default 0.95)"),
@@ -64,6 +71,8 @@ void config_defaults(config *c)
     c->max_queued_per_app = 16;
     c->max_frame_bytes = 16u << 20;
     c->kv_budget_mb = 1024;
+    strcpy(c->kv_compress, "tolerance");
+    c->kv_compress_ratio = 0.5f;
     strcpy(c->admin_group, "llms-admin");
     c->socket_mode = 0660;
     c->temperature = 0.8f;
@@ -124,6 +133,18 @@ int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
             return err_set(err, "%s: %g is outside [%g, %g]", key, v, k->min, k->max);
         *(float *)field = (float)v;
         return 0;
+    }
+    case KEY_CHOICE: {
+        size_t n = strlen(value);
+        for (const char *p = k->choices; n && *p;) {
+            size_t len = strcspn(p, "|");
+            if (len == n && strncmp(p, value, n) == 0) {
+                strcpy(field, value);
+                return 0;
+            }
+            p += len + (p[len] == '|');
+        }
+        return err_set(err, "%s: '%s' is not one of %s", key, value, k->choices);
     }
     case KEY_MODE: {
         unsigned long v = strtoul(value, &end, 8);

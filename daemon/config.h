@@ -30,6 +30,8 @@ typedef struct config {
     int max_queued_per_app;            /* Call/Complete requests queued or running */
     uint32_t max_frame_bytes;
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
+    char kv_compress[16];              /* "tolerance", "int8" or "none" */
+    float kv_compress_ratio;           /* tolerance: mean bits per element over 8 */
     char admin_group[64];
     unsigned socket_mode;              /* permission bits of the socket file */
     /* Generation defaults (a context's defaults and a request's params override them). */

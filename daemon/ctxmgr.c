@@ -1,7 +1,9 @@
 /*
- * ctxmgr.c — a list of contexts, oldest first, mirrored in the store. Lookups scan the
- * list: the daemon keeps at most apps x max_contexts_per_app contexts and a scan is
- * cheap next to a decode step.
+ * ctxmgr.c — a list of contexts, oldest first, mirrored in the store, and the memory
+ * their KV chunks take: claim and reclaim under the budget (LCTRU), compression and
+ * ahead-of-time swap-out after a call, chunk records at startup. Lookups scan the list:
+ * the daemon keeps at most apps x max_contexts_per_app contexts and a scan is cheap next
+ * to a decode step.
  */
 #include "daemon/ctxmgr.h"
 
@@ -9,19 +11,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
-struct ctxmgr {
-    store *st;
-    kv_pool *pool;
-    ctx_entry *head, *tail;
-    int n;
-};
+#include "daemon/ctxmem.h"
+#include "storage/chunks.h"
 
 static void entry_free(ctx_entry *c)
 {
     if (!c)
         return;
     kv_seq_free(&c->seq);
+    free(c->map);
+    free(c->attn);
+    free(c->rows);
     free(c->app_name);
     free(c->system_prompt);
     if (c->defaults)
@@ -33,6 +35,14 @@ static void entry_free(ctx_entry *c)
     }
     free(c->msgs);
     free(c);
+}
+
+static void entry_init_kv(ctxmgr *cm, ctx_entry *c)
+{
+    kv_seq_init(&c->seq, cm->pool);
+    c->seq.fault = ctx_fault;
+    c->seq.fault_arg = c;
+    c->cm = cm;
 }
 
 static void list_append(ctxmgr *cm, ctx_entry *c)
@@ -114,7 +124,7 @@ static int load_context(void *arg, const store_context *sc)
         c->defaults = llms__generation_params__unpack(NULL, sc->params_len, sc->params);
     c->created_ms = sc->created_ms;
     c->last_used_ms = sc->last_used_ms;
-    kv_seq_init(&c->seq, ls->cm->pool);
+    entry_init_kv(ls->cm, c);
     if (!c->app_name || (sc->system_prompt && !c->system_prompt)) {
         entry_free(c);
         return err_set(ls->err, "out of memory");
@@ -124,7 +134,96 @@ static int load_context(void *arg, const store_context *sc)
     return 0;
 }
 
-ctxmgr *ctx_open(store *s, kv_pool *pool, char err[ERR_MAX])
+int64_t ctx_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+double ctx_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int ctx_map_resize(ctx_entry *c, int n)
+{
+    if (n > c->cap_map || n > c->seq.cap) {
+        int cap = c->cap_map > c->seq.cap ? c->cap_map : c->seq.cap;
+        if (cap < 16)
+            cap = 16;
+        while (cap < n)
+            cap *= 2;
+        ctx_chunk *map = realloc(c->map, sizeof *map * (size_t)cap);
+        if (!map)
+            return -1;
+        c->map = map;
+        c->cap_map = cap;
+        kv_chunk **slots = realloc(c->seq.chunks, sizeof *slots * (size_t)cap);
+        if (!slots)
+            return -1;
+        c->seq.chunks = slots;
+        c->seq.cap = cap;
+    }
+    for (int i = c->n_map; i < n; i++)
+        c->map[i] = (ctx_chunk){.disk_precision = -1, .dirty = true};
+    for (int i = c->seq.n_chunks; i < n; i++)
+        c->seq.chunks[i] = NULL;
+    c->n_map = n;
+    c->seq.n_chunks = n;
+    return 0;
+}
+
+/* Room for n tokens of attention statistics (new ones zero). */
+static int attn_reserve(ctx_entry *c, int n)
+{
+    if (n <= c->cap_attn)
+        return 0;
+    float *a = realloc(c->attn, sizeof *a * (size_t)n);
+    if (a)
+        c->attn = a;
+    float *r = realloc(c->rows, sizeof *r * (size_t)n);
+    if (r)
+        c->rows = r;
+    if (!a || !r)
+        return -1;
+    memset(a + c->cap_attn, 0, sizeof *a * (size_t)(n - c->cap_attn));
+    memset(r + c->cap_attn, 0, sizeof *r * (size_t)(n - c->cap_attn));
+    c->cap_attn = n;
+    return 0;
+}
+
+/* A stored chunk record is used only when it matches the history and the model: right
+ * token count, a known precision, one section per layer plus the token ids. */
+static int load_chunk_record(void *arg, const store_chunk *r)
+{
+    ctx_entry *c = arg;
+    ctxmgr *cm = c->cm;
+    if (r->index < 0 || r->index >= c->n_map || r->precision < 0 ||
+        r->precision >= KV_N_PRECISIONS ||
+        r->n_tokens != ctx_chunk_tokens(c->n_tokens, r->index) ||
+        r->n_sections != cm->shape.n_layer + 1 ||
+        r->raw_bytes != (int64_t)(kv_chunk_data_bytes(cm->shape, (enum kv_precision)r->precision) +
+                                  sizeof(int32_t) * (size_t)r->n_tokens)) {
+        cm->stats.bad_blobs++;
+        return 0;
+    }
+    ctx_chunk *k = &c->map[r->index];
+    k->disk_precision = r->precision;
+    k->disk_bytes = r->raw_bytes;
+    k->dirty = false;
+    k->density = r->density;
+    for (int t = 0; t < r->n_tokens; t++) {
+        c->attn[r->index * KV_CHUNK_TOKENS + t] = r->density;
+        c->rows[r->index * KV_CHUNK_TOKENS + t] = 1;
+    }
+    return 0;
+}
+
+ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
+                 const ctx_policy *policy, char err[ERR_MAX])
 {
     ctxmgr *cm = calloc(1, sizeof *cm);
     if (!cm) {
@@ -133,13 +232,34 @@ ctxmgr *ctx_open(store *s, kv_pool *pool, char err[ERR_MAX])
     }
     cm->st = s;
     cm->pool = pool;
+    cm->runner = runner;
+    cm->m = m;
+    cm->shape = kv_pool_shape(pool);
+    cm->heads_layers = model_hparams_of(m)->n_layer * model_hparams_of(m)->n_head;
+    cm->policy = *policy;
     load_state ls = {cm, err};
     int rc = store_context_list(s, -1, load_context, &ls, err);
-    for (ctx_entry *c = cm->head; rc == 0 && c; c = c->next) {
+    for (ctx_entry *c = cm->head, *next; rc == 0 && c; c = next) {
+        next = c->next;
+        if (strcmp(c->app_name, CTX_PROFILE_APP) == 0) {
+            rc = ctx_delete(cm, c, err);
+            continue;
+        }
         rc = store_context_turns(s, c->id, load_turn, c, err);
         if (rc > 0)
             rc = err_set(err, "out of memory loading context %s", c->id);
     }
+    if (rc == 0)
+        rc = store_chunks_gc(s, NULL, err);
+    for (ctx_entry *c = cm->head; rc == 0 && c; c = c->next) {
+        if (ctx_map_resize(c, ctx_n_chunks(c->n_tokens)) || attn_reserve(c, c->n_tokens)) {
+            rc = err_set(err, "out of memory loading context %s", c->id);
+            break;
+        }
+        rc = store_chunk_list(s, c->id, load_chunk_record, c, err);
+    }
+    if (rc == 0)
+        rc = ctx_cost_init(cm, err);
     if (rc) {
         ctx_close(cm);
         return NULL;
@@ -158,6 +278,31 @@ void ctx_close(ctxmgr *cm)
         c = next;
     }
     free(cm);
+}
+
+const ctx_policy *ctx_get_policy(const ctxmgr *cm)
+{
+    return &cm->policy;
+}
+
+void ctx_set_policy(ctxmgr *cm, const ctx_policy *policy)
+{
+    cm->policy = *policy;
+}
+
+const ctx_stats *ctx_get_stats(const ctxmgr *cm)
+{
+    return &cm->stats;
+}
+
+ctx_cost ctx_get_cost(const ctxmgr *cm)
+{
+    return cm->cost;
+}
+
+void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost)
+{
+    cm->cost = *cost;
 }
 
 ctx_entry *ctx_find_any(ctxmgr *cm, const char *id)
@@ -221,7 +366,7 @@ int ctx_create(ctxmgr *cm, uint32_t uid, const char *app, const char *system_pro
     size_t params_len = 0;
     if (!c)
         return err_set(err, "out of memory");
-    kv_seq_init(&c->seq, cm->pool);
+    entry_init_kv(cm, c);
     c->uid = uid;
     c->app_name = strdup(app);
     c->system_prompt = system_prompt ? strdup(system_prompt) : NULL;
@@ -302,19 +447,393 @@ undo:
     return -1;
 }
 
+/* ---- chunks: write and drop ---- */
+
+/* Whether resident chunk i has to be written before it may be dropped. */
+static bool chunk_needs_write(const ctx_entry *c, int i)
+{
+    const kv_chunk *k = c->seq.chunks[i];
+    return k && (c->map[i].dirty || c->map[i].disk_precision != (int)k->precision);
+}
+
+/* Describes resident chunk i as a blob: one section per layer, then its token ids (a
+ * blob is used only for the tokens it was computed from). sec and bytes hold
+ * n_layer + 1 entries. Until the write succeeds, a stored version of other content is
+ * not to be used. */
+static void chunk_blob(ctxmgr *cm, ctx_entry *c, int i, store_chunk_blob *b, const void **sec,
+                       size_t *bytes)
+{
+    const kv_chunk *k = c->seq.chunks[i];
+    int n_layer = cm->shape.n_layer;
+    for (int l = 0; l < n_layer; l++) {
+        sec[l] = kv_chunk_layer(k, cm->shape, l);
+        bytes[l] = kv_chunk_layer_bytes(cm->shape, k->precision);
+    }
+    sec[n_layer] = k->tokens;
+    bytes[n_layer] = sizeof(int32_t) * (size_t)k->n_tokens;
+    *b = (store_chunk_blob){
+        .meta = {.index = i, .precision = (int)k->precision, .n_tokens = k->n_tokens,
+                 .density = c->map[i].density, .last_used_ms = c->last_used_ms},
+        .sections = sec,
+        .section_bytes = bytes,
+        .n_sections = n_layer + 1,
+    };
+    if (c->map[i].dirty)
+        c->map[i].disk_precision = -1;
+}
+
+static void chunk_written(ctxmgr *cm, ctx_entry *c, const store_chunk *meta)
+{
+    ctx_chunk *k = &c->map[meta->index];
+    k->disk_precision = meta->precision;
+    k->disk_bytes = meta->raw_bytes;
+    k->dirty = false;
+    cm->stats.chunks_written++;
+    cm->stats.bytes_written += (uint64_t)meta->raw_bytes;
+}
+
+/* Writes resident chunk i. */
+static int chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
+{
+    int n_sec = cm->shape.n_layer + 1;
+    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    const void *sec[STORE_CHUNK_MAX_SECTIONS];
+    size_t bytes[STORE_CHUNK_MAX_SECTIONS];
+    store_chunk_blob b;
+    chunk_blob(cm, c, i, &b, sec, bytes);
+    if (store_chunk_write_batch(cm->st, c->id, &b, 1, err))
+        return -1;
+    chunk_written(cm, c, &b.meta);
+    return 0;
+}
+
+/* Writes every resident chunk of c that needs it, in batches that share their syncs and
+ * one catalog transaction each. A batch that fails leaves its chunks dirty. */
+static int write_pending(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+{
+    enum { BATCH = 64 };
+    int n_sec = cm->shape.n_layer + 1, nb = 0, rc = 0;
+    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    store_chunk_blob *b = malloc(sizeof *b * BATCH);
+    const void **sec = malloc(sizeof *sec * BATCH * (size_t)n_sec);
+    size_t *bytes = malloc(sizeof *bytes * BATCH * (size_t)n_sec);
+    if (!b || !sec || !bytes) {
+        rc = err_set(err, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i <= c->seq.n_chunks && i <= c->n_map; i++) {
+        bool last = i == c->seq.n_chunks || i == c->n_map;
+        if (!last && chunk_needs_write(c, i)) {
+            chunk_blob(cm, c, i, &b[nb], sec + (size_t)nb * n_sec, bytes + (size_t)nb * n_sec);
+            nb++;
+        }
+        if (nb == BATCH || (last && nb > 0)) {
+            if (store_chunk_write_batch(cm->st, c->id, b, nb, err))
+                rc = -1;
+            else
+                for (int k = 0; k < nb; k++)
+                    chunk_written(cm, c, &b[k].meta);
+            nb = 0;
+        }
+    }
+out:
+    free(b);
+    free(sec);
+    free(bytes);
+    return rc;
+}
+
+/* Drops resident chunk i, writing it first when the store lacks it and swap-out is on;
+ * a chunk that could not be written is later recomputed. */
+static void chunk_drop(ctxmgr *cm, ctx_entry *c, int i)
+{
+    char err[ERR_MAX];
+    bool stored = !chunk_needs_write(c, i) ||
+                  (cm->policy.swap != CTX_SWAP_NONE && chunk_write(cm, c, i, err) == 0);
+    if (!stored && c->map[i].dirty)
+        c->map[i].disk_precision = -1;
+    kv_chunk_free(cm->pool, c->seq.chunks[i]);
+    c->seq.chunks[i] = NULL;
+    cm->stats.chunks_reclaimed++;
+}
+
 void ctx_evict(ctxmgr *cm, ctx_entry *c)
 {
-    kv_seq_free(&c->seq);
-    kv_seq_init(&c->seq, cm->pool);
+    char err[ERR_MAX];
+    if (c->busy)
+        return;
+    if (cm->policy.swap != CTX_SWAP_NONE)
+        write_pending(cm, c, err);
+    for (int i = 0; i < c->seq.n_chunks; i++)
+        if (c->seq.chunks[i])
+            chunk_drop(cm, c, i);
 }
+
+/* ---- budget: claim and LCTRU reclaim ---- */
+
+typedef struct victim {
+    ctx_entry *c;
+    int index;
+    int precision;
+    uint64_t last_use;
+} victim;
+
+/* LCTRU: the heaviest precision first (f16, int8, int4, int2), then least recently used. */
+static int victim_lctru(const void *a, const void *b)
+{
+    const victim *x = a, *y = b;
+    if (x->precision != y->precision)
+        return x->precision < y->precision ? -1 : 1;
+    if (x->last_use != y->last_use)
+        return x->last_use < y->last_use ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Whole contexts: the least recently used context's chunks together. */
+static int victim_lru_context(const void *a, const void *b)
+{
+    const victim *x = a, *y = b;
+    if (x->c->last_used_ms != y->c->last_used_ms)
+        return x->c->last_used_ms < y->c->last_used_ms ? -1 : 1;
+    if (x->c != y->c)
+        return strcmp(x->c->id, y->c->id);
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Drops unlocked chunks in LCTRU order until the resident KV is at most target bytes.
+ * Returns whether it got there. */
+static bool reclaim_to(ctxmgr *cm, size_t target)
+{
+    if (kv_pool_bytes_used(cm->pool) <= target)
+        return true;
+    size_t n = 0;
+    for (ctx_entry *c = cm->head; c; c = c->next)
+        if (!c->busy)
+            for (int i = 0; i < c->seq.n_chunks; i++)
+                n += c->seq.chunks[i] != NULL;
+    victim *v = n ? malloc(sizeof *v * n) : NULL;
+    if (!v)
+        return false;
+    size_t k = 0;
+    for (ctx_entry *c = cm->head; c; c = c->next)
+        if (!c->busy)
+            for (int i = 0; i < c->seq.n_chunks; i++)
+                if (c->seq.chunks[i])
+                    v[k++] = (victim){c, i, (int)c->seq.chunks[i]->precision,
+                                      i < c->n_map ? c->map[i].last_use : 0};
+    bool whole = cm->policy.whole_context;
+    qsort(v, n, sizeof *v, whole ? victim_lru_context : victim_lctru);
+    for (k = 0; k < n; k++) {
+        bool same_context = whole && k > 0 && v[k].c == v[k - 1].c;
+        if (kv_pool_bytes_used(cm->pool) <= target && !same_context)
+            break;
+        chunk_drop(cm, v[k].c, v[k].index);
+    }
+    free(v);
+    return kv_pool_bytes_used(cm->pool) <= target;
+}
+
+int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])
+{
+    size_t budget = cm->policy.budget_bytes;
+    if (budget == 0)
+        return 0;
+    if (bytes <= budget && reclaim_to(cm, budget - bytes))
+        return 0;
+    err_set(err, "the KV budget (%zu bytes) cannot hold %zu more bytes beside the %zu of "
+            "running calls", budget, bytes, kv_pool_bytes_used(cm->pool));
+    return CTX_E_BUDGET;
+}
+
+void ctx_enforce_budget(ctxmgr *cm)
+{
+    if (cm->policy.budget_bytes)
+        reclaim_to(cm, cm->policy.budget_bytes);
+}
+
+int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX])
+{
+    int room = 0;
+    size_t extra = 0;
+    const kv_chunk *last = seq->n_chunks ? seq->chunks[seq->n_chunks - 1] : NULL;
+    if (last && last->n_tokens < KV_CHUNK_TOKENS) {
+        room = KV_CHUNK_TOKENS - last->n_tokens;
+        if (last->precision != KV_F16)
+            extra = kv_chunk_data_bytes(cm->shape, KV_F16) -
+                    kv_chunk_data_bytes(cm->shape, last->precision);
+    }
+    int more = n > room ? ctx_n_chunks(n - room) : 0;
+    return ctx_claim(cm, extra + (size_t)more * kv_chunk_data_bytes(cm->shape, KV_F16), err);
+}
+
+/* ---- calls ---- */
+
+int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
+                   char err[ERR_MAX])
+{
+    ctx_load_stats local;
+    if (!st)
+        st = &local;
+    *st = (ctx_load_stats){0};
+    c->busy = true;
+    c->loaded = false;
+    if (attn_reserve(c, max_tokens > c->n_tokens ? max_tokens : c->n_tokens) ||
+        ctx_map_resize(c, ctx_n_chunks(c->n_tokens))) {
+        c->busy = false;
+        return err_set(err, "out of memory");
+    }
+    double t0 = ctx_mono_ms();
+    int rc = c->n_map ? ctx_load_range(cm, c, c->n_map - 1, st, err) : 0;
+    /* The whole context must fit, also when it was resident already. */
+    if (rc == 0)
+        rc = ctx_claim(cm, 0, err);
+    if (rc) {
+        c->busy = false;
+        return rc;
+    }
+    st->ms = ctx_mono_ms() - t0;
+    cm->stats.switch_ins++;
+    cm->stats.switch_in_ms += st->ms;
+    cm->stats.last_switch_in_ms = st->ms;
+    c->loaded = true;
+    c->call_base = c->n_tokens;
+    return 0;
+}
+
+int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX])
+{
+    int from = kv_seq_n_tokens(&c->seq), n = b->n_tokens;
+    if (!c->loaded)
+        return err_set(err, "context %s: forward outside a call", c->id);
+    if (n < 1 || b->positions[0] != from || from + n > c->cap_attn)
+        return err_set(err, "context %s: batch does not continue the context", c->id);
+    int rc = ctx_claim_append(cm, &c->seq, n, err);
+    if (rc)
+        return rc;
+    model_batch bb = *b;
+    bb.attn_received = c->attn;
+    if (model_forward(cm->runner, &c->seq, &bb, err))
+        return -1;
+    /* Every row of the batch could attend to every earlier entry, and row r of the
+     * batch to the batch's entries up to itself. */
+    float hl = (float)cm->heads_layers;
+    for (int p = 0; p < from; p++)
+        c->rows[p] += hl * (float)n;
+    for (int p = from; p < from + n; p++)
+        c->rows[p] += hl * (float)(from + n - p);
+    return 0;
+}
+
+/* Densities of c's chunks, then the precision every full chunk gets. */
+static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
+{
+    float *dens = malloc(sizeof *dens * (size_t)(c->n_map ? c->n_map : 1));
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    for (int i = 0; i < c->n_map; i++) {
+        double sum = 0;
+        int nt = ctx_chunk_tokens(c->n_tokens, i);
+        for (int t = 0; t < nt; t++) {
+            int p = i * KV_CHUNK_TOKENS + t;
+            if (c->rows[p] > 0)
+                sum += c->attn[p] / c->rows[p];
+        }
+        c->map[i].density = nt ? (float)(sum / nt) : 0;
+        if (dens)
+            dens[i] = c->map[i].density;
+        level[i] = KV_F16;
+    }
+    switch (cm->policy.compress) {
+    case CTX_COMPRESS_NONE:
+        break;
+    case CTX_COMPRESS_INT8:
+        for (int i = 0; i < n_full; i++)
+            level[i] = KV_INT8;
+        break;
+    case CTX_COMPRESS_TOLERANCE:
+        if (dens)
+            kv_assign_precisions(dens, n_full, cm->policy.compress_ratio, level);
+        else
+            for (int i = 0; i < n_full; i++)
+                level[i] = KV_INT8;
+        break;
+    }
+    free(dens);
+}
+
+/* The last token of a reply is sampled but not evaluated: it is evaluated now, so that
+ * the KV covers the whole history and the chunks written are complete. When that fails
+ * the incomplete tail chunk is dropped (recomputed at the next call). */
+static void complete_tail(ctxmgr *cm, ctx_entry *c)
+{
+    char err[ERR_MAX];
+    int from = kv_seq_n_tokens(&c->seq), n = c->n_tokens - from;
+    if (n <= 0)
+        return;
+    int32_t *pos = malloc(sizeof *pos * (size_t)n);
+    int rc = -1;
+    if (pos) {
+        for (int i = 0; i < n; i++)
+            pos[i] = from + i;
+        model_batch b = {.n_tokens = n, .tokens = c->tokens + from, .positions = pos};
+        rc = ctx_forward(cm, c, &b, err);
+        free(pos);
+    }
+    if (rc) {
+        int i = from / KV_CHUNK_TOKENS;
+        kv_seq_truncate(&c->seq, i * KV_CHUNK_TOKENS);
+    }
+}
+
+void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
+{
+    char err[ERR_MAX];
+    if (committed && c->loaded)
+        complete_tail(cm, c);
+    if (!committed) {
+        if (c->loaded && kv_seq_n_tokens(&c->seq) > c->n_tokens)
+            kv_seq_truncate(&c->seq, c->n_tokens);
+    } else if (ctx_map_resize(c, ctx_n_chunks(c->n_tokens))) {
+        /* Out of memory for the map: the KV beyond it is dropped (recomputed later). */
+        int keep = c->n_map * KV_CHUNK_TOKENS;
+        kv_seq_truncate(&c->seq, keep < c->n_tokens ? keep : c->n_tokens);
+        if (c->n_map)
+            c->map[c->n_map - 1].dirty = true;
+    } else {
+        for (int i = c->call_base / KV_CHUNK_TOKENS; i < c->n_map; i++)
+            c->map[i].dirty = true;
+        enum kv_precision *level = malloc(sizeof *level * (size_t)(c->n_map ? c->n_map : 1));
+        if (level) {
+            assign_levels(cm, c, level);
+            /* Only ever towards lighter precisions: lost bits do not come back. A chunk
+             * that cannot be converted stays as it is, still correct. */
+            for (int i = 0; i < c->n_map; i++) {
+                kv_chunk *k = c->seq.chunks[i];
+                if (k && level[i] > k->precision)
+                    kv_chunk_convert(cm->pool, k, level[i], err);
+            }
+            free(level);
+        }
+        cm->clock++;
+        for (int i = 0; i < c->n_map; i++)
+            c->map[i].last_use = cm->clock;
+        if (cm->policy.swap == CTX_SWAP_AHEAD)
+            write_pending(cm, c, err);
+    }
+    c->busy = false;
+    c->loaded = false;
+    ctx_enforce_budget(cm);
+}
+
+/* ---- accounting ---- */
 
 size_t ctx_kv_bytes(const ctxmgr *cm, const ctx_entry *c)
 {
-    kv_shape shape = kv_pool_shape(cm->pool);
     size_t n = 0;
     for (int i = 0; i < c->seq.n_chunks; i++)
         if (c->seq.chunks[i])
-            n += kv_chunk_data_bytes(shape, c->seq.chunks[i]->precision);
+            n += kv_chunk_data_bytes(cm->shape, c->seq.chunks[i]->precision);
     return n;
 }
 
@@ -327,21 +846,19 @@ int ctx_count_resident(const ctxmgr *cm)
 {
     int n = 0;
     for (const ctx_entry *c = cm->head; c; c = c->next)
-        n += c->seq.n_chunks > 0;
+        n += ctx_kv_bytes(cm, c) > 0;
     return n;
 }
 
-void ctx_enforce_budget(ctxmgr *cm, size_t budget)
+int ctx_chunk_n_tokens(const ctx_entry *c, int i)
 {
-    if (budget == 0)
-        return;
-    while (ctx_kv_bytes_total(cm) > budget) {
-        ctx_entry *lru = NULL;
-        for (ctx_entry *c = cm->head; c; c = c->next)
-            if (!c->busy && c->seq.n_chunks > 0 && (!lru || c->last_used_ms < lru->last_used_ms))
-                lru = c;
-        if (!lru)
-            return;
-        ctx_evict(cm, lru);
-    }
+    return ctx_chunk_tokens(c->n_tokens, i);
+}
+
+bool ctx_on_disk(const ctx_entry *c)
+{
+    for (int i = 0; i < c->n_map; i++)
+        if (c->map[i].disk_precision >= 0)
+            return true;
+    return false;
 }

@@ -1,14 +1,28 @@
 /*
- * ctxmgr.h — the daemon's contexts in memory, mirrored in the store.
+ * ctxmgr.h — the daemon's contexts and their KV memory (the LLMS context memory).
  *
  * A context is an app's conversation: its token history (what the model has seen), its
- * messages (to render the chat template), and its KV (a kv_seq holding the first
- * kv_seq_n_tokens(&seq) tokens of the history, possibly none). At startup every context
- * of the store is listed with no KV; the scheduler rebuilds the KV of a context by
- * evaluating the tokens the KV lacks at its next Call. Evicting a context drops its KV
- * only.
+ * messages (to render the chat template), and its KV. The KV is a kv_seq whose slot i is
+ * chunk i, covering tokens [16 i, 16 i + 16) of the history; a slot is NULL while the
+ * chunk is not resident. Beside it the chunk map (ctx_chunk) says, for every chunk, what
+ * the store holds, whether the resident copy still has to be written, how much attention
+ * the chunk receives (its information density) and when it was last used.
  *
- * All functions are called from the worker thread only (the store is single-threaded).
+ * Memory policy, all here and in ctxload.c / ctxprofile.c:
+ * - Claim: before KV is allocated, room is made under the global budget by Reclaim.
+ * - Reclaim: resident chunks of idle contexts are dropped in LCTRU order (sub-queues per
+ *   precision, heaviest first, each least recently used first); a dirty one is written
+ *   first. Chunks of contexts inside a call are locked.
+ * - Load (ctx_call_begin): every chunk of the history is made resident before the call,
+ *   partly read from the store and partly recomputed, as a cost model says is fastest,
+ *   reads of layer l + 1 overlapping the recompute of layer l.
+ * - Fault: a NULL slot met by a forward is brought in synchronously (counted).
+ * - Ahead-of-time swap-out (ctx_call_end): after a call the full chunks get their
+ *   precision (kv_compress) and every modified chunk is written, so Reclaim only drops.
+ * - Persistence: at startup the store's chunk records come back as on-disk chunks.
+ *
+ * All functions are called from the worker thread only (the store is single-threaded);
+ * the only other thread is the switch-in reader, internal to a call of ctx_call_begin.
  */
 #ifndef LLMS_CTXMGR_H
 #define LLMS_CTXMGR_H
@@ -19,10 +33,15 @@
 
 #include "engine/err.h"
 #include "engine/kv.h"
+#include "engine/model.h"
 #include "proto/llms.pb-c.h"
 #include "storage/store.h"
 
 #define CTX_ID_LEN 32 /* hex characters of 128 random bits */
+
+/* Returned (instead of -1) by functions that claim KV memory when the budget cannot
+ * hold what is asked even after reclaiming every unlocked chunk. */
+#define CTX_E_BUDGET (-2)
 
 typedef struct ctx_msg {
     char *role;   /* "user", "assistant", or "raw" (text added without the template) */
@@ -30,6 +49,15 @@ typedef struct ctx_msg {
                      strings removed) */
     int n_tokens; /* tokens the message added to the context */
 } ctx_msg;
+
+/* What the manager knows about one chunk of a context besides its resident data. */
+typedef struct ctx_chunk {
+    int disk_precision;   /* kv_precision of the stored blob; -1: not in the store */
+    int64_t disk_bytes;   /* uncompressed bytes of the stored blob */
+    bool dirty;           /* the resident data is not what the store holds */
+    float density;        /* mean attention its tokens receive per attending row */
+    uint64_t last_use;    /* manager clock when a call last used it */
+} ctx_chunk;
 
 typedef struct ctx_entry {
     char id[CTX_ID_LEN + 1];
@@ -42,20 +70,96 @@ typedef struct ctx_entry {
     int n_tokens, cap_tokens;
     ctx_msg *msgs;                     /* (n_msgs) */
     int n_msgs, cap_msgs;
-    kv_seq seq;                        /* KV of tokens[0 .. kv_seq_n_tokens(&seq)) */
-    bool busy;                         /* a Call is running on it */
+    kv_seq seq;                        /* slot i: chunk i, NULL when not resident */
+    ctx_chunk *map;                    /* (n_map) chunk i of the history */
+    int n_map, cap_map;
+    /* Attention received by each token over the context's calls, and the number of
+     * (row, layer, head) triples that could attend to it: density = attn / rows. */
+    float *attn;                       /* (cap_attn) */
+    float *rows;                       /* (cap_attn) */
+    int cap_attn;
+    bool busy;                         /* a Call is running on it: its chunks are locked */
+    bool loaded;                       /* busy and every chunk of the history resident */
+    int call_base;                     /* tokens of the history when the call began */
+    struct ctxmgr *cm;
     int64_t created_ms, last_used_ms;
     struct ctx_entry *next;
 } ctx_entry;
 
+/* How chunks are compressed after a call. */
+enum ctx_compress {
+    CTX_COMPRESS_TOLERANCE, /* int8/int4/int2 by density (kv_assign_precisions) */
+    CTX_COMPRESS_INT8,      /* every full chunk int8 */
+    CTX_COMPRESS_NONE,      /* f16 everywhere: lossless (the test mode) */
+};
+
+/* When modified chunks are written (benchmarks compare the others). */
+enum ctx_swap {
+    CTX_SWAP_AHEAD,       /* when the call returns (ahead of time): reclaim only drops */
+    CTX_SWAP_ON_RECLAIM,  /* when reclaimed (swap at eviction) */
+    CTX_SWAP_NONE,        /* never: a dropped chunk is recomputed (kill and recompute) */
+};
+
+/* How a context's missing chunks are brought in (benchmarks compare the others). */
+enum ctx_switch {
+    CTX_SWITCH_PLAN,          /* read or recompute each, from the cost models */
+    CTX_SWITCH_READ,          /* read every stored chunk, recompute only the others */
+    CTX_SWITCH_RECOMPUTE,     /* recompute everything */
+};
+
+typedef struct ctx_policy {
+    size_t budget_bytes;         /* resident KV cap (kv_pool_bytes_used); 0: none */
+    enum ctx_compress compress;
+    double compress_ratio;       /* tolerance mode: mean bits over 8 */
+    enum ctx_swap swap;
+    enum ctx_switch switch_mode;
+    bool whole_context;          /* reclaim drops whole contexts, least recently used
+                                    first, instead of single chunks in LCTRU order */
+} ctx_policy;
+
+/* Linear cost models of a switch-in, in milliseconds:
+ * recompute(tokens, ctx) = a + b tokens + c tokens ctx, read(bytes) = d + e bytes. */
+typedef struct ctx_cost {
+    double rec_a, rec_b, rec_c;
+    double io_d, io_e;
+} ctx_cost;
+
+/* What one switch-in did. */
+typedef struct ctx_load_stats {
+    double ms;                /* from the start of the load until the KV was complete */
+    int64_t bytes_read;       /* from chunk files */
+    int chunks_read, chunks_recomputed, chunks_resident;
+} ctx_load_stats;
+
+/* Totals since ctx_open. */
+typedef struct ctx_stats {
+    uint64_t bytes_written, chunks_written;
+    uint64_t bytes_read, chunks_read, chunks_recomputed;
+    uint64_t chunks_reclaimed;
+    uint64_t faults;            /* chunks brought in during a forward (should stay 0) */
+    uint64_t bad_blobs;         /* stored chunks found corrupt, missing or stale */
+    uint64_t switch_ins;
+    double switch_in_ms;        /* summed over switch_ins */
+    double last_switch_in_ms;
+} ctx_stats;
+
 typedef struct ctxmgr ctxmgr;
 
-/* Loads every context of the store (histories included) with no KV; chunks come from
- * pool. NULL + err on failure. */
-ctxmgr *ctx_open(store *s, kv_pool *pool, char err[ERR_MAX]);
+/*
+ * Loads every context of the store (histories and chunk records) with no resident KV,
+ * after removing chunk files no record refers to. Chunks come from pool; runner
+ * recomputes them (the caller keeps both alive). The cost models come from the store
+ * (measured with ctx_profile when absent). NULL + err on failure.
+ */
+ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
+                 const ctx_policy *policy, char err[ERR_MAX]);
 
-/* Frees every context and its KV (the store stays open: the caller closes it). */
+/* Frees every context and its resident KV (the store stays open: the caller closes it). */
 void ctx_close(ctxmgr *cm);
+
+/* The policy in force, and changing it (benchmarks). */
+const ctx_policy *ctx_get_policy(const ctxmgr *cm);
+void ctx_set_policy(ctxmgr *cm, const ctx_policy *policy);
 
 /* The context with this id when it belongs to app (uid, app), else NULL: another app's
  * context and a missing one look the same. */
@@ -76,7 +180,7 @@ int ctx_create(ctxmgr *cm, uint32_t uid, const char *app, const char *system_pro
                const Llms__GenerationParams *defaults, int64_t now_ms, ctx_entry **out,
                char err[ERR_MAX]);
 
-/* Deletes a context (store and memory); c is freed. */
+/* Deletes a context (store, chunk files and memory); c is freed. */
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX]);
 
 /*
@@ -89,17 +193,68 @@ int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char 
                     const int32_t *reply_tokens, int n_reply, int64_t now_ms,
                     char err[ERR_MAX]);
 
-/* Drops the context's KV (it is rebuilt on the next Call). */
+/*
+ * Starts a call on c: locks its chunks, makes room for up to max_tokens tokens of
+ * attention statistics, and brings every chunk of the history in (Load), so that the
+ * sequence then holds exactly c->n_tokens entries. st (may be NULL) gets what the
+ * switch-in did. -1 + err on failure, CTX_E_BUDGET when the budget cannot hold the
+ * context; c is unlocked again on failure.
+ */
+int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
+                   char err[ERR_MAX]);
+
+/*
+ * Evaluates a batch on a context inside a call (model_forward on c->seq): claims the
+ * memory the appended entries need first and accumulates the attention every entry
+ * receives. The batch's positions must be contiguous and ascending. -1 + err, or
+ * CTX_E_BUDGET.
+ */
+int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX]);
+
+/* Claims the memory that appending n entries to seq (a sequence of this manager's pool
+ * outside any context, e.g. a Complete's) takes. 0, -1 + err, or CTX_E_BUDGET. */
+int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX]);
+
+/*
+ * Ends the call on c. committed: the turn is in the history, so the chunks' densities
+ * are updated, full chunks get their precision and modified chunks are written to the
+ * store (ahead-of-time swap-out). Otherwise the KV beyond the history is dropped. Then
+ * c is unlocked and the budget enforced. A write failure leaves the chunk dirty (it is
+ * written, or dropped and later recomputed, when reclaimed).
+ */
+void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed);
+
+/* Drops the context's resident KV (writing dirty chunks first); its stored chunks stay. */
 void ctx_evict(ctxmgr *cm, ctx_entry *c);
 
-/* Resident KV bytes of one context and of all. */
+/* Resident KV bytes of one context and of all (the pool's, Complete's included). */
 size_t ctx_kv_bytes(const ctxmgr *cm, const ctx_entry *c);
 size_t ctx_kv_bytes_total(const ctxmgr *cm);
 int ctx_count_resident(const ctxmgr *cm);
 
-/* Drops the KV of idle contexts, least recently used first, until the resident KV is
- * at most budget bytes (0: no budget) or no idle context with KV is left. */
-void ctx_enforce_budget(ctxmgr *cm, size_t budget);
+/* Tokens of the history chunk i covers (16, or fewer for the tail). */
+int ctx_chunk_n_tokens(const ctx_entry *c, int i);
+
+/* Whether any chunk of c is in the store. */
+bool ctx_on_disk(const ctx_entry *c);
+
+/* Reclaims unlocked chunks (LCTRU order) until the resident KV is at most the budget. */
+void ctx_enforce_budget(ctxmgr *cm);
+
+/* Reclaims unlocked chunks until at least bytes more fit under the budget. 0, or
+ * CTX_E_BUDGET when they cannot (with err). */
+int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
+
+/* Totals since ctx_open. */
+const ctx_stats *ctx_get_stats(const ctxmgr *cm);
+
+/* The cost models in use, and replacing them for this run (benchmarks, tests). */
+ctx_cost ctx_get_cost(const ctxmgr *cm);
+void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost);
+
+/* Measures the cost models now (a few forwards and chunk reads, well under a second on
+ * small models), stores them for this model and uses them. */
+int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX]);
 
 /* 128 random bits as 32 lowercase hex characters and a NUL. */
 int ctx_new_id(char id[CTX_ID_LEN + 1], char err[ERR_MAX]);

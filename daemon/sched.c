@@ -52,6 +52,7 @@ typedef struct gen {
     sampler *smp;
     stop_matcher stop;
     bool cancelled, quiet, done;
+    Llms__ErrorCode err_code;  /* of a failed step */
     Llms__StopReason reason;
     int64_t t_start, t_first, t_end;
 } gen;
@@ -63,7 +64,6 @@ struct sched {
     ctxmgr *cm;
     float *logits;         /* (n_vocab) one step's output row */
     int32_t *positions;    /* (n_ctx) */
-    size_t kv_budget;
 
     pthread_t thread;
     bool started;
@@ -180,8 +180,9 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
     info->n_tokens = (uint32_t)c->n_tokens;
     info->created_unix_ms = (uint64_t)c->created_ms;
     info->last_used_unix_ms = (uint64_t)c->last_used_ms;
-    info->memory = c->seq.n_chunks > 0 ? LLMS__MEMORY_STATE__MEMORY_RESIDENT
-                                       : LLMS__MEMORY_STATE__MEMORY_NONE;
+    info->memory = ctx_kv_bytes(s->cm, c) > 0 ? LLMS__MEMORY_STATE__MEMORY_RESIDENT
+                   : ctx_on_disk(c)           ? LLMS__MEMORY_STATE__MEMORY_ON_DISK
+                                              : LLMS__MEMORY_STATE__MEMORY_NONE;
     info->system_prompt = c->system_prompt;
     info->defaults = c->defaults;
     info->has_kv_bytes = 1;
@@ -269,6 +270,24 @@ static void handle_get_context(sched *s, const sched_job *j)
     }
     Llms__ContextInfo info;
     fill_info(s, c, any, history, &info, hist, hmsgs);
+    Llms__ChunkInfo *chunks = calloc((size_t)c->n_map + 1, sizeof *chunks);
+    Llms__ChunkInfo **cptrs = calloc((size_t)c->n_map + 1, sizeof *cptrs);
+    if (chunks && cptrs) {
+        for (int i = 0; i < c->n_map; i++) {
+            const kv_chunk *k = c->seq.chunks[i];
+            llms__chunk_info__init(&chunks[i]);
+            chunks[i].index = (uint32_t)i;
+            chunks[i].n_tokens = (uint32_t)ctx_chunk_n_tokens(c, i);
+            chunks[i].resident = k != NULL;
+            chunks[i].on_disk = c->map[i].disk_precision >= 0;
+            int p = k ? (int)k->precision : c->map[i].disk_precision;
+            chunks[i].bits = p >= 0 ? (uint32_t)kv_precision_bits((enum kv_precision)p) : 0;
+            chunks[i].density = c->map[i].density;
+            cptrs[i] = &chunks[i];
+        }
+        info.n_chunks = (size_t)c->n_map;
+        info.chunks = cptrs;
+    }
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
@@ -277,6 +296,8 @@ static void handle_get_context(sched *s, const sched_job *j)
     send_resp(s, j->conn_id, &r, false);
     free(hist);
     free(hmsgs);
+    free(chunks);
+    free(cptrs);
 }
 
 /* ---- simple requests ---- */
@@ -378,11 +399,47 @@ static void handle_status(sched *s, const sched_job *j)
     st.queued_requests = (uint32_t)s->n_pending;
     st.running_requests = (uint32_t)s->n_active;
     st.rss_bytes = rss_bytes();
+    const ctx_stats *cs = ctx_get_stats(s->cm);
+    st.has_kv_budget_bytes = st.has_swap_bytes_written = st.has_swap_bytes_read = 1;
+    st.has_swap_chunks_written = st.has_swap_chunks_read = st.has_swap_chunks_recomputed = 1;
+    st.has_swap_faults = st.has_swap_bad_blobs = st.has_switch_ins = st.has_switch_in_mean_ms = 1;
+    st.kv_budget_bytes = ctx_get_policy(s->cm)->budget_bytes;
+    st.swap_bytes_written = cs->bytes_written;
+    st.swap_bytes_read = cs->bytes_read;
+    st.swap_chunks_written = cs->chunks_written;
+    st.swap_chunks_read = cs->chunks_read;
+    st.swap_chunks_recomputed = cs->chunks_recomputed;
+    st.swap_faults = cs->faults;
+    st.swap_bad_blobs = cs->bad_blobs;
+    st.switch_ins = cs->switch_ins;
+    st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_STATUS;
     r.status = &st;
+    send_resp(s, j->conn_id, &r, false);
+}
+
+static void handle_profile(sched *s, const sched_job *j)
+{
+    char err[ERR_MAX];
+    ctx_cost k;
+    if (ctx_profile(s->cm, &k, err)) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "profile: %s", err);
+        return;
+    }
+    Llms__ProfileResponse p = LLMS__PROFILE_RESPONSE__INIT;
+    p.rec_a = k.rec_a;
+    p.rec_b = k.rec_b;
+    p.rec_c = k.rec_c;
+    p.io_d = k.io_d;
+    p.io_e = k.io_e;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = j->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_PROFILE;
+    r.profile = &p;
     send_resp(s, j->conn_id, &r, false);
 }
 
@@ -667,7 +724,8 @@ static void take_token(sched *s, gen *g)
         finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
 }
 
-/* Evaluates hist[from .. n_hist) and keeps the last row's logits. */
+/* Evaluates hist[from .. n_hist) and keeps the last row's logits. A Call's context
+ * memory claims the KV under the budget and records the attention its chunks receive. */
 static int eval(sched *s, gen *g, int from, char err[ERR_MAX])
 {
     int n = g->n_hist - from;
@@ -682,7 +740,13 @@ static int eval(sched *s, gen *g, int from, char err[ERR_MAX])
         .out_rows = &last,
         .logits = s->logits,
     };
-    return model_forward(s->runner, g->seq, &b, err);
+    int rc = g->c ? ctx_forward(s->cm, g->c, &b, err) : ctx_claim_append(s->cm, g->seq, n, err);
+    if (rc == 0 && !g->c)
+        rc = model_forward(s->runner, g->seq, &b, err);
+    if (rc)
+        g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
+                                         : LLMS__ERROR_CODE__INTERNAL;
+    return rc ? -1 : 0;
 }
 
 /* One step of a generation: the prompt evaluation, or one token. -1 on an engine error
@@ -694,8 +758,16 @@ static int step(sched *s, gen *g, char err[ERR_MAX])
         return 0;
     }
     if (!g->prefilled) {
-        /* The KV may lack stored tokens (after a restart or an eviction): they are
-         * evaluated together with the new turn. */
+        /* Switch-in: a Call's chunks are read or recomputed until the KV holds the
+         * whole history; a Complete starts empty. */
+        if (g->c) {
+            int rc = ctx_call_begin(s->cm, g->c, g->limit, NULL, err);
+            if (rc) {
+                g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
+                                                 : LLMS__ERROR_CODE__INTERNAL;
+                return -1;
+            }
+        }
         int from = kv_seq_n_tokens(g->seq);
         if (from > g->n_base) {
             kv_seq_truncate(g->seq, g->n_base);
@@ -717,7 +789,7 @@ static int step(sched *s, gen *g, char err[ERR_MAX])
 static void gen_end(sched *s, gen *g, const char *engine_err)
 {
     char err[ERR_MAX];
-    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    Llms__ErrorCode code = engine_err && g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
     bool failed = engine_err != NULL;
     if (engine_err)
         snprintf(err, sizeof err, "%s", engine_err);
@@ -737,20 +809,14 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
             send_chunk(s, g, tail, NULL, 0);
         }
     }
-    if (g->c) {
-        if (!failed) {
-            Llms__CallRequest *cr = g->job->req->call;
-            if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->hist + g->n_base,
-                                g->n_turn, g->shown ? g->shown : "", g->hist + g->n_base + g->n_turn,
-                                g->n_gen, wall_ms(), err)) {
-                failed = true;
-                code = LLMS__ERROR_CODE__INTERNAL;
-            }
+    if (g->c && !failed) {
+        Llms__CallRequest *cr = g->job->req->call;
+        if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->hist + g->n_base,
+                            g->n_turn, g->shown ? g->shown : "", g->hist + g->n_base + g->n_turn,
+                            g->n_gen, wall_ms(), err)) {
+            failed = true;
+            code = LLMS__ERROR_CODE__INTERNAL;
         }
-        /* A failed call leaves KV the history does not have: drop it. */
-        if (failed && kv_seq_n_tokens(g->seq) > g->c->n_tokens)
-            ctx_evict(s->cm, g->c);
-        g->c->busy = false;
     }
     g->app->n_queued--;
     if (!g->quiet) {
@@ -773,6 +839,13 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
             r.result = &res;
             send_resp(s, g->job->conn_id, &r, false);
         }
+    }
+    /* After the reply is queued: the context's modified chunks are compressed and
+     * written (ahead-of-time swap-out), or a failed call's extra KV dropped; then its
+     * chunks are unlocked. */
+    if (g->c) {
+        outq_wake(s->env.out);
+        ctx_call_end(s->cm, g->c, !failed);
     }
     gen_free(g);
 }
@@ -905,6 +978,9 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_EVICT_CONTEXT:
         handle_evict(s, j);
         break;
+    case LLMS__REQUEST__BODY_PROFILE:
+        handle_profile(s, j);
+        break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
                    (int)j->req->body_case);
@@ -1025,7 +1101,7 @@ static void run_steps(sched *s)
             s->active[k++] = g;
     }
     if (k < s->n_active)
-        ctx_enforce_budget(s->cm, s->kv_budget);
+        ctx_enforce_budget(s->cm);
     s->n_active = k;
 }
 
@@ -1067,7 +1143,6 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->env = *env;
     const config *cfg = env->cfg;
     s->start_ms = wall_ms();
-    s->kv_budget = (size_t)cfg->kv_budget_mb << 20;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
     s->runner = model_runner_new(env->m, cfg->threads, 0, cfg->n_ctx, err);
@@ -1082,7 +1157,16 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
         err_set(err, "out of memory");
         goto fail;
     }
-    s->cm = ctx_open(env->st, s->pool, err);
+    ctx_policy policy = {
+        .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
+        .compress = strcmp(cfg->kv_compress, "none") == 0   ? CTX_COMPRESS_NONE
+                    : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
+                                                            : CTX_COMPRESS_TOLERANCE,
+        .compress_ratio = cfg->kv_compress_ratio,
+        .swap = CTX_SWAP_AHEAD,
+        .switch_mode = CTX_SWITCH_PLAN,
+    };
+    s->cm = ctx_open(env->st, s->pool, s->runner, env->m, &policy, err);
     if (!s->cm)
         goto fail;
     atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));

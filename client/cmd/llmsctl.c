@@ -1,7 +1,8 @@
 /*
  * llmsctl — the administrator's command line client of llmsd (root or group llms-admin).
  *
- *   llmsctl [--socket PATH] [--json] status | apps | contexts | show CTX | evict CTX | shutdown
+ *   llmsctl [--socket PATH] [--json] status | apps | contexts | show CTX | evict CTX | profile
+ *           | shutdown
  *
  * With --json each command prints exactly one JSON object on stdout (also for errors:
  * {"error": {"code": ..., "message": ...}}).
@@ -18,7 +19,7 @@ static int json;
 static void usage(void)
 {
     fprintf(stderr, "usage: llmsctl [--socket PATH] [--json] status | apps | contexts | "
-                    "show CTX | evict CTX | shutdown\n");
+                    "show CTX | evict CTX | profile | shutdown\n");
     exit(2);
 }
 
@@ -85,6 +86,17 @@ static void json_context(const llms_context_info *c, int with_history)
            c->kv_bytes);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
+    if (c->n_chunks) {
+        fputs(",\"chunks\":[", stdout);
+        for (size_t i = 0; i < c->n_chunks; i++) {
+            const llms_chunk_info *k = &c->chunks[i];
+            printf("%s{\"index\":%" PRIu32 ",\"n_tokens\":%" PRIu32 ",\"resident\":%s"
+                   ",\"on_disk\":%s,\"bits\":%" PRIu32 ",\"density\":%.6g}",
+                   i ? "," : "", k->index, k->n_tokens, k->resident ? "true" : "false",
+                   k->on_disk ? "true" : "false", k->bits, (double)k->density);
+        }
+        putchar(']');
+    }
     if (with_history) {
         fputs(",\"history\":[", stdout);
         for (size_t i = 0; i < c->n_history; i++) {
@@ -123,10 +135,18 @@ static enum llms_status cmd_status(llms_conn *c)
                ",\"uptime_ms\":%" PRIu64 ",\"n_connections\":%" PRIu32 ",\"n_apps\":%" PRIu32
                ",\"n_contexts\":%" PRIu32 ",\"n_resident_contexts\":%" PRIu32
                ",\"kv_bytes_resident\":%" PRIu64 ",\"queued_requests\":%" PRIu32
-               ",\"running_requests\":%" PRIu32 ",\"rss_bytes\":%" PRIu64 "}\n",
+               ",\"running_requests\":%" PRIu32 ",\"rss_bytes\":%" PRIu64,
                st.model_bytes, st.n_ctx, st.threads, st.uptime_ms, st.n_connections,
                st.n_apps, st.n_contexts, st.n_resident_contexts, st.kv_bytes_resident,
                st.queued_requests, st.running_requests, st.rss_bytes);
+        printf(",\"kv_budget_bytes\":%" PRIu64 ",\"swap_bytes_written\":%" PRIu64
+               ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
+               ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
+               ",\"swap_faults\":%" PRIu64 ",\"swap_bad_blobs\":%" PRIu64
+               ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f}\n",
+               st.kv_budget_bytes, st.swap_bytes_written, st.swap_bytes_read,
+               st.swap_chunks_written, st.swap_chunks_read, st.swap_chunks_recomputed,
+               st.swap_faults, st.swap_bad_blobs, st.switch_ins, st.switch_in_mean_ms);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -139,6 +159,15 @@ static enum llms_status cmd_status(llms_conn *c)
                (double)st.uptime_ms / 1000.0, st.n_connections, st.n_apps, st.n_contexts,
                st.n_resident_contexts, st.kv_bytes_resident, st.running_requests,
                st.queued_requests, st.rss_bytes);
+        printf("kv budget         %" PRIu64 " bytes%s\n"
+               "swap              %" PRIu64 " chunks (%" PRIu64 " bytes) written, %" PRIu64
+               " read (%" PRIu64 " bytes), %" PRIu64 " recomputed\n"
+               "switch-ins        %" PRIu64 ", mean %.2f ms; %" PRIu64 " faults, %" PRIu64
+               " bad blobs\n",
+               st.kv_budget_bytes, st.kv_budget_bytes ? "" : " (no cap)", st.swap_chunks_written,
+               st.swap_bytes_written, st.swap_chunks_read, st.swap_bytes_read,
+               st.swap_chunks_recomputed, st.switch_ins, st.switch_in_mean_ms, st.swap_faults,
+               st.swap_bad_blobs);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;
@@ -209,12 +238,38 @@ static enum llms_status cmd_show(llms_conn *c, const char *id)
         putchar('\n');
     } else {
         text_context(&info);
+        if (info.n_chunks) {
+            printf("chunks (R resident, D on disk, bits, density):\n");
+            for (size_t i = 0; i < info.n_chunks; i++) {
+                const llms_chunk_info *k = &info.chunks[i];
+                printf("  %4" PRIu32 " %2" PRIu32 " tok  %c%c %2" PRIu32 " bits  %.4f\n",
+                       k->index, k->n_tokens, k->resident ? 'R' : '-', k->on_disk ? 'D' : '-',
+                       k->bits, (double)k->density);
+            }
+        }
         if (info.system_prompt)
             printf("system prompt: %s\n", info.system_prompt);
         for (size_t i = 0; i < info.n_history; i++)
             printf("\n[%s]\n%s\n", info.history[i].role, info.history[i].content);
     }
     llms_context_info_free(&info);
+    return LLMS_OK;
+}
+
+static enum llms_status cmd_profile(llms_conn *c)
+{
+    llms_profile_result p;
+    enum llms_status s = llms_profile(c, &p);
+    if (s != LLMS_OK)
+        return s;
+    if (json)
+        printf("{\"rec_a_ms\":%.6g,\"rec_b_ms_per_token\":%.6g,\"rec_c_ms_per_token_ctx\":%.6g"
+               ",\"io_d_ms\":%.6g,\"io_e_ms_per_byte\":%.6g}\n",
+               p.rec_a, p.rec_b, p.rec_c, p.io_d, p.io_e);
+    else
+        printf("recompute  %.4f ms + %.6f ms/token + %.3g ms/(token x context)\n"
+               "read       %.4f ms + %.3g ms/byte (%.1f MB/s)\n",
+               p.rec_a, p.rec_b, p.rec_c, p.io_d, p.io_e, p.io_e > 0 ? 1e-3 / p.io_e : 0);
     return LLMS_OK;
 }
 
@@ -240,6 +295,8 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_show(c, pos[1]);
     if (!strcmp(cmd, "evict"))
         return cmd_ok(c, llms_evict(c, pos[1]));
+    if (!strcmp(cmd, "profile"))
+        return cmd_profile(c);
     return cmd_ok(c, llms_shutdown(c));
 }
 
@@ -259,7 +316,8 @@ int main(int argc, char **argv)
             pos[npos++] = argv[i];
     }
     int one = npos == 1 && (!strcmp(pos[0], "status") || !strcmp(pos[0], "apps") ||
-                            !strcmp(pos[0], "contexts") || !strcmp(pos[0], "shutdown"));
+                            !strcmp(pos[0], "contexts") || !strcmp(pos[0], "profile") ||
+                            !strcmp(pos[0], "shutdown"));
     int two = npos == 2 && (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict"));
     if (!one && !two)
         usage();

@@ -551,9 +551,12 @@ static void admin_status(void)
         g.context_id = id;
         r = simple(fd, 73, LLMS__REQUEST__BODY_GET_CONTEXT, &g);
         CHECK(r && !r->error);
-        CHECK_EQ(r->context->memory, LLMS__MEMORY_STATE__MEMORY_NONE);
+        /* Evicted from memory; its chunks were written when the call returned. */
+        CHECK_EQ(r->context->memory, LLMS__MEMORY_STATE__MEMORY_ON_DISK);
+        CHECK(r->context->n_chunks > 0 && !r->context->chunks[0]->resident &&
+              r->context->chunks[0]->on_disk);
         frame_free_response(r);
-        /* The next call rebuilds the KV. */
+        /* The next call brings the KV back. */
         CHECK_EQ(do_call(fd, 74, id, "tok6", &out), 0);
         CHECK(out.final && !out.final->error);
         frame_free_response(out.final);
@@ -898,7 +901,7 @@ static void restart_keeps_contexts(void)
     CHECK(strcmp(r->contexts->contexts[1]->context_id, b) == 0);
     CHECK_EQ(r->contexts->contexts[0]->n_tokens, na2);
     CHECK_EQ(r->contexts->contexts[1]->n_tokens, nb);
-    CHECK_EQ(r->contexts->contexts[1]->memory, LLMS__MEMORY_STATE__MEMORY_NONE);
+    CHECK_EQ(r->contexts->contexts[1]->memory, LLMS__MEMORY_STATE__MEMORY_ON_DISK);
     frame_free_response(r);
     CHECK_EQ(call_text(fd, 84, b, "tok32 tok33", b2, sizeof b2, &nb2), 0);
     CHECK_MSG(strcmp(a2, b2) == 0, "'%s' != '%s'", a2, b2);

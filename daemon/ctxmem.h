@@ -1,0 +1,67 @@
+/*
+ * ctxmem.h — internals of the context manager shared by ctxmgr.c (contexts, budget,
+ * LCTRU, swap-out, persistence), ctxload.c (switch-in and faults) and ctxprofile.c
+ * (cost models). Not for use outside those files.
+ */
+#ifndef LLMS_CTXMEM_H
+#define LLMS_CTXMEM_H
+
+#include "daemon/ctxmgr.h"
+
+/* App whose scratch context the profile writes chunks to (deleted afterwards; a
+ * leftover from a crash is removed at startup). */
+#define CTX_PROFILE_APP "llmsd.profile"
+
+struct ctxmgr {
+    store *st;
+    kv_pool *pool;
+    model_runner *runner;
+    const model *m;
+    kv_shape shape;
+    int heads_layers;     /* n_layer * n_head: attention rows per token per forward */
+    ctx_policy policy;
+    ctx_cost cost;
+    ctx_stats stats;
+    uint64_t clock;       /* ticks once per call; orders last uses */
+    ctx_entry *head, *tail;
+    int n;
+};
+
+/* Tokens chunk i of a history of n tokens holds. */
+static inline int ctx_chunk_tokens(int n_tokens, int i)
+{
+    int n = n_tokens - i * KV_CHUNK_TOKENS;
+    return n < 0 ? 0 : n > KV_CHUNK_TOKENS ? KV_CHUNK_TOKENS : n;
+}
+
+/* Chunks covering n tokens. */
+static inline int ctx_n_chunks(int n_tokens)
+{
+    return (n_tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
+}
+
+/* Makes the map and the sequence's slot array n chunks long (new ones: nowhere). */
+int ctx_map_resize(ctx_entry *c, int n);
+
+/*
+ * Brings every missing chunk of c with index <= upto in (reading or recomputing each),
+ * under the budget; c must be locked. st may be NULL. 0, -1 + err, or CTX_E_BUDGET.
+ */
+int ctx_load_range(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
+                   char err[ERR_MAX]);
+
+/* kv_seq.fault of every context's sequence (arg: the ctx_entry). */
+int ctx_fault(void *arg, kv_seq *seq, int index, char err[ERR_MAX]);
+
+/* Cost models from the store, measured when the store has none for this model. */
+int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX]);
+
+/* Milliseconds the models predict for recomputing tokens attending to ctx entries,
+ * and for reading bytes. Zero work costs nothing. */
+double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx);
+double ctx_cost_read(const ctx_cost *k, int64_t bytes);
+
+int64_t ctx_now_ms(void);
+double ctx_mono_ms(void);
+
+#endif

@@ -1,0 +1,128 @@
+/*
+ * test_ctxswap.c — a real llmsd's context memory: after each call the context's chunks
+ * are on disk (llmsctl show prints the chunk map), after kill -9 and a restart the
+ * context comes back from its chunks and answers as an uninterrupted run does, and
+ * llmsctl status / profile report the swap statistics and cost models.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/integration/llmsd_proc.h"
+
+static char llmsd_path[1024], llmsctl_path[1100];
+
+/* Lossless chunks: the restored context must give the same greedy tokens. */
+#define CONF "kv_compress = none\n"
+
+static const char *const prompts[3] = {
+    "Once upon a time, there was a little girl named Lily. She liked to play outside.",
+    "One day she found a big red ball in the park.",
+    "She ran home to show her mom",
+};
+
+static int run_turns(llms_conn *c, const char *id, int first, int last, char text[][2048])
+{
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = 24;
+    p.raw = 1;
+    for (int i = first; i < last; i++) {
+        llms_result r;
+        if (llms_call(c, id, prompts[i], &p, NULL, NULL, &r) != LLMS_OK) {
+            fprintf(stderr, "turn %d: %s\n", i, llms_last_error(c));
+            return -1;
+        }
+        snprintf(text[i], 2048, "%s", r.text);
+        llms_result_free(&r);
+    }
+    return 0;
+}
+
+static int ctl(const llmsd_proc *d, const char *args, char *out, size_t cap)
+{
+    char cmd[2048];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' %s", llmsctl_path, d->sock, args);
+    return test_run_capture(cmd, out, cap);
+}
+
+static void restored_context_answers_the_same(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024];
+    snprintf(model, sizeof model, "%s", stories);
+    char ref[3][2048] = {{0}}, got[3][2048] = {{0}}, id[LLMS_ID_MAX];
+
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "swap-ref", model, CONF) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "swap");
+    int ok = c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
+             run_turns(c, id, 0, 3, ref) == 0;
+    llms_close(c);
+    proc_stop(&d, SIGTERM);
+    CHECK_MSG(ok, "the reference run failed");
+
+    CHECK_MSG(proc_start(&d, llmsd_path, "swap", model, CONF) == 0, "llmsd did not start");
+    c = proc_connect(&d, "swap");
+    ok = c && llms_context_create(c, NULL, NULL, id) == LLMS_OK && run_turns(c, id, 0, 2, got) == 0;
+    /* The worker answers this after the call's swap-out, so the chunks are written. */
+    llms_context_info info;
+    CHECK(ok && llms_context_get(c, id, 0, &info) == LLMS_OK);
+    CHECK(info.n_chunks >= 3 && info.chunks[0].resident && info.chunks[0].on_disk &&
+          info.chunks[0].bits == 16);
+    size_t n_chunks = info.n_chunks;
+    llms_context_info_free(&info);
+    llms_close(c);
+    char out[16384], args[256];
+    proc_fmt(args, sizeof args, "show %s", id);
+    CHECK_EQ(ctl(&d, args, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "chunks (R resident, D on disk") && strstr(out, "RD 16 bits"),
+              "show: %s", out);
+    proc_stop(&d, SIGKILL);
+
+    CHECK_MSG(proc_start(&d, llmsd_path, "swap", model, CONF) == 0,
+              "llmsd did not restart after kill -9");
+    CHECK_EQ(ctl(&d, args, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "on_disk") && strstr(out, "-D 16 bits") && !strstr(out, "RD"),
+              "show after restart: %s", out);
+    c = proc_connect(&d, "swap");
+    CHECK(c);
+    ok = run_turns(c, id, 2, 3, got) == 0;
+    CHECK(ok && llms_context_get(c, id, 0, &info) == LLMS_OK);
+    CHECK(info.n_chunks >= n_chunks);
+    llms_context_info_free(&info);
+    llms_close(c);
+    CHECK_MSG(strcmp(got[2], ref[2]) == 0, "restored: '%s' vs '%s'", got[2], ref[2]);
+
+    CHECK_EQ(ctl(&d, "--json status", out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "\"kv_budget_bytes\":67108864") && strstr(out, "\"switch_ins\":1,") &&
+                  strstr(out, "\"swap_faults\":0,"),
+              "status: %s", out);
+    unsigned long long rd = 0, rc = 0;
+    const char *p = strstr(out, "\"swap_chunks_read\":");
+    const char *q = strstr(out, "\"swap_chunks_recomputed\":");
+    CHECK(p && q && sscanf(p, "\"swap_chunks_read\":%llu", &rd) == 1 &&
+          sscanf(q, "\"swap_chunks_recomputed\":%llu", &rc) == 1);
+    CHECK_MSG(rd + rc >= n_chunks, "%llu read + %llu recomputed of %zu", rd, rc, n_chunks);
+    CHECK_EQ(ctl(&d, "profile", out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "recompute") && strstr(out, "read"), "profile: %s", out);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    if (llmsd_path[0]) {
+        int dir_len = (int)strlen(llmsd_path) - (int)strlen("llmsd");
+        proc_fmt(llmsctl_path, sizeof llmsctl_path, "%.*sllmsctl", dir_len, llmsd_path);
+    }
+    RUN(restored_context_answers_the_same);
+    return test_finish();
+}
