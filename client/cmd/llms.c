@@ -408,6 +408,7 @@ int main(int argc, char **argv)
     char err[LLMS_ERROR_MAX];
     if (llms_connect(socket_path, &c, err) != LLMS_OK) {
         fprintf(stderr, "llms: %s\n", err);
+        free(pos);
         return 1;
     }
     int rc = report(c, llms_bind(c, app), "bind");
