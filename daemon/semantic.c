@@ -328,6 +328,7 @@ static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *r
     memset(&res, 0, sizeof res);
     if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents, &o,
                    &res, err) < 0) {
+        rerank_result_free(&res);
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
         return;
     }
@@ -439,6 +440,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
         double t0 = now_ms();
         if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
                        &o, &res, err) < 0) {
+            rerank_result_free(&res);
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
             goto done;
         }
@@ -458,6 +460,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
             double t0 = now_ms();
             if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
                            (int)rq->n_documents, &o, &res, err) < 0) {
+                rerank_result_free(&res);
                 send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
                            err);
                 goto done;
