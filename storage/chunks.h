@@ -4,7 +4,8 @@
  * The store knows bytes, not transformers: a chunk blob is a list of byte sections (the
  * daemon writes one per model layer so that it can read a chunk back one layer at a
  * time) plus a small record in the catalog (table chunks) describing it. Files live in
- * <dir>/chunks/<context id>/; each section is compressed with zstd and checksummed, and
+ * <dir>/chunks/<context id>/; each section is compressed with zstd (or kept as is when
+ * that saves little) and checksummed, and
  * every read verifies sizes and checksums, so a corrupt, truncated or missing file is
  * an error naming the chunk, never wrong bytes.
  *
@@ -54,7 +55,8 @@ int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
 int store_chunk_touch(store *s, const char *ctx_id, int index, float density,
                       int64_t last_used_ms, char err[ERR_MAX]);
 
-/* Calls fn for each stored chunk of a context in index order. */
+/* Calls fn (may be NULL) for each stored chunk of a context in index order; a non-zero
+ * return from fn stops the walk and is returned. fn must not call store_chunk_list. */
 int store_chunk_list(store *s, const char *ctx_id,
                      int (*fn)(void *arg, const store_chunk *c), void *arg, char err[ERR_MAX]);
 
@@ -86,7 +88,8 @@ const store_chunk *store_chunk_reader_meta(const store_chunk_reader *r);
 size_t store_chunk_section_bytes(const store_chunk_reader *r, int i);
 
 /* Reads, decompresses and verifies section i into dst, which holds exactly
- * store_chunk_section_bytes(r, i) bytes. Sections may be read in any order. */
+ * store_chunk_section_bytes(r, i) bytes. Sections may be read in any order. On failure
+ * (a wrong size leaves dst alone) dst may hold partial bytes that must not be used. */
 int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst_bytes,
                              char err[ERR_MAX]);
 

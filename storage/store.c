@@ -1,5 +1,6 @@
 /* store.c — the sqlite3 catalog of apps, contexts and turns (see store.h). */
 #include "storage/store.h"
+#include "storage/store_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,24 @@ static const char *const store_migrations[] = {
     "  text TEXT NOT NULL,"
     "  tokens BLOB NOT NULL," /* int32 little-endian each */
     "  PRIMARY KEY (context_id, seq));",
+
+    /* Chunk blobs (chunks.h): a row per stored chunk naming its file's generation, and
+     * small named settings (doubles, little-endian IEEE 754 each). */
+    "CREATE TABLE chunks ("
+    "  context_id TEXT NOT NULL REFERENCES contexts(id) ON DELETE CASCADE,"
+    "  idx INTEGER NOT NULL,"
+    "  precision INTEGER NOT NULL,"
+    "  n_tokens INTEGER NOT NULL,"
+    "  n_sections INTEGER NOT NULL,"
+    "  raw_bytes INTEGER NOT NULL,"
+    "  file_bytes INTEGER NOT NULL,"
+    "  generation INTEGER NOT NULL,"
+    "  density REAL NOT NULL,"
+    "  last_used_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (context_id, idx));"
+    "CREATE TABLE settings ("
+    "  key TEXT PRIMARY KEY,"
+    "  vals BLOB NOT NULL);",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
@@ -66,6 +85,8 @@ enum store_stmt {
     ST_CTX_TOUCH,
     ST_TURN_INSERT,
     ST_TURN_SELECT,
+    ST_SETTING_PUT,
+    ST_SETTING_GET,
     ST_COUNT
 };
 
@@ -88,11 +109,15 @@ static const char *const store_sql[ST_COUNT] = {
                        " VALUES (?, ?, ?, ?, ?)",
     [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
                        " ORDER BY seq",
+    [ST_SETTING_PUT] = "INSERT OR REPLACE INTO settings (key, vals) VALUES (?, ?)",
+    [ST_SETTING_GET] = "SELECT vals FROM settings WHERE key = ?",
 };
 
 struct store {
     sqlite3 *db;
+    char *dir;
     char *path;
+    store_chunks *chunks;
     sqlite3_stmt *st[ST_COUNT];
     uint8_t *blob;     /* scratch for encoding tokens: (blob_cap) bytes */
     size_t blob_cap;
@@ -227,7 +252,9 @@ store *store_open(const char *dir, char err[ERR_MAX])
     if (make_dirs(dir, err) != 0)
         return NULL;
     store *s = calloc(1, sizeof *s);
-    if (!s || asprintf(&s->path, "%s/%s", dir, STORE_FILE) < 0) {
+    if (!s || !(s->dir = strdup(dir)) || asprintf(&s->path, "%s/%s", dir, STORE_FILE) < 0) {
+        if (s)
+            free(s->dir);
         free(s);
         err_set(err, "store: out of memory");
         return NULL;
@@ -238,6 +265,7 @@ store *store_open(const char *dir, char err[ERR_MAX])
     if (fd < 0) {
         err_set(err, "store: %s: %s", s->path, strerror(errno));
         free(s->path);
+        free(s->dir);
         free(s);
         return NULL;
     }
@@ -271,6 +299,7 @@ void store_close(store *s)
 {
     if (!s)
         return;
+    store_chunks_free(s->chunks);
     for (int i = 0; i < ST_COUNT; i++)
         sqlite3_finalize(s->st[i]);
     /* close_v2 cannot fail with BUSY: every statement is finalized above. */
@@ -278,7 +307,23 @@ void store_close(store *s)
     free(s->blob);
     free(s->tokens);
     free(s->path);
+    free(s->dir);
     free(s);
+}
+
+const char *store_dir(const store *s)
+{
+    return s->dir;
+}
+
+sqlite3 *store_sqlite(store *s)
+{
+    return s->db;
+}
+
+store_chunks **store_chunks_slot(store *s)
+{
+    return &s->chunks;
 }
 
 /* A prepared statement, reset and unbound, ready for new bindings. */
@@ -372,6 +417,9 @@ int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX
     if (run(s, st, what, err) != 0)
         return -1;
     *found = sqlite3_changes(s->db) > 0;
+    /* The chunk rows went with the context (ON DELETE CASCADE); their files follow. */
+    if (*found)
+        store_chunks_remove_context(s, id);
     return 0;
 }
 
@@ -646,5 +694,79 @@ int store_context_turns(store *s, const char *id,
         return err_set(err, "store: turns: no context '%.40s'", id);
     if (rc != SQLITE_ROW)
         return db_err(s, err, "turns: looking up context");
+    return 0;
+}
+
+#define SETTING_MAX_VALUES (1 << 20)
+
+int store_setting_put(store *s, const char *key, const double *values, int n,
+                      char err[ERR_MAX])
+{
+    if (!key || !key[0])
+        return err_set(err, "store: put setting: empty key");
+    if (n < 0 || n > SETTING_MAX_VALUES || (n > 0 && !values))
+        return err_set(err, "store: put setting '%.60s': bad value count %d", key, n);
+    if ((size_t)n * 8 > s->blob_cap) {
+        uint8_t *b = realloc(s->blob, (size_t)n * 8);
+        if (!b)
+            return err_set(err, "store: out of memory for setting '%.60s'", key);
+        s->blob = b;
+        s->blob_cap = (size_t)n * 8;
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t bits;
+        memcpy(&bits, &values[i], 8);
+        for (int b = 0; b < 8; b++)
+            s->blob[8 * i + b] = (uint8_t)(bits >> (8 * b));
+    }
+    sqlite3_stmt *st = stmt(s, ST_SETTING_PUT);
+    if (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_blob64(st, 2, n ? (const void *)s->blob : "", (sqlite3_uint64)n * 8,
+                            SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "put setting: binding");
+    char what[96];
+    snprintf(what, sizeof what, "put setting '%.60s'", key);
+    return run(s, st, what, err);
+}
+
+int store_setting_get(store *s, const char *key, double *values, int max, int *n,
+                      bool *found, char err[ERR_MAX])
+{
+    *found = false;
+    *n = 0;
+    if (!key || !key[0])
+        return err_set(err, "store: get setting: empty key");
+    if (max < 0 || (max > 0 && !values))
+        return err_set(err, "store: get setting '%.60s': bad capacity %d", key, max);
+    sqlite3_stmt *st = stmt(s, ST_SETTING_GET);
+    if (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "get setting: binding");
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        sqlite3_reset(st);
+        return 0;
+    }
+    if (rc != SQLITE_ROW) {
+        db_err(s, err, "get setting");
+        sqlite3_reset(st);
+        return -1;
+    }
+    const uint8_t *b = sqlite3_column_blob(st, 0);
+    int bytes = sqlite3_column_bytes(st, 0);
+    if (bytes % 8 || (bytes > 0 && !b)) {
+        sqlite3_reset(st);
+        return err_set(err, "store: setting '%.60s': stored value of %d bytes is not a list "
+                       "of doubles", key, bytes);
+    }
+    int count = bytes / 8;
+    for (int i = 0; i < count && i < max; i++) {
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; k++)
+            bits |= (uint64_t)b[8 * i + k] << (8 * k);
+        memcpy(&values[i], &bits, 8);
+    }
+    sqlite3_reset(st);
+    *n = count;
+    *found = true;
     return 0;
 }

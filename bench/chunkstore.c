@@ -1,0 +1,322 @@
+/*
+ * bench/chunkstore — speed of the chunk blob store (storage/chunks.h) on this disk.
+ *
+ *   build/bench/chunkstore [--dir DIR] [--chunks N] [--sections N] [--section-kib N]
+ *                          [--runs N]
+ *
+ * Chunk-sized blobs (by default 30 sections of 40 KiB, one per layer) of int8-like data
+ * (per-32 groups of a 2-byte scale and 32 roughly Gaussian int8 values, like quantized
+ * KV) are:
+ *   - compressed in memory with zstd at levels 1 and 3 (and -1): MB/s and ratio, to
+ *     choose the store's level;
+ *   - written through store_chunk_write (compress, write, fsync, rename, fsync dir,
+ *     commit): MB/s of raw bytes and ms per chunk;
+ *   - read back through store_chunk_open / read_section, cold (page cache dropped with
+ *     store_chunk_drop_cache, and checked with mincore) and warm.
+ * Prints one JSON object per measurement (the median of --runs). The state directory
+ * (default build/bench-chunkstore, on the same disk as the build) is removed at the end.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "bench/bench.h"
+#include "storage/chunks.h"
+#include "storage/store.h"
+
+#define MAX_RUNS 15
+
+typedef struct options {
+    const char *dir;
+    int n_chunks;
+    int n_sections;
+    size_t section_bytes;
+    int n_runs;
+} options;
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static double uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return ((double)(rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* Groups of a 2-byte scale (an f16 of similar magnitude each time) and 32 int8 values,
+ * Gaussian with a per-group spread, as a quantizer leaves them. */
+static void fill_int8_like(uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        double sigma = 25.0 + 20.0 * uniform();
+        if (i + 2 <= n) {
+            p[i++] = (uint8_t)(uniform() * 256);
+            p[i++] = (uint8_t)(0x20 + (int)(uniform() * 4));
+        }
+        for (int k = 0; k < 32 && i < n; k++) {
+            double g = sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform());
+            long v = lround(g * sigma);
+            p[i++] = (uint8_t)(int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
+    }
+}
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    *o = (options){.dir = "build/bench-chunkstore", .n_chunks = 64, .n_sections = 30,
+                   .section_bytes = 40 * 1024, .n_runs = 3};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            return -1;
+        if (strcmp(argv[i], "--dir") == 0)
+            o->dir = v;
+        else if (strcmp(argv[i], "--chunks") == 0)
+            o->n_chunks = atoi(v);
+        else if (strcmp(argv[i], "--sections") == 0)
+            o->n_sections = atoi(v);
+        else if (strcmp(argv[i], "--section-kib") == 0)
+            o->section_bytes = (size_t)atoi(v) * 1024;
+        else if (strcmp(argv[i], "--runs") == 0)
+            o->n_runs = atoi(v);
+        else
+            return -1;
+        i++;
+    }
+    if (o->n_chunks < 1 || o->n_sections < 1 || o->n_sections > STORE_CHUNK_MAX_SECTIONS ||
+        o->section_bytes < 1 || o->n_runs < 1 || o->n_runs > MAX_RUNS)
+        return -1;
+    return 0;
+}
+
+/* In-memory zstd speed at one level over all sections of one chunk. */
+static void bench_level(const options *o, uint8_t *const *sections, int level)
+{
+    size_t bound = ZSTD_compressBound(o->section_bytes);
+    uint8_t *z = malloc(bound * (size_t)o->n_sections);
+    uint8_t *back = malloc(o->section_bytes);
+    size_t *zbytes = malloc((size_t)o->n_sections * sizeof *zbytes);
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level);
+    ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 1);
+    double ct[MAX_RUNS], dt[MAX_RUNS];
+    size_t total_z = 0;
+    int reps = 5;
+    for (int run = 0; run < o->n_runs; run++) {
+        double t0 = bench_now_s();
+        for (int r = 0; r < reps; r++) {
+            total_z = 0;
+            for (int i = 0; i < o->n_sections; i++) {
+                zbytes[i] = ZSTD_compress2(cc, z + bound * (size_t)i, bound, sections[i],
+                                           o->section_bytes);
+                total_z += zbytes[i];
+            }
+        }
+        double t1 = bench_now_s();
+        for (int r = 0; r < reps; r++)
+            for (int i = 0; i < o->n_sections; i++)
+                ZSTD_decompressDCtx(dc, back, o->section_bytes, z + bound * (size_t)i,
+                                    zbytes[i]);
+        double t2 = bench_now_s();
+        ct[run] = t1 - t0;
+        dt[run] = t2 - t1;
+    }
+    double mb = (double)o->section_bytes * o->n_sections * reps / 1e6;
+    printf("{\"bench\":\"chunkstore_zstd\",\"level\":%d,\"data\":\"int8_like\","
+           "\"compress_mb_s\":%.0f,\"decompress_mb_s\":%.0f,\"ratio\":%.3f}\n",
+           level, mb / bench_median(ct, o->n_runs), mb / bench_median(dt, o->n_runs),
+           (double)o->section_bytes * o->n_sections / (double)total_z);
+    ZSTD_freeCCtx(cc);
+    ZSTD_freeDCtx(dc);
+    free(z);
+    free(back);
+    free(zbytes);
+}
+
+/* Fraction of the pages of chunk index that are in the page cache. */
+static double resident_fraction(store *s, const char *ctx, int index)
+{
+    char path[4096];
+    bool found;
+    char err[ERR_MAX];
+    store_chunk_reader *r = store_chunk_open(s, ctx, index, &found, err);
+    if (!r)
+        return -1;
+    int64_t file_bytes = store_chunk_reader_meta(r)->file_bytes;
+    store_chunk_close(r);
+    snprintf(path, sizeof path, "%s/chunks/%s/%d.1.chunk", store_dir(s), ctx, index);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    void *m = mmap(NULL, (size_t)file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t pages = ((size_t)file_bytes + (size_t)page - 1) / (size_t)page;
+    unsigned char *vec = malloc(pages);
+    double frac = -1;
+    if (vec && mincore(m, (size_t)file_bytes, vec) == 0) {
+        size_t in = 0;
+        for (size_t i = 0; i < pages; i++)
+            in += vec[i] & 1;
+        frac = (double)in / (double)pages;
+    }
+    free(vec);
+    munmap(m, (size_t)file_bytes);
+    return frac;
+}
+
+/* Opens and reads every section of every chunk; returns seconds or -1. */
+static double read_all(store *s, const char *ctx, const options *o, uint8_t *dst,
+                       int64_t *file_bytes)
+{
+    char err[ERR_MAX];
+    *file_bytes = 0;
+    double t0 = bench_now_s();
+    for (int c = 0; c < o->n_chunks; c++) {
+        bool found;
+        store_chunk_reader *r = store_chunk_open(s, ctx, c, &found, err);
+        if (!r) {
+            fprintf(stderr, "chunkstore: %s\n", found ? err : "chunk missing");
+            return -1;
+        }
+        for (int i = 0; i < o->n_sections; i++) {
+            if (store_chunk_read_section(r, i, dst, o->section_bytes, err) != 0) {
+                fprintf(stderr, "chunkstore: %s\n", err);
+                store_chunk_close(r);
+                return -1;
+            }
+        }
+        *file_bytes += store_chunk_reader_bytes_read(r);
+        store_chunk_close(r);
+    }
+    return bench_now_s() - t0;
+}
+
+static int bench_store(const options *o, uint8_t *const *sections)
+{
+    char err[ERR_MAX];
+    store *s = store_open(o->dir, err);
+    int64_t app;
+    const char *ctx = "bench";
+    bool found;
+    if (!s || store_app_id(s, 0, "bench", &app, err) != 0 ||
+        store_context_delete(s, ctx, &found, err) != 0 ||
+        store_context_create(s, ctx, app, NULL, NULL, 0, 0, err) != 0) {
+        fprintf(stderr, "chunkstore: %s\n", err);
+        store_close(s);
+        return -1;
+    }
+    size_t *sizes = malloc((size_t)o->n_sections * sizeof *sizes);
+    uint8_t *dst = malloc(o->section_bytes);
+    for (int i = 0; i < o->n_sections; i++)
+        sizes[i] = o->section_bytes;
+    double wt[MAX_RUNS], cold[MAX_RUNS], warm[MAX_RUNS], resident = -1;
+    int64_t file_total = 0, read_bytes = 0;
+    int rc = 0;
+    for (int run = 0; run < o->n_runs && rc == 0; run++) {
+        /* Each run starts empty so every write has the same work (generation 1). */
+        if (store_chunk_delete_from(s, ctx, 0, err) != 0) {
+            fprintf(stderr, "chunkstore: %s\n", err);
+            rc = -1;
+            break;
+        }
+        file_total = 0;
+        double t0 = bench_now_s();
+        for (int c = 0; c < o->n_chunks; c++) {
+            store_chunk meta = {.index = c, .n_tokens = 16};
+            if (store_chunk_write(s, ctx, &meta, (const void *const *)sections, sizes,
+                                  o->n_sections, err) != 0) {
+                fprintf(stderr, "chunkstore: %s\n", err);
+                rc = -1;
+                break;
+            }
+            file_total += meta.file_bytes;
+        }
+        wt[run] = bench_now_s() - t0;
+        if (rc != 0 || store_chunk_drop_cache(s, ctx, err) != 0) {
+            if (rc == 0)
+                fprintf(stderr, "chunkstore: %s\n", err);
+            rc = -1;
+            break;
+        }
+        resident = resident_fraction(s, ctx, 0);
+        cold[run] = read_all(s, ctx, o, dst, &read_bytes);
+        warm[run] = read_all(s, ctx, o, dst, &read_bytes);
+        if (cold[run] < 0 || warm[run] < 0)
+            rc = -1;
+    }
+    if (rc == 0) {
+        double raw_mb = (double)o->section_bytes * o->n_sections * o->n_chunks / 1e6;
+        double file_mb = (double)file_total / 1e6;
+        double w = bench_median(wt, o->n_runs), c = bench_median(cold, o->n_runs),
+               h = bench_median(warm, o->n_runs);
+        printf("{\"bench\":\"chunkstore_write\",\"chunks\":%d,\"sections\":%d,"
+               "\"section_bytes\":%zu,\"raw_mb_s\":%.0f,\"file_mb_s\":%.0f,"
+               "\"ms_per_chunk\":%.2f,\"ratio\":%.3f}\n",
+               o->n_chunks, o->n_sections, o->section_bytes, raw_mb / w, file_mb / w,
+               1e3 * w / o->n_chunks, raw_mb / file_mb);
+        printf("{\"bench\":\"chunkstore_read_cold\",\"chunks\":%d,\"raw_mb_s\":%.0f,"
+               "\"file_mb_s\":%.0f,\"ms_per_chunk\":%.2f,\"resident_after_drop\":%.2f}\n",
+               o->n_chunks, raw_mb / c, (double)read_bytes / 1e6 / c, 1e3 * c / o->n_chunks,
+               resident);
+        printf("{\"bench\":\"chunkstore_read_warm\",\"chunks\":%d,\"raw_mb_s\":%.0f,"
+               "\"file_mb_s\":%.0f,\"ms_per_chunk\":%.2f}\n",
+               o->n_chunks, raw_mb / h, (double)read_bytes / 1e6 / h, 1e3 * h / o->n_chunks);
+    }
+    if (store_context_delete(s, ctx, &found, err) != 0)
+        fprintf(stderr, "chunkstore: %s\n", err);
+    store_close(s);
+    free(sizes);
+    free(dst);
+    return rc;
+}
+
+/* Removes the state directory the benchmark made (its database files and chunks/). */
+static void remove_state(const char *dir)
+{
+    const char *files[] = {"llmsd.db", "llmsd.db-wal", "llmsd.db-shm"};
+    char path[4096];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/chunks", dir);
+    rmdir(path);
+    rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: chunkstore [--dir DIR] [--chunks N] [--sections N] "
+                        "[--section-kib N] [--runs N (<= %d)]\n", MAX_RUNS);
+        return 2;
+    }
+    uint8_t **sections = malloc((size_t)o.n_sections * sizeof *sections);
+    for (int i = 0; i < o.n_sections; i++) {
+        sections[i] = malloc(o.section_bytes);
+        fill_int8_like(sections[i], o.section_bytes);
+    }
+    const int levels[] = {-1, 1, 3};
+    for (int i = 0; i < 3; i++)
+        bench_level(&o, sections, levels[i]);
+    int rc = bench_store(&o, sections);
+    remove_state(o.dir);
+    for (int i = 0; i < o.n_sections; i++)
+        free(sections[i]);
+    free(sections);
+    return rc == 0 ? 0 : 1;
+}
