@@ -290,6 +290,22 @@ static void calibrate_then_target_precision(void)
         llms_rerank_result_free(&full);
         llms_rerank_result_free(&tuned);
     }
+    llms_close(c);
+
+    /* The threshold is kept in the store: it survives a restart. */
+    CHECK_EQ(proc_stop(&rerank_daemon, SIGTERM), 0);
+    rerank_up = start_rerank() == 0 ? 1 : -1;
+    CHECK_MSG(rerank_up == 1, "llmsd did not restart");
+    c = proc_connect(&rerank_daemon, "rr-cal");
+    CHECK(c);
+    llms_rerank_options o;
+    llms_rerank_options_init(&o);
+    o.top_k = 2;
+    o.target_precision = 1.0f;
+    llms_rerank_result r;
+    CHECK_EQ(llms_rerank(c, QUERY, DOCS, N_DOCS, &o, &r), LLMS_OK);
+    CHECK_NEAR(r.cv_threshold, cal.cv_threshold, 1e-6);
+    llms_rerank_result_free(&r);
     llms_calibration_free(&cal);
     llms_close(c);
 }
