@@ -864,14 +864,16 @@ enum llms_status llms_embed(llms_conn *c, const char *const *texts, size_t n,
     const Llms__EmbedResponse *p = r->embed;
     size_t dim = p->dim;
     if (p->n_vectors != n || p->n_n_tokens != n) {
+        size_t got = p->n_vectors;
         frame_free_response(r);
-        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent %zu vectors for %zu texts", p->n_vectors, n);
+        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent %zu vectors for %zu texts", got, n);
     }
     for (size_t i = 0; i < n; i++)
         if (p->vectors[i]->n_values != dim) {
+            size_t got = p->vectors[i]->n_values;
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a vector of %zu values, not %zu",
-                        p->vectors[i]->n_values, dim);
+            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a vector of %zu values, not %zu", got,
+                        dim);
         }
     out->values = malloc((n * dim > 0 ? n * dim : 1) * sizeof *out->values);
     out->n_tokens = malloc((n ? n : 1) * sizeof *out->n_tokens);
@@ -953,9 +955,9 @@ enum llms_status llms_rerank(llms_conn *c, const char *query, const char *const 
     const Llms__RerankResponse *p = r->rerank;
     for (size_t i = 0; i < p->n_hits; i++)
         if (p->hits[i]->index >= n) {
+            uint32_t bad = p->hits[i]->index;
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent document index %u of %zu",
-                        p->hits[i]->index, n);
+            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent document index %u of %zu", bad, n);
         }
     out->hits = malloc((p->n_hits ? p->n_hits : 1) * sizeof *out->hits);
     out->layers_computed = dup_u32(p->layers_computed, p->n_layers_computed);
