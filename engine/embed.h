@@ -2,9 +2,11 @@
  * embed.h — text embeddings from a decoder-only model: the final-norm'd residual stream
  * of the last layer, pooled over the text's tokens and L2-normalised.
  *
- * Pooling EMBED_LAST takes the last token's row, as Qwen3-Embedding does (its GGUF sets
- * tokenizer.ggml.add_eos_token, so the last token is <|endoftext|>); EMBED_MEAN
- * averages the rows of every token. Each text is evaluated from position 0 in a fresh
+ * Pooling EMBED_LAST takes the last token's row, as Qwen3-Embedding does; EMBED_MEAN
+ * averages the rows of every token. embed_text adds only the special tokens the GGUF's
+ * tokenizer.ggml.add_bos_token / add_eos_token flags ask for (Qwen3-Embedding is
+ * trained with <|endoftext|> as the last token: with a GGUF that does not set
+ * add_eos_token, tokenize the text, append that id and call embed_tokens). Each text is evaluated from position 0 in a fresh
  * KV sequence, so a text's vector does not depend on what was embedded before it.
  */
 #ifndef LLMS_EMBED_H
