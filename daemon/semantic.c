@@ -28,7 +28,7 @@ struct semantic {
     embedder *emb;
     int32_t *tokens;       /* (max_kv) one text's ids */
     int max_kv;
-    reranker *rr[2];       /* [stream_weights]: opened on first use */
+    reranker *rr;          /* opened on first use */
 };
 
 static double now_ms(void)
@@ -91,8 +91,7 @@ void semantic_free(semantic *sm)
     if (!sm)
         return;
     embed_free(sm->emb);
-    rerank_close(sm->rr[0]);
-    rerank_close(sm->rr[1]);
+    rerank_close(sm->rr);
     free(sm->tokens);
     free(sm);
 }
@@ -195,23 +194,7 @@ static void setting_key(const semantic *sm, float precision, char key[SEM_KEY_MA
     snprintf(key, SEM_KEY_MAX, "rerank.cv_threshold:%s:%.4f", rerank_path(sm), precision);
 }
 
-/* The reranker for this weight mode, opened on first use. */
-static reranker *get_reranker(semantic *sm, bool stream, char err[ERR_MAX])
-{
-    if (!sm->rr[stream]) {
-        const config *cfg = sm->env.cfg;
-        rerank_options o = rerank_default_options();
-        o.stream_weights = stream;
-        o.memory_limit = (size_t)cfg->rerank_memory_mb << 20;
-        o.yes_token = cfg->rerank_yes_token;
-        o.no_token = cfg->rerank_no_token;
-        o.n_threads = cfg->threads;
-        sm->rr[stream] = rerank_open(rerank_path(sm), &o, err);
-    }
-    return sm->rr[stream];
-}
-
-/* Options of a call: the open options with the request's top_k and mode. */
+/* Options of a call: the daemon's settings with the request's top_k and mode. */
 static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
                         Llms__RerankMode mode, rerank_options *o, char err[ERR_MAX])
 {
@@ -238,6 +221,18 @@ static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
     return 0;
 }
 
+/* The reranker, opened on first use with the daemon's settings (a call's options may
+ * then differ, stream_weights included). */
+static reranker *get_reranker(semantic *sm, char err[ERR_MAX])
+{
+    if (!sm->rr) {
+        rerank_options o;
+        call_options(sm, 0, 0, 0, LLMS__RERANK_MODE__RERANK_SET, &o, err);
+        sm->rr = rerank_open(rerank_path(sm), &o, err);
+    }
+    return sm->rr;
+}
+
 /* Checks the size of one query and its documents against the limits: 0, or the code. */
 static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **docs, size_t n,
                                   char err[ERR_MAX])
@@ -257,8 +252,13 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
         return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
     }
     size_t bytes = strlen(query);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (!docs[i][0]) {
+            err_set(err, "document %zu is empty", i);
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        }
         bytes += strlen(docs[i]);
+    }
     if (bytes > (size_t)cfg->rerank_max_bytes) {
         err_set(err, "%zu bytes of query and documents, more than the limit "
                      "(rerank_max_bytes = %d)", bytes, cfg->rerank_max_bytes);
@@ -319,7 +319,7 @@ static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *r
         }
         o.cv_threshold = (float)v[0];
     }
-    reranker *rr = get_reranker(sm, o.stream_weights, err);
+    reranker *rr = get_reranker(sm, err);
     if (!rr) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return;
@@ -417,7 +417,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return;
     }
-    reranker *rr = get_reranker(sm, o.stream_weights, err);
+    reranker *rr = get_reranker(sm, err);
     if (!rr) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return;

@@ -2,8 +2,8 @@
  * semantic.h — the worker's handlers of Embed, Rerank and the admin RerankCalibrate.
  *
  * Embed runs the daemon's model on the worker's runner (engine/embed.h). Rerank uses a
- * reranker (engine/rerank.h) on rerank_model, opened on the first Rerank call, one per
- * weight mode (streamed or mapped) asked for. Both run to completion inside the worker
+ * reranker (engine/rerank.h) on rerank_model, opened on the first Rerank call and kept.
+ * Both run to completion inside the worker
  * between generation steps. Thresholds found by RerankCalibrate are kept in the store's
  * settings under "rerank.cv_threshold:<model path>:<precision>".
  */

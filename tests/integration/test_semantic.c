@@ -205,6 +205,9 @@ static void rerank_invalid_requests(void)
     llms_rerank_result r;
     CHECK_EQ(llms_rerank(c, "", DOCS, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_rerank(c, QUERY, NULL, 0, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    const char *with_empty[] = {DOCS[0], ""};
+    CHECK_EQ(llms_rerank(c, QUERY, with_empty, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llms_last_error(c), "document 1 is empty") != NULL);
     const char *nine[9];
     for (int i = 0; i < 9; i++)
         nine[i] = DOCS[i % N_DOCS];
