@@ -2,7 +2,7 @@
  * bench/chunkstore — speed of the chunk blob store (storage/chunks.h) on this disk.
  *
  *   build/bench/chunkstore [--dir DIR] [--chunks N] [--sections N] [--section-kib N]
- *                          [--runs N]
+ *                          [--batch N] [--runs N]
  *
  * Chunk-sized blobs (by default 30 sections of 40 KiB, one per layer) of int8-like data
  * (per-32 groups of a 2-byte scale and 32 roughly Gaussian int8 values, like quantized
@@ -10,7 +10,8 @@
  *   - compressed in memory with zstd at levels 1 and 3 (and -1): MB/s and ratio, to
  *     choose the store's level;
  *   - written through store_chunk_write (compress, write, fsync, rename, fsync dir,
- *     commit): MB/s of raw bytes and ms per chunk;
+ *     commit), one chunk a call, then through store_chunk_write_batch, --batch chunks
+ *     (default 64) a call: MB/s of raw bytes and ms per chunk;
  *   - read back through store_chunk_open / read_section, cold (page cache dropped with
  *     store_chunk_drop_cache, and checked with mincore) and warm.
  * Prints one JSON object per measurement (the median of --runs). The state directory
@@ -38,6 +39,7 @@ typedef struct options {
     int n_chunks;
     int n_sections;
     size_t section_bytes;
+    int batch;
     int n_runs;
 } options;
 
@@ -73,7 +75,7 @@ static void fill_int8_like(uint8_t *p, size_t n)
 static int parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.dir = "build/bench-chunkstore", .n_chunks = 64, .n_sections = 30,
-                   .section_bytes = 40 * 1024, .n_runs = 3};
+                   .section_bytes = 40 * 1024, .batch = 64, .n_runs = 3};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -86,6 +88,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->n_sections = atoi(v);
         else if (strcmp(argv[i], "--section-kib") == 0)
             o->section_bytes = (size_t)atoi(v) * 1024;
+        else if (strcmp(argv[i], "--batch") == 0)
+            o->batch = atoi(v);
         else if (strcmp(argv[i], "--runs") == 0)
             o->n_runs = atoi(v);
         else
@@ -93,7 +97,7 @@ static int parse_options(int argc, char **argv, options *o)
         i++;
     }
     if (o->n_chunks < 1 || o->n_sections < 1 || o->n_sections > STORE_CHUNK_MAX_SECTIONS ||
-        o->section_bytes < 1 || o->n_runs < 1 || o->n_runs > MAX_RUNS)
+        o->section_bytes < 1 || o->batch < 1 || o->n_runs < 1 || o->n_runs > MAX_RUNS)
         return -1;
     return 0;
 }
@@ -204,6 +208,43 @@ static double read_all(store *s, const char *ctx, const options *o, uint8_t *dst
     return bench_now_s() - t0;
 }
 
+/* Writes chunks 0 .. n_chunks - 1 of ctx, one a call (batch 1) or batch a call, into
+ * an empty context; returns seconds (-1 on failure) and the files' total size. */
+static double write_chunks(store *s, const char *ctx, const options *o, int batch,
+                        uint8_t *const *sections, const size_t *sizes, int64_t *file_total)
+{
+    char err[ERR_MAX];
+    /* Each run starts empty so every write has the same work (generation 1). */
+    if (store_chunk_delete_from(s, ctx, 0, err) != 0) {
+        fprintf(stderr, "chunkstore: %s\n", err);
+        return -1;
+    }
+    store_chunk_blob *chunks = malloc((size_t)batch * sizeof *chunks);
+    *file_total = 0;
+    double t0 = bench_now_s();
+    for (int first = 0; first < o->n_chunks; first += batch) {
+        int n = o->n_chunks - first < batch ? o->n_chunks - first : batch;
+        for (int k = 0; k < n; k++)
+            chunks[k] = (store_chunk_blob){.meta = {.index = first + k, .n_tokens = 16},
+                                           .sections = (const void *const *)sections,
+                                           .section_bytes = sizes,
+                                           .n_sections = o->n_sections};
+        int rc = batch == 1 ? store_chunk_write(s, ctx, &chunks[0].meta, chunks[0].sections,
+                                                sizes, o->n_sections, err)
+                            : store_chunk_write_batch(s, ctx, chunks, n, err);
+        if (rc != 0) {
+            fprintf(stderr, "chunkstore: %s\n", err);
+            free(chunks);
+            return -1;
+        }
+        for (int k = 0; k < n; k++)
+            *file_total += chunks[k].meta.file_bytes;
+    }
+    double t = bench_now_s() - t0;
+    free(chunks);
+    return t;
+}
+
 static int bench_store(const options *o, uint8_t *const *sections)
 {
     char err[ERR_MAX];
@@ -222,29 +263,14 @@ static int bench_store(const options *o, uint8_t *const *sections)
     uint8_t *dst = malloc(o->section_bytes);
     for (int i = 0; i < o->n_sections; i++)
         sizes[i] = o->section_bytes;
-    double wt[MAX_RUNS], cold[MAX_RUNS], warm[MAX_RUNS], resident = -1;
+    double wt[MAX_RUNS], bt[MAX_RUNS], cold[MAX_RUNS], warm[MAX_RUNS], resident = -1;
     int64_t file_total = 0, read_bytes = 0;
     int rc = 0;
     for (int run = 0; run < o->n_runs && rc == 0; run++) {
-        /* Each run starts empty so every write has the same work (generation 1). */
-        if (store_chunk_delete_from(s, ctx, 0, err) != 0) {
-            fprintf(stderr, "chunkstore: %s\n", err);
+        wt[run] = write_chunks(s, ctx, o, 1, sections, sizes, &file_total);
+        bt[run] = write_chunks(s, ctx, o, o->batch, sections, sizes, &file_total);
+        if (wt[run] < 0 || bt[run] < 0)
             rc = -1;
-            break;
-        }
-        file_total = 0;
-        double t0 = bench_now_s();
-        for (int c = 0; c < o->n_chunks; c++) {
-            store_chunk meta = {.index = c, .n_tokens = 16};
-            if (store_chunk_write(s, ctx, &meta, (const void *const *)sections, sizes,
-                                  o->n_sections, err) != 0) {
-                fprintf(stderr, "chunkstore: %s\n", err);
-                rc = -1;
-                break;
-            }
-            file_total += meta.file_bytes;
-        }
-        wt[run] = bench_now_s() - t0;
         if (rc != 0 || store_chunk_drop_cache(s, ctx, err) != 0) {
             if (rc == 0)
                 fprintf(stderr, "chunkstore: %s\n", err);
@@ -260,13 +286,16 @@ static int bench_store(const options *o, uint8_t *const *sections)
     if (rc == 0) {
         double raw_mb = (double)o->section_bytes * o->n_sections * o->n_chunks / 1e6;
         double file_mb = (double)file_total / 1e6;
-        double w = bench_median(wt, o->n_runs), c = bench_median(cold, o->n_runs),
-               h = bench_median(warm, o->n_runs);
+        double w = bench_median(wt, o->n_runs), b = bench_median(bt, o->n_runs),
+               c = bench_median(cold, o->n_runs), h = bench_median(warm, o->n_runs);
         printf("{\"bench\":\"chunkstore_write\",\"chunks\":%d,\"sections\":%d,"
                "\"section_bytes\":%zu,\"raw_mb_s\":%.0f,\"file_mb_s\":%.0f,"
                "\"ms_per_chunk\":%.2f,\"ratio\":%.3f}\n",
                o->n_chunks, o->n_sections, o->section_bytes, raw_mb / w, file_mb / w,
                1e3 * w / o->n_chunks, raw_mb / file_mb);
+        printf("{\"bench\":\"chunkstore_write_batch\",\"chunks\":%d,\"batch\":%d,"
+               "\"raw_mb_s\":%.0f,\"file_mb_s\":%.0f,\"ms_per_chunk\":%.2f}\n",
+               o->n_chunks, o->batch, raw_mb / b, file_mb / b, 1e3 * b / o->n_chunks);
         printf("{\"bench\":\"chunkstore_read_cold\",\"chunks\":%d,\"raw_mb_s\":%.0f,"
                "\"file_mb_s\":%.0f,\"ms_per_chunk\":%.2f,\"resident_after_drop\":%.2f}\n",
                o->n_chunks, raw_mb / c, (double)read_bytes / 1e6 / c, 1e3 * c / o->n_chunks,
@@ -302,7 +331,7 @@ int main(int argc, char **argv)
     options o;
     if (parse_options(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: chunkstore [--dir DIR] [--chunks N] [--sections N] "
-                        "[--section-kib N] [--runs N (<= %d)]\n", MAX_RUNS);
+                        "[--section-kib N] [--batch N] [--runs N (<= %d)]\n", MAX_RUNS);
         return 2;
     }
     uint8_t **sections = malloc((size_t)o.n_sections * sizeof *sections);

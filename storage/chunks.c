@@ -57,6 +57,9 @@ enum chunk_stmt {
     CS_LIST,
     CS_FILES,
     CS_DELETE_FROM,
+    CS_BEGIN,
+    CS_COMMIT,
+    CS_ROLLBACK,
     CS_COUNT
 };
 
@@ -77,6 +80,9 @@ static const char *const chunk_sql[CS_COUNT] = {
     [CS_FILES] = "SELECT idx, generation FROM chunks WHERE context_id = ? AND idx >= ?"
                  " ORDER BY idx",
     [CS_DELETE_FROM] = "DELETE FROM chunks WHERE context_id = ? AND idx >= ?",
+    [CS_BEGIN] = "BEGIN IMMEDIATE",
+    [CS_COMMIT] = "COMMIT",
+    [CS_ROLLBACK] = "ROLLBACK",
 };
 
 struct store_chunks {
@@ -475,36 +481,258 @@ static int encode_chunk(store_chunks *c, const char *ctx_id, int index,
     return 0;
 }
 
-/* Writes bytes to path durably under a temporary name, then renames it into place and
- * makes the rename durable. */
-static int write_file_durably(const char *tmp, const char *path, const char *dir,
-                              const uint8_t *bytes, size_t n, const char *ctx_id, int index,
-                              char *err)
+/* Files a batch writes before it waits for any of them: the disk works on many files
+ * at once, and the open descriptors stay bounded. */
+#define BATCH_WINDOW 64
+
+/* One chunk of a batch while it is written. */
+typedef struct batch_item {
+    int64_t gen;        /* the generation being written; gen - 1 is stored when had */
+    bool had;
+    int fd;             /* its temporary file while open, else -1 */
+    enum { ITEM_NOTHING, ITEM_TMP, ITEM_RENAMED } stage; /* which of its files exists */
+    int64_t raw_bytes;
+    int64_t file_bytes;
+} batch_item;
+
+static int compare_int(const void *a, const void *b)
 {
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0)
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Refuses a batch with bad arguments before anything is written. */
+static int check_batch(const char *ctx_id, const store_chunk_blob *chunks, int n_chunks,
+                       char *err)
+{
+    if (!valid_id(ctx_id))
+        return err_set(err, "store: write chunks: empty context id");
+    if (n_chunks < 0 || (n_chunks > 0 && !chunks))
+        return err_set(err, "store: write chunks of context '%.40s': bad chunk count %d",
+                       ctx_id, n_chunks);
+    for (int k = 0; k < n_chunks; k++) {
+        const store_chunk_blob *b = &chunks[k];
+        int index = b->meta.index;
+        if (index < 0)
+            return err_set(err, "store: write chunks of context '%.40s': chunk %d of the "
+                           "batch has index %d", ctx_id, k, index);
+        if (b->n_sections < 0 || b->n_sections > STORE_CHUNK_MAX_SECTIONS ||
+            (b->n_sections > 0 && (!b->sections || !b->section_bytes)))
+            return chunk_fail(err, ctx_id, index, "bad section count %d", b->n_sections);
+        for (int i = 0; i < b->n_sections; i++)
+            if (b->section_bytes[i] > 0 && !b->sections[i])
+                return chunk_fail(err, ctx_id, index, "section %d has %zu bytes and no data",
+                                  i, b->section_bytes[i]);
+    }
+    if (n_chunks < 2)
+        return 0;
+    int *sorted = malloc((size_t)n_chunks * sizeof *sorted);
+    if (!sorted)
+        return err_set(err, "store: out of memory for a batch of %d chunks", n_chunks);
+    for (int k = 0; k < n_chunks; k++)
+        sorted[k] = chunks[k].meta.index;
+    qsort(sorted, (size_t)n_chunks, sizeof *sorted, compare_int);
+    int twice = -1;
+    for (int k = 1; k < n_chunks && twice < 0; k++)
+        if (sorted[k] == sorted[k - 1])
+            twice = sorted[k];
+    free(sorted);
+    if (twice >= 0)
+        return chunk_fail(err, ctx_id, twice, "written twice in one batch");
+    return 0;
+}
+
+/* Encodes a chunk and writes it to its temporary file, which stays open with its
+ * writeback started: the disk works on it while the next chunk is compressed. */
+static int batch_write_file(store *s, store_chunks *c, const char *ctx_id,
+                            const store_chunk_blob *b, batch_item *it, char *err)
+{
+    int index = b->meta.index;
+    char tmp[PATH_MAX];
+    size_t total = 0;
+    if (chunk_path(s, ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp, sizeof tmp, err) != 0 ||
+        encode_chunk(c, ctx_id, index, b->sections, b->section_bytes, b->n_sections, &total,
+                     &it->raw_bytes, err) != 0)
+        return -1;
+    it->file_bytes = (int64_t)total;
+    it->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (it->fd < 0)
         return chunk_fail(err, ctx_id, index, "creating %s: %s", tmp, strerror(errno));
-    if (write_all(fd, bytes, n) != 0 || fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
+    it->stage = ITEM_TMP;
+    errno = 0;
+    if (write_all(it->fd, c->buf, total) != 0)
         return chunk_fail(err, ctx_id, index, "writing %s: %s", tmp,
-                          e ? strerror(e) : "short write");
+                          errno ? strerror(errno) : "short write");
+    /* Only a hint: fdatasync below waits for the data and reports any error. */
+    sync_file_range(it->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    return 0;
+}
+
+/* Waits until a chunk's temporary file is durable, closes it and renames it to the
+ * chunk's name (durable once its directory is synced). fdatasync is enough: it also
+ * writes the size and block map that reading the data back needs. */
+static int batch_finish_file(store *s, const char *ctx_id, int index, batch_item *it,
+                             char *err)
+{
+    char tmp[PATH_MAX], path[PATH_MAX];
+    if (chunk_path(s, ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp, sizeof tmp, err) != 0 ||
+        chunk_path(s, ctx_id, index, it->gen, CHUNK_SUFFIX, path, sizeof path, err) != 0)
+        return -1;
+    int synced = fdatasync(it->fd), sync_errno = errno;
+    int closed = close(it->fd), close_errno = errno;
+    it->fd = -1;
+    if (synced != 0)
+        return chunk_fail(err, ctx_id, index, "syncing %s: %s", tmp, strerror(sync_errno));
+    if (closed != 0)
+        return chunk_fail(err, ctx_id, index, "closing %s: %s", tmp, strerror(close_errno));
+    if (rename(tmp, path) != 0)
+        return chunk_fail(err, ctx_id, index, "renaming %s: %s", tmp, strerror(errno));
+    it->stage = ITEM_RENAMED;
+    return 0;
+}
+
+/* Removes what a failed batch wrote; the stored versions were never touched. */
+static void batch_undo(store *s, const char *ctx_id, const store_chunk_blob *chunks,
+                       batch_item *items, int n_chunks)
+{
+    char path[PATH_MAX], ignored[ERR_MAX];
+    for (int k = 0; k < n_chunks; k++) {
+        batch_item *it = &items[k];
+        if (it->fd >= 0)
+            close(it->fd);
+        it->fd = -1;
+        if (it->stage != ITEM_NOTHING &&
+            chunk_path(s, ctx_id, chunks[k].meta.index, it->gen,
+                       it->stage == ITEM_TMP ? CHUNK_TMP_SUFFIX : CHUNK_SUFFIX, path,
+                       sizeof path, ignored) == 0)
+            unlink(path);
+        it->stage = ITEM_NOTHING;
     }
-    if (close(fd) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return chunk_fail(err, ctx_id, index, "closing %s: %s", tmp, strerror(e));
+}
+
+static int put_row(store *s, const char *ctx_id, const store_chunk *row, int64_t gen,
+                   char *err)
+{
+    sqlite3_stmt *st = chunk_stmt(s, CS_PUT, err);
+    if (!st)
+        return -1;
+    if (sqlite3_bind_text(st, 1, ctx_id, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int(st, 2, row->index) != SQLITE_OK ||
+        sqlite3_bind_int(st, 3, row->precision) != SQLITE_OK ||
+        sqlite3_bind_int(st, 4, row->n_tokens) != SQLITE_OK ||
+        sqlite3_bind_int(st, 5, row->n_sections) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 6, row->raw_bytes) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 7, row->file_bytes) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 8, gen) != SQLITE_OK ||
+        sqlite3_bind_double(st, 9, row->density) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 10, row->last_used_ms) != SQLITE_OK)
+        return db_fail(s, err, ctx_id, "binding chunk row");
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE)
+        chunk_fail(err, ctx_id, row->index, "storing catalog row: %s",
+                   sqlite3_errmsg(store_sqlite(s)));
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Runs BEGIN, COMMIT or ROLLBACK. */
+static int run_chunk_stmt(store *s, enum chunk_stmt which, const char *ctx_id,
+                          const char *what, char *err)
+{
+    sqlite3_stmt *st = chunk_stmt(s, which, err);
+    if (!st)
+        return -1;
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE)
+        db_fail(s, err, ctx_id, what);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* Stores the rows of a batch whose files are durable, in one transaction. */
+static int batch_commit(store *s, const char *ctx_id, const store_chunk_blob *chunks,
+                        const batch_item *items, int n_chunks, char *err)
+{
+    if (run_chunk_stmt(s, CS_BEGIN, ctx_id, "beginning the catalog transaction", err) != 0)
+        return -1;
+    int result = 0;
+    for (int k = 0; k < n_chunks && result == 0; k++) {
+        store_chunk row = chunks[k].meta;
+        row.n_sections = chunks[k].n_sections;
+        row.raw_bytes = items[k].raw_bytes;
+        row.file_bytes = items[k].file_bytes;
+        result = put_row(s, ctx_id, &row, items[k].gen, err);
     }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return chunk_fail(err, ctx_id, index, "renaming %s: %s", tmp, strerror(e));
+    if (result == 0)
+        result = run_chunk_stmt(s, CS_COMMIT, ctx_id, "committing chunk rows", err);
+    if (result != 0) {
+        /* ROLLBACK may find sqlite already rolled back; the first error is the one
+         * worth reporting. */
+        char ignored[ERR_MAX];
+        run_chunk_stmt(s, CS_ROLLBACK, ctx_id, "rolling back", ignored);
     }
-    if (fsync_dir(dir, err) != 0) {
-        unlink(path);
+    return result;
+}
+
+int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
+                            int n_chunks, char err[ERR_MAX])
+{
+    if (check_batch(ctx_id, chunks, n_chunks, err) != 0)
+        return -1;
+    store_chunks *c = chunks_state(s, err);
+    if (!c || require_context(s, ctx_id, err) != 0)
+        return -1;
+    if (n_chunks == 0)
+        return 0;
+    char top[PATH_MAX], dir[PATH_MAX];
+    if ((size_t)snprintf(top, sizeof top, "%s/" CHUNK_DIR, store_dir(s)) >= sizeof top)
+        return err_set(err, "store: state directory path too long");
+    if (ctx_dir_path(s, ctx_id, dir, sizeof dir, err) != 0)
+        return -1;
+    batch_item *items = calloc((size_t)n_chunks, sizeof *items);
+    if (!items)
+        return err_set(err, "store: out of memory for a batch of %d chunks", n_chunks);
+    for (int k = 0; k < n_chunks; k++)
+        items[k].fd = -1;
+    int result = 0;
+    for (int k = 0; k < n_chunks && result == 0; k++) {
+        store_chunk old;
+        int64_t old_gen = 0;
+        result = get_row(s, ctx_id, chunks[k].meta.index, &old, &old_gen, &items[k].had,
+                         err);
+        items[k].gen = items[k].had ? old_gen + 1 : 1;
+    }
+    if (result == 0 && (make_dir(top, store_dir(s), err) != 0 || make_dir(dir, top, err) != 0))
+        result = -1;
+    for (int start = 0; start < n_chunks && result == 0; start += BATCH_WINDOW) {
+        int end = n_chunks - start > BATCH_WINDOW ? start + BATCH_WINDOW : n_chunks;
+        for (int k = start; k < end && result == 0; k++)
+            result = batch_write_file(s, c, ctx_id, &chunks[k], &items[k], err);
+        for (int k = start; k < end && result == 0; k++)
+            result = batch_finish_file(s, ctx_id, chunks[k].meta.index, &items[k], err);
+    }
+    /* One directory sync makes every rename durable before any row refers to it. */
+    if (result == 0)
+        result = fsync_dir(dir, err);
+    if (result == 0)
+        result = batch_commit(s, ctx_id, chunks, items, n_chunks, err);
+    if (result != 0) {
+        batch_undo(s, ctx_id, chunks, items, n_chunks);
+        free(items);
         return -1;
     }
+    for (int k = 0; k < n_chunks; k++) {
+        store_chunk *m = &chunks[k].meta;
+        m->n_sections = chunks[k].n_sections;
+        m->raw_bytes = items[k].raw_bytes;
+        m->file_bytes = items[k].file_bytes;
+        /* A failure here only leaves an orphan for store_chunks_gc. */
+        char old_path[PATH_MAX], ignored[ERR_MAX];
+        if (items[k].had && chunk_path(s, ctx_id, m->index, items[k].gen - 1, CHUNK_SUFFIX,
+                                       old_path, sizeof old_path, ignored) == 0)
+            unlink(old_path);
+    }
+    free(items);
     return 0;
 }
 
@@ -512,84 +740,14 @@ int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
                       const void *const *sections, const size_t *section_bytes,
                       int n_sections, char err[ERR_MAX])
 {
-    if (!valid_id(ctx_id))
-        return err_set(err, "store: write chunk: empty context id");
-    if (!meta || meta->index < 0)
-        return err_set(err, "store: write chunk of context '%.40s': no index", ctx_id);
-    int index = meta->index;
-    if (n_sections < 0 || n_sections > STORE_CHUNK_MAX_SECTIONS ||
-        (n_sections > 0 && (!sections || !section_bytes)))
-        return chunk_fail(err, ctx_id, index, "bad section count %d", n_sections);
-    for (int i = 0; i < n_sections; i++)
-        if (section_bytes[i] > 0 && !sections[i])
-            return chunk_fail(err, ctx_id, index, "section %d has %zu bytes and no data", i,
-                              section_bytes[i]);
-    store_chunks *c = chunks_state(s, err);
-    if (!c || require_context(s, ctx_id, err) != 0)
+    if (!meta)
+        return err_set(err, "store: write chunk of context '%.40s': no record",
+                       ctx_id ? ctx_id : "");
+    store_chunk_blob b = {.meta = *meta, .sections = sections,
+                          .section_bytes = section_bytes, .n_sections = n_sections};
+    if (store_chunk_write_batch(s, ctx_id, &b, 1, err) != 0)
         return -1;
-    store_chunk old;
-    int64_t old_gen = 0;
-    bool had;
-    if (get_row(s, ctx_id, index, &old, &old_gen, &had, err) != 0)
-        return -1;
-    int64_t gen = had ? old_gen + 1 : 1;
-
-    char top[PATH_MAX], dir[PATH_MAX], path[PATH_MAX], tmp[PATH_MAX], old_path[PATH_MAX];
-    if ((size_t)snprintf(top, sizeof top, "%s/" CHUNK_DIR, store_dir(s)) >= sizeof top)
-        return err_set(err, "store: state directory path too long");
-    if (ctx_dir_path(s, ctx_id, dir, sizeof dir, err) != 0 ||
-        chunk_path(s, ctx_id, index, gen, CHUNK_SUFFIX, path, sizeof path, err) != 0 ||
-        chunk_path(s, ctx_id, index, gen, CHUNK_TMP_SUFFIX, tmp, sizeof tmp, err) != 0 ||
-        chunk_path(s, ctx_id, index, old_gen, CHUNK_SUFFIX, old_path, sizeof old_path,
-                   err) != 0)
-        return -1;
-    if (make_dir(top, store_dir(s), err) != 0 || make_dir(dir, top, err) != 0)
-        return -1;
-
-    size_t total = 0;
-    int64_t raw_total = 0;
-    if (encode_chunk(c, ctx_id, index, sections, section_bytes, n_sections, &total,
-                     &raw_total, err) != 0)
-        return -1;
-    if (write_file_durably(tmp, path, dir, c->buf, total, ctx_id, index, err) != 0)
-        return -1;
-
-    store_chunk row = *meta;
-    row.n_sections = n_sections;
-    row.raw_bytes = raw_total;
-    row.file_bytes = (int64_t)total;
-    sqlite3_stmt *st = chunk_stmt(s, CS_PUT, err);
-    if (!st) {
-        unlink(path);
-        return -1;
-    }
-    if (sqlite3_bind_text(st, 1, ctx_id, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_int(st, 2, index) != SQLITE_OK ||
-        sqlite3_bind_int(st, 3, row.precision) != SQLITE_OK ||
-        sqlite3_bind_int(st, 4, row.n_tokens) != SQLITE_OK ||
-        sqlite3_bind_int(st, 5, row.n_sections) != SQLITE_OK ||
-        sqlite3_bind_int64(st, 6, row.raw_bytes) != SQLITE_OK ||
-        sqlite3_bind_int64(st, 7, row.file_bytes) != SQLITE_OK ||
-        sqlite3_bind_int64(st, 8, gen) != SQLITE_OK ||
-        sqlite3_bind_double(st, 9, row.density) != SQLITE_OK ||
-        sqlite3_bind_int64(st, 10, row.last_used_ms) != SQLITE_OK) {
-        db_fail(s, err, ctx_id, "binding chunk row");
-        unlink(path);
-        return -1;
-    }
-    int rc = sqlite3_step(st);
-    if (rc != SQLITE_DONE) {
-        chunk_fail(err, ctx_id, index, "committing catalog row: %s",
-                   sqlite3_errmsg(store_sqlite(s)));
-        sqlite3_reset(st);
-        unlink(path);
-        return -1;
-    }
-    sqlite3_reset(st);
-    *meta = row;
-    /* A failure here only leaves an orphan for store_chunks_gc. */
-    if (had)
-        unlink(old_path);
+    *meta = b.meta;
     return 0;
 }
 

@@ -12,7 +12,8 @@
  * Writes are crash-safe: the file is written under a temporary name, fsynced, renamed
  * and its directory fsynced before the catalog row commits; a crash at any point leaves
  * either the old chunk (row and file) or the new one. Files no row refers to (left by a
- * crash between rename and commit) are removed by store_chunks_gc.
+ * crash between rename and commit) are removed by store_chunks_gc. A batch of chunks
+ * shares the syncs and one catalog transaction, which costs much less per chunk.
  *
  * Catalog functions run on the store's thread (like store.h). A store_chunk_reader,
  * once opened, touches only its file and may be used from another thread (an I/O
@@ -42,11 +43,27 @@ typedef struct store_chunk {
     int64_t last_used_ms;  /* Unix ms; set by the caller */
 } store_chunk;
 
+/* One chunk to write: its record and its sections. */
+typedef struct store_chunk_blob {
+    store_chunk meta;                 /* in: index, precision, n_tokens, density,
+                                       * last_used_ms; out: n_sections and byte counts */
+    const void *const *sections;      /* (n_sections) bytes of each section */
+    const size_t *section_bytes;      /* (n_sections) size of each section */
+    int n_sections;                   /* 0 .. STORE_CHUNK_MAX_SECTIONS */
+} store_chunk_blob;
+
 /*
- * Writes chunk meta->index of context ctx_id (which must exist) from n_sections
- * sections, replacing any stored version, durable when it returns. meta->n_sections
- * and the byte counts are filled in by the store (meta is updated in place).
+ * Writes n_chunks chunks (distinct indexes; 0 is fine) of context ctx_id (which must
+ * exist), each replacing any stored version, all durable when it returns. All or
+ * nothing: every file is written and synced, then one catalog transaction stores every
+ * row; on failure no row changes, the stored versions stay readable and the new files
+ * are removed. chunks[k].meta.n_sections and the byte counts are filled in on success.
  */
+int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
+                            int n_chunks, char err[ERR_MAX]);
+
+/* A batch of one: writes chunk meta->index of ctx_id from n_sections sections; meta's
+ * n_sections and byte counts are filled in. */
 int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
                       const void *const *sections, const size_t *section_bytes,
                       int n_sections, char err[ERR_MAX]);

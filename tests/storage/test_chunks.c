@@ -1,5 +1,5 @@
-/* Tests of the chunk blob store: round trips, replacement, corruption, gc, threads,
- * settings and the migration from schema version 1. */
+/* Tests of the chunk blob store: round trips, replacement, corruption, gc, batches,
+ * threads, settings and the migration from schema version 1. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -527,6 +527,230 @@ static void gc_removes_orphans_only(void)
     store_close(s);
 }
 
+/* A batch's entry for chunk index made of b's sections. */
+static store_chunk_blob batch_entry(int index, const blob *b, int precision)
+{
+    return (store_chunk_blob){
+        .meta = {.index = index, .precision = precision, .n_tokens = 16,
+                 .density = 0.25f * (float)index, .last_used_ms = 1000 + index},
+        .sections = (const void *const *)b->data,
+        .section_bytes = b->bytes,
+        .n_sections = b->n,
+    };
+}
+
+/* Runs the gc and returns how many files it removed (-1 when it failed). */
+static int gc_count(store *s)
+{
+    char err[ERR_MAX];
+    int removed = -1;
+    return store_chunks_gc(s, &removed, err) == 0 ? removed : -1;
+}
+
+#define BIG_BATCH 70 /* more than one window of files written before they are synced */
+
+static void batch_round_trip(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("batch", err);
+    CHECK_MSG(s, "%s", err);
+    blob b[3], none = {0};
+    make_blob(&b[0], 3000);
+    make_blob(&b[1], 100);
+    make_blob(&b[2], 7000);
+    /* Out of index order, with a chunk of no sections. */
+    store_chunk_blob chunks[4] = {batch_entry(6, &b[0], 1), batch_entry(2, &b[1], 2),
+                                  batch_entry(0, &none, 0), batch_entry(4, &b[2], 3)};
+    CHECK_MSG(store_chunk_write_batch(s, "c1", chunks, 4, err) == 0, "%s", err);
+    CHECK(chunks[0].meta.n_sections == 5 && chunks[0].meta.raw_bytes == 3 * 3000 + 1500 +
+                                                                           3000 + 1);
+    CHECK(chunks[2].meta.n_sections == 0 && chunks[2].meta.raw_bytes == 0);
+    char names[512];
+    CHECK_EQ(list_files(s, "c1", names, sizeof names), 4);
+    CHECK_MSG(strcmp(names, "0.1.chunk 2.1.chunk 4.1.chunk 6.1.chunk") == 0, "%s", names);
+    CHECK_EQ(read_compare(s, "c1", 6, &b[0], err), 1);
+    CHECK_EQ(read_compare(s, "c1", 2, &b[1], err), 1);
+    CHECK_EQ(read_compare(s, "c1", 0, &none, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 4, &b[2], err), 1);
+    seen all = {0};
+    CHECK_MSG(store_chunk_list(s, "c1", see_chunk, &all, err) == 0, "%s", err);
+    CHECK_EQ(all.n, 4);
+    for (int i = 0; i < 4 && i < all.n; i++) {
+        const store_chunk *want = NULL;
+        for (int k = 0; k < 4; k++)
+            if (chunks[k].meta.index == all.c[i].index)
+                want = &chunks[k].meta;
+        const store_chunk *got = &all.c[i];
+        CHECK(want && want->precision == got->precision && want->n_tokens == got->n_tokens &&
+              want->n_sections == got->n_sections && want->raw_bytes == got->raw_bytes &&
+              want->file_bytes == got->file_bytes && want->density == got->density &&
+              want->last_used_ms == got->last_used_ms);
+    }
+
+    /* A batch larger than one window, in the other context. */
+    static store_chunk_blob big[BIG_BATCH];
+    for (int k = 0; k < BIG_BATCH; k++)
+        big[k] = batch_entry(k, &b[k % 3], k % 4);
+    CHECK_MSG(store_chunk_write_batch(s, "c2", big, BIG_BATCH, err) == 0, "%s", err);
+    for (int k = 0; k < BIG_BATCH; k++)
+        CHECK_MSG(read_compare(s, "c2", k, &b[k % 3], err) == 1, "chunk %d", k);
+    CHECK_EQ(gc_count(s), 0);
+    for (int i = 0; i < 3; i++)
+        blob_free(&b[i]);
+    store_close(s);
+}
+
+static void batch_replaces_some(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("batchrep", err);
+    CHECK_MSG(s, "%s", err);
+    blob a, b;
+    make_blob(&a, 2000);
+    make_blob(&b, 2500);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(write_blob(s, "c1", i, &a, 0, err) == 0, "%s", err);
+    /* A reader of a replaced chunk keeps its version. */
+    bool found;
+    store_chunk_reader *r = store_chunk_open(s, "c1", 3, &found, err);
+    CHECK_MSG(r, "%s", err);
+    store_chunk_blob chunks[3] = {batch_entry(3, &b, 5), batch_entry(5, &b, 5),
+                                  batch_entry(1, &b, 5)};
+    CHECK_MSG(store_chunk_write_batch(s, "c1", chunks, 3, err) == 0, "%s", err);
+    char names[512];
+    CHECK_EQ(list_files(s, "c1", names, sizeof names), 5);
+    CHECK_MSG(strcmp(names, "0.1.chunk 1.2.chunk 2.1.chunk 3.2.chunk 5.1.chunk") == 0, "%s",
+              names);
+    CHECK_EQ(read_compare(s, "c1", 0, &a, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 1, &b, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 2, &a, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 3, &b, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 5, &b, err), 1);
+    uint8_t *dst = malloc(a.bytes[0]);
+    CHECK_MSG(store_chunk_read_section(r, 0, dst, a.bytes[0], err) == 0, "%s", err);
+    CHECK(memcmp(dst, a.data[0], a.bytes[0]) == 0);
+    free(dst);
+    store_chunk_close(r);
+    CHECK_EQ(gc_count(s), 0);
+
+    /* Rows survive reopening. */
+    store_close(s);
+    s = store_open(fresh_dir("batchrep"), err);
+    CHECK_MSG(s, "%s", err);
+    CHECK_EQ(read_compare(s, "c1", 3, &b, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 2, &a, err), 1);
+    blob_free(&a);
+    blob_free(&b);
+    store_close(s);
+}
+
+/* Checks that chunks 0..n-1 of c1 still hold a, that no other chunk or file appeared
+ * and that the gc finds nothing to remove. */
+static void check_untouched(store *s, int n, const blob *a, const char *files)
+{
+    char err[ERR_MAX] = "", names[512];
+    for (int i = 0; i < n; i++)
+        CHECK_MSG(read_compare(s, "c1", i, a, err) == 1, "chunk %d: %s", i, err);
+    seen all = {0};
+    CHECK_MSG(store_chunk_list(s, "c1", see_chunk, &all, err) == 0, "%s", err);
+    CHECK_EQ(all.n, n);
+    list_files(s, "c1", names, sizeof names);
+    CHECK_MSG(strcmp(names, files) == 0, "%s", names);
+    CHECK_EQ(gc_count(s), 0);
+}
+
+static void failed_batch_changes_nothing(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("batchfail", err);
+    CHECK_MSG(s, "%s", err);
+    blob a, b;
+    make_blob(&a, 1500);
+    make_blob(&b, 1800);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(write_blob(s, "c1", i, &a, 0, err) == 0, "%s", err);
+    const char *files = "0.1.chunk 1.1.chunk 2.1.chunk";
+    check_untouched(s, 3, &a, files);
+
+    /* A section too large to compress, met after two chunks were written. */
+    const void *huge_data[1] = {a.data[0]};
+    size_t huge_bytes[1] = {SIZE_MAX / 2};
+    store_chunk_blob chunks[4] = {batch_entry(1, &b, 1), batch_entry(7, &b, 1),
+                                  batch_entry(2, &b, 1), batch_entry(8, &b, 1)};
+    chunks[2].sections = huge_data;
+    chunks[2].section_bytes = huge_bytes;
+    chunks[2].n_sections = 1;
+    CHECK(store_chunk_write_batch(s, "c1", chunks, 4, err) == -1);
+    CHECK_MSG(strstr(err, "'c1'") && strstr(err, "chunk 2") && strstr(err, "too large"), "%s",
+              err);
+    CHECK(chunks[0].meta.n_sections == 0 && chunks[0].meta.file_bytes == 0);
+    bool found;
+    CHECK(!store_chunk_open(s, "c1", 7, &found, err) && !found);
+    check_untouched(s, 3, &a, files);
+
+    /* The same past the first window: the files of the first window were renamed. */
+    static store_chunk_blob big[BIG_BATCH];
+    for (int k = 0; k < BIG_BATCH; k++)
+        big[k] = batch_entry(k, &b, 1);
+    big[BIG_BATCH - 2].sections = huge_data;
+    big[BIG_BATCH - 2].section_bytes = huge_bytes;
+    big[BIG_BATCH - 2].n_sections = 1;
+    CHECK(store_chunk_write_batch(s, "c1", big, BIG_BATCH, err) == -1);
+    CHECK_MSG(strstr(err, "too large"), "%s", err);
+    check_untouched(s, 3, &a, files);
+
+    /* Refused before anything is written: too many sections in the middle, a section
+     * with no data, an index twice, a negative index, an unknown context. */
+    chunks[2] = batch_entry(2, &b, 1);
+    chunks[2].n_sections = STORE_CHUNK_MAX_SECTIONS + 1;
+    CHECK(store_chunk_write_batch(s, "c1", chunks, 4, err) == -1);
+    CHECK_MSG(strstr(err, "chunk 2") && strstr(err, "section count"), "%s", err);
+    chunks[2] = batch_entry(2, &b, 1);
+    const void *no_data[1] = {NULL};
+    chunks[2].sections = no_data;
+    chunks[2].n_sections = 1;
+    CHECK(store_chunk_write_batch(s, "c1", chunks, 4, err) == -1);
+    chunks[2] = batch_entry(1, &b, 1);
+    CHECK(store_chunk_write_batch(s, "c1", chunks, 4, err) == -1);
+    CHECK_MSG(strstr(err, "chunk 1") && strstr(err, "twice"), "%s", err);
+    chunks[2] = batch_entry(-3, &b, 1);
+    CHECK(store_chunk_write_batch(s, "c1", chunks, 4, err) == -1);
+    chunks[2] = batch_entry(2, &b, 1);
+    CHECK(store_chunk_write_batch(s, "ghost", chunks, 4, err) == -1);
+    CHECK_MSG(strstr(err, "no context 'ghost'"), "%s", err);
+    CHECK(store_chunk_write_batch(s, "c1", chunks, -1, err) == -1);
+    CHECK(store_chunk_write_batch(s, "c1", NULL, 2, err) == -1);
+    check_untouched(s, 3, &a, files);
+
+    /* The same batch, fixed, goes through. */
+    CHECK_MSG(store_chunk_write_batch(s, "c1", chunks, 4, err) == 0, "%s", err);
+    CHECK_EQ(read_compare(s, "c1", 2, &b, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 8, &b, err), 1);
+    CHECK_EQ(read_compare(s, "c1", 0, &a, err), 1);
+    CHECK_EQ(gc_count(s), 0);
+    blob_free(&a);
+    blob_free(&b);
+    store_close(s);
+}
+
+static void empty_batch(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("batchzero", err);
+    CHECK_MSG(s, "%s", err);
+    CHECK_MSG(store_chunk_write_batch(s, "c1", NULL, 0, err) == 0, "%s", err);
+    store_chunk_blob unused = {.meta = {.index = 0}};
+    CHECK_MSG(store_chunk_write_batch(s, "c1", &unused, 0, err) == 0, "%s", err);
+    CHECK(store_chunk_write_batch(s, "ghost", NULL, 0, err) == -1);
+    CHECK(store_chunk_write_batch(s, "", NULL, 0, err) == -1);
+    char names[256];
+    CHECK_EQ(list_files(s, "c1", names, sizeof names), 0);
+    seen all = {0};
+    CHECK_MSG(store_chunk_list(s, "c1", see_chunk, &all, err) == 0, "%s", err);
+    CHECK_EQ(all.n, 0);
+    store_close(s);
+}
+
 typedef struct reader_job {
     store_chunk_reader *r;
     const blob *b;
@@ -697,6 +921,10 @@ int main(void)
     RUN(context_delete_removes_files);
     RUN(corruption_is_detected);
     RUN(gc_removes_orphans_only);
+    RUN(batch_round_trip);
+    RUN(batch_replaces_some);
+    RUN(failed_batch_changes_nothing);
+    RUN(empty_batch);
     RUN(reader_on_another_thread);
     RUN(settings);
     RUN(migrates_from_version_1);
