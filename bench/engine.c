@@ -127,7 +127,7 @@ static int bench_model(const char *path, const bench_options *o)
             }
         }
         decode[run] = o->n_gen / (bench_now_s() - t0);
-        kv_bytes = (size_t)seq.n_chunks * kv_chunk_bytes(model_kv_shape(m));
+        kv_bytes = kv_pool_bytes_used(seq.pool);
     }
     kv_seq_free(&seq);
 

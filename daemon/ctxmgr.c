@@ -310,12 +310,17 @@ void ctx_evict(ctxmgr *cm, ctx_entry *c)
 
 size_t ctx_kv_bytes(const ctxmgr *cm, const ctx_entry *c)
 {
-    return (size_t)c->seq.n_chunks * kv_chunk_bytes(kv_pool_shape(cm->pool));
+    kv_shape shape = kv_pool_shape(cm->pool);
+    size_t n = 0;
+    for (int i = 0; i < c->seq.n_chunks; i++)
+        if (c->seq.chunks[i])
+            n += kv_chunk_data_bytes(shape, c->seq.chunks[i]->precision);
+    return n;
 }
 
 size_t ctx_kv_bytes_total(const ctxmgr *cm)
 {
-    return (size_t)kv_pool_n_used(cm->pool) * kv_chunk_bytes(kv_pool_shape(cm->pool));
+    return kv_pool_bytes_used(cm->pool);
 }
 
 int ctx_count_resident(const ctxmgr *cm)

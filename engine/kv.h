@@ -21,9 +21,20 @@
 
 #define KV_CHUNK_TOKENS 16
 
-/* How a chunk's K/V are stored. Only KV_F16 is implemented; the others are the
- * compressed forms (per-(layer, head, token group) scales in kv_chunk.scales). */
+/* How a chunk's K/V are stored: IEEE half floats, or integer codes of 8, 4 or 2 bits with
+ * f16 scales and offsets (K per channel over the chunk's tokens, V per token), the
+ * layout the KIVI line of work found to keep attention accurate at low bit widths. */
 enum kv_precision { KV_F16 = 0, KV_INT8 = 1, KV_INT4 = 2, KV_INT2 = 3 };
+#define KV_N_PRECISIONS 4
+
+/* Bits per element: 16, 8, 4, 2. */
+int kv_precision_bits(enum kv_precision p);
+
+/* "f16", "int8", "int4", "int2". */
+const char *kv_precision_name(enum kv_precision p);
+
+/* Largest head_dim a pool accepts (as the attention kernels, OPS_MAX_HEAD_DIM). */
+#define KV_MAX_HEAD_DIM 512
 
 /* The dimensions every chunk of a model shares. */
 typedef struct kv_shape {
@@ -32,30 +43,55 @@ typedef struct kv_shape {
     int head_dim;
 } kv_shape;
 
+/*
+ * A chunk's data is one allocation of kv_chunk_data_bytes(shape, precision) bytes made of
+ * n_layer equal sections of kv_chunk_layer_bytes(shape, precision) bytes, layer 0 first,
+ * so that a chunk can be written, read or recomputed one layer at a time. Within a layer
+ * section: for KV_F16, K then V, each (n_head_kv, KV_CHUNK_TOKENS, head_dim) half floats;
+ * for the integer precisions the layout is private to kv.c. Rows >= n_tokens are unused
+ * (zero after compression).
+ */
 typedef struct kv_chunk {
     enum kv_precision precision;
     int n_tokens;                          /* entries used, 0..KV_CHUNK_TOKENS, filled in order */
     int32_t tokens[KV_CHUNK_TOKENS];       /* token id of each entry */
     int32_t positions[KV_CHUNK_TOKENS];    /* absolute position of each entry */
-    /* KV_F16: IEEE half floats, for each layer and KV head a contiguous block of
-     * KV_CHUNK_TOKENS rows of head_dim (rows >= n_tokens are unused). */
-    uint16_t *k; /* (n_layer, n_head_kv, KV_CHUNK_TOKENS, head_dim) */
-    uint16_t *v; /* (n_layer, n_head_kv, KV_CHUNK_TOKENS, head_dim) */
-    float *scales; /* quantized precisions only; NULL for KV_F16 */
+    uint8_t *data;                         /* (n_layer, kv_chunk_layer_bytes) */
 } kv_chunk;
 
-/* Offset, in elements, of (layer, head)'s block of KV_CHUNK_TOKENS x head_dim in k / v. */
-static inline size_t kv_block_offset(const kv_shape *s, int layer, int head)
+/* Bytes of one layer section, and of the whole chunk, at a precision. */
+size_t kv_chunk_layer_bytes(kv_shape shape, enum kv_precision p);
+size_t kv_chunk_data_bytes(kv_shape shape, enum kv_precision p);
+
+/* Start of one layer's section of a chunk. */
+static inline uint8_t *kv_chunk_layer(const kv_chunk *c, kv_shape shape, int layer)
 {
-    return ((size_t)layer * s->n_head_kv + head) * KV_CHUNK_TOKENS * s->head_dim;
+    return c->data + (size_t)layer * kv_chunk_layer_bytes(shape, c->precision);
 }
+
+/* KV_F16 chunks only: (layer, head)'s K or V block of KV_CHUNK_TOKENS rows of head_dim. */
+uint16_t *kv_chunk_k_f16(const kv_chunk *c, kv_shape shape, int layer, int head);
+uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape shape, int layer, int head);
+
+/* Any precision: the first n_tokens rows of (layer, head)'s K and V as f32,
+ * k and v (n_tokens, head_dim); either may be NULL to skip it. This is how attention
+ * reads a compressed chunk. */
+void kv_chunk_read_f32(const kv_chunk *c, kv_shape shape, int layer, int head, float *k,
+                       float *v);
+
+/* Same, as half floats (the decode path's attention kernels take f16 rows). */
+void kv_chunk_read_f16(const kv_chunk *c, kv_shape shape, int layer, int head, uint16_t *k,
+                       uint16_t *v);
 
 /* ---- pool: where chunks come from ---- */
 
 typedef struct kv_pool kv_pool;
 
 /* A pool for chunks of the given shape; max_chunks > 0 caps the number of chunks alive
- * at once (kv_chunk_new fails beyond it), 0 means no cap. */
+ * at once (kv_chunk_new fails beyond it), 0 means no cap. Freed chunk data is kept for
+ * reuse in one spare list per precision, each holding at most KV_POOL_SPARE_MAX
+ * buffers, so compressing chunks really returns memory beyond that. */
+#define KV_POOL_SPARE_MAX 64
 kv_pool *kv_pool_new(kv_shape shape, int max_chunks, char err[ERR_MAX]);
 
 /* Frees the pool and its spare chunks. Every chunk taken from it must be freed first. */
@@ -66,15 +102,44 @@ kv_shape kv_pool_shape(const kv_pool *pool);
 /* Chunks alive (taken and not yet returned). */
 int kv_pool_n_used(const kv_pool *pool);
 
-/* Bytes of K and V data of one F16 chunk of this shape. */
-size_t kv_chunk_bytes(kv_shape shape);
+/* Data bytes of all chunks alive, each counted at its precision: the resident KV. */
+size_t kv_pool_bytes_used(const kv_pool *pool);
 
 /* An empty F16 chunk (n_tokens 0), reusing a freed one when possible. NULL + err when
  * the cap is reached or memory is exhausted. */
 kv_chunk *kv_chunk_new(kv_pool *pool, char err[ERR_MAX]);
 
+/* A chunk of precision p whose data is uninitialised and n_tokens 0, for the caller to
+ * fill (loading from disk); the caller sets tokens, positions and n_tokens. */
+kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ERR_MAX]);
+
+/*
+ * Converts a chunk to precision p in place (its data is replaced by one of the new size;
+ * the pool's byte count follows). F16 -> integer compresses (lossy); integer -> F16
+ * decompresses; between two integer precisions goes through f32. Same precision: no-op.
+ * On failure (out of memory) the chunk is unchanged.
+ */
+int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[ERR_MAX]);
+
 /* Gives a chunk back to its pool. NULL is allowed. */
 void kv_chunk_free(kv_pool *pool, kv_chunk *chunk);
+
+/* ---- tolerance-aware compression levels ---- */
+
+/*
+ * Chooses a precision among KV_INT8, KV_INT4 and KV_INT2 for each of n chunks given
+ * their information density (>= 0; higher: the model attends to it more, so it tolerates
+ * less loss): the chunks are ranked by density and the densest n8 get int8, the next n4
+ * int4, the rest int2, with (n8, n4) minimising the attention-weighted squared
+ * quantization error sum(density_i * step_i^2), step = 1 / (2^bits - 1), subject to the
+ * mean bits per element being at most 8 * ratio. (Maximising sum(density_i * bits_i)
+ * instead pairs int8 with many int2 chunks, and bench/kvquant measured that ten times
+ * worse than uniform int4 at the same size.) ratio is clamped to [0.25, 1] (1:
+ * everything int8; 0.5: half of int8's bits on average). n == 0 is allowed. Among
+ * choices of equal error the one with fewest int2 chunks wins. Should its O(n) scratch
+ * not be allocatable, every chunk gets the widest precision within the budget.
+ */
+void kv_assign_precisions(const float *density, int n, double ratio, enum kv_precision *out);
 
 /* ---- sequence: one context's KV ---- */
 
@@ -98,11 +163,13 @@ void kv_seq_init(kv_seq *seq, kv_pool *pool);
 /* Returns all chunks to the pool and releases the chunk array. */
 void kv_seq_free(kv_seq *seq);
 
-/* Total entries over all chunks. */
+/* Total entries over all chunks. A NULL (not resident) slot counts KV_CHUNK_TOKENS:
+ * only the last chunk of a sequence may be partial, and a forward faults it in first. */
 int kv_seq_n_tokens(const kv_seq *seq);
 
-/* Makes room for n more entries: fills the last chunk then adds new chunks from the pool
- * so that appending n entries needs no further allocation. */
+/* Makes room for n more entries: fills the last chunk (converting it to F16 first when it
+ * is partial and compressed; a NULL last slot counts as full) then adds new chunks from
+ * the pool so that appending n entries needs no further allocation. */
 int kv_seq_reserve(kv_seq *seq, int n, char err[ERR_MAX]);
 
 /* Appends one entry (token id and position) in space made by kv_seq_reserve, and says
@@ -111,10 +178,12 @@ int kv_seq_reserve(kv_seq *seq, int n, char err[ERR_MAX]);
 int kv_seq_append(kv_seq *seq, int32_t token, int32_t pos, kv_chunk **chunk, int *index);
 
 /* Appends an existing chunk (e.g. one loaded from disk); the sequence owns it afterwards.
- * Entries appended later go to new chunks after it when it is not full. */
+ * Entries appended later go to new chunks after it when it is not full. chunk NULL
+ * appends a slot that is not resident (see fault). */
 int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX]);
 
-/* Drops entries after the first n (freeing chunks that become empty). */
+/* Drops entries after the first n (freeing chunks that become empty). A NULL slot
+ * that the cut falls inside is dropped whole, with everything after it. */
 void kv_seq_truncate(kv_seq *seq, int n);
 
 #endif

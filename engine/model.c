@@ -23,7 +23,8 @@
 #include "engine/threadpool.h"
 
 /* Sub-batches of at least this many tokens do attention with sgemm on K/V converted to
- * f32 once per layer (prefill); smaller ones (decode) read the f16 chunks directly. */
+ * f32 once per layer (prefill); smaller ones (decode) read f16 chunks in place and
+ * compressed ones decoded block by block. */
 #define MODEL_ATTN_GEMM_MIN 16
 /* Query tokens per batched attention work item. */
 #define MODEL_ATTN_BLOCK 32
@@ -375,6 +376,9 @@ struct model_runner {
     int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
     int max_chunks;
     float *blk_scores; /* (n_threads, MODEL_ATTN_BLOCK, max_kv) */
+    uint16_t *blk_f16; /* (n_threads, 2, KV_CHUNK_TOKENS, head_dim) a compressed chunk's
+                          K and V block as f16, for decode attention */
+    float *received;   /* (n_threads, max_kv) attention each entry received, per thread */
     kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
     int *slot_index;       /* (max_batch) */
     void *mm_scratch;      /* ops_matmul scratch */
@@ -425,6 +429,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         (size_t)nt * MODEL_ATTN_BLOCK * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+        (size_t)nt * 2 * KV_CHUNK_TOKENS * hp->head_dim * 2, (size_t)nt * max_kv * 4,
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++)
@@ -440,7 +445,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         (void **)&r->att, (void **)&r->proj, (void **)&r->gate, (void **)&r->up,
         (void **)&r->rope, (void **)&r->scores, (void **)&r->kv_f32, (void **)&r->kv_pos,
         (void **)&r->chunk_base, (void **)&r->blk_scores, (void **)&r->slot_chunk,
-        (void **)&r->slot_index, &r->mm_scratch,
+        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->blk_f16, (void **)&r->received,
     };
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
@@ -489,6 +494,7 @@ typedef struct model_step {
     _Atomic long next_item;
     int kv_head;             /* batched attention: the KV head being processed */
     int n_kv;                /* batched attention: entries in the sequence */
+    bool received;           /* accumulate attention received into r->received */
 } model_step;
 
 static void model_norm_job(void *p, int ith, int nth)
@@ -532,17 +538,37 @@ static void model_qkv_job(void *p, int ith, int nth)
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {
-            size_t off = kv_block_offset(&shape, s->layer, h) + (size_t)slot * hd;
-            ops_f32_to_f16(c->k + off, k + h * hd, hd);
-            ops_f32_to_f16(c->v + off, v + h * hd, hd);
+            ops_f32_to_f16(kv_chunk_k_f16(c, shape, s->layer, h) + (size_t)slot * hd, k + h * hd, hd);
+            ops_f32_to_f16(kv_chunk_v_f16(c, shape, s->layer, h) + (size_t)slot * hd, v + h * hd, hd);
         }
     }
+}
+
+/* (layer, head)'s K or V block of a chunk as f16 rows: in place for an f16 chunk, else
+ * decoded into buf (KV_CHUNK_TOKENS, head_dim). */
+static const uint16_t *model_block_f16(const kv_chunk *ch, kv_shape shape, int layer, int head,
+                                       bool value, uint16_t *buf)
+{
+    if (ch->precision == KV_F16)
+        return value ? kv_chunk_v_f16(ch, shape, layer, head) : kv_chunk_k_f16(ch, shape, layer, head);
+    kv_chunk_read_f16(ch, shape, layer, head, value ? NULL : buf, value ? buf : NULL);
+    return buf;
+}
+
+/* Adds the attention rows p (n_rows, n) stride apart to the thread's received sums. */
+static void model_add_received(model_runner *r, int ith, const float *p, int n_rows,
+                               size_t stride, int n)
+{
+    float *acc = r->received + (size_t)ith * r->max_kv;
+    for (int g = 0; g < n_rows; g++)
+        ops_add(acc, p + g * stride, n);
 }
 
 /*
  * One (token, KV head) pair per item: the `group` query heads sharing that KV head are
  * done together so each K/V row is converted once. Scores of every entry, masked by
- * position, softmax per head, then the probability-weighted sum of V rows.
+ * position, softmax per head, then the probability-weighted sum of V rows. Compressed
+ * chunks are decoded to f16 once per pass (scores, then values).
  */
 static void model_attn_job(void *p, int ith, int nth)
 {
@@ -554,6 +580,7 @@ static void model_attn_job(void *p, int ith, int nth)
     float scale = 1.0f / sqrtf((float)hd);
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
+    uint16_t *buf = r->blk_f16 + (size_t)ith * 2 * KV_CHUNK_TOKENS * hd;
     long n_items = (long)s->n * hp->n_head_kv, item;
     (void)nth;
     while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
@@ -562,7 +589,6 @@ static void model_attn_job(void *p, int ith, int nth)
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
         float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
         int32_t pos = s->positions[t];
-        size_t off = kv_block_offset(&shape, s->layer, kvh);
 
         int n_kv = 0;
         for (int c = 0; c < s->seq->n_chunks; c++) {
@@ -571,7 +597,8 @@ static void model_attn_job(void *p, int ith, int nth)
             for (int i = 0; i < ch->n_tokens; i++)
                 visible += ch->positions[i] <= pos;
             if (visible)
-                ops_attn_scores(q, group, ch->k + off, ch->n_tokens, hd, scale, scores + n_kv, stride);
+                ops_attn_scores(q, group, model_block_f16(ch, shape, s->layer, kvh, false, buf),
+                                ch->n_tokens, hd, scale, scores + n_kv, stride);
             for (int i = 0; i < ch->n_tokens; i++)
                 if (ch->positions[i] > pos)
                     for (int g = 0; g < group; g++)
@@ -584,9 +611,16 @@ static void model_attn_job(void *p, int ith, int nth)
         int j = 0;
         for (int c = 0; c < s->seq->n_chunks; c++) {
             const kv_chunk *ch = s->seq->chunks[c];
-            ops_attn_accum(out, group, scores + j, stride, ch->v + off, ch->n_tokens, hd);
+            bool visible = false;
+            for (int i = 0; i < ch->n_tokens && !visible; i++)
+                visible = ch->positions[i] <= pos;
+            if (visible)
+                ops_attn_accum(out, group, scores + j, stride,
+                               model_block_f16(ch, shape, s->layer, kvh, true, buf), ch->n_tokens, hd);
             j += ch->n_tokens;
         }
+        if (s->received)
+            model_add_received(r, ith, scores, group, stride, n_kv);
         if (s->attn)
             for (int g = 0; g < group; g++) {
                 float *row = s->attn + (((size_t)s->layer * hp->n_head + h0 + g) * s->n_total +
@@ -604,15 +638,13 @@ static void model_kv_f32_job(void *p, int ith, int nth)
     model_runner *r = s->r;
     int hd = r->m->hp.head_dim;
     kv_shape shape = model_kv_shape(r->m);
-    size_t off = kv_block_offset(&shape, s->layer, s->kv_head);
     float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     long b, e;
     tp_split(s->seq->n_chunks, ith, nth, &b, &e);
     for (long c = b; c < e; c++) {
         const kv_chunk *ch = s->seq->chunks[c];
-        size_t base = (size_t)r->chunk_base[c] * hd, len = (size_t)ch->n_tokens * hd;
-        quant_dequantize_row(QTYPE_F16, ch->k + off, kf + base, (int64_t)len);
-        quant_dequantize_row(QTYPE_F16, ch->v + off, vf + base, (int64_t)len);
+        size_t base = (size_t)r->chunk_base[c] * hd;
+        kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf + base);
     }
 }
 
@@ -651,6 +683,8 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
                 if (r->kv_pos[j] > pos)
                     row[j] = -INFINITY;
             ops_softmax(row, nv);
+            if (s->received)
+                model_add_received(r, ith, row, 1, 0, nv);
             if (s->attn)
                 memcpy(s->attn + (((size_t)s->layer * hp->n_head + h) * s->n_total + s->t0 + t0 + t) *
                                      s->n_kv_total,
@@ -733,7 +767,8 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         model_save_hidden(r, b, 0, t0, o0, o1);
 
     model_step s = {.r = r, .n = n, .positions = b->positions + t0, .seq = seq,
-                    .attn = b->attn, .n_total = b->n_tokens, .n_kv_total = n_kv_total, .t0 = t0};
+                    .attn = b->attn, .n_total = b->n_tokens, .n_kv_total = n_kv_total, .t0 = t0,
+                    .received = b->attn_received != NULL};
     if (n >= MODEL_ATTN_GEMM_MIN) {
         int j = 0;
         for (int c = 0; c < seq->n_chunks; c++) {
@@ -754,6 +789,9 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+        /* before the new entries are written: they may go into an existing chunk */
+        if (b->layer_ready && t0 == 0)
+            b->layer_ready(b->layer_ready_arg, l);
         model_run(r, model_qkv_job, &s);
         model_attention(r, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
@@ -808,13 +846,20 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[E
     for (int o = 0; o < b->n_out; o++)
         if (b->out_rows[o] < 0 || b->out_rows[o] >= n || (o > 0 && b->out_rows[o] <= b->out_rows[o - 1]))
             return err_set(err, "forward: out rows must be strictly increasing batch indices");
+    for (int c = 0; c < seq->n_chunks; c++) {
+        if (seq->chunks[c])
+            continue;
+        if (!seq->fault)
+            return err_set(err, "forward: chunk %d is not resident", c);
+        if (seq->fault(seq->fault_arg, seq, c, err) < 0)
+            return -1;
+        if (c >= seq->n_chunks || !seq->chunks[c])
+            return err_set(err, "forward: fault left chunk %d missing", c);
+    }
     int n_before = kv_seq_n_tokens(seq);
     if (n_before + n > r->max_kv)
         return err_set(err, "forward: %d + %d KV entries exceed the runner's %d", n_before, n,
                        r->max_kv);
-    for (int c = 0; c < seq->n_chunks; c++)
-        if (seq->chunks[c]->precision != KV_F16)
-            return err_set(err, "forward: chunk %d has a precision other than f16", c);
     if (kv_seq_reserve(seq, n, err) < 0) {
         kv_seq_truncate(seq, n_before);
         return -1;
@@ -828,9 +873,16 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[E
     int n_kv_total = n_before + n;
     if (b->attn)
         memset(b->attn, 0, (size_t)hp->n_layer * hp->n_head * n * n_kv_total * sizeof(float));
+    int nt = tp_n_threads(r->pool);
+    if (b->attn_received)
+        for (int t = 0; t < nt; t++)
+            memset(r->received + (size_t)t * r->max_kv, 0, (size_t)n_kv_total * sizeof(float));
     for (int t0 = 0; t0 < n; t0 += r->max_batch) {
         int sub = n - t0 < r->max_batch ? n - t0 : r->max_batch;
         model_forward_sub(r, seq, b, t0, sub, n_kv_total);
     }
+    if (b->attn_received)
+        for (int t = 0; t < nt; t++)
+            ops_add(b->attn_received, r->received + (size_t)t * r->max_kv, n_kv_total);
     return 0;
 }

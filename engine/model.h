@@ -111,7 +111,11 @@ typedef struct model_batch {
 
     /* Called before layer l reads any K/V of the sequence's existing chunks: lets their
      * data arrive layer by layer (read from disk by another thread) while earlier layers
-     * compute. The chunks' precision, ids and positions must be set before the forward. */
+     * compute. The chunks' precision, ids and positions must be set before the forward.
+     * Called once per layer and forward, in layer order, before the batch's new entries of
+     * that layer are written (they may go into the last existing chunk). A partial
+     * compressed last chunk is converted to f16 before the first layer (new entries go
+     * there), so its data must be complete when the forward starts. */
     void (*layer_ready)(void *arg, int layer);
     void *layer_ready_arg;
 } model_batch;

@@ -11,18 +11,22 @@ static void test_chunk_layout(void)
     char err[ERR_MAX];
     kv_pool *p = kv_pool_new(SHAPE, 0, err);
     CHECK(p);
-    CHECK_EQ(kv_chunk_bytes(SHAPE), 2 * 3 * 2 * KV_CHUNK_TOKENS * 8 * 2);
+    size_t layer = 2 * 2 * KV_CHUNK_TOKENS * 8 * 2;
+    CHECK_EQ(kv_chunk_layer_bytes(SHAPE, KV_F16), layer);
+    CHECK_EQ(kv_chunk_data_bytes(SHAPE, KV_F16), 3 * layer);
     kv_chunk *c = kv_chunk_new(p, err);
     CHECK(c);
     CHECK_EQ(c->precision, KV_F16);
     CHECK_EQ(c->n_tokens, 0);
-    CHECK(c->scales == NULL);
-    /* the last element of k and of v are both writable (ASan checks the bounds) */
-    size_t last = kv_block_offset(&SHAPE, 2, 1) + (KV_CHUNK_TOKENS - 1) * 8 + 7;
-    CHECK_EQ(last, 3 * 2 * KV_CHUNK_TOKENS * 8 - 1);
-    c->k[last] = 1;
-    c->v[last] = 2;
-    CHECK(c->k[last] == 1 && c->v[last] == 2);
+    /* layer sections in order, K then V inside, heads in order */
+    CHECK(kv_chunk_layer(c, SHAPE, 2) == c->data + 2 * layer);
+    CHECK((uint8_t *)kv_chunk_k_f16(c, SHAPE, 1, 0) == c->data + layer);
+    CHECK((uint8_t *)kv_chunk_k_f16(c, SHAPE, 1, 1) == c->data + layer + KV_CHUNK_TOKENS * 8 * 2);
+    CHECK((uint8_t *)kv_chunk_v_f16(c, SHAPE, 1, 0) == c->data + layer + layer / 2);
+    /* the last element of the data is V of the last layer and head (ASan checks bounds) */
+    uint16_t *v = kv_chunk_v_f16(c, SHAPE, 2, 1);
+    v[KV_CHUNK_TOKENS * 8 - 1] = 2;
+    CHECK(&v[KV_CHUNK_TOKENS * 8 - 1] == (uint16_t *)(c->data + 3 * layer) - 1);
     kv_chunk_free(p, c);
     kv_pool_free(p);
 }

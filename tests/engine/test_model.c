@@ -10,6 +10,8 @@
  * dot kernels on 8-bit quantized activations as llama.cpp does (measured 0.06-0.13;
  * large batches, sgemm on dequantized weights, stay at ~0.002). The architecture code
  * is the same for every type, so the tight float tolerance is what catches logic bugs.
+ * With the prefix's KV chunks compressed (f32 weights): TOL_KV_INT8 (measured 0.024) and
+ * TOL_KV_INT4 (measured 0.38); int2 (measured ~1.8) is only run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,8 @@
 
 #define TOL_FLOAT 0.02
 #define TOL_QUANT 0.2
+#define TOL_KV_INT8 0.06
+#define TOL_KV_INT4 0.8
 
 static const uint32_t TYPES[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
                                  QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
@@ -268,6 +272,276 @@ static void test_hidden_and_attention(void)
     model_free(m);
 }
 
+/* ---- compressed KV chunks, attention received, layer_ready, faults ---- */
+
+/* Prefills P tokens (f16 KV), converts every chunk to prec, then runs 4 single-token
+ * decodes (attention on f16 blocks) and a 20-token batch (sgemm attention on f32); returns
+ * the max |logit diff| against the reference, whose KV is exact. */
+static double compressed_error(model *m, const ref_model *rm, enum kv_precision prec)
+{
+    enum { P = 40, N = 64 };
+    char err[ERR_MAX];
+    int nv = model_hparams_of(m)->n_vocab;
+    int32_t tok[N], pos[N], rows[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 29 + 5) % nv), pos[i] = i, rows[i] = i;
+    double *ref = malloc((size_t)N * nv * sizeof(double));
+    float *logits = malloc((size_t)N * nv * sizeof(float));
+    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
+    model_runner *r = model_runner_new(m, 2, 0, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    double worst = 1e9;
+    model_batch b = {.n_tokens = P, .tokens = tok, .positions = pos};
+    if (model_forward(r, &s, &b, err) < 0)
+        goto out;
+    for (int c = 0; c < s.n_chunks; c++)
+        if (kv_chunk_convert(pool, s.chunks[c], prec, err) < 0)
+            goto out;
+    worst = 0;
+    for (int t = P; t < N; t += t < P + 4 ? 1 : 20) {
+        int n = t < P + 4 ? 1 : 20;
+        model_batch d = {.n_tokens = n, .tokens = tok + t, .positions = pos + t, .n_out = n,
+                         .out_rows = rows, .logits = logits};
+        if (model_forward(r, &s, &d, err) < 0) {
+            worst = 1e9;
+            goto out;
+        }
+        for (size_t i = 0; i < (size_t)n * nv; i++) {
+            double e = fabs(logits[i] - ref[(size_t)t * nv + i]);
+            worst = e > worst || isnan(e) ? e : worst;
+        }
+    }
+    /* the compressed chunks stay compressed; the partial one took the new entries in f16 */
+    if (s.chunks[0]->precision != prec || s.chunks[2]->precision != KV_F16 ||
+        kv_seq_n_tokens(&s) != N)
+        worst = 1e9;
+out:
+    if (worst >= 1e9)
+        fprintf(stderr, "compressed forward: %s\n", err);
+    kv_seq_free(&s);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    free(ref);
+    free(logits);
+    return worst;
+}
+
+static void test_compressed_chunks(void)
+{
+    modelgen_params p = small_params("qwen2", QTYPE_F32);
+    const char *path = gen(&p, "kvq");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK(m);
+    ref_model *rm = ref_model_load(model_gguf(m));
+    CHECK(rm);
+    double e[KV_N_PRECISIONS];
+    for (int prec = 0; prec < KV_N_PRECISIONS; prec++)
+        e[prec] = compressed_error(m, rm, prec);
+    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f int2 %.4f\n", e[0],
+           e[1], e[2], e[3]);
+    CHECK(e[KV_F16] <= TOL_FLOAT);
+    CHECK(e[KV_INT8] <= TOL_KV_INT8);
+    CHECK(e[KV_INT4] <= TOL_KV_INT4);
+    CHECK(e[KV_INT2] < 1e9); /* runs; its error is what the benchmark measures */
+    CHECK(e[KV_INT8] < e[KV_INT4] && e[KV_INT4] < e[KV_INT2]);
+    ref_model_free(rm);
+    model_free(m);
+}
+
+/* attn_received is the sum of attn over layers, heads and rows, added to the input; on
+ * both attention paths and with compressed chunks. */
+static void test_attn_received(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    const char *path = gen(&p, "recv");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK(m);
+    const model_hparams *hp = model_hparams_of(m);
+    enum { N = 45 };
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 11 + 2) % hp->n_vocab, pos[i] = i;
+    float *attn = malloc((size_t)hp->n_layer * hp->n_head * 20 * N * sizeof(float));
+    float recv[N];
+    for (int mb = 8; mb <= 512; mb *= 64) {
+        model_runner *r = model_runner_new(m, 2, mb, 0, err);
+        kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+        kv_seq s;
+        kv_seq_init(&s, pool);
+        /* 20 tokens, 5 with chunk 0 compressed, 20 more */
+        int steps[] = {20, 5, 20}, t0 = 0;
+        for (int st = 0; st < 3; st++) {
+            int n = steps[st], n_kv = t0 + n;
+            for (int j = 0; j < n_kv; j++)
+                recv[j] = 1.0f;
+            model_batch b = {.n_tokens = n, .tokens = tok + t0, .positions = pos + t0,
+                             .attn = attn, .attn_received = recv};
+            CHECK(model_forward(r, &s, &b, err) == 0);
+            double total = 0;
+            for (int j = 0; j < n_kv; j++) {
+                double want = 1;
+                for (size_t lh = 0; lh < (size_t)hp->n_layer * hp->n_head; lh++)
+                    for (int t = 0; t < n; t++)
+                        want += attn[(lh * n + t) * n_kv + j];
+                CHECK_NEAR(recv[j], want, 1e-4 * want);
+                total += recv[j] - 1;
+            }
+            CHECK_NEAR(total, (double)hp->n_layer * hp->n_head * n, 1e-3 * total);
+            if (st == 0)
+                CHECK(kv_chunk_convert(pool, s.chunks[0], KV_INT4, err) == 0);
+            t0 += n;
+        }
+        kv_seq_free(&s);
+        kv_pool_free(pool);
+        model_runner_free(r);
+    }
+    free(attn);
+    model_free(m);
+}
+
+typedef struct hook_state {
+    kv_pool *pool;
+    kv_seq *seq;
+    kv_chunk *saved[4]; /* copies of the sequence's chunks */
+    int n_saved;
+    int calls[16];
+    int n_calls;
+    int faults;
+    bool fail;
+} hook_state;
+
+/* A copy of c from pool: data, ids, positions. */
+static kv_chunk *chunk_copy(kv_pool *pool, const kv_chunk *c)
+{
+    char err[ERR_MAX];
+    kv_chunk *d = kv_chunk_new_precision(pool, c->precision, err);
+    if (!d)
+        return NULL;
+    memcpy(d->data, c->data, kv_chunk_data_bytes(kv_pool_shape(pool), c->precision));
+    memcpy(d->tokens, c->tokens, sizeof d->tokens);
+    memcpy(d->positions, c->positions, sizeof d->positions);
+    d->n_tokens = c->n_tokens;
+    return d;
+}
+
+/* layer_ready: layer l of every existing chunk "arrives" (is restored from the copy). */
+static void hook_layer_ready(void *arg, int layer)
+{
+    hook_state *h = arg;
+    kv_shape shape = kv_pool_shape(h->pool);
+    if (h->n_calls < 16)
+        h->calls[h->n_calls] = layer;
+    h->n_calls++;
+    for (int c = 0; c < h->n_saved; c++)
+        memcpy(kv_chunk_layer(h->seq->chunks[c], shape, layer),
+               kv_chunk_layer(h->saved[c], shape, layer),
+               kv_chunk_layer_bytes(shape, h->saved[c]->precision));
+}
+
+static int hook_fault(void *arg, kv_seq *seq, int index, char err[ERR_MAX])
+{
+    hook_state *h = arg;
+    h->faults++;
+    if (h->fail)
+        return err_set(err, "fault: chunk %d unreadable", index);
+    seq->chunks[index] = h->saved[index];
+    h->saved[index] = NULL;
+    return 0;
+}
+
+/* A decode after a 40-token prefill gives the same logits when chunks arrive layer by
+ * layer through layer_ready, or are faulted in; a missing chunk with no fault fails. */
+static void test_layer_ready_and_fault(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_Q8_0);
+    const char *path = gen(&p, "hooks");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK(m);
+    const model_hparams *hp = model_hparams_of(m);
+    int nv = hp->n_vocab;
+    enum { P = 40 };
+    int32_t tok[P + 1], pos[P + 1], row0 = 0;
+    for (int i = 0; i <= P; i++)
+        tok[i] = (i * 17 + 1) % nv, pos[i] = i;
+    float *want = malloc((size_t)nv * sizeof(float)), *got = malloc((size_t)nv * sizeof(float));
+    model_runner *r = model_runner_new(m, 2, 8, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    model_batch pre = {.n_tokens = P, .tokens = tok, .positions = pos};
+    model_batch dec = {.n_tokens = 1, .tokens = tok + P, .positions = pos + P, .n_out = 1,
+                       .out_rows = &row0, .logits = want};
+
+    kv_seq a;
+    kv_seq_init(&a, pool);
+    hook_state h = {.pool = pool, .seq = &a};
+    /* layer_ready on a prefill in sub-batches of 8: once per layer, in order */
+    pre.layer_ready = hook_layer_ready, pre.layer_ready_arg = &h;
+    CHECK(model_forward(r, &a, &pre, err) == 0);
+    CHECK_EQ(h.n_calls, hp->n_layer);
+    for (int l = 0; l < hp->n_layer; l++)
+        CHECK_EQ(h.calls[l], l);
+    pre.layer_ready = NULL;
+    CHECK(kv_chunk_convert(pool, a.chunks[1], KV_INT8, err) == 0);
+    kv_seq b;
+    kv_seq_init(&b, pool);
+    for (int c = 0; c < a.n_chunks; c++)
+        CHECK(kv_seq_push_chunk(&b, chunk_copy(pool, a.chunks[c]), err) == 0);
+    CHECK(model_forward(r, &a, &dec, err) == 0);
+
+    /* layer by layer: every existing chunk's data is garbage until its layer is ready */
+    h = (hook_state){.pool = pool, .seq = &b, .n_saved = b.n_chunks};
+    for (int c = 0; c < b.n_chunks; c++) {
+        h.saved[c] = chunk_copy(pool, b.chunks[c]);
+        CHECK(h.saved[c]);
+        memset(b.chunks[c]->data, 0x7e,
+               kv_chunk_data_bytes(model_kv_shape(m), b.chunks[c]->precision));
+    }
+    dec.logits = got, dec.layer_ready = hook_layer_ready, dec.layer_ready_arg = &h;
+    CHECK(model_forward(r, &b, &dec, err) == 0);
+    CHECK_EQ(h.n_calls, hp->n_layer);
+    CHECK(memcmp(got, want, (size_t)nv * sizeof(float)) == 0);
+    for (int c = 0; c < h.n_saved; c++)
+        kv_chunk_free(pool, h.saved[c]);
+    dec.layer_ready = NULL;
+    kv_seq_free(&b);
+
+    /* faults: chunk 1 of a fresh copy of the prefill is not resident */
+    kv_seq_init(&b, pool);
+    CHECK(model_forward(r, &b, &pre, err) == 0);
+    CHECK(kv_chunk_convert(pool, b.chunks[1], KV_INT8, err) == 0);
+    h = (hook_state){.pool = pool, .seq = &b};
+    h.saved[1] = b.chunks[1];
+    b.chunks[1] = NULL;
+    kv_chunk *c0 = b.chunks[0], *c2 = b.chunks[2];
+    CHECK(model_forward(r, &b, &dec, err) < 0 && strstr(err, "not resident"));
+    CHECK(b.n_chunks == 3 && b.chunks[0] == c0 && !b.chunks[1] && b.chunks[2] == c2);
+    CHECK_EQ(c2->n_tokens, P - 32);
+    b.fault = hook_fault, b.fault_arg = &h, h.fail = true;
+    CHECK(model_forward(r, &b, &dec, err) < 0 && strstr(err, "unreadable"));
+    CHECK(b.n_chunks == 3 && !b.chunks[1] && c2->n_tokens == P - 32);
+    h.fail = false;
+    CHECK(model_forward(r, &b, &dec, err) == 0);
+    CHECK_EQ(h.faults, 2);
+    CHECK(memcmp(got, want, (size_t)nv * sizeof(float)) == 0);
+    CHECK_EQ(kv_seq_n_tokens(&b), P + 1);
+
+    kv_seq_free(&a);
+    kv_seq_free(&b);
+    CHECK_EQ(kv_pool_n_used(pool), 0);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    free(want);
+    free(got);
+    model_free(m);
+}
+
 static void test_bad_batches(void)
 {
     modelgen_params p = small_params("llama", QTYPE_Q8_0);
@@ -402,6 +676,9 @@ int main(void)
     RUN(test_threads_identical);
     RUN(test_hidden_and_attention);
     RUN(test_bad_batches);
+    RUN(test_compressed_chunks);
+    RUN(test_attn_received);
+    RUN(test_layer_ready_and_fault);
     RUN(test_validation_errors);
     return test_finish();
 }

@@ -1,0 +1,444 @@
+/*
+ * bench/kvquant — how much compressing a context's KV chunks changes the next-token
+ * distributions, for uniform int8 / int4 / int2 and for tolerance-aware precisions.
+ *
+ *   build/bench/kvquant [-t THREADS] [-s SEQS] [--len N] [--prefix N] [--ratio R]
+ *                       [--window N] [--testdata DIR] [MODEL.gguf ...]
+ *
+ * With no model given it uses DIR/models/stories260K.gguf (a trained tiny llama; DIR is
+ * ../shared/testdata by default) and a random-weight llama (dim 256, 8 layers, 4 heads,
+ * 2 KV heads, head_dim 64 as most real models have, FFN 768, F16, a synthetic vocabulary
+ * of 4096 tokens to keep the run short) generated into build/bench-models/.
+ *
+ * For each of SEQS sequences: --len tokens are sampled from the model itself (BOS first,
+ * temperature 1, seeded); the first --prefix tokens are prefilled with f16 KV, the last
+ * --window of them (default 32) with attention received per entry (each column's sum
+ * normalised by n_layer * n_head * the rows that can attend to it; a chunk's density is
+ * the mean over its columns). On stories260K the attention of recent tokens predicts
+ * which chunks later tokens need better than that of the whole prefix (--window 448).
+ * Then for each scheme a copy of the prefix's chunks is compressed and the remaining
+ * tokens are teacher-forced one by one (their own K/V stay f16); the score is the mean
+ * over those positions of KL(p_f16 || p_scheme). Schemes: int8, int4, int2 everywhere;
+ * "tolerance" = kv_assign_precisions at ratio --ratio (default 0.5), 0.75 and 0.375;
+ * "tolerance_shuffled" = the same mix of precisions placed at random (a control: what
+ * the density ranking adds). Prints one JSON object per model and scheme: median, min
+ * and max KL over the sequences, the prefix's KV bytes relative to int8 (real bytes,
+ * scales included, and nominal bits), the median mix of precisions, and the median time
+ * of a teacher-forced decode step (attention decodes compressed chunks as it reads them).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "engine/sampler.h"
+
+#define MAX_SEQS 32
+
+/* How a scheme picks each prefix chunk's precision. */
+typedef struct scheme {
+    const char *name;
+    enum kv_precision uniform; /* when ratio is 0 */
+    double ratio;              /* > 0: kv_assign_precisions at this ratio (0.5: --ratio) */
+    bool shuffled;             /* the same precisions placed at random */
+} scheme;
+
+static scheme schemes[] = {
+    {"int8", KV_INT8, 0, false},           {"int4", KV_INT4, 0, false},
+    {"int2", KV_INT2, 0, false},           {"tolerance", 0, 0.5, false},
+    {"tolerance_shuffled", 0, 0.5, true},  {"tolerance", 0, 0.75, false},
+    {"tolerance_shuffled", 0, 0.75, true}, {"tolerance", 0, 0.375, false},
+    {"tolerance_shuffled", 0, 0.375, true},
+};
+#define N_SCHEMES (int)(sizeof schemes / sizeof schemes[0])
+
+typedef struct bench_options {
+    int n_threads;
+    int n_seqs;
+    int len;
+    int prefix;
+    const char *testdata;
+    int window; /* density from the attention of the prefix's last `window` tokens */
+} bench_options;
+
+/* What one model's run keeps between sequences. */
+typedef struct bench_ctx {
+    const bench_options *o;
+    model *m;
+    model_runner *r;
+    kv_pool *pool;
+    int n_vocab;
+    int32_t *tokens;   /* (len) */
+    int32_t *positions; /* (len) */
+    float *received;   /* (prefix) */
+    float *density;    /* (n_chunks of the prefix) */
+    float *ref_logits; /* (len - prefix, n_vocab) with f16 KV */
+    float *logits;     /* (n_vocab) */
+    enum kv_precision *prec; /* (n_chunks) */
+} bench_ctx;
+
+/* Samples o->len tokens from the model: BOS, then temperature 1. */
+static int sample_text(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
+{
+    sampler_params sp = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                         .repeat_penalty = 1.0f, .repeat_last_n = 0, .seed = seed};
+    sampler *s = sampler_new(b->n_vocab, &sp, err);
+    if (!s)
+        return -1;
+    int64_t bos = 1;
+    gguf_get_i64(model_gguf(b->m), "tokenizer.ggml.bos_token_id", &bos);
+    kv_seq seq;
+    kv_seq_init(&seq, b->pool);
+    b->tokens[0] = bos >= 0 && bos < b->n_vocab ? (int32_t)bos : 0;
+    int rc = 0, row = 0;
+    for (int i = 0; i + 1 < b->o->len && rc == 0; i++) {
+        model_batch mb = {.n_tokens = 1, .tokens = b->tokens + i, .positions = b->positions + i,
+                          .n_out = 1, .out_rows = &row, .logits = b->logits};
+        rc = model_forward(b->r, &seq, &mb, err);
+        if (rc == 0)
+            b->tokens[i + 1] = sampler_sample(s, b->logits, b->tokens, i + 1);
+    }
+    kv_seq_free(&seq);
+    sampler_free(s);
+    return rc;
+}
+
+/* A copy of every chunk of src into dst (empty), at f16. */
+static int clone_seq(kv_pool *pool, const kv_seq *src, kv_seq *dst, char err[ERR_MAX])
+{
+    kv_shape shape = kv_pool_shape(pool);
+    for (int i = 0; i < src->n_chunks; i++) {
+        const kv_chunk *c = src->chunks[i];
+        kv_chunk *d = kv_chunk_new_precision(pool, c->precision, err);
+        if (!d)
+            return -1;
+        memcpy(d->data, c->data, kv_chunk_data_bytes(shape, c->precision));
+        memcpy(d->tokens, c->tokens, sizeof d->tokens);
+        memcpy(d->positions, c->positions, sizeof d->positions);
+        d->n_tokens = c->n_tokens;
+        if (kv_seq_push_chunk(dst, d, err) < 0) {
+            kv_chunk_free(pool, d);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* KL(p || q) of the distributions of two logit rows, in nats. */
+static double kl_logits(const float *lp, const float *lq, int n)
+{
+    double mp = lp[0], mq = lq[0];
+    for (int i = 1; i < n; i++) {
+        mp = lp[i] > mp ? lp[i] : mp;
+        mq = lq[i] > mq ? lq[i] : mq;
+    }
+    double zp = 0, zq = 0;
+    for (int i = 0; i < n; i++) {
+        zp += exp(lp[i] - mp);
+        zq += exp(lq[i] - mq);
+    }
+    double lzp = log(zp) + mp, lzq = log(zq) + mq, kl = 0;
+    for (int i = 0; i < n; i++) {
+        double logp = lp[i] - lzp, logq = lq[i] - lzq;
+        kl += exp(logp) * (logp - logq);
+    }
+    return kl > 0 ? kl : 0;
+}
+
+/* Teacher-forces tokens [prefix, len) one by one on seq; with kl NULL stores the logits
+ * as the reference, else *kl = mean KL(reference || these). */
+static int teacher_force(bench_ctx *b, kv_seq *seq, double *kl, char err[ERR_MAX])
+{
+    const bench_options *o = b->o;
+    int row = 0;
+    double sum = 0;
+    for (int t = o->prefix; t < o->len; t++) {
+        float *ref = b->ref_logits + (size_t)(t - o->prefix) * b->n_vocab;
+        model_batch mb = {.n_tokens = 1, .tokens = b->tokens + t, .positions = b->positions + t,
+                          .n_out = 1, .out_rows = &row, .logits = kl ? b->logits : ref};
+        if (model_forward(b->r, seq, &mb, err) < 0)
+            return -1;
+        if (kl)
+            sum += kl_logits(ref, b->logits, b->n_vocab);
+    }
+    if (kl)
+        *kl = sum / (o->len - o->prefix);
+    return 0;
+}
+
+/* One sequence: kl[scheme] and bytes[scheme] (relative to int8), density spread. */
+static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes, double *nominal,
+                          double (*mix)[3], double *ms, double *ms_f16, double *density_cv,
+                          char err[ERR_MAX])
+{
+    const bench_options *o = b->o;
+    const model_hparams *hp = model_hparams_of(b->m);
+    kv_shape shape = model_kv_shape(b->m);
+    if (sample_text(b, seed, err) < 0)
+        return -1;
+    int rc = -1;
+    kv_seq prefix, work;
+    kv_seq_init(&prefix, b->pool);
+    kv_seq_init(&work, b->pool);
+    memset(b->received, 0, (size_t)o->prefix * sizeof(float));
+    int win = o->window > 0 && o->window < o->prefix ? o->window : o->prefix;
+    model_batch head = {.n_tokens = o->prefix - win, .tokens = b->tokens,
+                        .positions = b->positions};
+    model_batch pre = {.n_tokens = win, .tokens = b->tokens + o->prefix - win,
+                       .positions = b->positions + o->prefix - win, .attn_received = b->received};
+    if ((head.n_tokens > 0 && model_forward(b->r, &prefix, &head, err) < 0) ||
+        model_forward(b->r, &prefix, &pre, err) < 0)
+        goto out;
+    int n_chunks = prefix.n_chunks;
+    double mean = 0, var = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        double d = 0;
+        int n = prefix.chunks[c]->n_tokens;
+        for (int i = 0; i < n; i++) {
+            int j = c * KV_CHUNK_TOKENS + i;
+            int rows = o->prefix - j < win ? o->prefix - j : win;
+            d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
+        }
+        b->density[c] = (float)(d / n);
+        mean += b->density[c] / n_chunks;
+    }
+    for (int c = 0; c < n_chunks; c++)
+        var += (b->density[c] - mean) * (b->density[c] - mean) / n_chunks;
+    *density_cv = sqrt(var) / mean;
+
+    double t_ref = bench_now_s();
+    if (clone_seq(b->pool, &prefix, &work, err) < 0 || teacher_force(b, &work, NULL, err) < 0)
+        goto out;
+    *ms_f16 = (bench_now_s() - t_ref) * 1e3 / (o->len - o->prefix);
+    kv_seq_free(&work);
+
+    uint64_t shuffle = seed * 2654435761u + 1;
+    for (int s = 0; s < N_SCHEMES; s++) {
+        for (int c = 0; c < n_chunks; c++)
+            b->prec[c] = schemes[s].uniform;
+        if (schemes[s].ratio > 0)
+            kv_assign_precisions(b->density, n_chunks, schemes[s].ratio, b->prec);
+        if (schemes[s].shuffled)
+            for (int c = n_chunks - 1; c > 0; c--) {
+                shuffle = shuffle * 6364136223846793005ULL + 1442695040888963407ULL;
+                int j = (int)((shuffle >> 33) % (uint64_t)(c + 1));
+                enum kv_precision t = b->prec[c];
+                b->prec[c] = b->prec[j];
+                b->prec[j] = t;
+            }
+        kv_seq_init(&work, b->pool);
+        if (clone_seq(b->pool, &prefix, &work, err) < 0)
+            goto out;
+        size_t used = 0;
+        double bits = 0;
+        mix[s][0] = mix[s][1] = mix[s][2] = 0;
+        for (int c = 0; c < n_chunks; c++) {
+            mix[s][b->prec[c] - KV_INT8] += 1.0 / n_chunks;
+            if (kv_chunk_convert(b->pool, work.chunks[c], b->prec[c], err) < 0)
+                goto out;
+            used += kv_chunk_data_bytes(shape, b->prec[c]);
+            bits += kv_precision_bits(b->prec[c]);
+        }
+        bytes[s] = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
+        nominal[s] = bits / (8.0 * n_chunks);
+        double t0 = bench_now_s();
+        if (teacher_force(b, &work, &kl[s], err) < 0)
+            goto out;
+        ms[s] = (bench_now_s() - t0) * 1e3 / (o->len - o->prefix);
+        kv_seq_free(&work);
+    }
+    rc = 0;
+out:
+    kv_seq_free(&work);
+    kv_seq_free(&prefix);
+    return rc;
+}
+
+static int bench_model(const char *path, const bench_options *o)
+{
+    char err[ERR_MAX];
+    bench_ctx b = {.o = o};
+    int status = 1;
+    double t_start = bench_now_s();
+    b.m = model_load(path, err);
+    if (!b.m) {
+        fprintf(stderr, "kvquant: %s: %s\n", path, err);
+        return 1;
+    }
+    const model_hparams *hp = model_hparams_of(b.m);
+    b.n_vocab = hp->n_vocab;
+    int n_chunks = (o->prefix + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
+    b.r = model_runner_new(b.m, o->n_threads, 0, o->len, err);
+    b.pool = b.r ? kv_pool_new(model_kv_shape(b.m), 0, err) : NULL;
+    b.tokens = malloc((size_t)o->len * sizeof *b.tokens);
+    b.positions = malloc((size_t)o->len * sizeof *b.positions);
+    b.received = malloc((size_t)o->prefix * sizeof *b.received);
+    b.density = malloc((size_t)n_chunks * sizeof *b.density);
+    b.prec = malloc((size_t)n_chunks * sizeof *b.prec);
+    b.ref_logits = malloc((size_t)(o->len - o->prefix) * b.n_vocab * sizeof(float));
+    b.logits = malloc((size_t)b.n_vocab * sizeof(float));
+    if (!b.r || !b.pool || !b.tokens || !b.positions || !b.received || !b.density || !b.prec ||
+        !b.ref_logits || !b.logits) {
+        fprintf(stderr, "kvquant: %s: %s\n", path, b.r && b.pool ? "out of memory" : err);
+        goto out;
+    }
+    for (int i = 0; i < o->len; i++)
+        b.positions[i] = i;
+
+    double kl[N_SCHEMES][MAX_SEQS], bytes[N_SCHEMES][MAX_SEQS], nominal[N_SCHEMES][MAX_SEQS];
+    double cv[MAX_SEQS], ms_f16[MAX_SEQS], k[N_SCHEMES], by[N_SCHEMES], nb[N_SCHEMES], mx[N_SCHEMES][3];
+    double mix[N_SCHEMES][3][MAX_SEQS], ms[N_SCHEMES][MAX_SEQS], tm[N_SCHEMES];
+    for (int q = 0; q < o->n_seqs; q++) {
+        if (bench_sequence(&b, 1000 + (uint64_t)q, k, by, nb, mx, tm, &ms_f16[q], &cv[q], err) < 0) {
+            fprintf(stderr, "kvquant: %s: sequence %d: %s\n", path, q, err);
+            goto out;
+        }
+        for (int s = 0; s < N_SCHEMES; s++)
+        {
+            kl[s][q] = k[s], bytes[s][q] = by[s], nominal[s][q] = nb[s], ms[s][q] = tm[s];
+            for (int p = 0; p < 3; p++)
+                mix[s][p][q] = mx[s][p];
+        }
+    }
+    double ms_f16_med = bench_median(ms_f16, o->n_seqs);
+    double cv_med = bench_median(cv, o->n_seqs), seconds = bench_now_s() - t_start;
+    for (int s = 0; s < N_SCHEMES; s++) {
+        double lo = kl[s][0], hi = kl[s][0];
+        for (int q = 1; q < o->n_seqs; q++) {
+            lo = kl[s][q] < lo ? kl[s][q] : lo;
+            hi = kl[s][q] > hi ? kl[s][q] : hi;
+        }
+        printf("{\"bench\":\"kvquant\",\"model\":\"%s\",\"dim\":%d,\"layers\":%d,\"heads\":%d,"
+               "\"kv_heads\":%d,\"head_dim\":%d,\"seqs\":%d,\"len\":%d,\"prefix\":%d,"
+               "\"density_window\":%d,\"scheme\":\"%s\",\"ratio\":%.3g,\"kl_median\":%.6g,\"kl_min\":%.6g,"
+               "\"kl_max\":%.6g,\"bytes_vs_int8\":%.4f,\"nominal_bits_vs_int8\":%.4f,"
+               "\"mix_int8_int4_int2\":[%.2f,%.2f,%.2f],\"decode_ms\":%.3f,\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,"
+               "\"seconds\":%.1f}\n",
+               path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
+               o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix, schemes[s].name, schemes[s].ratio,
+               bench_median(kl[s], o->n_seqs), lo, hi, bench_median(bytes[s], o->n_seqs),
+               bench_median(nominal[s], o->n_seqs), bench_median(mix[s][0], o->n_seqs),
+               bench_median(mix[s][1], o->n_seqs), bench_median(mix[s][2], o->n_seqs),
+               bench_median(ms[s], o->n_seqs), ms_f16_med, cv_med,
+               seconds);
+    }
+    fflush(stdout);
+    status = 0;
+out:
+    free(b.tokens);
+    free(b.positions);
+    free(b.received);
+    free(b.density);
+    free(b.prec);
+    free(b.ref_logits);
+    free(b.logits);
+    kv_pool_free(b.pool);
+    model_runner_free(b.r);
+    model_free(b.m);
+    return status;
+}
+
+/* Writes build/bench-models/kvquant-llama.gguf unless it exists. */
+static int ensure_random_model(const bench_options *o, char *path, size_t cap)
+{
+    snprintf(path, cap, "build/bench-models/kvquant-llama-d256.gguf");
+    if (access(path, R_OK) == 0)
+        return 0;
+    if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kvquant: build/bench-models: %s\n", strerror(errno));
+        return -1;
+    }
+    char err[ERR_MAX];
+    modelgen_params p = {.arch = "llama", .dim = 256, .n_layer = 8, .n_head = 4, .n_head_kv = 2,
+                         .n_ff = 768, .n_ctx = 1024, .type = QTYPE_F16, .seed = 1,
+                         .n_vocab = 4096, .n_threads = o->n_threads};
+    fprintf(stderr, "kvquant: generating %s\n", path);
+    int rc = modelgen_write(&p, path, err);
+    if (rc < 0) {
+        fprintf(stderr, "kvquant: %s: %s\n", path, err);
+        unlink(path);
+    }
+    return rc;
+}
+
+static int parse_int(const char *flag, const char *s, int min, int max, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < min || v > max) {
+        fprintf(stderr, "kvquant: %s wants an integer in [%d, %d]\n", flag, min, max);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_options o = {.n_threads = 2, .n_seqs = 5, .len = 512, .prefix = 448, .window = 32,
+                       .testdata = "../shared/testdata"};
+    const char *models[16];
+    int n_models = 0, failures = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "";
+        int rc = 0;
+        if (!strcmp(argv[i], "-t"))
+            rc = parse_int("-t", v, 1, 256, &o.n_threads), i++;
+        else if (!strcmp(argv[i], "-s"))
+            rc = parse_int("-s", v, 1, MAX_SEQS, &o.n_seqs), i++;
+        else if (!strcmp(argv[i], "--len"))
+            rc = parse_int("--len", v, 2 * KV_CHUNK_TOKENS, 1 << 16, &o.len), i++;
+        else if (!strcmp(argv[i], "--prefix"))
+            rc = parse_int("--prefix", v, KV_CHUNK_TOKENS, 1 << 16, &o.prefix), i++;
+        else if (!strcmp(argv[i], "--ratio")) {
+            char *end;
+            double r = strtod(v, &end);
+            rc = end == v || *end || !(r >= 0.25 && r <= 1) ? -1 : 0;
+            if (rc < 0)
+                fprintf(stderr, "kvquant: --ratio wants a number in [0.25, 1]\n");
+            for (int s = 0; s < N_SCHEMES; s++)
+                if (schemes[s].ratio == 0.5)
+                    schemes[s].ratio = r;
+            i++;
+        } else if (!strcmp(argv[i], "--window"))
+            rc = parse_int("--window", v, 1, 1 << 16, &o.window), i++;
+        else if (!strcmp(argv[i], "--testdata"))
+            o.testdata = v, i++;
+        else if (argv[i][0] == '-') {
+            fprintf(stderr, "usage: %s [-t THREADS] [-s SEQS] [--len N] [--prefix N] "
+                            "[--ratio R] [--window N] [--testdata DIR] [MODEL.gguf ...]\n", argv[0]);
+            return 2;
+        } else if (n_models < 16)
+            models[n_models++] = argv[i];
+        if (rc < 0)
+            return 2;
+    }
+    if (o.prefix >= o.len) {
+        fprintf(stderr, "kvquant: --prefix must be below --len\n");
+        return 2;
+    }
+    static char stories[1024], random_model[1024];
+    if (n_models == 0) {
+        snprintf(stories, sizeof stories, "%s/models/stories260K.gguf", o.testdata);
+        if (access(stories, R_OK) == 0)
+            models[n_models++] = stories;
+        else
+            fprintf(stderr, "kvquant: %s not found, skipped\n", stories);
+        if (ensure_random_model(&o, random_model, sizeof random_model) == 0)
+            models[n_models++] = random_model;
+        else
+            failures++;
+    }
+    for (int i = 0; i < n_models; i++)
+        failures += bench_model(models[i], &o) != 0;
+    return failures ? 1 : 0;
+}

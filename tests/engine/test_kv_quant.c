@@ -1,0 +1,419 @@
+/*
+ * Compressed KV chunks: round trips at each precision, conversions, reads, the pool's
+ * byte accounting and reuse, and the tolerance-aware precision assignment.
+ *
+ * Error bound checked on every element: asymmetric codes of b bits over a group whose
+ * values span [lo, hi] reconstruct within half a step, (hi - lo) / (2^b - 1) / 2, plus
+ * the f16 rounding of the scale (relative 2^-11 per step, so at most (hi - lo) * 2^-11
+ * at the top code): the bound used is 0.5 step + 1e-3 (hi - lo). On values uniform in
+ * [-1, 1] that is at most 0.006 for int8, 0.069 for int4 and 0.335 for int2.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kv.h"
+#include "engine/kv_quant.h"
+#include "engine/quant.h"
+#include "tests/support/test.h"
+
+static const kv_shape SHAPE = {3, 2, 80}; /* head_dim 80: V groups of 32, 32 and 16 */
+#define HD 80
+#define BLK (KV_CHUNK_TOKENS * HD)
+
+static uint64_t rng_state = 42;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) / (double)(1 << 24)) * 2 - 1;
+}
+
+/* A chunk of n random entries: K channels of different scales (channel 5 an outlier, as
+ * real keys have), V rows of different scales. */
+static kv_chunk *random_chunk(kv_pool *p, int n)
+{
+    char err[ERR_MAX];
+    kv_chunk *c = kv_chunk_new(p, err);
+    if (!c)
+        return NULL;
+    c->n_tokens = n;
+    for (int i = 0; i < n; i++)
+        c->tokens[i] = i, c->positions[i] = i;
+    for (int l = 0; l < SHAPE.n_layer; l++)
+        for (int h = 0; h < SHAPE.n_head_kv; h++) {
+            uint16_t *k = kv_chunk_k_f16(c, SHAPE, l, h), *v = kv_chunk_v_f16(c, SHAPE, l, h);
+            memset(k, 0, BLK * 2);
+            memset(v, 0, BLK * 2);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < HD; j++) {
+                    float ks = j == 5 ? 20.0f : 1.0f + (float)(j % 7), vs = 0.5f + (float)(i % 3);
+                    k[i * HD + j] = quant_f32_to_f16(ks * frand());
+                    v[i * HD + j] = quant_f32_to_f16(vs * frand());
+                }
+        }
+    return c;
+}
+
+/* Largest |got - want| over the block divided by the bound of the element's group, for
+ * the first n rows (K: channel over tokens; V: KV_QUANT_V_GROUP elements of a token). */
+static double worst_over_bound(const float *want, const float *got, int n, int bits, bool is_k)
+{
+    int top = (1 << bits) - 1;
+    double worst = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < HD; j++) {
+            float lo = 1e30f, hi = -1e30f;
+            if (is_k) {
+                for (int t = 0; t < n; t++) {
+                    float x = want[t * HD + j];
+                    lo = x < lo ? x : lo, hi = x > hi ? x : hi;
+                }
+            } else {
+                int j0 = j / KV_QUANT_V_GROUP * KV_QUANT_V_GROUP;
+                for (int e = j0; e < j0 + KV_QUANT_V_GROUP && e < HD; e++) {
+                    float x = want[i * HD + e];
+                    lo = x < lo ? x : lo, hi = x > hi ? x : hi;
+                }
+            }
+            double bound = 0.5 * (hi - lo) / top + 1e-3 * (hi - lo) + 1e-6;
+            double r = fabs((double)got[i * HD + j] - want[i * HD + j]) / bound;
+            worst = r > worst ? r : worst;
+        }
+    return worst;
+}
+
+static void test_round_trip_bounds(void)
+{
+    char err[ERR_MAX];
+    kv_pool *p = kv_pool_new(SHAPE, 0, err);
+    CHECK(p);
+    static float k1[BLK], v1[BLK];
+    for (int prec = KV_INT8; prec <= KV_INT2; prec++)
+        for (int n = 1; n <= KV_CHUNK_TOKENS; n += 5) {
+            kv_chunk *c = random_chunk(p, n);
+            CHECK(c);
+            static float k_ref[3][2][BLK], v_ref[3][2][BLK];
+            for (int l = 0; l < SHAPE.n_layer; l++)
+                for (int h = 0; h < SHAPE.n_head_kv; h++)
+                    kv_chunk_read_f32(c, SHAPE, l, h, k_ref[l][h], v_ref[l][h]);
+            CHECK_EQ(kv_chunk_convert(p, c, prec, err), 0);
+            CHECK_EQ(c->precision, prec);
+            CHECK_EQ(c->n_tokens, n);
+            double wk = 0, wv = 0, rms = 0;
+            for (int l = 0; l < SHAPE.n_layer; l++)
+                for (int h = 0; h < SHAPE.n_head_kv; h++) {
+                    kv_chunk_read_f32(c, SHAPE, l, h, k1, v1);
+                    double a = worst_over_bound(k_ref[l][h], k1, n, kv_precision_bits(prec), true);
+                    double b = worst_over_bound(v_ref[l][h], v1, n, kv_precision_bits(prec), false);
+                    wk = a > wk ? a : wk;
+                    wv = b > wv ? b : wv;
+                    for (int i = 0; i < n * HD; i++)
+                        rms += (double)(v1[i] - v_ref[l][h][i]) * (v1[i] - v_ref[l][h][i]);
+                }
+            CHECK_MSG(wk <= 1 && wv <= 1, "%s n=%d: error / bound K %.3f V %.3f",
+                      kv_precision_name(prec), n, wk, wv);
+            if (n == KV_CHUNK_TOKENS)
+                printf("  %s: worst error / bound K %.2f V %.2f, V rms error %.4f\n",
+                       kv_precision_name(prec), wk, wv,
+                       sqrt(rms / (SHAPE.n_layer * SHAPE.n_head_kv * n * HD)));
+            kv_chunk_free(p, c);
+        }
+    kv_pool_free(p);
+}
+
+/* read_f16 is read_f32 rounded to f16; read of f16 chunks is the stored data. */
+static void test_reads_agree(void)
+{
+    char err[ERR_MAX];
+    kv_pool *p = kv_pool_new(SHAPE, 0, err);
+    static float kf[BLK], vf[BLK];
+    static uint16_t kh[BLK], vh[BLK];
+    for (int prec = KV_F16; prec <= KV_INT2; prec++) {
+        kv_chunk *c = random_chunk(p, 13);
+        CHECK(c);
+        uint16_t stored_k[BLK];
+        memcpy(stored_k, kv_chunk_k_f16(c, SHAPE, 2, 1), sizeof stored_k);
+        CHECK_EQ(kv_chunk_convert(p, c, prec, err), 0);
+        for (int l = 0; l < SHAPE.n_layer; l++)
+            for (int h = 0; h < SHAPE.n_head_kv; h++) {
+                kv_chunk_read_f32(c, SHAPE, l, h, kf, vf);
+                kv_chunk_read_f16(c, SHAPE, l, h, kh, vh);
+                for (int i = 0; i < 13 * HD; i++) {
+                    CHECK(kh[i] == quant_f32_to_f16(kf[i]));
+                    CHECK(vh[i] == quant_f32_to_f16(vf[i]));
+                }
+                /* either output may be skipped */
+                memset(kf, 0, sizeof kf);
+                kv_chunk_read_f32(c, SHAPE, l, h, kf, NULL);
+                CHECK(quant_f32_to_f16(kf[3]) == kh[3]);
+                kv_chunk_read_f16(c, SHAPE, l, h, NULL, vh);
+            }
+        if (prec == KV_F16) {
+            kv_chunk_read_f16(c, SHAPE, 2, 1, kh, NULL);
+            CHECK(memcmp(kh, stored_k, 13 * HD * 2) == 0);
+        }
+        kv_chunk_free(p, c);
+    }
+    kv_pool_free(p);
+}
+
+static void test_conversions(void)
+{
+    char err[ERR_MAX];
+    kv_pool *p = kv_pool_new(SHAPE, 0, err);
+    static float k8[BLK], v8[BLK], k[BLK], v[BLK], kd[BLK], vd[BLK];
+    kv_chunk *c = random_chunk(p, 11);
+    kv_chunk *d = random_chunk(p, 11);
+    CHECK(c && d);
+    /* same data in both */
+    memcpy(d->data, c->data, kv_chunk_data_bytes(SHAPE, KV_F16));
+    int32_t tok5 = c->tokens[5];
+
+    /* F16 -> INT8 -> F16: f16 data equals the int8 values rounded, unused rows zero */
+    CHECK_EQ(kv_chunk_convert(p, c, KV_INT8, err), 0);
+    kv_chunk_read_f32(c, SHAPE, 1, 1, k8, v8);
+    CHECK_EQ(kv_chunk_convert(p, c, KV_F16, err), 0);
+    CHECK_EQ(c->precision, KV_F16);
+    CHECK_EQ(c->tokens[5], tok5);
+    uint16_t *kh = kv_chunk_k_f16(c, SHAPE, 1, 1), *vh = kv_chunk_v_f16(c, SHAPE, 1, 1);
+    for (int i = 0; i < 11 * HD; i++)
+        CHECK(kh[i] == quant_f32_to_f16(k8[i]) && vh[i] == quant_f32_to_f16(v8[i]));
+    for (int i = 11 * HD; i < BLK; i++)
+        CHECK(kh[i] == 0 && vh[i] == 0);
+    /* same precision: nothing changes */
+    uint8_t *before = c->data;
+    CHECK_EQ(kv_chunk_convert(p, c, KV_F16, err), 0);
+    CHECK(c->data == before);
+    CHECK_EQ(kv_chunk_convert(p, c, (enum kv_precision)9, err), -1);
+
+    /* INT8 -> INT4 (through f32) is close to F16 -> INT4 directly */
+    CHECK_EQ(kv_chunk_convert(p, c, KV_INT8, err), 0);
+    CHECK_EQ(kv_chunk_convert(p, c, KV_INT4, err), 0);
+    CHECK_EQ(kv_chunk_convert(p, d, KV_INT4, err), 0);
+    kv_chunk_read_f32(c, SHAPE, 2, 0, k, v);
+    kv_chunk_read_f32(d, SHAPE, 2, 0, kd, vd);
+    double worst = 0, step_k = 2 * 20.0 / 15; /* widest K channel spans <= 40 */
+    for (int i = 0; i < 11 * HD; i++) {
+        double e = fabs(k[i] - kd[i]);
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst <= step_k * 1.01);
+    /* INT4 -> INT2 -> INT8 keeps sizes and precision right */
+    CHECK_EQ(kv_chunk_convert(p, d, KV_INT2, err), 0);
+    CHECK_EQ(kv_chunk_convert(p, d, KV_INT8, err), 0);
+    CHECK_EQ(d->precision, KV_INT8);
+    CHECK_EQ(kv_pool_bytes_used(p), kv_chunk_data_bytes(SHAPE, KV_INT4) +
+                                        kv_chunk_data_bytes(SHAPE, KV_INT8));
+    kv_chunk_free(p, c);
+    kv_chunk_free(p, d);
+    kv_pool_free(p);
+}
+
+static void test_pool_bytes_and_reuse(void)
+{
+    char err[ERR_MAX];
+    /* layer bytes: per head, 2 x 16 rows of codes, K (scale, min) per channel, V per
+     * (token, group of 32): head_dim 80 has 3 groups */
+    for (int prec = KV_INT8; prec <= KV_INT2; prec++) {
+        size_t head = 2 * KV_CHUNK_TOKENS * (HD * kv_precision_bits(prec) / 8) + 4 * HD +
+                      4 * KV_CHUNK_TOKENS * 3;
+        CHECK_EQ(kv_chunk_layer_bytes(SHAPE, prec), 2 * head);
+    }
+    CHECK(kv_chunk_data_bytes(SHAPE, KV_INT2) < kv_chunk_data_bytes(SHAPE, KV_INT4));
+    CHECK(kv_chunk_data_bytes(SHAPE, KV_INT4) < kv_chunk_data_bytes(SHAPE, KV_INT8));
+    CHECK(kv_chunk_data_bytes(SHAPE, KV_INT8) < kv_chunk_data_bytes(SHAPE, KV_F16));
+    CHECK_EQ(kv_precision_bits(KV_INT4), 4);
+    CHECK(strcmp(kv_precision_name(KV_INT2), "int2") == 0);
+
+    kv_pool *p = kv_pool_new(SHAPE, 4, err);
+    CHECK(p);
+    CHECK_EQ(kv_pool_bytes_used(p), 0);
+    /* two rounds of the same work: the second allocates nothing (every struct and data
+     * buffer it gets is one the first round had) */
+    void *seen[32];
+    int n_seen = 0;
+    for (int round = 0; round < 2; round++) {
+        bool fresh = false;
+#define TRACK(ptr)                                                    \
+    do {                                                              \
+        bool found = false;                                           \
+        for (int j = 0; j < n_seen; j++)                              \
+            found |= seen[j] == (void *)(ptr);                        \
+        if (round == 0 && !found)                                     \
+            seen[n_seen++] = (void *)(ptr);                           \
+        fresh |= round == 1 && !found;                                \
+    } while (0)
+        kv_chunk *c[4];
+        for (int i = 0; i < 3; i++) {
+            CHECK((c[i] = random_chunk(p, 16)) != NULL);
+            TRACK(c[i]);
+            TRACK(c[i]->data);
+        }
+        c[3] = kv_chunk_new_precision(p, KV_INT2, err);
+        CHECK(c[3]);
+        TRACK(c[3]);
+        TRACK(c[3]->data);
+        CHECK_EQ(c[3]->precision, KV_INT2);
+        CHECK_EQ(c[3]->n_tokens, 0);
+        CHECK(kv_chunk_new(p, err) == NULL); /* the cap counts chunks of any precision */
+        CHECK_EQ(kv_chunk_convert(p, c[0], KV_INT8, err), 0);
+        TRACK(c[0]->data);
+        CHECK_EQ(kv_chunk_convert(p, c[1], KV_INT4, err), 0);
+        TRACK(c[1]->data);
+        CHECK_EQ(kv_pool_bytes_used(p),
+                 kv_chunk_data_bytes(SHAPE, KV_INT8) + kv_chunk_data_bytes(SHAPE, KV_INT4) +
+                     kv_chunk_data_bytes(SHAPE, KV_F16) + kv_chunk_data_bytes(SHAPE, KV_INT2));
+        CHECK_EQ(kv_chunk_convert(p, c[1], KV_F16, err), 0);
+        TRACK(c[1]->data);
+        CHECK_EQ(kv_pool_bytes_used(p),
+                 kv_chunk_data_bytes(SHAPE, KV_INT8) + 2 * kv_chunk_data_bytes(SHAPE, KV_F16) +
+                     kv_chunk_data_bytes(SHAPE, KV_INT2));
+#undef TRACK
+        CHECK_MSG(!fresh, "the warm round took new memory");
+        for (int i = 0; i < 4; i++)
+            kv_chunk_free(p, c[i]);
+        CHECK_EQ(kv_pool_bytes_used(p), 0);
+        CHECK_EQ(kv_pool_n_used(p), 0);
+    }
+    kv_pool_free(p);
+}
+
+/* A compressed partial last chunk is converted to f16 when entries are appended. */
+static void test_reserve_converts_partial(void)
+{
+    char err[ERR_MAX];
+    kv_pool *p = kv_pool_new(SHAPE, 0, err);
+    kv_seq s;
+    kv_seq_init(&s, p);
+    kv_chunk *full = random_chunk(p, 16), *part = random_chunk(p, 9);
+    CHECK(full && part);
+    CHECK_EQ(kv_chunk_convert(p, full, KV_INT4, err), 0);
+    CHECK_EQ(kv_chunk_convert(p, part, KV_INT8, err), 0);
+    CHECK_EQ(kv_seq_push_chunk(&s, full, err), 0);
+    CHECK_EQ(kv_seq_push_chunk(&s, part, err), 0);
+    static float k8[9 * HD];
+    kv_chunk_read_f32(part, SHAPE, 0, 0, k8, NULL);
+    CHECK_EQ(kv_seq_reserve(&s, 3, err), 0);
+    CHECK_EQ(part->precision, KV_F16);
+    CHECK_EQ(full->precision, KV_INT4);
+    CHECK_EQ(s.n_chunks, 2);
+    CHECK(kv_chunk_k_f16(part, SHAPE, 0, 0)[8 * HD + 3] == quant_f32_to_f16(k8[8 * HD + 3]));
+    kv_chunk *c;
+    int idx;
+    CHECK_EQ(kv_seq_append(&s, 7, 9, &c, &idx), 0);
+    CHECK(c == part && idx == 9);
+
+    /* NULL slots: count as full, are dropped whole by a cut inside them */
+    CHECK_EQ(kv_seq_push_chunk(&s, NULL, err), 0);
+    CHECK_EQ(kv_seq_n_tokens(&s), 16 + 10 + 16);
+    kv_seq_truncate(&s, 30);
+    CHECK_EQ(s.n_chunks, 2);
+    CHECK_EQ(kv_seq_n_tokens(&s), 26);
+    kv_seq_free(&s);
+    CHECK_EQ(kv_pool_bytes_used(p), 0);
+    kv_pool_free(p);
+}
+
+/* ---- precision assignment ---- */
+
+/* The documented objective: attention-weighted squared code step (lower is better). */
+static double assignment_error(const float *d, const enum kv_precision *a, int n)
+{
+    double v = 0;
+    for (int i = 0; i < n; i++) {
+        double step = 1.0 / ((1 << kv_precision_bits(a[i])) - 1);
+        v += d[i] * step * step;
+    }
+    return v;
+}
+
+static int assignment_bits(const enum kv_precision *a, int n)
+{
+    int b = 0;
+    for (int i = 0; i < n; i++)
+        b += kv_precision_bits(a[i]);
+    return b;
+}
+
+static void test_assign_brute_force(void)
+{
+    enum kv_precision got[8], all[8];
+    float d[8];
+    static const double ratios[] = {0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0};
+    for (int trial = 0; trial < 60; trial++) {
+        int n = 1 + trial % 8;
+        for (int i = 0; i < n; i++)
+            d[i] = trial % 3 == 0 ? (float)(frand() + 1) * (float)(i + 1)
+                   : trial % 3 == 1 ? expf(5 * frand()) /* wide spread: mixed choices */
+                                    : (float)(frand() + 1);
+        if (trial % 5 == 0)
+            d[n - 1] = d[0]; /* ties */
+        double ratio = ratios[trial % 8];
+        kv_assign_precisions(d, n, ratio, got);
+        CHECK(assignment_bits(got, n) <= 8 * ratio * n + 1e-9);
+        /* every assignment of the three integer precisions within the budget */
+        double best = 1e300;
+        int total = 1;
+        for (int i = 0; i < n; i++)
+            total *= 3;
+        for (int code = 0; code < total; code++) {
+            for (int i = 0, c = code; i < n; i++, c /= 3)
+                all[i] = (enum kv_precision)(KV_INT8 + c % 3);
+            if (assignment_bits(all, n) <= 8 * ratio * n + 1e-9) {
+                double v = assignment_error(d, all, n);
+                best = v < best ? v : best;
+            }
+        }
+        double v = assignment_error(d, got, n);
+        CHECK_MSG(fabs(v - best) <= 1e-9 * best, "n %d ratio %.2f: error %.9g, best %.9g", n,
+                  ratio, v, best);
+    }
+}
+
+static void test_assign_limits_and_order(void)
+{
+    enum { N = 200 };
+    float d[N];
+    enum kv_precision a[N];
+    for (int i = 0; i < N; i++)
+        d[i] = (float)(frand() + 1.5);
+    kv_assign_precisions(d, N, 1.0, a);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(a[i], KV_INT8);
+    kv_assign_precisions(d, N, 3.0, a); /* clamped */
+    CHECK_EQ(a[7], KV_INT8);
+    kv_assign_precisions(d, N, 0.25, a);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(a[i], KV_INT2);
+    kv_assign_precisions(d, N, 0.0, a);
+    CHECK_EQ(a[9], KV_INT2);
+    kv_assign_precisions(d, 0, 0.5, a);
+    for (double ratio = 0.3; ratio < 1; ratio += 0.1) {
+        kv_assign_precisions(d, N, ratio, a);
+        CHECK(assignment_bits(a, N) <= 8 * ratio * N + 1e-6);
+        CHECK(assignment_bits(a, N) > 8 * ratio * N - 8); /* the budget is used */
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < N; j++)
+                if (d[i] > d[j])
+                    CHECK(kv_precision_bits(a[i]) >= kv_precision_bits(a[j]));
+    }
+    /* equal densities at half of int8: int4 everywhere (fewest int2 among the optima) */
+    for (int i = 0; i < N; i++)
+        d[i] = 1;
+    kv_assign_precisions(d, N, 0.5, a);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(a[i], KV_INT4);
+}
+
+int main(void)
+{
+    RUN(test_round_trip_bounds);
+    RUN(test_reads_agree);
+    RUN(test_conversions);
+    RUN(test_pool_bytes_and_reuse);
+    RUN(test_reserve_converts_partial);
+    RUN(test_assign_brute_force);
+    RUN(test_assign_limits_and_order);
+    return test_finish();
+}
