@@ -600,6 +600,11 @@ size_t gguf_alignment(const gguf_file *g)
     return g->alignment;
 }
 
+size_t gguf_data_offset(const gguf_file *g)
+{
+    return g->data_offset;
+}
+
 int64_t gguf_n_kv(const gguf_file *g)
 {
     return g->n_kv;

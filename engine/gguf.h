@@ -65,6 +65,9 @@ void gguf_close(gguf_file *g);
 
 uint32_t gguf_version(const gguf_file *g);
 size_t gguf_alignment(const gguf_file *g);
+/* Where the data section starts in the file: a tensor's bytes are at this plus its
+ * offset (for reading them with pread instead of through the mapping). */
+size_t gguf_data_offset(const gguf_file *g);
 
 /* ---- metadata ---- */
 

@@ -92,30 +92,6 @@ void kv_chunk_read_f32(const kv_chunk *c, kv_shape s, int layer, int head, float
                     kv_precision_bits(c->precision), c->n_tokens, k, v);
 }
 
-void kv_chunk_read_f16(const kv_chunk *c, kv_shape s, int layer, int head, uint16_t *k,
-                       uint16_t *v)
-{
-    size_t n = (size_t)c->n_tokens * s.head_dim;
-    if (c->precision == KV_F16) {
-        if (k)
-            memcpy(k, kv_chunk_k_f16(c, s, layer, head), n * sizeof *k);
-        if (v)
-            memcpy(v, kv_chunk_v_f16(c, s, layer, head), n * sizeof *v);
-        return;
-    }
-    /* on the stack: the decode path calls this from every thread */
-    float buf[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM];
-    for (int part = 0; part < 2; part++) {
-        uint16_t *dst = part ? v : k;
-        if (!dst)
-            continue;
-        kv_quant_decode(kv_chunk_quant_block(c, s, layer, head), s.head_dim,
-                        kv_precision_bits(c->precision), c->n_tokens, part ? NULL : buf,
-                        part ? buf : NULL);
-        ops_f32_to_f16(dst, buf, (int)n);
-    }
-}
-
 /* ---- pool ---- */
 
 static void *kv_spares_take(kv_spares *s)

@@ -79,10 +79,6 @@ uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape shape, int layer, int head)
 void kv_chunk_read_f32(const kv_chunk *c, kv_shape shape, int layer, int head, float *k,
                        float *v);
 
-/* Same, as half floats (the decode path's attention kernels take f16 rows). */
-void kv_chunk_read_f16(const kv_chunk *c, kv_shape shape, int layer, int head, uint16_t *k,
-                       uint16_t *v);
-
 /* ---- pool: where chunks come from ---- */
 
 typedef struct kv_pool kv_pool;

@@ -376,8 +376,8 @@ struct model_runner {
     int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
     int max_chunks;
     float *blk_scores; /* (n_threads, MODEL_ATTN_BLOCK, max_kv) */
-    uint16_t *blk_f16; /* (n_threads, 2, KV_CHUNK_TOKENS, head_dim) a compressed chunk's
-                          K and V block as f16, for decode attention */
+    float *blk_f32;    /* (n_threads, KV_CHUNK_TOKENS, head_dim) a compressed chunk's K or
+                          V block decoded, for decode attention */
     float *received;   /* (n_threads, max_kv) attention each entry received, per thread */
     kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
     int *slot_index;       /* (max_batch) */
@@ -429,7 +429,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         (size_t)nt * MODEL_ATTN_BLOCK * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
-        (size_t)nt * 2 * KV_CHUNK_TOKENS * hp->head_dim * 2, (size_t)nt * max_kv * 4,
+        (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++)
@@ -445,7 +445,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         (void **)&r->att, (void **)&r->proj, (void **)&r->gate, (void **)&r->up,
         (void **)&r->rope, (void **)&r->scores, (void **)&r->kv_f32, (void **)&r->kv_pos,
         (void **)&r->chunk_base, (void **)&r->blk_scores, (void **)&r->slot_chunk,
-        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->blk_f16, (void **)&r->received,
+        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->blk_f32, (void **)&r->received,
     };
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
@@ -544,15 +544,33 @@ static void model_qkv_job(void *p, int ith, int nth)
     }
 }
 
-/* (layer, head)'s K or V block of a chunk as f16 rows: in place for an f16 chunk, else
- * decoded into buf (KV_CHUNK_TOKENS, head_dim). */
-static const uint16_t *model_block_f16(const kv_chunk *ch, kv_shape shape, int layer, int head,
-                                       bool value, uint16_t *buf)
+/* scores over one chunk's K block: read in place when f16, decoded into buf otherwise. */
+static void model_chunk_scores(const kv_chunk *ch, kv_shape shape, int layer, int head,
+                               const float *q, int group, float scale, float *scores,
+                               size_t stride, float *buf)
 {
-    if (ch->precision == KV_F16)
-        return value ? kv_chunk_v_f16(ch, shape, layer, head) : kv_chunk_k_f16(ch, shape, layer, head);
-    kv_chunk_read_f16(ch, shape, layer, head, value ? NULL : buf, value ? buf : NULL);
-    return buf;
+    int hd = shape.head_dim;
+    if (ch->precision == KV_F16) {
+        ops_attn_scores(q, group, kv_chunk_k_f16(ch, shape, layer, head), ch->n_tokens, hd,
+                        scale, scores, stride);
+        return;
+    }
+    kv_chunk_read_f32(ch, shape, layer, head, buf, NULL);
+    ops_attn_scores_f32(q, group, buf, ch->n_tokens, hd, scale, scores, stride);
+}
+
+/* out += p V over one chunk's V block, read like model_chunk_scores. */
+static void model_chunk_accum(const kv_chunk *ch, kv_shape shape, int layer, int head,
+                              float *out, int group, const float *p, size_t stride, float *buf)
+{
+    int hd = shape.head_dim;
+    if (ch->precision == KV_F16) {
+        ops_attn_accum(out, group, p, stride, kv_chunk_v_f16(ch, shape, layer, head),
+                       ch->n_tokens, hd);
+        return;
+    }
+    kv_chunk_read_f32(ch, shape, layer, head, NULL, buf);
+    ops_attn_accum_f32(out, group, p, stride, buf, ch->n_tokens, hd);
 }
 
 /* Adds the attention rows p (n_rows, n) stride apart to the thread's received sums. */
@@ -568,7 +586,7 @@ static void model_add_received(model_runner *r, int ith, const float *p, int n_r
  * One (token, KV head) pair per item: the `group` query heads sharing that KV head are
  * done together so each K/V row is converted once. Scores of every entry, masked by
  * position, softmax per head, then the probability-weighted sum of V rows. Compressed
- * chunks are decoded to f16 once per pass (scores, then values).
+ * chunks are decoded to f32 once per pass (scores, then values).
  */
 static void model_attn_job(void *p, int ith, int nth)
 {
@@ -580,7 +598,7 @@ static void model_attn_job(void *p, int ith, int nth)
     float scale = 1.0f / sqrtf((float)hd);
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
-    uint16_t *buf = r->blk_f16 + (size_t)ith * 2 * KV_CHUNK_TOKENS * hd;
+    float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
     long n_items = (long)s->n * hp->n_head_kv, item;
     (void)nth;
     while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
@@ -597,8 +615,8 @@ static void model_attn_job(void *p, int ith, int nth)
             for (int i = 0; i < ch->n_tokens; i++)
                 visible += ch->positions[i] <= pos;
             if (visible)
-                ops_attn_scores(q, group, model_block_f16(ch, shape, s->layer, kvh, false, buf),
-                                ch->n_tokens, hd, scale, scores + n_kv, stride);
+                model_chunk_scores(ch, shape, s->layer, kvh, q, group, scale, scores + n_kv,
+                                   stride, buf);
             for (int i = 0; i < ch->n_tokens; i++)
                 if (ch->positions[i] > pos)
                     for (int g = 0; g < group; g++)
@@ -615,8 +633,7 @@ static void model_attn_job(void *p, int ith, int nth)
             for (int i = 0; i < ch->n_tokens && !visible; i++)
                 visible = ch->positions[i] <= pos;
             if (visible)
-                ops_attn_accum(out, group, scores + j, stride,
-                               model_block_f16(ch, shape, s->layer, kvh, true, buf), ch->n_tokens, hd);
+                model_chunk_accum(ch, shape, s->layer, kvh, out, group, scores + j, stride, buf);
             j += ch->n_tokens;
         }
         if (s->received)

@@ -154,6 +154,37 @@ void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const ui
         }
 }
 
+void ops_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, int d, float scale,
+                         float *scores, size_t stride)
+{
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_scores_f32(q, n_q, k, n_k, d, scale, scores, stride);
+        return;
+    }
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float sum = 0;
+            for (int j = 0; j < d; j++)
+                sum += q[(size_t)g * d + j] * k[(size_t)i * d + j];
+            scores[(size_t)g * stride + i] = scale * sum;
+        }
+}
+
+void ops_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
+                        int n_k, int d)
+{
+    if (ops_have_avx2() && d % 8 == 0 && d <= OPS_MAX_HEAD_DIM) {
+        ops_avx2_attn_accum_f32(out, n_q, p, stride, v, n_k, d);
+        return;
+    }
+    for (int i = 0; i < n_k; i++)
+        for (int g = 0; g < n_q; g++) {
+            float w = p[(size_t)g * stride + i];
+            for (int j = 0; w != 0.0f && j < d; j++)
+                out[(size_t)g * d + j] += w * v[(size_t)i * d + j];
+        }
+}
+
 /* ---- matrix product ---- */
 
 static size_t ops_align(size_t n)

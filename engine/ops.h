@@ -54,6 +54,12 @@ void ops_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
 void ops_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
                     int n_k, int d);
 
+/* The same two kernels on f32 rows (compressed chunks decoded to f32). */
+void ops_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, int d, float scale,
+                         float *scores, size_t stride);
+void ops_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
+                        int n_k, int d);
+
 /* ---- matrix product ---- */
 
 /* A weight matrix of rows x cols elements of a computable quant type, rows row_bytes

@@ -23,24 +23,46 @@ static float ops_avx2_hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* scores[g * stride] = scale * dot(q_g, k) for one f32 K row. */
+static void ops_avx2_scores_row(const float *q, int n_q, const float *k, int d, float scale,
+                                float *scores, size_t stride)
+{
+    for (int g = 0; g < n_q; g++) {
+        const float *qg = q + (size_t)g * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int j = 0;
+        for (; j + 16 <= d; j += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(k + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_loadu_ps(k + j + 8), a1);
+        }
+        if (j < d)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(k + j), a0);
+        scores[(size_t)g * stride] = scale * ops_avx2_hsum(_mm256_add_ps(a0, a1));
+    }
+}
+
+/* out_g += p[g * stride] * v for one f32 V row. */
+static void ops_avx2_accum_row(float *out, int n_q, const float *p, size_t stride,
+                               const float *v, int d)
+{
+    for (int g = 0; g < n_q; g++) {
+        float w = p[(size_t)g * stride];
+        if (w == 0.0f)
+            continue;
+        __m256 vw = _mm256_set1_ps(w);
+        float *o = out + (size_t)g * d;
+        for (int j = 0; j < d; j += 8)
+            _mm256_storeu_ps(o + j, _mm256_fmadd_ps(vw, _mm256_loadu_ps(v + j), _mm256_loadu_ps(o + j)));
+    }
+}
+
 void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
                           float scale, float *scores, size_t stride)
 {
     float kf[512] __attribute__((aligned(32)));
     for (int i = 0; i < n_k; i++) {
         ops_avx2_row_f32(kf, k + (size_t)i * d, d);
-        for (int g = 0; g < n_q; g++) {
-            const float *qg = q + (size_t)g * d;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int j = 0;
-            for (; j + 16 <= d; j += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_load_ps(kf + j), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_load_ps(kf + j + 8), a1);
-            }
-            if (j < d)
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_load_ps(kf + j), a0);
-            scores[(size_t)g * stride + i] = scale * ops_avx2_hsum(_mm256_add_ps(a0, a1));
-        }
+        ops_avx2_scores_row(q, n_q, kf, d, scale, scores + i, stride);
     }
 }
 
@@ -50,16 +72,22 @@ void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, con
     float vf[512] __attribute__((aligned(32)));
     for (int i = 0; i < n_k; i++) {
         ops_avx2_row_f32(vf, v + (size_t)i * d, d);
-        for (int g = 0; g < n_q; g++) {
-            float w = p[(size_t)g * stride + i];
-            if (w == 0.0f)
-                continue;
-            __m256 vw = _mm256_set1_ps(w);
-            float *o = out + (size_t)g * d;
-            for (int j = 0; j < d; j += 8)
-                _mm256_storeu_ps(o + j, _mm256_fmadd_ps(vw, _mm256_load_ps(vf + j), _mm256_loadu_ps(o + j)));
-        }
+        ops_avx2_accum_row(out, n_q, p + i, stride, vf, d);
     }
+}
+
+void ops_avx2_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, int d,
+                              float scale, float *scores, size_t stride)
+{
+    for (int i = 0; i < n_k; i++)
+        ops_avx2_scores_row(q, n_q, k + (size_t)i * d, d, scale, scores + i, stride);
+}
+
+void ops_avx2_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
+                             int n_k, int d)
+{
+    for (int i = 0; i < n_k; i++)
+        ops_avx2_accum_row(out, n_q, p + i, stride, v + (size_t)i * d, d);
 }
 
 /* e^x for x <= 0 (softmax arguments after subtracting the max): x = k ln2 + r with

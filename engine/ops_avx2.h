@@ -12,6 +12,10 @@ void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, i
                           float scale, float *scores, size_t stride);
 void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
                          int n_k, int d);
+void ops_avx2_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, int d,
+                              float scale, float *scores, size_t stride);
+void ops_avx2_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
+                             int n_k, int d);
 void ops_avx2_softmax(float *x, int n);
 void ops_avx2_silu_mul(float *g, const float *u, int n);
 void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n);

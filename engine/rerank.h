@@ -6,8 +6,11 @@
  * and clear losers stop computing.
  *
  * Scoring: each (query, document) pair is rendered with the reranker prompt (the
- * model's own from GGUF metadata when present, else the documented default in
- * rerank.c), tokenized, and run through the layers; the score at layer l is
+ * model's own from the GGUF metadata key "tokenizer.chat_template.rerank" when present,
+ * with the placeholders {query}, {document} and optionally {instruction}; else the
+ * Qwen3-Reranker format documented in rerank.c), tokenized (special tokens are
+ * recognised in the template, never in the query or document text), and run through
+ * the layers; the score at layer l is
  * sigmoid(logit_yes - logit_no) of the final-norm'd hidden state of the last token at
  * that layer against the output rows of the "yes" and "no" tokens (for models without
  * such tokens, e.g. stories260K, options.yes_token/no_token give the rows to use).
@@ -39,10 +42,14 @@ typedef struct rerank_options {
     /* Coefficient of variation of the active candidates' provisional scores above which
      * a layer's scores are clustered and pruned; <= 0 disables pruning (full forward). */
     float cv_threshold;
-    size_t memory_limit;     /* bytes for activations of one chunk of candidates; 0: default */
+    /* Bytes for the activations of one chunk of candidates (0: 64 MiB). A chunk holds at
+     * least one candidate whatever the limit. When the hidden states of all candidates
+     * exceed it and there are more than three chunks, they are offloaded to an unlinked
+     * temporary file in $TMPDIR (three chunks' worth in memory). */
+    size_t memory_limit;
     bool stream_weights;     /* dual-layer sliding window instead of the whole mapping */
     int32_t yes_token, no_token; /* -1: find "yes" / "no" in the vocabulary */
-    int n_threads;           /* <= 0: online CPUs */
+    int n_threads;           /* <= 0: online CPUs; taken at rerank_open only */
 } rerank_options;
 
 /* Defaults: top_k 5, RERANK_SET, cv_threshold 0.2 (see rerank.c), memory_limit 0,
@@ -51,12 +58,17 @@ rerank_options rerank_default_options(void);
 
 typedef struct rerank_result {
     int n;                   /* entries of index/score: min(top_k, n_docs) */
-    int *index;              /* (n) document indices, best first */
+    /* (n) document indices, best first by score (ties: lower index first). In
+     * RERANK_SET with pruning the scores of early-selected documents come from the layer
+     * they stopped at, so only membership is meaningful. */
+    int *index;
     float *score;            /* (n) their scores in [0, 1] at the layer they stopped */
     /* statistics */
     int n_layer;
     int *layers_computed;    /* (n_docs) layers each candidate went through */
-    int *pruned_at_layer;    /* (n_layer) candidates that stopped after each layer */
+    /* (n_layer) candidates that stopped after each layer (selected or dropped; those
+     * still running at the last layer count there, so the entries sum to n_docs) */
+    int *pruned_at_layer;
     size_t peak_bytes;       /* largest memory the call held: weights buffers, activations,
                                 caches (not the file mapping when stream_weights is off) */
     double ms;               /* wall time of the call */
@@ -74,7 +86,9 @@ reranker *rerank_open(const char *model_path, const rerank_options *options,
 void rerank_close(reranker *rr);
 
 /* Scores n_docs documents against query and returns the top-K in *out (freed with
- * rerank_result_free). options NULL: those given to rerank_open. */
+ * rerank_result_free). options NULL: those given to rerank_open; any options may differ
+ * from those of rerank_open (stream_weights too) except n_threads. An empty query or
+ * document, n_docs < 1 or top_k < 1 give -1 + err. */
 int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_docs,
                const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
 

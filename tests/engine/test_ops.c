@@ -131,6 +131,17 @@ static void test_attention_kernels(void)
                     e += (double)p[g * 20 + i] * vf[i * d + j];
                 CHECK_NEAR(out[g * d + j], e, 1e-4);
             }
+        /* the f32 kernels on the same rows give the same results */
+        float p32[3 * 20], out32[3 * 64];
+        ops_attn_scores_f32(q, nq, kf, nk, d, 0.5f, p32, 20);
+        for (int g = 0; g < nq; g++)
+            for (int i = 0; i < nk; i++)
+                CHECK_NEAR(p32[g * 20 + i], p[g * 20 + i], 1e-5);
+        for (int i = 0; i < nq * d; i++)
+            out32[i] = 1;
+        ops_attn_accum_f32(out32, nq, p, 20, vf, nk, d);
+        for (int i = 0; i < nq * d; i++)
+            CHECK_NEAR(out32[i], out[i], 1e-5);
     }
     uint16_t h[19];
     float f[19];
