@@ -273,6 +273,90 @@ enum llms_status llms_tokenize(llms_conn *conn, const char *text, int add_specia
 enum llms_status llms_detokenize(llms_conn *conn, const int32_t *tokens, size_t n,
                                  char **text_out);
 
+/* ---- embeddings and reranking ---- */
+
+/* How token states are pooled into one vector (proto Pooling). */
+enum llms_pooling {
+    LLMS_POOLING_LAST = 0, /* the last token's (Qwen3-Embedding) */
+    LLMS_POOLING_MEAN = 1, /* the mean over the text's tokens */
+};
+
+/* Vectors of llms_embed(): n unit-length rows of dim floats. */
+typedef struct llms_embeddings {
+    size_t n;
+    uint32_t dim;
+    float *values;       /* (n, dim) row i is text i's vector */
+    uint32_t *n_tokens;  /* (n) tokens of each text */
+} llms_embeddings;
+
+/* Frees what *e holds (not e itself) and zeroes it. NULL is fine. */
+void llms_embeddings_free(llms_embeddings *e);
+
+/*
+ * Embeds n texts with the daemon's model (final-norm'd last-layer states, pooled,
+ * L2-normalised). INVALID_ARGUMENT for no texts or a text with no tokens or more than
+ * the context window; RESOURCE_EXHAUSTED beyond the daemon's limits. Free *out with
+ * llms_embeddings_free().
+ */
+enum llms_status llms_embed(llms_conn *conn, const char *const *texts, size_t n,
+                            enum llms_pooling pooling, llms_embeddings *out);
+
+/* What a rerank keeps exact (proto RerankMode). */
+enum llms_rerank_mode {
+    LLMS_RERANK_SET = 0,     /* which documents are in the top-K */
+    LLMS_RERANK_ORDERED = 1, /* also their order and scores */
+};
+
+/*
+ * Rerank options; start from llms_rerank_options_init() (or LLMS_RERANK_OPTIONS_INIT),
+ * which leaves everything to the daemon. The pruning threshold is cv_threshold when
+ * set, else the threshold calibrated (llmsctl rerank-calibrate) for target_precision
+ * when set, else the daemon's default.
+ */
+typedef struct llms_rerank_options {
+    uint32_t top_k;           /* 0: 5 */
+    enum llms_rerank_mode mode;
+    float cv_threshold;       /* NaN: unset; <= 0: no pruning (the full forward) */
+    float target_precision;   /* NaN: unset; (0, 1] */
+    int stream_weights;       /* -1: the daemon's rerank_stream_weights; 0 or 1 */
+} llms_rerank_options;
+
+#define LLMS_RERANK_OPTIONS_INIT \
+    { 0, LLMS_RERANK_SET, __builtin_nanf(""), __builtin_nanf(""), -1 }
+
+void llms_rerank_options_init(llms_rerank_options *o);
+
+typedef struct llms_rerank_hit {
+    uint32_t index;  /* into the documents given */
+    float score;     /* in [0, 1] */
+} llms_rerank_hit;
+
+/* Outcome of llms_rerank() (proto RerankResponse). */
+typedef struct llms_rerank_result {
+    size_t n_hits;
+    llms_rerank_hit *hits;       /* (n_hits) best first */
+    size_t n_documents;
+    uint32_t *layers_computed;   /* (n_documents) layers each document went through */
+    size_t n_layer;
+    uint32_t *pruned_at_layer;   /* (n_layer) documents that stopped after each layer */
+    uint64_t peak_bytes;         /* memory the reranker held for the call */
+    double time_ms;
+    float cv_threshold;          /* the threshold used */
+} llms_rerank_result;
+
+/* Frees what *r holds (not r itself) and zeroes it. NULL is fine. */
+void llms_rerank_result_free(llms_rerank_result *r);
+
+/*
+ * The top-K of n documents for query, scored by the daemon's reranker. opts may be
+ * NULL. INVALID_ARGUMENT for an empty query, no documents or bad options;
+ * RESOURCE_EXHAUSTED beyond the daemon's limits on documents and bytes;
+ * FAILED_PRECONDITION when target_precision has no calibrated threshold. Free *out
+ * with llms_rerank_result_free().
+ */
+enum llms_status llms_rerank(llms_conn *conn, const char *query, const char *const *documents,
+                             size_t n, const llms_rerank_options *opts, llms_rerank_result *out);
+
 /* ---- admin calls: the peer must be root or in the group llms-admin ---- */
 
 /* The daemon's state (proto StatusResponse). */
@@ -352,6 +436,40 @@ enum llms_status llms_profile(llms_conn *conn, llms_profile_result *out);
 
 /* Asks the daemon to shut down cleanly (in-flight calls finish or cancel, state is kept). */
 enum llms_status llms_shutdown(llms_conn *conn);
+
+/* One query of a calibration set with its candidate documents. */
+typedef struct llms_rerank_query {
+    const char *query;
+    const char *const *documents;
+    size_t n_documents;
+} llms_rerank_query;
+
+/* Outcome of llms_rerank_calibrate() (proto RerankCalibrateResponse). */
+typedef struct llms_calibration {
+    int found;               /* 0: no threshold of the grid reached the precision; the
+                                stored threshold is then 0 (no pruning) */
+    float cv_threshold;      /* the threshold stored */
+    float precision;         /* its mean precision@K over the queries */
+    size_t n_grid;
+    float *grid;             /* (n_grid) thresholds tried, ascending */
+    float *grid_precision;   /* (n_grid) mean precision@K of each */
+    double full_ms;          /* mean time per query of the full forward */
+    double pruned_ms;        /* mean time per query at the stored threshold */
+} llms_calibration;
+
+/* Frees what *c holds (not c itself) and zeroes it. NULL is fine. */
+void llms_calibration_free(llms_calibration *c);
+
+/*
+ * Calibrates the reranker's pruning threshold: the daemon takes each query's top-K from
+ * the full forward, then tries thresholds in ascending order and stores (for its
+ * reranker model) the lowest one whose mean precision@K against those reaches
+ * precision; later llms_rerank() calls with that target_precision use it. top_k 0: 5.
+ * Free *out with llms_calibration_free().
+ */
+enum llms_status llms_rerank_calibrate(llms_conn *conn, const llms_rerank_query *queries,
+                                       size_t n, float precision, uint32_t top_k,
+                                       enum llms_rerank_mode mode, llms_calibration *out);
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,17 @@ static const key_def keys[] = {
     FLT(repeat_penalty, FLT_MIN, 100, "default repetition penalty, 1 = off (default 1.0)"),
     INT(repeat_last_n, -1, INT_MAX, "default penalized history, -1 = all (default 64)"),
     INT(max_tokens, 1, 1 << 24, "default tokens generated per call at most (default 256)"),
+    INT(embed_max_texts, 1, INT_MAX, "texts per Embed request (default 256)"),
+    STR(rerank_model, "reranker GGUF (default: the model)"),
+    INT(rerank_stream_weights, 0, 1, "1 = the reranker reads layers from the file instead of "
+                                     "mapping them whole (default 1)"),
+    INT(rerank_memory_mb, 0, INT_MAX, "reranker activation memory per chunk of candidates in "
+                                      "MiB, 0 = the engine's default (default 0)"),
+    INT(rerank_yes_token, -1, INT_MAX, "token id scored as \"yes\", -1 = look it up (default -1)"),
+    INT(rerank_no_token, -1, INT_MAX, "token id scored as \"no\", -1 = look it up (default -1)"),
+    INT(rerank_max_documents, 1, INT_MAX, "documents per Rerank request (default 256)"),
+    INT(rerank_max_bytes, 1, INT_MAX, "query + documents bytes per Rerank request "
+                                      "(default 4194304)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -82,6 +93,12 @@ void config_defaults(config *c)
     c->repeat_penalty = 1.0f;
     c->repeat_last_n = 64;
     c->max_tokens = 256;
+    c->embed_max_texts = 256;
+    c->rerank_stream_weights = 1;
+    c->rerank_yes_token = -1;
+    c->rerank_no_token = -1;
+    c->rerank_max_documents = 256;
+    c->rerank_max_bytes = 4 << 20;
 }
 
 static const key_def *find_key(const char *name)

@@ -42,6 +42,16 @@ typedef struct config {
     float repeat_penalty;
     int repeat_last_n;
     int max_tokens;
+    /* Embed and Rerank (daemon/semantic.h). */
+    int embed_max_texts;               /* texts per Embed request */
+    char rerank_model[CONFIG_PATH_MAX];/* reranker GGUF; "" = model */
+    int rerank_stream_weights;         /* 1: read layers from the file, not mapped whole */
+    int rerank_memory_mb;              /* activations of one chunk of candidates; 0: engine's */
+    int rerank_yes_token;              /* -1: find "yes" in the vocabulary */
+    int rerank_no_token;               /* -1: find "no" */
+    int rerank_max_documents;          /* documents per Rerank request (and per query of a
+                                          calibration) */
+    int rerank_max_bytes;              /* query + documents bytes per Rerank request */
 } config;
 
 /* The built-in defaults. */

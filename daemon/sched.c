@@ -16,6 +16,7 @@
 #include "daemon/ctxmgr.h"
 #include "daemon/prompt.h"
 #include "daemon/resp.h"
+#include "daemon/semantic.h"
 #include "engine/kv.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
@@ -62,6 +63,7 @@ struct sched {
     model_runner *runner;
     kv_pool *pool;
     ctxmgr *cm;
+    semantic *sem;         /* Embed, Rerank, RerankCalibrate */
     float *logits;         /* (n_vocab) one step's output row */
     int32_t *positions;    /* (n_ctx) */
 
@@ -981,6 +983,11 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_PROFILE:
         handle_profile(s, j);
         break;
+    case LLMS__REQUEST__BODY_EMBED:
+    case LLMS__REQUEST__BODY_RERANK:
+    case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+        semantic_handle(s->sem, j->conn_id, j->req);
+        break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
                    (int)j->req->body_case);
@@ -1170,6 +1177,11 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     if (!s->cm)
         goto fail;
     atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
+    semantic_env se = {cfg, env->model_path, env->m, env->tok, s->runner, s->pool, env->st,
+                       env->out};
+    s->sem = semantic_new(&se, err);
+    if (!s->sem)
+        goto fail;
     return s;
 fail:
     sched_free(s);
@@ -1240,6 +1252,7 @@ void sched_free(sched *s)
         free(a);
         a = next;
     }
+    semantic_free(s->sem);
     ctx_close(s->cm);
     free(s->logits);
     free(s->positions);

@@ -170,7 +170,8 @@ static bool is_admin_call(Llms__Request__BodyCase b)
 {
     return b == LLMS__REQUEST__BODY_STATUS || b == LLMS__REQUEST__BODY_LIST_APPS ||
            b == LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS || b == LLMS__REQUEST__BODY_EVICT_CONTEXT ||
-           b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE;
+           b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
+           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
 }
 
 void session_handle(const session_env *env, session *ss, void *conn, Llms__Request *req)

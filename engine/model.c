@@ -340,6 +340,11 @@ const gguf_file *model_gguf(const model *m)
     return m->g;
 }
 
+void model_output_norm(const model *m, const float *x, float *y)
+{
+    ops_rmsnorm(y, x, m->output_norm, m->hp.dim, m->hp.norm_eps);
+}
+
 kv_shape model_kv_shape(const model *m)
 {
     return (kv_shape){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};

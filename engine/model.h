@@ -60,6 +60,11 @@ const model_hparams *model_hparams_of(const model *m);
 /* The file the model was loaded from (tokenizer metadata lives there too). */
 const gguf_file *model_gguf(const model *m);
 
+/* The final RMSNorm (output_norm) applied to one residual row x (dim) into y (dim), as
+ * before the output matrix; x and y may be the same. For embeddings and intermediate
+ * scores taken from model_batch.hidden. */
+void model_output_norm(const model *m, const float *x, float *y);
+
 /* The shape of this model's KV chunks, for kv_pool_new. */
 kv_shape model_kv_shape(const model *m);
 

@@ -3,11 +3,20 @@
  *
  *   llmsctl [--socket PATH] [--json] status | apps | contexts | show CTX | evict CTX | profile
  *           | shutdown
+ *   llmsctl [--socket PATH] [--json] rerank-calibrate --precision P [-k K]
+ *           [--mode set|ordered] SETFILE...
+ *
+ * A calibration set file holds queries with their candidate documents, one per line:
+ * "Q: text" starts a query, each following "D: text" is one of its documents (one space
+ * after the colon is optional and dropped); blank lines and lines starting with '#' are
+ * ignored; a query needs at least one document.
  *
  * With --json each command prints exactly one JSON object on stdout (also for errors:
  * {"error": {"code": ..., "message": ...}}).
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +28,9 @@ static int json;
 static void usage(void)
 {
     fprintf(stderr, "usage: llmsctl [--socket PATH] [--json] status | apps | contexts | "
-                    "show CTX | evict CTX | profile | shutdown\n");
+                    "show CTX | evict CTX | profile | shutdown\n"
+                    "       llmsctl [--socket PATH] [--json] rerank-calibrate --precision P "
+                    "[-k K] [--mode set|ordered] SETFILE...\n");
     exit(2);
 }
 
@@ -281,10 +292,147 @@ static enum llms_status cmd_ok(llms_conn *c, enum llms_status s)
     return s;
 }
 
+/* ---- rerank-calibrate ---- */
+
+typedef struct calib_set {
+    llms_rerank_query *q;  /* (n) documents point into docs */
+    size_t n, cap;
+    char **texts;          /* (n_texts) every query and document, owned */
+    size_t n_texts, texts_cap;
+} calib_set;
+
+static float calib_precision = NAN;
+static uint32_t calib_k;
+static enum llms_rerank_mode calib_mode = LLMS_RERANK_SET;
+static calib_set calib;
+
+static void oom(void)
+{
+    fprintf(stderr, "llmsctl: out of memory\n");
+    exit(1);
+}
+
+static char *keep_text(const char *t)
+{
+    if (calib.n_texts == calib.texts_cap) {
+        calib.texts_cap = calib.texts_cap ? 2 * calib.texts_cap : 64;
+        calib.texts = realloc(calib.texts, calib.texts_cap * sizeof *calib.texts);
+        if (!calib.texts)
+            oom();
+    }
+    char *d = strdup(t);
+    if (!d)
+        oom();
+    return calib.texts[calib.n_texts++] = d;
+}
+
+/* Adds the queries of one set file; exits with a message naming the line when it is
+ * malformed. Documents are gathered per query in a fresh array. */
+static void load_set(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "llmsctl: %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t len;
+    llms_rerank_query *cur = NULL;
+    size_t doc_cap = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0 || line[0] == '#')
+            continue;
+        if (len < 2 || (line[0] != 'Q' && line[0] != 'D') || line[1] != ':') {
+            fprintf(stderr, "llmsctl: %s:%zu: expected \"Q: query\" or \"D: document\"\n", path,
+                    lineno);
+            exit(2);
+        }
+        const char *text = line + 2 + (line[2] == ' ');
+        if (line[0] == 'Q') {
+            if (cur && cur->n_documents == 0)
+                break;
+            if (calib.n == calib.cap) {
+                calib.cap = calib.cap ? 2 * calib.cap : 16;
+                calib.q = realloc(calib.q, calib.cap * sizeof *calib.q);
+                if (!calib.q)
+                    oom();
+            }
+            cur = &calib.q[calib.n++];
+            *cur = (llms_rerank_query){keep_text(text), NULL, 0};
+            doc_cap = 0;
+        } else {
+            if (!cur) {
+                fprintf(stderr, "llmsctl: %s:%zu: a document before any query\n", path, lineno);
+                exit(2);
+            }
+            if (cur->n_documents == doc_cap) {
+                doc_cap = doc_cap ? 2 * doc_cap : 16;
+                cur->documents = realloc((void *)cur->documents, doc_cap * sizeof(char *));
+                if (!cur->documents)
+                    oom();
+            }
+            ((const char **)cur->documents)[cur->n_documents++] = keep_text(text);
+        }
+    }
+    free(line);
+    fclose(f);
+    if (cur && cur->n_documents == 0) {
+        fprintf(stderr, "llmsctl: %s:%zu: query \"%s\" has no documents\n", path, lineno,
+                cur->query);
+        exit(2);
+    }
+}
+
+static void free_sets(void)
+{
+    for (size_t i = 0; i < calib.n; i++)
+        free((void *)calib.q[i].documents);
+    free(calib.q);
+    for (size_t i = 0; i < calib.n_texts; i++)
+        free(calib.texts[i]);
+    free(calib.texts);
+}
+
+static enum llms_status cmd_calibrate(llms_conn *c)
+{
+    llms_calibration cal;
+    enum llms_status s =
+        llms_rerank_calibrate(c, calib.q, calib.n, calib_precision, calib_k, calib_mode, &cal);
+    if (s != LLMS_OK)
+        return s;
+    if (json) {
+        printf("{\"found\":%s,\"cv_threshold\":%.6g,\"precision\":%.6g,\"full_ms\":%.3f,"
+               "\"pruned_ms\":%.3f,\"grid\":[",
+               cal.found ? "true" : "false", cal.cv_threshold, cal.precision, cal.full_ms,
+               cal.pruned_ms);
+        for (size_t i = 0; i < cal.n_grid; i++)
+            printf("%s{\"cv_threshold\":%.6g,\"precision\":%.6g}", i ? "," : "", cal.grid[i],
+                   cal.grid_precision[i]);
+        fputs("]}\n", stdout);
+    } else {
+        for (size_t i = 0; i < cal.n_grid; i++)
+            printf("threshold %-6g precision@K %.4f\n", cal.grid[i], cal.grid_precision[i]);
+        if (cal.found)
+            printf("stored threshold %g (precision@K %.4f; %.1f ms per query, full forward "
+                   "%.1f ms)\n", cal.cv_threshold, cal.precision, cal.pruned_ms, cal.full_ms);
+        else
+            printf("no threshold reached precision %g: stored 0 (no pruning)\n",
+                   calib_precision);
+    }
+    llms_calibration_free(&cal);
+    return LLMS_OK;
+}
+
 /* Runs a command main has checked. */
 static enum llms_status run(llms_conn *c, char **pos)
 {
     const char *cmd = pos[0];
+    if (!strcmp(cmd, "rerank-calibrate"))
+        return cmd_calibrate(c);
     if (!strcmp(cmd, "status"))
         return cmd_status(c);
     if (!strcmp(cmd, "apps"))
@@ -303,14 +451,29 @@ static enum llms_status run(llms_conn *c, char **pos)
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
-    char *pos[3];
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0;
+    if (!pos)
+        oom();
     for (int i = 1; i < argc; i++) {
+        char *end;
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--socket") && i + 1 < argc)
             socket_path = argv[++i];
-        else if (argv[i][0] == '-' || npos == 2)
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            calib_precision = strtof(argv[++i], &end);
+            if (*end || end == argv[i])
+                usage();
+        } else if (!strcmp(argv[i], "-k") && i + 1 < argc) {
+            long k = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || k < 1 || k > INT32_MAX)
+                usage();
+            calib_k = (uint32_t)k;
+        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "set") || !strcmp(argv[i + 1], "ordered")))
+            calib_mode = !strcmp(argv[++i], "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
+        else if (argv[i][0] == '-')
             usage();
         else
             pos[npos++] = argv[i];
@@ -319,8 +482,11 @@ int main(int argc, char **argv)
                             !strcmp(pos[0], "contexts") || !strcmp(pos[0], "profile") ||
                             !strcmp(pos[0], "shutdown"));
     int two = npos == 2 && (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict"));
-    if (!one && !two)
+    int calibrate = npos >= 2 && !strcmp(pos[0], "rerank-calibrate") && !isnan(calib_precision);
+    if (!one && !two && !calibrate)
         usage();
+    for (int i = 1; calibrate && i < npos; i++)
+        load_set(pos[i]);
 
     llms_conn *c;
     char err[LLMS_ERROR_MAX];
@@ -334,6 +500,8 @@ int main(int argc, char **argv)
             snprintf(err, sizeof err, "%s", llms_last_error(c));
         llms_close(c);
     }
+    free_sets();
+    free(pos);
     if (s == LLMS_OK)
         return 0;
     if (json) {

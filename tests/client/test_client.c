@@ -1,7 +1,8 @@
 /*
  * libllmsclient against a scripted fake daemon (a thread on a Unix socket): streaming,
  * cancel, skipped frames of other ids, frames that arrive a byte at a time, error codes,
- * a daemon that refuses the stream, listings, tokens and the status call.
+ * a daemon that refuses the stream, listings, tokens, the status call, and the embed
+ * and rerank calls (request fields, reply mapping, inconsistent replies).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -24,6 +25,8 @@ static int n_seen;
 static uint64_t cancelled_id;
 static float seen_temperature;
 static int seen_has_top_k;
+static Llms__RerankRequest seen_rerank;  /* scalar fields of the last Rerank */
+static int seen_pooling;
 
 static int read_full(int fd, uint8_t *p, size_t n)
 {
@@ -233,6 +236,61 @@ static int serve_one(int fd, Llms__Request *q)
         send_response(fd, &r, 0);
         return 0;
     }
+    case LLMS__REQUEST__BODY_EMBED: {
+        /* Two-float vectors (i, -i); "bad" as the first text gets one vector too few. */
+        seen_pooling = q->embed->has_pooling ? (int)q->embed->pooling : -1;
+        size_t n = q->embed->n_texts < 8 ? q->embed->n_texts : 8;
+        if (n && !strcmp(q->embed->texts[0], "bad"))
+            n--;
+        float vals[8][2];
+        uint32_t ntok[8];
+        Llms__Vector v[8], *vp[8];
+        for (size_t i = 0; i < n; i++) {
+            llms__vector__init(&v[i]);
+            vals[i][0] = (float)i;
+            vals[i][1] = -(float)i;
+            v[i].n_values = 2;
+            v[i].values = vals[i];
+            vp[i] = &v[i];
+            ntok[i] = (uint32_t)(10 + i);
+        }
+        Llms__EmbedResponse e = LLMS__EMBED_RESPONSE__INIT;
+        e.n_vectors = n;
+        e.vectors = vp;
+        e.dim = 2;
+        e.n_n_tokens = n;
+        e.n_tokens = ntok;
+        r.body_case = LLMS__RESPONSE__BODY_EMBED;
+        r.embed = &e;
+        send_response(fd, &r, 0);
+        return 0;
+    }
+    case LLMS__REQUEST__BODY_RERANK: {
+        /* Hits: the last document then the first; "bad" queries name a document too many. */
+        seen_rerank = *q->rerank;
+        uint32_t nd = (uint32_t)q->rerank->n_documents;
+        Llms__RerankHit h[2] = {LLMS__RERANK_HIT__INIT, LLMS__RERANK_HIT__INIT};
+        Llms__RerankHit *hp[2] = {&h[0], &h[1]};
+        h[0].index = !strcmp(q->rerank->query, "bad") ? nd : nd - 1;
+        h[0].score = 0.9f;
+        h[1].index = 0;
+        h[1].score = 0.25f;
+        uint32_t layers[3] = {4, 2, 4}, pruned[4] = {0, 1, 0, 2};
+        Llms__RerankResponse rr = LLMS__RERANK_RESPONSE__INIT;
+        rr.n_hits = 2;
+        rr.hits = hp;
+        rr.n_layers_computed = 3;
+        rr.layers_computed = layers;
+        rr.n_pruned_at_layer = 4;
+        rr.pruned_at_layer = pruned;
+        rr.peak_bytes = 12345;
+        rr.time_ms = 6.5;
+        rr.cv_threshold = 0.3f;
+        r.body_case = LLMS__RESPONSE__BODY_RERANK;
+        r.rerank = &rr;
+        send_response(fd, &r, 1);
+        return 0;
+    }
     case LLMS__REQUEST__BODY_SHUTDOWN:
         /* A wrong body for the call: the client must call it a protocol error. */
         send_chunk(fd, q->id, "?");
@@ -410,6 +468,71 @@ static void listings_and_status(void)
     pthread_join(th, NULL);
 }
 
+static void embed_and_rerank(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    const char *texts[] = {"one", "two", "three"};
+    llms_embeddings e;
+    CHECK_EQ(llms_embed(c, texts, 3, LLMS_POOLING_MEAN, &e), LLMS_OK);
+    CHECK_EQ(seen_pooling, LLMS__POOLING__POOLING_MEAN);
+    CHECK_EQ(e.n, 3);
+    CHECK_EQ(e.dim, 2);
+    CHECK_EQ(e.values[4], 2.0f);
+    CHECK_EQ(e.values[5], -2.0f);
+    CHECK_EQ(e.n_tokens[1], 11);
+    llms_embeddings_free(&e);
+    CHECK(e.values == NULL && e.n == 0);
+
+    const char *docs[] = {"a", "b", "c"};
+    llms_rerank_result r;
+    CHECK_EQ(llms_rerank(c, "q", docs, 3, NULL, &r), LLMS_OK);
+    CHECK(!seen_rerank.has_top_k && !seen_rerank.has_cv_threshold &&
+          !seen_rerank.has_target_precision && !seen_rerank.has_stream_weights);
+    CHECK_EQ(r.n_hits, 2);
+    CHECK_EQ(r.hits[0].index, 2);
+    CHECK_NEAR(r.hits[0].score, 0.9, 1e-6);
+    CHECK_EQ(r.n_documents, 3);
+    CHECK_EQ(r.layers_computed[1], 2);
+    CHECK_EQ(r.n_layer, 4);
+    CHECK_EQ(r.pruned_at_layer[3], 2);
+    CHECK_EQ(r.peak_bytes, 12345);
+    CHECK_NEAR(r.time_ms, 6.5, 1e-9);
+    llms_rerank_result_free(&r);
+    llms_rerank_options o;
+    llms_rerank_options_init(&o);
+    o.top_k = 7;
+    o.mode = LLMS_RERANK_ORDERED;
+    o.target_precision = 0.95f;
+    o.stream_weights = 0;
+    CHECK_EQ(llms_rerank(c, "q", docs, 3, &o, &r), LLMS_OK);
+    CHECK(seen_rerank.has_top_k && seen_rerank.top_k == 7);
+    CHECK_EQ(seen_rerank.mode, LLMS__RERANK_MODE__RERANK_ORDERED);
+    CHECK(!seen_rerank.has_cv_threshold && seen_rerank.has_target_precision);
+    CHECK(seen_rerank.has_stream_weights && !seen_rerank.stream_weights);
+    llms_rerank_result_free(&r);
+
+    /* Arguments checked before anything is sent. */
+    const char *holes[] = {"a", NULL};
+    CHECK_EQ(llms_embed(c, holes, 2, LLMS_POOLING_LAST, &e), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(llms_rerank(c, NULL, docs, 3, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(llms_rerank(c, "q", holes, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+
+    /* A reply that does not fit the request is a protocol error. */
+    const char *bad[] = {"bad", "x"};
+    CHECK_EQ(llms_embed(c, bad, 2, LLMS_POOLING_LAST, &e), LLMS_ERR_PROTOCOL);
+    llms_close(c);
+    pthread_join(th, NULL);
+
+    c = start(&th);
+    CHECK(c);
+    CHECK_EQ(llms_rerank(c, "bad", docs, 3, NULL, &r), LLMS_ERR_PROTOCOL);
+    CHECK(r.hits == NULL);
+    llms_close(c);
+    pthread_join(th, NULL);
+}
+
 static void daemon_refuses_stream(void)
 {
     pthread_t th;
@@ -459,6 +582,7 @@ int main(void)
     RUN(stream_and_errors);
     RUN(cancel_from_callback);
     RUN(listings_and_status);
+    RUN(embed_and_rerank);
     RUN(daemon_refuses_stream);
     RUN(connect_failures);
     close(listen_fd);

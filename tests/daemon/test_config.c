@@ -130,6 +130,26 @@ static void set_single_keys(void)
     CHECK(strstr(err, "socket") != NULL);
 }
 
+static void semantic_keys(void)
+{
+    config c;
+    char err[ERR_MAX];
+    config_defaults(&c);
+    CHECK_EQ(c.rerank_stream_weights, 1);
+    CHECK_EQ(c.rerank_yes_token, -1);
+    CHECK_EQ(c.rerank_model[0], '\0');
+    CHECK_EQ(config_set(&c, "rerank_model", "/m/rr.gguf", err), 0);
+    CHECK(strcmp(c.rerank_model, "/m/rr.gguf") == 0);
+    CHECK_EQ(config_set(&c, "rerank_stream_weights", "0", err), 0);
+    CHECK_EQ(c.rerank_stream_weights, 0);
+    CHECK(config_set(&c, "rerank_stream_weights", "2", err) < 0);
+    CHECK_EQ(config_set(&c, "rerank_no_token", "17", err), 0);
+    CHECK_EQ(c.rerank_no_token, 17);
+    CHECK(config_set(&c, "rerank_yes_token", "-2", err) < 0);
+    CHECK(config_set(&c, "embed_max_texts", "0", err) < 0);
+    CHECK(strstr(err, "embed_max_texts") != NULL);
+}
+
 int main(void)
 {
     RUN(defaults);
@@ -137,5 +157,6 @@ int main(void)
     RUN(file_errors_name_key_file_and_line);
     RUN(missing_file);
     RUN(set_single_keys);
+    RUN(semantic_keys);
     return test_finish();
 }

@@ -1,0 +1,525 @@
+/*
+ * semantic.c — Embed, Rerank and RerankCalibrate: request checks, the engine calls and
+ * the replies.
+ */
+#include "daemon/semantic.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/resp.h"
+#include "engine/embed.h"
+#include "engine/rerank.h"
+
+#define SEM_DEFAULT_TOP_K 5
+#define SEM_KEY_MAX (CONFIG_PATH_MAX + 64)
+
+/* Thresholds RerankCalibrate tries, ascending: the lowest prunes the most. */
+static const float calib_grid[] = {0.02f, 0.05f, 0.1f, 0.15f, 0.2f, 0.3f, 0.4f, 0.5f,
+                                   0.75f, 1.0f, 1.5f, 2.0f, 3.0f};
+#define CALIB_N (int)(sizeof calib_grid / sizeof calib_grid[0])
+
+struct semantic {
+    semantic_env env;
+    embedder *emb;
+    int32_t *tokens;       /* (max_kv) one text's ids */
+    int max_kv;
+    reranker *rr;          /* opened on first use */
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void send_resp(semantic *sm, uint64_t conn_id, Llms__Response *r)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_pack(r, sm->env.cfg->max_frame_bytes, &buf, &len) == 0)
+        outq_push(sm->env.out, conn_id, buf, len, false);
+}
+
+static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorCode code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorCode code,
+                       const char *fmt, ...)
+{
+    char msg[ERR_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    uint8_t *buf;
+    size_t len;
+    if (resp_error(id, code, sm->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(sm->env.out, conn_id, buf, len, false);
+}
+
+semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
+{
+    semantic *sm = calloc(1, sizeof *sm);
+    if (!sm) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    sm->env = *env;
+    sm->max_kv = model_runner_max_kv(env->runner);
+    sm->tokens = malloc(sizeof *sm->tokens * (size_t)sm->max_kv);
+    if (!sm->tokens) {
+        err_set(err, "out of memory");
+        semantic_free(sm);
+        return NULL;
+    }
+    sm->emb = embed_new(env->m, env->runner, env->pool, err);
+    if (!sm->emb) {
+        semantic_free(sm);
+        return NULL;
+    }
+    return sm;
+}
+
+void semantic_free(semantic *sm)
+{
+    if (!sm)
+        return;
+    embed_free(sm->emb);
+    rerank_close(sm->rr);
+    free(sm->tokens);
+    free(sm);
+}
+
+/* ---- Embed ---- */
+
+static void handle_embed(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+{
+    const Llms__EmbedRequest *er = req->embed;
+    const config *cfg = sm->env.cfg;
+    size_t n = er->n_texts;
+    if (n == 0) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
+        return;
+    }
+    if (n > (size_t)cfg->embed_max_texts) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "%zu texts, more than the limit (embed_max_texts = %d)", n, cfg->embed_max_texts);
+        return;
+    }
+    enum embed_pooling pooling = EMBED_LAST;
+    if (er->has_pooling) {
+        if (er->pooling == LLMS__POOLING__POOLING_MEAN)
+            pooling = EMBED_MEAN;
+        else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "unknown pooling %d", (int)er->pooling);
+            return;
+        }
+    }
+    int dim = embed_dim(sm->emb);
+    /* values, tags and lengths: a reply the client would refuse is refused up front */
+    if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
+                   cfg->max_frame_bytes);
+        return;
+    }
+    float *values = malloc(sizeof *values * n * (size_t)dim);
+    Llms__Vector *vecs = calloc(n, sizeof *vecs);
+    Llms__Vector **vptr = calloc(n, sizeof *vptr);
+    uint32_t *ntok = calloc(n, sizeof *ntok);
+    if (!values || !vecs || !vptr || !ntok) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        goto done;
+    }
+    char err[ERR_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const char *text = er->texts[i];
+        int nt = tok_encode(sm->env.tok, text, strlen(text), true, false, sm->tokens, sm->max_kv);
+        if (nt < 0) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL,
+                       "text %zu: tokenization failed", i);
+            goto done;
+        }
+        if (nt == 0 || nt > sm->max_kv) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "text %zu has %d tokens; a text needs 1 to %d (n_ctx)", i, nt, sm->max_kv);
+            goto done;
+        }
+        float *v = values + i * (size_t)dim;
+        if (embed_tokens(sm->emb, sm->tokens, nt, pooling, v, err) < 0) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "text %zu: %s", i, err);
+            goto done;
+        }
+        llms__vector__init(&vecs[i]);
+        vecs[i].n_values = (size_t)dim;
+        vecs[i].values = v;
+        vptr[i] = &vecs[i];
+        ntok[i] = (uint32_t)nt;
+    }
+    Llms__EmbedResponse eb = LLMS__EMBED_RESPONSE__INIT;
+    eb.n_vectors = n;
+    eb.vectors = vptr;
+    eb.dim = (uint32_t)dim;
+    eb.n_n_tokens = n;
+    eb.n_tokens = ntok;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_EMBED;
+    r.embed = &eb;
+    send_resp(sm, conn_id, &r);
+done:
+    free(values);
+    free(vecs);
+    free(vptr);
+    free(ntok);
+}
+
+/* ---- Rerank ---- */
+
+static const char *rerank_path(const semantic *sm)
+{
+    return sm->env.cfg->rerank_model[0] ? sm->env.cfg->rerank_model : sm->env.model_path;
+}
+
+static void setting_key(const semantic *sm, float precision, char key[SEM_KEY_MAX])
+{
+    snprintf(key, SEM_KEY_MAX, "rerank.cv_threshold:%s:%.4f", rerank_path(sm), precision);
+}
+
+/* Options of a call: the daemon's settings with the request's top_k and mode. */
+static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
+                        Llms__RerankMode mode, rerank_options *o, char err[ERR_MAX])
+{
+    const config *cfg = sm->env.cfg;
+    *o = rerank_default_options();
+    o->memory_limit = (size_t)cfg->rerank_memory_mb << 20;
+    o->stream_weights = cfg->rerank_stream_weights != 0;
+    o->yes_token = cfg->rerank_yes_token;
+    o->no_token = cfg->rerank_no_token;
+    o->n_threads = cfg->threads;
+    o->top_k = SEM_DEFAULT_TOP_K;
+    if (has_k) {
+        if (k == 0 || k > (uint32_t)cfg->rerank_max_documents)
+            return err_set(err, "top_k %u is outside [1, %d]", k, cfg->rerank_max_documents);
+        o->top_k = (int)k;
+    }
+    o->mode = RERANK_SET;
+    if (has_mode) {
+        if (mode == LLMS__RERANK_MODE__RERANK_ORDERED)
+            o->mode = RERANK_ORDERED;
+        else if (mode != LLMS__RERANK_MODE__RERANK_SET)
+            return err_set(err, "unknown mode %d", (int)mode);
+    }
+    return 0;
+}
+
+/* The reranker, opened on first use with the daemon's settings (a call's options may
+ * then differ, stream_weights included). */
+static reranker *get_reranker(semantic *sm, char err[ERR_MAX])
+{
+    if (!sm->rr) {
+        rerank_options o;
+        call_options(sm, 0, 0, 0, LLMS__RERANK_MODE__RERANK_SET, &o, err);
+        sm->rr = rerank_open(rerank_path(sm), &o, err);
+    }
+    return sm->rr;
+}
+
+/* Checks the size of one query and its documents against the limits: 0, or the code. */
+static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **docs, size_t n,
+                                  char err[ERR_MAX])
+{
+    const config *cfg = sm->env.cfg;
+    if (!query[0]) {
+        err_set(err, "empty query");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (n == 0) {
+        err_set(err, "no documents");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (n > (size_t)cfg->rerank_max_documents) {
+        err_set(err, "%zu documents, more than the limit (rerank_max_documents = %d)", n,
+                cfg->rerank_max_documents);
+        return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+    }
+    size_t bytes = strlen(query);
+    for (size_t i = 0; i < n; i++) {
+        if (!docs[i][0]) {
+            err_set(err, "document %zu is empty", i);
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        }
+        bytes += strlen(docs[i]);
+    }
+    if (bytes > (size_t)cfg->rerank_max_bytes) {
+        err_set(err, "%zu bytes of query and documents, more than the limit "
+                     "(rerank_max_bytes = %d)", bytes, cfg->rerank_max_bytes);
+        return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+    }
+    return LLMS__ERROR_CODE__OK;
+}
+
+static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+{
+    const Llms__RerankRequest *rq = req->rerank;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(sm, conn_id, req->id, code, "%s", err);
+        return;
+    }
+    rerank_options o;
+    if (call_options(sm, rq->has_top_k, rq->top_k, rq->has_mode, rq->mode, &o, err) < 0) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        return;
+    }
+    if (rq->has_stream_weights)
+        o.stream_weights = rq->stream_weights;
+    if (rq->has_cv_threshold && rq->has_target_precision) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "give cv_threshold or target_precision, not both");
+        return;
+    }
+    if (rq->has_cv_threshold) {
+        if (!isfinite(rq->cv_threshold)) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "cv_threshold is not a number");
+            return;
+        }
+        o.cv_threshold = rq->cv_threshold;
+    } else if (rq->has_target_precision) {
+        float p = rq->target_precision;
+        if (!(p > 0 && p <= 1)) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "target_precision %g is outside (0, 1]", p);
+            return;
+        }
+        char key[SEM_KEY_MAX];
+        setting_key(sm, p, key);
+        double v[4];
+        int nv = 0;
+        bool found = false;
+        if (store_setting_get(sm->env.st, key, v, 4, &nv, &found, err) < 0) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+            return;
+        }
+        if (!found || nv < 1) {
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                       "no threshold calibrated for precision %.4f on %s "
+                       "(llmsctl rerank-calibrate)", p, rerank_path(sm));
+            return;
+        }
+        o.cv_threshold = (float)v[0];
+    }
+    reranker *rr = get_reranker(sm, err);
+    if (!rr) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        return;
+    }
+    rerank_result res;
+    memset(&res, 0, sizeof res);
+    if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents, &o,
+                   &res, err) < 0) {
+        rerank_result_free(&res);
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        return;
+    }
+    size_t nd = rq->n_documents;
+    Llms__RerankHit *hits = calloc((size_t)res.n + 1, sizeof *hits);
+    Llms__RerankHit **hptr = calloc((size_t)res.n + 1, sizeof *hptr);
+    uint32_t *layers = calloc(nd, sizeof *layers);
+    uint32_t *pruned = calloc((size_t)res.n_layer + 1, sizeof *pruned);
+    if (!hits || !hptr || !layers || !pruned) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < res.n; i++) {
+        llms__rerank_hit__init(&hits[i]);
+        hits[i].index = (uint32_t)res.index[i];
+        hits[i].score = res.score[i];
+        hptr[i] = &hits[i];
+    }
+    for (size_t i = 0; i < nd; i++)
+        layers[i] = (uint32_t)res.layers_computed[i];
+    for (int l = 0; l < res.n_layer; l++)
+        pruned[l] = (uint32_t)res.pruned_at_layer[l];
+    Llms__RerankResponse rb = LLMS__RERANK_RESPONSE__INIT;
+    rb.n_hits = (size_t)res.n;
+    rb.hits = hptr;
+    rb.n_layers_computed = nd;
+    rb.layers_computed = layers;
+    rb.n_pruned_at_layer = (size_t)res.n_layer;
+    rb.pruned_at_layer = pruned;
+    rb.peak_bytes = res.peak_bytes;
+    rb.time_ms = res.ms;
+    rb.cv_threshold = o.cv_threshold;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_RERANK;
+    r.rerank = &rb;
+    send_resp(sm, conn_id, &r);
+done:
+    free(hits);
+    free(hptr);
+    free(layers);
+    free(pruned);
+    rerank_result_free(&res);
+}
+
+/* ---- RerankCalibrate ---- */
+
+/* |a ∩ b| / n for two index lists of n entries. */
+static double overlap(const int *a, const int *b, int n)
+{
+    int hit = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            if (a[i] == b[j]) {
+                hit++;
+                break;
+            }
+    return n > 0 ? (double)hit / n : 1.0;
+}
+
+static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+{
+    const Llms__RerankCalibrateRequest *cq = req->rerank_calibrate;
+    char err[ERR_MAX];
+    float p = cq->precision;
+    if (!(p > 0 && p <= 1)) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "precision %g is outside (0, 1]", p);
+        return;
+    }
+    if (cq->n_queries == 0) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
+        return;
+    }
+    for (size_t q = 0; q < cq->n_queries; q++) {
+        const Llms__RerankQuery *rq = cq->queries[q];
+        Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
+        if (code != LLMS__ERROR_CODE__OK) {
+            send_error(sm, conn_id, req->id, code, "query %zu: %s", q, err);
+            return;
+        }
+    }
+    rerank_options o;
+    if (call_options(sm, cq->has_top_k, cq->top_k, cq->has_mode, cq->mode, &o, err) < 0) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        return;
+    }
+    reranker *rr = get_reranker(sm, err);
+    if (!rr) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        return;
+    }
+    size_t nq = cq->n_queries;
+    int k = o.top_k;
+    int *ref = calloc(nq * (size_t)k, sizeof *ref); /* (nq, k) full-forward top-K */
+    int *nref = calloc(nq, sizeof *nref);
+    float grid_prec[CALIB_N];
+    if (!ref || !nref) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        goto done;
+    }
+    double full_ms = 0, pruned_ms = 0;
+    for (size_t q = 0; q < nq; q++) {
+        const Llms__RerankQuery *rq = cq->queries[q];
+        rerank_result res;
+        memset(&res, 0, sizeof res);
+        o.cv_threshold = 0;
+        double t0 = now_ms();
+        if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
+                       &o, &res, err) < 0) {
+            rerank_result_free(&res);
+            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
+            goto done;
+        }
+        full_ms += now_ms() - t0;
+        nref[q] = res.n;
+        memcpy(ref + q * (size_t)k, res.index, sizeof *ref * (size_t)res.n);
+        rerank_result_free(&res);
+    }
+    int n_tried = 0, chosen = -1;
+    for (int g = 0; g < CALIB_N && chosen < 0; g++, n_tried++) {
+        double sum = 0, ms = 0;
+        o.cv_threshold = calib_grid[g];
+        for (size_t q = 0; q < nq; q++) {
+            const Llms__RerankQuery *rq = cq->queries[q];
+            rerank_result res;
+            memset(&res, 0, sizeof res);
+            double t0 = now_ms();
+            if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
+                           (int)rq->n_documents, &o, &res, err) < 0) {
+                rerank_result_free(&res);
+                send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
+                           err);
+                goto done;
+            }
+            ms += now_ms() - t0;
+            sum += overlap(ref + q * (size_t)k, res.index, res.n < nref[q] ? res.n : nref[q]);
+            rerank_result_free(&res);
+        }
+        grid_prec[g] = (float)(sum / nq);
+        if (grid_prec[g] >= p) {
+            chosen = g;
+            pruned_ms = ms / nq;
+        }
+    }
+    /* No grid threshold reaches the precision: only the full forward does. */
+    float thr = chosen >= 0 ? calib_grid[chosen] : 0.0f;
+    char key[SEM_KEY_MAX];
+    setting_key(sm, p, key);
+    double vals[4] = {thr, chosen >= 0 ? grid_prec[chosen] : 1.0, k, o.mode};
+    if (store_setting_put(sm->env.st, key, vals, 4, err) < 0) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+        goto done;
+    }
+    Llms__RerankCalibrateResponse cr = LLMS__RERANK_CALIBRATE_RESPONSE__INIT;
+    cr.found = chosen >= 0;
+    cr.cv_threshold = thr;
+    cr.precision = (float)vals[1];
+    cr.n_grid = (size_t)n_tried;
+    cr.grid = (float *)calib_grid;
+    cr.n_grid_precision = (size_t)n_tried;
+    cr.grid_precision = grid_prec;
+    cr.full_ms = full_ms / nq;
+    cr.pruned_ms = chosen >= 0 ? pruned_ms : full_ms / nq;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_RERANK_CALIBRATE;
+    r.rerank_calibrate = &cr;
+    send_resp(sm, conn_id, &r);
+done:
+    free(ref);
+    free(nref);
+}
+
+void semantic_handle(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+{
+    switch (req->body_case) {
+    case LLMS__REQUEST__BODY_EMBED:
+        handle_embed(sm, conn_id, req);
+        break;
+    case LLMS__REQUEST__BODY_RERANK:
+        handle_rerank(sm, conn_id, req);
+        break;
+    case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+        handle_calibrate(sm, conn_id, req);
+        break;
+    default:
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__UNIMPLEMENTED,
+                   "request body %d is not a semantic call", (int)req->body_case);
+        break;
+    }
+}

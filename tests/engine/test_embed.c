@@ -1,0 +1,243 @@
+/*
+ * Embeddings on generated models (synthetic 260-token vocabulary, no shared data):
+ * unit length, last-token and mean pooling against the forward's own hidden rows put
+ * through output_norm.weight read from the file, determinism, independence from what
+ * was embedded before and from the runner's batch size, and text tokenization.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/embed.h"
+#include "engine/gguf.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/support/test.h"
+
+#define DIM 64
+#define N_LAYER 2
+#define N_VOCAB 260
+
+typedef struct fixture {
+    model *m;
+    model_runner *r;
+    kv_pool *pool;
+    embedder *e;
+} fixture;
+
+static const char *gen_model(void)
+{
+    static char path[512];
+    if (path[0])
+        return path;
+    snprintf(path, sizeof path, "%s/embed.gguf", test_tmpdir());
+    modelgen_params p = {.arch = "qwen3", .dim = DIM, .n_layer = N_LAYER, .n_head = 4,
+                         .n_head_kv = 2, .n_ff = 128, .n_ctx = 256, .type = QTYPE_F32,
+                         .seed = 11, .n_vocab = N_VOCAB, .n_threads = 1};
+    char err[ERR_MAX];
+    if (modelgen_write(&p, path, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        path[0] = 0;
+        return NULL;
+    }
+    return path;
+}
+
+static int fx_open(fixture *f, int max_batch)
+{
+    memset(f, 0, sizeof *f);
+    char err[ERR_MAX];
+    const char *path = gen_model();
+    if (!path)
+        return -1;
+    if (!(f->m = model_load(path, err)) || !(f->r = model_runner_new(f->m, 1, max_batch, 0, err)) ||
+        !(f->pool = kv_pool_new(model_kv_shape(f->m), 0, err)) ||
+        !(f->e = embed_new(f->m, f->r, f->pool, err))) {
+        fprintf(stderr, "fixture: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static void fx_close(fixture *f)
+{
+    embed_free(f->e);
+    kv_pool_free(f->pool);
+    model_runner_free(f->r);
+    model_free(f->m);
+}
+
+static void tokens_of(int32_t *t, int n, int seed)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = 3 + (int32_t)((i * 37 + seed * 101) % (N_VOCAB - 3));
+}
+
+static double norm2(const float *v, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)v[i] * v[i];
+    return sqrt(s);
+}
+
+static double max_diff(const float *a, const float *b, int n)
+{
+    double d = 0;
+    for (int i = 0; i < n; i++)
+        if (fabs(a[i] - b[i]) > d)
+            d = fabs(a[i] - b[i]);
+    return d;
+}
+
+/* Reference: one forward with every row out, rows through RMSNorm with the file's
+ * output_norm.weight, then last or mean, L2-normalised. */
+static void reference(fixture *f, const int32_t *tok, int n, enum embed_pooling pooling, float *out)
+{
+    const gguf_tensor *nw = gguf_find_tensor(model_gguf(f->m), "output_norm.weight");
+    const float *w = nw->data;
+    int32_t *rows = malloc(sizeof *rows * (size_t)n), *pos = malloc(sizeof *pos * (size_t)n);
+    float *hidden = malloc(sizeof *hidden * (size_t)(N_LAYER + 1) * n * DIM);
+    for (int i = 0; i < n; i++)
+        rows[i] = pos[i] = i;
+    kv_seq seq;
+    kv_seq_init(&seq, f->pool);
+    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
+                     .out_rows = rows, .hidden = hidden};
+    char err[ERR_MAX];
+    CHECK(model_forward(f->r, &seq, &b, err) == 0);
+    kv_seq_free(&seq);
+    double acc[DIM] = {0};
+    for (int o = pooling == EMBED_LAST ? n - 1 : 0; o < n; o++) {
+        const float *x = hidden + ((size_t)N_LAYER * n + o) * DIM;
+        double ss = 0;
+        for (int i = 0; i < DIM; i++)
+            ss += (double)x[i] * x[i];
+        double sc = 1.0 / sqrt(ss / DIM + model_hparams_of(f->m)->norm_eps);
+        for (int i = 0; i < DIM; i++)
+            acc[i] += x[i] * sc * w[i];
+    }
+    double ss = 0;
+    for (int i = 0; i < DIM; i++)
+        ss += acc[i] * acc[i];
+    for (int i = 0; i < DIM; i++)
+        out[i] = (float)(acc[i] / sqrt(ss));
+    free(rows);
+    free(pos);
+    free(hidden);
+}
+
+static void test_pooling_matches_reference(void)
+{
+    fixture f;
+    CHECK(fx_open(&f, 0) == 0);
+    if (!f.e)
+        return;
+    CHECK_EQ(embed_dim(f.e), DIM);
+    int32_t tok[100];
+    tokens_of(tok, 100, 1);
+    float last[DIM], mean[DIM], ref[DIM];
+    char err[ERR_MAX];
+    CHECK(embed_tokens(f.e, tok, 100, EMBED_LAST, last, err) == 0);
+    CHECK(embed_tokens(f.e, tok, 100, EMBED_MEAN, mean, err) == 0);
+    CHECK_NEAR(norm2(last, DIM), 1.0, 1e-5);
+    CHECK_NEAR(norm2(mean, DIM), 1.0, 1e-5);
+    reference(&f, tok, 100, EMBED_LAST, ref);
+    CHECK(max_diff(last, ref, DIM) < 1e-4);
+    reference(&f, tok, 100, EMBED_MEAN, ref);
+    CHECK(max_diff(mean, ref, DIM) < 1e-4);
+    CHECK(max_diff(last, mean, DIM) > 1e-2);
+    CHECK_EQ(kv_pool_n_used(f.pool), 0);
+    fx_close(&f);
+}
+
+static void test_deterministic_and_independent(void)
+{
+    fixture f;
+    CHECK(fx_open(&f, 0) == 0);
+    if (!f.e)
+        return;
+    int32_t a[30], b[45];
+    tokens_of(a, 30, 2);
+    tokens_of(b, 45, 3);
+    float a1[DIM], a2[DIM], b1[DIM], b2[DIM];
+    char err[ERR_MAX];
+    for (int p = 0; p < 2; p++) {
+        enum embed_pooling pl = p ? EMBED_MEAN : EMBED_LAST;
+        CHECK(embed_tokens(f.e, a, 30, pl, a1, err) == 0);
+        CHECK(embed_tokens(f.e, b, 45, pl, b1, err) == 0);
+        CHECK(embed_tokens(f.e, b, 45, pl, b2, err) == 0);
+        CHECK(embed_tokens(f.e, a, 30, pl, a2, err) == 0);
+        CHECK(memcmp(a1, a2, sizeof a1) == 0);
+        CHECK(memcmp(b1, b2, sizeof b1) == 0);
+        CHECK(max_diff(a1, b1, DIM) > 1e-2);
+    }
+    fx_close(&f);
+}
+
+/* A text longer than the runner's max batch (and than mean pooling's pieces) gives the
+ * same vector as with a runner that takes it in one batch. */
+static void test_long_text_beyond_max_batch(void)
+{
+    fixture small, big;
+    CHECK(fx_open(&small, 7) == 0);
+    CHECK(fx_open(&big, 256) == 0);
+    if (!small.e || !big.e)
+        return;
+    int32_t tok[200];
+    tokens_of(tok, 200, 4);
+    char err[ERR_MAX];
+    for (int p = 0; p < 2; p++) {
+        enum embed_pooling pl = p ? EMBED_MEAN : EMBED_LAST;
+        float x[DIM], y[DIM];
+        CHECK(embed_tokens(small.e, tok, 200, pl, x, err) == 0);
+        CHECK(embed_tokens(big.e, tok, 200, pl, y, err) == 0);
+        CHECK(max_diff(x, y, DIM) < 1e-4);
+    }
+    fx_close(&small);
+    fx_close(&big);
+}
+
+static void test_text_and_errors(void)
+{
+    fixture f;
+    CHECK(fx_open(&f, 0) == 0);
+    if (!f.e)
+        return;
+    char err[ERR_MAX];
+    float v[DIM], w[DIM];
+    int n = 0;
+    tokenizer *tok;
+    CHECK(tok_load(model_gguf(f.m), &tok, err) == 0);
+    char text[2000];
+    memset(text, 'a', 150);
+    text[150] = 0;
+    CHECK_MSG(embed_text(f.e, tok, text, EMBED_MEAN, v, &n, err) == 0, "%s", err);
+    CHECK(n > 0);
+    int32_t *ids = malloc(sizeof *ids * (size_t)n);
+    CHECK_EQ(tok_encode(tok, text, 150, true, false, ids, n), n);
+    CHECK(embed_tokens(f.e, ids, n, EMBED_MEAN, w, err) == 0);
+    CHECK(memcmp(v, w, sizeof v) == 0);
+    free(ids);
+    int32_t bad[2] = {5, N_VOCAB};
+    CHECK(embed_tokens(f.e, bad, 2, EMBED_LAST, v, err) < 0);
+    CHECK(embed_tokens(f.e, bad, 0, EMBED_LAST, v, err) < 0);
+    int32_t many[300];
+    tokens_of(many, 300, 5);
+    CHECK(embed_tokens(f.e, many, 300, EMBED_LAST, v, err) < 0);
+    CHECK(strstr(err, "more than") != NULL);
+    CHECK(embed_tokens(f.e, many, 3, (enum embed_pooling)7, v, err) < 0);
+    CHECK_EQ(kv_pool_n_used(f.pool), 0);
+    tok_free(tok);
+    fx_close(&f);
+}
+
+int main(void)
+{
+    RUN(test_pooling_matches_reference);
+    RUN(test_deterministic_and_independent);
+    RUN(test_long_text_beyond_max_batch);
+    RUN(test_text_and_errors);
+    return test_finish();
+}
