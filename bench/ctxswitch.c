@@ -5,7 +5,7 @@
  *   build/bench/ctxswitch [--model PATH] [--contexts 2,4,8,16] [--calls N]
  *                         [--trace random|markov|gaussian] [--min-ctx T] [--max-ctx T]
  *                         [--prompt-min T] [--prompt-max T] [--budget-contexts X]
- *                         [--threads N] [--dir DIR] [--seed S]
+ *                         [--threads N] [--dir DIR] [--seed S] [--systems NAME,...]
  *
  * Model: --model, or by default a SmolLM2-135M-shaped llama (dim 576, 30 layers, 9
  * heads, 3 KV heads, FFN 1536, Q8_0, the gpt-2 vocabulary from ../shared/testdata)
@@ -35,6 +35,7 @@
  * mean latency stays under 25 ms and 100 ms.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@
 
 typedef struct options {
     const char *model, *dir, *trace;
+    const char *systems; /* comma-separated names to run, NULL: all */
     int n_list[MAX_N], n_n;
     int calls, min_ctx, max_ctx, prompt_min, prompt_max, threads;
     double budget_contexts;
@@ -148,6 +150,17 @@ static int pick(const options *o, ctx_entry **ctxs, int n, const int *recency)
         return order[r < 0 ? 0 : r >= n ? n - 1 : r];
     }
     return uniform_int(0, n - 1);
+}
+
+/* Whether name is one of the comma-separated names of list. */
+static bool name_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p; p += strcspn(p, ","), p += *p == ',') {
+        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+            return true;
+    }
+    return false;
 }
 
 typedef struct result {
@@ -269,7 +282,7 @@ static void usage(void)
     fprintf(stderr, "usage: ctxswitch [--model PATH] [--contexts 2,4,8,16] [--calls N] "
                     "[--trace random|markov|gaussian] [--min-ctx T] [--max-ctx T] "
                     "[--prompt-min T] [--prompt-max T] [--budget-contexts X] [--threads N] "
-                    "[--dir DIR] [--seed S]\n");
+                    "[--dir DIR] [--seed S] [--systems NAME,...]\n");
     exit(2);
 }
 
@@ -308,6 +321,8 @@ int main(int argc, char **argv)
             o.budget_contexts = atof(v);
         else if (!strcmp(a, "--threads"))
             o.threads = atoi(v);
+        else if (!strcmp(a, "--systems"))
+            o.systems = v;
         else if (!strcmp(a, "--seed"))
             o.seed = (uint64_t)atoll(v);
         else
@@ -341,6 +356,8 @@ int main(int argc, char **argv)
     b.n_vocab = model_hparams_of(b.m)->n_vocab;
     int rc = 0;
     for (int s = 0; s < N_SYSTEMS; s++) {
+        if (o.systems && !name_listed(o.systems, systems[s].name))
+            continue;
         int best25 = 0, best100 = 0;
         for (int i = 0; i < o.n_n; i++) {
             result r;
