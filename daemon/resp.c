@@ -4,6 +4,8 @@
  */
 #include "daemon/resp.h"
 
+#include "engine/err.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -12,11 +14,18 @@
 int resp_error(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
                size_t *len, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = resp_error_v(id, code, max_bytes, out, len, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int resp_error_v(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
+                 size_t *len, const char *fmt, va_list ap)
+{
+    char msg[ERR_MAX + 128];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     Llms__Error e = LLMS__ERROR__INIT;
     e.code = code;
     e.message = msg;

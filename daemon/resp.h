@@ -4,6 +4,7 @@
 #ifndef LLMS_RESP_H
 #define LLMS_RESP_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,5 +20,9 @@ int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, siz
 /* Packs a final error Response (code and printf-style message) for request id. */
 int resp_error(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
                size_t *len, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The same with the message's arguments as a va_list. */
+int resp_error_v(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
+                 size_t *len, const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
 
 #endif

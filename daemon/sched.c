@@ -113,15 +113,13 @@ static void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const
 
 static void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
 {
-    char msg[ERR_MAX + 128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     uint8_t *buf;
     size_t len;
-    if (resp_error(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    va_list ap;
+    va_start(ap, fmt);
+    if (resp_error_v(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
         outq_push(s->env.out, j->conn_id, buf, len, false);
+    va_end(ap);
 }
 
 static void send_ok(sched *s, const sched_job *j)

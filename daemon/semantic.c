@@ -52,15 +52,13 @@ static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorC
 static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorCode code,
                        const char *fmt, ...)
 {
-    char msg[ERR_MAX + 128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     uint8_t *buf;
     size_t len;
-    if (resp_error(id, code, sm->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    va_list ap;
+    va_start(ap, fmt);
+    if (resp_error_v(id, code, sm->env.cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
         outq_push(sm->env.out, conn_id, buf, len, false);
+    va_end(ap);
 }
 
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])

@@ -63,15 +63,13 @@ static void send_error(const session_env *env, void *conn, uint64_t id, Llms__Er
 static void send_error(const session_env *env, void *conn, uint64_t id, Llms__ErrorCode code,
                        const char *fmt, ...)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     uint8_t *buf;
     size_t len;
-    if (resp_error(id, code, env->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    va_list ap;
+    va_start(ap, fmt);
+    if (resp_error_v(id, code, env->cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
         env->send(conn, buf, len);
+    va_end(ap);
 }
 
 static void send_resp(const session_env *env, void *conn, Llms__Response *r)

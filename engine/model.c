@@ -35,11 +35,7 @@
 typedef struct model_layer {
     const float *attn_norm; /* (dim) */
     const float *ffn_norm;  /* (dim) */
-    const float *bq;        /* (n_head * head_dim), qwen2 only */
-    const float *bk;        /* (n_head_kv * head_dim), qwen2 only */
-    const float *bv;        /* (n_head_kv * head_dim), qwen2 only */
-    const float *q_norm;    /* (head_dim), qwen3 only */
-    const float *k_norm;    /* (head_dim), qwen3 only */
+    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
@@ -278,13 +274,13 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
             return -1;
         if (qwen2 &&
-            (model_vector(m, NAME("attn_q.bias"), q_dim, &L->bq, err) < 0 ||
-             model_vector(m, NAME("attn_k.bias"), kv_dim, &L->bk, err) < 0 ||
-             model_vector(m, NAME("attn_v.bias"), kv_dim, &L->bv, err) < 0))
+            (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
+             model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
+             model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
             return -1;
         if (qwen3 &&
-            (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err) < 0 ||
-             model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err) < 0))
+            (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
+             model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
             return -1;
 #undef NAME
     }
@@ -507,7 +503,28 @@ static void model_norm_job(void *p, int ith, int nth)
         ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
 }
 
-/* Biases, q/k norms and RoPE on q and k, then K/V of each token into its chunk slot. */
+void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
+                      float *q, float *k, float *v)
+{
+    int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    enum ops_rope_style style =
+        hp->rope_style == MODEL_ROPE_INTERLEAVED ? OPS_ROPE_INTERLEAVED : OPS_ROPE_HALVES;
+    if (x->bq) {
+        ops_add(q, x->bq, q_dim);
+        ops_add(k, x->bk, kv_dim);
+        ops_add(v, x->bv, kv_dim);
+    }
+    if (x->q_norm) {
+        for (int h = 0; h < hp->n_head; h++)
+            ops_rmsnorm(q + h * hd, q + h * hd, x->q_norm, hd, hp->norm_eps);
+        for (int h = 0; h < hp->n_head_kv; h++)
+            ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
+    }
+    ops_rope(q, hp->n_head, hd, cs, style);
+    ops_rope(k, hp->n_head_kv, hd, cs, style);
+}
+
+/* q/k/v finishing, then K/V of each token into its chunk slot. */
 static void model_qkv_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -515,26 +532,12 @@ static void model_qkv_job(void *p, int ith, int nth)
     const model_hparams *hp = &r->m->hp;
     const model_layer *L = s->L;
     int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    enum ops_rope_style style =
-        hp->rope_style == MODEL_ROPE_INTERLEAVED ? OPS_ROPE_INTERLEAVED : OPS_ROPE_HALVES;
     kv_shape shape = model_kv_shape(r->m);
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
-        if (L->bq) {
-            ops_add(q, L->bq, q_dim);
-            ops_add(k, L->bk, kv_dim);
-            ops_add(v, L->bv, kv_dim);
-        }
-        if (L->q_norm) {
-            for (int h = 0; h < hp->n_head; h++)
-                ops_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                ops_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
-        }
-        ops_rope(q, hp->n_head, hd, r->rope + t * hd, style);
-        ops_rope(k, hp->n_head_kv, hd, r->rope + t * hd, style);
+        model_qkv_finish(hp, &L->extras, r->rope + t * hd, q, k, v);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {

@@ -45,6 +45,22 @@ typedef struct model_hparams {
 
 typedef struct model model;
 
+/* One layer's small per-head tensors, applied to q, k and v after their matrix products
+ * (NULL when the architecture has none). */
+typedef struct model_qkv_extras {
+    const float *bq;     /* (n_head * head_dim), qwen2 */
+    const float *bk;     /* (n_head_kv * head_dim), qwen2 */
+    const float *bv;     /* (n_head_kv * head_dim), qwen2 */
+    const float *q_norm; /* (head_dim), qwen3 */
+    const float *k_norm; /* (head_dim), qwen3 */
+} model_qkv_extras;
+
+/* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
+ * per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs of the
+ * token's position (ops_rope_angles). Shared by every forward pass over these layers. */
+void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
+                      float *q, float *k, float *v);
+
 /* Maps and validates a GGUF model file: architecture, hyper-parameters, and every
  * tensor's presence, type and shape (errors name the tensor). NULL + err on failure. */
 model *model_load(const char *path, char err[ERR_MAX]);

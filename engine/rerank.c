@@ -94,8 +94,7 @@ typedef struct rr_layer {
     size_t buf_off[RR_N_MAT]; /* where each matrix goes in a streaming buffer */
     const float *attn_norm;   /* (dim) */
     const float *ffn_norm;    /* (dim) */
-    const float *bq, *bk, *bv; /* (q_dim), (kv_dim), (kv_dim); qwen2 only */
-    const float *q_norm, *k_norm; /* (head_dim); qwen3 only */
+    model_qkv_extras extras;  /* q/k/v biases (qwen2), q/k norms (qwen3) */
 } rr_layer;
 
 /* LRU cache of token embedding rows in the file's type (streaming mode). */
@@ -248,13 +247,13 @@ static int rr_load_vectors(reranker *rr, char err[ERR_MAX])
         VEC(NAME("attn_norm.weight"), hp->dim, L->attn_norm);
         VEC(NAME("ffn_norm.weight"), hp->dim, L->ffn_norm);
         if (qwen2) {
-            VEC(NAME("attn_q.bias"), rr->q_dim, L->bq);
-            VEC(NAME("attn_k.bias"), rr->kv_dim, L->bk);
-            VEC(NAME("attn_v.bias"), rr->kv_dim, L->bv);
+            VEC(NAME("attn_q.bias"), rr->q_dim, L->extras.bq);
+            VEC(NAME("attn_k.bias"), rr->kv_dim, L->extras.bk);
+            VEC(NAME("attn_v.bias"), rr->kv_dim, L->extras.bv);
         }
         if (qwen3) {
-            VEC(NAME("attn_q_norm.weight"), hp->head_dim, L->q_norm);
-            VEC(NAME("attn_k_norm.weight"), hp->head_dim, L->k_norm);
+            VEC(NAME("attn_q_norm.weight"), hp->head_dim, L->extras.q_norm);
+            VEC(NAME("attn_k_norm.weight"), hp->head_dim, L->extras.k_norm);
         }
         size_t off = 0;
         for (int i = 0; i < RR_N_MAT; i++) {
@@ -593,27 +592,12 @@ static void rr_qkv_job(void *p, int ith, int nth)
     const model_hparams *hp = &rr->hp;
     const rr_layer *L = s->L;
     int hd = hp->head_dim, q_dim = rr->q_dim, kv_dim = rr->kv_dim;
-    enum ops_rope_style style =
-        hp->rope_style == MODEL_ROPE_INTERLEAVED ? OPS_ROPE_INTERLEAVED : OPS_ROPE_HALVES;
     uint16_t *h16 = s->h16 + (size_t)ith * kv_dim;
     long b, e;
     tp_split(s->n_tok, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = s->q + t * q_dim, *k = s->k + t * kv_dim, *v = s->v + t * kv_dim;
-        if (L->bq) {
-            ops_add(q, L->bq, q_dim);
-            ops_add(k, L->bk, kv_dim);
-            ops_add(v, L->bv, kv_dim);
-        }
-        if (L->q_norm) {
-            for (int h = 0; h < hp->n_head; h++)
-                ops_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                ops_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
-        }
-        const float *cs = s->rope + (size_t)s->pos[t] * hd;
-        ops_rope(q, hp->n_head, hd, cs, style);
-        ops_rope(k, hp->n_head_kv, hd, cs, style);
+        model_qkv_finish(hp, &L->extras, s->rope + (size_t)s->pos[t] * hd, q, k, v);
         ops_f32_to_f16(h16, k, kv_dim);
         quant_dequantize_row(QTYPE_F16, h16, k, kv_dim);
         ops_f32_to_f16(h16, v, kv_dim);
