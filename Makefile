@@ -28,8 +28,9 @@ SANITIZE ?=
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 
-PKGS        := openblas libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd
-DEPS_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/blas.h says why.
+PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd
+DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS  := -std=gnu11 -Wall -Wextra -Werror $(OPT) -g -pthread -fPIC \

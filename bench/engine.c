@@ -1,7 +1,8 @@
 /*
  * bench/engine — prefill and decode speed of the engine, and its peak memory.
  *
- *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [MODEL.gguf ...]
+ *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [--load copy|map|both]
+ *                      [MODEL.gguf ...]
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
@@ -11,12 +12,23 @@
  *
  * Each model runs in a child process so peak RSS is per model. A run is: prefill of a
  * prompt of random token ids into an empty context, then greedy decode of --gen tokens.
- * Prints one JSON object per model with the median of the runs.
+ * First it measures the machine's memory read bandwidth with the same number of threads
+ * (an AVX2 read of 1 GiB with software prefetch, median of 5), because decode streams every weight once
+ * per token and the machines are noisy: each model line reports the bandwidth its decode
+ * reached and that as a share of the one measured in this run.
+ *
+ * Prints one JSON object per model and load mode with the median of the runs. --load
+ * picks how the weights come into memory (engine/gguf.h): read into huge pages (copy, the
+ * default of llms-run and llmsd) or mapped from the file (map, llama.cpp's default).
  */
 #include <errno.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -35,6 +47,8 @@ typedef struct bench_options {
     int n_runs;
     int n_prompt;
     int n_gen;
+    gguf_load load;
+    double read_gb_s; /* memory read bandwidth measured at start */
 } bench_options;
 
 /* llama.cpp on this machine kind, 2 threads, TinyLlama-1.1B shape (issue #2). */
@@ -66,12 +80,80 @@ static const char *model_weight_type(const model *m)
     return tr ? tr->name : "?";
 }
 
+#define READ_BYTES ((size_t)1 << 30)
+#define READ_MAX_THREADS 64
+#define READ_PREFETCH 4096 /* bytes ahead */
+
+typedef struct read_share {
+    const __m256i *from; /* (n) */
+    size_t n;
+    long long sum; /* kept so the reads are not optimised away */
+} read_share;
+
+__attribute__((target("avx2"))) static void *read_share_run(void *p)
+{
+    read_share *r = p;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 4 <= r->n; i += 4) {
+        /* prefetching ahead, as the dot kernels do, finds the bandwidth they can reach */
+        _mm_prefetch((const char *)(r->from + i) + READ_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(r->from + i) + READ_PREFETCH + 64, _MM_HINT_T0);
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(r->from + i));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(r->from + i + 1));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(r->from + i + 2));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(r->from + i + 3));
+    }
+    __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    long long lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a);
+    r->sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    return NULL;
+}
+
+/* Read bandwidth in GB/s of n_threads threads each reading its share of a 1 GiB buffer on
+ * huge pages (as the weights are with GGUF_LOAD_COPY), median of 5; 0 when it cannot be
+ * measured. */
+static double measure_read_gb_s(int n_threads)
+{
+    if (!__builtin_cpu_supports("avx2") || n_threads > READ_MAX_THREADS)
+        return 0;
+    void *buf = mmap(NULL, READ_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED)
+        return 0;
+    madvise(buf, READ_BYTES, MADV_HUGEPAGE);
+    memset(buf, 1, READ_BYTES);
+    size_t n_vec = READ_BYTES / sizeof(__m256i), per = n_vec / (size_t)n_threads;
+    read_share shares[READ_MAX_THREADS];
+    pthread_t threads[READ_MAX_THREADS];
+    double gb_s[5];
+    int ok = 1;
+    for (int run = 0; run < 5 && ok; run++) {
+        double t0 = bench_now_s();
+        int started = 0;
+        for (int i = 0; i < n_threads; i++) {
+            shares[i] = (read_share){.from = (const __m256i *)buf + (size_t)i * per, .n = per};
+            if (i > 0 && pthread_create(&threads[i], NULL, read_share_run, &shares[i]) != 0) {
+                ok = 0;
+                break;
+            }
+            started = i + 1;
+        }
+        if (ok)
+            read_share_run(&shares[0]);
+        for (int i = 1; i < started; i++)
+            pthread_join(threads[i], NULL);
+        gb_s[run] = (double)per * n_threads * sizeof(__m256i) / (bench_now_s() - t0) / 1e9;
+    }
+    munmap(buf, READ_BYTES);
+    return ok ? bench_median(gb_s, 5) : 0;
+}
+
 /* Runs the benchmark of one model in this process and prints its JSON line. */
 static int bench_model(const char *path, const bench_options *o)
 {
     char err[ERR_MAX];
     int status = 1;
-    model *m = model_load(path, err);
+    model *m = model_load_as(path, o->load, err);
     if (!m) {
         fprintf(stderr, "engine: %s: %s\n", path, err);
         return 1;
@@ -141,13 +223,18 @@ static int bench_model(const char *path, const bench_options *o)
     const char *type = model_weight_type(m);
     double prefill_med = bench_median(prefill, o->n_runs), decode_med = bench_median(decode, o->n_runs);
 
-    printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"dim\":%d,\"layers\":%d,"
-           "\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
+    printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"load\":\"%s\","
+           "\"dim\":%d,\"layers\":%d,\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
            "\"peak_rss_mb\":%.1f,\"model_mb\":%.1f,\"kv_mb\":%.1f,\"rss_over_model_kv\":%.3f",
-           path, type, hp->dim, hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt,
+           path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", hp->dim, hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt,
            o->n_gen, prefill_med, decode_med, rss_mb, model_mb, kv_mb,
            rss_mb / (model_mb + kv_mb));
+    if (o->read_gb_s > 0) {
+        double decode_gb_s = decode_med * (double)st.st_size / 1e9;
+        printf(",\"decode_read_gb_s\":%.1f,\"machine_read_gb_s\":%.1f,\"decode_share_of_read\":%.3f",
+               decode_gb_s, o->read_gb_s, decode_gb_s / o->read_gb_s);
+    }
     for (size_t i = 0; i < sizeof llamacpp_baselines / sizeof *llamacpp_baselines; i++) {
         const baseline *b = &llamacpp_baselines[i];
         if (strcmp(b->type, type) == 0 && hp->dim == 2048 && hp->n_layer == 22)
@@ -231,6 +318,7 @@ int main(int argc, char **argv)
     bench_options o = {.n_threads = 2, .n_runs = 3, .n_prompt = 512, .n_gen = 64};
     const char *models[64];
     int n_models = 0, failures = 0;
+    bool load_copy = true, load_map = true;
 
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
@@ -243,9 +331,12 @@ int main(int argc, char **argv)
             rc = parse_count("--prompt", v, 1, 8192, &o.n_prompt), i++;
         else if (!strcmp(argv[i], "--gen"))
             rc = parse_count("--gen", v, 1, 8192, &o.n_gen), i++;
+        else if (!strcmp(argv[i], "--load") && (!strcmp(v, "copy") || !strcmp(v, "map") ||
+                                                 !strcmp(v, "both")))
+            load_copy = strcmp(v, "map") != 0, load_map = strcmp(v, "copy") != 0, i++;
         else if (argv[i][0] == '-' || n_models == 64)
             rc = -1, fprintf(stderr, "usage: engine [-t N] [-r N] [--prompt N] [--gen N] "
-                                     "[MODEL.gguf ...]\n");
+                                     "[--load copy|map|both] [MODEL.gguf ...]\n");
         else
             models[n_models++] = argv[i];
         if (rc)
@@ -261,8 +352,17 @@ int main(int argc, char **argv)
             models[n_models++] = paths[i];
         }
     }
-    for (int i = 0; i < n_models; i++)
-        if (bench_in_child(models[i], &o))
+    o.read_gb_s = measure_read_gb_s(o.n_threads);
+    printf("{\"bench\":\"memory_read\",\"threads\":%d,\"bytes\":%zu,\"gb_s\":%.1f}\n",
+           o.n_threads, READ_BYTES, o.read_gb_s);
+    fflush(stdout);
+    for (int i = 0; i < n_models; i++) {
+        o.load = GGUF_LOAD_COPY;
+        if (load_copy && bench_in_child(models[i], &o))
             failures++;
+        o.load = GGUF_LOAD_MAP;
+        if (load_map && bench_in_child(models[i], &o))
+            failures++;
+    }
     return failures ? 1 : 0;
 }

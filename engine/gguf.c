@@ -529,7 +529,56 @@ static void *gguf_map(int fd, size_t size, void **base, size_t *len)
     return map;
 }
 
+/*
+ * Reads a file of `size` bytes into private anonymous memory at a GGUF_HUGE_ALIGN-aligned
+ * address advised to use huge pages (anonymous memory gets them whenever THP is "always" or
+ * "madvise", unlike page-cache pages), then makes it read-only like the mapping it stands
+ * in for. Same results as gguf_map; MAP_FAILED with errno set on failure.
+ */
+static void *gguf_copy(int fd, size_t size, void **base, size_t *len)
+{
+    size_t span = size + GGUF_HUGE_ALIGN;
+    if (span < size) {
+        errno = EOVERFLOW;
+        return MAP_FAILED;
+    }
+    void *res = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (res == MAP_FAILED)
+        return MAP_FAILED;
+    uintptr_t aligned = ((uintptr_t)res + GGUF_HUGE_ALIGN - 1) & ~(uintptr_t)(GGUF_HUGE_ALIGN - 1);
+    char *data = (char *)aligned;
+    madvise(data, size, MADV_HUGEPAGE);
+    for (size_t done = 0; done < size;) {
+        /* pread moves at most about 2 GiB per call on Linux */
+        size_t want = size - done < ((size_t)1 << 30) ? size - done : (size_t)1 << 30;
+        ssize_t got = pread(fd, data + done, want, (off_t)done);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            int e = got < 0 ? errno : EIO; /* 0: the file shrank while being read */
+            munmap(res, span);
+            errno = e;
+            return MAP_FAILED;
+        }
+        done += (size_t)got;
+    }
+    if (mprotect(data, size, PROT_READ) != 0) {
+        int e = errno;
+        munmap(res, span);
+        errno = e;
+        return MAP_FAILED;
+    }
+    *base = res;
+    *len = span;
+    return data;
+}
+
 gguf_file *gguf_open(const char *path, char err[ERR_MAX])
+{
+    return gguf_open_as(path, GGUF_LOAD_MAP, err);
+}
+
+gguf_file *gguf_open_as(const char *path, gguf_load how, char err[ERR_MAX])
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -551,9 +600,11 @@ gguf_file *gguf_open(const char *path, char err[ERR_MAX])
     void *map = NULL, *map_base = NULL;
     size_t map_len = 0;
     if (size > 0) {
-        map = gguf_map(fd, size, &map_base, &map_len);
+        map = how == GGUF_LOAD_COPY ? gguf_copy(fd, size, &map_base, &map_len)
+                                    : gguf_map(fd, size, &map_base, &map_len);
         if (map == MAP_FAILED) {
-            err_set(err, "%s: mmap: %s", path, strerror(errno));
+            err_set(err, "%s: %s: %s", path, how == GGUF_LOAD_COPY ? "read" : "mmap",
+                    strerror(errno));
             close(fd);
             return NULL;
         }

@@ -55,8 +55,24 @@ typedef struct gguf_tensor {
 
 typedef struct gguf_file gguf_file;
 
-/* Opens and validates a GGUF file. On failure returns NULL and fills err. */
+/* How a file's bytes are brought into memory. */
+typedef enum gguf_load {
+    /* Map the file: its pages are shared with the page cache, so other processes reading
+     * it cost nothing and the kernel can drop them under memory pressure. */
+    GGUF_LOAD_MAP,
+    /* Read it into private memory aligned for and advised to use huge pages: decode, which
+     * streams every weight once per token, runs about 15-20% faster (far fewer TLB misses,
+     * which cost double under a hypervisor), at the price of a copy at load time and pages
+     * the kernel cannot reclaim without swap. */
+    GGUF_LOAD_COPY,
+} gguf_load;
+
+/* Opens and validates a GGUF file (mapped, GGUF_LOAD_MAP). On failure returns NULL and
+ * fills err. */
 gguf_file *gguf_open(const char *path, char err[ERR_MAX]);
+
+/* Same, bringing the file into memory as `how` says. */
+gguf_file *gguf_open_as(const char *path, gguf_load how, char err[ERR_MAX]);
 
 /* Same, for bytes already in memory (the buffer must outlive the result). */
 gguf_file *gguf_open_memory(const void *data, size_t size, char err[ERR_MAX]);

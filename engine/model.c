@@ -16,8 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
+#include "engine/blas.h"
 #include "engine/ops.h"
 #include "engine/quant.h"
 #include "engine/threadpool.h"
@@ -304,7 +303,12 @@ model *model_from_gguf(const gguf_file *g, char err[ERR_MAX])
 
 model *model_load(const char *path, char err[ERR_MAX])
 {
-    gguf_file *g = gguf_open(path, err);
+    return model_load_as(path, GGUF_LOAD_MAP, err);
+}
+
+model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
+{
+    gguf_file *g = gguf_open_as(path, how, err);
     if (!g)
         return NULL;
     model *m = model_from_gguf(g, err);
@@ -402,7 +406,10 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         err_set(err, "out of memory");
         return NULL;
     }
-    ops_init();
+    if (blas_init(err) < 0) {
+        free(r);
+        return NULL;
+    }
     r->m = m;
     r->max_batch = max_batch;
     r->max_kv = max_kv;
@@ -694,8 +701,8 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
         while (nv > 0 && r->kv_pos[nv - 1] > max_pos)
             nv--;
         /* every token sees its own entry, so nv >= 1 */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nv, hd, scale,
-                    r->q + (size_t)t0 * ld_q + (size_t)h * hd, ld_q, kf, hd, 0.0f, sc, r->max_kv);
+        blas_sgemm(true, nt, nv, hd, scale, r->q + (size_t)t0 * ld_q + (size_t)h * hd, ld_q, kf,
+                   hd, 0.0f, sc, r->max_kv);
         for (int t = 0; t < nt; t++) {
             float *row = sc + (size_t)t * r->max_kv;
             int32_t pos = s->positions[t0 + t];
@@ -710,8 +717,8 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
                                      s->n_kv_total,
                        row, (size_t)nv * sizeof(float));
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, hd, nv, 1.0f, sc, r->max_kv, vf,
-                    hd, 0.0f, r->att + (size_t)t0 * ld_q + (size_t)h * hd, ld_q);
+        blas_sgemm(false, nt, hd, nv, 1.0f, sc, r->max_kv, vf, hd, 0.0f,
+                   r->att + (size_t)t0 * ld_q + (size_t)h * hd, ld_q);
     }
 }
 

@@ -65,6 +65,9 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
  * tensor's presence, type and shape (errors name the tensor). NULL + err on failure. */
 model *model_load(const char *path, char err[ERR_MAX]);
 
+/* Same, bringing the weights into memory as `how` says (model_load maps them). */
+model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX]);
+
 /* Same, from an already open file; the model borrows g, which must outlive it. */
 model *model_from_gguf(const gguf_file *g, char err[ERR_MAX]);
 

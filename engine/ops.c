@@ -3,13 +3,13 @@
  */
 #include "engine/ops.h"
 
-#include <cblas.h>
 #include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
+#include "engine/blas.h"
 #include "engine/ops_avx2.h"
 #include "engine/quant.h"
 
@@ -32,12 +32,6 @@ static bool ops_have_avx2(void)
         have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     return have;
-}
-
-void ops_init(void)
-{
-    openblas_set_num_threads(1);
-    (void)ops_have_avx2();
 }
 
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
@@ -287,8 +281,8 @@ static void ops_sgemm_job(void *p, int ith, int nth)
                                      tile + (size_t)r * w->cols, w->cols);
             b = tile;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n_tok, n, w->cols, 1.0f, j->x,
-                    w->cols, b, w->cols, 0.0f, j->y[m] + r0, w->rows);
+        blas_sgemm(true, j->n_tok, n, w->cols, 1.0f, j->x, w->cols, b, w->cols, 0.0f,
+                   j->y[m] + r0, w->rows);
     }
 }
 

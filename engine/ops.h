@@ -93,7 +93,4 @@ void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, f
 void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
                   int n_tok, float *const *y, void *scratch);
 
-/* Makes OpenBLAS single-threaded: our pool parallelises the sgemm tiles. */
-void ops_init(void);
-
 #endif

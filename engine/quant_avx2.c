@@ -159,9 +159,14 @@ INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const fl
         x[r] = w + (size_t)r * rb;
         acc[r] = _mm256_setzero_ps();
     }
+    /* prefetch the next group of rows evenly over this pass, as rows_q8_0 does */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = n >= 8 ? (size_t)nr * rb / (size_t)(n / 8) : 0;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 a0 = _mm256_loadu_ps(a + i);
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)(i / 8) * pf_step + k), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++)
             acc[r] = _mm256_fmadd_ps(load8_float(t, x[r], i), a0, acc[r]);

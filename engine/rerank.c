@@ -53,8 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cblas.h>
-
+#include "engine/blas.h"
 #include "engine/gguf.h"
 #include "engine/ioq.h"
 #include "engine/kmeans1d.h"
@@ -390,7 +389,8 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
         goto fail;
     if (tok_load(rr->g, &rr->tok, err) < 0)
         goto fail;
-    ops_init();
+    if (blas_init(err) < 0)
+        goto fail;
     rr->pool = tp_new(rr->opt.n_threads, err);
     if (!rr->pool)
         goto fail;
@@ -633,16 +633,15 @@ static void rr_attn_job(void *p, int ith, int nth)
         const float *q = s->q + (r0 + t0) * ld_q + (size_t)h * hd;
         const float *k = s->k + r0 * ld_kv + (size_t)(h / group) * hd;
         const float *v = s->v + r0 * ld_kv + (size_t)(h / group) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nv, hd, scale, q, ld_q, k,
-                    ld_kv, 0.0f, sc, s->max_len);
+        blas_sgemm(true, nt, nv, hd, scale, q, ld_q, k, ld_kv, 0.0f, sc, s->max_len);
         for (int t = 0; t < nt; t++) {
             float *row = sc + (size_t)t * s->max_len;
             for (int j = t0 + t + 1; j < nv; j++)
                 row[j] = -INFINITY;
             ops_softmax(row, nv);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, hd, nv, 1.0f, sc, s->max_len,
-                    v, ld_kv, 0.0f, s->att + (r0 + t0) * ld_q + (size_t)h * hd, ld_q);
+        blas_sgemm(false, nt, hd, nv, 1.0f, sc, s->max_len, v, ld_kv, 0.0f,
+                   s->att + (r0 + t0) * ld_q + (size_t)h * hd, ld_q);
     }
 }
 

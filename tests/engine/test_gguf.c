@@ -536,6 +536,29 @@ static void writer_honours_alignment(void)
     gguf_close(g);
 }
 
+/* A file read into memory (GGUF_LOAD_COPY) reads exactly as the mapped file, read-only
+ * and at least as aligned; a malformed one is rejected the same way. */
+static void copied_file_reads_as_mapped(void)
+{
+    char err[ERR_MAX] = "";
+    const char *path = tmp_path("rtcopy.gguf");
+    CHECK_MSG(write_roundtrip_file(path, 64, err) == 0, "write: %s", err);
+    gguf_file *g = gguf_open_as(path, GGUF_LOAD_COPY, err);
+    CHECK_MSG(g, "open: %s", err);
+    check_roundtrip(g, 64);
+    for (int64_t k = 0; k < gguf_n_tensors(g); k++)
+        CHECK_EQ((uintptr_t)gguf_tensor_at(g, k)->data % 64, 0);
+    gguf_close(g);
+
+    CHECK(gguf_open_as("/nonexistent/x.gguf", GGUF_LOAD_COPY, err) == NULL);
+    CHECK(contains(err, "/nonexistent/x.gguf"));
+    FILE *f = fopen(path, "r+b");
+    CHECK(f && fwrite("GGUX", 1, 4, f) == 4);
+    fclose(f);
+    CHECK(gguf_open_as(path, GGUF_LOAD_COPY, err) == NULL);
+    CHECK_MSG(contains(err, "magic"), "%s", err);
+}
+
 /* Scalars of every width (which the writer has no setters for) survive copy_kv. */
 static void copy_kv_copies_every_scalar_type(void)
 {
@@ -931,6 +954,7 @@ int main(void)
     RUN(missing_file_names_the_path);
     RUN(writer_round_trips_every_type);
     RUN(writer_honours_alignment);
+    RUN(copied_file_reads_as_mapped);
     RUN(copy_kv_copies_every_scalar_type);
     RUN(copy_kv_copies_a_vocabulary);
     RUN(writer_reports_bad_input);
