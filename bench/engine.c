@@ -18,8 +18,8 @@
  * reached and that as a share of the one measured in this run.
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
- * picks how the weights come into memory (engine/gguf.h): read into huge pages (copy, the
- * default of llms-run and llmsd) or mapped from the file (map, llama.cpp's default).
+ * picks how the weights come into memory (engine/gguf.h): mapped from the file (map, the
+ * default of llms-run, llmsd and llama.cpp) or read into huge pages (copy, --no-mmap).
  */
 #include <errno.h>
 #include <immintrin.h>

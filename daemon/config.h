@@ -23,7 +23,7 @@ typedef struct config {
     char model[CONFIG_PATH_MAX];       /* GGUF file; required */
     char socket[CONFIG_SOCKET_MAX];    /* Unix socket path (unless systemd passes one) */
     char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
-    char model_load[8];                /* "copy" (into huge pages) or "map" (engine/gguf.h) */
+    char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf.h */
     int threads;                       /* engine threads; 0: online cores */
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;

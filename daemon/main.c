@@ -178,7 +178,7 @@ int main(int argc, char **argv)
     struct event *sigterm = NULL, *sigint = NULL;
     loop_state ls = {0};
 
-    gguf_load load = strcmp(cfg.model_load, "map") == 0 ? GGUF_LOAD_MAP : GGUF_LOAD_COPY;
+    gguf_load load = strcmp(cfg.model_load, "copy") == 0 ? GGUF_LOAD_COPY : GGUF_LOAD_MAP;
     if (!(m = model_load_as(cfg.model, load, err)) || tok_load(model_gguf(m), &tok, err)) {
         fprintf(stderr, "llmsd: model %s: %s\n", cfg.model, err);
         goto out;

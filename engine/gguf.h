@@ -61,9 +61,9 @@ typedef enum gguf_load {
      * it cost nothing and the kernel can drop them under memory pressure. */
     GGUF_LOAD_MAP,
     /* Read it into private memory aligned for and advised to use huge pages: decode, which
-     * streams every weight once per token, runs about 15-20% faster (far fewer TLB misses,
-     * which cost double under a hypervisor), at the price of a copy at load time and pages
-     * the kernel cannot reclaim without swap. */
+     * streams every weight once per token, takes far fewer TLB misses (which cost double
+     * under a hypervisor): Q8_0 decode measured 5% faster with 2 threads, 18% with one.
+     * The price is a copy at load time and pages the kernel cannot reclaim without swap. */
     GGUF_LOAD_COPY,
 } gguf_load;
 

@@ -56,8 +56,8 @@ static void usage(FILE *out)
             "  -t, --threads N          threads (default: online cores)\n"
             "  -c, --ctx-size N         context size in tokens (default: model's, at most 4096)\n"
             "  -b, --batch-size N       prefill batch size (default 512)\n"
-            "      --mmap               map the weights (shared with the page cache)\n"
-            "      --no-mmap            read them into huge pages: faster decode (default)\n"
+            "      --mmap               map the weights, shared with the page cache (default)\n"
+            "      --no-mmap            read them into private memory on huge pages\n"
             "      --temp T             temperature, 0 = greedy (default 0.8)\n"
             "      --top-k N            (default 40, 0 = off)\n"
             "      --top-p P            (default 0.95, 1 = off)\n"
@@ -112,7 +112,7 @@ static int parse_args(int argc, char **argv, run_options *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
     o->n_batch = 512;
-    o->load = GGUF_LOAD_COPY;
+    o->load = GGUF_LOAD_MAP;
     o->sampling = sampler_params_default();
 
     for (int i = 1; i < argc; i++) {
@@ -185,7 +185,7 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--mmap")) {
             o->load = GGUF_LOAD_MAP;
         } else if (IS(NULL, "--no-mmap")) {
-            o->load = GGUF_LOAD_COPY;
+            o->load = GGUF_LOAD_MAP;
         } else if (IS(NULL, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (IS(NULL, "--chat")) {
