@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "engine/blas.h"
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/quant.h"
@@ -224,10 +225,10 @@ static int bench_model(const char *path, const bench_options *o)
     double prefill_med = bench_median(prefill, o->n_runs), decode_med = bench_median(decode, o->n_runs);
 
     printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"load\":\"%s\","
-           "\"dim\":%d,\"layers\":%d,\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
+           "\"blas\":\"%s\",\"dim\":%d,\"layers\":%d,\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
            "\"peak_rss_mb\":%.1f,\"model_mb\":%.1f,\"kv_mb\":%.1f,\"rss_over_model_kv\":%.3f",
-           path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", hp->dim, hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt,
+           path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", blas_core_name(), hp->dim, hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt,
            o->n_gen, prefill_med, decode_med, rss_mb, model_mb, kv_mb,
            rss_mb / (model_mb + kv_mb));
     if (o->read_gb_s > 0) {
