@@ -73,7 +73,7 @@ static void detokenize_inverts_tokenize(void)
     CHECK_MSG(strcmp(got, "Hello, world! 12345  tabs\tand ünïcödé\n") == 0, "got '%s'", got);
 }
 
-static void greedy_generation_is_deterministic_across_threads(void)
+static void greedy_generation_is_deterministic_across_threads_and_loads(void)
 {
     if (!stories())
         SKIP("../shared/testdata/models/stories260K.gguf is absent");
@@ -85,6 +85,11 @@ static void greedy_generation_is_deterministic_across_threads(void)
              llms_run, stories());
     CHECK_EQ(test_run_capture(cmd, two, sizeof two), 0);
     CHECK_MSG(strcmp(one, two) == 0, "1 thread: '%s', 2 threads: '%s'", one, two);
+    /* weights read into memory instead of mapped: the same bytes, the same text */
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --ids -p 1 -n 40 --temp 0 -t 2 --no-mmap 2>/dev/null",
+             llms_run, stories());
+    CHECK_EQ(test_run_capture(cmd, two, sizeof two), 0);
+    CHECK_MSG(strcmp(one, two) == 0, "mapped: '%s', read: '%s'", one, two);
 
     int n = 0;
     for (char *p = strtok(one, " \n"); p; p = strtok(NULL, " \n")) {
@@ -169,7 +174,7 @@ int main(int argc, char **argv)
     RUN(tokenize_matches_vectors_bpe);
     RUN(tokenize_matches_vectors_wordpiece);
     RUN(detokenize_inverts_tokenize);
-    RUN(greedy_generation_is_deterministic_across_threads);
+    RUN(greedy_generation_is_deterministic_across_threads_and_loads);
     RUN(sampling_is_reproducible_by_seed);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
