@@ -12,10 +12,11 @@
  *
  * Each model runs in a child process so peak RSS is per model. A run is: prefill of a
  * prompt of random token ids into an empty context, then greedy decode of --gen tokens.
- * First it measures the machine's memory read bandwidth with the same number of threads
- * (an AVX2 read of 1 GiB with software prefetch, median of 5), because decode streams every weight once
- * per token and the machines are noisy: each model line reports the bandwidth its decode
- * reached and that as a share of the one measured in this run.
+ * Decode streams every weight once per token, and the memory bandwidth of these machines
+ * varies from minute to minute, so just before each decode run a child process measures
+ * the read bandwidth with the same number of threads (an AVX2 read of 1 GiB with software
+ * prefetch); each model line reports the bandwidth its decode reached and, as the median
+ * over runs, its share of the bandwidth measured next to it.
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
  * picks how the weights come into memory (engine/gguf.h): mapped from the file (map, the
@@ -49,7 +50,6 @@ typedef struct bench_options {
     int n_prompt;
     int n_gen;
     gguf_load load;
-    double read_gb_s; /* memory read bandwidth measured at start */
 } bench_options;
 
 /* llama.cpp on this machine kind, 2 threads, TinyLlama-1.1B shape (issue #2). */
@@ -149,6 +149,29 @@ static double measure_read_gb_s(int n_threads)
     return ok ? bench_median(gb_s, 5) : 0;
 }
 
+/* measure_read_gb_s in a child process, so that its buffer stays out of this process's
+ * peak RSS; 0 when it cannot be measured. */
+static double measure_read_gb_s_apart(int n_threads)
+{
+    int fds[2];
+    double gb_s = 0;
+    if (pipe(fds) != 0)
+        return 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        gb_s = measure_read_gb_s(n_threads);
+        _exit(write(fds[1], &gb_s, sizeof gb_s) == (ssize_t)sizeof gb_s ? 0 : 1);
+    }
+    close(fds[1]);
+    if (pid < 0 || read(fds[0], &gb_s, sizeof gb_s) != (ssize_t)sizeof gb_s)
+        gb_s = 0;
+    close(fds[0]);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+    return gb_s;
+}
+
 /* Runs the benchmark of one model in this process and prints its JSON line. */
 static int bench_model(const char *path, const bench_options *o)
 {
@@ -166,7 +189,7 @@ static int bench_model(const char *path, const bench_options *o)
     int32_t *tokens = malloc(sizeof *tokens * (size_t)o->n_prompt);
     int32_t *positions = malloc(sizeof *positions * (size_t)o->n_prompt);
     float *logits = malloc(sizeof *logits * (size_t)hp->n_vocab);
-    double prefill[MAX_RUNS], decode[MAX_RUNS];
+    double prefill[MAX_RUNS], decode[MAX_RUNS], read_gb_s[MAX_RUNS], share[MAX_RUNS];
     size_t kv_bytes = 0;
     kv_seq seq;
 
@@ -196,6 +219,7 @@ static int bench_model(const char *path, const bench_options *o)
         }
         prefill[run] = o->n_prompt / (bench_now_s() - t0);
 
+        read_gb_s[run] = measure_read_gb_s_apart(o->n_threads);
         t0 = bench_now_s();
         for (int i = 0; i < o->n_gen; i++) {
             int32_t next = argmax(logits, hp->n_vocab), pos = o->n_prompt + i, row = 0;
@@ -225,17 +249,21 @@ static int bench_model(const char *path, const bench_options *o)
     double prefill_med = bench_median(prefill, o->n_runs), decode_med = bench_median(decode, o->n_runs);
 
     printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"load\":\"%s\","
-           "\"blas\":\"%s\",\"dim\":%d,\"layers\":%d,\"threads\":%d,\"runs\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
-           "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
+           "\"blas\":\"%s\",\"dim\":%d,\"layers\":%d,\"threads\":%d,\"runs\":%d,"
+           "\"prompt_tokens\":%d,\"gen_tokens\":%d,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,"
            "\"peak_rss_mb\":%.1f,\"model_mb\":%.1f,\"kv_mb\":%.1f,\"rss_over_model_kv\":%.3f",
-           path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", blas_core_name(), hp->dim, hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt,
-           o->n_gen, prefill_med, decode_med, rss_mb, model_mb, kv_mb,
-           rss_mb / (model_mb + kv_mb));
-    if (o->read_gb_s > 0) {
-        double decode_gb_s = decode_med * (double)st.st_size / 1e9;
-        printf(",\"decode_read_gb_s\":%.1f,\"machine_read_gb_s\":%.1f,\"decode_share_of_read\":%.3f",
-               decode_gb_s, o->read_gb_s, decode_gb_s / o->read_gb_s);
-    }
+           path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", blas_core_name(), hp->dim,
+           hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt, o->n_gen, prefill_med,
+           decode_med, rss_mb, model_mb, kv_mb, rss_mb / (model_mb + kv_mb));
+    int n_shares = 0;
+    for (int run = 0; run < o->n_runs; run++)
+        if (read_gb_s[run] > 0)
+            share[n_shares++] = decode[run] * (double)st.st_size / 1e9 / read_gb_s[run];
+    if (n_shares > 0)
+        printf(",\"decode_read_gb_s\":%.1f,\"machine_read_gb_s\":%.1f,"
+               "\"decode_share_of_read\":%.3f",
+               decode_med * (double)st.st_size / 1e9, bench_median(read_gb_s, o->n_runs),
+               bench_median(share, n_shares));
     for (size_t i = 0; i < sizeof llamacpp_baselines / sizeof *llamacpp_baselines; i++) {
         const baseline *b = &llamacpp_baselines[i];
         if (strcmp(b->type, type) == 0 && hp->dim == 2048 && hp->n_layer == 22)
@@ -353,10 +381,6 @@ int main(int argc, char **argv)
             models[n_models++] = paths[i];
         }
     }
-    o.read_gb_s = measure_read_gb_s(o.n_threads);
-    printf("{\"bench\":\"memory_read\",\"threads\":%d,\"bytes\":%zu,\"gb_s\":%.1f}\n",
-           o.n_threads, READ_BYTES, o.read_gb_s);
-    fflush(stdout);
     for (int i = 0; i < n_models; i++) {
         o.load = GGUF_LOAD_COPY;
         if (load_copy && bench_in_child(models[i], &o))
