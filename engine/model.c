@@ -406,7 +406,7 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         err_set(err, "out of memory");
         return NULL;
     }
-    if (blas_init(err) < 0) {
+    if (ops_init(err) < 0) {
         free(r);
         return NULL;
     }

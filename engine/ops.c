@@ -34,6 +34,12 @@ static bool ops_have_avx2(void)
     return have;
 }
 
+int ops_init(char err[ERR_MAX])
+{
+    (void)ops_have_avx2();
+    return blas_init(err);
+}
+
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
 {
     double ss = 0;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/err.h"
 #include "engine/threadpool.h"
 
 /* y = x / rms(x) * w over n elements (y may be x). */
@@ -92,5 +93,9 @@ void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, f
 #define OPS_MATMUL_MAX 4
 void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
                   int n_tok, float *const *y, void *scratch);
+
+/* Loads OpenBLAS (blas_init) and settles the CPU feature checks, before any pool thread
+ * reads them. Call it before starting threads. -1 with err when OpenBLAS cannot load. */
+int ops_init(char err[ERR_MAX]);
 
 #endif

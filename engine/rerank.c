@@ -389,7 +389,7 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
         goto fail;
     if (tok_load(rr->g, &rr->tok, err) < 0)
         goto fail;
-    if (blas_init(err) < 0)
+    if (ops_init(err) < 0)
         goto fail;
     rr->pool = tp_new(rr->opt.n_threads, err);
     if (!rr->pool)

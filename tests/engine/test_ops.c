@@ -2,7 +2,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/blas.h"
 #include "engine/ops.h"
 #include "engine/quant.h"
 #include "tests/support/test.h"
@@ -163,7 +162,7 @@ static void test_matmul(void)
     char err[ERR_MAX];
     tp_pool *pool = tp_new(2, err);
     CHECK(pool);
-    CHECK(blas_init(err) == 0);
+    CHECK(ops_init(err) == 0);
     float *wf = malloc(ROWS * COLS * sizeof(float)), *deq = malloc(COLS * sizeof(float));
     float *x = malloc(MAXT * COLS * sizeof(float));
     float *y = malloc(MAXT * ROWS * sizeof(float)), *y2 = malloc(MAXT * 40 * sizeof(float));
