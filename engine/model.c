@@ -11,6 +11,7 @@
 #include "engine/model.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,6 +353,22 @@ kv_shape model_kv_shape(const model *m)
 
 /* ---- runner ---- */
 
+/* One sequence's share of a forward step: rows [t0, t0 + n) of batch b, evaluated against
+ * seq as the stacked rows [r0, r0 + n). */
+typedef struct model_part {
+    kv_seq *seq;
+    const model_batch *b;
+    int t0, n, r0;
+    int o0, o1;     /* its out rows in this step: b->out_rows[o0 .. o1) */
+    int n_before;   /* entries of seq before the forward */
+    int n_kv;       /* entries of seq once this step's rows are appended */
+    int n_kv_total; /* entries once the whole batch is appended (attn's row length) */
+} model_part;
+
+/* Logit rows per output matrix product when the out rows' destinations are not one
+ * contiguous array (several sequences): bounds the staging buffer, not the batch. */
+#define MODEL_LOGITS_STAGE 64
+
 struct model_runner {
     const model *m;
     tp_pool *pool;
@@ -359,6 +376,8 @@ struct model_runner {
     int max_kv;
     char *mem; /* one allocation holding every buffer below */
 
+    /* A forward step stacks the rows of every sequence it advances: "rows" below are
+     * stacked rows, up to max_batch of them. */
     float *x;      /* (max_batch, dim) residual stream */
     float *xn;     /* (max_batch, dim) normalized input of a block */
     float *q;      /* (max_batch, n_head * head_dim) */
@@ -368,9 +387,9 @@ struct model_runner {
     float *proj;   /* (max_batch, dim) output of attn_output / ffn_down */
     float *gate;   /* (max_batch, n_ff) */
     float *up;     /* (max_batch, n_ff) */
-    float *rope;   /* (max_batch, head_dim) cos/sin pairs of each token's position */
+    float *rope;   /* (max_batch, head_dim) cos/sin pairs of each row's position */
     float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
-    /* batched attention (sub-batches of at least MODEL_ATTN_GEMM_MIN tokens) */
+    /* batched attention (a sequence with at least MODEL_ATTN_GEMM_MIN rows in the step) */
     float *kv_f32;     /* (2, max_kv, head_dim) K then V of one layer and KV head, as f32 */
     int32_t *kv_pos;   /* (max_kv) position of every entry of the sequence, in order */
     int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
@@ -378,10 +397,18 @@ struct model_runner {
     float *blk_scores; /* (n_threads, MODEL_ATTN_BLOCK, max_kv) */
     float *blk_f32;    /* (n_threads, KV_CHUNK_TOKENS, head_dim) a compressed chunk's K or
                           V block decoded, for decode attention */
-    float *received;   /* (n_threads, max_kv) attention each entry received, per thread */
-    kv_chunk **slot_chunk; /* (max_batch) where each token's K/V go */
+    float *received;   /* (n_threads, max_kv) attention each entry of one sequence
+                          received, per thread */
+    pthread_mutex_t recv_lock; /* serializes adding per-thread sums into a batch's */
+    kv_chunk **slot_chunk; /* (max_batch) where each row's K/V go */
     int *slot_index;       /* (max_batch) */
     void *mm_scratch;      /* ops_matmul scratch */
+    model_part *parts;     /* (max_batch) the sequences of the step; each has >= 1 row */
+    int *row_part;         /* (max_batch) index into parts of each row */
+    int32_t *row_pos;      /* (max_batch) position of each row */
+    int *item_rows;        /* (max_batch) rows whose attention runs per (row, KV head) */
+    float **out_dst;       /* (max_batch) where each out row's logits go */
+    float *logits_stage;   /* (min(max_batch, MODEL_LOGITS_STAGE), n_vocab) */
 };
 
 static size_t model_align(size_t n)
@@ -406,8 +433,9 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         err_set(err, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&r->recv_lock, NULL);
     if (ops_init(err) < 0) {
-        free(r);
+        model_runner_free(r);
         return NULL;
     }
     r->m = m;
@@ -415,12 +443,13 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     r->max_kv = max_kv;
     r->pool = tp_new(n_threads, err);
     if (!r->pool) {
-        free(r);
+        model_runner_free(r);
         return NULL;
     }
     int nt = tp_n_threads(r->pool);
     size_t B = (size_t)max_batch, q_dim = (size_t)hp->n_head * hp->head_dim,
            kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t stage = B < MODEL_LOGITS_STAGE ? B : MODEL_LOGITS_STAGE;
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     if ((int)q_dim > max_cols)
         max_cols = (int)q_dim;
@@ -433,6 +462,8 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         (size_t)nt * MODEL_ATTN_BLOCK * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
         (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
+        B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
+        B * sizeof(float *), stage * hp->n_vocab * 4,
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++)
@@ -449,6 +480,8 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
         (void **)&r->rope, (void **)&r->scores, (void **)&r->kv_f32, (void **)&r->kv_pos,
         (void **)&r->chunk_base, (void **)&r->blk_scores, (void **)&r->slot_chunk,
         (void **)&r->slot_index, &r->mm_scratch, (void **)&r->blk_f32, (void **)&r->received,
+        (void **)&r->parts, (void **)&r->row_part, (void **)&r->row_pos, (void **)&r->item_rows,
+        (void **)&r->out_dst, (void **)&r->logits_stage,
     };
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
@@ -465,6 +498,7 @@ void model_runner_free(model_runner *r)
     if (!r)
         return;
     tp_free(r->pool);
+    pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
     free(r);
 }
@@ -481,23 +515,21 @@ int model_runner_max_kv(const model_runner *r)
 
 /* ---- forward ---- */
 
-/* What the per-token and per-head jobs of one sub-batch share. */
+/* What the per-row and per-head jobs of one step share. */
 typedef struct model_step {
     model_runner *r;
     const model_layer *L;
     int layer;
-    int n;                   /* tokens in the sub-batch */
-    const int32_t *positions; /* (n) */
-    const kv_seq *seq;
+    int n;                   /* stacked rows */
+    const model_part *parts; /* (n_parts) */
+    int n_parts;
+    int n_item_rows;         /* rows in r->item_rows */
     const float *norm_w;     /* model_norm_job: (dim) */
-    /* attention probabilities: the caller's buffer and where this sub-batch goes in it */
-    float *attn;             /* (n_layer, n_head, n_total, n_kv_total) or NULL */
-    int n_total, n_kv_total, t0;
     /* attention items are claimed one by one: with causal masking later tokens cost more */
     _Atomic long next_item;
+    const model_part *part;  /* batched attention: the sequence being processed */
     int kv_head;             /* batched attention: the KV head being processed */
-    int n_kv;                /* batched attention: entries in the sequence */
-    bool received;           /* accumulate attention received into r->received */
+    int n_kv;                /* batched attention: entries in r->kv_pos */
 } model_step;
 
 static void model_norm_job(void *p, int ith, int nth)
@@ -531,7 +563,7 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
     ops_rope(k, hp->n_head_kv, hd, cs, style);
 }
 
-/* q/k/v finishing, then K/V of each token into its chunk slot. */
+/* q/k/v finishing, then K/V of each row into its chunk slot. */
 static void model_qkv_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -583,20 +615,48 @@ static void model_chunk_accum(const kv_chunk *ch, kv_shape shape, int layer, int
     ops_attn_accum_f32(out, group, p, stride, buf, ch->n_tokens, hd);
 }
 
-/* Adds the attention rows p (n_rows, n) stride apart to the thread's received sums. */
-static void model_add_received(model_runner *r, int ith, const float *p, int n_rows,
-                               size_t stride, int n)
+/*
+ * A thread's sums of the attention each entry received, for one sequence at a time: a
+ * dispatch covers rows of several sequences, so when the thread moves on to another
+ * sequence (and when its job ends) it adds its sums into the batch's attn_received,
+ * one thread at a time.
+ */
+typedef struct model_recv {
+    float *acc;             /* (max_kv) the thread's row of r->received */
+    const model_part *part; /* whose sums acc holds, or NULL */
+} model_recv;
+
+static void model_recv_flush(model_runner *r, model_recv *a)
 {
-    float *acc = r->received + (size_t)ith * r->max_kv;
+    if (!a->part)
+        return;
+    pthread_mutex_lock(&r->recv_lock);
+    ops_add(a->part->b->attn_received, a->acc, a->part->n_kv);
+    pthread_mutex_unlock(&r->recv_lock);
+    a->part = NULL;
+}
+
+/* Adds the attention rows p (n_rows, n) stride apart of the part's sequence to the sums. */
+static void model_recv_add(model_runner *r, model_recv *a, const model_part *part,
+                           const float *p, int n_rows, size_t stride, int n)
+{
+    if (!part->b->attn_received)
+        return;
+    if (a->part != part) {
+        model_recv_flush(r, a);
+        memset(a->acc, 0, (size_t)part->n_kv * sizeof(float));
+        a->part = part;
+    }
     for (int g = 0; g < n_rows; g++)
-        ops_add(acc, p + g * stride, n);
+        ops_add(a->acc, p + g * stride, n);
 }
 
 /*
- * One (token, KV head) pair per item: the `group` query heads sharing that KV head are
- * done together so each K/V row is converted once. Scores of every entry, masked by
- * position, softmax per head, then the probability-weighted sum of V rows. Compressed
- * chunks are decoded to f32 once per pass (scores, then values).
+ * One (row, KV head) pair per item, over the rows of every sequence taking this path:
+ * the `group` query heads sharing that KV head are done together so each K/V row is
+ * converted once. Scores of every entry of the row's sequence, masked by position,
+ * softmax per head, then the probability-weighted sum of V rows. Compressed chunks are
+ * decoded to f32 once per pass (scores, then values).
  */
 static void model_attn_job(void *p, int ith, int nth)
 {
@@ -609,18 +669,21 @@ static void model_attn_job(void *p, int ith, int nth)
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
     float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
-    long n_items = (long)s->n * hp->n_head_kv, item;
+    model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
+    long n_items = (long)s->n_item_rows * hp->n_head_kv, item;
     (void)nth;
     while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
-        int t = (int)(item / hp->n_head_kv), kvh = (int)(item % hp->n_head_kv);
+        int t = r->item_rows[item / hp->n_head_kv], kvh = (int)(item % hp->n_head_kv);
         int h0 = kvh * group;
+        const model_part *part = &s->parts[r->row_part[t]];
+        const kv_seq *seq = part->seq;
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
         float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
-        int32_t pos = s->positions[t];
+        int32_t pos = r->row_pos[t];
 
         int n_kv = 0;
-        for (int c = 0; c < s->seq->n_chunks; c++) {
-            const kv_chunk *ch = s->seq->chunks[c];
+        for (int c = 0; c < seq->n_chunks; c++) {
+            const kv_chunk *ch = seq->chunks[c];
             int visible = 0;
             for (int i = 0; i < ch->n_tokens; i++)
                 visible += ch->positions[i] <= pos;
@@ -637,8 +700,8 @@ static void model_attn_job(void *p, int ith, int nth)
             ops_softmax(scores + g * stride, n_kv);
         memset(out, 0, (size_t)group * hd * sizeof(float));
         int j = 0;
-        for (int c = 0; c < s->seq->n_chunks; c++) {
-            const kv_chunk *ch = s->seq->chunks[c];
+        for (int c = 0; c < seq->n_chunks; c++) {
+            const kv_chunk *ch = seq->chunks[c];
             bool visible = false;
             for (int i = 0; i < ch->n_tokens && !visible; i++)
                 visible = ch->positions[i] <= pos;
@@ -646,94 +709,114 @@ static void model_attn_job(void *p, int ith, int nth)
                 model_chunk_accum(ch, shape, s->layer, kvh, out, group, scores + j, stride, buf);
             j += ch->n_tokens;
         }
-        if (s->received)
-            model_add_received(r, ith, scores, group, stride, n_kv);
-        if (s->attn)
+        model_recv_add(r, &recv, part, scores, group, stride, n_kv);
+        const model_batch *b = part->b;
+        if (b->attn)
             for (int g = 0; g < group; g++) {
-                float *row = s->attn + (((size_t)s->layer * hp->n_head + h0 + g) * s->n_total +
-                                        s->t0 + t) * s->n_kv_total;
+                float *row = b->attn + (((size_t)s->layer * hp->n_head + h0 + g) * b->n_tokens +
+                                        part->t0 + t - part->r0) * part->n_kv_total;
                 memcpy(row, scores + g * stride, (size_t)n_kv * sizeof(float));
             }
     }
+    model_recv_flush(r, &recv);
 }
 
-/* Batched attention, step 1: K and V of KV head s->kv_head of this layer, every entry,
- * into r->kv_f32; chunks are split over threads. */
+/* Batched attention, step 1: K and V of KV head s->kv_head of this layer, every entry of
+ * s->part's sequence, into r->kv_f32; chunks are split over threads. */
 static void model_kv_f32_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     model_runner *r = s->r;
+    const kv_seq *seq = s->part->seq;
     int hd = r->m->hp.head_dim;
     kv_shape shape = model_kv_shape(r->m);
     float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     long b, e;
-    tp_split(s->seq->n_chunks, ith, nth, &b, &e);
+    tp_split(seq->n_chunks, ith, nth, &b, &e);
     for (long c = b; c < e; c++) {
-        const kv_chunk *ch = s->seq->chunks[c];
+        const kv_chunk *ch = seq->chunks[c];
         size_t base = (size_t)r->chunk_base[c] * hd;
         kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf + base);
     }
 }
 
-/* Batched attention, step 2: one item is (query head of the group, block of tokens):
- * scores = Q K^T with sgemm over the entries up to the last one any token of the block
- * may see, mask by position, softmax, then P V with sgemm. */
+/* Batched attention, step 2: one item is (query head of the group, block of the part's
+ * rows): scores = Q K^T with sgemm over the entries up to the last one any row of the
+ * block may see, mask by position, softmax, then P V with sgemm. */
 static void model_attn_gemm_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     model_runner *r = s->r;
+    const model_part *pt = s->part;
+    const model_batch *b = pt->b;
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
     float scale = 1.0f / sqrtf((float)hd);
     const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    const int32_t *positions = r->row_pos + pt->r0;
     float *sc = r->blk_scores + (size_t)ith * MODEL_ATTN_BLOCK * r->max_kv;
-    long n_blocks = (s->n + MODEL_ATTN_BLOCK - 1) / MODEL_ATTN_BLOCK, item;
+    model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
+    long n_blocks = (pt->n + MODEL_ATTN_BLOCK - 1) / MODEL_ATTN_BLOCK, item;
     (void)nth;
     while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) <
            n_blocks * group) {
         int h = s->kv_head * group + (int)(item % group);
         int t0 = (int)(item / group) * MODEL_ATTN_BLOCK;
-        int nt = s->n - t0 < MODEL_ATTN_BLOCK ? s->n - t0 : MODEL_ATTN_BLOCK;
+        int nt = pt->n - t0 < MODEL_ATTN_BLOCK ? pt->n - t0 : MODEL_ATTN_BLOCK;
         int32_t max_pos = 0;
         for (int t = t0; t < t0 + nt; t++)
-            max_pos = s->positions[t] > max_pos ? s->positions[t] : max_pos;
+            max_pos = positions[t] > max_pos ? positions[t] : max_pos;
         int nv = s->n_kv;
         while (nv > 0 && r->kv_pos[nv - 1] > max_pos)
             nv--;
-        /* every token sees its own entry, so nv >= 1 */
-        blas_sgemm(true, nt, nv, hd, scale, r->q + (size_t)t0 * ld_q + (size_t)h * hd, ld_q, kf,
-                   hd, 0.0f, sc, r->max_kv);
+        /* every row sees its own entry, so nv >= 1 */
+        size_t row0 = (size_t)(pt->r0 + t0) * ld_q + (size_t)h * hd;
+        blas_sgemm(true, nt, nv, hd, scale, r->q + row0, ld_q, kf, hd, 0.0f, sc, r->max_kv);
         for (int t = 0; t < nt; t++) {
             float *row = sc + (size_t)t * r->max_kv;
-            int32_t pos = s->positions[t0 + t];
+            int32_t pos = positions[t0 + t];
             for (int j = 0; j < nv; j++)
                 if (r->kv_pos[j] > pos)
                     row[j] = -INFINITY;
             ops_softmax(row, nv);
-            if (s->received)
-                model_add_received(r, ith, row, 1, 0, nv);
-            if (s->attn)
-                memcpy(s->attn + (((size_t)s->layer * hp->n_head + h) * s->n_total + s->t0 + t0 + t) *
-                                     s->n_kv_total,
+            model_recv_add(r, &recv, pt, row, 1, 0, nv);
+            if (b->attn)
+                memcpy(b->attn + (((size_t)s->layer * hp->n_head + h) * b->n_tokens + pt->t0 +
+                                  t0 + t) * pt->n_kv_total,
                        row, (size_t)nv * sizeof(float));
         }
-        blas_sgemm(false, nt, hd, nv, 1.0f, sc, r->max_kv, vf, hd, 0.0f,
-                   r->att + (size_t)t0 * ld_q + (size_t)h * hd, ld_q);
+        blas_sgemm(false, nt, hd, nv, 1.0f, sc, r->max_kv, vf, hd, 0.0f, r->att + row0, ld_q);
     }
+    model_recv_flush(r, &recv);
 }
 
+/* Attention of every row over its own sequence: the rows of all sequences with fewer
+ * than MODEL_ATTN_GEMM_MIN rows in one dispatch, then the others one by one. */
 static void model_attention(model_runner *r, model_step *s)
 {
-    if (s->n < MODEL_ATTN_GEMM_MIN) {
+    if (s->n_item_rows > 0) {
         atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
         tp_run(r->pool, model_attn_job, s);
-        return;
     }
-    for (int h = 0; h < r->m->hp.n_head_kv; h++) {
-        s->kv_head = h;
-        tp_run(r->pool, model_kv_f32_job, s);
-        atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
-        tp_run(r->pool, model_attn_gemm_job, s);
+    for (int i = 0; i < s->n_parts; i++) {
+        const model_part *pt = &s->parts[i];
+        if (pt->n < MODEL_ATTN_GEMM_MIN)
+            continue;
+        int j = 0;
+        for (int c = 0; c < pt->seq->n_chunks; c++) {
+            const kv_chunk *ch = pt->seq->chunks[c];
+            r->chunk_base[c] = j;
+            for (int e = 0; e < ch->n_tokens; e++)
+                r->kv_pos[j++] = ch->positions[e];
+        }
+        s->part = pt;
+        s->n_kv = j;
+        for (int h = 0; h < r->m->hp.n_head_kv; h++) {
+            s->kv_head = h;
+            tp_run(r->pool, model_kv_f32_job, s);
+            atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
+            tp_run(r->pool, model_attn_gemm_job, s);
+        }
     }
 }
 
@@ -749,63 +832,85 @@ static void model_ffn_act_job(void *p, int ith, int nth)
 
 static void model_run(model_runner *r, tp_fn fn, model_step *s)
 {
-    /* A dispatch costs more than one token's worth of these small jobs. */
+    /* A dispatch costs more than one row's worth of these small jobs. */
     if (s->n == 1)
         fn(s, 0, 1);
     else
         tp_run(r->pool, fn, s);
 }
 
-/* Copies the residual rows of this sub-batch's out rows into hidden[slot]. */
-static void model_save_hidden(const model_runner *r, const model_batch *b, int slot, int t0,
-                              int o0, int o1)
+/* Copies the residual rows of the part's out rows in this step into dst (n_out, dim). */
+static void model_save_rows(const model_runner *r, const model_part *pt, float *dst)
 {
     int dim = r->m->hp.dim;
-    for (int o = o0; o < o1; o++)
-        memcpy(b->hidden + ((size_t)slot * b->n_out + o) * dim,
-               r->x + (size_t)(b->out_rows[o] - t0) * dim, (size_t)dim * sizeof(float));
+    for (int o = pt->o0; o < pt->o1; o++)
+        memcpy(dst + (size_t)o * dim, r->x + (size_t)(pt->r0 + pt->b->out_rows[o] - pt->t0) * dim,
+               (size_t)dim * sizeof(float));
 }
 
-static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b, int t0, int n,
-                              int n_kv_total)
+/* Logits of the n normalized out rows in r->xn into r->out_dst: one product straight into
+ * the destination when it is one array (a single batch), otherwise through the staging
+ * buffer, MODEL_LOGITS_STAGE rows per product. */
+static void model_logits(model_runner *r, int n)
+{
+    const model *m = r->m;
+    int nv = m->hp.n_vocab, dim = m->hp.dim;
+    bool contiguous = true;
+    for (int i = 1; i < n && contiguous; i++)
+        contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
+    if (contiguous) {
+        ops_matmul(r->pool, &m->output, r->xn, n, r->out_dst[0], r->mm_scratch);
+        return;
+    }
+    int stage = r->max_batch < MODEL_LOGITS_STAGE ? r->max_batch : MODEL_LOGITS_STAGE;
+    for (int i = 0; i < n; i += stage) {
+        int g = n - i < stage ? n - i : stage;
+        ops_matmul(r->pool, &m->output, r->xn + (size_t)i * dim, g, r->logits_stage,
+                   r->mm_scratch);
+        for (int j = 0; j < g; j++)
+            memcpy(r->out_dst[i + j], r->logits_stage + (size_t)j * nv, (size_t)nv * sizeof(float));
+    }
+}
+
+/* One step over r->parts[0 .. n_parts), whose seq, b, t0, n, n_kv_total are set and
+ * whose rows fit in max_batch: appends their entries and evaluates all rows stacked. */
+static void model_forward_rows(model_runner *r, int n_parts)
 {
     const model *m = r->m;
     const model_hparams *hp = &m->hp;
     int dim = hp->dim;
+    model_part *parts = r->parts;
+    int n = 0, n_items = 0;
 
-    /* out rows of this sub-batch: [o0, o1) */
-    int o0 = 0, o1;
-    while (o0 < b->n_out && b->out_rows[o0] < t0)
-        o0++;
-    o1 = o0;
-    while (o1 < b->n_out && b->out_rows[o1] < t0 + n)
-        o1++;
-
-    for (int t = 0; t < n; t++) {
-        int32_t tok = b->tokens[t0 + t];
-        quant_dequantize_row(m->tok_embd.type,
-                             (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
-                             r->x + (size_t)t * dim, dim);
-        ops_rope_angles(r->rope + (size_t)t * hp->head_dim, b->positions[t0 + t], hp->head_dim,
-                        hp->rope_base);
-        kv_seq_append(seq, tok, b->positions[t0 + t], &r->slot_chunk[t], &r->slot_index[t]);
-    }
-    if (b->hidden)
-        model_save_hidden(r, b, 0, t0, o0, o1);
-
-    model_step s = {.r = r, .n = n, .positions = b->positions + t0, .seq = seq,
-                    .attn = b->attn, .n_total = b->n_tokens, .n_kv_total = n_kv_total, .t0 = t0,
-                    .received = b->attn_received != NULL};
-    if (n >= MODEL_ATTN_GEMM_MIN) {
-        int j = 0;
-        for (int c = 0; c < seq->n_chunks; c++) {
-            const kv_chunk *ch = seq->chunks[c];
-            r->chunk_base[c] = j;
-            for (int i = 0; i < ch->n_tokens; i++)
-                r->kv_pos[j++] = ch->positions[i];
+    for (int i = 0; i < n_parts; i++) {
+        model_part *pt = &parts[i];
+        const model_batch *b = pt->b;
+        pt->r0 = n;
+        pt->o0 = 0;
+        while (pt->o0 < b->n_out && b->out_rows[pt->o0] < pt->t0)
+            pt->o0++;
+        pt->o1 = pt->o0;
+        while (pt->o1 < b->n_out && b->out_rows[pt->o1] < pt->t0 + pt->n)
+            pt->o1++;
+        for (int t = pt->t0; t < pt->t0 + pt->n; t++, n++) {
+            int32_t tok = b->tokens[t];
+            quant_dequantize_row(m->tok_embd.type,
+                                 (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
+                                 r->x + (size_t)n * dim, dim);
+            ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
+                            hp->rope_base);
+            r->row_part[n] = i;
+            r->row_pos[n] = b->positions[t];
+            kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);
+            if (pt->n < MODEL_ATTN_GEMM_MIN)
+                r->item_rows[n_items++] = n;
         }
-        s.n_kv = j;
+        pt->n_kv = kv_seq_n_tokens(pt->seq);
+        if (b->hidden)
+            model_save_rows(r, pt, b->hidden);
     }
+
+    model_step s = {.r = r, .n = n, .parts = parts, .n_parts = n_parts, .n_item_rows = n_items};
     for (int l = 0; l < hp->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         s.L = L;
@@ -817,8 +922,9 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
         /* before the new entries are written: they may go into an existing chunk */
-        if (b->layer_ready && t0 == 0)
-            b->layer_ready(b->layer_ready_arg, l);
+        for (int i = 0; i < n_parts; i++)
+            if (parts[i].b->layer_ready && parts[i].t0 == 0)
+                parts[i].b->layer_ready(parts[i].b->layer_ready_arg, l);
         model_run(r, model_qkv_job, &s);
         model_attention(r, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
@@ -833,83 +939,167 @@ static void model_forward_sub(model_runner *r, kv_seq *seq, const model_batch *b
         ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
         ops_add(r->x, r->proj, n * dim);
 
-        if (b->hidden)
-            model_save_hidden(r, b, l + 1, t0, o0, o1);
+        for (int i = 0; i < n_parts; i++)
+            if (parts[i].b->hidden)
+                model_save_rows(r, &parts[i],
+                                parts[i].b->hidden + (size_t)(l + 1) * parts[i].b->n_out * dim);
     }
 
-    if (b->logits && o1 > o0) {
-        for (int o = o0; o < o1; o++)
-            ops_rmsnorm(r->xn + (size_t)(o - o0) * dim, r->x + (size_t)(b->out_rows[o] - t0) * dim,
-                        m->output_norm, dim, hp->norm_eps);
-        ops_matmul(r->pool, &m->output, r->xn, o1 - o0, b->logits + (size_t)o0 * hp->n_vocab,
-                   r->mm_scratch);
+    int n_logits = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const model_part *pt = &parts[i];
+        const model_batch *b = pt->b;
+        if (b->hidden_last)
+            model_save_rows(r, pt, b->hidden_last);
+        if (!b->logits)
+            continue;
+        for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
+            ops_rmsnorm(r->xn + (size_t)n_logits * dim,
+                        r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim, m->output_norm,
+                        dim, hp->norm_eps);
+            r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
+        }
     }
+    if (n_logits > 0)
+        model_logits(r, n_logits);
 }
 
-int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[ERR_MAX])
+/* model_forward's rules for one batch against its sequence; `what` names it in errors. */
+static int model_check_batch(const model_runner *r, const kv_seq *seq, const model_batch *b,
+                             const char *what, char err[ERR_MAX])
 {
     const model_hparams *hp = &r->m->hp;
     int n = b->n_tokens;
-    if (n <= 0)
-        return err_set(err, "forward: empty batch");
+    if (!seq)
+        return err_set(err, "%s: no sequence", what);
     if (!b->tokens || !b->positions)
-        return err_set(err, "forward: tokens or positions missing");
+        return err_set(err, "%s: tokens or positions missing", what);
     kv_shape want = model_kv_shape(r->m), have = kv_pool_shape(seq->pool);
     if (want.n_layer != have.n_layer || want.n_head_kv != have.n_head_kv ||
         want.head_dim != have.head_dim)
-        return err_set(err, "forward: KV pool shape does not match the model");
+        return err_set(err, "%s: KV pool shape does not match the model", what);
     for (int i = 0; i < n; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
-            return err_set(err, "forward: token %d id %d out of range [0, %d)", i, b->tokens[i],
+            return err_set(err, "%s: token %d id %d out of range [0, %d)", what, i, b->tokens[i],
                            hp->n_vocab);
         if (b->positions[i] < 0)
-            return err_set(err, "forward: token %d has negative position %d", i, b->positions[i]);
+            return err_set(err, "%s: token %d has negative position %d", what, i,
+                           b->positions[i]);
         if (n > r->max_batch && i > 0 && b->positions[i] < b->positions[i - 1])
-            return err_set(err, "forward: batch of %d tokens (> max batch %d) must have "
-                                "non-decreasing positions", n, r->max_batch);
+            return err_set(err, "%s: batch of %d tokens (> max batch %d) must have "
+                                "non-decreasing positions", what, n, r->max_batch);
     }
     if (b->n_out < 0 || (b->n_out > 0 && !b->out_rows))
-        return err_set(err, "forward: bad out rows");
+        return err_set(err, "%s: bad out rows", what);
     for (int o = 0; o < b->n_out; o++)
         if (b->out_rows[o] < 0 || b->out_rows[o] >= n || (o > 0 && b->out_rows[o] <= b->out_rows[o - 1]))
-            return err_set(err, "forward: out rows must be strictly increasing batch indices");
+            return err_set(err, "%s: out rows must be strictly increasing batch indices", what);
+    return 0;
+}
+
+/* Brings every non-resident chunk of seq in through its fault callback. */
+static int model_fault_in(kv_seq *seq, const char *what, char err[ERR_MAX])
+{
     for (int c = 0; c < seq->n_chunks; c++) {
         if (seq->chunks[c])
             continue;
         if (!seq->fault)
-            return err_set(err, "forward: chunk %d is not resident", c);
+            return err_set(err, "%s: chunk %d is not resident", what, c);
         if (seq->fault(seq->fault_arg, seq, c, err) < 0)
             return -1;
         if (c >= seq->n_chunks || !seq->chunks[c])
-            return err_set(err, "forward: fault left chunk %d missing", c);
+            return err_set(err, "%s: fault left chunk %d missing", what, c);
     }
-    int n_before = kv_seq_n_tokens(seq);
-    if (n_before + n > r->max_kv)
-        return err_set(err, "forward: %d + %d KV entries exceed the runner's %d", n_before, n,
-                       r->max_kv);
-    if (kv_seq_reserve(seq, n, err) < 0) {
-        kv_seq_truncate(seq, n_before);
-        return -1;
+    return 0;
+}
+
+static void model_name_batch(char *what, size_t cap, int n_seq, int i)
+{
+    if (n_seq == 1)
+        snprintf(what, cap, "forward");
+    else
+        snprintf(what, cap, "forward: batch %d", i);
+}
+
+int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
+                        const model_batch *batches, char err[ERR_MAX])
+{
+    const model_hparams *hp = &r->m->hp;
+    char what[48];
+    if (n_seq <= 0 || !seqs || !batches)
+        return err_set(err, "forward: no batches");
+    long total = 0;
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (batches[i].n_tokens <= 0)
+            return err_set(err, "%s: empty batch", what);
+        total += batches[i].n_tokens;
     }
-    if (seq->n_chunks > r->max_chunks) {
-        kv_seq_truncate(seq, n_before);
-        return err_set(err, "forward: sequence has %d chunks, more than the runner's %d",
-                       seq->n_chunks, r->max_chunks);
+    if (n_seq > 1 && total > r->max_batch)
+        return err_set(err, "forward: %ld rows in %d batches exceed the runner's max batch %d",
+                       total, n_seq, r->max_batch);
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (model_check_batch(r, seqs[i], &batches[i], what, err) < 0)
+            return -1;
+        if (n_seq > 1 && (batches[i].attn || batches[i].layer_ready))
+            return err_set(err, "%s: attn and layer_ready need a single batch", what);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return err_set(err, "forward: batches %d and %d have the same sequence", j, i);
+    }
+    /* faults may run forwards on this runner: they come before its scratch is used */
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (model_fault_in(seqs[i], what, err) < 0)
+            return -1;
+    }
+    /* a fault may have made room by dropping another sequence's chunk */
+    for (int i = 0; i < n_seq; i++)
+        for (int c = 0; c < seqs[i]->n_chunks; c++)
+            if (!seqs[i]->chunks[c])
+                return err_set(err, "forward: chunk %d of batch %d's sequence was dropped while "
+                                    "faulting in another's", c, i);
+
+    model_part *parts = r->parts;
+    for (int i = 0; i < n_seq; i++) {
+        kv_seq *seq = seqs[i];
+        int n = batches[i].n_tokens, n_before = kv_seq_n_tokens(seq), rc = 0;
+        parts[i] = (model_part){.seq = seq, .b = &batches[i], .n_before = n_before,
+                                .n_kv_total = n_before + n};
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (n_before + n > r->max_kv)
+            rc = err_set(err, "%s: %d + %d KV entries exceed the runner's %d", what, n_before, n,
+                         r->max_kv);
+        else if (kv_seq_reserve(seq, n, err) < 0)
+            rc = -1;
+        else if (seq->n_chunks > r->max_chunks)
+            rc = err_set(err, "%s: sequence has %d chunks, more than the runner's %d", what,
+                         seq->n_chunks, r->max_chunks);
+        if (rc < 0) {
+            for (int j = 0; j <= i; j++)
+                kv_seq_truncate(seqs[j], parts[j].n_before);
+            return -1;
+        }
     }
 
-    int n_kv_total = n_before + n;
-    if (b->attn)
-        memset(b->attn, 0, (size_t)hp->n_layer * hp->n_head * n * n_kv_total * sizeof(float));
-    int nt = tp_n_threads(r->pool);
-    if (b->attn_received)
-        for (int t = 0; t < nt; t++)
-            memset(r->received + (size_t)t * r->max_kv, 0, (size_t)n_kv_total * sizeof(float));
-    for (int t0 = 0; t0 < n; t0 += r->max_batch) {
-        int sub = n - t0 < r->max_batch ? n - t0 : r->max_batch;
-        model_forward_sub(r, seq, b, t0, sub, n_kv_total);
+    for (int i = 0; i < n_seq; i++)
+        if (batches[i].attn)
+            memset(batches[i].attn, 0, (size_t)hp->n_layer * hp->n_head * batches[i].n_tokens *
+                                           parts[i].n_kv_total * sizeof(float));
+    /* several batches fit in max_batch together; a single one may be split */
+    for (int t0 = 0; t0 < batches[0].n_tokens; t0 += r->max_batch) {
+        for (int i = 0; i < n_seq; i++) {
+            int left = batches[i].n_tokens - t0;
+            parts[i].t0 = t0;
+            parts[i].n = left < r->max_batch ? left : r->max_batch;
+        }
+        model_forward_rows(r, n_seq);
     }
-    if (b->attn_received)
-        for (int t = 0; t < nt; t++)
-            ops_add(b->attn_received, r->received + (size_t)t * r->max_kv, n_kv_total);
     return 0;
+}
+
+int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[ERR_MAX])
+{
+    return model_forward_batch(r, 1, &seq, b, err);
 }

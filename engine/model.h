@@ -119,6 +119,9 @@ typedef struct model_batch {
     /* Residual stream of the out rows: hidden[0] is the token embedding, hidden[l + 1]
      * the output of layer l (the last one before the final norm). */
     float *hidden;            /* (n_layer + 1, n_out, dim), or NULL */
+    /* Residual stream of the out rows after the last layer (before the final norm):
+     * hidden's last slot without the others. */
+    float *hidden_last;       /* (n_out, dim), or NULL */
     /* Attention probabilities of every batch token over the sequence's entries after
      * the append (n_kv = entries before + n_tokens, in chunk order then entry order);
      * entries a token may not see are 0. */
@@ -147,5 +150,31 @@ typedef struct model_batch {
  * sequence would exceed max_kv entries, or when its pool refuses the chunks needed.
  */
 int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char err[ERR_MAX]);
+
+/*
+ * Evaluates n_seq batches at once: batches[i] against seqs[i], each exactly as
+ * model_forward would (same outputs, same K/V appended), but with the rows of all of
+ * them stacked so that every weight matrix is read once for all rows: a step of the
+ * daemon's scheduler advancing many contexts (decode rows and prefill slices) together.
+ * Attention stays per sequence, over its own chunks and positions.
+ *
+ * The batches' n_tokens must add up to at most the runner's max_batch (n_seq == 1 is
+ * model_forward itself: one batch may be longer). Each batch follows model_forward's
+ * rules; attn and layer_ready are accepted only when n_seq == 1, and no sequence may
+ * appear twice. Everything is checked, non-resident chunks faulted in and the KV space
+ * of every sequence reserved before anything is computed; on failure no sequence has
+ * gained entries.
+ *
+ * Numerics: a sequence's outputs are bit-equal to evaluating it alone when the stacked
+ * rows number at most 16 (the matrix products then use per-row dot kernels) and it takes
+ * the same attention path (fewer than 16 rows of its own: per-row attention; at least
+ * 16: sgemm, as alone). With more stacked rows the products go through sgemm, which
+ * orders the sums differently: logits then differ from solo by float rounding (a few
+ * 1e-3 at unit scale for quantized weights; tests/engine/test_model_batch.c).
+ * attn_received is summed per thread and added in whatever order threads finish, as in
+ * model_forward, so it is bit-equal only with one thread.
+ */
+int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
+                        const model_batch *batches, char err[ERR_MAX]);
 
 #endif
