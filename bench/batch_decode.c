@@ -192,8 +192,13 @@ static int bench(const char *path, const options *o)
         int n = N_SEQ[k];
         double tb[MAX_RUNS], ts[MAX_RUNS];
         for (int run = 0; run < o->n_runs; run++) {
-            double b = run_steps(&st, n, o->n_prefix, o->n_steps, true);
-            double s = run_steps(&st, n, o->n_prefix, o->n_steps, false);
+            /* alternate which goes first, so that drift of the machine favours neither */
+            double b = 0, s = 0;
+            if (run % 2)
+                s = run_steps(&st, n, o->n_prefix, o->n_steps, false);
+            b = run_steps(&st, n, o->n_prefix, o->n_steps, true);
+            if (run % 2 == 0)
+                s = run_steps(&st, n, o->n_prefix, o->n_steps, false);
             if (b < 0 || s < 0)
                 goto out;
             tb[run] = (double)n * o->n_steps / b;
