@@ -2,11 +2,12 @@
  * model.c — loading a llama / qwen2 / qwen3 model from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
- * weights and biases) are converted into one f32 array. The forward pass works on a
- * sub-batch of up to max_batch tokens at a time, layer by layer: every step over the
- * batch is either a matrix product (ops_matmul) or a per-token / per-head job split
- * over the runner's thread pool. K/V go straight into the sequence's chunks, and
- * attention reads them there.
+ * weights and biases) are converted into one f32 array. The forward pass works on up to
+ * max_batch stacked rows at a time — one batch's sub-batch, or the rows of several
+ * sequences' batches (model_forward_batch) — layer by layer: every step over the rows
+ * is either a matrix product (ops_matmul, one for all rows) or a per-row / per-head job
+ * split over the runner's thread pool. K/V go straight into each sequence's chunks, and
+ * attention reads them there, each row over its own sequence.
  */
 #include "engine/model.h"
 

@@ -517,6 +517,63 @@ static void test_reserve_rollback(void)
     model_free(m);
 }
 
+/* The fault callback's state: the chunk it puts back, and a sequence whose chunk it drops
+ * (as a context manager making room might). */
+typedef struct fault_state {
+    kv_chunk *saved;
+    kv_seq *victim;
+    int calls;
+} fault_state;
+
+static int put_back(void *arg, kv_seq *seq, int index, char err[ERR_MAX])
+{
+    fault_state *fs = arg;
+    (void)err;
+    fs->calls++;
+    seq->chunks[index] = fs->saved;
+    fs->saved = NULL;
+    if (fs->victim) {
+        fs->saved = fs->victim->chunks[0];
+        fs->victim->chunks[0] = NULL;
+    }
+    return 0;
+}
+
+/* A non-resident chunk of the third sequence is faulted in before the step, which then
+ * equals the lone evaluation; a fault that drops another sequence's chunk fails the step. */
+static void test_fault_in_batch(void)
+{
+    const char *path = gen("qwen3", QTYPE_Q8_0, 2);
+    CHECK(path);
+    static const int hist[] = {20, 35, 40}, ones[] = {1, 1, 1};
+    fixture f;
+    CHECK(fixture_init(&f, path, 2, 64, 3, hist) == 0);
+    fault_state fs = {.saved = f.b[2].chunks[1]};
+    f.b[2].chunks[1] = NULL;
+    f.b[2].fault = put_back, f.b[2].fault_arg = &fs;
+    step_diff d;
+    CHECK(step(&f, ones, false, false, &d) == 0);
+    CHECK_EQ(fs.calls, 1);
+    CHECK(d.identical);
+
+    char err[ERR_MAX];
+    int32_t tok[3] = {1, 2, 3}, pos[3] = {100, 100, 100};
+    model_batch b[3];
+    kv_seq *seqs[3];
+    for (int i = 0; i < 3; i++) {
+        b[i] = (model_batch){.n_tokens = 1, .tokens = tok + i, .positions = pos + i};
+        seqs[i] = &f.b[i];
+    }
+    fs.saved = f.b[2].chunks[0];
+    f.b[2].chunks[0] = NULL;
+    fs.victim = &f.b[0];
+    CHECK(model_forward_batch(f.r, 3, seqs, b, err) < 0);
+    CHECK_MSG(strstr(err, "dropped"), "%s", err);
+    CHECK_EQ(kv_seq_n_tokens(&f.b[1]), hist[1] + 1);
+    f.b[0].chunks[0] = fs.saved;
+    fixture_free(&f);
+}
+
 int main(void)
 {
     RUN(test_decode_identical);
@@ -525,5 +582,6 @@ int main(void)
     RUN(test_trained_models);
     RUN(test_errors);
     RUN(test_reserve_rollback);
+    RUN(test_fault_in_batch);
     return test_finish();
 }
