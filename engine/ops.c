@@ -263,9 +263,8 @@ static void ops_dot_job(void *p, int ith, int nth)
         for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
             int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
             const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
-            for (int t = 0; t < j->n_tok; t++)
-                quant_dot_rows(w->type, rows, w->row_bytes, nb, j->act + t * j->act_stride,
-                               w->cols, j->y[m] + (size_t)t * w->rows + b);
+            quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
+                                 j->n_tok, w->cols, j->y[m] + b, (size_t)w->rows);
         }
     }
 }

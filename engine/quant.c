@@ -766,3 +766,18 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
     for (int64_t r = 0; r < n_rows; r++)
         out[r] = quant_dot_scalar(t, w + (size_t)r * row_bytes, activation, n);
 }
+
+void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                          const void *act, size_t act_stride, int n_act, int64_t n,
+                          float *out, size_t out_stride)
+{
+#if QUANT_HAVE_AVX2
+    if (use_avx2() &&
+        quant_avx2_dot_rows_multi(t, weights, row_bytes, n_rows, act, act_stride, n_act, n, out,
+                                  out_stride))
+        return;
+#endif
+    for (int a = 0; a < n_act; a++)
+        quant_dot_rows(t, weights, row_bytes, n_rows, (const char *)act + (size_t)a * act_stride,
+                       n, out + (size_t)a * out_stride);
+}

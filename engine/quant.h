@@ -111,6 +111,15 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
 void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                     const void *activation, int64_t n, float *out);
 
+/* Computes out[a * out_stride + r] = quant_dot(t, row r, activation a) for n_rows
+ * weight rows row_bytes apart and n_act activation rows act_stride bytes apart (each
+ * prepared by quant_prepare_activation): the form batched decode uses, one activation
+ * row per stream. Kernels load and unpack each weight block once for several
+ * activations (AVX2: Q8_0, four at a time); every result is bit-identical to quant_dot. */
+void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                          const void *act, size_t act_stride, int n_act, int64_t n,
+                          float *out, size_t out_stride);
+
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
  * per process), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set

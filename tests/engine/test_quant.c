@@ -611,6 +611,58 @@ static void dot_rows_equal_single_dots(void)
     }
 }
 
+/* quant_dot_rows_multi gives each (row, activation) pair exactly what quant_dot gives
+ * it, for every count of activations around the kernels' group sizes; outputs between
+ * the written ones (out_stride > n_rows) stay untouched. */
+static void dot_rows_multi_equal_single_dots(void)
+{
+    enum { ROWS = 7, MAX_ACT = 9, OUT_STRIDE = ROWS + 2 };
+    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+        uint32_t t = dot_types[k], at = quant_dot_activation_type(t);
+        int64_t n = block_of(t) == 32 ? 1024 : 1024 + 256;
+        if (quant_traits_of(t)->block_size == 1)
+            n += 3;
+        size_t rb = quant_row_bytes(t, n), stride = rb + 6;
+        size_t ab = quant_row_bytes(at, n), astride = ab + 10;
+        uint8_t *w = malloc(stride * ROWS), *act = malloc(astride * MAX_ACT);
+        float *x = malloc((size_t)n * sizeof(float));
+        CHECK(w && act && x);
+        memset(w, 0xff, stride * ROWS);
+        memset(act, 0xff, astride * MAX_ACT);
+        for (int r = 0; r < ROWS; r++) {
+            fill_gauss(x, n);
+            quant_quantize_row(t, x, w + (size_t)r * stride, n);
+        }
+        for (int a = 0; a < MAX_ACT; a++) {
+            fill_gauss(x, n);
+            quant_prepare_activation(at, x, act + (size_t)a * astride, n);
+        }
+        bool ok = true;
+        for (int na = 1; na <= MAX_ACT; na++) {
+            float out[MAX_ACT * OUT_STRIDE];
+            for (int i = 0; i < MAX_ACT * OUT_STRIDE; i++)
+                out[i] = -7.0f;
+            quant_dot_rows_multi(t, w, stride, ROWS, act, astride, na, n, out, OUT_STRIDE);
+            for (int a = 0; a < MAX_ACT; a++)
+                for (int r = 0; r < OUT_STRIDE; r++) {
+                    float got = out[a * OUT_STRIDE + r];
+                    if (a >= na || r >= ROWS) {
+                        if (got != -7.0f)
+                            ok = false;
+                        continue;
+                    }
+                    float one = quant_dot(t, w + (size_t)r * stride, act + (size_t)a * astride, n);
+                    if (memcmp(&one, &got, sizeof one) != 0 || isnan(one))
+                        ok = false;
+                }
+        }
+        free(x);
+        free(w);
+        free(act);
+        CHECK_MSG(ok, "%s: quant_dot_rows_multi differs from quant_dot", quant_traits_of(t)->name);
+    }
+}
+
 /* The AVX2 dequantizers give the scalar results bit for bit. */
 static void simd_dequantize_matches_scalar(void)
 {
@@ -683,6 +735,7 @@ int main(void)
     RUN(simd_dot_matches_scalar);
     RUN(simd_dot_matches_scalar_on_random_blocks);
     RUN(dot_rows_equal_single_dots);
+    RUN(dot_rows_multi_equal_single_dots);
     RUN(simd_dequantize_matches_scalar);
     return test_finish();
 }
