@@ -12,6 +12,10 @@
  * Each line: time per step (median of REPS), weight GB/s, and the aggregate speedup
  * t(1) * n / t(n) of that way against its own n_tok = 1 time; "vs_per_token" is
  * t(per_token) / t(this way) at the same n_tok. One JSON object per line.
+ *
+ * A single matrix below 32 MiB stays in L3 between steps; the "layers" lines run the
+ * seven matrices of LAYERS decoder layers in turn, each its own memory (more than L3
+ * for both types), so the weights come from DRAM as in real decode.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,7 +27,7 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
-enum { REPS = 5, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 3, MAX_TOK = 64 };
+enum { REPS = 5, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 3, MAX_TOK = 64, LAYERS = 2, N_SHAPES = 5 };
 
 static const char *const way_names[N_WAYS] = {"ops", "per_token", "multi"};
 static const int n_toks[] = {1, 4, 16, 32, 64};
@@ -61,11 +65,17 @@ static void dot_run(void *p, int ith, int nth)
     }
 }
 
-/* One step of the given way; returns its seconds. */
-static double step(int way, tp_pool *pool, const ops_matrix *w, const float *x, int n_tok,
-                   float *y, void *scratch, char *act)
+/* The TinyLlama-1.1B matrices (rows, cols): q and o, k and v, gate and up, down, and
+ * the vocabulary output; a layer is q, k, v, o, gate, up, down. */
+static const int shapes[N_SHAPES][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632},
+                                        {32000, 2048}};
+static const int layer_shapes[] = {0, 1, 1, 0, 2, 2, 3};
+#define LAYER_MATS ((int)(sizeof layer_shapes / sizeof layer_shapes[0]))
+
+/* One product of the given way. */
+static void product(int way, tp_pool *pool, const ops_matrix *w, const float *x, int n_tok,
+                    float *y, void *scratch, char *act)
 {
-    double t0 = bench_now_s();
     if (way == 0) {
         ops_matmul(pool, w, x, n_tok, y, scratch);
     } else {
@@ -78,63 +88,106 @@ static double step(int way, tp_pool *pool, const ops_matrix *w, const float *x, 
         atomic_init(&j.next, 0);
         tp_run(pool, dot_run, &j);
     }
+}
+
+/* One step over n_mat matrices; returns its seconds. */
+static double step(int way, tp_pool *pool, const ops_matrix *w, int n_mat, const float *x,
+                   int n_tok, float *y, void *scratch, char *act)
+{
+    double t0 = bench_now_s();
+    for (int i = 0; i < n_mat; i++)
+        product(way, pool, &w[i], x, n_tok, y, scratch, act);
     return bench_now_s() - t0;
+}
+
+/* Fills the rows of w with copies of DISTINCT_ROWS quantized rows of x. */
+static void fill_matrix(uint32_t t, uint8_t *w, int rows, int cols, const float *x)
+{
+    size_t rb = quant_row_bytes(t, cols);
+    for (int r = 0; r < DISTINCT_ROWS; r++)
+        quant_quantize_row(t, x + (size_t)r * cols, w + (size_t)r * rb, cols);
+    for (int r = DISTINCT_ROWS; r < rows; r++)
+        memcpy(w + (size_t)r * rb, w + (size_t)(r % DISTINCT_ROWS) * rb, rb);
+}
+
+/* Times every way at every n_tok over the n_mat matrices and prints the lines. */
+static void measure(tp_pool *pool, const char *name, const ops_matrix *w, int n_mat, const float *x,
+                    float *y, void *scratch, char *act)
+{
+    double med[N_WAYS][N_NTOK], bytes = 0;
+    for (int i = 0; i < n_mat; i++)
+        bytes += (double)w[i].row_bytes * w[i].rows;
+    for (int ni = 0; ni < N_NTOK; ni++)
+        for (int way = 0; way < N_WAYS; way++) {
+            double s[REPS];
+            step(way, pool, w, n_mat, x, n_toks[ni], y, scratch, act); /* warm-up */
+            for (int k = 0; k < REPS; k++)
+                s[k] = step(way, pool, w, n_mat, x, n_toks[ni], y, scratch, act);
+            med[way][ni] = bench_median(s, REPS);
+        }
+    for (int ni = 0; ni < N_NTOK; ni++)
+        for (int way = 0; way < N_WAYS; way++) {
+            int n = n_toks[ni];
+            double t = med[way][ni];
+            printf("{\"bench\":\"matmul_batch\",\"type\":\"%s\",\"shape\":\"%s\","
+                   "\"n_tok\":%d,\"way\":\"%s\",\"ms\":%.4f,\"weight_gb_s\":%.2f,"
+                   "\"agg_speedup\":%.2f,\"vs_per_token\":%.2f}\n",
+                   quant_traits_of(w[0].type)->name, name, n, way_names[way], t * 1e3,
+                   bytes / t * 1e-9, med[way][0] * n / t, med[1][ni] / t);
+        }
+    fflush(stdout);
 }
 
 int main(void)
 {
     static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_K};
-    static const int shapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
     char err[ERR_MAX];
     tp_pool *pool = tp_new(2, err);
     if (!pool || ops_init(err) != 0) {
         fprintf(stderr, "matmul_batch: %s\n", err);
         return 1;
     }
-    int max_cols = 5632;
-    size_t max_bytes = quant_row_bytes(QTYPE_Q8_0, max_cols) * 32000;
+    enum { MAX_COLS = 5632, MAX_ROWS = 32000 };
+    size_t layer_bytes = 0;
+    for (int i = 0; i < LAYER_MATS; i++)
+        layer_bytes += quant_row_bytes(QTYPE_Q8_0, shapes[layer_shapes[i]][1]) *
+                       (size_t)shapes[layer_shapes[i]][0];
+    size_t out_bytes = quant_row_bytes(QTYPE_Q8_0, 2048) * (size_t)MAX_ROWS;
+    size_t max_bytes = LAYERS * layer_bytes > out_bytes ? LAYERS * layer_bytes : out_bytes;
     uint8_t *wbuf = malloc(max_bytes);
-    float *x = malloc((size_t)MAX_TOK * max_cols * sizeof(float));
-    float *y = malloc((size_t)MAX_TOK * 32000 * sizeof(float));
-    char *act = malloc((size_t)MAX_TOK * (quant_row_bytes(QTYPE_Q8_K, max_cols) + 64));
-    void *scratch = malloc(ops_matmul_scratch_bytes(MAX_TOK, max_cols, 2));
+    float *x = malloc((size_t)MAX_TOK * MAX_COLS * sizeof(float));
+    float *y = malloc((size_t)MAX_TOK * MAX_ROWS * sizeof(float));
+    char *act = malloc((size_t)MAX_TOK * (quant_row_bytes(QTYPE_Q8_K, MAX_COLS) + 64));
+    void *scratch = malloc(ops_matmul_scratch_bytes(MAX_TOK, MAX_COLS, 2));
     if (!wbuf || !x || !y || !act || !scratch) {
         fprintf(stderr, "matmul_batch: out of memory\n");
         return 1;
     }
     srand(1);
-    for (size_t i = 0; i < (size_t)MAX_TOK * max_cols; i++)
+    for (size_t i = 0; i < (size_t)MAX_TOK * MAX_COLS; i++)
         x[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        uint32_t t = types[ti];
+        for (int si = 0; si < N_SHAPES; si++) {
             int rows = shapes[si][0], cols = shapes[si][1];
-            size_t rb = quant_row_bytes(types[ti], cols);
-            for (int r = 0; r < DISTINCT_ROWS; r++)
-                quant_quantize_row(types[ti], x + (size_t)r * cols, wbuf + (size_t)r * rb, cols);
-            for (int r = DISTINCT_ROWS; r < rows; r++)
-                memcpy(wbuf + (size_t)r * rb, wbuf + (size_t)(r % DISTINCT_ROWS) * rb, rb);
-            ops_matrix w = {.type = types[ti], .data = wbuf, .rows = rows, .cols = cols, .row_bytes = rb};
-            double med[N_WAYS][N_NTOK];
-            for (int ni = 0; ni < N_NTOK; ni++)
-                for (int way = 0; way < N_WAYS; way++) {
-                    double s[REPS];
-                    step(way, pool, &w, x, n_toks[ni], y, scratch, act); /* warm-up */
-                    for (int k = 0; k < REPS; k++)
-                        s[k] = step(way, pool, &w, x, n_toks[ni], y, scratch, act);
-                    med[way][ni] = bench_median(s, REPS);
-                }
-            for (int ni = 0; ni < N_NTOK; ni++)
-                for (int way = 0; way < N_WAYS; way++) {
-                    int n = n_toks[ni];
-                    double t = med[way][ni];
-                    printf("{\"bench\":\"matmul_batch\",\"type\":\"%s\",\"rows\":%d,\"cols\":%d,"
-                           "\"n_tok\":%d,\"way\":\"%s\",\"ms\":%.4f,\"weight_gb_s\":%.2f,"
-                           "\"agg_speedup\":%.2f,\"vs_per_token\":%.2f}\n",
-                           quant_traits_of(types[ti])->name, rows, cols, n, way_names[way], t * 1e3,
-                           (double)rb * rows / t * 1e-9, med[way][0] * n / t, med[1][ni] / t);
-                }
-            fflush(stdout);
+            char name[32];
+            fill_matrix(t, wbuf, rows, cols, x);
+            ops_matrix w = {.type = t, .data = wbuf, .rows = rows, .cols = cols,
+                            .row_bytes = quant_row_bytes(t, cols)};
+            snprintf(name, sizeof name, "%dx%d", rows, cols);
+            measure(pool, name, &w, 1, x, y, scratch, act);
         }
+        ops_matrix ws[LAYERS * LAYER_MATS];
+        uint8_t *p = wbuf;
+        for (int i = 0; i < LAYERS * LAYER_MATS; i++) {
+            int rows = shapes[layer_shapes[i % LAYER_MATS]][0];
+            int cols = shapes[layer_shapes[i % LAYER_MATS]][1];
+            fill_matrix(t, p, rows, cols, x);
+            ws[i] = (ops_matrix){.type = t, .data = p, .rows = rows, .cols = cols,
+                                 .row_bytes = quant_row_bytes(t, cols)};
+            p += ws[i].row_bytes * (size_t)rows;
+        }
+        measure(pool, "layers", ws, LAYERS * LAYER_MATS, x, y, scratch, act);
     }
     free(wbuf);
     free(x);

@@ -782,8 +782,14 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride)
 {
+    /* one activation: the single-activation kernels prefetch the rows ahead, which the
+     * multi-activation ones leave out as they are compute-bound */
+    if (n_act == 1) {
+        quant_dot_rows(t, weights, row_bytes, n_rows, act, n, out);
+        return;
+    }
 #if QUANT_HAVE_AVX2
-    if (n_act > 1 && use_avx512() &&
+    if (use_avx512() &&
         quant_avx512_dot_rows_multi(t, weights, row_bytes, n_rows, act, act_stride, n_act, n, out,
                                     out_stride))
         return;
