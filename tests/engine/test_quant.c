@@ -625,7 +625,7 @@ static void dot_rows_multi_match_single_dots(void)
         if (quant_traits_of(t)->block_size == 1)
             n += 3;
         size_t rb = quant_row_bytes(t, n), stride = rb + 6;
-        size_t ab = quant_row_bytes(at, n), astride = ab + 10;
+        size_t ab = quant_row_bytes(at, n), astride = ab + 12; /* float activations stay aligned */
         uint8_t *w = malloc(stride * ROWS), *act = malloc(astride * MAX_ACT);
         float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
         float *af = malloc((size_t)n * sizeof(float));
