@@ -16,8 +16,8 @@
 /* Batches up to this many rows use the dot kernels when the weights are quantized,
  * larger ones sgemm on dequantized tiles. Batched decode (one row per stream) lives
  * below it: with quant_dot_rows_multi, 32 and 64 rows take about half the time of
- * sgemm for Q8_0 and about 0.7-0.9 of it for Q4_K on the TinyLlama-1.1B shapes
- * (bench/matmul_batch, 2 threads). */
+ * sgemm for Q8_0 and Q4_K on the TinyLlama-1.1B shapes (bench/matmul_batch, 2 threads,
+ * AVX-512 VNNI). */
 #define OPS_DOT_MAX_TOK 64
 /* The same for f32/f16/bf16 weights, whose dot kernels have no multi-row form and
  * whose f32 tiles cost sgemm little or nothing. */
