@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/quant_avx2.h"
+#include "engine/quant_avx512.h"
 #include "engine/quant_blocks.h"
 
 #if defined(__x86_64__)
@@ -123,6 +124,7 @@ uint16_t quant_f32_to_bf16(float f)
 
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static bool simd_avx2;
+static bool simd_avx512; /* AVX-512 F/BW/DQ/VL/VNNI on top of simd_avx2 */
 
 static void simd_detect(void)
 {
@@ -136,7 +138,16 @@ static void simd_detect(void)
     __builtin_cpu_init();
     simd_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                 __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    simd_avx512 = simd_avx2 && __builtin_cpu_supports("avx512f") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
+}
+
+static bool use_avx512(void)
+{
+    pthread_once(&simd_once, simd_detect);
+    return simd_avx512;
 }
 
 static bool use_avx2(void)
@@ -765,4 +776,29 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
     const uint8_t *w = weights;
     for (int64_t r = 0; r < n_rows; r++)
         out[r] = quant_dot_scalar(t, w + (size_t)r * row_bytes, activation, n);
+}
+
+void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                          const void *act, size_t act_stride, int n_act, int64_t n,
+                          float *out, size_t out_stride)
+{
+    /* one activation: the single-activation kernels prefetch the rows ahead, which the
+     * multi-activation ones leave out as they are compute-bound */
+    if (n_act == 1) {
+        quant_dot_rows(t, weights, row_bytes, n_rows, act, n, out);
+        return;
+    }
+#if QUANT_HAVE_AVX2
+    if (use_avx512() &&
+        quant_avx512_dot_rows_multi(t, weights, row_bytes, n_rows, act, act_stride, n_act, n, out,
+                                    out_stride))
+        return;
+    if (use_avx2() &&
+        quant_avx2_dot_rows_multi(t, weights, row_bytes, n_rows, act, act_stride, n_act, n, out,
+                                  out_stride))
+        return;
+#endif
+    for (int a = 0; a < n_act; a++)
+        quant_dot_rows(t, weights, row_bytes, n_rows, (const char *)act + (size_t)a * act_stride,
+                       n, out + (size_t)a * out_stride);
 }

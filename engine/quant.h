@@ -111,6 +111,18 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
 void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                     const void *activation, int64_t n, float *out);
 
+/* Computes out[a * out_stride + r] = row r . activation a for n_rows weight rows
+ * row_bytes apart and n_act activation rows act_stride bytes apart (each prepared by
+ * quant_prepare_activation): the form batched decode uses, one activation row per
+ * stream. Kernels load and unpack each weight block once for several activations.
+ * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0 and Q4_K
+ * when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are the
+ * same but the f32 additions are ordered differently, and each result still does not
+ * depend on n_rows, n_act or the positions of its row and activation in them. */
+void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                          const void *act, size_t act_stride, int n_act, int64_t n,
+                          float *out, size_t out_stride);
+
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
  * per process), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set

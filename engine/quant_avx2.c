@@ -314,6 +314,102 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
     return hsum(acc);
 }
 
+/*
+ * Several activation rows at once (batched decode): each weight block is loaded, and
+ * its signs taken, once for MA activations. Every (row, activation) pair keeps its own
+ * accumulator and the same operations as rows_q8_0, so each result equals quant_dot's
+ * bit for bit. MR x MA = 8 accumulators, plus the weights and one activation, fit the
+ * 16 ymm registers.
+ */
+#define MR 2
+#define MA 4
+
+INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_t *act,
+                       size_t as, int64_t nb, float *out, size_t os)
+{
+    const qblock_q8_0 *x[MR], *y[MA];
+    __m256 acc[MR][MA];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        y[a] = (const qblock_q8_0 *)(const void *)(act + (size_t)a * as);
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++)
+            acc[r][a] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i wq[MR], wabs[MR];
+        float dw[MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            wq[r] = load256(x[r][i].qs);
+            wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            dw[r] = _cvtsh_ss(x[r][i].d);
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            __m256i aq = load256(y[a][i].qs);
+            float da = _cvtsh_ss(y[a][i].d);
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                __m256i p = _mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r]));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+                acc[r][a] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * da), s, acc[r][a]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++)
+            out[(size_t)a * os + r] = hsum(acc[r][a]);
+}
+
+/* Rows of one group of up to MA activations, MR at a time; na is constant after inlining. */
+INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    int64_t r = 0;
+    for (; r + MR <= n_rows; r += MR)
+        multi_q8_0(MR, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
+    for (; r < n_rows; r++)
+        multi_q8_0(1, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
+}
+
+int quant_avx2_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
+                              int64_t n_rows, const void *act, size_t act_stride, int n_act,
+                              int64_t n, float *out, size_t out_stride)
+{
+    if (t != QTYPE_Q8_0)
+        return 0;
+    const uint8_t *w = weights, *y = act;
+    int64_t nb = n / QB_32;
+    int a = 0;
+    for (; a + MA <= n_act; a += MA)
+        multi_q8_0_rows(MA, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+    switch (n_act - a) {
+    case 3:
+        multi_q8_0_rows(3, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    case 2:
+        multi_q8_0_rows(2, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    case 1:
+        multi_q8_0_rows(1, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    default:
+        break;
+    }
+    return 1;
+}
+
 void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                          const void *activation, int64_t n, float *out)
 {

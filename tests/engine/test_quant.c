@@ -611,6 +611,78 @@ static void dot_rows_equal_single_dots(void)
     }
 }
 
+/* quant_dot_rows_multi gives each (row, activation) pair what quant_dot gives it: bit
+ * for bit, or (Q8_0 on AVX-512 VNNI, more than one activation) within f32 rounding and
+ * then the same bits whatever the count of rows and activations and the pair's
+ * position among them. Outputs between the written ones (out_stride > n_rows) and bytes
+ * between rows (NaN patterns) are left alone. */
+static void dot_rows_multi_match_single_dots(void)
+{
+    enum { ROWS = 7, MAX_ACT = 9, OUT_STRIDE = ROWS + 2 };
+    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+        uint32_t t = dot_types[k], at = quant_dot_activation_type(t);
+        int64_t n = block_of(t) == 32 ? 1024 + 32 : 1024 + 256;
+        if (quant_traits_of(t)->block_size == 1)
+            n += 3;
+        size_t rb = quant_row_bytes(t, n), stride = rb + 6;
+        size_t ab = quant_row_bytes(at, n), astride = ab + 12; /* float activations stay aligned */
+        uint8_t *w = malloc(stride * ROWS), *act = malloc(astride * MAX_ACT);
+        float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
+        float *af = malloc((size_t)n * sizeof(float));
+        CHECK(w && act && x && wf && af);
+        memset(w, 0xff, stride * ROWS);
+        memset(act, 0xff, astride * MAX_ACT);
+        for (int r = 0; r < ROWS; r++) {
+            fill_gauss(x, n);
+            quant_quantize_row(t, x, w + (size_t)r * stride, n);
+        }
+        for (int a = 0; a < MAX_ACT; a++) {
+            fill_gauss(x, n);
+            quant_prepare_activation(at, x, act + (size_t)a * astride, n);
+        }
+        float all[MAX_ACT * OUT_STRIDE];
+        quant_dot_rows_multi(t, w, stride, ROWS, act, astride, MAX_ACT, n, all, OUT_STRIDE);
+        bool ok = true, same = true;
+        for (int a = 0; a < MAX_ACT; a++) {
+            quant_dequantize_row(at, act + (size_t)a * astride, af, n);
+            for (int r = 0; r < ROWS; r++) {
+                quant_dequantize_row(t, w + (size_t)r * stride, wf, n);
+                double sa = 0;
+                for (int64_t i = 0; i < n; i++)
+                    sa += fabs((double)wf[i] * af[i]);
+                const void *wr = w + (size_t)r * stride, *ar = act + (size_t)a * astride;
+                float one = quant_dot(t, wr, ar, n), got = all[a * OUT_STRIDE + r], alone;
+                quant_dot_rows_multi(t, wr, stride, 1, ar, astride, 1, n, &alone, 1);
+                if (isnan(got) || fabs(got - one) > 1e-5 * sa || memcmp(&alone, &one, sizeof one))
+                    ok = false;
+            }
+        }
+        /* fewer activations, and the rows shifted by one, regroup every pair */
+        for (int na = 2; na < MAX_ACT; na++) {
+            float out[MAX_ACT * OUT_STRIDE];
+            for (int i = 0; i < MAX_ACT * OUT_STRIDE; i++)
+                out[i] = -7.0f;
+            quant_dot_rows_multi(t, w + stride, stride, ROWS - 1, act + astride, astride, na, n,
+                                 out, OUT_STRIDE);
+            for (int a = 0; a < MAX_ACT; a++)
+                for (int r = 0; r < OUT_STRIDE; r++) {
+                    float got = out[a * OUT_STRIDE + r];
+                    if (a >= na || r >= ROWS - 1)
+                        same = same && got == -7.0f;
+                    else
+                        same = same && !memcmp(&got, &all[(a + 1) * OUT_STRIDE + r + 1], sizeof got);
+                }
+        }
+        free(x);
+        free(wf);
+        free(af);
+        free(w);
+        free(act);
+        CHECK_MSG(ok, "%s: quant_dot_rows_multi differs from quant_dot", quant_traits_of(t)->name);
+        CHECK_MSG(same, "%s: quant_dot_rows_multi depends on grouping", quant_traits_of(t)->name);
+    }
+}
+
 /* The AVX2 dequantizers give the scalar results bit for bit. */
 static void simd_dequantize_matches_scalar(void)
 {
@@ -683,6 +755,7 @@ int main(void)
     RUN(simd_dot_matches_scalar);
     RUN(simd_dot_matches_scalar_on_random_blocks);
     RUN(dot_rows_equal_single_dots);
+    RUN(dot_rows_multi_match_single_dots);
     RUN(simd_dequantize_matches_scalar);
     return test_finish();
 }

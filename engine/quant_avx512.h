@@ -1,0 +1,19 @@
+/*
+ * quant_avx512.h — AVX-512 VNNI kernels of the quant module. Internal: quant.c calls
+ * these only on x86-64 and only after it has checked that the CPU has AVX-512 F, BW, DQ,
+ * VL and VNNI (and AVX2/FMA/F16C). Arguments mean what they mean in quant.h.
+ */
+#ifndef LLMS_QUANT_AVX512_H
+#define LLMS_QUANT_AVX512_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* quant_dot_rows_multi for Q8_0 and Q4_K weights; returns 0 without writing anything
+ * for other types. Each (row, activation) result is the same whatever n_rows, n_act and the
+ * position of the row or activation in them. */
+int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
+                                int64_t n_rows, const void *act, size_t act_stride, int n_act,
+                                int64_t n, float *out, size_t out_stride);
+
+#endif
