@@ -754,20 +754,20 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
 
 float quant_dot(uint32_t t, const void *weights, const void *activation, int64_t n)
 {
-#if QUANT_HAVE_AVX2
-    if (use_avx2()) {
-        float out;
-        quant_avx2_dot_rows(t, weights, 0, 1, activation, n, &out);
-        return out;
-    }
-#endif
-    return quant_dot_scalar(t, weights, activation, n);
+    float out;
+    quant_dot_rows(t, weights, 0, 1, activation, n, &out);
+    return out;
 }
 
 void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                     const void *activation, int64_t n, float *out)
 {
 #if QUANT_HAVE_AVX2
+    /* the AVX-512 kernels take decode too: a row then sums in the same order alone as in
+     * a batch, so batched sequences get the logits they would get alone */
+    if (use_avx512() &&
+        quant_avx512_dot_rows_multi(t, weights, row_bytes, n_rows, activation, 0, 1, n, out, 0))
+        return;
     if (use_avx2()) {
         quant_avx2_dot_rows(t, weights, row_bytes, n_rows, activation, n, out);
         return;
@@ -782,8 +782,7 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride)
 {
-    /* one activation: the single-activation kernels prefetch the rows ahead, which the
-     * multi-activation ones leave out as they are compute-bound */
+    /* one activation: the single-activation paths prefetch the rows ahead */
     if (n_act == 1) {
         quant_dot_rows(t, weights, row_bytes, n_rows, act, n, out);
         return;

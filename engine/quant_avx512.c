@@ -9,7 +9,8 @@
  * bytes: activations are offset to a + 128 (1..255, as they never hold -128) and the
  * accumulator starts at -128 * (sum of the weights of its four bytes), which makes each
  * block's integer sum exactly the one the scalar kernel computes; only the order of the
- * f32 additions differs from quant_dot.
+ * f32 additions differs from the AVX2 and scalar kernels. quant.c sends one activation
+ * (decode) here too, so that a row's result is the same alone or batched.
  */
 #if defined(__x86_64__)
 
@@ -24,9 +25,11 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* Weight rows and activation rows per kernel call: 16 accumulators plus the weights,
- * their offsets and scales of 4 rows fit the 32 zmm registers. */
+ * their offsets and scales of 4 rows fit the 32 zmm registers. One activation takes
+ * MR1 rows at once instead: more rows streaming from DRAM keep more misses in flight. */
 #define MR 4
 #define MA 4
+#define MR1 8
 
 /* The quants of blocks i and i + 1 (zero for the second when there is none). */
 INLINE __m512i load_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
@@ -47,8 +50,8 @@ INLINE __m512 scale_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
 INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_t *act,
                        size_t as, int64_t nb, float *out, size_t os)
 {
-    const qblock_q8_0 *x[MR], *y[MA];
-    __m512 acc[MR][MA];
+    const qblock_q8_0 *x[MR1], *y[MA];
+    __m512 acc[MR1][MA];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++)
         x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
@@ -61,9 +64,16 @@ INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_
         for (int a = 0; a < na; a++)
             acc[r][a] = _mm512_setzero_ps();
     const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi8((char)0x80);
+    /* One activation (decode) streams the weights from DRAM: fetch the next group of rows
+     * evenly over this pass, as the AVX2 kernel does. Integer addresses, as the last
+     * group prefetches past the matrix (harmless). */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = na == 1 && nb ? 2 * (size_t)nr * rb / (size_t)nb : 0;
     for (int64_t i = 0; i < nb; i += 2) {
-        __m512i wq[MR], wcorr[MR];
-        __m512 dw[MR];
+        __m512i wq[MR1], wcorr[MR1];
+        __m512 dw[MR1];
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)i / 2 * pf_step + k), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++) {
             wq[r] = load_pair(x[r], i, nb);
@@ -93,9 +103,10 @@ INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_
 INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
+    const int mr = na == 1 ? MR1 : MR;
     int64_t r = 0;
-    for (; r + MR <= n_rows; r += MR)
-        multi_q8_0(MR, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
+    for (; r + mr <= n_rows; r += mr)
+        multi_q8_0(mr, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
     for (; r < n_rows; r++)
         multi_q8_0(1, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
 }
@@ -119,7 +130,11 @@ INLINE void multi_q4_k(int na, const qblock_q4_k *x, const uint8_t *act, size_t 
         accm[a] = _mm256_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0xF);
+    const uint8_t *next_row = (const uint8_t *)(x + nb);
     for (int64_t i = 0; i < nb; i++) {
+        if (na == 1)
+            for (size_t k = 0; k < sizeof *x; k += 64)
+                _mm_prefetch((const char *)(next_row + (size_t)i * sizeof *x + k), _MM_HINT_T0);
         uint64_t scw, m;
         qb_unpack_k_scales(x[i].scales, &scw, &m);
         __m128i m8 = _mm_cvtsi64_si128((long long)m);

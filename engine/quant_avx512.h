@@ -10,8 +10,8 @@
 #include <stdint.h>
 
 /* quant_dot_rows_multi for Q8_0 and Q4_K weights; returns 0 without writing anything
- * for other types. Each (row, activation) result is the same whatever n_rows, n_act and the
- * position of the row or activation in them. */
+ * for other types. Each (row, activation) result is the same whatever n_rows, n_act (1
+ * included) and the position of the row or activation in them. */
 int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
                                 int64_t n_rows, const void *act, size_t act_stride, int n_act,
                                 int64_t n, float *out, size_t out_stride);
