@@ -43,6 +43,7 @@
 #include "engine/rerank.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -212,7 +213,8 @@ static int rr_read_row(reranker *rr, const gguf_tensor *t, int64_t row, float *d
 rerank_options rerank_default_options(void)
 {
     return (rerank_options){.top_k = 5, .mode = RERANK_SET, .cv_threshold = RR_DEFAULT_CV,
-                            .memory_limit = 0, .stream_weights = true, .yes_token = -1,
+                            .memory_limit = 0, .max_chunk_tokens = 0,
+                            .stream_weights = true, .yes_token = -1,
                             .no_token = -1, .n_threads = 0};
 }
 
@@ -717,6 +719,8 @@ static int rr_make_chunks(rr_run *s, size_t limit, char err[ERR_MAX])
                           2 * (size_t)hp->n_ff) +
                      ops_matmul_scratch_bytes(1, max_cols, nt);
     long cap = (long)(limit / per_tok);
+    if (s->o->max_chunk_tokens > 0 && cap > s->o->max_chunk_tokens)
+        cap = s->o->max_chunk_tokens;
     if (cap < s->max_len)
         cap = s->max_len;
     s->chunks = calloc((size_t)s->n, sizeof *s->chunks);
@@ -1003,104 +1007,154 @@ static void rr_run_free(rr_run *s)
         close(s->tmp_fd);
 }
 
-/* The layer loop; fills cand states, scores and layer counts, and pruned_at. */
-static int rr_forward_all(rr_run *s, int *pruned_at, char err[ERR_MAX])
+/* ---- a run in steps ---- */
+
+struct rerank_task {
+    reranker *rr;
+    rerank_options o;
+    rr_run s;
+    int32_t **owned;      /* (n) token sequences rendered by rerank_begin (NULL: borrowed) */
+    int *pruned_at;       /* (n_layer) candidates that stopped after each layer */
+    int *idx;             /* (n) pruning scratch: candidate indices */
+    float *vals;          /* (n) pruning scratch: their scores */
+    int *bounds;          /* (n + 1) pruning scratch: cluster bounds */
+    float *tmp;           /* (dim) scoring scratch */
+    int top_k;
+    bool prune;
+    int layer, chunk;     /* the next chunk to compute, and its layer */
+    bool layer_ready;     /* the weights of layer are in place */
+    int n_selected;
+    int slot_next, pref_chunk, pref_slot; /* offload slots: rotation and the prefetched chunk */
+    bool done, failed;
+    double t0;
+};
+
+/* Layer t->layer over chunk c: its rows read back (offloaded), compacted to the active
+ * candidates, computed, scored and written out again. */
+static int rr_compute_chunk(rerank_task *t, int c, char err[ERR_MAX])
 {
+    rr_run *s = &t->s;
     reranker *rr = s->rr;
     const model_hparams *hp = &rr->hp;
-    int top_k = s->o->top_k < s->n ? s->o->top_k : s->n;
-    bool prune = s->o->cv_threshold > 0;
-    int n_selected = 0, slot_next = 0;
-    int pref_chunk = -1, pref_slot = -1;
-    int *idx = malloc((size_t)s->n * (sizeof(int) * 2 + sizeof(float)) + sizeof(int));
-    float *tmp = malloc((size_t)hp->dim * sizeof(float));
-    if (!idx || !tmp) {
-        free(idx);
-        free(tmp);
-        return err_set(err, "out of memory");
-    }
-    float *vals = (float *)(idx + s->n);
-    int *bounds = (int *)(vals + s->n);
-    int rc = -1;
-    if (s->stream)
-        rr_submit_layer(s, 0);
-    for (int l = 0; l < hp->n_layer; l++) {
-        if (rr_layer_weights(s, l, err) < 0)
-            goto out;
-        for (int c = 0; c < s->n_chunks; c++) {
-            rr_chunk *ch = &s->chunks[c];
-            if (!rr_chunk_active(s, ch))
-                continue;
-            float *buf = ch->mem;
-            int slot = -1;
-            if (s->offload) {
-                if (pref_chunk == c) {
-                    slot = pref_slot;
-                    if (ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
-                        goto out;
-                } else {
-                    slot = slot_next++ % 3;
-                    /* the embeddings are written here directly: the slot's write-out
-                     * must be done */
-                    if (l == 0 && ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
-                        goto out;
-                    if (l > 0) {
-                        s->slot_ticket[slot] =
-                            ioq_submit(rr->io, s->tmp_fd, s->slot[slot],
-                                       (size_t)ch->n_tok * hp->dim * sizeof(float), ch->file_off, false);
-                        if (ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
-                            goto out;
-                    }
-                }
-                pref_chunk = -1;
-                buf = s->slot[slot];
-            }
-            if (l == 0 && rr_fill_embeddings(s, ch, buf, err) < 0)
-                goto out;
-            rr_compact(s, ch, buf);
-            if (s->offload) {
-                int step, nc = rr_next_chunk(s, c, &step);
-                if (nc >= 0 && nc != c && (l > 0 || step) && l + step < hp->n_layer) {
-                    rr_chunk *nx = &s->chunks[nc];
-                    pref_chunk = nc;
-                    pref_slot = slot_next++ % 3;
-                    s->slot_ticket[pref_slot] =
-                        ioq_submit(rr->io, s->tmp_fd, s->slot[pref_slot],
-                                   (size_t)nx->n_tok * hp->dim * sizeof(float), nx->file_off, false);
-                }
-            }
-            s->x = buf;
-            s->n_tok = ch->n_tok;
-            s->nc = ch->n_cand;
-            s->blk0[0] = 0;
-            rr_layer_forward(s);
-            for (int i = 0; i < ch->n_cand; i++) {
-                rr_cand *cd = &s->cand[ch->cand[i]];
-                cd->layers = l + 1;
-                cd->score = rr_score(s, buf + (size_t)(s->row0[i + 1] - 1) * hp->dim, tmp);
-            }
-            if (s->offload && l + 1 < hp->n_layer)
+    int l = t->layer;
+    rr_chunk *ch = &s->chunks[c];
+    float *buf = ch->mem;
+    int slot = -1;
+    if (s->offload) {
+        if (t->pref_chunk == c) {
+            slot = t->pref_slot;
+            if (ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
+                return -1;
+        } else {
+            slot = t->slot_next++ % 3;
+            /* the embeddings are written here directly: the slot's write-out must be done */
+            if (l == 0 && ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
+                return -1;
+            if (l > 0) {
                 s->slot_ticket[slot] =
                     ioq_submit(rr->io, s->tmp_fd, s->slot[slot],
-                               (size_t)ch->n_tok * hp->dim * sizeof(float), ch->file_off, true);
+                               (size_t)ch->n_tok * hp->dim * sizeof(float), ch->file_off, false);
+                if (ioq_wait(rr->io, s->slot_ticket[slot], err) < 0)
+                    return -1;
+            }
         }
-        if (l + 1 == hp->n_layer) {
-            for (int i = 0; i < s->n; i++)
-                if (s->cand[i].state == RR_ACTIVE)
-                    pruned_at[l]++;
-        } else if (prune &&
-                   rr_prune(s, l, top_k, &n_selected, pruned_at, idx, vals, bounds)) {
-            break;
+        t->pref_chunk = -1;
+        buf = s->slot[slot];
+    }
+    if (l == 0 && rr_fill_embeddings(s, ch, buf, err) < 0)
+        return -1;
+    rr_compact(s, ch, buf);
+    if (s->offload) {
+        int step, nc = rr_next_chunk(s, c, &step);
+        if (nc >= 0 && nc != c && (l > 0 || step) && l + step < hp->n_layer) {
+            rr_chunk *nx = &s->chunks[nc];
+            t->pref_chunk = nc;
+            t->pref_slot = t->slot_next++ % 3;
+            s->slot_ticket[t->pref_slot] =
+                ioq_submit(rr->io, s->tmp_fd, s->slot[t->pref_slot],
+                           (size_t)nx->n_tok * hp->dim * sizeof(float), nx->file_off, false);
         }
     }
-    rc = 0;
-out:
+    s->x = buf;
+    s->n_tok = ch->n_tok;
+    s->nc = ch->n_cand;
+    s->blk0[0] = 0;
+    rr_layer_forward(s);
+    for (int i = 0; i < ch->n_cand; i++) {
+        rr_cand *cd = &s->cand[ch->cand[i]];
+        cd->layers = l + 1;
+        cd->score = rr_score(s, buf + (size_t)(s->row0[i + 1] - 1) * hp->dim, t->tmp);
+    }
+    if (s->offload && l + 1 < hp->n_layer)
+        s->slot_ticket[slot] =
+            ioq_submit(rr->io, s->tmp_fd, s->slot[slot],
+                       (size_t)ch->n_tok * hp->dim * sizeof(float), ch->file_off, true);
+    return 0;
+}
+
+/* After the last chunk of t->layer: prunes, and moves on to the next layer or ends. */
+static void rr_end_layer(rerank_task *t)
+{
+    rr_run *s = &t->s;
+    int l = t->layer, n_layer = s->rr->hp.n_layer;
+    if (l + 1 == n_layer) {
+        for (int i = 0; i < s->n; i++)
+            if (s->cand[i].state == RR_ACTIVE)
+                t->pruned_at[l]++;
+        t->done = true;
+    } else if (t->prune && rr_prune(s, l, t->top_k, &t->n_selected, t->pruned_at, t->idx,
+                                    t->vals, t->bounds)) {
+        t->done = true;
+    }
+    t->layer++;
+    t->chunk = 0;
+    t->layer_ready = false;
+}
+
+int rerank_step(rerank_task *t, long max_rows, char err[ERR_MAX])
+{
+    if (t->failed)
+        return err_set(err, "rerank: the run failed before");
+    rr_run *s = &t->s;
+    long rows = 0;
+    while (!t->done && (rows == 0 || rows < max_rows)) {
+        if (!t->layer_ready) {
+            if (rr_layer_weights(s, t->layer, err) < 0)
+                goto fail;
+            t->layer_ready = true;
+        }
+        while (t->chunk < s->n_chunks && !rr_chunk_active(s, &s->chunks[t->chunk]))
+            t->chunk++;
+        if (t->chunk == s->n_chunks) {
+            rr_end_layer(t);
+            continue;
+        }
+        if (rr_compute_chunk(t, t->chunk++, err) < 0)
+            goto fail;
+        rows += s->n_tok;
+    }
+    if (!t->done)
+        return 0;
     /* nothing may still be reading into or writing from our buffers */
-    if (ioq_drain(rr->io, rc == 0 ? err : NULL) < 0)
-        rc = -1;
-    free(idx);
-    free(tmp);
-    return rc;
+    if (ioq_drain(s->rr->io, err) < 0)
+        goto fail;
+    return 1;
+fail:
+    t->failed = true;
+    ioq_drain(s->rr->io, NULL);
+    return -1;
+}
+
+long rerank_task_rows_left(const rerank_task *t)
+{
+    if (t->done || t->failed)
+        return 0;
+    const rr_run *s = &t->s;
+    long left = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->cand[i].state == RR_ACTIVE)
+            left += (long)s->cand[i].len * (s->rr->hp.n_layer - s->cand[i].layers);
+    return left > 0 ? left : 1;
 }
 
 void rerank_result_free(rerank_result *r)
@@ -1147,109 +1201,160 @@ static int rr_answer_token(const reranker *rr, int32_t given, const char *word, 
                    word);
 }
 
-int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens, int n_docs,
-                      const rerank_options *options, rerank_result *out, char err[ERR_MAX])
+void rerank_task_free(rerank_task *t)
+{
+    if (!t)
+        return;
+    if (!t->done && !t->failed)
+        ioq_drain(t->rr->io, NULL);
+    rr_run_free(&t->s);
+    free(t->s.cand);
+    free(t->pruned_at);
+    free(t->idx);
+    free(t->tmp);
+    if (t->owned)
+        for (int i = 0; i < t->s.n; i++)
+            free(t->owned[i]);
+    free(t->owned);
+    free(t);
+}
+
+rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, const int *lens,
+                                 int n_docs, const rerank_options *options, char err[ERR_MAX])
 {
     double t0 = rr_now_ms();
     const rerank_options *o = options ? options : &rr->opt;
-    if (!out)
-        return err_set(err, "rerank: no result");
-    memset(out, 0, sizeof *out);
     if (n_docs <= 0)
-        return err_set(err, "rerank: no documents");
+        return err_set(err, "rerank: no documents"), NULL;
     if (o->top_k < 1)
-        return err_set(err, "rerank: top_k %d must be at least 1", o->top_k);
+        return err_set(err, "rerank: top_k %d must be at least 1", o->top_k), NULL;
     if (o->mode != RERANK_SET && o->mode != RERANK_ORDERED)
-        return err_set(err, "rerank: unknown mode %d", (int)o->mode);
+        return err_set(err, "rerank: unknown mode %d", (int)o->mode), NULL;
     if (!pairs || !lens)
-        return err_set(err, "rerank: no token sequences");
+        return err_set(err, "rerank: no token sequences"), NULL;
     const model_hparams *hp = &rr->hp;
     int max_len = 0;
     for (int i = 0; i < n_docs; i++) {
         if (!pairs[i] || lens[i] <= 0)
-            return err_set(err, "rerank: document %d has no tokens", i);
+            return err_set(err, "rerank: document %d has no tokens", i), NULL;
         if (lens[i] > RR_MAX_TOKENS)
             return err_set(err, "rerank: document %d has %d tokens, more than %d", i, lens[i],
-                           RR_MAX_TOKENS);
+                           RR_MAX_TOKENS), NULL;
         for (int t = 0; t < lens[i]; t++)
             if (pairs[i][t] < 0 || pairs[i][t] >= hp->n_vocab)
                 return err_set(err, "rerank: document %d token %d id %d out of range [0, %d)",
-                               i, t, pairs[i][t], hp->n_vocab);
+                               i, t, pairs[i][t], hp->n_vocab), NULL;
         if (lens[i] > max_len)
             max_len = lens[i];
     }
     int32_t yes, no;
     if (rr_answer_token(rr, o->yes_token, "yes", &yes, err) < 0 ||
         rr_answer_token(rr, o->no_token, "no", &no, err) < 0)
-        return -1;
+        return NULL;
 
+    rerank_task *t = calloc(1, sizeof *t);
+    if (!t)
+        return err_set(err, "out of memory"), NULL;
     rr->bytes_peak = rr->bytes_now;
-    rr_run s = {.rr = rr, .o = o, .stream = o->stream_weights, .n = n_docs, .max_len = max_len,
-                .tmp_fd = -1};
-    int rc = -1;
-    int *pruned_at = calloc((size_t)hp->n_layer, sizeof *pruned_at);
-    s.cand = calloc((size_t)n_docs, sizeof *s.cand);
-    if (!pruned_at || !s.cand) {
+    t->rr = rr;
+    t->o = *o;
+    t->t0 = t0;
+    t->top_k = o->top_k < n_docs ? o->top_k : n_docs;
+    t->prune = o->cv_threshold > 0;
+    t->pref_chunk = t->pref_slot = -1;
+    rr_run *s = &t->s;
+    *s = (rr_run){.rr = rr, .o = &t->o, .stream = o->stream_weights, .n = n_docs,
+                  .max_len = max_len, .tmp_fd = -1};
+    t->pruned_at = calloc((size_t)hp->n_layer, sizeof *t->pruned_at);
+    s->cand = calloc((size_t)n_docs, sizeof *s->cand);
+    t->idx = malloc((size_t)n_docs * (sizeof(int) * 2 + sizeof(float)) + sizeof(int));
+    t->tmp = malloc((size_t)hp->dim * sizeof(float));
+    if (!t->pruned_at || !s->cand || !t->idx || !t->tmp) {
         err_set(err, "out of memory");
-        goto done;
+        goto fail;
     }
+    t->vals = (float *)(t->idx + n_docs);
+    t->bounds = (int *)(t->vals + n_docs);
     for (int i = 0; i < n_docs; i++)
-        s.cand[i] = (rr_cand){.tok = pairs[i], .len = lens[i], .state = RR_ACTIVE};
-    if (s.stream && rr_cache_init(rr, err) < 0)
-        goto done;
+        s->cand[i] = (rr_cand){.tok = pairs[i], .len = lens[i], .state = RR_ACTIVE};
+    if (s->stream && rr_cache_init(rr, err) < 0)
+        goto fail;
     size_t limit = o->memory_limit ? o->memory_limit : RR_DEFAULT_MEMORY;
-    if (rr_make_chunks(&s, limit, err) < 0 || rr_alloc_scratch(&s, err) < 0)
-        goto done;
-    if (s.stream) {
+    if (rr_make_chunks(s, limit, err) < 0 || rr_alloc_scratch(s, err) < 0)
+        goto fail;
+    if (s->stream) {
         for (int i = 0; i < 2; i++)
-            if (!(s.wbuf[i] = rr_alloc(rr, rr->layer_bytes))) {
+            if (!(s->wbuf[i] = rr_alloc(rr, rr->layer_bytes))) {
                 err_set(err, "out of memory for %zu bytes of layer weights", rr->layer_bytes);
-                goto done;
+                goto fail;
             }
     }
-    if (rr_read_row(rr, rr->output, yes, s.yes_no, err) < 0 ||
-        rr_read_row(rr, rr->output, no, s.yes_no + hp->dim, err) < 0)
-        goto done;
-    if (rr_forward_all(&s, pruned_at, err) < 0)
-        goto done;
+    if (rr_read_row(rr, rr->output, yes, s->yes_no, err) < 0 ||
+        rr_read_row(rr, rr->output, no, s->yes_no + hp->dim, err) < 0)
+        goto fail;
+    if (s->stream)
+        rr_submit_layer(s, 0);
+    return t;
+fail:
+    t->failed = true;
+    rerank_task_free(t);
+    return NULL;
+}
 
+int rerank_task_result(rerank_task *t, rerank_result *out, char err[ERR_MAX])
+{
+    memset(out, 0, sizeof *out);
+    if (!t->done || t->failed || !t->pruned_at)
+        return err_set(err, "rerank: the run has not finished");
+    const rr_run *s = &t->s;
+    int n_docs = s->n;
     int *idx = malloc((size_t)n_docs * sizeof *idx);
-    int n_out = o->top_k < n_docs ? o->top_k : n_docs;
+    int n_out = t->o.top_k < n_docs ? t->o.top_k : n_docs;
     out->index = malloc((size_t)n_out * sizeof *out->index);
     out->score = malloc((size_t)n_out * sizeof *out->score);
     out->layers_computed = malloc((size_t)n_docs * sizeof *out->layers_computed);
     if (!idx || !out->index || !out->score || !out->layers_computed) {
         free(idx);
         rerank_result_free(out);
-        err_set(err, "out of memory");
-        goto done;
+        return err_set(err, "out of memory");
     }
     int nk = 0;
     for (int i = 0; i < n_docs; i++) {
-        out->layers_computed[i] = s.cand[i].layers;
-        if (s.cand[i].state != RR_DROPPED)
+        out->layers_computed[i] = s->cand[i].layers;
+        if (s->cand[i].state != RR_DROPPED)
             idx[nk++] = i;
     }
-    qsort_r(idx, (size_t)nk, sizeof *idx, rr_cmp_score_desc, s.cand);
+    qsort_r(idx, (size_t)nk, sizeof *idx, rr_cmp_score_desc, s->cand);
     out->n = nk < n_out ? nk : n_out;
     for (int i = 0; i < out->n; i++) {
         out->index[i] = idx[i];
-        out->score[i] = s.cand[idx[i]].score;
+        out->score[i] = s->cand[idx[i]].score;
     }
     free(idx);
-    out->n_layer = hp->n_layer;
-    out->pruned_at_layer = pruned_at;
-    pruned_at = NULL;
-    rc = 0;
-done:
-    rr_run_free(&s);
-    free(s.cand);
-    free(pruned_at);
-    if (rc == 0) {
-        out->peak_bytes = rr->bytes_peak;
-        out->ms = rr_now_ms() - t0;
-    }
+    out->n_layer = t->rr->hp.n_layer;
+    out->pruned_at_layer = t->pruned_at;
+    t->pruned_at = NULL;
+    out->peak_bytes = t->rr->bytes_peak;
+    out->ms = rr_now_ms() - t->t0;
+    return 0;
+}
+
+/* A task run to its end in one step. */
+static int rr_run_task(rerank_task *t, rerank_result *out, char err[ERR_MAX])
+{
+    int rc = rerank_step(t, LONG_MAX, err) < 0 ? -1 : rerank_task_result(t, out, err);
+    rerank_task_free(t);
     return rc;
+}
+
+int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens, int n_docs,
+                      const rerank_options *options, rerank_result *out, char err[ERR_MAX])
+{
+    if (!out)
+        return err_set(err, "rerank: no result");
+    memset(out, 0, sizeof *out);
+    rerank_task *t = rerank_begin_tokens(rr, pairs, lens, n_docs, options, err);
+    return t ? rr_run_task(t, out, err) : -1;
 }
 
 /* ---- prompt rendering ---- */
@@ -1318,44 +1423,56 @@ static int rr_render(const reranker *rr, const char *query, const char *doc, rr_
     return 0;
 }
 
-int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_docs,
-               const rerank_options *options, rerank_result *out, char err[ERR_MAX])
+rerank_task *rerank_begin(reranker *rr, const char *query, const char *const *docs, int n_docs,
+                          const rerank_options *options, char err[ERR_MAX])
 {
-    if (out)
-        memset(out, 0, sizeof *out);
     if (!query || !*query)
-        return err_set(err, "rerank: empty query");
+        return err_set(err, "rerank: empty query"), NULL;
     if (n_docs <= 0 || !docs)
-        return err_set(err, "rerank: no documents");
+        return err_set(err, "rerank: no documents"), NULL;
     for (int i = 0; i < n_docs; i++)
         if (!docs[i] || !*docs[i])
-            return err_set(err, "rerank: document %d is empty", i);
+            return err_set(err, "rerank: document %d is empty", i), NULL;
     int32_t **pairs = calloc((size_t)n_docs, sizeof *pairs);
     int *lens = calloc((size_t)n_docs, sizeof *lens);
-    rr_toks t = {0};
-    int rc = -1;
+    rr_toks tk = {0};
+    rerank_task *t = NULL;
     if (!pairs || !lens) {
         err_set(err, "out of memory");
         goto done;
     }
     for (int i = 0; i < n_docs; i++) {
-        if (rr_render(rr, query, docs[i], &t, err) < 0)
+        if (rr_render(rr, query, docs[i], &tk, err) < 0)
             goto done;
-        pairs[i] = malloc((size_t)(t.n ? t.n : 1) * sizeof **pairs);
+        pairs[i] = malloc((size_t)(tk.n ? tk.n : 1) * sizeof **pairs);
         if (!pairs[i]) {
             err_set(err, "out of memory");
             goto done;
         }
-        memcpy(pairs[i], t.ids, (size_t)t.n * sizeof **pairs);
-        lens[i] = t.n;
+        memcpy(pairs[i], tk.ids, (size_t)tk.n * sizeof **pairs);
+        lens[i] = tk.n;
     }
-    rc = rerank_run_tokens(rr, (const int32_t *const *)pairs, lens, n_docs, options, out, err);
+    t = rerank_begin_tokens(rr, (const int32_t *const *)pairs, lens, n_docs, options, err);
+    if (t) {
+        t->owned = pairs;
+        pairs = NULL;
+    }
 done:
     if (pairs)
         for (int i = 0; i < n_docs; i++)
             free(pairs[i]);
     free(pairs);
     free(lens);
-    free(t.ids);
-    return rc;
+    free(tk.ids);
+    return t;
+}
+
+int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_docs,
+               const rerank_options *options, rerank_result *out, char err[ERR_MAX])
+{
+    if (!out)
+        return err_set(err, "rerank: no result");
+    memset(out, 0, sizeof *out);
+    rerank_task *t = rerank_begin(rr, query, docs, n_docs, options, err);
+    return t ? rr_run_task(t, out, err) : -1;
 }

@@ -47,13 +47,16 @@ typedef struct rerank_options {
      * exceed it and there are more than three chunks, they are offloaded to an unlinked
      * temporary file in $TMPDIR (three chunks' worth in memory). */
     size_t memory_limit;
+    /* Most rows in one chunk (0: memory_limit alone decides); a chunk still holds at
+     * least one candidate. rerank_step computes whole chunks, so this bounds its work. */
+    long max_chunk_tokens;
     bool stream_weights;     /* dual-layer sliding window instead of the whole mapping */
     int32_t yes_token, no_token; /* -1: find "yes" / "no" in the vocabulary */
     int n_threads;           /* <= 0: online CPUs; taken at rerank_open only */
 } rerank_options;
 
 /* Defaults: top_k 5, RERANK_SET, cv_threshold 0.2 (see rerank.c), memory_limit 0,
- * stream_weights true, yes/no -1, n_threads 0. */
+ * max_chunk_tokens 0, stream_weights true, yes/no -1, n_threads 0. */
 rerank_options rerank_default_options(void);
 
 typedef struct rerank_result {
@@ -96,5 +99,35 @@ int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_d
  * that score fixed token sequences): pairs[i] has lens[i] tokens. */
 int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens, int n_docs,
                       const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
+
+/*
+ * The same work in steps, for a scheduler that interleaves it with other work: begin
+ * validates, renders and allocates; each rerank_step computes whole chunks of one layer
+ * at a time until it has computed max_rows rows (at least one chunk) or the run ends.
+ * Only one task of a reranker may exist at a time (they share its I/O queue and caches);
+ * rerank_run and rerank_run_tokens are a task run in one step.
+ */
+typedef struct rerank_task rerank_task;
+
+/* As rerank_run / rerank_run_tokens up to the first layer. The token variant borrows
+ * pairs until rerank_task_free; lens and options are copied. NULL + err on failure. */
+rerank_task *rerank_begin(reranker *rr, const char *query, const char *const *docs, int n_docs,
+                          const rerank_options *options, char err[ERR_MAX]);
+rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, const int *lens,
+                                 int n_docs, const rerank_options *options, char err[ERR_MAX]);
+
+/* 1 when the run has ended, 0 when there is more to do, -1 + err on failure (the task
+ * then only answers -1 and can be freed). */
+int rerank_step(rerank_task *t, long max_rows, char err[ERR_MAX]);
+
+/* Rows the rest of the run computes at most (token rows times the layers left of the
+ * candidates still active); at least 1 until the run has ended, then 0. */
+long rerank_task_rows_left(const rerank_task *t);
+
+/* The top-K of an ended run into *out (freed with rerank_result_free); once per task.
+ * ms counts from rerank_begin, the time between steps included. -1 + err on failure. */
+int rerank_task_result(rerank_task *t, rerank_result *out, char err[ERR_MAX]);
+
+void rerank_task_free(rerank_task *t);
 
 #endif

@@ -266,6 +266,68 @@ static void test_chunked_offload_equals_whole(void)
     free_docs(&d);
 }
 
+/* A run in steps of a few rows computes what one rerank_run_tokens computes: the same
+ * scores bit for bit, max_chunk_tokens bounding each step's chunk, rows_left falling to
+ * 0 at the end; the chunks only bound the rows, the scores stay those of a whole run. */
+static void test_steps_equal_one_run(void)
+{
+    const char *path = gen_model("llama", 3, 29);
+    CHECK(path);
+    docs d;
+    make_docs(&d, 9, 300, 31);
+    char err[ERR_MAX];
+    rerank_options o = opts(4, 0, true);
+    reranker *rr = rerank_open(path, &o, err);
+    CHECK_MSG(rr, "%s", err);
+    rerank_result whole, once, stepped;
+    CHECK(run(rr, &d, &o, &whole) == 0);
+    o.max_chunk_tokens = 20;
+    CHECK(run(rr, &d, &o, &once) == 0);
+    rerank_task *t = rerank_begin_tokens(rr, (const int32_t *const *)d.tok, d.len, d.n, &o, err);
+    CHECK_MSG(t, "%s", err);
+    long total = 0;
+    for (int i = 0; i < d.n; i++)
+        total += (long)d.len[i] * 3;
+    CHECK_EQ(rerank_task_rows_left(t), total);
+    int steps = 0, rc;
+    long before = total;
+    while ((rc = rerank_step(t, 1, err)) == 0) {
+        long left = rerank_task_rows_left(t);
+        CHECK(left >= 1 && left <= before);
+        before = left;
+        steps++;
+    }
+    CHECK_MSG(rc == 1, "%s", err);
+    CHECK_EQ(rerank_task_rows_left(t), 0);
+    /* every chunk but those of one long document holds at most 20 rows: more steps than
+     * layers times the documents' rows over 20 */
+    CHECK(steps >= 3 * 9 / 2);
+    CHECK(rerank_task_result(t, &stepped, err) == 0);
+    rerank_task_free(t);
+    CHECK_EQ(stepped.n, once.n);
+    for (int i = 0; i < once.n; i++) {
+        CHECK_EQ(stepped.index[i], once.index[i]);
+        CHECK(!memcmp(&stepped.score[i], &once.score[i], sizeof(float)));
+        CHECK_NEAR(score_of(&once, once.index[i]), score_of(&whole, once.index[i]), 1e-5);
+    }
+    /* a task freed half way leaves the reranker usable */
+    t = rerank_begin_tokens(rr, (const int32_t *const *)d.tok, d.len, d.n, &o, err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_EQ(rerank_step(t, 1, err), 0);
+    rerank_task_free(t);
+    rerank_result again;
+    CHECK(run(rr, &d, &o, &again) == 0);
+    CHECK_EQ(again.n, once.n);
+    for (int i = 0; i < once.n; i++)
+        CHECK(!memcmp(&again.score[i], &once.score[i], sizeof(float)));
+    rerank_result_free(&again);
+    rerank_result_free(&stepped);
+    rerank_result_free(&once);
+    rerank_result_free(&whole);
+    rerank_close(rr);
+    free_docs(&d);
+}
+
 /* Finds among random sequences three whose reference scores after every layer are
  * ordered with a clear gap; returns how many it found (3, or 0). */
 static int pick_ordered(const char *path, int n_layer, int want, int32_t *tok[], int *len,
@@ -560,6 +622,7 @@ int main(void)
     RUN(test_full_matches_forward);
     RUN(test_stream_equals_mapped);
     RUN(test_chunked_offload_equals_whole);
+    RUN(test_steps_equal_one_run);
     RUN(test_pruning_separated);
     RUN(test_threshold_not_reached);
     RUN(test_bad_inputs);
