@@ -1,21 +1,32 @@
 /*
  * service — what the service layer costs, as JSON lines on stdout.
  *
- *   service [--model PATH] [--iters N] [--tokens N] [--threads N]
+ *   service [--model PATH] [--iters N] [--tokens N] [--threads N] [--runs N]
+ *           [--sched batched|serial|both] [--step-tokens N]
  *
- * Starts llmsd of the same build on a temporary socket (a generated random-weight
- * model unless --model is given), then measures:
+ * Starts llmsd of the same build on a temporary socket (a generated random-weight model
+ * of about 100M parameters, kept in build/bench-models/, unless --model is given) once
+ * per scheduler mode (both: the step scheduler and sched = serial, the behaviour before
+ * it, in the same run), then measures in each:
  *   1. a short Complete (one generated token) through the socket versus the same work
- *      done in-process with the engine: p50 of each and the added latency (target:
- *      under 1 ms at p50), and the p50 of a Tokenize round trip (transport alone);
+ *      done in-process with the engine: p50 of each and the added latency, and the p50
+ *      of a Tokenize round trip (transport alone);
  *   2. aggregate decode tokens/s with 1, 4 and 16 concurrent clients, each on its own
- *      connection and context (target: 16 clients together at least the 1-client rate).
+ *      connection and context, median of --runs runs, and the ratio to one client
+ *      (targets on the TinyLlama-1.1B shape: 16 clients >= 6x, 4 clients >= 2.5x);
+ *   3. a flood: 16 streams decode while one app sends Embeds of long texts and a
+ *      2000-token prompt and another app sends short Completes one after another:
+ *      time to first token of the short requests (p50, p99, and p99 in median step
+ *      times: target <= 10) and the longest gap between two tokens of any stream
+ *      against the median gap (target <= 3).
+ * With both modes, one more line per client count gives batched / serial.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +57,7 @@ static void stop_daemon(void)
 }
 
 static int start_daemon(const char *llmsd, const char *dir, const char *model, int threads,
-                        char *sock, size_t sock_cap)
+                        const char *sched, int step_tokens, char *sock, size_t sock_cap)
 {
     char conf[1024], log[1024];
     snprintf(sock, sock_cap, "%s/s", dir);
@@ -55,9 +66,10 @@ static int start_daemon(const char *llmsd, const char *dir, const char *model, i
     FILE *f = fopen(conf, "w");
     if (!f)
         return -1;
-    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state\nthreads = %d\n"
-               "max_contexts_per_app = 256\nmax_queued_per_app = 64\nkv_budget_mb = 0\n",
-            model, sock, dir, threads);
+    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state-%s\nthreads = %d\n"
+               "max_contexts_per_app = 256\nmax_queued_per_app = 64\nkv_budget_mb = 0\n"
+               "sched = %s\nstep_tokens = %d\nembed_max_texts = 16\n",
+            model, sock, dir, sched, threads, sched, step_tokens);
     fclose(f);
     daemon_pid = fork();
     if (daemon_pid < 0)
@@ -209,13 +221,29 @@ static int socket_latency(const char *sock, int iters, double *out_p50, double *
     return t && q ? rc : -1;
 }
 
+/* ---- decode throughput ---- */
+
 struct client {
     const char *sock;
+    const char *app;
     int tokens;
     pthread_barrier_t *start;
     uint64_t generated;
     int failed;
+    /* token times, for the gaps between tokens */
+    double *times;        /* (cap_times) */
+    int n_times, cap_times;
+    volatile int *stop;   /* decode again until set (flood), or once when NULL */
 };
+
+static int on_token(const char *text, size_t len, void *user)
+{
+    (void)text, (void)len;
+    struct client *cl = user;
+    if (cl->n_times < cl->cap_times)
+        cl->times[cl->n_times++] = bench_now_s();
+    return 0;
+}
 
 static void *client_main(void *arg)
 {
@@ -223,7 +251,7 @@ static void *client_main(void *arg)
     llms_conn *c;
     char id[LLMS_ID_MAX];
     int ready = llms_connect(cl->sock, &c, NULL) == LLMS_OK;
-    ready = ready && llms_bind(c, "bench-decode") == LLMS_OK &&
+    ready = ready && llms_bind(c, cl->app) == LLMS_OK &&
             llms_context_create(c, NULL, NULL, id) == LLMS_OK;
     pthread_barrier_wait(cl->start);
     if (!ready) {
@@ -236,51 +264,295 @@ static void *client_main(void *arg)
     p.seed = 1;
     p.has_seed = 1;
     p.max_tokens = cl->tokens;
-    llms_result r;
-    if (llms_call(c, id, PROMPT, &p, NULL, NULL, &r) == LLMS_OK)
-        cl->generated = r.generated_tokens;
-    else
-        cl->failed = 1;
-    llms_result_free(&r);
+    do {
+        llms_result r;
+        cl->n_times = 0;
+        if (llms_call(c, id, PROMPT, &p, cl->times ? on_token : NULL, cl, &r) == LLMS_OK)
+            cl->generated += r.generated_tokens;
+        else
+            cl->failed = 1;
+        llms_result_free(&r);
+    } while (cl->stop && !*cl->stop && !cl->failed);
     llms_context_delete(c, id);
     llms_close(c);
     return NULL;
 }
 
-static int decode_throughput(const char *sock, int n_clients, int tokens, const char *model)
+/* Aggregate tokens/s of n_clients concurrent generations of tokens each: the median of
+ * runs runs. */
+static int decode_throughput(const char *sock, int n_clients, int tokens, int runs,
+                             double *out_tok_s)
 {
-    struct client cl[16];
-    pthread_t th[16];
+    double agg[16];
+    for (int run = 0; run < runs; run++) {
+        struct client cl[16];
+        pthread_t th[16];
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, (unsigned)n_clients + 1);
+        for (int i = 0; i < n_clients; i++) {
+            cl[i] = (struct client){.sock = sock, .app = "bench-decode", .tokens = tokens,
+                                    .start = &start};
+            pthread_create(&th[i], NULL, client_main, &cl[i]);
+        }
+        pthread_barrier_wait(&start);
+        double t0 = bench_now_s();
+        uint64_t total = 0;
+        int failed = 0;
+        for (int i = 0; i < n_clients; i++) {
+            pthread_join(th[i], NULL);
+            total += cl[i].generated;
+            failed += cl[i].failed;
+        }
+        double wall = bench_now_s() - t0;
+        pthread_barrier_destroy(&start);
+        if (failed) {
+            fprintf(stderr, "service: %d of %d decode clients failed\n", failed, n_clients);
+            return -1;
+        }
+        agg[run] = wall > 0 ? (double)total / wall : 0.0;
+    }
+    *out_tok_s = bench_median(agg, runs);
+    return 0;
+}
+
+/* ---- the flood ---- */
+
+#define FLOOD_STREAMS 16
+#define FLOOD_TEXTS 8
+
+struct flooder {
+    const char *sock;
+    int text_tokens, prompt_tokens;
+    volatile int *stop;
+    int embeds, prompts, failed;
+};
+
+/* Another app's long work until stop: Embeds of FLOOD_TEXTS long texts, and long
+ * prompts (Complete of one token). */
+static void *flooder_main(void *arg)
+{
+    struct flooder *f = arg;
+    llms_conn *c;
+    if (llms_connect(f->sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench-flood") != LLMS_OK) {
+        f->failed = 1;
+        return NULL;
+    }
+    int n = f->prompt_tokens > f->text_tokens ? f->prompt_tokens : f->text_tokens;
+    char *text = malloc((size_t)n * 6 + 1);
+    char *texts[FLOOD_TEXTS];
+    /* "w123 " is about one token of any vocabulary's words and digits, or a few */
+    size_t len = 0;
+    for (int i = 0; i < n; i++)
+        len += (size_t)sprintf(text + len, "w%d ", i % 997);
+    llms_params p;
+    llms_params_init(&p);
+    p.max_tokens = 1;
+    while (!*f->stop && !f->failed) {
+        for (int i = 0; i < FLOOD_TEXTS; i++) {
+            size_t cut = len * (size_t)f->text_tokens / (size_t)n;
+            texts[i] = strndup(text + (size_t)i % 7, cut);
+        }
+        llms_embeddings e;
+        if (llms_embed(c, (const char *const *)texts, FLOOD_TEXTS, LLMS_POOLING_MEAN, &e) ==
+            LLMS_OK) {
+            f->embeds++;
+            llms_embeddings_free(&e);
+        } else {
+            fprintf(stderr, "service: flood Embed: %s\n", llms_last_error(c));
+            f->failed = 1;
+        }
+        for (int i = 0; i < FLOOD_TEXTS; i++)
+            free(texts[i]);
+        char *prompt = strndup(text, len * (size_t)f->prompt_tokens / (size_t)n);
+        llms_result r;
+        if (!*f->stop && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK) {
+            f->prompts++;
+            llms_result_free(&r);
+        }
+        free(prompt);
+    }
+    free(text);
+    llms_close(c);
+    return NULL;
+}
+
+static int first_token(const char *text, size_t len, void *user)
+{
+    (void)text, (void)len;
+    double *t = user;
+    if (*t == 0)
+        *t = bench_now_s();
+    return 0;
+}
+
+static double percentile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+static int flood(const char *sock, const char *sched, const char *model, int tokens,
+                 int text_tokens, int prompt_tokens, int n_short)
+{
+    volatile int stop = 0, streams_stop = 0;
+    struct client cl[FLOOD_STREAMS];
+    pthread_t th[FLOOD_STREAMS], fth;
     pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, (unsigned)n_clients + 1);
-    for (int i = 0; i < n_clients; i++) {
-        cl[i] = (struct client){.sock = sock, .tokens = tokens, .start = &start};
+    pthread_barrier_init(&start, NULL, FLOOD_STREAMS + 1);
+    for (int i = 0; i < FLOOD_STREAMS; i++) {
+        cl[i] = (struct client){.sock = sock, .app = "bench-stream", .tokens = tokens,
+                                .start = &start, .cap_times = tokens + 1,
+                                .stop = &streams_stop};
+        cl[i].times = malloc(sizeof *cl[i].times * (size_t)cl[i].cap_times);
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
     pthread_barrier_wait(&start);
-    double t0 = bench_now_s();
-    uint64_t total = 0;
-    int failed = 0;
-    for (int i = 0; i < n_clients; i++) {
-        pthread_join(th[i], NULL);
-        total += cl[i].generated;
-        failed += cl[i].failed;
+    usleep(300000);
+    struct flooder f = {.sock = sock, .text_tokens = text_tokens,
+                        .prompt_tokens = prompt_tokens, .stop = &stop};
+    pthread_create(&fth, NULL, flooder_main, &f);
+    usleep(300000);
+
+    llms_conn *c;
+    double *ttft = malloc(sizeof *ttft * (size_t)n_short);
+    int rc = -1, n_ok = 0;
+    if (llms_connect(sock, &c, NULL) == LLMS_OK && llms_bind(c, "bench-short") == LLMS_OK) {
+        llms_params p;
+        llms_params_init(&p);
+        p.temperature = 0;
+        p.max_tokens = 2;
+        for (int i = 0; i < n_short; i++) {
+            double t_first = 0, t0 = bench_now_s();
+            llms_result r;
+            if (llms_complete(c, "Hi", NULL, 0, &p, first_token, &t_first, &r) != LLMS_OK)
+                break;
+            llms_result_free(&r);
+            ttft[n_ok++] = (t_first ? t_first : bench_now_s()) - t0;
+        }
+        rc = n_ok == n_short ? 0 : -1;
     }
-    double wall = bench_now_s() - t0;
+    llms_daemon_status st = {0};
+    int have_status = llms_status_get(c, &st) == LLMS_OK;
+    llms_close(c);
+    /* the gaps of the streams' last runs, which overlapped the flood */
+    streams_stop = 1;
+    for (int i = 0; i < FLOOD_STREAMS; i++)
+        pthread_join(th[i], NULL);
+    stop = 1;
+    pthread_join(fth, NULL);
     pthread_barrier_destroy(&start);
-    printf("{\"bench\":\"service_decode\",\"model\":\"%s\",\"clients\":%d,\"max_tokens\":%d,"
-           "\"generated_tokens\":%llu,\"failed_clients\":%d,\"wall_s\":%.3f,"
-           "\"aggregate_tok_s\":%.1f}\n",
-           model, n_clients, tokens, (unsigned long long)total, failed, wall,
-           wall > 0 ? (double)total / wall : 0.0);
-    fflush(stdout);
-    return failed ? -1 : 0;
+
+    int n_gaps = 0;
+    for (int i = 0; i < FLOOD_STREAMS; i++)
+        n_gaps += cl[i].n_times > 1 ? cl[i].n_times - 1 : 0;
+    double *gaps = malloc(sizeof *gaps * (size_t)(n_gaps + 1));
+    n_gaps = 0;
+    for (int i = 0; i < FLOOD_STREAMS; i++) {
+        for (int k = 1; k < cl[i].n_times; k++)
+            gaps[n_gaps++] = cl[i].times[k] - cl[i].times[k - 1];
+        rc = cl[i].failed ? -1 : rc;
+        free(cl[i].times);
+    }
+    if (rc == 0 && n_gaps > 0 && n_ok > 0) {
+        double gap_p50 = percentile(gaps, n_gaps, 0.5), gap_max = gaps[n_gaps - 1];
+        double t50 = percentile(ttft, n_ok, 0.5), t99 = percentile(ttft, n_ok, 0.99);
+        printf("{\"bench\":\"service_flood\",\"model\":\"%s\",\"sched\":\"%s\",\"streams\":%d,"
+               "\"flood_embeds\":%d,\"flood_prompts\":%d,\"embed_text_tokens\":%d,"
+               "\"prompt_tokens\":%d,\"short_requests\":%d,\"ttft_p50_ms\":%.1f,"
+               "\"ttft_p99_ms\":%.1f,\"ttft_p99_steps\":%.2f,\"gap_p50_ms\":%.1f,"
+               "\"gap_max_ms\":%.1f,\"gap_max_over_p50\":%.2f,\"daemon_step_mean_ms\":%.1f,"
+               "\"daemon_rows_per_step\":%.1f,\"daemon_longest_stall_ms\":%.1f}\n",
+               model, sched, FLOOD_STREAMS, f.embeds, f.prompts, text_tokens, prompt_tokens,
+               n_ok, t50 * 1e3, t99 * 1e3, t99 / gap_p50, gap_p50 * 1e3, gap_max * 1e3,
+               gap_max / gap_p50, have_status ? st.sched_step_mean_ms : 0,
+               have_status ? st.sched_rows_per_step : 0,
+               have_status ? st.sched_longest_stall_ms : 0);
+        fflush(stdout);
+    }
+    if (have_status)
+        llms_daemon_status_free(&st);
+    free(gaps);
+    free(ttft);
+    return rc == 0 && !f.failed ? 0 : -1;
+}
+
+/* ---- main ---- */
+
+/* Makes build/bench-models/service-100m.gguf (llama shape, Q8_0, 32000 synthetic tokens:
+ * about 130M parameters) unless it exists. */
+static int ensure_default_model(char *path, size_t cap)
+{
+    snprintf(path, cap, "build/bench-models/service-100m.gguf");
+    if (access(path, R_OK) == 0)
+        return 0;
+    if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "service: build/bench-models: %s\n", strerror(errno));
+        return -1;
+    }
+    char err[ERR_MAX];
+    modelgen_params mp = {
+        .arch = "llama", .dim = 768, .n_layer = 12, .n_head = 12, .n_head_kv = 4,
+        .n_ff = 2048, .n_ctx = 4096, .type = QTYPE_Q8_0, .seed = 1, .n_vocab = 32000,
+    };
+    fprintf(stderr, "service: generating %s\n", path);
+    if (modelgen_write(&mp, path, err) < 0) {
+        fprintf(stderr, "service: modelgen: %s\n", err);
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct mode_result {
+    double tok_s[3]; /* 1, 4, 16 clients */
+    int ok;
+} mode_result;
+
+static const int bench_clients[] = {1, 4, 16};
+
+static int bench_mode(const char *llmsd, const char *dir, const char *model, int threads,
+                      const char *sched, int step_tokens, int iters, int tokens, int runs,
+                      mode_result *res)
+{
+    double in_p50 = 0, sock_p50 = 0, queue_p50 = 0, rt_p50 = 0;
+    char sock[1100];
+    if (start_daemon(llmsd, dir, model, threads, sched, step_tokens, sock, sizeof sock) != 0)
+        return -1;
+    int rc = -1;
+    if (inprocess_latency(model, threads, iters, &in_p50) == 0 &&
+        socket_latency(sock, iters, &sock_p50, &queue_p50, &rt_p50) == 0) {
+        printf("{\"bench\":\"service_complete_latency\",\"model\":\"%s\",\"sched\":\"%s\","
+               "\"prompt\":\"%s\",\"max_tokens\":1,\"iters\":%d,\"p50_inprocess_ms\":%.3f,"
+               "\"p50_socket_ms\":%.3f,\"p50_queue_ms\":%.3f,\"added_p50_ms\":%.3f,"
+               "\"p50_tokenize_roundtrip_ms\":%.3f}\n",
+               model, sched, PROMPT, iters, in_p50 * 1e3, sock_p50 * 1e3, queue_p50 * 1e3,
+               (sock_p50 - in_p50) * 1e3, rt_p50 * 1e3);
+        fflush(stdout);
+        rc = 0;
+        for (int i = 0; i < 3 && rc == 0; i++) {
+            rc = decode_throughput(sock, bench_clients[i], tokens, runs, &res->tok_s[i]);
+            if (rc == 0) {
+                printf("{\"bench\":\"service_decode\",\"model\":\"%s\",\"sched\":\"%s\","
+                       "\"threads\":%d,\"clients\":%d,\"max_tokens\":%d,\"runs\":%d,"
+                       "\"aggregate_tok_s\":%.1f,\"ratio_to_1_client\":%.2f}\n",
+                       model, sched, threads, bench_clients[i], tokens, runs, res->tok_s[i],
+                       res->tok_s[i] / res->tok_s[0]);
+                fflush(stdout);
+            }
+        }
+        if (rc == 0)
+            rc = flood(sock, sched, model, tokens, 480, 2000, 20);
+    }
+    stop_daemon();
+    res->ok = rc == 0;
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL;
-    int iters = 200, tokens = 64, threads = 2;
+    const char *model = NULL, *sched = "both";
+    int iters = 100, tokens = 48, threads = 2, runs = 3, step_tokens = 64;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -290,12 +562,22 @@ int main(int argc, char **argv)
             tokens = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--runs"))
+            runs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--sched"))
+            sched = argv[i + 1];
+        else if (!strcmp(argv[i], "--step-tokens"))
+            step_tokens = atoi(argv[i + 1]);
         else
             break;
     }
-    if (argc % 2 == 0 || iters < 1 || tokens < 1 || threads < 1) {
+    bool modes_ok = !strcmp(sched, "both") || !strcmp(sched, "batched") ||
+                    !strcmp(sched, "serial");
+    if (argc % 2 == 0 || iters < 1 || tokens < 1 || threads < 1 || runs < 1 || runs > 16 ||
+        !modes_ok) {
         fprintf(stderr, "usage: service [--model PATH] [--iters N] [--tokens N] "
-                        "[--threads N]\n");
+                        "[--threads N] [--runs N] [--sched batched|serial|both] "
+                        "[--step-tokens N]\n");
         return 2;
     }
     char self[1024], llmsd[1100];
@@ -305,47 +587,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "service: %s is not built\n", llmsd);
         return 1;
     }
+    char gen[256];
+    if (!model) {
+        if (ensure_default_model(gen, sizeof gen) != 0)
+            return 1;
+        model = gen;
+    }
     char dir[] = "/tmp/llms-bench-XXXXXX";
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
         return 1;
     }
-    char gen[256], err[ERR_MAX];
-    if (!model) {
-        snprintf(gen, sizeof gen, "%s/model.gguf", dir);
-        modelgen_params mp = {
-            .arch = "llama", .dim = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4,
-            .n_ff = 768, .n_ctx = 1024, .type = QTYPE_Q8_0, .seed = 1, .n_vocab = 4096,
-        };
-        if (modelgen_write(&mp, gen, err) < 0) {
-            fprintf(stderr, "service: modelgen: %s\n", err);
-            return 1;
-        }
-        model = gen;
-    }
-
-    int rc = 1;
-    double in_p50 = 0, sock_p50 = 0, queue_p50 = 0, rt_p50 = 0;
-    char sock[1100];
-    if (inprocess_latency(model, threads, iters, &in_p50) == 0 &&
-        start_daemon(llmsd, dir, model, threads, sock, sizeof sock) == 0 &&
-        socket_latency(sock, iters, &sock_p50, &queue_p50, &rt_p50) == 0) {
-        printf("{\"bench\":\"service_complete_latency\",\"model\":\"%s\",\"prompt\":\"%s\","
-               "\"max_tokens\":1,\"iters\":%d,\"p50_inprocess_ms\":%.3f,"
-               "\"p50_socket_ms\":%.3f,\"p50_queue_ms\":%.3f,\"added_p50_ms\":%.3f,"
-               "\"p50_tokenize_roundtrip_ms\":%.3f}\n",
-               model, PROMPT, iters, in_p50 * 1e3, sock_p50 * 1e3, queue_p50 * 1e3,
-               (sock_p50 - in_p50) * 1e3, rt_p50 * 1e3);
-        fflush(stdout);
-        rc = 0;
-        static const int clients[] = {1, 4, 16};
-        for (int i = 0; i < 3 && rc == 0; i++)
-            rc = decode_throughput(sock, clients[i], tokens, model) ? 1 : 0;
-    }
-    stop_daemon();
+    mode_result batched = {0}, serial = {0};
+    int rc = 0;
+    if (strcmp(sched, "serial") != 0)
+        rc |= bench_mode(llmsd, dir, model, threads, "batched", step_tokens, iters, tokens, runs,
+                         &batched);
+    if (strcmp(sched, "batched") != 0)
+        rc |= bench_mode(llmsd, dir, model, threads, "serial", step_tokens, iters, tokens, runs,
+                         &serial);
+    for (int i = 0; i < 3 && batched.ok && serial.ok; i++)
+        printf("{\"bench\":\"service_decode_batched_vs_serial\",\"model\":\"%s\","
+               "\"clients\":%d,\"batched_tok_s\":%.1f,\"serial_tok_s\":%.1f,\"ratio\":%.2f}\n",
+               model, bench_clients[i], batched.tok_s[i], serial.tok_s[i],
+               batched.tok_s[i] / serial.tok_s[i]);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "service: could not remove %s\n", dir);
-    return rc;
+    return rc ? 1 : 0;
 }

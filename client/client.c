@@ -21,13 +21,14 @@ struct llms_conn {
     int fd;
     uint64_t next_id; /* ids increase per connection; 0 is the daemon's "no request" */
     int broken;       /* an I/O or protocol failure: the stream is out of step */
+    uint32_t timeout_ms; /* sent with every request; 0: none */
     char err[LLMS_ERROR_MAX];
 };
 
 static const char *const status_names[] = {
     "OK",          "INVALID_ARGUMENT", "NOT_FOUND",   "PERMISSION_DENIED",
     "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED", "INTERNAL",
-    "UNAVAILABLE", "UNIMPLEMENTED",    "MALFORMED_FRAME",
+    "UNAVAILABLE", "UNIMPLEMENTED",    "MALFORMED_FRAME", "DEADLINE_EXCEEDED",
 };
 
 const char *llms_status_name(enum llms_status s)
@@ -110,6 +111,11 @@ void llms_close(llms_conn *conn)
     free(conn);
 }
 
+void llms_set_timeout(llms_conn *c, uint32_t timeout_ms)
+{
+    c->timeout_ms = timeout_ms;
+}
+
 const char *llms_last_error(const llms_conn *conn)
 {
     return conn ? conn->err : "no connection";
@@ -156,6 +162,10 @@ static enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t 
     if (c->broken)
         return fail(c, LLMS_ERR_IO, "connection is unusable after an earlier failure");
     req->id = c->next_id++;
+    if (c->timeout_ms) {
+        req->has_timeout_ms = 1;
+        req->timeout_ms = c->timeout_ms;
+    }
     uint8_t *buf;
     size_t len;
     if (frame_pack(&req->base, UINT32_MAX, &buf, &len) < 0)
@@ -730,6 +740,7 @@ void llms_daemon_status_free(llms_daemon_status *st)
     free(st->version);
     free(st->model_path);
     free(st->model_arch);
+    free(st->sched_mode);
     memset(st, 0, sizeof *st);
 }
 
@@ -771,9 +782,19 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_bad_blobs = p->swap_bad_blobs,
         .switch_ins = p->switch_ins,
         .switch_in_mean_ms = p->switch_in_mean_ms,
+        .sched_mode = strdup(p->sched_mode ? p->sched_mode : ""),
+        .sched_step_tokens = p->sched_step_tokens,
+        .sched_active_sequences = p->sched_active_sequences,
+        .sched_queued_generate = p->sched_queued_generate,
+        .sched_queued_embed = p->sched_queued_embed,
+        .sched_queued_rerank = p->sched_queued_rerank,
+        .sched_steps = p->sched_steps,
+        .sched_step_mean_ms = p->sched_step_mean_ms,
+        .sched_rows_per_step = p->sched_rows_per_step,
+        .sched_longest_stall_ms = p->sched_longest_stall_ms,
     };
     frame_free_response(r);
-    if (!out->version || !out->model_path || !out->model_arch) {
+    if (!out->version || !out->model_path || !out->model_arch || !out->sched_mode) {
         llms_daemon_status_free(out);
         return fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }

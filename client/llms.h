@@ -66,6 +66,7 @@ enum llms_status {
     LLMS_ERR_UNAVAILABLE = 8,         /* the daemon is shutting down */
     LLMS_ERR_UNIMPLEMENTED = 9,       /* the daemon does not know this call */
     LLMS_ERR_MALFORMED_FRAME = 10,    /* the daemon could not decode a frame */
+    LLMS_ERR_DEADLINE_EXCEEDED = 11,  /* the request's timeout (llms_set_timeout) passed */
     LLMS_ERR_IO = 100,                /* connect, read or write failed; connection dead */
     LLMS_ERR_PROTOCOL = 101,          /* the daemon sent something unexpected; dead too */
 };
@@ -80,6 +81,7 @@ enum llms_stop_reason {
     LLMS_STOP_STRING = 2,       /* a stop string was generated */
     LLMS_STOP_CONTEXT_FULL = 3, /* the context window is full */
     LLMS_STOP_CANCELLED = 4,    /* cancelled */
+    LLMS_STOP_DEADLINE = 5,     /* the request's timeout (llms_set_timeout) passed */
 };
 
 /* Where a context's KV memory is (proto MemoryState). */
@@ -155,6 +157,13 @@ enum llms_status llms_connect(const char *socket_path, llms_conn **out,
 
 /* Closes the connection and frees it. Contexts stay in the daemon. NULL is fine. */
 void llms_close(llms_conn *conn);
+
+/*
+ * Every request sent on conn after this call carries a deadline: work the daemon has not
+ * finished timeout_ms after it received the request stops (LLMS_ERR_DEADLINE_EXCEEDED,
+ * or a reply cut with LLMS_STOP_DEADLINE). 0 (the default) means no deadline.
+ */
+void llms_set_timeout(llms_conn *conn, uint32_t timeout_ms);
 
 /*
  * The message of the last failed call on conn ("" when none). Valid until the next call
@@ -384,6 +393,16 @@ typedef struct llms_daemon_status {
     uint64_t swap_bad_blobs;    /* stored chunks found corrupt or stale (recomputed) */
     uint64_t switch_ins;
     double switch_in_mean_ms;
+    /* The step scheduler (each step advances all running work in one forward pass). */
+    char *sched_mode;                /* "batched" or "serial" */
+    uint32_t sched_step_tokens;      /* row budget of a step */
+    uint32_t sched_active_sequences; /* generations decoding or prefilling */
+    uint32_t sched_queued_generate, sched_queued_embed, sched_queued_rerank;
+    uint64_t sched_steps;            /* since the daemon started */
+    double sched_step_mean_ms;       /* last minute */
+    double sched_rows_per_step;      /* last minute */
+    double sched_longest_stall_ms;   /* longest gap between two tokens of a stream,
+                                        last minute */
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

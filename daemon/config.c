@@ -41,8 +41,16 @@ static const key_def keys[] = {
     INT(n_ctx, 0, 1 << 24, "tokens per context window, 0 = min(model, 4096) (default 0)"),
     INT(max_contexts_per_app, 1, INT_MAX, "contexts an app may keep (default 64)"),
     INT(max_tokens_per_context, 0, 1 << 24, "tokens per context, 0 = n_ctx (default 0)"),
-    INT(max_queued_per_app, 1, INT_MAX, "Call/Complete requests an app may have queued or "
-                                        "running (default 16)"),
+    INT(max_queued_per_app, 1, INT_MAX, "requests of every kind that wait for or use the "
+                                        "engine (Call, Complete, Embed, Rerank) an app may "
+                                        "have queued or running (default 16)"),
+    INT(step_tokens, 16, 1024, "rows of prefill, embedding and reranking work a scheduler "
+                               "step adds to the decode rows of every running generation "
+                               "(default 64)"),
+    CHOICE(sched, "batched|serial",
+           "batched: one forward per step for every running sequence, long work in slices; "
+           "serial: each sequence its own forward, long work to completion (the old "
+           "behaviour, for comparison) (default batched)"),
     {"max_frame_bytes", KEY_INT, offsetof(config, max_frame_bytes), 0, 1024, (double)UINT32_MAX,
      "largest frame accepted or sent (default 16777216)", NULL},
     INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
@@ -85,6 +93,8 @@ void config_defaults(config *c)
     strcpy(c->model_load, "map");
     c->max_contexts_per_app = 64;
     c->max_queued_per_app = 16;
+    c->step_tokens = 64;
+    strcpy(c->sched, "batched");
     c->max_frame_bytes = 16u << 20;
     c->kv_budget_mb = 1024;
     strcpy(c->kv_compress, "tolerance");

@@ -28,7 +28,9 @@ typedef struct config {
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;
     int max_tokens_per_context;        /* 0: n_ctx */
-    int max_queued_per_app;            /* Call/Complete requests queued or running */
+    int max_queued_per_app;            /* engine requests of any kind queued or running */
+    int step_tokens;                   /* long-work rows per scheduler step */
+    char sched[8];                     /* "batched" or "serial" */
     uint32_t max_frame_bytes;
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
     char kv_compress[16];              /* "tolerance", "int8" or "none" */

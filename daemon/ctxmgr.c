@@ -653,7 +653,7 @@ void ctx_enforce_budget(ctxmgr *cm)
         reclaim_to(cm, cm->policy.budget_bytes);
 }
 
-int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX])
+size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n)
 {
     int room = 0;
     size_t extra = 0;
@@ -665,7 +665,12 @@ int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX])
                     kv_chunk_data_bytes(cm->shape, last->precision);
     }
     int more = n > room ? ctx_n_chunks(n - room) : 0;
-    return ctx_claim(cm, extra + (size_t)more * kv_chunk_data_bytes(cm->shape, KV_F16), err);
+    return extra + (size_t)more * kv_chunk_data_bytes(cm->shape, KV_F16);
+}
+
+int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX])
+{
+    return ctx_claim(cm, ctx_append_bytes(cm, seq, n), err);
 }
 
 /* ---- calls ---- */
@@ -702,20 +707,18 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     return 0;
 }
 
-int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX])
+int ctx_forward_check(const ctx_entry *c, const model_batch *b, char err[ERR_MAX])
 {
     int from = kv_seq_n_tokens(&c->seq), n = b->n_tokens;
     if (!c->loaded)
         return err_set(err, "context %s: forward outside a call", c->id);
     if (n < 1 || b->positions[0] != from || from + n > c->cap_attn)
         return err_set(err, "context %s: batch does not continue the context", c->id);
-    int rc = ctx_claim_append(cm, &c->seq, n, err);
-    if (rc)
-        return rc;
-    model_batch bb = *b;
-    bb.attn_received = c->attn;
-    if (model_forward(cm->runner, &c->seq, &bb, err))
-        return -1;
+    return 0;
+}
+
+void ctx_forward_account(ctxmgr *cm, ctx_entry *c, int from, int n)
+{
     /* Every row of the batch could attend to every earlier entry, and row r of the
      * batch to the batch's entries up to itself. */
     float hl = (float)cm->heads_layers;
@@ -723,6 +726,21 @@ int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX
         c->rows[p] += hl * (float)n;
     for (int p = from; p < from + n; p++)
         c->rows[p] += hl * (float)(from + n - p);
+}
+
+int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX])
+{
+    if (ctx_forward_check(c, b, err))
+        return -1;
+    int from = kv_seq_n_tokens(&c->seq);
+    int rc = ctx_claim_append(cm, &c->seq, b->n_tokens, err);
+    if (rc)
+        return rc;
+    model_batch bb = *b;
+    bb.attn_received = c->attn;
+    if (model_forward(cm->runner, &c->seq, &bb, err))
+        return -1;
+    ctx_forward_account(cm, c, from, b->n_tokens);
     return 0;
 }
 

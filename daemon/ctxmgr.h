@@ -211,6 +211,16 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
  */
 int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX]);
 
+/* The parts of ctx_forward, for a step scheduler that evaluates many contexts in one
+ * model_forward_batch: ctx_forward_check (the batch continues c, inside a call), then one
+ * ctx_claim of the ctx_append_bytes of every sequence of the step, then the forward with
+ * c->attn as the batch's attn_received, then ctx_forward_account(c, entries before, n). */
+int ctx_forward_check(const ctx_entry *c, const model_batch *b, char err[ERR_MAX]);
+void ctx_forward_account(ctxmgr *cm, ctx_entry *c, int from, int n);
+
+/* Bytes of KV that appending n entries to seq allocates (0 when the last chunk has room). */
+size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n);
+
 /* Claims the memory that appending n entries to seq (a sequence of this manager's pool
  * outside any context, e.g. a Complete's) takes. 0, -1 + err, or CTX_E_BUDGET. */
 int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX]);

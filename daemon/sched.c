@@ -1,9 +1,20 @@
 /*
- * sched.c — the worker: job inbox, per-app queues, interleaved generations, and the
- * handlers of every request that touches contexts or the engine.
+ * sched.c — the worker: job inbox, per-app queues, and the step scheduler that advances
+ * every running request together, plus the handlers of every request that touches
+ * contexts or the engine.
+ *
+ * One cycle of the worker: take the inbox's jobs (light requests are answered at once),
+ * drop cancelled and expired work, admit queued requests (one per app in turn), then run
+ * one step. A step is one model_forward_batch over every sequence that has work: one
+ * decode row for each generation past its prompt, plus slices of long work (prompt
+ * prefills, Embed texts) shared out between apps by deficit round robin under
+ * step_tokens rows; reranks advance on their own model by their share after the
+ * forward. So the weights are read once per step for all streams, and a long request
+ * delays the others by one slice per step, not by its whole length.
  */
 #include "daemon/sched.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -21,21 +32,24 @@
 #include "engine/sampler.h"
 #include "engine/stop.h"
 
-#define SCHED_MAX_ACTIVE 64 /* generations advancing together */
+#define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
+#define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
+#define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
+#define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
 
 typedef struct app_state {
     uint32_t uid;
     char name[SCHED_APP_MAX + 1];
     int n_conns;
-    int n_queued;                  /* Call/Complete waiting or running */
+    int n_queued;                  /* requests of every kind waiting or running */
     sched_job *pend_head, *pend_tail;
+    long deficit;                  /* rows of long work it may still take (round robin) */
     struct app_state *next;
 } app_state;
 
+/* A Call's or Complete's generation. */
 typedef struct gen {
-    sched_job *job;
-    app_state *app;
     ctx_entry *c;          /* NULL for Complete */
     kv_seq own_seq;        /* Complete's KV */
     kv_seq *seq;
@@ -45,27 +59,67 @@ typedef struct gen {
     int n_turn;            /* tokens the turn adds: hist[n_base .. n_base + n_turn) */
     int limit;             /* most tokens hist may reach */
     int max_gen, n_gen;
-    bool prefilled;
-    int n_eval;            /* tokens evaluated by the prefill step */
+    bool switched_in;      /* a Call's chunks are all resident and locked */
+    bool prefilled;        /* the prompt is evaluated: one decode row per step */
+    int n_eval;            /* tokens the prompt evaluation computed */
     const char *user_role;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
     sampler *smp;
     stop_matcher stop;
-    bool cancelled, quiet, done;
+    bool done;
     Llms__ErrorCode err_code;  /* of a failed step */
     Llms__StopReason reason;
-    int64_t t_start, t_first, t_end;
+    int64_t t_start, t_first, t_end, t_last_token;
 } gen;
+
+/* One admitted request. */
+typedef struct work {
+    sched_job *job;
+    app_state *app;
+    int64_t deadline_ns;   /* CLOCK_MONOTONIC; 0: none */
+    bool cancelled;        /* Cancel, a closed connection, shutdown */
+    bool quiet;            /* nobody to answer: the connection is gone */
+    bool answered;         /* a task finished and answered its request */
+    bool failed;           /* the engine failed it: answer fail_code, fail_msg */
+    Llms__ErrorCode fail_code;
+    char fail_msg[ERR_MAX];
+    gen *g;                /* Call, Complete */
+    sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+} work;
+
+/* One sequence of a step's forward. */
+typedef struct step_seq {
+    work *w;
+    kv_seq *seq;
+    model_batch b;
+    int from;              /* entries of the sequence before the step */
+    int32_t last_row;      /* out row of a generation's batch */
+    bool failed;
+} step_seq;
+
+typedef struct step_stat {
+    int64_t end_ns;
+    double ms;
+    int rows;
+    double stall_ms;       /* longest gap between two tokens of a stream, this step */
+} step_stat;
 
 struct sched {
     sched_env env;
+    bool serial;           /* sched = serial: one forward per sequence, long work whole */
+    int step_tokens;
+    int max_batch;         /* the runner's: decode rows + step_tokens */
     model_runner *runner;
     kv_pool *pool;
     ctxmgr *cm;
     semantic *sem;         /* Embed, Rerank, RerankCalibrate */
-    float *logits;         /* (n_vocab) one step's output row */
-    int32_t *positions;    /* (n_ctx) */
+    int n_vocab;
+    float *logits;         /* (SCHED_MAX_ACTIVE, n_vocab) the out rows of a step */
+    int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
+    step_seq *steps;       /* (max_batch) */
+    kv_seq **step_seqs;    /* (max_batch) */
+    model_batch *step_batches; /* (max_batch) */
 
     pthread_t thread;
     bool started;
@@ -75,13 +129,18 @@ struct sched {
 
     app_state *apps;
     app_state *rr;         /* the app admission starts after */
-    gen *active[SCHED_MAX_ACTIVE];
+    app_state *drr_next;   /* the app long work is offered to first */
+    work *active[SCHED_MAX_ACTIVE];
     int n_active;
     int n_pending;
     bool shutting;
     int64_t start_ms;
     atomic_uint n_connections;
     atomic_uint n_contexts;
+
+    step_stat stats[SCHED_STATS]; /* ring */
+    uint64_t n_steps;
+    double step_stall_ms;  /* longest token gap seen in the step running */
 };
 
 static int64_t mono_ns(void)
@@ -376,6 +435,49 @@ static uint64_t rss_bytes(void)
     return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+/* The scheduler's part of the status: what runs and waits, and the last minute's steps. */
+static void sched_status(sched *s, Llms__StatusResponse *st)
+{
+    st->sched_mode = s->serial ? "serial" : "batched";
+    st->sched_step_tokens = (uint32_t)s->step_tokens;
+    st->has_sched_step_tokens = st->has_sched_active_sequences = 1;
+    st->has_sched_queued_generate = st->has_sched_queued_embed = st->has_sched_queued_rerank = 1;
+    st->has_sched_steps = st->has_sched_step_mean_ms = st->has_sched_rows_per_step = 1;
+    st->has_sched_longest_stall_ms = 1;
+    for (int i = 0; i < s->n_active; i++)
+        st->sched_active_sequences += s->active[i]->g != NULL;
+    for (app_state *a = s->apps; a; a = a->next)
+        for (sched_job *j = a->pend_head; j; j = j->next)
+            switch (j->req->body_case) {
+            case LLMS__REQUEST__BODY_EMBED:
+                st->sched_queued_embed++;
+                break;
+            case LLMS__REQUEST__BODY_RERANK:
+            case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+                st->sched_queued_rerank++;
+                break;
+            default:
+                st->sched_queued_generate++;
+                break;
+            }
+    st->sched_steps = s->n_steps;
+    int64_t since = mono_ns() - SCHED_STATS_NS;
+    double ms = 0, rows = 0, stall = 0;
+    int n = 0;
+    for (uint64_t k = 0; k < s->n_steps && k < SCHED_STATS; k++) {
+        const step_stat *x = &s->stats[(s->n_steps - 1 - k) % SCHED_STATS];
+        if (x->end_ns < since)
+            break;
+        ms += x->ms;
+        rows += x->rows;
+        stall = x->stall_ms > stall ? x->stall_ms : stall;
+        n++;
+    }
+    st->sched_step_mean_ms = n ? ms / n : 0;
+    st->sched_rows_per_step = n ? rows / n : 0;
+    st->sched_longest_stall_ms = stall;
+}
+
 static void handle_status(sched *s, const sched_job *j)
 {
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
@@ -413,6 +515,7 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_bad_blobs = cs->bad_blobs;
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
+    sched_status(s, &st);
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
@@ -528,12 +631,11 @@ static void gen_free(gen *g)
 {
     if (!g)
         return;
-    if (!g->c)
+    if (g->seq == &g->own_seq)
         kv_seq_free(&g->own_seq);
     free(g->hist);
     free(g->shown);
     sampler_free(g->smp);
-    job_free(g->job);
     free(g);
 }
 
@@ -555,11 +657,9 @@ static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size
     return 0;
 }
 
-/*
- * Builds a generation for a Call or Complete job. Returns NULL after answering the job
- * with an error (and freeing it).
- */
-static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
+/* Builds the generation of a Call or Complete job. NULL after answering the job with an
+ * error. */
+static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
 {
     const config *cfg = s->env.cfg;
     char err[ERR_MAX];
@@ -571,8 +671,6 @@ static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
         err_set(err, "out of memory");
         goto fail;
     }
-    g->job = j;
-    g->app = app;
     g->c = c;
     g->t_start = mono_ns();
 
@@ -603,6 +701,7 @@ static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
             goto fail;
         kv_seq_init(&g->own_seq, s->pool);
         g->seq = &g->own_seq;
+        g->switched_in = true;
         g->limit = cfg->n_ctx;
         merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
     }
@@ -637,7 +736,7 @@ static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
         stops[n_stops++] = chat_stop_text(s->env.family);
     if (stop_init(&g->stop, stops, n_stops, err))
         goto fail;
-    g->smp = sampler_new(model_hparams_of(s->env.m)->n_vocab, &sp, err);
+    g->smp = sampler_new(s->n_vocab, &sp, err);
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;
@@ -660,32 +759,25 @@ static gen *gen_new(sched *s, sched_job *j, app_state *app, ctx_entry *c)
 fail:
     free(turn);
     send_error(s, j, code, "%s", err);
-    if (g) {
-        if (g->seq == &g->own_seq)
-            kv_seq_free(&g->own_seq);
-        free(g->hist);
-        sampler_free(g->smp);
-        free(g);
-    }
-    job_free(j);
+    gen_free(g);
     return NULL;
 }
 
 /* Streams text (NUL-terminated) and the tokens that produced it. */
-static void send_chunk(sched *s, gen *g, char *text, const int32_t *tok, int n_tok)
+static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, int n_tok)
 {
-    if (g->quiet)
+    if (w->quiet)
         return;
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
     ch.text = text;
     ch.n_tokens = (size_t)n_tok;
     ch.tokens = (int32_t *)tok;
     Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = g->job->req->id;
+    r.id = w->job->req->id;
     r.final = 0;
     r.body_case = LLMS__RESPONSE__BODY_CHUNK;
     r.chunk = &ch;
-    send_resp(s, g->job->conn_id, &r, true);
+    send_resp(s, w->job->conn_id, &r, true);
 }
 
 static void finish(gen *g, Llms__StopReason reason)
@@ -694,10 +786,19 @@ static void finish(gen *g, Llms__StopReason reason)
     g->reason = reason;
 }
 
-/* Takes the token sampled from the logits of the last step. */
-static void take_token(sched *s, gen *g)
+/* Takes the token sampled from logits (n_vocab), the out row of the generation's last
+ * evaluated token. */
+static void take_token(sched *s, work *w, const float *logits)
 {
-    int32_t next = sampler_sample(g->smp, s->logits, g->hist, g->n_hist);
+    gen *g = w->g;
+    int64_t now = mono_ns();
+    if (g->t_last_token) {
+        double gap = (double)(now - g->t_last_token) / 1e6;
+        if (gap > s->step_stall_ms)
+            s->step_stall_ms = gap;
+    }
+    g->t_last_token = now;
+    int32_t next = sampler_sample(g->smp, logits, g->hist, g->n_hist);
     if (next < 0 || tok_is_eog(s->env.tok, next)) {
         finish(g, LLMS__STOP_REASON__STOP_EOS);
         return;
@@ -715,7 +816,7 @@ static void take_token(sched *s, gen *g)
         n = 0;
     shown[n] = '\0';
     append_text(&g->shown, &g->shown_len, &g->shown_cap, shown, (size_t)n);
-    send_chunk(s, g, shown, &next, 1);
+    send_chunk(s, w, shown, &next, 1);
     if (stop_hit(&g->stop) >= 0)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
@@ -724,70 +825,28 @@ static void take_token(sched *s, gen *g)
         finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
 }
 
-/* Evaluates hist[from .. n_hist) and keeps the last row's logits. A Call's context
- * memory claims the KV under the budget and records the attention its chunks receive. */
-static int eval(sched *s, gen *g, int from, char err[ERR_MAX])
+/* A Call's switch-in: its chunks are read or recomputed until the KV holds the whole
+ * history (a Complete starts empty). Then the KV beyond the context is dropped. -1 with
+ * g->err_code on failure. */
+static int gen_switch_in(sched *s, gen *g, char err[ERR_MAX])
 {
-    int n = g->n_hist - from;
-    int32_t last = n - 1;
-    for (int i = 0; i < n; i++)
-        s->positions[i] = from + i;
-    model_batch b = {
-        .n_tokens = n,
-        .tokens = g->hist + from,
-        .positions = s->positions,
-        .n_out = 1,
-        .out_rows = &last,
-        .logits = s->logits,
-    };
-    int rc = g->c ? ctx_forward(s->cm, g->c, &b, err) : ctx_claim_append(s->cm, g->seq, n, err);
-    if (rc == 0 && !g->c)
-        rc = model_forward(s->runner, g->seq, &b, err);
-    if (rc)
+    int rc = ctx_call_begin(s->cm, g->c, g->limit, NULL, err);
+    if (rc) {
         g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
                                          : LLMS__ERROR_CODE__INTERNAL;
-    return rc ? -1 : 0;
-}
-
-/* One step of a generation: the prompt evaluation, or one token. -1 on an engine error
- * (already answered). */
-static int step(sched *s, gen *g, char err[ERR_MAX])
-{
-    if (g->cancelled) {
-        finish(g, LLMS__STOP_REASON__STOP_CANCELLED);
-        return 0;
-    }
-    if (!g->prefilled) {
-        /* Switch-in: a Call's chunks are read or recomputed until the KV holds the
-         * whole history; a Complete starts empty. */
-        if (g->c) {
-            int rc = ctx_call_begin(s->cm, g->c, g->limit, NULL, err);
-            if (rc) {
-                g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
-                                                 : LLMS__ERROR_CODE__INTERNAL;
-                return -1;
-            }
-        }
-        int from = kv_seq_n_tokens(g->seq);
-        if (from > g->n_base) {
-            kv_seq_truncate(g->seq, g->n_base);
-            from = g->n_base;
-        }
-        g->n_eval = g->n_hist - from;
-        if (eval(s, g, from, err))
-            return -1;
-        g->prefilled = true;
-        g->t_first = mono_ns();
-    } else if (eval(s, g, g->n_hist - 1, err)) {
         return -1;
     }
-    take_token(s, g);
+    g->switched_in = true;
+    if (kv_seq_n_tokens(g->seq) > g->n_base)
+        kv_seq_truncate(g->seq, g->n_base);
     return 0;
 }
 
-/* Ends a generation: persists a Call's turn, sends the final result, frees it. */
-static void gen_end(sched *s, gen *g, const char *engine_err)
+/* Ends a generation: persists a Call's turn and sends the final result (or the error
+ * engine_err). The caller frees the work. */
+static void gen_end(sched *s, work *w, const char *engine_err)
 {
+    gen *g = w->g;
     char err[ERR_MAX];
     Llms__ErrorCode code = engine_err && g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
     bool failed = engine_err != NULL;
@@ -795,10 +854,19 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
         snprintf(err, sizeof err, "%s", engine_err);
     g->t_end = mono_ns();
     if (!failed && !g->prefilled) {
-        /* Cancelled before anything was evaluated: nothing to keep. */
+        /* Stopped before the prompt was evaluated: nothing to keep. */
         failed = true;
-        code = s->shutting ? LLMS__ERROR_CODE__UNAVAILABLE : LLMS__ERROR_CODE__CANCELLED;
-        snprintf(err, sizeof err, "%s", s->shutting ? "the daemon is shutting down" : "cancelled");
+        if (s->shutting) {
+            code = LLMS__ERROR_CODE__UNAVAILABLE;
+            snprintf(err, sizeof err, "the daemon is shutting down");
+        } else if (g->reason == LLMS__STOP_REASON__STOP_DEADLINE) {
+            code = LLMS__ERROR_CODE__DEADLINE_EXCEEDED;
+            snprintf(err, sizeof err, "the request's timeout passed before its prompt was "
+                                      "evaluated");
+        } else {
+            code = LLMS__ERROR_CODE__CANCELLED;
+            snprintf(err, sizeof err, "cancelled");
+        }
     }
     if (!failed) {
         char tail[STOP_MAX_LEN + 1];
@@ -806,11 +874,11 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
         tail[n] = '\0';
         if (n) {
             append_text(&g->shown, &g->shown_len, &g->shown_cap, tail, n);
-            send_chunk(s, g, tail, NULL, 0);
+            send_chunk(s, w, tail, NULL, 0);
         }
     }
     if (g->c && !failed) {
-        Llms__CallRequest *cr = g->job->req->call;
+        Llms__CallRequest *cr = w->job->req->call;
         if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->hist + g->n_base,
                             g->n_turn, g->shown ? g->shown : "", g->hist + g->n_base + g->n_turn,
                             g->n_gen, wall_ms(), err)) {
@@ -818,10 +886,9 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
             code = LLMS__ERROR_CODE__INTERNAL;
         }
     }
-    g->app->n_queued--;
-    if (!g->quiet) {
+    if (!w->quiet) {
         if (failed) {
-            send_error(s, g->job, code, "%s", err);
+            send_error(s, w->job, code, "%s", err);
         } else {
             Llms__CallResult res = LLMS__CALL_RESULT__INIT;
             res.prompt_tokens = (uint32_t)g->n_eval;
@@ -829,15 +896,15 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
             res.context_tokens = g->c ? (uint32_t)g->c->n_tokens : 0;
             res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
             res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
-            res.queue_ms = (double)(g->t_start - g->job->queued_ns) / 1e6;
+            res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
             res.stop_reason = g->reason;
             res.text = g->shown ? g->shown : "";
             Llms__Response r = LLMS__RESPONSE__INIT;
-            r.id = g->job->req->id;
+            r.id = w->job->req->id;
             r.final = 1;
             r.body_case = LLMS__RESPONSE__BODY_RESULT;
             r.result = &res;
-            send_resp(s, g->job->conn_id, &r, false);
+            send_resp(s, w->job->conn_id, &r, false);
         }
     }
     /* After the reply is queued: the context's modified chunks are compressed and
@@ -847,7 +914,79 @@ static void gen_end(sched *s, gen *g, const char *engine_err)
         outq_wake(s->env.out);
         ctx_call_end(s->cm, g->c, !failed);
     }
-    gen_free(g);
+}
+
+/* ---- work ---- */
+
+static void work_free(work *w)
+{
+    if (!w)
+        return;
+    gen_free(w->g);
+    semantic_task_free(w->t);
+    job_free(w->job);
+    free(w);
+}
+
+/* Marks the work failed; the next reap answers it and ends it. */
+static void work_fail(work *w, Llms__ErrorCode code, const char *msg)
+{
+    w->failed = true;
+    w->fail_code = code;
+    snprintf(w->fail_msg, sizeof w->fail_msg, "%s", msg);
+    if (w->g) {
+        w->g->err_code = code;
+        w->g->done = true;
+    }
+}
+
+/* Whether the work is over: finished, failed, cancelled or past its deadline. */
+static bool work_over(const work *w, int64_t now)
+{
+    bool expired = w->deadline_ns && now >= w->deadline_ns;
+    if (w->failed || w->answered)
+        return true;
+    return w->g ? w->g->done || w->cancelled || expired : w->cancelled || expired;
+}
+
+/* Ends an admitted request that is over: its answer (the result, the failure, or why it
+ * stopped), and its place in the app's queue count. */
+static void work_end(sched *s, work *w)
+{
+    if (w->g) {
+        if (!w->g->done)
+            finish(w->g, w->cancelled ? LLMS__STOP_REASON__STOP_CANCELLED
+                                      : LLMS__STOP_REASON__STOP_DEADLINE);
+        gen_end(s, w, w->failed ? w->fail_msg : NULL);
+    } else if (!w->quiet && !w->answered) {
+        if (w->failed)
+            send_error(s, w->job, w->fail_code, "%s", w->fail_msg);
+        else if (s->shutting)
+            send_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+        else if (!w->cancelled)
+            send_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
+                       "the request's timeout passed");
+        else
+            send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
+    }
+    w->app->n_queued--;
+    work_free(w);
+}
+
+/* Whether the work still has long work (switch-in, prompt, texts, reranking) rather than
+ * at most one decode row per step. */
+static bool work_is_long(const work *w)
+{
+    return w->g ? !w->g->prefilled : semantic_rows_left(w->t) > 0;
+}
+
+/* Rows of long work left: a generation's prompt tokens not yet evaluated. */
+static long work_rows_left(const work *w)
+{
+    if (!w->g)
+        return semantic_rows_left(w->t);
+    int have = w->g->switched_in ? kv_seq_n_tokens(w->g->seq) : w->g->n_base;
+    return w->g->n_hist - have;
 }
 
 /* ---- queues ---- */
@@ -862,27 +1001,44 @@ static void pend_push(app_state *a, sched_job *j)
     a->pend_tail = j;
 }
 
-/* Removes pending jobs matching (conn_id, request id or any when all); answers each
- * with code unless quiet. Returns how many were removed. */
-static int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool quiet,
-                       Llms__ErrorCode code, const char *msg)
+static void pend_unlink(sched *s, app_state *a, sched_job **pp, sched_job *prev)
+{
+    sched_job *j = *pp;
+    *pp = j->next;
+    if (a->pend_tail == j)
+        a->pend_tail = prev;
+    s->n_pending--;
+}
+
+static int64_t job_deadline(const sched_job *j)
+{
+    return j->req->has_timeout_ms && j->req->timeout_ms
+               ? j->queued_ns + (int64_t)j->req->timeout_ms * 1000000
+               : 0;
+}
+
+/* Removes pending jobs matching (conn_id or any when 0, request id or any when all), or
+ * with expired set those whose deadline has passed; answers each with code unless
+ * quiet. Returns how many were removed. */
+static int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
+                       bool quiet, Llms__ErrorCode code, const char *msg)
 {
     int removed = 0;
+    int64_t now = expired ? mono_ns() : 0;
     for (app_state *a = s->apps; a; a = a->next) {
         sched_job **pp = &a->pend_head, *prev = NULL;
         while (*pp) {
             sched_job *j = *pp;
-            bool match = (conn_id == 0 || j->conn_id == conn_id) && (all || j->req->id == req_id);
+            bool match = expired ? job_deadline(j) && now >= job_deadline(j)
+                                 : (conn_id == 0 || j->conn_id == conn_id) &&
+                                       (all || j->req->id == req_id);
             if (!match) {
                 prev = j;
                 pp = &j->next;
                 continue;
             }
-            *pp = j->next;
-            if (a->pend_tail == j)
-                a->pend_tail = prev;
+            pend_unlink(s, a, pp, prev);
             a->n_queued--;
-            s->n_pending--;
             removed++;
             if (!quiet)
                 send_error(s, j, code, "%s", msg);
@@ -892,7 +1048,23 @@ static int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bo
     return removed;
 }
 
-static void handle_generate(sched *s, sched_job *j)
+static bool is_engine_request(Llms__Request__BodyCase body)
+{
+    switch (body) {
+    case LLMS__REQUEST__BODY_CALL:
+    case LLMS__REQUEST__BODY_COMPLETE:
+    case LLMS__REQUEST__BODY_EMBED:
+    case LLMS__REQUEST__BODY_RERANK:
+    case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Queues a request that uses the engine, under the app's limit on requests of every
+ * kind queued or running. */
+static void handle_engine_request(sched *s, sched_job *j)
 {
     if (s->shutting) {
         send_error(s, j, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
@@ -926,12 +1098,12 @@ static void handle_generate(sched *s, sched_job *j)
 static void handle_cancel(sched *s, sched_job *j)
 {
     uint64_t target = j->req->cancel->request_id;
-    bool found = pend_remove(s, j->conn_id, false, target, false, LLMS__ERROR_CODE__CANCELLED,
-                             "cancelled") > 0;
+    bool found = pend_remove(s, j->conn_id, false, target, false, false,
+                             LLMS__ERROR_CODE__CANCELLED, "cancelled") > 0;
     for (int i = 0; i < s->n_active; i++) {
-        gen *g = s->active[i];
-        if (g->job->conn_id == j->conn_id && g->job->req->id == target) {
-            g->cancelled = true;
+        work *w = s->active[i];
+        if (w->job->conn_id == j->conn_id && w->job->req->id == target) {
+            w->cancelled = true;
             found = true;
         }
     }
@@ -944,15 +1116,13 @@ static void handle_cancel(sched *s, sched_job *j)
 
 static void handle_request(sched *s, sched_job *j)
 {
-    bool keep = false;
+    if (is_engine_request(j->req->body_case)) {
+        handle_engine_request(s, j);
+        return;
+    }
     switch (j->req->body_case) {
     case LLMS__REQUEST__BODY_CREATE_CONTEXT:
         handle_create(s, j);
-        break;
-    case LLMS__REQUEST__BODY_CALL:
-    case LLMS__REQUEST__BODY_COMPLETE:
-        handle_generate(s, j);
-        keep = true;
         break;
     case LLMS__REQUEST__BODY_CANCEL:
         handle_cancel(s, j);
@@ -981,29 +1151,23 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_PROFILE:
         handle_profile(s, j);
         break;
-    case LLMS__REQUEST__BODY_EMBED:
-    case LLMS__REQUEST__BODY_RERANK:
-    case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
-        semantic_handle(s->sem, j->conn_id, j->req);
-        break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
                    (int)j->req->body_case);
         break;
     }
-    if (!keep)
-        job_free(j);
+    job_free(j);
 }
 
 static void cancel_conn(sched *s, uint64_t conn_id, bool quiet)
 {
-    pend_remove(s, conn_id, true, 0, quiet, LLMS__ERROR_CODE__CANCELLED,
+    pend_remove(s, conn_id, true, 0, false, quiet, LLMS__ERROR_CODE__CANCELLED,
                 "cancelled: the client does not read its replies");
     for (int i = 0; i < s->n_active; i++) {
-        gen *g = s->active[i];
-        if (g->job->conn_id == conn_id) {
-            g->cancelled = true;
-            g->quiet |= quiet;
+        work *w = s->active[i];
+        if (w->job->conn_id == conn_id) {
+            w->cancelled = true;
+            w->quiet |= quiet;
         }
     }
 }
@@ -1029,13 +1193,56 @@ static void handle_job(sched *s, sched_job *j)
         break;
     case SCHED_SHUTDOWN:
         s->shutting = true;
-        pend_remove(s, 0, true, 0, false, LLMS__ERROR_CODE__UNAVAILABLE,
+        pend_remove(s, 0, true, 0, false, false, LLMS__ERROR_CODE__UNAVAILABLE,
                     "the daemon is shutting down");
         for (int i = 0; i < s->n_active; i++)
             s->active[i]->cancelled = true;
         break;
     }
     job_free(j);
+}
+
+/* ---- admission ---- */
+
+/* Starts an admitted job: a generation or a semantic task. NULL when the job was
+ * answered instead (an error); the job is then freed. */
+static work *work_start(sched *s, sched_job *j, app_state *a, ctx_entry *c)
+{
+    work *w = calloc(1, sizeof *w);
+    if (!w) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        job_free(j);
+        return NULL;
+    }
+    w->job = j;
+    w->app = a;
+    w->deadline_ns = job_deadline(j);
+    Llms__Request__BodyCase body = j->req->body_case;
+    if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE)
+        w->g = gen_new(s, j, c);
+    else
+        w->t = semantic_begin(s->sem, j->conn_id, j->req);
+    if (!w->g && !w->t) {
+        work_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* Whether a pending job may start now: a Call waits while its context runs another
+ * call, a rerank while the reranker runs one. */
+static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
+{
+    *c = NULL;
+    switch (j->req->body_case) {
+    case LLMS__REQUEST__BODY_CALL:
+        *c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
+        return !*c || !(*c)->busy;
+    case LLMS__REQUEST__BODY_COMPLETE:
+        return true;
+    default:
+        return semantic_can_begin(s->sem, j->req);
+    }
 }
 
 /* Admits pending jobs, one per app in turn, while there is room. */
@@ -1052,19 +1259,13 @@ static void admit(sched *s)
             sched_job **pp = &a->pend_head, *prev = NULL;
             while (*pp) {
                 sched_job *j = *pp;
-                ctx_entry *c = NULL;
-                if (j->req->body_case == LLMS__REQUEST__BODY_CALL) {
-                    c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
-                    if (c && c->busy) {
-                        prev = j;
-                        pp = &j->next;
-                        continue;
-                    }
+                ctx_entry *c;
+                if (!job_can_start(s, j, &c)) {
+                    prev = j;
+                    pp = &j->next;
+                    continue;
                 }
-                *pp = j->next;
-                if (a->pend_tail == j)
-                    a->pend_tail = prev;
-                s->n_pending--;
+                pend_unlink(s, a, pp, prev);
                 progress = true;
                 s->rr = a;
                 if (j->req->body_case == LLMS__REQUEST__BODY_CALL && !c) {
@@ -1074,9 +1275,9 @@ static void admit(sched *s)
                     job_free(j);
                     break;
                 }
-                gen *g = gen_new(s, j, a, c);
-                if (g)
-                    s->active[s->n_active++] = g;
+                work *w = work_start(s, j, a, c);
+                if (w)
+                    s->active[s->n_active++] = w;
                 else
                     a->n_queued--;
                 break;
@@ -1086,28 +1287,264 @@ static void admit(sched *s)
     }
 }
 
-static void run_steps(sched *s)
+/* Ends cancelled, expired, failed and finished work, and removes it from the active
+ * set; answers queued requests whose deadline passed. */
+static void reap(sched *s)
 {
-    char err[ERR_MAX];
+    int64_t now = mono_ns();
+    pend_remove(s, 0, true, 0, true, false, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
+                "the request's timeout passed while it was queued");
+    int k = 0;
+    bool ended = false;
     for (int i = 0; i < s->n_active; i++) {
-        gen *g = s->active[i];
-        if (!g->done && step(s, g, err)) {
-            g->done = true;
-            gen_end(s, g, err);
-            s->active[i] = NULL;
+        work *w = s->active[i];
+        if (work_over(w, now)) {
+            work_end(s, w);
+            ended = true;
+        } else {
+            s->active[k++] = w;
         }
     }
-    int k = 0;
-    for (int i = 0; i < s->n_active; i++) {
-        gen *g = s->active[i];
-        if (g && g->done)
-            gen_end(s, g, NULL);
-        else if (g)
-            s->active[k++] = g;
-    }
-    if (k < s->n_active)
-        ctx_enforce_budget(s->cm);
     s->n_active = k;
+    if (ended)
+        ctx_enforce_budget(s->cm);
+}
+
+/* ---- steps ---- */
+
+/* Adds rows [from, from + n) of a generation's history to the step; the last row's
+ * logits are wanted when it is the last token of the history. */
+static void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n)
+{
+    gen *g = w->g;
+    step_seq *st = &s->steps[(*n_seq)++];
+    *st = (step_seq){.w = w, .seq = g->seq, .from = from};
+    st->b = (model_batch){.n_tokens = n, .tokens = g->hist + from,
+                          .positions = s->positions + from};
+    if (from + n == g->n_hist) {
+        st->last_row = n - 1;
+        st->b.n_out = 1;
+        st->b.out_rows = &st->last_row;
+        st->b.logits = s->logits + (size_t)(*n_out)++ * s->n_vocab;
+    }
+    if (g->c)
+        st->b.attn_received = g->c->attn;
+}
+
+/* Claims KV memory under the budget for every generation's rows of the step, all
+ * together; when that does not fit, one by one in step order, failing those that do
+ * not fit. */
+static void step_claim(sched *s, int n_seq)
+{
+    char err[ERR_MAX];
+    size_t total = 0;
+    for (int i = 0; i < n_seq; i++)
+        if (s->steps[i].w->g)
+            total += ctx_append_bytes(s->cm, s->steps[i].seq, s->steps[i].b.n_tokens);
+    if (total == 0 || ctx_claim(s->cm, total, err) == 0)
+        return;
+    size_t claimed = 0;
+    for (int i = 0; i < n_seq; i++) {
+        step_seq *st = &s->steps[i];
+        if (!st->w->g)
+            continue;
+        size_t bytes = ctx_append_bytes(s->cm, st->seq, st->b.n_tokens);
+        int rc = ctx_claim(s->cm, claimed + bytes, err);
+        if (rc == 0) {
+            claimed += bytes;
+            continue;
+        }
+        st->failed = true;
+        work_fail(st->w, rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
+                                            : LLMS__ERROR_CODE__INTERNAL, err);
+    }
+}
+
+/* Evaluates the step's sequences (those not failed) in one forward; when the batch
+ * fails, each sequence alone, so that one bad sequence fails only its own work. */
+static void step_forward(sched *s, int n_seq)
+{
+    char err[ERR_MAX];
+    int n = 0;
+    for (int i = 0; i < n_seq; i++)
+        if (!s->steps[i].failed) {
+            s->step_seqs[n] = s->steps[i].seq;
+            s->step_batches[n++] = s->steps[i].b;
+        }
+    if (n == 0 || model_forward_batch(s->runner, n, s->step_seqs, s->step_batches, err) == 0)
+        return;
+    for (int i = 0; i < n_seq; i++) {
+        step_seq *st = &s->steps[i];
+        if (st->failed || model_forward_batch(s->runner, 1, &st->seq, &st->b, err) == 0)
+            continue;
+        st->failed = true;
+        work_fail(st->w, LLMS__ERROR_CODE__INTERNAL, err);
+    }
+}
+
+/* What the forward produced: tokens for generations whose last row was evaluated,
+ * attention statistics of contexts, pooled rows of Embed texts. */
+static void step_collect(sched *s, int n_seq)
+{
+    for (int i = 0; i < n_seq; i++) {
+        step_seq *st = &s->steps[i];
+        work *w = st->w;
+        if (st->failed)
+            continue;
+        if (!w->g) {
+            w->answered = semantic_slice_done(w->t) == 1;
+            continue;
+        }
+        gen *g = w->g;
+        if (g->c)
+            ctx_forward_account(s->cm, g->c, st->from, st->b.n_tokens);
+        if (!st->b.n_out)
+            continue;
+        if (!g->prefilled) {
+            g->prefilled = true;
+            g->t_first = mono_ns();
+        }
+        take_token(s, w, st->b.logits);
+    }
+}
+
+/* Gives long work a slice of take rows: a generation's switch-in and prompt rows, an
+ * Embed's text rows (both added to the step), or a rerank's advance. Returns the rows
+ * it took. */
+static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
+{
+    char err[ERR_MAX];
+    if (w->t && !semantic_uses_slices(w->t)) {
+        w->answered = semantic_advance(w->t, take) == 1;
+        return take;
+    }
+    if (w->t) {
+        step_seq *st = &s->steps[(*n_seq)++];
+        *st = (step_seq){.w = w};
+        semantic_slice(w->t, take, &st->seq, &st->b);
+        return st->b.n_tokens;
+    }
+    gen *g = w->g;
+    if (!g->switched_in && gen_switch_in(s, g, err)) {
+        work_fail(w, g->err_code, err);
+        return 0;
+    }
+    int from = kv_seq_n_tokens(g->seq);
+    if (from == g->n_base)
+        g->n_eval = g->n_hist - from;
+    int n = g->n_hist - from < take ? g->n_hist - from : take;
+    step_add_gen(s, n_seq, n_out, w, from, n);
+    return n;
+}
+
+/* Offers the step's long-work rows to the apps that have long work, deficit round
+ * robin: each gets a quantum per round, spends it on its requests in arrival order, and
+ * keeps what a full step left it for the next. */
+static void step_share_long_work(sched *s, int *n_seq, int *n_out, int budget)
+{
+    int n_apps = 0;
+    for (app_state *a = s->apps; a; a = a->next) {
+        bool has = false;
+        for (int i = 0; i < s->n_active && !has; i++)
+            has = s->active[i]->app == a && work_is_long(s->active[i]);
+        if (has)
+            n_apps++;
+        else
+            a->deficit = 0;
+    }
+    if (n_apps == 0)
+        return;
+    long quantum = budget / n_apps > SCHED_MIN_QUANTUM ? budget / n_apps : SCHED_MIN_QUANTUM;
+    app_state *start = s->drr_next ? s->drr_next : s->apps;
+    app_state *a = start;
+    do {
+        bool has = false;
+        for (int i = 0; i < s->n_active && budget > 0; i++) {
+            work *w = s->active[i];
+            if (w->app != a || work_over(w, 0) || !work_is_long(w))
+                continue;
+            if (!has) {
+                has = true;
+                a->deficit += quantum;
+                if (a->deficit > 2L * s->step_tokens)
+                    a->deficit = 2L * s->step_tokens;
+            }
+            long left = work_rows_left(w);
+            long take = left < a->deficit ? left : a->deficit;
+            take = take < budget ? take : budget;
+            if (take <= 0)
+                break;
+            int used = step_add_long(s, n_seq, n_out, w, (int)take);
+            a->deficit -= used;
+            budget -= used;
+        }
+        a = a->next ? a->next : s->apps;
+        if (budget <= 0) {
+            s->drr_next = a;
+            break;
+        }
+    } while (a != start);
+}
+
+static void step_record(sched *s, int64_t t0, int rows)
+{
+    int64_t now = mono_ns();
+    s->stats[s->n_steps % SCHED_STATS] =
+        (step_stat){.end_ns = now, .ms = (double)(now - t0) / 1e6, .rows = rows,
+                    .stall_ms = s->step_stall_ms};
+    s->n_steps++;
+    s->step_stall_ms = 0;
+}
+
+static int step_rows(const sched *s, int n_seq)
+{
+    int rows = 0;
+    for (int i = 0; i < n_seq; i++)
+        rows += s->steps[i].failed ? 0 : s->steps[i].b.n_tokens;
+    return rows;
+}
+
+/* One step: a decode row for every generation past its prompt, the shared-out long
+ * work, one forward for all of it. */
+static void run_step(sched *s)
+{
+    int64_t t0 = mono_ns();
+    int n_seq = 0, n_out = 0;
+    for (int i = 0; i < s->n_active; i++) {
+        work *w = s->active[i];
+        if (w->g && w->g->prefilled && !work_over(w, 0))
+            step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+    }
+    step_share_long_work(s, &n_seq, &n_out, s->step_tokens);
+    step_claim(s, n_seq);
+    step_forward(s, n_seq);
+    step_collect(s, n_seq);
+    if (n_seq)
+        step_record(s, t0, step_rows(s, n_seq));
+}
+
+/* sched = serial, the behaviour before the step scheduler: every request in turn gets its
+ * own forward, and long work runs to completion. */
+static void run_serial(sched *s)
+{
+    for (int i = 0; i < s->n_active; i++) {
+        work *w = s->active[i];
+        while (!work_over(w, mono_ns())) {
+            int64_t t0 = mono_ns();
+            int n_seq = 0, n_out = 0;
+            if (w->g && w->g->prefilled)
+                step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+            else
+                step_add_long(s, &n_seq, &n_out, w, s->max_batch);
+            step_claim(s, n_seq);
+            step_forward(s, n_seq);
+            step_collect(s, n_seq);
+            if (n_seq)
+                step_record(s, t0, step_rows(s, n_seq));
+            if (w->g && w->g->prefilled)
+                break; /* one token per generation per round */
+        }
+    }
 }
 
 static void *worker(void *arg)
@@ -1126,8 +1563,13 @@ static void *worker(void *arg)
             j = next;
         }
         outq_wake(s->env.out);
+        reap(s);
         admit(s);
-        run_steps(s);
+        if (s->serial)
+            run_serial(s);
+        else
+            run_step(s);
+        reap(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
             break;
@@ -1148,20 +1590,32 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->env = *env;
     const config *cfg = env->cfg;
     s->start_ms = wall_ms();
+    s->serial = strcmp(cfg->sched, "serial") == 0;
+    s->step_tokens = cfg->step_tokens;
+    s->n_vocab = model_hparams_of(env->m)->n_vocab;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
-    s->runner = model_runner_new(env->m, cfg->threads, 0, cfg->n_ctx, err);
+    /* Prompts evaluated whole (switch-in recompute, serial mode) go in sub-batches of
+     * max_batch: at least 512 rows keeps sgemm efficient. */
+    s->max_batch = SCHED_MAX_ACTIVE + s->step_tokens > 512 ? SCHED_MAX_ACTIVE + s->step_tokens
+                                                            : 512;
+    s->runner = model_runner_new(env->m, cfg->threads, s->max_batch, cfg->n_ctx, err);
     if (!s->runner)
         goto fail;
     s->pool = kv_pool_new(model_kv_shape(env->m), 0, err);
     if (!s->pool)
         goto fail;
-    s->logits = malloc(sizeof *s->logits * (size_t)model_hparams_of(env->m)->n_vocab);
+    s->logits = malloc(sizeof *s->logits * (size_t)s->n_vocab * SCHED_MAX_ACTIVE);
     s->positions = malloc(sizeof *s->positions * (size_t)cfg->n_ctx);
-    if (!s->logits || !s->positions) {
+    s->steps = calloc((size_t)s->max_batch, sizeof *s->steps);
+    s->step_seqs = calloc((size_t)s->max_batch, sizeof *s->step_seqs);
+    s->step_batches = calloc((size_t)s->max_batch, sizeof *s->step_batches);
+    if (!s->logits || !s->positions || !s->steps || !s->step_seqs || !s->step_batches) {
         err_set(err, "out of memory");
         goto fail;
     }
+    for (int i = 0; i < cfg->n_ctx; i++)
+        s->positions[i] = i;
     ctx_policy policy = {
         .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
         .compress = strcmp(cfg->kv_compress, "none") == 0   ? CTX_COMPRESS_NONE
@@ -1175,8 +1629,8 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     if (!s->cm)
         goto fail;
     atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
-    semantic_env se = {cfg, env->model_path, env->m, env->tok, s->runner, s->pool, env->st,
-                       env->out};
+    semantic_env se = {cfg, env->model_path, env->m, env->tok, s->runner, s->pool,
+                       s->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);
     if (!s->sem)
         goto fail;
@@ -1236,8 +1690,8 @@ void sched_free(sched *s)
     if (s->started)
         pthread_join(s->thread, NULL);
     for (int i = 0; i < s->n_active; i++)
-        gen_free(s->active[i]);
-    pend_remove(s, 0, true, 0, true, LLMS__ERROR_CODE__UNAVAILABLE, "");
+        work_free(s->active[i]);
+    pend_remove(s, 0, true, 0, false, true, LLMS__ERROR_CODE__UNAVAILABLE, "");
     sched_job *j = s->in_head;
     while (j) {
         sched_job *next = j->next;
@@ -1254,6 +1708,9 @@ void sched_free(sched *s)
     ctx_close(s->cm);
     free(s->logits);
     free(s->positions);
+    free(s->steps);
+    free(s->step_seqs);
+    free(s->step_batches);
     kv_pool_free(s->pool);
     model_runner_free(s->runner);
     pthread_cond_destroy(&s->wake);

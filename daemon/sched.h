@@ -4,12 +4,17 @@
  * The event loop submits jobs (requests that need contexts or inference, and news about
  * connections); the worker answers through the outq, so the loop never waits on it.
  *
- * Scheduling: Call and Complete requests wait in one FIFO per app; admission takes
- * one request per app in turn (round robin), skipping calls whose context is busy, so
- * calls on one context run one after another and no app can starve another. Admitted
- * generations advance together, one step each in turn (the prompt evaluation, then one
- * token per step), so many clients progress at once. Between steps the worker handles
- * new jobs: cancellation takes effect within one step.
+ * Scheduling: every request that uses the engine (Call, Complete, Embed, Rerank,
+ * RerankCalibrate) waits in one FIFO per app and counts toward max_queued_per_app until
+ * it ends. Admission takes one request per app in turn (round robin), skipping calls
+ * whose context is busy, so calls on one context run one after another. Admitted work
+ * advances in steps: each step is one forward pass over every running sequence (one
+ * decode row per generation past its prompt) plus up to step_tokens rows of long work
+ * (prompts, Embed texts, reranking), shared out between apps by deficit round robin, so
+ * a short request's first token comes within a few steps however much long work waits.
+ * Between steps the worker handles new jobs: Cancel, a closed connection and a request's
+ * timeout_ms stop work within one step. sched = serial keeps the behaviour from before
+ * (each sequence its own forward, long work to completion) for comparison.
  *
  * A finished Call is persisted in one store transaction: the user turn's tokens and the
  * reply's tokens. A cancelled Call (Cancel, a closed connection, shutdown) is persisted

@@ -25,10 +25,37 @@ static const float calib_grid[] = {0.02f, 0.05f, 0.1f, 0.15f, 0.2f, 0.3f, 0.4f, 
 
 struct semantic {
     semantic_env env;
-    embedder *emb;
-    int32_t *tokens;       /* (max_kv) one text's ids */
+    int dim;
     int max_kv;
+    int32_t *positions;    /* (max_kv) 0, 1, 2, ... */
+    int32_t *rows;         /* (max_slice) 0, 1, 2, ...: every row of a slice */
+    float *norm_row;       /* (dim) */
     reranker *rr;          /* opened on first use */
+    bool rr_busy;          /* a rerank or calibration task holds the reranker */
+};
+
+enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
+
+struct sem_task {
+    semantic *sm;
+    enum sem_kind kind;
+    uint64_t conn_id;
+    const Llms__Request *req;    /* borrowed: the scheduler's job outlives the task */
+    /* Embed */
+    enum embed_pooling pooling;
+    int n_texts;
+    int32_t *tokens;             /* every text's ids, back to back */
+    int *text_start;             /* (n_texts + 1) offset of each text in tokens */
+    float *values;               /* (n_texts, dim) the answer */
+    int text, pos;               /* the text in progress and its tokens evaluated */
+    int slice_len;               /* tokens of the slice handed out */
+    int32_t last_row;
+    kv_seq seq;                  /* the text in progress */
+    double *acc;                 /* (dim) pooled rows of the text so far */
+    float *hidden;               /* (max_slice, dim) the slice's last-layer rows */
+    /* Rerank */
+    rerank_options opt;
+    rerank_task *rt;
 };
 
 static double now_ms(void)
@@ -69,18 +96,20 @@ semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
         return NULL;
     }
     sm->env = *env;
+    sm->dim = model_hparams_of(env->m)->dim;
     sm->max_kv = model_runner_max_kv(env->runner);
-    sm->tokens = malloc(sizeof *sm->tokens * (size_t)sm->max_kv);
-    if (!sm->tokens) {
+    sm->positions = malloc(sizeof *sm->positions * (size_t)sm->max_kv);
+    sm->rows = malloc(sizeof *sm->rows * (size_t)env->max_slice);
+    sm->norm_row = malloc(sizeof *sm->norm_row * (size_t)sm->dim);
+    if (!sm->positions || !sm->rows || !sm->norm_row) {
         err_set(err, "out of memory");
         semantic_free(sm);
         return NULL;
     }
-    sm->emb = embed_new(env->m, env->runner, env->pool, err);
-    if (!sm->emb) {
-        semantic_free(sm);
-        return NULL;
-    }
+    for (int i = 0; i < sm->max_kv; i++)
+        sm->positions[i] = i;
+    for (int i = 0; i < env->max_slice; i++)
+        sm->rows[i] = i;
     return sm;
 }
 
@@ -88,27 +117,106 @@ void semantic_free(semantic *sm)
 {
     if (!sm)
         return;
-    embed_free(sm->emb);
     rerank_close(sm->rr);
-    free(sm->tokens);
+    free(sm->positions);
+    free(sm->rows);
+    free(sm->norm_row);
     free(sm);
+}
+
+/* ---- tasks ---- */
+
+static sem_task *task_new(semantic *sm, enum sem_kind kind, uint64_t conn_id,
+                          const Llms__Request *req)
+{
+    sem_task *t = calloc(1, sizeof *t);
+    if (!t) {
+        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return NULL;
+    }
+    t->sm = sm;
+    t->kind = kind;
+    t->conn_id = conn_id;
+    t->req = req;
+    kv_seq_init(&t->seq, sm->env.pool);
+    return t;
+}
+
+void semantic_task_free(sem_task *t)
+{
+    if (!t)
+        return;
+    kv_seq_free(&t->seq);
+    free(t->tokens);
+    free(t->text_start);
+    free(t->values);
+    free(t->acc);
+    free(t->hidden);
+    if (t->rt)
+        rerank_task_free(t->rt);
+    if (t->kind != SEM_EMBED)
+        t->sm->rr_busy = false;
+    free(t);
+}
+
+bool semantic_uses_slices(const sem_task *t)
+{
+    return t->kind == SEM_EMBED;
 }
 
 /* ---- Embed ---- */
 
-static void handle_embed(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+/* Tokenizes every text of the request into t (sizes checked). LLMS__ERROR_CODE__OK or
+ * the code of the error written to err. */
+static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
+                                     char err[ERR_MAX])
+{
+    semantic *sm = t->sm;
+    int cap = 0;
+    for (int i = 0; i < t->n_texts; i++) {
+        const char *text = er->texts[i];
+        int room = cap - t->text_start[i];
+        int nt = tok_encode(sm->env.tok, text, strlen(text), true, false,
+                            t->tokens ? t->tokens + t->text_start[i] : NULL, room);
+        if (nt > room && nt <= sm->max_kv) {
+            int want = cap * 2 > t->text_start[i] + nt ? cap * 2 : t->text_start[i] + nt;
+            int32_t *grown = realloc(t->tokens, sizeof *grown * (size_t)want);
+            if (!grown) {
+                err_set(err, "out of memory");
+                return LLMS__ERROR_CODE__INTERNAL;
+            }
+            t->tokens = grown;
+            cap = want;
+            nt = tok_encode(sm->env.tok, text, strlen(text), true, false,
+                            t->tokens + t->text_start[i], cap - t->text_start[i]);
+        }
+        if (nt < 0) {
+            err_set(err, "text %d: tokenization failed", i);
+            return LLMS__ERROR_CODE__INTERNAL;
+        }
+        if (nt == 0 || nt > sm->max_kv) {
+            err_set(err, "text %d has %d tokens; a text needs 1 to %d (n_ctx)", i, nt,
+                    sm->max_kv);
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        }
+        t->text_start[i + 1] = t->text_start[i] + nt;
+    }
+    return LLMS__ERROR_CODE__OK;
+}
+
+static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__EmbedRequest *er = req->embed;
     const config *cfg = sm->env.cfg;
     size_t n = er->n_texts;
     if (n == 0) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
-        return;
+        return NULL;
     }
     if (n > (size_t)cfg->embed_max_texts) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "%zu texts, more than the limit (embed_max_texts = %d)", n, cfg->embed_max_texts);
-        return;
+        return NULL;
     }
     enum embed_pooling pooling = EMBED_LAST;
     if (er->has_pooling) {
@@ -117,67 +225,128 @@ static void handle_embed(semantic *sm, uint64_t conn_id, const Llms__Request *re
         else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "unknown pooling %d", (int)er->pooling);
-            return;
+            return NULL;
         }
     }
-    int dim = embed_dim(sm->emb);
+    int dim = sm->dim;
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
                    cfg->max_frame_bytes);
-        return;
+        return NULL;
     }
-    float *values = malloc(sizeof *values * n * (size_t)dim);
+    sem_task *t = task_new(sm, SEM_EMBED, conn_id, req);
+    if (!t)
+        return NULL;
+    t->pooling = pooling;
+    t->n_texts = (int)n;
+    t->text_start = calloc(n + 1, sizeof *t->text_start);
+    t->values = malloc(sizeof *t->values * n * (size_t)dim);
+    t->acc = calloc((size_t)dim, sizeof *t->acc);
+    t->hidden = malloc(sizeof *t->hidden * (size_t)sm->env.max_slice * dim);
+    char err[ERR_MAX];
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    if (!t->text_start || !t->values || !t->acc || !t->hidden)
+        err_set(err, "out of memory");
+    else
+        code = embed_tokenize(t, er, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(sm, conn_id, req->id, code, "%s", err);
+        semantic_task_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void semantic_slice(sem_task *t, int max_rows, kv_seq **seq, model_batch *b)
+{
+    semantic *sm = t->sm;
+    int n = t->text_start[t->text + 1] - t->text_start[t->text];
+    int len = n - t->pos < max_rows ? n - t->pos : max_rows;
+    t->slice_len = len;
+    *b = (model_batch){.n_tokens = len,
+                       .tokens = t->tokens + t->text_start[t->text] + t->pos,
+                       .positions = sm->positions + t->pos,
+                       .hidden_last = t->hidden};
+    if (t->pooling == EMBED_MEAN) {
+        b->n_out = len;
+        b->out_rows = sm->rows;
+    } else if (t->pos + len == n) {
+        t->last_row = len - 1;
+        b->n_out = 1;
+        b->out_rows = &t->last_row;
+    }
+    *seq = &t->seq;
+}
+
+static void embed_reply(sem_task *t)
+{
+    semantic *sm = t->sm;
+    size_t n = (size_t)t->n_texts;
     Llms__Vector *vecs = calloc(n, sizeof *vecs);
     Llms__Vector **vptr = calloc(n, sizeof *vptr);
     uint32_t *ntok = calloc(n, sizeof *ntok);
-    if (!values || !vecs || !vptr || !ntok) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    if (!vecs || !vptr || !ntok) {
+        send_error(sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
-    char err[ERR_MAX];
     for (size_t i = 0; i < n; i++) {
-        const char *text = er->texts[i];
-        int nt = tok_encode(sm->env.tok, text, strlen(text), true, false, sm->tokens, sm->max_kv);
-        if (nt < 0) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL,
-                       "text %zu: tokenization failed", i);
-            goto done;
-        }
-        if (nt == 0 || nt > sm->max_kv) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "text %zu has %d tokens; a text needs 1 to %d (n_ctx)", i, nt, sm->max_kv);
-            goto done;
-        }
-        float *v = values + i * (size_t)dim;
-        if (embed_tokens(sm->emb, sm->tokens, nt, pooling, v, err) < 0) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "text %zu: %s", i, err);
-            goto done;
-        }
         llms__vector__init(&vecs[i]);
-        vecs[i].n_values = (size_t)dim;
-        vecs[i].values = v;
+        vecs[i].n_values = (size_t)sm->dim;
+        vecs[i].values = t->values + i * (size_t)sm->dim;
         vptr[i] = &vecs[i];
-        ntok[i] = (uint32_t)nt;
+        ntok[i] = (uint32_t)(t->text_start[i + 1] - t->text_start[i]);
     }
     Llms__EmbedResponse eb = LLMS__EMBED_RESPONSE__INIT;
     eb.n_vectors = n;
     eb.vectors = vptr;
-    eb.dim = (uint32_t)dim;
+    eb.dim = (uint32_t)sm->dim;
     eb.n_n_tokens = n;
     eb.n_tokens = ntok;
     Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = req->id;
+    r.id = t->req->id;
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_EMBED;
     r.embed = &eb;
-    send_resp(sm, conn_id, &r);
+    send_resp(sm, t->conn_id, &r);
 done:
-    free(values);
     free(vecs);
     free(vptr);
     free(ntok);
+}
+
+int semantic_slice_done(sem_task *t)
+{
+    semantic *sm = t->sm;
+    int dim = sm->dim;
+    int n_out = t->pooling == EMBED_MEAN ? t->slice_len : 0;
+    int n = t->text_start[t->text + 1] - t->text_start[t->text];
+    t->pos += t->slice_len;
+    if (t->pooling == EMBED_LAST && t->pos == n)
+        n_out = 1;
+    for (int o = 0; o < n_out; o++) {
+        model_output_norm(sm->env.m, t->hidden + (size_t)o * dim, sm->norm_row);
+        for (int i = 0; i < dim; i++)
+            t->acc[i] += sm->norm_row[i];
+    }
+    if (t->pos < n)
+        return 0;
+    /* the text is done: its unit vector, and a fresh sequence for the next one */
+    double ss = 0;
+    for (int i = 0; i < dim; i++)
+        ss += t->acc[i] * t->acc[i];
+    double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
+    float *out = t->values + (size_t)t->text * dim;
+    for (int i = 0; i < dim; i++)
+        out[i] = (float)(t->acc[i] * inv);
+    memset(t->acc, 0, sizeof *t->acc * (size_t)dim);
+    kv_seq_truncate(&t->seq, 0);
+    t->pos = 0;
+    if (++t->text < t->n_texts)
+        return 0;
+    embed_reply(t);
+    return 1;
 }
 
 /* ---- Rerank ---- */
@@ -265,32 +434,32 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
     return LLMS__ERROR_CODE__OK;
 }
 
-static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__RerankRequest *rq = req->rerank;
     char err[ERR_MAX];
     Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
     if (code != LLMS__ERROR_CODE__OK) {
         send_error(sm, conn_id, req->id, code, "%s", err);
-        return;
+        return NULL;
     }
     rerank_options o;
     if (call_options(sm, rq->has_top_k, rq->top_k, rq->has_mode, rq->mode, &o, err) < 0) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
-        return;
+        return NULL;
     }
     if (rq->has_stream_weights)
         o.stream_weights = rq->stream_weights;
     if (rq->has_cv_threshold && rq->has_target_precision) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                    "give cv_threshold or target_precision, not both");
-        return;
+        return NULL;
     }
     if (rq->has_cv_threshold) {
         if (!isfinite(rq->cv_threshold)) {
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "cv_threshold is not a number");
-            return;
+            return NULL;
         }
         o.cv_threshold = rq->cv_threshold;
     } else if (rq->has_target_precision) {
@@ -298,7 +467,7 @@ static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *r
         if (!(p > 0 && p <= 1)) {
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "target_precision %g is outside (0, 1]", p);
-            return;
+            return NULL;
         }
         char key[SEM_KEY_MAX];
         setting_key(sm, p, key);
@@ -307,58 +476,74 @@ static void handle_rerank(semantic *sm, uint64_t conn_id, const Llms__Request *r
         bool found = false;
         if (store_setting_get(sm->env.st, key, v, 4, &nv, &found, err) < 0) {
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
-            return;
+            return NULL;
         }
         if (!found || nv < 1) {
             send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__FAILED_PRECONDITION,
                        "no threshold calibrated for precision %.4f on %s "
                        "(llmsctl rerank-calibrate)", p, rerank_path(sm));
-            return;
+            return NULL;
         }
         o.cv_threshold = (float)v[0];
     }
     reranker *rr = get_reranker(sm, err);
     if (!rr) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
-        return;
+        return NULL;
     }
-    rerank_result res;
-    memset(&res, 0, sizeof res);
-    if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents, &o,
-                   &res, err) < 0) {
-        rerank_result_free(&res);
+    sem_task *t = task_new(sm, SEM_RERANK, conn_id, req);
+    if (!t)
+        return NULL;
+    /* a step computes whole chunks: keep them to a step's share of rows */
+    o.max_chunk_tokens = sm->env.max_slice;
+    t->opt = o;
+    t->rt = rerank_begin(rr, rq->query, (const char *const *)rq->documents,
+                         (int)rq->n_documents, &o, err);
+    if (!t->rt) {
+        semantic_task_free(t);
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
-        return;
+        return NULL;
     }
+    sm->rr_busy = true;
+    return t;
+}
+
+/* Answers a finished rerank with its result. */
+static void rerank_reply(sem_task *t, const rerank_result *res)
+{
+    semantic *sm = t->sm;
+    uint64_t conn_id = t->conn_id;
+    const Llms__Request *req = t->req;
+    const Llms__RerankRequest *rq = req->rerank;
     size_t nd = rq->n_documents;
-    Llms__RerankHit *hits = calloc((size_t)res.n + 1, sizeof *hits);
-    Llms__RerankHit **hptr = calloc((size_t)res.n + 1, sizeof *hptr);
+    Llms__RerankHit *hits = calloc((size_t)res->n + 1, sizeof *hits);
+    Llms__RerankHit **hptr = calloc((size_t)res->n + 1, sizeof *hptr);
     uint32_t *layers = calloc(nd, sizeof *layers);
-    uint32_t *pruned = calloc((size_t)res.n_layer + 1, sizeof *pruned);
+    uint32_t *pruned = calloc((size_t)res->n_layer + 1, sizeof *pruned);
     if (!hits || !hptr || !layers || !pruned) {
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
-    for (int i = 0; i < res.n; i++) {
+    for (int i = 0; i < res->n; i++) {
         llms__rerank_hit__init(&hits[i]);
-        hits[i].index = (uint32_t)res.index[i];
-        hits[i].score = res.score[i];
+        hits[i].index = (uint32_t)res->index[i];
+        hits[i].score = res->score[i];
         hptr[i] = &hits[i];
     }
     for (size_t i = 0; i < nd; i++)
-        layers[i] = (uint32_t)res.layers_computed[i];
-    for (int l = 0; l < res.n_layer; l++)
-        pruned[l] = (uint32_t)res.pruned_at_layer[l];
+        layers[i] = (uint32_t)res->layers_computed[i];
+    for (int l = 0; l < res->n_layer; l++)
+        pruned[l] = (uint32_t)res->pruned_at_layer[l];
     Llms__RerankResponse rb = LLMS__RERANK_RESPONSE__INIT;
-    rb.n_hits = (size_t)res.n;
+    rb.n_hits = (size_t)res->n;
     rb.hits = hptr;
     rb.n_layers_computed = nd;
     rb.layers_computed = layers;
-    rb.n_pruned_at_layer = (size_t)res.n_layer;
+    rb.n_pruned_at_layer = (size_t)res->n_layer;
     rb.pruned_at_layer = pruned;
-    rb.peak_bytes = res.peak_bytes;
-    rb.time_ms = res.ms;
-    rb.cv_threshold = o.cv_threshold;
+    rb.peak_bytes = res->peak_bytes;
+    rb.time_ms = res->ms;
+    rb.cv_threshold = t->opt.cv_threshold;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = req->id;
     r.final = 1;
@@ -370,7 +555,6 @@ done:
     free(hptr);
     free(layers);
     free(pruned);
-    rerank_result_free(&res);
 }
 
 /* ---- RerankCalibrate ---- */
@@ -503,21 +687,64 @@ done:
     free(nref);
 }
 
-void semantic_handle(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
+    sem_task *t;
     switch (req->body_case) {
     case LLMS__REQUEST__BODY_EMBED:
-        handle_embed(sm, conn_id, req);
-        break;
+        return embed_begin(sm, conn_id, req);
     case LLMS__REQUEST__BODY_RERANK:
-        handle_rerank(sm, conn_id, req);
-        break;
+        return rerank_begin_task(sm, conn_id, req);
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
-        handle_calibrate(sm, conn_id, req);
-        break;
+        t = task_new(sm, SEM_CALIBRATE, conn_id, req);
+        if (t)
+            sm->rr_busy = true;
+        return t;
     default:
         send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__UNIMPLEMENTED,
                    "request body %d is not a semantic call", (int)req->body_case);
+        return NULL;
+    }
+}
+
+bool semantic_can_begin(const semantic *sm, const Llms__Request *req)
+{
+    return req->body_case == LLMS__REQUEST__BODY_EMBED || !sm->rr_busy;
+}
+
+int semantic_advance(sem_task *t, int max_rows)
+{
+    char err[ERR_MAX];
+    if (t->kind == SEM_CALIBRATE) {
+        handle_calibrate(t->sm, t->conn_id, t->req);
+        return 1;
+    }
+    int rc = rerank_step(t->rt, max_rows, err);
+    if (rc < 0) {
+        send_error(t->sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        return 1;
+    }
+    if (rc == 0)
+        return 0;
+    rerank_result res;
+    if (rerank_task_result(t->rt, &res, err) < 0) {
+        send_error(t->sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        return 1;
+    }
+    rerank_reply(t, &res);
+    rerank_result_free(&res);
+    return 1;
+}
+
+long semantic_rows_left(const sem_task *t)
+{
+    switch (t->kind) {
+    case SEM_EMBED:
+        return t->text_start[t->n_texts] - t->text_start[t->text] - t->pos;
+    case SEM_RERANK:
+        return rerank_task_rows_left(t->rt);
+    case SEM_CALIBRATE:
         break;
     }
+    return 1;
 }

@@ -1,11 +1,15 @@
 /*
- * semantic.h — the worker's handlers of Embed, Rerank and the admin RerankCalibrate.
+ * semantic.h — the worker's Embed, Rerank and the admin RerankCalibrate, as tasks that
+ * the step scheduler advances a slice at a time.
  *
- * Embed runs the daemon's model on the worker's runner (engine/embed.h). Rerank uses a
- * reranker (engine/rerank.h) on rerank_model, opened on the first Rerank call and kept.
- * Both run to completion inside the worker
- * between generation steps. Thresholds found by RerankCalibrate are kept in the store's
- * settings under "rerank.cv_threshold:<model path>:<precision>".
+ * An Embed task's texts run on the daemon's model: each step takes a slice of the current
+ * text as one more sequence of the step's batched forward (semantic_slice, then
+ * semantic_slice_done after the forward). Rerank runs a reranker (engine/rerank.h) on
+ * rerank_model, opened on the first Rerank call and kept; its tasks advance by
+ * semantic_advance, a bounded number of rows at a time, one rerank at a time. A
+ * calibration runs whole inside one semantic_advance (an admin's rare call). Thresholds
+ * found by RerankCalibrate are kept in the store's settings under
+ * "rerank.cv_threshold:<model path>:<precision>".
  */
 #ifndef LLMS_SEMANTIC_H
 #define LLMS_SEMANTIC_H
@@ -29,6 +33,7 @@ typedef struct semantic_env {
     const tokenizer *tok;
     model_runner *runner; /* the worker's */
     kv_pool *pool;        /* the worker's */
+    int max_slice;        /* most rows semantic_slice is asked for */
     store *st;
     outq *out;
 } semantic_env;
@@ -39,8 +44,37 @@ typedef struct semantic semantic;
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX]);
 void semantic_free(semantic *sm);
 
-/* Answers req (Embed, Rerank or RerankCalibrate, admin already checked) on conn_id with
- * one final Response. */
-void semantic_handle(semantic *sm, uint64_t conn_id, const Llms__Request *req);
+typedef struct sem_task sem_task;
+
+/* Checks req (Embed, Rerank or RerankCalibrate; admin already checked) and prepares its
+ * work. NULL when the request was answered at once (an error). */
+sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req);
+
+/* Whether a task for req may begin now: reranks and calibrations use the one reranker,
+ * one task at a time. */
+bool semantic_can_begin(const semantic *sm, const Llms__Request *req);
+
+/* Whether the task's work is forward slices on the daemon's model (Embed) rather than
+ * semantic_advance. */
+bool semantic_uses_slices(const sem_task *t);
+
+/* Embed: the next slice of at most max_rows (<= max_slice) tokens, as a batch on the
+ * task's own sequence; *seq and b point into the task until semantic_slice_done. */
+void semantic_slice(sem_task *t, int max_rows, kv_seq **seq, model_batch *b);
+
+/* Embed, after the forward evaluated the slice: pools its rows; when the last text is
+ * done, answers the request. 1 when the task is finished. */
+int semantic_slice_done(sem_task *t);
+
+/* Rerank and calibration: advances by about max_rows rows of work. 1 when the task is
+ * finished, its request answered (with the result or an error), 0 when more remains. */
+int semantic_advance(sem_task *t, int max_rows);
+
+/* Rows of work the task still has at most (the scheduler's cost estimate). */
+long semantic_rows_left(const sem_task *t);
+
+/* Frees a task at any point; an unfinished task's request is not answered (the caller
+ * answers it: cancelled, deadline). NULL is allowed. */
+void semantic_task_free(sem_task *t);
 
 #endif

@@ -154,10 +154,19 @@ static enum llms_status cmd_status(llms_conn *c)
                ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
                ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
                ",\"swap_faults\":%" PRIu64 ",\"swap_bad_blobs\":%" PRIu64
-               ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f}\n",
+               ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f",
                st.kv_budget_bytes, st.swap_bytes_written, st.swap_bytes_read,
                st.swap_chunks_written, st.swap_chunks_read, st.swap_chunks_recomputed,
                st.swap_faults, st.swap_bad_blobs, st.switch_ins, st.switch_in_mean_ms);
+        fputs(",\"sched\":{\"mode\":", stdout);
+        json_str(st.sched_mode);
+        printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
+               ",\"queued_generate\":%" PRIu32 ",\"queued_embed\":%" PRIu32
+               ",\"queued_rerank\":%" PRIu32 ",\"steps\":%" PRIu64
+               ",\"step_mean_ms\":%.3f,\"rows_per_step\":%.2f,\"longest_stall_ms\":%.3f}}\n",
+               st.sched_step_tokens, st.sched_active_sequences, st.sched_queued_generate,
+               st.sched_queued_embed, st.sched_queued_rerank, st.sched_steps,
+               st.sched_step_mean_ms, st.sched_rows_per_step, st.sched_longest_stall_ms);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -179,6 +188,15 @@ static enum llms_status cmd_status(llms_conn *c)
                st.swap_bytes_written, st.swap_chunks_read, st.swap_bytes_read,
                st.swap_chunks_recomputed, st.switch_ins, st.switch_in_mean_ms, st.swap_faults,
                st.swap_bad_blobs);
+        printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
+               " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
+               " rerank\n"
+               "steps             %" PRIu64 " (last minute: mean %.2f ms, %.1f rows, "
+               "longest stall %.1f ms)\n",
+               st.sched_mode, st.sched_step_tokens, st.sched_active_sequences,
+               st.sched_queued_generate, st.sched_queued_embed, st.sched_queued_rerank,
+               st.sched_steps, st.sched_step_mean_ms, st.sched_rows_per_step,
+               st.sched_longest_stall_ms);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;
