@@ -5,7 +5,8 @@
  * Concurrent greedy generations give the tokens they give alone (stories260K); a short
  * request is answered while another app's long Embed is still running, and an app's
  * pipelined requests come back in order; a flood of Embeds from a client that
- * disconnects stops being computed; every kind of request counts toward
+ * disconnects stops being computed; Cancel ends a running generation or Embed at once and
+ * frees its work; every kind of request counts toward
  * max_queued_per_app; a request's timeout stops its generation; the status shows the
  * scheduler.
  */
@@ -288,6 +289,102 @@ static void disconnect_stops_flood(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* ---- Cancel frees the work ---- */
+
+static Llms__Request *cancel_request(uint64_t id, uint64_t target)
+{
+    static Llms__CancelRequest cr;
+    static Llms__Request req;
+    llms__cancel_request__init(&cr);
+    cr.request_id = target;
+    llms__request__init(&req);
+    req.id = id;
+    req.body_case = LLMS__REQUEST__BODY_CANCEL;
+    req.cancel = &cr;
+    return &req;
+}
+
+/* Polls the status until nothing of any app is queued or running; false after 5 s. */
+static bool wait_idle(llms_conn *c)
+{
+    double deadline = proc_now() + 5;
+    while (proc_now() < deadline) {
+        llms_daemon_status st;
+        if (llms_status_get(c, &st) != LLMS_OK)
+            return false;
+        bool idle = st.running_requests == 0 && st.queued_requests == 0 &&
+                    st.sched_active_sequences == 0;
+        llms_daemon_status_free(&st);
+        if (idle)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
+/* A long generation and a long Embed, each cancelled while running: the generation ends
+ * with STOP_CANCELLED and the Embed with CANCELLED at once, and the scheduler holds no
+ * work of theirs afterwards. */
+static void cancel_frees_the_work(void)
+{
+    NEED_LLMSD();
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "cancel", work_model, NULL) == 0);
+    int fd = raw_connect(&d);
+    CHECK(fd >= 0);
+    CHECK(raw_bind(fd, "canceller") == 0);
+    llms_conn *watch = proc_connect(&d, "watcher");
+    CHECK(watch);
+
+    /* cancelled once its first token has come: it is decoding then */
+    CHECK(raw_send(fd, complete_request(1, "Tell me a long story", 480)) == 0);
+    bool stopped = false, sent = false;
+    double t0 = 0;
+    for (;;) {
+        int timed_out;
+        Llms__Response *r = raw_read(fd, &timed_out);
+        if (!r)
+            break;
+        bool final = r->final && r->id == 1;
+        if (final)
+            stopped = r->body_case == LLMS__RESPONSE__BODY_RESULT &&
+                      r->result->stop_reason == LLMS__STOP_REASON__STOP_CANCELLED &&
+                      r->result->generated_tokens < 480;
+        frame_free_response(r);
+        if (final)
+            break;
+        if (!sent) {
+            t0 = proc_now();
+            CHECK(raw_send(fd, cancel_request(2, 1)) == 0);
+            sent = true;
+        }
+    }
+    CHECK_MSG(stopped, "the generation did not stop as cancelled");
+    CHECK_MSG(proc_now() - t0 < 1.0, "the cancel took %.3f s", proc_now() - t0);
+    CHECK(wait_idle(watch));
+
+    char *texts[8];
+    for (int i = 0; i < 8; i++)
+        texts[i] = long_text(480, i);
+    CHECK(raw_send(fd, embed_request(3, texts, 8)) == 0);
+    for (int i = 0; i < 8; i++)
+        free(texts[i]);
+    usleep(50000);
+    t0 = proc_now();
+    CHECK(raw_send(fd, cancel_request(4, 3)) == 0);
+    uint64_t id = 0;
+    int code;
+    while ((code = raw_wait_final(fd, &id)) >= 0 && id != 3)
+        ;
+    CHECK_EQ(id, 3);
+    CHECK_EQ(code, LLMS__ERROR_CODE__CANCELLED);
+    CHECK_MSG(proc_now() - t0 < 1.0, "the cancel took %.3f s", proc_now() - t0);
+    CHECK(wait_idle(watch));
+    llms_close(watch);
+    close(fd);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 /* ---- queue limits ---- */
 
 static void queue_limit_counts_every_kind(void)
@@ -380,6 +477,7 @@ int main(int argc, char **argv)
     RUN(concurrent_equals_alone);
     RUN(short_requests_pass_long_work);
     RUN(disconnect_stops_flood);
+    RUN(cancel_frees_the_work);
     RUN(queue_limit_counts_every_kind);
     RUN(timeout_stops_generation);
     return test_finish();
