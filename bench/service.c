@@ -37,6 +37,7 @@
 
 #include "bench/bench.h"
 #include "client/llms.h"
+#include "engine/gguf.h"
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
@@ -479,11 +480,19 @@ static int flood(const char *sock, const char *sched, const char *model, int tok
 
 /* ---- main ---- */
 
-/* Makes build/bench-models/service-100m.gguf (llama shape, Q8_0, 32000 synthetic tokens:
- * about 130M parameters) unless it exists. */
+/* Makes build/bench-models/service-100m.gguf (llama shape, Q8_0, about 130M parameters)
+ * unless it exists, on the llama SPM vocabulary of the test data (32000 tokens), so that
+ * prompts take as many tokens as they would on a real llama; without the test data on
+ * 32000 synthetic tokens (service-100m-synthetic.gguf), where text is about a token a
+ * letter and prompts are several times longer. */
 static int ensure_default_model(char *path, size_t cap)
 {
-    snprintf(path, cap, "build/bench-models/service-100m.gguf");
+    const char *dir = getenv("LLMS_TESTDATA") ? getenv("LLMS_TESTDATA") : "../shared/testdata";
+    char vocab_path[1024];
+    snprintf(vocab_path, sizeof vocab_path, "%s/vocab/ggml-vocab-llama-spm.gguf", dir);
+    bool real_vocab = access(vocab_path, R_OK) == 0;
+    snprintf(path, cap, real_vocab ? "build/bench-models/service-100m.gguf"
+                                   : "build/bench-models/service-100m-synthetic.gguf");
     if (access(path, R_OK) == 0)
         return 0;
     if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
@@ -491,12 +500,22 @@ static int ensure_default_model(char *path, size_t cap)
         return -1;
     }
     char err[ERR_MAX];
+    gguf_file *vocab = NULL;
+    if (real_vocab && !(vocab = gguf_open(vocab_path, err))) {
+        fprintf(stderr, "service: %s: %s\n", vocab_path, err);
+        return -1;
+    }
+    if (!vocab)
+        fprintf(stderr, "service: %s is absent: synthetic vocabulary\n", vocab_path);
     modelgen_params mp = {
         .arch = "llama", .dim = 768, .n_layer = 12, .n_head = 12, .n_head_kv = 4,
         .n_ff = 2048, .n_ctx = 4096, .type = QTYPE_Q8_0, .seed = 1, .n_vocab = 32000,
+        .vocab = vocab,
     };
     fprintf(stderr, "service: generating %s\n", path);
-    if (modelgen_write(&mp, path, err) < 0) {
+    int rc = modelgen_write(&mp, path, err);
+    gguf_close(vocab);
+    if (rc < 0) {
         fprintf(stderr, "service: modelgen: %s\n", err);
         unlink(path);
         return -1;
