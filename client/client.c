@@ -792,6 +792,10 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .sched_step_mean_ms = p->sched_step_mean_ms,
         .sched_rows_per_step = p->sched_rows_per_step,
         .sched_longest_stall_ms = p->sched_longest_stall_ms,
+        .swap_writes_pending = p->swap_writes_pending,
+        .swap_write_waits = p->swap_write_waits,
+        .swap_write_wait_ms = p->swap_write_wait_ms,
+        .swap_write_failures = p->swap_write_failures,
     };
     frame_free_response(r);
     if (!out->version || !out->model_path || !out->model_arch || !out->sched_mode) {

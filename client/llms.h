@@ -403,6 +403,11 @@ typedef struct llms_daemon_status {
     double sched_rows_per_step;      /* last minute */
     double sched_longest_stall_ms;   /* longest gap between two tokens of a stream,
                                         last minute */
+    /* Ahead-of-time swap-out, on its own thread. */
+    uint32_t swap_writes_pending;    /* chunk batches queued or being written now */
+    uint64_t swap_write_waits;       /* times the worker waited for one */
+    double swap_write_wait_ms;       /* in all */
+    uint64_t swap_write_failures;    /* batches that could not be written */
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -6,7 +6,10 @@
 #ifndef LLMS_CTXMEM_H
 #define LLMS_CTXMEM_H
 
+#include <stdatomic.h>
+
 #include "daemon/ctxmgr.h"
+#include "daemon/swapout.h"
 
 /* App whose scratch context the profile writes chunks to (deleted afterwards; a
  * leftover from a crash is removed at startup). */
@@ -25,6 +28,9 @@ struct ctxmgr {
     uint64_t clock;       /* ticks once per call; orders last uses */
     ctx_entry *head, *tail;
     int n;
+    swapout *swap;        /* writes modified chunks after calls (ahead of time) */
+    void (*_Atomic notify)(void *arg); /* told when a background write is done */
+    void *notify_arg;
 };
 
 /* Tokens chunk i of a history of n tokens holds. */

@@ -14,7 +14,10 @@
 #include <time.h>
 
 #include "daemon/ctxmem.h"
+#include "daemon/swapout.h"
 #include "storage/chunks.h"
+
+static void ctx_writes_done(void *arg);
 
 static void entry_free(ctx_entry *c)
 {
@@ -237,6 +240,11 @@ ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
     cm->shape = kv_pool_shape(pool);
     cm->heads_layers = model_hparams_of(m)->n_layer * model_hparams_of(m)->n_head;
     cm->policy = *policy;
+    cm->swap = swapout_new(ctx_writes_done, cm, err);
+    if (!cm->swap) {
+        free(cm);
+        return NULL;
+    }
     load_state ls = {cm, err};
     int rc = store_context_list(s, -1, load_context, &ls, err);
     for (ctx_entry *c = cm->head, *next; rc == 0 && c; c = next) {
@@ -271,6 +279,8 @@ void ctx_close(ctxmgr *cm)
 {
     if (!cm)
         return;
+    ctx_flush_writes(cm);
+    swapout_free(cm->swap, NULL);
     ctx_entry *c = cm->head;
     while (c) {
         ctx_entry *next = c->next;
@@ -401,6 +411,7 @@ fail:
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
 {
     bool found;
+    ctx_wait_writes(cm, c);
     if (store_context_delete(cm->st, c->id, &found, err))
         return -1;
     ctx_entry **pp = &cm->head, *prev = NULL;
@@ -508,8 +519,129 @@ static int chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
     return 0;
 }
 
-/* Writes every resident chunk of c that needs it, in batches that share their syncs and
- * one catalog transaction each. A batch that fails leaves its chunks dirty. */
+/* ---- ahead-of-time writes on the swap-out thread ---- */
+
+/* One background write of a context's modified chunks: the batch and the arrays it
+ * points into, all owned here until the worker ends it. */
+typedef struct ctx_write {
+    swapout_job job;          /* first member: a taken job is its ctx_write */
+    ctx_entry *c;
+    store_chunk_blob *blobs;  /* (n) */
+    const void **sec;         /* (n, n_layer + 1) each blob's sections */
+    size_t *bytes;            /* (n, n_layer + 1) */
+    int n;
+} ctx_write;
+
+static void ctx_write_free(ctx_write *w)
+{
+    if (!w)
+        return;
+    free(w->blobs);
+    free(w->sec);
+    free(w->bytes);
+    free(w);
+}
+
+/* The swap-out thread finished a job: whoever waits for news is told. */
+static void ctx_writes_done(void *arg)
+{
+    ctxmgr *cm = arg;
+    void (*notify)(void *) = atomic_load(&cm->notify);
+    if (notify)
+        notify(cm->notify_arg);
+}
+
+void ctx_set_write_notify(ctxmgr *cm, void (*notify)(void *arg), void *arg)
+{
+    cm->notify_arg = arg;
+    atomic_store(&cm->notify, notify);
+}
+
+/* Queues every resident chunk of c that needs writing as one batch for the swap-out
+ * thread; c's chunks must not change until the batch is ended (ctx_wait_writes). */
+static int write_pending_background(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+{
+    int n_sec = cm->shape.n_layer + 1, n = 0;
+    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    for (int i = 0; i < c->seq.n_chunks && i < c->n_map; i++)
+        n += chunk_needs_write(c, i);
+    if (n == 0)
+        return 0;
+    ctx_write *w = calloc(1, sizeof *w);
+    if (w) {
+        w->blobs = malloc(sizeof *w->blobs * (size_t)n);
+        w->sec = malloc(sizeof *w->sec * (size_t)n * (size_t)n_sec);
+        w->bytes = malloc(sizeof *w->bytes * (size_t)n * (size_t)n_sec);
+    }
+    if (!w || !w->blobs || !w->sec || !w->bytes) {
+        ctx_write_free(w);
+        return err_set(err, "out of memory");
+    }
+    w->c = c;
+    for (int i = 0; i < c->seq.n_chunks && i < c->n_map; i++)
+        if (chunk_needs_write(c, i)) {
+            size_t at = (size_t)w->n * (size_t)n_sec;
+            chunk_blob(cm, c, i, &w->blobs[w->n], w->sec + at, w->bytes + at);
+            w->n++;
+        }
+    w->job.batch = store_chunk_batch_begin(cm->st, c->id, w->blobs, w->n, err);
+    if (!w->job.batch) {
+        ctx_write_free(w);
+        return -1;
+    }
+    w->job.owner = c;
+    c->n_writing++;
+    swapout_submit(cm->swap, &w->job);
+    return 0;
+}
+
+void ctx_collect_writes(ctxmgr *cm)
+{
+    swapout_job *j = swapout_take_done(cm->swap);
+    while (j) {
+        swapout_job *next = j->next;
+        ctx_write *w = (ctx_write *)j;
+        char err[ERR_MAX];
+        if (j->rc == 0 && store_chunk_batch_end(cm->st, j->batch, err) == 0) {
+            for (int k = 0; k < w->n; k++)
+                chunk_written(cm, w->c, &w->blobs[k].meta);
+        } else {
+            /* Its chunks stay dirty: written when reclaimed, or recomputed. */
+            if (j->rc != 0)
+                store_chunk_batch_abandon(j->batch);
+            cm->stats.write_failures++;
+        }
+        w->c->n_writing--;
+        ctx_write_free(w);
+        j = next;
+    }
+}
+
+void ctx_wait_writes(ctxmgr *cm, ctx_entry *c)
+{
+    if (c->n_writing == 0)
+        return;
+    double t0 = ctx_mono_ms();
+    swapout_wait_owner(cm->swap, c);
+    ctx_collect_writes(cm);
+    cm->stats.write_waits++;
+    cm->stats.write_wait_ms += ctx_mono_ms() - t0;
+}
+
+void ctx_flush_writes(ctxmgr *cm)
+{
+    swapout_wait_owner(cm->swap, NULL);
+    ctx_collect_writes(cm);
+}
+
+int ctx_writes_pending(ctxmgr *cm)
+{
+    return swapout_n_pending(cm->swap);
+}
+
+/* Writes every resident chunk of c that needs it now, in batches that share their syncs
+ * and one catalog transaction each. A batch that fails leaves its chunks dirty. */
 static int write_pending(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
 {
     enum { BATCH = 64 };
@@ -564,6 +696,7 @@ void ctx_evict(ctxmgr *cm, ctx_entry *c)
     char err[ERR_MAX];
     if (c->busy)
         return;
+    ctx_wait_writes(cm, c);
     if (cm->policy.swap != CTX_SWAP_NONE)
         write_pending(cm, c, err);
     for (int i = 0; i < c->seq.n_chunks; i++)
@@ -629,6 +762,7 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
         bool same_context = whole && k > 0 && v[k].c == v[k - 1].c;
         if (kv_pool_bytes_used(cm->pool) <= target && !same_context)
             break;
+        ctx_wait_writes(cm, v[k].c);
         chunk_drop(cm, v[k].c, v[k].index);
     }
     free(v);
@@ -682,6 +816,8 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     if (!st)
         st = &local;
     *st = (ctx_load_stats){0};
+    /* The call appends to the chunks, recompresses them and may fault some in. */
+    ctx_wait_writes(cm, c);
     c->busy = true;
     c->loaded = false;
     if (attn_reserve(c, max_tokens > c->n_tokens ? max_tokens : c->n_tokens) ||
@@ -837,7 +973,7 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
         for (int i = 0; i < c->n_map; i++)
             c->map[i].last_use = cm->clock;
         if (cm->policy.swap == CTX_SWAP_AHEAD)
-            write_pending(cm, c, err);
+            write_pending_background(cm, c, err);
     }
     c->busy = false;
     c->loaded = false;

@@ -19,10 +19,14 @@
  * - Fault: a NULL slot met by a forward is brought in synchronously (counted).
  * - Ahead-of-time swap-out (ctx_call_end): after a call the full chunks get their
  *   precision (kv_compress) and every modified chunk is written, so Reclaim only drops.
+ *   The writing (compress, write, sync) runs on the swap-out thread (swapout.h) and the
+ *   worker commits the catalog rows when told it is done (ctx_collect_writes); a call,
+ *   eviction or reclaim that needs a context's chunks first waits for its writes.
  * - Persistence: at startup the store's chunk records come back as on-disk chunks.
  *
  * All functions are called from the worker thread only (the store is single-threaded);
- * the only other thread is the switch-in reader, internal to a call of ctx_call_begin.
+ * the other threads are the switch-in reader, internal to a call of ctx_call_begin, and
+ * the swap-out thread, which touches chunk files and the chunks it writes only.
  */
 #ifndef LLMS_CTXMGR_H
 #define LLMS_CTXMGR_H
@@ -79,6 +83,7 @@ typedef struct ctx_entry {
     float *rows;                       /* (cap_attn) */
     int cap_attn;
     bool busy;                         /* a Call is running on it: its chunks are locked */
+    int n_writing;                     /* background writes of its chunks in flight */
     bool loaded;                       /* busy and every chunk of the history resident */
     int call_base;                     /* tokens of the history when the call began */
     struct ctxmgr *cm;
@@ -138,6 +143,9 @@ typedef struct ctx_stats {
     uint64_t chunks_reclaimed;
     uint64_t faults;            /* chunks brought in during a forward (should stay 0) */
     uint64_t bad_blobs;         /* stored chunks found corrupt, missing or stale */
+    uint64_t write_failures;    /* background chunk batches that could not be written */
+    uint64_t write_waits;       /* times a call, an eviction or a reclaim waited for one */
+    double write_wait_ms;       /* summed over write_waits */
     uint64_t switch_ins;
     double switch_in_ms;        /* summed over switch_ins */
     double last_switch_in_ms;
@@ -233,6 +241,23 @@ int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX]);
  * written, or dropped and later recomputed, when reclaimed).
  */
 void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed);
+
+/* Calls notify(arg) from the swap-out thread whenever a background write is done, so
+ * that the worker comes round to ctx_collect_writes. Set before the first call. */
+void ctx_set_write_notify(ctxmgr *cm, void (*notify)(void *arg), void *arg);
+
+/* Commits the catalog rows of the background writes that are done (never blocks on the
+ * disk beyond that commit). */
+void ctx_collect_writes(ctxmgr *cm);
+
+/* Waits for c's background writes and commits them. */
+void ctx_wait_writes(ctxmgr *cm, ctx_entry *c);
+
+/* Waits for every background write and commits them (shutdown, tests, benchmarks). */
+void ctx_flush_writes(ctxmgr *cm);
+
+/* Background writes queued or being written. */
+int ctx_writes_pending(ctxmgr *cm);
 
 /* Drops the context's resident KV (writing dirty chunks first); its stored chunks stay. */
 void ctx_evict(ctxmgr *cm, ctx_entry *c);

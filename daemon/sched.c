@@ -126,6 +126,7 @@ struct sched {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     sched_job *in_head, *in_tail; /* under lock */
+    bool writes_done;             /* under lock: a background chunk write is done */
 
     app_state *apps;
     app_state *rr;         /* the app admission starts after */
@@ -515,6 +516,12 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_bad_blobs = cs->bad_blobs;
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
+    st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =
+        st.has_swap_write_failures = 1;
+    st.swap_writes_pending = (uint32_t)ctx_writes_pending(s->cm);
+    st.swap_write_waits = cs->write_waits;
+    st.swap_write_wait_ms = cs->write_wait_ms;
+    st.swap_write_failures = cs->write_failures;
     sched_status(s, &st);
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
@@ -1547,16 +1554,29 @@ static void run_serial(sched *s)
     }
 }
 
+/* The swap-out thread wrote a batch: the worker commits it when it next comes round. */
+static void sched_writes_done(void *arg)
+{
+    sched *s = arg;
+    pthread_mutex_lock(&s->lock);
+    s->writes_done = true;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void *worker(void *arg)
 {
     sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->lock);
-        while (!s->in_head && s->n_active == 0 && s->n_pending == 0 && !s->shutting)
+        while (!s->in_head && s->n_active == 0 && s->n_pending == 0 && !s->shutting &&
+               !s->writes_done)
             pthread_cond_wait(&s->wake, &s->lock);
         sched_job *j = s->in_head;
         s->in_head = s->in_tail = NULL;
+        s->writes_done = false;
         pthread_mutex_unlock(&s->lock);
+        ctx_collect_writes(s->cm);
         while (j) {
             sched_job *next = j->next;
             handle_job(s, j);
@@ -1628,6 +1648,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->cm = ctx_open(env->st, s->pool, s->runner, env->m, &policy, err);
     if (!s->cm)
         goto fail;
+    ctx_set_write_notify(s->cm, sched_writes_done, s);
     atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
     semantic_env se = {cfg, env->model_path, env->m, env->tok, s->runner, s->pool,
                        s->max_batch, env->st, env->out};

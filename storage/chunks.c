@@ -85,11 +85,36 @@ static const char *const chunk_sql[CS_COUNT] = {
     [CS_ROLLBACK] = "ROLLBACK",
 };
 
-struct store_chunks {
-    sqlite3_stmt *st[CS_COUNT];
+struct store_chunk_encoder {
     ZSTD_CCtx *cctx;
     uint8_t *buf;       /* header and compressed sections of the chunk being written */
     size_t buf_cap;
+};
+
+struct store_chunks {
+    sqlite3_stmt *st[CS_COUNT];
+    store_chunk_encoder enc; /* for the batches written on the store's thread */
+};
+
+/* One chunk of a batch while it is written. */
+typedef struct batch_item {
+    int64_t gen;        /* the generation being written; gen - 1 is stored when had */
+    bool had;
+    int fd;             /* its temporary file while open, else -1 */
+    enum { ITEM_NOTHING, ITEM_TMP, ITEM_RENAMED } stage; /* which of its files exists */
+    int64_t raw_bytes;
+    int64_t file_bytes;
+} batch_item;
+
+struct store_chunk_batch {
+    char *ctx_id;
+    char root[PATH_MAX];         /* the store's directory */
+    char top[PATH_MAX];          /* <root>/chunks */
+    char dir[PATH_MAX];          /* the context's chunk directory */
+    store_chunk_blob *chunks;    /* (n_chunks) the caller's */
+    batch_item *items;           /* (n_chunks) */
+    int n_chunks;
+    bool written;                /* store_chunk_batch_write succeeded */
 };
 
 struct store_chunk_reader {
@@ -131,9 +156,44 @@ void store_chunks_free(store_chunks *c)
         return;
     for (int i = 0; i < CS_COUNT; i++)
         sqlite3_finalize(c->st[i]);
-    ZSTD_freeCCtx(c->cctx);
-    free(c->buf);
+    ZSTD_freeCCtx(c->enc.cctx);
+    free(c->enc.buf);
     free(c);
+}
+
+/* Sets up an encoder's compressor; -1 + err when zstd cannot make it. */
+static int encoder_init(store_chunk_encoder *e, char *err)
+{
+    if (!(e->cctx = ZSTD_createCCtx()))
+        return err_set(err, "store: out of memory for the chunk compressor");
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(e->cctx, ZSTD_c_compressionLevel,
+                                            CHUNK_ZSTD_LEVEL)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(e->cctx, ZSTD_c_checksumFlag, 1)))
+        return err_set(err, "store: zstd refuses the chunk compression parameters");
+    return 0;
+}
+
+store_chunk_encoder *store_chunk_encoder_new(char err[ERR_MAX])
+{
+    store_chunk_encoder *e = calloc(1, sizeof *e);
+    if (!e) {
+        err_set(err, "store: out of memory for a chunk encoder");
+        return NULL;
+    }
+    if (encoder_init(e, err) != 0) {
+        store_chunk_encoder_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+void store_chunk_encoder_free(store_chunk_encoder *e)
+{
+    if (!e)
+        return;
+    ZSTD_freeCCtx(e->cctx);
+    free(e->buf);
+    free(e);
 }
 
 /* chunks.c's state of s, created on first use. */
@@ -143,16 +203,12 @@ static store_chunks *chunks_state(store *s, char *err)
     if (*slot)
         return *slot;
     store_chunks *c = calloc(1, sizeof *c);
-    if (!c || !(c->cctx = ZSTD_createCCtx())) {
-        free(c);
+    if (!c) {
         err_set(err, "store: out of memory for the chunk store");
         return NULL;
     }
-    if (ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel,
-                                            CHUNK_ZSTD_LEVEL)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_checksumFlag, 1))) {
+    if (encoder_init(&c->enc, err) != 0) {
         store_chunks_free(c);
-        err_set(err, "store: zstd refuses the chunk compression parameters");
         return NULL;
     }
     for (int i = 0; i < CS_COUNT; i++) {
@@ -245,16 +301,23 @@ static int ctx_dir_path(store *s, const char *ctx_id, char *out, size_t cap, cha
     return 0;
 }
 
+/* The path of a chunk file in the context directory dir. */
+static int chunk_file_path(const char *dir, const char *ctx_id, int index, int64_t generation,
+                           const char *suffix, char *out, size_t cap, char *err)
+{
+    if ((size_t)snprintf(out, cap, "%s/%d.%" PRId64 "%s", dir, index, generation, suffix) >=
+        cap)
+        return err_set(err, "store: chunk path of context '%.40s' too long", ctx_id);
+    return 0;
+}
+
 static int chunk_path(store *s, const char *ctx_id, int index, int64_t generation,
                       const char *suffix, char *out, size_t cap, char *err)
 {
-    if (ctx_dir_path(s, ctx_id, out, cap, err) != 0)
+    char dir[PATH_MAX];
+    if (ctx_dir_path(s, ctx_id, dir, sizeof dir, err) != 0)
         return -1;
-    size_t n = strlen(out);
-    if ((size_t)snprintf(out + n, cap - n, "/%d.%" PRId64 "%s", index, generation, suffix) >=
-        cap - n)
-        return err_set(err, "store: chunk path of context '%.40s' too long", ctx_id);
-    return 0;
+    return chunk_file_path(dir, ctx_id, index, generation, suffix, out, cap, err);
 }
 
 /* Parses "<index>.<generation><suffix>" with canonical decimal numbers. */
@@ -427,7 +490,7 @@ static bool valid_id(const char *ctx_id)
 
 /* Compresses the sections behind room for the header into the state's buffer, then
  * fills the header in; *total gets the file size. */
-static int encode_chunk(store_chunks *c, const char *ctx_id, int index,
+static int encode_chunk(store_chunk_encoder *c, const char *ctx_id, int index,
                         const void *const *sections, const size_t *section_bytes,
                         int n_sections, size_t *total, int64_t *raw_total, char *err)
 {
@@ -485,16 +548,6 @@ static int encode_chunk(store_chunks *c, const char *ctx_id, int index,
  * at once, and the open descriptors stay bounded. */
 #define BATCH_WINDOW 64
 
-/* One chunk of a batch while it is written. */
-typedef struct batch_item {
-    int64_t gen;        /* the generation being written; gen - 1 is stored when had */
-    bool had;
-    int fd;             /* its temporary file while open, else -1 */
-    enum { ITEM_NOTHING, ITEM_TMP, ITEM_RENAMED } stage; /* which of its files exists */
-    int64_t raw_bytes;
-    int64_t file_bytes;
-} batch_item;
-
 static int compare_int(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;
@@ -544,24 +597,25 @@ static int check_batch(const char *ctx_id, const store_chunk_blob *chunks, int n
 
 /* Encodes a chunk and writes it to its temporary file, which stays open with its
  * writeback started: the disk works on it while the next chunk is compressed. */
-static int batch_write_file(store *s, store_chunks *c, const char *ctx_id,
+static int batch_write_file(store_chunk_batch *bt, store_chunk_encoder *e,
                             const store_chunk_blob *b, batch_item *it, char *err)
 {
     int index = b->meta.index;
     char tmp[PATH_MAX];
     size_t total = 0;
-    if (chunk_path(s, ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp, sizeof tmp, err) != 0 ||
-        encode_chunk(c, ctx_id, index, b->sections, b->section_bytes, b->n_sections, &total,
-                     &it->raw_bytes, err) != 0)
+    if (chunk_file_path(bt->dir, bt->ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp,
+                        sizeof tmp, err) != 0 ||
+        encode_chunk(e, bt->ctx_id, index, b->sections, b->section_bytes, b->n_sections,
+                     &total, &it->raw_bytes, err) != 0)
         return -1;
     it->file_bytes = (int64_t)total;
     it->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (it->fd < 0)
-        return chunk_fail(err, ctx_id, index, "creating %s: %s", tmp, strerror(errno));
+        return chunk_fail(err, bt->ctx_id, index, "creating %s: %s", tmp, strerror(errno));
     it->stage = ITEM_TMP;
     errno = 0;
-    if (write_all(it->fd, c->buf, total) != 0)
-        return chunk_fail(err, ctx_id, index, "writing %s: %s", tmp,
+    if (write_all(it->fd, e->buf, total) != 0)
+        return chunk_fail(err, bt->ctx_id, index, "writing %s: %s", tmp,
                           errno ? strerror(errno) : "short write");
     /* Only a hint: fdatasync below waits for the data and reports any error. */
     sync_file_range(it->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
@@ -571,40 +625,41 @@ static int batch_write_file(store *s, store_chunks *c, const char *ctx_id,
 /* Waits until a chunk's temporary file is durable, closes it and renames it to the
  * chunk's name (durable once its directory is synced). fdatasync is enough: it also
  * writes the size and block map that reading the data back needs. */
-static int batch_finish_file(store *s, const char *ctx_id, int index, batch_item *it,
-                             char *err)
+static int batch_finish_file(store_chunk_batch *bt, int index, batch_item *it, char *err)
 {
     char tmp[PATH_MAX], path[PATH_MAX];
-    if (chunk_path(s, ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp, sizeof tmp, err) != 0 ||
-        chunk_path(s, ctx_id, index, it->gen, CHUNK_SUFFIX, path, sizeof path, err) != 0)
+    if (chunk_file_path(bt->dir, bt->ctx_id, index, it->gen, CHUNK_TMP_SUFFIX, tmp,
+                        sizeof tmp, err) != 0 ||
+        chunk_file_path(bt->dir, bt->ctx_id, index, it->gen, CHUNK_SUFFIX, path, sizeof path,
+                        err) != 0)
         return -1;
     int synced = fdatasync(it->fd), sync_errno = errno;
     int closed = close(it->fd), close_errno = errno;
     it->fd = -1;
     if (synced != 0)
-        return chunk_fail(err, ctx_id, index, "syncing %s: %s", tmp, strerror(sync_errno));
+        return chunk_fail(err, bt->ctx_id, index, "syncing %s: %s", tmp, strerror(sync_errno));
     if (closed != 0)
-        return chunk_fail(err, ctx_id, index, "closing %s: %s", tmp, strerror(close_errno));
+        return chunk_fail(err, bt->ctx_id, index, "closing %s: %s", tmp,
+                          strerror(close_errno));
     if (rename(tmp, path) != 0)
-        return chunk_fail(err, ctx_id, index, "renaming %s: %s", tmp, strerror(errno));
+        return chunk_fail(err, bt->ctx_id, index, "renaming %s: %s", tmp, strerror(errno));
     it->stage = ITEM_RENAMED;
     return 0;
 }
 
-/* Removes what a failed batch wrote; the stored versions were never touched. */
-static void batch_undo(store *s, const char *ctx_id, const store_chunk_blob *chunks,
-                       batch_item *items, int n_chunks)
+/* Removes what a batch wrote; the stored versions were never touched. */
+static void batch_undo(store_chunk_batch *bt)
 {
     char path[PATH_MAX], ignored[ERR_MAX];
-    for (int k = 0; k < n_chunks; k++) {
-        batch_item *it = &items[k];
+    for (int k = 0; k < bt->n_chunks; k++) {
+        batch_item *it = &bt->items[k];
         if (it->fd >= 0)
             close(it->fd);
         it->fd = -1;
         if (it->stage != ITEM_NOTHING &&
-            chunk_path(s, ctx_id, chunks[k].meta.index, it->gen,
-                       it->stage == ITEM_TMP ? CHUNK_TMP_SUFFIX : CHUNK_SUFFIX, path,
-                       sizeof path, ignored) == 0)
+            chunk_file_path(bt->dir, bt->ctx_id, bt->chunks[k].meta.index, it->gen,
+                            it->stage == ITEM_TMP ? CHUNK_TMP_SUFFIX : CHUNK_SUFFIX, path,
+                            sizeof path, ignored) == 0)
             unlink(path);
         it->stage = ITEM_NOTHING;
     }
@@ -650,18 +705,18 @@ static int run_chunk_stmt(store *s, enum chunk_stmt which, const char *ctx_id,
 }
 
 /* Stores the rows of a batch whose files are durable, in one transaction. */
-static int batch_commit(store *s, const char *ctx_id, const store_chunk_blob *chunks,
-                        const batch_item *items, int n_chunks, char *err)
+static int batch_commit(store *s, const store_chunk_batch *bt, char *err)
 {
+    const char *ctx_id = bt->ctx_id;
     if (run_chunk_stmt(s, CS_BEGIN, ctx_id, "beginning the catalog transaction", err) != 0)
         return -1;
     int result = 0;
-    for (int k = 0; k < n_chunks && result == 0; k++) {
-        store_chunk row = chunks[k].meta;
-        row.n_sections = chunks[k].n_sections;
-        row.raw_bytes = items[k].raw_bytes;
-        row.file_bytes = items[k].file_bytes;
-        result = put_row(s, ctx_id, &row, items[k].gen, err);
+    for (int k = 0; k < bt->n_chunks && result == 0; k++) {
+        store_chunk row = bt->chunks[k].meta;
+        row.n_sections = bt->chunks[k].n_sections;
+        row.raw_bytes = bt->items[k].raw_bytes;
+        row.file_bytes = bt->items[k].file_bytes;
+        result = put_row(s, ctx_id, &row, bt->items[k].gen, err);
     }
     if (result == 0)
         result = run_chunk_stmt(s, CS_COMMIT, ctx_id, "committing chunk rows", err);
@@ -674,66 +729,132 @@ static int batch_commit(store *s, const char *ctx_id, const store_chunk_blob *ch
     return result;
 }
 
-int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
-                            int n_chunks, char err[ERR_MAX])
+static void batch_free(store_chunk_batch *bt)
+{
+    if (!bt)
+        return;
+    free(bt->ctx_id);
+    free(bt->items);
+    free(bt);
+}
+
+store_chunk_batch *store_chunk_batch_begin(store *s, const char *ctx_id,
+                                           store_chunk_blob *chunks, int n_chunks,
+                                           char err[ERR_MAX])
 {
     if (check_batch(ctx_id, chunks, n_chunks, err) != 0)
-        return -1;
-    store_chunks *c = chunks_state(s, err);
-    if (!c || require_context(s, ctx_id, err) != 0)
-        return -1;
-    if (n_chunks == 0)
-        return 0;
-    char top[PATH_MAX], dir[PATH_MAX];
-    if ((size_t)snprintf(top, sizeof top, "%s/" CHUNK_DIR, store_dir(s)) >= sizeof top)
-        return err_set(err, "store: state directory path too long");
-    if (ctx_dir_path(s, ctx_id, dir, sizeof dir, err) != 0)
-        return -1;
-    batch_item *items = calloc((size_t)n_chunks, sizeof *items);
-    if (!items)
-        return err_set(err, "store: out of memory for a batch of %d chunks", n_chunks);
+        return NULL;
+    if (!chunks_state(s, err) || require_context(s, ctx_id, err) != 0)
+        return NULL;
+    store_chunk_batch *bt = calloc(1, sizeof *bt);
+    if (!bt || !(bt->ctx_id = strdup(ctx_id)) ||
+        !(bt->items = calloc(n_chunks ? (size_t)n_chunks : 1, sizeof *bt->items))) {
+        batch_free(bt);
+        err_set(err, "store: out of memory for a batch of %d chunks", n_chunks);
+        return NULL;
+    }
+    bt->chunks = chunks;
+    bt->n_chunks = n_chunks;
     for (int k = 0; k < n_chunks; k++)
-        items[k].fd = -1;
-    int result = 0;
-    for (int k = 0; k < n_chunks && result == 0; k++) {
+        bt->items[k].fd = -1;
+    if ((size_t)snprintf(bt->root, sizeof bt->root, "%s", store_dir(s)) >= sizeof bt->root ||
+        (size_t)snprintf(bt->top, sizeof bt->top, "%s/" CHUNK_DIR, store_dir(s)) >=
+            sizeof bt->top) {
+        err_set(err, "store: state directory path too long");
+        goto fail;
+    }
+    if (ctx_dir_path(s, ctx_id, bt->dir, sizeof bt->dir, err) != 0)
+        goto fail;
+    for (int k = 0; k < n_chunks; k++) {
         store_chunk old;
         int64_t old_gen = 0;
-        result = get_row(s, ctx_id, chunks[k].meta.index, &old, &old_gen, &items[k].had,
-                         err);
-        items[k].gen = items[k].had ? old_gen + 1 : 1;
+        if (get_row(s, ctx_id, chunks[k].meta.index, &old, &old_gen, &bt->items[k].had,
+                    err) != 0)
+            goto fail;
+        bt->items[k].gen = bt->items[k].had ? old_gen + 1 : 1;
     }
-    if (result == 0 && (make_dir(top, store_dir(s), err) != 0 || make_dir(dir, top, err) != 0))
+    return bt;
+fail:
+    batch_free(bt);
+    return NULL;
+}
+
+int store_chunk_batch_write(store_chunk_batch *bt, store_chunk_encoder *e, char err[ERR_MAX])
+{
+    if (bt->n_chunks == 0) {
+        bt->written = true;
+        return 0;
+    }
+    int result = 0;
+    if (make_dir(bt->top, bt->root, err) != 0 || make_dir(bt->dir, bt->top, err) != 0)
         result = -1;
-    for (int start = 0; start < n_chunks && result == 0; start += BATCH_WINDOW) {
-        int end = n_chunks - start > BATCH_WINDOW ? start + BATCH_WINDOW : n_chunks;
+    for (int start = 0; start < bt->n_chunks && result == 0; start += BATCH_WINDOW) {
+        int end = bt->n_chunks - start > BATCH_WINDOW ? start + BATCH_WINDOW : bt->n_chunks;
         for (int k = start; k < end && result == 0; k++)
-            result = batch_write_file(s, c, ctx_id, &chunks[k], &items[k], err);
+            result = batch_write_file(bt, e, &bt->chunks[k], &bt->items[k], err);
         for (int k = start; k < end && result == 0; k++)
-            result = batch_finish_file(s, ctx_id, chunks[k].meta.index, &items[k], err);
+            result = batch_finish_file(bt, bt->chunks[k].meta.index, &bt->items[k], err);
     }
     /* One directory sync makes every rename durable before any row refers to it. */
     if (result == 0)
-        result = fsync_dir(dir, err);
-    if (result == 0)
-        result = batch_commit(s, ctx_id, chunks, items, n_chunks, err);
+        result = fsync_dir(bt->dir, err);
+    if (result != 0)
+        batch_undo(bt);
+    bt->written = result == 0;
+    return result;
+}
+
+int store_chunk_batch_end(store *s, store_chunk_batch *bt, char err[ERR_MAX])
+{
+    if (!bt)
+        return 0;
+    int result = 0;
+    if (!bt->written)
+        result = err_set(err, "store: context '%.40s': the chunk batch was not written",
+                         bt->ctx_id);
+    else if (bt->n_chunks > 0 && batch_commit(s, bt, err) != 0)
+        result = -1;
     if (result != 0) {
-        batch_undo(s, ctx_id, chunks, items, n_chunks);
-        free(items);
+        batch_undo(bt);
+        batch_free(bt);
         return -1;
     }
-    for (int k = 0; k < n_chunks; k++) {
-        store_chunk *m = &chunks[k].meta;
-        m->n_sections = chunks[k].n_sections;
-        m->raw_bytes = items[k].raw_bytes;
-        m->file_bytes = items[k].file_bytes;
+    for (int k = 0; k < bt->n_chunks; k++) {
+        store_chunk *m = &bt->chunks[k].meta;
+        batch_item *it = &bt->items[k];
+        m->n_sections = bt->chunks[k].n_sections;
+        m->raw_bytes = it->raw_bytes;
+        m->file_bytes = it->file_bytes;
         /* A failure here only leaves an orphan for store_chunks_gc. */
         char old_path[PATH_MAX], ignored[ERR_MAX];
-        if (items[k].had && chunk_path(s, ctx_id, m->index, items[k].gen - 1, CHUNK_SUFFIX,
-                                       old_path, sizeof old_path, ignored) == 0)
+        if (it->had && chunk_file_path(bt->dir, bt->ctx_id, m->index, it->gen - 1,
+                                       CHUNK_SUFFIX, old_path, sizeof old_path, ignored) == 0)
             unlink(old_path);
     }
-    free(items);
+    batch_free(bt);
     return 0;
+}
+
+void store_chunk_batch_abandon(store_chunk_batch *bt)
+{
+    if (!bt)
+        return;
+    batch_undo(bt);
+    batch_free(bt);
+}
+
+int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
+                            int n_chunks, char err[ERR_MAX])
+{
+    store_chunk_batch *bt = store_chunk_batch_begin(s, ctx_id, chunks, n_chunks, err);
+    if (!bt)
+        return -1;
+    store_chunks *c = chunks_state(s, err);
+    if (store_chunk_batch_write(bt, &c->enc, err) != 0) {
+        store_chunk_batch_abandon(bt);
+        return -1;
+    }
+    return store_chunk_batch_end(s, bt, err);
 }
 
 int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,
@@ -967,7 +1088,7 @@ static int gc_context_dir(store *s, const char *top, const char *name, int *n_re
         int64_t gen;
         bool stale;
         if (parse_chunk_name(e->d_name, CHUNK_TMP_SUFFIX, &index, &gen)) {
-            stale = true; /* writes finish within one call, so any temp file is a crash's */
+            stale = true; /* gc runs before any write begins: a temp file is a crash's */
         } else if (parse_chunk_name(e->d_name, CHUNK_SUFFIX, &index, &gen)) {
             store_chunk c;
             int64_t row_gen;

@@ -196,6 +196,7 @@ static void test_swap_read_back_exact(void)
     CHECK(grow(&e, c, &r, sizes, 3, 1, got, want) == 0);
     CHECK(max_diff(got, want, g_vocab) == 0);
     CHECK_EQ(c->n_map, 6);
+    ctx_flush_writes(e.cm);
     for (int i = 0; i < c->n_map; i++)
         CHECK(c->map[i].disk_precision == KV_F16 && !c->map[i].dirty);
     ctx_evict(e.cm, c);
@@ -655,6 +656,76 @@ static void test_plan_follows_costs(void)
     env_close(&e);
 }
 
+/* Whether the store holds a chunk directory of any context. */
+static bool chunk_dirs_left(const env *e)
+{
+    char top[1200];
+    snprintf(top, sizeof top, "%s/chunks", e->dir);
+    DIR *d = opendir(top);
+    if (!d)
+        return false;
+    bool any = false;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        any |= de->d_name[0] != '.';
+    closedir(d);
+    return any;
+}
+
+/* The chunks a call modified are written on the swap-out thread: whatever comes right
+ * after the call (the next call, an eviction, a delete, closing the manager) waits for
+ * that write where it needs the chunks, and nothing is lost or written twice. */
+static void test_background_writes(void)
+{
+    env e;
+    ctx_policy pol = policy_none();
+    pol.switch_mode = CTX_SWITCH_READ;
+    CHECK(env_open(&e, false, &pol) == 0);
+    char err[ERR_MAX], id[CTX_ID_LEN + 1];
+    ctx_entry *c;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    snprintf(id, sizeof id, "%s", c->id);
+    int32_t tok[100];
+    float got[300];
+    make_tokens(tok, 100, 5);
+    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
+    /* the next call appends to chunk 6 and recompresses: it waits for the write first */
+    CHECK(turn(e.cm, c, tok, 20, got, NULL) == 0);
+    ctx_flush_writes(e.cm);
+    CHECK_EQ(ctx_writes_pending(e.cm), 0);
+    CHECK_EQ(c->n_writing, 0);
+    CHECK_EQ(c->n_map, 8);
+    for (int i = 0; i < c->n_map; i++)
+        CHECK(c->map[i].disk_precision == KV_F16 && !c->map[i].dirty);
+    /* 7 chunks, then the rewritten tail and the new one */
+    CHECK_EQ(ctx_get_stats(e.cm)->chunks_written, 9);
+    CHECK_EQ(ctx_get_stats(e.cm)->write_failures, 0);
+
+    /* evicted right after its call: the eviction drops only written chunks */
+    CHECK(turn(e.cm, c, tok, 30, got, NULL) == 0);
+    ctx_evict(e.cm, c);
+    CHECK_EQ(c->n_writing, 0);
+    CHECK_EQ(ctx_kv_bytes(e.cm, c), 0);
+    for (int i = 0; i < c->n_map; i++)
+        CHECK(c->map[i].disk_precision == KV_F16 && !c->map[i].dirty);
+
+    /* closed right after a call: the write is committed before the manager goes */
+    CHECK(turn(e.cm, c, tok, 10, got, NULL) == 0);
+    int n_map = c->n_map;
+    env_close(&e);
+    CHECK(env_open(&e, true, &pol) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c && c->n_map == n_map);
+    for (int i = 0; c && i < c->n_map; i++)
+        CHECK(c->map[i].disk_precision == KV_F16);
+
+    /* deleted right after a call: no chunk file outlives the context */
+    CHECK(c && turn(e.cm, c, tok, 40, got, NULL) == 0);
+    CHECK(c && ctx_delete(e.cm, c, err) == 0);
+    CHECK(!chunk_dirs_left(&e));
+    env_close(&e);
+}
+
 int main(void)
 {
     if (setup())
@@ -668,6 +739,7 @@ int main(void)
     RUN(test_compressed_modes);
     RUN(test_restart);
     RUN(test_plan_follows_costs);
+    RUN(test_background_writes);
     model_runner_free(g_runner);
     model_free(g_model);
     return test_finish();
