@@ -509,6 +509,11 @@ int model_runner_n_threads(const model_runner *r)
     return tp_n_threads(r->pool);
 }
 
+int model_runner_n_threads_active(const model_runner *r)
+{
+    return tp_n_active(r->pool);
+}
+
 int model_runner_max_kv(const model_runner *r)
 {
     return r->max_kv;

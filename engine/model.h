@@ -103,6 +103,10 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
 void model_runner_free(model_runner *r);
 
 int model_runner_n_threads(const model_runner *r);
+
+/* Threads its jobs run on now: fewer than model_runner_n_threads while the pool finds
+ * other processes holding the cores (threadpool.h). */
+int model_runner_n_threads_active(const model_runner *r);
 int model_runner_max_kv(const model_runner *r);
 
 /* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */

@@ -5,6 +5,16 @@
  * forward pass usually follows within microseconds), then sleep on it with a futex.
  * The caller wakes sleepers only when some are asleep, so back-to-back jobs cost no
  * system call.
+ *
+ * A job is nth tasks that any thread may claim: the caller and the workers take task
+ * indexes from one counter until none is left, so a worker that the kernel has not
+ * scheduled yet (another process has its core) costs nothing: its task is done by
+ * whoever is running. A worker descheduled in the middle of a task still holds the job
+ * up until it runs again, which on a busy machine happens on most jobs and makes every
+ * extra thread a loss. The pool watches for that (adaptation): over each window of jobs
+ * it compares the time the caller spent waiting for other threads' tasks with the time
+ * it spent on tasks itself; when waiting dominates it drops a thread, and from time to
+ * time it tries one more again, keeping it when the waits have gone.
  */
 #include "engine/threadpool.h"
 
@@ -14,7 +24,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,9 +39,23 @@
 /* Polls of the counter before sleeping: a few tens of microseconds. */
 #define TP_SPIN 20000
 
+/* Adaptation: jobs per measuring window; the share of the caller's time spent waiting
+ * above which a thread is dropped; how long after a drop (doubling after each failed
+ * try, up to the last) one more thread is tried again. */
+#define TP_WINDOW 64
+#define TP_WAIT_SHARE 0.35
+#define TP_RETRY_FIRST_NS 50000000LL
+#define TP_RETRY_MAX_NS 1600000000LL
+
+/* The claim word: generation (32 bits), tasks of the job (16), next task to claim (16),
+ * read and changed as one so a late worker can never claim a task of a finished job. */
+#define TP_WORD(gen, nth, next) ((uint64_t)(gen) << 32 | (uint64_t)(nth) << 16 | (uint64_t)(next))
+#define TP_WORD_GEN(w) ((uint32_t)((w) >> 32))
+#define TP_WORD_NTH(w) ((int)(((w) >> 16) & 0xffff))
+#define TP_WORD_NEXT(w) ((int)((w) & 0xffff))
+
 typedef struct tp_worker {
     tp_pool *pool;
-    int ith;
 } tp_worker;
 
 struct tp_pool {
@@ -38,13 +64,29 @@ struct tp_pool {
     tp_worker *workers;   /* (n_threads - 1) */
 
     _Atomic uint32_t generation; /* futex word: bumped once per job */
+    _Atomic uint64_t claim;      /* TP_WORD of the current job */
+    _Atomic int n_done;          /* tasks of the current job finished */
     _Atomic int n_sleeping;      /* workers in (or entering) futex wait */
-    _Atomic int pending;         /* workers that have not finished the current job */
     _Atomic int stop;
 
     tp_fn fn; /* current job, published before generation is bumped */
     void *arg;
+
+    /* adaptation; the caller's alone */
+    bool adaptive;
+    int n_use;                   /* threads (tasks) jobs run on now */
+    int window_jobs;
+    int64_t window_busy_ns, window_wait_ns;
+    bool trying;                 /* this window tries n_use after a drop */
+    int64_t retry_at_ns, retry_gap_ns;
 };
+
+static int64_t tp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 static void tp_futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 {
@@ -54,6 +96,26 @@ static void tp_futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 static void tp_futex_wake_all(_Atomic uint32_t *addr)
 {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Claims and runs tasks of generation gen until none is left; the number run. */
+static int tp_run_tasks(tp_pool *pool, uint32_t gen)
+{
+    int ran = 0;
+    uint64_t w = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    for (;;) {
+        if (TP_WORD_GEN(w) != gen || TP_WORD_NEXT(w) >= TP_WORD_NTH(w))
+            return ran;
+        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &w, w + 1,
+                                                   memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        /* The job cannot end before this task does, so fn and arg are still its own. */
+        pool->fn(pool->arg, TP_WORD_NEXT(w), TP_WORD_NTH(w));
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
+        ran++;
+        w = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    }
 }
 
 static void *tp_worker_main(void *p)
@@ -78,8 +140,7 @@ static void *tp_worker_main(void *p)
         seen = gen;
         if (atomic_load_explicit(&pool->stop, memory_order_acquire))
             return NULL;
-        pool->fn(pool->arg, w->ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        tp_run_tasks(pool, gen);
     }
 }
 
@@ -93,12 +154,19 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX])
 {
     if (n_threads <= 0)
         n_threads = tp_online_cpus();
+    if (n_threads > TP_MAX_THREADS)
+        n_threads = TP_MAX_THREADS;
     tp_pool *pool = calloc(1, sizeof *pool);
     if (!pool) {
         err_set(err, "thread pool: out of memory");
         return NULL;
     }
     pool->n_threads = 1;
+    pool->n_use = 1;
+    /* LLMS_THREADS_FIXED=1: every job on every thread (benchmarks compare the two) */
+    const char *fixed = getenv("LLMS_THREADS_FIXED");
+    pool->adaptive = !(fixed && fixed[0] && strcmp(fixed, "0") != 0);
+    pool->retry_gap_ns = TP_RETRY_FIRST_NS;
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->threads || !pool->workers) {
@@ -107,7 +175,7 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX])
         return NULL;
     }
     for (int i = 1; i < n_threads; i++) {
-        pool->workers[i - 1] = (tp_worker){pool, i};
+        pool->workers[i - 1] = (tp_worker){pool};
         int rc = pthread_create(&pool->threads[i - 1], NULL, tp_worker_main,
                                 &pool->workers[i - 1]);
         if (rc != 0) {
@@ -117,6 +185,7 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX])
         }
         pool->n_threads = i + 1;
     }
+    pool->n_use = pool->n_threads;
     return pool;
 }
 
@@ -139,30 +208,94 @@ int tp_n_threads(const tp_pool *pool)
     return pool->n_threads;
 }
 
+int tp_n_active(const tp_pool *pool)
+{
+    return pool->n_use;
+}
+
+void tp_set_adaptive(tp_pool *pool, bool adaptive)
+{
+    pool->adaptive = adaptive;
+    pool->n_use = pool->n_threads;
+    pool->window_jobs = 0;
+    pool->window_busy_ns = pool->window_wait_ns = 0;
+    pool->trying = false;
+    pool->retry_gap_ns = TP_RETRY_FIRST_NS;
+}
+
+/* After a job on n_use threads: at the end of a window, drop a thread when the caller
+ * waited for others more than TP_WAIT_SHARE of its time, and settle a try. */
+static void tp_adapt_after_job(tp_pool *pool, int64_t busy_ns, int64_t wait_ns, int64_t now)
+{
+    pool->window_busy_ns += busy_ns;
+    pool->window_wait_ns += wait_ns;
+    if (++pool->window_jobs < TP_WINDOW)
+        return;
+    double share = (double)pool->window_wait_ns /
+                   (double)(pool->window_busy_ns + pool->window_wait_ns + 1);
+    bool waiting = share > TP_WAIT_SHARE;
+    if (waiting) {
+        pool->n_use--;
+        /* a try that failed backs off; a drop from a settled count starts afresh */
+        pool->retry_gap_ns = pool->trying && pool->retry_gap_ns * 2 <= TP_RETRY_MAX_NS
+                                 ? pool->retry_gap_ns * 2
+                             : pool->trying ? TP_RETRY_MAX_NS
+                                            : TP_RETRY_FIRST_NS;
+        pool->retry_at_ns = now + pool->retry_gap_ns;
+    } else if (pool->trying) {
+        pool->retry_gap_ns = TP_RETRY_FIRST_NS;
+        pool->retry_at_ns = now + pool->retry_gap_ns;
+    }
+    pool->trying = false;
+    pool->window_jobs = 0;
+    pool->window_busy_ns = pool->window_wait_ns = 0;
+}
+
+/* Before a job: one more thread when a try is due. */
+static void tp_adapt_before_job(tp_pool *pool, int64_t now)
+{
+    if (pool->n_use < pool->n_threads && !pool->trying && now >= pool->retry_at_ns) {
+        pool->n_use++;
+        pool->trying = true;
+        pool->window_jobs = 0;
+        pool->window_busy_ns = pool->window_wait_ns = 0;
+    }
+}
+
 void tp_run(tp_pool *pool, tp_fn fn, void *arg)
 {
-    int n = pool->n_threads;
+    int64_t t0 = pool->adaptive ? tp_now_ns() : 0;
+    if (pool->adaptive)
+        tp_adapt_before_job(pool, t0);
+    int n = pool->n_use;
     if (n == 1) {
         fn(arg, 0, 1);
         return;
     }
     pool->fn = fn;
     pool->arg = arg;
-    atomic_store_explicit(&pool->pending, n - 1, memory_order_relaxed);
-    atomic_fetch_add(&pool->generation, 1); /* seq_cst: pairs with n_sleeping below */
+    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    uint32_t gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool->claim, TP_WORD(gen, n, 0), memory_order_release);
+    atomic_store(&pool->generation, gen); /* seq_cst: pairs with n_sleeping below */
     if (atomic_load(&pool->n_sleeping) > 0)
         tp_futex_wake_all(&pool->generation);
 
-    fn(arg, 0, n);
+    tp_run_tasks(pool, gen);
+    int64_t t1 = pool->adaptive ? tp_now_ns() : 0;
 
-    /* On a machine with more runnable threads than cores a worker may be descheduled:
-     * stop spinning then, and give it the core. */
+    /* On a machine with more runnable threads than cores a worker may be descheduled in
+     * the middle of its task: stop spinning then, and give it the core. */
     int spins = 0;
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0) {
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) != n) {
         if (++spins < TP_SPIN)
             tp_cpu_relax();
         else
             sched_yield();
+    }
+    if (pool->adaptive) {
+        int64_t t2 = spins ? tp_now_ns() : t1;
+        tp_adapt_after_job(pool, t1 - t0, t2 - t1, t2);
     }
 }
 

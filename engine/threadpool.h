@@ -1,11 +1,16 @@
 /*
  * threadpool.h — a fixed set of threads that run one function together.
  *
- * The pool has N-1 worker threads; the calling thread is the N-th. tp_run() is the only
- * operation: every thread (caller included) calls fn(arg, ith, nth) once with its own
- * index ith in [0, nth), and tp_run returns when all have returned. A forward pass calls
- * it a few hundred times per token, so dispatch is a generation counter the workers spin
- * on briefly before sleeping on a futex (idle workers do not burn CPU).
+ * The pool has N-1 worker threads; the calling thread is the N-th. tp_run() is the main
+ * operation: fn(arg, ith, nth) is called once for every task index ith in [0, nth), by
+ * whichever threads (caller included) are running, and tp_run returns when all have
+ * returned. Normally nth = N and each thread runs one task; a thread that is late (its
+ * core taken by another process) leaves its task to the others, so one thread may run
+ * several tasks one after another. Per-task scratch indexed by ith stays exclusive.
+ * On a busy machine the pool may run jobs on fewer tasks (nth < N, see tp_n_active),
+ * so fn must split its work by the nth it is given, never by tp_n_threads. A forward
+ * pass calls tp_run a few hundred times per token, so dispatch is a generation counter
+ * the workers spin on briefly before sleeping on a futex (idle workers do not burn CPU).
  *
  * tp_run must not be called concurrently on one pool, nor from inside fn.
  */
@@ -13,6 +18,10 @@
 #define LLMS_THREADPOOL_H
 
 #include "engine/err.h"
+
+#include <stdbool.h>
+
+#define TP_MAX_THREADS 1024
 
 typedef struct tp_pool tp_pool;
 
@@ -26,10 +35,19 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX]);
 /* Stops and joins the workers. NULL is allowed. */
 void tp_free(tp_pool *pool);
 
-/* Number of threads fn runs on (workers + caller). */
+/* Number of threads of the pool (workers + caller): the most tasks a job has. */
 int tp_n_threads(const tp_pool *pool);
 
-/* Runs fn(arg, ith, nth) on every thread and returns when all calls have returned. */
+/* Tasks (threads) jobs run on now: tp_n_threads, or fewer while the pool finds that
+ * more threads only wait for each other because other processes hold the cores. */
+int tp_n_active(const tp_pool *pool);
+
+/* Adaptation on (the default, unless the environment has LLMS_THREADS_FIXED=1) or off
+ * (every job on tp_n_threads tasks). */
+void tp_set_adaptive(tp_pool *pool, bool adaptive);
+
+/* Runs fn(arg, ith, nth) for every task ith in [0, nth), nth = tp_n_active, and returns
+ * when all calls have returned. */
 void tp_run(tp_pool *pool, tp_fn fn, void *arg);
 
 /* The [begin, end) share of thread ith out of nth when n items are split evenly. */

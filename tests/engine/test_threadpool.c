@@ -1,6 +1,11 @@
-/* Thread pool: every thread runs each job exactly once, jobs run back to back, split. */
+/* Thread pool: every task of a job runs exactly once, jobs run back to back, split;
+ * a pool whose workers stall mid-task drops threads and takes them back once they keep
+ * up again. */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/threadpool.h"
@@ -33,6 +38,7 @@ static void test_runs_every_thread(void)
         char err[ERR_MAX];
         tp_pool *p = tp_new(n, err);
         CHECK_MSG(p, "%s", err);
+        tp_set_adaptive(p, false);
         CHECK_EQ(tp_n_threads(p), n);
         job j;
         memset(&j, 0, sizeof j);
@@ -52,6 +58,7 @@ static void test_wakes_after_sleep(void)
     char err[ERR_MAX];
     tp_pool *p = tp_new(3, err);
     CHECK(p);
+    tp_set_adaptive(p, false);
     job j;
     memset(&j, 0, sizeof j);
     tp_run(p, count_fn, &j);
@@ -85,11 +92,76 @@ static void test_split(void)
     CHECK_EQ(e - b, 0);
 }
 
+/* A job whose tasks stall on the worker thread (as a worker does when the kernel gives
+ * its core to another process in the middle of a task) and finish at once on the
+ * caller's. */
+typedef struct stall_job {
+    _Atomic int calls;
+    _Atomic long total;
+    _Atomic int stall_us;  /* how long a task on the worker stalls; 0: no stall */
+    pthread_t caller;
+} stall_job;
+
+static void stall_fn(void *p, int ith, int nth)
+{
+    stall_job *j = p;
+    atomic_fetch_add(&j->calls, 1);
+    long b, e, s = 0;
+    tp_split(1000, ith, nth, &b, &e);
+    for (long i = b; i < e; i++)
+        s += i;
+    atomic_fetch_add(&j->total, s);
+    int us = atomic_load(&j->stall_us);
+    (void)ith;
+    /* some work, so that a spinning worker claims its task before the caller is done */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 20000);
+    if (us && !pthread_equal(pthread_self(), j->caller))
+        usleep((useconds_t)us);
+}
+
+static void test_adapts_to_stalls(void)
+{
+    char err[ERR_MAX];
+    tp_pool *p = tp_new(2, err);
+    CHECK_MSG(p, "%s", err);
+    stall_job j = {.caller = pthread_self()};
+    atomic_store(&j.stall_us, 2000);
+    int runs = 0;
+    /* The worker's tasks stall the job: the pool ends up on one thread within a few
+     * windows (a task the worker has not claimed in time is the caller's, no stall). */
+    for (; runs < 2000 && tp_n_active(p) == 2; runs++)
+        tp_run(p, stall_fn, &j);
+    CHECK_EQ(tp_n_active(p), 1);
+    /* On one thread nothing stalls and every sum is still whole. */
+    for (int i = 0; i < 100; i++, runs++)
+        tp_run(p, stall_fn, &j);
+    CHECK_EQ(atomic_load(&j.total), (long)runs * 999 * 1000 / 2);
+    /* Once the stalls end, a later try keeps the second thread. */
+    atomic_store(&j.stall_us, 0);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double waited = 0;
+    while (tp_n_active(p) == 1 && waited < 10) {
+        for (int i = 0; i < 64; i++)
+            tp_run(p, stall_fn, &j);
+        usleep(1000);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        waited = (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) / 1e9;
+    }
+    CHECK_MSG(tp_n_active(p) == 2, "still on one thread after %.1f s", waited);
+    tp_free(p);
+}
+
 int main(void)
 {
     RUN(test_runs_every_thread);
     RUN(test_wakes_after_sleep);
     RUN(test_default_threads);
     RUN(test_split);
+    RUN(test_adapts_to_stalls);
     return test_finish();
 }
