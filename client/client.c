@@ -2,6 +2,7 @@
 #include "client/llms.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -593,28 +594,59 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     return LLMS_OK;
 }
 
-static enum llms_status list_contexts(llms_conn *c, Llms__Request *req, llms_context_info **out,
+/* Every page of a listing, concatenated (contexts created or deleted between pages may
+ * be missed or shifted, as with any paged listing). */
+static enum llms_status list_contexts(llms_conn *c, bool all, llms_context_info **out,
                                       size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;
-    Llms__Response *r;
-    enum llms_status s = unary(c, req, LLMS__RESPONSE__BODY_CONTEXTS, &r);
-    if (s != LLMS_OK)
-        return s;
-    size_t n = r->contexts->n_contexts;
-    llms_context_info *infos = calloc(n ? n : 1, sizeof *infos);
-    if (!infos) {
+    llms_context_info *infos = NULL;
+    size_t n = 0, cap = 0;
+    enum llms_status s = LLMS_OK;
+    for (;;) {
+        Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
+        lc.has_offset = 1;
+        lc.offset = (uint32_t)n;
+        Llms__Request req = LLMS__REQUEST__INIT;
+        req.body_case = all ? LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS
+                            : LLMS__REQUEST__BODY_LIST_CONTEXTS;
+        if (all)
+            req.list_all_contexts = &lc;
+        else
+            req.list_contexts = &lc;
+        Llms__Response *r;
+        s = unary(c, &req, LLMS__RESPONSE__BODY_CONTEXTS, &r);
+        if (s != LLMS_OK)
+            break;
+        size_t got = r->contexts->n_contexts;
+        if (n + got > cap) {
+            size_t ncap = cap ? cap : 64;
+            while (ncap < n + got)
+                ncap *= 2;
+            llms_context_info *p = realloc(infos, ncap * sizeof *p);
+            if (!p) {
+                frame_free_response(r);
+                s = fail(c, LLMS_ERR_INTERNAL, "out of memory");
+                break;
+            }
+            memset(p + cap, 0, (ncap - cap) * sizeof *p);
+            infos = p;
+            cap = ncap;
+        }
+        for (size_t i = 0; i < got && s == LLMS_OK; i++, n++)
+            s = info_from_proto(c, r->contexts->contexts[i], &infos[n]);
+        bool more = got > 0 && r->contexts->has_total && n < r->contexts->total;
         frame_free_response(r);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        if (s != LLMS_OK || !more)
+            break;
     }
-    for (size_t i = 0; i < n && s == LLMS_OK; i++)
-        s = info_from_proto(c, r->contexts->contexts[i], &infos[i]);
-    frame_free_response(r);
     if (s != LLMS_OK) {
         llms_context_list_free(infos, n);
         return s;
     }
+    if (!infos && !(infos = calloc(1, sizeof *infos)))
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
     *out = infos;
     *n_out = n;
     return LLMS_OK;
@@ -622,20 +654,12 @@ static enum llms_status list_contexts(llms_conn *c, Llms__Request *req, llms_con
 
 enum llms_status llms_context_list(llms_conn *c, llms_context_info **out, size_t *n_out)
 {
-    Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
-    Llms__Request req = LLMS__REQUEST__INIT;
-    req.body_case = LLMS__REQUEST__BODY_LIST_CONTEXTS;
-    req.list_contexts = &lc;
-    return list_contexts(c, &req, out, n_out);
+    return list_contexts(c, false, out, n_out);
 }
 
 enum llms_status llms_list_all_contexts(llms_conn *c, llms_context_info **out, size_t *n_out)
 {
-    Llms__Empty e = LLMS__EMPTY__INIT;
-    Llms__Request req = LLMS__REQUEST__INIT;
-    req.body_case = LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS;
-    req.list_all_contexts = &e;
-    return list_contexts(c, &req, out, n_out);
+    return list_contexts(c, true, out, n_out);
 }
 
 static enum llms_status get_context(llms_conn *c, const char *context_id, int with_history,

@@ -34,6 +34,7 @@
 
 #define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
 #define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
+#define SCHED_LIST_PAGE 256   /* contexts per ListContexts reply at most */
 #define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
 #define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
@@ -267,11 +268,21 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
     }
 }
 
+/* One page of the app's contexts (of all contexts with all), oldest first. */
 static void send_contexts(sched *s, const sched_job *j, bool all)
 {
-    int n = 0;
+    const Llms__ListContextsRequest *q =
+        all ? j->req->list_all_contexts : j->req->list_contexts;
+    uint32_t offset = q && q->has_offset ? q->offset : 0;
+    uint32_t limit = q && q->has_limit && q->limit ? q->limit : SCHED_LIST_PAGE;
+    if (limit > SCHED_LIST_PAGE)
+        limit = SCHED_LIST_PAGE;
+    uint32_t total = 0;
     for (ctx_entry *c = ctx_first(s->cm); c; c = c->next)
-        n += all || (c->uid == j->uid && strcmp(c->app_name, j->app) == 0);
+        total += all || (c->uid == j->uid && strcmp(c->app_name, j->app) == 0);
+    uint32_t n = offset < total ? total - offset : 0;
+    if (n > limit)
+        n = limit;
     Llms__ContextInfo *infos = calloc((size_t)n + 1, sizeof *infos);
     Llms__ContextInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
     if (!infos || !ptrs) {
@@ -280,9 +291,11 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    int k = 0;
-    for (ctx_entry *c = ctx_first(s->cm); c; c = c->next) {
+    uint32_t k = 0, seen = 0;
+    for (ctx_entry *c = ctx_first(s->cm); c && k < n; c = c->next) {
         if (!all && (c->uid != j->uid || strcmp(c->app_name, j->app) != 0))
+            continue;
+        if (seen++ < offset)
             continue;
         fill_info(s, c, all, false, &infos[k], NULL, NULL);
         ptrs[k] = &infos[k];
@@ -291,6 +304,8 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
     Llms__ListContextsResponse lr = LLMS__LIST_CONTEXTS_RESPONSE__INIT;
     lr.n_contexts = (size_t)k;
     lr.contexts = ptrs;
+    lr.has_total = 1;
+    lr.total = total;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;

@@ -431,6 +431,86 @@ static void bad_frames_do_not_disturb_others(void)
     llms_close(c);
 }
 
+/* ---- listings ---- */
+
+/* More contexts than one reply holds: the client library fetches every page, and a page
+ * is what offset and limit ask for. */
+static void listings_come_in_pages(void)
+{
+    const llmsd_proc *d;
+    NEED_DAEMON(d);
+    enum { APPS = 70, PER_APP = 4 }; /* max_contexts_per_app = 4; a page holds 256 */
+    static char ids[APPS][PER_APP][LLMS_ID_MAX];
+    for (int a = 0; a < APPS; a++) {
+        char app[32];
+        snprintf(app, sizeof app, "pages-%d", a);
+        llms_conn *c = proc_connect(d, app);
+        CHECK(c);
+        for (int i = 0; c && i < PER_APP; i++)
+            CHECK_EQ(llms_context_create(c, NULL, NULL, ids[a][i]), LLMS_OK);
+        llms_close(c);
+    }
+    llms_conn *admin = proc_connect(d, "pages-admin");
+    CHECK(admin);
+    llms_context_info *all = NULL;
+    size_t n_all = 0;
+    CHECK_EQ(llms_list_all_contexts(admin, &all, &n_all), LLMS_OK);
+    CHECK(n_all >= APPS * PER_APP);
+    int found = 0;
+    for (size_t k = 0; k < n_all; k++) {
+        for (size_t m = 0; m < k; m++)
+            CHECK(strcmp(all[k].id, all[m].id) != 0);
+        for (int a = 0; a < APPS; a++)
+            for (int i = 0; i < PER_APP; i++)
+                found += strcmp(all[k].id, ids[a][i]) == 0;
+    }
+    CHECK_EQ(found, APPS * PER_APP);
+    llms_context_list_free(all, n_all);
+    llms_close(admin);
+
+    /* one app's listing, then its page [1, 3) on the wire */
+    llms_conn *c = proc_connect(d, "pages-0");
+    CHECK(c);
+    llms_context_info *mine = NULL;
+    size_t n_mine = 0;
+    CHECK_EQ(llms_context_list(c, &mine, &n_mine), LLMS_OK);
+    CHECK_EQ(n_mine, PER_APP);
+    int fd = raw_connect(d);
+    CHECK(fd >= 0);
+    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
+    b.app_name = "pages-0";
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 1;
+    req.body_case = LLMS__REQUEST__BODY_BIND;
+    req.bind = &b;
+    CHECK(raw_send(fd, &req) == 0);
+    int timed_out;
+    Llms__Response *r = raw_read(fd, &timed_out);
+    CHECK(r && !r->error);
+    frame_free_response(r);
+    Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
+    lc.has_offset = lc.has_limit = 1;
+    lc.offset = 1;
+    lc.limit = 2;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = 2;
+    q.body_case = LLMS__REQUEST__BODY_LIST_CONTEXTS;
+    q.list_contexts = &lc;
+    CHECK(raw_send(fd, &q) == 0);
+    r = raw_read(fd, &timed_out);
+    CHECK(r && r->body_case == LLMS__RESPONSE__BODY_CONTEXTS);
+    if (r && r->body_case == LLMS__RESPONSE__BODY_CONTEXTS && n_mine == PER_APP) {
+        CHECK_EQ(r->contexts->n_contexts, 2);
+        CHECK(r->contexts->has_total && r->contexts->total == PER_APP);
+        for (size_t k = 0; k < r->contexts->n_contexts && k < 2; k++)
+            CHECK(strcmp(r->contexts->contexts[k]->context_id, mine[1 + k].id) == 0);
+    }
+    frame_free_response(r);
+    close(fd);
+    llms_context_list_free(mine, n_mine);
+    llms_close(c);
+}
+
 /* ---- quotas ---- */
 
 static void quotas(void)
@@ -694,6 +774,7 @@ int main(int argc, char **argv)
     RUN(streaming_and_cancel);
     RUN(bad_frames_do_not_disturb_others);
     RUN(quotas);
+    RUN(listings_come_in_pages);
     if (shared_up == 1 && proc_stop(&shared_daemon, SIGTERM) != 0)
         fprintf(stderr, "the shared llmsd did not exit cleanly\n");
     RUN(kill9_then_same_continuation);
