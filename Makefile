@@ -40,7 +40,8 @@ LDFLAGS := -pthread -Wl,--as-needed $(SANITIZE)
 LDLIBS  := $(DEPS_LIBS) -lm
 
 AVX2_FLAGS := -mavx2 -mfma -mf16c
-AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni
+AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni \
+                -ffp-contract=off
 
 ENGINE_SRC  := $(wildcard engine/*.c)
 ENGINE_LIB  := $(BUILD)/libengine.a

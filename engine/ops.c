@@ -211,7 +211,8 @@ static size_t ops_act_row_bytes(int cols)
 size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads)
 {
     int dot_tok = max_tok < OPS_DOT_MAX_TOK ? max_tok : OPS_DOT_MAX_TOK;
-    size_t act = (size_t)dot_tok * ops_act_row_bytes(max_cols);
+    size_t act = (size_t)dot_tok * ops_act_row_bytes(max_cols) +
+                 ops_align(quant_packed_bytes(QTYPE_Q8_0, dot_tok, max_cols));
     size_t tiles = (size_t)n_threads * ops_align((size_t)OPS_TILE_ROWS * max_cols * sizeof(float));
     return act > tiles ? act : tiles;
 }
@@ -229,6 +230,7 @@ typedef struct ops_matmul_job {
     const char *act;             /* (n_tok, act_stride) converted activations */
     size_t act_stride;
     uint32_t act_type;
+    const void *packed;          /* the activations packed for quant_dot_rows_packed, or NULL */
     char *scratch;
     size_t tile_stride;
     _Atomic int next_unit;
@@ -270,8 +272,11 @@ static void ops_dot_job(void *p, int ith, int nth)
         for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
             int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
             const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
-            quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
-                                 j->n_tok, w->cols, j->y[m] + b, (size_t)w->rows);
+            if (!j->packed || !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed,
+                                                     j->n_tok, w->cols, j->y[m] + b,
+                                                     (size_t)w->rows))
+                quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
+                                     j->n_tok, w->cols, j->y[m] + b, (size_t)w->rows);
         }
     }
 }
@@ -340,6 +345,11 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             ops_prepare_job(&j, 0, 1);
         else
             tp_run(pool, ops_prepare_job, &j);
+        if (quant_packed_bytes(act_type, n_tok, w[0]->cols)) {
+            char *packed = (char *)scratch + ops_align((size_t)n_tok * j.act_stride);
+            quant_pack_activations(act_type, j.act, j.act_stride, n_tok, w[0]->cols, packed);
+            j.packed = packed;
+        }
     }
     /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the
      * counter cheap; a multiple of the block so blocks stay whole */

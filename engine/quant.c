@@ -778,6 +778,43 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
         out[r] = quant_dot_scalar(t, w + (size_t)r * row_bytes, activation, n);
 }
 
+size_t quant_packed_bytes(uint32_t act_type, int n_act, int64_t n)
+{
+#if QUANT_HAVE_AVX2
+    if (act_type == QTYPE_Q8_0 && n_act >= QUANT_PACKED_MIN_ACT && n % QB_32 == 0 &&
+        use_avx512())
+        return quant_avx512_packed_bytes(n_act, n);
+#else
+    (void)act_type, (void)n_act, (void)n;
+#endif
+    return 0;
+}
+
+void quant_pack_activations(uint32_t act_type, const void *act, size_t act_stride, int n_act,
+                            int64_t n, void *packed)
+{
+#if QUANT_HAVE_AVX2
+    if (quant_packed_bytes(act_type, n_act, n))
+        quant_avx512_pack_q8_0(act, act_stride, n_act, n, packed);
+#else
+    (void)act, (void)act_stride, (void)packed;
+#endif
+}
+
+bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                           const void *packed, int n_act, int64_t n, float *out,
+                           size_t out_stride)
+{
+#if QUANT_HAVE_AVX2
+    if (quant_packed_bytes(quant_dot_activation_type(t), n_act, n))
+        return quant_avx512_dot_rows_packed(t, weights, row_bytes, n_rows, packed, n_act, n, out,
+                                            out_stride);
+#else
+    (void)weights, (void)row_bytes, (void)n_rows, (void)packed, (void)out, (void)out_stride;
+#endif
+    return false;
+}
+
 void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride)

@@ -123,6 +123,27 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride);
 
+/*
+ * Many activations at once (batched decode of several streams, short prompts): where the
+ * CPU has a kernel that keeps activations in the lanes of its registers (AVX-512 VNNI,
+ * Q8_0 weights), the activations are packed for it once per matrix product and every
+ * row block then reads them from there.
+ * quant_packed_bytes: the bytes n_act activations of n elements (each prepared as
+ * act_type) take packed, or 0 when there is no such kernel for them on this CPU (or for
+ * fewer than QUANT_PACKED_MIN_ACT activations, where quant_dot_rows_multi is faster).
+ * quant_pack_activations: packs them (n_act rows act_stride bytes apart) into packed.
+ * quant_dot_rows_packed: out[a * out_stride + r] = row r . activation a, as
+ * quant_dot_rows_multi computes it; returns false, writing nothing, when weight type t
+ * has no packed kernel. Each result equals quant_dot_scalar's bit for bit.
+ */
+#define QUANT_PACKED_MIN_ACT 8
+size_t quant_packed_bytes(uint32_t act_type, int n_act, int64_t n);
+void quant_pack_activations(uint32_t act_type, const void *act, size_t act_stride, int n_act,
+                            int64_t n, void *packed);
+bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                           const void *packed, int n_act, int64_t n, float *out,
+                           size_t out_stride);
+
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
  * per process; Q8_0 and Q4_K dot products then take AVX-512 VNNI kernels where the CPU

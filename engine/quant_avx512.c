@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "engine/quant.h"
 #include "engine/quant_blocks.h"
@@ -179,6 +180,143 @@ INLINE void multi_q4_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 {
     for (int64_t r = 0; r < n_rows; r++)
         multi_q4_k(na, (const qblock_q4_k *)(const void *)(w + (size_t)r * rb), act, as, nb, out + r, os);
+}
+
+/*
+ * Q8_0 on packed activations: lanes are activations. vpdpbusd multiplies the 16
+ * activations' bytes of one 4-byte group (a + 128, unsigned) by the same 4 weight bytes
+ * broadcast from the row as it is stored (signed), so eight of them give one row's whole
+ * block sum for 16 activations at once, and the scaling then costs three instructions
+ * per block and row instead of three per block, row and activation. The offset is taken
+ * back by starting the sum at -128 * (the block's weight sum), computed once per block
+ * for eight rows. Blocks are added one after another as the scalar kernel does,
+ * sum += (d_w * d_a) * (float)isum, so each result equals quant_dot_scalar bit for bit
+ * (this file is compiled with -ffp-contract=off).
+ */
+#define PACK_LANES 16
+#define PACK_ROWS 8
+
+/* One block of 16 activations: their scales, then for each of the block's eight 4-byte
+ * groups the 16 activations' bytes of it, offset by 128. */
+typedef struct pack_block {
+    float d[PACK_LANES];
+    uint8_t q[8][PACK_LANES][4];
+} pack_block;
+
+size_t quant_avx512_packed_bytes(int n_act, int64_t n)
+{
+    size_t groups = (size_t)(n_act + PACK_LANES - 1) / PACK_LANES;
+    return groups * (size_t)(n / QB_32) * sizeof(pack_block);
+}
+
+void quant_avx512_pack_q8_0(const void *act, size_t act_stride, int n_act, int64_t n,
+                            void *packed)
+{
+    int64_t nb = n / QB_32;
+    pack_block *p = packed;
+    for (int g0 = 0; g0 < n_act; g0 += PACK_LANES)
+        for (int64_t b = 0; b < nb; b++, p++)
+            for (int t = 0; t < PACK_LANES; t++) {
+                if (g0 + t >= n_act) {
+                    /* a missing activation: zero scale, bytes that stand for 0 */
+                    p->d[t] = 0.0f;
+                    for (int g = 0; g < 8; g++)
+                        memset(p->q[g][t], 0x80, 4);
+                    continue;
+                }
+                const qblock_q8_0 *y =
+                    (const qblock_q8_0 *)(const void *)((const uint8_t *)act +
+                                                        (size_t)(g0 + t) * act_stride) + b;
+                p->d[t] = _cvtsh_ss(y->d);
+                for (int g = 0; g < 8; g++)
+                    for (int k = 0; k < 4; k++)
+                        p->q[g][t][k] = (uint8_t)(y->qs[4 * g + k] ^ 0x80);
+            }
+}
+
+/* -128 * the weight sum of block b of each of the (up to eight) rows. */
+INLINE void block_offsets8(const qblock_q8_0 *const *x, int nr, int64_t b, int32_t corr[8])
+{
+    const __m256i ones = _mm256_set1_epi8(1), zero = _mm256_setzero_si256();
+    __m256i s[PACK_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < PACK_ROWS; r++)
+        s[r] = r < nr ? _mm256_dpbusd_epi32(
+                            zero, ones, _mm256_loadu_si256((const __m256i *)(const void *)x[r][b].qs))
+                      : zero;
+    /* h0123 = [rows 0-3 of lanes 0-3 | rows 0-3 of lanes 4-7], likewise h4567 */
+    __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                   _mm256_permute2x128_si256(h0123, h4567, 0x31));
+    _mm256_storeu_si256((__m256i *)(void *)corr, _mm256_sub_epi32(zero, _mm256_slli_epi32(tot, 7)));
+}
+
+/* Up to eight rows against one packed group of n_tok (<= 16) activations. */
+INLINE void packed_q8_0_rows8(int nr, const uint8_t *w, size_t rb, const pack_block *pk,
+                              int64_t nb, int n_tok, float *out, size_t os)
+{
+    const qblock_q8_0 *x[PACK_ROWS];
+    __m512 acc[PACK_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < PACK_ROWS; r++) {
+        x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)(r < nr ? r : 0) * rb);
+        acc[r] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t corr[PACK_ROWS];
+        block_offsets8(x, nr, b, corr);
+        const pack_block *p = pk + b;
+        __m512i a[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++)
+            a[g] = _mm512_loadu_si512(p->q[g]);
+        __m512 da = _mm512_loadu_ps(p->d);
+#pragma GCC unroll 8
+        for (int r = 0; r < PACK_ROWS; r++) {
+            if (r >= nr)
+                break;
+            const int8_t *q = x[r][b].qs;
+            __m512i s = _mm512_set1_epi32(corr[r]);
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int32_t w4;
+                memcpy(&w4, q + 4 * g, 4);
+                s = _mm512_dpbusd_epi32(s, a[g], _mm512_set1_epi32(w4));
+            }
+            __m512 m = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(x[r][b].d)), da);
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m, _mm512_cvtepi32_ps(s)));
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        float lane[PACK_LANES];
+        _mm512_storeu_ps(lane, acc[r]);
+        for (int t = 0; t < n_tok; t++)
+            out[(size_t)t * os + r] = lane[t];
+    }
+}
+
+int quant_avx512_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes,
+                                 int64_t n_rows, const void *packed, int n_act, int64_t n,
+                                 float *out, size_t out_stride)
+{
+    if (t != QTYPE_Q8_0)
+        return 0;
+    const uint8_t *w = weights;
+    int64_t nb = n / QB_32;
+    const pack_block *pk = packed;
+    for (int g0 = 0; g0 < n_act; g0 += PACK_LANES, pk += nb) {
+        int n_tok = n_act - g0 < PACK_LANES ? n_act - g0 : PACK_LANES;
+        float *o = out + (size_t)g0 * out_stride;
+        int64_t r = 0;
+        for (; r + PACK_ROWS <= n_rows; r += PACK_ROWS)
+            packed_q8_0_rows8(PACK_ROWS, w + (size_t)r * row_bytes, row_bytes, pk, nb, n_tok,
+                              o + r, out_stride);
+        if (r < n_rows)
+            packed_q8_0_rows8((int)(n_rows - r), w + (size_t)r * row_bytes, row_bytes, pk, nb,
+                              n_tok, o + r, out_stride);
+    }
+    return 1;
 }
 
 /* Calls ROWS(na, ...) for the activations in groups of MA, na constant in each call. */

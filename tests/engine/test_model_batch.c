@@ -6,7 +6,8 @@
  * Each sequence exists twice, built by identical prefills: one copy is advanced alone
  * with model_forward, the other in one model_forward_batch step with the others. With at
  * most 16 stacked rows (decode of several sequences) the matrix products use the per-row
- * dot kernels and everything is bit-equal, compressed chunks included. With more rows
+ * dot kernels and everything is bit-equal, compressed chunks included (but for the
+ * packed Q8_0 kernel from 8 rows on AVX-512 VNNI: test_decode_packed). With more rows
  * they use sgemm. Differences are then relative to each output's largest magnitude
  * (when above 1): for float weights they are rounding (TOL_MIXED_FLOAT, measured
  * ~1e-5 on logits); for quantized weights the lone decode rows were computed against
@@ -377,6 +378,33 @@ static void test_many_sequences(void)
     fixture_free(&f);
 }
 
+/* Twelve Q8_0 sequences decoding together: where the CPU has the packed-activation
+ * kernel (AVX-512 VNNI) the stacked rows sum each dot product in the scalar kernel's
+ * order and the lone rows in the SIMD kernel's lane order, so they agree to f32 rounding
+ * (TOL_PACKED, measured ~1e-6 on logits); elsewhere they are bit-equal. */
+#define TOL_PACKED 1e-4
+static void test_decode_packed(void)
+{
+    const char *path = gen("llama", QTYPE_Q8_0, 2);
+    CHECK(path);
+    int hist[12], rows[12];
+    for (int i = 0; i < 12; i++)
+        hist[i] = 3 + 5 * i, rows[i] = 1;
+    fixture f;
+    CHECK(fixture_init(&f, path, 2, 64, 12, hist) == 0);
+    step_diff d;
+    for (int round = 0; round < 3; round++) {
+        CHECK(step(&f, rows, false, false, &d) == 0);
+        bool packed = quant_packed_bytes(QTYPE_Q8_0, 12, 64) > 0;
+        CHECK_MSG(packed ? d.logits <= TOL_PACKED && d.kv <= TOL_KV_FLOAT : d.identical,
+                  "round %d: logits %g hidden %g kv %g", round, d.logits, d.hidden, d.kv);
+        if (round == 0)
+            printf("  12 sequences (%s): max |diff| logits %.3g hidden %.3g kv %.3g\n",
+                   packed ? "packed" : "per-row", d.logits, d.hidden, d.kv);
+    }
+    fixture_free(&f);
+}
+
 /* The trained models of the test data: decode bit-equal, mixed within tolerance. */
 static void test_trained_models(void)
 {
@@ -579,6 +607,7 @@ int main(void)
     RUN(test_decode_identical);
     RUN(test_mixed_decode_prefill);
     RUN(test_many_sequences);
+    RUN(test_decode_packed);
     RUN(test_trained_models);
     RUN(test_errors);
     RUN(test_reserve_rollback);
