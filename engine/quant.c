@@ -778,6 +778,16 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
         out[r] = quant_dot_scalar(t, w + (size_t)r * row_bytes, activation, n);
 }
 
+bool quant_packed_kernel(uint32_t t)
+{
+#if QUANT_HAVE_AVX2
+    return t == QTYPE_Q8_0 && use_avx512();
+#else
+    (void)t;
+    return false;
+#endif
+}
+
 size_t quant_packed_bytes(uint32_t act_type, int n_act, int64_t n)
 {
 #if QUANT_HAVE_AVX2

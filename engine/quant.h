@@ -137,6 +137,7 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
  * has no packed kernel. Each result equals quant_dot_scalar's bit for bit.
  */
 #define QUANT_PACKED_MIN_ACT 8
+bool quant_packed_kernel(uint32_t t); /* weight type t has a packed kernel on this CPU */
 size_t quant_packed_bytes(uint32_t act_type, int n_act, int64_t n);
 void quant_pack_activations(uint32_t act_type, const void *act, size_t act_stride, int n_act,
                             int64_t n, void *packed);
