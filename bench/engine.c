@@ -2,13 +2,19 @@
  * bench/engine — prefill and decode speed of the engine, and its peak memory.
  *
  *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [--load copy|map|both]
- *                      [MODEL.gguf ...]
+ *                      [--llama-bench PATH] [MODEL.gguf ...]
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
  * in Q8_0 and F16 — generating the files with build/mkmodel into build/bench-models/
- * on first use, and compares with llama.cpp's figures for the same shapes on this
- * machine kind (2 threads).
+ * on first use.
+ *
+ * --llama-bench PATH names a llama.cpp llama-bench built elsewhere (never part of this
+ * repository): each of our runs is paired with one llama-bench run on the same file and
+ * thread count (-p prompt -n gen -r 1, weights mapped), the two alternating which goes
+ * first, and the line gets llama.cpp's medians and our ratio to them. llama-bench
+ * decodes into an empty context, ours after the prompt, which favours llama.cpp a
+ * little.
  *
  * Each model runs in a child process so peak RSS is per model. A run is: prefill of a
  * prompt of random token ids into an empty context, then greedy decode of --gen tokens.
@@ -50,19 +56,93 @@ typedef struct bench_options {
     int n_prompt;
     int n_gen;
     gguf_load load;
+    const char *llama_bench; /* llama.cpp's llama-bench, or NULL */
 } bench_options;
 
-/* llama.cpp on this machine kind, 2 threads, TinyLlama-1.1B shape (issue #2). */
-typedef struct baseline {
-    const char *type;
-    double prefill_tok_s;
-    double decode_tok_s;
-} baseline;
+/* One llama-bench run: prompt and generation tokens/s (0 when not measured). */
+typedef struct llama_run {
+    double prefill_tok_s, decode_tok_s;
+} llama_run;
 
-static const baseline llamacpp_baselines[] = {
-    {"Q8_0", 67.0, 24.8},
-    {"F16", 88.0, 15.0},
-};
+/* Index of name among the n comma-separated, maybe quoted fields of a CSV header. */
+static int csv_field_index(char **fields, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(fields[i], name))
+            return i;
+    return -1;
+}
+
+/* Splits line in place at commas, dropping double quotes and the newline. */
+static int csv_split(char *line, char **fields, int cap)
+{
+    int n = 0;
+    line[strcspn(line, "\r\n")] = '\0';
+    for (char *p = line; n < cap;) {
+        char *end = strchr(p, ',');
+        if (end)
+            *end = '\0';
+        if (*p == '"') {
+            p++;
+            size_t len = strlen(p);
+            if (len && p[len - 1] == '"')
+                p[len - 1] = '\0';
+        }
+        fields[n++] = p;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return n;
+}
+
+/* Runs llama-bench once on path (its CSV output: one line per test) and reads the
+ * tokens/s of its prompt test and of its generation test. */
+static int run_llama_bench(const char *path, const bench_options *o, llama_run *out)
+{
+    *out = (llama_run){0};
+    if (strchr(path, '\'') || strchr(o->llama_bench, '\'')) {
+        fprintf(stderr, "engine: quotes in %s or %s\n", path, o->llama_bench);
+        return -1;
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -p %d -n %d -t %d -r 1 -o csv 2>/dev/null",
+             o->llama_bench, path, o->n_prompt, o->n_gen, o->n_threads);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "engine: cannot run %s\n", o->llama_bench);
+        return -1;
+    }
+    char line[8192], *fields[128];
+    int i_prompt = -1, i_gen = -1, i_ts = -1;
+    bool header = true;
+    while (fgets(line, sizeof line, p)) {
+        int n = csv_split(line, fields, 128);
+        if (header) {
+            i_prompt = csv_field_index(fields, n, "n_prompt");
+            i_gen = csv_field_index(fields, n, "n_gen");
+            i_ts = csv_field_index(fields, n, "avg_ts");
+            header = false;
+            continue;
+        }
+        if (i_prompt < 0 || i_gen < 0 || i_ts < 0 || n <= i_prompt || n <= i_gen || n <= i_ts)
+            continue;
+        double ts = atof(fields[i_ts]);
+        if (atoi(fields[i_prompt]) > 0 && atoi(fields[i_gen]) == 0)
+            out->prefill_tok_s = ts;
+        else if (atoi(fields[i_prompt]) == 0 && atoi(fields[i_gen]) > 0)
+            out->decode_tok_s = ts;
+    }
+    int rc = pclose(p);
+    if (rc != 0 || out->prefill_tok_s <= 0 || out->decode_tok_s <= 0) {
+        fprintf(stderr, "engine: %s gave no prompt and generation figures for %s (%s)\n",
+                o->llama_bench, path, cmd);
+        return -1;
+    }
+    return 0;
+}
+
 
 static int32_t argmax(const float *v, int n)
 {
@@ -190,6 +270,7 @@ static int bench_model(const char *path, const bench_options *o)
     int32_t *positions = malloc(sizeof *positions * (size_t)o->n_prompt);
     float *logits = malloc(sizeof *logits * (size_t)hp->n_vocab);
     double prefill[MAX_RUNS], decode[MAX_RUNS], read_gb_s[MAX_RUNS], share[MAX_RUNS];
+    double their_prefill[MAX_RUNS], their_decode[MAX_RUNS];
     size_t kv_bytes = 0;
     kv_seq seq;
 
@@ -205,6 +286,14 @@ static int bench_model(const char *path, const bench_options *o)
     }
 
     for (int run = 0; run < o->n_runs; run++) {
+        /* llama.cpp before ours on even runs, after on odd ones: drift favours neither */
+        llama_run theirs;
+        if (o->llama_bench && run % 2 == 0) {
+            if (run_llama_bench(path, o, &theirs))
+                goto out_seq;
+            their_prefill[run] = theirs.prefill_tok_s;
+            their_decode[run] = theirs.decode_tok_s;
+        }
         int32_t last = o->n_prompt - 1;
         model_batch b = {
             .n_tokens = o->n_prompt, .tokens = tokens, .positions = positions,
@@ -235,6 +324,12 @@ static int bench_model(const char *path, const bench_options *o)
         }
         decode[run] = o->n_gen / (bench_now_s() - t0);
         kv_bytes = kv_pool_bytes_used(seq.pool);
+        if (o->llama_bench && run % 2 == 1) {
+            if (run_llama_bench(path, o, &theirs))
+                goto out_seq;
+            their_prefill[run] = theirs.prefill_tok_s;
+            their_decode[run] = theirs.decode_tok_s;
+        }
     }
     kv_seq_free(&seq);
 
@@ -264,17 +359,18 @@ static int bench_model(const char *path, const bench_options *o)
                "\"decode_share_of_read\":%.3f",
                decode_med * (double)st.st_size / 1e9, bench_median(read_gb_s, o->n_runs),
                bench_median(share, n_shares));
-    for (size_t i = 0; i < sizeof llamacpp_baselines / sizeof *llamacpp_baselines; i++) {
-        const baseline *b = &llamacpp_baselines[i];
-        if (strcmp(b->type, type) == 0 && hp->dim == 2048 && hp->n_layer == 22)
-            printf(",\"llamacpp_prefill_tok_s\":%.1f,\"llamacpp_decode_tok_s\":%.1f,"
-                   "\"prefill_ratio\":%.3f,\"decode_ratio\":%.3f",
-                   b->prefill_tok_s, b->decode_tok_s, prefill_med / b->prefill_tok_s,
-                   decode_med / b->decode_tok_s);
+    if (o->llama_bench) {
+        double tp = bench_median(their_prefill, o->n_runs), td = bench_median(their_decode, o->n_runs);
+        printf(",\"llamacpp_prefill_tok_s\":%.2f,\"llamacpp_decode_tok_s\":%.2f,"
+               "\"prefill_ratio\":%.3f,\"decode_ratio\":%.3f",
+               tp, td, prefill_med / tp, decode_med / td);
     }
     printf("}\n");
     fflush(stdout);
     status = 0;
+    goto out;
+out_seq:
+    kv_seq_free(&seq);
 out:
     free(logits);
     free(positions);
@@ -363,9 +459,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--load") && (!strcmp(v, "copy") || !strcmp(v, "map") ||
                                                  !strcmp(v, "both")))
             load_copy = strcmp(v, "map") != 0, load_map = strcmp(v, "copy") != 0, i++;
+        else if (!strcmp(argv[i], "--llama-bench") && *v)
+            o.llama_bench = v, i++;
         else if (argv[i][0] == '-' || n_models == 64)
             rc = -1, fprintf(stderr, "usage: engine [-t N] [-r N] [--prompt N] [--gen N] "
-                                     "[--load copy|map|both] [MODEL.gguf ...]\n");
+                                     "[--load copy|map|both] [--llama-bench PATH] "
+                                     "[MODEL.gguf ...]\n");
         else
             models[n_models++] = argv[i];
         if (rc)
