@@ -31,6 +31,7 @@
 #include "engine/kv.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "engine/utf8.h"
 
 #define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
 #define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
@@ -65,6 +66,7 @@ typedef struct gen {
     const char *user_role;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
+    utf8_stream utf8;      /* a character a token left unfinished waits here */
     sampler *smp;
     stop_matcher stop;
     bool done;
@@ -780,6 +782,25 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
     send_resp(s, w->job->conn_id, &r, true);
 }
 
+/* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
+ * the reply and streamed with the tokens that produced it. At the end of the reply
+ * (last) a character left unfinished is released as U+FFFD; an end with no text sends
+ * nothing. */
+static void release_text(sched *s, const work *w, const char *text, size_t n, bool last,
+                         const int32_t *tok, int n_tok)
+{
+    gen *g = w->g;
+    char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
+    size_t len = utf8_stream_feed(&g->utf8, text, n, out);
+    if (last)
+        len += utf8_stream_flush(&g->utf8, out + len);
+    out[len] = '\0';
+    if (last && len == 0)
+        return;
+    append_text(&g->shown, &g->shown_len, &g->shown_cap, out, len);
+    send_chunk(s, w, out, tok, n_tok);
+}
+
 static void finish(gen *g, Llms__StopReason reason)
 {
     g->done = true;
@@ -812,11 +833,7 @@ static void take_token(sched *s, work *w, const float *logits)
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    if (n < 0)
-        n = 0;
-    shown[n] = '\0';
-    append_text(&g->shown, &g->shown_len, &g->shown_cap, shown, (size_t)n);
-    send_chunk(s, w, shown, &next, 1);
+    release_text(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
     if (stop_hit(&g->stop) >= 0)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
@@ -870,12 +887,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (!failed) {
         char tail[STOP_MAX_LEN + 1];
-        size_t n = stop_flush(&g->stop, tail);
-        tail[n] = '\0';
-        if (n) {
-            append_text(&g->shown, &g->shown_len, &g->shown_cap, tail, n);
-            send_chunk(s, w, tail, NULL, 0);
-        }
+        release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
     }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "client/llms.h"
+#include "engine/utf8.h"
 
 static volatile sig_atomic_t interrupted;
 
@@ -187,21 +188,6 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
     return report(c, llms_context_delete(c, argv[1]), argv[1]);
 }
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
 static int cmd_embed(llms_conn *c, char **texts, int n, enum llms_pooling pooling, int json)
 {
     llms_embeddings e;
@@ -281,7 +267,7 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
             for (size_t i = 0; i < r.n_hits; i++) {
                 printf("%s{\"rank\": %zu, \"index\": %" PRIu32 ", \"score\": %.6g, \"file\": ",
                        i ? ", " : "", i + 1, r.hits[i].index, r.hits[i].score);
-                json_string(files[r.hits[i].index]);
+                utf8_json_string(stdout, files[r.hits[i].index]);
                 printf("}");
             }
             printf("], \"layers_computed\": [");

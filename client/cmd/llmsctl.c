@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "client/llms.h"
+#include "engine/utf8.h"
 
 static int json;
 
@@ -34,40 +35,11 @@ static void usage(void)
     exit(2);
 }
 
-/* Writes s as a JSON string: quotes, backslashes and control bytes escaped; other bytes
- * (UTF-8 included) pass through. NULL is written as null. */
+/* JSON strings go through one writer that also replaces invalid UTF-8: histories hold
+ * whatever bytes users sent. */
 static void json_str(const char *s)
 {
-    if (!s) {
-        fputs("null", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"':
-            fputs("\\\"", stdout);
-            break;
-        case '\\':
-            fputs("\\\\", stdout);
-            break;
-        case '\n':
-            fputs("\\n", stdout);
-            break;
-        case '\r':
-            fputs("\\r", stdout);
-            break;
-        case '\t':
-            fputs("\\t", stdout);
-            break;
-        default:
-            if (*p < 0x20 || *p == 0x7f)
-                printf("\\u%04x", *p);
-            else
-                putchar(*p);
-        }
-    }
-    putchar('"');
+    utf8_json_string(stdout, s);
 }
 
 static const char *memory_name(enum llms_memory m)

@@ -8,8 +8,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "engine/gguf.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
+#include "engine/utf8.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
@@ -182,6 +184,103 @@ static void llmsctl_reports(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Whether s[0..n) is all valid UTF-8. */
+static int valid_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        int k = utf8_seq(s + i, n - i);
+        if (k <= 0)
+            return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
+static int check_piece(const char *text, size_t len, void *user)
+{
+    int *all_valid = user;
+    *all_valid &= valid_utf8(text, len);
+    return 0;
+}
+
+/* A random-weight model on a byte-fallback vocabulary produces token sequences that
+ * are no UTF-8 (a lone continuation byte, a character cut short); every streamed piece,
+ * the result and the stored history are valid UTF-8 all the same, with U+FFFD where
+ * the bytes were invalid. */
+static void streamed_text_is_valid_utf8(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *vocab_path = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab_path)
+        SKIP("test data vocab/ggml-vocab-llama-spm.gguf is absent");
+    char err[ERR_MAX], path[700];
+    gguf_file *vocab = gguf_open(vocab_path, err);
+    CHECK_MSG(vocab, "%s", err);
+    proc_fmt(path, sizeof path, "%s/spm.gguf", test_tmpdir());
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .vocab = vocab, .n_threads = 1,
+    };
+    int rc = modelgen_write(&mp, path, err);
+    gguf_close(vocab);
+    CHECK_MSG(rc == 0, "modelgen: %s", err);
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "utf8", path, NULL) == 0);
+    llms_conn *c = proc_connect(&d, "utf8");
+    CHECK(c);
+    int replaced = 0, all_valid = 1;
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        llms_params p = LLMS_PARAMS_INIT;
+        p.temperature = 1.5f;
+        p.top_k = 0;
+        p.top_p = 1;
+        p.min_p = 0;
+        p.max_tokens = 200;
+        p.has_seed = 1;
+        p.seed = seed;
+        char id[LLMS_ID_MAX];
+        CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+        llms_result r;
+        CHECK_EQ(llms_call(c, id, "Hello", &p, check_piece, &all_valid, &r), LLMS_OK);
+        all_valid &= valid_utf8(r.text, strlen(r.text));
+        replaced += strstr(r.text, "\xef\xbf\xbd") != NULL;
+        llms_result_free(&r);
+        llms_context_info info;
+        CHECK_EQ(llms_context_get(c, id, 1, &info), LLMS_OK);
+        for (size_t i = 0; i < info.n_history; i++)
+            all_valid &= valid_utf8(info.history[i].content, strlen(info.history[i].content));
+        llms_context_info_free(&info);
+    }
+    CHECK_MSG(all_valid, "a piece, a result or the history was not valid UTF-8");
+    CHECK_MSG(replaced > 0, "no reply had invalid bytes to replace: the test shows nothing");
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* A user turn of invalid UTF-8 is stored as sent; llmsctl --json still prints valid
+ * UTF-8 JSON, with U+FFFD for the bad bytes. */
+static void json_of_invalid_utf8_history_is_valid(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[16384], err[4096];
+    proc_fmt(cmd, sizeof cmd,
+             "printf 'bad \\201 byte \\303\\n' | '%s' --socket '%s' --app cli-bytes "
+             "--temp 0 --max-tokens 4 chat",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "llms chat failed: %s", err);
+    char id[LLMS_ID_MAX];
+    CHECK_MSG(sscanf(err, "context %127s", id) == 1, "no context id on stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json show %s", llmsctl_path, llmsd.sock,
+             id);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(valid_utf8(out, strlen(out)), "not UTF-8: %s", out);
+    CHECK_MSG(strstr(out, "\"content\":\"bad \\ufffd byte \\ufffd\""), "json: %s", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json contexts", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(valid_utf8(out, strlen(out)), "not UTF-8: %s", out);
+}
+
 static void bad_usage_fails(void)
 {
     if (!llmsd_path[0])
@@ -218,7 +317,9 @@ int main(int argc, char **argv)
     }
     RUN(ask_prints_an_answer);
     RUN(chat_resumes_and_ctx_commands);
+    RUN(json_of_invalid_utf8_history_is_valid);
     RUN(llmsctl_reports);
+    RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);
     if (llmsd_up == 1)
         proc_stop(&llmsd, SIGTERM);
