@@ -26,6 +26,7 @@
 
 #include "daemon/ctxmgr.h"
 #include "daemon/prompt.h"
+#include "daemon/reqlog.h"
 #include "daemon/resp.h"
 #include "daemon/semantic.h"
 #include "engine/kv.h"
@@ -177,10 +178,14 @@ static void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const
     uint8_t *buf;
     size_t len;
     va_list ap;
+    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    if (resp_error_v(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
-        outq_push(s->env.out, j->conn_id, buf, len, false);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    reqlog_request(j->uid, j->app, j->req->body_case, -1,
+                   (double)(mono_ns() - j->queued_ns) / 1e6, code, msg);
+    if (resp_error(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(s->env.out, j->conn_id, buf, len, false);
 }
 
 static void send_ok(sched *s, const sched_job *j)
@@ -485,7 +490,7 @@ static void handle_status(sched *s, const sched_job *j)
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
-    st.version = "0.1";
+    st.version = LLMS_VERSION;
     st.model_path = (char *)s->env.model_path;
     st.model_arch = (char *)arch[hp->arch];
     const gguf_file *gf = model_gguf(s->env.m);
@@ -919,6 +924,11 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             send_resp(s, w->job->conn_id, &r, false);
         }
     }
+    if (!failed)
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
+                       (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor,
+                                                            (int)g->reason)->name);
     /* After the reply is queued: the context's modified chunks are compressed and
      * written (ahead-of-time swap-out), or a failed call's extra KV dropped; then its
      * chunks are unlocked. */
@@ -967,10 +977,15 @@ static void work_end(sched *s, work *w)
 {
     if (w->g) {
         if (!w->g->done)
-            finish(w->g, w->cancelled ? LLMS__STOP_REASON__STOP_CANCELLED
-                                      : LLMS__STOP_REASON__STOP_DEADLINE);
+            finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
+                         : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
+                                       : LLMS__STOP_REASON__STOP_CANCELLED);
         gen_end(s, w, w->failed ? w->fail_msg : NULL);
-    } else if (!w->quiet && !w->answered) {
+    } else if (w->answered) {
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, -1,
+                       (double)(mono_ns() - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       "answered");
+    } else if (!w->quiet) {
         if (w->failed)
             send_error(s, w->job, w->fail_code, "%s", w->fail_msg);
         else if (s->shutting)
