@@ -82,7 +82,14 @@ enum llms_stop_reason {
     LLMS_STOP_CONTEXT_FULL = 3, /* the context window is full */
     LLMS_STOP_CANCELLED = 4,    /* cancelled */
     LLMS_STOP_DEADLINE = 5,     /* the request's timeout (llms_set_timeout) passed */
+    LLMS_STOP_SHUTDOWN = 6,     /* the daemon is shutting down: the reply is cut */
 };
+
+/*
+ * A short constant name for a stop reason: "eos", "max_tokens", "stop_string",
+ * "context_full", "cancelled", "deadline", "shutdown" ("unknown" for others).
+ */
+const char *llms_stop_reason_name(enum llms_stop_reason r);
 
 /* Where a context's KV memory is (proto MemoryState). */
 enum llms_memory {
@@ -90,6 +97,9 @@ enum llms_memory {
     LLMS_MEMORY_RESIDENT = 1, /* in the daemon's memory */
     LLMS_MEMORY_ON_DISK = 2,  /* swapped out to the daemon's store */
 };
+
+/* A short constant name for a memory state: "none", "resident", "on_disk". */
+const char *llms_memory_name(enum llms_memory m);
 
 /* An unset integer field of llms_params. */
 #define LLMS_UNSET INT32_MIN
