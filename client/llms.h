@@ -347,13 +347,16 @@ void llms_rerank_options_init(llms_rerank_options *o);
 
 typedef struct llms_rerank_hit {
     uint32_t index;  /* into the documents given */
-    float score;     /* in [0, 1] */
+    float score;     /* in [0, 1], the last layer's; NaN for a document LLMS_RERANK_SET
+                        selected before the last layer (its membership is exact, its
+                        score unfinished) */
 } llms_rerank_hit;
 
 /* Outcome of llms_rerank() (proto RerankResponse). */
 typedef struct llms_rerank_result {
     size_t n_hits;
-    llms_rerank_hit *hits;       /* (n_hits) best first */
+    llms_rerank_hit *hits;       /* (n_hits) best first; when a score is NaN only the
+                                    membership is exact, not the order */
     size_t n_documents;
     uint32_t *layers_computed;   /* (n_documents) layers each document went through */
     size_t n_layer;

@@ -439,6 +439,21 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
     return LLMS__ERROR_CODE__OK;
 }
 
+/* Whether the reranker knows its "yes" and "no" tokens; otherwise answers
+ * FAILED_PRECONDITION naming the settings that fix it. */
+static bool answer_tokens_known(semantic *sm, const reranker *rr, const rerank_options *o,
+                                uint64_t conn_id, const Llms__Request *req)
+{
+    char err[ERR_MAX];
+    int32_t yes, no;
+    if (rerank_answer_tokens(rr, o, &yes, &no, err) == 0)
+        return true;
+    send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+               "%s: set rerank_yes_token and rerank_no_token to the reranker's answer token ids",
+               err);
+    return false;
+}
+
 static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__RerankRequest *rq = req->rerank;
@@ -496,6 +511,12 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return NULL;
     }
+    if (!answer_tokens_known(sm, rr, &o, conn_id, req))
+        return NULL;
+    /* Every document is in a top-K that large, so set mode would stop after the first
+     * layer with provisional scores; the full forward gives the exact scores and order. */
+    if (o.mode == RERANK_SET && o.top_k >= (int)rq->n_documents)
+        o.mode = RERANK_ORDERED;
     sem_task *t = task_new(sm, SEM_RERANK, conn_id, req);
     if (!t)
         return NULL;
@@ -506,7 +527,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
                          (int)rq->n_documents, &o, err);
     if (!t->rt) {
         semantic_task_free(t);
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
     sm->rr_busy = true;
@@ -532,7 +553,10 @@ static void rerank_reply(sem_task *t, const rerank_result *res)
     for (int i = 0; i < res->n; i++) {
         llms__rerank_hit__init(&hits[i]);
         hits[i].index = (uint32_t)res->index[i];
-        hits[i].score = res->score[i];
+        /* A document selected before the last layer (set mode) has only a provisional
+         * score: NaN says so rather than pass it off as the reranker's verdict. */
+        bool final = res->layers_computed[res->index[i]] == res->n_layer;
+        hits[i].score = final ? res->score[i] : NAN;
         hptr[i] = &hits[i];
     }
     for (size_t i = 0; i < nd; i++)
@@ -609,6 +633,8 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return;
     }
+    if (!answer_tokens_known(sm, rr, &o, conn_id, req))
+        return;
     size_t nq = cq->n_queries;
     int k = o.top_k;
     int *ref = calloc(nq * (size_t)k, sizeof *ref); /* (nq, k) full-forward top-K */
@@ -726,14 +752,14 @@ int semantic_advance(sem_task *t, int max_rows)
     }
     int rc = rerank_step(t->rt, max_rows, err);
     if (rc < 0) {
-        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     if (rc == 0)
         return 0;
     rerank_result res;
     if (rerank_task_result(t->rt, &res, err) < 0) {
-        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     rerank_reply(t, &res);

@@ -386,11 +386,22 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
         for (size_t i = 0; i < r.n_documents; i++)
             layers += r.layers_computed[i];
         double mean_layers = r.n_documents ? (double)layers / r.n_documents : 0;
+        /* The order is a ranking only when every score is final (see llms_rerank_hit),
+         * or when there is one hit. */
+        int ranked = 1;
+        for (size_t i = 0; i < r.n_hits; i++)
+            ranked &= !isnan(r.hits[i].score);
+        ranked |= r.n_hits <= 1;
         if (json) {
             printf("{\"hits\": [");
             for (size_t i = 0; i < r.n_hits; i++) {
-                printf("%s{\"rank\": %zu, \"index\": %" PRIu32 ", \"score\": %.6g, \"file\": ",
-                       i ? ", " : "", i + 1, r.hits[i].index, r.hits[i].score);
+                char rank[32] = "null", score[32] = "null";
+                if (ranked)
+                    snprintf(rank, sizeof rank, "%zu", i + 1);
+                if (!isnan(r.hits[i].score))
+                    snprintf(score, sizeof score, "%.6g", r.hits[i].score);
+                printf("%s{\"rank\": %s, \"index\": %" PRIu32 ", \"score\": %s, \"file\": ",
+                       i ? ", " : "", rank, r.hits[i].index, score);
                 utf8_json_string(stdout, files[r.hits[i].index]);
                 printf("}");
             }
@@ -404,9 +415,19 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
                    r.peak_bytes, r.time_ms, r.cv_threshold);
         } else {
             printf("rank  index     score  file\n");
-            for (size_t i = 0; i < r.n_hits; i++)
-                printf("%4zu  %5" PRIu32 "  %.6f  %s\n", i + 1, r.hits[i].index, r.hits[i].score,
+            for (size_t i = 0; i < r.n_hits; i++) {
+                char rank[32] = "   -", score[32] = "        -";
+                if (ranked)
+                    snprintf(rank, sizeof rank, "%4zu", i + 1);
+                if (!isnan(r.hits[i].score))
+                    snprintf(score, sizeof score, "%.6f", r.hits[i].score);
+                printf("%s  %5" PRIu32 "  %s  %s\n", rank, r.hits[i].index, score,
                        files[r.hits[i].index]);
+            }
+            if (!ranked)
+                printf("(set mode: the top %zu as a set; documents chosen before the last "
+                       "layer have no final score, so no rank; --mode ordered ranks them)\n",
+                       r.n_hits);
             printf("layers computed: %.2f of %zu per document; pruned per layer:", mean_layers,
                    r.n_layer);
             for (size_t l = 0; l < r.n_layer; l++)

@@ -508,6 +508,26 @@ static void chat_goes_on_after_an_error(void)
     CHECK_MSG(strstr(out, "first question") && strstr(out, "last question"), "history: %s", out);
 }
 
+/* A reranker vocabulary without "yes" / "no" (this model's synthetic one) is a setting
+ * to fix: FAILED_PRECONDITION naming the settings, under one "rerank:" prefix. */
+static void rerank_without_answer_tokens_names_the_settings(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], err[4096], doc[700];
+    proc_fmt(doc, sizeof doc, "%s/doc.txt", test_tmpdir());
+    FILE *f = fopen(doc, "w");
+    CHECK(f);
+    fputs("tok5 tok6\n", f);
+    fclose(f);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' rerank -q tok7 '%s'", llms_path, llmsd.sock,
+             doc);
+    CHECK_EQ(run(cmd, NULL, 0, err, sizeof err), 1);
+    CHECK_MSG(strstr(err, "rerank_yes_token") && strstr(err, "(FAILED_PRECONDITION)"),
+              "stderr: %s", err);
+    const char *first = strstr(err, "rerank:");
+    CHECK_MSG(first && !strstr(first + 1, "rerank:"), "stderr: %s", err);
+}
+
 /* Admin calls need no app: llmsctl does not count itself among the apps. */
 static void llmsctl_is_not_an_app(void)
 {
@@ -574,6 +594,7 @@ int main(int argc, char **argv)
     RUN(stop_reasons_through_the_cli);
     RUN(chat_goes_on_after_an_error);
     RUN(llmsctl_is_not_an_app);
+    RUN(rerank_without_answer_tokens_names_the_settings);
     RUN(chat_resumes_and_ctx_commands);
     RUN(json_of_invalid_utf8_history_is_valid);
     RUN(llmsctl_reports);
