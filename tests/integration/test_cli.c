@@ -364,7 +364,7 @@ static long prompt_tokens(const char *err)
 }
 
 /* ask takes its prompt from the argument, from stdin (- or a pipe) and from -f FILE,
- * and a prompt longer than any argument list. */
+ * and a prompt longer than any argument list; --system adds to it. */
 static void ask_reads_stdin_and_files(void)
 {
     NEED_DAEMON();
@@ -375,6 +375,11 @@ static void ask_reads_stdin_and_files(void)
     CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "ask: %s", err);
     long want = prompt_tokens(err);
     CHECK_MSG(want > 10, "stderr: %s", err);
+    /* --system is part of ask's prompt, not ignored */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 1 --system 'Be terse.' ask '%s'",
+             llms_path, llmsd.sock, text);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "ask --system: %s", err);
+    CHECK_MSG(prompt_tokens(err) > want, "ask --system: %s", err);
     proc_fmt(file, sizeof file, "%s/prompt.txt", test_tmpdir());
     FILE *f = fopen(file, "w");
     CHECK(f);
@@ -528,6 +533,40 @@ static void rerank_without_answer_tokens_names_the_settings(void)
     CHECK_MSG(first && !strstr(first + 1, "rerank:"), "stderr: %s", err);
 }
 
+/* llms and llmsctl name a context's memory state alike, evicted or resident. */
+static void state_names_agree(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], mine[4096], admin[8192], err[4096];
+    proc_fmt(cmd, sizeof cmd, "echo hello | '%s' --socket '%s' --app cli-state --max-tokens 2 chat",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) == 0, "chat: %s", err);
+    char id[LLMS_ID_MAX];
+    CHECK_MSG(sscanf(err, "context %127s", id) == 1, "no context id on stderr: %s", err);
+    static const char *const states[] = {"resident", "on_disk", "none"};
+    for (int evicted = 0; evicted < 2; evicted++) {
+        if (evicted) {
+            proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' evict %s", llmsctl_path, llmsd.sock,
+                     id);
+            CHECK_EQ(run(cmd, NULL, 0, NULL, 0), 0);
+        }
+        proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-state ctx list", llms_path,
+                 llmsd.sock);
+        CHECK_EQ(run(cmd, mine, sizeof mine, NULL, 0), 0);
+        proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' contexts | grep %s", llmsctl_path,
+                 llmsd.sock, id);
+        CHECK_EQ(run(cmd, admin, sizeof admin, NULL, 0), 0);
+        int same = 0;
+        for (int i = 0; i < 3; i++) {
+            char word[32];
+            proc_fmt(word, sizeof word, " %s ", states[i]);
+            same += strstr(mine, word) && strstr(admin, word);
+        }
+        CHECK_MSG(same == 1, "llms: %sllmsctl: %s", mine, admin);
+        CHECK_MSG(evicted == !strstr(mine, " resident "), "llms: %s", mine);
+    }
+}
+
 /* Admin calls need no app: llmsctl does not count itself among the apps. */
 static void llmsctl_is_not_an_app(void)
 {
@@ -594,6 +633,7 @@ int main(int argc, char **argv)
     RUN(stop_reasons_through_the_cli);
     RUN(chat_goes_on_after_an_error);
     RUN(llmsctl_is_not_an_app);
+    RUN(state_names_agree);
     RUN(rerank_without_answer_tokens_names_the_settings);
     RUN(chat_resumes_and_ctx_commands);
     RUN(json_of_invalid_utf8_history_is_valid);
