@@ -6,6 +6,7 @@
 #   make install    install (honours DESTDIR and PREFIX)
 #   make fuzz       build the libFuzzer targets (clang)
 #   make bench      build the benchmarks
+#   make V=1        show the compiler and linker commands (default: one line per file)
 #
 # Sources are found by convention, so adding a file needs no Makefile edit:
 #   engine/*.c          -> libengine.a   (files named *_avx2.c get AVX2/FMA/F16C flags,
@@ -22,6 +23,14 @@
 #   tests/**/test_*.c   -> one test program each, linked with tests/support/*.c
 #   tests/fuzz/fuzz_*.c -> one libFuzzer target each
 
+# Make's built-in implicit rules would be tried against every file of the tree (a no-op
+# make took ten seconds); every rule this build needs is written below.
+MAKEFLAGS += --no-builtin-rules
+.SUFFIXES:
+
+# The one version string: programs get it as LLMS_VERSION, the pkg-config file too.
+VERSION  := 0.1.0
+
 CC       ?= cc
 BUILD    ?= build
 OPT      ?= -O2
@@ -35,9 +44,19 @@ DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS  := -std=gnu11 -Wall -Wextra -Werror $(OPT) -g -pthread -fPIC \
-           -D_GNU_SOURCE -I. -I$(BUILD) $(DEPS_CFLAGS) $(SANITIZE) $(EXTRA_CFLAGS)
+           -D_GNU_SOURCE -DLLMS_VERSION='"$(VERSION)"' -I. -I$(BUILD) $(DEPS_CFLAGS) \
+           $(SANITIZE) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread -Wl,--as-needed $(SANITIZE)
 LDLIBS  := $(DEPS_LIBS) -lm
+
+# Quiet by default: a line per file; V=1 prints the commands themselves.
+ifeq ($(V),1)
+Q    :=
+SAY  := @:
+else
+Q    := @
+SAY  := @printf '  %-6s %s\n'
+endif
 
 AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni \
@@ -86,16 +105,19 @@ deps:
 
 $(PROTO_GEN_C) $(PROTO_GEN_H) &: proto/llms.proto
 	@mkdir -p $(BUILD)/proto
-	protoc-c --c_out=$(BUILD) proto/llms.proto
+	$(SAY) PROTOC $<
+	$(Q)protoc-c --c_out=$(BUILD) proto/llms.proto
 
 # Generated code follows protoc-c's style, not ours: no -Werror for it.
 $(BUILD)/proto/llms.pb-c.o: $(PROTO_GEN_C)
-	$(CC) $(filter-out -Werror,$(CFLAGS)) -c $< -o $@
+	$(SAY) CC $<
+	$(Q)$(CC) $(filter-out -Werror,$(CFLAGS)) -c $< -o $@
 
 # Every object may include the generated header, so it comes first.
 $(BUILD)/%.o: %.c | $(PROTO_GEN_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(if $(findstring _avx2,$<),$(AVX2_FLAGS))$(if $(findstring _avx512,$<), $(AVX512_FLAGS)) -MMD -MP -c $< -o $@
+	$(SAY) CC $<
+	$(Q)$(CC) $(CFLAGS) $(if $(findstring _avx2,$<),$(AVX2_FLAGS))$(if $(findstring _avx512,$<), $(AVX512_FLAGS)) -MMD -MP -c $< -o $@
 
 $(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 $(PROTO_LIB): $(BUILD)/proto/llms.pb-c.o $(PROTO_SRC:%.c=$(BUILD)/%.o)
@@ -104,27 +126,34 @@ $(DAEMON_LIB): $(DAEMON_SRC:%.c=$(BUILD)/%.o)
 $(CLIENT_LIB): $(CLIENT_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(SAY) AR $@
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 # The shared client library carries the protocol code so apps link only -lllmsclient.
 $(BUILD)/libllmsclient.so: $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
                            $(PROTO_SRC:%.c=$(BUILD)/%.o)
-	$(CC) -shared -Wl,-soname,libllmsclient.so.1 $(LDFLAGS) $^ -lprotobuf-c -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.1 $(LDFLAGS) $^ -lprotobuf-c -o $@
 
 $(BUILD)/llmsd: $(BUILD)/daemon/main.o $(ALL_LIBS)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/%: $(BUILD)/client/cmd/%.o $(CLIENT_LIB) $(PROTO_LIB) $(ENGINE_LIB)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(ALL_LIBS)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ALL_LIBS)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(ALL_LIBS)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(SAY) LD $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # Test programs start these programs of their own build, so they are built with them.
 tests: $(TEST_BIN) $(TOOL_BIN) $(DAEMON_BIN) $(CLIENT_CMD) $(CLIENT_SO)
@@ -141,7 +170,8 @@ check: deps
 # Fuzz targets need clang's libFuzzer; they are built from the library sources directly.
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(ENGINE_SRC) $(PROTO_SRC) $(PROTO_GEN_C)
 	@mkdir -p $(dir $@)
-	clang -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. -I$(BUILD) $(DEPS_CFLAGS) $(AVX2_FLAGS) \
+	$(SAY) FUZZ $@
+	$(Q)clang -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. -I$(BUILD) $(DEPS_CFLAGS) $(AVX2_FLAGS) \
 	    -fsanitize=fuzzer,address,undefined $^ $(DEPS_LIBS) -lm -o $@
 
 fuzz: $(FUZZ_BIN)
@@ -150,7 +180,7 @@ run: deps all
 	@sh scripts/demo.sh
 
 install: all
-	sh scripts/install.sh "$(DESTDIR)" "$(PREFIX)" "$(BUILD)"
+	sh scripts/install.sh "$(DESTDIR)" "$(PREFIX)" "$(BUILD)" "$(VERSION)"
 
 clean:
 	rm -rf build

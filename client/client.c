@@ -43,6 +43,27 @@ const char *llms_status_name(enum llms_status s)
     return "UNKNOWN";
 }
 
+const char *llms_stop_reason_name(enum llms_stop_reason r)
+{
+    static const char *const names[] = {"eos",       "max_tokens", "stop_string", "context_full",
+                                        "cancelled", "deadline",   "shutdown"};
+    if ((unsigned)r < sizeof names / sizeof names[0])
+        return names[r];
+    return "unknown";
+}
+
+const char *llms_memory_name(enum llms_memory m)
+{
+    switch (m) {
+    case LLMS_MEMORY_RESIDENT:
+        return "resident";
+    case LLMS_MEMORY_ON_DISK:
+        return "on_disk";
+    default:
+        return "none";
+    }
+}
+
 __attribute__((format(printf, 3, 4))) static enum llms_status
 fail(llms_conn *c, enum llms_status s, const char *fmt, ...)
 {

@@ -82,7 +82,14 @@ enum llms_stop_reason {
     LLMS_STOP_CONTEXT_FULL = 3, /* the context window is full */
     LLMS_STOP_CANCELLED = 4,    /* cancelled */
     LLMS_STOP_DEADLINE = 5,     /* the request's timeout (llms_set_timeout) passed */
+    LLMS_STOP_SHUTDOWN = 6,     /* the daemon is shutting down: the reply is cut */
 };
+
+/*
+ * A short constant name for a stop reason: "eos", "max_tokens", "stop_string",
+ * "context_full", "cancelled", "deadline", "shutdown" ("unknown" for others).
+ */
+const char *llms_stop_reason_name(enum llms_stop_reason r);
 
 /* Where a context's KV memory is (proto MemoryState). */
 enum llms_memory {
@@ -90,6 +97,9 @@ enum llms_memory {
     LLMS_MEMORY_RESIDENT = 1, /* in the daemon's memory */
     LLMS_MEMORY_ON_DISK = 2,  /* swapped out to the daemon's store */
 };
+
+/* A short constant name for a memory state: "none", "resident", "on_disk". */
+const char *llms_memory_name(enum llms_memory m);
 
 /* An unset integer field of llms_params. */
 #define LLMS_UNSET INT32_MIN
@@ -337,13 +347,16 @@ void llms_rerank_options_init(llms_rerank_options *o);
 
 typedef struct llms_rerank_hit {
     uint32_t index;  /* into the documents given */
-    float score;     /* in [0, 1] */
+    float score;     /* in [0, 1], the last layer's; NaN for a document LLMS_RERANK_SET
+                        selected before the last layer (its membership is exact, its
+                        score unfinished) */
 } llms_rerank_hit;
 
 /* Outcome of llms_rerank() (proto RerankResponse). */
 typedef struct llms_rerank_result {
     size_t n_hits;
-    llms_rerank_hit *hits;       /* (n_hits) best first */
+    llms_rerank_hit *hits;       /* (n_hits) best first; when a score is NaN only the
+                                    membership is exact, not the order */
     size_t n_documents;
     uint32_t *layers_computed;   /* (n_documents) layers each document went through */
     size_t n_layer;

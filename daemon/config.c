@@ -3,6 +3,7 @@
  * range, so the file parser, the flags and --help share one list.
  */
 #include "daemon/config.h"
+#include "daemon/reqlog.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -61,6 +62,10 @@ static const key_def keys[] = {
     FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: mean bits per element over 8 "
                                     "(default 0.5)"),
     STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
+    CHOICE(log_level, REQLOG_LEVELS,
+           "what goes to stderr (the journal): error (failures of the daemon itself), warn, "
+           "or info (also one line per request that used the engine, and every error "
+           "answered) (default info)"),
     {"socket_mode", KEY_MODE, offsetof(config, socket_mode), 0, 0, 0777,
      "permission bits of the socket, octal (default 0660)", NULL},
     FLT(temperature, 0, 100, "default temperature, <= 0 greedy (default 0.8)"),
@@ -101,6 +106,7 @@ void config_defaults(config *c)
     c->kv_compress_ratio = 0.5f;
     strcpy(c->admin_group, "llms-admin");
     c->socket_mode = 0660;
+    strcpy(c->log_level, "info");
     c->temperature = 0.8f;
     c->top_k = 40;
     c->top_p = 0.95f;

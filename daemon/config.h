@@ -37,6 +37,7 @@ typedef struct config {
     float kv_compress_ratio;           /* tolerance: mean bits per element over 8 */
     char admin_group[64];
     unsigned socket_mode;              /* permission bits of the socket file */
+    char log_level[8];                 /* "error", "warn" or "info" (daemon/reqlog.h) */
     /* Generation defaults (a context's defaults and a request's params override them). */
     float temperature;
     int top_k;

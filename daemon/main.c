@@ -12,6 +12,7 @@
 #include "daemon/config.h"
 #include "daemon/notify.h"
 #include "daemon/outq.h"
+#include "daemon/reqlog.h"
 #include "daemon/sched.h"
 #include "daemon/server.h"
 #include "engine/chat.h"
@@ -28,20 +29,24 @@ static void usage(FILE *out)
             "Serves an LLM to the apps of this machine over a Unix socket.\n\n"
             "  -c, --config PATH           settings file (default %s; a missing default\n"
             "                              file is fine, a missing given one is an error)\n"
-            "  -h, --help                  this text\n\n"
+            "  -h, --help                  this text\n"
+            "      --version               the version\n\n"
             "Every setting of the file can be given as --KEY VALUE (or --KEY=VALUE), which\n"
             "overrides the file:\n",
             CONFIG_DEFAULT_PATH);
     config_print_keys(out);
 }
 
-/* Loads the file, then applies the flags. Returns 0, 1 for --help, -1 on error. */
+/* Loads the file, then applies the flags. Returns 0, 1 for --help, 2 for --version, -1
+ * on error. */
 static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
 {
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return 1;
+        if (strcmp(argv[i], "--version") == 0)
+            return 2;
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc)
                 return err_set(err, "%s needs a path", argv[i]);
@@ -162,11 +167,16 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (rc == 2) {
+        printf("llmsd %s\n", LLMS_VERSION);
+        return 0;
+    }
     if (rc) {
         fprintf(stderr, "llmsd: %s\n", err);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    reqlog_set_level(cfg.log_level);
 
     int status = 1;
     model *m = NULL;

@@ -26,11 +26,13 @@
 
 #include "daemon/ctxmgr.h"
 #include "daemon/prompt.h"
+#include "daemon/reqlog.h"
 #include "daemon/resp.h"
 #include "daemon/semantic.h"
 #include "engine/kv.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "engine/utf8.h"
 
 #define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
 #define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
@@ -66,6 +68,7 @@ typedef struct gen {
     const char *user_role;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
+    utf8_stream utf8;      /* a character a token left unfinished waits here */
     sampler *smp;
     stop_matcher stop;
     bool done;
@@ -177,10 +180,14 @@ static void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const
     uint8_t *buf;
     size_t len;
     va_list ap;
+    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    if (resp_error_v(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
-        outq_push(s->env.out, j->conn_id, buf, len, false);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    reqlog_request(j->uid, j->app, j->req->body_case, -1,
+                   (double)(mono_ns() - j->queued_ns) / 1e6, code, msg);
+    if (resp_error(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(s->env.out, j->conn_id, buf, len, false);
 }
 
 static void send_ok(sched *s, const sched_job *j)
@@ -499,7 +506,7 @@ static void handle_status(sched *s, const sched_job *j)
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
-    st.version = "0.1";
+    st.version = LLMS_VERSION;
     st.model_path = (char *)s->env.model_path;
     st.model_arch = (char *)arch[hp->arch];
     const gguf_file *gf = model_gguf(s->env.m);
@@ -802,6 +809,25 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
     send_resp(s, w->job->conn_id, &r, true);
 }
 
+/* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
+ * the reply and streamed with the tokens that produced it. At the end of the reply
+ * (last) a character left unfinished is released as U+FFFD; an end with no text sends
+ * nothing. */
+static void release_text(sched *s, const work *w, const char *text, size_t n, bool last,
+                         const int32_t *tok, int n_tok)
+{
+    gen *g = w->g;
+    char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
+    size_t len = utf8_stream_feed(&g->utf8, text, n, out);
+    if (last)
+        len += utf8_stream_flush(&g->utf8, out + len);
+    out[len] = '\0';
+    if (last && len == 0)
+        return;
+    append_text(&g->shown, &g->shown_len, &g->shown_cap, out, len);
+    send_chunk(s, w, out, tok, n_tok);
+}
+
 static void finish(gen *g, Llms__StopReason reason)
 {
     g->done = true;
@@ -834,11 +860,7 @@ static void take_token(sched *s, work *w, const float *logits)
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    if (n < 0)
-        n = 0;
-    shown[n] = '\0';
-    append_text(&g->shown, &g->shown_len, &g->shown_cap, shown, (size_t)n);
-    send_chunk(s, w, shown, &next, 1);
+    release_text(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
     if (stop_hit(&g->stop) >= 0)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
@@ -892,12 +914,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (!failed) {
         char tail[STOP_MAX_LEN + 1];
-        size_t n = stop_flush(&g->stop, tail);
-        tail[n] = '\0';
-        if (n) {
-            append_text(&g->shown, &g->shown_len, &g->shown_cap, tail, n);
-            send_chunk(s, w, tail, NULL, 0);
-        }
+        release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
     }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
@@ -929,6 +946,11 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             send_resp(s, w->job->conn_id, &r, false);
         }
     }
+    if (!failed)
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
+                       (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor,
+                                                            (int)g->reason)->name);
     /* After the reply is queued: the context's modified chunks are compressed and
      * written (ahead-of-time swap-out), or a failed call's extra KV dropped; then its
      * chunks are unlocked. */
@@ -977,10 +999,15 @@ static void work_end(sched *s, work *w)
 {
     if (w->g) {
         if (!w->g->done)
-            finish(w->g, w->cancelled ? LLMS__STOP_REASON__STOP_CANCELLED
-                                      : LLMS__STOP_REASON__STOP_DEADLINE);
+            finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
+                         : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
+                                       : LLMS__STOP_REASON__STOP_CANCELLED);
         gen_end(s, w, w->failed ? w->fail_msg : NULL);
-    } else if (!w->quiet && !w->answered) {
+    } else if (w->answered) {
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, -1,
+                       (double)(mono_ns() - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       "answered");
+    } else if (!w->quiet) {
         if (w->failed)
             send_error(s, w->job, w->fail_code, "%s", w->fail_msg);
         else if (s->shutting)

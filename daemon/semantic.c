@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/reqlog.h"
 #include "daemon/resp.h"
 #include "engine/embed.h"
 #include "engine/rerank.h"
@@ -73,19 +74,23 @@ static void send_resp(semantic *sm, uint64_t conn_id, Llms__Response *r)
         outq_push(sm->env.out, conn_id, buf, len, false);
 }
 
-static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorCode code,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
+                       Llms__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
-static void send_error(semantic *sm, uint64_t conn_id, uint64_t id, Llms__ErrorCode code,
-                       const char *fmt, ...)
+static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
+                       Llms__ErrorCode code, const char *fmt, ...)
 {
     uint8_t *buf;
     size_t len;
     va_list ap;
+    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    if (resp_error_v(id, code, sm->env.cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
-        outq_push(sm->env.out, conn_id, buf, len, false);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
+    if (resp_error(req->id, code, sm->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(sm->env.out, conn_id, buf, len, false);
 }
 
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
@@ -131,7 +136,7 @@ static sem_task *task_new(semantic *sm, enum sem_kind kind, uint64_t conn_id,
 {
     sem_task *t = calloc(1, sizeof *t);
     if (!t) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
     }
     t->sm = sm;
@@ -210,11 +215,11 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     const config *cfg = sm->env.cfg;
     size_t n = er->n_texts;
     if (n == 0) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
         return NULL;
     }
     if (n > (size_t)cfg->embed_max_texts) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "%zu texts, more than the limit (embed_max_texts = %d)", n, cfg->embed_max_texts);
         return NULL;
     }
@@ -223,7 +228,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
         if (er->pooling == LLMS__POOLING__POOLING_MEAN)
             pooling = EMBED_MEAN;
         else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "unknown pooling %d", (int)er->pooling);
             return NULL;
         }
@@ -231,7 +236,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     int dim = sm->dim;
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
                    cfg->max_frame_bytes);
         return NULL;
@@ -252,7 +257,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     else
         code = embed_tokenize(t, er, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(sm, conn_id, req->id, code, "%s", err);
+        send_error(sm, conn_id, req, code, "%s", err);
         semantic_task_free(t);
         return NULL;
     }
@@ -288,7 +293,7 @@ static void embed_reply(sem_task *t)
     Llms__Vector **vptr = calloc(n, sizeof *vptr);
     uint32_t *ntok = calloc(n, sizeof *ntok);
     if (!vecs || !vptr || !ntok) {
-        send_error(sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        send_error(sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
@@ -434,30 +439,45 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
     return LLMS__ERROR_CODE__OK;
 }
 
+/* Whether the reranker knows its "yes" and "no" tokens; otherwise answers
+ * FAILED_PRECONDITION naming the settings that fix it. */
+static bool answer_tokens_known(semantic *sm, const reranker *rr, const rerank_options *o,
+                                uint64_t conn_id, const Llms__Request *req)
+{
+    char err[ERR_MAX];
+    int32_t yes, no;
+    if (rerank_answer_tokens(rr, o, &yes, &no, err) == 0)
+        return true;
+    send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+               "%s: set rerank_yes_token and rerank_no_token to the reranker's answer token ids",
+               err);
+    return false;
+}
+
 static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__RerankRequest *rq = req->rerank;
     char err[ERR_MAX];
     Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(sm, conn_id, req->id, code, "%s", err);
+        send_error(sm, conn_id, req, code, "%s", err);
         return NULL;
     }
     rerank_options o;
     if (call_options(sm, rq->has_top_k, rq->top_k, rq->has_mode, rq->mode, &o, err) < 0) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return NULL;
     }
     if (rq->has_stream_weights)
         o.stream_weights = rq->stream_weights;
     if (rq->has_cv_threshold && rq->has_target_precision) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                    "give cv_threshold or target_precision, not both");
         return NULL;
     }
     if (rq->has_cv_threshold) {
         if (!isfinite(rq->cv_threshold)) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "cv_threshold is not a number");
             return NULL;
         }
@@ -465,7 +485,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
     } else if (rq->has_target_precision) {
         float p = rq->target_precision;
         if (!(p > 0 && p <= 1)) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "target_precision %g is outside (0, 1]", p);
             return NULL;
         }
@@ -475,11 +495,11 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         int nv = 0;
         bool found = false;
         if (store_setting_get(sm->env.st, key, v, 4, &nv, &found, err) < 0) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
             return NULL;
         }
         if (!found || nv < 1) {
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
                        "no threshold calibrated for precision %.4f on %s "
                        "(llmsctl rerank-calibrate)", p, rerank_path(sm));
             return NULL;
@@ -488,9 +508,15 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
     }
     reranker *rr = get_reranker(sm, err);
     if (!rr) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return NULL;
     }
+    if (!answer_tokens_known(sm, rr, &o, conn_id, req))
+        return NULL;
+    /* Every document is in a top-K that large, so set mode would stop after the first
+     * layer with provisional scores; the full forward gives the exact scores and order. */
+    if (o.mode == RERANK_SET && o.top_k >= (int)rq->n_documents)
+        o.mode = RERANK_ORDERED;
     sem_task *t = task_new(sm, SEM_RERANK, conn_id, req);
     if (!t)
         return NULL;
@@ -501,7 +527,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
                          (int)rq->n_documents, &o, err);
     if (!t->rt) {
         semantic_task_free(t);
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
     sm->rr_busy = true;
@@ -521,13 +547,16 @@ static void rerank_reply(sem_task *t, const rerank_result *res)
     uint32_t *layers = calloc(nd, sizeof *layers);
     uint32_t *pruned = calloc((size_t)res->n_layer + 1, sizeof *pruned);
     if (!hits || !hptr || !layers || !pruned) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     for (int i = 0; i < res->n; i++) {
         llms__rerank_hit__init(&hits[i]);
         hits[i].index = (uint32_t)res->index[i];
-        hits[i].score = res->score[i];
+        /* A document selected before the last layer (set mode) has only a provisional
+         * score: NaN says so rather than pass it off as the reranker's verdict. */
+        bool final = res->layers_computed[res->index[i]] == res->n_layer;
+        hits[i].score = final ? res->score[i] : NAN;
         hptr[i] = &hits[i];
     }
     for (size_t i = 0; i < nd; i++)
@@ -578,39 +607,41 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
     char err[ERR_MAX];
     float p = cq->precision;
     if (!(p > 0 && p <= 1)) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                    "precision %g is outside (0, 1]", p);
         return;
     }
     if (cq->n_queries == 0) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
         return;
     }
     for (size_t q = 0; q < cq->n_queries; q++) {
         const Llms__RerankQuery *rq = cq->queries[q];
         Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
         if (code != LLMS__ERROR_CODE__OK) {
-            send_error(sm, conn_id, req->id, code, "query %zu: %s", q, err);
+            send_error(sm, conn_id, req, code, "query %zu: %s", q, err);
             return;
         }
     }
     rerank_options o;
     if (call_options(sm, cq->has_top_k, cq->top_k, cq->has_mode, cq->mode, &o, err) < 0) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return;
     }
     reranker *rr = get_reranker(sm, err);
     if (!rr) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
         return;
     }
+    if (!answer_tokens_known(sm, rr, &o, conn_id, req))
+        return;
     size_t nq = cq->n_queries;
     int k = o.top_k;
     int *ref = calloc(nq * (size_t)k, sizeof *ref); /* (nq, k) full-forward top-K */
     int *nref = calloc(nq, sizeof *nref);
     float grid_prec[CALIB_N];
     if (!ref || !nref) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     double full_ms = 0, pruned_ms = 0;
@@ -623,7 +654,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
         if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
                        &o, &res, err) < 0) {
             rerank_result_free(&res);
-            send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
+            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
             goto done;
         }
         full_ms += now_ms() - t0;
@@ -643,7 +674,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
             if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
                            (int)rq->n_documents, &o, &res, err) < 0) {
                 rerank_result_free(&res);
-                send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
+                send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
                            err);
                 goto done;
             }
@@ -663,7 +694,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
     setting_key(sm, p, key);
     double vals[4] = {thr, chosen >= 0 ? grid_prec[chosen] : 1.0, k, o.mode};
     if (store_setting_put(sm->env.st, key, vals, 4, err) < 0) {
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
         goto done;
     }
     Llms__RerankCalibrateResponse cr = LLMS__RERANK_CALIBRATE_RESPONSE__INIT;
@@ -701,7 +732,7 @@ sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *re
             sm->rr_busy = true;
         return t;
     default:
-        send_error(sm, conn_id, req->id, LLMS__ERROR_CODE__UNIMPLEMENTED,
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
                    "request body %d is not a semantic call", (int)req->body_case);
         return NULL;
     }
@@ -721,14 +752,14 @@ int semantic_advance(sem_task *t, int max_rows)
     }
     int rc = rerank_step(t->rt, max_rows, err);
     if (rc < 0) {
-        send_error(t->sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     if (rc == 0)
         return 0;
     rerank_result res;
     if (rerank_task_result(t->rt, &res, err) < 0) {
-        send_error(t->sm, t->conn_id, t->req->id, LLMS__ERROR_CODE__INTERNAL, "rerank: %s", err);
+        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     rerank_reply(t, &res);

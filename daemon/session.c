@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/prompt.h"
+#include "daemon/reqlog.h"
 #include "daemon/resp.h"
 
 bool session_peer_admin(uid_t uid, gid_t gid, pid_t pid, bool have_admin_gid, gid_t admin_gid)
@@ -66,10 +67,55 @@ static void send_error(const session_env *env, void *conn, uint64_t id, Llms__Er
     uint8_t *buf;
     size_t len;
     va_list ap;
+    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    if (resp_error_v(id, code, env->cfg->max_frame_bytes, &buf, &len, fmt, ap) == 0)
-        env->send(conn, buf, len);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (resp_error(id, code, env->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        env->send(conn, buf, len);
+}
+
+static bool is_admin_call(Llms__Request__BodyCase b)
+{
+    return b == LLMS__REQUEST__BODY_STATUS || b == LLMS__REQUEST__BODY_LIST_APPS ||
+           b == LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS || b == LLMS__REQUEST__BODY_EVICT_CONTEXT ||
+           b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
+           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
+}
+
+/* Answers a request the loop refuses, with a line in the log. */
+static void refuse(const session_env *env, const session *ss, void *conn,
+                   const Llms__Request *req, Llms__ErrorCode code, const char *msg)
+{
+    reqlog_request(ss->uid, ss->bound ? ss->app : "", req->body_case, -1, -1, code, msg);
+    send_error(env, conn, req->id, code, "%s", msg);
+}
+
+/* An empty prompt or text would only run the chat template or nothing at all: a
+ * mistake of the caller. NULL when the request is fine, else why not. */
+static const char *empty_input(const Llms__Request *req)
+{
+    if (req->body_case == LLMS__REQUEST__BODY_CALL && !req->call->prompt[0])
+        return "the prompt is empty";
+    if (req->body_case == LLMS__REQUEST__BODY_COMPLETE && !req->complete->prompt[0])
+        return "the prompt is empty";
+    if (req->body_case == LLMS__REQUEST__BODY_EMBED)
+        for (size_t i = 0; i < req->embed->n_texts; i++)
+            if (!req->embed->texts[i][0])
+                return "a text to embed is empty";
+    return NULL;
+}
+
+/* Admin calls answered without an app, so that an administrator's tool does not show up
+ * as an app itself. RerankCalibrate queues engine work, which belongs to an app. */
+static bool is_unbound_admin_call(const session *ss, const Llms__Request *req)
+{
+    Llms__Request__BodyCase b = req->body_case;
+    if (!ss->admin)
+        return false;
+    if (b == LLMS__REQUEST__BODY_GET_CONTEXT)
+        return req->get_context->has_any_app && req->get_context->any_app;
+    return is_admin_call(b) && b != LLMS__REQUEST__BODY_RERANK_CALIBRATE;
 }
 
 static void send_resp(const session_env *env, void *conn, Llms__Response *r)
@@ -164,28 +210,25 @@ static void handle_detokenize(const session_env *env, void *conn, const Llms__Re
     free(text);
 }
 
-static bool is_admin_call(Llms__Request__BodyCase b)
-{
-    return b == LLMS__REQUEST__BODY_STATUS || b == LLMS__REQUEST__BODY_LIST_APPS ||
-           b == LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS || b == LLMS__REQUEST__BODY_EVICT_CONTEXT ||
-           b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
-           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
-}
 
 void session_handle(const session_env *env, session *ss, void *conn, Llms__Request *req)
 {
     Llms__Request__BodyCase b = req->body_case;
+    const char *empty;
     if (b == LLMS__REQUEST__BODY__NOT_SET) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__UNIMPLEMENTED,
-                   "request has no body this daemon knows");
+        refuse(env, ss, conn, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
+               "request has no body this daemon knows");
     } else if (b == LLMS__REQUEST__BODY_BIND) {
         handle_bind(env, ss, conn, req);
-    } else if (!ss->bound) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "Bind(app_name) first");
+    } else if (!ss->bound && !is_unbound_admin_call(ss, req)) {
+        refuse(env, ss, conn, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+               "Bind(app_name) first");
     } else if (is_admin_call(b) && !ss->admin) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__PERMISSION_DENIED,
-                   "admin call: needs uid 0 or group %s", env->cfg->admin_group);
+        char msg[128];
+        snprintf(msg, sizeof msg, "admin call: needs uid 0 or group %s", env->cfg->admin_group);
+        refuse(env, ss, conn, req, LLMS__ERROR_CODE__PERMISSION_DENIED, msg);
+    } else if ((empty = empty_input(req))) {
+        refuse(env, ss, conn, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, empty);
     } else if (b == LLMS__REQUEST__BODY_TOKENIZE) {
         handle_tokenize(env, conn, req);
     } else if (b == LLMS__REQUEST__BODY_DETOKENIZE) {

@@ -269,6 +269,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             err_set(err, "cannot add tensor '%s'", t->name);
             goto out;
         }
+        if (p->progress)
+            p->progress(i + 1, n_t, p->progress_user);
     }
     rc = gguf_writer_write(w, path, err);
 out:

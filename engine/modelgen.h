@@ -32,6 +32,10 @@ typedef struct modelgen_params {
     const gguf_file *vocab;
     int n_vocab;
     int n_threads;      /* threads generating and quantizing rows; <= 0: online CPUs */
+    /* Called after each tensor is generated (done of total), for a large model takes
+     * minutes; NULL: not called. */
+    void (*progress)(int done, int total, void *user);
+    void *progress_user;
 } modelgen_params;
 
 /* Writes the model to path. 0, or -1 with err. */

@@ -339,7 +339,7 @@ static size_t rr_data_span(const gguf_file *g, void **from)
 reranker *rerank_open(const char *model_path, const rerank_options *options, char err[ERR_MAX])
 {
     if (!model_path) {
-        err_set(err, "rerank: no model path");
+        err_set(err, "no model path");
         return NULL;
     }
     reranker *rr = calloc(1, sizeof *rr);
@@ -1114,7 +1114,7 @@ static void rr_end_layer(rerank_task *t)
 int rerank_step(rerank_task *t, long max_rows, char err[ERR_MAX])
 {
     if (t->failed)
-        return err_set(err, "rerank: the run failed before");
+        return err_set(err, "the run failed before");
     rr_run *s = &t->s;
     long rows = 0;
     while (!t->done && (rows == 0 || rows < max_rows)) {
@@ -1181,7 +1181,7 @@ static int rr_answer_token(const reranker *rr, int32_t given, const char *word, 
 {
     if (given >= 0) {
         if (given >= rr->hp.n_vocab)
-            return err_set(err, "rerank: %s token %d out of range [0, %d)", word, given,
+            return err_set(err, "%s token %d out of range [0, %d)", word, given,
                            rr->hp.n_vocab);
         *out = given;
         return 0;
@@ -1197,8 +1197,16 @@ static int rr_answer_token(const reranker *rr, int32_t given, const char *word, 
             return 0;
         }
     }
-    return err_set(err, "rerank: the vocabulary has no \"%s\" token (set yes_token / no_token)",
-                   word);
+    return err_set(err, "the vocabulary has no \"%s\" token", word);
+}
+
+int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
+                         int32_t *no, char err[ERR_MAX])
+{
+    if (rr_answer_token(rr, o->yes_token, "yes", yes, err) < 0 ||
+        rr_answer_token(rr, o->no_token, "no", no, err) < 0)
+        return -1;
+    return 0;
 }
 
 void rerank_task_free(rerank_task *t)
@@ -1225,31 +1233,30 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
     double t0 = rr_now_ms();
     const rerank_options *o = options ? options : &rr->opt;
     if (n_docs <= 0)
-        return err_set(err, "rerank: no documents"), NULL;
+        return err_set(err, "no documents"), NULL;
     if (o->top_k < 1)
-        return err_set(err, "rerank: top_k %d must be at least 1", o->top_k), NULL;
+        return err_set(err, "top_k %d must be at least 1", o->top_k), NULL;
     if (o->mode != RERANK_SET && o->mode != RERANK_ORDERED)
-        return err_set(err, "rerank: unknown mode %d", (int)o->mode), NULL;
+        return err_set(err, "unknown mode %d", (int)o->mode), NULL;
     if (!pairs || !lens)
-        return err_set(err, "rerank: no token sequences"), NULL;
+        return err_set(err, "no token sequences"), NULL;
     const model_hparams *hp = &rr->hp;
     int max_len = 0;
     for (int i = 0; i < n_docs; i++) {
         if (!pairs[i] || lens[i] <= 0)
-            return err_set(err, "rerank: document %d has no tokens", i), NULL;
+            return err_set(err, "document %d has no tokens", i), NULL;
         if (lens[i] > RR_MAX_TOKENS)
-            return err_set(err, "rerank: document %d has %d tokens, more than %d", i, lens[i],
+            return err_set(err, "document %d has %d tokens, more than %d", i, lens[i],
                            RR_MAX_TOKENS), NULL;
         for (int t = 0; t < lens[i]; t++)
             if (pairs[i][t] < 0 || pairs[i][t] >= hp->n_vocab)
-                return err_set(err, "rerank: document %d token %d id %d out of range [0, %d)",
+                return err_set(err, "document %d token %d id %d out of range [0, %d)",
                                i, t, pairs[i][t], hp->n_vocab), NULL;
         if (lens[i] > max_len)
             max_len = lens[i];
     }
     int32_t yes, no;
-    if (rr_answer_token(rr, o->yes_token, "yes", &yes, err) < 0 ||
-        rr_answer_token(rr, o->no_token, "no", &no, err) < 0)
+    if (rerank_answer_tokens(rr, o, &yes, &no, err) < 0)
         return NULL;
 
     rerank_task *t = calloc(1, sizeof *t);
@@ -1305,7 +1312,7 @@ int rerank_task_result(rerank_task *t, rerank_result *out, char err[ERR_MAX])
 {
     memset(out, 0, sizeof *out);
     if (!t->done || t->failed || !t->pruned_at)
-        return err_set(err, "rerank: the run has not finished");
+        return err_set(err, "the run has not finished");
     const rr_run *s = &t->s;
     int n_docs = s->n;
     int *idx = malloc((size_t)n_docs * sizeof *idx);
@@ -1351,7 +1358,7 @@ int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens
                       const rerank_options *options, rerank_result *out, char err[ERR_MAX])
 {
     if (!out)
-        return err_set(err, "rerank: no result");
+        return err_set(err, "no result");
     memset(out, 0, sizeof *out);
     rerank_task *t = rerank_begin_tokens(rr, pairs, lens, n_docs, options, err);
     return t ? rr_run_task(t, out, err) : -1;
@@ -1372,7 +1379,7 @@ static int rr_toks_add(const reranker *rr, rr_toks *t, const char *text, size_t 
     for (;;) {
         int n = tok_encode(rr->tok, text, len, false, special, t->ids + t->n, t->cap - t->n);
         if (n < 0)
-            return err_set(err, "rerank: tokenizing failed");
+            return err_set(err, "tokenizing failed");
         if (t->n + n <= t->cap) {
             t->n += n;
             return 0;
@@ -1427,12 +1434,12 @@ rerank_task *rerank_begin(reranker *rr, const char *query, const char *const *do
                           const rerank_options *options, char err[ERR_MAX])
 {
     if (!query || !*query)
-        return err_set(err, "rerank: empty query"), NULL;
+        return err_set(err, "empty query"), NULL;
     if (n_docs <= 0 || !docs)
-        return err_set(err, "rerank: no documents"), NULL;
+        return err_set(err, "no documents"), NULL;
     for (int i = 0; i < n_docs; i++)
         if (!docs[i] || !*docs[i])
-            return err_set(err, "rerank: document %d is empty", i), NULL;
+            return err_set(err, "document %d is empty", i), NULL;
     int32_t **pairs = calloc((size_t)n_docs, sizeof *pairs);
     int *lens = calloc((size_t)n_docs, sizeof *lens);
     rr_toks tk = {0};
@@ -1471,7 +1478,7 @@ int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_d
                const rerank_options *options, rerank_result *out, char err[ERR_MAX])
 {
     if (!out)
-        return err_set(err, "rerank: no result");
+        return err_set(err, "no result");
     memset(out, 0, sizeof *out);
     rerank_task *t = rerank_begin(rr, query, docs, n_docs, options, err);
     return t ? rr_run_task(t, out, err) : -1;

@@ -88,6 +88,12 @@ reranker *rerank_open(const char *model_path, const rerank_options *options,
                       char err[ERR_MAX]);
 void rerank_close(reranker *rr);
 
+/* The ids of the "yes" and "no" answer tokens: the options' yes_token / no_token, or
+ * those words found in the vocabulary. -1 + err naming the one given out of range or
+ * missing from the vocabulary (then yes_token / no_token must be set). */
+int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
+                         int32_t *no, char err[ERR_MAX]);
+
 /* Scores n_docs documents against query and returns the top-K in *out (freed with
  * rerank_result_free). options NULL: those given to rerank_open; any options may differ
  * from those of rerank_open (stream_weights too) except n_threads. An empty query or

@@ -1,15 +1,16 @@
 #!/bin/sh
-# install.sh DESTDIR PREFIX BUILD — what `make install` does: copies the programs,
+# install.sh DESTDIR PREFIX BUILD [VERSION] — what `make install` does: copies the programs,
 # libllmsclient, its header and pkg-config file, the systemd units and snippets, and the
 # example configuration (never over an existing one) into DESTDIR/PREFIX.
 set -eu
-if [ $# -ne 3 ]; then
-    echo "usage: install.sh DESTDIR PREFIX BUILD" >&2
+if [ $# -ne 3 ] && [ $# -ne 4 ]; then
+    echo "usage: install.sh DESTDIR PREFIX BUILD [VERSION]" >&2
     exit 2
 fi
 destdir=$1 prefix=$2 build=$3
-version=0.1.0
 src=$(cd "$(dirname "$0")/.." && pwd)
+# The Makefile defines the version once; run by hand, this reads it from there.
+version=${4:-$(sed -n 's/^VERSION *:= *//p' "$src/Makefile")}
 root=$destdir$prefix
 
 for f in llmsd llms llmsctl llms-run mkmodel libllmsclient.so libllmsclient.a \
@@ -46,7 +47,8 @@ sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" "$src/client/llmsclien
     >"$tmp/llmsclient.pc"
 install -m 0644 "$tmp/llmsclient.pc" "$root/lib/pkgconfig/llmsclient.pc"
 
-sed -e "s|@SBINDIR@|$prefix/sbin|g" "$src/systemd/llmsd.service" >"$tmp/llmsd.service"
+# Only the ExecStart line holds the placeholder; the header comment stays as written.
+sed -e "/^ExecStart=/s|@SBINDIR@|$prefix/sbin|" "$src/systemd/llmsd.service" >"$tmp/llmsd.service"
 install -m 0644 "$tmp/llmsd.service" "$root/lib/systemd/system/llmsd.service"
 install -m 0644 "$src/systemd/llmsd.socket" "$root/lib/systemd/system/llmsd.socket"
 install -m 0644 "$src/systemd/llmsd.sysusers" "$root/lib/sysusers.d/llmsd.conf"

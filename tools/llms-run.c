@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/chat.h"
 #include "engine/gguf.h"
@@ -72,7 +73,10 @@ static void usage(FILE *out)
             "      --ids                prompt and output are token ids\n"
             "      --tokenize           print the token ids of stdin (no BOS/EOS)\n"
             "      --detokenize         print the text of the token ids on stdin\n"
-            "      --perplexity FILE    perplexity of FILE in chunks of -c tokens\n");
+            "      --perplexity FILE    perplexity of FILE in chunks of -c tokens (on a\n"
+            "                           terminal, stderr shows the time left)\n"
+            "  -h, --help               this text\n"
+            "      --version            the version\n");
 }
 
 static int parse_int(const char *flag, const char *s, int min, int *out)
@@ -131,6 +135,9 @@ static int parse_args(int argc, char **argv, run_options *o)
         if (IS("-h", "--help")) {
             usage(stdout);
             exit(0);
+        } else if (IS(NULL, "--version")) {
+            printf("llms-run %s\n", LLMS_VERSION);
+            exit(0);
         } else if (IS("-m", "--model")) {
             NEED_VALUE();
             o->model_path = v;
@@ -185,7 +192,7 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--mmap")) {
             o->load = GGUF_LOAD_MAP;
         } else if (IS(NULL, "--no-mmap")) {
-            o->load = GGUF_LOAD_MAP;
+            o->load = GGUF_LOAD_COPY;
         } else if (IS(NULL, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (IS(NULL, "--chat")) {
@@ -675,6 +682,10 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
             count++;
         }
         fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / count), c + 1 == n_chunk ? "\n" : ",");
+        /* A long text takes minutes: after the first chunk, say how many. */
+        if (c == 0 && n_chunk > 1 && isatty(STDERR_FILENO))
+            fprintf(stderr, " (%.2f s per chunk, about %.0f s left) ", now_seconds() - t0,
+                    (now_seconds() - t0) * (n_chunk - 1));
     }
     double mean = nll / count, var = nll2 / count - mean * mean;
     double ppl = exp(mean);

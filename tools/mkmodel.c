@@ -4,11 +4,15 @@
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3 --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
+ *   mkmodel --help | --version
  */
+#include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "engine/gguf.h"
 #include "engine/modelgen.h"
@@ -22,24 +26,44 @@ static const struct {
     {"q4_0", QTYPE_Q4_0}, {"q4_k", QTYPE_Q4_K}, {"q5_k", QTYPE_Q5_K}, {"q6_k", QTYPE_Q6_K},
 };
 
-static void usage(void)
+static void usage(FILE *out)
 {
-    fprintf(stderr,
+    fprintf(out,
             "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3 --dim D --layers L --heads H\n"
             "               --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
-            "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n");
+            "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
+            "       mkmodel --help | --version\n"
+            "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
+            "of VOCAB.gguf. Progress goes to stderr when it is a terminal.\n");
+}
+
+/* A mistake on the command line: what is wrong, and where help is. */
+__attribute__((format(printf, 1, 2), noreturn)) static void bad_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("mkmodel: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n(mkmodel --help shows the options)\n", stderr);
     exit(2);
 }
 
-static int int_arg(const char *s)
+static int int_arg(const char *opt, const char *s)
 {
     char *end;
+    errno = 0;
     long v = strtol(s, &end, 10);
-    if (*end || v < 0 || v > 1 << 24) {
-        fprintf(stderr, "mkmodel: bad number '%s'\n", s);
-        exit(2);
-    }
+    if (errno || end == s || *end || v < 0 || v > 1 << 24)
+        bad_usage("%s: '%s' is not an integer from 0 to %d", opt, s, 1 << 24);
     return (int)v;
+}
+
+/* Tensors done of all, on one terminal line rewritten in place. */
+static void show_progress(int done, int total, void *user)
+{
+    (void)user;
+    fprintf(stderr, "\rmkmodel: tensor %d of %d%s", done, total, done == total ? "\n" : "");
 }
 
 int main(int argc, char **argv)
@@ -52,40 +76,53 @@ int main(int argc, char **argv)
             p.tie_output = true;
             continue;
         }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("mkmodel %s\n", LLMS_VERSION);
+            return 0;
+        }
         if (i + 1 >= argc)
-            usage();
+            bad_usage("%s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "-o"))
             out = v;
         else if (!strcmp(a, "--arch"))
             p.arch = v;
         else if (!strcmp(a, "--dim"))
-            p.dim = int_arg(v);
+            p.dim = int_arg(a, v);
         else if (!strcmp(a, "--layers"))
-            p.n_layer = int_arg(v);
+            p.n_layer = int_arg(a, v);
         else if (!strcmp(a, "--heads"))
-            p.n_head = int_arg(v);
+            p.n_head = int_arg(a, v);
         else if (!strcmp(a, "--kv-heads"))
-            p.n_head_kv = int_arg(v);
+            p.n_head_kv = int_arg(a, v);
         else if (!strcmp(a, "--ffn"))
-            p.n_ff = int_arg(v);
+            p.n_ff = int_arg(a, v);
         else if (!strcmp(a, "--ctx"))
-            p.n_ctx = int_arg(v);
+            p.n_ctx = int_arg(a, v);
         else if (!strcmp(a, "--head-dim"))
-            p.head_dim = int_arg(v);
+            p.head_dim = int_arg(a, v);
         else if (!strcmp(a, "--threads"))
-            p.n_threads = int_arg(v);
-        else if (!strcmp(a, "--seed"))
-            p.seed = strtoull(v, NULL, 10);
+            p.n_threads = int_arg(a, v);
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            p.seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-')
+                bad_usage("--seed: '%s' is not an unsigned integer", v);
+        }
         else if (!strcmp(a, "--type"))
             type = v;
         else if (!strcmp(a, "--vocab"))
             vocab = v;
         else
-            usage();
+            bad_usage("unknown option '%s'", a);
     }
     if (!out || !p.arch || !type || !vocab)
-        usage();
+        bad_usage("-o, --arch, --type and --vocab are required");
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
     bool found = false;
@@ -94,10 +131,8 @@ int main(int argc, char **argv)
             p.type = TYPES[i].type;
             found = true;
         }
-    if (!found) {
-        fprintf(stderr, "mkmodel: unknown type '%s'\n", type);
-        return 2;
-    }
+    if (!found)
+        bad_usage("--type: unknown type '%s'", type);
     char err[ERR_MAX];
     gguf_file *v = gguf_open(vocab, err);
     if (!v) {
@@ -105,6 +140,8 @@ int main(int argc, char **argv)
         return 1;
     }
     p.vocab = v;
+    if (isatty(STDERR_FILENO))
+        p.progress = show_progress;
     int rc = modelgen_write(&p, out, err);
     gguf_close(v);
     if (rc < 0) {

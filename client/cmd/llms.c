@@ -1,7 +1,7 @@
 /*
  * llms — the user's command line client of llmsd.
  *
- *   llms [options] ask "PROMPT"                one-shot answer (nothing is kept)
+ *   llms [options] ask [PROMPT | -] [-f FILE]  one-shot answer (nothing is kept)
  *   llms [options] chat [--context ID] [--system TEXT]
  *                                              conversation; lines from stdin
  *   llms [options] ctx list | show ID | rm ID  the app's contexts
@@ -9,11 +9,11 @@
  *   llms [options] rerank -q QUERY [-k K] FILE...
  *                                              top-K of the files (each a document)
  *
- * options: --socket PATH, --app NAME (default llms-cli), --temp T, --max-tokens N,
- *          --seed S, --json (embed, rerank), --pooling last|mean (embed),
- *          --mode set|ordered, --threshold T, --precision P (rerank)
+ * Why a reply stopped goes to stderr; a reply that was cut (context full, timeout,
+ * daemon shutdown) ends with exit status 3 so that scripts can tell it from a whole one.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -24,46 +24,80 @@
 #include <unistd.h>
 
 #include "client/llms.h"
+#include "engine/utf8.h"
 
+/* The daemon's own limit on max_tokens (daemon/config.c). */
+#define MAX_TOKENS_LIMIT (1 << 24)
+
+/* Exit status of a reply cut short by the daemon (see usage). */
+#define EXIT_CUT 3
+
+/* The signal (SIGINT, SIGTERM) that asked to stop, 0 while none has. */
 static volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig)
+static void on_signal(int sig)
 {
-    (void)sig;
-    interrupted = 1;
+    interrupted = sig;
 }
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: llms [options] ask \"PROMPT\"\n"
-            "       llms [options] chat [--context ID] [--system TEXT]\n"
-            "       llms [options] ctx list | show ID | rm ID\n"
-            "       llms [options] embed TEXT...\n"
-            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
-            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
-            "         --app NAME     app name the contexts belong to (default llms-cli)\n"
-            "         --temp T       sampling temperature (0: greedy)\n"
-            "         --max-tokens N tokens to generate at most\n"
-            "         --seed S       sampling seed\n"
-            "         --json         embed, rerank: JSON output\n"
-            "         --pooling last|mean      embed: token pooling (default last)\n"
-            "         -q, --query TEXT         rerank: the query\n"
-            "         -k, --top-k K            rerank: documents to select (default 5)\n"
-            "         --mode set|ordered       rerank: exact membership or exact order\n"
-            "         --threshold T            rerank: pruning threshold (0: none)\n"
-            "         --precision P            rerank: use the threshold calibrated for P\n",
-            LLMS_DEFAULT_SOCKET);
+    printf("usage: llms [options] ask [PROMPT | -] [-f FILE]\n"
+           "       llms [options] chat [--context ID] [--system TEXT]\n"
+           "       llms [options] ctx list | show ID | rm ID\n"
+           "       llms [options] embed TEXT...\n"
+           "       llms [options] rerank -q QUERY [-k K] FILE...\n"
+           "       llms --help | --version\n"
+           "\n"
+           "commands:\n"
+           "  ask      one answer, nothing kept; the prompt is PROMPT, or stdin when PROMPT\n"
+           "           is - or absent and stdin is not a terminal, or FILE with -f\n"
+           "  chat     a conversation kept by the daemon, one turn per line of stdin\n"
+           "  ctx      list, show or remove the app's conversations\n"
+           "  embed    one vector per text\n"
+           "  rerank   the top-K of the files (each file one document) for the query\n"
+           "\n"
+           "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
+           "         --app NAME     app name the contexts belong to (default llms-cli)\n"
+           "         --temp T       ask, chat: sampling temperature (0: greedy)\n"
+           "         --max-tokens N ask, chat: tokens to generate at most (1..%d)\n"
+           "         --seed S       ask, chat: sampling seed\n"
+           "         --system TEXT  ask, new chat: the system prompt\n"
+           "         --context ID   chat: go on with this conversation\n"
+           "         -f, --file F   ask: read the prompt from file F\n"
+           "         --json         embed, rerank: JSON output\n"
+           "         --pooling last|mean      embed: token pooling (default last)\n"
+           "         -q, --query TEXT         rerank: the query\n"
+           "         -k, --top-k K            rerank: documents to select (default 5)\n"
+           "         --mode set|ordered       rerank: exact membership or exact order\n"
+           "         --threshold T            rerank: pruning threshold (0: none)\n"
+           "         --precision P            rerank: use the threshold calibrated for P\n"
+           "\n"
+           "Why each reply stopped is written to stderr. Exit status: 0 done (a reply ended\n"
+           "by the model, a stop string or --max-tokens), 1 an error, 2 bad usage, 3 a reply\n"
+           "was cut (context full, timeout, daemon shutdown), 128+N interrupted by signal N.\n",
+           LLMS_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
+}
+
+/* A mistake on the command line: what is wrong, and where help is. */
+__attribute__((format(printf, 1, 2), noreturn)) static void bad_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("llms: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n(llms --help lists the commands and options)\n", stderr);
     exit(2);
 }
 
-/* Streams each piece of a reply as it arrives; Ctrl-C cancels the call. */
+/* Streams each piece of a reply as it arrives; Ctrl-C (or SIGTERM) cancels the call. */
 static int print_text(const char *text, size_t len, void *user)
 {
     (void)user;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
-    return interrupted;
+    return interrupted != 0;
 }
 
 static int report(llms_conn *c, enum llms_status s, const char *what)
@@ -74,18 +108,6 @@ static int report(llms_conn *c, enum llms_status s, const char *what)
     return 1;
 }
 
-static const char *memory_name(enum llms_memory m)
-{
-    switch (m) {
-    case LLMS_MEMORY_RESIDENT:
-        return "resident";
-    case LLMS_MEMORY_ON_DISK:
-        return "on-disk";
-    default:
-        return "none";
-    }
-}
-
 static void format_time(uint64_t unix_ms, char *buf, size_t cap)
 {
     time_t t = (time_t)(unix_ms / 1000);
@@ -94,15 +116,69 @@ static void format_time(uint64_t unix_ms, char *buf, size_t cap)
     strftime(buf, cap, "%Y-%m-%d %H:%M:%S", &tm);
 }
 
-static int cmd_ask(llms_conn *c, const llms_params *p, const char *prompt)
+/* Whether a reply that stopped for r is whole: ended by the model, a stop string or the
+ * caller's own token limit. */
+static int reply_whole(enum llms_stop_reason r)
+{
+    return r == LLMS_STOP_EOS || r == LLMS_STOP_STRING || r == LLMS_STOP_MAX_TOKENS;
+}
+
+/* Says on stderr why a reply stopped (always) and, for a cut reply, what cut it. */
+static void tell_stop(const llms_result *r)
+{
+    fprintf(stderr, "llms: stop: %s; %" PRIu32 " tokens generated, prompt %" PRIu32 " tokens\n",
+            llms_stop_reason_name(r->stop_reason), r->generated_tokens, r->prompt_tokens);
+    switch (r->stop_reason) {
+    case LLMS_STOP_CONTEXT_FULL:
+        fputs("llms: the reply was cut: the context window is full\n", stderr);
+        break;
+    case LLMS_STOP_DEADLINE:
+        fputs("llms: the reply was cut: the request's timeout passed\n", stderr);
+        break;
+    case LLMS_STOP_CANCELLED:
+        fputs("llms: the reply was cut: the daemon cancelled it\n", stderr);
+        break;
+    case LLMS_STOP_SHUTDOWN:
+        fputs("llms: the reply was cut: the daemon is shutting down\n", stderr);
+        break;
+    default:
+        break;
+    }
+}
+
+/* The exit status after a call the user interrupted with a signal. */
+static int tell_interrupted(void)
+{
+    fprintf(stderr, "llms: %s: the reply was cancelled\n", strsignal(interrupted));
+    return 128 + interrupted;
+}
+
+static int cmd_ask(llms_conn *c, const llms_params *p, const char *prompt, const char *system)
 {
     llms_result r;
-    enum llms_status s = llms_complete(c, prompt, NULL, 1, p, print_text, NULL, &r);
-    printf("\n");
+    enum llms_status s = llms_complete(c, prompt, system, 1, p, print_text, NULL, &r);
+    if (s == LLMS_OK || s == LLMS_ERR_CANCELLED)
+        printf("\n");
+    fflush(stdout);
+    int rc;
+    if (s == LLMS_ERR_CANCELLED && interrupted) {
+        rc = tell_interrupted();
+    } else if (s == LLMS_OK) {
+        tell_stop(&r);
+        rc = reply_whole(r.stop_reason) ? 0 : EXIT_CUT;
+    } else {
+        rc = report(c, s, "ask");
+    }
     llms_result_free(&r);
-    if (s == LLMS_ERR_CANCELLED)
-        return 130;
-    return report(c, s, "ask");
+    return rc;
+}
+
+/* Whether a chat can go on after a turn failed with s: not when the connection, the
+ * daemon or the context is gone. */
+static int chat_can_go_on(enum llms_status s)
+{
+    return s != LLMS_ERR_IO && s != LLMS_ERR_PROTOCOL && s != LLMS_ERR_UNAVAILABLE &&
+           s != LLMS_ERR_NOT_FOUND;
 }
 
 static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, const char *system)
@@ -138,13 +214,35 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         if (n == 0)
             continue;
         interrupted = 0;
-        s = llms_call(c, id, line, p, print_text, NULL, NULL);
-        printf("\n");
+        llms_result r;
+        s = llms_call(c, id, line, p, print_text, NULL, &r);
+        if (s == LLMS_OK || s == LLMS_ERR_CANCELLED)
+            printf("\n");
         fflush(stdout);
-        if (s == LLMS_ERR_CANCELLED)
+        /* A turn that ends the natural way needs no word. */
+        enum llms_stop_reason why = r.stop_reason;
+        if (s == LLMS_OK && why != LLMS_STOP_EOS && why != LLMS_STOP_STRING)
+            tell_stop(&r);
+        llms_result_free(&r);
+        if (s == LLMS_ERR_CANCELLED && interrupted == SIGINT) {
+            /* Ctrl-C cuts this reply only; the next line is the next turn. */
+            fputs("llms: interrupted: the reply was cancelled\n", stderr);
             continue;
-        if ((rc = report(c, s, "chat")) != 0)
+        }
+        if (s == LLMS_ERR_CANCELLED && interrupted) {
+            rc = tell_interrupted();
             break;
+        }
+        if (s != LLMS_OK) {
+            rc = report(c, s, "chat");
+            if (!chat_can_go_on(s))
+                break;
+            continue;
+        }
+        if (why == LLMS_STOP_CONTEXT_FULL || why == LLMS_STOP_SHUTDOWN) {
+            rc = EXIT_CUT;
+            break;
+        }
     }
     free(line);
     return rc;
@@ -164,7 +262,7 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
             char used[64];
             format_time(infos[i].last_used_unix_ms, used, sizeof used);
             printf("%s  %6" PRIu32 " tokens  %-8s  last used %s\n", infos[i].id,
-                   infos[i].n_tokens, memory_name(infos[i].memory), used);
+                   infos[i].n_tokens, llms_memory_name(infos[i].memory), used);
         }
         llms_context_list_free(infos, n);
         return 0;
@@ -178,28 +276,13 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
         format_time(info.last_used_unix_ms, used, sizeof used);
         printf("context   %s\ntokens    %" PRIu32 "\nmemory    %s\ncreated   %s\n"
                "last used %s\n",
-               info.id, info.n_tokens, memory_name(info.memory), created, used);
+               info.id, info.n_tokens, llms_memory_name(info.memory), created, used);
         for (size_t i = 0; i < info.n_history; i++)
             printf("\n[%s]\n%s\n", info.history[i].role, info.history[i].content);
         llms_context_info_free(&info);
         return 0;
     }
     return report(c, llms_context_delete(c, argv[1]), argv[1]);
-}
-
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
 }
 
 static int cmd_embed(llms_conn *c, char **texts, int n, enum llms_pooling pooling, int json)
@@ -224,14 +307,9 @@ static int cmd_embed(llms_conn *c, char **texts, int n, enum llms_pooling poolin
     return 0;
 }
 
-/* The whole file at path (NUL-terminated), or NULL with a message. */
-static char *read_file(const char *path)
+/* The whole of f (NUL-terminated), or NULL with a message naming name. */
+static char *read_all(FILE *f, const char *name)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "llms: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
     size_t len = 0, cap = 4096;
     char *buf = malloc(cap);
     size_t got;
@@ -246,16 +324,48 @@ static char *read_file(const char *path)
         }
     }
     if (buf && ferror(f)) {
-        fprintf(stderr, "llms: %s: read error\n", path);
+        fprintf(stderr, "llms: %s: read error\n", name);
         free(buf);
         buf = NULL;
     } else if (!buf) {
-        fprintf(stderr, "llms: %s: out of memory\n", path);
+        fprintf(stderr, "llms: %s: out of memory\n", name);
     } else {
         buf[len] = '\0';
     }
+    return buf;
+}
+
+/* The whole file at path (NUL-terminated), or NULL with a message. */
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "llms: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = read_all(f, path);
     fclose(f);
     return buf;
+}
+
+/* The prompt of ask: from -f FILE, from stdin, or the argument itself; line ends at its
+ * end are dropped (echo and editors add one). NULL after a message; *owned is what to
+ * free. */
+static const char *ask_prompt(const char *arg, const char *file, char **owned)
+{
+    *owned = NULL;
+    if (file)
+        *owned = read_file(file);
+    else if (!arg || !strcmp(arg, "-"))
+        *owned = read_all(stdin, "stdin");
+    else
+        return arg;
+    if (!*owned)
+        return NULL;
+    size_t n = strlen(*owned);
+    while (n > 0 && ((*owned)[n - 1] == '\n' || (*owned)[n - 1] == '\r'))
+        (*owned)[--n] = '\0';
+    return *owned;
 }
 
 static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
@@ -276,12 +386,23 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
         for (size_t i = 0; i < r.n_documents; i++)
             layers += r.layers_computed[i];
         double mean_layers = r.n_documents ? (double)layers / r.n_documents : 0;
+        /* The order is a ranking only when every score is final (see llms_rerank_hit),
+         * or when there is one hit. */
+        int ranked = 1;
+        for (size_t i = 0; i < r.n_hits; i++)
+            ranked &= !isnan(r.hits[i].score);
+        ranked |= r.n_hits <= 1;
         if (json) {
             printf("{\"hits\": [");
             for (size_t i = 0; i < r.n_hits; i++) {
-                printf("%s{\"rank\": %zu, \"index\": %" PRIu32 ", \"score\": %.6g, \"file\": ",
-                       i ? ", " : "", i + 1, r.hits[i].index, r.hits[i].score);
-                json_string(files[r.hits[i].index]);
+                char rank[32] = "null", score[32] = "null";
+                if (ranked)
+                    snprintf(rank, sizeof rank, "%zu", i + 1);
+                if (!isnan(r.hits[i].score))
+                    snprintf(score, sizeof score, "%.6g", r.hits[i].score);
+                printf("%s{\"rank\": %s, \"index\": %" PRIu32 ", \"score\": %s, \"file\": ",
+                       i ? ", " : "", rank, r.hits[i].index, score);
+                utf8_json_string(stdout, files[r.hits[i].index]);
                 printf("}");
             }
             printf("], \"layers_computed\": [");
@@ -294,9 +415,19 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
                    r.peak_bytes, r.time_ms, r.cv_threshold);
         } else {
             printf("rank  index     score  file\n");
-            for (size_t i = 0; i < r.n_hits; i++)
-                printf("%4zu  %5" PRIu32 "  %.6f  %s\n", i + 1, r.hits[i].index, r.hits[i].score,
+            for (size_t i = 0; i < r.n_hits; i++) {
+                char rank[32] = "   -", score[32] = "        -";
+                if (ranked)
+                    snprintf(rank, sizeof rank, "%4zu", i + 1);
+                if (!isnan(r.hits[i].score))
+                    snprintf(score, sizeof score, "%.6f", r.hits[i].score);
+                printf("%s  %5" PRIu32 "  %s  %s\n", rank, r.hits[i].index, score,
                        files[r.hits[i].index]);
+            }
+            if (!ranked)
+                printf("(set mode: the top %zu as a set; documents chosen before the last "
+                       "layer have no final score, so no rank; --mode ordered ranks them)\n",
+                       r.n_hits);
             printf("layers computed: %.2f of %zu per document; pruned per layer:", mean_layers,
                    r.n_layer);
             for (size_t l = 0; l < r.n_layer; l++)
@@ -312,23 +443,110 @@ static int cmd_rerank(llms_conn *c, const char *query, char **files, int n,
     return rc;
 }
 
-/* Parses a number option's value or exits with usage. */
+/* A number option's value, or exit naming the option and why. */
 static double number(const char *opt, const char *v)
 {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || end == v || *end) {
-        fprintf(stderr, "llms: %s: not a number: %s\n", opt, v);
-        exit(2);
-    }
+    if (errno || end == v || *end || !isfinite(x))
+        bad_usage("%s: '%s' is not a number", opt, v);
     return x;
+}
+
+/* An integer option's value in [lo, hi], or exit naming the option and why. */
+static unsigned long long integer(const char *opt, const char *v, unsigned long long lo,
+                                  unsigned long long hi)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || v[0] == '-' || x < lo || x > hi)
+        bad_usage("%s: '%s' is not an integer from %llu to %llu", opt, v, lo, hi);
+    return x;
+}
+
+/* The options that take a value; every other option is a flag. */
+static int takes_value(const char *a)
+{
+    static const char *const with_value[] = {
+        "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
+        "--precision", "--socket", "--app", "--context", "--system", "--temp",
+        "--max-tokens", "--seed", "-f", "--file"};
+    for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
+        if (!strcmp(a, with_value[i]))
+            return 1;
+    return 0;
+}
+
+/* The commands each option applies to; --socket and --app apply to all. */
+static const char *option_commands(const char *a)
+{
+    if (!strcmp(a, "--temp") || !strcmp(a, "--max-tokens") || !strcmp(a, "--seed"))
+        return "ask chat";
+    if (!strcmp(a, "--system"))
+        return "ask chat";
+    if (!strcmp(a, "--context"))
+        return "chat";
+    if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+        return "ask";
+    if (!strcmp(a, "--pooling"))
+        return "embed";
+    if (!strcmp(a, "--json"))
+        return "embed rerank";
+    if (!strcmp(a, "--socket") || !strcmp(a, "--app"))
+        return NULL;
+    return "rerank";
+}
+
+/* Whether the space-separated list holds word. */
+static int has_word(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+/* Exits with a message unless the positional arguments fit the command pos[0]. */
+static void check_command(char **pos, int npos, const char *query, const char *file)
+{
+    if (npos == 0)
+        bad_usage("no command (ask, chat, ctx, embed or rerank)");
+    const char *cmd = pos[0];
+    if (!strcmp(cmd, "ask")) {
+        if (npos > 2)
+            bad_usage("ask: one prompt (quote it), got %d arguments", npos - 1);
+        if (file && npos == 2)
+            bad_usage("ask: a prompt argument and -f FILE: give one of them");
+        if (!file && npos == 1 && isatty(STDIN_FILENO))
+            bad_usage("ask: no prompt (give PROMPT, -f FILE, or pipe it on stdin)");
+    } else if (!strcmp(cmd, "chat")) {
+        if (npos > 1)
+            bad_usage("chat: no arguments (turns are read from stdin), got '%s'", pos[1]);
+    } else if (!strcmp(cmd, "ctx")) {
+        int list = npos == 2 && !strcmp(pos[1], "list");
+        int one = npos == 3 && (!strcmp(pos[1], "show") || !strcmp(pos[1], "rm"));
+        if (!list && !one)
+            bad_usage("ctx: expected 'list', 'show ID' or 'rm ID'");
+    } else if (!strcmp(cmd, "embed")) {
+        if (npos < 2)
+            bad_usage("embed: no texts");
+    } else if (!strcmp(cmd, "rerank")) {
+        if (!query)
+            bad_usage("rerank: no query (-q QUERY)");
+        if (npos < 2)
+            bad_usage("rerank: no documents (FILE...)");
+    } else {
+        bad_usage("unknown command '%s'", cmd);
+    }
 }
 
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL, *app = "llms-cli", *context = NULL, *system = NULL;
-    const char *query = NULL;
+    const char *query = NULL, *file = NULL;
     int json = 0;
     enum llms_pooling pooling = LLMS_POOLING_LAST;
     llms_rerank_options ro;
@@ -336,42 +554,59 @@ int main(int argc, char **argv)
     llms_params p;
     llms_params_init(&p);
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int npos = 0;
-    if (!pos)
+    const char **opts = calloc((size_t)argc + 1, sizeof *opts);
+    int npos = 0, nopts = 0;
+    if (!pos || !opts) {
+        free(pos);
+        free(opts);
         return 1;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
-            usage();
+        int help = !strcmp(a, "-h") || !strcmp(a, "--help"), version = !strcmp(a, "--version");
+        if (help || version) {
+            if (help)
+                usage();
+            else
+                printf("llms %s\n", LLMS_VERSION);
+            free(pos);
+            free(opts);
+            return 0;
+        }
+        if (a[0] != '-' || !strcmp(a, "-")) {
+            pos[npos++] = argv[i];
+            continue;
+        }
+        opts[nopts++] = a;
         if (!strcmp(a, "--json")) {
             json = 1;
             continue;
         }
-        if (strncmp(a, "--", 2) != 0 && strcmp(a, "-q") != 0 && strcmp(a, "-k") != 0) {
-            pos[npos++] = argv[i];
-            continue;
-        }
+        if (!takes_value(a))
+            bad_usage("unknown option '%s'", a);
         if (i + 1 >= argc)
-            usage();
+            bad_usage("%s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "-q") || !strcmp(a, "--query"))
             query = v;
-        else if (!strcmp(a, "-k") || !strcmp(a, "--top-k")) {
-            double k = number(a, v);
-            if (k < 1 || k > UINT32_MAX || k != floor(k)) {
-                fprintf(stderr, "llms: %s: not a positive integer: %s\n", a, v);
-                exit(2);
-            }
-            ro.top_k = (uint32_t)k;
-        } else if (!strcmp(a, "--pooling") && (!strcmp(v, "last") || !strcmp(v, "mean")))
+        else if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
+            ro.top_k = (uint32_t)integer(a, v, 1, UINT32_MAX);
+        else if (!strcmp(a, "--pooling")) {
+            if (strcmp(v, "last") && strcmp(v, "mean"))
+                bad_usage("--pooling: expected last or mean, got '%s'", v);
             pooling = !strcmp(v, "mean") ? LLMS_POOLING_MEAN : LLMS_POOLING_LAST;
-        else if (!strcmp(a, "--mode") && (!strcmp(v, "set") || !strcmp(v, "ordered")))
+        } else if (!strcmp(a, "--mode")) {
+            if (strcmp(v, "set") && strcmp(v, "ordered"))
+                bad_usage("--mode: expected set or ordered, got '%s'", v);
             ro.mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
-        else if (!strcmp(a, "--threshold"))
+        } else if (!strcmp(a, "--threshold"))
             ro.cv_threshold = (float)number(a, v);
-        else if (!strcmp(a, "--precision"))
-            ro.target_precision = (float)number(a, v);
-        else if (!strcmp(a, "--socket"))
+        else if (!strcmp(a, "--precision")) {
+            double x = number(a, v);
+            if (!(x > 0 && x <= 1))
+                bad_usage("--precision: %s is outside (0, 1]", v);
+            ro.target_precision = (float)x;
+        } else if (!strcmp(a, "--socket"))
             socket_path = v;
         else if (!strcmp(a, "--app"))
             app = v;
@@ -379,42 +614,56 @@ int main(int argc, char **argv)
             context = v;
         else if (!strcmp(a, "--system"))
             system = v;
-        else if (!strcmp(a, "--temp"))
-            p.temperature = (float)number(a, v);
-        else if (!strcmp(a, "--max-tokens"))
-            p.max_tokens = (int32_t)number(a, v);
-        else if (!strcmp(a, "--seed")) {
-            p.seed = (uint64_t)number(a, v);
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+            file = v;
+        else if (!strcmp(a, "--temp")) {
+            double t = number(a, v);
+            if (t < 0 || t > 100)
+                bad_usage("--temp: %s is outside [0, 100]", v);
+            p.temperature = (float)t;
+        } else if (!strcmp(a, "--max-tokens"))
+            p.max_tokens = (int32_t)integer(a, v, 1, MAX_TOKENS_LIMIT);
+        else {
+            p.seed = (uint64_t)integer(a, v, 0, UINT64_MAX);
             p.has_seed = 1;
-        } else
-            usage();
+        }
     }
-    int valid = npos > 0 && ((!strcmp(pos[0], "ask") && npos == 2) ||
-                             (!strcmp(pos[0], "chat") && npos == 1) ||
-                             (!strcmp(pos[0], "ctx") && npos == 2 && !strcmp(pos[1], "list")) ||
-                             (!strcmp(pos[0], "ctx") && npos == 3 &&
-                              (!strcmp(pos[1], "show") || !strcmp(pos[1], "rm"))) ||
-                             (!strcmp(pos[0], "embed") && npos >= 2) ||
-                             (!strcmp(pos[0], "rerank") && npos >= 2 && query));
-    if (!valid)
-        usage();
+    check_command(pos, npos, query, file);
+    for (int i = 0; i < nopts; i++) {
+        const char *applies = option_commands(opts[i]);
+        if (applies && !has_word(applies, pos[0]))
+            bad_usage("%s: %s does not apply (only to %s)", pos[0], opts[i], applies);
+    }
+    if (context && system)
+        bad_usage("chat: --system sets up a new chat; a --context one has its own");
+    free(opts);
 
-    /* No SA_RESTART: Ctrl-C must not be lost inside a blocking read; the library
+    char *prompt_owned = NULL;
+    const char *prompt = NULL;
+    if (!strcmp(pos[0], "ask") && !(prompt = ask_prompt(npos == 2 ? pos[1] : NULL, file,
+                                                        &prompt_owned))) {
+        free(pos);
+        return 1;
+    }
+
+    /* No SA_RESTART: a signal must not be lost inside a blocking read; the library
      * retries after EINTR and the next streamed piece sees the flag. */
-    struct sigaction sa = {.sa_handler = on_sigint};
+    struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 
     llms_conn *c;
     char err[LLMS_ERROR_MAX];
     if (llms_connect(socket_path, &c, err) != LLMS_OK) {
         fprintf(stderr, "llms: %s\n", err);
+        free(prompt_owned);
         free(pos);
         return 1;
     }
     int rc = report(c, llms_bind(c, app), "bind");
     if (rc == 0) {
         if (!strcmp(pos[0], "ask"))
-            rc = cmd_ask(c, &p, pos[1]);
+            rc = cmd_ask(c, &p, prompt, system);
         else if (!strcmp(pos[0], "chat"))
             rc = cmd_chat(c, &p, context, system);
         else if (!strcmp(pos[0], "embed"))
@@ -425,6 +674,7 @@ int main(int argc, char **argv)
             rc = cmd_ctx(c, npos - 1, pos + 1);
     }
     llms_close(c);
+    free(prompt_owned);
     free(pos);
     return rc;
 }

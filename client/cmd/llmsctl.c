@@ -5,6 +5,7 @@
  *           | shutdown
  *   llmsctl [--socket PATH] [--json] rerank-calibrate --precision P [-k K]
  *           [--mode set|ordered] SETFILE...
+ *   llmsctl --help | --version
  *
  * A calibration set file holds queries with their candidate documents, one per line:
  * "Q: text" starts a query, each following "D: text" is one of its documents (one space
@@ -17,69 +18,55 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/llms.h"
+#include "engine/utf8.h"
 
 static int json;
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: llmsctl [--socket PATH] [--json] status | apps | contexts | "
-                    "show CTX | evict CTX | profile | shutdown\n"
-                    "       llmsctl [--socket PATH] [--json] rerank-calibrate --precision P "
-                    "[-k K] [--mode set|ordered] SETFILE...\n");
+    printf("usage: llmsctl [--socket PATH] [--json] COMMAND\n"
+           "       llmsctl --help | --version\n"
+           "\n"
+           "commands:\n"
+           "  status           the daemon: model, memory, contexts, scheduler\n"
+           "  apps             every app with its contexts, queue and connections\n"
+           "  contexts         every context of every app\n"
+           "  show CTX         one context of any app: chunk map and history\n"
+           "  evict CTX        drop a context's KV from memory (it stays stored)\n"
+           "  profile          measure the switch-in cost models again\n"
+           "  shutdown         stop the daemon cleanly (every context is kept)\n"
+           "  rerank-calibrate --precision P [-k K] [--mode set|ordered] SETFILE...\n"
+           "                   find and store the reranker's pruning threshold for P\n"
+           "\n"
+           "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
+           "         --json         one JSON object on stdout (errors too)\n"
+           "Admin calls need root or the group llms-admin.\n",
+           LLMS_DEFAULT_SOCKET);
+}
+
+/* A mistake on the command line: what is wrong, and where help is. */
+__attribute__((format(printf, 1, 2), noreturn)) static void bad_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("llmsctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n(llmsctl --help lists the commands)\n", stderr);
     exit(2);
 }
 
-/* Writes s as a JSON string: quotes, backslashes and control bytes escaped; other bytes
- * (UTF-8 included) pass through. NULL is written as null. */
+/* JSON strings go through one writer that also replaces invalid UTF-8: histories hold
+ * whatever bytes users sent. */
 static void json_str(const char *s)
 {
-    if (!s) {
-        fputs("null", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"':
-            fputs("\\\"", stdout);
-            break;
-        case '\\':
-            fputs("\\\\", stdout);
-            break;
-        case '\n':
-            fputs("\\n", stdout);
-            break;
-        case '\r':
-            fputs("\\r", stdout);
-            break;
-        case '\t':
-            fputs("\\t", stdout);
-            break;
-        default:
-            if (*p < 0x20 || *p == 0x7f)
-                printf("\\u%04x", *p);
-            else
-                putchar(*p);
-        }
-    }
-    putchar('"');
-}
-
-static const char *memory_name(enum llms_memory m)
-{
-    switch (m) {
-    case LLMS_MEMORY_RESIDENT:
-        return "resident";
-    case LLMS_MEMORY_ON_DISK:
-        return "on_disk";
-    default:
-        return "none";
-    }
+    utf8_json_string(stdout, s);
 }
 
 /* One context as a JSON object; with_history adds its messages. */
@@ -93,7 +80,7 @@ static void json_context(const llms_context_info *c, int with_history)
         printf(",\"uid\":%" PRIu32, c->uid);
     printf(",\"n_tokens\":%" PRIu32 ",\"created_unix_ms\":%" PRIu64
            ",\"last_used_unix_ms\":%" PRIu64 ",\"memory\":\"%s\",\"kv_bytes\":%" PRIu64,
-           c->n_tokens, c->created_unix_ms, c->last_used_unix_ms, memory_name(c->memory),
+           c->n_tokens, c->created_unix_ms, c->last_used_unix_ms, llms_memory_name(c->memory),
            c->kv_bytes);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
@@ -126,7 +113,7 @@ static void text_context(const llms_context_info *c)
 {
     printf("%s  uid %-6" PRIu32 " %-20s %6" PRIu32 " tokens  %-8s  kv %" PRIu64 " bytes\n",
            c->id, c->uid, c->app_name ? c->app_name : "?", c->n_tokens,
-           memory_name(c->memory), c->kv_bytes);
+           llms_memory_name(c->memory), c->kv_bytes);
 }
 
 static enum llms_status cmd_status(llms_conn *c)
@@ -473,6 +460,33 @@ static enum llms_status run(llms_conn *c, char **pos)
     return cmd_ok(c, llms_shutdown(c));
 }
 
+/* Exits with a message unless the positional arguments make a command. */
+static void check_command(char **pos, int npos)
+{
+    static const char *const alone[] = {"status", "apps", "contexts", "profile", "shutdown"};
+    if (npos == 0)
+        bad_usage("no command");
+    for (size_t i = 0; i < sizeof alone / sizeof alone[0]; i++)
+        if (!strcmp(pos[0], alone[i])) {
+            if (npos > 1)
+                bad_usage("%s takes no arguments, got '%s'", pos[0], pos[1]);
+            return;
+        }
+    if (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict")) {
+        if (npos != 2)
+            bad_usage("%s needs one context id", pos[0]);
+        return;
+    }
+    if (!strcmp(pos[0], "rerank-calibrate")) {
+        if (isnan(calib_precision))
+            bad_usage("rerank-calibrate needs --precision P");
+        if (npos < 2)
+            bad_usage("rerank-calibrate needs at least one SETFILE");
+        return;
+    }
+    bad_usage("unknown command '%s'", pos[0]);
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
@@ -481,35 +495,51 @@ int main(int argc, char **argv)
     if (!pos)
         oom();
     for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
         char *end;
-        if (!strcmp(argv[i], "--json"))
+        int help = !strcmp(a, "-h") || !strcmp(a, "--help"), version = !strcmp(a, "--version");
+        if (help || version) {
+            if (help)
+                usage();
+            else
+                printf("llmsctl %s\n", LLMS_VERSION);
+            free(pos);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
             json = 1;
-        else if (!strcmp(argv[i], "--socket") && i + 1 < argc)
-            socket_path = argv[++i];
-        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
-            calib_precision = strtof(argv[++i], &end);
-            if (*end || end == argv[i])
-                usage();
-        } else if (!strcmp(argv[i], "-k") && i + 1 < argc) {
-            long k = strtol(argv[++i], &end, 10);
-            if (*end || end == argv[i] || k < 1 || k > INT32_MAX)
-                usage();
-            calib_k = (uint32_t)k;
-        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc &&
-                   (!strcmp(argv[i + 1], "set") || !strcmp(argv[i + 1], "ordered")))
-            calib_mode = !strcmp(argv[++i], "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
-        else if (argv[i][0] == '-')
-            usage();
-        else
+            continue;
+        }
+        if (a[0] != '-') {
             pos[npos++] = argv[i];
+            continue;
+        }
+        if (strcmp(a, "--socket") && strcmp(a, "--precision") && strcmp(a, "-k") &&
+            strcmp(a, "--mode"))
+            bad_usage("unknown option '%s'", a);
+        if (i + 1 >= argc)
+            bad_usage("%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--socket")) {
+            socket_path = v;
+        } else if (!strcmp(a, "--precision")) {
+            calib_precision = strtof(v, &end);
+            if (*end || end == v || !(calib_precision > 0 && calib_precision <= 1))
+                bad_usage("--precision: expected a number in (0, 1], got '%s'", v);
+        } else if (!strcmp(a, "-k")) {
+            errno = 0;
+            long k = strtol(v, &end, 10);
+            if (errno || *end || end == v || k < 1 || k > INT32_MAX)
+                bad_usage("-k: expected an integer from 1 to %d, got '%s'", INT32_MAX, v);
+            calib_k = (uint32_t)k;
+        } else {
+            if (strcmp(v, "set") && strcmp(v, "ordered"))
+                bad_usage("--mode: expected set or ordered, got '%s'", v);
+            calib_mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
+        }
     }
-    int one = npos == 1 && (!strcmp(pos[0], "status") || !strcmp(pos[0], "apps") ||
-                            !strcmp(pos[0], "contexts") || !strcmp(pos[0], "profile") ||
-                            !strcmp(pos[0], "shutdown"));
-    int two = npos == 2 && (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict"));
-    int calibrate = npos >= 2 && !strcmp(pos[0], "rerank-calibrate") && !isnan(calib_precision);
-    if (!one && !two && !calibrate)
-        usage();
+    check_command(pos, npos);
+    int calibrate = !strcmp(pos[0], "rerank-calibrate");
     for (int i = 1; calibrate && i < npos; i++)
         load_set(pos[i]);
 
@@ -518,7 +548,7 @@ int main(int argc, char **argv)
     enum llms_status s = llms_connect(socket_path, &c, err);
     if (s == LLMS_OK) {
         s = run(c, pos);
-        /* A daemon that wants every connection bound first gets the admin tool's name. */
+        /* Calibration queues engine work, which belongs to an app: the admin tool's. */
         if (s == LLMS_ERR_FAILED_PRECONDITION && llms_bind(c, "llmsctl") == LLMS_OK)
             s = run(c, pos);
         if (s != LLMS_OK)

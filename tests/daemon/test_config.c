@@ -128,6 +128,11 @@ static void set_single_keys(void)
     longpath[sizeof longpath - 1] = '\0';
     CHECK_EQ(config_set(&c, "socket", longpath, err), -1);
     CHECK(strstr(err, "socket") != NULL);
+    CHECK(strcmp(c.log_level, "info") == 0);
+    CHECK_EQ(config_set(&c, "log_level", "error", err), 0);
+    CHECK(strcmp(c.log_level, "error") == 0);
+    CHECK_EQ(config_set(&c, "log_level", "debug", err), -1);
+    CHECK(strstr(err, "log_level") && strstr(err, "error|warn|info"));
 }
 
 static void semantic_keys(void)

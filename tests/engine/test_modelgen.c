@@ -102,8 +102,40 @@ static void bad_parameters_are_refused(void)
     CHECK(strstr(err, "gpt-j") != NULL);
 }
 
+typedef struct progress_seen {
+    int calls, last_done, total;
+    int in_order; /* every call was the one after the last */
+} progress_seen;
+
+static void record_progress(int done, int total, void *user)
+{
+    progress_seen *ps = user;
+    ps->in_order &= done == ps->last_done + 1 && (ps->calls == 0 || total == ps->total);
+    ps->calls++;
+    ps->last_done = done;
+    ps->total = total;
+}
+
+/* Progress is reported once per tensor, in order, ending at the total: 3 global tensors
+ * (qwen2) plus 12 per layer. */
+static void progress_counts_every_tensor(void)
+{
+    char err[ERR_MAX], path[512];
+    modelgen_params p = small_params(1, 1);
+    progress_seen ps = {.in_order = 1};
+    p.progress = record_progress;
+    p.progress_user = &ps;
+    snprintf(path, sizeof path, "%s/progress.gguf", test_tmpdir());
+    CHECK_MSG(modelgen_write(&p, path, err) == 0, "%s", err);
+    CHECK(ps.in_order);
+    CHECK_EQ(ps.total, 3 + 12 * p.n_layer);
+    CHECK_EQ(ps.calls, ps.total);
+    CHECK_EQ(ps.last_done, ps.total);
+}
+
 int main(void)
 {
+    RUN(progress_counts_every_tensor);
     RUN(same_seed_gives_identical_files_whatever_the_threads);
     RUN(written_model_has_the_requested_shape);
     RUN(bad_parameters_are_refused);

@@ -195,6 +195,46 @@ static void rerank_matches_engine_full_forward(void)
     llms_close(c);
 }
 
+/* Set mode with K at least the number of documents: every document is in, and the scores
+ * shown are the full forward's (not the first layer's), best first, through the CLI too. */
+static void rerank_set_mode_all_documents_has_final_scores(void)
+{
+    NEED(rerank_up, &rerank_daemon, start_rerank());
+    llms_conn *c = proc_connect(&rerank_daemon, "rr-all");
+    CHECK(c);
+    llms_rerank_options o;
+    llms_rerank_options_init(&o);
+    o.top_k = N_DOCS + 2;
+    o.mode = LLMS_RERANK_SET;
+    o.cv_threshold = 0.01f; /* prunes wherever it may */
+    llms_rerank_result got;
+    CHECK_MSG(llms_rerank(c, QUERY, DOCS, N_DOCS, &o, &got) == LLMS_OK, "%s", llms_last_error(c));
+    CHECK_EQ(got.n_hits, N_DOCS);
+
+    char err[ERR_MAX];
+    rerank_options ro = rerank_default_options();
+    ro.yes_token = YES_TOKEN;
+    ro.no_token = NO_TOKEN;
+    ro.n_threads = 1;
+    ro.top_k = N_DOCS;
+    ro.cv_threshold = 0;
+    reranker *rr = rerank_open(stories(), &ro, err);
+    CHECK_MSG(rr, "%s", err);
+    rerank_result want;
+    memset(&want, 0, sizeof want);
+    CHECK_MSG(rerank_run(rr, QUERY, DOCS, N_DOCS, &ro, &want, err) == 0, "%s", err);
+    for (int i = 0; i < want.n && i < (int)got.n_hits; i++) {
+        CHECK_EQ((int)got.hits[i].index, want.index[i]);
+        CHECK_NEAR(got.hits[i].score, want.score[i], 1e-4);
+    }
+    for (int i = 0; i < N_DOCS; i++)
+        CHECK_EQ((int)got.layers_computed[i], want.n_layer);
+    rerank_result_free(&want);
+    rerank_close(rr);
+    llms_rerank_result_free(&got);
+    llms_close(c);
+}
+
 static void rerank_invalid_requests(void)
 {
     if (!stories())
@@ -461,6 +501,7 @@ int main(int argc, char **argv)
     RUN(embed_matches_engine);
     RUN(embed_invalid_requests);
     RUN(rerank_matches_engine_full_forward);
+    RUN(rerank_set_mode_all_documents_has_final_scores);
     RUN(rerank_invalid_requests);
     RUN(calibrate_then_target_precision);
     RUN(cli_embed);

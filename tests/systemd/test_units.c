@@ -132,10 +132,14 @@ static void installed_tree(void)
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
                         "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
     CHECK(!file_contains(PREFIX "/lib/systemd/system/llmsd.service", "@SBINDIR@"));
+    /* The header comment is the source's, word for word. */
+    char cmd[4096], out[4096];
+    fmt(cmd, sizeof cmd, "[ \"$(head -n 2 '%s/systemd/llmsd.service')\" = \"$(head -n 2 '%s')\" ]",
+        srcdir, at(PREFIX "/lib/systemd/system/llmsd.service"));
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "the unit's header comment changed");
     CHECK(file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "prefix=" PREFIX));
     CHECK(!file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "@"));
     /* The installed archive carries the protocol code the static client needs. */
-    char cmd[4096], out[4096];
     fmt(cmd, sizeof cmd, "ar t '%s'", at(PREFIX "/lib/libllmsclient.a"));
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(strstr(out, "client.o") && strstr(out, "frame.o") && strstr(out, "llms.pb-c.o"),

@@ -1,0 +1,45 @@
+/*
+ * utf8.h — keeping text valid UTF-8 where it leaves the process: pieces of a reply
+ * streamed as they are generated (a token may end inside a character, and a model may
+ * produce bytes that are no UTF-8 at all), and JSON strings.
+ *
+ * Invalid bytes become U+FFFD (the replacement character), one per byte, as the
+ * WHATWG decoder does; overlong forms, surrogates and code points past U+10FFFF are
+ * invalid.
+ */
+#ifndef LLMS_UTF8_H
+#define LLMS_UTF8_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* The bytes of the UTF-8 sequence starting at s (n bytes available): 1..4 for a
+ * whole valid one, 0 when s[0] starts no valid sequence, -1 when s[0..n) is a valid
+ * but unfinished prefix of one. n must be at least 1. */
+int utf8_seq(const char *s, size_t n);
+
+/* A stream of bytes released as valid UTF-8: an unfinished sequence at the end of a
+ * feed is held until the bytes that finish it (or show it invalid) arrive. Zero it to
+ * start. */
+typedef struct utf8_stream {
+    char held[4];
+    size_t n_held;
+} utf8_stream;
+
+/* The output room a feed of n bytes (or a flush, n = 0) needs: every byte, held ones
+ * included, may become a 3-byte U+FFFD. */
+#define UTF8_OUT_CAP(n) (3 * ((size_t)(n) + 3))
+
+/* Takes n bytes and writes to out the valid text they complete (invalid bytes as
+ * U+FFFD); returns the bytes written. out has UTF8_OUT_CAP(n) bytes of room. */
+size_t utf8_stream_feed(utf8_stream *u, const char *in, size_t n, char *out);
+
+/* Ends the stream: a held unfinished sequence is written as U+FFFD. Returns the bytes
+ * written (out has UTF8_OUT_CAP(0) bytes of room). */
+size_t utf8_stream_flush(utf8_stream *u, char *out);
+
+/* Writes s (NUL-terminated; NULL writes null) to f as a JSON string: quote, backslash
+ * and control characters escaped, invalid UTF-8 as U+FFFD. */
+void utf8_json_string(FILE *f, const char *s);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * utf8: sequence validation, a stream that never splits a character or lets an invalid
+ * byte through whatever the piece boundaries, and JSON strings.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/utf8.h"
+#include "tests/support/test.h"
+
+/* Whether s[0..n) is all valid UTF-8. */
+static int valid(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        int k = utf8_seq(s + i, n - i);
+        if (k <= 0)
+            return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
+static void sequences(void)
+{
+    CHECK_EQ(utf8_seq("a", 1), 1);
+    CHECK_EQ(utf8_seq("\xc3\xa9", 2), 2);
+    CHECK_EQ(utf8_seq("\xe2\x82\xac", 3), 3);
+    CHECK_EQ(utf8_seq("\xf0\x9f\x98\x80", 4), 4);
+    CHECK_EQ(utf8_seq("\xe2\x82", 2), -1);
+    CHECK_EQ(utf8_seq("\xf0\x9f", 2), -1);
+    CHECK_EQ(utf8_seq("\x81", 1), 0);              /* a lone continuation byte */
+    CHECK_EQ(utf8_seq("\xc0\xaf", 2), 0);          /* overlong '/' */
+    CHECK_EQ(utf8_seq("\xe0\x80\xaf", 3), 0);      /* overlong */
+    CHECK_EQ(utf8_seq("\xed\xa0\x80", 3), 0);      /* a surrogate */
+    CHECK_EQ(utf8_seq("\xf4\x90\x80\x80", 4), 0);  /* past U+10FFFF */
+    CHECK_EQ(utf8_seq("\xc3" "a", 2), 0);
+    CHECK_EQ(utf8_seq("\xff", 1), 0);
+}
+
+/* Feeds text in pieces of the given sizes (cycled) and returns the whole output. */
+static size_t stream_in_pieces(const char *text, size_t n, const size_t *sizes, size_t n_sizes,
+                               char *out, int *pieces_valid)
+{
+    utf8_stream u = {0};
+    size_t o = 0;
+    *pieces_valid = 1;
+    for (size_t i = 0, k = 0; i < n; k++) {
+        size_t take = sizes[k % n_sizes];
+        if (take > n - i)
+            take = n - i;
+        size_t got = utf8_stream_feed(&u, text + i, take, out + o);
+        *pieces_valid &= valid(out + o, got);
+        o += got;
+        i += take;
+    }
+    size_t got = utf8_stream_flush(&u, out + o);
+    *pieces_valid &= valid(out + o, got);
+    return o + got;
+}
+
+static void stream_holds_unfinished_characters(void)
+{
+    const char text[] = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80!";
+    size_t n = sizeof text - 1;
+    static const size_t sizes[][3] = {{1, 1, 1}, {2, 3, 1}, {3, 1, 2}, {64, 64, 64}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        char out[UTF8_OUT_CAP(sizeof text)];
+        int ok;
+        size_t o = stream_in_pieces(text, n, sizes[s], 3, out, &ok);
+        CHECK_MSG(ok, "a piece was not valid UTF-8 (sizes %zu)", s);
+        CHECK_EQ(o, n);
+        CHECK(memcmp(out, text, n) == 0);
+    }
+}
+
+static void stream_replaces_invalid_bytes(void)
+{
+    /* a stray continuation byte, a character cut by an ASCII byte, an unfinished end */
+    const char text[] = "a\x81" "b\xe2\x82" "c\xf0\x9f";
+    const char want[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd";
+    size_t n = sizeof text - 1;
+    static const size_t ones[] = {1}, whole[] = {64};
+    const size_t *sizes[] = {ones, whole};
+    for (int s = 0; s < 2; s++) {
+        char out[UTF8_OUT_CAP(sizeof text)];
+        int ok;
+        size_t o = stream_in_pieces(text, n, sizes[s], 1, out, &ok);
+        CHECK(ok);
+        CHECK_MSG(o == sizeof want - 1 && memcmp(out, want, o) == 0, "got %.*s", (int)o, out);
+    }
+    /* the worst case fits UTF8_OUT_CAP: three held bytes and one that voids them */
+    utf8_stream u = {0};
+    char out[UTF8_OUT_CAP(4)];
+    CHECK_EQ(utf8_stream_feed(&u, "\xf0\x9f\x98", 3, out), 0);
+    CHECK_EQ(utf8_stream_feed(&u, "\xf0", 1, out), 9);
+    CHECK_EQ(utf8_stream_flush(&u, out), 3);
+    CHECK_EQ(utf8_stream_flush(&u, out), 0);
+}
+
+static void json_strings(void)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(f);
+    utf8_json_string(f, "q\"b\\n\nt\t\x01\x7f \xc3\xa9 \x81\xff end");
+    fputc(' ', f);
+    utf8_json_string(f, NULL);
+    fclose(f);
+    const char want[] =
+        "\"q\\\"b\\\\n\\nt\\t\\u0001\\u007f \xc3\xa9 \\ufffd\\ufffd end\" null";
+    CHECK_MSG(strcmp(buf, want) == 0, "got %s", buf);
+    free(buf);
+}
+
+int main(void)
+{
+    RUN(sequences);
+    RUN(stream_holds_unfinished_characters);
+    RUN(stream_replaces_invalid_bytes);
+    RUN(json_strings);
+    return test_finish();
+}
