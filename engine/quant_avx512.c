@@ -26,11 +26,13 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* Weight rows and activation rows per kernel call: 16 accumulators plus the weights,
- * their offsets and scales of 4 rows fit the 32 zmm registers. One activation takes
- * MR1 rows at once instead: more rows streaming from DRAM keep more misses in flight. */
+ * their offsets and scales of 4 rows fit the 32 zmm registers. One activation (decode,
+ * streaming the weights from DRAM) takes MR1 rows at once: of 1, 2, 4 and 8, two rows
+ * read fastest (bench/matmul_batch, two TinyLlama layers, 2 threads: ~40 GB/s against
+ * ~31 with 8 and 4 rows' ~36). */
 #define MR 4
 #define MA 4
-#define MR1 8
+#define MR1 2
 
 /* The quants of blocks i and i + 1 (zero for the second when there is none). */
 INLINE __m512i load_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
