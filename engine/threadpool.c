@@ -12,9 +12,11 @@
  * whoever is running. A worker descheduled in the middle of a task still holds the job
  * up until it runs again, which on a busy machine happens on most jobs and makes every
  * extra thread a loss. The pool watches for that (adaptation): over each window of jobs
- * it compares the time the caller spent waiting for other threads' tasks with the time
- * it spent on tasks itself; when waiting dominates it drops a thread, and from time to
- * time it tries one more again, keeping it when the waits have gone.
+ * it estimates what the threads bought, from the time the caller spent on its own tasks
+ * (and how many tasks that was) and the time it then waited for the others' tasks: when
+ * one thread alone would have been about as fast (or, with more threads, one fewer) it
+ * drops a thread, and from time to time it tries one more again, keeping it when it
+ * pays.
  */
 #include "engine/threadpool.h"
 
@@ -39,11 +41,13 @@
 /* Polls of the counter before sleeping: a few tens of microseconds. */
 #define TP_SPIN 20000
 
-/* Adaptation: jobs per measuring window; the share of the caller's time spent waiting
- * above which a thread is dropped; how long after a drop (doubling after each failed
- * try, up to the last) one more thread is tried again. */
+/* Adaptation: jobs per measuring window; the speedup over one thread below which a
+ * thread is dropped (of two), and for more threads the share of the ideal speedup of one
+ * fewer; how long after a drop (doubling after each failed try, up to the last) one more
+ * thread is tried again. */
 #define TP_WINDOW 64
-#define TP_WAIT_SHARE 0.35
+#define TP_MIN_SPEEDUP_OF_TWO 1.05
+#define TP_MIN_EFFICIENCY 0.75
 #define TP_RETRY_FIRST_NS 50000000LL
 #define TP_RETRY_MAX_NS 1600000000LL
 
@@ -77,6 +81,7 @@ struct tp_pool {
     int n_use;                   /* threads (tasks) jobs run on now */
     int window_jobs;
     int64_t window_busy_ns, window_wait_ns;
+    long window_tasks, window_caller_tasks;
     bool trying;                 /* this window tries n_use after a drop */
     int64_t retry_at_ns, retry_gap_ns;
 };
@@ -219,21 +224,29 @@ void tp_set_adaptive(tp_pool *pool, bool adaptive)
     pool->n_use = pool->n_threads;
     pool->window_jobs = 0;
     pool->window_busy_ns = pool->window_wait_ns = 0;
+    pool->window_tasks = pool->window_caller_tasks = 0;
     pool->trying = false;
     pool->retry_gap_ns = TP_RETRY_FIRST_NS;
 }
 
-/* After a job on n_use threads: at the end of a window, drop a thread when the caller
- * waited for others more than TP_WAIT_SHARE of its time, and settle a try. */
-static void tp_adapt_after_job(tp_pool *pool, int64_t busy_ns, int64_t wait_ns, int64_t now)
+/* After a job of n_tasks tasks, caller_tasks of them the caller's: at the end of a window,
+ * drop a thread when the threads did not pay, and settle a try. One thread would have
+ * spent about busy * tasks / caller_tasks; the threads took busy + wait. */
+static void tp_adapt_after_job(tp_pool *pool, int64_t busy_ns, int64_t wait_ns, int caller_tasks,
+                               int n_tasks, int64_t now)
 {
     pool->window_busy_ns += busy_ns;
     pool->window_wait_ns += wait_ns;
+    pool->window_caller_tasks += caller_tasks;
+    pool->window_tasks += n_tasks;
     if (++pool->window_jobs < TP_WINDOW)
         return;
-    double share = (double)pool->window_wait_ns /
-                   (double)(pool->window_busy_ns + pool->window_wait_ns + 1);
-    bool waiting = share > TP_WAIT_SHARE;
+    double alone = (double)pool->window_busy_ns * (double)pool->window_tasks /
+                   (double)(pool->window_caller_tasks ? pool->window_caller_tasks : 1);
+    double speedup = alone / (double)(pool->window_busy_ns + pool->window_wait_ns + 1);
+    double needed = pool->n_use == 2 ? TP_MIN_SPEEDUP_OF_TWO
+                                     : TP_MIN_EFFICIENCY * (double)(pool->n_use - 1);
+    bool waiting = speedup < needed;
     if (waiting) {
         pool->n_use--;
         /* a try that failed backs off; a drop from a settled count starts afresh */
@@ -249,6 +262,7 @@ static void tp_adapt_after_job(tp_pool *pool, int64_t busy_ns, int64_t wait_ns, 
     pool->trying = false;
     pool->window_jobs = 0;
     pool->window_busy_ns = pool->window_wait_ns = 0;
+    pool->window_tasks = pool->window_caller_tasks = 0;
 }
 
 /* Before a job: one more thread when a try is due. */
@@ -259,6 +273,7 @@ static void tp_adapt_before_job(tp_pool *pool, int64_t now)
         pool->trying = true;
         pool->window_jobs = 0;
         pool->window_busy_ns = pool->window_wait_ns = 0;
+    pool->window_tasks = pool->window_caller_tasks = 0;
     }
 }
 
@@ -281,7 +296,7 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
     if (atomic_load(&pool->n_sleeping) > 0)
         tp_futex_wake_all(&pool->generation);
 
-    tp_run_tasks(pool, gen);
+    int caller_tasks = tp_run_tasks(pool, gen);
     int64_t t1 = pool->adaptive ? tp_now_ns() : 0;
 
     /* On a machine with more runnable threads than cores a worker may be descheduled in
@@ -295,7 +310,7 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
     }
     if (pool->adaptive) {
         int64_t t2 = spins ? tp_now_ns() : t1;
-        tp_adapt_after_job(pool, t1 - t0, t2 - t1, t2);
+        tp_adapt_after_job(pool, t1 - t0, t2 - t1, caller_tasks, n, t2);
     }
 }
 
