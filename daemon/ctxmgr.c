@@ -735,10 +735,19 @@ static int victim_lru_context(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Drops unlocked chunks in LCTRU order until the resident KV is at most target bytes.
- * Returns whether it got there. */
+/* Frees the pool's spare buffers beyond what keeps resident + spare within target. */
+static void trim_spares_to(ctxmgr *cm, size_t target)
+{
+    size_t used = kv_pool_bytes_used(cm->pool);
+    kv_pool_trim_spares(cm->pool, used < target ? target - used : 0);
+}
+
+/* Drops unlocked chunks in LCTRU order until the resident KV and the pool's spare
+ * buffers together are at most target bytes (spares go first). Returns whether it got
+ * there. */
 static bool reclaim_to(ctxmgr *cm, size_t target)
 {
+    trim_spares_to(cm, target);
     if (kv_pool_bytes_used(cm->pool) <= target)
         return true;
     size_t n = 0;
@@ -764,9 +773,10 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
             break;
         ctx_wait_writes(cm, v[k].c);
         chunk_drop(cm, v[k].c, v[k].index);
+        trim_spares_to(cm, target);
     }
     free(v);
-    return kv_pool_bytes_used(cm->pool) <= target;
+    return kv_pool_bytes_used(cm->pool) + kv_pool_spare_bytes(cm->pool) <= target;
 }
 
 int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])

@@ -113,7 +113,8 @@ enum ctx_switch {
 };
 
 typedef struct ctx_policy {
-    size_t budget_bytes;         /* resident KV cap (kv_pool_bytes_used); 0: none */
+    size_t budget_bytes;         /* cap of resident KV and the pool's spare buffers
+                                    (kv_pool_bytes_used + kv_pool_spare_bytes); 0: none */
     enum ctx_compress compress;
     double compress_ratio;       /* tolerance mode: mean bits over 8 */
     enum ctx_swap swap;

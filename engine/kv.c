@@ -117,6 +117,27 @@ static void kv_spares_put(kv_spares *s, void *item)
         free(item);
 }
 
+size_t kv_pool_spare_bytes(const kv_pool *pool)
+{
+    size_t n = 0;
+    for (int p = 0; p < KV_N_PRECISIONS; p++)
+        n += (size_t)pool->data[p].n * kv_chunk_data_bytes(pool->shape, (enum kv_precision)p);
+    return n;
+}
+
+void kv_pool_trim_spares(kv_pool *pool, size_t keep)
+{
+    size_t have = kv_pool_spare_bytes(pool);
+    for (int p = 0; p < KV_N_PRECISIONS && have > keep; p++) {
+        kv_spares *s = &pool->data[p];
+        size_t each = kv_chunk_data_bytes(pool->shape, (enum kv_precision)p);
+        while (s->n > 0 && have > keep) {
+            free(s->items[--s->n]);
+            have -= each;
+        }
+    }
+}
+
 static void kv_spares_free(kv_spares *s)
 {
     for (int i = 0; i < s->n; i++)

@@ -101,6 +101,13 @@ int kv_pool_n_used(const kv_pool *pool);
 /* Data bytes of all chunks alive, each counted at its precision: the resident KV. */
 size_t kv_pool_bytes_used(const kv_pool *pool);
 
+/* Data bytes of the spare buffers kept for reuse: memory the pool holds beside the
+ * resident KV, which a memory cap has to count too. */
+size_t kv_pool_spare_bytes(const kv_pool *pool);
+
+/* Frees spare buffers, the largest precisions first, until at most keep bytes remain. */
+void kv_pool_trim_spares(kv_pool *pool, size_t keep);
+
 /* An empty F16 chunk (n_tokens 0), reusing a freed one when possible. NULL + err when
  * the cap is reached or memory is exhausted. */
 kv_chunk *kv_chunk_new(kv_pool *pool, char err[ERR_MAX]);

@@ -418,9 +418,10 @@ static void many_switches(ctx_policy pol, bool exact, ctx_stats *out)
             int n = 13 + (round * 7 + k * 5) % 28;
             make_tokens(tok, n, round * 10 + k);
             CHECK(turn(e.cm, c[k], tok, n, got, NULL) == 0);
-            size_t used = kv_pool_bytes_used(e.pool);
-            CHECK_MSG(used <= pol.budget_bytes, "resident %zu over the budget %zu", used,
-                      pol.budget_bytes);
+            /* the pool's spare buffers are memory too: the cap holds them as well */
+            size_t used = kv_pool_bytes_used(e.pool), spare = kv_pool_spare_bytes(e.pool);
+            CHECK_MSG(used + spare <= pol.budget_bytes, "resident %zu + spare %zu over the "
+                      "budget %zu", used, spare, pol.budget_bytes);
             CHECK(ref_turn(&r[k], tok, n, want) == 0);
             double d = max_diff(got, want, g_vocab);
             CHECK_MSG(exact ? d == 0 : d < RECOMPUTE_TOL, "round %d ctx %d: logits differ by %g",
@@ -656,6 +657,37 @@ static void test_plan_follows_costs(void)
     env_close(&e);
 }
 
+/* Compressing chunks after a call hands their f16 buffers to the pool's spare lists: the
+ * cap counts those too, so they are freed rather than kept beside the compressed chunks. */
+static void test_budget_counts_spares(void)
+{
+    env e;
+    ctx_policy pol = policy_none();
+    pol.compress = CTX_COMPRESS_INT8;
+    kv_shape sh = model_kv_shape(g_model);
+    /* 100 tokens: 7 chunks, 6 full (compressed) and the f16 tail; room for 8 f16 ones */
+    pol.budget_bytes = 8 * kv_chunk_data_bytes(sh, KV_F16);
+    CHECK(env_open(&e, false, &pol) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    int32_t tok[100];
+    float got[300];
+    make_tokens(tok, 100, 3);
+    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
+    CHECK(c->seq.chunks[0] && c->seq.chunks[0]->precision == KV_INT8);
+    size_t used = kv_pool_bytes_used(e.pool), spare = kv_pool_spare_bytes(e.pool);
+    CHECK_MSG(used + spare <= pol.budget_bytes, "resident %zu + spare %zu over the budget %zu",
+              used, spare, pol.budget_bytes);
+    /* without a cap the spares stay for reuse */
+    pol.budget_bytes = 0;
+    ctx_set_policy(e.cm, &pol);
+    make_tokens(tok, 100, 4);
+    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
+    CHECK(kv_pool_spare_bytes(e.pool) > 0);
+    env_close(&e);
+}
+
 /* Whether the store holds a chunk directory of any context. */
 static bool chunk_dirs_left(const env *e)
 {
@@ -740,6 +772,7 @@ int main(void)
     RUN(test_restart);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
+    RUN(test_budget_counts_spares);
     model_runner_free(g_runner);
     model_free(g_model);
     return test_finish();
