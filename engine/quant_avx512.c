@@ -33,6 +33,7 @@
 #define MR 4
 #define MA 4
 #define MR1 2
+#define MR_MAX (MR > MR1 ? MR : MR1) /* rows a call may take: the arrays' size */
 
 /* The quants of blocks i and i + 1 (zero for the second when there is none). */
 INLINE __m512i load_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
@@ -53,8 +54,8 @@ INLINE __m512 scale_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
 INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_t *act,
                        size_t as, int64_t nb, float *out, size_t os)
 {
-    const qblock_q8_0 *x[MR1], *y[MA];
-    __m512 acc[MR1][MA];
+    const qblock_q8_0 *x[MR_MAX], *y[MA];
+    __m512 acc[MR_MAX][MA];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++)
         x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
@@ -73,8 +74,8 @@ INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_
     uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
     size_t pf_step = na == 1 && nb ? 2 * (size_t)nr * rb / (size_t)nb : 0;
     for (int64_t i = 0; i < nb; i += 2) {
-        __m512i wq[MR1], wcorr[MR1];
-        __m512 dw[MR1];
+        __m512i wq[MR_MAX], wcorr[MR_MAX];
+        __m512 dw[MR_MAX];
         for (size_t k = 0; k < pf_step; k += 64)
             _mm_prefetch((const char *)(pf + (size_t)i / 2 * pf_step + k), _MM_HINT_T0);
 #pragma GCC unroll 8
