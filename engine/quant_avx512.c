@@ -341,14 +341,16 @@ INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
 
 INLINE float load1_float(uint32_t t, const void *row, int64_t i)
 {
-    if (t == QTYPE_F32)
-        return ((const float *)row)[i];
+    float f;
+    if (t == QTYPE_F32) {
+        memcpy(&f, (const uint8_t *)row + 4 * i, 4); /* rows need not be aligned */
+        return f;
+    }
     uint16_t h;
     memcpy(&h, (const uint8_t *)row + 2 * i, 2);
     if (t == QTYPE_F16)
         return _cvtsh_ss(h);
     uint32_t u = (uint32_t)h << 16;
-    float f;
     memcpy(&f, &u, 4);
     return f;
 }
