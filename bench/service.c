@@ -2,7 +2,7 @@
  * service — what the service layer costs, as JSON lines on stdout.
  *
  *   service [--model PATH] [--iters N] [--tokens N] [--threads N] [--runs N]
- *           [--sched batched|serial|both] [--step-tokens N]
+ *           [--sched batched|serial|both] [--step-tokens N] [--shorts N]
  *
  * Starts llmsd of the same build on a temporary socket (a generated random-weight model
  * of about 100M parameters, kept in build/bench-models/, unless --model is given) once
@@ -15,7 +15,8 @@
  *      connection and context, median of --runs runs, and the ratio to one client
  *      (targets on the TinyLlama-1.1B shape: 16 clients >= 6x, 4 clients >= 2.5x);
  *   3. a flood: 16 streams decode while one app sends Embeds of long texts and a
- *      2000-token prompt and another app sends short Completes one after another:
+ *      2000-token prompt and another app sends --shorts (default 20) short Completes one
+ *      after another:
  *      time to first token of the short requests (p50, p99, and p99 in median step
  *      times: target <= 10) and the longest gap between two tokens of any stream
  *      against the median gap (target <= 3).
@@ -532,7 +533,7 @@ static const int bench_clients[] = {1, 4, 16};
 
 static int bench_mode(const char *llmsd, const char *dir, const char *model, int threads,
                       const char *sched, int step_tokens, int iters, int tokens, int runs,
-                      mode_result *res)
+                      int n_short, mode_result *res)
 {
     double in_p50 = 0, sock_p50 = 0, queue_p50 = 0, rt_p50 = 0;
     char sock[1100];
@@ -561,7 +562,7 @@ static int bench_mode(const char *llmsd, const char *dir, const char *model, int
             }
         }
         if (rc == 0)
-            rc = flood(sock, sched, model, tokens, 480, 2000, 20);
+            rc = flood(sock, sched, model, tokens, 480, 2000, n_short);
     }
     stop_daemon();
     res->ok = rc == 0;
@@ -571,7 +572,7 @@ static int bench_mode(const char *llmsd, const char *dir, const char *model, int
 int main(int argc, char **argv)
 {
     const char *model = NULL, *sched = "both";
-    int iters = 100, tokens = 48, threads = 2, runs = 3, step_tokens = 64;
+    int iters = 100, tokens = 48, threads = 2, runs = 3, step_tokens = 64, n_short = 20;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -587,16 +588,18 @@ int main(int argc, char **argv)
             sched = argv[i + 1];
         else if (!strcmp(argv[i], "--step-tokens"))
             step_tokens = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--shorts"))
+            n_short = atoi(argv[i + 1]);
         else
             break;
     }
     bool modes_ok = !strcmp(sched, "both") || !strcmp(sched, "batched") ||
                     !strcmp(sched, "serial");
     if (argc % 2 == 0 || iters < 1 || tokens < 1 || threads < 1 || runs < 1 || runs > 16 ||
-        !modes_ok) {
+        n_short < 1 || n_short > 1000 || !modes_ok) {
         fprintf(stderr, "usage: service [--model PATH] [--iters N] [--tokens N] "
                         "[--threads N] [--runs N] [--sched batched|serial|both] "
-                        "[--step-tokens N]\n");
+                        "[--step-tokens N] [--shorts N]\n");
         return 2;
     }
     char self[1024], llmsd[1100];
@@ -621,10 +624,10 @@ int main(int argc, char **argv)
     int rc = 0;
     if (strcmp(sched, "serial") != 0)
         rc |= bench_mode(llmsd, dir, model, threads, "batched", step_tokens, iters, tokens, runs,
-                         &batched);
+                         n_short, &batched);
     if (strcmp(sched, "batched") != 0)
         rc |= bench_mode(llmsd, dir, model, threads, "serial", step_tokens, iters, tokens, runs,
-                         &serial);
+                         n_short, &serial);
     for (int i = 0; i < 3 && batched.ok && serial.ok; i++)
         printf("{\"bench\":\"service_decode_batched_vs_serial\",\"model\":\"%s\","
                "\"clients\":%d,\"batched_tok_s\":%.1f,\"serial_tok_s\":%.1f,\"ratio\":%.2f}\n",
