@@ -95,4 +95,22 @@ static inline Llms__Response *raw_read(int fd, int *timed_out)
     return resp;
 }
 
+/* Binds the connection to app; 0, or -1 when the daemon refused or did not answer. */
+static inline int raw_bind(int fd, const char *app)
+{
+    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
+    b.app_name = (char *)app;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 1000;
+    req.body_case = LLMS__REQUEST__BODY_BIND;
+    req.bind = &b;
+    if (raw_send(fd, &req) < 0)
+        return -1;
+    int timed_out;
+    Llms__Response *r = raw_read(fd, &timed_out);
+    int ok = r && !r->error;
+    frame_free_response(r);
+    return ok ? 0 : -1;
+}
+
 #endif

@@ -167,23 +167,6 @@ static Llms__Request *complete_request(uint64_t id, const char *prompt, uint32_t
     return &req;
 }
 
-static int raw_bind(int fd, const char *app)
-{
-    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
-    b.app_name = (char *)app;
-    Llms__Request req = LLMS__REQUEST__INIT;
-    req.id = 1000;
-    req.body_case = LLMS__REQUEST__BODY_BIND;
-    req.bind = &b;
-    if (raw_send(fd, &req) < 0)
-        return -1;
-    int timed_out;
-    Llms__Response *r = raw_read(fd, &timed_out);
-    int ok = r && !r->error;
-    frame_free_response(r);
-    return ok ? 0 : -1;
-}
-
 /* Reads frames until the final one of request id; its error code (OK = 0), -1 when the
  * connection ended first. */
 static int raw_wait_final(int fd, uint64_t *id)

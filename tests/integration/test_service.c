@@ -477,17 +477,9 @@ static void listings_come_in_pages(void)
     CHECK_EQ(n_mine, PER_APP);
     int fd = raw_connect(d);
     CHECK(fd >= 0);
-    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
-    b.app_name = "pages-0";
-    Llms__Request req = LLMS__REQUEST__INIT;
-    req.id = 1;
-    req.body_case = LLMS__REQUEST__BODY_BIND;
-    req.bind = &b;
-    CHECK(raw_send(fd, &req) == 0);
+    CHECK(raw_bind(fd, "pages-0") == 0);
     int timed_out;
-    Llms__Response *r = raw_read(fd, &timed_out);
-    CHECK(r && !r->error);
-    frame_free_response(r);
+    Llms__Response *r;
     Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
     lc.has_offset = lc.has_limit = 1;
     lc.offset = 1;
@@ -538,17 +530,9 @@ static void quotas(void)
      * refused with RESOURCE_EXHAUSTED, the others answered. */
     int fd = raw_connect(d);
     CHECK(fd >= 0);
-    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
-    b.app_name = "quota-queue";
-    Llms__Request req = LLMS__REQUEST__INIT;
-    req.id = 1;
-    req.body_case = LLMS__REQUEST__BODY_BIND;
-    req.bind = &b;
-    CHECK(raw_send(fd, &req) == 0);
+    CHECK(raw_bind(fd, "quota-queue") == 0);
     int timed_out;
-    Llms__Response *r = raw_read(fd, &timed_out);
-    CHECK(r && !r->error);
-    frame_free_response(r);
+    Llms__Response *r;
 
     uint8_t *all = NULL;
     size_t all_len = 0;
