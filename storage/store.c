@@ -9,11 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define STORE_FILE "llmsd.db"
+#define STORE_LOCK_FILE "llmsd.lock"
 #define STORE_BUSY_TIMEOUT_MS 5000
 
 /*
@@ -115,6 +117,7 @@ static const char *const store_sql[ST_COUNT] = {
 
 struct store {
     sqlite3 *db;
+    int lock_fd;       /* <dir>/llmsd.lock, flock()ed while the store is open */
     char *dir;
     char *path;
     store_chunks *chunks;
@@ -259,6 +262,29 @@ store *store_open(const char *dir, char err[ERR_MAX])
         err_set(err, "store: out of memory");
         return NULL;
     }
+    /* Two daemons on one state directory would each trust their own view of it (one
+     * deletes a context the other appends to): the second is refused. The lock goes
+     * with the process, so a crash never leaves it held. */
+    char *lock_path = NULL;
+    s->lock_fd = asprintf(&lock_path, "%s/%s", dir, STORE_LOCK_FILE) < 0
+                     ? -1
+                     : open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        if (!lock_path)
+            err_set(err, "store: out of memory");
+        else if (s->lock_fd >= 0 && errno == EWOULDBLOCK)
+            err_set(err, "store: %s is in use by another llmsd (%s is locked)", dir, lock_path);
+        else
+            err_set(err, "store: %s: %s", lock_path, strerror(errno));
+        if (s->lock_fd >= 0)
+            close(s->lock_fd);
+        free(lock_path);
+        free(s->path);
+        free(s->dir);
+        free(s);
+        return NULL;
+    }
+    free(lock_path);
     /* Create the file ourselves so conversations are not world-readable whatever the
      * umask; sqlite gives its -wal and -shm files the database file's mode. */
     int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
@@ -304,6 +330,7 @@ void store_close(store *s)
         sqlite3_finalize(s->st[i]);
     /* close_v2 cannot fail with BUSY: every statement is finalized above. */
     sqlite3_close_v2(s->db);
+    close(s->lock_fd);
     free(s->blob);
     free(s->tokens);
     free(s->path);

@@ -25,7 +25,9 @@
 typedef struct store store;
 
 /* Opens (creating when needed) <dir>/llmsd.db, creating dir with mode 0750 if missing,
- * and migrates the schema. A file that is not a valid database is an error naming it. */
+ * and migrates the schema. A file that is not a valid database is an error naming it.
+ * The directory stays locked (flock on <dir>/llmsd.lock) until store_close: opening it
+ * again meanwhile, from this process or another, is an error saying so. */
 store *store_open(const char *dir, char err[ERR_MAX]);
 void store_close(store *s);
 

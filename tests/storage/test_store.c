@@ -475,6 +475,21 @@ static void newer_schema_is_refused(void)
     CHECK_MSG(strstr(err, "schema version 99"), "%s", err);
 }
 
+/* A second opener of a state directory is refused while the first holds it. */
+static void state_dir_is_locked(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("locked");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    CHECK(store_open(dir, err) == NULL);
+    CHECK_MSG(strstr(err, "in use by another llmsd") && strstr(err, "llmsd.lock"), "%s", err);
+    store_close(s);
+    s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "after the first closed: %s", err);
+    store_close(s);
+}
+
 static void deleting_a_context_deletes_its_turns(void)
 {
     char err[ERR_MAX] = "";
@@ -564,6 +579,7 @@ int main(void)
     RUN(corrupt_token_blob_is_an_error);
     RUN(garbage_file_is_an_error);
     RUN(newer_schema_is_refused);
+    RUN(state_dir_is_locked);
     RUN(deleting_a_context_deletes_its_turns);
     RUN(many_turns);
     return test_finish();
