@@ -227,6 +227,33 @@ static app_state *app_get(sched *s, uint32_t uid, const char *name)
     return a;
 }
 
+/* Frees the record of an app that has no connection and no request left, so that
+ * binding many names leaves nothing behind; its contexts do not need it (ListApps
+ * lists apps with contexts from the contexts). Never called while a loop walks apps. */
+static void app_reclaim(sched *s, app_state *a)
+{
+    if (a->n_conns > 0 || a->n_queued > 0 || a->pend_head)
+        return;
+    app_state **pp = &s->apps;
+    while (*pp != a)
+        pp = &(*pp)->next;
+    *pp = a->next;
+    if (s->rr == a)
+        s->rr = NULL;
+    if (s->drr_next == a)
+        s->drr_next = NULL;
+    free(a);
+}
+
+/* Requests queued or running of every app of uid. */
+static int uid_queued(const sched *s, uint32_t uid)
+{
+    int n = 0;
+    for (const app_state *a = s->apps; a; a = a->next)
+        n += a->uid == uid ? a->n_queued : 0;
+    return n;
+}
+
 /* ---- context info ---- */
 
 static const char *history_role(const char *role)
@@ -391,6 +418,15 @@ static void handle_create(sched *s, const sched_job *j)
     if (have >= s->env.cfg->max_contexts_per_app) {
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "app has %d contexts, the limit (max_contexts_per_app)", have);
+        return;
+    }
+    int of_uid = 0;
+    for (const ctx_entry *c = ctx_first(s->cm); c; c = c->next)
+        of_uid += c->uid == j->uid;
+    if (of_uid >= s->env.cfg->max_contexts_per_uid) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u has %d contexts over all its apps, the limit (max_contexts_per_uid)",
+                   j->uid, of_uid);
         return;
     }
     if (cr->defaults && cr->defaults->n_stop >= STOP_MAX) {
@@ -612,6 +648,10 @@ static void handle_list_apps(sched *s, const sched_job *j)
     send_resp(s, j->conn_id, &r, false);
     free(infos);
     free(ptrs);
+    for (app_state *a = s->apps, *next; a; a = next) {
+        next = a->next;
+        app_reclaim(s, a);
+    }
 }
 
 /* ---- generation ---- */
@@ -1019,6 +1059,7 @@ static void work_end(sched *s, work *w)
             send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
     }
     w->app->n_queued--;
+    app_reclaim(s, w->app);
     work_free(w);
 }
 
@@ -1130,6 +1171,7 @@ static void handle_engine_request(sched *s, sched_job *j)
         !ctx_find(s->cm, j->req->call->context_id, j->uid, j->app)) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", j->req->call->context_id);
         job_free(j);
+        app_reclaim(s, a);
         return;
     }
     if (a->n_queued >= s->env.cfg->max_queued_per_app) {
@@ -1137,6 +1179,16 @@ static void handle_engine_request(sched *s, sched_job *j)
                    "app has %d requests queued or running, the limit (max_queued_per_app)",
                    a->n_queued);
         job_free(j);
+        app_reclaim(s, a);
+        return;
+    }
+    int of_uid = uid_queued(s, j->uid);
+    if (of_uid >= s->env.cfg->max_queued_per_uid) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u has %d requests queued or running over all its apps, the limit "
+                   "(max_queued_per_uid)", j->uid, of_uid);
+        job_free(j);
+        app_reclaim(s, a);
         return;
     }
     a->n_queued++;
@@ -1233,9 +1285,12 @@ static void handle_job(sched *s, sched_job *j)
             a->n_conns++;
         break;
     case SCHED_CLOSED:
-        if (j->app[0] && (a = app_get(s, j->uid, j->app)))
+        a = j->app[0] ? app_get(s, j->uid, j->app) : NULL;
+        if (a)
             a->n_conns--;
         cancel_conn(s, j->conn_id, true);
+        if (a)
+            app_reclaim(s, a);
         break;
     case SCHED_CANCEL_STREAMS:
         cancel_conn(s, j->conn_id, false);
