@@ -572,6 +572,8 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_chunks_recomputed = cs->chunks_recomputed;
     st.swap_faults = cs->faults;
     st.swap_bad_blobs = cs->bad_blobs;
+    st.has_swap_stale_blobs = 1;
+    st.swap_stale_blobs = cs->stale_blobs;
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
     st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =
