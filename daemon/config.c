@@ -56,6 +56,9 @@ static const key_def keys[] = {
      "largest frame accepted or sent (default 16777216)", NULL},
     INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
                                   "over it are dropped, LCTRU order (default 1024)"),
+    INT(kv_wait_ms, 0, INT_MAX, "how long a Call or Complete waits for running calls to "
+                                "leave room under kv_budget_mb before RESOURCE_EXHAUSTED "
+                                "(default 30000)"),
     CHOICE(kv_compress, "tolerance|int8|none",
            "KV chunk compression after a call: tolerance (int8/4/2 by attention density), "
            "int8, or none (f16, lossless) (default tolerance)"),
@@ -124,6 +127,7 @@ void config_defaults(config *c)
     strcpy(c->sched, "batched");
     c->max_frame_bytes = 16u << 20;
     c->kv_budget_mb = 1024;
+    c->kv_wait_ms = 30000;
     strcpy(c->kv_compress, "tolerance");
     c->kv_compress_ratio = 0.5f;
     strcpy(c->admin_group, "llms-admin");

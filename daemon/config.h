@@ -33,6 +33,7 @@ typedef struct config {
     char sched[8];                     /* "batched" or "serial" */
     uint32_t max_frame_bytes;
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
+    int kv_wait_ms;                    /* longest wait of a call for KV under the cap */
     char kv_compress[16];              /* "tolerance", "int8" or "none" */
     float kv_compress_ratio;           /* tolerance: mean bits per element over 8 */
     char admin_group[64];

@@ -40,6 +40,7 @@
 #define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
 #define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
+#define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
 
 typedef struct app_state {
     uint32_t uid;
@@ -90,6 +91,7 @@ typedef struct work {
     char fail_msg[ERR_MAX];
     gen *g;                /* Call, Complete */
     sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+    size_t kv_reserved;    /* KV bytes admission counted for it (kv_need) */
 } work;
 
 /* One sequence of a step's forward. */
@@ -138,6 +140,7 @@ struct sched {
     work *active[SCHED_MAX_ACTIVE];
     int n_active;
     int n_pending;
+    size_t kv_reserved;    /* sum of the active work's kv_reserved */
     bool shutting;
     int64_t start_ms;
     atomic_uint n_connections;
@@ -1061,6 +1064,7 @@ static void work_end(sched *s, work *w)
             send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
     }
     w->app->n_queued--;
+    s->kv_reserved -= w->kv_reserved;
     app_reclaim(s, w->app);
     work_free(w);
 }
@@ -1351,9 +1355,71 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     }
 }
 
+/* The most KV a Call or Complete can hold at f16 (the heaviest precision): the context,
+ * the prompt (a token is at least one byte, the template adds a few), the reply; 0 for
+ * other work. */
+static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
+{
+    const config *cfg = s->env.cfg;
+    const Llms__GenerationParams *p;
+    long tokens, limit;
+    if (j->req->body_case == LLMS__REQUEST__BODY_CALL && c) {
+        p = j->req->call->params ? j->req->call->params : c->defaults;
+        tokens = c->n_tokens + (long)strlen(j->req->call->prompt) + SCHED_TEMPLATE_TOKENS;
+        limit = cfg->max_tokens_per_context;
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_COMPLETE) {
+        const Llms__CompleteRequest *cr = j->req->complete;
+        p = cr->params;
+        tokens = (long)strlen(cr->prompt) + SCHED_TEMPLATE_TOKENS +
+                 (cr->system_prompt ? (long)strlen(cr->system_prompt) : 0);
+        limit = cfg->n_ctx;
+    } else {
+        return 0;
+    }
+    tokens += p && p->has_max_tokens ? p->max_tokens : cfg->max_tokens;
+    tokens = tokens < limit ? tokens : limit;
+    size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
+    return chunks * kv_chunk_data_bytes(model_kv_shape(s->env.m), KV_F16);
+}
+
+enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
+
+/* Whether a job's KV fits beside what the running work may reach: admitted work then
+ * never finds the budget full (idle contexts are reclaimed for it). One that does not
+ * fit waits for running work to end, up to kv_wait_ms; one that needs more than the
+ * whole budget is refused at once. */
+static enum kv_fit kv_fit(const sched *s, const sched_job *j, size_t need, int64_t now)
+{
+    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    if (!budget || need == 0)
+        return KV_FITS;
+    if (need > budget)
+        return KV_NEVER;
+    if (s->kv_reserved + need <= budget)
+        return KV_FITS;
+    return now - j->queued_ns > (int64_t)s->env.cfg->kv_wait_ms * 1000000 ? KV_WAITED : KV_WAIT;
+}
+
+/* Answers a job that cannot get its KV. */
+static void kv_refuse(sched *s, const sched_job *j, enum kv_fit fit, size_t need)
+{
+    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    if (fit == KV_NEVER)
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "this call may need %zu KiB of KV (the context, the prompt and max_tokens), "
+                   "more than kv_budget_mb allows (%zu KiB): lower max_tokens or raise "
+                   "kv_budget_mb", need >> 10, budget >> 10);
+    else
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
+                   "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, s->kv_reserved >> 10,
+                   budget >> 10);
+}
+
 /* Admits pending jobs, one per app in turn, while there is room. */
 static void admit(sched *s)
 {
+    int64_t now = mono_ns();
     bool progress = true;
     while (progress && s->n_active < SCHED_MAX_ACTIVE && s->n_pending > 0) {
         progress = false;
@@ -1366,7 +1432,13 @@ static void admit(sched *s)
             while (*pp) {
                 sched_job *j = *pp;
                 ctx_entry *c;
-                if (!job_can_start(s, j, &c)) {
+                size_t need = 0;
+                enum kv_fit fit = KV_WAIT;
+                if (job_can_start(s, j, &c)) {
+                    need = kv_need(s, j, c);
+                    fit = kv_fit(s, j, need, now);
+                }
+                if (fit == KV_WAIT) {
                     prev = j;
                     pp = &j->next;
                     continue;
@@ -1374,6 +1446,12 @@ static void admit(sched *s)
                 pend_unlink(s, a, pp, prev);
                 progress = true;
                 s->rr = a;
+                if (fit != KV_FITS) {
+                    a->n_queued--;
+                    kv_refuse(s, j, fit, need);
+                    job_free(j);
+                    break;
+                }
                 if (j->req->body_case == LLMS__REQUEST__BODY_CALL && !c) {
                     a->n_queued--;
                     send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
@@ -1382,14 +1460,22 @@ static void admit(sched *s)
                     break;
                 }
                 work *w = work_start(s, j, a, c);
-                if (w)
+                if (w) {
+                    w->kv_reserved = need;
+                    s->kv_reserved += need;
                     s->active[s->n_active++] = w;
-                else
+                } else {
                     a->n_queued--;
+                }
                 break;
             }
             a = a->next ? a->next : s->apps;
         } while (a != start);
+    }
+    /* Jobs answered here may have been their app's last. */
+    for (app_state *a = s->apps, *next; a; a = next) {
+        next = a->next;
+        app_reclaim(s, a);
     }
 }
 

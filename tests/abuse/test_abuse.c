@@ -15,6 +15,7 @@
 #include <grp.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1066,6 +1067,98 @@ static void second_daemon_on_same_state(void)
     CHECK_MSG(test_run_capture(cmd, out, sizeof out) == 0, "its log does not say why");
 }
 
+/* ---- 7. a tight KV budget: calls wait their turn ---- */
+
+static char kv_model[1024]; /* wide enough that a few hundred tokens fill 1 MiB of KV */
+
+struct kv_client {
+    const llmsd_proc *d;
+    int n;
+    int ok, exhausted, other;
+    char msg[256];
+};
+
+static void *kv_client_main(void *arg)
+{
+    struct kv_client *k = arg;
+    char app[32], id[LLMS_ID_MAX];
+    snprintf(app, sizeof app, "kv-%d", k->n);
+    llms_conn *c = proc_connect(k->d, app);
+    if (!c || llms_context_create(c, NULL, NULL, id) != LLMS_OK) {
+        snprintf(k->msg, sizeof k->msg, "%s: setup failed", app);
+        k->other++;
+        llms_close(c);
+        return NULL;
+    }
+    llms_params p = greedy(16);
+    for (int i = 0; i < 4; i++) {
+        enum llms_status s = llms_call(c, id, "hello there", &p, NULL, NULL, NULL);
+        if (s == LLMS_OK)
+            k->ok++;
+        else if (s == LLMS_ERR_RESOURCE_EXHAUSTED)
+            k->exhausted++;
+        else
+            k->other++;
+        if (s != LLMS_OK && !k->msg[0])
+            snprintf(k->msg, sizeof k->msg, "%s: %.200s", app, llms_last_error(c));
+    }
+    llms_close(c);
+    return NULL;
+}
+
+/* With kv_budget_mb = 1 six apps calling at once all get their answers (they wait for
+ * room instead of RESOURCE_EXHAUSTED), and a call that could never fit is refused at
+ * once, saying why. */
+static void tight_kv_budget_queues_calls(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    CHECK_MSG(kv_model[0], "could not generate the test model");
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "abuse-kv", kv_model,
+                         "kv_budget_mb = 1\nkv_compress = none\nlog_level = warn\n") == 0,
+              "llmsd did not start");
+    enum { CLIENTS = 6 };
+    struct kv_client k[CLIENTS];
+    pthread_t th[CLIENTS];
+    double t0 = proc_now();
+    for (int i = 0; i < CLIENTS; i++) {
+        k[i] = (struct kv_client){.d = &d, .n = i};
+        CHECK(pthread_create(&th[i], NULL, kv_client_main, &k[i]) == 0);
+    }
+    int ok = 0, exhausted = 0, other = 0;
+    const char *first = "";
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(th[i], NULL);
+        ok += k[i].ok;
+        exhausted += k[i].exhausted;
+        other += k[i].other;
+        if (!first[0])
+            first = k[i].msg;
+    }
+    double all_ms = (proc_now() - t0) * 1000;
+    llms_conn *c = proc_connect(&d, "kv-big");
+    char id[LLMS_ID_MAX], msg[LLMS_ERROR_MAX] = "";
+    llms_params p = greedy(400);
+    enum llms_status big = LLMS_ERR_INTERNAL;
+    double t1 = proc_now();
+    if (c && llms_context_create(c, NULL, NULL, id) == LLMS_OK) {
+        big = llms_call(c, id, "tell me everything", &p, NULL, NULL, NULL);
+        snprintf(msg, sizeof msg, "%s", llms_last_error(c));
+    }
+    double big_ms = (proc_now() - t1) * 1000;
+    llms_close(c);
+    int rc = proc_stop(&d, SIGTERM);
+    printf("# figure tight_kv_budget: %d of %d calls answered, %d RESOURCE_EXHAUSTED, %d other "
+           "(%.0f ms in all); a call needing more than the budget: %s in %.0f ms (%s)\n",
+           ok, CLIENTS * 4, exhausted, other, all_ms, llms_status_name(big), big_ms, msg);
+    CHECK_MSG(ok == CLIENTS * 4, "%d exhausted, %d other: %s", exhausted, other, first);
+    CHECK_EQ(big, LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(msg, "kv_budget_mb"), "%s", msg);
+    CHECK(big_ms < RESPONSIVE_MS);
+    CHECK_EQ(rc, 0);
+}
+
 /* ---- nothing lost ---- */
 
 static void kept_context_is_intact(void)
@@ -1101,6 +1194,14 @@ int main(int argc, char **argv)
         tiny_model[0] = '\0';
     }
     chmod(tiny_model, 0644);
+    proc_fmt(kv_model, sizeof kv_model, "%s/wide.gguf", test_tmpdir());
+    mp.dim = 512;
+    mp.n_head = mp.n_head_kv = 8;
+    mp.n_ff = 512;
+    if (modelgen_write(&mp, kv_model, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        kv_model[0] = '\0';
+    }
     RUN(connection_flood);
     RUN(descriptors_run_out);
     RUN(big_frames_before_bind);
@@ -1110,6 +1211,7 @@ int main(int argc, char **argv)
     RUN(fields_are_bounded);
     RUN(second_daemon_on_same_state);
     RUN(kept_context_is_intact);
+    RUN(tight_kv_budget_queues_calls);
     if (daemon_up == 1)
         proc_stop(&daemon_proc, SIGTERM);
     return test_finish();
