@@ -488,6 +488,28 @@ static void connection_flood(void)
     CHECK_MSG(cpu < 2.0, "the daemon used %.2f s of CPU", cpu);
 }
 
+/* A bound connection that sends nothing and waits for nothing is closed after
+ * idle_timeout_ms (2 s here), saying why; one with a request in flight is not. */
+static void idle_connection_is_closed(void)
+{
+    NEED_ATTACK();
+    int idle = raw_connect(&daemon_proc);
+    CHECK(idle >= 0);
+    CHECK_EQ(bind_fd(idle, "idler"), LLMS__ERROR_CODE__OK);
+    double t0 = proc_now();
+    char msg[256] = "";
+    int code = read_code(idle, 5000, msg, sizeof msg);
+    double ms = (proc_now() - t0) * 1000;
+    char eof;
+    ssize_t after = read(idle, &eof, 1);
+    close(idle);
+    printf("# figure idle_connection_is_closed: code %d after %.0f ms (%s)\n", code, ms, msg);
+    CHECK_EQ(code, LLMS__ERROR_CODE__DEADLINE_EXCEEDED);
+    CHECK_MSG(strstr(msg, "idle_timeout_ms"), "%s", msg);
+    CHECK(ms > 1500 && ms < 3500);
+    CHECK_EQ(after, 0);
+}
+
 /* ---- 1b. descriptors: every connection the open-file limit allows ---- */
 
 #define NOFILE_LIMIT 100
@@ -1203,6 +1225,7 @@ int main(int argc, char **argv)
         kv_model[0] = '\0';
     }
     RUN(connection_flood);
+    RUN(idle_connection_is_closed);
     RUN(descriptors_run_out);
     RUN(big_frames_before_bind);
     RUN(big_frames_after_bind);
