@@ -825,6 +825,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_chunks_recomputed = p->swap_chunks_recomputed,
         .swap_faults = p->swap_faults,
         .swap_bad_blobs = p->swap_bad_blobs,
+        .swap_stale_blobs = p->swap_stale_blobs,
         .switch_ins = p->switch_ins,
         .switch_in_mean_ms = p->switch_in_mean_ms,
         .sched_mode = strdup(p->sched_mode ? p->sched_mode : ""),

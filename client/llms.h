@@ -403,7 +403,7 @@ typedef struct llms_daemon_status {
     uint64_t swap_bytes_written, swap_bytes_read;
     uint64_t swap_chunks_written, swap_chunks_read, swap_chunks_recomputed;
     uint64_t swap_faults;       /* chunks brought in during a forward (normally 0) */
-    uint64_t swap_bad_blobs;    /* stored chunks found corrupt or stale (recomputed) */
+    uint64_t swap_bad_blobs;    /* stored chunks found corrupt or missing (recomputed) */
     uint64_t switch_ins;
     double switch_in_mean_ms;
     /* The step scheduler (each step advances all running work in one forward pass). */
@@ -421,6 +421,9 @@ typedef struct llms_daemon_status {
     uint64_t swap_write_waits;       /* times the worker waited for one */
     double swap_write_wait_ms;       /* in all */
     uint64_t swap_write_failures;    /* batches that could not be written */
+    uint64_t swap_stale_blobs;       /* stored chunks of a history that moved on before
+                                        they were written again (recomputed; expected
+                                        after a crash, not corruption) */
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

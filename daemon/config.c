@@ -56,6 +56,9 @@ static const key_def keys[] = {
      "largest frame accepted or sent (default 16777216)", NULL},
     INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
                                   "over it are dropped, LCTRU order (default 1024)"),
+    INT(kv_wait_ms, 0, INT_MAX, "how long a Call or Complete waits for running calls to "
+                                "leave room under kv_budget_mb before RESOURCE_EXHAUSTED "
+                                "(default 30000)"),
     CHOICE(kv_compress, "tolerance|int8|none",
            "KV chunk compression after a call: tolerance (int8/4/2 by attention density), "
            "int8, or none (f16, lossless) (default tolerance)"),
@@ -86,6 +89,28 @@ static const key_def keys[] = {
     INT(rerank_max_documents, 1, INT_MAX, "documents per Rerank request (default 256)"),
     INT(rerank_max_bytes, 1, INT_MAX, "query + documents bytes per Rerank request "
                                       "(default 4194304)"),
+    INT(max_connections, 1, INT_MAX, "connections open at once, every peer together; at "
+                                     "most the open-file limit less a reserve (default 1024)"),
+    INT(max_connections_per_uid, 1, INT_MAX, "connections one peer uid may hold open "
+                                             "(default 64)"),
+    INT(bind_timeout_ms, 1, INT_MAX, "a connection that has not sent Bind by then is closed "
+                                     "(default 5000)"),
+    INT(idle_timeout_ms, 0, INT_MAX, "a bound connection with no request in flight and no "
+                                     "traffic for this long is closed, 0 = never "
+                                     "(default 3600000)"),
+    INT(max_unbound_frame_bytes, 64, INT_MAX, "largest frame accepted before Bind "
+                                              "(default 4096)"),
+    INT(max_buffered_bytes, 0, INT_MAX, "bytes of partly received frames larger than 64 KiB "
+                                        "the daemon holds, every connection together "
+                                        "(default 67108864)"),
+    INT(max_apps_per_uid, 1, INT_MAX, "app names one uid may have bound at once "
+                                      "(default 16)"),
+    INT(max_contexts_per_uid, 1, INT_MAX, "contexts one uid may keep, all its apps together "
+                                          "(default 1024)"),
+    INT(max_queued_per_uid, 1, INT_MAX, "engine requests one uid may have queued or running, "
+                                        "all its apps together (default 32)"),
+    INT(max_text_bytes, 1, INT_MAX, "bytes of a prompt, system prompt, text to embed or "
+                                    "Tokenize input (default 65536)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -102,6 +127,7 @@ void config_defaults(config *c)
     strcpy(c->sched, "batched");
     c->max_frame_bytes = 16u << 20;
     c->kv_budget_mb = 1024;
+    c->kv_wait_ms = 30000;
     strcpy(c->kv_compress, "tolerance");
     c->kv_compress_ratio = 0.5f;
     strcpy(c->admin_group, "llms-admin");
@@ -120,6 +146,16 @@ void config_defaults(config *c)
     c->rerank_no_token = -1;
     c->rerank_max_documents = 256;
     c->rerank_max_bytes = 4 << 20;
+    c->max_connections = 1024;
+    c->max_connections_per_uid = 64;
+    c->bind_timeout_ms = 5000;
+    c->idle_timeout_ms = 3600000;
+    c->max_unbound_frame_bytes = 4096;
+    c->max_buffered_bytes = 64 << 20;
+    c->max_apps_per_uid = 16;
+    c->max_contexts_per_uid = 1024;
+    c->max_queued_per_uid = 32;
+    c->max_text_bytes = 65536;
 }
 
 static const key_def *find_key(const char *name)

@@ -33,6 +33,7 @@ typedef struct config {
     char sched[8];                     /* "batched" or "serial" */
     uint32_t max_frame_bytes;
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
+    int kv_wait_ms;                    /* longest wait of a call for KV under the cap */
     char kv_compress[16];              /* "tolerance", "int8" or "none" */
     float kv_compress_ratio;           /* tolerance: mean bits per element over 8 */
     char admin_group[64];
@@ -56,6 +57,21 @@ typedef struct config {
     int rerank_max_documents;          /* documents per Rerank request (and per query of a
                                           calibration) */
     int rerank_max_bytes;              /* query + documents bytes per Rerank request */
+    /* Connections and the input they may make the daemon buffer (daemon/server.h). */
+    int max_connections;               /* open at once, every peer together */
+    int max_connections_per_uid;
+    int bind_timeout_ms;               /* a connection that has not bound by then closes */
+    int idle_timeout_ms;               /* a bound connection with nothing in flight and no
+                                          traffic for this long closes; 0: never */
+    int max_unbound_frame_bytes;       /* largest frame before Bind */
+    int max_buffered_bytes;            /* partial frames over SERVER_SMALL_FRAME, all
+                                          connections together */
+    /* Quotas of a uid, whatever app names it binds (an app's own come first). */
+    int max_apps_per_uid;              /* app names bound at once */
+    int max_contexts_per_uid;
+    int max_queued_per_uid;
+    /* Sizes of request fields. */
+    int max_text_bytes;                /* a prompt, system prompt, text or Tokenize input */
 } config;
 
 /* The built-in defaults. */

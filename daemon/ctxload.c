@@ -78,11 +78,14 @@ static void layer_ready(void *arg, int layer)
 }
 
 /* Opens chunk i's blob and checks it against the history: sizes of every section and
- * the token ids it was computed from. NULL when it cannot be used. */
-static store_chunk_reader *open_checked(ctxmgr *cm, ctx_entry *c, int i)
+ * the token ids it was computed from. NULL when it cannot be used; *stale then says
+ * whether the blob is sound but of other tokens (a history that moved on), not
+ * corrupt or missing. */
+static store_chunk_reader *open_checked(ctxmgr *cm, ctx_entry *c, int i, bool *stale)
 {
     char err[ERR_MAX];
     bool found;
+    *stale = false;
     const ctx_chunk *k = &c->map[i];
     int nt = ctx_chunk_tokens(c->n_tokens, i), n_layer = cm->shape.n_layer;
     store_chunk_reader *rd = store_chunk_open(cm->st, c->id, i, &found, err);
@@ -97,9 +100,9 @@ static store_chunk_reader *open_checked(ctxmgr *cm, ctx_entry *c, int i)
              kv_chunk_layer_bytes(cm->shape, (enum kv_precision)k->disk_precision);
     int32_t tokens[KV_CHUNK_TOKENS];
     size_t tbytes = sizeof *tokens * (size_t)nt;
-    ok = ok && store_chunk_read_section(rd, n_layer, tokens, tbytes, err) == 0 &&
-         memcmp(tokens, c->tokens + i * KV_CHUNK_TOKENS, tbytes) == 0;
-    if (!ok) {
+    ok = ok && store_chunk_read_section(rd, n_layer, tokens, tbytes, err) == 0;
+    *stale = ok && memcmp(tokens, c->tokens + i * KV_CHUNK_TOKENS, tbytes) != 0;
+    if (!ok || *stale) {
         store_chunk_close(rd);
         return NULL;
     }
@@ -111,11 +114,14 @@ static enum kv_precision disk_prec(const ctx_entry *c, int i)
     return (enum kv_precision)c->map[i].disk_precision;
 }
 
-static void forget_blob(ctxmgr *cm, ctx_entry *c, int i)
+static void forget_blob(ctxmgr *cm, ctx_entry *c, int i, bool stale)
 {
     c->map[i].disk_precision = -1;
     c->map[i].dirty = true;
-    cm->stats.bad_blobs++;
+    if (stale)
+        cm->stats.stale_blobs++;
+    else
+        cm->stats.bad_blobs++;
 }
 
 typedef struct cand {
@@ -251,9 +257,10 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
             continue;
         store_chunk_reader *rd = NULL;
         if (c->map[i].disk_precision >= 0 && cm->policy.switch_mode != CTX_SWITCH_RECOMPUTE) {
-            rd = open_checked(cm, c, i);
+            bool stale;
+            rd = open_checked(cm, c, i, &stale);
             if (!rd)
-                forget_blob(cm, c, i);
+                forget_blob(cm, c, i, stale);
         }
         if (rd) {
             reads[n_d].index = i;
@@ -328,7 +335,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
         int i = reads[j].index;
         st->bytes_read += store_chunk_reader_bytes_read(reads[j].rd);
         if (reads[j].failed) {
-            forget_blob(cm, c, i);
+            forget_blob(cm, c, i, false);
             kv_chunk_free(cm->pool, reads[j].kv);
             n_bad++;
             bad_before_last |= n_rec > 0 && i < rec[n_rec - 1];

@@ -204,13 +204,17 @@ static int load_chunk_record(void *arg, const store_chunk *r)
 {
     ctx_entry *c = arg;
     ctxmgr *cm = c->cm;
-    if (r->index < 0 || r->index >= c->n_map || r->precision < 0 ||
-        r->precision >= KV_N_PRECISIONS ||
-        r->n_tokens != ctx_chunk_tokens(c->n_tokens, r->index) ||
+    if (r->index < 0 || r->precision < 0 || r->precision >= KV_N_PRECISIONS ||
         r->n_sections != cm->shape.n_layer + 1 ||
         r->raw_bytes != (int64_t)(kv_chunk_data_bytes(cm->shape, (enum kv_precision)r->precision) +
                                   sizeof(int32_t) * (size_t)r->n_tokens)) {
         cm->stats.bad_blobs++;
+        return 0;
+    }
+    /* A well-formed record of other tokens than the history's: written for a history
+     * that a later turn extended before the chunk was written again. */
+    if (r->index >= c->n_map || r->n_tokens != ctx_chunk_tokens(c->n_tokens, r->index)) {
+        cm->stats.stale_blobs++;
         return 0;
     }
     ctx_chunk *k = &c->map[r->index];

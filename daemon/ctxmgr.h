@@ -143,7 +143,10 @@ typedef struct ctx_stats {
     uint64_t bytes_read, chunks_read, chunks_recomputed;
     uint64_t chunks_reclaimed;
     uint64_t faults;            /* chunks brought in during a forward (should stay 0) */
-    uint64_t bad_blobs;         /* stored chunks found corrupt, missing or stale */
+    uint64_t bad_blobs;         /* stored chunks found corrupt or missing */
+    uint64_t stale_blobs;       /* stored chunks of a history that moved on since (the
+                                   daemon stopped between a turn's commit and the
+                                   chunk's write): recomputed, not a fault */
     uint64_t write_failures;    /* background chunk batches that could not be written */
     uint64_t write_waits;       /* times a call, an eviction or a reclaim waited for one */
     double write_wait_ms;       /* summed over write_waits */

@@ -40,6 +40,10 @@ int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, siz
 {
     if (frame_pack(&resp->base, max_bytes, out, len) == 0)
         return 0;
-    return resp_error(resp->id, LLMS__ERROR_CODE__INTERNAL, max_bytes, out, len,
-                      "reply larger than max_frame_bytes (%u)", max_bytes);
+    size_t need = protobuf_c_message_get_packed_size(&resp->base);
+    if (need <= max_bytes)
+        return resp_error(resp->id, LLMS__ERROR_CODE__INTERNAL, max_bytes, out, len,
+                          "out of memory for a reply of %zu bytes", need);
+    return resp_error(resp->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, max_bytes, out, len,
+                      "reply of %zu bytes is larger than max_frame_bytes (%u)", need, max_bytes);
 }

@@ -12,7 +12,7 @@
 
 /*
  * Packs resp as a whole frame into a fresh buffer (*out, *len). A response larger than
- * max_bytes is replaced by an INTERNAL error for the same id. Returns -1 only when
+ * max_bytes is replaced by a RESOURCE_EXHAUSTED error for the same id. Returns -1 only when
  * memory runs out.
  */
 int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, size_t *len);

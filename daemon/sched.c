@@ -40,6 +40,7 @@
 #define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
 #define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
+#define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
 
 typedef struct app_state {
     uint32_t uid;
@@ -90,6 +91,7 @@ typedef struct work {
     char fail_msg[ERR_MAX];
     gen *g;                /* Call, Complete */
     sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+    size_t kv_reserved;    /* KV bytes admission counted for it (kv_need) */
 } work;
 
 /* One sequence of a step's forward. */
@@ -138,6 +140,7 @@ struct sched {
     work *active[SCHED_MAX_ACTIVE];
     int n_active;
     int n_pending;
+    size_t kv_reserved;    /* sum of the active work's kv_reserved */
     bool shutting;
     int64_t start_ms;
     atomic_uint n_connections;
@@ -225,6 +228,33 @@ static app_state *app_get(sched *s, uint32_t uid, const char *name)
     a->next = s->apps;
     s->apps = a;
     return a;
+}
+
+/* Frees the record of an app that has no connection and no request left, so that
+ * binding many names leaves nothing behind; its contexts do not need it (ListApps
+ * lists apps with contexts from the contexts). Never called while a loop walks apps. */
+static void app_reclaim(sched *s, app_state *a)
+{
+    if (a->n_conns > 0 || a->n_queued > 0 || a->pend_head)
+        return;
+    app_state **pp = &s->apps;
+    while (*pp != a)
+        pp = &(*pp)->next;
+    *pp = a->next;
+    if (s->rr == a)
+        s->rr = NULL;
+    if (s->drr_next == a)
+        s->drr_next = NULL;
+    free(a);
+}
+
+/* Requests queued or running of every app of uid. */
+static int uid_queued(const sched *s, uint32_t uid)
+{
+    int n = 0;
+    for (const app_state *a = s->apps; a; a = a->next)
+        n += a->uid == uid ? a->n_queued : 0;
+    return n;
 }
 
 /* ---- context info ---- */
@@ -393,6 +423,15 @@ static void handle_create(sched *s, const sched_job *j)
                    "app has %d contexts, the limit (max_contexts_per_app)", have);
         return;
     }
+    int of_uid = 0;
+    for (const ctx_entry *c = ctx_first(s->cm); c; c = c->next)
+        of_uid += c->uid == j->uid;
+    if (of_uid >= s->env.cfg->max_contexts_per_uid) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u has %d contexts over all its apps, the limit (max_contexts_per_uid)",
+                   j->uid, of_uid);
+        return;
+    }
     if (cr->defaults && cr->defaults->n_stop >= STOP_MAX) {
         send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "at most %d stop strings",
                    STOP_MAX - 1);
@@ -536,6 +575,8 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_chunks_recomputed = cs->chunks_recomputed;
     st.swap_faults = cs->faults;
     st.swap_bad_blobs = cs->bad_blobs;
+    st.has_swap_stale_blobs = 1;
+    st.swap_stale_blobs = cs->stale_blobs;
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
     st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =
@@ -612,6 +653,10 @@ static void handle_list_apps(sched *s, const sched_job *j)
     send_resp(s, j->conn_id, &r, false);
     free(infos);
     free(ptrs);
+    for (app_state *a = s->apps, *next; a; a = next) {
+        next = a->next;
+        app_reclaim(s, a);
+    }
 }
 
 /* ---- generation ---- */
@@ -1019,6 +1064,8 @@ static void work_end(sched *s, work *w)
             send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
     }
     w->app->n_queued--;
+    s->kv_reserved -= w->kv_reserved;
+    app_reclaim(s, w->app);
     work_free(w);
 }
 
@@ -1130,6 +1177,7 @@ static void handle_engine_request(sched *s, sched_job *j)
         !ctx_find(s->cm, j->req->call->context_id, j->uid, j->app)) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", j->req->call->context_id);
         job_free(j);
+        app_reclaim(s, a);
         return;
     }
     if (a->n_queued >= s->env.cfg->max_queued_per_app) {
@@ -1137,6 +1185,16 @@ static void handle_engine_request(sched *s, sched_job *j)
                    "app has %d requests queued or running, the limit (max_queued_per_app)",
                    a->n_queued);
         job_free(j);
+        app_reclaim(s, a);
+        return;
+    }
+    int of_uid = uid_queued(s, j->uid);
+    if (of_uid >= s->env.cfg->max_queued_per_uid) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u has %d requests queued or running over all its apps, the limit "
+                   "(max_queued_per_uid)", j->uid, of_uid);
+        job_free(j);
+        app_reclaim(s, a);
         return;
     }
     a->n_queued++;
@@ -1233,9 +1291,12 @@ static void handle_job(sched *s, sched_job *j)
             a->n_conns++;
         break;
     case SCHED_CLOSED:
-        if (j->app[0] && (a = app_get(s, j->uid, j->app)))
+        a = j->app[0] ? app_get(s, j->uid, j->app) : NULL;
+        if (a)
             a->n_conns--;
         cancel_conn(s, j->conn_id, true);
+        if (a)
+            app_reclaim(s, a);
         break;
     case SCHED_CANCEL_STREAMS:
         cancel_conn(s, j->conn_id, false);
@@ -1294,9 +1355,71 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     }
 }
 
+/* The most KV a Call or Complete can hold at f16 (the heaviest precision): the context,
+ * the prompt (a token is at least one byte, the template adds a few), the reply; 0 for
+ * other work. */
+static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
+{
+    const config *cfg = s->env.cfg;
+    const Llms__GenerationParams *p;
+    long tokens, limit;
+    if (j->req->body_case == LLMS__REQUEST__BODY_CALL && c) {
+        p = j->req->call->params ? j->req->call->params : c->defaults;
+        tokens = c->n_tokens + (long)strlen(j->req->call->prompt) + SCHED_TEMPLATE_TOKENS;
+        limit = cfg->max_tokens_per_context;
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_COMPLETE) {
+        const Llms__CompleteRequest *cr = j->req->complete;
+        p = cr->params;
+        tokens = (long)strlen(cr->prompt) + SCHED_TEMPLATE_TOKENS +
+                 (cr->system_prompt ? (long)strlen(cr->system_prompt) : 0);
+        limit = cfg->n_ctx;
+    } else {
+        return 0;
+    }
+    tokens += p && p->has_max_tokens ? p->max_tokens : cfg->max_tokens;
+    tokens = tokens < limit ? tokens : limit;
+    size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
+    return chunks * kv_chunk_data_bytes(model_kv_shape(s->env.m), KV_F16);
+}
+
+enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
+
+/* Whether a job's KV fits beside what the running work may reach: admitted work then
+ * never finds the budget full (idle contexts are reclaimed for it). One that does not
+ * fit waits for running work to end, up to kv_wait_ms; one that needs more than the
+ * whole budget is refused at once. */
+static enum kv_fit kv_fit(const sched *s, const sched_job *j, size_t need, int64_t now)
+{
+    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    if (!budget || need == 0)
+        return KV_FITS;
+    if (need > budget)
+        return KV_NEVER;
+    if (s->kv_reserved + need <= budget)
+        return KV_FITS;
+    return now - j->queued_ns > (int64_t)s->env.cfg->kv_wait_ms * 1000000 ? KV_WAITED : KV_WAIT;
+}
+
+/* Answers a job that cannot get its KV. */
+static void kv_refuse(sched *s, const sched_job *j, enum kv_fit fit, size_t need)
+{
+    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    if (fit == KV_NEVER)
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "this call may need %zu KiB of KV (the context, the prompt and max_tokens), "
+                   "more than kv_budget_mb allows (%zu KiB): lower max_tokens or raise "
+                   "kv_budget_mb", need >> 10, budget >> 10);
+    else
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
+                   "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, s->kv_reserved >> 10,
+                   budget >> 10);
+}
+
 /* Admits pending jobs, one per app in turn, while there is room. */
 static void admit(sched *s)
 {
+    int64_t now = mono_ns();
     bool progress = true;
     while (progress && s->n_active < SCHED_MAX_ACTIVE && s->n_pending > 0) {
         progress = false;
@@ -1309,7 +1432,13 @@ static void admit(sched *s)
             while (*pp) {
                 sched_job *j = *pp;
                 ctx_entry *c;
-                if (!job_can_start(s, j, &c)) {
+                size_t need = 0;
+                enum kv_fit fit = KV_WAIT;
+                if (job_can_start(s, j, &c)) {
+                    need = kv_need(s, j, c);
+                    fit = kv_fit(s, j, need, now);
+                }
+                if (fit == KV_WAIT) {
                     prev = j;
                     pp = &j->next;
                     continue;
@@ -1317,6 +1446,12 @@ static void admit(sched *s)
                 pend_unlink(s, a, pp, prev);
                 progress = true;
                 s->rr = a;
+                if (fit != KV_FITS) {
+                    a->n_queued--;
+                    kv_refuse(s, j, fit, need);
+                    job_free(j);
+                    break;
+                }
                 if (j->req->body_case == LLMS__REQUEST__BODY_CALL && !c) {
                     a->n_queued--;
                     send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
@@ -1325,14 +1460,22 @@ static void admit(sched *s)
                     break;
                 }
                 work *w = work_start(s, j, a, c);
-                if (w)
+                if (w) {
+                    w->kv_reserved = need;
+                    s->kv_reserved += need;
                     s->active[s->n_active++] = w;
-                else
+                } else {
                     a->n_queued--;
+                }
                 break;
             }
             a = a->next ? a->next : s->apps;
         } while (a != start);
+    }
+    /* Jobs answered here may have been their app's last. */
+    for (app_state *a = s->apps, *next; a; a = next) {
+        next = a->next;
+        app_reclaim(s, a);
     }
 }
 

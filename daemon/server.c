@@ -9,12 +9,16 @@
 #include <event2/listener.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/notify.h"
@@ -24,14 +28,39 @@
 
 #define CONN_BUCKETS 256
 #define GRACE_SECONDS 5 /* longest wait for replies to drain at shutdown */
+/* Descriptors kept for everything but connections: the store's files, the model, the
+ * listener, the eventfd, the journal. */
+#define FD_RESERVE 64
+#define ACCEPT_RETRY_MS 250   /* pause of the listener when descriptors run out */
+#define LOG_EVERY_MS 10000    /* at most one line per kind of refusal this often */
+/* Bytes of frames one read callback decodes before it lets other connections run. */
+#define READ_SLICE_BYTES (256u << 10)
+/* What one read takes from the socket when no frame is half there (libevent's own). */
+#define READ_CHUNK_BYTES 16384
+
+/* One kind of repeated log line, written at most once every LOG_EVERY_MS with the count
+ * of the ones left out. */
+typedef struct log_limit {
+    int64_t last_ms;
+    unsigned suppressed;
+} log_limit;
+
+typedef struct uid_conns {
+    uid_t uid;
+    unsigned n;
+} uid_conns;
 
 typedef struct conn {
     server *srv;
     struct bufferevent *bev;
+    struct event *timer;    /* the Bind deadline, then the idle timeout */
     session ss;
     bool closing;           /* an error was sent: close once it is written */
     bool throttled;         /* reading paused: too many unread replies */
     bool streams_cancelled; /* CANCEL_STREAMS sent during this throttling */
+    size_t reserved;        /* bytes of max_buffered_bytes its partial frame holds */
+    unsigned in_flight;     /* requests sent to the worker and not answered yet */
+    int64_t last_active_ms;
     struct conn *hnext;     /* hash bucket chain */
 } conn;
 
@@ -50,8 +79,79 @@ struct server {
     gid_t admin_gid;
     uint64_t next_id;
     unsigned n_conns;
+    unsigned max_conns;     /* max_connections within the open-file limit */
+    size_t buffered;        /* bytes reserved by partial large frames */
+    uid_conns *uids;        /* connections per peer uid (uids with any) */
+    size_t n_uids, cap_uids;
+    struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
+    log_limit log_accept, log_refused;
     conn *buckets[CONN_BUCKETS];
 };
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void log_limited(log_limit *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_limited(log_limit *l, const char *fmt, ...)
+{
+    int64_t now = now_ms();
+    if (l->last_ms && now - l->last_ms < LOG_EVERY_MS) {
+        l->suppressed++;
+        return;
+    }
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (l->suppressed)
+        fprintf(stderr, "llmsd: warn: %s (%u more like it since the last line)\n", line,
+                l->suppressed);
+    else
+        fprintf(stderr, "llmsd: warn: %s\n", line);
+    l->last_ms = now;
+    l->suppressed = 0;
+}
+
+static uid_conns *uid_find(server *srv, uid_t uid)
+{
+    for (size_t i = 0; i < srv->n_uids; i++)
+        if (srv->uids[i].uid == uid)
+            return &srv->uids[i];
+    return NULL;
+}
+
+/* Counts a connection of uid; -1 when memory runs out. */
+static int uid_add(server *srv, uid_t uid)
+{
+    uid_conns *u = uid_find(srv, uid);
+    if (u) {
+        u->n++;
+        return 0;
+    }
+    if (srv->n_uids == srv->cap_uids) {
+        size_t cap = srv->cap_uids ? srv->cap_uids * 2 : 16;
+        uid_conns *p = realloc(srv->uids, cap * sizeof *p);
+        if (!p)
+            return -1;
+        srv->uids = p;
+        srv->cap_uids = cap;
+    }
+    srv->uids[srv->n_uids++] = (uid_conns){uid, 1};
+    return 0;
+}
+
+static void uid_remove(server *srv, uid_t uid)
+{
+    uid_conns *u = uid_find(srv, uid);
+    if (u && --u->n == 0)
+        *u = srv->uids[--srv->n_uids];
+}
 
 static conn **bucket(server *srv, uint64_t id)
 {
@@ -89,6 +189,9 @@ static void conn_free(conn *c, bool tell_worker)
     while (*pp != c)
         pp = &(*pp)->hnext;
     *pp = c->hnext;
+    srv->buffered -= c->reserved;
+    uid_remove(srv, c->ss.uid);
+    event_free(c->timer);
     bufferevent_free(c->bev);
     free(c);
     srv->n_conns--;
@@ -103,6 +206,43 @@ static void conn_send(void *arg, uint8_t *frame, size_t len)
     free(frame);
 }
 
+/* Counts a request handed to the worker: the connection is not idle until it ends. */
+static void conn_submitted(void *arg)
+{
+    conn *c = arg;
+    c->in_flight++;
+}
+
+/* Distinct app names, other than name, that connections of uid are bound to. */
+static int server_bound_names(void *arg, uid_t uid, const char *name)
+{
+    server *srv = arg;
+    uid_conns *u = uid_find(srv, uid);
+    const char **names = u ? malloc(u->n * sizeof *names) : NULL;
+    if (!names)
+        return 0;
+    unsigned k = 0;
+    int distinct = 0;
+    for (int b = 0; b < CONN_BUCKETS; b++)
+        for (conn *c = srv->buckets[b]; c && k < u->n; c = c->hnext) {
+            if (c->ss.uid != uid || !c->ss.bound || strcmp(c->ss.app, name) == 0)
+                continue;
+            bool dup = false;
+            for (unsigned i = 0; i < k && !dup; i++)
+                dup = strcmp(names[i], c->ss.app) == 0;
+            names[k++] = c->ss.app;
+            distinct += !dup;
+        }
+    free(names);
+    return distinct;
+}
+
+static void release_buffered(conn *c)
+{
+    c->srv->buffered -= c->reserved;
+    c->reserved = 0;
+}
+
 /* Answers a framing error with id 0 and closes the connection once it is written. */
 static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
 {
@@ -111,25 +251,106 @@ static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
     if (resp_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
         conn_send(c, buf, len);
     c->closing = true;
+    release_buffered(c);
     bufferevent_disable(c->bev, EV_READ);
     evbuffer_drain(bufferevent_get_input(c->bev), evbuffer_get_length(bufferevent_get_input(c->bev)));
+}
+
+/* Whether the connection is past the Bind deadline's reach: bound, or an admin's, whose
+ * tools make their calls without binding. */
+static bool conn_settled(const conn *c)
+{
+    return c->ss.bound || c->ss.admin;
+}
+
+/* Arms the connection's timer for the Bind deadline or, once settled, the idle timeout. */
+static void conn_arm_timer(conn *c)
+{
+    const config *cfg = c->srv->cfg;
+    int ms = conn_settled(c) ? cfg->idle_timeout_ms : cfg->bind_timeout_ms;
+    if (ms <= 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+static void conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn *c = arg;
+    const config *cfg = c->srv->cfg;
+    char msg[128];
+    if (c->closing)
+        return;
+    if (!conn_settled(c)) {
+        snprintf(msg, sizeof msg, "no Bind within bind_timeout_ms (%d ms)", cfg->bind_timeout_ms);
+        conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+        return;
+    }
+    int64_t idle = now_ms() - c->last_active_ms;
+    if (c->in_flight > 0 || idle < cfg->idle_timeout_ms) {
+        int64_t left = c->in_flight > 0 ? cfg->idle_timeout_ms : cfg->idle_timeout_ms - idle;
+        struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
+        evtimer_add(c->timer, &tv);
+        return;
+    }
+    snprintf(msg, sizeof msg, "idle for idle_timeout_ms (%d ms)", cfg->idle_timeout_ms);
+    conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+}
+
+/*
+ * Makes room in the input for a frame of need bytes (header included) and no more, so
+ * that a connection holds at most one frame. A frame over SERVER_SMALL_FRAME first
+ * takes its size from max_buffered_bytes; false when that budget is spent.
+ */
+static bool conn_expect(conn *c, size_t need)
+{
+    server *srv = c->srv;
+    if (need > SERVER_SMALL_FRAME && c->reserved < need) {
+        size_t more = need - c->reserved;
+        if (srv->buffered + more > (size_t)srv->cfg->max_buffered_bytes)
+            return false;
+        srv->buffered += more;
+        c->reserved = need;
+    }
+    bufferevent_setwatermark(c->bev, EV_READ, 0, need > READ_CHUNK_BYTES ? need : READ_CHUNK_BYTES);
+    return true;
 }
 
 static void conn_read(struct bufferevent *bev, void *arg)
 {
     conn *c = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
-    uint32_t max = c->srv->cfg->max_frame_bytes;
+    const config *cfg = c->srv->cfg;
+    size_t decoded = 0;
     while (!c->closing && !c->throttled) {
         size_t avail = evbuffer_get_length(in);
-        if (avail < FRAME_HEADER_BYTES)
+        if (avail < FRAME_HEADER_BYTES) {
+            conn_expect(c, FRAME_HEADER_BYTES);
             return;
+        }
+        if (decoded >= READ_SLICE_BYTES) {
+            /* The rest waits for the next loop iteration, after the other connections. */
+            bufferevent_trigger(bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+            return;
+        }
         uint32_t body;
-        char msg[128];
+        char msg[160];
+        uint32_t max = c->ss.bound || (uint32_t)cfg->max_unbound_frame_bytes > cfg->max_frame_bytes
+                           ? cfg->max_frame_bytes
+                           : (uint32_t)cfg->max_unbound_frame_bytes;
         enum frame_status st = frame_peek(evbuffer_pullup(in, FRAME_HEADER_BYTES),
                                           FRAME_HEADER_BYTES, max, &body);
         if (st == FRAME_TOO_LARGE) {
-            snprintf(msg, sizeof msg, "frame of %u bytes exceeds max_frame_bytes (%u)", body, max);
+            if (c->ss.bound)
+                snprintf(msg, sizeof msg, "frame of %u bytes exceeds max_frame_bytes (%u)", body, max);
+            else
+                snprintf(msg, sizeof msg,
+                         "frame of %u bytes before Bind exceeds max_unbound_frame_bytes (%u)",
+                         body, max);
             conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
             return;
         }
@@ -137,17 +358,40 @@ static void conn_read(struct bufferevent *bev, void *arg)
             conn_fail(c, LLMS__ERROR_CODE__MALFORMED_FRAME, "empty frame");
             return;
         }
-        if (avail < FRAME_HEADER_BYTES + (size_t)body)
+        size_t need = FRAME_HEADER_BYTES + (size_t)body;
+        if (avail < need) {
+            if (!conn_expect(c, need)) {
+                snprintf(msg, sizeof msg,
+                         "the daemon already holds max_buffered_bytes (%d) of partial frames; "
+                         "send frames under %u bytes or retry later",
+                         cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
+                conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            }
             return;
-        uint8_t *p = evbuffer_pullup(in, (ssize_t)(FRAME_HEADER_BYTES + body));
+        }
+        c->last_active_ms = now_ms();
+        uint8_t *p = evbuffer_pullup(in, (ssize_t)need);
+        size_t fields = frame_count_fields(&llms__request__descriptor, p + FRAME_HEADER_BYTES, body,
+                                           FRAME_MAX_FIELDS);
+        if (fields > FRAME_MAX_FIELDS) {
+            snprintf(msg, sizeof msg, "frame of %u bytes has more than %u fields", body,
+                     FRAME_MAX_FIELDS);
+            conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            return;
+        }
         Llms__Request *req = frame_unpack_request(p + FRAME_HEADER_BYTES, body);
-        evbuffer_drain(in, FRAME_HEADER_BYTES + body);
+        evbuffer_drain(in, need);
+        release_buffered(c);
+        decoded += need;
         if (!req) {
             snprintf(msg, sizeof msg, "frame of %u bytes is not a Request", body);
             conn_fail(c, LLMS__ERROR_CODE__MALFORMED_FRAME, msg);
             return;
         }
+        bool was_bound = c->ss.bound;
         session_handle(&c->srv->senv, &c->ss, c, req);
+        if (c->ss.bound && !was_bound)
+            conn_arm_timer(c);
         if (evbuffer_get_length(bufferevent_get_output(bev)) > SERVER_OUT_CAP) {
             c->throttled = true;
             bufferevent_disable(bev, EV_READ);
@@ -186,6 +430,23 @@ static void conn_event(struct bufferevent *bev, short what, void *arg)
     }
 }
 
+/* Refuses a connection with an error frame; the socket's buffer is empty, so the short
+ * frame goes out at once or not at all. */
+static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes, &buf, &len,
+                   "%s", msg) == 0) {
+        if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            log_limited(&srv->log_refused, "refused connection: could not send why: %s",
+                        strerror(errno));
+        free(buf);
+    }
+    close(fd);
+    log_limited(&srv->log_refused, "refused a connection: %s", msg);
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int socklen, void *arg)
 {
@@ -199,28 +460,74 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         close(fd);
         return;
     }
+    char msg[160];
+    uid_conns *u = uid_find(srv, cred.uid);
+    if (srv->n_conns >= srv->max_conns) {
+        snprintf(msg, sizeof msg, "the daemon has %u connections, the limit (max_connections)",
+                 srv->n_conns);
+        refuse_fd(srv, fd, msg);
+        return;
+    }
+    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
+        snprintf(msg, sizeof msg, "uid %u has %u connections, the limit (max_connections_per_uid)",
+                 (unsigned)cred.uid, u->n);
+        refuse_fd(srv, fd, msg);
+        return;
+    }
     conn *c = calloc(1, sizeof *c);
     struct bufferevent *bev = c ? bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
-    if (!bev) {
+    struct event *timer = bev ? evtimer_new(srv->base, conn_timer, c) : NULL;
+    if (!timer || uid_add(srv, cred.uid)) {
+        if (timer)
+            event_free(timer);
+        if (bev)
+            bufferevent_free(bev);
+        else
+            close(fd);
         free(c);
-        close(fd);
+        log_limited(&srv->log_refused, "refused a connection: out of memory");
         return;
     }
     c->srv = srv;
     c->bev = bev;
+    c->timer = timer;
+    c->last_active_ms = now_ms();
     c->ss.conn_id = ++srv->next_id;
     c->ss.uid = cred.uid;
     c->ss.gid = cred.gid;
     c->ss.pid = cred.pid;
-    c->ss.admin = session_peer_admin(cred.uid, cred.gid, cred.pid, srv->have_admin_gid,
-                                     srv->admin_gid);
+    c->ss.admin = session_peer_admin(fd, cred.uid, cred.gid, srv->have_admin_gid, srv->admin_gid);
     conn **b = bucket(srv, c->ss.conn_id);
     c->hnext = *b;
     *b = c;
     srv->n_conns++;
     sched_set_connections(srv->sch, srv->n_conns);
     bufferevent_setcb(bev, conn_read, conn_write, conn_event, c);
+    bufferevent_setwatermark(bev, EV_READ, 0, READ_CHUNK_BYTES);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
+    conn_arm_timer(c);
+}
+
+/* accept() failed for want of descriptors or memory: libevent would retry at once and
+ * forever, so the listener rests a moment (connections already open keep working). */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    server *srv = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    log_limited(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
+                strerror(e), ACCEPT_RETRY_MS, srv->n_conns);
+    evconnlistener_disable(l);
+    struct timeval tv = {0, ACCEPT_RETRY_MS * 1000};
+    evtimer_add(srv->accept_ev, &tv);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    server *srv = arg;
+    if (srv->listener && !srv->shutting)
+        evconnlistener_enable(srv->listener);
 }
 
 /* Delivers the worker's replies. */
@@ -252,6 +559,10 @@ static void on_replies(evutil_socket_t fd, short what, void *arg)
                 } else {
                     evbuffer_add(out, it->data, it->len);
                 }
+                /* Every frame but a streamed chunk ends a request (outq.h). */
+                if (!it->droppable && c->in_flight > 0)
+                    c->in_flight--;
+                c->last_active_ms = now_ms();
             }
         }
         outq_item_free(it);
@@ -358,7 +669,19 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
     srv->cfg = cfg;
     srv->sch = sch;
     srv->out = out;
-    srv->senv = (session_env){cfg, tok, sch, conn_send, begin_shutdown, srv};
+    srv->max_conns = (unsigned)cfg->max_connections;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t fit = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
+        if (srv->max_conns > fit) {
+            fprintf(stderr, "llmsd: warn: max_connections %u lowered to %u: the open-file limit "
+                            "is %llu\n", srv->max_conns, (unsigned)fit,
+                    (unsigned long long)rl.rlim_cur);
+            srv->max_conns = (unsigned)fit;
+        }
+    }
+    srv->senv = (session_env){cfg, tok, sch, conn_send, conn_submitted, server_bound_names,
+                              begin_shutdown, srv};
     struct group *gr = getgrnam(cfg->admin_group);
     if (gr) {
         srv->have_admin_gid = true;
@@ -387,7 +710,11 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
                                        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
     srv->out_ev = event_new(base, outq_fd(out), EV_READ | EV_PERSIST, on_replies, srv);
     srv->grace_ev = evtimer_new(base, on_grace, srv);
-    if (!srv->listener || !srv->out_ev || !srv->grace_ev || event_add(srv->out_ev, NULL)) {
+    srv->accept_ev = evtimer_new(base, on_accept_resume, srv);
+    if (srv->listener)
+        evconnlistener_set_error_cb(srv->listener, on_accept_error);
+    if (!srv->listener || !srv->out_ev || !srv->grace_ev || !srv->accept_ev ||
+        event_add(srv->out_ev, NULL)) {
         if (!srv->listener)
             close(fd);
         err_set(err, "libevent setup failed");
@@ -431,6 +758,7 @@ void server_free(server *srv)
         conn *c = srv->buckets[b];
         while (c) {
             conn *n = c->hnext;
+            event_free(c->timer);
             bufferevent_free(c->bev);
             free(c);
             c = n;
@@ -438,6 +766,9 @@ void server_free(server *srv)
     }
     if (srv->listener)
         evconnlistener_free(srv->listener);
+    if (srv->accept_ev)
+        event_free(srv->accept_ev);
+    free(srv->uids);
     if (srv->owns_path)
         unlink(srv->cfg->socket);
     if (srv->out_ev)

@@ -11,6 +11,15 @@
  * cancelled until it catches up, so a client that does not read cannot make the
  * daemon grow without bound. A connection that goes away cancels its requests; one
  * that only stops sending (EOF) first gets the replies already queued for it.
+ *
+ * What one peer can make the daemon hold is bounded: connections per uid and in all
+ * (max_connections within the open-file limit; one more is answered RESOURCE_EXHAUSTED
+ * and closed at once), a Bind deadline and an idle timeout (DEADLINE_EXCEEDED, then
+ * close), small frames only before Bind, one partial frame per connection with those
+ * over SERVER_SMALL_FRAME drawing on max_buffered_bytes, frames of more than
+ * FRAME_MAX_FIELDS fields refused before decoding, and READ_SLICE_BYTES of frames per
+ * read callback before other connections get their turn. When accept() fails for want
+ * of descriptors the listener pauses instead of spinning, logging once in a while.
  */
 #ifndef LLMS_SERVER_H
 #define LLMS_SERVER_H
@@ -24,6 +33,9 @@
 #include "engine/tokenizer.h"
 
 #define SERVER_OUT_CAP (8u << 20) /* bytes of replies queued on a connection */
+/* Frames up to this size are read without drawing on max_buffered_bytes: each
+ * connection holds at most one, and connections are capped. */
+#define SERVER_SMALL_FRAME (64u << 10)
 
 typedef struct server server;
 

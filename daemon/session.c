@@ -3,16 +3,21 @@
  */
 #include "daemon/session.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
+#include "daemon/ctxmgr.h"
 #include "daemon/prompt.h"
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
+#include "engine/stop.h"
 
-bool session_peer_admin(uid_t uid, gid_t gid, pid_t pid, bool have_admin_gid, gid_t admin_gid)
+bool session_peer_admin(int fd, uid_t uid, gid_t gid, bool have_admin_gid, gid_t admin_gid)
 {
     if (uid == 0)
         return true;
@@ -20,27 +25,16 @@ bool session_peer_admin(uid_t uid, gid_t gid, pid_t pid, bool have_admin_gid, gi
         return false;
     if (gid == admin_gid)
         return true;
-    char path[64], line[4096];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
+    gid_t some[64], *groups = some;
+    socklen_t len = sizeof some;
+    int rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    if (rc != 0 && errno == ERANGE && (groups = malloc(len)))
+        rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
     bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        if (strncmp(line, "Groups:", 7) != 0)
-            continue;
-        char *p = line + 7, *end;
-        for (;;) {
-            unsigned long g = strtoul(p, &end, 10);
-            if (end == p)
-                break;
-            if ((gid_t)g == admin_gid)
-                found = true;
-            p = end;
-        }
-        break;
-    }
-    fclose(f);
+    for (size_t i = 0; rc == 0 && groups && i < len / sizeof groups[0]; i++)
+        found |= groups[i] == admin_gid;
+    if (groups != some)
+        free(groups);
     return found;
 }
 
@@ -106,6 +100,138 @@ static const char *empty_input(const Llms__Request *req)
     return NULL;
 }
 
+/* Why a request is refused before it costs anything: the code, and the message naming
+ * the field and its limit. */
+typedef struct refusal {
+    Llms__ErrorCode code;
+    char msg[256];
+} refusal;
+
+static bool refuse_as(refusal *r, Llms__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static bool refuse_as(refusal *r, Llms__ErrorCode code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    r->code = code;
+    return true;
+}
+
+static bool text_too_long(const config *cfg, const char *field, const char *text, refusal *r)
+{
+    size_t n = text ? strlen(text) : 0;
+    if (n <= (size_t)cfg->max_text_bytes)
+        return false;
+    return refuse_as(r, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                     "%s is %zu bytes, the limit is %d (max_text_bytes)", field, n,
+                     cfg->max_text_bytes);
+}
+
+static bool bad_context_id(const char *id, refusal *r)
+{
+    if (strlen(id) <= CTX_ID_LEN)
+        return false;
+    return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                     "context_id is %zu bytes, ids are at most %d", strlen(id), CTX_ID_LEN);
+}
+
+/* Sampling settings that would make every call of a context fail or misbehave. */
+static bool bad_params(const Llms__GenerationParams *p, refusal *r)
+{
+    const Llms__ErrorCode inv = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (!p)
+        return false;
+    if (p->has_temperature && !(isfinite(p->temperature) && p->temperature <= 100))
+        return refuse_as(r, inv, "temperature must be a number <= 100 (<= 0: greedy)");
+    if (p->has_top_k && p->top_k < 0)
+        return refuse_as(r, inv, "top_k must be >= 0 (0: off)");
+    if (p->has_top_p && !(p->top_p > 0 && p->top_p <= 1))
+        return refuse_as(r, inv, "top_p must be in (0, 1]");
+    if (p->has_min_p && !(p->min_p >= 0 && p->min_p <= 1))
+        return refuse_as(r, inv, "min_p must be in [0, 1]");
+    if (p->has_repeat_penalty && !(p->repeat_penalty > 0 && p->repeat_penalty <= 100))
+        return refuse_as(r, inv, "repeat_penalty must be in (0, 100]");
+    if (p->has_repeat_last_n && p->repeat_last_n < -1)
+        return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
+    if (p->has_max_tokens && p->max_tokens < 1)
+        return refuse_as(r, inv, "max_tokens must be at least 1");
+    /* One place of the matcher is the chat template's own end text. */
+    if (p->n_stop >= STOP_MAX)
+        return refuse_as(r, inv, "stop has %zu strings, at most %d", p->n_stop, STOP_MAX - 1);
+    for (size_t i = 0; i < p->n_stop; i++) {
+        size_t n = strlen(p->stop[i]);
+        if (n == 0 || n > STOP_MAX_LEN)
+            return refuse_as(r, inv, "stop string %zu is %zu bytes, stop strings are 1..%d", i,
+                             n, STOP_MAX_LEN);
+    }
+    return false;
+}
+
+/* A system prompt must leave room for a turn in the context window. */
+static bool system_prompt_too_long(const session_env *env, const char *text, refusal *r)
+{
+    const config *cfg = env->cfg;
+    if (!text || !text[0])
+        return false;
+    if (text_too_long(cfg, "system_prompt", text, r))
+        return true;
+    int32_t *ids;
+    int n;
+    char err[ERR_MAX];
+    if (prompt_tokenize(env->tok, text, strlen(text), false, false, &ids, &n, err))
+        return refuse_as(r, LLMS__ERROR_CODE__INTERNAL, "tokenize system_prompt: %s", err);
+    free(ids);
+    if (n < cfg->max_tokens_per_context)
+        return false;
+    return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                     "system_prompt is %d tokens, the context window holds %d "
+                     "(max_tokens_per_context)", n, cfg->max_tokens_per_context);
+}
+
+/* Checks the size of every string and list of a request against its limit. */
+static bool oversized(const session_env *env, const Llms__Request *req, refusal *r)
+{
+    const config *cfg = env->cfg;
+    switch (req->body_case) {
+    case LLMS__REQUEST__BODY_CREATE_CONTEXT:
+        return bad_params(req->create_context->defaults, r) ||
+               system_prompt_too_long(env, req->create_context->system_prompt, r);
+    case LLMS__REQUEST__BODY_CALL:
+        return bad_context_id(req->call->context_id, r) ||
+               text_too_long(cfg, "prompt", req->call->prompt, r) ||
+               bad_params(req->call->params, r);
+    case LLMS__REQUEST__BODY_COMPLETE:
+        return text_too_long(cfg, "prompt", req->complete->prompt, r) ||
+               text_too_long(cfg, "system_prompt", req->complete->system_prompt, r) ||
+               bad_params(req->complete->params, r);
+    case LLMS__REQUEST__BODY_DELETE_CONTEXT:
+        return bad_context_id(req->delete_context->context_id, r);
+    case LLMS__REQUEST__BODY_GET_CONTEXT:
+        return bad_context_id(req->get_context->context_id, r);
+    case LLMS__REQUEST__BODY_EVICT_CONTEXT:
+        return bad_context_id(req->evict_context->context_id, r);
+    case LLMS__REQUEST__BODY_EMBED:
+        for (size_t i = 0; i < req->embed->n_texts; i++)
+            if (text_too_long(cfg, "a text to embed", req->embed->texts[i], r))
+                return true;
+        return false;
+    case LLMS__REQUEST__BODY_TOKENIZE:
+        return text_too_long(cfg, "text", req->tokenize->text, r);
+    case LLMS__REQUEST__BODY_DETOKENIZE:
+        /* Ids of more than one context window are never one text to show. */
+        if (req->detokenize->n_tokens <= (size_t)cfg->max_tokens_per_context)
+            return false;
+        return refuse_as(r, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                         "tokens has %zu ids, the limit is %d (max_tokens_per_context)",
+                         req->detokenize->n_tokens, cfg->max_tokens_per_context);
+    default:
+        return false;
+    }
+}
+
 /* Admin calls answered without an app, so that an administrator's tool does not show up
  * as an app itself. RerankCalibrate queues engine work, which belongs to an app. */
 static bool is_unbound_admin_call(const session *ss, const Llms__Request *req)
@@ -138,6 +264,13 @@ static void handle_bind(const session_env *env, session *ss, void *conn, const L
     if (!session_valid_app(name)) {
         send_error(env, conn, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                    "app name must be 1..%d bytes of [A-Za-z0-9._-]", SCHED_APP_MAX);
+        return;
+    }
+    int names = env->bound_names(env->shutdown_arg, ss->uid, name);
+    if (names >= env->cfg->max_apps_per_uid) {
+        send_error(env, conn, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u has %d other app names bound, the limit (max_apps_per_uid)",
+                   (unsigned)ss->uid, names);
         return;
     }
     sched_job *j = sched_job_new(SCHED_BOUND, ss->conn_id);
@@ -186,11 +319,18 @@ static void handle_tokenize(const session_env *env, void *conn, const Llms__Requ
 static void handle_detokenize(const session_env *env, void *conn, const Llms__Request *req)
 {
     Llms__DetokenizeRequest *d = req->detokenize;
-    int n = d->n_tokens > (size_t)(1 << 24) ? -1 : (int)d->n_tokens;
-    int need = n < 0 ? -1 : tok_decode(env->tok, d->tokens, n, false, false, NULL, 0);
+    int n = (int)d->n_tokens;
+    int need = tok_decode(env->tok, d->tokens, n, false, false, NULL, 0);
     if (need < 0) {
         send_error(env, conn, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                    "a token id is outside the vocabulary (0..%d)", tok_n_vocab(env->tok) - 1);
+        return;
+    }
+    /* The reply's framing takes a few bytes beside the text. */
+    if ((size_t)need + 64 > env->cfg->max_frame_bytes) {
+        send_error(env, conn, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "the text is %d bytes, more than a reply of max_frame_bytes (%u) holds", need,
+                   env->cfg->max_frame_bytes);
         return;
     }
     char *text = malloc((size_t)need + 1);
@@ -210,11 +350,11 @@ static void handle_detokenize(const session_env *env, void *conn, const Llms__Re
     free(text);
 }
 
-
 void session_handle(const session_env *env, session *ss, void *conn, Llms__Request *req)
 {
     Llms__Request__BodyCase b = req->body_case;
     const char *empty;
+    refusal why;
     if (b == LLMS__REQUEST__BODY__NOT_SET) {
         refuse(env, ss, conn, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
                "request has no body this daemon knows");
@@ -229,6 +369,8 @@ void session_handle(const session_env *env, session *ss, void *conn, Llms__Reque
         refuse(env, ss, conn, req, LLMS__ERROR_CODE__PERMISSION_DENIED, msg);
     } else if ((empty = empty_input(req))) {
         refuse(env, ss, conn, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, empty);
+    } else if (oversized(env, req, &why)) {
+        refuse(env, ss, conn, req, why.code, why.msg);
     } else if (b == LLMS__REQUEST__BODY_TOKENIZE) {
         handle_tokenize(env, conn, req);
     } else if (b == LLMS__REQUEST__BODY_DETOKENIZE) {
@@ -251,6 +393,7 @@ void session_handle(const session_env *env, session *ss, void *conn, Llms__Reque
             j->admin = ss->admin;
             j->req = req;
             sched_submit(env->sch, j);
+            env->submitted(conn);
             return;
         }
     }

@@ -35,14 +35,21 @@ typedef struct session_env {
     sched *sch;
     /* Queues a whole frame (ownership passes) on the connection conn. */
     void (*send)(void *conn, uint8_t *frame, size_t len);
+    /* Tells the connection conn that one of its requests went to the worker. */
+    void (*submitted)(void *conn);
+    /* How many app names other than name connections of uid are bound to (arg is
+     * shutdown_arg). */
+    int (*bound_names)(void *arg, uid_t uid, const char *name);
     /* Starts the daemon's shutdown (admin Shutdown). */
     void (*shutdown)(void *arg);
     void *shutdown_arg;
 } session_env;
 
-/* Whether a peer is an admin: uid 0, primary group admin_gid, or admin_gid among the
- * supplementary groups of process pid (read from /proc/PID/status). */
-bool session_peer_admin(uid_t uid, gid_t gid, pid_t pid, bool have_admin_gid, gid_t admin_gid);
+/* Whether the peer of the connected socket fd is an admin: uid 0, primary group
+ * admin_gid, or admin_gid among its supplementary groups. The groups come from the
+ * socket (SO_PEERGROUPS, fixed at connect) rather than from /proc/PID, whose PID a
+ * peer that exits could hand to another process. */
+bool session_peer_admin(int fd, uid_t uid, gid_t gid, bool have_admin_gid, gid_t admin_gid);
 
 /* Whether name is a valid app name: 1..64 bytes of [A-Za-z0-9._-]. */
 bool session_valid_app(const char *name);

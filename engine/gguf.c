@@ -410,6 +410,47 @@ static int parse_tensor_info(reader *r, gguf_file *g, int64_t i)
     return 0;
 }
 
+typedef struct tensor_span {
+    uint64_t begin, end;
+    int64_t index;
+} tensor_span;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const tensor_span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Two tensors sharing bytes means an offset was altered (or the writer is broken): the
+ * model would load and compute with the wrong weights, so the file is refused, as
+ * llama.cpp refuses it. Empty tensors occupy nothing. */
+static int check_overlaps(reader *r, gguf_file *g)
+{
+    tensor_span *spans = malloc((g->n_tensors ? (size_t)g->n_tensors : 1) * sizeof *spans);
+    if (!spans)
+        return err_set(r->err, "out of memory for %lld tensor spans", (long long)g->n_tensors);
+    size_t n = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].bytes > 0)
+            spans[n++] = (tensor_span){g->tensors[i].offset,
+                                       g->tensors[i].offset + g->tensors[i].bytes, i};
+    qsort(spans, n, sizeof *spans, span_cmp);
+    int rc = 0;
+    for (size_t k = 1; k < n && rc == 0; k++) {
+        if (spans[k].begin >= spans[k - 1].end)
+            continue;
+        const gguf_tensor *a = &g->tensors[spans[k - 1].index], *b = &g->tensors[spans[k].index];
+        rc = err_set(r->err,
+                     "tensors '%.*s' [%llu, %llu) and '%.*s' [%llu, %llu) overlap in the data "
+                     "section",
+                     name_len_shown(a->name), a->name.ptr, (unsigned long long)spans[k - 1].begin,
+                     (unsigned long long)spans[k - 1].end, name_len_shown(b->name), b->name.ptr,
+                     (unsigned long long)spans[k].begin, (unsigned long long)spans[k].end);
+    }
+    free(spans);
+    return rc;
+}
+
 static int place_tensors(reader *r, gguf_file *g)
 {
     for (int64_t i = 0; i < g->n_tensors; i++) {
@@ -429,7 +470,7 @@ static int place_tensors(reader *r, gguf_file *g)
                            g->size);
         t->data = g->base + begin;
     }
-    return 0;
+    return check_overlaps(r, g);
 }
 
 static int parse(gguf_file *g, char *err)

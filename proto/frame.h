@@ -15,6 +15,10 @@
 
 #define FRAME_HEADER_BYTES 4
 #define FRAME_DEFAULT_MAX_BYTES (16u << 20)
+/* Fields a frame may decode into. Decoding allocates per field (each string, message and
+ * unknown field), so a frame of two-byte fields would take twenty times its size in
+ * memory and seconds of decoding; every list of the protocol is capped far below this. */
+#define FRAME_MAX_FIELDS 65536u
 
 /* Result of looking at the start of a byte stream. */
 enum frame_status {
@@ -40,6 +44,15 @@ void frame_put_header(uint8_t header[FRAME_HEADER_BYTES], uint32_t len);
  * Returns 0, or -1 when the message is larger than max_bytes or memory runs out.
  */
 int frame_pack(const ProtobufCMessage *msg, uint32_t max_bytes, uint8_t **out, size_t *out_len);
+
+/*
+ * Counts the fields a frame body of message type d would decode into: each field of the
+ * message and of the messages inside it, each element of a repeated field (a packed
+ * array counts once). Stops past limit, returning limit + 1. Bytes that are not a valid
+ * message end the count early; decoding them then fails by itself.
+ */
+size_t frame_count_fields(const ProtobufCMessageDescriptor *d, const uint8_t *body, size_t len,
+                          size_t limit);
 
 /* Decodes a frame body into a Request / Response (NULL when it is not a valid message
  * of that type). Free with frame_free_request / frame_free_response. */

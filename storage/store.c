@@ -9,12 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define STORE_FILE "llmsd.db"
+#define STORE_LOCK_FILE "llmsd.lock"
 #define STORE_BUSY_TIMEOUT_MS 5000
+/* Free pages worth giving back to the file system after a delete: below this the next
+ * inserts reuse them anyway. */
+#define STORE_VACUUM_BYTES (4 << 20)
+/* Size the write-ahead log is cut back to after a checkpoint. */
+#define STORE_WAL_LIMIT_BYTES (16 << 20)
 
 /*
  * Schema migrations: entry i moves a database from user_version i to i + 1, in one
@@ -115,6 +122,7 @@ static const char *const store_sql[ST_COUNT] = {
 
 struct store {
     sqlite3 *db;
+    int lock_fd;       /* <dir>/llmsd.lock, flock()ed while the store is open */
     char *dir;
     char *path;
     store_chunks *chunks;
@@ -240,7 +248,37 @@ static int configure(store *s, char *err)
         return err_set(err, "store: sqlite3 was built without foreign key support");
     if (sqlite3_busy_timeout(s->db, STORE_BUSY_TIMEOUT_MS) != SQLITE_OK)
         return db_err(s, err, "setting busy timeout");
+    char limit[64];
+    snprintf(limit, sizeof limit, "PRAGMA journal_size_limit = %d", STORE_WAL_LIMIT_BYTES);
+    if (exec(s, limit, "limiting the log's size", err) != 0)
+        return -1;
+    /* Incremental auto-vacuum lets deleted rows' pages leave the file (store_reclaim)
+     * without rewriting the whole database. A new file takes the setting as is; one
+     * made before it is converted by one VACUUM. */
+    int64_t av;
+    if (exec(s, "PRAGMA auto_vacuum = INCREMENTAL", "setting auto_vacuum", err) != 0 ||
+        query_one(s, "PRAGMA auto_vacuum", &av, NULL, 0, err) != 0)
+        return -1;
+    if (av != 2 && exec(s, "VACUUM", "converting to incremental auto_vacuum", err) != 0)
+        return -1;
     return 0;
+}
+
+/* Gives the pages of deleted rows back to the file system once they pass
+ * STORE_VACUUM_BYTES, and cuts the log back: a client that creates and deletes large
+ * contexts must not grow the state directory for good. */
+static int store_reclaim(store *s, char *err)
+{
+    int64_t free_pages, page_size;
+    if (query_one(s, "PRAGMA freelist_count", &free_pages, NULL, 0, err) != 0 ||
+        query_one(s, "PRAGMA page_size", &page_size, NULL, 0, err) != 0)
+        return -1;
+    if (free_pages * page_size < STORE_VACUUM_BYTES)
+        return 0;
+    return exec(s, "PRAGMA incremental_vacuum", "vacuum", err) ||
+                   exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err)
+               ? -1
+               : 0;
 }
 
 store *store_open(const char *dir, char err[ERR_MAX])
@@ -259,6 +297,29 @@ store *store_open(const char *dir, char err[ERR_MAX])
         err_set(err, "store: out of memory");
         return NULL;
     }
+    /* Two daemons on one state directory would each trust their own view of it (one
+     * deletes a context the other appends to): the second is refused. The lock goes
+     * with the process, so a crash never leaves it held. */
+    char *lock_path = NULL;
+    s->lock_fd = asprintf(&lock_path, "%s/%s", dir, STORE_LOCK_FILE) < 0
+                     ? -1
+                     : open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        if (!lock_path)
+            err_set(err, "store: out of memory");
+        else if (s->lock_fd >= 0 && errno == EWOULDBLOCK)
+            err_set(err, "store: %s is in use by another llmsd (%s is locked)", dir, lock_path);
+        else
+            err_set(err, "store: %s: %s", lock_path, strerror(errno));
+        if (s->lock_fd >= 0)
+            close(s->lock_fd);
+        free(lock_path);
+        free(s->path);
+        free(s->dir);
+        free(s);
+        return NULL;
+    }
+    free(lock_path);
     /* Create the file ourselves so conversations are not world-readable whatever the
      * umask; sqlite gives its -wal and -shm files the database file's mode. */
     int fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
@@ -304,6 +365,7 @@ void store_close(store *s)
         sqlite3_finalize(s->st[i]);
     /* close_v2 cannot fail with BUSY: every statement is finalized above. */
     sqlite3_close_v2(s->db);
+    close(s->lock_fd);
     free(s->blob);
     free(s->tokens);
     free(s->path);
@@ -420,7 +482,7 @@ int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX
     /* The chunk rows went with the context (ON DELETE CASCADE); their files follow. */
     if (*found)
         store_chunks_remove_context(s, id);
-    return 0;
+    return *found ? store_reclaim(s, err) : 0;
 }
 
 /* Walks the rows of a context query, calling fn on each; *n gets the row count. */

@@ -25,7 +25,9 @@
 typedef struct store store;
 
 /* Opens (creating when needed) <dir>/llmsd.db, creating dir with mode 0750 if missing,
- * and migrates the schema. A file that is not a valid database is an error naming it. */
+ * and migrates the schema. A file that is not a valid database is an error naming it.
+ * The directory stays locked (flock on <dir>/llmsd.lock) until store_close: opening it
+ * again meanwhile, from this process or another, is an error saying so. */
 store *store_open(const char *dir, char err[ERR_MAX]);
 void store_close(store *s);
 
@@ -53,7 +55,9 @@ int store_context_create(store *s, const char *id, int64_t app_id, const char *s
                          const void *params, size_t params_len, int64_t now_ms,
                          char err[ERR_MAX]);
 
-/* Deletes a context and its turns; *found says whether it existed. */
+/* Deletes a context and its turns; *found says whether it existed. Once deleted rows
+ * leave more than a few MiB of free pages, they are given back to the file system
+ * (incremental vacuum, then a checkpoint that truncates the log). */
 int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX]);
 
 /* Calls fn for each context (of one app when app_id >= 0, of all apps when -1), oldest

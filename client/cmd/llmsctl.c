@@ -141,13 +141,14 @@ static enum llms_status cmd_status(llms_conn *c)
                ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
                ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
                ",\"swap_faults\":%" PRIu64 ",\"swap_bad_blobs\":%" PRIu64
+               ",\"swap_stale_blobs\":%" PRIu64
                ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f"
                ",\"swap_writes_pending\":%" PRIu32 ",\"swap_write_waits\":%" PRIu64
                ",\"swap_write_wait_ms\":%.3f,\"swap_write_failures\":%" PRIu64,
                st.kv_budget_bytes, st.swap_bytes_written, st.swap_bytes_read,
                st.swap_chunks_written, st.swap_chunks_read, st.swap_chunks_recomputed,
-               st.swap_faults, st.swap_bad_blobs, st.switch_ins, st.switch_in_mean_ms,
-               st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
+               st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs, st.switch_ins,
+               st.switch_in_mean_ms, st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
                st.swap_write_failures);
         fputs(",\"sched\":{\"mode\":", stdout);
         json_str(st.sched_mode);
@@ -176,12 +177,12 @@ static enum llms_status cmd_status(llms_conn *c)
                "swap-out thread   %" PRIu32 " batches pending; waited for %" PRIu64
                " times (%.1f ms); %" PRIu64 " failed\n"
                "switch-ins        %" PRIu64 ", mean %.2f ms; %" PRIu64 " faults, %" PRIu64
-               " bad blobs\n",
+               " bad blobs, %" PRIu64 " stale\n",
                st.kv_budget_bytes, st.kv_budget_bytes ? "" : " (no cap)", st.swap_chunks_written,
                st.swap_bytes_written, st.swap_chunks_read, st.swap_bytes_read,
                st.swap_chunks_recomputed, st.swap_writes_pending, st.swap_write_waits,
                st.swap_write_wait_ms, st.swap_write_failures, st.switch_ins,
-               st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs);
+               st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs);
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"

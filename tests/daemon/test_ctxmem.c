@@ -603,6 +603,9 @@ static void test_restart(void)
     c = ctx_find_any(e.cm, id);
     CHECK(c && c->n_tokens == 134 && c->n_map == 9);
     CHECK_EQ(ctx_kv_bytes(e.cm, c), 0);
+    /* Chunk 6 was stored with 8 tokens and holds 16 now: stale, not corrupt. */
+    CHECK_EQ(ctx_get_stats(e.cm)->stale_blobs, 1);
+    CHECK_EQ(ctx_get_stats(e.cm)->bad_blobs, 0);
     int stored = 0;
     for (int i = 0; i < c->n_map; i++)
         stored += c->map[i].disk_precision >= 0;

@@ -893,6 +893,79 @@ static void bad_tensor_placement(void)
     CHECK_REJECTED(&b, "'t1': data [");
 }
 
+/* Offsets that stay aligned and inside the file but make two tensors share bytes (a
+ * flipped offset bit, a grown shape) are refused; disjoint tensors in any order are
+ * not. The base file has t0 at [0, 32) and t1 at [32, 66). */
+static void overlapping_tensors(void)
+{
+    bytes b;
+    marks m;
+    base_file(&b, &m);
+    patch_u64(&b, m.t1_offset, 0);
+    CHECK_REJECTED(&b, "overlap");
+    base_file(&b, &m);
+    patch_u64(&b, m.t0_ne1, 3); /* t0 grows to [0, 48) */
+    CHECK_REJECTED(&b, "tensors 't0' [0, 48) and 't1' [32, 66) overlap");
+    base_file(&b, &m);
+    patch_u64(&b, m.t1_offset, 0);
+    patch_u64(&b, m.t0_ne1, 1); /* t0 [0, 16) inside t1 [0, 34) */
+    CHECK_REJECTED(&b, "overlap");
+    base_file(&b, &m);
+    patch_u64(&b, m.t1_offset, 64);
+    for (int i = 0; i < 64; i++)
+        put_u8(&b, 0);
+    patch_u64(&b, m.t0_ne1, 1); /* t0 [0, 16), a gap, then t1 [64, 98): fine */
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open_memory(b.p, b.n, err);
+    CHECK_MSG(g, "%s", err);
+    gguf_close(g);
+}
+
+/* A real model file (tensors packed one after another): every single-bit change of any
+ * tensor's offset leaves it unaligned, past the end or on top of another tensor, so no
+ * such file loads with moved weights. */
+static void stories260k_offset_flips_are_refused(void)
+{
+    const char *path = test_data_path("models/stories260K.gguf");
+    if (!path)
+        SKIP("models/stories260K.gguf not found (set LLMS_TESTDATA)");
+    size_t size;
+    unsigned char *file = read_whole(path, &size);
+    CHECK(file);
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open_memory(file, size, err);
+    CHECK_MSG(g, "%s", err);
+    int64_t n = gguf_n_tensors(g);
+    size_t *at = calloc((size_t)n, sizeof *at);
+    CHECK(at);
+    for (int64_t i = 0; i < n; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        /* name, n_dims, the dimensions, the type, then the offset */
+        at[i] = (size_t)((const unsigned char *)t->name.ptr - file) + t->name.len + 4 +
+                8 * t->n_dims + 4;
+        uint64_t off;
+        memcpy(&off, file + at[i], 8);
+        CHECK_EQ(off, t->offset);
+    }
+    gguf_close(g);
+    int loaded = 0, tried = 0;
+    char first[ERR_MAX + 64] = "";
+    for (int64_t i = 0; i < n; i++)
+        for (int bit = 0; bit < 64; bit++) {
+            file[at[i] + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+            g = gguf_open_memory(file, size, err);
+            tried++;
+            if (g && !first[0])
+                snprintf(first, sizeof first, "tensor %lld bit %d", (long long)i, bit);
+            loaded += g != NULL;
+            gguf_close(g);
+            file[at[i] + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        }
+    free(at);
+    free(file);
+    CHECK_MSG(loaded == 0, "%d of %d offset flips loaded, first %s", loaded, tried, first);
+}
+
 static void duplicate_names(void)
 {
     bytes b;
@@ -966,6 +1039,8 @@ int main(void)
     RUN(unknown_types);
     RUN(bad_dimensions);
     RUN(bad_tensor_placement);
+    RUN(overlapping_tensors);
+    RUN(stories260k_offset_flips_are_refused);
     RUN(duplicate_names);
     RUN(bad_alignment);
     RUN(deep_nesting_is_rejected);

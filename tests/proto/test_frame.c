@@ -72,11 +72,63 @@ static void oversized_message_is_not_packed(void)
     CHECK(buf == NULL);
 }
 
+/* The count follows nested messages and repeated elements; a packed array counts once;
+ * past the limit it says limit + 1; truncated bytes end the count. */
+static void fields_are_counted_before_decoding(void)
+{
+    char *texts[5] = {"a", "", "b", "", "c"};
+    Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
+    e.n_texts = 5;
+    e.texts = texts;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 3;
+    req.body_case = LLMS__REQUEST__BODY_EMBED;
+    req.embed = &e;
+    uint8_t *buf;
+    size_t len;
+    CHECK(frame_pack(&req.base, FRAME_DEFAULT_MAX_BYTES, &buf, &len) == 0);
+    const uint8_t *body = buf + FRAME_HEADER_BYTES;
+    size_t n = len - FRAME_HEADER_BYTES;
+    /* id, embed, five texts */
+    size_t got = frame_count_fields(&llms__request__descriptor, body, n, 100);
+    size_t over = frame_count_fields(&llms__request__descriptor, body, n, 4);
+    size_t cut = frame_count_fields(&llms__request__descriptor, body, n - 3, 100);
+    free(buf);
+    CHECK_EQ(got, 7);
+    CHECK_EQ(over, 5);
+    CHECK(cut < 7);
+
+    int32_t ids[1000] = {0};
+    Llms__DetokenizeRequest d = LLMS__DETOKENIZE_REQUEST__INIT;
+    d.n_tokens = 1000;
+    d.tokens = ids;
+    req.body_case = LLMS__REQUEST__BODY_DETOKENIZE;
+    req.detokenize = &d;
+    CHECK(frame_pack(&req.base, FRAME_DEFAULT_MAX_BYTES, &buf, &len) == 0);
+    got = frame_count_fields(&llms__request__descriptor, buf + FRAME_HEADER_BYTES,
+                             len - FRAME_HEADER_BYTES, 100);
+    free(buf);
+    CHECK_EQ(got, 3);
+
+    /* Unknown fields cost an allocation each when decoded: they count too. */
+    uint8_t unknown[64];
+    size_t k = 0;
+    unknown[k++] = 0x08; /* id = 1 */
+    unknown[k++] = 0x01;
+    for (int i = 0; i < 20; i++) {
+        unknown[k++] = 0xf8; /* field 1000, varint */
+        unknown[k++] = 0x3e;
+        unknown[k++] = 0x00;
+    }
+    CHECK_EQ(frame_count_fields(&llms__request__descriptor, unknown, k, 100), 21);
+}
+
 int main(void)
 {
     RUN(request_round_trips_through_a_frame);
     RUN(partial_empty_and_oversized_frames_are_told_apart);
     RUN(garbage_does_not_decode);
     RUN(oversized_message_is_not_packed);
+    RUN(fields_are_counted_before_decoding);
     return test_finish();
 }

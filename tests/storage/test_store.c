@@ -475,6 +475,66 @@ static void newer_schema_is_refused(void)
     CHECK_MSG(strstr(err, "schema version 99"), "%s", err);
 }
 
+/* A second opener of a state directory is refused while the first holds it. */
+static void state_dir_is_locked(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("locked");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    CHECK(store_open(dir, err) == NULL);
+    CHECK_MSG(strstr(err, "in use by another llmsd") && strstr(err, "llmsd.lock"), "%s", err);
+    store_close(s);
+    s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "after the first closed: %s", err);
+    store_close(s);
+}
+
+static long file_size(const char *dir, const char *name)
+{
+    char path[700];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+/* Deleting large contexts gives their space back: the catalog and its log shrink
+ * rather than keep the pages of rows long gone. */
+static void deletes_give_space_back(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("vacuum");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    int64_t app;
+    CHECK(store_app_id(s, 5, "big", &app, err) == 0);
+    enum { N = 8, BYTES = 1 << 20 };
+    char *prompt = malloc(BYTES + 1);
+    CHECK(prompt);
+    for (int i = 0; i < BYTES; i++)
+        prompt[i] = (char)('a' + (int)((unsigned)i * 7919u % 26u));
+    prompt[BYTES] = '\0';
+    char id[16];
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "big-%d", i);
+        ok &= store_context_create(s, id, app, prompt, NULL, 0, 1, err) == 0;
+    }
+    free(prompt);
+    CHECK_MSG(ok, "%s", err);
+    long full = file_size(dir, "llmsd.db") + file_size(dir, "llmsd.db-wal");
+    for (int i = 0; i < N; i++) {
+        bool found;
+        snprintf(id, sizeof id, "big-%d", i);
+        CHECK_MSG(store_context_delete(s, id, &found, err) == 0 && found, "%s", err);
+    }
+    long after = file_size(dir, "llmsd.db") + file_size(dir, "llmsd.db-wal");
+    store_close(s);
+    CHECK_MSG(full > N * BYTES, "%ld bytes with the contexts", full);
+    CHECK_MSG(after < 6 << 20, "%ld bytes with the contexts, %ld after deleting them", full,
+              after);
+}
+
 static void deleting_a_context_deletes_its_turns(void)
 {
     char err[ERR_MAX] = "";
@@ -564,6 +624,8 @@ int main(void)
     RUN(corrupt_token_blob_is_an_error);
     RUN(garbage_file_is_an_error);
     RUN(newer_schema_is_refused);
+    RUN(state_dir_is_locked);
+    RUN(deletes_give_space_back);
     RUN(deleting_a_context_deletes_its_turns);
     RUN(many_turns);
     return test_finish();

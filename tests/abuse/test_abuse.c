@@ -1,0 +1,1241 @@
+/*
+ * Denial of service by a local client: each attack of issue 13 against a real llmsd,
+ * made from a second, unprivileged uid (a forked child that drops root), while the test
+ * itself plays a well-behaved app of another uid.
+ *
+ * Every attack asserts that a normal request of the other app completes within 1 s
+ * while the attack is in place, that the daemon's RSS stays within the bound the attack
+ * states, that its descriptors come back to the baseline, and, at the end, that a
+ * context made before the attacks is intact. Each prints its figures on a "# figure"
+ * line. Without root there is no second uid: the attacks are skipped with a message.
+ */
+#include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/llms.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "proto/frame.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/integration/rawframe.h"
+#include "tests/support/test.h"
+
+#define ATTACKER_UID 61001     /* no account needed: root may take any uid */
+#define MAX_FRAME (16 << 20)
+#define PER_UID_CONNS 32
+#define BIND_TIMEOUT_MS 500
+#define BUFFERED_BYTES (32 << 20)
+#define APPS_PER_UID 8
+#define CONTEXTS_PER_UID 12
+#define QUEUED_PER_UID 8
+#define TEXT_BYTES 65536
+#define RESPONSIVE_MS 1000.0   /* the other app's request during an attack */
+
+static char llmsd_path[1024];
+static char tiny_model[1024];
+static llmsd_proc daemon_proc;
+static int daemon_up;          /* 1 up, -1 failed to start */
+static char kept_id[LLMS_ID_MAX]; /* the other app's context, made before the attacks */
+static uint32_t kept_tokens;
+
+/* ---- the daemon as a process ---- */
+
+static long proc_field_kb(pid_t pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, strlen(key)) == 0)
+            v = strtol(line + strlen(key), NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static double rss_mb(pid_t pid)
+{
+    return (double)proc_field_kb(pid, "VmRSS:") / 1024.0;
+}
+
+static int fd_count(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* CPU seconds the process has used (user + system). */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long utime = 0, stime = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+                     &stime) != 2)
+        return -1;
+    return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static long file_bytes(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Waits up to ms for the daemon's descriptors to come down to at most want. */
+static int fds_settle(pid_t pid, int want, int ms)
+{
+    int n = fd_count(pid);
+    for (int t = 0; t < ms && n > want; t += 20) {
+        usleep(20000);
+        n = fd_count(pid);
+    }
+    return n;
+}
+
+static const char *daemon_conf(void)
+{
+    static char conf[1024];
+    snprintf(conf, sizeof conf,
+             "max_frame_bytes = %d\nsocket_mode = 0666\nmax_connections_per_uid = %d\n"
+             "bind_timeout_ms = %d\nidle_timeout_ms = 2000\nmax_buffered_bytes = %d\n"
+             "max_apps_per_uid = %d\nmax_contexts_per_uid = %d\nmax_contexts_per_app = 4\n"
+             "max_queued_per_uid = %d\nmax_queued_per_app = 4\nmax_text_bytes = %d\n"
+             "log_level = warn\n",
+             MAX_FRAME, PER_UID_CONNS, BIND_TIMEOUT_MS, BUFFERED_BYTES, APPS_PER_UID,
+             CONTEXTS_PER_UID, QUEUED_PER_UID, TEXT_BYTES);
+    return conf;
+}
+
+static llms_params greedy(int max_tokens)
+{
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = max_tokens;
+    return p;
+}
+
+/* The other app's normal request: connect, bind, a short completion, in a child process
+ * so that a daemon that never answers cannot hang the test. Its time in ms, or -1 when
+ * it failed or took over 5 s (msg says why). */
+static double probe_ms(const llmsd_proc *d, char *msg, size_t cap)
+{
+    int fds[2];
+    if (pipe(fds)) {
+        snprintf(msg, cap, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    double t0 = proc_now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        char why[200] = "";
+        llms_conn *c;
+        char err[LLMS_ERROR_MAX];
+        enum llms_status s = llms_connect(d->sock, &c, err);
+        if (s != LLMS_OK) {
+            snprintf(why, sizeof why, "connect failed: %.150s", err);
+        } else {
+            llms_params p = greedy(3);
+            s = llms_bind(c, "bystander");
+            if (s == LLMS_OK)
+                s = llms_complete(c, "hello", NULL, 0, &p, NULL, NULL, NULL);
+            if (s != LLMS_OK)
+                snprintf(why, sizeof why, "%s: %.150s", llms_status_name(s), llms_last_error(c));
+            llms_close(c);
+        }
+        ssize_t w = write(fds[1], why, sizeof why);
+        _exit(w == (ssize_t)sizeof why ? 0 : 1);
+    }
+    close(fds[1]);
+    char why[200] = "";
+    struct timeval tv = {5, 0};
+    fd_set set;
+    FD_ZERO(&set);
+    FD_SET(fds[0], &set);
+    bool answered = pid > 0 && select(fds[0] + 1, &set, NULL, NULL, &tv) == 1 &&
+                    read(fds[0], why, sizeof why) == (ssize_t)sizeof why;
+    double ms = (proc_now() - t0) * 1000;
+    close(fds[0]);
+    if (pid > 0) {
+        if (!answered)
+            kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    if (!answered)
+        snprintf(msg, cap, "no answer within 5 s");
+    else
+        snprintf(msg, cap, "%s", why);
+    return answered && !why[0] ? ms : -1;
+}
+
+static const llmsd_proc *the_daemon(void)
+{
+    if (daemon_up)
+        return daemon_up == 1 ? &daemon_proc : NULL;
+    daemon_up = -1;
+    /* The attacker's uid must reach the socket: every directory on the way open to it. */
+    chmod(test_tmpdir(), 0755);
+    if (proc_start(&daemon_proc, llmsd_path, "abuse", tiny_model, daemon_conf()) != 0)
+        return NULL;
+    chmod(daemon_proc.dir, 0755);
+    llms_conn *c = proc_connect(&daemon_proc, "keeper");
+    llms_params p = greedy(4);
+    llms_result r;
+    if (c && llms_context_create(c, "Remember.", NULL, kept_id) == LLMS_OK &&
+        llms_call(c, kept_id, "the number is seven", &p, NULL, NULL, &r) == LLMS_OK) {
+        kept_tokens = r.context_tokens;
+        llms_result_free(&r);
+        daemon_up = 1;
+    }
+    llms_close(c);
+    return daemon_up == 1 ? &daemon_proc : NULL;
+}
+
+/* ---- the attacker: a child process of another uid ---- */
+
+typedef struct attack_report {
+    int refused;        /* connections or requests refused with the expected error */
+    int accepted;       /* ... let through */
+    int failures;       /* things that went otherwise; msg says the first */
+    double ms;          /* a duration the attack measured */
+    char msg[256];
+} attack_report;
+
+typedef struct attacker {
+    pid_t pid;
+    int ready_fd;       /* the child writes a byte once the attack is in place */
+    int release_fd;     /* the parent closes it to let the child end the attack */
+    int report_fd;
+} attacker;
+
+typedef void (*attack_fn)(const llmsd_proc *d, attack_report *rep, int ready, int release);
+
+static void note(attack_report *rep, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void note(attack_report *rep, const char *fmt, ...)
+{
+    rep->failures++;
+    if (rep->msg[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep->msg, sizeof rep->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* In the child: says the attack is in place and waits until the parent has measured. */
+static void hold(int ready, int release)
+{
+    char b = 1;
+    if (write(ready, &b, 1) != 1)
+        return;
+    while (read(release, &b, 1) < 0 && errno == EINTR)
+        ;
+}
+
+static int attacker_start(attacker *a, uid_t uid, attack_fn fn)
+{
+    int ready[2], release[2], report[2];
+    if (pipe(ready) || pipe(release) || pipe(report))
+        return -1;
+    a->pid = fork();
+    if (a->pid < 0)
+        return -1;
+    if (a->pid == 0) {
+        close(ready[0]);
+        close(release[1]);
+        close(report[0]);
+        attack_report rep = {0};
+        if (setgroups(0, NULL) || setgid(uid) || setuid(uid))
+            note(&rep, "could not become uid %u: %s", (unsigned)uid, strerror(errno));
+        else
+            fn(&daemon_proc, &rep, ready[1], release[0]);
+        ssize_t w = write(report[1], &rep, sizeof rep);
+        _exit(w == (ssize_t)sizeof rep ? 0 : 1);
+    }
+    close(ready[1]);
+    close(release[0]);
+    close(report[1]);
+    a->ready_fd = ready[0];
+    a->release_fd = release[1];
+    a->report_fd = report[0];
+    return 0;
+}
+
+/* Waits (at most 60 s) for the attack to be in place; false when the child ended
+ * without saying so. */
+static bool attacker_ready(attacker *a)
+{
+    struct timeval tv = {60, 0};
+    fd_set set;
+    FD_ZERO(&set);
+    FD_SET(a->ready_fd, &set);
+    char b;
+    return select(a->ready_fd + 1, &set, NULL, NULL, &tv) == 1 && read(a->ready_fd, &b, 1) == 1;
+}
+
+static void attacker_finish(attacker *a, attack_report *rep)
+{
+    close(a->release_fd);
+    memset(rep, 0, sizeof *rep);
+    if (read(a->report_fd, rep, sizeof *rep) != (ssize_t)sizeof *rep)
+        note(rep, "the attacker ended without a report");
+    close(a->report_fd);
+    close(a->ready_fd);
+    int status;
+    while (waitpid(a->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+}
+
+/* Reads one Response within ms; its error code, OK for a success, -1 for nothing (EOF
+ * or timeout). */
+static int read_code(int fd, int ms, char *msg, size_t cap)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int timed_out;
+    Llms__Response *r = raw_read(fd, &timed_out);
+    if (!r)
+        return -1;
+    int code = r->error ? (int)r->error->code : LLMS__ERROR_CODE__OK;
+    if (msg)
+        snprintf(msg, cap, "%s", r->error ? r->error->message : "");
+    frame_free_response(r);
+    return code;
+}
+
+/* The code of a Response already waiting on fd, without waiting for one: -1 when none
+ * is there. */
+static int waiting_code(int fd, char *msg, size_t cap)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) != 1)
+        return -1;
+    return read_code(fd, 1000, msg, cap);
+}
+
+static int bind_fd(int fd, const char *app)
+{
+    Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
+    b.app_name = (char *)app;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 1;
+    req.body_case = LLMS__REQUEST__BODY_BIND;
+    req.bind = &b;
+    if (raw_send(fd, &req))
+        return -1;
+    return read_code(fd, 5000, NULL, 0);
+}
+
+/* ---- the checks made while an attack is in place ---- */
+
+typedef struct measure {
+    double rss0, rss_peak;
+    int fds0;
+    double probe;
+    char probe_msg[256];
+} measure;
+
+static void measure_start(measure *m)
+{
+    m->rss0 = m->rss_peak = rss_mb(daemon_proc.pid);
+    m->fds0 = fd_count(daemon_proc.pid);
+}
+
+static void measure_during(measure *m)
+{
+    m->probe = probe_ms(&daemon_proc, m->probe_msg, sizeof m->probe_msg);
+    double r = rss_mb(daemon_proc.pid);
+    m->rss_peak = r > m->rss_peak ? r : m->rss_peak;
+}
+
+#define NEED_ATTACK()                                                            \
+    do {                                                                         \
+        if (!llmsd_path[0])                                                      \
+            SKIP("llmsd is not built in this tree");                             \
+        if (geteuid() != 0)                                                      \
+            SKIP("needs root to run the attacker as a second, unprivileged uid"); \
+        CHECK_MSG(tiny_model[0], "could not generate the test model");           \
+        CHECK_MSG(the_daemon(), "llmsd did not start");                          \
+    } while (0)
+
+/* Runs fn as the attacker and measures while it holds; false when the attack did not
+ * get in place (rep->msg says why). */
+static bool run_attack(attack_fn fn, measure *m, attack_report *rep)
+{
+    attacker a;
+    measure_start(m);
+    m->probe = -1;
+    snprintf(m->probe_msg, sizeof m->probe_msg, "not measured");
+    if (attacker_start(&a, ATTACKER_UID, fn) != 0) {
+        memset(rep, 0, sizeof *rep);
+        note(rep, "fork: %s", strerror(errno));
+        return false;
+    }
+    bool ready = attacker_ready(&a);
+    if (ready)
+        measure_during(m);
+    attacker_finish(&a, rep);
+    return ready;
+}
+
+/* The bounds every attack keeps: the other app served within RESPONSIVE_MS, RSS growth
+ * under rss_bound_mb, descriptors back to where they were. */
+#define CHECK_BOUNDS(ready, m, rep, rss_bound_mb)                                         \
+    do {                                                                                  \
+        CHECK_MSG(ready, "the attack did not get in place: %s", (rep).msg);               \
+        CHECK_MSG((rep).failures == 0, "%s", (rep).msg);                                  \
+        CHECK_MSG((m).probe >= 0 && (m).probe < RESPONSIVE_MS,                            \
+                  "the other app's request took %.0f ms during the attack: %s", (m).probe, \
+                  (m).probe_msg);                                                         \
+        CHECK_MSG((m).rss_peak - (m).rss0 < (rss_bound_mb), "RSS grew %.1f MB, bound %d", \
+                  (m).rss_peak - (m).rss0, (rss_bound_mb));                               \
+        int fds_ = fds_settle(daemon_proc.pid, (m).fds0, 3000);                           \
+        CHECK_MSG(fds_ <= (m).fds0, "descriptors %d after the attack, %d before", fds_,   \
+                  (m).fds0);                                                              \
+    } while (0)
+
+/* ---- 1. descriptors: connections of one uid ---- */
+
+static void flood_connections(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    enum { N = 3 * PER_UID_CONNS };
+    int fds[N];
+    char msg[256];
+    for (int i = 0; i < N; i++)
+        if ((fds[i] = raw_connect(d)) < 0)
+            note(rep, "connect %d failed: %s", i, strerror(errno));
+    /* A refused connection has its error waiting; one let in has nothing to read. All of
+     * this well within the Bind deadline. */
+    usleep(50000);
+    for (int i = 0; i < N; i++) {
+        if (fds[i] < 0)
+            continue;
+        int code = waiting_code(fds[i], msg, sizeof msg);
+        if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED && strstr(msg, "max_connections_per_uid"))
+            rep->refused++;
+        else if (code == -1)
+            rep->accepted++;
+        else
+            note(rep, "connection %d: code %d: %s", i, code, msg);
+    }
+    hold(ready, release);
+    /* Those let in never bind: the deadline closes them with DEADLINE_EXCEEDED. */
+    double t0 = proc_now();
+    for (int i = 0; i < N; i++) {
+        if (fds[i] < 0)
+            continue;
+        int left_ms = 3000 - (int)((proc_now() - t0) * 1000);
+        int code = read_code(fds[i], left_ms > 1 ? left_ms : 1, msg, sizeof msg);
+        if (code >= 0 && code != LLMS__ERROR_CODE__DEADLINE_EXCEEDED &&
+            code != LLMS__ERROR_CODE__RESOURCE_EXHAUSTED)
+            note(rep, "an unbound connection got code %d: %s", code, msg);
+        close(fds[i]);
+    }
+    rep->ms = (proc_now() - t0) * 1000;
+}
+
+static void connection_flood(void)
+{
+    NEED_ATTACK();
+    long log0 = file_bytes(daemon_proc.log);
+    double cpu0 = cpu_seconds(daemon_proc.pid);
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(flood_connections, &m, &rep);
+    double cpu = cpu_seconds(daemon_proc.pid) - cpu0;
+    long logged = file_bytes(daemon_proc.log) - log0;
+    printf("# figure connection_flood: %d let in, %d refused with an error, other app %.1f ms, "
+           "daemon cpu %.2f s, log +%ld bytes, unbound closed within %.0f ms\n",
+           rep.accepted, rep.refused, m.probe, cpu, logged, rep.ms);
+    CHECK_BOUNDS(ready, m, rep, 20);
+    CHECK_EQ(rep.accepted, PER_UID_CONNS);
+    CHECK_EQ(rep.refused, 2 * PER_UID_CONNS);
+    CHECK_MSG(logged < 4096, "the refusals wrote %ld bytes of log", logged);
+    CHECK_MSG(cpu < 2.0, "the daemon used %.2f s of CPU", cpu);
+}
+
+/* A bound connection that sends nothing and waits for nothing is closed after
+ * idle_timeout_ms (2 s here), saying why; one with a request in flight is not. */
+static void idle_connection_is_closed(void)
+{
+    NEED_ATTACK();
+    int idle = raw_connect(&daemon_proc);
+    CHECK(idle >= 0);
+    CHECK_EQ(bind_fd(idle, "idler"), LLMS__ERROR_CODE__OK);
+    double t0 = proc_now();
+    char msg[256] = "";
+    int code = read_code(idle, 5000, msg, sizeof msg);
+    double ms = (proc_now() - t0) * 1000;
+    char eof;
+    ssize_t after = read(idle, &eof, 1);
+    close(idle);
+    printf("# figure idle_connection_is_closed: code %d after %.0f ms (%s)\n", code, ms, msg);
+    CHECK_EQ(code, LLMS__ERROR_CODE__DEADLINE_EXCEEDED);
+    CHECK_MSG(strstr(msg, "idle_timeout_ms"), "%s", msg);
+    CHECK(ms > 1500 && ms < 3500);
+    CHECK_EQ(after, 0);
+}
+
+/* ---- 1b. descriptors: every connection the open-file limit allows ---- */
+
+#define NOFILE_LIMIT 100
+#define FD_FLOOD 150
+
+static llmsd_proc fd_daemon;
+
+static void flood_every_fd(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    (void)d;
+    int fds[FD_FLOOD];
+    for (int i = 0; i < FD_FLOOD; i++)
+        if ((fds[i] = raw_connect(&fd_daemon)) < 0)
+            note(rep, "connect %d failed: %s", i, strerror(errno));
+    usleep(50000);
+    char msg[256];
+    for (int i = 0; i < FD_FLOOD; i++) {
+        if (fds[i] < 0)
+            continue;
+        int code = waiting_code(fds[i], msg, sizeof msg);
+        if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED && strstr(msg, "max_connections"))
+            rep->refused++;
+        else if (code == -1)
+            rep->accepted++;
+        else
+            note(rep, "connection %d: code %d", i, code);
+    }
+    hold(ready, release);
+    for (int i = 0; i < FD_FLOOD; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* The daemon runs under a small open-file limit: it keeps its connections within it,
+ * refuses the rest with an error instead of spinning on accept(), and serves again as
+ * soon as the Bind deadline clears the flood. */
+static void descriptors_run_out(void)
+{
+    NEED_ATTACK();
+    /* Only the soft limit, which this process may raise back without privilege. */
+    struct rlimit old, low;
+    CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = (struct rlimit){NOFILE_LIMIT, old.rlim_max};
+    CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    int started = proc_start(&fd_daemon, llmsd_path, "abuse-fds", tiny_model,
+                             "socket_mode = 0666\nmax_connections_per_uid = 1000\n"
+                             "bind_timeout_ms = 500\nlog_level = warn\n");
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    CHECK_MSG(started == 0, "llmsd did not start");
+    chmod(fd_daemon.dir, 0755);
+    int fds0 = fd_count(fd_daemon.pid);
+    long log0 = file_bytes(fd_daemon.log);
+    double cpu0 = cpu_seconds(fd_daemon.pid);
+    attacker a;
+    attack_report rep;
+    CHECK(attacker_start(&a, ATTACKER_UID, flood_every_fd) == 0);
+    bool ready = attacker_ready(&a);
+    double t0 = proc_now(), restored = -1;
+    char msg[256] = "";
+    /* The flood holds its connections without binding: the deadline frees them. */
+    while (ready && proc_now() - t0 < 5) {
+        double t1 = proc_now();
+        if (probe_ms(&fd_daemon, msg, sizeof msg) >= 0) {
+            restored = (t1 - t0) * 1000;
+            break;
+        }
+        usleep(50000);
+    }
+    double cpu = cpu_seconds(fd_daemon.pid) - cpu0;
+    long logged = file_bytes(fd_daemon.log) - log0;
+    attacker_finish(&a, &rep);
+    int fds = fds_settle(fd_daemon.pid, fds0, 3000);
+    int rc = proc_stop(&fd_daemon, SIGTERM);
+    printf("# figure descriptors_run_out: open-file limit %d, %d let in, %d refused with an "
+           "error, daemon cpu %.2f s and log +%ld bytes meanwhile, served again after %.0f ms, "
+           "descriptors %d -> %d\n",
+           NOFILE_LIMIT, rep.accepted, rep.refused, cpu, logged, restored, fds0, fds);
+    CHECK_MSG(ready, "the attack did not get in place: %s", rep.msg);
+    CHECK_MSG(rep.failures == 0, "%s", rep.msg);
+    CHECK(rep.accepted > 0 && rep.accepted < NOFILE_LIMIT);
+    CHECK_EQ(rep.accepted + rep.refused, FD_FLOOD);
+    CHECK_MSG(restored >= 0 && restored < 500 + RESPONSIVE_MS, "not served again: %s", msg);
+    CHECK_MSG(cpu < 1.0, "the daemon used %.2f s of CPU", cpu);
+    CHECK_MSG(logged < 4096, "%ld bytes of log", logged);
+    CHECK_MSG(fds <= fds0, "descriptors %d after the attack, %d before", fds, fds0);
+    CHECK_EQ(rc, 0);
+}
+
+/* ---- 2. memory before Bind: large frames from unbound connections ---- */
+
+static void send_partial_frames(const llmsd_proc *d, attack_report *rep, int ready, int release,
+                                const char *app)
+{
+    enum { N = PER_UID_CONNS - 2, ANNOUNCED = 15 << 20, SENT = 14 << 20 };
+    int fds[N];
+    uint8_t *junk = calloc(1, SENT);
+    char msg[256];
+    if (!junk) {
+        note(rep, "out of memory");
+        hold(ready, release);
+        return;
+    }
+    memset(junk, 0x0a, SENT);
+    frame_put_header(junk, ANNOUNCED);
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect(d);
+        if (fds[i] < 0 || (app && bind_fd(fds[i], app) != LLMS__ERROR_CODE__OK)) {
+            note(rep, "connection %d: connect or bind failed", i);
+            continue;
+        }
+        struct timeval tv = {2, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        raw_write(fds[i], junk, SENT);
+        int code = read_code(fds[i], 100, msg, sizeof msg);
+        if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED &&
+            strstr(msg, app ? "max_buffered_bytes" : "max_unbound_frame_bytes"))
+            rep->refused++;
+        else if (code == -1)
+            rep->accepted++;
+        else
+            note(rep, "connection %d: code %d: %s", i, code, msg);
+    }
+    free(junk);
+    hold(ready, release);
+    for (int i = 0; i < N; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+static void partial_frames_unbound(const llmsd_proc *d, attack_report *rep, int ready,
+                                   int release)
+{
+    send_partial_frames(d, rep, ready, release, NULL);
+}
+
+static void partial_frames_bound(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    send_partial_frames(d, rep, ready, release, "hoarder");
+}
+
+static void big_frames_before_bind(void)
+{
+    NEED_ATTACK();
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(partial_frames_unbound, &m, &rep);
+    printf("# figure big_frames_before_bind: %d connections refused at the header, %d held, "
+           "RSS %+.1f MB, other app %.1f ms\n",
+           rep.refused, rep.accepted, m.rss_peak - m.rss0, m.probe);
+    CHECK_BOUNDS(ready, m, rep, 16);
+    CHECK_EQ(rep.accepted, 0);
+}
+
+/* After Bind a frame may be large, but all partial frames together stay within
+ * max_buffered_bytes: two 15 MB frames fit in 32 MB, the others are refused. */
+static void big_frames_after_bind(void)
+{
+    NEED_ATTACK();
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(partial_frames_bound, &m, &rep);
+    printf("# figure big_frames_after_bind: %d held, %d refused (max_buffered_bytes %d MB), "
+           "RSS %+.1f MB, other app %.1f ms\n",
+           rep.accepted, rep.refused, BUFFERED_BYTES >> 20, m.rss_peak - m.rss0, m.probe);
+    CHECK_BOUNDS(ready, m, rep, 32 + 32);
+    CHECK_EQ(rep.accepted, 2);
+}
+
+/* ---- 3. frames whose decoding costs far more than their size ---- */
+
+static void pipeline_frame(int fd, Llms__Request *req, attack_report *rep)
+{
+    if (raw_send(fd, req))
+        note(rep, "send failed: %s", strerror(errno));
+}
+
+/* Sends one large request, holds while the daemon handles it, and expects
+ * RESOURCE_EXHAUSTED naming limit; rep->ms is the time from the end of the send to the
+ * answer. */
+static void bomb(const llmsd_proc *d, attack_report *rep, int ready, int release,
+                 Llms__Request *req, const char *limit)
+{
+    int fd = raw_connect(d);
+    char msg[256];
+    if (fd < 0 || bind_fd(fd, "bomber") != LLMS__ERROR_CODE__OK) {
+        note(rep, "connect or bind failed");
+        hold(ready, release);
+        return;
+    }
+    req->id = 10;
+    pipeline_frame(fd, req, rep);
+    double t0 = proc_now();
+    hold(ready, release);
+    int code = read_code(fd, 20000, msg, sizeof msg);
+    rep->ms = (proc_now() - t0) * 1000;
+    if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED && strstr(msg, limit))
+        rep->refused++;
+    else
+        note(rep, "code %d: %s", code, msg);
+    close(fd);
+}
+
+/* 12 MB of text to Tokenize. */
+static void tokenize_bomb(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    enum { BYTES = 12 << 20 };
+    char *big = malloc(BYTES);
+    if (!big) {
+        note(rep, "out of memory");
+        hold(ready, release);
+        return;
+    }
+    memset(big, 'a', BYTES - 1);
+    big[BYTES - 1] = '\0';
+    Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;
+    t.text = big;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.body_case = LLMS__REQUEST__BODY_TOKENIZE;
+    q.tokenize = &t;
+    bomb(d, rep, ready, release, &q, "max_text_bytes");
+    free(big);
+}
+
+/* 4 M token ids to Detokenize. */
+static void detokenize_bomb(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    enum { IDS = 4 << 20 };
+    int32_t *ids = calloc(IDS, sizeof *ids);
+    if (!ids) {
+        note(rep, "out of memory");
+        hold(ready, release);
+        return;
+    }
+    for (size_t i = 0; i < IDS; i++)
+        ids[i] = 3 + (int32_t)(i % 200);
+    Llms__DetokenizeRequest dt = LLMS__DETOKENIZE_REQUEST__INIT;
+    dt.n_tokens = IDS;
+    dt.tokens = ids;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.body_case = LLMS__REQUEST__BODY_DETOKENIZE;
+    q.detokenize = &dt;
+    bomb(d, rep, ready, release, &q, "max_tokens_per_context");
+    free(ids);
+}
+
+/* 8 M empty texts in one 16 MB frame: each would be an allocation of its own. */
+static void field_bomb(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    enum { N_TEXTS = (MAX_FRAME - 64) / 2 };
+    char **texts = calloc(N_TEXTS, sizeof *texts);
+    if (!texts) {
+        note(rep, "out of memory");
+        hold(ready, release);
+        return;
+    }
+    for (size_t i = 0; i < N_TEXTS; i++)
+        texts[i] = "";
+    Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
+    e.n_texts = N_TEXTS;
+    e.texts = texts;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.body_case = LLMS__REQUEST__BODY_EMBED;
+    q.embed = &e;
+    bomb(d, rep, ready, release, &q, "fields");
+    free(texts);
+}
+
+/* Tokenize frames at the size limit, pipelined: all answered, none starving others. */
+static void tokenize_stream(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    enum { PIPELINED = 64 };
+    int fd = raw_connect(d);
+    char msg[256];
+    char *text = malloc(TEXT_BYTES + 1);
+    if (fd < 0 || !text || bind_fd(fd, "bomber") != LLMS__ERROR_CODE__OK) {
+        note(rep, "connect or bind failed");
+        free(text);
+        hold(ready, release);
+        return;
+    }
+    memset(text, 'b', TEXT_BYTES);
+    text[TEXT_BYTES] = '\0';
+    Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;
+    t.text = text;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.body_case = LLMS__REQUEST__BODY_TOKENIZE;
+    q.tokenize = &t;
+    for (int i = 0; i < PIPELINED; i++) {
+        q.id = 100 + (uint64_t)i;
+        pipeline_frame(fd, &q, rep);
+    }
+    free(text);
+    double t0 = proc_now();
+    hold(ready, release);
+    for (int i = 0; i < PIPELINED; i++) {
+        if (read_code(fd, 20000, msg, sizeof msg) == LLMS__ERROR_CODE__OK)
+            rep->accepted++;
+        else
+            note(rep, "pipelined Tokenize %d failed: %s", i, msg);
+    }
+    rep->ms = (proc_now() - t0) * 1000;
+    close(fd);
+}
+
+static void decode_bombs_do_not_stall(void)
+{
+    NEED_ATTACK();
+    static const struct {
+        const char *name;
+        attack_fn fn;
+    } bombs[] = {{"tokenize 12 MB", tokenize_bomb},
+                 {"detokenize 4 M ids", detokenize_bomb},
+                 {"embed of 8 M fields in 16 MB", field_bomb},
+                 {"64 pipelined tokenize of 64 KB", tokenize_stream}};
+    for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
+        measure m;
+        attack_report rep;
+        bool ready = run_attack(bombs[i].fn, &m, &rep);
+        printf("# figure decode_bombs: %s: answered in %.0f ms, RSS %+.1f MB, other app %.1f ms "
+               "meanwhile (%s)\n",
+               bombs[i].name, rep.ms, m.rss_peak - m.rss0, m.probe,
+               rep.failures ? rep.msg : "as expected");
+        CHECK_BOUNDS(ready, m, rep, 64);
+    }
+}
+
+/* ---- 4. per-uid quotas through many app names ---- */
+
+static void many_names(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    char app[32];
+    /* Contexts: 4 per name, but CONTEXTS_PER_UID over all names. */
+    int contexts = 0;
+    for (int n = 0; n < 6; n++) {
+        snprintf(app, sizeof app, "ctx-name-%d", n);
+        llms_conn *c = proc_connect(d, app);
+        char id[LLMS_ID_MAX];
+        for (int i = 0; c && i < 4; i++) {
+            enum llms_status s = llms_context_create(c, NULL, NULL, id);
+            if (s == LLMS_OK)
+                contexts++;
+            else if (s != LLMS_ERR_RESOURCE_EXHAUSTED ||
+                     !strstr(llms_last_error(c), "max_contexts_per_uid"))
+                note(rep, "create: %s", llms_last_error(c));
+        }
+        llms_close(c);
+    }
+    rep->accepted = contexts;
+    /* Names bound at once: APPS_PER_UID, the next refused. */
+    int fds[APPS_PER_UID + 1];
+    for (int n = 0; n <= APPS_PER_UID; n++) {
+        snprintf(app, sizeof app, "held-%d", n);
+        fds[n] = raw_connect(d);
+        int code = fds[n] < 0 ? -2 : bind_fd(fds[n], app);
+        if (n < APPS_PER_UID ? code != LLMS__ERROR_CODE__OK
+                             : code != LLMS__ERROR_CODE__RESOURCE_EXHAUSTED)
+            note(rep, "bind of name %d: code %d", n, code);
+    }
+    /* Queued requests: four names, four pipelined Completes each, QUEUED_PER_UID in all. */
+    Llms__GenerationParams g = LLMS__GENERATION_PARAMS__INIT;
+    g.has_max_tokens = g.has_temperature = 1;
+    g.max_tokens = 48;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    cr.prompt = "count";
+    cr.params = &g;
+    int answered = 0, refused = 0;
+    for (int n = 0; n < 4; n++) {
+        for (int i = 0; i < 4; i++) {
+            Llms__Request q = LLMS__REQUEST__INIT;
+            q.id = 10 + (uint64_t)i;
+            q.body_case = LLMS__REQUEST__BODY_COMPLETE;
+            q.complete = &cr;
+            pipeline_frame(fds[n], &q, rep);
+        }
+    }
+    hold(ready, release);
+    for (int n = 0; n < 4; n++)
+        for (int finals = 0; finals < 4;) {
+            struct timeval tv = {10, 0};
+            setsockopt(fds[n], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            int timed_out;
+            Llms__Response *r = raw_read(fds[n], &timed_out);
+            if (!r) {
+                note(rep, "name %d: the answers stopped after %d", n, finals);
+                break;
+            }
+            if (r->final) {
+                finals++;
+                if (r->error && r->error->code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED &&
+                    strstr(r->error->message, "max_queued_per_uid"))
+                    refused++;
+                else if (!r->error)
+                    answered++;
+                else
+                    note(rep, "name %d: %s", n, r->error->message);
+            }
+            frame_free_response(r);
+        }
+    if (refused == 0 || answered + refused != 16)
+        note(rep, "%d Completes answered, %d refused for the uid's queue", answered, refused);
+    rep->refused = refused;
+    for (int n = 0; n <= APPS_PER_UID; n++)
+        if (fds[n] >= 0)
+            close(fds[n]);
+    /* Names that come and go leave no record behind. */
+    double t0 = proc_now();
+    enum { BINDS = 10000 };
+    for (int n = 0; n < BINDS; n++) {
+        snprintf(app, sizeof app, "fleeting-%d", n);
+        int fd = raw_connect(d);
+        if (fd < 0 || bind_fd(fd, app) != LLMS__ERROR_CODE__OK) {
+            note(rep, "bind %d failed", n);
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        close(fd);
+    }
+    rep->ms = (proc_now() - t0) * 1000;
+}
+
+static void quotas_per_uid(void)
+{
+    NEED_ATTACK();
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(many_names, &m, &rep);
+    /* The admin's listing: the attacker's names with contexts only. */
+    llms_conn *admin = proc_connect(&daemon_proc, "auditor");
+    CHECK(admin);
+    llms_app_info *apps;
+    size_t n_apps;
+    double t0 = proc_now();
+    CHECK_EQ(llms_list_apps(admin, &apps, &n_apps), LLMS_OK);
+    double list_ms = (proc_now() - t0) * 1000;
+    int records = 0, with_contexts = 0;
+    for (size_t i = 0; i < n_apps; i++)
+        if (apps[i].uid == ATTACKER_UID) {
+            records++;
+            with_contexts += apps[i].n_contexts > 0;
+        }
+    llms_app_list_free(apps, n_apps);
+    llms_close(admin);
+    printf("# figure quotas_per_uid: %d contexts over 6 names (max_contexts_per_uid %d), %d of "
+           "16 queued Completes refused over 4 names (max_queued_per_uid %d), 10000 binds in "
+           "%.0f ms leave %d app records (%d with contexts), ListApps %.1f ms, RSS %+.1f MB\n",
+           rep.accepted, CONTEXTS_PER_UID, rep.refused, QUEUED_PER_UID, rep.ms, records,
+           with_contexts, list_ms, m.rss_peak - m.rss0);
+    CHECK_BOUNDS(ready, m, rep, 16);
+    CHECK_EQ(rep.accepted, CONTEXTS_PER_UID);
+    CHECK_EQ(records, with_contexts);
+}
+
+/* ---- 5. sizes of fields ---- */
+
+static int create_raw(int fd, uint64_t id, const char *system_prompt,
+                      Llms__GenerationParams *defaults, char *msg, size_t cap)
+{
+    Llms__CreateContextRequest cc = LLMS__CREATE_CONTEXT_REQUEST__INIT;
+    cc.system_prompt = (char *)system_prompt;
+    cc.defaults = defaults;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = id;
+    q.body_case = LLMS__REQUEST__BODY_CREATE_CONTEXT;
+    q.create_context = &cc;
+    if (raw_send(fd, &q))
+        return -1;
+    return read_code(fd, 10000, msg, cap);
+}
+
+static void oversized_fields(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    int fd = raw_connect(d);
+    char msg[256];
+    if (fd < 0 || bind_fd(fd, "sizes") != LLMS__ERROR_CODE__OK) {
+        note(rep, "connect or bind failed");
+        hold(ready, release);
+        return;
+    }
+    char *big = malloc(10 << 20);
+    if (!big) {
+        note(rep, "out of memory");
+        hold(ready, release);
+        return;
+    }
+    memset(big, 'x', (10 << 20) - 1);
+    big[(10 << 20) - 1] = '\0';
+    struct {
+        const char *system_prompt;
+        Llms__GenerationParams p;
+        int code;
+        const char *names;
+    } cases[6];
+    for (int i = 0; i < 6; i++) {
+        llms__generation_params__init(&cases[i].p);
+        cases[i].system_prompt = NULL;
+        cases[i].code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    cases[0].system_prompt = big; /* 10 MB */
+    cases[0].code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+    cases[0].names = "max_text_bytes";
+    big[TEXT_BYTES - 1] = '\0'; /* within the bytes, far beyond a 512-token window */
+    cases[1].system_prompt = strdup(big);
+    cases[1].names = "max_tokens_per_context";
+    big[TEXT_BYTES - 1] = 'x';
+    cases[2].p.has_temperature = 1;
+    cases[2].p.temperature = NAN;
+    cases[2].names = "temperature";
+    cases[3].p.has_top_k = 1;
+    cases[3].p.top_k = -5;
+    cases[3].names = "top_k";
+    char *stops[1] = {"a stop string far longer than any stop string the matcher can hold, "
+                      "sixty-four bytes"};
+    cases[4].p.n_stop = 1;
+    cases[4].p.stop = stops;
+    cases[4].names = "stop string";
+    cases[5].p.has_max_tokens = 1;
+    cases[5].p.max_tokens = -1;
+    cases[5].names = "max_tokens";
+    for (int i = 0; i < 6; i++) {
+        int code = create_raw(fd, 20 + (uint64_t)i, cases[i].system_prompt,
+                              cases[i].system_prompt ? NULL : &cases[i].p, msg, sizeof msg);
+        if (code == cases[i].code && strstr(msg, cases[i].names))
+            rep->refused++;
+        else
+            note(rep, "case %d: code %d: %s", i, code, msg);
+    }
+    free((char *)cases[1].system_prompt);
+    free(big);
+    /* Nothing of it was stored. */
+    Llms__ListContextsRequest lc = LLMS__LIST_CONTEXTS_REQUEST__INIT;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = 40;
+    q.body_case = LLMS__REQUEST__BODY_LIST_CONTEXTS;
+    q.list_contexts = &lc;
+    raw_send(fd, &q);
+    int timed_out;
+    Llms__Response *r = raw_read(fd, &timed_out);
+    if (!r || r->body_case != LLMS__RESPONSE__BODY_CONTEXTS || r->contexts->n_contexts != 0)
+        note(rep, "the app has contexts after the refusals");
+    frame_free_response(r);
+    close(fd);
+    hold(ready, release);
+}
+
+static void fields_are_bounded(void)
+{
+    NEED_ATTACK();
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(oversized_fields, &m, &rep);
+    printf("# figure fields_are_bounded: %d of 6 bad CreateContext refused, RSS %+.1f MB\n",
+           rep.refused, m.rss_peak - m.rss0);
+    CHECK_BOUNDS(ready, m, rep, 48);
+    CHECK_EQ(rep.refused, 6);
+}
+
+/* ---- 6. the state directory is one daemon's ---- */
+
+static void second_daemon_on_same_state(void)
+{
+    NEED_ATTACK();
+    char conf[1200], log[700], cmd[2600], out[256];
+    proc_fmt(conf, sizeof conf, "%s/second.conf", daemon_proc.dir);
+    proc_fmt(log, sizeof log, "%s/second.log", daemon_proc.dir);
+    FILE *f = fopen(conf, "w");
+    CHECK(f);
+    fprintf(f, "model = %s\nsocket = %s/second.sock\nstate_dir = %s/state\nthreads = 1\n"
+               "n_ctx = 512\n",
+            tiny_model, daemon_proc.dir, daemon_proc.dir);
+    fclose(f);
+    proc_fmt(cmd, sizeof cmd, "timeout 20 %s --config %s >%s 2>&1; echo $?", llmsd_path, conf,
+             log);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(atoi(out) == 1, "the second llmsd exited with %s", out);
+    proc_fmt(cmd, sizeof cmd, "grep -c 'another llmsd' %s", log);
+    CHECK_MSG(test_run_capture(cmd, out, sizeof out) == 0, "its log does not say why");
+}
+
+/* ---- 7. a tight KV budget: calls wait their turn ---- */
+
+static char kv_model[1024]; /* wide enough that a few hundred tokens fill 1 MiB of KV */
+
+struct kv_client {
+    const llmsd_proc *d;
+    int n;
+    int ok, exhausted, other;
+    char msg[256];
+};
+
+static void *kv_client_main(void *arg)
+{
+    struct kv_client *k = arg;
+    char app[32], id[LLMS_ID_MAX];
+    snprintf(app, sizeof app, "kv-%d", k->n);
+    llms_conn *c = proc_connect(k->d, app);
+    if (!c || llms_context_create(c, NULL, NULL, id) != LLMS_OK) {
+        snprintf(k->msg, sizeof k->msg, "%s: setup failed", app);
+        k->other++;
+        llms_close(c);
+        return NULL;
+    }
+    llms_params p = greedy(16);
+    for (int i = 0; i < 4; i++) {
+        enum llms_status s = llms_call(c, id, "hello there", &p, NULL, NULL, NULL);
+        if (s == LLMS_OK)
+            k->ok++;
+        else if (s == LLMS_ERR_RESOURCE_EXHAUSTED)
+            k->exhausted++;
+        else
+            k->other++;
+        if (s != LLMS_OK && !k->msg[0])
+            snprintf(k->msg, sizeof k->msg, "%s: %.200s", app, llms_last_error(c));
+    }
+    llms_close(c);
+    return NULL;
+}
+
+/* With kv_budget_mb = 1 six apps calling at once all get their answers (they wait for
+ * room instead of RESOURCE_EXHAUSTED), and a call that could never fit is refused at
+ * once, saying why. */
+static void tight_kv_budget_queues_calls(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    CHECK_MSG(kv_model[0], "could not generate the test model");
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "abuse-kv", kv_model,
+                         "kv_budget_mb = 1\nkv_compress = none\nlog_level = warn\n") == 0,
+              "llmsd did not start");
+    enum { CLIENTS = 6 };
+    struct kv_client k[CLIENTS];
+    pthread_t th[CLIENTS];
+    double t0 = proc_now();
+    for (int i = 0; i < CLIENTS; i++) {
+        k[i] = (struct kv_client){.d = &d, .n = i};
+        CHECK(pthread_create(&th[i], NULL, kv_client_main, &k[i]) == 0);
+    }
+    int ok = 0, exhausted = 0, other = 0;
+    const char *first = "";
+    for (int i = 0; i < CLIENTS; i++) {
+        pthread_join(th[i], NULL);
+        ok += k[i].ok;
+        exhausted += k[i].exhausted;
+        other += k[i].other;
+        if (!first[0])
+            first = k[i].msg;
+    }
+    double all_ms = (proc_now() - t0) * 1000;
+    llms_conn *c = proc_connect(&d, "kv-big");
+    char id[LLMS_ID_MAX], msg[LLMS_ERROR_MAX] = "";
+    llms_params p = greedy(400);
+    enum llms_status big = LLMS_ERR_INTERNAL;
+    double t1 = proc_now();
+    if (c && llms_context_create(c, NULL, NULL, id) == LLMS_OK) {
+        big = llms_call(c, id, "tell me everything", &p, NULL, NULL, NULL);
+        snprintf(msg, sizeof msg, "%s", llms_last_error(c));
+    }
+    double big_ms = (proc_now() - t1) * 1000;
+    llms_close(c);
+    int rc = proc_stop(&d, SIGTERM);
+    printf("# figure tight_kv_budget: %d of %d calls answered, %d RESOURCE_EXHAUSTED, %d other "
+           "(%.0f ms in all); a call needing more than the budget: %s in %.0f ms (%s)\n",
+           ok, CLIENTS * 4, exhausted, other, all_ms, llms_status_name(big), big_ms, msg);
+    CHECK_MSG(ok == CLIENTS * 4, "%d exhausted, %d other: %s", exhausted, other, first);
+    CHECK_EQ(big, LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(msg, "kv_budget_mb"), "%s", msg);
+    CHECK(big_ms < RESPONSIVE_MS);
+    CHECK_EQ(rc, 0);
+}
+
+/* ---- nothing lost ---- */
+
+static void kept_context_is_intact(void)
+{
+    NEED_ATTACK();
+    llms_conn *c = proc_connect(&daemon_proc, "keeper");
+    CHECK(c);
+    llms_context_info info;
+    CHECK_EQ(llms_context_get(c, kept_id, 1, &info), LLMS_OK);
+    CHECK_EQ(info.n_tokens, kept_tokens);
+    llms_context_info_free(&info);
+    llms_params p = greedy(2);
+    CHECK_EQ(llms_call(c, kept_id, "and again", &p, NULL, NULL, NULL), LLMS_OK);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&daemon_proc, SIGTERM), 0);
+    daemon_up = -1;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    proc_fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .n_vocab = 300, .n_threads = 1,
+    };
+    char err[ERR_MAX];
+    if (modelgen_write(&mp, tiny_model, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        tiny_model[0] = '\0';
+    }
+    chmod(tiny_model, 0644);
+    proc_fmt(kv_model, sizeof kv_model, "%s/wide.gguf", test_tmpdir());
+    mp.dim = 512;
+    mp.n_head = mp.n_head_kv = 8;
+    mp.n_ff = 512;
+    if (modelgen_write(&mp, kv_model, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        kv_model[0] = '\0';
+    }
+    RUN(connection_flood);
+    RUN(idle_connection_is_closed);
+    RUN(descriptors_run_out);
+    RUN(big_frames_before_bind);
+    RUN(big_frames_after_bind);
+    RUN(decode_bombs_do_not_stall);
+    RUN(quotas_per_uid);
+    RUN(fields_are_bounded);
+    RUN(second_daemon_on_same_state);
+    RUN(kept_context_is_intact);
+    RUN(tight_kv_budget_queues_calls);
+    if (daemon_up == 1)
+        proc_stop(&daemon_proc, SIGTERM);
+    return test_finish();
+}
