@@ -47,34 +47,12 @@ typedef struct options {
     bool prepare;
 } options;
 
-static int32_t argmax(const float *v, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* build/bench-models/batch-llama-DIMxLAYERS-...-q8_0.gguf, generated unless present. */
 static int ensure_model(modelgen_params *p, char *path, size_t cap)
 {
     snprintf(path, cap, "build/bench-models/batch-llama-%dx%d-h%d-kv%d-ff%d-v%d-q8_0.gguf",
              p->dim, p->n_layer, p->n_head, p->n_head_kv, p->n_ff, p->n_vocab);
-    if (access(path, R_OK) == 0)
-        return 0;
-    if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "batch_decode: build/bench-models: %s\n", strerror(errno));
-        return -1;
-    }
-    fprintf(stderr, "batch_decode: generating %s\n", path);
-    char err[ERR_MAX];
-    if (modelgen_write(p, path, err) < 0) {
-        fprintf(stderr, "batch_decode: %s\n", err);
-        unlink(path);
-        return -1;
-    }
-    return 0;
+    return bench_generate_model("batch_decode", p, path);
 }
 
 /* Appends copies of src's chunks to dst (same pool). */
@@ -139,7 +117,7 @@ static double run_steps(decode_state *st, int n, int n_prefix, int n_steps, bool
             return -1;
         }
         for (int i = 0; i < n; i++)
-            st->tok[i] = argmax(st->logits + (size_t)i * st->nv, st->nv), st->pos[i]++;
+            st->tok[i] = bench_argmax(st->logits + (size_t)i * st->nv, st->nv), st->pos[i]++;
     }
     double dt = bench_now_s() - t0;
     for (int i = 0; i < n; i++)

@@ -5,8 +5,16 @@
 #ifndef LLMS_BENCH_H
 #define LLMS_BENCH_H
 
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "engine/modelgen.h"
 
 /* Seconds on the monotonic clock. */
 static inline double bench_now_s(void)
@@ -27,6 +35,37 @@ static inline double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Index of the largest of v[0..n) (greedy decoding). */
+static inline int32_t bench_argmax(const float *v, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Makes the random-weight model p describes at path (under build/bench-models/) unless
+ * it exists; prog names the benchmark in messages. 0, or -1 after saying why. */
+static inline int bench_generate_model(const char *prog, const modelgen_params *p,
+                                       const char *path)
+{
+    if (access(path, R_OK) == 0)
+        return 0;
+    if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "%s: build/bench-models: %s\n", prog, strerror(errno));
+        return -1;
+    }
+    fprintf(stderr, "%s: generating %s\n", prog, path);
+    char err[ERR_MAX];
+    if (modelgen_write(p, path, err) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        unlink(path);
+        return -1;
+    }
+    return 0;
 }
 
 #endif

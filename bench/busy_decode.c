@@ -54,20 +54,7 @@ static int ensure_model(char *path, size_t cap)
                          .seed = 1, .n_vocab = 32000};
     snprintf(path, cap, "build/bench-models/batch-llama-%dx%d-h%d-kv%d-ff%d-v%d-q8_0.gguf",
              p.dim, p.n_layer, p.n_head, p.n_head_kv, p.n_ff, p.n_vocab);
-    if (access(path, R_OK) == 0)
-        return 0;
-    if (mkdir("build/bench-models", 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "busy_decode: build/bench-models: %s\n", strerror(errno));
-        return -1;
-    }
-    fprintf(stderr, "busy_decode: generating %s\n", path);
-    char err[ERR_MAX];
-    if (modelgen_write(&p, path, err) < 0) {
-        fprintf(stderr, "busy_decode: %s\n", err);
-        unlink(path);
-        return -1;
-    }
-    return 0;
+    return bench_generate_model("busy_decode", &p, path);
 }
 
 /* A child that spins until it is killed (or its parent dies). */
@@ -89,15 +76,6 @@ static void stop_busy(pid_t pid)
         return;
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-}
-
-static int32_t argmax(const float *v, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
 }
 
 /* One run of a case: a fresh runner (so that the pool starts as a daemon's would), the
@@ -137,7 +115,7 @@ static double run_case(const model *m, bench_case *bc, int n_threads, int n_toke
         fprintf(stderr, "busy_decode: prompt: %s\n", err);
         goto out;
     }
-    int32_t t = argmax(logits, hp->n_vocab), p = PROMPT, row = 0;
+    int32_t t = bench_argmax(logits, hp->n_vocab), p = PROMPT, row = 0;
     double t0 = bench_now_s();
     for (int i = 0; i < n_tokens; i++, p++) {
         model_batch b = {.n_tokens = 1, .tokens = &t, .positions = &p, .n_out = 1,
@@ -146,7 +124,7 @@ static double run_case(const model *m, bench_case *bc, int n_threads, int n_toke
             fprintf(stderr, "busy_decode: decode: %s\n", err);
             goto out;
         }
-        t = argmax(logits, hp->n_vocab);
+        t = bench_argmax(logits, hp->n_vocab);
     }
     tok_s = n_tokens / (bench_now_s() - t0);
     bc->threads_active = model_runner_n_threads_active(r);

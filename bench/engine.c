@@ -144,15 +144,6 @@ static int run_llama_bench(const char *path, const bench_options *o, llama_run *
 }
 
 
-static int32_t argmax(const float *v, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* The dominant weight type: that of the first layer's attention query. */
 static const char *model_weight_type(const model *m)
 {
@@ -311,7 +302,7 @@ static int bench_model(const char *path, const bench_options *o)
         read_gb_s[run] = measure_read_gb_s_apart(o->n_threads);
         t0 = bench_now_s();
         for (int i = 0; i < o->n_gen; i++) {
-            int32_t next = argmax(logits, hp->n_vocab), pos = o->n_prompt + i, row = 0;
+            int32_t next = bench_argmax(logits, hp->n_vocab), pos = o->n_prompt + i, row = 0;
             model_batch d = {
                 .n_tokens = 1, .tokens = &next, .positions = &pos,
                 .n_out = 1, .out_rows = &row, .logits = logits,
