@@ -1205,25 +1205,16 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    proc_fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
     modelgen_params mp = {
         .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .n_vocab = 300, .n_threads = 1,
     };
-    char err[ERR_MAX];
-    if (modelgen_write(&mp, tiny_model, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        tiny_model[0] = '\0';
-    }
+    proc_generate_model(tiny_model, sizeof tiny_model, "tiny.gguf", &mp);
     chmod(tiny_model, 0644);
-    proc_fmt(kv_model, sizeof kv_model, "%s/wide.gguf", test_tmpdir());
     mp.dim = 512;
     mp.n_head = mp.n_head_kv = 8;
     mp.n_ff = 512;
-    if (modelgen_write(&mp, kv_model, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        kv_model[0] = '\0';
-    }
+    proc_generate_model(kv_model, sizeof kv_model, "wide.gguf", &mp);
     RUN(connection_flood);
     RUN(idle_connection_is_closed);
     RUN(descriptors_run_out);

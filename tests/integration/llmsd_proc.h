@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "client/llms.h"
+#include "engine/modelgen.h"
 #include "tests/support/test.h"
 
 /* The frame limit every test daemon is configured with. */
@@ -67,6 +68,19 @@ static inline void proc_find_llmsd(const char *argv0, char *out, size_t cap)
     proc_fmt(out, cap, "%s/../../llmsd", slash ? self : ".");
     if (access(out, X_OK) != 0)
         out[0] = '\0';
+}
+
+/* Writes the random-weight model mp into test_tmpdir()/name and its path into path;
+ * on failure says why and leaves path empty (the tests that need it then skip). */
+static inline void proc_generate_model(char *path, size_t cap, const char *name,
+                                       const modelgen_params *mp)
+{
+    char err[ERR_MAX];
+    proc_fmt(path, cap, "%s/%s", test_tmpdir(), name);
+    if (modelgen_write(mp, path, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        path[0] = '\0';
+    }
 }
 
 static inline void proc_print_log(const llmsd_proc *d)

@@ -603,17 +603,11 @@ int main(int argc, char **argv)
         proc_fmt(llms_path, sizeof llms_path, "%.*sllms", dir_len, llmsd_path);
         proc_fmt(llmsctl_path, sizeof llmsctl_path, "%.*sllmsctl", dir_len, llmsd_path);
     }
-    proc_fmt(model_path, sizeof model_path, "%s/cli.gguf", test_tmpdir());
     modelgen_params mp = {
         .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
-    char err[ERR_MAX];
-    if (modelgen_write(&mp, model_path, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        model_path[0] = '\0';
-    }
-    proc_fmt(slow_model_path, sizeof slow_model_path, "%s/slow.gguf", test_tmpdir());
+    proc_generate_model(model_path, sizeof model_path, "cli.gguf", &mp);
     modelgen_params slow = mp;
     slow.dim = 256;
     slow.n_layer = 4;
@@ -621,10 +615,7 @@ int main(int argc, char **argv)
     slow.n_head_kv = 4;
     slow.n_ff = 768;
     slow.type = QTYPE_Q8_0;
-    if (modelgen_write(&slow, slow_model_path, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        slow_model_path[0] = '\0';
-    }
+    proc_generate_model(slow_model_path, sizeof slow_model_path, "slow.gguf", &slow);
     RUN(help_and_version);
     RUN(bad_values_name_the_option);
     RUN(ask_prints_an_answer);

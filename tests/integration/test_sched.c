@@ -447,16 +447,11 @@ int main(int argc, char **argv)
     (void)argc;
     signal(SIGPIPE, SIG_IGN);
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    proc_fmt(work_model, sizeof work_model, "%s/work.gguf", test_tmpdir());
     modelgen_params mp = {
         .arch = "llama", .dim = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4, .n_ff = 768,
         .n_ctx = 512, .type = QTYPE_Q8_0, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
-    char err[ERR_MAX];
-    if (modelgen_write(&mp, work_model, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        work_model[0] = '\0';
-    }
+    proc_generate_model(work_model, sizeof work_model, "work.gguf", &mp);
     RUN(concurrent_equals_alone);
     RUN(short_requests_pass_long_work);
     RUN(disconnect_stops_flood);

@@ -488,16 +488,11 @@ int main(int argc, char **argv)
         proc_fmt(llms_path, sizeof llms_path, "%.*sllms", dir_len, llmsd_path);
         proc_fmt(llmsctl_path, sizeof llmsctl_path, "%.*sllmsctl", dir_len, llmsd_path);
     }
-    proc_fmt(tiny_model, sizeof tiny_model, "%s/tiny.gguf", test_tmpdir());
     modelgen_params mp = {
         .arch = "qwen3", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
-    char err[ERR_MAX];
-    if (modelgen_write(&mp, tiny_model, err) < 0) {
-        fprintf(stderr, "modelgen: %s\n", err);
-        tiny_model[0] = '\0';
-    }
+    proc_generate_model(tiny_model, sizeof tiny_model, "tiny.gguf", &mp);
     RUN(embed_matches_engine);
     RUN(embed_invalid_requests);
     RUN(rerank_matches_engine_full_forward);
