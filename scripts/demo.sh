@@ -1,6 +1,7 @@
 #!/bin/sh
-# make run: llmsd serving its clients. Make has built everything; this generates a small
-# demo model (unless MODEL=path.gguf is given), starts build/llmsd on a socket in a
+# make run: llmsd serving its clients. Make has built everything; this takes the trained
+# TinyStories model of the test data (or, without it, generates a small random-weight
+# model; MODEL=path.gguf picks any), starts build/llmsd on a socket in a
 # temporary directory with a temporary state directory, asks one question with
 # `llms ask`, has a two-turn `llms chat`, and stops the daemon.
 set -eu
@@ -26,13 +27,28 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+question="What is a system service?"
+first="Hello, who are you?"
+second="What did I just ask you?"
+stories=$data/models/TinyStories-656K-Q8_0.gguf
 if [ -n "${MODEL:-}" ]; then
     model=$MODEL
     echo "== model: $model"
+elif [ -f "$stories" ]; then
+    model=$stories
+    question="Once upon a time, there was a little girl named Lily."
+    first="Once upon a time, a dog found a red ball."
+    second="Then the dog ran to the park."
+    cat <<MSG
+== model: $model
+   A tiny model (656K parameters) trained on children's stories: it continues stories,
+   it does not answer questions. For a chat model give any llama or qwen2/qwen3 GGUF
+   file:   make run MODEL=/path/to/model.gguf
+MSG
 else
     vocab=$data/vocab/ggml-vocab-llama-spm.gguf
     if [ ! -f "$vocab" ]; then
-        echo "demo: $vocab is needed for the demo model (or give MODEL=path.gguf)" >&2
+        echo "demo: $stories or $vocab is needed for the demo (or give MODEL=path.gguf)" >&2
         exit 1
     fi
     model=$build/demo-llama-q8_0.gguf
@@ -79,14 +95,13 @@ while [ ! -S "$sock" ]; do
 done
 
 export LLMS_SOCKET=$sock
-question="What is a system service?"
 echo
 echo "== llms ask \"$question\""
 "$build/llms" --max-tokens 32 --seed 7 ask "$question"
 
 echo
 echo "== llms chat: two turns piped on stdin (the context id goes to stderr)"
-printf 'Hello, who are you?\nWhat did I just ask you?\n' >"$tmp/turns"
+printf '%s\n%s\n' "$first" "$second" >"$tmp/turns"
 sed 's/^/   you:   /' "$tmp/turns"
 "$build/llms" --max-tokens 24 --seed 7 chat --system "You are a helpful assistant." \
     <"$tmp/turns" 2>"$tmp/chat.err" | sed 's/^/   reply: /'
