@@ -424,6 +424,10 @@ typedef struct llms_daemon_status {
     uint64_t swap_stale_blobs;       /* stored chunks of a history that moved on before
                                         they were written again (recomputed; expected
                                         after a crash, not corruption) */
+    /* Resident KV by precision (adding up to kv_bytes_resident) and the KV pool's spare
+     * buffers; kv_budget_bytes caps resident + spare. */
+    uint64_t kv_f16_bytes, kv_int8_bytes, kv_int4_bytes, kv_int2_bytes;
+    uint64_t kv_spare_bytes;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

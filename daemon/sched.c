@@ -577,6 +577,13 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_bad_blobs = cs->bad_blobs;
     st.has_swap_stale_blobs = 1;
     st.swap_stale_blobs = cs->stale_blobs;
+    st.has_kv_f16_bytes = st.has_kv_int8_bytes = st.has_kv_int4_bytes = st.has_kv_int2_bytes =
+        st.has_kv_spare_bytes = 1;
+    st.kv_f16_bytes = kv_pool_bytes_at(s->pool, KV_F16);
+    st.kv_int8_bytes = kv_pool_bytes_at(s->pool, KV_INT8);
+    st.kv_int4_bytes = kv_pool_bytes_at(s->pool, KV_INT4);
+    st.kv_int2_bytes = kv_pool_bytes_at(s->pool, KV_INT2);
+    st.kv_spare_bytes = kv_pool_spare_bytes(s->pool);
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
     st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =

@@ -27,6 +27,7 @@ struct kv_pool {
     int max_chunks; /* 0: no cap */
     int n_used;
     size_t bytes_used;
+    size_t bytes_by_precision[KV_N_PRECISIONS]; /* bytes_used split by precision */
     kv_spares structs;                 /* kv_chunk without data */
     kv_spares data[KV_N_PRECISIONS];   /* buffers of kv_chunk_data_bytes(shape, p) */
     float *scratch;                    /* (2, KV_CHUNK_TOKENS, head_dim) for conversions */
@@ -194,6 +195,11 @@ size_t kv_pool_bytes_used(const kv_pool *pool)
     return pool->bytes_used;
 }
 
+size_t kv_pool_bytes_at(const kv_pool *pool, enum kv_precision p)
+{
+    return (unsigned)p < KV_N_PRECISIONS ? pool->bytes_by_precision[p] : 0;
+}
+
 static uint8_t *kv_data_take(kv_pool *pool, enum kv_precision p)
 {
     uint8_t *d = kv_spares_take(&pool->data[p]);
@@ -225,6 +231,7 @@ kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ER
     c->data = data;
     pool->n_used++;
     pool->bytes_used += kv_chunk_data_bytes(pool->shape, p);
+    pool->bytes_by_precision[p] += kv_chunk_data_bytes(pool->shape, p);
     return c;
 }
 
@@ -239,6 +246,7 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *c)
         return;
     pool->n_used--;
     pool->bytes_used -= kv_chunk_data_bytes(pool->shape, c->precision);
+    pool->bytes_by_precision[c->precision] -= kv_chunk_data_bytes(pool->shape, c->precision);
     kv_spares_put(&pool->data[c->precision], c->data);
     kv_spares_put(&pool->structs, c);
 }
@@ -285,6 +293,8 @@ int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[E
         }
     pool->bytes_used += kv_chunk_data_bytes(s, p);
     pool->bytes_used -= kv_chunk_data_bytes(s, c->precision);
+    pool->bytes_by_precision[p] += kv_chunk_data_bytes(s, p);
+    pool->bytes_by_precision[c->precision] -= kv_chunk_data_bytes(s, c->precision);
     kv_spares_put(&pool->data[c->precision], c->data);
     c->data = data;
     c->precision = p;

@@ -101,6 +101,9 @@ int kv_pool_n_used(const kv_pool *pool);
 /* Data bytes of all chunks alive, each counted at its precision: the resident KV. */
 size_t kv_pool_bytes_used(const kv_pool *pool);
 
+/* The part of kv_pool_bytes_used held by chunks of precision p. */
+size_t kv_pool_bytes_at(const kv_pool *pool, enum kv_precision p);
+
 /* Data bytes of the spare buffers kept for reuse: memory the pool holds beside the
  * resident KV, which a memory cap has to count too. */
 size_t kv_pool_spare_bytes(const kv_pool *pool);

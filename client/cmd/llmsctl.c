@@ -144,12 +144,16 @@ static enum llms_status cmd_status(llms_conn *c)
                ",\"swap_stale_blobs\":%" PRIu64
                ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f"
                ",\"swap_writes_pending\":%" PRIu32 ",\"swap_write_waits\":%" PRIu64
-               ",\"swap_write_wait_ms\":%.3f,\"swap_write_failures\":%" PRIu64,
+               ",\"swap_write_wait_ms\":%.3f,\"swap_write_failures\":%" PRIu64
+               ",\"kv_f16_bytes\":%" PRIu64 ",\"kv_int8_bytes\":%" PRIu64
+               ",\"kv_int4_bytes\":%" PRIu64 ",\"kv_int2_bytes\":%" PRIu64
+               ",\"kv_spare_bytes\":%" PRIu64,
                st.kv_budget_bytes, st.swap_bytes_written, st.swap_bytes_read,
                st.swap_chunks_written, st.swap_chunks_read, st.swap_chunks_recomputed,
                st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs, st.switch_ins,
                st.switch_in_mean_ms, st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
-               st.swap_write_failures);
+               st.swap_write_failures, st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes,
+               st.kv_int2_bytes, st.kv_spare_bytes);
         fputs(",\"sched\":{\"mode\":", stdout);
         json_str(st.sched_mode);
         printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
@@ -171,7 +175,11 @@ static enum llms_status cmd_status(llms_conn *c)
                (double)st.uptime_ms / 1000.0, st.n_connections, st.n_apps, st.n_contexts,
                st.n_resident_contexts, st.kv_bytes_resident, st.running_requests,
                st.queued_requests, st.rss_bytes);
-        printf("kv budget         %" PRIu64 " bytes%s\n"
+        printf("kv resident       f16 %" PRIu64 ", int8 %" PRIu64 ", int4 %" PRIu64
+               ", int2 %" PRIu64 " bytes; %" PRIu64 " spare\n",
+               st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes, st.kv_int2_bytes,
+               st.kv_spare_bytes);
+        printf("kv budget         %" PRIu64 " bytes%s (resident + spare)\n"
                "swap              %" PRIu64 " chunks (%" PRIu64 " bytes) written, %" PRIu64
                " read (%" PRIu64 " bytes), %" PRIu64 " recomputed\n"
                "swap-out thread   %" PRIu32 " batches pending; waited for %" PRIu64

@@ -438,6 +438,22 @@ static void timeout_stops_generation(void)
     CHECK(st.sched_step_mean_ms > 0);
     CHECK(st.sched_rows_per_step >= 1);
     llms_daemon_status_free(&st);
+
+    /* a context's call: its full chunks compressed (kv_compress tolerance, the default);
+     * the status splits the resident KV by precision */
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    p = greedy(40);
+    CHECK_EQ(llms_call(c, id, "Tell me about the sea and the ships on it", &p, NULL, NULL, &r),
+             LLMS_OK);
+    llms_result_free(&r);
+    CHECK_EQ(llms_status_get(c, &st), LLMS_OK);
+    CHECK_EQ(st.kv_f16_bytes + st.kv_int8_bytes + st.kv_int4_bytes + st.kv_int2_bytes,
+             st.kv_bytes_resident);
+    CHECK(st.kv_f16_bytes > 0);
+    CHECK_MSG(st.kv_int8_bytes + st.kv_int4_bytes + st.kv_int2_bytes > 0,
+              "no compressed chunk: f16 %llu", (unsigned long long)st.kv_f16_bytes);
+    llms_daemon_status_free(&st);
     llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
