@@ -143,15 +143,19 @@ INLINE void multi_q4_k(int na, const qblock_q4_k *x, const uint8_t *act, size_t 
         qb_unpack_k_scales(x[i].scales, &scw, &m);
         __m128i m8 = _mm_cvtsi64_si128((long long)m);
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        /* the eight sub-block scales as words; sub-block 2 g over the low half of group
+         * g's register and 2 g + 1 over its high half */
+        __m512i s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scw)));
         __m512i q[4], sc[4];
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(x[i].qs + 32 * g));
             __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
             q[g] = _mm512_and_si512(v, m4);
-            sc[g] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_set1_epi16((short)((scw >> (16 * g)) & 0xFF))),
-                _mm256_set1_epi16((short)((scw >> (16 * g + 8)) & 0xFF)), 1);
+            sc[g] = _mm512_permutexvar_epi16(
+                _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * g)),
+                                   _mm256_set1_epi16((short)(2 * g + 1)), 1),
+                s16);
         }
         float dw = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
 #pragma GCC unroll 8
