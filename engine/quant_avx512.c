@@ -47,8 +47,9 @@ INLINE __m512i load_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
 /* Scales of blocks i and i + 1, each over 8 lanes (0 for a missing second block). */
 INLINE __m512 scale_pair(const qblock_q8_0 *b, int64_t i, int64_t nb)
 {
-    float d0 = _cvtsh_ss(b[i].d), d1 = i + 1 < nb ? _cvtsh_ss(b[i + 1].d) : 0.0f;
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d0)), _mm256_set1_ps(d1), 1);
+    __m128i h0 = _mm_set1_epi16((short)b[i].d);
+    __m128i h1 = i + 1 < nb ? _mm_set1_epi16((short)b[i + 1].d) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
 }
 
 INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_t *act,
