@@ -284,7 +284,7 @@ void ctx_close(ctxmgr *cm)
     if (!cm)
         return;
     ctx_flush_writes(cm);
-    swapout_free(cm->swap, NULL);
+    swapout_free(cm->swap);
     ctx_entry *c = cm->head;
     while (c) {
         ctx_entry *next = c->next;
@@ -561,10 +561,11 @@ void ctx_set_write_notify(ctxmgr *cm, void (*notify)(void *arg), void *arg)
     atomic_store(&cm->notify, notify);
 }
 
-/* Queues every resident chunk of c that needs writing as one batch for the swap-out
- * thread; c's chunks must not change until the batch is ended (ctx_wait_writes). */
-static int write_pending_background(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+/* The blobs of every resident chunk of c that needs writing, in *out (NULL when none
+ * does). */
+static int pending_write_new(ctxmgr *cm, ctx_entry *c, ctx_write **out, char err[ERR_MAX])
 {
+    *out = NULL;
     int n_sec = cm->shape.n_layer + 1, n = 0;
     if (n_sec > STORE_CHUNK_MAX_SECTIONS)
         return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
@@ -589,6 +590,19 @@ static int write_pending_background(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
             chunk_blob(cm, c, i, &w->blobs[w->n], w->sec + at, w->bytes + at);
             w->n++;
         }
+    *out = w;
+    return 0;
+}
+
+/* Queues every resident chunk of c that needs writing as one batch for the swap-out
+ * thread; c's chunks must not change until the batch is ended (ctx_wait_writes). */
+static int write_pending_background(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+{
+    ctx_write *w;
+    if (pending_write_new(cm, c, &w, err))
+        return -1;
+    if (!w)
+        return 0;
     w->job.batch = store_chunk_batch_begin(cm->st, c->id, w->blobs, w->n, err);
     if (!w->job.batch) {
         ctx_write_free(w);
@@ -607,15 +621,13 @@ void ctx_collect_writes(ctxmgr *cm)
         swapout_job *next = j->next;
         ctx_write *w = (ctx_write *)j;
         char err[ERR_MAX];
-        if (j->rc == 0 && store_chunk_batch_end(cm->st, j->batch, err) == 0) {
+        /* a batch whose write failed is only freed here; its chunks stay dirty: written
+         * when reclaimed, or recomputed */
+        if (store_chunk_batch_end(cm->st, j->batch, err) == 0)
             for (int k = 0; k < w->n; k++)
                 chunk_written(cm, w->c, &w->blobs[k].meta);
-        } else {
-            /* Its chunks stay dirty: written when reclaimed, or recomputed. */
-            if (j->rc != 0)
-                store_chunk_batch_abandon(j->batch);
+        else
             cm->stats.write_failures++;
-        }
         w->c->n_writing--;
         ctx_write_free(w);
         j = next;
@@ -644,40 +656,20 @@ int ctx_writes_pending(ctxmgr *cm)
     return swapout_n_pending(cm->swap);
 }
 
-/* Writes every resident chunk of c that needs it now, in batches that share their syncs
- * and one catalog transaction each. A batch that fails leaves its chunks dirty. */
+/* Writes every resident chunk of c that needs it now, in one batch that shares its syncs
+ * and one catalog transaction. A batch that fails leaves its chunks dirty. */
 static int write_pending(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
 {
-    enum { BATCH = 64 };
-    int n_sec = cm->shape.n_layer + 1, nb = 0, rc = 0;
-    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
-        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
-    store_chunk_blob *b = malloc(sizeof *b * BATCH);
-    const void **sec = malloc(sizeof *sec * BATCH * (size_t)n_sec);
-    size_t *bytes = malloc(sizeof *bytes * BATCH * (size_t)n_sec);
-    if (!b || !sec || !bytes) {
-        rc = err_set(err, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i <= c->seq.n_chunks && i <= c->n_map; i++) {
-        bool last = i == c->seq.n_chunks || i == c->n_map;
-        if (!last && chunk_needs_write(c, i)) {
-            chunk_blob(cm, c, i, &b[nb], sec + (size_t)nb * n_sec, bytes + (size_t)nb * n_sec);
-            nb++;
-        }
-        if (nb == BATCH || (last && nb > 0)) {
-            if (store_chunk_write_batch(cm->st, c->id, b, nb, err))
-                rc = -1;
-            else
-                for (int k = 0; k < nb; k++)
-                    chunk_written(cm, c, &b[k].meta);
-            nb = 0;
-        }
-    }
-out:
-    free(b);
-    free(sec);
-    free(bytes);
+    ctx_write *w;
+    if (pending_write_new(cm, c, &w, err))
+        return -1;
+    if (!w)
+        return 0;
+    int rc = store_chunk_write_batch(cm->st, c->id, w->blobs, w->n, err);
+    if (rc == 0)
+        for (int k = 0; k < w->n; k++)
+            chunk_written(cm, c, &w->blobs[k].meta);
+    ctx_write_free(w);
     return rc;
 }
 

@@ -37,7 +37,9 @@ static void *swapout_main(void *arg)
         w->running = j;
         pthread_mutex_unlock(&w->lock);
 
-        j->rc = store_chunk_batch_write(j->batch, w->enc, j->err);
+        /* a failed write is seen by store_chunk_batch_end, which refuses to commit it */
+        char err[ERR_MAX];
+        store_chunk_batch_write(j->batch, w->enc, err);
 
         pthread_mutex_lock(&w->lock);
         w->running = NULL;
@@ -86,20 +88,15 @@ swapout *swapout_new(void (*notify)(void *arg), void *arg, char err[ERR_MAX])
     return w;
 }
 
-void swapout_free(swapout *w, swapout_job **left)
+void swapout_free(swapout *w)
 {
-    if (!w) {
-        if (left)
-            *left = NULL;
+    if (!w)
         return;
-    }
     pthread_mutex_lock(&w->lock);
     w->stop = true;
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->lock);
     pthread_join(w->thread, NULL);
-    if (left)
-        *left = w->done_head;
     pthread_cond_destroy(&w->progress);
     pthread_cond_destroy(&w->work);
     pthread_mutex_destroy(&w->lock);
@@ -110,8 +107,6 @@ void swapout_free(swapout *w, swapout_job **left)
 void swapout_submit(swapout *w, swapout_job *j)
 {
     j->next = NULL;
-    j->rc = 0;
-    j->err[0] = '\0';
     pthread_mutex_lock(&w->lock);
     if (w->queue_tail)
         w->queue_tail->next = j;

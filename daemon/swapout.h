@@ -19,8 +19,6 @@
 typedef struct swapout_job {
     store_chunk_batch *batch;  /* begun by the caller; written by the thread */
     const void *owner;         /* whose memory the batch reads (a context) */
-    int rc;                    /* store_chunk_batch_write's result, once done */
-    char err[ERR_MAX];
     struct swapout_job *next;
 } swapout_job;
 
@@ -30,9 +28,9 @@ typedef struct swapout swapout;
  * call back into the swapout); notify may be NULL. NULL + err on failure. */
 swapout *swapout_new(void (*notify)(void *arg), void *arg, char err[ERR_MAX]);
 
-/* Waits for every job, stops the thread and frees the swapout; jobs done but not taken
- * are handed back through *left (in submission order; NULL allowed when none can be). */
-void swapout_free(swapout *w, swapout_job **left);
+/* Waits for every job, then stops the thread and frees the swapout. The caller takes
+ * the finished jobs first (swapout_wait_owner(w, NULL), then swapout_take_done). */
+void swapout_free(swapout *w);
 
 /* Queues a job (owned by the caller until it comes back from swapout_take_done). */
 void swapout_submit(swapout *w, swapout_job *j);

@@ -346,18 +346,10 @@ INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
 
 INLINE float load1_float(uint32_t t, const void *row, int64_t i)
 {
-    float f;
-    if (t == QTYPE_F32) {
-        memcpy(&f, (const uint8_t *)row + 4 * i, 4); /* rows need not be aligned */
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)row + 2 * i, 2);
-    if (t == QTYPE_F16)
-        return _cvtsh_ss(h);
-    uint32_t u = (uint32_t)h << 16;
-    memcpy(&f, &u, 4);
-    return f;
+    if (t == QTYPE_F32)
+        return qb_load_f32(row, i);
+    uint16_t h = qb_load_u16(row, i);
+    return t == QTYPE_F16 ? _cvtsh_ss(h) : quant_bf16_to_f32(h);
 }
 
 INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const float *a,

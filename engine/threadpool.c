@@ -58,14 +58,9 @@
 #define TP_WORD_NTH(w) ((int)(((w) >> 16) & 0xffff))
 #define TP_WORD_NEXT(w) ((int)((w) & 0xffff))
 
-typedef struct tp_worker {
-    tp_pool *pool;
-} tp_worker;
-
 struct tp_pool {
     int n_threads;
     pthread_t *threads;   /* (n_threads - 1) */
-    tp_worker *workers;   /* (n_threads - 1) */
 
     _Atomic uint32_t generation; /* futex word: bumped once per job */
     _Atomic uint64_t claim;      /* TP_WORD of the current job */
@@ -125,8 +120,7 @@ static int tp_run_tasks(tp_pool *pool, uint32_t gen)
 
 static void *tp_worker_main(void *p)
 {
-    tp_worker *w = p;
-    tp_pool *pool = w->pool;
+    tp_pool *pool = p;
     uint32_t seen = 0;
 
     for (;;) {
@@ -173,16 +167,13 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX])
     pool->adaptive = !(fixed && fixed[0] && strcmp(fixed, "0") != 0);
     pool->retry_gap_ns = TP_RETRY_FIRST_NS;
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
-    pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
-    if (!pool->threads || !pool->workers) {
+    if (!pool->threads) {
         tp_free(pool);
         err_set(err, "thread pool: out of memory");
         return NULL;
     }
     for (int i = 1; i < n_threads; i++) {
-        pool->workers[i - 1] = (tp_worker){pool};
-        int rc = pthread_create(&pool->threads[i - 1], NULL, tp_worker_main,
-                                &pool->workers[i - 1]);
+        int rc = pthread_create(&pool->threads[i - 1], NULL, tp_worker_main, pool);
         if (rc != 0) {
             tp_free(pool);
             err_set(err, "thread pool: cannot start thread %d of %d", i + 1, n_threads);
@@ -191,6 +182,8 @@ tp_pool *tp_new(int n_threads, char err[ERR_MAX])
         pool->n_threads = i + 1;
     }
     pool->n_use = pool->n_threads;
+    /* one thread has nothing to drop: no clock reads per job */
+    pool->adaptive = pool->adaptive && pool->n_threads > 1;
     return pool;
 }
 
@@ -204,7 +197,6 @@ void tp_free(tp_pool *pool)
     for (int i = 0; i < pool->n_threads - 1; i++)
         pthread_join(pool->threads[i], NULL);
     free(pool->threads);
-    free(pool->workers);
     free(pool);
 }
 
@@ -220,7 +212,7 @@ int tp_n_active(const tp_pool *pool)
 
 void tp_set_adaptive(tp_pool *pool, bool adaptive)
 {
-    pool->adaptive = adaptive;
+    pool->adaptive = adaptive && pool->n_threads > 1;
     pool->n_use = pool->n_threads;
     pool->window_jobs = 0;
     pool->window_busy_ns = pool->window_wait_ns = 0;

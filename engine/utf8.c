@@ -41,6 +41,17 @@ int utf8_seq(const char *s, size_t n)
     return (int)len;
 }
 
+int utf8_valid(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        int k = utf8_seq(s + i, n - i);
+        if (k <= 0)
+            return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
 size_t utf8_stream_feed(utf8_stream *u, const char *in, size_t n, char *out)
 {
     size_t o = 0;

@@ -18,6 +18,9 @@
  * but unfinished prefix of one. n must be at least 1. */
 int utf8_seq(const char *s, size_t n);
 
+/* Whether s[0..n) is all valid UTF-8 (whole sequences only). */
+int utf8_valid(const char *s, size_t n);
+
 /* A stream of bytes released as valid UTF-8: an unfinished sequence at the end of a
  * feed is held until the bytes that finish it (or show it invalid) arrive. Zero it to
  * start. */

@@ -835,14 +835,6 @@ int store_chunk_batch_end(store *s, store_chunk_batch *bt, char err[ERR_MAX])
     return 0;
 }
 
-void store_chunk_batch_abandon(store_chunk_batch *bt)
-{
-    if (!bt)
-        return;
-    batch_undo(bt);
-    batch_free(bt);
-}
-
 int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chunks,
                             int n_chunks, char err[ERR_MAX])
 {
@@ -851,7 +843,7 @@ int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chun
         return -1;
     store_chunks *c = chunks_state(s, err);
     if (store_chunk_batch_write(bt, &c->enc, err) != 0) {
-        store_chunk_batch_abandon(bt);
+        batch_free(bt); /* the write removed its files */
         return -1;
     }
     return store_chunk_batch_end(s, bt, err);

@@ -67,13 +67,13 @@ int store_chunk_write_batch(store *s, const char *ctx_id, store_chunk_blob *chun
  * syncing the files) runs on another thread while the store's thread goes on:
  * - store_chunk_batch_begin (store's thread): checks the batch and picks each chunk's
  *   new file generation. The sections must stay valid and unchanged, and no other batch
- *   of the same context may begin, until store_chunk_batch_end or _abandon.
+ *   of the same context may begin, until store_chunk_batch_end.
  * - store_chunk_batch_write (any one thread; touches files only, no catalog): writes and
  *   syncs every file, compressing with e. On failure its files are removed.
  * - store_chunk_batch_end (store's thread): commits the rows of a written batch, removes
  *   the versions they replace and fills in the metas as store_chunk_write_batch does;
- *   a batch that was not written (or whose commit fails) changes nothing. Frees the batch.
- * store_chunk_batch_abandon frees a batch that will not be ended (removing its files).
+ *   a batch that was not written (or whose commit fails) changes nothing. Frees the batch
+ *   either way.
  */
 typedef struct store_chunk_batch store_chunk_batch;
 typedef struct store_chunk_encoder store_chunk_encoder;
@@ -86,7 +86,6 @@ store_chunk_batch *store_chunk_batch_begin(store *s, const char *ctx_id,
                                            char err[ERR_MAX]);
 int store_chunk_batch_write(store_chunk_batch *b, store_chunk_encoder *e, char err[ERR_MAX]);
 int store_chunk_batch_end(store *s, store_chunk_batch *b, char err[ERR_MAX]);
-void store_chunk_batch_abandon(store_chunk_batch *b);
 
 /* A batch of one: writes chunk meta->index of ctx_id from n_sections sections; meta's
  * n_sections and byte counts are filled in. */

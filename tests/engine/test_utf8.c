@@ -9,18 +9,6 @@
 #include "engine/utf8.h"
 #include "tests/support/test.h"
 
-/* Whether s[0..n) is all valid UTF-8. */
-static int valid(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        int k = utf8_seq(s + i, n - i);
-        if (k <= 0)
-            return 0;
-        i += (size_t)k;
-    }
-    return 1;
-}
-
 static void sequences(void)
 {
     CHECK_EQ(utf8_seq("a", 1), 1);
@@ -50,12 +38,12 @@ static size_t stream_in_pieces(const char *text, size_t n, const size_t *sizes, 
         if (take > n - i)
             take = n - i;
         size_t got = utf8_stream_feed(&u, text + i, take, out + o);
-        *pieces_valid &= valid(out + o, got);
+        *pieces_valid &= utf8_valid(out + o, got);
         o += got;
         i += take;
     }
     size_t got = utf8_stream_flush(&u, out + o);
-    *pieces_valid &= valid(out + o, got);
+    *pieces_valid &= utf8_valid(out + o, got);
     return o + got;
 }
 

@@ -185,22 +185,10 @@ static void llmsctl_reports(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* Whether s[0..n) is all valid UTF-8. */
-static int valid_utf8(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        int k = utf8_seq(s + i, n - i);
-        if (k <= 0)
-            return 0;
-        i += (size_t)k;
-    }
-    return 1;
-}
-
 static int check_piece(const char *text, size_t len, void *user)
 {
     int *all_valid = user;
-    *all_valid &= valid_utf8(text, len);
+    *all_valid &= utf8_valid(text, len);
     return 0;
 }
 
@@ -244,13 +232,13 @@ static void streamed_text_is_valid_utf8(void)
         CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
         llms_result r;
         CHECK_EQ(llms_call(c, id, "Hello", &p, check_piece, &all_valid, &r), LLMS_OK);
-        all_valid &= valid_utf8(r.text, strlen(r.text));
+        all_valid &= utf8_valid(r.text, strlen(r.text));
         replaced += strstr(r.text, "\xef\xbf\xbd") != NULL;
         llms_result_free(&r);
         llms_context_info info;
         CHECK_EQ(llms_context_get(c, id, 1, &info), LLMS_OK);
         for (size_t i = 0; i < info.n_history; i++)
-            all_valid &= valid_utf8(info.history[i].content, strlen(info.history[i].content));
+            all_valid &= utf8_valid(info.history[i].content, strlen(info.history[i].content));
         llms_context_info_free(&info);
     }
     CHECK_MSG(all_valid, "a piece, a result or the history was not valid UTF-8");
@@ -275,11 +263,11 @@ static void json_of_invalid_utf8_history_is_valid(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json show %s", llmsctl_path, llmsd.sock,
              id);
     CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
-    CHECK_MSG(valid_utf8(out, strlen(out)), "not UTF-8: %s", out);
+    CHECK_MSG(utf8_valid(out, strlen(out)), "not UTF-8: %s", out);
     CHECK_MSG(strstr(out, "\"content\":\"bad \\ufffd byte \\ufffd\""), "json: %s", out);
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json contexts", llmsctl_path, llmsd.sock);
     CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
-    CHECK_MSG(valid_utf8(out, strlen(out)), "not UTF-8: %s", out);
+    CHECK_MSG(utf8_valid(out, strlen(out)), "not UTF-8: %s", out);
 }
 
 /* Path of a program beside llmsd (valid until the next call). */
