@@ -141,14 +141,6 @@ INLINE __m256 load8_float(uint32_t t, const void *row, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-INLINE float load1_float(uint32_t t, const void *row, int64_t i)
-{
-    if (t == QTYPE_F32)
-        return qb_load_f32(row, i);
-    uint16_t h = qb_load_u16(row, i);
-    return t == QTYPE_F16 ? _cvtsh_ss(h) : quant_bf16_to_f32(h);
-}
-
 INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const float *a,
                        int64_t n, float *out)
 {
@@ -175,7 +167,7 @@ INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const fl
     for (int r = 0; r < nr; r++) {
         float s = hsum(acc[r]);
         for (int64_t j = i; j < n; j++)
-            s += load1_float(t, x[r], j) * a[j];
+            s += qb_load_float(t, x[r], j) * a[j];
         out[r] = s;
     }
 }
@@ -618,7 +610,7 @@ INLINE void dequant_half(uint32_t t, const void *src, float *dst, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, load8_float(t, src, i));
     for (; i < n; i++)
-        dst[i] = load1_float(t, src, i);
+        dst[i] = qb_load_float(t, src, i);
 }
 
 void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n)

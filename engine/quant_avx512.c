@@ -344,14 +344,6 @@ INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-INLINE float load1_float(uint32_t t, const void *row, int64_t i)
-{
-    if (t == QTYPE_F32)
-        return qb_load_f32(row, i);
-    uint16_t h = qb_load_u16(row, i);
-    return t == QTYPE_F16 ? _cvtsh_ss(h) : quant_bf16_to_f32(h);
-}
-
 INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const float *a,
                        int64_t n, float *out)
 {
@@ -386,7 +378,7 @@ INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const fl
     for (int r = 0; r < nr; r++) {
         float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
         for (int64_t j = i; j < n; j++)
-            s += load1_float(t, x[r], j) * a[j];
+            s += qb_load_float(t, x[r], j) * a[j];
         out[r] = s;
     }
 }

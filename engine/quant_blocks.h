@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "engine/quant.h"
+
 #define QB_32 32   /* elements per Q8_0 / Q4_0 block */
 #define QB_256 256 /* elements per K-quant super-block */
 
@@ -106,6 +108,16 @@ static inline float qb_f16_to_f32(uint16_t h)
     float f;
     memcpy(&f, &x, sizeof f);
     return f;
+}
+
+/* Element i of a row of float type t (QTYPE_F32, QTYPE_F16 or QTYPE_BF16), as f32: the
+ * tails the SIMD float kernels leave. */
+static inline float qb_load_float(uint32_t t, const void *row, int64_t i)
+{
+    if (t == QTYPE_F32)
+        return qb_load_f32(row, i);
+    uint16_t h = qb_load_u16(row, i);
+    return t == QTYPE_F16 ? qb_f16_to_f32(h) : quant_bf16_to_f32(h);
 }
 
 /* The 6-bit scales and mins of a Q4_K / Q5_K super-block, as 8 bytes each (byte j for
