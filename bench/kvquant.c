@@ -11,24 +11,33 @@
  * of 4096 tokens to keep the run short) generated into build/bench-models/.
  *
  * For each of SEQS sequences: --len tokens are sampled from the model itself (BOS first,
- * temperature 1, seeded); the first --prefix tokens are prefilled with f16 KV, the last
- * --window of them (default 32) with attention received per entry (each column's sum
- * normalised by n_layer * n_head * the rows that can attend to it; a chunk's density is
- * the mean over its columns). On stories260K the attention of recent tokens predicts
- * which chunks later tokens need better than that of the whole prefix (--window 448).
- * Then for each scheme a copy of the prefix's chunks is compressed and the remaining
- * tokens are teacher-forced one by one (their own K/V stay f16); the score is the mean
- * over those positions of KL(p_f16 || p_scheme). Schemes: int8, int4, int2 everywhere;
- * "tolerance" = kv_assign_precisions at ratio --ratio (default 0.5), 0.75 and 0.375;
- * "tolerance_shuffled" = the same mix of precisions placed at random (a control: what
- * the density ranking adds). Prints one JSON object per model and scheme: median, min
- * and max KL over the sequences, the prefix's KV bytes relative to int8 (real bytes,
- * scales included, and nominal bits), the median mix of precisions, and the median time
- * of a teacher-forced decode step (attention decodes compressed chunks as it reads them).
+ * temperature 1, seeded: for the trained models, stories); the first --prefix tokens are
+ * prefilled with f16 KV, the last --window of them (default 32) with attention received
+ * per entry (each column's sum normalised by n_layer * n_head * the rows that can attend
+ * to it; a chunk's density is the mean over its columns). Then for each scheme a copy of
+ * the prefix's chunks is compressed and the remaining tokens are teacher-forced one by
+ * one (their own K/V stay f16); the scores are the mean over those positions of
+ * KL(p_f16 || p_scheme) and the share of positions whose most likely token is the f16
+ * one's (top-1 agreement).
+ *
+ * Schemes: uniform int8, int4, int2 (equal K and V widths); "tolerance" =
+ * kv_assign_precisions (per chunk K and V widths of 2-8 bits) under a byte budget: the
+ * bytes of uniform int4 ("int4"), of the layout before 8-bit scales, which kept an f16
+ * (scale, min) per group ("old_int4": 2 * 16 * head_dim * 4 / 8 + 4 * (head_dim + 16 *
+ * groups) bytes per block), of half int8 and half int2 ("int8+int2"), and --ratio times
+ * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget:
+ * "tolerance_shuffled" (the same precisions placed at random: what the per-chunk choice
+ * adds) and "tolerance_flat" (every density equal: what density adds over value spread).
+ * Prints one JSON object per model and scheme: median, min and max KL over the sequences,
+ * KL relative to uniform int4's (median of the per-sequence ratios), top-1 agreement over
+ * all positions, the prefix's KV bytes relative to int8 (real bytes, scales included),
+ * mean K and V widths, and the median time of a teacher-forced decode step (attention
+ * decodes compressed chunks as it reads them).
  */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +46,7 @@
 
 #include "bench/bench.h"
 #include "engine/kv.h"
+#include "engine/kv_quant.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
@@ -44,22 +54,33 @@
 
 #define MAX_SEQS 32
 
+/* The byte budget a tolerance scheme gets. */
+enum budget { UNIFORM, AT_INT4, AT_OLD_INT4, AT_INT8_INT2, AT_RATIO };
+
 /* How a scheme picks each prefix chunk's precision. */
 typedef struct scheme {
     const char *name;
-    enum kv_precision uniform; /* when ratio is 0 */
-    double ratio;              /* > 0: kv_assign_precisions at this ratio (0.5: --ratio) */
+    enum kv_precision uniform; /* budget UNIFORM */
+    enum budget budget;
     bool shuffled;             /* the same precisions placed at random */
+    bool flat;                 /* every chunk's density the same */
 } scheme;
 
-static scheme schemes[] = {
-    {"int8", KV_INT8, 0, false},           {"int4", KV_INT4, 0, false},
-    {"int2", KV_INT2, 0, false},           {"tolerance", 0, 0.5, false},
-    {"tolerance_shuffled", 0, 0.5, true},  {"tolerance", 0, 0.75, false},
-    {"tolerance_shuffled", 0, 0.75, true}, {"tolerance", 0, 0.375, false},
-    {"tolerance_shuffled", 0, 0.375, true},
+static const scheme schemes[] = {
+    {"int8", KV_INT8, UNIFORM, false, false},
+    {"int4", KV_INT4, UNIFORM, false, false},
+    {"int2", KV_INT2, UNIFORM, false, false},
+    {"tolerance", 0, AT_INT4, false, false},
+    {"tolerance_shuffled", 0, AT_INT4, true, false},
+    {"tolerance_flat", 0, AT_INT4, false, true},
+    {"tolerance", 0, AT_OLD_INT4, false, false},
+    {"tolerance", 0, AT_INT8_INT2, false, false},
+    {"tolerance", 0, AT_RATIO, false, false},
 };
 #define N_SCHEMES (int)(sizeof schemes / sizeof schemes[0])
+#define SCHEME_INT4 1 /* the reference of kl_vs_int4 */
+
+static const char *budget_names[] = {"none", "int4", "old_int4", "int8+int2", "ratio"};
 
 typedef struct bench_options {
     int n_threads;
@@ -68,6 +89,7 @@ typedef struct bench_options {
     int prefix;
     const char *testdata;
     int window; /* density from the attention of the prefix's last `window` tokens */
+    double ratio; /* budget AT_RATIO: bytes over int8's */
 } bench_options;
 
 /* What one model's run keeps between sequences. */
@@ -80,7 +102,7 @@ typedef struct bench_ctx {
     int32_t *tokens;   /* (len) */
     int32_t *positions; /* (len) */
     float *received;   /* (prefix) */
-    float *density;    /* (n_chunks of the prefix) */
+    kv_chunk_stats *stats; /* (n_chunks of the prefix) */
     float *ref_logits; /* (len - prefix, n_vocab) with f16 KV */
     float *logits;     /* (n_vocab) */
     enum kv_precision *prec; /* (n_chunks) */
@@ -154,31 +176,80 @@ static double kl_logits(const float *lp, const float *lq, int n)
     return kl > 0 ? kl : 0;
 }
 
-/* Teacher-forces tokens [prefix, len) one by one on seq; with kl NULL stores the logits
- * as the reference, else *kl = mean KL(reference || these). */
-static int teacher_force(bench_ctx *b, kv_seq *seq, double *kl, char err[ERR_MAX])
+/* Teacher-forces tokens [prefix, len) one by one on seq; with r NULL stores the logits
+ * as the reference, else r gets the mean KL(reference || these) and the positions whose
+ * most likely token is the reference's. */
+typedef struct score {
+    double kl;
+    int agree;
+} score;
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        best = x[i] > x[best] ? i : best;
+    return best;
+}
+
+static int teacher_force(bench_ctx *b, kv_seq *seq, score *r, char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     int row = 0;
     double sum = 0;
+    int agree = 0;
     for (int t = o->prefix; t < o->len; t++) {
         float *ref = b->ref_logits + (size_t)(t - o->prefix) * b->n_vocab;
         model_batch mb = {.n_tokens = 1, .tokens = b->tokens + t, .positions = b->positions + t,
-                          .n_out = 1, .out_rows = &row, .logits = kl ? b->logits : ref};
+                          .n_out = 1, .out_rows = &row, .logits = r ? b->logits : ref};
         if (model_forward(b->r, seq, &mb, err) < 0)
             return -1;
-        if (kl)
+        if (r) {
             sum += kl_logits(ref, b->logits, b->n_vocab);
+            agree += argmax(ref, b->n_vocab) == argmax(b->logits, b->n_vocab);
+        }
     }
-    if (kl)
-        *kl = sum / (o->len - o->prefix);
+    if (r)
+        *r = (score){sum / (o->len - o->prefix), agree};
     return 0;
 }
 
-/* One sequence: kl[scheme] and bytes[scheme] (relative to int8), density spread. */
-static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes, double *nominal,
-                          double (*mix)[3], double *ms, double *ms_f16, double *density_cv,
-                          char err[ERR_MAX])
+/* What one scheme gave on one sequence. */
+typedef struct outcome {
+    double kl, bytes, k_bits, v_bits, ms;
+    int agree;
+} outcome;
+
+/* Bytes per chunk of uniform int4 in the layout before 8-bit scales (see the top). */
+static double old_int4_chunk_bytes(kv_shape s)
+{
+    int groups = (s.head_dim + KV_QUANT_V_GROUP - 1) / KV_QUANT_V_GROUP;
+    double block = 2.0 * KV_CHUNK_TOKENS * s.head_dim * 4 / 8 +
+                   4.0 * (s.head_dim + KV_CHUNK_TOKENS * groups);
+    return block * s.n_layer * s.n_head_kv;
+}
+
+static size_t scheme_budget(const scheme *sc, const bench_options *o, kv_shape shape, int n)
+{
+    double int8 = (double)kv_chunk_data_bytes(shape, KV_INT8);
+    switch (sc->budget) {
+    case AT_INT4:
+        return (size_t)n * kv_chunk_data_bytes(shape, KV_INT4);
+    case AT_OLD_INT4:
+        return (size_t)(n * old_int4_chunk_bytes(shape));
+    case AT_INT8_INT2:
+        return (size_t)n * (kv_chunk_data_bytes(shape, KV_INT8) +
+                            kv_chunk_data_bytes(shape, KV_INT2)) / 2;
+    case AT_RATIO:
+        return (size_t)(o->ratio * n * int8);
+    default:
+        return 0;
+    }
+}
+
+/* One sequence: out[scheme], and the spread of its chunks' densities. */
+static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_f16,
+                          double *density_cv, char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     const model_hparams *hp = model_hparams_of(b->m);
@@ -208,11 +279,12 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
             int rows = o->prefix - j < win ? o->prefix - j : win;
             d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
         }
-        b->density[c] = (float)(d / n);
-        mean += b->density[c] / n_chunks;
+        b->stats[c].density = (float)(d / n);
+        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread);
+        mean += b->stats[c].density / n_chunks;
     }
     for (int c = 0; c < n_chunks; c++)
-        var += (b->density[c] - mean) * (b->density[c] - mean) / n_chunks;
+        var += (b->stats[c].density - mean) * (b->stats[c].density - mean) / n_chunks;
     *density_cv = sqrt(var) / mean;
 
     double t_ref = bench_now_s();
@@ -223,11 +295,20 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
 
     uint64_t shuffle = seed * 2654435761u + 1;
     for (int s = 0; s < N_SCHEMES; s++) {
+        const scheme *sc = &schemes[s];
         for (int c = 0; c < n_chunks; c++)
-            b->prec[c] = schemes[s].uniform;
-        if (schemes[s].ratio > 0)
-            kv_assign_precisions(b->density, n_chunks, schemes[s].ratio, b->prec);
-        if (schemes[s].shuffled)
+            b->prec[c] = sc->uniform;
+        if (sc->budget != UNIFORM) {
+            kv_chunk_stats *st = b->stats;
+            if (sc->flat) {
+                st = b->stats + n_chunks; /* a flat copy after the real ones */
+                for (int c = 0; c < n_chunks; c++)
+                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread};
+            }
+            kv_assign_precisions(shape, st, n_chunks, scheme_budget(sc, o, shape, n_chunks),
+                                 b->prec);
+        }
+        if (sc->shuffled)
             for (int c = n_chunks - 1; c > 0; c--) {
                 shuffle = shuffle * 6364136223846793005ULL + 1442695040888963407ULL;
                 int j = (int)((shuffle >> 33) % (uint64_t)(c + 1));
@@ -239,21 +320,25 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, double *kl, double *bytes
         if (clone_seq(b->pool, &prefix, &work, err) < 0)
             goto out;
         size_t used = 0;
-        double bits = 0;
-        mix[s][0] = mix[s][1] = mix[s][2] = 0;
+        double kb = 0, vb = 0;
         for (int c = 0; c < n_chunks; c++) {
-            mix[s][b->prec[c] - KV_INT8] += 1.0 / n_chunks;
             if (kv_chunk_convert(b->pool, work.chunks[c], b->prec[c], err) < 0)
                 goto out;
             used += kv_chunk_data_bytes(shape, b->prec[c]);
-            bits += kv_precision_bits(b->prec[c]);
+            kb += (double)kv_precision_k_bits(b->prec[c]) / n_chunks;
+            vb += (double)kv_precision_v_bits(b->prec[c]) / n_chunks;
         }
-        bytes[s] = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
-        nominal[s] = bits / (8.0 * n_chunks);
+        outcome *r = &out[s];
+        r->bytes = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
+        r->k_bits = kb;
+        r->v_bits = vb;
         double t0 = bench_now_s();
-        if (teacher_force(b, &work, &kl[s], err) < 0)
+        score sco;
+        if (teacher_force(b, &work, &sco, err) < 0)
             goto out;
-        ms[s] = (bench_now_s() - t0) * 1e3 / (o->len - o->prefix);
+        r->ms = (bench_now_s() - t0) * 1e3 / (o->len - o->prefix);
+        r->kl = sco.kl;
+        r->agree = sco.agree;
         kv_seq_free(&work);
     }
     rc = 0;
@@ -261,6 +346,14 @@ out:
     kv_seq_free(&work);
     kv_seq_free(&prefix);
     return rc;
+}
+
+static double field_median(const outcome *o, int n, size_t offset)
+{
+    double v[MAX_SEQS];
+    for (int q = 0; q < n; q++)
+        v[q] = *(const double *)((const char *)&o[q] + offset);
+    return bench_median(v, n);
 }
 
 static int bench_model(const char *path, const bench_options *o)
@@ -282,62 +375,66 @@ static int bench_model(const char *path, const bench_options *o)
     b.tokens = malloc((size_t)o->len * sizeof *b.tokens);
     b.positions = malloc((size_t)o->len * sizeof *b.positions);
     b.received = malloc((size_t)o->prefix * sizeof *b.received);
-    b.density = malloc((size_t)n_chunks * sizeof *b.density);
+    b.stats = malloc(2 * (size_t)n_chunks * sizeof *b.stats);
     b.prec = malloc((size_t)n_chunks * sizeof *b.prec);
     b.ref_logits = malloc((size_t)(o->len - o->prefix) * b.n_vocab * sizeof(float));
     b.logits = malloc((size_t)b.n_vocab * sizeof(float));
-    if (!b.r || !b.pool || !b.tokens || !b.positions || !b.received || !b.density || !b.prec ||
-        !b.ref_logits || !b.logits) {
+    outcome(*res)[MAX_SEQS] = malloc(sizeof(outcome[N_SCHEMES][MAX_SEQS]));
+    if (!b.r || !b.pool || !b.tokens || !b.positions || !b.received || !b.stats || !b.prec ||
+        !b.ref_logits || !b.logits || !res) {
         fprintf(stderr, "kvquant: %s: %s\n", path, b.r && b.pool ? "out of memory" : err);
         goto out;
     }
     for (int i = 0; i < o->len; i++)
         b.positions[i] = i;
 
-    double kl[N_SCHEMES][MAX_SEQS], bytes[N_SCHEMES][MAX_SEQS], nominal[N_SCHEMES][MAX_SEQS];
-    double cv[MAX_SEQS], ms_f16[MAX_SEQS], k[N_SCHEMES], by[N_SCHEMES], nb[N_SCHEMES], mx[N_SCHEMES][3];
-    double mix[N_SCHEMES][3][MAX_SEQS], ms[N_SCHEMES][MAX_SEQS], tm[N_SCHEMES];
+    double cv[MAX_SEQS], ms_f16[MAX_SEQS];
+    outcome one[N_SCHEMES];
     for (int q = 0; q < o->n_seqs; q++) {
-        if (bench_sequence(&b, 1000 + (uint64_t)q, k, by, nb, mx, tm, &ms_f16[q], &cv[q], err) < 0) {
+        if (bench_sequence(&b, 1000 + (uint64_t)q, one, &ms_f16[q], &cv[q], err) < 0) {
             fprintf(stderr, "kvquant: %s: sequence %d: %s\n", path, q, err);
             goto out;
         }
         for (int s = 0; s < N_SCHEMES; s++)
-        {
-            kl[s][q] = k[s], bytes[s][q] = by[s], nominal[s][q] = nb[s], ms[s][q] = tm[s];
-            for (int p = 0; p < 3; p++)
-                mix[s][p][q] = mx[s][p];
-        }
+            res[s][q] = one[s];
     }
     double ms_f16_med = bench_median(ms_f16, o->n_seqs);
     double cv_med = bench_median(cv, o->n_seqs), seconds = bench_now_s() - t_start;
+    int positions = o->n_seqs * (o->len - o->prefix);
     for (int s = 0; s < N_SCHEMES; s++) {
-        double lo = kl[s][0], hi = kl[s][0];
-        for (int q = 1; q < o->n_seqs; q++) {
-            lo = kl[s][q] < lo ? kl[s][q] : lo;
-            hi = kl[s][q] > hi ? kl[s][q] : hi;
+        double lo = res[s][0].kl, hi = res[s][0].kl, rel[MAX_SEQS];
+        int agree = 0;
+        for (int q = 0; q < o->n_seqs; q++) {
+            lo = res[s][q].kl < lo ? res[s][q].kl : lo;
+            hi = res[s][q].kl > hi ? res[s][q].kl : hi;
+            rel[q] = res[SCHEME_INT4][q].kl > 0 ? res[s][q].kl / res[SCHEME_INT4][q].kl : 0;
+            agree += res[s][q].agree;
         }
         printf("{\"bench\":\"kvquant\",\"model\":\"%s\",\"dim\":%d,\"layers\":%d,\"heads\":%d,"
                "\"kv_heads\":%d,\"head_dim\":%d,\"seqs\":%d,\"len\":%d,\"prefix\":%d,"
-               "\"density_window\":%d,\"scheme\":\"%s\",\"ratio\":%.3g,\"kl_median\":%.6g,\"kl_min\":%.6g,"
-               "\"kl_max\":%.6g,\"bytes_vs_int8\":%.4f,\"nominal_bits_vs_int8\":%.4f,"
-               "\"mix_int8_int4_int2\":[%.2f,%.2f,%.2f],\"decode_ms\":%.3f,\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,"
-               "\"seconds\":%.1f}\n",
+               "\"density_window\":%d,\"scheme\":\"%s\",\"budget\":\"%s\",\"kl_median\":%.6g,"
+               "\"kl_min\":%.6g,\"kl_max\":%.6g,\"kl_vs_int4\":%.3f,\"top1_agreement\":%.4f,"
+               "\"bytes_vs_int8\":%.4f,\"k_bits\":%.2f,\"v_bits\":%.2f,\"decode_ms\":%.3f,"
+               "\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,\"seconds\":%.1f}\n",
                path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
-               o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix, schemes[s].name, schemes[s].ratio,
-               bench_median(kl[s], o->n_seqs), lo, hi, bench_median(bytes[s], o->n_seqs),
-               bench_median(nominal[s], o->n_seqs), bench_median(mix[s][0], o->n_seqs),
-               bench_median(mix[s][1], o->n_seqs), bench_median(mix[s][2], o->n_seqs),
-               bench_median(ms[s], o->n_seqs), ms_f16_med, cv_med,
+               o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix,
+               schemes[s].name, budget_names[schemes[s].budget],
+               field_median(res[s], o->n_seqs, offsetof(outcome, kl)), lo, hi,
+               bench_median(rel, o->n_seqs), (double)agree / positions,
+               field_median(res[s], o->n_seqs, offsetof(outcome, bytes)),
+               field_median(res[s], o->n_seqs, offsetof(outcome, k_bits)),
+               field_median(res[s], o->n_seqs, offsetof(outcome, v_bits)),
+               field_median(res[s], o->n_seqs, offsetof(outcome, ms)), ms_f16_med, cv_med,
                seconds);
     }
     fflush(stdout);
     status = 0;
 out:
+    free(res);
     free(b.tokens);
     free(b.positions);
     free(b.received);
-    free(b.density);
+    free(b.stats);
     free(b.prec);
     free(b.ref_logits);
     free(b.logits);
@@ -384,7 +481,8 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
 
 int main(int argc, char **argv)
 {
-    bench_options o = {.n_threads = 2, .n_seqs = 5, .len = 512, .prefix = 448, .window = 32,
+    bench_options o = {.n_threads = 2, .n_seqs = 8, .len = 512, .prefix = 448, .window = 32,
+                       .ratio = 0.6,
                        .testdata = "../shared/testdata"};
     const char *models[16];
     int n_models = 0, failures = 0;
@@ -405,9 +503,7 @@ int main(int argc, char **argv)
             rc = end == v || *end || !(r >= 0.25 && r <= 1) ? -1 : 0;
             if (rc < 0)
                 fprintf(stderr, "kvquant: --ratio wants a number in [0.25, 1]\n");
-            for (int s = 0; s < N_SCHEMES; s++)
-                if (schemes[s].ratio == 0.5)
-                    schemes[s].ratio = r;
+            o.ratio = r;
             i++;
         } else if (!strcmp(argv[i], "--window"))
             rc = parse_int("--window", v, 1, 1 << 16, &o.window), i++;

@@ -60,10 +60,12 @@ static const key_def keys[] = {
                                 "leave room under kv_budget_mb before RESOURCE_EXHAUSTED "
                                 "(default 30000)"),
     CHOICE(kv_compress, "tolerance|int8|none",
-           "KV chunk compression after a call: tolerance (int8/4/2 by attention density), "
-           "int8, or none (f16, lossless) (default tolerance)"),
-    FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: mean bits per element over 8 "
-                                    "(default 0.5)"),
+           "KV chunk compression after a call: tolerance (K and V code widths of 2-8 bits "
+           "per chunk by attention density and value spread), int8, or none (f16, lossless) "
+           "(default tolerance)"),
+    FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: bytes of the compressed chunks over "
+                                    "their bytes as int8, scales included; 0.53-0.6 is "
+                                    "uniform int4's, by head size (default 0.6)"),
     STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
     CHOICE(log_level, REQLOG_LEVELS,
            "what goes to stderr (the journal): error (failures of the daemon itself), warn, "
@@ -129,7 +131,7 @@ void config_defaults(config *c)
     c->kv_budget_mb = 1024;
     c->kv_wait_ms = 30000;
     strcpy(c->kv_compress, "tolerance");
-    c->kv_compress_ratio = 0.5f;
+    c->kv_compress_ratio = 0.6f;
     strcpy(c->admin_group, "llms-admin");
     c->socket_mode = 0660;
     strcpy(c->log_level, "info");

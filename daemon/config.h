@@ -35,7 +35,7 @@ typedef struct config {
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
     int kv_wait_ms;                    /* longest wait of a call for KV under the cap */
     char kv_compress[16];              /* "tolerance", "int8" or "none" */
-    float kv_compress_ratio;           /* tolerance: mean bits per element over 8 */
+    float kv_compress_ratio;           /* tolerance: bytes over their int8 bytes */
     char admin_group[64];
     unsigned socket_mode;              /* permission bits of the socket file */
     char log_level[8];                 /* "error", "warn" or "info" (daemon/reqlog.h) */

@@ -171,7 +171,8 @@ int ctx_map_resize(ctx_entry *c, int n)
         c->seq.cap = cap;
     }
     for (int i = c->n_map; i < n; i++)
-        c->map[i] = (ctx_chunk){.disk_precision = -1, .dirty = true};
+        c->map[i] = (ctx_chunk){.disk_precision = -1, .dirty = true, .k_spread = -1,
+                                .v_spread = -1};
     for (int i = c->seq.n_chunks; i < n; i++)
         c->seq.chunks[i] = NULL;
     c->n_map = n;
@@ -198,13 +199,23 @@ static int attn_reserve(ctx_entry *c, int n)
     return 0;
 }
 
+/* A stored density weighs as much as this many rows' attention (the window of recent rows
+ * bench/kvquant measures densities over), so the next call's rows refine it rather than
+ * replace it. */
+#define CTX_DENSITY_ROWS 32
+
+/* Each call scales the attention statistics by this before adding its own rows: a
+ * chunk's density follows what recent calls attend to, which predicts what the next ones
+ * need better than the whole history's mean does (bench/kvquant). */
+#define CTX_DENSITY_DECAY 0.25f
+
 /* A stored chunk record is used only when it matches the history and the model: right
  * token count, a known precision, one section per layer plus the token ids. */
 static int load_chunk_record(void *arg, const store_chunk *r)
 {
     ctx_entry *c = arg;
     ctxmgr *cm = c->cm;
-    if (r->index < 0 || r->precision < 0 || r->precision >= KV_N_PRECISIONS ||
+    if (r->index < 0 || !kv_precision_valid(r->precision) ||
         r->n_sections != cm->shape.n_layer + 1 ||
         r->raw_bytes != (int64_t)(kv_chunk_data_bytes(cm->shape, (enum kv_precision)r->precision) +
                                   sizeof(int32_t) * (size_t)r->n_tokens)) {
@@ -222,9 +233,10 @@ static int load_chunk_record(void *arg, const store_chunk *r)
     k->disk_bytes = r->raw_bytes;
     k->dirty = false;
     k->density = r->density;
+    float rows = (float)cm->heads_layers * CTX_DENSITY_ROWS;
     for (int t = 0; t < r->n_tokens; t++) {
-        c->attn[r->index * KV_CHUNK_TOKENS + t] = r->density;
-        c->rows[r->index * KV_CHUNK_TOKENS + t] = 1;
+        c->attn[r->index * KV_CHUNK_TOKENS + t] = r->density * rows;
+        c->rows[r->index * KV_CHUNK_TOKENS + t] = rows;
     }
     return 0;
 }
@@ -705,16 +717,17 @@ void ctx_evict(ctxmgr *cm, ctx_entry *c)
 typedef struct victim {
     ctx_entry *c;
     int index;
-    int precision;
+    size_t bytes; /* of its resident data: its precision's weight */
     uint64_t last_use;
 } victim;
 
-/* LCTRU: the heaviest precision first (f16, int8, int4, int2), then least recently used. */
+/* LCTRU: the heaviest precision first (f16, then the widest codes), then least recently
+ * used. */
 static int victim_lctru(const void *a, const void *b)
 {
     const victim *x = a, *y = b;
-    if (x->precision != y->precision)
-        return x->precision < y->precision ? -1 : 1;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
     if (x->last_use != y->last_use)
         return x->last_use < y->last_use ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
@@ -759,8 +772,9 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
         if (!c->busy)
             for (int i = 0; i < c->seq.n_chunks; i++)
                 if (c->seq.chunks[i])
-                    v[k++] = (victim){c, i, (int)c->seq.chunks[i]->precision,
-                                      i < c->n_map ? c->map[i].last_use : 0};
+                    v[k++] = (victim){
+                        c, i, kv_chunk_data_bytes(cm->shape, c->seq.chunks[i]->precision),
+                        i < c->n_map ? c->map[i].last_use : 0};
     bool whole = cm->policy.whole_context;
     qsort(v, n, sizeof *v, whole ? victim_lru_context : victim_lctru);
     for (k = 0; k < n; k++) {
@@ -846,6 +860,10 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     cm->stats.last_switch_in_ms = st->ms;
     c->loaded = true;
     c->call_base = c->n_tokens;
+    for (int p = 0; p < c->n_tokens; p++) {
+        c->attn[p] *= CTX_DENSITY_DECAY;
+        c->rows[p] *= CTX_DENSITY_DECAY;
+    }
     return 0;
 }
 
@@ -886,11 +904,12 @@ int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX
     return 0;
 }
 
-/* Densities of c's chunks, then the precision every full chunk gets. */
+/* Densities of c's chunks, then the precision every full chunk gets: in tolerance mode
+ * the full chunks share kv_compress_ratio times the bytes they would take as int8. */
 static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
 {
-    float *dens = malloc(sizeof *dens * (size_t)(c->n_map ? c->n_map : 1));
     int n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    kv_chunk_stats *stats = malloc(sizeof *stats * (size_t)(n_full ? n_full : 1));
     for (int i = 0; i < c->n_map; i++) {
         double sum = 0;
         int nt = ctx_chunk_tokens(c->n_tokens, i);
@@ -899,10 +918,16 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
             if (c->rows[p] > 0)
                 sum += c->attn[p] / c->rows[p];
         }
-        c->map[i].density = nt ? (float)(sum / nt) : 0;
-        if (dens)
-            dens[i] = c->map[i].density;
+        ctx_chunk *k = &c->map[i];
+        k->density = nt ? (float)(sum / nt) : 0;
         level[i] = KV_F16;
+        if (i >= n_full || !stats)
+            continue;
+        if (k->k_spread < 0 && c->seq.chunks[i])
+            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread);
+        stats[i] = (kv_chunk_stats){.density = k->density,
+                                    .k_spread = k->k_spread > 0 ? k->k_spread : 0,
+                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0};
     }
     switch (cm->policy.compress) {
     case CTX_COMPRESS_NONE:
@@ -912,14 +937,17 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
             level[i] = KV_INT8;
         break;
     case CTX_COMPRESS_TOLERANCE:
-        if (dens)
-            kv_assign_precisions(dens, n_full, cm->policy.compress_ratio, level);
+        if (stats)
+            kv_assign_precisions(cm->shape, stats, n_full,
+                                 (size_t)(cm->policy.compress_ratio * (double)n_full *
+                                          (double)kv_chunk_data_bytes(cm->shape, KV_INT8)),
+                                 level);
         else
             for (int i = 0; i < n_full; i++)
                 level[i] = KV_INT8;
         break;
     }
-    free(dens);
+    free(stats);
 }
 
 /* The last token of a reply is sampled but not evaluated: it is evaluated now, so that
@@ -961,8 +989,10 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
         if (c->n_map)
             c->map[c->n_map - 1].dirty = true;
     } else {
-        for (int i = c->call_base / KV_CHUNK_TOKENS; i < c->n_map; i++)
+        for (int i = c->call_base / KV_CHUNK_TOKENS; i < c->n_map; i++) {
             c->map[i].dirty = true;
+            c->map[i].k_spread = c->map[i].v_spread = -1;
+        }
         enum kv_precision *level = malloc(sizeof *level * (size_t)(c->n_map ? c->n_map : 1));
         if (level) {
             assign_levels(cm, c, level);
@@ -970,7 +1000,8 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
              * that cannot be converted stays as it is, still correct. */
             for (int i = 0; i < c->n_map; i++) {
                 kv_chunk *k = c->seq.chunks[i];
-                if (k && level[i] > k->precision)
+                if (k && kv_chunk_data_bytes(cm->shape, level[i]) <
+                             kv_chunk_data_bytes(cm->shape, k->precision))
                     kv_chunk_convert(cm->pool, k, level[i], err);
             }
             free(level);

@@ -60,6 +60,8 @@ typedef struct ctx_chunk {
     int64_t disk_bytes;   /* uncompressed bytes of the stored blob */
     bool dirty;           /* the resident data is not what the store holds */
     float density;        /* mean attention its tokens receive per attending row */
+    float k_spread;       /* kv_chunk_spread of its values; < 0: not measured yet */
+    float v_spread;
     uint64_t last_use;    /* manager clock when a call last used it */
 } ctx_chunk;
 
@@ -116,7 +118,7 @@ typedef struct ctx_policy {
     size_t budget_bytes;         /* cap of resident KV and the pool's spare buffers
                                     (kv_pool_bytes_used + kv_pool_spare_bytes); 0: none */
     enum ctx_compress compress;
-    double compress_ratio;       /* tolerance mode: mean bits over 8 */
+    double compress_ratio;       /* tolerance mode: bytes over their int8 bytes */
     enum ctx_swap swap;
     enum ctx_switch switch_mode;
     bool whole_context;          /* reclaim drops whole contexts, least recently used

@@ -580,9 +580,13 @@ static void handle_status(sched *s, const sched_job *j)
     st.has_kv_f16_bytes = st.has_kv_int8_bytes = st.has_kv_int4_bytes = st.has_kv_int2_bytes =
         st.has_kv_spare_bytes = 1;
     st.kv_f16_bytes = kv_pool_bytes_at(s->pool, KV_F16);
-    st.kv_int8_bytes = kv_pool_bytes_at(s->pool, KV_INT8);
-    st.kv_int4_bytes = kv_pool_bytes_at(s->pool, KV_INT4);
-    st.kv_int2_bytes = kv_pool_bytes_at(s->pool, KV_INT2);
+    for (int p = KV_INT_FIRST; p < KV_PRECISION_END; p++) {
+        int bits = kv_precision_bits(p);
+        uint64_t *to = bits >= 6   ? &st.kv_int8_bytes
+                       : bits >= 3 ? &st.kv_int4_bytes
+                                   : &st.kv_int2_bytes;
+        *to += kv_pool_bytes_at(s->pool, p);
+    }
     st.kv_spare_bytes = kv_pool_spare_bytes(s->pool);
     st.switch_ins = cs->switch_ins;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;

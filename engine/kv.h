@@ -21,16 +21,38 @@
 
 #define KV_CHUNK_TOKENS 16
 
-/* How a chunk's K/V are stored: IEEE half floats, or integer codes of 8, 4 or 2 bits with
- * f16 scales and offsets (K per channel over the chunk's tokens, V per token), the
- * layout the KIVI line of work found to keep attention accurate at low bit widths. */
-enum kv_precision { KV_F16 = 0, KV_INT8 = 1, KV_INT4 = 2, KV_INT2 = 3 };
-#define KV_N_PRECISIONS 4
+/* How a chunk's K/V are stored: IEEE half floats, or integer codes with a width for K and
+ * one for V, each 2, 3, 4, 5, 6 or 8 bits, on 8-bit per-group scales and offsets (K per
+ * channel over the chunk's tokens, V per token: the layout the KIVI line of work found to
+ * keep attention accurate at low widths; kv_quant.h). The integer precision of widths
+ * (k, v) is KV_INT_FIRST + KV_N_WIDTHS * index(k) + index(v). Values 1..7 are not
+ * precisions: 1..3 named an earlier layout (f16 scales), and chunks stored under them are
+ * refused and recomputed. */
+#define KV_N_WIDTHS 6 /* 2, 3, 4, 5, 6, 8 bits */
+enum kv_precision {
+    KV_F16 = 0,
+    KV_INT_FIRST = 8,
+    KV_INT2 = KV_INT_FIRST,                      /* k2v2 */
+    KV_INT4 = KV_INT_FIRST + 2 * KV_N_WIDTHS + 2, /* k4v4 */
+    KV_INT8 = KV_INT_FIRST + 5 * KV_N_WIDTHS + 5, /* k8v8 */
+};
+/* One past the largest precision: the length of arrays indexed by precision. */
+#define KV_PRECISION_END (KV_INT_FIRST + KV_N_WIDTHS * KV_N_WIDTHS)
 
-/* Bits per element: 16, 8, 4, 2. */
+/* Whether p names a precision. */
+int kv_precision_valid(int p);
+
+/* Bits of K's and of V's codes: 16 for KV_F16; 0 for an invalid p. */
+int kv_precision_k_bits(enum kv_precision p);
+int kv_precision_v_bits(enum kv_precision p);
+
+/* The mean of the two widths, rounded down (16 for f16; 0 for an invalid p). */
 int kv_precision_bits(enum kv_precision p);
 
-/* "f16", "int8", "int4", "int2". */
+/* The integer precision of widths (k_bits, v_bits), or -1 when one is not a width. */
+int kv_precision_of(int k_bits, int v_bits);
+
+/* "f16", "int8", "int4", "int2" (equal widths), "k5v4" (others), "?" (invalid). */
 const char *kv_precision_name(enum kv_precision p);
 
 /* Largest head_dim a pool accepts (as the attention kernels, OPS_MAX_HEAD_DIM). */
@@ -132,20 +154,38 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *chunk);
 
 /* ---- tolerance-aware compression levels ---- */
 
+/* What the assignment of precisions knows about one chunk. */
+typedef struct kv_chunk_stats {
+    float density;  /* attention the chunk receives (>= 0); higher: it tolerates less loss */
+    float k_spread; /* mean squared range of its K groups (kv_chunk_spread) */
+    float v_spread; /* mean squared range of its V groups */
+} kv_chunk_stats;
+
 /*
- * Chooses a precision among KV_INT8, KV_INT4 and KV_INT2 for each of n chunks given
- * their information density (>= 0; higher: the model attends to it more, so it tolerates
- * less loss): the chunks are ranked by density and the densest n8 get int8, the next n4
- * int4, the rest int2, with (n8, n4) minimising the attention-weighted squared
- * quantization error sum(density_i * step_i^2), step = 1 / (2^bits - 1), subject to the
- * mean bits per element being at most 8 * ratio. (Maximising sum(density_i * bits_i)
- * instead pairs int8 with many int2 chunks, and bench/kvquant measured that ten times
- * worse than uniform int4 at the same size.) ratio is clamped to [0.25, 1] (1:
- * everything int8; 0.5: half of int8's bits on average). n == 0 is allowed. Among
- * choices of equal error the one with fewest int2 chunks wins. Should its O(n) scratch
- * not be allocatable, every chunk gets the widest precision within the budget.
+ * How widely a chunk's values spread: the mean over its (layer, head) blocks and groups of
+ * (max - min)^2, for K per channel over the tokens and for V per token group, as the
+ * integer codes group them. The quantization error of a group at b bits grows as its
+ * squared range over (2^b - 1)^2, so these predict what each width costs. Reads any
+ * precision (for an integer one, of the values it keeps). Uses the pool's scratch.
  */
-void kv_assign_precisions(const float *density, int n, double ratio, enum kv_precision *out);
+void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread);
+
+/*
+ * Chooses an integer precision for each of n chunks so that their data bytes total at
+ * most budget_bytes and the predicted error
+ *   sum_i w_i (2 k_spread_i / (2^kb_i - 1)^2 + v_spread_i / (2^vb_i - 1)^2),
+ *   w_i = density_i + mean density / 2,
+ * is smallest. The half mean density keeps weight on chunks the recent rows ignored:
+ * bench/kvquant measured pure density weighting 10x better than none on stories260K and
+ * 15% worse on TinyStories-656K, whose later tokens spread their attention; this
+ * compromise keeps most of the first and all of the second. Greedy on the error saved per
+ * byte (optimal for these convex steps up to the last chunk that fits): every chunk starts
+ * at k2v2 and the best widening that fits is taken until none does. When even k2v2 does
+ * not fit every chunk gets it. n == 0 is allowed. Should its O(n) scratch not be
+ * allocatable, every chunk gets the widest equal widths that fit.
+ */
+void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
+                          size_t budget_bytes, enum kv_precision *out);
 
 /* ---- sequence: one context's KV ---- */
 

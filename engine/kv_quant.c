@@ -12,6 +12,9 @@
 #include "engine/kv_quant_avx2.h"
 #include "engine/quant.h"
 
+#define KV_GRID_U16 4   /* min0, min_step, scale_step, unused: a grid's f16 values */
+#define KV_PARAM_TOP 255 /* largest 8-bit (min, scale) code */
+
 size_t kv_quant_row_bytes(int head_dim, int bits)
 {
     return ((size_t)head_dim * bits + 7) / 8;
@@ -22,128 +25,201 @@ static int kv_quant_groups(int head_dim)
     return (head_dim + KV_QUANT_V_GROUP - 1) / KV_QUANT_V_GROUP;
 }
 
-size_t kv_quant_block_bytes(int head_dim, int bits)
+/* Where the parts of a block start (layout in kv_quant.h). */
+typedef struct kv_block_layout {
+    size_t k_row, v_row;  /* bytes of one row of K / V codes */
+    size_t v_codes;       /* offset of V's codes */
+    size_t k_grid, k_par; /* offsets of K's grid and (channel, 2) codes */
+    size_t v_grid, v_par; /* offsets of V's grid and (token, group, 2) codes */
+    size_t bytes;
+} kv_block_layout;
+
+static kv_block_layout kv_layout(int head_dim, int k_bits, int v_bits)
 {
-    size_t codes = 2 * (size_t)KV_CHUNK_TOKENS * kv_quant_row_bytes(head_dim, bits);
-    size_t params = 2 * sizeof(uint16_t) *
-                    ((size_t)head_dim + (size_t)KV_CHUNK_TOKENS * kv_quant_groups(head_dim));
-    return codes + params;
+    kv_block_layout l;
+    l.k_row = kv_quant_row_bytes(head_dim, k_bits);
+    l.v_row = kv_quant_row_bytes(head_dim, v_bits);
+    l.v_codes = KV_CHUNK_TOKENS * l.k_row;
+    l.k_grid = l.v_codes + KV_CHUNK_TOKENS * l.v_row;
+    l.k_par = l.k_grid + KV_GRID_U16 * sizeof(uint16_t);
+    l.v_grid = l.k_par + 2 * (size_t)head_dim;
+    l.v_par = l.v_grid + KV_GRID_U16 * sizeof(uint16_t);
+    l.bytes = l.v_par + 2 * (size_t)KV_CHUNK_TOKENS * kv_quant_groups(head_dim);
+    return l;
 }
 
-/* The f16 (scale, min) of values in [lo, hi] on levels 0..top, and their f32 values. */
-static void kv_quant_params(float lo, float hi, int top, uint16_t *p, float *scale, float *min)
+size_t kv_quant_block_bytes(int head_dim, int k_bits, int v_bits)
 {
-    p[1] = quant_f32_to_f16(lo);
-    *min = quant_f16_to_f32(p[1]);
-    p[0] = quant_f32_to_f16((hi - *min) / (float)top);
-    *scale = quant_f16_to_f32(p[0]);
+    return kv_layout(head_dim, k_bits, v_bits).bytes;
 }
 
-static unsigned kv_quant_code(float x, float scale, float min, int top)
+/* The f16 nearest x from below / from above (x finite). */
+static uint16_t f16_down(float x)
 {
-    if (!(scale > 0))
-        return 0;
-    float c = nearbyintf((x - min) / scale);
-    return c <= 0 ? 0 : c >= (float)top ? (unsigned)top : (unsigned)c;
+    uint16_t h = quant_f32_to_f16(x);
+    if (quant_f16_to_f32(h) > x)
+        h = (h & 0x8000) ? (uint16_t)(h + 1) : h == 0 ? 0x8001 : (uint16_t)(h - 1);
+    return h;
+}
+
+static uint16_t f16_up(float x)
+{
+    uint16_t h = quant_f32_to_f16(x);
+    if (quant_f16_to_f32(h) < x)
+        h = (h & 0x8000) ? (h == 0x8000 ? 1 : (uint16_t)(h - 1)) : (uint16_t)(h + 1);
+    return h;
+}
+
+static unsigned kv_clamp_code(float c, int top)
+{
+    return !(c > 0) ? 0 : c >= (float)top ? (unsigned)top : (unsigned)c;
+}
+
+/*
+ * Puts n groups' (lo, hi) ranges on one grid: grid gets (min0, min_step, scale_step),
+ * par the (min, scale) codes of each group, min and scale the values they decode to.
+ */
+static void kv_grid_fit(const float *lo, const float *hi, int n, int top, uint16_t *grid,
+                        uint8_t *par, float *min, float *scale)
+{
+    float lo_min = lo[0], lo_max = lo[0];
+    for (int g = 1; g < n; g++) {
+        lo_min = lo[g] < lo_min ? lo[g] : lo_min;
+        lo_max = lo[g] > lo_max ? lo[g] : lo_max;
+    }
+    grid[0] = f16_down(lo_min);
+    float min0 = quant_f16_to_f32(grid[0]);
+    grid[1] = lo_max > min0 ? f16_up((lo_max - min0) / KV_PARAM_TOP) : 0;
+    float min_step = quant_f16_to_f32(grid[1]), need_max = 0;
+    for (int g = 0; g < n; g++) {
+        unsigned c = min_step > 0 ? kv_clamp_code(floorf((lo[g] - min0) / min_step),
+                                                  KV_PARAM_TOP) : 0;
+        par[2 * g] = (uint8_t)c;
+        min[g] = min0 + (float)c * min_step;
+        float need = (hi[g] - min[g]) / (float)top;
+        need_max = need > need_max ? need : need_max;
+    }
+    grid[2] = need_max > 0 ? f16_up(need_max / KV_PARAM_TOP) : 0;
+    grid[3] = 0;
+    float scale_step = quant_f16_to_f32(grid[2]);
+    for (int g = 0; g < n; g++) {
+        float need = (hi[g] - min[g]) / (float)top;
+        unsigned c = scale_step > 0 ? kv_clamp_code(ceilf(need / scale_step), KV_PARAM_TOP) : 0;
+        par[2 * g + 1] = (uint8_t)c;
+        scale[g] = (float)c * scale_step;
+    }
+}
+
+/* The (min, scale) values of n groups from their grid and codes, as kv_grid_fit made them. */
+static void kv_grid_values(const uint8_t *grid_bytes, const uint8_t *par, int n, float *min,
+                           float *scale)
+{
+    uint16_t grid[KV_GRID_U16];
+    memcpy(grid, grid_bytes, sizeof grid);
+    float min0 = quant_f16_to_f32(grid[0]), min_step = quant_f16_to_f32(grid[1]);
+    float scale_step = quant_f16_to_f32(grid[2]);
+    for (int g = 0; g < n; g++) {
+        min[g] = min0 + (float)par[2 * g] * min_step;
+        scale[g] = (float)par[2 * g + 1] * scale_step;
+    }
 }
 
 static void kv_quant_put(uint8_t *row, int j, int bits, unsigned code)
 {
-    int bit = j * bits;
-    row[bit / 8] |= (uint8_t)(code << (bit % 8));
+    int bit = j * bits, shift = bit % 8;
+    row[bit / 8] |= (uint8_t)(code << shift);
+    if (shift + bits > 8)
+        row[bit / 8 + 1] |= (uint8_t)(code >> (8 - shift));
 }
 
-void kv_quant_encode(uint8_t *dst, int head_dim, int bits, int n_tokens, const float *k,
-                     const float *v)
+static unsigned kv_quant_get(const uint8_t *row, int j, int bits)
 {
-    int top = (1 << bits) - 1, ng = kv_quant_groups(head_dim);
-    size_t rb = kv_quant_row_bytes(head_dim, bits);
-    memset(dst, 0, kv_quant_block_bytes(head_dim, bits));
-    uint8_t *kc = dst, *vc = dst + KV_CHUNK_TOKENS * rb;
-    uint16_t *kp = (uint16_t *)(vc + KV_CHUNK_TOKENS * rb); /* (head_dim, 2) */
-    uint16_t *vp = kp + 2 * (size_t)head_dim;               /* (KV_CHUNK_TOKENS, ng, 2) */
+    int bit = j * bits, shift = bit % 8;
+    unsigned w = row[bit / 8];
+    if (shift + bits > 8)
+        w |= (unsigned)row[bit / 8 + 1] << 8;
+    return (w >> shift) & ((1u << bits) - 1);
+}
+
+static unsigned kv_quant_code(float x, float scale, float min, int top)
+{
+    return scale > 0 ? kv_clamp_code(nearbyintf((x - min) / scale), top) : 0;
+}
+
+void kv_quant_encode(uint8_t *dst, int head_dim, int k_bits, int v_bits, int n_tokens,
+                     const float *k, const float *v)
+{
+    kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+    memset(dst, 0, l.bytes);
     if (n_tokens <= 0)
         return;
+    float lo[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM / KV_QUANT_V_GROUP + KV_MAX_HEAD_DIM];
+    float hi[sizeof lo / sizeof lo[0]], min[sizeof lo / sizeof lo[0]];
+    float scale[sizeof lo / sizeof lo[0]];
+    uint16_t grid[KV_GRID_U16];
 
+    int top = (1 << k_bits) - 1;
     for (int j = 0; j < head_dim; j++) {
-        float lo = k[j], hi = k[j], scale, min;
+        lo[j] = hi[j] = k[j];
         for (int i = 1; i < n_tokens; i++) {
             float x = k[(size_t)i * head_dim + j];
-            lo = x < lo ? x : lo;
-            hi = x > hi ? x : hi;
-        }
-        kv_quant_params(lo, hi, top, kp + 2 * j, &scale, &min);
-        for (int i = 0; i < n_tokens; i++)
-            kv_quant_put(kc + i * rb, j, bits,
-                         kv_quant_code(k[(size_t)i * head_dim + j], scale, min, top));
-    }
-
-    for (int i = 0; i < n_tokens; i++) {
-        const float *row = v + (size_t)i * head_dim;
-        for (int g = 0; g < ng; g++) {
-            int j0 = g * KV_QUANT_V_GROUP;
-            int j1 = j0 + KV_QUANT_V_GROUP < head_dim ? j0 + KV_QUANT_V_GROUP : head_dim;
-            float lo = row[j0], hi = row[j0], scale, min;
-            for (int j = j0 + 1; j < j1; j++) {
-                lo = row[j] < lo ? row[j] : lo;
-                hi = row[j] > hi ? row[j] : hi;
-            }
-            kv_quant_params(lo, hi, top, vp + 2 * ((size_t)i * ng + g), &scale, &min);
-            for (int j = j0; j < j1; j++)
-                kv_quant_put(vc + i * rb, j, bits, kv_quant_code(row[j], scale, min, top));
+            lo[j] = x < lo[j] ? x : lo[j];
+            hi[j] = x > hi[j] ? x : hi[j];
         }
     }
-}
+    kv_grid_fit(lo, hi, head_dim, top, grid, dst + l.k_par, min, scale);
+    memcpy(dst + l.k_grid, grid, sizeof grid);
+    for (int i = 0; i < n_tokens; i++)
+        for (int j = 0; j < head_dim; j++)
+            kv_quant_put(dst + i * l.k_row, j, k_bits,
+                         kv_quant_code(k[(size_t)i * head_dim + j], scale[j], min[j], top));
 
-/* row[j] = min[j] + scale[j] * code j of the packed codes, for j < n. */
-static void kv_quant_decode_row(const uint8_t *codes, int bits, int n, const float *scale,
-                                const float *min, float *row)
-{
-    switch (bits) {
-    case 8:
-        for (int j = 0; j < n; j++)
-            row[j] = min[j] + scale[j] * (float)codes[j];
-        break;
-    case 4:
-        for (int j = 0; j < n; j++)
-            row[j] = min[j] + scale[j] * (float)((codes[j >> 1] >> ((j & 1) * 4)) & 15);
-        break;
-    default:
-        for (int j = 0; j < n; j++)
-            row[j] = min[j] + scale[j] * (float)((codes[j >> 2] >> ((j & 3) * 2)) & 3);
-        break;
-    }
-}
-
-void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
-                            float *v)
-{
     int ng = kv_quant_groups(head_dim);
-    size_t rb = kv_quant_row_bytes(head_dim, bits);
-    const uint8_t *kc = src, *vc = src + KV_CHUNK_TOKENS * rb;
-    const uint16_t *kp = (const uint16_t *)(vc + KV_CHUNK_TOKENS * rb);
-    const uint16_t *vp = kp + 2 * (size_t)head_dim;
-    float scale[KV_MAX_HEAD_DIM], min[KV_MAX_HEAD_DIM];
-    if (k) {
-        for (int j = 0; j < head_dim; j++) {
-            scale[j] = quant_f16_to_f32(kp[2 * j]);
-            min[j] = quant_f16_to_f32(kp[2 * j + 1]);
-        }
-        for (int i = 0; i < n_tokens; i++)
-            kv_quant_decode_row(kc + i * rb, bits, head_dim, scale, min, k + (size_t)i * head_dim);
-    }
-    if (v)
-        for (int i = 0; i < n_tokens; i++) {
-            for (int g = 0; g < ng; g++) {
-                const uint16_t *p = vp + 2 * ((size_t)i * ng + g);
-                float s = quant_f16_to_f32(p[0]), m = quant_f16_to_f32(p[1]);
-                int j0 = g * KV_QUANT_V_GROUP;
-                int j1 = j0 + KV_QUANT_V_GROUP < head_dim ? j0 + KV_QUANT_V_GROUP : head_dim;
-                for (int j = j0; j < j1; j++)
-                    scale[j] = s, min[j] = m;
+    top = (1 << v_bits) - 1;
+    for (int i = 0; i < n_tokens; i++)
+        for (int g = 0; g < ng; g++) {
+            const float *row = v + (size_t)i * head_dim;
+            int j0 = g * KV_QUANT_V_GROUP, p = i * ng + g;
+            int j1 = j0 + KV_QUANT_V_GROUP < head_dim ? j0 + KV_QUANT_V_GROUP : head_dim;
+            lo[p] = hi[p] = row[j0];
+            for (int j = j0 + 1; j < j1; j++) {
+                lo[p] = row[j] < lo[p] ? row[j] : lo[p];
+                hi[p] = row[j] > hi[p] ? row[j] : hi[p];
             }
-            kv_quant_decode_row(vc + i * rb, bits, head_dim, scale, min, v + (size_t)i * head_dim);
         }
+    kv_grid_fit(lo, hi, n_tokens * ng, top, grid, dst + l.v_par, min, scale);
+    memcpy(dst + l.v_grid, grid, sizeof grid);
+    for (int i = 0; i < n_tokens; i++)
+        for (int j = 0; j < head_dim; j++) {
+            int p = i * ng + j / KV_QUANT_V_GROUP;
+            kv_quant_put(dst + l.v_codes + i * l.v_row, j, v_bits,
+                         kv_quant_code(v[(size_t)i * head_dim + j], scale[p], min[p], top));
+        }
+}
+
+void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int k_bits, int v_bits,
+                            int n_tokens, float *k, float *v)
+{
+    kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+    float min[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM / KV_QUANT_V_GROUP + KV_MAX_HEAD_DIM];
+    float scale[sizeof min / sizeof min[0]];
+    if (k) {
+        kv_grid_values(src + l.k_grid, src + l.k_par, head_dim, min, scale);
+        for (int i = 0; i < n_tokens; i++)
+            for (int j = 0; j < head_dim; j++)
+                k[(size_t)i * head_dim + j] =
+                    fmaf(scale[j], (float)kv_quant_get(src + i * l.k_row, j, k_bits), min[j]);
+    }
+    if (v) {
+        int ng = kv_quant_groups(head_dim);
+        kv_grid_values(src + l.v_grid, src + l.v_par, n_tokens * ng, min, scale);
+        for (int i = 0; i < n_tokens; i++)
+            for (int j = 0; j < head_dim; j++) {
+                int p = i * ng + j / KV_QUANT_V_GROUP;
+                unsigned c = kv_quant_get(src + l.v_codes + i * l.v_row, j, v_bits);
+                v[(size_t)i * head_dim + j] = fmaf(scale[p], (float)c, min[p]);
+            }
+    }
 }
 
 static pthread_once_t kv_quant_once = PTHREAD_ONCE_INIT;
@@ -156,22 +232,27 @@ static void kv_quant_detect(void)
     kv_quant_avx2 = strcmp(quant_simd_name(), "avx2") == 0;
 }
 
-void kv_quant_decode(const uint8_t *src, int head_dim, int bits, int n_tokens, float *k,
-                     float *v)
+void kv_quant_decode(const uint8_t *src, int head_dim, int k_bits, int v_bits, int n_tokens,
+                     float *k, float *v)
 {
 #if defined(__x86_64__)
     pthread_once(&kv_quant_once, kv_quant_detect);
     if (kv_quant_avx2) {
-        size_t rb = kv_quant_row_bytes(head_dim, bits);
-        const uint8_t *kc = src, *vc = src + KV_CHUNK_TOKENS * rb;
-        const uint16_t *kp = (const uint16_t *)(vc + KV_CHUNK_TOKENS * rb);
-        const uint16_t *vp = kp + 2 * (size_t)head_dim;
-        if (k)
-            kv_quant_avx2_decode_k(kc, rb, kp, head_dim, bits, n_tokens, k);
-        if (v)
-            kv_quant_avx2_decode_v(vc, rb, vp, head_dim, bits, n_tokens, v);
+        kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+        float min[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM / KV_QUANT_V_GROUP + KV_MAX_HEAD_DIM];
+        float scale[sizeof min / sizeof min[0]];
+        if (k) {
+            kv_grid_values(src + l.k_grid, src + l.k_par, head_dim, min, scale);
+            kv_quant_avx2_decode_k(src, l.k_row, min, scale, head_dim, k_bits, n_tokens, k);
+        }
+        if (v) {
+            kv_grid_values(src + l.v_grid, src + l.v_par, n_tokens * kv_quant_groups(head_dim),
+                           min, scale);
+            kv_quant_avx2_decode_v(src + l.v_codes, l.v_row, min, scale, head_dim, v_bits,
+                                   n_tokens, v);
+        }
         return;
     }
 #endif
-    kv_quant_decode_scalar(src, head_dim, bits, n_tokens, k, v);
+    kv_quant_decode_scalar(src, head_dim, k_bits, v_bits, n_tokens, k, v);
 }

@@ -338,11 +338,12 @@ static void test_compressed_chunks(void)
     CHECK(m);
     ref_model *rm = ref_model_load(model_gguf(m));
     CHECK(rm);
-    double e[KV_N_PRECISIONS];
-    for (int prec = 0; prec < KV_N_PRECISIONS; prec++)
-        e[prec] = compressed_error(m, rm, prec);
-    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f int2 %.4f\n", e[0],
-           e[1], e[2], e[3]);
+    double e[KV_PRECISION_END];
+    const int precs[] = {KV_F16, KV_INT8, KV_INT4, KV_INT2};
+    for (int i = 0; i < 4; i++)
+        e[precs[i]] = compressed_error(m, rm, precs[i]);
+    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f int2 %.4f\n",
+           e[KV_F16], e[KV_INT8], e[KV_INT4], e[KV_INT2]);
     CHECK(e[KV_F16] <= TOL_FLOAT);
     CHECK(e[KV_INT8] <= TOL_KV_INT8);
     CHECK(e[KV_INT4] <= TOL_KV_INT4);
