@@ -873,9 +873,10 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
 
 void http_deliver(http *h, uint64_t conn_id, const uint8_t *frame, size_t len, bool droppable)
 {
-    (void)droppable;
     hreq *hr = hreq_find(h, conn_id);
-    if (!hr)
+    /* A whole reply is built from the final result: its streamed chunks are not even
+     * decoded. */
+    if (!hr || (droppable && !hr->stream))
         return;
     hreq_frame(hr, frame, len);
     if (hr->done)
