@@ -39,7 +39,7 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 
 # OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/blas.h says why.
-PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd
+PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c
 DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

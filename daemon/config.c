@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum key_type { KEY_STRING, KEY_INT, KEY_FLOAT, KEY_MODE, KEY_CHOICE };
+/* KEY_OPTIONAL: a string setting that may be off, written "none". */
+enum key_type { KEY_STRING, KEY_OPTIONAL, KEY_INT, KEY_FLOAT, KEY_MODE, KEY_CHOICE };
 
 typedef struct key_def {
     const char *name;
@@ -26,6 +27,7 @@ typedef struct key_def {
 } key_def;
 
 #define STR(f, h) {#f, KEY_STRING, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, NULL}
+#define OPT(f, h) {#f, KEY_OPTIONAL, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, NULL}
 #define INT(f, lo, hi, h) {#f, KEY_INT, offsetof(config, f), 0, lo, hi, h, NULL}
 #define CHOICE(f, c, h) {#f, KEY_CHOICE, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, c}
 #define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h, NULL}
@@ -113,6 +115,15 @@ static const key_def keys[] = {
                                         "all its apps together (default 32)"),
     INT(max_text_bytes, 1, INT_MAX, "bytes of a prompt, system prompt, text to embed or "
                                     "Tokenize input (default 65536)"),
+    OPT(http_socket, "Unix socket of the OpenAI-compatible HTTP gateway; a peer is its uid "
+                     "(default none: off)"),
+    OPT(http_listen, "host:port of the HTTP gateway on TCP, loopback only unless "
+                     "http_allow_remote; a peer is its bearer token (default none: off)"),
+    INT(http_allow_remote, 0, 1, "1 = http_listen may be a non-loopback address (default 0)"),
+    OPT(http_tokens_file, "bearer tokens of the TCP gateway: lines 'TOKEN UID APP [admin]' "
+                          "(default none: every TCP request is refused)"),
+    INT(http_max_body_bytes, 1024, 1 << 30, "largest HTTP request body answered "
+                                            "(default 8388608)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -158,6 +169,7 @@ void config_defaults(config *c)
     c->max_contexts_per_uid = 1024;
     c->max_queued_per_uid = 32;
     c->max_text_bytes = 65536;
+    c->http_max_body_bytes = 8 << 20;
 }
 
 static const key_def *find_key(const char *name)
@@ -182,6 +194,13 @@ int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
     char *end;
     errno = 0;
     switch (k->type) {
+    case KEY_OPTIONAL:
+        if (strcmp(value, "none") == 0) {
+            field[0] = '\0';
+            return 0;
+        }
+        /* Any other value is a string. */
+        /* fall through */
     case KEY_STRING:
         if (!*value)
             return err_set(err, "%s: empty value", key);

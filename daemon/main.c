@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "daemon/http.h"
 #include "daemon/notify.h"
 #include "daemon/outq.h"
 #include "daemon/reqlog.h"
@@ -184,6 +185,7 @@ int main(int argc, char **argv)
     store *st = NULL;
     outq *out = NULL;
     sched *sch = NULL;
+    http *gw = NULL;
     struct event_base *base = NULL;
     struct event *sigterm = NULL, *sigint = NULL;
     loop_state ls = {0};
@@ -215,6 +217,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
     }
+    if (cfg.http_socket[0] || cfg.http_listen[0]) {
+        gw = http_new(base, &cfg, server_session_env(ls.srv), family, err);
+        if (!gw) {
+            fprintf(stderr, "llmsd: %s\n", err);
+            goto out;
+        }
+        server_set_http(ls.srv, gw);
+    }
     if (sched_start(sch, err)) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
@@ -242,7 +252,9 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     status = 0;
 out:
-    /* The worker has persisted everything and exited (or sched_free waits for it). */
+    /* The gateway goes first: what it still holds is closed towards the worker. The
+     * worker has persisted everything and exited (or sched_free waits for it). */
+    http_free(gw);
     sched_free(sch);
     server_free(ls.srv);
     if (ls.watchdog)

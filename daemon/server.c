@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/http.h"
 #include "daemon/notify.h"
 #include "daemon/resp.h"
 #include "daemon/session.h"
@@ -85,6 +86,7 @@ struct server {
     size_t n_uids, cap_uids;
     struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
     log_limit log_accept, log_refused;
+    http *gw;               /* the HTTP gateway, when one is configured */
     conn *buckets[CONN_BUCKETS];
 };
 
@@ -543,6 +545,11 @@ static void on_replies(evutil_socket_t fd, short what, void *arg)
             srv->worker_done = true;
             struct timeval tv = {GRACE_SECONDS, 0};
             evtimer_add(srv->grace_ev, &tv);
+            if (srv->gw)
+                http_worker_done(srv->gw);
+        } else if (it->conn_id & HTTP_CONN_BIT) {
+            if (srv->gw)
+                http_deliver(srv->gw, it->conn_id, it->data, it->len, it->droppable);
         } else {
             conn *c = conn_lookup(srv, it->conn_id);
             if (c && !c->closing) {
@@ -619,23 +626,22 @@ static int make_dirs(const char *path, char err[ERR_MAX])
     return 0;
 }
 
-/* A listening Unix socket at cfg->socket. */
-static int open_socket(const config *cfg, char err[ERR_MAX])
+int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(cfg->socket) >= sizeof addr.sun_path)
+    if (strlen(path) >= sizeof addr.sun_path)
         return err_set(err, "socket: path longer than %zu bytes", sizeof addr.sun_path - 1);
-    strcpy(addr.sun_path, cfg->socket);
-    if (make_dirs(cfg->socket, err))
+    strcpy(addr.sun_path, path);
+    if (make_dirs(path, err))
         return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return err_set(err, "socket: %s", strerror(errno));
     struct stat st;
-    if (lstat(cfg->socket, &st) == 0) {
+    if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
             close(fd);
-            return err_set(err, "socket: %s exists and is not a socket", cfg->socket);
+            return err_set(err, "socket: %s exists and is not a socket", path);
         }
         /* A socket file nobody answers on is stale; one that answers is another llmsd. */
         int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -644,13 +650,13 @@ static int open_socket(const config *cfg, char err[ERR_MAX])
             close(probe);
         if (live) {
             close(fd);
-            return err_set(err, "socket: %s is in use by a running daemon", cfg->socket);
+            return err_set(err, "socket: %s is in use by a running daemon", path);
         }
-        unlink(cfg->socket);
+        unlink(path);
     }
     if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        chmod(cfg->socket, cfg->socket_mode) != 0 || listen(fd, 128) != 0) {
-        err_set(err, "socket %s: %s", cfg->socket, strerror(errno));
+        chmod(path, mode) != 0 || listen(fd, 128) != 0) {
+        err_set(err, "socket %s: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
@@ -701,7 +707,7 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
         }
         evutil_make_socket_nonblocking(fd);
     } else {
-        fd = open_socket(cfg, err);
+        fd = server_listen_unix(cfg->socket, cfg->socket_mode, err);
         if (fd < 0)
             goto fail;
         srv->owns_path = true;
@@ -736,6 +742,8 @@ void server_shutdown(server *srv)
         evconnlistener_free(srv->listener);
         srv->listener = NULL;
     }
+    if (srv->gw)
+        http_shutdown(srv->gw);
     sched_job *j = sched_job_new(SCHED_SHUTDOWN, 0);
     if (j)
         sched_submit(srv->sch, j);
@@ -743,6 +751,16 @@ void server_shutdown(server *srv)
     /* The grace period starts once the worker is done; until then it only guards
      * against a worker that never answers. */
     evtimer_add(srv->grace_ev, &tv);
+}
+
+void server_set_http(server *srv, http *gw)
+{
+    srv->gw = gw;
+}
+
+const session_env *server_session_env(const server *srv)
+{
+    return &srv->senv;
 }
 
 unsigned server_n_connections(const server *srv)

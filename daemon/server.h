@@ -27,8 +27,10 @@
 #include <event2/event.h>
 
 #include "daemon/config.h"
+#include "daemon/http.h"
 #include "daemon/outq.h"
 #include "daemon/sched.h"
+#include "daemon/session.h"
 #include "engine/err.h"
 #include "engine/tokenizer.h"
 
@@ -48,6 +50,19 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
  * and, once the worker is done and replies are flushed (or after a grace period),
  * leaves the event loop. Idempotent. */
 void server_shutdown(server *srv);
+
+/* A listening Unix socket at path with permission bits mode: its directory is created
+ * when missing, a stale socket file replaced, one a live daemon answers on refused.
+ * The descriptor (non-blocking, close-on-exec), or -1 + err. */
+int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX]);
+
+/* Hands replies for HTTP_CONN_BIT connection ids to the gateway gw, which also hears of
+ * shutdown (stop taking requests) and of the worker's end (fail what still waits). */
+void server_set_http(server *srv, http *gw);
+
+/* The session environment of native connections: the gateway's requests go through the
+ * same checks (the same Bind, limits and refusals) with their own send and submitted. */
+const session_env *server_session_env(const server *srv);
 
 /* Open connections. */
 unsigned server_n_connections(const server *srv);

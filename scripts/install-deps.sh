@@ -6,6 +6,7 @@ set -eu
 PACKAGES="build-essential pkg-config clang libclang-rt-14-dev \
 libopenblas-dev libpcre2-dev \
 libevent-dev libsystemd-dev libprotobuf-c-dev protobuf-c-compiler libsqlite3-dev libzstd-dev \
+libjson-c-dev curl python3 \
 systemd"
 
 missing=""

@@ -1,0 +1,1822 @@
+/*
+ * http.c — the OpenAI-compatible HTTP gateway (http.h): evhttp requests turned into
+ * native Requests on connections of their own, their Response frames into JSON and
+ * Server-Sent Events.
+ */
+#include "daemon/http.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <grp.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "engine/stop.h"
+#include "proto/frame.h"
+
+#define HREQ_BUCKETS 256
+#define MAX_COUNTS 64           /* (route, status) pairs /metrics counts */
+#define DEFAULT_APP "http"
+#define APP_HEADER "X-Llmsd-App"
+#define MAX_HEADERS_BYTES (64 << 10)
+#define IDLE_SECONDS 60         /* a keep-alive connection with no request closes */
+/* Request ids on a gateway connection: its Bind, then its one request. */
+#define ID_BIND 1
+#define ID_WORK 2
+
+enum route {
+    R_MODELS,
+    R_CHAT,
+    R_COMPLETIONS,
+    R_EMBEDDINGS,
+    R_RERANK,
+    R_HEALTH,
+    R_METRICS,
+    R_OTHER,
+};
+
+static const char *const route_path[] = {
+    "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+    "/v1/rerank", "/health", "/metrics", "other",
+};
+
+typedef struct token_entry {
+    char *token;
+    uid_t uid;
+    char app[SCHED_APP_MAX + 1];
+    bool admin;
+} token_entry;
+
+typedef struct hreq {
+    http *h;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    struct event *watch;       /* the client's end of the connection while it waits */
+    session ss;
+    enum route route;
+    json_object *body;         /* the parsed request, kept for the texts it holds */
+    bool stream, include_usage, base64, return_documents;
+    bool started;              /* the SSE reply (headers and chunks) has begun */
+    bool done;                 /* answered (or gone): only freeing is left */
+    bool cancel_sent;          /* the client reads too slowly: generation cancelled */
+    const char *context_id;    /* "llmsd": {"context": ...}, or NULL */
+    size_t sent;               /* bytes of reply text already streamed */
+    char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
+    struct evbuffer *sse;
+    char id[48];
+    int64_t created;
+    struct hreq *next;
+} hreq;
+
+typedef struct count {
+    enum route route;
+    int status;
+    uint64_t n;
+} count;
+
+struct http {
+    struct event_base *base;
+    const config *cfg;
+    session_env senv;
+    enum chat_family family;
+    struct evhttp *eh;
+    bool owns_path;
+    token_entry *tokens;
+    size_t n_tokens;
+    bool have_admin_gid;
+    gid_t admin_gid;
+    char model_id[256];
+    char rerank_id[256];
+    uint64_t next_id;
+    bool shutting, worker_done;
+    unsigned n_reqs;
+    hreq *buckets[HREQ_BUCKETS];
+    /* /metrics */
+    count counts[MAX_COUNTS];
+    size_t n_counts;
+    uint64_t prompt_tokens, completion_tokens, embed_tokens, cancelled;
+};
+
+/* ---- small helpers ---- */
+
+static void count_status(http *h, enum route r, int status)
+{
+    for (size_t i = 0; i < h->n_counts; i++)
+        if (h->counts[i].route == r && h->counts[i].status == status) {
+            h->counts[i].n++;
+            return;
+        }
+    if (h->n_counts < MAX_COUNTS)
+        h->counts[h->n_counts++] = (count){r, status, 1};
+}
+
+static const char *reason_of(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Internal Server Error";
+    }
+}
+
+/* The HTTP status, OpenAI error type and code of a native error. */
+static void map_error(Llms__ErrorCode c, int *status, const char **type, const char **code)
+{
+    *type = "server_error";
+    switch (c) {
+    case LLMS__ERROR_CODE__INVALID_ARGUMENT:
+        *status = 400, *type = "invalid_request_error", *code = "invalid_argument";
+        break;
+    case LLMS__ERROR_CODE__NOT_FOUND:
+        *status = 404, *type = "invalid_request_error", *code = "not_found";
+        break;
+    case LLMS__ERROR_CODE__PERMISSION_DENIED:
+        *status = 403, *type = "permission_error", *code = "permission_denied";
+        break;
+    case LLMS__ERROR_CODE__RESOURCE_EXHAUSTED:
+        *status = 429, *type = "rate_limit_error", *code = "resource_exhausted";
+        break;
+    case LLMS__ERROR_CODE__FAILED_PRECONDITION:
+        *status = 409, *type = "invalid_request_error", *code = "failed_precondition";
+        break;
+    case LLMS__ERROR_CODE__UNAVAILABLE:
+        *status = 503, *code = "unavailable";
+        break;
+    case LLMS__ERROR_CODE__UNIMPLEMENTED:
+        *status = 501, *code = "unimplemented";
+        break;
+    case LLMS__ERROR_CODE__DEADLINE_EXCEEDED:
+        *status = 504, *code = "deadline_exceeded";
+        break;
+    case LLMS__ERROR_CODE__CANCELLED:
+        *status = 500, *code = "cancelled";
+        break;
+    default:
+        *status = 500, *code = "internal_error";
+        break;
+    }
+}
+
+static const char *stop_name(Llms__StopReason r)
+{
+    switch (r) {
+    case LLMS__STOP_REASON__STOP_EOS: return "eos";
+    case LLMS__STOP_REASON__STOP_MAX_TOKENS: return "max_tokens";
+    case LLMS__STOP_REASON__STOP_STRING: return "stop_string";
+    case LLMS__STOP_REASON__STOP_CONTEXT_FULL: return "context_full";
+    case LLMS__STOP_REASON__STOP_CANCELLED: return "cancelled";
+    case LLMS__STOP_REASON__STOP_DEADLINE: return "deadline";
+    case LLMS__STOP_REASON__STOP_SHUTDOWN: return "shutdown";
+    default: return "unknown";
+    }
+}
+
+/* OpenAI's finish_reason: "stop" and "length" where they apply; the reasons OpenAI has
+ * no word for keep llmsd's name rather than pass for a normal end. */
+static const char *finish_reason(Llms__StopReason r)
+{
+    switch (r) {
+    case LLMS__STOP_REASON__STOP_EOS:
+    case LLMS__STOP_REASON__STOP_STRING:
+        return "stop";
+    case LLMS__STOP_REASON__STOP_MAX_TOKENS:
+    case LLMS__STOP_REASON__STOP_CONTEXT_FULL:
+        return "length";
+    default:
+        return stop_name(r);
+    }
+}
+
+static const char *json_text(json_object *o)
+{
+    return json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+}
+
+/* Sends o (taken) as a JSON reply. */
+static void send_json(http *h, struct evhttp_request *req, enum route r, int status,
+                      json_object *o)
+{
+    struct evbuffer *b = evbuffer_new();
+    const char *s = o ? json_text(o) : NULL;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    if (!b || !s) {
+        if (b)
+            evbuffer_free(b);
+        evhttp_send_reply(req, 500, reason_of(500), NULL);
+        status = 500;
+    } else {
+        evbuffer_add(b, s, strlen(s));
+        evhttp_send_reply(req, status, reason_of(status), b);
+        evbuffer_free(b);
+    }
+    json_object_put(o);
+    count_status(h, r, status);
+}
+
+static void send_error(http *h, struct evhttp_request *req, enum route r, int status,
+                       const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+/* OpenAI's error shape: {"error": {"message", "type", "param", "code"}}. */
+static void send_error(http *h, struct evhttp_request *req, enum route r, int status,
+                       const char *type, const char *code, const char *fmt, ...)
+{
+    char msg[ERR_MAX + 256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_object *e = json_object_new_object(), *o = json_object_new_object();
+    if (e && o) {
+        json_object_object_add(e, "message", json_object_new_string(msg));
+        json_object_object_add(e, "type", json_object_new_string(type));
+        json_object_object_add(e, "param", NULL);
+        json_object_object_add(e, "code", json_object_new_string(code));
+        json_object_object_add(o, "error", e);
+        e = NULL;
+    }
+    json_object_put(e);
+    send_json(h, req, r, status, o);
+}
+
+static void bad_request(http *h, struct evhttp_request *req, enum route r, const char *msg)
+{
+    send_error(h, req, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
+}
+
+/* Appends s as the inside of a JSON string. Streamed text is escaped here rather than
+ * through json-c, which would build and free an object per token. */
+static void add_escaped(struct evbuffer *b, const char *s, size_t n)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        evbuffer_add(b, s + run, i - run);
+        char esc[8];
+        switch (c) {
+        case '"': strcpy(esc, "\\\""); break;
+        case '\\': strcpy(esc, "\\\\"); break;
+        case '\n': strcpy(esc, "\\n"); break;
+        case '\r': strcpy(esc, "\\r"); break;
+        case '\t': strcpy(esc, "\\t"); break;
+        default: snprintf(esc, sizeof esc, "\\u%04x", c); break;
+        }
+        evbuffer_add(b, esc, strlen(esc));
+        run = i + 1;
+    }
+    evbuffer_add(b, s + run, n - run);
+}
+
+/* ---- requests in flight ---- */
+
+static hreq **hreq_bucket(http *h, uint64_t id)
+{
+    return &h->buckets[(id ^ (id >> 17)) % HREQ_BUCKETS];
+}
+
+static hreq *hreq_find(http *h, uint64_t id)
+{
+    for (hreq *r = *hreq_bucket(h, id); r; r = r->next)
+        if (r->ss.conn_id == id)
+            return r;
+    return NULL;
+}
+
+static void hreq_unlink(hreq *hr)
+{
+    hreq **pp = hreq_bucket(hr->h, hr->ss.conn_id);
+    while (*pp && *pp != hr)
+        pp = &(*pp)->next;
+    if (*pp) {
+        *pp = hr->next;
+        hr->h->n_reqs--;
+    }
+}
+
+/* Ends the request towards the worker and the loop: the connection is closed as a
+ * native one is (which cancels anything of it still running), and nothing more of the
+ * client is watched. The evhttp request itself is answered or freed by the caller. */
+static void hreq_finish(hreq *hr)
+{
+    if (hr->done)
+        return;
+    hr->done = true;
+    hreq_unlink(hr);
+    if (hr->watch) {
+        event_free(hr->watch);
+        hr->watch = NULL;
+    }
+    if (hr->evcon)
+        evhttp_connection_set_closecb(hr->evcon, NULL, NULL);
+    if (hr->ss.bound && !hr->h->worker_done) {
+        sched_job *j = sched_job_new(SCHED_CLOSED, hr->ss.conn_id);
+        if (j) {
+            j->uid = hr->ss.uid;
+            snprintf(j->app, sizeof j->app, "%s", hr->ss.app);
+            sched_submit(hr->h->senv.sch, j);
+        }
+    }
+}
+
+static void hreq_free(hreq *hr)
+{
+    hreq_finish(hr);
+    json_object_put(hr->body);
+    if (hr->sse)
+        evbuffer_free(hr->sse);
+    free(hr->prefix);
+    free(hr);
+}
+
+/* How the client was found gone, which says who frees the evhttp request. */
+enum gone {
+    GONE_DETACHED, /* evhttp took the request off the dead connection: ours to free */
+    GONE_FREEING,  /* evhttp is freeing the connection with the request on it */
+    GONE_WATCHED,  /* our watch saw the end: we free the connection and the request */
+};
+
+/* The client went away before its answer: the worker drops the request (a generation
+ * is cancelled within a step) and the evhttp request goes. */
+static void hreq_gone(hreq *hr, enum gone how)
+{
+    struct evhttp_request *req = hr->req;
+    struct evhttp_connection *evcon = hr->evcon;
+    hr->h->cancelled++;
+    hreq_finish(hr);
+    if (how == GONE_DETACHED)
+        evhttp_request_free(req);
+    else if (how == GONE_WATCHED)
+        evhttp_connection_free(evcon);
+    hreq_free(hr);
+}
+
+static void on_conn_close(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    hreq *hr = arg;
+    hr->evcon = NULL;
+    hreq_gone(hr, evhttp_request_get_connection(hr->req) ? GONE_FREEING : GONE_DETACHED);
+}
+
+/* Readable while a request waits: either the client closed (recv sees the end) or it
+ * sent the next request early, which evhttp reads once this one is answered. */
+static void on_watch(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    hreq *hr = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0)
+        return;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        event_add(hr->watch, NULL);
+        return;
+    }
+    hreq_gone(hr, GONE_WATCHED);
+}
+
+/* ---- answers ---- */
+
+static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+{
+    int status;
+    const char *type, *ecode;
+    map_error(code, &status, &type, &ecode);
+    hreq_finish(hr);
+    if (!hr->started) {
+        send_error(hr->h, hr->req, hr->route, status, type, ecode, "%s", msg);
+        return;
+    }
+    /* The stream has begun with 200: the error is its last event. */
+    json_object *e = json_object_new_object(), *o = json_object_new_object();
+    if (e && o) {
+        json_object_object_add(e, "message", json_object_new_string(msg));
+        json_object_object_add(e, "type", json_object_new_string(type));
+        json_object_object_add(e, "code", json_object_new_string(ecode));
+        json_object_object_add(o, "error", e);
+        e = NULL;
+        evbuffer_add_printf(hr->sse, "data: %s\n\n", json_text(o));
+    }
+    json_object_put(e);
+    json_object_put(o);
+    evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
+    evhttp_send_reply_chunk(hr->req, hr->sse);
+    evhttp_send_reply_end(hr->req);
+}
+
+/* The JSON object every chunk and reply of a generation starts with. */
+static json_object *gen_head(hreq *hr, const char *object)
+{
+    json_object *o = json_object_new_object();
+    if (!o)
+        return NULL;
+    json_object_object_add(o, "id", json_object_new_string(hr->id));
+    json_object_object_add(o, "object", json_object_new_string(object));
+    json_object_object_add(o, "created", json_object_new_int64(hr->created));
+    json_object_object_add(o, "model", json_object_new_string(hr->h->model_id));
+    return o;
+}
+
+static bool is_chat(const hreq *hr)
+{
+    return hr->route == R_CHAT;
+}
+
+/* Begins the SSE reply: headers, then for chat the assistant role. */
+static int sse_start(hreq *hr)
+{
+    if (hr->started)
+        return 0;
+    json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
+    const char *s = o ? json_text(o) : NULL;
+    size_t n = s ? strlen(s) : 0;
+    const char *tail = ",\"choices\":[{\"index\":0,";
+    hr->prefix = n ? malloc(6 + n + strlen(tail)) : NULL;
+    if (!hr->prefix) {
+        json_object_put(o);
+        return -1;
+    }
+    /* s ends with '}': the object stays open for its choices. */
+    sprintf(hr->prefix, "data: %.*s%s", (int)(n - 1), s, tail);
+    json_object_put(o);
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(hr->req);
+    evhttp_add_header(hd, "Content-Type", "text/event-stream");
+    evhttp_add_header(hd, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(hr->req, 200, "OK");
+    count_status(hr->h, hr->route, 200);
+    hr->started = true;
+    if (is_chat(hr)) {
+        evbuffer_add_printf(hr->sse, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                                     "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                            hr->prefix);
+        evhttp_send_reply_chunk(hr->req, hr->sse);
+    }
+    return 0;
+}
+
+/* One SSE event with a piece of text and, at the end, the finish reason. */
+static void sse_text(hreq *hr, const char *text, size_t n, const char *finish)
+{
+    struct evbuffer *b = hr->sse;
+    evbuffer_add(b, hr->prefix, strlen(hr->prefix));
+    if (is_chat(hr)) {
+        if (n || !finish) {
+            evbuffer_add(b, "\"delta\":{\"content\":\"", 20);
+            add_escaped(b, text, n);
+            evbuffer_add(b, "\"}", 2);
+        } else {
+            evbuffer_add(b, "\"delta\":{}", 10);
+        }
+    } else {
+        evbuffer_add(b, "\"text\":\"", 8);
+        add_escaped(b, text, n);
+        evbuffer_add(b, "\"", 1);
+    }
+    if (finish)
+        evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n", finish);
+    else
+        evbuffer_add(b, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 42);
+    evhttp_send_reply_chunk(hr->req, b);
+    hr->sent += n;
+}
+
+/* Bytes the client has not read yet. */
+static size_t unread(const hreq *hr)
+{
+    struct bufferevent *bev = hr->evcon ? evhttp_connection_get_bufferevent(hr->evcon) : NULL;
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
+{
+    if (!hr->stream)
+        return;
+    if (sse_start(hr)) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    if (unread(hr) > SERVER_OUT_CAP) {
+        /* As for a native connection that does not read: the generation stops, and the
+         * final result (the whole text) fills in what was not streamed. */
+        if (!hr->cancel_sent) {
+            sched_job *j = sched_job_new(SCHED_CANCEL_STREAMS, hr->ss.conn_id);
+            if (j)
+                sched_submit(hr->h->senv.sch, j);
+            hr->cancel_sent = true;
+        }
+        return;
+    }
+    sse_text(hr, ch->text, strlen(ch->text), NULL);
+}
+
+static json_object *usage_obj(uint32_t prompt, uint32_t gen)
+{
+    json_object *u = json_object_new_object();
+    if (u) {
+        json_object_object_add(u, "prompt_tokens", json_object_new_int64(prompt));
+        json_object_object_add(u, "completion_tokens", json_object_new_int64(gen));
+        json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)prompt + gen));
+    }
+    return u;
+}
+
+static json_object *llmsd_obj(const hreq *hr, const Llms__CallResult *res)
+{
+    json_object *x = json_object_new_object();
+    if (!x)
+        return NULL;
+    json_object_object_add(x, "stop_reason", json_object_new_string(stop_name(res->stop_reason)));
+    json_object_object_add(x, "queue_ms", json_object_new_double(res->queue_ms));
+    json_object_object_add(x, "prefill_ms", json_object_new_double(res->prefill_ms));
+    json_object_object_add(x, "decode_ms", json_object_new_double(res->decode_ms));
+    if (hr->context_id) {
+        json_object_object_add(x, "context", json_object_new_string(hr->context_id));
+        json_object_object_add(x, "context_tokens", json_object_new_int64(res->context_tokens));
+    }
+    return x;
+}
+
+static void on_result(hreq *hr, const Llms__CallResult *res)
+{
+    http *h = hr->h;
+    h->prompt_tokens += res->prompt_tokens;
+    h->completion_tokens += res->generated_tokens;
+    const char *fin = finish_reason(res->stop_reason);
+    if (hr->stream) {
+        if (sse_start(hr)) {
+            finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            return;
+        }
+        hreq_finish(hr);
+        size_t len = strlen(res->text);
+        /* Text of chunks dropped for a slow reader, or none. */
+        size_t from = hr->sent < len ? hr->sent : len;
+        sse_text(hr, res->text + from, len - from, fin);
+        if (hr->include_usage) {
+            json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
+            if (o) {
+                json_object_object_add(o, "choices", json_object_new_array());
+                json_object_object_add(o, "usage", usage_obj(res->prompt_tokens, res->generated_tokens));
+                json_object_object_add(o, "llmsd", llmsd_obj(hr, res));
+                evbuffer_add_printf(hr->sse, "data: %s\n\n", json_text(o));
+                json_object_put(o);
+            }
+        }
+        evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(hr->req, hr->sse);
+        evhttp_send_reply_end(hr->req);
+        return;
+    }
+    hreq_finish(hr);
+    json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion" : "text_completion");
+    json_object *choices = json_object_new_array(), *c = json_object_new_object();
+    if (!o || !choices || !c) {
+        json_object_put(choices);
+        json_object_put(c);
+        json_object_put(o);
+        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    json_object_object_add(c, "index", json_object_new_int(0));
+    if (is_chat(hr)) {
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "role", json_object_new_string("assistant"));
+        json_object_object_add(m, "content", json_object_new_string(res->text));
+        json_object_object_add(c, "message", m);
+    } else {
+        json_object_object_add(c, "text", json_object_new_string(res->text));
+    }
+    json_object_object_add(c, "logprobs", NULL);
+    json_object_object_add(c, "finish_reason", json_object_new_string(fin));
+    json_object_array_add(choices, c);
+    json_object_object_add(o, "choices", choices);
+    json_object_object_add(o, "usage", usage_obj(res->prompt_tokens, res->generated_tokens));
+    json_object_object_add(o, "llmsd", llmsd_obj(hr, res));
+    send_json(h, hr->req, hr->route, 200, o);
+}
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The vector as little-endian float32 bytes in base64 (what OpenAI's encoding_format
+ * "base64" sends). Fresh string. */
+static char *vector_base64(const float *v, size_t n)
+{
+    size_t bytes = n * 4;
+    char *out = malloc((bytes + 2) / 3 * 4 + 1);
+    if (!out)
+        return NULL;
+    uint8_t in[3];
+    size_t k = 0, o = 0;
+    for (size_t i = 0; i < bytes; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i / 4], 4);
+        in[k++] = (uint8_t)(bits >> (8 * (i % 4)));
+        if (k == 3 || i == bytes - 1) {
+            uint32_t w = (uint32_t)in[0] << 16 | (k > 1 ? (uint32_t)in[1] << 8 : 0) |
+                         (k > 2 ? in[2] : 0);
+            out[o++] = b64[w >> 18 & 63];
+            out[o++] = b64[w >> 12 & 63];
+            out[o++] = k > 1 ? b64[w >> 6 & 63] : '=';
+            out[o++] = k > 2 ? b64[w & 63] : '=';
+            k = 0;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static void on_embed(hreq *hr, const Llms__EmbedResponse *e)
+{
+    http *h = hr->h;
+    hreq_finish(hr);
+    json_object *o = json_object_new_object(), *data = json_object_new_array();
+    if (!o || !data) {
+        json_object_put(o);
+        json_object_put(data);
+        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < e->n_vectors; i++) {
+        const Llms__Vector *v = e->vectors[i];
+        json_object *item = json_object_new_object(), *emb;
+        if (hr->base64) {
+            char *s = vector_base64(v->values, v->n_values);
+            emb = s ? json_object_new_string(s) : NULL;
+            free(s);
+        } else {
+            emb = json_object_new_array_ext((int)v->n_values);
+            for (size_t d = 0; emb && d < v->n_values; d++)
+                json_object_array_add(emb, json_object_new_double(v->values[d]));
+        }
+        json_object_object_add(item, "object", json_object_new_string("embedding"));
+        json_object_object_add(item, "index", json_object_new_int((int)i));
+        json_object_object_add(item, "embedding", emb);
+        json_object_array_add(data, item);
+        if (i < e->n_n_tokens)
+            tokens += e->n_tokens[i];
+    }
+    h->embed_tokens += tokens;
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "data", data);
+    json_object_object_add(o, "model", json_object_new_string(h->model_id));
+    json_object *u = json_object_new_object();
+    json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)tokens));
+    json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)tokens));
+    json_object_object_add(o, "usage", u);
+    send_json(h, hr->req, hr->route, 200, o);
+}
+
+/* The text of documents[i] of the request (a string or {"text": ...}). */
+static const char *document_text(json_object *docs, size_t i)
+{
+    json_object *d = json_object_array_get_idx(docs, i), *t;
+    if (json_object_is_type(d, json_type_object) && json_object_object_get_ex(d, "text", &t))
+        d = t;
+    return json_object_get_string(d);
+}
+
+static void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
+{
+    http *h = hr->h;
+    hreq_finish(hr);
+    json_object *o = json_object_new_object(), *results = json_object_new_array(), *docs = NULL;
+    if (!o || !results) {
+        json_object_put(o);
+        json_object_put(results);
+        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    json_object_object_get_ex(hr->body, "documents", &docs);
+    for (size_t i = 0; i < rr->n_hits; i++) {
+        json_object *item = json_object_new_object();
+        float s = rr->hits[i]->score;
+        json_object_object_add(item, "index", json_object_new_int((int)rr->hits[i]->index));
+        json_object_object_add(item, "relevance_score", isnan(s) ? NULL : json_object_new_double(s));
+        if (hr->return_documents && docs) {
+            json_object *d = json_object_new_object();
+            json_object_object_add(d, "text",
+                                   json_object_new_string(document_text(docs, rr->hits[i]->index)));
+            json_object_object_add(item, "document", d);
+        }
+        json_object_array_add(results, item);
+    }
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "model", json_object_new_string(h->rerank_id));
+    json_object_object_add(o, "results", results);
+    send_json(h, hr->req, hr->route, 200, o);
+}
+
+static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
+                   double v)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* /metrics: what llmsctl status shows, plus the gateway's own counters. */
+static void on_status(hreq *hr, const Llms__StatusResponse *st)
+{
+    http *h = hr->h;
+    hreq_finish(hr);
+    struct evbuffer *b = evbuffer_new();
+    if (!b) {
+        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    /* This request is answered 200 and counts too. */
+    count_status(h, R_METRICS, 200);
+    evbuffer_add_printf(b, "# HELP llmsd_http_requests_total HTTP requests answered, by route "
+                           "and status\n# TYPE llmsd_http_requests_total counter\n");
+    for (size_t i = 0; i < h->n_counts; i++)
+        evbuffer_add_printf(b, "llmsd_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
+                            route_path[h->counts[i].route], h->counts[i].status,
+                            (unsigned long long)h->counts[i].n);
+    metric(b, "llmsd_http_requests_in_flight", "gauge", "HTTP requests waiting for the worker",
+           h->n_reqs);
+    metric(b, "llmsd_http_disconnects_total", "counter",
+           "HTTP requests whose client left before the answer (cancelled)", (double)h->cancelled);
+    metric(b, "llmsd_http_prompt_tokens_total", "counter",
+           "prompt tokens evaluated for HTTP completions", (double)h->prompt_tokens);
+    metric(b, "llmsd_http_completion_tokens_total", "counter",
+           "tokens generated for HTTP completions", (double)h->completion_tokens);
+    metric(b, "llmsd_http_embedding_tokens_total", "counter", "tokens embedded for HTTP requests",
+           (double)h->embed_tokens);
+    metric(b, "llmsd_uptime_seconds", "gauge", "time since the daemon started",
+           (double)st->uptime_ms / 1000);
+    metric(b, "llmsd_model_bytes", "gauge", "bytes of the model file", (double)st->model_bytes);
+    metric(b, "llmsd_rss_bytes", "gauge", "resident memory of the daemon", (double)st->rss_bytes);
+    metric(b, "llmsd_connections", "gauge", "native connections open", st->n_connections);
+    metric(b, "llmsd_apps", "gauge", "apps known to the worker", st->n_apps);
+    metric(b, "llmsd_contexts", "gauge", "contexts kept", st->n_contexts);
+    metric(b, "llmsd_contexts_resident", "gauge", "contexts with KV in memory",
+           st->n_resident_contexts);
+    metric(b, "llmsd_requests_queued", "gauge", "engine requests waiting", st->queued_requests);
+    metric(b, "llmsd_requests_running", "gauge", "engine requests running", st->running_requests);
+    metric(b, "llmsd_kv_resident_bytes", "gauge", "resident KV cache bytes",
+           (double)st->kv_bytes_resident);
+    metric(b, "llmsd_kv_budget_bytes", "gauge", "resident KV cap, 0 = none",
+           (double)st->kv_budget_bytes);
+    metric(b, "llmsd_kv_spare_bytes", "gauge", "KV buffers kept for reuse",
+           (double)st->kv_spare_bytes);
+    evbuffer_add_printf(b, "# HELP llmsd_kv_bytes resident KV bytes by precision\n"
+                           "# TYPE llmsd_kv_bytes gauge\n"
+                           "llmsd_kv_bytes{bits=\"16\"} %llu\nllmsd_kv_bytes{bits=\"8\"} %llu\n"
+                           "llmsd_kv_bytes{bits=\"4\"} %llu\nllmsd_kv_bytes{bits=\"2\"} %llu\n",
+                        (unsigned long long)st->kv_f16_bytes, (unsigned long long)st->kv_int8_bytes,
+                        (unsigned long long)st->kv_int4_bytes, (unsigned long long)st->kv_int2_bytes);
+    metric(b, "llmsd_sched_steps_total", "counter", "scheduler steps", (double)st->sched_steps);
+    metric(b, "llmsd_sched_step_mean_ms", "gauge", "mean step time over the last minute",
+           st->sched_step_mean_ms);
+    metric(b, "llmsd_sched_rows_per_step", "gauge", "mean rows per step over the last minute",
+           st->sched_rows_per_step);
+    metric(b, "llmsd_sched_longest_stall_ms", "gauge",
+           "longest gap between two tokens of a stream in the last minute",
+           st->sched_longest_stall_ms);
+    metric(b, "llmsd_sched_active_sequences", "gauge", "generations decoding or prefilling",
+           st->sched_active_sequences);
+    evbuffer_add_printf(b, "# HELP llmsd_sched_queued requests waiting for admission by kind\n"
+                           "# TYPE llmsd_sched_queued gauge\n"
+                           "llmsd_sched_queued{kind=\"generate\"} %u\n"
+                           "llmsd_sched_queued{kind=\"embed\"} %u\n"
+                           "llmsd_sched_queued{kind=\"rerank\"} %u\n",
+                        st->sched_queued_generate, st->sched_queued_embed, st->sched_queued_rerank);
+    metric(b, "llmsd_swap_bytes_written_total", "counter", "KV chunk bytes written to the store",
+           (double)st->swap_bytes_written);
+    metric(b, "llmsd_swap_bytes_read_total", "counter", "KV chunk bytes read from the store",
+           (double)st->swap_bytes_read);
+    metric(b, "llmsd_swap_chunks_written_total", "counter", "KV chunks written",
+           (double)st->swap_chunks_written);
+    metric(b, "llmsd_swap_chunks_read_total", "counter", "KV chunks read",
+           (double)st->swap_chunks_read);
+    metric(b, "llmsd_swap_chunks_recomputed_total", "counter", "KV chunks recomputed at switch-in",
+           (double)st->swap_chunks_recomputed);
+    metric(b, "llmsd_swap_faults_total", "counter", "chunks brought in during a forward",
+           (double)st->swap_faults);
+    metric(b, "llmsd_swap_bad_blobs_total", "counter", "stored chunks found corrupt or missing",
+           (double)st->swap_bad_blobs);
+    metric(b, "llmsd_swap_stale_blobs_total", "counter", "stored chunks of a history that moved on",
+           (double)st->swap_stale_blobs);
+    metric(b, "llmsd_swap_writes_pending", "gauge", "swap-out batches queued or being written",
+           st->swap_writes_pending);
+    metric(b, "llmsd_swap_write_waits_total", "counter", "times the worker waited for a swap-out",
+           (double)st->swap_write_waits);
+    metric(b, "llmsd_swap_write_wait_ms_total", "counter", "time the worker waited for swap-outs",
+           st->swap_write_wait_ms);
+    metric(b, "llmsd_swap_write_failures_total", "counter", "swap-out batches that failed",
+           (double)st->swap_write_failures);
+    metric(b, "llmsd_switch_ins_total", "counter", "context switch-ins", (double)st->switch_ins);
+    metric(b, "llmsd_switch_in_mean_ms", "gauge", "mean switch-in time", st->switch_in_mean_ms);
+    evhttp_add_header(evhttp_request_get_output_headers(hr->req), "Content-Type",
+                      "text/plain; version=0.0.4");
+    evhttp_send_reply(hr->req, 200, "OK", b);
+    evbuffer_free(b);
+}
+
+/* A Response frame for hr, from the worker or from session_handle. */
+static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
+{
+    Llms__Response *r = len > FRAME_HEADER_BYTES
+                            ? frame_unpack_response(frame + FRAME_HEADER_BYTES, len - FRAME_HEADER_BYTES)
+                            : NULL;
+    if (!r) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
+        return;
+    }
+    if (r->error) {
+        finish_error(hr, r->error->code, r->error->message);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_BIND) {
+        /* Bound: the request itself follows. */
+    } else if (r->body_case == LLMS__RESPONSE__BODY_CHUNK) {
+        on_chunk(hr, r->chunk);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
+        on_result(hr, r->result);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
+        on_embed(hr, r->embed);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
+        on_rerank(hr, r->rerank);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_STATUS) {
+        on_status(hr, r->status);
+    } else {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
+    }
+    frame_free_response(r);
+}
+
+void http_deliver(http *h, uint64_t conn_id, const uint8_t *frame, size_t len, bool droppable)
+{
+    hreq *hr = hreq_find(h, conn_id);
+    /* A whole reply is built from the final result: its streamed chunks are not even
+     * decoded. */
+    if (!hr || (droppable && !hr->stream))
+        return;
+    hreq_frame(hr, frame, len);
+    if (hr->done)
+        hreq_free(hr);
+}
+
+/* session_env.send: a frame session_handle answers itself (Bind, a refusal). */
+static void gw_send(void *conn, uint8_t *frame, size_t len)
+{
+    hreq_frame(conn, frame, len);
+    free(frame);
+}
+
+static void gw_submitted(void *conn)
+{
+    (void)conn;
+}
+
+/* Hands a request to session_handle as a native client's decoded frame. -1 when it
+ * could not be built (the request is then answered). */
+static int submit(hreq *hr, const Llms__Request *r)
+{
+    size_t n = llms__request__get_packed_size(r);
+    uint8_t *buf = malloc(n ? n : 1);
+    Llms__Request *req = NULL;
+    if (buf) {
+        llms__request__pack(r, buf);
+        req = frame_unpack_request(buf, n);
+        free(buf);
+    }
+    if (!req) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return -1;
+    }
+    session_handle(&hr->h->senv, &hr->ss, hr, req);
+    return 0;
+}
+
+/* ---- reading requests ---- */
+
+/* A field of o of type t (int accepted where double is asked): 1 found, 0 absent or
+ * null, -1 wrong type (msg says which). */
+static int field(json_object *o, const char *key, json_type t, json_object **out, char *msg,
+                 size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    json_type have = json_object_get_type(v);
+    if (have == t || (t == json_type_double && have == json_type_int)) {
+        *out = v;
+        return 1;
+    }
+    snprintf(msg, cap, "'%s' must be %s", key,
+             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
+             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
+             : t == json_type_array ? "an array" : "an object");
+    return -1;
+}
+
+/* Sampling fields of an OpenAI request into p (strings point into body). */
+static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
+                       size_t max_stops, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc;
+    if ((rc = field(body, "temperature", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_temperature = 1, p->temperature = (float)json_object_get_double(v);
+    if ((rc = field(body, "top_p", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_top_p = 1, p->top_p = (float)json_object_get_double(v);
+    if ((rc = field(body, "min_p", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_min_p = 1, p->min_p = (float)json_object_get_double(v);
+    if ((rc = field(body, "repeat_penalty", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_repeat_penalty = 1, p->repeat_penalty = (float)json_object_get_double(v);
+    if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc) {
+        int64_t k = json_object_get_int64(v);
+        p->has_top_k = 1, p->top_k = k < 0 ? -1 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
+    }
+    const char *mt = json_object_object_get_ex(body, "max_completion_tokens", NULL)
+                         ? "max_completion_tokens" : "max_tokens";
+    if ((rc = field(body, mt, json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc) {
+        int64_t n = json_object_get_int64(v);
+        p->has_max_tokens = 1, p->max_tokens = n < 0 ? 0 : n > INT32_MAX ? INT32_MAX : (int32_t)n;
+    }
+    if ((rc = field(body, "seed", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    /* A negative seed is llama.cpp's "random". */
+    if (rc && json_object_get_int64(v) >= 0)
+        p->has_seed = 1, p->seed = (uint64_t)json_object_get_int64(v);
+    if ((rc = field(body, "n", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc && json_object_get_int64(v) != 1) {
+        snprintf(msg, cap, "'n' must be 1: one choice per request");
+        return -1;
+    }
+    json_object *stop;
+    if (!json_object_object_get_ex(body, "stop", &stop) || json_object_is_type(stop, json_type_null))
+        return 0;
+    if (json_object_is_type(stop, json_type_string)) {
+        stops[p->n_stop++] = json_object_get_string(stop);
+        return 0;
+    }
+    if (!json_object_is_type(stop, json_type_array)) {
+        snprintf(msg, cap, "'stop' must be a string or an array of strings");
+        return -1;
+    }
+    size_t n = json_object_array_length(stop);
+    if (n > max_stops) {
+        snprintf(msg, cap, "'stop' has %zu strings, at most %zu", n, max_stops);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *s = json_object_array_get_idx(stop, i);
+        if (!json_object_is_type(s, json_type_string)) {
+            snprintf(msg, cap, "'stop' must be a string or an array of strings");
+            return -1;
+        }
+        stops[p->n_stop++] = json_object_get_string(s);
+    }
+    return 0;
+}
+
+/* A message's content: a string, or text parts joined (into *owned, to free). */
+static const char *message_content(json_object *m, char **owned, char *msg, size_t cap)
+{
+    json_object *c;
+    *owned = NULL;
+    if (!json_object_object_get_ex(m, "content", &c) || json_object_is_type(c, json_type_null))
+        return "";
+    if (json_object_is_type(c, json_type_string))
+        return json_object_get_string(c);
+    if (!json_object_is_type(c, json_type_array)) {
+        snprintf(msg, cap, "a message's 'content' must be a string or an array of parts");
+        return NULL;
+    }
+    size_t n = json_object_array_length(c), len = 0;
+    for (size_t pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_object *part = json_object_array_get_idx(c, i), *type, *text;
+            if (!json_object_is_type(part, json_type_object) ||
+                !json_object_object_get_ex(part, "type", &type) ||
+                strcmp(json_object_get_string(type), "text") != 0 ||
+                !json_object_object_get_ex(part, "text", &text) ||
+                !json_object_is_type(text, json_type_string)) {
+                free(*owned);
+                *owned = NULL;
+                snprintf(msg, cap, "only text content parts are supported");
+                return NULL;
+            }
+            size_t k = (size_t)json_object_get_string_len(text);
+            if (pass)
+                memcpy(*owned + at, json_object_get_string(text), k);
+            at += k;
+        }
+        if (!pass) {
+            len = at;
+            if (!(*owned = malloc(len + 1))) {
+                snprintf(msg, cap, "out of memory");
+                return NULL;
+            }
+        }
+    }
+    (*owned)[len] = '\0';
+    return *owned;
+}
+
+/* The chat's messages rendered with the model's template and the assistant opening.
+ * Fresh string, or NULL with msg. */
+static char *render_chat(http *h, json_object *msgs, char *msg, size_t cap)
+{
+    size_t n = json_object_array_length(msgs);
+    struct chat_message *cm = calloc(n ? n : 1, sizeof *cm);
+    char **owned = calloc(n ? n : 1, sizeof *owned);
+    char *out = NULL;
+    if (!cm || !owned) {
+        snprintf(msg, cap, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(msgs, i), *role;
+        if (!json_object_is_type(m, json_type_object) ||
+            !json_object_object_get_ex(m, "role", &role) ||
+            !json_object_is_type(role, json_type_string)) {
+            snprintf(msg, cap, "messages[%zu] needs a 'role' string", i);
+            goto done;
+        }
+        const char *r = json_object_get_string(role);
+        /* OpenAI's newer name for the system role. */
+        if (strcmp(r, "developer") == 0)
+            r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            snprintf(msg, cap, "messages[%zu]: role '%.32s' is not supported (system, user, "
+                               "assistant)", i, r);
+            goto done;
+        }
+        cm[i].role = r;
+        if (!(cm[i].content = message_content(m, &owned[i], msg, cap)))
+            goto done;
+    }
+    int len = chat_apply(h->family, cm, (int)n, true, NULL, 0);
+    if (len < 0 || !(out = malloc((size_t)len + 1))) {
+        snprintf(msg, cap, len < 0 ? "the messages cannot be rendered" : "out of memory");
+        goto done;
+    }
+    chat_apply(h->family, cm, (int)n, true, out, (size_t)len + 1);
+done:
+    for (size_t i = 0; owned && i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(cm);
+    return out;
+}
+
+/* Whether the request names a model this daemon does not serve (absent is fine). */
+static bool unknown_model(http *h, json_object *body, enum route r, const char **name)
+{
+    json_object *m;
+    if (!json_object_object_get_ex(body, "model", &m) || !json_object_is_type(m, json_type_string))
+        return false;
+    *name = json_object_get_string(m);
+    if (strcmp(*name, h->model_id) == 0)
+        return false;
+    return !(r == R_RERANK && strcmp(*name, h->rerank_id) == 0);
+}
+
+/* Builds and submits the native request of a generation route. */
+static void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    http *h = hr->h;
+    json_object *v, *x;
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.stop = (char **)stops;
+    bool chat = hr->route == R_CHAT;
+    int rc;
+    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (field(hr->body, "stream_options", json_type_object, &x, msg, cap) == 1 &&
+        field(x, "include_usage", json_type_boolean, &v, msg, cap) == 1)
+        hr->include_usage = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "llmsd", json_type_object, &x, msg, cap)) < 0)
+        goto bad;
+    if (rc && (rc = field(x, "context", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        hr->context_id = json_object_get_string(v);
+    if (hr->context_id && !chat) {
+        snprintf(msg, cap, "'llmsd.context' is for /v1/chat/completions");
+        goto bad;
+    }
+    /* A rendered chat carries its template's end of turn as one more stop string. */
+    size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
+    if (read_params(hr->body, &gp, stops, max_stops, msg, cap))
+        goto bad;
+    char *prompt = NULL;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
+    if (chat) {
+        json_object *msgs;
+        if (field(hr->body, "messages", json_type_array, &msgs, msg, cap) != 1 ||
+            json_object_array_length(msgs) == 0) {
+            snprintf(msg, cap, "'messages' must be a non-empty array");
+            goto bad;
+        }
+        if (hr->context_id) {
+            /* The context holds the conversation: the turn is the last user message. */
+            json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
+            json_object *role;
+            if (!json_object_is_type(last, json_type_object) ||
+                !json_object_object_get_ex(last, "role", &role) ||
+                strcmp(json_object_get_string(role), "user") != 0) {
+                snprintf(msg, cap, "with 'llmsd.context' the last message must be the user's");
+                goto bad;
+            }
+            char *owned;
+            const char *text = message_content(last, &owned, msg, cap);
+            if (!text)
+                goto bad;
+            prompt = owned ? owned : strdup(text);
+            call.context_id = (char *)hr->context_id;
+            call.prompt = prompt;
+            call.params = &gp;
+            r->body_case = LLMS__REQUEST__BODY_CALL;
+            r->call = &call;
+        } else {
+            if (!(prompt = render_chat(h, msgs, msg, cap)))
+                goto bad;
+            stops[gp.n_stop++] = chat_stop_text(h->family);
+        }
+    } else {
+        json_object *p;
+        if (!json_object_object_get_ex(hr->body, "prompt", &p)) {
+            snprintf(msg, cap, "'prompt' is required");
+            goto bad;
+        }
+        if (json_object_is_type(p, json_type_array) && json_object_array_length(p) == 1)
+            p = json_object_array_get_idx(p, 0);
+        if (!json_object_is_type(p, json_type_string)) {
+            snprintf(msg, cap, "'prompt' must be a string (or an array of one string)");
+            goto bad;
+        }
+        prompt = strdup(json_object_get_string(p));
+    }
+    if (!prompt) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    if (r->body_case != LLMS__REQUEST__BODY_CALL) {
+        cr.prompt = prompt;
+        cr.params = &gp;
+        r->body_case = LLMS__REQUEST__BODY_COMPLETE;
+        r->complete = &cr;
+    }
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        free(prompt);
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    submit(hr, r);
+    free(prompt);
+    return;
+bad:
+    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+static void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *in, *v;
+    int rc;
+    if ((rc = field(hr->body, "encoding_format", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        const char *f = json_object_get_string(v);
+        if (strcmp(f, "float") && strcmp(f, "base64")) {
+            snprintf(msg, cap, "'encoding_format' must be float or base64");
+            goto bad;
+        }
+        hr->base64 = strcmp(f, "base64") == 0;
+    }
+    if (!json_object_object_get_ex(hr->body, "input", &in)) {
+        snprintf(msg, cap, "'input' is required");
+        goto bad;
+    }
+    bool one = json_object_is_type(in, json_type_string);
+    size_t n = one ? 1 : json_object_is_type(in, json_type_array) ? json_object_array_length(in) : 0;
+    if (n == 0) {
+        snprintf(msg, cap, "'input' must be a string or a non-empty array of strings");
+        goto bad;
+    }
+    const char **texts = malloc(n * sizeof *texts);
+    if (!texts) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *t = one ? in : json_object_array_get_idx(in, i);
+        if (!json_object_is_type(t, json_type_string)) {
+            free(texts);
+            snprintf(msg, cap, "'input' must be a string or an array of strings (token arrays "
+                               "are not supported)");
+            goto bad;
+        }
+        texts[i] = json_object_get_string(t);
+    }
+    Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
+    e.texts = (char **)texts;
+    e.n_texts = n;
+    r->body_case = LLMS__REQUEST__BODY_EMBED;
+    r->embed = &e;
+    submit(hr, r);
+    free(texts);
+    return;
+bad:
+    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+static void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *q, *docs, *v;
+    int rc;
+    if (field(hr->body, "query", json_type_string, &q, msg, cap) != 1) {
+        snprintf(msg, cap, "'query' must be a string");
+        goto bad;
+    }
+    if (field(hr->body, "documents", json_type_array, &docs, msg, cap) != 1 ||
+        json_object_array_length(docs) == 0) {
+        snprintf(msg, cap, "'documents' must be a non-empty array");
+        goto bad;
+    }
+    size_t n = json_object_array_length(docs);
+    int64_t top = (int64_t)n;
+    if ((rc = field(hr->body, "top_n", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        top = json_object_get_int64(v);
+    if (top < 1) {
+        snprintf(msg, cap, "'top_n' must be at least 1");
+        goto bad;
+    }
+    if ((rc = field(hr->body, "return_documents", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->return_documents = rc && json_object_get_boolean(v);
+    const char **texts = malloc(n * sizeof *texts);
+    if (!texts) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *d = json_object_array_get_idx(docs, i), *t;
+        if (json_object_is_type(d, json_type_object) && json_object_object_get_ex(d, "text", &t))
+            d = t;
+        if (!json_object_is_type(d, json_type_string)) {
+            free(texts);
+            snprintf(msg, cap, "documents[%zu] must be a string or {\"text\": string}", i);
+            goto bad;
+        }
+        texts[i] = json_object_get_string(d);
+    }
+    Llms__RerankRequest rr = LLMS__RERANK_REQUEST__INIT;
+    rr.query = (char *)json_object_get_string(q);
+    rr.documents = (char **)texts;
+    rr.n_documents = n;
+    rr.has_top_k = 1;
+    rr.top_k = (uint32_t)(top < (int64_t)n ? top : (int64_t)n);
+    /* Relevance scores are the answer, so every winner's score must be finished. */
+    rr.has_mode = 1;
+    rr.mode = LLMS__RERANK_MODE__RERANK_ORDERED;
+    r->body_case = LLMS__REQUEST__BODY_RERANK;
+    r->rerank = &rr;
+    submit(hr, r);
+    free(texts);
+    return;
+bad:
+    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* ---- identity ---- */
+
+static bool token_equal(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = na != nb;
+    for (size_t i = 0; i < na && i < nb; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* Who sent req: fills ss (uid, app, admin). 0, or an HTTP status with msg. */
+static int identify(http *h, struct evhttp_request *req, int fd, session *ss, char *msg, size_t cap)
+{
+    int domain = 0;
+    socklen_t dl = sizeof domain;
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) != 0) {
+        snprintf(msg, cap, "cannot identify the peer: %s", strerror(errno));
+        return 500;
+    }
+    if (domain == AF_UNIX) {
+        struct ucred cred;
+        socklen_t len = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+            snprintf(msg, cap, "cannot identify the peer: %s", strerror(errno));
+            return 500;
+        }
+        const char *app = evhttp_find_header(in, APP_HEADER);
+        if (!app)
+            app = DEFAULT_APP;
+        if (!session_valid_app(app)) {
+            snprintf(msg, cap, APP_HEADER " must be 1..%d bytes of [A-Za-z0-9._-]", SCHED_APP_MAX);
+            return 400;
+        }
+        ss->uid = cred.uid;
+        ss->gid = cred.gid;
+        ss->pid = cred.pid;
+        ss->admin = session_peer_admin(fd, cred.uid, cred.gid, h->have_admin_gid, h->admin_gid);
+        snprintf(ss->app, sizeof ss->app, "%s", app);
+        return 0;
+    }
+    const char *auth = evhttp_find_header(in, "Authorization");
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) {
+        snprintf(msg, cap, "an API key is required: Authorization: Bearer TOKEN");
+        return 401;
+    }
+    const char *tok = auth + 7;
+    while (*tok == ' ')
+        tok++;
+    for (size_t i = 0; i < h->n_tokens; i++)
+        if (token_equal(tok, h->tokens[i].token)) {
+            ss->uid = h->tokens[i].uid;
+            ss->gid = (gid_t)-1;
+            ss->admin = h->tokens[i].admin;
+            snprintf(ss->app, sizeof ss->app, "%s", h->tokens[i].app);
+            return 0;
+        }
+    snprintf(msg, cap, "invalid API key");
+    return 401;
+}
+
+/* ---- the request callback ---- */
+
+static enum route route_of(const char *uri, size_t *len)
+{
+    size_t n = strcspn(uri, "?#");
+    *len = n;
+    if (n == 7 && strncmp(uri, "/rerank", 7) == 0)
+        return R_RERANK;
+    for (int r = 0; r < R_OTHER; r++)
+        if (strlen(route_path[r]) == n && strncmp(uri, route_path[r], n) == 0)
+            return (enum route)r;
+    return R_OTHER;
+}
+
+static void send_models(http *h, struct evhttp_request *req)
+{
+    json_object *o = json_object_new_object(), *data = json_object_new_array();
+    for (int i = 0; i < 2 && o && data; i++) {
+        const char *id = i ? h->rerank_id : h->model_id;
+        if (i && strcmp(id, h->model_id) == 0)
+            break;
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "id", json_object_new_string(id));
+        json_object_object_add(m, "object", json_object_new_string("model"));
+        json_object_object_add(m, "created", json_object_new_int64(0));
+        json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
+        json_object_array_add(data, m);
+    }
+    if (o)
+        json_object_object_add(o, "object", json_object_new_string("list"));
+    if (o && data)
+        json_object_object_add(o, "data", data);
+    else
+        json_object_put(data);
+    send_json(h, req, R_MODELS, 200, o);
+}
+
+/* The request body as a JSON object, or NULL after answering. */
+static json_object *read_body(http *h, struct evhttp_request *req, enum route r)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    if (n > (size_t)h->cfg->http_max_body_bytes) {
+        send_error(h, req, r, 413, "invalid_request_error", "body_too_large",
+                   "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
+                   h->cfg->http_max_body_bytes);
+        return NULL;
+    }
+    if (n == 0) {
+        bad_request(h, req, r, "the body must be a JSON object");
+        return NULL;
+    }
+    const char *p = (const char *)evbuffer_pullup(in, -1);
+    json_tokener *tk = json_tokener_new();
+    if (!p || !tk) {
+        json_tokener_free(tk);
+        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
+        return NULL;
+    }
+    json_tokener_set_flags(tk, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+    json_object *o = json_tokener_parse_ex(tk, p, (int)n);
+    enum json_tokener_error e = json_tokener_get_error(tk);
+    size_t end = json_tokener_get_parse_end(tk);
+    json_tokener_free(tk);
+    while (o && end < n && isspace((unsigned char)p[end]))
+        end++;
+    if (!o || e != json_tokener_success || end != n || !json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        bad_request(h, req, r,
+                    e == json_tokener_success || e == json_tokener_continue
+                        ? "the body must be one JSON object"
+                        : json_tokener_error_desc(e));
+        return NULL;
+    }
+    return o;
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    http *h = arg;
+    size_t plen;
+    enum route r = route_of(evhttp_request_get_uri(req), &plen);
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
+    char msg[ERR_MAX + 128];
+    if (r == R_OTHER) {
+        send_error(h, req, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
+                   (int)(plen > 200 ? 200 : plen), evhttp_request_get_uri(req));
+        return;
+    }
+    if (cmd != (get ? EVHTTP_REQ_GET : EVHTTP_REQ_POST)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", get ? "GET" : "POST");
+        send_error(h, req, r, 405, "invalid_request_error", "method_not_allowed",
+                   "%s takes %s", route_path[r], get ? "GET" : "POST");
+        return;
+    }
+    if (h->shutting || h->worker_done) {
+        if (r == R_HEALTH) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "status", json_object_new_string("shutting_down"));
+            send_json(h, req, r, 503, o);
+        } else {
+            send_error(h, req, r, 503, "server_error", "unavailable", "the daemon is shutting down");
+        }
+        return;
+    }
+    if (r == R_HEALTH) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "status", json_object_new_string("ok"));
+        send_json(h, req, r, 200, o);
+        return;
+    }
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    int fd = bev ? bufferevent_getfd(bev) : -1;
+    session ss = {0};
+    int status = fd < 0 ? 500 : identify(h, req, fd, &ss, msg, sizeof msg);
+    if (status) {
+        if (status == 401)
+            evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+        send_error(h, req, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
+                   status == 401 ? "invalid_api_key" : "invalid_request", "%s",
+                   fd < 0 ? "no connection" : msg);
+        return;
+    }
+    if (r == R_MODELS) {
+        send_models(h, req);
+        return;
+    }
+    if (r == R_METRICS && !ss.admin) {
+        send_error(h, req, r, 403, "permission_error", "permission_denied",
+                   "/metrics needs an admin: uid 0 or group %s on the socket, an admin token "
+                   "on TCP", h->cfg->admin_group);
+        return;
+    }
+    json_object *body = NULL;
+    const char *model = NULL;
+    if (r != R_METRICS) {
+        if (!(body = read_body(h, req, r)))
+            return;
+        if (unknown_model(h, body, r, &model)) {
+            send_error(h, req, r, 404, "invalid_request_error", "model_not_found",
+                       "the model '%.200s' does not exist (this daemon serves '%s')", model,
+                       h->model_id);
+            json_object_put(body);
+            return;
+        }
+    }
+    hreq *hr = calloc(1, sizeof *hr);
+    struct event *watch = hr ? event_new(h->base, fd, EV_READ, on_watch, hr) : NULL;
+    if (!watch) {
+        free(hr);
+        json_object_put(body);
+        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
+    hr->h = h;
+    hr->req = req;
+    hr->evcon = evcon;
+    hr->watch = watch;
+    hr->route = r;
+    hr->body = body;
+    hr->ss = ss;
+    hr->ss.conn_id = HTTP_CONN_BIT | ++h->next_id;
+    hr->created = (int64_t)time(NULL);
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
+        rnd = h->next_id * 0x9e3779b97f4a7c15ull;
+    snprintf(hr->id, sizeof hr->id, "%s-%016llx",
+             r == R_CHAT ? "chatcmpl" : r == R_COMPLETIONS ? "cmpl" : "req",
+             (unsigned long long)rnd);
+    hreq **b = hreq_bucket(h, hr->ss.conn_id);
+    hr->next = *b;
+    *b = hr;
+    h->n_reqs++;
+    evhttp_connection_set_closecb(evcon, on_conn_close, hr);
+    event_add(watch, NULL);
+
+    Llms__Request rq = LLMS__REQUEST__INIT;
+    if (r != R_METRICS) {
+        Llms__BindRequest bind = LLMS__BIND_REQUEST__INIT;
+        bind.app_name = hr->ss.app;
+        rq.id = ID_BIND;
+        rq.body_case = LLMS__REQUEST__BODY_BIND;
+        rq.bind = &bind;
+        submit(hr, &rq);
+        if (hr->done) {
+            hreq_free(hr);
+            return;
+        }
+    }
+    rq = (Llms__Request)LLMS__REQUEST__INIT;
+    rq.id = ID_WORK;
+    Llms__Empty empty = LLMS__EMPTY__INIT;
+    switch (r) {
+    case R_CHAT:
+    case R_COMPLETIONS:
+        start_generate(hr, &rq, msg, sizeof msg);
+        break;
+    case R_EMBEDDINGS:
+        start_embed(hr, &rq, msg, sizeof msg);
+        break;
+    case R_RERANK:
+        start_rerank(hr, &rq, msg, sizeof msg);
+        break;
+    default:
+        rq.body_case = LLMS__REQUEST__BODY_STATUS;
+        rq.status = &empty;
+        submit(hr, &rq);
+        break;
+    }
+    if (hr->done)
+        hreq_free(hr);
+}
+
+/* ---- setup ---- */
+
+static int load_tokens(http *h, const char *path, char err[ERR_MAX])
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return err_set(err, "http_tokens_file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0044))
+        fprintf(stderr, "llmsd: warn: http_tokens_file %s is readable by others\n", path);
+    char line[1024];
+    int lineno = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char tok[512], user[128], app[128], flag[32];
+        int n = sscanf(line, "%511s %127s %127s %31s", tok, user, app, flag);
+        if (n <= 0)
+            continue;
+        if (n < 3 || (n == 4 && strcmp(flag, "admin") != 0)) {
+            rc = err_set(err, "http_tokens_file %s:%d: expected 'TOKEN UID APP [admin]'", path, lineno);
+            break;
+        }
+        char *end;
+        unsigned long uid = strtoul(user, &end, 10);
+        if (*end || end == user) {
+            struct passwd *pw = getpwnam(user);
+            if (!pw) {
+                rc = err_set(err, "http_tokens_file %s:%d: no user '%s'", path, lineno, user);
+                break;
+            }
+            uid = pw->pw_uid;
+        }
+        if (!session_valid_app(app)) {
+            rc = err_set(err, "http_tokens_file %s:%d: app must be 1..%d bytes of [A-Za-z0-9._-]",
+                         path, lineno, SCHED_APP_MAX);
+            break;
+        }
+        token_entry *t = realloc(h->tokens, (h->n_tokens + 1) * sizeof *t);
+        if (!t || !(t[h->n_tokens].token = strdup(tok))) {
+            if (t)
+                h->tokens = t;
+            rc = err_set(err, "out of memory");
+            break;
+        }
+        h->tokens = t;
+        t[h->n_tokens].uid = (uid_t)uid;
+        memcpy(t[h->n_tokens].app, app, strlen(app) + 1); /* valid: at most SCHED_APP_MAX */
+        t[h->n_tokens].admin = n == 4;
+        h->n_tokens++;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* The name clients give for a model: its file name without the directory and ".gguf". */
+static void model_name(const char *path, char *out, size_t cap)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, base);
+}
+
+static bool is_loopback(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->ss_family == AF_INET6) {
+        const struct in6_addr *x = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(x))
+            return true;
+        return IN6_IS_ADDR_V4MAPPED(x) && x->s6_addr[12] == 127;
+    }
+    return false;
+}
+
+static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
+{
+    char host[256];
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon == spec || !colon[1])
+        return err_set(err, "http_listen: '%s' is not host:port", spec);
+    snprintf(host, sizeof host, "%.*s", (int)(colon - spec), spec);
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    char *end;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (*end || port > 65535)
+        return err_set(err, "http_listen: '%s' is not a port", colon + 1);
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(h->eh, host, (uint16_t)port);
+    if (!bs)
+        return err_set(err, "http_listen %s: cannot listen there: %s", spec, strerror(errno));
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    int fd = evhttp_bound_socket_get_fd(bs);
+    if (getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        evhttp_del_accept_socket(h->eh, bs);
+        return err_set(err, "http_listen %s: %s", spec, strerror(errno));
+    }
+    if (!is_loopback(&a) && !h->cfg->http_allow_remote) {
+        evhttp_del_accept_socket(h->eh, bs);
+        return err_set(err, "http_listen %s is not a loopback address; set http_allow_remote = 1 "
+                            "to serve other machines (bearer tokens travel in clear text)", spec);
+    }
+    unsigned bound = ntohs(a.ss_family == AF_INET ? ((struct sockaddr_in *)&a)->sin_port
+                                                  : ((struct sockaddr_in6 *)&a)->sin6_port);
+    fprintf(stderr, "llmsd: http gateway on %s (port %u), %zu token%s\n", spec, bound,
+            h->n_tokens, h->n_tokens == 1 ? "" : "s");
+    return 0;
+}
+
+http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
+               enum chat_family family, char err[ERR_MAX])
+{
+    http *h = calloc(1, sizeof *h);
+    if (!h) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    h->base = base;
+    h->cfg = cfg;
+    h->senv = *senv;
+    h->senv.send = gw_send;
+    h->senv.submitted = gw_submitted;
+    h->family = family;
+    model_name(cfg->model, h->model_id, sizeof h->model_id);
+    model_name(cfg->rerank_model[0] ? cfg->rerank_model : cfg->model, h->rerank_id,
+               sizeof h->rerank_id);
+    struct group *gr = getgrnam(cfg->admin_group);
+    if (gr) {
+        h->have_admin_gid = true;
+        h->admin_gid = gr->gr_gid;
+    }
+    /* Vectors and scores are floats: nine digits round-trip them. */
+    json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
+    if (!(h->eh = evhttp_new(base))) {
+        err_set(err, "evhttp_new failed");
+        goto fail;
+    }
+    /* Bodies up to the limit are read and answered in JSON when too large; evhttp itself
+     * refuses (413, its own page) those over twice the limit without reading them. */
+    evhttp_set_max_body_size(h->eh, 2 * (ev_ssize_t)cfg->http_max_body_bytes);
+    evhttp_set_max_headers_size(h->eh, MAX_HEADERS_BYTES);
+    evhttp_set_timeout(h->eh, IDLE_SECONDS);
+    evhttp_set_allowed_methods(h->eh, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                          EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
+                                          EVHTTP_REQ_PATCH);
+    evhttp_set_gencb(h->eh, on_request, h);
+    if (cfg->http_tokens_file[0] && load_tokens(h, cfg->http_tokens_file, err))
+        goto fail;
+    if (cfg->http_socket[0]) {
+        int fd = server_listen_unix(cfg->http_socket, cfg->socket_mode, err);
+        if (fd < 0)
+            goto fail;
+        if (!evhttp_accept_socket_with_handle(h->eh, fd)) {
+            close(fd);
+            unlink(cfg->http_socket);
+            err_set(err, "http_socket: evhttp cannot accept on it");
+            goto fail;
+        }
+        h->owns_path = true;
+        fprintf(stderr, "llmsd: http gateway on unix:%s\n", cfg->http_socket);
+    }
+    if (cfg->http_listen[0] && listen_tcp(h, cfg->http_listen, err))
+        goto fail;
+    return h;
+fail:
+    http_free(h);
+    return NULL;
+}
+
+void http_shutdown(http *h)
+{
+    h->shutting = true;
+}
+
+void http_worker_done(http *h)
+{
+    h->worker_done = true;
+    for (int b = 0; b < HREQ_BUCKETS; b++)
+        while (h->buckets[b]) {
+            hreq *hr = h->buckets[b];
+            finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+            hreq_free(hr);
+        }
+}
+
+void http_free(http *h)
+{
+    if (!h)
+        return;
+    for (int b = 0; b < HREQ_BUCKETS; b++)
+        while (h->buckets[b]) {
+            hreq *hr = h->buckets[b];
+            hreq_finish(hr);
+            hreq_free(hr);
+        }
+    /* evhttp_free closes the listeners and every connection with its requests. */
+    if (h->eh)
+        evhttp_free(h->eh);
+    if (h->owns_path)
+        unlink(h->cfg->http_socket);
+    for (size_t i = 0; i < h->n_tokens; i++) {
+        explicit_bzero(h->tokens[i].token, strlen(h->tokens[i].token));
+        free(h->tokens[i].token);
+    }
+    free(h->tokens);
+    free(h);
+}

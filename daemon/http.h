@@ -1,0 +1,61 @@
+/*
+ * http.h — the OpenAI-compatible HTTP gateway: HTTP/1.1 (libevent's evhttp) on a Unix
+ * socket (http_socket) and/or a loopback TCP port (http_listen), JSON through json-c.
+ *
+ * Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
+ * POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /health, GET /metrics.
+ *
+ * Every request becomes the native Request a client would send (Complete, Call, Embed,
+ * Rerank, Status) on a connection of its own whose id has HTTP_CONN_BIT set: it binds
+ * through session_handle like a native connection (the same app identity, checks and
+ * limits), goes to the same scheduler, and its Response frames come back through the
+ * outq to http_deliver, which writes JSON or Server-Sent Events. When the HTTP client
+ * goes away before the answer, the connection is closed towards the worker exactly as
+ * a native one is (SCHED_CLOSED), which cancels the generation.
+ *
+ * Identity: on the Unix socket the peer's uid (SO_PEERCRED) and the app named by the
+ * X-Llmsd-App header (default "http"); on TCP the bearer token, mapped to (uid, app) by
+ * http_tokens_file. /metrics needs an admin (as llmsctl status): uid 0 or admin_group
+ * on the socket, a token marked admin on TCP. /health needs no identity.
+ */
+#ifndef LLMS_HTTP_H
+#define LLMS_HTTP_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/sched.h"
+#include "engine/chat.h"
+#include "engine/err.h"
+
+/* Connection ids of HTTP requests have this bit; native connections count from 1. */
+#define HTTP_CONN_BIT (UINT64_C(1) << 63)
+
+typedef struct http http;
+struct session_env;
+
+/* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
+ * least one is set). senv is the native connections' session environment (it outlives
+ * the gateway); family is the model's chat template. NULL + err when a listener cannot
+ * be opened, http_listen is not a loopback address (and http_allow_remote is 0), or the
+ * tokens file is unreadable or malformed. */
+http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
+               enum chat_family family, char err[ERR_MAX]);
+
+/* A Response frame (header and body; not taken) from the worker for connection id
+ * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */
+void http_deliver(http *h, uint64_t conn_id, const uint8_t *frame, size_t len, bool droppable);
+
+/* Shutdown began: new requests are answered 503, /health says so. */
+void http_shutdown(http *h);
+
+/* The worker has exited: requests still waiting are answered 503. */
+void http_worker_done(http *h);
+
+/* Closes the listeners (removing the socket file) and frees everything. NULL is fine. */
+void http_free(http *h);
+
+#endif

@@ -1,0 +1,403 @@
+"""llmsclient: the Python client of llmsd, through ctypes over libllmsclient.so.
+
+    import llmsclient
+    c = llmsclient.connect(app="my-app")            # socket: $LLMS_SOCKET or the default
+    print(c.complete("Once upon a time", max_tokens=32, temperature=0))
+    ctx = c.create_context(system="You are terse.")
+    for piece in ctx.call("Hello!", stream=True):
+        print(piece, end="", flush=True)
+    vectors = c.embed(["a text", "another"])
+    hits = c.rerank("query", ["doc one", "doc two"], k=1)   # [RerankHit(index, score)]
+
+Every failure raises LlmsError, whose .status is the library's status code
+(LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
+
+The library is found through $LLMS_CLIENT_LIB, then beside this package (the package
+folder, its parent, or a build/ folder there), then the system's library path.
+No build step and no third-party packages.
+"""
+
+import ctypes
+import ctypes.util
+import math
+import os
+import queue
+import threading
+from collections import namedtuple
+
+__all__ = ["connect", "Client", "Context", "LlmsError", "RerankHit", "Result"]
+
+LLMS_ERROR_MAX = 256
+LLMS_ID_MAX = 128
+_UNSET = -(2 ** 31)
+_NAN = float("nan")
+
+STATUS_NAMES = {
+    0: "OK", 1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "PERMISSION_DENIED",
+    4: "RESOURCE_EXHAUSTED", 5: "FAILED_PRECONDITION", 6: "CANCELLED", 7: "INTERNAL",
+    8: "UNAVAILABLE", 9: "UNIMPLEMENTED", 10: "MALFORMED_FRAME", 11: "DEADLINE_EXCEEDED",
+    100: "IO", 101: "PROTOCOL",
+}
+STOP_REASONS = ["eos", "max_tokens", "stop_string", "context_full", "cancelled",
+                "deadline", "shutdown"]
+
+RerankHit = namedtuple("RerankHit", "index score")
+Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
+
+
+class LlmsError(Exception):
+    """A failed call: status is the library's code, status_name its name."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, str(status))
+        super().__init__("%s: %s" % (self.status_name, message))
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [
+        ("temperature", ctypes.c_float), ("top_k", ctypes.c_int32),
+        ("top_p", ctypes.c_float), ("min_p", ctypes.c_float),
+        ("repeat_penalty", ctypes.c_float), ("repeat_last_n", ctypes.c_int32),
+        ("max_tokens", ctypes.c_int32), ("has_seed", ctypes.c_int),
+        ("seed", ctypes.c_uint64), ("stop", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_stop", ctypes.c_size_t), ("raw", ctypes.c_int),
+    ]
+
+
+class _Result(ctypes.Structure):
+    _fields_ = [
+        ("prompt_tokens", ctypes.c_uint32), ("generated_tokens", ctypes.c_uint32),
+        ("context_tokens", ctypes.c_uint32), ("prefill_ms", ctypes.c_double),
+        ("decode_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
+        ("stop_reason", ctypes.c_int), ("text", ctypes.c_void_p),
+    ]
+
+
+class _Embeddings(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_size_t), ("dim", ctypes.c_uint32),
+        ("values", ctypes.POINTER(ctypes.c_float)),
+        ("n_tokens", ctypes.POINTER(ctypes.c_uint32)),
+    ]
+
+
+class _RerankOptions(ctypes.Structure):
+    _fields_ = [
+        ("top_k", ctypes.c_uint32), ("mode", ctypes.c_int),
+        ("cv_threshold", ctypes.c_float), ("target_precision", ctypes.c_float),
+        ("stream_weights", ctypes.c_int),
+    ]
+
+
+class _RerankHit(ctypes.Structure):
+    _fields_ = [("index", ctypes.c_uint32), ("score", ctypes.c_float)]
+
+
+class _RerankResult(ctypes.Structure):
+    _fields_ = [
+        ("n_hits", ctypes.c_size_t), ("hits", ctypes.POINTER(_RerankHit)),
+        ("n_documents", ctypes.c_size_t), ("layers_computed", ctypes.POINTER(ctypes.c_uint32)),
+        ("n_layer", ctypes.c_size_t), ("pruned_at_layer", ctypes.POINTER(ctypes.c_uint32)),
+        ("peak_bytes", ctypes.c_uint64), ("time_ms", ctypes.c_double),
+        ("cv_threshold", ctypes.c_float),
+    ]
+
+
+_TOKEN_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+
+def _candidates():
+    env = os.environ.get("LLMS_CLIENT_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = []
+    for d in (here, os.path.dirname(here), os.path.join(os.path.dirname(here), "build"),
+              os.path.join(os.path.dirname(os.path.dirname(here)), "build")):
+        names.append(os.path.join(d, "libllmsclient.so"))
+    found = ctypes.util.find_library("llmsclient")
+    names += [found] if found else []
+    names += ["libllmsclient.so.1", "libllmsclient.so"]
+    return names
+
+
+def _load():
+    errors = []
+    for name in _candidates():
+        if os.sep in name and not os.path.exists(name):
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError as e:
+            errors.append("%s: %s" % (name, e))
+    raise ImportError("libllmsclient.so not found (set LLMS_CLIENT_LIB): " + "; ".join(errors))
+
+
+_lib = None
+
+
+def _api():
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = _load()
+    P, c_char_p, c_int, c_size_t = ctypes.POINTER, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
+    sigs = {
+        "llms_connect": (c_int, [c_char_p, P(ctypes.c_void_p), ctypes.c_char_p]),
+        "llms_close": (None, [ctypes.c_void_p]),
+        "llms_last_error": (c_char_p, [ctypes.c_void_p]),
+        "llms_bind": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_params_init": (None, [P(_Params)]),
+        "llms_context_create": (c_int, [ctypes.c_void_p, c_char_p, P(_Params), c_char_p]),
+        "llms_context_delete": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_call": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, P(_Params), _TOKEN_CB,
+                              ctypes.c_void_p, P(_Result)]),
+        "llms_complete": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, c_int, P(_Params),
+                                  _TOKEN_CB, ctypes.c_void_p, P(_Result)]),
+        "llms_result_free": (None, [P(_Result)]),
+        "llms_embed": (c_int, [ctypes.c_void_p, P(c_char_p), c_size_t, c_int, P(_Embeddings)]),
+        "llms_embeddings_free": (None, [P(_Embeddings)]),
+        "llms_rerank_options_init": (None, [P(_RerankOptions)]),
+        "llms_rerank": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
+                                P(_RerankOptions), P(_RerankResult)]),
+        "llms_rerank_result_free": (None, [P(_RerankResult)]),
+        "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    _lib = lib
+    return lib
+
+
+def _b(s):
+    return s.encode("utf-8") if isinstance(s, str) else s
+
+
+def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
+            repeat_penalty=None, seed=None, stop=None):
+    """A llms_params with the given fields set; keeps the stop strings alive."""
+    p = _Params()
+    _api().llms_params_init(ctypes.byref(p))
+    if temperature is not None:
+        p.temperature = temperature
+    if top_p is not None:
+        p.top_p = top_p
+    if min_p is not None:
+        p.min_p = min_p
+    if repeat_penalty is not None:
+        p.repeat_penalty = repeat_penalty
+    if top_k is not None:
+        p.top_k = top_k
+    if max_tokens is not None:
+        p.max_tokens = max_tokens
+    if seed is not None:
+        p.has_seed, p.seed = 1, seed
+    keep = None
+    if stop:
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        keep = (ctypes.c_char_p * len(stops))(*[_b(s) for s in stops])
+        p.stop, p.n_stop = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)), len(stops)
+    return p, keep
+
+
+def _result(r):
+    text = ctypes.string_at(r.text).decode("utf-8", "replace") if r.text else ""
+    reason = STOP_REASONS[r.stop_reason] if 0 <= r.stop_reason < len(STOP_REASONS) else "unknown"
+    return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens, reason)
+
+
+class Client:
+    """One connection to llmsd, bound to an app. Not for use by two threads at once."""
+
+    def __init__(self, socket_path=None, app="python"):
+        lib = _api()
+        self._conn = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(LLMS_ERROR_MAX)
+        rc = lib.llms_connect(_b(socket_path) if socket_path else None,
+                              ctypes.byref(self._conn), err)
+        if rc != 0:
+            raise LlmsError(rc, err.value.decode("utf-8", "replace"))
+        self._check(lib.llms_bind(self._conn, _b(app)))
+        self.app = app
+        self.last_result = None
+
+    def _check(self, rc):
+        if rc != 0:
+            msg = _api().llms_last_error(self._conn) if self._conn else b""
+            raise LlmsError(rc, (msg or b"").decode("utf-8", "replace"))
+
+    def close(self):
+        if self._conn:
+            _api().llms_close(self._conn)
+            self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_timeout(self, ms):
+        """A deadline in milliseconds for every later request (0: none)."""
+        _api().llms_set_timeout(self._conn, ms)
+
+    def _generate(self, call, stream):
+        """Runs call(on_text, result) returning a status; text, or an iterator of pieces."""
+        if not stream:
+            res = _Result()
+            rc = call(_TOKEN_CB(0), ctypes.byref(res))
+            try:
+                self._check(rc)
+                self.last_result = _result(res)
+            finally:
+                _api().llms_result_free(ctypes.byref(res))
+            return self.last_result.text
+        return _Stream(self, call)
+
+    def complete(self, prompt, max_tokens=None, temperature=None, system=None, chat=False,
+                 stream=False, **params):
+        """Stateless generation: the text (or with stream=True an iterator of pieces).
+        chat: wrap the prompt as a user message (after system) in the chat template."""
+        p, keep = _params(max_tokens=max_tokens, temperature=temperature, **params)
+
+        def call(cb, res):
+            return _api().llms_complete(self._conn, _b(prompt), _b(system) if system else None,
+                                        1 if chat or system else 0, ctypes.byref(p), cb, None,
+                                        res)
+        call.keep = keep
+        return self._generate(call, stream)
+
+    def create_context(self, system=None, **defaults):
+        """A new persistent context (its defaults: max_tokens, temperature, ...)."""
+        p, keep = _params(**defaults)
+        cid = ctypes.create_string_buffer(LLMS_ID_MAX)
+        self._check(_api().llms_context_create(self._conn, _b(system) if system else None,
+                                               ctypes.byref(p), cid))
+        del keep
+        return Context(self, cid.value.decode())
+
+    def context(self, context_id):
+        """An existing context of this app by id."""
+        return Context(self, context_id)
+
+    def embed(self, texts, pooling="last"):
+        """One unit-length vector (a list of floats) per text; a str is one text."""
+        if isinstance(texts, (str, bytes)):
+            texts = [texts]
+        arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
+        e = _Embeddings()
+        self._check(_api().llms_embed(self._conn, arr, len(texts),
+                                      1 if pooling == "mean" else 0, ctypes.byref(e)))
+        try:
+            d = e.dim
+            return [[e.values[i * d + j] for j in range(d)] for i in range(e.n)]
+        finally:
+            _api().llms_embeddings_free(ctypes.byref(e))
+
+    def rerank(self, query, documents, k=5, ordered=True):
+        """The k best documents for query, best first: [RerankHit(index, score)]."""
+        arr = (ctypes.c_char_p * len(documents))(*[_b(d) for d in documents])
+        o = _RerankOptions()
+        _api().llms_rerank_options_init(ctypes.byref(o))
+        o.top_k = k
+        o.mode = 1 if ordered else 0
+        r = _RerankResult()
+        self._check(_api().llms_rerank(self._conn, _b(query), arr, len(documents),
+                                       ctypes.byref(o), ctypes.byref(r)))
+        try:
+            return [RerankHit(r.hits[i].index,
+                              None if math.isnan(r.hits[i].score) else r.hits[i].score)
+                    for i in range(r.n_hits)]
+        finally:
+            _api().llms_rerank_result_free(ctypes.byref(r))
+
+
+class _Stream:
+    """The pieces of a streamed reply. The blocking call runs on a thread of its own and
+    hands pieces over a queue; closing the iterator early cancels the call."""
+
+    _END = object()
+
+    def __init__(self, client, call):
+        self._client = client
+        self._q = queue.Queue()
+        self._stop = threading.Event()
+        self._error = None
+
+        def on_text(text, n, user):
+            self._q.put(ctypes.string_at(text, n).decode("utf-8", "replace"))
+            return 1 if self._stop.is_set() else 0
+
+        self._cb = _TOKEN_CB(on_text)
+
+        def run():
+            res = _Result()
+            try:
+                rc = call(self._cb, ctypes.byref(res))
+                if rc != 0 and not (rc == 6 and self._stop.is_set()):
+                    msg = _api().llms_last_error(client._conn) or b""
+                    self._error = LlmsError(rc, msg.decode("utf-8", "replace"))
+                elif rc == 0:
+                    client.last_result = _result(res)
+            finally:
+                _api().llms_result_free(ctypes.byref(res))
+                self._q.put(self._END)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._q.get()
+        if item is self._END:
+            self._thread.join()
+            if self._error:
+                raise self._error
+            raise StopIteration
+        return item
+
+    def close(self):
+        """Cancels the call (when still running) and waits for it to end."""
+        self._stop.set()
+        self._thread.join()
+
+    def __del__(self):
+        if self._thread.is_alive():
+            self.close()
+
+
+class Context:
+    """A persistent context of the client's app: calls extend its conversation."""
+
+    def __init__(self, client, context_id):
+        self.client = client
+        self.id = context_id
+
+    def call(self, prompt, stream=False, max_tokens=None, temperature=None, **params):
+        """One user turn: the reply's text, or with stream=True an iterator of pieces."""
+        p, keep = _params(max_tokens=max_tokens, temperature=temperature, **params)
+        c = self.client
+
+        def call(cb, res):
+            return _api().llms_call(c._conn, _b(self.id), _b(prompt), ctypes.byref(p), cb,
+                                    None, res)
+        call.keep = keep
+        return c._generate(call, stream)
+
+    def delete(self):
+        self.client._check(_api().llms_context_delete(self.client._conn, _b(self.id)))
+
+
+def connect(socket_path=None, app="python"):
+    """A client bound to app on llmsd's socket (None: $LLMS_SOCKET, else the default)."""
+    return Client(socket_path, app)

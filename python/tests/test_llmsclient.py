@@ -1,0 +1,86 @@
+"""The Python client against a real llmsd (started by tests/integration/test_python.c,
+which sets LLMS_SOCKET and LLMS_CLIENT_LIB). Standard library only."""
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import llmsclient  # noqa: E402
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest")
+
+    def tearDown(self):
+        self.c.close()
+
+    def test_complete_is_deterministic_when_greedy(self):
+        a = self.c.complete("one two three", max_tokens=8, temperature=0)
+        b = self.c.complete("one two three", max_tokens=8, temperature=0)
+        self.assertIsInstance(a, str)
+        self.assertEqual(a, b)
+        self.assertLessEqual(self.c.last_result.generated_tokens, 8)
+        self.assertIn(self.c.last_result.stop_reason, ("eos", "max_tokens"))
+
+    def test_streamed_call_equals_whole_call(self):
+        s = self.c.create_context(system="You answer.")
+        w = self.c.create_context(system="You answer.")
+        pieces = list(s.call("hello", stream=True, max_tokens=10, temperature=0))
+        whole = w.call("hello", max_tokens=10, temperature=0)
+        self.assertTrue(all(isinstance(p, str) for p in pieces))
+        self.assertEqual("".join(pieces), whole)
+        # The context goes on with a second turn.
+        self.assertIsInstance(s.call("more", max_tokens=4), str)
+        self.assertGreater(self.c.last_result.context_tokens, 0)
+        s.delete()
+        w.delete()
+
+    def test_leaving_a_stream_cancels_it(self):
+        ctx = self.c.create_context()
+        it = ctx.call("go on", stream=True, max_tokens=400, temperature=0)
+        next(it, None)
+        it.close()
+        # The connection is still usable afterwards.
+        self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
+
+    def test_embed(self):
+        v = self.c.embed(["first", "second text"])
+        self.assertEqual(len(v), 2)
+        for row in v:
+            self.assertAlmostEqual(math.sqrt(sum(x * x for x in row)), 1.0, places=4)
+        self.assertEqual(self.c.embed("first"), v[:1])
+
+    def test_rerank(self):
+        docs = ["a cat", "a dog", "cats and dogs", "nothing"]
+        hits = self.c.rerank("cat", docs, k=2)
+        self.assertEqual(len(hits), 2)
+        for h in hits:
+            self.assertIn(h.index, range(len(docs)))
+            self.assertTrue(0.0 <= h.score <= 1.0)
+        self.assertGreaterEqual(hits[0].score, hits[1].score)
+
+    def test_errors_carry_the_status(self):
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", top_p=7.0)
+        self.assertEqual(e.exception.status, 1)
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.context("0" * 32).call("x")
+        self.assertEqual(e.exception.status, 2)
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            list(self.c.context("0" * 32).call("x", stream=True))
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
+        self.assertEqual(e.exception.status, 100)
+
+    def test_default_socket_from_environment(self):
+        c = llmsclient.connect()
+        self.assertEqual(c.app, "python")
+        c.close()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

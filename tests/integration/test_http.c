@@ -1,0 +1,703 @@
+/*
+ * The HTTP gateway (daemon/http.h) end to end: a real llmsd of this build with
+ * http_socket and http_listen, spoken to with a small HTTP client (httpc.h) and
+ * checked against the same daemon's native answers through libllmsclient: chat,
+ * completions (plain and streamed), embeddings (float and base64), contexts through
+ * the "llmsd" field, identity (peer uid, bearer tokens), /metrics, errors, limits,
+ * malformed input, and the cancellation of a generation whose client went away.
+ * Rerank needs a model with answer tokens: the trained stories260K of the shared test
+ * data with fixed yes/no ids, so that test skips without it.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/integration/httpc.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+#define TOKEN_USER "tok-user-0123456789"
+#define TOKEN_ADMIN "tok-admin-0123456789"
+#define BODY_LIMIT 8192
+
+static char llmsd_path[1024];
+static char model_path[1024], slow_model_path[1024];
+static llmsd_proc daemon_, slow_daemon;
+static int daemon_up, slow_up;
+static char hsock[700];
+static int port;
+
+#define NEED(up, start)                                                        \
+    do {                                                                       \
+        if (!llmsd_path[0])                                                    \
+            SKIP("llmsd is not built in this tree");                           \
+        if (!model_path[0])                                                    \
+            SKIP("no model could be generated");                               \
+        if (!(up))                                                             \
+            (up) = (start) == 0 ? 1 : -1;                                      \
+        CHECK_MSG((up) == 1, "llmsd did not start");                           \
+    } while (0)
+
+/* A TCP port nothing listens on now (bound and released: the daemon takes it next). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int start_daemon(void)
+{
+    char tokens[700], extra[2048];
+    proc_fmt(tokens, sizeof tokens, "%s/tokens", test_tmpdir());
+    FILE *f = fopen(tokens, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "# token uid app [admin]\n%s %u tokapp\n%s %u tokadmin admin\n", TOKEN_USER,
+            (unsigned)getuid(), TOKEN_ADMIN, (unsigned)getuid());
+    fclose(f);
+    chmod(tokens, 0600);
+    port = free_port();
+    struct group *g = getgrgid(getgid());
+    proc_fmt(hsock, sizeof hsock, "%s/http/h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra,
+             "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"
+             "http_max_body_bytes = %d\nadmin_group = %s\nmax_queued_per_app = 4\n",
+             hsock, port, tokens, BODY_LIMIT, g ? g->gr_name : "root");
+    return proc_start(&daemon_, llmsd_path, "http", model_path, extra);
+}
+
+static int start_slow(void)
+{
+    char extra[1024];
+    proc_fmt(extra, sizeof extra, "http_socket = %s/slow-h.sock\nn_ctx = 4096\n", test_tmpdir());
+    return proc_start(&slow_daemon, llmsd_path, "slow", slow_model_path, extra);
+}
+
+/* POST body to path on the gateway's Unix socket; the reply's JSON (NULL when none). */
+static json_object *post(const char *path, const char *body, int *status)
+{
+    httpc_reply r;
+    *status = 0;
+    if (httpc_do(hsock, 0, "POST", path, NULL, body, &r))
+        return NULL;
+    *status = r.status;
+    json_object *o = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    return o;
+}
+
+static const char *jstr(json_object *o, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *key = strtok(buf, "."); key && o; key = strtok(NULL, ".")) {
+        if (*key >= '0' && *key <= '9')
+            o = json_object_array_get_idx(o, (size_t)atoi(key));
+        else if (!json_object_object_get_ex(o, key, &o))
+            o = NULL;
+    }
+    return o ? json_object_get_string(o) : NULL;
+}
+
+static void health_and_models(void)
+{
+    NEED(daemon_up, start_daemon());
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.body, "\"ok\""));
+    httpc_reply_free(&r);
+    CHECK(httpc_do(hsock, 0, "GET", "/v1/models", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    json_object *o = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    CHECK(o);
+    CHECK(jstr(o, "data.0.id") && strcmp(jstr(o, "data.0.id"), "http") == 0);
+    CHECK(strcmp(jstr(o, "object"), "list") == 0);
+    json_object_put(o);
+}
+
+static void chat_matches_native_complete(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 12;
+    llms_result want = {0};
+    CHECK_EQ(llms_complete(c, "hello there", "Be brief.", 1, &p, NULL, NULL, &want), LLMS_OK);
+    llms_close(c);
+    int st;
+    json_object *o = post("/v1/chat/completions",
+                          "{\"model\":\"http\",\"messages\":[{\"role\":\"system\",\"content\":"
+                          "\"Be brief.\"},{\"role\":\"user\",\"content\":\"hello there\"}],"
+                          "\"temperature\":0,\"max_tokens\":12}", &st);
+    CHECK(o);
+    CHECK_EQ(st, 200);
+    CHECK(strcmp(jstr(o, "object"), "chat.completion") == 0);
+    CHECK(strncmp(jstr(o, "id"), "chatcmpl-", 9) == 0);
+    CHECK(strcmp(jstr(o, "choices.0.message.role"), "assistant") == 0);
+    CHECK_MSG(strcmp(jstr(o, "choices.0.message.content"), want.text) == 0, "'%s' vs '%s'",
+              jstr(o, "choices.0.message.content"), want.text);
+    CHECK_EQ(atoi(jstr(o, "usage.completion_tokens")), want.generated_tokens);
+    CHECK_EQ(atoi(jstr(o, "usage.prompt_tokens")), want.prompt_tokens);
+    CHECK_EQ(atoi(jstr(o, "usage.total_tokens")), want.prompt_tokens + want.generated_tokens);
+    const char *fin = jstr(o, "choices.0.finish_reason");
+    CHECK(strcmp(fin, want.stop_reason == LLMS_STOP_MAX_TOKENS ? "length" : "stop") == 0);
+    json_object_put(o);
+    llms_result_free(&want);
+}
+
+static void completion_matches_native(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 10;
+    llms_result want = {0};
+    CHECK_EQ(llms_complete(c, "one two three", NULL, 0, &p, NULL, NULL, &want), LLMS_OK);
+    llms_close(c);
+    int st;
+    json_object *o = post("/v1/completions",
+                          "{\"prompt\":\"one two three\",\"temperature\":0,\"max_tokens\":10}", &st);
+    CHECK(o);
+    CHECK_EQ(st, 200);
+    CHECK(strcmp(jstr(o, "object"), "text_completion") == 0);
+    CHECK(strcmp(jstr(o, "choices.0.text"), want.text) == 0);
+    CHECK_EQ(atoi(jstr(o, "usage.completion_tokens")), want.generated_tokens);
+    json_object_put(o);
+    llms_result_free(&want);
+}
+
+/* Streams a request and returns the text of its deltas; *done: ended with [DONE]. */
+static char *stream_text(const char *path, const char *body, bool chat, int *status, bool *done,
+                         bool *usage, char **finish)
+{
+    httpc_reply r;
+    *done = *usage = false;
+    *finish = NULL;
+    if (httpc_do(hsock, 0, "POST", path, NULL, body, &r))
+        return NULL;
+    *status = r.status;
+    size_t cap = r.body_len + 1, len = 0;
+    char *text = calloc(1, cap);
+    char *save, *line = strtok_r(r.body, "\n", &save);
+    for (; line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "data: ", 6) != 0)
+            continue;
+        if (strcmp(line + 6, "[DONE]") == 0) {
+            *done = true;
+            continue;
+        }
+        json_object *o = json_tokener_parse(line + 6);
+        if (!o)
+            continue;
+        const char *piece = jstr(o, chat ? "choices.0.delta.content" : "choices.0.text");
+        if (piece) {
+            size_t n = strlen(piece);
+            memcpy(text + len, piece, n < cap - 1 - len ? n : cap - 1 - len);
+            len += n < cap - 1 - len ? n : cap - 1 - len;
+        }
+        const char *f = jstr(o, "choices.0.finish_reason");
+        if (f && !*finish)
+            *finish = strdup(f);
+        if (jstr(o, "usage.total_tokens"))
+            *usage = true;
+        json_object_put(o);
+    }
+    httpc_reply_free(&r);
+    return text;
+}
+
+static void streamed_equals_whole(void)
+{
+    NEED(daemon_up, start_daemon());
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"tell me\"}],"
+                       "\"temperature\":0,\"max_tokens\":20";
+    char body[512];
+    snprintf(body, sizeof body, "{%s}", msgs);
+    int st;
+    json_object *whole = post("/v1/chat/completions", body, &st);
+    CHECK(whole && st == 200);
+    snprintf(body, sizeof body, "{%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             msgs);
+    bool done, usage;
+    char *finish;
+    char *text = stream_text("/v1/chat/completions", body, true, &st, &done, &usage, &finish);
+    CHECK(text);
+    CHECK_EQ(st, 200);
+    CHECK(done);
+    CHECK(usage);
+    CHECK(finish && strcmp(finish, jstr(whole, "choices.0.finish_reason")) == 0);
+    CHECK_MSG(strcmp(text, jstr(whole, "choices.0.message.content")) == 0, "'%s' vs '%s'", text,
+              jstr(whole, "choices.0.message.content"));
+    free(text);
+    free(finish);
+    /* Completions stream too, and without include_usage no usage event comes. */
+    text = stream_text("/v1/completions",
+                       "{\"prompt\":\"a b\",\"temperature\":0,\"max_tokens\":8,\"stream\":true}",
+                       false, &st, &done, &usage, &finish);
+    CHECK(text && st == 200 && done && !usage && finish);
+    free(text);
+    free(finish);
+    json_object_put(whole);
+}
+
+static int b64v(char c)
+{
+    const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *p = strchr(a, c);
+    return c && p ? (int)(p - a) : -1;
+}
+
+static void embeddings_float_and_base64(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    const char *texts[] = {"first text", "second"};
+    llms_embeddings want;
+    CHECK_EQ(llms_embed(c, texts, 2, LLMS_POOLING_LAST, &want), LLMS_OK);
+    llms_close(c);
+    int st;
+    json_object *o = post("/v1/embeddings", "{\"input\":[\"first text\",\"second\"]}", &st);
+    CHECK(o && st == 200);
+    json_object *data;
+    CHECK(json_object_object_get_ex(o, "data", &data));
+    CHECK_EQ(json_object_array_length(data), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_object *e = json_object_array_get_idx(data, i), *v;
+        CHECK(json_object_object_get_ex(e, "embedding", &v));
+        CHECK_EQ(json_object_array_length(v), want.dim);
+        for (size_t d = 0; d < want.dim; d++)
+            CHECK_NEAR(json_object_get_double(json_object_array_get_idx(v, d)),
+                       want.values[i * want.dim + d], 1e-6);
+    }
+    CHECK(atoi(jstr(o, "usage.prompt_tokens")) == (int)(want.n_tokens[0] + want.n_tokens[1]));
+    json_object_put(o);
+    o = post("/v1/embeddings", "{\"input\":\"second\",\"encoding_format\":\"base64\"}", &st);
+    CHECK(o && st == 200);
+    const char *s = jstr(o, "data.0.embedding");
+    CHECK(s && strlen(s) == (want.dim * 4 + 2) / 3 * 4);
+    uint8_t *bytes = calloc(want.dim * 4 + 3, 1);
+    size_t nb = 0;
+    for (size_t i = 0; s[i] && s[i + 1]; i += 4) {
+        int a = b64v(s[i]), b = b64v(s[i + 1]), cc = b64v(s[i + 2]), d = b64v(s[i + 3]);
+        bytes[nb++] = (uint8_t)(a << 2 | b >> 4);
+        if (cc >= 0)
+            bytes[nb++] = (uint8_t)(b << 4 | cc >> 2);
+        if (d >= 0)
+            bytes[nb++] = (uint8_t)(cc << 6 | d);
+    }
+    CHECK_EQ(nb, want.dim * 4);
+    for (size_t d = 0; d < want.dim; d++) {
+        uint32_t bits = (uint32_t)bytes[4 * d] | (uint32_t)bytes[4 * d + 1] << 8 |
+                        (uint32_t)bytes[4 * d + 2] << 16 | (uint32_t)bytes[4 * d + 3] << 24;
+        float f;
+        memcpy(&f, &bits, 4);
+        CHECK(f == want.values[want.dim + d]);
+    }
+    free(bytes);
+    json_object_put(o);
+    llms_embeddings_free(&want);
+}
+
+/* Status and error code of an exchange. */
+static void expect_error(const char *method, const char *path, const char *headers,
+                         const char *body, int want_status, const char *want_code, int *ok)
+{
+    httpc_reply r;
+    *ok = 0;
+    if (httpc_do(hsock, 0, method, path, headers, body, &r))
+        return;
+    json_object *o = json_tokener_parse(r.body);
+    const char *code = o ? jstr(o, "error.code") : NULL;
+    const char *msg = o ? jstr(o, "error.message") : NULL;
+    const char *type = o ? jstr(o, "error.type") : NULL;
+    *ok = r.status == want_status && code && msg && type && strcmp(code, want_code) == 0;
+    if (!*ok)
+        fprintf(stderr, "   %s %s: got %d %s, want %d %s\n", method, path, r.status, r.body,
+                want_status, want_code);
+    json_object_put(o);
+    httpc_reply_free(&r);
+}
+
+static void errors_are_openai_shaped(void)
+{
+    NEED(daemon_up, start_daemon());
+    int ok;
+    expect_error("POST", "/v1/chat/completions", NULL, "{\"messages\": [", 400, "invalid_request", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "[\"not an object\"]", 400, "invalid_request", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"} {}", 400, "invalid_request", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "", 400, "invalid_request", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/chat/completions", NULL,
+                 "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404,
+                 "model_not_found", &ok);
+    CHECK(ok);
+    expect_error("GET", "/v1/nothing", NULL, NULL, 404, "unknown_route", &ok);
+    CHECK(ok);
+    expect_error("GET", "/v1/chat/completions", NULL, NULL, 405, "method_not_allowed", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/chat/completions", NULL, "{\"messages\":[]}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/chat/completions", NULL,
+                 "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"n\":2}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"top_p\":3}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"max_tokens\":\"many\"}", 400,
+                 "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"\"}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/embeddings", NULL, "{\"input\":[1,2,3]}", 400, "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/embeddings", NULL, "{\"input\":\"x\",\"encoding_format\":\"hex\"}", 400,
+                 "invalid_argument", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/completions", "X-Llmsd-App: bad name!\r\n", "{\"prompt\":\"x\"}", 400,
+                 "invalid_request", &ok);
+    CHECK(ok);
+    /* Over http_max_body_bytes: refused in JSON. */
+    char *big = malloc(BODY_LIMIT + 100);
+    CHECK(big);
+    memset(big, ' ', BODY_LIMIT + 99);
+    big[0] = '{';
+    big[BODY_LIMIT + 98] = '}';
+    big[BODY_LIMIT + 99] = '\0';
+    expect_error("POST", "/v1/completions", NULL, big, 413, "body_too_large", &ok);
+    free(big);
+    CHECK(ok);
+}
+
+static void malformed_input_never_crashes(void)
+{
+    NEED(daemon_up, start_daemon());
+    char deep[2100];
+    memset(deep, '[', 2000);
+    deep[2000] = '\0';
+    const char *bodies[] = {
+        deep, "{\"prompt\":\"\xff\xfe\"}", "{\"prompt\":\"a\\u0000b\",\"max_tokens\":1}",
+        "{\"prompt\":{\"nested\":true}}", "{\"messages\":\"hi\"}", "{\"messages\":[1,2]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+        "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}",
+        "{\"prompt\":\"x\",\"stop\":[\"\"]}", "{\"prompt\":\"x\",\"seed\":-5,\"max_tokens\":1}",
+        "{\"prompt\":\"x\",\"max_tokens\":-1}", "{\"prompt\":\"x\",\"temperature\":1e999}",
+        "{\"query\":\"q\",\"documents\":[{\"no\":\"text\"}]}", "{\"query\":\"q\",\"documents\":[]}",
+        "{\"input\":[]}", "{\"prompt\":[\"a\",\"b\"]}", "null", "\"str\"", "12",
+    };
+    const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                           "/v1/rerank"};
+    for (size_t p = 0; p < 4; p++)
+        for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+            httpc_reply r;
+            CHECK(httpc_do(hsock, 0, "POST", paths[p], NULL, bodies[i], &r) == 0);
+            CHECK_MSG(r.status >= 200 && r.status < 500, "%s %s: %d", paths[p], bodies[i], r.status);
+            httpc_reply_free(&r);
+        }
+    /* Raw garbage instead of HTTP: the connection is answered or closed, nothing more. */
+    int fd = httpc_connect(hsock, 0);
+    CHECK(fd >= 0);
+    const char junk[] = "\x01\x02 GARBAGE\r\n\r\n\r\nPOST / HTTP/9.9\r\nContent-Length: -5\r\n\r\n";
+    CHECK(send(fd, junk, sizeof junk - 1, MSG_NOSIGNAL) > 0);
+    char sink[4096];
+    while (recv(fd, sink, sizeof sink, 0) > 0)
+        ;
+    close(fd);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+}
+
+static void tcp_needs_a_token(void)
+{
+    NEED(daemon_up, start_daemon());
+    CHECK(port > 0);
+    httpc_reply r;
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
+    CHECK(httpc_do(NULL, port, "POST", "/v1/completions", NULL, body, &r) == 0);
+    CHECK_EQ(r.status, 401);
+    CHECK(strstr(r.body, "\"authentication_error\""));
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "POST", "/v1/completions", "Authorization: Bearer wrong\r\n", body,
+                   &r) == 0);
+    CHECK_EQ(r.status, 401);
+    CHECK(strstr(r.body, "invalid_api_key"));
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "POST", "/v1/completions", "Authorization: Bearer " TOKEN_USER "\r\n",
+                   body, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+    /* /health needs no identity; /metrics an admin. */
+    CHECK(httpc_do(NULL, port, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "GET", "/metrics", "Authorization: Bearer " TOKEN_USER "\r\n", NULL,
+                   &r) == 0);
+    CHECK_EQ(r.status, 403);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "GET", "/metrics", "Authorization: Bearer " TOKEN_ADMIN "\r\n", NULL,
+                   &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.body, "llmsd_sched_steps_total"));
+    httpc_reply_free(&r);
+}
+
+static void metrics_count_requests(void)
+{
+    NEED(daemon_up, start_daemon());
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.head, "text/plain"));
+    const char *want[] = {"llmsd_http_requests_total{route=\"/health\",code=\"200\"}",
+                          "llmsd_http_completion_tokens_total ", "llmsd_sched_steps_total ",
+                          "llmsd_sched_step_mean_ms ", "llmsd_kv_resident_bytes ",
+                          "llmsd_swap_chunks_written_total ", "llmsd_switch_ins_total ",
+                          "# TYPE llmsd_http_requests_total counter"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        CHECK_MSG(strstr(r.body, want[i]), "no %s in\n%s", want[i], r.body);
+    httpc_reply_free(&r);
+}
+
+/* A context made natively by app "http" is the same app's context over HTTP; another
+ * app (a token's) does not see it. */
+static void context_field_calls_a_context(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "http");
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, "You answer.", NULL, id), LLMS_OK);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"ignored\"},{\"role\":\"user\","
+             "\"content\":\"first question\"}],\"max_tokens\":4,\"llmsd\":{\"context\":\"%s\"}}",
+             id);
+    int st;
+    json_object *o = post("/v1/chat/completions", body, &st);
+    CHECK(o && st == 200);
+    CHECK(strcmp(jstr(o, "llmsd.context"), id) == 0);
+    int after_one = atoi(jstr(o, "llmsd.context_tokens"));
+    CHECK(after_one > 0);
+    json_object_put(o);
+    o = post("/v1/chat/completions", body, &st);
+    CHECK(o && st == 200);
+    CHECK(atoi(jstr(o, "llmsd.context_tokens")) > after_one);
+    json_object_put(o);
+    llms_context_info info;
+    CHECK_EQ(llms_context_get(c, id, 1, &info), LLMS_OK);
+    /* The system prompt, then two turns of the last user message only. */
+    CHECK_EQ(info.n_history, 5);
+    CHECK(strcmp(info.history[1].role, "user") == 0);
+    CHECK(strcmp(info.history[1].content, "first question") == 0);
+    CHECK(strcmp(info.history[3].content, "first question") == 0);
+    llms_context_info_free(&info);
+    /* The token's app is someone else. */
+    httpc_reply r;
+    CHECK(httpc_do(NULL, port, "POST", "/v1/chat/completions",
+                   "Authorization: Bearer " TOKEN_USER "\r\n", body, &r) == 0);
+    CHECK_EQ(r.status, 404);
+    httpc_reply_free(&r);
+    /* The last message must be the user's. */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\"}],\"llmsd\":{\"context\":\"%s\"}}",
+             id);
+    o = post("/v1/chat/completions", body, &st);
+    CHECK_EQ(st, 400);
+    json_object_put(o);
+    llms_close(c);
+}
+
+static void rerank_returns_scores(void)
+{
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("needs the shared test data (models/stories260K.gguf)");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    llmsd_proc d;
+    char extra[512], sock[700];
+    proc_fmt(sock, sizeof sock, "%s/rr-h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra, "http_socket = %s\nrerank_yes_token = 300\nrerank_no_token = 301\n",
+             sock);
+    CHECK(proc_start(&d, llmsd_path, "rerank", stories, extra) == 0);
+    llms_conn *c = proc_connect(&d, "http");
+    CHECK(c);
+    const char *docs[] = {"the cat sat", "a dog ran far", "cats like milk"};
+    llms_rerank_options opt;
+    llms_rerank_options_init(&opt);
+    opt.top_k = 2;
+    opt.mode = LLMS_RERANK_ORDERED;
+    llms_rerank_result want;
+    CHECK_EQ(llms_rerank(c, "cat", docs, 3, &opt, &want), LLMS_OK);
+    llms_close(c);
+    httpc_reply r;
+    CHECK(httpc_do(sock, 0, "POST", "/v1/rerank", NULL,
+                   "{\"model\":\"stories260K\",\"query\":\"cat\",\"documents\":[\"the cat sat\","
+                   "{\"text\":\"a dog ran far\"},\"cats like milk\"],\"top_n\":2,"
+                   "\"return_documents\":true}", &r) == 0);
+    CHECK_EQ(r.status, 200);
+    json_object *o = json_tokener_parse(r.body), *res;
+    httpc_reply_free(&r);
+    CHECK(o && json_object_object_get_ex(o, "results", &res));
+    CHECK_EQ(json_object_array_length(res), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_object *h = json_object_array_get_idx(res, i), *v;
+        CHECK(json_object_object_get_ex(h, "index", &v));
+        CHECK_EQ(json_object_get_int(v), want.hits[i].index);
+        CHECK(json_object_object_get_ex(h, "relevance_score", &v));
+        CHECK_NEAR(json_object_get_double(v), want.hits[i].score, 1e-6);
+        CHECK(json_object_object_get_ex(h, "document", &v));
+        CHECK(strcmp(jstr(v, "text"), docs[want.hits[i].index]) == 0);
+    }
+    json_object_put(o);
+    /* /rerank is the same route (llama.cpp's name). */
+    CHECK(httpc_do(sock, 0, "POST", "/rerank", NULL,
+                   "{\"query\":\"cat\",\"documents\":[\"a\",\"b\"]}", &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+    llms_rerank_result_free(&want);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+static bool log_has(const llmsd_proc *d, const char *what)
+{
+    FILE *f = fopen(d->log, "r");
+    char line[1024];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, what) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* A client that leaves mid-stream (or while waiting for a whole reply) cancels its
+ * generation, as a closed native connection does. */
+static void disconnect_cancels_generation(void)
+{
+    NEED(slow_up, start_slow());
+    char sock[700];
+    proc_fmt(sock, sizeof sock, "%s/slow-h.sock", test_tmpdir());
+    for (int streamed = 1; streamed >= 0; streamed--) {
+        int fd = httpc_connect(sock, 0);
+        CHECK(fd >= 0);
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"go on\",\"max_tokens\":4000,\"temperature\":0,\"stream\":%s}",
+                 streamed ? "true" : "false");
+        CHECK(httpc_send(fd, "POST", "/v1/completions", NULL, body, strlen(body)) == 0);
+        if (streamed) {
+            char buf[512];
+            CHECK(recv(fd, buf, sizeof buf, 0) > 0); /* the reply has begun */
+        } else {
+            usleep(50000);
+        }
+        close(fd);
+        /* The worker ends the request within a step; the log says how it ended. */
+        double deadline = proc_now() + 30;
+        int want = streamed ? 1 : 2;
+        int seen = 0;
+        while (proc_now() < deadline) {
+            FILE *f = fopen(slow_daemon.log, "r");
+            char line[1024];
+            seen = 0;
+            while (f && fgets(line, sizeof line, f))
+                seen += strstr(line, "kind=complete") && strstr(line, "outcome=STOP_CANCELLED");
+            if (f)
+                fclose(f);
+            if (seen >= want)
+                break;
+            usleep(20000);
+        }
+        CHECK_MSG(seen >= want, "no cancelled completion in the log (streamed %d)", streamed);
+    }
+    CHECK(!log_has(&slow_daemon, "STOP_MAX_TOKENS"));
+    httpc_reply r;
+    CHECK(httpc_do(sock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
+    CHECK(r.status == 403 || strstr(r.body, "llmsd_http_disconnects_total 2"));
+    httpc_reply_free(&r);
+}
+
+static void non_loopback_is_refused(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or its model is missing");
+    char cmd[4096], out[4096];
+    proc_fmt(cmd, sizeof cmd,
+             "'%s' --model '%s' --socket '%s/nl.sock' --state_dir '%s/nl' --threads 1 "
+             "--http_listen 0.0.0.0:0 2>&1",
+             llmsd_path, model_path, test_tmpdir(), test_tmpdir());
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 1);
+    CHECK_MSG(strstr(out, "not a loopback address"), "%s", out);
+    proc_fmt(cmd, sizeof cmd,
+             "'%s' --model '%s' --socket '%s/nl.sock' --state_dir '%s/nl' --http_listen nonsense 2>&1",
+             llmsd_path, model_path, test_tmpdir(), test_tmpdir());
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 1);
+    CHECK_MSG(strstr(out, "http_listen"), "%s", out);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 9, .n_vocab = 300, .n_threads = 1,
+    };
+    proc_generate_model(model_path, sizeof model_path, "http.gguf", &mp);
+    modelgen_params slow = mp;
+    slow.dim = 256;
+    slow.n_layer = 4;
+    slow.n_head = 8;
+    slow.n_head_kv = 4;
+    slow.n_ff = 768;
+    slow.n_ctx = 4096;
+    slow.type = QTYPE_Q8_0;
+    proc_generate_model(slow_model_path, sizeof slow_model_path, "slow.gguf", &slow);
+    RUN(health_and_models);
+    RUN(chat_matches_native_complete);
+    RUN(completion_matches_native);
+    RUN(streamed_equals_whole);
+    RUN(embeddings_float_and_base64);
+    RUN(errors_are_openai_shaped);
+    RUN(malformed_input_never_crashes);
+    RUN(tcp_needs_a_token);
+    RUN(metrics_count_requests);
+    RUN(context_field_calls_a_context);
+    RUN(rerank_returns_scores);
+    RUN(disconnect_cancels_generation);
+    RUN(non_loopback_is_refused);
+    if (daemon_up == 1)
+        proc_stop(&daemon_, SIGTERM);
+    if (slow_up == 1)
+        proc_stop(&slow_daemon, SIGTERM);
+    return test_finish();
+}
