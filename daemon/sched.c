@@ -836,9 +836,12 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
             g->sink_want = prompt_sink_tokens(s->env.tok, s->env.family, c->system_prompt,
                                               cfg->window_sink);
     }
-    if (g->n_base + n_turn >= g->limit) {
+    /* A turn that does not fit beside the context: a WINDOW context slides at the
+     * switch-in when the turn fits beside the sink (and the sink is all history). */
+    int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
+    if (g->n_base + n_turn >= g->limit &&
+        !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
         code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-        int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
         if (!c)
             err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
                     g->limit);
@@ -846,11 +849,10 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
             err_set(err, "context '%s' is full: it holds %d tokens, the turn adds %d and the "
                     "window is %d tokens (its overflow is refuse; delete it or start another)",
                     c->id, g->n_base, n_turn, g->limit);
-        else if (g->n_base < sink || sink + n_turn >= g->limit)
+        else
             err_set(err, "the turn's %d tokens do not fit the window of %d tokens beside the "
                     "%d it keeps from the start of the context", n_turn, g->limit, sink);
-        if (!g->window || g->n_base < sink || sink + n_turn >= g->limit)
-            goto fail;
+        goto fail;
     }
     const char *stops[STOP_MAX];
     int n_stops = 0;
