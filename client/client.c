@@ -43,6 +43,19 @@ const char *llms_status_name(enum llms_status s)
     return "UNKNOWN";
 }
 
+const char *llms_overflow_name(enum llms_overflow o)
+{
+    switch (o) {
+    case LLMS_OVERFLOW_DEFAULT:
+        return "default";
+    case LLMS_OVERFLOW_WINDOW:
+        return "window";
+    case LLMS_OVERFLOW_REFUSE:
+        return "refuse";
+    }
+    return "unknown";
+}
+
 const char *llms_stop_reason_name(enum llms_stop_reason r)
 {
     static const char *const names[] = {"eos",       "max_tokens", "stop_string", "context_full",
@@ -365,11 +378,23 @@ enum llms_status llms_bind(llms_conn *c, const char *app_name)
 enum llms_status llms_context_create(llms_conn *c, const char *system_prompt,
                                      const llms_params *params, char id_out[LLMS_ID_MAX])
 {
+    return llms_context_create_overflow(c, system_prompt, params, LLMS_OVERFLOW_DEFAULT, id_out);
+}
+
+enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_prompt,
+                                              const llms_params *params,
+                                              enum llms_overflow overflow,
+                                              char id_out[LLMS_ID_MAX])
+{
     Llms__GenerationParams g;
     Llms__CreateContextRequest cc = LLMS__CREATE_CONTEXT_REQUEST__INIT;
     cc.system_prompt = (char *)system_prompt;
     if (params_to_proto(params, &g))
         cc.defaults = &g;
+    if (overflow != LLMS_OVERFLOW_DEFAULT) {
+        cc.has_overflow = 1;
+        cc.overflow = (Llms__Overflow)overflow;
+    }
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CREATE_CONTEXT;
     req.create_context = &cc;
@@ -463,6 +488,7 @@ static enum llms_status stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
                 .queue_ms = cr->queue_ms,
                 .stop_reason = (enum llms_stop_reason)cr->stop_reason,
                 .text = strdup(cr->text),
+                .window_slides = cr->has_window_slides ? cr->window_slides : 0,
             };
             if (!out->text) {
                 frame_free_response(r);
@@ -585,6 +611,9 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     out->last_used_unix_ms = p->last_used_unix_ms;
     out->memory = (enum llms_memory)p->memory;
     out->kv_bytes = p->has_kv_bytes ? p->kv_bytes : 0;
+    out->overflow = p->has_overflow ? (enum llms_overflow)p->overflow : LLMS_OVERFLOW_DEFAULT;
+    out->window_slides = p->window_slides;
+    out->window_dropped_tokens = p->window_dropped_tokens;
     out->app_name = dup_or_null(p->app_name);
     out->system_prompt = dup_or_null(p->system_prompt);
     if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt))
@@ -831,6 +860,8 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kv_int4_bytes = p->kv_int4_bytes,
         .kv_int2_bytes = p->kv_int2_bytes,
         .kv_spare_bytes = p->kv_spare_bytes,
+        .window_slides = p->window_slides,
+        .window_dropped_tokens = p->window_dropped_tokens,
         .switch_ins = p->switch_ins,
         .switch_in_mean_ms = p->switch_in_mean_ms,
         .sched_mode = strdup(p->sched_mode ? p->sched_mode : ""),

@@ -79,7 +79,8 @@ enum llms_stop_reason {
     LLMS_STOP_EOS = 0,          /* the model ended its turn */
     LLMS_STOP_MAX_TOKENS = 1,   /* max_tokens reached */
     LLMS_STOP_STRING = 2,       /* a stop string was generated */
-    LLMS_STOP_CONTEXT_FULL = 3, /* the context window is full */
+    LLMS_STOP_CONTEXT_FULL = 3, /* the window is full: llms_complete, or a context created
+                                   with LLMS_OVERFLOW_REFUSE */
     LLMS_STOP_CANCELLED = 4,    /* cancelled */
     LLMS_STOP_DEADLINE = 5,     /* the request's timeout (llms_set_timeout) passed */
     LLMS_STOP_SHUTDOWN = 6,     /* the daemon is shutting down: the reply is cut */
@@ -143,10 +144,27 @@ typedef struct llms_result {
     double queue_ms;           /* time spent waiting for a worker */
     enum llms_stop_reason stop_reason;
     char *text;                /* the whole reply; free with llms_result_free() */
+    uint32_t window_slides;    /* times the context's window slid during the call */
 } llms_result;
 
 /* Frees the strings inside *r (not r itself) and zeroes it. NULL is fine. */
 void llms_result_free(llms_result *r);
+
+/*
+ * What a context does when a call fills its window (the daemon's n_ctx, or
+ * max_tokens_per_context when lower) (proto Overflow).
+ */
+enum llms_overflow {
+    LLMS_OVERFLOW_DEFAULT = 0, /* the daemon's setting `overflow` (window unless set) */
+    LLMS_OVERFLOW_WINDOW = 1,  /* slide: the first tokens (attention sinks, the system
+                                  prompt) and the most recent stay, the middle leaves the
+                                  model's view (the messages keep it), the reply goes on */
+    LLMS_OVERFLOW_REFUSE = 2,  /* the reply stops with LLMS_STOP_CONTEXT_FULL and every
+                                  later call fails with LLMS_ERR_RESOURCE_EXHAUSTED */
+};
+
+/* "default", "window", "refuse" ("unknown" for others). */
+const char *llms_overflow_name(enum llms_overflow o);
 
 /*
  * Receives each streamed piece of a reply: len bytes of UTF-8 text at text (not
@@ -195,6 +213,13 @@ enum llms_status llms_bind(llms_conn *conn, const char *app_name);
  */
 enum llms_status llms_context_create(llms_conn *conn, const char *system_prompt,
                                      const llms_params *params, char id_out[LLMS_ID_MAX]);
+
+/* llms_context_create with the context's overflow policy (kept with it, also across
+ * daemon restarts). */
+enum llms_status llms_context_create_overflow(llms_conn *conn, const char *system_prompt,
+                                              const llms_params *params,
+                                              enum llms_overflow overflow,
+                                              char id_out[LLMS_ID_MAX]);
 
 /*
  * One user turn in a context: prompt is added as a user message, the reply is generated,
@@ -262,6 +287,9 @@ typedef struct llms_context_info {
     size_t n_history;
     llms_chunk_info *chunks;    /* n_chunks: the chunk map, from the get calls only */
     size_t n_chunks;
+    enum llms_overflow overflow;     /* WINDOW or REFUSE (DEFAULT from an older daemon) */
+    uint64_t window_slides;          /* times its window slid */
+    uint64_t window_dropped_tokens;  /* tokens of its history out of the model's view */
 } llms_context_info;
 
 /* Frees what *info holds (not info itself). NULL is fine. */
@@ -428,6 +456,8 @@ typedef struct llms_daemon_status {
      * buffers; kv_budget_bytes caps resident + spare. */
     uint64_t kv_f16_bytes, kv_int8_bytes, kv_int4_bytes, kv_int2_bytes;
     uint64_t kv_spare_bytes;
+    /* Sliding windows since the daemon started: slides, and the tokens they dropped. */
+    uint64_t window_slides, window_dropped_tokens;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -44,6 +44,14 @@ static const key_def keys[] = {
     INT(n_ctx, 0, 1 << 24, "tokens per context window, 0 = min(model, 4096) (default 0)"),
     INT(max_contexts_per_app, 1, INT_MAX, "contexts an app may keep (default 64)"),
     INT(max_tokens_per_context, 0, 1 << 24, "tokens per context, 0 = n_ctx (default 0)"),
+    CHOICE(overflow, "window|refuse",
+           "what a context does when a call fills its window (max_tokens_per_context), "
+           "unless created with its own: window (keep the first tokens and the most recent, "
+           "drop the middle, go on) or refuse (stop the reply; later calls fail) "
+           "(default window)"),
+    INT(window_sink, 4, 1 << 24, "tokens a sliding window keeps at the start, at least "
+                                 "(rounded up to 16-token chunks; a system prompt is kept "
+                                 "whole up to half the window) (default 4)"),
     INT(max_queued_per_app, 1, INT_MAX, "requests of every kind that wait for or use the "
                                         "engine (Call, Complete, Embed, Rerank) an app may "
                                         "have queued or running (default 16)"),
@@ -136,6 +144,8 @@ void config_defaults(config *c)
     strcpy(c->model_load, "map");
     c->max_contexts_per_app = 64;
     c->max_queued_per_app = 16;
+    strcpy(c->overflow, "window");
+    c->window_sink = 4;
     c->step_tokens = 64;
     strcpy(c->sched, "batched");
     c->max_frame_bytes = 16u << 20;

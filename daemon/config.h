@@ -28,6 +28,10 @@ typedef struct config {
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;
     int max_tokens_per_context;        /* 0: n_ctx */
+    char overflow[8];                  /* "window" or "refuse": contexts created without
+                                          their own (daemon/ctxmgr.h) */
+    int window_sink;                   /* tokens a sliding window keeps at the start, at
+                                          least (whole chunks; the system prompt too) */
     int max_queued_per_app;            /* engine requests of any kind queued or running */
     int step_tokens;                   /* long-work rows per scheduler step */
     char sched[8];                     /* "batched" or "serial" */

@@ -33,6 +33,11 @@ struct ctxmgr {
     void *notify_arg;
 };
 
+/* A stored density weighs as much as this many rows' attention (the window of recent rows
+ * bench/kvquant measures densities over), so the next call's rows refine it rather than
+ * replace it. */
+#define CTX_DENSITY_ROWS 32
+
 /* Tokens chunk i of a history of n tokens holds. */
 static inline int ctx_chunk_tokens(int n_tokens, int i)
 {
@@ -66,6 +71,14 @@ int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX]);
  * and for reading bytes. Zero work costs nothing. */
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx);
 double ctx_cost_read(const ctx_cost *k, int64_t bytes);
+
+/* Sliding window (ctxwindow.c). ctx_window_load applies a stored window to the history
+ * ctx_open read (every turn's tokens): -1 + err when it does not fit the history.
+ * ctx_window_call_end fixes the chunk map after a committed call that slid (the chunks
+ * after the sink are new and unstored), or puts back the KV and statistics of the
+ * history after one that did not commit. */
+int ctx_window_load(ctx_entry *c, const store_window *w, char err[ERR_MAX]);
+void ctx_window_call_end(ctx_entry *c, bool committed);
 
 int64_t ctx_now_ms(void);
 double ctx_mono_ms(void);

@@ -107,6 +107,8 @@ static int load_turn(void *arg, const store_turn *t)
 typedef struct load_state {
     ctxmgr *cm;
     char *err;
+    store_window *windows;  /* (cap_windows) of the contexts in list order */
+    int n_windows, cap_windows;
 } load_state;
 
 static int load_context(void *arg, const store_context *sc)
@@ -128,10 +130,21 @@ static int load_context(void *arg, const store_context *sc)
     c->created_ms = sc->created_ms;
     c->last_used_ms = sc->last_used_ms;
     entry_init_kv(ls->cm, c);
-    if (!c->app_name || (sc->system_prompt && !c->system_prompt)) {
+    if (ls->n_windows == ls->cap_windows) {
+        int cap = ls->cap_windows ? 2 * ls->cap_windows : 64;
+        store_window *w = realloc(ls->windows, sizeof *w * (size_t)cap);
+        if (w) {
+            ls->windows = w;
+            ls->cap_windows = cap;
+        }
+    }
+    if (!c->app_name || (sc->system_prompt && !c->system_prompt) ||
+        ls->n_windows == ls->cap_windows) {
         entry_free(c);
         return err_set(ls->err, "out of memory");
     }
+    /* Applied once the turns are read. */
+    ls->windows[ls->n_windows++] = sc->window;
     /* The turns are read after the walk (one statement at a time on the store). */
     list_append(ls->cm, c);
     return 0;
@@ -199,11 +212,6 @@ static int attn_reserve(ctx_entry *c, int n)
     return 0;
 }
 
-/* A stored density weighs as much as this many rows' attention (the window of recent rows
- * bench/kvquant measures densities over), so the next call's rows refine it rather than
- * replace it. */
-#define CTX_DENSITY_ROWS 32
-
 /* Each call scales the attention statistics by this before adding its own rows: a
  * chunk's density follows what recent calls attend to, which predicts what the next ones
  * need better than the whole history's mean does (bench/kvquant). */
@@ -261,9 +269,10 @@ ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
         free(cm);
         return NULL;
     }
-    load_state ls = {cm, err};
+    load_state ls = {.cm = cm, .err = err};
     int rc = store_context_list(s, -1, load_context, &ls, err);
-    for (ctx_entry *c = cm->head, *next; rc == 0 && c; c = next) {
+    int k = 0;
+    for (ctx_entry *c = cm->head, *next; rc == 0 && c; c = next, k++) {
         next = c->next;
         if (strcmp(c->app_name, CTX_PROFILE_APP) == 0) {
             rc = ctx_delete(cm, c, err);
@@ -272,7 +281,10 @@ ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
         rc = store_context_turns(s, c->id, load_turn, c, err);
         if (rc > 0)
             rc = err_set(err, "out of memory loading context %s", c->id);
+        if (rc == 0)
+            rc = ctx_window_load(c, &ls.windows[k], err);
     }
+    free(ls.windows);
     if (rc == 0)
         rc = store_chunks_gc(s, NULL, err);
     for (ctx_entry *c = cm->head; rc == 0 && c; c = c->next) {
@@ -424,6 +436,16 @@ fail:
     return -1;
 }
 
+int ctx_set_overflow(ctxmgr *cm, ctx_entry *c, enum ctx_overflow overflow, char err[ERR_MAX])
+{
+    store_window w = {.overflow = (int)overflow, .sink = c->window_sink,
+                      .dropped = c->window_dropped, .slides = (int64_t)c->window_slides};
+    if (store_context_set_window(cm->st, c->id, &w, err))
+        return -1;
+    c->overflow = overflow;
+    return 0;
+}
+
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
 {
     bool found;
@@ -460,8 +482,24 @@ int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char 
         err_set(err, "out of memory");
         goto undo;
     }
-    if (store_context_append(cm->st, c->id, turns, 2, now_ms, err))
-        goto undo;
+    if (c->call_slides == 0) {
+        if (store_context_append(cm->st, c->id, turns, 2, now_ms, err))
+            goto undo;
+    } else {
+        store_window w = {.overflow = (int)c->overflow, .sink = c->call_sink,
+                          .dropped = c->window_dropped + c->call_dropped,
+                          .slides = (int64_t)c->window_slides + c->call_slides};
+        if (store_context_append_window(cm->st, c->id, turns, 2, &w,
+                                        c->call_sink / KV_CHUNK_TOKENS, now_ms, err))
+            goto undo;
+        int sink = c->call_sink, drop = c->call_dropped;
+        memmove(c->tokens + sink, c->tokens + sink + drop,
+                sizeof *c->tokens * (size_t)(c->n_tokens - sink - drop));
+        c->n_tokens -= drop;
+        c->window_sink = sink;
+        c->window_dropped = w.dropped;
+        c->window_slides = (uint64_t)w.slides;
+    }
     c->last_used_ms = now_ms;
     return 0;
 undo:
@@ -860,6 +898,9 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     cm->stats.last_switch_in_ms = st->ms;
     c->loaded = true;
     c->call_base = c->n_tokens;
+    c->call_sink = c->window_sink;
+    c->call_dropped = 0;
+    c->call_slides = 0;
     for (int p = 0; p < c->n_tokens; p++) {
         c->attn[p] *= CTX_DENSITY_DECAY;
         c->rows[p] *= CTX_DENSITY_DECAY;
@@ -977,6 +1018,8 @@ static void complete_tail(ctxmgr *cm, ctx_entry *c)
 void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
 {
     char err[ERR_MAX];
+    if (c->loaded && c->call_slides)
+        ctx_window_call_end(c, committed);
     if (committed && c->loaded)
         complete_tail(cm, c);
     if (!committed) {
@@ -989,7 +1032,8 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
         if (c->n_map)
             c->map[c->n_map - 1].dirty = true;
     } else {
-        for (int i = c->call_base / KV_CHUNK_TOKENS; i < c->n_map; i++) {
+        int base = c->call_slides && c->call_sink < c->call_base ? c->call_sink : c->call_base;
+        for (int i = base / KV_CHUNK_TOKENS; i < c->n_map; i++) {
             c->map[i].dirty = true;
             c->map[i].k_spread = c->map[i].v_spread = -1;
         }
@@ -1014,6 +1058,8 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
     }
     c->busy = false;
     c->loaded = false;
+    c->call_slides = 0;
+    c->call_dropped = 0;
     ctx_enforce_budget(cm);
 }
 

@@ -23,6 +23,15 @@
  *   worker commits the catalog rows when told it is done (ctx_collect_writes); a call,
  *   eviction or reclaim that needs a context's chunks first waits for its writes.
  * - Persistence: at startup the store's chunk records come back as on-disk chunks.
+ * - Sliding window (ctxwindow.c): a call that would take a context past its window
+ *   (the call's token limit) either stops (CTX_OVERFLOW_REFUSE) or slides it: the first
+ *   window_sink tokens (whole chunks: attention sinks and the system prompt) stay, the
+ *   oldest tokens after them leave the model's view, and the most recent ones are
+ *   evaluated again at their new positions, so that the KV is what a fresh prefill of
+ *   the kept tokens gives (StreamingLLM, which LLMS uses when a context outgrows its
+ *   window). The store keeps every turn (the archive: messages and their tokens) and
+ *   the window over them (sink, dropped); the dropped chunks' blobs are deleted with the
+ *   turn's commit.
  *
  * All functions are called from the worker thread only (the store is single-threaded);
  * the other threads are the switch-in reader, internal to a call of ctx_call_begin, and
@@ -65,6 +74,12 @@ typedef struct ctx_chunk {
     uint64_t last_use;    /* manager clock when a call last used it */
 } ctx_chunk;
 
+/* What a call does when the context's window is full. */
+enum ctx_overflow {
+    CTX_OVERFLOW_WINDOW = 0, /* slide the window and go on */
+    CTX_OVERFLOW_REFUSE = 1, /* stop the reply; later calls fail */
+};
+
 typedef struct ctx_entry {
     char id[CTX_ID_LEN + 1];
     int64_t app_id;
@@ -72,9 +87,11 @@ typedef struct ctx_entry {
     char *app_name;
     char *system_prompt;               /* NULL when none */
     Llms__GenerationParams *defaults;  /* NULL when none */
-    int32_t *tokens;                   /* (n_tokens) the whole history */
+    int32_t *tokens;                   /* (n_tokens) the window: what the model sees of the
+                                          history (all of it until the first slide) */
     int n_tokens, cap_tokens;
-    ctx_msg *msgs;                     /* (n_msgs) */
+    ctx_msg *msgs;                     /* (n_msgs) every message, also those the window
+                                          no longer covers (they render the template) */
     int n_msgs, cap_msgs;
     kv_seq seq;                        /* slot i: chunk i, NULL when not resident */
     ctx_chunk *map;                    /* (n_map) chunk i of the history */
@@ -88,6 +105,17 @@ typedef struct ctx_entry {
     int n_writing;                     /* background writes of its chunks in flight */
     bool loaded;                       /* busy and every chunk of the history resident */
     int call_base;                     /* tokens of the history when the call began */
+    /* Sliding window. tokens is the history's first window_sink tokens followed by the
+     * tokens after window_sink + window_dropped. */
+    enum ctx_overflow overflow;
+    int window_sink;                   /* tokens every slide keeps (whole chunks); 0
+                                          before the first slide */
+    int64_t window_dropped;            /* tokens after the sink out of the window */
+    uint64_t window_slides;
+    int call_sink;                     /* inside a call: the sink its slides keep */
+    int call_dropped;                  /* tokens its slides dropped (committed with the
+                                          turn) */
+    int call_slides;
     struct ctxmgr *cm;
     int64_t created_ms, last_used_ms;
     struct ctx_entry *next;
@@ -155,6 +183,8 @@ typedef struct ctx_stats {
     uint64_t switch_ins;
     double switch_in_ms;        /* summed over switch_ins */
     double last_switch_in_ms;
+    uint64_t window_slides;     /* sliding windows: slides, and the tokens they dropped */
+    uint64_t window_dropped;
 } ctx_stats;
 
 typedef struct ctxmgr ctxmgr;
@@ -194,13 +224,19 @@ int ctx_create(ctxmgr *cm, uint32_t uid, const char *app, const char *system_pro
                const Llms__GenerationParams *defaults, int64_t now_ms, ctx_entry **out,
                char err[ERR_MAX]);
 
+/* Sets and persists c's overflow policy (at creation; contexts start with WINDOW). */
+int ctx_set_overflow(ctxmgr *cm, ctx_entry *c, enum ctx_overflow overflow, char err[ERR_MAX]);
+
 /* Deletes a context (store, chunk files and memory); c is freed. */
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX]);
 
 /*
  * Records a finished turn: the user (or raw) message with the tokens it added and the
  * assistant reply with its tokens, in the store (one transaction) then in memory. On
- * failure nothing changes in memory.
+ * failure nothing changes in memory. When the call's window slid (ctx_window_slide),
+ * the tokens are still the whole turn and reply: the same transaction stores the new
+ * window and deletes the chunk blobs after the sink, and the context's tokens become
+ * the window the call ended with.
  */
 int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char *user_text,
                     const int32_t *user_tokens, int n_user, const char *reply_text,
@@ -296,6 +332,27 @@ void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost);
 /* Measures the cost models now (a few forwards and chunk reads, well under a second on
  * small models), stores them for this model and uses them. */
 int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX]);
+
+/* ---- sliding window (ctxwindow.c) ---- */
+
+/* The sink of c's window under a limit of limit tokens: c's own once it slid, else
+ * want tokens (the system prompt's, at least 4 as StreamingLLM) rounded up to whole
+ * chunks; at least one chunk and at most half the limit. */
+int ctx_window_sink(const ctx_entry *c, int want, int limit);
+
+/*
+ * Slides c's window inside a call. hist holds the call's tokens (the context's window,
+ * the turn, the reply so far: *n_hist of them) and the KV the first entries of them.
+ * Keeps hist[0, sink) (sink = ctx_window_sink(c, sink_want, limit)) and the last
+ * max((limit - sink) / 2, keep_min) tokens (at most limit - sink - 1, leaving room to
+ * generate), drops the tokens between them from hist and the KV after the sink from
+ * c's sequence: the caller evaluates hist[sink, *n_hist) again (at their new
+ * positions). Accumulated attention moves with the kept tokens. Returns the tokens
+ * dropped, 0 when the window cannot slide (nothing between the sink and the tokens to
+ * keep).
+ */
+int ctx_window_slide(ctxmgr *cm, ctx_entry *c, int32_t *hist, int *n_hist, int limit,
+                     int keep_min, int sink_want);
 
 /* 128 random bits as 32 lowercase hex characters and a NUL. */
 int ctx_new_id(char id[CTX_ID_LEN + 1], char err[ERR_MAX]);

@@ -86,7 +86,12 @@ static char *last_reply_text(const tokenizer *tok, const ctx_entry *c)
     if (c->n_msgs == 0 || strcmp(c->msgs[c->n_msgs - 1].role, "assistant") != 0)
         return NULL;
     int n = c->msgs[c->n_msgs - 1].n_tokens;
-    if (n <= 0 || n > c->n_tokens)
+    /* A reply that the window cut is no longer whole in the tokens: its text as the
+     * client saw it stands in (it lacks only what a stop string held back). */
+    int whole = c->window_dropped ? c->n_tokens - c->window_sink : c->n_tokens;
+    if (n > whole)
+        return strdup(c->msgs[c->n_msgs - 1].text);
+    if (n <= 0)
         return NULL;
     const int32_t *ids = c->tokens + c->n_tokens - n;
     size_t len = 0, cap = 64;
@@ -129,6 +134,23 @@ int prompt_turn(const tokenizer *tok, enum chat_family family, const ctx_entry *
     int rc = prompt_tokenize(tok, text, strlen(text), first, true, out, n, err);
     free(text);
     return rc;
+}
+
+int prompt_sink_tokens(const tokenizer *tok, enum chat_family family, const char *system_prompt,
+                       int at_least)
+{
+    char err[ERR_MAX];
+    if (!system_prompt)
+        return at_least;
+    struct chat_message sys = {"system", system_prompt};
+    char *text = render(family, &sys, 1, false, err);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!text || prompt_tokenize(tok, text, strlen(text), true, true, &ids, &n, err))
+        n = 0;
+    free(text);
+    free(ids);
+    return n > at_least ? n : at_least;
 }
 
 char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,

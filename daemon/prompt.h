@@ -42,6 +42,13 @@ char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *
 int prompt_turn(const tokenizer *tok, enum chat_family family, const ctx_entry *c,
                 const char *prompt, bool raw, int32_t **out, int *n, char err[ERR_MAX]);
 
+/* Tokens of a context's start that its sliding window should keep in view: at least
+ * at_least, and the system prompt as the template renders it alone (with BOS) when
+ * there is one. Only a sizing hint: when the template cannot render a system message
+ * alone or memory runs out, at_least. */
+int prompt_sink_tokens(const tokenizer *tok, enum chat_family family, const char *system_prompt,
+                       int at_least);
+
 /* The prompt text of a stateless Complete: the prompt, or with chat the conversation
  * [system_prompt?, prompt] rendered with the assistant opening. Fresh string. */
 char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,

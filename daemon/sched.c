@@ -57,12 +57,22 @@ typedef struct gen {
     ctx_entry *c;          /* NULL for Complete */
     kv_seq own_seq;        /* Complete's KV */
     kv_seq *seq;
-    int32_t *hist;         /* (limit) the context's tokens, the turn's, the generated */
+    int32_t *hist;         /* (limit or more) what the model sees: the context's window, the
+                              turn's tokens, the generated (a slide cuts the middle) */
     int n_hist;
     int n_base;            /* tokens of the context before this call */
-    int n_turn;            /* tokens the turn adds: hist[n_base .. n_base + n_turn) */
+    int32_t *turn;         /* (n_turn) the tokens the turn adds */
+    int n_turn;
+    int32_t *reply;        /* (reply_cap) every generated token, also those a slide
+                              took out of hist */
+    int reply_cap;
     int limit;             /* most tokens hist may reach */
     int max_gen, n_gen;
+    bool window;           /* a full hist slides (the context's overflow is WINDOW) */
+    int sink_want;         /* tokens the window's sink should hold (prompt_sink_tokens) */
+    int slides;            /* of the window, in this call */
+    bool refill;           /* after a slide: the kept tokens are evaluated again (long
+                              work) before the next decode row */
     bool switched_in;      /* a Call's chunks are all resident and locked */
     bool prefilled;        /* the prompt is evaluated: one decode row per step */
     int n_eval;            /* tokens the prompt evaluation computed */
@@ -285,6 +295,11 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
     info->defaults = c->defaults;
     info->has_kv_bytes = 1;
     info->kv_bytes = ctx_kv_bytes(s->cm, c);
+    info->has_overflow = info->has_window_slides = info->has_window_dropped_tokens = 1;
+    info->overflow = c->overflow == CTX_OVERFLOW_REFUSE ? LLMS__OVERFLOW__OVERFLOW_REFUSE
+                                                        : LLMS__OVERFLOW__OVERFLOW_WINDOW;
+    info->window_slides = c->window_slides;
+    info->window_dropped_tokens = (uint64_t)c->window_dropped;
     if (history) {
         size_t n = 0;
         if (c->system_prompt) {
@@ -437,9 +452,24 @@ static void handle_create(sched *s, const sched_job *j)
                    STOP_MAX - 1);
         return;
     }
-    char err[ERR_MAX];
+    if (cr->has_overflow && cr->overflow != LLMS__OVERFLOW__OVERFLOW_DEFAULT &&
+        cr->overflow != LLMS__OVERFLOW__OVERFLOW_WINDOW &&
+        cr->overflow != LLMS__OVERFLOW__OVERFLOW_REFUSE) {
+        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "overflow %d is neither window "
+                   "nor refuse", (int)cr->overflow);
+        return;
+    }
+    bool refuse = cr->has_overflow && cr->overflow != LLMS__OVERFLOW__OVERFLOW_DEFAULT
+                      ? cr->overflow == LLMS__OVERFLOW__OVERFLOW_REFUSE
+                      : strcmp(s->env.cfg->overflow, "refuse") == 0;
+    char err[ERR_MAX], ignored[ERR_MAX];
     ctx_entry *c;
     if (ctx_create(s->cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
+        return;
+    }
+    if (refuse && ctx_set_overflow(s->cm, c, CTX_OVERFLOW_REFUSE, err)) {
+        ctx_delete(s->cm, c, ignored);
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
@@ -589,6 +619,9 @@ static void handle_status(sched *s, const sched_job *j)
     }
     st.kv_spare_bytes = kv_pool_spare_bytes(s->pool);
     st.switch_ins = cs->switch_ins;
+    st.has_window_slides = st.has_window_dropped_tokens = 1;
+    st.window_slides = cs->window_slides;
+    st.window_dropped_tokens = cs->window_dropped;
     st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
     st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =
         st.has_swap_write_failures = 1;
@@ -719,6 +752,8 @@ static void gen_free(gen *g)
     if (g->seq == &g->own_seq)
         kv_seq_free(&g->own_seq);
     free(g->hist);
+    free(g->turn);
+    free(g->reply);
     free(g->shown);
     sampler_free(g->smp);
     free(g);
@@ -799,10 +834,28 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
         err_set(err, "max_tokens must be at least 1");
         goto fail;
     }
-    if (g->n_base + n_turn >= g->limit) {
+    if (c && c->overflow == CTX_OVERFLOW_WINDOW) {
+        g->window = true;
+        if (c->window_sink == 0)
+            g->sink_want = prompt_sink_tokens(s->env.tok, s->env.family, c->system_prompt,
+                                              cfg->window_sink);
+    }
+    /* A turn that does not fit beside the context: a WINDOW context slides at the
+     * switch-in when the turn fits beside the sink (and the sink is all history). */
+    int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
+    if (g->n_base + n_turn >= g->limit &&
+        !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
         code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-        err_set(err, "context would hold %d tokens, the limit is %d", g->n_base + n_turn + 1,
-                g->limit);
+        if (!c)
+            err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
+                    g->limit);
+        else if (!g->window)
+            err_set(err, "context '%s' is full: it holds %d tokens, the turn adds %d and the "
+                    "window is %d tokens (its overflow is refuse; delete it or start another)",
+                    c->id, g->n_base, n_turn, g->limit);
+        else
+            err_set(err, "the turn's %d tokens do not fit the window of %d tokens beside the "
+                    "%d it keeps from the start of the context", n_turn, g->limit, sink);
         goto fail;
     }
     const char *stops[STOP_MAX];
@@ -825,17 +878,21 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;
-    g->hist = malloc(sizeof *g->hist * (size_t)g->limit);
-    if (!g->hist) {
+    /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
+    g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn
+                                                                              : g->limit));
+    g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
+    g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
+    if (!g->hist || !g->reply) {
         err_set(err, "out of memory");
         goto fail;
     }
     if (c && c->n_tokens)
         memcpy(g->hist, c->tokens, sizeof *g->hist * (size_t)c->n_tokens);
     memcpy(g->hist + g->n_base, turn, sizeof *turn * (size_t)n_turn);
+    g->turn = turn;
     g->n_turn = n_turn;
     g->n_hist = g->n_base + n_turn;
-    free(turn);
     if (c) {
         c->busy = true;
         c->last_used_ms = wall_ms();
@@ -890,6 +947,43 @@ static void finish(gen *g, Llms__StopReason reason)
     g->reason = reason;
 }
 
+static void work_fail(work *w, Llms__ErrorCode code, const char *msg);
+
+/* Slides a full window (a WINDOW context's), keeping at least keep_min recent tokens;
+ * the kept tokens after the sink are then evaluated again as long work. Returns whether
+ * it slid; a failure fails the work. */
+static bool gen_slide(sched *s, work *w, int keep_min)
+{
+    gen *g = w->g;
+    if (!g->window)
+        return false;
+    /* Until the next slide at most limit more tokens are generated: room for them is
+     * made now, not per token. */
+    int want = g->n_gen + g->limit < g->max_gen ? g->n_gen + g->limit : g->max_gen;
+    if (want > g->reply_cap) {
+        int32_t *r = realloc(g->reply, sizeof *r * (size_t)want);
+        if (!r) {
+            work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory sliding the window");
+            return true;
+        }
+        g->reply = r;
+        g->reply_cap = want;
+    }
+    if (ctx_window_slide(s->cm, g->c, g->hist, &g->n_hist, g->limit, keep_min,
+                         g->sink_want) == 0)
+        return false;
+    g->slides++;
+    g->refill = true;
+    return true;
+}
+
+/* Whether the generation adds one decode row per step (its prompt, or the tokens kept by
+ * a slide, are evaluated). */
+static bool gen_decoding(const gen *g)
+{
+    return g->prefilled && !g->refill;
+}
+
 /* Takes the token sampled from logits (n_vocab), the out row of the generation's last
  * evaluated token. */
 static void take_token(sched *s, work *w, const float *logits)
@@ -908,7 +1002,7 @@ static void take_token(sched *s, work *w, const float *logits)
         return;
     }
     g->hist[g->n_hist++] = next;
-    g->n_gen++;
+    g->reply[g->n_gen++] = next;
     char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX) + 1];
     int len = tok_piece(s->env.tok, next, piece, sizeof piece);
     if (len < 0)
@@ -921,7 +1015,7 @@ static void take_token(sched *s, work *w, const float *logits)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
         finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
-    else if (g->n_hist >= g->limit)
+    else if (g->n_hist >= g->limit && !gen_slide(s, w, 1))
         finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
 }
 
@@ -939,6 +1033,17 @@ static int gen_switch_in(sched *s, gen *g, char err[ERR_MAX])
     g->switched_in = true;
     if (kv_seq_n_tokens(g->seq) > g->n_base)
         kv_seq_truncate(g->seq, g->n_base);
+    /* A turn that does not fit beside the context (gen_new checked it fits the window
+     * beside the sink) slides it first, keeping the whole turn. */
+    if (g->n_hist >= g->limit) {
+        int drop = ctx_window_slide(s->cm, g->c, g->hist, &g->n_hist, g->limit, g->n_turn,
+                                    g->sink_want);
+        if (drop == 0) {
+            g->err_code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            return err_set(err, "the turn does not fit the window of %d tokens", g->limit);
+        }
+        g->slides++;
+    }
     return 0;
 }
 
@@ -974,9 +1079,8 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
-        if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->hist + g->n_base,
-                            g->n_turn, g->shown ? g->shown : "", g->hist + g->n_base + g->n_turn,
-                            g->n_gen, wall_ms(), err)) {
+        if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
+                            g->shown ? g->shown : "", g->reply, g->n_gen, wall_ms(), err)) {
             failed = true;
             code = LLMS__ERROR_CODE__INTERNAL;
         }
@@ -993,6 +1097,8 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
             res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
             res.stop_reason = g->reason;
+            res.has_window_slides = g->slides > 0;
+            res.window_slides = (uint32_t)g->slides;
             res.text = g->shown ? g->shown : "";
             Llms__Response r = LLMS__RESPONSE__INIT;
             r.id = w->job->req->id;
@@ -1084,7 +1190,7 @@ static void work_end(sched *s, work *w)
  * at most one decode row per step. */
 static bool work_is_long(const work *w)
 {
-    return w->g ? !w->g->prefilled : semantic_rows_left(w->t) > 0;
+    return w->g ? !gen_decoding(w->g) : semantic_rows_left(w->t) > 0;
 }
 
 /* Rows of long work left: a generation's prompt tokens not yet evaluated. */
@@ -1607,6 +1713,7 @@ static void step_collect(sched *s, int n_seq)
             g->prefilled = true;
             g->t_first = mono_ns();
         }
+        g->refill = false;
         take_token(s, w, st->b.logits);
     }
 }
@@ -1633,7 +1740,7 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
         return 0;
     }
     int from = kv_seq_n_tokens(g->seq);
-    if (from == g->n_base)
+    if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
     step_add_gen(s, n_seq, n_out, w, from, n);
@@ -1715,7 +1822,7 @@ static void run_step(sched *s)
     int n_seq = 0, n_out = 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        if (w->g && w->g->prefilled && !work_over(w, 0))
+        if (w->g && gen_decoding(w->g) && !work_over(w, 0))
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     }
     step_share_long_work(s, &n_seq, &n_out, s->step_tokens);
@@ -1735,7 +1842,7 @@ static void run_serial(sched *s)
         while (!work_over(w, mono_ns())) {
             int64_t t0 = mono_ns();
             int n_seq = 0, n_out = 0;
-            if (w->g && w->g->prefilled)
+            if (w->g && gen_decoding(w->g))
                 step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
             else
                 step_add_long(s, &n_seq, &n_out, w, s->max_batch);
@@ -1744,7 +1851,7 @@ static void run_serial(sched *s)
             step_collect(s, n_seq);
             if (n_seq)
                 step_record(s, t0, step_rows(s, n_seq));
-            if (w->g && w->g->prefilled)
+            if (w->g && gen_decoding(w->g))
                 break; /* one token per generation per round */
         }
     }

@@ -954,6 +954,54 @@ static int chunk_files(store *s, const char *ctx_id, int first, int64_t **pairs,
     return 0;
 }
 
+int store_chunk_rows_delete_from(store *s, const char *ctx_id, int first, int64_t **files,
+                                 int *n_files, char *err)
+{
+    if (chunk_files(s, ctx_id, first, files, n_files, err) != 0)
+        return -1;
+    sqlite3_stmt *st = chunk_stmt(s, CS_DELETE_FROM, err);
+    if (st && (sqlite3_bind_text(st, 1, ctx_id, -1, SQLITE_STATIC) != SQLITE_OK ||
+               sqlite3_bind_int(st, 2, first) != SQLITE_OK)) {
+        db_fail(s, err, ctx_id, "binding");
+        st = NULL;
+    }
+    int rc = st ? sqlite3_step(st) : SQLITE_ERROR;
+    if (st)
+        sqlite3_reset(st);
+    if (st && rc != SQLITE_DONE)
+        db_fail(s, err, ctx_id, "deleting chunk rows");
+    if (rc != SQLITE_DONE) {
+        free(*files);
+        *files = NULL;
+        *n_files = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int store_chunk_files_remove(store *s, const char *ctx_id, const int64_t *files, int n,
+                             char *err)
+{
+    int result = 0;
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX], e[ERR_MAX];
+        if (chunk_path(s, ctx_id, (int)files[2 * i], files[2 * i + 1], CHUNK_SUFFIX, path,
+                       sizeof path, e) != 0) {
+            if (result == 0 && err)
+                snprintf(err, ERR_MAX, "%s", e);
+            result = -1;
+            continue;
+        }
+        if (unlink(path) != 0 && errno != ENOENT && result == 0) {
+            result = -1;
+            if (err)
+                chunk_fail(err, ctx_id, (int)files[2 * i], "removing %s: %s", path,
+                           strerror(errno));
+        }
+    }
+    return result;
+}
+
 int store_chunk_delete_from(store *s, const char *ctx_id, int first, char err[ERR_MAX])
 {
     if (!valid_id(ctx_id))
@@ -964,37 +1012,10 @@ int store_chunk_delete_from(store *s, const char *ctx_id, int first, char err[ER
         return -1;
     int64_t *files;
     int n;
-    if (chunk_files(s, ctx_id, first, &files, &n, err) != 0)
+    if (store_chunk_rows_delete_from(s, ctx_id, first, &files, &n, err) != 0)
         return -1;
-    sqlite3_stmt *st = chunk_stmt(s, CS_DELETE_FROM, err);
-    if (!st) {
-        free(files);
-        return -1;
-    }
-    if (sqlite3_bind_text(st, 1, ctx_id, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_int(st, 2, first) != SQLITE_OK) {
-        free(files);
-        return db_fail(s, err, ctx_id, "binding");
-    }
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    if (rc != SQLITE_DONE) {
-        free(files);
-        return db_fail(s, err, ctx_id, "deleting chunk rows");
-    }
     /* The rows are gone: from here on a failure leaves only orphans for the gc. */
-    int result = 0;
-    for (int i = 0; i < n; i++) {
-        char path[PATH_MAX];
-        if (chunk_path(s, ctx_id, (int)files[2 * i], files[2 * i + 1], CHUNK_SUFFIX, path,
-                       sizeof path, err) != 0) {
-            result = -1;
-            continue;
-        }
-        if (unlink(path) != 0 && errno != ENOENT && result == 0)
-            result = chunk_fail(err, ctx_id, (int)files[2 * i], "removing %s: %s", path,
-                                strerror(errno));
-    }
+    int result = store_chunk_files_remove(s, ctx_id, files, n, err);
     free(files);
     return result;
 }

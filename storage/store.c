@@ -70,12 +70,19 @@ static const char *const store_migrations[] = {
     "CREATE TABLE settings ("
     "  key TEXT PRIMARY KEY,"
     "  vals BLOB NOT NULL);",
+
+    /* A context's sliding window (store_window). */
+    "ALTER TABLE contexts ADD COLUMN overflow INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE contexts ADD COLUMN window_sink INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE contexts ADD COLUMN window_dropped INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE contexts ADD COLUMN window_slides INTEGER NOT NULL DEFAULT 0;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
 #define CONTEXT_COLUMNS                                                                    \
     "SELECT c.id, c.app_id, a.uid, a.name, c.system_prompt, c.params, c.created_ms,"     \
-    " c.last_used_ms, c.n_tokens, c.n_turns FROM contexts c JOIN apps a ON a.id = c.app_id "
+    " c.last_used_ms, c.n_tokens, c.n_turns, c.overflow, c.window_sink, c.window_dropped,"  \
+    " c.window_slides FROM contexts c JOIN apps a ON a.id = c.app_id "
 
 enum store_stmt {
     ST_BEGIN,
@@ -90,6 +97,7 @@ enum store_stmt {
     ST_CTX_LIST_ALL,
     ST_CTX_TURNS,
     ST_CTX_TOUCH,
+    ST_CTX_WINDOW,
     ST_TURN_INSERT,
     ST_TURN_SELECT,
     ST_SETTING_PUT,
@@ -112,6 +120,8 @@ static const char *const store_sql[ST_COUNT] = {
     [ST_CTX_TURNS] = "SELECT n_turns FROM contexts WHERE id = ?",
     [ST_CTX_TOUCH] = "UPDATE contexts SET n_tokens = n_tokens + ?, n_turns = n_turns + ?,"
                      " last_used_ms = ? WHERE id = ?",
+    [ST_CTX_WINDOW] = "UPDATE contexts SET overflow = ?, window_sink = ?, window_dropped = ?,"
+                      " window_slides = ? WHERE id = ?",
     [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens)"
                        " VALUES (?, ?, ?, ?, ?)",
     [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
@@ -504,6 +514,10 @@ static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const sto
             .last_used_ms = sqlite3_column_int64(st, 7),
             .n_tokens = sqlite3_column_int64(st, 8),
             .n_turns = sqlite3_column_int64(st, 9),
+            .window = {.overflow = sqlite3_column_int(st, 10),
+                       .sink = sqlite3_column_int64(st, 11),
+                       .dropped = sqlite3_column_int64(st, 12),
+                       .slides = sqlite3_column_int64(st, 13)},
         };
         /* The schema forbids these NULLs, so they mean corruption or no memory. */
         if (!c.id || !c.app_name ||
@@ -642,8 +656,47 @@ static int append_turns(store *s, const char *id, const store_turn *turns, int n
     return run(s, st, "append: updating context", err);
 }
 
+/* Sets a context's window columns; "no context" when id is unknown. */
+static int set_window(store *s, const char *id, const store_window *w, char *err)
+{
+    sqlite3_stmt *st = stmt(s, ST_CTX_WINDOW);
+    if (sqlite3_bind_int(st, 1, w->overflow) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 2, w->sink) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 3, w->dropped) != SQLITE_OK ||
+        sqlite3_bind_int64(st, 4, w->slides) != SQLITE_OK ||
+        sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "window: binding");
+    if (run(s, st, "window: updating context", err) != 0)
+        return -1;
+    if (sqlite3_changes(s->db) == 0)
+        return err_set(err, "store: window: no context '%.40s'", id);
+    return 0;
+}
+
+static bool valid_window(const store_window *w)
+{
+    return w->sink >= 0 && w->dropped >= 0 && w->slides >= 0;
+}
+
+int store_context_set_window(store *s, const char *id, const store_window *w,
+                             char err[ERR_MAX])
+{
+    if (!id || !id[0])
+        return err_set(err, "store: window: empty context id");
+    if (!w || !valid_window(w))
+        return err_set(err, "store: window of '%.40s': negative or missing values", id);
+    return set_window(s, id, w, err);
+}
+
 int store_context_append(store *s, const char *id, const store_turn *turns, int n_turns,
                          int64_t now_ms, char err[ERR_MAX])
+{
+    return store_context_append_window(s, id, turns, n_turns, NULL, -1, now_ms, err);
+}
+
+int store_context_append_window(store *s, const char *id, const store_turn *turns,
+                                int n_turns, const store_window *w, int drop_chunks_from,
+                                int64_t now_ms, char err[ERR_MAX])
 {
     if (!id || !id[0])
         return err_set(err, "store: append: empty context id");
@@ -661,9 +714,17 @@ int store_context_append(store *s, const char *id, const store_turn *turns, int 
                            t->n_tokens);
     }
 
+    if (w && !valid_window(w))
+        return err_set(err, "store: append to '%.40s': negative window values", id);
+    int64_t *files = NULL;
+    int n_files = 0;
     if (run(s, stmt(s, ST_BEGIN), "append: begin", err) != 0)
         return -1;
-    if (append_turns(s, id, turns, n_turns, now_ms, err) != 0) {
+    if (append_turns(s, id, turns, n_turns, now_ms, err) != 0 ||
+        (w && set_window(s, id, w, err) != 0) ||
+        (drop_chunks_from >= 0 &&
+         store_chunk_rows_delete_from(s, id, drop_chunks_from, &files, &n_files, err) != 0)) {
+        free(files);
         /* ROLLBACK may report that sqlite already rolled back (e.g. after a full disk);
          * the first error is the one worth reporting. */
         sqlite3_step(stmt(s, ST_ROLLBACK));
@@ -671,10 +732,14 @@ int store_context_append(store *s, const char *id, const store_turn *turns, int 
         return -1;
     }
     if (run(s, stmt(s, ST_COMMIT), "append: commit", err) != 0) {
+        free(files);
         sqlite3_step(stmt(s, ST_ROLLBACK));
         sqlite3_reset(s->st[ST_ROLLBACK]);
         return -1;
     }
+    /* The rows are gone with the commit; a file left behind is removed by the gc. */
+    store_chunk_files_remove(s, id, files, n_files, NULL);
+    free(files);
     return 0;
 }
 

@@ -34,6 +34,16 @@ void store_close(store *s);
 /* The id of app (uid, name) (always >= 0), created on first use. */
 int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char err[ERR_MAX]);
 
+/* A context's sliding window: its overflow policy (opaque to the store) and, once it
+ * slid, the window over its history: the context's model-visible tokens are the first
+ * sink tokens of the concatenated turns, then those after sink + dropped. */
+typedef struct store_window {
+    int overflow;
+    int64_t sink;
+    int64_t dropped;
+    int64_t slides;            /* times it slid */
+} store_window;
+
 /* What the catalog keeps about a context (strings owned by the store_context_list
  * caller's callback scope: copy what you keep). */
 typedef struct store_context {
@@ -48,6 +58,7 @@ typedef struct store_context {
     int64_t last_used_ms;
     int64_t n_tokens;          /* sum of the turns' token counts */
     int64_t n_turns;
+    store_window window;       /* all 0 for a context created before windows existed */
 } store_context;
 
 /* Adds an empty context (no turns) of an existing app; an id already used fails. */
@@ -88,6 +99,21 @@ typedef struct store_turn {
 
 int store_context_append(store *s, const char *id, const store_turn *turns, int n_turns,
                          int64_t now_ms, char err[ERR_MAX]);
+
+/* Sets a context's window (e.g. its overflow policy right after store_context_create). */
+int store_context_set_window(store *s, const char *id, const store_window *w,
+                             char err[ERR_MAX]);
+
+/*
+ * store_context_append that, in the same transaction, also sets the context's window
+ * (when w is not NULL) and deletes its chunk rows with index >= drop_chunks_from (when
+ * >= 0; their files are removed after the commit, or by store_chunks_gc after a crash):
+ * a slide commits its turn, its new window and the end of the chunks it invalidated
+ * together.
+ */
+int store_context_append_window(store *s, const char *id, const store_turn *turns,
+                                int n_turns, const store_window *w, int drop_chunks_from,
+                                int64_t now_ms, char err[ERR_MAX]);
 
 /* Calls fn for each turn of a context in order (strings and tokens valid during the
  * call only). A stored row that cannot be decoded is an error naming the turn. */

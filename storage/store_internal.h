@@ -24,4 +24,15 @@ void store_chunks_free(store_chunks *c);
  * what it cannot remove, store_chunks_gc removes later. */
 void store_chunks_remove_context(store *s, const char *ctx_id);
 
+/* Deletes the catalog rows of ctx_id's chunks with index >= first (inside the caller's
+ * transaction when there is one); their (index, generation) pairs go to a malloc'ed
+ * *files (*n_files pairs) for store_chunk_files_remove once the deletion is committed. */
+int store_chunk_rows_delete_from(store *s, const char *ctx_id, int first, int64_t **files,
+                                 int *n_files, char *err);
+
+/* Removes the files of n (index, generation) pairs whose rows are gone. err may be NULL:
+ * what is left behind is an orphan that store_chunks_gc removes. */
+int store_chunk_files_remove(store *s, const char *ctx_id, const int64_t *files, int n,
+                             char *err);
+
 #endif

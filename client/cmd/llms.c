@@ -2,7 +2,7 @@
  * llms — the user's command line client of llmsd.
  *
  *   llms [options] ask [PROMPT | -] [-f FILE]  one-shot answer (nothing is kept)
- *   llms [options] chat [--context ID] [--system TEXT]
+ *   llms [options] chat [--context ID] [--system TEXT] [--overflow window|refuse]
  *                                              conversation; lines from stdin
  *   llms [options] ctx list | show ID | rm ID  the app's contexts
  *   llms [options] embed TEXT...               one vector per text
@@ -43,7 +43,7 @@ static void on_signal(int sig)
 static void usage(void)
 {
     printf("usage: llms [options] ask [PROMPT | -] [-f FILE]\n"
-           "       llms [options] chat [--context ID] [--system TEXT]\n"
+           "       llms [options] chat [--context ID] [--system TEXT] [--overflow window|refuse]\n"
            "       llms [options] ctx list | show ID | rm ID\n"
            "       llms [options] embed TEXT...\n"
            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
@@ -64,6 +64,10 @@ static void usage(void)
            "         --seed S       ask, chat: sampling seed\n"
            "         --system TEXT  ask, new chat: the system prompt\n"
            "         --context ID   chat: go on with this conversation\n"
+           "         --overflow window|refuse\n"
+           "                        new chat: when the context window fills, slide it (keep\n"
+           "                        the start and the latest turns, go on) or refuse (cut the\n"
+           "                        reply; the chat ends) (default: the daemon's, window)\n"
            "         -f, --file F   ask: read the prompt from file F\n"
            "         --json         embed, rerank: JSON output\n"
            "         --pooling last|mean      embed: token pooling (default last)\n"
@@ -130,7 +134,8 @@ static void tell_stop(const llms_result *r)
             llms_stop_reason_name(r->stop_reason), r->generated_tokens, r->prompt_tokens);
     switch (r->stop_reason) {
     case LLMS_STOP_CONTEXT_FULL:
-        fputs("llms: the reply was cut: the context window is full\n", stderr);
+        fputs("llms: the reply was cut: the context window is full (its overflow is refuse)\n",
+              stderr);
         break;
     case LLMS_STOP_DEADLINE:
         fputs("llms: the reply was cut: the request's timeout passed\n", stderr);
@@ -181,7 +186,8 @@ static int chat_can_go_on(enum llms_status s)
            s != LLMS_ERR_NOT_FOUND;
 }
 
-static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, const char *system)
+static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, const char *system,
+                    enum llms_overflow overflow)
 {
     char id[LLMS_ID_MAX];
     enum llms_status s;
@@ -192,7 +198,7 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         llms_context_info_free(&info);
         snprintf(id, sizeof id, "%s", context);
     } else {
-        if ((s = llms_context_create(c, system, NULL, id)) != LLMS_OK)
+        if ((s = llms_context_create_overflow(c, system, NULL, overflow, id)) != LLMS_OK)
             return report(c, s, "creating a context");
         fprintf(stderr, "context %s (resume with: llms chat --context %s)\n", id, id);
     }
@@ -223,6 +229,10 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         enum llms_stop_reason why = r.stop_reason;
         if (s == LLMS_OK && why != LLMS_STOP_EOS && why != LLMS_STOP_STRING)
             tell_stop(&r);
+        if (s == LLMS_OK && r.window_slides)
+            fprintf(stderr, "llms: the context window slid %" PRIu32 " time%s: the oldest turns "
+                    "after the start are out of the model's view\n", r.window_slides,
+                    r.window_slides == 1 ? "" : "s");
         llms_result_free(&r);
         if (s == LLMS_ERR_CANCELLED && interrupted == SIGINT) {
             /* Ctrl-C cuts this reply only; the next line is the next turn. */
@@ -275,8 +285,11 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
         format_time(info.created_unix_ms, created, sizeof created);
         format_time(info.last_used_unix_ms, used, sizeof used);
         printf("context   %s\ntokens    %" PRIu32 "\nmemory    %s\ncreated   %s\n"
-               "last used %s\n",
-               info.id, info.n_tokens, llms_memory_name(info.memory), created, used);
+               "last used %s\noverflow  %s (window slid %" PRIu64 " times, %" PRIu64
+               " tokens out of view)\n",
+               info.id, info.n_tokens, llms_memory_name(info.memory), created, used,
+               llms_overflow_name(info.overflow), info.window_slides,
+               info.window_dropped_tokens);
         for (size_t i = 0; i < info.n_history; i++)
             printf("\n[%s]\n%s\n", info.history[i].role, info.history[i].content);
         llms_context_info_free(&info);
@@ -472,7 +485,7 @@ static int takes_value(const char *a)
     static const char *const with_value[] = {
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
-        "--max-tokens", "--seed", "-f", "--file"};
+        "--max-tokens", "--seed", "-f", "--file", "--overflow"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
             return 1;
@@ -486,7 +499,7 @@ static const char *option_commands(const char *a)
         return "ask chat";
     if (!strcmp(a, "--system"))
         return "ask chat";
-    if (!strcmp(a, "--context"))
+    if (!strcmp(a, "--context") || !strcmp(a, "--overflow"))
         return "chat";
     if (!strcmp(a, "-f") || !strcmp(a, "--file"))
         return "ask";
@@ -548,6 +561,7 @@ int main(int argc, char **argv)
     const char *socket_path = NULL, *app = "llms-cli", *context = NULL, *system = NULL;
     const char *query = NULL, *file = NULL;
     int json = 0;
+    enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
     enum llms_pooling pooling = LLMS_POOLING_LAST;
     llms_rerank_options ro;
     llms_rerank_options_init(&ro);
@@ -612,6 +626,11 @@ int main(int argc, char **argv)
             app = v;
         else if (!strcmp(a, "--context"))
             context = v;
+        else if (!strcmp(a, "--overflow")) {
+            if (strcmp(v, "window") && strcmp(v, "refuse"))
+                bad_usage("--overflow: expected window or refuse, got '%s'", v);
+            overflow = !strcmp(v, "refuse") ? LLMS_OVERFLOW_REFUSE : LLMS_OVERFLOW_WINDOW;
+        }
         else if (!strcmp(a, "--system"))
             system = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
@@ -636,6 +655,8 @@ int main(int argc, char **argv)
     }
     if (context && system)
         bad_usage("chat: --system sets up a new chat; a --context one has its own");
+    if (context && overflow != LLMS_OVERFLOW_DEFAULT)
+        bad_usage("chat: --overflow sets up a new chat; a --context one has its own");
     free(opts);
 
     char *prompt_owned = NULL;
@@ -665,7 +686,7 @@ int main(int argc, char **argv)
         if (!strcmp(pos[0], "ask"))
             rc = cmd_ask(c, &p, prompt, system);
         else if (!strcmp(pos[0], "chat"))
-            rc = cmd_chat(c, &p, context, system);
+            rc = cmd_chat(c, &p, context, system, overflow);
         else if (!strcmp(pos[0], "embed"))
             rc = cmd_embed(c, pos + 1, npos - 1, pooling, json);
         else if (!strcmp(pos[0], "rerank"))

@@ -82,6 +82,8 @@ static void json_context(const llms_context_info *c, int with_history)
            ",\"last_used_unix_ms\":%" PRIu64 ",\"memory\":\"%s\",\"kv_bytes\":%" PRIu64,
            c->n_tokens, c->created_unix_ms, c->last_used_unix_ms, llms_memory_name(c->memory),
            c->kv_bytes);
+    printf(",\"overflow\":\"%s\",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64,
+           llms_overflow_name(c->overflow), c->window_slides, c->window_dropped_tokens);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
     if (c->n_chunks) {
@@ -154,6 +156,8 @@ static enum llms_status cmd_status(llms_conn *c)
                st.switch_in_mean_ms, st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
                st.swap_write_failures, st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes,
                st.kv_int2_bytes, st.kv_spare_bytes);
+        printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64,
+               st.window_slides, st.window_dropped_tokens);
         fputs(",\"sched\":{\"mode\":", stdout);
         json_str(st.sched_mode);
         printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
@@ -191,6 +195,8 @@ static enum llms_status cmd_status(llms_conn *c)
                st.swap_chunks_recomputed, st.swap_writes_pending, st.swap_write_waits,
                st.swap_write_wait_ms, st.swap_write_failures, st.switch_ins,
                st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs);
+        printf("window slides     %" PRIu64 " (%" PRIu64 " tokens out of view)\n",
+               st.window_slides, st.window_dropped_tokens);
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"
@@ -270,6 +276,8 @@ static enum llms_status cmd_show(llms_conn *c, const char *id)
         putchar('\n');
     } else {
         text_context(&info);
+        printf("overflow %s; window slid %" PRIu64 " times, %" PRIu64 " tokens out of view\n",
+               llms_overflow_name(info.overflow), info.window_slides, info.window_dropped_tokens);
         if (info.n_chunks) {
             printf("chunks (R resident, D on disk, bits, density):\n");
             for (size_t i = 0; i < info.n_chunks; i++) {

@@ -909,12 +909,60 @@ static void migrates_from_version_1(void)
     int version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ(version, 2);
+    CHECK_EQ(version, 3);
+}
+
+static int get_window(void *arg, const store_context *c)
+{
+    *(store_window *)arg = c->window;
+    return 0;
+}
+
+/* A turn that moves the window commits with the window and the end of the chunks. */
+static void append_window_drops_chunks(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("window", err);
+    CHECK_MSG(s, "%s", err);
+    blob b;
+    make_blob(&b, 100);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(write_blob(s, "c1", i, &b, 0, err) == 0, "%s", err);
+    CHECK_MSG(write_blob(s, "c2", 3, &b, 0, err) == 0, "%s", err);
+    store_window w = {.overflow = 1}, got = {0};
+    bool found;
+    CHECK_MSG(store_context_set_window(s, "c1", &w, err) == 0, "%s", err);
+    CHECK(store_context_get(s, "c1", get_window, &got, &found, err) == 0 && found);
+    CHECK(got.overflow == 1 && got.sink == 0 && got.dropped == 0 && got.slides == 0);
+    CHECK(store_context_set_window(s, "nope", &w, err) == -1);
+    store_window bad = {.sink = -1};
+    CHECK(store_context_set_window(s, "c1", &bad, err) == -1);
+
+    int32_t tok[3] = {5, 6, 7};
+    store_turn t = {"user", "hi", tok, 3};
+    w = (store_window){.overflow = 1, .sink = 16, .dropped = 40, .slides = 2};
+    CHECK_MSG(store_context_append_window(s, "c1", &t, 1, &w, 1, 5, err) == 0, "%s", err);
+    CHECK(store_context_get(s, "c1", get_window, &got, &found, err) == 0 && found);
+    CHECK(got.overflow == 1 && got.sink == 16 && got.dropped == 40 && got.slides == 2);
+    char names[1024];
+    CHECK_EQ(list_files(s, "c1", names, sizeof names), 1);
+    store_chunk_reader *r = store_chunk_open(s, "c1", 0, &found, err);
+    CHECK(r && found);
+    store_chunk_close(r);
+    CHECK(!store_chunk_open(s, "c1", 1, &found, err) && !found);
+    CHECK_EQ(list_files(s, "c2", names, sizeof names), 1);
+    /* A failed append (bad window) changes nothing: no turn, no window, no chunk. */
+    bad = (store_window){.dropped = -3};
+    CHECK(store_context_append_window(s, "c2", &t, 1, &bad, 0, 6, err) == -1);
+    CHECK_EQ(list_files(s, "c2", names, sizeof names), 1);
+    store_close(s);
+    blob_free(&b);
 }
 
 int main(void)
 {
     RUN(round_trip);
+    RUN(append_window_drops_chunks);
     RUN(bad_writes_are_refused);
     RUN(replace_makes_a_new_generation);
     RUN(list_touch_delete);
