@@ -852,6 +852,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_chunks_written = p->swap_chunks_written,
         .swap_chunks_read = p->swap_chunks_read,
         .swap_chunks_recomputed = p->swap_chunks_recomputed,
+        .swap_chunks_promoted = p->swap_chunks_promoted,
         .swap_faults = p->swap_faults,
         .swap_bad_blobs = p->swap_bad_blobs,
         .swap_stale_blobs = p->swap_stale_blobs,

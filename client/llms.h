@@ -458,6 +458,8 @@ typedef struct llms_daemon_status {
     uint64_t kv_spare_bytes;
     /* Sliding windows since the daemon started: slides, and the tokens they dropped. */
     uint64_t window_slides, window_dropped_tokens;
+    /* Compressed chunks recomputed to get wider codes when they became important again. */
+    uint64_t swap_chunks_promoted;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

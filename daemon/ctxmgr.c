@@ -991,6 +991,56 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
     free(stats);
 }
 
+/* At most this many chunks are recomputed per call to widen their codes, so that the
+ * AoT work after a reply stays bounded (16 tokens each). */
+#define CTX_PROMOTE_MAX 4
+
+/* A chunk is promoted when its assigned precision takes this much more room than the
+ * one it keeps: smaller changes are not worth a recompute. */
+#define CTX_PROMOTE_GROWTH 1.25
+
+/*
+ * Compressed chunks whose assigned precision is clearly wider than what they keep have
+ * become important again; lost bits come back only from recomputing them (from their
+ * tokens, attending to the chunks before them), which this does for the densest
+ * CTX_PROMOTE_MAX of them, then gives them their assigned precision. A chunk that cannot
+ * be recomputed now (budget) is recomputed at the next call, as any missing chunk is.
+ */
+static void promote_chunks(ctxmgr *cm, ctx_entry *c, const enum kv_precision *level)
+{
+    char err[ERR_MAX];
+    int pick[CTX_PROMOTE_MAX], n_pick = 0;
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    for (int i = 0; i < n_full && i < c->n_map; i++) {
+        kv_chunk *k = c->seq.chunks[i];
+        if (!k || k->precision == KV_F16 ||
+            (double)kv_chunk_data_bytes(cm->shape, level[i]) <
+                CTX_PROMOTE_GROWTH * (double)kv_chunk_data_bytes(cm->shape, k->precision))
+            continue;
+        int at = n_pick < CTX_PROMOTE_MAX ? n_pick++ : CTX_PROMOTE_MAX;
+        while (at > 0 && c->map[pick[at - 1]].density < c->map[i].density) {
+            if (at < CTX_PROMOTE_MAX)
+                pick[at] = pick[at - 1];
+            at--;
+        }
+        if (at < CTX_PROMOTE_MAX)
+            pick[at] = i;
+    }
+    for (int j = 0; j < n_pick; j++) {
+        int i = pick[j];
+        kv_chunk_free(cm->pool, c->seq.chunks[i]);
+        c->seq.chunks[i] = NULL;
+        /* the stored copy is the narrow one: recompute, and write the new one later */
+        c->map[i].disk_precision = -1;
+        c->map[i].dirty = true;
+        c->map[i].k_spread = c->map[i].v_spread = -1;
+        if (ctx_load_range(cm, c, i, NULL, err) || !c->seq.chunks[i])
+            continue;
+        kv_chunk_convert(cm->pool, c->seq.chunks[i], level[i], err);
+        cm->stats.chunks_promoted++;
+    }
+}
+
 /* The last token of a reply is sampled but not evaluated: it is evaluated now, so that
  * the KV covers the whole history and the chunks written are complete. When that fails
  * the incomplete tail chunk is dropped (recomputed at the next call). */
@@ -1040,14 +1090,17 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
         enum kv_precision *level = malloc(sizeof *level * (size_t)(c->n_map ? c->n_map : 1));
         if (level) {
             assign_levels(cm, c, level);
-            /* Only ever towards lighter precisions: lost bits do not come back. A chunk
-             * that cannot be converted stays as it is, still correct. */
+            /* Converted only towards lighter precisions: converting cannot bring lost bits
+             * back (promote_chunks recomputes for that). A chunk that cannot be converted
+             * stays as it is, still correct. */
             for (int i = 0; i < c->n_map; i++) {
                 kv_chunk *k = c->seq.chunks[i];
                 if (k && kv_chunk_data_bytes(cm->shape, level[i]) <
                              kv_chunk_data_bytes(cm->shape, k->precision))
                     kv_chunk_convert(cm->pool, k, level[i], err);
             }
+            if (cm->policy.compress == CTX_COMPRESS_TOLERANCE)
+                promote_chunks(cm, c, level);
             free(level);
         }
         cm->clock++;

@@ -185,6 +185,7 @@ typedef struct ctx_stats {
     double last_switch_in_ms;
     uint64_t window_slides;     /* sliding windows: slides, and the tokens they dropped */
     uint64_t window_dropped;
+    uint64_t chunks_promoted;   /* compressed chunks recomputed to get wider codes */
 } ctx_stats;
 
 typedef struct ctxmgr ctxmgr;

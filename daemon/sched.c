@@ -603,6 +603,8 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_chunks_written = cs->chunks_written;
     st.swap_chunks_read = cs->chunks_read;
     st.swap_chunks_recomputed = cs->chunks_recomputed;
+    st.has_swap_chunks_promoted = 1;
+    st.swap_chunks_promoted = cs->chunks_promoted;
     st.swap_faults = cs->faults;
     st.swap_bad_blobs = cs->bad_blobs;
     st.has_swap_stale_blobs = 1;

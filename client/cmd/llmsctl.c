@@ -156,8 +156,9 @@ static enum llms_status cmd_status(llms_conn *c)
                st.switch_in_mean_ms, st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
                st.swap_write_failures, st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes,
                st.kv_int2_bytes, st.kv_spare_bytes);
-        printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64,
-               st.window_slides, st.window_dropped_tokens);
+        printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64
+               ",\"swap_chunks_promoted\":%" PRIu64,
+               st.window_slides, st.window_dropped_tokens, st.swap_chunks_promoted);
         fputs(",\"sched\":{\"mode\":", stdout);
         json_str(st.sched_mode);
         printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
@@ -185,15 +186,15 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kv_spare_bytes);
         printf("kv budget         %" PRIu64 " bytes%s (resident + spare)\n"
                "swap              %" PRIu64 " chunks (%" PRIu64 " bytes) written, %" PRIu64
-               " read (%" PRIu64 " bytes), %" PRIu64 " recomputed\n"
+               " read (%" PRIu64 " bytes), %" PRIu64 " recomputed, %" PRIu64 " promoted\n"
                "swap-out thread   %" PRIu32 " batches pending; waited for %" PRIu64
                " times (%.1f ms); %" PRIu64 " failed\n"
                "switch-ins        %" PRIu64 ", mean %.2f ms; %" PRIu64 " faults, %" PRIu64
                " bad blobs, %" PRIu64 " stale\n",
                st.kv_budget_bytes, st.kv_budget_bytes ? "" : " (no cap)", st.swap_chunks_written,
                st.swap_bytes_written, st.swap_chunks_read, st.swap_bytes_read,
-               st.swap_chunks_recomputed, st.swap_writes_pending, st.swap_write_waits,
-               st.swap_write_wait_ms, st.swap_write_failures, st.switch_ins,
+               st.swap_chunks_recomputed, st.swap_chunks_promoted, st.swap_writes_pending,
+               st.swap_write_waits, st.swap_write_wait_ms, st.swap_write_failures, st.switch_ins,
                st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs);
         printf("window slides     %" PRIu64 " (%" PRIu64 " tokens out of view)\n",
                st.window_slides, st.window_dropped_tokens);

@@ -568,6 +568,81 @@ static void test_compressed_modes(void)
     }
 }
 
+/* A chunk kept narrow whose assigned precision becomes much wider is recomputed and
+ * widened (at most CTX_PROMOTE_MAX per call), its new version written; the context's
+ * answers get closer to the uncompressed ones, not further. */
+static void test_promotion(void)
+{
+    env e;
+    ctx_policy pol = policy_none();
+    pol.compress = CTX_COMPRESS_TOLERANCE;
+    pol.compress_ratio = 0.25; /* everything at the narrowest codes */
+    CHECK(env_open(&e, false, &pol) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    kv_pool *ref_pool = kv_pool_new(model_kv_shape(g_model), 0, err); /* outlives e */
+    CHECK(ref_pool);
+    ref r = {.pool = ref_pool};
+    kv_seq_init(&r.seq, ref_pool);
+    float got[300], want[300];
+    int sizes[2] = {64, 40};
+    CHECK(grow(&e, c, &r, sizes, 2, 31, got, want) == 0);
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    for (int i = 0; i < n_full; i++)
+        CHECK_EQ(c->seq.chunks[i]->precision, KV_INT2);
+    char id[CTX_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", c->id);
+    int32_t tok[8];
+    make_tokens(tok, 8, 9);
+    CHECK(turn(e.cm, c, tok, 8, got, NULL) == 0);
+    CHECK(ref_turn(&r, tok, 8, want) == 0);
+    double narrow = max_diff(got, want, g_vocab);
+    env_close(&e);
+
+    /* the same store with room for int8: each call widens up to 4 chunks */
+    pol.compress_ratio = 1;
+    CHECK(env_open(&e, true, &pol) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c);
+    int narrow_chunks = 0;
+    for (int i = 0; i < c->n_map; i++)
+        narrow_chunks += c->map[i].disk_precision == KV_INT2;
+    CHECK(narrow_chunks >= 6);
+    uint64_t calls = 0;
+    for (int k = 0; k < 3; k++, calls++) {
+        make_tokens(tok, 8, 20 + k);
+        CHECK(turn(e.cm, c, tok, 8, got, NULL) == 0);
+        CHECK(ref_turn(&r, tok, 8, want) == 0);
+    }
+    n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    int wide = 0;
+    for (int i = 0; i < n_full; i++)
+        wide += c->seq.chunks[i] && c->seq.chunks[i]->precision == KV_INT8;
+    printf("  promoted %llu chunks in %llu calls; %d of %d full chunks int8; |logit diff| "
+           "%.3g narrow, %.3g after\n",
+           (unsigned long long)ctx_get_stats(e.cm)->chunks_promoted,
+           (unsigned long long)calls, wide, n_full, narrow, max_diff(got, want, g_vocab));
+    /* 4 in the first call, the rest in the second */
+    CHECK_EQ(ctx_get_stats(e.cm)->chunks_promoted, (uint64_t)narrow_chunks);
+    CHECK(narrow_chunks <= 4 * (int)calls);
+    CHECK_EQ(wide, n_full);
+    CHECK(max_diff(got, want, g_vocab) < narrow);
+    kv_seq_free(&r.seq);
+    kv_pool_free(ref_pool);
+    env_close(&e);
+
+    /* the widened chunks were written: after a restart they come back wide */
+    CHECK(env_open(&e, true, &pol) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c);
+    int stored_wide = 0;
+    for (int i = 0; i < n_full; i++)
+        stored_wide += c->map[i].disk_precision == KV_INT8;
+    CHECK_EQ(stored_wide, n_full);
+    env_close(&e);
+}
+
 /* After a restart the context loads from disk: the stored chunks are read, only what
  * was never stored is recomputed, and the answer is the same. */
 static void test_restart(void)
@@ -772,6 +847,7 @@ int main(void)
     RUN(test_budget_other_policies);
     RUN(test_lctru_order);
     RUN(test_compressed_modes);
+    RUN(test_promotion);
     RUN(test_restart);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
