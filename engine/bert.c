@@ -22,8 +22,11 @@
 
 /* Keeps every size product of a file's dimensions far from overflow. */
 #define BERT_MAX_DIM (1 << 20)
-/* Longest sequence: the per-thread score matrix is n_pos^2 floats. */
-#define BERT_MAX_POS 8192
+/* Most position rows accepted (XLM-R based rerankers have 8194). */
+#define BERT_MAX_POS (1 << 16)
+/* Default rows of a runner: a (sequence, head)'s score matrix is rows^2 floats per thread,
+ * so a runner for every position of a long-context model is asked for explicitly. */
+#define BERT_DEFAULT_ROWS 512
 
 typedef struct bert_layer_w {
     ops_matrix wq, wk, wv;  /* (n_head * head_dim, dim) */
@@ -332,7 +335,8 @@ struct bert_runner {
     float *att;      /* (max_rows, dim) attention output, heads side by side */
     float *proj;     /* (max_rows, dim) output of attn_output / ffn_down / cls */
     float *ff;       /* (max_rows, n_ff) */
-    float *scores;   /* (n_threads, n_pos, n_pos) one (sequence, head)'s attention */
+    int max_len;     /* longest sequence: min(n_pos, max_rows) */
+    float *scores;   /* (n_threads, max_len, max_len) one (sequence, head)'s attention */
     int *seq_start;  /* (max_rows + 1) first row of each sequence of the call */
     void *mm_scratch; /* ops_matmul scratch */
 };
@@ -346,7 +350,7 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
 {
     const bert_hparams *hp = &m->hp;
     if (max_rows <= 0)
-        max_rows = hp->n_pos;
+        max_rows = hp->n_pos < BERT_DEFAULT_ROWS ? hp->n_pos : BERT_DEFAULT_ROWS;
     if (max_rows > 1 << 16) {
         err_set(err, "bert runner: max_rows %d too large", max_rows);
         return NULL;
@@ -358,6 +362,7 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
     }
     r->m = m;
     r->max_rows = max_rows;
+    r->max_len = hp->n_pos < max_rows ? hp->n_pos : max_rows;
     if (ops_init(err) < 0 || !(r->pool = tp_new(n_threads, err))) {
         bert_runner_free(r);
         return NULL;
@@ -367,7 +372,7 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     size_t sizes[] = {
         R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * hp->n_ff * 4,
-        (size_t)nt * hp->n_pos * hp->n_pos * 4, (R + 1) * sizeof(int),
+        (size_t)nt * r->max_len * r->max_len * 4, (R + 1) * sizeof(int),
         ops_matmul_scratch_bytes(max_rows, max_cols, nt),
     };
     void **ptrs[] = {
@@ -485,7 +490,7 @@ static void bert_attn_job(void *p, int ith, int nth)
     const bert_hparams *hp = &r->m->hp;
     int dim = hp->dim, hd = hp->head_dim;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = r->scores + (size_t)ith * hp->n_pos * hp->n_pos;
+    float *sc = r->scores + (size_t)ith * r->max_len * r->max_len;
     long b, e;
     tp_split((long)s->n_seq * hp->n_head, ith, nth, &b, &e);
     for (long item = b; item < e; item++) {

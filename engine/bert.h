@@ -63,8 +63,8 @@ const bert_hparams *bert_hparams_of(const bert_model *m);
 const gguf_file *bert_gguf(const bert_model *m);
 
 /* A runner owns the thread pool and the scratch for up to max_rows stacked rows, so that
- * the calls below allocate nothing. One thread at a time. n_threads <= 0: online CPUs;
- * max_rows <= 0: the model's n_pos (at least one longest sequence). */
+ * the calls below allocate nothing; a sequence is at most min(n_pos, max_rows) rows. One
+ * thread at a time. n_threads <= 0: online CPUs; max_rows <= 0: min(n_pos, 512). */
 typedef struct bert_runner bert_runner;
 
 bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, char err[ERR_MAX]);
