@@ -91,7 +91,8 @@ static const key_def keys[] = {
     INT(repeat_last_n, -1, INT_MAX, "default penalized history, -1 = all (default 64)"),
     INT(max_tokens, 1, 1 << 24, "default tokens generated per call at most (default 256)"),
     INT(embed_max_texts, 1, INT_MAX, "texts per Embed request (default 256)"),
-    STR(rerank_model, "reranker GGUF (default: the model)"),
+    OPT(embed_model, "bert encoder GGUF that answers Embed; none: the model embeds"),
+    STR(rerank_model, "reranker GGUF, a decoder or a bert cross-encoder (default: the model)"),
     INT(rerank_stream_weights, 0, 1, "1 = the reranker reads layers from the file instead of "
                                      "mapping them whole (default 1)"),
     INT(rerank_memory_mb, 0, INT_MAX, "reranker activation memory per chunk of candidates in "

@@ -53,6 +53,7 @@ typedef struct config {
     int max_tokens;
     /* Embed and Rerank (daemon/semantic.h). */
     int embed_max_texts;               /* texts per Embed request */
+    char embed_model[CONFIG_PATH_MAX]; /* bert encoder GGUF for Embed; "" (none) = model */
     char rerank_model[CONFIG_PATH_MAX];/* reranker GGUF; "" = model */
     int rerank_stream_weights;         /* 1: read layers from the file, not mapped whole */
     int rerank_memory_mb;              /* activations of one chunk of candidates; 0: engine's */

@@ -13,6 +13,7 @@
 
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
+#include "engine/bert.h"
 #include "engine/embed.h"
 #include "engine/rerank.h"
 
@@ -33,6 +34,10 @@ struct semantic {
     float *norm_row;       /* (dim) */
     reranker *rr;          /* opened on first use */
     bool rr_busy;          /* a rerank or calibration task holds the reranker */
+    /* embed_model: a bert encoder answering Embed (NULL: the daemon's model) */
+    bert_model *enc;
+    bert_runner *enc_r;
+    tokenizer *enc_tok;
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -44,6 +49,7 @@ struct sem_task {
     const Llms__Request *req;    /* borrowed: the scheduler's job outlives the task */
     /* Embed */
     enum embed_pooling pooling;
+    enum bert_pooling enc_pool;  /* on the embed_model encoder */
     int n_texts;
     int32_t *tokens;             /* every text's ids, back to back */
     int *text_start;             /* (n_texts + 1) offset of each text in tokens */
@@ -93,6 +99,21 @@ static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
         outq_push(sm->env.out, conn_id, buf, len, false);
 }
 
+/* The embed_model encoder, its tokenizer and runner; texts are at most its runner's rows. */
+static int embed_model_open(semantic *sm, char err[ERR_MAX])
+{
+    const char *path = sm->env.cfg->embed_model;
+    char why[ERR_MAX];
+    if (!(sm->enc = bert_load(path, why)))
+        return err_set(err, "embed_model %s: %s (it must be a bert encoder)", path, why);
+    if (tok_load(bert_gguf(sm->enc), &sm->enc_tok, why) < 0)
+        return err_set(err, "embed_model %s: tokenizer: %s", path, why);
+    if (!(sm->enc_r = bert_runner_new(sm->enc, sm->env.cfg->threads, 0, why)))
+        return err_set(err, "embed_model %s: %s", path, why);
+    sm->dim = bert_hparams_of(sm->enc)->dim;
+    return 0;
+}
+
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
 {
     semantic *sm = calloc(1, sizeof *sm);
@@ -102,6 +123,10 @@ semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
     }
     sm->env = *env;
     sm->dim = model_hparams_of(env->m)->dim;
+    if (env->cfg->embed_model[0] && embed_model_open(sm, err) < 0) {
+        semantic_free(sm);
+        return NULL;
+    }
     sm->max_kv = model_runner_max_kv(env->runner);
     sm->positions = malloc(sizeof *sm->positions * (size_t)sm->max_kv);
     sm->rows = malloc(sizeof *sm->rows * (size_t)env->max_slice);
@@ -123,6 +148,9 @@ void semantic_free(semantic *sm)
     if (!sm)
         return;
     rerank_close(sm->rr);
+    bert_runner_free(sm->enc_r);
+    tok_free(sm->enc_tok);
+    bert_free(sm->enc);
     free(sm->positions);
     free(sm->rows);
     free(sm->norm_row);
@@ -166,7 +194,7 @@ void semantic_task_free(sem_task *t)
 
 bool semantic_uses_slices(const sem_task *t)
 {
-    return t->kind == SEM_EMBED;
+    return t->kind == SEM_EMBED && !t->sm->enc;
 }
 
 /* ---- Embed ---- */
@@ -177,13 +205,15 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
                                      char err[ERR_MAX])
 {
     semantic *sm = t->sm;
+    const tokenizer *tok = sm->enc ? sm->enc_tok : sm->env.tok;
+    int max_len = sm->enc ? bert_runner_max_rows(sm->enc_r) : sm->max_kv;
     int cap = 0;
     for (int i = 0; i < t->n_texts; i++) {
         const char *text = er->texts[i];
         int room = cap - t->text_start[i];
-        int nt = tok_encode(sm->env.tok, text, strlen(text), true, false,
+        int nt = tok_encode(tok, text, strlen(text), true, false,
                             t->tokens ? t->tokens + t->text_start[i] : NULL, room);
-        if (nt > room && nt <= sm->max_kv) {
+        if (nt > room && nt <= max_len) {
             int want = cap * 2 > t->text_start[i] + nt ? cap * 2 : t->text_start[i] + nt;
             int32_t *grown = realloc(t->tokens, sizeof *grown * (size_t)want);
             if (!grown) {
@@ -192,16 +222,16 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
             }
             t->tokens = grown;
             cap = want;
-            nt = tok_encode(sm->env.tok, text, strlen(text), true, false,
+            nt = tok_encode(tok, text, strlen(text), true, false,
                             t->tokens + t->text_start[i], cap - t->text_start[i]);
         }
         if (nt < 0) {
             err_set(err, "text %d: tokenization failed", i);
             return LLMS__ERROR_CODE__INTERNAL;
         }
-        if (nt == 0 || nt > sm->max_kv) {
-            err_set(err, "text %d has %d tokens; a text needs 1 to %d (n_ctx)", i, nt,
-                    sm->max_kv);
+        if (nt == 0 || nt > max_len) {
+            err_set(err, "text %d has %d tokens; a text needs 1 to %d (%s)", i, nt, max_len,
+                    sm->enc ? "the embed_model's positions, at most 512" : "n_ctx");
             return LLMS__ERROR_CODE__INVALID_ARGUMENT;
         }
         t->text_start[i + 1] = t->text_start[i] + nt;
@@ -224,7 +254,12 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
         return NULL;
     }
     enum embed_pooling pooling = EMBED_LAST;
+    /* an encoder pools as its file says (CLS for rank or none) unless the call asks */
+    enum bert_pooling enc_pool = sm->enc ? bert_hparams_of(sm->enc)->pooling : BERT_POOL_CLS;
+    if (enc_pool != BERT_POOL_MEAN && enc_pool != BERT_POOL_LAST)
+        enc_pool = BERT_POOL_CLS;
     if (er->has_pooling) {
+        enc_pool = er->pooling == LLMS__POOLING__POOLING_MEAN ? BERT_POOL_MEAN : BERT_POOL_LAST;
         if (er->pooling == LLMS__POOLING__POOLING_MEAN)
             pooling = EMBED_MEAN;
         else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
@@ -245,8 +280,10 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     if (!t)
         return NULL;
     t->pooling = pooling;
+    t->enc_pool = enc_pool;
     t->n_texts = (int)n;
-    t->text_start = calloc(n + 1, sizeof *t->text_start);
+    /* with an encoder, n more entries hold the lengths of a group of texts */
+    t->text_start = calloc(2 * n + 1, sizeof *t->text_start);
     t->values = malloc(sizeof *t->values * n * (size_t)dim);
     t->acc = calloc((size_t)dim, sizeof *t->acc);
     t->hidden = malloc(sizeof *t->hidden * (size_t)sm->env.max_slice * dim);
@@ -743,9 +780,40 @@ bool semantic_can_begin(const semantic *sm, const Llms__Request *req)
     return req->body_case == LLMS__REQUEST__BODY_EMBED || !sm->rr_busy;
 }
 
+/* Embed on the encoder: whole texts, as many as max_rows (at least one) and the runner
+ * take, through every layer. 1 when the request is answered. */
+static int embed_advance_encoder(sem_task *t, int max_rows)
+{
+    semantic *sm = t->sm;
+    char err[ERR_MAX];
+    int cap = bert_runner_max_rows(sm->enc_r), g = 0, rows = 0;
+    if (max_rows > cap)
+        max_rows = cap;
+    int *lens = t->text_start + t->n_texts + 1; /* (n_texts) lengths, filled here */
+    while (t->text + g < t->n_texts) {
+        int len = t->text_start[t->text + g + 1] - t->text_start[t->text + g];
+        if (g > 0 && rows + len > max_rows)
+            break;
+        lens[g++] = len;
+        rows += len;
+    }
+    if (bert_embed(sm->enc_r, g, lens, t->tokens + t->text_start[t->text], NULL, t->enc_pool,
+                   t->values + (size_t)t->text * sm->dim, err) < 0) {
+        send_error(sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return 1;
+    }
+    t->text += g;
+    if (t->text < t->n_texts)
+        return 0;
+    embed_reply(t);
+    return 1;
+}
+
 int semantic_advance(sem_task *t, int max_rows)
 {
     char err[ERR_MAX];
+    if (t->kind == SEM_EMBED)
+        return embed_advance_encoder(t, max_rows);
     if (t->kind == SEM_CALIBRATE) {
         handle_calibrate(t->sm, t->conn_id, t->req);
         return 1;

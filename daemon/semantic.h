@@ -4,7 +4,8 @@
  *
  * An Embed task's texts run on the daemon's model: each step takes a slice of the current
  * text as one more sequence of the step's batched forward (semantic_slice, then
- * semantic_slice_done after the forward). Rerank runs a reranker (engine/rerank.h) on
+ * semantic_slice_done after the forward). With embed_model (a bert encoder, opened by
+ * semantic_new) Embed advances by semantic_advance instead, whole texts at a time. Rerank runs a reranker (engine/rerank.h) on
  * rerank_model, opened on the first Rerank call and kept; its tasks advance by
  * semantic_advance, a bounded number of rows at a time, one rerank at a time. A
  * calibration runs whole inside one semantic_advance (an admin's rare call). Thresholds

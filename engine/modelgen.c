@@ -122,10 +122,60 @@ static int modelgen_copy_vocab(gguf_writer *w, const gguf_file *v, char err[ERR_
     return (int)count;
 }
 
+/* Generates the n_t tensors' rows on a pool, adds them to w and writes the file. */
+static int modelgen_emit(const modelgen_params *p, gguf_writer *w, modelgen_tensor *ts, int n_t,
+                         const char *path, char err[ERR_MAX])
+{
+    int64_t max_cols = 1;
+    for (int i = 0; i < n_t; i++)
+        max_cols = ts[i].ne[0] > max_cols ? ts[i].ne[0] : max_cols;
+    int rc = -1;
+    float *row_buf = NULL;
+    tp_pool *pool = tp_new(p->n_threads, err);
+    if (!pool)
+        goto out;
+    row_buf = malloc((size_t)tp_n_threads(pool) * max_cols * sizeof(float));
+    if (!row_buf) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n_t; i++) {
+        modelgen_tensor *t = &ts[i];
+        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
+        t->data = malloc(quant_row_bytes(t->type, t->ne[0]) * (size_t)rows);
+        if (!t->data) {
+            err_set(err, "out of memory for tensor '%s'", t->name);
+            goto out;
+        }
+        modelgen_job j = {t, p->seed, i, row_buf, max_cols};
+        tp_run(pool, modelgen_rows_job, &j);
+        if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data) < 0) {
+            err_set(err, "cannot add tensor '%s'", t->name);
+            goto out;
+        }
+        if (p->progress)
+            p->progress(i + 1, n_t, p->progress_user);
+    }
+    rc = gguf_writer_write(w, path, err);
+out:
+    for (int i = 0; i < n_t; i++)
+        free(ts[i].data);
+    free(row_buf);
+    tp_free(pool);
+    return rc;
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
-    if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 && strcmp(p->arch, "qwen3") != 0)
+    bool bert = strcmp(p->arch, "bert") == 0;
+    if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
+        strcmp(p->arch, "qwen3") != 0 && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
+    if (bert && (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
+        return err_set(err, "bert has as many KV heads as heads and head_dim = dim / heads");
+    if (bert && p->pooling_type != 1 && p->pooling_type != 2 && p->pooling_type != 4)
+        return err_set(err, "bert pooling type %d is not 1 (mean), 2 (cls) or 4 (rank)",
+                       p->pooling_type);
     if (p->dim <= 0 || p->n_layer <= 0 || p->n_head <= 0 || p->n_head_kv <= 0 || p->n_ff <= 0 ||
         p->n_ctx <= 0 || p->head_dim < 0)
         return err_set(err, "dimensions must be positive");
@@ -145,6 +195,80 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     return 0;
 }
 
+/* Appends one tensor description to ts[*n] (1-D tensors as F32). */
+static void modelgen_add(modelgen_tensor *ts, int *n, const char *name, uint32_t n_dims,
+                         int64_t cols, int64_t rows, uint32_t type, float std, float mean)
+{
+    modelgen_tensor *t = &ts[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = n_dims;
+    t->type = n_dims == 1 ? QTYPE_F32 : type;
+    t->ne[0] = cols;
+    t->ne[1] = rows;
+    t->std = std;
+    t->mean = mean;
+}
+
+/* A bert encoder as llama.cpp's converter writes one (names, metadata), two token types. */
+static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_vocab,
+                               const char *path, char err[ERR_MAX])
+{
+    if (gguf_writer_set_str(w, "general.architecture", "bert") < 0 ||
+        gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
+        gguf_writer_set_u32(w, "bert.context_length", (uint32_t)p->n_ctx) < 0 ||
+        gguf_writer_set_u32(w, "bert.embedding_length", (uint32_t)p->dim) < 0 ||
+        gguf_writer_set_u32(w, "bert.block_count", (uint32_t)p->n_layer) < 0 ||
+        gguf_writer_set_u32(w, "bert.feed_forward_length", (uint32_t)p->n_ff) < 0 ||
+        gguf_writer_set_u32(w, "bert.attention.head_count", (uint32_t)p->n_head) < 0 ||
+        gguf_writer_set_f32(w, "bert.attention.layer_norm_epsilon", 1e-12f) < 0 ||
+        gguf_writer_set_bool(w, "bert.attention.causal", false) < 0 ||
+        gguf_writer_set_u32(w, "bert.pooling_type", (uint32_t)p->pooling_type) < 0 ||
+        gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", 2) < 0)
+        return err_set(err, "cannot set metadata");
+    int n_t = 0;
+    /* 5 input tensors, 16 per layer, 4 of the head */
+    modelgen_tensor *ts = calloc((size_t)(9 + p->n_layer * 16), sizeof *ts);
+    if (!ts)
+        return err_set(err, "out of memory");
+    int64_t d = p->dim, ff = p->n_ff;
+    float s_dim = 1.0f / sqrtf((float)d), s_ff = 1.0f / sqrtf((float)ff);
+    modelgen_add(ts, &n_t, "token_embd.weight", 2, d, n_vocab, p->type, 1.0f, 0.0f);
+    modelgen_add(ts, &n_t, "position_embd.weight", 2, d, p->n_ctx, p->type, 0.5f, 0.0f);
+    modelgen_add(ts, &n_t, "token_types.weight", 2, d, 2, p->type, 0.5f, 0.0f);
+    modelgen_add(ts, &n_t, "token_embd_norm.weight", 1, d, 1, 0, 0.1f, 1.0f);
+    modelgen_add(ts, &n_t, "token_embd_norm.bias", 1, d, 1, 0, 0.1f, 0.0f);
+    for (int l = 0; l < p->n_layer; l++) {
+        char nm[64];
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        modelgen_add(ts, &n_t, N("attn_q.weight"), 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_q.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_k.weight"), 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_k.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_v.weight"), 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_v.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_output.weight"), 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_output.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_output_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_output_norm.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_up.weight"), 2, d, ff, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_up.bias"), 1, ff, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_down.weight"), 2, ff, d, p->type, s_ff, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_down.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("layer_output_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("layer_output_norm.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+#undef N
+    }
+    if (p->pooling_type == 4) {
+        modelgen_add(ts, &n_t, "cls.weight", 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, "cls.bias", 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, "cls.output.weight", 2, d, 1, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, "cls.output.bias", 1, 1, 1, 0, 0.1f, 0.0f);
+    }
+    int rc = modelgen_emit(p, w, ts, n_t, path, err);
+    free(ts);
+    return rc;
+}
+
 int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX])
 {
     if (modelgen_check(p, err) < 0)
@@ -155,8 +279,6 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
-    tp_pool *pool = NULL;
-    float *row_buf = NULL;
     int n_t = 0, rc = -1;
     if (!w) {
         err_set(err, "out of memory");
@@ -172,6 +294,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         goto out;
     } else if (modelgen_synthetic_vocab(w, n_vocab) < 0) {
         err_set(err, "out of memory");
+        goto out;
+    }
+
+    bool bert = strcmp(p->arch, "bert") == 0;
+    if (bert) {
+        rc = modelgen_write_bert(p, w, n_vocab, path, err);
         goto out;
     }
 
@@ -244,41 +372,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     }
 #undef ADD
 
-    pool = tp_new(p->n_threads, err);
-    if (!pool)
-        goto out;
-    int64_t max_cols = p->dim > p->n_ff ? p->dim : p->n_ff;
-    if (q_dim > max_cols)
-        max_cols = q_dim;
-    row_buf = malloc((size_t)tp_n_threads(pool) * max_cols * sizeof(float));
-    if (!row_buf) {
-        err_set(err, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i < n_t; i++) {
-        modelgen_tensor *t = &ts[i];
-        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
-        t->data = malloc(quant_row_bytes(t->type, t->ne[0]) * (size_t)rows);
-        if (!t->data) {
-            err_set(err, "out of memory for tensor '%s'", t->name);
-            goto out;
-        }
-        modelgen_job j = {t, p->seed, i, row_buf, max_cols};
-        tp_run(pool, modelgen_rows_job, &j);
-        if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data) < 0) {
-            err_set(err, "cannot add tensor '%s'", t->name);
-            goto out;
-        }
-        if (p->progress)
-            p->progress(i + 1, n_t, p->progress_user);
-    }
-    rc = gguf_writer_write(w, path, err);
+    rc = modelgen_emit(p, w, ts, n_t, path, err);
 out:
-    for (int i = 0; ts && i < n_t; i++)
-        free(ts[i].data);
     free(ts);
-    free(row_buf);
-    tp_free(pool);
     gguf_writer_free(w);
     return rc;
 }

@@ -15,7 +15,7 @@
 #include "engine/gguf.h"
 
 typedef struct modelgen_params {
-    const char *arch;   /* "llama", "qwen2" or "qwen3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3" or "bert" (n_head_kv must equal n_head) */
     int dim;
     int n_layer;
     int n_head;
@@ -26,6 +26,9 @@ typedef struct modelgen_params {
     uint32_t type;      /* enum qtype of the matrices; must be computable */
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
+    /* bert only: bert.pooling_type (1 mean, 2 cls, 4 rank); rank writes the cross-encoder
+     * head (cls dim x dim, cls.output 1 x dim) */
+    int pooling_type;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
      * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */

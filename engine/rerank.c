@@ -39,6 +39,15 @@
  * three rotating buffers: one computing, one being read back for the next chunk, one
  * being written out. With stream_weights, token embedding rows come from an LRU cache
  * of 10% of the vocabulary (rows kept in the file's type), read with pread on a miss.
+ *
+ * Encoders (a bert file with a classification head) take their own path through the
+ * same task and pruning: a pair is [CLS] query [SEP] document [SEP] (segment B from the
+ * first [SEP] on), the document cut so that the pair fits RR_ENC_MAX_LEN and the
+ * model's positions; all candidates' rows live in one buffer, compacted to the active
+ * ones after each pruning; each step computes one layer over groups of whole candidates
+ * (engine/bert.h), and after each layer (only the last without pruning) the score of a
+ * candidate is sigmoid of the head's first output on its [CLS] row — the intermediate
+ * exits of the GRATING paper. Weights are mapped (stream_weights does not apply).
  */
 #include "engine/rerank.h"
 
@@ -54,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/bert.h"
 #include "engine/blas.h"
 #include "engine/gguf.h"
 #include "engine/ioq.h"
@@ -73,6 +83,11 @@
 /* Longest rendered pair accepted. Pairs longer than the model's trained context are
  * scored anyway (positions past it only degrade the model, as in any long prompt). */
 #define RR_MAX_TOKENS (1 << 20)
+/* Longest encoder pair, as cross-encoders are trained (max_length 512): also the rows of
+ * the encoder's runner, so one step computes at most this many rows per group. */
+#define RR_ENC_MAX_LEN 512
+/* Candidates whose [CLS] rows go through the head in one product. */
+#define RR_ENC_BATCH 64
 #define RR_META_PROMPT "tokenizer.chat_template.rerank"
 #define RR_DEFAULT_INSTRUCTION \
     "Given a web search query, retrieve relevant passages that answer the query"
@@ -128,6 +143,11 @@ struct reranker {
     size_t cache_bytes;
     /* accounting of this reranker's allocations */
     size_t bytes_now, bytes_peak;
+    /* an encoder reranker (NULL for decoders) */
+    bert_model *enc;
+    bert_runner *enc_r;
+    int enc_max_len;      /* longest pair: min(n_pos, RR_ENC_MAX_LEN) */
+    int32_t enc_cls, enc_sep;
 };
 
 /* ---- accounted allocations ---- */
@@ -300,6 +320,8 @@ void rerank_close(reranker *rr)
         return;
     ioq_free(rr->io);
     tp_free(rr->pool);
+    bert_runner_free(rr->enc_r);
+    bert_free(rr->enc);
     tok_free(rr->tok);
     rr_cache *c = &rr->cache;
     free(c->rows);
@@ -336,6 +358,29 @@ static size_t rr_data_span(const gguf_file *g, void **from)
     return (size_t)((uintptr_t)base + end - start);
 }
 
+/* The rest of rerank_open for a bert file: the model with its head, tokenizer, runner. */
+static int rr_open_encoder(reranker *rr, char err[ERR_MAX])
+{
+    if (!(rr->enc = bert_from_gguf(rr->g, err)))
+        return -1;
+    const bert_hparams *hp = bert_hparams_of(rr->enc);
+    if (hp->n_cls_out < 1)
+        return err_set(err, "the bert model has no classification head (cls.output): an "
+                            "embedding model, not a reranker");
+    rr->hp = (model_hparams){.n_vocab = hp->n_vocab, .dim = hp->dim, .n_layer = hp->n_layer,
+                             .n_head = hp->n_head, .n_head_kv = hp->n_head,
+                             .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_ctx = hp->n_pos};
+    rr->enc_max_len = hp->n_pos < RR_ENC_MAX_LEN ? hp->n_pos : RR_ENC_MAX_LEN;
+    if (tok_load(rr->g, &rr->tok, err) < 0)
+        return -1;
+    rr->enc_cls = tok_special(rr->tok, TOK_SPECIAL_CLS);
+    rr->enc_sep = tok_special(rr->tok, TOK_SPECIAL_SEP);
+    if (rr->enc_cls < 0 || rr->enc_sep < 0)
+        return err_set(err, "the bert vocabulary has no [CLS] or [SEP] token");
+    rr->enc_r = bert_runner_new(rr->enc, rr->opt.n_threads, RR_ENC_MAX_LEN, err);
+    return rr->enc_r ? 0 : -1;
+}
+
 reranker *rerank_open(const char *model_path, const rerank_options *options, char err[ERR_MAX])
 {
     if (!model_path) {
@@ -354,6 +399,8 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     rr->g = gguf_open(model_path, err);
     if (!rr->g)
         goto fail;
+    if (bert_is_encoder(rr->g))
+        return rr_open_encoder(rr, err) < 0 ? (rerank_close(rr), NULL) : rr;
     rr->fd = open(model_path, O_RDONLY | O_CLOEXEC);
     if (rr->fd < 0) {
         err_set(err, "%s: %s", model_path, strerror(errno));
@@ -1027,6 +1074,15 @@ struct rerank_task {
     int slot_next, pref_chunk, pref_slot; /* offload slots: rotation and the prefetched chunk */
     bool done, failed;
     double t0;
+    /* encoder runs */
+    float *ex;            /* (rows of the active candidates, dim) their hidden rows */
+    size_t ex_bytes;
+    int *eorder;          /* (n) active candidates in the order of their rows in ex */
+    int *elens;           /* (n) their lengths, in that order */
+    int n_eorder;
+    int erow;             /* first row of candidate eorder[chunk] */
+    float *ecls;          /* (RR_ENC_BATCH, dim) [CLS] rows, then (RR_ENC_BATCH, n_cls_out)
+                             the head's outputs */
 };
 
 /* Layer t->layer over chunk c: its rows read back (offloaded), compacted to the active
@@ -1111,10 +1167,131 @@ static void rr_end_layer(rerank_task *t)
     t->layer_ready = false;
 }
 
+/* ---- encoder runs ---- */
+
+/* The input rows of every candidate into t->ex; segment B starts after the first [SEP]. */
+static int rr_enc_begin(rerank_task *t, char err[ERR_MAX])
+{
+    reranker *rr = t->rr;
+    rr_run *s = &t->s;
+    const bert_hparams *hp = bert_hparams_of(rr->enc);
+    size_t rows = 0;
+    for (int i = 0; i < s->n; i++)
+        rows += (size_t)s->cand[i].len;
+    t->ex_bytes = rows * hp->dim * sizeof(float);
+    t->ex = rr_alloc(rr, t->ex_bytes);
+    t->eorder = malloc((size_t)s->n * 2 * sizeof *t->eorder);
+    t->ecls = malloc((size_t)RR_ENC_BATCH * (hp->dim + hp->n_cls_out) * sizeof *t->ecls);
+    int32_t *tok = malloc(rows * 2 * sizeof *tok);
+    if (!t->ex || !t->eorder || !t->ecls || !tok) {
+        free(tok);
+        return err_set(err, "out of memory for %zu rows of hidden states", rows);
+    }
+    t->elens = t->eorder + s->n;
+    int32_t *types = tok + rows;
+    size_t row = 0;
+    for (int i = 0; i < s->n; i++) {
+        bool b = false;
+        for (int j = 0; j < s->cand[i].len; j++, row++) {
+            tok[row] = s->cand[i].tok[j];
+            types[row] = b && hp->n_types > 1;
+            b = b || tok[row] == rr->enc_sep;
+        }
+        t->eorder[i] = i;
+        t->elens[i] = s->cand[i].len;
+    }
+    t->n_eorder = s->n;
+    int rc = bert_input(rr->enc, s->n, t->elens, tok, types, t->ex, err);
+    free(tok);
+    return rc;
+}
+
+/* Scores of every active candidate: the head on their [CLS] rows, RR_ENC_BATCH at once. */
+static int rr_enc_score(rerank_task *t, char err[ERR_MAX])
+{
+    reranker *rr = t->rr;
+    int dim = rr->hp.dim, n_out = bert_hparams_of(rr->enc)->n_cls_out;
+    float *logits = t->ecls + (size_t)RR_ENC_BATCH * dim;
+    size_t row = 0;
+    for (int i0 = 0; i0 < t->n_eorder; i0 += RR_ENC_BATCH) {
+        int n = t->n_eorder - i0 < RR_ENC_BATCH ? t->n_eorder - i0 : RR_ENC_BATCH;
+        for (int i = 0; i < n; i++) {
+            memcpy(t->ecls + (size_t)i * dim, t->ex + row * dim, (size_t)dim * sizeof(float));
+            row += (size_t)t->elens[i0 + i];
+        }
+        if (bert_head(rr->enc_r, n, t->ecls, logits, err) < 0)
+            return -1;
+        for (int i = 0; i < n; i++)
+            t->s.cand[t->eorder[i0 + i]].score =
+                (float)(1.0 / (1.0 + exp(-(double)logits[(size_t)i * n_out])));
+    }
+    return 0;
+}
+
+/* Keeps the active candidates' rows, in order, at the front of t->ex. */
+static void rr_enc_compact(rerank_task *t)
+{
+    int dim = t->rr->hp.dim, w = 0;
+    size_t src = 0, dst = 0;
+    for (int i = 0; i < t->n_eorder; i++) {
+        int c = t->eorder[i], len = t->elens[i];
+        if (t->s.cand[c].state == RR_ACTIVE) {
+            if (dst != src)
+                memmove(t->ex + dst * dim, t->ex + src * dim, (size_t)len * dim * sizeof(float));
+            t->eorder[w] = c;
+            t->elens[w++] = len;
+            dst += (size_t)len;
+        }
+        src += (size_t)len;
+    }
+    t->n_eorder = w;
+}
+
+/* rerank_step for an encoder: groups of whole candidates through the current layer;
+ * after the last group, scores, pruning (rr_end_layer) and compaction. */
+static int rr_enc_step(rerank_task *t, long max_rows, char err[ERR_MAX])
+{
+    reranker *rr = t->rr;
+    int n_layer = rr->hp.n_layer, dim = rr->hp.dim;
+    long rows = 0;
+    while (!t->done && (rows == 0 || rows < max_rows)) {
+        if (t->chunk == t->n_eorder) {
+            bool last = t->layer + 1 == n_layer;
+            if ((t->prune || last) && rr_enc_score(t, err) < 0)
+                return -1;
+            for (int i = 0; i < t->n_eorder; i++)
+                t->s.cand[t->eorder[i]].layers = t->layer + 1;
+            rr_end_layer(t);
+            rr_enc_compact(t);
+            t->erow = 0;
+            continue;
+        }
+        /* whole candidates up to the step's rows left (at least one) */
+        long cap = max_rows - rows < RR_ENC_MAX_LEN ? max_rows - rows : RR_ENC_MAX_LEN;
+        int g = 0, n = 0;
+        while (t->chunk + g < t->n_eorder &&
+               (g == 0 || n + t->elens[t->chunk + g] <= cap) &&
+               n + t->elens[t->chunk + g] <= RR_ENC_MAX_LEN)
+            n += t->elens[t->chunk + g++];
+        if (bert_layer(rr->enc_r, t->layer, g, t->elens + t->chunk, t->ex + (size_t)t->erow * dim,
+                       err) < 0)
+            return -1;
+        t->chunk += g;
+        t->erow += n;
+        rows += n;
+    }
+    return t->done ? 1 : 0;
+}
+
 int rerank_step(rerank_task *t, long max_rows, char err[ERR_MAX])
 {
     if (t->failed)
         return err_set(err, "the run failed before");
+    if (t->rr->enc) {
+        int rc = rr_enc_step(t, max_rows, err);
+        t->failed = rc < 0;
+        return rc;
+    }
     rr_run *s = &t->s;
     long rows = 0;
     while (!t->done && (rows == 0 || rows < max_rows)) {
@@ -1203,6 +1380,10 @@ static int rr_answer_token(const reranker *rr, int32_t given, const char *word, 
 int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
                          int32_t *no, char err[ERR_MAX])
 {
+    if (rr->enc) {
+        *yes = *no = -1;
+        return 0;
+    }
     if (rr_answer_token(rr, o->yes_token, "yes", yes, err) < 0 ||
         rr_answer_token(rr, o->no_token, "no", no, err) < 0)
         return -1;
@@ -1213,8 +1394,11 @@ void rerank_task_free(rerank_task *t)
 {
     if (!t)
         return;
-    if (!t->done && !t->failed)
+    if (!t->done && !t->failed && t->rr->io)
         ioq_drain(t->rr->io, NULL);
+    rr_free(t->rr, t->ex, t->ex_bytes);
+    free(t->eorder);
+    free(t->ecls);
     rr_run_free(&t->s);
     free(t->s.cand);
     free(t->pruned_at);
@@ -1255,6 +1439,9 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
         if (lens[i] > max_len)
             max_len = lens[i];
     }
+    if (rr->enc && max_len > rr->enc_max_len)
+        return err_set(err, "a pair has %d tokens, more than the encoder's %d", max_len,
+                       rr->enc_max_len), NULL;
     int32_t yes, no;
     if (rerank_answer_tokens(rr, o, &yes, &no, err) < 0)
         return NULL;
@@ -1284,6 +1471,11 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
     t->bounds = (int *)(t->vals + n_docs);
     for (int i = 0; i < n_docs; i++)
         s->cand[i] = (rr_cand){.tok = pairs[i], .len = lens[i], .state = RR_ACTIVE};
+    if (rr->enc) {
+        if (rr_enc_begin(t, err) < 0)
+            goto fail;
+        return t;
+    }
     if (s->stream && rr_cache_init(rr, err) < 0)
         goto fail;
     size_t limit = o->memory_limit ? o->memory_limit : RR_DEFAULT_MEMORY;
@@ -1393,10 +1585,44 @@ static int rr_toks_add(const reranker *rr, rr_toks *t, const char *text, size_t 
     }
 }
 
+static int rr_toks_push(rr_toks *t, int32_t id, char err[ERR_MAX])
+{
+    if (t->n == t->cap) {
+        int32_t *p = realloc(t->ids, (size_t)(t->cap + 256) * sizeof *p);
+        if (!p)
+            return err_set(err, "out of memory");
+        t->ids = p;
+        t->cap += 256;
+    }
+    t->ids[t->n++] = id;
+    return 0;
+}
+
+/* An encoder's pair: [CLS] query [SEP] document [SEP], the document cut to fit. */
+static int rr_enc_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
+                         char err[ERR_MAX])
+{
+    t->n = 0;
+    if (rr_toks_push(t, rr->enc_cls, err) < 0 ||
+        rr_toks_add(rr, t, query, strlen(query), false, err) < 0)
+        return -1;
+    if (t->n + 2 >= rr->enc_max_len)
+        return err_set(err, "the query has %d tokens: no room for a document in the encoder's "
+                            "%d", t->n - 1, rr->enc_max_len);
+    if (rr_toks_push(t, rr->enc_sep, err) < 0 ||
+        rr_toks_add(rr, t, doc, strlen(doc), false, err) < 0)
+        return -1;
+    if (t->n + 1 > rr->enc_max_len)
+        t->n = rr->enc_max_len - 1;
+    return rr_toks_push(t, rr->enc_sep, err);
+}
+
 /* The reranker prompt for (query, doc) as token ids. */
 static int rr_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
                      char err[ERR_MAX])
 {
+    if (rr->enc)
+        return rr_enc_render(rr, query, doc, t, err);
     t->n = 0;
     if (tok_add_bos(rr->tok) && tok_bos(rr->tok) >= 0) {
         if (t->cap < 1 && !(t->ids = malloc(256 * sizeof *t->ids)))

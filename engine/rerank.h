@@ -83,13 +83,16 @@ typedef struct reranker reranker;
 
 /* Opens a llama / qwen2 / qwen3 GGUF as a reranker. With options->stream_weights the
  * weight matrices are not mapped: only metadata, the tokenizer and small tensors are
- * kept, and layers are read on demand. NULL + err on failure. */
+ * kept, and layers are read on demand. A bert cross-encoder (a classification head,
+ * engine/bert.h) is opened too: it scores sigmoid(head) of the [CLS] row after each
+ * layer, pairs are [CLS] query [SEP] document [SEP] (documents cut to 512 tokens), and
+ * its weights stay mapped. NULL + err on failure (a bert without a head among them). */
 reranker *rerank_open(const char *model_path, const rerank_options *options,
                       char err[ERR_MAX]);
 void rerank_close(reranker *rr);
 
 /* The ids of the "yes" and "no" answer tokens: the options' yes_token / no_token, or
- * those words found in the vocabulary. -1 + err naming the one given out of range or
+ * those words found in the vocabulary (a bert cross-encoder has none: -1 and -1). -1 + err naming the one given out of range or
  * missing from the vocabulary (then yes_token / no_token must be set). */
 int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
                          int32_t *no, char err[ERR_MAX]);

@@ -6,6 +6,8 @@
  *   llms-run -m VOCAB.gguf --detokenize < ids        text of the ids
  *   llms-run -m MODEL.gguf --ids -p "1 450 4996"     prompt and output as token ids
  *   llms-run -m MODEL.gguf --perplexity FILE -c 512  perplexity as llama-perplexity does
+ *   llms-run -m MODEL.gguf --embed [--pooling P] < text  the text's embedding, like
+ *                                                    llama-embedding (bert or decoder)
  *
  * The continuation goes to stdout as it is produced; timings go to stderr.
  */
@@ -17,7 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/bert.h"
 #include "engine/chat.h"
+#include "engine/embed.h"
 #include "engine/gguf.h"
 #include "engine/kv.h"
 #include "engine/model.h"
@@ -25,7 +29,7 @@
 #include "engine/stop.h"
 #include "engine/tokenizer.h"
 
-enum run_mode { MODE_GENERATE, MODE_TOKENIZE, MODE_DETOKENIZE, MODE_PERPLEXITY };
+enum run_mode { MODE_GENERATE, MODE_TOKENIZE, MODE_DETOKENIZE, MODE_PERPLEXITY, MODE_EMBED };
 
 typedef struct run_options {
     enum run_mode mode;
@@ -34,6 +38,7 @@ typedef struct run_options {
     const char *prompt_file;
     const char *perplexity_file;
     const char *system_prompt;
+    const char *pooling;      /* --embed: "cls", "mean", "last"; NULL: the model's */
     const char *stop[STOP_MAX];
     int n_stop;
     int n_predict;
@@ -75,6 +80,10 @@ static void usage(FILE *out)
             "      --detokenize         print the text of the token ids on stdin\n"
             "      --perplexity FILE    perplexity of FILE in chunks of -c tokens (on a\n"
             "                           terminal, stderr shows the time left)\n"
+            "      --embed              print the L2-normalised embedding of stdin (one\n"
+            "                           trailing newline dropped): bert encoders pool as\n"
+            "                           bert.pooling_type says, decoders take the last token\n"
+            "      --pooling P          cls, mean or last (cls: bert only)\n"
             "  -h, --help               this text\n"
             "      --version            the version\n");
 }
@@ -204,6 +213,15 @@ static int parse_args(int argc, char **argv, run_options *o)
             o->ids = true;
         } else if (IS(NULL, "--tokenize")) {
             o->mode = MODE_TOKENIZE;
+        } else if (IS(NULL, "--embed")) {
+            o->mode = MODE_EMBED;
+        } else if (IS(NULL, "--pooling")) {
+            NEED_VALUE();
+            o->pooling = v;
+            if (strcmp(v, "cls") && strcmp(v, "mean") && strcmp(v, "last")) {
+                fprintf(stderr, "llms-run: --pooling: '%s' is not cls, mean or last\n", v);
+                return -1;
+            }
         } else if (IS(NULL, "--detokenize")) {
             o->mode = MODE_DETOKENIZE;
         } else if (IS(NULL, "--perplexity")) {
@@ -703,6 +721,121 @@ out:
     return status;
 }
 
+/* Prints dim values on one line, as llama-embedding's default output does. */
+static void print_embedding(const float *v, int dim, int n_tokens)
+{
+    for (int i = 0; i < dim; i++)
+        printf(i ? " %.6f" : "%.6f", (double)v[i]);
+    printf("\n");
+    fprintf(stderr, "embed: %d tokens, %d dimensions\n", n_tokens, dim);
+}
+
+/* stdin's text, less one trailing newline (what echo adds). */
+static char *read_embed_text(size_t *len)
+{
+    char *text = read_all(stdin, len);
+    if (!text) {
+        fprintf(stderr, "llms-run: cannot read stdin\n");
+        return NULL;
+    }
+    if (*len > 0 && text[*len - 1] == '\n')
+        text[--*len] = 0;
+    return text;
+}
+
+static int run_embed_bert(const char *path, const run_options *o)
+{
+    char err[ERR_MAX];
+    int status = 1, n = 0;
+    size_t len;
+    tokenizer *tok = NULL;
+    bert_runner *r = NULL;
+    int32_t *ids = NULL;
+    float *out = NULL;
+    char *text = NULL;
+    bert_model *m = bert_load(path, err);
+    if (!m) {
+        fprintf(stderr, "llms-run: %s: %s\n", path, err);
+        return 1;
+    }
+    const bert_hparams *hp = bert_hparams_of(m);
+    enum bert_pooling how = !o->pooling ? hp->pooling
+                            : !strcmp(o->pooling, "cls") ? BERT_POOL_CLS
+                            : !strcmp(o->pooling, "mean") ? BERT_POOL_MEAN : BERT_POOL_LAST;
+    if (tok_load(bert_gguf(m), &tok, err)) {
+        fprintf(stderr, "llms-run: %s: tokenizer: %s\n", path, err);
+        goto out;
+    }
+    if (!(text = read_embed_text(&len)))
+        goto out;
+    if (!(ids = tokenize_alloc(tok, text, len, true, false, &n)) || n == 0) {
+        fprintf(stderr, "llms-run: the text has no tokens\n");
+        goto out;
+    }
+    if (n > hp->n_pos) {
+        fprintf(stderr, "llms-run: %d tokens, the model takes at most %d\n", n, hp->n_pos);
+        goto out;
+    }
+    if (!(r = bert_runner_new(m, o->n_threads, n, err)) ||
+        !(out = malloc(sizeof *out * (size_t)hp->dim)) ||
+        bert_embed(r, 1, &n, ids, NULL, how, out, err) < 0) {
+        fprintf(stderr, "llms-run: embed: %s\n", out ? err : "out of memory");
+        goto out;
+    }
+    print_embedding(out, hp->dim, n);
+    status = 0;
+out:
+    free(out);
+    free(ids);
+    free(text);
+    bert_runner_free(r);
+    tok_free(tok);
+    bert_free(m);
+    return status;
+}
+
+static int run_embed_decoder(model *m, const tokenizer *tok, const run_options *o)
+{
+    char err[ERR_MAX];
+    const model_hparams *hp = model_hparams_of(m);
+    int status = 1, n = 0, n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx < 4096 ? hp->n_ctx : 4096);
+    size_t len;
+    kv_pool *pool = NULL;
+    embedder *e = NULL;
+    float *out = NULL;
+    char *text = NULL;
+    if (o->pooling && !strcmp(o->pooling, "cls")) {
+        fprintf(stderr, "llms-run: --pooling cls needs a bert encoder\n");
+        return 1;
+    }
+    model_runner *r = model_runner_new(m, o->n_threads, o->n_batch, n_ctx, err);
+    if (!r || !(pool = kv_pool_new(model_kv_shape(m), 0, err)) ||
+        !(e = embed_new(m, r, pool, err))) {
+        fprintf(stderr, "llms-run: %s\n", err);
+        goto out;
+    }
+    if (!(text = read_embed_text(&len)))
+        goto out;
+    if (!(out = malloc(sizeof *out * (size_t)hp->dim))) {
+        fprintf(stderr, "llms-run: out of memory\n");
+        goto out;
+    }
+    if (embed_text(e, tok, text, o->pooling && !strcmp(o->pooling, "mean") ? EMBED_MEAN : EMBED_LAST,
+                   out, &n, err) < 0) {
+        fprintf(stderr, "llms-run: embed: %s\n", err);
+        goto out;
+    }
+    print_embedding(out, hp->dim, n);
+    status = 0;
+out:
+    free(out);
+    free(text);
+    embed_free(e);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     run_options o;
@@ -731,6 +864,18 @@ int main(int argc, char **argv)
         return status;
     }
 
+    if (o.mode == MODE_EMBED) {
+        gguf_file *g = gguf_open(o.model_path, err);
+        if (!g) {
+            fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
+            return 1;
+        }
+        bool encoder = bert_is_encoder(g);
+        gguf_close(g);
+        if (encoder)
+            return run_embed_bert(o.model_path, &o);
+    }
+
     model *m = model_load_as(o.model_path, o.load, err);
     if (!m) {
         fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
@@ -743,6 +888,8 @@ int main(int argc, char **argv)
     }
     if (o.mode == MODE_PERPLEXITY)
         status = run_perplexity(m, tok, &o);
+    else if (o.mode == MODE_EMBED)
+        status = run_embed_decoder(m, tok, &o);
     else
         status = run_generate(m, tok, &o);
     tok_free(tok);

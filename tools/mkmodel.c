@@ -1,9 +1,10 @@
 /*
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
- *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3 --dim D --layers L --heads H
+ *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
+ *           [--pooling mean|cls|rank]   (bert; rank adds the cross-encoder head)
  *   mkmodel --help | --version
  */
 #include <errno.h>
@@ -29,9 +30,11 @@ static const struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3 --dim D --layers L --heads H\n"
+            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H\n"
             "               --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
+            "               [--pooling mean|cls|rank]  (bert: pooling_type; rank writes the\n"
+            "               cross-encoder head; default cls)\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
             "of VOCAB.gguf. Progress goes to stderr when it is a terminal.\n");
@@ -116,6 +119,11 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--type"))
             type = v;
+        else if (!strcmp(a, "--pooling")) {
+            p.pooling_type = !strcmp(v, "mean") ? 1 : !strcmp(v, "cls") ? 2 : !strcmp(v, "rank") ? 4 : 0;
+            if (!p.pooling_type)
+                bad_usage("--pooling: '%s' is not mean, cls or rank", v);
+        }
         else if (!strcmp(a, "--vocab"))
             vocab = v;
         else
@@ -125,6 +133,8 @@ int main(int argc, char **argv)
         bad_usage("-o, --arch, --type and --vocab are required");
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
+    if (!p.pooling_type)
+        p.pooling_type = 2;
     bool found = false;
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/gguf.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
 #include "tests/support/test.h"
 
 static char llms_run[1024];
@@ -162,6 +165,44 @@ static void bad_arguments_fail_with_a_message(void)
     CHECK(strstr(got, "bad token id") != NULL);
 }
 
+/* --embed on a random bert with the bge vocabulary: dim unit-length values, the same
+ * with 1 and 2 threads. */
+static void embed_prints_a_unit_vector(void)
+{
+    const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
+    if (!vp)
+        SKIP("../shared/testdata/vocab/ggml-vocab-bert-bge.gguf is absent");
+    char err[ERR_MAX], path[1024], cmd[4096], one[16384], two[16384];
+    gguf_file *v = gguf_open(vp, err);
+    CHECK(v);
+    snprintf(path, sizeof path, "%s/bert.gguf", test_tmpdir());
+    modelgen_params p = {.arch = "bert", .dim = 32, .n_layer = 2, .n_head = 2, .n_head_kv = 2,
+                         .n_ff = 64, .n_ctx = 64, .type = QTYPE_F16, .seed = 3, .vocab = v,
+                         .n_threads = 1, .pooling_type = 1};
+    int rc = modelgen_write(&p, path, err);
+    gguf_close(v);
+    CHECK_MSG(rc == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "echo 'The quick brown fox.' | %s -m '%s' --embed -t 1", llms_run,
+             path);
+    CHECK_EQ(test_run_capture(cmd, one, sizeof one), 0);
+    snprintf(cmd, sizeof cmd, "echo 'The quick brown fox.' | %s -m '%s' --embed -t 2", llms_run,
+             path);
+    CHECK_EQ(test_run_capture(cmd, two, sizeof two), 0);
+    CHECK(strcmp(one, two) == 0);
+    int n = 0;
+    double ss = 0;
+    for (char *s = one, *end = NULL; *s && *s != '\n'; s = end, n++) {
+        double x = strtod(s, &end);
+        CHECK(end != s);
+        ss += x * x;
+    }
+    CHECK_EQ(n, 32);
+    CHECK_NEAR(ss, 1.0, 1e-4);
+    snprintf(cmd, sizeof cmd, "echo x | %s -m '%s' --embed --pooling max 2>&1", llms_run, path);
+    CHECK_EQ(test_run_capture(cmd, one, sizeof one), 2);
+    CHECK(strstr(one, "--pooling") != NULL);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -178,5 +219,6 @@ int main(int argc, char **argv)
     RUN(sampling_is_reproducible_by_seed);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
+    RUN(embed_prints_a_unit_vector);
     return test_finish();
 }
