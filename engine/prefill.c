@@ -76,7 +76,7 @@ static int prefill_check(const prefill_request *req, char err[ERR_MAX])
                        req->n_past, req->n_threads);
     if (!kv_precision_valid(req->kv))
         return err_set(err, "plan: KV precision %d is not valid", (int)req->kv);
-    if ((long)req->n_past + req->n_prompt > 1 << 24)
+    if ((long)req->n_past + req->n_prompt > 1 << 24 || req->max_kv > 1 << 24)
         return err_set(err, "plan: %d + %d KV entries are more than a runner holds",
                        req->n_past, req->n_prompt);
     return 0;
@@ -89,13 +89,15 @@ int prefill_plan_make(const model *m, const prefill_request *req, prefill_plan *
         return -1;
     const model_hparams *hp = model_hparams_of(m);
     int ctx = req->n_past + req->n_prompt;
+    ctx = req->max_kv > ctx ? req->max_kv : ctx;
     int r0 = req->max_rows > 0 && req->max_rows < req->n_prompt ? req->max_rows : req->n_prompt;
     memset(out, 0, sizeof *out);
     out->req = *req;
     out->whole = prefill_estimate_of(hp, r0, r0, ctx, req->n_threads, req->kv);
     kv_shape shape = model_kv_shape(m);
+    int n_kv = req->n_past + req->n_prompt;
     out->kv_bytes = kv_chunk_data_bytes(shape, req->kv) *
-                    (size_t)((ctx + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS);
+                    (size_t)((n_kv + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS);
     out->weights = model_weight_residency(m, req->resident_small);
     out->weights_window = req->resident_small == SIZE_MAX ? 0 : 2 * out->weights.layer_max;
 

@@ -63,6 +63,8 @@ typedef struct prefill_request {
     int n_prompt;   /* prompt tokens, > 0 */
     int n_past;     /* KV entries before the prompt (a context's history), >= 0 */
     int max_rows;   /* most rows per step the caller runs; <= 0: n_prompt */
+    int max_kv;     /* KV entries the runner must hold (decode after the prompt); <= 0
+                       or fewer than n_past + n_prompt: n_past + n_prompt */
     int n_threads;  /* the runner's threads, > 0 */
     enum kv_precision kv; /* the precision the prompt's chunks are kept in */
     size_t budget;  /* bytes of working memory; 0: none */
