@@ -101,12 +101,15 @@ int prefill_plan_make(const model *m, const prefill_request *req, prefill_plan *
     out->weights = model_weight_residency(m, req->resident_small);
     out->weights_window = req->resident_small == SIZE_MAX ? 0 : 2 * out->weights.layer_max;
 
-    if (prefill_fits(req, &out->whole)) {
+    /* score blocks of more rows only cost cache misses (bench/longprompt: whole-step
+     * scores are slower), so even the least partitioned plan keeps the engine's blocks */
+    int a0 = r0 < MODEL_ATTN_ROWS_DEFAULT ? r0 : MODEL_ATTN_ROWS_DEFAULT;
+    out->est = prefill_estimate_of(hp, r0, a0, ctx, req->n_threads, req->kv);
+    if (prefill_fits(req, &out->est)) {
         out->pressure = PREFILL_WHOLE;
-        out->est = out->whole;
         return 0;
     }
-    for (int a = r0 / 2; a >= 1; a /= 2) {
+    for (int a = a0 / 2; a >= 1; a /= 2) {
         out->est = prefill_estimate_of(hp, r0, a, ctx, req->n_threads, req->kv);
         if (prefill_fits(req, &out->est)) {
             out->pressure = PREFILL_MODERATE;

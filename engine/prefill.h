@@ -12,11 +12,18 @@
  * attention buffers and the MLP's sharing one region (model.h), so its working memory is
  * what every step uses plus the larger of the two regions.
  *
- * Partitioning, from none to the most: the whole prompt in one step with one score block
- * per head (none); the attention's scores, softmax and output in row blocks (moderate);
- * every step on slices of the prompt's rows, the K/V of each slice appended to the
- * sequence's chunks before the next (severe). The results are the unpartitioned path's
- * within float rounding (tests/engine/test_prefill.c).
+ * The unpartitioned path (HyperGen's baseline) runs every step on the whole prompt with
+ * one score block per head: (rows, ctx) floats per thread. Plans, from the least
+ * partitioning to the most: whole steps with the engine's score blocks of
+ * MODEL_ATTN_ROWS_DEFAULT rows, which are also faster than whole-step scores on a CPU
+ * (none); smaller score blocks: scores, softmax and output partitioned (moderate; softmax
+ * works in place on the scores here, so it cannot be partitioned apart from them); every
+ * step on slices of the prompt's rows, the K/V of each slice appended to the sequence's
+ * chunks before the next (severe). A block's output rows are written (spilled) into the
+ * step's output at their place, which is their concatenation; on a CPU that is host
+ * memory already, and no file spill is made: the largest partial result, the output
+ * rows, shrinks with the slice. The results are the unpartitioned path's within float
+ * rounding (tests/engine/test_prefill.c).
  */
 #ifndef LLMS_PREFILL_H
 #define LLMS_PREFILL_H
@@ -90,8 +97,9 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
 
 /*
  * Chooses the least partitioning whose working memory fits req->budget: the whole
- * prompt and whole score blocks, else smaller score blocks (halving), else smaller
- * steps (halving rows down to 1, score blocks of at most MODEL_ATTN_ROWS_DEFAULT).
+ * prompt (at most max_rows per step) with score blocks of MODEL_ATTN_ROWS_DEFAULT rows,
+ * else smaller score blocks (halving), else smaller steps (halving rows down to 1, score
+ * blocks of at most MODEL_ATTN_ROWS_DEFAULT). out->whole is the unpartitioned path.
  * Fails, before anything is computed, when even one row per step does not fit: err names
  * the bytes needed. Also fails on a bad request.
  */

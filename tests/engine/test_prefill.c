@@ -243,30 +243,35 @@ static void test_plan_choices(void)
     char err[ERR_MAX];
     model *m = model_load(path, err);
     CHECK_MSG(m, "%s", err);
-    prefill_request req = {.n_prompt = 4096, .n_threads = 2, .kv = KV_F16,
+    /* steps of 512 rows over 16384 entries: the score blocks outweigh the MLP's rows */
+    prefill_request req = {.n_prompt = 16384, .max_rows = 512, .n_threads = 2, .kv = KV_F16,
                            .resident_small = SIZE_MAX};
     prefill_plan p;
     bool ok = prefill_plan_make(m, &req, &p, err) == 0 && p.pressure == PREFILL_WHOLE &&
-              p.est.rows == 4096 && p.est.attn_rows == 4096;
-    /* the whole path holds two threads' scores of 4096 x 4096 floats: 128 MiB */
-    req.budget = 64u << 20;
-    ok = ok && prefill_plan_make(m, &req, &p, err) == 0 && p.pressure == PREFILL_MODERATE &&
-         p.est.rows == 4096 && p.est.attn_rows < 4096 && p.est.working <= req.budget;
-    size_t moderate = p.est.working;
-    req.budget = moderate / 4;
+              p.est.rows == 512 && p.est.attn_rows == MODEL_ATTN_ROWS_DEFAULT &&
+              p.whole.rows == 512 && p.whole.attn_rows == 512;
+    /* the unpartitioned path holds two threads' scores of 512 x 16384 floats: 64 MiB */
+    ok = ok && p.whole.working > (64u << 20) && p.est.working < (16u << 20);
+    const model_hparams *hp = model_hparams_of(m);
+    prefill_estimate e1 = prefill_estimate_of(hp, 512, 1, 16384, 2, KV_F16);
+    req.budget = (e1.working + p.est.working) / 2;
+    ok = ok && e1.working < p.est.working && prefill_plan_make(m, &req, &p, err) == 0 &&
+         p.pressure == PREFILL_MODERATE && p.est.rows == 512 &&
+         p.est.attn_rows < MODEL_ATTN_ROWS_DEFAULT && p.est.working <= req.budget;
+    req.budget = e1.working - 1;
     ok = ok && prefill_plan_make(m, &req, &p, err) == 0 && p.pressure == PREFILL_SEVERE &&
-         p.est.rows < 4096 && p.est.working <= req.budget;
+         p.est.rows < 512 && p.est.working <= req.budget;
     /* every step's peak is within what the runner allocates */
     for (int k = 0; ok && k < PREFILL_N_STEPS; k++)
         ok = p.est.steps[k].peak <= p.est.working;
     int n_max = ok ? prefill_max_prompt(m, &req, 1 << 20) : 0;
     req.n_prompt = n_max + 1;
-    ok = ok && n_max > 4096 && prefill_plan_make(m, &req, &p, err) < 0 &&
+    ok = ok && n_max >= 16384 && prefill_plan_make(m, &req, &p, err) < 0 &&
          strstr(err, "needs at least") && strstr(err, "MiB");
     req.n_prompt = 0;
     ok = ok && prefill_plan_make(m, &req, &p, err) < 0;
     model_free(m);
-    CHECK_MSG(ok, "%s", err);
+    CHECK(ok);
 }
 
 static void test_plan_print(void)
