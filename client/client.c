@@ -967,6 +967,27 @@ enum llms_status llms_profile(llms_conn *c, llms_profile_result *out)
     return LLMS_OK;
 }
 
+enum llms_status llms_plan(llms_conn *c, uint32_t prompt_tokens, const char *model,
+                           llms_plan_result *out)
+{
+    memset(out, 0, sizeof *out);
+    Llms__PlanRequest pq = LLMS__PLAN_REQUEST__INIT;
+    pq.prompt_tokens = prompt_tokens;
+    pq.model = (char *)model;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_PLAN;
+    req.plan = &pq;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_PLAN, &r);
+    if (s != LLMS_OK)
+        return s;
+    const Llms__PlanResponse *p = r->plan;
+    char *text = strdup(p->text);
+    *out = (llms_plan_result){text, p->rows, p->attn_rows, p->working_bytes, p->budget_bytes};
+    frame_free_response(r);
+    return text ? LLMS_OK : fail(c, LLMS_ERR_INTERNAL, "out of memory");
+}
+
 enum llms_status llms_shutdown(llms_conn *c)
 {
     Llms__Empty e = LLMS__EMPTY__INIT;

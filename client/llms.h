@@ -510,6 +510,19 @@ typedef struct llms_profile_result {
 /* Makes the daemon measure its cost models again (a second or so) and returns them. */
 enum llms_status llms_profile(llms_conn *conn, llms_profile_result *out);
 
+/* The prefill memory plan of a prompt of prompt_tokens tokens under the daemon's
+ * prefill_budget_mb (admin). text (a line per step, then the budget and partitioning)
+ * is the caller's to free(). model: the served model's id, or NULL. */
+typedef struct llms_plan_result {
+    char *text;
+    uint32_t rows;          /* prompt rows per forward step */
+    uint32_t attn_rows;     /* query rows per attention score block */
+    uint64_t working_bytes;
+    uint64_t budget_bytes;  /* 0: no budget */
+} llms_plan_result;
+enum llms_status llms_plan(llms_conn *conn, uint32_t prompt_tokens, const char *model,
+                           llms_plan_result *out);
+
 /* Asks the daemon to shut down cleanly (in-flight calls finish or cancel, state is kept). */
 enum llms_status llms_shutdown(llms_conn *conn);
 

@@ -66,6 +66,14 @@ static const key_def keys[] = {
      "largest frame accepted or sent (default 16777216)", NULL},
     INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
                                   "over it are dropped, LCTRU order (default 1024)"),
+    INT(prefill_budget_mb, 0, INT_MAX, "working memory of a prefill step in MiB, 0 = none: "
+                                       "the engine's step rows and attention score blocks "
+                                       "are planned to fit it for a prompt of n_ctx tokens, "
+                                       "or llmsd does not start (default 0)"),
+    INT(resident_small_mb, -1, INT_MAX, "weights (model_load = map) stay resident up to this "
+                                        "many MiB, smallest matrices first; the others stream "
+                                        "per layer during prefill, -1 = all resident "
+                                        "(default -1)"),
     INT(kv_wait_ms, 0, INT_MAX, "how long a Call or Complete waits for running calls to "
                                 "leave room under kv_budget_mb before RESOURCE_EXHAUSTED "
                                 "(default 30000)"),
@@ -152,6 +160,7 @@ void config_defaults(config *c)
     c->max_frame_bytes = 16u << 20;
     c->kv_budget_mb = 1024;
     c->kv_wait_ms = 30000;
+    c->resident_small_mb = -1;
     strcpy(c->kv_compress, "tolerance");
     c->kv_compress_ratio = 0.6f;
     strcpy(c->admin_group, "llms-admin");

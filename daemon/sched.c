@@ -30,6 +30,7 @@
 #include "daemon/resp.h"
 #include "daemon/semantic.h"
 #include "engine/kv.h"
+#include "engine/prefill.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "engine/utf8.h"
@@ -660,6 +661,80 @@ static void handle_profile(sched *s, const sched_job *j)
     r.body_case = LLMS__RESPONSE__BODY_PROFILE;
     r.profile = &p;
     send_resp(s, j->conn_id, &r, false);
+}
+
+/* The prefill plan of a prompt length under this daemon's budget, rows and threads. */
+static int sched_plan(const sched *s, int n_prompt, prefill_plan *p, char err[ERR_MAX])
+{
+    const config *cfg = s->env.cfg;
+    prefill_request req = {
+        .n_prompt = n_prompt, .max_rows = s->max_batch, .max_kv = cfg->n_ctx,
+        .n_threads = model_runner_n_threads(s->runner), .kv = KV_F16,
+        .budget = (size_t)cfg->prefill_budget_mb << 20,
+        .resident_small = cfg->resident_small_mb < 0 ? SIZE_MAX
+                                                     : (size_t)cfg->resident_small_mb << 20,
+    };
+    return prefill_plan_make(s->env.m, &req, p, err);
+}
+
+/* The served model's id: its file name without the directory and ".gguf". */
+static bool sched_is_model(const sched *s, const char *id)
+{
+    const char *base = strrchr(s->env.model_path, '/');
+    base = base ? base + 1 : s->env.model_path;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    return strlen(id) == n && strncmp(base, id, n) == 0;
+}
+
+static void handle_plan(sched *s, const sched_job *j)
+{
+    const Llms__PlanRequest *q = j->req->plan;
+    const config *cfg = s->env.cfg;
+    char err[ERR_MAX], *text = NULL;
+    size_t len = 0;
+    prefill_plan p;
+    if (q->model && *q->model && !sched_is_model(s, q->model)) {
+        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "plan: model '%s' is not served here",
+                   q->model);
+        return;
+    }
+    if (q->prompt_tokens == 0 || q->prompt_tokens > (uint32_t)cfg->n_ctx) {
+        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "plan: a prompt of %u tokens; the context window (n_ctx) holds 1 to %d",
+                   q->prompt_tokens, cfg->n_ctx);
+        return;
+    }
+    if (sched_plan(s, (int)q->prompt_tokens, &p, err) < 0) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "plan: %s", err);
+        return;
+    }
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        prefill_plan_print(&p, f);
+        if (fclose(f) != 0) {
+            free(text);
+            text = NULL;
+        }
+    }
+    if (!text) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "plan: out of memory");
+        return;
+    }
+    Llms__PlanResponse pr = LLMS__PLAN_RESPONSE__INIT;
+    pr.text = text;
+    pr.rows = (uint32_t)p.est.rows;
+    pr.attn_rows = (uint32_t)p.est.attn_rows;
+    pr.working_bytes = p.est.working;
+    pr.budget_bytes = p.req.budget;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = j->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_PLAN;
+    r.plan = &pr;
+    send_resp(s, j->conn_id, &r, false);
+    free(text);
 }
 
 static void handle_list_apps(sched *s, const sched_job *j)
@@ -1377,6 +1452,9 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_PROFILE:
         handle_profile(s, j);
         break;
+    case LLMS__REQUEST__BODY_PLAN:
+        handle_plan(s, j);
+        break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
                    (int)j->req->body_case);
@@ -1927,6 +2005,32 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->runner = model_runner_new(env->m, cfg->threads, s->max_batch, cfg->n_ctx, err);
     if (!s->runner)
         goto fail;
+    if (cfg->prefill_budget_mb > 0 || cfg->resident_small_mb >= 0) {
+        /* sized for the longest prompt, so that every prompt the window admits fits */
+        prefill_plan p;
+        if (sched_plan(s, cfg->n_ctx, &p, err) < 0)
+            goto fail;
+        if (p.est.rows < SCHED_MAX_ACTIVE + 16) {
+            err_set(err, "prefill_budget_mb %d: steps of %d rows are below the scheduler's "
+                         "%d decode rows + 16; %.1f MiB are needed", cfg->prefill_budget_mb,
+                    p.est.rows, SCHED_MAX_ACTIVE,
+                    (double)prefill_estimate_of(model_hparams_of(env->m), SCHED_MAX_ACTIVE + 16,
+                                                MODEL_ATTN_ROWS_DEFAULT, cfg->n_ctx,
+                                                p.req.n_threads, KV_F16).working / (1 << 20));
+            goto fail;
+        }
+        s->max_batch = p.est.rows;
+        if (s->step_tokens > s->max_batch - SCHED_MAX_ACTIVE)
+            s->step_tokens = s->max_batch - SCHED_MAX_ACTIVE;
+        model_runner_free(s->runner);
+        model_runner_opts ro = prefill_runner_opts(&p);
+        s->runner = model_runner_new_opts(env->m, &ro, err);
+        if (!s->runner)
+            goto fail;
+        if (cfg->resident_small_mb >= 0 &&
+            model_runner_stream_weights(s->runner, p.req.resident_small, err) < 0)
+            goto fail;
+    }
     s->pool = kv_pool_new(model_kv_shape(env->m), 0, err);
     if (!s->pool)
         goto fail;

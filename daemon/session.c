@@ -74,6 +74,7 @@ static bool is_admin_call(Llms__Request__BodyCase b)
     return b == LLMS__REQUEST__BODY_STATUS || b == LLMS__REQUEST__BODY_LIST_APPS ||
            b == LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS || b == LLMS__REQUEST__BODY_EVICT_CONTEXT ||
            b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
+           b == LLMS__REQUEST__BODY_PLAN ||
            b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
 }
 

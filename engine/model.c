@@ -13,10 +13,13 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/blas.h"
 #include "engine/ops.h"
@@ -27,8 +30,6 @@
  * f32 once per layer (prefill); smaller ones (decode) read f16 chunks in place and
  * compressed ones decoded block by block. */
 #define MODEL_ATTN_GEMM_MIN 16
-/* Query tokens per batched attention work item. */
-#define MODEL_ATTN_BLOCK 32
 
 /* Largest dimension accepted from a file: keeps every size product far from overflow. */
 #define MODEL_MAX_DIM (1 << 20)
@@ -57,6 +58,7 @@ struct model {
     float *vecs;             /* every 1-D tensor converted to f32, back to back */
     size_t vecs_used;
     size_t vecs_cap;
+    bool mapped;             /* weights are a file mapping (they can stream) */
 };
 
 /* ---- loading ---- */
@@ -319,6 +321,7 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
         return NULL;
     }
     m->owned = g;
+    m->mapped = how == GGUF_LOAD_MAP;
     return m;
 }
 
@@ -370,12 +373,26 @@ typedef struct model_part {
  * contiguous array (several sequences): bounds the staging buffer, not the batch. */
 #define MODEL_LOGITS_STAGE 64
 
+/* One weight matrix, for residency by size (model_runner_stream_weights). */
+typedef struct model_frag {
+    const void *data;
+    size_t bytes;
+    int layer;     /* -1: token embedding and output */
+    bool streamed; /* released after use, prefetched before */
+} model_frag;
+
 struct model_runner {
     const model *m;
     tp_pool *pool;
     int max_batch;
     int max_kv;
-    char *mem; /* one allocation holding every buffer below */
+    int attn_rows;   /* query rows per batched-attention block */
+    size_t mem_bytes;
+    char *mem; /* one allocation holding every buffer below; the attention buffers (q, k,
+                  v, att, scores, kv_f32, blk_scores, blk_f32, received) and gate/up
+                  overlap, as they are never live together */
+    model_frag *frags; /* (n_frags) every weight matrix, when streaming */
+    int n_frags;
 
     /* A forward step stacks the rows of every sequence it advances: "rows" below are
      * stacked rows, up to max_batch of them. */
@@ -395,7 +412,7 @@ struct model_runner {
     int32_t *kv_pos;   /* (max_kv) position of every entry of the sequence, in order */
     int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
     int max_chunks;
-    float *blk_scores; /* (n_threads, MODEL_ATTN_BLOCK, max_kv) */
+    float *blk_scores; /* (n_threads, attn_rows, max_kv) */
     float *blk_f32;    /* (n_threads, KV_CHUNK_TOKENS, head_dim) a compressed chunk's K or
                           V block decoded, for decode attention */
     float *received;   /* (n_threads, max_kv) attention each entry of one sequence
@@ -420,11 +437,32 @@ static size_t model_align(size_t n)
 model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
                                char err[ERR_MAX])
 {
+    model_runner_opts o = {.n_threads = n_threads, .max_batch = max_batch, .max_kv = max_kv};
+    return model_runner_new_opts(m, &o, err);
+}
+
+/* Lays the buffers of ptrs (sizes bytes each) out from base, 64-byte aligned; returns the
+ * bytes used (base NULL: only counts). */
+static size_t model_layout(char *base, void **const *ptrs, const size_t *sizes, size_t n)
+{
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (base)
+            *ptrs[i] = base + off;
+        off += model_align(sizes[i]);
+    }
+    return off;
+}
+
+model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opts,
+                                    char err[ERR_MAX])
+{
     const model_hparams *hp = &m->hp;
-    if (max_batch <= 0)
-        max_batch = 512;
-    if (max_kv <= 0)
-        max_kv = hp->n_ctx;
+    int max_batch = opts->max_batch > 0 ? opts->max_batch : 512;
+    int max_kv = opts->max_kv > 0 ? opts->max_kv : hp->n_ctx;
+    int attn_rows = opts->attn_rows > 0 ? opts->attn_rows : MODEL_ATTN_ROWS_DEFAULT;
+    if (attn_rows > max_batch)
+        attn_rows = max_batch;
     if (max_batch > 1 << 16 || max_kv > 1 << 24) {
         err_set(err, "runner: max_batch %d or max_kv %d too large", max_batch, max_kv);
         return NULL;
@@ -442,7 +480,8 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     r->m = m;
     r->max_batch = max_batch;
     r->max_kv = max_kv;
-    r->pool = tp_new(n_threads, err);
+    r->attn_rows = attn_rows;
+    r->pool = tp_new(opts->n_threads, err);
     if (!r->pool) {
         model_runner_free(r);
         return NULL;
@@ -454,44 +493,57 @@ model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     if ((int)q_dim > max_cols)
         max_cols = (int)q_dim;
-    size_t sizes[] = {
-        B * hp->dim * 4, B * hp->dim * 4, B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4,
-        B * q_dim * 4, B * hp->dim * 4, B * hp->n_ff * 4, B * hp->n_ff * 4,
-        B * hp->head_dim * 4, (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4,
-        2 * (size_t)max_kv * hp->head_dim * 4, (size_t)max_kv * 4,
-        ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
-        (size_t)nt * MODEL_ATTN_BLOCK * max_kv * 4, B * sizeof(kv_chunk *), B * sizeof(int),
+    size_t every[] = {
+        B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
+        (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
+        B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
-        (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4,
     };
-    size_t n = sizeof sizes / sizeof sizes[0], total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += model_align(sizes[i]);
-    r->mem = aligned_alloc(64, total);
+    void **every_ptrs[] = {
+        (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
+        (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
+        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
+        (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
+        (void **)&r->logits_stage,
+    };
+    size_t attn[] = {
+        B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4, B * q_dim * 4,
+        (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4,
+        2 * (size_t)max_kv * hp->head_dim * 4, (size_t)nt * attn_rows * max_kv * 4,
+        (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
+    };
+    void **attn_ptrs[] = {
+        (void **)&r->q, (void **)&r->k, (void **)&r->v, (void **)&r->att, (void **)&r->scores,
+        (void **)&r->kv_f32, (void **)&r->blk_scores, (void **)&r->blk_f32,
+        (void **)&r->received,
+    };
+    size_t mlp[] = {B * hp->n_ff * 4, B * hp->n_ff * 4};
+    void **mlp_ptrs[] = {(void **)&r->gate, (void **)&r->up};
+#define N_OF(a) (sizeof a / sizeof a[0])
+    size_t n_every = model_layout(NULL, every_ptrs, every, N_OF(every));
+    size_t n_attn = model_layout(NULL, attn_ptrs, attn, N_OF(attn));
+    size_t n_mlp = model_layout(NULL, mlp_ptrs, mlp, N_OF(mlp));
+    r->mem_bytes = n_every + (n_attn > n_mlp ? n_attn : n_mlp);
+    r->mem = aligned_alloc(64, r->mem_bytes);
     if (!r->mem) {
         model_runner_free(r);
-        err_set(err, "runner: out of memory for %zu bytes of scratch", total);
+        err_set(err, "runner: out of memory for %zu bytes of scratch", r->mem_bytes);
         return NULL;
     }
-    void **ptrs[] = {
-        (void **)&r->x, (void **)&r->xn, (void **)&r->q, (void **)&r->k, (void **)&r->v,
-        (void **)&r->att, (void **)&r->proj, (void **)&r->gate, (void **)&r->up,
-        (void **)&r->rope, (void **)&r->scores, (void **)&r->kv_f32, (void **)&r->kv_pos,
-        (void **)&r->chunk_base, (void **)&r->blk_scores, (void **)&r->slot_chunk,
-        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->blk_f32, (void **)&r->received,
-        (void **)&r->parts, (void **)&r->row_part, (void **)&r->row_pos, (void **)&r->item_rows,
-        (void **)&r->out_dst, (void **)&r->logits_stage,
-    };
-    size_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        *ptrs[i] = r->mem + off;
-        off += model_align(sizes[i]);
-    }
+    model_layout(r->mem, every_ptrs, every, N_OF(every));
+    model_layout(r->mem + n_every, attn_ptrs, attn, N_OF(attn));
+    model_layout(r->mem + n_every, mlp_ptrs, mlp, N_OF(mlp));
+#undef N_OF
     /* non-empty chunks hold >= 1 entry; empty ones are at most the reserve's tail */
     r->max_chunks = max_kv + max_batch / KV_CHUNK_TOKENS + 2;
     return r;
+}
+
+size_t model_runner_scratch_bytes(const model_runner *r)
+{
+    return r->mem_bytes;
 }
 
 void model_runner_free(model_runner *r)
@@ -501,6 +553,7 @@ void model_runner_free(model_runner *r)
     tp_free(r->pool);
     pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
+    free(r->frags);
     free(r);
 }
 
@@ -517,6 +570,115 @@ int model_runner_n_threads_active(const model_runner *r)
 int model_runner_max_kv(const model_runner *r)
 {
     return r->max_kv;
+}
+
+/* ---- weight residency ---- */
+
+/* Every weight matrix of m into f (2 + 7 n_layer entries; the tied output is not listed
+ * twice); returns how many. */
+static int model_list_frags(const model *m, model_frag *f)
+{
+    int n = 0;
+    f[n++] = (model_frag){m->tok_embd.data, (size_t)m->tok_embd.rows * m->tok_embd.row_bytes, -1, false};
+    if (m->output.data != m->tok_embd.data)
+        f[n++] = (model_frag){m->output.data, (size_t)m->output.rows * m->output.row_bytes, -1, false};
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        const ops_matrix *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
+    }
+    return n;
+}
+
+static int model_frag_cmp(const void *a, const void *b)
+{
+    const model_frag *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? -1 : 1;
+    return x->data < y->data ? -1 : x->data > y->data;
+}
+
+/* Marks the smallest fragments of f resident up to resident_bytes, the others streamed;
+ * f ends up sorted by size. */
+static model_residency model_assign_residency(const model *m, model_frag *f, int n,
+                                              size_t resident_bytes)
+{
+    qsort(f, (size_t)n, sizeof *f, model_frag_cmp);
+    model_residency res = {0};
+    size_t *per_layer = calloc((size_t)m->hp.n_layer + 1, sizeof *per_layer);
+    for (int i = 0; i < n; i++) {
+        f[i].streamed = res.resident + f[i].bytes > resident_bytes;
+        if (!f[i].streamed) {
+            res.resident += f[i].bytes;
+            res.n_resident++;
+            continue;
+        }
+        res.streamed += f[i].bytes;
+        res.n_streamed++;
+        if (per_layer)
+            per_layer[f[i].layer + 1] += f[i].bytes;
+    }
+    for (int l = 0; per_layer && l <= m->hp.n_layer; l++)
+        res.layer_max = per_layer[l] > res.layer_max ? per_layer[l] : res.layer_max;
+    if (!per_layer) /* the bound without the per-layer split: all of it */
+        res.layer_max = res.streamed;
+    free(per_layer);
+    return res;
+}
+
+model_residency model_weight_residency(const model *m, size_t resident_bytes)
+{
+    model_frag *f = malloc((2 + 7 * (size_t)m->hp.n_layer) * sizeof *f);
+    if (!f) /* everything counted as streamed from one window: the pessimistic bound */
+        return (model_residency){.streamed = SIZE_MAX / 4, .layer_max = SIZE_MAX / 4};
+    int n = model_list_frags(m, f);
+    model_residency res = model_assign_residency(m, f, n, resident_bytes);
+    free(f);
+    return res;
+}
+
+int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err[ERR_MAX])
+{
+    free(r->frags);
+    r->frags = NULL;
+    r->n_frags = 0;
+    if (resident_bytes == SIZE_MAX)
+        return 0;
+    if (!r->m->mapped)
+        return err_set(err, "weight streaming needs mapped weights (they were copied)");
+    model_frag *f = malloc((2 + 7 * (size_t)r->m->hp.n_layer) * sizeof *f);
+    if (!f)
+        return err_set(err, "out of memory");
+    int n = model_list_frags(r->m, f);
+    model_assign_residency(r->m, f, n, resident_bytes);
+    r->frags = f;
+    r->n_frags = n;
+    return 0;
+}
+
+/* Advice on the streamed fragments of layer (-1: embedding and output). Prefetch rounds
+ * the range out to whole pages; release rounds it in, so that a resident neighbour
+ * sharing a page keeps it. Advice only: when the kernel refuses it, memory use changes,
+ * results do not, so the return value is not needed. */
+static void model_advise_layer(const model_runner *r, int layer, bool release)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < r->n_frags; i++) {
+        const model_frag *f = &r->frags[i];
+        if (!f->streamed || f->layer != layer)
+            continue;
+        uintptr_t a = (uintptr_t)f->data, e = a + f->bytes;
+        if (release) {
+            a = (a + page - 1) & ~(page - 1);
+            e &= ~(page - 1);
+        } else {
+            a &= ~(page - 1);
+            e = (e + page - 1) & ~(page - 1);
+        }
+        if (e > a)
+            (void)madvise((void *)a, e - a, release ? MADV_DONTNEED : MADV_WILLNEED);
+    }
 }
 
 /* ---- forward ---- */
@@ -760,15 +922,16 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
     float scale = 1.0f / sqrtf((float)hd);
     const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     const int32_t *positions = r->row_pos + pt->r0;
-    float *sc = r->blk_scores + (size_t)ith * MODEL_ATTN_BLOCK * r->max_kv;
+    float *sc = r->blk_scores + (size_t)ith * r->attn_rows * r->max_kv;
     model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
-    long n_blocks = (pt->n + MODEL_ATTN_BLOCK - 1) / MODEL_ATTN_BLOCK, item;
+    int blk = r->attn_rows;
+    long n_blocks = (pt->n + blk - 1) / blk, item;
     (void)nth;
     while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) <
            n_blocks * group) {
         int h = s->kv_head * group + (int)(item % group);
-        int t0 = (int)(item / group) * MODEL_ATTN_BLOCK;
-        int nt = pt->n - t0 < MODEL_ATTN_BLOCK ? pt->n - t0 : MODEL_ATTN_BLOCK;
+        int t0 = (int)(item / group) * blk;
+        int nt = pt->n - t0 < blk ? pt->n - t0 : blk;
         int32_t max_pos = 0;
         for (int t = t0; t < t0 + nt; t++)
             max_pos = positions[t] > max_pos ? positions[t] : max_pos;
@@ -916,11 +1079,19 @@ static void model_forward_rows(model_runner *r, int n_parts)
             model_save_rows(r, pt, b->hidden);
     }
 
+    /* decode rows would fault every streamed weight back in per token: only prefill streams */
+    bool stream = r->n_frags > 0 && n >= MODEL_STREAM_MIN_ROWS;
+    if (stream) {
+        model_advise_layer(r, -1, true);
+        model_advise_layer(r, 0, false);
+    }
     model_step s = {.r = r, .n = n, .parts = parts, .n_parts = n_parts, .n_item_rows = n_items};
     for (int l = 0; l < hp->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         s.L = L;
         s.layer = l;
+        if (stream && l + 1 < hp->n_layer)
+            model_advise_layer(r, l + 1, false);
 
         s.norm_w = L->attn_norm;
         model_run(r, model_norm_job, &s);
@@ -949,6 +1120,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
             if (parts[i].b->hidden)
                 model_save_rows(r, &parts[i],
                                 parts[i].b->hidden + (size_t)(l + 1) * parts[i].b->n_out * dim);
+        if (stream)
+            model_advise_layer(r, l, true);
     }
 
     int n_logits = 0;
@@ -966,8 +1139,13 @@ static void model_forward_rows(model_runner *r, int n_parts)
             r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
         }
     }
-    if (n_logits > 0)
+    if (n_logits > 0) {
+        if (stream)
+            model_advise_layer(r, -1, false);
         model_logits(r, n_logits);
+        if (stream)
+            model_advise_layer(r, -1, true);
+    }
 }
 
 /* model_forward's rules for one batch against its sequence; `what` names it in errors. */

@@ -100,7 +100,53 @@ typedef struct model_runner model_runner;
  * work instead). */
 model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
                                char err[ERR_MAX]);
+
+/* Query rows per block of batched attention when a runner is not told otherwise. */
+#define MODEL_ATTN_ROWS_DEFAULT 32
+
+/* Everything a runner can be sized by (model_runner_new fills the first three). */
+typedef struct model_runner_opts {
+    int n_threads; /* <= 0: online CPUs */
+    int max_batch; /* <= 0: 512 */
+    int max_kv;    /* <= 0: the model's n_ctx */
+    /* Query rows whose attention scores (one row of max_kv floats each) a thread holds at
+     * once: max_batch is the unpartitioned path, fewer rows block the scores, softmax and
+     * output (engine/prefill.h plans it). <= 0: MODEL_ATTN_ROWS_DEFAULT. */
+    int attn_rows;
+} model_runner_opts;
+
+/* A runner sized by opts. The attention buffers and the MLP's gate/up share one region
+ * (they are never live together), so the scratch is the larger of the two plus what
+ * every step uses: model_runner_scratch_bytes. */
+model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opts,
+                                    char err[ERR_MAX]);
 void model_runner_free(model_runner *r);
+
+/* Bytes of scratch the runner allocated (its working memory, KV and weights apart). */
+size_t model_runner_scratch_bytes(const model_runner *r);
+
+/*
+ * Weight residency by size for mapped weights (model_load, model_load_as with
+ * GGUF_LOAD_MAP): every matrix is a fragment; sorted by size, the smallest stay resident
+ * up to resident_bytes, the others stream per layer during forwards of at least
+ * MODEL_STREAM_MIN_ROWS rows (prefill): the next layer's are prefetched (MADV_WILLNEED,
+ * read ahead by the kernel while this layer computes) and a layer's are released
+ * (MADV_DONTNEED: the pages leave this process, the page cache may keep them) once it
+ * is done, so about two layers of large fragments are in memory at once.
+ * SIZE_MAX turns streaming off (the default). -1 + err when the weights are not mapped.
+ */
+#define MODEL_STREAM_MIN_ROWS 64
+int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err[ERR_MAX]);
+
+/* Bytes of weight matrices that stay resident / stream under resident_bytes, and the
+ * largest one layer streams (what the plan counts as the window: two of these). */
+typedef struct model_residency {
+    size_t resident;
+    size_t streamed;
+    size_t layer_max;
+    int n_resident, n_streamed; /* fragments */
+} model_residency;
+model_residency model_weight_residency(const model *m, size_t resident_bytes);
 
 int model_runner_n_threads(const model_runner *r);
 

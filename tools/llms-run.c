@@ -25,6 +25,7 @@
 #include "engine/gguf.h"
 #include "engine/kv.h"
 #include "engine/model.h"
+#include "engine/prefill.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "engine/tokenizer.h"
@@ -48,6 +49,10 @@ typedef struct run_options {
     bool ids;
     bool chat;
     bool ignore_eos;
+    bool plan;             /* print the prefill's memory plan and stop */
+    int plan_tokens;       /* --prompt-tokens: plan for this length instead of a prompt */
+    int prefill_budget_mb; /* 0: none */
+    int resident_small_mb; /* -1: every weight stays mapped in (no streaming) */
     gguf_load load;
     sampler_params sampling;
 } run_options;
@@ -84,6 +89,13 @@ static void usage(FILE *out)
             "                           trailing newline dropped): bert encoders pool as\n"
             "                           bert.pooling_type says, decoders take the last token\n"
             "      --pooling P          cls, mean or last (cls: bert only)\n"
+            "      --prefill-budget-mb N  working memory of the prefill: steps that do not\n"
+            "                           fit are partitioned (engine/prefill.h; default none)\n"
+            "      --resident-small-mb N  weights stream per layer but the smallest fragments,\n"
+            "                           up to N MiB (mapped weights; default: all resident)\n"
+            "      --plan               print the prefill's memory plan for the prompt (or\n"
+            "                           --prompt-tokens N) step by step, and compute nothing\n"
+            "      --prompt-tokens N    the prompt length --plan plans for\n"
             "  -h, --help               this text\n"
             "      --version            the version\n");
 }
@@ -125,6 +137,7 @@ static int parse_args(int argc, char **argv, run_options *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
     o->n_batch = 512;
+    o->resident_small_mb = -1;
     o->load = GGUF_LOAD_MAP;
     o->sampling = sampler_params_default();
 
@@ -202,6 +215,17 @@ static int parse_args(int argc, char **argv, run_options *o)
             o->load = GGUF_LOAD_MAP;
         } else if (IS(NULL, "--no-mmap")) {
             o->load = GGUF_LOAD_COPY;
+        } else if (IS(NULL, "--plan")) {
+            o->plan = true;
+        } else if (IS(NULL, "--prompt-tokens")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 1, &o->plan_tokens);
+        } else if (IS(NULL, "--prefill-budget-mb")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 1, &o->prefill_budget_mb);
+        } else if (IS(NULL, "--resident-small-mb")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->resident_small_mb);
         } else if (IS(NULL, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (IS(NULL, "--chat")) {
@@ -241,7 +265,8 @@ static int parse_args(int argc, char **argv, run_options *o)
         fprintf(stderr, "llms-run: a model is needed (-m MODEL.gguf)\n");
         return -1;
     }
-    if (o->mode == MODE_GENERATE && !o->prompt && !o->prompt_file) {
+    if (o->mode == MODE_GENERATE && !o->prompt && !o->prompt_file &&
+        !(o->plan && o->plan_tokens)) {
         fprintf(stderr, "llms-run: a prompt is needed (-p TEXT or -f FILE)\n");
         return -1;
     }
@@ -411,13 +436,49 @@ typedef struct engine_session {
     int n_ctx;
 } engine_session;
 
-static int session_open(engine_session *s, model *m, const run_options *o, char err[ERR_MAX])
+static int session_n_ctx(const model *m, const run_options *o)
 {
     const model_hparams *hp = model_hparams_of(m);
+    return o->n_ctx ? o->n_ctx : (hp->n_ctx < 4096 ? hp->n_ctx : 4096);
+}
+
+/* The prefill plan of n_prompt tokens under o's budget and residency (prefill.h). */
+static int session_plan(const model *m, const run_options *o, int n_prompt, prefill_plan *p,
+                        char err[ERR_MAX])
+{
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_ctx = session_n_ctx(m, o);
+    prefill_request req = {
+        .n_prompt = n_prompt, .max_rows = o->n_batch, .max_kv = n_ctx,
+        .n_threads = o->n_threads > 0 ? o->n_threads : online > 0 ? (int)online : 1,
+        .kv = KV_F16, .budget = (size_t)o->prefill_budget_mb << 20,
+        .resident_small = o->resident_small_mb < 0 ? SIZE_MAX : (size_t)o->resident_small_mb << 20,
+    };
+    return prefill_plan_make(m, &req, p, err);
+}
+
+/* A runner for prompts of n_prompt tokens: as the plan says under a budget or with
+ * streamed weights, otherwise n_batch rows per step. */
+static int session_open(engine_session *s, model *m, const run_options *o, int n_prompt,
+                        char err[ERR_MAX])
+{
     memset(s, 0, sizeof *s);
     s->m = m;
-    s->n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx < 4096 ? hp->n_ctx : 4096);
-    s->runner = model_runner_new(m, o->n_threads, o->n_batch, s->n_ctx, err);
+    s->n_ctx = session_n_ctx(m, o);
+    if (o->prefill_budget_mb > 0 || o->resident_small_mb >= 0) {
+        prefill_plan p;
+        if (session_plan(m, o, n_prompt, &p, err) < 0)
+            return -1;
+        model_runner_opts ro = prefill_runner_opts(&p);
+        s->runner = model_runner_new_opts(m, &ro, err);
+        if (s->runner && o->resident_small_mb >= 0 &&
+            model_runner_stream_weights(s->runner, p.req.resident_small, err) < 0) {
+            model_runner_free(s->runner);
+            return -1;
+        }
+    } else {
+        s->runner = model_runner_new(m, o->n_threads, o->n_batch, s->n_ctx, err);
+    }
     if (!s->runner)
         return -1;
     s->pool = kv_pool_new(model_kv_shape(m), 0, err);
@@ -431,6 +492,8 @@ static int session_open(engine_session *s, model *m, const run_options *o, char 
 
 static void session_close(engine_session *s)
 {
+    if (!s->pool) /* never opened */
+        return;
     kv_seq_free(&s->seq);
     kv_pool_free(s->pool);
     model_runner_free(s->runner);
@@ -509,12 +572,8 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     float *logits = NULL;
     sampler *smp = NULL;
     stop_matcher stop;
-    engine_session s;
+    engine_session s = {0};
 
-    if (session_open(&s, m, o, err)) {
-        fprintf(stderr, "llms-run: %s\n", err);
-        return 1;
-    }
     size_t len;
     enum chat_family family = CHAT_PLAIN;
     char *text = prompt_text(o, m, &len, &family);
@@ -529,9 +588,14 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "llms-run: the prompt has no tokens\n");
         goto out;
     }
-    if (n_prompt + o->n_predict > s.n_ctx) {
+    if (n_prompt + o->n_predict > session_n_ctx(m, o)) {
         fprintf(stderr, "llms-run: prompt (%d tokens) + %d to generate exceed the context (%d)\n",
-                n_prompt, o->n_predict, s.n_ctx);
+                n_prompt, o->n_predict, session_n_ctx(m, o));
+        goto out;
+    }
+    /* under a budget the prompt is refused here, before any compute, when it cannot fit */
+    if (session_open(&s, m, o, n_prompt, err)) {
+        fprintf(stderr, "llms-run: %s\n", err);
         goto out;
     }
     /* A chat turn ends at the template's end-of-turn text even when the tokenizer does
@@ -612,6 +676,35 @@ out:
     return status;
 }
 
+/* Prints the prefill plan of the prompt (or of --prompt-tokens), computing nothing. */
+static int run_plan(model *m, const tokenizer *tok, const run_options *o)
+{
+    char err[ERR_MAX];
+    int n_prompt = o->plan_tokens;
+    if (n_prompt == 0) {
+        size_t len;
+        enum chat_family family = CHAT_PLAIN;
+        char *text = prompt_text(o, m, &len, &family);
+        int32_t *ids = NULL;
+        if (text)
+            ids = o->ids ? parse_ids(text, model_hparams_of(m)->n_vocab, &n_prompt)
+                         : tokenize_alloc(tok, text, len, true, true, &n_prompt);
+        free(text);
+        free(ids);
+        if (!ids || n_prompt == 0) {
+            fprintf(stderr, "llms-run: --plan needs a prompt (-p, -f) or --prompt-tokens\n");
+            return 1;
+        }
+    }
+    prefill_plan p;
+    if (session_plan(m, o, n_prompt, &p, err) < 0) {
+        fprintf(stderr, "llms-run: %s\n", err);
+        return 1;
+    }
+    prefill_plan_print(&p, stdout);
+    return 0;
+}
+
 /* log(softmax(logits)[target]) in double precision. */
 static double log_prob(const float *logits, int n_vocab, int32_t target)
 {
@@ -645,7 +738,7 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "llms-run: tokenization failed\n");
         return 1;
     }
-    if (session_open(&s, m, o, err)) {
+    if (session_open(&s, m, o, session_n_ctx(m, o), err)) {
         fprintf(stderr, "llms-run: %s\n", err);
         free(tokens);
         return 1;
@@ -886,7 +979,9 @@ int main(int argc, char **argv)
         model_free(m);
         return 1;
     }
-    if (o.mode == MODE_PERPLEXITY)
+    if (o.plan)
+        status = run_plan(m, tok, &o);
+    else if (o.mode == MODE_PERPLEXITY)
         status = run_perplexity(m, tok, &o);
     else if (o.mode == MODE_EMBED)
         status = run_embed_decoder(m, tok, &o);

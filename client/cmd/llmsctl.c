@@ -2,7 +2,7 @@
  * llmsctl — the administrator's command line client of llmsd (root or group llms-admin).
  *
  *   llmsctl [--socket PATH] [--json] status | apps | contexts | show CTX | evict CTX | profile
- *           | shutdown
+ *           | shutdown | plan --prompt-tokens N [--model M]
  *   llmsctl [--socket PATH] [--json] rerank-calibrate --precision P [-k K]
  *           [--mode set|ordered] SETFILE...
  *   llmsctl --help | --version
@@ -27,6 +27,8 @@
 #include "engine/utf8.h"
 
 static int json;
+static long plan_tokens = -1; /* plan --prompt-tokens */
+static const char *plan_model;
 
 static void usage(void)
 {
@@ -41,6 +43,9 @@ static void usage(void)
            "  evict CTX        drop a context's KV from memory (it stays stored)\n"
            "  profile          measure the switch-in cost models again\n"
            "  shutdown         stop the daemon cleanly (every context is kept)\n"
+           "  plan --prompt-tokens N [--model M]\n"
+           "                   the prefill memory plan of an N-token prompt under the\n"
+           "                   daemon's prefill_budget_mb, step by step\n"
            "  rerank-calibrate --precision P [-k K] [--mode set|ordered] SETFILE...\n"
            "                   find and store the reranker's pruning threshold for P\n"
            "\n"
@@ -314,6 +319,22 @@ static enum llms_status cmd_profile(llms_conn *c)
     return LLMS_OK;
 }
 
+static enum llms_status cmd_plan(llms_conn *c)
+{
+    llms_plan_result p;
+    enum llms_status s = llms_plan(c, (uint32_t)plan_tokens, plan_model, &p);
+    if (s != LLMS_OK)
+        return s;
+    if (json)
+        printf("{\"prompt_tokens\":%ld,\"rows\":%" PRIu32 ",\"attn_rows\":%" PRIu32
+               ",\"working_bytes\":%" PRIu64 ",\"budget_bytes\":%" PRIu64 "}\n",
+               plan_tokens, p.rows, p.attn_rows, p.working_bytes, p.budget_bytes);
+    else
+        fputs(p.text, stdout);
+    free(p.text);
+    return LLMS_OK;
+}
+
 static enum llms_status cmd_ok(llms_conn *c, enum llms_status s)
 {
     (void)c;
@@ -475,6 +496,8 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_ok(c, llms_evict(c, pos[1]));
     if (!strcmp(cmd, "profile"))
         return cmd_profile(c);
+    if (!strcmp(cmd, "plan"))
+        return cmd_plan(c);
     return cmd_ok(c, llms_shutdown(c));
 }
 
@@ -493,6 +516,13 @@ static void check_command(char **pos, int npos)
     if (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict")) {
         if (npos != 2)
             bad_usage("%s needs one context id", pos[0]);
+        return;
+    }
+    if (!strcmp(pos[0], "plan")) {
+        if (plan_tokens < 0)
+            bad_usage("plan needs --prompt-tokens N");
+        if (npos > 1)
+            bad_usage("plan takes no arguments, got '%s'", pos[1]);
         return;
     }
     if (!strcmp(pos[0], "rerank-calibrate")) {
@@ -533,7 +563,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--socket") && strcmp(a, "--precision") && strcmp(a, "-k") &&
-            strcmp(a, "--mode"))
+            strcmp(a, "--mode") && strcmp(a, "--prompt-tokens") && strcmp(a, "--model"))
             bad_usage("unknown option '%s'", a);
         if (i + 1 >= argc)
             bad_usage("%s needs a value", a);
@@ -544,6 +574,14 @@ int main(int argc, char **argv)
             calib_precision = strtof(v, &end);
             if (*end || end == v || !(calib_precision > 0 && calib_precision <= 1))
                 bad_usage("--precision: expected a number in (0, 1], got '%s'", v);
+        } else if (!strcmp(a, "--prompt-tokens")) {
+            errno = 0;
+            plan_tokens = strtol(v, &end, 10);
+            if (errno || *end || end == v || plan_tokens < 1 || plan_tokens > INT32_MAX)
+                bad_usage("--prompt-tokens: expected an integer from 1 to %d, got '%s'",
+                          INT32_MAX, v);
+        } else if (!strcmp(a, "--model")) {
+            plan_model = v;
         } else if (!strcmp(a, "-k")) {
             errno = 0;
             long k = strtol(v, &end, 10);
