@@ -3,8 +3,15 @@
  * store and partly recomputed from their token ids, and faults.
  *
  * Plan: chunks the store lacks (or holds corrupt, stale or unreadable) must be
- * recomputed; of the stored ones, the heaviest are recomputed too while that lowers
- * max(T_recompute, T_read) under the profiled cost models (the two run at once).
+ * recomputed; of the stored ones, those dearest to read per token are recomputed too
+ * while that lowers max(T_recompute, T_read) under the cost models (the two run at
+ * once). A chunk's read cost depends on whether its file is in the page cache (measured
+ * with mincore when it is opened, store_chunk_reader_cached): a cached chunk costs the
+ * warm line, the rest of it the cold one.
+ *
+ * Measurement: every switch-in times its two parts, recompute as the forward's time less
+ * its waits for reads, read as the time to open the chunks read plus the reader's, and
+ * hands them with the plan's predictions to ctx_cost_observe (online refinement).
  *
  * Pipeline: chunks to read are allocated up front; a reader thread fills them layer by
  * layer (layer l of every chunk, then layer l + 1) while the worker runs one forward over
@@ -40,6 +47,8 @@ typedef struct reader {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int layers_done;           /* under mu: layers read (or given up) for every chunk */
+    double ms;                 /* the reader's time, set when it is done */
+    double wait_ms;            /* the forward's time blocked in layer_ready (its thread) */
 } reader;
 
 static void read_layer(reader *r, int l)
@@ -58,10 +67,13 @@ static void read_layer(reader *r, int l)
 static void *reader_main(void *arg)
 {
     reader *r = arg;
+    double t0 = ctx_mono_ms();
     for (int l = 0; l < r->shape.n_layer; l++) {
         read_layer(r, l);
         pthread_mutex_lock(&r->mu);
         r->layers_done = l + 1;
+        if (l + 1 == r->shape.n_layer)
+            r->ms = ctx_mono_ms() - t0;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
     }
@@ -71,10 +83,12 @@ static void *reader_main(void *arg)
 static void layer_ready(void *arg, int layer)
 {
     reader *r = arg;
+    double t0 = ctx_mono_ms();
     pthread_mutex_lock(&r->mu);
     while (r->layers_done <= layer)
         pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
+    r->wait_ms += ctx_mono_ms() - t0;
 }
 
 /* Opens chunk i's blob and checks it against the history: sizes of every section and
@@ -124,40 +138,70 @@ static void forget_blob(ctxmgr *cm, ctx_entry *c, int i, bool stale)
         cm->stats.bad_blobs++;
 }
 
+/* A stored chunk that could be read. */
 typedef struct cand {
     int index;
-    int64_t bytes;
+    int tokens;
+    double warm_bytes, cold_bytes; /* its bytes split by the share in the page cache */
+    double read_ms;                /* what reading it adds (corrected models) */
+    double open_ms;                /* opening and checking it took */
 } cand;
 
-static int cand_heaviest_first(const void *a, const void *b)
+static int cand_dearest_first(const void *a, const void *b)
 {
     const cand *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes > y->bytes ? -1 : 1;
+    double px = x->read_ms / x->tokens, py = y->read_ms / y->tokens;
+    if (px != py)
+        return px > py ? -1 : 1;
     return x->index - y->index;
 }
 
-/* How many of the n stored candidates (heaviest first) to recompute beside the
- * rec_tokens tokens that must be. */
-static int plan_split(const ctx_cost *k, const ctx_entry *c, const cand *d, int n,
-                      int64_t rec_tokens)
+/* What a plan predicts: the fitted lines per model, and the corrected whole. */
+typedef struct prediction {
+    double fitted[CTX_N_MODELS];
+    double rec_ms, read_ms;
+} prediction;
+
+static void predict(const ctxmgr *cm, int64_t rec_tokens, int64_t ctx, double warm,
+                    double cold, prediction *p)
 {
-    int64_t bytes = 0;
-    for (int j = 0; j < n; j++)
-        bytes += d[j].bytes;
+    p->fitted[CTX_MODEL_REC] = ctx_cost_recompute(&cm->cost, rec_tokens, ctx);
+    p->fitted[CTX_MODEL_COLD] = ctx_cost_read_cold(&cm->cost, cold);
+    p->fitted[CTX_MODEL_WARM] = ctx_cost_read_warm(&cm->cost, warm);
+    p->rec_ms = p->fitted[CTX_MODEL_REC] * ctx_cost_fix(cm, CTX_MODEL_REC);
+    p->read_ms = p->fitted[CTX_MODEL_COLD] * ctx_cost_fix(cm, CTX_MODEL_COLD) +
+                 p->fitted[CTX_MODEL_WARM] * ctx_cost_fix(cm, CTX_MODEL_WARM);
+}
+
+/* How many of the n stored candidates (dearest first) to recompute beside the
+ * rec_tokens tokens that must be; with plan false none (but *pred is filled in). */
+static int plan_split(const ctxmgr *cm, const ctx_entry *c, const cand *d, int n,
+                      int64_t rec_tokens, bool plan, prediction *pred)
+{
+    double warm = 0, cold = 0;
+    for (int j = 0; j < n; j++) {
+        warm += d[j].warm_bytes;
+        cold += d[j].cold_bytes;
+    }
     int best = 0;
     double best_t = 0;
-    for (int j = 0; j <= n; j++) {
-        double tr = ctx_cost_recompute(k, rec_tokens, c->n_tokens);
-        double tio = ctx_cost_read(k, bytes);
-        double t = tr > tio ? tr : tio;
+    for (int j = 0; j <= (plan ? n : 0); j++) {
+        prediction p;
+        predict(cm, rec_tokens, c->n_tokens, warm, cold, &p);
+        double t = p.rec_ms > p.read_ms ? p.rec_ms : p.read_ms;
         if (j == 0 || t < best_t) {
             best = j;
             best_t = t;
+            *pred = p;
         }
         if (j < n) {
-            rec_tokens += ctx_chunk_tokens(c->n_tokens, d[j].index);
-            bytes -= d[j].bytes;
+            rec_tokens += d[j].tokens;
+            /* the sums of the rest, not running differences: no rounding drift */
+            warm = cold = 0;
+            for (int i = j + 1; i < n; i++) {
+                warm += d[i].warm_bytes;
+                cold += d[i].cold_bytes;
+            }
         }
     }
     return best;
@@ -223,8 +267,10 @@ out:
 }
 
 /* One attempt: 0 done, 1 a read failed (its chunk lost its stored copy: plan again),
- * -1 / CTX_E_BUDGET failure. */
-static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, char err[ERR_MAX])
+ * -1 / CTX_E_BUDGET failure. obs gets the plan's predictions and the parts' times
+ * (obs->total_ms stays < 0 when nothing was missing). */
+static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
+                     ctx_cost_obs *obs, char err[ERR_MAX])
 {
     int n_miss = 0;
     for (int i = 0; i <= upto; i++) {
@@ -256,6 +302,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
         if (c->seq.chunks[i])
             continue;
         store_chunk_reader *rd = NULL;
+        double t0 = ctx_mono_ms();
         if (c->map[i].disk_precision >= 0 && cm->policy.switch_mode != CTX_SWITCH_RECOMPUTE) {
             bool stale;
             rd = open_checked(cm, c, i, &stale);
@@ -263,21 +310,36 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
                 forget_blob(cm, c, i, stale);
         }
         if (rd) {
+            double bytes = (double)kv_chunk_data_bytes(cm->shape, disk_prec(c, i));
+            double cached = store_chunk_reader_cached(rd);
+            cand *x = &d[n_d];
             reads[n_d].index = i;
             reads[n_d].rd = rd;
-            d[n_d].index = i;
-            d[n_d].bytes = (int64_t)kv_chunk_data_bytes(cm->shape, disk_prec(c, i));
+            x->index = i;
+            x->tokens = ctx_chunk_tokens(c->n_tokens, i);
+            /* unknown (-1): taken as cold, as the disk is the slower case */
+            x->warm_bytes = cached > 0 ? cached * bytes : 0;
+            x->cold_bytes = bytes - x->warm_bytes;
+            x->read_ms = cm->cost.warm_e * ctx_cost_fix(cm, CTX_MODEL_WARM) * x->warm_bytes +
+                         cm->cost.io_e * ctx_cost_fix(cm, CTX_MODEL_COLD) * x->cold_bytes;
+            x->open_ms = ctx_mono_ms() - t0;
             n_d++;
         } else {
             to_rec[i] = true;
             rec_tokens += ctx_chunk_tokens(c->n_tokens, i);
         }
     }
-    qsort(d, (size_t)n_d, sizeof *d, cand_heaviest_first);
-    int n_extra = cm->policy.switch_mode == CTX_SWITCH_PLAN
-                      ? plan_split(&cm->cost, c, d, n_d, rec_tokens) : 0;
-    for (int j = 0; j < n_extra; j++)
-        to_rec[d[j].index] = true;
+    qsort(d, (size_t)n_d, sizeof *d, cand_dearest_first);
+    prediction pred;
+    int n_extra = plan_split(cm, c, d, n_d, rec_tokens,
+                             cm->policy.switch_mode == CTX_SWITCH_PLAN, &pred);
+    double open_ms = 0;
+    for (int j = 0; j < n_d; j++) {
+        if (j < n_extra)
+            to_rec[d[j].index] = true;
+        else
+            open_ms += d[j].open_ms;
+    }
     /* reads[] is in index order; keep those not chosen for recompute. */
     for (int j = 0; j < n_d; j++) {
         if (to_rec[reads[j].index])
@@ -319,16 +381,30 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, cha
             threaded = false;
         }
     }
-    if (!threaded)
+    if (!threaded) {
+        double t0 = ctx_mono_ms();
         for (int l = 0; l < cm->shape.n_layer; l++)
             read_layer(&rdr, l);
+        rdr.ms = ctx_mono_ms() - t0;
+    }
     reader *hook = threaded ? &rdr : NULL;
+    double t_rec = ctx_mono_ms();
     int rrc = n_rec ? recompute(cm, c, rec, n_rec, reads, n_reads, hook, made, err) : 0;
+    t_rec = ctx_mono_ms() - t_rec;
     if (threaded) {
         pthread_join(th, NULL);
         pthread_mutex_destroy(&rdr.mu);
         pthread_cond_destroy(&rdr.cv);
     }
+    memcpy(obs->fitted, pred.fitted, sizeof obs->fitted);
+    obs->rec_ms = n_rec ? t_rec - rdr.wait_ms : -1;
+    obs->read_ms = n_reads ? open_ms + rdr.ms : -1;
+    obs->total_ms = 0;
+    st->predicted_ms = pred.rec_ms > pred.read_ms ? pred.rec_ms : pred.read_ms;
+    st->rec_predicted_ms = n_rec ? pred.rec_ms : 0;
+    st->read_predicted_ms = n_reads ? pred.read_ms : 0;
+    st->rec_ms = n_rec ? obs->rec_ms : 0;
+    st->read_ms = n_reads ? obs->read_ms : 0;
     bool bad_before_last = false;
     int n_bad = 0;
     for (int j = 0; j < n_reads; j++) {
@@ -378,15 +454,26 @@ out:
 int ctx_load_range(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st, char err[ERR_MAX])
 {
     ctx_load_stats got = {0};
+    ctx_cost_obs obs = {.total_ms = -1};
     for (int i = 0; i <= upto; i++)
         got.chunks_resident += c->seq.chunks[i] != NULL;
+    double t0 = ctx_mono_ms();
     int rc;
-    while ((rc = load_once(cm, c, upto, &got, err)) == 1)
+    while ((rc = load_once(cm, c, upto, &got, &obs, err)) == 1)
         ;
+    if (rc == 0 && obs.total_ms >= 0) {
+        obs.total_ms = ctx_mono_ms() - t0;
+        ctx_cost_observe(cm, &obs);
+    }
     cm->stats.bytes_read += (uint64_t)got.bytes_read;
     cm->stats.chunks_read += (uint64_t)got.chunks_read;
     cm->stats.chunks_recomputed += (uint64_t)got.chunks_recomputed;
     if (st) {
+        st->predicted_ms = got.predicted_ms;
+        st->rec_ms = got.rec_ms;
+        st->rec_predicted_ms = got.rec_predicted_ms;
+        st->read_ms = got.read_ms;
+        st->read_predicted_ms = got.read_predicted_ms;
         st->bytes_read += got.bytes_read;
         st->chunks_read += got.chunks_read;
         st->chunks_recomputed += got.chunks_recomputed;

@@ -15,6 +15,33 @@
  * leftover from a crash is removed at startup). */
 #define CTX_PROFILE_APP "llmsd.profile"
 
+/* The models the corrections apply to. */
+enum ctx_model { CTX_MODEL_REC, CTX_MODEL_COLD, CTX_MODEL_WARM, CTX_N_MODELS };
+
+/* Observed / predicted ratios kept for the status (ctx_cost_report). */
+enum ctx_ratio { CTX_RATIO_REC, CTX_RATIO_READ, CTX_RATIO_TOTAL, CTX_N_RATIOS };
+#define CTX_RATIOS_KEPT 64
+
+/* Online refinement of the cost models from real switch-ins. */
+typedef struct ctx_refine {
+    double log_fix[CTX_N_MODELS];   /* log of each correction factor */
+    double n_fix[CTX_N_MODELS];     /* observations behind each */
+    uint64_t observed;
+    double ratio[CTX_N_RATIOS][CTX_RATIOS_KEPT]; /* rings of observed / predicted */
+    uint64_t n_ratio[CTX_N_RATIOS];
+    double last_save_ms;            /* ctx_mono_ms of the last store write */
+    bool unsaved;
+} ctx_refine;
+
+/* What a switch-in predicted (the fitted lines without corrections, per model) and
+ * observed. A part that did not run has observed < 0. */
+typedef struct ctx_cost_obs {
+    double fitted[CTX_N_MODELS];    /* ms the fitted lines predict */
+    double rec_ms, read_ms;         /* measured: the forward less its waits for reads;
+                                       opening the chunks read plus reading them */
+    double total_ms;                /* the whole switch-in */
+} ctx_cost_obs;
+
 struct ctxmgr {
     store *st;
     kv_pool *pool;
@@ -24,6 +51,7 @@ struct ctxmgr {
     int heads_layers;     /* n_layer * n_head: attention rows per token per forward */
     ctx_policy policy;
     ctx_cost cost;
+    ctx_refine refine;
     ctx_stats stats;
     uint64_t clock;       /* ticks once per call; orders last uses */
     ctx_entry *head, *tail;
@@ -67,10 +95,32 @@ int ctx_fault(void *arg, kv_seq *seq, int index, char err[ERR_MAX]);
 /* Cost models from the store, measured when the store has none for this model. */
 int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX]);
 
-/* Milliseconds the models predict for recomputing tokens attending to ctx entries,
- * and for reading bytes. Zero work costs nothing. */
+/* Milliseconds the fitted lines predict for recomputing tokens attending to ctx
+ * entries, and for reading bytes of chunks not in the page cache (cold) or in it
+ * (warm). Zero work costs nothing. */
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx);
-double ctx_cost_read(const ctx_cost *k, int64_t bytes);
+double ctx_cost_read_cold(const ctx_cost *k, double bytes);
+double ctx_cost_read_warm(const ctx_cost *k, double bytes);
+
+/* The correction factor of a model (1 until switch-ins were observed). */
+double ctx_cost_fix(const ctxmgr *cm, enum ctx_model model);
+
+/* Records a switch-in: updates the corrections and the observed / predicted record,
+ * and stores them with the models at most once a minute. */
+void ctx_cost_observe(ctxmgr *cm, const ctx_cost_obs *o);
+
+/* Stores the corrections now if they changed since the last store (ctx_close). */
+void ctx_cost_save(ctxmgr *cm);
+
+/*
+ * Non-negative least squares on relative residuals: the w >= 0 (n_w <= 3 unknowns)
+ * minimising sum over the n samples of ((y_s - x_s . w) / y_s)^2, where x holds n rows of
+ * n_w. Timing noise is proportional to the time, so every point counts alike. *resid
+ * gets the RMS relative residual. -1 when some y_s <= 0 or no subset of the unknowns
+ * can be solved for.
+ */
+int ctx_fit_nonneg(const double *x, const double *y, int n, int n_w, double *w,
+                   double *resid);
 
 /* Sliding window (ctxwindow.c). ctx_window_load applies a stored window to the history
  * ctx_open read (every turn's tokens): -1 + err when it does not fit the history.

@@ -308,6 +308,7 @@ void ctx_close(ctxmgr *cm)
     if (!cm)
         return;
     ctx_flush_writes(cm);
+    ctx_cost_save(cm);
     swapout_free(cm->swap);
     ctx_entry *c = cm->head;
     while (c) {
@@ -331,16 +332,6 @@ void ctx_set_policy(ctxmgr *cm, const ctx_policy *policy)
 const ctx_stats *ctx_get_stats(const ctxmgr *cm)
 {
     return &cm->stats;
-}
-
-ctx_cost ctx_get_cost(const ctxmgr *cm)
-{
-    return cm->cost;
-}
-
-void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost)
-{
-    cm->cost = *cost;
 }
 
 ctx_entry *ctx_find_any(ctxmgr *cm, const char *id)

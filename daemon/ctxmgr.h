@@ -153,18 +153,51 @@ typedef struct ctx_policy {
                                     first, instead of single chunks in LCTRU order */
 } ctx_policy;
 
-/* Linear cost models of a switch-in, in milliseconds:
- * recompute(tokens, ctx) = a + b tokens + c tokens ctx, read(bytes) = d + e bytes. */
+/* Linear cost models of a switch-in, in milliseconds, fitted by ctx_profile:
+ * recompute(tokens, ctx) = a + b tokens + c tokens ctx; reading chunks whose pages are
+ * not in the page cache (cold) = d + e bytes, and reading cached ones (warm) = warm_d +
+ * warm_e bytes (bytes: the chunks' uncompressed KV). Every parameter is >= 0 by the
+ * fit's constraint, not by clamping; the residuals say how well the lines fit. */
 typedef struct ctx_cost {
     double rec_a, rec_b, rec_c;
     double io_d, io_e;
+    double warm_d, warm_e;
+    /* RMS relative residual of the per-point medians against each fitted line (0.1: the
+     * line is 10% off a typical point) */
+    double rec_resid, io_resid, warm_resid;
+    double samples;    /* timed runs behind each point's median; 0: not measured (the
+                          built-in guesses) */
 } ctx_cost;
+
+/* The models in use and how real switch-ins compared with them. Each switch-in
+ * measures its recompute time and its read time; the ratio observed / fitted updates a
+ * correction factor per model (recompute, cold read, warm read) that multiplies the
+ * fitted line when planning: a geometric moving average (weight 0.2 per switch-in, one
+ * observation counting for at most 4x, the factor kept within [1/8, 8]), persisted with
+ * the models and reset by a new profile. Switch-ins of under a millisecond are not
+ * used (timer and scheduling noise). */
+typedef struct ctx_cost_report {
+    ctx_cost fit;
+    double rec_fix, cold_fix, warm_fix;  /* correction factors, 1 = as fitted */
+    uint64_t observed;                   /* switch-ins measured since the last profile */
+    /* observed / predicted (the prediction the plan used, corrections included) over the
+     * last 64 switch-ins that had such a part, median and last; 0 when none yet */
+    double rec_median, rec_last;         /* recomputing */
+    double read_median, read_last;       /* reading */
+    double total_median, total_last;     /* the whole switch-in against max(recompute,
+                                            read) */
+} ctx_cost_report;
 
 /* What one switch-in did. */
 typedef struct ctx_load_stats {
     double ms;                /* from the start of the load until the KV was complete */
     int64_t bytes_read;       /* from chunk files */
     int chunks_read, chunks_recomputed, chunks_resident;
+    /* The plan's prediction, max(recompute, read) with corrections, and each part
+     * observed and predicted (0 for a part that did not run). */
+    double predicted_ms;
+    double rec_ms, rec_predicted_ms;
+    double read_ms, read_predicted_ms;
 } ctx_load_stats;
 
 /* Totals since ctx_open. */
@@ -326,12 +359,21 @@ int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
 /* Totals since ctx_open. */
 const ctx_stats *ctx_get_stats(const ctxmgr *cm);
 
-/* The cost models in use, and replacing them for this run (benchmarks, tests). */
+/* The fitted cost models, and replacing them for this run (benchmarks, tests; the
+ * correction factors go back to 1). */
 ctx_cost ctx_get_cost(const ctxmgr *cm);
 void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost);
 
-/* Measures the cost models now (a few forwards and chunk reads, well under a second on
- * small models), stores them for this model and uses them. */
+/* The models with their corrections and the observed / predicted record. */
+void ctx_get_cost_report(const ctxmgr *cm, ctx_cost_report *out);
+
+/*
+ * Measures the cost models now, stores them for this model and uses them (corrections
+ * reset). Every point is timed 3 to 7 times (as many as about 2 s allow), the runs of
+ * different points interleaved so that a burst of load elsewhere hits one run of each
+ * rather than every run of one, and the line is fitted to the medians. A fit whose
+ * residual stays above 30% after 3 attempts is refused: -1 + err, models unchanged.
+ */
 int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX]);
 
 /* ---- sliding window (ctxwindow.c) ---- */

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -130,6 +131,8 @@ struct store_chunk_reader {
     uint8_t *scratch;   /* (largest compressed section) one zstd frame */
     ZSTD_DCtx *dctx;
     int64_t bytes_read;
+    double cached;      /* share of the file's pages in the page cache when opened, -1:
+                           unknown */
 };
 
 /* Formats "store: context 'id' chunk i: <what>" into err. */
@@ -1257,6 +1260,36 @@ static int read_header(store_chunk_reader *r, const char *path, char *err)
     return 0;
 }
 
+/* The share of fd's pages in the page cache, -1 when it cannot be told. mincore on a
+ * mapping that is never touched: a few microseconds, no I/O, and the mapping does not
+ * fault pages in. */
+static double cached_share(int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return -1;
+    if (sb.st_size <= 0)
+        return 1;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), size = (size_t)sb.st_size;
+    void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return -1;
+    size_t n_pages = (size + page - 1) / page, resident = 0;
+    unsigned char vec[256];
+    for (size_t at = 0; at < n_pages; at += sizeof vec) {
+        size_t n = n_pages - at < sizeof vec ? n_pages - at : sizeof vec;
+        size_t len = at + n == n_pages ? size - at * page : n * page;
+        if (mincore((char *)map + at * page, len, vec) != 0) {
+            munmap(map, size);
+            return -1;
+        }
+        for (size_t i = 0; i < n; i++)
+            resident += vec[i] & 1;
+    }
+    munmap(map, size);
+    return (double)resident / (double)n_pages;
+}
+
 store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bool *found,
                                      char err[ERR_MAX])
 {
@@ -1294,6 +1327,7 @@ store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bo
         store_chunk_close(r);
         return NULL;
     }
+    r->cached = cached_share(r->fd);
     if (read_header(r, path, err) != 0) {
         store_chunk_close(r);
         return NULL;
@@ -1349,4 +1383,9 @@ int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst
 int64_t store_chunk_reader_bytes_read(const store_chunk_reader *r)
 {
     return r->bytes_read;
+}
+
+double store_chunk_reader_cached(const store_chunk_reader *r)
+{
+    return r->cached;
 }

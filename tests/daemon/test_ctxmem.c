@@ -717,9 +717,10 @@ static void test_plan_follows_costs(void)
     size_t bytes = kv_chunk_data_bytes(model_kv_shape(g_model), KV_F16);
     /* Reading a chunk costs as much as recomputing 16 tokens: about half each. */
     ctx_cost costs[3] = {
-        {.rec_b = 1e3, .io_e = 1e-9},
-        {.rec_b = 1e-6, .io_e = 1e3},
-        {.rec_b = 1.0 / KV_CHUNK_TOKENS, .io_e = 1.0 / (double)bytes},
+        {.rec_b = 1e3, .io_e = 1e-9, .warm_e = 1e-9},
+        {.rec_b = 1e-6, .io_e = 1e3, .warm_e = 1e3},
+        {.rec_b = 1.0 / KV_CHUNK_TOKENS, .io_e = 1.0 / (double)bytes,
+         .warm_e = 1.0 / (double)bytes},
     };
     int want_read[3][2] = {{6, 6}, {0, 0}, {2, 4}};
     for (int k = 0; k < 3; k++) {
