@@ -10,11 +10,14 @@
  * warm line, the rest of it the cold one.
  *
  * Measurement: every switch-in times its two parts, recompute as the forward's time less
- * its waits for reads, read as the time to open the chunks read plus the reader's, and
- * hands them with the plan's predictions to ctx_cost_observe (online refinement).
+ * its waits for reads, read as the reader's time, and hands them with the plan's
+ * predictions to ctx_cost_observe (online refinement).
  *
- * Pipeline: chunks to read are allocated up front; a reader thread fills them layer by
- * layer (layer l of every chunk, then layer l + 1) while the worker runs one forward over
+ * Pipeline: the worker only looks the stored chunks up and opens their files (nothing is
+ * read from a file before the plan, so a chunk the plan recomputes costs no disk time);
+ * chunks to read are allocated up front; a reader thread reads and checks their headers
+ * and token ids, then fills them layer by layer (layer l of every chunk, then layer
+ * l + 1) while the worker runs one forward over
  * the tokens of all chunks to recompute, at their original positions, against a
  * sequence of the chunks before them; the forward's layer_ready hook waits for layer l of
  * the read chunks, so reading layer l + 1 overlaps computing layer l. Since every chunk
@@ -22,9 +25,9 @@
  * tail holds 16 tokens, the forward's new entries fill exactly one new chunk per chunk
  * recomputed, which then take their slots.
  *
- * A read that fails (checksum, size, I/O) invalidates the chunk and everything computed
- * from it: the chunk loses its stored copy and the plan is made again, so it is
- * recomputed. Wrong KV is never kept.
+ * A read that fails (checksum, size, I/O, or a blob of other token ids: stale)
+ * invalidates the chunk and everything computed from it: the chunk loses its stored copy
+ * and the plan is made again, so it is recomputed. Wrong KV is never kept.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -36,25 +39,50 @@
 typedef struct load_read {
     int index;
     kv_chunk *kv;              /* allocated at the stored precision, filled by the reader */
-    store_chunk_reader *rd;
+    store_chunk_reader *rd;    /* opened, header not read yet */
+    const int32_t *tokens;     /* (kv->n_tokens) the history's, which the blob must hold */
     bool failed;
+    bool stale;                /* failed because the blob holds other token ids */
 } load_read;
 
 typedef struct reader {
-    load_read *reads;          /* (n) */
+    load_read *reads;          /* (n) in index order */
     int n;
+    int n_needed;              /* reads[0, n_needed) come before a recomputed chunk: the
+                                  forward attends to them, so they are read first */
     kv_shape shape;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int layers_done;           /* under mu: layers read (or given up) for every chunk */
+    int layers_done;           /* under mu: layers read (or given up) for every needed
+                                  chunk */
     double ms;                 /* the reader's time, set when it is done */
     double wait_ms;            /* the forward's time blocked in layer_ready (its thread) */
 } reader;
 
-static void read_layer(reader *r, int l)
+/* Reads x's header and token ids and checks them against the history: sizes of every
+ * section and the token ids the blob was computed from. */
+static void check_blob(reader *r, load_read *x)
 {
     char err[ERR_MAX];
-    for (int k = 0; k < r->n; k++) {
+    int n_layer = r->shape.n_layer, nt = x->kv->n_tokens;
+    const store_chunk *meta = store_chunk_reader_meta(x->rd);
+    bool ok = store_chunk_read_header(x->rd, err) == 0 &&
+              meta->precision == (int)x->kv->precision && meta->n_tokens == nt &&
+              meta->n_sections == n_layer + 1 &&
+              store_chunk_section_bytes(x->rd, n_layer) == sizeof(int32_t) * (size_t)nt;
+    for (int l = 0; ok && l < n_layer; l++)
+        ok = store_chunk_section_bytes(x->rd, l) == kv_chunk_layer_bytes(r->shape, x->kv->precision);
+    int32_t tokens[KV_CHUNK_TOKENS];
+    size_t tbytes = sizeof *tokens * (size_t)nt;
+    ok = ok && store_chunk_read_section(x->rd, n_layer, tokens, tbytes, err) == 0;
+    x->stale = ok && memcmp(tokens, x->tokens, tbytes) != 0;
+    x->failed = !ok || x->stale;
+}
+
+static void read_layer(reader *r, int l, int from, int to)
+{
+    char err[ERR_MAX];
+    for (int k = from; k < to; k++) {
         load_read *x = &r->reads[k];
         if (x->failed)
             continue;
@@ -64,19 +92,38 @@ static void read_layer(reader *r, int l)
     }
 }
 
+static void set_layers_done(reader *r, int n)
+{
+    pthread_mutex_lock(&r->mu);
+    r->layers_done = n;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Reads [from, to): headers and token ids, then layer by layer; with signal each layer
+ * done is announced to layer_ready. */
+static void read_range(reader *r, int from, int to, bool signal)
+{
+    for (int k = from; k < to; k++)
+        check_blob(r, &r->reads[k]);
+    for (int l = 0; l < r->shape.n_layer; l++) {
+        read_layer(r, l, from, to);
+        if (signal)
+            set_layers_done(r, l + 1);
+    }
+}
+
+/* The needed chunks first, layer by layer as the forward waits for them, then the
+ * others (which only have to be complete when the forward is). */
 static void *reader_main(void *arg)
 {
     reader *r = arg;
     double t0 = ctx_mono_ms();
-    for (int l = 0; l < r->shape.n_layer; l++) {
-        read_layer(r, l);
-        pthread_mutex_lock(&r->mu);
-        r->layers_done = l + 1;
-        if (l + 1 == r->shape.n_layer)
-            r->ms = ctx_mono_ms() - t0;
-        pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-    }
+    read_range(r, 0, r->n_needed, true);
+    if (r->n_needed == 0)
+        set_layers_done(r, r->shape.n_layer);
+    read_range(r, r->n_needed, r->n, false);
+    r->ms = ctx_mono_ms() - t0;
     return NULL;
 }
 
@@ -89,38 +136,6 @@ static void layer_ready(void *arg, int layer)
         pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     r->wait_ms += ctx_mono_ms() - t0;
-}
-
-/* Opens chunk i's blob and checks it against the history: sizes of every section and
- * the token ids it was computed from. NULL when it cannot be used; *stale then says
- * whether the blob is sound but of other tokens (a history that moved on), not
- * corrupt or missing. */
-static store_chunk_reader *open_checked(ctxmgr *cm, ctx_entry *c, int i, bool *stale)
-{
-    char err[ERR_MAX];
-    bool found;
-    *stale = false;
-    const ctx_chunk *k = &c->map[i];
-    int nt = ctx_chunk_tokens(c->n_tokens, i), n_layer = cm->shape.n_layer;
-    store_chunk_reader *rd = store_chunk_open(cm->st, c->id, i, &found, err);
-    if (!rd)
-        return NULL;
-    const store_chunk *meta = store_chunk_reader_meta(rd);
-    bool ok = meta->precision == k->disk_precision && meta->n_tokens == nt &&
-              meta->n_sections == n_layer + 1 &&
-              store_chunk_section_bytes(rd, n_layer) == sizeof(int32_t) * (size_t)nt;
-    for (int l = 0; ok && l < n_layer; l++)
-        ok = store_chunk_section_bytes(rd, l) ==
-             kv_chunk_layer_bytes(cm->shape, (enum kv_precision)k->disk_precision);
-    int32_t tokens[KV_CHUNK_TOKENS];
-    size_t tbytes = sizeof *tokens * (size_t)nt;
-    ok = ok && store_chunk_read_section(rd, n_layer, tokens, tbytes, err) == 0;
-    *stale = ok && memcmp(tokens, c->tokens + i * KV_CHUNK_TOKENS, tbytes) != 0;
-    if (!ok || *stale) {
-        store_chunk_close(rd);
-        return NULL;
-    }
-    return rd;
 }
 
 static enum kv_precision disk_prec(const ctx_entry *c, int i)
@@ -144,7 +159,6 @@ typedef struct cand {
     int tokens;
     double warm_bytes, cold_bytes; /* its bytes split by the share in the page cache */
     double read_ms;                /* what reading it adds (corrected models) */
-    double open_ms;                /* opening and checking it took */
 } cand;
 
 static int cand_dearest_first(const void *a, const void *b)
@@ -156,52 +170,74 @@ static int cand_dearest_first(const void *a, const void *b)
     return x->index - y->index;
 }
 
-/* What a plan predicts: the fitted lines per model, and the corrected whole. */
+/* What a plan predicts: the fitted lines per model (all its reads), and with
+ * corrections its parts and its whole. */
 typedef struct prediction {
     double fitted[CTX_N_MODELS];
-    double rec_ms, read_ms;
+    double rec_ms, read_ms, total_ms;
 } prediction;
 
-static void predict(const ctxmgr *cm, int64_t rec_tokens, int64_t ctx, double warm,
-                    double cold, prediction *p)
+/* Corrected read time of warm and cold bytes; fitted (may be NULL) gets the lines'. */
+static double read_ms(const ctxmgr *cm, double warm, double cold, double *fitted)
 {
-    p->fitted[CTX_MODEL_REC] = ctx_cost_recompute(&cm->cost, rec_tokens, ctx);
-    p->fitted[CTX_MODEL_COLD] = ctx_cost_read_cold(&cm->cost, cold);
-    p->fitted[CTX_MODEL_WARM] = ctx_cost_read_warm(&cm->cost, warm);
+    double c = ctx_cost_read_cold(&cm->cost, cold), w = ctx_cost_read_warm(&cm->cost, warm);
+    if (fitted) {
+        fitted[CTX_MODEL_COLD] = c;
+        fitted[CTX_MODEL_WARM] = w;
+    }
+    return c * ctx_cost_fix(cm, CTX_MODEL_COLD) + w * ctx_cost_fix(cm, CTX_MODEL_WARM);
+}
+
+/*
+ * The plan that recomputes d[0, j) beside the chunks that must be (rec_tokens in all
+ * then, the last of them at index last) and reads d[j, n). The forward attends to the
+ * chunks before the last one it recomputes, so it cannot finish before those are read:
+ * with reads that front-load their cost (a cold file's first access fetches most of it)
+ * that is read(needed) + recompute, and the whole is never less than read(all).
+ */
+static void predict(const ctxmgr *cm, const ctx_entry *c, const cand *d, int j, int n,
+                    int64_t rec_tokens, int last, prediction *p)
+{
+    double warm = 0, cold = 0, warm_needed = 0, cold_needed = 0;
+    for (int i = j; i < n; i++) {
+        warm += d[i].warm_bytes;
+        cold += d[i].cold_bytes;
+        if (d[i].index < last) {
+            warm_needed += d[i].warm_bytes;
+            cold_needed += d[i].cold_bytes;
+        }
+    }
+    p->fitted[CTX_MODEL_REC] = ctx_cost_recompute(&cm->cost, rec_tokens, c->n_tokens);
     p->rec_ms = p->fitted[CTX_MODEL_REC] * ctx_cost_fix(cm, CTX_MODEL_REC);
-    p->read_ms = p->fitted[CTX_MODEL_COLD] * ctx_cost_fix(cm, CTX_MODEL_COLD) +
-                 p->fitted[CTX_MODEL_WARM] * ctx_cost_fix(cm, CTX_MODEL_WARM);
+    p->read_ms = read_ms(cm, warm, cold, p->fitted);
+    double needed = read_ms(cm, warm_needed, cold_needed, NULL);
+    if (p->rec_ms > 0 && p->read_ms > 0) {
+        double read_slower = ctx_cost_contention(cm, CTX_PART_READ);
+        p->rec_ms *= ctx_cost_contention(cm, CTX_PART_REC);
+        p->read_ms *= read_slower;
+        needed *= read_slower;
+    }
+    double chain = p->rec_ms > 0 ? needed + p->rec_ms : 0;
+    p->total_ms = chain > p->read_ms ? chain : p->read_ms;
 }
 
 /* How many of the n stored candidates (dearest first) to recompute beside the
- * rec_tokens tokens that must be; with plan false none (but *pred is filled in). */
+ * rec_tokens tokens that must be, the last of them at index last (-1: none); with plan
+ * false none (but *pred is filled in). */
 static int plan_split(const ctxmgr *cm, const ctx_entry *c, const cand *d, int n,
-                      int64_t rec_tokens, bool plan, prediction *pred)
+                      int64_t rec_tokens, int last, bool plan, prediction *pred)
 {
-    double warm = 0, cold = 0;
-    for (int j = 0; j < n; j++) {
-        warm += d[j].warm_bytes;
-        cold += d[j].cold_bytes;
-    }
     int best = 0;
-    double best_t = 0;
     for (int j = 0; j <= (plan ? n : 0); j++) {
         prediction p;
-        predict(cm, rec_tokens, c->n_tokens, warm, cold, &p);
-        double t = p.rec_ms > p.read_ms ? p.rec_ms : p.read_ms;
-        if (j == 0 || t < best_t) {
+        predict(cm, c, d, j, n, rec_tokens, last, &p);
+        if (j == 0 || p.total_ms < pred->total_ms) {
             best = j;
-            best_t = t;
             *pred = p;
         }
         if (j < n) {
             rec_tokens += d[j].tokens;
-            /* the sums of the rest, not running differences: no rounding drift */
-            warm = cold = 0;
-            for (int i = j + 1; i < n; i++) {
-                warm += d[i].warm_bytes;
-                cold += d[i].cold_bytes;
-            }
+            last = d[j].index > last ? d[j].index : last;
         }
     }
     return best;
@@ -291,7 +327,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     int *rec = calloc((size_t)n_miss, sizeof *rec);
     kv_chunk **made = calloc((size_t)n_miss, sizeof *made);
     bool *to_rec = calloc((size_t)upto + 1, sizeof *to_rec);
-    int rc = -1, n_d = 0, n_reads = 0, n_rec = 0;
+    int rc = -1, n_d = 0, n_reads = 0, n_rec = 0, last_rec = -1;
     int64_t rec_tokens = 0;
     if (!reads || !d || !rec || !made || !to_rec) {
         err_set(err, "out of memory");
@@ -302,12 +338,12 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         if (c->seq.chunks[i])
             continue;
         store_chunk_reader *rd = NULL;
-        double t0 = ctx_mono_ms();
         if (c->map[i].disk_precision >= 0 && cm->policy.switch_mode != CTX_SWITCH_RECOMPUTE) {
-            bool stale;
-            rd = open_checked(cm, c, i, &stale);
+            char e2[ERR_MAX];
+            bool found;
+            rd = store_chunk_open_deferred(cm->st, c->id, i, &found, e2);
             if (!rd)
-                forget_blob(cm, c, i, stale);
+                forget_blob(cm, c, i, false);
         }
         if (rd) {
             double bytes = (double)kv_chunk_data_bytes(cm->shape, disk_prec(c, i));
@@ -322,24 +358,19 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             x->cold_bytes = bytes - x->warm_bytes;
             x->read_ms = cm->cost.warm_e * ctx_cost_fix(cm, CTX_MODEL_WARM) * x->warm_bytes +
                          cm->cost.io_e * ctx_cost_fix(cm, CTX_MODEL_COLD) * x->cold_bytes;
-            x->open_ms = ctx_mono_ms() - t0;
             n_d++;
         } else {
             to_rec[i] = true;
             rec_tokens += ctx_chunk_tokens(c->n_tokens, i);
+            last_rec = i;
         }
     }
     qsort(d, (size_t)n_d, sizeof *d, cand_dearest_first);
-    prediction pred;
-    int n_extra = plan_split(cm, c, d, n_d, rec_tokens,
+    prediction pred = {.total_ms = 0};
+    int n_extra = plan_split(cm, c, d, n_d, rec_tokens, last_rec,
                              cm->policy.switch_mode == CTX_SWITCH_PLAN, &pred);
-    double open_ms = 0;
-    for (int j = 0; j < n_d; j++) {
-        if (j < n_extra)
-            to_rec[d[j].index] = true;
-        else
-            open_ms += d[j].open_ms;
-    }
+    for (int j = 0; j < n_extra; j++)
+        to_rec[d[j].index] = true;
     /* reads[] is in index order; keep those not chosen for recompute. */
     for (int j = 0; j < n_d; j++) {
         if (to_rec[reads[j].index])
@@ -368,8 +399,11 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             k->tokens[e] = c->tokens[k->positions[e]];
         }
         reads[j].kv = k;
+        reads[j].tokens = c->tokens + i * KV_CHUNK_TOKENS;
     }
     reader rdr = {.reads = reads, .n = n_reads, .shape = cm->shape};
+    while (n_rec > 0 && rdr.n_needed < n_reads && reads[rdr.n_needed].index < rec[n_rec - 1])
+        rdr.n_needed++;
     bool threaded = n_reads > 0 && n_rec > 0;
     pthread_t th;
     if (threaded) {
@@ -383,8 +417,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     }
     if (!threaded) {
         double t0 = ctx_mono_ms();
-        for (int l = 0; l < cm->shape.n_layer; l++)
-            read_layer(&rdr, l);
+        read_range(&rdr, 0, n_reads, false);
         rdr.ms = ctx_mono_ms() - t0;
     }
     reader *hook = threaded ? &rdr : NULL;
@@ -398,9 +431,12 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     }
     memcpy(obs->fitted, pred.fitted, sizeof obs->fitted);
     obs->rec_ms = n_rec ? t_rec - rdr.wait_ms : -1;
-    obs->read_ms = n_reads ? open_ms + rdr.ms : -1;
+    obs->read_ms = n_reads ? rdr.ms : -1;
     obs->total_ms = 0;
-    st->predicted_ms = pred.rec_ms > pred.read_ms ? pred.rec_ms : pred.read_ms;
+    obs->rec_predicted_ms = pred.rec_ms;
+    obs->read_predicted_ms = pred.read_ms;
+    obs->total_predicted_ms = pred.total_ms;
+    st->predicted_ms = pred.total_ms;
     st->rec_predicted_ms = n_rec ? pred.rec_ms : 0;
     st->read_predicted_ms = n_reads ? pred.read_ms : 0;
     st->rec_ms = n_rec ? obs->rec_ms : 0;
@@ -411,7 +447,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         int i = reads[j].index;
         st->bytes_read += store_chunk_reader_bytes_read(reads[j].rd);
         if (reads[j].failed) {
-            forget_blob(cm, c, i, false);
+            forget_blob(cm, c, i, reads[j].stale);
             kv_chunk_free(cm->pool, reads[j].kv);
             n_bad++;
             bad_before_last |= n_rec > 0 && i < rec[n_rec - 1];

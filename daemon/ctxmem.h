@@ -18,6 +18,9 @@
 /* The models the corrections apply to. */
 enum ctx_model { CTX_MODEL_REC, CTX_MODEL_COLD, CTX_MODEL_WARM, CTX_N_MODELS };
 
+/* The parts of a switch-in that slow each other down when they run at once. */
+enum ctx_part { CTX_PART_REC, CTX_PART_READ, CTX_N_PARTS };
+
 /* Observed / predicted ratios kept for the status (ctx_cost_report). */
 enum ctx_ratio { CTX_RATIO_REC, CTX_RATIO_READ, CTX_RATIO_TOTAL, CTX_N_RATIOS };
 #define CTX_RATIOS_KEPT 64
@@ -26,6 +29,8 @@ enum ctx_ratio { CTX_RATIO_REC, CTX_RATIO_READ, CTX_RATIO_TOTAL, CTX_N_RATIOS };
 typedef struct ctx_refine {
     double log_fix[CTX_N_MODELS];   /* log of each correction factor */
     double n_fix[CTX_N_MODELS];     /* observations behind each */
+    double log_contend[CTX_N_PARTS]; /* log of each part's slowdown when both run */
+    double n_contend[CTX_N_PARTS];
     uint64_t observed;
     double ratio[CTX_N_RATIOS][CTX_RATIOS_KEPT]; /* rings of observed / predicted */
     uint64_t n_ratio[CTX_N_RATIOS];
@@ -33,12 +38,12 @@ typedef struct ctx_refine {
     bool unsaved;
 } ctx_refine;
 
-/* What a switch-in predicted (the fitted lines without corrections, per model) and
- * observed. A part that did not run has observed < 0. */
+/* What a switch-in predicted and observed. A part that did not run has observed < 0. */
 typedef struct ctx_cost_obs {
-    double fitted[CTX_N_MODELS];    /* ms the fitted lines predict */
+    double fitted[CTX_N_MODELS];    /* ms the fitted lines predict, uncorrected */
+    double rec_predicted_ms, read_predicted_ms, total_predicted_ms; /* the plan's */
     double rec_ms, read_ms;         /* measured: the forward less its waits for reads;
-                                       opening the chunks read plus reading them */
+                                       the reader's time */
     double total_ms;                /* the whole switch-in */
 } ctx_cost_obs;
 
@@ -102,8 +107,10 @@ double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx);
 double ctx_cost_read_cold(const ctx_cost *k, double bytes);
 double ctx_cost_read_warm(const ctx_cost *k, double bytes);
 
-/* The correction factor of a model (1 until switch-ins were observed). */
+/* The correction factor of a model (1 until switch-ins were observed), and the
+ * slowdown of a part while the other runs beside it (1 until observed). */
 double ctx_cost_fix(const ctxmgr *cm, enum ctx_model model);
+double ctx_cost_contention(const ctxmgr *cm, enum ctx_part part);
 
 /* Records a switch-in: updates the corrections and the observed / predicted record,
  * and stores them with the models at most once a minute. */

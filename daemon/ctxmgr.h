@@ -170,22 +170,27 @@ typedef struct ctx_cost {
 } ctx_cost;
 
 /* The models in use and how real switch-ins compared with them. Each switch-in
- * measures its recompute time and its read time; the ratio observed / fitted updates a
- * correction factor per model (recompute, cold read, warm read) that multiplies the
- * fitted line when planning: a geometric moving average (weight 0.2 per switch-in, one
- * observation counting for at most 4x, the factor kept within [1/8, 8]), persisted with
- * the models and reset by a new profile. Switch-ins of under a millisecond are not
- * used (timer and scheduling noise). */
+ * measures its recompute time and its read time. One that ran a single part updates
+ * that part's correction factor (recompute, cold read or warm read: the one that
+ * predicted most of the read) by the ratio observed / fitted; one that ran both at once
+ * updates instead the two contention factors, each part's slowdown while the other
+ * runs (on two cores a reader thread beside a two-thread forward was measured 1.6x
+ * slower), which the plan applies only to plans that run both. Every factor is a
+ * geometric moving average (weight 0.2 per switch-in, one observation counting as at
+ * most 4x off the current factor, kept within [1/8, 8]), persisted with the models and
+ * reset by a new profile. Parts of under a millisecond are not used (timer and
+ * scheduling noise). */
 typedef struct ctx_cost_report {
     ctx_cost fit;
     double rec_fix, cold_fix, warm_fix;  /* correction factors, 1 = as fitted */
+    double rec_contention, read_contention; /* slowdowns when both parts run */
     uint64_t observed;                   /* switch-ins measured since the last profile */
     /* observed / predicted (the prediction the plan used, corrections included) over the
      * last 64 switch-ins that had such a part, median and last; 0 when none yet */
     double rec_median, rec_last;         /* recomputing */
     double read_median, read_last;       /* reading */
-    double total_median, total_last;     /* the whole switch-in against max(recompute,
-                                            read) */
+    double total_median, total_last;     /* the whole switch-in against the plan's
+                                            prediction (ctxload.c) */
 } ctx_cost_report;
 
 /* What one switch-in did. */
@@ -193,7 +198,7 @@ typedef struct ctx_load_stats {
     double ms;                /* from the start of the load until the KV was complete */
     int64_t bytes_read;       /* from chunk files */
     int chunks_read, chunks_recomputed, chunks_resident;
-    /* The plan's prediction, max(recompute, read) with corrections, and each part
+    /* The plan's prediction of the whole (corrections included) and each part
      * observed and predicted (0 for a part that did not run). */
     double predicted_ms;
     double rec_ms, rec_predicted_ms;

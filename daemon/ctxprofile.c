@@ -31,14 +31,16 @@
 
 /* Online refinement. */
 #define FIX_WEIGHT 0.2        /* of each observation in the moving average of log ratios */
-#define FIX_STEP 4.0          /* one observation counts for at most this ratio */
+#define FIX_STEP 4.0          /* one observation counts for at most this ratio to the
+                                 current correction */
 #define FIX_MAX 8.0           /* a correction factor stays within [1/FIX_MAX, FIX_MAX] */
 #define FIX_MIN_MS 1.0        /* parts shorter than this (observed and predicted) are noise */
 #define SAVE_EVERY_MS 60000.0 /* the store syncs every write: corrections go at most once a
                                  minute (and at close) */
 
-#define N_STORED 17           /* doubles of a stored record: the ctx_cost fields, the log
-                                 corrections and their counts */
+#define N_STORED 21           /* doubles of a stored record: the ctx_cost fields, the log
+                                 corrections and their counts, the log contentions and
+                                 their counts */
 
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx)
 {
@@ -59,6 +61,11 @@ double ctx_cost_read_warm(const ctx_cost *k, double bytes)
 double ctx_cost_fix(const ctxmgr *cm, enum ctx_model model)
 {
     return exp(cm->refine.log_fix[model]);
+}
+
+double ctx_cost_contention(const ctxmgr *cm, enum ctx_part part)
+{
+    return exp(cm->refine.log_contend[part]);
 }
 
 static void cost_key(const ctxmgr *cm, char *key, size_t cap)
@@ -385,7 +392,8 @@ static void record_values(const ctxmgr *cm, double *v)
         k->rec_a,        k->rec_b,        k->rec_c,        k->io_d,      k->io_e,
         k->warm_d,       k->warm_e,       k->rec_resid,    k->io_resid,  k->warm_resid,
         k->samples,      f->log_fix[0],   f->log_fix[1],   f->log_fix[2], f->n_fix[0],
-        f->n_fix[1],     f->n_fix[2],
+        f->n_fix[1],     f->n_fix[2],     f->log_contend[0], f->log_contend[1],
+        f->n_contend[0], f->n_contend[1],
     };
     memcpy(v, fields, sizeof fields);
 }
@@ -480,6 +488,10 @@ int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX])
             cm->refine.log_fix[m] = v[11 + m];
             cm->refine.n_fix[m] = v[14 + m];
         }
+        for (int p = 0; p < CTX_N_PARTS; p++) {
+            cm->refine.log_contend[p] = v[17 + p];
+            cm->refine.n_contend[p] = v[19 + p];
+        }
         cm->refine.last_save_ms = ctx_mono_ms();
         return 0;
     }
@@ -503,16 +515,17 @@ ctx_cost ctx_get_cost(const ctxmgr *cm)
     return cm->cost;
 }
 
-/* Moves a correction towards observed / fitted. */
-static void refine_model(ctx_refine *f, enum ctx_model m, double observed, double fitted)
+/* Moves the log factor *log_f towards log(observed / base). */
+static void refine(ctx_refine *f, double *log_f, double *n, double observed, double base)
 {
-    if (observed < 0 || fitted <= 0 || (observed < FIX_MIN_MS && fitted < FIX_MIN_MS))
+    if (observed < 0 || base <= 0 || (observed < FIX_MIN_MS && base < FIX_MIN_MS))
         return;
-    double step = observed > 0 ? log(observed / fitted) : -log(FIX_STEP);
-    step = fmax(-log(FIX_STEP), fmin(log(FIX_STEP), step));
-    double l = (1 - FIX_WEIGHT) * f->log_fix[m] + FIX_WEIGHT * step;
-    f->log_fix[m] = fmax(-log(FIX_MAX), fmin(log(FIX_MAX), l));
-    f->n_fix[m]++;
+    /* The step is bounded around the current factor, not around 1: an outlier moves it
+     * little, a consistent error of any size is learned (up to FIX_MAX). */
+    double miss = (observed > 0 ? log(observed / base) : -INFINITY) - *log_f;
+    miss = fmax(-log(FIX_STEP), fmin(log(FIX_STEP), miss));
+    *log_f = fmax(-log(FIX_MAX), fmin(log(FIX_MAX), *log_f + FIX_WEIGHT * miss));
+    (*n)++;
     f->unsaved = true;
 }
 
@@ -531,17 +544,22 @@ void ctx_cost_observe(ctxmgr *cm, const ctx_cost_obs *o)
     double cold = o->fitted[CTX_MODEL_COLD] * ctx_cost_fix(cm, CTX_MODEL_COLD);
     double warm = o->fitted[CTX_MODEL_WARM] * ctx_cost_fix(cm, CTX_MODEL_WARM);
     f->observed++;
-    record_ratio(f, CTX_RATIO_REC, o->rec_ms, rec);
-    record_ratio(f, CTX_RATIO_READ, o->read_ms, cold + warm);
-    record_ratio(f, CTX_RATIO_TOTAL, o->total_ms, fmax(rec, cold + warm));
-    refine_model(f, CTX_MODEL_REC, o->rec_ms, o->fitted[CTX_MODEL_REC]);
-    /* One read time covers cold and warm chunks: it corrects the model that predicted
-     * most of it, by the ratio of the whole (the other part scaled as predicted). */
-    if (o->read_ms >= 0 && cold + warm > 0) {
-        bool cold_most = cold >= warm;
-        enum ctx_model m = cold_most ? CTX_MODEL_COLD : CTX_MODEL_WARM;
-        double other = cold_most ? warm : cold;
-        refine_model(f, m, fmax(o->read_ms - other, 0), o->fitted[m]);
+    record_ratio(f, CTX_RATIO_REC, o->rec_ms, o->rec_predicted_ms);
+    record_ratio(f, CTX_RATIO_READ, o->read_ms, o->read_predicted_ms);
+    record_ratio(f, CTX_RATIO_TOTAL, o->total_ms, o->total_predicted_ms);
+    if (o->rec_ms >= 0 && o->read_ms >= 0) {
+        refine(f, &f->log_contend[CTX_PART_REC], &f->n_contend[CTX_PART_REC], o->rec_ms, rec);
+        refine(f, &f->log_contend[CTX_PART_READ], &f->n_contend[CTX_PART_READ], o->read_ms,
+               cold + warm);
+    } else if (o->rec_ms >= 0) {
+        refine(f, &f->log_fix[CTX_MODEL_REC], &f->n_fix[CTX_MODEL_REC], o->rec_ms,
+               o->fitted[CTX_MODEL_REC]);
+    } else if (o->read_ms >= 0 && cold + warm > 0) {
+        /* One read time covers cold and warm chunks: it corrects the model that
+         * predicted most of it, by the ratio of the whole (the other part as predicted). */
+        enum ctx_model m = cold >= warm ? CTX_MODEL_COLD : CTX_MODEL_WARM;
+        double other = cold >= warm ? warm : cold;
+        refine(f, &f->log_fix[m], &f->n_fix[m], fmax(o->read_ms - other, 0), o->fitted[m]);
     }
     if (f->unsaved && ctx_mono_ms() - f->last_save_ms >= SAVE_EVERY_MS)
         ctx_cost_save(cm);
@@ -576,6 +594,8 @@ void ctx_get_cost_report(const ctxmgr *cm, ctx_cost_report *out)
         .rec_fix = ctx_cost_fix(cm, CTX_MODEL_REC),
         .cold_fix = ctx_cost_fix(cm, CTX_MODEL_COLD),
         .warm_fix = ctx_cost_fix(cm, CTX_MODEL_WARM),
+        .rec_contention = ctx_cost_contention(cm, CTX_PART_REC),
+        .read_contention = ctx_cost_contention(cm, CTX_PART_READ),
         .observed = cm->refine.observed,
     };
     ratio_summary(&cm->refine, CTX_RATIO_REC, &out->rec_median, &out->rec_last);

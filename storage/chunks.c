@@ -133,6 +133,7 @@ struct store_chunk_reader {
     int64_t bytes_read;
     double cached;      /* share of the file's pages in the page cache when opened, -1:
                            unknown */
+    char *path;         /* for error messages once the header is read */
 };
 
 /* Formats "store: context 'id' chunk i: <what>" into err. */
@@ -1169,6 +1170,7 @@ void store_chunk_close(store_chunk_reader *r)
     free(r->offset);
     free(r->crc);
     free(r->scratch);
+    free(r->path);
     ZSTD_freeDCtx(r->dctx);
     free(r);
 }
@@ -1290,8 +1292,8 @@ static double cached_share(int fd)
     return (double)resident / (double)n_pages;
 }
 
-store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bool *found,
-                                     char err[ERR_MAX])
+store_chunk_reader *store_chunk_open_deferred(store *s, const char *ctx_id, int index,
+                                              bool *found, char err[ERR_MAX])
 {
     *found = false;
     if (!valid_id(ctx_id)) {
@@ -1328,7 +1330,36 @@ store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bo
         return NULL;
     }
     r->cached = cached_share(r->fd);
-    if (read_header(r, path, err) != 0) {
+    if (!(r->path = strdup(path))) {
+        chunk_fail(err, ctx_id, index, "out of memory");
+        store_chunk_close(r);
+        return NULL;
+    }
+    return r;
+}
+
+int store_chunk_read_header(store_chunk_reader *r, char err[ERR_MAX])
+{
+    if (r->raw)
+        return 0;
+    if (read_header(r, r->path, err) == 0)
+        return 0;
+    /* what read_header allocated: a reader is either without a header or with all of it */
+    free(r->raw);
+    free(r->comp);
+    free(r->codec);
+    free(r->offset);
+    free(r->crc);
+    r->raw = r->comp = r->offset = NULL;
+    r->codec = r->crc = NULL;
+    return -1;
+}
+
+store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bool *found,
+                                     char err[ERR_MAX])
+{
+    store_chunk_reader *r = store_chunk_open_deferred(s, ctx_id, index, found, err);
+    if (r && store_chunk_read_header(r, err) != 0) {
         store_chunk_close(r);
         return NULL;
     }
@@ -1342,7 +1373,7 @@ const store_chunk *store_chunk_reader_meta(const store_chunk_reader *r)
 
 size_t store_chunk_section_bytes(const store_chunk_reader *r, int i)
 {
-    return i >= 0 && i < r->n_sections ? (size_t)r->raw[i] : 0;
+    return r->raw && i >= 0 && i < r->n_sections ? (size_t)r->raw[i] : 0;
 }
 
 int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst_bytes,
@@ -1350,6 +1381,8 @@ int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst
 {
     const char *id = r->ctx_id;
     int index = r->meta.index;
+    if (!r->raw)
+        return chunk_fail(err, id, index, "section %d read before the header", i);
     if (i < 0 || i >= r->n_sections)
         return chunk_fail(err, id, index, "no section %d (of %d)", i, r->n_sections);
     if (dst_bytes != r->raw[i])

@@ -123,10 +123,22 @@ typedef struct store_chunk_reader store_chunk_reader;
 store_chunk_reader *store_chunk_open(store *s, const char *ctx_id, int index, bool *found,
                                      char err[ERR_MAX]);
 
+/*
+ * store_chunk_open in two steps, so that the second (disk reads) can run on an I/O
+ * thread: store_chunk_open_deferred (store's thread) looks the chunk up in the catalog
+ * and opens its file without reading from it (store_chunk_reader_cached and the meta
+ * are then known; *found as for store_chunk_open); store_chunk_read_header (any one
+ * thread, as the reading functions below) reads and checks the header, and must succeed
+ * before any section is read. A failed header read can be tried again.
+ */
+store_chunk_reader *store_chunk_open_deferred(store *s, const char *ctx_id, int index,
+                                              bool *found, char err[ERR_MAX]);
+int store_chunk_read_header(store_chunk_reader *r, char err[ERR_MAX]);
+
 /* The catalog record the reader was opened from. */
 const store_chunk *store_chunk_reader_meta(const store_chunk_reader *r);
 
-/* Uncompressed size of section i. */
+/* Uncompressed size of section i (0 before the header is read). */
 size_t store_chunk_section_bytes(const store_chunk_reader *r, int i);
 
 /* Reads, decompresses and verifies section i into dst, which holds exactly
