@@ -818,6 +818,39 @@ void llms_daemon_status_free(llms_daemon_status *st)
     memset(st, 0, sizeof *st);
 }
 
+static void cost_models_from(const Llms__CostModels *m, llms_cost_models *out)
+{
+    if (!m) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = (llms_cost_models){
+        .rec_a = m->rec_a,
+        .rec_b = m->rec_b,
+        .rec_c = m->rec_c,
+        .io_d = m->io_d,
+        .io_e = m->io_e,
+        .warm_d = m->warm_d,
+        .warm_e = m->warm_e,
+        .rec_resid = m->rec_resid,
+        .io_resid = m->io_resid,
+        .warm_resid = m->warm_resid,
+        .samples = m->samples,
+        .rec_fix = m->rec_fix,
+        .cold_fix = m->cold_fix,
+        .warm_fix = m->warm_fix,
+        .rec_contention = m->rec_contention,
+        .read_contention = m->read_contention,
+        .observed = m->observed,
+        .rec_ratio_median = m->rec_ratio_median,
+        .rec_ratio_last = m->rec_ratio_last,
+        .read_ratio_median = m->read_ratio_median,
+        .read_ratio_last = m->read_ratio_last,
+        .total_ratio_median = m->total_ratio_median,
+        .total_ratio_last = m->total_ratio_last,
+    };
+}
+
 enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
 {
     memset(out, 0, sizeof *out);
@@ -880,6 +913,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_write_wait_ms = p->swap_write_wait_ms,
         .swap_write_failures = p->swap_write_failures,
     };
+    cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);
     if (!out->version || !out->model_path || !out->model_arch || !out->sched_mode) {
         llms_daemon_status_free(out);
@@ -962,7 +996,18 @@ enum llms_status llms_profile(llms_conn *c, llms_profile_result *out)
     if (s != LLMS_OK)
         return s;
     const Llms__ProfileResponse *p = r->profile;
-    *out = (llms_profile_result){p->rec_a, p->rec_b, p->rec_c, p->io_d, p->io_e};
+    *out = (llms_profile_result){
+        .rec_a = p->rec_a, .rec_b = p->rec_b, .rec_c = p->rec_c, .io_d = p->io_d, .io_e = p->io_e,
+    };
+    cost_models_from(p->models, &out->models);
+    if (!p->models) {
+        /* a daemon from before CostModels: the lines it has */
+        out->models.rec_a = p->rec_a;
+        out->models.rec_b = p->rec_b;
+        out->models.rec_c = p->rec_c;
+        out->models.io_d = p->io_d;
+        out->models.io_e = p->io_e;
+    }
     frame_free_response(r);
     return LLMS_OK;
 }

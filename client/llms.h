@@ -409,6 +409,27 @@ enum llms_status llms_rerank(llms_conn *conn, const char *query, const char *con
 
 /* ---- admin calls: the peer must be root or in the group llms-admin ---- */
 
+/* The switch-in cost models, in milliseconds (proto CostModels): recomputing t tokens
+ * of a context of n costs rec_a + rec_b t + rec_c t n; reading b bytes of chunks out of
+ * the page cache io_d + io_e b, in it warm_d + warm_e b. *_resid: RMS relative residual
+ * of the profile's medians against each line; samples: timed runs per point (0: not
+ * measured). The *_fix corrections multiply the lines, learned from real switch-ins;
+ * *_contention: a part's slowdown while the other runs. Ratios: observed / predicted,
+ * median over the last 64 switch-ins and the last one (0 when none yet). */
+typedef struct llms_cost_models {
+    double rec_a, rec_b, rec_c;
+    double io_d, io_e;
+    double warm_d, warm_e;
+    double rec_resid, io_resid, warm_resid;
+    uint32_t samples;
+    double rec_fix, cold_fix, warm_fix;
+    double rec_contention, read_contention;
+    uint64_t observed;                 /* switch-ins measured since the profile */
+    double rec_ratio_median, rec_ratio_last;
+    double read_ratio_median, read_ratio_last;
+    double total_ratio_median, total_ratio_last;
+} llms_cost_models;
+
 /* The daemon's state (proto StatusResponse). */
 typedef struct llms_daemon_status {
     char *version;
@@ -460,6 +481,7 @@ typedef struct llms_daemon_status {
     uint64_t window_slides, window_dropped_tokens;
     /* Compressed chunks recomputed to get wider codes when they became important again. */
     uint64_t swap_chunks_promoted;
+    llms_cost_models cost;           /* zero from a daemon that does not report them */
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */
@@ -501,13 +523,17 @@ enum llms_status llms_admin_context_get(llms_conn *conn, const char *context_id,
 enum llms_status llms_evict(llms_conn *conn, const char *context_id);
 
 /* The switch-in cost models, in milliseconds: recomputing t tokens of a context of n
- * costs rec_a + rec_b t + rec_c t n; reading b bytes of chunks costs io_d + io_e b. */
+ * costs rec_a + rec_b t + rec_c t n; reading b bytes of chunks out of the page cache
+ * costs io_d + io_e b; models has them all (zero from a daemon that does not send it). */
 typedef struct llms_profile_result {
     double rec_a, rec_b, rec_c;
     double io_d, io_e;
+    llms_cost_models models;
 } llms_profile_result;
 
-/* Makes the daemon measure its cost models again (a second or so) and returns them. */
+/* Makes the daemon measure its cost models again (seconds: every point is timed 3 to 7
+ * times) and returns them. LLMS_ERR_INTERNAL with the reason when the timings were too
+ * noisy to fit (the daemon keeps its models). */
 enum llms_status llms_profile(llms_conn *conn, llms_profile_result *out);
 
 /* The prefill memory plan of a prompt of prompt_tokens tokens under the daemon's

@@ -204,11 +204,16 @@ typedef struct prof_seqs {
     int n_files;                  /* chunks it holds */
 } prof_seqs;
 
-/* Recompute: batches of 16, 32 and 64 tokens after 0 and after ctx entries, each timed
- * in every round, fitted to the medians. */
+/* Recompute: batches of 24, 40 and 64 tokens after 0 and after ctx entries, each timed
+ * in every round, fitted to the medians. The engine changes kernels with the batch size
+ * (engine/ops.c: up to 16 rows of float weights and up to 64 of quantized ones take
+ * the dot kernels, more sgemm), so the sizes lie between those thresholds, on one
+ * kernel's line for either kind of weights: a 16-token point on float weights measured
+ * 5x the line through 32 and 64 tokens under ASan and made every fit fail. Batches on
+ * another kernel are left to the online corrections. */
 static int profile_recompute(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX])
 {
-    static const int sizes[3] = {16, 32, 64};
+    static const int sizes[3] = {24, 40, 64};
     enum { N_POINTS = 6 };
     double ms[N_POINTS][PROF_MAX_ROUNDS], x[N_POINTS * 3], y[N_POINTS];
     /* Without room for the far points the context term cannot be told: a, b only. */

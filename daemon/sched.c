@@ -571,6 +571,41 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
     st->sched_longest_stall_ms = stall;
 }
 
+/* The cost models and their record (proto CostModels). */
+static void cost_models_fill(const ctxmgr *cm, Llms__CostModels *m)
+{
+    ctx_cost_report r;
+    ctx_get_cost_report(cm, &r);
+    llms__cost_models__init(m);
+    m->rec_a = r.fit.rec_a;
+    m->rec_b = r.fit.rec_b;
+    m->rec_c = r.fit.rec_c;
+    m->io_d = r.fit.io_d;
+    m->io_e = r.fit.io_e;
+    m->warm_d = r.fit.warm_d;
+    m->warm_e = r.fit.warm_e;
+    m->rec_resid = r.fit.rec_resid;
+    m->io_resid = r.fit.io_resid;
+    m->warm_resid = r.fit.warm_resid;
+    m->samples = (uint32_t)r.fit.samples;
+    m->has_rec_fix = m->has_cold_fix = m->has_warm_fix = m->has_rec_contention =
+        m->has_read_contention = m->has_observed = 1;
+    m->rec_fix = r.rec_fix;
+    m->cold_fix = r.cold_fix;
+    m->warm_fix = r.warm_fix;
+    m->rec_contention = r.rec_contention;
+    m->read_contention = r.read_contention;
+    m->observed = r.observed;
+    m->has_rec_ratio_median = m->has_rec_ratio_last = m->has_read_ratio_median =
+        m->has_read_ratio_last = m->has_total_ratio_median = m->has_total_ratio_last = 1;
+    m->rec_ratio_median = r.rec_median;
+    m->rec_ratio_last = r.rec_last;
+    m->read_ratio_median = r.read_median;
+    m->read_ratio_last = r.read_last;
+    m->total_ratio_median = r.total_median;
+    m->total_ratio_last = r.total_last;
+}
+
 static void handle_status(sched *s, const sched_job *j)
 {
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
@@ -633,6 +668,9 @@ static void handle_status(sched *s, const sched_job *j)
     st.swap_write_wait_ms = cs->write_wait_ms;
     st.swap_write_failures = cs->write_failures;
     sched_status(s, &st);
+    Llms__CostModels cost;
+    cost_models_fill(s->cm, &cost);
+    st.cost_models = &cost;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
@@ -655,6 +693,9 @@ static void handle_profile(sched *s, const sched_job *j)
     p.rec_c = k.rec_c;
     p.io_d = k.io_d;
     p.io_e = k.io_e;
+    Llms__CostModels models;
+    cost_models_fill(s->cm, &models);
+    p.models = &models;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;

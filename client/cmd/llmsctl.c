@@ -123,6 +123,40 @@ static void text_context(const llms_context_info *c)
            llms_memory_name(c->memory), c->kv_bytes);
 }
 
+static void json_cost(const llms_cost_models *m)
+{
+    printf("{\"rec_a_ms\":%.6g,\"rec_b_ms_per_token\":%.6g,\"rec_c_ms_per_token_ctx\":%.6g"
+           ",\"io_d_ms\":%.6g,\"io_e_ms_per_byte\":%.6g,\"warm_d_ms\":%.6g"
+           ",\"warm_e_ms_per_byte\":%.6g,\"rec_resid\":%.4f,\"io_resid\":%.4f"
+           ",\"warm_resid\":%.4f,\"samples\":%" PRIu32 ",\"rec_fix\":%.4f,\"cold_fix\":%.4f"
+           ",\"warm_fix\":%.4f,\"rec_contention\":%.4f,\"read_contention\":%.4f"
+           ",\"observed\":%" PRIu64 ",\"rec_ratio_median\":%.4f,\"rec_ratio_last\":%.4f"
+           ",\"read_ratio_median\":%.4f,\"read_ratio_last\":%.4f"
+           ",\"total_ratio_median\":%.4f,\"total_ratio_last\":%.4f}",
+           m->rec_a, m->rec_b, m->rec_c, m->io_d, m->io_e, m->warm_d, m->warm_e, m->rec_resid,
+           m->io_resid, m->warm_resid, m->samples, m->rec_fix, m->cold_fix, m->warm_fix,
+           m->rec_contention, m->read_contention, m->observed, m->rec_ratio_median,
+           m->rec_ratio_last, m->read_ratio_median, m->read_ratio_last, m->total_ratio_median,
+           m->total_ratio_last);
+}
+
+static double mb_per_s(double ms_per_byte)
+{
+    return ms_per_byte > 0 ? 1e-3 / ms_per_byte : 0;
+}
+
+/* The fitted lines and their quality (label: the first column of the first line). */
+static void text_cost_lines(const char *label, const llms_cost_models *m)
+{
+    printf("%-18srecompute %.3f + %.4f t + %.3g t n ms (fit within %.0f%%, %" PRIu32
+           " runs per point%s)\n"
+           "                  read cold %.3f + %.3g b ms (%.0f MB/s, fit within %.0f%%); warm "
+           "%.3f + %.3g b ms (%.0f MB/s, fit within %.0f%%)\n",
+           label, m->rec_a, m->rec_b, m->rec_c, 100 * m->rec_resid, m->samples,
+           m->samples ? "" : ": not measured", m->io_d, m->io_e, mb_per_s(m->io_e),
+           100 * m->io_resid, m->warm_d, m->warm_e, mb_per_s(m->warm_e), 100 * m->warm_resid);
+}
+
 static enum llms_status cmd_status(llms_conn *c)
 {
     llms_daemon_status st;
@@ -164,6 +198,8 @@ static enum llms_status cmd_status(llms_conn *c)
         printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64
                ",\"swap_chunks_promoted\":%" PRIu64,
                st.window_slides, st.window_dropped_tokens, st.swap_chunks_promoted);
+        fputs(",\"cost\":", stdout);
+        json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
         json_str(st.sched_mode);
         printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
@@ -212,6 +248,15 @@ static enum llms_status cmd_status(llms_conn *c)
                st.sched_queued_generate, st.sched_queued_embed, st.sched_queued_rerank,
                st.sched_steps, st.sched_step_mean_ms, st.sched_rows_per_step,
                st.sched_longest_stall_ms);
+        const llms_cost_models *m = &st.cost;
+        text_cost_lines("cost models", m);
+        printf("                  corrections: recompute x%.2f, read cold x%.2f, warm x%.2f; "
+               "when both run: recompute x%.2f, read x%.2f\n"
+               "observed          %" PRIu64 " switch-ins; observed / predicted (median, last): "
+               "recompute %.2f, %.2f; read %.2f, %.2f; whole %.2f, %.2f\n",
+               m->rec_fix, m->cold_fix, m->warm_fix, m->rec_contention, m->read_contention,
+               m->observed, m->rec_ratio_median, m->rec_ratio_last, m->read_ratio_median,
+               m->read_ratio_last, m->total_ratio_median, m->total_ratio_last);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;
@@ -308,14 +353,12 @@ static enum llms_status cmd_profile(llms_conn *c)
     enum llms_status s = llms_profile(c, &p);
     if (s != LLMS_OK)
         return s;
-    if (json)
-        printf("{\"rec_a_ms\":%.6g,\"rec_b_ms_per_token\":%.6g,\"rec_c_ms_per_token_ctx\":%.6g"
-               ",\"io_d_ms\":%.6g,\"io_e_ms_per_byte\":%.6g}\n",
-               p.rec_a, p.rec_b, p.rec_c, p.io_d, p.io_e);
-    else
-        printf("recompute  %.4f ms + %.6f ms/token + %.3g ms/(token x context)\n"
-               "read       %.4f ms + %.3g ms/byte (%.1f MB/s)\n",
-               p.rec_a, p.rec_b, p.rec_c, p.io_d, p.io_e, p.io_e > 0 ? 1e-3 / p.io_e : 0);
+    if (json) {
+        json_cost(&p.models);
+        putchar('\n');
+    } else {
+        text_cost_lines("cost models", &p.models);
+    }
     return LLMS_OK;
 }
 

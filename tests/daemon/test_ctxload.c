@@ -282,9 +282,10 @@ static void test_profile_predicts(void)
            "(resid %.3f); warm %.3f + %.2e b (resid %.3f); %g runs per point\n",
            k.rec_a, k.rec_b, k.rec_c, k.rec_resid, k.io_d, k.io_e, k.io_resid, k.warm_d,
            k.warm_e, k.warm_resid, k.samples);
-    CHECK_MSG(k.samples >= 3, "the profile was refused or not run");
+    char err[ERR_MAX] = "";
+    if (k.samples < 3 && ctx_profile(e.cm, &k, err))
+        CHECK_MSG(false, "the profile at startup and another one failed: %s", err);
     CHECK(k.rec_resid <= 0.3 && k.io_resid <= 0.3 && k.warm_resid <= 0.3);
-    char err[ERR_MAX];
     kv_seq seq;
     kv_seq_init(&seq, e.pool);
     int32_t tok[160], pos[160];
@@ -312,7 +313,8 @@ static void test_profile_predicts(void)
 
 /*
  * A recompute line four times too cheap: the plan's predictions are about 4x short at
- * first; after a dozen switch-ins the correction has learned most of it (predictions
+ * first (at least 2x, against the profiled line's median ratio of three); after a dozen
+ * switch-ins the correction has learned most of it (the median of the last three
  * within 1.6x), and the correction is stored with the models across a restart.
  */
 static void test_refinement(void)
@@ -325,8 +327,12 @@ static void test_refinement(void)
     snprintf(id, sizeof id, "%s", c->id);
     set_mode(&e, CTX_SWITCH_RECOMPUTE);
     ctx_load_stats st;
-    CHECK(switch_in(&e, c, false, &st) == 0);
-    double true_ratio = st.rec_ms / st.rec_predicted_ms;
+    double profiled[3];
+    for (int r = 0; r < 3; r++) {
+        CHECK(switch_in(&e, c, false, &st) == 0);
+        profiled[r] = st.rec_ms / st.rec_predicted_ms;
+    }
+    double true_ratio = median(profiled, 3);
     ctx_cost k = ctx_get_cost(e.cm);
     k.rec_a /= 4;
     k.rec_b /= 4;
@@ -346,7 +352,7 @@ static void test_refinement(void)
            "after 9 switch-ins (correction %.2f, %llu observed)\n", true_ratio, first, late,
            rep.rec_fix, (unsigned long long)rep.observed);
     CHECK_EQ(rep.observed, 12);
-    CHECK_MSG(first > 2.5 * true_ratio, "the wrong line was not wrong: %.2f", first);
+    CHECK_MSG(first > 2 * true_ratio, "the wrong line was not wrong: %.2f", first);
     CHECK_MSG(late < 1.6 && late > 1 / 1.6, "after refinement observed/predicted is %.2f", late);
     CHECK(rep.rec_median > 0 && rep.rec_last > 0 && rep.total_median > 0);
     env_close(&e);

@@ -109,6 +109,15 @@ static void restored_context_answers_the_same(void)
     CHECK(p && q && sscanf(p, "\"swap_chunks_read\":%llu", &rd) == 1 &&
           sscanf(q, "\"swap_chunks_recomputed\":%llu", &rc) == 1);
     CHECK_MSG(rd + rc >= n_chunks, "%llu read + %llu recomputed of %zu", rd, rc, n_chunks);
+    /* the cost models in use, and the restored context's switch-in measured against them */
+    unsigned long long observed = 0;
+    const char *cost = strstr(out, "\"cost\":{\"rec_a_ms\":");
+    const char *obs = cost ? strstr(cost, "\"observed\":") : NULL;
+    CHECK_MSG(obs && sscanf(obs, "\"observed\":%llu", &observed) == 1 && observed >= 1,
+              "status: %s", out);
+    CHECK_EQ(ctl(&d, "status", out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "cost models") && strstr(out, "observed / predicted"), "status: %s",
+              out);
     CHECK_EQ(ctl(&d, "profile", out, sizeof out), 0);
     CHECK_MSG(strstr(out, "recompute") && strstr(out, "read"), "profile: %s", out);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
