@@ -32,7 +32,11 @@
  *   chunk-int8    chunked swap with uniform int8
  *
  * Prints one JSON object per (system, N) and one per system with the largest N whose
- * mean latency stays under 25 ms and 100 ms.
+ * mean latency stays under 25 ms and 100 ms. Each (system, N) line also says how the
+ * switch-in cost models (daemon/ctxmgr.h) did: the mean prediction, the median of
+ * observed / predicted over its switch-ins (the load, which leaves out making room
+ * under the budget; its recompute part; its read part) and the corrections learned by
+ * the end; before the first run a line gives the profiled models.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -167,6 +171,36 @@ typedef struct result {
     double avg_ms, p95_ms;
 } result;
 
+/* Observed / predicted of one part of each switch-in that ran it. */
+typedef struct ratios {
+    double *v;
+    int n;
+} ratios;
+
+/* Their median, 0 when there are none. */
+static double ratio_median(ratios *r)
+{
+    return r->n ? bench_median(r->v, r->n) : 0;
+}
+
+static void ratio_add(ratios *r, double observed, double predicted)
+{
+    if (predicted > 0 && observed > 0)
+        r->v[r->n++] = observed / predicted;
+}
+
+static void print_cost(const ctx_cost_report *r)
+{
+    const ctx_cost *k = &r->fit;
+    printf("{\"bench\":\"ctxswitch\",\"cost_models\":{\"rec_a_ms\":%.4g,\"rec_b_ms_per_token\":%.4g,"
+           "\"rec_c_ms_per_token_ctx\":%.4g,\"cold_d_ms\":%.4g,\"cold_mb_s\":%.1f,"
+           "\"warm_d_ms\":%.4g,\"warm_mb_s\":%.1f,\"rec_resid\":%.3f,\"cold_resid\":%.3f,"
+           "\"warm_resid\":%.3f,\"samples\":%g}}\n",
+           k->rec_a, k->rec_b, k->rec_c, k->io_d, k->io_e > 0 ? 1e-3 / k->io_e : 0, k->warm_d,
+           k->warm_e > 0 ? 1e-3 / k->warm_e : 0, k->rec_resid, k->io_resid, k->warm_resid,
+           k->samples);
+}
+
 /* One system on the trace with n contexts. */
 static int run_system(bench *b, const system_def *sys, int n, result *res)
 {
@@ -187,8 +221,19 @@ static int run_system(bench *b, const system_def *sys, int n, result *res)
     ctx_entry *ctxs[64];
     int recency[64], rc = -1;
     double *lat = malloc(sizeof *lat * (size_t)o->calls);
-    if (!cm || !lat)
+    ratios whole = {malloc(sizeof(double) * (size_t)o->calls), 0};
+    ratios rec = {malloc(sizeof(double) * (size_t)o->calls), 0};
+    ratios rd = {malloc(sizeof(double) * (size_t)o->calls), 0};
+    double predicted = 0;
+    if (!cm || !lat || !whole.v || !rec.v || !rd.v)
         goto out;
+    static bool cost_printed;
+    if (!cost_printed) {
+        ctx_cost_report cr;
+        ctx_get_cost_report(cm, &cr);
+        print_cost(&cr);
+        cost_printed = true;
+    }
     rng = o->seed * 7919 + (uint64_t)n;
     for (int i = 0; i < n; i++) {
         recency[i] = i;
@@ -215,6 +260,10 @@ static int run_system(bench *b, const system_def *sys, int n, result *res)
         if (call(b, cm, ctxs[i], p, &ls, err))
             goto out;
         lat[k] = ls.ms;
+        predicted += ls.predicted_ms;
+        ratio_add(&whole, ls.load_ms, ls.predicted_ms);
+        ratio_add(&rec, ls.rec_ms, ls.rec_predicted_ms);
+        ratio_add(&rd, ls.read_ms, ls.read_predicted_ms);
         bytes_read += ls.bytes_read;
         n_read += ls.chunks_read;
         n_rec += ls.chunks_recomputed;
@@ -241,12 +290,24 @@ static int run_system(bench *b, const system_def *sys, int n, result *res)
            n_rec, (long long)bytes_read, read_ms > 0 ? (double)bytes_read / 1e3 / read_ms : 0,
            (unsigned long long)cs->bytes_written, (unsigned long long)cs->bad_blobs,
            (unsigned long long)cs->faults);
+    ctx_cost_report cr;
+    ctx_get_cost_report(cm, &cr);
+    printf("{\"bench\":\"ctxswitch\",\"system\":\"%s\",\"contexts\":%d,\"predicted_avg_ms\":%.3f,"
+           "\"observed_over_predicted\":%.3f,\"recompute_observed_over_predicted\":%.3f,"
+           "\"read_observed_over_predicted\":%.3f,\"rec_fix\":%.3f,\"cold_fix\":%.3f,"
+           "\"warm_fix\":%.3f,\"rec_contention\":%.3f,\"read_contention\":%.3f}\n",
+           sys->name, n, predicted / o->calls, ratio_median(&whole), ratio_median(&rec),
+           ratio_median(&rd), cr.rec_fix, cr.cold_fix, cr.warm_fix, cr.rec_contention,
+           cr.read_contention);
     fflush(stdout);
     rc = 0;
 out:
     if (rc)
         fprintf(stderr, "ctxswitch: %s, %d contexts: %s\n", sys->name, n, err);
     free(lat);
+    free(whole.v);
+    free(rec.v);
+    free(rd.v);
     ctx_close(cm);
     kv_pool_free(pool);
     store_close(st);

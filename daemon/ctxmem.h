@@ -44,7 +44,7 @@ typedef struct ctx_cost_obs {
     double rec_predicted_ms, read_predicted_ms, total_predicted_ms; /* the plan's */
     double rec_ms, read_ms;         /* measured: the forward less its waits for reads;
                                        the reader's time */
-    double total_ms;                /* the whole switch-in */
+    double total_ms;                /* reading and recomputing, from when room was made */
 } ctx_cost_obs;
 
 struct ctxmgr {

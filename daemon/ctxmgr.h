@@ -198,9 +198,10 @@ typedef struct ctx_load_stats {
     double ms;                /* from the start of the load until the KV was complete */
     int64_t bytes_read;       /* from chunk files */
     int chunks_read, chunks_recomputed, chunks_resident;
-    /* The plan's prediction of the whole (corrections included) and each part
-     * observed and predicted (0 for a part that did not run). */
-    double predicted_ms;
+    /* Of ms, reading and recomputing (after room was made under the budget), and the
+     * plan's prediction of it (corrections included); each part observed and predicted
+     * (0 for a part that did not run). */
+    double load_ms, predicted_ms;
     double rec_ms, rec_predicted_ms;
     double read_ms, read_predicted_ms;
 } ctx_load_stats;
