@@ -4,10 +4,10 @@
  *
  * Plan: chunks the store lacks (or holds corrupt, stale or unreadable) must be
  * recomputed; of the stored ones, those dearest to read per token are recomputed too
- * while that lowers max(T_recompute, T_read) under the cost models (the two run at
- * once). A chunk's read cost depends on whether its file is in the page cache (measured
- * with mincore when it is opened, store_chunk_reader_cached): a cached chunk costs the
- * warm line, the rest of it the cold one.
+ * while that lowers the predicted time under the cost models (the two run at once:
+ * predict() says how they combine). A chunk's read cost depends on whether its file is
+ * in the page cache (measured with mincore when it is opened, store_chunk_reader_cached):
+ * a cached chunk costs the warm line, the rest of it the cold one.
  *
  * Measurement: every switch-in times its two parts, recompute as the forward's time less
  * its waits for reads, read as the reader's time, and hands them with the plan's
@@ -17,13 +17,14 @@
  * read from a file before the plan, so a chunk the plan recomputes costs no disk time);
  * chunks to read are allocated up front; a reader thread reads and checks their headers
  * and token ids, then fills them layer by layer (layer l of every chunk, then layer
- * l + 1) while the worker runs one forward over
- * the tokens of all chunks to recompute, at their original positions, against a
- * sequence of the chunks before them; the forward's layer_ready hook waits for layer l of
- * the read chunks, so reading layer l + 1 overlaps computing layer l. Since every chunk
- * before the last one to recompute is full and each chunk to recompute except a partial
- * tail holds 16 tokens, the forward's new entries fill exactly one new chunk per chunk
- * recomputed, which then take their slots.
+ * l + 1) while the worker runs one forward over the tokens of all chunks to recompute,
+ * at their original positions, against a sequence of the chunks before them; the
+ * forward's layer_ready hook waits for layer l of the read chunks it attends to (those
+ * before the last chunk recomputed, which the reader serves first), so reading layer
+ * l + 1 overlaps computing layer l. Since every chunk before the last one to recompute
+ * is full and each chunk to recompute except a partial tail holds 16 tokens, the
+ * forward's new entries fill exactly one new chunk per chunk recomputed, which then
+ * take their slots.
  *
  * A read that fails (checksum, size, I/O, or a blob of other token ids: stale)
  * invalidates the chunk and everything computed from it: the chunk loses its stored copy
@@ -70,8 +71,9 @@ static void check_blob(reader *r, load_read *x)
               meta->precision == (int)x->kv->precision && meta->n_tokens == nt &&
               meta->n_sections == n_layer + 1 &&
               store_chunk_section_bytes(x->rd, n_layer) == sizeof(int32_t) * (size_t)nt;
+    size_t layer_bytes = kv_chunk_layer_bytes(r->shape, x->kv->precision);
     for (int l = 0; ok && l < n_layer; l++)
-        ok = store_chunk_section_bytes(x->rd, l) == kv_chunk_layer_bytes(r->shape, x->kv->precision);
+        ok = store_chunk_section_bytes(x->rd, l) == layer_bytes;
     int32_t tokens[KV_CHUNK_TOKENS];
     size_t tbytes = sizeof *tokens * (size_t)nt;
     ok = ok && store_chunk_read_section(x->rd, n_layer, tokens, tbytes, err) == 0;

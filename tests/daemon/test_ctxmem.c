@@ -650,8 +650,9 @@ static void test_restart(void)
     env e;
     ctx_policy pol = policy_none();
     CHECK(env_open(&e, false, &pol) == 0);
+    /* (How good the profiled models are is test_ctxload's question; here: they come back
+     * from the store exactly.) */
     ctx_cost cost0 = ctx_get_cost(e.cm);
-    CHECK(cost0.rec_b > 0 && cost0.io_e > 0);
     char err[ERR_MAX], id[CTX_ID_LEN + 1];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
