@@ -25,11 +25,13 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -1262,17 +1264,30 @@ static int read_header(store_chunk_reader *r, const char *path, char *err)
     return 0;
 }
 
-/* The share of fd's pages in the page cache, -1 when it cannot be told. mincore on a
- * mapping that is never touched: a few microseconds, no I/O, and the mapping does not
- * fault pages in. */
-static double cached_share(int fd)
+/* cachestat(2) (Linux 6.5) counts a file's cached pages in one call: 0.3-0.7 us here,
+ * against 6-21 us for mmap + mincore + munmap of a 32-368 KB chunk file, which matters
+ * with a few hundred chunks per switch-in. Debian 12's headers predate it; its number is
+ * 451 on both architectures below. */
+#if !defined(__NR_cachestat) && (defined(__x86_64__) || defined(__aarch64__))
+#define __NR_cachestat 451
+#endif
+
+#ifdef __NR_cachestat
+struct cachestat_range {
+    uint64_t off, len;
+};
+struct cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+static atomic_bool no_cachestat; /* the kernel (or a seccomp filter) refused it */
+#endif
+
+/* The share of fd's pages (size bytes) in the page cache by mincore on a mapping that
+ * is never touched (no I/O, no page faulted in); -1 when it cannot be told. */
+static double mincore_share(int fd, size_t size)
 {
-    struct stat sb;
-    if (fstat(fd, &sb) != 0)
-        return -1;
-    if (sb.st_size <= 0)
-        return 1;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), size = (size_t)sb.st_size;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED)
         return -1;
@@ -1290,6 +1305,30 @@ static double cached_share(int fd)
     }
     munmap(map, size);
     return (double)resident / (double)n_pages;
+}
+
+/* The share of fd's pages in the page cache, -1 when it cannot be told. */
+static double cached_share(int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return -1;
+    if (sb.st_size <= 0)
+        return 1;
+#ifdef __NR_cachestat
+    if (!atomic_load_explicit(&no_cachestat, memory_order_relaxed)) {
+        struct cachestat_range all = {0, 0};
+        struct cachestat cs;
+        if (syscall(__NR_cachestat, fd, &all, &cs, 0) == 0) {
+            size_t page = (size_t)sysconf(_SC_PAGESIZE);
+            double n_pages = (double)(((size_t)sb.st_size + page - 1) / page);
+            return (double)cs.nr_cache < n_pages ? (double)cs.nr_cache / n_pages : 1;
+        }
+        if (errno == ENOSYS || errno == EPERM)
+            atomic_store_explicit(&no_cachestat, true, memory_order_relaxed);
+    }
+#endif
+    return mincore_share(fd, (size_t)sb.st_size);
 }
 
 store_chunk_reader *store_chunk_open_deferred(store *s, const char *ctx_id, int index,

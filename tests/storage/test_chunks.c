@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "storage/chunks.h"
@@ -369,6 +370,43 @@ static void list_touch_delete(void)
     CHECK_EQ(list_files(s, "c1", names, sizeof names), 0);
     /* The other context is untouched. */
     CHECK_EQ(read_compare(s, "c2", 1, &b, err), 1);
+    blob_free(&b);
+    store_close(s);
+}
+
+/* A chunk just written is in the page cache and one dropped from it is not, as the
+ * reader tells before reading anything; the deferred open reads its header when asked,
+ * and a section read before that is refused. */
+static void cache_share_and_deferred_open(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("cached", err);
+    CHECK_MSG(s, "%s", err);
+    blob b;
+    make_blob(&b, 60000);
+    CHECK_MSG(write_blob(s, "c1", 0, &b, 1, err) == 0, "%s", err);
+    bool found;
+    store_chunk_reader *r = store_chunk_open_deferred(s, "c1", 0, &found, err);
+    CHECK_MSG(r && found, "%s", err);
+    CHECK_NEAR(store_chunk_reader_cached(r), 1, 1e-9);
+    CHECK_EQ(store_chunk_section_bytes(r, 0), 0);
+    uint8_t one;
+    CHECK(store_chunk_read_section(r, 4, &one, 1, err) == -1);
+    CHECK_MSG(store_chunk_read_header(r, err) == 0, "%s", err);
+    CHECK_EQ(store_chunk_section_bytes(r, 0), b.bytes[0]);
+    CHECK_EQ(store_chunk_read_section(r, 4, &one, 1, err), 0);
+    store_chunk_close(r);
+    /* tmpfs keeps no page cache apart from its files: nothing to drop there */
+    struct statfs fs;
+    bool droppable = statfs(store_dir(s), &fs) == 0 && fs.f_type != 0x01021994;
+    CHECK_MSG(store_chunk_drop_cache(s, "c1", err) == 0, "%s", err);
+    r = store_chunk_open(s, "c1", 0, &found, err);
+    CHECK_MSG(r, "%s", err);
+    double cold = store_chunk_reader_cached(r);
+    store_chunk_close(r);
+    if (droppable)
+        CHECK_MSG(cold < 0.01, "%.3f of a dropped file still cached", cold);
+    CHECK_EQ(read_compare(s, "c1", 0, &b, err), 1);
     blob_free(&b);
     store_close(s);
 }
@@ -966,6 +1004,7 @@ int main(void)
     RUN(bad_writes_are_refused);
     RUN(replace_makes_a_new_generation);
     RUN(list_touch_delete);
+    RUN(cache_share_and_deferred_open);
     RUN(context_delete_removes_files);
     RUN(corruption_is_detected);
     RUN(gc_removes_orphans_only);
