@@ -6,7 +6,7 @@
  * recomputed; of the stored ones, those dearest to read per token are recomputed too
  * while that lowers the predicted time under the cost models (the two run at once:
  * predict() says how they combine). A chunk's read cost depends on whether its file is
- * in the page cache (measured with mincore when it is opened, store_chunk_reader_cached):
+ * in the page cache (cachestat or mincore when it is opened, store_chunk_reader_cached):
  * a cached chunk costs the warm line, the rest of it the cold one.
  *
  * Measurement: every switch-in times its two parts, recompute as the forward's time less

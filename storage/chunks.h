@@ -151,8 +151,9 @@ int store_chunk_read_section(store_chunk_reader *r, int i, void *dst, size_t dst
 int64_t store_chunk_reader_bytes_read(const store_chunk_reader *r);
 
 /* The share (0..1) of the file's pages that were in the page cache when it was opened,
- * before its header was read (mincore); -1 when the kernel could not tell. Reading a
- * cached chunk costs memory bandwidth and decompression, an uncached one disk time. */
+ * before its header was read (cachestat, or mincore where the kernel lacks it); -1 when
+ * the kernel could not tell. Reading a cached chunk costs memory bandwidth and
+ * decompression, an uncached one disk time. */
 double store_chunk_reader_cached(const store_chunk_reader *r);
 
 void store_chunk_close(store_chunk_reader *r);
