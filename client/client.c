@@ -832,6 +832,8 @@ static void cost_models_from(const Llms__CostModels *m, llms_cost_models *out)
         .io_e = m->io_e,
         .warm_d = m->warm_d,
         .warm_e = m->warm_e,
+        .io_f = m->io_f,
+        .warm_f = m->warm_f,
         .rec_resid = m->rec_resid,
         .io_resid = m->io_resid,
         .warm_resid = m->warm_resid,

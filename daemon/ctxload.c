@@ -155,11 +155,22 @@ static void forget_blob(ctxmgr *cm, ctx_entry *c, int i, bool stale)
         cm->stats.bad_blobs++;
 }
 
+/* Reading: files (counted by their share) and bytes, out of or in the page cache. */
+typedef struct io_work {
+    double chunks, bytes;
+} io_work;
+
+static void io_add(io_work *to, const io_work *w)
+{
+    to->chunks += w->chunks;
+    to->bytes += w->bytes;
+}
+
 /* A stored chunk that could be read. */
 typedef struct cand {
     int index;
     int tokens;
-    double warm_bytes, cold_bytes; /* its bytes split by the share in the page cache */
+    io_work warm, cold;            /* the chunk split by its share in the page cache */
     double read_ms;                /* what reading it adds (corrected models) */
 } cand;
 
@@ -179,10 +190,12 @@ typedef struct prediction {
     double rec_ms, read_ms, total_ms;
 } prediction;
 
-/* Corrected read time of warm and cold bytes; fitted (may be NULL) gets the lines'. */
-static double read_ms(const ctxmgr *cm, double warm, double cold, double *fitted)
+/* Corrected read time of warm and cold work; fitted (may be NULL) gets the lines'. */
+static double read_ms(const ctxmgr *cm, const io_work *warm, const io_work *cold,
+                      double *fitted)
 {
-    double c = ctx_cost_read_cold(&cm->cost, cold), w = ctx_cost_read_warm(&cm->cost, warm);
+    double c = ctx_cost_read_cold(&cm->cost, cold->chunks, cold->bytes);
+    double w = ctx_cost_read_warm(&cm->cost, warm->chunks, warm->bytes);
     if (fitted) {
         fitted[CTX_MODEL_COLD] = c;
         fitted[CTX_MODEL_WARM] = w;
@@ -200,19 +213,19 @@ static double read_ms(const ctxmgr *cm, double warm, double cold, double *fitted
 static void predict(const ctxmgr *cm, const ctx_entry *c, const cand *d, int j, int n,
                     int64_t rec_tokens, int last, prediction *p)
 {
-    double warm = 0, cold = 0, warm_needed = 0, cold_needed = 0;
+    io_work warm = {0, 0}, cold = {0, 0}, warm_needed = {0, 0}, cold_needed = {0, 0};
     for (int i = j; i < n; i++) {
-        warm += d[i].warm_bytes;
-        cold += d[i].cold_bytes;
+        io_add(&warm, &d[i].warm);
+        io_add(&cold, &d[i].cold);
         if (d[i].index < last) {
-            warm_needed += d[i].warm_bytes;
-            cold_needed += d[i].cold_bytes;
+            io_add(&warm_needed, &d[i].warm);
+            io_add(&cold_needed, &d[i].cold);
         }
     }
     p->fitted[CTX_MODEL_REC] = ctx_cost_recompute(&cm->cost, rec_tokens, c->n_tokens);
     p->rec_ms = p->fitted[CTX_MODEL_REC] * ctx_cost_fix(cm, CTX_MODEL_REC);
-    p->read_ms = read_ms(cm, warm, cold, p->fitted);
-    double needed = read_ms(cm, warm_needed, cold_needed, NULL);
+    p->read_ms = read_ms(cm, &warm, &cold, p->fitted);
+    double needed = read_ms(cm, &warm_needed, &cold_needed, NULL);
     if (p->rec_ms > 0 && p->read_ms > 0) {
         double read_slower = ctx_cost_contention(cm, CTX_PART_READ);
         p->rec_ms *= ctx_cost_contention(cm, CTX_PART_REC);
@@ -356,10 +369,14 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             x->index = i;
             x->tokens = ctx_chunk_tokens(c->n_tokens, i);
             /* unknown (-1): taken as cold, as the disk is the slower case */
-            x->warm_bytes = cached > 0 ? cached * bytes : 0;
-            x->cold_bytes = bytes - x->warm_bytes;
-            x->read_ms = cm->cost.warm_e * ctx_cost_fix(cm, CTX_MODEL_WARM) * x->warm_bytes +
-                         cm->cost.io_e * ctx_cost_fix(cm, CTX_MODEL_COLD) * x->cold_bytes;
+            double share = cached > 0 ? cached : 0;
+            const ctx_cost *k = &cm->cost;
+            x->warm = (io_work){share, share * bytes};
+            x->cold = (io_work){1 - share, (1 - share) * bytes};
+            x->read_ms = (k->warm_f * x->warm.chunks + k->warm_e * x->warm.bytes) *
+                             ctx_cost_fix(cm, CTX_MODEL_WARM) +
+                         (k->io_f * x->cold.chunks + k->io_e * x->cold.bytes) *
+                             ctx_cost_fix(cm, CTX_MODEL_COLD);
             n_d++;
         } else {
             to_rec[i] = true;

@@ -101,11 +101,12 @@ int ctx_fault(void *arg, kv_seq *seq, int index, char err[ERR_MAX]);
 int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX]);
 
 /* Milliseconds the fitted lines predict for recomputing tokens attending to ctx
- * entries, and for reading bytes of chunks not in the page cache (cold) or in it
- * (warm). Zero work costs nothing. */
+ * entries, and for reading chunks (files, counted by their share out of or in the page
+ * cache) of bytes not in the page cache (cold) or in it (warm). Zero work costs
+ * nothing. */
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx);
-double ctx_cost_read_cold(const ctx_cost *k, double bytes);
-double ctx_cost_read_warm(const ctx_cost *k, double bytes);
+double ctx_cost_read_cold(const ctx_cost *k, double chunks, double bytes);
+double ctx_cost_read_warm(const ctx_cost *k, double chunks, double bytes);
 
 /* The correction factor of a model (1 until switch-ins were observed), and the
  * slowdown of a part while the other runs beside it (1 until observed). */

@@ -155,13 +155,16 @@ typedef struct ctx_policy {
 
 /* Linear cost models of a switch-in, in milliseconds, fitted by ctx_profile:
  * recompute(tokens, ctx) = a + b tokens + c tokens ctx; reading chunks whose pages are
- * not in the page cache (cold) = d + e bytes, and reading cached ones (warm) = warm_d +
- * warm_e bytes (bytes: the chunks' uncompressed KV). Every parameter is >= 0 by the
- * fit's constraint, not by clamping; the residuals say how well the lines fit. */
+ * not in the page cache (cold) = d + f chunks + e bytes, and reading cached ones (warm)
+ * = warm_d + warm_f chunks + warm_e bytes (bytes: the chunks' KV as the pool holds it;
+ * f: what every chunk file costs whatever its size, catalog row, open, header). Every
+ * parameter is >= 0 by the fit's constraint, not by clamping; the residuals say how well
+ * the lines fit. */
 typedef struct ctx_cost {
     double rec_a, rec_b, rec_c;
     double io_d, io_e;
     double warm_d, warm_e;
+    double io_f, warm_f;
     /* RMS relative residual of the per-point medians against each fitted line (0.1: the
      * line is 10% off a typical point) */
     double rec_resid, io_resid, warm_resid;

@@ -1,8 +1,8 @@
 /*
  * ctxprofile.c — the switch-in cost models: recompute(tokens, ctx) = a + b tokens +
  * c tokens ctx milliseconds (the c term is attention over the entries before), and
- * read(bytes) = d + e bytes twice, for chunk files out of the page cache (cold) and in
- * it (warm). Measured by a short profile of this model on this machine, kept in the
+ * read(chunks, bytes) = d + f chunks + e bytes twice, for chunk files out of the page
+ * cache (cold) and in it (warm). Measured by a short profile of this model on this machine, kept in the
  * store per model shape and thread count, and corrected online by every switch-in.
  *
  * Why this shape of profile: one timing per point on a shared 2-core machine gave
@@ -21,7 +21,7 @@
 #include "storage/chunks.h"
 
 #define PROF_MAX_CTX 256      /* entries before the batch at the far recompute points */
-#define PROF_MAX_FILES 15     /* chunk files read back: groups of 1, 2, 4, 8 */
+#define PROF_MAX_FILES 15     /* chunk files read back per precision: groups of 1, 2, 4, 8 */
 #define PROF_MIN_ROUNDS 3     /* timed runs per point: a median needs three */
 #define PROF_MAX_ROUNDS 7
 #define PROF_BUDGET_MS 2000.0 /* more rounds (up to the maximum) while they fit in this */
@@ -38,9 +38,10 @@
 #define SAVE_EVERY_MS 60000.0 /* the store syncs every write: corrections go at most once a
                                  minute (and at close) */
 
-#define N_STORED 21           /* doubles of a stored record: the ctx_cost fields, the log
-                                 corrections and their counts, the log contentions and
-                                 their counts */
+#define N_STORED 23           /* doubles of a stored record: the ctx_cost fields but the
+                                 per-chunk terms, the log corrections and their counts,
+                                 the log contentions and their counts, the per-chunk
+                                 terms */
 
 double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx)
 {
@@ -48,14 +49,14 @@ double ctx_cost_recompute(const ctx_cost *k, int64_t tokens, int64_t ctx)
     return tokens > 0 ? k->rec_a + k->rec_b * t + k->rec_c * t * (double)ctx : 0;
 }
 
-double ctx_cost_read_cold(const ctx_cost *k, double bytes)
+double ctx_cost_read_cold(const ctx_cost *k, double chunks, double bytes)
 {
-    return bytes > 0 ? k->io_d + k->io_e * bytes : 0;
+    return chunks > 0 ? k->io_d + k->io_f * chunks + k->io_e * bytes : 0;
 }
 
-double ctx_cost_read_warm(const ctx_cost *k, double bytes)
+double ctx_cost_read_warm(const ctx_cost *k, double chunks, double bytes)
 {
-    return bytes > 0 ? k->warm_d + k->warm_e * bytes : 0;
+    return chunks > 0 ? k->warm_d + k->warm_f * chunks + k->warm_e * bytes : 0;
 }
 
 double ctx_cost_fix(const ctxmgr *cm, enum ctx_model model)
@@ -271,9 +272,10 @@ static int read_group(ctxmgr *cm, const char *id, int first, int n, void *buf, d
     return 0;
 }
 
-/* Writes the first n_files chunks of seq to the scratch context id, as one batch. */
-static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int n_files,
-                         char err[ERR_MAX])
+/* Writes the first n_files chunks of seq to the scratch context id as chunks first,
+ * first + 1, ..., in one batch. */
+static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int first,
+                         int n_files, char err[ERR_MAX])
 {
     int n_layer = cm->shape.n_layer, rc = -1;
     const void **sec = malloc(sizeof *sec * (size_t)(n_layer * n_files));
@@ -290,7 +292,8 @@ static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int n_fi
             bytes[i * n_layer + l] = kv_chunk_layer_bytes(cm->shape, c->precision);
         }
         blobs[i] = (store_chunk_blob){
-            .meta = {.index = i, .precision = (int)c->precision, .n_tokens = c->n_tokens},
+            .meta = {.index = first + i, .precision = (int)c->precision,
+                     .n_tokens = c->n_tokens},
             .sections = sec + i * n_layer,
             .section_bytes = bytes + i * n_layer,
             .n_sections = n_layer,
@@ -304,49 +307,59 @@ out:
     return rc;
 }
 
-/* Reads: chunk files of the far sequence written to a scratch context, then in every
- * round the page cache dropped and groups of 1, 2, 4 (and 8) distinct chunks read cold,
- * then the same groups read again warm. (On a file system without a page cache to drop,
- * tmpfs, both lines are warm ones, which is the truth there.) */
+/* Reads: chunk files of the far sequence written to a scratch context twice, at f16
+ * (chunks 0 ..) and at int2 (chunks n_files ..), so that what a file costs can be told
+ * from what its bytes cost; then in every round the page cache dropped and groups of 1,
+ * 2, 4 (and 8) distinct chunks of each precision read cold, then the same groups read
+ * again warm. (On a file system without a page cache to drop, tmpfs, both lines are warm
+ * ones, which is the truth there.) */
 static int profile_read(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX])
 {
+    static const enum kv_precision precs[2] = {KV_F16, KV_INT2};
+    enum { N_POINTS = 8 };
     const char *id = ps->scratch;
     int n_groups = 0, rc = -1, rounds = PROF_MIN_ROUNDS;
     while ((2 << n_groups) - 1 <= ps->n_files)
         n_groups++;
     void *buf = malloc(kv_chunk_layer_bytes(cm->shape, KV_F16));
-    double cold[4][PROF_MAX_ROUNDS], warm[4][PROF_MAX_ROUNDS];
+    double cold[N_POINTS][PROF_MAX_ROUNDS], warm[N_POINTS][PROF_MAX_ROUNDS];
+    int n_points = 2 * n_groups;
     if (!buf)
         return err_set(err, "out of memory");
     for (int r = 0; r < rounds; r++) {
         double t0 = ctx_mono_ms();
         if (store_chunk_drop_cache(cm->st, id, err))
             goto out;
-        for (int g = 0; g < n_groups; g++)
-            if (read_group(cm, id, (1 << g) - 1, 1 << g, buf, &cold[g][r], err))
-                goto out;
-        for (int g = 0; g < n_groups; g++)
-            if (read_group(cm, id, (1 << g) - 1, 1 << g, buf, &warm[g][r], err))
-                goto out;
+        for (int pass = 0; pass < 2; pass++)
+            for (int p = 0; p < n_points; p++) {
+                int g = p % n_groups, first = p / n_groups * ps->n_files + (1 << g) - 1;
+                double *ms = pass ? &warm[p][r] : &cold[p][r];
+                if (read_group(cm, id, first, 1 << g, buf, ms, err))
+                    goto out;
+            }
         if (r == 0)
             rounds = rounds_for(ctx_mono_ms() - t0);
     }
-    double x[4 * 2], yc[4], yw[4], wc[2], ww[2];
-    for (int g = 0; g < n_groups; g++) {
-        x[g * 2] = 1;
-        x[g * 2 + 1] = (double)(1 << g) * (double)kv_chunk_data_bytes(cm->shape, KV_F16);
-        yc[g] = median(cold[g], rounds);
-        yw[g] = median(warm[g], rounds);
+    double x[N_POINTS * 3], yc[N_POINTS], yw[N_POINTS], wc[3], ww[3];
+    for (int p = 0; p < n_points; p++) {
+        double chunks = 1 << (p % n_groups);
+        x[p * 3] = 1;
+        x[p * 3 + 1] = chunks;
+        x[p * 3 + 2] = chunks * (double)kv_chunk_data_bytes(cm->shape, precs[p / n_groups]);
+        yc[p] = median(cold[p], rounds);
+        yw[p] = median(warm[p], rounds);
     }
-    if (ctx_fit_nonneg(x, yc, n_groups, 2, wc, &k->io_resid) ||
-        ctx_fit_nonneg(x, yw, n_groups, 2, ww, &k->warm_resid)) {
+    if (ctx_fit_nonneg(x, yc, n_points, 3, wc, &k->io_resid) ||
+        ctx_fit_nonneg(x, yw, n_points, 3, ww, &k->warm_resid)) {
         err_set(err, "profile: read timings do not fit a line");
         goto out;
     }
     k->io_d = wc[0];
-    k->io_e = wc[1];
+    k->io_f = wc[1];
+    k->io_e = wc[2];
     k->warm_d = ww[0];
-    k->warm_e = ww[1];
+    k->warm_f = ww[1];
+    k->warm_e = ww[2];
     rc = 0;
 out:
     free(buf);
@@ -398,7 +411,7 @@ static void record_values(const ctxmgr *cm, double *v)
         k->warm_d,       k->warm_e,       k->rec_resid,    k->io_resid,  k->warm_resid,
         k->samples,      f->log_fix[0],   f->log_fix[1],   f->log_fix[2], f->n_fix[0],
         f->n_fix[1],     f->n_fix[2],     f->log_contend[0], f->log_contend[1],
-        f->n_contend[0], f->n_contend[1],
+        f->n_contend[0], f->n_contend[1], k->io_f,        k->warm_f,
     };
     memcpy(v, fields, sizeof fields);
 }
@@ -452,7 +465,11 @@ int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX])
         rc = -1;
     scratch = rc == 0;
     if (rc == 0)
-        rc = write_scratch(cm, &ps.far, ps.scratch, ps.n_files, err);
+        rc = write_scratch(cm, &ps.far, ps.scratch, 0, ps.n_files, err);
+    for (int i = 0; rc == 0 && i < ps.n_files; i++)
+        rc = kv_chunk_convert(cm->pool, ps.far.chunks[i], KV_INT2, err);
+    if (rc == 0)
+        rc = write_scratch(cm, &ps.far, ps.scratch, ps.n_files, ps.n_files, err);
     if (rc == 0)
         rc = profile_part(cm, &ps, false, &k, err);
     if (scratch) {
@@ -488,7 +505,11 @@ int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX])
         return -1;
     memset(&cm->refine, 0, sizeof cm->refine);
     if (found && n == N_STORED) {
-        cm->cost = (ctx_cost){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10]};
+        cm->cost = (ctx_cost){
+            .rec_a = v[0], .rec_b = v[1], .rec_c = v[2], .io_d = v[3], .io_e = v[4],
+            .warm_d = v[5], .warm_e = v[6], .rec_resid = v[7], .io_resid = v[8],
+            .warm_resid = v[9], .samples = v[10], .io_f = v[21], .warm_f = v[22],
+        };
         for (int m = 0; m < CTX_N_MODELS; m++) {
             cm->refine.log_fix[m] = v[11 + m];
             cm->refine.n_fix[m] = v[14 + m];

@@ -584,6 +584,9 @@ static void cost_models_fill(const ctxmgr *cm, Llms__CostModels *m)
     m->io_e = r.fit.io_e;
     m->warm_d = r.fit.warm_d;
     m->warm_e = r.fit.warm_e;
+    m->has_io_f = m->has_warm_f = 1;
+    m->io_f = r.fit.io_f;
+    m->warm_f = r.fit.warm_f;
     m->rec_resid = r.fit.rec_resid;
     m->io_resid = r.fit.io_resid;
     m->warm_resid = r.fit.warm_resid;

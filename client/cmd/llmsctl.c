@@ -127,13 +127,15 @@ static void json_cost(const llms_cost_models *m)
 {
     printf("{\"rec_a_ms\":%.6g,\"rec_b_ms_per_token\":%.6g,\"rec_c_ms_per_token_ctx\":%.6g"
            ",\"io_d_ms\":%.6g,\"io_e_ms_per_byte\":%.6g,\"warm_d_ms\":%.6g"
-           ",\"warm_e_ms_per_byte\":%.6g,\"rec_resid\":%.4f,\"io_resid\":%.4f"
+           ",\"warm_e_ms_per_byte\":%.6g,\"io_f_ms_per_file\":%.6g"
+           ",\"warm_f_ms_per_file\":%.6g,\"rec_resid\":%.4f,\"io_resid\":%.4f"
            ",\"warm_resid\":%.4f,\"samples\":%" PRIu32 ",\"rec_fix\":%.4f,\"cold_fix\":%.4f"
            ",\"warm_fix\":%.4f,\"rec_contention\":%.4f,\"read_contention\":%.4f"
            ",\"observed\":%" PRIu64 ",\"rec_ratio_median\":%.4f,\"rec_ratio_last\":%.4f"
            ",\"read_ratio_median\":%.4f,\"read_ratio_last\":%.4f"
            ",\"total_ratio_median\":%.4f,\"total_ratio_last\":%.4f}",
-           m->rec_a, m->rec_b, m->rec_c, m->io_d, m->io_e, m->warm_d, m->warm_e, m->rec_resid,
+           m->rec_a, m->rec_b, m->rec_c, m->io_d, m->io_e, m->warm_d, m->warm_e, m->io_f,
+           m->warm_f, m->rec_resid,
            m->io_resid, m->warm_resid, m->samples, m->rec_fix, m->cold_fix, m->warm_fix,
            m->rec_contention, m->read_contention, m->observed, m->rec_ratio_median,
            m->rec_ratio_last, m->read_ratio_median, m->read_ratio_last, m->total_ratio_median,
@@ -150,11 +152,12 @@ static void text_cost_lines(const char *label, const llms_cost_models *m)
 {
     printf("%-18srecompute %.3f + %.4f t + %.3g t n ms (fit within %.0f%%, %" PRIu32
            " runs per point%s)\n"
-           "                  read cold %.3f + %.3g b ms (%.0f MB/s, fit within %.0f%%); warm "
-           "%.3f + %.3g b ms (%.0f MB/s, fit within %.0f%%)\n",
+           "                  read cold %.3f + %.3f f + %.3g b ms (%.0f MB/s, fit within %.0f%%)"
+           "; warm %.3f + %.3f f + %.3g b ms (%.0f MB/s, fit within %.0f%%)\n",
            label, m->rec_a, m->rec_b, m->rec_c, 100 * m->rec_resid, m->samples,
-           m->samples ? "" : ": not measured", m->io_d, m->io_e, mb_per_s(m->io_e),
-           100 * m->io_resid, m->warm_d, m->warm_e, mb_per_s(m->warm_e), 100 * m->warm_resid);
+           m->samples ? "" : ": not measured", m->io_d, m->io_f, m->io_e, mb_per_s(m->io_e),
+           100 * m->io_resid, m->warm_d, m->warm_f, m->warm_e, mb_per_s(m->warm_e),
+           100 * m->warm_resid);
 }
 
 static enum llms_status cmd_status(llms_conn *c)

@@ -278,10 +278,10 @@ static void test_profile_predicts(void)
     env e;
     CHECK(env_open(&e, false) == 0);
     ctx_cost k = ctx_get_cost(e.cm);
-    printf("   recompute %.3f + %.4f t + %.2e t n ms (resid %.3f); cold %.3f + %.2e b "
-           "(resid %.3f); warm %.3f + %.2e b (resid %.3f); %g runs per point\n",
-           k.rec_a, k.rec_b, k.rec_c, k.rec_resid, k.io_d, k.io_e, k.io_resid, k.warm_d,
-           k.warm_e, k.warm_resid, k.samples);
+    printf("   recompute %.3f + %.4f t + %.2e t n ms (resid %.3f); cold %.3f + %.3f f + %.2e b "
+           "(resid %.3f); warm %.3f + %.3f f + %.2e b (resid %.3f); %g runs per point\n",
+           k.rec_a, k.rec_b, k.rec_c, k.rec_resid, k.io_d, k.io_f, k.io_e, k.io_resid,
+           k.warm_d, k.warm_f, k.warm_e, k.warm_resid, k.samples);
     char err[ERR_MAX] = "";
     if (k.samples < 3 && ctx_profile(e.cm, &k, err))
         CHECK_MSG(false, "the profile at startup and another one failed: %s", err);
