@@ -21,7 +21,8 @@
 #include "storage/chunks.h"
 
 #define PROF_MAX_CTX 256      /* entries before the batch at the far recompute points */
-#define PROF_MAX_FILES 15     /* chunk files read back per precision: groups of 1, 2, 4, 8 */
+#define PROF_GROUPS 3         /* chunk files read back per precision: groups of 1, 2, 4 */
+#define PROF_FILES ((1 << PROF_GROUPS) - 1)
 #define PROF_MIN_ROUNDS 3     /* timed runs per point: a median needs three */
 #define PROF_MAX_ROUNDS 7
 #define PROF_BUDGET_MS 2000.0 /* more rounds (up to the maximum) while they fit in this */
@@ -202,7 +203,6 @@ typedef struct prof_seqs {
     kv_seq near, far;
     int ctx;
     char scratch[CTX_ID_LEN + 1]; /* context holding the far sequence's first chunks */
-    int n_files;                  /* chunks it holds */
 } prof_seqs;
 
 /* Recompute: batches of 24, 40 and 64 tokens after 0 and after ctx entries, each timed
@@ -272,10 +272,9 @@ static int read_group(ctxmgr *cm, const char *id, int first, int n, void *buf, d
     return 0;
 }
 
-/* Writes the first n_files chunks of seq to the scratch context id as chunks first,
- * first + 1, ..., in one batch. */
-static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int first,
-                         int n_files, char err[ERR_MAX])
+/* Writes the first n_files chunks of seq to the scratch context id, in one batch. */
+static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int n_files,
+                         char err[ERR_MAX])
 {
     int n_layer = cm->shape.n_layer, rc = -1;
     const void **sec = malloc(sizeof *sec * (size_t)(n_layer * n_files));
@@ -292,8 +291,7 @@ static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int firs
             bytes[i * n_layer + l] = kv_chunk_layer_bytes(cm->shape, c->precision);
         }
         blobs[i] = (store_chunk_blob){
-            .meta = {.index = first + i, .precision = (int)c->precision,
-                     .n_tokens = c->n_tokens},
+            .meta = {.index = i, .precision = (int)c->precision, .n_tokens = c->n_tokens},
             .sections = sec + i * n_layer,
             .section_bytes = bytes + i * n_layer,
             .n_sections = n_layer,
@@ -307,23 +305,20 @@ out:
     return rc;
 }
 
-/* Reads: chunk files of the far sequence written to a scratch context twice, at f16
- * (chunks 0 ..) and at int2 (chunks n_files ..), so that what a file costs can be told
- * from what its bytes cost; then in every round the page cache dropped and groups of 1,
- * 2, 4 (and 8) distinct chunks of each precision read cold, then the same groups read
- * again warm. (On a file system without a page cache to drop, tmpfs, both lines are warm
- * ones, which is the truth there.) */
+/* Reads: the far sequence's first chunks written to a scratch context, PROF_FILES at
+ * f16 and PROF_FILES at int2, so that what a file costs can be told from what its bytes
+ * cost; then in every round the page cache dropped and groups of 1, 2 and 4 distinct
+ * chunks of each precision read cold, then the same groups read again warm. (On a file
+ * system without a page cache to drop, tmpfs, both lines are warm ones, which is the
+ * truth there.) */
 static int profile_read(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX])
 {
     static const enum kv_precision precs[2] = {KV_F16, KV_INT2};
-    enum { N_POINTS = 8 };
+    enum { N_POINTS = 2 * PROF_GROUPS };
     const char *id = ps->scratch;
-    int n_groups = 0, rc = -1, rounds = PROF_MIN_ROUNDS;
-    while ((2 << n_groups) - 1 <= ps->n_files)
-        n_groups++;
+    int n_groups = PROF_GROUPS, n_points = N_POINTS, rc = -1, rounds = PROF_MIN_ROUNDS;
     void *buf = malloc(kv_chunk_layer_bytes(cm->shape, KV_F16));
     double cold[N_POINTS][PROF_MAX_ROUNDS], warm[N_POINTS][PROF_MAX_ROUNDS];
-    int n_points = 2 * n_groups;
     if (!buf)
         return err_set(err, "out of memory");
     for (int r = 0; r < rounds; r++) {
@@ -332,7 +327,7 @@ static int profile_read(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX
             goto out;
         for (int pass = 0; pass < 2; pass++)
             for (int p = 0; p < n_points; p++) {
-                int g = p % n_groups, first = p / n_groups * ps->n_files + (1 << g) - 1;
+                int g = p % n_groups, first = p / n_groups * PROF_FILES + (1 << g) - 1;
                 double *ms = pass ? &warm[p][r] : &cold[p][r];
                 if (read_group(cm, id, first, 1 << g, buf, ms, err))
                     goto out;
@@ -395,7 +390,10 @@ static int profile_part(ctxmgr *cm, prof_seqs *ps, bool rec, ctx_cost *k, char e
         return err_set(err, "profile refused: the %s timings are %.0f%% off the best line "
                        "after %d attempts (is the machine busy?); the models stay as they were",
                        rec ? "recompute" : "read", 100 * worst_resid(&best, rec), PROF_ATTEMPTS);
-    if (rec ? best.rec_b <= 0 : best.io_e <= 0 || best.warm_e <= 0)
+    /* (Reads may grow with the files alone: with small chunks e can be 0 beside f.) */
+    bool grows = rec ? best.rec_b > 0
+                     : (best.io_e > 0 || best.io_f > 0) && (best.warm_e > 0 || best.warm_f > 0);
+    if (!grows)
         return err_set(err, "profile refused: the %s time does not grow with the work; "
                        "the models stay as they were", rec ? "recompute" : "read");
     *k = best;
@@ -453,23 +451,22 @@ int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX])
         rc = forward_timed(cm, &ps.far, at, ps.ctx - at < 64 ? ps.ctx - at : 64, &ms, err);
     if (rc == 0)
         rc = profile_part(cm, &ps, true, &k, err);
-    ps.n_files = ps.far.n_chunks < PROF_MAX_FILES ? ps.far.n_chunks : PROF_MAX_FILES;
     int64_t app;
     bool scratch = false;
-    if (rc == 0 && (ps.n_files < 7 || cm->shape.n_layer > STORE_CHUNK_MAX_SECTIONS))
-        rc = err_set(err, "profile: too few chunks to time reads");
+    if (rc == 0 && (ps.far.n_chunks < 2 * PROF_FILES ||
+                    cm->shape.n_layer > STORE_CHUNK_MAX_SECTIONS))
+        rc = err_set(err, "profile: too few chunks to time reads (the runner holds %d "
+                     "entries, %d are needed)", max_kv, 2 * PROF_FILES * KV_CHUNK_TOKENS + 64);
     if (rc == 0 && (ctx_new_id(ps.scratch, err) ||
                     store_app_id(cm->st, 0, CTX_PROFILE_APP, &app, err) ||
                     store_context_create(cm->st, ps.scratch, app, NULL, NULL, 0, ctx_now_ms(),
                                          err)))
         rc = -1;
     scratch = rc == 0;
-    if (rc == 0)
-        rc = write_scratch(cm, &ps.far, ps.scratch, 0, ps.n_files, err);
-    for (int i = 0; rc == 0 && i < ps.n_files; i++)
+    for (int i = PROF_FILES; rc == 0 && i < 2 * PROF_FILES; i++)
         rc = kv_chunk_convert(cm->pool, ps.far.chunks[i], KV_INT2, err);
     if (rc == 0)
-        rc = write_scratch(cm, &ps.far, ps.scratch, ps.n_files, ps.n_files, err);
+        rc = write_scratch(cm, &ps.far, ps.scratch, 2 * PROF_FILES, err);
     if (rc == 0)
         rc = profile_part(cm, &ps, false, &k, err);
     if (scratch) {
