@@ -118,8 +118,12 @@ static void restored_context_answers_the_same(void)
     CHECK_EQ(ctl(&d, "status", out, sizeof out), 0);
     CHECK_MSG(strstr(out, "cost models") && strstr(out, "observed / predicted"), "status: %s",
               out);
-    CHECK_EQ(ctl(&d, "profile", out, sizeof out), 0);
-    CHECK_MSG(strstr(out, "recompute") && strstr(out, "read"), "profile: %s", out);
+    /* A profile too noisy to fit (a loaded machine) is refused with its reason, and the
+     * models stay: both are answers of a working daemon. */
+    int prc = ctl(&d, "profile 2>&1", out, sizeof out);
+    CHECK_MSG(prc == 0 ? strstr(out, "recompute") && strstr(out, "read") != NULL
+                       : strstr(out, "profile refused") != NULL,
+              "profile (exit %d): %s", prc, out);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
