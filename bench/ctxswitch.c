@@ -193,8 +193,8 @@ static void print_cost(const ctx_cost_report *r)
 {
     const ctx_cost *k = &r->fit;
     printf("{\"bench\":\"ctxswitch\",\"cost_models\":{\"rec_a_ms\":%.4g,"
-           "\"rec_b_ms_per_token\":%.4g,\"rec_c_ms_per_token_ctx\":%.4g,\"cold_d_ms\":%.4g,\"cold_mb_s\":%.1f,"
-           "\"warm_d_ms\":%.4g,\"warm_mb_s\":%.1f,\"cold_ms_per_file\":%.4g,"
+           "\"rec_b_ms_per_token\":%.4g,\"rec_c_ms_per_token_ctx\":%.4g,\"cold_d_ms\":%.4g,"
+           "\"cold_mb_s\":%.1f,\"warm_d_ms\":%.4g,\"warm_mb_s\":%.1f,\"cold_ms_per_file\":%.4g,"
            "\"warm_ms_per_file\":%.4g,\"rec_resid\":%.3f,\"cold_resid\":%.3f,"
            "\"warm_resid\":%.3f,\"samples\":%g}}\n",
            k->rec_a, k->rec_b, k->rec_c, k->io_d, k->io_e > 0 ? 1e-3 / k->io_e : 0, k->warm_d,

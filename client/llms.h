@@ -412,10 +412,11 @@ enum llms_status llms_rerank(llms_conn *conn, const char *query, const char *con
 /* The switch-in cost models, in milliseconds (proto CostModels): recomputing t tokens
  * of a context of n costs rec_a + rec_b t + rec_c t n; reading f chunk files of b bytes
  * out of the page cache io_d + io_f f + io_e b, in it warm_d + warm_f f + warm_e b.
- * *_resid: RMS relative residual of the profile's medians against each line; samples: timed runs per point (0: not
- * measured). The *_fix corrections multiply the lines, learned from real switch-ins;
- * *_contention: a part's slowdown while the other runs. Ratios: observed / predicted,
- * median over the last 64 switch-ins and the last one (0 when none yet). */
+ * *_resid: RMS relative residual of the profile's medians against each line; samples:
+ * timed runs per point (0: not measured). The *_fix corrections multiply the lines,
+ * learned from real switch-ins; *_contention: a part's slowdown while the other runs.
+ * Ratios: observed / predicted, median over the last 64 switch-ins and the last one (0
+ * when none yet). */
 typedef struct llms_cost_models {
     double rec_a, rec_b, rec_c;
     double io_d, io_e;

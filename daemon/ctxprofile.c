@@ -2,8 +2,9 @@
  * ctxprofile.c — the switch-in cost models: recompute(tokens, ctx) = a + b tokens +
  * c tokens ctx milliseconds (the c term is attention over the entries before), and
  * read(chunks, bytes) = d + f chunks + e bytes twice, for chunk files out of the page
- * cache (cold) and in it (warm). Measured by a short profile of this model on this machine, kept in the
- * store per model shape and thread count, and corrected online by every switch-in.
+ * cache (cold) and in it (warm). Measured by a short profile of this model on this
+ * machine, kept in the store per model shape and thread count, and corrected online by
+ * every switch-in.
  *
  * Why this shape of profile: one timing per point on a shared 2-core machine gave
  * intercepts that moved 10x between consecutive profiles. So every point is timed
