@@ -225,6 +225,10 @@ int main(int argc, char **argv)
         }
         server_set_http(ls.srv, gw);
     }
+    if (server_listen(ls.srv, err)) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
     if (sched_start(sch, err)) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;

@@ -693,43 +693,43 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
         srv->have_admin_gid = true;
         srv->admin_gid = gr->gr_gid;
     }
-    int fd;
-    int n = sd_listen_fds(1);
-    if (n > 1) {
-        err_set(err, "systemd passed %d sockets, expected one", n);
-        goto fail;
-    }
-    if (n == 1) {
-        fd = SD_LISTEN_FDS_START;
-        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
-            err_set(err, "the socket systemd passed is not a listening Unix stream socket");
-            goto fail;
-        }
-        evutil_make_socket_nonblocking(fd);
-    } else {
-        fd = server_listen_unix(cfg->socket, cfg->socket_mode, err);
-        if (fd < 0)
-            goto fail;
-        srv->owns_path = true;
-    }
-    srv->listener = evconnlistener_new(base, on_accept, srv,
-                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
     srv->out_ev = event_new(base, outq_fd(out), EV_READ | EV_PERSIST, on_replies, srv);
     srv->grace_ev = evtimer_new(base, on_grace, srv);
     srv->accept_ev = evtimer_new(base, on_accept_resume, srv);
-    if (srv->listener)
-        evconnlistener_set_error_cb(srv->listener, on_accept_error);
-    if (!srv->listener || !srv->out_ev || !srv->grace_ev || !srv->accept_ev ||
-        event_add(srv->out_ev, NULL)) {
-        if (!srv->listener)
-            close(fd);
+    if (!srv->out_ev || !srv->grace_ev || !srv->accept_ev || event_add(srv->out_ev, NULL)) {
         err_set(err, "libevent setup failed");
-        goto fail;
+        server_free(srv);
+        return NULL;
     }
     return srv;
-fail:
-    server_free(srv);
-    return NULL;
+}
+
+int server_listen(server *srv, char err[ERR_MAX])
+{
+    int fd;
+    int n = sd_listen_fds(1);
+    if (n > 1)
+        return err_set(err, "systemd passed %d sockets, expected one", n);
+    if (n == 1) {
+        fd = SD_LISTEN_FDS_START;
+        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
+            return err_set(err, "the socket systemd passed is not a listening Unix stream "
+                                "socket");
+        evutil_make_socket_nonblocking(fd);
+    } else {
+        fd = server_listen_unix(srv->cfg->socket, srv->cfg->socket_mode, err);
+        if (fd < 0)
+            return -1;
+        srv->owns_path = true;
+    }
+    srv->listener = evconnlistener_new(srv->base, on_accept, srv,
+                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (!srv->listener) {
+        close(fd);
+        return err_set(err, "libevent setup failed");
+    }
+    evconnlistener_set_error_cb(srv->listener, on_accept_error);
+    return 0;
 }
 
 void server_shutdown(server *srv)

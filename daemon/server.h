@@ -41,10 +41,15 @@
 
 typedef struct server server;
 
-/* Opens the listening socket and starts accepting on base. Replies are read from out;
- * requests go to sch. NULL + err on failure. */
+/* The server on base, not yet listening: replies are read from out, requests go to sch.
+ * NULL + err on failure. */
 server *server_new(struct event_base *base, const config *cfg, const tokenizer *tok,
                    sched *sch, outq *out, char err[ERR_MAX]);
+
+/* Opens the native socket (or takes the one systemd passed) and starts accepting. Called
+ * last, once every other listener (the HTTP gateway) is up: a client that can connect
+ * here finds the whole daemon ready. 0, or -1 + err. */
+int server_listen(server *srv, char err[ERR_MAX]);
 
 /* Begins shutdown: stops accepting, tells the worker to cancel and persist everything,
  * and, once the worker is done and replies are flushed (or after a grace period),
