@@ -19,6 +19,7 @@
 #include "engine/modelgen.h"
 #include "engine/quant.h"
 #include "storage/chunks.h"
+#include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"
 
 #define N_CTX 1024
@@ -30,56 +31,23 @@
 #define PLAN_MARGIN 1.3
 #define PLAN_SLACK_MS 1.0
 
-static model *g_model;
-static model_runner *g_runner;
-static int g_vocab;
+static ctxenv_model g;
 
 static int setup(void)
 {
-    char path[1024], err[ERR_MAX];
-    snprintf(path, sizeof path, "%s/load.gguf", test_tmpdir());
     modelgen_params p = {
         .arch = "llama", .dim = 256, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 768,
         .n_ctx = N_CTX, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 2,
     };
-    if (modelgen_write(&p, path, err) || !(g_model = model_load(path, err)) ||
-        !(g_runner = model_runner_new(g_model, 2, 512, N_CTX, err))) {
-        fprintf(stderr, "setup: %s\n", err);
-        return -1;
-    }
-    g_vocab = model_hparams_of(g_model)->n_vocab;
-    return 0;
+    return ctxenv_model_make(&g, "load.gguf", &p, 2, 512, N_CTX);
 }
 
-typedef struct env {
-    store *st;
-    kv_pool *pool;
-    ctxmgr *cm;
-    char dir[1024];
-} env;
-
-static int n_envs;
+typedef ctxenv env;
 
 static int env_open(env *e, bool reuse)
 {
-    char err[ERR_MAX];
-    ctx_policy pol = {.compress = CTX_COMPRESS_NONE, .swap = CTX_SWAP_AHEAD,
-                      .switch_mode = CTX_SWITCH_PLAN};
-    if (!reuse)
-        snprintf(e->dir, sizeof e->dir, "%s/store%d", test_tmpdir(), n_envs++);
-    e->st = store_open(e->dir, err);
-    e->pool = e->st ? kv_pool_new(model_kv_shape(g_model), 0, err) : NULL;
-    e->cm = e->pool ? ctx_open(e->st, e->pool, g_runner, g_model, &pol, err) : NULL;
-    if (!e->cm)
-        fprintf(stderr, "env_open: %s\n", err);
-    return e->cm ? 0 : -1;
-}
-
-static void env_close(env *e)
-{
-    ctx_close(e->cm);
-    kv_pool_free(e->pool);
-    store_close(e->st);
+    ctx_policy pol = ctxenv_policy_none();
+    return ctxenv_open(e, reuse, &pol, &g);
 }
 
 static void set_mode(env *e, enum ctx_switch mode)
@@ -101,7 +69,7 @@ static int grow(env *e, int n, int seed, ctx_entry **out)
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        tok[i] = 3 + (int32_t)((seed * 131 + i * 17 + (i * i) % 7) % (g_vocab - 3));
+        tok[i] = 3 + (int32_t)((seed * 131 + i * 17 + (i * i) % 7) % (g.vocab - 3));
         pos[i] = i;
     }
     model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos};
@@ -276,7 +244,7 @@ static void test_plan_near_best(void)
     /* Only where reading really is the cheaper way does recomputing everything lose. */
     if (t.read * PLAN_MARGIN + PLAN_SLACK_MS * N_WORK < t.recompute)
         CHECK_MSG(!plan_ok(&t, N_WORK), "the check passed a plan that recomputed everything");
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* The profiled recompute line predicts forwards it was not fitted to (another batch
@@ -298,16 +266,16 @@ static void test_profile_predicts(void)
     kv_seq_init(&seq, e.pool);
     int32_t tok[160], pos[160];
     for (int i = 0; i < 160; i++) {
-        tok[i] = 3 + i % (g_vocab - 3);
+        tok[i] = 3 + i % (g.vocab - 3);
         pos[i] = i;
     }
     model_batch fill = {.n_tokens = 112, .tokens = tok, .positions = pos};
-    CHECK(model_forward(g_runner, &seq, &fill, err) == 0);
+    CHECK(model_forward(g.r, &seq, &fill, err) == 0);
     double ms[7];
     for (int r = 0; r < 7; r++) {
         model_batch b = {.n_tokens = 48, .tokens = tok + 112, .positions = pos + 112};
         double t0 = ctx_mono_ms();
-        CHECK(model_forward(g_runner, &seq, &b, err) == 0);
+        CHECK(model_forward(g.r, &seq, &b, err) == 0);
         ms[r] = ctx_mono_ms() - t0;
         kv_seq_truncate(&seq, 112);
     }
@@ -316,7 +284,7 @@ static void test_profile_predicts(void)
     printf("   48 tokens after 112: %.2f ms measured, %.2f predicted\n", got, want);
     CHECK_MSG(got < 2.5 * want && want < 2.5 * got, "measured %.2f ms, predicted %.2f", got,
               want);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /*
@@ -363,7 +331,7 @@ static void test_refinement(void)
     CHECK_MSG(first > 2 * true_ratio, "the wrong line was not wrong: %.2f", first);
     CHECK_MSG(late < 1.6 && late > 1 / 1.6, "after refinement observed/predicted is %.2f", late);
     CHECK(rep.rec_median > 0 && rep.rec_last > 0 && rep.total_median > 0);
-    env_close(&e);
+    ctxenv_close(&e);
     CHECK(env_open(&e, true) == 0);
     ctx_cost_report again;
     ctx_get_cost_report(e.cm, &again);
@@ -371,7 +339,7 @@ static void test_refinement(void)
               "%.4f before", again.rec_fix, rep.rec_fix);
     CHECK(again.fit.rec_b == k.rec_b && again.fit.io_e == k.io_e);
     CHECK(ctx_find_any(e.cm, id) != NULL);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* The fit on known lines: exact on exact data; a line through negative values is not
@@ -412,7 +380,7 @@ int main(void)
     RUN(test_profile_predicts);
     RUN(test_plan_near_best);
     RUN(test_refinement);
-    model_runner_free(g_runner);
-    model_free(g_model);
+    model_runner_free(g.r);
+    model_free(g.m);
     return test_finish();
 }

@@ -23,76 +23,25 @@
 #include "engine/modelgen.h"
 #include "engine/quant.h"
 #include "storage/chunks.h"
+#include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"
 
 #define N_CTX 512
 #define RECOMPUTE_TOL 1e-3
 
-static model *g_model;
-static int g_vocab;
-static model_runner *g_runner;
+static ctxenv_model g;
 
 static int setup(void)
 {
-    char path[1024], err[ERR_MAX];
-    snprintf(path, sizeof path, "%s/mem.gguf", test_tmpdir());
     modelgen_params p = {
         .arch = "llama", .dim = 64, .n_layer = 3, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = N_CTX, .type = QTYPE_F32, .seed = 11, .n_vocab = 300, .n_threads = 1,
     };
-    if (modelgen_write(&p, path, err) || !(g_model = model_load(path, err)) ||
-        !(g_runner = model_runner_new(g_model, 1, 64, N_CTX, err))) {
-        fprintf(stderr, "setup: %s\n", err);
-        return -1;
-    }
-    g_vocab = model_hparams_of(g_model)->n_vocab;
-    return 0;
+    return ctxenv_model_make(&g, "mem.gguf", &p, 1, 64, N_CTX);
 }
 
 /* One manager over a fresh (or, with reuse, the previous) store. */
-typedef struct env {
-    store *st;
-    kv_pool *pool;
-    ctxmgr *cm;
-    char dir[1024];
-} env;
-
-static int counter;
-
-static ctx_policy policy_none(void)
-{
-    return (ctx_policy){.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5,
-                        .swap = CTX_SWAP_AHEAD, .switch_mode = CTX_SWITCH_PLAN};
-}
-
-static int env_open(env *e, bool reuse, const ctx_policy *pol)
-{
-    char err[ERR_MAX];
-    if (!reuse)
-        snprintf(e->dir, sizeof e->dir, "%s/store%d", test_tmpdir(), counter++);
-    e->st = store_open(e->dir, err);
-    e->pool = e->st ? kv_pool_new(model_kv_shape(g_model), 0, err) : NULL;
-    e->cm = e->pool ? ctx_open(e->st, e->pool, g_runner, g_model, pol, err) : NULL;
-    if (!e->cm)
-        fprintf(stderr, "env_open: %s\n", err);
-    return e->cm ? 0 : -1;
-}
-
-static void env_close(env *e)
-{
-    ctx_close(e->cm);
-    kv_pool_free(e->pool);
-    store_close(e->st);
-    e->cm = NULL;
-    e->pool = NULL;
-    e->st = NULL;
-}
-
-static void make_tokens(int32_t *t, int n, int seed)
-{
-    for (int i = 0; i < n; i++)
-        t[i] = 3 + (int32_t)((seed * 131 + i * 17 + (i * i) % 7) % (g_vocab - 3));
-}
+typedef ctxenv env;
 
 /* A Call without generation: the turn's tokens go through the context memory, the
  * last row's logits come out, the turn is committed and the call ended. */
@@ -134,7 +83,7 @@ static int ref_turn(ref *r, const int32_t *tok, int n, float *logits)
         pos[i] = from + i;
     model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = 1,
                      .out_rows = &last, .logits = logits};
-    if (model_forward(g_runner, &r->seq, &b, err)) {
+    if (model_forward(g.r, &r->seq, &b, err)) {
         fprintf(stderr, "ref: %s\n", err);
         return -1;
     }
@@ -173,7 +122,7 @@ static int grow(env *e, ctx_entry *c, ref *r, const int *sizes, int n_turns, int
 {
     int32_t tok[N_CTX];
     for (int t = 0; t < n_turns; t++) {
-        make_tokens(tok, sizes[t], seed + t);
+        ctxenv_tokens(tok, sizes[t], seed + t, g.vocab);
         if (turn(e->cm, c, tok, sizes[t], logits, NULL) || ref_turn(r, tok, sizes[t], want))
             return -1;
     }
@@ -183,9 +132,9 @@ static int grow(env *e, ctx_entry *c, ref *r, const int *sizes, int n_turns, int
 static void test_swap_read_back_exact(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.switch_mode = CTX_SWITCH_READ;
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
@@ -194,7 +143,7 @@ static void test_swap_read_back_exact(void)
     float got[300], want[300];
     int sizes[3] = {40, 30, 25};
     CHECK(grow(&e, c, &r, sizes, 3, 1, got, want) == 0);
-    CHECK(max_diff(got, want, g_vocab) == 0);
+    CHECK(max_diff(got, want, g.vocab) == 0);
     CHECK_EQ(c->n_map, 6);
     ctx_flush_writes(e.cm);
     for (int i = 0; i < c->n_map; i++)
@@ -202,27 +151,27 @@ static void test_swap_read_back_exact(void)
     ctx_evict(e.cm, c);
     CHECK_EQ(ctx_kv_bytes(e.cm, c), 0);
     int32_t tok[20];
-    make_tokens(tok, 20, 9);
+    ctxenv_tokens(tok, 20, 9, g.vocab);
     ctx_load_stats st;
     CHECK(turn(e.cm, c, tok, 20, got, &st) == 0);
     CHECK(ref_turn(&r, tok, 20, want) == 0);
     CHECK_EQ(st.chunks_read, 6);
     CHECK_EQ(st.chunks_recomputed, 0);
     CHECK(st.bytes_read > 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) == 0, "read-back logits differ by %g",
-              max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) == 0, "read-back logits differ by %g",
+              max_diff(got, want, g.vocab));
     CHECK_EQ(ctx_get_stats(e.cm)->faults, 0);
     kv_seq_free(&r.seq);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Recomputed chunks hold the original prefill's KV within float tolerance. */
 static void test_recompute_matches_prefill(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.switch_mode = CTX_SWITCH_RECOMPUTE;
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
@@ -231,11 +180,11 @@ static void test_recompute_matches_prefill(void)
     float got[300], want[300];
     int sizes[2] = {70, 21};
     CHECK(grow(&e, c, &r, sizes, 2, 3, got, want) == 0);
-    kv_shape sh = model_kv_shape(g_model);
+    kv_shape sh = model_kv_shape(g.m);
     int hd = sh.head_dim;
     ctx_evict(e.cm, c);
     int32_t tok[10];
-    make_tokens(tok, 10, 5);
+    ctxenv_tokens(tok, 10, 5, g.vocab);
     ctx_load_stats st;
     CHECK(ctx_call_begin(e.cm, c, N_CTX, &st, err) == 0);
     CHECK_EQ(st.chunks_recomputed, 6);
@@ -259,10 +208,10 @@ static void test_recompute_matches_prefill(void)
     ctx_call_end(e.cm, c, false);
     CHECK(turn(e.cm, c, tok, 10, got, NULL) == 0);
     CHECK(ref_turn(&r, tok, 10, want) == 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) < RECOMPUTE_TOL, "logits differ by %g",
-              max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < RECOMPUTE_TOL, "logits differ by %g",
+              max_diff(got, want, g.vocab));
     kv_seq_free(&r.seq);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Corrupts every chunk file of a context (flips bytes in the middle). */
@@ -315,8 +264,8 @@ static int count_files(const char *dir)
 static void test_mixed_and_fault(void)
 {
     env e;
-    ctx_policy pol = policy_none();
-    CHECK(env_open(&e, false, &pol) == 0);
+    ctx_policy pol = ctxenv_policy_none();
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c, *c2;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
@@ -337,7 +286,7 @@ static void test_mixed_and_fault(void)
     for (int k = 0; k < 4; k++)
         c->map[never[k]].disk_precision = -1;
     int32_t tok[12];
-    make_tokens(tok, 12, 77);
+    ctxenv_tokens(tok, 12, 77, g.vocab);
     ctx_load_stats st;
     ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap = CTX_SWAP_AHEAD,
                                         .switch_mode = CTX_SWITCH_READ});
@@ -346,9 +295,9 @@ static void test_mixed_and_fault(void)
     CHECK_EQ(st.chunks_resident, 2);
     CHECK_EQ(st.chunks_read, 4);
     CHECK_EQ(st.chunks_recomputed, 4);
-    CHECK_MSG(max_diff(got, want, g_vocab) < RECOMPUTE_TOL, "mixed: logits differ by %g",
-              max_diff(got, want, g_vocab));
-    CHECK_EQ(argmax(got, g_vocab), argmax(want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < RECOMPUTE_TOL, "mixed: logits differ by %g",
+              max_diff(got, want, g.vocab));
+    CHECK_EQ(argmax(got, g.vocab), argmax(want, g.vocab));
 
     /* Corrupt blobs of the second context: detected, recomputed, never used. */
     char dir[2048];
@@ -360,14 +309,14 @@ static void test_mixed_and_fault(void)
     CHECK(ref_turn(&r2, tok, 12, want) == 0);
     CHECK(ctx_get_stats(e.cm)->bad_blobs > bad0);
     CHECK_EQ(st.chunks_read, 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) < RECOMPUTE_TOL, "corrupt: logits differ by %g",
-              max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < RECOMPUTE_TOL, "corrupt: logits differ by %g",
+              max_diff(got, want, g.vocab));
 
     /* A fault: a chunk goes missing inside a call; the forward brings it back. */
     CHECK(ctx_call_begin(e.cm, c, N_CTX, NULL, err) == 0);
     drop_chunk(&e, c, 3);
     int32_t pos[5], last = 4;
-    make_tokens(tok, 5, 99);
+    ctxenv_tokens(tok, 5, 99, g.vocab);
     for (int i = 0; i < 5; i++)
         pos[i] = c->n_tokens + i;
     model_batch b = {.n_tokens = 5, .tokens = tok, .positions = pos, .n_out = 1,
@@ -377,8 +326,8 @@ static void test_mixed_and_fault(void)
     ctx_call_end(e.cm, c, true);
     CHECK_EQ(ctx_get_stats(e.cm)->faults, 1);
     CHECK(ref_turn(&r, tok, 5, want) == 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) < RECOMPUTE_TOL, "fault: logits differ by %g",
-              max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < RECOMPUTE_TOL, "fault: logits differ by %g",
+              max_diff(got, want, g.vocab));
 
     /* Deleting a context deletes its chunk files. */
     CHECK(count_files(dir) > 0);
@@ -386,7 +335,7 @@ static void test_mixed_and_fault(void)
     CHECK_EQ(count_files(dir), 0);
     kv_seq_free(&r.seq);
     kv_seq_free(&r2.seq);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Many contexts in a budget of about two under one policy: the budget is never
@@ -395,10 +344,10 @@ static void test_mixed_and_fault(void)
 static void many_switches(ctx_policy pol, bool exact, ctx_stats *out)
 {
     env e;
-    kv_shape sh = model_kv_shape(g_model);
+    kv_shape sh = model_kv_shape(g.m);
     size_t chunk = kv_chunk_data_bytes(sh, KV_F16);
     pol.budget_bytes = 15 * chunk;
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     enum { N = 5 };
     ctx_entry *c[N];
@@ -416,14 +365,14 @@ static void many_switches(ctx_policy pol, bool exact, ctx_stats *out)
     for (int round = 0; round < 4; round++)
         for (int k = 0; k < N; k++) {
             int n = 13 + (round * 7 + k * 5) % 28;
-            make_tokens(tok, n, round * 10 + k);
+            ctxenv_tokens(tok, n, round * 10 + k, g.vocab);
             CHECK(turn(e.cm, c[k], tok, n, got, NULL) == 0);
             /* the pool's spare buffers are memory too: the cap holds them as well */
             size_t used = kv_pool_bytes_used(e.pool), spare = kv_pool_spare_bytes(e.pool);
             CHECK_MSG(used + spare <= pol.budget_bytes, "resident %zu + spare %zu over the "
                       "budget %zu", used, spare, pol.budget_bytes);
             CHECK(ref_turn(&r[k], tok, n, want) == 0);
-            double d = max_diff(got, want, g_vocab);
+            double d = max_diff(got, want, g.vocab);
             CHECK_MSG(exact ? d == 0 : d < RECOMPUTE_TOL, "round %d ctx %d: logits differ by %g",
                       round, k, d);
         }
@@ -439,13 +388,13 @@ static void many_switches(ctx_policy pol, bool exact, ctx_stats *out)
     for (int k = 0; k < N; k++)
         kv_seq_free(&r[k].seq);
     kv_pool_free(rp);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 static void test_budget_many_switches(void)
 {
     ctx_stats st = {0};
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.switch_mode = CTX_SWITCH_READ;
     many_switches(pol, true, &st);
     CHECK(st.chunks_read > 0 && st.chunks_recomputed == 0);
@@ -456,13 +405,13 @@ static void test_budget_many_switches(void)
 static void test_budget_other_policies(void)
 {
     ctx_stats st = {0};
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.swap = CTX_SWAP_ON_RECLAIM;
     pol.whole_context = true;
     pol.switch_mode = CTX_SWITCH_READ;
     many_switches(pol, true, &st);
     CHECK(st.chunks_read > 0 && st.chunks_written > 0 && st.chunks_recomputed == 0);
-    pol = policy_none();
+    pol = ctxenv_policy_none();
     pol.swap = CTX_SWAP_NONE;
     pol.switch_mode = CTX_SWITCH_RECOMPUTE;
     memset(&st, 0, sizeof st);
@@ -474,22 +423,22 @@ static void test_budget_other_policies(void)
 static void test_lctru_order(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.compress = CTX_COMPRESS_INT8;
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *a, *b;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &a, err) == 0);
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &b, err) == 0);
     float got[300];
     int32_t tok[40];
-    make_tokens(tok, 40, 1);
+    ctxenv_tokens(tok, 40, 1, g.vocab);
     CHECK(turn(e.cm, a, tok, 40, got, NULL) == 0); /* chunks 0 1 int8, 2 f16 (8 tokens) */
-    make_tokens(tok, 40, 2);
+    ctxenv_tokens(tok, 40, 2, g.vocab);
     CHECK(turn(e.cm, b, tok, 40, got, NULL) == 0);
     CHECK_EQ(a->seq.chunks[0]->precision, KV_INT8);
     CHECK_EQ(a->seq.chunks[2]->precision, KV_F16);
-    kv_shape sh = model_kv_shape(g_model);
+    kv_shape sh = model_kv_shape(g.m);
     size_t used = kv_pool_bytes_used(e.pool);
     ctx_policy p2 = pol;
     p2.budget_bytes = used;
@@ -505,7 +454,7 @@ static void test_lctru_order(void)
     CHECK(b->seq.chunks[0] == NULL ? a->seq.chunks[1] == NULL : 1);
     CHECK(b->seq.chunks[1] != NULL);
     CHECK_EQ(ctx_get_stats(e.cm)->chunks_written, 6);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Compressed chunks: a read-back chunk is the resident chunk's bytes; int8 and tolerance
@@ -515,10 +464,10 @@ static void test_compressed_modes(void)
     static const enum ctx_compress modes[2] = {CTX_COMPRESS_INT8, CTX_COMPRESS_TOLERANCE};
     for (int m = 0; m < 2; m++) {
         env e;
-        ctx_policy pol = policy_none();
+        ctx_policy pol = ctxenv_policy_none();
         pol.compress = modes[m];
         pol.switch_mode = CTX_SWITCH_READ;
-        CHECK(env_open(&e, false, &pol) == 0);
+        CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
         char err[ERR_MAX];
         ctx_entry *c, *d;
         CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
@@ -536,25 +485,25 @@ static void test_compressed_modes(void)
             n_comp += c->seq.chunks[i]->precision != KV_F16;
         CHECK(n_comp >= 8);
         int32_t tok[8];
-        make_tokens(tok, 8, 4);
+        ctxenv_tokens(tok, 8, 4, g.vocab);
         ctx_evict(e.cm, d);
         CHECK(turn(e.cm, c, tok, 8, got, NULL) == 0);
         CHECK(turn(e.cm, d, tok, 8, gotd, NULL) == 0);
         CHECK(ref_turn(&r, tok, 8, want) == 0);
-        CHECK_MSG(max_diff(got, gotd, g_vocab) == 0, "mode %d: read back differs by %g", m,
-                  max_diff(got, gotd, g_vocab));
+        CHECK_MSG(max_diff(got, gotd, g.vocab) == 0, "mode %d: read back differs by %g", m,
+                  max_diff(got, gotd, g.vocab));
         if (modes[m] == CTX_COMPRESS_INT8) {
             double span = 0;
-            for (int i = 0; i < g_vocab; i++)
+            for (int i = 0; i < g.vocab; i++)
                 span = want[i] > span ? want[i] : (-want[i] > span ? -want[i] : span);
-            CHECK_MSG(max_diff(got, want, g_vocab) < 0.02 * span, "int8: %g from f16 (span %g)",
-                      max_diff(got, want, g_vocab), span);
+            CHECK_MSG(max_diff(got, want, g.vocab) < 0.02 * span, "int8: %g from f16 (span %g)",
+                      max_diff(got, want, g.vocab), span);
         } else {
             /* Tolerance: the full chunks within kv_compress_ratio of their int8 bytes
              * (how close that stays to f16 is bench/kvquant's question; random weights
              * attend almost uniformly). */
             int n_full = c->n_tokens / KV_CHUNK_TOKENS;
-            kv_shape sh = model_kv_shape(g_model);
+            kv_shape sh = model_kv_shape(g.m);
             size_t bytes = 0;
             for (int i = 0; i < n_full; i++)
                 bytes += kv_chunk_data_bytes(sh, c->seq.chunks[i]->precision);
@@ -564,7 +513,7 @@ static void test_compressed_modes(void)
             CHECK(c->seq.chunks[n_full]->precision == KV_F16);
         }
         kv_seq_free(&r.seq);
-        env_close(&e);
+        ctxenv_close(&e);
     }
 }
 
@@ -574,14 +523,14 @@ static void test_compressed_modes(void)
 static void test_promotion(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.compress = CTX_COMPRESS_TOLERANCE;
     pol.compress_ratio = 0.25; /* everything at the narrowest codes */
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    kv_pool *ref_pool = kv_pool_new(model_kv_shape(g_model), 0, err); /* outlives e */
+    kv_pool *ref_pool = kv_pool_new(model_kv_shape(g.m), 0, err); /* outlives e */
     CHECK(ref_pool);
     ref r = {.pool = ref_pool};
     kv_seq_init(&r.seq, ref_pool);
@@ -594,15 +543,15 @@ static void test_promotion(void)
     char id[CTX_ID_LEN + 1];
     snprintf(id, sizeof id, "%s", c->id);
     int32_t tok[8];
-    make_tokens(tok, 8, 9);
+    ctxenv_tokens(tok, 8, 9, g.vocab);
     CHECK(turn(e.cm, c, tok, 8, got, NULL) == 0);
     CHECK(ref_turn(&r, tok, 8, want) == 0);
-    double narrow = max_diff(got, want, g_vocab);
-    env_close(&e);
+    double narrow = max_diff(got, want, g.vocab);
+    ctxenv_close(&e);
 
     /* the same store with room for int8: each call widens up to 4 chunks */
     pol.compress_ratio = 1;
-    CHECK(env_open(&e, true, &pol) == 0);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
     c = ctx_find_any(e.cm, id);
     CHECK(c);
     int narrow_chunks = 0;
@@ -611,7 +560,7 @@ static void test_promotion(void)
     CHECK(narrow_chunks >= 6);
     uint64_t calls = 0;
     for (int k = 0; k < 3; k++, calls++) {
-        make_tokens(tok, 8, 20 + k);
+        ctxenv_tokens(tok, 8, 20 + k, g.vocab);
         CHECK(turn(e.cm, c, tok, 8, got, NULL) == 0);
         CHECK(ref_turn(&r, tok, 8, want) == 0);
     }
@@ -622,25 +571,25 @@ static void test_promotion(void)
     printf("  promoted %llu chunks in %llu calls; %d of %d full chunks int8; |logit diff| "
            "%.3g narrow, %.3g after\n",
            (unsigned long long)ctx_get_stats(e.cm)->chunks_promoted,
-           (unsigned long long)calls, wide, n_full, narrow, max_diff(got, want, g_vocab));
+           (unsigned long long)calls, wide, n_full, narrow, max_diff(got, want, g.vocab));
     /* 4 in the first call, the rest in the second */
     CHECK_EQ(ctx_get_stats(e.cm)->chunks_promoted, (uint64_t)narrow_chunks);
     CHECK(narrow_chunks <= 4 * (int)calls);
     CHECK_EQ(wide, n_full);
-    CHECK(max_diff(got, want, g_vocab) < narrow);
+    CHECK(max_diff(got, want, g.vocab) < narrow);
     kv_seq_free(&r.seq);
     kv_pool_free(ref_pool);
-    env_close(&e);
+    ctxenv_close(&e);
 
     /* the widened chunks were written: after a restart they come back wide */
-    CHECK(env_open(&e, true, &pol) == 0);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
     c = ctx_find_any(e.cm, id);
     CHECK(c);
     int stored_wide = 0;
     for (int i = 0; i < n_full; i++)
         stored_wide += c->map[i].disk_precision == KV_INT8;
     CHECK_EQ(stored_wide, n_full);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* After a restart the context loads from disk: the stored chunks are read, only what
@@ -648,8 +597,8 @@ static void test_promotion(void)
 static void test_restart(void)
 {
     env e;
-    ctx_policy pol = policy_none();
-    CHECK(env_open(&e, false, &pol) == 0);
+    ctx_policy pol = ctxenv_policy_none();
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     /* (How good the profiled models are is test_ctxload's question; here: they come back
      * from the store exactly.) */
     ctx_cost cost0 = ctx_get_cost(e.cm);
@@ -658,7 +607,7 @@ static void test_restart(void)
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     snprintf(id, sizeof id, "%s", c->id);
     ref r = {.pool = NULL};
-    kv_pool *rp = kv_pool_new(model_kv_shape(g_model), 0, err);
+    kv_pool *rp = kv_pool_new(model_kv_shape(g.m), 0, err);
     kv_seq_init(&r.seq, rp);
     float got[300], want[300];
     int sizes[2] = {64, 40};
@@ -668,12 +617,12 @@ static void test_restart(void)
     noswap.swap = CTX_SWAP_NONE;
     ctx_set_policy(e.cm, &noswap);
     int32_t tok[30];
-    make_tokens(tok, 30, 50);
+    ctxenv_tokens(tok, 30, 50, g.vocab);
     CHECK(turn(e.cm, c, tok, 30, got, NULL) == 0); /* 134 tokens: chunks 6, 7, 8 unstored */
     CHECK(ref_turn(&r, tok, 30, want) == 0);
-    env_close(&e);
+    ctxenv_close(&e);
 
-    CHECK(env_open(&e, true, &pol) == 0);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
     ctx_cost cost1 = ctx_get_cost(e.cm);
     CHECK(memcmp(&cost0, &cost1, sizeof cost0) == 0);
     c = ctx_find_any(e.cm, id);
@@ -686,7 +635,7 @@ static void test_restart(void)
     for (int i = 0; i < c->n_map; i++)
         stored += c->map[i].disk_precision >= 0;
     CHECK_EQ(stored, 6);
-    make_tokens(tok, 6, 60);
+    ctxenv_tokens(tok, 6, 60, g.vocab);
     ctx_load_stats st;
     ctx_set_policy(e.cm, &(ctx_policy){.compress = CTX_COMPRESS_NONE, .swap = CTX_SWAP_AHEAD,
                                         .switch_mode = CTX_SWITCH_READ});
@@ -694,28 +643,28 @@ static void test_restart(void)
     CHECK(ref_turn(&r, tok, 6, want) == 0);
     CHECK_EQ(st.chunks_read, 6);
     CHECK_EQ(st.chunks_recomputed, 3);
-    CHECK_MSG(max_diff(got, want, g_vocab) < RECOMPUTE_TOL, "restart: logits differ by %g",
-              max_diff(got, want, g_vocab));
-    CHECK_EQ(argmax(got, g_vocab), argmax(want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < RECOMPUTE_TOL, "restart: logits differ by %g",
+              max_diff(got, want, g.vocab));
+    CHECK_EQ(argmax(got, g.vocab), argmax(want, g.vocab));
     kv_seq_free(&r.seq);
     kv_pool_free(rp);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* The planner recomputes when reading is slow and reads when recomputing is slow. */
 static void test_plan_follows_costs(void)
 {
     env e;
-    ctx_policy pol = policy_none();
-    CHECK(env_open(&e, false, &pol) == 0);
+    ctx_policy pol = ctxenv_policy_none();
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     float got[300];
     int32_t tok[96];
-    make_tokens(tok, 96, 3);
+    ctxenv_tokens(tok, 96, 3, g.vocab);
     CHECK(turn(e.cm, c, tok, 96, got, NULL) == 0);
-    size_t bytes = kv_chunk_data_bytes(model_kv_shape(g_model), KV_F16);
+    size_t bytes = kv_chunk_data_bytes(model_kv_shape(g.m), KV_F16);
     /* Reading a chunk costs as much as recomputing 16 tokens: about half each. */
     ctx_cost costs[3] = {
         {.rec_b = 1e3, .io_e = 1e-9, .warm_e = 1e-9},
@@ -734,7 +683,7 @@ static void test_plan_follows_costs(void)
         CHECK_MSG(st.chunks_read >= want_read[k][0] && st.chunks_read <= want_read[k][1],
                   "costs %d: %d chunks read", k, st.chunks_read);
     }
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Compressing chunks after a call hands their f16 buffers to the pool's spare lists: the
@@ -742,18 +691,18 @@ static void test_plan_follows_costs(void)
 static void test_budget_counts_spares(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.compress = CTX_COMPRESS_INT8;
-    kv_shape sh = model_kv_shape(g_model);
+    kv_shape sh = model_kv_shape(g.m);
     /* 100 tokens: 7 chunks, 6 full (compressed) and the f16 tail; room for 8 f16 ones */
     pol.budget_bytes = 8 * kv_chunk_data_bytes(sh, KV_F16);
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     int32_t tok[100];
     float got[300];
-    make_tokens(tok, 100, 3);
+    ctxenv_tokens(tok, 100, 3, g.vocab);
     CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
     CHECK(c->seq.chunks[0] && c->seq.chunks[0]->precision == KV_INT8);
     size_t used = kv_pool_bytes_used(e.pool), spare = kv_pool_spare_bytes(e.pool);
@@ -762,10 +711,10 @@ static void test_budget_counts_spares(void)
     /* without a cap the spares stay for reuse */
     pol.budget_bytes = 0;
     ctx_set_policy(e.cm, &pol);
-    make_tokens(tok, 100, 4);
+    ctxenv_tokens(tok, 100, 4, g.vocab);
     CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
     CHECK(kv_pool_spare_bytes(e.pool) > 0);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Whether the store holds a chunk directory of any context. */
@@ -790,16 +739,16 @@ static bool chunk_dirs_left(const env *e)
 static void test_background_writes(void)
 {
     env e;
-    ctx_policy pol = policy_none();
+    ctx_policy pol = ctxenv_policy_none();
     pol.switch_mode = CTX_SWITCH_READ;
-    CHECK(env_open(&e, false, &pol) == 0);
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
     char err[ERR_MAX], id[CTX_ID_LEN + 1];
     ctx_entry *c;
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     snprintf(id, sizeof id, "%s", c->id);
     int32_t tok[100];
     float got[300];
-    make_tokens(tok, 100, 5);
+    ctxenv_tokens(tok, 100, 5, g.vocab);
     CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
     /* the next call appends to chunk 6 and recompresses: it waits for the write first */
     CHECK(turn(e.cm, c, tok, 20, got, NULL) == 0);
@@ -824,8 +773,8 @@ static void test_background_writes(void)
     /* closed right after a call: the write is committed before the manager goes */
     CHECK(turn(e.cm, c, tok, 10, got, NULL) == 0);
     int n_map = c->n_map;
-    env_close(&e);
-    CHECK(env_open(&e, true, &pol) == 0);
+    ctxenv_close(&e);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
     c = ctx_find_any(e.cm, id);
     CHECK(c && c->n_map == n_map);
     for (int i = 0; c && i < c->n_map; i++)
@@ -835,7 +784,7 @@ static void test_background_writes(void)
     CHECK(c && turn(e.cm, c, tok, 40, got, NULL) == 0);
     CHECK(c && ctx_delete(e.cm, c, err) == 0);
     CHECK(!chunk_dirs_left(&e));
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 int main(void)
@@ -854,7 +803,7 @@ int main(void)
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
-    model_runner_free(g_runner);
-    model_free(g_model);
+    model_runner_free(g.r);
+    model_free(g.m);
     return test_finish();
 }

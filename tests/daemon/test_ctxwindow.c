@@ -21,68 +21,30 @@
 #include "engine/modelgen.h"
 #include "engine/quant.h"
 #include "storage/chunks.h"
+#include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"
 
 #define N_CTX 256
 #define LIMIT 64  /* the window of these tests */
 #define TOL 1e-3
 
-static model *g_model;
-static int g_vocab;
-static model_runner *g_runner;
+static ctxenv_model g;
 
 static int setup(void)
 {
-    char path[1024], err[ERR_MAX];
-    snprintf(path, sizeof path, "%s/win.gguf", test_tmpdir());
     modelgen_params p = {
         .arch = "llama", .dim = 64, .n_layer = 3, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = N_CTX, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
-    if (modelgen_write(&p, path, err) || !(g_model = model_load(path, err)) ||
-        !(g_runner = model_runner_new(g_model, 1, 128, N_CTX, err))) {
-        fprintf(stderr, "setup: %s\n", err);
-        return -1;
-    }
-    g_vocab = model_hparams_of(g_model)->n_vocab;
-    return 0;
+    return ctxenv_model_make(&g, "win.gguf", &p, 1, 128, N_CTX);
 }
 
-typedef struct env {
-    store *st;
-    kv_pool *pool;
-    ctxmgr *cm;
-    char dir[1024];
-} env;
-
-static int counter;
+typedef ctxenv env;
 
 static int env_open(env *e, bool reuse)
 {
-    char err[ERR_MAX];
-    ctx_policy pol = {.compress = CTX_COMPRESS_NONE, .compress_ratio = 0.5,
-                      .swap = CTX_SWAP_AHEAD, .switch_mode = CTX_SWITCH_PLAN};
-    if (!reuse)
-        snprintf(e->dir, sizeof e->dir, "%s/wstore%d", test_tmpdir(), counter++);
-    e->st = store_open(e->dir, err);
-    e->pool = e->st ? kv_pool_new(model_kv_shape(g_model), 0, err) : NULL;
-    e->cm = e->pool ? ctx_open(e->st, e->pool, g_runner, g_model, &pol, err) : NULL;
-    if (!e->cm)
-        fprintf(stderr, "env_open: %s\n", err);
-    return e->cm ? 0 : -1;
-}
-
-static void env_close(env *e)
-{
-    ctx_close(e->cm);
-    kv_pool_free(e->pool);
-    store_close(e->st);
-}
-
-static void make_tokens(int32_t *t, int n, int seed)
-{
-    for (int i = 0; i < n; i++)
-        t[i] = 3 + (int32_t)((seed * 131 + i * 17 + (i * i) % 7) % (g_vocab - 3));
+    ctx_policy pol = ctxenv_policy_none();
+    return ctxenv_open(e, reuse, &pol, &g);
 }
 
 /* Evaluates tok (n) at positions from.. on seq, last row's logits into logits. */
@@ -94,7 +56,7 @@ static int forward(kv_seq *seq, const int32_t *tok, int n, int from, float *logi
         pos[i] = from + i;
     model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = 1,
                      .out_rows = &last, .logits = logits};
-    if (model_forward(g_runner, seq, &b, err)) {
+    if (model_forward(g.r, seq, &b, err)) {
         fprintf(stderr, "forward: %s\n", err);
         return -1;
     }
@@ -134,7 +96,7 @@ static double max_diff(const float *a, const float *b, int n)
 /* Largest difference between the K/V values of two sequences of the same tokens. */
 static double kv_diff(const kv_seq *a, const kv_seq *b)
 {
-    kv_shape sh = model_kv_shape(g_model);
+    kv_shape sh = model_kv_shape(g.m);
     if (kv_seq_n_tokens(a) != kv_seq_n_tokens(b) || a->n_chunks != b->n_chunks)
         return 1e9;
     double m = 0;
@@ -211,8 +173,8 @@ static void test_slide_in_prefill(void)
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     float got[300], want[300], fresh[300];
     int32_t first[48], turn[30], hist[LIMIT + 30];
-    make_tokens(first, 48, 1);
-    make_tokens(turn, 30, 2);
+    ctxenv_tokens(first, 48, 1, g.vocab);
+    ctxenv_tokens(turn, 30, 2, g.vocab);
     CHECK(plain_turn(e.cm, c, first, 48, got) == 0);
     check_store_matches(&e, c);
     CHECK_EQ(count_files(&e, c->id), 3);
@@ -247,12 +209,12 @@ static void test_slide_in_prefill(void)
     CHECK(forward(&same, first, 48, 0, want) == 0);
     kv_seq_truncate(&same, 16);
     CHECK(forward(&same, hist + 16, 30, 16, want) == 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) == 0, "logits differ by %g", max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) == 0, "logits differ by %g", max_diff(got, want, g.vocab));
     CHECK_MSG(kv_diff(&c->seq, &same) == 0, "KV differs by %g", kv_diff(&c->seq, &same));
     /* A fresh prefill of the kept tokens in one batch: within rounding. */
     CHECK(forward(&one, hist, 46, 0, fresh) == 0);
-    CHECK_MSG(max_diff(got, fresh, g_vocab) < TOL, "logits differ from a fresh prefill by %g",
-              max_diff(got, fresh, g_vocab));
+    CHECK_MSG(max_diff(got, fresh, g.vocab) < TOL, "logits differ from a fresh prefill by %g",
+              max_diff(got, fresh, g.vocab));
     CHECK_MSG(kv_diff(&c->seq, &one) < TOL, "KV differs from a fresh prefill by %g",
               kv_diff(&c->seq, &one));
     ctx_call_end(e.cm, c, true);
@@ -264,12 +226,12 @@ static void test_slide_in_prefill(void)
     snprintf(id, sizeof id, "%s", c->id);
     kv_seq_free(&same);
     kv_seq_free(&one);
-    env_close(&e);
+    ctxenv_close(&e);
     CHECK(env_open(&e, true) == 0);
     c = ctx_find(e.cm, id, 1000, "app");
     CHECK(c != NULL);
     if (!c) {
-        env_close(&e);
+        ctxenv_close(&e);
         return;
     }
     CHECK_EQ(c->n_tokens, 46);
@@ -278,16 +240,16 @@ static void test_slide_in_prefill(void)
     CHECK_EQ(c->n_msgs, 4);
     check_store_matches(&e, c);
     int32_t more[8];
-    make_tokens(more, 8, 3);
+    ctxenv_tokens(more, 8, 3, g.vocab);
     kv_seq_init(&same, e.pool);
     CHECK(forward(&same, hist, 46, 0, want) == 0);
     CHECK(forward(&same, more, 8, 46, want) == 0);
     CHECK(plain_turn(e.cm, c, more, 8, got) == 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) < TOL, "after restart logits differ by %g",
-              max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < TOL, "after restart logits differ by %g",
+              max_diff(got, want, g.vocab));
     CHECK_EQ(ctx_get_stats(e.cm)->faults, 0);
     kv_seq_free(&same);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* A call that slid and then failed leaves the context, its KV and its store as they
@@ -301,12 +263,12 @@ static void test_slide_without_commit(void)
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     float got[300], want[300];
     int32_t first[40], hist[LIMIT + 40], more[10];
-    make_tokens(first, 40, 4);
-    make_tokens(more, 10, 5);
+    ctxenv_tokens(first, 40, 4, g.vocab);
+    ctxenv_tokens(more, 10, 5, g.vocab);
     CHECK(plain_turn(e.cm, c, first, 40, got) == 0);
     CHECK(ctx_call_begin(e.cm, c, LIMIT, NULL, err) == 0);
     memcpy(hist, first, sizeof first);
-    make_tokens(hist + 40, 30, 6);
+    ctxenv_tokens(hist + 40, 30, 6, g.vocab);
     int n_hist = 70;
     CHECK(ctx_window_slide(e.cm, c, hist, &n_hist, LIMIT, 30, 4) > 0);
     ctx_call_end(e.cm, c, false);
@@ -319,9 +281,9 @@ static void test_slide_without_commit(void)
     CHECK(forward(&ref, first, 40, 0, want) == 0);
     CHECK(forward(&ref, more, 10, 40, want) == 0);
     CHECK(plain_turn(e.cm, c, more, 10, got) == 0);
-    CHECK_MSG(max_diff(got, want, g_vocab) < TOL, "logits differ by %g", max_diff(got, want, g_vocab));
+    CHECK_MSG(max_diff(got, want, g.vocab) < TOL, "logits differ by %g", max_diff(got, want, g.vocab));
     kv_seq_free(&ref);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 /* Decode-like growth one token at a time past the window many times: the window never
@@ -335,7 +297,7 @@ static void test_many_slides(void)
     CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
     float logits[300];
     int32_t first[20], hist[LIMIT + 1];
-    make_tokens(first, 20, 7);
+    ctxenv_tokens(first, 20, 7, g.vocab);
     CHECK(plain_turn(e.cm, c, first, 20, logits) == 0);
     int total = 20, slides = 0;
     for (int call = 0; call < 6; call++) {
@@ -344,7 +306,7 @@ static void test_many_slides(void)
         memcpy(hist, c->tokens, sizeof *hist * (size_t)n);
         int32_t added[40];
         for (int t = 0; t < 40; t++) {
-            added[t] = 3 + (call * 40 + t) % (g_vocab - 3);
+            added[t] = 3 + (call * 40 + t) % (g.vocab - 3);
             hist[n++] = added[t];
             if (n == LIMIT) {
                 CHECK(ctx_window_slide(e.cm, c, hist, &n, LIMIT, 1, 4) > 0);
@@ -368,7 +330,7 @@ static void test_many_slides(void)
         check_store_matches(&e, c);
     }
     CHECK((int)c->window_slides == slides && slides >= 5);
-    env_close(&e);
+    ctxenv_close(&e);
 }
 
 int main(void)
@@ -378,7 +340,7 @@ int main(void)
     RUN(test_slide_in_prefill);
     RUN(test_slide_without_commit);
     RUN(test_many_slides);
-    model_runner_free(g_runner);
-    model_free(g_model);
+    model_runner_free(g.r);
+    model_free(g.m);
     return test_finish();
 }
