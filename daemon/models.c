@@ -330,6 +330,10 @@ static int add_shorthand(models *r, const char *key, const char *path, unsigned 
                          unsigned fallback, char err[ERR_MAX])
 {
     models_entry *e = find_file(r, path);
+    /* embed_model names a bert encoder: the generate model embeds without it */
+    if (e && role == MODELS_EMBED && e->type == MODELS_DECODER)
+        return err_set(err, "%s: %s is model '%s', a decoder: embed_model takes a bert "
+                            "encoder", key, path, e->name);
     if (e) {
         e->roles |= role;
         e->fallback &= ~role;
@@ -346,6 +350,8 @@ static int add_shorthand(models *r, const char *key, const char *path, unsigned 
     e->roles = role;
     e->fallback = fallback;
     append(r, e);
+    if (role == MODELS_EMBED && e->type == MODELS_DECODER)
+        return err_set(err, "%s: %s is a decoder (%s), not a bert encoder", key, path, e->arch);
     if (roles_fit(e, role, why) < 0)
         return err_set(err, "%s: %s", key, why);
     return 0;
