@@ -226,7 +226,14 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        gw = http_new(base, &cfg, server_session_env(ls.srv), family, err);
+        /* the gateway runs on the loop thread: it takes the names now, not the registry */
+        models_entry *rr;
+        const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
+                                        LLMS__ERROR_CODE__OK
+                                    ? rr->name
+                                    : gen->name;
+        gw = http_new(base, &cfg, server_session_env(ls.srv), family, gen->name, rerank_id,
+                      err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;
