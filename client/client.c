@@ -582,6 +582,7 @@ void llms_context_info_free(llms_context_info *info)
         return;
     free(info->app_name);
     free(info->system_prompt);
+    free(info->model);
     for (size_t i = 0; i < info->n_history; i++) {
         free(info->history[i].role);
         free(info->history[i].content);
@@ -620,7 +621,9 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     out->window_dropped_tokens = p->window_dropped_tokens;
     out->app_name = dup_or_null(p->app_name);
     out->system_prompt = dup_or_null(p->system_prompt);
-    if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt))
+    out->model = dup_or_null(p->model);
+    if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt) ||
+        (p->model && !out->model))
         return fail(c, LLMS_ERR_INTERNAL, "out of memory");
     if (p->n_history > 0) {
         out->history = calloc(p->n_history, sizeof *out->history);

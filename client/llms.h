@@ -293,6 +293,8 @@ typedef struct llms_context_info {
     enum llms_overflow overflow;     /* WINDOW or REFUSE (DEFAULT from an older daemon) */
     uint64_t window_slides;          /* times its window slid */
     uint64_t window_dropped_tokens;  /* tokens of its history out of the model's view */
+    char *model;                     /* the generate model it belongs to (NULL from an
+                                        older daemon) */
 } llms_context_info;
 
 /* Frees what *info holds (not info itself). NULL is fine. */

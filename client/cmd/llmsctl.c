@@ -96,6 +96,10 @@ static void json_context(const llms_context_info *c, int with_history)
            llms_overflow_name(c->overflow), c->window_slides, c->window_dropped_tokens);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
+    if (c->model) {
+        fputs(",\"model\":", stdout);
+        json_str(c->model);
+    }
     if (c->n_chunks) {
         fputs(",\"chunks\":[", stdout);
         for (size_t i = 0; i < c->n_chunks; i++) {
@@ -347,6 +351,8 @@ static enum llms_status cmd_show(llms_conn *c, const char *id)
                        k->bits, (double)k->density);
             }
         }
+        if (info.model)
+            printf("model: %s\n", info.model);
         if (info.system_prompt)
             printf("system prompt: %s\n", info.system_prompt);
         for (size_t i = 0; i < info.n_history; i++)

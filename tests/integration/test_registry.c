@@ -228,21 +228,43 @@ static void load_unload_keeps_contexts(void)
 /* An Embed on a model that another connection unloads: each request either runs on the
  * model or finds it gone, and an unload waits for no one (it is refused while the Embed
  * runs). */
+#define RACE_TEXTS 128
+
+static volatile int embed_done;
+
 static void *embed_many(void *arg)
 {
     llms_conn *c = arg;
-    static char texts[64][400];
-    const char *ptrs[64];
-    for (int i = 0; i < 64; i++) {
+    static char texts[RACE_TEXTS][600];
+    const char *ptrs[RACE_TEXTS];
+    for (int i = 0; i < RACE_TEXTS; i++) {
         snprintf(texts[i], sizeof texts[i], "%d", i);
-        for (int w = 0; w < 60; w++)
+        for (int w = 0; w < 115; w++)
             strcat(texts[i], " cat");
         ptrs[i] = texts[i];
     }
     llms_embeddings e;
-    enum llms_status s = llms_embed_model(c, "racy", ptrs, 64, LLMS_POOLING_MEAN, &e);
+    enum llms_status s = llms_embed_model(c, "racy", ptrs, RACE_TEXTS, LLMS_POOLING_MEAN, &e);
     llms_embeddings_free(&e);
+    __atomic_store_n(&embed_done, 1, __ATOMIC_SEQ_CST);
     return (void *)(intptr_t)s;
+}
+
+/* Waits until the Embed runs on "racy" (or has ended). */
+static void wait_running(llms_conn *c)
+{
+    for (int tries = 0; tries < 20000 && !__atomic_load_n(&embed_done, __ATOMIC_SEQ_CST);
+         tries++) {
+        llms_model_info *ms;
+        size_t n;
+        if (llms_list_models(c, &ms, &n) != LLMS_OK)
+            return;
+        const llms_model_info *m = find(ms, n, "racy");
+        int running = m && m->running > 0;
+        llms_model_list_free(ms, n);
+        if (running)
+            return;
+    }
 }
 
 static void unload_races_embed(void)
@@ -260,7 +282,11 @@ static void unload_races_embed(void)
         CHECK_MSG(llms_model_load(adm, "racy", alt, NULL) == LLMS_OK, "%s",
                   llms_last_error(adm));
         pthread_t t;
+        embed_done = 0;
         CHECK(pthread_create(&t, NULL, embed_many, user) == 0);
+        /* every other round unloads at once: the unload may come before the Embed */
+        if (round % 2)
+            wait_running(adm);
         enum llms_status s;
         while ((s = llms_model_unload(adm, "racy")) == LLMS_ERR_FAILED_PRECONDITION) {
             CHECK_MSG(strstr(llms_last_error(adm), "running"), "%s", llms_last_error(adm));
@@ -274,6 +300,7 @@ static void unload_races_embed(void)
         CHECK(llms_model_load(adm, "alt", alt, "embed") == LLMS_OK);
     }
     fprintf(stderr, "(%d unloads refused while an Embed ran)\n", refused);
+    CHECK_MSG(refused > 0, "no unload met a running Embed");
     llms_close(adm);
     llms_close(user);
 }
@@ -302,6 +329,7 @@ static void context_outlives_its_model(void)
     llms_context_info info;
     CHECK_MSG(llms_context_get(c, id, 1, &info) == LLMS_OK, "%s", llms_last_error(c));
     CHECK_EQ(info.n_history, 2);
+    CHECK(info.model && strcmp(info.model, "decoder") == 0);
     llms_context_info_free(&info);
     CHECK_EQ(llms_call_text(c, id, "again", &p, &text), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_MSG(strstr(llms_last_error(c), "'decoder'") && strstr(llms_last_error(c), "decoder2"),
