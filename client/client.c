@@ -391,6 +391,8 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
     cc.system_prompt = (char *)system_prompt;
     if (params_to_proto(params, &g))
         cc.defaults = &g;
+    if (params)
+        cc.model = (char *)params->model;
     if (overflow != LLMS_OVERFLOW_DEFAULT) {
         cc.has_overflow = 1;
         cc.overflow = (Llms__Overflow)overflow;
@@ -561,6 +563,8 @@ enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *sys
     cr.chat = chat != 0;
     if (params_to_proto(params, &g))
         cr.params = &g;
+    if (params)
+        cr.model = (char *)params->model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_COMPLETE;
     req.complete = &cr;
@@ -578,6 +582,7 @@ void llms_context_info_free(llms_context_info *info)
         return;
     free(info->app_name);
     free(info->system_prompt);
+    free(info->model);
     for (size_t i = 0; i < info->n_history; i++) {
         free(info->history[i].role);
         free(info->history[i].content);
@@ -616,7 +621,9 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     out->window_dropped_tokens = p->window_dropped_tokens;
     out->app_name = dup_or_null(p->app_name);
     out->system_prompt = dup_or_null(p->system_prompt);
-    if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt))
+    out->model = dup_or_null(p->model);
+    if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt) ||
+        (p->model && !out->model))
         return fail(c, LLMS_ERR_INTERNAL, "out of memory");
     if (p->n_history > 0) {
         out->history = calloc(p->n_history, sizeof *out->history);
@@ -914,6 +921,8 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_write_waits = p->swap_write_waits,
         .swap_write_wait_ms = p->swap_write_wait_ms,
         .swap_write_failures = p->swap_write_failures,
+        .models_resident_bytes = p->models_resident_bytes,
+        .models_scratch_bytes = p->models_scratch_bytes,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);
@@ -1035,6 +1044,128 @@ enum llms_status llms_plan(llms_conn *c, uint32_t prompt_tokens, const char *mod
     return text ? LLMS_OK : fail(c, LLMS_ERR_INTERNAL, "out of memory");
 }
 
+void llms_model_list_free(llms_model_info *models, size_t n)
+{
+    if (!models)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(models[i].name);
+        free(models[i].path);
+        free(models[i].arch);
+        free(models[i].type);
+        free(models[i].roles);
+        free(models[i].default_for);
+    }
+    free(models);
+}
+
+/* "a,b,c" of n strings (never NULL on success). */
+static char *join(char *const *s, size_t n)
+{
+    size_t len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(s[i]) + 1;
+    char *out = malloc(len);
+    if (!out)
+        return NULL;
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            strcat(out, ",");
+        strcat(out, s[i]);
+    }
+    return out;
+}
+
+enum llms_status llms_list_models(llms_conn *c, llms_model_info **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LIST_MODELS;
+    req.list_models = &e;
+    Llms__Response *r;
+    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_MODELS, &r);
+    if (s != LLMS_OK)
+        return s;
+    size_t n = r->models->n_models;
+    llms_model_info *ms = calloc(n ? n : 1, sizeof *ms);
+    if (!ms) {
+        frame_free_response(r);
+        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Llms__ModelInfo *m = r->models->models[i];
+        ms[i] = (llms_model_info){
+            .name = strdup(m->name),
+            .path = strdup(m->path),
+            .arch = strdup(m->arch),
+            .type = strdup(m->type),
+            .file_bytes = m->file_bytes,
+            .roles = join(m->roles, m->n_roles),
+            .default_for = join(m->default_for, m->n_default_for),
+            .resident_bytes = m->resident_bytes,
+            .scratch_bytes = m->scratch_bytes,
+            .running = m->running,
+        };
+        if (!ms[i].name || !ms[i].path || !ms[i].arch || !ms[i].type || !ms[i].roles ||
+            !ms[i].default_for)
+            s = LLMS_ERR_INTERNAL;
+    }
+    frame_free_response(r);
+    if (s != LLMS_OK) {
+        llms_model_list_free(ms, n);
+        return fail(c, s, "out of memory");
+    }
+    *out = ms;
+    *n_out = n;
+    return LLMS_OK;
+}
+
+enum llms_status llms_model_load(llms_conn *c, const char *name, const char *path,
+                                 const char *roles)
+{
+    enum llms_status s;
+    if ((s = check_str(c, name, "name")) != LLMS_OK || (s = check_str(c, path, "path")) != LLMS_OK)
+        return s;
+    char *list[3], buf[64];
+    size_t n = 0;
+    if (roles && roles[0]) {
+        if (strlen(roles) >= sizeof buf)
+            return fail(c, LLMS_ERR_INVALID_ARGUMENT, "roles '%.64s': at most generate,embed,rerank",
+                        roles);
+        strcpy(buf, roles);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (n == 3)
+                return fail(c, LLMS_ERR_INVALID_ARGUMENT, "roles '%s': at most three", roles);
+            list[n++] = t;
+        }
+    }
+    Llms__LoadModelRequest lm = LLMS__LOAD_MODEL_REQUEST__INIT;
+    lm.name = (char *)name;
+    lm.path = (char *)path;
+    lm.n_roles = n;
+    lm.roles = list;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LOAD_MODEL;
+    req.load_model = &lm;
+    return unary_ok(c, &req);
+}
+
+enum llms_status llms_model_unload(llms_conn *c, const char *name)
+{
+    enum llms_status s = check_str(c, name, "name");
+    if (s != LLMS_OK)
+        return s;
+    Llms__UnloadModelRequest um = LLMS__UNLOAD_MODEL_REQUEST__INIT;
+    um.name = (char *)name;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_UNLOAD_MODEL;
+    req.unload_model = &um;
+    return unary_ok(c, &req);
+}
+
 enum llms_status llms_shutdown(llms_conn *c)
 {
     Llms__Empty e = LLMS__EMPTY__INIT;
@@ -1058,6 +1189,12 @@ void llms_embeddings_free(llms_embeddings *e)
 enum llms_status llms_embed(llms_conn *c, const char *const *texts, size_t n,
                             enum llms_pooling pooling, llms_embeddings *out)
 {
+    return llms_embed_model(c, NULL, texts, n, pooling, out);
+}
+
+enum llms_status llms_embed_model(llms_conn *c, const char *model, const char *const *texts,
+                                  size_t n, enum llms_pooling pooling, llms_embeddings *out)
+{
     memset(out, 0, sizeof *out);
     if (n > 0 && !texts)
         return fail(c, LLMS_ERR_INVALID_ARGUMENT, "texts is NULL");
@@ -1069,6 +1206,7 @@ enum llms_status llms_embed(llms_conn *c, const char *const *texts, size_t n,
     e.texts = (char **)texts;
     e.has_pooling = 1;
     e.pooling = (Llms__Pooling)pooling;
+    e.model = (char *)model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_EMBED;
     req.embed = &e;
@@ -1161,6 +1299,7 @@ enum llms_status llms_rerank(llms_conn *c, const char *query, const char *const 
     rq.target_precision = o.target_precision;
     rq.has_stream_weights = o.stream_weights >= 0;
     rq.stream_weights = o.stream_weights > 0;
+    rq.model = (char *)o.model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_RERANK;
     req.rerank = &rq;

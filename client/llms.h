@@ -123,12 +123,15 @@ typedef struct llms_params {
     const char *const *stop; /* n_stop stop strings (not included in the output) */
     size_t n_stop;
     int raw;                /* llms_call only: append the prompt as is, no chat template */
+    const char *model;      /* llms_context_create* and llms_complete: a generate model of
+                               the daemon's registry by name (llms_list_models); NULL:
+                               the default. A context keeps the model it was made with. */
 } llms_params;
 
 #define LLMS_PARAMS_INIT                                                              \
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
-            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0              \
+            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL        \
     }
 
 /* Sets every field of *p to unset. */
@@ -290,6 +293,8 @@ typedef struct llms_context_info {
     enum llms_overflow overflow;     /* WINDOW or REFUSE (DEFAULT from an older daemon) */
     uint64_t window_slides;          /* times its window slid */
     uint64_t window_dropped_tokens;  /* tokens of its history out of the model's view */
+    char *model;                     /* the generate model it belongs to (NULL from an
+                                        older daemon) */
 } llms_context_info;
 
 /* Frees what *info holds (not info itself). NULL is fine. */
@@ -348,6 +353,43 @@ void llms_embeddings_free(llms_embeddings *e);
 enum llms_status llms_embed(llms_conn *conn, const char *const *texts, size_t n,
                             enum llms_pooling pooling, llms_embeddings *out);
 
+/* llms_embed on the embed model named model (NULL: the default). NOT_FOUND for a name
+ * the daemon does not know, INVALID_ARGUMENT for a model without the embed role. */
+enum llms_status llms_embed_model(llms_conn *conn, const char *model, const char *const *texts,
+                                  size_t n, enum llms_pooling pooling, llms_embeddings *out);
+
+/* One model of the daemon's registry (proto ModelInfo). */
+typedef struct llms_model_info {
+    char *name;
+    char *path;
+    char *arch;             /* general.architecture: llama, qwen2, qwen3, bert */
+    char *type;             /* "decoder", "encoder" or "cross-encoder" */
+    uint64_t file_bytes;
+    char *roles;            /* "generate,embed,rerank" or a part of it */
+    char *default_for;      /* the roles it answers when a request names no model */
+    uint64_t resident_bytes; /* its weights in memory now */
+    uint64_t scratch_bytes;  /* its runners' working memory */
+    uint32_t running;       /* requests using it now */
+} llms_model_info;
+
+/* Frees an array of n model infos and the array. NULL is fine. */
+void llms_model_list_free(llms_model_info *models, size_t n);
+
+/* The daemon's models (any bound connection, or an admin's): *out gets *n_out infos;
+ * free with llms_model_list_free(). */
+enum llms_status llms_list_models(llms_conn *conn, llms_model_info **out, size_t *n_out);
+
+/* Admin: maps the GGUF file at path (as the daemon sees it) as model name with roles
+ * (comma-separated generate, embed, rerank; NULL or "": by the file's kind). Other
+ * models and their contexts are untouched. FAILED_PRECONDITION for a name or file in use
+ * or a second generate model; INVALID_ARGUMENT for a file that does not fit its roles. */
+enum llms_status llms_model_load(llms_conn *conn, const char *name, const char *path,
+                                 const char *roles);
+
+/* Admin: forgets model name. FAILED_PRECONDITION while requests use it (retry after
+ * they end) and for the generate model; NOT_FOUND for an unknown name. */
+enum llms_status llms_model_unload(llms_conn *conn, const char *name);
+
 /* What a rerank keeps exact (proto RerankMode). */
 enum llms_rerank_mode {
     LLMS_RERANK_SET = 0,     /* which documents are in the top-K */
@@ -366,10 +408,11 @@ typedef struct llms_rerank_options {
     float cv_threshold;       /* NaN: unset; <= 0: no pruning (the full forward) */
     float target_precision;   /* NaN: unset; (0, 1] */
     int stream_weights;       /* -1: the daemon's rerank_stream_weights; 0 or 1 */
+    const char *model;        /* a rerank model of the registry by name; NULL: the default */
 } llms_rerank_options;
 
 #define LLMS_RERANK_OPTIONS_INIT \
-    { 0, LLMS_RERANK_SET, __builtin_nanf(""), __builtin_nanf(""), -1 }
+    { 0, LLMS_RERANK_SET, __builtin_nanf(""), __builtin_nanf(""), -1, NULL }
 
 void llms_rerank_options_init(llms_rerank_options *o);
 
@@ -484,6 +527,9 @@ typedef struct llms_daemon_status {
     /* Compressed chunks recomputed to get wider codes when they became important again. */
     uint64_t swap_chunks_promoted;
     llms_cost_models cost;           /* zero from a daemon that does not report them */
+    /* Every model of the registry together: weights in memory and runners' scratch
+     * (llms_list_models has them per model). */
+    uint64_t models_resident_bytes, models_scratch_bytes;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -6,6 +6,7 @@
 #include "daemon/reqlog.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -33,7 +34,8 @@ typedef struct key_def {
 #define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h, NULL}
 
 static const key_def keys[] = {
-    STR(model, "GGUF model file (required)"),
+    STR(model, "the generate model's GGUF file (required unless a model.NAME line has the "
+               "generate role); its name in the registry is the file name without .gguf"),
     CHOICE(model_load, "map|copy",
            "how the weights come into memory: map (shared with the page cache, reclaimable "
            "under pressure) or copy (private memory on huge pages: fewer TLB misses when "
@@ -200,16 +202,90 @@ static const key_def *find_key(const char *name)
     return NULL;
 }
 
+#define MODEL_PREFIX "model."
+
+/* A model name: what daemon/models.h accepts, checked here so that the settings fail
+ * at the line that has it. */
+static bool model_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > MODELS_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("._-", s[i]))
+            return false;
+    return true;
+}
+
 int config_known(const char *key)
 {
-    return find_key(key) != NULL;
+    return find_key(key) != NULL ||
+           (strncmp(key, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0 &&
+            model_name_ok(key + strlen(MODEL_PREFIX)));
+}
+
+/* "model.NAME = PATH [ROLES]": the path is the value up to its last blank when the
+ * rest is a roles list (paths with blanks need a roles list after them). */
+static int set_model_line(config *c, const char *key, const char *value, char err[ERR_MAX])
+{
+    const char *name = key + strlen(MODEL_PREFIX);
+    if (!model_name_ok(name))
+        return err_set(err, "%.80s: a model name is 1..%d bytes of [A-Za-z0-9._-]", key,
+                       MODELS_NAME_MAX);
+    size_t n = strlen(value);
+    while (n > 0 && isspace((unsigned char)value[n - 1]))
+        n--;
+    size_t cut = n;
+    while (cut > 0 && !isspace((unsigned char)value[cut - 1]))
+        cut--;
+    const char *roles = "";
+    size_t path_len = n, roles_len = cut > 0 ? n - cut : 0;
+    if (cut > 0) {
+        roles = value + cut;
+        path_len = cut;
+        while (path_len > 0 && isspace((unsigned char)value[path_len - 1]))
+            path_len--;
+    }
+    if (path_len == 0)
+        return err_set(err, "%s: no model file given", key);
+    if (path_len >= CONFIG_PATH_MAX)
+        return err_set(err, "%s: path longer than %d bytes", key, CONFIG_PATH_MAX - 1);
+    if (roles_len >= sizeof c->models[0].roles)
+        return err_set(err, "%s: '%.40s' is not a roles list (generate,embed,rerank)", key,
+                       roles);
+    for (const char *p = value + cut; cut > 0 && p < value + n;) {
+        size_t len = strcspn(p, ",");
+        if (len > (size_t)(value + n - p))
+            len = (size_t)(value + n - p);
+        if (!((len == 8 && !strncmp(p, "generate", 8)) || (len == 5 && !strncmp(p, "embed", 5)) ||
+              (len == 6 && !strncmp(p, "rerank", 6))))
+            return err_set(err, "%s: roles '%.*s': each is generate, embed or rerank", key,
+                           (int)roles_len, roles);
+        p += len + 1;
+    }
+    int i = 0;
+    while (i < c->n_models && strcmp(c->models[i].name, name) != 0)
+        i++;
+    if (i == CONFIG_MODELS_MAX)
+        return err_set(err, "%s: more than %d model.NAME lines", key, CONFIG_MODELS_MAX);
+    config_model *m = &c->models[i];
+    strcpy(m->name, name);
+    memcpy(m->path, value, path_len);
+    m->path[path_len] = '\0';
+    memcpy(m->roles, roles, roles_len);
+    m->roles[roles_len] = '\0';
+    if (i == c->n_models)
+        c->n_models++;
+    return 0;
 }
 
 int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
 {
+    if (strncmp(key, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0)
+        return set_model_line(c, key, value, err);
     const key_def *k = find_key(key);
     if (!k)
-        return err_set(err, "unknown key '%s'", key);
+        return err_set(err, "unknown key '%.80s'", key);
     char *field = (char *)c + k->offset;
     char *end;
     errno = 0;
@@ -324,8 +400,9 @@ int config_load(config *c, const char *path, char err[ERR_MAX])
 
 int config_check(const config *c, char err[ERR_MAX])
 {
-    if (!c->model[0])
-        return err_set(err, "model: no model file given (set model = PATH or --model PATH)");
+    if (!c->model[0] && c->n_models == 0)
+        return err_set(err, "model: no model file given (set model = PATH, --model PATH or "
+                            "model.NAME = PATH generate)");
     if (!c->socket[0])
         return err_set(err, "socket: empty path");
     return 0;
@@ -335,4 +412,8 @@ void config_print_keys(FILE *out)
 {
     for (size_t i = 0; i < N_KEYS; i++)
         fprintf(out, "  --%-24s %s\n", keys[i].name, keys[i].help);
+    fprintf(out, "  --%-24s %s\n", "model.NAME",
+            "PATH [ROLES]: one more model of the registry, named NAME, with ROLES a comma "
+            "list of generate, embed, rerank (default: by the file's kind, a decoder "
+            "generates, an encoder embeds, a cross-encoder reranks); repeatable");
 }

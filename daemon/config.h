@@ -18,9 +18,22 @@
 #define CONFIG_DEFAULT_PATH "/etc/llmsd/llmsd.conf"
 #define CONFIG_PATH_MAX 4096
 #define CONFIG_SOCKET_MAX 108 /* sizeof sun_path, NUL included */
+#define CONFIG_MODELS_MAX 16  /* model.NAME lines */
+#define MODELS_NAME_MAX 48    /* bytes of a model's name (daemon/models.h) */
+
+/* A "model.NAME = PATH [ROLES]" line: ROLES is "" (the file's kind decides) or a
+ * comma-separated list of generate, embed, rerank. */
+typedef struct config_model {
+    char name[MODELS_NAME_MAX + 1];
+    char path[CONFIG_PATH_MAX];
+    char roles[32];
+} config_model;
 
 typedef struct config {
-    char model[CONFIG_PATH_MAX];       /* GGUF file; required */
+    char model[CONFIG_PATH_MAX];       /* the generate model's GGUF file (or a model.NAME
+                                          line with the generate role) */
+    config_model models[CONFIG_MODELS_MAX]; /* model.NAME lines, in order */
+    int n_models;
     char socket[CONFIG_SOCKET_MAX];    /* Unix socket path (unless systemd passes one) */
     char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
     char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf.h */
@@ -91,7 +104,8 @@ typedef struct config {
 void config_defaults(config *c);
 
 /* Sets one key from its text value. -1 with err naming the key for an unknown key or
- * a bad value. */
+ * a bad value. "model.NAME" keys add (or, for a NAME already given, replace) a model of
+ * the registry. */
 int config_set(config *c, const char *key, const char *value, char err[ERR_MAX]);
 
 /* Whether key is a known setting (for telling flags from mistakes). */
@@ -102,7 +116,7 @@ int config_known(const char *key);
  * cannot be read. */
 int config_load(config *c, const char *path, char err[ERR_MAX]);
 
-/* Checks what a running daemon needs (a model path). -1 with err. */
+/* Checks what a running daemon needs (a model path or model.NAME lines). -1 with err. */
 int config_check(const config *c, char err[ERR_MAX]);
 
 /* Writes the list of keys with their meaning, for --help. */

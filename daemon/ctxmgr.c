@@ -29,6 +29,7 @@ static void entry_free(ctx_entry *c)
     free(c->rows);
     free(c->app_name);
     free(c->system_prompt);
+    free(c->model);
     if (c->defaults)
         llms__generation_params__free_unpacked(c->defaults, NULL);
     free(c->tokens);
@@ -125,6 +126,7 @@ static int load_context(void *arg, const store_context *sc)
     c->uid = sc->uid;
     c->app_name = strdup(sc->app_name);
     c->system_prompt = sc->system_prompt ? strdup(sc->system_prompt) : NULL;
+    c->model = sc->model ? strdup(sc->model) : NULL;
     if (sc->params && sc->params_len)
         c->defaults = llms__generation_params__unpack(NULL, sc->params_len, sc->params);
     c->created_ms = sc->created_ms;
@@ -139,7 +141,7 @@ static int load_context(void *arg, const store_context *sc)
         }
     }
     if (!c->app_name || (sc->system_prompt && !c->system_prompt) ||
-        ls->n_windows == ls->cap_windows) {
+        (sc->model && !c->model) || ls->n_windows == ls->cap_windows) {
         entry_free(c);
         return err_set(ls->err, "out of memory");
     }
@@ -434,6 +436,20 @@ int ctx_set_overflow(ctxmgr *cm, ctx_entry *c, enum ctx_overflow overflow, char 
     if (store_context_set_window(cm->st, c->id, &w, err))
         return -1;
     c->overflow = overflow;
+    return 0;
+}
+
+int ctx_set_model(ctxmgr *cm, ctx_entry *c, const char *model, char err[ERR_MAX])
+{
+    char *copy = strdup(model);
+    if (!copy)
+        return err_set(err, "out of memory");
+    if (store_context_set_model(cm->st, c->id, model, err)) {
+        free(copy);
+        return -1;
+    }
+    free(c->model);
+    c->model = copy;
     return 0;
 }
 

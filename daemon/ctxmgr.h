@@ -86,6 +86,8 @@ typedef struct ctx_entry {
     uint32_t uid;
     char *app_name;
     char *system_prompt;               /* NULL when none */
+    char *model;                       /* the generate model it belongs to; NULL: from
+                                          before the registry (whichever generates) */
     Llms__GenerationParams *defaults;  /* NULL when none */
     int32_t *tokens;                   /* (n_tokens) the window: what the model sees of the
                                           history (all of it until the first slide) */
@@ -269,6 +271,9 @@ int ctx_create(ctxmgr *cm, uint32_t uid, const char *app, const char *system_pro
 
 /* Sets and persists c's overflow policy (at creation; contexts start with WINDOW). */
 int ctx_set_overflow(ctxmgr *cm, ctx_entry *c, enum ctx_overflow overflow, char err[ERR_MAX]);
+
+/* Sets and persists the generate model c belongs to (at creation). */
+int ctx_set_model(ctxmgr *cm, ctx_entry *c, const char *model, char err[ERR_MAX]);
 
 /* Deletes a context (store, chunk files and memory); c is freed. */
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX]);

@@ -1661,17 +1661,6 @@ static int load_tokens(http *h, const char *path, char err[ERR_MAX])
     return rc;
 }
 
-/* The name clients give for a model: its file name without the directory and ".gguf". */
-static void model_name(const char *path, char *out, size_t cap)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    size_t n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
-        n -= 5;
-    snprintf(out, cap, "%.*s", (int)n, base);
-}
-
 static bool is_loopback(const struct sockaddr_storage *a)
 {
     if (a->ss_family == AF_INET)
@@ -1723,7 +1712,8 @@ static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
 }
 
 http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               enum chat_family family, char err[ERR_MAX])
+               enum chat_family family, const char *model_id, const char *rerank_id,
+               char err[ERR_MAX])
 {
     http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -1736,9 +1726,8 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
     h->senv.send = gw_send;
     h->senv.submitted = gw_submitted;
     h->family = family;
-    model_name(cfg->model, h->model_id, sizeof h->model_id);
-    model_name(cfg->rerank_model[0] ? cfg->rerank_model : cfg->model, h->rerank_id,
-               sizeof h->rerank_id);
+    snprintf(h->model_id, sizeof h->model_id, "%s", model_id);
+    snprintf(h->rerank_id, sizeof h->rerank_id, "%s", rerank_id);
     struct group *gr = getgrnam(cfg->admin_group);
     if (gr) {
         h->have_admin_gid = true;

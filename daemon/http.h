@@ -39,11 +39,14 @@ struct session_env;
 
 /* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
  * least one is set). senv is the native connections' session environment (it outlives
- * the gateway); family is the model's chat template. NULL + err when a listener cannot
+ * the gateway); family is the model's chat template; model_id and rerank_id are the
+ * registry names of the generate model and the default reranker (what the "model"
+ * field of a request may name). NULL + err when a listener cannot
  * be opened, http_listen is not a loopback address (and http_allow_remote is 0), or the
  * tokens file is unreadable or malformed. */
 http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               enum chat_family family, char err[ERR_MAX]);
+               enum chat_family family, const char *model_id, const char *rerank_id,
+               char err[ERR_MAX]);
 
 /* A Response frame (header and body; not taken) from the worker for connection id
  * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */

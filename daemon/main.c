@@ -11,6 +11,7 @@
 
 #include "daemon/config.h"
 #include "daemon/http.h"
+#include "daemon/models.h"
 #include "daemon/notify.h"
 #include "daemon/outq.h"
 #include "daemon/reqlog.h"
@@ -73,7 +74,7 @@ static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
             continue;
         if (strncmp(a, "--", 2) != 0)
             return err_set(err, "unexpected argument '%s' (see --help)", a);
-        char key[64];
+        char key[128];
         const char *value;
         const char *eq = strchr(a + 2, '=');
         size_t klen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
@@ -180,7 +181,8 @@ int main(int argc, char **argv)
     reqlog_set_level(cfg.log_level);
 
     int status = 1;
-    model *m = NULL;
+    models *reg = NULL;
+    const model *m = NULL;
     tokenizer *tok = NULL;
     store *st = NULL;
     outq *out = NULL;
@@ -191,8 +193,14 @@ int main(int argc, char **argv)
     loop_state ls = {0};
 
     gguf_load load = strcmp(cfg.model_load, "copy") == 0 ? GGUF_LOAD_COPY : GGUF_LOAD_MAP;
-    if (!(m = model_load_as(cfg.model, load, err)) || tok_load(model_gguf(m), &tok, err)) {
-        fprintf(stderr, "llmsd: model %s: %s\n", cfg.model, err);
+    if (!(reg = models_open(&cfg, load, err))) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    const models_entry *gen = models_generate(reg);
+    m = gen->m;
+    if (tok_load(model_gguf(m), &tok, err)) {
+        fprintf(stderr, "llmsd: model %s: %s\n", gen->path, err);
         goto out;
     }
     resolve(&cfg, model_hparams_of(m));
@@ -201,7 +209,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
     }
-    sched_env env = {&cfg, cfg.model, m, tok, family, st, out};
+    sched_env env = {&cfg, reg, m, tok, family, st, out};
     if (!(sch = sched_new(&env, err))) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
@@ -218,7 +226,14 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        gw = http_new(base, &cfg, server_session_env(ls.srv), family, err);
+        /* the gateway runs on the loop thread: it takes the names now, not the registry */
+        models_entry *rr;
+        const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
+                                        LLMS__ERROR_CODE__OK
+                                    ? rr->name
+                                    : gen->name;
+        gw = http_new(base, &cfg, server_session_env(ls.srv), family, gen->name, rerank_id,
+                      err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;
@@ -249,8 +264,11 @@ int main(int argc, char **argv)
         if (ls.watchdog)
             event_add(ls.watchdog, &tv);
     }
+    for (const models_entry *e = models_first(reg); e; e = e->next)
+        fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s\n", e->name, e->path, e->arch,
+                models_type_name(e->type), e == gen ? ", generates" : "");
     fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
-            cfg.model, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
+            gen->path, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
     notify_ready();
     on_status(-1, 0, &ls);
     event_base_dispatch(base);
@@ -274,7 +292,7 @@ out:
     outq_free(out);
     store_close(st);
     tok_free(tok);
-    model_free(m);
+    models_free(reg);
     if (status == 0)
         fprintf(stderr, "llmsd: stopped\n");
     return status;

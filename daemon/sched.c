@@ -301,6 +301,7 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
                                                         : LLMS__OVERFLOW__OVERFLOW_WINDOW;
     info->window_slides = c->window_slides;
     info->window_dropped_tokens = (uint64_t)c->window_dropped;
+    info->model = c->model ? c->model : models_generate(s->env.reg)->name;
     if (history) {
         size_t n = 0;
         if (c->system_prompt) {
@@ -464,12 +465,19 @@ static void handle_create(sched *s, const sched_job *j)
                       ? cr->overflow == LLMS__OVERFLOW__OVERFLOW_REFUSE
                       : strcmp(s->env.cfg->overflow, "refuse") == 0;
     char err[ERR_MAX], ignored[ERR_MAX];
+    models_entry *me;
+    Llms__ErrorCode code = models_resolve(s->env.reg, cr->model, MODELS_GENERATE, &me, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(s, j, code, "%s", err);
+        return;
+    }
     ctx_entry *c;
     if (ctx_create(s->cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
-    if (refuse && ctx_set_overflow(s->cm, c, CTX_OVERFLOW_REFUSE, err)) {
+    if (ctx_set_model(s->cm, c, me->name, err) ||
+        (refuse && ctx_set_overflow(s->cm, c, CTX_OVERFLOW_REFUSE, err))) {
         ctx_delete(s->cm, c, ignored);
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
@@ -609,13 +617,71 @@ static void cost_models_fill(const ctxmgr *cm, Llms__CostModels *m)
     m->total_ratio_last = r.total_last;
 }
 
+/* The registry as ModelInfo messages; the strings point into the registry. */
+typedef struct model_infos {
+    size_t n;
+    Llms__ModelInfo *infos;
+    Llms__ModelInfo **ptrs;
+    char **strs;      /* (n * 6) role and default-role names of each */
+} model_infos;
+
+static void model_infos_free(model_infos *mi)
+{
+    free(mi->infos);
+    free(mi->ptrs);
+    free(mi->strs);
+}
+
+static int model_infos_fill(sched *s, model_infos *mi)
+{
+    models *reg = s->env.reg;
+    memset(mi, 0, sizeof *mi);
+    for (const models_entry *e = models_first(reg); e; e = e->next)
+        mi->n++;
+    mi->infos = calloc(mi->n, sizeof *mi->infos);
+    mi->ptrs = calloc(mi->n, sizeof *mi->ptrs);
+    mi->strs = calloc(mi->n * 6, sizeof *mi->strs);
+    if (!mi->infos || !mi->ptrs || !mi->strs) {
+        model_infos_free(mi);
+        return -1;
+    }
+    size_t k = 0;
+    for (models_entry *e = (models_entry *)models_first(reg); e; e = e->next, k++) {
+        Llms__ModelInfo *x = &mi->infos[k];
+        llms__model_info__init(x);
+        x->name = e->name;
+        x->path = e->path;
+        x->arch = e->arch;
+        x->type = (char *)models_type_name(e->type);
+        x->file_bytes = e->file_bytes;
+        x->roles = mi->strs + 6 * k;
+        x->default_for = mi->strs + 6 * k + 3;
+        for (unsigned bit = MODELS_GENERATE; bit <= MODELS_RERANK; bit <<= 1) {
+            models_entry *has;
+            char ignored[ERR_MAX];
+            const char *role = models_role_name(bit);
+            if (models_resolve(reg, e->name, bit, &has, ignored) == LLMS__ERROR_CODE__OK)
+                x->roles[x->n_roles++] = (char *)role;
+            if (models_is_default(reg, e, bit))
+                x->default_for[x->n_default_for++] = (char *)role;
+        }
+        x->resident_bytes = models_resident_bytes(e);
+        x->scratch_bytes = models_scratch_bytes(e);
+        if (e->roles & MODELS_GENERATE)
+            x->scratch_bytes += model_runner_scratch_bytes(s->runner);
+        x->running = (uint32_t)e->running;
+        mi->ptrs[k] = x;
+    }
+    return 0;
+}
+
 static void handle_status(sched *s, const sched_job *j)
 {
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
     st.version = LLMS_VERSION;
-    st.model_path = (char *)s->env.model_path;
+    st.model_path = models_generate(s->env.reg)->path;
     st.model_arch = (char *)arch[hp->arch];
     const gguf_file *gf = model_gguf(s->env.m);
     for (int64_t i = 0; i < gguf_n_tensors(gf); i++)
@@ -674,12 +740,84 @@ static void handle_status(sched *s, const sched_job *j)
     Llms__CostModels cost;
     cost_models_fill(s->cm, &cost);
     st.cost_models = &cost;
+    model_infos mi;
+    if (model_infos_fill(s, &mi) < 0) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    st.n_models = mi.n;
+    st.models = mi.ptrs;
+    st.has_models_resident_bytes = st.has_models_scratch_bytes = 1;
+    for (size_t i = 0; i < mi.n; i++) {
+        st.models_resident_bytes += mi.infos[i].resident_bytes;
+        st.models_scratch_bytes += mi.infos[i].scratch_bytes;
+    }
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_STATUS;
     r.status = &st;
     send_resp(s, j->conn_id, &r, false);
+    model_infos_free(&mi);
+}
+
+static void handle_list_models(sched *s, const sched_job *j)
+{
+    model_infos mi;
+    if (model_infos_fill(s, &mi) < 0) {
+        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    Llms__ListModelsResponse lm = LLMS__LIST_MODELS_RESPONSE__INIT;
+    lm.n_models = mi.n;
+    lm.models = mi.ptrs;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = j->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_MODELS;
+    r.models = &lm;
+    send_resp(s, j->conn_id, &r, false);
+    model_infos_free(&mi);
+}
+
+/* Loading maps the file and builds an encoder's runner on the worker: the steps wait
+ * for it (milliseconds for a mapping, longer for a large encoder's scratch). */
+static void handle_load_model(sched *s, const sched_job *j)
+{
+    const Llms__LoadModelRequest *q = j->req->load_model;
+    char err[ERR_MAX];
+    unsigned roles = 0;
+    for (size_t i = 0; i < q->n_roles; i++) {
+        unsigned one;
+        if (models_parse_roles(q->roles[i], &one, err) < 0 || !one || (roles & one)) {
+            send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "role %zu: each of generate, embed, rerank at most once", i);
+            return;
+        }
+        roles |= one;
+    }
+    Llms__ErrorCode code = models_load(s->env.reg, q->name, q->path, roles, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(s, j, code, "load: %s", err);
+        return;
+    }
+    if (reqlog_enabled(REQLOG_INFO))
+        fprintf(stderr, "llmsd: info: model '%s' loaded from %s\n", q->name, q->path);
+    send_ok(s, j);
+}
+
+static void handle_unload_model(sched *s, const sched_job *j)
+{
+    const char *name = j->req->unload_model->name;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = models_unload(s->env.reg, name, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(s, j, code, "unload: %s", err);
+        return;
+    }
+    if (reqlog_enabled(REQLOG_INFO))
+        fprintf(stderr, "llmsd: info: model '%s' unloaded\n", name);
+    send_ok(s, j);
 }
 
 static void handle_profile(sched *s, const sched_job *j)
@@ -721,15 +859,10 @@ static int sched_plan(const sched *s, int n_prompt, prefill_plan *p, char err[ER
     return prefill_plan_make(s->env.m, &req, p, err);
 }
 
-/* The served model's id: its file name without the directory and ".gguf". */
+/* Whether id names the generate model (its registry name). */
 static bool sched_is_model(const sched *s, const char *id)
 {
-    const char *base = strrchr(s->env.model_path, '/');
-    base = base ? base + 1 : s->env.model_path;
-    size_t n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
-        n -= 5;
-    return strlen(id) == n && strncmp(base, id, n) == 0;
+    return strcmp(id, models_generate(s->env.reg)->name) == 0;
 }
 
 static void handle_plan(sched *s, const sched_job *j)
@@ -1396,6 +1529,32 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     }
 }
 
+/* Whether a Call's context belongs to the generate model and a Complete names it (or
+ * none); otherwise answers the error. A context of a model that is not loaded (the
+ * daemon restarted with another) is kept, its calls refused. */
+static bool generate_model_ok(sched *s, const sched_job *j)
+{
+    char err[ERR_MAX];
+    models_entry *me;
+    const models_entry *gen = models_generate(s->env.reg);
+    if (j->req->body_case == LLMS__REQUEST__BODY_COMPLETE) {
+        Llms__ErrorCode code =
+            models_resolve(s->env.reg, j->req->complete->model, MODELS_GENERATE, &me, err);
+        if (code != LLMS__ERROR_CODE__OK)
+            send_error(s, j, code, "%s", err);
+        return code == LLMS__ERROR_CODE__OK;
+    }
+    if (j->req->body_case != LLMS__REQUEST__BODY_CALL)
+        return true;
+    const ctx_entry *c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
+    if (!c->model || strcmp(c->model, gen->name) == 0)
+        return true;
+    send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+               "context '%s' belongs to model '%s', which is not loaded (the generate model "
+               "is '%s'); its history is kept", c->id, c->model, gen->name);
+    return false;
+}
+
 /* Queues a request that uses the engine, under the app's limit on requests of every
  * kind queued or running. */
 static void handle_engine_request(sched *s, sched_job *j)
@@ -1414,6 +1573,11 @@ static void handle_engine_request(sched *s, sched_job *j)
     if (j->req->body_case == LLMS__REQUEST__BODY_CALL &&
         !ctx_find(s->cm, j->req->call->context_id, j->uid, j->app)) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", j->req->call->context_id);
+        job_free(j);
+        app_reclaim(s, a);
+        return;
+    }
+    if (!generate_model_ok(s, j)) {
         job_free(j);
         app_reclaim(s, a);
         return;
@@ -1498,6 +1662,15 @@ static void handle_request(sched *s, sched_job *j)
         break;
     case LLMS__REQUEST__BODY_PLAN:
         handle_plan(s, j);
+        break;
+    case LLMS__REQUEST__BODY_LIST_MODELS:
+        handle_list_models(s, j);
+        break;
+    case LLMS__REQUEST__BODY_LOAD_MODEL:
+        handle_load_model(s, j);
+        break;
+    case LLMS__REQUEST__BODY_UNLOAD_MODEL:
+        handle_unload_model(s, j);
         break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
@@ -2103,7 +2276,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
         goto fail;
     ctx_set_write_notify(s->cm, sched_writes_done, s);
     atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
-    semantic_env se = {cfg, env->model_path, env->m, env->tok, s->runner, s->pool,
+    semantic_env se = {cfg, env->reg, env->m, env->tok, s->runner, s->pool,
                        s->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);
     if (!s->sem)

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/models.h"
 #include "daemon/outq.h"
 #include "engine/chat.h"
 #include "engine/err.h"
@@ -60,8 +61,8 @@ typedef struct sched_job {
 /* What the worker needs; all of it outlives the scheduler. */
 typedef struct sched_env {
     const config *cfg;           /* resolved: n_ctx and max_tokens_per_context set */
-    const char *model_path;
-    const model *m;
+    models *reg;                 /* the registry: the worker's alone once started */
+    const model *m;              /* the generate model's */
     const tokenizer *tok;
     enum chat_family family;
     store *st;

@@ -13,7 +13,6 @@
 
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
-#include "engine/bert.h"
 #include "engine/embed.h"
 #include "engine/rerank.h"
 
@@ -32,12 +31,6 @@ struct semantic {
     int32_t *positions;    /* (max_kv) 0, 1, 2, ... */
     int32_t *rows;         /* (max_slice) 0, 1, 2, ...: every row of a slice */
     float *norm_row;       /* (dim) */
-    reranker *rr;          /* opened on first use */
-    bool rr_busy;          /* a rerank or calibration task holds the reranker */
-    /* embed_model: a bert encoder answering Embed (NULL: the daemon's model) */
-    bert_model *enc;
-    bert_runner *enc_r;
-    tokenizer *enc_tok;
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -47,9 +40,11 @@ struct sem_task {
     enum sem_kind kind;
     uint64_t conn_id;
     const Llms__Request *req;    /* borrowed: the scheduler's job outlives the task */
+    models_entry *me;            /* the model it runs on (counted in me->running) */
     /* Embed */
     enum embed_pooling pooling;
-    enum bert_pooling enc_pool;  /* on the embed_model encoder */
+    enum bert_pooling enc_pool;  /* on an encoder */
+    int dim;                     /* of the vectors */
     int n_texts;
     int32_t *tokens;             /* every text's ids, back to back */
     int *text_start;             /* (n_texts + 1) offset of each text in tokens */
@@ -99,21 +94,6 @@ static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
         outq_push(sm->env.out, conn_id, buf, len, false);
 }
 
-/* The embed_model encoder, its tokenizer and runner; texts are at most its runner's rows. */
-static int embed_model_open(semantic *sm, char err[ERR_MAX])
-{
-    const char *path = sm->env.cfg->embed_model;
-    char why[ERR_MAX];
-    if (!(sm->enc = bert_load(path, why)))
-        return err_set(err, "embed_model %s: %s (it must be a bert encoder)", path, why);
-    if (tok_load(bert_gguf(sm->enc), &sm->enc_tok, why) < 0)
-        return err_set(err, "embed_model %s: tokenizer: %s", path, why);
-    if (!(sm->enc_r = bert_runner_new(sm->enc, sm->env.cfg->threads, 0, why)))
-        return err_set(err, "embed_model %s: %s", path, why);
-    sm->dim = bert_hparams_of(sm->enc)->dim;
-    return 0;
-}
-
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
 {
     semantic *sm = calloc(1, sizeof *sm);
@@ -123,10 +103,6 @@ semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
     }
     sm->env = *env;
     sm->dim = model_hparams_of(env->m)->dim;
-    if (env->cfg->embed_model[0] && embed_model_open(sm, err) < 0) {
-        semantic_free(sm);
-        return NULL;
-    }
     sm->max_kv = model_runner_max_kv(env->runner);
     sm->positions = malloc(sizeof *sm->positions * (size_t)sm->max_kv);
     sm->rows = malloc(sizeof *sm->rows * (size_t)env->max_slice);
@@ -147,10 +123,6 @@ void semantic_free(semantic *sm)
 {
     if (!sm)
         return;
-    rerank_close(sm->rr);
-    bert_runner_free(sm->enc_r);
-    tok_free(sm->enc_tok);
-    bert_free(sm->enc);
     free(sm->positions);
     free(sm->rows);
     free(sm->norm_row);
@@ -159,8 +131,8 @@ void semantic_free(semantic *sm)
 
 /* ---- tasks ---- */
 
-static sem_task *task_new(semantic *sm, enum sem_kind kind, uint64_t conn_id,
-                          const Llms__Request *req)
+static sem_task *task_new(semantic *sm, enum sem_kind kind, models_entry *me,
+                          uint64_t conn_id, const Llms__Request *req)
 {
     sem_task *t = calloc(1, sizeof *t);
     if (!t) {
@@ -171,6 +143,8 @@ static sem_task *task_new(semantic *sm, enum sem_kind kind, uint64_t conn_id,
     t->kind = kind;
     t->conn_id = conn_id;
     t->req = req;
+    t->me = me;
+    me->running++;
     kv_seq_init(&t->seq, sm->env.pool);
     return t;
 }
@@ -188,13 +162,14 @@ void semantic_task_free(sem_task *t)
     if (t->rt)
         rerank_task_free(t->rt);
     if (t->kind != SEM_EMBED)
-        t->sm->rr_busy = false;
+        t->me->rr_busy = false;
+    t->me->running--;
     free(t);
 }
 
 bool semantic_uses_slices(const sem_task *t)
 {
-    return t->kind == SEM_EMBED && !t->sm->enc;
+    return t->kind == SEM_EMBED && !t->me->enc;
 }
 
 /* ---- Embed ---- */
@@ -205,8 +180,9 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
                                      char err[ERR_MAX])
 {
     semantic *sm = t->sm;
-    const tokenizer *tok = sm->enc ? sm->enc_tok : sm->env.tok;
-    int max_len = sm->enc ? bert_runner_max_rows(sm->enc_r) : sm->max_kv;
+    const models_entry *me = t->me;
+    const tokenizer *tok = me->enc ? me->enc_tok : sm->env.tok;
+    int max_len = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
     int cap = 0;
     for (int i = 0; i < t->n_texts; i++) {
         const char *text = er->texts[i];
@@ -231,7 +207,7 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
         }
         if (nt == 0 || nt > max_len) {
             err_set(err, "text %d has %d tokens; a text needs 1 to %d (%s)", i, nt, max_len,
-                    sm->enc ? "the embed_model's positions, at most 512" : "n_ctx");
+                    me->enc ? "the encoder's positions, at most 512" : "n_ctx");
             return LLMS__ERROR_CODE__INVALID_ARGUMENT;
         }
         t->text_start[i + 1] = t->text_start[i] + nt;
@@ -239,11 +215,27 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
     return LLMS__ERROR_CODE__OK;
 }
 
+/* The model a request names for role (else the role's default); NULL when the request
+ * was answered with the error. */
+static models_entry *resolve(semantic *sm, uint64_t conn_id, const Llms__Request *req,
+                             const char *name, enum models_role role)
+{
+    char err[ERR_MAX];
+    models_entry *me;
+    Llms__ErrorCode code = models_resolve(sm->env.reg, name, role, &me, err);
+    if (code != LLMS__ERROR_CODE__OK)
+        send_error(sm, conn_id, req, code, "%s", err);
+    return me;
+}
+
 static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__EmbedRequest *er = req->embed;
     const config *cfg = sm->env.cfg;
     size_t n = er->n_texts;
+    models_entry *me = resolve(sm, conn_id, req, er->model, MODELS_EMBED);
+    if (!me)
+        return NULL;
     if (n == 0) {
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
         return NULL;
@@ -255,7 +247,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     }
     enum embed_pooling pooling = EMBED_LAST;
     /* an encoder pools as its file says (CLS for rank or none) unless the call asks */
-    enum bert_pooling enc_pool = sm->enc ? bert_hparams_of(sm->enc)->pooling : BERT_POOL_CLS;
+    enum bert_pooling enc_pool = me->enc ? bert_hparams_of(me->enc)->pooling : BERT_POOL_CLS;
     if (enc_pool != BERT_POOL_MEAN && enc_pool != BERT_POOL_LAST)
         enc_pool = BERT_POOL_CLS;
     if (er->has_pooling) {
@@ -268,7 +260,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
             return NULL;
         }
     }
-    int dim = sm->dim;
+    int dim = me->enc ? bert_hparams_of(me->enc)->dim : sm->dim;
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
@@ -276,9 +268,10 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
                    cfg->max_frame_bytes);
         return NULL;
     }
-    sem_task *t = task_new(sm, SEM_EMBED, conn_id, req);
+    sem_task *t = task_new(sm, SEM_EMBED, me, conn_id, req);
     if (!t)
         return NULL;
+    t->dim = dim;
     t->pooling = pooling;
     t->enc_pool = enc_pool;
     t->n_texts = (int)n;
@@ -335,15 +328,15 @@ static void embed_reply(sem_task *t)
     }
     for (size_t i = 0; i < n; i++) {
         llms__vector__init(&vecs[i]);
-        vecs[i].n_values = (size_t)sm->dim;
-        vecs[i].values = t->values + i * (size_t)sm->dim;
+        vecs[i].n_values = (size_t)t->dim;
+        vecs[i].values = t->values + i * (size_t)t->dim;
         vptr[i] = &vecs[i];
         ntok[i] = (uint32_t)(t->text_start[i + 1] - t->text_start[i]);
     }
     Llms__EmbedResponse eb = LLMS__EMBED_RESPONSE__INIT;
     eb.n_vectors = n;
     eb.vectors = vptr;
-    eb.dim = (uint32_t)sm->dim;
+    eb.dim = (uint32_t)t->dim;
     eb.n_n_tokens = n;
     eb.n_tokens = ntok;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -393,14 +386,9 @@ int semantic_slice_done(sem_task *t)
 
 /* ---- Rerank ---- */
 
-static const char *rerank_path(const semantic *sm)
+static void setting_key(const models_entry *me, float precision, char key[SEM_KEY_MAX])
 {
-    return sm->env.cfg->rerank_model[0] ? sm->env.cfg->rerank_model : sm->env.model_path;
-}
-
-static void setting_key(const semantic *sm, float precision, char key[SEM_KEY_MAX])
-{
-    snprintf(key, SEM_KEY_MAX, "rerank.cv_threshold:%s:%.4f", rerank_path(sm), precision);
+    snprintf(key, SEM_KEY_MAX, "rerank.cv_threshold:%s:%.4f", me->path, precision);
 }
 
 /* Options of a call: the daemon's settings with the request's top_k and mode. */
@@ -430,16 +418,13 @@ static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
     return 0;
 }
 
-/* The reranker, opened on first use with the daemon's settings (a call's options may
- * then differ, stream_weights included). */
-static reranker *get_reranker(semantic *sm, char err[ERR_MAX])
+/* The model's reranker, opened on first use with the daemon's settings (a call's
+ * options may then differ, stream_weights included). */
+static reranker *get_reranker(semantic *sm, models_entry *me, char err[ERR_MAX])
 {
-    if (!sm->rr) {
-        rerank_options o;
-        call_options(sm, 0, 0, 0, LLMS__RERANK_MODE__RERANK_SET, &o, err);
-        sm->rr = rerank_open(rerank_path(sm), &o, err);
-    }
-    return sm->rr;
+    rerank_options o;
+    call_options(sm, 0, 0, 0, LLMS__RERANK_MODE__RERANK_SET, &o, err);
+    return models_reranker(me, &o, err);
 }
 
 /* Checks the size of one query and its documents against the limits: 0, or the code. */
@@ -495,6 +480,9 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
 {
     const Llms__RerankRequest *rq = req->rerank;
     char err[ERR_MAX];
+    models_entry *me = resolve(sm, conn_id, req, rq->model, MODELS_RERANK);
+    if (!me)
+        return NULL;
     Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
     if (code != LLMS__ERROR_CODE__OK) {
         send_error(sm, conn_id, req, code, "%s", err);
@@ -527,7 +515,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
             return NULL;
         }
         char key[SEM_KEY_MAX];
-        setting_key(sm, p, key);
+        setting_key(me, p, key);
         double v[4];
         int nv = 0;
         bool found = false;
@@ -538,14 +526,15 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         if (!found || nv < 1) {
             send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
                        "no threshold calibrated for precision %.4f on %s "
-                       "(llmsctl rerank-calibrate)", p, rerank_path(sm));
+                       "(llmsctl rerank-calibrate)", p, me->path);
             return NULL;
         }
         o.cv_threshold = (float)v[0];
     }
-    reranker *rr = get_reranker(sm, err);
+    reranker *rr = get_reranker(sm, me, err);
     if (!rr) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s", me->name,
+                   err);
         return NULL;
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
@@ -554,7 +543,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
      * layer with provisional scores; the full forward gives the exact scores and order. */
     if (o.mode == RERANK_SET && o.top_k >= (int)rq->n_documents)
         o.mode = RERANK_ORDERED;
-    sem_task *t = task_new(sm, SEM_RERANK, conn_id, req);
+    sem_task *t = task_new(sm, SEM_RERANK, me, conn_id, req);
     if (!t)
         return NULL;
     /* a step computes whole chunks: keep them to a step's share of rows */
@@ -567,7 +556,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
-    sm->rr_busy = true;
+    me->rr_busy = true;
     return t;
 }
 
@@ -608,6 +597,7 @@ static void rerank_reply(sem_task *t, const rerank_result *res)
     rb.n_pruned_at_layer = (size_t)res->n_layer;
     rb.pruned_at_layer = pruned;
     rb.peak_bytes = res->peak_bytes;
+    t->me->rr_peak_bytes = res->peak_bytes;
     rb.time_ms = res->ms;
     rb.cv_threshold = t->opt.cv_threshold;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -638,8 +628,11 @@ static double overlap(const int *a, const int *b, int n)
     return n > 0 ? (double)hit / n : 1.0;
 }
 
-static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request *req)
+static void handle_calibrate(sem_task *t)
 {
+    semantic *sm = t->sm;
+    uint64_t conn_id = t->conn_id;
+    const Llms__Request *req = t->req;
     const Llms__RerankCalibrateRequest *cq = req->rerank_calibrate;
     char err[ERR_MAX];
     float p = cq->precision;
@@ -665,9 +658,10 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return;
     }
-    reranker *rr = get_reranker(sm, err);
+    reranker *rr = get_reranker(sm, t->me, err);
     if (!rr) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker: %s", err);
+        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
+                   t->me->name, err);
         return;
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
@@ -728,7 +722,7 @@ static void handle_calibrate(semantic *sm, uint64_t conn_id, const Llms__Request
     /* No grid threshold reaches the precision: only the full forward does. */
     float thr = chosen >= 0 ? calib_grid[chosen] : 0.0f;
     char key[SEM_KEY_MAX];
-    setting_key(sm, p, key);
+    setting_key(t->me, p, key);
     double vals[4] = {thr, chosen >= 0 ? grid_prec[chosen] : 1.0, k, o.mode};
     if (store_setting_put(sm->env.st, key, vals, 4, err) < 0) {
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
@@ -758,15 +752,17 @@ done:
 sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     sem_task *t;
+    models_entry *me;
     switch (req->body_case) {
     case LLMS__REQUEST__BODY_EMBED:
         return embed_begin(sm, conn_id, req);
     case LLMS__REQUEST__BODY_RERANK:
         return rerank_begin_task(sm, conn_id, req);
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
-        t = task_new(sm, SEM_CALIBRATE, conn_id, req);
+        me = resolve(sm, conn_id, req, req->rerank_calibrate->model, MODELS_RERANK);
+        t = me ? task_new(sm, SEM_CALIBRATE, me, conn_id, req) : NULL;
         if (t)
-            sm->rr_busy = true;
+            me->rr_busy = true;
         return t;
     default:
         send_error(sm, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
@@ -777,7 +773,19 @@ sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *re
 
 bool semantic_can_begin(const semantic *sm, const Llms__Request *req)
 {
-    return req->body_case == LLMS__REQUEST__BODY_EMBED || !sm->rr_busy;
+    const char *name = NULL;
+    if (req->body_case == LLMS__REQUEST__BODY_RERANK)
+        name = req->rerank->model;
+    else if (req->body_case == LLMS__REQUEST__BODY_RERANK_CALIBRATE)
+        name = req->rerank_calibrate->model;
+    else
+        return true;
+    char err[ERR_MAX];
+    models_entry *me;
+    /* a request for no model may begin: semantic_begin answers it */
+    if (models_resolve(sm->env.reg, name, MODELS_RERANK, &me, err) != LLMS__ERROR_CODE__OK)
+        return true;
+    return !me->rr_busy;
 }
 
 /* Embed on the encoder: whole texts, as many as max_rows (at least one) and the runner
@@ -786,7 +794,8 @@ static int embed_advance_encoder(sem_task *t, int max_rows)
 {
     semantic *sm = t->sm;
     char err[ERR_MAX];
-    int cap = bert_runner_max_rows(sm->enc_r), g = 0, rows = 0;
+    const models_entry *me = t->me;
+    int cap = bert_runner_max_rows(me->enc_r), g = 0, rows = 0;
     if (max_rows > cap)
         max_rows = cap;
     int *lens = t->text_start + t->n_texts + 1; /* (n_texts) lengths, filled here */
@@ -797,8 +806,8 @@ static int embed_advance_encoder(sem_task *t, int max_rows)
         lens[g++] = len;
         rows += len;
     }
-    if (bert_embed(sm->enc_r, g, lens, t->tokens + t->text_start[t->text], NULL, t->enc_pool,
-                   t->values + (size_t)t->text * sm->dim, err) < 0) {
+    if (bert_embed(me->enc_r, g, lens, t->tokens + t->text_start[t->text], NULL, t->enc_pool,
+                   t->values + (size_t)t->text * t->dim, err) < 0) {
         send_error(sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
@@ -815,7 +824,7 @@ int semantic_advance(sem_task *t, int max_rows)
     if (t->kind == SEM_EMBED)
         return embed_advance_encoder(t, max_rows);
     if (t->kind == SEM_CALIBRATE) {
-        handle_calibrate(t->sm, t->conn_id, t->req);
+        handle_calibrate(t);
         return 1;
     }
     int rc = rerank_step(t->rt, max_rows, err);

@@ -2,15 +2,18 @@
  * semantic.h — the worker's Embed, Rerank and the admin RerankCalibrate, as tasks that
  * the step scheduler advances a slice at a time.
  *
- * An Embed task's texts run on the daemon's model: each step takes a slice of the current
- * text as one more sequence of the step's batched forward (semantic_slice, then
- * semantic_slice_done after the forward). With embed_model (a bert encoder, opened by
- * semantic_new) Embed advances by semantic_advance instead, whole texts at a time. Rerank runs a reranker (engine/rerank.h) on
- * rerank_model, opened on the first Rerank call and kept; its tasks advance by
- * semantic_advance, a bounded number of rows at a time, one rerank at a time. A
- * calibration runs whole inside one semantic_advance (an admin's rare call). Thresholds
- * found by RerankCalibrate are kept in the store's settings under
- * "rerank.cv_threshold:<model path>:<precision>".
+ * Each request runs on the model it names, else its role's default (daemon/models.h);
+ * an unknown name is NOT_FOUND, a model without the role INVALID_ARGUMENT. Embed on the
+ * generate model (a decoder): each step takes a slice of the current text as one more
+ * sequence of the step's batched forward (semantic_slice, then semantic_slice_done after
+ * the forward). Embed on a bert encoder advances by semantic_advance instead, whole texts
+ * at a time. Rerank runs the model's reranker (engine/rerank.h), opened on its first call
+ * and kept; its tasks advance by semantic_advance, a bounded number of rows at a time,
+ * one rerank per reranker at a time. A calibration runs whole inside one
+ * semantic_advance (an admin's rare call). Thresholds found by RerankCalibrate are kept
+ * in the store's settings under "rerank.cv_threshold:<model path>:<precision>". A task
+ * counts in its model's running while it exists, so that the model is not unloaded
+ * under it.
  */
 #ifndef LLMS_SEMANTIC_H
 #define LLMS_SEMANTIC_H
@@ -19,6 +22,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/models.h"
 #include "daemon/outq.h"
 #include "engine/err.h"
 #include "engine/kv.h"
@@ -29,8 +33,8 @@
 
 typedef struct semantic_env {
     const config *cfg;
-    const char *model_path;
-    const model *m;
+    models *reg;          /* the worker's: embed and rerank models by name */
+    const model *m;       /* the generate model (decoder embeddings) */
     const tokenizer *tok;
     model_runner *runner; /* the worker's */
     kv_pool *pool;        /* the worker's */
@@ -51,11 +55,11 @@ typedef struct sem_task sem_task;
  * work. NULL when the request was answered at once (an error). */
 sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req);
 
-/* Whether a task for req may begin now: reranks and calibrations use the one reranker,
+/* Whether a task for req may begin now: reranks and calibrations of one reranker run
  * one task at a time. */
 bool semantic_can_begin(const semantic *sm, const Llms__Request *req);
 
-/* Whether the task's work is forward slices on the daemon's model (Embed) rather than
+/* Whether the task's work is forward slices on the generate model (Embed) rather than
  * semantic_advance. */
 bool semantic_uses_slices(const sem_task *t);
 

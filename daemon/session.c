@@ -74,7 +74,8 @@ static bool is_admin_call(Llms__Request__BodyCase b)
     return b == LLMS__REQUEST__BODY_STATUS || b == LLMS__REQUEST__BODY_LIST_APPS ||
            b == LLMS__REQUEST__BODY_LIST_ALL_CONTEXTS || b == LLMS__REQUEST__BODY_EVICT_CONTEXT ||
            b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
-           b == LLMS__REQUEST__BODY_PLAN ||
+           b == LLMS__REQUEST__BODY_PLAN || b == LLMS__REQUEST__BODY_LOAD_MODEL ||
+           b == LLMS__REQUEST__BODY_UNLOAD_MODEL ||
            b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
 }
 
@@ -192,20 +193,59 @@ static bool system_prompt_too_long(const session_env *env, const char *text, ref
                      "(max_tokens_per_context)", n, cfg->max_tokens_per_context);
 }
 
+/* A model name longer than any name is refused before it is looked up or echoed. */
+static bool bad_model_name(const char *name, refusal *r)
+{
+    if (!name || strlen(name) <= MODELS_NAME_MAX)
+        return false;
+    return refuse_as(r, LLMS__ERROR_CODE__NOT_FOUND,
+                     "model name is %zu bytes, names are at most %d", strlen(name),
+                     MODELS_NAME_MAX);
+}
+
+static bool bad_load(const Llms__LoadModelRequest *q, refusal *r)
+{
+    if (!q->name[0] || strlen(q->name) > MODELS_NAME_MAX)
+        return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                         "name is %zu bytes, names are 1..%d", strlen(q->name), MODELS_NAME_MAX);
+    if (!q->path[0] || strlen(q->path) >= CONFIG_PATH_MAX)
+        return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                         "path is %zu bytes, paths are 1..%d", strlen(q->path),
+                         CONFIG_PATH_MAX - 1);
+    if (q->n_roles > 3)
+        return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                         "%zu roles, there are 3 (generate, embed, rerank)", q->n_roles);
+    for (size_t i = 0; i < q->n_roles; i++)
+        if (strlen(q->roles[i]) > 16)
+            return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                             "role %zu is not generate, embed or rerank", i);
+    return false;
+}
+
 /* Checks the size of every string and list of a request against its limit. */
 static bool oversized(const session_env *env, const Llms__Request *req, refusal *r)
 {
     const config *cfg = env->cfg;
     switch (req->body_case) {
+    case LLMS__REQUEST__BODY_LOAD_MODEL:
+        return bad_load(req->load_model, r);
+    case LLMS__REQUEST__BODY_UNLOAD_MODEL:
+        return bad_model_name(req->unload_model->name, r);
+    case LLMS__REQUEST__BODY_RERANK:
+        return bad_model_name(req->rerank->model, r);
+    case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+        return bad_model_name(req->rerank_calibrate->model, r);
     case LLMS__REQUEST__BODY_CREATE_CONTEXT:
-        return bad_params(req->create_context->defaults, r) ||
+        return bad_model_name(req->create_context->model, r) ||
+               bad_params(req->create_context->defaults, r) ||
                system_prompt_too_long(env, req->create_context->system_prompt, r);
     case LLMS__REQUEST__BODY_CALL:
         return bad_context_id(req->call->context_id, r) ||
                text_too_long(cfg, "prompt", req->call->prompt, r) ||
                bad_params(req->call->params, r);
     case LLMS__REQUEST__BODY_COMPLETE:
-        return text_too_long(cfg, "prompt", req->complete->prompt, r) ||
+        return bad_model_name(req->complete->model, r) ||
+               text_too_long(cfg, "prompt", req->complete->prompt, r) ||
                text_too_long(cfg, "system_prompt", req->complete->system_prompt, r) ||
                bad_params(req->complete->params, r);
     case LLMS__REQUEST__BODY_DELETE_CONTEXT:
@@ -215,6 +255,8 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
     case LLMS__REQUEST__BODY_EVICT_CONTEXT:
         return bad_context_id(req->evict_context->context_id, r);
     case LLMS__REQUEST__BODY_EMBED:
+        if (bad_model_name(req->embed->model, r))
+            return true;
         for (size_t i = 0; i < req->embed->n_texts; i++)
             if (text_too_long(cfg, "a text to embed", req->embed->texts[i], r))
                 return true;
@@ -242,7 +284,8 @@ static bool is_unbound_admin_call(const session *ss, const Llms__Request *req)
         return false;
     if (b == LLMS__REQUEST__BODY_GET_CONTEXT)
         return req->get_context->has_any_app && req->get_context->any_app;
-    return is_admin_call(b) && b != LLMS__REQUEST__BODY_RERANK_CALIBRATE;
+    return (is_admin_call(b) && b != LLMS__REQUEST__BODY_RERANK_CALIBRATE) ||
+           b == LLMS__REQUEST__BODY_LIST_MODELS;
 }
 
 static void send_resp(const session_env *env, void *conn, Llms__Response *r)

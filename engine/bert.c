@@ -330,6 +330,7 @@ struct bert_runner {
     tp_pool *pool;
     int max_rows;
     char *mem;       /* one allocation holding every buffer below */
+    size_t mem_bytes;
     float *x;        /* (max_rows, dim) bert_embed's rows */
     float *q, *k, *v; /* (max_rows, dim) */
     float *att;      /* (max_rows, dim) attention output, heads side by side */
@@ -384,6 +385,7 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
     for (size_t i = 0; i < n; i++)
         total += bert_align(sizes[i]);
     r->mem = aligned_alloc(64, total);
+    r->mem_bytes = total;
     if (!r->mem) {
         bert_runner_free(r);
         err_set(err, "bert runner: out of memory for %zu bytes of scratch", total);
@@ -404,6 +406,11 @@ void bert_runner_free(bert_runner *r)
     tp_free(r->pool);
     free(r->mem);
     free(r);
+}
+
+size_t bert_runner_scratch_bytes(const bert_runner *r)
+{
+    return r->mem_bytes;
 }
 
 int bert_runner_max_rows(const bert_runner *r)

@@ -16,6 +16,7 @@
 #define LLMS_BERT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/err.h"
@@ -70,6 +71,8 @@ typedef struct bert_runner bert_runner;
 bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, char err[ERR_MAX]);
 void bert_runner_free(bert_runner *r);
 int bert_runner_max_rows(const bert_runner *r);
+/* Bytes of the runner's scratch (the rows' buffers; not its thread pool). */
+size_t bert_runner_scratch_bytes(const bert_runner *r);
 
 /*
  * The input rows of n_seq stacked sequences: sequence i has lens[i] tokens (1 ..

@@ -76,13 +76,17 @@ static const char *const store_migrations[] = {
     "ALTER TABLE contexts ADD COLUMN window_sink INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE contexts ADD COLUMN window_dropped INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE contexts ADD COLUMN window_slides INTEGER NOT NULL DEFAULT 0;",
+
+    /* The generate model a context belongs to (daemon/models.h); NULL for contexts from
+     * before the registry. */
+    "ALTER TABLE contexts ADD COLUMN model TEXT;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
 #define CONTEXT_COLUMNS                                                                    \
     "SELECT c.id, c.app_id, a.uid, a.name, c.system_prompt, c.params, c.created_ms,"     \
     " c.last_used_ms, c.n_tokens, c.n_turns, c.overflow, c.window_sink, c.window_dropped,"  \
-    " c.window_slides FROM contexts c JOIN apps a ON a.id = c.app_id "
+    " c.window_slides, c.model FROM contexts c JOIN apps a ON a.id = c.app_id "
 
 enum store_stmt {
     ST_BEGIN,
@@ -98,6 +102,7 @@ enum store_stmt {
     ST_CTX_TURNS,
     ST_CTX_TOUCH,
     ST_CTX_WINDOW,
+    ST_CTX_MODEL,
     ST_TURN_INSERT,
     ST_TURN_SELECT,
     ST_SETTING_PUT,
@@ -122,6 +127,7 @@ static const char *const store_sql[ST_COUNT] = {
                      " last_used_ms = ? WHERE id = ?",
     [ST_CTX_WINDOW] = "UPDATE contexts SET overflow = ?, window_sink = ?, window_dropped = ?,"
                       " window_slides = ? WHERE id = ?",
+    [ST_CTX_MODEL] = "UPDATE contexts SET model = ? WHERE id = ?",
     [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens)"
                        " VALUES (?, ?, ?, ?, ?)",
     [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
@@ -518,6 +524,7 @@ static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const sto
                        .sink = sqlite3_column_int64(st, 11),
                        .dropped = sqlite3_column_int64(st, 12),
                        .slides = sqlite3_column_int64(st, 13)},
+            .model = (const char *)sqlite3_column_text(st, 14),
         };
         /* The schema forbids these NULLs, so they mean corruption or no memory. */
         if (!c.id || !c.app_name ||
@@ -670,6 +677,21 @@ static int set_window(store *s, const char *id, const store_window *w, char *err
         return -1;
     if (sqlite3_changes(s->db) == 0)
         return err_set(err, "store: window: no context '%.40s'", id);
+    return 0;
+}
+
+int store_context_set_model(store *s, const char *id, const char *model, char err[ERR_MAX])
+{
+    if (!id || !id[0] || !model || !model[0])
+        return err_set(err, "store: model: empty context id or model name");
+    sqlite3_stmt *st = stmt(s, ST_CTX_MODEL);
+    if (sqlite3_bind_text(st, 1, model, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "model: binding");
+    if (run(s, st, "model: updating context", err) != 0)
+        return -1;
+    if (sqlite3_changes(s->db) == 0)
+        return err_set(err, "store: model: no context '%.40s'", id);
     return 0;
 }
 

@@ -59,6 +59,7 @@ typedef struct store_context {
     int64_t n_tokens;          /* sum of the turns' token counts */
     int64_t n_turns;
     store_window window;       /* all 0 for a context created before windows existed */
+    const char *model;         /* the model it belongs to; NULL when none was recorded */
 } store_context;
 
 /* Adds an empty context (no turns) of an existing app; an id already used fails. */
@@ -99,6 +100,9 @@ typedef struct store_turn {
 
 int store_context_append(store *s, const char *id, const store_turn *turns, int n_turns,
                          int64_t now_ms, char err[ERR_MAX]);
+
+/* Records the model a context belongs to (its name, opaque to the store). */
+int store_context_set_model(store *s, const char *id, const char *model, char err[ERR_MAX]);
 
 /* Sets a context's window (e.g. its overflow policy right after store_context_create). */
 int store_context_set_window(store *s, const char *id, const store_window *w,

@@ -70,6 +70,8 @@ static void usage(void)
            "                        reply; the chat ends) (default: the daemon's, window)\n"
            "         -f, --file F   ask: read the prompt from file F\n"
            "         --json         embed, rerank: JSON output\n"
+           "         --model NAME   ask, new chat, embed, rerank: the daemon's model of that\n"
+           "                        name (llmsctl models), else the default for the kind\n"
            "         --pooling last|mean      embed: token pooling (default last)\n"
            "         -q, --query TEXT         rerank: the query\n"
            "         -k, --top-k K            rerank: documents to select (default 5)\n"
@@ -198,7 +200,11 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         llms_context_info_free(&info);
         snprintf(id, sizeof id, "%s", context);
     } else {
-        if ((s = llms_context_create_overflow(c, system, NULL, overflow, id)) != LLMS_OK)
+        /* only the model: a chat's sampling settings go with each turn */
+        llms_params cp;
+        llms_params_init(&cp);
+        cp.model = p->model;
+        if ((s = llms_context_create_overflow(c, system, &cp, overflow, id)) != LLMS_OK)
             return report(c, s, "creating a context");
         fprintf(stderr, "context %s (resume with: llms chat --context %s)\n", id, id);
     }
@@ -298,10 +304,12 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
     return report(c, llms_context_delete(c, argv[1]), argv[1]);
 }
 
-static int cmd_embed(llms_conn *c, char **texts, int n, enum llms_pooling pooling, int json)
+static int cmd_embed(llms_conn *c, const char *model, char **texts, int n,
+                     enum llms_pooling pooling, int json)
 {
     llms_embeddings e;
-    enum llms_status s = llms_embed(c, (const char *const *)texts, (size_t)n, pooling, &e);
+    enum llms_status s =
+        llms_embed_model(c, model, (const char *const *)texts, (size_t)n, pooling, &e);
     if (s != LLMS_OK)
         return report(c, s, "embed");
     if (json)
@@ -485,7 +493,7 @@ static int takes_value(const char *a)
     static const char *const with_value[] = {
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
-        "--max-tokens", "--seed", "-f", "--file", "--overflow"};
+        "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
             return 1;
@@ -507,6 +515,8 @@ static const char *option_commands(const char *a)
         return "embed";
     if (!strcmp(a, "--json"))
         return "embed rerank";
+    if (!strcmp(a, "--model"))
+        return "ask chat embed rerank";
     if (!strcmp(a, "--socket") || !strcmp(a, "--app"))
         return NULL;
     return "rerank";
@@ -633,6 +643,8 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--system"))
             system = v;
+        else if (!strcmp(a, "--model"))
+            p.model = ro.model = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
             file = v;
         else if (!strcmp(a, "--temp")) {
@@ -657,6 +669,8 @@ int main(int argc, char **argv)
         bad_usage("chat: --system sets up a new chat; a --context one has its own");
     if (context && overflow != LLMS_OVERFLOW_DEFAULT)
         bad_usage("chat: --overflow sets up a new chat; a --context one has its own");
+    if (context && p.model)
+        bad_usage("chat: --model sets up a new chat; a --context one has its own");
     free(opts);
 
     char *prompt_owned = NULL;
@@ -688,7 +702,7 @@ int main(int argc, char **argv)
         else if (!strcmp(pos[0], "chat"))
             rc = cmd_chat(c, &p, context, system, overflow);
         else if (!strcmp(pos[0], "embed"))
-            rc = cmd_embed(c, pos + 1, npos - 1, pooling, json);
+            rc = cmd_embed(c, p.model, pos + 1, npos - 1, pooling, json);
         else if (!strcmp(pos[0], "rerank"))
             rc = cmd_rerank(c, query, pos + 1, npos - 1, &ro, json);
         else

@@ -48,6 +48,11 @@ static void usage(void)
            "                   daemon's prefill_budget_mb, step by step\n"
            "  rerank-calibrate --precision P [-k K] [--mode set|ordered] SETFILE...\n"
            "                   find and store the reranker's pruning threshold for P\n"
+           "  models           the model registry: name, arch, type, size, roles, memory\n"
+           "  load NAME PATH [ROLES]\n"
+           "                   map a GGUF file as model NAME (ROLES: embed, rerank, comma-\n"
+           "                   separated; default by the file's kind)\n"
+           "  unload NAME      forget a model (refused while requests use it)\n"
            "\n"
            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
            "         --json         one JSON object on stdout (errors too)\n"
@@ -91,6 +96,10 @@ static void json_context(const llms_context_info *c, int with_history)
            llms_overflow_name(c->overflow), c->window_slides, c->window_dropped_tokens);
     fputs(",\"system_prompt\":", stdout);
     json_str(c->system_prompt);
+    if (c->model) {
+        fputs(",\"model\":", stdout);
+        json_str(c->model);
+    }
     if (c->n_chunks) {
         fputs(",\"chunks\":[", stdout);
         for (size_t i = 0; i < c->n_chunks; i++) {
@@ -208,10 +217,12 @@ static enum llms_status cmd_status(llms_conn *c)
         printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
                ",\"queued_generate\":%" PRIu32 ",\"queued_embed\":%" PRIu32
                ",\"queued_rerank\":%" PRIu32 ",\"steps\":%" PRIu64
-               ",\"step_mean_ms\":%.3f,\"rows_per_step\":%.2f,\"longest_stall_ms\":%.3f}}\n",
+               ",\"step_mean_ms\":%.3f,\"rows_per_step\":%.2f,\"longest_stall_ms\":%.3f}",
                st.sched_step_tokens, st.sched_active_sequences, st.sched_queued_generate,
                st.sched_queued_embed, st.sched_queued_rerank, st.sched_steps,
                st.sched_step_mean_ms, st.sched_rows_per_step, st.sched_longest_stall_ms);
+        printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64 "}\n",
+               st.models_resident_bytes, st.models_scratch_bytes);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -260,8 +271,55 @@ static enum llms_status cmd_status(llms_conn *c)
                m->rec_fix, m->cold_fix, m->warm_fix, m->rec_contention, m->read_contention,
                m->observed, m->rec_ratio_median, m->rec_ratio_last, m->read_ratio_median,
                m->read_ratio_last, m->total_ratio_median, m->total_ratio_last);
+        printf("models            %" PRIu64 " bytes of weights in memory, %" PRIu64
+               " bytes of runner scratch (llmsctl models: each)\n",
+               st.models_resident_bytes, st.models_scratch_bytes);
     }
     llms_daemon_status_free(&st);
+    return LLMS_OK;
+}
+
+static enum llms_status cmd_models(llms_conn *c)
+{
+    llms_model_info *ms;
+    size_t n;
+    enum llms_status s = llms_list_models(c, &ms, &n);
+    if (s != LLMS_OK)
+        return s;
+    if (json)
+        fputs("{\"models\":[", stdout);
+    else
+        printf("%-20s %-8s %-13s %12s  %-22s %-22s %12s %12s %s\n", "NAME", "ARCH", "TYPE",
+               "FILE_BYTES", "ROLES", "DEFAULT_FOR", "RESIDENT", "SCRATCH", "RUNNING");
+    for (size_t i = 0; i < n; i++) {
+        const llms_model_info *m = &ms[i];
+        if (json) {
+            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+            json_str(m->name);
+            fputs(",\"path\":", stdout);
+            json_str(m->path);
+            fputs(",\"arch\":", stdout);
+            json_str(m->arch);
+            fputs(",\"type\":", stdout);
+            json_str(m->type);
+            fputs(",\"roles\":", stdout);
+            json_str(m->roles);
+            fputs(",\"default_for\":", stdout);
+            json_str(m->default_for);
+            printf(",\"file_bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64
+                   ",\"scratch_bytes\":%" PRIu64 ",\"running\":%" PRIu32 "}",
+                   m->file_bytes, m->resident_bytes, m->scratch_bytes, m->running);
+        } else {
+            printf("%-20s %-8s %-13s %12" PRIu64 "  %-22s %-22s %12" PRIu64 " %12" PRIu64
+                   " %" PRIu32 "\n",
+                   m->name, m->arch, m->type, m->file_bytes, m->roles,
+                   m->default_for[0] ? m->default_for : "-", m->resident_bytes,
+                   m->scratch_bytes, m->running);
+        }
+    }
+    if (json)
+        fputs("]}\n", stdout);
+    llms_model_list_free(ms, n);
     return LLMS_OK;
 }
 
@@ -341,6 +399,8 @@ static enum llms_status cmd_show(llms_conn *c, const char *id)
                        k->bits, (double)k->density);
             }
         }
+        if (info.model)
+            printf("model: %s\n", info.model);
         if (info.system_prompt)
             printf("system prompt: %s\n", info.system_prompt);
         for (size_t i = 0; i < info.n_history; i++)
@@ -544,13 +604,20 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_profile(c);
     if (!strcmp(cmd, "plan"))
         return cmd_plan(c);
+    if (!strcmp(cmd, "models"))
+        return cmd_models(c);
+    if (!strcmp(cmd, "load"))
+        return cmd_ok(c, llms_model_load(c, pos[1], pos[2], pos[3]));
+    if (!strcmp(cmd, "unload"))
+        return cmd_ok(c, llms_model_unload(c, pos[1]));
     return cmd_ok(c, llms_shutdown(c));
 }
 
 /* Exits with a message unless the positional arguments make a command. */
 static void check_command(char **pos, int npos)
 {
-    static const char *const alone[] = {"status", "apps", "contexts", "profile", "shutdown"};
+    static const char *const alone[] = {"status", "apps", "contexts", "profile", "shutdown",
+                                        "models"};
     if (npos == 0)
         bad_usage("no command");
     for (size_t i = 0; i < sizeof alone / sizeof alone[0]; i++)
@@ -562,6 +629,16 @@ static void check_command(char **pos, int npos)
     if (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict")) {
         if (npos != 2)
             bad_usage("%s needs one context id", pos[0]);
+        return;
+    }
+    if (!strcmp(pos[0], "load")) {
+        if (npos < 3 || npos > 4)
+            bad_usage("load needs NAME PATH [ROLES]");
+        return;
+    }
+    if (!strcmp(pos[0], "unload")) {
+        if (npos != 2)
+            bad_usage("unload needs one model name");
         return;
     }
     if (!strcmp(pos[0], "plan")) {

@@ -62,6 +62,7 @@ class _Params(ctypes.Structure):
         ("max_tokens", ctypes.c_int32), ("has_seed", ctypes.c_int),
         ("seed", ctypes.c_uint64), ("stop", ctypes.POINTER(ctypes.c_char_p)),
         ("n_stop", ctypes.c_size_t), ("raw", ctypes.c_int),
+        ("model", ctypes.c_char_p),
     ]
 
 
@@ -86,7 +87,7 @@ class _RerankOptions(ctypes.Structure):
     _fields_ = [
         ("top_k", ctypes.c_uint32), ("mode", ctypes.c_int),
         ("cv_threshold", ctypes.c_float), ("target_precision", ctypes.c_float),
-        ("stream_weights", ctypes.c_int),
+        ("stream_weights", ctypes.c_int), ("model", ctypes.c_char_p),
     ]
 
 
@@ -156,7 +157,8 @@ def _api():
         "llms_complete": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, c_int, P(_Params),
                                   _TOKEN_CB, ctypes.c_void_p, P(_Result)]),
         "llms_result_free": (None, [P(_Result)]),
-        "llms_embed": (c_int, [ctypes.c_void_p, P(c_char_p), c_size_t, c_int, P(_Embeddings)]),
+        "llms_embed_model": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t, c_int,
+                                     P(_Embeddings)]),
         "llms_embeddings_free": (None, [P(_Embeddings)]),
         "llms_rerank_options_init": (None, [P(_RerankOptions)]),
         "llms_rerank": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
@@ -176,10 +178,12 @@ def _b(s):
 
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
-            repeat_penalty=None, seed=None, stop=None):
+            repeat_penalty=None, seed=None, stop=None, model=None):
     """A llms_params with the given fields set; keeps the stop strings alive."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
+    if model is not None:
+        p.model = _b(model)
     if temperature is not None:
         p.temperature = temperature
     if top_p is not None:
@@ -276,7 +280,8 @@ class Client:
         return self._generate(call, stream)
 
     def create_context(self, system=None, **defaults):
-        """A new persistent context (its defaults: max_tokens, temperature, ...)."""
+        """A new persistent context (its defaults: max_tokens, temperature, ...; model: a
+        generate model of the daemon's registry by name)."""
         p, keep = _params(**defaults)
         cid = ctypes.create_string_buffer(LLMS_ID_MAX)
         self._check(_api().llms_context_create(self._conn, _b(system) if system else None,
@@ -288,13 +293,15 @@ class Client:
         """An existing context of this app by id."""
         return Context(self, context_id)
 
-    def embed(self, texts, pooling="last"):
-        """One unit-length vector (a list of floats) per text; a str is one text."""
+    def embed(self, texts, pooling="last", model=None):
+        """One unit-length vector (a list of floats) per text; a str is one text. model: an
+        embed model of the daemon's registry by name (None: the default)."""
         if isinstance(texts, (str, bytes)):
             texts = [texts]
         arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
         e = _Embeddings()
-        self._check(_api().llms_embed(self._conn, arr, len(texts),
+        self._check(_api().llms_embed_model(self._conn, _b(model) if model else None, arr,
+                                            len(texts),
                                       1 if pooling == "mean" else 0, ctypes.byref(e)))
         try:
             d = e.dim
@@ -302,11 +309,14 @@ class Client:
         finally:
             _api().llms_embeddings_free(ctypes.byref(e))
 
-    def rerank(self, query, documents, k=5, ordered=True):
-        """The k best documents for query, best first: [RerankHit(index, score)]."""
+    def rerank(self, query, documents, k=5, ordered=True, model=None):
+        """The k best documents for query, best first: [RerankHit(index, score)]. model: a
+        rerank model of the daemon's registry by name (None: the default)."""
         arr = (ctypes.c_char_p * len(documents))(*[_b(d) for d in documents])
         o = _RerankOptions()
         _api().llms_rerank_options_init(ctypes.byref(o))
+        model_b = _b(model) if model else None
+        o.model = model_b
         o.top_k = k
         o.mode = 1 if ordered else 0
         r = _RerankResult()

@@ -73,6 +73,12 @@ class ClientTest(unittest.TestCase):
             list(self.c.context("0" * 32).call("x", stream=True))
         self.assertEqual(e.exception.status_name, "NOT_FOUND")
         with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.embed("x", model="nope")
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", model="nope")
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
             llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
         self.assertEqual(e.exception.status, 100)
 

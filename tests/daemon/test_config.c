@@ -155,6 +155,43 @@ static void semantic_keys(void)
     CHECK(strstr(err, "embed_max_texts") != NULL);
 }
 
+/* model.NAME lines: path and roles, a replaced name, and what is refused. */
+static void model_lines(void)
+{
+    config c;
+    char err[ERR_MAX];
+    config_defaults(&c);
+    CHECK(config_known("model.bge-small") && !config_known("model.") &&
+          !config_known("model.a/b"));
+    CHECK_EQ(config_set(&c, "model.bge", "/m/bge.gguf", err), 0);
+    CHECK_EQ(config_set(&c, "model.rr", "/m/my models/rr.gguf  rerank,embed", err), 0);
+    CHECK_EQ(c.n_models, 2);
+    CHECK(strcmp(c.models[0].path, "/m/bge.gguf") == 0 && c.models[0].roles[0] == '\0');
+    CHECK(strcmp(c.models[1].path, "/m/my models/rr.gguf") == 0);
+    CHECK(strcmp(c.models[1].roles, "rerank,embed") == 0);
+    CHECK_EQ(config_set(&c, "model.bge", "/m/bge2.gguf embed", err), 0);
+    CHECK_EQ(c.n_models, 2);
+    CHECK(strcmp(c.models[0].path, "/m/bge2.gguf") == 0);
+    CHECK(config_set(&c, "model.x", "/m/x.gguf fly", err) < 0);
+    CHECK_MSG(strstr(err, "model.x") && strstr(err, "generate, embed or rerank"), "%s", err);
+    CHECK(config_set(&c, "model.x", "/m/my models/x.gguf", err) < 0);
+    CHECK(config_set(&c, "model.a b", "/m/x.gguf", err) < 0);
+    char key[128];
+    snprintf(key, sizeof key, "model.%060d", 0);
+    CHECK(config_set(&c, key, "/m/x.gguf", err) < 0);
+    CHECK(config_set(&c, "model.x", "   ", err) < 0);
+    for (int i = c.n_models; i < CONFIG_MODELS_MAX; i++) {
+        snprintf(key, sizeof key, "model.m%d", i);
+        CHECK_EQ(config_set(&c, key, "/m/x.gguf", err), 0);
+    }
+    CHECK(config_set(&c, "model.one-more", "/m/x.gguf", err) < 0);
+    /* model.NAME lines alone satisfy the check (models_open finds the generate one) */
+    config_defaults(&c);
+    CHECK(config_check(&c, err) < 0);
+    CHECK_EQ(config_set(&c, "model.chat", "/m/q.gguf generate", err), 0);
+    CHECK_EQ(config_check(&c, err), 0);
+}
+
 int main(void)
 {
     RUN(defaults);
@@ -163,5 +200,6 @@ int main(void)
     RUN(missing_file);
     RUN(set_single_keys);
     RUN(semantic_keys);
+    RUN(model_lines);
     return test_finish();
 }

@@ -907,6 +907,18 @@ static int count_turns(void *arg, const store_turn *t)
     return 0;
 }
 
+static int get_model(void *arg, const store_context *c)
+{
+    *(const char **)arg = c->model;
+    return 0;
+}
+
+static int copy_model(void *arg, const store_context *c)
+{
+    snprintf(arg, 16, "%s", c->model ? c->model : "");
+    return 0;
+}
+
 static void migrates_from_version_1(void)
 {
     char err[ERR_MAX] = "";
@@ -935,6 +947,16 @@ static void migrates_from_version_1(void)
     const double v = 3.0;
     CHECK_MSG(store_setting_put(s, "k", &v, 1, err) == 0, "%s", err);
     bool found;
+    /* a context from before the registry has no model until one is recorded */
+    const char *model = "unset";
+    CHECK_MSG(store_context_get(s, "old-ctx", get_model, &model, &found, err) == 0 && found,
+              "%s", err);
+    CHECK(model == NULL);
+    CHECK_MSG(store_context_set_model(s, "old-ctx", "qwen", err) == 0, "%s", err);
+    char got[16] = "";
+    CHECK(store_context_get(s, "old-ctx", copy_model, got, &found, err) == 0 && found);
+    CHECK(strcmp(got, "qwen") == 0);
+    CHECK(store_context_set_model(s, "no-ctx", "qwen", err) < 0);
     CHECK_MSG(store_context_delete(s, "old-ctx", &found, err) == 0 && found, "%s", err);
     CHECK(!store_chunk_open(s, "old-ctx", 0, &found, err) && !found);
     store_close(s);
@@ -947,7 +969,7 @@ static void migrates_from_version_1(void)
     int version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ(version, 3);
+    CHECK_EQ(version, 4);
 }
 
 static int get_window(void *arg, const store_context *c)
