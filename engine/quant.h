@@ -115,7 +115,7 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
  * row_bytes apart and n_act activation rows act_stride bytes apart (each prepared by
  * quant_prepare_activation): the form batched decode uses, one activation row per
  * stream. Kernels load and unpack each weight block once for several activations.
- * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0 and Q4_K
+ * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0, Q4_K and Q6_K
  * when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are the
  * same but the f32 additions are ordered differently, and each result still does not
  * depend on n_rows, n_act or the positions of its row and activation in them. */
