@@ -147,9 +147,9 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
 
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
- * per process; Q8_0 and Q4_K dot products then take AVX-512 VNNI kernels where the CPU
- * has those too), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set
- * to a value other than "0". */
+ * per process; Q8_0, Q4_K and Q6_K dot products then take AVX-512 kernels where the CPU
+ * has those too, unless the environment variable LLMS_NO_AVX512 is set to a value other
+ * than "0"), "scalar" otherwise or when LLMS_NO_SIMD is set to a value other than "0". */
 const char *quant_simd_name(void);
 
 #endif
