@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The library's soname: Debian's alternatives point it at the pthread, OpenMP or serial
  * build, which share this interface. */
@@ -36,9 +37,12 @@ static void blas_load(void)
 {
     /* A choice made by whoever runs us stands. */
     const char *chosen = getenv("OPENBLAS_CORETYPE");
-    bool set_core = (!chosen || !*chosen) && blas_needs_skylakex();
+    /* LLMS_NO_AVX512, as the quant kernels read it: measuring a CPU without AVX-512 */
+    const char *no512 = getenv("LLMS_NO_AVX512");
+    bool avx2_only = no512 && *no512 && strcmp(no512, "0") != 0;
+    bool set_core = (!chosen || !*chosen) && (avx2_only || blas_needs_skylakex());
     if (set_core)
-        setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+        setenv("OPENBLAS_CORETYPE", avx2_only ? "Haswell" : "SkylakeX", 1);
     void *lib = dlopen(BLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
     /* the library read it while loading; children need not inherit it */
     if (set_core)

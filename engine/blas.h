@@ -19,7 +19,8 @@
 /* Loads OpenBLAS (once; later calls return the first call's result) and makes its own
  * threading single, as the engine runs it on its own threads. -1 with err when the
  * library or a symbol is missing. Call it before other threads exist: it may set
- * OPENBLAS_CORETYPE for the moment the library loads. */
+ * OPENBLAS_CORETYPE for the moment the library loads (to Haswell when LLMS_NO_AVX512 is
+ * set to a value other than "0" and the variable is not set already). */
 int blas_init(char err[ERR_MAX]);
 
 /* The kernels OpenBLAS runs ("Haswell", "SkylakeX", ...); "" before blas_init. */

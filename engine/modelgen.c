@@ -189,9 +189,11 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
         return err_set(err, "head dimension %d must be positive and even", hd);
     int64_t cols[] = {p->dim, p->n_ff, (int64_t)p->n_head * hd};
     for (int i = 0; i < 3; i++)
-        if (quant_row_bytes(p->type, cols[i]) == 0)
+        if (quant_row_bytes(p->type, cols[i]) == 0 ||
+            (p->k_m_mix && quant_row_bytes(QTYPE_Q6_K, cols[i]) == 0))
             return err_set(err, "row length %lld is not a multiple of %s's block size %d",
-                           (long long)cols[i], tr->name, tr->block_size);
+                           (long long)cols[i], p->k_m_mix ? "the mix" : tr->name,
+                           p->k_m_mix && tr->block_size < 256 ? 256 : tr->block_size);
     return 0;
 }
 
@@ -343,17 +345,25 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     } while (0)
     float s_dim = 1.0f / sqrtf((float)p->dim), s_q = 1.0f / sqrtf((float)q_dim),
           s_ff = 1.0f / sqrtf((float)p->n_ff);
+/* the last tensor added takes the mix's wider type */
+#define MORE_BITS() (p->k_m_mix ? (void)(ts[n_t - 1].type = QTYPE_Q6_K) : (void)0)
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (!p->tie_output)
+    if (!p->tie_output) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
+        MORE_BITS();
+    }
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
+        int e = p->n_layer / 8;
+        bool more = l < e || l >= 7 * p->n_layer / 8 || (l - e) % 3 == 2;
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
         ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
+        if (more)
+            MORE_BITS();
         if (qwen2) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -368,8 +378,11 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        if (more)
+            MORE_BITS();
 #undef N
     }
+#undef MORE_BITS
 #undef ADD
 
     rc = modelgen_emit(p, w, ts, n_t, path, err);

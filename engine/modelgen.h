@@ -24,6 +24,10 @@ typedef struct modelgen_params {
     int n_ff;
     int n_ctx;
     uint32_t type;      /* enum qtype of the matrices; must be computable */
+    /* The "_M" mix of llama.cpp's quantize (Q4_K_M is type Q4_K with it): output.weight,
+     * and attn_v and ffn_down of the first and last eighth of the layers and of every
+     * third layer between, are Q6_K instead. An untied output only. */
+    bool k_m_mix;
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
     /* bert only: bert.pooling_type (1 mean, 2 cls, 4 rank); rank writes the cross-encoder

@@ -141,6 +141,10 @@ static void simd_detect(void)
     simd_avx512 = simd_avx2 && __builtin_cpu_supports("avx512f") &&
                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    /* to measure what a CPU without AVX-512 gets, on one that has it */
+    const char *no512 = getenv("LLMS_NO_AVX512");
+    if (no512 && *no512 && strcmp(no512, "0") != 0)
+        simd_avx512 = false;
 #endif
 }
 

@@ -115,8 +115,8 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
  * row_bytes apart and n_act activation rows act_stride bytes apart (each prepared by
  * quant_prepare_activation): the form batched decode uses, one activation row per
  * stream. Kernels load and unpack each weight block once for several activations.
- * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0 and Q4_K
- * when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are the
+ * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0 and the
+ * K-quants when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are the
  * same but the f32 additions are ordered differently, and each result still does not
  * depend on n_rows, n_act or the positions of its row and activation in them. */
 void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
@@ -147,9 +147,9 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
 
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
- * per process; Q8_0 and Q4_K dot products then take AVX-512 VNNI kernels where the CPU
- * has those too), "scalar" otherwise or when the environment variable LLMS_NO_SIMD is set
- * to a value other than "0". */
+ * per process; Q8_0 and K-quant dot products then take AVX-512 kernels where the CPU
+ * has those too, unless the environment variable LLMS_NO_AVX512 is set to a value other
+ * than "0"), "scalar" otherwise or when LLMS_NO_SIMD is set to a value other than "0". */
 const char *quant_simd_name(void);
 
 #endif

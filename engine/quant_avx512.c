@@ -117,14 +117,18 @@ INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 }
 
 /*
- * Q4_K: one weight row at a time, its nibbles unpacked (64 per register, matching 64
- * consecutive activation bytes) and its sub-block scales widened once per super-block
- * for up to MA activations. Nibbles are unsigned, so maddubs takes them as they are and
- * madd applies the scales while widening: the same integers as the scalar kernel.
+ * Q4_K and Q5_K (five: a constant after inlining): one weight row at a time, its nibbles
+ * unpacked (64 per register, matching 64 consecutive activation bytes; Q5_K's fifth bits
+ * or-ed in as bit 4) and its sub-block scales widened once per super-block for up to MA
+ * activations. Values are unsigned, so maddubs takes them as they are and madd applies
+ * the scales while widening: the same integers as the scalar kernel.
  */
-INLINE void multi_q4_k(int na, const qblock_q4_k *x, const uint8_t *act, size_t as, int64_t nb,
-                       float *out, size_t os)
+INLINE void multi_k_affine(int five, int na, const uint8_t *row, const uint8_t *act, size_t as,
+                           int64_t nb, float *out, size_t os)
 {
+    /* the two layouts differ only in where qs starts and in Q5_K's qh before it */
+    const size_t bb = five ? sizeof(qblock_q5_k) : sizeof(qblock_q4_k);
+    const size_t qs_at = five ? offsetof(qblock_q5_k, qs) : offsetof(qblock_q4_k, qs);
     const qblock_q8_k *y[MA];
     __m512 acc[MA];
     __m256 accm[MA];
@@ -134,31 +138,45 @@ INLINE void multi_q4_k(int na, const qblock_q4_k *x, const uint8_t *act, size_t 
         acc[a] = _mm512_setzero_ps();
         accm[a] = _mm256_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const uint8_t *next_row = (const uint8_t *)(x + nb);
+    const __m512i m4 = _mm512_set1_epi8(0xF), one = _mm512_set1_epi8(1);
+    const uint8_t *next_row = row + (size_t)nb * bb;
     for (int64_t i = 0; i < nb; i++) {
+        /* d, dmin and scales are where both structs keep them */
+        const qblock_q4_k *x = (const qblock_q4_k *)(const void *)(row + (size_t)i * bb);
+        const uint8_t *qs = row + (size_t)i * bb + qs_at;
         if (na == 1)
-            for (size_t k = 0; k < sizeof *x; k += 64)
-                _mm_prefetch((const char *)(next_row + (size_t)i * sizeof *x + k), _MM_HINT_T0);
+            for (size_t k = 0; k < bb; k += 64)
+                _mm_prefetch((const char *)(next_row + (size_t)i * bb + k), _MM_HINT_T0);
         uint64_t scw, m;
-        qb_unpack_k_scales(x[i].scales, &scw, &m);
+        qb_unpack_k_scales(x->scales, &scw, &m);
         __m128i m8 = _mm_cvtsi64_si128((long long)m);
         __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         /* the eight sub-block scales as words; sub-block 2 g over the low half of group
          * g's register and 2 g + 1 over its high half */
         __m512i s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scw)));
-        __m512i q[4], sc[4];
+        __m512i q[4], sc[4], hb = _mm512_setzero_si512();
+        if (five) {
+            /* bit 2 g of qh byte l for the low half of group g, bit 2 g + 1 for the high
+             * half: the high half starts shifted by one, both move down two bits a group */
+            __m256i h = _mm256_loadu_si256(
+                (const __m256i *)(const void *)(row + (size_t)i * bb + offsetof(qblock_q5_k, qh)));
+            hb = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 1), 1);
+        }
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(x[i].qs + 32 * g));
+            __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * g));
             __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1);
             q[g] = _mm512_and_si512(v, m4);
+            if (five) {
+                q[g] = _mm512_or_si512(q[g], _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
+                hb = _mm512_srli_epi16(hb, 2);
+            }
             sc[g] = _mm512_permutexvar_epi16(
                 _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * g)),
                                    _mm256_set1_epi16((short)(2 * g + 1)), 1),
                 s16);
         }
-        float dw = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        float dw = _cvtsh_ss(x->d), dmin = _cvtsh_ss(x->dmin);
 #pragma GCC unroll 8
         for (int a = 0; a < na; a++) {
             __m512i sumi = _mm512_setzero_si512();
@@ -187,7 +205,89 @@ INLINE void multi_q4_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        multi_q4_k(na, (const qblock_q4_k *)(const void *)(w + (size_t)r * rb), act, as, nb, out + r, os);
+        multi_k_affine(0, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+INLINE void multi_q5_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_k_affine(1, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+/*
+ * Q6_K, as Q4_K: one weight row at a time, its 6-bit values (stored as q + 32, so
+ * unsigned as maddubs wants them) unpacked once per super-block, 64 per register in
+ * element order, and its sixteen scales widened for up to MA activations; the + 32 comes
+ * off through the activation's sums of 16. The integers are the scalar kernel's.
+ */
+INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t as, int64_t nb,
+                       float *out, size_t os)
+{
+    const qblock_q8_k *y[MA];
+    __m512 acc[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
+        acc[a] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    const uint8_t *next_row = (const uint8_t *)(x + nb);
+    for (int64_t i = 0; i < nb; i++) {
+        if (na == 1)
+            for (size_t k = 0; k < sizeof *x; k += 64)
+                _mm_prefetch((const char *)(next_row + (size_t)i * sizeof *x + k), _MM_HINT_T0);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[i].scales));
+        __m512i s16 = _mm512_castsi256_si512(sc16);
+        __m512i q[4], sc[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            /* low nibbles of ql are elements 0-63 of the half, high nibbles 64-127; their
+             * top two bits sit in qh at bits 0-1 / 2-3 (low) and 4-5 / 6-7 (high) */
+            __m512i l = _mm512_loadu_si512(x[i].ql + 64 * h);
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)(x[i].qh + 32 * h));
+            __m512i hlo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(hb, 4)),
+                                             _mm256_slli_epi16(hb, 2), 1);
+            __m512i hhi = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hlo, m30));
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_and_si512(hhi, m30));
+        }
+        /* word w of register g's maddubs products belongs to sub-block 4 g + w / 8 */
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i idx = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)(4 * g + 1)),
+                                                        _mm_set1_epi16((short)(4 * g)))),
+                _mm256_set_m128i(_mm_set1_epi16((short)(4 * g + 3)), _mm_set1_epi16((short)(4 * g + 2))),
+                1);
+            sc[g] = _mm512_permutexvar_epi16(idx, s16);
+        }
+        float dw = _cvtsh_ss(x[i].d);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            __m256i bs = _mm256_loadu_si256(
+                (const __m256i *)(const void *)((const uint8_t *)&y[a][i] + offsetof(qblock_q8_k, bsums)));
+            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+            __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(y[a][i].qs + 64 * g));
+                sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, sc[g]));
+            }
+            acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(dw * y[a][i].d), _mm512_cvtepi32_ps(sumi), acc[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+}
+
+INLINE void multi_q6_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_q6_k(na, (const qblock_q6_k *)(const void *)(w + (size_t)r * rb), act, as, nb, out + r, os);
 }
 
 /*
@@ -422,6 +522,12 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q4_K:
         FOR_GROUPS(multi_q4_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q5_K:
+        FOR_GROUPS(multi_q5_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q6_K:
+        FOR_GROUPS(multi_q6_k_rows, n / QB_256);
         return 1;
     case QTYPE_F32:
     case QTYPE_F16:

@@ -2,7 +2,8 @@
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H
- *           --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
+ *           --kv-heads KH --ffn F --ctx C
+ *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|rank]   (bert; rank adds the cross-encoder head)
  *   mkmodel --help | --version
@@ -22,16 +23,21 @@
 static const struct {
     const char *name;
     uint32_t type;
+    bool k_m_mix;
 } TYPES[] = {
-    {"f32", QTYPE_F32},   {"f16", QTYPE_F16},   {"bf16", QTYPE_BF16}, {"q8_0", QTYPE_Q8_0},
-    {"q4_0", QTYPE_Q4_0}, {"q4_k", QTYPE_Q4_K}, {"q5_k", QTYPE_Q5_K}, {"q6_k", QTYPE_Q6_K},
+    {"f32", QTYPE_F32, false},   {"f16", QTYPE_F16, false},   {"bf16", QTYPE_BF16, false},
+    {"q8_0", QTYPE_Q8_0, false}, {"q4_0", QTYPE_Q4_0, false}, {"q4_k", QTYPE_Q4_K, false},
+    {"q5_k", QTYPE_Q5_K, false}, {"q6_k", QTYPE_Q6_K, false},
+    /* llama.cpp's Q4_K_M and Q5_K_M: some tensors in Q6_K (modelgen.h) */
+    {"q4_k_m", QTYPE_Q4_K, true}, {"q5_k_m", QTYPE_Q5_K, true},
 };
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H\n"
-            "               --kv-heads KH --ffn F --ctx C --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
+            "               --kv-heads KH --ffn F --ctx C\n"
+            "               --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|rank]  (bert: pooling_type; rank writes the\n"
             "               cross-encoder head; default cls)\n"
@@ -139,6 +145,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {
             p.type = TYPES[i].type;
+            p.k_m_mix = TYPES[i].k_m_mix;
             found = true;
         }
     if (!found)

@@ -89,6 +89,48 @@ static void written_model_has_the_requested_shape(void)
     CHECK_MSG(shapes, "unexpected tensor types or shapes");
 }
 
+/* The _M mix over 22 layers (TinyLlama's count) puts Q6_K where llama.cpp's quantize
+ * does for Q4_K_M: the output, and attn_v and ffn_down of layers 0-1, 4, 7, 10, 13, 16
+ * and 19-21; everything else stays Q4_K. */
+static void k_m_mix_widens_the_tensors_llama_cpp_widens(void)
+{
+    char err[ERR_MAX], path[512];
+    modelgen_params p = {
+        .arch = "llama", .dim = 256, .n_layer = 22, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+        .n_ctx = 64, .type = QTYPE_Q4_K, .k_m_mix = true, .seed = 3, .n_vocab = 300,
+        .n_threads = 2,
+    };
+    snprintf(path, sizeof path, "%s/q4_k_m.gguf", test_tmpdir());
+    CHECK_MSG(modelgen_write(&p, path, err) == 0, "%s", err);
+    gguf_file *g = gguf_open(path, err);
+    CHECK_MSG(g != NULL, "%s", err);
+    static const int wide[] = {0, 1, 4, 7, 10, 13, 16, 19, 20, 21};
+    bool ok = true;
+    for (int l = 0; l < p.n_layer; l++) {
+        bool w = false;
+        for (size_t i = 0; i < sizeof wide / sizeof *wide; i++)
+            w = w || wide[i] == l;
+        static const char *const names[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                            "ffn_gate", "ffn_up", "ffn_down"};
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, names[k]);
+            const gguf_tensor *t = gguf_find_tensor(g, nm);
+            bool mixed = !strcmp(names[k], "attn_v") || !strcmp(names[k], "ffn_down");
+            uint32_t want = w && mixed ? QTYPE_Q6_K : QTYPE_Q4_K;
+            if (!t || t->type != want) {
+                printf("       %s: type %d, want %d\n", nm, t ? (int)t->type : -1, (int)want);
+                ok = false;
+            }
+        }
+    }
+    const gguf_tensor *out = gguf_find_tensor(g, "output.weight");
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    ok = ok && out && out->type == QTYPE_Q6_K && emb && emb->type == QTYPE_Q4_K;
+    gguf_close(g);
+    CHECK_MSG(ok, "unexpected tensor types");
+}
+
 static void bad_parameters_are_refused(void)
 {
     char err[ERR_MAX], path[512];
@@ -138,6 +180,7 @@ int main(void)
     RUN(progress_counts_every_tensor);
     RUN(same_seed_gives_identical_files_whatever_the_threads);
     RUN(written_model_has_the_requested_shape);
+    RUN(k_m_mix_widens_the_tensors_llama_cpp_widens);
     RUN(bad_parameters_are_refused);
     return test_finish();
 }
