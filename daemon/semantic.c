@@ -38,6 +38,7 @@ struct semantic {
     bert_model *enc;
     bert_runner *enc_r;
     tokenizer *enc_tok;
+    embedder *emb;         /* semantic_embed_now on the daemon's model, made on first use */
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -148,6 +149,7 @@ void semantic_free(semantic *sm)
     if (!sm)
         return;
     rerank_close(sm->rr);
+    embed_free(sm->emb);
     bert_runner_free(sm->enc_r);
     tok_free(sm->enc_tok);
     bert_free(sm->enc);
@@ -846,4 +848,56 @@ long semantic_rows_left(const sem_task *t)
         break;
     }
     return 1;
+}
+
+#define SEM_NOW_MAX_TOKENS 512
+
+int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX])
+{
+    const tokenizer *tok = sm->enc ? sm->enc_tok : sm->env.tok;
+    int max = sm->enc ? bert_runner_max_rows(sm->enc_r) : sm->max_kv;
+    if (max > SEM_NOW_MAX_TOKENS)
+        max = SEM_NOW_MAX_TOKENS;
+    if (!sm->enc && !sm->emb && !(sm->emb = embed_new(sm->env.m, sm->env.runner, sm->env.pool, err)))
+        return -1;
+    size_t len = strlen(text);
+    int cap = (int)(len < (size_t)max ? len : (size_t)max) + 8;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    if (!ids)
+        return err_set(err, "out of memory");
+    int n = tok_encode(tok, text, len, true, false, ids, cap);
+    if (n > cap) {
+        int32_t *all = realloc(ids, sizeof *ids * (size_t)n);
+        if (!all) {
+            free(ids);
+            return err_set(err, "out of memory");
+        }
+        ids = all;
+        n = tok_encode(tok, text, len, true, false, ids, n);
+    }
+    int rc = 0;
+    if (n <= 0)
+        rc = err_set(err, "the text has no tokens to embed");
+    else if (n > max)
+        n = max;
+    if (n > 0 && sm->enc) {
+        enum bert_pooling pool = bert_hparams_of(sm->enc)->pooling;
+        if (pool != BERT_POOL_MEAN && pool != BERT_POOL_LAST)
+            pool = BERT_POOL_CLS;
+        rc = bert_embed(sm->enc_r, 1, &n, ids, NULL, pool, out, err);
+    } else if (n > 0) {
+        rc = embed_tokens(sm->emb, ids, n, EMBED_MEAN, out, err);
+    }
+    free(ids);
+    return rc < 0 ? -1 : 0;
+}
+
+int semantic_dim(const semantic *sm)
+{
+    return sm->dim;
+}
+
+const char *semantic_embedder(const semantic *sm)
+{
+    return sm->enc ? sm->env.cfg->embed_model : sm->env.model_path;
 }
