@@ -634,6 +634,117 @@ enum llms_status llms_rerank_calibrate(llms_conn *conn, const llms_rerank_query 
                                        size_t n, float precision, uint32_t top_k,
                                        enum llms_rerank_mode mode, llms_calibration *out);
 
+/* ---- knowledge bases and RAG ---- */
+
+/* Creates the app's knowledge base name (1..64 bytes of [A-Za-z0-9._-]); passages of
+ * passage_tokens tokens overlapping by overlap_tokens (0: the daemon's defaults).
+ * FAILED_PRECONDITION when it exists, RESOURCE_EXHAUSTED past kb_max_per_app. */
+enum llms_status llms_kb_create(llms_conn *conn, const char *name, uint32_t passage_tokens,
+                                uint32_t overlap_tokens);
+
+/* Deletes a knowledge base with its documents and cached answers. */
+enum llms_status llms_kb_drop(llms_conn *conn, const char *name);
+
+/* A document to add: id (replaces a document of that id), text, metadata (may be NULL). */
+typedef struct llms_kb_doc {
+    const char *id;
+    const char *text;
+    const char *metadata;
+} llms_kb_doc;
+
+/* Adds n documents in one transaction: acknowledged means durable. *passages (may be
+ * NULL) gets how many passages they made. */
+enum llms_status llms_kb_add(llms_conn *conn, const char *kb, const llms_kb_doc *docs, size_t n,
+                             uint32_t *passages);
+
+/* Removes documents by id; *removed (may be NULL) counts those that existed. */
+enum llms_status llms_kb_remove(llms_conn *conn, const char *kb, const char *const *ids,
+                                size_t n, uint32_t *removed);
+
+typedef struct llms_kb_info {
+    char *name;
+    uint32_t documents, passages;
+    uint64_t bytes;
+    uint32_t passage_tokens, overlap_tokens;
+    uint32_t qa_entries;
+} llms_kb_info;
+
+void llms_kb_list_free(llms_kb_info *kbs, size_t n);
+
+/* The app's knowledge bases, by name; free with llms_kb_list_free. */
+enum llms_status llms_kb_list(llms_conn *conn, llms_kb_info **out, size_t *n_out);
+
+/* How passages are ranked (proto Retrieval). */
+enum llms_retrieval {
+    LLMS_RETRIEVAL_RRF = 0,    /* hybrid, reciprocal rank fusion (the default) */
+    LLMS_RETRIEVAL_SUM = 1,    /* hybrid, sum of min-max normalised scores */
+    LLMS_RETRIEVAL_BM25 = 2,
+    LLMS_RETRIEVAL_VECTOR = 3,
+};
+
+typedef struct llms_kb_hit {
+    uint64_t passage;
+    char *document;
+    uint32_t seq;       /* passage number in its document */
+    float score;
+    char *text;         /* NULL when not sent */
+    char *metadata;     /* NULL when none */
+} llms_kb_hit;
+
+void llms_kb_hits_free(llms_kb_hit *hits, size_t n);
+
+/* The top_k (0: the daemon's rag_top_k) passages of kb for query, best first. */
+enum llms_status llms_kb_search(llms_conn *conn, const char *kb, const char *query, uint32_t top_k,
+                                enum llms_retrieval retrieval, llms_kb_hit **out, size_t *n_out);
+
+typedef struct llms_rag_options {
+    uint32_t top_k;               /* 0: the daemon's rag_top_k */
+    enum llms_retrieval retrieval;
+    const char *system_prompt;    /* NULL: the daemon's rag_system_prompt */
+    const llms_params *params;    /* NULL: the daemon's */
+    int no_qa;                    /* nonzero: neither answer from nor fill the QA bank */
+    int no_qkv;                   /* nonzero: neither reuse nor fill the QKV tree */
+} llms_rag_options;
+
+/* How a RagQuery was answered (proto RagOutcome). */
+enum llms_rag_outcome { LLMS_RAG_MISS = 0, LLMS_RAG_QA_HIT = 1, LLMS_RAG_QKV_HIT = 2 };
+
+/* "miss", "qa_hit", "qkv_hit". */
+const char *llms_rag_outcome_name(enum llms_rag_outcome o);
+
+typedef struct llms_rag_result {
+    enum llms_rag_outcome outcome;
+    llms_kb_hit *passages;       /* in prompt order */
+    size_t n_passages;
+    uint32_t prompt_tokens, reused_tokens, reused_passages, generated_tokens;
+    double retrieve_ms, prefill_ms, decode_ms, queue_ms;
+    enum llms_stop_reason stop_reason;
+    float qa_similarity;         /* QA hit: cosine to the stored question */
+    char *text;                  /* the whole answer */
+} llms_rag_result;
+
+/* Frees what *r holds (not r) and zeroes it. NULL is fine. */
+void llms_rag_result_free(llms_rag_result *r);
+
+/* Answers question from knowledge base kb: the answer streams to on_text (may be NULL;
+ * nonzero cancels, as in llms_call), out (may be NULL) gets the passages used, the
+ * cache outcome and the times. opt may be NULL. */
+enum llms_status llms_rag_query(llms_conn *conn, const char *kb, const char *question,
+                                const llms_rag_options *opt, llms_token_cb on_text, void *user,
+                                llms_rag_result *out);
+
+/* Admin: the RAG caches (proto CacheResponse). */
+typedef struct llms_cache_stats {
+    uint32_t qa_entries, qkv_nodes;
+    uint64_t qa_bytes, qkv_bytes, qkv_budget_bytes;
+    uint64_t rag_queries, qa_hits, qkv_hits, qkv_tokens_reused, qkv_evictions;
+} llms_cache_stats;
+
+enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);
+
+/* Admin: empties every QA bank and the QKV tree. */
+enum llms_status llms_cache_clear(llms_conn *conn);
+
 #ifdef __cplusplus
 }
 #endif

@@ -143,6 +143,25 @@ static const key_def keys[] = {
                           "(default none: every TCP request is refused)"),
     INT(http_max_body_bytes, 1024, 1 << 30, "largest HTTP request body answered "
                                             "(default 8388608)"),
+    INT(kb_passage_tokens, 8, 4096, "tokens of a knowledge base passage unless KbCreate "
+                                    "says (default 64)"),
+    INT(kb_overlap_tokens, 0, 4095, "tokens consecutive passages share (default 16)"),
+    INT(kb_max_per_app, 0, INT_MAX, "knowledge bases of an app (default 16)"),
+    INT(kb_max_doc_bytes, 1, INT_MAX, "text bytes of one document (default 1048576)"),
+    INT(kb_max_add_bytes, 1, INT_MAX, "text bytes of one KbAdd request (default 4194304)"),
+    INT(kb_max_mb_per_uid, 0, INT_MAX, "document text of all a uid's knowledge bases in MiB "
+                                       "(default 256)"),
+    INT(kb_max_passages_per_uid, 0, INT_MAX, "passages of all a uid's knowledge bases "
+                                             "(default 1000000)"),
+    INT(rag_top_k, 1, 64, "passages a RagQuery puts in its prompt (default 3)"),
+    STR(rag_system_prompt, "system prompt of RagQuery unless the request has one"),
+    FLT(tau_query, 0, 2, "QA bank: a question this close (cosine) to a stored one is "
+                              "answered from it at once; > 1 turns the QA bank off "
+                              "(default 0.85)"),
+    INT(k_refresh, 1, 64, "a new passage ranking in a stored question's top k_refresh makes "
+                          "its answer stale (default 3)"),
+    INT(qkv_cache_mb, 0, INT_MAX, "stored QKV prefix tree in MiB (compressed), least "
+                                  "frequently used leaves evicted; 0 = off (default 256)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -192,6 +211,18 @@ void config_defaults(config *c)
     c->max_queued_per_uid = 32;
     c->max_text_bytes = 65536;
     c->http_max_body_bytes = 8 << 20;
+    c->kb_passage_tokens = 64;
+    c->kb_overlap_tokens = 16;
+    c->kb_max_per_app = 16;
+    c->kb_max_doc_bytes = 1 << 20;
+    c->kb_max_add_bytes = 4 << 20;
+    c->kb_max_mb_per_uid = 256;
+    c->kb_max_passages_per_uid = 1000000;
+    c->rag_top_k = 3;
+    strcpy(c->rag_system_prompt, "Answer the question using the passages.");
+    c->tau_query = 0.85f;
+    c->k_refresh = 3;
+    c->qkv_cache_mb = 256;
 }
 
 static const key_def *find_key(const char *name)

@@ -98,6 +98,20 @@ typedef struct config {
     int http_allow_remote;             /* 1: http_listen may name a non-loopback address */
     char http_tokens_file[CONFIG_PATH_MAX]; /* "TOKEN UID APP [admin]" lines */
     int http_max_body_bytes;           /* largest request body answered */
+    /* Knowledge bases and RAG (daemon/kb.h, daemon/rag.h). */
+    int kb_passage_tokens;             /* tokens of a passage (default of KbCreate) */
+    int kb_overlap_tokens;             /* tokens shared by consecutive passages */
+    int kb_max_per_app;                /* knowledge bases of an app */
+    int kb_max_doc_bytes;              /* text of one document */
+    int kb_max_add_bytes;              /* text of one KbAdd request, all documents */
+    int kb_max_mb_per_uid;             /* document text of a uid's knowledge bases, MiB */
+    int kb_max_passages_per_uid;
+    int rag_top_k;                     /* passages a RagQuery puts in the prompt */
+    char rag_system_prompt[1024];
+    float tau_query;                   /* QA bank: cosine to a stored question that answers */
+    int k_refresh;                     /* a new passage in a stored question's top-k_refresh
+                                          makes its answer stale */
+    int qkv_cache_mb;                  /* stored QKV prefix tree; 0: off */
 } config;
 
 /* The built-in defaults. */

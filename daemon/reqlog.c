@@ -53,6 +53,15 @@ const char *reqlog_kind(Llms__Request__BodyCase body)
         return "rerank";
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
         return "rerank_calibrate";
+    case LLMS__REQUEST__BODY_RAG_QUERY:
+        return "rag";
+    case LLMS__REQUEST__BODY_KB_CREATE:
+    case LLMS__REQUEST__BODY_KB_ADD:
+    case LLMS__REQUEST__BODY_KB_REMOVE:
+    case LLMS__REQUEST__BODY_KB_LIST:
+    case LLMS__REQUEST__BODY_KB_DROP:
+    case LLMS__REQUEST__BODY_KB_SEARCH:
+        return "kb";
     case LLMS__REQUEST__BODY__NOT_SET:
         return "unknown";
     default:

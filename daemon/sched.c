@@ -25,7 +25,9 @@
 #include <unistd.h>
 
 #include "daemon/ctxmgr.h"
+#include "daemon/kb.h"
 #include "daemon/prompt.h"
+#include "daemon/rag.h"
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
 #include "daemon/semantic.h"
@@ -53,9 +55,10 @@ typedef struct app_state {
     struct app_state *next;
 } app_state;
 
-/* A Call's or Complete's generation. */
+/* A Call's, Complete's or RagQuery's generation. */
 typedef struct gen {
-    ctx_entry *c;          /* NULL for Complete */
+    ctx_entry *c;          /* NULL for Complete and RagQuery */
+    rag_query *rq;         /* RagQuery: its passages, prompt and caches */
     kv_seq own_seq;        /* Complete's KV */
     kv_seq *seq;
     int32_t *hist;         /* (limit or more) what the model sees: the context's window, the
@@ -131,6 +134,8 @@ struct sched {
     kv_pool *pool;
     ctxmgr *cm;
     semantic *sem;         /* Embed, Rerank, RerankCalibrate */
+    kbm *kb;               /* knowledge bases */
+    rag *rag;              /* RagQuery and its caches */
     int n_vocab;
     float *logits;         /* (SCHED_MAX_ACTIVE, n_vocab) the out rows of a step */
     int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
@@ -1005,6 +1010,7 @@ static void gen_free(gen *g)
         return;
     if (g->seq == &g->own_seq)
         kv_seq_free(&g->own_seq);
+    rag_query_free(g->rq);
     free(g->hist);
     free(g->turn);
     free(g->reply);
@@ -1062,6 +1068,25 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
         g->n_base = c->n_tokens;
         g->limit = cfg->max_tokens_per_context;
         merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p);
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
+        kv_seq_init(&g->own_seq, s->pool);
+        g->seq = &g->own_seq;
+        g->switched_in = true;
+        g->limit = cfg->n_ctx;
+        g->rq = rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
+        if (!g->rq) {
+            gen_free(g); /* answered: from the QA bank or with an error */
+            return NULL;
+        }
+        const int32_t *pt = rag_prompt(g->rq, &n_turn);
+        if (!(turn = malloc(sizeof *turn * (size_t)(n_turn ? n_turn : 1)))) {
+            err_set(err, "out of memory");
+            goto fail;
+        }
+        memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
+        templated = true;
+        req_p = rag_params(g->rq);
+        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
     } else {
         Llms__CompleteRequest *cr = j->req->complete;
         templated = cr->has_chat && cr->chat;
@@ -1339,7 +1364,23 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             code = LLMS__ERROR_CODE__INTERNAL;
         }
     }
-    if (!w->quiet) {
+    if (!w->quiet && !failed && g->rq) {
+        Llms__RagResult res;
+        rag_finish(s->rag, g->rq, g->seq, g->shown ? g->shown : "", &res);
+        res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
+        res.generated_tokens = (uint32_t)g->n_gen;
+        res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
+        res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
+        res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
+        res.stop_reason = g->reason;
+        res.text = g->shown ? g->shown : "";
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = w->job->req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
+        r.rag_result = &res;
+        send_resp(s, w->job->conn_id, &r, false);
+    } else if (!w->quiet) {
         if (failed) {
             send_error(s, w->job, code, "%s", err);
         } else {
@@ -1523,6 +1564,7 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     case LLMS__REQUEST__BODY_EMBED:
     case LLMS__REQUEST__BODY_RERANK:
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
+    case LLMS__REQUEST__BODY_RAG_QUERY:
         return true;
     default:
         return false;
@@ -1629,6 +1671,11 @@ static void handle_request(sched *s, sched_job *j)
         handle_engine_request(s, j);
         return;
     }
+    if (kb_is_request(j->req->body_case)) {
+        kb_handle(s->kb, j->conn_id, j->uid, j->app, j->req);
+        job_free(j);
+        return;
+    }
     switch (j->req->body_case) {
     case LLMS__REQUEST__BODY_CREATE_CONTEXT:
         handle_create(s, j);
@@ -1671,6 +1718,10 @@ static void handle_request(sched *s, sched_job *j)
         break;
     case LLMS__REQUEST__BODY_UNLOAD_MODEL:
         handle_unload_model(s, j);
+        break;
+    case LLMS__REQUEST__BODY_CACHE:
+    case LLMS__REQUEST__BODY_CACHE_CLEAR:
+        rag_handle_cache(s->rag, j->conn_id, j->req);
         break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
@@ -1742,7 +1793,8 @@ static work *work_start(sched *s, sched_job *j, app_state *a, ctx_entry *c)
     w->app = a;
     w->deadline_ns = job_deadline(j);
     Llms__Request__BodyCase body = j->req->body_case;
-    if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE)
+    if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE ||
+        body == LLMS__REQUEST__BODY_RAG_QUERY)
         w->g = gen_new(s, j, c);
     else
         w->t = semantic_begin(s->sem, j->conn_id, j->req);
@@ -1763,6 +1815,7 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
         *c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
         return !*c || !(*c)->busy;
     case LLMS__REQUEST__BODY_COMPLETE:
+    case LLMS__REQUEST__BODY_RAG_QUERY:
         return true;
     default:
         return semantic_can_begin(s->sem, j->req);
@@ -1786,6 +1839,17 @@ static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
         p = cr->params;
         tokens = (long)strlen(cr->prompt) + SCHED_TEMPLATE_TOKENS +
                  (cr->system_prompt ? (long)strlen(cr->system_prompt) : 0);
+        limit = cfg->n_ctx;
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
+        /* passages as long as the daemon's default; a knowledge base of longer ones may
+         * exceed this estimate by what the claim at each step then finds */
+        const Llms__RagQueryRequest *rq = j->req->rag_query;
+        p = rq->params;
+        int k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
+        tokens = (long)strlen(rq->question) + 2 * SCHED_TEMPLATE_TOKENS +
+                 (long)k * (cfg->kb_passage_tokens + 8) +
+                 (rq->system_prompt ? (long)strlen(rq->system_prompt)
+                                    : (long)strlen(cfg->rag_system_prompt));
         limit = cfg->n_ctx;
     } else {
         return 0;
@@ -2281,6 +2345,13 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->sem = semantic_new(&se, err);
     if (!s->sem)
         goto fail;
+    kb_env ke = {cfg, env->st, env->out, env->tok, s->sem};
+    if (!(s->kb = kb_new(&ke, err)))
+        goto fail;
+    rag_env re = {cfg, models_generate(env->reg)->path, env->st, env->out, env->tok, env->family,
+                  model_kv_shape(env->m), s->kb, s->sem};
+    if (!(s->rag = rag_new(&re, err)))
+        goto fail;
     return s;
 fail:
     sched_free(s);
@@ -2351,6 +2422,8 @@ void sched_free(sched *s)
         free(a);
         a = next;
     }
+    rag_free(s->rag);
+    kb_free(s->kb);
     semantic_free(s->sem);
     ctx_close(s->cm);
     free(s->logits);

@@ -31,6 +31,7 @@ struct semantic {
     int32_t *positions;    /* (max_kv) 0, 1, 2, ... */
     int32_t *rows;         /* (max_slice) 0, 1, 2, ...: every row of a slice */
     float *norm_row;       /* (dim) */
+    embedder *emb;         /* semantic_embed_now on the generate model, made on first use */
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -123,6 +124,7 @@ void semantic_free(semantic *sm)
 {
     if (!sm)
         return;
+    embed_free(sm->emb);
     free(sm->positions);
     free(sm->rows);
     free(sm->norm_row);
@@ -855,4 +857,72 @@ long semantic_rows_left(const sem_task *t)
         break;
     }
     return 1;
+}
+
+#define SEM_NOW_MAX_TOKENS 512
+
+/* The model that embeds when a request names none. */
+static models_entry *default_embedder(const semantic *sm, char err[ERR_MAX])
+{
+    models_entry *me;
+    return models_resolve(sm->env.reg, NULL, MODELS_EMBED, &me, err) == LLMS__ERROR_CODE__OK
+               ? me
+               : NULL;
+}
+
+int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX])
+{
+    models_entry *me = default_embedder(sm, err);
+    if (!me)
+        return -1;
+    const tokenizer *tok = me->enc ? me->enc_tok : sm->env.tok;
+    int max = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
+    if (max > SEM_NOW_MAX_TOKENS)
+        max = SEM_NOW_MAX_TOKENS;
+    if (!me->enc && !sm->emb && !(sm->emb = embed_new(sm->env.m, sm->env.runner, sm->env.pool, err)))
+        return -1;
+    size_t len = strlen(text);
+    int cap = (int)(len < (size_t)max ? len : (size_t)max) + 8;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    if (!ids)
+        return err_set(err, "out of memory");
+    int n = tok_encode(tok, text, len, true, false, ids, cap);
+    if (n > cap) {
+        int32_t *all = realloc(ids, sizeof *ids * (size_t)n);
+        if (!all) {
+            free(ids);
+            return err_set(err, "out of memory");
+        }
+        ids = all;
+        n = tok_encode(tok, text, len, true, false, ids, n);
+    }
+    int rc = 0;
+    if (n <= 0)
+        rc = err_set(err, "the text has no tokens to embed");
+    else if (n > max)
+        n = max;
+    if (n > 0 && me->enc) {
+        enum bert_pooling pool = bert_hparams_of(me->enc)->pooling;
+        if (pool != BERT_POOL_MEAN && pool != BERT_POOL_LAST)
+            pool = BERT_POOL_CLS;
+        rc = bert_embed(me->enc_r, 1, &n, ids, NULL, pool, out, err);
+    } else if (n > 0) {
+        rc = embed_tokens(sm->emb, ids, n, EMBED_MEAN, out, err);
+    }
+    free(ids);
+    return rc < 0 ? -1 : 0;
+}
+
+int semantic_dim(const semantic *sm)
+{
+    char err[ERR_MAX];
+    const models_entry *me = default_embedder(sm, err);
+    return me && me->enc ? bert_hparams_of(me->enc)->dim : sm->dim;
+}
+
+const char *semantic_embedder(const semantic *sm)
+{
+    char err[ERR_MAX];
+    const models_entry *me = default_embedder(sm, err);
+    return me ? me->path : "";
 }

@@ -78,6 +78,18 @@ int semantic_advance(sem_task *t, int max_rows);
 /* Rows of work the task still has at most (the scheduler's cost estimate). */
 long semantic_rows_left(const sem_task *t);
 
+/* The worker's own embeddings (knowledge base passages, RAG questions): text embedded at
+ * once with embed_model when set (its pooling), else with the daemon's model (mean
+ * pooling), into out (semantic_dim floats, unit length). A text longer than the embedder
+ * takes is cut to its first tokens (512 at most). A text with no tokens is an error. */
+int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX]);
+
+/* Length of semantic_embed_now's vectors. */
+int semantic_dim(const semantic *sm);
+
+/* Which model semantic_embed_now uses (its path), so stored vectors can be matched to it. */
+const char *semantic_embedder(const semantic *sm);
+
 /* Frees a task at any point; an unfinished task's request is not answered (the caller
  * answers it: cancelled, deadline). NULL is allowed. */
 void semantic_task_free(sem_task *t);

@@ -76,7 +76,8 @@ static bool is_admin_call(Llms__Request__BodyCase b)
            b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
            b == LLMS__REQUEST__BODY_PLAN || b == LLMS__REQUEST__BODY_LOAD_MODEL ||
            b == LLMS__REQUEST__BODY_UNLOAD_MODEL ||
-           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE;
+           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE || b == LLMS__REQUEST__BODY_CACHE ||
+           b == LLMS__REQUEST__BODY_CACHE_CLEAR;
 }
 
 /* Answers a request the loop refuses, with a line in the log. */
@@ -95,6 +96,10 @@ static const char *empty_input(const Llms__Request *req)
         return "the prompt is empty";
     if (req->body_case == LLMS__REQUEST__BODY_COMPLETE && !req->complete->prompt[0])
         return "the prompt is empty";
+    if (req->body_case == LLMS__REQUEST__BODY_RAG_QUERY && !req->rag_query->question[0])
+        return "the question is empty";
+    if (req->body_case == LLMS__REQUEST__BODY_KB_SEARCH && !req->kb_search->query[0])
+        return "the query is empty";
     if (req->body_case == LLMS__REQUEST__BODY_EMBED)
         for (size_t i = 0; i < req->embed->n_texts; i++)
             if (!req->embed->texts[i][0])
@@ -263,6 +268,12 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
         return false;
     case LLMS__REQUEST__BODY_TOKENIZE:
         return text_too_long(cfg, "text", req->tokenize->text, r);
+    case LLMS__REQUEST__BODY_RAG_QUERY:
+        return text_too_long(cfg, "question", req->rag_query->question, r) ||
+               text_too_long(cfg, "system_prompt", req->rag_query->system_prompt, r) ||
+               bad_params(req->rag_query->params, r);
+    case LLMS__REQUEST__BODY_KB_SEARCH:
+        return text_too_long(cfg, "query", req->kb_search->query, r);
     case LLMS__REQUEST__BODY_DETOKENIZE:
         /* Ids of more than one context window are never one text to show. */
         if (req->detokenize->n_tokens <= (size_t)cfg->max_tokens_per_context)

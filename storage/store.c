@@ -80,6 +80,56 @@ static const char *const store_migrations[] = {
     /* The generate model a context belongs to (daemon/models.h); NULL for contexts from
      * before the registry. */
     "ALTER TABLE contexts ADD COLUMN model TEXT;",
+
+    /* Knowledge bases, their documents and passages (storage/kb.h): each knowledge base
+     * has its own FTS5 table kbfts_<id> (created with it), so BM25 statistics never mix
+     * apps. The QA bank and the QKV prefix tree of RAG. */
+    "CREATE TABLE kbs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  app_id INTEGER NOT NULL REFERENCES apps(id),"
+    "  name TEXT NOT NULL,"
+    "  passage_tokens INTEGER NOT NULL,"
+    "  overlap_tokens INTEGER NOT NULL,"
+    "  embedder TEXT NOT NULL,"
+    "  dim INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  UNIQUE (app_id, name));"
+    "CREATE TABLE kb_docs ("
+    "  kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,"
+    "  doc TEXT NOT NULL,"
+    "  metadata TEXT,"
+    "  bytes INTEGER NOT NULL,"
+    "  n_passages INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (kb_id, doc));"
+    "CREATE TABLE kb_passages ("
+    "  id INTEGER PRIMARY KEY,"
+    "  kb_id INTEGER NOT NULL,"
+    "  doc TEXT NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  text TEXT NOT NULL,"
+    "  vec BLOB NOT NULL," /* dim float32 little-endian */
+    "  FOREIGN KEY (kb_id, doc) REFERENCES kb_docs(kb_id, doc) ON DELETE CASCADE);"
+    "CREATE INDEX kb_passages_by_doc ON kb_passages (kb_id, doc);"
+    "CREATE TABLE qa_bank ("
+    "  id INTEGER PRIMARY KEY,"
+    "  kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,"
+    "  question TEXT NOT NULL,"
+    "  vec BLOB NOT NULL,"
+    "  answer TEXT NOT NULL,"
+    "  passages BLOB NOT NULL," /* int64 little-endian each */
+    "  created_ms INTEGER NOT NULL);"
+    "CREATE INDEX qa_by_kb ON qa_bank (kb_id);"
+    "CREATE TABLE qkv_nodes ("
+    "  key INTEGER PRIMARY KEY,"
+    "  parent INTEGER NOT NULL,"
+    "  n_tokens INTEGER NOT NULL,"
+    "  raw_bytes INTEGER NOT NULL,"
+    "  crc INTEGER NOT NULL,"
+    "  blob BLOB NOT NULL,"
+    "  uses INTEGER NOT NULL,"
+    "  last_used_ms INTEGER NOT NULL);"
+    "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 

@@ -47,6 +47,9 @@ static void usage(void)
            "       llms [options] ctx list | show ID | rm ID\n"
            "       llms [options] embed TEXT...\n"
            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
+           "       llms [options] kb create NAME | add NAME FILE... | ls | rm NAME ID... |\n"
+           "                         drop NAME\n"
+           "       llms [options] rag NAME QUESTION [-k K] [--json]\n"
            "       llms --help | --version\n"
            "\n"
            "commands:\n"
@@ -56,6 +59,10 @@ static void usage(void)
            "  ctx      list, show or remove the app's conversations\n"
            "  embed    one vector per text\n"
            "  rerank   the top-K of the files (each file one document) for the query\n"
+           "  kb       the app's knowledge bases: create, add files (one document each, its\n"
+           "           id the file name), list, remove documents by id, drop\n"
+           "  rag      answer QUESTION from knowledge base NAME (passages, cache outcome and\n"
+           "           times on stderr, or all of it as JSON with --json)\n"
            "\n"
            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
            "         --app NAME     app name the contexts belong to (default llms-cli)\n"
@@ -504,9 +511,9 @@ static int takes_value(const char *a)
 static const char *option_commands(const char *a)
 {
     if (!strcmp(a, "--temp") || !strcmp(a, "--max-tokens") || !strcmp(a, "--seed"))
-        return "ask chat";
+        return "ask chat rag";
     if (!strcmp(a, "--system"))
-        return "ask chat";
+        return "ask chat rag";
     if (!strcmp(a, "--context") || !strcmp(a, "--overflow"))
         return "chat";
     if (!strcmp(a, "-f") || !strcmp(a, "--file"))
@@ -514,9 +521,11 @@ static const char *option_commands(const char *a)
     if (!strcmp(a, "--pooling"))
         return "embed";
     if (!strcmp(a, "--json"))
-        return "embed rerank";
+        return "embed rerank rag";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
+    if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
+        return "rerank rag";
     if (!strcmp(a, "--socket") || !strcmp(a, "--app"))
         return NULL;
     return "rerank";
@@ -536,7 +545,7 @@ static int has_word(const char *list, const char *word)
 static void check_command(char **pos, int npos, const char *query, const char *file)
 {
     if (npos == 0)
-        bad_usage("no command (ask, chat, ctx, embed or rerank)");
+        bad_usage("no command (ask, chat, ctx, embed, rerank, kb or rag)");
     const char *cmd = pos[0];
     if (!strcmp(cmd, "ask")) {
         if (npos > 2)
@@ -561,9 +570,114 @@ static void check_command(char **pos, int npos, const char *query, const char *f
             bad_usage("rerank: no query (-q QUERY)");
         if (npos < 2)
             bad_usage("rerank: no documents (FILE...)");
+    } else if (!strcmp(cmd, "kb")) {
+        const char *sub = npos >= 2 ? pos[1] : "";
+        int ok = (!strcmp(sub, "ls") && npos == 2) ||
+                 ((!strcmp(sub, "create") || !strcmp(sub, "drop")) && npos == 3) ||
+                 ((!strcmp(sub, "add") || !strcmp(sub, "rm")) && npos >= 4);
+        if (!ok)
+            bad_usage("kb: expected 'create NAME', 'add NAME FILE...', 'ls', 'rm NAME ID...' "
+                      "or 'drop NAME'");
+    } else if (!strcmp(cmd, "rag")) {
+        if (npos != 3)
+            bad_usage("rag: expected NAME and one QUESTION (quote it)");
     } else {
         bad_usage("unknown command '%s'", cmd);
     }
+}
+
+static int cmd_kb(llms_conn *c, int argc, char **argv)
+{
+    const char *sub = argv[0];
+    if (!strcmp(sub, "create"))
+        return report(c, llms_kb_create(c, argv[1], 0, 0), "kb create");
+    if (!strcmp(sub, "drop"))
+        return report(c, llms_kb_drop(c, argv[1]), "kb drop");
+    if (!strcmp(sub, "rm")) {
+        uint32_t removed = 0;
+        int rc = report(c, llms_kb_remove(c, argv[1], (const char *const *)argv + 2,
+                                          (size_t)argc - 2, &removed), "kb rm");
+        if (rc == 0)
+            printf("removed %" PRIu32 " of %d documents\n", removed, argc - 2);
+        return rc;
+    }
+    if (!strcmp(sub, "add")) {
+        int n = argc - 2, rc = 0;
+        llms_kb_doc *docs = calloc((size_t)n, sizeof *docs);
+        char **texts = calloc((size_t)n, sizeof *texts);
+        if (!docs || !texts)
+            rc = 1;
+        for (int i = 0; i < n && rc == 0; i++) {
+            const char *path = argv[2 + i], *slash = strrchr(path, '/');
+            if (!(texts[i] = read_file(path)))
+                rc = 1;
+            docs[i] = (llms_kb_doc){slash ? slash + 1 : path, texts[i], path};
+        }
+        uint32_t passages = 0;
+        if (rc == 0 && (rc = report(c, llms_kb_add(c, argv[1], docs, (size_t)n, &passages),
+                                    "kb add")) == 0)
+            printf("added %d documents, %" PRIu32 " passages\n", n, passages);
+        for (int i = 0; texts && i < n; i++)
+            free(texts[i]);
+        free(texts);
+        free(docs);
+        return rc;
+    }
+    llms_kb_info *kbs;
+    size_t n;
+    int rc = report(c, llms_kb_list(c, &kbs, &n), "kb ls");
+    if (rc)
+        return rc;
+    printf("%-24s %9s %9s %12s %6s %8s\n", "NAME", "DOCS", "PASSAGES", "BYTES", "TOKENS",
+           "QA");
+    for (size_t i = 0; i < n; i++)
+        printf("%-24s %9" PRIu32 " %9" PRIu32 " %12" PRIu64 " %6" PRIu32 " %8" PRIu32 "\n",
+               kbs[i].name, kbs[i].documents, kbs[i].passages, kbs[i].bytes,
+               kbs[i].passage_tokens, kbs[i].qa_entries);
+    llms_kb_list_free(kbs, n);
+    return 0;
+}
+
+static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t top_k,
+                   const char *system, const llms_params *p, int json)
+{
+    llms_rag_options o = {.top_k = top_k, .retrieval = LLMS_RETRIEVAL_RRF,
+                          .system_prompt = system, .params = p};
+    llms_rag_result r;
+    int rc = report(c, llms_rag_query(c, kb, question, &o, json ? NULL : print_text, NULL, &r),
+                    "rag");
+    if (rc)
+        return rc;
+    if (json) {
+        printf("{\"outcome\": \"%s\", \"answer\": ", llms_rag_outcome_name(r.outcome));
+        utf8_json_string(stdout, r.text);
+        printf(", \"passages\": [");
+        for (size_t i = 0; i < r.n_passages; i++) {
+            printf("%s{\"passage\": %" PRIu64 ", \"document\": ", i ? ", " : "",
+                   r.passages[i].passage);
+            utf8_json_string(stdout, r.passages[i].document);
+            printf(", \"seq\": %" PRIu32 ", \"score\": %.6g}", r.passages[i].seq,
+                   r.passages[i].score);
+        }
+        printf("], \"prompt_tokens\": %" PRIu32 ", \"reused_tokens\": %" PRIu32
+               ", \"reused_passages\": %" PRIu32 ", \"generated_tokens\": %" PRIu32
+               ", \"retrieve_ms\": %.3f, \"prefill_ms\": %.3f, \"decode_ms\": %.3f"
+               ", \"queue_ms\": %.3f, \"stop_reason\": \"%s\"}\n",
+               r.prompt_tokens, r.reused_tokens, r.reused_passages, r.generated_tokens,
+               r.retrieve_ms, r.prefill_ms, r.decode_ms, r.queue_ms,
+               llms_stop_reason_name(r.stop_reason));
+    } else {
+        printf("\n");
+        for (size_t i = 0; i < r.n_passages; i++)
+            fprintf(stderr, "[%zu] %s#%" PRIu32 " (score %.4g)\n", i + 1, r.passages[i].document,
+                    r.passages[i].seq, r.passages[i].score);
+        fprintf(stderr, "[%s: %" PRIu32 " prompt tokens, %" PRIu32 " reused, retrieve %.1f ms, "
+                        "prefill %.1f ms, decode %.1f ms]\n",
+                llms_rag_outcome_name(r.outcome), r.prompt_tokens, r.reused_tokens,
+                r.retrieve_ms, r.prefill_ms, r.decode_ms);
+    }
+    llms_rag_result_free(&r);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -705,6 +819,10 @@ int main(int argc, char **argv)
             rc = cmd_embed(c, p.model, pos + 1, npos - 1, pooling, json);
         else if (!strcmp(pos[0], "rerank"))
             rc = cmd_rerank(c, query, pos + 1, npos - 1, &ro, json);
+        else if (!strcmp(pos[0], "kb"))
+            rc = cmd_kb(c, npos - 1, pos + 1);
+        else if (!strcmp(pos[0], "rag"))
+            rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json);
         else
             rc = cmd_ctx(c, npos - 1, pos + 1);
     }

@@ -42,6 +42,8 @@ static void usage(void)
            "  show CTX         one context of any app: chunk map and history\n"
            "  evict CTX        drop a context's KV from memory (it stays stored)\n"
            "  profile          measure the switch-in cost models again\n"
+           "  cache [clear]    the RAG caches (QA bank, QKV tree): sizes, entries, hits;\n"
+           "                   clear empties both\n"
            "  shutdown         stop the daemon cleanly (every context is kept)\n"
            "  plan --prompt-tokens N [--model M]\n"
            "                   the prefill memory plan of an N-token prompt under the\n"
@@ -584,6 +586,36 @@ static enum llms_status cmd_calibrate(llms_conn *c)
     return LLMS_OK;
 }
 
+static enum llms_status cmd_cache(llms_conn *c, int clear)
+{
+    if (clear)
+        return cmd_ok(c, llms_cache_clear(c));
+    llms_cache_stats st;
+    enum llms_status s = llms_cache_stats_get(c, &st);
+    if (s != LLMS_OK)
+        return s;
+    double q = st.rag_queries ? (double)st.rag_queries : 1;
+    if (json)
+        printf("{\"qa_entries\":%u,\"qa_bytes\":%llu,\"qkv_nodes\":%u,\"qkv_bytes\":%llu,"
+               "\"qkv_budget_bytes\":%llu,\"rag_queries\":%llu,\"qa_hits\":%llu,"
+               "\"qkv_hits\":%llu,\"qkv_tokens_reused\":%llu,\"qkv_evictions\":%llu}\n",
+               st.qa_entries, (unsigned long long)st.qa_bytes, st.qkv_nodes,
+               (unsigned long long)st.qkv_bytes, (unsigned long long)st.qkv_budget_bytes,
+               (unsigned long long)st.rag_queries, (unsigned long long)st.qa_hits,
+               (unsigned long long)st.qkv_hits, (unsigned long long)st.qkv_tokens_reused,
+               (unsigned long long)st.qkv_evictions);
+    else
+        printf("QA bank   %u entries, %.1f KiB; hits %llu of %llu queries (%.1f%%)\n"
+               "QKV tree  %u nodes, %.1f of %.1f MiB; hits %llu (%.1f%%), %llu tokens reused, "
+               "%llu evictions\n",
+               st.qa_entries, st.qa_bytes / 1024.0, (unsigned long long)st.qa_hits,
+               (unsigned long long)st.rag_queries, 100.0 * st.qa_hits / q, st.qkv_nodes,
+               st.qkv_bytes / 1048576.0, st.qkv_budget_bytes / 1048576.0,
+               (unsigned long long)st.qkv_hits, 100.0 * st.qkv_hits / q,
+               (unsigned long long)st.qkv_tokens_reused, (unsigned long long)st.qkv_evictions);
+    return LLMS_OK;
+}
+
 /* Runs a command main has checked. */
 static enum llms_status run(llms_conn *c, char **pos)
 {
@@ -610,6 +642,8 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_ok(c, llms_model_load(c, pos[1], pos[2], pos[3]));
     if (!strcmp(cmd, "unload"))
         return cmd_ok(c, llms_model_unload(c, pos[1]));
+    if (!strcmp(cmd, "cache"))
+        return cmd_cache(c, pos[1] != NULL);
     return cmd_ok(c, llms_shutdown(c));
 }
 
@@ -639,6 +673,11 @@ static void check_command(char **pos, int npos)
     if (!strcmp(pos[0], "unload")) {
         if (npos != 2)
             bad_usage("unload needs one model name");
+        return;
+    }
+    if (!strcmp(pos[0], "cache")) {
+        if (npos > 2 || (npos == 2 && strcmp(pos[1], "clear")))
+            bad_usage("cache takes nothing or 'clear'");
         return;
     }
     if (!strcmp(pos[0], "plan")) {

@@ -1,0 +1,918 @@
+/*
+ * kb.c — knowledge base requests, passage splitting and hybrid retrieval.
+ */
+#include "daemon/kb.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/reqlog.h"
+#include "daemon/resp.h"
+#include "storage/kb.h"
+
+#define KB_RRF_K 60.0f   /* reciprocal rank fusion's constant (Cormack et al.) */
+#define KB_CAND 64       /* candidates each retriever gives the fusion, at most */
+#define KB_HITS_MAX 64
+
+/* A knowledge base's vectors in memory. */
+typedef struct kb_vecs {
+    int64_t kb_id;
+    int dim;
+    int n, cap;
+    int64_t *ids;
+    float *vecs;        /* (n, dim) unit length */
+    struct kb_vecs *next;
+} kb_vecs;
+
+struct kbm {
+    kb_env env;
+    kb_vecs *cache;
+    kb_added_fn added;
+    void *added_arg;
+};
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+kbm *kb_new(const kb_env *env, char err[ERR_MAX])
+{
+    kbm *k = calloc(1, sizeof *k);
+    if (!k) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    k->env = *env;
+    return k;
+}
+
+static void vecs_free(kb_vecs *v)
+{
+    free(v->ids);
+    free(v->vecs);
+    free(v);
+}
+
+/* Forgets the in-memory vectors of kb_id (it changed). */
+static void cache_drop(kbm *k, int64_t kb_id)
+{
+    for (kb_vecs **pp = &k->cache; *pp; pp = &(*pp)->next)
+        if ((*pp)->kb_id == kb_id) {
+            kb_vecs *v = *pp;
+            *pp = v->next;
+            vecs_free(v);
+            return;
+        }
+}
+
+void kb_free(kbm *k)
+{
+    if (!k)
+        return;
+    while (k->cache)
+        cache_drop(k, k->cache->kb_id);
+    free(k);
+}
+
+void kb_on_added(kbm *k, kb_added_fn fn, void *arg)
+{
+    k->added = fn;
+    k->added_arg = arg;
+}
+
+bool kb_is_request(Llms__Request__BodyCase body)
+{
+    switch (body) {
+    case LLMS__REQUEST__BODY_KB_CREATE:
+    case LLMS__REQUEST__BODY_KB_ADD:
+    case LLMS__REQUEST__BODY_KB_REMOVE:
+    case LLMS__REQUEST__BODY_KB_LIST:
+    case LLMS__REQUEST__BODY_KB_DROP:
+    case LLMS__REQUEST__BODY_KB_SEARCH:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void send_resp(kbm *k, uint64_t conn_id, Llms__Response *r)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_pack(r, k->env.cfg->max_frame_bytes, &buf, &len) == 0)
+        outq_push(k->env.out, conn_id, buf, len, false);
+}
+
+static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
+                       const char *fmt, ...)
+{
+    uint8_t *buf;
+    size_t len;
+    char msg[ERR_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
+    if (resp_error(req->id, code, k->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(k->env.out, conn_id, buf, len, false);
+}
+
+static void send_ok(kbm *k, uint64_t conn_id, const Llms__Request *req)
+{
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_OK;
+    r.ok = &e;
+    send_resp(k, conn_id, &r);
+}
+
+static bool name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > KB_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int copy_kb(void *arg, const store_kb *kb)
+{
+    kb_ref *r = arg;
+    r->id = kb->id;
+    r->dim = kb->dim;
+    return 0;
+}
+
+int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *out,
+              char err[ERR_MAX])
+{
+    int64_t app_id;
+    bool found;
+    if (!name_ok(name)) {
+        err_set(err, "no knowledge base '%.64s'", name ? name : "");
+        return 0;
+    }
+    if (store_app_id(k->env.st, uid, app, &app_id, err) ||
+        store_kb_get(k->env.st, app_id, name, copy_kb, out, &found, err))
+        return -1;
+    if (!found)
+        err_set(err, "no knowledge base '%s'", name);
+    return found ? 1 : 0;
+}
+
+/* Looks up the request's knowledge base, answering NOT_FOUND or INTERNAL itself. */
+static bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                    const Llms__Request *req, const char *name, kb_ref *out)
+{
+    char err[ERR_MAX];
+    int rc = kb_lookup(k, uid, app, name, out, err);
+    if (rc <= 0)
+        send_error(k, conn_id, req, rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND
+                                            : LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    return rc == 1;
+}
+
+/* ---- create, list, drop ---- */
+
+static int count_kb(void *arg, const store_kb *kb)
+{
+    (void)kb;
+    (*(int *)arg)++;
+    return 0;
+}
+
+static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                          const Llms__Request *req)
+{
+    const config *cfg = k->env.cfg;
+    const Llms__KbCreateRequest *cr = req->kb_create;
+    char err[ERR_MAX];
+    if (!name_ok(cr->name)) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "a knowledge base name is 1 to %d bytes of [A-Za-z0-9._-]", KB_NAME_MAX);
+        return;
+    }
+    int ptok = cr->has_passage_tokens ? (int)cr->passage_tokens : cfg->kb_passage_tokens;
+    int otok = cr->has_overlap_tokens ? (int)cr->overlap_tokens : cfg->kb_overlap_tokens;
+    if (!cr->has_overlap_tokens && otok >= ptok)
+        otok = ptok / 4;
+    if (ptok < 8 || ptok > 4096 || otok < 0 || otok >= ptok) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "passage_tokens must be 8..4096 and overlap_tokens below it (%d, %d)",
+                   ptok, otok);
+        return;
+    }
+    int64_t app_id, kb_id;
+    int n = 0;
+    bool exists;
+    if (store_app_id(k->env.st, uid, app, &app_id, err) ||
+        store_kb_list(k->env.st, app_id, count_kb, &n, err))
+        goto fail;
+    if (n >= cfg->kb_max_per_app) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "app has %d knowledge bases, the limit (kb_max_per_app)", n);
+        return;
+    }
+    if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
+                        semantic_dim(k->env.sem), wall_ms(), &kb_id, &exists, err))
+        goto fail;
+    if (exists) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                   "knowledge base '%s' exists", cr->name);
+        return;
+    }
+    send_ok(k, conn_id, req);
+    return;
+fail:
+    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+}
+
+typedef struct kb_list {
+    Llms__KbInfo *infos;
+    Llms__KbInfo **ptrs;
+    char **names;
+    int n, cap;
+} kb_list;
+
+static int list_one(void *arg, const store_kb *kb)
+{
+    kb_list *l = arg;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        Llms__KbInfo *i = realloc(l->infos, sizeof *i * (size_t)cap);
+        if (i)
+            l->infos = i;
+        char **nm = i ? realloc(l->names, sizeof *nm * (size_t)cap) : NULL;
+        if (nm)
+            l->names = nm;
+        if (!i || !nm)
+            return -1;
+        l->cap = cap;
+    }
+    Llms__KbInfo *i = &l->infos[l->n];
+    llms__kb_info__init(i);
+    if (!(l->names[l->n] = strdup(kb->name)))
+        return -1;
+    i->name = l->names[l->n];
+    i->documents = (uint32_t)kb->n_docs;
+    i->passages = (uint32_t)kb->n_passages;
+    i->bytes = (uint64_t)kb->bytes;
+    i->passage_tokens = (uint32_t)kb->passage_tokens;
+    i->overlap_tokens = (uint32_t)kb->overlap_tokens;
+    i->qa_entries = (uint32_t)kb->qa_entries;
+    l->n++;
+    return 0;
+}
+
+static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                        const Llms__Request *req)
+{
+    char err[ERR_MAX];
+    int64_t app_id;
+    kb_list l = {0};
+    int rc = store_app_id(k->env.st, uid, app, &app_id, err);
+    if (rc == 0 && (rc = store_kb_list(k->env.st, app_id, list_one, &l, err)) > 0)
+        err_set(err, "out of memory");
+    if (rc == 0 && l.n && !(l.ptrs = malloc(sizeof *l.ptrs * (size_t)l.n))) {
+        err_set(err, "out of memory");
+        rc = -1;
+    }
+    if (rc) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    } else {
+        for (int i = 0; i < l.n; i++)
+            l.ptrs[i] = &l.infos[i];
+        Llms__KbListResponse lr = LLMS__KB_LIST_RESPONSE__INIT;
+        lr.n_kbs = (size_t)l.n;
+        lr.kbs = l.ptrs;
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_KB_LIST;
+        r.kb_list = &lr;
+        send_resp(k, conn_id, &r);
+    }
+    for (int i = 0; i < l.n; i++)
+        free(l.names[i]);
+    free(l.names);
+    free(l.infos);
+    free(l.ptrs);
+}
+
+static void handle_drop(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                        const Llms__Request *req)
+{
+    char err[ERR_MAX];
+    kb_ref kb;
+    if (!find_kb(k, conn_id, uid, app, req, req->kb_drop->kb, &kb))
+        return;
+    cache_drop(k, kb.id);
+    if (store_kb_drop(k->env.st, kb.id, err))
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    else
+        send_ok(k, conn_id, req);
+}
+
+/* ---- add, remove ---- */
+
+/* A document split into passages: texts[i] (fresh strings) with vectors (n, dim). */
+typedef struct split {
+    char **texts;
+    float *vecs;
+    int n;
+} split;
+
+static void split_free(split *sp)
+{
+    for (int i = 0; i < sp->n; i++)
+        free(sp->texts[i]);
+    free(sp->texts);
+    free(sp->vecs);
+    memset(sp, 0, sizeof *sp);
+}
+
+void kb_unit(float *v, int dim)
+{
+    double ss = 0;
+    for (int i = 0; i < dim; i++)
+        ss += (double)v[i] * v[i];
+    float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+    for (int i = 0; i < dim; i++)
+        v[i] *= inv;
+}
+
+/* Splits text into passages of about ptok tokens, consecutive ones sharing about otok:
+ * whole words (runs of non-space bytes), each counted by its own tokenization, so a
+ * passage is an exact span of the document's text (never a lossy decode of tokens). */
+static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, split *sp,
+                     char err[ERR_MAX])
+{
+    size_t len = strlen(text);
+    int n_words = 0, rc = -1;
+    for (size_t i = 0; i < len; i++)
+        n_words += text[i] != ' ' && text[i] != '\n' && text[i] != '\t' &&
+                   (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n' || text[i - 1] == '\t');
+    memset(sp, 0, sizeof *sp);
+    if (n_words == 0)
+        return err_set(err, "the document has no words");
+    size_t *start = malloc(sizeof *start * (size_t)n_words);
+    size_t *end = malloc(sizeof *end * (size_t)n_words);
+    int *ntok = malloc(sizeof *ntok * (size_t)n_words);
+    int32_t ids[64];
+    char *buf = NULL;
+    if (!start || !end || !ntok) {
+        err_set(err, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0, w = 0; i < len; w++) {
+        while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t'))
+            i++;
+        if (i >= len)
+            break;
+        start[w] = i;
+        while (i < len && text[i] != ' ' && text[i] != '\n' && text[i] != '\t')
+            i++;
+        end[w] = i;
+        int t = tok_encode(k->env.tok, text + start[w], end[w] - start[w], false, false, ids, 64);
+        ntok[w] = t < 1 ? 1 : t;
+    }
+    /* passage p: words [first[p], last[p]) */
+    int cap = 16;
+    int *first = malloc(sizeof *first * (size_t)cap), *last = malloc(sizeof *last * (size_t)cap);
+    int n_pass = 0;
+    if (!first || !last) {
+        free(first);
+        free(last);
+        err_set(err, "out of memory");
+        goto done;
+    }
+    for (int w = 0; w < n_words;) {
+        int e = w, t = 0;
+        while (e < n_words && (e == w || t + ntok[e] <= ptok))
+            t += ntok[e++];
+        if (n_pass == cap) {
+            cap *= 2;
+            int *f2 = realloc(first, sizeof *f2 * (size_t)cap);
+            if (f2)
+                first = f2;
+            int *l2 = f2 ? realloc(last, sizeof *l2 * (size_t)cap) : NULL;
+            if (l2)
+                last = l2;
+            if (!f2 || !l2) {
+                free(first);
+                free(last);
+                err_set(err, "out of memory");
+                goto done;
+            }
+        }
+        first[n_pass] = w;
+        last[n_pass++] = e;
+        if (e >= n_words)
+            break;
+        int back = e, o = 0;
+        while (back - 1 > w && o + ntok[back - 1] <= otok)
+            o += ntok[--back];
+        w = back;
+    }
+    sp->texts = calloc((size_t)n_pass, sizeof *sp->texts);
+    sp->vecs = malloc(sizeof *sp->vecs * (size_t)n_pass * (size_t)dim);
+    if (!sp->texts || !sp->vecs) {
+        free(first);
+        free(last);
+        err_set(err, "out of memory");
+        goto done;
+    }
+    for (int p = 0; p < n_pass; p++) {
+        size_t a = start[first[p]], b = end[last[p] - 1];
+        if (!(sp->texts[p] = strndup(text + a, b - a))) {
+            err_set(err, "out of memory");
+            break;
+        }
+        sp->n = p + 1;
+        if (semantic_embed_now(k->env.sem, sp->texts[p], sp->vecs + (size_t)p * dim, err))
+            break;
+        kb_unit(sp->vecs + (size_t)p * dim, dim);
+        if (p == n_pass - 1)
+            rc = 0;
+    }
+    free(first);
+    free(last);
+done:
+    free(start);
+    free(end);
+    free(ntok);
+    free(buf);
+    if (rc)
+        split_free(sp);
+    return rc;
+}
+
+static int get_info(void *arg, const store_kb *kb)
+{
+    store_kb *out = arg;
+    out->passage_tokens = kb->passage_tokens;
+    out->overlap_tokens = kb->overlap_tokens;
+    return 0;
+}
+
+static void handle_add(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                       const Llms__Request *req)
+{
+    const config *cfg = k->env.cfg;
+    const Llms__KbAddRequest *ar = req->kb_add;
+    char err[ERR_MAX];
+    kb_ref kb;
+    if (!find_kb(k, conn_id, uid, app, req, ar->kb, &kb))
+        return;
+    if (kb.dim != semantic_dim(k->env.sem)) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                   "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
+                   "drop and create it again", ar->kb, kb.dim, semantic_dim(k->env.sem));
+        return;
+    }
+    if (ar->n_documents == 0) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
+        return;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < ar->n_documents; i++) {
+        const Llms__KbDocument *d = ar->documents[i];
+        size_t bytes = strlen(d->text);
+        total += bytes;
+        if (!d->id[0] || strlen(d->id) > 256) {
+            send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "document %zu: an id is 1 to 256 bytes", i);
+            return;
+        }
+        if (bytes > (size_t)cfg->kb_max_doc_bytes) {
+            send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                       "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
+                       bytes, cfg->kb_max_doc_bytes);
+            return;
+        }
+    }
+    if (total > (size_t)cfg->kb_max_add_bytes) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)", total,
+                   cfg->kb_max_add_bytes);
+        return;
+    }
+    int64_t used_bytes, used_pass;
+    if (store_kb_uid_usage(k->env.st, uid, &used_bytes, &used_pass, err))
+        goto fail;
+    if (used_bytes + (int64_t)total > ((int64_t)cfg->kb_max_mb_per_uid << 20)) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "uid %u's knowledge bases hold %lld bytes; %zu more exceed kb_max_mb_per_uid "
+                   "(%d MiB)", uid, (long long)used_bytes, total, cfg->kb_max_mb_per_uid);
+        return;
+    }
+    int ptok = 0, otok = 0;
+    {
+        bool found;
+        int64_t app_id;
+        store_kb info = {0};
+        if (store_app_id(k->env.st, uid, app, &app_id, err))
+            goto fail;
+        if (store_kb_get(k->env.st, app_id, ar->kb, get_info, &info, &found, err))
+            goto fail;
+        ptok = info.passage_tokens;
+        otok = info.overlap_tokens;
+    }
+    split *sp = calloc(ar->n_documents, sizeof *sp);
+    int64_t *first = calloc(ar->n_documents, sizeof *first);
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    int n_pass = 0, rc = -1;
+    if (!sp || !first) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ar->n_documents; i++) {
+        if (split_doc(k, ar->documents[i]->text, ptok, otok, kb.dim, &sp[i], err)) {
+            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+            char why[ERR_MAX];
+            snprintf(why, sizeof why, "%s", err);
+            err_set(err, "document '%.64s': %s", ar->documents[i]->id, why);
+            goto out;
+        }
+        n_pass += sp[i].n;
+    }
+    if (used_pass + n_pass > cfg->kb_max_passages_per_uid) {
+        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        err_set(err, "uid %u's knowledge bases hold %lld passages; %d more exceed "
+                     "kb_max_passages_per_uid (%d)", uid, (long long)used_pass, n_pass,
+                cfg->kb_max_passages_per_uid);
+        goto out;
+    }
+    if (store_kb_begin(k->env.st, err))
+        goto out;
+    for (size_t i = 0; i < ar->n_documents; i++) {
+        const Llms__KbDocument *d = ar->documents[i];
+        if (store_kb_put_doc(k->env.st, kb.id, d->id, d->metadata, (int64_t)strlen(d->text),
+                             (const char *const *)sp[i].texts, sp[i].vecs, sp[i].n, kb.dim,
+                             wall_ms(), &first[i], err)) {
+            store_kb_rollback(k->env.st);
+            goto out;
+        }
+    }
+    if (store_kb_commit(k->env.st, err))
+        goto out;
+    rc = 0;
+out:
+    cache_drop(k, kb.id);
+    if (rc) {
+        send_error(k, conn_id, req, code, "%s", err);
+    } else {
+        int64_t first_new = first[0];
+        for (size_t i = 1; i < ar->n_documents; i++)
+            first_new = first[i] < first_new ? first[i] : first_new;
+        int invalidated = k->added ? k->added(k->added_arg, &kb, first_new) : 0;
+        Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
+        res.documents = (uint32_t)ar->n_documents;
+        res.passages = (uint32_t)n_pass;
+        res.qa_invalidated = (uint32_t)invalidated;
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
+        r.kb_add = &res;
+        send_resp(k, conn_id, &r);
+    }
+    for (size_t i = 0; sp && i < ar->n_documents; i++)
+        split_free(&sp[i]);
+    free(sp);
+    free(first);
+    return;
+fail:
+    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+}
+
+static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                          const Llms__Request *req)
+{
+    const Llms__KbRemoveRequest *rr = req->kb_remove;
+    char err[ERR_MAX];
+    kb_ref kb;
+    if (!find_kb(k, conn_id, uid, app, req, rr->kb, &kb))
+        return;
+    uint32_t removed = 0;
+    if (store_kb_begin(k->env.st, err))
+        goto fail;
+    for (size_t i = 0; i < rr->n_ids; i++) {
+        bool found;
+        if (store_kb_remove_doc(k->env.st, kb.id, rr->ids[i], &found, err)) {
+            store_kb_rollback(k->env.st);
+            goto fail;
+        }
+        removed += found;
+    }
+    if (store_kb_commit(k->env.st, err))
+        goto fail;
+    cache_drop(k, kb.id);
+    Llms__KbRemoveResponse res = LLMS__KB_REMOVE_RESPONSE__INIT;
+    res.removed = removed;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_KB_REMOVE;
+    r.kb_remove = &res;
+    send_resp(k, conn_id, &r);
+    return;
+fail:
+    cache_drop(k, kb.id);
+    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+}
+
+/* ---- retrieval ---- */
+
+static int vec_add(void *arg, int64_t id, const float *vec)
+{
+    kb_vecs *v = arg;
+    if (v->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 256;
+        int64_t *ids = realloc(v->ids, sizeof *ids * (size_t)cap);
+        if (ids)
+            v->ids = ids;
+        float *vecs = ids ? realloc(v->vecs, sizeof *vecs * (size_t)cap * v->dim) : NULL;
+        if (vecs)
+            v->vecs = vecs;
+        if (!ids || !vecs)
+            return 1;
+        v->cap = cap;
+    }
+    v->ids[v->n] = id;
+    memcpy(v->vecs + (size_t)v->n * v->dim, vec, sizeof *vec * (size_t)v->dim);
+    v->n++;
+    return 0;
+}
+
+/* kb's vectors, from memory or loaded from the store. */
+static kb_vecs *vectors(kbm *k, const kb_ref *kb, char err[ERR_MAX])
+{
+    for (kb_vecs *v = k->cache; v; v = v->next)
+        if (v->kb_id == kb->id)
+            return v;
+    kb_vecs *v = calloc(1, sizeof *v);
+    if (!v) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    v->kb_id = kb->id;
+    v->dim = kb->dim;
+    int rc = store_kb_vectors(k->env.st, kb->id, kb->dim, vec_add, v, err);
+    if (rc) {
+        if (rc > 0)
+            err_set(err, "out of memory");
+        vecs_free(v);
+        return NULL;
+    }
+    v->next = k->cache;
+    k->cache = v;
+    return v;
+}
+
+static float dot(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Keeps the best n of (id, score) pairs seen, best first, in hits (cap entries). */
+static void top_insert(kb_hit *hits, int *n, int cap, int64_t id, float score)
+{
+    if (*n == cap && score <= hits[cap - 1].score)
+        return;
+    int i = *n < cap ? (*n)++ : cap - 1;
+    while (i > 0 && hits[i - 1].score < score) {
+        hits[i] = hits[i - 1];
+        i--;
+    }
+    hits[i] = (kb_hit){id, score};
+}
+
+/* Normalises a list's scores to [0, 1] (min-max); all equal: all 1. */
+static void minmax(kb_hit *h, int n)
+{
+    if (n == 0)
+        return;
+    float lo = h[n - 1].score, hi = h[0].score;
+    for (int i = 0; i < n; i++)
+        h[i].score = hi > lo ? (h[i].score - lo) / (hi - lo) : 1.0f;
+}
+
+static int fuse_find(kb_hit *f, int n, int64_t id)
+{
+    for (int i = 0; i < n; i++)
+        if (f[i].id == id)
+            return i;
+    return -1;
+}
+
+int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
+                Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX])
+{
+    *n = 0;
+    if (top_k > KB_HITS_MAX)
+        top_k = KB_HITS_MAX;
+    if (top_k <= 0)
+        return 0;
+    bool want_bm25 = retrieval != LLMS__RETRIEVAL__RETRIEVAL_VECTOR;
+    bool want_vec = retrieval != LLMS__RETRIEVAL__RETRIEVAL_BM25;
+    int cand = retrieval == LLMS__RETRIEVAL__RETRIEVAL_BM25 ||
+                       retrieval == LLMS__RETRIEVAL__RETRIEVAL_VECTOR
+                   ? top_k
+                   : KB_CAND;
+    kb_hit bm[KB_CAND], vc[KB_CAND];
+    int n_bm = 0, n_vc = 0;
+    if (want_bm25) {
+        int64_t ids[KB_CAND];
+        float sc[KB_CAND];
+        if (store_kb_bm25(k->env.st, kb->id, query, cand, ids, sc, &n_bm, err))
+            return -1;
+        for (int i = 0; i < n_bm; i++)
+            bm[i] = (kb_hit){ids[i], sc[i]};
+    }
+    if (want_vec) {
+        kb_vecs *v = vectors(k, kb, err);
+        if (!v)
+            return -1;
+        for (int i = 0; i < v->n; i++)
+            top_insert(vc, &n_vc, cand, v->ids[i], dot(qvec, v->vecs + (size_t)i * v->dim, v->dim));
+    }
+    if (!want_vec || !want_bm25) {
+        kb_hit *src = want_vec ? vc : bm;
+        *n = (want_vec ? n_vc : n_bm) < top_k ? (want_vec ? n_vc : n_bm) : top_k;
+        memcpy(hits, src, sizeof *hits * (size_t)*n);
+        return 0;
+    }
+    kb_hit fused[2 * KB_CAND];
+    int n_f = 0;
+    bool rrf = retrieval != LLMS__RETRIEVAL__RETRIEVAL_SUM;
+    if (!rrf) {
+        minmax(bm, n_bm);
+        minmax(vc, n_vc);
+    }
+    kb_hit *lists[2] = {bm, vc};
+    int lens[2] = {n_bm, n_vc};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lens[l]; i++) {
+            float s = rrf ? 1.0f / (KB_RRF_K + (float)(i + 1)) : lists[l][i].score;
+            int at = fuse_find(fused, n_f, lists[l][i].id);
+            if (at < 0)
+                fused[n_f++] = (kb_hit){lists[l][i].id, s};
+            else
+                fused[at].score += s;
+        }
+    for (int i = 0; i < n_f; i++)
+        top_insert(hits, n, top_k, fused[i].id, fused[i].score);
+    return 0;
+}
+
+/* ---- search ---- */
+
+typedef struct hit_text {
+    Llms__KbHit *h;
+    char *doc, *text, *meta;
+} hit_text;
+
+static int fill_hit(void *arg, const store_passage *p)
+{
+    hit_text *t = arg;
+    t->doc = strdup(p->doc);
+    t->text = strdup(p->text);
+    t->meta = p->metadata ? strdup(p->metadata) : NULL;
+    if (!t->doc || !t->text || (p->metadata && !t->meta))
+        return 1;
+    t->h->document = t->doc;
+    t->h->seq = (uint32_t)p->seq;
+    t->h->text = t->text;
+    t->h->metadata = t->meta;
+    return 0;
+}
+
+static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                          const Llms__Request *req)
+{
+    const Llms__KbSearchRequest *sr = req->kb_search;
+    char err[ERR_MAX];
+    kb_ref kb;
+    if (!find_kb(k, conn_id, uid, app, req, sr->kb, &kb))
+        return;
+    int top_k = sr->has_top_k ? (int)sr->top_k : k->env.cfg->rag_top_k;
+    if (top_k < 1 || top_k > KB_HITS_MAX) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                   "top_k must be 1..%d", KB_HITS_MAX);
+        return;
+    }
+    Llms__Retrieval mode = sr->has_retrieval ? sr->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
+    if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "unknown retrieval %d",
+                   (int)mode);
+        return;
+    }
+    float *qvec = malloc(sizeof *qvec * (size_t)kb.dim);
+    kb_hit hits[KB_HITS_MAX];
+    Llms__KbHit h[KB_HITS_MAX];
+    Llms__KbHit *hp[KB_HITS_MAX];
+    hit_text t[KB_HITS_MAX];
+    int n = 0, filled = 0;
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    int rc = -1;
+    if (!qvec) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    if (mode != LLMS__RETRIEVAL__RETRIEVAL_BM25) {
+        if (semantic_embed_now(k->env.sem, sr->query, qvec, err)) {
+            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+            goto out;
+        }
+        kb_unit(qvec, kb.dim);
+    }
+    if (kb_retrieve(k, &kb, sr->query, qvec, top_k, mode, hits, &n, err))
+        goto out;
+    for (; filled < n; filled++) {
+        bool found;
+        llms__kb_hit__init(&h[filled]);
+        h[filled].passage = (uint64_t)hits[filled].id;
+        h[filled].score = hits[filled].score;
+        hp[filled] = &h[filled];
+        t[filled] = (hit_text){.h = &h[filled]};
+        int r = store_kb_passage(k->env.st, kb.id, hits[filled].id, fill_hit, &t[filled], &found,
+                                 err);
+        if (r || !found) {
+            if (r > 0 || !found)
+                err_set(err, r > 0 ? "out of memory" : "passage %lld vanished",
+                        (long long)hits[filled].id);
+            filled++;
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (rc) {
+        send_error(k, conn_id, req, code, "%s", err);
+    } else {
+        Llms__KbSearchResponse res = LLMS__KB_SEARCH_RESPONSE__INIT;
+        res.n_hits = (size_t)n;
+        res.hits = hp;
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_KB_SEARCH;
+        r.kb_search = &res;
+        send_resp(k, conn_id, &r);
+    }
+    for (int i = 0; i < filled; i++) {
+        free(t[i].doc);
+        free(t[i].text);
+        free(t[i].meta);
+    }
+    free(qvec);
+}
+
+void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Llms__Request *req)
+{
+    switch (req->body_case) {
+    case LLMS__REQUEST__BODY_KB_CREATE:
+        handle_create(k, conn_id, uid, app, req);
+        break;
+    case LLMS__REQUEST__BODY_KB_ADD:
+        handle_add(k, conn_id, uid, app, req);
+        break;
+    case LLMS__REQUEST__BODY_KB_REMOVE:
+        handle_remove(k, conn_id, uid, app, req);
+        break;
+    case LLMS__REQUEST__BODY_KB_LIST:
+        handle_list(k, conn_id, uid, app, req);
+        break;
+    case LLMS__REQUEST__BODY_KB_DROP:
+        handle_drop(k, conn_id, uid, app, req);
+        break;
+    case LLMS__REQUEST__BODY_KB_SEARCH:
+        handle_search(k, conn_id, uid, app, req);
+        break;
+    default:
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a knowledge base call");
+        break;
+    }
+}

@@ -1,0 +1,87 @@
+/*
+ * kb.h — apps' knowledge bases: the KbCreate, KbAdd, KbRemove, KbList, KbDrop and
+ * KbSearch requests, and the hybrid retrieval RagQuery uses.
+ *
+ * A knowledge base belongs to one app (uid, app name); every lookup is by (app, name),
+ * so another app's knowledge base is NOT_FOUND, never revealed. KbAdd splits each
+ * document into passages of passage_tokens tokens of the daemon's model overlapping by
+ * overlap_tokens, embeds each (semantic_embed_now) and stores the document, its
+ * passages, their vectors and their FTS5 index entries in one transaction: the reply
+ * goes out after the commit, so an acknowledged KbAdd survives a crash and an
+ * unacknowledged one leaves nothing half-written. Embedding runs on the worker between
+ * steps, so a KbAdd delays running generations by its embedding time (kb_max_add_bytes
+ * bounds it).
+ *
+ * Retrieval: BM25 over the knowledge base's FTS5 table and brute-force cosine over its
+ * vectors (held in memory per knowledge base after first use, dropped when it changes),
+ * each giving a ranked candidate list, fused by reciprocal rank fusion (1/(60 + rank)
+ * summed) or by the sum of min-max normalised scores.
+ *
+ * Limits (config): kb_max_per_app, kb_max_doc_bytes, kb_max_add_bytes, and per uid over
+ * all its apps kb_max_mb_per_uid of document text and kb_max_passages_per_uid.
+ */
+#ifndef LLMS_KB_H
+#define LLMS_KB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/outq.h"
+#include "daemon/semantic.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+#include "proto/llms.pb-c.h"
+#include "storage/store.h"
+
+#define KB_NAME_MAX 64
+
+typedef struct kb_env {
+    const config *cfg;
+    store *st;
+    outq *out;
+    const tokenizer *tok;   /* the daemon's: passages are measured in its tokens */
+    semantic *sem;          /* embeddings */
+} kb_env;
+
+typedef struct kbm kbm;
+
+kbm *kb_new(const kb_env *env, char err[ERR_MAX]);
+void kb_free(kbm *k);
+
+/* Whether req is one kb_handle answers. */
+bool kb_is_request(Llms__Request__BodyCase body);
+
+/* Answers a KbCreate, KbAdd, KbRemove, KbList, KbDrop or KbSearch of app (uid, app). */
+void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Llms__Request *req);
+
+/* A knowledge base found for a query. */
+typedef struct kb_ref {
+    int64_t id;
+    int dim;
+} kb_ref;
+
+/* Looks up app's knowledge base name: 1 found, 0 not (err says so), -1 failure. */
+int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *out,
+              char err[ERR_MAX]);
+
+typedef struct kb_hit {
+    int64_t id;
+    float score;
+} kb_hit;
+
+/* The top k (<= 64) passages of kb for query (whose vector is qvec, kb's dim) under
+ * retrieval (proto Retrieval), best first, into hits; *n how many. */
+int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
+                Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX]);
+
+/* Called after a KbAdd committed: every passage of kb with an id >= first_new is new
+ * (passage ids only grow), so cached answers they make stale can be found. Returns how
+ * many were invalidated. The RAG cache registers it. */
+typedef int (*kb_added_fn)(void *arg, const kb_ref *kb, int64_t first_new);
+void kb_on_added(kbm *k, kb_added_fn fn, void *arg);
+
+/* Scales v (dim floats) to unit length (a zero vector stays zero). */
+void kb_unit(float *v, int dim);
+
+#endif

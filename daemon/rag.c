@@ -1,0 +1,687 @@
+/*
+ * rag.c — RagQuery: QA bank, retrieval, segmented prompt, QKV prefix tree.
+ */
+#include "daemon/rag.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/prompt.h"
+#include "daemon/reqlog.h"
+#include "daemon/resp.h"
+#include "storage/kb.h"
+
+#define RAG_MAX_K 16            /* passages in a prompt at most */
+#define RAG_MARK "\x1e"         /* stands for the user message while the template renders */
+
+struct rag {
+    rag_env env;
+    size_t chunk_bytes;         /* one f16 chunk's KV */
+    uint8_t *node_buf;          /* a node's raw bytes while loading */
+    size_t node_cap;
+    uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions;
+};
+
+struct rag_query {
+    rag *r;
+    int64_t t0_ns;
+    double retrieve_ms;
+    kb_ref kb;
+    const Llms__RagQueryRequest *rq;
+    float *qvec;
+    int n_hits;
+    kb_hit hits[RAG_MAX_K];
+    int32_t *tokens;
+    int n_tokens;
+    int seg_end[RAG_MAX_K + 1]; /* end of the system segment, then of each passage */
+    uint64_t keys[RAG_MAX_K + 1];
+    int n_nodes;                /* 1 + n_hits */
+    int nodes_found;            /* nodes of the path loaded from the tree */
+    int reused_tokens;
+    bool use_qa, use_qkv;
+    /* the reply's passages */
+    Llms__KbHit h[RAG_MAX_K];
+    Llms__KbHit *hp[RAG_MAX_K];
+    char *doc[RAG_MAX_K], *meta[RAG_MAX_K];
+};
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void warn(const char *what, const char *err)
+{
+    if (reqlog_enabled(REQLOG_WARN))
+        fprintf(stderr, "llmsd: rag: %s: %s\n", what, err);
+}
+
+/* ---- QA invalidation ---- */
+
+typedef struct stale {
+    rag *r;
+    const kb_ref *kb;
+    int64_t first_new;
+    int64_t ids[256];
+    int n;
+    bool more;
+} stale;
+
+static int find_stale(void *arg, const store_qa *q)
+{
+    stale *s = arg;
+    char err[ERR_MAX];
+    kb_hit hits[64];
+    int n, k = s->r->env.cfg->k_refresh;
+    if (kb_retrieve(s->r->env.kb, s->kb, q->question, q->vec, k, LLMS__RETRIEVAL__RETRIEVAL_RRF,
+                    hits, &n, err))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (hits[i].id >= s->first_new) {
+            if (s->n == (int)(sizeof s->ids / sizeof s->ids[0])) {
+                s->more = true;
+                return 1;
+            }
+            s->ids[s->n++] = q->id;
+            break;
+        }
+    return 0;
+}
+
+static int on_added(void *arg, const kb_ref *kb, int64_t first_new)
+{
+    rag *r = arg;
+    char err[ERR_MAX];
+    int total = 0;
+    stale s = {.r = r, .kb = kb, .first_new = first_new};
+    do {
+        s.n = 0;
+        s.more = false;
+        int rc = store_qa_list(r->env.st, kb->id, kb->dim, find_stale, &s, err);
+        if (rc < 0) {
+            warn("QA refresh", err);
+            return total;
+        }
+        for (int i = 0; i < s.n; i++)
+            if (store_qa_delete(r->env.st, s.ids[i], err) == 0)
+                total++;
+    } while (s.more);
+    return total;
+}
+
+rag *rag_new(const rag_env *env, char err[ERR_MAX])
+{
+    rag *r = calloc(1, sizeof *r);
+    if (!r) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    r->env = *env;
+    r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
+    kb_on_added(env->kb, on_added, r);
+    return r;
+}
+
+void rag_free(rag *r)
+{
+    if (!r)
+        return;
+    free(r->node_buf);
+    free(r);
+}
+
+void rag_query_free(rag_query *q)
+{
+    if (!q)
+        return;
+    free(q->qvec);
+    free(q->tokens);
+    for (int i = 0; i < RAG_MAX_K; i++) {
+        free(q->doc[i]);
+        free(q->meta[i]);
+    }
+    free(q);
+}
+
+const int32_t *rag_prompt(const rag_query *q, int *n)
+{
+    *n = q->n_tokens;
+    return q->tokens;
+}
+
+const Llms__GenerationParams *rag_params(const rag_query *q)
+{
+    return q->rq->params;
+}
+
+static void send_resp(rag *r, uint64_t conn_id, Llms__Response *resp)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_pack(resp, r->env.cfg->max_frame_bytes, &buf, &len) == 0)
+        outq_push(r->env.out, conn_id, buf, len, false);
+}
+
+static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
+                       const char *fmt, ...)
+{
+    uint8_t *buf;
+    size_t len;
+    char msg[ERR_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
+    if (resp_error(req->id, code, r->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        outq_push(r->env.out, conn_id, buf, len, false);
+}
+
+/* ---- passages of the reply ---- */
+
+typedef struct fill {
+    rag_query *q;
+    int i;
+    char *text;     /* wanted: the passage text (fresh) */
+} fill;
+
+static int fill_passage(void *arg, const store_passage *p)
+{
+    fill *f = arg;
+    rag_query *q = f->q;
+    q->doc[f->i] = strdup(p->doc);
+    q->meta[f->i] = p->metadata ? strdup(p->metadata) : NULL;
+    f->text = strdup(p->text);
+    if (!q->doc[f->i] || !f->text || (p->metadata && !q->meta[f->i]))
+        return 1;
+    Llms__KbHit *h = &q->h[f->i];
+    h->document = q->doc[f->i];
+    h->seq = (uint32_t)p->seq;
+    h->metadata = q->meta[f->i];
+    return 0;
+}
+
+/* Loads passage i's record into the reply; *text (may be NULL) gets its text. 1: found,
+ * 0: gone, -1: failure. */
+static int load_passage(rag_query *q, int i, int64_t id, float score, char **text,
+                        char err[ERR_MAX])
+{
+    llms__kb_hit__init(&q->h[i]);
+    q->h[i].passage = (uint64_t)id;
+    q->h[i].score = score;
+    q->hp[i] = &q->h[i];
+    free(q->doc[i]);
+    free(q->meta[i]);
+    q->doc[i] = q->meta[i] = NULL;
+    fill f = {q, i, NULL};
+    bool found;
+    int rc = store_kb_passage(q->r->env.st, q->kb.id, id, fill_passage, &f, &found, err);
+    if (rc > 0)
+        err_set(err, "out of memory");
+    if (rc || !found || !text)
+        free(f.text);
+    else
+        *text = f.text;
+    return rc ? -1 : found ? 1 : 0;
+}
+
+/* ---- QA bank ---- */
+
+typedef struct qa_best {
+    const float *qvec;
+    int dim;
+    float sim;
+    int64_t id;
+    char *answer;
+    int64_t passages[RAG_MAX_K];
+    int n_passages;
+    bool oom;
+} qa_best;
+
+static int qa_scan(void *arg, const store_qa *e)
+{
+    qa_best *b = arg;
+    float s = 0;
+    for (int i = 0; i < b->dim; i++)
+        s += b->qvec[i] * e->vec[i];
+    if (s <= b->sim)
+        return 0;
+    char *a = strdup(e->answer);
+    if (!a) {
+        b->oom = true;
+        return 1;
+    }
+    free(b->answer);
+    b->answer = a;
+    b->sim = s;
+    b->id = e->id;
+    b->n_passages = e->n_passages < RAG_MAX_K ? e->n_passages : RAG_MAX_K;
+    memcpy(b->passages, e->passages, sizeof *b->passages * (size_t)b->n_passages);
+    return 0;
+}
+
+/* Answers q from the QA bank when a stored question is close enough: 1 answered, 0 not
+ * (a stale entry, one whose passages are gone, is deleted), -1 failure. */
+static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request *req,
+                     char err[ERR_MAX])
+{
+    qa_best b = {.qvec = q->qvec, .dim = q->kb.dim, .sim = -2};
+    int rc = store_qa_list(r->env.st, q->kb.id, q->kb.dim, qa_scan, &b, err);
+    if (rc || b.oom) {
+        if (b.oom)
+            err_set(err, "out of memory");
+        free(b.answer);
+        return -1;
+    }
+    if (!b.answer || b.sim < r->env.cfg->tau_query) {
+        free(b.answer);
+        return 0;
+    }
+    for (int i = 0; i < b.n_passages; i++) {
+        int got = load_passage(q, i, b.passages[i], 0, NULL, err);
+        if (got < 0) {
+            free(b.answer);
+            return -1;
+        }
+        if (got == 0) {
+            free(b.answer);
+            return store_qa_delete(r->env.st, b.id, err) ? -1 : 0;
+        }
+    }
+    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
+    ch.text = b.answer;
+    Llms__Response resp = LLMS__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.body_case = LLMS__RESPONSE__BODY_CHUNK;
+    resp.chunk = &ch;
+    send_resp(r, conn_id, &resp);
+    Llms__RagResult res = LLMS__RAG_RESULT__INIT;
+    res.outcome = LLMS__RAG_OUTCOME__RAG_QA_HIT;
+    res.n_passages = (size_t)b.n_passages;
+    res.passages = q->hp;
+    res.retrieve_ms = q->retrieve_ms;
+    res.stop_reason = LLMS__STOP_REASON__STOP_EOS;
+    res.text = b.answer;
+    res.has_qa_similarity = 1;
+    res.qa_similarity = b.sim;
+    Llms__Response fin = LLMS__RESPONSE__INIT;
+    fin.id = req->id;
+    fin.final = 1;
+    fin.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
+    fin.rag_result = &res;
+    send_resp(r, conn_id, &fin);
+    free(b.answer);
+    r->qa_hits++;
+    return 1;
+}
+
+/* ---- prompt ---- */
+
+/* Appends the tokens of text to q's prompt. */
+static int add_tokens(rag *r, rag_query *q, const char *text, bool add_special,
+                      bool parse_special, char err[ERR_MAX])
+{
+    int32_t *ids;
+    int n;
+    if (prompt_tokenize(r->env.tok, text, strlen(text), add_special, parse_special, &ids, &n, err))
+        return -1;
+    int32_t *all = realloc(q->tokens, sizeof *all * (size_t)(q->n_tokens + n + 1));
+    if (!all) {
+        free(ids);
+        return err_set(err, "out of memory");
+    }
+    q->tokens = all;
+    memcpy(q->tokens + q->n_tokens, ids, sizeof *ids * (size_t)n);
+    q->n_tokens += n;
+    free(ids);
+    return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* Builds the segmented prompt of q from its passages and the keys of its nodes. */
+static int build_prompt(rag *r, rag_query *q, char *const *texts, char err[ERR_MAX])
+{
+    const char *sys = q->rq->system_prompt ? q->rq->system_prompt : r->env.cfg->rag_system_prompt;
+    char *rendered = prompt_complete_text(r->env.family, RAG_MARK, true, sys[0] ? sys : NULL, err);
+    if (!rendered)
+        return -1;
+    char *mark = strstr(rendered, RAG_MARK);
+    int rc = -1;
+    if (!mark) {
+        err_set(err, "the chat template lost the question's place");
+        goto done;
+    }
+    *mark = '\0';
+    const char *tail = mark + strlen(RAG_MARK);
+    size_t hl = strlen(rendered);
+    char *head = malloc(hl + 16);
+    if (!head) {
+        err_set(err, "out of memory");
+        goto done;
+    }
+    snprintf(head, hl + 16, "%sPassages:\n", rendered);
+    rc = add_tokens(r, q, head, true, true, err);
+    free(head);
+    if (rc)
+        goto done;
+    q->seg_end[0] = q->n_tokens;
+    for (int i = 0; i < q->n_hits; i++) {
+        size_t n = strlen(texts[i]) + 32;
+        char *seg = malloc(n);
+        if (!seg) {
+            rc = err_set(err, "out of memory");
+            goto done;
+        }
+        snprintf(seg, n, "[%d] %s\n", i + 1, texts[i]);
+        rc = add_tokens(r, q, seg, false, false, err);
+        free(seg);
+        if (rc)
+            goto done;
+        q->seg_end[i + 1] = q->n_tokens;
+    }
+    size_t n = strlen(q->rq->question) + 16;
+    char *qs = malloc(n);
+    if (!qs) {
+        rc = err_set(err, "out of memory");
+        goto done;
+    }
+    snprintf(qs, n, "Question: %s", q->rq->question);
+    rc = add_tokens(r, q, qs, false, false, err);
+    free(qs);
+    if (rc == 0 && tail[0])
+        rc = add_tokens(r, q, tail, false, true, err);
+    if (rc)
+        goto done;
+    q->n_nodes = 1 + q->n_hits;
+    uint64_t h = fnv(0xcbf29ce484222325ULL, r->env.model_path, strlen(r->env.model_path) + 1);
+    int from = 0;
+    for (int i = 0; i < q->n_nodes; i++) {
+        h = fnv(h, q->tokens + from, sizeof *q->tokens * (size_t)(q->seg_end[i] - from));
+        from = q->seg_end[i];
+        q->keys[i] = h ? h : 1; /* 0 is no parent */
+    }
+done:
+    free(rendered);
+    return rc;
+}
+
+/* ---- QKV tree ---- */
+
+/* Chunks complete once the prefix up to the end of node i is known. */
+static int node_chunks(const rag_query *q, int i)
+{
+    return i < 0 ? 0 : q->seg_end[i] / KV_CHUNK_TOKENS;
+}
+
+/* Loads the longest stored path of q's nodes into seq. */
+static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
+{
+    for (int i = 0; i < q->n_nodes; i++) {
+        int first = node_chunks(q, i - 1), n = node_chunks(q, i) - first;
+        size_t need = (size_t)n * r->chunk_bytes;
+        if (need > r->node_cap) {
+            uint8_t *b = realloc(r->node_buf, need);
+            if (!b)
+                return err_set(err, "out of memory");
+            r->node_buf = b;
+            r->node_cap = need;
+        }
+        size_t got;
+        int n_tok;
+        bool found;
+        if (store_qkv_get(r->env.st, q->keys[i], r->node_buf, r->node_cap, &got, &n_tok,
+                          wall_ms(), &found, err))
+            return -1;
+        if (!found)
+            break;
+        if (got != need || n_tok != n * KV_CHUNK_TOKENS)
+            return err_set(err, "QKV node %016llx holds %zu bytes, the prefix needs %zu",
+                           (unsigned long long)q->keys[i], got, need);
+        for (int c = 0; c < n; c++) {
+            kv_chunk *k = kv_chunk_new(seq->pool, err);
+            if (!k)
+                return -1;
+            memcpy(k->data, r->node_buf + (size_t)c * r->chunk_bytes, r->chunk_bytes);
+            k->n_tokens = KV_CHUNK_TOKENS;
+            for (int t = 0; t < KV_CHUNK_TOKENS; t++) {
+                int pos = (first + c) * KV_CHUNK_TOKENS + t;
+                k->tokens[t] = q->tokens[pos];
+                k->positions[t] = pos;
+            }
+            if (kv_seq_push_chunk(seq, k, err)) {
+                kv_chunk_free(seq->pool, k);
+                return -1;
+            }
+        }
+        q->nodes_found = i + 1;
+        q->reused_tokens = node_chunks(q, i) * KV_CHUNK_TOKENS;
+    }
+    return 0;
+}
+
+/* Stores the nodes of q's path the tree lacks, from seq. */
+static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
+{
+    for (int i = q->nodes_found; i < q->n_nodes; i++) {
+        int first = node_chunks(q, i - 1), n = node_chunks(q, i) - first;
+        if (first + n > seq->n_chunks)
+            return err_set(err, "the prompt's KV is shorter than its prefix");
+        size_t need = (size_t)n * r->chunk_bytes;
+        if (need > r->node_cap) {
+            uint8_t *b = realloc(r->node_buf, need);
+            if (!b)
+                return err_set(err, "out of memory");
+            r->node_buf = b;
+            r->node_cap = need;
+        }
+        for (int c = 0; c < n; c++) {
+            const kv_chunk *k = seq->chunks[first + c];
+            if (!k || k->precision != KV_F16 || k->n_tokens != KV_CHUNK_TOKENS)
+                return err_set(err, "chunk %d of the prompt is not a full f16 chunk", first + c);
+            memcpy(r->node_buf + (size_t)c * r->chunk_bytes, k->data, r->chunk_bytes);
+        }
+        if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : 0, n * KV_CHUNK_TOKENS,
+                          r->node_buf, need, wall_ms(), err))
+            return -1;
+    }
+    int evicted;
+    int rc = store_qkv_evict(r->env.st, (int64_t)r->env.cfg->qkv_cache_mb << 20, &evicted, err);
+    r->qkv_evictions += (uint64_t)(rc == 0 ? evicted : 0);
+    return rc;
+}
+
+/* ---- the query ---- */
+
+rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
+                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns)
+{
+    const config *cfg = r->env.cfg;
+    const Llms__RagQueryRequest *rq = req->rag_query;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    char *texts[RAG_MAX_K] = {0};
+    rag_query *q = calloc(1, sizeof *q);
+    if (!q) {
+        send_error(r, conn_id, req, code, "out of memory");
+        return NULL;
+    }
+    r->queries++;
+    q->r = r;
+    q->rq = rq;
+    q->t0_ns = mono_ns();
+    (void)queued_ns;
+    int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
+    Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
+    q->use_qa = !(rq->has_no_qa && rq->no_qa) && cfg->tau_query <= 1.0f;
+    q->use_qkv = !(rq->has_no_qkv && rq->no_qkv) && cfg->qkv_cache_mb > 0;
+    int found = kb_lookup(r->env.kb, uid, app, rq->kb, &q->kb, err);
+    if (found <= 0) {
+        code = found == 0 ? LLMS__ERROR_CODE__NOT_FOUND : code;
+        goto fail;
+    }
+    code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (top_k < 1 || top_k > RAG_MAX_K) {
+        err_set(err, "top_k must be 1..%d", RAG_MAX_K);
+        goto fail;
+    }
+    if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR) {
+        err_set(err, "unknown retrieval %d", (int)mode);
+        goto fail;
+    }
+    if (q->kb.dim != semantic_dim(r->env.sem)) {
+        code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+        err_set(err, "knowledge base '%s' holds vectors of %d floats, the embedder makes %d",
+                rq->kb, q->kb.dim, semantic_dim(r->env.sem));
+        goto fail;
+    }
+    if (!(q->qvec = malloc(sizeof *q->qvec * (size_t)q->kb.dim))) {
+        code = LLMS__ERROR_CODE__INTERNAL;
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    if (semantic_embed_now(r->env.sem, rq->question, q->qvec, err))
+        goto fail;
+    kb_unit(q->qvec, q->kb.dim);
+    code = LLMS__ERROR_CODE__INTERNAL;
+    if (q->use_qa) {
+        int rc = qa_answer(r, q, conn_id, req, err);
+        if (rc < 0)
+            goto fail;
+        if (rc == 1) {
+            rag_query_free(q);
+            return NULL;
+        }
+    }
+    if (kb_retrieve(r->env.kb, &q->kb, rq->question, q->qvec, top_k, mode, q->hits, &q->n_hits,
+                    err))
+        goto fail;
+    for (int i = 0; i < q->n_hits; i++) {
+        int got = load_passage(q, i, q->hits[i].id, q->hits[i].score, &texts[i], err);
+        if (got <= 0) {
+            if (got == 0)
+                err_set(err, "passage %lld vanished", (long long)q->hits[i].id);
+            goto fail;
+        }
+    }
+    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    if (build_prompt(r, q, texts, err))
+        goto fail;
+    if (q->n_tokens >= cfg->n_ctx) {
+        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        err_set(err, "the prompt (system prompt, %d passages, question) is %d tokens, the "
+                     "window is %d: ask for fewer passages (top_k)", q->n_hits, q->n_tokens,
+                cfg->n_ctx);
+        goto fail;
+    }
+    if (q->use_qkv && qkv_load(r, q, seq, err)) {
+        /* a bad node costs its reuse, not the query */
+        warn("QKV load", err);
+        kv_seq_truncate(seq, 0);
+        q->nodes_found = 0;
+        q->reused_tokens = 0;
+    }
+    if (q->nodes_found > 1) {
+        r->qkv_hits++;
+        r->qkv_tokens += (uint64_t)q->reused_tokens;
+    }
+    for (int i = 0; i < RAG_MAX_K; i++)
+        free(texts[i]);
+    return q;
+fail:
+    for (int i = 0; i < RAG_MAX_K; i++)
+        free(texts[i]);
+    send_error(r, conn_id, req, code, "%s", err);
+    rag_query_free(q);
+    return NULL;
+}
+
+void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                Llms__RagResult *res)
+{
+    char err[ERR_MAX];
+    if (q->use_qkv && qkv_store(r, q, seq, err))
+        warn("QKV store", err);
+    if (q->use_qa && answer[0]) {
+        int64_t ids[RAG_MAX_K];
+        for (int i = 0; i < q->n_hits; i++)
+            ids[i] = q->hits[i].id;
+        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
+                         q->n_hits, wall_ms(), err))
+            warn("QA bank", err);
+    }
+    llms__rag_result__init(res);
+    res->outcome = q->nodes_found > 1 ? LLMS__RAG_OUTCOME__RAG_QKV_HIT : LLMS__RAG_OUTCOME__RAG_MISS;
+    res->n_passages = (size_t)q->n_hits;
+    res->passages = q->hp;
+    res->reused_tokens = (uint32_t)q->reused_tokens;
+    res->reused_passages = (uint32_t)(q->nodes_found > 1 ? q->nodes_found - 1 : 0);
+    res->retrieve_ms = q->retrieve_ms;
+}
+
+void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
+{
+    char err[ERR_MAX];
+    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR) {
+        if (store_rag_clear(r->env.st, err)) {
+            send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            return;
+        }
+        Llms__Empty e = LLMS__EMPTY__INIT;
+        Llms__Response resp = LLMS__RESPONSE__INIT;
+        resp.id = req->id;
+        resp.final = 1;
+        resp.body_case = LLMS__RESPONSE__BODY_OK;
+        resp.ok = &e;
+        send_resp(r, conn_id, &resp);
+        return;
+    }
+    int64_t qa_n, qa_b, qkv_n, qkv_b;
+    if (store_qa_stats(r->env.st, &qa_n, &qa_b, err) ||
+        store_qkv_stats(r->env.st, &qkv_n, &qkv_b, err)) {
+        send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return;
+    }
+    Llms__CacheResponse c = LLMS__CACHE_RESPONSE__INIT;
+    c.qa_entries = (uint32_t)qa_n;
+    c.qa_bytes = (uint64_t)qa_b;
+    c.qkv_nodes = (uint32_t)qkv_n;
+    c.qkv_bytes = (uint64_t)qkv_b;
+    c.qkv_budget_bytes = (uint64_t)r->env.cfg->qkv_cache_mb << 20;
+    c.rag_queries = r->queries;
+    c.qa_hits = r->qa_hits;
+    c.qkv_hits = r->qkv_hits;
+    c.qkv_tokens_reused = r->qkv_tokens;
+    c.qkv_evictions = r->qkv_evictions;
+    Llms__Response resp = LLMS__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.final = 1;
+    resp.body_case = LLMS__RESPONSE__BODY_CACHE;
+    resp.cache = &c;
+    send_resp(r, conn_id, &resp);
+}

@@ -1,0 +1,87 @@
+/*
+ * rag.h — RagQuery and its two cache levels (PerCache's QA bank and QKV prefix tree).
+ *
+ * A query: the question is embedded; the QA bank of its knowledge base is searched and
+ * a stored question with cosine >= tau_query answers at once (after checking that every
+ * passage the stored answer came from still exists). Otherwise hybrid retrieval picks
+ * the top-k passages and the prompt is built as separately tokenized segments:
+ *   [template head + system prompt + "Passages:"] [passage 1] ... [passage k]
+ *   ["Question: ..." + template tail]
+ * so a segment's tokens never depend on its neighbours, and the token sequence up to
+ * the end of passage i depends only on (system prompt, passage 1..i).
+ *
+ * QKV prefix tree: node i of a prompt holds the KV chunks (16 tokens, f16, exactly as the
+ * forward computed them) that the prefix up to the end of segment i completes and its
+ * parent's prefix did not; its key is a hash of the model and that whole token prefix,
+ * its parent the node of the prefix one segment shorter. A path of nodes present from
+ * the root is loaded into the query's KV and prefill computes the rest, which is exact
+ * because KV at a position depends only on the tokens before it. After a generation
+ * the missing nodes of its path are stored, and least frequently used leaves are
+ * evicted to stay under qkv_cache_mb. Each generated answer goes into the QA bank.
+ *
+ * Invalidation: after a KbAdd, each stored question of the knowledge base is retrieved
+ * again (hybrid, top k_refresh); an entry whose list now holds a new passage is deleted.
+ *
+ * Everything runs on the worker thread.
+ */
+#ifndef LLMS_RAG_H
+#define LLMS_RAG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/kb.h"
+#include "daemon/outq.h"
+#include "daemon/semantic.h"
+#include "engine/chat.h"
+#include "engine/kv.h"
+#include "engine/tokenizer.h"
+#include "proto/llms.pb-c.h"
+#include "storage/store.h"
+
+typedef struct rag_env {
+    const config *cfg;
+    const char *model_path;   /* part of every QKV key */
+    store *st;
+    outq *out;
+    const tokenizer *tok;
+    enum chat_family family;
+    kv_shape shape;
+    kbm *kb;
+    semantic *sem;
+} rag_env;
+
+typedef struct rag rag;
+typedef struct rag_query rag_query;
+
+rag *rag_new(const rag_env *env, char err[ERR_MAX]);
+void rag_free(rag *r);
+
+/* Starts RagQuery req of app (uid, app). NULL when the request was answered already:
+ * from the QA bank, or with an error. Otherwise the prompt's tokens are ready
+ * (rag_prompt) and seq (empty, the generation's) holds the KV of the longest cached
+ * prefix. queued_ns is when the request arrived (CLOCK_MONOTONIC). */
+rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
+                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns);
+
+/* The prompt's tokens (valid until rag_query_free). */
+const int32_t *rag_prompt(const rag_query *q, int *n);
+
+/* The request's sampling settings (NULL: the daemon's). */
+const Llms__GenerationParams *rag_params(const rag_query *q);
+
+/* After a generation over the prompt ended without failure: stores the prompt's missing
+ * QKV nodes from seq (which still holds the prompt's KV) and the answer in the QA bank,
+ * then fills res (a RagResult whose pointers stay valid until rag_query_free) with the
+ * passages, the outcome and the retrieval time; the caller adds the generation's
+ * numbers and sends it. A cache that cannot be written is logged, not an error. */
+void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                Llms__RagResult *res);
+
+void rag_query_free(rag_query *q);
+
+/* Admin: Cache (statistics) and CacheClear. */
+void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req);
+
+#endif

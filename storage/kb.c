@@ -1,0 +1,637 @@
+/*
+ * kb.c — knowledge bases, QA bank and QKV tree in the sqlite3 catalog.
+ *
+ * These calls are rare next to token generation (a knowledge base change, a query), so
+ * statements are prepared per call rather than kept.
+ */
+#include "storage/kb.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "storage/crc32c.h"
+#include "storage/store_internal.h"
+
+#define KB_ZSTD_LEVEL 3
+#define KB_MATCH_MAX 4096 /* bytes of an FTS5 query built from a question */
+
+static int db_err(store *s, char *err, const char *what)
+{
+    return err_set(err, "store: %s: %s", what, sqlite3_errmsg(store_sqlite(s)));
+}
+
+static sqlite3_stmt *prep(store *s, const char *sql, char *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(store_sqlite(s), sql, -1, &st, NULL) != SQLITE_OK) {
+        db_err(s, err, sql);
+        return NULL;
+    }
+    return st;
+}
+
+/* Runs a statement that returns no rows and finalizes it. */
+static int run(store *s, sqlite3_stmt *st, const char *what, char *err)
+{
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
+        db_err(s, err, what);
+        sqlite3_finalize(st);
+        return -1;
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+static int exec_sql(store *s, const char *sql, char *err)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(store_sqlite(s), sql, NULL, NULL, &msg) != SQLITE_OK) {
+        err_set(err, "store: %s: %s", sql, msg ? msg : sqlite3_errmsg(store_sqlite(s)));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+int store_kb_begin(store *s, char err[ERR_MAX])
+{
+    return exec_sql(s, "BEGIN IMMEDIATE", err);
+}
+
+int store_kb_commit(store *s, char err[ERR_MAX])
+{
+    if (exec_sql(s, "COMMIT", err) == 0)
+        return 0;
+    store_kb_rollback(s);
+    return -1;
+}
+
+void store_kb_rollback(store *s)
+{
+    if (!sqlite3_get_autocommit(store_sqlite(s)))
+        sqlite3_exec(store_sqlite(s), "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* Runs body (which returns 0 or -1) in a transaction unless one is open already. */
+#define IN_TX(s, err, body)                                                               \
+    do {                                                                                  \
+        bool own_ = sqlite3_get_autocommit(store_sqlite(s));                              \
+        if (own_ && store_kb_begin(s, err))                                               \
+            return -1;                                                                    \
+        int rc_ = (body);                                                                 \
+        if (rc_ == 0 && own_)                                                             \
+            return store_kb_commit(s, err);                                               \
+        if (rc_ != 0 && own_)                                                             \
+            store_kb_rollback(s);                                                         \
+        return rc_;                                                                       \
+    } while (0)
+
+static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, int otok,
+                        const char *embedder, int dim, int64_t now_ms, int64_t *kb_id,
+                        bool *exists, char *err)
+{
+    sqlite3_stmt *st = prep(s, "SELECT id FROM kbs WHERE app_id = ? AND name = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, app_id);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    *exists = sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    if (*exists)
+        return 0;
+    st = prep(s, "INSERT INTO kbs (app_id, name, passage_tokens, overlap_tokens, embedder, dim,"
+                 " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, app_id);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, ptok);
+    sqlite3_bind_int(st, 4, otok);
+    sqlite3_bind_text(st, 5, embedder, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, dim);
+    sqlite3_bind_int64(st, 7, now_ms);
+    if (run(s, st, "creating a knowledge base", err))
+        return -1;
+    *kb_id = sqlite3_last_insert_rowid(store_sqlite(s));
+    char sql[128];
+    snprintf(sql, sizeof sql, "CREATE VIRTUAL TABLE kbfts_%lld USING fts5(text)",
+             (long long)*kb_id);
+    return exec_sql(s, sql, err);
+}
+
+int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
+                    int overlap_tokens, const char *embedder, int dim, int64_t now_ms,
+                    int64_t *kb_id, bool *exists, char err[ERR_MAX])
+{
+    *kb_id = -1;
+    *exists = false;
+    IN_TX(s, err, kb_create_tx(s, app_id, name, passage_tokens, overlap_tokens, embedder, dim,
+                               now_ms, kb_id, exists, err));
+}
+
+#define KB_COLUMNS                                                                         \
+    "SELECT k.id, k.name, k.passage_tokens, k.overlap_tokens, k.embedder, k.dim,"          \
+    " (SELECT count(*) FROM kb_docs d WHERE d.kb_id = k.id),"                              \
+    " (SELECT count(*) FROM kb_passages p WHERE p.kb_id = k.id),"                          \
+    " (SELECT coalesce(sum(bytes), 0) FROM kb_docs d WHERE d.kb_id = k.id),"               \
+    " (SELECT count(*) FROM qa_bank q WHERE q.kb_id = k.id) FROM kbs k "
+
+static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb *), void *arg,
+                   int *n_rows, char *err)
+{
+    int rc, out = 0;
+    *n_rows = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        store_kb kb = {
+            .id = sqlite3_column_int64(st, 0),
+            .name = (const char *)sqlite3_column_text(st, 1),
+            .passage_tokens = sqlite3_column_int(st, 2),
+            .overlap_tokens = sqlite3_column_int(st, 3),
+            .embedder = (const char *)sqlite3_column_text(st, 4),
+            .dim = sqlite3_column_int(st, 5),
+            .n_docs = sqlite3_column_int64(st, 6),
+            .n_passages = sqlite3_column_int64(st, 7),
+            .bytes = sqlite3_column_int64(st, 8),
+            .qa_entries = sqlite3_column_int64(st, 9),
+        };
+        (*n_rows)++;
+        if (fn && (out = fn(arg, &kb)) != 0)
+            break;
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        out = db_err(s, err, "listing knowledge bases");
+    sqlite3_finalize(st);
+    return out;
+}
+
+int store_kb_get(store *s, int64_t app_id, const char *name,
+                 int (*fn)(void *arg, const store_kb *kb), void *arg, bool *found,
+                 char err[ERR_MAX])
+{
+    *found = false;
+    sqlite3_stmt *st = prep(s, KB_COLUMNS "WHERE k.app_id = ? AND k.name = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, app_id);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    int n;
+    int rc = kb_rows(s, st, fn, arg, &n, err);
+    *found = rc == 0 && n > 0;
+    return rc;
+}
+
+int store_kb_list(store *s, int64_t app_id, int (*fn)(void *arg, const store_kb *kb),
+                  void *arg, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, KB_COLUMNS "WHERE ?1 < 0 OR k.app_id = ?1 ORDER BY k.name", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, app_id);
+    int n;
+    return kb_rows(s, st, fn, arg, &n, err);
+}
+
+static int kb_drop_tx(store *s, int64_t kb_id, char *err)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "DROP TABLE IF EXISTS kbfts_%lld; DELETE FROM kb_passages WHERE kb_id = %lld;"
+             "DELETE FROM qa_bank WHERE kb_id = %lld; DELETE FROM kb_docs WHERE kb_id = %lld;"
+             "DELETE FROM kbs WHERE id = %lld",
+             (long long)kb_id, (long long)kb_id, (long long)kb_id, (long long)kb_id,
+             (long long)kb_id);
+    return exec_sql(s, sql, err);
+}
+
+int store_kb_drop(store *s, int64_t kb_id, char err[ERR_MAX])
+{
+    IN_TX(s, err, kb_drop_tx(s, kb_id, err));
+}
+
+int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages,
+                       char err[ERR_MAX])
+{
+    *bytes = *passages = 0;
+    sqlite3_stmt *st = prep(s,
+        "SELECT (SELECT coalesce(sum(d.bytes), 0) FROM kb_docs d JOIN kbs k ON k.id = d.kb_id"
+        " JOIN apps a ON a.id = k.app_id WHERE a.uid = ?1),"
+        " (SELECT count(*) FROM kb_passages p JOIN kbs k ON k.id = p.kb_id"
+        " JOIN apps a ON a.id = k.app_id WHERE a.uid = ?1)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, uid);
+    if (sqlite3_step(st) != SQLITE_ROW) {
+        db_err(s, err, "summing a uid's knowledge bases");
+        sqlite3_finalize(st);
+        return -1;
+    }
+    *bytes = sqlite3_column_int64(st, 0);
+    *passages = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    return 0;
+}
+
+/* Deletes doc's passages from the FTS table and the catalog, and its row. */
+static int doc_delete(store *s, int64_t kb_id, const char *doc, bool *found, char *err)
+{
+    char sql[160];
+    snprintf(sql, sizeof sql,
+             "DELETE FROM kbfts_%lld WHERE rowid IN (SELECT id FROM kb_passages"
+             " WHERE kb_id = ?1 AND doc = ?2)", (long long)kb_id);
+    const char *const sqls[] = {sql, "DELETE FROM kb_passages WHERE kb_id = ?1 AND doc = ?2",
+                                "DELETE FROM kb_docs WHERE kb_id = ?1 AND doc = ?2"};
+    for (int i = 0; i < 3; i++) {
+        sqlite3_stmt *st = prep(s, sqls[i], err);
+        if (!st)
+            return -1;
+        sqlite3_bind_int64(st, 1, kb_id);
+        sqlite3_bind_text(st, 2, doc, -1, SQLITE_STATIC);
+        if (run(s, st, "deleting a document", err))
+            return -1;
+    }
+    *found = sqlite3_changes(store_sqlite(s)) > 0;
+    return 0;
+}
+
+static int put_doc_tx(store *s, int64_t kb_id, const char *doc, const char *metadata,
+                      int64_t bytes, const char *const *texts, const float *vecs, int n,
+                      int dim, int64_t now_ms, int64_t *first_id, char *err)
+{
+    bool found;
+    if (doc_delete(s, kb_id, doc, &found, err))
+        return -1;
+    sqlite3_stmt *st = prep(s, "INSERT INTO kb_docs (kb_id, doc, metadata, bytes, n_passages,"
+                               " created_ms) VALUES (?, ?, ?, ?, ?, ?)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, kb_id);
+    sqlite3_bind_text(st, 2, doc, -1, SQLITE_STATIC);
+    if (metadata)
+        sqlite3_bind_text(st, 3, metadata, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, bytes);
+    sqlite3_bind_int(st, 5, n);
+    sqlite3_bind_int64(st, 6, now_ms);
+    if (run(s, st, "adding a document", err))
+        return -1;
+    char sql[96];
+    snprintf(sql, sizeof sql, "INSERT INTO kbfts_%lld (rowid, text) VALUES (?, ?)",
+             (long long)kb_id);
+    sqlite3_stmt *ins = prep(s, "INSERT INTO kb_passages (kb_id, doc, seq, text, vec)"
+                                " VALUES (?, ?, ?, ?, ?)", err);
+    sqlite3_stmt *fts = ins ? prep(s, sql, err) : NULL;
+    int rc = ins && fts ? 0 : -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        sqlite3_reset(ins);
+        sqlite3_bind_int64(ins, 1, kb_id);
+        sqlite3_bind_text(ins, 2, doc, -1, SQLITE_STATIC);
+        sqlite3_bind_int(ins, 3, i);
+        sqlite3_bind_text(ins, 4, texts[i], -1, SQLITE_STATIC);
+        sqlite3_bind_blob(ins, 5, vecs + (size_t)i * dim, (int)(sizeof(float) * (size_t)dim),
+                          SQLITE_STATIC);
+        if (sqlite3_step(ins) != SQLITE_DONE) {
+            rc = db_err(s, err, "adding a passage");
+            break;
+        }
+        int64_t id = sqlite3_last_insert_rowid(store_sqlite(s));
+        if (i == 0)
+            *first_id = id;
+        sqlite3_reset(fts);
+        sqlite3_bind_int64(fts, 1, id);
+        sqlite3_bind_text(fts, 2, texts[i], -1, SQLITE_STATIC);
+        if (sqlite3_step(fts) != SQLITE_DONE)
+            rc = db_err(s, err, "indexing a passage");
+    }
+    sqlite3_finalize(ins);
+    sqlite3_finalize(fts);
+    return rc;
+}
+
+int store_kb_put_doc(store *s, int64_t kb_id, const char *doc, const char *metadata,
+                     int64_t bytes, const char *const *texts, const float *vecs, int n,
+                     int dim, int64_t now_ms, int64_t *first_id, char err[ERR_MAX])
+{
+    *first_id = -1;
+    IN_TX(s, err, put_doc_tx(s, kb_id, doc, metadata, bytes, texts, vecs, n, dim, now_ms,
+                             first_id, err));
+}
+
+int store_kb_remove_doc(store *s, int64_t kb_id, const char *doc, bool *found,
+                        char err[ERR_MAX])
+{
+    *found = false;
+    IN_TX(s, err, doc_delete(s, kb_id, doc, found, err));
+}
+
+int store_kb_vectors(store *s, int64_t kb_id, int dim,
+                     int (*fn)(void *arg, int64_t id, const float *vec), void *arg,
+                     char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "SELECT id, vec FROM kb_passages WHERE kb_id = ? ORDER BY id",
+                            err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, kb_id);
+    int rc, out = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const void *v = sqlite3_column_blob(st, 1);
+        if (sqlite3_column_bytes(st, 1) != (int)(sizeof(float) * (size_t)dim) || !v) {
+            out = err_set(err, "store: passage %lld has a vector of %d bytes, not %d floats",
+                          (long long)sqlite3_column_int64(st, 0), sqlite3_column_bytes(st, 1),
+                          dim);
+            break;
+        }
+        if ((out = fn(arg, sqlite3_column_int64(st, 0), v)) != 0)
+            break;
+    }
+    if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        out = db_err(s, err, "reading vectors");
+    sqlite3_finalize(st);
+    return out;
+}
+
+/* An FTS5 query matching any word of text: each run of letters and digits (and bytes of
+ * multi-byte characters) quoted, joined by OR, so punctuation and FTS5 syntax in a
+ * question are only text. */
+static void match_expr(const char *text, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (const unsigned char *p = (const unsigned char *)text; *p;) {
+        if (!(isalnum(*p) || *p >= 0x80)) {
+            p++;
+            continue;
+        }
+        const unsigned char *w = p;
+        while (*p && (isalnum(*p) || *p >= 0x80))
+            p++;
+        size_t len = (size_t)(p - w);
+        if (n + len + 8 >= cap)
+            break;
+        n += (size_t)snprintf(out + n, cap - n, "%s\"%.*s\"", n ? " OR " : "", (int)len,
+                              (const char *)w);
+    }
+}
+
+int store_kb_bm25(store *s, int64_t kb_id, const char *query, int k, int64_t *ids,
+                  float *scores, int *n, char err[ERR_MAX])
+{
+    *n = 0;
+    char match[KB_MATCH_MAX];
+    match_expr(query, match, sizeof match);
+    if (!match[0] || k <= 0)
+        return 0;
+    char sql[160];
+    snprintf(sql, sizeof sql,
+             "SELECT rowid, bm25(kbfts_%lld) FROM kbfts_%lld WHERE kbfts_%lld MATCH ?"
+             " ORDER BY bm25(kbfts_%lld) LIMIT ?",
+             (long long)kb_id, (long long)kb_id, (long long)kb_id, (long long)kb_id);
+    sqlite3_stmt *st = prep(s, sql, err);
+    if (!st)
+        return -1;
+    sqlite3_bind_text(st, 1, match, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, k);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < k) {
+        ids[*n] = sqlite3_column_int64(st, 0);
+        scores[*n] = (float)-sqlite3_column_double(st, 1);
+        (*n)++;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_err(s, err, "BM25 search");
+    return 0;
+}
+
+int store_kb_passage(store *s, int64_t kb_id, int64_t id,
+                     int (*fn)(void *arg, const store_passage *p), void *arg, bool *found,
+                     char err[ERR_MAX])
+{
+    *found = false;
+    sqlite3_stmt *st = prep(s, "SELECT p.doc, p.seq, p.text, d.metadata FROM kb_passages p"
+                               " JOIN kb_docs d ON d.kb_id = p.kb_id AND d.doc = p.doc"
+                               " WHERE p.kb_id = ? AND p.id = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, kb_id);
+    sqlite3_bind_int64(st, 2, id);
+    int rc = sqlite3_step(st), out = 0;
+    if (rc == SQLITE_ROW) {
+        *found = true;
+        store_passage p = {id, (const char *)sqlite3_column_text(st, 0),
+                           sqlite3_column_int(st, 1), (const char *)sqlite3_column_text(st, 2),
+                           (const char *)sqlite3_column_text(st, 3)};
+        out = fn ? fn(arg, &p) : 0;
+    } else if (rc != SQLITE_DONE) {
+        out = db_err(s, err, "reading a passage");
+    }
+    sqlite3_finalize(st);
+    return out;
+}
+
+/* ---- QA bank ---- */
+
+int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec, int dim,
+                 const char *answer, const int64_t *passages, int n_passages,
+                 int64_t now_ms, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
+                               " created_ms) VALUES (?, ?, ?, ?, ?, ?)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, kb_id);
+    sqlite3_bind_text(st, 2, question, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 3, vec, (int)(sizeof(float) * (size_t)dim), SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, answer, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 5, n_passages ? (const void *)passages : "",
+                      (int)(sizeof(int64_t) * (size_t)n_passages), SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, now_ms);
+    return run(s, st, "adding a QA entry", err);
+}
+
+int store_qa_list(store *s, int64_t kb_id, int dim,
+                  int (*fn)(void *arg, const store_qa *q), void *arg, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "SELECT id, question, vec, answer, passages, created_ms"
+                               " FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, kb_id);
+    int rc, out = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int pb = sqlite3_column_bytes(st, 4);
+        const void *pv = sqlite3_column_blob(st, 4);
+        const void *v = sqlite3_column_blob(st, 2);
+        if (sqlite3_column_bytes(st, 2) != (int)(sizeof(float) * (size_t)dim) || !v ||
+            pb % (int)sizeof(int64_t)) {
+            out = err_set(err, "store: QA entry %lld is malformed",
+                          (long long)sqlite3_column_int64(st, 0));
+            break;
+        }
+        store_qa q = {sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1), v,
+                      (const char *)sqlite3_column_text(st, 3), pv,
+                      pb / (int)sizeof(int64_t), sqlite3_column_int64(st, 5)};
+        if ((out = fn(arg, &q)) != 0)
+            break;
+    }
+    if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        out = db_err(s, err, "reading the QA bank");
+    sqlite3_finalize(st);
+    return out;
+}
+
+int store_qa_delete(store *s, int64_t id, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "DELETE FROM qa_bank WHERE id = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, id);
+    return run(s, st, "deleting a QA entry", err);
+}
+
+static int two_counts(store *s, const char *sql, int64_t *a, int64_t *b, char *err)
+{
+    sqlite3_stmt *st = prep(s, sql, err);
+    if (!st)
+        return -1;
+    if (sqlite3_step(st) != SQLITE_ROW) {
+        db_err(s, err, sql);
+        sqlite3_finalize(st);
+        return -1;
+    }
+    *a = sqlite3_column_int64(st, 0);
+    *b = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int store_qa_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX])
+{
+    return two_counts(s, "SELECT count(*), coalesce(sum(length(question) + length(vec) +"
+                         " length(answer) + length(passages)), 0) FROM qa_bank", n, bytes, err);
+}
+
+/* ---- QKV tree ---- */
+
+int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const void *raw,
+                  size_t raw_bytes, int64_t now_ms, char err[ERR_MAX])
+{
+    size_t cap = ZSTD_compressBound(raw_bytes);
+    void *comp = malloc(cap ? cap : 1);
+    if (!comp)
+        return err_set(err, "store: out of memory compressing a QKV node");
+    size_t len = ZSTD_compress(comp, cap, raw, raw_bytes, KB_ZSTD_LEVEL);
+    if (ZSTD_isError(len)) {
+        free(comp);
+        return err_set(err, "store: zstd: %s", ZSTD_getErrorName(len));
+    }
+    sqlite3_stmt *st = prep(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, n_tokens,"
+                               " raw_bytes, crc, blob, uses, last_used_ms)"
+                               " VALUES (?, ?, ?, ?, ?, ?, 1, ?)", err);
+    if (!st) {
+        free(comp);
+        return -1;
+    }
+    sqlite3_bind_int64(st, 1, (int64_t)key);
+    sqlite3_bind_int64(st, 2, (int64_t)parent);
+    sqlite3_bind_int(st, 3, n_tokens);
+    sqlite3_bind_int64(st, 4, (int64_t)raw_bytes);
+    sqlite3_bind_int64(st, 5, crc32c(0, raw, raw_bytes));
+    sqlite3_bind_blob(st, 6, comp, (int)len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 7, now_ms);
+    int rc = run(s, st, "storing a QKV node", err);
+    free(comp);
+    return rc;
+}
+
+int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
+                  int *n_tokens, int64_t now_ms, bool *found, char err[ERR_MAX])
+{
+    *found = false;
+    sqlite3_stmt *st = prep(s, "SELECT n_tokens, raw_bytes, crc, blob FROM qkv_nodes"
+                               " WHERE key = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, (int64_t)key);
+    int rc = sqlite3_step(st), out = 0;
+    if (rc == SQLITE_ROW) {
+        size_t raw = (size_t)sqlite3_column_int64(st, 1);
+        uint32_t crc = (uint32_t)sqlite3_column_int64(st, 2);
+        const void *blob = sqlite3_column_blob(st, 3);
+        size_t len = (size_t)sqlite3_column_bytes(st, 3);
+        *n_tokens = sqlite3_column_int(st, 0);
+        size_t got = raw <= dst_cap && blob ? ZSTD_decompress(dst, dst_cap, blob, len) : 0;
+        if (raw > dst_cap)
+            out = err_set(err, "store: QKV node %016llx holds %zu bytes, more than %zu",
+                          (unsigned long long)key, raw, dst_cap);
+        else if (ZSTD_isError(got) || got != raw || crc32c(0, dst, raw) != crc)
+            out = err_set(err, "store: QKV node %016llx is corrupt", (unsigned long long)key);
+        else {
+            *raw_bytes = raw;
+            *found = true;
+        }
+    } else if (rc != SQLITE_DONE) {
+        out = db_err(s, err, "reading a QKV node");
+    }
+    sqlite3_finalize(st);
+    if (out || !*found)
+        return out;
+    st = prep(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ? WHERE key = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, now_ms);
+    sqlite3_bind_int64(st, 2, (int64_t)key);
+    return run(s, st, "counting a QKV use", err);
+}
+
+int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "SELECT 1 FROM qkv_nodes WHERE key = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, (int64_t)key);
+    int rc = sqlite3_step(st);
+    *found = rc == SQLITE_ROW;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_err(s, err, "looking up a QKV node");
+    return 0;
+}
+
+int store_qkv_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX])
+{
+    return two_counts(s, "SELECT count(*), coalesce(sum(length(blob)), 0) FROM qkv_nodes", n,
+                      bytes, err);
+}
+
+int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
+{
+    if (evicted)
+        *evicted = 0;
+    for (;;) {
+        int64_t n, bytes;
+        if (store_qkv_stats(s, &n, &bytes, err))
+            return -1;
+        if (bytes <= budget || n == 0)
+            return 0;
+        /* a leaf: removing an inner node would strand its children's paths */
+        sqlite3_stmt *st = prep(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
+                                   " qkv_nodes q WHERE NOT EXISTS (SELECT 1 FROM qkv_nodes c"
+                                   " WHERE c.parent = q.key) ORDER BY q.uses, q.last_used_ms"
+                                   " LIMIT 1)", err);
+        if (!st || run(s, st, "evicting a QKV node", err))
+            return -1;
+        if (sqlite3_changes(store_sqlite(s)) == 0)
+            return err_set(err, "store: QKV tree over budget with no leaf to evict");
+        if (evicted)
+            (*evicted)++;
+    }
+}
+
+int store_rag_clear(store *s, char err[ERR_MAX])
+{
+    return exec_sql(s, "DELETE FROM qa_bank; DELETE FROM qkv_nodes", err);
+}

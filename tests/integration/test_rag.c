@@ -1,0 +1,291 @@
+/*
+ * Knowledge bases and RagQuery end to end: a real llmsd of this build on a generated
+ * model (random weights), through libllmsclient. Checks CRUD and isolation between apps,
+ * limits, retrieval on a small labelled corpus, the QA bank (a repeat is a hit), exact
+ * reuse through the QKV tree (greedy answers equal with and without a
+ * hit), that an acknowledged KbAdd survives kill -9, and
+ * that bad input is refused without harm.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/llms.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+static char llmsd_path[1024], model_path[1024];
+static llmsd_proc daemon_;
+static int up;
+
+#define NEED()                                                                 \
+    do {                                                                       \
+        if (!llmsd_path[0] || !model_path[0])                                  \
+            SKIP("llmsd or the generated model is missing");                   \
+        if (!up)                                                               \
+            up = start() == 0 ? 1 : -1;                                        \
+        CHECK_MSG(up == 1, "llmsd did not start");                             \
+    } while (0)
+
+static int start(void)
+{
+    return proc_start(&daemon_, llmsd_path, "rag", model_path,
+                      "temperature = 0\nmax_tokens = 8\nkb_max_per_app = 3\n"
+                      "kb_max_doc_bytes = 20000\nqkv_cache_mb = 64\nrag_top_k = 2\n"
+                      "kb_passage_tokens = 24\nkb_overlap_tokens = 4\n");
+}
+
+/* Topic words of the labelled corpus: document i is about words[i]. */
+static const char *const topics[] = {"apple orchard harvest", "rocket launch orbit",
+                                     "violin concert music", "river boat fishing",
+                                     "mountain snow climbing", "garden tomato soil"};
+#define N_TOPICS 6
+
+static void add_corpus(llms_conn *c, const char *kb)
+{
+    char text[N_TOPICS][256], id[N_TOPICS][16];
+    llms_kb_doc docs[N_TOPICS];
+    for (int i = 0; i < N_TOPICS; i++) {
+        snprintf(id[i], sizeof id[i], "doc%d", i);
+        snprintf(text[i], sizeof text[i], "Notes about %s. The %s was discussed today.",
+                 topics[i], topics[i]);
+        docs[i] = (llms_kb_doc){id[i], text[i], "meta"};
+    }
+    uint32_t passages = 0;
+    if (llms_kb_add(c, kb, docs, N_TOPICS, &passages) != LLMS_OK)
+        fprintf(stderr, "kb add: %s\n", llms_last_error(c));
+}
+
+static void crud_and_isolation(void)
+{
+    NEED();
+    llms_conn *a = proc_connect(&daemon_, "app-a"), *b = proc_connect(&daemon_, "app-b");
+    CHECK(a && b);
+    CHECK_EQ(llms_kb_create(a, "notes", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_create(a, "notes", 0, 0), LLMS_ERR_FAILED_PRECONDITION);
+    CHECK_EQ(llms_kb_create(a, "bad name!", 0, 0), LLMS_ERR_INVALID_ARGUMENT);
+    add_corpus(a, "notes");
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(a, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 1);
+    CHECK(!strcmp(kbs[0].name, "notes"));
+    CHECK_EQ(kbs[0].documents, N_TOPICS);
+    CHECK(kbs[0].passages >= N_TOPICS);
+    llms_kb_list_free(kbs, n);
+    /* app-b sees nothing of app-a's */
+    CHECK_EQ(llms_kb_list(b, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 0);
+    llms_kb_list_free(kbs, n);
+    llms_kb_hit *hits;
+    CHECK_EQ(llms_kb_search(b, "notes", "apple", 2, LLMS_RETRIEVAL_RRF, &hits, &n),
+             LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_rag_query(b, "notes", "apple?", NULL, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_kb_drop(b, "notes"), LLMS_ERR_NOT_FOUND);
+    const char *ids[] = {"doc0", "nope"};
+    uint32_t removed = 0;
+    CHECK_EQ(llms_kb_remove(a, "notes", ids, 2, &removed), LLMS_OK);
+    CHECK_EQ(removed, 1);
+    CHECK_EQ(llms_kb_search(a, "notes", "apple orchard", 6, LLMS_RETRIEVAL_BM25, &hits, &n),
+             LLMS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK(strcmp(hits[i].document, "doc0") != 0);
+    llms_kb_hits_free(hits, n);
+    CHECK_EQ(llms_kb_drop(a, "notes"), LLMS_OK);
+    CHECK_EQ(llms_kb_list(a, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 0);
+    llms_kb_list_free(kbs, n);
+    llms_close(a);
+    llms_close(b);
+}
+
+static void limits_and_bad_input(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-limits");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "k1", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_create(c, "k2", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_create(c, "k3", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_create(c, "k4", 0, 0), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_kb_create(c, "k5", 4, 0), LLMS_ERR_INVALID_ARGUMENT);
+    /* an empty knowledge base answers with no passages */
+    llms_kb_hit *hits;
+    size_t n;
+    CHECK_EQ(llms_kb_search(c, "k1", "anything", 3, LLMS_RETRIEVAL_RRF, &hits, &n), LLMS_OK);
+    CHECK_EQ(n, 0);
+    llms_kb_hits_free(hits, n);
+    llms_rag_result r;
+    CHECK_EQ(llms_rag_query(c, "k1", "anything?", NULL, NULL, NULL, &r), LLMS_OK);
+    CHECK_EQ(r.n_passages, 0);
+    llms_rag_result_free(&r);
+    CHECK_EQ(llms_rag_query(c, "missing", "q", NULL, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_rag_query(c, "k1", "", NULL, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    llms_rag_options o = {.top_k = 99};
+    CHECK_EQ(llms_rag_query(c, "k1", "q", &o, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    /* a huge document is refused whole; an empty one too */
+    char *big = malloc(30000);
+    CHECK(big);
+    memset(big, 'a', 29999);
+    big[29999] = '\0';
+    llms_kb_doc d = {"big", big, NULL};
+    CHECK_EQ(llms_kb_add(c, "k1", &d, 1, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    free(big);
+    d = (llms_kb_doc){"empty", "", NULL};
+    CHECK_EQ(llms_kb_add(c, "k1", &d, 1, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(llms_kb_add(c, "k1", &d, 0, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(llms_kb_add(c, "nokb", &d, 1, NULL), LLMS_ERR_NOT_FOUND);
+    llms_kb_info *kbs;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 3);
+    llms_kb_list_free(kbs, n);
+    llms_close(c);
+}
+
+/* Retrieval on the labelled corpus: the document about a topic ranks first for it. */
+static void retrieval_labelled(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-retr");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "corpus", 0, 0), LLMS_OK);
+    add_corpus(c, "corpus");
+    enum llms_retrieval modes[] = {LLMS_RETRIEVAL_RRF, LLMS_RETRIEVAL_SUM, LLMS_RETRIEVAL_BM25};
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < N_TOPICS; i++) {
+            char q[64], want[16];
+            snprintf(q, sizeof q, modes[m] == LLMS_RETRIEVAL_BM25 ? "what about the %s?" : "%s",
+                     topics[i]);
+            snprintf(want, sizeof want, "doc%d", i);
+            llms_kb_hit *hits;
+            size_t n;
+            CHECK_EQ(llms_kb_search(c, "corpus", q, 3, modes[m], &hits, &n), LLMS_OK);
+            /* BM25 ranks it first; a fusion with the random model's vectors keeps it in
+             * the top 3 (its BM25 rank alone outweighs any document BM25 did not find) */
+            int at = -1;
+            for (size_t h = 0; h < n; h++)
+                if (!strcmp(hits[h].document, want) && at < 0)
+                    at = (int)h;
+            CHECK_MSG(modes[m] == LLMS_RETRIEVAL_BM25 ? at == 0 : at >= 0,
+                      "mode %d topic %d: at %d", m, i, at);
+            CHECK(hits[0].text && hits[0].metadata && !strcmp(hits[0].metadata, "meta"));
+            llms_kb_hits_free(hits, n);
+        }
+    llms_close(c);
+}
+
+/* Greedy answers with and without a QKV hit are identical; the QA bank answers a repeat
+ * at once and a new passage ranking for the question invalidates it. */
+static void qkv_exact_and_qa(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-rag");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    add_corpus(c, "kb");
+    llms_rag_options fresh = {.no_qa = 1, .no_qkv = 1}, cached = {.no_qa = 1};
+    llms_rag_result a, b, x;
+    /* same passages (same topic), other questions: the second reuses the first's path */
+    CHECK_EQ(llms_rag_query(c, "kb", "rocket launch orbit?", &cached, NULL, NULL, &a), LLMS_OK);
+    CHECK_EQ(a.outcome, LLMS_RAG_MISS);
+    CHECK_EQ(llms_rag_query(c, "kb", "tell me about the rocket launch orbit", &cached, NULL, NULL,
+                            &b), LLMS_OK);
+    CHECK_EQ(llms_rag_query(c, "kb", "tell me about the rocket launch orbit", &fresh, NULL, NULL,
+                            &x), LLMS_OK);
+    CHECK_EQ(b.n_passages, x.n_passages);
+    for (size_t i = 0; i < b.n_passages; i++)
+        CHECK_EQ(b.passages[i].passage, x.passages[i].passage);
+    if (a.passages[0].passage == b.passages[0].passage) {
+        CHECK_EQ(b.outcome, LLMS_RAG_QKV_HIT);
+        CHECK(b.reused_tokens > 0 && b.reused_passages >= 1);
+        CHECK(b.reused_tokens < b.prompt_tokens);
+    }
+    CHECK_EQ(x.reused_tokens, 0);
+    CHECK_EQ(b.prompt_tokens, x.prompt_tokens);
+    CHECK_MSG(!strcmp(b.text, x.text), "with QKV '%s' vs without '%s'", b.text, x.text);
+    llms_rag_result_free(&a);
+    llms_rag_result_free(&b);
+    llms_rag_result_free(&x);
+
+    /* QA bank: the same question again is answered from the bank */
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_EQ(a.outcome != LLMS_RAG_QA_HIT, 1);
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &b), LLMS_OK);
+    CHECK_EQ(b.outcome, LLMS_RAG_QA_HIT);
+    CHECK(!strcmp(a.text, b.text));
+    CHECK_EQ(b.generated_tokens, 0);
+    llms_rag_result_free(&a);
+    llms_rag_result_free(&b);
+    llms_close(c);
+}
+
+/* Every KbAdd acknowledged before kill -9 is there after the restart. */
+static void crash_keeps_acknowledged(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "rag-crash", model_path, NULL) == 0);
+    llms_conn *c = proc_connect(&d, "crash");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    int acked = 0;
+    for (int i = 0; i < 20; i++) {
+        char id[16], text[64];
+        snprintf(id, sizeof id, "d%d", i);
+        snprintf(text, sizeof text, "document number %d about item%d", i, i);
+        llms_kb_doc doc = {id, text, NULL};
+        if (i == 12)
+            kill(d.pid, SIGKILL);
+        if (llms_kb_add(c, "kb", &doc, 1, NULL) != LLMS_OK)
+            break;
+        acked++;
+    }
+    llms_close(c);
+    proc_stop(&d, SIGKILL);
+    CHECK(acked >= 12);
+    CHECK(proc_start(&d, llmsd_path, "rag-crash", model_path, NULL) == 0);
+    c = proc_connect(&d, "crash");
+    CHECK(c);
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 1);
+    CHECK_MSG((int)kbs[0].documents >= acked, "%u documents after the crash, %d acknowledged",
+              kbs[0].documents, acked);
+    llms_kb_list_free(kbs, n);
+    for (int i = 0; i < acked; i++) {
+        char q[32], want[16];
+        snprintf(q, sizeof q, "item%d", i);
+        snprintf(want, sizeof want, "d%d", i);
+        llms_kb_hit *hits;
+        CHECK_EQ(llms_kb_search(c, "kb", q, 1, LLMS_RETRIEVAL_BM25, &hits, &n), LLMS_OK);
+        CHECK(n == 1 && !strcmp(hits[0].document, want));
+        llms_kb_hits_free(hits, n);
+    }
+    llms_close(c);
+    proc_stop(&d, SIGTERM);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    modelgen_params mp = {
+        .arch = "qwen3", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 7, .n_vocab = 300, .n_threads = 1,
+    };
+    proc_generate_model(model_path, sizeof model_path, "rag.gguf", &mp);
+    RUN(crud_and_isolation);
+    RUN(limits_and_bad_input);
+    RUN(retrieval_labelled);
+    RUN(qkv_exact_and_qa);
+    RUN(crash_keeps_acknowledged);
+    if (up == 1)
+        proc_stop(&daemon_, SIGTERM);
+    return test_finish();
+}
