@@ -47,6 +47,7 @@ enum route {
     R_COMPLETIONS,
     R_EMBEDDINGS,
     R_RERANK,
+    R_RAG,
     R_HEALTH,
     R_METRICS,
     R_OTHER,
@@ -54,7 +55,7 @@ enum route {
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/health", "/metrics", "other",
+    "/v1/rerank", "/v1/llmsd/rag", "/health", "/metrics", "other",
 };
 
 typedef struct token_entry {
@@ -565,32 +566,39 @@ static json_object *llmsd_obj(const hreq *hr, const Llms__CallResult *res)
     return x;
 }
 
-static void on_result(hreq *hr, const Llms__CallResult *res)
+/* The final reply of a generation (a completion, a chat turn, a RAG answer): the last SSE
+ * chunks, or the whole object; extra is its "llmsd" object (taken over, may be NULL). */
+static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generated_tokens,
+                             Llms__StopReason stop, const char *text, json_object *extra)
 {
     http *h = hr->h;
-    h->prompt_tokens += res->prompt_tokens;
-    h->completion_tokens += res->generated_tokens;
-    const char *fin = finish_reason(res->stop_reason);
+    h->prompt_tokens += prompt_tokens;
+    h->completion_tokens += generated_tokens;
+    const char *fin = finish_reason(stop);
     if (hr->stream) {
         if (sse_start(hr)) {
             finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
             return;
         }
         hreq_finish(hr);
-        size_t len = strlen(res->text);
+        size_t len = strlen(text);
         /* Text of chunks dropped for a slow reader, or none. */
         size_t from = hr->sent < len ? hr->sent : len;
-        sse_text(hr, res->text + from, len - from, fin);
-        if (hr->include_usage) {
+        sse_text(hr, text + from, len - from, fin);
+        /* A RAG answer's outcome and passages come in this last chunk whether or not
+         * usage was asked for: they are what the route is for. */
+        if (hr->include_usage || hr->route == R_RAG) {
             json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
             if (o) {
                 json_object_object_add(o, "choices", json_object_new_array());
-                json_object_object_add(o, "usage", usage_obj(res->prompt_tokens, res->generated_tokens));
-                json_object_object_add(o, "llmsd", llmsd_obj(hr, res));
+                json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
+                json_object_object_add(o, "llmsd", extra);
+                extra = NULL;
                 evbuffer_add_printf(hr->sse, "data: %s\n\n", json_text(o));
                 json_object_put(o);
             }
         }
+        json_object_put(extra);
         evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
         evhttp_send_reply_chunk(hr->req, hr->sse);
         evhttp_send_reply_end(hr->req);
@@ -603,6 +611,7 @@ static void on_result(hreq *hr, const Llms__CallResult *res)
         json_object_put(choices);
         json_object_put(c);
         json_object_put(o);
+        json_object_put(extra);
         send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
@@ -610,18 +619,75 @@ static void on_result(hreq *hr, const Llms__CallResult *res)
     if (is_chat(hr)) {
         json_object *m = json_object_new_object();
         json_object_object_add(m, "role", json_object_new_string("assistant"));
-        json_object_object_add(m, "content", json_object_new_string(res->text));
+        json_object_object_add(m, "content", json_object_new_string(text));
         json_object_object_add(c, "message", m);
     } else {
-        json_object_object_add(c, "text", json_object_new_string(res->text));
+        json_object_object_add(c, "text", json_object_new_string(text));
     }
     json_object_object_add(c, "logprobs", NULL);
     json_object_object_add(c, "finish_reason", json_object_new_string(fin));
     json_object_array_add(choices, c);
     json_object_object_add(o, "choices", choices);
-    json_object_object_add(o, "usage", usage_obj(res->prompt_tokens, res->generated_tokens));
-    json_object_object_add(o, "llmsd", llmsd_obj(hr, res));
+    json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
+    json_object_object_add(o, "llmsd", extra);
     send_json(h, hr->req, hr->route, 200, o);
+}
+
+static void on_result(hreq *hr, const Llms__CallResult *res)
+{
+    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
+                     llmsd_obj(hr, res));
+}
+
+static const char *rag_outcome_name(Llms__RagOutcome o)
+{
+    switch (o) {
+    case LLMS__RAG_OUTCOME__RAG_QA_HIT:
+        return "qa_hit";
+    case LLMS__RAG_OUTCOME__RAG_QKV_HIT:
+        return "qkv_hit";
+    default:
+        return "miss";
+    }
+}
+
+/* A RAG answer: as a completion, with the cache outcome, the passages used and the
+ * latency breakdown in its "llmsd" object. */
+static void on_rag_result(hreq *hr, const Llms__RagResult *res)
+{
+    json_object *x = json_object_new_object(), *ps = json_object_new_array();
+    if (x && ps) {
+        json_object_object_add(x, "stop_reason",
+                               json_object_new_string(stop_name(res->stop_reason)));
+        json_object_object_add(x, "outcome",
+                               json_object_new_string(rag_outcome_name(res->outcome)));
+        json_object_object_add(x, "reused_tokens", json_object_new_int64(res->reused_tokens));
+        json_object_object_add(x, "reused_passages",
+                               json_object_new_int64(res->reused_passages));
+        if (res->has_qa_similarity)
+            json_object_object_add(x, "qa_similarity",
+                                   json_object_new_double(res->qa_similarity));
+        json_object_object_add(x, "queue_ms", json_object_new_double(res->queue_ms));
+        json_object_object_add(x, "retrieve_ms", json_object_new_double(res->retrieve_ms));
+        json_object_object_add(x, "prefill_ms", json_object_new_double(res->prefill_ms));
+        json_object_object_add(x, "decode_ms", json_object_new_double(res->decode_ms));
+        for (size_t i = 0; i < res->n_passages; i++) {
+            const Llms__KbHit *k = res->passages[i];
+            json_object *e = json_object_new_object();
+            if (!e)
+                continue;
+            json_object_object_add(e, "passage", json_object_new_int64((int64_t)k->passage));
+            json_object_object_add(e, "document", json_object_new_string(k->document));
+            json_object_object_add(e, "seq", json_object_new_int64(k->seq));
+            json_object_object_add(e, "score", json_object_new_double(k->score));
+            json_object_array_add(ps, e);
+        }
+        json_object_object_add(x, "passages", ps);
+        ps = NULL;
+    }
+    json_object_put(ps);
+    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
+                     x);
 }
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -859,6 +925,8 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
         on_chunk(hr, r->chunk);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
         on_result(hr, r->result);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_RAG_RESULT) {
+        on_rag_result(hr, r->rag_result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
         on_embed(hr, r->embed);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
@@ -1216,6 +1284,82 @@ bad:
     finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
+/* POST /v1/llmsd/rag: {"kb", "question", "top_k"?, "retrieval"? (rrf, sum, bm25, vector),
+ * "system"?, "no_qa"?, "no_qkv"?, "stream"?, and the sampling fields of a completion}. */
+static void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    static const char *const retrievals[] = {"rrf", "sum", "bm25", "vector"};
+    json_object *v;
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.stop = (char **)stops;
+    Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
+    int rc;
+    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (field(hr->body, "kb", json_type_string, &v, msg, cap) != 1) {
+        snprintf(msg, cap, "'kb' (a knowledge base name) is required");
+        goto bad;
+    }
+    rq.kb = (char *)json_object_get_string(v);
+    if (field(hr->body, "question", json_type_string, &v, msg, cap) != 1) {
+        snprintf(msg, cap, "'question' (a string) is required");
+        goto bad;
+    }
+    rq.question = (char *)json_object_get_string(v);
+    if ((rc = field(hr->body, "top_k", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        int64_t k = json_object_get_int64(v);
+        if (k < 1 || k > UINT32_MAX) {
+            snprintf(msg, cap, "'top_k' must be a positive integer");
+            goto bad;
+        }
+        rq.has_top_k = 1;
+        rq.top_k = (uint32_t)k;
+    }
+    if ((rc = field(hr->body, "retrieval", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        const char *name = json_object_get_string(v);
+        size_t i = 0;
+        while (i < sizeof retrievals / sizeof retrievals[0] && strcmp(name, retrievals[i]))
+            i++;
+        if (i == sizeof retrievals / sizeof retrievals[0]) {
+            snprintf(msg, cap, "'retrieval' must be rrf, sum, bm25 or vector");
+            goto bad;
+        }
+        rq.has_retrieval = 1;
+        rq.retrieval = (Llms__Retrieval)i;
+    }
+    if ((rc = field(hr->body, "system", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.system_prompt = (char *)json_object_get_string(v);
+    if ((rc = field(hr->body, "no_qa", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_no_qa = 1, rq.no_qa = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "no_qkv", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_no_qkv = 1, rq.no_qkv = json_object_get_boolean(v);
+    if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap))
+        goto bad;
+    rq.params = &gp;
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    r->body_case = LLMS__REQUEST__BODY_RAG_QUERY;
+    r->rag_query = &rq;
+    submit(hr, r);
+    return;
+bad:
+    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
 static void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *in, *v;
@@ -1558,7 +1702,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
         rnd = h->next_id * 0x9e3779b97f4a7c15ull;
     snprintf(hr->id, sizeof hr->id, "%s-%016llx",
-             r == R_CHAT ? "chatcmpl" : r == R_COMPLETIONS ? "cmpl" : "req",
+             r == R_CHAT ? "chatcmpl" : r == R_COMPLETIONS ? "cmpl" : r == R_RAG ? "rag" : "req",
              (unsigned long long)rnd);
     hreq **b = hreq_bucket(h, hr->ss.conn_id);
     hr->next = *b;
@@ -1593,6 +1737,9 @@ static void on_request(struct evhttp_request *req, void *arg)
         break;
     case R_RERANK:
         start_rerank(hr, &rq, msg, sizeof msg);
+        break;
+    case R_RAG:
+        start_rag(hr, &rq, msg, sizeof msg);
         break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;

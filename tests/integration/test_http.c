@@ -535,6 +535,56 @@ static void context_field_calls_a_context(void)
     llms_close(c);
 }
 
+/* /v1/llmsd/rag answers from the app's knowledge base as a completion, its "llmsd"
+ * object carrying the outcome and the passages: a miss first, then a reuse of the
+ * first answer's work (QA bank or QKV prefix) for the same question, equal text; the
+ * streamed form ends with the same object; errors are OpenAI-shaped. */
+static void rag_route_answers_from_a_knowledge_base(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "http"); /* the gateway's app on the socket */
+    CHECK(c);
+    llms_kb_doc docs[2] = {
+        {"ball", "Lily had a red ball. She played with it in the park every day.", NULL},
+        {"apple", "Tom liked to eat apples. His mom gave him a big green apple.", NULL},
+    };
+    CHECK_EQ(llms_kb_create(c, "notes", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_add(c, "notes", docs, 2, NULL), LLMS_OK);
+    llms_close(c);
+    const char *q = "{\"kb\":\"notes\",\"question\":\"What did Lily play with?\","
+                    "\"max_tokens\":8,\"temperature\":0,\"top_k\":2}";
+    int st;
+    json_object *first = post("/v1/llmsd/rag", q, &st);
+    CHECK(first && st == 200);
+    CHECK(strcmp(jstr(first, "object"), "text_completion") == 0);
+    CHECK(strcmp(jstr(first, "llmsd.outcome"), "miss") == 0);
+    CHECK(jstr(first, "llmsd.passages.1.document"));
+    json_object *again = post("/v1/llmsd/rag", q, &st);
+    CHECK(again && st == 200);
+    CHECK(strcmp(jstr(again, "llmsd.outcome"), "miss") != 0);
+    CHECK(strcmp(jstr(again, "choices.0.text"), jstr(first, "choices.0.text")) == 0);
+    json_object_put(again);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "POST", "/v1/llmsd/rag", NULL,
+                   "{\"kb\":\"notes\",\"question\":\"What did Lily play with?\","
+                   "\"max_tokens\":8,\"temperature\":0,\"top_k\":2,\"stream\":true,"
+                   "\"no_qa\":true}", &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.body, "\"outcome\":\"qkv_hit\"") && strstr(r.body, "data: [DONE]"));
+    httpc_reply_free(&r);
+    json_object_put(first);
+    json_object *o = post("/v1/llmsd/rag", "{\"kb\":\"none-such\",\"question\":\"x\"}", &st);
+    CHECK(o && st == 404 && jstr(o, "error.message"));
+    json_object_put(o);
+    o = post("/v1/llmsd/rag", "{\"question\":\"x\"}", &st);
+    CHECK(o && st == 400 && strstr(jstr(o, "error.message"), "'kb'"));
+    json_object_put(o);
+    o = post("/v1/llmsd/rag", "{\"kb\":\"notes\",\"question\":\"x\",\"retrieval\":\"magic\"}",
+             &st);
+    CHECK(o && st == 400);
+    json_object_put(o);
+}
+
 static void rerank_returns_scores(void)
 {
     const char *stories = test_data_path("models/stories260K.gguf");
@@ -692,6 +742,7 @@ int main(int argc, char **argv)
     RUN(tcp_needs_a_token);
     RUN(metrics_count_requests);
     RUN(context_field_calls_a_context);
+    RUN(rag_route_answers_from_a_knowledge_base);
     RUN(rerank_returns_scores);
     RUN(disconnect_cancels_generation);
     RUN(non_loopback_is_refused);
