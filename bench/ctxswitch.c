@@ -350,7 +350,7 @@ static void fill_batch(bench *b, int g, int from, int n, model_batch *mb, float 
         b->tok[i] = token_at(b, g, from + i);
         b->pos[i] = from + i;
     }
-    static int32_t last_row;
+    static int32_t last_row; /* static: the batch points to it after this returns */
     last_row = n - 1;
     *mb = (model_batch){.n_tokens = n, .tokens = b->tok, .positions = b->pos,
                         .n_out = logits ? 1 : 0, .out_rows = logits ? &last_row : NULL,
