@@ -24,7 +24,8 @@
  * l + 1 overlaps computing layer l. Since every chunk before the last one to recompute
  * is full and each chunk to recompute except a partial tail holds 16 tokens, the
  * forward's new entries fill exactly one new chunk per chunk recomputed, which then
- * take their slots.
+ * take their slots. Under the sequential policy (an ablation) the reader reads every
+ * chunk first and the forward runs after it, and the plan prices that.
  *
  * A read that fails (checksum, size, I/O, or a blob of other token ids: stale)
  * invalidates the chunk and everything computed from it: the chunk loses its stored copy
@@ -226,7 +227,7 @@ static void predict(const ctxmgr *cm, const ctx_entry *c, const cand *d, int j, 
     p->rec_ms = p->fitted[CTX_MODEL_REC] * ctx_cost_fix(cm, CTX_MODEL_REC);
     p->read_ms = read_ms(cm, &warm, &cold, p->fitted);
     double needed = read_ms(cm, &warm_needed, &cold_needed, NULL);
-    if (p->rec_ms > 0 && p->read_ms > 0) {
+    if (p->rec_ms > 0 && p->read_ms > 0 && !cm->policy.sequential) {
         double read_slower = ctx_cost_contention(cm, CTX_PART_READ);
         p->rec_ms *= ctx_cost_contention(cm, CTX_PART_REC);
         p->read_ms *= read_slower;
@@ -234,6 +235,8 @@ static void predict(const ctxmgr *cm, const ctx_entry *c, const cand *d, int j, 
     }
     double chain = p->rec_ms > 0 ? needed + p->rec_ms : 0;
     p->total_ms = chain > p->read_ms ? chain : p->read_ms;
+    if (cm->policy.sequential) /* one part after the other, no contention */
+        p->total_ms = p->rec_ms + p->read_ms;
 }
 
 /* How many of the n stored candidates (dearest first) to recompute beside the
@@ -425,7 +428,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     reader rdr = {.reads = reads, .n = n_reads, .shape = cm->shape};
     while (n_rec > 0 && rdr.n_needed < n_reads && reads[rdr.n_needed].index < rec[n_rec - 1])
         rdr.n_needed++;
-    bool threaded = n_reads > 0 && n_rec > 0;
+    bool threaded = n_reads > 0 && n_rec > 0 && !cm->policy.sequential;
     pthread_t th;
     if (threaded) {
         pthread_mutex_init(&rdr.mu, NULL);

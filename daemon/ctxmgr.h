@@ -153,6 +153,8 @@ typedef struct ctx_policy {
     enum ctx_switch switch_mode;
     bool whole_context;          /* reclaim drops whole contexts, least recently used
                                     first, instead of single chunks in LCTRU order */
+    bool sequential;             /* a switch-in reads its chunks, then recomputes the
+                                    others: no pipelining (the ablation of benchmarks) */
 } ctx_policy;
 
 /* Linear cost models of a switch-in, in milliseconds, fitted by ctx_profile:

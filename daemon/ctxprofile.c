@@ -571,19 +571,25 @@ void ctx_cost_observe(ctxmgr *cm, const ctx_cost_obs *o)
     record_ratio(f, CTX_RATIO_REC, o->rec_ms, o->rec_predicted_ms);
     record_ratio(f, CTX_RATIO_READ, o->read_ms, o->read_predicted_ms);
     record_ratio(f, CTX_RATIO_TOTAL, o->total_ms, o->total_predicted_ms);
-    if (o->rec_ms >= 0 && o->read_ms >= 0) {
+    if (o->rec_ms >= 0 && o->read_ms >= 0 && !cm->policy.sequential) {
         refine(f, &f->log_contend[CTX_PART_REC], &f->n_contend[CTX_PART_REC], o->rec_ms, rec);
         refine(f, &f->log_contend[CTX_PART_READ], &f->n_contend[CTX_PART_READ], o->read_ms,
                cold + warm);
-    } else if (o->rec_ms >= 0) {
-        refine(f, &f->log_fix[CTX_MODEL_REC], &f->n_fix[CTX_MODEL_REC], o->rec_ms,
-               o->fitted[CTX_MODEL_REC]);
-    } else if (o->read_ms >= 0 && cold + warm > 0) {
-        /* One read time covers cold and warm chunks: it corrects the model that
-         * predicted most of it, by the ratio of the whole (the other part as predicted). */
-        enum ctx_model m = cold >= warm ? CTX_MODEL_COLD : CTX_MODEL_WARM;
-        double other = cold >= warm ? warm : cold;
-        refine(f, &f->log_fix[m], &f->n_fix[m], fmax(o->read_ms - other, 0), o->fitted[m]);
+    } else {
+        /* One part alone, or both one after the other (sequential policy): each part
+         * corrects its own model. */
+        if (o->rec_ms >= 0)
+            refine(f, &f->log_fix[CTX_MODEL_REC], &f->n_fix[CTX_MODEL_REC], o->rec_ms,
+                   o->fitted[CTX_MODEL_REC]);
+        if (o->read_ms >= 0 && cold + warm > 0) {
+            /* One read time covers cold and warm chunks: it corrects the model that
+             * predicted most of it, by the ratio of the whole (the other part as
+             * predicted). */
+            enum ctx_model m = cold >= warm ? CTX_MODEL_COLD : CTX_MODEL_WARM;
+            double other = cold >= warm ? warm : cold;
+            refine(f, &f->log_fix[m], &f->n_fix[m], fmax(o->read_ms - other, 0),
+                   o->fitted[m]);
+        }
     }
     if (f->unsaved && ctx_mono_ms() - f->last_save_ms >= SAVE_EVERY_MS)
         ctx_cost_save(cm);
