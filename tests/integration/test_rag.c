@@ -3,8 +3,9 @@
  * model (random weights), through libllmsclient. Checks CRUD and isolation between apps,
  * limits, retrieval on a small labelled corpus, the QA bank (a repeat is a hit), exact
  * reuse through the QKV tree (greedy answers equal with and without a
- * hit), that an acknowledged KbAdd survives kill -9, and
- * that bad input is refused without harm.
+ * hit), QA invalidation by a KbAdd (also one that lands while the answer is being
+ * generated), that an acknowledged KbAdd survives kill -9, and that bad input is
+ * refused without harm.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -219,7 +220,73 @@ static void qkv_exact_and_qa(void)
     CHECK_EQ(b.generated_tokens, 0);
     llms_rag_result_free(&a);
     llms_rag_result_free(&b);
+
+    /* a new passage that ranks in the question's top k_refresh makes the entry stale */
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK(n == 1 && kbs[0].qa_entries >= 1);
+    uint32_t before = n == 1 ? kbs[0].qa_entries : 0;
+    llms_kb_list_free(kbs, n);
+    llms_kb_doc d = {"violin-news", "violin concert music: the violin concert music moved.", NULL};
+    CHECK_EQ(llms_kb_add(c, "kb", &d, 1, NULL), LLMS_OK);
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_MSG(n == 1 && kbs[0].qa_entries < before, "%u QA entries before the add, %u after",
+              before, n == 1 ? kbs[0].qa_entries : 0);
+    llms_kb_list_free(kbs, n);
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT, "the stale QA entry answered");
+    llms_rag_result_free(&a);
     llms_close(c);
+}
+
+/* A KbAdd that commits while a RagQuery generates: the answer came from passages
+ * retrieved before the add, so it must not enter the QA bank where no refresh would
+ * ever find it. The add is sent from the first streamed piece of the answer. */
+typedef struct race {
+    llms_conn *other;
+    int added;
+} race;
+
+static int add_midway(const char *text, size_t len, void *user)
+{
+    race *r = user;
+    (void)text;
+    (void)len;
+    if (!r->added) {
+        llms_kb_doc d = {"late", "violin concert music, the late violin concert music.", NULL};
+        r->added = llms_kb_add(r->other, "kb", &d, 1, NULL) == LLMS_OK ? 1 : -1;
+    }
+    return 0;
+}
+
+static void qa_add_during_generation(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-race"), *o = proc_connect(&daemon_, "app-race");
+    CHECK(c && o);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    add_corpus(c, "kb");
+    llms_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = -1,
+                     .max_tokens = 300};
+    llms_rag_options opt = {.params = &p};
+    race r = {o, 0};
+    llms_rag_result a;
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", &opt, add_midway, &r, &a), LLMS_OK);
+    CHECK_EQ(r.added, 1);
+    /* the add was acknowledged before the answer's end */
+    CHECK(a.generated_tokens > 1);
+    llms_rag_result_free(&a);
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_MSG(n == 1 && kbs[0].qa_entries == 0, "%u QA entries", n == 1 ? kbs[0].qa_entries : 0);
+    llms_kb_list_free(kbs, n);
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT, "an answer from before the add was kept");
+    llms_rag_result_free(&a);
+    llms_close(c);
+    llms_close(o);
 }
 
 /* Every KbAdd acknowledged before kill -9 is there after the restart. */
@@ -284,6 +351,7 @@ int main(int argc, char **argv)
     RUN(limits_and_bad_input);
     RUN(retrieval_labelled);
     RUN(qkv_exact_and_qa);
+    RUN(qa_add_during_generation);
     RUN(crash_keeps_acknowledged);
     if (up == 1)
         proc_stop(&daemon_, SIGTERM);
