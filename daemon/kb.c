@@ -31,8 +31,8 @@ typedef struct kb_vecs {
 struct kbm {
     kb_env env;
     kb_vecs *cache;
-    kb_added_fn added;
-    void *added_arg;
+    kb_changed_fn changed;
+    void *changed_arg;
 };
 
 static int64_t wall_ms(void)
@@ -81,10 +81,10 @@ void kb_free(kbm *k)
     free(k);
 }
 
-void kb_on_added(kbm *k, kb_added_fn fn, void *arg)
+void kb_on_changed(kbm *k, kb_changed_fn fn, void *arg)
 {
-    k->added = fn;
-    k->added_arg = arg;
+    k->changed = fn;
+    k->changed_arg = arg;
 }
 
 bool kb_is_request(Llms__Request__BodyCase body)
@@ -325,10 +325,13 @@ static void handle_drop(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     if (!find_kb(k, conn_id, uid, app, req, req->kb_drop->kb, &kb))
         return;
     cache_drop(k, kb.id);
-    if (store_kb_drop(k->env.st, kb.id, err))
+    if (store_kb_drop(k->env.st, kb.id, err)) {
         send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-    else
-        send_ok(k, conn_id, req);
+        return;
+    }
+    if (k->changed)
+        k->changed(k->changed_arg, &kb, -1);
+    send_ok(k, conn_id, req);
 }
 
 /* ---- add, remove ---- */
@@ -583,7 +586,7 @@ out:
         int64_t first_new = first[0];
         for (size_t i = 1; i < ar->n_documents; i++)
             first_new = first[i] < first_new ? first[i] : first_new;
-        int invalidated = k->added ? k->added(k->added_arg, &kb, first_new) : 0;
+        int invalidated = k->changed ? k->changed(k->changed_arg, &kb, first_new) : 0;
         Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
         res.documents = (uint32_t)ar->n_documents;
         res.passages = (uint32_t)n_pass;
@@ -626,6 +629,8 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     if (store_kb_commit(k->env.st, err))
         goto fail;
     cache_drop(k, kb.id);
+    if (removed && k->changed)
+        k->changed(k->changed_arg, &kb, -1);
     Llms__KbRemoveResponse res = LLMS__KB_REMOVE_RESPONSE__INIT;
     res.removed = removed;
     Llms__Response r = LLMS__RESPONSE__INIT;

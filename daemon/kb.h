@@ -75,11 +75,14 @@ typedef struct kb_hit {
 int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
                 Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX]);
 
-/* Called after a KbAdd committed: every passage of kb with an id >= first_new is new
- * (passage ids only grow), so cached answers they make stale can be found. Returns how
- * many were invalidated. The RAG cache registers it. */
-typedef int (*kb_added_fn)(void *arg, const kb_ref *kb, int64_t first_new);
-void kb_on_added(kbm *k, kb_added_fn fn, void *arg);
+/* Called after every committed change of kb. A KbAdd passes first_new: every passage of
+ * kb with an id >= first_new is new (a new row's id is above every id present), so cached
+ * answers they make stale can be found. A KbRemove or KbDrop passes -1: passages went,
+ * and as SQLite hands a freed largest id out again, an answer must be checked against
+ * the passages now, before a later add reuses their ids. Returns how many cached answers
+ * were invalidated. The RAG cache registers it. */
+typedef int (*kb_changed_fn)(void *arg, const kb_ref *kb, int64_t first_new);
+void kb_on_changed(kbm *k, kb_changed_fn fn, void *arg);
 
 /* Scales v (dim floats) to unit length (a zero vector stays zero). */
 void kb_unit(float *v, int dim);

@@ -24,6 +24,7 @@ struct rag {
     uint8_t *node_buf;          /* a node's raw bytes while loading */
     size_t node_cap;
     uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions;
+    uint64_t kb_changes;        /* committed knowledge base changes so far */
 };
 
 struct rag_query {
@@ -42,6 +43,7 @@ struct rag_query {
     int n_nodes;                /* 1 + n_hits */
     int nodes_found;            /* nodes of the path loaded from the tree */
     int reused_tokens;
+    uint64_t kb_changes;        /* r->kb_changes when the passages were retrieved */
     bool use_qa, use_qkv;
     /* the reply's passages */
     Llms__KbHit h[RAG_MAX_K];
@@ -80,32 +82,52 @@ typedef struct stale {
     bool more;
 } stale;
 
+static int mark_stale(stale *s, int64_t id)
+{
+    if (s->n == (int)(sizeof s->ids / sizeof s->ids[0])) {
+        s->more = true;
+        return 1;
+    }
+    s->ids[s->n++] = id;
+    return 0;
+}
+
+/* After an add: the entry is stale when a new passage ranks in its question's top
+ * k_refresh. After a removal: when one of its passages is gone. */
 static int find_stale(void *arg, const store_qa *q)
 {
     stale *s = arg;
     char err[ERR_MAX];
+    if (s->first_new < 0) {
+        for (int i = 0; i < q->n_passages; i++) {
+            bool found;
+            if (store_kb_passage(s->r->env.st, s->kb->id, q->passages[i], NULL, NULL, &found,
+                                 err))
+                return -1;
+            if (!found)
+                return mark_stale(s, q->id);
+        }
+        return 0;
+    }
     kb_hit hits[64];
     int n, k = s->r->env.cfg->k_refresh;
     if (kb_retrieve(s->r->env.kb, s->kb, q->question, q->vec, k, LLMS__RETRIEVAL__RETRIEVAL_RRF,
                     hits, &n, err))
         return -1;
     for (int i = 0; i < n; i++)
-        if (hits[i].id >= s->first_new) {
-            if (s->n == (int)(sizeof s->ids / sizeof s->ids[0])) {
-                s->more = true;
-                return 1;
-            }
-            s->ids[s->n++] = q->id;
-            break;
-        }
+        if (hits[i].id >= s->first_new)
+            return mark_stale(s, q->id);
     return 0;
 }
 
-static int on_added(void *arg, const kb_ref *kb, int64_t first_new)
+static int on_changed(void *arg, const kb_ref *kb, int64_t first_new)
 {
     rag *r = arg;
     char err[ERR_MAX];
     int total = 0;
+    /* a query in flight retrieved before this change: its answer must not enter the bank,
+     * as no check here can see an entry that does not exist yet */
+    r->kb_changes++;
     stale s = {.r = r, .kb = kb, .first_new = first_new};
     do {
         s.n = 0;
@@ -131,7 +153,7 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
     }
     r->env = *env;
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
-    kb_on_added(env->kb, on_added, r);
+    kb_on_changed(env->kb, on_changed, r);
     return r;
 }
 
@@ -535,6 +557,7 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->r = r;
     q->rq = rq;
     q->t0_ns = mono_ns();
+    q->kb_changes = r->kb_changes;
     (void)queued_ns;
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
     Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
@@ -627,7 +650,7 @@ void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
     char err[ERR_MAX];
     if (q->use_qkv && qkv_store(r, q, seq, err))
         warn("QKV store", err);
-    if (q->use_qa && answer[0]) {
+    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
         int64_t ids[RAG_MAX_K];
         for (int i = 0; i < q->n_hits; i++)
             ids[i] = q->hits[i].id;

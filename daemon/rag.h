@@ -21,6 +21,8 @@
  *
  * Invalidation: after a KbAdd, each stored question of the knowledge base is retrieved
  * again (hybrid, top k_refresh); an entry whose list now holds a new passage is deleted.
+ * After a KbRemove, entries citing a removed passage are deleted. An answer whose
+ * generation overlapped any knowledge base change is not stored.
  *
  * Everything runs on the worker thread.
  */

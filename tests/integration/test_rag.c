@@ -3,8 +3,10 @@
  * model (random weights), through libllmsclient. Checks CRUD and isolation between apps,
  * limits, retrieval on a small labelled corpus, the QA bank (a repeat is a hit), exact
  * reuse through the QKV tree (greedy answers equal with and without a
- * hit), that an acknowledged KbAdd survives kill -9, and
- * that bad input is refused without harm.
+ * hit), QA invalidation by a KbAdd (also one that lands while the answer is being
+ * generated), one QKV node per distinct passage, LFU eviction under qkv_cache_mb and
+ * CacheClear (on stories260K, whose vocabulary tells passages apart), that an
+ * acknowledged KbAdd survives kill -9, and that bad input is refused without harm.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -219,7 +221,146 @@ static void qkv_exact_and_qa(void)
     CHECK_EQ(b.generated_tokens, 0);
     llms_rag_result_free(&a);
     llms_rag_result_free(&b);
+
+    /* a new passage that ranks in the question's top k_refresh makes the entry stale */
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK(n == 1 && kbs[0].qa_entries >= 1);
+    uint32_t before = n == 1 ? kbs[0].qa_entries : 0;
+    llms_kb_list_free(kbs, n);
+    llms_kb_doc d = {"violin-news", "violin concert music: the violin concert music moved.", NULL};
+    CHECK_EQ(llms_kb_add(c, "kb", &d, 1, NULL), LLMS_OK);
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_MSG(n == 1 && kbs[0].qa_entries < before, "%u QA entries before the add, %u after",
+              before, n == 1 ? kbs[0].qa_entries : 0);
+    llms_kb_list_free(kbs, n);
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT, "the stale QA entry answered");
+    llms_rag_result_free(&a);
     llms_close(c);
+}
+
+/* A KbAdd that commits while a RagQuery generates: the answer came from passages
+ * retrieved before the add, so it must not enter the QA bank where no refresh would
+ * ever find it. The add is sent from the first streamed piece of the answer. */
+typedef struct race {
+    llms_conn *other;
+    int added;
+} race;
+
+static int add_midway(const char *text, size_t len, void *user)
+{
+    race *r = user;
+    (void)text;
+    (void)len;
+    if (!r->added) {
+        llms_kb_doc d = {"late", "violin concert music, the late violin concert music.", NULL};
+        r->added = llms_kb_add(r->other, "kb", &d, 1, NULL) == LLMS_OK ? 1 : -1;
+    }
+    return 0;
+}
+
+static void qa_add_during_generation(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-race"), *o = proc_connect(&daemon_, "app-race");
+    CHECK(c && o);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    add_corpus(c, "kb");
+    llms_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = -1,
+                     .max_tokens = 300};
+    llms_rag_options opt = {.params = &p};
+    race r = {o, 0};
+    llms_rag_result a;
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", &opt, add_midway, &r, &a), LLMS_OK);
+    CHECK_EQ(r.added, 1);
+    /* the add was acknowledged before the answer's end */
+    CHECK(a.generated_tokens > 1);
+    llms_rag_result_free(&a);
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_MSG(n == 1 && kbs[0].qa_entries == 0, "%u QA entries", n == 1 ? kbs[0].qa_entries : 0);
+    llms_kb_list_free(kbs, n);
+    CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT, "an answer from before the add was kept");
+    llms_rag_result_free(&a);
+    llms_close(c);
+    llms_close(o);
+}
+
+static const char *const words[] = {"cat", "dog", "sun", "tree", "ball", "happy", "big",
+                                    "red", "girl", "boy", "park", "fish", "cake", "bird",
+                                    "blue", "jump", "play", "mom", "toy", "box", "rain",
+                                    "car", "hat", "sky", "moon", "star", "frog", "milk"};
+#define N_WORDS ((int)(sizeof words / sizeof words[0]))
+
+/* Distinct questions over distinct passages fill the QKV tree: every query stores its
+ * path's missing nodes (none is lost to an error), then the tree stays under
+ * qkv_cache_mb by evicting, and CacheClear empties both levels. */
+static void qkv_fill_evict_clear(void)
+{
+    /* the generated model's vocabulary turns every character of a text into <unk>, so
+     * all passages of one length are the same tokens and share one node */
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!llmsd_path[0] || !stories)
+        SKIP("llmsd or ../shared/testdata/models/stories260K.gguf is missing");
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "rag-evict", stories,
+                     "temperature = 0\nmax_tokens = 2\nrag_top_k = 2\nqkv_cache_mb = 1\n"
+                     "kb_passage_tokens = 48\nkb_overlap_tokens = 0\n") == 0);
+    llms_conn *c = proc_connect(&d, "evict");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    enum { N = 48 };
+    for (int i = 0; i < N; i++) {
+        char id[16], text[512];
+        snprintf(id, sizeof id, "d%d", i);
+        int at = snprintf(text, sizeof text, "item%d", i);
+        for (int w = 0; w < 40 && at < (int)sizeof text - 16; w++)
+            at += snprintf(text + at, sizeof text - (size_t)at, " %s",
+                           words[(i * 41 + w * 7) % N_WORDS]);
+        llms_kb_doc doc = {id, text, NULL};
+        CHECK_EQ(llms_kb_add(c, "kb", &doc, 1, NULL), LLMS_OK);
+    }
+    llms_rag_options o = {.no_qa = 1, .retrieval = LLMS_RETRIEVAL_BM25};
+    llms_cache_stats cs;
+    llms_rag_result r;
+    /* item0's path is used most, so least-frequently-used eviction keeps it */
+    for (int rep = 0; rep < 4; rep++) {
+        CHECK_EQ(llms_rag_query(c, "kb", "item0", &o, NULL, NULL, &r), LLMS_OK);
+        llms_rag_result_free(&r);
+    }
+    for (int i = 1; i < N; i++) {
+        char q[32];
+        snprintf(q, sizeof q, "item%d", i);
+        CHECK_EQ(llms_rag_query(c, "kb", q, &o, NULL, NULL, &r), LLMS_OK);
+        CHECK(r.n_passages == 1 && r.reused_passages == 0);
+        llms_rag_result_free(&r);
+        CHECK_EQ(llms_cache_stats_get(c, &cs), LLMS_OK);
+        /* no node is lost: the tree holds the root and one node per query until it
+         * must evict */
+        if (cs.qkv_evictions == 0)
+            CHECK_EQ(cs.qkv_nodes, (uint32_t)i + 2);
+        CHECK(cs.qkv_bytes <= cs.qkv_budget_bytes);
+    }
+    CHECK(cs.qkv_evictions > 0);
+    CHECK(cs.qkv_nodes < N + 1);
+    CHECK_EQ(llms_rag_query(c, "kb", "item0", &o, NULL, NULL, &r), LLMS_OK);
+    CHECK_EQ(r.outcome, LLMS_RAG_QKV_HIT);
+    CHECK_EQ(r.reused_passages, 1);
+    llms_rag_result_free(&r);
+    CHECK_EQ(llms_rag_query(c, "kb", "item0", NULL, NULL, NULL, &r), LLMS_OK);
+    llms_rag_result_free(&r);
+    CHECK_EQ(llms_cache_stats_get(c, &cs), LLMS_OK);
+    CHECK(cs.qkv_nodes > 0 && cs.qa_entries == 1);
+    CHECK_EQ(llms_cache_clear(c), LLMS_OK);
+    CHECK_EQ(llms_cache_stats_get(c, &cs), LLMS_OK);
+    CHECK_EQ(cs.qkv_nodes, 0);
+    CHECK_EQ(cs.qa_entries, 0);
+    llms_close(c);
+    proc_stop(&d, SIGTERM);
 }
 
 /* Every KbAdd acknowledged before kill -9 is there after the restart. */
@@ -284,6 +425,8 @@ int main(int argc, char **argv)
     RUN(limits_and_bad_input);
     RUN(retrieval_labelled);
     RUN(qkv_exact_and_qa);
+    RUN(qa_add_during_generation);
+    RUN(qkv_fill_evict_clear);
     RUN(crash_keeps_acknowledged);
     if (up == 1)
         proc_stop(&daemon_, SIGTERM);
