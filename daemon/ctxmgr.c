@@ -852,6 +852,24 @@ void ctx_enforce_budget(ctxmgr *cm)
         reclaim_to(cm, cm->policy.budget_bytes);
 }
 
+size_t ctx_squeeze(ctxmgr *cm, kv_seq *seq, int from)
+{
+    char err[ERR_MAX];
+    if (cm->policy.compress == CTX_COMPRESS_NONE)
+        return 0;
+    size_t before = kv_pool_bytes_used(cm->pool);
+    for (int i = from < 0 ? 0 : from; i < seq->n_chunks; i++) {
+        kv_chunk *k = seq->chunks[i];
+        /* a failed conversion leaves the chunk f16, still correct: the claim then fails */
+        if (k && k->precision == KV_F16 && k->n_tokens == KV_CHUNK_TOKENS)
+            kv_chunk_convert(cm->pool, k, KV_INT8, err);
+    }
+    size_t after = kv_pool_bytes_used(cm->pool);
+    if (cm->policy.budget_bytes)
+        trim_spares_to(cm, cm->policy.budget_bytes);
+    return before > after ? before - after : 0;
+}
+
 size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n)
 {
     int room = 0;

@@ -372,6 +372,17 @@ void ctx_enforce_budget(ctxmgr *cm);
  * CTX_E_BUDGET when they cannot (with err). */
 int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
 
+/*
+ * Under a KV budget that reclaiming cannot satisfy, a call may make its own KV smaller:
+ * converts the full f16 chunks of seq (a busy context's or a Complete's) from chunk
+ * `from` on to int8, unless the policy keeps f16 (CTX_COMPRESS_NONE). Returns the bytes
+ * freed. The caller passes the chunks this call made: they are written with the turn
+ * anyway, and those before keep what the store holds. Evicting them instead would not
+ * help: every later row attends to every earlier chunk, so each would be faulted back at
+ * the next step, and the whole prefix is resident during every forward.
+ */
+size_t ctx_squeeze(ctxmgr *cm, kv_seq *seq, int from);
+
 /* Totals since ctx_open. */
 const ctx_stats *ctx_get_stats(const ctxmgr *cm);
 

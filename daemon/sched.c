@@ -1822,9 +1822,9 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     }
 }
 
-/* The most KV a Call or Complete can hold at f16 (the heaviest precision): the context,
- * the prompt (a token is at least one byte, the template adds a few), the reply; 0 for
- * other work. */
+/* The most KV a Call or Complete can hold: the context, the prompt (a token is at least
+ * one byte, the template adds a few), the reply, at f16 (the heaviest precision), or
+ * int8 for the full chunks when the policy compresses; 0 for other work. */
 static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
 {
     const config *cfg = s->env.cfg;
@@ -1857,7 +1857,14 @@ static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
     tokens += p && p->has_max_tokens ? p->max_tokens : cfg->max_tokens;
     tokens = tokens < limit ? tokens : limit;
     size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
-    return chunks * kv_chunk_data_bytes(model_kv_shape(s->env.m), KV_F16);
+    kv_shape shape = model_kv_shape(s->env.m);
+    size_t f16 = kv_chunk_data_bytes(shape, KV_F16);
+    /* Under pressure the call keeps its full chunks in int8 (step_claim), all but those
+     * one step appends and the one being filled. */
+    size_t hot = (size_t)(s->step_tokens / KV_CHUNK_TOKENS + 2);
+    if (ctx_get_policy(s->cm)->compress == CTX_COMPRESS_NONE || chunks <= hot)
+        return chunks * f16;
+    return (chunks - hot) * kv_chunk_data_bytes(shape, KV_INT8) + hot * f16;
 }
 
 enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
@@ -2001,18 +2008,40 @@ static void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, in
         st->b.attn_received = g->c->attn;
 }
 
-/* Claims KV memory under the budget for every generation's rows of the step, all
- * together; when that does not fit, one by one in step order, failing those that do
- * not fit. */
-static void step_claim(sched *s, int n_seq)
+/* The KV the step's generations append. */
+static size_t step_append_bytes(const sched *s, int n_seq)
 {
-    char err[ERR_MAX];
     size_t total = 0;
     for (int i = 0; i < n_seq; i++)
         if (s->steps[i].w->g)
             total += ctx_append_bytes(s->cm, s->steps[i].seq, s->steps[i].b.n_tokens);
+    return total;
+}
+
+/* Claims KV memory under the budget for every generation's rows of the step, all
+ * together; when that does not fit, the step's generations keep the full chunks they
+ * made in int8 (ctx_squeeze: a long prompt's KV then exceeds the budget's f16 worth
+ * while its prefill goes on), and when it still does not fit, one by one in step order,
+ * failing those that do not fit. */
+static void step_claim(sched *s, int n_seq)
+{
+    char err[ERR_MAX];
+    size_t total = step_append_bytes(s, n_seq);
     if (total == 0 || ctx_claim(s->cm, total, err) == 0)
         return;
+    size_t freed = 0;
+    for (int i = 0; i < n_seq; i++) {
+        const gen *g = s->steps[i].w->g;
+        if (g)
+            freed += ctx_squeeze(s->cm, g->seq,
+                                 g->c && g->seq == &g->c->seq ? g->c->call_base / KV_CHUNK_TOKENS
+                                                              : 0);
+    }
+    if (freed) {
+        total = step_append_bytes(s, n_seq);
+        if (total == 0 || ctx_claim(s->cm, total, err) == 0)
+            return;
+    }
     size_t claimed = 0;
     for (int i = 0; i < n_seq; i++) {
         step_seq *st = &s->steps[i];

@@ -164,19 +164,25 @@ void prefill_plan_print(const prefill_plan *p, FILE *out)
     const prefill_estimate *e = &p->est;
     fprintf(out, "prompt %d tokens after %d, %d threads, KV %s\n", p->req.n_prompt,
             p->req.n_past, p->req.n_threads, kv_precision_name(p->req.kv));
-    fprintf(out, "%-9s %12s %12s %14s\n", "step", "peak MiB", "kept MiB", "whole peak MiB");
+    /* the comparison is one unpartitioned step: the prompt, or max_rows of it when the
+     * caller (the daemon's scheduler) never runs more rows at once */
+    fprintf(out, "%-9s %12s %12s %16s\n", "step", "peak MiB", "kept MiB", "unpart. peak MiB");
     for (int k = 0; k < PREFILL_N_STEPS; k++)
-        fprintf(out, "%-9s %12.2f %12.2f %14.2f\n", prefill_step_name(k),
+        fprintf(out, "%-9s %12.2f %12.2f %16.2f\n", prefill_step_name(k),
                 prefill_mib(e->steps[k].peak), prefill_mib(e->steps[k].retained),
                 prefill_mib(p->whole.steps[k].peak));
     if (p->req.budget)
         fprintf(out, "budget %.2f MiB\n", prefill_mib(p->req.budget));
     else
         fprintf(out, "budget none\n");
-    fprintf(out, "working %.2f MiB (every step %.2f + max(attention %.2f, mlp %.2f)); "
-                 "unpartitioned %.2f MiB\n",
+    fprintf(out, "working %.2f MiB (every step %.2f + max(attention %.2f, mlp %.2f))\n",
             prefill_mib(e->working), prefill_mib(e->every), prefill_mib(e->attn),
-            prefill_mib(e->mlp), prefill_mib(p->whole.working));
+            prefill_mib(e->mlp));
+    fprintf(out, "unpartitioned (unpart. column): %d-row steps%s, one score block per head, "
+                 "working %.2f MiB\n",
+            p->whole.rows, p->whole.rows < p->req.n_prompt ? " (the most a step runs)" :
+                                                             " (the whole prompt)",
+            prefill_mib(p->whole.working));
     fprintf(out, "partitioning: %s: %d rows per step (%d steps), score blocks of %d rows\n",
             pressure[p->pressure], e->rows, (p->req.n_prompt + e->rows - 1) / e->rows,
             e->attn_rows);

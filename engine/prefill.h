@@ -84,7 +84,8 @@ typedef struct prefill_plan {
     prefill_request req;
     enum prefill_pressure pressure;
     prefill_estimate est;      /* the chosen partitioning */
-    prefill_estimate whole;    /* the unpartitioned path, for comparison */
+    prefill_estimate whole;    /* the unpartitioned path, for comparison: steps of
+                                  min(n_prompt, max_rows) rows */
     size_t kv_bytes;           /* the prompt's K/V in req.kv */
     model_residency weights;   /* under req.resident_small */
     size_t weights_window;     /* streamed weights in memory at once: two layers' worth */
