@@ -10,8 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/reqlog.h"
-#include "daemon/resp.h"
+#include "daemon/reply.h"
 #include "storage/kb.h"
 
 #define KB_RRF_K 60.0f   /* reciprocal rank fusion's constant (Cormack et al.) */
@@ -104,10 +103,7 @@ bool kb_is_request(Llms__Request__BodyCase body)
 
 static void send_resp(kbm *k, uint64_t conn_id, Llms__Response *r)
 {
-    uint8_t *buf;
-    size_t len;
-    if (resp_pack(r, k->env.cfg->max_frame_bytes, &buf, &len) == 0)
-        outq_push(k->env.out, conn_id, buf, len, false);
+    reply_send(k->env.out, k->env.cfg->max_frame_bytes, conn_id, r, false);
 }
 
 static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
@@ -116,16 +112,10 @@ static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms_
 static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
                        const char *fmt, ...)
 {
-    uint8_t *buf;
-    size_t len;
-    char msg[ERR_MAX + 128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    reply_error_v(k->env.out, k->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
     va_end(ap);
-    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
-    if (resp_error(req->id, code, k->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
-        outq_push(k->env.out, conn_id, buf, len, false);
 }
 
 static void send_ok(kbm *k, uint64_t conn_id, const Llms__Request *req)

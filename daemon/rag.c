@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "daemon/prompt.h"
+#include "daemon/reply.h"
 #include "daemon/reqlog.h"
-#include "daemon/resp.h"
 #include "storage/kb.h"
 
 #define RAG_MAX_K 16            /* passages in a prompt at most */
@@ -191,10 +191,7 @@ const Llms__GenerationParams *rag_params(const rag_query *q)
 
 static void send_resp(rag *r, uint64_t conn_id, Llms__Response *resp)
 {
-    uint8_t *buf;
-    size_t len;
-    if (resp_pack(resp, r->env.cfg->max_frame_bytes, &buf, &len) == 0)
-        outq_push(r->env.out, conn_id, buf, len, false);
+    reply_send(r->env.out, r->env.cfg->max_frame_bytes, conn_id, resp, false);
 }
 
 static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
@@ -203,16 +200,10 @@ static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms_
 static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
                        const char *fmt, ...)
 {
-    uint8_t *buf;
-    size_t len;
-    char msg[ERR_MAX + 128];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    reply_error_v(r->env.out, r->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
     va_end(ap);
-    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
-    if (resp_error(req->id, code, r->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
-        outq_push(r->env.out, conn_id, buf, len, false);
 }
 
 /* ---- passages of the reply ---- */

@@ -28,6 +28,7 @@
 #include "daemon/kb.h"
 #include "daemon/prompt.h"
 #include "daemon/rag.h"
+#include "daemon/reply.h"
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
 #include "daemon/semantic.h"
@@ -185,10 +186,7 @@ static int64_t wall_ms(void)
 
 static void send_resp(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable)
 {
-    uint8_t *buf;
-    size_t len;
-    if (resp_pack(r, s->env.cfg->max_frame_bytes, &buf, &len) == 0)
-        outq_push(s->env.out, conn_id, buf, len, droppable);
+    reply_send(s->env.out, s->env.cfg->max_frame_bytes, conn_id, r, droppable);
 }
 
 static void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)

@@ -11,8 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/reqlog.h"
-#include "daemon/resp.h"
+#include "daemon/reply.h"
 #include "engine/embed.h"
 #include "engine/rerank.h"
 
@@ -70,10 +69,7 @@ static double now_ms(void)
 
 static void send_resp(semantic *sm, uint64_t conn_id, Llms__Response *r)
 {
-    uint8_t *buf;
-    size_t len;
-    if (resp_pack(r, sm->env.cfg->max_frame_bytes, &buf, &len) == 0)
-        outq_push(sm->env.out, conn_id, buf, len, false);
+    reply_send(sm->env.out, sm->env.cfg->max_frame_bytes, conn_id, r, false);
 }
 
 static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
@@ -83,16 +79,10 @@ static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
 static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
                        Llms__ErrorCode code, const char *fmt, ...)
 {
-    uint8_t *buf;
-    size_t len;
     va_list ap;
-    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    reply_error_v(sm->env.out, sm->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
     va_end(ap);
-    reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
-    if (resp_error(req->id, code, sm->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
-        outq_push(sm->env.out, conn_id, buf, len, false);
 }
 
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
