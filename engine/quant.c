@@ -125,6 +125,7 @@ uint16_t quant_f32_to_bf16(float f)
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static bool simd_avx2;
 static bool simd_avx512; /* AVX-512 F/BW/DQ/VL/VNNI on top of simd_avx2 */
+static bool simd_avx512_bf16; /* and AVX-512 BF16 on top of simd_avx512 */
 
 static void simd_detect(void)
 {
@@ -145,6 +146,12 @@ static void simd_detect(void)
     const char *no512 = getenv("LLMS_NO_AVX512");
     if (no512 && *no512 && strcmp(no512, "0") != 0)
         simd_avx512 = false;
+    /* AVX512_BF16 is CPUID leaf 7 subleaf 1, EAX bit 5 (not every compiler's
+     * __builtin_cpu_supports knows it); LLMS_NO_AVX512_BF16 measures the shift-widening
+     * BF16 kernel on a CPU that has it */
+    const char *nobf16 = getenv("LLMS_NO_AVX512_BF16");
+    simd_avx512_bf16 = simd_avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
+                       (eax & (1u << 5)) && !(nobf16 && *nobf16 && strcmp(nobf16, "0") != 0);
 #endif
 }
 
@@ -154,10 +161,21 @@ static bool use_avx512(void)
     return simd_avx512;
 }
 
+static bool use_avx512_bf16(void)
+{
+    pthread_once(&simd_once, simd_detect);
+    return simd_avx512_bf16;
+}
+
 static bool use_avx2(void)
 {
     pthread_once(&simd_once, simd_detect);
     return simd_avx2;
+}
+
+bool quant_bf16_rounds_activation(void)
+{
+    return use_avx512_bf16();
 }
 
 const char *quant_simd_name(void)
@@ -769,6 +787,9 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
 #if QUANT_HAVE_AVX2
     /* the AVX-512 kernels take decode too: a row then sums in the same order alone as in
      * a batch, so batched sequences get the logits they would get alone */
+    if (t == QTYPE_BF16 && use_avx512_bf16() &&
+        quant_avx512_bf16_dot_rows(weights, row_bytes, n_rows, activation, n, out))
+        return;
     if (use_avx512() &&
         quant_avx512_dot_rows_multi(t, weights, row_bytes, n_rows, activation, 0, 1, n, out, 0))
         return;

@@ -145,6 +145,15 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
                            const void *packed, int n_act, int64_t n, float *out,
                            size_t out_stride);
 
+/* True when BF16 dot products round the f32 activation to bf16 before multiplying (the
+ * AVX-512 BF16 kernel, taken where the CPU has AVX-512 F/BW/DQ/VL/VNNI and BF16 unless
+ * LLMS_NO_AVX512 or LLMS_NO_AVX512_BF16 is set to a value other than "0", for rows of at
+ * most 16384 elements), as llama.cpp does; quant_dot_scalar keeps the f32 activation, so
+ * a result may then differ from it by 2^-8 of the sum of |products| (bf16 keeps 8
+ * significant bits, so rounding moves each activation by at most 2^-8 of itself) plus
+ * f32 rounding. */
+bool quant_bf16_rounds_activation(void);
+
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
  * per process; Q8_0 and K-quant dot products then take AVX-512 kernels where the CPU

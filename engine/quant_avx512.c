@@ -433,6 +433,7 @@ int quant_avx512_dot_rows_packed(uint32_t t, const void *weights, size_t row_byt
  * row do not wait on each other, and the next rows prefetched over the pass.
  */
 #define MRF 2
+#define MRB 2 /* rows a pass of the AVX-512 BF16 kernel below */
 
 INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
 {
@@ -491,6 +492,86 @@ INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_ro
         rows_float(t, MRF, w + (size_t)r * rb, rb, a, n, out + r);
     for (; r < n_rows; r++)
         rows_float(t, 1, w + (size_t)r * rb, rb, a, n, out + r);
+}
+
+/*
+ * BF16 with AVX-512 BF16 (quant.c checks the CPU): vdpbf16ps multiplies 32 bf16 weights
+ * by 32 bf16 activations and adds the pairs into 16 f32 lanes in one instruction, where
+ * widening the weights by shifts takes three per 16. The activation is rounded to bf16
+ * (to nearest even) once per call into a stack buffer: ops calls in with 16 rows at a
+ * time, so that is 1/32 of the bytes the rows bring, read from L1. Products of two bf16
+ * are exact in f32; vdpbf16ps adds them rounding to nearest even with denormal inputs and
+ * results flushed to zero. The tail (n % 32) goes through the same instruction on
+ * zero-masked loads, so a row's result does not depend on the rows around it.
+ */
+#define QUANT_AVX512_BF16_MAX_N 16384 /* activation elements the stack buffer holds */
+#define BF16_TARGET __attribute__((target("avx512bf16")))
+
+BF16_TARGET INLINE __m512bh load32_bf16(const uint16_t *p)
+{
+    return (__m512bh)_mm512_loadu_si512(p);
+}
+
+BF16_TARGET INLINE void rows_bf16_dp(int nr, const uint8_t *w, size_t rb, const __m512bh *ab,
+                                     int64_t n, float *out)
+{
+    const uint16_t *x[MRB];
+    __m512 acc0[MRB], acc1[MRB];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const uint16_t *)(const void *)(w + (size_t)r * rb);
+        acc0[r] = acc1[r] = _mm512_setzero_ps();
+    }
+    /* as rows_float: the group after the next, spread evenly over this pass */
+    uintptr_t pf = (uintptr_t)w + 2 * (size_t)nr * rb;
+    size_t pf_step = n >= 64 ? (size_t)nr * rb / (size_t)(n / 64) : 0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)(i / 64) * pf_step + k), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            acc0[r] = _mm512_dpbf16_ps(acc0[r], load32_bf16(x[r] + i), ab[i / 32]);
+            acc1[r] = _mm512_dpbf16_ps(acc1[r], load32_bf16(x[r] + i + 32), ab[i / 32 + 1]);
+        }
+    }
+    for (; i < n; i += 32) {
+        __mmask32 m = n - i >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (n - i)) - 1);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+            acc0[r] = _mm512_dpbf16_ps(acc0[r], (__m512bh)_mm512_maskz_loadu_epi16(m, x[r] + i),
+                                       ab[i / 32]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r]));
+}
+
+BF16_TARGET int quant_avx512_bf16_dot_rows(const void *weights, size_t row_bytes,
+                                           int64_t n_rows, const float *a, int64_t n,
+                                           float *out)
+{
+    if (n > QUANT_AVX512_BF16_MAX_N)
+        return 0;
+    __m512bh ab[QUANT_AVX512_BF16_MAX_N / 32];
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        ab[i / 32] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(a + i));
+    if (i < n) {
+        /* zeros past the end: the tail's masked weights meet zeros, not stale stack */
+        int64_t left = n - i;
+        __mmask16 lo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __mmask16 hi = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        ab[i / 32] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, a + i + 16),
+                                         _mm512_maskz_loadu_ps(lo, a + i));
+    }
+    const uint8_t *w = weights;
+    int64_t r = 0;
+    for (; r + MRB <= n_rows; r += MRB)
+        rows_bf16_dp(MRB, w + (size_t)r * row_bytes, row_bytes, ab, n, out + r);
+    for (; r < n_rows; r++)
+        rows_bf16_dp(1, w + (size_t)r * row_bytes, row_bytes, ab, n, out + r);
+    return 1;
 }
 
 /* Calls ROWS(na, ...) for the activations in groups of MA, na constant in each call. */

@@ -16,6 +16,12 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
                                 int64_t n_rows, const void *act, size_t act_stride, int n_act,
                                 int64_t n, float *out, size_t out_stride);
 
+/* quant_dot_rows for BF16 weights with vdpbf16ps, the f32 activation a rounded to bf16
+ * (to nearest even) first; returns 0 without writing anything when n is over the 16384
+ * elements its stack buffer holds. Callable only where the CPU has AVX-512 BF16 too. */
+int quant_avx512_bf16_dot_rows(const void *weights, size_t row_bytes, int64_t n_rows,
+                               const float *a, int64_t n, float *out);
+
 /* Packed activations for quant_avx512_dot_rows_packed (Q8_0 activations, groups of 16):
  * the bytes n_act activations of n elements take, and packing them. */
 size_t quant_avx512_packed_bytes(int n_act, int64_t n);
