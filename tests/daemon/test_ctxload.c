@@ -343,8 +343,9 @@ static void test_profile_predicts(void)
 /*
  * A recompute line four times too cheap: the plan's predictions are about 4x short at
  * first (at least 2x, against the profiled line's median ratio of three); after a dozen
- * switch-ins the correction has learned most of it (the median of the last three
- * within 1.6x), and the correction is stored with the models across a restart.
+ * switch-ins the correction has learned most of it (the median of the last three within
+ * 2x of the profiled line's ratio, and under half the first), and the correction is
+ * stored with the models across a restart.
  */
 static void test_refinement(void)
 {
@@ -382,7 +383,11 @@ static void test_refinement(void)
            rep.rec_fix, (unsigned long long)rep.observed);
     CHECK_EQ(rep.observed, 12);
     CHECK_MSG(first > 2 * true_ratio, "the wrong line was not wrong: %.2f", first);
-    CHECK_MSG(late < 1.6 && late > 1 / 1.6, "after refinement observed/predicted is %.2f", late);
+    /* Relative to the profiled line's own ratio and to the first: the machine's speed
+     * drifts under load, and what is tested is the learning, not the clock. */
+    CHECK_MSG(late < 2 * true_ratio && late > true_ratio / 2 && late < first / 2,
+              "after refinement observed/predicted is %.2f (profiled line %.2f, first %.2f)",
+              late, true_ratio, first);
     CHECK(rep.rec_median > 0 && rep.rec_last > 0 && rep.total_median > 0);
     ctxenv_close(&e);
     CHECK(env_open(&e, true) == 0);
