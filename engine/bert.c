@@ -418,22 +418,6 @@ int bert_runner_max_rows(const bert_runner *r)
     return r->max_rows;
 }
 
-/* y = LN(x) * w + b over n elements, mean and variance in double: a post-norm residual
- * stream grows with depth and f32 sums of its squares lose digits. y may be x. */
-static void bert_layernorm(float *y, const float *x, const float *w, const float *b, int n,
-                           float eps)
-{
-    double mean = 0, var = 0;
-    for (int i = 0; i < n; i++)
-        mean += x[i];
-    mean /= n;
-    for (int i = 0; i < n; i++)
-        var += (x[i] - mean) * (x[i] - mean);
-    float s = (float)(1.0 / sqrt(var / n + eps)), mu = (float)mean;
-    for (int i = 0; i < n; i++)
-        y[i] = (x[i] - mu) * s * w[i] + b[i];
-}
-
 int bert_input(const bert_model *m, int n_seq, const int *lens, const int32_t *tokens,
                const int32_t *types, float *x, char err[ERR_MAX])
 {
@@ -456,10 +440,8 @@ int bert_input(const bert_model *m, int n_seq, const int *lens, const int32_t *t
             quant_dequantize_row(m->tok_embd.type,
                                  (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
                                  xr, dim);
-            const float *pe = m->pos_embd + (size_t)p * dim, *te = m->type_embd + (size_t)ty * dim;
-            for (int i = 0; i < dim; i++)
-                xr[i] += pe[i] + te[i];
-            bert_layernorm(xr, xr, m->emb_ln_w, m->emb_ln_b, dim, hp->norm_eps);
+            ops_add_layernorm(xr, m->pos_embd + (size_t)p * dim, m->type_embd + (size_t)ty * dim,
+                              m->emb_ln_w, m->emb_ln_b, dim, hp->norm_eps);
         }
     }
     return 0;
@@ -526,29 +508,21 @@ static void bert_post_job(void *p, int ith, int nth)
     long b, e;
     tp_split(s->n_rows, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
-        float *x = s->x + t * dim;
-        const float *pr = s->r->proj + t * dim;
-        for (int i = 0; i < dim; i++)
-            x[i] += pr[i] + po->bias[i];
-        bert_layernorm(x, x, po->ln_w, po->ln_b, dim, hp->norm_eps);
+        ops_add_layernorm(s->x + t * dim, s->r->proj + t * dim, po->bias, po->ln_w, po->ln_b, dim,
+                          hp->norm_eps);
     }
 }
 
 /* ff = gelu(ff + b_up), GELU with erf as BERT was trained (llama.cpp's tanh form differs
- * by up to ~1e-3 per element). */
+ * by up to ~1e-3 per element; ops_gelu_bias's erfc fit by ~1e-7). */
 static void bert_gelu_job(void *p, int ith, int nth)
 {
     bert_step *s = p;
     int n_ff = s->r->m->hp.n_ff;
     long b, e;
     tp_split(s->n_rows, ith, nth, &b, &e);
-    for (long t = b; t < e; t++) {
-        float *f = s->r->ff + t * n_ff;
-        for (int i = 0; i < n_ff; i++) {
-            float u = f[i] + s->L->b_up[i];
-            f[i] = 0.5f * u * (1.0f + erff(u * 0.70710678f));
-        }
-    }
+    for (long t = b; t < e; t++)
+        ops_gelu_bias(s->r->ff + t * n_ff, s->L->b_up, n_ff);
 }
 
 int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char err[ERR_MAX])

@@ -94,6 +94,40 @@ void ops_add(float *y, const float *x, int n)
         y[i] += x[i];
 }
 
+void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,
+                       int n, float eps)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_add_layernorm(x, a, c, w, b, n, eps);
+        return;
+    }
+    /* mean and variance in double: a post-norm residual stream grows with depth and
+     * sequential f32 sums of its squares lose digits */
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] += a[i] + c[i];
+        mean += x[i];
+    }
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    float s = (float)(1.0 / sqrt(var / n + eps)), mu = (float)mean;
+    for (int i = 0; i < n; i++)
+        x[i] = (x[i] - mu) * s * w[i] + b[i];
+}
+
+void ops_gelu_bias(float *x, const float *b, int n)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_gelu_bias(x, b, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        float u = x[i] + b[i];
+        x[i] = 0.5f * u * (1.0f + erff(u * 0.70710678f));
+    }
+}
+
 void ops_rope_angles(float *cs, int pos, int head_dim, float base)
 {
     int half = head_dim / 2;

@@ -23,6 +23,15 @@ void ops_silu_mul(float *g, const float *u, int n);
 /* y[i] += x[i]. */
 void ops_add(float *y, const float *x, int n);
 
+/* x = LayerNorm(x + a + c) * w + b over n elements (BERT's post-norm residual and its
+ * embedding sum). */
+void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,
+                       int n, float eps);
+
+/* x[i] = gelu(x[i] + b[i]) in the erf form BERT was trained with; the AVX2 kernel is within
+ * 1.2e-7 relative of it (plus f32 rounding), see ops_avx2_gelu_bias. */
+void ops_gelu_bias(float *x, const float *b, int n);
+
 /* ---- rotary position embedding ---- */
 
 enum ops_rope_style {

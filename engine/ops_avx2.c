@@ -162,6 +162,74 @@ void ops_avx2_silu_mul(float *g, const float *u, int n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void ops_avx2_add_layernorm(float *x, const float *a, const float *c, const float *w,
+                            const float *b, int n, float eps)
+{
+    /* Two passes (mean, then squares of x - mean) keep f32 lanes accurate however large
+     * the residual stream grows: each lane sums n/8 terms, and the lanes meet in double. */
+    __m256 vs = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i),
+                                 _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(c + i)));
+        _mm256_storeu_ps(x + i, v);
+        vs = _mm256_add_ps(vs, v);
+    }
+    double sum = ops_avx2_hsum(vs);
+    for (; i < n; i++) {
+        x[i] += a[i] + c[i];
+        sum += x[i];
+    }
+    float mu = (float)(sum / n);
+    __m256 vmu = _mm256_set1_ps(mu), vq = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmu);
+        vq = _mm256_fmadd_ps(d, d, vq);
+    }
+    double sq = ops_avx2_hsum(vq);
+    for (; i < n; i++)
+        sq += (double)(x[i] - mu) * (x[i] - mu);
+    float s = (float)(1.0 / sqrt(sq / n + eps));
+    __m256 vsc = _mm256_set1_ps(s);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmu), vsc);
+        _mm256_storeu_ps(x + i, _mm256_fmadd_ps(d, _mm256_loadu_ps(w + i), _mm256_loadu_ps(b + i)));
+    }
+    for (; i < n; i++)
+        x[i] = (x[i] - mu) * s * w[i] + b[i];
+}
+
+/* gelu(u) = u/2 (1 + erf(u/sqrt2)) through erfc(z), z = |u|/sqrt2, so the negative side,
+ * u/2 erfc(z), keeps its relative precision instead of cancelling in 1 + erf:
+ * erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2), the Chebyshev fit of Numerical Recipes
+ * (erfcc, fractional error below 1.2e-7 for every z >= 0). exp of an argument below -87
+ * flushes to 0, where gelu(u) < 1e-37 anyway. */
+void ops_avx2_gelu_bias(float *x, const float *b, int n)
+{
+    static const float P[10] = {0.17087277f,  -0.82215223f, 1.48851587f, -1.13520398f,
+                                0.27886807f,  -0.18628806f, 0.09678418f, 0.37409196f,
+                                1.00002368f,  -1.26551223f};
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f),
+                 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 u = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(b + i));
+        __m256 z = _mm256_mul_ps(_mm256_and_ps(u, abs_mask), _mm256_set1_ps(0.70710678f));
+        __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
+        __m256 p = _mm256_set1_ps(P[0]);
+        for (int k = 1; k < 10; k++)
+            p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(P[k]));
+        __m256 e = _mm256_mul_ps(t, ops_avx2_exp_neg(_mm256_fnmadd_ps(z, z, p)));
+        __m256 h = _mm256_mul_ps(_mm256_mul_ps(half, u), e);
+        /* u >= 0: u - u/2 erfc(z); u < 0: u/2 erfc(z) (the sign bit of u picks) */
+        _mm256_storeu_ps(x + i, _mm256_blendv_ps(_mm256_sub_ps(u, h), h, u));
+    }
+    for (; i < n; i++) {
+        float u = x[i] + b[i];
+        x[i] = 0.5f * u * (1.0f + erff(u * 0.70710678f));
+    }
+}
+
 void ops_avx2_f32_to_f16(uint16_t *dst, const float *src, int n)
 {
     int i = 0;

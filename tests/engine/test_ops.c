@@ -64,6 +64,52 @@ static void test_rmsnorm_softmax_silu(void)
     }
 }
 
+/* GELU against double erfc (1 + erf cancels for negative u) over [-12, 12]: 2.4e-7 at
+ * most, about an f32 ulp at the largest error's |u| ~ 4 (the libm erff form is 4.5e-7
+ * off). The odd length runs the scalar tail too. */
+static void test_gelu_bias(void)
+{
+    enum { N = 24001 };
+    float *x = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) {
+        b[i] = i % 3 ? 0.25f : -0.5f;
+        x[i] = -12.0f + 24.0f * (float)i / N - b[i];
+    }
+    float u[N];
+    for (int i = 0; i < N; i++)
+        u[i] = x[i] + b[i];
+    ops_gelu_bias(x, b, N);
+    for (int i = 0; i < N; i++)
+        CHECK_NEAR(x[i], 0.5 * u[i] * erfc(-u[i] / sqrt(2.0)), 3e-7);
+    free(x), free(b);
+}
+
+/* LayerNorm of a sum with a large common offset (a post-norm residual stream's mean) and
+ * a length with a scalar tail. */
+static void test_add_layernorm(void)
+{
+    enum { N = 389 };
+    float x[N], a[N], c[N], w[N], b[N];
+    unsigned s = 7;
+    for (int i = 0; i < N; i++) {
+        x[i] = 300 + frand(&s) * 40;
+        a[i] = frand(&s);
+        c[i] = frand(&s);
+        w[i] = 1 + frand(&s);
+        b[i] = frand(&s);
+    }
+    double v[N], mean = 0, var = 0;
+    for (int i = 0; i < N; i++)
+        mean += v[i] = (double)x[i] + a[i] + c[i];
+    mean /= N;
+    for (int i = 0; i < N; i++)
+        var += (v[i] - mean) * (v[i] - mean);
+    double inv = 1 / sqrt(var / N + 1e-12);
+    ops_add_layernorm(x, a, c, w, b, N, 1e-12f);
+    for (int i = 0; i < N; i++)
+        CHECK_NEAR(x[i], (v[i] - mean) * inv * w[i] + b[i], 2e-5);
+}
+
 static void test_rope_styles(void)
 {
     enum { HD = 8 };
@@ -228,6 +274,8 @@ static void test_matmul(void)
 int main(void)
 {
     RUN(test_rmsnorm_softmax_silu);
+    RUN(test_gelu_bias);
+    RUN(test_add_layernorm);
     RUN(test_rope_styles);
     RUN(test_attention_kernels);
     RUN(test_matmul);
