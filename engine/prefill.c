@@ -87,10 +87,11 @@ static int prefill_check(const prefill_request *req, char err[ERR_MAX])
  * The time model (prefill_cost), in nanoseconds of a 2-thread x86 CPU, calibrated with
  * forced plans on bench/longprompt's shape (dim 512, 4 layers, 8/1 heads, 2048 tokens,
  * Q8_0; medians of 3 on a shared, noisy machine, so the constants are rough):
- * - every step streams all the layers' weights again: 64-row steps cost ~8 ms each more
- *   than one 2048-row step, over 11M parameters: ~0.7 ns a parameter;
+ * - every step streams all the layers' weights again: at 1024 tokens 64-row steps cost
+ *   ~1 ms each more than one whole step, over 11M parameters: ~0.07 ns a parameter;
  * - every step decodes the sequence's K/V so far to f32 once per layer and KV head
- *   (model_kv_f32_job);
+ *   (model_kv_f32_job): not separable from the weights in those runs, so 0.5 ns an
+ *   element is an assumption (an f16 load, convert and store), not a measurement;
  * - every score block of every query head reads the K/V it attends to again (two sgemm
  *   of a few rows, bandwidth-bound): 1-row blocks cost 0.47 s more than 32-row ones,
  *   ~0.055 ns an element of K and V.
