@@ -5,6 +5,7 @@
  */
 #include "engine/prefill.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -82,6 +83,40 @@ static int prefill_check(const prefill_request *req, char err[ERR_MAX])
     return 0;
 }
 
+/*
+ * The time model (prefill_cost), in nanoseconds of a 2-thread x86 CPU, calibrated with
+ * forced plans on bench/longprompt's shape (dim 512, 4 layers, 8/1 heads, 2048 tokens,
+ * Q8_0; medians of 3 on a shared, noisy machine, so the constants are rough):
+ * - every step streams all the layers' weights again: at 1024 tokens 64-row steps cost
+ *   ~1 ms each more than one whole step, over 11M parameters: ~0.07 ns a parameter;
+ * - every step decodes the sequence's K/V so far to f32 once per layer and KV head
+ *   (model_kv_f32_job): not separable from the weights in those runs, so 0.5 ns an
+ *   element is an assumption (an f16 load, convert and store), not a measurement;
+ * - every score block of every query head reads the K/V it attends to again (two sgemm
+ *   of a few rows, bandwidth-bound): 1-row blocks cost 0.47 s more than 32-row ones,
+ *   ~0.055 ns an element of K and V.
+ * What all plans share (the rows' matrix products, the causal score pairs) is left out:
+ * only differences between plans matter.
+ */
+#define PREFILL_NS_WEIGHT 0.07 /* a weight parameter, once per step */
+#define PREFILL_NS_KV_DEC 0.5  /* a K/V element decoded to f32, per step */
+#define PREFILL_NS_BLOCK 0.055 /* a K/V element read by one score block of one head */
+
+double prefill_cost(const model_hparams *hp, int n_prompt, int n_past, int rows, int attn_rows)
+{
+    double n = n_prompt, past = n_past, hd = hp->head_dim, L = hp->n_layer;
+    double q_dim = (double)hp->n_head * hd, kv_dim = (double)hp->n_head_kv * hd;
+    double layer = 2 * hp->dim * q_dim + 2 * hp->dim * kv_dim + 3.0 * hp->dim * hp->n_ff;
+    double steps = ceil(n / rows);
+    /* the K/V a step sees, on average over the steps: the history and half the prompt */
+    double ctx = past + n / 2 + rows / 2.0;
+    /* fewer than PREFILL_GEMM_MIN rows take the per-row path: a block of one row */
+    double a = rows < PREFILL_GEMM_MIN ? 1 : attn_rows < rows ? attn_rows : rows;
+    double blocks = steps * ceil(rows / a) * hp->n_head;
+    return steps * (PREFILL_NS_WEIGHT * L * layer + PREFILL_NS_KV_DEC * L * 2 * kv_dim * ctx) +
+           PREFILL_NS_BLOCK * L * blocks * 2 * hd * ctx;
+}
+
 int prefill_plan_make(const model *m, const prefill_request *req, prefill_plan *out,
                       char err[ERR_MAX])
 {
@@ -105,28 +140,34 @@ int prefill_plan_make(const model *m, const prefill_request *req, prefill_plan *
      * scores are slower), so even the least partitioned plan keeps the engine's blocks */
     int a0 = r0 < MODEL_ATTN_ROWS_DEFAULT ? r0 : MODEL_ATTN_ROWS_DEFAULT;
     out->est = prefill_estimate_of(hp, r0, a0, ctx, req->n_threads, req->kv);
+    out->cost = prefill_cost(hp, req->n_prompt, req->n_past, r0, a0);
     if (prefill_fits(req, &out->est)) {
         out->pressure = PREFILL_WHOLE;
         return 0;
     }
-    for (int a = a0 / 2; a >= 1; a /= 2) {
-        out->est = prefill_estimate_of(hp, r0, a, ctx, req->n_threads, req->kv);
-        if (prefill_fits(req, &out->est)) {
-            out->pressure = PREFILL_MODERATE;
-            return 0;
-        }
-    }
-    for (int rows = r0 / 2; rows >= 1; rows /= 2) {
-        int a0 = rows < MODEL_ATTN_ROWS_DEFAULT ? rows : MODEL_ATTN_ROWS_DEFAULT;
-        for (int a = a0; a >= 1; a /= 2) {
-            out->est = prefill_estimate_of(hp, rows, a, ctx, req->n_threads, req->kv);
-            if (prefill_fits(req, &out->est)) {
-                out->pressure = PREFILL_SEVERE;
-                return 0;
+    /* Otherwise the cheapest partitioning that fits: the least partitioned one can be
+     * far from it (8K tokens under 16 MiB: 64-row steps with 2-row score blocks took
+     * 1.8x the unpartitioned time, bench/longprompt). Row counts and blocks halve. */
+    bool found = false;
+    for (int rows = r0; rows >= 1; rows /= 2) {
+        int amax = rows < MODEL_ATTN_ROWS_DEFAULT ? rows : MODEL_ATTN_ROWS_DEFAULT;
+        for (int a = amax; a >= 1; a /= 2) {
+            prefill_estimate e = prefill_estimate_of(hp, rows, a, ctx, req->n_threads, req->kv);
+            if (!prefill_fits(req, &e))
+                continue;
+            double c = prefill_cost(hp, req->n_prompt, req->n_past, rows, a);
+            if (!found || c < out->cost) {
+                out->est = e;
+                out->cost = c;
+                out->pressure = rows == r0 ? PREFILL_MODERATE : PREFILL_SEVERE;
+                found = true;
             }
         }
     }
-    /* out->est is now the smallest partitioning: one row per step */
+    if (found)
+        return 0;
+    /* the smallest partitioning, one row per step, named in the error */
+    out->est = prefill_estimate_of(hp, 1, 1, ctx, req->n_threads, req->kv);
     return err_set(err, "prompt of %d tokens (after %d) needs at least %.1f MiB of prefill "
                         "memory even partitioned to one row per step; the budget is %.1f MiB",
                    req->n_prompt, req->n_past, (double)out->est.working / (1 << 20),
@@ -186,6 +227,7 @@ void prefill_plan_print(const prefill_plan *p, FILE *out)
     fprintf(out, "partitioning: %s: %d rows per step (%d steps), score blocks of %d rows\n",
             pressure[p->pressure], e->rows, (p->req.n_prompt + e->rows - 1) / e->rows,
             e->attn_rows);
+    fprintf(out, "model time %.2f s (what the partitioning adds)\n", p->cost / 1e9);
     fprintf(out, "kv %.2f MiB\n", prefill_mib(p->kv_bytes));
     if (p->req.resident_small == SIZE_MAX)
         fprintf(out, "weights: all resident (mapped), %.2f MiB\n",

@@ -19,7 +19,10 @@
  * (none); smaller score blocks: scores, softmax and output partitioned (moderate; softmax
  * works in place on the scores here, so it cannot be partitioned apart from them); every
  * step on slices of the prompt's rows, the K/V of each slice appended to the sequence's
- * chunks before the next (severe). A block's output rows are written (spilled) into the
+ * chunks before the next (severe). When the least partitioned plan does not fit, the
+ * planner takes the cheapest one that does under a time model (prefill_cost), since
+ * partitioning costs time: every step streams the weights and decodes the K/V again,
+ * and every score block reads the K/V again. A block's output rows are written (spilled) into the
  * step's output at their place, which is their concatenation; on a CPU that is host
  * memory already, and no file spill is made: the largest partial result, the output
  * rows, shrinks with the slice. The results are the unpartitioned path's within float
@@ -84,6 +87,7 @@ typedef struct prefill_plan {
     prefill_request req;
     enum prefill_pressure pressure;
     prefill_estimate est;      /* the chosen partitioning */
+    double cost;               /* its prefill_cost, model nanoseconds */
     prefill_estimate whole;    /* the unpartitioned path, for comparison: steps of
                                   min(n_prompt, max_rows) rows */
     size_t kv_bytes;           /* the prompt's K/V in req.kv */
@@ -97,10 +101,21 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
                                      int n_threads, enum kv_precision kv);
 
 /*
- * Chooses the least partitioning whose working memory fits req->budget: the whole
- * prompt (at most max_rows per step) with score blocks of MODEL_ATTN_ROWS_DEFAULT rows,
- * else smaller score blocks (halving), else smaller steps (halving rows down to 1, score
- * blocks of at most MODEL_ATTN_ROWS_DEFAULT). out->whole is the unpartitioned path.
+ * The time a prefill of n_prompt rows after n_past takes in steps of `rows` rows with
+ * score blocks of attn_rows, in nanoseconds of the CPU it was calibrated on (prefill.c),
+ * less what every plan spends alike: a model for comparing plans of one prompt, not a
+ * prediction of TTFT. Grows with the steps (weights streamed and K/V decoded again per
+ * step) and with the score blocks (K/V read again per block and head).
+ */
+double prefill_cost(const model_hparams *hp, int n_prompt, int n_past, int rows, int attn_rows);
+
+/*
+ * Chooses the plan: the whole prompt (at most max_rows per step) with score blocks of
+ * MODEL_ATTN_ROWS_DEFAULT rows when its working memory fits req->budget; else, of the
+ * plans with steps of that many rows halved down to 1 and score blocks of at most
+ * MODEL_ATTN_ROWS_DEFAULT rows halved down to 1, the cheapest by prefill_cost among
+ * those that fit (moderate when its steps are whole, severe when they are slices).
+ * out->whole is the unpartitioned path.
  * Fails, before anything is computed, when even one row per step does not fit: err names
  * the bytes needed. Also fails on a bad request.
  */

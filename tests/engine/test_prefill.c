@@ -9,7 +9,8 @@
  *   halves), GQA and MHA, with a history whose full chunks are compressed (int8, int4).
  *   Sums of products are taken over other blocks and shapes (sgemm vs per-row kernels),
  *   so differences are rounding: TOL (measured ~1e-5 of the logits' scale).
- * - The planner's choices under budgets, and its refusal naming the bytes needed.
+ * - The planner's choices under budgets (the cheapest fitting plan by its time model),
+ *   and its refusal naming the bytes needed.
  * - Weight streaming (madvise per layer) changes no result; copied weights refuse it.
  */
 #include <stdint.h>
@@ -254,10 +255,13 @@ static void test_plan_choices(void)
     ok = ok && p.whole.working > (64u << 20) && p.est.working < (16u << 20);
     const model_hparams *hp = model_hparams_of(m);
     prefill_estimate e1 = prefill_estimate_of(hp, 512, 1, 16384, 2, KV_F16);
+    /* between the two, some partitioning fits: whole steps with smaller score blocks
+     * (moderate) or slices (severe), whichever prefill_cost finds cheaper */
     req.budget = (e1.working + p.est.working) / 2;
     ok = ok && e1.working < p.est.working && prefill_plan_make(m, &req, &p, err) == 0 &&
-         p.pressure == PREFILL_MODERATE && p.est.rows == 512 &&
-         p.est.attn_rows < MODEL_ATTN_ROWS_DEFAULT && p.est.working <= req.budget;
+         p.pressure == (p.est.rows == 512 ? PREFILL_MODERATE : PREFILL_SEVERE) &&
+         (p.est.rows < 512 || p.est.attn_rows < MODEL_ATTN_ROWS_DEFAULT) &&
+         p.est.working <= req.budget;
     req.budget = e1.working - 1;
     ok = ok && prefill_plan_make(m, &req, &p, err) == 0 && p.pressure == PREFILL_SEVERE &&
          p.est.rows < 512 && p.est.working <= req.budget;
@@ -270,6 +274,51 @@ static void test_plan_choices(void)
          strstr(err, "needs at least") && strstr(err, "MiB");
     req.n_prompt = 0;
     ok = ok && prefill_plan_make(m, &req, &p, err) < 0;
+    model_free(m);
+    CHECK(ok);
+}
+
+/* Under a budget where two partitionings fit, the planner takes the one prefill_cost
+ * finds cheaper, not the least partitioned one: 512-row steps with 1-row score blocks
+ * (what the planner took before) against 128-row steps with the engine's blocks. Then,
+ * over budgets from tight to loose, nothing that fits is cheaper than its choice. */
+static void test_plan_cheapest(void)
+{
+    const char *path = gen("llama", QTYPE_Q8_0, 4, 1);
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    const model_hparams *hp = model_hparams_of(m);
+    prefill_request req = {.n_prompt = 16384, .max_rows = 512, .n_threads = 2, .kv = KV_F16,
+                           .resident_small = SIZE_MAX};
+    prefill_estimate slim = prefill_estimate_of(hp, 512, 1, 16384, 2, KV_F16);
+    prefill_estimate sliced = prefill_estimate_of(hp, 128, MODEL_ATTN_ROWS_DEFAULT, 16384, 2,
+                                                  KV_F16);
+    double c_slim = prefill_cost(hp, 16384, 0, 512, 1);
+    double c_sliced = prefill_cost(hp, 16384, 0, 128, MODEL_ATTN_ROWS_DEFAULT);
+    /* the model: K/V read once per 1-row block outweighs 4x the steps */
+    bool ok = c_sliced < c_slim && prefill_cost(hp, 16384, 0, 512, 2) < c_slim &&
+              prefill_cost(hp, 16384, 0, 64, MODEL_ATTN_ROWS_DEFAULT) > c_sliced;
+    req.budget = slim.working > sliced.working ? slim.working : sliced.working;
+    prefill_plan p;
+    ok = ok && prefill_plan_make(m, &req, &p, err) == 0 && p.cost <= c_sliced &&
+         p.est.working <= req.budget && p.cost == prefill_cost(hp, 16384, 0, p.est.rows,
+                                                                p.est.attn_rows);
+    for (size_t budget = 4u << 20; ok && budget <= (64u << 20); budget += 1u << 20) {
+        req.budget = budget;
+        if (prefill_plan_make(m, &req, &p, err) < 0 || p.pressure == PREFILL_WHOLE)
+            continue;
+        for (int rows = 512; ok && rows >= 1; rows /= 2)
+            for (int a = rows < MODEL_ATTN_ROWS_DEFAULT ? rows : MODEL_ATTN_ROWS_DEFAULT;
+                 ok && a >= 1; a /= 2)
+                if (prefill_estimate_of(hp, rows, a, 16384, 2, KV_F16).working <= budget &&
+                    prefill_cost(hp, 16384, 0, rows, a) < p.cost) {
+                    fprintf(stderr, "budget %zu: %d/%d is cheaper than the choice %d/%d\n",
+                            budget, rows, a, p.est.rows, p.est.attn_rows);
+                    ok = false;
+                }
+    }
     model_free(m);
     CHECK(ok);
 }
@@ -346,6 +395,7 @@ int main(void)
     RUN(test_estimate_matches_runner);
     RUN(test_partitioned_equals_whole);
     RUN(test_plan_choices);
+    RUN(test_plan_cheapest);
     RUN(test_plan_print);
     RUN(test_stream_weights);
     return test_finish();
