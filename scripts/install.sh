@@ -31,8 +31,8 @@ for p in llms llmsctl llms-run mkmodel; do
 done
 
 # The shared library goes under its soname with the development link beside it.
-install -m 0755 "$build/libllmsclient.so" "$root/lib/libllmsclient.so.1"
-ln -sf libllmsclient.so.1 "$root/lib/libllmsclient.so"
+install -m 0755 "$build/libllmsclient.so" "$root/lib/libllmsclient.so.2"
+ln -sf libllmsclient.so.2 "$root/lib/libllmsclient.so"
 
 # The build's libllmsclient.a holds only the client; apps linking statically also need
 # the protocol code, so the installed archive merges both.

@@ -119,7 +119,7 @@ def _candidates():
         names.append(os.path.join(d, "libllmsclient.so"))
     found = ctypes.util.find_library("llmsclient")
     names += [found] if found else []
-    names += ["libllmsclient.so.1", "libllmsclient.so"]
+    names += ["libllmsclient.so.2", "libllmsclient.so"]
     return names
 
 

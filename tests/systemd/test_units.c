@@ -108,7 +108,7 @@ static void installed_tree(void)
     NEED_INSTALL();
     static const char *const exe[] = {PREFIX "/sbin/llmsd", PREFIX "/bin/llms",
                                       PREFIX "/bin/llmsctl", PREFIX "/bin/llms-run",
-                                      PREFIX "/bin/mkmodel", PREFIX "/lib/libllmsclient.so.1"};
+                                      PREFIX "/bin/mkmodel", PREFIX "/lib/libllmsclient.so.2"};
     for (size_t i = 0; i < sizeof exe / sizeof exe[0]; i++) {
         long m = file_mode(exe[i]);
         CHECK_MSG(m >= 0 && S_ISREG(m) && (m & 0111), "%s missing or not executable", exe[i]);
@@ -127,7 +127,7 @@ static void installed_tree(void)
     ssize_t n = readlink(at(PREFIX "/lib/libllmsclient.so"), target, sizeof target - 1);
     CHECK(n > 0);
     target[n] = '\0';
-    CHECK(strcmp(target, "libllmsclient.so.1") == 0);
+    CHECK(strcmp(target, "libllmsclient.so.2") == 0);
 
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
                         "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
