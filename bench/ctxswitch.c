@@ -317,27 +317,6 @@ static bool name_listed(const char *list, const char *name)
     return false;
 }
 
-/* KL(p || q) of the distributions of two logit rows, in nats (as bench/kvquant). */
-static double kl_logits(const float *lp, const float *lq, int n)
-{
-    double mp = lp[0], mq = lq[0];
-    for (int i = 1; i < n; i++) {
-        mp = lp[i] > mp ? lp[i] : mp;
-        mq = lq[i] > mq ? lq[i] : mq;
-    }
-    double zp = 0, zq = 0;
-    for (int i = 0; i < n; i++) {
-        zp += exp(lp[i] - mp);
-        zq += exp(lq[i] - mq);
-    }
-    double lzp = log(zp) + mp, lzq = log(zq) + mq, kl = 0;
-    for (int i = 0; i < n; i++) {
-        double logp = lp[i] - lzp, logq = lq[i] - lzq;
-        kl += exp(logp) * (logp - logq);
-    }
-    return kl > 0 ? kl : 0;
-}
-
 static int64_t now_us(void)
 {
     return (int64_t)(bench_now_s() * 1e6);
@@ -523,7 +502,7 @@ static int sys_call(bench *b, sys_run *s, const call_def *c, int k, int gen,
         return -1;
     int64_t end_us = b->end_us;
     s->lat[k] = ms + s->carried_ms;
-    s->kl[k] = kl_logits(b->ref_logits, b->logits, b->n_vocab);
+    s->kl[k] = bench_kl_logits(b->ref_logits, b->logits, b->n_vocab);
     s->agree += bench_argmax(b->ref_logits, b->n_vocab) == bench_argmax(b->logits, b->n_vocab);
     s->predicted += ls.predicted_ms;
     ratio_add(&s->whole, ls.load_ms, ls.predicted_ms);

@@ -155,27 +155,6 @@ static int clone_seq(kv_pool *pool, const kv_seq *src, kv_seq *dst, char err[ERR
     return 0;
 }
 
-/* KL(p || q) of the distributions of two logit rows, in nats. */
-static double kl_logits(const float *lp, const float *lq, int n)
-{
-    double mp = lp[0], mq = lq[0];
-    for (int i = 1; i < n; i++) {
-        mp = lp[i] > mp ? lp[i] : mp;
-        mq = lq[i] > mq ? lq[i] : mq;
-    }
-    double zp = 0, zq = 0;
-    for (int i = 0; i < n; i++) {
-        zp += exp(lp[i] - mp);
-        zq += exp(lq[i] - mq);
-    }
-    double lzp = log(zp) + mp, lzq = log(zq) + mq, kl = 0;
-    for (int i = 0; i < n; i++) {
-        double logp = lp[i] - lzp, logq = lq[i] - lzq;
-        kl += exp(logp) * (logp - logq);
-    }
-    return kl > 0 ? kl : 0;
-}
-
 /* Teacher-forces tokens [prefix, len) one by one on seq; with r NULL stores the logits
  * as the reference, else r gets the mean KL(reference || these) and the positions whose
  * most likely token is the reference's. */
@@ -183,14 +162,6 @@ typedef struct score {
     double kl;
     int agree;
 } score;
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        best = x[i] > x[best] ? i : best;
-    return best;
-}
 
 static int teacher_force(bench_ctx *b, kv_seq *seq, score *r, char err[ERR_MAX])
 {
@@ -205,8 +176,8 @@ static int teacher_force(bench_ctx *b, kv_seq *seq, score *r, char err[ERR_MAX])
         if (model_forward(b->r, seq, &mb, err) < 0)
             return -1;
         if (r) {
-            sum += kl_logits(ref, b->logits, b->n_vocab);
-            agree += argmax(ref, b->n_vocab) == argmax(b->logits, b->n_vocab);
+            sum += bench_kl_logits(ref, b->logits, b->n_vocab);
+            agree += bench_argmax(ref, b->n_vocab) == bench_argmax(b->logits, b->n_vocab);
         }
     }
     if (r)
