@@ -16,12 +16,12 @@
 #include <string.h>
 
 #include "engine/blas.h"
+#include "engine/model.h"
 #include "engine/ops.h"
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
 /* Keeps every size product of a file's dimensions far from overflow. */
-#define BERT_MAX_DIM (1 << 20)
 /* Most position rows accepted (XLM-R based rerankers have 8194). */
 #define BERT_MAX_POS (1 << 16)
 /* Default rows of a runner: a (sequence, head)'s score matrix is rows^2 floats per thread,
@@ -67,36 +67,16 @@ bool bert_is_encoder(const gguf_file *g)
     return gguf_get_str(g, "general.architecture", &a) && gguf_str_eq(a, "bert");
 }
 
-static int bert_get_dim(const gguf_file *g, const char *suffix, int dflt, int *out,
-                        char err[ERR_MAX])
-{
-    char key[96];
-    snprintf(key, sizeof key, "bert.%s", suffix);
-    int64_t v;
-    if (gguf_find_key(g, key) < 0) {
-        if (dflt < 0)
-            return err_set(err, "missing metadata key '%s'", key);
-        *out = dflt;
-        return 0;
-    }
-    if (!gguf_get_i64(g, key, &v))
-        return err_set(err, "metadata key '%s' is not an integer", key);
-    if (v <= 0 || v > BERT_MAX_DIM)
-        return err_set(err, "metadata key '%s' out of range (%lld)", key, (long long)v);
-    *out = (int)v;
-    return 0;
-}
-
 static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
 {
     bert_hparams *hp = &m->hp;
     const gguf_file *g = m->g;
     if (!bert_is_encoder(g))
         return err_set(err, "not a bert model (general.architecture)");
-    if (bert_get_dim(g, "embedding_length", -1, &hp->dim, err) < 0 ||
-        bert_get_dim(g, "block_count", -1, &hp->n_layer, err) < 0 ||
-        bert_get_dim(g, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
-        bert_get_dim(g, "attention.head_count", -1, &hp->n_head, err) < 0)
+    if (model_get_dim(g, "bert", "embedding_length", -1, &hp->dim, err) < 0 ||
+        model_get_dim(g, "bert", "block_count", -1, &hp->n_layer, err) < 0 ||
+        model_get_dim(g, "bert", "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(g, "bert", "attention.head_count", -1, &hp->n_head, err) < 0)
         return -1;
     if (hp->n_layer > 4096)
         return err_set(err, "block_count %d out of range", hp->n_layer);
@@ -105,8 +85,8 @@ static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
                        hp->n_head);
     hp->head_dim = hp->dim / hp->n_head;
     int kv_heads, key_len;
-    if (bert_get_dim(g, "attention.head_count_kv", hp->n_head, &kv_heads, err) < 0 ||
-        bert_get_dim(g, "attention.key_length", hp->head_dim, &key_len, err) < 0)
+    if (model_get_dim(g, "bert", "attention.head_count_kv", hp->n_head, &kv_heads, err) < 0 ||
+        model_get_dim(g, "bert", "attention.key_length", hp->head_dim, &key_len, err) < 0)
         return -1;
     if (kv_heads != hp->n_head || key_len != hp->head_dim)
         return err_set(err, "bert with head_count_kv %d or key_length %d other than %d / %d",
@@ -129,43 +109,10 @@ static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
     return 0;
 }
 
-/* A tensor of exactly (ne0[, ne1]) elements of a computable type with enough bytes. */
-static const gguf_tensor *bert_tensor(const bert_model *m, const char *name, int n_dims,
-                                      int64_t ne0, int64_t ne1, char err[ERR_MAX])
-{
-    const gguf_tensor *t = gguf_find_tensor(m->g, name);
-    if (!t) {
-        err_set(err, "tensor '%s' is missing", name);
-        return NULL;
-    }
-    const quant_traits *tr = quant_traits_of(t->type);
-    if (!tr || !tr->computable) {
-        err_set(err, "tensor '%s': type %s is not supported", name, tr ? tr->name : "unknown");
-        return NULL;
-    }
-    bool ok = (int)t->n_dims == n_dims && t->ne[0] == ne0 && (n_dims == 1 || t->ne[1] == ne1);
-    for (int d = n_dims; d < GGUF_MAX_DIMS; d++)
-        ok = ok && t->ne[d] == 1;
-    if (!ok) {
-        err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%lld, %lld]", name,
-                (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0,
-                (long long)(n_dims == 1 ? 1 : ne1));
-        return NULL;
-    }
-    size_t row = quant_row_bytes(t->type, ne0);
-    int64_t rows = n_dims == 1 ? 1 : ne1;
-    if (row == 0 || t->bytes < row * (size_t)rows) {
-        err_set(err, "tensor '%s': %zu bytes do not hold %lld rows of %lld %s elements", name,
-                t->bytes, (long long)rows, (long long)ne0, tr->name);
-        return NULL;
-    }
-    return t;
-}
-
 static int bert_matrix(const bert_model *m, const char *name, int64_t rows, int64_t cols,
                        ops_matrix *out, char err[ERR_MAX])
 {
-    const gguf_tensor *t = bert_tensor(m, name, 2, cols, rows, err);
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 2, cols, rows, err);
     if (!t)
         return -1;
     *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)rows, .cols = (int)cols,
@@ -177,7 +124,7 @@ static int bert_matrix(const bert_model *m, const char *name, int64_t rows, int6
 static int bert_vecs(bert_model *m, const char *name, int64_t n, int64_t rows,
                      const float **out, char err[ERR_MAX])
 {
-    const gguf_tensor *t = bert_tensor(m, name, rows == 1 ? 1 : 2, n, rows, err);
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, rows == 1 ? 1 : 2, n, rows, err);
     if (!t)
         return -1;
     if (m->vecs_used + (size_t)(n * rows) > m->vecs_cap)

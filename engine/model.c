@@ -73,8 +73,7 @@ static const char *model_arch_name(enum model_arch a)
     return "?";
 }
 
-/* Reads {arch}.suffix as a positive integer no larger than MODEL_MAX_DIM. */
-static int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
+int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
                          int *out, char err[ERR_MAX])
 {
     char key[128];
@@ -167,10 +166,10 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
 }
 
 /* Finds a tensor and checks its type is computable and its shape is exactly (ne0[, ne1]). */
-static const gguf_tensor *model_tensor(const model *m, const char *name, int n_dims, int64_t ne0,
-                                       int64_t ne1, char err[ERR_MAX])
+const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
+                                     int64_t ne0, int64_t ne1, char err[ERR_MAX])
 {
-    const gguf_tensor *t = gguf_find_tensor(m->g, name);
+    const gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t) {
         err_set(err, "tensor '%s' is missing", name);
         return NULL;
@@ -206,7 +205,7 @@ static const gguf_tensor *model_tensor(const model *m, const char *name, int n_d
 static int model_matrix(const model *m, const char *name, int64_t rows, int64_t cols,
                         ops_matrix *out, char err[ERR_MAX])
 {
-    const gguf_tensor *t = model_tensor(m, name, 2, cols, rows, err);
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 2, cols, rows, err);
     if (!t)
         return -1;
     *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)rows, .cols = (int)cols,
@@ -218,7 +217,7 @@ static int model_matrix(const model *m, const char *name, int64_t rows, int64_t 
 static int model_vector(model *m, const char *name, int64_t n, const float **out,
                         char err[ERR_MAX])
 {
-    const gguf_tensor *t = model_tensor(m, name, 1, n, 1, err);
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 1, n, 1, err);
     if (!t)
         return -1;
     if (m->vecs_used + (size_t)n > m->vecs_cap)

@@ -71,6 +71,16 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX]);
 /* Same, from an already open file; the model borrows g, which must outlive it. */
 model *model_from_gguf(const gguf_file *g, char err[ERR_MAX]);
 
+/* Reads {arch}.suffix as a positive integer no larger than 2^20: dflt when absent (an
+ * error when dflt < 0). For every architecture's loader (model.c, bert.c). */
+int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
+                  int *out, char err[ERR_MAX]);
+
+/* The tensor name of exactly (ne0[, ne1]) elements (n_dims 1 or 2) of a type the kernels
+ * compute, with bytes enough for it; NULL + err naming it otherwise. */
+const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
+                                     int64_t ne0, int64_t ne1, char err[ERR_MAX]);
+
 /* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
 void model_free(model *m);
 
