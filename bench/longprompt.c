@@ -6,16 +6,24 @@
  * the ratio; then a run of the partitioned path at min(4x the unpartitioned maximum,
  * --verify-max) tokens with weights streamed, to show it completes, with its peak RSS.
  * Then the time to first token (prefill of the prompt and the last row's logits) at each
- * length: unpartitioned without a budget against partitioned under each budget.
+ * length: unpartitioned without a budget against partitioned under each budget, --repeat
+ * runs of each alternating (unpartitioned, then each budget, then again), so that a slow
+ * moment of a shared machine falls on both sides; the medians and their ratio are printed.
+ * An unpartitioned run whose working memory exceeds --max-unpartitioned-mb is not made
+ * (at 32K tokens it would want gigabytes of scores), and says so.
  *
  * Every run is a child process (its peak RSS, VmHWM, starts fresh): it maps the model,
  * builds the runner of the plan and evaluates random tokens. The model by default is
  * build/bench-models/longprompt-llama.gguf, a TinyLlama-1.1B-like shape made small
  * enough for two cores (dim 512, 4 layers, 8 heads sharing 1 KV head as TinyLlama's 32
- * share 4, head 64, FFN 1408, Q8_0, llama vocabulary); --model takes any other.
+ * share 4, head 64, FFN 1408, Q8_0, llama vocabulary); --arch qwen2 makes
+ * longprompt-qwen2.gguf instead, Qwen2-0.5B's layer (dim 896, 14 heads sharing 2 KV
+ * heads, head 64, FFN 4864, bias on Q/K/V, rope base 1e6) in 4 layers with a 32K
+ * context and the GPT-2 vocabulary; --model takes any other file.
  *
- *   build/bench/longprompt [--model M.gguf] [--threads N] [--budgets 16,64]
- *                          [--lengths 1024,2048,4096,8192] [--verify-max 8192]
+ *   build/bench/longprompt [--model M.gguf | --arch llama|qwen2] [--threads N]
+ *                          [--budgets 16,64] [--lengths 1024,2048,4096,8192]
+ *                          [--verify-max 8192] [--repeat 3] [--max-unpartitioned-mb 4096]
  *
  * One JSON object per result line.
  */
@@ -39,7 +47,10 @@
 
 typedef struct lp_options {
     const char *model;
+    const char *arch; /* of the default model */
     int threads;
+    int repeat;
+    int max_unpartitioned_mb;
     int budgets[MAX_LIST], n_budgets; /* MiB */
     int lengths[MAX_LIST], n_lengths;
     int verify_max;
@@ -200,7 +211,8 @@ static int lp_parse_list(const char *s, int *out, int *n)
 
 static int lp_parse(int argc, char **argv, lp_options *o)
 {
-    *o = (lp_options){.threads = 2, .verify_max = 8192, .resident_small_mb = 1};
+    *o = (lp_options){.arch = "llama", .threads = 2, .verify_max = 8192, .resident_small_mb = 1,
+                      .repeat = 3, .max_unpartitioned_mb = 4096};
     lp_parse_list("16,64", o->budgets, &o->n_budgets);
     lp_parse_list("1024,2048,4096,8192", o->lengths, &o->n_lengths);
     for (int i = 1; i < argc; i++) {
@@ -208,6 +220,12 @@ static int lp_parse(int argc, char **argv, lp_options *o)
         int rc = v ? 0 : -1;
         if (!strcmp(a, "--model") && v)
             o->model = v;
+        else if (!strcmp(a, "--arch") && v)
+            rc = !strcmp(v, "llama") || !strcmp(v, "qwen2") ? (o->arch = v, 0) : -1;
+        else if (!strcmp(a, "--repeat") && v)
+            rc = (o->repeat = atoi(v)) > 0 && o->repeat <= MAX_LIST ? 0 : -1;
+        else if (!strcmp(a, "--max-unpartitioned-mb") && v)
+            rc = (o->max_unpartitioned_mb = atoi(v)) > 0 ? 0 : -1;
         else if (!strcmp(a, "--threads") && v)
             rc = (o->threads = atoi(v)) > 0 ? 0 : -1;
         else if (!strcmp(a, "--verify-max") && v)
@@ -221,8 +239,9 @@ static int lp_parse(int argc, char **argv, lp_options *o)
         else
             rc = -1;
         if (rc < 0) {
-            fprintf(stderr, "usage: longprompt [--model M.gguf] [--threads N] [--budgets MiB,..] "
-                            "[--lengths N,..] [--verify-max N] [--resident-small-mb N]\n");
+            fprintf(stderr, "usage: longprompt [--model M.gguf | --arch llama|qwen2] [--threads N] "
+                            "[--budgets MiB,..] [--lengths N,..] [--verify-max N] "
+                            "[--resident-small-mb N] [--repeat N] [--max-unpartitioned-mb N]\n");
             return -1;
         }
         i++;
@@ -230,11 +249,76 @@ static int lp_parse(int argc, char **argv, lp_options *o)
     return 0;
 }
 
-/* Makes the default model unless it exists. */
-static int lp_default_model(char *path, size_t cap)
+/* Time to first token at n tokens: unpartitioned without a budget, and partitioned under
+ * each budget, o->repeat rounds alternating between them; prints one line per budget with
+ * the medians. 0, or 1 when a run failed. */
+static int lp_ttft_at(const lp_options *o, const model *m, const char *path, int n)
 {
-    const char *vocab = "../shared/testdata/vocab/ggml-vocab-llama-spm.gguf";
-    snprintf(path, cap, "build/bench-models/longprompt-llama.gguf");
+    const model_hparams *hp = model_hparams_of(m);
+    prefill_estimate we = prefill_estimate_of(hp, n, n, n, o->threads, KV_F16);
+    bool whole_runs = we.working <= (size_t)o->max_unpartitioned_mb << 20;
+    model_runner_opts wo = lp_whole_opts(o, n);
+    prefill_plan plans[MAX_LIST];
+    bool planned[MAX_LIST];
+    char err[ERR_MAX];
+    for (int b = 0; b < o->n_budgets; b++) {
+        prefill_request req = {.n_prompt = n, .n_threads = o->threads, .kv = KV_F16,
+                               .budget = (size_t)o->budgets[b] << 20, .resident_small = SIZE_MAX};
+        planned[b] = prefill_plan_make(m, &req, &plans[b], err) == 0;
+    }
+    double whole_s[MAX_LIST], part_s[MAX_LIST][MAX_LIST];
+    double whole_rss = -1, part_rss[MAX_LIST];
+    int n_whole = 0, n_part[MAX_LIST] = {0}, status = 0;
+    for (int b = 0; b < o->n_budgets; b++)
+        part_rss[b] = -1;
+    for (int round = 0; round < o->repeat; round++) {
+        lp_result r;
+        if (whole_runs) {
+            if (lp_run(path, &wo, n, SIZE_MAX, &r) == 0)
+                whole_s[n_whole++] = r.ttft_s, whole_rss = r.peak_rss_mb;
+            else
+                status = 1;
+        }
+        for (int b = 0; b < o->n_budgets; b++) {
+            if (!planned[b])
+                continue;
+            model_runner_opts po = prefill_runner_opts(&plans[b]);
+            if (lp_run(path, &po, n, SIZE_MAX, &r) == 0)
+                part_s[b][n_part[b]++] = r.ttft_s, part_rss[b] = r.peak_rss_mb;
+            else
+                status = 1;
+        }
+    }
+    double whole = n_whole ? bench_median(whole_s, n_whole) : -1;
+    for (int b = 0; b < o->n_budgets; b++) {
+        const prefill_plan *plan = &plans[b];
+        double part = n_part[b] ? bench_median(part_s[b], n_part[b]) : -1;
+        printf("{\"bench\":\"longprompt\",\"kind\":\"ttft\",\"tokens\":%d,\"budget_mb\":%d,"
+               "\"runs\":%d,\"unpartitioned_ttft_s\":%.3f,\"unpartitioned_working_mb\":%.1f,"
+               "\"unpartitioned_run\":%s,\"unpartitioned_fits_budget\":%s,"
+               "\"unpartitioned_peak_rss_mb\":%.1f,\"partitioned_ttft_s\":%.3f,"
+               "\"pressure\":\"%s\",\"rows\":%d,\"attn_rows\":%d,"
+               "\"partitioned_working_mb\":%.1f,\"partitioned_peak_rss_mb\":%.1f,"
+               "\"ttft_ratio\":%.3f}\n",
+               n, o->budgets[b], o->repeat, whole, (double)we.working / (1 << 20),
+               whole_runs ? "true" : "false",
+               we.working <= (size_t)o->budgets[b] << 20 ? "true" : "false", whole_rss, part,
+               planned[b] ? lp_pressure(plan->pressure) : "refused",
+               planned[b] ? plan->est.rows : 0, planned[b] ? plan->est.attn_rows : 0,
+               planned[b] ? (double)plan->est.working / (1 << 20) : -1.0, part_rss[b],
+               whole > 0 && part > 0 ? part / whole : -1.0);
+        status |= !planned[b];
+    }
+    return status;
+}
+
+/* Makes the default model of arch unless it exists. */
+static int lp_default_model(const char *arch, char *path, size_t cap)
+{
+    bool qwen2 = strcmp(arch, "qwen2") == 0;
+    const char *vocab = qwen2 ? "../shared/testdata/vocab/ggml-vocab-gpt-2.gguf"
+                              : "../shared/testdata/vocab/ggml-vocab-llama-spm.gguf";
+    snprintf(path, cap, "build/bench-models/longprompt-%s.gguf", arch);
     if (access(path, R_OK) == 0)
         return 0;
     char err[ERR_MAX];
@@ -246,6 +330,10 @@ static int lp_default_model(char *path, size_t cap)
     modelgen_params p = {.arch = "llama", .dim = 512, .n_layer = 4, .n_head = 8, .n_head_kv = 1,
                          .n_ff = 1408, .n_ctx = 65536, .type = QTYPE_Q8_0, .seed = 1,
                          .vocab = g};
+    if (qwen2)
+        p = (modelgen_params){.arch = "qwen2", .dim = 896, .n_layer = 4, .n_head = 14,
+                              .n_head_kv = 2, .n_ff = 4864, .n_ctx = 32768,
+                              .type = QTYPE_Q8_0, .seed = 1, .vocab = g};
     int rc = bench_generate_model("longprompt", &p, path);
     gguf_close(g);
     return rc;
@@ -259,7 +347,7 @@ int main(int argc, char **argv)
         return 2;
     if (o.model)
         snprintf(path, sizeof path, "%s", o.model);
-    else if (lp_default_model(path, sizeof path) < 0)
+    else if (lp_default_model(o.arch, path, sizeof path) < 0)
         return 1;
     model *m = model_load(path, err);
     if (!m) {
@@ -316,39 +404,8 @@ int main(int argc, char **argv)
         status |= rc != 0;
     }
 
-    for (int l = 0; l < o.n_lengths; l++) {
-        int n = o.lengths[l];
-        model_runner_opts wo = lp_whole_opts(&o, n);
-        prefill_estimate we = prefill_estimate_of(hp, n, n, n, o.threads, KV_F16);
-        lp_result w;
-        int wrc = lp_run(path, &wo, n, SIZE_MAX, &w);
-        for (int b = 0; b < o.n_budgets; b++) {
-            prefill_request req = {.n_prompt = n, .n_threads = o.threads, .kv = KV_F16,
-                                   .budget = (size_t)o.budgets[b] << 20, .resident_small = SIZE_MAX};
-            prefill_plan plan;
-            lp_result p;
-            int prc = prefill_plan_make(m, &req, &plan, err);
-            if (prc == 0) {
-                model_runner_opts po = prefill_runner_opts(&plan);
-                prc = lp_run(path, &po, n, SIZE_MAX, &p);
-            }
-            printf("{\"bench\":\"longprompt\",\"kind\":\"ttft\",\"tokens\":%d,\"budget_mb\":%d,"
-                   "\"unpartitioned_ttft_s\":%.3f,\"unpartitioned_working_mb\":%.1f,"
-                   "\"unpartitioned_fits_budget\":%s,\"unpartitioned_peak_rss_mb\":%.1f,"
-                   "\"partitioned_ttft_s\":%.3f,\"pressure\":\"%s\",\"rows\":%d,\"attn_rows\":%d,"
-                   "\"partitioned_working_mb\":%.1f,\"partitioned_peak_rss_mb\":%.1f,"
-                   "\"ttft_ratio\":%.3f}\n",
-                   n, o.budgets[b], wrc == 0 ? w.ttft_s : -1.0, (double)we.working / (1 << 20),
-                   we.working <= req.budget ? "true" : "false", wrc == 0 ? w.peak_rss_mb : -1.0,
-                   prc == 0 ? p.ttft_s : -1.0, prc == 0 ? lp_pressure(plan.pressure) : "refused",
-                   prc == 0 ? plan.est.rows : 0, prc == 0 ? plan.est.attn_rows : 0,
-                   prc == 0 ? (double)plan.est.working / (1 << 20) : -1.0,
-                   prc == 0 ? p.peak_rss_mb : -1.0,
-                   wrc == 0 && prc == 0 ? p.ttft_s / w.ttft_s : -1.0);
-            status |= prc != 0;
-        }
-        status |= wrc != 0;
-    }
+    for (int l = 0; l < o.n_lengths; l++)
+        status |= lp_ttft_at(&o, m, path, o.lengths[l]);
     model_free(m);
     return status;
 }
