@@ -6,7 +6,14 @@
  *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|rank]   (bert; rank adds the cross-encoder head)
+ *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
  *   mkmodel --help | --version
+ *
+ * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
+ * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
+ * again, the rest (norms, biases) is copied, metadata too. bench/kvquant uses an F32 copy
+ * of a Q8_0 model to measure KV compression without the activation rounding that Q8_0
+ * matrix products add (8-bit activations: any change of the inputs flips some roundings).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -41,9 +48,11 @@ static void usage(FILE *out)
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|rank]  (bert: pooling_type; rank writes the\n"
             "               cross-encoder head; default cls)\n"
+            "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
-            "of VOCAB.gguf. Progress goes to stderr when it is a terminal.\n");
+            "of VOCAB.gguf, or (--from) IN.gguf's model with its matrices converted to the\n"
+            "type. Progress goes to stderr when it is a terminal.\n");
 }
 
 /* A mistake on the command line: what is wrong, and where help is. */
@@ -75,10 +84,76 @@ static void show_progress(int done, int total, void *user)
     fprintf(stderr, "\rmkmodel: tensor %d of %d%s", done, total, done == total ? "\n" : "");
 }
 
+/* Writes in's model to out with every matrix whose rows are whole blocks of type
+ * converted to it. 0, or -1 with err set. */
+static int convert_model(const char *in, const char *out, uint32_t type, char err[ERR_MAX])
+{
+    gguf_file *g = gguf_open(in, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    int64_t n_tensors = gguf_n_tensors(g);
+    void **bufs = calloc((size_t)n_tensors + 1, sizeof *bufs);
+    float *row = NULL;
+    int rc = -1;
+    if (!w || !bufs) {
+        snprintf(err, ERR_MAX, "out of memory");
+        goto out;
+    }
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        if (gguf_writer_copy_kv(w, g, i) < 0) {
+            snprintf(err, ERR_MAX, "copying metadata: out of memory");
+            goto out;
+        }
+    int block = quant_traits_of(type)->block_size;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        int64_t n = t->ne[0], rows = 1;
+        for (uint32_t d = 1; d < t->n_dims; d++)
+            rows *= t->ne[d];
+        const void *data = t->data;
+        uint32_t to = t->type;
+        if (t->n_dims >= 2 && n % block == 0 && t->type != type) {
+            if (!quant_traits_of(t->type)->computable) {
+                snprintf(err, ERR_MAX, "%s: type %u cannot be read", name, t->type);
+                goto out;
+            }
+            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(type, n);
+            float *grown = realloc(row, sizeof *row * (size_t)n);
+            bufs[i] = malloc(out_rb * (size_t)rows);
+            if (!grown || !bufs[i]) {
+                row = grown ? grown : row;
+                snprintf(err, ERR_MAX, "%s: out of memory", name);
+                goto out;
+            }
+            row = grown;
+            for (int64_t r = 0; r < rows; r++) {
+                quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
+                quant_quantize_row(type, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
+            }
+            data = bufs[i], to = type;
+        }
+        if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
+            snprintf(err, ERR_MAX, "%s: out of memory", name);
+            goto out;
+        }
+    }
+    rc = gguf_writer_write(w, out, err);
+out:
+    for (int64_t i = 0; bufs && i < n_tensors; i++)
+        free(bufs[i]);
+    free(bufs), free(row);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     modelgen_params p = {.arch = NULL, .n_head_kv = 0, .seed = 1};
-    const char *out = NULL, *vocab = NULL, *type = NULL;
+    const char *out = NULL, *vocab = NULL, *type = NULL, *from = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--tied")) {
@@ -132,10 +207,14 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--vocab"))
             vocab = v;
+        else if (!strcmp(a, "--from"))
+            from = v;
         else
             bad_usage("unknown option '%s'", a);
     }
-    if (!out || !p.arch || !type || !vocab)
+    if (from && (!out || !type || p.arch || vocab))
+        bad_usage("--from takes -o and --type, and no model shape");
+    if (!from && (!out || !p.arch || !type || !vocab))
         bad_usage("-o, --arch, --type and --vocab are required");
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
@@ -151,6 +230,16 @@ int main(int argc, char **argv)
     if (!found)
         bad_usage("--type: unknown type '%s'", type);
     char err[ERR_MAX];
+    if (from) {
+        if (p.k_m_mix)
+            bad_usage("--from: '%s' is a mix; give one type", type);
+        if (convert_model(from, out, p.type, err) < 0) {
+            fprintf(stderr, "mkmodel: %s: %s\n", from, err);
+            unlink(out);
+            return 1;
+        }
+        return 0;
+    }
     gguf_file *v = gguf_open(vocab, err);
     if (!v) {
         fprintf(stderr, "mkmodel: %s: %s\n", vocab, err);
