@@ -62,6 +62,22 @@ static double rel_err(const float *a, const double *ref, size_t n)
     return d / mx;
 }
 
+/* The reference's mean-pooled, L2-normalised last layer of n tokens into want (DIM). */
+static void ref_mean(const ref_bert *ref, int n, const int32_t *tok, double *want)
+{
+    double *h = malloc(sizeof(double) * (N_LAYER + 1) * n * DIM), ss = 0;
+    ref_bert_forward(ref, n, tok, NULL, h);
+    for (int i = 0; i < DIM; i++) {
+        want[i] = 0;
+        for (int t = 0; t < n; t++)
+            want[i] += h[((size_t)N_LAYER * n + t) * DIM + i] / n;
+        ss += want[i] * want[i];
+    }
+    for (int i = 0; i < DIM; i++)
+        want[i] /= sqrt(ss);
+    free(h);
+}
+
 /* Two stacked sequences (the second with segment B types) through every layer of the
  * model at path, each layer's rows against the reference; bert's head on the [CLS] rows
  * when the file has one. */
@@ -166,17 +182,8 @@ static void test_embed_pooling(void)
     tok[22] = 7;
     float out[3 * DIM], alone[DIM];
     CHECK_MSG(bert_embed(r, 3, lens, tok, NULL, BERT_POOL_MEAN, out, err) == 0, "%s", err);
-    double *h = malloc(sizeof(double) * (N_LAYER + 1) * 17 * DIM);
-    ref_bert_forward(ref, 17, tok + 5, NULL, h);
-    double want[DIM], ss = 0;
-    for (int i = 0; i < DIM; i++) {
-        want[i] = 0;
-        for (int t = 0; t < 17; t++)
-            want[i] += h[((size_t)N_LAYER * 17 + t) * DIM + i] / 17;
-        ss += want[i] * want[i];
-    }
-    for (int i = 0; i < DIM; i++)
-        want[i] /= sqrt(ss);
+    double want[DIM];
+    ref_mean(ref, 17, tok + 5, want);
     CHECK(rel_err(out + DIM, want, DIM) < 1e-4);
     double n2 = 0;
     for (int i = 0; i < DIM; i++)
@@ -189,7 +196,8 @@ static void test_embed_pooling(void)
     /* CLS pooling is the first row, normalised */
     CHECK_MSG(bert_embed(r, 1, &lens[1], tok + 5, NULL, BERT_POOL_CLS, alone, err) == 0, "%s",
               err);
-    ss = 0;
+    double *h = malloc(sizeof(double) * (N_LAYER + 1) * 17 * DIM), ss = 0;
+    ref_bert_forward(ref, 17, tok + 5, NULL, h);
     for (int i = 0; i < DIM; i++)
         ss += h[(size_t)N_LAYER * 17 * DIM + i] * h[(size_t)N_LAYER * 17 * DIM + i];
     for (int i = 0; i < DIM; i++)
@@ -238,12 +246,20 @@ typedef struct extra_tensor {
     const float *data;
 } extra_tensor;
 
+/* What rewrite changes in a copy of a file; NULL / 0 fields change nothing. */
+typedef struct edits {
+    const char *drop_tensor;
+    const extra_tensor *extra; /* (n_extra) added */
+    int n_extra;
+    const char *drop_key;
+    const char *u32_key; /* added with the value u32 */
+    uint32_t u32;
+} edits;
+
 static char rewritten[600]; /* rewrite's output path */
 
-/* Writes src's metadata and tensors to tmpdir/name (rewritten), without the tensor named
- * skip (NULL: none) and with n_extra more. */
-static void rewrite(const char *src, const char *name, const char *skip,
-                    const extra_tensor *extra, int n_extra)
+/* Writes src's metadata and tensors, edited, to tmpdir/name (rewritten). */
+static void rewrite(const char *src, const char *name, const edits *e)
 {
     char err[ERR_MAX];
     snprintf(rewritten, sizeof rewritten, "%s/%s", test_tmpdir(), name);
@@ -251,18 +267,21 @@ static void rewrite(const char *src, const char *name, const char *skip,
     CHECK_MSG(g, "%s", err);
     gguf_writer *w = gguf_writer_new();
     for (int64_t i = 0; i < gguf_n_kv(g); i++)
-        CHECK(gguf_writer_copy_kv(w, g, i) == 0);
+        if (!e->drop_key || !gguf_str_eq(gguf_key(g, i), e->drop_key))
+            CHECK(gguf_writer_copy_kv(w, g, i) == 0);
+    if (e->u32_key)
+        CHECK(gguf_writer_set_u32(w, e->u32_key, e->u32) == 0);
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char tn[128];
         snprintf(tn, sizeof tn, "%.*s", (int)t->name.len, t->name.ptr);
-        if (!skip || strcmp(tn, skip) != 0)
+        if (!e->drop_tensor || strcmp(tn, e->drop_tensor) != 0)
             CHECK(gguf_writer_add_tensor(w, tn, t->type, t->n_dims, t->ne, t->data) == 0);
     }
-    for (int i = 0; i < n_extra; i++) {
-        int64_t ne[4] = {extra[i].ne[0], extra[i].ne[1], 1, 1};
-        CHECK(gguf_writer_add_tensor(w, extra[i].name, QTYPE_F32, extra[i].n_dims, ne,
-                                     extra[i].data) == 0);
+    for (int i = 0; i < e->n_extra; i++) {
+        const extra_tensor *x = &e->extra[i];
+        int64_t ne[4] = {x->ne[0], x->ne[1], 1, 1};
+        CHECK(gguf_writer_add_tensor(w, x->name, QTYPE_F32, x->n_dims, ne, x->data) == 0);
     }
     CHECK_MSG(gguf_writer_write(w, rewritten, err) == 0, "%s", err);
     gguf_writer_free(w);
@@ -275,7 +294,7 @@ static void test_bad_files(void)
     char err[ERR_MAX], out[600];
     const char *path = gen("full", QTYPE_F32, 2, NULL);
     CHECK(path);
-    rewrite(path, "bert-missing.gguf", "blk.1.ffn_up.bias", NULL, 0);
+    rewrite(path, "bert-missing.gguf", &(edits){.drop_tensor = "blk.1.ffn_up.bias"});
     CHECK(!bert_load(rewritten, err));
     CHECK_MSG(strstr(err, "blk.1.ffn_up.bias"), "%s", err);
 
@@ -301,7 +320,7 @@ static void test_nomic_biases(void)
         bo[i] = 0.1f * cosf(1.3f * i);
     extra_tensor ex[] = {{"blk.0.attn_qkv.bias", 1, {3 * DIM, 1}, bqkv},
                          {"blk.1.attn_output.bias", 1, {DIM, 1}, bo}};
-    rewrite(path, "nomic-bias.gguf", NULL, ex, 2);
+    rewrite(path, "nomic-bias.gguf", &(edits){.extra = ex, .n_extra = 2});
     check_file(rewritten, "nomic biases", 1e-5);
 }
 
@@ -320,48 +339,30 @@ static void test_nomic_bad_files(void)
     CHECK_EQ(bert_hparams_of(m)->n_pos, N_CTX);
     CHECK_NEAR(bert_hparams_of(m)->rope_base, 1000.0, 1e-3);
     bert_free(m);
-    rewrite(good, "nomic-nogate.gguf", "blk.1.ffn_gate.weight", NULL, 0);
+    rewrite(good, "nomic-nogate.gguf", &(edits){.drop_tensor = "blk.1.ffn_gate.weight"});
     CHECK(!bert_load(rewritten, err));
     CHECK_MSG(strstr(err, "blk.1.ffn_gate.weight"), "%s", err);
     /* q and k but no v rows */
     static float w[2 * DIM * DIM];
     extra_tensor qk = {"blk.0.attn_qkv.weight", 2, {DIM, 2 * DIM}, w};
-    rewrite(good, "nomic-qk.gguf", "blk.0.attn_qkv.weight", &qk, 1);
+    rewrite(good, "nomic-qk.gguf",
+            &(edits){.drop_tensor = "blk.0.attn_qkv.weight", .extra = &qk, .n_extra = 1});
     CHECK(!bert_load(rewritten, err));
     CHECK_MSG(strstr(err, "blk.0.attn_qkv.weight"), "%s", err);
     static float b[2 * DIM];
     extra_tensor short_bias = {"blk.1.attn_qkv.bias", 1, {2 * DIM, 1}, b};
-    rewrite(good, "nomic-qkvb.gguf", NULL, &short_bias, 1);
+    rewrite(good, "nomic-qkvb.gguf", &(edits){.extra = &short_bias, .n_extra = 1});
     CHECK(!bert_load(rewritten, err));
     CHECK_MSG(strstr(err, "blk.1.attn_qkv.bias"), "%s", err);
 
     /* metadata: no context length (no position table says it), a partial rotation */
-    gguf_file *g = gguf_open(good, err);
-    CHECK(g);
-    const char *drop[] = {"nomic-bert.context_length", NULL};
-    for (int k = 0; k < 2; k++) {
-        gguf_writer *wr = gguf_writer_new();
-        for (int64_t i = 0; i < gguf_n_kv(g); i++) {
-            gguf_str key = gguf_key(g, i);
-            if (!drop[k] || !gguf_str_eq(key, drop[k]))
-                CHECK(gguf_writer_copy_kv(wr, g, i) == 0);
-        }
-        if (!drop[k])
-            CHECK(gguf_writer_set_u32(wr, "nomic-bert.rope.dimension_count", DIM / 4 / 2) == 0);
-        for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
-            const gguf_tensor *t = gguf_tensor_at(g, i);
-            char tn[128];
-            snprintf(tn, sizeof tn, "%.*s", (int)t->name.len, t->name.ptr);
-            CHECK(gguf_writer_add_tensor(wr, tn, t->type, t->n_dims, t->ne, t->data) == 0);
-        }
-        char out[600];
-        snprintf(out, sizeof out, "%s/nomic-key%d.gguf", test_tmpdir(), k);
-        CHECK_MSG(gguf_writer_write(wr, out, err) == 0, "%s", err);
-        gguf_writer_free(wr);
-        CHECK(!bert_load(out, err));
-        CHECK_MSG(strstr(err, drop[k] ? drop[k] : "nomic-bert.rope.dimension_count"), "%s", err);
-    }
-    gguf_close(g);
+    rewrite(good, "nomic-noctx.gguf", &(edits){.drop_key = "nomic-bert.context_length"});
+    CHECK(!bert_load(rewritten, err));
+    CHECK_MSG(strstr(err, "nomic-bert.context_length"), "%s", err);
+    rewrite(good, "nomic-rot.gguf",
+            &(edits){.u32_key = "nomic-bert.rope.dimension_count", .u32 = DIM / 4 / 2});
+    CHECK(!bert_load(rewritten, err));
+    CHECK_MSG(strstr(err, "nomic-bert.rope.dimension_count"), "%s", err);
 }
 
 /* nomic-bert's mean-pooled embedding of a sequence against the reference's rows, the
@@ -389,17 +390,8 @@ static void test_nomic_embed(void)
     CHECK_MSG(bert_embed(r, 2, lens, tok, NULL, BERT_POOL_MEAN, out, err) == 0, "%s", err);
     CHECK_MSG(bert_embed(r, 1, &lens[1], tok + 6, NULL, BERT_POOL_MEAN, alone, err) == 0, "%s",
               err);
-    double *h = malloc(sizeof(double) * (N_LAYER + 1) * 13 * DIM);
-    ref_bert_forward(ref, 13, tok + 6, NULL, h);
-    double want[DIM], ss = 0;
-    for (int i = 0; i < DIM; i++) {
-        want[i] = 0;
-        for (int t = 0; t < 13; t++)
-            want[i] += h[((size_t)N_LAYER * 13 + t) * DIM + i] / 13;
-        ss += want[i] * want[i];
-    }
-    for (int i = 0; i < DIM; i++)
-        want[i] /= sqrt(ss);
+    double want[DIM];
+    ref_mean(ref, 13, tok + 6, want);
     CHECK(rel_err(out + DIM, want, DIM) < 1e-4);
     for (int i = 0; i < DIM; i++)
         CHECK_NEAR(alone[i], out[DIM + i], 1e-5);
@@ -409,7 +401,6 @@ static void test_nomic_embed(void)
         rev[i] = tok[6 + 12 - i];
     CHECK_MSG(bert_embed(r, 1, &lens[1], rev, NULL, BERT_POOL_MEAN, out, err) == 0, "%s", err);
     CHECK(rel_err(out, want, DIM) > 1e-3);
-    free(h);
     bert_runner_free(r);
     ref_bert_free(ref);
     bert_free(m);
