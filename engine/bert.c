@@ -102,10 +102,9 @@ static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
 {
     bert_hparams *hp = &m->hp;
     const gguf_file *g = m->g;
-    if (!bert_is_encoder(g))
-        return err_set(err, "not a bert model (general.architecture)");
     gguf_str an;
-    gguf_get_str(g, "general.architecture", &an);
+    if (!bert_is_encoder(g) || !gguf_get_str(g, "general.architecture", &an))
+        return err_set(err, "not a bert model (general.architecture)");
     hp->arch = gguf_str_eq(an, "nomic-bert") ? BERT_ARCH_NOMIC : BERT_ARCH_BERT;
     const char *arch = bert_arch_name(hp->arch);
     char key[96];
