@@ -2,7 +2,7 @@
  * bench/embed — embedding throughput of bert and nomic-bert encoders against llama
  * decoders of the same shape: texts/s, ms per text and peak RSS.
  *
- *   build/bench/embed [--threads N] [-n TEXTS] [-t TOKENS]
+ *   build/bench/embed [--threads N] [-n TEXTS] [-t TOKENS] [--model NAME] [--batch B]
  *
  * Models (random weights, F16, the bge WordPiece vocabulary from the shared test data,
  * generated into build/bench-models/ on first use):
@@ -17,7 +17,8 @@
  * decoder runs them as B sequences of one model_forward_batch, each from position 0 in
  * a fresh KV sequence, last-token pooling through the final norm (as Embed does). Each
  * (model, route, batch) runs in a child process, so peak RSS is its own (weights
- * mapped and touched included). One JSON object per line.
+ * mapped and touched included). --model and --batch run one shape or batch only, so that
+ * a script can alternate runs of two shapes on a busy machine. One JSON object per line.
  */
 #include <math.h>
 #include <stdio.h>
@@ -145,7 +146,8 @@ static double run_decoder(const char *path, int threads, int n_texts, int len, i
 
 int main(int argc, char **argv)
 {
-    int threads = 2, n_texts = 64, len = 32;
+    int threads = 2, n_texts = 64, len = 32, only_batch = 0;
+    const char *only_model = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -153,13 +155,28 @@ int main(int argc, char **argv)
             n_texts = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc)
             len = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            only_model = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            only_batch = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: embed [--threads N] [-n TEXTS] [-t TOKENS]\n");
+            fprintf(stderr, "usage: embed [--threads N] [-n TEXTS] [-t TOKENS] [--model NAME] "
+                            "[--batch B]\n");
             return 2;
         }
     }
     if (threads < 1 || len < 2 || len > 512 || n_texts < 64 || n_texts % 64) {
         fprintf(stderr, "embed: threads >= 1, 2 <= TOKENS <= 512, TEXTS a multiple of 64\n");
+        return 2;
+    }
+    bool model_ok = !only_model, batch_ok = !only_batch;
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++)
+        model_ok = model_ok || !strcmp(only_model, SHAPES[si].name);
+    for (size_t bi = 0; bi < sizeof BATCHES / sizeof BATCHES[0]; bi++)
+        batch_ok = batch_ok || only_batch == BATCHES[bi];
+    if (!model_ok || !batch_ok) {
+        fprintf(stderr, "embed: --model is bge-small, bge-base or nomic-embed-text-v1; "
+                        "--batch 1, 16 or 64\n");
         return 2;
     }
     const char *vocab_path = "../shared/testdata/vocab/ggml-vocab-bert-bge.gguf";
@@ -171,6 +188,8 @@ int main(int argc, char **argv)
     }
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         const shape *sh = &SHAPES[si];
+        if (only_model && strcmp(only_model, sh->name) != 0)
+            continue;
         char enc[256], dec[256];
         snprintf(enc, sizeof enc, "build/bench-models/%s-%s-f16.gguf", sh->name, sh->arch);
         snprintf(dec, sizeof dec, "build/bench-models/%s-llama-f16.gguf", sh->name);
@@ -189,6 +208,8 @@ int main(int argc, char **argv)
         for (int route = 0; route < 2; route++)
             for (size_t bi = 0; bi < sizeof BATCHES / sizeof BATCHES[0]; bi++) {
                 int batch = BATCHES[bi];
+                if (only_batch && batch != only_batch)
+                    continue;
                 int fd[2];
                 if (pipe(fd) < 0)
                     return 1;
