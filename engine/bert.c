@@ -186,20 +186,9 @@ static int bert_table_rows(const bert_model *m, const char *name, int max, int *
     return 0;
 }
 
-/* A 1-D tensor of n elements, or m->zeros when the file has none (nomic-bert's optional
- * biases). */
-static int bert_vecs_opt(bert_model *m, const char *name, int64_t n, const float **out,
-                         char err[ERR_MAX])
-{
-    if (!gguf_find_tensor(m->g, name)) {
-        *out = m->zeros;
-        return 0;
-    }
-    return bert_vecs(m, name, n, 1, out, err);
-}
-
 /* nomic-bert's attention and FFN: the fused attn_qkv split into its q, k and v row
- * blocks (and bias), SwiGLU without biases. */
+ * blocks, its bias and attn_output's when present (zeros otherwise: the nomic-embed files
+ * have none), SwiGLU without biases. */
 static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
 {
     int64_t dim = m->hp.dim, ff = m->hp.n_ff;
@@ -214,7 +203,7 @@ static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err
         part[i]->rows = (int)dim;
         part[i]->data = (const char *)qkv.data + (size_t)i * dim * qkv.row_bytes;
     }
-    L->bq = L->bk = L->bv = m->zeros;
+    L->bq = L->bk = L->bv = L->bo = L->b_down = m->zeros;
     if (gguf_find_tensor(m->g, NAME("attn_qkv.bias"))) {
         const float *b;
         if (bert_vecs(m, name, 3 * dim, 1, &b, err) < 0)
@@ -223,8 +212,8 @@ static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err
         L->bk = b + dim;
         L->bv = b + 2 * dim;
     }
-    L->b_down = m->zeros;
-    if (bert_vecs_opt(m, NAME("attn_output.bias"), dim, &L->bo, err) < 0 ||
+    if ((gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
+         bert_vecs(m, name, dim, 1, &L->bo, err) < 0) ||
         bert_matrix(m, NAME("ffn_gate.weight"), ff, dim, &L->gate, err) < 0)
         return -1;
 #undef NAME
