@@ -31,7 +31,7 @@
 #define BERT_DEFAULT_ROWS 512
 
 typedef struct bert_layer_w {
-    ops_matrix wq, wk, wv;  /* (n_head * head_dim, dim); nomic-bert: row blocks of attn_qkv */
+    ops_matrix wq, wk, wv;  /* (n_head * head_dim, dim); nomic-bert: often attn_qkv's row blocks */
     ops_matrix wo;          /* (dim, n_head * head_dim) */
     ops_matrix up;          /* (n_ff, dim) */
     ops_matrix gate;        /* (n_ff, dim) nomic-bert only */
@@ -186,14 +186,30 @@ static int bert_table_rows(const bert_model *m, const char *name, int max, int *
     return 0;
 }
 
-/* nomic-bert's attention and FFN: the fused attn_qkv split into its q, k and v row
- * blocks, its bias and attn_output's when present (zeros otherwise: the nomic-embed files
- * have none), SwiGLU without biases. */
-static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
+/* nomic-bert's q, k and v: the fused attn_qkv split into its row blocks (and its bias),
+ * or, as llama.cpp also takes, separate attn_q/k/v (and biases) when there is no attn_qkv
+ * but an attn_q. */
+static int bert_load_nomic_qkv(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
 {
-    int64_t dim = m->hp.dim, ff = m->hp.n_ff;
+    int64_t dim = m->hp.dim;
     char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (!gguf_find_tensor(m->g, NAME("attn_qkv.weight")) &&
+        gguf_find_tensor(m->g, NAME("attn_q.weight"))) {
+        const char *w[] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
+        const char *b[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+        ops_matrix *mat[] = {&L->wq, &L->wk, &L->wv};
+        const float **bias[] = {&L->bq, &L->bk, &L->bv};
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, w[i]);
+            if (bert_matrix(m, name, dim, dim, mat[i], err) < 0)
+                return -1;
+            snprintf(name, sizeof name, "blk.%d.%s", l, b[i]);
+            if (gguf_find_tensor(m->g, name) && bert_vecs(m, name, dim, 1, bias[i], err) < 0)
+                return -1;
+        }
+        return 0;
+    }
     ops_matrix qkv;
     if (bert_matrix(m, NAME("attn_qkv.weight"), 3 * dim, dim, &qkv, err) < 0)
         return -1;
@@ -203,7 +219,6 @@ static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err
         part[i]->rows = (int)dim;
         part[i]->data = (const char *)qkv.data + (size_t)i * dim * qkv.row_bytes;
     }
-    L->bq = L->bk = L->bv = L->bo = L->b_down = m->zeros;
     if (gguf_find_tensor(m->g, NAME("attn_qkv.bias"))) {
         const float *b;
         if (bert_vecs(m, name, 3 * dim, 1, &b, err) < 0)
@@ -212,6 +227,20 @@ static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err
         L->bk = b + dim;
         L->bv = b + 2 * dim;
     }
+#undef NAME
+    return 0;
+}
+
+/* nomic-bert's attention and FFN: q, k, v as bert_load_nomic_qkv finds them, biases when
+ * present (zeros otherwise: the nomic-embed files have none), SwiGLU without biases. */
+static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
+{
+    int64_t dim = m->hp.dim, ff = m->hp.n_ff;
+    L->bq = L->bk = L->bv = L->bo = L->b_down = m->zeros;
+    if (bert_load_nomic_qkv(m, L, l, err) < 0)
+        return -1;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
     if ((gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
          bert_vecs(m, name, dim, 1, &L->bo, err) < 0) ||
         bert_matrix(m, NAME("ffn_gate.weight"), ff, dim, &L->gate, err) < 0)

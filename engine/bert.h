@@ -11,10 +11,10 @@
  *
  * nomic-bert is the same post-norm stack with three changes, as llama.cpp runs it: no
  * position table (x = LN(tok + type embedding)); one fused attn_qkv matrix (q, k, v rows
- * in that order) whose q and k are rotated by NeoX-style RoPE (pairs i, i + head_dim/2;
- * base nomic-bert.rope.freq_base); a SwiGLU FFN, down(silu(gate(x)) * up(x)), without
- * biases. The attn_qkv and attn_output biases are optional (the nomic-embed files have
- * none); it has no classification head.
+ * in that order; separate attn_q/k/v are taken too) whose q and k are rotated by
+ * NeoX-style RoPE (pairs i, i + head_dim/2; base nomic-bert.rope.freq_base); a SwiGLU
+ * FFN, down(silu(gate(x)) * up(x)), without biases. The q/k/v and attn_output biases are
+ * optional (the nomic-embed files have none); it has no classification head.
  *
  * No KV cache: a text is encoded whole, from position 0. Work is layer by layer over
  * stacked sequences, so a reranker can score candidates after every layer and stop some

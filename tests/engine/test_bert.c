@@ -324,6 +324,45 @@ static void test_nomic_biases(void)
     check_file(rewritten, "nomic biases", 1e-5);
 }
 
+/* A nomic-bert whose first layer has separate attn_q/k/v (llama.cpp takes them when there
+ * is no attn_qkv): the reference's rows, and the same embedding as the fused file. */
+static void test_nomic_separate_qkv(void)
+{
+    char err[ERR_MAX];
+    const char *path = gen_arch("nomic-bert", "fused", QTYPE_F32, 1, NULL);
+    CHECK(path);
+    char fused[600];
+    snprintf(fused, sizeof fused, "%s", path);
+    gguf_file *g = gguf_open(fused, err);
+    CHECK_MSG(g, "%s", err);
+    const gguf_tensor *qkv = gguf_find_tensor(g, "blk.0.attn_qkv.weight");
+    CHECK(qkv && qkv->type == QTYPE_F32);
+    const float *rows = qkv->data;
+    extra_tensor sep[] = {{"blk.0.attn_q.weight", 2, {DIM, DIM}, rows},
+                          {"blk.0.attn_k.weight", 2, {DIM, DIM}, rows + DIM * DIM},
+                          {"blk.0.attn_v.weight", 2, {DIM, DIM}, rows + 2 * DIM * DIM}};
+    rewrite(fused, "nomic-sep.gguf",
+            &(edits){.drop_tensor = "blk.0.attn_qkv.weight", .extra = sep, .n_extra = 3});
+    check_file(rewritten, "separate qkv", 1e-5);
+    bert_model *a = bert_load(fused, err), *b = bert_load(rewritten, err);
+    CHECK_MSG(a && b, "%s", err);
+    bert_runner *ra = bert_runner_new(a, 1, 0, err), *rb = bert_runner_new(b, 1, 0, err);
+    CHECK(ra && rb);
+    int len = 11;
+    int32_t tok[11];
+    tokens_of(tok, len, 7);
+    float va[DIM], vb[DIM];
+    CHECK(bert_embed(ra, 1, &len, tok, NULL, BERT_POOL_MEAN, va, err) == 0);
+    CHECK(bert_embed(rb, 1, &len, tok, NULL, BERT_POOL_MEAN, vb, err) == 0);
+    for (int i = 0; i < DIM; i++)
+        CHECK_NEAR(va[i], vb[i], 1e-6);
+    bert_runner_free(ra);
+    bert_runner_free(rb);
+    bert_free(a);
+    bert_free(b);
+    gguf_close(g);
+}
+
 /* Missing and misshapen nomic-bert tensors, a missing key, an unsupported rope: errors
  * that name them. */
 static void test_nomic_bad_files(void)
@@ -457,6 +496,7 @@ int main(void)
     RUN(test_nomic_q8_0_matches_reference);
     RUN(test_nomic_embed);
     RUN(test_nomic_biases);
+    RUN(test_nomic_separate_qkv);
     RUN(test_nomic_bad_files);
     return test_finish();
 }

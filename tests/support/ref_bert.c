@@ -15,7 +15,7 @@
 typedef struct rb_layer {
     double *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
     double *ln1_w, *ln1_b, *up, *b_up, *down, *b_down, *ln2_w, *ln2_b;
-    double *qkv, *bqkv, *gate; /* nomic-bert; its absent biases stay NULL */
+    double *qkv, *bqkv, *gate; /* nomic-bert (qkv NULL: separate q, k, v); absent biases NULL */
 } rb_layer;
 
 struct ref_bert {
@@ -94,6 +94,14 @@ ref_bert *ref_bert_load(const gguf_file *g)
 #define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), rb_tensor(g, n))
         L->qkv = T("attn_qkv.weight");
         L->bqkv = T("attn_qkv.bias");
+        if (!L->qkv) {
+            L->wq = T("attn_q.weight");
+            L->bq = T("attn_q.bias");
+            L->wk = T("attn_k.weight");
+            L->bk = T("attn_k.bias");
+            L->wv = T("attn_v.weight");
+            L->bv = T("attn_v.bias");
+        }
         L->wo = T("attn_output.weight");
         L->bo = T("attn_output.bias");
         L->ln1_w = T("attn_output_norm.weight");
@@ -104,9 +112,9 @@ ref_bert *ref_bert_load(const gguf_file *g)
         L->ln2_w = T("layer_output_norm.weight");
         L->ln2_b = T("layer_output_norm.bias");
 #undef T
-        ok = L->qkv && L->wo && L->ln1_w && L->ln1_b && L->up && L->gate && L->down && L->ln2_w &&
-             L->ln2_b;
-        if (ok)
+        ok = (L->qkv || (L->wq && L->wk && L->wv)) && L->wo && L->ln1_w && L->ln1_b && L->up &&
+             L->gate && L->down && L->ln2_w && L->ln2_b;
+        if (ok && L->qkv)
             rb_split_qkv(L, m->dim);
     }
     for (int l = 0; ok && !m->nomic && l < m->n_layer; l++) {
@@ -153,6 +161,9 @@ void ref_bert_free(ref_bert *m)
                              L->down, L->ln2_w, L->ln2_b};
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 free(all[i]);
+            double *sep[] = {L->wq, L->bq, L->wk, L->bk, L->wv, L->bv};
+            for (size_t i = 0; !L->qkv && i < sizeof sep / sizeof sep[0]; i++)
+                free(sep[i]);
             continue;
         }
         double *all[] = {L->wq, L->bq, L->wk, L->bk, L->wv, L->bv, L->wo, L->bo,
