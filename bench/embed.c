@@ -1,21 +1,24 @@
 /*
- * bench/embed — embedding throughput of bert encoders against llama decoders of the same
- * shape: texts/s, ms per text and peak RSS.
+ * bench/embed — embedding throughput of bert and nomic-bert encoders against llama
+ * decoders of the same shape: texts/s, ms per text and peak RSS.
  *
- *   build/bench/embed [--threads N] [-n TEXTS] [-t TOKENS]
+ *   build/bench/embed [--threads N] [-n TEXTS] [-t TOKENS] [--model NAME] [--batch B]
  *
  * Models (random weights, F16, the bge WordPiece vocabulary from the shared test data,
  * generated into build/bench-models/ on first use):
  *   bge-small  bert dim 384, 12 layers, 12 heads, FFN 1536 (33M parameters)
  *   bge-base   bert dim 768, 12 layers, 12 heads, FFN 3072 (110M)
- *   and as decoders: llama of the same dim, layers and heads with FFN 2/3 as wide (three
- *   FFN matrices instead of two: about the same parameters), tied output.
- * Texts are TOKENS token ids each ([CLS] ... [SEP] for the encoder), deterministic. For
+ *   nomic-embed-text-v1  nomic-bert dim 768, 12 layers, 12 heads, SwiGLU FFN 3072 (137M)
+ *   and as decoders: llama of the same dim, layers and heads, for bert with FFN 2/3 as
+ *   wide (three FFN matrices instead of two: about the same parameters), tied output.
+ * Texts are TOKENS token ids each ([CLS] ... [SEP] for the encoder), deterministic; the
+ * encoder pools as its file says (bge CLS, nomic mean). For
  * batch B, B texts are evaluated together: the encoder stacks them in one bert_embed; a
  * decoder runs them as B sequences of one model_forward_batch, each from position 0 in
  * a fresh KV sequence, last-token pooling through the final norm (as Embed does). Each
  * (model, route, batch) runs in a child process, so peak RSS is its own (weights
- * mapped and touched included). One JSON object per line.
+ * mapped and touched included). --model and --batch run one shape or batch only, so that
+ * a script can alternate runs of two shapes on a busy machine. One JSON object per line.
  */
 #include <math.h>
 #include <stdio.h>
@@ -34,12 +37,14 @@
 
 typedef struct shape {
     const char *name;
+    const char *arch; /* of the encoder */
     int dim, n_layer, n_head, n_ff;
 } shape;
 
 static const shape SHAPES[] = {
-    {"bge-small", 384, 12, 12, 1536},
-    {"bge-base", 768, 12, 12, 3072},
+    {"bge-small", "bert", 384, 12, 12, 1536},
+    {"bge-base", "bert", 768, 12, 12, 3072},
+    {"nomic-embed-text-v1", "nomic-bert", 768, 12, 12, 3072},
 };
 static const int BATCHES[] = {1, 16, 64};
 
@@ -73,7 +78,7 @@ static double run_encoder(const char *path, int threads, int n_texts, int len, i
         lens[i] = len;
     double t0 = bench_now_s();
     for (int i = 0; i < n_texts; i += batch)
-        if (bert_embed(r, batch, lens, tok + (size_t)i * len, NULL, BERT_POOL_CLS, out, err) < 0) {
+        if (bert_embed(r, batch, lens, tok + (size_t)i * len, NULL, hp->pooling, out, err) < 0) {
             fprintf(stderr, "embed: %s\n", err);
             exit(1);
         }
@@ -141,7 +146,8 @@ static double run_decoder(const char *path, int threads, int n_texts, int len, i
 
 int main(int argc, char **argv)
 {
-    int threads = 2, n_texts = 64, len = 32;
+    int threads = 2, n_texts = 64, len = 32, only_batch = 0;
+    const char *only_model = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -149,13 +155,28 @@ int main(int argc, char **argv)
             n_texts = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc)
             len = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            only_model = argv[++i];
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            only_batch = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: embed [--threads N] [-n TEXTS] [-t TOKENS]\n");
+            fprintf(stderr, "usage: embed [--threads N] [-n TEXTS] [-t TOKENS] [--model NAME] "
+                            "[--batch B]\n");
             return 2;
         }
     }
     if (threads < 1 || len < 2 || len > 512 || n_texts < 64 || n_texts % 64) {
         fprintf(stderr, "embed: threads >= 1, 2 <= TOKENS <= 512, TEXTS a multiple of 64\n");
+        return 2;
+    }
+    bool model_ok = !only_model, batch_ok = !only_batch;
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++)
+        model_ok = model_ok || !strcmp(only_model, SHAPES[si].name);
+    for (size_t bi = 0; bi < sizeof BATCHES / sizeof BATCHES[0]; bi++)
+        batch_ok = batch_ok || only_batch == BATCHES[bi];
+    if (!model_ok || !batch_ok) {
+        fprintf(stderr, "embed: --model is bge-small, bge-base or nomic-embed-text-v1; "
+                        "--batch 1, 16 or 64\n");
         return 2;
     }
     const char *vocab_path = "../shared/testdata/vocab/ggml-vocab-bert-bge.gguf";
@@ -167,22 +188,28 @@ int main(int argc, char **argv)
     }
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         const shape *sh = &SHAPES[si];
+        if (only_model && strcmp(only_model, sh->name) != 0)
+            continue;
         char enc[256], dec[256];
-        snprintf(enc, sizeof enc, "build/bench-models/%s-bert-f16.gguf", sh->name);
+        snprintf(enc, sizeof enc, "build/bench-models/%s-%s-f16.gguf", sh->name, sh->arch);
         snprintf(dec, sizeof dec, "build/bench-models/%s-llama-f16.gguf", sh->name);
-        modelgen_params pe = {.arch = "bert", .dim = sh->dim, .n_layer = sh->n_layer,
+        bool nomic = !strcmp(sh->arch, "nomic-bert");
+        modelgen_params pe = {.arch = sh->arch, .dim = sh->dim, .n_layer = sh->n_layer,
                               .n_head = sh->n_head, .n_head_kv = sh->n_head, .n_ff = sh->n_ff,
                               .n_ctx = 512, .type = QTYPE_F16, .seed = 1, .vocab = vocab,
-                              .n_threads = threads, .pooling_type = 2};
+                              .n_threads = threads, .pooling_type = nomic ? 1 : 2};
         modelgen_params pd = pe;
         pd.arch = "llama";
-        pd.n_ff = sh->n_ff * 2 / 3;
+        /* nomic's SwiGLU has the decoder's three FFN matrices already */
+        pd.n_ff = nomic ? sh->n_ff : sh->n_ff * 2 / 3;
         pd.tie_output = true;
         if (bench_generate_model("embed", &pe, enc) < 0 || bench_generate_model("embed", &pd, dec) < 0)
             return 1;
         for (int route = 0; route < 2; route++)
             for (size_t bi = 0; bi < sizeof BATCHES / sizeof BATCHES[0]; bi++) {
                 int batch = BATCHES[bi];
+                if (only_batch && batch != only_batch)
+                    continue;
                 int fd[2];
                 if (pipe(fd) < 0)
                     return 1;
@@ -210,7 +237,9 @@ int main(int argc, char **argv)
                 printf("{\"bench\":\"embed\",\"model\":\"%s\",\"route\":\"%s\",\"type\":\"f16\","
                        "\"threads\":%d,\"batch\":%d,\"texts\":%d,\"tokens_per_text\":%d,"
                        "\"texts_per_s\":%.2f,\"ms_per_text\":%.3f,\"peak_rss_mb\":%.1f}\n",
-                       sh->name, route ? "llama-decoder" : "bert-encoder", threads, batch,
+                       sh->name, route ? "llama-decoder" : nomic ? "nomic-bert-encoder"
+                                                                 : "bert-encoder",
+                       threads, batch,
                        n_texts, len, n_texts / s, 1e3 * s / n_texts, ru.ru_maxrss / 1024.0);
                 fflush(stdout);
             }

@@ -226,14 +226,16 @@ static int probe(models_entry *e, char err[ERR_MAX])
         rc = err_set(err, "%s: no general.architecture", e->path);
     } else {
         snprintf(e->arch, sizeof e->arch, "%.*s", (int)(a.len < 31 ? a.len : 31), a.ptr);
+        /* nomic-bert's head, if a file had one, is not read (bert.h) */
         if (bert_is_encoder(g))
-            e->type = gguf_find_tensor(g, "cls.output.weight") ? MODELS_CROSS_ENCODER
-                                                                : MODELS_ENCODER;
+            e->type = gguf_str_eq(a, "bert") && gguf_find_tensor(g, "cls.output.weight")
+                          ? MODELS_CROSS_ENCODER
+                          : MODELS_ENCODER;
         else if (gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3"))
             e->type = MODELS_DECODER;
         else
             rc = err_set(err, "%s: architecture '%s' is none this llmsd serves (llama, qwen2, "
-                              "qwen3, bert)", e->path, e->arch);
+                              "qwen3, bert, nomic-bert)", e->path, e->arch);
     }
     gguf_close(g);
     return rc;

@@ -2,11 +2,13 @@
  * bert.c — the BERT encoder: loading from GGUF and its layer-by-layer forward.
  *
  * Matrices are used in place from the mapping (ops_matmul handles every computable
- * type); 1-D tensors (biases, LayerNorm weights) and the small position and token-type
- * tables are converted to f32 once. A layer is five dispatches over the stacked rows —
- * the q/k/v products, attention per (sequence, head), the output product, the FFN
- * products — with the per-row work (biases, residual, LayerNorm, GELU) split over the
- * pool between them.
+ * type; nomic-bert's fused attn_qkv is used as three matrices of its rows); 1-D tensors
+ * (biases, LayerNorm weights) and the small position and token-type tables are converted
+ * to f32 once, and an absent bias or table row reads a row of zeros, so that both
+ * architectures share every per-row kernel. A layer is five dispatches over the stacked
+ * rows — the q/k/v products, attention per (sequence, head), the output product, the FFN
+ * products — with the per-row work (biases, RoPE, residual, LayerNorm, GELU or SwiGLU)
+ * split over the pool between them.
  */
 #include "engine/bert.h"
 
@@ -29,15 +31,16 @@
 #define BERT_DEFAULT_ROWS 512
 
 typedef struct bert_layer_w {
-    ops_matrix wq, wk, wv;  /* (n_head * head_dim, dim) */
+    ops_matrix wq, wk, wv;  /* (n_head * head_dim, dim); nomic-bert: often attn_qkv's row blocks */
     ops_matrix wo;          /* (dim, n_head * head_dim) */
     ops_matrix up;          /* (n_ff, dim) */
+    ops_matrix gate;        /* (n_ff, dim) nomic-bert only */
     ops_matrix down;        /* (dim, n_ff) */
-    const float *bq, *bk, *bv; /* (n_head * head_dim) */
-    const float *bo;        /* (dim) */
+    const float *bq, *bk, *bv; /* (n_head * head_dim), zeros when absent */
+    const float *bo;        /* (dim), zeros when absent */
     const float *attn_ln_w, *attn_ln_b; /* (dim) attn_output_norm */
-    const float *b_up;      /* (n_ff) */
-    const float *b_down;    /* (dim) */
+    const float *b_up;      /* (n_ff) bert only */
+    const float *b_down;    /* (dim), zeros for nomic-bert */
     const float *out_ln_w, *out_ln_b;   /* (dim) layer_output_norm */
 } bert_layer_w;
 
@@ -46,8 +49,9 @@ struct bert_model {
     gguf_file *owned;       /* the file when bert_load opened it */
     const gguf_file *g;
     ops_matrix tok_embd;    /* (n_vocab, dim) */
-    const float *pos_embd;  /* (n_pos, dim) */
+    const float *pos_embd;  /* (n_pos, dim); NULL for nomic-bert */
     const float *type_embd; /* (n_types, dim) */
+    const float *zeros;     /* (dim) the absent biases, and the position row of nomic-bert */
     const float *emb_ln_w, *emb_ln_b; /* (dim) token_embd_norm */
     bool has_cls;           /* the head has the dense + tanh layer before cls.output */
     ops_matrix cls;         /* (dim, dim) when has_cls */
@@ -64,19 +68,51 @@ struct bert_model {
 bool bert_is_encoder(const gguf_file *g)
 {
     gguf_str a;
-    return gguf_get_str(g, "general.architecture", &a) && gguf_str_eq(a, "bert");
+    return gguf_get_str(g, "general.architecture", &a) &&
+           (gguf_str_eq(a, "bert") || gguf_str_eq(a, "nomic-bert"));
+}
+
+static const char *bert_arch_name(enum bert_arch a)
+{
+    return a == BERT_ARCH_NOMIC ? "nomic-bert" : "bert";
+}
+
+/* nomic-bert's keys beyond bert's: the longest sequence and the rotary embedding. */
+static int bert_read_rope(bert_model *m, char err[ERR_MAX])
+{
+    bert_hparams *hp = &m->hp;
+    int rot;
+    if (model_get_dim(m->g, "nomic-bert", "context_length", -1, &hp->n_pos, err) < 0 ||
+        model_get_dim(m->g, "nomic-bert", "rope.dimension_count", hp->head_dim, &rot, err) < 0 ||
+        model_get_float(m->g, "nomic-bert", "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0)
+        return -1;
+    if (hp->n_pos > BERT_MAX_POS)
+        return err_set(err, "nomic-bert.context_length %d out of range (1..%d)", hp->n_pos,
+                       BERT_MAX_POS);
+    /* nomic-embed rotates whole heads (rotary_emb_fraction 1) */
+    if (rot != hp->head_dim)
+        return err_set(err, "nomic-bert.rope.dimension_count %d: only whole heads (%d) are "
+                            "rotated", rot, hp->head_dim);
+    if (hp->head_dim % 2)
+        return err_set(err, "nomic-bert: head dimension %d is odd", hp->head_dim);
+    return 0;
 }
 
 static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
 {
     bert_hparams *hp = &m->hp;
     const gguf_file *g = m->g;
-    if (!bert_is_encoder(g))
+    gguf_str an;
+    if (!bert_is_encoder(g) || !gguf_get_str(g, "general.architecture", &an))
         return err_set(err, "not a bert model (general.architecture)");
-    if (model_get_dim(g, "bert", "embedding_length", -1, &hp->dim, err) < 0 ||
-        model_get_dim(g, "bert", "block_count", -1, &hp->n_layer, err) < 0 ||
-        model_get_dim(g, "bert", "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
-        model_get_dim(g, "bert", "attention.head_count", -1, &hp->n_head, err) < 0)
+    hp->arch = gguf_str_eq(an, "nomic-bert") ? BERT_ARCH_NOMIC : BERT_ARCH_BERT;
+    const char *arch = bert_arch_name(hp->arch);
+    char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
+    if (model_get_dim(g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
+        model_get_dim(g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
+        model_get_dim(g, arch, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(g, arch, "attention.head_count", -1, &hp->n_head, err) < 0)
         return -1;
     if (hp->n_layer > 4096)
         return err_set(err, "block_count %d out of range", hp->n_layer);
@@ -85,28 +121,26 @@ static int bert_read_hparams(bert_model *m, char err[ERR_MAX])
                        hp->n_head);
     hp->head_dim = hp->dim / hp->n_head;
     int kv_heads, key_len;
-    if (model_get_dim(g, "bert", "attention.head_count_kv", hp->n_head, &kv_heads, err) < 0 ||
-        model_get_dim(g, "bert", "attention.key_length", hp->head_dim, &key_len, err) < 0)
+    if (model_get_dim(g, arch, "attention.head_count_kv", hp->n_head, &kv_heads, err) < 0 ||
+        model_get_dim(g, arch, "attention.key_length", hp->head_dim, &key_len, err) < 0)
         return -1;
     if (kv_heads != hp->n_head || key_len != hp->head_dim)
-        return err_set(err, "bert with head_count_kv %d or key_length %d other than %d / %d",
-                       kv_heads, key_len, hp->n_head, hp->head_dim);
-    hp->norm_eps = 1e-12f;
-    if (gguf_find_key(g, "bert.attention.layer_norm_epsilon") >= 0 &&
-        (!gguf_get_f32(g, "bert.attention.layer_norm_epsilon", &hp->norm_eps) ||
-         !(hp->norm_eps > 0) || !isfinite(hp->norm_eps)))
-        return err_set(err, "metadata key 'bert.attention.layer_norm_epsilon' is bad");
+        return err_set(err, "%s with head_count_kv %d or key_length %d other than %d / %d",
+                       arch, kv_heads, key_len, hp->n_head, hp->head_dim);
+    if (model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-12f, &hp->norm_eps, err) < 0)
+        return -1;
     bool causal;
-    if (gguf_get_bool(g, "bert.attention.causal", &causal) && causal)
-        return err_set(err, "bert.attention.causal is true: a causal bert is not supported");
+    if (gguf_get_bool(g, KEY("attention.causal"), &causal) && causal)
+        return err_set(err, "%s is true: a causal %s is not supported", key, arch);
     hp->pooling = BERT_POOL_CLS;
-    if (gguf_find_key(g, "bert.pooling_type") >= 0) {
+    if (gguf_find_key(g, KEY("pooling_type")) >= 0) {
         uint32_t p;
-        if (!gguf_get_u32(g, "bert.pooling_type", &p) || p > BERT_POOL_RANK)
-            return err_set(err, "metadata key 'bert.pooling_type' is bad");
+        if (!gguf_get_u32(g, key, &p) || p > BERT_POOL_RANK)
+            return err_set(err, "metadata key '%s' is bad", key);
         hp->pooling = (enum bert_pooling)p;
     }
-    return 0;
+#undef KEY
+    return hp->arch == BERT_ARCH_NOMIC ? bert_read_rope(m, err) : 0;
 }
 
 static int bert_matrix(const bert_model *m, const char *name, int64_t rows, int64_t cols,
@@ -152,39 +186,116 @@ static int bert_table_rows(const bert_model *m, const char *name, int max, int *
     return 0;
 }
 
-static int bert_load_tensors(bert_model *m, char err[ERR_MAX])
+/* nomic-bert's q, k and v: the fused attn_qkv split into its row blocks (and its bias),
+ * or, as llama.cpp also takes, separate attn_q/k/v (and biases) when there is no attn_qkv
+ * but an attn_q. */
+static int bert_load_nomic_qkv(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
+{
+    int64_t dim = m->hp.dim;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (!gguf_find_tensor(m->g, NAME("attn_qkv.weight")) &&
+        gguf_find_tensor(m->g, NAME("attn_q.weight"))) {
+        const char *w[] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
+        const char *b[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+        ops_matrix *mat[] = {&L->wq, &L->wk, &L->wv};
+        const float **bias[] = {&L->bq, &L->bk, &L->bv};
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, w[i]);
+            if (bert_matrix(m, name, dim, dim, mat[i], err) < 0)
+                return -1;
+            snprintf(name, sizeof name, "blk.%d.%s", l, b[i]);
+            if (gguf_find_tensor(m->g, name) && bert_vecs(m, name, dim, 1, bias[i], err) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    ops_matrix qkv;
+    if (bert_matrix(m, NAME("attn_qkv.weight"), 3 * dim, dim, &qkv, err) < 0)
+        return -1;
+    ops_matrix *part[] = {&L->wq, &L->wk, &L->wv};
+    for (int i = 0; i < 3; i++) {
+        *part[i] = qkv;
+        part[i]->rows = (int)dim;
+        part[i]->data = (const char *)qkv.data + (size_t)i * dim * qkv.row_bytes;
+    }
+    if (gguf_find_tensor(m->g, NAME("attn_qkv.bias"))) {
+        const float *b;
+        if (bert_vecs(m, name, 3 * dim, 1, &b, err) < 0)
+            return -1;
+        L->bq = b;
+        L->bk = b + dim;
+        L->bv = b + 2 * dim;
+    }
+#undef NAME
+    return 0;
+}
+
+/* nomic-bert's attention and FFN: q, k, v as bert_load_nomic_qkv finds them, biases when
+ * present (zeros otherwise: the nomic-embed files have none), SwiGLU without biases. */
+static int bert_load_nomic_layer(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
+{
+    int64_t dim = m->hp.dim, ff = m->hp.n_ff;
+    L->bq = L->bk = L->bv = L->bo = L->b_down = m->zeros;
+    if (bert_load_nomic_qkv(m, L, l, err) < 0)
+        return -1;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if ((gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
+         bert_vecs(m, name, dim, 1, &L->bo, err) < 0) ||
+        bert_matrix(m, NAME("ffn_gate.weight"), ff, dim, &L->gate, err) < 0)
+        return -1;
+#undef NAME
+    return 0;
+}
+
+/* bert's separate q, k, v with biases and its GELU FFN's biases. */
+static int bert_load_bert_layer(bert_model *m, bert_layer_w *L, int l, char err[ERR_MAX])
+{
+    int64_t dim = m->hp.dim, ff = m->hp.n_ff;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (bert_matrix(m, NAME("attn_q.weight"), dim, dim, &L->wq, err) < 0 ||
+        bert_matrix(m, NAME("attn_k.weight"), dim, dim, &L->wk, err) < 0 ||
+        bert_matrix(m, NAME("attn_v.weight"), dim, dim, &L->wv, err) < 0 ||
+        bert_vecs(m, NAME("attn_q.bias"), dim, 1, &L->bq, err) < 0 ||
+        bert_vecs(m, NAME("attn_k.bias"), dim, 1, &L->bk, err) < 0 ||
+        bert_vecs(m, NAME("attn_v.bias"), dim, 1, &L->bv, err) < 0 ||
+        bert_vecs(m, NAME("attn_output.bias"), dim, 1, &L->bo, err) < 0 ||
+        bert_vecs(m, NAME("ffn_up.bias"), ff, 1, &L->b_up, err) < 0 ||
+        bert_vecs(m, NAME("ffn_down.bias"), dim, 1, &L->b_down, err) < 0)
+        return -1;
+#undef NAME
+    return 0;
+}
+
+/* What both architectures share: the output matrix, the FFN's up and down, the norms. */
+static int bert_load_layer(bert_model *m, int l, char err[ERR_MAX])
+{
+    int64_t dim = m->hp.dim, ff = m->hp.n_ff;
+    bert_layer_w *L = &m->layers[l];
+    if ((m->hp.arch == BERT_ARCH_NOMIC ? bert_load_nomic_layer(m, L, l, err)
+                                       : bert_load_bert_layer(m, L, l, err)) < 0)
+        return -1;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (bert_matrix(m, NAME("attn_output.weight"), dim, dim, &L->wo, err) < 0 ||
+        bert_matrix(m, NAME("ffn_up.weight"), ff, dim, &L->up, err) < 0 ||
+        bert_matrix(m, NAME("ffn_down.weight"), dim, ff, &L->down, err) < 0 ||
+        bert_vecs(m, NAME("attn_output_norm.weight"), dim, 1, &L->attn_ln_w, err) < 0 ||
+        bert_vecs(m, NAME("attn_output_norm.bias"), dim, 1, &L->attn_ln_b, err) < 0 ||
+        bert_vecs(m, NAME("layer_output_norm.weight"), dim, 1, &L->out_ln_w, err) < 0 ||
+        bert_vecs(m, NAME("layer_output_norm.bias"), dim, 1, &L->out_ln_b, err) < 0)
+        return -1;
+#undef NAME
+    return 0;
+}
+
+/* The bert cross-encoder's head, when the file has one. */
+static int bert_load_head(bert_model *m, char err[ERR_MAX])
 {
     bert_hparams *hp = &m->hp;
-    int64_t dim = hp->dim, ff = hp->n_ff;
-    const gguf_tensor *emb = gguf_find_tensor(m->g, "token_embd.weight");
-    if (!emb)
-        return err_set(err, "tensor 'token_embd.weight' is missing");
-    if (emb->n_dims != 2 || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX / 2)
-        return err_set(err, "tensor 'token_embd.weight': bad shape");
-    hp->n_vocab = (int)emb->ne[1];
-    if (bert_matrix(m, "token_embd.weight", hp->n_vocab, dim, &m->tok_embd, err) < 0 ||
-        bert_table_rows(m, "position_embd.weight", BERT_MAX_POS, &hp->n_pos, err) < 0 ||
-        bert_table_rows(m, "token_types.weight", 16, &hp->n_types, err) < 0)
-        return -1;
-    const gguf_tensor *co = gguf_find_tensor(m->g, "cls.output.weight");
-    if (co) {
-        if (co->n_dims != 2 || co->ne[1] < 1 || co->ne[1] > 1024)
-            return err_set(err, "tensor 'cls.output.weight': bad shape");
-        hp->n_cls_out = (int)co->ne[1];
-    }
-    m->has_cls = gguf_find_tensor(m->g, "cls.weight") != NULL;
-
-    m->vecs_cap = (size_t)dim * (hp->n_pos + hp->n_types + 3) + (size_t)hp->n_cls_out +
-                  (size_t)hp->n_layer * (10 * dim + ff);
-    m->vecs = malloc(m->vecs_cap * sizeof(float));
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->vecs || !m->layers)
-        return err_set(err, "out of memory");
-    if (bert_vecs(m, "position_embd.weight", dim, hp->n_pos, &m->pos_embd, err) < 0 ||
-        bert_vecs(m, "token_types.weight", dim, hp->n_types, &m->type_embd, err) < 0 ||
-        bert_vecs(m, "token_embd_norm.weight", dim, 1, &m->emb_ln_w, err) < 0 ||
-        bert_vecs(m, "token_embd_norm.bias", dim, 1, &m->emb_ln_b, err) < 0)
-        return -1;
+    int64_t dim = hp->dim;
     if (m->has_cls && (bert_matrix(m, "cls.weight", dim, dim, &m->cls, err) < 0 ||
                        bert_vecs(m, "cls.bias", dim, 1, &m->cls_b, err) < 0))
         return -1;
@@ -192,32 +303,60 @@ static int bert_load_tensors(bert_model *m, char err[ERR_MAX])
         (bert_matrix(m, "cls.output.weight", hp->n_cls_out, dim, &m->cls_out, err) < 0 ||
          bert_vecs(m, "cls.output.bias", hp->n_cls_out, 1, &m->cls_out_b, err) < 0))
         return -1;
-    if (hp->pooling == BERT_POOL_RANK && hp->n_cls_out == 0)
-        return err_set(err, "bert.pooling_type is rank but the file has no 'cls.output.weight'");
+    return 0;
+}
 
-    for (int l = 0; l < hp->n_layer; l++) {
-        bert_layer_w *L = &m->layers[l];
-        char name[96];
-#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
-        if (bert_matrix(m, NAME("attn_q.weight"), dim, dim, &L->wq, err) < 0 ||
-            bert_matrix(m, NAME("attn_k.weight"), dim, dim, &L->wk, err) < 0 ||
-            bert_matrix(m, NAME("attn_v.weight"), dim, dim, &L->wv, err) < 0 ||
-            bert_matrix(m, NAME("attn_output.weight"), dim, dim, &L->wo, err) < 0 ||
-            bert_matrix(m, NAME("ffn_up.weight"), ff, dim, &L->up, err) < 0 ||
-            bert_matrix(m, NAME("ffn_down.weight"), dim, ff, &L->down, err) < 0 ||
-            bert_vecs(m, NAME("attn_q.bias"), dim, 1, &L->bq, err) < 0 ||
-            bert_vecs(m, NAME("attn_k.bias"), dim, 1, &L->bk, err) < 0 ||
-            bert_vecs(m, NAME("attn_v.bias"), dim, 1, &L->bv, err) < 0 ||
-            bert_vecs(m, NAME("attn_output.bias"), dim, 1, &L->bo, err) < 0 ||
-            bert_vecs(m, NAME("attn_output_norm.weight"), dim, 1, &L->attn_ln_w, err) < 0 ||
-            bert_vecs(m, NAME("attn_output_norm.bias"), dim, 1, &L->attn_ln_b, err) < 0 ||
-            bert_vecs(m, NAME("ffn_up.bias"), ff, 1, &L->b_up, err) < 0 ||
-            bert_vecs(m, NAME("ffn_down.bias"), dim, 1, &L->b_down, err) < 0 ||
-            bert_vecs(m, NAME("layer_output_norm.weight"), dim, 1, &L->out_ln_w, err) < 0 ||
-            bert_vecs(m, NAME("layer_output_norm.bias"), dim, 1, &L->out_ln_b, err) < 0)
-            return -1;
-#undef NAME
+static int bert_load_tensors(bert_model *m, char err[ERR_MAX])
+{
+    bert_hparams *hp = &m->hp;
+    bool nomic = hp->arch == BERT_ARCH_NOMIC;
+    int64_t dim = hp->dim, ff = hp->n_ff;
+    const gguf_tensor *emb = gguf_find_tensor(m->g, "token_embd.weight");
+    if (!emb)
+        return err_set(err, "tensor 'token_embd.weight' is missing");
+    if (emb->n_dims != 2 || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX / 2)
+        return err_set(err, "tensor 'token_embd.weight': bad shape");
+    hp->n_vocab = (int)emb->ne[1];
+    if (bert_matrix(m, "token_embd.weight", hp->n_vocab, dim, &m->tok_embd, err) < 0)
+        return -1;
+    /* llama.cpp reads nomic-bert's token types when present and no position table */
+    bool has_types = !nomic || gguf_find_tensor(m->g, "token_types.weight");
+    hp->n_types = 1;
+    if ((!nomic && bert_table_rows(m, "position_embd.weight", BERT_MAX_POS, &hp->n_pos, err) < 0) ||
+        (has_types && bert_table_rows(m, "token_types.weight", 16, &hp->n_types, err) < 0))
+        return -1;
+    if (!nomic) {
+        const gguf_tensor *co = gguf_find_tensor(m->g, "cls.output.weight");
+        if (co) {
+            if (co->n_dims != 2 || co->ne[1] < 1 || co->ne[1] > 1024)
+                return err_set(err, "tensor 'cls.output.weight': bad shape");
+            hp->n_cls_out = (int)co->ne[1];
+        }
+        m->has_cls = gguf_find_tensor(m->g, "cls.weight") != NULL;
     }
+
+    size_t pos_rows = nomic ? 0 : (size_t)hp->n_pos;
+    m->vecs_cap = (size_t)dim * (1 + pos_rows + hp->n_types + 3) + (size_t)hp->n_cls_out +
+                  (size_t)hp->n_layer * (10 * dim + ff);
+    m->vecs = calloc(m->vecs_cap, sizeof(float));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->vecs || !m->layers)
+        return err_set(err, "out of memory");
+    m->zeros = m->vecs;
+    m->vecs_used = (size_t)dim;
+    m->type_embd = m->zeros;
+    if ((!nomic && bert_vecs(m, "position_embd.weight", dim, hp->n_pos, &m->pos_embd, err) < 0) ||
+        (has_types && bert_vecs(m, "token_types.weight", dim, hp->n_types, &m->type_embd, err) < 0) ||
+        bert_vecs(m, "token_embd_norm.weight", dim, 1, &m->emb_ln_w, err) < 0 ||
+        bert_vecs(m, "token_embd_norm.bias", dim, 1, &m->emb_ln_b, err) < 0 ||
+        bert_load_head(m, err) < 0)
+        return -1;
+    if (hp->pooling == BERT_POOL_RANK && hp->n_cls_out == 0)
+        return err_set(err, "%s.pooling_type is rank but the file has no 'cls.output.weight'%s",
+                       bert_arch_name(hp->arch), nomic ? " (read for bert only)" : "");
+    for (int l = 0; l < hp->n_layer; l++)
+        if (bert_load_layer(m, l, err) < 0)
+            return -1;
     return 0;
 }
 
@@ -283,7 +422,10 @@ struct bert_runner {
     float *att;      /* (max_rows, dim) attention output, heads side by side */
     float *proj;     /* (max_rows, dim) output of attn_output / ffn_down / cls */
     float *ff;       /* (max_rows, n_ff) */
+    float *ff2;      /* (max_rows, n_ff) nomic-bert: up(x), beside gate(x) in ff */
     int max_len;     /* longest sequence: min(n_pos, max_rows) */
+    float *rope;     /* (max_len, head_dim / 2, 2) nomic-bert: cos, sin of each position */
+    int *row_pos;    /* (max_rows) nomic-bert: each row's position in its sequence */
     float *scores;   /* (n_threads, max_len, max_len) one (sequence, head)'s attention */
     int *seq_start;  /* (max_rows + 1) first row of each sequence of the call */
     void *mm_scratch; /* ops_matmul scratch */
@@ -316,17 +458,20 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
         return NULL;
     }
     int nt = tp_n_threads(r->pool);
+    bool nomic = hp->arch == BERT_ARCH_NOMIC;
     size_t R = (size_t)max_rows, D = (size_t)hp->dim;
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     size_t sizes[] = {
         R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * D * 4, R * hp->n_ff * 4,
+        nomic ? R * hp->n_ff * 4 : 0, nomic ? (size_t)r->max_len * hp->head_dim * 4 : 0,
+        nomic ? R * sizeof(int) : 0,
         (size_t)nt * r->max_len * r->max_len * 4, (R + 1) * sizeof(int),
         ops_matmul_scratch_bytes(max_rows, max_cols, nt),
     };
     void **ptrs[] = {
         (void **)&r->x, (void **)&r->q, (void **)&r->k, (void **)&r->v, (void **)&r->att,
-        (void **)&r->proj, (void **)&r->ff, (void **)&r->scores, (void **)&r->seq_start,
-        &r->mm_scratch,
+        (void **)&r->proj, (void **)&r->ff, (void **)&r->ff2, (void **)&r->rope,
+        (void **)&r->row_pos, (void **)&r->scores, (void **)&r->seq_start, &r->mm_scratch,
     };
     size_t n = sizeof sizes / sizeof sizes[0], total = 0;
     for (size_t i = 0; i < n; i++)
@@ -343,6 +488,8 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
         *ptrs[i] = r->mem + off;
         off += bert_align(sizes[i]);
     }
+    for (int p = 0; nomic && p < r->max_len; p++)
+        ops_rope_angles(r->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base);
     return r;
 }
 
@@ -387,8 +534,9 @@ int bert_input(const bert_model *m, int n_seq, const int *lens, const int32_t *t
             quant_dequantize_row(m->tok_embd.type,
                                  (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
                                  xr, dim);
-            ops_add_layernorm(xr, m->pos_embd + (size_t)p * dim, m->type_embd + (size_t)ty * dim,
-                              m->emb_ln_w, m->emb_ln_b, dim, hp->norm_eps);
+            ops_add_layernorm(xr, m->pos_embd ? m->pos_embd + (size_t)p * dim : m->zeros,
+                              m->type_embd + (size_t)ty * dim, m->emb_ln_w, m->emb_ln_b, dim,
+                              hp->norm_eps);
         }
     }
     return 0;
@@ -401,10 +549,12 @@ typedef struct bert_step {
     int n_rows, n_seq;
 } bert_step;
 
-static void bert_qkv_bias_job(void *p, int ith, int nth)
+/* q, k, v += their biases; nomic-bert then rotates q and k by each row's position. */
+static void bert_qkv_job(void *p, int ith, int nth)
 {
     bert_step *s = p;
-    int dim = s->r->m->hp.dim;
+    const bert_hparams *hp = &s->r->m->hp;
+    int dim = hp->dim;
     long b, e;
     tp_split(s->n_rows, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
@@ -413,6 +563,11 @@ static void bert_qkv_bias_job(void *p, int ith, int nth)
             q[i] += s->L->bq[i];
             k[i] += s->L->bk[i];
             v[i] += s->L->bv[i];
+        }
+        if (hp->arch == BERT_ARCH_NOMIC) {
+            const float *cs = s->r->rope + (size_t)s->r->row_pos[t] * hp->head_dim;
+            ops_rope(q, hp->n_head, hp->head_dim, cs, OPS_ROPE_HALVES);
+            ops_rope(k, hp->n_head, hp->head_dim, cs, OPS_ROPE_HALVES);
         }
     }
 }
@@ -472,6 +627,17 @@ static void bert_gelu_job(void *p, int ith, int nth)
         ops_gelu_bias(s->r->ff + t * n_ff, s->L->b_up, n_ff);
 }
 
+/* ff = silu(ff) * ff2: nomic-bert's SwiGLU of gate(x) and up(x). */
+static void bert_swiglu_job(void *p, int ith, int nth)
+{
+    bert_step *s = p;
+    int n_ff = s->r->m->hp.n_ff;
+    long b, e;
+    tp_split(s->n_rows, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        ops_silu_mul(s->r->ff + t * n_ff, s->r->ff2 + t * n_ff, n_ff);
+}
+
 int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char err[ERR_MAX])
 {
     const bert_model *m = r->m;
@@ -487,6 +653,8 @@ int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char
             n + lens[s] > r->max_rows)
             return err_set(err, "bert: sequences of %d tokens do not fit %d rows (or one is "
                                 "empty or longer than %d)", n + lens[s], r->max_rows, hp->n_pos);
+        for (int t = 0; hp->arch == BERT_ARCH_NOMIC && t < lens[s]; t++)
+            r->row_pos[n + t] = t;
         n += lens[s];
         r->seq_start[s + 1] = n;
     }
@@ -496,14 +664,21 @@ int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char
     const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[] = {r->q, r->k, r->v};
     ops_matmul_n(r->pool, 3, qkv, x, n, qkv_out, r->mm_scratch);
-    tp_run(r->pool, bert_qkv_bias_job, &s);
+    tp_run(r->pool, bert_qkv_job, &s);
     tp_run(r->pool, bert_attn_job, &s);
     ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
     bert_post post = {&s, L->bo, L->attn_ln_w, L->attn_ln_b};
     tp_run(r->pool, bert_post_job, &post);
 
-    ops_matmul(r->pool, &L->up, x, n, r->ff, r->mm_scratch);
-    tp_run(r->pool, bert_gelu_job, &s);
+    if (hp->arch == BERT_ARCH_NOMIC) {
+        const ops_matrix *gate_up[] = {&L->gate, &L->up};
+        float *gate_up_out[] = {r->ff, r->ff2};
+        ops_matmul_n(r->pool, 2, gate_up, x, n, gate_up_out, r->mm_scratch);
+        tp_run(r->pool, bert_swiglu_job, &s);
+    } else {
+        ops_matmul(r->pool, &L->up, x, n, r->ff, r->mm_scratch);
+        tp_run(r->pool, bert_gelu_job, &s);
+    }
     ops_matmul(r->pool, &L->down, r->ff, n, r->proj, r->mm_scratch);
     post = (bert_post){&s, L->b_down, L->out_ln_w, L->out_ln_b};
     tp_run(r->pool, bert_post_job, &post);

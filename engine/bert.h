@@ -1,16 +1,24 @@
 /*
- * bert.h — BERT-family encoders (general.architecture "bert": bge, all-MiniLM, e5, gte,
- * ms-marco cross-encoders) loaded from GGUF with llama.cpp's tensor names, for
- * embeddings and reranking.
+ * bert.h — BERT-family encoders loaded from GGUF with llama.cpp's tensor names, for
+ * embeddings and reranking: general.architecture "bert" (bge, all-MiniLM, e5, gte,
+ * ms-marco cross-encoders) and "nomic-bert" (nomic-embed-text v1/v1.5).
  *
- * The encoder is post-norm: x = LN(tok + pos + type embedding); per layer
+ * bert is post-norm: x = LN(tok + pos + type embedding); per layer
  * x = LN(x + attn(x)), x = LN(x + down(gelu(up(x)))), LayerNorms and matrices with
- * biases, attention bidirectional within each sequence. No KV cache: a text is encoded
- * whole, from position 0. A cross-encoder file also has the classification head
- * (cls: dense + tanh over the first ([CLS]) row, cls.output: the scores).
+ * biases, attention bidirectional within each sequence. A cross-encoder file also has
+ * the classification head (cls: dense + tanh over the first ([CLS]) row, cls.output:
+ * the scores).
  *
- * Work is layer by layer over stacked sequences, so a reranker can score candidates
- * after every layer and stop some of them (GRATING's intermediate exits).
+ * nomic-bert is the same post-norm stack with three changes, as llama.cpp runs it: no
+ * position table (x = LN(tok + type embedding)); one fused attn_qkv matrix (q, k, v rows
+ * in that order; separate attn_q/k/v are taken too) whose q and k are rotated by
+ * NeoX-style RoPE (pairs i, i + head_dim/2; base nomic-bert.rope.freq_base); a SwiGLU
+ * FFN, down(silu(gate(x)) * up(x)), without biases. The q/k/v and attn_output biases are
+ * optional (the nomic-embed files have none); it has no classification head.
+ *
+ * No KV cache: a text is encoded whole, from position 0. Work is layer by layer over
+ * stacked sequences, so a reranker can score candidates after every layer and stop some
+ * of them (GRATING's intermediate exits).
  */
 #ifndef LLMS_BERT_H
 #define LLMS_BERT_H
@@ -31,23 +39,33 @@ enum bert_pooling {
     BERT_POOL_RANK = 4, /* the classification head's scores (a cross-encoder) */
 };
 
+enum bert_arch {
+    BERT_ARCH_BERT,  /* "bert" */
+    BERT_ARCH_NOMIC, /* "nomic-bert" */
+};
+
 typedef struct bert_hparams {
+    enum bert_arch arch;
     int n_vocab;
     int dim;
     int n_layer;
     int n_head;
     int head_dim;
     int n_ff;
-    int n_pos;     /* position_embd rows: the longest sequence accepted */
-    int n_types;   /* token_types rows (segment A, B, ...) */
+    int n_pos;     /* the longest sequence accepted: position_embd rows (bert),
+                    * nomic-bert.context_length (nomic-bert) */
+    int n_types;   /* token_types rows (segment A, B, ...); 1 when a nomic-bert has none */
     float norm_eps;
+    float rope_base; /* nomic-bert: RoPE base; 0 for bert */
     enum bert_pooling pooling; /* as the file says; BERT_POOL_CLS when absent */
-    int n_cls_out; /* outputs of the classification head; 0 when the file has none */
+    int n_cls_out; /* outputs of the classification head; 0 when the file has none (and for
+                    * nomic-bert, whose head llama.cpp does not read) */
 } bert_hparams;
 
 typedef struct bert_model bert_model;
 
-/* Whether g is an encoder this module loads (general.architecture "bert"). */
+/* Whether g is an encoder this module loads (general.architecture "bert" or
+ * "nomic-bert"). */
 bool bert_is_encoder(const gguf_file *g);
 
 /* Validates and takes the model from g (borrowed, must outlive it): hyper-parameters and

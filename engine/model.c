@@ -93,8 +93,8 @@ int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int 
     return 0;
 }
 
-static int model_get_float(const gguf_file *g, const char *arch, const char *suffix,
-                           float dflt, float *out, char err[ERR_MAX])
+int model_get_float(const gguf_file *g, const char *arch, const char *suffix, float dflt,
+                    float *out, char err[ERR_MAX])
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);

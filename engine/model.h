@@ -76,6 +76,11 @@ model *model_from_gguf(const gguf_file *g, char err[ERR_MAX]);
 int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
                   int *out, char err[ERR_MAX]);
 
+/* Reads {arch}.suffix as a positive finite number (a norm epsilon, a RoPE base): dflt when
+ * absent. */
+int model_get_float(const gguf_file *g, const char *arch, const char *suffix, float dflt,
+                    float *out, char err[ERR_MAX]);
+
 /* The tensor name of exactly (ne0[, ne1]) elements (n_dims 1 or 2) of a type the kernels
  * compute, with bytes enough for it; NULL + err naming it otherwise. */
 const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,

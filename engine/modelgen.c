@@ -167,15 +167,16 @@ out:
 
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
-    bool bert = strcmp(p->arch, "bert") == 0;
+    bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
         strcmp(p->arch, "qwen3") != 0 && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
     if (bert && (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
-        return err_set(err, "bert has as many KV heads as heads and head_dim = dim / heads");
-    if (bert && p->pooling_type != 1 && p->pooling_type != 2 && p->pooling_type != 4)
-        return err_set(err, "bert pooling type %d is not 1 (mean), 2 (cls) or 4 (rank)",
-                       p->pooling_type);
+        return err_set(err, "%s has as many KV heads as heads and head_dim = dim / heads",
+                       p->arch);
+    if (bert && p->pooling_type != 1 && p->pooling_type != 2 && (nomic || p->pooling_type != 4))
+        return err_set(err, "%s pooling type %d is not 1 (mean), 2 (cls)%s", p->arch,
+                       p->pooling_type, nomic ? "" : " or 4 (rank)");
     if (p->dim <= 0 || p->n_layer <= 0 || p->n_head <= 0 || p->n_head_kv <= 0 || p->n_ff <= 0 ||
         p->n_ctx <= 0 || p->head_dim < 0)
         return err_set(err, "dimensions must be positive");
@@ -211,35 +212,57 @@ static void modelgen_add(modelgen_tensor *ts, int *n, const char *name, uint32_t
     t->mean = mean;
 }
 
-/* A bert encoder as llama.cpp's converter writes one (names, metadata), two token types. */
+/* A bert or nomic-bert encoder as llama.cpp's converter writes one (names, metadata), two
+ * token types. nomic-bert as nomic-embed-text: fused attn_qkv, SwiGLU, no biases but the
+ * LayerNorms', RoPE base 1000. */
 static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_vocab,
                                const char *path, char err[ERR_MAX])
 {
-    if (gguf_writer_set_str(w, "general.architecture", "bert") < 0 ||
+    bool nomic = strcmp(p->arch, "nomic-bert") == 0;
+    char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, p->arch), key)
+    if (gguf_writer_set_str(w, "general.architecture", p->arch) < 0 ||
         gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
-        gguf_writer_set_u32(w, "bert.context_length", (uint32_t)p->n_ctx) < 0 ||
-        gguf_writer_set_u32(w, "bert.embedding_length", (uint32_t)p->dim) < 0 ||
-        gguf_writer_set_u32(w, "bert.block_count", (uint32_t)p->n_layer) < 0 ||
-        gguf_writer_set_u32(w, "bert.feed_forward_length", (uint32_t)p->n_ff) < 0 ||
-        gguf_writer_set_u32(w, "bert.attention.head_count", (uint32_t)p->n_head) < 0 ||
-        gguf_writer_set_f32(w, "bert.attention.layer_norm_epsilon", 1e-12f) < 0 ||
-        gguf_writer_set_bool(w, "bert.attention.causal", false) < 0 ||
-        gguf_writer_set_u32(w, "bert.pooling_type", (uint32_t)p->pooling_type) < 0 ||
+        gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx) < 0 ||
+        gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->dim) < 0 ||
+        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer) < 0 ||
+        gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head) < 0 ||
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_epsilon"), 1e-12f) < 0 ||
+        gguf_writer_set_bool(w, KEY("attention.causal"), false) < 0 ||
+        gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0 ||
+        (nomic && gguf_writer_set_f32(w, KEY("rope.freq_base"), 1000.0f) < 0) ||
         gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", 2) < 0)
         return err_set(err, "cannot set metadata");
+#undef KEY
     int n_t = 0;
-    /* 5 input tensors, 16 per layer, 4 of the head */
+    /* bert: 5 input tensors, 16 per layer, 4 of the head (nomic-bert fewer) */
     modelgen_tensor *ts = calloc((size_t)(9 + p->n_layer * 16), sizeof *ts);
     if (!ts)
         return err_set(err, "out of memory");
     int64_t d = p->dim, ff = p->n_ff;
     float s_dim = 1.0f / sqrtf((float)d), s_ff = 1.0f / sqrtf((float)ff);
     modelgen_add(ts, &n_t, "token_embd.weight", 2, d, n_vocab, p->type, 1.0f, 0.0f);
-    modelgen_add(ts, &n_t, "position_embd.weight", 2, d, p->n_ctx, p->type, 0.5f, 0.0f);
+    if (!nomic)
+        modelgen_add(ts, &n_t, "position_embd.weight", 2, d, p->n_ctx, p->type, 0.5f, 0.0f);
     modelgen_add(ts, &n_t, "token_types.weight", 2, d, 2, p->type, 0.5f, 0.0f);
     modelgen_add(ts, &n_t, "token_embd_norm.weight", 1, d, 1, 0, 0.1f, 1.0f);
     modelgen_add(ts, &n_t, "token_embd_norm.bias", 1, d, 1, 0, 0.1f, 0.0f);
-    for (int l = 0; l < p->n_layer; l++) {
+    for (int l = 0; nomic && l < p->n_layer; l++) {
+        char nm[64];
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        modelgen_add(ts, &n_t, N("attn_qkv.weight"), 2, d, 3 * d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_output.weight"), 2, d, d, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_output_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_output_norm.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_up.weight"), 2, d, ff, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_gate.weight"), 2, d, ff, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_down.weight"), 2, ff, d, p->type, s_ff, 0.0f);
+        modelgen_add(ts, &n_t, N("layer_output_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("layer_output_norm.bias"), 1, d, 1, 0, 0.1f, 0.0f);
+#undef N
+    }
+    for (int l = 0; !nomic && l < p->n_layer; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         modelgen_add(ts, &n_t, N("attn_q.weight"), 2, d, d, p->type, s_dim, 0.0f);
@@ -299,8 +322,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         goto out;
     }
 
-    bool bert = strcmp(p->arch, "bert") == 0;
-    if (bert) {
+    if (!strcmp(p->arch, "bert") || !strcmp(p->arch, "nomic-bert")) {
         rc = modelgen_write_bert(p, w, n_vocab, path, err);
         goto out;
     }

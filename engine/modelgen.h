@@ -15,7 +15,9 @@
 #include "engine/gguf.h"
 
 typedef struct modelgen_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3" or "bert" (n_head_kv must equal n_head) */
+    /* "llama", "qwen2", "qwen3", "bert" or "nomic-bert" (the encoders: n_head_kv must equal
+     * n_head) */
+    const char *arch;
     int dim;
     int n_layer;
     int n_head;
@@ -30,8 +32,8 @@ typedef struct modelgen_params {
     bool k_m_mix;
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
-    /* bert only: bert.pooling_type (1 mean, 2 cls, 4 rank); rank writes the cross-encoder
-     * head (cls dim x dim, cls.output 1 x dim) */
+    /* encoders only: {arch}.pooling_type (1 mean, 2 cls, bert also 4 rank); rank writes the
+     * cross-encoder head (cls dim x dim, cls.output 1 x dim) */
     int pooling_type;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written

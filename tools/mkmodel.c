@@ -1,11 +1,12 @@
 /*
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
- *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H
+ *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C
  *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
- *           [--pooling mean|cls|rank]   (bert; rank adds the cross-encoder head)
+ *           [--pooling mean|cls|rank]   (encoders; rank, bert only, adds the
+ *                                        cross-encoder head)
  *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
  *   mkmodel --help | --version
  *
@@ -42,12 +43,14 @@ static const struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert --dim D --layers L --heads H\n"
+            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
+            "               --heads H\n"
             "               --kv-heads KH --ffn F --ctx C\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
-            "               [--pooling mean|cls|rank]  (bert: pooling_type; rank writes the\n"
-            "               cross-encoder head; default cls)\n"
+            "               [--pooling mean|cls|rank]  (encoders: pooling_type; default cls for\n"
+            "               bert, mean for nomic-bert; rank, bert only, writes the\n"
+            "               cross-encoder head)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
@@ -219,7 +222,7 @@ int main(int argc, char **argv)
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
     if (!p.pooling_type)
-        p.pooling_type = 2;
+        p.pooling_type = p.arch && !strcmp(p.arch, "nomic-bert") ? 1 : 2;
     bool found = false;
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {

@@ -1,8 +1,9 @@
 /*
  * bert encoders in a running llmsd: a daemon whose main model is a small decoder answers
- * Embed with its embed_model (a bert encoder) and Rerank with its rerank_model (a bert
- * cross-encoder), each checked against the engine in this process. Generated models on
- * the shared bge vocabulary: skips without it. A decoder given as embed_model stops the
+ * Embed with its embed_model (a bert encoder) or a registry model by name (a nomic-bert
+ * encoder) and Rerank with its rerank_model (a bert cross-encoder), each checked against
+ * the engine in this process. Generated models on the shared bge vocabulary: skips
+ * without it. A decoder given as embed_model stops the
  * daemon at start with a message naming the setting.
  */
 #include <math.h>
@@ -20,7 +21,7 @@
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
-static char llmsd_path[1024], decoder[1024], encoder[1024], cross[1024];
+static char llmsd_path[1024], decoder[1024], encoder[1024], cross[1024], nomic[1024];
 static llmsd_proc daemon_;
 static int up;
 
@@ -32,8 +33,9 @@ static const char *const DOCS[] = {"cats sleep on warm windows", "the stock mark
 
 static int start(void)
 {
-    char extra[3000];
-    proc_fmt(extra, sizeof extra, "embed_model = %s\nrerank_model = %s\n", encoder, cross);
+    char extra[4200];
+    proc_fmt(extra, sizeof extra, "embed_model = %s\nrerank_model = %s\nmodel.nomic = %s embed\n",
+             encoder, cross, nomic);
     return proc_start(&daemon_, llmsd_path, "models", decoder, extra);
 }
 
@@ -48,17 +50,16 @@ static int start(void)
         CHECK_MSG(up == 1, "llmsd did not start");                             \
     } while (0)
 
-static void embed_on_bert_matches_engine(void)
+/* Embed through llmsd with the model named name (NULL: the default) against the engine's
+ * mean-pooled vectors of the file at path. */
+static void check_embed(llms_conn *c, const char *name, const char *path)
 {
-    NEED();
-    llms_conn *c = proc_connect(&daemon_, "emb");
-    CHECK(c);
     const char *texts[] = {"Hello world", "cats sleep on warm windows", "Hello world"};
     llms_embeddings got;
-    CHECK_MSG(llms_embed(c, texts, 3, LLMS_POOLING_MEAN, &got) == LLMS_OK, "%s",
+    CHECK_MSG(llms_embed_model(c, name, texts, 3, LLMS_POOLING_MEAN, &got) == LLMS_OK, "%s",
               llms_last_error(c));
     char err[ERR_MAX];
-    bert_model *m = bert_load(encoder, err);
+    bert_model *m = bert_load(path, err);
     CHECK_MSG(m, "%s", err);
     tokenizer *tok;
     CHECK(tok_load(bert_gguf(m), &tok, err) == 0);
@@ -78,6 +79,18 @@ static void embed_on_bert_matches_engine(void)
     }
     free(want);
     llms_embeddings_free(&got);
+    bert_runner_free(r);
+    tok_free(tok);
+    bert_free(m);
+}
+
+static void embed_on_bert_matches_engine(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "emb");
+    CHECK(c);
+    check_embed(c, NULL, encoder);
+    llms_embeddings got;
     /* a text longer than the encoder's positions is refused with a message */
     char *big = malloc(4000);
     for (int i = 0; i < 1999; i++)
@@ -87,9 +100,29 @@ static void embed_on_bert_matches_engine(void)
     CHECK_EQ(llms_embed(c, one, 1, LLMS_POOLING_MEAN, &got), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(llms_last_error(c), "encoder's positions"), "%s", llms_last_error(c));
     free(big);
-    bert_runner_free(r);
-    tok_free(tok);
-    bert_free(m);
+    llms_close(c);
+}
+
+/* A nomic-bert file in the registry embeds by name, as the engine does; llmsctl models'
+ * list shows its architecture. */
+static void embed_on_nomic_bert_matches_engine(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "nomic");
+    CHECK(c);
+    check_embed(c, "nomic", nomic);
+    llms_model_info *ms;
+    size_t n;
+    CHECK_MSG(llms_list_models(c, &ms, &n) == LLMS_OK, "%s", llms_last_error(c));
+    const llms_model_info *e = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(ms[i].name, "nomic"))
+            e = &ms[i];
+    CHECK(e);
+    CHECK_MSG(!strcmp(e->arch, "nomic-bert") && !strcmp(e->type, "encoder") &&
+                  !strcmp(e->roles, "embed"),
+              "%s %s %s", e->arch, e->type, e->roles);
+    llms_model_list_free(ms, n);
     llms_close(c);
 }
 
@@ -162,9 +195,14 @@ int main(int argc, char **argv)
         bp.pooling_type = 4;
         bp.seed = 3;
         proc_generate_model(cross, sizeof cross, "cross.gguf", &bp);
+        bp.arch = "nomic-bert";
+        bp.pooling_type = 1;
+        bp.seed = 4;
+        proc_generate_model(nomic, sizeof nomic, "nomic.gguf", &bp);
         gguf_close(v);
     }
     RUN(embed_on_bert_matches_engine);
+    RUN(embed_on_nomic_bert_matches_engine);
     RUN(rerank_on_cross_encoder_matches_engine);
     RUN(decoder_as_embed_model_is_refused);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)

@@ -1,7 +1,7 @@
 /*
- * ref_bert.h — a plain reference forward for bert GGUF encoders, in double precision
- * from dequantized weights, written independently of engine/bert.c so the optimized
- * encoder can be checked against it.
+ * ref_bert.h — a plain reference forward for bert and nomic-bert GGUF encoders, in double
+ * precision from dequantized weights, written independently of engine/bert.c so the
+ * optimized encoder can be checked against it.
  */
 #ifndef LLMS_TEST_REF_BERT_H
 #define LLMS_TEST_REF_BERT_H
@@ -18,7 +18,7 @@ void ref_bert_free(ref_bert *m);
 
 /* Encodes one sequence of n tokens (types NULL: all 0) at positions 0..n-1 with
  * bidirectional attention: hidden (n_layer + 1, n, dim) the embedding LayerNorm's rows
- * then every layer's output. */
+ * then every layer's output. nomic-bert: rotary positions, SwiGLU. */
 void ref_bert_forward(const ref_bert *m, int n, const int32_t *tokens, const int32_t *types,
                       double *hidden);
 

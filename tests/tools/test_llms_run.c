@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/bert.h"
 #include "engine/gguf.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
+#include "engine/tokenizer.h"
 #include "tests/support/test.h"
 
 static char llms_run[1024];
@@ -203,6 +205,50 @@ static void embed_prints_a_unit_vector(void)
     CHECK(strstr(one, "--pooling") != NULL);
 }
 
+/* --embed on a random nomic-bert with the bge vocabulary prints the engine's mean-pooled
+ * vector of the text. */
+static void embed_on_nomic_bert_is_the_engines_vector(void)
+{
+    const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
+    if (!vp)
+        SKIP("../shared/testdata/vocab/ggml-vocab-bert-bge.gguf is absent");
+    char err[ERR_MAX], path[1024], cmd[4096], got[16384];
+    gguf_file *v = gguf_open(vp, err);
+    CHECK(v);
+    snprintf(path, sizeof path, "%s/nomic.gguf", test_tmpdir());
+    modelgen_params p = {.arch = "nomic-bert", .dim = 32, .n_layer = 2, .n_head = 2,
+                         .n_head_kv = 2, .n_ff = 64, .n_ctx = 64, .type = QTYPE_F16, .seed = 4,
+                         .vocab = v, .n_threads = 1, .pooling_type = 1};
+    int rc = modelgen_write(&p, path, err);
+    gguf_close(v);
+    CHECK_MSG(rc == 0, "%s", err);
+    const char *text = "The quick brown fox.";
+    snprintf(cmd, sizeof cmd, "echo '%s' | %s -m '%s' --embed -t 2", text, llms_run, path);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
+
+    bert_model *m = bert_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    tokenizer *tok;
+    CHECK(tok_load(bert_gguf(m), &tok, err) == 0);
+    int32_t ids[64];
+    int n = tok_encode(tok, text, strlen(text), true, false, ids, 64);
+    bert_runner *r = bert_runner_new(m, 1, 0, err);
+    CHECK(r);
+    float want[32];
+    CHECK_MSG(bert_embed(r, 1, &n, ids, NULL, BERT_POOL_MEAN, want, err) == 0, "%s", err);
+    char *s = got;
+    for (int i = 0; i < 32; i++) {
+        char *end;
+        double x = strtod(s, &end);
+        CHECK(end != s);
+        CHECK_NEAR(x, want[i], 2e-6);
+        s = end;
+    }
+    bert_runner_free(r);
+    tok_free(tok);
+    bert_free(m);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -220,5 +266,6 @@ int main(int argc, char **argv)
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
     RUN(embed_prints_a_unit_vector);
+    RUN(embed_on_nomic_bert_is_the_engines_vector);
     return test_finish();
 }
