@@ -335,6 +335,15 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+void ivf_ids(const ivf *ix, int64_t *ids)
+{
+    for (int c = 0; c < ix->nlist; c++) {
+        memcpy(ids, ix->lists[c].ids, sizeof *ids * (size_t)ix->lists[c].n);
+        ids += ix->lists[c].n;
+    }
+    qsort(ids - ix->n, (size_t)ix->n, sizeof *ids, cmp_i64);
+}
+
 int ivf_remove(ivf *ix, const int64_t *ids, int64_t n, int64_t *removed, char err[ERR_MAX])
 {
     if (removed)

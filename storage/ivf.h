@@ -74,6 +74,9 @@ int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_pa
 int ivf_add(ivf *ix, const int64_t *ids, const float *vecs, int64_t n, int dim,
             char err[ERR_MAX]);
 
+/* Copies the ids of all vectors held (ivf_count of them), ascending, into ids. */
+void ivf_ids(const ivf *ix, int64_t *ids);
+
 /* Removes the vectors with the n ids given; *removed counts them (may be NULL). */
 int ivf_remove(ivf *ix, const int64_t *ids, int64_t n, int64_t *removed, char err[ERR_MAX]);
 
