@@ -19,6 +19,9 @@
 #define IVF_DEFAULT_POINTS_PER_LIST 256
 /* Vectors scored against the centroids per kernel call (training and adding). */
 #define IVF_ASSIGN_BLOCK 256
+/* Batches from this many rows score centroids with sgemm (below, its packing costs more
+ * than it saves). */
+#define IVF_SGEMM_MIN_ROWS 16
 /* Rows of a list scored per kernel call, and queries packed per call: the score block
  * (IVF_QUERY_BLOCK, IVF_SCAN_BLOCK) stays in L1/L2. */
 #define IVF_SCAN_BLOCK 256
@@ -134,23 +137,30 @@ static void unit(float *v, int dim)
         v[i] *= inv;
 }
 
-/* best[i] = the centroid scoring best with vecs row i, for n rows; scores holds
- * (IVF_ASSIGN_BLOCK, nlist) floats. Training and adding score every vector against
- * every centroid, a matrix product that OpenBLAS's sgemm does several times faster than
- * the search kernel (which the product falls back to without OpenBLAS); which list a
- * vector joins does not need the search kernel's rounding. */
-static void assign(const ivf *ix, const float *vecs, int64_t n, int32_t *best, float *scores)
+/*
+ * scores (m, nlist) = the m rows of vecs against every centroid. Training, adding and
+ * the coarse step of a batch search are a matrix product, which OpenBLAS's sgemm does
+ * several times faster than the search kernel (used for small batches, and when
+ * OpenBLAS does not load). Which lists a vector joins or a query probes needs no
+ * particular rounding, and the early stop's bounds leave room for any.
+ */
+static void centroid_scores(const ivf *ix, const float *vecs, int m, float *scores)
 {
     char no_blas[ERR_MAX];
-    bool blas = blas_init(no_blas) == 0;
+    if (m >= IVF_SGEMM_MIN_ROWS && blas_init(no_blas) == 0)
+        blas_sgemm(true, m, ix->nlist, ix->dim, 1.0f, vecs, ix->dim, ix->centroids, ix->dim,
+                   0.0f, scores, ix->nlist);
+    else
+        vdist_dot(vecs, m, ix->centroids, ix->nlist, ix->dim, scores, (size_t)ix->nlist);
+}
+
+/* best[i] = the centroid scoring best with vecs row i, for n rows; scores holds
+ * (IVF_ASSIGN_BLOCK, nlist) floats. */
+static void assign(const ivf *ix, const float *vecs, int64_t n, int32_t *best, float *scores)
+{
     for (int64_t i0 = 0; i0 < n; i0 += IVF_ASSIGN_BLOCK) {
         int m = n - i0 < IVF_ASSIGN_BLOCK ? (int)(n - i0) : IVF_ASSIGN_BLOCK;
-        if (blas)
-            blas_sgemm(true, m, ix->nlist, ix->dim, 1.0f, vecs + (size_t)i0 * ix->dim, ix->dim,
-                       ix->centroids, ix->dim, 0.0f, scores, ix->nlist);
-        else
-            vdist_dot(vecs + (size_t)i0 * ix->dim, m, ix->centroids, ix->nlist, ix->dim, scores,
-                      (size_t)ix->nlist);
+        centroid_scores(ix, vecs + (size_t)i0 * ix->dim, m, scores);
         for (int i = 0; i < m; i++) {
             const float *row = scores + (size_t)i * ix->nlist;
             int32_t b = 0;
@@ -613,8 +623,7 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
     memcpy(s->queries, queries, sizeof *s->queries * (size_t)n_q * dim);
     for (int i0 = 0; i0 < n_q; i0 += qblock) {
         int m = n_q - i0 < qblock ? n_q - i0 : qblock;
-        vdist_dot(s->queries + (size_t)i0 * dim, m, ix->centroids, ix->nlist, dim, cs,
-                  (size_t)ix->nlist);
+        centroid_scores(ix, s->queries + (size_t)i0 * dim, m, cs);
         for (int i = 0; i < m; i++)
             plan_query(s, i0 + i, cs + (size_t)i * ix->nlist, hints ? &hints[i0 + i] : NULL,
                        top);

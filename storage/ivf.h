@@ -18,7 +18,9 @@
  *                      query), and says whether the search is done,
  *   ivf_search_results gives a query's best k so far (final once done).
  * Results do not depend on how the work was split into steps: ties are broken by the
- * lower id, and a pair's score is the same in any batch (engine/vdist.h).
+ * lower id, and a pair's score is the same in any batch (engine/vdist.h). Centroids are
+ * scored with sgemm for batches of 16 queries or more, so a query's lists can differ
+ * between a batch and a search of its own where two centroids tie to f32 rounding.
  *
  * Similarity-aware search (HedraRAG): a query may bring hint lists, the lists of its
  * request's recent results; those of its nprobe lists are searched first, then the
