@@ -716,7 +716,7 @@ static int ivf_lists_for(int n)
     return nlist < 1 ? 1 : nlist;
 }
 
-/* Brings index ix (NULL: none) up to date with v's passages: removes the ids v lacks,
+/* Brings index ix up to date with v's passages: removes the ids v lacks,
  * adds those it lacks. */
 static int index_sync(ivf *ix, const kb_vecs *v, char *err)
 {
