@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/blas.h"
 #include "engine/vdist.h"
@@ -26,6 +27,7 @@
  * (IVF_QUERY_BLOCK, IVF_SCAN_BLOCK) stays in L1/L2. */
 #define IVF_SCAN_BLOCK 256
 #define IVF_QUERY_BLOCK 64
+#define IVF_HUGE_PAGE ((size_t)2 << 20)
 
 typedef struct ivf_list {
     int64_t n, cap;
@@ -36,6 +38,7 @@ typedef struct ivf_list {
     float proj_lo, proj_hi; /* [lo, hi] holds every x . centroid */
     float norm_max;       /* >= |x| */
     bool dirty;    /* changed since it was last saved */
+    int64_t hot_at; /* first row of its copy in the hot copy; -1: none */
 } ivf_list;
 
 struct ivf {
@@ -44,6 +47,8 @@ struct ivf {
     float *centroids;    /* (nlist, dim) unit length */
     ivf_list *lists;     /* (nlist) */
     uint64_t *uses;      /* (nlist) (query, list) scans */
+    float *hot;          /* (hot_rows, dim) the hottest lists' vectors packed; NULL: none */
+    size_t hot_bytes;    /* its allocation */
     int64_t n;           /* vectors held */
     /* where it was last saved or loaded (only changed lists need writing there) */
     store *saved_in;
@@ -74,6 +79,14 @@ ivf *ivf_new(int dim, char err[ERR_MAX])
     return ix;
 }
 
+static void hot_free(ivf *ix)
+{
+    if (ix->hot)
+        munmap(ix->hot, ix->hot_bytes);
+    ix->hot = NULL;
+    ix->hot_bytes = 0;
+}
+
 static void lists_free(ivf *ix)
 {
     for (int c = 0; c < ix->nlist; c++) {
@@ -83,6 +96,7 @@ static void lists_free(ivf *ix)
     free(ix->lists);
     free(ix->centroids);
     free(ix->uses);
+    hot_free(ix);
     ix->lists = NULL;
     ix->centroids = NULL;
     ix->uses = NULL;
@@ -120,6 +134,8 @@ static int lists_alloc(ivf *ix, int nlist, char *err)
     ix->lists = calloc((size_t)nlist, sizeof *ix->lists);
     ix->uses = calloc((size_t)nlist, sizeof *ix->uses);
     ix->nlist = nlist;
+    for (int c = 0; ix->lists && c < nlist; c++)
+        ix->lists[c].hot_at = -1;
     if (!ix->centroids || !ix->lists || !ix->uses) {
         lists_free(ix);
         return err_set(err, "out of memory");
@@ -309,6 +325,7 @@ static void list_append(ivf *ix, int c, int64_t id, const float *x)
     l->n++;
     widen(ix, c, x);
     l->dirty = true;
+    l->hot_at = -1;
     ix->n++;
 }
 
@@ -394,6 +411,7 @@ int ivf_remove(ivf *ix, const int64_t *ids, int64_t n, int64_t *removed, char er
             gone += l->n - w;
             l->n = w;
             l->dirty = true;
+            l->hot_at = -1;
         }
     }
     ix->n -= gone;
@@ -656,6 +674,7 @@ static void scan_list(ivf_search *s, int c, int m)
     ivf *ix = s->ix;
     const ivf_list *l = &ix->lists[c];
     int dim = ix->dim;
+    const float *vecs = l->hot_at >= 0 ? ix->hot + (size_t)l->hot_at * dim : l->vecs;
     for (int g0 = 0; g0 < m; g0 += IVF_QUERY_BLOCK) {
         int g = m - g0 < IVF_QUERY_BLOCK ? m - g0 : IVF_QUERY_BLOCK;
         for (int a = 0; a < g; a++) {
@@ -665,7 +684,7 @@ static void scan_list(ivf_search *s, int c, int m)
         }
         for (int64_t x0 = 0; x0 < l->n; x0 += IVF_SCAN_BLOCK) {
             int nb = l->n - x0 < IVF_SCAN_BLOCK ? (int)(l->n - x0) : IVF_SCAN_BLOCK;
-            vdist_dot(s->packed, g, l->vecs + (size_t)x0 * dim, nb, dim, s->scores,
+            vdist_dot(s->packed, g, vecs + (size_t)x0 * dim, nb, dim, s->scores,
                       IVF_SCAN_BLOCK);
             for (int a = 0; a < g; a++) {
                 int i = s->members[g0 + a] / s->nprobe;
@@ -795,6 +814,53 @@ int ivf_hot_lists(const ivf *ix, int n, int32_t *lists)
         lists[j] = c;
     }
     return got;
+}
+
+int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX])
+{
+    int32_t *order = malloc(sizeof *order * (size_t)(ix->nlist ? ix->nlist : 1));
+    if (!order)
+        return err_set(err, "out of memory");
+    int n_used = ivf_hot_lists(ix, ix->nlist, order), n_hot = 0;
+    size_t row_bytes = sizeof(float) * (size_t)ix->dim, bytes = 0;
+    while (n_hot < n_used &&
+           bytes + (size_t)ix->lists[order[n_hot]].n * row_bytes <= max_bytes)
+        bytes += (size_t)ix->lists[order[n_hot++]].n * row_bytes;
+    hot_free(ix);
+    for (int c = 0; c < ix->nlist; c++)
+        ix->lists[c].hot_at = -1;
+    int rc = 0;
+    if (bytes) {
+        /* its own mapping, in 2 MiB pages where the kernel gives them: a scan of a packed
+         * list then walks a handful of TLB entries, not one per 4 KiB */
+        size_t len = (bytes + IVF_HUGE_PAGE - 1) / IVF_HUGE_PAGE * IVF_HUGE_PAGE;
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            rc = err_set(err, "ivf: hot copy of %zu bytes: out of memory", bytes);
+        } else {
+            madvise(p, len, MADV_HUGEPAGE);
+            ix->hot = p;
+            ix->hot_bytes = len;
+            int64_t row = 0;
+            for (int h = 0; h < n_hot; h++) {
+                ivf_list *l = &ix->lists[order[h]];
+                memcpy(ix->hot + (size_t)row * ix->dim, l->vecs, (size_t)l->n * row_bytes);
+                l->hot_at = row;
+                row += l->n;
+            }
+        }
+    }
+    free(order);
+    return rc;
+}
+
+size_t ivf_hot_bytes(const ivf *ix)
+{
+    size_t bytes = 0;
+    for (int c = 0; c < ix->nlist; c++)
+        if (ix->lists[c].hot_at >= 0)
+            bytes += sizeof(float) * (size_t)ix->lists[c].n * ix->dim;
+    return bytes;
 }
 
 /* ---- persistence ---- */

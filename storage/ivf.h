@@ -141,6 +141,16 @@ int ivf_search_all(ivf *ix, const float *queries, int n_q, int dim, const ivf_se
  * loading. */
 int ivf_hot_lists(const ivf *ix, int n, int32_t *lists);
 
+/* Packs the vectors of the most scanned lists (ivf_hot_lists order) that fit in
+ * max_bytes into one copy in large pages, which searches then read instead of the lists'
+ * own arrays (same values, so the same results); the lists not taken, and any list
+ * changed later, are read from their arrays. May be called between steps of a search
+ * (not during a step). max_bytes 0 drops the copy. */
+int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX]);
+
+/* Bytes of vectors the hot copy holds now. */
+size_t ivf_hot_bytes(const ivf *ix);
+
 /* ---- persistence ---- */
 
 /* Stores ix as app_id's index name (replacing another of that name). When ix was loaded

@@ -409,6 +409,36 @@ static void test_hot_lists(void)
     CHECK(ivf_search_results(s, 0, first) > 0);
     CHECK_EQ(hot[0], first[0].list);
     ivf_search_free(s);
+
+    /* the hot copy: at most its budget, the hottest list first, the same results */
+    static ivf_hit cold[NQ * K], warm[NQ * K];
+    int nc[NQ], nw[NQ];
+    ivf_search_params all = {.k = K, .nprobe = 6};
+    CHECK(ivf_search_all(ix, q, NQ, DIM, &all, cold, nc, err) == 0);
+    size_t budget = (size_t)N / 4 * DIM * sizeof(float);
+    CHECK_MSG(ivf_hot_refresh(ix, budget, err) == 0, "%s", err);
+    size_t held = ivf_hot_bytes(ix);
+    CHECK(held > 0 && held <= budget);
+    /* a refresh between the steps of a search changes nothing either */
+    s = ivf_search_begin(ix, q, NQ, DIM, &all, NULL, err);
+    CHECK(s);
+    ivf_search_step(s, 2);
+    CHECK(ivf_hot_refresh(ix, budget / 2, err) == 0);
+    while (!ivf_search_step(s, 2))
+        ;
+    for (int a = 0; a < NQ; a++) {
+        nw[a] = ivf_search_results(s, a, warm + a * K);
+        CHECK_EQ(nw[a], nc[a]);
+        CHECK_MSG(same_hits(cold + a * K, warm + a * K, nc[a]), "query %d", a);
+    }
+    ivf_search_free(s);
+    /* a change to a hot list takes it out of the copy */
+    size_t before = ivf_hot_bytes(ix);
+    int64_t one = 99;
+    CHECK(ivf_add(ix, &one, q, 1, DIM, err) == 0);
+    CHECK(ivf_hot_bytes(ix) < before);
+    CHECK(ivf_hot_refresh(ix, 0, err) == 0);
+    CHECK_EQ(ivf_hot_bytes(ix), 0);
     ivf_free(ix);
     free(v);
     free(q);
