@@ -2,12 +2,12 @@
  * bench/ivf — the IVF index (storage/ivf.h) against exact search and against FAISS's
  * IndexIVFFlat with the same nlist and nprobe, on one thread, in the same run.
  *
- *   build/bench/ivf [--n N] [--dim D] [--nlist L] [--nq Q] [--centers C] [--runs R]
- *                   [--dir DIR]
+ *   build/bench/ivf [--n N] [--dim D] [--nlist L] [--nq Q] [--centers C] [--spread S]
+ *                   [--runs R] [--dir DIR]
  *
  * Data: N unit vectors of D floats (default 100000 x 384) around C random directions
- * (default 1000; each vector is its direction plus Gaussian noise of the same length,
- * cosine about 0.7 to it), and Q queries (default 1000) drawn the same way. Exact top 10
+ * (default 1000; each vector is its direction plus Gaussian noise S times its length,
+ * default 1: cosine about 0.7 to it), and Q queries (default 1000) drawn the same way. Exact top 10
  * by brute force is the truth. Both indexes train with 10 spherical k-means iterations on
  * at most 256 vectors per list (FAISS's defaults), then at nprobe 1, 8 and 32 each
  * searches the Q queries as one batch (one call) and one at a time (Q calls), runs
@@ -49,6 +49,7 @@
 typedef struct options {
     int64_t n;
     int dim, nlist, nq, centers, runs;
+    float spread;
     const char *dir;
 } options;
 
@@ -77,10 +78,10 @@ static void unit(float *v, int d)
         v[i] *= inv;
 }
 
-/* n rows around the directions dirs (n_dirs, d). */
-static void draw(float *out, int64_t n, const float *dirs, int n_dirs, int d)
+/* n rows around the directions dirs (n_dirs, d), noise spread times their length. */
+static void draw(float *out, int64_t n, const float *dirs, int n_dirs, int d, float spread)
 {
-    float sigma = 1.0f / sqrtf((float)d);
+    float sigma = spread / sqrtf((float)d);
     for (int64_t i = 0; i < n; i++) {
         const float *c = dirs + (size_t)(uniform() * n_dirs) * d;
         float *x = out + (size_t)i * d;
@@ -319,7 +320,7 @@ static void hot_lists(ivf *ix, const float *dirs, const options *o, ivf_hit *hit
     float *q = malloc(sizeof *q * (size_t)o->nq * o->dim);
     if (!q)
         return;
-    draw(q, o->nq, dirs, n_dirs, o->dim);
+    draw(q, o->nq, dirs, n_dirs, o->dim, o->spread);
     char err[ERR_MAX];
     size_t budget = sizeof(float) * (size_t)o->n * o->dim / 10;
     double t[2][MAX_RUNS];
@@ -350,7 +351,7 @@ out:
 static int parse(int argc, char **argv, options *o)
 {
     *o = (options){.n = 100000, .dim = 384, .nlist = 1024, .nq = 1000, .centers = 1000,
-                   .runs = 3, .dir = "build/bench-ivf"};
+                   .runs = 3, .spread = 1.0f, .dir = "build/bench-ivf"};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--n"))
@@ -363,6 +364,8 @@ static int parse(int argc, char **argv, options *o)
             o->nq = atoi(v);
         else if (!strcmp(a, "--centers"))
             o->centers = atoi(v);
+        else if (!strcmp(a, "--spread"))
+            o->spread = (float)atof(v);
         else if (!strcmp(a, "--runs"))
             o->runs = atoi(v);
         else if (!strcmp(a, "--dir"))
@@ -371,7 +374,7 @@ static int parse(int argc, char **argv, options *o)
             return -1;
     }
     if (argc % 2 == 0 || o->n < o->nlist || o->dim < 1 || o->nq < 1 || o->centers < 1 ||
-        o->runs < 1 || o->runs > MAX_RUNS)
+        o->runs < 1 || o->runs > MAX_RUNS || !(o->spread >= 0))
         return -1;
     return 0;
 }
@@ -381,7 +384,7 @@ int main(int argc, char **argv)
     options o;
     if (parse(argc, argv, &o)) {
         fprintf(stderr, "usage: ivf [--n N] [--dim D] [--nlist L] [--nq Q] [--centers C] "
-                        "[--runs R (1..%d)] [--dir DIR]\n", MAX_RUNS);
+                        "[--spread S] [--runs R (1..%d)] [--dir DIR]\n", MAX_RUNS);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -400,8 +403,8 @@ int main(int argc, char **argv)
             dirs[(size_t)i * o.dim + t] = gauss();
         unit(dirs + (size_t)i * o.dim, o.dim);
     }
-    draw(base, o.n, dirs, o.centers, o.dim);
-    draw(q, o.nq, dirs, o.centers, o.dim);
+    draw(base, o.n, dirs, o.centers, o.dim, o.spread);
+    draw(q, o.nq, dirs, o.centers, o.dim, o.spread);
     double t0 = bench_now_s();
     if (exact_top(base, o.n, q, o.nq, o.dim, truth)) {
         fprintf(stderr, "ivf: out of memory\n");
@@ -440,9 +443,9 @@ int main(int argc, char **argv)
         return 1;
     }
     double add_s = bench_now_s() - t0;
-    printf("{\"bench\":\"ivf_build\",\"n\":%lld,\"dim\":%d,\"nlist\":%d,\"kernel\":%d,"
+    printf("{\"bench\":\"ivf_build\",\"n\":%lld,\"dim\":%d,\"nlist\":%d,\"spread\":%.2f,\"kernel\":%d,"
            "\"exact_s\":%.2f,\"train_s\":%.2f,\"add_s\":%.2f,\"faiss_train_s\":",
-           (long long)o.n, o.dim, o.nlist, (int)vdist_level(), exact_s, train_s, add_s);
+           (long long)o.n, o.dim, o.nlist, o.spread, (int)vdist_level(), exact_s, train_s, add_s);
     if (have_faiss)
         printf("%.2f,\"faiss_add_s\":%.2f}\n", fp.train_s, fp.add_s);
     else
