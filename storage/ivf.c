@@ -374,10 +374,11 @@ static int cmp_i64(const void *a, const void *b)
 
 void ivf_ids(const ivf *ix, int64_t *ids)
 {
-    for (int c = 0; c < ix->nlist; c++) {
-        memcpy(ids, ix->lists[c].ids, sizeof *ids * (size_t)ix->lists[c].n);
-        ids += ix->lists[c].n;
-    }
+    for (int c = 0; c < ix->nlist; c++)
+        if (ix->lists[c].n) {
+            memcpy(ids, ix->lists[c].ids, sizeof *ids * (size_t)ix->lists[c].n);
+            ids += ix->lists[c].n;
+        }
     qsort(ids - ix->n, (size_t)ix->n, sizeof *ids, cmp_i64);
 }
 
@@ -434,6 +435,8 @@ struct ivf_search {
     float *bound;      /* (n_q, nprobe) the highest score a vector of that list can have */
     uint8_t *state;    /* (n_q, nprobe) PAIR_* */
     int *next;         /* (n_q) first position of order not yet scanned or skipped */
+    int cursor;        /* the query a step starts choosing lists from (turns round, so that
+                        * small steps serve every query in turn) */
     ivf_hit *heap;     /* (n_q, k) each query's results so far, a heap with the worst on top */
     int *heap_n;       /* (n_q) */
     /* which (query, position) pairs probe each list, grouped by list */
@@ -729,10 +732,13 @@ bool ivf_search_step(ivf_search *s, int max_lists)
     int np = s->nprobe, n_sel = 0, stamp = ++s->stats.steps;
     if (max_lists < 1)
         max_lists = 1;
-    /* each query names the next list it needs; the first max_lists named are chosen */
-    for (int i = 0; i < s->n_q && n_sel < max_lists; i++) {
+    /* each query names the next list it needs; the first max_lists named from the cursor
+     * on are chosen */
+    for (int t = 0; t < s->n_q && n_sel < max_lists; t++) {
+        int i = (s->cursor + t) % s->n_q;
         if (s->next[i] == np)
             continue;
+        s->cursor = (i + 1) % s->n_q;
         int c = s->order[(size_t)i * np + s->next[i]];
         if (s->step_mark[c] != stamp) {
             s->step_mark[c] = stamp;
@@ -844,6 +850,8 @@ int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX])
             int64_t row = 0;
             for (int h = 0; h < n_hot; h++) {
                 ivf_list *l = &ix->lists[order[h]];
+                if (!l->n)
+                    continue;
                 memcpy(ix->hot + (size_t)row * ix->dim, l->vecs, (size_t)l->n * row_bytes);
                 l->hot_at = row;
                 row += l->n;

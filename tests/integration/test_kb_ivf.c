@@ -131,7 +131,10 @@ static void index_answers_equal_exact(void)
                      BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 64\n") == 0);
     ci = proc_connect(&ix, "app");
     CHECK(ci);
-    CHECK(ask(ci, &a) == 0);
+    int asked = ask(ci, &a);
+    if (asked)
+        proc_print_log(&ix);
+    CHECK_MSG(asked == 0, "%s", llms_last_error(ci));
     CHECK(same(&a, &e));
 
     /* documents removed and added: the index follows */

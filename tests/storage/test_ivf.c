@@ -268,9 +268,11 @@ static void test_similarity_aware_equals_plain(void)
     CHECK_EQ(st_plain.lists_skipped, 0);
     CHECK_EQ(st_plain.lists_scanned, NQ * 16);
     CHECK_EQ(st_hint.lists_scanned + st_hint.lists_skipped, NQ * 16);
-    /* the early stop saves work, hints save more */
-    CHECK_MSG(st_hint.vectors_scanned < st_plain.vectors_scanned &&
-                  st_hint.lists_skipped >= st_stop.lists_skipped && st_hint.lists_skipped > 0,
+    /* the early stop saves work, with hints or without (hints only reorder, so which saves
+     * more depends on the data) */
+    CHECK_MSG(st_stop.vectors_scanned < st_plain.vectors_scanned &&
+                  st_hint.vectors_scanned < st_plain.vectors_scanned && st_stop.lists_skipped > 0 &&
+                  st_hint.lists_skipped > 0,
               "vectors scanned: plain %lld, stop %lld, hints %lld",
               (long long)st_plain.vectors_scanned, (long long)st_stop.vectors_scanned,
               (long long)st_hint.vectors_scanned);
