@@ -57,25 +57,12 @@ static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static double uniform(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
+    return bench_uniform(&rng);
 }
 
 static float gauss(void)
 {
-    return (float)(sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform()));
-}
-
-static void unit(float *v, int d)
-{
-    double ss = 0;
-    for (int i = 0; i < d; i++)
-        ss += (double)v[i] * v[i];
-    float inv = (float)(1.0 / sqrt(ss));
-    for (int i = 0; i < d; i++)
-        v[i] *= inv;
+    return (float)bench_gauss(&rng);
 }
 
 /* n rows around the directions dirs (n_dirs, d), noise spread times their length. */
@@ -87,7 +74,7 @@ static void draw(float *out, int64_t n, const float *dirs, int n_dirs, int d, fl
         float *x = out + (size_t)i * d;
         for (int t = 0; t < d; t++)
             x[t] = c[t] + sigma * gauss();
-        unit(x, d);
+        vdist_normalize(x, d);
     }
 }
 
@@ -270,7 +257,7 @@ static void similarity_aware(ivf *ix, const float *q, const options *o, int npro
     for (int a = 0; a < o->nq; a++) {
         for (int t = 0; t < o->dim; t++)
             prev[(size_t)a * o->dim + t] = q[(size_t)a * o->dim + t] + sigma * gauss();
-        unit(prev + (size_t)a * o->dim, o->dim);
+        vdist_normalize(prev + (size_t)a * o->dim, o->dim);
     }
     ivf_search_stats st[3];
     if (aware_run(ix, prev, o, nprobe, false, NULL, h_prev, &st[0]) < 0)
@@ -401,7 +388,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.centers; i++) {
         for (int t = 0; t < o.dim; t++)
             dirs[(size_t)i * o.dim + t] = gauss();
-        unit(dirs + (size_t)i * o.dim, o.dim);
+        vdist_normalize(dirs + (size_t)i * o.dim, o.dim);
     }
     draw(base, o.n, dirs, o.centers, o.dim, o.spread);
     draw(q, o.nq, dirs, o.centers, o.dim, o.spread);

@@ -352,16 +352,6 @@ static void split_free(split *sp)
     memset(sp, 0, sizeof *sp);
 }
 
-void kb_unit(float *v, int dim)
-{
-    double ss = 0;
-    for (int i = 0; i < dim; i++)
-        ss += (double)v[i] * v[i];
-    float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
-    for (int i = 0; i < dim; i++)
-        v[i] *= inv;
-}
-
 /* Splits text into passages of about ptok tokens, consecutive ones sharing about otok:
  * whole words (runs of non-space bytes), each counted by its own tokenization, so a
  * passage is an exact span of the document's text (never a lossy decode of tokens). */
@@ -452,7 +442,7 @@ static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, spli
         sp->n = p + 1;
         if (semantic_embed_now(k->env.sem, sp->texts[p], sp->vecs + (size_t)p * dim, err))
             break;
-        kb_unit(sp->vecs + (size_t)p * dim, dim);
+        vdist_normalize(sp->vecs + (size_t)p * dim, dim);
         if (p == n_pass - 1)
             rc = 0;
     }
@@ -965,7 +955,7 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
             code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             goto out;
         }
-        kb_unit(qvec, kb.dim);
+        vdist_normalize(qvec, kb.dim);
     }
     if (kb_retrieve(k, &kb, sr->query, qvec, top_k, mode, hits, &n, err))
         goto out;

@@ -90,7 +90,5 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
 typedef int (*kb_changed_fn)(void *arg, const kb_ref *kb, int64_t first_new);
 void kb_on_changed(kbm *k, kb_changed_fn fn, void *arg);
 
-/* Scales v (dim floats) to unit length (a zero vector stays zero). */
-void kb_unit(float *v, int dim);
 
 #endif

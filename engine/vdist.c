@@ -3,6 +3,7 @@
  */
 #include "engine/vdist.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -69,6 +70,16 @@ void vdist_dot_at(enum vdist_level level, const float *q, int n_q, const float *
     }
 #endif
     dot_scalar(q, n_q, x, n_x, d, out, stride);
+}
+
+void vdist_normalize(float *v, int d)
+{
+    double ss = 0;
+    for (int i = 0; i < d; i++)
+        ss += (double)v[i] * v[i];
+    float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+    for (int i = 0; i < d; i++)
+        v[i] *= inv;
 }
 
 void vdist_dot(const float *q, int n_q, const float *x, int n_x, int d, float *out,

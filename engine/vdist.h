@@ -30,6 +30,9 @@ enum vdist_level vdist_level(void);
 void vdist_dot(const float *q, int n_q, const float *x, int n_x, int d, float *out,
                size_t stride);
 
+/* Scales v (d floats) to unit length; a zero vector stays zero. */
+void vdist_normalize(float *v, int d);
+
 /* The same with kernel level (at most vdist_level(); a higher one runs the best). */
 void vdist_dot_at(enum vdist_level level, const float *q, int n_q, const float *x, int n_x,
                   int d, float *out, size_t stride);

@@ -143,16 +143,6 @@ static int lists_alloc(ivf *ix, int nlist, char *err)
     return 0;
 }
 
-static void unit(float *v, int dim)
-{
-    double ss = 0;
-    for (int i = 0; i < dim; i++)
-        ss += (double)v[i] * v[i];
-    float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
-    for (int i = 0; i < dim; i++)
-        v[i] *= inv;
-}
-
 /*
  * scores (m, nlist) = the m rows of vecs against every centroid. Training, adding and
  * the coarse step of a batch search are a matrix product, which OpenBLAS's sgemm does
@@ -239,7 +229,7 @@ int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_pa
     /* the first nlist of the sample start as centroids */
     for (int c = 0; c < p->nlist; c++) {
         memcpy(ix->centroids + (size_t)c * dim, sample + (size_t)c * dim, sizeof *sample * dim);
-        unit(ix->centroids + (size_t)c * dim, dim);
+        vdist_normalize(ix->centroids + (size_t)c * dim, dim);
     }
     for (int it = 0; it < iters; it++) {
         assign(ix, sample, m, best, scores);
@@ -262,7 +252,7 @@ int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_pa
                 for (int t = 0; t < dim; t++)
                     ce[t] = (float)sum[(size_t)c * dim + t];
             }
-            unit(ce, dim);
+            vdist_normalize(ce, dim);
         }
     }
 out:

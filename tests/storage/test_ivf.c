@@ -23,15 +23,6 @@ static float frand(unsigned *s)
     return (float)((*s >> 8) & 0xFFFF) / 65536.0f * 2.0f - 1.0f;
 }
 
-static void unit(float *v, int d)
-{
-    double ss = 0;
-    for (int i = 0; i < d; i++)
-        ss += (double)v[i] * v[i];
-    for (int i = 0; i < d; i++)
-        v[i] = (float)(v[i] / sqrt(ss));
-}
-
 /* n unit vectors around n_centers random directions (noise of the given size). */
 static float *clustered(int n, int d, int n_centers, float noise, unsigned seed)
 {
@@ -48,7 +39,7 @@ static float *clustered(int n, int d, int n_centers, float noise, unsigned seed)
         int k = (int)((unsigned)i * 2654435761u % (unsigned)n_centers);
         for (int t = 0; t < d; t++)
             v[(size_t)i * d + t] = c[(size_t)k * d + t] + noise * frand(&s);
-        unit(v + (size_t)i * d, d);
+        vdist_normalize(v + (size_t)i * d, d);
     }
     free(c);
     return v;
@@ -126,7 +117,7 @@ static float *queries_near(const float *data, float noise, unsigned seed)
         const float *x = data + (size_t)((unsigned)a * 7919u % N) * DIM;
         for (int t = 0; t < DIM; t++)
             q[a * DIM + t] = x[t] + noise * frand(&s);
-        unit(q + a * DIM, DIM);
+        vdist_normalize(q + a * DIM, DIM);
     }
     return q;
 }
