@@ -15,7 +15,9 @@
  *   ivf_search_begin   picks each query's lists (and orders them),
  *   ivf_search_step    scans up to max_lists lists, each once for all the queries of the
  *                      batch that probe it (a list is read once per step, not once per
- *                      query), and says whether the search is done,
+ *                      query), and says whether the search is done; the lists are those
+ *                      the queries need next, taken query by query from where the last
+ *                      step stopped, so that small steps serve every query in turn,
  *   ivf_search_results gives a query's best k so far (final once done).
  * Results do not depend on how the work was split into steps: ties are broken by the
  * lower id, and a pair's score is the same in any batch (engine/vdist.h). Centroids are
@@ -25,9 +27,13 @@
  * Similarity-aware search (HedraRAG): a query may bring hint lists, the lists of its
  * request's recent results; those of its nprobe lists are searched first, then the
  * rest. With early_stop, a list is skipped once its bound says none of its vectors can
- * enter the query's top k: a score in list c is at most dot(q, c) + |q| * radius(c)
- * (Cauchy-Schwarz; radius is the largest distance of a member from the centroid), so a
- * skipped list could not have changed the result, which equals the full nprobe search.
+ * enter the query's top k. A score in list c is at most dot(q, c) + |q| * radius(c)
+ * (Cauchy-Schwarz; radius is the largest distance of a member from the centroid), and
+ * at most the best a vector can do within the range of projections on c that the list's
+ * members have (a cone around c); both bounds are widened for f32 rounding. A skipped
+ * list could not have changed the result, which equals the full nprobe search. How much
+ * is skipped depends on how tight the lists are: in hundreds of dimensions spread
+ * clusters leave the bounds above the top scores (bench/ivf).
  * Hints change only the order, never the results, so stale hints cost time only.
  *
  * The index must not change (add, remove, train, load) while a search over it is in
