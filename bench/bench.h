@@ -38,6 +38,22 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A uniform double in (0, 1) from the xorshift64 generator *state (never 0). */
+static inline double bench_uniform(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return ((double)(*state >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* A standard normal deviate from *state (Box-Muller). */
+static inline double bench_gauss(uint64_t *state)
+{
+    double radius = sqrt(-2.0 * log(bench_uniform(state)));
+    return radius * cos(6.283185307179586 * bench_uniform(state));
+}
+
 /* Index of the largest of v[0..n) (greedy decoding). */
 static inline int32_t bench_argmax(const float *v, int n)
 {

@@ -47,10 +47,7 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static double uniform(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return ((double)(rng_state >> 11) + 0.5) / 9007199254740992.0;
+    return bench_uniform(&rng_state);
 }
 
 /* Groups of a 2-byte scale (an f16 of similar magnitude each time) and 32 int8 values,
@@ -65,7 +62,7 @@ static void fill_int8_like(uint8_t *p, size_t n)
             p[i++] = (uint8_t)(0x20 + (int)(uniform() * 4));
         }
         for (int k = 0; k < 32 && i < n; k++) {
-            double g = sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform());
+            double g = bench_gauss(&rng_state);
             long v = lround(g * sigma);
             p[i++] = (uint8_t)(int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
         }

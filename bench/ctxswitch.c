@@ -179,10 +179,7 @@ static uint64_t rng;
 
 static double uniform(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
+    return bench_uniform(&rng);
 }
 
 static int uniform_int(int lo, int hi)
@@ -192,7 +189,7 @@ static int uniform_int(int lo, int hi)
 
 static double normal(void)
 {
-    return sqrt(-2 * log(uniform())) * cos(2 * M_PI * uniform());
+    return bench_gauss(&rng);
 }
 
 static uint64_t mix64(uint64_t x)

@@ -153,6 +153,9 @@ static const key_def keys[] = {
                                        "(default 256)"),
     INT(kb_max_passages_per_uid, 0, INT_MAX, "passages of all a uid's knowledge bases "
                                              "(default 1000000)"),
+    INT(kb_ivf_min_passages, 0, INT_MAX, "passages of a knowledge base from which vector "
+        "search goes through an IVF index, 0: never (default 10000)"),
+    INT(kb_ivf_nprobe, 1, 65536, "lists an IVF search of a knowledge base visits (default 16)"),
     INT(rag_top_k, 1, 64, "passages a RagQuery puts in its prompt (default 3)"),
     STR(rag_system_prompt, "system prompt of RagQuery unless the request has one"),
     FLT(tau_query, 0, 2, "QA bank: a question this close (cosine) to a stored one is "
@@ -218,6 +221,8 @@ void config_defaults(config *c)
     c->kb_max_add_bytes = 4 << 20;
     c->kb_max_mb_per_uid = 256;
     c->kb_max_passages_per_uid = 1000000;
+    c->kb_ivf_min_passages = 10000;
+    c->kb_ivf_nprobe = 16;
     c->rag_top_k = 3;
     strcpy(c->rag_system_prompt, "Answer the question using the passages.");
     c->tau_query = 0.85f;

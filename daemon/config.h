@@ -106,6 +106,9 @@ typedef struct config {
     int kb_max_add_bytes;              /* text of one KbAdd request, all documents */
     int kb_max_mb_per_uid;             /* document text of a uid's knowledge bases, MiB */
     int kb_max_passages_per_uid;
+    int kb_ivf_min_passages;           /* vector search through an IVF index from this many
+                                        * passages of a knowledge base on (0: never) */
+    int kb_ivf_nprobe;                 /* lists that search visits */
     int rag_top_k;                     /* passages a RagQuery puts in the prompt */
     char rag_system_prompt[1024];
     float tau_query;                   /* QA bank: cosine to a stored question that answers */

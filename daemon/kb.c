@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "daemon/reply.h"
+#include "engine/vdist.h"
+#include "storage/ivf.h"
 #include "storage/kb.h"
 
 #define KB_RRF_K 60.0f   /* reciprocal rank fusion's constant (Cormack et al.) */
@@ -24,6 +26,7 @@ typedef struct kb_vecs {
     int n, cap;
     int64_t *ids;
     float *vecs;        /* (n, dim) unit length */
+    ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
     struct kb_vecs *next;
 } kb_vecs;
 
@@ -56,6 +59,7 @@ static void vecs_free(kb_vecs *v)
 {
     free(v->ids);
     free(v->vecs);
+    ivf_free(v->index);
     free(v);
 }
 
@@ -148,6 +152,7 @@ static int copy_kb(void *arg, const store_kb *kb)
     kb_ref *r = arg;
     r->id = kb->id;
     r->dim = kb->dim;
+    r->app_id = -1;
     return 0;
 }
 
@@ -163,6 +168,7 @@ int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *o
     if (store_app_id(k->env.st, uid, app, &app_id, err) ||
         store_kb_get(k->env.st, app_id, name, copy_kb, out, &found, err))
         return -1;
+    out->app_id = app_id;
     if (!found)
         err_set(err, "no knowledge base '%s'", name);
     return found ? 1 : 0;
@@ -315,7 +321,11 @@ static void handle_drop(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     if (!find_kb(k, conn_id, uid, app, req, req->kb_drop->kb, &kb))
         return;
     cache_drop(k, kb.id);
-    if (store_kb_drop(k->env.st, kb.id, err)) {
+    char index[32];
+    bool had_index;
+    snprintf(index, sizeof index, "kb:%lld", (long long)kb.id);
+    if (ivf_drop(k->env.st, kb.app_id, index, &had_index, err) ||
+        store_kb_drop(k->env.st, kb.id, err)) {
         send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return;
     }
@@ -340,16 +350,6 @@ static void split_free(split *sp)
     free(sp->texts);
     free(sp->vecs);
     memset(sp, 0, sizeof *sp);
-}
-
-void kb_unit(float *v, int dim)
-{
-    double ss = 0;
-    for (int i = 0; i < dim; i++)
-        ss += (double)v[i] * v[i];
-    float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
-    for (int i = 0; i < dim; i++)
-        v[i] *= inv;
 }
 
 /* Splits text into passages of about ptok tokens, consecutive ones sharing about otok:
@@ -442,7 +442,7 @@ static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, spli
         sp->n = p + 1;
         if (semantic_embed_now(k->env.sem, sp->texts[p], sp->vecs + (size_t)p * dim, err))
             break;
-        kb_unit(sp->vecs + (size_t)p * dim, dim);
+        vdist_normalize(sp->vecs + (size_t)p * dim, dim);
         if (p == n_pass - 1)
             rc = 0;
     }
@@ -683,14 +683,6 @@ static kb_vecs *vectors(kbm *k, const kb_ref *kb, char err[ERR_MAX])
     return v;
 }
 
-static float dot(const float *a, const float *b, int n)
-{
-    float s = 0;
-    for (int i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
 /* Keeps the best n of (id, score) pairs seen, best first, in hits (cap entries). */
 static void top_insert(kb_hit *hits, int *n, int cap, int64_t id, float score)
 {
@@ -702,6 +694,123 @@ static void top_insert(kb_hit *hits, int *n, int cap, int64_t id, float score)
         i--;
     }
     hits[i] = (kb_hit){id, score};
+}
+
+/* Lists of an IVF index of n passages: 4 sqrt(n) (FAISS's rule of thumb), at most n / 8
+ * so that lists are not nearly empty. */
+static int ivf_lists_for(int n)
+{
+    int nlist = (int)(4.0 * sqrt((double)n));
+    if (nlist > n / 8)
+        nlist = n / 8;
+    return nlist < 1 ? 1 : nlist;
+}
+
+/* Brings index ix up to date with v's passages: removes the ids v lacks,
+ * adds those it lacks. */
+static int index_sync(ivf *ix, const kb_vecs *v, char *err)
+{
+    int64_t have_n = ivf_count(ix);
+    int64_t *have = malloc(sizeof *have * (size_t)(have_n ? have_n : 1));
+    int64_t *gone = malloc(sizeof *gone * (size_t)(have_n ? have_n : 1));
+    int64_t *new_ids = malloc(sizeof *new_ids * (size_t)v->n);
+    float *new_vecs = malloc(sizeof *new_vecs * (size_t)v->n * v->dim);
+    int rc = 0;
+    if (!have || !gone || !new_ids || !new_vecs) {
+        rc = err_set(err, "out of memory");
+        goto out;
+    }
+    ivf_ids(ix, have);
+    /* both lists ascending (v's in id order from the store): one merge finds both sides */
+    int64_t n_gone = 0, n_new = 0, h = 0;
+    for (int i = 0; i < v->n; i++) {
+        while (h < have_n && have[h] < v->ids[i])
+            gone[n_gone++] = have[h++];
+        if (h < have_n && have[h] == v->ids[i]) {
+            h++;
+            continue;
+        }
+        new_ids[n_new] = v->ids[i];
+        memcpy(new_vecs + (size_t)n_new * v->dim, v->vecs + (size_t)i * v->dim,
+               sizeof *new_vecs * v->dim);
+        n_new++;
+    }
+    while (h < have_n)
+        gone[n_gone++] = have[h++];
+    if (ivf_remove(ix, gone, n_gone, NULL, err) ||
+        ivf_add(ix, new_ids, new_vecs, n_new, v->dim, err))
+        rc = -1;
+out:
+    free(have);
+    free(gone);
+    free(new_ids);
+    free(new_vecs);
+    return rc;
+}
+
+/* v's IVF index: kept, or loaded and brought up to date, or (re)built; saved when it
+ * changed. */
+static ivf *index_of(kbm *k, const kb_ref *kb, kb_vecs *v, char *err)
+{
+    if (v->index)
+        return v->index;
+    char name[32];
+    snprintf(name, sizeof name, "kb:%lld", (long long)kb->id);
+    ivf *ix = NULL;
+    bool found;
+    char load_err[ERR_MAX];
+    int want = ivf_lists_for(v->n);
+    /* the index is derived data: one that does not load, or no longer fits, is rebuilt */
+    if (ivf_load(k->env.st, kb->app_id, name, &ix, &found, load_err) == 0 && found &&
+        (ivf_dim(ix) != v->dim || want >= 2 * ivf_nlist(ix))) {
+        ivf_free(ix);
+        ix = NULL;
+    }
+    if (ix) {
+        if (index_sync(ix, v, err))
+            goto fail;
+    } else {
+        ivf_train_params tp = {.nlist = want, .seed = (uint64_t)kb->id};
+        if (!(ix = ivf_new(v->dim, err)) || ivf_train(ix, v->vecs, v->n, v->dim, &tp, err) ||
+            ivf_add(ix, v->ids, v->vecs, v->n, v->dim, err))
+            goto fail;
+    }
+    if (ivf_save(k->env.st, kb->app_id, name, ix, err))
+        goto fail;
+    v->index = ix;
+    return ix;
+fail:
+    ivf_free(ix);
+    return NULL;
+}
+
+/* The best cand passages of v for qvec through its IVF index, into hits. */
+static int index_search(kbm *k, const kb_ref *kb, kb_vecs *v, const float *qvec, int cand,
+                        kb_hit *hits, int *n, char *err)
+{
+    ivf *ix = index_of(k, kb, v, err);
+    if (!ix)
+        return -1;
+    ivf_hit found[KB_CAND];
+    ivf_search_params p = {.k = cand, .nprobe = k->env.cfg->kb_ivf_nprobe};
+    if (ivf_search_all(ix, qvec, 1, v->dim, &p, found, n, err))
+        return -1;
+    for (int i = 0; i < *n; i++)
+        hits[i] = (kb_hit){found[i].id, found[i].score};
+    return 0;
+}
+
+/* The best cand passages of v for qvec by brute force, into hits. */
+static void exact_search(const kb_vecs *v, const float *qvec, int cand, kb_hit *hits, int *n)
+{
+    enum { BLOCK = 256 };
+    float sc[BLOCK];
+    for (int i0 = 0; i0 < v->n; i0 += BLOCK) {
+        int nb = v->n - i0 < BLOCK ? v->n - i0 : BLOCK;
+        vdist_dot(qvec, 1, v->vecs + (size_t)i0 * v->dim, nb, v->dim, sc, BLOCK);
+        for (int i = 0; i < nb; i++)
+            top_insert(hits, n, cand, v->ids[i0 + i], sc[i]);
+    }
 }
 
 /* Normalises a list's scores to [0, 1] (min-max); all equal: all 1. */
@@ -750,8 +859,13 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
         kb_vecs *v = vectors(k, kb, err);
         if (!v)
             return -1;
-        for (int i = 0; i < v->n; i++)
-            top_insert(vc, &n_vc, cand, v->ids[i], dot(qvec, v->vecs + (size_t)i * v->dim, v->dim));
+        int min = k->env.cfg->kb_ivf_min_passages;
+        if (min > 0 && v->n >= min) {
+            if (index_search(k, kb, v, qvec, cand, vc, &n_vc, err))
+                return -1;
+        } else {
+            exact_search(v, qvec, cand, vc, &n_vc);
+        }
     }
     if (!want_vec || !want_bm25) {
         kb_hit *src = want_vec ? vc : bm;
@@ -841,7 +955,7 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
             code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             goto out;
         }
-        kb_unit(qvec, kb.dim);
+        vdist_normalize(qvec, kb.dim);
     }
     if (kb_retrieve(k, &kb, sr->query, qvec, top_k, mode, hits, &n, err))
         goto out;

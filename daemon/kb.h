@@ -12,9 +12,14 @@
  * steps, so a KbAdd delays running generations by its embedding time (kb_max_add_bytes
  * bounds it).
  *
- * Retrieval: BM25 over the knowledge base's FTS5 table and brute-force cosine over its
- * vectors (held in memory per knowledge base after first use, dropped when it changes),
- * each giving a ranked candidate list, fused by reciprocal rank fusion (1/(60 + rank)
+ * Retrieval: BM25 over the knowledge base's FTS5 table and cosine over its vectors (held
+ * in memory per knowledge base after first use, dropped when it changes): brute force,
+ * or from kb_ivf_min_passages passages on through an IVF index (storage/ivf.h, stored
+ * as the app's index "kb:<id>", visiting kb_ivf_nprobe lists). The index is brought up
+ * to date with the passages when the vectors are (re)loaded: passages gone are removed,
+ * new ones added to their nearest list, and it is retrained (4 sqrt(n) lists, at most
+ * n / 8) once the passages call for twice its lists; a stored index that does not load
+ * is rebuilt. Each retriever gives a ranked candidate list, fused by reciprocal rank fusion (1/(60 + rank)
  * summed) or by the sum of min-max normalised scores.
  *
  * Limits (config): kb_max_per_app, kb_max_doc_bytes, kb_max_add_bytes, and per uid over
@@ -58,6 +63,7 @@ void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Ll
 /* A knowledge base found for a query. */
 typedef struct kb_ref {
     int64_t id;
+    int64_t app_id;         /* its app's (the owner of its IVF index) */
     int dim;
 } kb_ref;
 
@@ -84,7 +90,5 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
 typedef int (*kb_changed_fn)(void *arg, const kb_ref *kb, int64_t first_new);
 void kb_on_changed(kbm *k, kb_changed_fn fn, void *arg);
 
-/* Scales v (dim floats) to unit length (a zero vector stays zero). */
-void kb_unit(float *v, int dim);
 
 #endif

@@ -13,6 +13,7 @@
 #include "daemon/prompt.h"
 #include "daemon/reply.h"
 #include "daemon/reqlog.h"
+#include "engine/vdist.h"
 #include "storage/kb.h"
 
 #define RAG_MAX_K 16            /* passages in a prompt at most */
@@ -581,7 +582,7 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     }
     if (semantic_embed_now(r->env.sem, rq->question, q->qvec, err))
         goto fail;
-    kb_unit(q->qvec, q->kb.dim);
+    vdist_normalize(q->qvec, q->kb.dim);
     code = LLMS__ERROR_CODE__INTERNAL;
     if (q->use_qa) {
         int rc = qa_answer(r, q, conn_id, req, err);

@@ -18,53 +18,14 @@
 #define KB_ZSTD_LEVEL 3
 #define KB_MATCH_MAX 4096 /* bytes of an FTS5 query built from a question */
 
-static int db_err(store *s, char *err, const char *what)
-{
-    return err_set(err, "store: %s: %s", what, sqlite3_errmsg(store_sqlite(s)));
-}
-
-static sqlite3_stmt *prep(store *s, const char *sql, char *err)
-{
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(store_sqlite(s), sql, -1, &st, NULL) != SQLITE_OK) {
-        db_err(s, err, sql);
-        return NULL;
-    }
-    return st;
-}
-
-/* Runs a statement that returns no rows and finalizes it. */
-static int run(store *s, sqlite3_stmt *st, const char *what, char *err)
-{
-    int rc = sqlite3_step(st);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-        db_err(s, err, what);
-        sqlite3_finalize(st);
-        return -1;
-    }
-    sqlite3_finalize(st);
-    return 0;
-}
-
-static int exec_sql(store *s, const char *sql, char *err)
-{
-    char *msg = NULL;
-    if (sqlite3_exec(store_sqlite(s), sql, NULL, NULL, &msg) != SQLITE_OK) {
-        err_set(err, "store: %s: %s", sql, msg ? msg : sqlite3_errmsg(store_sqlite(s)));
-        sqlite3_free(msg);
-        return -1;
-    }
-    return 0;
-}
-
 int store_kb_begin(store *s, char err[ERR_MAX])
 {
-    return exec_sql(s, "BEGIN IMMEDIATE", err);
+    return store_exec_sql(s, "BEGIN IMMEDIATE", err);
 }
 
 int store_kb_commit(store *s, char err[ERR_MAX])
 {
-    if (exec_sql(s, "COMMIT", err) == 0)
+    if (store_exec_sql(s, "COMMIT", err) == 0)
         return 0;
     store_kb_rollback(s);
     return -1;
@@ -94,7 +55,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
                         const char *embedder, int dim, int64_t now_ms, int64_t *kb_id,
                         bool *exists, char *err)
 {
-    sqlite3_stmt *st = prep(s, "SELECT id FROM kbs WHERE app_id = ? AND name = ?", err);
+    sqlite3_stmt *st = store_prepare(s, "SELECT id FROM kbs WHERE app_id = ? AND name = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -103,7 +64,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     sqlite3_finalize(st);
     if (*exists)
         return 0;
-    st = prep(s, "INSERT INTO kbs (app_id, name, passage_tokens, overlap_tokens, embedder, dim,"
+    st = store_prepare(s, "INSERT INTO kbs (app_id, name, passage_tokens, overlap_tokens, embedder, dim,"
                  " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
@@ -114,13 +75,13 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     sqlite3_bind_text(st, 5, embedder, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 6, dim);
     sqlite3_bind_int64(st, 7, now_ms);
-    if (run(s, st, "creating a knowledge base", err))
+    if (store_step_once(s, st, "creating a knowledge base", err))
         return -1;
     *kb_id = sqlite3_last_insert_rowid(store_sqlite(s));
     char sql[128];
     snprintf(sql, sizeof sql, "CREATE VIRTUAL TABLE kbfts_%lld USING fts5(text)",
              (long long)*kb_id);
-    return exec_sql(s, sql, err);
+    return store_exec_sql(s, sql, err);
 }
 
 int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
@@ -163,7 +124,7 @@ static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb 
             break;
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        out = db_err(s, err, "listing knowledge bases");
+        out = store_db_err(s, err, "listing knowledge bases");
     sqlite3_finalize(st);
     return out;
 }
@@ -173,7 +134,7 @@ int store_kb_get(store *s, int64_t app_id, const char *name,
                  char err[ERR_MAX])
 {
     *found = false;
-    sqlite3_stmt *st = prep(s, KB_COLUMNS "WHERE k.app_id = ? AND k.name = ?", err);
+    sqlite3_stmt *st = store_prepare(s, KB_COLUMNS "WHERE k.app_id = ? AND k.name = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -187,7 +148,7 @@ int store_kb_get(store *s, int64_t app_id, const char *name,
 int store_kb_list(store *s, int64_t app_id, int (*fn)(void *arg, const store_kb *kb),
                   void *arg, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, KB_COLUMNS "WHERE ?1 < 0 OR k.app_id = ?1 ORDER BY k.name", err);
+    sqlite3_stmt *st = store_prepare(s, KB_COLUMNS "WHERE ?1 < 0 OR k.app_id = ?1 ORDER BY k.name", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -204,7 +165,7 @@ static int kb_drop_tx(store *s, int64_t kb_id, char *err)
              "DELETE FROM kbs WHERE id = %lld",
              (long long)kb_id, (long long)kb_id, (long long)kb_id, (long long)kb_id,
              (long long)kb_id);
-    return exec_sql(s, sql, err);
+    return store_exec_sql(s, sql, err);
 }
 
 int store_kb_drop(store *s, int64_t kb_id, char err[ERR_MAX])
@@ -216,7 +177,7 @@ int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages
                        char err[ERR_MAX])
 {
     *bytes = *passages = 0;
-    sqlite3_stmt *st = prep(s,
+    sqlite3_stmt *st = store_prepare(s,
         "SELECT (SELECT coalesce(sum(d.bytes), 0) FROM kb_docs d JOIN kbs k ON k.id = d.kb_id"
         " JOIN apps a ON a.id = k.app_id WHERE a.uid = ?1),"
         " (SELECT count(*) FROM kb_passages p JOIN kbs k ON k.id = p.kb_id"
@@ -225,7 +186,7 @@ int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages
         return -1;
     sqlite3_bind_int64(st, 1, uid);
     if (sqlite3_step(st) != SQLITE_ROW) {
-        db_err(s, err, "summing a uid's knowledge bases");
+        store_db_err(s, err, "summing a uid's knowledge bases");
         sqlite3_finalize(st);
         return -1;
     }
@@ -245,12 +206,12 @@ static int doc_delete(store *s, int64_t kb_id, const char *doc, bool *found, cha
     const char *const sqls[] = {sql, "DELETE FROM kb_passages WHERE kb_id = ?1 AND doc = ?2",
                                 "DELETE FROM kb_docs WHERE kb_id = ?1 AND doc = ?2"};
     for (int i = 0; i < 3; i++) {
-        sqlite3_stmt *st = prep(s, sqls[i], err);
+        sqlite3_stmt *st = store_prepare(s, sqls[i], err);
         if (!st)
             return -1;
         sqlite3_bind_int64(st, 1, kb_id);
         sqlite3_bind_text(st, 2, doc, -1, SQLITE_STATIC);
-        if (run(s, st, "deleting a document", err))
+        if (store_step_once(s, st, "deleting a document", err))
             return -1;
     }
     *found = sqlite3_changes(store_sqlite(s)) > 0;
@@ -264,7 +225,7 @@ static int put_doc_tx(store *s, int64_t kb_id, const char *doc, const char *meta
     bool found;
     if (doc_delete(s, kb_id, doc, &found, err))
         return -1;
-    sqlite3_stmt *st = prep(s, "INSERT INTO kb_docs (kb_id, doc, metadata, bytes, n_passages,"
+    sqlite3_stmt *st = store_prepare(s, "INSERT INTO kb_docs (kb_id, doc, metadata, bytes, n_passages,"
                                " created_ms) VALUES (?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
@@ -275,14 +236,14 @@ static int put_doc_tx(store *s, int64_t kb_id, const char *doc, const char *meta
     sqlite3_bind_int64(st, 4, bytes);
     sqlite3_bind_int(st, 5, n);
     sqlite3_bind_int64(st, 6, now_ms);
-    if (run(s, st, "adding a document", err))
+    if (store_step_once(s, st, "adding a document", err))
         return -1;
     char sql[96];
     snprintf(sql, sizeof sql, "INSERT INTO kbfts_%lld (rowid, text) VALUES (?, ?)",
              (long long)kb_id);
-    sqlite3_stmt *ins = prep(s, "INSERT INTO kb_passages (kb_id, doc, seq, text, vec)"
+    sqlite3_stmt *ins = store_prepare(s, "INSERT INTO kb_passages (kb_id, doc, seq, text, vec)"
                                 " VALUES (?, ?, ?, ?, ?)", err);
-    sqlite3_stmt *fts = ins ? prep(s, sql, err) : NULL;
+    sqlite3_stmt *fts = ins ? store_prepare(s, sql, err) : NULL;
     int rc = ins && fts ? 0 : -1;
     for (int i = 0; i < n && rc == 0; i++) {
         sqlite3_reset(ins);
@@ -293,7 +254,7 @@ static int put_doc_tx(store *s, int64_t kb_id, const char *doc, const char *meta
         sqlite3_bind_blob(ins, 5, vecs + (size_t)i * dim, (int)(sizeof(float) * (size_t)dim),
                           SQLITE_STATIC);
         if (sqlite3_step(ins) != SQLITE_DONE) {
-            rc = db_err(s, err, "adding a passage");
+            rc = store_db_err(s, err, "adding a passage");
             break;
         }
         int64_t id = sqlite3_last_insert_rowid(store_sqlite(s));
@@ -303,7 +264,7 @@ static int put_doc_tx(store *s, int64_t kb_id, const char *doc, const char *meta
         sqlite3_bind_int64(fts, 1, id);
         sqlite3_bind_text(fts, 2, texts[i], -1, SQLITE_STATIC);
         if (sqlite3_step(fts) != SQLITE_DONE)
-            rc = db_err(s, err, "indexing a passage");
+            rc = store_db_err(s, err, "indexing a passage");
     }
     sqlite3_finalize(ins);
     sqlite3_finalize(fts);
@@ -330,7 +291,7 @@ int store_kb_vectors(store *s, int64_t kb_id, int dim,
                      int (*fn)(void *arg, int64_t id, const float *vec), void *arg,
                      char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, "SELECT id, vec FROM kb_passages WHERE kb_id = ? ORDER BY id",
+    sqlite3_stmt *st = store_prepare(s, "SELECT id, vec FROM kb_passages WHERE kb_id = ? ORDER BY id",
                             err);
     if (!st)
         return -1;
@@ -348,7 +309,7 @@ int store_kb_vectors(store *s, int64_t kb_id, int dim,
             break;
     }
     if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        out = db_err(s, err, "reading vectors");
+        out = store_db_err(s, err, "reading vectors");
     sqlite3_finalize(st);
     return out;
 }
@@ -389,7 +350,7 @@ int store_kb_bm25(store *s, int64_t kb_id, const char *query, int k, int64_t *id
              "SELECT rowid, bm25(kbfts_%lld) FROM kbfts_%lld WHERE kbfts_%lld MATCH ?"
              " ORDER BY bm25(kbfts_%lld) LIMIT ?",
              (long long)kb_id, (long long)kb_id, (long long)kb_id, (long long)kb_id);
-    sqlite3_stmt *st = prep(s, sql, err);
+    sqlite3_stmt *st = store_prepare(s, sql, err);
     if (!st)
         return -1;
     sqlite3_bind_text(st, 1, match, -1, SQLITE_STATIC);
@@ -402,7 +363,7 @@ int store_kb_bm25(store *s, int64_t kb_id, const char *query, int k, int64_t *id
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        return db_err(s, err, "BM25 search");
+        return store_db_err(s, err, "BM25 search");
     return 0;
 }
 
@@ -411,7 +372,7 @@ int store_kb_passage(store *s, int64_t kb_id, int64_t id,
                      char err[ERR_MAX])
 {
     *found = false;
-    sqlite3_stmt *st = prep(s, "SELECT p.doc, p.seq, p.text, d.metadata FROM kb_passages p"
+    sqlite3_stmt *st = store_prepare(s, "SELECT p.doc, p.seq, p.text, d.metadata FROM kb_passages p"
                                " JOIN kb_docs d ON d.kb_id = p.kb_id AND d.doc = p.doc"
                                " WHERE p.kb_id = ? AND p.id = ?", err);
     if (!st)
@@ -426,7 +387,7 @@ int store_kb_passage(store *s, int64_t kb_id, int64_t id,
                            (const char *)sqlite3_column_text(st, 3)};
         out = fn ? fn(arg, &p) : 0;
     } else if (rc != SQLITE_DONE) {
-        out = db_err(s, err, "reading a passage");
+        out = store_db_err(s, err, "reading a passage");
     }
     sqlite3_finalize(st);
     return out;
@@ -438,7 +399,7 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
                  const char *answer, const int64_t *passages, int n_passages,
                  int64_t now_ms, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
+    sqlite3_stmt *st = store_prepare(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
                                " created_ms) VALUES (?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
@@ -449,13 +410,13 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
     sqlite3_bind_blob(st, 5, n_passages ? (const void *)passages : "",
                       (int)(sizeof(int64_t) * (size_t)n_passages), SQLITE_STATIC);
     sqlite3_bind_int64(st, 6, now_ms);
-    return run(s, st, "adding a QA entry", err);
+    return store_step_once(s, st, "adding a QA entry", err);
 }
 
 int store_qa_list(store *s, int64_t kb_id, int dim,
                   int (*fn)(void *arg, const store_qa *q), void *arg, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, "SELECT id, question, vec, answer, passages, created_ms"
+    sqlite3_stmt *st = store_prepare(s, "SELECT id, question, vec, answer, passages, created_ms"
                                " FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
     if (!st)
         return -1;
@@ -478,27 +439,27 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
             break;
     }
     if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        out = db_err(s, err, "reading the QA bank");
+        out = store_db_err(s, err, "reading the QA bank");
     sqlite3_finalize(st);
     return out;
 }
 
 int store_qa_delete(store *s, int64_t id, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, "DELETE FROM qa_bank WHERE id = ?", err);
+    sqlite3_stmt *st = store_prepare(s, "DELETE FROM qa_bank WHERE id = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, id);
-    return run(s, st, "deleting a QA entry", err);
+    return store_step_once(s, st, "deleting a QA entry", err);
 }
 
 static int two_counts(store *s, const char *sql, int64_t *a, int64_t *b, char *err)
 {
-    sqlite3_stmt *st = prep(s, sql, err);
+    sqlite3_stmt *st = store_prepare(s, sql, err);
     if (!st)
         return -1;
     if (sqlite3_step(st) != SQLITE_ROW) {
-        db_err(s, err, sql);
+        store_db_err(s, err, sql);
         sqlite3_finalize(st);
         return -1;
     }
@@ -528,7 +489,7 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
         free(comp);
         return err_set(err, "store: zstd: %s", ZSTD_getErrorName(len));
     }
-    sqlite3_stmt *st = prep(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, n_tokens,"
+    sqlite3_stmt *st = store_prepare(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, n_tokens,"
                                " raw_bytes, crc, blob, uses, last_used_ms)"
                                " VALUES (?, ?, ?, ?, ?, ?, 1, ?)", err);
     if (!st) {
@@ -542,7 +503,7 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
     sqlite3_bind_int64(st, 5, crc32c(0, raw, raw_bytes));
     sqlite3_bind_blob(st, 6, comp, (int)len, SQLITE_STATIC);
     sqlite3_bind_int64(st, 7, now_ms);
-    int rc = run(s, st, "storing a QKV node", err);
+    int rc = store_step_once(s, st, "storing a QKV node", err);
     free(comp);
     return rc;
 }
@@ -551,7 +512,7 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
                   int *n_tokens, int64_t now_ms, bool *found, char err[ERR_MAX])
 {
     *found = false;
-    sqlite3_stmt *st = prep(s, "SELECT n_tokens, raw_bytes, crc, blob FROM qkv_nodes"
+    sqlite3_stmt *st = store_prepare(s, "SELECT n_tokens, raw_bytes, crc, blob FROM qkv_nodes"
                                " WHERE key = ?", err);
     if (!st)
         return -1;
@@ -574,22 +535,22 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
             *found = true;
         }
     } else if (rc != SQLITE_DONE) {
-        out = db_err(s, err, "reading a QKV node");
+        out = store_db_err(s, err, "reading a QKV node");
     }
     sqlite3_finalize(st);
     if (out || !*found)
         return out;
-    st = prep(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ? WHERE key = ?", err);
+    st = store_prepare(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ? WHERE key = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, now_ms);
     sqlite3_bind_int64(st, 2, (int64_t)key);
-    return run(s, st, "counting a QKV use", err);
+    return store_step_once(s, st, "counting a QKV use", err);
 }
 
 int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = prep(s, "SELECT 1 FROM qkv_nodes WHERE key = ?", err);
+    sqlite3_stmt *st = store_prepare(s, "SELECT 1 FROM qkv_nodes WHERE key = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, (int64_t)key);
@@ -597,7 +558,7 @@ int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX])
     *found = rc == SQLITE_ROW;
     sqlite3_finalize(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        return db_err(s, err, "looking up a QKV node");
+        return store_db_err(s, err, "looking up a QKV node");
     return 0;
 }
 
@@ -618,11 +579,11 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
         if (bytes <= budget || n == 0)
             return 0;
         /* a leaf: removing an inner node would strand its children's paths */
-        sqlite3_stmt *st = prep(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
+        sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
                                    " qkv_nodes q WHERE NOT EXISTS (SELECT 1 FROM qkv_nodes c"
                                    " WHERE c.parent = q.key) ORDER BY q.uses, q.last_used_ms"
                                    " LIMIT 1)", err);
-        if (!st || run(s, st, "evicting a QKV node", err))
+        if (!st || store_step_once(s, st, "evicting a QKV node", err))
             return -1;
         if (sqlite3_changes(store_sqlite(s)) == 0)
             return err_set(err, "store: QKV tree over budget with no leaf to evict");
@@ -633,5 +594,5 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
 
 int store_rag_clear(store *s, char err[ERR_MAX])
 {
-    return exec_sql(s, "DELETE FROM qa_bank; DELETE FROM qkv_nodes", err);
+    return store_exec_sql(s, "DELETE FROM qa_bank; DELETE FROM qkv_nodes", err);
 }

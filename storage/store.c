@@ -130,6 +130,26 @@ static const char *const store_migrations[] = {
     "  uses INTEGER NOT NULL,"
     "  last_used_ms INTEGER NOT NULL);"
     "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);",
+
+    /* Vector indexes (storage/ivf.h): per app and name, the centroids, and each list's
+     * ids (int64 little-endian each) and vectors (dim float32 little-endian each) with a
+     * CRC-32C of the two. */
+    "CREATE TABLE ivf_indexes ("
+    "  id INTEGER PRIMARY KEY,"
+    "  app_id INTEGER NOT NULL REFERENCES apps(id),"
+    "  name TEXT NOT NULL,"
+    "  dim INTEGER NOT NULL,"
+    "  nlist INTEGER NOT NULL,"
+    "  centroids BLOB NOT NULL," /* (nlist, dim) float32 */
+    "  UNIQUE (app_id, name));"
+    "CREATE TABLE ivf_lists ("
+    "  index_id INTEGER NOT NULL REFERENCES ivf_indexes(id) ON DELETE CASCADE,"
+    "  list INTEGER NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  crc INTEGER NOT NULL,"
+    "  ids BLOB NOT NULL,"
+    "  vecs BLOB NOT NULL,"
+    "  PRIMARY KEY (index_id, list));",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
@@ -442,6 +462,11 @@ void store_close(store *s)
 const char *store_dir(const store *s)
 {
     return s->dir;
+}
+
+int store_schema_version(void)
+{
+    return STORE_SCHEMA_VERSION;
 }
 
 sqlite3 *store_sqlite(store *s)

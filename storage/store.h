@@ -31,6 +31,9 @@ typedef struct store store;
 store *store_open(const char *dir, char err[ERR_MAX]);
 void store_close(store *s);
 
+/* The schema version store_open migrates a database to (its number of migrations). */
+int store_schema_version(void);
+
 /* The id of app (uid, name) (always >= 0), created on first use. */
 int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char err[ERR_MAX]);
 

@@ -9,6 +9,18 @@
 
 #include "storage/store.h"
 
+/* -1 with "store: <what>: <sqlite's message>" in err. */
+int store_db_err(store *s, char *err, const char *what);
+
+/* sql prepared for one use (the caller finalizes it); NULL with err. */
+sqlite3_stmt *store_prepare(store *s, const char *sql, char *err);
+
+/* Steps st once (a statement whose rows do not matter) and finalizes it. */
+int store_step_once(store *s, sqlite3_stmt *st, const char *what, char *err);
+
+/* Runs sql (one or more statements returning no rows). */
+int store_exec_sql(store *s, const char *sql, char *err);
+
 /* chunks.c's per-store state (its prepared statements, compressor and buffers). */
 typedef struct store_chunks store_chunks;
 

@@ -1,0 +1,178 @@
+/*
+ * Knowledge-base vector search through the IVF index, end to end: two llmsd of this build
+ * on the same generated model, one searching through an index from 40 passages on
+ * (kb_ivf_min_passages), one always by brute force. With every list visited the answers
+ * are the same passages with the same scores, before and after a restart (the index is
+ * loaded from the store), after documents are removed and added (the index follows), and
+ * after a drop and re-create (no stale index answers); with one list in two visited the
+ * answers keep most of the exact ones.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/llms.h"
+#include "engine/modelgen.h"
+#include "engine/quant.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+#define BASE_CONF                                                                          \
+    "temperature = 0\nmax_tokens = 8\nkb_passage_tokens = 24\nkb_overlap_tokens = 4\n"
+
+static char llmsd_path[1024], model_path[1024];
+
+static const char *const words[] = {"apple",  "rocket", "violin", "river", "mountain",
+                                    "garden", "engine", "castle", "winter", "ocean",
+                                    "forest", "market", "bridge", "desert", "island"};
+#define N_WORDS 15
+#define N_QUERIES 8
+#define TOP 5
+
+/* Documents first..first+n-1, each about three of the words. */
+static int add_docs(llms_conn *c, int first, int n)
+{
+    char text[64][128], id[64][16];
+    llms_kb_doc docs[64];
+    for (int i = 0; i < n; i++) {
+        int d = first + i;
+        snprintf(id[i], sizeof id[i], "d%d", d);
+        snprintf(text[i], sizeof text[i], "The %s near the %s and a %s.", words[d % N_WORDS],
+                 words[(d * 7 + 3) % N_WORDS], words[(d * 11 + 5) % N_WORDS]);
+        docs[i] = (llms_kb_doc){id[i], text[i], NULL};
+    }
+    return llms_kb_add(c, "kb", docs, (size_t)n, NULL) == LLMS_OK ? 0 : -1;
+}
+
+/* The top passages (document, seq, score) of each query. */
+typedef struct answers {
+    char doc[N_QUERIES][TOP][16];
+    uint32_t seq[N_QUERIES][TOP];
+    float score[N_QUERIES][TOP];
+    size_t n[N_QUERIES];
+} answers;
+
+static int ask(llms_conn *c, answers *a)
+{
+    for (int q = 0; q < N_QUERIES; q++) {
+        char text[64];
+        snprintf(text, sizeof text, "a %s by the %s", words[q], words[(q * 5 + 2) % N_WORDS]);
+        llms_kb_hit *hits;
+        if (llms_kb_search(c, "kb", text, TOP, LLMS_RETRIEVAL_VECTOR, &hits, &a->n[q]) != LLMS_OK)
+            return -1;
+        for (size_t i = 0; i < a->n[q]; i++) {
+            snprintf(a->doc[q][i], sizeof a->doc[q][i], "%s", hits[i].document);
+            a->seq[q][i] = hits[i].seq;
+            a->score[q][i] = hits[i].score;
+        }
+        llms_kb_hits_free(hits, a->n[q]);
+    }
+    return 0;
+}
+
+static bool same(const answers *a, const answers *b)
+{
+    for (int q = 0; q < N_QUERIES; q++) {
+        if (a->n[q] != b->n[q])
+            return false;
+        for (size_t i = 0; i < a->n[q]; i++)
+            if (strcmp(a->doc[q][i], b->doc[q][i]) || a->seq[q][i] != b->seq[q][i] ||
+                a->score[q][i] != b->score[q][i])
+                return false;
+    }
+    return true;
+}
+
+/* Share of b's passages that a found too. */
+static double recall(const answers *a, const answers *b)
+{
+    int found = 0, total = 0;
+    for (int q = 0; q < N_QUERIES; q++)
+        for (size_t j = 0; j < b->n[q]; j++) {
+            total++;
+            for (size_t i = 0; i < a->n[q]; i++)
+                found += !strcmp(a->doc[q][i], b->doc[q][j]) && a->seq[q][i] == b->seq[q][j];
+        }
+    return total ? (double)found / total : 0;
+}
+
+static void index_answers_equal_exact(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc ix, ex, lo;
+    CHECK(proc_start(&ix, llmsd_path, "kbivf", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 64\n") == 0);
+    CHECK(proc_start(&ex, llmsd_path, "kbexact", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 0\n") == 0);
+    CHECK(proc_start(&lo, llmsd_path, "kbivf-lo", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 3\n") == 0);
+    llms_conn *ci = proc_connect(&ix, "app"), *ce = proc_connect(&ex, "app"),
+              *cl = proc_connect(&lo, "app");
+    CHECK(ci && ce && cl);
+    llms_conn *all[3] = {ci, ce, cl};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(llms_kb_create(all[i], "kb", 0, 0), LLMS_OK);
+        CHECK(add_docs(all[i], 0, 60) == 0);
+    }
+    static answers a, e, l;
+    CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0 && ask(cl, &l) == 0);
+    CHECK(e.n[0] == TOP);
+    CHECK(same(&a, &e));
+    /* 60 passages make 7 lists: 3 visited keep most of the exact answers */
+    double r = recall(&l, &e);
+    CHECK_MSG(r >= 0.6, "recall@%d with 3 of 7 lists: %.2f", TOP, r);
+
+    /* restart: the stored index is loaded and answers the same */
+    llms_close(ci);
+    proc_stop(&ix, SIGTERM);
+    CHECK(proc_start(&ix, llmsd_path, "kbivf", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 64\n") == 0);
+    ci = proc_connect(&ix, "app");
+    CHECK(ci);
+    int asked = ask(ci, &a);
+    if (asked)
+        proc_print_log(&ix);
+    CHECK_MSG(asked == 0, "%s", llms_last_error(ci));
+    CHECK(same(&a, &e));
+
+    /* documents removed and added: the index follows */
+    const char *gone[] = {"d3", "d10", "d11", "d40", "d59"};
+    uint32_t removed;
+    CHECK_EQ(llms_kb_remove(ci, "kb", gone, 5, &removed), LLMS_OK);
+    CHECK_EQ(llms_kb_remove(ce, "kb", gone, 5, &removed), LLMS_OK);
+    CHECK(add_docs(ci, 60, 12) == 0 && add_docs(ce, 60, 12) == 0);
+    CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0);
+    CHECK(same(&a, &e));
+
+    /* dropped and made again (SQLite may hand out the same id): no stale index answers */
+    for (int i = 0; i < 2; i++) {
+        llms_conn *c = i ? ce : ci;
+        CHECK_EQ(llms_kb_drop(c, "kb"), LLMS_OK);
+        CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+        CHECK(add_docs(c, 100, 50) == 0);
+    }
+    CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0);
+    CHECK(same(&a, &e));
+    llms_close(ci);
+    llms_close(ce);
+    llms_close(cl);
+    proc_stop(&ix, SIGTERM);
+    proc_stop(&ex, SIGTERM);
+    proc_stop(&lo, SIGTERM);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    modelgen_params mp = {
+        .arch = "qwen3", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 7, .n_vocab = 300, .n_threads = 1,
+    };
+    proc_generate_model(model_path, sizeof model_path, "kbivf.gguf", &mp);
+    RUN(index_answers_equal_exact);
+    return test_finish();
+}
