@@ -130,6 +130,15 @@ static const char *const store_migrations[] = {
     "  uses INTEGER NOT NULL,"
     "  last_used_ms INTEGER NOT NULL);"
     "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);",
+
+    /* Workflow graphs (storage/graphs.h): an app's graph definitions, each a packed
+     * GraphDef. */
+    "CREATE TABLE graphs ("
+    "  app_id INTEGER NOT NULL REFERENCES apps(id),"
+    "  name TEXT NOT NULL,"
+    "  def BLOB NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (app_id, name));",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
@@ -202,6 +211,25 @@ struct store {
 static int db_err(store *s, char *err, const char *what)
 {
     return err_set(err, "store: %s: %s", what, sqlite3_errmsg(s->db));
+}
+
+sqlite3_stmt *store_prepare(store *s, const char *sql, char *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) {
+        db_err(s, err, sql);
+        return NULL;
+    }
+    return st;
+}
+
+int store_step_done(store *s, sqlite3_stmt *st, const char *what, char *err)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        return db_err(s, err, what);
+    return 0;
 }
 
 static int64_t now_unix_ms(void)

@@ -14,6 +14,12 @@ typedef struct store_chunks store_chunks;
 
 sqlite3 *store_sqlite(store *s);
 
+/* A statement of sql, or NULL with err naming it. */
+sqlite3_stmt *store_prepare(store *s, const char *sql, char *err);
+
+/* Steps a statement whose rows do not matter and finalizes it; -1 with err (what). */
+int store_step_done(store *s, sqlite3_stmt *st, const char *what, char *err);
+
 /* Where chunks.c keeps its state: NULL until its first use. */
 store_chunks **store_chunks_slot(store *s);
 
