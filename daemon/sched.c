@@ -1737,9 +1737,12 @@ static void graph_end(sched *s, work *w)
     graph_work *gw = w->gw;
     int64_t now = mono_ns();
     if (w->answered) {
-        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case,
-                       (int)graph_run_steps(gw->run), (double)(now - w->job->queued_ns) / 1e6,
-                       LLMS__ERROR_CODE__OK, graph_run_capped(gw->run) ? "capped" : "end");
+        long tokens = 0;
+        for (size_t i = 0; i < graph_def(gw->gph)->n_nodes; i++)
+            tokens += gw->node_tokens[i];
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, (int)tokens,
+                       (double)(now - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       graph_run_capped(gw->run) ? "capped" : "end");
         return;
     }
     if (w->quiet)
