@@ -3,10 +3,11 @@
  *
  * A retrieval looks up the app's knowledge base, then advances one sub-stage per call
  * of retrieval_step: embed the query (unless BM25 only), search (kb_retrieve: BM25 and
- * vectors fused), read the passages' texts. The scheduler calls it once per cycle for
- * every graph run at a retrieval node, so retrievals of many runs interleave with the
- * generation steps instead of holding the worker for a whole search; a search that
- * itself comes in pieces (an IVF index's cluster batches) adds sub-stages here.
+ * vectors fused), read the passages' texts. The scheduler runs sub-stages of every graph
+ * run at a retrieval node under a time budget per cycle, so retrievals of many runs
+ * interleave with the generation steps instead of holding the worker for whole searches;
+ * a search that itself comes in pieces (an IVF index's cluster batches) adds sub-stages
+ * here.
  *
  * The result is the passages' texts, best first, joined by blank lines; a blank query
  * finds nothing (an empty text), rather than failing the run.

@@ -48,6 +48,7 @@
 #define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
 #define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
+#define SCHED_RETRIEVAL_MIN_NS 1000000 /* graph retrieval sub-stages per cycle, at least */
 
 typedef struct app_state {
     uint32_t uid;
@@ -2550,12 +2551,28 @@ static int step_rows(const sched *s, int n_seq)
 }
 
 /* Every running graph's wavefront: each moves on to its next generation node (which
- * joins this cycle's step) or runs one sub-stage of its retrieval node. */
+ * joins this cycle's step) or runs a sub-stage of its retrieval node. Retrieval
+ * sub-stages go round the graphs again while the cycle's retrieval time budget lasts:
+ * as long as the last step took (at least SCHED_RETRIEVAL_MIN_NS), so that retrieval and
+ * generation each get about half of the worker's time when both are waiting. */
 static void advance_graphs(sched *s)
 {
-    for (int i = 0; i < s->n_active; i++)
-        if (s->active[i]->gw)
-            graph_advance(s, s->active[i]);
+    int64_t t0 = mono_ns(), budget = SCHED_RETRIEVAL_MIN_NS;
+    if (s->n_steps) {
+        int64_t last = (int64_t)(s->stats[(s->n_steps - 1) % SCHED_STATS].ms * 1e6);
+        budget = last > budget ? last : budget;
+    }
+    bool retrieving = true;
+    for (int round = 0; retrieving && (round == 0 || mono_ns() - t0 < budget); round++) {
+        retrieving = false;
+        for (int i = 0; i < s->n_active; i++) {
+            work *w = s->active[i];
+            if (!w->gw || (round > 0 && !w->gw->rt))
+                continue;
+            graph_advance(s, w);
+            retrieving |= w->gw->rt != NULL && !work_over(w, 0);
+        }
+    }
 }
 
 /* One step: a decode row for every generation past its prompt, the shared-out long
