@@ -2600,7 +2600,8 @@ static void run_serial(sched *s)
 {
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        while (!work_over(w, mono_ns()) && (w->g || w->t)) {
+        /* a graph between nodes, or whose node just finished, waits for advance_graphs */
+        while (!work_over(w, mono_ns()) && (w->t || (w->g && !w->g->done))) {
             int64_t t0 = mono_ns();
             int n_seq = 0, n_out = 0;
             if (w->g && gen_decoding(w->g))
