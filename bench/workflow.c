@@ -121,11 +121,13 @@ static int run_stages(llms_conn *c, const char *tmpl, const char *question, char
     while (rc == 0 && (node = graph_run_ready(r)) >= 0) {
         char *out = NULL;
         if (graph_def(g)->nodes[node]->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
-            char *query = graph_run_render(r, GRAPH_FIELD_QUERY);
+            size_t len;
+            char *query = graph_run_render(r, GRAPH_FIELD_QUERY, SIZE_MAX, &len);
             out = query ? search(c, query) : NULL;
             free(query);
         } else {
-            char *prompt = graph_run_render(r, GRAPH_FIELD_PROMPT);
+            size_t len;
+            char *prompt = graph_run_render(r, GRAPH_FIELD_PROMPT, SIZE_MAX, &len);
             llms_result res;
             if (prompt && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &res) == LLMS_OK)
                 out = res.text;

@@ -1001,16 +1001,20 @@ int graph_run_ready(const graph_run *r)
     return r->ready;
 }
 
-char *graph_run_render(const graph_run *r, enum graph_field f)
+char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_t *len)
 {
     const Llms__GraphNode *n = r->g->def->nodes[r->ready];
     const char *t = f == GRAPH_FIELD_PROMPT ? n->prompt : f == GRAPH_FIELD_KB ? n->kb : n->query;
     char err[ERR_MAX];
-    long len = tmpl_walk(r->g, t, r->vals, NULL, err);
-    char *out = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    /* measured first: a template may name a long variable many times */
+    long need = tmpl_walk(r->g, t, r->vals, NULL, err);
+    *len = need > 0 ? (size_t)need : 0;
+    if (*len > max)
+        return NULL;
+    char *out = malloc(*len + 1);
     if (out) {
         tmpl_walk(r->g, t, r->vals, out, err);
-        out[len] = '\0';
+        out[*len] = '\0';
     }
     return out;
 }

@@ -90,9 +90,10 @@ void graph_run_free(graph_run *r);
 int graph_run_ready(const graph_run *r);
 
 /* The ready node's template field rendered with the state: the prompt of a generation
- * node, the kb or the query of a retrieval node. Malloc'ed; NULL when out of memory. */
+ * node, the kb or the query of a retrieval node, *len bytes. Malloc'ed; NULL when it
+ * would be longer than max bytes (*len says how long) or memory runs out (*len <= max). */
 enum graph_field { GRAPH_FIELD_PROMPT, GRAPH_FIELD_KB, GRAPH_FIELD_QUERY };
-char *graph_run_render(const graph_run *r, enum graph_field f);
+char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_t *len);
 
 /* Gives the ready node's output (n bytes): sets its variable, counts the run, takes the
  * first edge whose condition holds. -1 when out of memory. */

@@ -1516,6 +1516,14 @@ static graph_work *graph_work_new(sched *s, const sched_job *j)
         err_set(err, "out of memory");
         goto fail;
     }
+    for (size_t i = 0; i < gr->n_inputs; i++)
+        if (strlen(gr->inputs[i]->value) > (size_t)s->env.cfg->max_text_bytes) {
+            code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            err_set(err, "input '%.64s' is %zu bytes, over max_text_bytes (%d)",
+                    gr->inputs[i]->name, strlen(gr->inputs[i]->value),
+                    s->env.cfg->max_text_bytes);
+            goto fail;
+        }
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     gw->run = graph_run_new(gw->gph, gr->inputs, gr->n_inputs, s->env.cfg->graph_max_steps, err);
     if (!gw->run)
@@ -1595,10 +1603,15 @@ static int graph_node_start(sched *s, work *w, int node)
     gw->node = node;
     gw->node_t0 = mono_ns();
     graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0);
+    size_t max = (size_t)s->env.cfg->max_text_bytes, len;
     if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE) {
-        char *prompt = graph_run_render(gw->run, GRAPH_FIELD_PROMPT);
+        char *prompt = graph_run_render(gw->run, GRAPH_FIELD_PROMPT, max, &len);
         if (!prompt) {
-            graph_fail(w, code, "out of memory");
+            if (len > max)
+                snprintf(gw->err, ERR_MAX, "its prompt would be %zu bytes, over max_text_bytes "
+                         "(%zu)", len, max);
+            graph_fail(w, len > max ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED : code,
+                       len > max ? gw->err : "out of memory");
             return -1;
         }
         graph_gen gg = {prompt, n->has_chat && n->chat, n->params,
@@ -1611,9 +1624,14 @@ static int graph_node_start(sched *s, work *w, int node)
         }
         return 0;
     }
-    char *kb = graph_run_render(gw->run, GRAPH_FIELD_KB);
-    char *query = graph_run_render(gw->run, GRAPH_FIELD_QUERY);
-    if (kb && query)
+    size_t kb_len;
+    char *kb = graph_run_render(gw->run, GRAPH_FIELD_KB, max, &kb_len);
+    char *query = graph_run_render(gw->run, GRAPH_FIELD_QUERY, max, &len);
+    if (kb_len > max || len > max) {
+        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        err_set(gw->err, "its %s would be %zu bytes, over max_text_bytes (%zu)",
+                kb_len > max ? "kb" : "query", kb_len > max ? kb_len : len, max);
+    } else if (kb && query)
         gw->rt = retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb, query,
                                  n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
                                  n->has_retrieval ? n->retrieval

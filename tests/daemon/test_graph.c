@@ -108,9 +108,13 @@ static void test_valid_simple(void)
     graph_run *r = graph_run_new(g, &vp, 1, 100, err);
     CHECK_MSG(r, "%s", err);
     CHECK_EQ(graph_run_ready(r), 0);
-    char *p = graph_run_render(r, GRAPH_FIELD_PROMPT);
+    size_t len;
+    char *p = graph_run_render(r, GRAPH_FIELD_PROMPT, 100, &len);
     CHECK(p && strcmp(p, "Q: why {not}?") == 0); /* values are not templates */
+    CHECK_EQ(len, 13);
     free(p);
+    CHECK(!graph_run_render(r, GRAPH_FIELD_PROMPT, 12, &len)); /* over the limit */
+    CHECK_EQ(len, 13);
     CHECK_EQ(graph_run_feed(r, "because", 7), 0);
     CHECK_EQ(graph_run_ready(r), -1);
     CHECK(!graph_run_capped(r));
@@ -285,7 +289,8 @@ static void test_loop_and_cap(void)
     const char *outs[] = {"a", "b", "c"};
     for (int i = 0; i < 3; i++) {
         CHECK_EQ(graph_run_ready(r), 0);
-        char *p = graph_run_render(r, GRAPH_FIELD_PROMPT);
+        size_t len;
+        char *p = graph_run_render(r, GRAPH_FIELD_PROMPT, 1000, &len);
         char want[32];
         snprintf(want, sizeof want, "go %s", i ? outs[i - 1] : "");
         CHECK_MSG(p && strcmp(p, want) == 0, "'%s' != '%s'", p ? p : "(null)", want);
@@ -368,7 +373,8 @@ static int walk_builtin(const char *name, char *seq, size_t cap)
         const Llms__GraphNode *n = graph_def(g)->nodes[node];
         snprintf(seq + strlen(seq), cap - strlen(seq), "%s%s", *seq ? " " : "", n->name);
         if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
-            char *kb = graph_run_render(r, GRAPH_FIELD_KB);
+            size_t len;
+            char *kb = graph_run_render(r, GRAPH_FIELD_KB, 100, &len);
             rc |= !kb || strcmp(kb, "notes") != 0;
             free(kb);
         }

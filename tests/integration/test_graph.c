@@ -21,6 +21,7 @@ static llmsd_proc daemon_;
 static int up;
 
 #define CONF "temperature = 0\nmax_tokens = 8\nrag_top_k = 2\ngraph_max_per_app = 3\n" \
+             "max_text_bytes = 4096\n" \
              "graph_max_steps = 20\nkb_passage_tokens = 24\nkb_overlap_tokens = 4\n"
 
 #define NEED()                                                                     \
@@ -47,7 +48,7 @@ static const char *const docs_text[] = {
 static int make_kb(llms_conn *c)
 {
     llms_kb_doc d[4];
-    char ids[4][8];
+    char ids[4][16];
     for (int i = 0; i < 4; i++) {
         snprintf(ids[i], sizeof ids[i], "d%d", i);
         d[i] = (llms_kb_doc){ids[i], docs_text[i], NULL};
@@ -220,9 +221,23 @@ static void refusals_over_the_wire(void)
     llms_graph_var kin[2] = {{"question", "q"}, {"kb", "missing"}};
     CHECK_EQ(llms_graph_run(c, "one-shot", kin, 2, NULL, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
     CHECK_MSG(strstr(llms_last_error(c), "node 'retrieve'"), "%s", llms_last_error(c));
+    /* inputs and rendered texts are held to max_text_bytes */
+    static char big[5000];
+    memset(big, 'a', sizeof big - 1);
+    in[0].value = big;
+    CHECK_EQ(llms_graph_run(c, "g1", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(llms_last_error(c), "input 'q'"), "%s", llms_last_error(c));
+    n.prompt = "{q}{q}{q}";
+    CHECK_EQ(llms_graph_create(c, "thrice", &d), LLMS_ERR_RESOURCE_EXHAUSTED); /* 4th graph */
+    CHECK_EQ(llms_graph_delete(c, "g3"), LLMS_OK);
+    CHECK_EQ(llms_graph_create(c, "g3", &d), LLMS_OK);
+    big[2000] = '\0';
+    CHECK_EQ(llms_graph_run(c, "g3", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(llms_last_error(c), "node 'ask': its prompt would be 6000 bytes"), "%s",
+              llms_last_error(c));
     CHECK_EQ(llms_graph_delete(c, "one-shot"), LLMS_ERR_FAILED_PRECONDITION);
     for (int i = 1; i <= 3; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "g%d", i);
         CHECK_EQ(llms_graph_delete(c, name), LLMS_OK);
     }
