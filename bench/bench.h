@@ -41,6 +41,14 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* The q-quantile (0..1, nearest rank) of n values (n > 0); sorts v in place. */
+static inline double bench_percentile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
 /* Index of the largest of v[0..n) (greedy decoding). */
 static inline int32_t bench_argmax(const float *v, int n)
 {

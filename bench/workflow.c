@@ -211,13 +211,6 @@ typedef struct outcome {
     int failed;
 } outcome;
 
-static double percentile(double *v, int n, double q)
-{
-    qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
-    int i = (int)(q * (n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 /* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req. */
 static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, double rate)
 {
@@ -252,8 +245,8 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
     }
     if (k) {
         o.throughput = k / end;
-        o.p50 = percentile(lat, k, 0.5);
-        o.p95 = percentile(lat, k, 0.95);
+        o.p50 = bench_percentile(lat, k, 0.5);
+        o.p95 = bench_percentile(lat, k, 0.95);
     }
     return o;
 }
