@@ -4,7 +4,8 @@
  * answers the same, and a generation node's output equals a plain Complete of its
  * rendered prompt); a conditional loop ends on its condition or at its step cap;
  * malformed graphs and runs are refused over the wire with the node named; another
- * app's graph is NOT_FOUND; graphs survive a restart; a cancelled run stops.
+ * app's graph is NOT_FOUND; graphs survive a restart; a cancelled run stops, and so does
+ * the run of a client that disconnects.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "client/llms.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/rawframe.h"
 #include "tests/support/test.h"
 
 static char llmsd_path[1024];
@@ -334,6 +336,65 @@ static void cancel_stops_run(void)
     llms_close(c);
 }
 
+/* A run whose client goes away stops within a fraction of the same run's whole time. */
+static void disconnect_stops_run(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "leaver");
+    CHECK(c);
+    const char *inputs[] = {"unused"};
+    llms_graph_edge edges[] = {{"START", "tell", NULL}, {"tell", "tell", "runs(tell) < 1000"},
+                               {"tell", "END", NULL}};
+    llms_graph_def d = {inputs, 1, loop_nodes, 1, edges, 3, "story", 20};
+    CHECK_EQ(llms_graph_create(c, "long", &d), LLMS_OK);
+    llms_params p;
+    llms_params_init(&p);
+    p.max_tokens = 400;
+    llms_graph_var in = {"unused", ""};
+    llms_graph_result r;
+    double t0 = proc_now();
+    CHECK_EQ(llms_graph_run(c, "long", &in, 1, &p, NULL, NULL, &r), LLMS_OK);
+    double whole = proc_now() - t0;
+    CHECK_EQ(r.steps, 20);
+    llms_graph_result_free(&r);
+
+    int fd = raw_connect(&daemon_);
+    CHECK(fd >= 0);
+    CHECK(raw_bind(fd, "leaver") == 0);
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.has_max_tokens = 1;
+    gp.max_tokens = 400;
+    Llms__GraphVar v = LLMS__GRAPH_VAR__INIT, *vp = &v;
+    v.name = "unused";
+    v.value = "";
+    Llms__GraphRunRequest gr = LLMS__GRAPH_RUN_REQUEST__INIT;
+    gr.graph = "long";
+    gr.n_inputs = 1;
+    gr.inputs = &vp;
+    gr.params = &gp;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.id = 7;
+    req.body_case = LLMS__REQUEST__BODY_GRAPH_RUN;
+    req.graph_run = &gr;
+    CHECK(raw_send(fd, &req) == 0);
+    usleep((useconds_t)(whole * 1e6 / 10));
+    close(fd);
+    double t1 = proc_now(), stopped = -1;
+    while (stopped < 0 && proc_now() - t1 < whole) {
+        llms_daemon_status st;
+        CHECK_EQ(llms_status_get(c, &st), LLMS_OK);
+        if (st.running_requests == 0 && st.queued_requests == 0)
+            stopped = proc_now() - t1;
+        llms_daemon_status_free(&st);
+        usleep(2000);
+    }
+    CHECK_MSG(stopped >= 0 && stopped < whole / 2,
+              "the run went on %.3f s after its client left (a whole run: %.3f s)", stopped,
+              whole);
+    CHECK_EQ(llms_graph_delete(c, "long"), LLMS_OK);
+    llms_close(c);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -346,6 +407,7 @@ int main(int argc, char **argv)
     RUN(refusals_over_the_wire);
     RUN(isolation_and_restart);
     RUN(cancel_stops_run);
+    RUN(disconnect_stops_run);
     if (daemon_.pid > 0 && proc_stop(&daemon_, SIGTERM) != 0)
         proc_print_log(&daemon_);
     return test_finish();
