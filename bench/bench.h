@@ -7,14 +7,17 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "client/llms.h"
 #include "engine/modelgen.h"
 
 /* Seconds on the monotonic clock. */
@@ -52,6 +55,14 @@ static inline double bench_gauss(uint64_t *state)
 {
     double radius = sqrt(-2.0 * log(bench_uniform(state)));
     return radius * cos(6.283185307179586 * bench_uniform(state));
+}
+
+/* The q-quantile (0..1, nearest rank) of n values (n > 0); sorts v in place. */
+static inline double bench_percentile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
 }
 
 /* Index of the largest of v[0..n) (greedy decoding). */
@@ -105,6 +116,56 @@ static inline int bench_generate_model(const char *prog, const modelgen_params *
         return -1;
     }
     return 0;
+}
+
+/* Starts llmsd (path llmsd) with the settings conf (lines "key = value") plus a socket
+ * and state under dir, its log in dir/llmsd.log; waits until it accepts connections.
+ * The daemon's pid, or -1 after saying why (prog names the benchmark). */
+static inline pid_t bench_llmsd_start(const char *prog, const char *llmsd, const char *dir,
+                                      const char *conf, char *sock, size_t cap)
+{
+    char conf_path[1024], log[1024];
+    snprintf(sock, cap, "%s/s", dir);
+    snprintf(conf_path, sizeof conf_path, "%s/llmsd.conf", dir);
+    snprintf(log, sizeof log, "%s/llmsd.log", dir);
+    FILE *f = fopen(conf_path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "socket = %s\nstate_dir = %s/state\n%s", sock, dir, conf);
+    fclose(f);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        if (!freopen(log, "w", stderr))
+            _exit(126);
+        execl(llmsd, "llmsd", "--config", conf_path, (char *)NULL);
+        _exit(127);
+    }
+    for (double end = bench_now_s() + 60; bench_now_s() < end; usleep(20000)) {
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            fprintf(stderr, "%s: llmsd exited at startup (log: %s)\n", prog, log);
+            return -1;
+        }
+        llms_conn *c;
+        if (llms_connect(sock, &c, NULL) == LLMS_OK) {
+            llms_close(c);
+            return pid;
+        }
+    }
+    fprintf(stderr, "%s: llmsd did not open %s (log: %s)\n", prog, sock, log);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* Stops a daemon bench_llmsd_start started (SIGTERM, then waits). */
+static inline void bench_llmsd_stop(pid_t pid)
+{
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
 }
 
 #endif

@@ -387,13 +387,6 @@ static int first_token(const char *text, size_t len, void *user)
     return 0;
 }
 
-static double percentile(double *v, int n, double q)
-{
-    qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
-    int i = (int)(q * (n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 static int flood(const char *sock, const char *sched, const char *model, int tokens,
                  int text_tokens, int prompt_tokens, int n_short)
 {
@@ -457,8 +450,8 @@ static int flood(const char *sock, const char *sched, const char *model, int tok
         free(cl[i].times);
     }
     if (rc == 0 && n_gaps > 0 && n_ok > 0) {
-        double gap_p50 = percentile(gaps, n_gaps, 0.5), gap_max = gaps[n_gaps - 1];
-        double t50 = percentile(ttft, n_ok, 0.5), t99 = percentile(ttft, n_ok, 0.99);
+        double gap_p50 = bench_percentile(gaps, n_gaps, 0.5), gap_max = gaps[n_gaps - 1];
+        double t50 = bench_percentile(ttft, n_ok, 0.5), t99 = bench_percentile(ttft, n_ok, 0.99);
         printf("{\"bench\":\"service_flood\",\"model\":\"%s\",\"sched\":\"%s\",\"streams\":%d,"
                "\"flood_embeds\":%d,\"flood_prompts\":%d,\"embed_text_tokens\":%d,"
                "\"prompt_tokens\":%d,\"short_requests\":%d,\"ttft_p50_ms\":%.1f,"

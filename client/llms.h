@@ -745,6 +745,121 @@ enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);
 /* Admin: empties every QA bank and the QKV tree. */
 enum llms_status llms_cache_clear(llms_conn *conn);
 
+/* ---- workflow graphs ---- */
+
+/*
+ * A workflow graph (HedraRAG): generation and retrieval nodes, each setting one state
+ * variable, and edges from a node (or "START") to a node (or "END"). After a node runs,
+ * its edges are tried in order and the first whose condition ("when") holds is taken;
+ * the last edge of each node must have none. Templates put variables in text as {name}
+ * ("{{" and "}}" are braces). Conditions: ==, !=, <, <=, >, >= (numbers when both sides
+ * read as numbers, else text), contains, and, or, not, parentheses, runs(node),
+ * len(variable), steps, 'strings', numbers, true, false. The daemon refuses a malformed
+ * graph (INVALID_ARGUMENT) with a message naming the node. Graphs belong to the app and
+ * outlive daemon restarts; the built-in templates "one-shot", "hyde", "multistep",
+ * "irg" and "recomp" (inputs "question" and "kb") are there for every app.
+ */
+enum llms_graph_node_kind {
+    LLMS_GRAPH_GENERATE = 0,      /* prompt -> generated text */
+    LLMS_GRAPH_RETRIEVE = 1,      /* query -> passages of a knowledge base (blank-line joined) */
+};
+
+typedef struct llms_graph_node {
+    const char *name;             /* 1..64 bytes of [A-Za-z0-9_]; not START or END */
+    enum llms_graph_node_kind kind;
+    const char *output;           /* the variable it sets */
+    const char *prompt;           /* GENERATE: template */
+    const llms_params *params;    /* GENERATE: NULL: the daemon's defaults */
+    int chat;                     /* GENERATE: nonzero: through the chat template */
+    const char *kb;               /* RETRIEVE: knowledge base name (template) */
+    const char *query;            /* RETRIEVE: template */
+    uint32_t top_k;               /* RETRIEVE: 0: the daemon's rag_top_k */
+    enum llms_retrieval retrieval;/* RETRIEVE */
+} llms_graph_node;
+
+typedef struct llms_graph_edge {
+    const char *from, *to;
+    const char *when;             /* NULL: always */
+} llms_graph_edge;
+
+typedef struct llms_graph_def {
+    const char *const *inputs;    /* variables a run must give */
+    size_t n_inputs;
+    const llms_graph_node *nodes;
+    size_t n_nodes;
+    const llms_graph_edge *edges;
+    size_t n_edges;
+    const char *output;           /* the variable that is a run's answer */
+    uint32_t max_steps;           /* node runs per run at most; 0: none (an acyclic graph) */
+} llms_graph_def;
+
+/* Creates the app's graph name (1..64 bytes of [A-Za-z0-9._-]). FAILED_PRECONDITION when
+ * it exists or is a built-in's name, RESOURCE_EXHAUSTED past graph_max_per_app. */
+enum llms_status llms_graph_create(llms_conn *conn, const char *name, const llms_graph_def *def);
+
+/* Deletes the app's graph name (NOT_FOUND when it has none). */
+enum llms_status llms_graph_delete(llms_conn *conn, const char *name);
+
+typedef struct llms_graph_info {
+    char *name;
+    int builtin;
+    char **inputs;
+    size_t n_inputs;
+    size_t n_nodes, n_edges;
+    char *output;
+    uint32_t max_steps;           /* 0: none */
+} llms_graph_info;
+
+void llms_graph_list_free(llms_graph_info *graphs, size_t n);
+
+/* The built-in templates, then the app's graphs by name; free with llms_graph_list_free. */
+enum llms_status llms_graph_list(llms_conn *conn, llms_graph_info **out, size_t *n_out);
+
+typedef struct llms_graph_var {
+    const char *name, *value;
+} llms_graph_var;
+
+/* A node of a running graph started (finished 0) or finished (its variable's value). */
+typedef struct llms_graph_event {
+    int finished;
+    const char *node;
+    uint32_t step;                /* 1 for the run's first node */
+    const char *output, *value;   /* finished: the variable set and its value */
+    double ms;                    /* finished: the node's time */
+    uint32_t generated_tokens;    /* finished generation node */
+} llms_graph_event;
+
+/* Called for each node event; nonzero cancels the run. */
+typedef int (*llms_graph_event_cb)(const llms_graph_event *ev, void *user);
+
+typedef struct llms_graph_timing {
+    char *node;
+    uint32_t runs;
+    double ms;                    /* over all its runs */
+    uint32_t generated_tokens;
+} llms_graph_timing;
+
+typedef struct llms_graph_result {
+    char *output;                 /* the output variable's value */
+    uint32_t steps;               /* node runs */
+    int capped;                   /* the step cap stopped it before END */
+    llms_graph_timing *timings;   /* the nodes that ran, in graph order */
+    size_t n_timings;
+    char **state_names, **state_values; /* every variable at the end */
+    size_t n_state;
+    double total_ms, queue_ms;
+} llms_graph_result;
+
+/* Frees what *r holds (not r) and zeroes it. NULL is fine. */
+void llms_graph_result_free(llms_graph_result *r);
+
+/* Runs graph (the app's, or a built-in's name) with n inputs; params (may be NULL) go
+ * over every generation node's own. Node events go to on_event (may be NULL); out (may
+ * be NULL) gets the result. */
+enum llms_status llms_graph_run(llms_conn *conn, const char *graph, const llms_graph_var *inputs,
+                                size_t n, const llms_params *params, llms_graph_event_cb on_event,
+                                void *user, llms_graph_result *out);
+
 #ifdef __cplusplus
 }
 #endif

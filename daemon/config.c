@@ -165,6 +165,10 @@ static const key_def keys[] = {
                           "its answer stale (default 3)"),
     INT(qkv_cache_mb, 0, INT_MAX, "stored QKV prefix tree in MiB (compressed), least "
                                   "frequently used leaves evicted; 0 = off (default 256)"),
+    INT(graph_max_per_app, 0, INT_MAX, "workflow graphs an app may keep (default 64)"),
+    INT(graph_max_nodes, 1, 1024, "nodes of a workflow graph (default 32)"),
+    INT(graph_max_steps, 1, 100000, "node runs of a graph run; a graph's max_steps may not "
+                                    "exceed it (default 64)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -228,6 +232,9 @@ void config_defaults(config *c)
     c->tau_query = 0.85f;
     c->k_refresh = 3;
     c->qkv_cache_mb = 256;
+    c->graph_max_per_app = 64;
+    c->graph_max_nodes = 32;
+    c->graph_max_steps = 64;
 }
 
 static const key_def *find_key(const char *name)

@@ -115,6 +115,10 @@ typedef struct config {
     int k_refresh;                     /* a new passage in a stored question's top-k_refresh
                                           makes its answer stale */
     int qkv_cache_mb;                  /* stored QKV prefix tree; 0: off */
+    /* Workflow graphs (daemon/graph.h, daemon/graphs.h). */
+    int graph_max_per_app;             /* graphs an app keeps */
+    int graph_max_nodes;               /* nodes of a graph */
+    int graph_max_steps;               /* node runs of a graph run */
 } config;
 
 /* The built-in defaults. */

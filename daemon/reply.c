@@ -38,3 +38,14 @@ void reply_error(outq *out, uint32_t max_bytes, uint64_t conn_id, const Llms__Re
     reply_error_v(out, max_bytes, conn_id, req, code, fmt, ap);
     va_end(ap);
 }
+
+void reply_ok(outq *out, uint32_t max_bytes, uint64_t conn_id, const Llms__Request *req)
+{
+    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_OK;
+    r.ok = &e;
+    reply_send(out, max_bytes, conn_id, &r, false);
+}

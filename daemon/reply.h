@@ -18,6 +18,9 @@
 void reply_send(outq *out, uint32_t max_bytes, uint64_t conn_id, const Llms__Response *r,
                 bool droppable);
 
+/* Answers req with a final Ok. */
+void reply_ok(outq *out, uint32_t max_bytes, uint64_t conn_id, const Llms__Request *req);
+
 /* Answers req with a final error (code, printf-style message) and logs it as the
  * request's outcome. */
 void reply_error(outq *out, uint32_t max_bytes, uint64_t conn_id, const Llms__Request *req,

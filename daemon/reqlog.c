@@ -62,6 +62,12 @@ const char *reqlog_kind(Llms__Request__BodyCase body)
     case LLMS__REQUEST__BODY_KB_DROP:
     case LLMS__REQUEST__BODY_KB_SEARCH:
         return "kb";
+    case LLMS__REQUEST__BODY_GRAPH_RUN:
+        return "graph_run";
+    case LLMS__REQUEST__BODY_GRAPH_CREATE:
+    case LLMS__REQUEST__BODY_GRAPH_LIST:
+    case LLMS__REQUEST__BODY_GRAPH_DELETE:
+        return "graph";
     case LLMS__REQUEST__BODY__NOT_SET:
         return "unknown";
     default:

@@ -25,12 +25,15 @@
 #include <unistd.h>
 
 #include "daemon/ctxmgr.h"
+#include "daemon/graph.h"
+#include "daemon/graphs.h"
 #include "daemon/kb.h"
 #include "daemon/prompt.h"
 #include "daemon/rag.h"
 #include "daemon/reply.h"
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
+#include "daemon/retrieval.h"
 #include "daemon/semantic.h"
 #include "engine/kv.h"
 #include "engine/prefill.h"
@@ -45,6 +48,7 @@
 #define SCHED_STATS_NS 60000000000LL
 #define PIECE_MAX 256
 #define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
+#define SCHED_RETRIEVAL_MIN_NS 1000000 /* graph retrieval sub-stages per cycle, at least */
 
 typedef struct app_state {
     uint32_t uid;
@@ -56,7 +60,7 @@ typedef struct app_state {
     struct app_state *next;
 } app_state;
 
-/* A Call's, Complete's or RagQuery's generation. */
+/* A Call's, Complete's, RagQuery's or graph generation node's generation. */
 typedef struct gen {
     ctx_entry *c;          /* NULL for Complete and RagQuery */
     rag_query *rq;         /* RagQuery: its passages, prompt and caches */
@@ -93,6 +97,28 @@ typedef struct gen {
     int64_t t_start, t_first, t_end, t_last_token;
 } gen;
 
+/* A GraphRun: its graph, the run's state, and the ready node's work (a generation in
+ * work.g or a retrieval here). */
+typedef struct graph_work {
+    graph *gph;
+    graph_run *run;
+    retrieval *rt;
+    int node;              /* the node being run, -1 between nodes */
+    int64_t t_start, node_t0;
+    double *node_ms;       /* (nodes) over all runs of each */
+    uint32_t *node_tokens; /* (nodes) generated */
+    char *err;             /* (ERR_MAX) a node's failure, named */
+} graph_work;
+
+/* What a graph generation node asks of gen_new; code and err come back on failure. */
+typedef struct graph_gen {
+    const char *prompt;
+    bool chat;
+    const Llms__GenerationParams *node_params, *run_params;
+    Llms__ErrorCode code;
+    char *err;
+} graph_gen;
+
 /* One admitted request. */
 typedef struct work {
     sched_job *job;
@@ -104,8 +130,9 @@ typedef struct work {
     bool failed;           /* the engine failed it: answer fail_code, fail_msg */
     Llms__ErrorCode fail_code;
     char fail_msg[ERR_MAX];
-    gen *g;                /* Call, Complete */
+    gen *g;                /* Call, Complete, RagQuery, a GraphRun's generation node */
     sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+    graph_work *gw;        /* GraphRun */
     size_t kv_reserved;    /* KV bytes admission counted for it (kv_need) */
 } work;
 
@@ -137,6 +164,7 @@ struct sched {
     semantic *sem;         /* Embed, Rerank, RerankCalibrate */
     kbm *kb;               /* knowledge bases */
     rag *rag;              /* RagQuery and its caches */
+    graphs_env graphs;     /* apps' workflow graphs */
     int n_vocab;
     float *logits;         /* (SCHED_MAX_ACTIVE, n_vocab) the out rows of a step */
     int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
@@ -1035,9 +1063,10 @@ static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size
     return 0;
 }
 
-/* Builds the generation of a Call or Complete job. NULL after answering the job with an
- * error. */
-static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
+/* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
+ * generation node. NULL after answering the job with an error (gg: after putting the
+ * error in gg, the job unanswered). */
+static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
 {
     const config *cfg = s->env.cfg;
     char err[ERR_MAX];
@@ -1086,10 +1115,13 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
         req_p = rag_params(g->rq);
         merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
     } else {
-        Llms__CompleteRequest *cr = j->req->complete;
-        templated = cr->has_chat && cr->chat;
-        req_p = cr->params;
-        char *text = prompt_complete_text(s->env.family, cr->prompt, templated, cr->system_prompt, err);
+        /* a Complete, or a graph node's prompt as a Complete of it would be */
+        const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
+        const Llms__GenerationParams *node_p = gg ? gg->node_params : NULL;
+        templated = gg ? gg->chat : cr->has_chat && cr->chat;
+        req_p = gg ? gg->run_params : cr->params;
+        char *text = prompt_complete_text(s->env.family, gg ? gg->prompt : cr->prompt, templated,
+                                          gg ? NULL : cr->system_prompt, err);
         if (!text)
             goto fail;
         int rc = prompt_tokenize(s->env.tok, text, strlen(text), true, true, &turn, &n_turn, err);
@@ -1100,7 +1132,7 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
-        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
+        merge_params(cfg, node_p, req_p, &sp, &g->max_gen, &stops_p);
     }
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     if (n_turn == 0) {
@@ -1177,7 +1209,12 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c)
     return g;
 fail:
     free(turn);
-    send_error(s, j, code, "%s", err);
+    if (gg) {
+        gg->code = code;
+        snprintf(gg->err, ERR_MAX, "%s", err);
+    } else {
+        send_error(s, j, code, "%s", err);
+    }
     gen_free(g);
     return NULL;
 }
@@ -1185,7 +1222,7 @@ fail:
 /* Streams text (NUL-terminated) and the tokens that produced it. */
 static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, int n_tok)
 {
-    if (w->quiet)
+    if (w->quiet || w->gw) /* a graph streams node events, not tokens */
         return;
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
     ch.text = text;
@@ -1225,6 +1262,7 @@ static void finish(gen *g, Llms__StopReason reason)
 }
 
 static void work_fail(work *w, Llms__ErrorCode code, const char *msg);
+static bool work_over(const work *w, int64_t now);
 
 /* Slides a full window (a WINDOW context's), keeping at least keep_min recent tokens;
  * the kept tokens after the sink are then evaluated again as long work. Returns whether
@@ -1417,12 +1455,26 @@ static void gen_end(sched *s, work *w, const char *engine_err)
 
 /* ---- work ---- */
 
+static void graph_work_free(graph_work *gw)
+{
+    if (!gw)
+        return;
+    retrieval_free(gw->rt);
+    graph_run_free(gw->run);
+    graph_free(gw->gph);
+    free(gw->node_ms);
+    free(gw->node_tokens);
+    free(gw->err);
+    free(gw);
+}
+
 static void work_free(work *w)
 {
     if (!w)
         return;
     gen_free(w->g);
     semantic_task_free(w->t);
+    graph_work_free(w->gw);
     job_free(w->job);
     free(w);
 }
@@ -1439,20 +1491,311 @@ static void work_fail(work *w, Llms__ErrorCode code, const char *msg)
     }
 }
 
+/* ---- graph runs ---- */
+
+/* Opens a GraphRun's graph and starts its run. NULL after answering the job. */
+static graph_work *graph_work_new(sched *s, const sched_job *j)
+{
+    const Llms__GraphRunRequest *gr = j->req->graph_run;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    graph_work *gw = calloc(1, sizeof *gw);
+    if (!gw || !(gw->err = malloc(ERR_MAX))) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    gw->node = -1;
+    gw->t_start = mono_ns();
+    if (!(gw->gph = graphs_open(&s->graphs, j->uid, j->app, gr->graph, &code, err)))
+        goto fail;
+    size_t n = graph_def(gw->gph)->n_nodes;
+    code = LLMS__ERROR_CODE__INTERNAL;
+    gw->node_ms = calloc(n, sizeof *gw->node_ms);
+    gw->node_tokens = calloc(n, sizeof *gw->node_tokens);
+    if (!gw->node_ms || !gw->node_tokens) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < gr->n_inputs; i++)
+        if (strlen(gr->inputs[i]->value) > (size_t)s->env.cfg->max_text_bytes) {
+            code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            err_set(err, "input '%.64s' is %zu bytes, over max_text_bytes (%d)",
+                    gr->inputs[i]->name, strlen(gr->inputs[i]->value),
+                    s->env.cfg->max_text_bytes);
+            goto fail;
+        }
+    code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    gw->run = graph_run_new(gw->gph, gr->inputs, gr->n_inputs, s->env.cfg->graph_max_steps, err);
+    if (!gw->run)
+        goto fail;
+    return gw;
+fail:
+    send_error(s, j, code, "graph '%.64s': %s", gr->graph, err);
+    graph_work_free(gw);
+    return NULL;
+}
+
+static const Llms__GraphNode *graph_node_of(const graph_work *gw, int i)
+{
+    return graph_def(gw->gph)->nodes[i];
+}
+
+/* Streams a node event: started, or finished with the variable it set. */
+static void graph_event(sched *s, const work *w, Llms__GraphEventKind kind, const char *value,
+                        double ms, uint32_t tokens)
+{
+    if (w->quiet)
+        return;
+    const graph_work *gw = w->gw;
+    const Llms__GraphNode *n = graph_node_of(gw, gw->node);
+    Llms__GraphEvent ev = LLMS__GRAPH_EVENT__INIT;
+    ev.kind = kind;
+    ev.node = n->name;
+    ev.step = (uint32_t)graph_run_steps(gw->run) + (kind == LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED);
+    if (kind == LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_FINISHED) {
+        ev.output = n->output;
+        ev.value = (char *)value;
+        ev.has_ms = 1;
+        ev.ms = ms;
+        ev.has_generated_tokens = n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE;
+        ev.generated_tokens = tokens;
+    }
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = w->job->req->id;
+    r.final = 0;
+    r.body_case = LLMS__RESPONSE__BODY_GRAPH_EVENT;
+    r.graph_event = &ev;
+    send_resp(s, w->job->conn_id, &r, false);
+}
+
+/* Fails the graph work with a message naming its node. */
+static void graph_fail(work *w, Llms__ErrorCode code, const char *msg)
+{
+    graph_work *gw = w->gw;
+    char named[ERR_MAX];
+    snprintf(named, sizeof named, "node '%s': %s", graph_node_of(gw, gw->node)->name, msg);
+    work_fail(w, code, named);
+}
+
+/* The ready node's output is in: into the run's state, the node's event and times. */
+static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint32_t tokens)
+{
+    graph_work *gw = w->gw;
+    double ms = (double)(mono_ns() - gw->node_t0) / 1e6;
+    gw->node_ms[gw->node] += ms;
+    gw->node_tokens[gw->node] += tokens;
+    if (graph_run_feed(gw->run, out, len)) {
+        graph_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return -1;
+    }
+    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_FINISHED, out, ms, tokens);
+    gw->node = -1;
+    return 0;
+}
+
+/* Starts the ready node: a generation (which then runs in the steps like any other) or
+ * a retrieval (advanced by graph_advance, a sub-stage per cycle). */
+static int graph_node_start(sched *s, work *w, int node)
+{
+    graph_work *gw = w->gw;
+    const Llms__GraphNode *n = graph_node_of(gw, node);
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    gw->node = node;
+    gw->node_t0 = mono_ns();
+    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0);
+    size_t max = (size_t)s->env.cfg->max_text_bytes, len;
+    if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE) {
+        char *prompt = graph_run_render(gw->run, GRAPH_FIELD_PROMPT, max, &len);
+        if (!prompt) {
+            if (len > max)
+                snprintf(gw->err, ERR_MAX, "its prompt would be %zu bytes, over max_text_bytes "
+                         "(%zu)", len, max);
+            graph_fail(w, len > max ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED : code,
+                       len > max ? gw->err : "out of memory");
+            return -1;
+        }
+        graph_gen gg = {prompt, n->has_chat && n->chat, n->params,
+                        w->job->req->graph_run->params, code, gw->err};
+        w->g = gen_new(s, w->job, NULL, &gg);
+        free(prompt);
+        if (!w->g) {
+            graph_fail(w, gg.code, gw->err);
+            return -1;
+        }
+        return 0;
+    }
+    size_t kb_len;
+    char *kb = graph_run_render(gw->run, GRAPH_FIELD_KB, max, &kb_len);
+    char *query = graph_run_render(gw->run, GRAPH_FIELD_QUERY, max, &len);
+    if (kb_len > max || len > max) {
+        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        err_set(gw->err, "its %s would be %zu bytes, over max_text_bytes (%zu)",
+                kb_len > max ? "kb" : "query", kb_len > max ? kb_len : len, max);
+    } else if (kb && query)
+        gw->rt = retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb, query,
+                                 n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
+                                 n->has_retrieval ? n->retrieval
+                                                  : LLMS__RETRIEVAL__RETRIEVAL_RRF,
+                                 &code, gw->err);
+    else
+        err_set(gw->err, "out of memory");
+    free(kb);
+    free(query);
+    if (!gw->rt) {
+        graph_fail(w, code, gw->err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Sends a finished run's GraphResult. */
+static void graph_send_result(sched *s, work *w)
+{
+    graph_work *gw = w->gw;
+    const Llms__GraphDef *d = graph_def(gw->gph);
+    int n_vars = graph_run_n_vars(gw->run);
+    Llms__GraphNodeTiming *tm = calloc(d->n_nodes, sizeof *tm);
+    Llms__GraphNodeTiming **tp = calloc(d->n_nodes, sizeof *tp);
+    Llms__GraphVar *vars = calloc((size_t)n_vars, sizeof *vars);
+    Llms__GraphVar **vp = calloc((size_t)n_vars, sizeof *vp);
+    if (!tm || !tp || !vars || !vp) {
+        send_error(s, w->job, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    } else {
+        Llms__GraphResult res = LLMS__GRAPH_RESULT__INIT;
+        res.timings = tp;
+        for (size_t i = 0; i < d->n_nodes; i++) {
+            if (graph_run_count(gw->run, (int)i) == 0)
+                continue;
+            llms__graph_node_timing__init(&tm[i]);
+            tm[i].node = d->nodes[i]->name;
+            tm[i].runs = (uint32_t)graph_run_count(gw->run, (int)i);
+            tm[i].ms = gw->node_ms[i];
+            tm[i].generated_tokens = gw->node_tokens[i];
+            tp[res.n_timings++] = &tm[i];
+        }
+        for (int i = 0; i < n_vars; i++) {
+            llms__graph_var__init(&vars[i]);
+            vars[i].name = (char *)graph_run_var_name(gw->run, i);
+            vars[i].value = (char *)graph_run_var_value(gw->run, i);
+            vp[i] = &vars[i];
+        }
+        res.n_state = (size_t)n_vars;
+        res.state = vp;
+        res.output = (char *)graph_run_var(gw->run, d->output);
+        res.steps = (uint32_t)graph_run_steps(gw->run);
+        res.capped = graph_run_capped(gw->run);
+        int64_t now = mono_ns();
+        res.total_ms = (double)(now - gw->t_start) / 1e6;
+        res.queue_ms = (double)(gw->t_start - w->job->queued_ns) / 1e6;
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = w->job->req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_GRAPH_RESULT;
+        r.graph_result = &res;
+        if (!w->quiet)
+            send_resp(s, w->job->conn_id, &r, false);
+    }
+    free(tm);
+    free(tp);
+    free(vars);
+    free(vp);
+}
+
+/* Moves a graph run on as far as it goes without the engine: a finished generation node
+ * gives its output; a retrieval node runs one sub-stage; the next ready node starts;
+ * an ended run is answered. */
+static void graph_advance(sched *s, work *w)
+{
+    graph_work *gw = w->gw;
+    while (!work_over(w, mono_ns())) {
+        if (w->g) {
+            gen *g = w->g;
+            if (!g->done)
+                return;
+            char tail[STOP_MAX_LEN + 1];
+            release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+            int rc = graph_node_done(s, w, g->shown ? g->shown : "", g->shown_len,
+                                     (uint32_t)g->n_gen);
+            gen_free(g);
+            w->g = NULL;
+            if (rc)
+                return;
+            continue;
+        }
+        if (gw->rt) {
+            Llms__ErrorCode code;
+            int rc = retrieval_step(gw->rt, &code, gw->err);
+            if (rc < 0)
+                graph_fail(w, code, gw->err);
+            if (rc <= 0)
+                return;
+            size_t len;
+            const char *text = retrieval_text(gw->rt, &len);
+            rc = graph_node_done(s, w, text, len, 0);
+            retrieval_free(gw->rt);
+            gw->rt = NULL;
+            if (rc)
+                return;
+            continue;
+        }
+        int node = graph_run_ready(gw->run);
+        if (node < 0) {
+            graph_send_result(s, w);
+            w->answered = true;
+            return;
+        }
+        if (graph_node_start(s, w, node))
+            return;
+    }
+}
+
+/* Ends a graph run that is over: its error (a node's failure, a cancel, the deadline,
+ * shutdown) when it was not answered, and the log line. */
+static void graph_end(sched *s, work *w)
+{
+    graph_work *gw = w->gw;
+    int64_t now = mono_ns();
+    if (w->answered) {
+        long tokens = 0;
+        for (size_t i = 0; i < graph_def(gw->gph)->n_nodes; i++)
+            tokens += gw->node_tokens[i];
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, (int)tokens,
+                       (double)(now - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       graph_run_capped(gw->run) ? "capped" : "end");
+        return;
+    }
+    if (w->quiet)
+        return;
+    if (w->failed)
+        send_error(s, w->job, w->fail_code, "graph '%.64s': %s", w->job->req->graph_run->graph,
+                   w->fail_msg);
+    else if (s->shutting)
+        send_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+    else if (!w->cancelled)
+        send_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, "the request's timeout passed "
+                   "after %d node runs", graph_run_steps(gw->run));
+    else
+        send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled after %d node runs",
+                   graph_run_steps(gw->run));
+}
+
 /* Whether the work is over: finished, failed, cancelled or past its deadline. */
 static bool work_over(const work *w, int64_t now)
 {
     bool expired = w->deadline_ns && now >= w->deadline_ns;
     if (w->failed || w->answered)
         return true;
-    return w->g ? w->g->done || w->cancelled || expired : w->cancelled || expired;
+    /* a graph's generation node ending is not the graph's end */
+    return w->g && !w->gw ? w->g->done || w->cancelled || expired : w->cancelled || expired;
 }
 
 /* Ends an admitted request that is over: its answer (the result, the failure, or why it
  * stopped), and its place in the app's queue count. */
 static void work_end(sched *s, work *w)
 {
-    if (w->g) {
+    if (w->gw) {
+        graph_end(s, w);
+    } else if (w->g) {
         if (!w->g->done)
             finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
                          : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
@@ -1483,6 +1826,8 @@ static void work_end(sched *s, work *w)
  * at most one decode row per step. */
 static bool work_is_long(const work *w)
 {
+    if (!w->g && !w->t) /* a graph between generations */
+        return false;
     return w->g ? !gen_decoding(w->g) : semantic_rows_left(w->t) > 0;
 }
 
@@ -1563,6 +1908,7 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     case LLMS__REQUEST__BODY_RERANK:
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
     case LLMS__REQUEST__BODY_RAG_QUERY:
+    case LLMS__REQUEST__BODY_GRAPH_RUN:
         return true;
     default:
         return false;
@@ -1671,6 +2017,11 @@ static void handle_request(sched *s, sched_job *j)
     }
     if (kb_is_request(j->req->body_case)) {
         kb_handle(s->kb, j->conn_id, j->uid, j->app, j->req);
+        job_free(j);
+        return;
+    }
+    if (graphs_is_request(j->req->body_case)) {
+        graphs_handle(&s->graphs, j->conn_id, j->uid, j->app, j->req);
         job_free(j);
         return;
     }
@@ -1793,10 +2144,12 @@ static work *work_start(sched *s, sched_job *j, app_state *a, ctx_entry *c)
     Llms__Request__BodyCase body = j->req->body_case;
     if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE ||
         body == LLMS__REQUEST__BODY_RAG_QUERY)
-        w->g = gen_new(s, j, c);
+        w->g = gen_new(s, j, c, NULL);
+    else if (body == LLMS__REQUEST__BODY_GRAPH_RUN)
+        w->gw = graph_work_new(s, j);
     else
         w->t = semantic_begin(s->sem, j->conn_id, j->req);
-    if (!w->g && !w->t) {
+    if (!w->g && !w->t && !w->gw) {
         work_free(w);
         return NULL;
     }
@@ -1814,6 +2167,7 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
         return !*c || !(*c)->busy;
     case LLMS__REQUEST__BODY_COMPLETE:
     case LLMS__REQUEST__BODY_RAG_QUERY:
+    case LLMS__REQUEST__BODY_GRAPH_RUN:
         return true;
     default:
         return semantic_can_begin(s->sem, j->req);
@@ -1848,6 +2202,18 @@ static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
                  (long)k * (cfg->kb_passage_tokens + 8) +
                  (rq->system_prompt ? (long)strlen(rq->system_prompt)
                                     : (long)strlen(cfg->rag_system_prompt));
+        limit = cfg->n_ctx;
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_GRAPH_RUN) {
+        /* one generation node at a time: its prompt holds the inputs, a template, the
+         * passages of a retrieval or two and earlier nodes' outputs; a graph whose
+         * prompts are longer may exceed this estimate by what the claim at each step
+         * then finds */
+        const Llms__GraphRunRequest *gr = j->req->graph_run;
+        p = gr->params;
+        tokens = 4 * SCHED_TEMPLATE_TOKENS + 2L * cfg->rag_top_k * (cfg->kb_passage_tokens + 8) +
+                 (p && p->has_max_tokens ? p->max_tokens : cfg->max_tokens);
+        for (size_t i = 0; i < gr->n_inputs; i++)
+            tokens += (long)strlen(gr->inputs[i]->value);
         limit = cfg->n_ctx;
     } else {
         return 0;
@@ -2159,7 +2525,7 @@ static void step_share_long_work(sched *s, int *n_seq, int *n_out, int budget)
         bool has = false;
         for (int i = 0; i < s->n_active && budget > 0; i++) {
             work *w = s->active[i];
-            if (w->app != a || work_over(w, 0) || !work_is_long(w))
+            if (w->app != a || work_over(w, 0) || !work_is_long(w) || (w->g && w->g->done))
                 continue;
             if (!has) {
                 has = true;
@@ -2202,6 +2568,31 @@ static int step_rows(const sched *s, int n_seq)
     return rows;
 }
 
+/* Every running graph's wavefront: each moves on to its next generation node (which
+ * joins this cycle's step) or runs a sub-stage of its retrieval node. Retrieval
+ * sub-stages go round the graphs again while the cycle's retrieval time budget lasts:
+ * as long as the last step took (at least SCHED_RETRIEVAL_MIN_NS), so that retrieval and
+ * generation each get about half of the worker's time when both are waiting. */
+static void advance_graphs(sched *s)
+{
+    int64_t t0 = mono_ns(), budget = SCHED_RETRIEVAL_MIN_NS;
+    if (s->n_steps) {
+        int64_t last = (int64_t)(s->stats[(s->n_steps - 1) % SCHED_STATS].ms * 1e6);
+        budget = last > budget ? last : budget;
+    }
+    bool retrieving = true;
+    for (int round = 0; retrieving && (round == 0 || mono_ns() - t0 < budget); round++) {
+        retrieving = false;
+        for (int i = 0; i < s->n_active; i++) {
+            work *w = s->active[i];
+            if (!w->gw || (round > 0 && !w->gw->rt))
+                continue;
+            graph_advance(s, w);
+            retrieving |= w->gw->rt != NULL && !work_over(w, 0);
+        }
+    }
+}
+
 /* One step: a decode row for every generation past its prompt, the shared-out long
  * work, one forward for all of it. */
 static void run_step(sched *s)
@@ -2210,7 +2601,7 @@ static void run_step(sched *s)
     int n_seq = 0, n_out = 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        if (w->g && gen_decoding(w->g) && !work_over(w, 0))
+        if (w->g && gen_decoding(w->g) && !w->g->done && !work_over(w, 0))
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     }
     step_share_long_work(s, &n_seq, &n_out, s->step_tokens);
@@ -2227,7 +2618,8 @@ static void run_serial(sched *s)
 {
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        while (!work_over(w, mono_ns())) {
+        /* a graph between nodes, or whose node just finished, waits for advance_graphs */
+        while (!work_over(w, mono_ns()) && (w->t || (w->g && !w->g->done))) {
             int64_t t0 = mono_ns();
             int n_seq = 0, n_out = 0;
             if (w->g && gen_decoding(w->g))
@@ -2276,6 +2668,7 @@ static void *worker(void *arg)
         outq_wake(s->env.out);
         reap(s);
         admit(s);
+        advance_graphs(s);
         if (s->serial)
             run_serial(s);
         else
@@ -2379,6 +2772,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
                   model_kv_shape(env->m), s->kb, s->sem};
     if (!(s->rag = rag_new(&re, err)))
         goto fail;
+    s->graphs = (graphs_env){cfg, env->st, env->out};
     return s;
 fail:
     sched_free(s);

@@ -150,6 +150,15 @@ static const char *const store_migrations[] = {
     "  ids BLOB NOT NULL,"
     "  vecs BLOB NOT NULL,"
     "  PRIMARY KEY (index_id, list));",
+
+    /* Workflow graphs (storage/graphs.h): an app's graph definitions, each a packed
+     * GraphDef. */
+    "CREATE TABLE graphs ("
+    "  app_id INTEGER NOT NULL REFERENCES apps(id),"
+    "  name TEXT NOT NULL,"
+    "  def BLOB NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (app_id, name));",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 

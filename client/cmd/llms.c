@@ -8,6 +8,8 @@
  *   llms [options] embed TEXT...               one vector per text
  *   llms [options] rerank -q QUERY [-k K] FILE...
  *                                              top-K of the files (each a document)
+ *   llms [options] graph create NAME FILE | run NAME VAR=VALUE... | ls | rm NAME
+ *                                              the app's workflow graphs (FILE: JSON)
  *
  * Why a reply stopped goes to stderr; a reply that was cut (context full, timeout,
  * daemon shutdown) ends with exit status 3 so that scripts can tell it from a whole one.
@@ -22,6 +24,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <json-c/json.h>
 
 #include "client/llms.h"
 #include "engine/utf8.h"
@@ -50,6 +54,8 @@ static void usage(void)
            "       llms [options] kb create NAME | add NAME FILE... | ls | rm NAME ID... |\n"
            "                         drop NAME\n"
            "       llms [options] rag NAME QUESTION [-k K] [--json]\n"
+           "       llms [options] graph create NAME FILE | run NAME VAR=VALUE... [--json] |\n"
+           "                            ls | rm NAME\n"
            "       llms --help | --version\n"
            "\n"
            "commands:\n"
@@ -63,6 +69,10 @@ static void usage(void)
            "           id the file name), list, remove documents by id, drop\n"
            "  rag      answer QUESTION from knowledge base NAME (passages, cache outcome and\n"
            "           times on stderr, or all of it as JSON with --json)\n"
+           "  graph    the app's workflow graphs: create one from a JSON file, run one (an\n"
+           "           app's or a built-in: one-shot, hyde, multistep, irg, recomp, with\n"
+           "           inputs question=... kb=...; node events on stderr, the output on\n"
+           "           stdout, or all of it as JSON with --json), list, remove\n"
            "\n"
            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
            "         --app NAME     app name the contexts belong to (default llms-cli)\n"
@@ -511,7 +521,7 @@ static int takes_value(const char *a)
 static const char *option_commands(const char *a)
 {
     if (!strcmp(a, "--temp") || !strcmp(a, "--max-tokens") || !strcmp(a, "--seed"))
-        return "ask chat rag";
+        return "ask chat rag graph";
     if (!strcmp(a, "--system"))
         return "ask chat rag";
     if (!strcmp(a, "--context") || !strcmp(a, "--overflow"))
@@ -521,7 +531,7 @@ static const char *option_commands(const char *a)
     if (!strcmp(a, "--pooling"))
         return "embed";
     if (!strcmp(a, "--json"))
-        return "embed rerank rag";
+        return "embed rerank rag graph";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
     if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
@@ -545,7 +555,7 @@ static int has_word(const char *list, const char *word)
 static void check_command(char **pos, int npos, const char *query, const char *file)
 {
     if (npos == 0)
-        bad_usage("no command (ask, chat, ctx, embed, rerank, kb or rag)");
+        bad_usage("no command (ask, chat, ctx, embed, rerank, kb, rag or graph)");
     const char *cmd = pos[0];
     if (!strcmp(cmd, "ask")) {
         if (npos > 2)
@@ -581,6 +591,13 @@ static void check_command(char **pos, int npos, const char *query, const char *f
     } else if (!strcmp(cmd, "rag")) {
         if (npos != 3)
             bad_usage("rag: expected NAME and one QUESTION (quote it)");
+    } else if (!strcmp(cmd, "graph")) {
+        const char *sub = npos >= 2 ? pos[1] : "";
+        int ok = (!strcmp(sub, "ls") && npos == 2) || (!strcmp(sub, "rm") && npos == 3) ||
+                 (!strcmp(sub, "create") && npos == 4) || (!strcmp(sub, "run") && npos >= 3);
+        if (!ok)
+            bad_usage("graph: expected 'create NAME FILE', 'run NAME VAR=VALUE...', 'ls' or "
+                      "'rm NAME'");
     } else {
         bad_usage("unknown command '%s'", cmd);
     }
@@ -677,6 +694,252 @@ static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t 
                 r.retrieve_ms, r.prefill_ms, r.decode_ms);
     }
     llms_rag_result_free(&r);
+    return 0;
+}
+
+/* ---- graphs ---- */
+
+/* A graph definition read from JSON: every string points into the parsed document. */
+typedef struct json_graph {
+    json_object *root;
+    const char **inputs;
+    llms_graph_node *nodes;
+    llms_params *params;
+    llms_graph_edge *edges;
+    llms_graph_def def;
+} json_graph;
+
+static void json_graph_free(json_graph *g)
+{
+    json_object_put(g->root);
+    free(g->inputs);
+    free(g->nodes);
+    free(g->params);
+    free(g->edges);
+}
+
+/* The string member key of o (NULL when absent; -1 when not a string). */
+static int json_str(json_object *o, const char *key, const char **out)
+{
+    json_object *v;
+    *out = NULL;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    if (!json_object_is_type(v, json_type_string))
+        return -1;
+    *out = json_object_get_string(v);
+    return 0;
+}
+
+/* The array member key of o (n 0 when absent); -1 when not an array. */
+static int json_array(json_object *o, const char *key, json_object **arr, size_t *n)
+{
+    *n = 0;
+    if (!json_object_object_get_ex(o, key, arr))
+        return 0;
+    if (!json_object_is_type(*arr, json_type_array))
+        return -1;
+    *n = json_object_array_length(*arr);
+    return 0;
+}
+
+static int json_node(json_object *o, llms_graph_node *n, llms_params *p, size_t i)
+{
+    const char *kind = NULL, *retrieval = NULL;
+    json_object *v;
+    if (!json_object_is_type(o, json_type_object) || json_str(o, "name", &n->name) ||
+        json_str(o, "kind", &kind) || json_str(o, "output", &n->output) ||
+        json_str(o, "prompt", &n->prompt) || json_str(o, "kb", &n->kb) ||
+        json_str(o, "query", &n->query) || json_str(o, "retrieval", &retrieval)) {
+        fprintf(stderr, "llms: graph: node %zu: not an object of strings\n", i);
+        return -1;
+    }
+    if (!kind || (strcmp(kind, "generate") && strcmp(kind, "retrieve"))) {
+        fprintf(stderr, "llms: graph: node %zu: kind must be \"generate\" or \"retrieve\"\n", i);
+        return -1;
+    }
+    n->kind = !strcmp(kind, "retrieve") ? LLMS_GRAPH_RETRIEVE : LLMS_GRAPH_GENERATE;
+    static const char *const modes[] = {"rrf", "sum", "bm25", "vector"};
+    for (int m = 0; retrieval && m < 4; m++)
+        if (!strcmp(retrieval, modes[m])) {
+            n->retrieval = (enum llms_retrieval)m;
+            retrieval = NULL;
+        }
+    if (retrieval) {
+        fprintf(stderr, "llms: graph: node %zu: retrieval is rrf, sum, bm25 or vector\n", i);
+        return -1;
+    }
+    if (json_object_object_get_ex(o, "top_k", &v))
+        n->top_k = (uint32_t)json_object_get_int(v);
+    if (json_object_object_get_ex(o, "chat", &v))
+        n->chat = json_object_get_boolean(v);
+    llms_params_init(p);
+    if (json_object_object_get_ex(o, "temperature", &v)) {
+        p->temperature = (float)json_object_get_double(v);
+        n->params = p;
+    }
+    if (json_object_object_get_ex(o, "max_tokens", &v)) {
+        p->max_tokens = json_object_get_int(v);
+        n->params = p;
+    }
+    return 0;
+}
+
+/*
+ * Reads a graph from JSON:
+ *   {"inputs": ["question"], "output": "answer", "max_steps": 8,
+ *    "nodes": [{"name": "n", "kind": "generate" | "retrieve", "output": "var",
+ *               "prompt": "...", "chat": false, "temperature": 0, "max_tokens": 64,
+ *               "kb": "...", "query": "...", "top_k": 3, "retrieval": "rrf"}, ...],
+ *    "edges": [{"from": "START", "to": "n", "when": "..."}, ...]}
+ */
+static int json_graph_read(const char *path, json_graph *g)
+{
+    memset(g, 0, sizeof *g);
+    char *text = read_file(path);
+    if (!text)
+        return -1;
+    json_tokener *tok = json_tokener_new();
+    g->root = tok ? json_tokener_parse_ex(tok, text, (int)strlen(text)) : NULL;
+    if (!g->root) {
+        fprintf(stderr, "llms: %s: not JSON (%s)\n", path,
+                tok ? json_tokener_error_desc(json_tokener_get_error(tok)) : "out of memory");
+        json_tokener_free(tok);
+        free(text);
+        return -1;
+    }
+    json_tokener_free(tok);
+    free(text);
+    json_object *inputs, *nodes, *edges, *v;
+    size_t ni, nn, ne;
+    if (!json_object_is_type(g->root, json_type_object) ||
+        json_array(g->root, "inputs", &inputs, &ni) || json_array(g->root, "nodes", &nodes, &nn) ||
+        json_array(g->root, "edges", &edges, &ne) || json_str(g->root, "output", &g->def.output)) {
+        fprintf(stderr, "llms: %s: expected an object with arrays inputs, nodes, edges and a "
+                        "string output\n", path);
+        return -1;
+    }
+    g->inputs = calloc(ni + 1, sizeof *g->inputs);
+    g->nodes = calloc(nn + 1, sizeof *g->nodes);
+    g->params = calloc(nn + 1, sizeof *g->params);
+    g->edges = calloc(ne + 1, sizeof *g->edges);
+    if (!g->inputs || !g->nodes || !g->params || !g->edges)
+        return -1;
+    for (size_t i = 0; i < ni; i++)
+        g->inputs[i] = json_object_get_string(json_object_array_get_idx(inputs, i));
+    for (size_t i = 0; i < nn; i++)
+        if (json_node(json_object_array_get_idx(nodes, i), &g->nodes[i], &g->params[i], i))
+            return -1;
+    for (size_t i = 0; i < ne; i++) {
+        json_object *e = json_object_array_get_idx(edges, i);
+        if (!json_object_is_type(e, json_type_object) || json_str(e, "from", &g->edges[i].from) ||
+            json_str(e, "to", &g->edges[i].to) || json_str(e, "when", &g->edges[i].when)) {
+            fprintf(stderr, "llms: %s: edge %zu: expected from, to and when strings\n", path, i);
+            return -1;
+        }
+    }
+    if (json_object_object_get_ex(g->root, "max_steps", &v))
+        g->def.max_steps = (uint32_t)json_object_get_int(v);
+    g->def.inputs = g->inputs;
+    g->def.n_inputs = ni;
+    g->def.nodes = g->nodes;
+    g->def.n_nodes = nn;
+    g->def.edges = g->edges;
+    g->def.n_edges = ne;
+    return 0;
+}
+
+static int print_graph_event(const llms_graph_event *ev, void *user)
+{
+    (void)user;
+    if (ev->finished)
+        fprintf(stderr, "[%" PRIu32 "] %s -> %s (%.1f ms%s)\n", ev->step, ev->node, ev->output,
+                ev->ms, ev->generated_tokens ? ", generated" : "");
+    else
+        fprintf(stderr, "[%" PRIu32 "] %s ...\n", ev->step, ev->node);
+    return interrupted != 0;
+}
+
+static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
+                         const llms_params *p, int json)
+{
+    llms_graph_var *in = calloc((size_t)n + 1, sizeof *in);
+    if (!in)
+        return 1;
+    for (int i = 0; i < n; i++) {
+        char *eq = strchr(vars[i], '=');
+        if (!eq) {
+            free(in);
+            bad_usage("graph run: inputs are VAR=VALUE, got '%s'", vars[i]);
+        }
+        *eq = '\0';
+        in[i] = (llms_graph_var){vars[i], eq + 1};
+    }
+    llms_graph_result r;
+    int rc = report(c, llms_graph_run(c, name, in, (size_t)n, p, json ? NULL : print_graph_event,
+                                      NULL, &r), "graph run");
+    free(in);
+    if (rc)
+        return interrupted ? tell_interrupted() : rc;
+    if (json) {
+        printf("{\"output\": ");
+        utf8_json_string(stdout, r.output);
+        printf(", \"steps\": %" PRIu32 ", \"capped\": %s, \"total_ms\": %.3f, "
+               "\"queue_ms\": %.3f, \"nodes\": [", r.steps, r.capped ? "true" : "false",
+               r.total_ms, r.queue_ms);
+        for (size_t i = 0; i < r.n_timings; i++) {
+            printf("%s{\"node\": ", i ? ", " : "");
+            utf8_json_string(stdout, r.timings[i].node);
+            printf(", \"runs\": %" PRIu32 ", \"ms\": %.3f, \"generated_tokens\": %" PRIu32 "}",
+                   r.timings[i].runs, r.timings[i].ms, r.timings[i].generated_tokens);
+        }
+        printf("], \"state\": {");
+        for (size_t i = 0; i < r.n_state; i++) {
+            printf("%s", i ? ", " : "");
+            utf8_json_string(stdout, r.state_names[i]);
+            printf(": ");
+            utf8_json_string(stdout, r.state_values[i]);
+        }
+        printf("}}\n");
+    } else {
+        printf("%s\n", r.output);
+        fprintf(stderr, "[%" PRIu32 " node runs%s, %.1f ms]\n", r.steps,
+                r.capped ? ", stopped at the step cap" : "", r.total_ms);
+    }
+    llms_graph_result_free(&r);
+    return 0;
+}
+
+static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p, int json)
+{
+    const char *sub = argv[0];
+    if (!strcmp(sub, "rm"))
+        return report(c, llms_graph_delete(c, argv[1]), "graph rm");
+    if (!strcmp(sub, "run"))
+        return cmd_graph_run(c, argv[1], argv + 2, argc - 2, p, json);
+    if (!strcmp(sub, "create")) {
+        json_graph g;
+        int rc = json_graph_read(argv[2], &g) ? 1
+                 : report(c, llms_graph_create(c, argv[1], &g.def), "graph create");
+        json_graph_free(&g);
+        return rc;
+    }
+    llms_graph_info *gs;
+    size_t n;
+    int rc = report(c, llms_graph_list(c, &gs, &n), "graph ls");
+    if (rc)
+        return rc;
+    printf("%-24s %-8s %5s %5s %9s  %s\n", "NAME", "KIND", "NODES", "EDGES", "MAX_STEPS",
+           "INPUTS -> OUTPUT");
+    for (size_t i = 0; i < n; i++) {
+        printf("%-24s %-8s %5zu %5zu %9" PRIu32 "  ", gs[i].name,
+               gs[i].builtin ? "built-in" : "app", gs[i].n_nodes, gs[i].n_edges,
+               gs[i].max_steps);
+        for (size_t k = 0; k < gs[i].n_inputs; k++)
+            printf("%s%s", k ? "," : "", gs[i].inputs[k]);
+        printf(" -> %s\n", gs[i].output);
+    }
+    llms_graph_list_free(gs, n);
     return 0;
 }
 
@@ -823,6 +1086,8 @@ int main(int argc, char **argv)
             rc = cmd_kb(c, npos - 1, pos + 1);
         else if (!strcmp(pos[0], "rag"))
             rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json);
+        else if (!strcmp(pos[0], "graph"))
+            rc = cmd_graph(c, npos - 1, pos + 1, &p, json);
         else
             rc = cmd_ctx(c, npos - 1, pos + 1);
     }

@@ -1,0 +1,441 @@
+/*
+ * workflow — RAG workflow graphs (HedraRAG) against running their stages from the
+ * client, as JSON lines on stdout.
+ *
+ *   workflow [--model PATH] [--requests N] [--runs R] [--template NAME] [--threads T]
+ *
+ * Starts llmsd of the same build with the trained
+ * ../shared/testdata/models/TinyStories-656K-Q8_0.gguf (or --model; skipped with a
+ * message when absent), which generates and embeds, and fills a knowledge base with
+ * generated children's-story passages. For each built-in template (one-shot, hyde,
+ * multistep, irg, recomp) three systems answer the same questions (greedy, the same
+ * max_tokens):
+ *   sequential  one request at a time, its stages in order, each stage a client call
+ *               (KbSearch, Complete), as a LangChain loop would: the graph's own state
+ *               machine (daemon/graph.h) runs in the client and decides the next stage;
+ *   naive       the same client loop, requests concurrent (16 connections), so stages
+ *               of different requests overlap but each is an opaque call;
+ *   graph       GraphRun of the built-in template, requests concurrent (16 connections):
+ *               the daemon advances every running graph each cycle.
+ * Requests arrive open-loop (Poisson) at rates that are multiples of the sequential
+ * system's closed-loop capacity (measured first, per template); each (rate, system)
+ * cell is run --runs times, the systems interleaved, and the median of the runs'
+ * throughput and p50/p95 latency (arrival to answer) is reported. Then, per template,
+ * throughput at an equal p95 bound (the sequential system's p95 when requests arrive at
+ * its capacity: the best throughput among the cells whose p95 stays under it), the saturated
+ * throughput (every request queued at once) and the answers' agreement with the
+ * sequential system's (greedy: equal unless batching changed a rounding).
+ */
+#include <libgen.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "client/llms.h"
+#include "daemon/graph.h"
+
+#define POOL 16          /* connections of the concurrent systems */
+#define MAX_TOKENS 24
+#define N_RATES 4
+static const double rate_factors[N_RATES] = {0.5, 1, 2, 4};
+
+enum system { SEQUENTIAL, NAIVE, GRAPH, N_SYSTEMS };
+static const char *const system_names[N_SYSTEMS] = {"sequential", "naive_async", "graph"};
+
+static const char *const names[] = {"Lily", "Tom", "Sam", "Mia", "Ben", "Anna", "Max", "Sue"};
+static const char *const things[] = {"a red ball", "a big boat", "a little kite", "a toy car",
+                                     "a blue hat", "a sweet cake", "a shiny stone", "a puppy"};
+static const char *const places[] = {"park", "garden", "river", "forest", "beach", "school"};
+#define N(a) ((int)(sizeof a / sizeof a[0]))
+
+static char sock[1100];
+static graph_limits limits = {.max_nodes = 32, .max_steps = 64};
+
+typedef struct request {
+    char question[256];
+    double arrival;      /* seconds after the cell's start */
+    double latency;
+    char *answer;
+    int ok;
+} request;
+
+typedef struct cell {
+    enum system sys;
+    const char *tmpl;
+    request *req;
+    int n;
+    atomic_int next;
+    double t0;
+} cell;
+
+/* The passages a retrieval node would give: KbSearch's texts, blank-line joined. */
+static char *search(llms_conn *c, const char *query)
+{
+    const char *p = query;
+    while (*p == ' ' || *p == '\n' || *p == '\t')
+        p++;
+    if (!*p)
+        return strdup("");
+    llms_kb_hit *hits;
+    size_t n;
+    if (llms_kb_search(c, "stories", query, 0, LLMS_RETRIEVAL_RRF, &hits, &n) != LLMS_OK)
+        return NULL;
+    size_t len = 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(hits[i].text ? hits[i].text : "") + 2;
+    char *out = malloc(len);
+    if (out) {
+        out[0] = '\0';
+        for (size_t i = 0; i < n; i++) {
+            if (i)
+                strcat(out, "\n\n");
+            strcat(out, hits[i].text ? hits[i].text : "");
+        }
+    }
+    llms_kb_hits_free(hits, n);
+    return out;
+}
+
+/* A request's stages one client call each, the graph deciding the next (sequential and
+ * naive). */
+static int run_stages(llms_conn *c, const char *tmpl, const char *question, char **answer)
+{
+    char err[ERR_MAX];
+    graph *g = graph_builtin(tmpl, &limits, err);
+    Llms__GraphVar v[2], *vp[2] = {&v[0], &v[1]};
+    llms__graph_var__init(&v[0]);
+    llms__graph_var__init(&v[1]);
+    v[0].name = "question";
+    v[0].value = (char *)question;
+    v[1].name = "kb";
+    v[1].value = "stories";
+    graph_run *r = g ? graph_run_new(g, vp, 2, limits.max_steps, err) : NULL;
+    int node, rc = r ? 0 : -1;
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = MAX_TOKENS;
+    while (rc == 0 && (node = graph_run_ready(r)) >= 0) {
+        char *out = NULL;
+        if (graph_def(g)->nodes[node]->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
+            size_t len;
+            char *query = graph_run_render(r, GRAPH_FIELD_QUERY, SIZE_MAX, &len);
+            out = query ? search(c, query) : NULL;
+            free(query);
+        } else {
+            size_t len;
+            char *prompt = graph_run_render(r, GRAPH_FIELD_PROMPT, SIZE_MAX, &len);
+            llms_result res;
+            if (prompt && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &res) == LLMS_OK)
+                out = res.text;
+            free(prompt);
+        }
+        rc = out && graph_run_feed(r, out, strlen(out)) == 0 ? 0 : -1;
+        free(out);
+    }
+    if (rc == 0)
+        *answer = strdup(graph_run_var(r, "answer"));
+    graph_run_free(r);
+    graph_free(g);
+    return rc == 0 && *answer ? 0 : -1;
+}
+
+static int run_graph(llms_conn *c, const char *tmpl, const char *question, char **answer)
+{
+    llms_graph_var in[2] = {{"question", question}, {"kb", "stories"}};
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = MAX_TOKENS;
+    llms_graph_result r;
+    if (llms_graph_run(c, tmpl, in, 2, &p, NULL, NULL, &r) != LLMS_OK)
+        return -1;
+    *answer = r.output;
+    r.output = NULL;
+    llms_graph_result_free(&r);
+    return 0;
+}
+
+static void *worker(void *arg)
+{
+    cell *cl = arg;
+    llms_conn *c;
+    if (llms_connect(sock, &c, NULL) != LLMS_OK)
+        return NULL;
+    if (llms_bind(c, "bench") != LLMS_OK) {
+        llms_close(c);
+        return NULL;
+    }
+    int i;
+    while ((i = atomic_fetch_add(&cl->next, 1)) < cl->n) {
+        request *rq = &cl->req[i];
+        double wait = cl->t0 + rq->arrival - bench_now_s();
+        if (wait > 0)
+            usleep((useconds_t)(wait * 1e6));
+        int rc = cl->sys == GRAPH ? run_graph(c, cl->tmpl, rq->question, &rq->answer)
+                                  : run_stages(c, cl->tmpl, rq->question, &rq->answer);
+        rq->latency = bench_now_s() - (cl->t0 + rq->arrival);
+        rq->ok = rc == 0;
+        if (rc)
+            fprintf(stderr, "workflow: %s %s: %s\n", system_names[cl->sys], cl->tmpl,
+                    llms_last_error(c));
+    }
+    llms_close(c);
+    return NULL;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dULL;
+static double uniform(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static void make_questions(request *req, int n, int seed)
+{
+    for (int i = 0; i < n; i++) {
+        int k = (i * 7 + seed * 13) % (N(names) * N(places));
+        snprintf(req[i].question, sizeof req[i].question, "What did %s find in the %s?",
+                 names[k % N(names)], places[k / N(names) % N(places)]);
+    }
+}
+
+typedef struct outcome {
+    double throughput, p50, p95;
+    int failed;
+} outcome;
+
+/* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req. */
+static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, double rate)
+{
+    cell cl = {.sys = sys, .tmpl = tmpl, .req = req, .n = n};
+    double t = 0;
+    for (int i = 0; i < n; i++) {
+        free(req[i].answer);
+        req[i].answer = NULL;
+        req[i].ok = 0;
+        req[i].arrival = t;
+        if (rate > 0)
+            t += -log(1 - uniform()) / rate;
+    }
+    int threads = sys == SEQUENTIAL ? 1 : POOL;
+    pthread_t th[POOL];
+    cl.t0 = bench_now_s() + 0.01;
+    for (int i = 0; i < threads; i++)
+        pthread_create(&th[i], NULL, worker, &cl);
+    for (int i = 0; i < threads; i++)
+        pthread_join(th[i], NULL);
+    outcome o = {0};
+    double lat[n > 0 ? n : 1], end = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!req[i].ok) {
+            o.failed++;
+            continue;
+        }
+        lat[k++] = req[i].latency;
+        if (req[i].arrival + req[i].latency > end)
+            end = req[i].arrival + req[i].latency;
+    }
+    if (k) {
+        o.throughput = k / end;
+        o.p50 = bench_percentile(lat, k, 0.5);
+        o.p95 = bench_percentile(lat, k, 0.95);
+    }
+    return o;
+}
+
+/* Median of each field over runs. */
+static outcome median_outcome(outcome *o, int runs)
+{
+    double v[16];
+    outcome m = {0};
+    for (int f = 0; f < 3; f++) {
+        for (int r = 0; r < runs; r++)
+            v[r] = f == 0 ? o[r].throughput : f == 1 ? o[r].p50 : o[r].p95;
+        double x = bench_median(v, runs);
+        *(f == 0 ? &m.throughput : f == 1 ? &m.p50 : &m.p95) = x;
+    }
+    for (int r = 0; r < runs; r++)
+        m.failed += o[r].failed;
+    return m;
+}
+
+static int fill_kb(void)
+{
+    llms_conn *c;
+    if (llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK)
+        return -1;
+    int rc = llms_kb_create(c, "stories", 0, 0) == LLMS_OK ? 0 : -1;
+    enum { DOCS = 96 };
+    static char text[DOCS][256], id[DOCS][16];
+    llms_kb_doc docs[DOCS];
+    for (int i = 0; i < DOCS; i++) {
+        snprintf(id[i], sizeof id[i], "s%d", i);
+        snprintf(text[i], sizeof text[i],
+                 "%s went to the %s. There %s found %s. %s was very happy and played with it "
+                 "all day.", names[i % N(names)], places[i / N(names) % N(places)],
+                 i % 2 ? "he" : "she", things[(i * 3) % N(things)], names[i % N(names)]);
+        docs[i] = (llms_kb_doc){id[i], text[i], NULL};
+    }
+    if (rc == 0 && llms_kb_add(c, "stories", docs, DOCS, NULL) != LLMS_OK)
+        rc = -1;
+    if (rc)
+        fprintf(stderr, "workflow: knowledge base: %s\n", llms_last_error(c));
+    llms_close(c);
+    return rc;
+}
+
+static int bench_template(const char *tmpl, int n, int runs)
+{
+    request *req[N_SYSTEMS];
+    for (int s = 0; s < N_SYSTEMS; s++) {
+        req[s] = calloc((size_t)n, sizeof *req[s]);
+        if (!req[s])
+            return -1;
+        make_questions(req[s], n, 1);
+    }
+    /* capacity of the sequential system: closed loop (all requests queued at once) */
+    outcome cap[16];
+    for (int r = 0; r < runs; r++)
+        cap[r] = run_cell(SEQUENTIAL, tmpl, req[SEQUENTIAL], n, 0);
+    outcome seq_cap = median_outcome(cap, runs);
+    /* the p95 bound: the sequential system's p95 when requests arrive at its capacity */
+    double bound = 0;
+    double at_bound[N_SYSTEMS] = {0}, saturated[N_SYSTEMS] = {0};
+    int agree = 0, compared = 0;
+    static outcome results[N_RATES + 1][N_SYSTEMS][16];
+    for (int k = 0; k < N_RATES + 1; k++) {
+        /* the last "rate" is closed loop: every request queued at once (saturation) */
+        double rate = k < N_RATES ? rate_factors[k] * seq_cap.throughput : 0;
+        outcome o[N_SYSTEMS][16];
+        for (int r = 0; r < runs; r++)
+            for (int s = 0; s < N_SYSTEMS; s++)
+                o[s][r] = run_cell((enum system)s, tmpl, req[s], n, rate);
+        outcome med[N_SYSTEMS];
+        for (int s = 0; s < N_SYSTEMS; s++)
+            med[s] = median_outcome(o[s], runs);
+        if (k < N_RATES && rate_factors[k] == 1)
+            bound = med[SEQUENTIAL].p95;
+        for (int s = 0; s < N_SYSTEMS; s++) {
+            outcome m = med[s];
+            printf("{\"bench\": \"workflow\", \"template\": \"%s\", \"system\": \"%s\", "
+                   "\"rate_rps\": %.3f, \"rate_x_sequential\": %.2f, \"requests\": %d, "
+                   "\"runs\": %d, \"throughput_rps\": %.3f, \"p50_ms\": %.1f, \"p95_ms\": %.1f, "
+                   "\"failed\": %d}\n",
+                   tmpl, system_names[s], rate, k < N_RATES ? rate_factors[k] : 0.0, n, runs,
+                   m.throughput, m.p50 * 1e3, m.p95 * 1e3, m.failed);
+            if (k == N_RATES)
+                saturated[s] = m.throughput;
+        }
+        for (int r = 0; r < runs; r++)
+            for (int s = 0; s < N_SYSTEMS; s++)
+                results[k][s][r] = o[s][r];
+        for (int i = 0; i < n; i++)
+            for (int s = NAIVE; s < N_SYSTEMS; s++)
+                if (req[SEQUENTIAL][i].ok && req[s][i].ok) {
+                    compared++;
+                    agree += !strcmp(req[SEQUENTIAL][i].answer, req[s][i].answer);
+                }
+        fflush(stdout);
+    }
+    for (int k = 0; k < N_RATES + 1; k++)
+        for (int s = 0; s < N_SYSTEMS; s++) {
+            outcome m = median_outcome(results[k][s], runs);
+            if (m.failed == 0 && m.p95 <= bound && m.throughput > at_bound[s])
+                at_bound[s] = m.throughput;
+        }
+    printf("{\"bench\": \"workflow\", \"template\": \"%s\", \"summary\": true, "
+           "\"sequential_capacity_rps\": %.3f, \"p95_bound_ms\": %.1f, "
+           "\"throughput_at_bound_rps\": {\"sequential\": %.3f, \"naive_async\": %.3f, "
+           "\"graph\": %.3f}, \"graph_vs_sequential\": %.2f, \"graph_vs_naive_async\": %.2f, "
+           "\"saturated_rps\": {\"sequential\": %.3f, \"naive_async\": %.3f, \"graph\": %.3f}, "
+           "\"saturated_graph_vs_sequential\": %.2f, \"saturated_graph_vs_naive_async\": %.2f, "
+           "\"answers_equal_to_sequential\": %.3f}\n",
+           tmpl, seq_cap.throughput, bound * 1e3, at_bound[SEQUENTIAL], at_bound[NAIVE],
+           at_bound[GRAPH], at_bound[SEQUENTIAL] > 0 ? at_bound[GRAPH] / at_bound[SEQUENTIAL] : 0,
+           at_bound[NAIVE] > 0 ? at_bound[GRAPH] / at_bound[NAIVE] : 0, saturated[SEQUENTIAL],
+           saturated[NAIVE], saturated[GRAPH],
+           saturated[SEQUENTIAL] > 0 ? saturated[GRAPH] / saturated[SEQUENTIAL] : 0,
+           saturated[NAIVE] > 0 ? saturated[GRAPH] / saturated[NAIVE] : 0,
+           compared ? (double)agree / compared : 0);
+    fflush(stdout);
+    for (int s = 0; s < N_SYSTEMS; s++) {
+        for (int i = 0; i < n; i++)
+            free(req[s][i].answer);
+        free(req[s]);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *only = NULL;
+    int n = 32, runs = 3, threads = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model"))
+            model = argv[i + 1];
+        else if (!strcmp(argv[i], "--requests"))
+            n = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--runs"))
+            runs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--template"))
+            only = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: workflow [--model PATH] [--requests N] [--runs R] "
+                            "[--template NAME] [--threads T]\n");
+            return 2;
+        }
+    }
+    if (n < 2 || runs < 1 || runs > 16 || threads < 1) {
+        fprintf(stderr, "workflow: --requests >= 2, --runs 1..16, --threads >= 1\n");
+        return 2;
+    }
+    char model_buf[1024];
+    if (!model) {
+        const char *dir = getenv("LLMS_TESTDATA") ? getenv("LLMS_TESTDATA") : "../shared/testdata";
+        snprintf(model_buf, sizeof model_buf, "%s/models/TinyStories-656K-Q8_0.gguf", dir);
+        model = model_buf;
+    }
+    if (access(model, R_OK) != 0) {
+        fprintf(stderr, "workflow: skipped: %s is absent\n", model);
+        return 0;
+    }
+    char self[1024], llmsd[1100], dir[] = "/tmp/llms-workflow-XXXXXX", conf[2048];
+    if (!realpath(argv[0], self))
+        snprintf(self, sizeof self, "%s", argv[0]);
+    snprintf(llmsd, sizeof llmsd, "%s/../llmsd", dirname(self));
+    if (access(llmsd, X_OK) != 0) {
+        fprintf(stderr, "workflow: %s is not built\n", llmsd);
+        return 1;
+    }
+    snprintf(conf, sizeof conf,
+             "model = %s\nthreads = %d\ntemperature = 0\nmax_tokens = %d\nrag_top_k = 2\n"
+             "kb_passage_tokens = 48\nkb_overlap_tokens = 0\nmax_queued_per_app = 64\n"
+             "max_queued_per_uid = 64\ntau_query = 2\nqkv_cache_mb = 0\n",
+             model, threads, MAX_TOKENS);
+    pid_t pid = mkdtemp(dir) ? bench_llmsd_start("workflow", llmsd, dir, conf, sock, sizeof sock)
+                             : -1;
+    if (pid < 0 || fill_kb()) {
+        bench_llmsd_stop(pid);
+        return 1;
+    }
+    int rc = 0;
+    for (int t = 0; t < GRAPH_N_BUILTINS && rc == 0; t++)
+        if (!only || !strcmp(only, graph_builtin_name(t)))
+            rc = bench_template(graph_builtin_name(t), n, runs);
+    bench_llmsd_stop(pid);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "workflow: could not remove %s\n", dir);
+    return rc ? 1 : 0;
+}
