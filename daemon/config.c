@@ -162,6 +162,20 @@ static const key_def keys[] = {
                           "its answer stale (default 3)"),
     INT(qkv_cache_mb, 0, INT_MAX, "stored QKV prefix tree in MiB (compressed), least "
                                   "frequently used leaves evicted; 0 = off (default 256)"),
+    INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
+    INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
+                                   "generations proposing them) per idle period; 0 = off "
+                                   "(default 0)"),
+    INT(idle_after_ms, 1, INT_MAX, "no request for this long starts idle-time prediction "
+                                   "(default 5000)"),
+    INT(predict_stride, 1, 100000, "knowledge-based prediction asks about every stride-th "
+                                   "new passage and rewrites a knowledge base's abstract "
+                                   "after each stride new passages (default 4)"),
+    INT(predict_max_tokens, 1, 4096, "tokens of a generated abstract, proposed question or "
+                                     "paraphrase at most (default 48)"),
+    FLT(tau_scheduler, 0, 2, "tau_query at or above this: predicted queries are only "
+                                  "prefilled (QKV tree); below: prefilled and decoded (QA "
+                                  "bank) (default 0.9)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -223,6 +237,11 @@ void config_defaults(config *c)
     c->tau_query = 0.85f;
     c->k_refresh = 3;
     c->qkv_cache_mb = 256;
+    c->qa_cache_mb = 64;
+    c->idle_after_ms = 5000;
+    c->predict_stride = 4;
+    c->predict_max_tokens = 48;
+    c->tau_scheduler = 0.9f;
 }
 
 static const key_def *find_key(const char *name)

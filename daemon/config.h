@@ -112,6 +112,13 @@ typedef struct config {
     int k_refresh;                     /* a new passage in a stored question's top-k_refresh
                                           makes its answer stale */
     int qkv_cache_mb;                  /* stored QKV prefix tree; 0: off */
+    int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
+    /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
+    int predict_budget;                /* predicted queries per idle period; 0: off */
+    int idle_after_ms;                 /* no request for this long: the daemon is idle */
+    int predict_stride;                /* knowledge-based: every stride-th new passage */
+    int predict_max_tokens;            /* tokens of an abstract or a proposed question */
+    float tau_scheduler;               /* tau_query >= this: predicted queries prefill only */
 } config;
 
 /* The built-in defaults. */

@@ -59,6 +59,8 @@ void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Ll
 typedef struct kb_ref {
     int64_t id;
     int dim;
+    uint32_t uid;          /* its app (uid, app) and name: the strings kb_lookup was given */
+    const char *app, *name;
 } kb_ref;
 
 /* Looks up app's knowledge base name: 1 found, 0 not (err says so), -1 failure. */

@@ -35,6 +35,7 @@
 #include "daemon/config.h"
 #include "daemon/kb.h"
 #include "daemon/outq.h"
+#include "daemon/predict.h"
 #include "daemon/semantic.h"
 #include "engine/chat.h"
 #include "engine/kv.h"
@@ -52,6 +53,7 @@ typedef struct rag_env {
     kv_shape shape;
     kbm *kb;
     semantic *sem;
+    predict *pred;            /* told of real queries and knowledge base changes */
 } rag_env;
 
 typedef struct rag rag;
@@ -66,6 +68,21 @@ void rag_free(rag *r);
  * prefix. queued_ns is when the request arrived (CLOCK_MONOTONIC). */
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                      const Llms__Request *req, kv_seq *seq, int64_t queued_ns);
+
+/* Starts a predicted query (predict.h): req's RagQuery for app (uid, app), answered to
+ * nobody. decode: its answer goes to the QA bank, else it is only prefilled (max_tokens
+ * should then be 1). NULL with *cached true when there is nothing to compute (a QA
+ * entry within tau_query answers it, or, prefill only, its whole QKV path is stored),
+ * with *cached false on failure (logged). What it stores is marked predicted, and hits
+ * of real queries on it are counted (predict_count_hits). */
+rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
+                               bool decode, kv_seq *seq, bool *cached);
+
+/* The QA bank's threshold now (tau_query, or what CacheTune set). */
+float rag_tau(const rag *r);
+
+/* Whether the QKV tree is below 90% of qkv_cache_mb. */
+bool rag_qkv_room(rag *r);
 
 /* The prompt's tokens (valid until rag_query_free). */
 const int32_t *rag_prompt(const rag_query *q, int *n);
@@ -83,7 +100,7 @@ void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
 
 void rag_query_free(rag_query *q);
 
-/* Admin: Cache (statistics) and CacheClear. */
+/* Admin: Cache (statistics), CacheClear and CacheTune. */
 void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req);
 
 #endif

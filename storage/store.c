@@ -130,6 +130,10 @@ static const char *const store_migrations[] = {
     "  uses INTEGER NOT NULL,"
     "  last_used_ms INTEGER NOT NULL);"
     "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);",
+    /* PerCache's prediction: which QA entries and QKV nodes a predicted query made, so
+     * that hits on them are counted */
+    "ALTER TABLE qa_bank ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE qkv_nodes ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
