@@ -361,8 +361,15 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     r->qa_hits++;
     if (b.predicted) {
         predict_count_hits(r->env.pred, true, false);
-        if (store_qa_asked(r->env.st, b.id, err))
+        if (store_cache_begin(r->env.st, err)) {
             warn("QA bank", err);
+        } else if (store_qa_asked(r->env.st, b.id, err)) {
+            store_kb_rollback(r->env.st);
+            store_cache_end(r->env.st);
+            warn("QA bank", err);
+        } else if (store_cache_commit(r->env.st, err)) {
+            warn("QA bank", err);
+        }
     }
     return 1;
 }
@@ -491,7 +498,7 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         int n_tok;
         bool found, predicted;
         if (store_qkv_get(r->env.st, q->keys[i], r->node_buf, r->node_cap, &got, &n_tok,
-                          q->asker == ASK_REAL, &predicted, wall_ms(), &found, err))
+                          &predicted, &found, err))
             return -1;
         if (!found)
             break;
@@ -715,30 +722,56 @@ bool rag_qkv_room(rag *r)
     return bytes < ((int64_t)r->env.cfg->qkv_cache_mb << 20) / 10 * 9;
 }
 
-void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
-                Llms__RagResult *res)
+void rag_result(const rag_query *q, Llms__RagResult *res)
 {
-    char err[ERR_MAX];
-    if (q->use_qkv && qkv_store(r, q, seq, err))
-        warn("QKV store", err);
-    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
-        int64_t ids[RAG_MAX_K];
-        for (int i = 0; i < q->n_hits; i++)
-            ids[i] = q->hits[i].id;
-        int evicted = 0;
-        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
-                         q->n_hits, q->asker != ASK_REAL, wall_ms(), err) ||
-            store_qa_evict(r->env.st, (int64_t)r->env.cfg->qa_cache_mb << 20, &evicted, err))
-            warn("QA bank", err);
-        r->qa_evictions += (uint64_t)evicted;
-    }
     llms__rag_result__init(res);
     res->outcome = q->nodes_found > 1 ? LLMS__RAG_OUTCOME__RAG_QKV_HIT : LLMS__RAG_OUTCOME__RAG_MISS;
     res->n_passages = (size_t)q->n_hits;
-    res->passages = q->hp;
+    res->passages = (Llms__KbHit **)q->hp;
     res->reused_tokens = (uint32_t)q->reused_tokens;
     res->reused_passages = (uint32_t)(q->nodes_found > 1 ? q->nodes_found - 1 : 0);
     res->retrieve_ms = q->retrieve_ms;
+}
+
+/* The cache writes of a generation, in one transaction. */
+static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                    char err[ERR_MAX])
+{
+    int64_t now = wall_ms();
+    for (int i = 0; i < q->nodes_found; i++)
+        if (store_qkv_touch(r->env.st, q->keys[i], q->asker == ASK_REAL, now, err))
+            return -1;
+    if (q->use_qkv && qkv_store(r, q, seq, err))
+        return -1;
+    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
+        int64_t ids[RAG_MAX_K];
+        int evicted = 0;
+        for (int i = 0; i < q->n_hits; i++)
+            ids[i] = q->hits[i].id;
+        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
+                         q->n_hits, q->asker != ASK_REAL, now, err) ||
+            store_qa_evict(r->env.st, (int64_t)r->env.cfg->qa_cache_mb << 20, &evicted, err))
+            return -1;
+        r->qa_evictions += (uint64_t)evicted;
+    }
+    return 0;
+}
+
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
+{
+    char err[ERR_MAX];
+    if (store_cache_begin(r->env.st, err)) {
+        warn("cache", err);
+        return;
+    }
+    if (populate(r, q, seq, answer, err)) {
+        store_kb_rollback(r->env.st);
+        store_cache_end(r->env.st);
+        warn("cache", err);
+        return;
+    }
+    if (store_cache_commit(r->env.st, err))
+        warn("cache", err);
 }
 
 void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)

@@ -90,13 +90,16 @@ const int32_t *rag_prompt(const rag_query *q, int *n);
 /* The request's sampling settings (NULL: the daemon's). */
 const Llms__GenerationParams *rag_params(const rag_query *q);
 
-/* After a generation over the prompt ended without failure: stores the prompt's missing
- * QKV nodes from seq (which still holds the prompt's KV) and the answer in the QA bank,
- * then fills res (a RagResult whose pointers stay valid until rag_query_free) with the
- * passages, the outcome and the retrieval time; the caller adds the generation's
- * numbers and sends it. A cache that cannot be written is logged, not an error. */
-void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
-                Llms__RagResult *res);
+/* After a generation over the prompt ended without failure: fills res (a RagResult whose
+ * pointers stay valid until rag_query_free) with the passages, the outcome and the
+ * retrieval time; the caller adds the generation's numbers and sends it. */
+void rag_result(const rag_query *q, Llms__RagResult *res);
+
+/* Then, after the reply is sent: counts the uses of the nodes loaded, stores the
+ * prompt's missing QKV nodes from seq (which still holds the prompt's KV) and the answer
+ * in the QA bank, evicting under qkv_cache_mb and qa_cache_mb, in one cache transaction
+ * (store_cache_begin). A cache that cannot be written is logged, not an error. */
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer);
 
 void rag_query_free(rag_query *q);
 

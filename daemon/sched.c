@@ -1383,7 +1383,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (!w->quiet && !failed && g->rq) {
         Llms__RagResult res;
-        rag_finish(s->rag, g->rq, g->seq, g->shown ? g->shown : "", &res);
+        rag_result(g->rq, &res);
         res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
         res.generated_tokens = (uint32_t)g->n_gen;
         res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
@@ -1419,6 +1419,11 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             r.result = &res;
             send_resp(s, w->job->conn_id, &r, false);
         }
+    }
+    /* the caches are written after the reply went out, off its latency */
+    if (!failed && g->rq) {
+        outq_wake(s->env.out);
+        rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
     }
     if (!failed)
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
@@ -2310,10 +2315,8 @@ static void pred_end(sched *s, bool complete)
     if (complete && !w->failed && g->prefilled) {
         char tail[STOP_MAX_LEN + 1];
         release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
-        if (g->rq) {
-            Llms__RagResult res;
-            rag_finish(s->rag, g->rq, g->seq, g->shown ? g->shown : "", &res);
-        }
+        if (g->rq)
+            rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
         how = PREDICT_RAN;
     }
     predict_done(s->predict, &s->pred_task, how, g->shown ? g->shown : "");

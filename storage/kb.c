@@ -579,8 +579,7 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
 }
 
 int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
-                  int *n_tokens, bool real, bool *predicted, int64_t now_ms, bool *found,
-                  char err[ERR_MAX])
+                  int *n_tokens, bool *predicted, bool *found, char err[ERR_MAX])
 {
     *found = false;
     sqlite3_stmt *st = prep(s, "SELECT n_tokens, raw_bytes, crc, blob, predicted FROM qkv_nodes"
@@ -611,10 +610,13 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
         out = db_err(s, err, "reading a QKV node");
     }
     sqlite3_finalize(st);
-    if (out || !*found)
-        return out;
-    st = prep(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ?,"
-                 " predicted = predicted AND ? WHERE key = ?", err);
+    return out;
+}
+
+int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = prep(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ?,"
+                               " predicted = predicted AND ? WHERE key = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, now_ms);
@@ -665,6 +667,28 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
         if (evicted)
             (*evicted)++;
     }
+}
+
+int store_cache_begin(store *s, char err[ERR_MAX])
+{
+    if (exec_sql(s, "PRAGMA synchronous = NORMAL", err))
+        return -1;
+    if (store_kb_begin(s, err) == 0)
+        return 0;
+    store_cache_end(s);
+    return -1;
+}
+
+int store_cache_commit(store *s, char err[ERR_MAX])
+{
+    int rc = store_kb_commit(s, err);
+    store_cache_end(s);
+    return rc;
+}
+
+void store_cache_end(store *s)
+{
+    sqlite3_exec(store_sqlite(s), "PRAGMA synchronous = FULL", NULL, NULL, NULL);
 }
 
 int store_rag_clear(store *s, char err[ERR_MAX])

@@ -293,24 +293,26 @@ static void qkv_roundtrip_evict_corrupt(void)
     size_t got;
     int n_tok;
     bool found, predicted;
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, false, &predicted, 200, &found, err),
-             0);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
     CHECK(found && got == RAW && n_tok == 16 && predicted && !memcmp(raw, back, RAW));
-    /* a real use clears the predicted mark */
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, true, &predicted, 200, &found, err), 0);
+    /* a predicted use keeps the predicted mark, a real one clears it */
+    CHECK_EQ(store_qkv_touch(s, 2, false, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
     CHECK(predicted);
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, true, &predicted, 200, &found, err), 0);
+    CHECK_EQ(store_qkv_touch(s, 2, true, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
     CHECK(!predicted);
-    CHECK_EQ(store_qkv_get(s, 99, back, RAW, &got, &n_tok, true, NULL, 200, &found, err), 0);
+    CHECK_EQ(store_qkv_touch(s, 99, true, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 99, back, RAW, &got, &n_tok, NULL, &found, err), 0);
     CHECK(!found);
     /* a buffer too small is an error, never a partial node */
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW / 2, &got, &n_tok, true, NULL, 200, &found, err), -1);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW / 2, &got, &n_tok, NULL, &found, err), -1);
     CHECK(!found);
     CHECK_EQ(store_qkv_has(s, 3, &found, err), 0);
     CHECK(found);
     /* the leaves are 3 (used twice after this) and 4 (once): 4 goes first; an inner node
      * stays while it has children */
-    CHECK_EQ(store_qkv_get(s, 3, back, RAW, &got, &n_tok, true, NULL, 300, &found, err), 0);
+    CHECK_EQ(store_qkv_touch(s, 3, true, 300, err), 0);
     int64_t n, bytes;
     CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
     CHECK_EQ(n, 4);
@@ -324,13 +326,27 @@ static void qkv_roundtrip_evict_corrupt(void)
     CHECK_EQ(store_qkv_evict(s, 0, &evicted, err), 0);
     CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
     CHECK(n == 0 && bytes == 0);
-    /* a flipped byte in a stored blob: an error naming the node */
+    /* a cache transaction: committed, it is there after a reopen; rolled back, not */
+    CHECK_EQ(store_cache_begin(s, err), 0);
     CHECK_EQ(store_qkv_put(s, 5, 0, 16, raw, RAW, false, 100, err), 0);
+    CHECK_EQ(store_cache_commit(s, err), 0);
+    CHECK_EQ(store_cache_begin(s, err), 0);
+    CHECK_EQ(store_qkv_put(s, 6, 0, 16, raw, RAW, false, 100, err), 0);
+    store_kb_rollback(s);
+    store_cache_end(s);
     store_close(s);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    CHECK_EQ(store_qkv_has(s, 6, &found, err), 0);
+    CHECK(!found);
+    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), 0);
+    CHECK(found && !memcmp(raw, back, RAW));
+    store_close(s);
+    /* a flipped byte in a stored blob: an error naming the node */
     CHECK_EQ(tamper("UPDATE qkv_nodes SET crc = crc + 1 WHERE key = 5"), 0);
     s = store_open(dir_path, err);
     CHECK(s);
-    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, true, NULL, 200, &found, err), -1);
+    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), -1);
     CHECK_MSG(strstr(err, "0000000000000005") && strstr(err, "corrupt"), "%s", err);
     CHECK_EQ(store_rag_clear(s, err), 0);
     CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
