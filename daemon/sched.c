@@ -2174,6 +2174,11 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
     if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
+    /* A RagQuery's prompt resumed after a cached prefix is cut where a whole one is (at
+     * multiples of step_tokens), so each row goes through the same kernels as in a
+     * prefill from scratch and the reuse stays exact. */
+    if (g->rq && from % s->step_tokens && n > s->step_tokens - from % s->step_tokens)
+        n = s->step_tokens - from % s->step_tokens;
     step_add_gen(s, n_seq, n_out, w, from, n);
     return n;
 }
