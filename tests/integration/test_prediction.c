@@ -95,6 +95,7 @@ static void prediction_fills_and_converts(void)
      * path is stored already costs nothing */
     CHECK_EQ(llms_cache_tune(c, 0.95f), LLMS_OK);
     CHECK_EQ(llms_cache_tune(c, 3.0f), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
     prefilled_before = st.predict_prefilled;
     uint64_t decoded = st.predict_decoded;
     llms_kb_doc more[] = {
@@ -107,7 +108,9 @@ static void prediction_fills_and_converts(void)
     llms_rag_result_free(&a);
     CHECK_MSG(wait_stats(c, prefilled_more, 60, &st) == 0, "nothing was prefilled only");
     CHECK(st.tau_query == 0.95f);
-    CHECK_EQ(st.predict_decoded, decoded);
+    /* at most the one query under way when tau rose was decoded since */
+    CHECK(st.predict_decoded <= decoded + 1);
+    decoded = st.predict_decoded;
     /* tau drops: the prefilled ones are decoded (QKV -> QA); after a clear, since an
      * entry within tau_query would already answer them */
     CHECK_EQ(llms_cache_clear(c), LLMS_OK);
