@@ -13,12 +13,12 @@
  *      its people, place and topic).
  *   2. a query trace (--queries, 60 by default: new questions, exact repeats and
  *      paraphrases, fixed seed; an idle gap of --gap-ms, 1500 by default, before the
- *      first query and after every sixth) run by five systems: naive (no QA bank, no QKV
- *      tree), QKV prefix reuse only, QA bank only, both without prediction (these four
- *      on one daemon, the caches cleared before each), and PerCache: both levels with
- *      idle-time prediction (a second daemon of the same corpus with predict_budget
- *      --budget, 24 by default, idle_after_ms 300, so it predicts in the gaps). Every
- *      system gets the same gaps. Per system: mean and p95 latency, mean retrieve and
+ *      first query and after every sixth) run by five systems, each a daemon of its own
+ *      with the same corpus: naive (no QA bank, no QKV tree), QKV prefix reuse only, QA
+ *      bank only, both without prediction, and PerCache: both levels with idle-time
+ *      prediction (predict_budget --budget, 24 by default, idle_after_ms 300, so it
+ *      predicts in the gaps). Each query goes to the five in turn, so load from other
+ *      processes falls on all of them alike. Per system: mean and p95 latency, mean retrieve and
  *      prefill times (the QKV load is part of prefill), QA and QKV hit rates, the share
  *      of answers equal to naive's for the same query (greedy), and for PerCache the
  *      compute spent on population while idle (worker ms, steps, generations, predicted
@@ -47,7 +47,7 @@ static const char *const topics[] = {"budget", "garden", "concert", "hiking trip
 static const char *const kinds[] = {"email", "meeting notes", "chat"};
 #define N(a) ((int)(sizeof a / sizeof a[0]))
 
-static pid_t daemon_pid[2];
+static pid_t daemon_pid[5];
 
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 static int rnd(int n)
@@ -93,7 +93,7 @@ static void question(const doc *d, int style, char *out, size_t cap)
         snprintf(out, cap, "At %s, what did %s and %s say on the %s?", p, b, a, t);
 }
 
-/* Starts daemon which (0 or 1) in dir/which with extra config lines. */
+/* Starts daemon which (0..4) in dir/which with extra config lines. */
 static int start_daemon(const char *llmsd, const char *root, int which, const char *model,
                         double tau, const char *extra, char *sock, size_t cap)
 {
@@ -140,7 +140,7 @@ static int start_daemon(const char *llmsd, const char *root, int which, const ch
 
 static void stop_daemons(void)
 {
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 5; i++)
         if (daemon_pid[i] > 0) {
             kill(daemon_pid[i], SIGTERM);
             waitpid(daemon_pid[i], NULL, 0);
@@ -218,52 +218,60 @@ static int add_corpus(llms_conn *c, doc *docs, int n_docs, bool generate)
     return 0;
 }
 
+#define NSYS 5
+static const char *const sys_names[NSYS] = {"naive", "qkv_only", "qa_only", "qkv_and_qa",
+                                           "percache"};
+
 typedef struct sys_result {
+    double *lat;
+    char **answers;
     double mean, p95, retrieve, prefill;
-    int qa, qkv, same;
+    int qa, qkv, same, generated;
     double reused, prompt;
 } sys_result;
 
-/* Runs the trace on c with options o, sleeping each query's gap first; answers go to
- * answers (fresh strings) or are compared with them. */
-static int run_trace(llms_conn *c, const trace_q *trace, int n, const llms_rag_options *o,
-                     char **answers, bool record, double *lat, sys_result *sr)
+/* Asks trace query i on c with options o into r's slot i. */
+static int ask(llms_conn *c, const trace_q *q, int i, const llms_rag_options *o,
+               sys_result *r)
 {
-    memset(sr, 0, sizeof *sr);
-    double sum = 0;
-    int generated = 0;
-    for (int i = 0; i < n; i++) {
-        if (trace[i].gap_ms)
-            usleep((useconds_t)trace[i].gap_ms * 1000);
-        llms_rag_result r;
-        double a = bench_now_s();
-        if (llms_rag_query(c, "pim", trace[i].text, o, NULL, NULL, &r) != LLMS_OK) {
-            fprintf(stderr, "rag: query: %s\n", llms_last_error(c));
-            return -1;
-        }
-        lat[i] = (bench_now_s() - a) * 1e3;
-        sum += lat[i];
-        sr->qa += r.outcome == LLMS_RAG_QA_HIT;
-        sr->qkv += r.outcome == LLMS_RAG_QKV_HIT;
-        sr->reused += r.reused_tokens;
-        sr->prompt += r.prompt_tokens;
-        sr->retrieve += r.retrieve_ms;
-        if (r.outcome != LLMS_RAG_QA_HIT) {
-            sr->prefill += r.prefill_ms;
-            generated++;
-        }
-        if (record)
-            answers[i] = strdup(r.text ? r.text : "");
-        else
-            sr->same += answers[i] && r.text && !strcmp(answers[i], r.text);
-        llms_rag_result_free(&r);
+    llms_rag_result res;
+    double a = bench_now_s();
+    if (llms_rag_query(c, "pim", q->text, o, NULL, NULL, &res) != LLMS_OK) {
+        fprintf(stderr, "rag: query: %s\n", llms_last_error(c));
+        return -1;
     }
-    sr->mean = sum / n;
-    sr->retrieve /= n;
-    sr->prefill = generated ? sr->prefill / generated : 0;
-    qsort(lat, (size_t)n, sizeof *lat, bench_compare_doubles);
-    sr->p95 = lat[(int)(0.95 * (n - 1))];
-    return 0;
+    r->lat[i] = (bench_now_s() - a) * 1e3;
+    r->qa += res.outcome == LLMS_RAG_QA_HIT;
+    r->qkv += res.outcome == LLMS_RAG_QKV_HIT;
+    r->reused += res.reused_tokens;
+    r->prompt += res.prompt_tokens;
+    r->retrieve += res.retrieve_ms;
+    if (res.outcome != LLMS_RAG_QA_HIT) {
+        r->prefill += res.prefill_ms;
+        r->generated++;
+    }
+    r->answers[i] = strdup(res.text ? res.text : "");
+    llms_rag_result_free(&res);
+    return r->answers[i] ? 0 : -1;
+}
+
+static void summarise(sys_result *r, const sys_result *naive, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        sum += r->lat[i];
+        r->same += !strcmp(r->answers[i], naive->answers[i]);
+    }
+    r->mean = sum / n;
+    r->retrieve /= n;
+    r->prefill = r->generated ? r->prefill / r->generated : 0;
+    double *sorted = malloc(sizeof *sorted * (size_t)n);
+    if (sorted) {
+        memcpy(sorted, r->lat, sizeof *sorted * (size_t)n);
+        qsort(sorted, (size_t)n, sizeof *sorted, bench_compare_doubles);
+        r->p95 = sorted[(int)(0.95 * (n - 1))];
+        free(sorted);
+    }
 }
 
 int main(int argc, char **argv)
@@ -309,34 +317,40 @@ int main(int argc, char **argv)
         fprintf(stderr, "rag: %s is not built\n", llmsd);
         return 1;
     }
-    char dir[] = "/tmp/llms-bench-XXXXXX", sock[2][800], pconf[256];
+    char dir[] = "/tmp/llms-bench-XXXXXX", sock[NSYS][800], pconf[256];
     snprintf(pconf, sizeof pconf, "predict_budget = %d\nidle_after_ms = 300\n"
                                   "predict_stride = 8\npredict_max_tokens = 24\n", budget);
-    if (!mkdtemp(dir) || start_daemon(llmsd, dir, 0, model, tau, "", sock[0], sizeof sock[0]) ||
-        start_daemon(llmsd, dir, 1, model, tau, pconf, sock[1], sizeof sock[1])) {
-        fprintf(stderr, "rag: could not start llmsd\n");
-        stop_daemons();
-        return 1;
-    }
     int rc = 1;
     doc *docs = calloc((size_t)n_docs, sizeof *docs);
     trace_q *trace = calloc((size_t)n_queries, sizeof *trace);
-    char **naive = calloc((size_t)n_queries, sizeof *naive);
-    double *lat = calloc((size_t)n_queries, sizeof *lat);
-    llms_conn *c = NULL, *pc = NULL;
-    if (!docs || !trace || !naive || !lat || llms_connect(sock[0], &c, NULL) != LLMS_OK ||
-        llms_bind(c, "bench-rag") != LLMS_OK || llms_kb_create(c, "pim", 0, 0) != LLMS_OK ||
-        llms_connect(sock[1], &pc, NULL) != LLMS_OK || llms_bind(pc, "bench-rag") != LLMS_OK ||
-        llms_kb_create(pc, "pim", 0, 0) != LLMS_OK) {
-        fprintf(stderr, "rag: setup failed%s%s\n", c ? ": " : "", c ? llms_last_error(c) : "");
-        goto out;
+    sys_result res[NSYS] = {0};
+    llms_conn *c[NSYS] = {0};
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "rag: no temporary directory\n");
+        return 1;
     }
-    double t0 = bench_now_s();
-    if (add_corpus(c, docs, n_docs, true) || add_corpus(pc, docs, n_docs, false))
+    for (int s = 0; s < NSYS; s++) {
+        res[s].lat = calloc((size_t)n_queries, sizeof *res[s].lat);
+        res[s].answers = calloc((size_t)n_queries, sizeof *res[s].answers);
+        if (!res[s].lat || !res[s].answers ||
+            start_daemon(llmsd, dir, s, model, tau, s == 4 ? pconf : "", sock[s],
+                         sizeof sock[s]) ||
+            llms_connect(sock[s], &c[s], NULL) != LLMS_OK ||
+            llms_bind(c[s], "bench-rag") != LLMS_OK ||
+            llms_kb_create(c[s], "pim", 0, 0) != LLMS_OK) {
+            fprintf(stderr, "rag: could not start llmsd %d\n", s);
+            goto out;
+        }
+    }
+    if (!docs || !trace)
         goto out;
-    fprintf(stderr, "rag: %d documents added to two daemons in %.1f s\n", n_docs,
+    double t0 = bench_now_s();
+    for (int s = 0; s < NSYS; s++)
+        if (add_corpus(c[s], docs, n_docs, s == 0))
+            goto out;
+    fprintf(stderr, "rag: %d documents added to %d daemons in %.1f s\n", n_docs, NSYS,
             bench_now_s() - t0);
-    if (recall(c, docs, n_docs, 200, model))
+    if (recall(c[0], docs, n_docs, 200, model))
         goto out;
     /* the trace: a new question half the time, else an earlier one again (exact) or
      * reworded (paraphrase: same people, place and topic, other word order) */
@@ -360,28 +374,33 @@ int main(int argc, char **argv)
         }
     }
     free(asked);
-    static const char *const sys_names[] = {"naive", "qkv_only", "qa_only", "qkv_and_qa",
-                                            "percache"};
-    double naive_mean = 0, best_baseline = 1e30;
-    for (int s = 0; s < 5; s++) {
-        llms_conn *sc = s < 4 ? c : pc;
-        if (s < 4 && llms_cache_clear(c) != LLMS_OK) {
-            fprintf(stderr, "rag: cache clear: %s\n", llms_last_error(c));
-            goto out;
+    /* Each query goes to every system in turn (each system its own daemon, so no cache is
+     * shared), PerCache first: its request pauses its prediction before the others are
+     * timed, so idle-time work never runs beside a measured query. */
+    static const int order[NSYS] = {4, 0, 1, 2, 3};
+    for (int i = 0; i < n_queries; i++) {
+        if (trace[i].gap_ms)
+            usleep((useconds_t)trace[i].gap_ms * 1000);
+        for (int k = 0; k < NSYS; k++) {
+            int s = order[k];
+            llms_rag_options o = {.no_qa = s == 0 || s == 1, .no_qkv = s == 0 || s == 2};
+            if (ask(c[s], &trace[i], i, &o, &res[s]))
+                goto out;
         }
-        llms_rag_options o = {.no_qa = s == 0 || s == 1, .no_qkv = s == 0 || s == 2};
-        sys_result sr;
-        if (run_trace(sc, trace, n_queries, &o, naive, s == 0, lat, &sr))
-            goto out;
+    }
+    double best_baseline = 1e30;
+    for (int s = 0; s < NSYS; s++) {
+        summarise(&res[s], &res[0], n_queries);
+        if (s < 4 && res[s].mean < best_baseline)
+            best_baseline = res[s].mean;
+    }
+    for (int s = 0; s < NSYS; s++) {
+        sys_result *sr = &res[s];
         llms_cache_stats st;
-        if (llms_cache_stats_get(sc, &st) != LLMS_OK) {
-            fprintf(stderr, "rag: cache stats: %s\n", llms_last_error(sc));
+        if (llms_cache_stats_get(c[s], &st) != LLMS_OK) {
+            fprintf(stderr, "rag: cache stats: %s\n", llms_last_error(c[s]));
             goto out;
         }
-        if (s == 0)
-            naive_mean = sr.mean;
-        if (s < 4 && sr.mean < best_baseline)
-            best_baseline = sr.mean;
         printf("{\"bench\":\"rag_latency\",\"model\":\"%s\",\"system\":\"%s\",\"docs\":%d,"
                "\"queries\":%d,\"new\":%d,\"exact\":%d,\"paraphrase\":%d,\"gap_ms\":%d,"
                "\"tau_query\":%g,\"mean_ms\":%.2f,\"p95_ms\":%.2f,\"retrieve_ms\":%.2f,"
@@ -393,34 +412,31 @@ int main(int argc, char **argv)
                "\"predict_steps\":%llu,\"population_idle_ms\":%.1f,"
                "\"predict_qa_hits\":%llu,\"predict_qkv_hits\":%llu}\n",
                model, sys_names[s], n_docs, n_queries, n_new, n_exact, n_para, gap_ms, tau,
-               sr.mean, sr.p95, sr.retrieve, sr.prefill, (double)sr.qa / n_queries,
-               (double)sr.qkv / n_queries, sr.prompt ? sr.reused / sr.prompt : 0,
-               s ? (double)sr.same / n_queries : 1.0, naive_mean > 0 ? sr.mean / naive_mean : 1.0,
-               st.qa_entries, st.qkv_nodes, st.qkv_bytes / 1048576.0,
-               (unsigned long long)st.predicted, (unsigned long long)st.predict_prefilled,
-               (unsigned long long)st.predict_decoded,
+               sr->mean, sr->p95, sr->retrieve, sr->prefill, (double)sr->qa / n_queries,
+               (double)sr->qkv / n_queries, sr->prompt ? sr->reused / sr->prompt : 0,
+               (double)sr->same / n_queries, sr->mean / res[0].mean, st.qa_entries,
+               st.qkv_nodes, st.qkv_bytes / 1048576.0, (unsigned long long)st.predicted,
+               (unsigned long long)st.predict_prefilled, (unsigned long long)st.predict_decoded,
                (unsigned long long)st.predict_generations,
                (unsigned long long)st.predict_steps, st.predict_ms,
                (unsigned long long)st.predict_qa_hits, (unsigned long long)st.predict_qkv_hits);
-        fflush(stdout);
-        if (s == 4)
-            printf("{\"bench\":\"rag_target\",\"model\":\"%s\",\"tau_query\":%g,"
-                   "\"percache_vs_naive\":%.3f,\"percache_vs_best_baseline\":%.3f,"
-                   "\"target_35pct_below_naive_and_below_best\":%s}\n",
-                   model, tau, sr.mean / naive_mean, sr.mean / best_baseline,
-                   sr.mean <= 0.65 * naive_mean && sr.mean < best_baseline ? "true" : "false");
     }
+    printf("{\"bench\":\"rag_target\",\"model\":\"%s\",\"tau_query\":%g,"
+           "\"percache_vs_naive\":%.3f,\"percache_vs_best_baseline\":%.3f,"
+           "\"target_35pct_below_naive_and_below_best\":%s}\n",
+           model, tau, res[4].mean / res[0].mean, res[4].mean / best_baseline,
+           res[4].mean <= 0.65 * res[0].mean && res[4].mean < best_baseline ? "true" : "false");
     rc = 0;
 out:
-    if (c)
-        llms_close(c);
-    if (pc)
-        llms_close(pc);
+    for (int s = 0; s < NSYS; s++) {
+        if (c[s])
+            llms_close(c[s]);
+        for (int i = 0; res[s].answers && i < n_queries; i++)
+            free(res[s].answers[i]);
+        free(res[s].answers);
+        free(res[s].lat);
+    }
     stop_daemons();
-    for (int i = 0; naive && i < n_queries; i++)
-        free(naive[i]);
-    free(naive);
-    free(lat);
     free(trace);
     free(docs);
     char cmd[600];
