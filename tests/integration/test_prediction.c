@@ -182,7 +182,7 @@ static void real_request_preempts(void)
     CHECK(c);
     CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
     for (int i = 0; i < 6; i++) {
-        char id[8], text[128];
+        char id[16], text[128];
         snprintf(id, sizeof id, "d%d", i);
         snprintf(text, sizeof text, "note %d about the garden and the river boat", i);
         llms_kb_doc doc = {id, text, NULL};
