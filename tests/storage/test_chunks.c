@@ -969,7 +969,9 @@ static void migrates_from_version_1(void)
     int version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ(version, 5); /* every migration: the registry's model column (4), knowledge bases (5) */
+    /* every migration: the registry's model column (4), knowledge bases (5), predicted
+     * marks of the RAG caches (6) */
+    CHECK_EQ(version, 6);
 }
 
 static int get_window(void *arg, const store_context *c)
