@@ -1721,11 +1721,43 @@ enum llms_status llms_cache_stats_get(llms_conn *c, llms_cache_stats *out)
     if (s != LLMS_OK)
         return s;
     const Llms__CacheResponse *p = r->cache;
-    *out = (llms_cache_stats){p->qa_entries, p->qkv_nodes, p->qa_bytes, p->qkv_bytes,
-                              p->qkv_budget_bytes, p->rag_queries, p->qa_hits, p->qkv_hits,
-                              p->qkv_tokens_reused, p->qkv_evictions};
+    out->qa_entries = p->qa_entries;
+    out->qkv_nodes = p->qkv_nodes;
+    out->qa_bytes = p->qa_bytes;
+    out->qkv_bytes = p->qkv_bytes;
+    out->qkv_budget_bytes = p->qkv_budget_bytes;
+    out->rag_queries = p->rag_queries;
+    out->qa_hits = p->qa_hits;
+    out->qkv_hits = p->qkv_hits;
+    out->qkv_tokens_reused = p->qkv_tokens_reused;
+    out->qkv_evictions = p->qkv_evictions;
+    out->qa_budget_bytes = p->qa_budget_bytes;
+    out->qa_evictions = p->qa_evictions;
+    out->tau_query = p->tau_query;
+    out->tau_scheduler = p->tau_scheduler;
+    out->predicted = p->predicted;
+    out->predict_prefilled = p->predict_prefilled;
+    out->predict_decoded = p->predict_decoded;
+    out->predict_preempted = p->predict_preempted;
+    out->predict_qa_hits = p->predict_qa_hits;
+    out->predict_qkv_hits = p->predict_qkv_hits;
+    out->predict_generations = p->predict_generations;
+    out->predict_steps = p->predict_steps;
+    out->predict_ms = p->predict_ms;
+    out->predict_queued = p->predict_queued;
+    out->predict_converted = p->predict_converted;
     frame_free_response(r);
     return LLMS_OK;
+}
+
+enum llms_status llms_cache_tune(llms_conn *c, float tau_query)
+{
+    Llms__CacheTuneRequest t = LLMS__CACHE_TUNE_REQUEST__INIT;
+    t.tau_query = tau_query;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_CACHE_TUNE;
+    req.cache_tune = &t;
+    return unary_ok(c, &req);
 }
 
 enum llms_status llms_cache_clear(llms_conn *c)

@@ -733,14 +733,26 @@ enum llms_status llms_rag_query(llms_conn *conn, const char *kb, const char *que
                                 const llms_rag_options *opt, llms_token_cb on_text, void *user,
                                 llms_rag_result *out);
 
-/* Admin: the RAG caches (proto CacheResponse). */
+/* Admin: the RAG caches and idle-time prediction (proto CacheResponse: the meaning of
+ * each field is there). */
 typedef struct llms_cache_stats {
     uint32_t qa_entries, qkv_nodes;
     uint64_t qa_bytes, qkv_bytes, qkv_budget_bytes;
     uint64_t rag_queries, qa_hits, qkv_hits, qkv_tokens_reused, qkv_evictions;
+    uint64_t qa_budget_bytes, qa_evictions;
+    float tau_query, tau_scheduler;
+    uint64_t predicted, predict_prefilled, predict_decoded, predict_preempted;
+    uint64_t predict_qa_hits, predict_qkv_hits, predict_generations, predict_steps;
+    double predict_ms;
+    uint32_t predict_queued;
+    uint64_t predict_converted;
 } llms_cache_stats;
 
 enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);
+
+/* Admin: sets the daemon's tau_query (QA bank threshold) until it restarts; the cache
+ * scheduler follows it. */
+enum llms_status llms_cache_tune(llms_conn *conn, float tau_query);
 
 /* Admin: empties every QA bank and the QKV tree. */
 enum llms_status llms_cache_clear(llms_conn *conn);

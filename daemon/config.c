@@ -169,6 +169,20 @@ static const key_def keys[] = {
     INT(graph_max_nodes, 1, 1024, "nodes of a workflow graph (default 32)"),
     INT(graph_max_steps, 1, 100000, "node runs of a graph run; a graph's max_steps may not "
                                     "exceed it (default 64)"),
+    INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
+    INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
+                                   "generations proposing them) per idle period; 0 = off "
+                                   "(default 0)"),
+    INT(idle_after_ms, 1, INT_MAX, "no request for this long starts idle-time prediction "
+                                   "(default 5000)"),
+    INT(predict_stride, 1, 100000, "knowledge-based prediction asks about every stride-th "
+                                   "new passage and rewrites a knowledge base's abstract "
+                                   "after each stride new passages (default 4)"),
+    INT(predict_max_tokens, 1, 4096, "tokens of a generated abstract, proposed question or "
+                                     "paraphrase at most (default 48)"),
+    FLT(tau_scheduler, 0, 2, "tau_query at or above this: predicted queries are only "
+                                  "prefilled (QKV tree); below: prefilled and decoded (QA "
+                                  "bank) (default 0.9)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -235,6 +249,11 @@ void config_defaults(config *c)
     c->graph_max_per_app = 64;
     c->graph_max_nodes = 32;
     c->graph_max_steps = 64;
+    c->qa_cache_mb = 64;
+    c->idle_after_ms = 5000;
+    c->predict_stride = 4;
+    c->predict_max_tokens = 48;
+    c->tau_scheduler = 0.9f;
 }
 
 static const key_def *find_key(const char *name)

@@ -119,6 +119,13 @@ typedef struct config {
     int graph_max_per_app;             /* graphs an app keeps */
     int graph_max_nodes;               /* nodes of a graph */
     int graph_max_steps;               /* node runs of a graph run */
+    int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
+    /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
+    int predict_budget;                /* predicted queries per idle period; 0: off */
+    int idle_after_ms;                 /* no request for this long: the daemon is idle */
+    int predict_stride;                /* knowledge-based: every stride-th new passage */
+    int predict_max_tokens;            /* tokens of an abstract or a proposed question */
+    float tau_scheduler;               /* tau_query >= this: predicted queries prefill only */
 } config;
 
 /* The built-in defaults. */

@@ -171,6 +171,9 @@ int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *o
     out->app_id = app_id;
     if (!found)
         err_set(err, "no knowledge base '%s'", name);
+    out->uid = uid;
+    out->app = app;
+    out->name = name;
     return found ? 1 : 0;
 }
 

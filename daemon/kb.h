@@ -65,6 +65,8 @@ typedef struct kb_ref {
     int64_t id;
     int64_t app_id;         /* its app's (the owner of its IVF index) */
     int dim;
+    uint32_t uid;          /* its app (uid, app) and name: the strings kb_lookup was given */
+    const char *app, *name;
 } kb_ref;
 
 /* Looks up app's knowledge base name: 1 found, 0 not (err says so), -1 failure. */

@@ -24,9 +24,14 @@ struct rag {
     size_t chunk_bytes;         /* one f16 chunk's KV */
     uint8_t *node_buf;          /* a node's raw bytes while loading */
     size_t node_cap;
-    uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions;
+    uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions, qa_evictions;
     uint64_t kb_changes;        /* committed knowledge base changes so far */
+    float tau;                  /* tau_query now */
 };
+
+/* Who asks: a client, or the predictor (predict.h) for the QKV tree alone or for both
+ * levels. */
+enum asker { ASK_REAL, ASK_PREFILL, ASK_DECODE };
 
 struct rag_query {
     rag *r;
@@ -46,6 +51,9 @@ struct rag_query {
     int reused_tokens;
     uint64_t kb_changes;        /* r->kb_changes when the passages were retrieved */
     bool use_qa, use_qkv;
+    enum asker asker;
+    bool cached;                /* predicted: nothing to compute */
+    bool pred_node;             /* a passage node loaded was a predicted one */
     /* the reply's passages */
     Llms__KbHit h[RAG_MAX_K];
     Llms__KbHit *hp[RAG_MAX_K];
@@ -129,6 +137,7 @@ static int on_changed(void *arg, const kb_ref *kb, int64_t first_new)
     /* a query in flight retrieved before this change: its answer must not enter the bank,
      * as no check here can see an entry that does not exist yet */
     r->kb_changes++;
+    predict_note_change(r->env.pred, kb, first_new);
     stale s = {.r = r, .kb = kb, .first_new = first_new};
     do {
         s.n = 0;
@@ -154,6 +163,7 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
     }
     r->env = *env;
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
+    r->tau = env->cfg->tau_query;
     kb_on_changed(env->kb, on_changed, r);
     return r;
 }
@@ -265,6 +275,7 @@ typedef struct qa_best {
     char *answer;
     int64_t passages[RAG_MAX_K];
     int n_passages;
+    bool predicted;
     bool oom;
 } qa_best;
 
@@ -285,6 +296,7 @@ static int qa_scan(void *arg, const store_qa *e)
     b->answer = a;
     b->sim = s;
     b->id = e->id;
+    b->predicted = e->predicted;
     b->n_passages = e->n_passages < RAG_MAX_K ? e->n_passages : RAG_MAX_K;
     memcpy(b->passages, e->passages, sizeof *b->passages * (size_t)b->n_passages);
     return 0;
@@ -303,9 +315,14 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
         free(b.answer);
         return -1;
     }
-    if (!b.answer || b.sim < r->env.cfg->tau_query) {
+    if (!b.answer || b.sim < r->tau) {
         free(b.answer);
         return 0;
+    }
+    if (q->asker != ASK_REAL) {
+        free(b.answer);
+        q->cached = true;
+        return 1;
     }
     for (int i = 0; i < b.n_passages; i++) {
         int got = load_passage(q, i, b.passages[i], 0, NULL, err);
@@ -343,6 +360,18 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     send_resp(r, conn_id, &fin);
     free(b.answer);
     r->qa_hits++;
+    if (b.predicted) {
+        predict_count_hits(r->env.pred, true, false);
+        if (store_cache_begin(r->env.st, err)) {
+            warn("QA bank", err);
+        } else if (store_qa_asked(r->env.st, b.id, err)) {
+            store_kb_rollback(r->env.st);
+            store_cache_end(r->env.st);
+            warn("QA bank", err);
+        } else if (store_cache_commit(r->env.st, err)) {
+            warn("QA bank", err);
+        }
+    }
     return 1;
 }
 
@@ -468,9 +497,9 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         }
         size_t got;
         int n_tok;
-        bool found;
+        bool found, predicted;
         if (store_qkv_get(r->env.st, q->keys[i], r->node_buf, r->node_cap, &got, &n_tok,
-                          wall_ms(), &found, err))
+                          &predicted, &found, err))
             return -1;
         if (!found)
             break;
@@ -495,7 +524,19 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         }
         q->nodes_found = i + 1;
         q->reused_tokens = node_chunks(q, i) * KV_CHUNK_TOKENS;
+        /* the system prompt's node is everyone's: a passage's counts */
+        q->pred_node |= predicted && i > 0;
     }
+    return 0;
+}
+
+/* Whether every node of q's path is stored. */
+static int qkv_whole(rag *r, const rag_query *q, bool *whole, char err[ERR_MAX])
+{
+    *whole = true;
+    for (int i = q->n_nodes - 1; i >= 0 && *whole; i--)
+        if (store_qkv_has(r->env.st, q->keys[i], whole, err))
+            return -1;
     return 0;
 }
 
@@ -521,7 +562,7 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
             memcpy(r->node_buf + (size_t)c * r->chunk_bytes, k->data, r->chunk_bytes);
         }
         if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : 0, n * KV_CHUNK_TOKENS,
-                          r->node_buf, need, wall_ms(), err))
+                          r->node_buf, need, q->asker != ASK_REAL, wall_ms(), err))
             return -1;
     }
     int evicted;
@@ -532,8 +573,10 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
 
 /* ---- the query ---- */
 
-rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns)
+/* Starts a query of asker; a real one's errors and QA answer go to conn_id, a predicted
+ * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute. */
+static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
+                        const Llms__Request *req, kv_seq *seq, enum asker asker, bool *cached)
 {
     const config *cfg = r->env.cfg;
     const Llms__RagQueryRequest *rq = req->rag_query;
@@ -542,18 +585,18 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     char *texts[RAG_MAX_K] = {0};
     rag_query *q = calloc(1, sizeof *q);
     if (!q) {
-        send_error(r, conn_id, req, code, "out of memory");
-        return NULL;
+        err_set(err, "out of memory");
+        goto fail;
     }
-    r->queries++;
+    r->queries += asker == ASK_REAL;
     q->r = r;
     q->rq = rq;
+    q->asker = asker;
     q->t0_ns = mono_ns();
     q->kb_changes = r->kb_changes;
-    (void)queued_ns;
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
     Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
-    q->use_qa = !(rq->has_no_qa && rq->no_qa) && cfg->tau_query <= 1.0f;
+    q->use_qa = !(rq->has_no_qa && rq->no_qa) && r->tau <= 1.0f && asker != ASK_PREFILL;
     q->use_qkv = !(rq->has_no_qkv && rq->no_qkv) && cfg->qkv_cache_mb > 0;
     int found = kb_lookup(r->env.kb, uid, app, rq->kb, &q->kb, err);
     if (found <= 0) {
@@ -583,15 +626,15 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     if (semantic_embed_now(r->env.sem, rq->question, q->qvec, err))
         goto fail;
     vdist_normalize(q->qvec, q->kb.dim);
+    if (asker == ASK_REAL)
+        predict_note_query(r->env.pred, &q->kb, rq->question);
     code = LLMS__ERROR_CODE__INTERNAL;
     if (q->use_qa) {
         int rc = qa_answer(r, q, conn_id, req, err);
         if (rc < 0)
             goto fail;
-        if (rc == 1) {
-            rag_query_free(q);
-            return NULL;
-        }
+        if (rc == 1)
+            goto answered;
     }
     if (kb_retrieve(r->env.kb, &q->kb, rq->question, q->qvec, top_k, mode, q->hits, &q->n_hits,
                     err))
@@ -614,6 +657,15 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                 cfg->n_ctx);
         goto fail;
     }
+    if (asker == ASK_PREFILL) {
+        bool whole = !q->use_qkv;
+        if (q->use_qkv && qkv_whole(r, q, &whole, err))
+            goto fail;
+        if (whole) {
+            q->cached = true;
+            goto answered;
+        }
+    }
     if (q->use_qkv && qkv_load(r, q, seq, err)) {
         /* a bad node costs its reuse, not the query */
         warn("QKV load", err);
@@ -621,52 +673,126 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
         q->nodes_found = 0;
         q->reused_tokens = 0;
     }
-    if (q->nodes_found > 1) {
+    if (q->nodes_found > 1 && asker == ASK_REAL) {
         r->qkv_hits++;
         r->qkv_tokens += (uint64_t)q->reused_tokens;
+        if (q->pred_node)
+            predict_count_hits(r->env.pred, false, true);
     }
     for (int i = 0; i < RAG_MAX_K; i++)
         free(texts[i]);
     return q;
 fail:
+    if (asker == ASK_REAL)
+        send_error(r, conn_id, req, code, "%s", err);
+    else
+        warn("predicted query", err);
+answered:
+    *cached = q && q->cached;
     for (int i = 0; i < RAG_MAX_K; i++)
         free(texts[i]);
-    send_error(r, conn_id, req, code, "%s", err);
     rag_query_free(q);
     return NULL;
 }
 
-void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
-                Llms__RagResult *res)
+rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
+                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns)
+{
+    bool cached;
+    (void)queued_ns;
+    return start(r, conn_id, uid, app, req, seq, ASK_REAL, &cached);
+}
+
+rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
+                               bool decode, kv_seq *seq, bool *cached)
+{
+    return start(r, 0, uid, app, req, seq, decode ? ASK_DECODE : ASK_PREFILL, cached);
+}
+
+float rag_tau(const rag *r)
+{
+    return r->tau;
+}
+
+bool rag_qkv_room(rag *r)
 {
     char err[ERR_MAX];
-    if (q->use_qkv && qkv_store(r, q, seq, err))
-        warn("QKV store", err);
-    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
-        int64_t ids[RAG_MAX_K];
-        for (int i = 0; i < q->n_hits; i++)
-            ids[i] = q->hits[i].id;
-        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
-                         q->n_hits, wall_ms(), err))
-            warn("QA bank", err);
-    }
+    int64_t n, bytes;
+    if (store_qkv_stats(r->env.st, &n, &bytes, err))
+        return false;
+    return bytes < ((int64_t)r->env.cfg->qkv_cache_mb << 20) / 10 * 9;
+}
+
+void rag_result(const rag_query *q, Llms__RagResult *res)
+{
     llms__rag_result__init(res);
     res->outcome = q->nodes_found > 1 ? LLMS__RAG_OUTCOME__RAG_QKV_HIT : LLMS__RAG_OUTCOME__RAG_MISS;
     res->n_passages = (size_t)q->n_hits;
-    res->passages = q->hp;
+    res->passages = (Llms__KbHit **)q->hp;
     res->reused_tokens = (uint32_t)q->reused_tokens;
     res->reused_passages = (uint32_t)(q->nodes_found > 1 ? q->nodes_found - 1 : 0);
     res->retrieve_ms = q->retrieve_ms;
 }
 
+/* The cache writes of a generation, in one transaction. */
+static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                    char err[ERR_MAX])
+{
+    int64_t now = wall_ms();
+    for (int i = 0; i < q->nodes_found; i++)
+        if (store_qkv_touch(r->env.st, q->keys[i], q->asker == ASK_REAL, now, err))
+            return -1;
+    if (q->use_qkv && qkv_store(r, q, seq, err))
+        return -1;
+    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
+        int64_t ids[RAG_MAX_K];
+        int evicted = 0;
+        for (int i = 0; i < q->n_hits; i++)
+            ids[i] = q->hits[i].id;
+        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
+                         q->n_hits, q->asker != ASK_REAL, now, err) ||
+            store_qa_evict(r->env.st, (int64_t)r->env.cfg->qa_cache_mb << 20, &evicted, err))
+            return -1;
+        r->qa_evictions += (uint64_t)evicted;
+    }
+    return 0;
+}
+
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
+{
+    char err[ERR_MAX];
+    if (store_cache_begin(r->env.st, err)) {
+        warn("cache", err);
+        return;
+    }
+    if (populate(r, q, seq, answer, err)) {
+        store_kb_rollback(r->env.st);
+        store_cache_end(r->env.st);
+        warn("cache", err);
+        return;
+    }
+    if (store_cache_commit(r->env.st, err))
+        warn("cache", err);
+}
+
 void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
 {
     char err[ERR_MAX];
-    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR) {
-        if (store_rag_clear(r->env.st, err)) {
-            send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    if (req->body_case == LLMS__REQUEST__BODY_CACHE_TUNE) {
+        float tau = req->cache_tune->tau_query;
+        if (!(tau >= 0.0f && tau <= 2.0f)) {
+            send_error(r, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "tau_query must be 0..2 (above 1: the QA bank is off)");
             return;
         }
+        r->tau = tau;
+    }
+    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR &&
+        store_rag_clear(r->env.st, err)) {
+        send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return;
+    }
+    if (req->body_case != LLMS__REQUEST__BODY_CACHE) {
         Llms__Empty e = LLMS__EMPTY__INIT;
         Llms__Response resp = LLMS__RESPONSE__INIT;
         resp.id = req->id;
@@ -693,6 +819,28 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
     c.qkv_hits = r->qkv_hits;
     c.qkv_tokens_reused = r->qkv_tokens;
     c.qkv_evictions = r->qkv_evictions;
+    predict_stats ps;
+    predict_get_stats(r->env.pred, &ps);
+    c.has_qa_budget_bytes = c.has_qa_evictions = c.has_tau_query = c.has_tau_scheduler = 1;
+    c.qa_budget_bytes = (uint64_t)r->env.cfg->qa_cache_mb << 20;
+    c.qa_evictions = r->qa_evictions;
+    c.tau_query = r->tau;
+    c.tau_scheduler = r->env.cfg->tau_scheduler;
+    c.has_predicted = c.has_predict_prefilled = c.has_predict_decoded = 1;
+    c.has_predict_preempted = c.has_predict_qa_hits = c.has_predict_qkv_hits = 1;
+    c.has_predict_generations = c.has_predict_steps = c.has_predict_ms = 1;
+    c.has_predict_queued = c.has_predict_converted = 1;
+    c.predicted = ps.predicted;
+    c.predict_prefilled = ps.prefilled;
+    c.predict_decoded = ps.decoded;
+    c.predict_preempted = ps.preempted;
+    c.predict_qa_hits = ps.qa_hits;
+    c.predict_qkv_hits = ps.qkv_hits;
+    c.predict_generations = ps.generations;
+    c.predict_steps = ps.steps;
+    c.predict_ms = ps.ms;
+    c.predict_queued = ps.queued;
+    c.predict_converted = ps.converted;
     Llms__Response resp = LLMS__RESPONSE__INIT;
     resp.id = req->id;
     resp.final = 1;

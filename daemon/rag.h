@@ -35,6 +35,7 @@
 #include "daemon/config.h"
 #include "daemon/kb.h"
 #include "daemon/outq.h"
+#include "daemon/predict.h"
 #include "daemon/semantic.h"
 #include "engine/chat.h"
 #include "engine/kv.h"
@@ -52,6 +53,7 @@ typedef struct rag_env {
     kv_shape shape;
     kbm *kb;
     semantic *sem;
+    predict *pred;            /* told of real queries and knowledge base changes */
 } rag_env;
 
 typedef struct rag rag;
@@ -67,23 +69,41 @@ void rag_free(rag *r);
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                      const Llms__Request *req, kv_seq *seq, int64_t queued_ns);
 
+/* Starts a predicted query (predict.h): req's RagQuery for app (uid, app), answered to
+ * nobody. decode: its answer goes to the QA bank, else it is only prefilled (max_tokens
+ * should then be 1). NULL with *cached true when there is nothing to compute (a QA
+ * entry within tau_query answers it, or, prefill only, its whole QKV path is stored),
+ * with *cached false on failure (logged). What it stores is marked predicted, and hits
+ * of real queries on it are counted (predict_count_hits). */
+rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
+                               bool decode, kv_seq *seq, bool *cached);
+
+/* The QA bank's threshold now (tau_query, or what CacheTune set). */
+float rag_tau(const rag *r);
+
+/* Whether the QKV tree is below 90% of qkv_cache_mb. */
+bool rag_qkv_room(rag *r);
+
 /* The prompt's tokens (valid until rag_query_free). */
 const int32_t *rag_prompt(const rag_query *q, int *n);
 
 /* The request's sampling settings (NULL: the daemon's). */
 const Llms__GenerationParams *rag_params(const rag_query *q);
 
-/* After a generation over the prompt ended without failure: stores the prompt's missing
- * QKV nodes from seq (which still holds the prompt's KV) and the answer in the QA bank,
- * then fills res (a RagResult whose pointers stay valid until rag_query_free) with the
- * passages, the outcome and the retrieval time; the caller adds the generation's
- * numbers and sends it. A cache that cannot be written is logged, not an error. */
-void rag_finish(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
-                Llms__RagResult *res);
+/* After a generation over the prompt ended without failure: fills res (a RagResult whose
+ * pointers stay valid until rag_query_free) with the passages, the outcome and the
+ * retrieval time; the caller adds the generation's numbers and sends it. */
+void rag_result(const rag_query *q, Llms__RagResult *res);
+
+/* Then, after the reply is sent: counts the uses of the nodes loaded, stores the
+ * prompt's missing QKV nodes from seq (which still holds the prompt's KV) and the answer
+ * in the QA bank, evicting under qkv_cache_mb and qa_cache_mb, in one cache transaction
+ * (store_cache_begin). A cache that cannot be written is logged, not an error. */
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer);
 
 void rag_query_free(rag_query *q);
 
-/* Admin: Cache (statistics) and CacheClear. */
+/* Admin: Cache (statistics), CacheClear and CacheTune. */
 void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req);
 
 #endif

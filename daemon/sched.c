@@ -29,6 +29,7 @@
 #include "daemon/graphs.h"
 #include "daemon/kb.h"
 #include "daemon/prompt.h"
+#include "daemon/predict.h"
 #include "daemon/rag.h"
 #include "daemon/reply.h"
 #include "daemon/reqlog.h"
@@ -165,6 +166,19 @@ struct sched {
     kbm *kb;               /* knowledge bases */
     rag *rag;              /* RagQuery and its caches */
     graphs_env graphs;     /* apps' workflow graphs */
+    predict *predict;      /* idle-time prediction (predict.h) */
+    /* The prediction work: one at a time, outside the active set, stepped only while no
+     * engine request is queued or running and none came for idle_after_ms. */
+    work *pred;
+    bool pred_paused;      /* a real request came while it was unfinished */
+    bool pred_cached;      /* the predicted query just begun had nothing to compute */
+    predict_task pred_task;
+    sched_job pred_job;    /* its request, built here (pred_start) */
+    Llms__Request pred_req;
+    Llms__RagQueryRequest pred_rag;
+    Llms__CompleteRequest pred_complete;
+    Llms__GenerationParams pred_params;
+    int64_t last_req_ns;   /* the last engine request came or ended (CLOCK_MONOTONIC) */
     int n_vocab;
     float *logits;         /* (SCHED_MAX_ACTIVE, n_vocab) the out rows of a step */
     int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
@@ -1100,7 +1114,12 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
-        g->rq = rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
+        bool cached = false;
+        g->rq = j == &s->pred_job
+                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, s->pred_task.decode,
+                                          g->seq, &cached)
+                    : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
+        s->pred_cached = cached;
         if (!g->rq) {
             gen_free(g); /* answered: from the QA bank or with an error */
             return NULL;
@@ -1402,7 +1421,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (!w->quiet && !failed && g->rq) {
         Llms__RagResult res;
-        rag_finish(s->rag, g->rq, g->seq, g->shown ? g->shown : "", &res);
+        rag_result(g->rq, &res);
         res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
         res.generated_tokens = (uint32_t)g->n_gen;
         res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
@@ -1438,6 +1457,15 @@ static void gen_end(sched *s, work *w, const char *engine_err)
             r.result = &res;
             send_resp(s, w->job->conn_id, &r, false);
         }
+    }
+    /* the caches are written after the reply went out, off its latency; an answer cut
+     * short (cancelled, deadline, shutdown) is no answer for the QA bank */
+    if (!failed && g->rq) {
+        bool whole = g->reason == LLMS__STOP_REASON__STOP_EOS ||
+                     g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
+                     g->reason == LLMS__STOP_REASON__STOP_STRING;
+        outq_wake(s->env.out);
+        rag_populate(s->rag, g->rq, g->seq, whole && g->shown ? g->shown : "");
     }
     if (!failed)
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
@@ -1945,6 +1973,13 @@ static bool generate_model_ok(sched *s, const sched_job *j)
  * kind queued or running. */
 static void handle_engine_request(sched *s, sched_job *j)
 {
+    /* the idle period ends; prediction work pauses until the next one */
+    s->last_req_ns = mono_ns();
+    predict_idle_end(s->predict);
+    if (s->pred && !s->pred_paused) {
+        s->pred_paused = true;
+        predict_count_preempted(s->predict);
+    }
     if (s->shutting) {
         send_error(s, j, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
         job_free(j);
@@ -2070,6 +2105,7 @@ static void handle_request(sched *s, sched_job *j)
         break;
     case LLMS__REQUEST__BODY_CACHE:
     case LLMS__REQUEST__BODY_CACHE_CLEAR:
+    case LLMS__REQUEST__BODY_CACHE_TUNE:
         rag_handle_cache(s->rag, j->conn_id, j->req);
         break;
     default:
@@ -2265,6 +2301,8 @@ static void kv_refuse(sched *s, const sched_job *j, enum kv_fit fit, size_t need
                    budget >> 10);
 }
 
+static void pred_end(sched *s, bool complete);
+
 /* Admits pending jobs, one per app in turn, while there is room. */
 static void admit(sched *s)
 {
@@ -2286,6 +2324,11 @@ static void admit(sched *s)
                 if (job_can_start(s, j, &c)) {
                     need = kv_need(s, j, c);
                     fit = kv_fit(s, j, need, now);
+                    if (fit != KV_FITS && s->pred) {
+                        /* prediction never holds memory a real request waits for */
+                        pred_end(s, false);
+                        fit = kv_fit(s, j, need, now);
+                    }
                 }
                 if (fit == KV_WAIT) {
                     prev = j;
@@ -2497,6 +2540,11 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
     if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
+    /* A RagQuery's prompt resumed after a cached prefix is cut where a whole one is (at
+     * multiples of step_tokens), so each row goes through the same kernels as in a
+     * prefill from scratch and the reuse stays exact. */
+    if (g->rq && from % s->step_tokens && n > s->step_tokens - from % s->step_tokens)
+        n = s->step_tokens - from % s->step_tokens;
     step_add_gen(s, n_seq, n_out, w, from, n);
     return n;
 }
@@ -2647,14 +2695,173 @@ static void sched_writes_done(void *arg)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* ---- idle-time prediction ---- */
+
+/* Whether prediction work may run: nothing real queued or running, and no engine
+ * request for idle_after_ms. */
+static bool pred_idle(const sched *s, int64_t now)
+{
+    return predict_enabled(s->predict) && !s->shutting && s->n_active == 0 &&
+           s->n_pending == 0 &&
+           now - s->last_req_ns >= (int64_t)s->env.cfg->idle_after_ms * 1000000;
+}
+
+/* Ends the prediction work: what it computed goes to the caches and the predictor
+ * (complete), or is dropped. */
+static void pred_end(sched *s, bool complete)
+{
+    work *w = s->pred;
+    gen *g = w->g;
+    enum predict_end how = PREDICT_DROPPED;
+    if (complete && !w->failed && g->prefilled) {
+        char tail[STOP_MAX_LEN + 1];
+        release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+        if (g->rq)
+            rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
+        how = PREDICT_RAN;
+    }
+    predict_done(s->predict, &s->pred_task, how, g->shown ? g->shown : "");
+    predict_task_clear(&s->pred_task);
+    s->kv_reserved -= w->kv_reserved;
+    gen_free(g);
+    free(w);
+    s->pred = NULL;
+    s->pred_paused = false;
+    ctx_enforce_budget(s->cm);
+}
+
+/* Builds the request of the predictor's task t in the scheduler's own slots. */
+static void pred_request(sched *s, const predict_task *t)
+{
+    sched_job *j = &s->pred_job;
+    memset(j, 0, sizeof *j);
+    j->kind = SCHED_REQUEST;
+    j->uid = t->uid;
+    snprintf(j->app, sizeof j->app, "%s", t->app);
+    j->queued_ns = mono_ns();
+    j->req = &s->pred_req;
+    llms__request__init(&s->pred_req);
+    llms__generation_params__init(&s->pred_params);
+    if (t->kind == PREDICT_QUERY) {
+        llms__rag_query_request__init(&s->pred_rag);
+        s->pred_rag.kb = (char *)t->kb;
+        s->pred_rag.question = t->text;
+        /* decoded: the daemon's settings, as a real query without its own gets, so the
+         * stored answer is the one it would get */
+        if (!t->decode) {
+            s->pred_params.has_max_tokens = 1;
+            s->pred_params.max_tokens = 1;
+            s->pred_rag.params = &s->pred_params;
+        }
+        s->pred_req.body_case = LLMS__REQUEST__BODY_RAG_QUERY;
+        s->pred_req.rag_query = &s->pred_rag;
+    } else {
+        llms__complete_request__init(&s->pred_complete);
+        s->pred_complete.prompt = t->text;
+        s->pred_complete.has_chat = 1;
+        s->pred_complete.chat = 1;
+        s->pred_params.has_temperature = 1;
+        s->pred_params.temperature = 0;
+        s->pred_params.has_max_tokens = 1;
+        s->pred_params.max_tokens = t->max_tokens;
+        s->pred_complete.params = &s->pred_params;
+        s->pred_req.body_case = LLMS__REQUEST__BODY_COMPLETE;
+        s->pred_req.complete = &s->pred_complete;
+    }
+}
+
+/* Starts the predictor's next task that has something to compute; false when none. */
+static bool pred_start(sched *s)
+{
+    predict_task *t = &s->pred_task;
+    while (predict_next(s->predict, rag_tau(s->rag), rag_qkv_room(s->rag), t)) {
+        int64_t t0 = mono_ns();
+        pred_request(s, t);
+        size_t need = kv_need(s, &s->pred_job, NULL);
+        work *w = kv_fit(s, &s->pred_job, need, t0) == KV_FITS ? calloc(1, sizeof *w) : NULL;
+        if (!w) {
+            /* no room now: real work holds the memory */
+            predict_done(s->predict, t, PREDICT_DROPPED, NULL);
+            predict_task_clear(t);
+            return false;
+        }
+        w->job = &s->pred_job;
+        w->quiet = true;
+        s->pred_cached = false;
+        w->g = gen_new(s, &s->pred_job, NULL, NULL);
+        predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
+        if (!w->g) {
+            free(w);
+            predict_done(s->predict, t, s->pred_cached ? PREDICT_CACHED : PREDICT_DROPPED, NULL);
+            predict_task_clear(t);
+            continue;
+        }
+        w->kv_reserved = need;
+        s->kv_reserved += need;
+        s->pred = w;
+        return true;
+    }
+    return false;
+}
+
+/* One step of prediction work while the daemon is idle: a slice of its prompt or one
+ * token, alone in the forward (a real request arriving meanwhile waits for this one
+ * step at most). */
+static void pred_run(sched *s)
+{
+    if (!pred_idle(s, mono_ns()) || (!s->pred && !pred_start(s)))
+        return;
+    s->pred_paused = false;
+    work *w = s->pred;
+    int64_t t0 = mono_ns();
+    int n_seq = 0, n_out = 0;
+    if (gen_decoding(w->g))
+        step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+    else
+        step_add_long(s, &n_seq, &n_out, w, s->step_tokens);
+    step_claim(s, n_seq);
+    step_forward(s, n_seq);
+    step_collect(s, n_seq);
+    if (n_seq) {
+        step_record(s, t0, step_rows(s, n_seq));
+        predict_count_step(s->predict, (double)(mono_ns() - t0) / 1e6);
+    }
+    if (work_over(w, mono_ns()))
+        pred_end(s, true);
+}
+
+/* How long the worker may sleep before prediction work is due: -1 until a job comes,
+ * 0 none. */
+static int64_t pred_wait_ns(sched *s)
+{
+    if (!predict_enabled(s->predict) || s->shutting ||
+        (!s->pred && !predict_has_work(s->predict, rag_tau(s->rag), rag_qkv_room(s->rag))))
+        return -1;
+    int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
+    return left > 0 ? left : 0;
+}
+
 static void *worker(void *arg)
 {
     sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->lock);
         while (!s->in_head && s->n_active == 0 && s->n_pending == 0 && !s->shutting &&
-               !s->writes_done)
-            pthread_cond_wait(&s->wake, &s->lock);
+               !s->writes_done) {
+            int64_t wait = pred_wait_ns(s);
+            if (wait == 0)
+                break;
+            if (wait < 0) {
+                pthread_cond_wait(&s->wake, &s->lock);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            int64_t ns = ts.tv_nsec + wait % 1000000000;
+            ts.tv_sec += (time_t)(wait / 1000000000 + ns / 1000000000);
+            ts.tv_nsec = (long)(ns % 1000000000);
+            pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+        }
         sched_job *j = s->in_head;
         s->in_head = s->in_tail = NULL;
         s->writes_done = false;
@@ -2674,10 +2881,15 @@ static void *worker(void *arg)
         else
             run_step(s);
         reap(s);
+        if (s->n_active || s->n_pending)
+            s->last_req_ns = mono_ns();
+        pred_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
             break;
     }
+    if (s->pred)
+        pred_end(s, false);
     outq_push_end(s->env.out);
     return NULL;
 }
@@ -2694,6 +2906,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->env = *env;
     const config *cfg = env->cfg;
     s->start_ms = wall_ms();
+    s->last_req_ns = mono_ns();
     s->serial = strcmp(cfg->sched, "serial") == 0;
     s->step_tokens = cfg->step_tokens;
     s->n_vocab = model_hparams_of(env->m)->n_vocab;
@@ -2768,8 +2981,10 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     kb_env ke = {cfg, env->st, env->out, env->tok, s->sem};
     if (!(s->kb = kb_new(&ke, err)))
         goto fail;
+    if (!(s->predict = predict_new(cfg, env->st, err)))
+        goto fail;
     rag_env re = {cfg, models_generate(env->reg)->path, env->st, env->out, env->tok, env->family,
-                  model_kv_shape(env->m), s->kb, s->sem};
+                  model_kv_shape(env->m), s->kb, s->sem, s->predict};
     if (!(s->rag = rag_new(&re, err)))
         goto fail;
     s->graphs = (graphs_env){cfg, env->st, env->out};
@@ -2844,6 +3059,7 @@ void sched_free(sched *s)
         a = next;
     }
     rag_free(s->rag);
+    predict_free(s->predict);
     kb_free(s->kb);
     semantic_free(s->sem);
     ctx_close(s->cm);

@@ -77,7 +77,7 @@ static bool is_admin_call(Llms__Request__BodyCase b)
            b == LLMS__REQUEST__BODY_PLAN || b == LLMS__REQUEST__BODY_LOAD_MODEL ||
            b == LLMS__REQUEST__BODY_UNLOAD_MODEL ||
            b == LLMS__REQUEST__BODY_RERANK_CALIBRATE || b == LLMS__REQUEST__BODY_CACHE ||
-           b == LLMS__REQUEST__BODY_CACHE_CLEAR;
+           b == LLMS__REQUEST__BODY_CACHE_CLEAR || b == LLMS__REQUEST__BODY_CACHE_TUNE;
 }
 
 /* Answers a request the loop refuses, with a line in the log. */

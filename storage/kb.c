@@ -397,10 +397,10 @@ int store_kb_passage(store *s, int64_t kb_id, int64_t id,
 
 int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec, int dim,
                  const char *answer, const int64_t *passages, int n_passages,
-                 int64_t now_ms, char err[ERR_MAX])
+                 bool predicted, int64_t now_ms, char err[ERR_MAX])
 {
     sqlite3_stmt *st = store_prepare(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
-                               " created_ms) VALUES (?, ?, ?, ?, ?, ?)", err);
+                               " created_ms, predicted) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, kb_id);
@@ -410,14 +410,15 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
     sqlite3_bind_blob(st, 5, n_passages ? (const void *)passages : "",
                       (int)(sizeof(int64_t) * (size_t)n_passages), SQLITE_STATIC);
     sqlite3_bind_int64(st, 6, now_ms);
+    sqlite3_bind_int(st, 7, predicted);
     return store_step_once(s, st, "adding a QA entry", err);
 }
 
 int store_qa_list(store *s, int64_t kb_id, int dim,
                   int (*fn)(void *arg, const store_qa *q), void *arg, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = store_prepare(s, "SELECT id, question, vec, answer, passages, created_ms"
-                               " FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
+    sqlite3_stmt *st = store_prepare(s, "SELECT id, question, vec, answer, passages, created_ms,"
+                               " predicted FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, kb_id);
@@ -434,7 +435,8 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
         }
         store_qa q = {sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1), v,
                       (const char *)sqlite3_column_text(st, 3), pv,
-                      pb / (int)sizeof(int64_t), sqlite3_column_int64(st, 5)};
+                      pb / (int)sizeof(int64_t), sqlite3_column_int64(st, 5),
+                      sqlite3_column_int(st, 6) != 0};
         if ((out = fn(arg, &q)) != 0)
             break;
     }
@@ -451,6 +453,15 @@ int store_qa_delete(store *s, int64_t id, char err[ERR_MAX])
         return -1;
     sqlite3_bind_int64(st, 1, id);
     return store_step_once(s, st, "deleting a QA entry", err);
+}
+
+int store_qa_asked(store *s, int64_t id, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = store_prepare(s, "UPDATE qa_bank SET predicted = 0 WHERE id = ?", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, id);
+    return store_step_once(s, st, "marking a QA entry asked", err);
 }
 
 static int two_counts(store *s, const char *sql, int64_t *a, int64_t *b, char *err)
@@ -475,10 +486,29 @@ int store_qa_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX])
                          " length(answer) + length(passages)), 0) FROM qa_bank", n, bytes, err);
 }
 
+int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
+{
+    if (evicted)
+        *evicted = 0;
+    for (;;) {
+        int64_t n, bytes;
+        if (store_qa_stats(s, &n, &bytes, err))
+            return -1;
+        if (bytes <= budget || n == 0)
+            return 0;
+        sqlite3_stmt *st = store_prepare(s, "DELETE FROM qa_bank WHERE id = (SELECT min(id) FROM"
+                                   " qa_bank)", err);
+        if (!st || store_step_once(s, st, "evicting a QA entry", err))
+            return -1;
+        if (evicted)
+            (*evicted)++;
+    }
+}
+
 /* ---- QKV tree ---- */
 
 int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const void *raw,
-                  size_t raw_bytes, int64_t now_ms, char err[ERR_MAX])
+                  size_t raw_bytes, bool predicted, int64_t now_ms, char err[ERR_MAX])
 {
     size_t cap = ZSTD_compressBound(raw_bytes);
     void *comp = malloc(cap ? cap : 1);
@@ -490,8 +520,8 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
         return err_set(err, "store: zstd: %s", ZSTD_getErrorName(len));
     }
     sqlite3_stmt *st = store_prepare(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, n_tokens,"
-                               " raw_bytes, crc, blob, uses, last_used_ms)"
-                               " VALUES (?, ?, ?, ?, ?, ?, 1, ?)", err);
+                               " raw_bytes, crc, blob, uses, last_used_ms, predicted)"
+                               " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)", err);
     if (!st) {
         free(comp);
         return -1;
@@ -503,16 +533,17 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
     sqlite3_bind_int64(st, 5, crc32c(0, raw, raw_bytes));
     sqlite3_bind_blob(st, 6, comp, (int)len, SQLITE_STATIC);
     sqlite3_bind_int64(st, 7, now_ms);
+    sqlite3_bind_int(st, 8, predicted);
     int rc = store_step_once(s, st, "storing a QKV node", err);
     free(comp);
     return rc;
 }
 
 int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
-                  int *n_tokens, int64_t now_ms, bool *found, char err[ERR_MAX])
+                  int *n_tokens, bool *predicted, bool *found, char err[ERR_MAX])
 {
     *found = false;
-    sqlite3_stmt *st = store_prepare(s, "SELECT n_tokens, raw_bytes, crc, blob FROM qkv_nodes"
+    sqlite3_stmt *st = store_prepare(s, "SELECT n_tokens, raw_bytes, crc, blob, predicted FROM qkv_nodes"
                                " WHERE key = ?", err);
     if (!st)
         return -1;
@@ -524,6 +555,8 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
         const void *blob = sqlite3_column_blob(st, 3);
         size_t len = (size_t)sqlite3_column_bytes(st, 3);
         *n_tokens = sqlite3_column_int(st, 0);
+        if (predicted)
+            *predicted = sqlite3_column_int(st, 4) != 0;
         size_t got = raw <= dst_cap && blob ? ZSTD_decompress(dst, dst_cap, blob, len) : 0;
         if (raw > dst_cap)
             out = err_set(err, "store: QKV node %016llx holds %zu bytes, more than %zu",
@@ -538,13 +571,18 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
         out = store_db_err(s, err, "reading a QKV node");
     }
     sqlite3_finalize(st);
-    if (out || !*found)
-        return out;
-    st = store_prepare(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ? WHERE key = ?", err);
+    return out;
+}
+
+int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[ERR_MAX])
+{
+    sqlite3_stmt *st = store_prepare(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ?,"
+                               " predicted = predicted AND ? WHERE key = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, now_ms);
-    sqlite3_bind_int64(st, 2, (int64_t)key);
+    sqlite3_bind_int(st, 2, !real);
+    sqlite3_bind_int64(st, 3, (int64_t)key);
     return store_step_once(s, st, "counting a QKV use", err);
 }
 
@@ -590,6 +628,28 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
         if (evicted)
             (*evicted)++;
     }
+}
+
+int store_cache_begin(store *s, char err[ERR_MAX])
+{
+    if (store_exec_sql(s, "PRAGMA synchronous = NORMAL", err))
+        return -1;
+    if (store_kb_begin(s, err) == 0)
+        return 0;
+    store_cache_end(s);
+    return -1;
+}
+
+int store_cache_commit(store *s, char err[ERR_MAX])
+{
+    int rc = store_kb_commit(s, err);
+    store_cache_end(s);
+    return rc;
+}
+
+void store_cache_end(store *s)
+{
+    sqlite3_exec(store_sqlite(s), "PRAGMA synchronous = FULL", NULL, NULL, NULL);
 }
 
 int store_rag_clear(store *s, char err[ERR_MAX])

@@ -103,11 +103,13 @@ typedef struct store_qa {
     const int64_t *passages; /* n_passages passage ids the answer was made from */
     int n_passages;
     int64_t created_ms;
+    bool predicted;          /* made by a predicted query, not asked yet */
 } store_qa;
 
+/* Adds an entry; predicted marks one a predicted query made (store_qa.predicted). */
 int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec, int dim,
                  const char *answer, const int64_t *passages, int n_passages,
-                 int64_t now_ms, char err[ERR_MAX]);
+                 bool predicted, int64_t now_ms, char err[ERR_MAX]);
 
 /* Calls fn for each entry of kb_id (dim floats per vector), oldest first. */
 int store_qa_list(store *s, int64_t kb_id, int dim,
@@ -115,21 +117,34 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
 
 int store_qa_delete(store *s, int64_t id, char err[ERR_MAX]);
 
+/* Marks entry id as asked for real (its predicted flag goes). */
+int store_qa_asked(store *s, int64_t id, char err[ERR_MAX]);
+
+/* Deletes the oldest entries, every knowledge base together, until their bytes (as
+ * store_qa_stats counts them) are at most budget; *evicted counts them (may be NULL). */
+int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX]);
+
 /* Entries and their bytes, over every knowledge base. */
 int store_qa_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX]);
 
 /* ---- QKV prefix tree ---- */
 
 /* Stores node key (child of parent; 0: a root) holding n_tokens tokens' worth of raw
- * bytes, compressed and checksummed; replaces a node of the same key. */
+ * bytes, compressed and checksummed; replaces a node of the same key. predicted marks a
+ * node a predicted query made. */
 int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const void *raw,
-                  size_t raw_bytes, int64_t now_ms, char err[ERR_MAX]);
+                  size_t raw_bytes, bool predicted, int64_t now_ms, char err[ERR_MAX]);
 
-/* Reads node key into dst (dst_cap bytes; *raw_bytes gets its size) and counts a use;
- * *found false when absent. A blob larger than dst_cap or failing its checksum is an
- * error. */
+/* Reads node key into dst (dst_cap bytes; *raw_bytes gets its size); *found false when
+ * absent. *predicted (may be NULL) says whether a predicted query made it and no real one
+ * used it since. A blob larger than dst_cap or failing its checksum is an error. Only
+ * reads: uses are counted by store_qkv_touch, off the query's path. */
 int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
-                  int *n_tokens, int64_t now_ms, bool *found, char err[ERR_MAX]);
+                  int *n_tokens, bool *predicted, bool *found, char err[ERR_MAX]);
+
+/* Counts a use of node key (for LFU eviction); a real use (real) clears its predicted
+ * mark. A node that is gone is no error. */
+int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[ERR_MAX]);
 
 /* Whether node key exists (no use counted). */
 int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX]);
@@ -140,6 +155,15 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX]);
 
 /* Nodes and their stored (compressed) bytes. */
 int store_qkv_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX]);
+
+/* Groups cache writes (QA bank, QKV tree) into one transaction committed without
+ * waiting for the disk (synchronous = NORMAL for it: a killed process loses none of it,
+ * a power loss may lose the last such transactions, the catalog stays consistent either
+ * way). A cache is rebuilt by the queries that follow, so its writes need not cost a
+ * flush each. Ended by store_cache_commit, or store_kb_rollback then store_cache_end. */
+int store_cache_begin(store *s, char err[ERR_MAX]);
+int store_cache_commit(store *s, char err[ERR_MAX]);
+void store_cache_end(store *s);
 
 /* Empties the QA bank and the QKV tree. */
 int store_rag_clear(store *s, char err[ERR_MAX]);

@@ -159,6 +159,11 @@ static const char *const store_migrations[] = {
     "  def BLOB NOT NULL,"
     "  created_ms INTEGER NOT NULL,"
     "  PRIMARY KEY (app_id, name));",
+
+    /* PerCache's prediction: which QA entries and QKV nodes a predicted query made, so
+     * that hits on them are counted */
+    "ALTER TABLE qa_bank ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE qkv_nodes ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 

@@ -42,8 +42,10 @@ static void usage(void)
            "  show CTX         one context of any app: chunk map and history\n"
            "  evict CTX        drop a context's KV from memory (it stays stored)\n"
            "  profile          measure the switch-in cost models again\n"
-           "  cache [clear]    the RAG caches (QA bank, QKV tree): sizes, entries, hits;\n"
-           "                   clear empties both\n"
+           "  cache [clear | tau X]\n"
+           "                   the RAG caches (QA bank, QKV tree): sizes, entries, hit\n"
+           "                   rates, idle-time prediction; clear empties both; tau sets\n"
+           "                   tau_query until the daemon restarts\n"
            "  shutdown         stop the daemon cleanly (every context is kept)\n"
            "  plan --prompt-tokens N [--model M]\n"
            "                   the prefill memory plan of an N-token prompt under the\n"
@@ -586,33 +588,64 @@ static enum llms_status cmd_calibrate(llms_conn *c)
     return LLMS_OK;
 }
 
-static enum llms_status cmd_cache(llms_conn *c, int clear)
+static enum llms_status cmd_cache(llms_conn *c, char **pos)
 {
-    if (clear)
+    if (pos[1] && !strcmp(pos[1], "clear"))
         return cmd_ok(c, llms_cache_clear(c));
+    if (pos[1])
+        return cmd_ok(c, llms_cache_tune(c, strtof(pos[2], NULL)));
     llms_cache_stats st;
     enum llms_status s = llms_cache_stats_get(c, &st);
     if (s != LLMS_OK)
         return s;
     double q = st.rag_queries ? (double)st.rag_queries : 1;
     if (json)
-        printf("{\"qa_entries\":%u,\"qa_bytes\":%llu,\"qkv_nodes\":%u,\"qkv_bytes\":%llu,"
+        printf("{\"qa_entries\":%u,\"qa_bytes\":%llu,\"qa_budget_bytes\":%llu,"
+               "\"qa_evictions\":%llu,\"qkv_nodes\":%u,\"qkv_bytes\":%llu,"
                "\"qkv_budget_bytes\":%llu,\"rag_queries\":%llu,\"qa_hits\":%llu,"
-               "\"qkv_hits\":%llu,\"qkv_tokens_reused\":%llu,\"qkv_evictions\":%llu}\n",
-               st.qa_entries, (unsigned long long)st.qa_bytes, st.qkv_nodes,
-               (unsigned long long)st.qkv_bytes, (unsigned long long)st.qkv_budget_bytes,
-               (unsigned long long)st.rag_queries, (unsigned long long)st.qa_hits,
-               (unsigned long long)st.qkv_hits, (unsigned long long)st.qkv_tokens_reused,
-               (unsigned long long)st.qkv_evictions);
+               "\"qkv_hits\":%llu,\"qkv_tokens_reused\":%llu,\"qkv_evictions\":%llu,"
+               "\"tau_query\":%g,\"tau_scheduler\":%g,\"predicted\":%llu,"
+               "\"predict_prefilled\":%llu,\"predict_decoded\":%llu,"
+               "\"predict_preempted\":%llu,\"predict_qa_hits\":%llu,"
+               "\"predict_qkv_hits\":%llu,\"predict_generations\":%llu,"
+               "\"predict_steps\":%llu,\"predict_ms\":%.1f,\"predict_queued\":%u,"
+               "\"predict_converted\":%llu}\n",
+               st.qa_entries, (unsigned long long)st.qa_bytes,
+               (unsigned long long)st.qa_budget_bytes, (unsigned long long)st.qa_evictions,
+               st.qkv_nodes, (unsigned long long)st.qkv_bytes,
+               (unsigned long long)st.qkv_budget_bytes, (unsigned long long)st.rag_queries,
+               (unsigned long long)st.qa_hits, (unsigned long long)st.qkv_hits,
+               (unsigned long long)st.qkv_tokens_reused, (unsigned long long)st.qkv_evictions,
+               st.tau_query, st.tau_scheduler, (unsigned long long)st.predicted,
+               (unsigned long long)st.predict_prefilled, (unsigned long long)st.predict_decoded,
+               (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_qa_hits,
+               (unsigned long long)st.predict_qkv_hits,
+               (unsigned long long)st.predict_generations, (unsigned long long)st.predict_steps,
+               st.predict_ms, st.predict_queued, (unsigned long long)st.predict_converted);
     else
-        printf("QA bank   %u entries, %.1f KiB; hits %llu of %llu queries (%.1f%%)\n"
+        printf("QA bank   %u entries, %.1f of %.1f KiB, %llu evictions; hits %llu of %llu "
+               "queries (%.1f%%)\n"
                "QKV tree  %u nodes, %.1f of %.1f MiB; hits %llu (%.1f%%), %llu tokens reused, "
-               "%llu evictions\n",
-               st.qa_entries, st.qa_bytes / 1024.0, (unsigned long long)st.qa_hits,
+               "%llu evictions\n"
+               "tau_query %g, tau_scheduler %g: predicted queries are %s\n"
+               "predicted %llu queries (%llu prefilled, %llu decoded, %llu converted), "
+               "%llu generations, %u queued; preempted %llu times; %llu steps, %.1f ms\n"
+               "hits on predicted entries: QA %llu, QKV %llu\n",
+               st.qa_entries, st.qa_bytes / 1024.0, st.qa_budget_bytes / 1024.0,
+               (unsigned long long)st.qa_evictions, (unsigned long long)st.qa_hits,
                (unsigned long long)st.rag_queries, 100.0 * st.qa_hits / q, st.qkv_nodes,
                st.qkv_bytes / 1048576.0, st.qkv_budget_bytes / 1048576.0,
                (unsigned long long)st.qkv_hits, 100.0 * st.qkv_hits / q,
-               (unsigned long long)st.qkv_tokens_reused, (unsigned long long)st.qkv_evictions);
+               (unsigned long long)st.qkv_tokens_reused, (unsigned long long)st.qkv_evictions,
+               st.tau_query, st.tau_scheduler,
+               st.tau_query >= st.tau_scheduler ? "prefilled only (QKV)"
+                                                : "prefilled and decoded (QA)",
+               (unsigned long long)st.predicted, (unsigned long long)st.predict_prefilled,
+               (unsigned long long)st.predict_decoded, (unsigned long long)st.predict_converted,
+               (unsigned long long)st.predict_generations, st.predict_queued,
+               (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_steps,
+               st.predict_ms, (unsigned long long)st.predict_qa_hits,
+               (unsigned long long)st.predict_qkv_hits);
     return LLMS_OK;
 }
 
@@ -643,7 +676,7 @@ static enum llms_status run(llms_conn *c, char **pos)
     if (!strcmp(cmd, "unload"))
         return cmd_ok(c, llms_model_unload(c, pos[1]));
     if (!strcmp(cmd, "cache"))
-        return cmd_cache(c, pos[1] != NULL);
+        return cmd_cache(c, pos);
     return cmd_ok(c, llms_shutdown(c));
 }
 
@@ -676,8 +709,12 @@ static void check_command(char **pos, int npos)
         return;
     }
     if (!strcmp(pos[0], "cache")) {
-        if (npos > 2 || (npos == 2 && strcmp(pos[1], "clear")))
-            bad_usage("cache takes nothing or 'clear'");
+        char *end = NULL;
+        if (npos == 3 && !strcmp(pos[1], "tau"))
+            strtof(pos[2], &end);
+        if (!(npos == 1 || (npos == 2 && !strcmp(pos[1], "clear")) ||
+              (npos == 3 && end && end != pos[2] && !*end)))
+            bad_usage("cache takes nothing, 'clear' or 'tau X'");
         return;
     }
     if (!strcmp(pos[0], "plan")) {

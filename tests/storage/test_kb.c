@@ -1,0 +1,366 @@
+/* Tests of the knowledge-base catalog (storage/kb.c): knowledge bases, documents and
+ * passages, BM25, the QA bank and the QKV tree: add, remove, search, limits (evictions
+ * under a budget), corrupt rows and isolation between apps and knowledge bases. */
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/kb.h"
+#include "storage/store.h"
+#include "tests/support/test.h"
+
+#define DIM 4
+
+static char dir_path[512];
+
+static store *open_fresh(const char *name)
+{
+    char err[ERR_MAX];
+    snprintf(dir_path, sizeof dir_path, "%s/%s/state", test_tmpdir(), name);
+    store *s = store_open(dir_path, err);
+    if (!s)
+        fprintf(stderr, "store_open: %s\n", err);
+    return s;
+}
+
+/* Runs sql on the closed store's database file. */
+static int tamper(const char *sql)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/llmsd.db", dir_path);
+    sqlite3 *db;
+    if (sqlite3_open(path, &db) != SQLITE_OK)
+        return -1;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    sqlite3_close(db);
+    return rc == SQLITE_OK ? 0 : -1;
+}
+
+static int64_t make_kb(store *s, uint32_t uid, const char *app, const char *name)
+{
+    char err[ERR_MAX];
+    int64_t app_id, kb_id;
+    bool exists;
+    if (store_app_id(s, uid, app, &app_id, err) ||
+        store_kb_create(s, app_id, name, 32, 4, "test-embedder", DIM, 1000, &kb_id, &exists,
+                        err) || exists)
+        return -1;
+    return kb_id;
+}
+
+static int put_doc(store *s, int64_t kb, const char *doc, const char *const *texts, int n,
+                   int64_t *first)
+{
+    char err[ERR_MAX];
+    float vecs[8 * DIM];
+    for (int i = 0; i < n * DIM; i++)
+        vecs[i] = (float)(i % DIM == i / DIM % DIM);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += strlen(texts[i]);
+    return store_kb_put_doc(s, kb, doc, "meta", (int64_t)bytes, texts, vecs, n, DIM, 2000, first,
+                            err);
+}
+
+typedef struct kb_seen {
+    int n;
+    char names[8][32];
+    int64_t docs[8], passages[8], qa[8];
+} kb_seen;
+
+static int see_kb(void *arg, const store_kb *kb)
+{
+    kb_seen *k = arg;
+    if (k->n < 8) {
+        snprintf(k->names[k->n], sizeof k->names[k->n], "%s", kb->name);
+        k->docs[k->n] = kb->n_docs;
+        k->passages[k->n] = kb->n_passages;
+        k->qa[k->n] = kb->qa_entries;
+    }
+    k->n++;
+    return 0;
+}
+
+static void create_list_isolation(void)
+{
+    store *s = open_fresh("kb-create");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t a = make_kb(s, 1000, "app-a", "notes"), b = make_kb(s, 1000, "app-b", "notes");
+    CHECK(a > 0 && b > 0 && a != b);
+    /* the same name again in one app: exists, nothing written */
+    int64_t app_a, again;
+    bool exists;
+    CHECK_EQ(store_app_id(s, 1000, "app-a", &app_a, err), 0);
+    CHECK_EQ(store_kb_create(s, app_a, "notes", 32, 4, "e", DIM, 1, &again, &exists, err), 0);
+    CHECK(exists);
+    kb_seen k = {0};
+    CHECK_EQ(store_kb_list(s, app_a, see_kb, &k, err), 0);
+    CHECK_EQ(k.n, 1);
+    k.n = 0;
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
+    CHECK_EQ(k.n, 2);
+    bool found;
+    k.n = 0;
+    CHECK_EQ(store_kb_get(s, app_a, "other", see_kb, &k, &found, err), 0);
+    CHECK(!found && k.n == 0);
+    /* BM25 never crosses knowledge bases */
+    const char *ta[] = {"the apple orchard harvest"}, *tb[] = {"rocket launch orbit"};
+    int64_t first;
+    CHECK_EQ(put_doc(s, a, "d", ta, 1, &first), 0);
+    CHECK_EQ(put_doc(s, b, "d", tb, 1, &first), 0);
+    int64_t ids[4];
+    float sc[4];
+    int n;
+    CHECK_EQ(store_kb_bm25(s, b, "apple orchard", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_kb_bm25(s, a, "apple orchard", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 1);
+    /* a passage id of another knowledge base is not found through this one */
+    CHECK_EQ(store_kb_passage(s, a, first, NULL, NULL, &found, err), 0);
+    CHECK(!found);
+    store_close(s);
+}
+
+typedef struct pass_seen {
+    char doc[32], text[128];
+    int seq;
+    bool meta;
+} pass_seen;
+
+static int see_passage(void *arg, const store_passage *p)
+{
+    pass_seen *ps = arg;
+    snprintf(ps->doc, sizeof ps->doc, "%s", p->doc);
+    snprintf(ps->text, sizeof ps->text, "%s", p->text);
+    ps->seq = p->seq;
+    ps->meta = p->metadata != NULL;
+    return 0;
+}
+
+static int count_vec(void *arg, int64_t id, const float *vec)
+{
+    (void)id;
+    (void)vec;
+    (*(int *)arg)++;
+    return 0;
+}
+
+static void add_replace_remove_search(void)
+{
+    store *s = open_fresh("kb-add");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK(kb > 0);
+    const char *t1[] = {"garden tomato soil", "river boat fishing", "violin concert music"};
+    int64_t first;
+    CHECK_EQ(put_doc(s, kb, "doc1", t1, 3, &first), 0);
+    pass_seen ps;
+    bool found;
+    CHECK_EQ(store_kb_passage(s, kb, first + 1, see_passage, &ps, &found, err), 0);
+    CHECK(found && !strcmp(ps.doc, "doc1") && !strcmp(ps.text, "river boat fishing") &&
+          ps.seq == 1 && ps.meta);
+    int64_t ids[4];
+    float sc[4];
+    int n;
+    CHECK_EQ(store_kb_bm25(s, kb, "boat", 4, ids, sc, &n, err), 0);
+    CHECK(n == 1 && ids[0] == first + 1);
+    /* FTS5 syntax in a question is words, never a query error */
+    CHECK_EQ(store_kb_bm25(s, kb, "\"boat\" AND (NEAR* OR -) ^:", 4, ids, sc, &n, err), 0);
+    CHECK(n == 1 && ids[0] == first + 1);
+    CHECK_EQ(store_kb_bm25(s, kb, "?!. ,", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    /* replacing a document replaces its passages */
+    const char *t2[] = {"mountain snow climbing"};
+    int64_t first2;
+    CHECK_EQ(put_doc(s, kb, "doc1", t2, 1, &first2), 0);
+    CHECK_EQ(store_kb_bm25(s, kb, "boat", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    int nv = 0;
+    CHECK_EQ(store_kb_vectors(s, kb, DIM, count_vec, &nv, err), 0);
+    CHECK_EQ(nv, 1);
+    int64_t bytes, passages;
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK(bytes == (int64_t)strlen(t2[0]) && passages == 1);
+    /* a failed transaction leaves nothing */
+    CHECK_EQ(store_kb_begin(s, err), 0);
+    CHECK_EQ(put_doc(s, kb, "doc2", t1, 3, &first), 0);
+    store_kb_rollback(s);
+    CHECK_EQ(store_kb_bm25(s, kb, "violin", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_kb_remove_doc(s, kb, "doc1", &found, err), 0);
+    CHECK(found);
+    CHECK_EQ(store_kb_remove_doc(s, kb, "doc1", &found, err), 0);
+    CHECK(!found);
+    CHECK_EQ(store_kb_bm25(s, kb, "mountain", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK(bytes == 0 && passages == 0);
+    store_close(s);
+}
+
+typedef struct qa_seen {
+    int n;
+    int64_t id[8];
+    bool predicted[8];
+    int n_passages[8];
+    char answer[8][32];
+} qa_seen;
+
+static int see_qa(void *arg, const store_qa *q)
+{
+    qa_seen *s = arg;
+    if (s->n < 8) {
+        s->id[s->n] = q->id;
+        s->predicted[s->n] = q->predicted;
+        s->n_passages[s->n] = q->n_passages;
+        snprintf(s->answer[s->n], sizeof s->answer[s->n], "%s", q->answer);
+    }
+    s->n++;
+    return 0;
+}
+
+static void qa_bank_limits_and_corruption(void)
+{
+    store *s = open_fresh("kb-qa");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb"), other = make_kb(s, 1000, "app", "other");
+    CHECK(kb > 0 && other > 0);
+    float v[DIM] = {1, 0, 0, 0};
+    int64_t pass[2] = {7, 9};
+    char answer[64];
+    for (int i = 0; i < 6; i++) {
+        snprintf(answer, sizeof answer, "answer %d", i);
+        CHECK_EQ(store_qa_put(s, i < 5 ? kb : other, "q?", v, DIM, answer, pass, 2, i % 2 == 0,
+                              3000 + i, err), 0);
+    }
+    qa_seen q = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), 0);
+    CHECK_EQ(q.n, 5);
+    CHECK(q.predicted[0] && !q.predicted[1] && q.n_passages[0] == 2);
+    CHECK(!strcmp(q.answer[4], "answer 4"));
+    CHECK_EQ(store_qa_asked(s, q.id[0], err), 0);
+    qa_seen q2 = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q2, err), 0);
+    CHECK(!q2.predicted[0] && q2.predicted[2]);
+    int64_t n, bytes;
+    CHECK_EQ(store_qa_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(n, 6);
+    /* the budget of three entries' bytes: the oldest three go, whichever knowledge base */
+    int evicted;
+    CHECK_EQ(store_qa_evict(s, bytes / 2, &evicted, err), 0);
+    CHECK_EQ(evicted, 3);
+    int64_t n2, bytes2;
+    CHECK_EQ(store_qa_stats(s, &n2, &bytes2, err), 0);
+    CHECK(n2 == 3 && bytes2 <= bytes / 2);
+    qa_seen q3 = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q3, err), 0);
+    CHECK(q3.n == 2 && !strcmp(q3.answer[0], "answer 3"));
+    CHECK_EQ(store_qa_delete(s, q3.id[0], err), 0);
+    /* dropping a knowledge base drops its entries */
+    CHECK_EQ(store_kb_drop(s, other, err), 0);
+    CHECK_EQ(store_qa_stats(s, &n2, &bytes2, err), 0);
+    CHECK_EQ(n2, 1);
+    store_close(s);
+    /* a vector of the wrong size is an error naming the entry, not a short read */
+    CHECK_EQ(tamper("UPDATE qa_bank SET vec = x'0000'"), 0);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    qa_seen q4 = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q4, err), -1);
+    CHECK_MSG(strstr(err, "malformed"), "%s", err);
+    store_close(s);
+}
+
+static void qkv_roundtrip_evict_corrupt(void)
+{
+    store *s = open_fresh("kb-qkv");
+    CHECK(s);
+    char err[ERR_MAX];
+    enum { RAW = 8192 };
+    uint8_t *raw = malloc(RAW), *back = malloc(RAW);
+    CHECK(raw && back);
+    for (int i = 0; i < RAW; i++)
+        raw[i] = (uint8_t)(i * 7 + i / 100);
+    /* a chain root -> a -> b and a second leaf c under root */
+    CHECK_EQ(store_qkv_put(s, 1, 0, 16, raw, RAW, false, 100, err), 0);
+    CHECK_EQ(store_qkv_put(s, 2, 1, 16, raw, RAW, true, 100, err), 0);
+    CHECK_EQ(store_qkv_put(s, 3, 2, 16, raw, RAW, true, 100, err), 0);
+    CHECK_EQ(store_qkv_put(s, 4, 1, 16, raw, RAW, false, 100, err), 0);
+    size_t got;
+    int n_tok;
+    bool found, predicted;
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
+    CHECK(found && got == RAW && n_tok == 16 && predicted && !memcmp(raw, back, RAW));
+    /* a predicted use keeps the predicted mark, a real one clears it */
+    CHECK_EQ(store_qkv_touch(s, 2, false, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
+    CHECK(predicted);
+    CHECK_EQ(store_qkv_touch(s, 2, true, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
+    CHECK(!predicted);
+    CHECK_EQ(store_qkv_touch(s, 99, true, 200, err), 0);
+    CHECK_EQ(store_qkv_get(s, 99, back, RAW, &got, &n_tok, NULL, &found, err), 0);
+    CHECK(!found);
+    /* a buffer too small is an error, never a partial node */
+    CHECK_EQ(store_qkv_get(s, 2, back, RAW / 2, &got, &n_tok, NULL, &found, err), -1);
+    CHECK(!found);
+    CHECK_EQ(store_qkv_has(s, 3, &found, err), 0);
+    CHECK(found);
+    /* the leaves are 3 (used twice after this) and 4 (once): 4 goes first; an inner node
+     * stays while it has children */
+    CHECK_EQ(store_qkv_touch(s, 3, true, 300, err), 0);
+    int64_t n, bytes;
+    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(n, 4);
+    int evicted;
+    CHECK_EQ(store_qkv_evict(s, bytes - 1, &evicted, err), 0);
+    CHECK_EQ(evicted, 1);
+    CHECK_EQ(store_qkv_has(s, 4, &found, err), 0);
+    CHECK(!found);
+    CHECK_EQ(store_qkv_has(s, 2, &found, err), 0);
+    CHECK(found);
+    CHECK_EQ(store_qkv_evict(s, 0, &evicted, err), 0);
+    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK(n == 0 && bytes == 0);
+    /* a cache transaction: committed, it is there after a reopen; rolled back, not */
+    CHECK_EQ(store_cache_begin(s, err), 0);
+    CHECK_EQ(store_qkv_put(s, 5, 0, 16, raw, RAW, false, 100, err), 0);
+    CHECK_EQ(store_cache_commit(s, err), 0);
+    CHECK_EQ(store_cache_begin(s, err), 0);
+    CHECK_EQ(store_qkv_put(s, 6, 0, 16, raw, RAW, false, 100, err), 0);
+    store_kb_rollback(s);
+    store_cache_end(s);
+    store_close(s);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    CHECK_EQ(store_qkv_has(s, 6, &found, err), 0);
+    CHECK(!found);
+    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), 0);
+    CHECK(found && !memcmp(raw, back, RAW));
+    store_close(s);
+    /* a flipped byte in a stored blob: an error naming the node */
+    CHECK_EQ(tamper("UPDATE qkv_nodes SET crc = crc + 1 WHERE key = 5"), 0);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), -1);
+    CHECK_MSG(strstr(err, "0000000000000005") && strstr(err, "corrupt"), "%s", err);
+    CHECK_EQ(store_rag_clear(s, err), 0);
+    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(n, 0);
+    store_close(s);
+    free(raw);
+    free(back);
+}
+
+int main(void)
+{
+    RUN(create_list_isolation);
+    RUN(add_replace_remove_search);
+    RUN(qa_bank_limits_and_corruption);
+    RUN(qkv_roundtrip_evict_corrupt);
+    return test_finish();
+}
