@@ -3,14 +3,15 @@
  *
  *   build/bench/batch_decode [-t THREADS] [-r RUNS] [--steps D] [--prefix P]
  *                            [--model FILE | --dim N --layers N --heads N --kv-heads N
- *                             --ffn N --vocab N] [--prepare]
+ *                             --ffn N --vocab N] [--prepare] [--no-serial]
  *
- * For N in 1, 4 and 16 sequences, each holding a P-token prefix (default 128), a run is D
- * decode steps (default 64); a step gives every sequence one new token (the argmax of
+ * For N in 1, 4 and 16 sequences, each holding a P-token prefix (default 128), D decode
+ * steps (default 64); a step gives every sequence one new token (the argmax of
  * its last logits) either in ONE model_forward_batch of N rows ("batched": each weight
  * matrix read once per step) or in N separate model_forward calls ("serial": the
- * baseline, each call reading every weight). Runs of the two alternate; each figure is
- * the median over RUNS (default 3) of N * D / seconds.
+ * baseline, each call reading every weight; --no-serial leaves it out). A run does this
+ * for each N in turn, the two kinds alternating which goes first; each figure is the
+ * median over RUNS (default 3) of N * D / seconds.
  *
  * Prints one JSON object per N: batched_tok_s, serial_tok_s, batched_over_serial, and
  * ratio_to_1 (batched_tok_s over the N = 1 batched figure of the same process; with
@@ -44,7 +45,7 @@ typedef struct options {
     int n_threads, n_runs, n_steps, n_prefix;
     const char *model;
     modelgen_params gen;
-    bool prepare;
+    bool prepare, serial;
 } options;
 
 /* build/bench-models/batch-llama-DIMxLAYERS-...-q8_0.gguf, generated unless present. */
@@ -165,36 +166,41 @@ static int bench(const char *path, const options *o)
         run_steps(&st, MAX_N, o->n_prefix, 1, false) < 0)
         goto out;
 
-    double base_b = 0, base_s = 0;
-    for (size_t k = 0; k < sizeof N_SEQ / sizeof *N_SEQ; k++) {
-        int n = N_SEQ[k];
-        double tb[MAX_RUNS], ts[MAX_RUNS];
-        for (int run = 0; run < o->n_runs; run++) {
+    /* Each run takes every N in turn, so that the machine's drift (other processes come
+     * and go) reaches the N = 1 figure the ratios divide by as much as the others. */
+    enum { N_N = sizeof N_SEQ / sizeof *N_SEQ };
+    double tb[N_N][MAX_RUNS], ts[N_N][MAX_RUNS];
+    for (int run = 0; run < o->n_runs; run++)
+        for (int k = 0; k < N_N; k++) {
+            int n = N_SEQ[k];
             /* alternate which goes first, so that drift of the machine favours neither */
             double b = 0, s = 0;
-            if (run % 2)
+            if (run % 2 && o->serial)
                 s = run_steps(&st, n, o->n_prefix, o->n_steps, false);
             b = run_steps(&st, n, o->n_prefix, o->n_steps, true);
-            if (run % 2 == 0)
+            if (run % 2 == 0 && o->serial)
                 s = run_steps(&st, n, o->n_prefix, o->n_steps, false);
             if (b < 0 || s < 0)
                 goto out;
-            tb[run] = (double)n * o->n_steps / b;
-            ts[run] = (double)n * o->n_steps / s;
+            tb[k][run] = (double)n * o->n_steps / b;
+            ts[k][run] = s > 0 ? (double)n * o->n_steps / s : 0;
         }
-        double mb = bench_median(tb, o->n_runs), ms = bench_median(ts, o->n_runs);
-        if (n == 1)
-            base_b = mb, base_s = ms;
-        const gguf_tensor *wq = gguf_find_tensor(model_gguf(m), "blk.0.attn_q.weight");
+    double base_b = bench_median(tb[0], o->n_runs), base_s = bench_median(ts[0], o->n_runs);
+    const gguf_tensor *wq = gguf_find_tensor(model_gguf(m), "blk.0.attn_q.weight");
+    for (int k = 0; k < N_N; k++) {
+        double mb = bench_median(tb[k], o->n_runs), ms = bench_median(ts[k], o->n_runs);
         printf("{\"bench\":\"batch_decode\",\"model\":\"%s\",\"type\":\"%s\",\"dim\":%d,"
                "\"layers\":%d,\"heads\":%d,\"kv_heads\":%d,\"ffn\":%d,\"vocab\":%d,"
                "\"threads\":%d,\"runs\":%d,\"prefix\":%d,\"steps\":%d,\"n_seq\":%d,"
-               "\"batched_tok_s\":%.2f,\"serial_tok_s\":%.2f,\"batched_over_serial\":%.3f,"
-               "\"ratio_to_1\":%.3f,\"serial_ratio_to_1\":%.3f}\n",
+               "\"batched_tok_s\":%.2f,\"ratio_to_1\":%.3f",
                path, wq ? quant_traits_of(wq->type)->name : "?", hp->dim, hp->n_layer,
                hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab, model_runner_n_threads(st.r),
-               o->n_runs, o->n_prefix, o->n_steps, n, mb, ms, mb / ms, mb / base_b,
-               ms / base_s);
+               o->n_runs, o->n_prefix, o->n_steps, N_SEQ[k], mb, mb / base_b);
+        if (o->serial)
+            printf(",\"serial_tok_s\":%.2f,\"batched_over_serial\":%.3f,"
+                   "\"serial_ratio_to_1\":%.3f",
+                   ms, mb / ms, ms / base_s);
+        printf("}\n");
         fflush(stdout);
     }
     status = 0;
@@ -224,7 +230,7 @@ static int parse_count(const char *flag, const char *s, int min, int max, int *o
 
 int main(int argc, char **argv)
 {
-    options o = {.n_runs = 3, .n_steps = 64, .n_prefix = 128,
+    options o = {.n_runs = 3, .n_steps = 64, .n_prefix = 128, .serial = true,
                  .gen = {.arch = "llama", .dim = 768, .n_layer = 12, .n_head = 12,
                          .n_head_kv = 4, .n_ff = 2048, .n_ctx = 2048, .type = QTYPE_Q8_0,
                          .seed = 1, .n_vocab = 32000}};
@@ -255,10 +261,13 @@ int main(int argc, char **argv)
             rc = parse_count("--vocab", v, 16, 1 << 18, &o.gen.n_vocab), i++;
         else if (!strcmp(argv[i], "--prepare"))
             o.prepare = true;
+        else if (!strcmp(argv[i], "--no-serial"))
+            o.serial = false;
         else
             rc = -1, fprintf(stderr, "usage: batch_decode [-t N] [-r N] [--steps D] "
                                      "[--prefix P] [--model FILE | --dim N --layers N "
-                                     "--heads N --kv-heads N --ffn N --vocab N] [--prepare]\n");
+                                     "--heads N --kv-heads N --ffn N --vocab N] [--prepare] "
+                                     "[--no-serial]\n");
         if (rc)
             return 2;
     }

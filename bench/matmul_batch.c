@@ -30,7 +30,7 @@
 enum { REPS = 5, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 3, MAX_TOK = 64, LAYERS = 2, N_SHAPES = 5 };
 
 static const char *const way_names[N_WAYS] = {"ops", "per_token", "multi"};
-static const int n_toks[] = {1, 4, 16, 32, 64};
+static const int n_toks[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_NTOK ((int)(sizeof n_toks / sizeof n_toks[0]))
 
 typedef struct {

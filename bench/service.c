@@ -19,7 +19,7 @@
  *      after another:
  *      time to first token of the short requests (p50, p99, and p99 in median step
  *      times: target <= 10) and the longest gap between two tokens of any stream
- *      against the median gap (target <= 3).
+ *      against the median gap (target <= 3); --shorts 0 leaves the flood out.
  * With both modes, one more line per client count gives batched / serial.
  */
 #include <errno.h>
@@ -554,7 +554,7 @@ static int bench_mode(const char *llmsd, const char *dir, const char *model, int
                 fflush(stdout);
             }
         }
-        if (rc == 0)
+        if (rc == 0 && n_short > 0)
             rc = flood(sock, sched, model, tokens, 480, 2000, n_short);
     }
     stop_daemon();
@@ -589,7 +589,7 @@ int main(int argc, char **argv)
     bool modes_ok = !strcmp(sched, "both") || !strcmp(sched, "batched") ||
                     !strcmp(sched, "serial");
     if (argc % 2 == 0 || iters < 1 || tokens < 1 || threads < 1 || runs < 1 || runs > 16 ||
-        n_short < 1 || n_short > 1000 || !modes_ok) {
+        n_short < 0 || n_short > 1000 || !modes_ok) {
         fprintf(stderr, "usage: service [--model PATH] [--iters N] [--tokens N] "
                         "[--threads N] [--runs N] [--sched batched|serial|both] "
                         "[--step-tokens N] [--shorts N]\n");

@@ -233,10 +233,10 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char e
  * Numerics: a sequence's outputs are bit-equal to evaluating it alone when the stacked
  * rows number at most 16 (the matrix products then use per-row dot kernels) and it takes
  * the same attention path (fewer than 16 rows of its own: per-row attention; at least
- * 16: sgemm, as alone). One exception: from QUANT_PACKED_MIN_ACT (8) stacked rows on,
+ * 16: sgemm, as alone). One exception: from QUANT_PACKED_MIN_ACT (3) stacked rows on,
  * Q8_0 products on CPUs with AVX-512 VNNI use the packed-activation kernel, which adds a
- * dot product's blocks in the scalar kernel's order rather than in the lone row's SIMD
- * lanes (f32 rounding, ~1e-7 of the logits' scale). With more stacked rows the products
+ * dot product's blocks in another order than the lone row's SIMD lanes (f32 rounding,
+ * ~1e-7 of the logits' scale). With more stacked rows the products
  * go through sgemm on f32 activations instead: for float weights outputs then differ
  * from solo by rounding (~1e-5 of their scale), for quantized weights by the 8-bit
  * quantization of the activations that the lone rows' dot kernels apply (up to ~2% of

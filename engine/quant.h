@@ -134,9 +134,14 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
  * quant_pack_activations: packs them (n_act rows act_stride bytes apart) into packed.
  * quant_dot_rows_packed: out[a * out_stride + r] = row r . activation a, as
  * quant_dot_rows_multi computes it; returns false, writing nothing, when weight type t
- * has no packed kernel. Each result equals quant_dot_scalar's bit for bit.
+ * has no packed kernel. Activations go in groups of 16, and a last group of at most 8
+ * (all of them when n_act <= 8) gives each activation several lanes: in a group of 16
+ * each result equals quant_dot_scalar's bit for bit; in a last group of at most 8 its
+ * per-block integer sums are the scalar kernel's and only the order of the f32 additions
+ * differs, so a result may depend on n_act (whether its activation is in such a group)
+ * but not on n_rows or the position of its row.
  */
-#define QUANT_PACKED_MIN_ACT 8
+#define QUANT_PACKED_MIN_ACT 3
 bool quant_packed_kernel(uint32_t t); /* weight type t has a packed kernel on this CPU */
 size_t quant_packed_bytes(uint32_t act_type, int n_act, int64_t n);
 void quant_pack_activations(uint32_t act_type, const void *act, size_t act_stride, int n_act,

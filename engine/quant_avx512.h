@@ -22,14 +22,15 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
 int quant_avx512_bf16_dot_rows(const void *weights, size_t row_bytes, int64_t n_rows,
                                const float *a, int64_t n, float *out);
 
-/* Packed activations for quant_avx512_dot_rows_packed (Q8_0 activations, groups of 16):
- * the bytes n_act activations of n elements take, and packing them. */
+/* Packed activations for quant_avx512_dot_rows_packed (Q8_0 activations, groups of 16
+ * and a last one of 4 or 8): the bytes n_act activations of n elements take, and packing
+ * them. */
 size_t quant_avx512_packed_bytes(int n_act, int64_t n);
 void quant_avx512_pack_q8_0(const void *act, size_t act_stride, int n_act, int64_t n,
                             void *packed);
 
-/* quant_dot_rows_packed for Q8_0 weights (returns 0 for other types): each result equals
- * quant_dot_scalar's bit for bit. */
+/* quant_dot_rows_packed for Q8_0 weights (returns 0 for other types), with its numerics
+ * (quant.h). */
 int quant_avx512_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes,
                                  int64_t n_rows, const void *packed, int n_act, int64_t n,
                                  float *out, size_t out_stride);

@@ -7,7 +7,7 @@
  * with model_forward, the other in one model_forward_batch step with the others. With at
  * most 16 stacked rows (decode of several sequences) the matrix products use the per-row
  * dot kernels and everything is bit-equal, compressed chunks included (but for the
- * packed Q8_0 kernel from 8 rows on AVX-512 VNNI: test_decode_packed). With more rows
+ * packed Q8_0 kernel from 3 rows on AVX-512 VNNI: within f32 rounding, test_decode_packed). With more rows
  * they use sgemm. Differences are then relative to each output's largest magnitude
  * (when above 1): for float weights they are rounding (TOL_MIXED_FLOAT, measured
  * ~1e-5 on logits); for quantized weights the lone decode rows were computed against
@@ -279,8 +279,29 @@ static const char *gen(const char *arch, uint32_t type, int n_head_kv)
 
 static const char *ARCHS[] = {"llama", "qwen2", "qwen3"};
 
+#define TOL_PACKED 1e-4
+
+/* Whether n stacked rows of f's model take the packed-activation kernel (Q8_0 weights
+ * where the CPU has one), whose sums are ordered otherwise than the lone rows'. */
+static bool takes_packed(const fixture *f, int n)
+{
+    const gguf_tensor *wq = gguf_find_tensor(model_gguf(f->m), "blk.0.attn_q.weight");
+    return wq && quant_packed_kernel(wq->type) &&
+           quant_packed_bytes(quant_dot_activation_type(wq->type), n, f->dim) > 0;
+}
+
+/* Whether the step is as it should be: bit-equal, or within f32 rounding where the
+ * packed kernel ordered the sums otherwise (then attn_received too). */
+static bool decode_agrees(const step_diff *d, bool packed)
+{
+    return packed ? d->logits <= TOL_PACKED && d->hidden <= TOL_PACKED &&
+                        d->kv <= TOL_KV_FLOAT && d->received <= TOL_PACKED
+                  : d->identical;
+}
+
 /* Five sequences of different histories each decode one row: bit-equal to alone, on 1
- * and 2 threads; attn_received too on 1 thread (on 2 the per-thread sums are added in
+ * and 2 threads (within f32 rounding where the packed kernel takes the five rows:
+ * TOL_PACKED); attn_received too on 1 thread (on 2 the per-thread sums are added in
  * finishing order). Then again with some full chunks compressed to int8, int4 and int2. */
 static void check_decode(const char *path, const char *name)
 {
@@ -288,15 +309,25 @@ static void check_decode(const char *path, const char *name)
     for (int th = 1; th <= 2; th++) {
         fixture f;
         CHECK_MSG(fixture_init(&f, path, th, 64, 5, hist) == 0, "%s", name);
+        bool packed = takes_packed(&f, 5);
         step_diff d;
         for (int round = 0; round < 3; round++) {
             CHECK(step(&f, ones, false, round == 1, &d) == 0);
-            CHECK_MSG(d.identical, "%s, %d threads, round %d: logits %g hidden %g kv %g", name,
-                      th, round, d.logits, d.hidden, d.kv);
+            CHECK_MSG(decode_agrees(&d, packed),
+                      "%s, %d threads, round %d: logits %g hidden %g kv %g", name, th, round,
+                      d.logits, d.hidden, d.kv);
+            if (packed)
+                continue;
             if (th == 1)
                 CHECK_MSG(d.received == 0, "%s: received %g", name, d.received);
             else
                 CHECK_MSG(d.received <= 1e-4, "%s: received %g", name, d.received);
+        }
+        if (packed) {
+            /* the packed steps left the copies' K/V an f16 step apart here and there, which
+             * 2-bit codes can turn into a whole code: start again from identical prefills */
+            fixture_free(&f);
+            CHECK_MSG(fixture_init(&f, path, th, 64, 5, hist) == 0, "%s", name);
         }
         CHECK(fixture_compress(&f, 1, KV_INT8) == 0);
         CHECK(fixture_compress(&f, 2, KV_INT4) == 0);
@@ -304,9 +335,10 @@ static void check_decode(const char *path, const char *name)
         CHECK(f.a[4].chunks[0]->precision == KV_INT2 && f.b[2].chunks[1]->precision == KV_INT4);
         for (int round = 0; round < 2; round++) {
             CHECK(step(&f, ones, false, false, &d) == 0);
-            CHECK_MSG(d.identical, "%s compressed, %d threads: logits %g hidden %g kv %g", name,
-                      th, d.logits, d.hidden, d.kv);
-            CHECK(th == 2 || d.received == 0);
+            CHECK_MSG(decode_agrees(&d, packed),
+                      "%s compressed, %d threads: logits %g hidden %g kv %g", name, th,
+                      d.logits, d.hidden, d.kv);
+            CHECK(packed || th == 2 || d.received == 0);
         }
         fixture_free(&f);
     }
@@ -382,7 +414,6 @@ static void test_many_sequences(void)
  * kernel (AVX-512 VNNI) the stacked rows sum each dot product in the scalar kernel's
  * order and the lone rows in the SIMD kernel's lane order, so they agree to f32 rounding
  * (TOL_PACKED, measured ~1e-6 on logits); elsewhere they are bit-equal. */
-#define TOL_PACKED 1e-4
 static void test_decode_packed(void)
 {
     const char *path = gen("llama", QTYPE_Q8_0, 2);
@@ -568,7 +599,7 @@ static int put_back(void *arg, kv_seq *seq, int index, char err[ERR_MAX])
 }
 
 /* A non-resident chunk of the third sequence is faulted in before the step, which then
- * equals the lone evaluation; a fault that drops another sequence's chunk fails the step. */
+ * equals the lone evaluation (within f32 rounding where the packed kernel takes it); a fault that drops another sequence's chunk fails the step. */
 static void test_fault_in_batch(void)
 {
     const char *path = gen("qwen3", QTYPE_Q8_0, 2);
@@ -582,7 +613,7 @@ static void test_fault_in_batch(void)
     step_diff d;
     CHECK(step(&f, ones, false, false, &d) == 0);
     CHECK_EQ(fs.calls, 1);
-    CHECK(d.identical);
+    CHECK(decode_agrees(&d, takes_packed(&f, 3)));
 
     char err[ERR_MAX];
     int32_t tok[3] = {1, 2, 3}, pos[3] = {100, 100, 100};
