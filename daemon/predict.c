@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/textbuf.h"
 #include "storage/kb.h"
 
 #define PRED_KBS 64            /* knowledge bases followed (least recently changed go) */
@@ -258,23 +259,8 @@ typedef struct text_buf {
 
 static void buf_add(text_buf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 512;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *t = realloc(b->s, cap);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = '\0';
+    if (!b->oom && textbuf_append(&b->s, &b->len, &b->cap, s, n))
+        b->oom = true;
 }
 
 static void buf_str(text_buf *b, const char *s, size_t max)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/graph.h"
+#include "daemon/textbuf.h"
 #include "engine/vdist.h"
 #include "storage/kb.h"
 
@@ -84,30 +85,12 @@ retrieval *retrieval_begin(kbm *k, semantic *sem, store *st, uint32_t uid, const
     return r;
 }
 
-static int append(retrieval *r, const char *s, size_t n)
-{
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 1024;
-        while (cap < r->len + n + 1)
-            cap *= 2;
-        char *t = realloc(r->text, cap);
-        if (!t)
-            return -1;
-        r->text = t;
-        r->cap = cap;
-    }
-    memcpy(r->text + r->len, s, n);
-    r->len += n;
-    r->text[r->len] = '\0';
-    return 0;
-}
-
 static int add_passage(void *arg, const store_passage *p)
 {
     retrieval *r = arg;
-    if (r->len && append(r, "\n\n", 2))
+    if (r->len && textbuf_append(&r->text, &r->len, &r->cap, "\n\n", 2))
         return 1;
-    return append(r, p->text, strlen(p->text)) ? 1 : 0;
+    return textbuf_append(&r->text, &r->len, &r->cap, p->text, strlen(p->text)) ? 1 : 0;
 }
 
 int retrieval_step(retrieval *r, Llms__ErrorCode *code, char err[ERR_MAX])

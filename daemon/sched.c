@@ -36,6 +36,7 @@
 #include "daemon/resp.h"
 #include "daemon/retrieval.h"
 #include "daemon/semantic.h"
+#include "daemon/textbuf.h"
 #include "engine/kv.h"
 #include "engine/prefill.h"
 #include "engine/sampler.h"
@@ -1059,24 +1060,6 @@ static void gen_free(gen *g)
     free(g);
 }
 
-static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p)
-            return -1;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return 0;
-}
-
 /* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
  * generation node. NULL after answering the job with an error (gg: after putting the
  * error in gg, the job unanswered). */
@@ -1270,7 +1253,7 @@ static void release_text(sched *s, const work *w, const char *text, size_t n, bo
     out[len] = '\0';
     if (last && len == 0)
         return;
-    append_text(&g->shown, &g->shown_len, &g->shown_cap, out, len);
+    textbuf_append(&g->shown, &g->shown_len, &g->shown_cap, out, len);
     send_chunk(s, w, out, tok, n_tok);
 }
 
