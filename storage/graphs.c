@@ -42,7 +42,7 @@ static int graph_rows(store *s, sqlite3_stmt *st,
     }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE)
-        return err_set(err, "store: reading graphs: %s", sqlite3_errmsg(store_sqlite(s)));
+        return store_db_err(s, err, "reading graphs");
     return 0;
 }
 
@@ -85,7 +85,7 @@ int store_graph_count(store *s, int64_t app_id, int *n, char err[ERR_MAX])
     *n = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
     sqlite3_finalize(st);
     if (rc != SQLITE_ROW)
-        return err_set(err, "store: counting graphs: %s", sqlite3_errmsg(store_sqlite(s)));
+        return store_db_err(s, err, "counting graphs");
     return 0;
 }
 
