@@ -97,44 +97,20 @@ static void question(const doc *d, int style, char *out, size_t cap)
 static int start_daemon(const char *llmsd, const char *root, int which, const char *model,
                         double tau, const char *extra, char *sock, size_t cap)
 {
-    char dir[700], conf[1024], log[1024];
+    char dir[700], conf[2048];
     snprintf(dir, sizeof dir, "%s/%d", root, which);
     if (mkdir(dir, 0755) != 0)
         return -1;
-    snprintf(sock, cap, "%s/s", dir);
-    snprintf(conf, sizeof conf, "%s/llmsd.conf", dir);
-    snprintf(log, sizeof log, "%s/llmsd.log", dir);
-    FILE *f = fopen(conf, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state\nthreads = 2\n"
-               "temperature = 0\nmax_tokens = 32\nrag_top_k = 3\ntau_query = %g\n"
-               "kb_passage_tokens = 96\nkb_overlap_tokens = 0\nkb_max_passages_per_uid = 100000\n"
-               "kb_max_mb_per_uid = 256\nqkv_cache_mb = 512\nkb_max_add_bytes = 4194304\n%s",
-            model, sock, dir, tau, extra);
-    fclose(f);
-    pid_t pid = daemon_pid[which] = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr))
-            _exit(126);
-        execl(llmsd, "llmsd", "--config", conf, (char *)NULL);
-        _exit(127);
-    }
-    for (double end = bench_now_s() + 60; bench_now_s() < end; usleep(20000)) {
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            daemon_pid[which] = 0;
-            fprintf(stderr, "rag: llmsd exited at startup (log: %s)\n", log);
-            return -1;
-        }
-        llms_conn *c;
-        if (llms_connect(sock, &c, NULL) == LLMS_OK) {
-            llms_close(c);
-            return 0;
-        }
-    }
-    fprintf(stderr, "rag: llmsd did not open %s\n", sock);
+    snprintf(conf, sizeof conf,
+             "model = %s\nthreads = 2\ntemperature = 0\nmax_tokens = 32\nrag_top_k = 3\n"
+             "tau_query = %g\nkb_passage_tokens = 96\nkb_overlap_tokens = 0\n"
+             "kb_max_passages_per_uid = 100000\nkb_max_mb_per_uid = 256\nqkv_cache_mb = 512\n"
+             "kb_max_add_bytes = 4194304\n%s",
+             model, tau, extra);
+    daemon_pid[which] = bench_llmsd_start("rag", llmsd, dir, conf, sock, cap);
+    if (daemon_pid[which] > 0)
+        return 0;
+    daemon_pid[which] = 0;
     return -1;
 }
 
@@ -142,8 +118,7 @@ static void stop_daemons(void)
 {
     for (int i = 0; i < 5; i++)
         if (daemon_pid[i] > 0) {
-            kill(daemon_pid[i], SIGTERM);
-            waitpid(daemon_pid[i], NULL, 0);
+            bench_llmsd_stop(daemon_pid[i]);
             daemon_pid[i] = 0;
         }
 }

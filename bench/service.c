@@ -23,7 +23,6 @@
  * With both modes, one more line per client count gives batched / serial.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
@@ -51,52 +50,24 @@ static pid_t daemon_pid;
 
 static void stop_daemon(void)
 {
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGTERM);
-        waitpid(daemon_pid, NULL, 0);
-        daemon_pid = 0;
-    }
+    bench_llmsd_stop(daemon_pid);
+    daemon_pid = 0;
 }
 
+/* Starts llmsd in dir/<sched> (its own state per scheduling mode). */
 static int start_daemon(const char *llmsd, const char *dir, const char *model, int threads,
                         const char *sched, int step_tokens, char *sock, size_t sock_cap)
 {
-    char conf[1024], log[1024];
-    snprintf(sock, sock_cap, "%s/s", dir);
-    snprintf(conf, sizeof conf, "%s/llmsd.conf", dir);
-    snprintf(log, sizeof log, "%s/llmsd.log", dir);
-    FILE *f = fopen(conf, "w");
-    if (!f)
+    char sub[900], conf[2048];
+    snprintf(sub, sizeof sub, "%s/%s", dir, sched);
+    if (mkdir(sub, 0755) != 0 && errno != EEXIST)
         return -1;
-    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state-%s\nthreads = %d\n"
-               "max_contexts_per_app = 256\nmax_queued_per_app = 64\nkv_budget_mb = 0\n"
-               "sched = %s\nstep_tokens = %d\nembed_max_texts = 16\n",
-            model, sock, dir, sched, threads, sched, step_tokens);
-    fclose(f);
-    daemon_pid = fork();
-    if (daemon_pid < 0)
-        return -1;
-    if (daemon_pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0)
-            dup2(fd, 2);
-        execl(llmsd, "llmsd", "--config", conf, (char *)NULL);
-        _exit(127);
-    }
-    for (double end = bench_now_s() + 60; bench_now_s() < end; usleep(20000)) {
-        if (waitpid(daemon_pid, NULL, WNOHANG) == daemon_pid) {
-            daemon_pid = 0;
-            fprintf(stderr, "service: llmsd exited at startup (log: %s)\n", log);
-            return -1;
-        }
-        llms_conn *c;
-        if (llms_connect(sock, &c, NULL) == LLMS_OK) {
-            llms_close(c);
-            return 0;
-        }
-    }
-    fprintf(stderr, "service: llmsd did not open %s\n", sock);
-    return -1;
+    snprintf(conf, sizeof conf,
+             "model = %s\nthreads = %d\nmax_contexts_per_app = 256\nmax_queued_per_app = 64\n"
+             "kv_budget_mb = 0\nsched = %s\nstep_tokens = %d\nembed_max_texts = 16\n",
+             model, threads, sched, step_tokens);
+    daemon_pid = bench_llmsd_start("service", llmsd, sub, conf, sock, sock_cap);
+    return daemon_pid > 0 ? 0 : -1;
 }
 
 /* The in-process equivalent of a one-token greedy Complete: tokenize, prefill, argmax. */

@@ -1,5 +1,6 @@
 /*
- * store_internal.h — what store.c and chunks.c share inside libstorage; not for use
+ * store_internal.h — what the files of libstorage share (store.c, chunks.c, and the
+ * one-shot SQL helpers of store_sql.c for kb.c, ivf.c and graphs.c); not for use
  * outside storage/.
  */
 #ifndef LLMS_STORAGE_STORE_INTERNAL_H
