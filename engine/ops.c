@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/blas.h"
+#include "engine/gemm_bf16_avx512.h"
 #include "engine/ops_avx2.h"
 #include "engine/quant.h"
 
@@ -28,6 +29,9 @@
 /* Rows of W dequantized per sgemm tile: sgemm repacks x for every tile, so tiles must
  * be wide enough to make that cheap (128 rows cost ~9% of a prefill, 256 about half). */
 #define OPS_TILE_ROWS 256
+/* Activation rows one pass of the BF16 GEMM converts to bf16: with the per-thread panels
+ * they fit the scratch of the sgemm tiles, whatever the thread count. */
+#define OPS_BF16_CHUNK 256
 
 static bool ops_have_avx2(void)
 {
@@ -265,6 +269,7 @@ typedef struct ops_matmul_job {
     size_t act_stride;
     uint32_t act_type;
     const void *packed;          /* the activations packed for quant_dot_rows_packed, or NULL */
+    uint16_t *xb;                /* (n_tok, cols) the activations in bf16 for the BF16 GEMM */
     char *scratch;
     size_t tile_stride;
     _Atomic int next_unit;
@@ -337,6 +342,45 @@ static void ops_sgemm_job(void *p, int ith, int nth)
     }
 }
 
+#if defined(__x86_64__)
+static void ops_bf16_convert_job(void *p, int ith, int nth)
+{
+    ops_matmul_job *j = p;
+    int cols = j->w[0]->cols;
+    long b, e;
+    tp_split(j->n_tok, ith, nth, &b, &e);
+    gemm_bf16_avx512_convert(j->x + b * cols, (size_t)cols, (int)(e - b), cols,
+                             j->xb + b * cols, (size_t)cols);
+}
+
+static void ops_bf16_gemm_job(void *p, int ith, int nth)
+{
+    ops_matmul_job *j = p;
+    void *panel = j->scratch + (size_t)ith * GEMM_BF16_PANEL_BYTES;
+    int m, r0, n;
+    (void)nth;
+    while (ops_next_unit(j, &m, &r0, &n)) {
+        const ops_matrix *w = j->w[m];
+        gemm_bf16_avx512_rows((const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                              n, j->xb, (size_t)w->cols, j->n_tok, w->cols, j->y[m] + r0,
+                              (size_t)w->rows, panel);
+    }
+}
+
+/* Whether the BF16 GEMM takes this product: BF16 weights only, more rows than the dot
+ * kernels take, and the CPU's AVX-512 BF16 (the decode kernel's numerics: activations
+ * rounded to bf16). */
+static bool ops_bf16_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
+{
+    if (n_tok <= OPS_DOT_MAX_TOK_FLOAT || w[0]->cols % 2 || !quant_bf16_rounds_activation())
+        return false;
+    for (int i = 0; i < n_mat; i++)
+        if (w[i]->type != QTYPE_BF16)
+            return false;
+    return true;
+}
+#endif
+
 static void ops_set_units(ops_matmul_job *j, int unit_rows)
 {
     j->unit_rows = unit_rows;
@@ -362,6 +406,24 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
         }
     }
     int nth = tp_n_threads(pool);
+#if defined(__x86_64__)
+    if (ops_bf16_gemm(n_mat, w, n_tok)) {
+        /* the panels first, then the activations in bf16 */
+        int cols = w[0]->cols;
+        j.scratch = scratch;
+        j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_BF16_PANEL_BYTES));
+        for (int t0 = 0; t0 < n_tok; t0 += OPS_BF16_CHUNK) {
+            j.n_tok = n_tok - t0 < OPS_BF16_CHUNK ? n_tok - t0 : OPS_BF16_CHUNK;
+            j.x = x + (size_t)t0 * cols;
+            for (int i = 0; i < n_mat; i++)
+                j.y[i] = y[i] + (size_t)t0 * w[i]->rows;
+            tp_run(pool, ops_bf16_convert_job, &j);
+            ops_set_units(&j, GEMM_BF16_UNIT_ROWS);
+            tp_run(pool, ops_bf16_gemm_job, &j);
+        }
+        return;
+    }
+#endif
     /* Where every matrix has a packed-activation kernel, prefill takes it too,
      * OPS_DOT_MAX_TOK rows at a time: integer products on 8-bit activations as in decode
      * (and as llama.cpp computes them), 1.7-2.6x the speed of sgemm on dequantized tiles
