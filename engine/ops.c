@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "engine/blas.h"
-#include "engine/gemm_bf16_avx512.h"
+#include "engine/gemm_avx512.h"
 #include "engine/ops_avx2.h"
 #include "engine/quant.h"
 
@@ -31,7 +31,7 @@
 #define OPS_TILE_ROWS 256
 /* Activation rows one pass of the BF16 GEMM converts to bf16: with the per-thread panels
  * they fit the scratch of the sgemm tiles, whatever the thread count. */
-#define OPS_BF16_CHUNK 256
+#define OPS_GEMM_CHUNK 256
 
 static bool ops_have_avx2(void)
 {
@@ -349,33 +349,40 @@ static void ops_bf16_convert_job(void *p, int ith, int nth)
     int cols = j->w[0]->cols;
     long b, e;
     tp_split(j->n_tok, ith, nth, &b, &e);
-    gemm_bf16_avx512_convert(j->x + b * cols, (size_t)cols, (int)(e - b), cols,
+    gemm_avx512_bf16_convert(j->x + b * cols, (size_t)cols, (int)(e - b), cols,
                              j->xb + b * cols, (size_t)cols);
 }
 
-static void ops_bf16_gemm_job(void *p, int ith, int nth)
+static void ops_gemm_job(void *p, int ith, int nth)
 {
     ops_matmul_job *j = p;
-    void *panel = j->scratch + (size_t)ith * GEMM_BF16_PANEL_BYTES;
+    void *panel = j->scratch + (size_t)ith * GEMM_AVX512_PANEL_BYTES;
     int m, r0, n;
     (void)nth;
     while (ops_next_unit(j, &m, &r0, &n)) {
         const ops_matrix *w = j->w[m];
-        gemm_bf16_avx512_rows((const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
-                              n, j->xb, (size_t)w->cols, j->n_tok, w->cols, j->y[m] + r0,
-                              (size_t)w->rows, panel);
+        const char *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (w->type == QTYPE_BF16)
+            gemm_avx512_bf16_rows(rows, w->row_bytes, n, j->xb, (size_t)w->cols, j->n_tok,
+                                  w->cols, j->y[m] + r0, (size_t)w->rows, panel);
+        else
+            gemm_avx512_f16_rows(rows, w->row_bytes, n, j->x, (size_t)w->cols, j->n_tok,
+                                 w->cols, j->y[m] + r0, (size_t)w->rows, panel);
     }
 }
 
-/* Whether the BF16 GEMM takes this product: BF16 weights only, more rows than the dot
- * kernels take, and the CPU's AVX-512 BF16 (the decode kernel's numerics: activations
- * rounded to bf16). */
-static bool ops_bf16_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
+/* Whether the AVX-512 GEMM takes this product: more rows than the dot kernels take, all
+ * weights BF16 (with AVX-512 BF16 on the CPU: the decode kernel's numerics, activations
+ * rounded to bf16) or all F16. */
+static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
 {
-    if (n_tok <= OPS_DOT_MAX_TOK_FLOAT || w[0]->cols % 2 || !quant_bf16_rounds_activation())
+    uint32_t t = w[0]->type;
+    if (n_tok <= OPS_DOT_MAX_TOK_FLOAT || !quant_avx512_enabled() ||
+        !(t == QTYPE_F16 || (t == QTYPE_BF16 && w[0]->cols % 2 == 0 &&
+                             quant_bf16_rounds_activation())))
         return false;
-    for (int i = 0; i < n_mat; i++)
-        if (w[i]->type != QTYPE_BF16)
+    for (int i = 1; i < n_mat; i++)
+        if (w[i]->type != t)
             return false;
     return true;
 }
@@ -407,19 +414,21 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     }
     int nth = tp_n_threads(pool);
 #if defined(__x86_64__)
-    if (ops_bf16_gemm(n_mat, w, n_tok)) {
-        /* the panels first, then the activations in bf16 */
+    if (ops_avx512_gemm(n_mat, w, n_tok)) {
+        /* the panels first, then (BF16) the activations in bf16 */
         int cols = w[0]->cols;
+        bool bf16 = w[0]->type == QTYPE_BF16;
         j.scratch = scratch;
-        j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_BF16_PANEL_BYTES));
-        for (int t0 = 0; t0 < n_tok; t0 += OPS_BF16_CHUNK) {
-            j.n_tok = n_tok - t0 < OPS_BF16_CHUNK ? n_tok - t0 : OPS_BF16_CHUNK;
+        j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_AVX512_PANEL_BYTES));
+        for (int t0 = 0; t0 < n_tok; t0 += OPS_GEMM_CHUNK) {
+            j.n_tok = n_tok - t0 < OPS_GEMM_CHUNK ? n_tok - t0 : OPS_GEMM_CHUNK;
             j.x = x + (size_t)t0 * cols;
             for (int i = 0; i < n_mat; i++)
                 j.y[i] = y[i] + (size_t)t0 * w[i]->rows;
-            tp_run(pool, ops_bf16_convert_job, &j);
-            ops_set_units(&j, GEMM_BF16_UNIT_ROWS);
-            tp_run(pool, ops_bf16_gemm_job, &j);
+            if (bf16)
+                tp_run(pool, ops_bf16_convert_job, &j);
+            ops_set_units(&j, GEMM_AVX512_UNIT_ROWS);
+            tp_run(pool, ops_gemm_job, &j);
         }
         return;
     }

@@ -178,6 +178,11 @@ bool quant_bf16_rounds_activation(void)
     return use_avx512_bf16();
 }
 
+bool quant_avx512_enabled(void)
+{
+    return use_avx512();
+}
+
 const char *quant_simd_name(void)
 {
     return use_avx2() ? "avx2" : "scalar";

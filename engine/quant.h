@@ -159,6 +159,11 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
  * f32 rounding. */
 bool quant_bf16_rounds_activation(void);
 
+/* True when the AVX-512 kernels are in use: the CPU has AVX-512 F/BW/DQ/VL/VNNI (and
+ * AVX2/FMA/F16C) and neither LLMS_NO_SIMD nor LLMS_NO_AVX512 is set to a value other
+ * than "0". */
+bool quant_avx512_enabled(void);
+
 /* Which kernels quant_dot, quant_dot_rows, quant_dequantize_row and
  * quant_prepare_activation use: "avx2" when the CPU has AVX2, FMA and F16C (decided once
  * per process; Q8_0 and K-quant dot products then take AVX-512 kernels where the CPU
