@@ -23,17 +23,23 @@
 #include "engine/gemm_avx512.h"
 
 #include <immintrin.h>
-#include <stdbool.h>
+
+#include "engine/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* on every kernel function, as they share their code; the F16 ones, whose kind is a
+ * constant, contain no BF16 instruction */
 #define BF16_TARGET __attribute__((target("avx512bf16")))
 
 #define PANEL_STEPS 128          /* steps of a panel: 256 BF16 columns, 128 F16 ones */
 #define TILE_ACT 8               /* activation rows of a tile */
 #define TILE_VEC (GEMM_AVX512_UNIT_ROWS / 16) /* 16-row groups of a tile */
 
-_Static_assert(GEMM_AVX512_PANEL_BYTES == (size_t)TILE_VEC * 16 * PANEL_STEPS * 4,
-               "the panel holds TILE_VEC groups of 16 rows by PANEL_STEPS steps");
+/* the panel: TILE_VEC groups of 16 rows by PANEL_STEPS steps of 4 bytes */
+#define PANEL_BYTES ((size_t)TILE_VEC * 16 * PANEL_STEPS * 4)
+/* then the f32 columns of 16 dequantized rows */
+_Static_assert(GEMM_AVX512_SCRATCH_BYTES == PANEL_BYTES + 16 * PANEL_STEPS * 2 * sizeof(float),
+               "the scratch holds the panel and 16 dequantized rows");
 
 enum kind { KIND_BF16, KIND_F16 };
 
@@ -92,25 +98,46 @@ INLINE void transpose16(__m512i r[16])
 }
 
 /* Packs steps [s0, s0 + ns) (ns <= PANEL_STEPS) of n_rows rows into the panel: group g,
- * step p at panel + (g * PANEL_STEPS + p) * 16, rows past n_rows zero. */
-INLINE void pack_panel(enum kind kind, const uint8_t *w, size_t row_bytes, int n_rows, int s0,
-                       int ns, uint32_t *panel)
+ * step p at panel + (g * PANEL_STEPS + p) * 16, rows past n_rows zero. A quantized type
+ * (kind KIND_BF16, type other than QTYPE_BF16) is dequantized 16 rows at a time into
+ * deq, each row's f32 columns rounded to bf16 pairs in place, then packed as BF16 rows. */
+BF16_TARGET INLINE void pack_panel(enum kind kind, uint32_t type, const uint8_t *w, size_t row_bytes,
+                       int n_rows, int s0, int ns, uint32_t *panel, float *deq)
 {
+    const quant_traits *q = quant_traits_of(type);
     for (int g = 0; g * 16 < n_rows; g++) {
+        const uint8_t *rows = w + (size_t)g * 16 * row_bytes;
+        size_t stride = row_bytes;
+        int step0 = s0;
+        if (kind == KIND_BF16 && type != QTYPE_BF16) {
+            /* steps [s0, s0 + ns) are columns [2 s0, 2 (s0 + ns)): whole blocks */
+            size_t offset = (size_t)(2 * s0 / q->block_size) * q->block_bytes;
+            uint32_t *pairs = (uint32_t *)deq;
+            for (int i = 0; i < 16 && g * 16 + i < n_rows; i++) {
+                float *f = deq + (size_t)i * PANEL_STEPS * 2;
+                quant_dequantize_row(type, rows + (size_t)i * row_bytes + offset, f, 2 * ns);
+                for (int k = 0; k < 2 * ns; k += 32)
+                    _mm512_storeu_si512(pairs + (size_t)i * PANEL_STEPS * 2 + k / 2,
+                                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + k + 16),
+                                                                     _mm512_loadu_ps(f + k)));
+            }
+            rows = (const uint8_t *)deq;
+            stride = PANEL_STEPS * 2 * sizeof(float);
+            step0 = 0;
+        }
         for (int p = 0; p < ns; p += 16) {
             int np = ns - p < 16 ? ns - p : 16;
             __mmask16 m = (__mmask16)((1u << np) - 1);
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
-                int row = g * 16 + i;
-                const uint8_t *src = w + (size_t)row * row_bytes;
-                if (row >= n_rows)
+                const uint8_t *src = rows + (size_t)i * stride;
+                if (g * 16 + i >= n_rows)
                     r[i] = _mm512_setzero_si512();
                 else if (kind == KIND_BF16)
-                    r[i] = _mm512_maskz_loadu_epi32(m, src + (size_t)(s0 + p) * 4);
+                    r[i] = _mm512_maskz_loadu_epi32(m, src + (size_t)(step0 + p) * 4);
                 else
                     r[i] = _mm512_castps_si512(_mm512_cvtph_ps(
-                        _mm256_maskz_loadu_epi16(m, src + (size_t)(s0 + p) * 2)));
+                        _mm256_maskz_loadu_epi16(m, src + (size_t)(step0 + p) * 2)));
             }
             transpose16(r);
             uint32_t *dst = panel + ((size_t)g * PANEL_STEPS + p) * 16;
@@ -184,15 +211,18 @@ TILE_TABLE(KIND_BF16)
 TILE_TABLE(KIND_F16)
 
 /* n_steps steps of n_rows weight rows against n_tok activation rows of 4-byte steps. */
-INLINE void gemm_rows(enum kind kind, const tile_fn tiles[TILE_ACT][TILE_VEC], const void *w,
-                      size_t row_bytes, int n_rows, const uint32_t *x, size_t x_stride,
-                      int n_tok, int n_steps, float *y, size_t ldy, void *panel)
+BF16_TARGET INLINE void gemm_rows(enum kind kind, uint32_t type, const tile_fn tiles[TILE_ACT][TILE_VEC],
+                      const void *w, size_t row_bytes, int n_rows, const uint32_t *x,
+                      size_t x_stride, int n_tok, int n_steps, float *y, size_t ldy,
+                      void *scratch)
 {
+    uint32_t *panel = scratch;
+    float *deq = (float *)((char *)scratch + PANEL_BYTES);
     int nv = (n_rows + 15) / 16;
     __mmask16 last = n_rows % 16 ? (__mmask16)((1u << (n_rows % 16)) - 1) : (__mmask16)0xFFFF;
     for (int s0 = 0; s0 < n_steps; s0 += PANEL_STEPS) {
         int ns = n_steps - s0 < PANEL_STEPS ? n_steps - s0 : PANEL_STEPS;
-        pack_panel(kind, w, row_bytes, n_rows, s0, ns, panel);
+        pack_panel(kind, type, w, row_bytes, n_rows, s0, ns, panel, deq);
         for (int t = 0; t < n_tok; t += TILE_ACT) {
             int nm = n_tok - t < TILE_ACT ? n_tok - t : TILE_ACT;
             tiles[nm - 1][nv - 1](panel, ns, x + (size_t)t * x_stride + s0, x_stride, s0 == 0,
@@ -201,20 +231,31 @@ INLINE void gemm_rows(enum kind kind, const tile_fn tiles[TILE_ACT][TILE_VEC], c
     }
 }
 
-void gemm_avx512_bf16_rows(const void *w, size_t row_bytes, int n_rows, const uint16_t *xb,
-                           size_t xb_stride, int n_tok, int cols, float *y, size_t ldy,
-                           void *panel)
+BF16_TARGET void gemm_avx512_bf16_rows(uint32_t type, const void *w, size_t row_bytes,
+                                       int n_rows, const uint16_t *xb, size_t xb_stride,
+                                       int n_tok, int cols, float *y, size_t ldy,
+                                       void *scratch)
 {
-    gemm_rows(KIND_BF16, KIND_BF16_tiles, w, row_bytes, n_rows, (const uint32_t *)(const void *)xb,
-              xb_stride / 2, n_tok, cols / 2, y, ldy, panel);
+    gemm_rows(KIND_BF16, type, KIND_BF16_tiles, w, row_bytes, n_rows,
+              (const uint32_t *)(const void *)xb, xb_stride / 2, n_tok, cols / 2, y, ldy,
+              scratch);
 }
 
-void gemm_avx512_f16_rows(const void *w, size_t row_bytes, int n_rows, const float *x,
-                          size_t x_stride, int n_tok, int cols, float *y, size_t ldy,
-                          void *panel)
+bool gemm_avx512_bf16_takes(uint32_t type, int cols)
 {
-    gemm_rows(KIND_F16, KIND_F16_tiles, w, row_bytes, n_rows, (const uint32_t *)(const void *)x,
-              x_stride, n_tok, cols, y, ldy, panel);
+    const quant_traits *q = quant_traits_of(type);
+    if (type == QTYPE_BF16)
+        return cols % 2 == 0;
+    return q && q->computable && q->block_size > 1 && PANEL_STEPS * 2 % q->block_size == 0 &&
+           cols % q->block_size == 0;
+}
+
+BF16_TARGET void gemm_avx512_f16_rows(const void *w, size_t row_bytes, int n_rows, const float *x,
+                          size_t x_stride, int n_tok, int cols, float *y, size_t ldy,
+                          void *scratch)
+{
+    gemm_rows(KIND_F16, QTYPE_F16, KIND_F16_tiles, w, row_bytes, n_rows,
+              (const uint32_t *)(const void *)x, x_stride, n_tok, cols, y, ldy, scratch);
 }
 
 #endif

@@ -356,34 +356,43 @@ static void ops_bf16_convert_job(void *p, int ith, int nth)
 static void ops_gemm_job(void *p, int ith, int nth)
 {
     ops_matmul_job *j = p;
-    void *panel = j->scratch + (size_t)ith * GEMM_AVX512_PANEL_BYTES;
+    void *panel = j->scratch + (size_t)ith * GEMM_AVX512_SCRATCH_BYTES;
     int m, r0, n;
     (void)nth;
     while (ops_next_unit(j, &m, &r0, &n)) {
         const ops_matrix *w = j->w[m];
         const char *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        if (w->type == QTYPE_BF16)
-            gemm_avx512_bf16_rows(rows, w->row_bytes, n, j->xb, (size_t)w->cols, j->n_tok,
-                                  w->cols, j->y[m] + r0, (size_t)w->rows, panel);
-        else
+        if (w->type == QTYPE_F16)
             gemm_avx512_f16_rows(rows, w->row_bytes, n, j->x, (size_t)w->cols, j->n_tok,
                                  w->cols, j->y[m] + r0, (size_t)w->rows, panel);
+        else
+            gemm_avx512_bf16_rows(w->type, rows, w->row_bytes, n, j->xb, (size_t)w->cols,
+                                  j->n_tok, w->cols, j->y[m] + r0, (size_t)w->rows, panel);
     }
 }
 
-/* Whether the AVX-512 GEMM takes this product: more rows than the dot kernels take, all
- * weights BF16 (with AVX-512 BF16 on the CPU: the decode kernel's numerics, activations
- * rounded to bf16) or all F16. */
+/* Whether the AVX-512 GEMM takes this product (more rows than the dot kernels take, which
+ * for quantized weights means more than batched decode has): all
+ * weights F16, or all BF16 or quantized without a packed kernel of their own (Q4_0, the
+ * K-quants) where the CPU has AVX-512 BF16. The latter have the BF16 decode kernel's
+ * numerics, activations rounded to bf16, and quantized weights are rounded to bf16 after
+ * dequantization (2^-9 of each at most, where their quantization moved them by 2^-5 to
+ * 2^-8 of their block's range); 1.4-2x the speed of sgemm on dequantized tiles. */
 static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
 {
-    uint32_t t = w[0]->type;
-    if (n_tok <= OPS_DOT_MAX_TOK_FLOAT || !quant_avx512_enabled() ||
-        !(t == QTYPE_F16 || (t == QTYPE_BF16 && w[0]->cols % 2 == 0 &&
-                             quant_bf16_rounds_activation())))
+    bool f16 = w[0]->type == QTYPE_F16;
+    bool float_weights = f16 || w[0]->type == QTYPE_BF16;
+    if (n_tok <= (float_weights ? OPS_DOT_MAX_TOK_FLOAT : OPS_DOT_MAX_TOK) ||
+        !quant_avx512_enabled())
         return false;
-    for (int i = 1; i < n_mat; i++)
-        if (w[i]->type != t)
+    for (int i = 0; i < n_mat; i++) {
+        uint32_t t = w[i]->type;
+        bool ok = f16 ? t == QTYPE_F16
+                      : quant_bf16_rounds_activation() && !quant_packed_kernel(t) &&
+                            gemm_avx512_bf16_takes(t, w[i]->cols);
+        if (!ok)
             return false;
+    }
     return true;
 }
 #endif
@@ -415,11 +424,11 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     int nth = tp_n_threads(pool);
 #if defined(__x86_64__)
     if (ops_avx512_gemm(n_mat, w, n_tok)) {
-        /* the panels first, then (BF16) the activations in bf16 */
+        /* the panels first, then (all but F16) the activations in bf16 */
         int cols = w[0]->cols;
-        bool bf16 = w[0]->type == QTYPE_BF16;
+        bool bf16 = w[0]->type != QTYPE_F16;
         j.scratch = scratch;
-        j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_AVX512_PANEL_BYTES));
+        j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_AVX512_SCRATCH_BYTES));
         for (int t0 = 0; t0 < n_tok; t0 += OPS_GEMM_CHUNK) {
             j.n_tok = n_tok - t0 < OPS_GEMM_CHUNK ? n_tok - t0 : OPS_GEMM_CHUNK;
             j.x = x + (size_t)t0 * cols;

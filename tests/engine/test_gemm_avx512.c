@@ -86,7 +86,7 @@ static void gemm(const operands *o, int row0, int nr, int tok0, int nt, int cols
 {
     const uint16_t *w = o->w + (size_t)row0 * o->w_stride;
     if (o->wt == QTYPE_BF16)
-        gemm_avx512_bf16_rows(w, o->w_stride * 2, nr, o->xb + (size_t)tok0 * o->x_stride,
+        gemm_avx512_bf16_rows(QTYPE_BF16, w, o->w_stride * 2, nr, o->xb + (size_t)tok0 * o->x_stride,
                               o->x_stride, nt, cols, y, ldy, panel);
     else
         gemm_avx512_f16_rows(w, o->w_stride * 2, nr, o->x + (size_t)tok0 * o->x_stride,
@@ -141,7 +141,7 @@ static void test_rows(void)
     const int tok_list[] = {1, 7, 8, 9, MAX_TOK};
     const int cols_list[] = {2, 30, 64, 128, 130, 256, 258, 530, MAX_COLS};
     float *y = malloc(MAX_TOK * LDY * sizeof(float));
-    void *panel = aligned_alloc(64, GEMM_AVX512_PANEL_BYTES);
+    void *panel = aligned_alloc(64, GEMM_AVX512_SCRATCH_BYTES);
     for (int ki = 0; ki < 2; ki++) {
         if (!have_kind(kinds[ki]))
             continue;
@@ -186,7 +186,7 @@ static void test_same_bits_alone(void)
         return;
     enum { ROWS = 48, TOK = 19, COLS = 530 };
     float *y = malloc(TOK * ROWS * sizeof(float));
-    void *panel = aligned_alloc(64, GEMM_AVX512_PANEL_BYTES);
+    void *panel = aligned_alloc(64, GEMM_AVX512_SCRATCH_BYTES);
     for (int ki = 0; ki < 2; ki++) {
         if (!have_kind(kinds[ki]))
             continue;
@@ -203,6 +203,66 @@ static void test_same_bits_alone(void)
         free_operands(&o);
     }
     free(y), free(panel);
+}
+
+/* Quantized weights: dequantized, rounded to bf16, and multiplied as BF16 ones, against
+ * double sums of those same products (tolerance as in test_rows); gemm_avx512_bf16_takes
+ * says which types and widths the kernel takes. */
+static void test_quantized(void)
+{
+    if (!have_bf16())
+        return;
+    const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    enum { ROWS = 40, TOK = 11, COLS = 768 };
+    float *wf = malloc(ROWS * COLS * sizeof(float)), *x = malloc(TOK * COLS * sizeof(float));
+    float *deq = malloc(COLS * sizeof(float)), *y = malloc(TOK * ROWS * sizeof(float));
+    uint16_t *xb = malloc(TOK * COLS * 2);
+    char *w = malloc(ROWS * quant_row_bytes(QTYPE_Q8_0, COLS));
+    void *scratch = aligned_alloc(64, GEMM_AVX512_SCRATCH_BYTES);
+    unsigned s = 53;
+    for (int i = 0; i < ROWS * COLS; i++)
+        wf[i] = frand(&s) * 0.1f;
+    for (int i = 0; i < TOK * COLS; i++) {
+        x[i] = frand(&s);
+        xb[i] = quant_f32_to_bf16(x[i]);
+    }
+    CHECK(gemm_avx512_bf16_takes(QTYPE_BF16, 2) && !gemm_avx512_bf16_takes(QTYPE_BF16, 3));
+    CHECK(!gemm_avx512_bf16_takes(QTYPE_F32, 256) && !gemm_avx512_bf16_takes(QTYPE_F16, 256));
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        uint32_t t = types[ti];
+        const char *name = quant_traits_of(t)->name;
+        size_t rb = quant_row_bytes(t, COLS);
+        /* 288: a last panel of one 32-column block */
+        int cols_list[] = {256, COLS, 288};
+        for (int r = 0; r < ROWS; r++)
+            quant_quantize_row(t, wf + r * COLS, w + r * rb, COLS);
+        for (int ci = 0; ci < 3; ci++) {
+            int cols = cols_list[ci];
+            bool block32 = quant_traits_of(t)->block_size == 32;
+            CHECK_MSG(gemm_avx512_bf16_takes(t, cols) == (cols % 256 == 0 || block32), "%s %d",
+                      name, cols);
+            if (!gemm_avx512_bf16_takes(t, cols))
+                continue;
+            /* rows of a cols-wide matrix: the first cols columns of each row, whole blocks */
+            gemm_avx512_bf16_rows(t, w, rb, ROWS, xb, COLS, TOK, cols, y, ROWS, scratch);
+            for (int r = 0; r < ROWS; r++) {
+                quant_dequantize_row(t, w + r * rb, deq, COLS);
+                for (int n = 0; n < TOK; n++) {
+                    double sum = 0, mag = 0;
+                    for (int k = 0; k < cols; k++) {
+                        double p = (double)quant_bf16_to_f32(quant_f32_to_bf16(deq[k])) *
+                                   quant_bf16_to_f32(xb[n * COLS + k]);
+                        sum += p;
+                        mag += fabs(p);
+                    }
+                    CHECK_MSG(fabs(y[n * ROWS + r] - sum) <= 0x1p-16 * mag,
+                              "%s cols %d: y[%d][%d] = %.9g, reference %.9g", name, cols, n, r,
+                              y[n * ROWS + r], sum);
+                }
+            }
+        }
+    }
+    free(wf), free(x), free(deq), free(y), free(xb), free(w), free(scratch);
 }
 
 /* ops_matmul_n on BF16 weights through this GEMM, over more activation rows than one
@@ -249,6 +309,7 @@ int main(void)
     RUN(test_convert);
     RUN(test_rows);
     RUN(test_same_bits_alone);
+    RUN(test_quantized);
     RUN(test_ops_batches);
 #endif
     return test_finish();
