@@ -6,8 +6,8 @@
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
- * in Q8_0 and F16 — generating the files with build/mkmodel into build/bench-models/
- * on first use.
+ * in Q8_0, F16, BF16, Q4_K_M and Q6_K (the types of issue 11's target) — generating the
+ * files with build/mkmodel into build/bench-models/ on first use.
  *
  * --llama-bench PATH names a llama.cpp llama-bench built elsewhere (never part of this
  * repository): each of our runs is paired with one llama-bench run on the same file and
@@ -463,9 +463,10 @@ int main(int argc, char **argv)
     }
 
     if (n_models == 0) {
-        static char paths[2][256];
-        const char *types[2] = {"q8_0", "f16"};
-        for (int i = 0; i < 2; i++) {
+        static const char *const types[] = {"q8_0", "f16", "bf16", "q4_k_m", "q6_k"};
+        enum { N_TYPES = sizeof types / sizeof types[0] };
+        static char paths[N_TYPES][256];
+        for (int i = 0; i < N_TYPES; i++) {
             if (ensure_reference_model(types[i], paths[i], sizeof paths[i]))
                 return 1;
             models[n_models++] = paths[i];
