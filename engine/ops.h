@@ -89,7 +89,10 @@ size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads);
 /*
  * y = x W^T for a batch: x (n_tok, w->cols) f32, y (n_tok, w->rows) f32. Small batches
  * use the quantized dot-product kernels (activations converted once, rows split over
- * threads); large batches dequantize tiles of W rows and multiply them with sgemm.
+ * threads); large batches the packed integer kernel (Q8_0 on AVX-512 VNNI), the AVX-512
+ * GEMM (gemm_avx512.h: F16; BF16, Q4_0 and K-quants with AVX-512 BF16, activations and
+ * weights rounded to bf16), or else dequantize tiles of W rows and multiply them with
+ * sgemm.
  * scratch holds ops_matmul_scratch_bytes(>= n_tok, >= cols, tp_n_threads(pool)) bytes,
  * 64-byte aligned.
  */
