@@ -244,7 +244,7 @@ BF16_TARGET void gemm_avx512_bf16_rows(uint32_t type, const void *w, size_t row_
 bool gemm_avx512_bf16_takes(uint32_t type, int cols)
 {
     const quant_traits *q = quant_traits_of(type);
-    if (type == QTYPE_BF16)
+    if (type == QTYPE_BF16 || type == QTYPE_F16)
         return cols % 2 == 0;
     return q && q->computable && q->block_size > 1 && PANEL_STEPS * 2 % q->block_size == 0 &&
            cols % q->block_size == 0;

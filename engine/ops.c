@@ -270,6 +270,7 @@ typedef struct ops_matmul_job {
     uint32_t act_type;
     const void *packed;          /* the activations packed for quant_dot_rows_packed, or NULL */
     uint16_t *xb;                /* (n_tok, cols) the activations in bf16 for the BF16 GEMM */
+    bool f16_fma;                /* F16 weights take the GEMM's f32 FMA kernel on x */
     char *scratch;
     size_t tile_stride;
     _Atomic int next_unit;
@@ -362,7 +363,7 @@ static void ops_gemm_job(void *p, int ith, int nth)
     while (ops_next_unit(j, &m, &r0, &n)) {
         const ops_matrix *w = j->w[m];
         const char *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        if (w->type == QTYPE_F16)
+        if (j->f16_fma)
             gemm_avx512_f16_rows(rows, w->row_bytes, n, j->x, (size_t)w->cols, j->n_tok,
                                  w->cols, j->y[m] + r0, (size_t)w->rows, panel);
         else
@@ -377,11 +378,12 @@ static void ops_gemm_job(void *p, int ith, int nth)
  * K-quants) where the CPU has AVX-512 BF16. The latter have the BF16 decode kernel's
  * numerics, activations rounded to bf16, and quantized weights are rounded to bf16 after
  * dequantization (2^-9 of each at most, where their quantization moved them by 2^-5 to
- * 2^-8 of their block's range); 1.4-2x the speed of sgemm on dequantized tiles. */
+ * 2^-8 of their block's range); 1.4-2x the speed of sgemm on dequantized tiles. F16
+ * weights go that way too where quant_f16_prefill_as_bf16 opts in. */
 static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
 {
-    bool f16 = w[0]->type == QTYPE_F16;
-    bool float_weights = f16 || w[0]->type == QTYPE_BF16;
+    bool f16 = w[0]->type == QTYPE_F16 && !quant_f16_prefill_as_bf16();
+    bool float_weights = w[0]->type == QTYPE_F16 || w[0]->type == QTYPE_BF16;
     if (n_tok <= (float_weights ? OPS_DOT_MAX_TOK_FLOAT : OPS_DOT_MAX_TOK) ||
         !quant_avx512_enabled())
         return false;
@@ -389,6 +391,7 @@ static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
         uint32_t t = w[i]->type;
         bool ok = f16 ? t == QTYPE_F16
                       : quant_bf16_rounds_activation() && !quant_packed_kernel(t) &&
+                            (t != QTYPE_F16 || quant_f16_prefill_as_bf16()) &&
                             gemm_avx512_bf16_takes(t, w[i]->cols);
         if (!ok)
             return false;
@@ -424,9 +427,9 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     int nth = tp_n_threads(pool);
 #if defined(__x86_64__)
     if (ops_avx512_gemm(n_mat, w, n_tok)) {
-        /* the panels first, then (all but F16) the activations in bf16 */
+        /* the panels first, then (but for F16's FMA kernel) the activations in bf16 */
         int cols = w[0]->cols;
-        bool bf16 = w[0]->type != QTYPE_F16;
+        j.f16_fma = w[0]->type == QTYPE_F16 && !quant_f16_prefill_as_bf16();
         j.scratch = scratch;
         j.xb = (uint16_t *)(void *)((char *)scratch + ops_align((size_t)nth * GEMM_AVX512_SCRATCH_BYTES));
         for (int t0 = 0; t0 < n_tok; t0 += OPS_GEMM_CHUNK) {
@@ -434,7 +437,7 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             j.x = x + (size_t)t0 * cols;
             for (int i = 0; i < n_mat; i++)
                 j.y[i] = y[i] + (size_t)t0 * w[i]->rows;
-            if (bf16)
+            if (!j.f16_fma)
                 tp_run(pool, ops_bf16_convert_job, &j);
             ops_set_units(&j, GEMM_AVX512_UNIT_ROWS);
             tp_run(pool, ops_gemm_job, &j);

@@ -126,6 +126,7 @@ static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 static bool simd_avx2;
 static bool simd_avx512; /* AVX-512 F/BW/DQ/VL/VNNI on top of simd_avx2 */
 static bool simd_avx512_bf16; /* and AVX-512 BF16 on top of simd_avx512 */
+static bool simd_f16_as_bf16; /* prefill rounds F16 weights to bf16 (opt-in, quant.h) */
 
 static void simd_detect(void)
 {
@@ -152,6 +153,8 @@ static void simd_detect(void)
     const char *nobf16 = getenv("LLMS_NO_AVX512_BF16");
     simd_avx512_bf16 = simd_avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
                        (eax & (1u << 5)) && !(nobf16 && *nobf16 && strcmp(nobf16, "0") != 0);
+    const char *f16bf16 = getenv("LLMS_F16_AS_BF16");
+    simd_f16_as_bf16 = simd_avx512_bf16 && f16bf16 && *f16bf16 && strcmp(f16bf16, "0") != 0;
 #endif
 }
 
@@ -181,6 +184,12 @@ bool quant_bf16_rounds_activation(void)
 bool quant_avx512_enabled(void)
 {
     return use_avx512();
+}
+
+bool quant_f16_prefill_as_bf16(void)
+{
+    pthread_once(&simd_once, simd_detect);
+    return simd_f16_as_bf16;
 }
 
 const char *quant_simd_name(void)
