@@ -10,6 +10,8 @@
  * and adds into each f32 lane; for F16 a step is one column, converted to f32 while
  * packing (vcvtph2ps, once per panel rather than once per activation row) and multiplied
  * with the f32 activation by an FMA. Either way a step is 4 bytes of the activation row.
+ * Quantized weights (and F16 ones where prefill opts in) take the BF16 kernel: a panel's
+ * rows are dequantized to f32 and rounded to bf16 pairs before they are packed.
  * A tile is 8 activations by 48 rows (24 accumulators, 3 weight vectors and a broadcast
  * in the 32 registers): per step 3 vector loads and 8 broadcasts feed 24 multiply-adds.
  *
@@ -101,8 +103,9 @@ INLINE void transpose16(__m512i r[16])
  * step p at panel + (g * PANEL_STEPS + p) * 16, rows past n_rows zero. A quantized type
  * (kind KIND_BF16, type other than QTYPE_BF16) is dequantized 16 rows at a time into
  * deq, each row's f32 columns rounded to bf16 pairs in place, then packed as BF16 rows. */
-BF16_TARGET INLINE void pack_panel(enum kind kind, uint32_t type, const uint8_t *w, size_t row_bytes,
-                       int n_rows, int s0, int ns, uint32_t *panel, float *deq)
+BF16_TARGET INLINE void pack_panel(enum kind kind, uint32_t type, const uint8_t *w,
+                                   size_t row_bytes, int n_rows, int s0, int ns, uint32_t *panel,
+                                   float *deq)
 {
     const quant_traits *q = quant_traits_of(type);
     for (int g = 0; g * 16 < n_rows; g++) {
@@ -112,14 +115,11 @@ BF16_TARGET INLINE void pack_panel(enum kind kind, uint32_t type, const uint8_t 
         if (kind == KIND_BF16 && type != QTYPE_BF16) {
             /* steps [s0, s0 + ns) are columns [2 s0, 2 (s0 + ns)): whole blocks */
             size_t offset = (size_t)(2 * s0 / q->block_size) * q->block_bytes;
-            uint32_t *pairs = (uint32_t *)deq;
             for (int i = 0; i < 16 && g * 16 + i < n_rows; i++) {
                 float *f = deq + (size_t)i * PANEL_STEPS * 2;
                 quant_dequantize_row(type, rows + (size_t)i * row_bytes + offset, f, 2 * ns);
-                for (int k = 0; k < 2 * ns; k += 32)
-                    _mm512_storeu_si512(pairs + (size_t)i * PANEL_STEPS * 2 + k / 2,
-                                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + k + 16),
-                                                                     _mm512_loadu_ps(f + k)));
+                /* in place: 32 values are read before their 64 bytes of bf16 are written */
+                gemm_avx512_bf16_convert(f, 0, 1, 2 * ns, (uint16_t *)(void *)f, 0);
             }
             rows = (const uint8_t *)deq;
             stride = PANEL_STEPS * 2 * sizeof(float);
