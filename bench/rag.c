@@ -383,7 +383,7 @@ int main(int argc, char **argv)
                "\"reused_token_share\":%.3f,\"agree_with_naive\":%.3f,"
                "\"mean_vs_naive\":%.3f,\"qa_entries\":%u,\"qkv_nodes\":%u,"
                "\"qkv_mib\":%.2f,\"predicted\":%llu,\"predict_prefilled\":%llu,"
-               "\"predict_decoded\":%llu,\"predict_generations\":%llu,"
+               "\"predict_decoded\":%llu,\"predict_generations\":%llu,\"predict_warmed\":%llu,"
                "\"predict_steps\":%llu,\"population_idle_ms\":%.1f,"
                "\"predict_qa_hits\":%llu,\"predict_qkv_hits\":%llu}\n",
                model, sys_names[s], n_docs, n_queries, n_new, n_exact, n_para, gap_ms, tau,
@@ -393,7 +393,7 @@ int main(int argc, char **argv)
                st.qkv_nodes, st.qkv_bytes / 1048576.0, (unsigned long long)st.predicted,
                (unsigned long long)st.predict_prefilled, (unsigned long long)st.predict_decoded,
                (unsigned long long)st.predict_generations,
-               (unsigned long long)st.predict_steps, st.predict_ms,
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.predict_steps, st.predict_ms,
                (unsigned long long)st.predict_qa_hits, (unsigned long long)st.predict_qkv_hits);
     }
     printf("{\"bench\":\"rag_target\",\"model\":\"%s\",\"tau_query\":%g,"

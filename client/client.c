@@ -1746,6 +1746,7 @@ enum llms_status llms_cache_stats_get(llms_conn *c, llms_cache_stats *out)
     out->predict_ms = p->predict_ms;
     out->predict_queued = p->predict_queued;
     out->predict_converted = p->predict_converted;
+    out->predict_warmed = p->predict_warmed;
     frame_free_response(r);
     return LLMS_OK;
 }

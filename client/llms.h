@@ -746,6 +746,7 @@ typedef struct llms_cache_stats {
     double predict_ms;
     uint32_t predict_queued;
     uint64_t predict_converted;
+    uint64_t predict_warmed;    /* passages prefilled ahead as a prompt's first */
 } llms_cache_stats;
 
 enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);

@@ -1099,8 +1099,8 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
         g->limit = cfg->n_ctx;
         bool cached = false;
         g->rq = j == &s->pred_job
-                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, s->pred_task.decode,
-                                          g->seq, &cached)
+                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, &s->pred_task, g->seq,
+                                          &cached)
                     : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
         s->pred_cached = cached;
         if (!g->rq) {
@@ -2523,11 +2523,10 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
     if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
-    /* A RagQuery's prompt resumed after a cached prefix is cut where a whole one is (at
-     * multiples of step_tokens), so each row goes through the same kernels as in a
-     * prefill from scratch and the reuse stays exact. */
-    if (g->rq && from % s->step_tokens && n > s->step_tokens - from % s->step_tokens)
-        n = s->step_tokens - from % s->step_tokens;
+    /* A RagQuery's prompt, from scratch or resumed after a cached prefix, is cut at the
+     * same places, so each row goes through the same kernels and the reuse stays exact. */
+    if (g->rq && n > rag_slice_end(g->rq, from, s->step_tokens) - from)
+        n = rag_slice_end(g->rq, from, s->step_tokens) - from;
     step_add_gen(s, n_seq, n_out, w, from, n);
     return n;
 }
@@ -2725,7 +2724,7 @@ static void pred_request(sched *s, const predict_task *t)
     j->req = &s->pred_req;
     llms__request__init(&s->pred_req);
     llms__generation_params__init(&s->pred_params);
-    if (t->kind == PREDICT_QUERY) {
+    if (t->kind == PREDICT_QUERY || t->kind == PREDICT_WARM) {
         llms__rag_query_request__init(&s->pred_rag);
         s->pred_rag.kb = (char *)t->kb;
         s->pred_rag.question = t->text;
