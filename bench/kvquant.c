@@ -64,18 +64,25 @@ typedef struct scheme {
     enum budget budget;
     bool shuffled;             /* the same precisions placed at random */
     bool flat;                 /* every chunk's density the same */
+    bool v_block;              /* kv_assign_precisions may choose the V block layout */
 } scheme;
 
 static const scheme schemes[] = {
-    {"int8", KV_INT8, UNIFORM, false, false},
-    {"int4", KV_INT4, UNIFORM, false, false},
-    {"int2", KV_INT2, UNIFORM, false, false},
-    {"tolerance", 0, AT_INT4, false, false},
-    {"tolerance_shuffled", 0, AT_INT4, true, false},
-    {"tolerance_flat", 0, AT_INT4, false, true},
-    {"tolerance", 0, AT_OLD_INT4, false, false},
-    {"tolerance", 0, AT_INT8_INT2, false, false},
-    {"tolerance", 0, AT_RATIO, false, false},
+    {"int8", KV_INT8, UNIFORM, false, false, false},
+    {"int4", KV_INT4, UNIFORM, false, false, false},
+    {"int2", KV_INT2, UNIFORM, false, false, false},
+    {"k4v5b", KV_VBLOCK_FIRST + 2 * KV_N_WIDTHS + 3, UNIFORM, false, false, false},
+    {"tolerance", 0, AT_INT4, false, false, false},
+    {"tolerance_shuffled", 0, AT_INT4, true, false, false},
+    {"tolerance_flat", 0, AT_INT4, false, true, false},
+    {"tolerance", 0, AT_OLD_INT4, false, false, false},
+    {"tolerance", 0, AT_INT8_INT2, false, false, false},
+    {"tolerance", 0, AT_RATIO, false, false, false},
+    {"tolerance_vblock", 0, AT_INT4, false, false, true},
+    {"tolerance_vblock_shuffled", 0, AT_INT4, true, false, true},
+    {"tolerance_vblock_flat", 0, AT_INT4, false, true, true},
+    {"tolerance_vblock", 0, AT_INT8_INT2, false, false, true},
+    {"tolerance_vblock", 0, AT_RATIO, false, false, true},
 };
 #define N_SCHEMES (int)(sizeof schemes / sizeof schemes[0])
 #define SCHEME_INT4 1 /* the reference of kl_vs_int4 */
@@ -251,7 +258,8 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_
             d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
         }
         b->stats[c].density = (float)(d / n);
-        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread);
+        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread,
+                        &b->stats[c].vb_spread);
         mean += b->stats[c].density / n_chunks;
     }
     for (int c = 0; c < n_chunks; c++)
@@ -274,10 +282,11 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_
             if (sc->flat) {
                 st = b->stats + n_chunks; /* a flat copy after the real ones */
                 for (int c = 0; c < n_chunks; c++)
-                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread};
+                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread,
+                                             b->stats[c].vb_spread};
             }
             kv_assign_precisions(shape, st, n_chunks, scheme_budget(sc, o, shape, n_chunks),
-                                 b->prec);
+                                 sc->v_block, b->prec);
         }
         if (sc->shuffled)
             for (int c = n_chunks - 1; c > 0; c--) {

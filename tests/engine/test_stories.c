@@ -312,11 +312,12 @@ static void test_tolerance_beats_uniform_int4(void)
                 d += received[j] / ((double)hp->n_layer * hp->n_head * rows);
             }
             st[c].density = (float)(d / KV_CHUNK_TOKENS);
-            kv_chunk_spread(pool, prefix.chunks[c], &st[c].k_spread, &st[c].v_spread);
+            kv_chunk_spread(pool, prefix.chunks[c], &st[c].k_spread, &st[c].v_spread,
+                            &st[c].vb_spread);
             int4[c] = KV_INT4;
         }
         kv_assign_precisions(shape, st, n_chunks,
-                             (size_t)n_chunks * kv_chunk_data_bytes(shape, KV_INT4), tol);
+                             (size_t)n_chunks * kv_chunk_data_bytes(shape, KV_INT4), true, tol);
         size_t bytes = 0;
         for (int c = 0; c < n_chunks; c++) {
             bytes += kv_chunk_data_bytes(shape, tol[c]);
