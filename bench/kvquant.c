@@ -20,14 +20,18 @@
  * KL(p_f16 || p_scheme) and the share of positions whose most likely token is the f16
  * one's (top-1 agreement).
  *
- * Schemes: uniform int8, int4, int2 (equal K and V widths); "tolerance" =
- * kv_assign_precisions (per chunk K and V widths of 2-8 bits) under a byte budget: the
+ * Schemes: uniform int8, int4, int2 (equal K and V widths, V per token: "int4" is the
+ * baseline every kl_vs_int4 divides by); uniform "k4v5b" (K 4 bits, V 5 bits on one
+ * range per (layer, head) block: the V block layout, about int4's bytes at head_dim 16);
+ * "tolerance" = kv_assign_precisions with V per token only (per chunk K and V widths of
+ * 2-8 bits), "tolerance_vblock" = the same free to choose the V block layout per chunk
+ * (what the daemon runs), each under a byte budget: the
  * bytes of uniform int4 ("int4"), of the layout before 8-bit scales, which kept an f16
  * (scale, min) per group ("old_int4": 2 * 16 * head_dim * 4 / 8 + 4 * (head_dim + 16 *
  * groups) bytes per block), of half int8 and half int2 ("int8+int2"), and --ratio times
- * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget:
- * "tolerance_shuffled" (the same precisions placed at random: what the per-chunk choice
- * adds) and "tolerance_flat" (every density equal: what density adds over value spread).
+ * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget, for
+ * both: "_shuffled" (the same precisions placed at random: what the per-chunk choice
+ * adds) and "_flat" (every density equal: what density adds over value spread).
  * Prints one JSON object per model and scheme: median, min and max KL over the sequences,
  * KL relative to uniform int4's (median of the per-sequence ratios), top-1 agreement over
  * all positions, the prefix's KV bytes relative to int8 (real bytes, scales included),
