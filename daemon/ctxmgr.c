@@ -990,10 +990,12 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
         if (i >= n_full || !stats)
             continue;
         if (k->k_spread < 0 && c->seq.chunks[i])
-            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread);
+            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread,
+                            &k->vb_spread);
         stats[i] = (kv_chunk_stats){.density = k->density,
                                     .k_spread = k->k_spread > 0 ? k->k_spread : 0,
-                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0};
+                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0,
+                                    .vb_spread = k->vb_spread > 0 ? k->vb_spread : 0};
     }
     switch (cm->policy.compress) {
     case CTX_COMPRESS_NONE:
@@ -1007,7 +1009,7 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
             kv_assign_precisions(cm->shape, stats, n_full,
                                  (size_t)(cm->policy.compress_ratio * (double)n_full *
                                           (double)kv_chunk_data_bytes(cm->shape, KV_INT8)),
-                                 level);
+                                 true, level);
         else
             for (int i = 0; i < n_full; i++)
                 level[i] = KV_INT8;

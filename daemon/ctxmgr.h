@@ -71,6 +71,7 @@ typedef struct ctx_chunk {
     float density;        /* mean attention its tokens receive per attending row */
     float k_spread;       /* kv_chunk_spread of its values; < 0: not measured yet */
     float v_spread;
+    float vb_spread;
     uint64_t last_use;    /* manager clock when a call last used it */
 } ctx_chunk;
 
