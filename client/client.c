@@ -537,6 +537,8 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
         call.has_raw = 1;
         call.raw = 1;
     }
+    if (params && params->model)
+        call.model = (char *)params->model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CALL;
     req.call = &call;

@@ -125,7 +125,9 @@ typedef struct llms_params {
     int raw;                /* llms_call only: append the prompt as is, no chat template */
     const char *model;      /* llms_context_create* and llms_complete: a generate model of
                                the daemon's registry by name (llms_list_models); NULL:
-                               the default. A context keeps the model it was made with. */
+                               the default. A context keeps the model it was made with:
+                               llms_call with another model named is
+                               LLMS_ERR_FAILED_PRECONDITION. */
 } llms_params;
 
 #define LLMS_PARAMS_INIT                                                              \
@@ -380,14 +382,17 @@ void llms_model_list_free(llms_model_info *models, size_t n);
 enum llms_status llms_list_models(llms_conn *conn, llms_model_info **out, size_t *n_out);
 
 /* Admin: maps the GGUF file at path (as the daemon sees it) as model name with roles
- * (comma-separated generate, embed, rerank; NULL or "": by the file's kind). Other
- * models and their contexts are untouched. FAILED_PRECONDITION for a name or file in use
- * or a second generate model; INVALID_ARGUMENT for a file that does not fit its roles. */
+ * (comma-separated generate, embed, rerank; NULL or "": by the file's kind, a decoder
+ * reranks: "generate" must be asked for). A generate model gets its own runner and KV
+ * and takes back the contexts made with it before. Other models and their contexts are
+ * untouched. FAILED_PRECONDITION for a name or file in use; INVALID_ARGUMENT for a file
+ * that does not fit its roles. */
 enum llms_status llms_model_load(llms_conn *conn, const char *name, const char *path,
                                  const char *roles);
 
 /* Admin: forgets model name. FAILED_PRECONDITION while requests use it (retry after
- * they end) and for the generate model; NOT_FOUND for an unknown name. */
+ * they end), for a generate model that has contexts (the message names them) and for
+ * the default generate model; NOT_FOUND for an unknown name. */
 enum llms_status llms_model_unload(llms_conn *conn, const char *name);
 
 /* What a rerank keeps exact (proto RerankMode). */
