@@ -316,7 +316,7 @@ enum llms_status llms_context_get(llms_conn *conn, const char *context_id, int w
                                   llms_context_info *out);
 
 /*
- * Tokenizes text with the daemon's model. add_special: add BOS etc. as the model wants;
+ * Tokenizes text with the daemon's default generate model. add_special: add BOS etc. as the model wants;
  * parse_special: text like "<|im_start|>" becomes special tokens. *tokens_out (free())
  * gets *n_out ids.
  */
@@ -326,6 +326,16 @@ enum llms_status llms_tokenize(llms_conn *conn, const char *text, int add_specia
 /* Turns n token ids back into text: *text_out (free()). */
 enum llms_status llms_detokenize(llms_conn *conn, const int32_t *tokens, size_t n,
                                  char **text_out);
+
+/* llms_tokenize and llms_detokenize with the tokenizer of the model named model (a
+ * generate or embed model of the registry; NULL: the default generate model's).
+ * NOT_FOUND for a name the daemon does not know, INVALID_ARGUMENT for a model without a
+ * tokenizer loaded (a reranker). */
+enum llms_status llms_tokenize_model(llms_conn *conn, const char *model, const char *text,
+                                     int add_special, int parse_special, int32_t **tokens_out,
+                                     size_t *n_out);
+enum llms_status llms_detokenize_model(llms_conn *conn, const char *model,
+                                       const int32_t *tokens, size_t n, char **text_out);
 
 /* ---- embeddings and reranking ---- */
 

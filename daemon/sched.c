@@ -38,6 +38,7 @@
 #include "daemon/retrieval.h"
 #include "daemon/semantic.h"
 #include "daemon/textbuf.h"
+#include "daemon/tokreq.h"
 #include "engine/kv.h"
 #include "engine/prefill.h"
 #include "engine/sampler.h"
@@ -1071,6 +1072,43 @@ static int gm_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]
     return err_set(err, "model '%s' has %d context%s (%s%s): delete them first, or restart "
                         "llmsd without the model to keep them as history", gm->me->name, n,
                    n == 1 ? "" : "s", ids, n > k ? ", ..." : "");
+}
+
+/* The tokenizer of a model by name: a generate model's, or an embed encoder's. NULL +
+ * the error's code and err. */
+static const tokenizer *model_tokenizer(sched *s, const char *name, Llms__ErrorCode *code,
+                                        char err[ERR_MAX])
+{
+    models_entry *me;
+    *code = models_resolve(s->env.reg, name, MODELS_GENERATE, &me, err);
+    if (*code == LLMS__ERROR_CODE__OK)
+        return gm_of_entry(s, me)->tok;
+    if (*code != LLMS__ERROR_CODE__INVALID_ARGUMENT)
+        return NULL;
+    me = models_find(s->env.reg, name);
+    if (me->enc_tok) {
+        *code = LLMS__ERROR_CODE__OK;
+        return me->enc_tok;
+    }
+    err_set(err, "model '%s' has no tokenizer loaded: name a generate or embed model", name);
+    return NULL;
+}
+
+/* Tokenize and Detokenize that name a model (the loop answers the others). */
+static void handle_tokens(sched *s, const sched_job *j)
+{
+    char err[ERR_MAX];
+    Llms__ErrorCode code;
+    const tokenizer *tok = model_tokenizer(s, tokreq_model(j->req), &code, err);
+    tokreq_answer a;
+    if (tok)
+        code = tokreq_answer_build(tok, j->req, s->env.cfg->max_frame_bytes, &a, err);
+    if (code != LLMS__ERROR_CODE__OK)
+        send_error(s, j, code, "%s", err);
+    else
+        send_resp(s, j->conn_id, &a.r, false);
+    if (tok)
+        tokreq_answer_free(&a);
 }
 
 /* Loading maps the file and builds an encoder's runner on the worker: the steps wait
@@ -2355,6 +2393,10 @@ static void handle_request(sched *s, sched_job *j)
         break;
     case LLMS__REQUEST__BODY_LIST_MODELS:
         handle_list_models(s, j);
+        break;
+    case LLMS__REQUEST__BODY_TOKENIZE:
+    case LLMS__REQUEST__BODY_DETOKENIZE:
+        handle_tokens(s, j);
         break;
     case LLMS__REQUEST__BODY_LOAD_MODEL:
         handle_load_model(s, j);

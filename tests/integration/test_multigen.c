@@ -14,8 +14,10 @@
 #include <string.h>
 
 #include "client/llms.h"
+#include "engine/gguf.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
+#include "engine/tokenizer.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
@@ -237,6 +239,48 @@ static void wrong_model_refused(void)
     llms_close(c);
 }
 
+/* Tokenize and Detokenize naming a model use its tokenizer (the two files' vocabularies
+ * differ); an unknown name is NOT_FOUND. */
+static void tokenize_by_model(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "mg-tok");
+    CHECK(c);
+    const char *text = "Once upon a time, a tiny dragon";
+    const char *paths[2] = {stories, tiny}, *names[2] = {DEFAULT_NAME, TINY_NAME};
+    size_t n_vocab[2] = {0, 0};
+    for (int m = 0; m < 2; m++) {
+        char err[ERR_MAX];
+        gguf_file *g = gguf_open(paths[m], err);
+        tokenizer *tok = NULL;
+        CHECK_MSG(g && tok_load(g, &tok, err) == 0, "%s", err);
+        if (!tok) {
+            gguf_close(g);
+            continue;
+        }
+        n_vocab[m] = (size_t)tok_n_vocab(tok);
+        int32_t want[64], *got;
+        int n = tok_encode(tok, text, strlen(text), true, false, want, 64);
+        size_t n_got;
+        CHECK_MSG(llms_tokenize_model(c, names[m], text, 1, 0, &got, &n_got) == LLMS_OK, "%s",
+                  llms_last_error(c));
+        CHECK(n > 0 && n_got == (size_t)n && memcmp(got, want, sizeof *want * (size_t)n) == 0);
+        char *back;
+        CHECK_MSG(llms_detokenize_model(c, names[m], got + 1, n_got - 1, &back) == LLMS_OK,
+                  "%s", llms_last_error(c));
+        CHECK_MSG(back && strstr(back, "tiny dragon"), "%s", back ? back : "(none)");
+        free(back);
+        free(got);
+        tok_free(tok);
+        gguf_close(g);
+    }
+    CHECK(n_vocab[0] != n_vocab[1]);
+    int32_t *ids;
+    size_t n;
+    CHECK_EQ(llms_tokenize_model(c, "nope", text, 1, 0, &ids, &n), LLMS_ERR_NOT_FOUND);
+    llms_close(c);
+}
+
 /* The context's history and model. */
 static void check_context(llms_conn *c, const char *id, size_t n_history, const char *model)
 {
@@ -362,6 +406,7 @@ int main(int argc, char **argv)
     RUN(concurrent_streams_equal_each_alone);
     RUN(listings_show_both);
     RUN(wrong_model_refused);
+    RUN(tokenize_by_model);
     RUN(contexts_survive_restart);
     RUN(unload_keeps_other_contexts);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)
