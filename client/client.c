@@ -1138,6 +1138,10 @@ enum llms_status llms_list_models(llms_conn *c, llms_model_info **out, size_t *n
             .resident_bytes = m->resident_bytes,
             .scratch_bytes = m->scratch_bytes,
             .running = m->running,
+            .generates = m->has_contexts,
+            .contexts = m->contexts,
+            .kv_bytes = m->kv_bytes,
+            .kv_budget_bytes = m->kv_budget_bytes,
         };
         if (!ms[i].name || !ms[i].path || !ms[i].arch || !ms[i].type || !ms[i].roles ||
             !ms[i].default_for)

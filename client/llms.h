@@ -382,6 +382,10 @@ typedef struct llms_model_info {
     uint64_t resident_bytes; /* its weights in memory now */
     uint64_t scratch_bytes;  /* its runners' working memory */
     uint32_t running;       /* requests using it now */
+    int generates;          /* nonzero for a generate model: the three below are set */
+    uint32_t contexts;      /* contexts that belong to it */
+    uint64_t kv_bytes;      /* resident KV of its contexts and generations */
+    uint64_t kv_budget_bytes; /* its share of kv_budget_mb (0: no cap) */
 } llms_model_info;
 
 /* Frees an array of n model infos and the array. NULL is fine. */

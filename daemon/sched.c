@@ -828,9 +828,16 @@ static int model_infos_fill(sched *s, model_infos *mi)
         x->resident_bytes = models_resident_bytes(e);
         x->scratch_bytes = models_scratch_bytes(e);
         const genmodel *gm = gm_of_entry(s, e);
-        if (gm)
-            x->scratch_bytes += model_runner_scratch_bytes(gm->runner);
         x->running = (uint32_t)e->running;
+        if (gm) {
+            x->scratch_bytes += model_runner_scratch_bytes(gm->runner);
+            for (int i = 0; i < s->n_active; i++)
+                x->running += s->active[i]->gm == gm && s->active[i]->g;
+            x->has_contexts = x->has_kv_bytes = x->has_kv_budget_bytes = 1;
+            x->contexts = (uint32_t)ctx_count(gm->cm);
+            x->kv_bytes = ctx_kv_bytes_total(gm->cm);
+            x->kv_budget_bytes = ctx_get_policy(gm->cm)->budget_bytes;
+        }
         mi->ptrs[k] = x;
     }
     return 0;

@@ -201,8 +201,13 @@ static void listings_show_both(void)
                   a->roles, b->roles);
         CHECK_MSG(strstr(a->default_for, "generate") && !strstr(b->default_for, "generate"),
                   "%s / %s", a->default_for, b->default_for);
-        /* each has its own runner */
+        /* each has its own runner, contexts and half of kv_budget_mb (64) */
         CHECK(a->scratch_bytes > 0 && b->scratch_bytes > 0);
+        CHECK(a->generates && b->generates);
+        CHECK_EQ(a->kv_budget_bytes, (uint64_t)32 << 20);
+        CHECK_EQ(b->kv_budget_bytes, (uint64_t)32 << 20);
+        CHECK_MSG(b->contexts >= 1 && b->kv_bytes > 0, "tiny: %u contexts, %llu KV bytes",
+                  b->contexts, (unsigned long long)b->kv_bytes);
     }
     llms_model_list_free(m, n);
     llms_daemon_status st;
