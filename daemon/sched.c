@@ -10,7 +10,9 @@
  * prefills, Embed texts) shared out between apps by deficit round robin under
  * step_tokens rows; reranks advance on their own model by their share after the
  * forward. So the weights are read once per step for all streams, and a long request
- * delays the others by one slice per step, not by its whole length.
+ * delays the others by one slice per step, not by its whole length. Each generate model
+ * has its own forward in the step (its runner, pool and contexts: genmodel.h); work on
+ * one model never shares a forward with another's.
  */
 #include "daemon/sched.h"
 
