@@ -8,13 +8,14 @@
  * parameters, Q8_0, on the llama SPM vocabulary of the test data when it is there), kept
  * in build/bench-models/. Three daemons of this build run side by side: "one" serves
  * both models (model = A, model.b = B), "two" is a daemon per model. Each run, in turn:
- *   one:   --streams (default 4) greedy Completes of --tokens (default 64) tokens on each
+ *   one:   --streams (default 4) greedy Completes of --tokens (default 256) tokens on each
  *          model at once, in the daemon that serves both;
  *   two:   the same streams, each model's in its own daemon;
  *   alone: the streams of model A only, in the daemon that serves both (B idle).
- * Aggregate generated tokens/s per system, median of --runs (default 3) runs, the
+ * Aggregate generated tokens/s per system, median of --runs (default 5) runs, the
  * systems interleaved within each run so that load from other processes falls on all
- * alike; one/two is the ratio, and alone/A-in-two says what an idle second model costs.
+ * alike; one/two is the ratio (the median of each run's ratio, beside the ratio of the
+ * medians), and alone/A-in-two says what an idle second model costs.
  * Greedy texts of "one" are compared with "two"'s (equal unless the batched rows of
  * the two daemons differ in float rounding).
  */
@@ -133,7 +134,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    int n_streams = 4, tokens = 64, runs = 3, threads = 0;
+    int n_streams = 4, tokens = 256, runs = 5, threads = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc)
             usage();
@@ -180,7 +181,7 @@ int main(int argc, char **argv)
                                         sizeof socks[d])) <= 0)
             goto out;
     }
-    double one[64], two[64], alone[64], a_in_two[64];
+    double one[64], two[64], alone[64], a_in_two[64], r_two[64], r_alone[64];
     int equal = 0, compared = 0;
     if (runs > 64)
         runs = 64;
@@ -209,6 +210,8 @@ int main(int argc, char **argv)
         free_texts(s4, n_streams);
         if (one[r] < 0 || two[r] < 0 || alone[r] < 0 || a_in_two[r] < 0)
             goto out;
+        r_two[r] = one[r] / two[r];
+        r_alone[r] = alone[r] / a_in_two[r];
         fprintf(stderr, "multigen: run %d: one %.1f, two %.1f, alone %.1f, A's daemon %.1f "
                         "tok/s\n", r + 1, one[r], two[r], alone[r], a_in_two[r]);
     }
@@ -216,14 +219,17 @@ int main(int argc, char **argv)
     double m_alone = bench_median(alone, runs), m_a = bench_median(a_in_two, runs);
     printf("{\"bench\":\"multigen\",\"system\":\"one_daemon_two_models\",\"streams_per_model\":%d,"
            "\"tokens\":%d,\"runs\":%d,\"tokens_per_s\":%.1f,\"ratio_vs_two_daemons\":%.3f,"
-           "\"greedy_equal\":%d,\"greedy_compared\":%d}\n",
-           n_streams, tokens, runs, m_one, m_two > 0 ? m_one / m_two : 0, equal, compared);
+           "\"median_run_ratio\":%.3f,\"greedy_equal\":%d,\"greedy_compared\":%d}\n",
+           n_streams, tokens, runs, m_one, m_two > 0 ? m_one / m_two : 0,
+           bench_median(r_two, runs), equal, compared);
     printf("{\"bench\":\"multigen\",\"system\":\"two_daemons\",\"streams_per_model\":%d,"
            "\"tokens\":%d,\"runs\":%d,\"tokens_per_s\":%.1f}\n",
            n_streams, tokens, runs, m_two);
     printf("{\"bench\":\"multigen\",\"system\":\"model_a_beside_idle_b\",\"streams\":%d,"
-           "\"tokens\":%d,\"runs\":%d,\"tokens_per_s\":%.1f,\"ratio_vs_a_alone\":%.3f}\n",
-           n_streams, tokens, runs, m_alone, m_a > 0 ? m_alone / m_a : 0);
+           "\"tokens\":%d,\"runs\":%d,\"tokens_per_s\":%.1f,\"ratio_vs_a_alone\":%.3f,"
+           "\"median_run_ratio\":%.3f}\n",
+           n_streams, tokens, runs, m_alone, m_a > 0 ? m_alone / m_a : 0,
+           bench_median(r_alone, runs));
     rc = 0;
 out:
     for (int d = 0; d < 3; d++)
