@@ -394,6 +394,70 @@ static void unload_keeps_other_contexts(void)
     llms_close(c);
 }
 
+/* A generation on "tiny" that holds its first streamed text until the test let it go,
+ * then cancels. */
+typedef struct held {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool streaming, released;
+    enum llms_status status;
+} held;
+
+static int hold_first_text(const char *text, size_t len, void *user)
+{
+    (void)text;
+    (void)len;
+    held *h = user;
+    pthread_mutex_lock(&h->lock);
+    h->streaming = true;
+    pthread_cond_broadcast(&h->cond);
+    while (!h->released)
+        pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return 1;
+}
+
+static void *held_main(void *arg)
+{
+    held *h = arg;
+    llms_conn *c = proc_connect(&daemon_, "mg-held");
+    if (c) {
+        llms_params p = greedy(400, TINY_NAME);
+        h->status = llms_complete(c, "Once upon a time", NULL, 0, &p, hold_first_text, h, NULL);
+        llms_close(c);
+    }
+    pthread_mutex_lock(&h->lock);
+    h->streaming = true; /* a failure before any text must not leave the test waiting */
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+/* Unloading a generate model while a generation runs on it is refused, naming the
+ * running requests (before its contexts). */
+static void unload_refused_while_generating(void)
+{
+    NEED();
+    held h = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    pthread_t th;
+    pthread_create(&th, NULL, held_main, &h);
+    pthread_mutex_lock(&h.lock);
+    while (!h.streaming)
+        pthread_cond_wait(&h.cond, &h.lock);
+    pthread_mutex_unlock(&h.lock);
+    llms_conn *c = proc_connect(&daemon_, "mg-unload-busy");
+    CHECK(c);
+    CHECK_EQ(llms_model_unload(c, TINY_NAME), LLMS_ERR_FAILED_PRECONDITION);
+    CHECK_MSG(strstr(llms_last_error(c), "running"), "%s", llms_last_error(c));
+    llms_close(c);
+    pthread_mutex_lock(&h.lock);
+    h.released = true;
+    pthread_cond_broadcast(&h.cond);
+    pthread_mutex_unlock(&h.lock);
+    pthread_join(th, NULL);
+    CHECK_EQ(h.status, LLMS_ERR_CANCELLED);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -414,6 +478,7 @@ int main(int argc, char **argv)
     RUN(tokenize_by_model);
     RUN(contexts_survive_restart);
     RUN(unload_keeps_other_contexts);
+    RUN(unload_refused_while_generating);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)
         fprintf(stderr, "llmsd did not exit cleanly\n");
     for (int i = 0; i < N_PROMPTS; i++) {
