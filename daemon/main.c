@@ -216,7 +216,9 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        /* the gateway runs on the loop thread: it takes the names now, not the registry */
+        /* the gateway runs on the loop thread: it takes the names now, not the registry;
+         * its completions run on the default generate model (the others, and models
+         * loaded later, are not reachable through it) */
         models_entry *rr;
         const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
                                         LLMS__ERROR_CODE__OK
