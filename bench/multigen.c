@@ -2,7 +2,7 @@
  * multigen — two generate models in one llmsd against one llmsd per model, as JSON lines
  * on stdout.
  *
- *   multigen [--streams N] [--tokens N] [--runs N] [--threads N]
+ *   multigen [--streams N] [--tokens N] [--runs N] [--threads N] [--llmsd PATH]
  *
  * Two random-weight llama models of the same shape but different weights (about 30M
  * parameters, Q8_0, on the llama SPM vocabulary of the test data when it is there), kept
@@ -128,18 +128,23 @@ static int make_models(char paths[2][1024])
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: multigen [--streams N] [--tokens N] [--runs N] [--threads N]\n");
+    fprintf(stderr, "usage: multigen [--streams N] [--tokens N] [--runs N] [--threads N] "
+                    "[--llmsd PATH]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     int n_streams = 4, tokens = 256, runs = 5, threads = 0;
+    char llmsd[1024];
+    snprintf(llmsd, sizeof llmsd, "build/llmsd");
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc)
             usage();
         int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--streams") && v > 0 && v <= MAX_STREAMS)
+        if (!strcmp(argv[i], "--llmsd"))
+            snprintf(llmsd, sizeof llmsd, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--streams") && v > 0 && v <= MAX_STREAMS)
             n_streams = v;
         else if (!strcmp(argv[i], "--tokens") && v > 0)
             tokens = v;
@@ -151,8 +156,6 @@ int main(int argc, char **argv)
             usage();
         i++;
     }
-    char llmsd[1024];
-    snprintf(llmsd, sizeof llmsd, "build/llmsd");
     if (access(llmsd, X_OK) != 0) {
         fprintf(stderr, "multigen: run from the repository root after make (no %s)\n", llmsd);
         return 1;
