@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "daemon/genmodel.h"
 #include "daemon/http.h"
 #include "daemon/models.h"
 #include "daemon/notify.h"
@@ -149,17 +150,6 @@ static void resolve(config *cfg, const model_hparams *hp)
         cfg->max_tokens_per_context = cfg->n_ctx;
 }
 
-static enum chat_family model_family(const model *m)
-{
-    gguf_str t;
-    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
-        return CHAT_PLAIN;
-    char *s = strndup(t.ptr, t.len);
-    enum chat_family f = chat_detect(s);
-    free(s);
-    return f;
-}
-
 int main(int argc, char **argv)
 {
     static config cfg;
@@ -204,7 +194,7 @@ int main(int argc, char **argv)
         goto out;
     }
     resolve(&cfg, model_hparams_of(m));
-    enum chat_family family = model_family(m);
+    enum chat_family family = genmodel_chat_family(m);
     if (!(st = store_open(cfg.state_dir, err)) || !(out = outq_new(err))) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
@@ -226,7 +216,9 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        /* the gateway runs on the loop thread: it takes the names now, not the registry */
+        /* the gateway runs on the loop thread: it takes the names now, not the registry;
+         * its completions run on the default generate model (the others, and models
+         * loaded later, are not reachable through it) */
         models_entry *rr;
         const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
                                         LLMS__ERROR_CODE__OK
@@ -266,7 +258,8 @@ int main(int argc, char **argv)
     }
     for (const models_entry *e = models_first(reg); e; e = e->next)
         fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s\n", e->name, e->path, e->arch,
-                models_type_name(e->type), e == gen ? ", generates" : "");
+                models_type_name(e->type),
+                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "");
     fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
             gen->path, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
     notify_ready();

@@ -125,6 +125,11 @@ static models_entry *find_name(const models *r, const char *name)
     return NULL;
 }
 
+models_entry *models_find(models *r, const char *name)
+{
+    return find_name(r, name);
+}
+
 /* The entry whose file is path's file (same device and inode), if any. */
 static models_entry *find_file(const models *r, const char *path)
 {
@@ -255,6 +260,18 @@ static int roles_fit(const models_entry *e, unsigned roles, char err[ERR_MAX])
     if ((roles & MODELS_RERANK) && e->type == MODELS_ENCODER)
         return err_set(err, "model '%s': a bert encoder without a classification head "
                             "(cls.output) cannot rerank", e->name);
+    return 0;
+}
+
+/* Decoder embeddings run on the default generate model's runner (the scheduler's
+ * first): another decoder cannot embed. */
+static int decoder_embed_check(const models *r, const models_entry *e, unsigned roles,
+                               char err[ERR_MAX])
+{
+    const models_entry *first = models_generate((models *)r);
+    if ((roles & MODELS_EMBED) && e->type == MODELS_DECODER && first && first != e)
+        return err_set(err, "model '%s': a decoder embeds only as the default generate model "
+                            "('%s'); use a bert encoder", e->name, first->name);
     return 0;
 }
 
@@ -405,17 +422,14 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
             goto fail;
         }
     }
-    int n_gen = 0;
-    for (models_entry *e = r->head; e; e = e->next)
-        n_gen += (e->roles & MODELS_GENERATE) != 0;
-    if (n_gen != 1) {
-        err_set(err, n_gen ? "%d models have the generate role: llmsd serves one generate "
-                             "model (others may embed or rerank)"
-                           : "no generate model: set model = PATH or give a model.NAME line "
-                             "the generate role",
-                n_gen);
+    if (!models_generate(r)) {
+        err_set(err, "no generate model: set model = PATH or give a model.NAME line the "
+                     "generate role");
         goto fail;
     }
+    for (models_entry *e = r->head; e; e = e->next)
+        if (decoder_embed_check(r, e, e->roles, err) < 0)
+            goto fail;
     for (models_entry *e = r->head; e; e = e->next)
         if (entry_open(e, r->threads, load, err) < 0)
             goto fail;
@@ -458,17 +472,12 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         err_set(err, "%s is model '%s' already (a file is mapped once)", path, e->name);
         return LLMS__ERROR_CODE__FAILED_PRECONDITION;
     }
-    if (roles & MODELS_GENERATE) {
-        err_set(err, "model '%s' generates already: llmsd serves one generate model",
-                models_generate(r)->name);
-        return LLMS__ERROR_CODE__FAILED_PRECONDITION;
-    }
     if (!(e = entry_new(name, path, why))) {
         err_set(err, "model '%s': %s", name, why);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     e->roles = roles ? roles : kind_roles(e->type, false);
-    if (roles_fit(e, e->roles, err) < 0) {
+    if (roles_fit(e, e->roles, err) < 0 || decoder_embed_check(r, e, e->roles, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
@@ -495,9 +504,10 @@ Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
             err_set(err, "no such model (models: %s)", names);
         return LLMS__ERROR_CODE__NOT_FOUND;
     }
-    if (e->roles & MODELS_GENERATE) {
-        err_set(err, "model '%s' is the generate model: its contexts and the scheduler's "
-                     "runner depend on it (restart llmsd with another)", name);
+    if (e == models_generate(r)) {
+        err_set(err, "model '%s' is the default generate model: retrieval, prediction, "
+                     "decoder embeddings and contexts of unloaded models depend on it "
+                     "(restart llmsd with another)", name);
         return LLMS__ERROR_CODE__FAILED_PRECONDITION;
     }
     if (e->running > 0) {

@@ -293,8 +293,9 @@ static enum llms_status cmd_models(llms_conn *c)
     if (json)
         fputs("{\"models\":[", stdout);
     else
-        printf("%-20s %-8s %-13s %12s  %-22s %-22s %12s %12s %s\n", "NAME", "ARCH", "TYPE",
-               "FILE_BYTES", "ROLES", "DEFAULT_FOR", "RESIDENT", "SCRATCH", "RUNNING");
+        printf("%-20s %-8s %-13s %12s  %-22s %-22s %12s %12s %7s %8s %12s %12s\n", "NAME",
+               "ARCH", "TYPE", "FILE_BYTES", "ROLES", "DEFAULT_FOR", "RESIDENT", "SCRATCH",
+               "RUNNING", "CONTEXTS", "KV", "KV_BUDGET");
     for (size_t i = 0; i < n; i++) {
         const llms_model_info *m = &ms[i];
         if (json) {
@@ -311,14 +312,24 @@ static enum llms_status cmd_models(llms_conn *c)
             fputs(",\"default_for\":", stdout);
             json_str(m->default_for);
             printf(",\"file_bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64
-                   ",\"scratch_bytes\":%" PRIu64 ",\"running\":%" PRIu32 "}",
+                   ",\"scratch_bytes\":%" PRIu64 ",\"running\":%" PRIu32,
                    m->file_bytes, m->resident_bytes, m->scratch_bytes, m->running);
+            if (m->generates)
+                printf(",\"contexts\":%" PRIu32 ",\"kv_bytes\":%" PRIu64
+                       ",\"kv_budget_bytes\":%" PRIu64,
+                       m->contexts, m->kv_bytes, m->kv_budget_bytes);
+            fputs("}", stdout);
         } else {
             printf("%-20s %-8s %-13s %12" PRIu64 "  %-22s %-22s %12" PRIu64 " %12" PRIu64
-                   " %" PRIu32 "\n",
+                   " %7" PRIu32,
                    m->name, m->arch, m->type, m->file_bytes, m->roles,
                    m->default_for[0] ? m->default_for : "-", m->resident_bytes,
                    m->scratch_bytes, m->running);
+            if (m->generates)
+                printf(" %8" PRIu32 " %12" PRIu64 " %12" PRIu64 "\n", m->contexts,
+                       m->kv_bytes, m->kv_budget_bytes);
+            else
+                printf(" %8s %12s %12s\n", "-", "-", "-");
         }
     }
     if (json)
