@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
-#include "daemon/genmodel.h"
 #include "daemon/http.h"
 #include "daemon/models.h"
 #include "daemon/notify.h"
@@ -194,7 +193,7 @@ int main(int argc, char **argv)
         goto out;
     }
     resolve(&cfg, model_hparams_of(m));
-    enum chat_family family = genmodel_chat_family(m);
+    enum chat_family family = gen->family;
     if (!(st = store_open(cfg.state_dir, err)) || !(out = outq_new(err))) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
@@ -216,16 +215,9 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        /* the gateway runs on the loop thread: it takes the names now, not the registry;
-         * its completions run on the default generate model (the others, and models
-         * loaded later, are not reachable through it) */
-        models_entry *rr;
-        const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
-                                        LLMS__ERROR_CODE__OK
-                                    ? rr->name
-                                    : gen->name;
-        gw = http_new(base, &cfg, server_session_env(ls.srv), family, gen->name, rerank_id,
-                      err);
+        /* the gateway runs on the loop thread: it reads the registry only through
+         * models_view_update, which the worker's loads and unloads keep current */
+        gw = http_new(base, &cfg, server_session_env(ls.srv), reg, err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;

@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +15,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/genmodel.h"
+
 struct models {
     models_entry *head;
     int threads;              /* engine threads of the encoders' runners */
     gguf_load load;           /* how the generate model came into memory */
+    /* What models_view_update copies out, rewritten by view_publish after every change;
+     * the lock is the only thing other threads touch. */
+    pthread_mutex_t view_lock;
+    models_view_entry *view;  /* (view_cap) entries, view_n of them in use */
+    size_t view_n, view_cap;
+    uint64_t view_version;
 };
 
 static const char *const role_names[] = {"generate", "embed", "rerank"};
@@ -193,6 +202,83 @@ Llms__ErrorCode models_resolve(models *r, const char *name, enum models_role rol
     return LLMS__ERROR_CODE__OK;
 }
 
+static size_t count_entries(const models *r)
+{
+    size_t n = 0;
+    for (const models_entry *e = r->head; e; e = e->next)
+        n++;
+    return n;
+}
+
+/* Room in the published view for n models, made before the registry grows so that
+ * publishing (after an unload too) never allocates. 0, or -1 when memory runs out. */
+static int view_reserve(models *r, size_t n)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->view_lock);
+    if (n > r->view_cap) {
+        models_view_entry *v = realloc(r->view, n * sizeof *v);
+        if (v) {
+            r->view = v;
+            r->view_cap = n;
+        } else {
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&r->view_lock);
+    return rc;
+}
+
+/* Rewrites the published view from the registry, into the room view_reserve made. */
+static void view_publish(models *r)
+{
+    pthread_mutex_lock(&r->view_lock);
+    size_t n = 0;
+    for (const models_entry *e = r->head; e && n < r->view_cap; e = e->next, n++) {
+        models_view_entry *v = &r->view[n];
+        memcpy(v->name, e->name, sizeof v->name);
+        v->roles = effective_roles(r, e);
+        v->defaults = 0;
+        for (unsigned bit = 1; bit <= MODELS_RERANK; bit <<= 1)
+            if (default_for(r, bit) == e)
+                v->defaults |= bit;
+        v->family = e->family;
+    }
+    r->view_n = n;
+    r->view_version++;
+    pthread_mutex_unlock(&r->view_lock);
+}
+
+int models_view_update(models *r, models_view *v)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->view_lock);
+    if (v->version != r->view_version) {
+        if (r->view_n > v->cap) {
+            models_view_entry *e = realloc(v->entries, r->view_n * sizeof *e);
+            if (e) {
+                v->entries = e;
+                v->cap = r->view_n;
+            }
+        }
+        if (r->view_n <= v->cap) {
+            memcpy(v->entries, r->view, r->view_n * sizeof *v->entries);
+            v->n = r->view_n;
+            v->version = r->view_version;
+        } else {
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&r->view_lock);
+    return rc;
+}
+
+void models_view_free(models_view *v)
+{
+    free(v->entries);
+    *v = (models_view){0};
+}
+
 /* The name of a file: its base name without ".gguf". */
 static int name_of_path(const char *path, char name[MODELS_NAME_MAX + 1], char err[ERR_MAX])
 {
@@ -302,6 +388,7 @@ static int entry_open(models_entry *e, int threads, gguf_load load, char err[ERR
         if (!(e->m = model_load_as(e->path, load, why)))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
+        e->family = genmodel_chat_family(e->m);
     }
     if ((e->roles & MODELS_EMBED) && e->type != MODELS_DECODER) {
         if (!(e->enc = bert_load(e->path, why)))
@@ -384,6 +471,7 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
         err_set(err, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&r->view_lock, NULL);
     r->threads = cfg->threads;
     r->load = load;
     /* The shorthands come first: they are the defaults of their roles. */
@@ -433,6 +521,11 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
     for (models_entry *e = r->head; e; e = e->next)
         if (entry_open(e, r->threads, load, err) < 0)
             goto fail;
+    if (view_reserve(r, count_entries(r)) < 0) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    view_publish(r);
     return r;
 fail:
     models_free(r);
@@ -448,6 +541,8 @@ void models_free(models *r)
         r->head = e->next;
         entry_free(e);
     }
+    free(r->view);
+    pthread_mutex_destroy(&r->view_lock);
     free(r);
 }
 
@@ -485,7 +580,13 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
+    if (view_reserve(r, count_entries(r) + 1) < 0) {
+        entry_free(e);
+        err_set(err, "out of memory");
+        return LLMS__ERROR_CODE__INTERNAL;
+    }
     append(r, e);
+    view_publish(r);
     return LLMS__ERROR_CODE__OK;
 }
 
@@ -517,6 +618,7 @@ Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
     }
     *pp = e->next;
     entry_free(e);
+    view_publish(r);
     return LLMS__ERROR_CODE__OK;
 }
 
