@@ -9,9 +9,8 @@
  * a daemon with one model). Any number of decoders may generate; the first in registry
  * order is the default generate model. The scheduler gives each generate model its own
  * runner, KV pool and context manager (daemon/genmodel.h); what runs on one model only
- * (decoder embeddings, retrieval's generation, prediction, the HTTP gateway's
- * completions) uses the default, which therefore cannot be unloaded and is the only
- * decoder that may embed.
+ * (decoder embeddings, retrieval's generation, prediction) uses the default, which
+ * therefore cannot be unloaded and is the only decoder that may embed.
  *
  * Each file is opened once: the generate model and every embed encoder at start (or at
  * models_load), each reranker on its first call (engine/rerank.h opens its own file,
