@@ -22,8 +22,6 @@
 
 #include "client/llms.h"
 #include "engine/chat.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/gguf_copy.h"
@@ -71,16 +69,6 @@ static int start_daemon(void)
             up = start_daemon() == 0 ? 1 : -1;                                        \
         CHECK_MSG(up == 1, "llmsd did not start");                                    \
     } while (0)
-
-static llms_params greedy(const char *model)
-{
-    llms_params p;
-    llms_params_init(&p);
-    p.temperature = 0;
-    p.max_tokens = MAX_TOKENS;
-    p.model = model;
-    return p;
-}
 
 /* The body of a greedy chat of SYSTEM and USER, naming model unless it is NULL. */
 static void chat_body(char *buf, size_t cap, const char *model, bool stream)
@@ -180,7 +168,7 @@ static int native_chat(const char *model, llms_result *out)
     llms_conn *c = proc_connect(&daemon_, "hm-native");
     if (!c)
         return -1;
-    llms_params p = greedy(model);
+    llms_params p = proc_greedy(MAX_TOKENS, model);
     enum llms_status s = llms_complete(c, USER, SYSTEM, 1, &p, NULL, NULL, out);
     if (s != LLMS_OK)
         fprintf(stderr, "native chat on %s: %s\n", model ? model : "(default)",
@@ -265,7 +253,7 @@ static void completion_on_each_model_equals_native(void)
     llms_conn *c = proc_connect(&daemon_, "hm-native");
     CHECK(c);
     for (int i = 0; i < 2; i++) {
-        llms_params p = greedy(models[i]);
+        llms_params p = proc_greedy(MAX_TOKENS, models[i]);
         llms_result want;
         CHECK(llms_complete(c, "Once upon a time", NULL, 0, &p, NULL, NULL, &want) == LLMS_OK);
         char body[256];
@@ -375,7 +363,7 @@ static void context_keeps_its_model(void)
     llms_conn *c = proc_connect(&daemon_, "http");
     CHECK(c);
     char id[LLMS_ID_MAX];
-    llms_params p = greedy(TINY_NAME);
+    llms_params p = proc_greedy(MAX_TOKENS, TINY_NAME);
     CHECK(llms_context_create(c, NULL, &p, id) == LLMS_OK);
     const char *names[] = {TINY_NAME, DEFAULT_NAME};
     for (int i = 0; i < 2; i++) {
@@ -508,16 +496,15 @@ static void loads_race_requests(void)
     CHECK(r.ok + r.gone > 0);
 }
 
-int main(int argc, char **argv)
+/* The daemon's files: stories260K as it is, two copies of TinyStories-656K with a chat
+ * template each (tiny: chatml, late: llama3), and the encoder when the bert vocabulary is
+ * there; a path stays empty when its file cannot be made. */
+static void make_models(void)
 {
-    (void)argc;
-    signal(SIGPIPE, SIG_IGN);
-    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    char err[ERR_MAX];
     const char *p = test_data_path("models/stories260K.gguf");
     stories = p ? strcpy(stories_path, p) : NULL;
-    p = test_data_path("models/TinyStories-656K-Q8_0.gguf");
-    char err[ERR_MAX];
-    if (p) {
+    if ((p = test_data_path("models/TinyStories-656K-Q8_0.gguf"))) {
         char src[1024];
         snprintf(src, sizeof src, "%s", p);
         proc_fmt(tiny_path, sizeof tiny_path, "%s/tiny-chatml.gguf", test_tmpdir());
@@ -537,12 +524,18 @@ int main(int argc, char **argv)
     const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
     gguf_file *v = vp ? gguf_open(vp, err) : NULL;
     if (v) {
-        modelgen_params bp = {.arch = "bert", .dim = 32, .n_layer = 2, .n_head = 2,
-                              .n_head_kv = 2, .n_ff = 64, .n_ctx = 128, .type = QTYPE_F16,
-                              .seed = 2, .vocab = v, .n_threads = 1, .pooling_type = 1};
+        modelgen_params bp = proc_bert_params(v);
         proc_generate_model(encoder, sizeof encoder, "encoder.gguf", &bp);
         gguf_close(v);
     }
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    make_models();
     RUN(models_listed_with_roles);
     RUN(chat_on_each_model_equals_native);
     RUN(completion_on_each_model_equals_native);

@@ -41,16 +41,6 @@ typedef struct outputs {
 
 static outputs alone_default, alone_tiny;
 
-static llms_params greedy(int max_tokens, const char *model)
-{
-    llms_params p;
-    llms_params_init(&p);
-    p.temperature = 0;
-    p.max_tokens = max_tokens;
-    p.model = model;
-    return p;
-}
-
 static int start_multi(bool with_tiny)
 {
     char extra[1200];
@@ -74,7 +64,7 @@ static int start_multi(bool with_tiny)
 /* A Complete (ctx NULL) or a Call on ctx, greedy; the text or NULL. */
 static char *generate(llms_conn *c, const char *ctx, const char *prompt, const char *model)
 {
-    llms_params p = greedy(24, model);
+    llms_params p = proc_greedy(24, model);
     llms_result r;
     enum llms_status s = ctx ? llms_call(c, ctx, prompt, &p, NULL, NULL, &r)
                              : llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r);
@@ -138,7 +128,7 @@ static void *stream_main(void *arg)
     if (!c)
         return NULL;
     char id[LLMS_ID_MAX];
-    llms_params p = greedy(24, st->model);
+    llms_params p = proc_greedy(24, st->model);
     if (st->prompt >= 0)
         st->got = generate(c, NULL, PROMPTS[st->prompt], st->model);
     else if (llms_context_create(c, NULL, &p, id) == LLMS_OK)
@@ -225,7 +215,7 @@ static void wrong_model_refused(void)
     llms_conn *c = proc_connect(&daemon_, "mg-wrong");
     CHECK(c);
     char id[LLMS_ID_MAX];
-    llms_params p = greedy(4, TINY_NAME);
+    llms_params p = proc_greedy(4, TINY_NAME);
     CHECK(llms_context_create(c, NULL, &p, id) == LLMS_OK);
     p.model = DEFAULT_NAME;
     char *text;
@@ -308,7 +298,7 @@ static void contexts_survive_restart(void)
     char ids[2][LLMS_ID_MAX], *text;
     const char *names[2] = {DEFAULT_NAME, TINY_NAME};
     for (int m = 0; m < 2; m++) {
-        llms_params p = greedy(8, names[m]);
+        llms_params p = proc_greedy(8, names[m]);
         CHECK(llms_context_create(c, NULL, &p, ids[m]) == LLMS_OK);
         CHECK_MSG(llms_call_text(c, ids[m], "remember", &p, &text) == LLMS_OK, "%s",
                   llms_last_error(c));
@@ -322,7 +312,7 @@ static void contexts_survive_restart(void)
     CHECK(c);
     for (int m = 0; m < 2; m++) {
         check_context(c, ids[m], 2, names[m]);
-        llms_params p = greedy(8, NULL);
+        llms_params p = proc_greedy(8, NULL);
         CHECK_MSG(llms_call_text(c, ids[m], "again", &p, &text) == LLMS_OK, "%s",
                   llms_last_error(c));
         free(text);
@@ -336,7 +326,7 @@ static void contexts_survive_restart(void)
     c = proc_connect(&daemon_, "mg-keep");
     CHECK(c);
     check_context(c, ids[1], 4, TINY_NAME);
-    llms_params p = greedy(8, NULL);
+    llms_params p = proc_greedy(8, NULL);
     CHECK_EQ(llms_call_text(c, ids[1], "third", &p, &text), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_MSG(strstr(llms_last_error(c), "not loaded"), "%s", llms_last_error(c));
     CHECK_MSG(llms_model_load(c, TINY_NAME, tiny, "generate") == LLMS_OK, "%s",
@@ -365,7 +355,7 @@ static void unload_keeps_other_contexts(void)
     CHECK_MSG(llms_model_load(c, "rand", random_model, "generate") == LLMS_OK, "%s",
               llms_last_error(c));
     for (int m = 0; m < 3; m++) {
-        llms_params p = greedy(4, names[m]);
+        llms_params p = proc_greedy(4, names[m]);
         CHECK(llms_context_create(c, NULL, &p, ids[m]) == LLMS_OK);
         CHECK_MSG(llms_call_text(c, ids[m], "one", &p, &text) == LLMS_OK, "%s",
                   llms_last_error(c));
@@ -381,11 +371,11 @@ static void unload_keeps_other_contexts(void)
     CHECK_EQ(llms_model_unload(c, DEFAULT_NAME), LLMS_ERR_FAILED_PRECONDITION);
     CHECK(llms_context_delete(c, ids[2]) == LLMS_OK);
     CHECK_MSG(llms_model_unload(c, "rand") == LLMS_OK, "%s", llms_last_error(c));
-    llms_params p = greedy(4, "rand");
+    llms_params p = proc_greedy(4, "rand");
     llms_result r;
     CHECK_EQ(llms_complete(c, "one", NULL, 0, &p, NULL, NULL, &r), LLMS_ERR_NOT_FOUND);
     for (int m = 0; m < 2; m++) {
-        p = greedy(4, NULL);
+        p = proc_greedy(4, NULL);
         CHECK_MSG(llms_call_text(c, ids[m], "two", &p, &text) == LLMS_OK, "%s",
                   llms_last_error(c));
         free(text);
@@ -422,7 +412,7 @@ static void *held_main(void *arg)
     held *h = arg;
     llms_conn *c = proc_connect(&daemon_, "mg-held");
     if (c) {
-        llms_params p = greedy(400, TINY_NAME);
+        llms_params p = proc_greedy(400, TINY_NAME);
         h->status = llms_complete(c, "Once upon a time", NULL, 0, &p, hold_first_text, h, NULL);
         llms_close(c);
     }
