@@ -86,6 +86,22 @@ int model_get_float(const gguf_file *g, const char *arch, const char *suffix, fl
 const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
                                      int64_t ne0, int64_t ne1, char err[ERR_MAX]);
 
+/*
+ * Repacks the weight matrices whose type has repacked kernels on this CPU
+ * (quant_repack_kernel: Q8_0 with AVX-512 VNNI) into a private copy of the same size, in
+ * the layout those kernels read: batched decode of a few streams then runs up to ~1.7x
+ * faster per matrix product, and every product equals the scalar kernel's bit for bit, so
+ * batched rows give exactly their solo results. The token embedding (and an output
+ * matrix tied to it) stays as stored. Copied weights (GGUF_LOAD_COPY) give their
+ * replaced pages back, so that they are not held twice; mapped ones keep the file in the
+ * page cache, reclaimable, beside model_repacked_bytes of private memory. A repacked
+ * model's weights cannot stream (model_runner_stream_weights refuses): streaming runners
+ * read the file's layout. Does nothing on other CPUs, with LLMS_NO_SIMD or
+ * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had.
+ */
+int model_repack_weights(model *m, char err[ERR_MAX]);
+size_t model_repacked_bytes(const model *m); /* 0 when nothing was repacked */
+
 /* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
 void model_free(model *m);
 
