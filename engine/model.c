@@ -61,6 +61,7 @@ struct model {
     bool mapped;             /* weights are a file mapping (they can stream) */
     void *repacked;          /* (repacked_bytes) private copy of the repacked matrices, or NULL */
     size_t repacked_bytes;
+    size_t repack_given_back; /* bytes of copied weights' pages the copy replaced */
 };
 
 /* ---- loading ---- */
@@ -326,13 +327,12 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
     return m;
 }
 
-/* Every weight matrix of m (the token embedding is read by rows, never multiplied, so
- * it is left out, and the output matrix with it when the file ties them); *n set. */
+/* Every weight matrix m multiplies with (the token embedding is read by rows: when the
+ * file ties the output matrix to it, the output is a matrix of its own here); *n set. */
 static ops_matrix **model_matrices(model *m, ops_matrix **w, int *n)
 {
     int k = 0;
-    if (m->output.data != m->tok_embd.data)
-        w[k++] = &m->output;
+    w[k++] = &m->output;
     for (int l = 0; l < m->hp.n_layer; l++) {
         model_layer *L = &m->layers[l];
         ops_matrix *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -382,13 +382,14 @@ int model_repack_weights(model *m, char err[ERR_MAX])
         size_t size = (size_t)w[i]->rows * w[i]->row_bytes;
         ops_matrix_repack(w[i], p, w[i]);
         p += (size + 63) & ~(size_t)63;
-        /* a copy the model owns is read by nothing else: give back its pages (whole
-         * pages inside the matrix; a mapping's stay in the page cache, reclaimable) */
-        if (m->owned && !m->mapped) {
+        /* a copy the model owns is read by nothing else (but a tied token embedding):
+         * give back its pages (whole pages inside the matrix; a mapping's stay in the
+         * page cache, reclaimable) */
+        if (m->owned && !m->mapped && src != m->tok_embd.data) {
             uintptr_t a = ((uintptr_t)src + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
             uintptr_t e = ((uintptr_t)src + size) & ~(uintptr_t)(page - 1);
-            if (e > a)
-                (void)madvise((void *)a, e - a, MADV_DONTNEED);
+            if (e > a && madvise((void *)a, e - a, MADV_DONTNEED) == 0)
+                m->repack_given_back += e - a;
         }
     }
     (void)mprotect(dst, bytes, PROT_READ);
@@ -400,7 +401,7 @@ int model_repack_weights(model *m, char err[ERR_MAX])
 
 size_t model_repacked_bytes(const model *m)
 {
-    return m->repacked_bytes;
+    return m->repacked_bytes - m->repack_given_back;
 }
 
 void model_free(model *m)

@@ -91,8 +91,8 @@ const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n
  * (quant_repack_kernel: Q8_0 with AVX-512 VNNI) into a private copy of the same size, in
  * the layout those kernels read: batched decode of a few streams then runs up to ~1.7x
  * faster per matrix product, and every product equals the scalar kernel's bit for bit, so
- * batched rows give exactly their solo results. The token embedding (and an output
- * matrix tied to it) stays as stored. Copied weights (GGUF_LOAD_COPY) give their
+ * batched rows give exactly their solo results. The token embedding stays as stored
+ * (an output matrix tied to it gets a repacked copy of its own). Copied weights (GGUF_LOAD_COPY) give their
  * replaced pages back, so that they are not held twice; mapped ones keep the file in the
  * page cache, reclaimable, beside model_repacked_bytes of private memory. A repacked
  * model's weights cannot stream (model_runner_stream_weights refuses): streaming runners
@@ -100,7 +100,9 @@ const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n
  * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had.
  */
 int model_repack_weights(model *m, char err[ERR_MAX]);
-size_t model_repacked_bytes(const model *m); /* 0 when nothing was repacked */
+/* Private memory repacking added: the copy less the copied weights' pages it gave back
+ * (about 0 for copied weights; 0 when nothing was repacked). */
+size_t model_repacked_bytes(const model *m);
 
 /* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
 void model_free(model *m);

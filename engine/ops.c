@@ -330,7 +330,9 @@ static void ops_dot_job(void *p, int ith, int nth)
                                         w->cols, j->y[m] + b, (size_t)w->rows);
                 continue;
             }
-            if (!j->packed || !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed,
+            /* a repacked matrix's last rows: by the kernel whose results do not depend on
+             * n_tok, as the repacked rows' do not */
+            if (!j->packed || w->repacked || !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed,
                                                      j->n_tok, w->cols, j->y[m] + b,
                                                      (size_t)w->rows))
                 quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
@@ -421,15 +423,15 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             ops_prepare_job(&j, 0, 1);
         else
             tp_run(pool, ops_prepare_job, &j);
+        bool repacked = false, plain = false;
+        for (int i = 0; i < n_mat; i++)
+            repacked |= w[i]->repacked, plain |= !w[i]->repacked;
         char *packed = (char *)scratch + ops_align((size_t)n_tok * j.act_stride);
         size_t packed_bytes = quant_packed_bytes(act_type, n_tok, w[0]->cols);
-        if (packed_bytes) {
+        if (packed_bytes && plain) {
             quant_pack_activations(act_type, j.act, j.act_stride, n_tok, w[0]->cols, packed);
             j.packed = packed;
         }
-        bool repacked = false;
-        for (int i = 0; i < n_mat; i++)
-            repacked |= w[i]->repacked;
         if (repacked) {
             char *rp = packed + ops_align(packed_bytes);
             quant_repack_activations(j.act, j.act_stride, n_tok, w[0]->cols, rp);
