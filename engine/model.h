@@ -254,7 +254,10 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char e
  * 16: sgemm, as alone). One exception: from QUANT_PACKED_MIN_ACT (3) stacked rows on,
  * Q8_0 products on CPUs with AVX-512 VNNI use the packed-activation kernel, which adds a
  * dot product's blocks in another order than the lone row's SIMD lanes (f32 rounding,
- * ~1e-7 of the logits' scale). With more stacked rows the products
+ * ~1e-7 of the logits' scale); not on repacked weights (model_repack_weights), whose
+ * products are the scalar kernel's at any row count, so outputs are bit-equal there with
+ * more stacked rows too (tests/engine/test_model_batch.c: 28 rows of decode and prefill
+ * mixed). Otherwise, with more stacked rows, the products
  * go through sgemm on f32 activations instead: for float weights outputs then differ
  * from solo by rounding (~1e-5 of their scale), for quantized weights by the 8-bit
  * quantization of the activations that the lone rows' dot kernels apply (up to ~2% of
