@@ -72,9 +72,12 @@ void quant_avx512_repack_q8_0(const void *src, size_t row_bytes, int64_t n, void
                                                                      (size_t)r * row_bytes);
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *qb = (uint8_t *)rp_qs(dst, b, nb);
-            for (int g = 0; g < 8; g++)
-                for (int k = 0; k < 4; k++)
-                    qb[(g * RP_ROWS + r) * 4 + k] = (uint8_t)(x[b].qs[4 * g + k] ^ 0x80);
+            for (int g = 0; g < 8; g++) {
+                uint32_t v;
+                memcpy(&v, x[b].qs + 4 * g, sizeof v);
+                v ^= 0x80808080u;
+                memcpy(qb + (g * RP_ROWS + r) * 4, &v, sizeof v);
+            }
             memcpy((uint8_t *)rp_scales(dst, b) + r * sizeof(uint16_t), &x[b].d, sizeof(uint16_t));
         }
     }
