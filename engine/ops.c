@@ -332,9 +332,9 @@ static void ops_dot_job(void *p, int ith, int nth)
             }
             /* a repacked matrix's last rows: by the kernel whose results do not depend on
              * n_tok, as the repacked rows' do not */
-            if (!j->packed || w->repacked || !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed,
-                                                     j->n_tok, w->cols, j->y[m] + b,
-                                                     (size_t)w->rows))
+            if (!j->packed || w->repacked ||
+                !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed, j->n_tok,
+                                       w->cols, j->y[m] + b, (size_t)w->rows))
                 quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
                                      j->n_tok, w->cols, j->y[m] + b, (size_t)w->rows);
         }

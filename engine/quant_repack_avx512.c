@@ -9,10 +9,10 @@
  * Here a group's block is stored as eight 64-byte vectors, vector g holding bytes
  * 4 g .. 4 g + 3 of the block in each of the 16 rows (plus 128: vpdpbusd wants its
  * first operand unsigned, and the offset is folded in once, at repack time), beside the
- * 16 rows' f16 scales (rp_qs, rp_scales). One vpdpbusd multiplies a vector with 4 bytes of one activation,
- * broadcast from memory, so every lane holds a whole (row, activation) block sum: eight
- * give the block's 16 sums for that activation, whatever the number of activations,
- * with no horizontal sum and the weights loaded once per block for all of them.
+ * 16 rows' f16 scales (rp_qs, rp_scales). One vpdpbusd multiplies a vector with 4 bytes
+ * of one activation, broadcast from memory, so every lane holds a whole (row, activation)
+ * block sum: eight give the block's 16 sums for that activation, whatever the number of
+ * activations, with no horizontal sum and the weights loaded once per block for all.
  * The sum starts at -128 * (the activation block's sum), computed once when activations
  * are packed, which makes it exactly the scalar kernel's integer; the f32 steps are the
  * scalar kernel's too, sum += (d_w * d_a) * (float)isum block after block (this file is
@@ -49,7 +49,8 @@ INLINE const uint8_t *rp_qs(const uint8_t *grp, int64_t b, int64_t nb)
 
 INLINE const uint8_t *rp_scales(const uint8_t *grp, int64_t b)
 {
-    return grp + (size_t)(b / 2) * 2 * RP_GROUP_BLOCK_BYTES + (size_t)(b % 2) * RP_ROWS * sizeof(uint16_t);
+    return grp + (size_t)(b / 2) * 2 * RP_GROUP_BLOCK_BYTES +
+           (size_t)(b % 2) * RP_ROWS * sizeof(uint16_t);
 }
 
 /* Four activation bytes read as one operand: vpdpbusd then broadcasts them from memory
@@ -137,13 +138,15 @@ INLINE void rp_group(int na, const uint8_t *grp, int64_t nb, const rp_act *pk, i
     for (int64_t b = 0; b < nb; b++) {
         if (na > 1)
             for (size_t k = 0; k < RP_GROUP_BLOCK_BYTES; k += 64)
-                _mm_prefetch((const char *)(pf + (size_t)b * RP_GROUP_BLOCK_BYTES + k), _MM_HINT_T1);
+                _mm_prefetch((const char *)(pf + (size_t)b * RP_GROUP_BLOCK_BYTES + k),
+                             _MM_HINT_T1);
         const uint8_t *qb = rp_qs(grp, b, nb);
         __m512i w[8];
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++)
             w[g] = _mm512_loadu_si512(qb + 64 * g);
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)rp_scales(grp, b)));
+        __m512 dw = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(const void *)rp_scales(grp, b)));
         const rp_act *p = pk + (size_t)b * (size_t)n_act;
 #pragma GCC unroll 16
         for (int a = 0; a < na; a++) {
