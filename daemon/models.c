@@ -21,6 +21,7 @@ struct models {
     models_entry *head;
     int threads;              /* engine threads of the encoders' runners */
     gguf_load load;           /* how the generate model came into memory */
+    bool repack;              /* its weights are repacked (they do not stream) */
     /* What models_view_update copies out, rewritten by view_publish after every change;
      * the lock is the only thing other threads touch. */
     pthread_mutex_t view_lock;
@@ -381,11 +382,13 @@ static void entry_free(models_entry *e)
 }
 
 /* Opens what e's roles need now (the reranker waits for its first call). */
-static int entry_open(models_entry *e, int threads, gguf_load load, char err[ERR_MAX])
+static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
+                      char err[ERR_MAX])
 {
     char why[ERR_MAX];
     if (e->roles & MODELS_GENERATE) {
-        if (!(e->m = model_load_as(e->path, load, why)))
+        if (!(e->m = model_load_as(e->path, load, why)) ||
+            (repack && model_repack_weights(e->m, why) < 0))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
         e->family = genmodel_chat_family(e->m);
@@ -474,6 +477,9 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
     pthread_mutex_init(&r->view_lock, NULL);
     r->threads = cfg->threads;
     r->load = load;
+    /* batched decode's kernels read repacked Q8_0 weights fastest; streamed weights are
+     * read from the file as it stores them */
+    r->repack = cfg->resident_small_mb < 0;
     /* The shorthands come first: they are the defaults of their roles. */
     if ((cfg->model[0] && add_shorthand(r, "model", cfg->model, MODELS_GENERATE,
                                         MODELS_EMBED | MODELS_RERANK, err) < 0) ||
@@ -519,7 +525,7 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
         if (decoder_embed_check(r, e, e->roles, err) < 0)
             goto fail;
     for (models_entry *e = r->head; e; e = e->next)
-        if (entry_open(e, r->threads, load, err) < 0)
+        if (entry_open(e, r->threads, load, r->repack, err) < 0)
             goto fail;
     if (view_reserve(r, count_entries(r)) < 0) {
         err_set(err, "out of memory");
@@ -576,7 +582,7 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
-    if (entry_open(e, r->threads, r->load, err) < 0) {
+    if (entry_open(e, r->threads, r->load, r->repack, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
@@ -656,14 +662,15 @@ static uint64_t file_resident(const char *path)
 
 uint64_t models_resident_bytes(const models_entry *e)
 {
+    uint64_t repacked = e->m ? model_repacked_bytes(e->m) : 0;
     if (e->copied) {
         const gguf_file *g = model_gguf(e->m);
         uint64_t n = 0;
         for (int64_t i = 0; i < gguf_n_tensors(g); i++)
             n += gguf_tensor_at(g, i)->bytes;
-        return n;
+        return n + repacked;
     }
-    return file_resident(e->path);
+    return file_resident(e->path) + repacked;
 }
 
 uint64_t models_scratch_bytes(const models_entry *e)

@@ -146,7 +146,8 @@ int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX]);
 /* Whether name is a valid model name. */
 bool models_name_ok(const char *name);
 
-/* Bytes of e's file in memory now (page cache pages of the mapping, or the copy). */
+/* Bytes of e's file in memory now (page cache pages of the mapping, or the copy), plus
+ * the private memory its repacked weights added (model_repacked_bytes). */
 uint64_t models_resident_bytes(const models_entry *e);
 
 /* Bytes of its runners' working memory that the registry holds (encoder runner, the
