@@ -3,7 +3,7 @@
  *
  *   build/bench/batch_decode [-t THREADS] [-r RUNS] [--steps D] [--prefix P]
  *                            [--model FILE | --dim N --layers N --heads N --kv-heads N
- *                             --ffn N --vocab N] [--prepare] [--no-serial]
+ *                             --ffn N --vocab N] [--prepare] [--no-serial] [--plain]
  *
  * For N in 1, 4 and 16 sequences, each holding a P-token prefix (default 128), D decode
  * steps (default 64); a step gives every sequence one new token (the argmax of
@@ -16,6 +16,9 @@
  * Prints one JSON object per N: batched_tok_s, serial_tok_s, batched_over_serial, and
  * ratio_to_1 (batched_tok_s over the N = 1 batched figure of the same process; with
  * serial_ratio_to_1 likewise).
+ *
+ * The weights are repacked (model_repack_weights) as llmsd does; --plain keeps them as
+ * the file stores them (the layout before repacking, for a baseline in the same build).
  *
  * Without --model it generates a llama-shaped Q8_0 model of the given shape (default
  * dim 768, 12 layers, 12 heads, 4 KV heads, FFN 2048, 32000 tokens: ~125M parameters)
@@ -45,7 +48,7 @@ typedef struct options {
     int n_threads, n_runs, n_steps, n_prefix;
     const char *model;
     modelgen_params gen;
-    bool prepare, serial;
+    bool prepare, serial, plain;
 } options;
 
 /* build/bench-models/batch-llama-DIMxLAYERS-...-q8_0.gguf, generated unless present. */
@@ -131,6 +134,10 @@ static int bench(const char *path, const options *o)
     char err[ERR_MAX];
     int status = 1;
     model *m = model_load(path, err);
+    if (m && !o->plain && model_repack_weights(m, err) < 0) {
+        model_free(m);
+        m = NULL;
+    }
     if (!m) {
         fprintf(stderr, "batch_decode: %s\n", err);
         return 1;
@@ -263,11 +270,13 @@ int main(int argc, char **argv)
             o.prepare = true;
         else if (!strcmp(argv[i], "--no-serial"))
             o.serial = false;
+        else if (!strcmp(argv[i], "--plain"))
+            o.plain = true;
         else
             rc = -1, fprintf(stderr, "usage: batch_decode [-t N] [-r N] [--steps D] "
                                      "[--prefix P] [--model FILE | --dim N --layers N "
                                      "--heads N --kv-heads N --ffn N --vocab N] [--prepare] "
-                                     "[--no-serial]\n");
+                                     "[--no-serial] [--plain]\n");
         if (rc)
             return 2;
     }

@@ -20,14 +20,18 @@
  * KL(p_f16 || p_scheme) and the share of positions whose most likely token is the f16
  * one's (top-1 agreement).
  *
- * Schemes: uniform int8, int4, int2 (equal K and V widths); "tolerance" =
- * kv_assign_precisions (per chunk K and V widths of 2-8 bits) under a byte budget: the
+ * Schemes: uniform int8, int4, int2 (equal K and V widths, V per token: "int4" is the
+ * baseline every kl_vs_int4 divides by); uniform "k4v5b" (K 4 bits, V 5 bits on one
+ * range per (layer, head) block: the V block layout, about int4's bytes at head_dim 16);
+ * "tolerance" = kv_assign_precisions with V per token only (per chunk K and V widths of
+ * 2-8 bits), "tolerance_vblock" = the same free to choose the V block layout per chunk
+ * (what the daemon runs), each under a byte budget: the
  * bytes of uniform int4 ("int4"), of the layout before 8-bit scales, which kept an f16
  * (scale, min) per group ("old_int4": 2 * 16 * head_dim * 4 / 8 + 4 * (head_dim + 16 *
  * groups) bytes per block), of half int8 and half int2 ("int8+int2"), and --ratio times
- * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget:
- * "tolerance_shuffled" (the same precisions placed at random: what the per-chunk choice
- * adds) and "tolerance_flat" (every density equal: what density adds over value spread).
+ * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget, for
+ * both: "_shuffled" (the same precisions placed at random: what the per-chunk choice
+ * adds) and "_flat" (every density equal: what density adds over value spread).
  * Prints one JSON object per model and scheme: median, min and max KL over the sequences,
  * KL relative to uniform int4's (median of the per-sequence ratios), top-1 agreement over
  * all positions, the prefix's KV bytes relative to int8 (real bytes, scales included),
@@ -64,18 +68,25 @@ typedef struct scheme {
     enum budget budget;
     bool shuffled;             /* the same precisions placed at random */
     bool flat;                 /* every chunk's density the same */
+    bool v_block;              /* kv_assign_precisions may choose the V block layout */
 } scheme;
 
 static const scheme schemes[] = {
-    {"int8", KV_INT8, UNIFORM, false, false},
-    {"int4", KV_INT4, UNIFORM, false, false},
-    {"int2", KV_INT2, UNIFORM, false, false},
-    {"tolerance", 0, AT_INT4, false, false},
-    {"tolerance_shuffled", 0, AT_INT4, true, false},
-    {"tolerance_flat", 0, AT_INT4, false, true},
-    {"tolerance", 0, AT_OLD_INT4, false, false},
-    {"tolerance", 0, AT_INT8_INT2, false, false},
-    {"tolerance", 0, AT_RATIO, false, false},
+    {"int8", KV_INT8, UNIFORM, false, false, false},
+    {"int4", KV_INT4, UNIFORM, false, false, false},
+    {"int2", KV_INT2, UNIFORM, false, false, false},
+    {"k4v5b", KV_VBLOCK_FIRST + 2 * KV_N_WIDTHS + 3, UNIFORM, false, false, false},
+    {"tolerance", 0, AT_INT4, false, false, false},
+    {"tolerance_shuffled", 0, AT_INT4, true, false, false},
+    {"tolerance_flat", 0, AT_INT4, false, true, false},
+    {"tolerance", 0, AT_OLD_INT4, false, false, false},
+    {"tolerance", 0, AT_INT8_INT2, false, false, false},
+    {"tolerance", 0, AT_RATIO, false, false, false},
+    {"tolerance_vblock", 0, AT_INT4, false, false, true},
+    {"tolerance_vblock_shuffled", 0, AT_INT4, true, false, true},
+    {"tolerance_vblock_flat", 0, AT_INT4, false, true, true},
+    {"tolerance_vblock", 0, AT_INT8_INT2, false, false, true},
+    {"tolerance_vblock", 0, AT_RATIO, false, false, true},
 };
 #define N_SCHEMES (int)(sizeof schemes / sizeof schemes[0])
 #define SCHEME_INT4 1 /* the reference of kl_vs_int4 */
@@ -251,7 +262,8 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_
             d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
         }
         b->stats[c].density = (float)(d / n);
-        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread);
+        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread,
+                        &b->stats[c].vb_spread);
         mean += b->stats[c].density / n_chunks;
     }
     for (int c = 0; c < n_chunks; c++)
@@ -274,10 +286,11 @@ static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_
             if (sc->flat) {
                 st = b->stats + n_chunks; /* a flat copy after the real ones */
                 for (int c = 0; c < n_chunks; c++)
-                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread};
+                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread,
+                                             b->stats[c].vb_spread};
             }
             kv_assign_precisions(shape, st, n_chunks, scheme_budget(sc, o, shape, n_chunks),
-                                 b->prec);
+                                 sc->v_block, b->prec);
         }
         if (sc->shuffled)
             for (int c = n_chunks - 1; c > 0; c--) {

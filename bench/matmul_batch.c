@@ -27,9 +27,9 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
-enum { REPS = 5, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 3, MAX_TOK = 64, LAYERS = 2, N_SHAPES = 5 };
+enum { REPS = 7, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 4, MAX_TOK = 64, LAYERS = 2, N_SHAPES = 5 };
 
-static const char *const way_names[N_WAYS] = {"ops", "per_token", "multi"};
+static const char *const way_names[N_WAYS] = {"ops", "per_token", "multi", "repacked"};
 static const int n_toks[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_NTOK ((int)(sizeof n_toks / sizeof n_toks[0]))
 
@@ -72,11 +72,11 @@ static const int shapes[N_SHAPES][2] = {{2048, 2048}, {256, 2048}, {5632, 2048},
 static const int layer_shapes[] = {0, 1, 1, 0, 2, 2, 3};
 #define LAYER_MATS ((int)(sizeof layer_shapes / sizeof layer_shapes[0]))
 
-/* One product of the given way. */
+/* One product of the given way ("repacked" is ops_matmul on the matrix repacked). */
 static void product(int way, tp_pool *pool, const ops_matrix *w, const float *x, int n_tok,
                     float *y, void *scratch, char *act)
 {
-    if (way == 0) {
+    if (way == 0 || way == 3) {
         ops_matmul(pool, w, x, n_tok, y, scratch);
     } else {
         uint32_t at = quant_dot_activation_type(w->type);
@@ -90,13 +90,13 @@ static void product(int way, tp_pool *pool, const ops_matrix *w, const float *x,
     }
 }
 
-/* One step over n_mat matrices; returns its seconds. */
-static double step(int way, tp_pool *pool, const ops_matrix *w, int n_mat, const float *x,
-                   int n_tok, float *y, void *scratch, char *act)
+/* One step over n_mat matrices (wr: the same repacked); returns its seconds. */
+static double step(int way, tp_pool *pool, const ops_matrix *w, const ops_matrix *wr, int n_mat,
+                   const float *x, int n_tok, float *y, void *scratch, char *act)
 {
     double t0 = bench_now_s();
     for (int i = 0; i < n_mat; i++)
-        product(way, pool, &w[i], x, n_tok, y, scratch, act);
+        product(way, pool, way == 3 ? &wr[i] : &w[i], x, n_tok, y, scratch, act);
     return bench_now_s() - t0;
 }
 
@@ -110,23 +110,28 @@ static void fill_matrix(uint32_t t, uint8_t *w, int rows, int cols, const float 
         memcpy(w + (size_t)r * rb, w + (size_t)(r % DISTINCT_ROWS) * rb, rb);
 }
 
-/* Times every way at every n_tok over the n_mat matrices and prints the lines. */
-static void measure(tp_pool *pool, const char *name, const ops_matrix *w, int n_mat, const float *x,
-                    float *y, void *scratch, char *act)
+/* Times every way at every n_tok over the n_mat matrices and prints the lines; wr holds
+ * them repacked, or is NULL where the CPU has no repacked kernel for their type. */
+static void measure(tp_pool *pool, const char *name, const ops_matrix *w, const ops_matrix *wr,
+                    int n_mat, const float *x, float *y, void *scratch, char *act)
 {
+    int n_ways = wr ? N_WAYS : N_WAYS - 1;
     double med[N_WAYS][N_NTOK], bytes = 0;
     for (int i = 0; i < n_mat; i++)
         bytes += (double)w[i].row_bytes * w[i].rows;
+    /* the ways take turns, so that load from other processes falls on all alike */
+    for (int ni = 0; ni < N_NTOK; ni++) {
+        double s[N_WAYS][REPS];
+        for (int way = 0; way < n_ways; way++) /* warm-up */
+            step(way, pool, w, wr, n_mat, x, n_toks[ni], y, scratch, act);
+        for (int k = 0; k < REPS; k++)
+            for (int way = 0; way < n_ways; way++)
+                s[way][k] = step(way, pool, w, wr, n_mat, x, n_toks[ni], y, scratch, act);
+        for (int way = 0; way < n_ways; way++)
+            med[way][ni] = bench_median(s[way], REPS);
+    }
     for (int ni = 0; ni < N_NTOK; ni++)
-        for (int way = 0; way < N_WAYS; way++) {
-            double s[REPS];
-            step(way, pool, w, n_mat, x, n_toks[ni], y, scratch, act); /* warm-up */
-            for (int k = 0; k < REPS; k++)
-                s[k] = step(way, pool, w, n_mat, x, n_toks[ni], y, scratch, act);
-            med[way][ni] = bench_median(s, REPS);
-        }
-    for (int ni = 0; ni < N_NTOK; ni++)
-        for (int way = 0; way < N_WAYS; way++) {
+        for (int way = 0; way < n_ways; way++) {
             int n = n_toks[ni];
             double t = med[way][ni];
             printf("{\"bench\":\"matmul_batch\",\"type\":\"%s\",\"shape\":\"%s\","
@@ -154,12 +159,12 @@ int main(void)
                        (size_t)shapes[layer_shapes[i]][0];
     size_t out_bytes = quant_row_bytes(QTYPE_Q8_0, 2048) * (size_t)MAX_ROWS;
     size_t max_bytes = LAYERS * layer_bytes > out_bytes ? LAYERS * layer_bytes : out_bytes;
-    uint8_t *wbuf = malloc(max_bytes);
+    uint8_t *wbuf = malloc(max_bytes), *rbuf = malloc(max_bytes);
     float *x = malloc((size_t)MAX_TOK * MAX_COLS * sizeof(float));
     float *y = malloc((size_t)MAX_TOK * MAX_ROWS * sizeof(float));
     char *act = malloc((size_t)MAX_TOK * (quant_row_bytes(QTYPE_Q8_K, MAX_COLS) + 64));
     void *scratch = malloc(ops_matmul_scratch_bytes(MAX_TOK, MAX_COLS, 2));
-    if (!wbuf || !x || !y || !act || !scratch) {
+    if (!wbuf || !rbuf || !x || !y || !act || !scratch) {
         fprintf(stderr, "matmul_batch: out of memory\n");
         return 1;
     }
@@ -168,16 +173,19 @@ int main(void)
         x[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t t = types[ti];
+        bool repack = quant_repack_kernel(t);
         for (int si = 0; si < N_SHAPES; si++) {
             int rows = shapes[si][0], cols = shapes[si][1];
             char name[32];
             fill_matrix(t, wbuf, rows, cols, x);
             ops_matrix w = {.type = t, .data = wbuf, .rows = rows, .cols = cols,
-                            .row_bytes = quant_row_bytes(t, cols)};
+                            .row_bytes = quant_row_bytes(t, cols)}, wr;
+            if (repack)
+                ops_matrix_repack(&w, rbuf, &wr);
             snprintf(name, sizeof name, "%dx%d", rows, cols);
-            measure(pool, name, &w, 1, x, y, scratch, act);
+            measure(pool, name, &w, repack ? &wr : NULL, 1, x, y, scratch, act);
         }
-        ops_matrix ws[LAYERS * LAYER_MATS];
+        ops_matrix ws[LAYERS * LAYER_MATS], wrs[LAYERS * LAYER_MATS];
         uint8_t *p = wbuf;
         for (int i = 0; i < LAYERS * LAYER_MATS; i++) {
             int rows = shapes[layer_shapes[i % LAYER_MATS]][0];
@@ -185,11 +193,14 @@ int main(void)
             fill_matrix(t, p, rows, cols, x);
             ws[i] = (ops_matrix){.type = t, .data = p, .rows = rows, .cols = cols,
                                  .row_bytes = quant_row_bytes(t, cols)};
+            if (repack)
+                ops_matrix_repack(&ws[i], rbuf + (p - wbuf), &wrs[i]);
             p += ws[i].row_bytes * (size_t)rows;
         }
-        measure(pool, "layers", ws, LAYERS * LAYER_MATS, x, y, scratch, act);
+        measure(pool, "layers", ws, repack ? wrs : NULL, LAYERS * LAYER_MATS, x, y, scratch, act);
     }
     free(wbuf);
+    free(rbuf);
     free(x);
     free(y);
     free(act);

@@ -2,6 +2,7 @@
  * rag — retrieval quality and RagQuery latency per cache level, as JSON lines on stdout.
  *
  *   rag [--model PATH] [--docs N] [--queries N] [--tau X] [--gap-ms MS] [--budget N]
+ *       [--idle-ms MS]
  *
  * Starts llmsd of the same build on a temporary socket with the trained
  * ../shared/testdata/models/TinyStories-656K-Q8_0.gguf (or --model; skipped with a
@@ -16,9 +17,11 @@
  *      first query and after every sixth) run by five systems, each a daemon of its own
  *      with the same corpus: naive (no QA bank, no QKV tree), QKV prefix reuse only, QA
  *      bank only, both without prediction, and PerCache: both levels with idle-time
- *      prediction (predict_budget --budget, 24 by default, idle_after_ms 300, so it
- *      predicts in the gaps). Each query goes to the five in turn, so load from other
- *      processes falls on all of them alike. Per system: mean and p95 latency, mean retrieve and
+ *      prediction (predict_budget --budget, 24 by default, idle_after_ms --idle-ms, 300
+ *      by default, so it predicts in the gaps). Each query goes to the five in turn, so
+ *      load from other processes falls on all of them alike; with a model whose queries
+ *      take long, give --idle-ms above the time of one round of five queries, or
+ *      PerCache predicts while the others answer and takes the cores from them. Per system: mean and p95 latency, mean retrieve and
  *      prefill times (the QKV load is part of prefill), QA and QKV hit rates, the share
  *      of answers equal to naive's for the same query (greedy), and for PerCache the
  *      compute spent on population while idle (worker ms, steps, generations, predicted
@@ -252,7 +255,7 @@ static void summarise(sys_result *r, const sys_result *naive, int n)
 int main(int argc, char **argv)
 {
     const char *model = NULL;
-    int n_docs = 600, n_queries = 60, gap_ms = 1500, budget = 24;
+    int n_docs = 600, n_queries = 60, gap_ms = 1500, budget = 24, idle_ms = 300;
     double tau = 0.85;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -267,16 +270,18 @@ int main(int argc, char **argv)
             gap_ms = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--budget") && i + 1 < argc)
             budget = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--idle-ms") && i + 1 < argc)
+            idle_ms = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: rag [--model PATH] [--docs N] [--queries N] [--tau X] "
-                            "[--gap-ms MS] [--budget N]\n");
+                            "[--gap-ms MS] [--budget N] [--idle-ms MS]\n");
             return 2;
         }
     }
     if (n_docs < 10 || n_docs > 5000 || n_queries < 4 || n_queries > 2000 || gap_ms < 0 ||
-        gap_ms > 60000 || budget < 1) {
+        gap_ms > 60000 || budget < 1 || idle_ms < 1) {
         fprintf(stderr, "rag: --docs 10..5000, --queries 4..2000, --gap-ms 0..60000, "
-                        "--budget >= 1\n");
+                        "--budget >= 1, --idle-ms >= 1\n");
         return 2;
     }
     if (!model)
@@ -293,8 +298,9 @@ int main(int argc, char **argv)
         return 1;
     }
     char dir[] = "/tmp/llms-bench-XXXXXX", sock[NSYS][800], pconf[256];
-    snprintf(pconf, sizeof pconf, "predict_budget = %d\nidle_after_ms = 300\n"
-                                  "predict_stride = 8\npredict_max_tokens = 24\n", budget);
+    snprintf(pconf, sizeof pconf, "predict_budget = %d\nidle_after_ms = %d\n"
+                                  "predict_stride = 8\npredict_max_tokens = 24\n", budget,
+             idle_ms);
     int rc = 1;
     doc *docs = calloc((size_t)n_docs, sizeof *docs);
     trace_q *trace = calloc((size_t)n_queries, sizeof *trace);
@@ -383,7 +389,7 @@ int main(int argc, char **argv)
                "\"reused_token_share\":%.3f,\"agree_with_naive\":%.3f,"
                "\"mean_vs_naive\":%.3f,\"qa_entries\":%u,\"qkv_nodes\":%u,"
                "\"qkv_mib\":%.2f,\"predicted\":%llu,\"predict_prefilled\":%llu,"
-               "\"predict_decoded\":%llu,\"predict_generations\":%llu,"
+               "\"predict_decoded\":%llu,\"predict_generations\":%llu,\"predict_warmed\":%llu,"
                "\"predict_steps\":%llu,\"population_idle_ms\":%.1f,"
                "\"predict_qa_hits\":%llu,\"predict_qkv_hits\":%llu}\n",
                model, sys_names[s], n_docs, n_queries, n_new, n_exact, n_para, gap_ms, tau,
@@ -393,7 +399,7 @@ int main(int argc, char **argv)
                st.qkv_nodes, st.qkv_bytes / 1048576.0, (unsigned long long)st.predicted,
                (unsigned long long)st.predict_prefilled, (unsigned long long)st.predict_decoded,
                (unsigned long long)st.predict_generations,
-               (unsigned long long)st.predict_steps, st.predict_ms,
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.predict_steps, st.predict_ms,
                (unsigned long long)st.predict_qa_hits, (unsigned long long)st.predict_qkv_hits);
     }
     printf("{\"bench\":\"rag_target\",\"model\":\"%s\",\"tau_query\":%g,"

@@ -70,13 +70,14 @@ static int start_daemon(const char *llmsd, const char *dir, const char *model, i
     return daemon_pid > 0 ? 0 : -1;
 }
 
-/* The in-process equivalent of a one-token greedy Complete: tokenize, prefill, argmax. */
+/* The in-process equivalent of a one-token greedy Complete: tokenize, prefill, argmax
+ * (the weights repacked, as llmsd repacks them). */
 static int inprocess_latency(const char *path, int threads, int iters, double *out_p50)
 {
     char err[ERR_MAX];
     model *m = model_load(path, err);
     tokenizer *tok = NULL;
-    if (!m || tok_load(model_gguf(m), &tok, err)) {
+    if (!m || model_repack_weights(m, err) < 0 || tok_load(model_gguf(m), &tok, err)) {
         fprintf(stderr, "service: %s: %s\n", path, err);
         model_free(m);
         return -1;

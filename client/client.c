@@ -537,6 +537,8 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
         call.has_raw = 1;
         call.raw = 1;
     }
+    if (params && params->model)
+        call.model = (char *)params->model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CALL;
     req.call = &call;
@@ -775,6 +777,13 @@ enum llms_status llms_admin_context_get(llms_conn *c, const char *context_id, in
 enum llms_status llms_tokenize(llms_conn *c, const char *text, int add_special,
                                int parse_special, int32_t **tokens_out, size_t *n_out)
 {
+    return llms_tokenize_model(c, NULL, text, add_special, parse_special, tokens_out, n_out);
+}
+
+enum llms_status llms_tokenize_model(llms_conn *c, const char *model, const char *text,
+                                     int add_special, int parse_special, int32_t **tokens_out,
+                                     size_t *n_out)
+{
     *tokens_out = NULL;
     *n_out = 0;
     enum llms_status s = check_str(c, text, "text");
@@ -785,6 +794,7 @@ enum llms_status llms_tokenize(llms_conn *c, const char *text, int add_special,
     t.has_add_special = t.has_parse_special = 1;
     t.add_special = add_special != 0;
     t.parse_special = parse_special != 0;
+    t.model = (char *)model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_TOKENIZE;
     req.tokenize = &t;
@@ -807,12 +817,19 @@ enum llms_status llms_tokenize(llms_conn *c, const char *text, int add_special,
 
 enum llms_status llms_detokenize(llms_conn *c, const int32_t *tokens, size_t n, char **text_out)
 {
+    return llms_detokenize_model(c, NULL, tokens, n, text_out);
+}
+
+enum llms_status llms_detokenize_model(llms_conn *c, const char *model, const int32_t *tokens,
+                                       size_t n, char **text_out)
+{
     *text_out = NULL;
     if (n > 0 && !tokens)
         return fail(c, LLMS_ERR_INVALID_ARGUMENT, "tokens is NULL");
     Llms__DetokenizeRequest d = LLMS__DETOKENIZE_REQUEST__INIT;
     d.n_tokens = n;
     d.tokens = (int32_t *)tokens;
+    d.model = (char *)model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_DETOKENIZE;
     req.detokenize = &d;
@@ -1121,6 +1138,10 @@ enum llms_status llms_list_models(llms_conn *c, llms_model_info **out, size_t *n
             .resident_bytes = m->resident_bytes,
             .scratch_bytes = m->scratch_bytes,
             .running = m->running,
+            .generates = m->has_contexts,
+            .contexts = m->contexts,
+            .kv_bytes = m->kv_bytes,
+            .kv_budget_bytes = m->kv_budget_bytes,
         };
         if (!ms[i].name || !ms[i].path || !ms[i].arch || !ms[i].type || !ms[i].roles ||
             !ms[i].default_for)
@@ -1746,6 +1767,7 @@ enum llms_status llms_cache_stats_get(llms_conn *c, llms_cache_stats *out)
     out->predict_ms = p->predict_ms;
     out->predict_queued = p->predict_queued;
     out->predict_converted = p->predict_converted;
+    out->predict_warmed = p->predict_warmed;
     frame_free_response(r);
     return LLMS_OK;
 }

@@ -125,7 +125,9 @@ typedef struct llms_params {
     int raw;                /* llms_call only: append the prompt as is, no chat template */
     const char *model;      /* llms_context_create* and llms_complete: a generate model of
                                the daemon's registry by name (llms_list_models); NULL:
-                               the default. A context keeps the model it was made with. */
+                               the default. A context keeps the model it was made with:
+                               llms_call with another model named is
+                               LLMS_ERR_FAILED_PRECONDITION. */
 } llms_params;
 
 #define LLMS_PARAMS_INIT                                                              \
@@ -314,7 +316,7 @@ enum llms_status llms_context_get(llms_conn *conn, const char *context_id, int w
                                   llms_context_info *out);
 
 /*
- * Tokenizes text with the daemon's model. add_special: add BOS etc. as the model wants;
+ * Tokenizes text with the daemon's default generate model. add_special: add BOS etc. as the model wants;
  * parse_special: text like "<|im_start|>" becomes special tokens. *tokens_out (free())
  * gets *n_out ids.
  */
@@ -324,6 +326,16 @@ enum llms_status llms_tokenize(llms_conn *conn, const char *text, int add_specia
 /* Turns n token ids back into text: *text_out (free()). */
 enum llms_status llms_detokenize(llms_conn *conn, const int32_t *tokens, size_t n,
                                  char **text_out);
+
+/* llms_tokenize and llms_detokenize with the tokenizer of the model named model (a
+ * generate or embed model of the registry; NULL: the default generate model's).
+ * NOT_FOUND for a name the daemon does not know, INVALID_ARGUMENT for a model without a
+ * tokenizer loaded (a reranker). */
+enum llms_status llms_tokenize_model(llms_conn *conn, const char *model, const char *text,
+                                     int add_special, int parse_special, int32_t **tokens_out,
+                                     size_t *n_out);
+enum llms_status llms_detokenize_model(llms_conn *conn, const char *model,
+                                       const int32_t *tokens, size_t n, char **text_out);
 
 /* ---- embeddings and reranking ---- */
 
@@ -370,6 +382,10 @@ typedef struct llms_model_info {
     uint64_t resident_bytes; /* its weights in memory now */
     uint64_t scratch_bytes;  /* its runners' working memory */
     uint32_t running;       /* requests using it now */
+    int generates;          /* nonzero for a generate model: the three below are set */
+    uint32_t contexts;      /* contexts that belong to it */
+    uint64_t kv_bytes;      /* resident KV of its contexts and generations */
+    uint64_t kv_budget_bytes; /* its share of kv_budget_mb (0: no cap) */
 } llms_model_info;
 
 /* Frees an array of n model infos and the array. NULL is fine. */
@@ -380,14 +396,17 @@ void llms_model_list_free(llms_model_info *models, size_t n);
 enum llms_status llms_list_models(llms_conn *conn, llms_model_info **out, size_t *n_out);
 
 /* Admin: maps the GGUF file at path (as the daemon sees it) as model name with roles
- * (comma-separated generate, embed, rerank; NULL or "": by the file's kind). Other
- * models and their contexts are untouched. FAILED_PRECONDITION for a name or file in use
- * or a second generate model; INVALID_ARGUMENT for a file that does not fit its roles. */
+ * (comma-separated generate, embed, rerank; NULL or "": by the file's kind, a decoder
+ * reranks: "generate" must be asked for). A generate model gets its own runner and KV
+ * and takes back the contexts made with it before. Other models and their contexts are
+ * untouched. FAILED_PRECONDITION for a name or file in use; INVALID_ARGUMENT for a file
+ * that does not fit its roles. */
 enum llms_status llms_model_load(llms_conn *conn, const char *name, const char *path,
                                  const char *roles);
 
 /* Admin: forgets model name. FAILED_PRECONDITION while requests use it (retry after
- * they end) and for the generate model; NOT_FOUND for an unknown name. */
+ * they end), for a generate model that has contexts (the message names them) and for
+ * the default generate model; NOT_FOUND for an unknown name. */
 enum llms_status llms_model_unload(llms_conn *conn, const char *name);
 
 /* What a rerank keeps exact (proto RerankMode). */
@@ -746,6 +765,7 @@ typedef struct llms_cache_stats {
     double predict_ms;
     uint32_t predict_queued;
     uint64_t predict_converted;
+    uint64_t predict_warmed;    /* passages prefilled ahead as a prompt's first */
 } llms_cache_stats;
 
 enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);

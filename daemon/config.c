@@ -178,6 +178,9 @@ static const key_def keys[] = {
     INT(predict_stride, 1, 100000, "knowledge-based prediction asks about every stride-th "
                                    "new passage and rewrites a knowledge base's abstract "
                                    "after each stride new passages (default 4)"),
+    INT(predict_warm, 0, 1000000, "knowledge-based prediction: new passages prefilled per "
+                                  "idle period as a prompt's first passage, into the QKV "
+                                  "tree (default 256; only while predict_budget > 0)"),
     INT(predict_max_tokens, 1, 4096, "tokens of a generated abstract, proposed question or "
                                      "paraphrase at most (default 48)"),
     FLT(tau_scheduler, 0, 2, "tau_query at or above this: predicted queries are only "
@@ -253,6 +256,7 @@ void config_defaults(config *c)
     c->idle_after_ms = 5000;
     c->predict_stride = 4;
     c->predict_max_tokens = 48;
+    c->predict_warm = 256;
     c->tau_scheduler = 0.9f;
 }
 

@@ -125,6 +125,7 @@ typedef struct config {
     int idle_after_ms;                 /* no request for this long: the daemon is idle */
     int predict_stride;                /* knowledge-based: every stride-th new passage */
     int predict_max_tokens;            /* tokens of an abstract or a proposed question */
+    int predict_warm;                  /* new passages prefilled per idle period (QKV) */
     float tau_scheduler;               /* tau_query >= this: predicted queries prefill only */
 } config;
 

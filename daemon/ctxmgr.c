@@ -60,6 +60,19 @@ static void list_append(ctxmgr *cm, ctx_entry *c)
     cm->n++;
 }
 
+static void list_remove(ctxmgr *cm, ctx_entry *c)
+{
+    ctx_entry **pp = &cm->head, *prev = NULL;
+    while (*pp != c) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = c->next;
+    if (cm->tail == c)
+        cm->tail = prev;
+    cm->n--;
+}
+
 static int push_tokens(ctx_entry *c, const int32_t *t, int n)
 {
     if (n <= 0)
@@ -108,6 +121,8 @@ static int load_turn(void *arg, const store_turn *t)
 typedef struct load_state {
     ctxmgr *cm;
     char *err;
+    ctx_owns_fn owns;       /* NULL: every context of the store */
+    void *owns_arg;
     store_window *windows;  /* (cap_windows) of the contexts in list order */
     int n_windows, cap_windows;
 } load_state;
@@ -115,6 +130,8 @@ typedef struct load_state {
 static int load_context(void *arg, const store_context *sc)
 {
     load_state *ls = arg;
+    if (ls->owns && !ls->owns(sc->model, ls->owns_arg))
+        return 0;
     ctx_entry *c = calloc(1, sizeof *c);
     if (!c || strlen(sc->id) > CTX_ID_LEN) {
         free(c);
@@ -254,6 +271,13 @@ static int load_chunk_record(void *arg, const store_chunk *r)
 ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
                  const ctx_policy *policy, char err[ERR_MAX])
 {
+    return ctx_open_owned(s, pool, runner, m, policy, NULL, NULL, err);
+}
+
+ctxmgr *ctx_open_owned(store *s, kv_pool *pool, model_runner *runner, const model *m,
+                       const ctx_policy *policy, ctx_owns_fn owns, void *owns_arg,
+                       char err[ERR_MAX])
+{
     ctxmgr *cm = calloc(1, sizeof *cm);
     if (!cm) {
         err_set(err, "out of memory");
@@ -271,7 +295,7 @@ ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
         free(cm);
         return NULL;
     }
-    load_state ls = {.cm = cm, .err = err};
+    load_state ls = {.cm = cm, .err = err, .owns = owns, .owns_arg = owns_arg};
     int rc = store_context_list(s, -1, load_context, &ls, err);
     int k = 0;
     for (ctx_entry *c = cm->head, *next; rc == 0 && c; c = next, k++) {
@@ -459,17 +483,17 @@ int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
     ctx_wait_writes(cm, c);
     if (store_context_delete(cm->st, c->id, &found, err))
         return -1;
-    ctx_entry **pp = &cm->head, *prev = NULL;
-    while (*pp != c) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    *pp = c->next;
-    if (cm->tail == c)
-        cm->tail = prev;
-    cm->n--;
+    list_remove(cm, c);
     entry_free(c);
     return 0;
+}
+
+void ctx_forget(ctxmgr *cm, ctx_entry *c)
+{
+    ctx_evict(cm, c);
+    ctx_wait_writes(cm, c);
+    list_remove(cm, c);
+    entry_free(c);
 }
 
 int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char *user_text,
@@ -990,10 +1014,12 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
         if (i >= n_full || !stats)
             continue;
         if (k->k_spread < 0 && c->seq.chunks[i])
-            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread);
+            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread,
+                            &k->vb_spread);
         stats[i] = (kv_chunk_stats){.density = k->density,
                                     .k_spread = k->k_spread > 0 ? k->k_spread : 0,
-                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0};
+                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0,
+                                    .vb_spread = k->vb_spread > 0 ? k->vb_spread : 0};
     }
     switch (cm->policy.compress) {
     case CTX_COMPRESS_NONE:
@@ -1007,7 +1033,7 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
             kv_assign_precisions(cm->shape, stats, n_full,
                                  (size_t)(cm->policy.compress_ratio * (double)n_full *
                                           (double)kv_chunk_data_bytes(cm->shape, KV_INT8)),
-                                 level);
+                                 true, level);
         else
             for (int i = 0; i < n_full; i++)
                 level[i] = KV_INT8;

@@ -71,6 +71,7 @@ typedef struct ctx_chunk {
     float density;        /* mean attention its tokens receive per attending row */
     float k_spread;       /* kv_chunk_spread of its values; < 0: not measured yet */
     float v_spread;
+    float vb_spread;
     uint64_t last_use;    /* manager clock when a call last used it */
 } ctx_chunk;
 
@@ -245,6 +246,18 @@ typedef struct ctxmgr ctxmgr;
 ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
                  const ctx_policy *policy, char err[ERR_MAX]);
 
+/* Whether a stored context belongs to a manager, by the generate model it names (NULL:
+ * a context from before the registry). */
+typedef bool (*ctx_owns_fn)(const char *model, void *arg);
+
+/* ctx_open of only the contexts owns(model, owns_arg) accepts (owns NULL: all), so that
+ * each generate model's manager holds its own. The chunk file collection it runs sees
+ * every manager's records: no other manager of the store may have writes in flight
+ * (ctx_flush_writes). */
+ctxmgr *ctx_open_owned(store *s, kv_pool *pool, model_runner *runner, const model *m,
+                       const ctx_policy *policy, ctx_owns_fn owns, void *owns_arg,
+                       char err[ERR_MAX]);
+
 /* Frees every context and its resident KV (the store stays open: the caller closes it). */
 void ctx_close(ctxmgr *cm);
 
@@ -276,6 +289,10 @@ int ctx_set_overflow(ctxmgr *cm, ctx_entry *c, enum ctx_overflow overflow, char 
 
 /* Sets and persists the generate model c belongs to (at creation). */
 int ctx_set_model(ctxmgr *cm, ctx_entry *c, const char *model, char err[ERR_MAX]);
+
+/* Drops c from memory only (its dirty chunks written first): the store keeps it for
+ * another manager to open. c must not be busy; it is freed. */
+void ctx_forget(ctxmgr *cm, ctx_entry *c);
 
 /* Deletes a context (store, chunk files and memory); c is freed. */
 int ctx_delete(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX]);

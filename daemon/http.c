@@ -78,6 +78,9 @@ typedef struct hreq {
     bool done;                 /* answered (or gone): only freeing is left */
     bool cancel_sent;          /* the client reads too slowly: generation cancelled */
     const char *context_id;    /* "llmsd": {"context": ...}, or NULL */
+    const char *model_named;   /* the body's "model", or NULL: the route's default */
+    char model[MODELS_NAME_MAX + 1]; /* the model the reply names */
+    enum chat_family family;   /* its chat template (a chat is rendered with it) */
     size_t sent;               /* bytes of reply text already streamed */
     char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
     struct evbuffer *sse;
@@ -96,15 +99,15 @@ struct http {
     struct event_base *base;
     const config *cfg;
     session_env senv;
-    enum chat_family family;
+    models *reg;               /* only models_view_update: the worker owns the rest */
+    models_view view;          /* the registry's names, roles and templates, brought up to
+                                  date at each request */
     struct evhttp *eh;
     bool owns_path;
     token_entry *tokens;
     size_t n_tokens;
     bool have_admin_gid;
     gid_t admin_gid;
-    char model_id[256];
-    char rerank_id[256];
     uint64_t next_id;
     bool shutting, worker_done;
     unsigned n_reqs;
@@ -443,7 +446,7 @@ static json_object *gen_head(hreq *hr, const char *object)
     json_object_object_add(o, "id", json_object_new_string(hr->id));
     json_object_object_add(o, "object", json_object_new_string(object));
     json_object_object_add(o, "created", json_object_new_int64(hr->created));
-    json_object_object_add(o, "model", json_object_new_string(hr->h->model_id));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
     return o;
 }
 
@@ -754,7 +757,7 @@ static void on_embed(hreq *hr, const Llms__EmbedResponse *e)
     h->embed_tokens += tokens;
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "data", data);
-    json_object_object_add(o, "model", json_object_new_string(h->model_id));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
     json_object *u = json_object_new_object();
     json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)tokens));
     json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)tokens));
@@ -797,7 +800,7 @@ static void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
         json_object_array_add(results, item);
     }
     json_object_object_add(o, "object", json_object_new_string("list"));
-    json_object_object_add(o, "model", json_object_new_string(h->rerank_id));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
     json_object_object_add(o, "results", results);
     send_json(h, hr->req, hr->route, 200, o);
 }
@@ -1124,9 +1127,9 @@ static const char *message_content(json_object *m, char **owned, char *msg, size
     return *owned;
 }
 
-/* The chat's messages rendered with the model's template and the assistant opening.
+/* The chat's messages rendered with a model's template and the assistant opening.
  * Fresh string, or NULL with msg. */
-static char *render_chat(http *h, json_object *msgs, char *msg, size_t cap)
+static char *render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs);
     struct chat_message *cm = calloc(n ? n : 1, sizeof *cm);
@@ -1157,12 +1160,12 @@ static char *render_chat(http *h, json_object *msgs, char *msg, size_t cap)
         if (!(cm[i].content = message_content(m, &owned[i], msg, cap)))
             goto done;
     }
-    int len = chat_apply(h->family, cm, (int)n, true, NULL, 0);
+    int len = chat_apply(family, cm, (int)n, true, NULL, 0);
     if (len < 0 || !(out = malloc((size_t)len + 1))) {
         snprintf(msg, cap, len < 0 ? "the messages cannot be rendered" : "out of memory");
         goto done;
     }
-    chat_apply(h->family, cm, (int)n, true, out, (size_t)len + 1);
+    chat_apply(family, cm, (int)n, true, out, (size_t)len + 1);
 done:
     for (size_t i = 0; owned && i < n; i++)
         free(owned[i]);
@@ -1171,22 +1174,9 @@ done:
     return out;
 }
 
-/* Whether the request names a model this daemon does not serve (absent is fine). */
-static bool unknown_model(http *h, json_object *body, enum route r, const char **name)
-{
-    json_object *m;
-    if (!json_object_object_get_ex(body, "model", &m) || !json_object_is_type(m, json_type_string))
-        return false;
-    *name = json_object_get_string(m);
-    if (strcmp(*name, h->model_id) == 0)
-        return false;
-    return !(r == R_RERANK && strcmp(*name, h->rerank_id) == 0);
-}
-
 /* Builds and submits the native request of a generation route. */
 static void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
-    http *h = hr->h;
     json_object *v, *x;
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
@@ -1239,14 +1229,15 @@ static void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
                 goto bad;
             prompt = owned ? owned : strdup(text);
             call.context_id = (char *)hr->context_id;
+            call.model = (char *)hr->model_named;
             call.prompt = prompt;
             call.params = &gp;
             r->body_case = LLMS__REQUEST__BODY_CALL;
             r->call = &call;
         } else {
-            if (!(prompt = render_chat(h, msgs, msg, cap)))
+            if (!(prompt = render_chat(hr->family, msgs, msg, cap)))
                 goto bad;
-            stops[gp.n_stop++] = chat_stop_text(h->family);
+            stops[gp.n_stop++] = chat_stop_text(hr->family);
         }
     } else {
         json_object *p;
@@ -1269,6 +1260,7 @@ static void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (r->body_case != LLMS__REQUEST__BODY_CALL) {
         cr.prompt = prompt;
         cr.params = &gp;
+        cr.model = (char *)hr->model_named;
         r->body_case = LLMS__REQUEST__BODY_COMPLETE;
         r->complete = &cr;
     }
@@ -1402,6 +1394,7 @@ static void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.texts = (char **)texts;
     e.n_texts = n;
+    e.model = (char *)hr->model_named;
     r->body_case = LLMS__REQUEST__BODY_EMBED;
     r->embed = &e;
     submit(hr, r);
@@ -1455,6 +1448,7 @@ static void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     Llms__RerankRequest rr = LLMS__RERANK_REQUEST__INIT;
     rr.query = (char *)json_object_get_string(q);
+    rr.model = (char *)hr->model_named;
     rr.documents = (char **)texts;
     rr.n_documents = n;
     rr.has_top_k = 1;
@@ -1547,18 +1541,59 @@ static enum route route_of(const char *uri, size_t *len)
     return R_OTHER;
 }
 
+/* The model named name, NULL when the registry has none. */
+static const models_view_entry *view_find(const http *h, const char *name)
+{
+    for (size_t i = 0; i < h->view.n; i++)
+        if (strcmp(h->view.entries[i].name, name) == 0)
+            return &h->view.entries[i];
+    return NULL;
+}
+
+/* The model a request of role runs on when it names none; NULL when no model has it. */
+static const models_view_entry *view_default(const http *h, unsigned role)
+{
+    for (size_t i = 0; i < h->view.n; i++)
+        if (h->view.entries[i].defaults & role)
+            return &h->view.entries[i];
+    return NULL;
+}
+
+static json_object *role_array(unsigned roles)
+{
+    json_object *a = json_object_new_array();
+    for (unsigned bit = MODELS_GENERATE; a && bit <= MODELS_RERANK; bit <<= 1)
+        if (roles & bit)
+            json_object_array_add(a, json_object_new_string(models_role_name(bit)));
+    return a;
+}
+
+/* Every model of the registry, the default generate model first (clients that take the
+ * first as theirs get what a request naming none gets); OpenAI's shape, with each
+ * model's roles and the roles it is the default for in "llmsd". */
 static void send_models(http *h, struct evhttp_request *req)
 {
     json_object *o = json_object_new_object(), *data = json_object_new_array();
-    for (int i = 0; i < 2 && o && data; i++) {
-        const char *id = i ? h->rerank_id : h->model_id;
-        if (i && strcmp(id, h->model_id) == 0)
+    const models_view_entry *first = view_default(h, MODELS_GENERATE);
+    for (size_t i = 0; i <= h->view.n && o && data; i++) {
+        const models_view_entry *e = i == 0 ? first : &h->view.entries[i - 1];
+        if (!e || (i > 0 && e == first))
+            continue;
+        json_object *m = json_object_new_object(), *x = json_object_new_object();
+        if (!m || !x) {
+            json_object_put(m);
+            json_object_put(x);
+            json_object_put(o);
+            o = NULL;
             break;
-        json_object *m = json_object_new_object();
-        json_object_object_add(m, "id", json_object_new_string(id));
+        }
+        json_object_object_add(m, "id", json_object_new_string(e->name));
         json_object_object_add(m, "object", json_object_new_string("model"));
         json_object_object_add(m, "created", json_object_new_int64(0));
         json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
+        json_object_object_add(x, "roles", role_array(e->roles));
+        json_object_object_add(x, "default_for", role_array(e->defaults));
+        json_object_object_add(m, "llmsd", x);
         json_object_array_add(data, m);
     }
     if (o)
@@ -1568,6 +1603,51 @@ static void send_models(http *h, struct evhttp_request *req)
     else
         json_object_put(data);
     send_json(h, req, R_MODELS, 200, o);
+}
+
+/* The role a route's requests need of their model. */
+static unsigned route_role(enum route r)
+{
+    return r == R_EMBEDDINGS ? MODELS_EMBED : r == R_RERANK ? MODELS_RERANK : MODELS_GENERATE;
+}
+
+/* The model a request of route r runs on: *e, the one body's "model" names (*named),
+ * else the route's default (*named NULL; *e NULL when no model has the role, which the
+ * worker answers). 0, or -1 after answering: 404 model_not_found for a name the registry
+ * does not hold (naming those it holds), 400 for a RAG query on another model than the
+ * default generate model (retrieval runs on that one only). A model that lacks the
+ * route's role is the worker's to refuse, as for a native request. */
+static int request_model(http *h, struct evhttp_request *req, enum route r, json_object *body,
+                         const char **named, const models_view_entry **e)
+{
+    json_object *m;
+    const models_view_entry *dflt = view_default(h, route_role(r));
+    *named = NULL;
+    *e = dflt;
+    if (json_object_object_get_ex(body, "model", &m) && json_object_is_type(m, json_type_string)) {
+        const char *name = json_object_get_string(m);
+        if (!(*e = view_find(h, name))) {
+            char names[256];
+            size_t at = 0;
+            names[0] = '\0';
+            for (size_t i = 0; i < h->view.n && at < sizeof names; i++) {
+                int w = snprintf(names + at, sizeof names - at, "%s'%s'", i ? ", " : "",
+                                 h->view.entries[i].name);
+                at += w > 0 ? (size_t)w : 0;
+            }
+            send_error(h, req, r, 404, "invalid_request_error", "model_not_found",
+                       "the model '%.200s' does not exist (this daemon serves %s)", name, names);
+            return -1;
+        }
+        if (r == R_RAG && *e != dflt) {
+            send_error(h, req, r, 400, "invalid_request_error", "invalid_argument",
+                       "%s runs on the default generate model '%s', not '%s'",
+                       route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
+            return -1;
+        }
+        *named = name;
+    }
+    return 0;
 }
 
 /* The request body as a JSON object, or NULL after answering. */
@@ -1658,6 +1738,10 @@ static void on_request(struct evhttp_request *req, void *arg)
                    fd < 0 ? "no connection" : msg);
         return;
     }
+    if (models_view_update(h->reg, &h->view)) {
+        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
+        return;
+    }
     if (r == R_MODELS) {
         send_models(h, req);
         return;
@@ -1669,14 +1753,12 @@ static void on_request(struct evhttp_request *req, void *arg)
         return;
     }
     json_object *body = NULL;
-    const char *model = NULL;
+    const char *named = NULL;
+    const models_view_entry *model = NULL;
     if (r != R_METRICS) {
         if (!(body = read_body(h, req, r)))
             return;
-        if (unknown_model(h, body, r, &model)) {
-            send_error(h, req, r, 404, "invalid_request_error", "model_not_found",
-                       "the model '%.200s' does not exist (this daemon serves '%s')", model,
-                       h->model_id);
+        if (request_model(h, req, r, body, &named, &model)) {
             json_object_put(body);
             return;
         }
@@ -1695,6 +1777,9 @@ static void on_request(struct evhttp_request *req, void *arg)
     hr->watch = watch;
     hr->route = r;
     hr->body = body;
+    hr->model_named = named;
+    snprintf(hr->model, sizeof hr->model, "%s", model ? model->name : "");
+    hr->family = model ? model->family : CHAT_PLAIN;
     hr->ss = ss;
     hr->ss.conn_id = HTTP_CONN_BIT | ++h->next_id;
     hr->created = (int64_t)time(NULL);
@@ -1859,8 +1944,7 @@ static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
 }
 
 http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               enum chat_family family, const char *model_id, const char *rerank_id,
-               char err[ERR_MAX])
+               models *reg, char err[ERR_MAX])
 {
     http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -1872,9 +1956,7 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
     h->senv = *senv;
     h->senv.send = gw_send;
     h->senv.submitted = gw_submitted;
-    h->family = family;
-    snprintf(h->model_id, sizeof h->model_id, "%s", model_id);
-    snprintf(h->rerank_id, sizeof h->rerank_id, "%s", rerank_id);
+    h->reg = reg;
     struct group *gr = getgrnam(cfg->admin_group);
     if (gr) {
         h->have_admin_gid = true;
@@ -1954,5 +2036,6 @@ void http_free(http *h)
         free(h->tokens[i].token);
     }
     free(h->tokens);
+    models_view_free(&h->view);
     free(h);
 }

@@ -13,6 +13,17 @@
  * goes away before the answer, the connection is closed towards the worker exactly as
  * a native one is (SCHED_CLOSED), which cancels the generation.
  *
+ * Models: a request's "model" names any model of the registry (absent: the route's
+ * default, as a native request naming none). Completions and chats go to that model
+ * (CompleteRequest.model, CallRequest.model), a chat rendered with its chat template;
+ * embeddings and rerank pass it on (EmbedRequest.model, RerankRequest.model) and the
+ * worker checks the role; /v1/llmsd/rag takes only the default generate model. A name
+ * the registry does not hold is 404 model_not_found; /v1/models lists every model. The
+ * gateway runs on the event loop, which must not touch the registry: at each request it
+ * brings its copy of the registry's names, roles and templates up to date with
+ * models_view_update (the worker publishes one after every load and unload), so a model
+ * is usable over HTTP once its load has answered and gone once its unload has.
+ *
  * Identity: on the Unix socket the peer's uid (SO_PEERCRED) and the app named by the
  * X-Llmsd-App header (default "http"); on TCP the bearer token, mapped to (uid, app) by
  * http_tokens_file. /metrics needs an admin (as llmsctl status): uid 0 or admin_group
@@ -27,6 +38,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/models.h"
 #include "daemon/sched.h"
 #include "engine/chat.h"
 #include "engine/err.h"
@@ -38,15 +50,13 @@ typedef struct http http;
 struct session_env;
 
 /* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
- * least one is set). senv is the native connections' session environment (it outlives
- * the gateway); family is the model's chat template; model_id and rerank_id are the
- * registry names of the generate model and the default reranker (what the "model"
- * field of a request may name). NULL + err when a listener cannot
- * be opened, http_listen is not a loopback address (and http_allow_remote is 0), or the
- * tokens file is unreadable or malformed. */
+ * least one is set). senv is the native connections' session environment and reg the
+ * model registry (both outlive the gateway), of which the gateway only calls
+ * models_view_update. NULL + err when a listener cannot be opened, http_listen is not a
+ * loopback address (and http_allow_remote is 0), or the tokens file is unreadable or
+ * malformed. */
 http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               enum chat_family family, const char *model_id, const char *rerank_id,
-               char err[ERR_MAX]);
+               models *reg, char err[ERR_MAX]);
 
 /* A Response frame (header and body; not taken) from the worker for connection id
  * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */

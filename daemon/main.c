@@ -149,17 +149,6 @@ static void resolve(config *cfg, const model_hparams *hp)
         cfg->max_tokens_per_context = cfg->n_ctx;
 }
 
-static enum chat_family model_family(const model *m)
-{
-    gguf_str t;
-    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
-        return CHAT_PLAIN;
-    char *s = strndup(t.ptr, t.len);
-    enum chat_family f = chat_detect(s);
-    free(s);
-    return f;
-}
-
 int main(int argc, char **argv)
 {
     static config cfg;
@@ -204,7 +193,7 @@ int main(int argc, char **argv)
         goto out;
     }
     resolve(&cfg, model_hparams_of(m));
-    enum chat_family family = model_family(m);
+    enum chat_family family = gen->family;
     if (!(st = store_open(cfg.state_dir, err)) || !(out = outq_new(err))) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
@@ -226,14 +215,9 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
-        /* the gateway runs on the loop thread: it takes the names now, not the registry */
-        models_entry *rr;
-        const char *rerank_id = models_resolve(reg, NULL, MODELS_RERANK, &rr, err) ==
-                                        LLMS__ERROR_CODE__OK
-                                    ? rr->name
-                                    : gen->name;
-        gw = http_new(base, &cfg, server_session_env(ls.srv), family, gen->name, rerank_id,
-                      err);
+        /* the gateway runs on the loop thread: it reads the registry only through
+         * models_view_update, which the worker's loads and unloads keep current */
+        gw = http_new(base, &cfg, server_session_env(ls.srv), reg, err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;
@@ -266,7 +250,8 @@ int main(int argc, char **argv)
     }
     for (const models_entry *e = models_first(reg); e; e = e->next)
         fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s\n", e->name, e->path, e->arch,
-                models_type_name(e->type), e == gen ? ", generates" : "");
+                models_type_name(e->type),
+                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "");
     fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
             gen->path, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
     notify_ready();

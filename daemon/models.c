@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +15,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/genmodel.h"
+
 struct models {
     models_entry *head;
     int threads;              /* engine threads of the encoders' runners */
     gguf_load load;           /* how the generate model came into memory */
+    bool repack;              /* its weights are repacked (they do not stream) */
+    /* What models_view_update copies out, rewritten by view_publish after every change;
+     * the lock is the only thing other threads touch. */
+    pthread_mutex_t view_lock;
+    models_view_entry *view;  /* (view_cap) entries, view_n of them in use */
+    size_t view_n, view_cap;
+    uint64_t view_version;
 };
 
 static const char *const role_names[] = {"generate", "embed", "rerank"};
@@ -125,6 +135,11 @@ static models_entry *find_name(const models *r, const char *name)
     return NULL;
 }
 
+models_entry *models_find(models *r, const char *name)
+{
+    return find_name(r, name);
+}
+
 /* The entry whose file is path's file (same device and inode), if any. */
 static models_entry *find_file(const models *r, const char *path)
 {
@@ -186,6 +201,83 @@ Llms__ErrorCode models_resolve(models *r, const char *name, enum models_role rol
     }
     *out = e;
     return LLMS__ERROR_CODE__OK;
+}
+
+static size_t count_entries(const models *r)
+{
+    size_t n = 0;
+    for (const models_entry *e = r->head; e; e = e->next)
+        n++;
+    return n;
+}
+
+/* Room in the published view for n models, made before the registry grows so that
+ * publishing (after an unload too) never allocates. 0, or -1 when memory runs out. */
+static int view_reserve(models *r, size_t n)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->view_lock);
+    if (n > r->view_cap) {
+        models_view_entry *v = realloc(r->view, n * sizeof *v);
+        if (v) {
+            r->view = v;
+            r->view_cap = n;
+        } else {
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&r->view_lock);
+    return rc;
+}
+
+/* Rewrites the published view from the registry, into the room view_reserve made. */
+static void view_publish(models *r)
+{
+    pthread_mutex_lock(&r->view_lock);
+    size_t n = 0;
+    for (const models_entry *e = r->head; e && n < r->view_cap; e = e->next, n++) {
+        models_view_entry *v = &r->view[n];
+        memcpy(v->name, e->name, sizeof v->name);
+        v->roles = effective_roles(r, e);
+        v->defaults = 0;
+        for (unsigned bit = 1; bit <= MODELS_RERANK; bit <<= 1)
+            if (default_for(r, bit) == e)
+                v->defaults |= bit;
+        v->family = e->family;
+    }
+    r->view_n = n;
+    r->view_version++;
+    pthread_mutex_unlock(&r->view_lock);
+}
+
+int models_view_update(models *r, models_view *v)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->view_lock);
+    if (v->version != r->view_version) {
+        if (r->view_n > v->cap) {
+            models_view_entry *e = realloc(v->entries, r->view_n * sizeof *e);
+            if (e) {
+                v->entries = e;
+                v->cap = r->view_n;
+            }
+        }
+        if (r->view_n <= v->cap) {
+            memcpy(v->entries, r->view, r->view_n * sizeof *v->entries);
+            v->n = r->view_n;
+            v->version = r->view_version;
+        } else {
+            rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&r->view_lock);
+    return rc;
+}
+
+void models_view_free(models_view *v)
+{
+    free(v->entries);
+    *v = (models_view){0};
 }
 
 /* The name of a file: its base name without ".gguf". */
@@ -258,6 +350,18 @@ static int roles_fit(const models_entry *e, unsigned roles, char err[ERR_MAX])
     return 0;
 }
 
+/* Decoder embeddings run on the default generate model's runner (the scheduler's
+ * first): another decoder cannot embed. */
+static int decoder_embed_check(const models *r, const models_entry *e, unsigned roles,
+                               char err[ERR_MAX])
+{
+    const models_entry *first = models_generate((models *)r);
+    if ((roles & MODELS_EMBED) && e->type == MODELS_DECODER && first && first != e)
+        return err_set(err, "model '%s': a decoder embeds only as the default generate model "
+                            "('%s'); use a bert encoder", e->name, first->name);
+    return 0;
+}
+
 static unsigned kind_roles(enum models_type t, bool decoder_generates)
 {
     if (t == MODELS_ENCODER)
@@ -278,13 +382,16 @@ static void entry_free(models_entry *e)
 }
 
 /* Opens what e's roles need now (the reranker waits for its first call). */
-static int entry_open(models_entry *e, int threads, gguf_load load, char err[ERR_MAX])
+static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
+                      char err[ERR_MAX])
 {
     char why[ERR_MAX];
     if (e->roles & MODELS_GENERATE) {
-        if (!(e->m = model_load_as(e->path, load, why)))
+        if (!(e->m = model_load_as(e->path, load, why)) ||
+            (repack && model_repack_weights(e->m, why) < 0))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
+        e->family = genmodel_chat_family(e->m);
     }
     if ((e->roles & MODELS_EMBED) && e->type != MODELS_DECODER) {
         if (!(e->enc = bert_load(e->path, why)))
@@ -367,8 +474,12 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
         err_set(err, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&r->view_lock, NULL);
     r->threads = cfg->threads;
     r->load = load;
+    /* batched decode's kernels read repacked Q8_0 weights fastest; streamed weights are
+     * read from the file as it stores them */
+    r->repack = cfg->resident_small_mb < 0;
     /* The shorthands come first: they are the defaults of their roles. */
     if ((cfg->model[0] && add_shorthand(r, "model", cfg->model, MODELS_GENERATE,
                                         MODELS_EMBED | MODELS_RERANK, err) < 0) ||
@@ -405,20 +516,22 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
             goto fail;
         }
     }
-    int n_gen = 0;
-    for (models_entry *e = r->head; e; e = e->next)
-        n_gen += (e->roles & MODELS_GENERATE) != 0;
-    if (n_gen != 1) {
-        err_set(err, n_gen ? "%d models have the generate role: llmsd serves one generate "
-                             "model (others may embed or rerank)"
-                           : "no generate model: set model = PATH or give a model.NAME line "
-                             "the generate role",
-                n_gen);
+    if (!models_generate(r)) {
+        err_set(err, "no generate model: set model = PATH or give a model.NAME line the "
+                     "generate role");
         goto fail;
     }
     for (models_entry *e = r->head; e; e = e->next)
-        if (entry_open(e, r->threads, load, err) < 0)
+        if (decoder_embed_check(r, e, e->roles, err) < 0)
             goto fail;
+    for (models_entry *e = r->head; e; e = e->next)
+        if (entry_open(e, r->threads, load, r->repack, err) < 0)
+            goto fail;
+    if (view_reserve(r, count_entries(r)) < 0) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    view_publish(r);
     return r;
 fail:
     models_free(r);
@@ -434,6 +547,8 @@ void models_free(models *r)
         r->head = e->next;
         entry_free(e);
     }
+    free(r->view);
+    pthread_mutex_destroy(&r->view_lock);
     free(r);
 }
 
@@ -458,25 +573,26 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         err_set(err, "%s is model '%s' already (a file is mapped once)", path, e->name);
         return LLMS__ERROR_CODE__FAILED_PRECONDITION;
     }
-    if (roles & MODELS_GENERATE) {
-        err_set(err, "model '%s' generates already: llmsd serves one generate model",
-                models_generate(r)->name);
-        return LLMS__ERROR_CODE__FAILED_PRECONDITION;
-    }
     if (!(e = entry_new(name, path, why))) {
         err_set(err, "model '%s': %s", name, why);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     e->roles = roles ? roles : kind_roles(e->type, false);
-    if (roles_fit(e, e->roles, err) < 0) {
+    if (roles_fit(e, e->roles, err) < 0 || decoder_embed_check(r, e, e->roles, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
-    if (entry_open(e, r->threads, r->load, err) < 0) {
+    if (entry_open(e, r->threads, r->load, r->repack, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (view_reserve(r, count_entries(r) + 1) < 0) {
+        entry_free(e);
+        err_set(err, "out of memory");
+        return LLMS__ERROR_CODE__INTERNAL;
     }
     append(r, e);
+    view_publish(r);
     return LLMS__ERROR_CODE__OK;
 }
 
@@ -495,9 +611,10 @@ Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
             err_set(err, "no such model (models: %s)", names);
         return LLMS__ERROR_CODE__NOT_FOUND;
     }
-    if (e->roles & MODELS_GENERATE) {
-        err_set(err, "model '%s' is the generate model: its contexts and the scheduler's "
-                     "runner depend on it (restart llmsd with another)", name);
+    if (e == models_generate(r)) {
+        err_set(err, "model '%s' is the default generate model: retrieval, prediction, "
+                     "decoder embeddings and contexts of unloaded models depend on it "
+                     "(restart llmsd with another)", name);
         return LLMS__ERROR_CODE__FAILED_PRECONDITION;
     }
     if (e->running > 0) {
@@ -507,6 +624,7 @@ Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
     }
     *pp = e->next;
     entry_free(e);
+    view_publish(r);
     return LLMS__ERROR_CODE__OK;
 }
 
@@ -544,14 +662,15 @@ static uint64_t file_resident(const char *path)
 
 uint64_t models_resident_bytes(const models_entry *e)
 {
+    uint64_t repacked = e->m ? model_repacked_bytes(e->m) : 0;
     if (e->copied) {
         const gguf_file *g = model_gguf(e->m);
         uint64_t n = 0;
         for (int64_t i = 0; i < gguf_n_tensors(g); i++)
             n += gguf_tensor_at(g, i)->bytes;
-        return n;
+        return n + repacked;
     }
-    return file_resident(e->path);
+    return file_resident(e->path) + repacked;
 }
 
 uint64_t models_scratch_bytes(const models_entry *e)

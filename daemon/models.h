@@ -6,14 +6,18 @@
  * RerankCalibrate). A request names a model or gets the default of its role: the first
  * model given that role explicitly (model.NAME lines, embed_model, rerank_model), else
  * the generate model, which embeds and reranks when nothing else does (the behaviour of
- * a daemon with one model). Exactly one model generates: the scheduler runs one model
- * runner and one KV pool, so a second generate model is refused (in the settings and at
- * run time).
+ * a daemon with one model). Any number of decoders may generate; the first in registry
+ * order is the default generate model. The scheduler gives each generate model its own
+ * runner, KV pool and context manager (daemon/genmodel.h); what runs on one model only
+ * (decoder embeddings, retrieval's generation, prediction) uses the default, which
+ * therefore cannot be unloaded and is the only decoder that may embed.
  *
  * Each file is opened once: the generate model and every embed encoder at start (or at
  * models_load), each reranker on its first call (engine/rerank.h opens its own file,
  * streaming layers or mapping it; a file shared with another role maps the same page
- * cache pages). Only the worker thread touches a registry after models_open returns.
+ * cache pages). Only the worker thread touches a registry after models_open returns,
+ * except through models_view_update, which any thread may call: the event loop (the
+ * HTTP gateway) learns the models' names, roles and chat templates from it.
  */
 #ifndef LLMS_MODELS_H
 #define LLMS_MODELS_H
@@ -23,6 +27,7 @@
 
 #include "daemon/config.h"
 #include "engine/bert.h"
+#include "engine/chat.h"
 #include "engine/err.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
@@ -48,7 +53,8 @@ typedef struct models_entry {
     unsigned fallback;              /* roles it has only until another model takes them
                                        (the generate model's embed and rerank) */
     uint64_t file_bytes;
-    model *m;                       /* the generate model (NULL for the others) */
+    model *m;                       /* a generate model's weights (NULL for the others) */
+    enum chat_family family;        /* a generate model's chat template (else CHAT_PLAIN) */
     bool copied;                    /* m was read into private memory (model_load = copy) */
     /* An encoder with the embed role: mapped with its tokenizer and runner. */
     bert_model *enc;
@@ -64,17 +70,36 @@ typedef struct models_entry {
 
 typedef struct models models;
 
+/* One model as other threads see it. */
+typedef struct models_view_entry {
+    char name[MODELS_NAME_MAX + 1];
+    unsigned roles;          /* enum models_role bits it answers now (fallbacks included) */
+    unsigned defaults;       /* the roles it is the default for */
+    enum chat_family family; /* a generate model's chat template (else CHAT_PLAIN) */
+} models_view_entry;
+
+/* A copy of the registry's names and roles that a thread other than the worker keeps
+ * (zeroed before the first update). */
+typedef struct models_view {
+    models_view_entry *entries; /* (n) in registry order; cap allocated */
+    size_t n, cap;
+    uint64_t version;           /* of the registry when copied; 0: never */
+} models_view;
+
 /* Opens every model of the settings (model, embed_model, rerank_model, model.NAME lines)
  * with load as the generate model's gguf_load. NULL + err naming the model when a file
  * cannot be opened, is not of a kind its roles need, two names clash, or the settings
- * name no generate model or more than one. */
+ * name no generate model. */
 models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX]);
 
 /* NULL is allowed. Frees every model; no task may hold one. */
 void models_free(models *r);
 
-/* The generate model (never NULL after models_open). */
+/* The default generate model: the first with the role (never NULL after models_open). */
 models_entry *models_generate(models *r);
+
+/* The model named name, NULL when none. */
+models_entry *models_find(models *r, const char *name);
 
 /* The first model, in registry order; entries follow through ->next. */
 const models_entry *models_first(const models *r);
@@ -91,14 +116,25 @@ bool models_is_default(const models *r, const models_entry *e, enum models_role 
 /* Adds a model at run time: roles 0 takes them from the file's kind (an encoder embeds,
  * a decoder or a cross-encoder reranks). OK, or the code of the error in err:
  * INVALID_ARGUMENT for a bad name, a file that does not open or roles it cannot serve;
- * FAILED_PRECONDITION for a name or file in use, or a second generate model. */
+ * FAILED_PRECONDITION for a name or file in use; INTERNAL when memory runs out. A
+ * generate model's weights are loaded here; the caller (the scheduler) builds its runner
+ * and contexts. */
 Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsigned roles,
                             char err[ERR_MAX]);
 
-/* Removes a model. NOT_FOUND for an unknown name; FAILED_PRECONDITION for the generate
- * model (its contexts and the scheduler's runner depend on it) and while a task uses it
- * (e->running: the caller retries after it ends). */
+/* Removes a model. NOT_FOUND for an unknown name; FAILED_PRECONDITION for the default
+ * generate model and while a task uses it (e->running: the caller retries after it
+ * ends). Another generate model's runner and contexts are the caller's to free first. */
 Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX]);
+
+/* Brings v up to the registry as it is now (every models_open, models_load and
+ * models_unload publishes its result before returning); safe from any thread, cheap
+ * when nothing changed (a lock and a compare). 0, or -1 when memory runs out (v keeps
+ * what it had). */
+int models_view_update(models *r, models_view *v);
+
+/* Frees what v holds (v itself is the caller's). */
+void models_view_free(models_view *v);
 
 /* The reranker of a model with the rerank role, opened on first use with options. NULL
  * + err when the file does not open as a reranker. */
@@ -110,7 +146,8 @@ int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX]);
 /* Whether name is a valid model name. */
 bool models_name_ok(const char *name);
 
-/* Bytes of e's file in memory now (page cache pages of the mapping, or the copy). */
+/* Bytes of e's file in memory now (page cache pages of the mapping, or the copy), plus
+ * the private memory its repacked weights added (model_repacked_bytes). */
 uint64_t models_resident_bytes(const models_entry *e);
 
 /* Bytes of its runners' working memory that the registry holds (encoder runner, the

@@ -19,6 +19,7 @@
 #define PRED_ABSTRACT_CHARS 1200
 #define PRED_ABSTRACT_PASSAGES 4 /* newest passages an abstract update reads */
 #define PRED_PROBE_MAX 4096    /* new passage ids looked for after one change */
+#define PRED_WARM_MAX 4096     /* new passages waiting for a warm-up per knowledge base */
 
 enum purpose { P_ABSTRACT, P_QUESTION, P_PARAPHRASE, P_FOLLOWUP, P_ASK, P_CONVERT };
 
@@ -37,6 +38,8 @@ typedef struct pkb {
     int n_abs;
     int64_t ask_ids[PRED_IDS];  /* passages to propose a question about */
     int n_ask;
+    int64_t *warm_ids;          /* (cap_warm) passages to warm up, newest last */
+    int n_warm, cap_warm;
     long n_new;                 /* new passages seen (the stride counts them) */
     uint64_t changed;           /* order of its last change */
 } pkb;
@@ -60,6 +63,7 @@ struct predict {
     uint64_t changes;
     qlist queue, prefilled, decoded, hist;
     int used;                   /* tasks given in this idle period */
+    int warmed;                 /* warm-ups given in this idle period */
     predict_stats stats;
 };
 
@@ -88,8 +92,10 @@ void predict_free(predict *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < p->n_kbs; i++)
+    for (int i = 0; i < p->n_kbs; i++) {
         free(p->kbs[i].abstract);
+        free(p->kbs[i].warm_ids);
+    }
     list_clear(&p->queue);
     list_clear(&p->prefilled);
     list_clear(&p->decoded);
@@ -169,6 +175,7 @@ static pkb *kb_state(predict *p, const kb_ref *kb)
             if (p->kbs[i].changed < p->kbs[at].changed)
                 at = i;
         free(p->kbs[at].abstract);
+        free(p->kbs[at].warm_ids);
     } else {
         p->n_kbs++;
     }
@@ -187,6 +194,26 @@ static void ids_push(int64_t *ids, int *n, int64_t id)
     ids[(*n)++] = id;
 }
 
+/* Queues passage id for a warm-up; the oldest waiting one goes when PRED_WARM_MAX wait
+ * (newer passages are the likelier to be asked about). Out of memory skips it. */
+static void warm_push(pkb *k, int64_t id)
+{
+    if (k->n_warm == k->cap_warm) {
+        if (k->cap_warm == PRED_WARM_MAX) {
+            memmove(k->warm_ids, k->warm_ids + 1, sizeof *k->warm_ids * (PRED_WARM_MAX - 1));
+            k->n_warm--;
+        } else {
+            int cap = k->cap_warm ? 2 * k->cap_warm : 64;
+            int64_t *ids = realloc(k->warm_ids, sizeof *ids * (size_t)cap);
+            if (!ids)
+                return;
+            k->warm_ids = ids;
+            k->cap_warm = cap;
+        }
+    }
+    k->warm_ids[k->n_warm++] = id;
+}
+
 void predict_note_change(predict *p, const kb_ref *kb, int64_t first_new)
 {
     if (!predict_enabled(p) || first_new < 0)
@@ -200,16 +227,18 @@ void predict_note_change(predict *p, const kb_ref *kb, int64_t first_new)
         if (store_kb_passage(p->st, kb->id, id, NULL, NULL, &found, err) || !found)
             break;
         ids_push(k->abs_ids, &k->n_abs, id);
+        if (p->cfg->predict_warm > 0)
+            warm_push(k, id);
         if (++k->n_new % p->cfg->predict_stride == 0 || k->n_new == 1)
             ids_push(k->ask_ids, &k->n_ask, id);
     }
     /* new documents are new work: a fresh budget */
-    p->used = 0;
+    p->used = p->warmed = 0;
 }
 
 void predict_idle_end(predict *p)
 {
-    p->used = 0;
+    p->used = p->warmed = 0;
 }
 
 static bool wants_abstract(const predict *p, const pkb *k)
@@ -218,20 +247,32 @@ static bool wants_abstract(const predict *p, const pkb *k)
 }
 
 /* What predict_next would give: 1 queue, 2 decode a prefilled one, 3 prefill a decoded
- * one, 4 history, 5 an abstract of kbs[*kb], 6 a question of kbs[*kb]; 0 nothing. */
+ * one, 4 history, 7 warm up a passage of kbs[*kb], 5 an abstract of kbs[*kb], 6 a
+ * question of kbs[*kb]; 0 nothing. Questions from real queries come first; warm-ups,
+ * one short prefill each and counted against predict_warm, before the generations that
+ * propose new questions. */
 static int pick(const predict *p, float tau, bool qkv_room, int *kb)
 {
-    if (!predict_enabled(p) || p->used >= p->cfg->predict_budget)
+    if (!predict_enabled(p))
         return 0;
+    bool budget = p->used < p->cfg->predict_budget;
     bool qa_mode = tau < p->cfg->tau_scheduler;
-    if (p->queue.n)
+    if (budget && p->queue.n)
         return 1;
-    if (qa_mode && p->prefilled.n)
+    if (budget && qa_mode && p->prefilled.n)
         return 2;
-    if (!qa_mode && qkv_room && p->decoded.n)
+    if (budget && !qa_mode && qkv_room && p->decoded.n)
         return 3;
-    if (p->hist.n)
+    if (budget && p->hist.n)
         return 4;
+    if (qkv_room && p->warmed < p->cfg->predict_warm)
+        for (int i = 0; i < p->n_kbs; i++)
+            if (p->kbs[i].n_warm) {
+                *kb = i;
+                return 7;
+            }
+    if (!budget)
+        return 0;
     for (int i = 0; i < p->n_kbs; i++)
         if (wants_abstract(p, &p->kbs[i])) {
             *kb = i;
@@ -372,6 +413,14 @@ bool predict_next(predict *p, float tau, bool qkv_room, predict_task *t)
                 free(item.question);
             }
             break;
+        case 7: {
+            pkb *k = &p->kbs[kb];
+            id = &k->id;
+            t->kind = PREDICT_WARM;
+            t->passage = k->warm_ids[--k->n_warm];
+            t->text = strdup("");
+            break;
+        }
         case 5:
             id = &p->kbs[kb].id;
             t->purpose = P_ABSTRACT;
@@ -389,7 +438,10 @@ bool predict_next(predict *p, float tau, bool qkv_room, predict_task *t)
         t->kb_id = id->kb_id;
         snprintf(t->app, sizeof t->app, "%s", id->app);
         snprintf(t->kb, sizeof t->kb, "%s", id->kb);
-        p->used++;
+        if (t->kind == PREDICT_WARM)
+            p->warmed++;
+        else
+            p->used++;
         return true;
     }
     return false;
@@ -419,6 +471,10 @@ void predict_done(predict *p, const predict_task *t, enum predict_end how, const
     pkb_id id = {t->kb_id, t->uid, "", ""};
     snprintf(id.app, sizeof id.app, "%s", t->app);
     snprintf(id.kb, sizeof id.kb, "%s", t->kb);
+    if (t->kind == PREDICT_WARM) {
+        p->stats.warmed += how == PREDICT_RAN;
+        return;
+    }
     if (t->kind == PREDICT_QUERY) {
         if (how == PREDICT_DROPPED)
             return;

@@ -9,7 +9,11 @@
  *    predict_stride new passages, or the first ones when there is no abstract yet), then
  *    proposes a question for every predict_stride-th new passage from abstract + passage;
  *  - history-based: the model rewrites each real question in other words and proposes a
- *    follow-up to it.
+ *    follow-up to it;
+ *  - warm-ups: each new passage (newest first, predict_warm per idle period, while the
+ *    QKV tree has room) is prefilled as the first passage of a RagQuery prompt, so any
+ *    later question that retrieves it first reuses its KV. It needs no question, so it
+ *    helps where the model cannot propose the questions users will ask.
  * Each of these is a generation (PREDICT_GENERATE, greedy, predict_max_tokens); the first
  * line of its output is a predicted question. Predicted questions then run through
  * RagQuery's own path (PREDICT_QUERY) and fill the cache levels. The cache scheduler:
@@ -21,8 +25,8 @@
  * qkv_cache_mb), the decoded ones are prefilled again where their path left the tree
  * (QA->QKV). The stores' own limits (qkv_cache_mb, qa_cache_mb) hold at every write.
  *
- * predict_budget tasks (generations and queries) at most run per idle period, which a
- * real engine request ends. State (abstracts, queues) lives in memory: after a restart
+ * predict_budget tasks (generations and queries) and predict_warm warm-ups at most run
+ * per idle period, which a real engine request ends. State (abstracts, queues) lives in memory: after a restart
  * prediction starts again from the documents and questions that come.
  *
  * Everything runs on the worker thread.
@@ -40,6 +44,7 @@
 typedef enum predict_kind {
     PREDICT_GENERATE,   /* text (a user message) through the chat template: a proposal */
     PREDICT_QUERY,      /* text is a predicted question for knowledge base kb */
+    PREDICT_WARM,       /* passage of kb prefilled as a prompt's first (QKV tree only) */
 } predict_kind;
 
 typedef struct predict_task {
@@ -49,7 +54,8 @@ typedef struct predict_task {
     char app[KB_NAME_MAX + 1];
     char kb[KB_NAME_MAX + 1];
     int64_t kb_id;
-    char *text;
+    char *text;         /* "" for PREDICT_WARM */
+    int64_t passage;    /* PREDICT_WARM */
     bool decode;        /* PREDICT_QUERY: prefilled and decoded (QA), or only prefilled */
     int max_tokens;     /* PREDICT_GENERATE */
 } predict_task;
@@ -63,6 +69,7 @@ enum predict_end {
 
 typedef struct predict_stats {
     uint64_t predicted, prefilled, decoded, converted, generations, preempted, steps;
+    uint64_t warmed;    /* passages warmed up */
     uint64_t qa_hits, qkv_hits;
     double ms;
     unsigned queued;

@@ -54,6 +54,7 @@ struct rag_query {
     enum asker asker;
     bool cached;                /* predicted: nothing to compute */
     bool pred_node;             /* a passage node loaded was a predicted one */
+    bool warm;                  /* a warm-up: the prompt ends after its one passage */
     /* the reply's passages */
     Llms__KbHit h[RAG_MAX_K];
     Llms__KbHit *hp[RAG_MAX_K];
@@ -448,6 +449,8 @@ static int build_prompt(rag *r, rag_query *q, char *const *texts, char err[ERR_M
             goto done;
         q->seg_end[i + 1] = q->n_tokens;
     }
+    if (q->warm)
+        goto keys;
     size_t n = strlen(q->rq->question) + 16;
     char *qs = malloc(n);
     if (!qs) {
@@ -461,6 +464,7 @@ static int build_prompt(rag *r, rag_query *q, char *const *texts, char err[ERR_M
         rc = add_tokens(r, q, tail, false, true, err);
     if (rc)
         goto done;
+keys:
     q->n_nodes = 1 + q->n_hits;
     uint64_t h = fnv(0xcbf29ce484222325ULL, r->env.model_path, strlen(r->env.model_path) + 1);
     int from = 0;
@@ -575,8 +579,10 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
 
 /* Starts a query of asker; a real one's errors and QA answer go to conn_id, a predicted
  * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute. */
+/* warm >= 0: a warm-up of that passage (asker ASK_PREFILL). */
 static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                        const Llms__Request *req, kv_seq *seq, enum asker asker, bool *cached)
+                        const Llms__Request *req, kv_seq *seq, enum asker asker, int64_t warm,
+                        bool *cached)
 {
     const config *cfg = r->env.cfg;
     const Llms__RagQueryRequest *rq = req->rag_query;
@@ -594,6 +600,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->asker = asker;
     q->t0_ns = mono_ns();
     q->kb_changes = r->kb_changes;
+    q->warm = warm >= 0;
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
     Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
     q->use_qa = !(rq->has_no_qa && rq->no_qa) && r->tau <= 1.0f && asker != ASK_PREFILL;
@@ -618,6 +625,11 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                 rq->kb, q->kb.dim, semantic_dim(r->env.sem));
         goto fail;
     }
+    if (q->warm) {
+        q->n_hits = 1;
+        q->hits[0] = (kb_hit){.id = warm};
+        goto passages;
+    }
     if (!(q->qvec = malloc(sizeof *q->qvec * (size_t)q->kb.dim))) {
         code = LLMS__ERROR_CODE__INTERNAL;
         err_set(err, "out of memory");
@@ -639,6 +651,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     if (kb_retrieve(r->env.kb, &q->kb, rq->question, q->qvec, top_k, mode, q->hits, &q->n_hits,
                     err))
         goto fail;
+passages:
     for (int i = 0; i < q->n_hits; i++) {
         int got = load_passage(q, i, q->hits[i].id, q->hits[i].score, &texts[i], err);
         if (got <= 0) {
@@ -700,13 +713,15 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
 {
     bool cached;
     (void)queued_ns;
-    return start(r, conn_id, uid, app, req, seq, ASK_REAL, &cached);
+    return start(r, conn_id, uid, app, req, seq, ASK_REAL, -1, &cached);
 }
 
 rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
-                               bool decode, kv_seq *seq, bool *cached)
+                               const predict_task *t, kv_seq *seq, bool *cached)
 {
-    return start(r, 0, uid, app, req, seq, decode ? ASK_DECODE : ASK_PREFILL, cached);
+    if (t->kind == PREDICT_WARM)
+        return start(r, 0, uid, app, req, seq, ASK_PREFILL, t->passage, cached);
+    return start(r, 0, uid, app, req, seq, t->decode ? ASK_DECODE : ASK_PREFILL, -1, cached);
 }
 
 float rag_tau(const rag *r)
@@ -721,6 +736,21 @@ bool rag_qkv_room(rag *r)
     if (store_qkv_stats(r->env.st, &n, &bytes, err))
         return false;
     return bytes < ((int64_t)r->env.cfg->qkv_cache_mb << 20) / 10 * 9;
+}
+
+int rag_slice_end(const rag_query *q, int from, int step_tokens)
+{
+    int cut = 0, next = q->n_tokens;
+    for (int i = 0; i < q->n_nodes; i++) {
+        int end = node_chunks(q, i) * KV_CHUNK_TOKENS;
+        if (end > from) {
+            next = end;
+            break;
+        }
+        cut = end;
+    }
+    int end = cut + ((from - cut) / step_tokens + 1) * step_tokens;
+    return end < next ? end : next;
 }
 
 void rag_result(const rag_query *q, Llms__RagResult *res)
@@ -829,7 +859,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
     c.has_predicted = c.has_predict_prefilled = c.has_predict_decoded = 1;
     c.has_predict_preempted = c.has_predict_qa_hits = c.has_predict_qkv_hits = 1;
     c.has_predict_generations = c.has_predict_steps = c.has_predict_ms = 1;
-    c.has_predict_queued = c.has_predict_converted = 1;
+    c.has_predict_queued = c.has_predict_converted = c.has_predict_warmed = 1;
     c.predicted = ps.predicted;
     c.predict_prefilled = ps.prefilled;
     c.predict_decoded = ps.decoded;
@@ -841,6 +871,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
     c.predict_ms = ps.ms;
     c.predict_queued = ps.queued;
     c.predict_converted = ps.converted;
+    c.predict_warmed = ps.warmed;
     Llms__Response resp = LLMS__RESPONSE__INIT;
     resp.id = req->id;
     resp.final = 1;

@@ -69,14 +69,24 @@ void rag_free(rag *r);
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                      const Llms__Request *req, kv_seq *seq, int64_t queued_ns);
 
-/* Starts a predicted query (predict.h): req's RagQuery for app (uid, app), answered to
- * nobody. decode: its answer goes to the QA bank, else it is only prefilled (max_tokens
- * should then be 1). NULL with *cached true when there is nothing to compute (a QA
- * entry within tau_query answers it, or, prefill only, its whole QKV path is stored),
- * with *cached false on failure (logged). What it stores is marked predicted, and hits
- * of real queries on it are counted (predict_count_hits). */
+/* Starts the predictor's task t (PREDICT_QUERY or PREDICT_WARM): req's RagQuery for app
+ * (uid, app), answered to nobody. A query with t->decode puts its answer in the QA bank,
+ * else it is only prefilled (max_tokens should then be 1). A warm-up's prompt is the
+ * head and passage t->passage as passage 1, nothing retrieved or embedded. NULL with
+ * *cached true when there is nothing to compute (a QA entry within tau_query answers it,
+ * or, prefill only, its whole QKV path is stored), with *cached false on failure
+ * (logged). What it stores is marked predicted, and hits of real queries on it are
+ * counted (predict_count_hits). */
 rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
-                               bool decode, kv_seq *seq, bool *cached);
+                               const predict_task *t, kv_seq *seq, bool *cached);
+
+/* Where the prefill slice of the prompt that starts at token from ends, for slices of
+ * at most step_tokens: at every node's end (the chunks it completes), then every
+ * step_tokens after it. A row's bits depend on the slice it is computed in (its
+ * attention block, the row count of each matrix product), and a prompt resumed after a
+ * cached prefix starts at a node's end, so cutting a prefill from scratch at the same
+ * places computes every later row as the resumed one does: the reuse is exact. */
+int rag_slice_end(const rag_query *q, int from, int step_tokens);
 
 /* The QA bank's threshold now (tau_query, or what CacheTune set). */
 float rag_tau(const rag *r);

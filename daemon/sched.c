@@ -10,7 +10,9 @@
  * prefills, Embed texts) shared out between apps by deficit round robin under
  * step_tokens rows; reranks advance on their own model by their share after the
  * forward. So the weights are read once per step for all streams, and a long request
- * delays the others by one slice per step, not by its whole length.
+ * delays the others by one slice per step, not by its whole length. Each generate model
+ * has its own forward in the step (its runner, pool and contexts: genmodel.h); work on
+ * one model never shares a forward with another's.
  */
 #include "daemon/sched.h"
 
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "daemon/ctxmgr.h"
+#include "daemon/genmodel.h"
 #include "daemon/graph.h"
 #include "daemon/graphs.h"
 #include "daemon/kb.h"
@@ -37,6 +40,7 @@
 #include "daemon/retrieval.h"
 #include "daemon/semantic.h"
 #include "daemon/textbuf.h"
+#include "daemon/tokreq.h"
 #include "engine/kv.h"
 #include "engine/prefill.h"
 #include "engine/sampler.h"
@@ -51,6 +55,7 @@
 #define PIECE_MAX 256
 #define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
 #define SCHED_RETRIEVAL_MIN_NS 1000000 /* graph retrieval sub-stages per cycle, at least */
+#define SCHED_GEN_MAX 8       /* generate models served at once */
 
 typedef struct app_state {
     uint32_t uid;
@@ -58,12 +63,14 @@ typedef struct app_state {
     int n_conns;
     int n_queued;                  /* requests of every kind waiting or running */
     sched_job *pend_head, *pend_tail;
-    long deficit;                  /* rows of long work it may still take (round robin) */
+    long deficit[SCHED_GEN_MAX];   /* rows of long work it may still take on each generate
+                                      model (round robin per model) */
     struct app_state *next;
 } app_state;
 
 /* A Call's, Complete's, RagQuery's or graph generation node's generation. */
 typedef struct gen {
+    genmodel *gm;          /* the model it runs on */
     ctx_entry *c;          /* NULL for Complete and RagQuery */
     rag_query *rq;         /* RagQuery: its passages, prompt and caches */
     kv_seq own_seq;        /* Complete's KV */
@@ -135,7 +142,8 @@ typedef struct work {
     gen *g;                /* Call, Complete, RagQuery, a GraphRun's generation node */
     sem_task *t;           /* Embed, Rerank, RerankCalibrate */
     graph_work *gw;        /* GraphRun */
-    size_t kv_reserved;    /* KV bytes admission counted for it (kv_need) */
+    genmodel *gm;          /* the model its forwards run on (tasks: the default's) */
+    size_t kv_reserved;    /* KV bytes admission counted for it on gm (kv_need) */
 } work;
 
 /* One sequence of a step's forward. */
@@ -158,11 +166,11 @@ typedef struct step_stat {
 struct sched {
     sched_env env;
     bool serial;           /* sched = serial: one forward per sequence, long work whole */
-    int step_tokens;
-    int max_batch;         /* the runner's: decode rows + step_tokens */
-    model_runner *runner;
-    kv_pool *pool;
-    ctxmgr *cm;
+    /* Every generate model, slot 0 the default (the registry's first generate model:
+     * decoder embeddings, RagQuery, GraphRun and prediction run on it), NULL where none;
+     * each has its runner, pool, contexts and share of kv_budget_mb. */
+    genmodel *gm[SCHED_GEN_MAX];
+    int max_batch;         /* the largest of their runners' rows: the step arrays' size */
     semantic *sem;         /* Embed, Rerank, RerankCalibrate */
     kbm *kb;               /* knowledge bases */
     rag *rag;              /* RagQuery and its caches */
@@ -180,8 +188,6 @@ struct sched {
     Llms__CompleteRequest pred_complete;
     Llms__GenerationParams pred_params;
     int64_t last_req_ns;   /* the last engine request came or ended (CLOCK_MONOTONIC) */
-    int n_vocab;
-    float *logits;         /* (SCHED_MAX_ACTIVE, n_vocab) the out rows of a step */
     int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
     step_seq *steps;       /* (max_batch) */
     kv_seq **step_seqs;    /* (max_batch) */
@@ -196,11 +202,10 @@ struct sched {
 
     app_state *apps;
     app_state *rr;         /* the app admission starts after */
-    app_state *drr_next;   /* the app long work is offered to first */
+    app_state *drr_next[SCHED_GEN_MAX]; /* the app each model's long work goes to first */
     work *active[SCHED_MAX_ACTIVE];
     int n_active;
     int n_pending;
-    size_t kv_reserved;    /* sum of the active work's kv_reserved */
     bool shutting;
     int64_t start_ms;
     atomic_uint n_connections;
@@ -300,8 +305,9 @@ static void app_reclaim(sched *s, app_state *a)
     *pp = a->next;
     if (s->rr == a)
         s->rr = NULL;
-    if (s->drr_next == a)
-        s->drr_next = NULL;
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->drr_next[k] == a)
+            s->drr_next[k] = NULL;
     free(a);
 }
 
@@ -311,6 +317,116 @@ static int uid_queued(const sched *s, uint32_t uid)
     int n = 0;
     for (const app_state *a = s->apps; a; a = a->next)
         n += a->uid == uid ? a->n_queued : 0;
+    return n;
+}
+
+/* ---- generate models and their contexts ---- */
+
+/* The slot of the generate model whose contexts cm holds. */
+static int gm_slot_of_cm(const sched *s, const ctxmgr *cm)
+{
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k] && s->gm[k]->cm == cm)
+            return k;
+    return -1;
+}
+
+static int gm_slot(const sched *s, const genmodel *gm)
+{
+    return gm_slot_of_cm(s, gm->cm);
+}
+
+/* The running generate model of a registry entry, NULL when it has none. */
+static genmodel *gm_of_entry(const sched *s, const models_entry *me)
+{
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k] && s->gm[k]->me == me)
+            return s->gm[k];
+    return NULL;
+}
+
+static genmodel *gm_of_ctx(const sched *s, const ctx_entry *c)
+{
+    return s->gm[gm_slot_of_cm(s, c->cm)];
+}
+
+/* The model a context belongs to (one from before the registry: the default's). */
+static const char *ctx_model_name(const sched *s, const ctx_entry *c)
+{
+    return c->model ? c->model : s->gm[0]->me->name;
+}
+
+/* Whether a stored context naming model belongs to the generate model me: its own, and
+ * for the default also those of no model or of a model that is not loaded (their
+ * history is kept and listed; calls on them are refused). */
+static bool ctx_belongs(const sched *s, const models_entry *me, const char *model)
+{
+    if (model && strcmp(model, me->name) == 0)
+        return true;
+    if (me != models_generate(s->env.reg))
+        return false;
+    models_entry *has;
+    char ignored[ERR_MAX];
+    return !model ||
+           models_resolve(s->env.reg, model, MODELS_GENERATE, &has, ignored) != LLMS__ERROR_CODE__OK;
+}
+
+typedef struct ctx_owner {
+    const sched *s;
+    const models_entry *me;
+} ctx_owner;
+
+static bool ctx_owner_owns(const char *model, void *arg)
+{
+    const ctx_owner *o = arg;
+    return ctx_belongs(o->s, o->me, model);
+}
+
+/* Every context, model by model (slot order), each model's oldest first. */
+static ctx_entry *ctx_all_from(sched *s, int slot)
+{
+    for (int k = slot; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k] && ctx_first(s->gm[k]->cm))
+            return ctx_first(s->gm[k]->cm);
+    return NULL;
+}
+
+static ctx_entry *ctx_all_first(sched *s)
+{
+    return ctx_all_from(s, 0);
+}
+
+static ctx_entry *ctx_all_next(sched *s, const ctx_entry *c)
+{
+    return c->next ? c->next : ctx_all_from(s, gm_slot_of_cm(s, c->cm) + 1);
+}
+
+/* The context with this id of app (uid, app), or of any app when app is NULL. */
+static ctx_entry *ctx_find_all(sched *s, const char *id, uint32_t uid, const char *app)
+{
+    for (int k = 0; k < SCHED_GEN_MAX; k++) {
+        ctx_entry *c = !s->gm[k] ? NULL
+                       : app     ? ctx_find(s->gm[k]->cm, id, uid, app)
+                                 : ctx_find_any(s->gm[k]->cm, id);
+        if (c)
+            return c;
+    }
+    return NULL;
+}
+
+static int ctx_count_all_app(const sched *s, uint32_t uid, const char *app)
+{
+    int n = 0;
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        n += s->gm[k] ? ctx_count_app(s->gm[k]->cm, uid, app) : 0;
+    return n;
+}
+
+static int ctx_count_all(const sched *s)
+{
+    int n = 0;
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        n += s->gm[k] ? ctx_count(s->gm[k]->cm) : 0;
     return n;
 }
 
@@ -335,19 +451,19 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
     info->n_tokens = (uint32_t)c->n_tokens;
     info->created_unix_ms = (uint64_t)c->created_ms;
     info->last_used_unix_ms = (uint64_t)c->last_used_ms;
-    info->memory = ctx_kv_bytes(s->cm, c) > 0 ? LLMS__MEMORY_STATE__MEMORY_RESIDENT
+    info->memory = ctx_kv_bytes(c->cm, c) > 0 ? LLMS__MEMORY_STATE__MEMORY_RESIDENT
                    : ctx_on_disk(c)           ? LLMS__MEMORY_STATE__MEMORY_ON_DISK
                                               : LLMS__MEMORY_STATE__MEMORY_NONE;
     info->system_prompt = c->system_prompt;
     info->defaults = c->defaults;
     info->has_kv_bytes = 1;
-    info->kv_bytes = ctx_kv_bytes(s->cm, c);
+    info->kv_bytes = ctx_kv_bytes(c->cm, c);
     info->has_overflow = info->has_window_slides = info->has_window_dropped_tokens = 1;
     info->overflow = c->overflow == CTX_OVERFLOW_REFUSE ? LLMS__OVERFLOW__OVERFLOW_REFUSE
                                                         : LLMS__OVERFLOW__OVERFLOW_WINDOW;
     info->window_slides = c->window_slides;
     info->window_dropped_tokens = (uint64_t)c->window_dropped;
-    info->model = c->model ? c->model : models_generate(s->env.reg)->name;
+    info->model = (char *)ctx_model_name(s, c);
     if (history) {
         size_t n = 0;
         if (c->system_prompt) {
@@ -378,7 +494,7 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
     if (limit > SCHED_LIST_PAGE)
         limit = SCHED_LIST_PAGE;
     uint32_t total = 0;
-    for (ctx_entry *c = ctx_first(s->cm); c; c = c->next)
+    for (ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
         total += all || (c->uid == j->uid && strcmp(c->app_name, j->app) == 0);
     uint32_t n = offset < total ? total - offset : 0;
     if (n > limit)
@@ -392,7 +508,7 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
         return;
     }
     uint32_t k = 0, seen = 0;
-    for (ctx_entry *c = ctx_first(s->cm); c && k < n; c = c->next) {
+    for (ctx_entry *c = ctx_all_first(s); c && k < n; c = ctx_all_next(s, c)) {
         if (!all && (c->uid != j->uid || strcmp(c->app_name, j->app) != 0))
             continue;
         if (seen++ < offset)
@@ -424,8 +540,7 @@ static void handle_get_context(sched *s, const sched_job *j)
         send_error(s, j, LLMS__ERROR_CODE__PERMISSION_DENIED, "any_app is an admin option");
         return;
     }
-    ctx_entry *c = any ? ctx_find_any(s->cm, g->context_id)
-                       : ctx_find(s->cm, g->context_id, j->uid, j->app);
+    ctx_entry *c = ctx_find_all(s, g->context_id, j->uid, any ? NULL : j->app);
     if (!c) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", g->context_id);
         return;
@@ -480,14 +595,14 @@ static void handle_get_context(sched *s, const sched_job *j)
 static void handle_create(sched *s, const sched_job *j)
 {
     Llms__CreateContextRequest *cr = j->req->create_context;
-    int have = ctx_count_app(s->cm, j->uid, j->app);
+    int have = ctx_count_all_app(s, j->uid, j->app);
     if (have >= s->env.cfg->max_contexts_per_app) {
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "app has %d contexts, the limit (max_contexts_per_app)", have);
         return;
     }
     int of_uid = 0;
-    for (const ctx_entry *c = ctx_first(s->cm); c; c = c->next)
+    for (const ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
         of_uid += c->uid == j->uid;
     if (of_uid >= s->env.cfg->max_contexts_per_uid) {
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
@@ -517,18 +632,19 @@ static void handle_create(sched *s, const sched_job *j)
         send_error(s, j, code, "%s", err);
         return;
     }
+    ctxmgr *cm = gm_of_entry(s, me)->cm;
     ctx_entry *c;
-    if (ctx_create(s->cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
+    if (ctx_create(cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
-    if (ctx_set_model(s->cm, c, me->name, err) ||
-        (refuse && ctx_set_overflow(s->cm, c, CTX_OVERFLOW_REFUSE, err))) {
-        ctx_delete(s->cm, c, ignored);
+    if (ctx_set_model(cm, c, me->name, err) ||
+        (refuse && ctx_set_overflow(cm, c, CTX_OVERFLOW_REFUSE, err))) {
+        ctx_delete(cm, c, ignored);
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
-    atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
+    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
     Llms__CreateContextResponse cc = LLMS__CREATE_CONTEXT_RESPONSE__INIT;
     cc.context_id = c->id;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -542,16 +658,16 @@ static void handle_create(sched *s, const sched_job *j)
 static void handle_delete(sched *s, const sched_job *j)
 {
     const char *id = j->req->delete_context->context_id;
-    ctx_entry *c = ctx_find(s->cm, id, j->uid, j->app);
+    ctx_entry *c = ctx_find_all(s, id, j->uid, j->app);
     char err[ERR_MAX];
     if (!c)
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
     else if (c->busy)
         send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "context '%s' has a call running", id);
-    else if (ctx_delete(s->cm, c, err))
+    else if (ctx_delete(c->cm, c, err))
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "delete context: %s", err);
     else {
-        atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
+        atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
         send_ok(s, j);
     }
 }
@@ -559,13 +675,13 @@ static void handle_delete(sched *s, const sched_job *j)
 static void handle_evict(sched *s, const sched_job *j)
 {
     const char *id = j->req->evict_context->context_id;
-    ctx_entry *c = ctx_find_any(s->cm, id);
+    ctx_entry *c = ctx_find_all(s, id, 0, NULL);
     if (!c)
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
     else if (c->busy)
         send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "context '%s' has a call running", id);
     else {
-        ctx_evict(s->cm, c);
+        ctx_evict(c->cm, c);
         send_ok(s, j);
     }
 }
@@ -586,7 +702,7 @@ static uint64_t rss_bytes(void)
 static void sched_status(sched *s, Llms__StatusResponse *st)
 {
     st->sched_mode = s->serial ? "serial" : "batched";
-    st->sched_step_tokens = (uint32_t)s->step_tokens;
+    st->sched_step_tokens = (uint32_t)s->gm[0]->step_tokens;
     st->has_sched_step_tokens = st->has_sched_active_sequences = 1;
     st->has_sched_queued_generate = st->has_sched_queued_embed = st->has_sched_queued_rerank = 1;
     st->has_sched_steps = st->has_sched_step_mean_ms = st->has_sched_rows_per_step = 1;
@@ -713,12 +829,73 @@ static int model_infos_fill(sched *s, model_infos *mi)
         }
         x->resident_bytes = models_resident_bytes(e);
         x->scratch_bytes = models_scratch_bytes(e);
-        if (e->roles & MODELS_GENERATE)
-            x->scratch_bytes += model_runner_scratch_bytes(s->runner);
+        const genmodel *gm = gm_of_entry(s, e);
         x->running = (uint32_t)e->running;
+        if (gm) {
+            x->scratch_bytes += model_runner_scratch_bytes(gm->runner);
+            for (int i = 0; i < s->n_active; i++)
+                x->running += s->active[i]->gm == gm && s->active[i]->g;
+            x->has_contexts = x->has_kv_bytes = x->has_kv_budget_bytes = 1;
+            x->contexts = (uint32_t)ctx_count(gm->cm);
+            x->kv_bytes = ctx_kv_bytes_total(gm->cm);
+            x->kv_budget_bytes = ctx_get_policy(gm->cm)->budget_bytes;
+        }
         mi->ptrs[k] = x;
     }
     return 0;
+}
+
+/* The memory side of the status, every generate model's together: contexts, resident
+ * KV, the pools, the swap counters. */
+static void status_memory(sched *s, Llms__StatusResponse *st)
+{
+    st->has_kv_budget_bytes = st->has_swap_bytes_written = st->has_swap_bytes_read = 1;
+    st->has_swap_chunks_written = st->has_swap_chunks_read = st->has_swap_chunks_recomputed = 1;
+    st->has_swap_faults = st->has_swap_bad_blobs = st->has_switch_ins = 1;
+    st->has_switch_in_mean_ms = st->has_swap_chunks_promoted = st->has_swap_stale_blobs = 1;
+    st->has_kv_f16_bytes = st->has_kv_int8_bytes = st->has_kv_int4_bytes =
+        st->has_kv_int2_bytes = st->has_kv_spare_bytes = 1;
+    st->has_window_slides = st->has_window_dropped_tokens = 1;
+    st->has_swap_writes_pending = st->has_swap_write_waits = st->has_swap_write_wait_ms =
+        st->has_swap_write_failures = 1;
+    double switch_in_ms = 0;
+    for (int k = 0; k < SCHED_GEN_MAX; k++) {
+        const genmodel *gm = s->gm[k];
+        if (!gm)
+            continue;
+        st->n_contexts += (uint32_t)ctx_count(gm->cm);
+        st->n_resident_contexts += (uint32_t)ctx_count_resident(gm->cm);
+        st->kv_bytes_resident += ctx_kv_bytes_total(gm->cm);
+        st->kv_budget_bytes += ctx_get_policy(gm->cm)->budget_bytes;
+        const ctx_stats *cs = ctx_get_stats(gm->cm);
+        st->swap_bytes_written += cs->bytes_written;
+        st->swap_bytes_read += cs->bytes_read;
+        st->swap_chunks_written += cs->chunks_written;
+        st->swap_chunks_read += cs->chunks_read;
+        st->swap_chunks_recomputed += cs->chunks_recomputed;
+        st->swap_chunks_promoted += cs->chunks_promoted;
+        st->swap_faults += cs->faults;
+        st->swap_bad_blobs += cs->bad_blobs;
+        st->swap_stale_blobs += cs->stale_blobs;
+        st->switch_ins += cs->switch_ins;
+        switch_in_ms += cs->switch_in_ms;
+        st->window_slides += cs->window_slides;
+        st->window_dropped_tokens += cs->window_dropped;
+        st->swap_writes_pending += (uint32_t)ctx_writes_pending(gm->cm);
+        st->swap_write_waits += cs->write_waits;
+        st->swap_write_wait_ms += cs->write_wait_ms;
+        st->swap_write_failures += cs->write_failures;
+        st->kv_f16_bytes += kv_pool_bytes_at(gm->pool, KV_F16);
+        for (int p = KV_INT_FIRST; p < KV_PRECISION_END; p++) {
+            int bits = kv_precision_bits(p);
+            uint64_t *to = bits >= 6   ? &st->kv_int8_bytes
+                           : bits >= 3 ? &st->kv_int4_bytes
+                                       : &st->kv_int2_bytes;
+            *to += kv_pool_bytes_at(gm->pool, p);
+        }
+        st->kv_spare_bytes += kv_pool_spare_bytes(gm->pool);
+    }
+    st->switch_in_mean_ms = st->switch_ins ? switch_in_ms / (double)st->switch_ins : 0;
 }
 
 static void handle_status(sched *s, const sched_job *j)
@@ -733,58 +910,18 @@ static void handle_status(sched *s, const sched_job *j)
     for (int64_t i = 0; i < gguf_n_tensors(gf); i++)
         st.model_bytes += gguf_tensor_at(gf, i)->bytes;
     st.n_ctx = (uint32_t)s->env.cfg->n_ctx;
-    st.threads = (uint32_t)model_runner_n_threads(s->runner);
+    st.threads = (uint32_t)model_runner_n_threads(s->gm[0]->runner);
     st.uptime_ms = (uint64_t)(wall_ms() - s->start_ms);
     st.n_connections = atomic_load(&s->n_connections);
     for (app_state *a = s->apps; a; a = a->next)
         st.n_apps++;
-    st.n_contexts = (uint32_t)ctx_count(s->cm);
-    st.n_resident_contexts = (uint32_t)ctx_count_resident(s->cm);
-    st.kv_bytes_resident = ctx_kv_bytes_total(s->cm);
     st.queued_requests = (uint32_t)s->n_pending;
     st.running_requests = (uint32_t)s->n_active;
     st.rss_bytes = rss_bytes();
-    const ctx_stats *cs = ctx_get_stats(s->cm);
-    st.has_kv_budget_bytes = st.has_swap_bytes_written = st.has_swap_bytes_read = 1;
-    st.has_swap_chunks_written = st.has_swap_chunks_read = st.has_swap_chunks_recomputed = 1;
-    st.has_swap_faults = st.has_swap_bad_blobs = st.has_switch_ins = st.has_switch_in_mean_ms = 1;
-    st.kv_budget_bytes = ctx_get_policy(s->cm)->budget_bytes;
-    st.swap_bytes_written = cs->bytes_written;
-    st.swap_bytes_read = cs->bytes_read;
-    st.swap_chunks_written = cs->chunks_written;
-    st.swap_chunks_read = cs->chunks_read;
-    st.swap_chunks_recomputed = cs->chunks_recomputed;
-    st.has_swap_chunks_promoted = 1;
-    st.swap_chunks_promoted = cs->chunks_promoted;
-    st.swap_faults = cs->faults;
-    st.swap_bad_blobs = cs->bad_blobs;
-    st.has_swap_stale_blobs = 1;
-    st.swap_stale_blobs = cs->stale_blobs;
-    st.has_kv_f16_bytes = st.has_kv_int8_bytes = st.has_kv_int4_bytes = st.has_kv_int2_bytes =
-        st.has_kv_spare_bytes = 1;
-    st.kv_f16_bytes = kv_pool_bytes_at(s->pool, KV_F16);
-    for (int p = KV_INT_FIRST; p < KV_PRECISION_END; p++) {
-        int bits = kv_precision_bits(p);
-        uint64_t *to = bits >= 6   ? &st.kv_int8_bytes
-                       : bits >= 3 ? &st.kv_int4_bytes
-                                   : &st.kv_int2_bytes;
-        *to += kv_pool_bytes_at(s->pool, p);
-    }
-    st.kv_spare_bytes = kv_pool_spare_bytes(s->pool);
-    st.switch_ins = cs->switch_ins;
-    st.has_window_slides = st.has_window_dropped_tokens = 1;
-    st.window_slides = cs->window_slides;
-    st.window_dropped_tokens = cs->window_dropped;
-    st.switch_in_mean_ms = cs->switch_ins ? cs->switch_in_ms / (double)cs->switch_ins : 0;
-    st.has_swap_writes_pending = st.has_swap_write_waits = st.has_swap_write_wait_ms =
-        st.has_swap_write_failures = 1;
-    st.swap_writes_pending = (uint32_t)ctx_writes_pending(s->cm);
-    st.swap_write_waits = cs->write_waits;
-    st.swap_write_wait_ms = cs->write_wait_ms;
-    st.swap_write_failures = cs->write_failures;
+    status_memory(s, &st);
     sched_status(s, &st);
     Llms__CostModels cost;
-    cost_models_fill(s->cm, &cost);
+    cost_models_fill(s->gm[0]->cm, &cost);
     st.cost_models = &cost;
     model_infos mi;
     if (model_infos_fill(s, &mi) < 0) {
@@ -826,8 +963,166 @@ static void handle_list_models(sched *s, const sched_job *j)
     model_infos_free(&mi);
 }
 
+static int gm_count(const sched *s)
+{
+    int n = 0;
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        n += s->gm[k] != NULL;
+    return n;
+}
+
+/* Each generate model's share of kv_budget_mb: equal parts, set again whenever one
+ * comes or goes (a smaller share reclaims idle contexts' chunks at once). */
+static void kv_budget_split(sched *s)
+{
+    size_t total = (size_t)s->env.cfg->kv_budget_mb << 20;
+    int n = gm_count(s);
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k]) {
+            ctx_policy p = *ctx_get_policy(s->gm[k]->cm);
+            p.budget_bytes = total / (size_t)n;
+            ctx_set_policy(s->gm[k]->cm, &p);
+            ctx_enforce_budget(s->gm[k]->cm);
+        }
+}
+
+static void sched_writes_done(void *arg);
+
+/* Starts serving the generate model me (its weights in the registry) in a free slot:
+ * its runner, pool and the contexts that belong to it; tok lends its tokenizer (NULL:
+ * loaded from the file). */
+static int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
+{
+    const config *cfg = s->env.cfg;
+    int k = 0;
+    while (k < SCHED_GEN_MAX && s->gm[k])
+        k++;
+    if (k == SCHED_GEN_MAX)
+        return err_set(err, "llmsd serves at most %d generate models", SCHED_GEN_MAX);
+    /* the new manager's chunk file collection must see every record committed */
+    for (int i = 0; i < SCHED_GEN_MAX; i++)
+        if (s->gm[i])
+            ctx_flush_writes(s->gm[i]->cm);
+    ctx_policy policy = {
+        .budget_bytes = ((size_t)cfg->kv_budget_mb << 20) / (size_t)(gm_count(s) + 1),
+        .compress = strcmp(cfg->kv_compress, "none") == 0   ? CTX_COMPRESS_NONE
+                    : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
+                                                            : CTX_COMPRESS_TOLERANCE,
+        .compress_ratio = cfg->kv_compress_ratio,
+        .swap = CTX_SWAP_AHEAD,
+        .switch_mode = CTX_SWITCH_PLAN,
+    };
+    ctx_owner owner = {s, me};
+    genmodel_opts o = {cfg, s->env.st, SCHED_MAX_ACTIVE, tok, &policy, ctx_owner_owns, &owner};
+    genmodel *gm = genmodel_open(me, &o, err);
+    if (!gm)
+        return -1;
+    if (gm->max_batch > s->max_batch) {
+        step_seq *steps = realloc(s->steps, sizeof *steps * (size_t)gm->max_batch);
+        if (steps)
+            s->steps = steps;
+        kv_seq **seqs = realloc(s->step_seqs, sizeof *seqs * (size_t)gm->max_batch);
+        if (seqs)
+            s->step_seqs = seqs;
+        model_batch *batches = realloc(s->step_batches, sizeof *batches * (size_t)gm->max_batch);
+        if (batches)
+            s->step_batches = batches;
+        if (!steps || !seqs || !batches) {
+            genmodel_free(gm);
+            return err_set(err, "out of memory");
+        }
+        s->max_batch = gm->max_batch;
+    }
+    ctx_set_write_notify(gm->cm, sched_writes_done, s);
+    for (app_state *a = s->apps; a; a = a->next)
+        a->deficit[k] = 0;
+    s->drr_next[k] = NULL;
+    s->gm[k] = gm;
+    return 0;
+}
+
+/* A generate model loaded at run time: its contexts, kept by the default model while it
+ * was not loaded, move to it (read again from the store). */
+static int gm_load(sched *s, models_entry *me, char err[ERR_MAX])
+{
+    if (gm_add(s, me, NULL, err) < 0)
+        return -1;
+    ctxmgr *def = s->gm[0]->cm;
+    for (ctx_entry *c = ctx_first(def), *next; c; c = next) {
+        next = c->next;
+        if (c->model && strcmp(c->model, me->name) == 0)
+            ctx_forget(def, c);
+    }
+    kv_budget_split(s);
+    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
+    return 0;
+}
+
+/* Whether a generate model other than the default may go: no work running on it and no
+ * context of it (its contexts would lose their model; deleting them, or a restart
+ * without the model, which keeps them as history, are the ways). -1 + err naming them. */
+static int gm_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
+{
+    int running = 0;
+    for (int i = 0; i < s->n_active; i++)
+        running += s->active[i]->gm == gm;
+    if (running)
+        return err_set(err, "model '%s' has %d request%s running: unload it after they end",
+                       gm->me->name, running, running == 1 ? "" : "s");
+    int n = ctx_count(gm->cm);
+    if (n == 0)
+        return 0;
+    char ids[4 * (CTX_ID_LEN + 2) + 8];
+    size_t len = 0;
+    int k = 0;
+    ids[0] = '\0';
+    for (ctx_entry *c = ctx_first(gm->cm); c && k < 4; c = c->next, k++)
+        len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%s", k ? ", " : "", c->id);
+    return err_set(err, "model '%s' has %d context%s (%s%s): delete them first, or restart "
+                        "llmsd without the model to keep them as history", gm->me->name, n,
+                   n == 1 ? "" : "s", ids, n > k ? ", ..." : "");
+}
+
+/* The tokenizer of a model by name: a generate model's, or an embed encoder's. NULL +
+ * the error's code and err. */
+static const tokenizer *model_tokenizer(sched *s, const char *name, Llms__ErrorCode *code,
+                                        char err[ERR_MAX])
+{
+    models_entry *me;
+    *code = models_resolve(s->env.reg, name, MODELS_GENERATE, &me, err);
+    if (*code == LLMS__ERROR_CODE__OK)
+        return gm_of_entry(s, me)->tok;
+    if (*code != LLMS__ERROR_CODE__INVALID_ARGUMENT)
+        return NULL;
+    me = models_find(s->env.reg, name);
+    if (me->enc_tok) {
+        *code = LLMS__ERROR_CODE__OK;
+        return me->enc_tok;
+    }
+    err_set(err, "model '%s' has no tokenizer loaded: name a generate or embed model", name);
+    return NULL;
+}
+
+/* Tokenize and Detokenize that name a model (the loop answers the others). */
+static void handle_tokens(sched *s, const sched_job *j)
+{
+    char err[ERR_MAX];
+    Llms__ErrorCode code;
+    const tokenizer *tok = model_tokenizer(s, tokreq_model(j->req), &code, err);
+    tokreq_answer a;
+    if (tok)
+        code = tokreq_answer_build(tok, j->req, s->env.cfg->max_frame_bytes, &a, err);
+    if (code != LLMS__ERROR_CODE__OK)
+        send_error(s, j, code, "%s", err);
+    else
+        send_resp(s, j->conn_id, &a.r, false);
+    if (tok)
+        tokreq_answer_free(&a);
+}
+
 /* Loading maps the file and builds an encoder's runner on the worker: the steps wait
- * for it (milliseconds for a mapping, longer for a large encoder's scratch). */
+ * for it (milliseconds for a mapping, longer for a large encoder's scratch). A generate
+ * model gets its runner, pool and contexts here. */
 static void handle_load_model(sched *s, const sched_job *j)
 {
     const Llms__LoadModelRequest *q = j->req->load_model;
@@ -842,9 +1137,21 @@ static void handle_load_model(sched *s, const sched_job *j)
         }
         roles |= one;
     }
+    if ((roles & MODELS_GENERATE) && gm_count(s) == SCHED_GEN_MAX) {
+        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "load: llmsd serves at most %d generate models", SCHED_GEN_MAX);
+        return;
+    }
     Llms__ErrorCode code = models_load(s->env.reg, q->name, q->path, roles, err);
     if (code != LLMS__ERROR_CODE__OK) {
         send_error(s, j, code, "load: %s", err);
+        return;
+    }
+    models_entry *me = models_find(s->env.reg, q->name);
+    if ((me->roles & MODELS_GENERATE) && gm_load(s, me, err) < 0) {
+        char ignored[ERR_MAX];
+        models_unload(s->env.reg, q->name, ignored);
+        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "load: %s", err);
         return;
     }
     if (reqlog_enabled(REQLOG_INFO))
@@ -856,6 +1163,17 @@ static void handle_unload_model(sched *s, const sched_job *j)
 {
     const char *name = j->req->unload_model->name;
     char err[ERR_MAX];
+    models_entry *me = models_find(s->env.reg, name);
+    genmodel *gm = me ? gm_of_entry(s, me) : NULL;
+    if (gm && gm != s->gm[0] && me->running == 0) {
+        if (gm_unload_check(s, gm, err) < 0) {
+            send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "unload: %s", err);
+            return;
+        }
+        s->gm[gm_slot(s, gm)] = NULL;
+        genmodel_free(gm);
+        kv_budget_split(s);
+    }
     Llms__ErrorCode code = models_unload(s->env.reg, name, err);
     if (code != LLMS__ERROR_CODE__OK) {
         send_error(s, j, code, "unload: %s", err);
@@ -870,7 +1188,7 @@ static void handle_profile(sched *s, const sched_job *j)
 {
     char err[ERR_MAX];
     ctx_cost k;
-    if (ctx_profile(s->cm, &k, err)) {
+    if (ctx_profile(s->gm[0]->cm, &k, err)) {
         send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "profile: %s", err);
         return;
     }
@@ -881,7 +1199,7 @@ static void handle_profile(sched *s, const sched_job *j)
     p.io_d = k.io_d;
     p.io_e = k.io_e;
     Llms__CostModels models;
-    cost_models_fill(s->cm, &models);
+    cost_models_fill(s->gm[0]->cm, &models);
     p.models = &models;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = j->req->id;
@@ -891,26 +1209,6 @@ static void handle_profile(sched *s, const sched_job *j)
     send_resp(s, j->conn_id, &r, false);
 }
 
-/* The prefill plan of a prompt length under this daemon's budget, rows and threads. */
-static int sched_plan(const sched *s, int n_prompt, prefill_plan *p, char err[ERR_MAX])
-{
-    const config *cfg = s->env.cfg;
-    prefill_request req = {
-        .n_prompt = n_prompt, .max_rows = s->max_batch, .max_kv = cfg->n_ctx,
-        .n_threads = model_runner_n_threads(s->runner), .kv = KV_F16,
-        .budget = (size_t)cfg->prefill_budget_mb << 20,
-        .resident_small = cfg->resident_small_mb < 0 ? SIZE_MAX
-                                                     : (size_t)cfg->resident_small_mb << 20,
-    };
-    return prefill_plan_make(s->env.m, &req, p, err);
-}
-
-/* Whether id names the generate model (its registry name). */
-static bool sched_is_model(const sched *s, const char *id)
-{
-    return strcmp(id, models_generate(s->env.reg)->name) == 0;
-}
-
 static void handle_plan(sched *s, const sched_job *j)
 {
     const Llms__PlanRequest *q = j->req->plan;
@@ -918,9 +1216,10 @@ static void handle_plan(sched *s, const sched_job *j)
     char err[ERR_MAX], *text = NULL;
     size_t len = 0;
     prefill_plan p;
-    if (q->model && *q->model && !sched_is_model(s, q->model)) {
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "plan: model '%s' is not served here",
-                   q->model);
+    models_entry *me;
+    Llms__ErrorCode code = models_resolve(s->env.reg, q->model, MODELS_GENERATE, &me, err);
+    if (code != LLMS__ERROR_CODE__OK) {
+        send_error(s, j, code, "plan: %s", err);
         return;
     }
     if (q->prompt_tokens == 0 || q->prompt_tokens > (uint32_t)cfg->n_ctx) {
@@ -929,7 +1228,7 @@ static void handle_plan(sched *s, const sched_job *j)
                    q->prompt_tokens, cfg->n_ctx);
         return;
     }
-    if (sched_plan(s, (int)q->prompt_tokens, &p, err) < 0) {
+    if (genmodel_plan(gm_of_entry(s, me), cfg, (int)q->prompt_tokens, &p, err) < 0) {
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "plan: %s", err);
         return;
     }
@@ -963,7 +1262,7 @@ static void handle_plan(sched *s, const sched_job *j)
 static void handle_list_apps(sched *s, const sched_job *j)
 {
     /* Apps that have contexts are listed even when none is connected. */
-    for (ctx_entry *c = ctx_first(s->cm); c; c = c->next)
+    for (ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
         app_get(s, c->uid, c->app_name);
     size_t n = 0;
     for (app_state *a = s->apps; a; a = a->next)
@@ -981,7 +1280,7 @@ static void handle_list_apps(sched *s, const sched_job *j)
         llms__app_info__init(&infos[k]);
         infos[k].uid = a->uid;
         infos[k].app_name = a->name;
-        infos[k].n_contexts = (uint32_t)ctx_count_app(s->cm, a->uid, a->name);
+        infos[k].n_contexts = (uint32_t)ctx_count_all_app(s, a->uid, a->name);
         infos[k].queued_requests = (uint32_t)a->n_queued;
         infos[k].n_connections = (uint32_t)a->n_conns;
         ptrs[k] = &infos[k];
@@ -1061,9 +1360,10 @@ static void gen_free(gen *g)
 }
 
 /* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
- * generation node. NULL after answering the job with an error (gg: after putting the
- * error in gg, the job unanswered). */
-static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
+ * generation node, on the generate model gm (a Call's: its context's). NULL after
+ * answering the job with an error (gg: after putting the error in gg, the job
+ * unanswered). */
+static gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen *gg)
 {
     const config *cfg = s->env.cfg;
     char err[ERR_MAX];
@@ -1075,6 +1375,7 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
         err_set(err, "out of memory");
         goto fail;
     }
+    g->gm = gm;
     g->c = c;
     g->t_start = mono_ns();
 
@@ -1086,21 +1387,21 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
         templated = !(cr->has_raw && cr->raw);
         req_p = cr->params;
         g->user_role = templated ? "user" : "raw";
-        if (prompt_turn(s->env.tok, s->env.family, c, cr->prompt, !templated, &turn, &n_turn, err))
+        if (prompt_turn(gm->tok, gm->family, c, cr->prompt, !templated, &turn, &n_turn, err))
             goto fail;
         g->seq = &c->seq;
         g->n_base = c->n_tokens;
         g->limit = cfg->max_tokens_per_context;
         merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p);
     } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
-        kv_seq_init(&g->own_seq, s->pool);
+        kv_seq_init(&g->own_seq, gm->pool);
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
         bool cached = false;
         g->rq = j == &s->pred_job
-                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, s->pred_task.decode,
-                                          g->seq, &cached)
+                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, &s->pred_task, g->seq,
+                                          &cached)
                     : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
         s->pred_cached = cached;
         if (!g->rq) {
@@ -1122,15 +1423,15 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
         const Llms__GenerationParams *node_p = gg ? gg->node_params : NULL;
         templated = gg ? gg->chat : cr->has_chat && cr->chat;
         req_p = gg ? gg->run_params : cr->params;
-        char *text = prompt_complete_text(s->env.family, gg ? gg->prompt : cr->prompt, templated,
+        char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt, templated,
                                           gg ? NULL : cr->system_prompt, err);
         if (!text)
             goto fail;
-        int rc = prompt_tokenize(s->env.tok, text, strlen(text), true, true, &turn, &n_turn, err);
+        int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn, err);
         free(text);
         if (rc)
             goto fail;
-        kv_seq_init(&g->own_seq, s->pool);
+        kv_seq_init(&g->own_seq, gm->pool);
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
@@ -1148,7 +1449,7 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
     if (c && c->overflow == CTX_OVERFLOW_WINDOW) {
         g->window = true;
         if (c->window_sink == 0)
-            g->sink_want = prompt_sink_tokens(s->env.tok, s->env.family, c->system_prompt,
+            g->sink_want = prompt_sink_tokens(gm->tok, gm->family, c->system_prompt,
                                               cfg->window_sink);
     }
     /* A turn that does not fit beside the context: a WINDOW context slides at the
@@ -1182,10 +1483,10 @@ static gen *gen_new(sched *s, const sched_job *j, ctx_entry *c, graph_gen *gg)
     /* The template's end of turn ends a reply even when the tokenizer does not mark
      * its token as end of generation. */
     if (templated)
-        stops[n_stops++] = chat_stop_text(s->env.family);
+        stops[n_stops++] = chat_stop_text(gm->family);
     if (stop_init(&g->stop, stops, n_stops, err))
         goto fail;
-    g->smp = sampler_new(s->n_vocab, &sp, err);
+    g->smp = sampler_new(gm->n_vocab, &sp, err);
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;
@@ -1269,7 +1570,7 @@ static bool work_over(const work *w, int64_t now);
 /* Slides a full window (a WINDOW context's), keeping at least keep_min recent tokens;
  * the kept tokens after the sink are then evaluated again as long work. Returns whether
  * it slid; a failure fails the work. */
-static bool gen_slide(sched *s, work *w, int keep_min)
+static bool gen_slide(work *w, int keep_min)
 {
     gen *g = w->g;
     if (!g->window)
@@ -1286,7 +1587,7 @@ static bool gen_slide(sched *s, work *w, int keep_min)
         g->reply = r;
         g->reply_cap = want;
     }
-    if (ctx_window_slide(s->cm, g->c, g->hist, &g->n_hist, g->limit, keep_min,
+    if (ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, keep_min,
                          g->sink_want) == 0)
         return false;
     g->slides++;
@@ -1314,14 +1615,14 @@ static void take_token(sched *s, work *w, const float *logits)
     }
     g->t_last_token = now;
     int32_t next = sampler_sample(g->smp, logits, g->hist, g->n_hist);
-    if (next < 0 || tok_is_eog(s->env.tok, next)) {
+    if (next < 0 || tok_is_eog(g->gm->tok, next)) {
         finish(g, LLMS__STOP_REASON__STOP_EOS);
         return;
     }
     g->hist[g->n_hist++] = next;
     g->reply[g->n_gen++] = next;
     char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX) + 1];
-    int len = tok_piece(s->env.tok, next, piece, sizeof piece);
+    int len = tok_piece(g->gm->tok, next, piece, sizeof piece);
     if (len < 0)
         len = 0;
     if (len > PIECE_MAX - 1)
@@ -1332,16 +1633,16 @@ static void take_token(sched *s, work *w, const float *logits)
         finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
         finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
-    else if (g->n_hist >= g->limit && !gen_slide(s, w, 1))
+    else if (g->n_hist >= g->limit && !gen_slide(w, 1))
         finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
 }
 
 /* A Call's switch-in: its chunks are read or recomputed until the KV holds the whole
  * history (a Complete starts empty). Then the KV beyond the context is dropped. -1 with
  * g->err_code on failure. */
-static int gen_switch_in(sched *s, gen *g, char err[ERR_MAX])
+static int gen_switch_in(gen *g, char err[ERR_MAX])
 {
-    int rc = ctx_call_begin(s->cm, g->c, g->limit, NULL, err);
+    int rc = ctx_call_begin(g->c->cm, g->c, g->limit, NULL, err);
     if (rc) {
         g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
                                          : LLMS__ERROR_CODE__INTERNAL;
@@ -1353,7 +1654,7 @@ static int gen_switch_in(sched *s, gen *g, char err[ERR_MAX])
     /* A turn that does not fit beside the context (gen_new checked it fits the window
      * beside the sink) slides it first, keeping the whole turn. */
     if (g->n_hist >= g->limit) {
-        int drop = ctx_window_slide(s->cm, g->c, g->hist, &g->n_hist, g->limit, g->n_turn,
+        int drop = ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, g->n_turn,
                                     g->sink_want);
         if (drop == 0) {
             g->err_code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
@@ -1396,7 +1697,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
-        if (ctx_commit_turn(s->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
+        if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
                             g->shown ? g->shown : "", g->reply, g->n_gen, wall_ms(), err)) {
             failed = true;
             code = LLMS__ERROR_CODE__INTERNAL;
@@ -1460,7 +1761,7 @@ static void gen_end(sched *s, work *w, const char *engine_err)
      * chunks are unlocked. */
     if (g->c) {
         outq_wake(s->env.out);
-        ctx_call_end(s->cm, g->c, !failed);
+        ctx_call_end(g->c->cm, g->c, !failed);
     }
 }
 
@@ -1627,7 +1928,7 @@ static int graph_node_start(sched *s, work *w, int node)
         }
         graph_gen gg = {prompt, n->has_chat && n->chat, n->params,
                         w->job->req->graph_run->params, code, gw->err};
-        w->g = gen_new(s, w->job, NULL, &gg);
+        w->g = gen_new(s, w->gm, w->job, NULL, &gg);
         free(prompt);
         if (!w->g) {
             graph_fail(w, gg.code, gw->err);
@@ -1828,7 +2129,7 @@ static void work_end(sched *s, work *w)
             send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
     }
     w->app->n_queued--;
-    s->kv_reserved -= w->kv_reserved;
+    w->gm->kv_reserved -= w->kv_reserved;
     app_reclaim(s, w->app);
     work_free(w);
 }
@@ -1926,14 +2227,26 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     }
 }
 
-/* Whether a Call's context belongs to the generate model and a Complete names it (or
- * none); otherwise answers the error. A context of a model that is not loaded (the
- * daemon restarted with another) is kept, its calls refused. */
+/* Writes "a, b" (the generate models' names) into buf. */
+static void gm_names(const sched *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < SCHED_GEN_MAX && n < cap; k++)
+        if (s->gm[k]) {
+            int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", s->gm[k]->me->name);
+            n += w > 0 ? (size_t)w : 0;
+        }
+}
+
+/* Whether a Call may run on its context's model, or a Complete names a generate model
+ * (or none); otherwise answers the error. A context of a model that is not loaded (the
+ * daemon restarted without it) is kept, its calls refused; a Call that names a model
+ * other than its context's is refused: a context's KV is its model's. */
 static bool generate_model_ok(sched *s, const sched_job *j)
 {
     char err[ERR_MAX];
     models_entry *me;
-    const models_entry *gen = models_generate(s->env.reg);
     if (j->req->body_case == LLMS__REQUEST__BODY_COMPLETE) {
         Llms__ErrorCode code =
             models_resolve(s->env.reg, j->req->complete->model, MODELS_GENERATE, &me, err);
@@ -1943,12 +2256,22 @@ static bool generate_model_ok(sched *s, const sched_job *j)
     }
     if (j->req->body_case != LLMS__REQUEST__BODY_CALL)
         return true;
-    const ctx_entry *c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
-    if (!c->model || strcmp(c->model, gen->name) == 0)
+    const Llms__CallRequest *cr = j->req->call;
+    const ctx_entry *c = ctx_find_all(s, cr->context_id, j->uid, j->app);
+    const char *model = ctx_model_name(s, c);
+    if (cr->model && cr->model[0] && strcmp(cr->model, model) != 0) {
+        send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                   "context '%s' belongs to model '%s', not '%.64s': a context runs on the "
+                   "model it was created with", c->id, model, cr->model);
+        return false;
+    }
+    if (strcmp(model, gm_of_ctx(s, c)->me->name) == 0)
         return true;
+    char names[256];
+    gm_names(s, names, sizeof names);
     send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-               "context '%s' belongs to model '%s', which is not loaded (the generate model "
-               "is '%s'); its history is kept", c->id, c->model, gen->name);
+               "context '%s' belongs to model '%s', which is not loaded (the generate models: "
+               "%s); its history is kept", c->id, model, names);
     return false;
 }
 
@@ -1975,7 +2298,7 @@ static void handle_engine_request(sched *s, sched_job *j)
         return;
     }
     if (j->req->body_case == LLMS__REQUEST__BODY_CALL &&
-        !ctx_find(s->cm, j->req->call->context_id, j->uid, j->app)) {
+        !ctx_find_all(s, j->req->call->context_id, j->uid, j->app)) {
         send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", j->req->call->context_id);
         job_free(j);
         app_reclaim(s, a);
@@ -2080,6 +2403,10 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_LIST_MODELS:
         handle_list_models(s, j);
         break;
+    case LLMS__REQUEST__BODY_TOKENIZE:
+    case LLMS__REQUEST__BODY_DETOKENIZE:
+        handle_tokens(s, j);
+        break;
     case LLMS__REQUEST__BODY_LOAD_MODEL:
         handle_load_model(s, j);
         break;
@@ -2147,9 +2474,9 @@ static void handle_job(sched *s, sched_job *j)
 
 /* ---- admission ---- */
 
-/* Starts an admitted job: a generation or a semantic task. NULL when the job was
+/* Starts an admitted job on gm: a generation or a semantic task. NULL when the job was
  * answered instead (an error); the job is then freed. */
-static work *work_start(sched *s, sched_job *j, app_state *a, ctx_entry *c)
+static work *work_start(sched *s, genmodel *gm, sched_job *j, app_state *a, ctx_entry *c)
 {
     work *w = calloc(1, sizeof *w);
     if (!w) {
@@ -2159,11 +2486,12 @@ static work *work_start(sched *s, sched_job *j, app_state *a, ctx_entry *c)
     }
     w->job = j;
     w->app = a;
+    w->gm = gm;
     w->deadline_ns = job_deadline(j);
     Llms__Request__BodyCase body = j->req->body_case;
     if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE ||
         body == LLMS__REQUEST__BODY_RAG_QUERY)
-        w->g = gen_new(s, j, c, NULL);
+        w->g = gen_new(s, gm, j, c, NULL);
     else if (body == LLMS__REQUEST__BODY_GRAPH_RUN)
         w->gw = graph_work_new(s, j);
     else
@@ -2182,7 +2510,7 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     *c = NULL;
     switch (j->req->body_case) {
     case LLMS__REQUEST__BODY_CALL:
-        *c = ctx_find(s->cm, j->req->call->context_id, j->uid, j->app);
+        *c = ctx_find_all(s, j->req->call->context_id, j->uid, j->app);
         return !*c || !(*c)->busy;
     case LLMS__REQUEST__BODY_COMPLETE:
     case LLMS__REQUEST__BODY_RAG_QUERY:
@@ -2193,10 +2521,25 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     }
 }
 
-/* The most KV a Call or Complete can hold: the context, the prompt (a token is at least
- * one byte, the template adds a few), the reply, at f16 (the heaviest precision), or
- * int8 for the full chunks when the policy compresses; 0 for other work. */
-static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
+/* The generate model a job runs on: a Call's context's, a Complete's by name (NULL +
+ * err when it is not loaded any more), the default for the rest. */
+static genmodel *job_model(sched *s, const sched_job *j, const ctx_entry *c,
+                           Llms__ErrorCode *code, char err[ERR_MAX])
+{
+    models_entry *me;
+    if (j->req->body_case == LLMS__REQUEST__BODY_CALL && c)
+        return gm_of_ctx(s, c);
+    if (j->req->body_case != LLMS__REQUEST__BODY_COMPLETE)
+        return s->gm[0];
+    *code = models_resolve(s->env.reg, j->req->complete->model, MODELS_GENERATE, &me, err);
+    return *code == LLMS__ERROR_CODE__OK ? gm_of_entry(s, me) : NULL;
+}
+
+/* The most KV a Call or Complete on gm can hold: the context, the prompt (a token is at
+ * least one byte, the template adds a few), the reply, at f16 (the heaviest precision),
+ * or int8 for the full chunks when the policy compresses; 0 for other work. */
+static size_t kv_need(const sched *s, const genmodel *gm, const sched_job *j,
+                      const ctx_entry *c)
 {
     const config *cfg = s->env.cfg;
     const Llms__GenerationParams *p;
@@ -2240,38 +2583,41 @@ static size_t kv_need(const sched *s, const sched_job *j, const ctx_entry *c)
     tokens += p && p->has_max_tokens ? p->max_tokens : cfg->max_tokens;
     tokens = tokens < limit ? tokens : limit;
     size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
-    kv_shape shape = model_kv_shape(s->env.m);
+    kv_shape shape = model_kv_shape(gm->me->m);
     size_t f16 = kv_chunk_data_bytes(shape, KV_F16);
     /* Under pressure the call keeps its full chunks in int8 (step_claim), all but those
      * one step appends and the one being filled. */
-    size_t hot = (size_t)(s->step_tokens / KV_CHUNK_TOKENS + 2);
-    if (ctx_get_policy(s->cm)->compress == CTX_COMPRESS_NONE || chunks <= hot)
+    size_t hot = (size_t)(gm->step_tokens / KV_CHUNK_TOKENS + 2);
+    if (ctx_get_policy(gm->cm)->compress == CTX_COMPRESS_NONE || chunks <= hot)
         return chunks * f16;
     return (chunks - hot) * kv_chunk_data_bytes(shape, KV_INT8) + hot * f16;
 }
 
 enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
 
-/* Whether a job's KV fits beside what the running work may reach: admitted work then
- * never finds the budget full (idle contexts are reclaimed for it). One that does not
- * fit waits for running work to end, up to kv_wait_ms; one that needs more than the
- * whole budget is refused at once. */
-static enum kv_fit kv_fit(const sched *s, const sched_job *j, size_t need, int64_t now)
+/* Whether a job's KV fits beside what the running work on its model may reach (each
+ * generate model has its share of the budget): admitted work then never finds the
+ * budget full (idle contexts are reclaimed for it). One that does not fit waits for
+ * running work to end, up to kv_wait_ms; one that needs more than the whole share is
+ * refused at once. */
+static enum kv_fit kv_fit(const sched *s, const genmodel *gm, const sched_job *j, size_t need,
+                          int64_t now)
 {
-    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
     if (!budget || need == 0)
         return KV_FITS;
     if (need > budget)
         return KV_NEVER;
-    if (s->kv_reserved + need <= budget)
+    if (gm->kv_reserved + need <= budget)
         return KV_FITS;
     return now - j->queued_ns > (int64_t)s->env.cfg->kv_wait_ms * 1000000 ? KV_WAITED : KV_WAIT;
 }
 
 /* Answers a job that cannot get its KV. */
-static void kv_refuse(sched *s, const sched_job *j, enum kv_fit fit, size_t need)
+static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum kv_fit fit,
+                      size_t need)
 {
-    size_t budget = ctx_get_policy(s->cm)->budget_bytes;
+    size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
     if (fit == KV_NEVER)
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "this call may need %zu KiB of KV (the context, the prompt and max_tokens), "
@@ -2280,7 +2626,7 @@ static void kv_refuse(sched *s, const sched_job *j, enum kv_fit fit, size_t need
     else
         send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                    "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
-                   "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, s->kv_reserved >> 10,
+                   "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, gm->kv_reserved >> 10,
                    budget >> 10);
 }
 
@@ -2302,15 +2648,19 @@ static void admit(sched *s)
             while (*pp) {
                 sched_job *j = *pp;
                 ctx_entry *c;
+                genmodel *gm = NULL;
                 size_t need = 0;
                 enum kv_fit fit = KV_WAIT;
+                Llms__ErrorCode code = LLMS__ERROR_CODE__OK;
+                char err[ERR_MAX];
                 if (job_can_start(s, j, &c)) {
-                    need = kv_need(s, j, c);
-                    fit = kv_fit(s, j, need, now);
-                    if (fit != KV_FITS && s->pred) {
+                    gm = job_model(s, j, c, &code, err);
+                    need = gm ? kv_need(s, gm, j, c) : 0;
+                    fit = gm ? kv_fit(s, gm, j, need, now) : KV_FITS;
+                    if (fit != KV_FITS && s->pred && gm == s->gm[0]) {
                         /* prediction never holds memory a real request waits for */
                         pred_end(s, false);
-                        fit = kv_fit(s, j, need, now);
+                        fit = kv_fit(s, gm, j, need, now);
                     }
                 }
                 if (fit == KV_WAIT) {
@@ -2321,9 +2671,12 @@ static void admit(sched *s)
                 pend_unlink(s, a, pp, prev);
                 progress = true;
                 s->rr = a;
-                if (fit != KV_FITS) {
+                if (!gm || fit != KV_FITS) {
                     a->n_queued--;
-                    kv_refuse(s, j, fit, need);
+                    if (gm)
+                        kv_refuse(s, gm, j, fit, need);
+                    else
+                        send_error(s, j, code, "%s", err);
                     job_free(j);
                     break;
                 }
@@ -2334,10 +2687,10 @@ static void admit(sched *s)
                     job_free(j);
                     break;
                 }
-                work *w = work_start(s, j, a, c);
+                work *w = work_start(s, gm, j, a, c);
                 if (w) {
                     w->kv_reserved = need;
-                    s->kv_reserved += need;
+                    gm->kv_reserved += need;
                     s->active[s->n_active++] = w;
                 } else {
                     a->n_queued--;
@@ -2373,8 +2726,9 @@ static void reap(sched *s)
         }
     }
     s->n_active = k;
-    if (ended)
-        ctx_enforce_budget(s->cm);
+    for (int m = 0; ended && m < SCHED_GEN_MAX; m++)
+        if (s->gm[m])
+            ctx_enforce_budget(s->gm[m]->cm);
 }
 
 /* ---- steps ---- */
@@ -2392,19 +2746,19 @@ static void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, in
         st->last_row = n - 1;
         st->b.n_out = 1;
         st->b.out_rows = &st->last_row;
-        st->b.logits = s->logits + (size_t)(*n_out)++ * s->n_vocab;
+        st->b.logits = g->gm->logits + (size_t)(*n_out)++ * g->gm->n_vocab;
     }
     if (g->c)
         st->b.attn_received = g->c->attn;
 }
 
-/* The KV the step's generations append. */
-static size_t step_append_bytes(const sched *s, int n_seq)
+/* The KV the step's generations append (on the step's model gm). */
+static size_t step_append_bytes(const sched *s, const genmodel *gm, int n_seq)
 {
     size_t total = 0;
     for (int i = 0; i < n_seq; i++)
         if (s->steps[i].w->g)
-            total += ctx_append_bytes(s->cm, s->steps[i].seq, s->steps[i].b.n_tokens);
+            total += ctx_append_bytes(gm->cm, s->steps[i].seq, s->steps[i].b.n_tokens);
     return total;
 }
 
@@ -2413,23 +2767,23 @@ static size_t step_append_bytes(const sched *s, int n_seq)
  * made in int8 (ctx_squeeze: a long prompt's KV then exceeds the budget's f16 worth
  * while its prefill goes on), and when it still does not fit, one by one in step order,
  * failing those that do not fit. */
-static void step_claim(sched *s, int n_seq)
+static void step_claim(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
-    size_t total = step_append_bytes(s, n_seq);
-    if (total == 0 || ctx_claim(s->cm, total, err) == 0)
+    size_t total = step_append_bytes(s, gm, n_seq);
+    if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
         return;
     size_t freed = 0;
     for (int i = 0; i < n_seq; i++) {
         const gen *g = s->steps[i].w->g;
         if (g)
-            freed += ctx_squeeze(s->cm, g->seq,
+            freed += ctx_squeeze(gm->cm, g->seq,
                                  g->c && g->seq == &g->c->seq ? g->c->call_base / KV_CHUNK_TOKENS
                                                               : 0);
     }
     if (freed) {
-        total = step_append_bytes(s, n_seq);
-        if (total == 0 || ctx_claim(s->cm, total, err) == 0)
+        total = step_append_bytes(s, gm, n_seq);
+        if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
             return;
     }
     size_t claimed = 0;
@@ -2437,8 +2791,8 @@ static void step_claim(sched *s, int n_seq)
         step_seq *st = &s->steps[i];
         if (!st->w->g)
             continue;
-        size_t bytes = ctx_append_bytes(s->cm, st->seq, st->b.n_tokens);
-        int rc = ctx_claim(s->cm, claimed + bytes, err);
+        size_t bytes = ctx_append_bytes(gm->cm, st->seq, st->b.n_tokens);
+        int rc = ctx_claim(gm->cm, claimed + bytes, err);
         if (rc == 0) {
             claimed += bytes;
             continue;
@@ -2451,7 +2805,7 @@ static void step_claim(sched *s, int n_seq)
 
 /* Evaluates the step's sequences (those not failed) in one forward; when the batch
  * fails, each sequence alone, so that one bad sequence fails only its own work. */
-static void step_forward(sched *s, int n_seq)
+static void step_forward(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
     int n = 0;
@@ -2460,11 +2814,11 @@ static void step_forward(sched *s, int n_seq)
             s->step_seqs[n] = s->steps[i].seq;
             s->step_batches[n++] = s->steps[i].b;
         }
-    if (n == 0 || model_forward_batch(s->runner, n, s->step_seqs, s->step_batches, err) == 0)
+    if (n == 0 || model_forward_batch(gm->runner, n, s->step_seqs, s->step_batches, err) == 0)
         return;
     for (int i = 0; i < n_seq; i++) {
         step_seq *st = &s->steps[i];
-        if (st->failed || model_forward_batch(s->runner, 1, &st->seq, &st->b, err) == 0)
+        if (st->failed || model_forward_batch(gm->runner, 1, &st->seq, &st->b, err) == 0)
             continue;
         st->failed = true;
         work_fail(st->w, LLMS__ERROR_CODE__INTERNAL, err);
@@ -2486,7 +2840,7 @@ static void step_collect(sched *s, int n_seq)
         }
         gen *g = w->g;
         if (g->c)
-            ctx_forward_account(s->cm, g->c, st->from, st->b.n_tokens);
+            ctx_forward_account(g->c->cm, g->c, st->from, st->b.n_tokens);
         if (!st->b.n_out)
             continue;
         if (!g->prefilled) {
@@ -2515,7 +2869,7 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
         return st->b.n_tokens;
     }
     gen *g = w->g;
-    if (!g->switched_in && gen_switch_in(s, g, err)) {
+    if (!g->switched_in && gen_switch_in(g, err)) {
         work_fail(w, g->err_code, err);
         return 0;
     }
@@ -2523,59 +2877,62 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
     if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
-    /* A RagQuery's prompt resumed after a cached prefix is cut where a whole one is (at
-     * multiples of step_tokens), so each row goes through the same kernels as in a
-     * prefill from scratch and the reuse stays exact. */
-    if (g->rq && from % s->step_tokens && n > s->step_tokens - from % s->step_tokens)
-        n = s->step_tokens - from % s->step_tokens;
+    /* A RagQuery's prompt, from scratch or resumed after a cached prefix, is cut at the
+     * same places, so each row goes through the same kernels and the reuse stays exact. */
+    int slice_end = g->rq ? rag_slice_end(g->rq, from, g->gm->step_tokens) : from + n;
+    if (n > slice_end - from)
+        n = slice_end - from;
     step_add_gen(s, n_seq, n_out, w, from, n);
     return n;
 }
 
-/* Offers the step's long-work rows to the apps that have long work, deficit round
- * robin: each gets a quantum per round, spends it on its requests in arrival order, and
- * keeps what a full step left it for the next. */
-static void step_share_long_work(sched *s, int *n_seq, int *n_out, int budget)
+/* Offers the step's long-work rows on gm to the apps that have long work there, deficit
+ * round robin: each gets a quantum per round, spends it on its requests in arrival
+ * order, and keeps what a full step left it for the next (each model keeps its own
+ * deficits). */
+static void step_share_long_work(sched *s, genmodel *gm, int *n_seq, int *n_out, int budget)
 {
-    int n_apps = 0;
+    int k = gm_slot(s, gm), n_apps = 0;
     for (app_state *a = s->apps; a; a = a->next) {
         bool has = false;
         for (int i = 0; i < s->n_active && !has; i++)
-            has = s->active[i]->app == a && work_is_long(s->active[i]);
+            has = s->active[i]->app == a && s->active[i]->gm == gm &&
+                  work_is_long(s->active[i]);
         if (has)
             n_apps++;
         else
-            a->deficit = 0;
+            a->deficit[k] = 0;
     }
     if (n_apps == 0)
         return;
     long quantum = budget / n_apps > SCHED_MIN_QUANTUM ? budget / n_apps : SCHED_MIN_QUANTUM;
-    app_state *start = s->drr_next ? s->drr_next : s->apps;
+    app_state *start = s->drr_next[k] ? s->drr_next[k] : s->apps;
     app_state *a = start;
     do {
         bool has = false;
         for (int i = 0; i < s->n_active && budget > 0; i++) {
             work *w = s->active[i];
-            if (w->app != a || work_over(w, 0) || !work_is_long(w) || (w->g && w->g->done))
+            if (w->app != a || w->gm != gm || work_over(w, 0) || !work_is_long(w) ||
+                (w->g && w->g->done))
                 continue;
             if (!has) {
                 has = true;
-                a->deficit += quantum;
-                if (a->deficit > 2L * s->step_tokens)
-                    a->deficit = 2L * s->step_tokens;
+                a->deficit[k] += quantum;
+                if (a->deficit[k] > 2L * gm->step_tokens)
+                    a->deficit[k] = 2L * gm->step_tokens;
             }
             long left = work_rows_left(w);
-            long take = left < a->deficit ? left : a->deficit;
+            long take = left < a->deficit[k] ? left : a->deficit[k];
             take = take < budget ? take : budget;
             if (take <= 0)
                 break;
             int used = step_add_long(s, n_seq, n_out, w, (int)take);
-            a->deficit -= used;
+            a->deficit[k] -= used;
             budget -= used;
         }
         a = a->next ? a->next : s->apps;
         if (budget <= 0) {
-            s->drr_next = a;
+            s->drr_next[k] = a;
             break;
         }
     } while (a != start);
@@ -2624,23 +2981,32 @@ static void advance_graphs(sched *s)
     }
 }
 
-/* One step: a decode row for every generation past its prompt, the shared-out long
- * work, one forward for all of it. */
-static void run_step(sched *s)
+/* One step on gm: a decode row for every generation past its prompt there, the
+ * shared-out long work, one forward for all of it. */
+static void run_step_on(sched *s, genmodel *gm)
 {
     int64_t t0 = mono_ns();
     int n_seq = 0, n_out = 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        if (w->g && gen_decoding(w->g) && !w->g->done && !work_over(w, 0))
+        if (w->gm == gm && w->g && gen_decoding(w->g) && !w->g->done && !work_over(w, 0))
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     }
-    step_share_long_work(s, &n_seq, &n_out, s->step_tokens);
-    step_claim(s, n_seq);
-    step_forward(s, n_seq);
+    step_share_long_work(s, gm, &n_seq, &n_out, gm->step_tokens);
+    step_claim(s, gm, n_seq);
+    step_forward(s, gm, n_seq);
     step_collect(s, n_seq);
     if (n_seq)
         step_record(s, t0, step_rows(s, n_seq));
+}
+
+/* One step on every generate model that has work: each its own batched forward (its
+ * weights, its KV), the models one after another. */
+static void run_step(sched *s)
+{
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k])
+            run_step_on(s, s->gm[k]);
 }
 
 /* sched = serial, the behaviour before the step scheduler: every request in turn gets its
@@ -2656,9 +3022,9 @@ static void run_serial(sched *s)
             if (w->g && gen_decoding(w->g))
                 step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
             else
-                step_add_long(s, &n_seq, &n_out, w, s->max_batch);
-            step_claim(s, n_seq);
-            step_forward(s, n_seq);
+                step_add_long(s, &n_seq, &n_out, w, w->gm->max_batch);
+            step_claim(s, w->gm, n_seq);
+            step_forward(s, w->gm, n_seq);
             step_collect(s, n_seq);
             if (n_seq)
                 step_record(s, t0, step_rows(s, n_seq));
@@ -2705,12 +3071,13 @@ static void pred_end(sched *s, bool complete)
     }
     predict_done(s->predict, &s->pred_task, how, g->shown ? g->shown : "");
     predict_task_clear(&s->pred_task);
-    s->kv_reserved -= w->kv_reserved;
+    genmodel *gm = w->gm;
+    gm->kv_reserved -= w->kv_reserved;
     gen_free(g);
     free(w);
     s->pred = NULL;
     s->pred_paused = false;
-    ctx_enforce_budget(s->cm);
+    ctx_enforce_budget(gm->cm);
 }
 
 /* Builds the request of the predictor's task t in the scheduler's own slots. */
@@ -2725,7 +3092,7 @@ static void pred_request(sched *s, const predict_task *t)
     j->req = &s->pred_req;
     llms__request__init(&s->pred_req);
     llms__generation_params__init(&s->pred_params);
-    if (t->kind == PREDICT_QUERY) {
+    if (t->kind == PREDICT_QUERY || t->kind == PREDICT_WARM) {
         llms__rag_query_request__init(&s->pred_rag);
         s->pred_rag.kb = (char *)t->kb;
         s->pred_rag.question = t->text;
@@ -2760,8 +3127,9 @@ static bool pred_start(sched *s)
     while (predict_next(s->predict, rag_tau(s->rag), rag_qkv_room(s->rag), t)) {
         int64_t t0 = mono_ns();
         pred_request(s, t);
-        size_t need = kv_need(s, &s->pred_job, NULL);
-        work *w = kv_fit(s, &s->pred_job, need, t0) == KV_FITS ? calloc(1, sizeof *w) : NULL;
+        genmodel *gm = s->gm[0];
+        size_t need = kv_need(s, gm, &s->pred_job, NULL);
+        work *w = kv_fit(s, gm, &s->pred_job, need, t0) == KV_FITS ? calloc(1, sizeof *w) : NULL;
         if (!w) {
             /* no room now: real work holds the memory */
             predict_done(s->predict, t, PREDICT_DROPPED, NULL);
@@ -2769,9 +3137,10 @@ static bool pred_start(sched *s)
             return false;
         }
         w->job = &s->pred_job;
+        w->gm = gm;
         w->quiet = true;
         s->pred_cached = false;
-        w->g = gen_new(s, &s->pred_job, NULL, NULL);
+        w->g = gen_new(s, gm, &s->pred_job, NULL, NULL);
         predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
         if (!w->g) {
             free(w);
@@ -2780,7 +3149,7 @@ static bool pred_start(sched *s)
             continue;
         }
         w->kv_reserved = need;
-        s->kv_reserved += need;
+        gm->kv_reserved += need;
         s->pred = w;
         return true;
     }
@@ -2801,9 +3170,9 @@ static void pred_run(sched *s)
     if (gen_decoding(w->g))
         step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     else
-        step_add_long(s, &n_seq, &n_out, w, s->step_tokens);
-    step_claim(s, n_seq);
-    step_forward(s, n_seq);
+        step_add_long(s, &n_seq, &n_out, w, w->gm->step_tokens);
+    step_claim(s, w->gm, n_seq);
+    step_forward(s, w->gm, n_seq);
     step_collect(s, n_seq);
     if (n_seq) {
         step_record(s, t0, step_rows(s, n_seq));
@@ -2849,7 +3218,9 @@ static void *worker(void *arg)
         s->in_head = s->in_tail = NULL;
         s->writes_done = false;
         pthread_mutex_unlock(&s->lock);
-        ctx_collect_writes(s->cm);
+        for (int k = 0; k < SCHED_GEN_MAX; k++)
+            if (s->gm[k])
+                ctx_collect_writes(s->gm[k]->cm);
         while (j) {
             sched_job *next = j->next;
             handle_job(s, j);
@@ -2891,73 +3262,24 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->start_ms = wall_ms();
     s->last_req_ns = mono_ns();
     s->serial = strcmp(cfg->sched, "serial") == 0;
-    s->step_tokens = cfg->step_tokens;
-    s->n_vocab = model_hparams_of(env->m)->n_vocab;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
-    /* Prompts evaluated whole (switch-in recompute, serial mode) go in sub-batches of
-     * max_batch: at least 512 rows keeps sgemm efficient. */
-    s->max_batch = SCHED_MAX_ACTIVE + s->step_tokens > 512 ? SCHED_MAX_ACTIVE + s->step_tokens
-                                                            : 512;
-    s->runner = model_runner_new(env->m, cfg->threads, s->max_batch, cfg->n_ctx, err);
-    if (!s->runner)
-        goto fail;
-    if (cfg->prefill_budget_mb > 0 || cfg->resident_small_mb >= 0) {
-        /* sized for the longest prompt, so that every prompt the window admits fits */
-        prefill_plan p;
-        if (sched_plan(s, cfg->n_ctx, &p, err) < 0)
-            goto fail;
-        if (p.est.rows < SCHED_MAX_ACTIVE + 16) {
-            err_set(err, "prefill_budget_mb %d: steps of %d rows are below the scheduler's "
-                         "%d decode rows + 16; %.1f MiB are needed", cfg->prefill_budget_mb,
-                    p.est.rows, SCHED_MAX_ACTIVE,
-                    (double)prefill_estimate_of(model_hparams_of(env->m), SCHED_MAX_ACTIVE + 16,
-                                                MODEL_ATTN_ROWS_DEFAULT, cfg->n_ctx,
-                                                p.req.n_threads, KV_F16).working / (1 << 20));
-            goto fail;
-        }
-        s->max_batch = p.est.rows;
-        if (s->step_tokens > s->max_batch - SCHED_MAX_ACTIVE)
-            s->step_tokens = s->max_batch - SCHED_MAX_ACTIVE;
-        model_runner_free(s->runner);
-        model_runner_opts ro = prefill_runner_opts(&p);
-        s->runner = model_runner_new_opts(env->m, &ro, err);
-        if (!s->runner)
-            goto fail;
-        if (cfg->resident_small_mb >= 0 &&
-            model_runner_stream_weights(s->runner, p.req.resident_small, err) < 0)
-            goto fail;
-    }
-    s->pool = kv_pool_new(model_kv_shape(env->m), 0, err);
-    if (!s->pool)
-        goto fail;
-    s->logits = malloc(sizeof *s->logits * (size_t)s->n_vocab * SCHED_MAX_ACTIVE);
     s->positions = malloc(sizeof *s->positions * (size_t)cfg->n_ctx);
-    s->steps = calloc((size_t)s->max_batch, sizeof *s->steps);
-    s->step_seqs = calloc((size_t)s->max_batch, sizeof *s->step_seqs);
-    s->step_batches = calloc((size_t)s->max_batch, sizeof *s->step_batches);
-    if (!s->logits || !s->positions || !s->steps || !s->step_seqs || !s->step_batches) {
+    if (!s->positions) {
         err_set(err, "out of memory");
         goto fail;
     }
     for (int i = 0; i < cfg->n_ctx; i++)
         s->positions[i] = i;
-    ctx_policy policy = {
-        .budget_bytes = (size_t)cfg->kv_budget_mb << 20,
-        .compress = strcmp(cfg->kv_compress, "none") == 0   ? CTX_COMPRESS_NONE
-                    : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
-                                                            : CTX_COMPRESS_TOLERANCE,
-        .compress_ratio = cfg->kv_compress_ratio,
-        .swap = CTX_SWAP_AHEAD,
-        .switch_mode = CTX_SWITCH_PLAN,
-    };
-    s->cm = ctx_open(env->st, s->pool, s->runner, env->m, &policy, err);
-    if (!s->cm)
-        goto fail;
-    ctx_set_write_notify(s->cm, sched_writes_done, s);
-    atomic_store(&s->n_contexts, (unsigned)ctx_count(s->cm));
-    semantic_env se = {cfg, env->reg, env->m, env->tok, s->runner, s->pool,
-                       s->max_batch, env->st, env->out};
+    /* The default generate model first: it keeps the contexts of models not loaded. */
+    for (models_entry *e = (models_entry *)models_first(env->reg); e; e = e->next)
+        if ((e->roles & MODELS_GENERATE) &&
+            gm_add(s, e, e == models_generate(env->reg) ? env->tok : NULL, err) < 0)
+            goto fail;
+    kv_budget_split(s);
+    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
+    semantic_env se = {cfg, env->reg, env->m, env->tok, s->gm[0]->runner, s->gm[0]->pool,
+                       s->gm[0]->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);
     if (!s->sem)
         goto fail;
@@ -3045,14 +3367,12 @@ void sched_free(sched *s)
     predict_free(s->predict);
     kb_free(s->kb);
     semantic_free(s->sem);
-    ctx_close(s->cm);
-    free(s->logits);
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        genmodel_free(s->gm[k]);
     free(s->positions);
     free(s->steps);
     free(s->step_seqs);
     free(s->step_batches);
-    kv_pool_free(s->pool);
-    model_runner_free(s->runner);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
     free(s);

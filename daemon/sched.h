@@ -12,8 +12,9 @@
  * decode row per generation past its prompt) plus up to step_tokens rows of long work
  * (prompts, Embed texts, reranking), shared out between apps by deficit round robin, so
  * a short request's first token comes within a few steps however much long work waits.
- * Between steps the worker handles new jobs: Cancel, a closed connection and a request's
- * timeout_ms stop work within one step. sched = serial keeps the behaviour from before
+ * With several generate models a step is one such forward per model that has work
+ * (daemon/genmodel.h), one after another. Between steps the worker handles new jobs:
+ * Cancel, a closed connection and a request's timeout_ms stop work within one step. sched = serial keeps the behaviour from before
  * (each sequence its own forward, long work to completion) for comparison.
  *
  * A finished Call is persisted in one store transaction: the user turn's tokens and the
@@ -62,7 +63,8 @@ typedef struct sched_job {
 typedef struct sched_env {
     const config *cfg;           /* resolved: n_ctx and max_tokens_per_context set */
     models *reg;                 /* the registry: the worker's alone once started */
-    const model *m;              /* the generate model's */
+    const model *m;              /* the default generate model's (what runs on one model
+                                    only: decoder embeddings, RAG, prediction) */
     const tokenizer *tok;
     enum chat_family family;
     store *st;

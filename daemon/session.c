@@ -15,6 +15,7 @@
 #include "daemon/prompt.h"
 #include "daemon/reqlog.h"
 #include "daemon/resp.h"
+#include "daemon/tokreq.h"
 #include "engine/stop.h"
 
 bool session_peer_admin(int fd, uid_t uid, gid_t gid, bool have_admin_gid, gid_t admin_gid)
@@ -247,7 +248,7 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
     case LLMS__REQUEST__BODY_CALL:
         return bad_context_id(req->call->context_id, r) ||
                text_too_long(cfg, "prompt", req->call->prompt, r) ||
-               bad_params(req->call->params, r);
+               bad_params(req->call->params, r) || bad_model_name(req->call->model, r);
     case LLMS__REQUEST__BODY_COMPLETE:
         return bad_model_name(req->complete->model, r) ||
                text_too_long(cfg, "prompt", req->complete->prompt, r) ||
@@ -267,7 +268,8 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
                 return true;
         return false;
     case LLMS__REQUEST__BODY_TOKENIZE:
-        return text_too_long(cfg, "text", req->tokenize->text, r);
+        return text_too_long(cfg, "text", req->tokenize->text, r) ||
+               bad_model_name(req->tokenize->model, r);
     case LLMS__REQUEST__BODY_RAG_QUERY:
         return text_too_long(cfg, "question", req->rag_query->question, r) ||
                text_too_long(cfg, "system_prompt", req->rag_query->system_prompt, r) ||
@@ -275,6 +277,8 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
     case LLMS__REQUEST__BODY_KB_SEARCH:
         return text_too_long(cfg, "query", req->kb_search->query, r);
     case LLMS__REQUEST__BODY_DETOKENIZE:
+        if (bad_model_name(req->detokenize->model, r))
+            return true;
         /* Ids of more than one context window are never one text to show. */
         if (req->detokenize->n_tokens <= (size_t)cfg->max_tokens_per_context)
             return false;
@@ -349,60 +353,19 @@ static void handle_bind(const session_env *env, session *ss, void *conn, const L
     send_resp(env, conn, &r);
 }
 
-static void handle_tokenize(const session_env *env, void *conn, const Llms__Request *req)
+/* Tokenize and Detokenize with the default generate model's tokenizer (those naming a
+ * model go to the worker, which has the registry). */
+static void handle_tokens(const session_env *env, void *conn, const Llms__Request *req)
 {
-    Llms__TokenizeRequest *t = req->tokenize;
     char err[ERR_MAX];
-    int32_t *ids;
-    int n;
-    if (prompt_tokenize(env->tok, t->text, strlen(t->text), t->has_add_special && t->add_special,
-                        t->has_parse_special && t->parse_special, &ids, &n, err)) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__INTERNAL, "tokenize: %s", err);
-        return;
-    }
-    Llms__TokenizeResponse tr = LLMS__TOKENIZE_RESPONSE__INIT;
-    tr.n_tokens = (size_t)n;
-    tr.tokens = ids;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = LLMS__RESPONSE__BODY_TOKENIZE;
-    r.tokenize = &tr;
-    send_resp(env, conn, &r);
-    free(ids);
-}
-
-static void handle_detokenize(const session_env *env, void *conn, const Llms__Request *req)
-{
-    Llms__DetokenizeRequest *d = req->detokenize;
-    int n = (int)d->n_tokens;
-    int need = tok_decode(env->tok, d->tokens, n, false, false, NULL, 0);
-    if (need < 0) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "a token id is outside the vocabulary (0..%d)", tok_n_vocab(env->tok) - 1);
-        return;
-    }
-    /* The reply's framing takes a few bytes beside the text. */
-    if ((size_t)need + 64 > env->cfg->max_frame_bytes) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "the text is %d bytes, more than a reply of max_frame_bytes (%u) holds", need,
-                   env->cfg->max_frame_bytes);
-        return;
-    }
-    char *text = malloc((size_t)need + 1);
-    if (!text) {
-        send_error(env, conn, req->id, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return;
-    }
-    tok_decode(env->tok, d->tokens, n, false, false, text, (size_t)need + 1);
-    /* protobuf-c strings are C strings: text after an embedded NUL byte is cut. */
-    Llms__DetokenizeResponse dr = LLMS__DETOKENIZE_RESPONSE__INIT;
-    dr.text = text;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = LLMS__RESPONSE__BODY_DETOKENIZE;
-    r.detokenize = &dr;
-    send_resp(env, conn, &r);
-    free(text);
+    tokreq_answer a;
+    Llms__ErrorCode code = tokreq_answer_build(env->tok, req, env->cfg->max_frame_bytes, &a, err);
+    if (code != LLMS__ERROR_CODE__OK)
+        send_error(env, conn, req->id, code, "%s%s",
+                   req->body_case == LLMS__REQUEST__BODY_TOKENIZE ? "tokenize: " : "", err);
+    else
+        send_resp(env, conn, &a.r);
+    tokreq_answer_free(&a);
 }
 
 void session_handle(const session_env *env, session *ss, void *conn, Llms__Request *req)
@@ -426,10 +389,9 @@ void session_handle(const session_env *env, session *ss, void *conn, Llms__Reque
         refuse(env, ss, conn, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, empty);
     } else if (oversized(env, req, &why)) {
         refuse(env, ss, conn, req, why.code, why.msg);
-    } else if (b == LLMS__REQUEST__BODY_TOKENIZE) {
-        handle_tokenize(env, conn, req);
-    } else if (b == LLMS__REQUEST__BODY_DETOKENIZE) {
-        handle_detokenize(env, conn, req);
+    } else if ((b == LLMS__REQUEST__BODY_TOKENIZE || b == LLMS__REQUEST__BODY_DETOKENIZE) &&
+               !(tokreq_model(req) && tokreq_model(req)[0])) {
+        handle_tokens(env, conn, req);
     } else if (b == LLMS__REQUEST__BODY_SHUTDOWN) {
         Llms__Empty e = LLMS__EMPTY__INIT;
         Llms__Response r = LLMS__RESPONSE__INIT;

@@ -40,18 +40,29 @@ int kv_precision_valid(int p)
     return p == KV_F16 || (p >= KV_INT_FIRST && p < KV_PRECISION_END);
 }
 
+bool kv_precision_v_block(enum kv_precision p)
+{
+    return p >= KV_VBLOCK_FIRST && p < KV_PRECISION_END;
+}
+
+/* KV_N_WIDTHS * index(k) + index(v) of an integer precision of either layout. */
+static int kv_width_pair(enum kv_precision p)
+{
+    return (int)p - (kv_precision_v_block(p) ? KV_VBLOCK_FIRST : KV_INT_FIRST);
+}
+
 int kv_precision_k_bits(enum kv_precision p)
 {
     if (p == KV_F16)
         return 16;
-    return kv_precision_valid(p) ? kv_widths[(p - KV_INT_FIRST) / KV_N_WIDTHS] : 0;
+    return kv_precision_valid(p) ? kv_widths[kv_width_pair(p) / KV_N_WIDTHS] : 0;
 }
 
 int kv_precision_v_bits(enum kv_precision p)
 {
     if (p == KV_F16)
         return 16;
-    return kv_precision_valid(p) ? kv_widths[(p - KV_INT_FIRST) % KV_N_WIDTHS] : 0;
+    return kv_precision_valid(p) ? kv_widths[kv_width_pair(p) % KV_N_WIDTHS] : 0;
 }
 
 int kv_precision_bits(enum kv_precision p)
@@ -67,21 +78,33 @@ static int kv_width_index(int bits)
     return -1;
 }
 
-int kv_precision_of(int k_bits, int v_bits)
+int kv_precision_layout_of(int k_bits, int v_bits, bool v_block)
 {
     int k = kv_width_index(k_bits), v = kv_width_index(v_bits);
-    return k < 0 || v < 0 ? -1 : KV_INT_FIRST + KV_N_WIDTHS * k + v;
+    return k < 0 || v < 0 ? -1
+                          : (v_block ? KV_VBLOCK_FIRST : KV_INT_FIRST) + KV_N_WIDTHS * k + v;
+}
+
+int kv_precision_of(int k_bits, int v_bits)
+{
+    return kv_precision_layout_of(k_bits, v_bits, false);
 }
 
 const char *kv_precision_name(enum kv_precision p)
 {
-    static const char *names[KV_N_WIDTHS * KV_N_WIDTHS] = {
+    static const char *names[KV_PRECISION_END - KV_INT_FIRST] = {
         "int2", "k2v3", "k2v4", "k2v5", "k2v6", "k2v8",
         "k3v2", "int3", "k3v4", "k3v5", "k3v6", "k3v8",
         "k4v2", "k4v3", "int4", "k4v5", "k4v6", "k4v8",
         "k5v2", "k5v3", "k5v4", "int5", "k5v6", "k5v8",
         "k6v2", "k6v3", "k6v4", "k6v5", "int6", "k6v8",
-        "k8v2", "k8v3", "k8v4", "k8v5", "k8v6", "int8"};
+        "k8v2", "k8v3", "k8v4", "k8v5", "k8v6", "int8",
+        "k2v2b", "k2v3b", "k2v4b", "k2v5b", "k2v6b", "k2v8b",
+        "k3v2b", "k3v3b", "k3v4b", "k3v5b", "k3v6b", "k3v8b",
+        "k4v2b", "k4v3b", "k4v4b", "k4v5b", "k4v6b", "k4v8b",
+        "k5v2b", "k5v3b", "k5v4b", "k5v5b", "k5v6b", "k5v8b",
+        "k6v2b", "k6v3b", "k6v4b", "k6v5b", "k6v6b", "k6v8b",
+        "k8v2b", "k8v3b", "k8v4b", "k8v5b", "k8v6b", "k8v8b"};
     if (p == KV_F16)
         return "f16";
     return kv_precision_valid(p) ? names[p - KV_INT_FIRST] : "?";
@@ -92,12 +115,18 @@ static size_t kv_f16_block_elems(kv_shape s)
     return (size_t)KV_CHUNK_TOKENS * s.head_dim;
 }
 
+/* The block format of an integer precision. */
+static kv_quant_format kv_format(enum kv_precision p)
+{
+    return (kv_quant_format){kv_precision_k_bits(p), kv_precision_v_bits(p),
+                             kv_precision_v_block(p)};
+}
+
 size_t kv_chunk_layer_bytes(kv_shape s, enum kv_precision p)
 {
     if (p == KV_F16)
         return 2 * (size_t)s.n_head_kv * kv_f16_block_elems(s) * sizeof(uint16_t);
-    return (size_t)s.n_head_kv * kv_quant_block_bytes(s.head_dim, kv_precision_k_bits(p),
-                                                      kv_precision_v_bits(p));
+    return (size_t)s.n_head_kv * kv_quant_block_bytes(s.head_dim, kv_format(p));
 }
 
 size_t kv_chunk_data_bytes(kv_shape s, enum kv_precision p)
@@ -119,8 +148,7 @@ uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape s, int layer, int head)
 static const uint8_t *kv_chunk_quant_block(const kv_chunk *c, kv_shape s, int layer, int head)
 {
     return kv_chunk_layer(c, s, layer) +
-           (size_t)head * kv_quant_block_bytes(s.head_dim, kv_precision_k_bits(c->precision),
-                                               kv_precision_v_bits(c->precision));
+           (size_t)head * kv_quant_block_bytes(s.head_dim, kv_format(c->precision));
 }
 
 void kv_chunk_read_f32(const kv_chunk *c, kv_shape s, int layer, int head, float *k, float *v)
@@ -134,8 +162,7 @@ void kv_chunk_read_f32(const kv_chunk *c, kv_shape s, int layer, int head, float
         return;
     }
     kv_quant_decode(kv_chunk_quant_block(c, s, layer, head), s.head_dim,
-                    kv_precision_k_bits(c->precision), kv_precision_v_bits(c->precision),
-                    c->n_tokens, k, v);
+                    kv_format(c->precision), c->n_tokens, k, v);
 }
 
 /* ---- pool ---- */
@@ -303,9 +330,9 @@ static void kv_block_write(kv_shape s, enum kv_precision p, uint8_t *data, int l
 {
     uint8_t *sec = data + (size_t)layer * kv_chunk_layer_bytes(s, p);
     if (p != KV_F16) {
-        int kb = kv_precision_k_bits(p), vb = kv_precision_v_bits(p);
-        kv_quant_encode(sec + (size_t)head * kv_quant_block_bytes(s.head_dim, kb, vb),
-                        s.head_dim, kb, vb, n, k, v);
+        kv_quant_format f = kv_format(p);
+        kv_quant_encode(sec + (size_t)head * kv_quant_block_bytes(s.head_dim, f), s.head_dim,
+                        f, n, k, v);
         return;
     }
     size_t blk = kv_f16_block_elems(s), used = (size_t)n * s.head_dim;
@@ -348,13 +375,14 @@ int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[E
 
 /* ---- tolerance-aware precisions ---- */
 
-void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread)
+void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread,
+                     float *vb_spread)
 {
     kv_shape s = pool->shape;
     int hd = s.head_dim, n = c->n_tokens;
     float *k = pool->scratch, *v = pool->scratch + kv_f16_block_elems(s);
-    double ks = 0, vs = 0;
-    long nk = 0, nv = 0;
+    double ks = 0, vs = 0, vbs = 0;
+    long nk = 0, nv = 0, nvb = 0;
     for (int l = 0; l < s.n_layer && n > 0; l++)
         for (int h = 0; h < s.n_head_kv; h++) {
             kv_chunk_read_f32(c, s, l, h, k, v);
@@ -367,6 +395,7 @@ void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v
                 }
                 ks += (double)(hi - lo) * (hi - lo);
             }
+            float block_lo = v[0], block_hi = v[0];
             for (int i = 0; i < n; i++)
                 for (int j0 = 0; j0 < hd; j0 += KV_QUANT_V_GROUP, nv++) {
                     const float *row = v + (size_t)i * hd;
@@ -377,10 +406,15 @@ void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v
                         hi = row[j] > hi ? row[j] : hi;
                     }
                     vs += (double)(hi - lo) * (hi - lo);
+                    block_lo = lo < block_lo ? lo : block_lo;
+                    block_hi = hi > block_hi ? hi : block_hi;
                 }
+            vbs += (double)(block_hi - block_lo) * (block_hi - block_lo);
+            nvb++;
         }
     *k_spread = nk ? (float)(ks / (double)nk) : 0;
     *v_spread = nv ? (float)(vs / (double)nv) : 0;
+    *vb_spread = nvb ? (float)(vbs / (double)nvb) : 0;
 }
 
 /* A chunk's next widening in the greedy assignment: error saved per byte it costs. */
@@ -400,23 +434,81 @@ static double kv_width_error(int bits)
     return 1.0 / (top * top);
 }
 
-/* The better of widening chunk i's K or V by one width: *which 0 for K, 1 for V,
- * *bytes the cost; gain 0 when both are at the widest. */
+/* A V choice: width index w (0..KV_N_WIDTHS-1), + KV_N_WIDTHS for the block layout. */
+#define KV_V_CHOICES (2 * KV_N_WIDTHS)
+
+/* The precision of K width index ik and V choice vc. */
+static enum kv_precision kv_choice_precision(int ik, int vc)
+{
+    return (vc >= KV_N_WIDTHS ? KV_VBLOCK_FIRST : KV_INT_FIRST) + KV_N_WIDTHS * ik +
+           vc % KV_N_WIDTHS;
+}
+
+/* Predicted error of a chunk's V under choice vc (before the density weight). */
+static double kv_v_error(const kv_chunk_stats *st, int vc)
+{
+    double spread = vc >= KV_N_WIDTHS ? st->vb_spread : st->v_spread;
+    return spread * kv_width_error(kv_widths[vc % KV_N_WIDTHS]);
+}
+
+/*
+ * Writes into chain the V choices on the lower convex hull of (bytes, error) for one
+ * chunk, cheapest first, and returns their count: the steps along it save less error per
+ * byte each, which the greedy needs. The bytes of V choices differ as the chunk's bytes
+ * do at any one K width.
+ */
+static int kv_v_chain(kv_shape shape, const kv_chunk_stats *st, bool v_block,
+                      uint8_t chain[KV_V_CHOICES])
+{
+    int n_choices = v_block ? KV_V_CHOICES : KV_N_WIDTHS, order[KV_V_CHOICES];
+    double bytes[KV_V_CHOICES], error[KV_V_CHOICES];
+    for (int vc = 0; vc < n_choices; vc++) {
+        bytes[vc] = (double)kv_chunk_data_bytes(shape, kv_choice_precision(0, vc));
+        error[vc] = kv_v_error(st, vc);
+        int at = vc; /* insertion sort by bytes, then error */
+        while (at > 0 && (bytes[order[at - 1]] > bytes[vc] ||
+                          (bytes[order[at - 1]] == bytes[vc] && error[order[at - 1]] > error[vc]))) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = vc;
+    }
+    int len = 0;
+    for (int i = 0; i < n_choices; i++) {
+        int c = order[i];
+        if (len > 0 && !(error[c] < error[chain[len - 1]]))
+            continue; /* no better than a cheaper choice */
+        while (len >= 2) {
+            int a = chain[len - 2], b = chain[len - 1];
+            if ((error[a] - error[b]) * (bytes[c] - bytes[b]) >
+                (error[b] - error[c]) * (bytes[b] - bytes[a]))
+                break; /* b saves more per byte than the step after it: on the hull */
+            len--;
+        }
+        chain[len++] = (uint8_t)c;
+    }
+    return len;
+}
+
+/* The better of widening a chunk's K by one width or moving its V one step along its
+ * chain (at position iv of len): *which 0 for K, 1 for V, *bytes the cost; gain 0 when
+ * neither can move. */
 static double kv_best_widening(kv_shape shape, const kv_chunk_stats *st, double w, int ik,
-                               int iv, int *which, size_t *bytes)
+                               const uint8_t *chain, int iv, int len, int *which,
+                               size_t *bytes)
 {
     double best = 0;
-    size_t now = kv_chunk_data_bytes(shape, KV_INT_FIRST + KV_N_WIDTHS * ik + iv);
+    size_t now = kv_chunk_data_bytes(shape, kv_choice_precision(ik, chain[iv]));
     for (int side = 0; side < 2; side++) {
-        int i = side ? iv : ik;
-        if (i + 1 >= KV_N_WIDTHS)
+        if (side ? iv + 1 >= len : ik + 1 >= KV_N_WIDTHS)
             continue;
-        int p = side ? KV_INT_FIRST + KV_N_WIDTHS * ik + iv + 1
-                     : KV_INT_FIRST + KV_N_WIDTHS * (ik + 1) + iv;
+        enum kv_precision p = side ? kv_choice_precision(ik, chain[iv + 1])
+                                   : kv_choice_precision(ik + 1, chain[iv]);
         size_t cost = kv_chunk_data_bytes(shape, p) - now;
-        double spread = side ? st->v_spread : KV_K_ERROR_WEIGHT * st->k_spread;
-        double saved = w * spread * (kv_width_error(kv_widths[i]) - kv_width_error(kv_widths[i + 1]));
-        double gain = saved / (double)(cost ? cost : 1);
+        double saved = side ? kv_v_error(st, chain[iv]) - kv_v_error(st, chain[iv + 1])
+                            : KV_K_ERROR_WEIGHT * st->k_spread *
+                                  (kv_width_error(kv_widths[ik]) - kv_width_error(kv_widths[ik + 1]));
+        double gain = w * saved / (double)(cost ? cost : 1);
         if (gain > best) {
             best = gain;
             *which = side;
@@ -443,14 +535,21 @@ static void kv_heap_sift_down(kv_step *h, int n, int i)
     }
 }
 
+/* What the greedy keeps per chunk. */
+typedef struct kv_chunk_choice {
+    uint8_t chain[KV_V_CHOICES]; /* its V choices on the hull, cheapest first */
+    uint8_t len;                 /* entries of chain */
+    uint8_t ik, iv;              /* its K width index, its position on chain */
+} kv_chunk_choice;
+
 void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
-                          size_t budget_bytes, enum kv_precision *out)
+                          size_t budget_bytes, bool v_block, enum kv_precision *out)
 {
     if (n <= 0)
         return;
     kv_step *heap = malloc((size_t)n * sizeof *heap);
-    int *ik = malloc((size_t)n * 2 * sizeof *ik), *iv = ik ? ik + n : NULL;
-    if (!heap || !ik) {
+    kv_chunk_choice *ch = malloc((size_t)n * sizeof *ch);
+    if (!heap || !ch) {
         enum kv_precision p = KV_INT2;
         for (int i = KV_N_WIDTHS - 1; i >= 0; i--)
             if ((size_t)n * kv_chunk_data_bytes(shape, KV_INT_FIRST + (KV_N_WIDTHS + 1) * i) <=
@@ -461,7 +560,7 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
         for (int i = 0; i < n; i++)
             out[i] = p;
         free(heap);
-        free(ik);
+        free(ch);
         return;
     }
     double mean = 0;
@@ -469,37 +568,44 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
         mean += (stats[i].density > 0 ? stats[i].density : 0) / n;
     if (!(mean > 0))
         mean = 2; /* nothing measured: every chunk weighs 1 */
-    size_t used = (size_t)n * kv_chunk_data_bytes(shape, KV_INT2);
+    size_t used = 0;
     int which;
     size_t cost;
     for (int i = 0; i < n; i++) {
-        ik[i] = iv[i] = 0;
+        kv_chunk_choice *c = &ch[i];
+        c->len = (uint8_t)kv_v_chain(shape, &stats[i], v_block, c->chain);
+        c->ik = c->iv = 0;
+        used += kv_chunk_data_bytes(shape, kv_choice_precision(0, c->chain[0]));
         double w = (stats[i].density > 0 ? stats[i].density : 0) + mean / 2;
-        heap[i] = (kv_step){kv_best_widening(shape, &stats[i], w, 0, 0, &which, &cost), i};
+        heap[i] = (kv_step){kv_best_widening(shape, &stats[i], w, 0, c->chain, 0, c->len,
+                                             &which, &cost), i};
     }
     for (int i = n / 2 - 1; i >= 0; i--)
         kv_heap_sift_down(heap, n, i);
     int live = n;
     while (live > 0 && used < budget_bytes) {
-        int c = heap[0].chunk;
-        double w = (stats[c].density > 0 ? stats[c].density : 0) + mean / 2;
-        double gain = kv_best_widening(shape, &stats[c], w, ik[c], iv[c], &which, &cost);
+        int i = heap[0].chunk;
+        kv_chunk_choice *c = &ch[i];
+        double w = (stats[i].density > 0 ? stats[i].density : 0) + mean / 2;
+        double gain = kv_best_widening(shape, &stats[i], w, c->ik, c->chain, c->iv, c->len,
+                                       &which, &cost);
         if (gain <= 0 || used + cost > budget_bytes) {
             heap[0] = heap[--live]; /* widest already, or its next step does not fit */
         } else {
             used += cost;
             if (which)
-                iv[c]++;
+                c->iv++;
             else
-                ik[c]++;
-            heap[0].gain = kv_best_widening(shape, &stats[c], w, ik[c], iv[c], &which, &cost);
+                c->ik++;
+            heap[0].gain = kv_best_widening(shape, &stats[i], w, c->ik, c->chain, c->iv,
+                                            c->len, &which, &cost);
         }
         kv_heap_sift_down(heap, live, 0);
     }
     for (int i = 0; i < n; i++)
-        out[i] = KV_INT_FIRST + KV_N_WIDTHS * ik[i] + iv[i];
+        out[i] = kv_choice_precision(ch[i].ik, ch[i].chain[ch[i].iv]);
     free(heap);
-    free(ik);
+    free(ch);
 }
 
 /* ---- sequences ---- */

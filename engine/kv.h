@@ -14,6 +14,7 @@
 #ifndef LLMS_KV_H
 #define LLMS_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,9 +26,11 @@
  * one for V, each 2, 3, 4, 5, 6 or 8 bits, on 8-bit per-group scales and offsets (K per
  * channel over the chunk's tokens, V per token: the layout the KIVI line of work found to
  * keep attention accurate at low widths; kv_quant.h). The integer precision of widths
- * (k, v) is KV_INT_FIRST + KV_N_WIDTHS * index(k) + index(v). Values 1..7 are not
- * precisions: 1..3 named an earlier layout (f16 scales), and chunks stored under them are
- * refused and recomputed. */
+ * (k, v) is KV_INT_FIRST + KV_N_WIDTHS * index(k) + index(v); the same widths with V on
+ * one scale and offset per (layer, head) block instead of per token ("V block" layout,
+ * kv_quant.h) are KV_VBLOCK_FIRST + the same offset. Values 1..7 are not precisions:
+ * 1..3 named an earlier layout (f16 scales), and chunks stored under them are refused
+ * and recomputed. */
 #define KV_N_WIDTHS 6 /* 2, 3, 4, 5, 6, 8 bits */
 enum kv_precision {
     KV_F16 = 0,
@@ -35,9 +38,10 @@ enum kv_precision {
     KV_INT2 = KV_INT_FIRST,                      /* k2v2 */
     KV_INT4 = KV_INT_FIRST + 2 * KV_N_WIDTHS + 2, /* k4v4 */
     KV_INT8 = KV_INT_FIRST + 5 * KV_N_WIDTHS + 5, /* k8v8 */
+    KV_VBLOCK_FIRST = KV_INT_FIRST + KV_N_WIDTHS * KV_N_WIDTHS, /* k2v2b */
 };
 /* One past the largest precision: the length of arrays indexed by precision. */
-#define KV_PRECISION_END (KV_INT_FIRST + KV_N_WIDTHS * KV_N_WIDTHS)
+#define KV_PRECISION_END (KV_VBLOCK_FIRST + KV_N_WIDTHS * KV_N_WIDTHS)
 
 /* Whether p names a precision. */
 int kv_precision_valid(int p);
@@ -46,13 +50,19 @@ int kv_precision_valid(int p);
 int kv_precision_k_bits(enum kv_precision p);
 int kv_precision_v_bits(enum kv_precision p);
 
+/* Whether p keeps V in the block layout (one scale and offset per block). */
+bool kv_precision_v_block(enum kv_precision p);
+
 /* The mean of the two widths, rounded down (16 for f16; 0 for an invalid p). */
 int kv_precision_bits(enum kv_precision p);
 
-/* The integer precision of widths (k_bits, v_bits), or -1 when one is not a width. */
+/* The integer precision of widths (k_bits, v_bits), V per token or (v_block) in the
+ * block layout, or -1 when one is not a width. */
 int kv_precision_of(int k_bits, int v_bits);
+int kv_precision_layout_of(int k_bits, int v_bits, bool v_block);
 
-/* "f16", "int8", "int4", "int2" (equal widths), "k5v4" (others), "?" (invalid). */
+/* "f16", "int8", "int4", "int2" (equal widths), "k5v4" (others), "k4v5b" (V block
+ * layout), "?" (invalid). */
 const char *kv_precision_name(enum kv_precision p);
 
 /* Largest head_dim a pool accepts (as the attention kernels, OPS_MAX_HEAD_DIM). */
@@ -156,9 +166,10 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *chunk);
 
 /* What the assignment of precisions knows about one chunk. */
 typedef struct kv_chunk_stats {
-    float density;  /* attention the chunk receives (>= 0); higher: it tolerates less loss */
-    float k_spread; /* mean squared range of its K groups (kv_chunk_spread) */
-    float v_spread; /* mean squared range of its V groups */
+    float density;   /* attention the chunk receives (>= 0); higher: it tolerates less loss */
+    float k_spread;  /* mean squared range of its K groups (kv_chunk_spread) */
+    float v_spread;  /* mean squared range of its V groups */
+    float vb_spread; /* mean squared range of its V blocks (the V block layout's groups) */
 } kv_chunk_stats;
 
 /*
@@ -168,24 +179,29 @@ typedef struct kv_chunk_stats {
  * squared range over (2^b - 1)^2, so these predict what each width costs. Reads any
  * precision (for an integer one, of the values it keeps). Uses the pool's scratch.
  */
-void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread);
+void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread,
+                     float *vb_spread);
 
 /*
  * Chooses an integer precision for each of n chunks so that their data bytes total at
  * most budget_bytes and the predicted error
- *   sum_i w_i (2 k_spread_i / (2^kb_i - 1)^2 + v_spread_i / (2^vb_i - 1)^2),
+ *   sum_i w_i (2 k_spread_i / (2^kb_i - 1)^2 + V_i / (2^vb_i - 1)^2),
  *   w_i = density_i + mean density / 2,
- * is smallest. The half mean density keeps weight on chunks the recent rows ignored:
- * bench/kvquant measured pure density weighting 10x better than none on stories260K and
- * 15% worse on TinyStories-656K, whose later tokens spread their attention; this
- * compromise keeps most of the first and all of the second. Greedy on the error saved per
- * byte (optimal for these convex steps up to the last chunk that fits): every chunk starts
- * at k2v2 and the best widening that fits is taken until none does. When even k2v2 does
- * not fit every chunk gets it. n == 0 is allowed. Should its O(n) scratch not be
- * allocatable, every chunk gets the widest equal widths that fit.
+ * is smallest, V_i being v_spread_i for V per token and vb_spread_i for the V block
+ * layout, which only v_block allows. The half mean density keeps weight on chunks the
+ * recent rows ignored: bench/kvquant measured pure density weighting 10x better than none
+ * on stories260K and 15% worse on TinyStories-656K, whose later tokens spread their
+ * attention; this compromise keeps most of the first and all of the second. A chunk's V
+ * choices (six widths, in one or both layouts) are reduced to the lower convex hull of
+ * their (bytes, error); greedy on the error saved per byte (optimal for convex steps up to
+ * the last chunk that fits): every chunk starts at its cheapest choice (k2v2, or k2v2b)
+ * and the best widening of K or step along its V hull that fits is taken until none
+ * does. When even the cheapest do not fit every chunk gets its cheapest. n == 0 is
+ * allowed. Should its O(n) scratch not be allocatable, every chunk gets the widest equal
+ * widths (V per token) that fit.
  */
 void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
-                          size_t budget_bytes, enum kv_precision *out);
+                          size_t budget_bytes, bool v_block, enum kv_precision *out);
 
 /* ---- sequence: one context's KV ---- */
 

@@ -34,23 +34,29 @@ typedef struct kv_block_layout {
     size_t bytes;
 } kv_block_layout;
 
-static kv_block_layout kv_layout(int head_dim, int k_bits, int v_bits)
+/* Groups with their own V (min, scale) codes in a block. */
+static int kv_v_params(int head_dim, bool v_block)
+{
+    return v_block ? 1 : KV_CHUNK_TOKENS * kv_quant_groups(head_dim);
+}
+
+static kv_block_layout kv_layout(int head_dim, kv_quant_format f)
 {
     kv_block_layout l;
-    l.k_row = kv_quant_row_bytes(head_dim, k_bits);
-    l.v_row = kv_quant_row_bytes(head_dim, v_bits);
+    l.k_row = kv_quant_row_bytes(head_dim, f.k_bits);
+    l.v_row = kv_quant_row_bytes(head_dim, f.v_bits);
     l.v_codes = KV_CHUNK_TOKENS * l.k_row;
     l.k_grid = l.v_codes + KV_CHUNK_TOKENS * l.v_row;
     l.k_par = l.k_grid + KV_GRID_U16 * sizeof(uint16_t);
     l.v_grid = l.k_par + 2 * (size_t)head_dim;
     l.v_par = l.v_grid + KV_GRID_U16 * sizeof(uint16_t);
-    l.bytes = l.v_par + 2 * (size_t)KV_CHUNK_TOKENS * kv_quant_groups(head_dim);
+    l.bytes = l.v_par + 2 * (size_t)kv_v_params(head_dim, f.v_block);
     return l;
 }
 
-size_t kv_quant_block_bytes(int head_dim, int k_bits, int v_bits)
+size_t kv_quant_block_bytes(int head_dim, kv_quant_format f)
 {
-    return kv_layout(head_dim, k_bits, v_bits).bytes;
+    return kv_layout(head_dim, f).bytes;
 }
 
 /* The f16 nearest x from below / from above (x finite). */
@@ -146,10 +152,11 @@ static unsigned kv_quant_code(float x, float scale, float min, int top)
     return scale > 0 ? kv_clamp_code(nearbyintf((x - min) / scale), top) : 0;
 }
 
-void kv_quant_encode(uint8_t *dst, int head_dim, int k_bits, int v_bits, int n_tokens,
+void kv_quant_encode(uint8_t *dst, int head_dim, kv_quant_format f, int n_tokens,
                      const float *k, const float *v)
 {
-    kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+    kv_block_layout l = kv_layout(head_dim, f);
+    int k_bits = f.k_bits, v_bits = f.v_bits;
     memset(dst, 0, l.bytes);
     if (n_tokens <= 0)
         return;
@@ -174,33 +181,46 @@ void kv_quant_encode(uint8_t *dst, int head_dim, int k_bits, int v_bits, int n_t
             kv_quant_put(dst + i * l.k_row, j, k_bits,
                          kv_quant_code(k[(size_t)i * head_dim + j], scale[j], min[j], top));
 
-    int ng = kv_quant_groups(head_dim);
+    /* V's group of element (i, j) is p = i * ng + j / KV_QUANT_V_GROUP, or 0 for the
+     * block layout (ng 0) */
+    int ng = f.v_block ? 0 : kv_quant_groups(head_dim);
     top = (1 << v_bits) - 1;
     for (int i = 0; i < n_tokens; i++)
-        for (int g = 0; g < ng; g++) {
-            const float *row = v + (size_t)i * head_dim;
-            int j0 = g * KV_QUANT_V_GROUP, p = i * ng + g;
-            int j1 = j0 + KV_QUANT_V_GROUP < head_dim ? j0 + KV_QUANT_V_GROUP : head_dim;
-            lo[p] = hi[p] = row[j0];
-            for (int j = j0 + 1; j < j1; j++) {
-                lo[p] = row[j] < lo[p] ? row[j] : lo[p];
-                hi[p] = row[j] > hi[p] ? row[j] : hi[p];
-            }
+        for (int j = 0; j < head_dim; j++) {
+            int p = i * ng + (ng ? j / KV_QUANT_V_GROUP : 0);
+            float x = v[(size_t)i * head_dim + j];
+            bool first = f.v_block ? i == 0 && j == 0 : j % KV_QUANT_V_GROUP == 0;
+            lo[p] = first || x < lo[p] ? x : lo[p];
+            hi[p] = first || x > hi[p] ? x : hi[p];
         }
-    kv_grid_fit(lo, hi, n_tokens * ng, top, grid, dst + l.v_par, min, scale);
+    kv_grid_fit(lo, hi, ng ? n_tokens * ng : 1, top, grid, dst + l.v_par, min, scale);
     memcpy(dst + l.v_grid, grid, sizeof grid);
     for (int i = 0; i < n_tokens; i++)
         for (int j = 0; j < head_dim; j++) {
-            int p = i * ng + j / KV_QUANT_V_GROUP;
+            int p = i * ng + (ng ? j / KV_QUANT_V_GROUP : 0);
             kv_quant_put(dst + l.v_codes + i * l.v_row, j, v_bits,
                          kv_quant_code(v[(size_t)i * head_dim + j], scale[p], min[p], top));
         }
 }
 
-void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int k_bits, int v_bits,
+/* V's (min, scale) per (token, group) of the first n_tokens rows, (n_tokens, n_groups),
+ * for either layout: the block layout's one pair repeated. */
+static void kv_v_values(const uint8_t *src, kv_block_layout l, int head_dim, bool v_block,
+                        int n_tokens, float *min, float *scale)
+{
+    int n = n_tokens * kv_quant_groups(head_dim);
+    kv_grid_values(src + l.v_grid, src + l.v_par, v_block ? (n > 0) : n, min, scale);
+    for (int p = 1; v_block && p < n; p++) {
+        min[p] = min[0];
+        scale[p] = scale[0];
+    }
+}
+
+void kv_quant_decode_scalar(const uint8_t *src, int head_dim, kv_quant_format f,
                             int n_tokens, float *k, float *v)
 {
-    kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+    kv_block_layout l = kv_layout(head_dim, f);
+    int k_bits = f.k_bits, v_bits = f.v_bits;
     float min[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM / KV_QUANT_V_GROUP + KV_MAX_HEAD_DIM];
     float scale[sizeof min / sizeof min[0]];
     if (k) {
@@ -212,7 +232,7 @@ void kv_quant_decode_scalar(const uint8_t *src, int head_dim, int k_bits, int v_
     }
     if (v) {
         int ng = kv_quant_groups(head_dim);
-        kv_grid_values(src + l.v_grid, src + l.v_par, n_tokens * ng, min, scale);
+        kv_v_values(src, l, head_dim, f.v_block, n_tokens, min, scale);
         for (int i = 0; i < n_tokens; i++)
             for (int j = 0; j < head_dim; j++) {
                 int p = i * ng + j / KV_QUANT_V_GROUP;
@@ -232,27 +252,26 @@ static void kv_quant_detect(void)
     kv_quant_avx2 = strcmp(quant_simd_name(), "avx2") == 0;
 }
 
-void kv_quant_decode(const uint8_t *src, int head_dim, int k_bits, int v_bits, int n_tokens,
+void kv_quant_decode(const uint8_t *src, int head_dim, kv_quant_format f, int n_tokens,
                      float *k, float *v)
 {
 #if defined(__x86_64__)
     pthread_once(&kv_quant_once, kv_quant_detect);
     if (kv_quant_avx2) {
-        kv_block_layout l = kv_layout(head_dim, k_bits, v_bits);
+        kv_block_layout l = kv_layout(head_dim, f);
         float min[KV_CHUNK_TOKENS * KV_MAX_HEAD_DIM / KV_QUANT_V_GROUP + KV_MAX_HEAD_DIM];
         float scale[sizeof min / sizeof min[0]];
         if (k) {
             kv_grid_values(src + l.k_grid, src + l.k_par, head_dim, min, scale);
-            kv_quant_avx2_decode_k(src, l.k_row, min, scale, head_dim, k_bits, n_tokens, k);
+            kv_quant_avx2_decode_k(src, l.k_row, min, scale, head_dim, f.k_bits, n_tokens, k);
         }
         if (v) {
-            kv_grid_values(src + l.v_grid, src + l.v_par, n_tokens * kv_quant_groups(head_dim),
-                           min, scale);
-            kv_quant_avx2_decode_v(src + l.v_codes, l.v_row, min, scale, head_dim, v_bits,
+            kv_v_values(src, l, head_dim, f.v_block, n_tokens, min, scale);
+            kv_quant_avx2_decode_v(src + l.v_codes, l.v_row, min, scale, head_dim, f.v_bits,
                                    n_tokens, v);
         }
         return;
     }
 #endif
-    kv_quant_decode_scalar(src, head_dim, k_bits, v_bits, n_tokens, k, v);
+    kv_quant_decode_scalar(src, head_dim, f, n_tokens, k, v);
 }

@@ -59,6 +59,9 @@ struct model {
     size_t vecs_used;
     size_t vecs_cap;
     bool mapped;             /* weights are a file mapping (they can stream) */
+    void *repacked;          /* (repacked_bytes) private copy of the repacked matrices, or NULL */
+    size_t repacked_bytes;
+    size_t repack_given_back; /* bytes of copied weights' pages the copy replaced */
 };
 
 /* ---- loading ---- */
@@ -324,10 +327,89 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
     return m;
 }
 
+/* Every weight matrix m multiplies with (the token embedding is read by rows: when the
+ * file ties the output matrix to it, the output is a matrix of its own here); *n set. */
+static ops_matrix **model_matrices(model *m, ops_matrix **w, int *n)
+{
+    int k = 0;
+    w[k++] = &m->output;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        ops_matrix *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            w[k++] = lw[i];
+    }
+    *n = k;
+    return w;
+}
+
+/* Matrices worth repacking: a kernel for their type and at least one whole group. */
+static bool model_repackable(const ops_matrix *w)
+{
+    return quant_repack_kernel(w->type) && w->rows >= QUANT_REPACK_ROWS && !w->repacked;
+}
+
+int model_repack_weights(model *m, char err[ERR_MAX])
+{
+    if (m->repacked)
+        return 0;
+    ops_matrix **w = malloc((1 + 7 * (size_t)m->hp.n_layer) * sizeof *w);
+    if (!w)
+        return err_set(err, "out of memory");
+    int n;
+    model_matrices(m, w, &n);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (model_repackable(w[i]))
+            bytes += ((size_t)w[i]->rows * w[i]->row_bytes + 63) & ~(size_t)63;
+    if (bytes == 0) {
+        free(w);
+        return 0;
+    }
+    /* huge pages, as GGUF_LOAD_COPY gives the weights: decode streams them every token */
+    void *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dst == MAP_FAILED) {
+        free(w);
+        return err_set(err, "repacking weights: %zu bytes: out of memory", bytes);
+    }
+    (void)madvise(dst, bytes, MADV_HUGEPAGE);
+    long page = sysconf(_SC_PAGESIZE);
+    char *p = dst;
+    for (int i = 0; i < n; i++) {
+        if (!model_repackable(w[i]))
+            continue;
+        const void *src = w[i]->data;
+        size_t size = (size_t)w[i]->rows * w[i]->row_bytes;
+        ops_matrix_repack(w[i], p, w[i]);
+        p += (size + 63) & ~(size_t)63;
+        /* a copy the model owns is read by nothing else (but a tied token embedding):
+         * give back its pages (whole pages inside the matrix; a mapping's stay in the
+         * page cache, reclaimable) */
+        if (m->owned && !m->mapped && src != m->tok_embd.data) {
+            uintptr_t a = ((uintptr_t)src + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+            uintptr_t e = ((uintptr_t)src + size) & ~(uintptr_t)(page - 1);
+            if (e > a && madvise((void *)a, e - a, MADV_DONTNEED) == 0)
+                m->repack_given_back += e - a;
+        }
+    }
+    (void)mprotect(dst, bytes, PROT_READ);
+    free(w);
+    m->repacked = dst;
+    m->repacked_bytes = bytes;
+    return 0;
+}
+
+size_t model_repacked_bytes(const model *m)
+{
+    return m->repacked_bytes - m->repack_given_back;
+}
+
 void model_free(model *m)
 {
     if (!m)
         return;
+    if (m->repacked)
+        munmap(m->repacked, m->repacked_bytes);
     gguf_close(m->owned);
     free(m->layers);
     free(m->vecs);
@@ -646,6 +728,9 @@ int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err
         return 0;
     if (!r->m->mapped)
         return err_set(err, "weight streaming needs mapped weights (they were copied)");
+    if (r->m->repacked)
+        return err_set(err, "weight streaming needs the weights as the file stores them "
+                            "(they were repacked)");
     model_frag *f = malloc((2 + 7 * (size_t)r->m->hp.n_layer) * sizeof *f);
     if (!f)
         return err_set(err, "out of memory");

@@ -86,6 +86,26 @@ int model_get_float(const gguf_file *g, const char *arch, const char *suffix, fl
 const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
                                      int64_t ne0, int64_t ne1, char err[ERR_MAX]);
 
+/*
+ * Repacks the weight matrices whose type has repacked kernels on this CPU
+ * (quant_repack_kernel: Q8_0 with AVX-512 VNNI) into a private copy of the same size, in
+ * the layout those kernels read: a matrix product runs ~1.1x (one activation row) to
+ * ~1.4-1.7x (4 to 32 rows) as fast (one thread, 5632 x 2048 matrices from DRAM; whole
+ * decode steps: bench/repack_decode), and every product equals the scalar kernel's bit
+ * for bit, so batched rows give exactly their solo results. The token embedding stays as
+ * stored (an output matrix tied to it gets a repacked copy of its own). Copied weights
+ * (GGUF_LOAD_COPY) give their replaced pages back, so that they are not held twice;
+ * mapped ones keep the file in the page cache, reclaimable, beside
+ * model_repacked_bytes of private memory. A repacked
+ * model's weights cannot stream (model_runner_stream_weights refuses): streaming runners
+ * read the file's layout. Does nothing on other CPUs, with LLMS_NO_SIMD or
+ * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had.
+ */
+int model_repack_weights(model *m, char err[ERR_MAX]);
+/* Private memory repacking added: the copy less the copied weights' pages it gave back
+ * (about 0 for copied weights; 0 when nothing was repacked). */
+size_t model_repacked_bytes(const model *m);
+
 /* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
 void model_free(model *m);
 
@@ -236,7 +256,10 @@ int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char e
  * 16: sgemm, as alone). One exception: from QUANT_PACKED_MIN_ACT (3) stacked rows on,
  * Q8_0 products on CPUs with AVX-512 VNNI use the packed-activation kernel, which adds a
  * dot product's blocks in another order than the lone row's SIMD lanes (f32 rounding,
- * ~1e-7 of the logits' scale). With more stacked rows the products
+ * ~1e-7 of the logits' scale); not on repacked weights (model_repack_weights), whose
+ * products are the scalar kernel's at any row count, so outputs are bit-equal there with
+ * more stacked rows too (tests/engine/test_model_batch.c: 28 rows of decode and prefill
+ * mixed). Otherwise, with more stacked rows, the products
  * go through sgemm on f32 activations instead: for float weights outputs then differ
  * from solo by rounding (~1e-5 of their scale), for quantized weights by the 8-bit
  * quantization of the activations that the lone rows' dot kernels apply (up to ~2% of

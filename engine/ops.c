@@ -246,11 +246,29 @@ static size_t ops_act_row_bytes(int cols)
     return ops_align(b ? b : (size_t)cols * sizeof(float));
 }
 
+_Static_assert(OPS_DOT_BLOCK % QUANT_REPACK_ROWS == 0, "dot blocks hold whole repacked groups");
+
+void ops_matrix_repack(const ops_matrix *w, void *dst, ops_matrix *out)
+{
+    size_t group = QUANT_REPACK_ROWS * w->row_bytes;
+    int whole = w->rows / QUANT_REPACK_ROWS * QUANT_REPACK_ROWS;
+    for (int r = 0; r < whole; r += QUANT_REPACK_ROWS)
+        quant_repack_rows(w->type, (const char *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
+                          w->cols, (char *)dst + (size_t)r / QUANT_REPACK_ROWS * group);
+    memcpy((char *)dst + (size_t)whole * w->row_bytes,
+           (const char *)w->data + (size_t)whole * w->row_bytes,
+           (size_t)(w->rows - whole) * w->row_bytes);
+    *out = *w;
+    out->data = dst;
+    out->repacked = true;
+}
+
 size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads)
 {
     int dot_tok = max_tok < OPS_DOT_MAX_TOK ? max_tok : OPS_DOT_MAX_TOK;
     size_t act = (size_t)dot_tok * ops_act_row_bytes(max_cols) +
-                 ops_align(quant_packed_bytes(QTYPE_Q8_0, dot_tok, max_cols));
+                 ops_align(quant_packed_bytes(QTYPE_Q8_0, dot_tok, max_cols)) +
+                 ops_align(quant_repacked_act_bytes(dot_tok, max_cols));
     size_t tiles = (size_t)n_threads * ops_align((size_t)OPS_TILE_ROWS * max_cols * sizeof(float));
     return act > tiles ? act : tiles;
 }
@@ -269,6 +287,7 @@ typedef struct ops_matmul_job {
     size_t act_stride;
     uint32_t act_type;
     const void *packed;          /* the activations packed for quant_dot_rows_packed, or NULL */
+    const void *repacked_act;    /* for quant_dot_rows_repacked, or NULL (no matrix repacked) */
     uint16_t *xb;                /* (n_tok, cols) the activations in bf16 for the BF16 GEMM */
     bool f16_fma;                /* F16 weights take the GEMM's f32 FMA kernel on x */
     char *scratch;
@@ -312,9 +331,16 @@ static void ops_dot_job(void *p, int ith, int nth)
         for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
             int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
             const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
-            if (!j->packed || !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed,
-                                                     j->n_tok, w->cols, j->y[m] + b,
-                                                     (size_t)w->rows))
+            if (w->repacked && nb == QUANT_REPACK_ROWS) {
+                quant_dot_rows_repacked(w->type, rows, w->row_bytes, nb, j->repacked_act, j->n_tok,
+                                        w->cols, j->y[m] + b, (size_t)w->rows);
+                continue;
+            }
+            /* a repacked matrix's last rows: by the kernel whose results do not depend on
+             * n_tok, as the repacked rows' do not */
+            if (!j->packed || w->repacked ||
+                !quant_dot_rows_packed(w->type, rows, w->row_bytes, nb, j->packed, j->n_tok,
+                                       w->cols, j->y[m] + b, (size_t)w->rows))
                 quant_dot_rows_multi(w->type, rows, w->row_bytes, nb, j->act, j->act_stride,
                                      j->n_tok, w->cols, j->y[m] + b, (size_t)w->rows);
         }
@@ -389,10 +415,12 @@ static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
         return false;
     for (int i = 0; i < n_mat; i++) {
         uint32_t t = w[i]->type;
-        bool ok = f16 ? t == QTYPE_F16
-                      : quant_bf16_rounds_activation() && !quant_packed_kernel(t) &&
-                            (t != QTYPE_F16 || quant_f16_prefill_as_bf16()) &&
-                            gemm_avx512_bf16_takes(t, w[i]->cols);
+        /* the panels read rows as stored, not repacked ones (Q8_0's, which never come here) */
+        bool ok = !w[i]->repacked &&
+                  (f16 ? t == QTYPE_F16
+                       : quant_bf16_rounds_activation() && !quant_packed_kernel(t) &&
+                             (t != QTYPE_F16 || quant_f16_prefill_as_bf16()) &&
+                             gemm_avx512_bf16_takes(t, w[i]->cols));
         if (!ok)
             return false;
     }
@@ -480,10 +508,19 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             ops_prepare_job(&j, 0, 1);
         else
             tp_run(pool, ops_prepare_job, &j);
-        if (quant_packed_bytes(act_type, n_tok, w[0]->cols)) {
-            char *packed = (char *)scratch + ops_align((size_t)n_tok * j.act_stride);
+        bool repacked = false, plain = false;
+        for (int i = 0; i < n_mat; i++)
+            repacked |= w[i]->repacked, plain |= !w[i]->repacked;
+        char *packed = (char *)scratch + ops_align((size_t)n_tok * j.act_stride);
+        size_t packed_bytes = quant_packed_bytes(act_type, n_tok, w[0]->cols);
+        if (packed_bytes && plain) {
             quant_pack_activations(act_type, j.act, j.act_stride, n_tok, w[0]->cols, packed);
             j.packed = packed;
+        }
+        if (repacked) {
+            char *rp = packed + ops_align(packed_bytes);
+            quant_repack_activations(j.act, j.act_stride, n_tok, w[0]->cols, rp);
+            j.repacked_act = rp;
         }
     }
     /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the

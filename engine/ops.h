@@ -5,6 +5,7 @@
 #ifndef LLMS_OPS_H
 #define LLMS_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -73,14 +74,22 @@ void ops_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, cons
 /* ---- matrix product ---- */
 
 /* A weight matrix of rows x cols elements of a computable quant type, rows row_bytes
- * apart (as stored in GGUF: ne[0] = cols). */
+ * apart (as stored in GGUF: ne[0] = cols). repacked: its whole groups of
+ * QUANT_REPACK_ROWS rows are in quant_repack_rows' layout (rows past the last whole
+ * group as stored); only where quant_repack_kernel(type). */
 typedef struct ops_matrix {
     uint32_t type;
     const void *data;
     int rows;
     int cols;
     size_t row_bytes;
+    bool repacked;
 } ops_matrix;
+
+/* Copies w's rows into dst (w->rows * w->row_bytes bytes) with its whole groups of
+ * QUANT_REPACK_ROWS rows repacked, and describes the copy in *out (repacked). Only where
+ * quant_repack_kernel(w->type). */
+void ops_matrix_repack(const ops_matrix *w, void *dst, ops_matrix *out);
 
 /* Scratch bytes ops_matmul needs for batches up to max_tok rows of up to max_cols
  * columns on n_threads threads. */

@@ -13,6 +13,7 @@
 #include "engine/quant_avx2.h"
 #include "engine/quant_avx512.h"
 #include "engine/quant_blocks.h"
+#include "engine/quant_repack_avx512.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -862,6 +863,57 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
     (void)weights, (void)row_bytes, (void)n_rows, (void)packed, (void)out, (void)out_stride;
 #endif
     return false;
+}
+
+bool quant_repack_kernel(uint32_t t)
+{
+    return quant_packed_kernel(t);
+}
+
+/* The repacked kernels are reached only through matrices repacked where
+ * quant_repack_kernel said yes, so these need no CPU check of their own. */
+void quant_repack_rows(uint32_t t, const void *src, size_t row_bytes, int64_t n, void *dst)
+{
+#if QUANT_HAVE_AVX2
+    if (t == QTYPE_Q8_0)
+        quant_avx512_repack_q8_0(src, row_bytes, n, dst);
+#else
+    (void)t, (void)src, (void)row_bytes, (void)n, (void)dst;
+#endif
+}
+
+size_t quant_repacked_act_bytes(int n_act, int64_t n)
+{
+#if QUANT_HAVE_AVX2
+    return quant_avx512_repacked_act_bytes(n_act, n);
+#else
+    (void)n_act, (void)n;
+    return 0;
+#endif
+}
+
+void quant_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
+                              void *packed)
+{
+#if QUANT_HAVE_AVX2
+    quant_avx512_repack_activations(act, act_stride, n_act, n, packed);
+#else
+    (void)act, (void)act_stride, (void)n_act, (void)n, (void)packed;
+#endif
+}
+
+void quant_dot_rows_repacked(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                             const void *packed, int n_act, int64_t n, float *out,
+                             size_t out_stride)
+{
+#if QUANT_HAVE_AVX2
+    if (t == QTYPE_Q8_0)
+        quant_avx512_dot_rows_repacked(weights, row_bytes, n_rows, packed, n_act, n, out,
+                                       out_stride);
+#else
+    (void)t, (void)weights, (void)row_bytes, (void)n_rows, (void)packed, (void)n_act, (void)n,
+        (void)out, (void)out_stride;
+#endif
 }
 
 void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,

@@ -150,6 +150,36 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
                            const void *packed, int n_act, int64_t n, float *out,
                            size_t out_stride);
 
+/*
+ * Q8_0 weights repacked (where the CPU has AVX-512 VNNI): a matrix's rows in groups of
+ * QUANT_REPACK_ROWS, each group's blocks interleaved so that one instruction multiplies
+ * four bytes of one activation with four bytes of each of the group's rows, every
+ * register lane a whole (row, activation) sum: the weights are loaded once per block for
+ * all activations, and one activation (decode) costs no more than on rows as stored.
+ * A group takes exactly the bytes of its rows, so group g sits where row
+ * QUANT_REPACK_ROWS * g did. Each result equals quant_dot_scalar's on the rows as stored
+ * bit for bit, whatever n_act.
+ * quant_repack_kernel: weight type t has repacked kernels on this CPU (Q8_0 where the
+ * AVX-512 kernels are chosen, see quant_simd_name; never with LLMS_NO_SIMD or
+ * LLMS_NO_AVX512), so only then may a matrix be repacked.
+ * quant_repack_rows: repacks QUANT_REPACK_ROWS rows of n elements, row_bytes apart, at
+ * src into dst (QUANT_REPACK_ROWS * row_bytes bytes, not overlapping src).
+ * quant_repacked_act_bytes / quant_repack_activations: n_act activations (act_stride
+ * bytes apart, each prepared by quant_prepare_activation as Q8_0) in the form the kernel
+ * reads.
+ * quant_dot_rows_repacked: out[a * out_stride + r] = row r . activation a for n_rows (a
+ * multiple of QUANT_REPACK_ROWS) repacked rows starting at a group.
+ */
+#define QUANT_REPACK_ROWS 16
+bool quant_repack_kernel(uint32_t t);
+void quant_repack_rows(uint32_t t, const void *src, size_t row_bytes, int64_t n, void *dst);
+size_t quant_repacked_act_bytes(int n_act, int64_t n);
+void quant_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
+                              void *packed);
+void quant_dot_rows_repacked(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                             const void *packed, int n_act, int64_t n, float *out,
+                             size_t out_stride);
+
 /* True when BF16 dot products round the f32 activation to bf16 before multiplying (the
  * AVX-512 BF16 kernel, taken where the CPU has AVX-512 F/BW/DQ/VL/VNNI and BF16 unless
  * LLMS_NO_AVX512 or LLMS_NO_AVX512_BF16 is set to a value other than "0", for rows of at

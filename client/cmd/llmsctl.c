@@ -293,8 +293,9 @@ static enum llms_status cmd_models(llms_conn *c)
     if (json)
         fputs("{\"models\":[", stdout);
     else
-        printf("%-20s %-8s %-13s %12s  %-22s %-22s %12s %12s %s\n", "NAME", "ARCH", "TYPE",
-               "FILE_BYTES", "ROLES", "DEFAULT_FOR", "RESIDENT", "SCRATCH", "RUNNING");
+        printf("%-20s %-8s %-13s %12s  %-22s %-22s %12s %12s %7s %8s %12s %12s\n", "NAME",
+               "ARCH", "TYPE", "FILE_BYTES", "ROLES", "DEFAULT_FOR", "RESIDENT", "SCRATCH",
+               "RUNNING", "CONTEXTS", "KV", "KV_BUDGET");
     for (size_t i = 0; i < n; i++) {
         const llms_model_info *m = &ms[i];
         if (json) {
@@ -311,14 +312,24 @@ static enum llms_status cmd_models(llms_conn *c)
             fputs(",\"default_for\":", stdout);
             json_str(m->default_for);
             printf(",\"file_bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64
-                   ",\"scratch_bytes\":%" PRIu64 ",\"running\":%" PRIu32 "}",
+                   ",\"scratch_bytes\":%" PRIu64 ",\"running\":%" PRIu32,
                    m->file_bytes, m->resident_bytes, m->scratch_bytes, m->running);
+            if (m->generates)
+                printf(",\"contexts\":%" PRIu32 ",\"kv_bytes\":%" PRIu64
+                       ",\"kv_budget_bytes\":%" PRIu64,
+                       m->contexts, m->kv_bytes, m->kv_budget_bytes);
+            fputs("}", stdout);
         } else {
             printf("%-20s %-8s %-13s %12" PRIu64 "  %-22s %-22s %12" PRIu64 " %12" PRIu64
-                   " %" PRIu32 "\n",
+                   " %7" PRIu32,
                    m->name, m->arch, m->type, m->file_bytes, m->roles,
                    m->default_for[0] ? m->default_for : "-", m->resident_bytes,
                    m->scratch_bytes, m->running);
+            if (m->generates)
+                printf(" %8" PRIu32 " %12" PRIu64 " %12" PRIu64 "\n", m->contexts,
+                       m->kv_bytes, m->kv_budget_bytes);
+            else
+                printf(" %8s %12s %12s\n", "-", "-", "-");
         }
     }
     if (json)
@@ -609,7 +620,7 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                "\"predict_preempted\":%llu,\"predict_qa_hits\":%llu,"
                "\"predict_qkv_hits\":%llu,\"predict_generations\":%llu,"
                "\"predict_steps\":%llu,\"predict_ms\":%.1f,\"predict_queued\":%u,"
-               "\"predict_converted\":%llu}\n",
+               "\"predict_converted\":%llu,\"predict_warmed\":%llu}\n",
                st.qa_entries, (unsigned long long)st.qa_bytes,
                (unsigned long long)st.qa_budget_bytes, (unsigned long long)st.qa_evictions,
                st.qkv_nodes, (unsigned long long)st.qkv_bytes,
@@ -621,7 +632,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_qa_hits,
                (unsigned long long)st.predict_qkv_hits,
                (unsigned long long)st.predict_generations, (unsigned long long)st.predict_steps,
-               st.predict_ms, st.predict_queued, (unsigned long long)st.predict_converted);
+               st.predict_ms, st.predict_queued, (unsigned long long)st.predict_converted,
+               (unsigned long long)st.predict_warmed);
     else
         printf("QA bank   %u entries, %.1f of %.1f KiB, %llu evictions; hits %llu of %llu "
                "queries (%.1f%%)\n"
@@ -629,7 +641,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                "%llu evictions\n"
                "tau_query %g, tau_scheduler %g: predicted queries are %s\n"
                "predicted %llu queries (%llu prefilled, %llu decoded, %llu converted), "
-               "%llu generations, %u queued; preempted %llu times; %llu steps, %.1f ms\n"
+               "%llu generations, %u queued, %llu passages warmed; preempted %llu times; "
+               "%llu steps, %.1f ms\n"
                "hits on predicted entries: QA %llu, QKV %llu\n",
                st.qa_entries, st.qa_bytes / 1024.0, st.qa_budget_bytes / 1024.0,
                (unsigned long long)st.qa_evictions, (unsigned long long)st.qa_hits,
@@ -643,7 +656,7 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                (unsigned long long)st.predicted, (unsigned long long)st.predict_prefilled,
                (unsigned long long)st.predict_decoded, (unsigned long long)st.predict_converted,
                (unsigned long long)st.predict_generations, st.predict_queued,
-               (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_steps,
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_steps,
                st.predict_ms, (unsigned long long)st.predict_qa_hits,
                (unsigned long long)st.predict_qkv_hits);
     return LLMS_OK;

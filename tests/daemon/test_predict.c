@@ -3,7 +3,7 @@
  * prediction (an abstract first, then a question per stride-th new passage), history-based
  * paraphrases and follow-ups, the cache scheduler (prefill only at or above
  * tau_scheduler, decoded below, QKV->QA and QA->QKV conversions), the budget of an idle
- * period, and duplicates.
+ * period, duplicates, and warm-ups of new passages (the other tests turn them off).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +31,7 @@ static int env_open(env *e, const char *name, int budget, int stride, int n)
     config_defaults(&e->cfg);
     e->cfg.predict_budget = budget;
     e->cfg.predict_stride = stride;
+    e->cfg.predict_warm = 0;
     snprintf(dir, sizeof dir, "%s/%s/state", test_tmpdir(), name);
     int64_t app_id;
     bool exists;
@@ -202,6 +203,47 @@ static void budget_per_idle_period(void)
     env_close(&e);
 }
 
+/* New passages are warmed up newest first, before the generations that propose
+ * questions, predict_warm per idle period and only while the QKV tree has room; a
+ * warm-up does not spend predict_budget. */
+static void warm_ups(void)
+{
+    env e;
+    CHECK(env_open(&e, "pred-warm", 1, 1, 5) == 0);
+    e.cfg.predict_warm = 3;
+    predict_note_change(e.p, &e.kb, e.first);
+    predict_task t;
+    CHECK(predict_has_work(e.p, 0.95f, true));
+    for (int i = 0; i < 3; i++) {
+        CHECK(predict_next(e.p, 0.95f, true, &t));
+        CHECK(t.kind == PREDICT_WARM && t.passage == e.first + 4 - i && t.text &&
+              !t.text[0] && !t.decode && !strcmp(t.kb, "kb") && t.kb_id == e.kb.id);
+        predict_done(e.p, &t, i == 2 ? PREDICT_DROPPED : PREDICT_RAN, NULL);
+        predict_task_clear(&t);
+    }
+    predict_stats st;
+    predict_get_stats(e.p, &st);
+    CHECK_EQ(st.warmed, 2);
+    CHECK_EQ(st.predicted, 0);
+    /* the warm-ups spent predict_warm; predict_budget (1) still gives the abstract */
+    CHECK(predict_next(e.p, 0.95f, true, &t));
+    CHECK(t.kind == PREDICT_GENERATE);
+    predict_task_clear(&t);
+    CHECK(!predict_next(e.p, 0.95f, true, &t));
+    /* a new idle period: the two passages left, but not while the tree is full */
+    predict_idle_end(e.p);
+    CHECK(!predict_has_work(e.p, 0.95f, false) || (predict_next(e.p, 0.95f, false, &t) &&
+                                                  t.kind != PREDICT_WARM));
+    predict_task_clear(&t);
+    predict_idle_end(e.p);
+    for (int i = 0; i < 2; i++) {
+        CHECK(predict_next(e.p, 0.95f, true, &t));
+        CHECK(t.kind == PREDICT_WARM && t.passage == e.first + 1 - i);
+        predict_task_clear(&t);
+    }
+    env_close(&e);
+}
+
 int main(void)
 {
     RUN(off_when_no_budget);
@@ -209,5 +251,6 @@ int main(void)
     RUN(history_and_duplicates);
     RUN(cache_scheduler_conversions);
     RUN(budget_per_idle_period);
+    RUN(warm_ups);
     return test_finish();
 }

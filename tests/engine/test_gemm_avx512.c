@@ -288,8 +288,8 @@ static void test_ops_batches(void)
         w[i] = quant_f32_to_bf16(frand(&s) * 0.1f);
     for (int i = 0; i < TOK * COLS; i++)
         x[i] = frand(&s);
-    ops_matrix m = {QTYPE_BF16, w, ROWS, COLS, COLS * 2};
-    ops_matrix m2 = {QTYPE_BF16, w + ROWS * COLS, ROWS2, COLS, COLS * 2};
+    ops_matrix m = {QTYPE_BF16, w, ROWS, COLS, COLS * 2, false};
+    ops_matrix m2 = {QTYPE_BF16, w + ROWS * COLS, ROWS2, COLS, COLS * 2, false};
     const ops_matrix *ws[] = {&m, &m2};
     ops_matmul_n(pool, 2, ws, x, TOK, (float *const[]){y, y2}, scratch);
     for (int t0 = 0; t0 + SMALL <= TOK; t0 += 3 * SMALL) {

@@ -57,8 +57,10 @@ static kv_chunk *random_chunk(kv_pool *p, int n)
 }
 
 /* Largest |got - want| over the block divided by the bound of the element's group, for
- * the first n rows (K: channel over tokens; V: KV_QUANT_V_GROUP elements of a token). */
-static double worst_over_bound(const float *want, const float *got, int n, int bits, bool is_k)
+ * the first n rows (K: channel over tokens; V: KV_QUANT_V_GROUP elements of a token, or
+ * with v_block the whole block). */
+static double worst_over_bound(const float *want, const float *got, int n, int bits, bool is_k,
+                               bool v_block)
 {
     int top = (1 << bits) - 1;
     double worst = 0;
@@ -74,6 +76,8 @@ static double worst_over_bound(const float *want, const float *got, int n, int b
                     float x = want[t * HD + j];
                     lo = x < lo ? x : lo, hi = x > hi ? x : hi;
                 }
+            } else if (v_block) {
+                lo = all_lo, hi = all_hi;
             } else {
                 int j0 = j / KV_QUANT_V_GROUP * KV_QUANT_V_GROUP;
                 for (int e = j0; e < j0 + KV_QUANT_V_GROUP && e < HD; e++) {
@@ -109,9 +113,10 @@ static void test_round_trip_bounds(void)
             for (int l = 0; l < SHAPE.n_layer; l++)
                 for (int h = 0; h < SHAPE.n_head_kv; h++) {
                     kv_chunk_read_f32(c, SHAPE, l, h, k1, v1);
-                    double a = worst_over_bound(k_ref[l][h], k1, n, kv_precision_k_bits(prec), true);
-                    double b = worst_over_bound(v_ref[l][h], v1, n, kv_precision_v_bits(prec),
+                    double a = worst_over_bound(k_ref[l][h], k1, n, kv_precision_k_bits(prec), true,
                                                 false);
+                    double b = worst_over_bound(v_ref[l][h], v1, n, kv_precision_v_bits(prec),
+                                                false, kv_precision_v_block(prec));
                     wk = a > wk ? a : wk;
                     wv = b > wv ? b : wv;
                     for (int i = 0; i < n * HD; i++)
@@ -221,11 +226,12 @@ static void test_pool_bytes_and_reuse(void)
     char err[ERR_MAX];
     /* layer bytes: per head, 16 rows of K codes and of V codes, two grids of 4 halves,
      * 8-bit (min, scale) codes per K channel and per V (token, group of 32): head_dim 80
-     * has 3 groups */
+     * has 3 groups; in the V block layout one V pair */
     for (int prec = KV_INT_FIRST; prec < KV_PRECISION_END; prec++) {
         size_t head = KV_CHUNK_TOKENS * ((HD * kv_precision_k_bits(prec) + 7) / 8 +
                                          (HD * kv_precision_v_bits(prec) + 7) / 8) +
-                      2 * 8 + 2 * HD + 2 * KV_CHUNK_TOKENS * 3;
+                      2 * 8 + 2 * HD +
+                      2 * (kv_precision_v_block(prec) ? 1 : KV_CHUNK_TOKENS * 3);
         CHECK_EQ(kv_chunk_layer_bytes(SHAPE, prec), 2 * head);
     }
     CHECK_EQ(kv_precision_of(4, 4), KV_INT4);
@@ -233,6 +239,13 @@ static void test_pool_bytes_and_reuse(void)
     CHECK_EQ(kv_precision_k_bits(kv_precision_of(6, 3)), 6);
     CHECK_EQ(kv_precision_v_bits(kv_precision_of(6, 3)), 3);
     CHECK(strcmp(kv_precision_name(kv_precision_of(6, 3)), "k6v3") == 0);
+    int k4v5b = kv_precision_layout_of(4, 5, true);
+    CHECK(k4v5b >= KV_VBLOCK_FIRST && kv_precision_v_block(k4v5b) &&
+          !kv_precision_v_block(kv_precision_of(4, 5)));
+    CHECK(kv_precision_k_bits(k4v5b) == 4 && kv_precision_v_bits(k4v5b) == 5);
+    CHECK(strcmp(kv_precision_name(k4v5b), "k4v5b") == 0);
+    CHECK(strcmp(kv_precision_name(KV_PRECISION_END - 1), "k8v8b") == 0);
+    CHECK_EQ(kv_precision_layout_of(4, 5, false), kv_precision_of(4, 5));
     CHECK(!kv_precision_valid(1) && !kv_precision_valid(KV_PRECISION_END));
     CHECK(kv_chunk_data_bytes(SHAPE, KV_INT2) < kv_chunk_data_bytes(SHAPE, KV_INT4));
     CHECK(kv_chunk_data_bytes(SHAPE, KV_INT4) < kv_chunk_data_bytes(SHAPE, KV_INT8));
@@ -360,8 +373,9 @@ static void test_avx2_decode_matches_scalar(void)
             for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
                 for (int random_bytes = 0; random_bytes < 2; random_bytes++) {
                     int hd = dims[di], n = lens[li];
-                    int kb = kv_precision_k_bits(prec), vb = kv_precision_v_bits(prec);
-                    size_t bytes = kv_quant_block_bytes(hd, kb, vb);
+                    kv_quant_format f = {kv_precision_k_bits(prec), kv_precision_v_bits(prec),
+                                         kv_precision_v_block(prec)};
+                    size_t bytes = kv_quant_block_bytes(hd, f);
                     uint8_t *blk = malloc(bytes);
                     CHECK(blk);
                     if (random_bytes) {
@@ -371,13 +385,13 @@ static void test_avx2_decode_matches_scalar(void)
                         for (int i = 0; i < n * hd; i++)
                             k[i] = (1.0f + (float)(i % hd % 5) * 3) * frand(),
                             v[i] = (0.25f + (float)(i / hd % 4)) * frand();
-                        kv_quant_encode(blk, hd, kb, vb, n, k, v);
+                        kv_quant_encode(blk, hd, f, n, k, v);
                     }
                     size_t used = (size_t)n * hd, all = KV_CHUNK_TOKENS * MAXD + 1;
                     for (size_t i = 0; i < all; i++)
                         ka[i] = va[i] = ks[i] = vs[i] = -7.0f;
-                    kv_quant_decode(blk, hd, kb, vb, n, ka, va);
-                    kv_quant_decode_scalar(blk, hd, kb, vb, n, ks, vs);
+                    kv_quant_decode(blk, hd, f, n, ka, va);
+                    kv_quant_decode_scalar(blk, hd, f, n, ks, vs);
                     CHECK_MSG(same_floats(ka, ks, all) && same_floats(va, vs, all),
                               "hd %d %s n %d %s: avx2 differs from scalar", hd,
                               kv_precision_name(prec), n,
@@ -386,8 +400,8 @@ static void test_avx2_decode_matches_scalar(void)
                     /* each half alone gives the same */
                     for (size_t i = 0; i < used; i++)
                         ka[i] = va[i] = -7.0f;
-                    kv_quant_decode(blk, hd, kb, vb, n, ka, NULL);
-                    kv_quant_decode(blk, hd, kb, vb, n, NULL, va);
+                    kv_quant_decode(blk, hd, f, n, ka, NULL);
+                    kv_quant_decode(blk, hd, f, n, NULL, va);
                     CHECK(same_floats(ka, ks, used) && same_floats(va, vs, used));
                     free(blk);
                 }
@@ -406,8 +420,8 @@ static double assignment_error(const kv_chunk_stats *st, const enum kv_precision
     for (int i = 0; i < n; i++) {
         double ek = 1.0 / ((1 << kv_precision_k_bits(a[i])) - 1);
         double ev = 1.0 / ((1 << kv_precision_v_bits(a[i])) - 1);
-        v += (st[i].density + mean / 2) *
-             (2 * st[i].k_spread * ek * ek + st[i].v_spread * ev * ev);
+        double vs = kv_precision_v_block(a[i]) ? st[i].vb_spread : st[i].v_spread;
+        v += (st[i].density + mean / 2) * (2 * st[i].k_spread * ek * ek + vs * ev * ev);
     }
     return v;
 }
@@ -420,25 +434,30 @@ static size_t assignment_bytes(const enum kv_precision *a, int n)
     return b;
 }
 
-/* Against every assignment of three chunks: within the budget, and within a few percent
- * of the best (greedy on error saved per byte can miss the optimum only at the budget's
- * edge, by less than one step's worth). */
-static void test_assign_near_brute_force(void)
+/* Against every assignment of three chunks (with v_block, over both V layouts): within
+ * the budget, and within a few percent of the best (greedy on error saved per byte can
+ * miss the optimum only at the budget's edge, by less than one step's worth). */
+static void assign_near_brute_force(bool v_block, int trials)
 {
-    enum { N = 3, L = KV_N_WIDTHS * KV_N_WIDTHS };
+    enum { N = 3 };
+    int L = v_block ? KV_PRECISION_END - KV_INT_FIRST : KV_N_WIDTHS * KV_N_WIDTHS;
     kv_chunk_stats st[N];
     enum kv_precision got[N], all[N];
     double worst = 1;
-    for (int trial = 0; trial < 40; trial++) {
-        for (int i = 0; i < N; i++)
+    for (int trial = 0; trial < trials; trial++) {
+        for (int i = 0; i < N; i++) {
             st[i] = (kv_chunk_stats){.density = trial % 2 ? expf(4 * frand()) : 1,
                                      .k_spread = expf(3 * frand()),
                                      .v_spread = expf(3 * frand())};
+            st[i].vb_spread = st[i].v_spread * expf(1.5f * frand() + 1);
+        }
         size_t lo = N * kv_chunk_data_bytes(ASHAPE, KV_INT2),
                hi = N * kv_chunk_data_bytes(ASHAPE, KV_INT8);
         size_t budget = lo + (size_t)((frand() + 1) / 2 * (double)(hi - lo));
-        kv_assign_precisions(ASHAPE, st, N, budget, got);
+        kv_assign_precisions(ASHAPE, st, N, budget, v_block, got);
         CHECK(assignment_bytes(got, N) <= budget);
+        for (int i = 0; i < N; i++)
+            CHECK(v_block || !kv_precision_v_block(got[i]));
         double best = 1e300;
         for (int code = 0; code < L * L * L; code++) {
             for (int i = 0, c = code; i < N; i++, c /= L)
@@ -451,8 +470,36 @@ static void test_assign_near_brute_force(void)
         double r = assignment_error(st, got, N) / best;
         worst = r > worst ? r : worst;
     }
-    printf("  greedy error / best error, worst of 40: %.3f\n", worst);
+    printf("  %s: greedy error / best error, worst of %d: %.3f\n",
+           v_block ? "both V layouts" : "V per token", trials, worst);
     CHECK_MSG(worst <= 1.5, "greedy error %.3f x the best", worst);
+}
+
+static void test_assign_near_brute_force(void)
+{
+    assign_near_brute_force(false, 40);
+    assign_near_brute_force(true, 10);
+}
+
+/* With the V block layout allowed, a chunk whose V rows share one range takes it (its
+ * codes cost fewer bytes for the same error); one whose rows differ keeps V per token. */
+static void test_assign_chooses_v_layout(void)
+{
+    enum { N = 8 };
+    kv_chunk_stats st[N];
+    enum kv_precision a[N];
+    for (int i = 0; i < N; i++)
+        st[i] = (kv_chunk_stats){.density = 1, .k_spread = 1, .v_spread = 1,
+                                 .vb_spread = i % 2 ? 1.2f : 40};
+    size_t budget = N * kv_chunk_data_bytes(ASHAPE, KV_INT4);
+    kv_assign_precisions(ASHAPE, st, N, budget, true, a);
+    CHECK(assignment_bytes(a, N) <= budget);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(kv_precision_v_block(a[i]) == (i % 2 == 1), "chunk %d: %s", i,
+                  kv_precision_name(a[i]));
+    kv_assign_precisions(ASHAPE, st, N, budget, false, a);
+    for (int i = 0; i < N; i++)
+        CHECK(!kv_precision_v_block(a[i]));
 }
 
 static void test_assign_limits_and_order(void)
@@ -463,17 +510,17 @@ static void test_assign_limits_and_order(void)
     for (int i = 0; i < N; i++)
         st[i] = (kv_chunk_stats){.density = (float)(frand() + 1.5), .k_spread = 4,
                                  .v_spread = 1};
-    kv_assign_precisions(ASHAPE, st, N, N * kv_chunk_data_bytes(ASHAPE, KV_INT8), a);
+    kv_assign_precisions(ASHAPE, st, N, N * kv_chunk_data_bytes(ASHAPE, KV_INT8), false, a);
     for (int i = 0; i < N; i++)
         CHECK_EQ(a[i], KV_INT8);
-    kv_assign_precisions(ASHAPE, st, N, 0, a); /* below everything: all at the narrowest */
+    kv_assign_precisions(ASHAPE, st, N, 0, false, a); /* below everything: all at the narrowest */
     for (int i = 0; i < N; i++)
         CHECK_EQ(a[i], KV_INT2);
-    kv_assign_precisions(ASHAPE, st, 0, 0, a);
+    kv_assign_precisions(ASHAPE, st, 0, 0, true, a);
     size_t int4 = kv_chunk_data_bytes(ASHAPE, KV_INT4);
     for (double f = 0.7; f < 1.6; f += 0.2) {
         size_t budget = (size_t)(f * N * int4);
-        kv_assign_precisions(ASHAPE, st, N, budget, a);
+        kv_assign_precisions(ASHAPE, st, N, budget, false, a);
         size_t used = assignment_bytes(a, N);
         CHECK(used <= budget);
         CHECK(used + kv_chunk_data_bytes(ASHAPE, KV_INT8) > budget); /* the budget is used */
@@ -487,7 +534,7 @@ static void test_assign_limits_and_order(void)
     /* the side whose values spread more gets the wider codes */
     for (int i = 0; i < N; i++)
         st[i] = (kv_chunk_stats){.density = 1, .k_spread = 1, .v_spread = 100};
-    kv_assign_precisions(ASHAPE, st, N, N * int4, a);
+    kv_assign_precisions(ASHAPE, st, N, N * int4, false, a);
     CHECK(kv_precision_v_bits(a[0]) > kv_precision_k_bits(a[0]));
 }
 
@@ -500,6 +547,7 @@ int main(void)
     RUN(test_reserve_converts_partial);
     RUN(test_avx2_decode_matches_scalar);
     RUN(test_assign_near_brute_force);
+    RUN(test_assign_chooses_v_layout);
     RUN(test_assign_limits_and_order);
     return test_finish();
 }

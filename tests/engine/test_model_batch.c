@@ -7,9 +7,11 @@
  * with model_forward, the other in one model_forward_batch step with the others. With at
  * most 16 stacked rows (decode of several sequences) the matrix products use the per-row
  * dot kernels and everything is bit-equal, compressed chunks included (but for the
- * packed Q8_0 kernel from 3 rows on AVX-512 VNNI: within f32 rounding, test_decode_packed). With more rows
- * they use sgemm. Differences are then relative to each output's largest magnitude
- * (when above 1): for float weights they are rounding (TOL_MIXED_FLOAT, measured
+ * packed Q8_0 kernel from 3 rows on AVX-512 VNNI: within f32 rounding, test_decode_packed;
+ * on repacked Q8_0 weights, model_repack_weights, every product is the scalar kernel's
+ * at any row count, so batched = alone bit for bit there, mixed decode and prefill rows
+ * included: test_decode_repacked). With more rows they use sgemm. Differences are then
+ * relative to each output's largest magnitude (when above 1): for float weights they are rounding (TOL_MIXED_FLOAT, measured
  * ~1e-5 on logits); for quantized weights the lone decode rows were computed against
  * 8-bit quantized activations and the stacked ones are not, the difference test_model.c
  * bounds against the reference (TOL_MIXED_QUANT, measured up to 0.02 on logits, of the
@@ -47,13 +49,18 @@ static int32_t tok_of(const fixture *f, int seq, int i)
     return (int32_t)((i * 31 + seq * 7 + 3) % f->nv);
 }
 
-/* Loads the model and prefills sequence i with hist[i] entries (both copies). */
-static int fixture_init(fixture *f, const char *path, int n_threads, int max_batch, int n_seq,
-                        const int *hist)
+/* Loads the model (its weights repacked when repack says so, model_repack_weights) and
+ * prefills sequence i with hist[i] entries (both copies). */
+static int fixture_init(fixture *f, const char *path, bool repack, int n_threads, int max_batch,
+                        int n_seq, const int *hist)
 {
     char err[ERR_MAX];
     memset(f, 0, sizeof *f);
     f->m = model_load(path, err);
+    if (f->m && repack && model_repack_weights(f->m, err) < 0) {
+        model_free(f->m);
+        f->m = NULL;
+    }
     if (!f->m) {
         fprintf(stderr, "load: %s\n", err);
         return -1;
@@ -301,15 +308,17 @@ static bool decode_agrees(const step_diff *d, bool packed)
 
 /* Five sequences of different histories each decode one row: bit-equal to alone, on 1
  * and 2 threads (within f32 rounding where the packed kernel takes the five rows:
- * TOL_PACKED); attn_received too on 1 thread (on 2 the per-thread sums are added in
- * finishing order). Then again with some full chunks compressed to int8, int4 and int2. */
-static void check_decode(const char *path, const char *name)
+ * TOL_PACKED; bit-equal again when the weights are repacked, whose kernel sums as the
+ * scalar one does for any number of rows); attn_received too on 1 thread (on 2 the
+ * per-thread sums are added in finishing order). Then again with some full chunks
+ * compressed to int8, int4 and int2. */
+static void check_decode(const char *path, const char *name, bool repack)
 {
     static const int hist[] = {5, 16, 33, 47, 70}, ones[] = {1, 1, 1, 1, 1};
     for (int th = 1; th <= 2; th++) {
         fixture f;
-        CHECK_MSG(fixture_init(&f, path, th, 64, 5, hist) == 0, "%s", name);
-        bool packed = takes_packed(&f, 5);
+        CHECK_MSG(fixture_init(&f, path, repack, th, 64, 5, hist) == 0, "%s", name);
+        bool packed = !repack && takes_packed(&f, 5);
         step_diff d;
         for (int round = 0; round < 3; round++) {
             CHECK(step(&f, ones, false, round == 1, &d) == 0);
@@ -327,7 +336,7 @@ static void check_decode(const char *path, const char *name)
             /* the packed steps left the copies' K/V an f16 step apart here and there, which
              * 2-bit codes can turn into a whole code: start again from identical prefills */
             fixture_free(&f);
-            CHECK_MSG(fixture_init(&f, path, th, 64, 5, hist) == 0, "%s", name);
+            CHECK_MSG(fixture_init(&f, path, repack, th, 64, 5, hist) == 0, "%s", name);
         }
         CHECK(fixture_compress(&f, 1, KV_INT8) == 0);
         CHECK(fixture_compress(&f, 2, KV_INT4) == 0);
@@ -349,12 +358,14 @@ static void test_decode_identical(void)
     for (int a = 0; a < 3; a++) {
         const char *path = gen(ARCHS[a], QTYPE_Q8_0, 2);
         CHECK(path);
-        check_decode(path, ARCHS[a]);
+        check_decode(path, ARCHS[a], false);
+        check_decode(path, ARCHS[a], true);
     }
     /* float weights, MQA */
     const char *path = gen("qwen3", QTYPE_F16, 1);
     CHECK(path);
-    check_decode(path, "qwen3 f16 mqa");
+    check_decode(path, "qwen3 f16 mqa", false);
+    check_decode(path, "qwen3 f16 mqa (nothing to repack)", true);
 }
 
 /* 3 sequences decoding one row, one prefilling 20 (sgemm attention) and one 5, with the
@@ -363,7 +374,7 @@ static void check_mixed(const char *path, const char *name, double tol)
 {
     static const int hist[] = {9, 40, 21, 3, 64}, rows[] = {1, 20, 1, 5, 1};
     fixture f;
-    CHECK_MSG(fixture_init(&f, path, 2, 64, 5, hist) == 0, "%s", name);
+    CHECK_MSG(fixture_init(&f, path, false, 2, 64, 5, hist) == 0, "%s", name);
     CHECK(fixture_compress(&f, 1, KV_INT4) == 0);
     CHECK(fixture_compress(&f, 4, KV_INT8) == 0);
     for (int round = 0; round < 2; round++) {
@@ -402,7 +413,7 @@ static void test_many_sequences(void)
     for (int i = 0; i < 70; i++)
         hist[i] = 1 + i % 13, rows[i] = 1;
     fixture f;
-    CHECK(fixture_init(&f, path, 2, 128, 70, hist) == 0);
+    CHECK(fixture_init(&f, path, false, 2, 128, 70, hist) == 0);
     step_diff d;
     CHECK(step(&f, rows, false, false, &d) == 0);
     CHECK_MSG(d.logits <= TOL_MIXED_FLOAT && d.kv <= TOL_KV_FLOAT, "logits %g kv %g",
@@ -422,7 +433,7 @@ static void test_decode_packed(void)
     for (int i = 0; i < 12; i++)
         hist[i] = 3 + 5 * i, rows[i] = 1;
     fixture f;
-    CHECK(fixture_init(&f, path, 2, 64, 12, hist) == 0);
+    CHECK(fixture_init(&f, path, false, 2, 64, 12, hist) == 0);
     step_diff d;
     for (int round = 0; round < 3; round++) {
         CHECK(step(&f, rows, false, false, &d) == 0);
@@ -434,6 +445,95 @@ static void test_decode_packed(void)
                    packed ? "packed" : "per-row", d.logits, d.hidden, d.kv);
     }
     fixture_free(&f);
+}
+
+/* 4, 12 and 16 Q8_0 sequences decoding together on repacked weights (where the CPU has
+ * the repacked kernels): bit-equal to each alone, the output matrix's 12 rows past its
+ * last whole group of 16 (300 tokens) included; and 28 rows of decode and prefill
+ * mixed (check_mixed's step, which on weights as stored differs by f32 rounding). */
+static void test_decode_repacked(void)
+{
+    if (!quant_repack_kernel(QTYPE_Q8_0)) {
+        SKIP("no repacked Q8_0 kernel on this CPU (AVX-512 VNNI, or LLMS_NO_SIMD / LLMS_NO_AVX512 set)");
+        return;
+    }
+    const char *path = gen("qwen2", QTYPE_Q8_0, 2);
+    CHECK(path);
+    static const int counts[] = {4, 12, 16};
+    for (int c = 0; c < 3; c++) {
+        int n = counts[c], hist[16], rows[16];
+        for (int i = 0; i < n; i++)
+            hist[i] = 2 + 7 * i, rows[i] = 1;
+        fixture f;
+        CHECK(fixture_init(&f, path, true, 2, 64, n, hist) == 0);
+        CHECK(model_repacked_bytes(f.m) > 0);
+        for (int round = 0; round < 2; round++) {
+            step_diff d;
+            CHECK(step(&f, rows, false, round == 1, &d) == 0);
+            CHECK_MSG(d.identical, "%d sequences, round %d: logits %g hidden %g kv %g", n, round,
+                      d.logits, d.hidden, d.kv);
+        }
+        fixture_free(&f);
+    }
+    static const int hist[] = {9, 40, 21, 3, 64}, rows[] = {1, 20, 1, 5, 1};
+    fixture f;
+    CHECK(fixture_init(&f, path, true, 2, 64, 5, hist) == 0);
+    step_diff d;
+    CHECK(step(&f, rows, true, false, &d) == 0);
+    CHECK_MSG(d.identical, "repacked mixed: logits %g hidden %g kv %g", d.logits, d.hidden, d.kv);
+    fixture_free(&f);
+}
+
+/* Logits of a 6-token prompt's last row on m (f32 to logits). */
+static int prompt_logits(model *m, float *logits, char err[ERR_MAX])
+{
+    model_runner *r = model_runner_new(m, 2, 16, 64, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    int rc = -1;
+    if (r && pool) {
+        kv_seq seq;
+        kv_seq_init(&seq, pool);
+        int32_t tok[] = {5, 77, 3, 120, 9, 250}, pos[] = {0, 1, 2, 3, 4, 5}, out[] = {5};
+        model_batch b = {.n_tokens = 6, .tokens = tok, .positions = pos, .n_out = 1,
+                         .out_rows = out, .logits = logits};
+        rc = model_forward(r, &seq, &b, err);
+        kv_seq_free(&seq);
+    }
+    kv_pool_free(pool);
+    model_runner_free(r);
+    return rc;
+}
+
+/* Repacking copied weights gives their pages back (model_repacked_bytes well below the
+ * mapped model's copy) and computes the same logits as repacking mapped ones; repacked
+ * weights refuse to stream, and a second call repacks nothing more. */
+static void test_repack_load_modes(void)
+{
+    if (!quant_repack_kernel(QTYPE_Q8_0)) {
+        SKIP("no repacked Q8_0 kernel on this CPU (AVX-512 VNNI, or LLMS_NO_SIMD / LLMS_NO_AVX512 set)");
+        return;
+    }
+    const char *path = gen("llama", QTYPE_Q8_0, 2);
+    CHECK(path);
+    char err[ERR_MAX];
+    model *map = model_load(path, err), *copy = model_load_as(path, GGUF_LOAD_COPY, err);
+    CHECK(map && copy);
+    CHECK(model_repack_weights(map, err) == 0 && model_repack_weights(copy, err) == 0);
+    size_t mapped = model_repacked_bytes(map);
+    CHECK(mapped > 0);
+    CHECK_MSG(model_repacked_bytes(copy) < mapped / 2, "copy %zu of %zu",
+              model_repacked_bytes(copy), mapped);
+    CHECK(model_repack_weights(map, err) == 0 && model_repacked_bytes(map) == mapped);
+    float a[300], b[300];
+    CHECK(prompt_logits(map, a, err) == 0 && prompt_logits(copy, b, err) == 0);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    model_runner *r = model_runner_new(map, 1, 16, 64, err);
+    CHECK(r);
+    CHECK(model_runner_stream_weights(r, 1 << 20, err) < 0);
+    CHECK_MSG(strstr(err, "repacked"), "%s", err);
+    model_runner_free(r);
+    model_free(map);
+    model_free(copy);
 }
 
 /* The trained models of the test data: decode bit-equal, mixed within tolerance. */
@@ -448,7 +548,8 @@ static void test_trained_models(void)
         char path[1024];
         snprintf(path, sizeof path, "%s", p);
         found++;
-        check_decode(path, names[i]);
+        check_decode(path, names[i], false);
+        check_decode(path, names[i], true);
         check_mixed(path, names[i], i == 0 ? TOL_MIXED_FLOAT : TOL_MIXED_QUANT);
     }
     if (!found)
@@ -469,7 +570,7 @@ static void test_errors(void)
     CHECK(path);
     static const int hist[] = {16, 3, 20, 7};
     fixture f;
-    CHECK(fixture_init(&f, path, 2, 8, 4, hist) == 0);
+    CHECK(fixture_init(&f, path, false, 2, 8, 4, hist) == 0);
     char err[ERR_MAX];
     int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, pos[4][8];
     model_batch b[4];
@@ -606,7 +707,7 @@ static void test_fault_in_batch(void)
     CHECK(path);
     static const int hist[] = {20, 35, 40}, ones[] = {1, 1, 1};
     fixture f;
-    CHECK(fixture_init(&f, path, 2, 64, 3, hist) == 0);
+    CHECK(fixture_init(&f, path, false, 2, 64, 3, hist) == 0);
     fault_state fs = {.saved = f.b[2].chunks[1]};
     f.b[2].chunks[1] = NULL;
     f.b[2].fault = put_back, f.b[2].fault_arg = &fs;
@@ -639,6 +740,8 @@ int main(void)
     RUN(test_mixed_decode_prefill);
     RUN(test_many_sequences);
     RUN(test_decode_packed);
+    RUN(test_decode_repacked);
+    RUN(test_repack_load_modes);
     RUN(test_trained_models);
     RUN(test_errors);
     RUN(test_reserve_rollback);

@@ -235,7 +235,7 @@ static void test_matmul(void)
                 ref[n * ROWS + r] = e;
             }
         }
-        ops_matrix m = {t, w, ROWS, COLS, rb};
+        ops_matrix m = {.type = t, .data = w, .rows = ROWS, .cols = COLS, .row_bytes = rb};
         /* the 8-bit activations of the dot kernels cost ~0.5% of a row's magnitude */
         double tol = t == QTYPE_F32 || t == QTYPE_F16 || t == QTYPE_BF16 ? 1e-4 : 0.03;
         /* AVX-512 BF16 rounds the activations to bf16: up to 2^-8 of the sum of |products|,
@@ -260,7 +260,7 @@ static void test_matmul(void)
                           "%s n=%d i=%d: %g vs %g", quant_traits_of(t)->name, nt, i, y[i], ref[i]);
         }
         /* fused: rows [0, 300) and a 40-row matrix made of rows [100, 140) */
-        ops_matrix m2 = {t, w + 100 * rb, 40, COLS, rb};
+        ops_matrix m2 = {.type = t, .data = w + 100 * rb, .rows = 40, .cols = COLS, .row_bytes = rb};
         const ops_matrix *ws[] = {&m, &m2};
         float *ys[] = {y, y2};
         for (int k = 0; k < 3; k++) {
@@ -278,6 +278,65 @@ static void test_matmul(void)
     tp_free(pool);
 }
 
+/* A Q8_0 matrix repacked (where the CPU has the repacked kernel): every product, at any
+ * token count, equals quant_dot_scalar of the row as stored with the token's prepared
+ * activation bit for bit, the 12 rows past the last whole group of 16 (300 rows) apart,
+ * which give the same bits at every token count; fused with a matrix as stored, that
+ * one's results are unchanged. */
+static void test_matmul_repacked(void)
+{
+    if (!quant_repack_kernel(QTYPE_Q8_0))
+        SKIP("no repacked Q8_0 kernel on this CPU (AVX-512 VNNI, or LLMS_NO_SIMD / LLMS_NO_AVX512 set)");
+    enum { ROWS = 300, COLS = 512, MAXT = 70, WHOLE = ROWS / QUANT_REPACK_ROWS * QUANT_REPACK_ROWS };
+    char err[ERR_MAX];
+    tp_pool *pool = tp_new(2, err);
+    CHECK(pool);
+    size_t rb = quant_row_bytes(QTYPE_Q8_0, COLS), ab = quant_row_bytes(QTYPE_Q8_0, COLS);
+    float *wf = malloc(ROWS * COLS * sizeof(float)), *x = malloc(MAXT * COLS * sizeof(float));
+    float *y = malloc(MAXT * ROWS * sizeof(float)), *y1 = malloc(ROWS * sizeof(float));
+    float *yp = malloc(MAXT * ROWS * sizeof(float)), *yq = malloc(MAXT * ROWS * sizeof(float));
+    char *w = malloc(ROWS * rb), *wr = malloc(ROWS * rb), *act = malloc(ab);
+    void *scratch = aligned_alloc(64, ops_matmul_scratch_bytes(MAXT, COLS, 2));
+    unsigned s = 9;
+    for (int i = 0; i < ROWS * COLS; i++)
+        wf[i] = frand(&s) * 0.05f;
+    for (int i = 0; i < MAXT * COLS; i++)
+        x[i] = frand(&s);
+    for (int r = 0; r < ROWS; r++)
+        quant_quantize_row(QTYPE_Q8_0, wf + r * COLS, w + r * rb, COLS);
+    ops_matrix m = {.type = QTYPE_Q8_0, .data = w, .rows = ROWS, .cols = COLS, .row_bytes = rb},
+               mr;
+    ops_matrix_repack(&m, wr, &mr);
+    CHECK(mr.repacked && mr.data == wr);
+    CHECK(memcmp(wr + WHOLE * rb, w + WHOLE * rb, (ROWS - WHOLE) * rb) == 0);
+    int ntoks[] = {1, 2, 3, 7, 16, 17, 40, MAXT};
+    for (int k = 0; k < 8; k++) {
+        int nt = ntoks[k];
+        ops_matmul(pool, &mr, x, nt, y, scratch);
+        for (int n = 0; n < nt; n++) {
+            quant_prepare_activation(QTYPE_Q8_0, x + n * COLS, act, COLS);
+            for (int r = 0; r < WHOLE; r++) {
+                float ref = quant_dot_scalar(QTYPE_Q8_0, w + r * rb, act, COLS);
+                CHECK_MSG(y[n * ROWS + r] == ref, "n_tok %d token %d row %d: %.9g vs %.9g", nt, n,
+                          r, y[n * ROWS + r], ref);
+            }
+        }
+        if (k == 0)
+            memcpy(y1, y, ROWS * sizeof(float));
+        for (int r = WHOLE; r < ROWS; r++)
+            CHECK_MSG(y[r] == y1[r], "n_tok %d row %d: %.9g vs %.9g alone", nt, r, y[r], y1[r]);
+    }
+    /* fused with the matrix as stored: its results are what it gives alone */
+    const ops_matrix *ws[] = {&mr, &m};
+    float *ys[] = {y, yp};
+    ops_matmul_n(pool, 2, ws, x, 5, ys, scratch);
+    ops_matmul(pool, &m, x, 5, yq, scratch);
+    CHECK(memcmp(yp, yq, 5 * ROWS * sizeof(float)) == 0);
+    free(wf), free(x), free(y), free(y1), free(yp), free(yq), free(w), free(wr), free(act);
+    free(scratch);
+    tp_free(pool);
+}
+
 int main(void)
 {
     RUN(test_rmsnorm_softmax_silu);
@@ -286,5 +345,6 @@ int main(void)
     RUN(test_rope_styles);
     RUN(test_attention_kernels);
     RUN(test_matmul);
+    RUN(test_matmul_repacked);
     return test_finish();
 }

@@ -723,6 +723,70 @@ static bool packed_in_wide_group(int a, int n_act)
     return a < n_act / 16 * 16 || n_act % 16 > 8;
 }
 
+/* Q8_0 rows repacked: every (row, activation) result of quant_dot_rows_repacked equals
+ * quant_dot_scalar's on the rows as stored, bit for bit, for 1 to 33 activations (every
+ * width a pass takes, and a second and third pass), extreme blocks included; the rows
+ * are written where out_stride says and nothing else is. */
+static void dot_rows_repacked_match_scalar(void)
+{
+    enum { ROWS = 2 * QUANT_REPACK_ROWS, MAX_ACT = 33, OUT_STRIDE = ROWS + 3 };
+    const uint32_t t = QTYPE_Q8_0;
+    const int64_t n = 1024 + 32; /* an odd count of blocks */
+    if (!quant_repack_kernel(t)) {
+        printf("       no repacked kernel on this CPU (%s): nothing to compare\n",
+               quant_simd_name());
+        return;
+    }
+    CHECK(!quant_repack_kernel(QTYPE_Q4_K));
+    size_t rb = quant_row_bytes(t, n), ab = quant_row_bytes(QTYPE_Q8_0, n);
+    uint8_t *w = malloc(rb * ROWS), *wr = malloc(rb * ROWS), *act = malloc(ab * MAX_ACT);
+    void *packed = malloc(quant_repacked_act_bytes(MAX_ACT, n));
+    float *x = malloc((size_t)n * sizeof(float));
+    float *out = malloc(sizeof(float) * MAX_ACT * OUT_STRIDE);
+    CHECK(w && wr && act && packed && x && out);
+    for (int r = 0; r < ROWS; r++) {
+        fill_gauss(x, n);
+        if (r == 3 || r == 20) /* full-range bytes in a block */
+            for (int64_t i = 32; i < 64; i++)
+                x[i] = i % 2 ? 1e3f : -1e3f;
+        quant_quantize_row(t, x, w + (size_t)r * rb, n);
+    }
+    for (int g = 0; g < ROWS / QUANT_REPACK_ROWS; g++)
+        quant_repack_rows(t, w + (size_t)g * QUANT_REPACK_ROWS * rb, rb, n,
+                          wr + (size_t)g * QUANT_REPACK_ROWS * rb);
+    for (int a = 0; a < MAX_ACT; a++) {
+        fill_gauss(x, n);
+        if (a == 5)
+            for (int64_t i = 32; i < 64; i++)
+                x[i] = i % 3 ? 1e3f : -1e3f;
+        quant_prepare_activation(QTYPE_Q8_0, x, act + (size_t)a * ab, n);
+    }
+    bool exact = true, untouched = true;
+    for (int na = 1; na <= MAX_ACT; na++) {
+        for (int i = 0; i < MAX_ACT * OUT_STRIDE; i++)
+            out[i] = -7.0f;
+        quant_repack_activations(act, ab, na, n, packed);
+        quant_dot_rows_repacked(t, wr, rb, ROWS, packed, na, n, out, OUT_STRIDE);
+        for (int a = 0; a < MAX_ACT; a++)
+            for (int r = 0; r < OUT_STRIDE; r++) {
+                float got = out[a * OUT_STRIDE + r];
+                if (a >= na || r >= ROWS) {
+                    untouched &= got == -7.0f;
+                    continue;
+                }
+                float ref = quant_dot_scalar(t, w + (size_t)r * rb, act + (size_t)a * ab, n);
+                if (got != ref && exact) {
+                    printf("       %d activations: row %d act %d: %.9g vs %.9g\n", na, r, a, got,
+                           ref);
+                    exact = false;
+                }
+            }
+    }
+    CHECK(exact);
+    CHECK(untouched);
+    free(w), free(wr), free(act), free(packed), free(x), free(out);
+}
+
 static void dot_rows_packed_match_scalar(void)
 {
     enum { ROWS = 19, MAX_ACT = 40, OUT_STRIDE = ROWS + 3 };
@@ -890,6 +954,7 @@ int main(void)
     RUN(dot_rows_equal_single_dots);
     RUN(dot_rows_multi_match_single_dots);
     RUN(dot_rows_packed_match_scalar);
+    RUN(dot_rows_repacked_match_scalar);
     RUN(simd_dequantize_matches_scalar);
     return test_finish();
 }

@@ -21,6 +21,7 @@
 #include "engine/quant.h"
 #include "engine/rerank.h"
 #include "engine/tokenizer.h"
+#include "tests/support/gguf_copy.h"
 #include "tests/support/test.h"
 
 #define YES 10
@@ -572,18 +573,9 @@ static void test_prompt_from_metadata(void)
     snprintf(path, sizeof path, "%s/with-prompt.gguf", test_tmpdir());
     gguf_file *g = gguf_open(src, err);
     CHECK(g);
-    gguf_writer *w = gguf_writer_new();
-    for (int64_t i = 0; i < gguf_n_kv(g); i++)
-        CHECK(gguf_writer_copy_kv(w, g, i) == 0);
-    CHECK(gguf_writer_set_str(w, "tokenizer.chat_template.rerank", "Q: {query} D: {document}") == 0);
-    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data) == 0);
-    }
-    CHECK_MSG(gguf_writer_write(w, path, err) == 0, "%s", err);
-    gguf_writer_free(w);
+    CHECK_MSG(gguf_copy_with_str(src, path, "tokenizer.chat_template.rerank",
+                                 "Q: {query} D: {document}", err) == 0,
+              "%s", err);
 
     tokenizer *tk = NULL;
     CHECK(tok_load(g, &tk, err) == 0);

@@ -7,6 +7,7 @@
 #define LLMS_TESTS_HTTPC_H
 
 #include <arpa/inet.h>
+#include <json-c/json.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,37 @@ static inline int httpc_do(const char *unix_path, int port, const char *method, 
         rc = httpc_read(fd, r);
     close(fd);
     return rc;
+}
+
+/* POST body to path on the gateway's Unix socket: the reply's JSON (NULL when none or not
+ * JSON), its status in *status (0 when no reply came). */
+static inline json_object *httpc_post_json(const char *unix_path, const char *path,
+                                           const char *body, int *status)
+{
+    httpc_reply r;
+    *status = 0;
+    if (httpc_do(unix_path, 0, "POST", path, NULL, body, &r))
+        return NULL;
+    *status = r.status;
+    json_object *o = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    return o;
+}
+
+/* The value at a dotted path of o ("choices.0.message.content": keys, and array indexes
+ * as numbers) as a string; NULL when absent. */
+static inline const char *httpc_jstr(json_object *o, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *save;
+    for (char *key = strtok_r(buf, ".", &save); key && o; key = strtok_r(NULL, ".", &save)) {
+        if (*key >= '0' && *key <= '9')
+            o = json_object_array_get_idx(o, (size_t)atoi(key));
+        else if (!json_object_object_get_ex(o, key, &o))
+            o = NULL;
+    }
+    return o ? json_object_get_string(o) : NULL;
 }
 
 #endif

@@ -23,6 +23,7 @@
 
 #include "client/llms.h"
 #include "engine/modelgen.h"
+#include "engine/quant.h"
 #include "tests/support/test.h"
 
 /* The frame limit every test daemon is configured with. */
@@ -81,6 +82,26 @@ static inline void proc_generate_model(char *path, size_t cap, const char *name,
         fprintf(stderr, "modelgen: %s\n", err);
         path[0] = '\0';
     }
+}
+
+/* Greedy sampling of at most max_tokens on model (NULL: the default). */
+static inline llms_params proc_greedy(int max_tokens, const char *model)
+{
+    llms_params p;
+    llms_params_init(&p);
+    p.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.model = model;
+    return p;
+}
+
+/* A small bert encoder (32 wide, 2 layers, F16, mean pooling) on vocab: what the tests
+ * that embed with a registry model generate; change the fields for other shapes. */
+static inline modelgen_params proc_bert_params(const gguf_file *vocab)
+{
+    return (modelgen_params){.arch = "bert", .dim = 32, .n_layer = 2, .n_head = 2,
+                             .n_head_kv = 2, .n_ff = 64, .n_ctx = 128, .type = QTYPE_F16,
+                             .seed = 2, .vocab = vocab, .n_threads = 1, .pooling_type = 1};
 }
 
 static inline void proc_print_log(const llmsd_proc *d)

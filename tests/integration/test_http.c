@@ -92,27 +92,7 @@ static int start_slow(void)
 /* POST body to path on the gateway's Unix socket; the reply's JSON (NULL when none). */
 static json_object *post(const char *path, const char *body, int *status)
 {
-    httpc_reply r;
-    *status = 0;
-    if (httpc_do(hsock, 0, "POST", path, NULL, body, &r))
-        return NULL;
-    *status = r.status;
-    json_object *o = json_tokener_parse(r.body);
-    httpc_reply_free(&r);
-    return o;
-}
-
-static const char *jstr(json_object *o, const char *path)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *key = strtok(buf, "."); key && o; key = strtok(NULL, ".")) {
-        if (*key >= '0' && *key <= '9')
-            o = json_object_array_get_idx(o, (size_t)atoi(key));
-        else if (!json_object_object_get_ex(o, key, &o))
-            o = NULL;
-    }
-    return o ? json_object_get_string(o) : NULL;
+    return httpc_post_json(hsock, path, body, status);
 }
 
 static void health_and_models(void)
@@ -128,8 +108,8 @@ static void health_and_models(void)
     json_object *o = json_tokener_parse(r.body);
     httpc_reply_free(&r);
     CHECK(o);
-    CHECK(jstr(o, "data.0.id") && strcmp(jstr(o, "data.0.id"), "http") == 0);
-    CHECK(strcmp(jstr(o, "object"), "list") == 0);
+    CHECK(httpc_jstr(o, "data.0.id") && strcmp(httpc_jstr(o, "data.0.id"), "http") == 0);
+    CHECK(strcmp(httpc_jstr(o, "object"), "list") == 0);
     json_object_put(o);
 }
 
@@ -151,15 +131,15 @@ static void chat_matches_native_complete(void)
                           "\"temperature\":0,\"max_tokens\":12}", &st);
     CHECK(o);
     CHECK_EQ(st, 200);
-    CHECK(strcmp(jstr(o, "object"), "chat.completion") == 0);
-    CHECK(strncmp(jstr(o, "id"), "chatcmpl-", 9) == 0);
-    CHECK(strcmp(jstr(o, "choices.0.message.role"), "assistant") == 0);
-    CHECK_MSG(strcmp(jstr(o, "choices.0.message.content"), want.text) == 0, "'%s' vs '%s'",
-              jstr(o, "choices.0.message.content"), want.text);
-    CHECK_EQ(atoi(jstr(o, "usage.completion_tokens")), want.generated_tokens);
-    CHECK_EQ(atoi(jstr(o, "usage.prompt_tokens")), want.prompt_tokens);
-    CHECK_EQ(atoi(jstr(o, "usage.total_tokens")), want.prompt_tokens + want.generated_tokens);
-    const char *fin = jstr(o, "choices.0.finish_reason");
+    CHECK(strcmp(httpc_jstr(o, "object"), "chat.completion") == 0);
+    CHECK(strncmp(httpc_jstr(o, "id"), "chatcmpl-", 9) == 0);
+    CHECK(strcmp(httpc_jstr(o, "choices.0.message.role"), "assistant") == 0);
+    CHECK_MSG(strcmp(httpc_jstr(o, "choices.0.message.content"), want.text) == 0, "'%s' vs '%s'",
+              httpc_jstr(o, "choices.0.message.content"), want.text);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.completion_tokens")), want.generated_tokens);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.prompt_tokens")), want.prompt_tokens);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.total_tokens")), want.prompt_tokens + want.generated_tokens);
+    const char *fin = httpc_jstr(o, "choices.0.finish_reason");
     CHECK(strcmp(fin, want.stop_reason == LLMS_STOP_MAX_TOKENS ? "length" : "stop") == 0);
     json_object_put(o);
     llms_result_free(&want);
@@ -181,9 +161,9 @@ static void completion_matches_native(void)
                           "{\"prompt\":\"one two three\",\"temperature\":0,\"max_tokens\":10}", &st);
     CHECK(o);
     CHECK_EQ(st, 200);
-    CHECK(strcmp(jstr(o, "object"), "text_completion") == 0);
-    CHECK(strcmp(jstr(o, "choices.0.text"), want.text) == 0);
-    CHECK_EQ(atoi(jstr(o, "usage.completion_tokens")), want.generated_tokens);
+    CHECK(strcmp(httpc_jstr(o, "object"), "text_completion") == 0);
+    CHECK(strcmp(httpc_jstr(o, "choices.0.text"), want.text) == 0);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.completion_tokens")), want.generated_tokens);
     json_object_put(o);
     llms_result_free(&want);
 }
@@ -211,16 +191,16 @@ static char *stream_text(const char *path, const char *body, bool chat, int *sta
         json_object *o = json_tokener_parse(line + 6);
         if (!o)
             continue;
-        const char *piece = jstr(o, chat ? "choices.0.delta.content" : "choices.0.text");
+        const char *piece = httpc_jstr(o, chat ? "choices.0.delta.content" : "choices.0.text");
         if (piece) {
             size_t n = strlen(piece);
             memcpy(text + len, piece, n < cap - 1 - len ? n : cap - 1 - len);
             len += n < cap - 1 - len ? n : cap - 1 - len;
         }
-        const char *f = jstr(o, "choices.0.finish_reason");
+        const char *f = httpc_jstr(o, "choices.0.finish_reason");
         if (f && !*finish)
             *finish = strdup(f);
-        if (jstr(o, "usage.total_tokens"))
+        if (httpc_jstr(o, "usage.total_tokens"))
             *usage = true;
         json_object_put(o);
     }
@@ -247,9 +227,9 @@ static void streamed_equals_whole(void)
     CHECK_EQ(st, 200);
     CHECK(done);
     CHECK(usage);
-    CHECK(finish && strcmp(finish, jstr(whole, "choices.0.finish_reason")) == 0);
-    CHECK_MSG(strcmp(text, jstr(whole, "choices.0.message.content")) == 0, "'%s' vs '%s'", text,
-              jstr(whole, "choices.0.message.content"));
+    CHECK(finish && strcmp(finish, httpc_jstr(whole, "choices.0.finish_reason")) == 0);
+    CHECK_MSG(strcmp(text, httpc_jstr(whole, "choices.0.message.content")) == 0, "'%s' vs '%s'", text,
+              httpc_jstr(whole, "choices.0.message.content"));
     free(text);
     free(finish);
     /* Completions stream too, and without include_usage no usage event comes. */
@@ -292,11 +272,11 @@ static void embeddings_float_and_base64(void)
             CHECK_NEAR(json_object_get_double(json_object_array_get_idx(v, d)),
                        want.values[i * want.dim + d], 1e-6);
     }
-    CHECK(atoi(jstr(o, "usage.prompt_tokens")) == (int)(want.n_tokens[0] + want.n_tokens[1]));
+    CHECK(atoi(httpc_jstr(o, "usage.prompt_tokens")) == (int)(want.n_tokens[0] + want.n_tokens[1]));
     json_object_put(o);
     o = post("/v1/embeddings", "{\"input\":\"second\",\"encoding_format\":\"base64\"}", &st);
     CHECK(o && st == 200);
-    const char *s = jstr(o, "data.0.embedding");
+    const char *s = httpc_jstr(o, "data.0.embedding");
     CHECK(s && strlen(s) == (want.dim * 4 + 2) / 3 * 4);
     uint8_t *bytes = calloc(want.dim * 4 + 3, 1);
     size_t nb = 0;
@@ -330,9 +310,9 @@ static void expect_error(const char *method, const char *path, const char *heade
     if (httpc_do(hsock, 0, method, path, headers, body, &r))
         return;
     json_object *o = json_tokener_parse(r.body);
-    const char *code = o ? jstr(o, "error.code") : NULL;
-    const char *msg = o ? jstr(o, "error.message") : NULL;
-    const char *type = o ? jstr(o, "error.type") : NULL;
+    const char *code = o ? httpc_jstr(o, "error.code") : NULL;
+    const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+    const char *type = o ? httpc_jstr(o, "error.type") : NULL;
     *ok = r.status == want_status && code && msg && type && strcmp(code, want_code) == 0;
     if (!*ok)
         fprintf(stderr, "   %s %s: got %d %s, want %d %s\n", method, path, r.status, r.body,
@@ -503,13 +483,13 @@ static void context_field_calls_a_context(void)
     int st;
     json_object *o = post("/v1/chat/completions", body, &st);
     CHECK(o && st == 200);
-    CHECK(strcmp(jstr(o, "llmsd.context"), id) == 0);
-    int after_one = atoi(jstr(o, "llmsd.context_tokens"));
+    CHECK(strcmp(httpc_jstr(o, "llmsd.context"), id) == 0);
+    int after_one = atoi(httpc_jstr(o, "llmsd.context_tokens"));
     CHECK(after_one > 0);
     json_object_put(o);
     o = post("/v1/chat/completions", body, &st);
     CHECK(o && st == 200);
-    CHECK(atoi(jstr(o, "llmsd.context_tokens")) > after_one);
+    CHECK(atoi(httpc_jstr(o, "llmsd.context_tokens")) > after_one);
     json_object_put(o);
     llms_context_info info;
     CHECK_EQ(llms_context_get(c, id, 1, &info), LLMS_OK);
@@ -556,13 +536,13 @@ static void rag_route_answers_from_a_knowledge_base(void)
     int st;
     json_object *first = post("/v1/llmsd/rag", q, &st);
     CHECK(first && st == 200);
-    CHECK(strcmp(jstr(first, "object"), "text_completion") == 0);
-    CHECK(strcmp(jstr(first, "llmsd.outcome"), "miss") == 0);
-    CHECK(jstr(first, "llmsd.passages.1.document"));
+    CHECK(strcmp(httpc_jstr(first, "object"), "text_completion") == 0);
+    CHECK(strcmp(httpc_jstr(first, "llmsd.outcome"), "miss") == 0);
+    CHECK(httpc_jstr(first, "llmsd.passages.1.document"));
     json_object *again = post("/v1/llmsd/rag", q, &st);
     CHECK(again && st == 200);
-    CHECK(strcmp(jstr(again, "llmsd.outcome"), "miss") != 0);
-    CHECK(strcmp(jstr(again, "choices.0.text"), jstr(first, "choices.0.text")) == 0);
+    CHECK(strcmp(httpc_jstr(again, "llmsd.outcome"), "miss") != 0);
+    CHECK(strcmp(httpc_jstr(again, "choices.0.text"), httpc_jstr(first, "choices.0.text")) == 0);
     json_object_put(again);
     httpc_reply r;
     CHECK(httpc_do(hsock, 0, "POST", "/v1/llmsd/rag", NULL,
@@ -574,10 +554,10 @@ static void rag_route_answers_from_a_knowledge_base(void)
     httpc_reply_free(&r);
     json_object_put(first);
     json_object *o = post("/v1/llmsd/rag", "{\"kb\":\"none-such\",\"question\":\"x\"}", &st);
-    CHECK(o && st == 404 && jstr(o, "error.message"));
+    CHECK(o && st == 404 && httpc_jstr(o, "error.message"));
     json_object_put(o);
     o = post("/v1/llmsd/rag", "{\"question\":\"x\"}", &st);
-    CHECK(o && st == 400 && strstr(jstr(o, "error.message"), "'kb'"));
+    CHECK(o && st == 400 && strstr(httpc_jstr(o, "error.message"), "'kb'"));
     json_object_put(o);
     o = post("/v1/llmsd/rag", "{\"kb\":\"notes\",\"question\":\"x\",\"retrieval\":\"magic\"}",
              &st);
@@ -625,7 +605,7 @@ static void rerank_returns_scores(void)
         CHECK(json_object_object_get_ex(h, "relevance_score", &v));
         CHECK_NEAR(json_object_get_double(v), want.hits[i].score, 1e-6);
         CHECK(json_object_object_get_ex(h, "document", &v));
-        CHECK(strcmp(jstr(v, "text"), docs[want.hits[i].index]) == 0);
+        CHECK(strcmp(httpc_jstr(v, "text"), docs[want.hits[i].index]) == 0);
     }
     json_object_put(o);
     /* /rerank is the same route (llama.cpp's name). */

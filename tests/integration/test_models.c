@@ -188,9 +188,7 @@ int main(int argc, char **argv)
     char err[ERR_MAX];
     gguf_file *v = vp ? gguf_open(vp, err) : NULL;
     if (v) {
-        modelgen_params bp = {.arch = "bert", .dim = 32, .n_layer = 2, .n_head = 2,
-                              .n_head_kv = 2, .n_ff = 64, .n_ctx = 128, .type = QTYPE_F16,
-                              .seed = 2, .vocab = v, .n_threads = 1, .pooling_type = 1};
+        modelgen_params bp = proc_bert_params(v);
         proc_generate_model(encoder, sizeof encoder, "encoder.gguf", &bp);
         bp.pooling_type = 4;
         bp.seed = 3;

@@ -4,7 +4,9 @@
  * (greedy answer equal to a fresh one), CacheTune moves the cache scheduler between
  * prefill-only and decoded population with conversions, and a real request that arrives
  * during prediction runs alone: no prediction step while it is queued or running, its
- * prompt in as many steps as it needs alone, and prediction resumes afterwards.
+ * prompt in as many steps as it needs alone, and prediction resumes afterwards. Warm-ups
+ * prefill new passages as a prompt's first, and a real query that retrieves one first
+ * reuses its KV with the answer a fresh query gets.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -18,7 +20,7 @@
 #include "tests/integration/rawframe.h"
 #include "tests/support/test.h"
 
-static char llmsd_path[1024], work_model[1024];
+static char llmsd_path[1024], work_model[1024], q8_model[1024];
 
 /* Polls the cache statistics until done(stats) or the timeout (seconds). */
 static int wait_stats(llms_conn *c, bool (*done)(const llms_cache_stats *), double timeout,
@@ -60,7 +62,8 @@ static void prediction_fills_and_converts(void)
     CHECK(proc_start(&d, llmsd_path, "predict", stories,
                      "temperature = 0\nmax_tokens = 8\nrag_top_k = 1\npredict_budget = 64\n"
                      "idle_after_ms = 200\npredict_stride = 1\npredict_max_tokens = 24\n"
-                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n") == 0);
+                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n"
+                     "predict_warm = 0\n") == 0); /* warm-ups would store every path here */
     llms_conn *c = proc_connect(&d, "predict");
     CHECK(c);
     CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
@@ -122,6 +125,86 @@ static void prediction_fills_and_converts(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+static uint64_t n_passages;
+static bool warmed_all(const llms_cache_stats *st)
+{
+    return st->predict_warmed >= n_passages;
+}
+
+/* With no question generation in the budget's way (predict_stride is larger than the
+ * documents added). Long answers on a random model, whose next-token scores are close,
+ * show the smallest difference in the reused KV or in how the rest is computed. */
+static void warm_ups_on(const char *name, const char *model)
+{
+    int hits = 0;
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, name, model,
+                     "temperature = 0\nmax_tokens = 32\nrag_top_k = 3\npredict_budget = 1\n"
+                     "idle_after_ms = 200\npredict_stride = 1000\npredict_warm = 16\n"
+                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n") == 0);
+    llms_conn *c = proc_connect(&d, name);
+    CHECK(c);
+    CHECK_MSG(llms_kb_create(c, "kb", 0, 0) == LLMS_OK, "%s", llms_last_error(c));
+    llms_kb_doc docs[] = {
+        {"d0", "Lily had a small red ball. She played with it in the park every day, and her "
+               "dog Max ran after it.", NULL},
+        {"d1", "Tom flew his blue kite at the beach. The wind was strong and the kite went "
+               "high over the sea.", NULL},
+        {"d2", "Ben baked a big cake with his mom. They put berries on top and ate it after "
+               "dinner.", NULL}};
+    uint32_t passages = 0;
+    CHECK_EQ(llms_kb_add(c, "kb", docs, 3, &passages), LLMS_OK);
+    n_passages = passages;
+    llms_cache_stats st;
+    CHECK_MSG(wait_stats(c, warmed_all, 60, &st) == 0, "%llu of %u passages warmed",
+              (unsigned long long)st.predict_warmed, passages);
+    CHECK_EQ(st.predicted, 0);
+    CHECK_EQ(st.rag_queries, 0);
+    CHECK(st.qkv_nodes >= 1 + passages); /* the system prompt's node and one per passage */
+
+    const char *questions[] = {"Who flew the kite?", "What did Ben bake?",
+                               "What did Lily play with?"};
+    llms_rag_options fresh = {.no_qa = 1, .no_qkv = 1}, qkv = {.no_qa = 1};
+    for (int i = 0; i < 3; i++) {
+        llms_rag_result a, b;
+        CHECK_EQ(llms_rag_query(c, "kb", questions[i], &fresh, NULL, NULL, &a), LLMS_OK);
+        CHECK_EQ(llms_rag_query(c, "kb", questions[i], &qkv, NULL, NULL, &b), LLMS_OK);
+        hits += b.outcome == LLMS_RAG_QKV_HIT && b.reused_passages == 1;
+        CHECK(b.reused_tokens > 0 && b.reused_tokens < b.prompt_tokens);
+        CHECK_MSG(!strcmp(a.text, b.text), "'%s' vs '%s'", a.text, b.text);
+        llms_rag_result_free(&a);
+        llms_rag_result_free(&b);
+    }
+    CHECK_EQ(hits, 3);
+    CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
+    CHECK_EQ(st.predict_qkv_hits, (uint64_t)hits);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+static void warm_ups_reuse_exactly(void)
+{
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!llmsd_path[0] || !stories)
+        SKIP("llmsd or ../shared/testdata/models/stories260K.gguf is missing");
+    warm_ups_on("warm", stories);
+}
+
+static void warm_ups_reuse_exactly_random_f32(void)
+{
+    if (!llmsd_path[0] || !work_model[0])
+        SKIP("llmsd or the generated model is missing");
+    warm_ups_on("warm-f32", work_model);
+}
+
+static void warm_ups_reuse_exactly_random_q8(void)
+{
+    if (!llmsd_path[0] || !q8_model[0])
+        SKIP("llmsd, ../shared/testdata/vocab/ggml-vocab-llama-spm.gguf or the generated "
+             "model is missing");
+    warm_ups_on("warm-q8", q8_model);
+}
+
 static uint64_t steps_seen;
 static bool stepping(const llms_cache_stats *st)
 {
@@ -177,7 +260,8 @@ static void real_request_preempts(void)
     CHECK(proc_start(&d, llmsd_path, "preempt", work_model,
                      "temperature = 0\nstep_tokens = 16\npredict_budget = 1000\n"
                      "idle_after_ms = 1500\npredict_stride = 1\npredict_max_tokens = 400\n"
-                     "kb_passage_tokens = 32\nkb_overlap_tokens = 0\n") == 0);
+                     "kb_passage_tokens = 32\nkb_overlap_tokens = 0\n"
+                     "predict_warm = 0\n") == 0); /* warm-ups are too short to catch */
     llms_conn *c = proc_connect(&d, "preempt");
     CHECK(c);
     CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
@@ -258,7 +342,24 @@ int main(int argc, char **argv)
         .n_ctx = 512, .type = QTYPE_F32, .seed = 11, .n_vocab = 300, .n_threads = 1,
     };
     proc_generate_model(work_model, sizeof work_model, "predict.gguf", &mp);
+    modelgen_params mq = mp;
+    mq.type = QTYPE_Q8_0;
+    mq.dim = 512;
+    mq.n_ff = 1024;
+    mq.n_head = 8;
+    mq.n_head_kv = 2;
+    mq.n_vocab = 32000;
+    const char *spm = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    char err[ERR_MAX];
+    gguf_file *vocab = spm ? gguf_open(spm, err) : NULL;
+    mq.vocab = vocab;
+    if (vocab)
+        proc_generate_model(q8_model, sizeof q8_model, "predict-q8.gguf", &mq);
+    gguf_close(vocab);
     RUN(prediction_fills_and_converts);
+    RUN(warm_ups_reuse_exactly);
+    RUN(warm_ups_reuse_exactly_random_f32);
+    RUN(warm_ups_reuse_exactly_random_q8);
     RUN(real_request_preempts);
     return test_finish();
 }

@@ -198,11 +198,12 @@ static void load_unload_keeps_contexts(void)
     CHECK_EQ(rerank(c, "late"), LLMS_ERR_NOT_FOUND);
     CHECK_MSG(llms_model_load(c, "late", cross2, NULL) == LLMS_OK, "%s", llms_last_error(c));
     CHECK_MSG(rerank(c, "late") == LLMS_OK, "%s", llms_last_error(c));
-    /* a name or a file in use, a second generate model, roles the file cannot serve */
+    /* a name or a file in use, roles the file cannot serve (a second generate model
+     * does not embed: decoder embeddings are the default generate model's) */
     CHECK_EQ(llms_model_load(c, "late", cross, NULL), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_EQ(llms_model_load(c, "again", cross2, NULL), LLMS_ERR_FAILED_PRECONDITION);
-    CHECK_EQ(llms_model_load(c, "gen2", decoder2, "generate"), LLMS_ERR_FAILED_PRECONDITION);
-    CHECK_MSG(strstr(llms_last_error(c), "one generate model"), "%s", llms_last_error(c));
+    CHECK_EQ(llms_model_load(c, "gen2", decoder2, "generate,embed"), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "default generate model"), "%s", llms_last_error(c));
     CHECK_EQ(llms_model_load(c, "enc2", decoder2, "embed"), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "bad/name", cross2, NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "x", "/nonexistent/m.gguf", NULL), LLMS_ERR_INVALID_ARGUMENT);
@@ -345,18 +346,19 @@ static void context_outlives_its_model(void)
     llms_close(c);
 }
 
-static void two_generate_models_refused(void)
+/* A second generate model is served (test_multigen.c), but only the default one embeds. */
+static void second_decoder_embedding_refused(void)
 {
     if (!llmsd_path[0] || !encoder[0])
         SKIP("needs llmsd and the bge vocabulary");
     llmsd_proc d;
     char extra[1200], cmd[1200], out[4096];
-    proc_fmt(extra, sizeof extra, "model.other = %s\n", decoder2);
+    proc_fmt(extra, sizeof extra, "model.other = %s generate,embed\n", decoder2);
     fprintf(stderr, "(a failing start is expected; its log follows)\n");
     CHECK(proc_start(&d, llmsd_path, "two-gen", decoder, extra) != 0);
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
-    CHECK_MSG(strstr(out, "one generate model"), "%s", out);
+    CHECK_MSG(strstr(out, "embeds only as the default generate model"), "%s", out);
 }
 
 int main(int argc, char **argv)
@@ -395,7 +397,7 @@ int main(int argc, char **argv)
     RUN(load_unload_keeps_contexts);
     RUN(unload_races_embed);
     RUN(context_outlives_its_model);
-    RUN(two_generate_models_refused);
+    RUN(second_decoder_embedding_refused);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)
         fprintf(stderr, "llmsd did not exit cleanly\n");
     return test_finish();
