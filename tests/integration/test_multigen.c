@@ -25,7 +25,8 @@
 #define TINY_NAME "tiny"
 #define N_PROMPTS 2
 
-static char llmsd_path[1024], random_model[1024], stories_path[1024], tiny_path[1024];
+static char llmsd_path[1024], random_model[1024], slow_model[1024], stories_path[1024],
+    tiny_path[1024];
 static const char *stories, *tiny; /* the paths, or NULL when absent */
 static llmsd_proc daemon_;
 static int up;
@@ -384,8 +385,10 @@ static void unload_keeps_other_contexts(void)
     llms_close(c);
 }
 
-/* A generation on "tiny" that holds its first streamed text until the test let it go,
- * then cancels. */
+/* A generation on "slow" that holds its first streamed text until the test let it go,
+ * then cancels. The model is a random one with a long window: a trained story ends in
+ * end-of-text long before a unload could arrive, and a finished generation is no longer
+ * running. */
 typedef struct held {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -412,7 +415,7 @@ static void *held_main(void *arg)
     held *h = arg;
     llms_conn *c = proc_connect(&daemon_, "mg-held");
     if (c) {
-        llms_params p = proc_greedy(400, TINY_NAME);
+        llms_params p = proc_greedy(3000, "slow");
         h->status = llms_complete(c, "Once upon a time", NULL, 0, &p, hold_first_text, h, NULL);
         llms_close(c);
     }
@@ -428,6 +431,12 @@ static void *held_main(void *arg)
 static void unload_refused_while_generating(void)
 {
     NEED();
+    if (!slow_model[0])
+        SKIP("the generated model is missing");
+    llms_conn *c = proc_connect(&daemon_, "mg-unload-busy");
+    CHECK(c);
+    CHECK_MSG(llms_model_load(c, "slow", slow_model, "generate") == LLMS_OK, "%s",
+              llms_last_error(c));
     held h = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     pthread_t th;
     pthread_create(&th, NULL, held_main, &h);
@@ -435,17 +444,23 @@ static void unload_refused_while_generating(void)
     while (!h.streaming)
         pthread_cond_wait(&h.cond, &h.lock);
     pthread_mutex_unlock(&h.lock);
-    llms_conn *c = proc_connect(&daemon_, "mg-unload-busy");
-    CHECK(c);
-    CHECK_EQ(llms_model_unload(c, TINY_NAME), LLMS_ERR_FAILED_PRECONDITION);
+    CHECK_EQ(llms_model_unload(c, "slow"), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_MSG(strstr(llms_last_error(c), "running"), "%s", llms_last_error(c));
-    llms_close(c);
     pthread_mutex_lock(&h.lock);
     h.released = true;
     pthread_cond_broadcast(&h.cond);
     pthread_mutex_unlock(&h.lock);
     pthread_join(th, NULL);
     CHECK_EQ(h.status, LLMS_ERR_CANCELLED);
+    /* once the cancelled generation is gone (a Complete leaves no context) it goes */
+    enum llms_status st = LLMS_ERR_FAILED_PRECONDITION;
+    for (int i = 0; i < 200 && st == LLMS_ERR_FAILED_PRECONDITION; i++) {
+        st = llms_model_unload(c, "slow");
+        if (st == LLMS_ERR_FAILED_PRECONDITION)
+            usleep(10000);
+    }
+    CHECK_MSG(st == LLMS_OK, "%s", llms_last_error(c));
+    llms_close(c);
 }
 
 int main(int argc, char **argv)
@@ -461,6 +476,10 @@ int main(int argc, char **argv)
                           .n_head_kv = 2, .n_ff = 64, .n_ctx = 512, .type = QTYPE_F32,
                           .seed = 7, .n_vocab = 100, .n_threads = 1};
     proc_generate_model(random_model, sizeof random_model, "rand.gguf", &mp);
+    modelgen_params slow = {.arch = "llama", .dim = 384, .n_layer = 6, .n_head = 6,
+                            .n_head_kv = 6, .n_ff = 1024, .n_ctx = 4096, .type = QTYPE_F32,
+                            .seed = 9, .n_vocab = 300, .n_threads = 1};
+    proc_generate_model(slow_model, sizeof slow_model, "slow.gguf", &slow);
     RUN(each_model_alone);
     RUN(concurrent_streams_equal_each_alone);
     RUN(listings_show_both);
