@@ -348,7 +348,6 @@ int main(int argc, char **argv)
     mq.n_ff = 1024;
     mq.n_head = 8;
     mq.n_head_kv = 2;
-    mq.n_vocab = 32000;
     const char *spm = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
     char err[ERR_MAX];
     gguf_file *vocab = spm ? gguf_open(spm, err) : NULL;
