@@ -50,6 +50,7 @@
 
 #include "bench/bench.h"
 #include "engine/kv.h"
+#include "engine/kv_calib.h"
 #include "engine/kv_quant.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
@@ -61,6 +62,12 @@
 /* The byte budget a tolerance scheme gets. */
 enum budget { UNIFORM, AT_INT4, AT_OLD_INT4, AT_INT8_INT2, AT_RATIO };
 
+/* What a scheme assigns precisions to: whole chunks (kv_assign_precisions), every
+ * (chunk, layer) section (kv_assign_layer_precisions) with every layer weighing 1 or
+ * with the calibrated layer weights, or one precision per layer for every chunk (the
+ * same greedy on each layer's mean statistics). */
+enum granularity { PER_CHUNK, PER_SECTION, PER_SECTION_CAL, PER_LAYER_CAL };
+
 /* How a scheme picks each prefix chunk's precision. */
 typedef struct scheme {
     const char *name;
@@ -69,24 +76,33 @@ typedef struct scheme {
     bool shuffled;             /* the same precisions placed at random */
     bool flat;                 /* every chunk's density the same */
     bool v_block;              /* kv_assign_precisions may choose the V block layout */
+    enum granularity by;
 } scheme;
 
 static const scheme schemes[] = {
-    {"int8", KV_INT8, UNIFORM, false, false, false},
-    {"int4", KV_INT4, UNIFORM, false, false, false},
-    {"int2", KV_INT2, UNIFORM, false, false, false},
-    {"k4v5b", KV_VBLOCK_FIRST + 2 * KV_N_WIDTHS + 3, UNIFORM, false, false, false},
-    {"tolerance", 0, AT_INT4, false, false, false},
-    {"tolerance_shuffled", 0, AT_INT4, true, false, false},
-    {"tolerance_flat", 0, AT_INT4, false, true, false},
-    {"tolerance", 0, AT_OLD_INT4, false, false, false},
-    {"tolerance", 0, AT_INT8_INT2, false, false, false},
-    {"tolerance", 0, AT_RATIO, false, false, false},
-    {"tolerance_vblock", 0, AT_INT4, false, false, true},
-    {"tolerance_vblock_shuffled", 0, AT_INT4, true, false, true},
-    {"tolerance_vblock_flat", 0, AT_INT4, false, true, true},
-    {"tolerance_vblock", 0, AT_INT8_INT2, false, false, true},
-    {"tolerance_vblock", 0, AT_RATIO, false, false, true},
+    {"int8", KV_INT8, UNIFORM, false, false, false, PER_CHUNK},
+    {"int4", KV_INT4, UNIFORM, false, false, false, PER_CHUNK},
+    {"int2", KV_INT2, UNIFORM, false, false, false, PER_CHUNK},
+    {"k4v5b", KV_VBLOCK_FIRST + 2 * KV_N_WIDTHS + 3, UNIFORM, false, false, false, PER_CHUNK},
+    {"k5v5b", KV_VBLOCK_FIRST + 3 * KV_N_WIDTHS + 3, UNIFORM, false, false, false, PER_CHUNK},
+    {"tolerance", 0, AT_INT4, false, false, false, PER_CHUNK},
+    {"tolerance_shuffled", 0, AT_INT4, true, false, false, PER_CHUNK},
+    {"tolerance_flat", 0, AT_INT4, false, true, false, PER_CHUNK},
+    {"tolerance", 0, AT_OLD_INT4, false, false, false, PER_CHUNK},
+    {"tolerance", 0, AT_INT8_INT2, false, false, false, PER_CHUNK},
+    {"tolerance", 0, AT_RATIO, false, false, false, PER_CHUNK},
+    {"tolerance_vblock", 0, AT_INT4, false, false, true, PER_CHUNK},
+    {"tolerance_vblock_shuffled", 0, AT_INT4, true, false, true, PER_CHUNK},
+    {"tolerance_vblock_flat", 0, AT_INT4, false, true, true, PER_CHUNK},
+    {"tolerance_vblock", 0, AT_INT8_INT2, false, false, true, PER_CHUNK},
+    {"tolerance_vblock", 0, AT_RATIO, false, false, true, PER_CHUNK},
+    {"section_vblock", 0, AT_INT4, false, false, true, PER_SECTION},
+    {"section_cal_vblock", 0, AT_INT4, false, false, true, PER_SECTION_CAL},
+    {"section_cal_vblock_shuffled", 0, AT_INT4, true, false, true, PER_SECTION_CAL},
+    {"section_cal_vblock_flat", 0, AT_INT4, false, true, true, PER_SECTION_CAL},
+    {"layer_cal_vblock", 0, AT_INT4, false, false, true, PER_LAYER_CAL},
+    {"section_cal_vblock", 0, AT_INT8_INT2, false, false, true, PER_SECTION_CAL},
+    {"section_cal_vblock", 0, AT_RATIO, false, false, true, PER_SECTION_CAL},
 };
 #define N_SCHEMES (int)(sizeof schemes / sizeof schemes[0])
 #define SCHEME_INT4 1 /* the reference of kl_vs_int4 */
@@ -113,10 +129,14 @@ typedef struct bench_ctx {
     int32_t *tokens;   /* (len) */
     int32_t *positions; /* (len) */
     float *received;   /* (prefix) */
-    kv_chunk_stats *stats; /* (n_chunks of the prefix) */
+    kv_chunk_stats *stats; /* (2, n_chunks of the prefix): real, then a flat copy */
+    kv_chunk_stats *section_stats; /* (2, n_chunks, n_layer): each layer's, then flat */
     float *ref_logits; /* (len - prefix, n_vocab) with f16 KV */
     float *logits;     /* (n_vocab) */
-    enum kv_precision *prec; /* (n_chunks) */
+    enum kv_precision *chunk_prec; /* (n_chunks) */
+    uint8_t *prec;     /* (n_chunks, n_layer) */
+    float *layer_weight; /* (n_layer, KV_CALIB_PARTS) calibrated factors (kv_calib.h) */
+    kv_chunk_stats *cal_stats; /* (n_chunks, n_layer) section_stats times layer_weight */
 } bench_ctx;
 
 /* Samples o->len tokens from the model: BOS, then temperature 1. */
@@ -143,27 +163,6 @@ static int sample_text(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
     kv_seq_free(&seq);
     sampler_free(s);
     return rc;
-}
-
-/* A copy of every chunk of src into dst (empty), at f16. */
-static int clone_seq(kv_pool *pool, const kv_seq *src, kv_seq *dst, char err[ERR_MAX])
-{
-    kv_shape shape = kv_pool_shape(pool);
-    for (int i = 0; i < src->n_chunks; i++) {
-        const kv_chunk *c = src->chunks[i];
-        kv_chunk *d = kv_chunk_new_precision(pool, c->precision, err);
-        if (!d)
-            return -1;
-        memcpy(d->data, c->data, kv_chunk_data_bytes(shape, c->precision));
-        memcpy(d->tokens, c->tokens, sizeof d->tokens);
-        memcpy(d->positions, c->positions, sizeof d->positions);
-        d->n_tokens = c->n_tokens;
-        if (kv_seq_push_chunk(dst, d, err) < 0) {
-            kv_chunk_free(pool, d);
-            return -1;
-        }
-    }
-    return 0;
 }
 
 /* Teacher-forces tokens [prefix, len) one by one on seq; with r NULL stores the logits
@@ -229,105 +228,198 @@ static size_t scheme_budget(const scheme *sc, const bench_options *o, kv_shape s
     }
 }
 
-/* One sequence: out[scheme], and the spread of its chunks' densities. */
-static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_f16,
-                          double *density_cv, char err[ERR_MAX])
+/* Samples a sequence and prefills its prefix into *prefix with f16 KV, then fills
+ * b->stats and b->section_stats (real and flat copies); *density_cv (may be NULL) gets
+ * the spread of the chunks' densities. */
+static int make_prefix(bench_ctx *b, uint64_t seed, kv_seq *prefix, double *density_cv,
+                       char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     const model_hparams *hp = model_hparams_of(b->m);
-    kv_shape shape = model_kv_shape(b->m);
+    int n_layer = hp->n_layer;
     if (sample_text(b, seed, err) < 0)
         return -1;
-    int rc = -1;
-    kv_seq prefix, work;
-    kv_seq_init(&prefix, b->pool);
-    kv_seq_init(&work, b->pool);
     memset(b->received, 0, (size_t)o->prefix * sizeof(float));
     int win = o->window > 0 && o->window < o->prefix ? o->window : o->prefix;
     model_batch head = {.n_tokens = o->prefix - win, .tokens = b->tokens,
                         .positions = b->positions};
     model_batch pre = {.n_tokens = win, .tokens = b->tokens + o->prefix - win,
                        .positions = b->positions + o->prefix - win, .attn_received = b->received};
-    if ((head.n_tokens > 0 && model_forward(b->r, &prefix, &head, err) < 0) ||
-        model_forward(b->r, &prefix, &pre, err) < 0)
-        goto out;
-    int n_chunks = prefix.n_chunks;
+    if ((head.n_tokens > 0 && model_forward(b->r, prefix, &head, err) < 0) ||
+        model_forward(b->r, prefix, &pre, err) < 0)
+        return -1;
+    int n_chunks = prefix->n_chunks;
+    kv_chunk_stats *flat = b->stats + n_chunks;
+    kv_chunk_stats *sec = b->section_stats, *sec_flat = sec + (size_t)n_chunks * n_layer;
     double mean = 0, var = 0;
     for (int c = 0; c < n_chunks; c++) {
         double d = 0;
-        int n = prefix.chunks[c]->n_tokens;
+        int n = prefix->chunks[c]->n_tokens;
         for (int i = 0; i < n; i++) {
             int j = c * KV_CHUNK_TOKENS + i;
             int rows = o->prefix - j < win ? o->prefix - j : win;
             d += b->received[j] / ((double)hp->n_layer * hp->n_head * rows);
         }
-        b->stats[c].density = (float)(d / n);
-        kv_chunk_spread(b->pool, prefix.chunks[c], &b->stats[c].k_spread, &b->stats[c].v_spread,
-                        &b->stats[c].vb_spread);
-        mean += b->stats[c].density / n_chunks;
+        kv_chunk_stats *st = &b->stats[c];
+        st->density = (float)(d / n);
+        kv_chunk_spread(b->pool, prefix->chunks[c], &st->k_spread, &st->v_spread,
+                        &st->vb_spread);
+        flat[c] = (kv_chunk_stats){1, st->k_spread, st->v_spread, st->vb_spread};
+        for (int l = 0; l < n_layer; l++) {
+            kv_chunk_stats *ls = &sec[(size_t)c * n_layer + l];
+            ls->density = st->density;
+            kv_chunk_layer_spread(b->pool, prefix->chunks[c], l, &ls->k_spread, &ls->v_spread,
+                                  &ls->vb_spread);
+            sec_flat[(size_t)c * n_layer + l] = (kv_chunk_stats){1, ls->k_spread, ls->v_spread,
+                                                                 ls->vb_spread};
+        }
+        mean += st->density / n_chunks;
     }
     for (int c = 0; c < n_chunks; c++)
         var += (b->stats[c].density - mean) * (b->stats[c].density - mean) / n_chunks;
-    *density_cv = sqrt(var) / mean;
+    if (density_cv)
+        *density_cv = sqrt(var) / mean;
+    return 0;
+}
 
-    double t_ref = bench_now_s();
-    if (clone_seq(b->pool, &prefix, &work, err) < 0 || teacher_force(b, &work, NULL, err) < 0)
+/* Compresses a copy of prefix with layer l of chunk c at b->prec[c * n_layer + l] and
+ * teacher-forces the rest of the sequence on it into *r. */
+static int score_precisions(bench_ctx *b, const kv_seq *prefix, outcome *r, char err[ERR_MAX])
+{
+    kv_shape shape = model_kv_shape(b->m);
+    int n_chunks = prefix->n_chunks, n_layer = shape.n_layer;
+    kv_seq work;
+    kv_seq_init(&work, b->pool);
+    int rc = -1;
+    if (kv_seq_copy(&work, prefix, err) < 0)
         goto out;
-    *ms_f16 = (bench_now_s() - t_ref) * 1e3 / (o->len - o->prefix);
-    kv_seq_free(&work);
-
-    uint64_t shuffle = seed * 2654435761u + 1;
-    for (int s = 0; s < N_SCHEMES; s++) {
-        const scheme *sc = &schemes[s];
-        for (int c = 0; c < n_chunks; c++)
-            b->prec[c] = sc->uniform;
-        if (sc->budget != UNIFORM) {
-            kv_chunk_stats *st = b->stats;
-            if (sc->flat) {
-                st = b->stats + n_chunks; /* a flat copy after the real ones */
-                for (int c = 0; c < n_chunks; c++)
-                    st[c] = (kv_chunk_stats){1, b->stats[c].k_spread, b->stats[c].v_spread,
-                                             b->stats[c].vb_spread};
-            }
-            kv_assign_precisions(shape, st, n_chunks, scheme_budget(sc, o, shape, n_chunks),
-                                 sc->v_block, b->prec);
-        }
-        if (sc->shuffled)
-            for (int c = n_chunks - 1; c > 0; c--) {
-                shuffle = shuffle * 6364136223846793005ULL + 1442695040888963407ULL;
-                int j = (int)((shuffle >> 33) % (uint64_t)(c + 1));
-                enum kv_precision t = b->prec[c];
-                b->prec[c] = b->prec[j];
-                b->prec[j] = t;
-            }
-        kv_seq_init(&work, b->pool);
-        if (clone_seq(b->pool, &prefix, &work, err) < 0)
+    size_t used = 0;
+    double kb = 0, vb = 0, sections = (double)n_chunks * n_layer;
+    for (int c = 0; c < n_chunks; c++) {
+        const uint8_t *layers = b->prec + (size_t)c * n_layer;
+        if (kv_chunk_convert_layers(b->pool, work.chunks[c], layers, err) < 0)
             goto out;
-        size_t used = 0;
-        double kb = 0, vb = 0;
-        for (int c = 0; c < n_chunks; c++) {
-            if (kv_chunk_convert(b->pool, work.chunks[c], b->prec[c], err) < 0)
-                goto out;
-            used += kv_chunk_data_bytes(shape, b->prec[c]);
-            kb += (double)kv_precision_k_bits(b->prec[c]) / n_chunks;
-            vb += (double)kv_precision_v_bits(b->prec[c]) / n_chunks;
+        used += kv_layers_data_bytes(shape, layers);
+        for (int l = 0; l < n_layer; l++) {
+            kb += kv_precision_k_bits(layers[l]) / sections;
+            vb += kv_precision_v_bits(layers[l]) / sections;
         }
-        outcome *r = &out[s];
-        r->bytes = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
-        r->k_bits = kb;
-        r->v_bits = vb;
-        double t0 = bench_now_s();
-        score sco;
-        if (teacher_force(b, &work, &sco, err) < 0)
-            goto out;
-        r->ms = (bench_now_s() - t0) * 1e3 / (o->len - o->prefix);
-        r->kl = sco.kl;
-        r->agree = sco.agree;
-        kv_seq_free(&work);
     }
+    r->bytes = (double)used / ((double)n_chunks * kv_chunk_data_bytes(shape, KV_INT8));
+    r->k_bits = kb;
+    r->v_bits = vb;
+    double t0 = bench_now_s();
+    score sco;
+    if (teacher_force(b, &work, &sco, err) < 0)
+        goto out;
+    r->ms = (bench_now_s() - t0) * 1e3 / (b->o->len - b->o->prefix);
+    r->kl = sco.kl;
+    r->agree = sco.agree;
     rc = 0;
 out:
     kv_seq_free(&work);
+    return rc;
+}
+
+/* The reference logits of the rest of the sequence, on an f16 copy of prefix; *ms the
+ * time of a decode step. */
+static int score_reference(bench_ctx *b, const kv_seq *prefix, double *ms, char err[ERR_MAX])
+{
+    kv_seq work;
+    kv_seq_init(&work, b->pool);
+    double t0 = bench_now_s();
+    int rc = kv_seq_copy(&work, prefix, err) < 0 || teacher_force(b, &work, NULL, err) < 0
+                 ? -1
+                 : 0;
+    *ms = (bench_now_s() - t0) * 1e3 / (b->o->len - b->o->prefix);
+    kv_seq_free(&work);
+    return rc;
+}
+
+/* b->layer_weight from a calibration sequence (kv_calib_measure on its prefix and the
+ * tokens after it). */
+static int calibrate_layers(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
+{
+    const bench_options *o = b->o;
+    kv_seq prefix;
+    kv_seq_init(&prefix, b->pool);
+    int rc = make_prefix(b, seed, &prefix, NULL, err) < 0 ||
+                     kv_calib_measure(b->m, b->r, &prefix, b->section_stats,
+                                      b->tokens + o->prefix, b->positions + o->prefix,
+                                      o->len - o->prefix, b->layer_weight, err) < 0
+                 ? -1
+                 : 0;
+    kv_seq_free(&prefix);
+    return rc;
+}
+
+/* b->prec for scheme sc on a prefix of n_chunks whose statistics make_prefix filled. */
+static void assign_scheme(bench_ctx *b, const scheme *sc, int n_chunks, uint64_t *shuffle)
+{
+    const bench_options *o = b->o;
+    kv_shape shape = model_kv_shape(b->m);
+    int n_layer = shape.n_layer;
+    size_t budget = scheme_budget(sc, o, shape, n_chunks);
+    const kv_chunk_stats *st = b->stats + (sc->flat ? n_chunks : 0);
+    const kv_chunk_stats *sec = b->section_stats + (sc->flat ? (size_t)n_chunks * n_layer : 0);
+    if (sc->by == PER_SECTION_CAL || sc->by == PER_LAYER_CAL) {
+        kv_calib_apply(shape, b->layer_weight, n_chunks, sec, b->cal_stats);
+        sec = b->cal_stats;
+    }
+    if (sc->budget == UNIFORM) {
+        memset(b->prec, (int)sc->uniform, (size_t)n_chunks * n_layer);
+    } else if (sc->by == PER_CHUNK) {
+        kv_assign_precisions(shape, st, n_chunks, budget, sc->v_block, b->chunk_prec);
+        for (int c = 0; c < n_chunks; c++)
+            memset(b->prec + (size_t)c * n_layer, (int)b->chunk_prec[c], (size_t)n_layer);
+    } else if (sc->by == PER_LAYER_CAL) {
+        kv_chunk_stats *mean = b->section_stats + 2 * (size_t)n_chunks * n_layer;
+        for (int l = 0; l < n_layer; l++) {
+            mean[l] = (kv_chunk_stats){0};
+            for (int c = 0; c < n_chunks; c++) {
+                const kv_chunk_stats *x = &sec[(size_t)c * n_layer + l];
+                mean[l].density += x->density / n_chunks;
+                mean[l].k_spread += x->k_spread / n_chunks;
+                mean[l].v_spread += x->v_spread / n_chunks;
+                mean[l].vb_spread += x->vb_spread / n_chunks;
+            }
+        }
+        kv_assign_layer_precisions(shape, mean, 1, budget / n_chunks, sc->v_block,
+                                   b->prec);
+        for (int c = 1; c < n_chunks; c++)
+            memcpy(b->prec + (size_t)c * n_layer, b->prec, (size_t)n_layer);
+    } else {
+        kv_assign_layer_precisions(shape, sec, n_chunks, budget, sc->v_block, b->prec);
+    }
+    if (sc->shuffled) /* whole chunks change places: their layers' mix stays */
+        for (int c = n_chunks - 1; c > 0; c--) {
+            *shuffle = *shuffle * 6364136223846793005ULL + 1442695040888963407ULL;
+            int j = (int)((*shuffle >> 33) % (uint64_t)(c + 1));
+            uint8_t t[KV_MAX_LAYERS];
+            memcpy(t, b->prec + (size_t)c * n_layer, (size_t)n_layer);
+            memcpy(b->prec + (size_t)c * n_layer, b->prec + (size_t)j * n_layer, (size_t)n_layer);
+            memcpy(b->prec + (size_t)j * n_layer, t, (size_t)n_layer);
+        }
+}
+
+/* One sequence: out[scheme], and the spread of its chunks' densities. */
+static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_f16,
+                          double *density_cv, char err[ERR_MAX])
+{
+    int rc = -1;
+    kv_seq prefix;
+    kv_seq_init(&prefix, b->pool);
+    if (make_prefix(b, seed, &prefix, density_cv, err) < 0 ||
+        score_reference(b, &prefix, ms_f16, err) < 0)
+        goto out;
+    uint64_t shuffle = seed * 2654435761u + 1;
+    for (int s = 0; s < N_SCHEMES; s++) {
+        assign_scheme(b, &schemes[s], prefix.n_chunks, &shuffle);
+        if (score_precisions(b, &prefix, &out[s], err) < 0)
+            goto out;
+    }
+    rc = 0;
+out:
     kv_seq_free(&prefix);
     return rc;
 }
@@ -359,13 +451,19 @@ static int bench_model(const char *path, const bench_options *o)
     b.tokens = malloc((size_t)o->len * sizeof *b.tokens);
     b.positions = malloc((size_t)o->len * sizeof *b.positions);
     b.received = malloc((size_t)o->prefix * sizeof *b.received);
+    int n_layer = hp->n_layer;
     b.stats = malloc(2 * (size_t)n_chunks * sizeof *b.stats);
-    b.prec = malloc((size_t)n_chunks * sizeof *b.prec);
+    b.section_stats = malloc((2 * (size_t)n_chunks + 1) * n_layer * sizeof *b.section_stats);
+    b.chunk_prec = malloc((size_t)n_chunks * sizeof *b.chunk_prec);
+    b.prec = malloc((size_t)n_chunks * n_layer * sizeof *b.prec);
+    b.cal_stats = malloc((size_t)n_chunks * n_layer * sizeof *b.cal_stats);
+    b.layer_weight = malloc(KV_CALIB_PARTS * (size_t)n_layer * sizeof *b.layer_weight);
     b.ref_logits = malloc((size_t)(o->len - o->prefix) * b.n_vocab * sizeof(float));
     b.logits = malloc((size_t)b.n_vocab * sizeof(float));
     outcome(*res)[MAX_SEQS] = malloc(sizeof(outcome[N_SCHEMES][MAX_SEQS]));
     if (!b.r || !b.pool || !b.tokens || !b.positions || !b.received || !b.stats || !b.prec ||
-        !b.ref_logits || !b.logits || !res) {
+        !b.section_stats || !b.chunk_prec || !b.layer_weight || !b.cal_stats || !b.ref_logits || !b.logits ||
+        !res) {
         fprintf(stderr, "kvquant: %s: %s\n", path, b.r && b.pool ? "out of memory" : err);
         goto out;
     }
@@ -374,6 +472,15 @@ static int bench_model(const char *path, const bench_options *o)
 
     double cv[MAX_SEQS], ms_f16[MAX_SEQS];
     outcome one[N_SCHEMES];
+    if (calibrate_layers(&b, 999, err) < 0) {
+        fprintf(stderr, "kvquant: %s: calibration: %s\n", path, err);
+        goto out;
+    }
+    char weights[512];
+    int at = 0;
+    for (int l = 0; l < KV_CALIB_PARTS * n_layer && at < (int)sizeof weights - 16; l++)
+        at += snprintf(weights + at, sizeof weights - (size_t)at, "%s%.3g", l ? "," : "",
+                       b.layer_weight[l]);
     for (int q = 0; q < o->n_seqs; q++) {
         if (bench_sequence(&b, 1000 + (uint64_t)q, one, &ms_f16[q], &cv[q], err) < 0) {
             fprintf(stderr, "kvquant: %s: sequence %d: %s\n", path, q, err);
@@ -399,7 +506,8 @@ static int bench_model(const char *path, const bench_options *o)
                "\"density_window\":%d,\"scheme\":\"%s\",\"budget\":\"%s\",\"kl_median\":%.6g,"
                "\"kl_min\":%.6g,\"kl_max\":%.6g,\"kl_vs_int4\":%.3f,\"top1_agreement\":%.4f,"
                "\"bytes_vs_int8\":%.4f,\"k_bits\":%.2f,\"v_bits\":%.2f,\"decode_ms\":%.3f,"
-               "\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,\"seconds\":%.1f}\n",
+               "\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,\"layer_weights\":[%s],"
+               "\"seconds\":%.1f}\n",
                path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
                o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix,
                schemes[s].name, budget_names[schemes[s].budget],
@@ -409,7 +517,7 @@ static int bench_model(const char *path, const bench_options *o)
                field_median(res[s], o->n_seqs, offsetof(outcome, k_bits)),
                field_median(res[s], o->n_seqs, offsetof(outcome, v_bits)),
                field_median(res[s], o->n_seqs, offsetof(outcome, ms)), ms_f16_med, cv_med,
-               seconds);
+               weights, seconds);
     }
     fflush(stdout);
     status = 0;
@@ -419,7 +527,11 @@ out:
     free(b.positions);
     free(b.received);
     free(b.stats);
+    free(b.section_stats);
+    free(b.chunk_prec);
     free(b.prec);
+    free(b.layer_weight);
+    free(b.cal_stats);
     free(b.ref_logits);
     free(b.logits);
     kv_pool_free(b.pool);

@@ -134,6 +134,51 @@ size_t kv_chunk_data_bytes(kv_shape s, enum kv_precision p)
     return (size_t)s.n_layer * kv_chunk_layer_bytes(s, p);
 }
 
+size_t kv_layers_data_bytes(kv_shape s, const uint8_t *layers)
+{
+    size_t n = 0;
+    for (int l = 0; l < s.n_layer; l++)
+        n += kv_chunk_layer_bytes(s, (enum kv_precision)layers[l]);
+    return n;
+}
+
+size_t kv_chunk_bytes(kv_shape s, const kv_chunk *c)
+{
+    return c->precision == KV_MIXED ? kv_layers_data_bytes(s, c->layer_precision)
+                                    : kv_chunk_data_bytes(s, c->precision);
+}
+
+/* The precision every entry of layers has, or KV_MIXED. */
+static enum kv_precision kv_layers_uniform(kv_shape s, const uint8_t *layers)
+{
+    for (int l = 1; l < s.n_layer; l++)
+        if (layers[l] != layers[0])
+            return KV_MIXED;
+    return (enum kv_precision)layers[0];
+}
+
+/* Offset of layer's section in a buffer of layers' precisions (uniform: p). */
+static size_t kv_section_offset(kv_shape s, enum kv_precision p, const uint8_t *layers,
+                                int layer)
+{
+    if (p != KV_MIXED)
+        return (size_t)layer * kv_chunk_layer_bytes(s, p);
+    size_t off = 0;
+    for (int l = 0; l < layer; l++)
+        off += kv_chunk_layer_bytes(s, (enum kv_precision)layers[l]);
+    return off;
+}
+
+uint8_t *kv_chunk_layer(const kv_chunk *c, kv_shape s, int layer)
+{
+    return c->data + kv_section_offset(s, c->precision, c->layer_precision, layer);
+}
+
+bool kv_chunk_has_layers(const kv_chunk *c, kv_shape s, const uint8_t *layers)
+{
+    return memcmp(c->layer_precision, layers, (size_t)s.n_layer) == 0;
+}
+
 uint16_t *kv_chunk_k_f16(const kv_chunk *c, kv_shape s, int layer, int head)
 {
     return (uint16_t *)kv_chunk_layer(c, s, layer) + (size_t)head * kv_f16_block_elems(s);
@@ -145,24 +190,20 @@ uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape s, int layer, int head)
            ((size_t)s.n_head_kv + head) * kv_f16_block_elems(s);
 }
 
-static const uint8_t *kv_chunk_quant_block(const kv_chunk *c, kv_shape s, int layer, int head)
-{
-    return kv_chunk_layer(c, s, layer) +
-           (size_t)head * kv_quant_block_bytes(s.head_dim, kv_format(c->precision));
-}
-
 void kv_chunk_read_f32(const kv_chunk *c, kv_shape s, int layer, int head, float *k, float *v)
 {
     int64_t n = (int64_t)c->n_tokens * s.head_dim;
-    if (c->precision == KV_F16) {
+    enum kv_precision p = (enum kv_precision)c->layer_precision[layer];
+    if (p == KV_F16) {
         if (k)
             quant_dequantize_row(QTYPE_F16, kv_chunk_k_f16(c, s, layer, head), k, n);
         if (v)
             quant_dequantize_row(QTYPE_F16, kv_chunk_v_f16(c, s, layer, head), v, n);
         return;
     }
-    kv_quant_decode(kv_chunk_quant_block(c, s, layer, head), s.head_dim,
-                    kv_format(c->precision), c->n_tokens, k, v);
+    kv_quant_format f = kv_format(p);
+    kv_quant_decode(kv_chunk_layer(c, s, layer) + (size_t)head * kv_quant_block_bytes(s.head_dim, f),
+                    s.head_dim, f, c->n_tokens, k, v);
 }
 
 /* ---- pool ---- */
@@ -221,7 +262,7 @@ static void kv_spares_free(kv_spares *s)
 kv_pool *kv_pool_new(kv_shape shape, int max_chunks, char err[ERR_MAX])
 {
     if (shape.n_layer <= 0 || shape.n_head_kv <= 0 || shape.head_dim <= 0 ||
-        shape.n_layer > 1 << 16 || shape.n_head_kv > 1 << 16 ||
+        shape.n_layer > KV_MAX_LAYERS || shape.n_head_kv > 1 << 16 ||
         shape.head_dim > KV_MAX_HEAD_DIM) {
         err_set(err, "kv pool: bad shape (%d layers, %d heads, head_dim %d)", shape.n_layer,
                 shape.n_head_kv, shape.head_dim);
@@ -272,10 +313,40 @@ size_t kv_pool_bytes_at(const kv_pool *pool, enum kv_precision p)
     return kv_precision_valid(p) ? pool->bytes_by_precision[p] : 0;
 }
 
-static uint8_t *kv_data_take(kv_pool *pool, enum kv_precision p)
+/* A buffer for layers' precisions (p: the uniform one or KV_MIXED). Only uniform
+ * buffers are kept for reuse: the mixed ones are as many sizes as there are mixes, and
+ * only the context manager's conversions make them, not the per-token path. */
+static uint8_t *kv_data_take(kv_pool *pool, enum kv_precision p, const uint8_t *layers)
 {
-    uint8_t *d = kv_spares_take(&pool->data[p]);
-    return d ? d : malloc(kv_chunk_data_bytes(pool->shape, p));
+    uint8_t *d = p == KV_MIXED ? NULL : kv_spares_take(&pool->data[p]);
+    return d ? d : malloc(kv_layers_data_bytes(pool->shape, layers));
+}
+
+static void kv_data_put(kv_pool *pool, enum kv_precision p, uint8_t *data)
+{
+    if (p == KV_MIXED)
+        free(data);
+    else
+        kv_spares_put(&pool->data[p], data);
+}
+
+/* Adds (sign 1) or removes (-1) c's bytes in the pool's counts, by layer precision. */
+static void kv_pool_count(kv_pool *pool, const kv_chunk *c, int sign)
+{
+    for (int l = 0; l < pool->shape.n_layer; l++) {
+        enum kv_precision p = (enum kv_precision)c->layer_precision[l];
+        size_t b = kv_chunk_layer_bytes(pool->shape, p);
+        pool->bytes_used += sign > 0 ? b : -b;
+        pool->bytes_by_precision[p] += sign > 0 ? b : -b;
+    }
+}
+
+static bool kv_layers_valid(kv_shape s, const uint8_t *layers)
+{
+    for (int l = 0; l < s.n_layer; l++)
+        if (!kv_precision_valid(layers[l]))
+            return false;
+    return true;
 }
 
 kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ERR_MAX])
@@ -284,6 +355,18 @@ kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ER
         err_set(err, "kv pool: unknown precision %d", (int)p);
         return NULL;
     }
+    uint8_t layers[KV_MAX_LAYERS];
+    memset(layers, (int)p, sizeof layers);
+    return kv_chunk_new_layers(pool, layers, err);
+}
+
+kv_chunk *kv_chunk_new_layers(kv_pool *pool, const uint8_t *layers, char err[ERR_MAX])
+{
+    if (!kv_layers_valid(pool->shape, layers)) {
+        err_set(err, "kv pool: unknown precision in a chunk's layers");
+        return NULL;
+    }
+    enum kv_precision p = kv_layers_uniform(pool->shape, layers);
     if (pool->max_chunks && pool->n_used >= pool->max_chunks) {
         err_set(err, "kv pool: all %d chunks in use", pool->max_chunks);
         return NULL;
@@ -291,19 +374,19 @@ kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ER
     kv_chunk *c = kv_spares_take(&pool->structs);
     if (!c)
         c = malloc(sizeof *c);
-    uint8_t *data = c ? kv_data_take(pool, p) : NULL;
+    uint8_t *data = c ? kv_data_take(pool, p, layers) : NULL;
     if (!data) {
         free(c);
         err_set(err, "kv pool: out of memory for a chunk (%zu bytes)",
-                kv_chunk_data_bytes(pool->shape, p));
+                kv_layers_data_bytes(pool->shape, layers));
         return NULL;
     }
     memset(c, 0, sizeof *c);
     c->precision = p;
+    memcpy(c->layer_precision, layers, (size_t)pool->shape.n_layer);
     c->data = data;
     pool->n_used++;
-    pool->bytes_used += kv_chunk_data_bytes(pool->shape, p);
-    pool->bytes_by_precision[p] += kv_chunk_data_bytes(pool->shape, p);
+    kv_pool_count(pool, c, 1);
     return c;
 }
 
@@ -317,18 +400,16 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *c)
     if (!c)
         return;
     pool->n_used--;
-    pool->bytes_used -= kv_chunk_data_bytes(pool->shape, c->precision);
-    pool->bytes_by_precision[c->precision] -= kv_chunk_data_bytes(pool->shape, c->precision);
-    kv_spares_put(&pool->data[c->precision], c->data);
+    kv_pool_count(pool, c, -1);
+    kv_data_put(pool, c->precision, c->data);
     kv_spares_put(&pool->structs, c);
 }
 
-/* Writes the first n rows of k and v (n, head_dim) as (layer, head)'s block of data,
- * a chunk buffer of precision p; rows >= n become zero. */
-static void kv_block_write(kv_shape s, enum kv_precision p, uint8_t *data, int layer, int head,
-                           int n, const float *k, const float *v)
+/* Writes the first n rows of k and v (n, head_dim) as head's block of sec, a layer
+ * section of precision p; rows >= n become zero. */
+static void kv_block_write(kv_shape s, enum kv_precision p, uint8_t *sec, int head, int n,
+                           const float *k, const float *v)
 {
-    uint8_t *sec = data + (size_t)layer * kv_chunk_layer_bytes(s, p);
     if (p != KV_F16) {
         kv_quant_format f = kv_format(p);
         kv_quant_encode(sec + (size_t)head * kv_quant_block_bytes(s.head_dim, f), s.head_dim,
@@ -350,40 +431,54 @@ int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[E
 {
     if (!kv_precision_valid(p))
         return err_set(err, "kv chunk: unknown precision %d", (int)p);
-    if (c->precision == p)
-        return 0;
+    uint8_t layers[KV_MAX_LAYERS];
+    memset(layers, (int)p, sizeof layers);
+    return kv_chunk_convert_layers(pool, c, layers, err);
+}
+
+int kv_chunk_convert_layers(kv_pool *pool, kv_chunk *c, const uint8_t *layers,
+                            char err[ERR_MAX])
+{
     kv_shape s = pool->shape;
-    uint8_t *data = kv_data_take(pool, p);
+    if (!kv_layers_valid(s, layers))
+        return err_set(err, "kv chunk: unknown precision in a chunk's layers");
+    if (kv_chunk_has_layers(c, s, layers))
+        return 0;
+    enum kv_precision p = kv_layers_uniform(s, layers);
+    uint8_t *data = kv_data_take(pool, p, layers);
     if (!data)
         return err_set(err, "kv chunk: out of memory converting to %s (%zu bytes)",
-                       kv_precision_name(p), kv_chunk_data_bytes(s, p));
+                       p == KV_MIXED ? "mixed layers" : kv_precision_name(p),
+                       kv_layers_data_bytes(s, layers));
     float *k = pool->scratch, *v = pool->scratch + kv_f16_block_elems(s);
-    for (int l = 0; l < s.n_layer; l++)
+    for (int l = 0; l < s.n_layer; l++) {
+        uint8_t *sec = data + kv_section_offset(s, p, layers, l);
         for (int h = 0; h < s.n_head_kv; h++) {
             kv_chunk_read_f32(c, s, l, h, k, v);
-            kv_block_write(s, p, data, l, h, c->n_tokens, k, v);
+            kv_block_write(s, (enum kv_precision)layers[l], sec, h, c->n_tokens, k, v);
         }
-    pool->bytes_used += kv_chunk_data_bytes(s, p);
-    pool->bytes_used -= kv_chunk_data_bytes(s, c->precision);
-    pool->bytes_by_precision[p] += kv_chunk_data_bytes(s, p);
-    pool->bytes_by_precision[c->precision] -= kv_chunk_data_bytes(s, c->precision);
-    kv_spares_put(&pool->data[c->precision], c->data);
+    }
+    kv_pool_count(pool, c, -1);
+    kv_data_put(pool, c->precision, c->data);
     c->data = data;
     c->precision = p;
+    memcpy(c->layer_precision, layers, (size_t)s.n_layer);
+    kv_pool_count(pool, c, 1);
     return 0;
 }
 
 /* ---- tolerance-aware precisions ---- */
 
-void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread,
-                     float *vb_spread)
+/* kv_chunk_spread over layers [from, to). */
+static void kv_spread_layers(kv_pool *pool, const kv_chunk *c, int from, int to,
+                             float *k_spread, float *v_spread, float *vb_spread)
 {
     kv_shape s = pool->shape;
     int hd = s.head_dim, n = c->n_tokens;
     float *k = pool->scratch, *v = pool->scratch + kv_f16_block_elems(s);
     double ks = 0, vs = 0, vbs = 0;
     long nk = 0, nv = 0, nvb = 0;
-    for (int l = 0; l < s.n_layer && n > 0; l++)
+    for (int l = from; l < to && n > 0; l++)
         for (int h = 0; h < s.n_head_kv; h++) {
             kv_chunk_read_f32(c, s, l, h, k, v);
             for (int j = 0; j < hd; j++, nk++) {
@@ -417,16 +512,24 @@ void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v
     *vb_spread = nvb ? (float)(vbs / (double)nvb) : 0;
 }
 
+void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread,
+                     float *vb_spread)
+{
+    kv_spread_layers(pool, c, 0, pool->shape.n_layer, k_spread, v_spread, vb_spread);
+}
+
+void kv_chunk_layer_spread(kv_pool *pool, const kv_chunk *c, int layer, float *k_spread,
+                           float *v_spread, float *vb_spread)
+{
+    kv_spread_layers(pool, c, layer, layer + 1, k_spread, v_spread, vb_spread);
+}
+
 /* A chunk's next widening in the greedy assignment: error saved per byte it costs. */
 typedef struct kv_step {
     double gain;
     int chunk;
 } kv_step;
 
-/* A key's error moves every score of its token, a value's only its share of the output:
- * bench/kvquant measured 2 lower than 1 on TinyStories-656K (0.94x against 1.11x of
- * uniform int4's KL at int4's bytes) and the same on stories260K. */
-#define KV_K_ERROR_WEIGHT 2.0
 
 static double kv_width_error(int bits)
 {
@@ -490,21 +593,28 @@ static int kv_v_chain(kv_shape shape, const kv_chunk_stats *st, bool v_block,
     return len;
 }
 
-/* The better of widening a chunk's K by one width or moving its V one step along its
+/* Bytes of an item of the greedy at precision p: a whole chunk (layers = n_layer) or one
+ * layer section (layers = 1). */
+static size_t kv_item_bytes(kv_shape shape, int layers, enum kv_precision p)
+{
+    return (size_t)layers * kv_chunk_layer_bytes(shape, p);
+}
+
+/* The better of widening an item's K by one width or moving its V one step along its
  * chain (at position iv of len): *which 0 for K, 1 for V, *bytes the cost; gain 0 when
  * neither can move. */
-static double kv_best_widening(kv_shape shape, const kv_chunk_stats *st, double w, int ik,
-                               const uint8_t *chain, int iv, int len, int *which,
+static double kv_best_widening(kv_shape shape, int layers, const kv_chunk_stats *st, double w,
+                               int ik, const uint8_t *chain, int iv, int len, int *which,
                                size_t *bytes)
 {
     double best = 0;
-    size_t now = kv_chunk_data_bytes(shape, kv_choice_precision(ik, chain[iv]));
+    size_t now = kv_item_bytes(shape, layers, kv_choice_precision(ik, chain[iv]));
     for (int side = 0; side < 2; side++) {
         if (side ? iv + 1 >= len : ik + 1 >= KV_N_WIDTHS)
             continue;
         enum kv_precision p = side ? kv_choice_precision(ik, chain[iv + 1])
                                    : kv_choice_precision(ik + 1, chain[iv]);
-        size_t cost = kv_chunk_data_bytes(shape, p) - now;
+        size_t cost = kv_item_bytes(shape, layers, p) - now;
         double saved = side ? kv_v_error(st, chain[iv]) - kv_v_error(st, chain[iv + 1])
                             : KV_K_ERROR_WEIGHT * st->k_spread *
                                   (kv_width_error(kv_widths[ik]) - kv_width_error(kv_widths[ik + 1]));
@@ -542,8 +652,25 @@ typedef struct kv_chunk_choice {
     uint8_t ik, iv;              /* its K width index, its position on chain */
 } kv_chunk_choice;
 
-void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
-                          size_t budget_bytes, bool v_block, enum kv_precision *out)
+/* Writes precision p of item i into out (enum) or out8 (bytes), whichever is given. */
+static void kv_put(enum kv_precision *out, uint8_t *out8, int i, enum kv_precision p)
+{
+    if (out)
+        out[i] = p;
+    else
+        out8[i] = (uint8_t)p;
+}
+
+/* Item i's error weight: its density plus half the mean (kv.h). */
+static double kv_item_weight(const kv_chunk_stats *stats, double mean, int i)
+{
+    return (stats[i].density > 0 ? stats[i].density : 0) + mean / 2;
+}
+
+/* The greedy of kv_assign_precisions over n items of `layers` layers each (whole chunks
+ * or layer sections). */
+static void kv_assign(kv_shape shape, const kv_chunk_stats *stats, int n, int layers, size_t budget_bytes, bool v_block,
+                      enum kv_precision *out, uint8_t *out8)
 {
     if (n <= 0)
         return;
@@ -552,13 +679,13 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
     if (!heap || !ch) {
         enum kv_precision p = KV_INT2;
         for (int i = KV_N_WIDTHS - 1; i >= 0; i--)
-            if ((size_t)n * kv_chunk_data_bytes(shape, KV_INT_FIRST + (KV_N_WIDTHS + 1) * i) <=
+            if ((size_t)n * kv_item_bytes(shape, layers, KV_INT_FIRST + (KV_N_WIDTHS + 1) * i) <=
                 budget_bytes) {
                 p = KV_INT_FIRST + (KV_N_WIDTHS + 1) * i;
                 break;
             }
         for (int i = 0; i < n; i++)
-            out[i] = p;
+            kv_put(out, out8, i, p);
         free(heap);
         free(ch);
         return;
@@ -575,10 +702,9 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
         kv_chunk_choice *c = &ch[i];
         c->len = (uint8_t)kv_v_chain(shape, &stats[i], v_block, c->chain);
         c->ik = c->iv = 0;
-        used += kv_chunk_data_bytes(shape, kv_choice_precision(0, c->chain[0]));
-        double w = (stats[i].density > 0 ? stats[i].density : 0) + mean / 2;
-        heap[i] = (kv_step){kv_best_widening(shape, &stats[i], w, 0, c->chain, 0, c->len,
-                                             &which, &cost), i};
+        used += kv_item_bytes(shape, layers, kv_choice_precision(0, c->chain[0]));
+        heap[i] = (kv_step){kv_best_widening(shape, layers, &stats[i], kv_item_weight(stats, mean, i), 0,
+                                             c->chain, 0, c->len, &which, &cost), i};
     }
     for (int i = n / 2 - 1; i >= 0; i--)
         kv_heap_sift_down(heap, n, i);
@@ -586,9 +712,9 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
     while (live > 0 && used < budget_bytes) {
         int i = heap[0].chunk;
         kv_chunk_choice *c = &ch[i];
-        double w = (stats[i].density > 0 ? stats[i].density : 0) + mean / 2;
-        double gain = kv_best_widening(shape, &stats[i], w, c->ik, c->chain, c->iv, c->len,
-                                       &which, &cost);
+        double w = kv_item_weight(stats, mean, i);
+        double gain = kv_best_widening(shape, layers, &stats[i], w, c->ik, c->chain, c->iv,
+                                       c->len, &which, &cost);
         if (gain <= 0 || used + cost > budget_bytes) {
             heap[0] = heap[--live]; /* widest already, or its next step does not fit */
         } else {
@@ -597,15 +723,28 @@ void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
                 c->iv++;
             else
                 c->ik++;
-            heap[0].gain = kv_best_widening(shape, &stats[i], w, c->ik, c->chain, c->iv,
-                                            c->len, &which, &cost);
+            heap[0].gain = kv_best_widening(shape, layers, &stats[i], w, c->ik, c->chain,
+                                            c->iv, c->len, &which, &cost);
         }
         kv_heap_sift_down(heap, live, 0);
     }
     for (int i = 0; i < n; i++)
-        out[i] = kv_choice_precision(ch[i].ik, ch[i].chain[ch[i].iv]);
+        kv_put(out, out8, i, kv_choice_precision(ch[i].ik, ch[i].chain[ch[i].iv]));
     free(heap);
     free(ch);
+}
+
+void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
+                          size_t budget_bytes, bool v_block, enum kv_precision *out)
+{
+    kv_assign(shape, stats, n, shape.n_layer, budget_bytes, v_block, out, NULL);
+}
+
+void kv_assign_layer_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
+                                size_t budget_bytes, bool v_block, uint8_t *out)
+{
+    if (n > 0)
+        kv_assign(shape, stats, n * shape.n_layer, 1, budget_bytes, v_block, NULL, out);
 }
 
 /* ---- sequences ---- */
@@ -708,6 +847,28 @@ int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX])
     if (kv_seq_grow(seq, seq->n_chunks + 1, err) < 0)
         return -1;
     seq->chunks[seq->n_chunks++] = chunk;
+    return 0;
+}
+
+int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX])
+{
+    kv_shape shape = kv_pool_shape(dst->pool);
+    for (int i = 0; i < src->n_chunks; i++) {
+        const kv_chunk *c = src->chunks[i];
+        if (!c)
+            return err_set(err, "kv sequence: chunk %d to copy is not resident", i);
+        kv_chunk *d = kv_chunk_new_layers(dst->pool, c->layer_precision, err);
+        if (!d)
+            return -1;
+        memcpy(d->data, c->data, kv_chunk_bytes(shape, c));
+        memcpy(d->tokens, c->tokens, sizeof d->tokens);
+        memcpy(d->positions, c->positions, sizeof d->positions);
+        d->n_tokens = c->n_tokens;
+        if (kv_seq_push_chunk(dst, d, err) < 0) {
+            kv_chunk_free(dst->pool, d);
+            return -1;
+        }
+    }
     return 0;
 }
 

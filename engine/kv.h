@@ -43,6 +43,10 @@ enum kv_precision {
 /* One past the largest precision: the length of arrays indexed by precision. */
 #define KV_PRECISION_END (KV_VBLOCK_FIRST + KV_N_WIDTHS * KV_N_WIDTHS)
 
+/* A chunk's precision when its layers have different ones (kv_chunk.layer_precision):
+ * not a precision itself, kv_precision_valid says no. */
+#define KV_MIXED 255
+
 /* Whether p names a precision. */
 int kv_precision_valid(int p);
 
@@ -68,6 +72,9 @@ const char *kv_precision_name(enum kv_precision p);
 /* Largest head_dim a pool accepts (as the attention kernels, OPS_MAX_HEAD_DIM). */
 #define KV_MAX_HEAD_DIM 512
 
+/* Most layers a pool accepts (the largest published models have 126). */
+#define KV_MAX_LAYERS 256
+
 /* The dimensions every chunk of a model shares. */
 typedef struct kv_shape {
     int n_layer;
@@ -76,29 +83,43 @@ typedef struct kv_shape {
 } kv_shape;
 
 /*
- * A chunk's data is one allocation of kv_chunk_data_bytes(shape, precision) bytes made of
- * n_layer equal sections of kv_chunk_layer_bytes(shape, precision) bytes, layer 0 first,
- * so that a chunk can be written, read or recomputed one layer at a time. Within a layer
- * section: for KV_F16, K then V, each (n_head_kv, KV_CHUNK_TOKENS, head_dim) half floats;
- * for the integer precisions the layout is private to kv.c. Rows >= n_tokens are unused
- * (zero after compression).
+ * A chunk's data is one allocation made of n_layer sections, layer 0 first, so that a
+ * chunk can be written, read or recomputed one layer at a time. Each layer has its own
+ * precision (layer_precision) and its section kv_chunk_layer_bytes(shape, that) bytes:
+ * the error of a compressed KV comes mostly from a few layers (on TinyStories-656K int4
+ * on layer 0 alone costs half of int4 on both), which then get more bits than the rest.
+ * When every layer has the same precision, precision says which (and the data is
+ * kv_chunk_data_bytes(shape, precision) bytes); otherwise it is KV_MIXED.
+ * Within a layer section: for KV_F16, K then V, each (n_head_kv, KV_CHUNK_TOKENS,
+ * head_dim) half floats; for the integer precisions the layout is private to kv.c. Rows
+ * >= n_tokens are unused (zero after compression).
  */
 typedef struct kv_chunk {
-    enum kv_precision precision;
+    enum kv_precision precision;           /* every layer's, or KV_MIXED */
     int n_tokens;                          /* entries used, 0..KV_CHUNK_TOKENS, filled in order */
     int32_t tokens[KV_CHUNK_TOKENS];       /* token id of each entry */
     int32_t positions[KV_CHUNK_TOKENS];    /* absolute position of each entry */
-    uint8_t *data;                         /* (n_layer, kv_chunk_layer_bytes) */
+    uint8_t layer_precision[KV_MAX_LAYERS]; /* (n_layer) each section's kv_precision */
+    uint8_t *data;                         /* (n_layer sections of their precision's bytes) */
 } kv_chunk;
 
-/* Bytes of one layer section, and of the whole chunk, at a precision. */
+/* Bytes of one layer section, and of a chunk whose layers all have precision p. */
 size_t kv_chunk_layer_bytes(kv_shape shape, enum kv_precision p);
 size_t kv_chunk_data_bytes(kv_shape shape, enum kv_precision p);
 
+/* Bytes of a chunk whose layer l has precision layers[l] (n_layer entries, each valid). */
+size_t kv_layers_data_bytes(kv_shape shape, const uint8_t *layers);
+
+/* Data bytes of chunk c (its layers' precisions). */
+size_t kv_chunk_bytes(kv_shape shape, const kv_chunk *c);
+
 /* Start of one layer's section of a chunk. */
-static inline uint8_t *kv_chunk_layer(const kv_chunk *c, kv_shape shape, int layer)
+uint8_t *kv_chunk_layer(const kv_chunk *c, kv_shape shape, int layer);
+
+/* Bytes of one layer's section of a chunk. */
+static inline size_t kv_chunk_section_bytes(const kv_chunk *c, kv_shape shape, int layer)
 {
-    return c->data + (size_t)layer * kv_chunk_layer_bytes(shape, c->precision);
+    return kv_chunk_layer_bytes(shape, (enum kv_precision)c->layer_precision[layer]);
 }
 
 /* KV_F16 chunks only: (layer, head)'s K or V block of KV_CHUNK_TOKENS rows of head_dim. */
@@ -151,6 +172,10 @@ kv_chunk *kv_chunk_new(kv_pool *pool, char err[ERR_MAX]);
  * fill (loading from disk); the caller sets tokens, positions and n_tokens. */
 kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ERR_MAX]);
 
+/* The same with layer l at precision layers[l] (n_layer entries); NULL + err when one
+ * is not a precision. */
+kv_chunk *kv_chunk_new_layers(kv_pool *pool, const uint8_t *layers, char err[ERR_MAX]);
+
 /*
  * Converts a chunk to precision p in place (its data is replaced by one of the new size;
  * the pool's byte count follows). F16 -> integer compresses (lossy); integer -> F16
@@ -158,6 +183,13 @@ kv_chunk *kv_chunk_new_precision(kv_pool *pool, enum kv_precision p, char err[ER
  * On failure (out of memory) the chunk is unchanged.
  */
 int kv_chunk_convert(kv_pool *pool, kv_chunk *c, enum kv_precision p, char err[ERR_MAX]);
+
+/* kv_chunk_convert with layer l to precision layers[l] (n_layer entries). */
+int kv_chunk_convert_layers(kv_pool *pool, kv_chunk *c, const uint8_t *layers,
+                            char err[ERR_MAX]);
+
+/* Whether chunk c's layers have the precisions layers[] (n_layer entries). */
+bool kv_chunk_has_layers(const kv_chunk *c, kv_shape shape, const uint8_t *layers);
 
 /* Gives a chunk back to its pool. NULL is allowed. */
 void kv_chunk_free(kv_pool *pool, kv_chunk *chunk);
@@ -182,6 +214,16 @@ typedef struct kv_chunk_stats {
 void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v_spread,
                      float *vb_spread);
 
+/* The same spreads over one layer of a chunk only. */
+void kv_chunk_layer_spread(kv_pool *pool, const kv_chunk *c, int layer, float *k_spread,
+                           float *v_spread, float *vb_spread);
+
+/* How much more a unit of K's spread weighs in the predicted error than one of V's: a
+ * key's error moves every score of its token, a value's only its share of the output
+ * (bench/kvquant measured 2 lower than 1 on TinyStories-656K: 0.94x against 1.11x of
+ * uniform int4's KL at int4's bytes, and the same on stories260K). */
+#define KV_K_ERROR_WEIGHT 2.0
+
 /*
  * Chooses an integer precision for each of n chunks so that their data bytes total at
  * most budget_bytes and the predicted error
@@ -202,6 +244,18 @@ void kv_chunk_spread(kv_pool *pool, const kv_chunk *c, float *k_spread, float *v
  */
 void kv_assign_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
                           size_t budget_bytes, bool v_block, enum kv_precision *out);
+
+/*
+ * kv_assign_precisions for every (chunk, layer) section: stats (n, n_layer) hold each
+ * layer's spreads (kv_chunk_layer_spread) beside its chunk's density, and out (n,
+ * n_layer) gets each section's precision. The greedy spends the bytes on the sections
+ * that save the most predicted error per byte, so a layer whose errors the output
+ * follows most can keep more bits than the others in every chunk: the spreads do not
+ * say which layer that is, kv_calib_apply (kv_calib.h) scales them so that they do.
+ * Same fallback and budget rules as kv_assign_precisions.
+ */
+void kv_assign_layer_precisions(kv_shape shape, const kv_chunk_stats *stats, int n,
+                                size_t budget_bytes, bool v_block, uint8_t *out);
 
 /* ---- sequence: one context's KV ---- */
 
@@ -243,6 +297,10 @@ int kv_seq_append(kv_seq *seq, int32_t token, int32_t pos, kv_chunk **chunk, int
  * Entries appended later go to new chunks after it when it is not full. chunk NULL
  * appends a slot that is not resident (see fault). */
 int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX]);
+
+/* Appends a copy of every chunk of src (all resident, same shape) to dst, each at its
+ * precisions; dst draws them from its pool. On failure dst may hold some of them. */
+int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX]);
 
 /* Drops entries after the first n (freeing chunks that become empty). A NULL slot
  * that the cut falls inside is dropped whole, with everything after it. */

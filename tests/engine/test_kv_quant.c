@@ -407,6 +407,81 @@ static void test_avx2_decode_matches_scalar(void)
                 }
 }
 
+/* A chunk whose layers differ: each layer reads back exactly what a chunk converted to
+ * that layer's precision alone reads, sections sit one after the other at their own
+ * sizes, the pool counts each layer's bytes at its precision, and converting to other
+ * layers (mixed or uniform) and back to f16 keeps every layer's values. */
+static void test_mixed_layers(void)
+{
+    char err[ERR_MAX];
+    kv_pool *p = kv_pool_new(SHAPE, 0, err);
+    static float k[BLK], v[BLK], kw[BLK], vw[BLK];
+    kv_chunk *c = random_chunk(p, 13);
+    kv_chunk *ref = random_chunk(p, 13);
+    CHECK(c && ref);
+    memcpy(ref->data, c->data, kv_chunk_data_bytes(SHAPE, KV_F16));
+    const uint8_t layers[3] = {KV_INT8, (uint8_t)kv_precision_layout_of(3, 5, true), KV_F16};
+    uint8_t bad[3] = {KV_INT8, 2, KV_F16};
+    CHECK_EQ(kv_chunk_convert_layers(p, c, bad, err), -1); /* 2: not a precision */
+    CHECK_EQ(c->precision, KV_F16);
+    size_t before = kv_pool_bytes_used(p);
+    CHECK_EQ(kv_chunk_convert_layers(p, c, layers, err), 0);
+    CHECK_EQ(c->precision, KV_MIXED);
+    CHECK(kv_chunk_has_layers(c, SHAPE, layers));
+    size_t want = 0;
+    for (int l = 0; l < 3; l++) {
+        CHECK(kv_chunk_layer(c, SHAPE, l) == c->data + want);
+        CHECK_EQ(kv_chunk_section_bytes(c, SHAPE, l), kv_chunk_layer_bytes(SHAPE, layers[l]));
+        want += kv_chunk_layer_bytes(SHAPE, layers[l]);
+    }
+    CHECK_EQ(kv_chunk_bytes(SHAPE, c), want);
+    CHECK_EQ(kv_layers_data_bytes(SHAPE, layers), want);
+    CHECK_EQ(kv_pool_bytes_used(p), before - kv_chunk_data_bytes(SHAPE, KV_F16) + want);
+    CHECK_EQ(kv_pool_bytes_at(p, KV_INT8), kv_chunk_layer_bytes(SHAPE, KV_INT8));
+    CHECK_EQ(kv_pool_bytes_at(p, KV_F16),
+             kv_chunk_data_bytes(SHAPE, KV_F16) + kv_chunk_layer_bytes(SHAPE, KV_F16));
+    for (int l = 0; l < 3; l++) {
+        kv_chunk *one = random_chunk(p, 13);
+        CHECK(one);
+        memcpy(one->data, ref->data, kv_chunk_data_bytes(SHAPE, KV_F16));
+        CHECK_EQ(kv_chunk_convert(p, one, layers[l], err), 0);
+        for (int h = 0; h < SHAPE.n_head_kv; h++) {
+            kv_chunk_read_f32(c, SHAPE, l, h, k, v);
+            kv_chunk_read_f32(one, SHAPE, l, h, kw, vw);
+            CHECK(same_floats(k, kw, 13 * HD) && same_floats(v, vw, 13 * HD));
+        }
+        kv_chunk_free(p, one);
+    }
+    /* a copy of a sequence keeps the layers and the bytes */
+    kv_seq a, b;
+    kv_seq_init(&a, p);
+    kv_seq_init(&b, p);
+    CHECK_EQ(kv_seq_push_chunk(&a, c, err), 0);
+    CHECK_EQ(kv_seq_copy(&b, &a, err), 0);
+    CHECK(b.n_chunks == 1 && kv_chunk_has_layers(b.chunks[0], SHAPE, layers));
+    CHECK(memcmp(b.chunks[0]->data, c->data, want) == 0);
+    kv_seq_free(&b);
+    /* to another mix, then to a uniform precision: layer 2 (f16 all along) unchanged */
+    const uint8_t other[3] = {KV_INT4, KV_INT4, KV_F16};
+    CHECK_EQ(kv_chunk_convert_layers(p, c, other, err), 0);
+    CHECK_EQ(c->precision, KV_MIXED);
+    CHECK_EQ(kv_chunk_convert(p, c, KV_F16, err), 0);
+    CHECK_EQ(c->precision, KV_F16);
+    CHECK(memcmp(kv_chunk_layer(c, SHAPE, 2), kv_chunk_layer(ref, SHAPE, 2),
+                 kv_chunk_layer_bytes(SHAPE, KV_F16)) == 0);
+    kv_seq_free(&a);
+    kv_chunk_free(p, ref);
+    CHECK_EQ(kv_pool_bytes_used(p), 0);
+    for (int q = 0; q < KV_PRECISION_END; q++)
+        CHECK_EQ(kv_pool_bytes_at(p, (enum kv_precision)q), 0);
+    /* a chunk allocated with mixed layers (as a load from disk does) */
+    kv_chunk *n = kv_chunk_new_layers(p, layers, err);
+    CHECK(n && n->precision == KV_MIXED && kv_pool_bytes_used(p) == want);
+    kv_chunk_free(p, n);
+    CHECK(!kv_chunk_new_layers(p, bad, err));
+    kv_pool_free(p);
+}
+
 /* ---- precision assignment ---- */
 
 static const kv_shape ASHAPE = {2, 2, 64};
@@ -538,6 +613,43 @@ static void test_assign_limits_and_order(void)
     CHECK(kv_precision_v_bits(a[0]) > kv_precision_k_bits(a[0]));
 }
 
+/* Per (chunk, layer): within the budget; the layer whose spreads are scaled up (as a
+ * calibration does for the layer the output follows) gets wider codes than the others
+ * in every chunk, where the per-chunk assignment cannot tell the layers apart; with the
+ * same statistics in every layer the sections of a chunk get the same precision. */
+static void test_assign_layers(void)
+{
+    enum { N = 40, L = 2 };
+    kv_chunk_stats st[N * L];
+    uint8_t a[N * L];
+    for (int i = 0; i < N; i++)
+        for (int l = 0; l < L; l++) {
+            float scale = l == 0 ? 30 : 1;
+            st[i * L + l] = (kv_chunk_stats){.density = (float)(frand() + 1.5),
+                                             .k_spread = scale, .v_spread = scale,
+                                             .vb_spread = 3 * scale};
+        }
+    size_t budget = N * kv_chunk_data_bytes(ASHAPE, KV_INT4);
+    kv_assign_layer_precisions(ASHAPE, st, N, budget, true, a);
+    size_t used = 0;
+    for (int i = 0; i < N; i++) {
+        used += kv_layers_data_bytes(ASHAPE, a + i * L);
+        CHECK_MSG(kv_precision_bits(a[i * L]) > kv_precision_bits(a[i * L + 1]),
+                  "chunk %d: layer 0 %s, layer 1 %s", i, kv_precision_name(a[i * L]),
+                  kv_precision_name(a[i * L + 1]));
+    }
+    CHECK(used <= budget);
+    CHECK(used + kv_chunk_layer_bytes(ASHAPE, KV_INT8) > budget);
+    for (int i = 0; i < N; i++)
+        st[i * L] = st[i * L + 1];
+    kv_assign_layer_precisions(ASHAPE, st, N, budget, false, a);
+    int differ = 0;
+    for (int i = 0; i < N; i++)
+        differ += a[i * L] != a[i * L + 1];
+    CHECK_MSG(differ <= 1, "%d chunks split their layers on equal statistics", differ);
+    kv_assign_layer_precisions(ASHAPE, st, 0, 0, true, a);
+}
+
 int main(void)
 {
     RUN(test_round_trip_bounds);
@@ -549,5 +661,7 @@ int main(void)
     RUN(test_assign_near_brute_force);
     RUN(test_assign_chooses_v_layout);
     RUN(test_assign_limits_and_order);
+    RUN(test_mixed_layers);
+    RUN(test_assign_layers);
     return test_finish();
 }
