@@ -29,29 +29,27 @@ static double kv_calib_divergence(const float *ref, const float *got, int n)
     return kl > 0 ? kl : 0;
 }
 
-/* Teacher-forces the tokens on a copy of prefix whose chunks' layers get layers[]
- * (n_layer entries; NULL: as they are). With ref_out the logits are stored there (n_forced,
- * n_vocab); else *kl gets their mean KL against ref. */
+/* Evaluates the tokens in one batch on a copy of prefix whose chunks' layers get
+ * layers[] (n_layer entries; NULL: as they are), every row's logits into out (n_forced,
+ * n_vocab); with ref, *kl gets their mean KL against it. */
 static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *layers,
-                        const int32_t *tokens, const int32_t *positions, int n_forced,
-                        int n_vocab, float *ref_out, const float *ref, float *logits,
-                        double *kl, char err[ERR_MAX])
+                        const int32_t *tokens, const int32_t *positions, const int32_t *rows,
+                        int n_forced, int n_vocab, float *out, const float *ref, double *kl,
+                        char err[ERR_MAX])
 {
     kv_seq work;
     kv_seq_init(&work, prefix->pool);
     int rc = kv_seq_copy(&work, prefix, err);
     for (int i = 0; rc == 0 && layers && i < work.n_chunks; i++)
         rc = kv_chunk_convert_layers(work.pool, work.chunks[i], layers, err);
-    double sum = 0;
-    int row = 0;
-    for (int t = 0; rc == 0 && t < n_forced; t++) {
-        float *out = ref_out ? ref_out + (size_t)t * n_vocab : logits;
-        model_batch b = {.n_tokens = 1, .tokens = tokens + t, .positions = positions + t,
-                         .n_out = 1, .out_rows = &row, .logits = out};
+    model_batch b = {.n_tokens = n_forced, .tokens = tokens, .positions = positions,
+                     .n_out = n_forced, .out_rows = rows, .logits = out};
+    if (rc == 0)
         rc = model_forward(r, &work, &b, err);
-        if (rc == 0 && !ref_out)
-            sum += kv_calib_divergence(ref + (size_t)t * n_vocab, out, n_vocab);
-    }
+    double sum = 0;
+    for (int t = 0; rc == 0 && ref && t < n_forced; t++)
+        sum += kv_calib_divergence(ref + (size_t)t * n_vocab, out + (size_t)t * n_vocab,
+                                   n_vocab);
     if (kl)
         *kl = sum / n_forced;
     kv_seq_free(&work);
@@ -69,11 +67,14 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
     if (n_forced < 1 || n_chunks < 1)
         return err_set(err, "kv calibration: needs a prefix and a token after it");
     float *ref = malloc((size_t)n_forced * n_vocab * sizeof *ref);
-    float *logits = malloc((size_t)n_vocab * sizeof *logits);
-    int rc = ref && logits ? 0 : err_set(err, "kv calibration: out of memory");
+    float *logits = malloc((size_t)n_forced * n_vocab * sizeof *logits);
+    int32_t *rows = malloc((size_t)n_forced * sizeof *rows);
+    int rc = ref && logits && rows ? 0 : err_set(err, "kv calibration: out of memory");
+    for (int t = 0; rc == 0 && t < n_forced; t++)
+        rows[t] = t;
     if (rc == 0)
-        rc = kv_calib_run(r, prefix, NULL, tokens, positions, n_forced, n_vocab, ref, NULL,
-                          logits, NULL, err);
+        rc = kv_calib_run(r, prefix, NULL, tokens, positions, rows, n_forced, n_vocab, ref,
+                          NULL, NULL, err);
     double mean = 0, sum = 0;
     for (int c = 0; c < n_chunks; c++)
         mean += section_stats[(size_t)c * n_layer].density / n_chunks;
@@ -93,8 +94,8 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
             memset(layers, KV_F16, (size_t)n_layer);
             layers[l] = (uint8_t)kv_precision_layout_of(k_bits[q], v_bits[q],
                                                         q == KV_CALIB_VBLOCK);
-            rc = kv_calib_run(r, prefix, layers, tokens, positions, n_forced, n_vocab, NULL,
-                              ref, logits, &kl, err);
+            rc = kv_calib_run(r, prefix, layers, tokens, positions, rows, n_forced, n_vocab,
+                              logits, ref, &kl, err);
             float *f = &factors[l * KV_CALIB_PARTS + q];
             *f = predicted > 0 ? (float)(kl / predicted) : 1;
             sum += *f;
@@ -103,6 +104,7 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
         factors[i] = sum > 0 ? (float)(factors[i] * n_layer * KV_CALIB_PARTS / sum) : 1;
     free(ref);
     free(logits);
+    free(rows);
     return rc;
 }
 

@@ -22,10 +22,11 @@
 enum { KV_CALIB_K, KV_CALIB_V, KV_CALIB_VBLOCK, KV_CALIB_PARTS };
 
 /*
- * Measures factors (n_layer, KV_CALIB_PARTS) on prefix (resident chunks, full but for
- * the last) followed by the n_forced tokens[i] at positions[i], teacher-forced one by
- * one on copies of prefix: one with f16 KV (the reference), then one per (layer, part)
- * with that part at 4 bits, that layer's other part at 8 and every other layer f16.
+ * Measures factors (n_layer, KV_CALIB_PARTS) on prefix (resident f16 chunks, full but
+ * for the last) followed by the n_forced tokens[i] at positions[i], evaluated as one
+ * batch (teacher-forced) on copies of prefix: one with f16 KV (the reference), then one
+ * per (layer, part) with that part at 4 bits, that layer's other part at 8 and every
+ * other layer f16: 3 n_layer + 1 forwards of n_forced tokens.
  * section_stats (n_chunks, n_layer) are prefix's (kv_chunk_layer_spread, the chunk's
  * density). A factor is the measured mean KL over the predicted error, divided by the
  * mean of all factors; a part whose prediction is zero gets 1. Allocates its scratch.
