@@ -40,7 +40,8 @@
 
 typedef struct load_read {
     int index;
-    kv_chunk *kv;              /* allocated at the stored precision, filled by the reader */
+    uint8_t layers[KV_MAX_LAYERS]; /* (n_layer) the stored layers' precisions */
+    kv_chunk *kv;              /* allocated at the stored precisions, filled by the reader */
     store_chunk_reader *rd;    /* opened, header not read yet */
     const int32_t *tokens;     /* (kv->n_tokens) the history's, which the blob must hold */
     bool failed;
@@ -62,19 +63,20 @@ typedef struct reader {
 } reader;
 
 /* Reads x's header and token ids and checks them against the history: sizes of every
- * section and the token ids the blob was computed from. */
+ * section (each layer's at its precision) and the token ids the blob was computed
+ * from. */
 static void check_blob(reader *r, load_read *x)
 {
     char err[ERR_MAX];
     int n_layer = r->shape.n_layer, nt = x->kv->n_tokens;
+    bool mixed = x->kv->precision == KV_MIXED;
     const store_chunk *meta = store_chunk_reader_meta(x->rd);
     bool ok = store_chunk_read_header(x->rd, err) == 0 &&
               meta->precision == (int)x->kv->precision && meta->n_tokens == nt &&
-              meta->n_sections == n_layer + 1 &&
+              meta->n_sections == n_layer + 1 + mixed &&
               store_chunk_section_bytes(x->rd, n_layer) == sizeof(int32_t) * (size_t)nt;
-    size_t layer_bytes = kv_chunk_layer_bytes(r->shape, x->kv->precision);
     for (int l = 0; ok && l < n_layer; l++)
-        ok = store_chunk_section_bytes(x->rd, l) == layer_bytes;
+        ok = store_chunk_section_bytes(x->rd, l) == kv_chunk_section_bytes(x->kv, r->shape, l);
     int32_t tokens[KV_CHUNK_TOKENS];
     size_t tbytes = sizeof *tokens * (size_t)nt;
     ok = ok && store_chunk_read_section(x->rd, n_layer, tokens, tbytes, err) == 0;
@@ -89,7 +91,7 @@ static void read_layer(reader *r, int l, int from, int to)
         load_read *x = &r->reads[k];
         if (x->failed)
             continue;
-        size_t bytes = kv_chunk_layer_bytes(r->shape, x->kv->precision);
+        size_t bytes = kv_chunk_section_bytes(x->kv, r->shape, l);
         if (store_chunk_read_section(x->rd, l, kv_chunk_layer(x->kv, r->shape, l), bytes, err))
             x->failed = true;
     }
@@ -141,9 +143,40 @@ static void layer_ready(void *arg, int layer)
     r->wait_ms += ctx_mono_ms() - t0;
 }
 
-static enum kv_precision disk_prec(const ctx_entry *c, int i)
+size_t ctx_disk_data_bytes(const ctxmgr *cm, const ctx_entry *c, int i)
 {
-    return (enum kv_precision)c->map[i].disk_precision;
+    const ctx_chunk *k = &c->map[i];
+    if (k->disk_precision != KV_MIXED)
+        return kv_chunk_data_bytes(cm->shape, (enum kv_precision)k->disk_precision);
+    return (size_t)k->disk_bytes - sizeof(int32_t) * (size_t)ctx_chunk_tokens(c->n_tokens, i) -
+           (size_t)cm->shape.n_layer;
+}
+
+int ctx_disk_layers(ctxmgr *cm, ctx_entry *c, int i, store_chunk_reader *rd,
+                    uint8_t *layers)
+{
+    ctx_chunk *k = &c->map[i];
+    int n_layer = cm->shape.n_layer;
+    uint8_t *known = c->disk_layers + (size_t)i * n_layer;
+    if (k->disk_precision != KV_MIXED) {
+        memset(layers, k->disk_precision, (size_t)n_layer);
+        return 0;
+    }
+    if (!k->disk_layers_known) {
+        char err[ERR_MAX];
+        if (!rd || store_chunk_read_header(rd, err) ||
+            store_chunk_section_bytes(rd, n_layer + 1) != (size_t)n_layer ||
+            store_chunk_read_section(rd, n_layer + 1, known, (size_t)n_layer, err))
+            return -1;
+        for (int l = 0; l < n_layer; l++)
+            if (!kv_precision_valid(known[l]))
+                return -1;
+        if (kv_layers_data_bytes(cm->shape, known) != ctx_disk_data_bytes(cm, c, i))
+            return -1;
+        k->disk_layers_known = true;
+    }
+    memcpy(layers, known, (size_t)n_layer);
+    return 0;
 }
 
 static void forget_blob(ctxmgr *cm, ctx_entry *c, int i, bool stale)
@@ -360,11 +393,17 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             char e2[ERR_MAX];
             bool found;
             rd = store_chunk_open_deferred(cm->st, c->id, i, &found, e2);
+            /* A mixed blob's table, unknown after a restart, is read now: the chunk is
+             * allocated with its layers' sizes before the reader starts. */
+            if (rd && ctx_disk_layers(cm, c, i, rd, reads[n_d].layers)) {
+                store_chunk_close(rd);
+                rd = NULL;
+            }
             if (!rd)
                 forget_blob(cm, c, i, false);
         }
         if (rd) {
-            double bytes = (double)kv_chunk_data_bytes(cm->shape, disk_prec(c, i));
+            double bytes = (double)ctx_disk_data_bytes(cm, c, i);
             double cached = store_chunk_reader_cached(rd);
             cand *x = &d[n_d];
             reads[n_d].index = i;
@@ -405,7 +444,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             rec[n_rec++] = i;
     size_t need = (size_t)n_rec * kv_chunk_data_bytes(cm->shape, KV_F16);
     for (int j = 0; j < n_reads; j++)
-        need += kv_chunk_data_bytes(cm->shape, disk_prec(c, reads[j].index));
+        need += ctx_disk_data_bytes(cm, c, reads[j].index);
     rc = ctx_claim(cm, need, err);
     if (rc)
         goto out;
@@ -414,7 +453,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     double t_load = ctx_mono_ms();
     for (int j = 0; j < n_reads; j++) {
         int i = reads[j].index;
-        kv_chunk *k = kv_chunk_new_precision(cm->pool, disk_prec(c, i), err);
+        kv_chunk *k = kv_chunk_new_layers(cm->pool, reads[j].layers, err);
         if (!k)
             goto out;
         k->n_tokens = ctx_chunk_tokens(c->n_tokens, i);
@@ -489,10 +528,12 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     }
     for (int j = 0; j < n_rec; j++) {
         /* A chunk the store holds compressed is used at that precision, so that the
-         * context's KV does not depend on whether it was read or recomputed. */
-        int p = c->map[rec[j]].disk_precision;
-        if (p > KV_F16)
-            kv_chunk_convert(cm->pool, made[j], (enum kv_precision)p, err);
+         * context's KV does not depend on whether it was read or recomputed. A mixed
+         * blob's table is known: read when its file was opened. */
+        uint8_t layers[KV_MAX_LAYERS];
+        if (c->map[rec[j]].disk_precision > KV_F16 &&
+            ctx_disk_layers(cm, c, rec[j], NULL, layers) == 0)
+            kv_chunk_convert_layers(cm->pool, made[j], layers, err);
         c->seq.chunks[rec[j]] = made[j];
         st->chunks_recomputed++;
     }

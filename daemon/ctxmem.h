@@ -10,6 +10,8 @@
 
 #include "daemon/ctxmgr.h"
 #include "daemon/swapout.h"
+#include "engine/kv_calib.h"
+#include "storage/chunks.h"
 
 /* App whose scratch context the profile writes chunks to (deleted afterwards; a
  * leftover from a crash is removed at startup). */
@@ -62,6 +64,8 @@ struct ctxmgr {
     ctx_entry *head, *tail;
     int n;
     swapout *swap;        /* writes modified chunks after calls (ahead of time) */
+    float *layer_factors; /* (n_layer, KV_CALIB_PARTS) kv_calib factors; NULL: the model's
+                             layers are not calibrated yet (ctxcalib.c) */
     void (*_Atomic notify)(void *arg); /* told when a background write is done */
     void *notify_arg;
 };
@@ -86,6 +90,33 @@ static inline int ctx_n_chunks(int n_tokens)
 
 /* Makes the map and the sequence's slot array n chunks long (new ones: nowhere). */
 int ctx_map_resize(ctx_entry *c, int n);
+
+/* Data bytes of chunk i's stored blob (its KV sections, without token ids or the layer
+ * table). */
+size_t ctx_disk_data_bytes(const ctxmgr *cm, const ctx_entry *c, int i);
+
+/* The precisions of the layers of chunk i's stored blob into layers (n_layer): from the
+ * map, or for a KV_MIXED blob whose table is not known yet from rd (its header and table
+ * section are read). -1 when the blob is not usable (the caller forgets it). */
+int ctx_disk_layers(ctxmgr *cm, ctx_entry *c, int i, store_chunk_reader *rd,
+                    uint8_t *layers);
+
+/* Chunk i's density: the mean over its tokens of the attention they received per row
+ * that could attend to them. */
+float ctx_chunk_density(const ctx_entry *c, int i);
+
+/* Measures resident chunk i's spreads (per layer into c->layer_stats, their mean into the
+ * map) unless they are known. */
+void ctx_chunk_spreads(ctxmgr *cm, ctx_entry *c, int i);
+
+/* Loads the layer factors of the model's shape from the store (ctxcalib.c); none
+ * stored: cm->layer_factors stays NULL. */
+int ctx_calib_load(ctxmgr *cm, char err[ERR_MAX]);
+
+/* When the model's layers are not calibrated yet, calibrates them on c (at the end of a
+ * call, every chunk resident) if its first chunks are still f16 and long enough, and
+ * stores the factors. Failing to is not an error: compression stays per chunk. */
+void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c);
 
 /*
  * Brings every missing chunk of c with index <= upto in (reading or recomputing each),

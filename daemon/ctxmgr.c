@@ -25,6 +25,8 @@ static void entry_free(ctx_entry *c)
         return;
     kv_seq_free(&c->seq);
     free(c->map);
+    free(c->disk_layers);
+    free(c->layer_stats);
     free(c->attn);
     free(c->rows);
     free(c->app_name);
@@ -191,10 +193,19 @@ int ctx_map_resize(ctx_entry *c, int n)
             cap = 16;
         while (cap < n)
             cap *= 2;
+        size_t n_layer = (size_t)c->cm->shape.n_layer;
         ctx_chunk *map = realloc(c->map, sizeof *map * (size_t)cap);
         if (!map)
             return -1;
         c->map = map;
+        uint8_t *layers = realloc(c->disk_layers, n_layer * (size_t)cap);
+        if (!layers)
+            return -1;
+        c->disk_layers = layers;
+        kv_chunk_stats *stats = realloc(c->layer_stats, sizeof *stats * n_layer * (size_t)cap);
+        if (!stats)
+            return -1;
+        c->layer_stats = stats;
         c->cap_map = cap;
         kv_chunk **slots = realloc(c->seq.chunks, sizeof *slots * (size_t)cap);
         if (!slots)
@@ -236,16 +247,32 @@ static int attn_reserve(ctx_entry *c, int n)
  * need better than the whole history's mean does (bench/kvquant). */
 #define CTX_DENSITY_DECAY 0.25f
 
+/* Whether the record of a stored chunk has the sections and size its precision gives:
+ * one section per layer plus the token ids, and for KV_MIXED the layers' precisions
+ * (n_layer bytes) after them, its size then between all layers at the narrowest and at
+ * the widest precision (ctxload checks each section against the table). */
+static bool record_well_formed(const ctxmgr *cm, const store_chunk *r)
+{
+    int n_layer = cm->shape.n_layer;
+    int64_t tokens = (int64_t)sizeof(int32_t) * r->n_tokens;
+    if (r->precision == KV_MIXED) {
+        int64_t data = r->raw_bytes - tokens - n_layer;
+        return r->n_sections == n_layer + 2 &&
+               data >= (int64_t)kv_chunk_data_bytes(cm->shape, KV_INT2) &&
+               data <= (int64_t)kv_chunk_data_bytes(cm->shape, KV_F16);
+    }
+    return kv_precision_valid(r->precision) && r->n_sections == n_layer + 1 &&
+           r->raw_bytes ==
+               (int64_t)kv_chunk_data_bytes(cm->shape, (enum kv_precision)r->precision) + tokens;
+}
+
 /* A stored chunk record is used only when it matches the history and the model: right
- * token count, a known precision, one section per layer plus the token ids. */
+ * token count, and the sections and size of its precision. */
 static int load_chunk_record(void *arg, const store_chunk *r)
 {
     ctx_entry *c = arg;
     ctxmgr *cm = c->cm;
-    if (r->index < 0 || !kv_precision_valid(r->precision) ||
-        r->n_sections != cm->shape.n_layer + 1 ||
-        r->raw_bytes != (int64_t)(kv_chunk_data_bytes(cm->shape, (enum kv_precision)r->precision) +
-                                  sizeof(int32_t) * (size_t)r->n_tokens)) {
+    if (r->index < 0 || r->n_tokens < 0 || !record_well_formed(cm, r)) {
         cm->stats.bad_blobs++;
         return 0;
     }
@@ -257,6 +284,7 @@ static int load_chunk_record(void *arg, const store_chunk *r)
     }
     ctx_chunk *k = &c->map[r->index];
     k->disk_precision = r->precision;
+    k->disk_layers_known = false;
     k->disk_bytes = r->raw_bytes;
     k->dirty = false;
     k->density = r->density;
@@ -322,6 +350,8 @@ ctxmgr *ctx_open_owned(store *s, kv_pool *pool, model_runner *runner, const mode
     }
     if (rc == 0)
         rc = ctx_cost_init(cm, err);
+    if (rc == 0)
+        rc = ctx_calib_load(cm, err);
     if (rc) {
         ctx_close(cm);
         return NULL;
@@ -342,6 +372,7 @@ void ctx_close(ctxmgr *cm)
         entry_free(c);
         c = next;
     }
+    free(cm->layer_factors);
     free(cm);
 }
 
@@ -552,36 +583,54 @@ static bool chunk_needs_write(const ctx_entry *c, int i)
     return k && (c->map[i].dirty || c->map[i].disk_precision != (int)k->precision);
 }
 
-/* Describes resident chunk i as a blob: one section per layer, then its token ids (a
- * blob is used only for the tokens it was computed from). sec and bytes hold
- * n_layer + 1 entries. Until the write succeeds, a stored version of other content is
- * not to be used. */
+/* Sections a chunk's blob may have: one per layer, the token ids, the layers'
+ * precisions. */
+static int blob_max_sections(const ctxmgr *cm)
+{
+    return cm->shape.n_layer + 2;
+}
+
+/* Describes resident chunk i as a blob: one section per layer (each of its layer's
+ * precision), then its token ids (a blob is used only for the tokens it was computed
+ * from), then for a KV_MIXED chunk its layers' precisions (n_layer bytes: what sizes the
+ * sections have). Uniform chunks keep the layout blobs had before layers could differ.
+ * sec and bytes hold blob_max_sections entries. Until the write succeeds, a stored
+ * version of other content is not to be used. */
 static void chunk_blob(ctxmgr *cm, ctx_entry *c, int i, store_chunk_blob *b, const void **sec,
                        size_t *bytes)
 {
     const kv_chunk *k = c->seq.chunks[i];
     int n_layer = cm->shape.n_layer;
+    bool mixed = k->precision == KV_MIXED;
     for (int l = 0; l < n_layer; l++) {
         sec[l] = kv_chunk_layer(k, cm->shape, l);
-        bytes[l] = kv_chunk_layer_bytes(cm->shape, k->precision);
+        bytes[l] = kv_chunk_section_bytes(k, cm->shape, l);
     }
     sec[n_layer] = k->tokens;
     bytes[n_layer] = sizeof(int32_t) * (size_t)k->n_tokens;
+    sec[n_layer + 1] = k->layer_precision;
+    bytes[n_layer + 1] = (size_t)n_layer;
     *b = (store_chunk_blob){
         .meta = {.index = i, .precision = (int)k->precision, .n_tokens = k->n_tokens,
                  .density = c->map[i].density, .last_used_ms = c->last_used_ms},
         .sections = sec,
         .section_bytes = bytes,
-        .n_sections = n_layer + 1,
+        .n_sections = n_layer + 1 + mixed,
     };
     if (c->map[i].dirty)
         c->map[i].disk_precision = -1;
 }
 
-static void chunk_written(ctxmgr *cm, ctx_entry *c, const store_chunk *meta)
+static void chunk_written(ctxmgr *cm, ctx_entry *c, const store_chunk_blob *b)
 {
+    const store_chunk *meta = &b->meta;
     ctx_chunk *k = &c->map[meta->index];
+    int n_layer = cm->shape.n_layer;
     k->disk_precision = meta->precision;
+    k->disk_layers_known = meta->precision == KV_MIXED;
+    if (k->disk_layers_known)
+        memcpy(c->disk_layers + (size_t)meta->index * n_layer, b->sections[n_layer + 1],
+               (size_t)n_layer);
     k->disk_bytes = meta->raw_bytes;
     k->dirty = false;
     cm->stats.chunks_written++;
@@ -591,16 +640,15 @@ static void chunk_written(ctxmgr *cm, ctx_entry *c, const store_chunk *meta)
 /* Writes resident chunk i. */
 static int chunk_write(ctxmgr *cm, ctx_entry *c, int i, char err[ERR_MAX])
 {
-    int n_sec = cm->shape.n_layer + 1;
-    if (n_sec > STORE_CHUNK_MAX_SECTIONS)
-        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+    if (blob_max_sections(cm) > STORE_CHUNK_MAX_SECTIONS)
+        return err_set(err, "a chunk of %d layers does not fit a blob", cm->shape.n_layer);
     const void *sec[STORE_CHUNK_MAX_SECTIONS];
     size_t bytes[STORE_CHUNK_MAX_SECTIONS];
     store_chunk_blob b;
     chunk_blob(cm, c, i, &b, sec, bytes);
     if (store_chunk_write_batch(cm->st, c->id, &b, 1, err))
         return -1;
-    chunk_written(cm, c, &b.meta);
+    chunk_written(cm, c, &b);
     return 0;
 }
 
@@ -612,8 +660,8 @@ typedef struct ctx_write {
     swapout_job job;          /* first member: a taken job is its ctx_write */
     ctx_entry *c;
     store_chunk_blob *blobs;  /* (n) */
-    const void **sec;         /* (n, n_layer + 1) each blob's sections */
-    size_t *bytes;            /* (n, n_layer + 1) */
+    const void **sec;         /* (n, blob_max_sections) each blob's sections */
+    size_t *bytes;            /* (n, blob_max_sections) */
     int n;
 } ctx_write;
 
@@ -647,9 +695,9 @@ void ctx_set_write_notify(ctxmgr *cm, void (*notify)(void *arg), void *arg)
 static int pending_write_new(ctxmgr *cm, ctx_entry *c, ctx_write **out, char err[ERR_MAX])
 {
     *out = NULL;
-    int n_sec = cm->shape.n_layer + 1, n = 0;
+    int n_sec = blob_max_sections(cm), n = 0;
     if (n_sec > STORE_CHUNK_MAX_SECTIONS)
-        return err_set(err, "a chunk of %d layers does not fit a blob", n_sec - 1);
+        return err_set(err, "a chunk of %d layers does not fit a blob", cm->shape.n_layer);
     for (int i = 0; i < c->seq.n_chunks && i < c->n_map; i++)
         n += chunk_needs_write(c, i);
     if (n == 0)
@@ -706,7 +754,7 @@ void ctx_collect_writes(ctxmgr *cm)
          * when reclaimed, or recomputed */
         if (store_chunk_batch_end(cm->st, j->batch, err) == 0)
             for (int k = 0; k < w->n; k++)
-                chunk_written(cm, w->c, &w->blobs[k].meta);
+                chunk_written(cm, w->c, &w->blobs[k]);
         else
             cm->stats.write_failures++;
         w->c->n_writing--;
@@ -749,7 +797,7 @@ static int write_pending(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
     int rc = store_chunk_write_batch(cm->st, c->id, w->blobs, w->n, err);
     if (rc == 0)
         for (int k = 0; k < w->n; k++)
-            chunk_written(cm, c, &w->blobs[k].meta);
+            chunk_written(cm, c, &w->blobs[k]);
     ctx_write_free(w);
     return rc;
 }
@@ -842,7 +890,7 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
             for (int i = 0; i < c->seq.n_chunks; i++)
                 if (c->seq.chunks[i])
                     v[k++] = (victim){
-                        c, i, kv_chunk_data_bytes(cm->shape, c->seq.chunks[i]->precision),
+                        c, i, kv_chunk_bytes(cm->shape, c->seq.chunks[i]),
                         i < c->n_map ? c->map[i].last_use : 0};
     bool whole = cm->policy.whole_context;
     qsort(v, n, sizeof *v, whole ? victim_lru_context : victim_lctru);
@@ -902,8 +950,7 @@ size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n)
     if (last && last->n_tokens < KV_CHUNK_TOKENS) {
         room = KV_CHUNK_TOKENS - last->n_tokens;
         if (last->precision != KV_F16)
-            extra = kv_chunk_data_bytes(cm->shape, KV_F16) -
-                    kv_chunk_data_bytes(cm->shape, last->precision);
+            extra = kv_chunk_data_bytes(cm->shape, KV_F16) - kv_chunk_bytes(cm->shape, last);
     }
     int more = n > room ? ctx_n_chunks(n - room) : 0;
     return extra + (size_t)more * kv_chunk_data_bytes(cm->shape, KV_F16);
@@ -994,52 +1041,102 @@ int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX
     return 0;
 }
 
-/* Densities of c's chunks, then the precision every full chunk gets: in tolerance mode
- * the full chunks share kv_compress_ratio times the bytes they would take as int8. */
-static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
+/* The mean of the layers' spreads is kv_chunk_spread's: every layer has as many
+ * blocks. */
+void ctx_chunk_spreads(ctxmgr *cm, ctx_entry *c, int i)
 {
-    int n_full = c->n_tokens / KV_CHUNK_TOKENS;
-    kv_chunk_stats *stats = malloc(sizeof *stats * (size_t)(n_full ? n_full : 1));
+    ctx_chunk *k = &c->map[i];
+    int n_layer = cm->shape.n_layer;
+    if (k->k_spread >= 0 || !c->seq.chunks[i])
+        return;
+    kv_chunk_stats *ls = c->layer_stats + (size_t)i * n_layer;
+    double ks = 0, vs = 0, vbs = 0;
+    for (int l = 0; l < n_layer; l++) {
+        kv_chunk_layer_spread(cm->pool, c->seq.chunks[i], l, &ls[l].k_spread, &ls[l].v_spread,
+                              &ls[l].vb_spread);
+        ks += ls[l].k_spread / n_layer;
+        vs += ls[l].v_spread / n_layer;
+        vbs += ls[l].vb_spread / n_layer;
+    }
+    k->k_spread = (float)ks;
+    k->v_spread = (float)vs;
+    k->vb_spread = (float)vbs;
+}
+
+float ctx_chunk_density(const ctx_entry *c, int i)
+{
+    double sum = 0;
+    int nt = ctx_chunk_tokens(c->n_tokens, i);
+    for (int t = 0; t < nt; t++) {
+        int p = i * KV_CHUNK_TOKENS + t;
+        if (c->rows[p] > 0)
+            sum += c->attn[p] / c->rows[p];
+    }
+    return nt ? (float)(sum / nt) : 0;
+}
+
+/* What a chunk whose spreads are unknown (not resident, not measured) is taken to have. */
+static kv_chunk_stats unknown_spread(float density)
+{
+    return (kv_chunk_stats){.density = density};
+}
+
+/* Densities of c's chunks, then the precisions of every full chunk's layers, level
+ * (n_map, n_layer): in tolerance mode the full chunks share kv_compress_ratio times the
+ * bytes they would take as int8, per (chunk, layer) once the model's layers are
+ * calibrated, per chunk before; the others f16. */
+static void assign_levels(ctxmgr *cm, ctx_entry *c, uint8_t *level)
+{
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS, n_layer = cm->shape.n_layer;
+    bool per_layer = cm->layer_factors != NULL;
+    size_t n_stats = (size_t)(n_full ? n_full : 1) * (per_layer ? (size_t)n_layer : 1);
+    kv_chunk_stats *stats = malloc(sizeof *stats * n_stats);
+    enum kv_precision *chunk_level = malloc(sizeof *chunk_level * (size_t)(n_full ? n_full : 1));
+    memset(level, KV_F16, (size_t)c->n_map * n_layer);
     for (int i = 0; i < c->n_map; i++) {
-        double sum = 0;
-        int nt = ctx_chunk_tokens(c->n_tokens, i);
-        for (int t = 0; t < nt; t++) {
-            int p = i * KV_CHUNK_TOKENS + t;
-            if (c->rows[p] > 0)
-                sum += c->attn[p] / c->rows[p];
-        }
         ctx_chunk *k = &c->map[i];
-        k->density = nt ? (float)(sum / nt) : 0;
-        level[i] = KV_F16;
+        k->density = ctx_chunk_density(c, i);
         if (i >= n_full || !stats)
             continue;
-        if (k->k_spread < 0 && c->seq.chunks[i])
-            kv_chunk_spread(cm->pool, c->seq.chunks[i], &k->k_spread, &k->v_spread,
-                            &k->vb_spread);
-        stats[i] = (kv_chunk_stats){.density = k->density,
-                                    .k_spread = k->k_spread > 0 ? k->k_spread : 0,
-                                    .v_spread = k->v_spread > 0 ? k->v_spread : 0,
-                                    .vb_spread = k->vb_spread > 0 ? k->vb_spread : 0};
+        ctx_chunk_spreads(cm, c, i);
+        bool known = k->k_spread >= 0;
+        if (per_layer)
+            for (int l = 0; l < n_layer; l++) {
+                kv_chunk_stats *st = &stats[(size_t)i * n_layer + l];
+                *st = known ? c->layer_stats[(size_t)i * n_layer + l]
+                            : unknown_spread(k->density);
+                st->density = k->density;
+            }
+        else
+            stats[i] = known ? (kv_chunk_stats){.density = k->density,
+                                                .k_spread = k->k_spread,
+                                                .v_spread = k->v_spread,
+                                                .vb_spread = k->vb_spread}
+                             : unknown_spread(k->density);
     }
+    size_t budget = (size_t)(cm->policy.compress_ratio * (double)n_full *
+                             (double)kv_chunk_data_bytes(cm->shape, KV_INT8));
     switch (cm->policy.compress) {
     case CTX_COMPRESS_NONE:
         break;
     case CTX_COMPRESS_INT8:
-        for (int i = 0; i < n_full; i++)
-            level[i] = KV_INT8;
+        memset(level, KV_INT8, (size_t)n_full * n_layer);
         break;
     case CTX_COMPRESS_TOLERANCE:
-        if (stats)
-            kv_assign_precisions(cm->shape, stats, n_full,
-                                 (size_t)(cm->policy.compress_ratio * (double)n_full *
-                                          (double)kv_chunk_data_bytes(cm->shape, KV_INT8)),
-                                 true, level);
-        else
+        if (!stats || !chunk_level) {
+            memset(level, KV_INT8, (size_t)n_full * n_layer);
+        } else if (per_layer) {
+            kv_calib_apply(cm->shape, cm->layer_factors, n_full, stats, stats);
+            kv_assign_layer_precisions(cm->shape, stats, n_full, budget, true, level);
+        } else {
+            kv_assign_precisions(cm->shape, stats, n_full, budget, true, chunk_level);
             for (int i = 0; i < n_full; i++)
-                level[i] = KV_INT8;
+                memset(level + (size_t)i * n_layer, (int)chunk_level[i], (size_t)n_layer);
+        }
         break;
     }
     free(stats);
+    free(chunk_level);
 }
 
 /* At most this many chunks are recomputed per call to widen their codes, so that the
@@ -1057,16 +1154,16 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, enum kv_precision *level)
  * CTX_PROMOTE_MAX of them, then gives them their assigned precision. A chunk that cannot
  * be recomputed now (budget) is recomputed at the next call, as any missing chunk is.
  */
-static void promote_chunks(ctxmgr *cm, ctx_entry *c, const enum kv_precision *level)
+static void promote_chunks(ctxmgr *cm, ctx_entry *c, const uint8_t *level)
 {
     char err[ERR_MAX];
     int pick[CTX_PROMOTE_MAX], n_pick = 0;
-    int n_full = c->n_tokens / KV_CHUNK_TOKENS;
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS, n_layer = cm->shape.n_layer;
     for (int i = 0; i < n_full && i < c->n_map; i++) {
         kv_chunk *k = c->seq.chunks[i];
         if (!k || k->precision == KV_F16 ||
-            (double)kv_chunk_data_bytes(cm->shape, level[i]) <
-                CTX_PROMOTE_GROWTH * (double)kv_chunk_data_bytes(cm->shape, k->precision))
+            (double)kv_layers_data_bytes(cm->shape, level + (size_t)i * n_layer) <
+                CTX_PROMOTE_GROWTH * (double)kv_chunk_bytes(cm->shape, k))
             continue;
         int at = n_pick < CTX_PROMOTE_MAX ? n_pick++ : CTX_PROMOTE_MAX;
         while (at > 0 && c->map[pick[at - 1]].density < c->map[i].density) {
@@ -1087,7 +1184,7 @@ static void promote_chunks(ctxmgr *cm, ctx_entry *c, const enum kv_precision *le
         c->map[i].k_spread = c->map[i].v_spread = -1;
         if (ctx_load_range(cm, c, i, NULL, err) || !c->seq.chunks[i])
             continue;
-        kv_chunk_convert(cm->pool, c->seq.chunks[i], level[i], err);
+        kv_chunk_convert_layers(cm->pool, c->seq.chunks[i], level + (size_t)i * n_layer, err);
         cm->stats.chunks_promoted++;
     }
 }
@@ -1138,17 +1235,30 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
             c->map[i].dirty = true;
             c->map[i].k_spread = c->map[i].v_spread = -1;
         }
-        enum kv_precision *level = malloc(sizeof *level * (size_t)(c->n_map ? c->n_map : 1));
+        if (cm->policy.compress == CTX_COMPRESS_TOLERANCE)
+            ctx_calib_maybe(cm, c);
+        int n_layer = cm->shape.n_layer;
+        uint8_t *level = malloc((size_t)(c->n_map ? c->n_map : 1) * n_layer);
         if (level) {
             assign_levels(cm, c, level);
-            /* Converted only towards lighter precisions: converting cannot bring lost bits
-             * back (promote_chunks recomputes for that). A chunk that cannot be converted
-             * stays as it is, still correct. */
+            /* Each layer is converted only towards a lighter precision: converting cannot
+             * bring lost bits back (promote_chunks recomputes for that). A chunk that
+             * cannot be converted stays as it is, still correct. */
             for (int i = 0; i < c->n_map; i++) {
                 kv_chunk *k = c->seq.chunks[i];
-                if (k && kv_chunk_data_bytes(cm->shape, level[i]) <
-                             kv_chunk_data_bytes(cm->shape, k->precision))
-                    kv_chunk_convert(cm->pool, k, level[i], err);
+                if (!k)
+                    continue;
+                uint8_t next[KV_MAX_LAYERS];
+                for (int l = 0; l < n_layer; l++) {
+                    uint8_t want = level[(size_t)i * n_layer + l], now = k->layer_precision[l];
+                    next[l] = kv_chunk_layer_bytes(cm->shape, want) <
+                                      kv_chunk_layer_bytes(cm->shape, now)
+                                  ? want
+                                  : now;
+                }
+                if (!kv_chunk_has_layers(k, cm->shape, next) &&
+                    kv_chunk_convert_layers(cm->pool, k, next, err) == 0)
+                    c->map[i].dirty = true; /* the store may hold other layers' precisions */
             }
             if (cm->policy.compress == CTX_COMPRESS_TOLERANCE)
                 promote_chunks(cm, c, level);
@@ -1174,7 +1284,7 @@ size_t ctx_kv_bytes(const ctxmgr *cm, const ctx_entry *c)
     size_t n = 0;
     for (int i = 0; i < c->seq.n_chunks; i++)
         if (c->seq.chunks[i])
-            n += kv_chunk_data_bytes(cm->shape, c->seq.chunks[i]->precision);
+            n += kv_chunk_bytes(cm->shape, c->seq.chunks[i]);
     return n;
 }
 
@@ -1194,6 +1304,24 @@ int ctx_count_resident(const ctxmgr *cm)
 int ctx_chunk_n_tokens(const ctx_entry *c, int i)
 {
     return ctx_chunk_tokens(c->n_tokens, i);
+}
+
+int ctx_chunk_bits(const ctx_entry *c, int i)
+{
+    int n_layer = c->cm->shape.n_layer, sum = 0;
+    const kv_chunk *k = i < c->seq.n_chunks ? c->seq.chunks[i] : NULL;
+    const ctx_chunk *m = &c->map[i];
+    const uint8_t *layers = k ? k->layer_precision
+                            : m->disk_precision == KV_MIXED && m->disk_layers_known
+                                ? c->disk_layers + (size_t)i * n_layer
+                                : NULL;
+    if (!layers)
+        return m->disk_precision >= 0 && m->disk_precision != KV_MIXED
+                   ? kv_precision_bits((enum kv_precision)m->disk_precision)
+                   : 0;
+    for (int l = 0; l < n_layer; l++)
+        sum += kv_precision_bits((enum kv_precision)layers[l]);
+    return sum / n_layer;
 }
 
 bool ctx_on_disk(const ctx_entry *c)

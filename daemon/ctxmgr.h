@@ -65,7 +65,10 @@ typedef struct ctx_msg {
 
 /* What the manager knows about one chunk of a context besides its resident data. */
 typedef struct ctx_chunk {
-    int disk_precision;   /* kv_precision of the stored blob; -1: not in the store */
+    int disk_precision;   /* kv_precision of the stored blob (KV_MIXED: its layers differ,
+                             ctx_entry.disk_layers); -1: not in the store */
+    bool disk_layers_known; /* KV_MIXED: disk_layers holds the stored layers' precisions
+                             (false after a restart until the blob's table is read) */
     int64_t disk_bytes;   /* uncompressed bytes of the stored blob */
     bool dirty;           /* the resident data is not what the store holds */
     float density;        /* mean attention its tokens receive per attending row */
@@ -99,6 +102,10 @@ typedef struct ctx_entry {
     kv_seq seq;                        /* slot i: chunk i, NULL when not resident */
     ctx_chunk *map;                    /* (n_map) chunk i of the history */
     int n_map, cap_map;
+    uint8_t *disk_layers;              /* (cap_map, n_layer) the precisions of a stored
+                                          KV_MIXED chunk's layers */
+    kv_chunk_stats *layer_stats;       /* (cap_map, n_layer) kv_chunk_layer_spread of each
+                                          layer; valid while its chunk's k_spread >= 0 */
     /* Attention received by each token over the context's calls, and the number of
      * (row, layer, head) triples that could attend to it: density = attn / rows. */
     float *attn;                       /* (cap_attn) */
@@ -126,7 +133,9 @@ typedef struct ctx_entry {
 
 /* How chunks are compressed after a call. */
 enum ctx_compress {
-    CTX_COMPRESS_TOLERANCE, /* int8/int4/int2 by density (kv_assign_precisions) */
+    CTX_COMPRESS_TOLERANCE, /* 2-8 bits by density and spread, per (chunk, layer) once the
+                               model's layers are calibrated (kv_assign_layer_precisions),
+                               per chunk before (kv_assign_precisions) */
     CTX_COMPRESS_INT8,      /* every full chunk int8 */
     CTX_COMPRESS_NONE,      /* f16 everywhere: lossless (the test mode) */
 };
@@ -233,6 +242,7 @@ typedef struct ctx_stats {
     uint64_t window_slides;     /* sliding windows: slides, and the tokens they dropped */
     uint64_t window_dropped;
     uint64_t chunks_promoted;   /* compressed chunks recomputed to get wider codes */
+    uint64_t calibrations;      /* layer calibrations measured (ctxcalib.c) */
 } ctx_stats;
 
 typedef struct ctxmgr ctxmgr;
@@ -378,6 +388,10 @@ int ctx_count_resident(const ctxmgr *cm);
 
 /* Tokens of the history chunk i covers (16, or fewer for the tail). */
 int ctx_chunk_n_tokens(const ctx_entry *c, int i);
+
+/* The mean width of chunk i's codes over its layers (16 for f16): its resident copy's,
+ * else its stored one's; 0 when neither is known. */
+int ctx_chunk_bits(const ctx_entry *c, int i);
 
 /* Whether any chunk of c is in the store. */
 bool ctx_on_disk(const ctx_entry *c);

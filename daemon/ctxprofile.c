@@ -289,7 +289,7 @@ static int write_scratch(ctxmgr *cm, const kv_seq *seq, const char *id, int n_fi
         const kv_chunk *c = seq->chunks[i];
         for (int l = 0; l < n_layer; l++) {
             sec[i * n_layer + l] = kv_chunk_layer(c, cm->shape, l);
-            bytes[i * n_layer + l] = kv_chunk_layer_bytes(cm->shape, c->precision);
+            bytes[i * n_layer + l] = kv_chunk_section_bytes(c, cm->shape, l);
         }
         blobs[i] = (store_chunk_blob){
             .meta = {.index = i, .precision = (int)c->precision, .n_tokens = c->n_tokens},

@@ -570,8 +570,7 @@ static void handle_get_context(sched *s, const sched_job *j)
             chunks[i].n_tokens = (uint32_t)ctx_chunk_n_tokens(c, i);
             chunks[i].resident = k != NULL;
             chunks[i].on_disk = c->map[i].disk_precision >= 0;
-            int p = k ? (int)k->precision : c->map[i].disk_precision;
-            chunks[i].bits = p >= 0 ? (uint32_t)kv_precision_bits((enum kv_precision)p) : 0;
+            chunks[i].bits = (uint32_t)ctx_chunk_bits(c, i);
             chunks[i].density = c->map[i].density;
             cptrs[i] = &chunks[i];
         }

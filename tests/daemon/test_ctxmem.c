@@ -599,6 +599,92 @@ static void test_promotion(void)
     ctxenv_close(&e);
 }
 
+/* Per (chunk, layer) precisions: the first long call calibrates the model's layers (once:
+ * the factors are kept in the store), then full chunks get a precision per layer within
+ * the budget; chunks with unequal layer sections are written and read back bit for bit,
+ * by the pipelined reader beside a recompute (answering as the resident copies do) and
+ * after a restart, when each blob's layer table is read from its file. */
+static void test_layer_precisions(void)
+{
+    env e;
+    ctx_policy pol = ctxenv_policy_none();
+    pol.compress = CTX_COMPRESS_TOLERANCE;
+    pol.switch_mode = CTX_SWITCH_READ;
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
+    char err[ERR_MAX], id[CTX_ID_LEN + 1];
+    ctx_entry *c, *d;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
+    snprintf(id, sizeof id, "%s", c->id);
+    float got[300], gotd[300];
+    int32_t tok[200];
+    ctxenv_tokens(tok, 200, 41, g.vocab);
+    CHECK(turn(e.cm, c, tok, 200, got, NULL) == 0);
+    CHECK_EQ(ctx_get_stats(e.cm)->calibrations, 1);
+    CHECK(turn(e.cm, d, tok, 200, gotd, NULL) == 0);
+    CHECK_EQ(ctx_get_stats(e.cm)->calibrations, 1);
+    kv_shape sh = model_kv_shape(g.m);
+    int n_full = c->n_tokens / KV_CHUNK_TOKENS, n_mixed = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n_full; i++) {
+        n_mixed += c->seq.chunks[i]->precision == KV_MIXED;
+        bytes += kv_chunk_bytes(sh, c->seq.chunks[i]);
+    }
+    size_t cap = (size_t)(pol.compress_ratio * n_full * (double)kv_chunk_data_bytes(sh, KV_INT8));
+    printf("  %d of %d full chunks with unequal layers, %zu bytes (budget %zu)\n", n_mixed,
+           n_full, bytes, cap);
+    CHECK(n_mixed > 0);
+    CHECK(bytes <= cap);
+
+    /* d (the same turn as c, so the same chunks) from the store: every chunk read by the
+     * pipelined reader but the tail, recomputed meanwhile */
+    ctx_flush_writes(e.cm);
+    ctx_evict(e.cm, d);
+    d->map[d->n_map - 1].disk_precision = -1;
+    ctx_load_stats st;
+    CHECK(ctx_call_begin(e.cm, d, N_CTX, &st, err) == 0);
+    CHECK_EQ(st.chunks_read, n_full);
+    CHECK_EQ(st.chunks_recomputed, 1);
+    for (int i = 0; i < n_full; i++) {
+        const kv_chunk *x = d->seq.chunks[i], *y = c->seq.chunks[i];
+        CHECK(x && kv_chunk_has_layers(x, sh, y->layer_precision) &&
+              memcmp(x->data, y->data, kv_chunk_bytes(sh, y)) == 0);
+    }
+    ctx_call_end(e.cm, d, false);
+
+    /* after a restart: the factors come from the store, the layers from the blobs */
+    ctx_flush_writes(e.cm);
+    kv_pool *saved_pool = kv_pool_new(sh, 0, err);
+    CHECK(saved_pool);
+    kv_seq saved;
+    kv_seq_init(&saved, saved_pool);
+    CHECK(kv_seq_copy(&saved, &c->seq, err) == 0);
+    ctxenv_close(&e);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c && c->n_map == saved.n_chunks);
+    int stored_mixed = 0;
+    for (int i = 0; i < c->n_map; i++)
+        stored_mixed += c->map[i].disk_precision == KV_MIXED && !c->map[i].disk_layers_known;
+    CHECK(stored_mixed > 0);
+    CHECK(ctx_call_begin(e.cm, c, N_CTX, &st, err) == 0);
+    CHECK_EQ(st.chunks_read, c->n_map);
+    for (int i = 0; i < c->n_map; i++) {
+        const kv_chunk *x = c->seq.chunks[i], *y = saved.chunks[i];
+        CHECK(x && kv_chunk_has_layers(x, sh, y->layer_precision) &&
+              memcmp(x->data, y->data, kv_chunk_bytes(sh, y)) == 0);
+    }
+    ctx_call_end(e.cm, c, false);
+    ctxenv_tokens(tok, 200, 43, g.vocab);
+    ctx_entry *f;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &f, err) == 0);
+    CHECK(turn(e.cm, f, tok, 200, got, NULL) == 0);
+    CHECK_EQ(ctx_get_stats(e.cm)->calibrations, 0);
+    kv_seq_free(&saved);
+    kv_pool_free(saved_pool);
+    ctxenv_close(&e);
+}
+
 /* After a restart the context loads from disk: the stored chunks are read, only what
  * was never stored is recomputed, and the answer is the same. */
 static void test_restart(void)
@@ -807,6 +893,7 @@ int main(void)
     RUN(test_compressed_modes);
     RUN(test_promotion);
     RUN(test_restart);
+    RUN(test_layer_precisions);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
