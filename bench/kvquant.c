@@ -22,20 +22,28 @@
  *
  * Schemes: uniform int8, int4, int2 (equal K and V widths, V per token: "int4" is the
  * baseline every kl_vs_int4 divides by); uniform "k4v5b" (K 4 bits, V 5 bits on one
- * range per (layer, head) block: the V block layout, about int4's bytes at head_dim 16);
- * "tolerance" = kv_assign_precisions with V per token only (per chunk K and V widths of
- * 2-8 bits), "tolerance_vblock" = the same free to choose the V block layout per chunk
- * (what the daemon runs), each under a byte budget: the
+ * range per (layer, head) block: the V block layout, about int4's bytes at head_dim 16)
+ * and "k5v5b" (10% over int4's bytes); "tolerance" = kv_assign_precisions with V per
+ * token only (per chunk K and V widths of 2-8 bits), "tolerance_vblock" = the same free
+ * to choose the V block layout per chunk (what the daemon runs before its model's layers
+ * are calibrated), each under a byte budget: the
  * bytes of uniform int4 ("int4"), of the layout before 8-bit scales, which kept an f16
  * (scale, min) per group ("old_int4": 2 * 16 * head_dim * 4 / 8 + 4 * (head_dim + 16 *
  * groups) bytes per block), of half int8 and half int2 ("int8+int2"), and --ratio times
  * int8's (the daemon's kv_compress_ratio, default 0.6). Controls at the int4 budget, for
  * both: "_shuffled" (the same precisions placed at random: what the per-chunk choice
  * adds) and "_flat" (every density equal: what density adds over value spread).
+ * Per layer: "section_vblock" = kv_assign_layer_precisions, a precision per (chunk,
+ * layer) from each layer's own spreads; "section_cal_vblock" the same on spreads scaled
+ * by the layer factors kv_calib_measure finds on a calibration story (seed 999, not one
+ * of the measured ones; what the daemon runs once calibrated), with its controls;
+ * "layer_cal_vblock" one precision per layer for every chunk (the same greedy on each
+ * layer's mean calibrated statistics, under a chunk's share of the budget).
  * Prints one JSON object per model and scheme: median, min and max KL over the sequences,
  * KL relative to uniform int4's (median of the per-sequence ratios), top-1 agreement over
  * all positions, the prefix's KV bytes relative to int8 (real bytes, scales included),
- * mean K and V widths, and the median time of a teacher-forced decode step (attention
+ * mean K and V widths over (chunk, layer) sections, the calibrated layer factors (K, V,
+ * V block for each layer), and the median time of a teacher-forced decode step (attention
  * decodes compressed chunks as it reads them).
  */
 #include <errno.h>
@@ -506,7 +514,7 @@ static int bench_model(const char *path, const bench_options *o)
                "\"density_window\":%d,\"scheme\":\"%s\",\"budget\":\"%s\",\"kl_median\":%.6g,"
                "\"kl_min\":%.6g,\"kl_max\":%.6g,\"kl_vs_int4\":%.3f,\"top1_agreement\":%.4f,"
                "\"bytes_vs_int8\":%.4f,\"k_bits\":%.2f,\"v_bits\":%.2f,\"decode_ms\":%.3f,"
-               "\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,\"layer_weights\":[%s],"
+               "\"decode_ms_f16\":%.3f,\"density_cv_median\":%.3f,\"layer_factors\":[%s],"
                "\"seconds\":%.1f}\n",
                path, hp->dim, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, o->n_seqs,
                o->len, o->prefix, o->window < o->prefix ? o->window : o->prefix,

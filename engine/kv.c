@@ -330,14 +330,19 @@ static void kv_data_put(kv_pool *pool, enum kv_precision p, uint8_t *data)
         kv_spares_put(&pool->data[p], data);
 }
 
-/* Adds (sign 1) or removes (-1) c's bytes in the pool's counts, by layer precision. */
-static void kv_pool_count(kv_pool *pool, const kv_chunk *c, int sign)
+/* Adds c's bytes to the pool's counts (add), or takes them off, by layer precision. */
+static void kv_pool_count(kv_pool *pool, const kv_chunk *c, bool add)
 {
     for (int l = 0; l < pool->shape.n_layer; l++) {
         enum kv_precision p = (enum kv_precision)c->layer_precision[l];
         size_t b = kv_chunk_layer_bytes(pool->shape, p);
-        pool->bytes_used += sign > 0 ? b : -b;
-        pool->bytes_by_precision[p] += sign > 0 ? b : -b;
+        if (add) {
+            pool->bytes_used += b;
+            pool->bytes_by_precision[p] += b;
+        } else {
+            pool->bytes_used -= b;
+            pool->bytes_by_precision[p] -= b;
+        }
     }
 }
 
@@ -386,7 +391,7 @@ kv_chunk *kv_chunk_new_layers(kv_pool *pool, const uint8_t *layers, char err[ERR
     memcpy(c->layer_precision, layers, (size_t)pool->shape.n_layer);
     c->data = data;
     pool->n_used++;
-    kv_pool_count(pool, c, 1);
+    kv_pool_count(pool, c, true);
     return c;
 }
 
@@ -400,7 +405,7 @@ void kv_chunk_free(kv_pool *pool, kv_chunk *c)
     if (!c)
         return;
     pool->n_used--;
-    kv_pool_count(pool, c, -1);
+    kv_pool_count(pool, c, false);
     kv_data_put(pool, c->precision, c->data);
     kv_spares_put(&pool->structs, c);
 }
@@ -458,12 +463,12 @@ int kv_chunk_convert_layers(kv_pool *pool, kv_chunk *c, const uint8_t *layers,
             kv_block_write(s, (enum kv_precision)layers[l], sec, h, c->n_tokens, k, v);
         }
     }
-    kv_pool_count(pool, c, -1);
+    kv_pool_count(pool, c, false);
     kv_data_put(pool, c->precision, c->data);
     c->data = data;
     c->precision = p;
     memcpy(c->layer_precision, layers, (size_t)s.n_layer);
-    kv_pool_count(pool, c, 1);
+    kv_pool_count(pool, c, true);
     return 0;
 }
 
