@@ -86,8 +86,9 @@ typedef struct kv_shape {
  * A chunk's data is one allocation made of n_layer sections, layer 0 first, so that a
  * chunk can be written, read or recomputed one layer at a time. Each layer has its own
  * precision (layer_precision) and its section kv_chunk_layer_bytes(shape, that) bytes:
- * the error of a compressed KV comes mostly from a few layers (on TinyStories-656K int4
- * on layer 0 alone costs half of int4 on both), which then get more bits than the rest.
+ * how much a layer's error moves the output differs by layer (on TinyStories-656K int4
+ * on layer 0 alone costs 0.6-0.8x of int4 on both layers), and the layers that matter
+ * can then keep more bits than the rest.
  * When every layer has the same precision, precision says which (and the data is
  * kv_chunk_data_bytes(shape, precision) bytes); otherwise it is KV_MIXED.
  * Within a layer section: for KV_F16, K then V, each (n_head_kv, KV_CHUNK_TOKENS,
