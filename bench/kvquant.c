@@ -354,7 +354,7 @@ static int calibrate_layers(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
     int rc = make_prefix(b, seed, &prefix, NULL, err) < 0 ||
                      kv_calib_measure(b->m, b->r, &prefix, b->section_stats,
                                       b->tokens + o->prefix, b->positions + o->prefix,
-                                      o->len - o->prefix, b->layer_weight, err) < 0
+                                      o->len - o->prefix, 0, b->layer_weight, err) != 0
                  ? -1
                  : 0;
     kv_seq_free(&prefix);

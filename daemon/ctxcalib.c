@@ -6,8 +6,9 @@
  * context whose first CTX_CALIB_PREFIX_CHUNKS chunks are resident and still f16 at the
  * end of a call with CTX_CALIB_FORCED tokens after them (its own history teacher-forced
  * on copies of those chunks: 3 n_layer + 1 forwards of CTX_CALIB_FORCED tokens), and
- * kept in the store's settings, so that every later start uses them. Until then the
- * context manager compresses per chunk, which needs no calibration.
+ * kept in the store's settings, so that every later start uses them. Until then (and
+ * for models whose calibration would stall the worker too long) the context manager
+ * compresses per chunk, which needs no calibration.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,11 @@
  * calibrates on 448 and 64; these keep the cost of the first long call small). */
 #define CTX_CALIB_PREFIX_CHUNKS 8
 #define CTX_CALIB_FORCED 32
+
+/* The worker runs a calibration between two steps, so every app waits for it: one that
+ * would take longer is given up after its first forward (measured on TinyLlama-1.1B
+ * Q8_0, 22 layers, 2 threads: 54 s), and that model stays compressed per chunk. */
+#define CTX_CALIB_MAX_SECONDS 2.0
 
 static void calib_key(const ctxmgr *cm, char *key, size_t cap)
 {
@@ -53,7 +59,7 @@ void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c)
     char err[ERR_MAX], key[160];
     int n_layer = cm->shape.n_layer, p = CTX_CALIB_PREFIX_CHUNKS;
     int at = p * KV_CHUNK_TOKENS, want = n_layer * KV_CALIB_PARTS;
-    if (cm->layer_factors || c->n_tokens < at + CTX_CALIB_FORCED ||
+    if (cm->layer_factors || cm->calib_given_up || c->n_tokens < at + CTX_CALIB_FORCED ||
         kv_seq_n_tokens(&c->seq) < at + CTX_CALIB_FORCED)
         return;
     for (int i = 0; i < p; i++)
@@ -80,8 +86,10 @@ void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c)
         pos[t] = at + t;
     /* a view of the context's first chunks: borrowed, never freed through it */
     kv_seq prefix = {.pool = cm->pool, .chunks = c->seq.chunks, .n_chunks = p, .cap = p};
-    if (kv_calib_measure(cm->m, cm->runner, &prefix, sec, c->tokens + at, pos,
-                         CTX_CALIB_FORCED, f, err))
+    int rc = kv_calib_measure(cm->m, cm->runner, &prefix, sec, c->tokens + at, pos,
+                              CTX_CALIB_FORCED, CTX_CALIB_MAX_SECONDS, f, err);
+    cm->calib_given_up = rc == 1;
+    if (rc)
         goto out;
     for (int i = 0; i < want; i++)
         v[i] = f[i];

@@ -66,6 +66,7 @@ struct ctxmgr {
     swapout *swap;        /* writes modified chunks after calls (ahead of time) */
     float *layer_factors; /* (n_layer, KV_CALIB_PARTS) kv_calib factors; NULL: the model's
                              layers are not calibrated yet (ctxcalib.c) */
+    bool calib_given_up;  /* a calibration would take too long on this model */
     void (*_Atomic notify)(void *arg); /* told when a background write is done */
     void *notify_arg;
 };

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* log of the sum of exp(x[i]) over n values, computed from the largest. */
 static double kv_calib_log_sum_exp(const float *x, int n)
@@ -56,10 +57,17 @@ static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *la
     return rc;
 }
 
+static double kv_calib_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
                      const kv_chunk_stats *section_stats, const int32_t *tokens,
-                     const int32_t *positions, int n_forced, float *factors,
-                     char err[ERR_MAX])
+                     const int32_t *positions, int n_forced, double max_seconds,
+                     float *factors, char err[ERR_MAX])
 {
     kv_shape shape = kv_pool_shape(prefix->pool);
     int n_layer = shape.n_layer, n_chunks = prefix->n_chunks;
@@ -72,9 +80,13 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
     int rc = ref && logits && rows ? 0 : err_set(err, "kv calibration: out of memory");
     for (int t = 0; rc == 0 && t < n_forced; t++)
         rows[t] = t;
+    double t0 = kv_calib_now();
     if (rc == 0)
         rc = kv_calib_run(r, prefix, NULL, tokens, positions, rows, n_forced, n_vocab, ref,
                           NULL, NULL, err);
+    if (rc == 0 && max_seconds > 0 &&
+        (kv_calib_now() - t0) * (KV_CALIB_PARTS * n_layer + 1) > max_seconds)
+        rc = 1;
     double mean = 0, sum = 0;
     for (int c = 0; c < n_chunks; c++)
         mean += section_stats[(size_t)c * n_layer].density / n_chunks;

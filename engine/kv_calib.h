@@ -29,12 +29,14 @@ enum { KV_CALIB_K, KV_CALIB_V, KV_CALIB_VBLOCK, KV_CALIB_PARTS };
  * other layer f16: 3 n_layer + 1 forwards of n_forced tokens.
  * section_stats (n_chunks, n_layer) are prefix's (kv_chunk_layer_spread, the chunk's
  * density). A factor is the measured mean KL over the predicted error, divided by the
- * mean of all factors; a part whose prediction is zero gets 1. Allocates its scratch.
+ * mean of all factors; a part whose prediction is zero gets 1. With max_seconds > 0 it
+ * gives up after the reference forward when that forward's time times 3 n_layer + 1
+ * exceeds max_seconds, and returns 1 (factors unchanged). Allocates its scratch.
  */
 int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
                      const kv_chunk_stats *section_stats, const int32_t *tokens,
-                     const int32_t *positions, int n_forced, float *factors,
-                     char err[ERR_MAX]);
+                     const int32_t *positions, int n_forced, double max_seconds,
+                     float *factors, char err[ERR_MAX]);
 
 /* out[c, l] = in[c, l] with its spreads times layer l's factors, for n_chunks chunks. */
 void kv_calib_apply(kv_shape shape, const float *factors, int n_chunks,

@@ -340,8 +340,13 @@ static void tolerance_vs_int4(const char *name, int n_seqs, double max_ratio,
     kv_seq cal;
     kv_seq_init(&cal, pool);
     sample_prefix(m, r, pool, 999, tok, pos, logits, &cal, st, sec);
+    /* a time limit no forward meets: given up, nothing written */
+    factors[0] = -1;
     CHECK(kv_calib_measure(m, r, &cal, sec, tok + TOL_PREFIX, pos + TOL_PREFIX,
-                           TOL_LEN - TOL_PREFIX, factors, err) == 0);
+                           TOL_LEN - TOL_PREFIX, 1e-9, factors, err) == 1);
+    CHECK(factors[0] == -1);
+    CHECK(kv_calib_measure(m, r, &cal, sec, tok + TOL_PREFIX, pos + TOL_PREFIX,
+                           TOL_LEN - TOL_PREFIX, 0, factors, err) == 0);
     kv_seq_free(&cal);
 
     double kl_tol = 0, kl_int4 = 0, kl_sec = 0;
