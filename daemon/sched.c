@@ -117,7 +117,10 @@ typedef struct spec_stats {
  * Speculation (at most one at a time): while the ready node is a retrieval, work.g may
  * be the generation of spec_node started on the retrieval's estimate; while the ready
  * node is a generation, spec_rt may be the retrieval of spec_node started on its first
- * graph_spec_tokens tokens (spec_kb and spec_query: what it was rendered with). */
+ * graph_spec_tokens tokens (spec_kb and spec_query: what it was rendered with). When
+ * the generation ends with another query, spec_rt's result becomes the real retrieval's
+ * estimate (spec_seeded) and the speculation, with the generation started on that
+ * estimate, stands or falls with it when the retrieval ends. */
 typedef struct graph_work {
     graph *gph;
     graph_run *run;
@@ -130,6 +133,7 @@ typedef struct graph_work {
     bool speculate;
     bool spec_tried;       /* the ready node's run has had its speculation */
     int spec_node;         /* -1: no speculation in flight */
+    bool spec_seeded;      /* the ready retrieval's estimate is spec_rt's (pending) */
     int64_t spec_t0;
     retrieval *spec_rt;
     char *spec_kb, *spec_query;
@@ -1976,12 +1980,14 @@ static void spec_count(sched *s, graph_work *gw, bool hit, double saved_ms)
     }
 }
 
+/* A speculation on node starts (a generation on a seeded estimate goes on the
+ * speculation that seeded it, not counted again). */
 static void spec_begin(sched *s, graph_work *gw, int node)
 {
     gw->spec_node = node;
     gw->spec_t0 = mono_ns();
-    gw->spec.started++;
-    s->spec.started++;
+    gw->spec.started += !gw->spec_seeded;
+    s->spec.started += !gw->spec_seeded;
 }
 
 static void spec_rt_drop(graph_work *gw)
@@ -2084,9 +2090,11 @@ static void spec_rt_advance(sched *s, work *w)
 }
 
 /* The ready generation node gave out (n bytes): whether the retrieval started on its
- * first tokens stands (it would get the same kb and query). SPEC_NONE when none was
- * started; a rollback leaves spec_rt for the next node's start to take its result as
- * an estimate. */
+ * first tokens stands. It does when it got the same kb and query (a hit: it goes on as
+ * the next node's retrieval); when only the query differs and it is done, its result
+ * becomes the next retrieval's estimate and the outcome waits for that retrieval's end
+ * (spec_seeded; SPEC_NONE here); else it is a rollback. SPEC_NONE when none was
+ * started. */
 static int spec_rt_outcome(sched *s, work *w, const char *out, size_t n)
 {
     graph_work *gw = w->gw;
@@ -2094,10 +2102,14 @@ static int spec_rt_outcome(sched *s, work *w, const char *out, size_t n)
         return SPEC_NONE;
     char *kb, *query;
     int node = spec_rt_render(s, gw, out, n, &kb, &query);
-    bool hit = node == gw->spec_node && strcmp(kb, gw->spec_kb) == 0 &&
-               strcmp(query, gw->spec_query) == 0;
+    bool same_kb = node == gw->spec_node && strcmp(kb, gw->spec_kb) == 0;
+    bool hit = same_kb && strcmp(query, gw->spec_query) == 0;
     free(kb);
     free(query);
+    if (!hit && same_kb && retrieval_done(gw->spec_rt)) {
+        gw->spec_seeded = true;
+        return SPEC_NONE;
+    }
     spec_count(s, gw, hit, hit ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0);
     return hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
                : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
@@ -2143,8 +2155,8 @@ static int graph_node_start(sched *s, work *w, int node)
     } else if (kb && query) {
         gw->rt = graph_retrieval_new(s, w, n, kb, query, &code);
         /* a retrieval started on the generation's first tokens gives its result as this
-         * one's estimate (spec_rt is left only when it differs in its query alone) */
-        if (gw->rt && gw->spec_rt && retrieval_done(gw->spec_rt) && strcmp(kb, gw->spec_kb) == 0)
+         * one's estimate */
+        if (gw->rt && gw->spec_seeded)
             retrieval_seed(gw->rt, gw->spec_rt);
     } else {
         err_set(gw->err, "out of memory");
@@ -2236,17 +2248,20 @@ static void graph_advance(sched *s, work *w)
             if (rc <= 0)
                 return;
             /* a generation started on the estimate stands when the passages are the
-             * estimate's: the same prompt, so the same tokens */
+             * estimate's: the same prompt, so the same tokens; so does the retrieval
+             * on a generation's first tokens that gave a seeded estimate */
             int spec = SPEC_NONE;
-            if (gw->spec_node >= 0) {
+            if (gw->spec_node >= 0 || gw->spec_seeded) {
                 bool hit = retrieval_estimate_held(gw->rt);
                 spec = hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
                            : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
-                spec_count(s, gw, hit, hit ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0);
+                bool ahead = hit && gw->spec_node >= 0;
+                spec_count(s, gw, hit, ahead ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0);
                 if (!hit) {
                     gen_free(w->g);
                     w->g = NULL;
                 }
+                gw->spec_seeded = false;
             }
             size_t len;
             const char *text = retrieval_text(gw->rt, &len);

@@ -8,7 +8,10 @@
  *     is a hit, and one that cannot hold (top_k 2: BM25 finds one passage, the fusion
  *     two) a rollback;
  *   - a retrieval started on a generation's first tokens is a hit when its query does
- *     not depend on them, and a rollback when it is the generated text itself;
+ *     not depend on them, and a rollback when the generation ends before it does; when
+ *     its query is the generated text itself its result is the real retrieval's estimate
+ *     and it is counted once, with the generation started on that, when the retrieval
+ *     ends;
  * and llmsctl status's counters add the runs' up.
  */
 #include <signal.h>
@@ -159,13 +162,15 @@ static void generation_on_estimate(void)
     llms_close(c);
 }
 
-/* think (generate) -> retrieve (query) -> answer */
-static int create_think_graph(llms_conn *c, const char *name, const char *query)
+/* think (generate, max_tokens tokens: 0 the daemon's) -> retrieve (query) -> answer */
+static int create_think_graph(llms_conn *c, const char *name, const char *query,
+                              int max_tokens)
 {
     static const char *const inputs[] = {"question", "kb"};
+    llms_params p = proc_greedy(max_tokens, NULL);
     llms_graph_node nodes[] = {
         {.name = "think", .kind = LLMS_GRAPH_GENERATE, .output = "thought",
-         .prompt = "Question: {question}\nThought:"},
+         .prompt = "Question: {question}\nThought:", .params = max_tokens ? &p : NULL},
         {.name = "retrieve", .kind = LLMS_GRAPH_RETRIEVE, .output = "passages", .kb = "{kb}",
          .query = query, .top_k = 2, .retrieval = LLMS_RETRIEVAL_RRF},
         {.name = "answer", .kind = LLMS_GRAPH_GENERATE, .output = "answer",
@@ -177,14 +182,33 @@ static int create_think_graph(llms_conn *c, const char *name, const char *query)
     return llms_graph_create(c, name, &d) == LLMS_OK ? 0 : -1;
 }
 
-static int count_retrieval_spec(const llms_graph_event *ev, void *user)
+/* The speculation outcomes the think and the retrieve nodes' events give. */
+typedef struct node_spec {
+    spec_events think, retrieve;
+} node_spec;
+
+static int count_node_spec(const llms_graph_event *ev, void *user)
 {
-    spec_events *e = user;
-    if (ev->finished && !strcmp(ev->node, "think")) {
-        e->hits += ev->speculation == LLMS_GRAPH_SPEC_HIT;
-        e->rollbacks += ev->speculation == LLMS_GRAPH_SPEC_ROLLBACK;
+    node_spec *e = user;
+    spec_events *x = !strcmp(ev->node, "think") ? &e->think : &e->retrieve;
+    if (ev->finished && strcmp(ev->node, "answer")) {
+        x->hits += ev->speculation == LLMS_GRAPH_SPEC_HIT;
+        x->rollbacks += ev->speculation == LLMS_GRAPH_SPEC_ROLLBACK;
     }
     return 0;
+}
+
+/* A speculative run of graph: its result's counts into the totals, the nodes' events'
+ * into *ev. */
+static void run_spec(llms_conn *c, const char *graph, node_spec *ev, llms_graph_result *r)
+{
+    llms_graph_var in[2] = {{"question", "Who had a boat?"}, {"kb", "stories"}};
+    memset(ev, 0, sizeof *ev);
+    CHECK_EQ(llms_graph_run_speculate(c, graph, in, 2, NULL, LLMS_SPECULATE_ON, count_node_spec,
+                                      ev, r), LLMS_OK);
+    total_started += r->speculations;
+    total_hits += r->spec_hits;
+    total_rollbacks += r->spec_rollbacks;
 }
 
 static void retrieval_on_partial_generation(void)
@@ -193,34 +217,41 @@ static void retrieval_on_partial_generation(void)
     llms_conn *c = proc_connect(&daemon_, "specrt");
     CHECK(c);
     CHECK_EQ(make_kb(c), 0);
-    CHECK_EQ(create_think_graph(c, "fixed", "{question}"), 0);
-    CHECK_EQ(create_think_graph(c, "hyde2", "{thought}"), 0);
+    CHECK_EQ(create_think_graph(c, "fixed", "{question}", 0), 0);
+    CHECK_EQ(create_think_graph(c, "late", "{thought}", 3), 0);
+    CHECK_EQ(create_think_graph(c, "hyde2", "{thought}", 0), 0);
     uint32_t hits, rollbacks;
     run_both(c, "fixed", "Who had a boat?", &hits, &rollbacks);
     CHECK(hits >= 1);
-    run_both(c, "hyde2", "Who had a boat?", &hits, &rollbacks);
+    run_both(c, "late", "Who had a boat?", &hits, &rollbacks);
     CHECK(rollbacks >= 1);
-    /* which of them the retrievals' own were: the think node's events */
-    llms_graph_var in[2] = {{"question", "Who had a boat?"}, {"kb", "stories"}};
-    spec_events fixed = {0}, hyde = {0};
+    run_both(c, "hyde2", "Who had a boat?", &hits, &rollbacks);
+    CHECK(hits + rollbacks >= 1);
+    node_spec ev;
     llms_graph_result r;
-    CHECK_EQ(llms_graph_run_speculate(c, "fixed", in, 2, NULL, LLMS_SPECULATE_ON,
-                                      count_retrieval_spec, &fixed, &r), LLMS_OK);
-    total_started += r.speculations;
-    total_hits += r.spec_hits;
-    total_rollbacks += r.spec_rollbacks;
+    /* the query does not depend on the thought: the speculative retrieval is the real
+     * one, and the answer starts on its BM25 estimate (2 passages) or after it */
+    run_spec(c, "fixed", &ev, &r);
+    CHECK_MSG(ev.think.hits == 1 && ev.think.rollbacks == 0, "fixed query: %d hits, %d "
+              "rollbacks", ev.think.hits, ev.think.rollbacks);
+    CHECK_EQ(r.spec_hits + r.spec_rollbacks, r.speculations);
     llms_graph_result_free(&r);
-    CHECK_MSG(fixed.hits == 1 && fixed.rollbacks == 0, "fixed query: %d hits, %d rollbacks",
-              fixed.hits, fixed.rollbacks);
-    CHECK_EQ(llms_graph_run_speculate(c, "hyde2", in, 2, NULL, LLMS_SPECULATE_ON,
-                                      count_retrieval_spec, &hyde, &r), LLMS_OK);
+    /* the thought ends at its third token, one step after the retrieval started on two:
+     * that retrieval has not finished, and is dropped */
+    run_spec(c, "late", &ev, &r);
+    CHECK_MSG(ev.think.hits == 0 && ev.think.rollbacks == 1, "late: %d hits, %d rollbacks",
+              ev.think.hits, ev.think.rollbacks);
+    CHECK(r.n_timings == 3 && r.timings[0].generated_tokens == 3);
+    llms_graph_result_free(&r);
+    /* the query is the thought: the retrieval on its first two tokens finishes first and
+     * seeds the real one; one speculation, decided when the real retrieval ends */
+    run_spec(c, "hyde2", &ev, &r);
     CHECK(r.n_timings == 3 && r.timings[0].generated_tokens > 2);
-    total_started += r.speculations;
-    total_hits += r.spec_hits;
-    total_rollbacks += r.spec_rollbacks;
+    CHECK_EQ(ev.think.hits + ev.think.rollbacks, 0);
+    CHECK_EQ(ev.retrieve.hits + ev.retrieve.rollbacks, 1);
+    CHECK_EQ(r.speculations, 1);
+    CHECK_EQ(r.spec_hits, (uint32_t)ev.retrieve.hits);
     llms_graph_result_free(&r);
-    CHECK_MSG(hyde.hits == 0 && hyde.rollbacks == 1, "query from the thought: %d hits, %d "
-              "rollbacks", hyde.hits, hyde.rollbacks);
     llms_close(c);
 }
 
