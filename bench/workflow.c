@@ -50,7 +50,6 @@
 #include "bench/bench.h"
 #include "client/llms.h"
 #include "daemon/graph.h"
-#include "storage/ivf.h"
 
 #define POOL 16          /* connections of the concurrent systems */
 #define MAX_TOKENS 24
@@ -344,28 +343,11 @@ static int fill_kb(void)
 
 #define HINT_K 20        /* a request's recent results whose lists are its hints */
 
-/* Searches every query of n (n_q, dim) with params p and hints (may be NULL): the
- * results (n_q, HINT_K) into hits, the work into st. */
 static int ivf_run(ivf *ix, const float *q, int n_q, int dim, bool early_stop,
                    const ivf_hints *hints, ivf_hit *hits, ivf_search_stats *st)
 {
     ivf_search_params p = {.k = HINT_K, .nprobe = ivf_nlist(ix), .early_stop = early_stop};
-    char err[ERR_MAX];
-    ivf_search *s = ivf_search_begin(ix, q, n_q, dim, &p, hints, err);
-    if (!s) {
-        fprintf(stderr, "workflow: ivf: %s\n", err);
-        return -1;
-    }
-    while (!ivf_search_step(s, 1 << 30))
-        ;
-    for (int a = 0; a < n_q; a++) {
-        int got = ivf_search_results(s, a, hits + (size_t)a * HINT_K);
-        for (int i = got; i < HINT_K; i++)
-            hits[(size_t)a * HINT_K + i] = (ivf_hit){-1, 0, -1};
-    }
-    ivf_search_get_stats(s, st);
-    ivf_search_free(s);
-    return 0;
+    return bench_ivf_search(ix, q, n_q, dim, &p, hints, hits, st);
 }
 
 /* The similarity-aware search savings on the template's requests' retrieval queries

@@ -208,9 +208,10 @@ void retrieval_seed(retrieval *r, const retrieval *from)
     memcpy(r->prov.ids, from->final.ids, sizeof *r->prov.ids * (size_t)from->final.n);
     r->prov_from = RETRIEVAL_ESTIMATE_SEED;
     /* its texts come along when they fit in memory, else they are read when asked for */
-    if (from->final.read &&
-        textbuf_append(&r->prov.text, &r->prov.len, &r->prov.cap, from->final.text ? from->final.text : "",
-                       from->final.len) == 0)
+    size_t len;
+    const char *text = retrieval_text(from, &len);
+    if (from->final.read && textbuf_append(&r->prov.text, &r->prov.len, &r->prov.cap, text,
+                                           len) == 0)
         r->prov.read = true;
 }
 
