@@ -893,7 +893,8 @@ typedef struct llms_graph_result {
     size_t n_state;
     double total_ms, queue_ms;
     /* Speculation: work started on provisional outputs, kept (hits) and dropped
-     * (rollbacks), and how long the kept work ran before its input was final. */
+     * (rollbacks), and how long kept work that had computed something ran before its
+     * input was final (an estimate of the time saved). */
     uint32_t speculations, spec_hits, spec_rollbacks;
     double spec_saved_ms;
 } llms_graph_result;

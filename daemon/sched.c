@@ -109,7 +109,9 @@ typedef struct gen {
 /* Speculation counts: of a run, and of the daemon since it started. */
 typedef struct spec_stats {
     uint64_t started, hits, rollbacks;
-    double saved_ms;       /* how long kept work ran before its input was final */
+    double saved_ms;       /* how long kept work that had done something (a generation
+                              with KV, a retrieval past a sub-stage) ran before its input
+                              was final */
 } spec_stats;
 
 /* A GraphRun: its graph, the run's state, and the ready node's work (a generation in
@@ -136,6 +138,7 @@ typedef struct graph_work {
     bool spec_seeded;      /* the ready retrieval's estimate is spec_rt's (pending) */
     int64_t spec_t0;
     retrieval *spec_rt;
+    int spec_rt_stages;    /* sub-stages spec_rt has run */
     char *spec_kb, *spec_query;
     spec_stats spec;
 } graph_work;
@@ -1970,6 +1973,13 @@ static retrieval *graph_retrieval_new(sched *s, work *w, const Llms__GraphNode *
 
 /* ---- speculation ---- */
 
+/* The head start of kept speculative work that has done something (progressed): how
+ * long since it started. */
+static double spec_ahead_ms(const graph_work *gw, bool progressed)
+{
+    return progressed ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0;
+}
+
 static void spec_count(sched *s, graph_work *gw, bool hit, double saved_ms)
 {
     spec_stats *st[2] = {&gw->spec, &s->spec};
@@ -2063,11 +2073,14 @@ static void spec_rt_advance(sched *s, work *w)
     if (gw->spec_rt) {
         Llms__ErrorCode code;
         char err[ERR_MAX];
-        if (!retrieval_done(gw->spec_rt) && retrieval_step(gw->spec_rt, &code, err) < 0) {
+        if (retrieval_done(gw->spec_rt))
+            return;
+        if (retrieval_step(gw->spec_rt, &code, err) < 0) {
             spec_rt_drop(gw);
             spec_count(s, gw, false, 0);
             gw->spec_node = -1;
         }
+        gw->spec_rt_stages++;
         return;
     }
     if (!gw->speculate || gw->spec_tried || g->n_gen < s->env.cfg->graph_spec_tokens)
@@ -2086,6 +2099,7 @@ static void spec_rt_advance(sched *s, work *w)
     }
     gw->spec_kb = kb;
     gw->spec_query = query;
+    gw->spec_rt_stages = 0;
     spec_begin(s, gw, node);
 }
 
@@ -2110,7 +2124,7 @@ static int spec_rt_outcome(sched *s, work *w, const char *out, size_t n)
         gw->spec_seeded = true;
         return SPEC_NONE;
     }
-    spec_count(s, gw, hit, hit ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0);
+    spec_count(s, gw, hit, spec_ahead_ms(gw, gw->spec_rt_stages > 0));
     return hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
                : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
 }
@@ -2255,8 +2269,8 @@ static void graph_advance(sched *s, work *w)
                 bool hit = retrieval_estimate_held(gw->rt);
                 spec = hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
                            : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
-                bool ahead = hit && gw->spec_node >= 0;
-                spec_count(s, gw, hit, ahead ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0);
+                spec_count(s, gw, hit,
+                           spec_ahead_ms(gw, w->g && kv_seq_n_tokens(w->g->seq) > 0));
                 if (!hit) {
                     gen_free(w->g);
                     w->g = NULL;
@@ -3231,12 +3245,10 @@ static void advance_graphs(sched *s)
         retrieving = false;
         for (int i = 0; i < s->n_active; i++) {
             work *w = s->active[i];
-            /* a retrieval whose next node's generation started on its estimate goes a
-             * sub-stage per cycle, so that the generation gets the steps between */
-            if (!w->gw || (round > 0 && (!w->gw->rt || w->g)))
+            if (!w->gw || (round > 0 && !w->gw->rt))
                 continue;
             graph_advance(s, w);
-            retrieving |= w->gw->rt != NULL && !w->g && !work_over(w, 0);
+            retrieving |= w->gw->rt != NULL && !work_over(w, 0);
         }
     }
 }
