@@ -255,6 +255,38 @@ static void retrieval_on_partial_generation(void)
     llms_close(c);
 }
 
+static int cancel_at_event(const llms_graph_event *ev, void *user)
+{
+    (void)ev;
+    return --*(int *)user == 0;
+}
+
+/* Runs cancelled at each of their node events, speculative work in flight or not: each
+ * is CANCELLED, and the daemon then answers as before (its KV and retrievals freed:
+ * the ASan build's daemon checks at exit). */
+static void cancel_while_speculating(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "specrt");
+    CHECK(c);
+    llms_graph_var in[2] = {{"question", "Who had a boat?"}, {"kb", "stories"}};
+    llms_graph_result before, after;
+    CHECK_EQ(llms_graph_run_speculate(c, "hyde2", in, 2, NULL, LLMS_SPECULATE_OFF, NULL, NULL,
+                                      &before), LLMS_OK);
+    for (int at = 1; at <= 5; at++) {
+        int left = at;
+        CHECK_EQ(llms_graph_run_speculate(c, "hyde2", in, 2, NULL, LLMS_SPECULATE_ON,
+                                          cancel_at_event, &left, NULL), LLMS_ERR_CANCELLED);
+        CHECK_EQ(left, 0);
+    }
+    CHECK_EQ(llms_graph_run_speculate(c, "hyde2", in, 2, NULL, LLMS_SPECULATE_ON, NULL, NULL,
+                                      &after), LLMS_OK);
+    CHECK(!strcmp(before.output, after.output));
+    llms_graph_result_free(&before);
+    llms_graph_result_free(&after);
+    llms_close(c);
+}
+
 static void status_counts(void)
 {
     NEED();
@@ -279,7 +311,8 @@ int main(int argc, char **argv)
     stories = test_data_path("models/stories260K.gguf");
     RUN(generation_on_estimate);
     RUN(retrieval_on_partial_generation);
-    RUN(status_counts);
+    RUN(status_counts); /* before the cancelled runs, whose counts the client never sees */
+    RUN(cancel_while_speculating);
     if (daemon_.pid > 0 && proc_stop(&daemon_, SIGTERM) != 0)
         proc_print_log(&daemon_);
     return test_finish();
