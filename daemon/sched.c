@@ -2010,8 +2010,9 @@ static void spec_rt_drop(graph_work *gw)
 }
 
 /* While the ready node's retrieval runs: when it holds an estimate that leads to a
- * generation node, that node's generation starts on it (in work.g, joining the steps).
- * Nothing is started when anything fails: the node then starts, and fails, as usual. */
+ * generation node, that node's generation starts on it (in work.g, joining the steps);
+ * tried once per node run. Nothing is started when anything fails: the node then
+ * starts, and fails, as usual. */
 static void spec_gen_start(sched *s, work *w)
 {
     graph_work *gw = w->gw;
@@ -2020,6 +2021,7 @@ static void spec_gen_start(sched *s, work *w)
         return;
     char err[ERR_MAX];
     size_t len, max = (size_t)s->env.cfg->max_text_bytes;
+    gw->spec_tried = true; /* once per node run: not again at every cycle */
     const char *text = retrieval_estimate_text(gw->rt, &len, err);
     if (!text || graph_run_feed_trial(gw->run, text, len))
         return;
@@ -2031,7 +2033,6 @@ static void spec_gen_start(sched *s, work *w)
     if (!prompt)
         return;
     Llms__ErrorCode code;
-    gw->spec_tried = true;
     w->g = graph_gen_new(s, w, graph_node_of(gw, node), prompt, &code);
     free(prompt);
     if (w->g)
@@ -2064,8 +2065,9 @@ static int spec_rt_render(sched *s, graph_work *gw, const char *out, size_t n, c
 }
 
 /* While the ready node's generation runs: once it has graph_spec_tokens tokens, the
- * retrieval node its text so far leads to starts on it; then a sub-stage of that
- * retrieval per call. A failing speculative retrieval is dropped (a rollback). */
+ * retrieval node its text so far leads to starts on it (when it leads to one then);
+ * then a sub-stage of that retrieval per call. A failing speculative retrieval is
+ * dropped (a rollback). */
 static void spec_rt_advance(sched *s, work *w)
 {
     graph_work *gw = w->gw;
@@ -2085,12 +2087,13 @@ static void spec_rt_advance(sched *s, work *w)
     }
     if (!gw->speculate || gw->spec_tried || g->n_gen < s->env.cfg->graph_spec_tokens)
         return;
+    /* once, at graph_spec_tokens tokens: not again at every token */
+    gw->spec_tried = true;
     char *kb, *query;
     int node = spec_rt_render(s, gw, g->shown ? g->shown : "", g->shown_len, &kb, &query);
     if (node < 0)
         return;
     Llms__ErrorCode code;
-    gw->spec_tried = true;
     gw->spec_rt = graph_retrieval_new(s, w, graph_node_of(gw, node), kb, query, &code);
     if (!gw->spec_rt) {
         free(kb);
