@@ -19,6 +19,7 @@
 
 #include "client/llms.h"
 #include "engine/modelgen.h"
+#include "storage/ivf.h"
 
 /* Seconds on the monotonic clock. */
 static inline double bench_now_s(void)
@@ -63,6 +64,31 @@ static inline double bench_percentile(double *v, int n, double q)
     qsort(v, (size_t)n, sizeof *v, bench_compare_doubles);
     int i = (int)(q * (n - 1) + 0.5);
     return v[i < n ? i : n - 1];
+}
+
+/* Searches queries (n_q, dim) of ix to the end under p with hints (NULL: none): each
+ * query's p->k best into hits (n_q, p->k; id -1 past its results) and the work into st.
+ * -1 with a message on stderr when the search cannot start. */
+static inline int bench_ivf_search(ivf *ix, const float *q, int n_q, int dim,
+                                   const ivf_search_params *p, const ivf_hints *hints,
+                                   ivf_hit *hits, ivf_search_stats *st)
+{
+    char err[ERR_MAX];
+    ivf_search *s = ivf_search_begin(ix, q, n_q, dim, p, hints, err);
+    if (!s) {
+        fprintf(stderr, "ivf search: %s\n", err);
+        return -1;
+    }
+    while (!ivf_search_step(s, 1 << 30))
+        ;
+    for (int a = 0; a < n_q; a++) {
+        int got = ivf_search_results(s, a, hits + (size_t)a * p->k);
+        for (int i = got; i < p->k; i++)
+            hits[(size_t)a * p->k + i] = (ivf_hit){-1, 0, -1};
+    }
+    ivf_search_get_stats(s, st);
+    ivf_search_free(s);
+    return 0;
 }
 
 /* Index of the largest of v[0..n) (greedy decoding). */

@@ -225,22 +225,10 @@ static double aware_run(ivf *ix, const float *q, const options *o, int nprobe, b
                         const ivf_hints *hints, ivf_hit *hits, ivf_search_stats *st)
 {
     ivf_search_params p = {.k = K_HIST, .nprobe = nprobe, .early_stop = stop};
-    char err[ERR_MAX];
     double t0 = bench_now_s();
-    ivf_search *s = ivf_search_begin(ix, q, o->nq, o->dim, &p, hints, err);
-    if (!s)
+    if (bench_ivf_search(ix, q, o->nq, o->dim, &p, hints, hits, st))
         return -1;
-    while (!ivf_search_step(s, INT_MAX))
-        ;
-    double t = bench_now_s() - t0;
-    for (int a = 0; a < o->nq; a++) {
-        int n = ivf_search_results(s, a, hits + (size_t)a * K_HIST);
-        for (int i = n; i < K_HIST; i++)
-            hits[(size_t)a * K_HIST + i] = (ivf_hit){-1, 0, -1};
-    }
-    ivf_search_get_stats(s, st);
-    ivf_search_free(s);
-    return t;
+    return bench_now_s() - t0;
 }
 
 static void similarity_aware(ivf *ix, const float *q, const options *o, int nprobe)

@@ -16,7 +16,11 @@
  *   naive       the same client loop, requests concurrent (16 connections), so stages
  *               of different requests overlap but each is an opaque call;
  *   graph       GraphRun of the built-in template, requests concurrent (16 connections):
- *               the daemon advances every running graph each cycle.
+ *               the daemon advances every running graph each cycle; no speculation;
+ *   graph_speculative  the same with speculation (a generation node starts on its
+ *               retrieval's estimate, a retrieval on its generation's first tokens; each
+ *               kept or redone): its hit and rollback rates and the time kept work ran
+ *               ahead are reported beside the throughput.
  * Requests arrive open-loop (Poisson) at rates that are multiples of the sequential
  * system's closed-loop capacity (measured first, per template); each (rate, system)
  * cell is run --runs times, the systems interleaved, and the median of the runs'
@@ -24,7 +28,16 @@
  * throughput at an equal p95 bound (the sequential system's p95 when requests arrive at
  * its capacity: the best throughput among the cells whose p95 stays under it), the saturated
  * throughput (every request queued at once) and the answers' agreement with the
- * sequential system's (greedy: equal unless batching changed a rounding).
+ * sequential system's (greedy: equal unless batching changed a rounding), and of the
+ * speculative graph runs with the plain ones.
+ *
+ * Similarity-aware search (HedraRAG), per template whose requests retrieve more than
+ * once: the knowledge base's passages and every retrieval query of the sequential runs
+ * are embedded by the daemon, put in an IVF index here (storage/ivf.h, n / 8 lists, all
+ * probed as the daemon's kb_ivf_nprobe does at this size), and each request's second and
+ * later queries are searched plainly, with the exact early stop, and with the early stop
+ * and the lists of the request's previous top 20 as hints: lists and vectors scanned,
+ * and whether any result differs from the plain search.
  */
 #include <libgen.h>
 #include <pthread.h>
@@ -43,8 +56,10 @@
 #define N_RATES 4
 static const double rate_factors[N_RATES] = {0.5, 1, 2, 4};
 
-enum system { SEQUENTIAL, NAIVE, GRAPH, N_SYSTEMS };
-static const char *const system_names[N_SYSTEMS] = {"sequential", "naive_async", "graph"};
+enum system { SEQUENTIAL, NAIVE, GRAPH, GRAPH_SPEC, N_SYSTEMS };
+static const char *const system_names[N_SYSTEMS] = {"sequential", "naive_async", "graph",
+                                                    "graph_speculative"};
+#define MAX_QUERIES 8    /* retrieval queries a request's run keeps (similarity search) */
 
 static const char *const names[] = {"Lily", "Tom", "Sam", "Mia", "Ben", "Anna", "Max", "Sue"};
 static const char *const things[] = {"a red ball", "a big boat", "a little kite", "a toy car",
@@ -61,7 +76,14 @@ typedef struct request {
     double latency;
     char *answer;
     int ok;
+    char *queries[MAX_QUERIES]; /* sequential and naive: its retrievals' queries */
+    int n_queries;
 } request;
+
+/* Speculation counted over a cell's graph runs (GraphResult's). */
+typedef struct spec_count {
+    atomic_long started, hits, rollbacks, saved_us;
+} spec_count;
 
 typedef struct cell {
     enum system sys;
@@ -70,6 +92,7 @@ typedef struct cell {
     int n;
     atomic_int next;
     double t0;
+    spec_count spec;
 } cell;
 
 /* The passages a retrieval node would give: KbSearch's texts, blank-line joined. */
@@ -101,9 +124,11 @@ static char *search(llms_conn *c, const char *query)
 }
 
 /* A request's stages one client call each, the graph deciding the next (sequential and
- * naive). */
-static int run_stages(llms_conn *c, const char *tmpl, const char *question, char **answer)
+ * naive); its retrieval queries are kept in rq. */
+static int run_stages(llms_conn *c, const char *tmpl, request *rq)
 {
+    const char *question = rq->question;
+    char **answer = &rq->answer;
     char err[ERR_MAX];
     graph *g = graph_builtin(tmpl, &limits, err);
     Llms__GraphVar v[2], *vp[2] = {&v[0], &v[1]};
@@ -125,7 +150,10 @@ static int run_stages(llms_conn *c, const char *tmpl, const char *question, char
             size_t len;
             char *query = graph_run_render(r, GRAPH_FIELD_QUERY, SIZE_MAX, &len);
             out = query ? search(c, query) : NULL;
-            free(query);
+            if (query && rq->n_queries < MAX_QUERIES)
+                rq->queries[rq->n_queries++] = query;
+            else
+                free(query);
         } else {
             size_t len;
             char *prompt = graph_run_render(r, GRAPH_FIELD_PROMPT, SIZE_MAX, &len);
@@ -144,7 +172,7 @@ static int run_stages(llms_conn *c, const char *tmpl, const char *question, char
     return rc == 0 && *answer ? 0 : -1;
 }
 
-static int run_graph(llms_conn *c, const char *tmpl, const char *question, char **answer)
+static int run_graph(llms_conn *c, cell *cl, const char *question, char **answer)
 {
     llms_graph_var in[2] = {{"question", question}, {"kb", "stories"}};
     llms_params p;
@@ -152,8 +180,14 @@ static int run_graph(llms_conn *c, const char *tmpl, const char *question, char 
     p.temperature = 0;
     p.max_tokens = MAX_TOKENS;
     llms_graph_result r;
-    if (llms_graph_run(c, tmpl, in, 2, &p, NULL, NULL, &r) != LLMS_OK)
+    if (llms_graph_run_speculate(c, cl->tmpl, in, 2, &p,
+                                 cl->sys == GRAPH_SPEC ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF,
+                                 NULL, NULL, &r) != LLMS_OK)
         return -1;
+    atomic_fetch_add(&cl->spec.started, r.speculations);
+    atomic_fetch_add(&cl->spec.hits, r.spec_hits);
+    atomic_fetch_add(&cl->spec.rollbacks, r.spec_rollbacks);
+    atomic_fetch_add(&cl->spec.saved_us, (long)(r.spec_saved_ms * 1e3));
     *answer = r.output;
     r.output = NULL;
     llms_graph_result_free(&r);
@@ -176,8 +210,8 @@ static void *worker(void *arg)
         double wait = cl->t0 + rq->arrival - bench_now_s();
         if (wait > 0)
             usleep((useconds_t)(wait * 1e6));
-        int rc = cl->sys == GRAPH ? run_graph(c, cl->tmpl, rq->question, &rq->answer)
-                                  : run_stages(c, cl->tmpl, rq->question, &rq->answer);
+        int rc = cl->sys >= GRAPH ? run_graph(c, cl, rq->question, &rq->answer)
+                                  : run_stages(c, cl->tmpl, rq);
         rq->latency = bench_now_s() - (cl->t0 + rq->arrival);
         rq->ok = rc == 0;
         if (rc)
@@ -209,6 +243,8 @@ static void make_questions(request *req, int n, int seed)
 typedef struct outcome {
     double throughput, p50, p95;
     int failed;
+    long spec_started, spec_hits, spec_rollbacks;
+    double spec_saved_ms;
 } outcome;
 
 /* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req. */
@@ -220,6 +256,9 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
         free(req[i].answer);
         req[i].answer = NULL;
         req[i].ok = 0;
+        for (int q = 0; q < req[i].n_queries; q++)
+            free(req[i].queries[q]);
+        req[i].n_queries = 0;
         req[i].arrival = t;
         if (rate > 0)
             t += -log(1 - uniform()) / rate;
@@ -231,7 +270,8 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
         pthread_create(&th[i], NULL, worker, &cl);
     for (int i = 0; i < threads; i++)
         pthread_join(th[i], NULL);
-    outcome o = {0};
+    outcome o = {.spec_started = cl.spec.started, .spec_hits = cl.spec.hits,
+                 .spec_rollbacks = cl.spec.rollbacks, .spec_saved_ms = cl.spec.saved_us / 1e3};
     double lat[n > 0 ? n : 1], end = 0;
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -262,10 +302,19 @@ static outcome median_outcome(outcome *o, int runs)
         double x = bench_median(v, runs);
         *(f == 0 ? &m.throughput : f == 1 ? &m.p50 : &m.p95) = x;
     }
-    for (int r = 0; r < runs; r++)
+    for (int r = 0; r < runs; r++) {
         m.failed += o[r].failed;
+        m.spec_started += o[r].spec_started;
+        m.spec_hits += o[r].spec_hits;
+        m.spec_rollbacks += o[r].spec_rollbacks;
+        m.spec_saved_ms += o[r].spec_saved_ms;
+    }
     return m;
 }
+
+/* The knowledge base's documents, one passage each (kb_passage_tokens 48). */
+enum { DOCS = 96 };
+static char doc_text[DOCS][256];
 
 static int fill_kb(void)
 {
@@ -273,8 +322,8 @@ static int fill_kb(void)
     if (llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK)
         return -1;
     int rc = llms_kb_create(c, "stories", 0, 0) == LLMS_OK ? 0 : -1;
-    enum { DOCS = 96 };
-    static char text[DOCS][256], id[DOCS][16];
+    static char id[DOCS][16];
+    char (*text)[256] = doc_text;
     llms_kb_doc docs[DOCS];
     for (int i = 0; i < DOCS; i++) {
         snprintf(id[i], sizeof id[i], "s%d", i);
@@ -290,6 +339,127 @@ static int fill_kb(void)
         fprintf(stderr, "workflow: knowledge base: %s\n", llms_last_error(c));
     llms_close(c);
     return rc;
+}
+
+#define HINT_K 20        /* a request's recent results whose lists are its hints */
+
+static int ivf_run(ivf *ix, const float *q, int n_q, int dim, bool early_stop,
+                   const ivf_hints *hints, ivf_hit *hits, ivf_search_stats *st)
+{
+    ivf_search_params p = {.k = HINT_K, .nprobe = ivf_nlist(ix), .early_stop = early_stop};
+    return bench_ivf_search(ix, q, n_q, dim, &p, hints, hits, st);
+}
+
+/* The similarity-aware search savings on the template's requests' retrieval queries
+ * (those of req, from the sequential system). */
+static void similarity_savings(const char *tmpl, const request *req, int n)
+{
+    int n_q = 0, n_later = 0;
+    for (int i = 0; i < n; i++) {
+        n_q += req[i].n_queries;
+        n_later += req[i].n_queries > 1 ? req[i].n_queries - 1 : 0;
+    }
+    if (n_later == 0) {
+        printf("{\"bench\": \"workflow\", \"template\": \"%s\", \"similarity_search\": "
+               "true, \"later_queries\": 0, \"note\": \"one retrieval per request: no "
+               "hints\"}\n", tmpl);
+        return;
+    }
+    llms_conn *c = NULL;
+    llms_embeddings pe = {0}, qe = {0};
+    const char **texts = malloc(sizeof *texts * (size_t)(n_q > DOCS ? n_q : DOCS));
+    ivf *ix = NULL;
+    float *later = NULL;
+    ivf_hit *prev = NULL, *h[3] = {NULL, NULL, NULL};
+    int32_t *lists = NULL;
+    ivf_hints *hints = NULL;
+    char err[ERR_MAX];
+    if (!texts || llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK)
+        goto out;
+    for (int i = 0; i < DOCS; i++)
+        texts[i] = doc_text[i];
+    if (llms_embed(c, texts, DOCS, LLMS_POOLING_MEAN, &pe) != LLMS_OK)
+        goto out;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < req[i].n_queries; j++)
+            texts[k++] = req[i].queries[j];
+    if (llms_embed(c, texts, (size_t)n_q, LLMS_POOLING_MEAN, &qe) != LLMS_OK)
+        goto out;
+    int dim = (int)pe.dim;
+    int64_t ids[DOCS];
+    for (int i = 0; i < DOCS; i++)
+        ids[i] = i;
+    ivf_train_params tp = {.nlist = DOCS / 8, .seed = 1};
+    if (!(ix = ivf_new(dim, err)) || ivf_train(ix, pe.values, DOCS, dim, &tp, err) ||
+        ivf_add(ix, ids, pe.values, DOCS, dim, err)) {
+        fprintf(stderr, "workflow: ivf: %s\n", err);
+        goto out;
+    }
+    /* each later query, and the one before it in its request (whose results hint) */
+    later = malloc(sizeof *later * (size_t)n_later * dim * 2);
+    prev = malloc(sizeof *prev * (size_t)n_later * HINT_K);
+    lists = malloc(sizeof *lists * (size_t)n_later * HINT_K);
+    hints = malloc(sizeof *hints * (size_t)n_later);
+    for (int m = 0; m < 3; m++)
+        h[m] = malloc(sizeof *h[m] * (size_t)n_later * HINT_K);
+    if (!later || !prev || !lists || !hints || !h[0] || !h[1] || !h[2])
+        goto out;
+    float *before = later + (size_t)n_later * dim;
+    int a = 0;
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 1; j < req[i].n_queries; j++, a++) {
+            memcpy(later + (size_t)a * dim, qe.values + (size_t)(k + j) * dim,
+                   sizeof *later * (size_t)dim);
+            memcpy(before + (size_t)a * dim, qe.values + (size_t)(k + j - 1) * dim,
+                   sizeof *later * (size_t)dim);
+        }
+        k += req[i].n_queries;
+    }
+    ivf_search_stats st[4];
+    if (ivf_run(ix, before, n_later, dim, false, NULL, prev, &st[3]))
+        goto out;
+    for (a = 0; a < n_later; a++) {
+        int nl = 0;
+        for (int i = 0; i < HINT_K && prev[(size_t)a * HINT_K + i].id >= 0; i++)
+            lists[(size_t)a * HINT_K + nl++] = prev[(size_t)a * HINT_K + i].list;
+        hints[a] = (ivf_hints){lists + (size_t)a * HINT_K, nl};
+    }
+    static const char *const modes[3] = {"plain", "early_stop", "early_stop_hints"};
+    int differ[3] = {0, 0, 0};
+    for (int m = 0; m < 3; m++) {
+        if (ivf_run(ix, later, n_later, dim, m > 0, m == 2 ? hints : NULL, h[m], &st[m]))
+            goto out;
+        for (size_t i = 0; i < (size_t)n_later * HINT_K; i++)
+            differ[m] += h[m][i].id != h[0][i].id;
+    }
+    for (int m = 0; m < 3; m++)
+        printf("{\"bench\": \"workflow\", \"template\": \"%s\", \"similarity_search\": "
+               "true, \"mode\": \"%s\", \"passages\": %d, \"nlist\": %d, \"k\": %d, "
+               "\"later_queries\": %d, \"lists_scanned\": %lld, \"lists_skipped\": %lld, "
+               "\"vectors_scanned\": %lld, \"lists_ratio_to_plain\": %.3f, "
+               "\"vectors_ratio_to_plain\": %.3f, \"results_differing_from_plain\": %d}\n",
+               tmpl, modes[m], DOCS, ivf_nlist(ix), HINT_K, n_later,
+               (long long)st[m].lists_scanned, (long long)st[m].lists_skipped,
+               (long long)st[m].vectors_scanned,
+               (double)st[m].lists_scanned / (double)st[0].lists_scanned,
+               (double)st[m].vectors_scanned / (double)st[0].vectors_scanned, differ[m]);
+    fflush(stdout);
+out:
+    if (c && !ix)
+        fprintf(stderr, "workflow: similarity search: %s\n", llms_last_error(c));
+    llms_close(c);
+    llms_embeddings_free(&pe);
+    llms_embeddings_free(&qe);
+    ivf_free(ix);
+    free(texts);
+    free(later);
+    free(prev);
+    free(lists);
+    free(hints);
+    for (int m = 0; m < 3; m++)
+        free(h[m]);
 }
 
 static int bench_template(const char *tmpl, int n, int runs)
@@ -309,7 +479,8 @@ static int bench_template(const char *tmpl, int n, int runs)
     /* the p95 bound: the sequential system's p95 when requests arrive at its capacity */
     double bound = 0;
     double at_bound[N_SYSTEMS] = {0}, saturated[N_SYSTEMS] = {0};
-    int agree = 0, compared = 0;
+    int agree = 0, compared = 0, spec_agree = 0, spec_compared = 0;
+    outcome spec_total = {0};
     static outcome results[N_RATES + 1][N_SYSTEMS][16];
     for (int k = 0; k < N_RATES + 1; k++) {
         /* the last "rate" is closed loop: every request queued at once (saturation) */
@@ -328,21 +499,37 @@ static int bench_template(const char *tmpl, int n, int runs)
             printf("{\"bench\": \"workflow\", \"template\": \"%s\", \"system\": \"%s\", "
                    "\"rate_rps\": %.3f, \"rate_x_sequential\": %.2f, \"requests\": %d, "
                    "\"runs\": %d, \"throughput_rps\": %.3f, \"p50_ms\": %.1f, \"p95_ms\": %.1f, "
-                   "\"failed\": %d}\n",
+                   "\"failed\": %d",
                    tmpl, system_names[s], rate, k < N_RATES ? rate_factors[k] : 0.0, n, runs,
                    m.throughput, m.p50 * 1e3, m.p95 * 1e3, m.failed);
+            if (s == GRAPH_SPEC)
+                printf(", \"speculations\": %ld, \"spec_hit_rate\": %.3f, "
+                       "\"spec_rollback_rate\": %.3f, \"spec_saved_ms_per_request\": %.2f",
+                       m.spec_started,
+                       m.spec_started ? (double)m.spec_hits / (double)m.spec_started : 0,
+                       m.spec_started ? (double)m.spec_rollbacks / (double)m.spec_started : 0,
+                       m.spec_saved_ms / (double)(n * runs));
+            printf("}\n");
+            spec_total.spec_started += s == GRAPH_SPEC ? m.spec_started : 0;
+            spec_total.spec_hits += s == GRAPH_SPEC ? m.spec_hits : 0;
+            spec_total.spec_rollbacks += s == GRAPH_SPEC ? m.spec_rollbacks : 0;
             if (k == N_RATES)
                 saturated[s] = m.throughput;
         }
         for (int r = 0; r < runs; r++)
             for (int s = 0; s < N_SYSTEMS; s++)
                 results[k][s][r] = o[s][r];
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             for (int s = NAIVE; s < N_SYSTEMS; s++)
                 if (req[SEQUENTIAL][i].ok && req[s][i].ok) {
                     compared++;
                     agree += !strcmp(req[SEQUENTIAL][i].answer, req[s][i].answer);
                 }
+            if (req[GRAPH][i].ok && req[GRAPH_SPEC][i].ok) {
+                spec_compared++;
+                spec_agree += !strcmp(req[GRAPH][i].answer, req[GRAPH_SPEC][i].answer);
+            }
+        }
         fflush(stdout);
     }
     for (int k = 0; k < N_RATES + 1; k++)
@@ -357,7 +544,7 @@ static int bench_template(const char *tmpl, int n, int runs)
            "\"graph\": %.3f}, \"graph_vs_sequential\": %.2f, \"graph_vs_naive_async\": %.2f, "
            "\"saturated_rps\": {\"sequential\": %.3f, \"naive_async\": %.3f, \"graph\": %.3f}, "
            "\"saturated_graph_vs_sequential\": %.2f, \"saturated_graph_vs_naive_async\": %.2f, "
-           "\"answers_equal_to_sequential\": %.3f}\n",
+           "\"answers_equal_to_sequential\": %.3f, ",
            tmpl, seq_cap.throughput, bound * 1e3, at_bound[SEQUENTIAL], at_bound[NAIVE],
            at_bound[GRAPH], at_bound[SEQUENTIAL] > 0 ? at_bound[GRAPH] / at_bound[SEQUENTIAL] : 0,
            at_bound[NAIVE] > 0 ? at_bound[GRAPH] / at_bound[NAIVE] : 0, saturated[SEQUENTIAL],
@@ -365,10 +552,26 @@ static int bench_template(const char *tmpl, int n, int runs)
            saturated[SEQUENTIAL] > 0 ? saturated[GRAPH] / saturated[SEQUENTIAL] : 0,
            saturated[NAIVE] > 0 ? saturated[GRAPH] / saturated[NAIVE] : 0,
            compared ? (double)agree / compared : 0);
+    printf("\"graph_speculative_rps\": {\"at_bound\": %.3f, \"saturated\": %.3f}, "
+           "\"speculative_vs_graph\": {\"at_bound\": %.2f, \"saturated\": %.2f}, "
+           "\"speculations\": %ld, \"spec_hit_rate\": %.3f, \"spec_rollback_rate\": %.3f, "
+           "\"speculative_answers_equal_to_graph\": %.3f}\n",
+           at_bound[GRAPH_SPEC], saturated[GRAPH_SPEC],
+           at_bound[GRAPH] > 0 ? at_bound[GRAPH_SPEC] / at_bound[GRAPH] : 0,
+           saturated[GRAPH] > 0 ? saturated[GRAPH_SPEC] / saturated[GRAPH] : 0,
+           spec_total.spec_started,
+           spec_total.spec_started ? (double)spec_total.spec_hits / spec_total.spec_started : 0,
+           spec_total.spec_started ? (double)spec_total.spec_rollbacks / spec_total.spec_started
+                                   : 0,
+           spec_compared ? (double)spec_agree / spec_compared : 0);
     fflush(stdout);
+    similarity_savings(tmpl, req[SEQUENTIAL], n);
     for (int s = 0; s < N_SYSTEMS; s++) {
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             free(req[s][i].answer);
+            for (int q = 0; q < req[s][i].n_queries; q++)
+                free(req[s][i].queries[q]);
+        }
         free(req[s]);
     }
     return 0;

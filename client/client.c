@@ -953,6 +953,10 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .swap_write_failures = p->swap_write_failures,
         .models_resident_bytes = p->models_resident_bytes,
         .models_scratch_bytes = p->models_scratch_bytes,
+        .graph_speculations = p->graph_speculations,
+        .graph_spec_hits = p->graph_spec_hits,
+        .graph_spec_rollbacks = p->graph_spec_rollbacks,
+        .graph_spec_saved_ms = p->graph_spec_saved_ms,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);
@@ -1968,6 +1972,10 @@ static enum llms_status graph_result_from(llms_conn *c, const Llms__GraphResult 
         .state_values = calloc(p->n_state + 1, sizeof *out->state_values),
         .total_ms = p->total_ms,
         .queue_ms = p->queue_ms,
+        .speculations = p->speculations,
+        .spec_hits = p->spec_hits,
+        .spec_rollbacks = p->spec_rollbacks,
+        .spec_saved_ms = p->spec_saved_ms,
     };
     bool ok = out->output && out->timings && out->state_names && out->state_values;
     for (size_t i = 0; ok && i < p->n_timings; i++, out->n_timings++) {
@@ -1991,6 +1999,16 @@ static enum llms_status graph_result_from(llms_conn *c, const Llms__GraphResult 
 enum llms_status llms_graph_run(llms_conn *c, const char *graph, const llms_graph_var *inputs,
                                 size_t n, const llms_params *params, llms_graph_event_cb on_event,
                                 void *user, llms_graph_result *out)
+{
+    return llms_graph_run_speculate(c, graph, inputs, n, params, LLMS_SPECULATE_DEFAULT,
+                                    on_event, user, out);
+}
+
+enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
+                                          const llms_graph_var *inputs, size_t n,
+                                          const llms_params *params, enum llms_speculate spec,
+                                          llms_graph_event_cb on_event, void *user,
+                                          llms_graph_result *out)
 {
     if (out)
         memset(out, 0, sizeof *out);
@@ -2019,6 +2037,8 @@ enum llms_status llms_graph_run(llms_conn *c, const char *graph, const llms_grap
     gr.inputs = vp;
     if (params_to_proto(params, &g))
         gr.params = &g;
+    gr.has_speculate = spec != LLMS_SPECULATE_DEFAULT;
+    gr.speculate = spec == LLMS_SPECULATE_ON;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_GRAPH_RUN;
     req.graph_run = &gr;
@@ -2049,6 +2069,10 @@ enum llms_status llms_graph_run(llms_conn *c, const char *graph, const llms_grap
                 .node = e->node, .step = e->step, .output = e->output, .value = e->value,
                 .ms = e->has_ms ? e->ms : 0,
                 .generated_tokens = e->has_generated_tokens ? e->generated_tokens : 0,
+                .speculation = !e->has_speculation ? LLMS_GRAPH_SPEC_NONE
+                               : e->speculation == LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
+                                   ? LLMS_GRAPH_SPEC_HIT
+                                   : LLMS_GRAPH_SPEC_ROLLBACK,
             };
             if (!cancelled && on_event && on_event(&ev, user)) {
                 cancelled = 1;

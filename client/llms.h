@@ -549,6 +549,10 @@ typedef struct llms_daemon_status {
     /* Every model of the registry together: weights in memory and runners' scratch
      * (llms_list_models has them per model). */
     uint64_t models_resident_bytes, models_scratch_bytes;
+    /* Workflow graph speculation since the daemon started: work started on provisional
+     * outputs, kept (hits) and dropped (rollbacks), and how long kept work ran ahead. */
+    uint64_t graph_speculations, graph_spec_hits, graph_spec_rollbacks;
+    double graph_spec_saved_ms;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */
@@ -851,6 +855,12 @@ typedef struct llms_graph_var {
     const char *name, *value;
 } llms_graph_var;
 
+enum llms_graph_spec {
+    LLMS_GRAPH_SPEC_NONE = 0,     /* none was started */
+    LLMS_GRAPH_SPEC_HIT,          /* the final output equalled the provisional one: kept */
+    LLMS_GRAPH_SPEC_ROLLBACK,     /* it differed: dropped and redone */
+};
+
 /* A node of a running graph started (finished 0) or finished (its variable's value). */
 typedef struct llms_graph_event {
     int finished;
@@ -859,6 +869,8 @@ typedef struct llms_graph_event {
     const char *output, *value;   /* finished: the variable set and its value */
     double ms;                    /* finished: the node's time */
     uint32_t generated_tokens;    /* finished generation node */
+    enum llms_graph_spec speculation; /* finished: what became of the work started on
+                                         this node's provisional output */
 } llms_graph_event;
 
 /* Called for each node event; nonzero cancels the run. */
@@ -880,6 +892,11 @@ typedef struct llms_graph_result {
     char **state_names, **state_values; /* every variable at the end */
     size_t n_state;
     double total_ms, queue_ms;
+    /* Speculation: work started on provisional outputs, kept (hits) and dropped
+     * (rollbacks), and how long kept work that had computed something ran before its
+     * input was final (an estimate of the time saved). */
+    uint32_t speculations, spec_hits, spec_rollbacks;
+    double spec_saved_ms;
 } llms_graph_result;
 
 /* Frees what *r holds (not r) and zeroes it. NULL is fine. */
@@ -891,6 +908,18 @@ void llms_graph_result_free(llms_graph_result *r);
 enum llms_status llms_graph_run(llms_conn *conn, const char *graph, const llms_graph_var *inputs,
                                 size_t n, const llms_params *params, llms_graph_event_cb on_event,
                                 void *user, llms_graph_result *out);
+
+/* Speculation of a run: the daemon's setting (graph_speculate), on or off. */
+enum llms_speculate { LLMS_SPECULATE_DEFAULT, LLMS_SPECULATE_ON, LLMS_SPECULATE_OFF };
+
+/* llms_graph_run with speculation chosen: a generation node starts on a retrieval's
+ * provisional passages and a retrieval on a generation's first tokens, either redone
+ * when the final input differs; greedy answers are the same either way. */
+enum llms_status llms_graph_run_speculate(llms_conn *conn, const char *graph,
+                                          const llms_graph_var *inputs, size_t n,
+                                          const llms_params *params, enum llms_speculate spec,
+                                          llms_graph_event_cb on_event, void *user,
+                                          llms_graph_result *out);
 
 #ifdef __cplusplus
 }

@@ -169,6 +169,12 @@ static const key_def keys[] = {
     INT(graph_max_nodes, 1, 1024, "nodes of a workflow graph (default 32)"),
     INT(graph_max_steps, 1, 100000, "node runs of a graph run; a graph's max_steps may not "
                                     "exceed it (default 64)"),
+    INT(graph_speculate, 0, 1, "workflow graphs speculate unless a run says otherwise: a "
+                               "generation starts on a retrieval's estimate, a retrieval on "
+                               "a generation's first tokens (default 0: it measured no "
+                               "faster in bench/workflow)"),
+    INT(graph_spec_tokens, 1, 65536, "tokens a generation feeding a retrieval has made when "
+                                     "the retrieval starts speculatively (default 8)"),
     INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
     INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
                                    "generations proposing them) per idle period; 0 = off "
@@ -252,6 +258,8 @@ void config_defaults(config *c)
     c->graph_max_per_app = 64;
     c->graph_max_nodes = 32;
     c->graph_max_steps = 64;
+    c->graph_speculate = 0;
+    c->graph_spec_tokens = 8;
     c->qa_cache_mb = 64;
     c->idle_after_ms = 5000;
     c->predict_stride = 4;

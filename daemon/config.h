@@ -119,6 +119,8 @@ typedef struct config {
     int graph_max_per_app;             /* graphs an app keeps */
     int graph_max_nodes;               /* nodes of a graph */
     int graph_max_steps;               /* node runs of a graph run */
+    int graph_speculate;               /* runs speculate unless they say otherwise */
+    int graph_spec_tokens;             /* a generation's tokens before its retrieval starts */
     int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
     /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
     int predict_budget;                /* predicted queries per idle period; 0: off */

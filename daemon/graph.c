@@ -57,6 +57,9 @@ struct graph_run {
     int ready;                   /* node, or -1 when over */
     int steps, cap;
     bool capped;
+    /* a trial feed's undo: the node fed and its variable's value before (graph_run_undo) */
+    int trial_node;              /* -1: no trial in progress */
+    char *trial_old;
 };
 
 static const char *const reserved_words[] = {
@@ -929,6 +932,7 @@ void graph_run_free(graph_run *r)
             free(r->vals[i]);
     free(r->vals);
     free(r->counts);
+    free(r->trial_old);
     free(r);
 }
 
@@ -960,6 +964,7 @@ graph_run *graph_run_new(const graph *g, Llms__GraphVar *const *inputs, size_t n
         return NULL;
     }
     r->g = g;
+    r->trial_node = -1;
     for (size_t i = 0; i < n; i++) {
         const char *name = inputs[i]->name;
         int v = var_index(g, name, strlen(name));
@@ -1019,14 +1024,16 @@ char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_
     return out;
 }
 
-int graph_run_feed(graph_run *r, const char *out, size_t n)
+/* Sets the ready node's output to v (taking it) and moves on; the old value goes to
+ * *old (freed when old is NULL). */
+static void feed(graph_run *r, char *v, char **old)
 {
     const graph *g = r->g;
     int node = r->ready;
-    char *v = strndup(out, n);
-    if (!v)
-        return -1;
-    free(r->vals[g->node_var[node]]);
+    if (old)
+        *old = r->vals[g->node_var[node]];
+    else
+        free(r->vals[g->node_var[node]]);
     r->vals[g->node_var[node]] = v;
     r->counts[node]++;
     r->steps++;
@@ -1039,7 +1046,39 @@ int graph_run_feed(graph_run *r, const char *out, size_t n)
     } else {
         r->ready = next;
     }
+}
+
+int graph_run_feed(graph_run *r, const char *out, size_t n)
+{
+    char *v = strndup(out, n);
+    if (!v)
+        return -1;
+    feed(r, v, NULL);
     return 0;
+}
+
+int graph_run_feed_trial(graph_run *r, const char *out, size_t n)
+{
+    char *v = strndup(out, n);
+    if (!v)
+        return -1;
+    r->trial_node = r->ready;
+    feed(r, v, &r->trial_old);
+    return 0;
+}
+
+void graph_run_undo(graph_run *r)
+{
+    int node = r->trial_node;
+    int var = r->g->node_var[node];
+    free(r->vals[var]);
+    r->vals[var] = r->trial_old;
+    r->trial_old = NULL;
+    r->trial_node = -1;
+    r->counts[node]--;
+    r->steps--;
+    r->capped = false;
+    r->ready = node;
 }
 
 int graph_run_steps(const graph_run *r)

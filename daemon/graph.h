@@ -99,6 +99,13 @@ char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_
  * first edge whose condition holds. -1 when out of memory. */
 int graph_run_feed(graph_run *r, const char *out, size_t n);
 
+/* Speculation: feeds out (n bytes) as graph_run_feed does, so that the node then ready
+ * and its fields can be looked at (graph_run_ready, graph_run_render), then
+ * graph_run_undo puts the run back exactly as it was. Nothing else may change the run
+ * in between. -1 when out of memory (the run unchanged, no undo due). */
+int graph_run_feed_trial(graph_run *r, const char *out, size_t n);
+void graph_run_undo(graph_run *r);
+
 /* Node runs so far. */
 int graph_run_steps(const graph_run *r);
 

@@ -16,7 +16,7 @@
 #include "storage/kb.h"
 
 #define KB_RRF_K 60.0f   /* reciprocal rank fusion's constant (Cormack et al.) */
-#define KB_CAND 64       /* candidates each retriever gives the fusion, at most */
+#define KB_CAND KB_CAND_MAX
 #define KB_HITS_MAX 64
 
 /* A knowledge base's vectors in memory. */
@@ -834,8 +834,36 @@ static int fuse_find(kb_hit *f, int n, int64_t id)
     return -1;
 }
 
-int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
-                Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX])
+/* Candidates each retriever gives the fusion under retrieval: top_k for one retriever
+ * alone, KB_CAND for a fusion. */
+static int n_cand(Llms__Retrieval retrieval, int top_k)
+{
+    return retrieval == LLMS__RETRIEVAL__RETRIEVAL_BM25 ||
+                   retrieval == LLMS__RETRIEVAL__RETRIEVAL_VECTOR
+               ? top_k
+               : KB_CAND;
+}
+
+int kb_retrieve_bm25(kbm *k, const kb_ref *kb, const char *query, int top_k,
+                     Llms__Retrieval retrieval, kb_hit *bm, int *n_bm, char err[ERR_MAX])
+{
+    *n_bm = 0;
+    if (top_k > KB_HITS_MAX)
+        top_k = KB_HITS_MAX;
+    if (top_k <= 0 || retrieval == LLMS__RETRIEVAL__RETRIEVAL_VECTOR)
+        return 0;
+    int64_t ids[KB_CAND];
+    float sc[KB_CAND];
+    if (store_kb_bm25(k->env.st, kb->id, query, n_cand(retrieval, top_k), ids, sc, n_bm, err))
+        return -1;
+    for (int i = 0; i < *n_bm; i++)
+        bm[i] = (kb_hit){ids[i], sc[i]};
+    return 0;
+}
+
+int kb_retrieve_fuse(kbm *k, const kb_ref *kb, const float *qvec, int top_k,
+                     Llms__Retrieval retrieval, const kb_hit *bm_in, int n_bm, kb_hit *hits,
+                     int *n, char err[ERR_MAX])
 {
     *n = 0;
     if (top_k > KB_HITS_MAX)
@@ -844,20 +872,10 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
         return 0;
     bool want_bm25 = retrieval != LLMS__RETRIEVAL__RETRIEVAL_VECTOR;
     bool want_vec = retrieval != LLMS__RETRIEVAL__RETRIEVAL_BM25;
-    int cand = retrieval == LLMS__RETRIEVAL__RETRIEVAL_BM25 ||
-                       retrieval == LLMS__RETRIEVAL__RETRIEVAL_VECTOR
-                   ? top_k
-                   : KB_CAND;
+    int cand = n_cand(retrieval, top_k);
     kb_hit bm[KB_CAND], vc[KB_CAND];
-    int n_bm = 0, n_vc = 0;
-    if (want_bm25) {
-        int64_t ids[KB_CAND];
-        float sc[KB_CAND];
-        if (store_kb_bm25(k->env.st, kb->id, query, cand, ids, sc, &n_bm, err))
-            return -1;
-        for (int i = 0; i < n_bm; i++)
-            bm[i] = (kb_hit){ids[i], sc[i]};
-    }
+    int n_vc = 0;
+    memcpy(bm, bm_in, sizeof *bm * (size_t)n_bm);
     if (want_vec) {
         kb_vecs *v = vectors(k, kb, err);
         if (!v)
@@ -897,6 +915,17 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
     for (int i = 0; i < n_f; i++)
         top_insert(hits, n, top_k, fused[i].id, fused[i].score);
     return 0;
+}
+
+int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
+                Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX])
+{
+    kb_hit bm[KB_CAND];
+    int n_bm;
+    *n = 0;
+    if (kb_retrieve_bm25(k, kb, query, top_k, retrieval, bm, &n_bm, err))
+        return -1;
+    return kb_retrieve_fuse(k, kb, qvec, top_k, retrieval, bm, n_bm, hits, n, err);
 }
 
 /* ---- search ---- */

@@ -83,6 +83,17 @@ typedef struct kb_hit {
 int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, int top_k,
                 Llms__Retrieval retrieval, kb_hit *hits, int *n, char err[ERR_MAX]);
 
+/* kb_retrieve in two halves, for a retrieval that wants an estimate before it embeds
+ * its query: the BM25 candidates (none under RETRIEVAL_VECTOR; bm holds KB_CAND_MAX),
+ * best first, whose first top_k are what BM25 alone would answer; then the vector search
+ * (qvec unused under RETRIEVAL_BM25) fused with them, which is kb_retrieve's answer. */
+#define KB_CAND_MAX 64      /* candidates each retriever gives the fusion, at most */
+int kb_retrieve_bm25(kbm *k, const kb_ref *kb, const char *query, int top_k,
+                     Llms__Retrieval retrieval, kb_hit *bm, int *n_bm, char err[ERR_MAX]);
+int kb_retrieve_fuse(kbm *k, const kb_ref *kb, const float *qvec, int top_k,
+                     Llms__Retrieval retrieval, const kb_hit *bm, int n_bm, kb_hit *hits,
+                     int *n, char err[ERR_MAX]);
+
 /* Called after every committed change of kb. A KbAdd passes first_new: every passage of
  * kb with an id >= first_new is new (a new row's id is above every id present), so cached
  * answers they make stale can be found. A KbRemove or KbDrop passes -1: passages went,

@@ -106,8 +106,23 @@ typedef struct gen {
     int64_t t_start, t_first, t_end, t_last_token;
 } gen;
 
+/* Speculation counts: of a run, and of the daemon since it started. */
+typedef struct spec_stats {
+    uint64_t started, hits, rollbacks;
+    double saved_ms;       /* how long kept work that had done something (a generation
+                              with KV, a retrieval past a sub-stage) ran before its input
+                              was final */
+} spec_stats;
+
 /* A GraphRun: its graph, the run's state, and the ready node's work (a generation in
- * work.g or a retrieval here). */
+ * work.g or a retrieval here).
+ * Speculation (at most one at a time): while the ready node is a retrieval, work.g may
+ * be the generation of spec_node started on the retrieval's estimate; while the ready
+ * node is a generation, spec_rt may be the retrieval of spec_node started on its first
+ * graph_spec_tokens tokens (spec_kb and spec_query: what it was rendered with). When
+ * the generation ends with another query, spec_rt's result becomes the real retrieval's
+ * estimate (spec_seeded) and the speculation, with the generation started on that
+ * estimate, stands or falls with it when the retrieval ends. */
 typedef struct graph_work {
     graph *gph;
     graph_run *run;
@@ -117,6 +132,15 @@ typedef struct graph_work {
     double *node_ms;       /* (nodes) over all runs of each */
     uint32_t *node_tokens; /* (nodes) generated */
     char *err;             /* (ERR_MAX) a node's failure, named */
+    bool speculate;
+    bool spec_tried;       /* the ready node's run has had its speculation */
+    int spec_node;         /* -1: no speculation in flight */
+    bool spec_seeded;      /* the ready retrieval's estimate is spec_rt's (pending) */
+    int64_t spec_t0;
+    retrieval *spec_rt;
+    int spec_rt_stages;    /* sub-stages spec_rt has run */
+    char *spec_kb, *spec_query;
+    spec_stats spec;
 } graph_work;
 
 /* What a graph generation node asks of gen_new; code and err come back on failure. */
@@ -214,6 +238,7 @@ struct sched {
     step_stat stats[SCHED_STATS]; /* ring */
     uint64_t n_steps;
     double step_stall_ms;  /* longest token gap seen in the step running */
+    spec_stats spec;       /* graph runs' speculation, summed */
 };
 
 static int64_t mono_ns(void)
@@ -738,6 +763,12 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
     st->sched_step_mean_ms = n ? ms / n : 0;
     st->sched_rows_per_step = n ? rows / n : 0;
     st->sched_longest_stall_ms = stall;
+    st->has_graph_speculations = st->has_graph_spec_hits = st->has_graph_spec_rollbacks = 1;
+    st->has_graph_spec_saved_ms = 1;
+    st->graph_speculations = s->spec.started;
+    st->graph_spec_hits = s->spec.hits;
+    st->graph_spec_rollbacks = s->spec.rollbacks;
+    st->graph_spec_saved_ms = s->spec.saved_ms;
 }
 
 /* The cost models and their record (proto CostModels). */
@@ -1771,6 +1802,9 @@ static void graph_work_free(graph_work *gw)
     if (!gw)
         return;
     retrieval_free(gw->rt);
+    retrieval_free(gw->spec_rt);
+    free(gw->spec_kb);
+    free(gw->spec_query);
     graph_run_free(gw->run);
     graph_free(gw->gph);
     free(gw->node_ms);
@@ -1816,7 +1850,9 @@ static graph_work *graph_work_new(sched *s, const sched_job *j)
         goto fail;
     }
     gw->node = -1;
+    gw->spec_node = -1;
     gw->t_start = mono_ns();
+    gw->speculate = gr->has_speculate ? gr->speculate : s->env.cfg->graph_speculate;
     if (!(gw->gph = graphs_open(&s->graphs, j->uid, j->app, gr->graph, &code, err)))
         goto fail;
     size_t n = graph_def(gw->gph)->n_nodes;
@@ -1851,9 +1887,13 @@ static const Llms__GraphNode *graph_node_of(const graph_work *gw, int i)
     return graph_def(gw->gph)->nodes[i];
 }
 
-/* Streams a node event: started, or finished with the variable it set. */
+/* What became of a speculation on a node's output (SPEC_NONE: there was none). */
+#define SPEC_NONE (-1)
+
+/* Streams a node event: started, or finished with the variable it set (and spec, the
+ * outcome of the speculation on it). */
 static void graph_event(sched *s, const work *w, Llms__GraphEventKind kind, const char *value,
-                        double ms, uint32_t tokens)
+                        double ms, uint32_t tokens, int spec)
 {
     if (w->quiet)
         return;
@@ -1870,6 +1910,8 @@ static void graph_event(sched *s, const work *w, Llms__GraphEventKind kind, cons
         ev.ms = ms;
         ev.has_generated_tokens = n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE;
         ev.generated_tokens = tokens;
+        ev.has_speculation = spec != SPEC_NONE;
+        ev.speculation = spec == SPEC_NONE ? 0 : (Llms__GraphSpeculation)spec;
     }
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = w->job->req->id;
@@ -1888,8 +1930,10 @@ static void graph_fail(work *w, Llms__ErrorCode code, const char *msg)
     work_fail(w, code, named);
 }
 
-/* The ready node's output is in: into the run's state, the node's event and times. */
-static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint32_t tokens)
+/* The ready node's output is in: into the run's state, the node's event (spec: the
+ * outcome of the speculation on it) and times. */
+static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint32_t tokens,
+                           int spec)
 {
     graph_work *gw = w->gw;
     double ms = (double)(mono_ns() - gw->node_t0) / 1e6;
@@ -1899,9 +1943,192 @@ static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint3
         graph_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return -1;
     }
-    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_FINISHED, out, ms, tokens);
+    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_FINISHED, out, ms, tokens, spec);
     gw->node = -1;
+    gw->spec_tried = false;
     return 0;
+}
+
+/* The generation of node n on prompt: NULL with *code and gw->err. */
+static gen *graph_gen_new(sched *s, work *w, const Llms__GraphNode *n, const char *prompt,
+                          Llms__ErrorCode *code)
+{
+    graph_gen gg = {prompt, n->has_chat && n->chat, n->params, w->job->req->graph_run->params,
+                    LLMS__ERROR_CODE__INTERNAL, w->gw->err};
+    gen *g = gen_new(s, w->gm, w->job, NULL, &gg);
+    *code = gg.code;
+    return g;
+}
+
+/* The retrieval of node n: NULL with *code and gw->err. */
+static retrieval *graph_retrieval_new(sched *s, work *w, const Llms__GraphNode *n,
+                                      const char *kb, const char *query, Llms__ErrorCode *code)
+{
+    return retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb, query,
+                           n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
+                           n->has_retrieval ? n->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF, code,
+                           w->gw->err);
+}
+
+/* ---- speculation ---- */
+
+/* The head start of kept speculative work that has done something (progressed): how
+ * long since it started. */
+static double spec_ahead_ms(const graph_work *gw, bool progressed)
+{
+    return progressed ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0;
+}
+
+static void spec_count(sched *s, graph_work *gw, bool hit, double saved_ms)
+{
+    spec_stats *st[2] = {&gw->spec, &s->spec};
+    for (int i = 0; i < 2; i++) {
+        st[i]->hits += hit;
+        st[i]->rollbacks += !hit;
+        st[i]->saved_ms += hit ? saved_ms : 0;
+    }
+}
+
+/* A speculation on node starts (a generation on a seeded estimate goes on the
+ * speculation that seeded it, not counted again). */
+static void spec_begin(sched *s, graph_work *gw, int node)
+{
+    gw->spec_node = node;
+    gw->spec_t0 = mono_ns();
+    gw->spec.started += !gw->spec_seeded;
+    s->spec.started += !gw->spec_seeded;
+}
+
+static void spec_rt_drop(graph_work *gw)
+{
+    retrieval_free(gw->spec_rt);
+    free(gw->spec_kb);
+    free(gw->spec_query);
+    gw->spec_rt = NULL;
+    gw->spec_kb = gw->spec_query = NULL;
+}
+
+/* While the ready node's retrieval runs: when it holds an estimate that leads to a
+ * generation node, that node's generation starts on it (in work.g, joining the steps);
+ * tried once per node run. Nothing is started when anything fails: the node then
+ * starts, and fails, as usual. */
+static void spec_gen_start(sched *s, work *w)
+{
+    graph_work *gw = w->gw;
+    if (!gw->speculate || gw->spec_tried || w->g ||
+        retrieval_estimate(gw->rt) == RETRIEVAL_ESTIMATE_NONE)
+        return;
+    char err[ERR_MAX];
+    size_t len, max = (size_t)s->env.cfg->max_text_bytes;
+    gw->spec_tried = true; /* once per node run: not again at every cycle */
+    const char *text = retrieval_estimate_text(gw->rt, &len, err);
+    if (!text || graph_run_feed_trial(gw->run, text, len))
+        return;
+    int node = graph_run_ready(gw->run);
+    char *prompt = NULL;
+    if (node >= 0 && graph_node_of(gw, node)->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE)
+        prompt = graph_run_render(gw->run, GRAPH_FIELD_PROMPT, max, &len);
+    graph_run_undo(gw->run);
+    if (!prompt)
+        return;
+    Llms__ErrorCode code;
+    w->g = graph_gen_new(s, w, graph_node_of(gw, node), prompt, &code);
+    free(prompt);
+    if (w->g)
+        spec_begin(s, gw, node);
+}
+
+/* The kb and query the node after the ready generation node would have if the
+ * generation's output were out (n bytes): the node, or -1 when that is no retrieval
+ * node or anything fails. */
+static int spec_rt_render(sched *s, graph_work *gw, const char *out, size_t n, char **kb,
+                          char **query)
+{
+    size_t max = (size_t)s->env.cfg->max_text_bytes, kb_len, len;
+    *kb = *query = NULL;
+    if (graph_run_feed_trial(gw->run, out, n))
+        return -1;
+    int node = graph_run_ready(gw->run);
+    if (node >= 0 && graph_node_of(gw, node)->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
+        *kb = graph_run_render(gw->run, GRAPH_FIELD_KB, max, &kb_len);
+        *query = graph_run_render(gw->run, GRAPH_FIELD_QUERY, max, &len);
+    }
+    graph_run_undo(gw->run);
+    if (!*kb || !*query) {
+        free(*kb);
+        free(*query);
+        *kb = *query = NULL;
+        return -1;
+    }
+    return node;
+}
+
+/* While the ready node's generation runs: once it has graph_spec_tokens tokens, the
+ * retrieval node its text so far leads to starts on it (when it leads to one then);
+ * then a sub-stage of that retrieval per call. A failing speculative retrieval is
+ * dropped (a rollback). */
+static void spec_rt_advance(sched *s, work *w)
+{
+    graph_work *gw = w->gw;
+    gen *g = w->g;
+    if (gw->spec_rt) {
+        Llms__ErrorCode code;
+        char err[ERR_MAX];
+        if (retrieval_done(gw->spec_rt))
+            return;
+        if (retrieval_step(gw->spec_rt, &code, err) < 0) {
+            spec_rt_drop(gw);
+            spec_count(s, gw, false, 0);
+            gw->spec_node = -1;
+        }
+        gw->spec_rt_stages++;
+        return;
+    }
+    if (!gw->speculate || gw->spec_tried || g->n_gen < s->env.cfg->graph_spec_tokens)
+        return;
+    /* once, at graph_spec_tokens tokens: not again at every token */
+    gw->spec_tried = true;
+    char *kb, *query;
+    int node = spec_rt_render(s, gw, g->shown ? g->shown : "", g->shown_len, &kb, &query);
+    if (node < 0)
+        return;
+    Llms__ErrorCode code;
+    gw->spec_rt = graph_retrieval_new(s, w, graph_node_of(gw, node), kb, query, &code);
+    if (!gw->spec_rt) {
+        free(kb);
+        free(query);
+        return;
+    }
+    gw->spec_kb = kb;
+    gw->spec_query = query;
+    gw->spec_rt_stages = 0;
+    spec_begin(s, gw, node);
+}
+
+/* The ready generation node gave out (n bytes): whether the retrieval started on its
+ * first tokens stands. It does when it got the same kb and query (a hit: it goes on as
+ * the next node's retrieval); when only the query differs and it is done, its result
+ * becomes the next retrieval's estimate and the outcome waits for that retrieval's end
+ * (spec_seeded; SPEC_NONE here); else it is a rollback. SPEC_NONE when none was
+ * started. */
+static int spec_rt_outcome(sched *s, work *w, const char *out, size_t n)
+{
+    graph_work *gw = w->gw;
+    if (gw->spec_node < 0)
+        return SPEC_NONE;
+    char *kb, *query;
+    int node = spec_rt_render(s, gw, out, n, &kb, &query);
+    bool same_kb = node == gw->spec_node && strcmp(kb, gw->spec_kb) == 0;
+    bool hit = same_kb && strcmp(query, gw->spec_query) == 0;
+    free(kb);
+    free(query);
+    if (!hit && same_kb && retrieval_done(gw->spec_rt)) {
+        gw->spec_seeded = true;
+        return SPEC_NONE;
+    }
+    spec_count(s, gw, hit, spec_ahead_ms(gw, gw->spec_rt_stages > 0));
+    return hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
+               : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
 }
 
 /* Starts the ready node: a generation (which then runs in the steps like any other) or
@@ -1913,9 +2140,10 @@ static int graph_node_start(sched *s, work *w, int node)
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
     gw->node = node;
     gw->node_t0 = mono_ns();
-    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0);
+    graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0, SPEC_NONE);
     size_t max = (size_t)s->env.cfg->max_text_bytes, len;
     if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE) {
+        spec_rt_drop(gw);
         char *prompt = graph_run_render(gw->run, GRAPH_FIELD_PROMPT, max, &len);
         if (!prompt) {
             if (len > max)
@@ -1925,12 +2153,10 @@ static int graph_node_start(sched *s, work *w, int node)
                        len > max ? gw->err : "out of memory");
             return -1;
         }
-        graph_gen gg = {prompt, n->has_chat && n->chat, n->params,
-                        w->job->req->graph_run->params, code, gw->err};
-        w->g = gen_new(s, w->gm, w->job, NULL, &gg);
+        w->g = graph_gen_new(s, w, n, prompt, &code);
         free(prompt);
         if (!w->g) {
-            graph_fail(w, gg.code, gw->err);
+            graph_fail(w, code, gw->err);
             return -1;
         }
         return 0;
@@ -1942,14 +2168,16 @@ static int graph_node_start(sched *s, work *w, int node)
         code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
         err_set(gw->err, "its %s would be %zu bytes, over max_text_bytes (%zu)",
                 kb_len > max ? "kb" : "query", kb_len > max ? kb_len : len, max);
-    } else if (kb && query)
-        gw->rt = retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb, query,
-                                 n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
-                                 n->has_retrieval ? n->retrieval
-                                                  : LLMS__RETRIEVAL__RETRIEVAL_RRF,
-                                 &code, gw->err);
-    else
+    } else if (kb && query) {
+        gw->rt = graph_retrieval_new(s, w, n, kb, query, &code);
+        /* a retrieval started on the generation's first tokens gives its result as this
+         * one's estimate */
+        if (gw->rt && gw->spec_seeded)
+            retrieval_seed(gw->rt, gw->spec_rt);
+    } else {
         err_set(gw->err, "out of memory");
+    }
+    spec_rt_drop(gw);
     free(kb);
     free(query);
     if (!gw->rt) {
@@ -1995,6 +2223,12 @@ static void graph_send_result(sched *s, work *w)
         res.output = (char *)graph_run_var(gw->run, d->output);
         res.steps = (uint32_t)graph_run_steps(gw->run);
         res.capped = graph_run_capped(gw->run);
+        res.has_speculations = res.has_spec_hits = res.has_spec_rollbacks = 1;
+        res.has_spec_saved_ms = 1;
+        res.speculations = (uint32_t)gw->spec.started;
+        res.spec_hits = (uint32_t)gw->spec.hits;
+        res.spec_rollbacks = (uint32_t)gw->spec.rollbacks;
+        res.spec_saved_ms = gw->spec.saved_ms;
         int64_t now = mono_ns();
         res.total_ms = (double)(now - gw->t_start) / 1e6;
         res.queue_ms = (double)(gw->t_start - w->job->queued_ns) / 1e6;
@@ -2019,34 +2253,75 @@ static void graph_advance(sched *s, work *w)
 {
     graph_work *gw = w->gw;
     while (!work_over(w, mono_ns())) {
-        if (w->g) {
-            gen *g = w->g;
-            if (!g->done)
-                return;
-            char tail[STOP_MAX_LEN + 1];
-            release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
-            int rc = graph_node_done(s, w, g->shown ? g->shown : "", g->shown_len,
-                                     (uint32_t)g->n_gen);
-            gen_free(g);
-            w->g = NULL;
-            if (rc)
-                return;
-            continue;
-        }
         if (gw->rt) {
+            spec_gen_start(s, w);
             Llms__ErrorCode code;
             int rc = retrieval_step(gw->rt, &code, gw->err);
             if (rc < 0)
                 graph_fail(w, code, gw->err);
+            if (rc == 0)
+                spec_gen_start(s, w);
             if (rc <= 0)
                 return;
+            /* a generation started on the estimate stands when the passages are the
+             * estimate's: the same prompt, so the same tokens; so does the retrieval
+             * on a generation's first tokens that gave a seeded estimate */
+            int spec = SPEC_NONE;
+            if (gw->spec_node >= 0 || gw->spec_seeded) {
+                bool hit = retrieval_estimate_held(gw->rt);
+                spec = hit ? LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT
+                           : LLMS__GRAPH_SPECULATION__GRAPH_SPEC_ROLLBACK;
+                spec_count(s, gw, hit,
+                           spec_ahead_ms(gw, w->g && kv_seq_n_tokens(w->g->seq) > 0));
+                if (!hit) {
+                    gen_free(w->g);
+                    w->g = NULL;
+                }
+                gw->spec_seeded = false;
+            }
             size_t len;
             const char *text = retrieval_text(gw->rt, &len);
-            rc = graph_node_done(s, w, text, len, 0);
+            rc = graph_node_done(s, w, text, len, 0, spec);
             retrieval_free(gw->rt);
             gw->rt = NULL;
+            int node = gw->spec_node;
+            gw->spec_node = -1;
             if (rc)
                 return;
+            if (w->g) {
+                gw->node = node;
+                gw->node_t0 = gw->spec_t0;
+                graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0,
+                            SPEC_NONE);
+            }
+            continue;
+        }
+        if (w->g) {
+            gen *g = w->g;
+            if (!g->done) {
+                spec_rt_advance(s, w);
+                return;
+            }
+            char tail[STOP_MAX_LEN + 1];
+            release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+            const char *out = g->shown ? g->shown : "";
+            int spec = spec_rt_outcome(s, w, out, g->shown_len);
+            int rc = graph_node_done(s, w, out, g->shown_len, (uint32_t)g->n_gen, spec);
+            gen_free(g);
+            w->g = NULL;
+            int node = gw->spec_node;
+            gw->spec_node = -1;
+            if (rc)
+                return;
+            if (spec == LLMS__GRAPH_SPECULATION__GRAPH_SPEC_HIT) {
+                gw->rt = gw->spec_rt;
+                gw->spec_rt = NULL;
+                spec_rt_drop(gw);
+                gw->node = node;
+                gw->node_t0 = gw->spec_t0;
+                graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0,
+                            SPEC_NONE);
+            }
             continue;
         }
         int node = graph_run_ready(gw->run);

@@ -89,6 +89,9 @@ static void usage(void)
            "         --json         embed, rerank: JSON output\n"
            "         --model NAME   ask, new chat, embed, rerank: the daemon's model of that\n"
            "                        name (llmsctl models), else the default for the kind\n"
+           "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
+           "                                  inputs, redo them when the final ones differ)\n"
+           "                                  or not (default: the daemon's graph_speculate)\n"
            "         --pooling last|mean      embed: token pooling (default last)\n"
            "         -q, --query TEXT         rerank: the query\n"
            "         -k, --top-k K            rerank: documents to select (default 5)\n"
@@ -510,7 +513,7 @@ static int takes_value(const char *a)
     static const char *const with_value[] = {
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
-        "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model"};
+        "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model", "--speculate"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
             return 1;
@@ -532,6 +535,8 @@ static const char *option_commands(const char *a)
         return "embed";
     if (!strcmp(a, "--json"))
         return "embed rerank rag graph";
+    if (!strcmp(a, "--speculate"))
+        return "graph";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
     if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
@@ -853,15 +858,18 @@ static int print_graph_event(const llms_graph_event *ev, void *user)
 {
     (void)user;
     if (ev->finished)
-        fprintf(stderr, "[%" PRIu32 "] %s -> %s (%.1f ms%s)\n", ev->step, ev->node, ev->output,
-                ev->ms, ev->generated_tokens ? ", generated" : "");
+        fprintf(stderr, "[%" PRIu32 "] %s -> %s (%.1f ms%s%s)\n", ev->step, ev->node,
+                ev->output, ev->ms, ev->generated_tokens ? ", generated" : "",
+                ev->speculation == LLMS_GRAPH_SPEC_HIT        ? ", speculation kept"
+                : ev->speculation == LLMS_GRAPH_SPEC_ROLLBACK ? ", speculation redone"
+                                                              : "");
     else
         fprintf(stderr, "[%" PRIu32 "] %s ...\n", ev->step, ev->node);
     return interrupted != 0;
 }
 
 static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
-                         const llms_params *p, int json)
+                         const llms_params *p, enum llms_speculate spec, int json)
 {
     llms_graph_var *in = calloc((size_t)n + 1, sizeof *in);
     if (!in)
@@ -876,8 +884,9 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         in[i] = (llms_graph_var){vars[i], eq + 1};
     }
     llms_graph_result r;
-    int rc = report(c, llms_graph_run(c, name, in, (size_t)n, p, json ? NULL : print_graph_event,
-                                      NULL, &r), "graph run");
+    int rc = report(c, llms_graph_run_speculate(c, name, in, (size_t)n, p, spec,
+                                                json ? NULL : print_graph_event, NULL, &r),
+                    "graph run");
     free(in);
     if (rc)
         return interrupted ? tell_interrupted() : rc;
@@ -885,8 +894,10 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         printf("{\"output\": ");
         utf8_json_string(stdout, r.output);
         printf(", \"steps\": %" PRIu32 ", \"capped\": %s, \"total_ms\": %.3f, "
-               "\"queue_ms\": %.3f, \"nodes\": [", r.steps, r.capped ? "true" : "false",
-               r.total_ms, r.queue_ms);
+               "\"queue_ms\": %.3f, \"speculations\": %" PRIu32 ", \"spec_hits\": %" PRIu32
+               ", \"spec_rollbacks\": %" PRIu32 ", \"spec_saved_ms\": %.3f, \"nodes\": [",
+               r.steps, r.capped ? "true" : "false", r.total_ms, r.queue_ms, r.speculations,
+               r.spec_hits, r.spec_rollbacks, r.spec_saved_ms);
         for (size_t i = 0; i < r.n_timings; i++) {
             printf("%s{\"node\": ", i ? ", " : "");
             utf8_json_string(stdout, r.timings[i].node);
@@ -903,20 +914,22 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         printf("}}\n");
     } else {
         printf("%s\n", r.output);
-        fprintf(stderr, "[%" PRIu32 " node runs%s, %.1f ms]\n", r.steps,
-                r.capped ? ", stopped at the step cap" : "", r.total_ms);
+        fprintf(stderr, "[%" PRIu32 " node runs%s, %.1f ms; speculation: %" PRIu32 " hits, %"
+                PRIu32 " rollbacks]\n", r.steps, r.capped ? ", stopped at the step cap" : "",
+                r.total_ms, r.spec_hits, r.spec_rollbacks);
     }
     llms_graph_result_free(&r);
     return 0;
 }
 
-static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p, int json)
+static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p,
+                     enum llms_speculate spec, int json)
 {
     const char *sub = argv[0];
     if (!strcmp(sub, "rm"))
         return report(c, llms_graph_delete(c, argv[1]), "graph rm");
     if (!strcmp(sub, "run"))
-        return cmd_graph_run(c, argv[1], argv + 2, argc - 2, p, json);
+        return cmd_graph_run(c, argv[1], argv + 2, argc - 2, p, spec, json);
     if (!strcmp(sub, "create")) {
         json_graph g;
         int rc = json_graph_read(argv[2], &g) ? 1
@@ -950,6 +963,7 @@ int main(int argc, char **argv)
     int json = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
     enum llms_pooling pooling = LLMS_POOLING_LAST;
+    enum llms_speculate spec = LLMS_SPECULATE_DEFAULT;
     llms_rerank_options ro;
     llms_rerank_options_init(&ro);
     llms_params p;
@@ -996,6 +1010,10 @@ int main(int argc, char **argv)
             if (strcmp(v, "last") && strcmp(v, "mean"))
                 bad_usage("--pooling: expected last or mean, got '%s'", v);
             pooling = !strcmp(v, "mean") ? LLMS_POOLING_MEAN : LLMS_POOLING_LAST;
+        } else if (!strcmp(a, "--speculate")) {
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                bad_usage("--speculate: expected on or off, got '%s'", v);
+            spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
         } else if (!strcmp(a, "--mode")) {
             if (strcmp(v, "set") && strcmp(v, "ordered"))
                 bad_usage("--mode: expected set or ordered, got '%s'", v);
@@ -1087,7 +1105,7 @@ int main(int argc, char **argv)
         else if (!strcmp(pos[0], "rag"))
             rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json);
         else if (!strcmp(pos[0], "graph"))
-            rc = cmd_graph(c, npos - 1, pos + 1, &p, json);
+            rc = cmd_graph(c, npos - 1, pos + 1, &p, spec, json);
         else
             rc = cmd_ctx(c, npos - 1, pos + 1);
     }

@@ -225,8 +225,12 @@ static enum llms_status cmd_status(llms_conn *c)
                st.sched_step_tokens, st.sched_active_sequences, st.sched_queued_generate,
                st.sched_queued_embed, st.sched_queued_rerank, st.sched_steps,
                st.sched_step_mean_ms, st.sched_rows_per_step, st.sched_longest_stall_ms);
-        printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64 "}\n",
+        printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64,
                st.models_resident_bytes, st.models_scratch_bytes);
+        printf(",\"graph_speculation\":{\"started\":%" PRIu64 ",\"hits\":%" PRIu64
+               ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}}\n",
+               st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
+               st.graph_spec_saved_ms);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -278,6 +282,10 @@ static enum llms_status cmd_status(llms_conn *c)
         printf("models            %" PRIu64 " bytes of weights in memory, %" PRIu64
                " bytes of runner scratch (llmsctl models: each)\n",
                st.models_resident_bytes, st.models_scratch_bytes);
+        printf("graph speculation %" PRIu64 " started, %" PRIu64 " hits, %" PRIu64
+               " rollbacks; kept work ran %.1f ms ahead\n",
+               st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
+               st.graph_spec_saved_ms);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;

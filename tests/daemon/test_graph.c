@@ -328,6 +328,80 @@ static void test_loop_and_cap(void)
     graph_free(g);
 }
 
+/* A trial feed shows the node its output leads to, rendered with it, and the undo puts
+ * the run back: the same ready node, counts, steps, state and routes as before. */
+static void test_trial_feed(void)
+{
+    def x;
+    def_init(&x, "answer");
+    def_input(&x, "q");
+    def_gen(&x, "think", "thought", "{q}?");
+    def_ret(&x, "look", "passages", "{q} {thought}");
+    def_gen(&x, "answer", "answer", "{passages}|{thought}");
+    def_edge(&x, "START", "think", NULL);
+    def_edge(&x, "think", "answer", "thought contains 'DONE'");
+    def_edge(&x, "think", "look", NULL);
+    def_edge(&x, "look", "answer", NULL);
+    def_edge(&x, "answer", "END", NULL);
+    char err[ERR_MAX];
+    graph *g = graph_compile(&x.d, &lim, err);
+    CHECK_MSG(g, "%s", err);
+    Llms__GraphVar v, *vp = &v;
+    llms__graph_var__init(&v);
+    v.name = "q";
+    v.value = "why";
+    graph_run *r = graph_run_new(g, &vp, 1, 3, err);
+    CHECK(r);
+    size_t len;
+    /* a partial thought leads to the retrieval, a finished one past it */
+    CHECK_EQ(graph_run_feed_trial(r, "the sky", 7), 0);
+    CHECK_EQ(graph_run_ready(r), 1);
+    char *q = graph_run_render(r, GRAPH_FIELD_QUERY, 100, &len);
+    CHECK(q && strcmp(q, "why the sky") == 0);
+    free(q);
+    CHECK_EQ(graph_run_steps(r), 1);
+    graph_run_undo(r);
+    CHECK_EQ(graph_run_ready(r), 0);
+    CHECK_EQ(graph_run_steps(r), 0);
+    CHECK_EQ(graph_run_count(r, 0), 0);
+    CHECK(strcmp(graph_run_var(r, "thought"), "") == 0);
+    CHECK_EQ(graph_run_feed_trial(r, "DONE", 4), 0);
+    CHECK_EQ(graph_run_ready(r), 2);
+    graph_run_undo(r);
+    CHECK_EQ(graph_run_ready(r), 0);
+    /* the real feed routes as if no trial had been made */
+    CHECK_EQ(graph_run_feed(r, "blue", 4), 0);
+    CHECK_EQ(graph_run_ready(r), 1);
+    /* a trial of the retrieval's output: the answer's prompt with it */
+    CHECK_EQ(graph_run_feed_trial(r, "P1", 2), 0);
+    CHECK_EQ(graph_run_ready(r), 2);
+    char *p = graph_run_render(r, GRAPH_FIELD_PROMPT, 100, &len);
+    CHECK(p && strcmp(p, "P1|blue") == 0);
+    free(p);
+    graph_run_undo(r);
+    CHECK_EQ(graph_run_ready(r), 1);
+    CHECK(strcmp(graph_run_var(r, "passages"), "") == 0);
+    CHECK_EQ(graph_run_count(r, 1), 0);
+    /* a trial that ends the run, and the undo that reopens it */
+    CHECK_EQ(graph_run_feed(r, "P2", 2), 0);
+    CHECK_EQ(graph_run_feed_trial(r, "A", 1), 0);
+    CHECK_EQ(graph_run_ready(r), -1);
+    graph_run_undo(r);
+    CHECK_EQ(graph_run_ready(r), 2);
+    CHECK(!graph_run_capped(r));
+    CHECK_EQ(graph_run_feed(r, "A", 1), 0);
+    CHECK_EQ(graph_run_ready(r), -1);
+    CHECK(!graph_run_capped(r));
+    CHECK(strcmp(graph_run_var(r, "answer"), "A") == 0);
+    graph_run_free(r);
+    /* a run freed in the middle of a trial frees both values */
+    r = graph_run_new(g, &vp, 1, 3, err);
+    CHECK(r);
+    CHECK_EQ(graph_run_feed_trial(r, "x", 1), 0);
+    graph_run_free(r);
+    graph_free(g);
+}
+
 static void test_inputs(void)
 {
     def x;
@@ -424,6 +498,7 @@ int main(void)
     RUN(test_refusals);
     RUN(test_expressions);
     RUN(test_loop_and_cap);
+    RUN(test_trial_feed);
     RUN(test_inputs);
     RUN(test_builtins);
     RUN(test_names);
