@@ -13,9 +13,11 @@
  * for each N in turn, the two kinds alternating which goes first; each figure is the
  * median over RUNS (default 3) of N * D / seconds.
  *
- * Prints one JSON object per N: batched_tok_s, serial_tok_s, batched_over_serial, and
+ * Prints one JSON object per N: batched_tok_s, serial_tok_s, batched_over_serial,
  * ratio_to_1 (batched_tok_s over the N = 1 batched figure of the same process; with
- * serial_ratio_to_1 likewise).
+ * serial_ratio_to_1 likewise) and ratio_to_1_per_run (the median over runs of each run's
+ * batched figure over that run's N = 1 one: on a shared machine the load moves both
+ * figures of a run together, which the ratio of medians does not see).
  *
  * The weights are repacked (model_repack_weights) as llmsd does; --plain keeps them as
  * the file stores them (the layout before repacking, for a baseline in the same build).
@@ -192,6 +194,12 @@ static int bench(const char *path, const options *o)
             tb[k][run] = (double)n * o->n_steps / b;
             ts[k][run] = s > 0 ? (double)n * o->n_steps / s : 0;
         }
+    /* per-run ratios (before the medians sort tb): a run's N = 1 figure was taken within
+     * seconds of its others, under the same load */
+    double run_ratio[N_N][MAX_RUNS];
+    for (int k = 0; k < N_N; k++)
+        for (int run = 0; run < o->n_runs; run++)
+            run_ratio[k][run] = tb[k][run] / tb[0][run];
     double base_b = bench_median(tb[0], o->n_runs), base_s = bench_median(ts[0], o->n_runs);
     const gguf_tensor *wq = gguf_find_tensor(model_gguf(m), "blk.0.attn_q.weight");
     for (int k = 0; k < N_N; k++) {
@@ -199,10 +207,11 @@ static int bench(const char *path, const options *o)
         printf("{\"bench\":\"batch_decode\",\"model\":\"%s\",\"type\":\"%s\",\"dim\":%d,"
                "\"layers\":%d,\"heads\":%d,\"kv_heads\":%d,\"ffn\":%d,\"vocab\":%d,"
                "\"threads\":%d,\"runs\":%d,\"prefix\":%d,\"steps\":%d,\"n_seq\":%d,"
-               "\"batched_tok_s\":%.2f,\"ratio_to_1\":%.3f",
+               "\"batched_tok_s\":%.2f,\"ratio_to_1\":%.3f,\"ratio_to_1_per_run\":%.3f",
                path, wq ? quant_traits_of(wq->type)->name : "?", hp->dim, hp->n_layer,
                hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab, model_runner_n_threads(st.r),
-               o->n_runs, o->n_prefix, o->n_steps, N_SEQ[k], mb, mb / base_b);
+               o->n_runs, o->n_prefix, o->n_steps, N_SEQ[k], mb, mb / base_b,
+               bench_median(run_ratio[k], o->n_runs));
         if (o->serial)
             printf(",\"serial_tok_s\":%.2f,\"batched_over_serial\":%.3f,"
                    "\"serial_ratio_to_1\":%.3f",

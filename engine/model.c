@@ -867,6 +867,26 @@ static void model_chunk_accum(const kv_chunk *ch, kv_shape shape, int layer, int
     ops_attn_accum_f32(out, group, p, stride, buf, ch->n_tokens, hd);
 }
 
+/* Chunks ahead of the one being read whose K (or V) block of a (layer, head) is asked for:
+ * decode attention reads 2-4 KB from each chunk, too little for the hardware prefetcher
+ * to get ahead of, so without this each chunk waited on memory in turn (the KV of 16
+ * sequences does not stay in cache from one layer to the next). */
+#define MODEL_KV_PREFETCH 2
+
+/* Asks for chunk c's K (value: V) block of (layer, head) when c exists and is f16. */
+static void model_prefetch_block(const kv_seq *seq, int c, kv_shape shape, int layer, int head,
+                                 bool value)
+{
+    if (c >= seq->n_chunks || seq->chunks[c]->precision != KV_F16)
+        return;
+    const kv_chunk *ch = seq->chunks[c];
+    const char *p = (const char *)(value ? kv_chunk_v_f16(ch, shape, layer, head)
+                                         : kv_chunk_k_f16(ch, shape, layer, head));
+    size_t bytes = (size_t)ch->n_tokens * shape.head_dim * sizeof(uint16_t);
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off);
+}
+
 /*
  * A thread's sums of the attention each entry received, for one sequence at a time: a
  * dispatch covers rows of several sequences, so when the thread moves on to another
@@ -932,10 +952,13 @@ static void model_attn_job(void *p, int ith, int nth)
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
         float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
         int32_t pos = r->row_pos[t];
+        for (int c = 0; c < MODEL_KV_PREFETCH; c++)
+            model_prefetch_block(seq, c, shape, s->layer, kvh, false);
 
         int n_kv = 0;
         for (int c = 0; c < seq->n_chunks; c++) {
             const kv_chunk *ch = seq->chunks[c];
+            model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, false);
             int visible = 0;
             for (int i = 0; i < ch->n_tokens; i++)
                 visible += ch->positions[i] <= pos;
@@ -948,12 +971,15 @@ static void model_attn_job(void *p, int ith, int nth)
                         scores[g * stride + n_kv + i] = -INFINITY;
             n_kv += ch->n_tokens;
         }
+        for (int c = 0; c < MODEL_KV_PREFETCH; c++)
+            model_prefetch_block(seq, c, shape, s->layer, kvh, true);
         for (int g = 0; g < group; g++)
             ops_softmax(scores + g * stride, n_kv);
         memset(out, 0, (size_t)group * hd * sizeof(float));
         int j = 0;
         for (int c = 0; c < seq->n_chunks; c++) {
             const kv_chunk *ch = seq->chunks[c];
+            model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, true);
             bool visible = false;
             for (int i = 0; i < ch->n_tokens && !visible; i++)
                 visible = ch->positions[i] <= pos;

@@ -287,7 +287,7 @@ typedef struct ops_matmul_job {
     size_t act_stride;
     uint32_t act_type;
     const void *packed;          /* the activations packed for quant_dot_rows_packed, or NULL */
-    const void *repacked_act;    /* for quant_dot_rows_repacked, or NULL (no matrix repacked) */
+    void *repacked_act;          /* for quant_dot_rows_repacked, or NULL (no matrix repacked) */
     uint16_t *xb;                /* (n_tok, cols) the activations in bf16 for the BF16 GEMM */
     bool f16_fma;                /* F16 weights take the GEMM's f32 FMA kernel on x */
     char *scratch;
@@ -304,6 +304,11 @@ static void ops_prepare_job(void *p, int ith, int nth)
     for (long t = b; t < e; t++)
         quant_prepare_activation(j->act_type, j->x + t * cols, (char *)j->act + t * j->act_stride,
                                  cols);
+    /* each thread its own rows: on the caller alone this was a serial stretch of every
+     * batched product, the other threads waiting */
+    if (j->repacked_act)
+        quant_repack_activations(j->act, j->act_stride, (int)b, (int)e, j->n_tok, cols,
+                                 j->repacked_act);
 }
 
 /* Claims the next work unit: matrix *m, rows [*r0, *r0 + *n). False when none is left. */
@@ -504,31 +509,32 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     } else {
         j.act = scratch;
         j.act_stride = ops_act_row_bytes(w[0]->cols);
-        if (n_tok == 1)
-            ops_prepare_job(&j, 0, 1);
-        else
-            tp_run(pool, ops_prepare_job, &j);
         bool repacked = false, plain = false;
         for (int i = 0; i < n_mat; i++)
             repacked |= w[i]->repacked, plain |= !w[i]->repacked;
         char *packed = (char *)scratch + ops_align((size_t)n_tok * j.act_stride);
         size_t packed_bytes = quant_packed_bytes(act_type, n_tok, w[0]->cols);
+        if (repacked)
+            j.repacked_act = packed + ops_align(packed_bytes);
+        if (n_tok == 1)
+            ops_prepare_job(&j, 0, 1);
+        else
+            tp_run(pool, ops_prepare_job, &j);
         if (packed_bytes && plain) {
             quant_pack_activations(act_type, j.act, j.act_stride, n_tok, w[0]->cols, packed);
             j.packed = packed;
         }
-        if (repacked) {
-            char *rp = packed + ops_align(packed_bytes);
-            quant_repack_activations(j.act, j.act_stride, n_tok, w[0]->cols, rp);
-            j.repacked_act = rp;
-        }
     }
-    /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the
-     * counter cheap; a multiple of the block so blocks stay whole */
+    /* About 8 units per thread and activation row, up to 64 per thread: fine enough to
+     * rebalance, coarse enough to keep the counter cheap; a multiple of the block so
+     * blocks stay whole. With several activation rows a unit costs that many times more
+     * (the products bound it, not the memory), and at the end of every product a thread
+     * waits for the other's last unit: with 8 units per thread, about 1/16 of the product
+     * on 16 rows (gate/up: units of ~80 us on a quiet machine, 5 products per layer). */
     long rows = 0;
     for (int i = 0; i < n_mat; i++)
         rows += w[i]->rows;
-    long unit = rows / (8L * nth);
+    long unit = rows / (8L * (n_tok < 8 ? n_tok : 8) * nth);
     unit = (unit + OPS_DOT_BLOCK - 1) / OPS_DOT_BLOCK * OPS_DOT_BLOCK;
     ops_set_units(&j, unit < OPS_DOT_BLOCK ? OPS_DOT_BLOCK : (int)unit);
     tp_run(pool, ops_dot_job, &j);

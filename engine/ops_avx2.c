@@ -5,7 +5,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
+#include "engine/ops.h"
 #include "engine/quant.h"
 
 /* Converts an f16 row to f32; d is a multiple of 8 here. */
@@ -23,71 +25,134 @@ static float ops_avx2_hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* scores[g * stride] = scale * dot(q_g, k) for one f32 K row. */
-static void ops_avx2_scores_row(const float *q, int n_q, const float *k, int d, float scale,
-                                float *scores, size_t stride)
+/* Lane r of the result is the sum of a[r]'s lanes, added in the same order for every r
+ * ((0+1 + 2+3) + (4+5 + 6+7)): a K row's score does not depend on where in its block of
+ * 8 it was computed, so it is the same whatever the number of rows around it. */
+static __m256 ops_avx2_hsum8(const __m256 a[8])
 {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* scores[g * stride + r] = scale * dot(q_g, k_r) for the first n_valid of 8 f32 K rows
+ * (k: 8 rows, d apart). Each q vector is loaded once for the 8 rows, and their 8 sums are
+ * reduced together (one horizontal sum per row cost as much as its products). */
+static void ops_avx2_scores8(const float *q, int n_q, const float *k, int d, float scale,
+                             float *scores, size_t stride, int n_valid)
+{
+    __m256 vscale = _mm256_set1_ps(scale);
     for (int g = 0; g < n_q; g++) {
         const float *qg = q + (size_t)g * d;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int j = 0;
-        for (; j + 16 <= d; j += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(k + j), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j + 8), _mm256_loadu_ps(k + j + 8), a1);
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+            a[r] = _mm256_setzero_ps();
+        for (int j = 0; j < d; j += 8) {
+            __m256 qv = _mm256_loadu_ps(qg + j);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (size_t)r * d + j), a[r]);
         }
-        if (j < d)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(k + j), a0);
-        scores[(size_t)g * stride] = scale * ops_avx2_hsum(_mm256_add_ps(a0, a1));
+        __m256 s = _mm256_mul_ps(ops_avx2_hsum8(a), vscale);
+        float *dst = scores + (size_t)g * stride;
+        if (n_valid == 8) {
+            _mm256_storeu_ps(dst, s);
+        } else {
+            float all[8];
+            _mm256_storeu_ps(all, s);
+            memcpy(dst, all, (size_t)n_valid * sizeof(float));
+        }
     }
 }
 
-/* out_g += p[g * stride] * v for one f32 V row. */
-static void ops_avx2_accum_row(float *out, int n_q, const float *p, size_t stride,
-                               const float *v, int d)
+/* o[0 .. 8 nv) += sum_i p[i] v_i[0 .. 8 nv) over n f32 V rows d apart: the accumulators
+ * stay in registers across the rows, and every element gets its products in row order. */
+static inline __attribute__((always_inline)) void
+ops_avx2_accum_slab(float *o, const float *p, const float *v, int n, int d, const int nv)
+{
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < nv; r++)
+        a[r] = _mm256_loadu_ps(o + 8 * r);
+    for (int i = 0; i < n; i++) {
+        __m256 w = _mm256_set1_ps(p[i]);
+#pragma GCC unroll 8
+        for (int r = 0; r < nv; r++)
+            a[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + (size_t)i * d + 8 * r), a[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nv; r++)
+        _mm256_storeu_ps(o + 8 * r, a[r]);
+}
+
+/* out_g += sum_i p[g * stride + i] v_i over n f32 V rows (v: n rows, d apart). */
+static void ops_avx2_accum_rows(float *out, int n_q, const float *p, size_t stride,
+                                const float *v, int n, int d)
 {
     for (int g = 0; g < n_q; g++) {
-        float w = p[(size_t)g * stride];
-        if (w == 0.0f)
-            continue;
-        __m256 vw = _mm256_set1_ps(w);
         float *o = out + (size_t)g * d;
-        for (int j = 0; j < d; j += 8)
-            _mm256_storeu_ps(o + j, _mm256_fmadd_ps(vw, _mm256_loadu_ps(v + j), _mm256_loadu_ps(o + j)));
+        const float *pg = p + (size_t)g * stride;
+        int j = 0;
+        for (; j + 64 <= d; j += 64)
+            ops_avx2_accum_slab(o + j, pg, v + j, n, d, 8);
+        for (; j + 32 <= d; j += 32)
+            ops_avx2_accum_slab(o + j, pg, v + j, n, d, 4);
+        for (; j < d; j += 8)
+            ops_avx2_accum_slab(o + j, pg, v + j, n, d, 1);
     }
+}
+
+/* Up to 8 f16 rows (d apart) as f32 rows into dst (8, d); rows past n are zero. */
+static void ops_avx2_rows8_f32(float *dst, const uint16_t *h, int n, int d)
+{
+    for (int r = 0; r < n; r++)
+        ops_avx2_row_f32(dst + (size_t)r * d, h + (size_t)r * d, d);
+    memset(dst + (size_t)n * d, 0, (size_t)(8 - n) * d * sizeof(float));
 }
 
 void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
                           float scale, float *scores, size_t stride)
 {
-    float kf[512] __attribute__((aligned(32)));
-    for (int i = 0; i < n_k; i++) {
-        ops_avx2_row_f32(kf, k + (size_t)i * d, d);
-        ops_avx2_scores_row(q, n_q, kf, d, scale, scores + i, stride);
+    float kf[8 * OPS_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    for (int i = 0; i < n_k; i += 8) {
+        int n = n_k - i < 8 ? n_k - i : 8;
+        ops_avx2_rows8_f32(kf, k + (size_t)i * d, n, d);
+        ops_avx2_scores8(q, n_q, kf, d, scale, scores + i, stride, n);
     }
 }
 
 void ops_avx2_attn_accum(float *out, int n_q, const float *p, size_t stride, const uint16_t *v,
                          int n_k, int d)
 {
-    float vf[512] __attribute__((aligned(32)));
-    for (int i = 0; i < n_k; i++) {
-        ops_avx2_row_f32(vf, v + (size_t)i * d, d);
-        ops_avx2_accum_row(out, n_q, p + i, stride, vf, d);
+    float vf[8 * OPS_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    for (int i = 0; i < n_k; i += 8) {
+        int n = n_k - i < 8 ? n_k - i : 8;
+        ops_avx2_rows8_f32(vf, v + (size_t)i * d, n, d);
+        ops_avx2_accum_rows(out, n_q, p + i, stride, vf, n, d);
     }
 }
 
 void ops_avx2_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, int d,
                               float scale, float *scores, size_t stride)
 {
-    for (int i = 0; i < n_k; i++)
-        ops_avx2_scores_row(q, n_q, k + (size_t)i * d, d, scale, scores + i, stride);
+    int whole = n_k / 8 * 8;
+    for (int i = 0; i < whole; i += 8)
+        ops_avx2_scores8(q, n_q, k + (size_t)i * d, d, scale, scores + i, stride, 8);
+    if (whole < n_k) {
+        float kf[8 * OPS_MAX_HEAD_DIM] __attribute__((aligned(32)));
+        int n = n_k - whole;
+        memcpy(kf, k + (size_t)whole * d, (size_t)n * d * sizeof(float));
+        memset(kf + (size_t)n * d, 0, (size_t)(8 - n) * d * sizeof(float));
+        ops_avx2_scores8(q, n_q, kf, d, scale, scores + whole, stride, n);
+    }
 }
 
 void ops_avx2_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
                              int n_k, int d)
 {
-    for (int i = 0; i < n_k; i++)
-        ops_avx2_accum_row(out, n_q, p + i, stride, v + (size_t)i * d, d);
+    ops_avx2_accum_rows(out, n_q, p, stride, v, n_k, d);
 }
 
 /* e^x for x <= 0 (softmax arguments after subtracting the max): x = k ln2 + r with

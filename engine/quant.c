@@ -892,13 +892,13 @@ size_t quant_repacked_act_bytes(int n_act, int64_t n)
 #endif
 }
 
-void quant_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
-                              void *packed)
+void quant_repack_activations(const void *act, size_t act_stride, int a0, int a1, int n_act,
+                              int64_t n, void *packed)
 {
 #if QUANT_HAVE_AVX2
-    quant_avx512_repack_activations(act, act_stride, n_act, n, packed);
+    quant_avx512_repack_activations(act, act_stride, a0, a1, n_act, n, packed);
 #else
-    (void)act, (void)act_stride, (void)n_act, (void)n, (void)packed;
+    (void)act, (void)act_stride, (void)a0, (void)a1, (void)n_act, (void)n, (void)packed;
 #endif
 }
 

@@ -164,9 +164,10 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
  * LLMS_NO_AVX512), so only then may a matrix be repacked.
  * quant_repack_rows: repacks QUANT_REPACK_ROWS rows of n elements, row_bytes apart, at
  * src into dst (QUANT_REPACK_ROWS * row_bytes bytes, not overlapping src).
- * quant_repacked_act_bytes / quant_repack_activations: n_act activations (act_stride
- * bytes apart, each prepared by quant_prepare_activation as Q8_0) in the form the kernel
- * reads.
+ * quant_repacked_act_bytes / quant_repack_activations: of n_act activations (act_stride
+ * bytes apart from act, each prepared by quant_prepare_activation as Q8_0), those in
+ * [a0, a1) into their places in the form the kernel reads (threads may each convert the
+ * activations they prepared).
  * quant_dot_rows_repacked: out[a * out_stride + r] = row r . activation a for n_rows (a
  * multiple of QUANT_REPACK_ROWS) repacked rows starting at a group.
  */
@@ -174,8 +175,8 @@ bool quant_dot_rows_packed(uint32_t t, const void *weights, size_t row_bytes, in
 bool quant_repack_kernel(uint32_t t);
 void quant_repack_rows(uint32_t t, const void *src, size_t row_bytes, int64_t n, void *dst);
 size_t quant_repacked_act_bytes(int n_act, int64_t n);
-void quant_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
-                              void *packed);
+void quant_repack_activations(const void *act, size_t act_stride, int a0, int a1, int n_act,
+                              int64_t n, void *packed);
 void quant_dot_rows_repacked(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                              const void *packed, int n_act, int64_t n, float *out,
                              size_t out_stride);

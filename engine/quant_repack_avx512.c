@@ -89,12 +89,12 @@ size_t quant_avx512_repacked_act_bytes(int n_act, int64_t n)
     return (size_t)n_act * (size_t)(n / QB_32) * sizeof(rp_act);
 }
 
-void quant_avx512_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
-                                     void *packed)
+void quant_avx512_repack_activations(const void *act, size_t act_stride, int a0, int a1,
+                                     int n_act, int64_t n, void *packed)
 {
     int64_t nb = n / QB_32;
     rp_act *p = packed;
-    for (int a = 0; a < n_act; a++) {
+    for (int a = a0; a < a1; a++) {
         const qblock_q8_0 *y = (const qblock_q8_0 *)(const void *)((const uint8_t *)act +
                                                                      (size_t)a * act_stride);
         for (int64_t b = 0; b < nb; b++) {

@@ -13,8 +13,8 @@
 void quant_avx512_repack_q8_0(const void *src, size_t row_bytes, int64_t n, void *dst);
 
 size_t quant_avx512_repacked_act_bytes(int n_act, int64_t n);
-void quant_avx512_repack_activations(const void *act, size_t act_stride, int n_act, int64_t n,
-                                     void *packed);
+void quant_avx512_repack_activations(const void *act, size_t act_stride, int a0, int a1,
+                                     int n_act, int64_t n, void *packed);
 
 /* quant_dot_rows_repacked for n_rows a multiple of QUANT_REPACK_ROWS. */
 void quant_avx512_dot_rows_repacked(const void *weights, size_t row_bytes, int64_t n_rows,

@@ -145,12 +145,14 @@ static void test_rope_styles(void)
 
 static void test_attention_kernels(void)
 {
-    int dims[] = {64, 12}; /* 12: not a multiple of 8, the portable path */
-    for (int di = 0; di < 2; di++) {
-        int d = dims[di], nq = 3, nk = 16;
+    /* 12: not a multiple of 8, the portable path; 104 = 64 + 32 + 8: every slab width of
+     * the SIMD accumulation; 13 rows: a block of 8 and a partial one */
+    int dims[] = {64, 104, 12};
+    for (int di = 0; di < 3; di++) {
+        int d = dims[di], nq = 3, nk = 13;
         unsigned s = 9;
-        float q[3 * 64], kf[16 * 64], vf[16 * 64], p[3 * 20], out[3 * 64];
-        uint16_t k[16 * 64], v[16 * 64];
+        float q[3 * 104], kf[16 * 104], vf[16 * 104], p[3 * 20], out[3 * 104];
+        uint16_t k[16 * 104], v[16 * 104];
         for (int i = 0; i < nq * d; i++)
             q[i] = frand(&s);
         for (int i = 0; i < nk * d; i++) {
@@ -167,6 +169,13 @@ static void test_attention_kernels(void)
                     e += (double)q[g * d + j] * kf[i * d + j];
                 CHECK_NEAR(p[g * 20 + i], 0.5 * e, 1e-5);
             }
+        /* a row's score does not depend on the rows computed with it (a chunk's rows as
+         * it fills up, batched rows against solo ones) */
+        float p_few[3 * 20];
+        ops_attn_scores(q, nq, k + 5 * d, 6, d, 0.5f, p_few, 20);
+        for (int g = 0; g < nq; g++)
+            for (int i = 0; i < 6; i++)
+                CHECK(p_few[g * 20 + i] == p[g * 20 + 5 + i]);
         for (int i = 0; i < nq * d; i++)
             out[i] = 1;
         ops_attn_accum(out, nq, p, 20, v, nk, d);
@@ -178,11 +187,11 @@ static void test_attention_kernels(void)
                 CHECK_NEAR(out[g * d + j], e, 1e-4);
             }
         /* the f32 kernels on the same rows give the same results */
-        float p32[3 * 20], out32[3 * 64];
+        float p32[3 * 20], out32[3 * 104];
         ops_attn_scores_f32(q, nq, kf, nk, d, 0.5f, p32, 20);
         for (int g = 0; g < nq; g++)
             for (int i = 0; i < nk; i++)
-                CHECK_NEAR(p32[g * 20 + i], p[g * 20 + i], 1e-5);
+                CHECK(p32[g * 20 + i] == p[g * 20 + i]);
         for (int i = 0; i < nq * d; i++)
             out32[i] = 1;
         ops_attn_accum_f32(out32, nq, p, 20, vf, nk, d);

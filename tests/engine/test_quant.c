@@ -765,7 +765,9 @@ static void dot_rows_repacked_match_scalar(void)
     for (int na = 1; na <= MAX_ACT; na++) {
         for (int i = 0; i < MAX_ACT * OUT_STRIDE; i++)
             out[i] = -7.0f;
-        quant_repack_activations(act, ab, na, n, packed);
+        /* in two ranges, as two threads convert them */
+        quant_repack_activations(act, ab, 0, na / 2, na, n, packed);
+        quant_repack_activations(act, ab, na / 2, na, na, n, packed);
         quant_dot_rows_repacked(t, wr, rb, ROWS, packed, na, n, out, OUT_STRIDE);
         for (int a = 0; a < MAX_ACT; a++)
             for (int r = 0; r < OUT_STRIDE; r++) {
