@@ -195,17 +195,16 @@ INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * call for all rows, are put in that order (k_act_regs). Values are unsigned, so maddubs
  * takes them as they are and vpdpwssd applies the sub-block scales while widening and
  * adding: the same integers as the scalar kernel. Decode of a Q4_K model on one thread
- * waits on this arithmetic more than on DRAM: from L2 it reads 26.0 GB/s where the kernel
- * that unpacked 32 bytes a register (and prefetched the next row, which the hardware
- * prefetcher does as well on this sequential stream) read 22.1.
+ * waits on this arithmetic about as long as on DRAM: from L2 it reads 26.0 GB/s where the
+ * kernel that unpacked 32 bytes a register read 22.1.
  */
 #define K_ACT_MAX_N 8192 /* activation elements a call reorders into its stack buffer */
-/* One activation: this kernel spends about as long on a super-block's arithmetic as DRAM
- * takes to bring it, so it asks for the bytes 4 KiB ahead in its own stream (past the end
- * of the row, into the next; an integer address, as past the matrix it points nowhere); with the hardware prefetcher alone the two take turns: a
- * TinyLlama Q4_K_M model's matrices mapped from the file, one thread, read 20.1 and 18.7
- * GB/s with it against 17.9 and 16.6 without (2 and 8 KiB ahead: 19.2 and 19.6). Q6_K's
- * kernel measured no faster with it (20.5 against 21.0), and has none. */
+/* With one activation the kernel asks for the bytes 4 KiB ahead in its own stream (past
+ * the end of the row, into the next; an integer address, as past the matrix it points
+ * nowhere): with the hardware prefetcher alone, arithmetic and DRAM take turns. A TinyLlama
+ * Q4_K_M model's matrices mapped from the file, one thread: 20.1 and 18.7 GB/s with it,
+ * 17.9 and 16.6 without (2 and 8 KiB ahead: 19.2 and 19.6). Q6_K's kernel measured no
+ * faster with it (20.5 against 21.0) and has none. */
 #define K_PREFETCH_AHEAD 4096
 
 /* Register r of a super-block's activation quants: chunks (0, 2), (1, 3), (4, 6), (5, 7)
