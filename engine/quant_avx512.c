@@ -26,10 +26,10 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* Weight rows and activation rows per kernel call: 16 accumulators plus the weights,
- * their offsets and scales of 4 rows fit the 32 zmm registers. One activation (decode,
- * streaming the weights from DRAM) takes MR1 rows at once: of 1, 2, 4 and 8, two rows
- * read fastest (bench/matmul_batch, two TinyLlama layers, 2 threads: ~40 GB/s against
- * ~31 with 8 and 4 rows' ~36). */
+ * their offsets and scales of 4 rows fit the 32 zmm registers. One activation takes
+ * decode_q8_0 (below), or for rows longer than its buffer MR1 rows at once (of 1, 2, 4
+ * and 8 rows there, two read fastest: bench/matmul_batch, two TinyLlama layers, 2
+ * threads: ~40 GB/s against ~31 with 8 and 4 rows' ~36). */
 #define MR 4
 #define MA 4
 #define MR1 2
@@ -205,13 +205,19 @@ INLINE void k_act_regs(const int8_t *qs, __m512i reg[4])
     }
 }
 
-/* Per half of register r: a byte that is 1 << (the chunk it holds) (Q5_K's qh bit), and
- * the shuffle that spreads that chunk's scale word over the half. */
-INLINE __m512i k_half_bytes(int r, int scale_shuffle)
+/* Per half of register r (the chunks k_act_regs puts there): a byte 1 << chunk, the bit
+ * of Q5_K's qh that holds the chunk's fifth bits. */
+INLINE __m512i k_qh_bits(int r)
 {
     int lo = r / 2 * 4 + r % 2, hi = lo + 2;
-    if (!scale_shuffle)
-        return _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)), _mm256_set1_epi8((char)(1 << hi)), 1);
+    return _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << lo)),
+                              _mm256_set1_epi8((char)(1 << hi)), 1);
+}
+
+/* Per half of register r: the byte shuffle that spreads the chunk's scale word over it. */
+INLINE __m512i k_scale_shuffle(int r)
+{
+    int lo = r / 2 * 4 + r % 2, hi = lo + 2;
     return _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * lo | (2 * lo + 1) << 8)),
                               _mm256_set1_epi16((short)(2 * hi | (2 * hi + 1) << 8)), 1);
 }
@@ -256,9 +262,9 @@ INLINE void multi_k_affine(int five, int na, const uint8_t *row, const qblock_q8
                 q[r + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
             if (five)
-                q[r] = _mm512_mask_add_epi8(q[r], _mm512_test_epi8_mask(qh, k_half_bytes(r, 0)),
+                q[r] = _mm512_mask_add_epi8(q[r], _mm512_test_epi8_mask(qh, k_qh_bits(r)),
                                             q[r], sixteen);
-            sc[r] = _mm512_shuffle_epi8(s16, k_half_bytes(r, 1));
+            sc[r] = _mm512_shuffle_epi8(s16, k_scale_shuffle(r));
         }
         float dw = _cvtsh_ss(x->d), dmin = _cvtsh_ss(x->dmin);
 #pragma GCC unroll 8
