@@ -333,6 +333,13 @@ static void ops_dot_job(void *p, int ith, int nth)
     (void)ith, (void)nth;
     while (ops_next_unit(j, &m, &r0, &n)) {
         const ops_matrix *w = j->w[m];
+        /* one activation reuses nothing from cache between blocks: the unit in one call,
+         * so kernels that prepare the activation (BF16 rounds it) do so once a unit */
+        if (j->n_tok == 1 && !w->repacked) {
+            quant_dot_rows(w->type, (const char *)w->data + (size_t)r0 * w->row_bytes,
+                           w->row_bytes, n, j->act, w->cols, j->y[m] + r0);
+            continue;
+        }
         for (int b = r0; b < r0 + n; b += OPS_DOT_BLOCK) {
             int nb = r0 + n - b < OPS_DOT_BLOCK ? r0 + n - b : OPS_DOT_BLOCK;
             const char *rows = (const char *)w->data + (size_t)b * w->row_bytes;
