@@ -532,16 +532,12 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             j.packed = packed;
         }
     }
-    /* About 8 units per thread and activation row, up to 64 per thread: fine enough to
-     * rebalance, coarse enough to keep the counter cheap; a multiple of the block so
-     * blocks stay whole. With several activation rows a unit costs that many times more
-     * (the products bound it, not the memory), and at the end of every product a thread
-     * waits for the other's last unit: with 8 units per thread, about 1/16 of the product
-     * on 16 rows (gate/up: units of ~80 us on a quiet machine, 5 products per layer). */
+    /* about 8 units per thread: fine enough to rebalance, coarse enough to keep the
+     * counter cheap; a multiple of the block so blocks stay whole */
     long rows = 0;
     for (int i = 0; i < n_mat; i++)
         rows += w[i]->rows;
-    long unit = rows / (8L * (n_tok < 8 ? n_tok : 8) * nth);
+    long unit = rows / (8L * nth);
     unit = (unit + OPS_DOT_BLOCK - 1) / OPS_DOT_BLOCK * OPS_DOT_BLOCK;
     ops_set_units(&j, unit < OPS_DOT_BLOCK ? OPS_DOT_BLOCK : (int)unit);
     tp_run(pool, ops_dot_job, &j);
