@@ -15,6 +15,7 @@
 #include "client/llms.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/integration/rawframe.h"
+#include "tests/integration/story_kb.h"
 #include "tests/support/test.h"
 
 static char llmsd_path[1024];
@@ -38,27 +39,6 @@ static int up;
 static int start(void)
 {
     return proc_start(&daemon_, llmsd_path, "graph", stories, CONF);
-}
-
-static const char *const docs_text[] = {
-    "Lily went to the park with her dog. They played with a red ball all day.",
-    "Tom had a big boat. He sailed on the river and saw a fish jump.",
-    "The little bird sang a song in the tree. The sun was warm and happy.",
-    "Sam baked a cake with his mom. The cake was sweet and they shared it.",
-};
-
-static int make_kb(llms_conn *c)
-{
-    llms_kb_doc d[4];
-    char ids[4][16];
-    for (int i = 0; i < 4; i++) {
-        snprintf(ids[i], sizeof ids[i], "d%d", i);
-        d[i] = (llms_kb_doc){ids[i], docs_text[i], NULL};
-    }
-    enum llms_status s = llms_kb_create(c, "stories", 0, 0);
-    if (s != LLMS_OK && s != LLMS_ERR_FAILED_PRECONDITION)
-        return -1;
-    return s == LLMS_OK ? (llms_kb_add(c, "stories", d, 4, NULL) == LLMS_OK ? 0 : -1) : 0;
 }
 
 typedef struct events {
@@ -90,7 +70,7 @@ static void builtin_templates(void)
     NEED();
     llms_conn *c = proc_connect(&daemon_, "tmpl");
     CHECK(c);
-    CHECK_EQ(make_kb(c), 0);
+    CHECK_EQ(story_kb_make(c), 0);
     static const struct { const char *name; uint32_t steps; } want[] = {
         {"one-shot", 2}, {"hyde", 3}, {"multistep", 0}, {"irg", 6}, {"recomp", 3},
     };
@@ -128,7 +108,7 @@ static void generation_equals_complete(void)
     NEED();
     llms_conn *c = proc_connect(&daemon_, "equal");
     CHECK(c);
-    CHECK_EQ(make_kb(c), 0);
+    CHECK_EQ(story_kb_make(c), 0);
     llms_graph_var in[2] = {{"question", "What did Tom see in the river?"}, {"kb", "stories"}};
     llms_graph_result r;
     CHECK_EQ(llms_graph_run(c, "one-shot", in, 2, NULL, NULL, NULL, &r), LLMS_OK);

@@ -21,6 +21,7 @@
 
 #include "client/llms.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/story_kb.h"
 #include "tests/support/test.h"
 
 static char llmsd_path[1024];
@@ -45,28 +46,6 @@ static int up;
 static int start(void)
 {
     return proc_start(&daemon_, llmsd_path, "graphspec", stories, CONF);
-}
-
-/* "boat" is in the second document only */
-static const char *const docs_text[] = {
-    "Lily went to the park with her dog. They played with a red ball all day.",
-    "Tom had a big boat. He sailed on the river and saw a fish jump.",
-    "The little bird sang a song in the tree. The sun was warm and happy.",
-    "Sam baked a cake with his mom. The cake was sweet and they shared it.",
-};
-
-static int make_kb(llms_conn *c)
-{
-    llms_kb_doc d[4];
-    char ids[4][16];
-    for (int i = 0; i < 4; i++) {
-        snprintf(ids[i], sizeof ids[i], "d%d", i);
-        d[i] = (llms_kb_doc){ids[i], docs_text[i], NULL};
-    }
-    enum llms_status s = llms_kb_create(c, "stories", 0, 0);
-    if (s != LLMS_OK && s != LLMS_ERR_FAILED_PRECONDITION)
-        return -1;
-    return s == LLMS_OK ? (llms_kb_add(c, "stories", d, 4, NULL) == LLMS_OK ? 0 : -1) : 0;
 }
 
 typedef struct spec_events {
@@ -147,7 +126,7 @@ static void generation_on_estimate(void)
     NEED();
     llms_conn *c = proc_connect(&daemon_, "specgen");
     CHECK(c);
-    CHECK_EQ(make_kb(c), 0);
+    CHECK_EQ(story_kb_make(c), 0);
     CHECK_EQ(create_answer_graph(c, "top1", 1), 0);
     CHECK_EQ(create_answer_graph(c, "top2", 2), 0);
     uint32_t hits, rollbacks;
@@ -216,7 +195,7 @@ static void retrieval_on_partial_generation(void)
     NEED();
     llms_conn *c = proc_connect(&daemon_, "specrt");
     CHECK(c);
-    CHECK_EQ(make_kb(c), 0);
+    CHECK_EQ(story_kb_make(c), 0);
     CHECK_EQ(create_think_graph(c, "fixed", "{question}", 0), 0);
     CHECK_EQ(create_think_graph(c, "late", "{thought}", 3), 0);
     CHECK_EQ(create_think_graph(c, "hyde2", "{thought}", 0), 0);
