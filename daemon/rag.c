@@ -27,6 +27,11 @@ struct rag {
     uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions, qa_evictions;
     uint64_t kb_changes;        /* committed knowledge base changes so far */
     float tau;                  /* tau_query now */
+    /* The QKV tree's stored bytes as of the last count: summing them is a scan of the
+     * whole table, and the worker asks for room before every idle-time step. Every write
+     * to the tree goes through this file, which sets the count stale. */
+    int64_t qkv_bytes;
+    bool qkv_bytes_stale;
 };
 
 /* Who asks: a client, or the predictor (predict.h) for the QKV tree alone or for both
@@ -165,6 +170,7 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
     r->env = *env;
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
     r->tau = env->cfg->tau_query;
+    r->qkv_bytes_stale = true;
     kb_on_changed(env->kb, on_changed, r);
     return r;
 }
@@ -732,10 +738,13 @@ float rag_tau(const rag *r)
 bool rag_qkv_room(rag *r)
 {
     char err[ERR_MAX];
-    int64_t n, bytes;
-    if (store_qkv_stats(r->env.st, &n, &bytes, err))
-        return false;
-    return bytes < ((int64_t)r->env.cfg->qkv_cache_mb << 20) / 10 * 9;
+    int64_t n;
+    if (r->qkv_bytes_stale) {
+        if (store_qkv_stats(r->env.st, &n, &r->qkv_bytes, err))
+            return false;
+        r->qkv_bytes_stale = false;
+    }
+    return r->qkv_bytes < ((int64_t)r->env.cfg->qkv_cache_mb << 20) / 10 * 9;
 }
 
 int rag_slice_end(const rag_query *q, int from, int step_tokens)
@@ -791,6 +800,7 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
 void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
 {
     char err[ERR_MAX];
+    r->qkv_bytes_stale = true;
     if (store_cache_begin(r->env.st, err)) {
         warn("cache", err);
         return;
@@ -817,6 +827,8 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
         }
         r->tau = tau;
     }
+    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR)
+        r->qkv_bytes_stale = true;
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR &&
         store_rag_clear(r->env.st, err)) {
         send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
