@@ -1797,14 +1797,21 @@ static void gen_end(sched *s, work *w, const char *engine_err)
 
 /* ---- work ---- */
 
+static void spec_rt_drop(graph_work *gw)
+{
+    retrieval_free(gw->spec_rt);
+    free(gw->spec_kb);
+    free(gw->spec_query);
+    gw->spec_rt = NULL;
+    gw->spec_kb = gw->spec_query = NULL;
+}
+
 static void graph_work_free(graph_work *gw)
 {
     if (!gw)
         return;
     retrieval_free(gw->rt);
-    retrieval_free(gw->spec_rt);
-    free(gw->spec_kb);
-    free(gw->spec_query);
+    spec_rt_drop(gw);
     graph_run_free(gw->run);
     graph_free(gw->gph);
     free(gw->node_ms);
@@ -1997,15 +2004,6 @@ static void spec_begin(sched *s, graph_work *gw, int node)
     gw->spec_t0 = mono_ns();
     gw->spec.started += !gw->spec_seeded;
     s->spec.started += !gw->spec_seeded;
-}
-
-static void spec_rt_drop(graph_work *gw)
-{
-    retrieval_free(gw->spec_rt);
-    free(gw->spec_kb);
-    free(gw->spec_query);
-    gw->spec_rt = NULL;
-    gw->spec_kb = gw->spec_query = NULL;
 }
 
 /* While the ready node's retrieval runs: when it holds an estimate that leads to a
