@@ -101,28 +101,6 @@ static inline int32_t bench_argmax(const float *v, int n)
     return best;
 }
 
-/* KL(p || q) of the distributions of two logit rows, in nats: how far a lossy run's
- * next-token distribution is from the exact one's. */
-static inline double bench_kl_logits(const float *lp, const float *lq, int n)
-{
-    double mp = lp[0], mq = lq[0];
-    for (int i = 1; i < n; i++) {
-        mp = lp[i] > mp ? lp[i] : mp;
-        mq = lq[i] > mq ? lq[i] : mq;
-    }
-    double zp = 0, zq = 0;
-    for (int i = 0; i < n; i++) {
-        zp += exp(lp[i] - mp);
-        zq += exp(lq[i] - mq);
-    }
-    double lzp = log(zp) + mp, lzq = log(zq) + mq, kl = 0;
-    for (int i = 0; i < n; i++) {
-        double logp = lp[i] - lzp, logq = lq[i] - lzq;
-        kl += exp(logp) * (logp - logq);
-    }
-    return kl > 0 ? kl : 0;
-}
-
 /* Makes the random-weight model p describes at path (under build/bench-models/) unless
  * it exists; prog names the benchmark in messages. 0, or -1 after saying why. */
 static inline int bench_generate_model(const char *prog, const modelgen_params *p,

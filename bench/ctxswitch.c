@@ -82,6 +82,7 @@
 #include "bench/bench.h"
 #include "daemon/ctxmgr.h"
 #include "engine/gguf.h"
+#include "engine/kv_calib.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
@@ -499,7 +500,7 @@ static int sys_call(bench *b, sys_run *s, const call_def *c, int k, int gen,
         return -1;
     int64_t end_us = b->end_us;
     s->lat[k] = ms + s->carried_ms;
-    s->kl[k] = bench_kl_logits(b->ref_logits, b->logits, b->n_vocab);
+    s->kl[k] = kv_calib_logits_kl(b->ref_logits, b->logits, b->n_vocab);
     s->agree += bench_argmax(b->ref_logits, b->n_vocab) == bench_argmax(b->logits, b->n_vocab);
     s->predicted += ls.predicted_ms;
     ratio_add(&s->whole, ls.load_ms, ls.predicted_ms);

@@ -194,7 +194,7 @@ static int teacher_force(bench_ctx *b, kv_seq *seq, score *r, char err[ERR_MAX])
         if (model_forward(b->r, seq, &mb, err) < 0)
             return -1;
         if (r) {
-            sum += bench_kl_logits(ref, b->logits, b->n_vocab);
+            sum += kv_calib_logits_kl(ref, b->logits, b->n_vocab);
             agree += bench_argmax(ref, b->n_vocab) == bench_argmax(b->logits, b->n_vocab);
         }
     }

@@ -19,8 +19,7 @@ static double kv_calib_log_sum_exp(const float *x, int n)
     return top + log(sum);
 }
 
-/* KL(softmax(ref) || softmax(got)) of two logit rows. */
-static double kv_calib_divergence(const float *ref, const float *got, int n)
+double kv_calib_logits_kl(const float *ref, const float *got, int n)
 {
     double zr = kv_calib_log_sum_exp(ref, n), zg = kv_calib_log_sum_exp(got, n), kl = 0;
     for (int i = 0; i < n; i++) {
@@ -49,7 +48,7 @@ static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *la
         rc = model_forward(r, &work, &b, err);
     double sum = 0;
     for (int t = 0; rc == 0 && ref && t < n_forced; t++)
-        sum += kv_calib_divergence(ref + (size_t)t * n_vocab, out + (size_t)t * n_vocab,
+        sum += kv_calib_logits_kl(ref + (size_t)t * n_vocab, out + (size_t)t * n_vocab,
                                    n_vocab);
     if (kl)
         *kl = sum / n_forced;

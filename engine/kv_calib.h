@@ -21,6 +21,10 @@
 /* The parts of a layer a factor applies to: K, V per token, V in the block layout. */
 enum { KV_CALIB_K, KV_CALIB_V, KV_CALIB_VBLOCK, KV_CALIB_PARTS };
 
+/* KL(softmax(ref) || softmax(got)) of two logit rows of n values, in nats (never below
+ * 0): how far a lossy run's next-token distribution is from the exact one's. */
+double kv_calib_logits_kl(const float *ref, const float *got, int n);
+
 /*
  * Measures factors (n_layer, KV_CALIB_PARTS) on prefix (resident f16 chunks, full but
  * for the last) followed by the n_forced tokens[i] at positions[i], evaluated as one

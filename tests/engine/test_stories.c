@@ -200,19 +200,6 @@ static void test_matches_reference(void)
     model_free(m);
 }
 
-/* KL(p || q) of two logit rows. */
-static double kl_logits(const float *lp, const float *lq, int n)
-{
-    double mp = lp[argmax(lp, n)], mq = lq[argmax(lq, n)], zp = 0, zq = 0, kl = 0;
-    for (int i = 0; i < n; i++)
-        zp += exp(lp[i] - mp), zq += exp(lq[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double a = lp[i] - mp - log(zp), b = lq[i] - mq - log(zq);
-        kl += exp(a) * (a - b);
-    }
-    return kl;
-}
-
 enum { TOL_LEN = 512, TOL_PREFIX = 448, TOL_WINDOW = 32 };
 
 /* Mean KL over tokens [TOL_PREFIX, TOL_LEN) teacher-forced on a copy of prefix with its
@@ -240,7 +227,7 @@ static double compressed_kl(model_runner *r, kv_pool *pool, const kv_seq *prefix
                          .out_rows = &row, .logits = logits};
         if (model_forward(r, &s, &b, err) < 0)
             goto fail;
-        sum += kl_logits(ref + (size_t)(t - TOL_PREFIX) * nv, logits, nv);
+        sum += kv_calib_logits_kl(ref + (size_t)(t - TOL_PREFIX) * nv, logits, nv);
     }
     kv_seq_free(&s);
     return sum / (TOL_LEN - TOL_PREFIX);
