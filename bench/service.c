@@ -14,7 +14,9 @@
  *   2. aggregate decode tokens/s with 1, 4 and 16 concurrent clients, each on its own
  *      connection and context, median of --runs runs (each run takes 1, 4 and 16 in
  *      turn), and the ratio to one client, of the medians and the median of each run's
- *      (targets on the TinyLlama-1.1B shape: 16 clients >= 6x, 4 clients >= 2.5x);
+ *      (targets on the TinyLlama-1.1B shape: 16 clients >= 6x, 4 clients >= 2.5x); once
+ *      from the start to the last reply, prompts included, and once over the time all
+ *      clients decode together (steady_decode_tok_s: what a step of decode rows gives);
  *   3. a flood: 16 streams decode while one app sends Embeds of long texts and a
  *      2000-token prompt and another app sends --shorts (default 20) short Completes one
  *      after another:
@@ -253,29 +255,61 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-/* Aggregate tokens/s of n_clients concurrent generations of tokens each, once. */
-static int decode_throughput(const char *sock, int n_clients, int tokens, double *out_tok_s)
+/* Tokens/s of all clients together while every one of them decodes: from the moment the
+ * last client got its first token to the moment the first client got its last, the
+ * tokens all clients received in between over that time. Prompt prefill and the ramp up
+ * and down are left out, which is what a decode step costs; 0 when the clients did not
+ * decode at the same time (sched = serial finishes one request before the next). */
+static double steady_decode_tok_s(const struct client *cl, int n_clients)
+{
+    double from = 0, to = 0;
+    for (int i = 0; i < n_clients; i++) {
+        if (cl[i].n_times < 2)
+            return 0.0;
+        double first = cl[i].times[0], last = cl[i].times[cl[i].n_times - 1];
+        if (i == 0 || first > from)
+            from = first;
+        if (i == 0 || last < to)
+            to = last;
+    }
+    int tokens = 0;
+    for (int i = 0; i < n_clients; i++)
+        for (int k = 0; k < cl[i].n_times; k++)
+            tokens += cl[i].times[k] > from && cl[i].times[k] <= to;
+    return to > from && tokens >= 2 * n_clients ? tokens / (to - from) : 0.0;
+}
+
+/* Aggregate tokens/s of n_clients concurrent generations of tokens each, once: from the
+ * start to the last reply (prompts included), and while all decode (steady_decode_tok_s). */
+static int decode_throughput(const char *sock, int n_clients, int tokens, double *out_tok_s,
+                             double *out_steady_tok_s)
 {
     struct client cl[16];
     pthread_t th[16];
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)n_clients + 1);
+    int failed = 0;
     for (int i = 0; i < n_clients; i++) {
         cl[i] = (struct client){.sock = sock, .app = "bench-decode", .tokens = tokens,
-                                .start = &start};
+                                .start = &start, .cap_times = tokens + 1};
+        cl[i].times = malloc(sizeof *cl[i].times * (size_t)cl[i].cap_times);
+        if (!cl[i].times)
+            cl[i].cap_times = 0;
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
     pthread_barrier_wait(&start);
     double t0 = bench_now_s();
     uint64_t total = 0;
-    int failed = 0;
     for (int i = 0; i < n_clients; i++) {
         pthread_join(th[i], NULL);
         total += cl[i].generated;
-        failed += cl[i].failed;
+        failed += cl[i].failed || !cl[i].times;
     }
     double wall = bench_now_s() - t0;
     pthread_barrier_destroy(&start);
+    *out_steady_tok_s = failed ? 0.0 : steady_decode_tok_s(cl, n_clients);
+    for (int i = 0; i < n_clients; i++)
+        free(cl[i].times);
     if (failed) {
         fprintf(stderr, "service: %d of %d decode clients failed\n", failed, n_clients);
         return -1;
@@ -513,22 +547,27 @@ static int bench_mode(const char *llmsd, const char *dir, const char *model, int
         /* each run takes 1, 4 and 16 clients in turn, so that the load of a shared
          * machine reaches the one-client figure the ratios divide by as much as the
          * others; per run ratios pair figures taken under the same load */
-        double agg[3][16], ratio[3][16];
+        double agg[3][16], ratio[3][16], steady[3][16], steady_ratio[3][16];
         for (int run = 0; run < runs && rc == 0; run++)
             for (int i = 0; i < 3 && rc == 0; i++)
-                rc = decode_throughput(sock, bench_clients[i], tokens, &agg[i][run]);
+                rc = decode_throughput(sock, bench_clients[i], tokens, &agg[i][run],
+                                       &steady[i][run]);
         for (int i = 0; i < 3 && rc == 0; i++)
-            for (int run = 0; run < runs; run++)
+            for (int run = 0; run < runs; run++) {
                 ratio[i][run] = agg[i][run] / agg[0][run];
+                steady_ratio[i][run] = steady[0][run] > 0 ? steady[i][run] / steady[0][run] : 0;
+            }
         for (int i = 0; i < 3 && rc == 0; i++)
             res->tok_s[i] = bench_median(agg[i], runs);
         for (int i = 0; i < 3 && rc == 0; i++) {
             printf("{\"bench\":\"service_decode\",\"model\":\"%s\",\"sched\":\"%s\","
                    "\"threads\":%d,\"clients\":%d,\"max_tokens\":%d,\"runs\":%d,"
                    "\"aggregate_tok_s\":%.1f,\"ratio_to_1_client\":%.2f,"
-                   "\"ratio_to_1_client_per_run\":%.2f}\n",
+                   "\"ratio_to_1_client_per_run\":%.2f,\"steady_decode_tok_s\":%.1f,"
+                   "\"steady_ratio_to_1_client_per_run\":%.2f}\n",
                    model, sched, threads, bench_clients[i], tokens, runs, res->tok_s[i],
-                   res->tok_s[i] / res->tok_s[0], bench_median(ratio[i], runs));
+                   res->tok_s[i] / res->tok_s[0], bench_median(ratio[i], runs),
+                   bench_median(steady[i], runs), bench_median(steady_ratio[i], runs));
             fflush(stdout);
         }
         if (rc == 0 && n_short > 0)

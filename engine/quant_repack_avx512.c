@@ -118,9 +118,45 @@ INLINE __m512i dp_bcast(__m512i s, __m512i w, const rp_bytes4 *x)
     return s;
 }
 
+/* The block sums of na activations (8 at most) against one block's eight weight vectors.
+ * The eight products of an activation form a chain, each waiting on the one before; the
+ * chains of the activations go side by side (product g of every activation, then g + 1),
+ * so that the core always has independent products to start: one activation's chain
+ * after the other ran at about half the core's vpdpbusd rate. The weight vector is
+ * loaded for each g rather than kept, which leaves registers for 16 accumulators. Up to
+ * four activations split their chains in two instead: four chains side by side wait on
+ * each other's latency. */
+INLINE void rp_block_sums(int na, const uint8_t *qb, const rp_act *p, __m512i *s)
+{
+    if (na <= 4) {
+#pragma GCC unroll 4
+        for (int a = 0; a < na; a++) {
+            const rp_bytes4 *x = (const rp_bytes4 *)(const void *)p[a].q;
+            __m512i s0 = _mm512_set1_epi32(p[a].corr), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                s0 = dp_bcast(s0, _mm512_loadu_si512(qb + 64 * g), x + g);
+                s1 = dp_bcast(s1, _mm512_loadu_si512(qb + 64 * (g + 4)), x + g + 4);
+            }
+            s[a] = _mm512_add_epi32(s0, s1);
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        s[a] = _mm512_set1_epi32(p[a].corr);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        __m512i w = _mm512_loadu_si512(qb + 64 * g);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++)
+            s[a] = dp_bcast(s[a], w, (const rp_bytes4 *)(const void *)p[a].q + g);
+    }
+}
+
 /* One group of 16 rows against na (<= RP_ACT, constant after inlining) activations,
- * block stride n_act in the packed activations. One or two activations split a block's
- * eight products into two chains, so that they do not wait on each other. */
+ * block stride n_act in the packed activations, in passes of at most 8 activations over
+ * each block (rp_block_sums). */
 INLINE void rp_group(int na, const uint8_t *grp, int64_t nb, const rp_act *pk, int n_act,
                      float *out, size_t os)
 {
@@ -141,32 +177,19 @@ INLINE void rp_group(int na, const uint8_t *grp, int64_t nb, const rp_act *pk, i
                 _mm_prefetch((const char *)(pf + (size_t)b * RP_GROUP_BLOCK_BYTES + k),
                              _MM_HINT_T1);
         const uint8_t *qb = rp_qs(grp, b, nb);
-        __m512i w[8];
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; g++)
-            w[g] = _mm512_loadu_si512(qb + 64 * g);
         __m512 dw = _mm512_cvtph_ps(
             _mm256_loadu_si256((const __m256i *)(const void *)rp_scales(grp, b)));
         const rp_act *p = pk + (size_t)b * (size_t)n_act;
-#pragma GCC unroll 16
-        for (int a = 0; a < na; a++) {
-            const rp_bytes4 *x = (const rp_bytes4 *)(const void *)p[a].q;
-            __m512i s = _mm512_set1_epi32(p[a].corr);
-            if (na <= 2) {
-                __m512i s1 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) {
-                    s = dp_bcast(s, w[g], x + g);
-                    s1 = dp_bcast(s1, w[g + 4], x + g + 4);
-                }
-                s = _mm512_add_epi32(s, s1);
-            } else {
+#pragma GCC unroll 2
+        for (int a0 = 0; a0 < na; a0 += 8) {
+            const int sub = na - a0 < 8 ? na - a0 : 8;
+            __m512i s[8];
+            rp_block_sums(sub, qb, p + a0, s);
 #pragma GCC unroll 8
-                for (int g = 0; g < 8; g++)
-                    s = dp_bcast(s, w[g], x + g);
+            for (int a = 0; a < sub; a++) {
+                __m512 m = _mm512_mul_ps(dw, _mm512_set1_ps(p[a0 + a].d));
+                acc[a0 + a] = _mm512_add_ps(acc[a0 + a], _mm512_mul_ps(m, _mm512_cvtepi32_ps(s[a])));
             }
-            __m512 m = _mm512_mul_ps(dw, _mm512_set1_ps(p[a].d));
-            acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(m, _mm512_cvtepi32_ps(s)));
         }
     }
 #pragma GCC unroll 16
