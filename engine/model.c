@@ -648,6 +648,11 @@ int model_runner_n_threads_active(const model_runner *r)
     return tp_n_active(r->pool);
 }
 
+void model_runner_set_background(model_runner *r, bool background)
+{
+    tp_set_background(r->pool, background);
+}
+
 int model_runner_max_kv(const model_runner *r)
 {
     return r->max_kv;

@@ -188,6 +188,10 @@ int model_runner_n_threads(const model_runner *r);
 /* Threads its jobs run on now: fewer than model_runner_n_threads while the pool finds
  * other processes holding the cores (threadpool.h). */
 int model_runner_n_threads_active(const model_runner *r);
+
+/* Forward passes on one thread for work nobody waits for (background), or on the pool
+ * again: see tp_set_background. */
+void model_runner_set_background(model_runner *r, bool background);
 int model_runner_max_kv(const model_runner *r);
 
 /* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */

@@ -73,6 +73,7 @@ struct tp_pool {
 
     /* adaptation; the caller's alone */
     bool adaptive;
+    bool background;             /* tp_set_background: jobs on the caller alone */
     int n_use;                   /* threads (tasks) jobs run on now */
     int window_jobs;
     int64_t window_busy_ns, window_wait_ns;
@@ -207,7 +208,12 @@ int tp_n_threads(const tp_pool *pool)
 
 int tp_n_active(const tp_pool *pool)
 {
-    return pool->n_use;
+    return pool->background ? 1 : pool->n_use;
+}
+
+void tp_set_background(tp_pool *pool, bool background)
+{
+    pool->background = background;
 }
 
 void tp_set_adaptive(tp_pool *pool, bool adaptive)
@@ -271,6 +277,10 @@ static void tp_adapt_before_job(tp_pool *pool, int64_t now)
 
 void tp_run(tp_pool *pool, tp_fn fn, void *arg)
 {
+    if (pool->background) {
+        fn(arg, 0, 1);
+        return;
+    }
     int64_t t0 = pool->adaptive ? tp_now_ns() : 0;
     if (pool->adaptive)
         tp_adapt_before_job(pool, t0);

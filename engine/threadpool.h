@@ -39,12 +39,18 @@ void tp_free(tp_pool *pool);
 int tp_n_threads(const tp_pool *pool);
 
 /* Tasks (threads) jobs run on now: tp_n_threads, or fewer while the pool finds that
- * more threads only wait for each other because other processes hold the cores. */
+ * more threads only wait for each other because other processes hold the cores; 1 for
+ * background work. */
 int tp_n_active(const tp_pool *pool);
 
 /* Adaptation on (the default, unless the environment has LLMS_THREADS_FIXED=1) or off
  * (every job on tp_n_threads tasks). */
 void tp_set_adaptive(tp_pool *pool, bool adaptive);
+
+/* Background work on (or off): while on, jobs run on the caller alone (nth = 1) and
+ * leave the adaptation as it was. Work nobody waits for then holds one core, not all of
+ * them, and does not teach the pool what the jobs that people wait for will find. */
+void tp_set_background(tp_pool *pool, bool background);
 
 /* Runs fn(arg, ith, nth) for every task ith in [0, nth), nth = tp_n_active, and returns
  * when all calls have returned. */

@@ -1,6 +1,6 @@
 /* Thread pool: every task of a job runs exactly once, jobs run back to back, split;
  * a pool whose workers stall mid-task drops threads and takes them back once they keep
- * up again. */
+ * up again; background jobs run on the caller alone. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -156,6 +156,45 @@ static void test_adapts_to_stalls(void)
     tp_free(p);
 }
 
+typedef struct background_job {
+    pthread_t caller;
+    int calls, not_caller, nth_max;
+} background_job;
+
+static void background_fn(void *p, int ith, int nth)
+{
+    background_job *j = p;
+    (void)ith;
+    j->calls++;
+    j->not_caller += !pthread_equal(pthread_self(), j->caller);
+    j->nth_max = nth > j->nth_max ? nth : j->nth_max;
+    usleep(200); /* long enough to look like a stall, were it counted */
+}
+
+/* Background jobs run on the caller alone and leave the adaptation as it was. */
+static void test_background(void)
+{
+    char err[ERR_MAX];
+    tp_pool *p = tp_new(2, err);
+    CHECK_MSG(p, "%s", err);
+    background_job j = {.caller = pthread_self()};
+    tp_set_background(p, true);
+    CHECK_EQ(tp_n_active(p), 1);
+    for (int i = 0; i < 300; i++)
+        tp_run(p, background_fn, &j);
+    CHECK_EQ(j.calls, 300);
+    CHECK_EQ(j.not_caller, 0);
+    CHECK_EQ(j.nth_max, 1);
+    tp_set_background(p, false);
+    CHECK_EQ(tp_n_active(p), 2);
+    job k;
+    memset(&k, 0, sizeof k);
+    tp_run(p, count_fn, &k);
+    CHECK_EQ(k.nth_seen, 2);
+    CHECK_EQ(atomic_load(&k.calls), 2);
+    tp_free(p);
+}
+
 int main(void)
 {
     RUN(test_runs_every_thread);
@@ -163,5 +202,6 @@ int main(void)
     RUN(test_default_threads);
     RUN(test_split);
     RUN(test_adapts_to_stalls);
+    RUN(test_background);
     return test_finish();
 }
