@@ -188,7 +188,8 @@ INLINE void rp_group(int na, const uint8_t *grp, int64_t nb, const rp_act *pk, i
 #pragma GCC unroll 8
             for (int a = 0; a < sub; a++) {
                 __m512 m = _mm512_mul_ps(dw, _mm512_set1_ps(p[a0 + a].d));
-                acc[a0 + a] = _mm512_add_ps(acc[a0 + a], _mm512_mul_ps(m, _mm512_cvtepi32_ps(s[a])));
+                acc[a0 + a] =
+                    _mm512_add_ps(acc[a0 + a], _mm512_mul_ps(m, _mm512_cvtepi32_ps(s[a])));
             }
         }
     }
