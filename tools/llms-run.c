@@ -626,7 +626,9 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     }
     double t_prefill = now_seconds() - t0;
 
-    int n_hist = n_prompt, n_gen = 0;
+    /* the first token comes from the prompt's logits: the decode rate counts the forward
+     * passes (n_eval), one fewer than the tokens when no stop cuts the reply short */
+    int n_hist = n_prompt, n_gen = 0, n_eval = 0;
     char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
     t0 = now_seconds();
     while (n_gen < o->n_predict) {
@@ -654,6 +656,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
             fprintf(stderr, "\nllms-run: decode: %s\n", err);
             goto out;
         }
+        n_eval++;
     }
     double t_decode = now_seconds() - t0;
     if (!o->ids)
@@ -662,9 +665,9 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     fflush(stdout);
     fprintf(stderr,
             "prefill: %d tokens in %.3f s, %.2f tok/s\n"
-            "decode:  %d tokens in %.3f s, %.2f tok/s\n",
-            n_prompt, t_prefill, n_prompt / t_prefill, n_gen, t_decode,
-            n_gen > 0 ? n_gen / t_decode : 0.0);
+            "decode:  %d tokens (%d forward passes) in %.3f s, %.2f tok/s\n",
+            n_prompt, t_prefill, n_prompt / t_prefill, n_gen, n_eval, t_decode,
+            n_eval > 0 ? n_eval / t_decode : 0.0);
     status = 0;
 out:
     free(logits);
