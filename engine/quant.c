@@ -187,6 +187,11 @@ bool quant_avx512_enabled(void)
     return use_avx512();
 }
 
+bool quant_f16_rounds_activation(int64_t n)
+{
+    return use_avx512() && n > QUANT_F16_ROUND_MIN_N && n <= 16384;
+}
+
 bool quant_f16_prefill_as_bf16(void)
 {
     pthread_once(&simd_once, simd_detect);
@@ -805,6 +810,10 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
     if (t == QTYPE_BF16 && use_avx512_bf16() &&
         quant_avx512_bf16_dot_rows(weights, row_bytes, n_rows, activation, n, out))
         return;
+    if (t == QTYPE_F16 && quant_f16_rounds_activation(n) &&
+        quant_avx512_f16_dot_rows_rounded(weights, row_bytes, n_rows, activation, 0, 1, n, out,
+                                          0))
+        return;
     if (use_avx512() &&
         quant_avx512_dot_rows_multi(t, weights, row_bytes, n_rows, activation, 0, 1, n, out, 0))
         return;
@@ -920,6 +929,14 @@ void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride)
 {
+#if QUANT_HAVE_AVX2
+    /* before the one-activation shortcut: a row gives each activation what it gives it
+     * alone, so batched decode keeps the logits of decode alone */
+    if (t == QTYPE_F16 && quant_f16_rounds_activation(n) &&
+        quant_avx512_f16_dot_rows_rounded(weights, row_bytes, n_rows, act, act_stride, n_act, n,
+                                          out, out_stride))
+        return;
+#endif
     /* one activation: the single-activation paths prefetch the rows ahead */
     if (n_act == 1) {
         quant_dot_rows(t, weights, row_bytes, n_rows, act, n, out);

@@ -756,6 +756,67 @@ INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_ro
 }
 
 /*
+ * F16 rows longer than QUANT_F16_ROUND_MIN_N against activations rounded to f16 (see
+ * quant_f16_rounds_activation for why), up to F16H_GROUP activations at a time: each
+ * row is read from DRAM once for the group and its products with every activation of
+ * the group follow from L1/L2, each summed exactly as it would be alone.
+ */
+#define F16H_MAX_N 16384
+#define F16H_GROUP 4
+
+INLINE __m512 load16_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+/* f16 weights at x against f16 activations at ah, summed as row_float sums. */
+INLINE float row_f16h(const uint16_t *x, const uint16_t *ah, int64_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(load16_f16(x + i), load16_f16(ah + i), acc0);
+        acc1 = _mm512_fmadd_ps(load16_f16(x + i + 16), load16_f16(ah + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)),
+                               _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ah + i)), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+int quant_avx512_f16_dot_rows_rounded(const void *weights, size_t row_bytes, int64_t n_rows,
+                                      const void *act, size_t act_stride, int n_act, int64_t n,
+                                      float *out, size_t out_stride)
+{
+    if (n <= QUANT_F16_ROUND_MIN_N || n > F16H_MAX_N)
+        return 0;
+    uint16_t ah[F16H_GROUP][F16H_MAX_N]; /* 128 KiB of stack */
+    const uint8_t *w = weights;
+    for (int a0 = 0; a0 < n_act; a0 += F16H_GROUP) {
+        int k = n_act - a0 < F16H_GROUP ? n_act - a0 : F16H_GROUP;
+        for (int a = 0; a < k; a++) {
+            const float *x = (const float *)(const void *)((const char *)act +
+                                                           (size_t)(a0 + a) * act_stride);
+            int64_t i = 0;
+            for (; i + 16 <= n; i += 16)
+                _mm256_storeu_si256((__m256i *)(void *)(ah[a] + i),
+                                    _mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            for (; i < n; i++)
+                ah[a][i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        }
+        for (int64_t r = 0; r < n_rows; r++) {
+            const uint16_t *x = (const uint16_t *)(const void *)(w + (size_t)r * row_bytes);
+            for (int a = 0; a < k; a++)
+                out[(size_t)(a0 + a) * out_stride + r] = row_f16h(x, ah[a], n);
+        }
+    }
+    return 1;
+}
+
+/*
  * BF16 with AVX-512 BF16 (quant.c checks the CPU): vdpbf16ps multiplies 32 bf16 weights
  * by 32 bf16 activations and adds the pairs into 16 f32 lanes in one instruction, where
  * widening the weights by shifts takes three per 16. The activation is rounded to bf16

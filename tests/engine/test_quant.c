@@ -939,6 +939,65 @@ static void activation_types(void)
     CHECK_EQ(quant_dot_activation_type(QTYPE_F32), QTYPE_F32);
 }
 
+/* F16 rows longer than QUANT_F16_ROUND_MIN_N (quant_f16_rounds_activation): each
+ * result is the scalar kernel's on the activation rounded to f16 (within f32 rounding,
+ * 2e-5 of the sum of |products|), within 2^-11 of that sum of the exact one, and the
+ * same bits in a batch of activations as alone. Without the AVX-512 kernels nothing is
+ * rounded. Row lengths: one whole, one with a 16-element tail, one with a 17-element
+ * one, and the longest rounded. */
+static void f16_long_rows_round_activation(void)
+{
+    enum { ROWS = 3, N_ACT = 6 };
+    static const int64_t lengths[] = {5632, QUANT_F16_ROUND_MIN_N + 16, QUANT_F16_ROUND_MIN_N + 17,
+                                      16384};
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        int64_t n = lengths[li];
+        size_t rb = quant_row_bytes(QTYPE_F16, n);
+        uint8_t *w = malloc(rb * ROWS);
+        float *act = malloc(sizeof *act * (size_t)n * N_ACT), *x = malloc(sizeof *x * (size_t)n);
+        float *rounded = malloc(sizeof *rounded * (size_t)n), *wf = malloc(sizeof *wf * (size_t)n);
+        CHECK(w && act && x && rounded && wf);
+        for (int r = 0; r < ROWS; r++) {
+            fill_gauss(x, n);
+            quant_quantize_row(QTYPE_F16, x, w + (size_t)r * rb, n);
+        }
+        fill_gauss(act, n * N_ACT);
+        float batch[N_ACT * ROWS];
+        quant_dot_rows_multi(QTYPE_F16, w, rb, ROWS, act, (size_t)n * sizeof *act, N_ACT, n, batch,
+                             ROWS);
+        bool rounds = quant_f16_rounds_activation(n);
+        for (int a = 0; a < N_ACT; a++) {
+            const float *av = act + (size_t)a * n;
+            float alone[ROWS];
+            quant_dot_rows(QTYPE_F16, w, rb, ROWS, av, n, alone);
+            for (int64_t i = 0; i < n; i++)
+                rounded[i] = rounds ? quant_f16_to_f32(quant_f32_to_f16(av[i])) : av[i];
+            for (int r = 0; r < ROWS; r++) {
+                quant_dequantize_row(QTYPE_F16, w + (size_t)r * rb, wf, n);
+                double sa = 0;
+                for (int64_t i = 0; i < n; i++)
+                    sa += fabs((double)wf[i] * av[i]);
+                float ref = quant_dot_scalar(QTYPE_F16, w + (size_t)r * rb, rounded, n);
+                float exact = quant_dot_scalar(QTYPE_F16, w + (size_t)r * rb, av, n);
+                CHECK_MSG(fabs(alone[r] - ref) <= 2e-5 * sa, "n=%lld row %d: %g vs %g", (long long)n,
+                          r, (double)alone[r], (double)ref);
+                CHECK_MSG(fabs(alone[r] - exact) <= (0x1p-11 + 2e-5) * sa,
+                          "n=%lld row %d: %g vs exact %g", (long long)n, r, (double)alone[r],
+                          (double)exact);
+                CHECK_MSG(!memcmp(&batch[a * ROWS + r], &alone[r], sizeof alone[r]),
+                          "n=%lld row %d activation %d: batched %g, alone %g", (long long)n, r, a,
+                          (double)batch[a * ROWS + r], (double)alone[r]);
+            }
+        }
+        free(w);
+        free(act);
+        free(x);
+        free(rounded);
+        free(wf);
+    }
+    CHECK(!quant_f16_rounds_activation(QUANT_F16_ROUND_MIN_N));
+}
+
 int main(void)
 {
     RUN(f16_special_values);
@@ -961,6 +1020,7 @@ int main(void)
     RUN(simd_dot_matches_scalar_on_random_blocks);
     RUN(dot_rows_equal_single_dots);
     RUN(dot_rows_multi_match_single_dots);
+    RUN(f16_long_rows_round_activation);
     RUN(dot_rows_packed_match_scalar);
     RUN(dot_rows_repacked_match_scalar);
     RUN(simd_dequantize_matches_scalar);
