@@ -61,29 +61,6 @@ static int ensure_model(modelgen_params *p, char *path, size_t cap)
     return bench_generate_model("batch_decode", p, path);
 }
 
-/* Appends copies of src's chunks to dst (same pool). */
-static int copy_seq(kv_seq *dst, const kv_seq *src, char err[ERR_MAX])
-{
-    kv_shape shape = kv_pool_shape(src->pool);
-    for (int c = 0; c < src->n_chunks; c++) {
-        const kv_chunk *s = src->chunks[c];
-        if (s->n_tokens == 0)
-            continue;
-        kv_chunk *d = kv_chunk_new_precision(dst->pool, s->precision, err);
-        if (!d)
-            return -1;
-        memcpy(d->data, s->data, kv_chunk_data_bytes(shape, s->precision));
-        memcpy(d->tokens, s->tokens, sizeof d->tokens);
-        memcpy(d->positions, s->positions, sizeof d->positions);
-        d->n_tokens = s->n_tokens;
-        if (kv_seq_push_chunk(dst, d, err) < 0) {
-            kv_chunk_free(dst->pool, d);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* The state of N sequences decoding. */
 typedef struct decode_state {
     model_runner *r;
@@ -164,7 +141,7 @@ static int bench(const char *path, const options *o)
         kv_seq_init(&seqs[n_init], pool);
         model_batch pre = {.n_tokens = o->n_prefix, .tokens = tok, .positions = pos};
         if (n_init == 0 ? model_forward(st.r, &seqs[0], &pre, err)
-                        : copy_seq(&seqs[n_init], &seqs[0], err)) {
+                        : kv_seq_copy(&seqs[n_init], &seqs[0], err)) {
             fprintf(stderr, "batch_decode: prefix: %s\n", err);
             n_init++;
             goto out;
