@@ -189,7 +189,7 @@ bool quant_avx512_enabled(void)
 
 bool quant_f16_rounds_activation(int64_t n)
 {
-    return use_avx512() && n > QUANT_F16_ROUND_MIN_N && n <= 16384;
+    return use_avx512() && n > QUANT_F16_ROUND_MIN_N && n <= QUANT_F16_ROUND_MAX_N;
 }
 
 bool quant_f16_prefill_as_bf16(void)

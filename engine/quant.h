@@ -190,17 +190,19 @@ void quant_dot_rows_repacked(uint32_t t, const void *weights, size_t row_bytes, 
  * f32 rounding. */
 bool quant_bf16_rounds_activation(void);
 
-/* Rows longer than this many elements: see quant_f16_rounds_activation. */
+/* Row lengths in (QUANT_F16_ROUND_MIN_N, QUANT_F16_ROUND_MAX_N]: see
+ * quant_f16_rounds_activation. */
 #define QUANT_F16_ROUND_MIN_N 4096
+#define QUANT_F16_ROUND_MAX_N 16384
 
 /* True when F16 dot products of rows of n elements round the f32 activation to f16
  * before multiplying: where the AVX-512 kernels are in use (quant_avx512_enabled) and
- * QUANT_F16_ROUND_MIN_N < n <= 16384, as llama.cpp does for every F16 row. Decode reads
- * each row once from DRAM, and beside a longer row's stream its f32 activation (over
- * 16 KiB) keeps being evicted from L1: rows of 5632 read at 17.8 GB/s with it and at
- * 30.6 GB/s with the f16 one (11 KiB; one thread, this AMD EPYC). quant_dot_scalar keeps
- * the f32 activation, so a result may then differ from it by 2^-11 of the sum of
- * |products| (f16 keeps 11 significant bits) plus f32 rounding. */
+ * QUANT_F16_ROUND_MIN_N < n <= QUANT_F16_ROUND_MAX_N, as llama.cpp does for every F16
+ * row. Decode reads each row once from DRAM, and beside a longer row's stream its f32
+ * activation (over 16 KiB) keeps being evicted from L1: rows of 5632 read at 17.8 GB/s
+ * with it and at 30.6 GB/s with the f16 one (11 KiB; one thread, this AMD EPYC).
+ * quant_dot_scalar keeps the f32 activation, so a result may then differ from it by
+ * 2^-11 of the sum of |products| (f16 keeps 11 significant bits) plus f32 rounding. */
 bool quant_f16_rounds_activation(int64_t n);
 
 /* True when the AVX-512 kernels are in use: the CPU has AVX-512 F/BW/DQ/VL/VNNI (and

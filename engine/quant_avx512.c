@@ -767,7 +767,6 @@ INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_ro
  * two threads): kept for the 17-20% one stream gains. Groups of 2, or of 4 held as f32,
  * were slower still.
  */
-#define F16H_MAX_N 16384
 #define F16H_GROUP 4
 
 INLINE __m512 load16_f16(const uint16_t *p)
@@ -782,8 +781,8 @@ INLINE __mmask16 tail_mask16(int64_t left)
 
 /* f16 weights at x against k (<= F16H_GROUP, constant after inlining) activations
  * rounded to f16 in af; out[a * os] for activation a. */
-INLINE void rows_f16h_group(int k, const uint16_t *x, uint16_t (*af)[F16H_MAX_N], int64_t n,
-                            float *out, size_t os)
+INLINE void rows_f16h_group(int k, const uint16_t *x, uint16_t (*af)[QUANT_F16_ROUND_MAX_N],
+                            int64_t n, float *out, size_t os)
 {
     __m512 acc0[F16H_GROUP], acc1[F16H_GROUP];
 #pragma GCC unroll 4
@@ -834,10 +833,10 @@ int quant_avx512_f16_dot_rows_rounded(const void *weights, size_t row_bytes, int
                                       const void *act, size_t act_stride, int n_act, int64_t n,
                                       float *out, size_t out_stride)
 {
-    if (n <= QUANT_F16_ROUND_MIN_N || n > F16H_MAX_N)
+    if (n <= QUANT_F16_ROUND_MIN_N || n > QUANT_F16_ROUND_MAX_N)
         return 0;
     const uint8_t *w = weights;
-    uint16_t af[F16H_GROUP][F16H_MAX_N]; /* 128 KiB of stack */
+    uint16_t af[F16H_GROUP][QUANT_F16_ROUND_MAX_N]; /* 128 KiB of stack */
     for (int a0 = 0; a0 < n_act; a0 += F16H_GROUP) {
         int k = n_act - a0 < F16H_GROUP ? n_act - a0 : F16H_GROUP;
         for (int a = 0; a < k; a++)

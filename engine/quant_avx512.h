@@ -23,8 +23,9 @@ int quant_avx512_bf16_dot_rows(const void *weights, size_t row_bytes, int64_t n_
                                const float *a, int64_t n, float *out);
 
 /* quant_dot_rows_multi for F16 rows longer than QUANT_F16_ROUND_MIN_N elements (and at
- * most 16384), each f32 activation rounded to f16 (to nearest even) first (see
- * quant_f16_rounds_activation); returns 0 without writing anything for other lengths.
+ * most QUANT_F16_ROUND_MAX_N), each f32 activation rounded to f16 (to nearest even)
+ * first (see quant_f16_rounds_activation); returns 0 without writing anything for other
+ * lengths.
  * Each (row, activation) result is the same whatever n_rows, n_act and positions. */
 int quant_avx512_f16_dot_rows_rounded(const void *weights, size_t row_bytes, int64_t n_rows,
                                       const void *act, size_t act_stride, int n_act, int64_t n,
