@@ -204,6 +204,10 @@ struct sched {
      * engine request is queued or running and none came for idle_after_ms. */
     work *pred;
     bool pred_paused;      /* a real request came while it was unfinished */
+    /* A job was submitted: a prediction forward running stops at its next layer (the
+     * worker then answers the job, and the slice runs again later). Set by
+     * sched_submit, cleared by pred_run under lock with the queue empty. */
+    _Atomic bool pred_preempt;
     bool pred_cached;      /* the predicted query just begun had nothing to compute */
     predict_task pred_task;
     sched_job pred_job;    /* its request, built here (pred_start) */
@@ -3076,8 +3080,10 @@ static void step_claim(sched *s, genmodel *gm, int n_seq)
 }
 
 /* Evaluates the step's sequences (those not failed) in one forward; when the batch
- * fails, each sequence alone, so that one bad sequence fails only its own work. */
-static void step_forward(sched *s, genmodel *gm, int n_seq)
+ * fails, each sequence alone, so that one bad sequence fails only its own work. True
+ * when the forward stopped at the runner's abort flag (model_runner_set_abort): nothing
+ * was computed, the sequences are as before. */
+static bool step_forward(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
     int n = 0;
@@ -3086,8 +3092,11 @@ static void step_forward(sched *s, genmodel *gm, int n_seq)
             s->step_seqs[n] = s->steps[i].seq;
             s->step_batches[n++] = s->steps[i].b;
         }
-    if (n == 0 || model_forward_batch(gm->runner, n, s->step_seqs, s->step_batches, err) == 0)
-        return;
+    if (n == 0)
+        return false;
+    int rc = model_forward_batch(gm->runner, n, s->step_seqs, s->step_batches, err);
+    if (rc == 0 || rc == MODEL_ABORTED)
+        return rc == MODEL_ABORTED;
     for (int i = 0; i < n_seq; i++) {
         step_seq *st = &s->steps[i];
         if (st->failed || model_forward_batch(gm->runner, 1, &st->seq, &st->b, err) == 0)
@@ -3095,6 +3104,7 @@ static void step_forward(sched *s, genmodel *gm, int n_seq)
         st->failed = true;
         work_fail(st->w, LLMS__ERROR_CODE__INTERNAL, err);
     }
+    return false;
 }
 
 /* What the forward produced: tokens for generations whose last row was evaluated,
@@ -3433,7 +3443,14 @@ static bool pred_start(sched *s)
  * step at most). */
 static void pred_run(sched *s)
 {
-    if (!pred_idle(s, mono_ns()) || (!s->pred && !pred_start(s)))
+    if (!pred_idle(s, mono_ns()))
+        return;
+    pthread_mutex_lock(&s->lock);
+    bool queued = s->in_head != NULL;
+    if (!queued)
+        atomic_store(&s->pred_preempt, false);
+    pthread_mutex_unlock(&s->lock);
+    if (queued || (!s->pred && !pred_start(s)))
         return;
     s->pred_paused = false;
     work *w = s->pred;
@@ -3449,8 +3466,14 @@ static void pred_run(sched *s)
      * work made it share the real steps' jobs again, 5-6% slower on TinyStories-656K in
      * bench/rag) */
     model_runner_set_background(w->gm->runner, true);
-    step_forward(s, w->gm, n_seq);
+    model_runner_set_abort(w->gm->runner, &s->pred_preempt);
+    bool aborted = step_forward(s, w->gm, n_seq);
+    model_runner_set_abort(w->gm->runner, NULL);
     model_runner_set_background(w->gm->runner, false);
+    if (aborted) {
+        predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
+        return;
+    }
     step_collect(s, n_seq);
     if (n_seq) {
         step_record(s, t0, step_rows(s, n_seq));
@@ -3606,6 +3629,7 @@ void sched_submit(sched *s, sched_job *j)
     else
         s->in_head = j;
     s->in_tail = j;
+    atomic_store(&s->pred_preempt, true);
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->lock);
 }

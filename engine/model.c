@@ -465,6 +465,8 @@ typedef struct model_frag {
 struct model_runner {
     const model *m;
     tp_pool *pool;
+    const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
+    bool aborted;              /* the last model_forward_rows stopped at *abort */
     int max_batch;
     int max_kv;
     int attn_rows;   /* query rows per batched-attention block */
@@ -651,6 +653,11 @@ int model_runner_n_threads_active(const model_runner *r)
 void model_runner_set_background(model_runner *r, bool background)
 {
     tp_set_background(r->pool, background);
+}
+
+void model_runner_set_abort(model_runner *r, const _Atomic bool *abort)
+{
+    r->abort = abort;
 }
 
 int model_runner_max_kv(const model_runner *r)
@@ -1201,7 +1208,12 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_advise_layer(r, 0, false);
     }
     model_step s = {.r = r, .n = n, .parts = parts, .n_parts = n_parts, .n_item_rows = n_items};
+    bool may_abort = r->abort && !stream && !parts[0].b->attn && !parts[0].b->layer_ready;
     for (int l = 0; l < hp->n_layer; l++) {
+        if (may_abort && atomic_load_explicit(r->abort, memory_order_relaxed)) {
+            r->aborted = true;
+            return;
+        }
         const model_layer *L = &m->layers[l];
         s.L = L;
         s.layer = l;
@@ -1347,12 +1359,18 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
             if (seqs[j] == seqs[i])
                 return err_set(err, "forward: batches %d and %d have the same sequence", j, i);
     }
-    /* faults may run forwards on this runner: they come before its scratch is used */
+    /* faults may run forwards on this runner: they come before its scratch is used, and
+     * run to their end whatever the abort flag says (a fault that stopped would fail) */
+    const _Atomic bool *abort = r->abort;
+    r->abort = NULL;
     for (int i = 0; i < n_seq; i++) {
         model_name_batch(what, sizeof what, n_seq, i);
-        if (model_fault_in(seqs[i], what, err) < 0)
+        if (model_fault_in(seqs[i], what, err) < 0) {
+            r->abort = abort;
             return -1;
+        }
     }
+    r->abort = abort;
     /* a fault may have made room by dropping another sequence's chunk */
     for (int i = 0; i < n_seq; i++)
         for (int c = 0; c < seqs[i]->n_chunks; c++)
@@ -1387,13 +1405,19 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
             memset(batches[i].attn, 0, (size_t)hp->n_layer * hp->n_head * batches[i].n_tokens *
                                            parts[i].n_kv_total * sizeof(float));
     /* several batches fit in max_batch together; a single one may be split */
-    for (int t0 = 0; t0 < batches[0].n_tokens; t0 += r->max_batch) {
+    r->aborted = false;
+    for (int t0 = 0; t0 < batches[0].n_tokens && !r->aborted; t0 += r->max_batch) {
         for (int i = 0; i < n_seq; i++) {
             int left = batches[i].n_tokens - t0;
             parts[i].t0 = t0;
             parts[i].n = left < r->max_batch ? left : r->max_batch;
         }
         model_forward_rows(r, n_seq);
+    }
+    if (r->aborted) {
+        for (int i = 0; i < n_seq; i++)
+            kv_seq_truncate(seqs[i], parts[i].n_before);
+        return MODEL_ABORTED;
     }
     return 0;
 }

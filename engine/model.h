@@ -192,6 +192,15 @@ int model_runner_n_threads_active(const model_runner *r);
 /* Forward passes on one thread for work nobody waits for (background), or on the pool
  * again: see tp_set_background. */
 void model_runner_set_background(model_runner *r, bool background);
+
+/* While abort is set (not NULL), a forward reads *abort before each layer and, once it
+ * is true, stops: the sequences are as before the call and model_forward_batch returns
+ * MODEL_ABORTED. Lets work nobody waits for give the runner up to a request within a
+ * layer, not a whole step. Not for batches with attn or layer_ready, nor while weights
+ * stream (model_runner_stream_weights), where a forward always runs to its end. NULL:
+ * forwards always run to their end (the default). */
+#define MODEL_ABORTED 1
+void model_runner_set_abort(model_runner *r, const _Atomic bool *abort);
 int model_runner_max_kv(const model_runner *r);
 
 /* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */

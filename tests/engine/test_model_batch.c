@@ -734,6 +734,58 @@ static void test_fault_in_batch(void)
     fixture_free(&f);
 }
 
+/* A forward whose abort flag is set stops with MODEL_ABORTED and leaves every sequence
+ * (entries, chunks) as it was, a split single batch too; with the flag clear, a runner
+ * that has one computes what one without it does, bit for bit. */
+static void test_abort(void)
+{
+    const char *path = gen("llama", QTYPE_F32, 2);
+    CHECK(path);
+    fixture f;
+    int hist[2] = {20, 33};
+    CHECK(fixture_init(&f, path, false, 1, 16, 2, hist) == 0);
+    char err[ERR_MAX];
+    _Atomic bool abort = true;
+    int32_t tok[40], pos[2][40];
+    for (int t = 0; t < 40; t++) {
+        tok[t] = tok_of(&f, 0, t + 100);
+        pos[0][t] = f.base[0] + hist[0] + t;
+        pos[1][t] = f.base[1] + hist[1] + t;
+    }
+    int out[2] = {0, 4};
+    float *la = malloc(sizeof(float) * 2 * (size_t)f.nv), *lb = malloc(sizeof(float) * 2 * (size_t)f.nv);
+    CHECK(la && lb);
+    model_batch ba[2], bb[2];
+    kv_seq *seqs[2] = {&f.b[0], &f.b[1]};
+    for (int i = 0; i < 2; i++) {
+        ba[i] = (model_batch){.n_tokens = i ? 5 : 1, .tokens = tok, .positions = pos[i],
+                              .n_out = 1, .out_rows = &out[i], .logits = la + (size_t)i * f.nv};
+        bb[i] = ba[i];
+        bb[i].logits = lb + (size_t)i * f.nv;
+    }
+    size_t used = kv_pool_n_used(f.pool);
+    model_runner_set_abort(f.r, &abort);
+    CHECK_EQ(model_forward_batch(f.r, 2, seqs, bb, err), MODEL_ABORTED);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(kv_seq_n_tokens(&f.b[i]), hist[i]);
+    model_batch split = {.n_tokens = 40, .tokens = tok, .positions = pos[1]};
+    CHECK_EQ(model_forward(f.r, &f.b[1], &split, err), MODEL_ABORTED);
+    CHECK_EQ(kv_seq_n_tokens(&f.b[1]), hist[1]);
+    CHECK_EQ(kv_pool_n_used(f.pool), used);
+
+    abort = false;
+    CHECK(model_forward_batch(f.r, 2, seqs, bb, err) == 0);
+    model_runner_set_abort(f.r, NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK(model_forward(f.r, &f.a[i], &ba[i], err) == 0);
+    CHECK(memcmp(la, lb, sizeof(float) * 2 * (size_t)f.nv) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(kv_diff(&f, i) == 0);
+    free(la);
+    free(lb);
+    fixture_free(&f);
+}
+
 int main(void)
 {
     RUN(test_decode_identical);
@@ -746,5 +798,6 @@ int main(void)
     RUN(test_errors);
     RUN(test_reserve_rollback);
     RUN(test_fault_in_batch);
+    RUN(test_abort);
     return test_finish();
 }
