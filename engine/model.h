@@ -201,6 +201,7 @@ void model_runner_set_background(model_runner *r, bool background);
  * forwards always run to their end (the default). */
 #define MODEL_ABORTED 1
 void model_runner_set_abort(model_runner *r, const _Atomic bool *abort);
+
 int model_runner_max_kv(const model_runner *r);
 
 /* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */
@@ -246,6 +247,8 @@ typedef struct model_batch {
  * which is exact when positions within the batch do not decrease (otherwise it is
  * refused). Fails without changing seq on bad ids, positions or out rows, when the
  * sequence would exceed max_kv entries, or when its pool refuses the chunks needed.
+ * 0, -1 + err, or MODEL_ABORTED (seq unchanged) while model_runner_set_abort's flag is
+ * raised.
  */
 int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char err[ERR_MAX]);
 
