@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "client/llms.h"
+#include "engine/model.h"
 #include "engine/modelgen.h"
 #include "storage/ivf.h"
 
@@ -99,6 +100,23 @@ static inline int32_t bench_argmax(const float *v, int n)
         if (v[i] > v[best])
             best = i;
     return best;
+}
+
+/* Greedy decode of n tokens onto seq, at positions from pos0 on, the first chosen from
+ * logits (the last token's, which each step overwrites). 0, or -1 + err. */
+static inline int bench_decode_greedy(model_runner *r, kv_seq *seq, float *logits,
+                                      int n_vocab, int pos0, int n, char err[ERR_MAX])
+{
+    for (int i = 0; i < n; i++) {
+        int32_t next = bench_argmax(logits, n_vocab), pos = pos0 + i, row = 0;
+        model_batch d = {
+            .n_tokens = 1, .tokens = &next, .positions = &pos,
+            .n_out = 1, .out_rows = &row, .logits = logits,
+        };
+        if (model_forward(r, seq, &d, err))
+            return -1;
+    }
+    return 0;
 }
 
 /* Makes the random-weight model p describes at path (under build/bench-models/) unless

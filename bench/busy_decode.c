@@ -115,16 +115,10 @@ static double run_case(const model *m, bench_case *bc, int n_threads, int n_toke
         fprintf(stderr, "busy_decode: prompt: %s\n", err);
         goto out;
     }
-    int32_t t = bench_argmax(logits, hp->n_vocab), p = PROMPT, row = 0;
     double t0 = bench_now_s();
-    for (int i = 0; i < n_tokens; i++, p++) {
-        model_batch b = {.n_tokens = 1, .tokens = &t, .positions = &p, .n_out = 1,
-                         .out_rows = &row, .logits = logits};
-        if (model_forward(r, &seq, &b, err) < 0) {
-            fprintf(stderr, "busy_decode: decode: %s\n", err);
-            goto out;
-        }
-        t = bench_argmax(logits, hp->n_vocab);
+    if (bench_decode_greedy(r, &seq, logits, hp->n_vocab, PROMPT, n_tokens, err) < 0) {
+        fprintf(stderr, "busy_decode: decode: %s\n", err);
+        goto out;
     }
     tok_s = n_tokens / (bench_now_s() - t0);
     bc->threads_active = model_runner_n_threads_active(r);

@@ -224,23 +224,6 @@ static double measure_read_gb_s(int n_threads)
 
 /* measure_read_gb_s in a child process, so that its buffer stays out of this process's
  * peak RSS; 0 when it cannot be measured. */
-/* Greedy decode of n tokens onto seq, the first chosen from logits, at positions from
- * pos0 on; logits holds the last token's. */
-static int decode_greedy(model_runner *r, kv_seq *seq, float *logits, int n_vocab, int pos0,
-                         int n, char err[ERR_MAX])
-{
-    for (int i = 0; i < n; i++) {
-        int32_t next = bench_argmax(logits, n_vocab), pos = pos0 + i, row = 0;
-        model_batch d = {
-            .n_tokens = 1, .tokens = &next, .positions = &pos,
-            .n_out = 1, .out_rows = &row, .logits = logits,
-        };
-        if (model_forward(r, seq, &d, err))
-            return -1;
-    }
-    return 0;
-}
-
 static double measure_read_gb_s_apart(int n_threads)
 {
     int fds[2];
@@ -320,7 +303,7 @@ static int bench_model(const char *path, const bench_options *o)
         prefill[run] = o->n_prompt / (bench_now_s() - t0);
 
         t0 = bench_now_s();
-        if (decode_greedy(r, &seq, logits, hp->n_vocab, o->n_prompt, o->n_gen, err)) {
+        if (bench_decode_greedy(r, &seq, logits, hp->n_vocab, o->n_prompt, o->n_gen, err)) {
             fprintf(stderr, "engine: decode: %s\n", err);
             kv_seq_free(&seq);
             goto out;
@@ -333,7 +316,7 @@ static int bench_model(const char *path, const bench_options *o)
         logits[tokens[0]] = 1;
         read_gb_s[run] = measure_read_gb_s_apart(o->n_threads);
         t0 = bench_now_s();
-        if (decode_greedy(r, &seq, logits, hp->n_vocab, 0, o->n_gen, err)) {
+        if (bench_decode_greedy(r, &seq, logits, hp->n_vocab, 0, o->n_gen, err)) {
             fprintf(stderr, "engine: decode: %s\n", err);
             kv_seq_free(&seq);
             goto out;
