@@ -722,6 +722,12 @@ int quant_avx512_dot_rows_packed(uint32_t t, const void *weights, size_t row_byt
  * and BF16 (below) 23.7 against 12.9. Rows at a time or prefetch distances of 1-4 KiB
  * only read slower (several streams 4 KiB apart contend).
  */
+/* The first min(left, 16) lanes. */
+INLINE __mmask16 tail_mask16(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
 INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
 {
     if (t == QTYPE_F32)
@@ -769,16 +775,6 @@ INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_ro
  */
 #define F16H_GROUP 4
 
-INLINE __m512 load16_f16(const uint16_t *p)
-{
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
-}
-
-INLINE __mmask16 tail_mask16(int64_t left)
-{
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
-
 /* f16 weights at x against k (<= F16H_GROUP, constant after inlining) activations
  * rounded to f16 in af; out[a * os] for activation a. */
 INLINE void rows_f16h_group(int k, const uint16_t *x, uint16_t (*af)[QUANT_F16_ROUND_MAX_N],
@@ -790,11 +786,11 @@ INLINE void rows_f16h_group(int k, const uint16_t *x, uint16_t (*af)[QUANT_F16_R
         acc0[a] = acc1[a] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m512 w0 = load16_f16(x + i), w1 = load16_f16(x + i + 16);
+        __m512 w0 = load16_float(QTYPE_F16, x, i), w1 = load16_float(QTYPE_F16, x, i + 16);
 #pragma GCC unroll 4
         for (int a = 0; a < k; a++) {
-            acc0[a] = _mm512_fmadd_ps(w0, load16_f16(af[a] + i), acc0[a]);
-            acc1[a] = _mm512_fmadd_ps(w1, load16_f16(af[a] + i + 16), acc1[a]);
+            acc0[a] = _mm512_fmadd_ps(w0, load16_float(QTYPE_F16, af[a], i), acc0[a]);
+            acc1[a] = _mm512_fmadd_ps(w1, load16_float(QTYPE_F16, af[a], i + 16), acc1[a]);
         }
     }
     for (; i < n; i += 16) {
@@ -902,8 +898,7 @@ BF16_TARGET int quant_avx512_bf16_dot_rows(const void *weights, size_t row_bytes
     if (i < n) {
         /* zeros past the end: the tail's masked weights meet zeros, not stale stack */
         int64_t left = n - i;
-        __mmask16 lo = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        __mmask16 hi = left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        __mmask16 lo = tail_mask16(left), hi = left > 16 ? tail_mask16(left - 16) : 0;
         ab[i / 32] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, a + i + 16),
                                          _mm512_maskz_loadu_ps(lo, a + i));
     }
