@@ -957,6 +957,9 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .graph_spec_hits = p->graph_spec_hits,
         .graph_spec_rollbacks = p->graph_spec_rollbacks,
         .graph_spec_saved_ms = p->graph_spec_saved_ms,
+        .kv_calibrated_models = p->kv_calibrated_models,
+        .kv_calib_forwards_left = p->kv_calib_forwards_left,
+        .kv_calibrations = p->kv_calibrations,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -553,6 +553,10 @@ typedef struct llms_daemon_status {
      * outputs, kept (hits) and dropped (rollbacks), and how long kept work ran ahead. */
     uint64_t graph_speculations, graph_spec_hits, graph_spec_rollbacks;
     double graph_spec_saved_ms;
+    /* Layer calibrations of KV compression: generate models calibrated, forwards of
+     * calibrations waiting for idle time, calibrations measured since the start. */
+    uint32_t kv_calibrated_models, kv_calib_forwards_left;
+    uint64_t kv_calibrations;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -86,6 +86,10 @@ static const key_def keys[] = {
     FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: bytes of the compressed chunks over "
                                     "their bytes as int8, scales included; 0.53-0.6 is "
                                     "uniform int4's, by head size (default 0.6)"),
+    INT(kv_calib_inline_ms, 1, INT_MAX, "tolerance mode: the model's layer calibration runs "
+                                        "at the end of the first long enough call when it "
+                                        "takes at most this long, else one forward at a time "
+                                        "in idle time (default 2000)"),
     STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
     CHOICE(log_level, REQLOG_LEVELS,
            "what goes to stderr (the journal): error (failures of the daemon itself), warn, "
@@ -179,8 +183,8 @@ static const key_def keys[] = {
     INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
                                    "generations proposing them) per idle period; 0 = off "
                                    "(default 0)"),
-    INT(idle_after_ms, 1, INT_MAX, "no request for this long starts idle-time prediction "
-                                   "(default 5000)"),
+    INT(idle_after_ms, 1, INT_MAX, "no request for this long starts idle-time work: "
+                                   "prediction, a layer calibration (default 5000)"),
     INT(predict_stride, 1, 100000, "knowledge-based prediction asks about every stride-th "
                                    "new passage and rewrites a knowledge base's abstract "
                                    "after each stride new passages (default 4)"),
@@ -214,6 +218,7 @@ void config_defaults(config *c)
     c->resident_small_mb = -1;
     strcpy(c->kv_compress, "tolerance");
     c->kv_compress_ratio = 0.6f;
+    c->kv_calib_inline_ms = 2000;
     strcpy(c->admin_group, "llms-admin");
     c->socket_mode = 0660;
     strcpy(c->log_level, "info");

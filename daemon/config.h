@@ -55,6 +55,7 @@ typedef struct config {
     int kv_wait_ms;                    /* longest wait of a call for KV under the cap */
     char kv_compress[16];              /* "tolerance", "int8" or "none" */
     float kv_compress_ratio;           /* tolerance: bytes over their int8 bytes */
+    int kv_calib_inline_ms;            /* longer layer calibrations run in idle time */
     char admin_group[64];
     unsigned socket_mode;              /* permission bits of the socket file */
     char log_level[8];                 /* "error", "warn" or "info" (daemon/reqlog.h) */
@@ -124,7 +125,8 @@ typedef struct config {
     int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
     /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
     int predict_budget;                /* predicted queries per idle period; 0: off */
-    int idle_after_ms;                 /* no request for this long: the daemon is idle */
+    int idle_after_ms;                 /* no request for this long: the daemon is idle
+                                          (prediction, layer calibration) */
     int predict_stride;                /* knowledge-based: every stride-th new passage */
     int predict_max_tokens;            /* tokens of an abstract or a proposed question */
     int predict_warm;                  /* new passages prefilled per idle period (QKV) */

@@ -66,7 +66,9 @@ struct ctxmgr {
     swapout *swap;        /* writes modified chunks after calls (ahead of time) */
     float *layer_factors; /* (n_layer, KV_CALIB_PARTS) kv_calib factors; NULL: the model's
                              layers are not calibrated yet (ctxcalib.c) */
-    bool calib_given_up;  /* a calibration would take too long on this model */
+    kv_calib *calib;      /* a calibration begun and not finished: its forwards run in idle
+                             time (ctx_calib_idle_step); NULL: none */
+    bool calib_given_up;  /* a calibration failed on this model: not tried again */
     void (*_Atomic notify)(void *arg); /* told when a background write is done */
     void *notify_arg;
 };
@@ -116,8 +118,14 @@ int ctx_calib_load(ctxmgr *cm, char err[ERR_MAX]);
 
 /* When the model's layers are not calibrated yet, calibrates them on c (at the end of a
  * call, every chunk resident) if its first chunks are still f16 and long enough, and
- * stores the factors. Failing to is not an error: compression stays per chunk. */
+ * stores the factors; a calibration longer than policy.calib_inline_ms is begun and
+ * left to idle time (cm->calib). Failing to is not an error: compression stays per
+ * chunk. */
 void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c);
+
+/* Frees a calibration begun (its copies of KV go back to the pool); none: nothing. A
+ * later context begins one again. */
+void ctx_calib_drop(ctxmgr *cm);
 
 /*
  * Brings every missing chunk of c with index <= upto in (reading or recomputing each),

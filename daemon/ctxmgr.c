@@ -372,6 +372,7 @@ void ctx_close(ctxmgr *cm)
         entry_free(c);
         c = next;
     }
+    ctx_calib_drop(cm);
     free(cm->layer_factors);
     free(cm);
 }
@@ -913,6 +914,12 @@ int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])
         return 0;
     if (bytes <= budget && reclaim_to(cm, budget - bytes))
         return 0;
+    /* a calibration waiting for idle time gives its copies up to real work */
+    if (cm->calib && bytes <= budget) {
+        ctx_calib_drop(cm);
+        if (reclaim_to(cm, budget - bytes))
+            return 0;
+    }
     err_set(err, "the KV budget (%zu bytes) cannot hold %zu more bytes beside the %zu of "
             "running calls", budget, bytes, kv_pool_bytes_used(cm->pool));
     return CTX_E_BUDGET;

@@ -154,6 +154,10 @@ enum ctx_switch {
     CTX_SWITCH_RECOMPUTE,     /* recompute everything */
 };
 
+/* A layer calibration runs at the end of a call when it takes at most this long (the
+ * models bench/kvquant measures on take milliseconds; TinyLlama-1.1B would take 54 s). */
+#define CTX_CALIB_INLINE_MS 2000.0
+
 typedef struct ctx_policy {
     size_t budget_bytes;         /* cap of resident KV and the pool's spare buffers
                                     (kv_pool_bytes_used + kv_pool_spare_bytes); 0: none */
@@ -165,6 +169,9 @@ typedef struct ctx_policy {
                                     first, instead of single chunks in LCTRU order */
     bool sequential;             /* a switch-in reads its chunks, then recomputes the
                                     others: no pipelining (the ablation of benchmarks) */
+    double calib_inline_ms;      /* a layer calibration expected to take longer runs in
+                                    idle time (ctxcalib.c), not at the end of a call;
+                                    0: CTX_CALIB_INLINE_MS */
 } ctx_policy;
 
 /* Linear cost models of a switch-in, in milliseconds, fitted by ctx_profile:
@@ -416,6 +423,18 @@ size_t ctx_squeeze(ctxmgr *cm, kv_seq *seq, int from);
 
 /* Totals since ctx_open. */
 const ctx_stats *ctx_get_stats(const ctxmgr *cm);
+
+/* Whether the model's layers are calibrated: chunks get a precision per layer. */
+bool ctx_layers_calibrated(const ctxmgr *cm);
+
+/* Forwards left of a layer calibration waiting for idle time (ctxcalib.c); 0: none. */
+int ctx_calib_forwards_left(const ctxmgr *cm);
+
+/* Runs the next forward of the calibration waiting for idle time, if any, on the
+ * manager's runner (the caller sets the runner's background mode and abort flag):
+ * MODEL_ABORTED when the abort flag stopped it (it runs again next time), else 0 (a
+ * calibration that fails or finds no room under the KV budget is dropped). */
+int ctx_calib_idle_step(ctxmgr *cm);
 
 /* The fitted cost models, and replacing them for this run (benchmarks, tests; the
  * correction factors go back to 1). */

@@ -204,10 +204,11 @@ struct sched {
      * engine request is queued or running and none came for idle_after_ms. */
     work *pred;
     bool pred_paused;      /* a real request came while it was unfinished */
-    /* A job was submitted: a prediction forward running stops at its next layer (the
-     * worker then answers the job, and the slice runs again later). Set by
-     * sched_submit, cleared by pred_run under lock with the queue empty. */
-    _Atomic bool pred_preempt;
+    /* A job was submitted: an idle-time forward running (prediction, a layer
+     * calibration) stops at its next layer (the worker then answers the job, and the
+     * forward runs again later). Set by sched_submit, cleared by idle_claim under lock
+     * with the queue empty. */
+    _Atomic bool idle_preempt;
     bool pred_cached;      /* the predicted query just begun had nothing to compute */
     predict_task pred_task;
     sched_job pred_job;    /* its request, built here (pred_start) */
@@ -890,6 +891,7 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->has_kv_f16_bytes = st->has_kv_int8_bytes = st->has_kv_int4_bytes =
         st->has_kv_int2_bytes = st->has_kv_spare_bytes = 1;
     st->has_window_slides = st->has_window_dropped_tokens = 1;
+    st->has_kv_calibrated_models = st->has_kv_calib_forwards_left = st->has_kv_calibrations = 1;
     st->has_swap_writes_pending = st->has_swap_write_waits = st->has_swap_write_wait_ms =
         st->has_swap_write_failures = 1;
     double switch_in_ms = 0;
@@ -914,6 +916,9 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
         st->switch_ins += cs->switch_ins;
         switch_in_ms += cs->switch_in_ms;
         st->window_slides += cs->window_slides;
+        st->kv_calibrated_models += ctx_layers_calibrated(gm->cm);
+        st->kv_calib_forwards_left += (uint32_t)ctx_calib_forwards_left(gm->cm);
+        st->kv_calibrations += cs->calibrations;
         st->window_dropped_tokens += cs->window_dropped;
         st->swap_writes_pending += (uint32_t)ctx_writes_pending(gm->cm);
         st->swap_write_waits += cs->write_waits;
@@ -1043,6 +1048,7 @@ static int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR
                     : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
                                                             : CTX_COMPRESS_TOLERANCE,
         .compress_ratio = cfg->kv_compress_ratio,
+        .calib_inline_ms = cfg->kv_calib_inline_ms,
         .swap = CTX_SWAP_AHEAD,
         .switch_mode = CTX_SWITCH_PLAN,
     };
@@ -3326,15 +3332,56 @@ static void sched_writes_done(void *arg)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* ---- idle-time prediction ---- */
+/* ---- idle-time work: prediction, layer calibration ---- */
 
-/* Whether prediction work may run: nothing real queued or running, and no engine
- * request for idle_after_ms. */
+/* Whether idle-time work may run: nothing real queued or running, and no engine request
+ * for idle_after_ms. */
+static bool sched_idle(const sched *s, int64_t now)
+{
+    return !s->shutting && s->n_active == 0 && s->n_pending == 0 &&
+           now - s->last_req_ns >= (int64_t)s->env.cfg->idle_after_ms * 1000000;
+}
+
 static bool pred_idle(const sched *s, int64_t now)
 {
-    return predict_enabled(s->predict) && !s->shutting && s->n_active == 0 &&
-           s->n_pending == 0 &&
-           now - s->last_req_ns >= (int64_t)s->env.cfg->idle_after_ms * 1000000;
+    return predict_enabled(s->predict) && sched_idle(s, now);
+}
+
+/* Whether the queue is empty; then the preempt flag is lowered for an idle-time forward
+ * (a job submitted from now on raises it again). */
+static bool idle_claim(sched *s)
+{
+    pthread_mutex_lock(&s->lock);
+    bool queued = s->in_head != NULL;
+    if (!queued)
+        atomic_store(&s->idle_preempt, false);
+    pthread_mutex_unlock(&s->lock);
+    return !queued;
+}
+
+/* The generate model with a layer calibration waiting for idle time, or NULL. */
+static genmodel *calib_waiting(const sched *s)
+{
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->gm[k] && ctx_calib_forwards_left(s->gm[k]->cm) > 0)
+            return s->gm[k];
+    return NULL;
+}
+
+/* One forward of a layer calibration while the daemon is idle, on one thread and given
+ * up at the next layer when a job comes (it runs again later); whether one ran. Before
+ * prediction, which has a budget every idle period: a calibration happens once. */
+static bool calib_run(sched *s)
+{
+    genmodel *gm = calib_waiting(s);
+    if (!gm || !sched_idle(s, mono_ns()) || s->pred || !idle_claim(s))
+        return false;
+    model_runner_set_background(gm->runner, true);
+    model_runner_set_abort(gm->runner, &s->idle_preempt);
+    ctx_calib_idle_step(gm->cm);
+    model_runner_set_abort(gm->runner, NULL);
+    model_runner_set_background(gm->runner, false);
+    return true;
 }
 
 /* Ends the prediction work: what it computed goes to the caches and the predictor
@@ -3443,14 +3490,7 @@ static bool pred_start(sched *s)
  * step at most). */
 static void pred_run(sched *s)
 {
-    if (!pred_idle(s, mono_ns()))
-        return;
-    pthread_mutex_lock(&s->lock);
-    bool queued = s->in_head != NULL;
-    if (!queued)
-        atomic_store(&s->pred_preempt, false);
-    pthread_mutex_unlock(&s->lock);
-    if (queued || (!s->pred && !pred_start(s)))
+    if (!pred_idle(s, mono_ns()) || !idle_claim(s) || (!s->pred && !pred_start(s)))
         return;
     s->pred_paused = false;
     work *w = s->pred;
@@ -3466,7 +3506,7 @@ static void pred_run(sched *s)
      * work made it share the real steps' jobs again, 5-6% slower on TinyStories-656K in
      * bench/rag) */
     model_runner_set_background(w->gm->runner, true);
-    model_runner_set_abort(w->gm->runner, &s->pred_preempt);
+    model_runner_set_abort(w->gm->runner, &s->idle_preempt);
     bool aborted = step_forward(s, w->gm, n_seq);
     model_runner_set_abort(w->gm->runner, NULL);
     model_runner_set_background(w->gm->runner, false);
@@ -3483,12 +3523,14 @@ static void pred_run(sched *s)
         pred_end(s, true);
 }
 
-/* How long the worker may sleep before prediction work is due: -1 until a job comes,
+/* How long the worker may sleep before idle-time work is due: -1 until a job comes,
  * 0 none. */
-static int64_t pred_wait_ns(sched *s)
+static int64_t idle_wait_ns(sched *s)
 {
-    if (!predict_enabled(s->predict) || s->shutting ||
-        (!s->pred && !predict_has_work(s->predict, rag_tau(s->rag), rag_qkv_room(s->rag))))
+    bool pred_work = predict_enabled(s->predict) &&
+                     (s->pred || predict_has_work(s->predict, rag_tau(s->rag),
+                                                  rag_qkv_room(s->rag)));
+    if (s->shutting || (!pred_work && !calib_waiting(s)))
         return -1;
     int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
     return left > 0 ? left : 0;
@@ -3501,7 +3543,7 @@ static void *worker(void *arg)
         pthread_mutex_lock(&s->lock);
         while (!s->in_head && s->n_active == 0 && s->n_pending == 0 && !s->shutting &&
                !s->writes_done) {
-            int64_t wait = pred_wait_ns(s);
+            int64_t wait = idle_wait_ns(s);
             if (wait == 0)
                 break;
             if (wait < 0) {
@@ -3538,7 +3580,8 @@ static void *worker(void *arg)
         reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
-        pred_run(s);
+        if (!calib_run(s))
+            pred_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
             break;
@@ -3629,7 +3672,7 @@ void sched_submit(sched *s, sched_job *j)
     else
         s->in_head = j;
     s->in_tail = j;
-    atomic_store(&s->pred_preempt, true);
+    atomic_store(&s->idle_preempt, true);
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->lock);
 }

@@ -4,6 +4,7 @@
 #include "engine/kv_calib.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -56,6 +57,154 @@ static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *la
     return rc;
 }
 
+struct kv_calib {
+    kv_seq prefix;            /* its own copies of the prefix's chunks */
+    kv_chunk_stats *stats;    /* (n_chunks, n_layer) the prefix's section statistics */
+    int32_t *tokens;          /* (n_forced) */
+    int32_t *positions;       /* (n_forced) */
+    int32_t *rows;            /* (n_forced) 0, 1, ...: every row's logits */
+    int n_forced, n_vocab, n_layer;
+    float *ref;               /* (n_forced, n_vocab) logits with f16 KV */
+    float *logits;            /* (n_forced, n_vocab) */
+    float *factors;           /* (n_layer, KV_CALIB_PARTS) */
+    double factor_sum;
+    int done;                 /* forwards run: the reference, then (layer, part) in order */
+};
+
+void kv_calib_free(kv_calib *c)
+{
+    if (!c)
+        return;
+    kv_seq_free(&c->prefix);
+    free(c->stats);
+    free(c->tokens);
+    free(c->positions);
+    free(c->rows);
+    free(c->ref);
+    free(c->logits);
+    free(c->factors);
+    free(c);
+}
+
+kv_calib *kv_calib_new(const model *m, const kv_seq *prefix,
+                       const kv_chunk_stats *section_stats, const int32_t *tokens,
+                       const int32_t *positions, int n_forced, char err[ERR_MAX])
+{
+    kv_shape shape = kv_pool_shape(prefix->pool);
+    int n_chunks = prefix->n_chunks, n_vocab = model_hparams_of(m)->n_vocab;
+    if (n_forced < 1 || n_chunks < 1) {
+        err_set(err, "kv calibration: needs a prefix and a token after it");
+        return NULL;
+    }
+    kv_calib *c = calloc(1, sizeof *c);
+    if (!c) {
+        err_set(err, "kv calibration: out of memory");
+        return NULL;
+    }
+    kv_seq_init(&c->prefix, prefix->pool);
+    size_t n_stats = (size_t)n_chunks * shape.n_layer, n_logits = (size_t)n_forced * n_vocab;
+    c->n_forced = n_forced;
+    c->n_vocab = n_vocab;
+    c->n_layer = shape.n_layer;
+    c->stats = malloc(n_stats * sizeof *c->stats);
+    c->tokens = malloc((size_t)n_forced * sizeof *c->tokens);
+    c->positions = malloc((size_t)n_forced * sizeof *c->positions);
+    c->rows = malloc((size_t)n_forced * sizeof *c->rows);
+    c->ref = malloc(n_logits * sizeof *c->ref);
+    c->logits = malloc(n_logits * sizeof *c->logits);
+    c->factors = malloc((size_t)shape.n_layer * KV_CALIB_PARTS * sizeof *c->factors);
+    if (!c->stats || !c->tokens || !c->positions || !c->rows || !c->ref || !c->logits ||
+        !c->factors) {
+        err_set(err, "kv calibration: out of memory");
+        kv_calib_free(c);
+        return NULL;
+    }
+    if (kv_seq_copy(&c->prefix, prefix, err)) {
+        kv_calib_free(c);
+        return NULL;
+    }
+    memcpy(c->stats, section_stats, n_stats * sizeof *c->stats);
+    memcpy(c->tokens, tokens, (size_t)n_forced * sizeof *c->tokens);
+    memcpy(c->positions, positions, (size_t)n_forced * sizeof *c->positions);
+    for (int t = 0; t < n_forced; t++)
+        c->rows[t] = t;
+    return c;
+}
+
+int kv_calib_forwards_total(const kv_calib *c)
+{
+    return KV_CALIB_PARTS * c->n_layer + 1;
+}
+
+int kv_calib_forwards_done(const kv_calib *c)
+{
+    return c->done;
+}
+
+size_t kv_calib_step_bytes(const kv_calib *c)
+{
+    kv_shape shape = kv_pool_shape(c->prefix.pool);
+    int chunks = c->prefix.n_chunks + (c->n_forced + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS + 1;
+    return (size_t)chunks * kv_chunk_data_bytes(shape, KV_F16);
+}
+
+const float *kv_calib_factors(const kv_calib *c)
+{
+    return c->done == kv_calib_forwards_total(c) ? c->factors : NULL;
+}
+
+/* The error the assignment predicts for part q of layer l at 4 bits over the prefix. */
+static double kv_calib_predicted(const kv_calib *c, int l, int q)
+{
+    int n_chunks = c->prefix.n_chunks, n_layer = c->n_layer;
+    double mean = 0, predicted = 0, int4_error = 1.0 / (15.0 * 15.0);
+    for (int i = 0; i < n_chunks; i++)
+        mean += c->stats[(size_t)i * n_layer].density / n_chunks;
+    for (int i = 0; i < n_chunks; i++) {
+        const kv_chunk_stats *st = &c->stats[(size_t)i * n_layer + l];
+        double spread = q == KV_CALIB_K    ? KV_K_ERROR_WEIGHT * st->k_spread
+                        : q == KV_CALIB_V ? st->v_spread
+                                           : st->vb_spread;
+        predicted += (st->density + mean / 2) * spread * int4_error;
+    }
+    return predicted;
+}
+
+int kv_calib_step(kv_calib *c, model_runner *r, char err[ERR_MAX])
+{
+    int total = kv_calib_forwards_total(c);
+    if (c->done == total)
+        return KV_CALIB_DONE;
+    if (c->done == 0) {
+        int rc = kv_calib_run(r, &c->prefix, NULL, c->tokens, c->positions, c->rows,
+                              c->n_forced, c->n_vocab, c->ref, NULL, NULL, err);
+        if (rc)
+            return rc;
+        c->done = 1;
+        return 0;
+    }
+    static const int k_bits[KV_CALIB_PARTS] = {4, 8, 8}, v_bits[KV_CALIB_PARTS] = {8, 4, 4};
+    int l = (c->done - 1) / KV_CALIB_PARTS, q = (c->done - 1) % KV_CALIB_PARTS;
+    uint8_t layers[KV_MAX_LAYERS];
+    memset(layers, KV_F16, (size_t)c->n_layer);
+    layers[l] = (uint8_t)kv_precision_layout_of(k_bits[q], v_bits[q], q == KV_CALIB_VBLOCK);
+    double kl;
+    int rc = kv_calib_run(r, &c->prefix, layers, c->tokens, c->positions, c->rows,
+                          c->n_forced, c->n_vocab, c->logits, c->ref, &kl, err);
+    if (rc)
+        return rc;
+    double predicted = kv_calib_predicted(c, l, q);
+    float *f = &c->factors[l * KV_CALIB_PARTS + q];
+    *f = predicted > 0 ? (float)(kl / predicted) : 1;
+    c->factor_sum += *f;
+    if (++c->done < total)
+        return 0;
+    int n = c->n_layer * KV_CALIB_PARTS;
+    for (int i = 0; i < n; i++)
+        c->factors[i] = c->factor_sum > 0 ? (float)(c->factors[i] * n / c->factor_sum) : 1;
+    return KV_CALIB_DONE;
+}
+
 static double kv_calib_now(void)
 {
     struct timespec t;
@@ -68,55 +217,21 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
                      const int32_t *positions, int n_forced, double max_seconds,
                      float *factors, char err[ERR_MAX])
 {
-    kv_shape shape = kv_pool_shape(prefix->pool);
-    int n_layer = shape.n_layer, n_chunks = prefix->n_chunks;
-    int n_vocab = model_hparams_of(m)->n_vocab;
-    if (n_forced < 1 || n_chunks < 1)
-        return err_set(err, "kv calibration: needs a prefix and a token after it");
-    float *ref = malloc((size_t)n_forced * n_vocab * sizeof *ref);
-    float *logits = malloc((size_t)n_forced * n_vocab * sizeof *logits);
-    int32_t *rows = malloc((size_t)n_forced * sizeof *rows);
-    int rc = ref && logits && rows ? 0 : err_set(err, "kv calibration: out of memory");
-    for (int t = 0; rc == 0 && t < n_forced; t++)
-        rows[t] = t;
+    kv_calib *c = kv_calib_new(m, prefix, section_stats, tokens, positions, n_forced, err);
+    if (!c)
+        return -1;
     double t0 = kv_calib_now();
-    if (rc == 0)
-        rc = kv_calib_run(r, prefix, NULL, tokens, positions, rows, n_forced, n_vocab, ref,
-                          NULL, NULL, err);
-    if (rc == 0 && max_seconds > 0 &&
-        (kv_calib_now() - t0) * (KV_CALIB_PARTS * n_layer + 1) > max_seconds)
-        rc = 1;
-    double mean = 0, sum = 0;
-    for (int c = 0; c < n_chunks; c++)
-        mean += section_stats[(size_t)c * n_layer].density / n_chunks;
-    static const int k_bits[KV_CALIB_PARTS] = {4, 8, 8}, v_bits[KV_CALIB_PARTS] = {8, 4, 4};
-    double int4_error = 1.0 / (15.0 * 15.0);
-    for (int l = 0; rc == 0 && l < n_layer; l++)
-        for (int q = 0; rc == 0 && q < KV_CALIB_PARTS; q++) {
-            double predicted = 0, kl;
-            for (int c = 0; c < n_chunks; c++) {
-                const kv_chunk_stats *st = &section_stats[(size_t)c * n_layer + l];
-                double spread = q == KV_CALIB_K    ? KV_K_ERROR_WEIGHT * st->k_spread
-                                : q == KV_CALIB_V ? st->v_spread
-                                                   : st->vb_spread;
-                predicted += (st->density + mean / 2) * spread * int4_error;
-            }
-            uint8_t layers[KV_MAX_LAYERS];
-            memset(layers, KV_F16, (size_t)n_layer);
-            layers[l] = (uint8_t)kv_precision_layout_of(k_bits[q], v_bits[q],
-                                                        q == KV_CALIB_VBLOCK);
-            rc = kv_calib_run(r, prefix, layers, tokens, positions, rows, n_forced, n_vocab,
-                              logits, ref, &kl, err);
-            float *f = &factors[l * KV_CALIB_PARTS + q];
-            *f = predicted > 0 ? (float)(kl / predicted) : 1;
-            sum += *f;
-        }
-    for (int i = 0; rc == 0 && i < n_layer * KV_CALIB_PARTS; i++)
-        factors[i] = sum > 0 ? (float)(factors[i] * n_layer * KV_CALIB_PARTS / sum) : 1;
-    free(ref);
-    free(logits);
-    free(rows);
-    return rc;
+    int rc = kv_calib_step(c, r, err);
+    bool too_slow = rc == 0 && max_seconds > 0 &&
+                    (kv_calib_now() - t0) * kv_calib_forwards_total(c) > max_seconds;
+    while (rc == 0 && !too_slow)
+        rc = kv_calib_step(c, r, err);
+    if (rc == KV_CALIB_DONE)
+        memcpy(factors, c->factors, sizeof *factors * (size_t)c->n_layer * KV_CALIB_PARTS);
+    else if (rc == MODEL_ABORTED)
+        err_set(err, "kv calibration: the forward was aborted");
+    kv_calib_free(c);
+    return too_slow ? 1 : rc == KV_CALIB_DONE ? 0 : -1;
 }
 
 void kv_calib_apply(kv_shape shape, const float *factors, int n_chunks,

@@ -214,6 +214,9 @@ static enum llms_status cmd_status(llms_conn *c)
         printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64
                ",\"swap_chunks_promoted\":%" PRIu64,
                st.window_slides, st.window_dropped_tokens, st.swap_chunks_promoted);
+        printf(",\"kv_calibration\":{\"calibrated_models\":%" PRIu32
+               ",\"forwards_left\":%" PRIu32 ",\"measured\":%" PRIu64 "}",
+               st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
         fputs(",\"cost\":", stdout);
         json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
@@ -261,6 +264,9 @@ static enum llms_status cmd_status(llms_conn *c)
                st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs);
         printf("window slides     %" PRIu64 " (%" PRIu64 " tokens out of view)\n",
                st.window_slides, st.window_dropped_tokens);
+        printf("kv calibration    %" PRIu32 " models calibrated; %" PRIu32
+               " forwards waiting for idle time; %" PRIu64 " measured\n",
+               st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"

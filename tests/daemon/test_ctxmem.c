@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/ctxmgr.h"
+#include "engine/kv_calib.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
 #include "engine/quant.h"
@@ -880,6 +881,81 @@ static void test_background_writes(void)
     ctxenv_close(&e);
 }
 
+/* A calibration too long for the end of a call (calib_inline_ms tiny) waits for idle
+ * time: the call ends with it begun, an aborted forward changes nothing, the idle steps
+ * give the factors an inline calibration gives (the same precisions and bytes), and a
+ * claim that needs its copies' room drops it (a later context begins it again). */
+static void test_idle_calibration(void)
+{
+    env in, idle;
+    ctx_policy pol = ctxenv_policy_none();
+    pol.compress = CTX_COMPRESS_TOLERANCE;
+    CHECK(ctxenv_open(&in, false, &pol, &g) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c, *d, *ci, *di;
+    float got[300];
+    int32_t tok[200];
+    ctxenv_tokens(tok, 200, 47, g.vocab);
+    CHECK(ctx_create(in.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    CHECK(turn(in.cm, c, tok, 200, got, NULL) == 0);
+    CHECK(ctx_layers_calibrated(in.cm) && ctx_calib_forwards_left(in.cm) == 0);
+    CHECK(ctx_create(in.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
+    CHECK(turn(in.cm, d, tok, 200, got, NULL) == 0);
+
+    pol.calib_inline_ms = 1e-6;
+    CHECK(ctxenv_open(&idle, false, &pol, &g) == 0);
+    CHECK(ctx_create(idle.cm, 1000, "app", NULL, NULL, 1, &ci, err) == 0);
+    CHECK(turn(idle.cm, ci, tok, 200, got, NULL) == 0);
+    int total = KV_CALIB_PARTS * model_kv_shape(g.m).n_layer + 1;
+    CHECK(!ctx_layers_calibrated(idle.cm));
+    CHECK_EQ(ctx_calib_forwards_left(idle.cm), total - 1);
+    CHECK_EQ(ctx_get_stats(idle.cm)->calibrations, 0);
+
+    _Atomic bool raised = true;
+    model_runner_set_abort(g.r, &raised);
+    CHECK_EQ(ctx_calib_idle_step(idle.cm), MODEL_ABORTED);
+    model_runner_set_abort(g.r, NULL);
+    CHECK_EQ(ctx_calib_forwards_left(idle.cm), total - 1);
+    int steps = 0;
+    while (ctx_calib_forwards_left(idle.cm) > 0 && steps < total) {
+        CHECK_EQ(ctx_calib_idle_step(idle.cm), 0);
+        steps++;
+    }
+    CHECK_EQ(steps, total - 1);
+    CHECK(ctx_layers_calibrated(idle.cm));
+    CHECK_EQ(ctx_get_stats(idle.cm)->calibrations, 1);
+
+    /* the same turn on a second context: the same precisions and bytes as inline */
+    CHECK(ctx_create(idle.cm, 1000, "app", NULL, NULL, 1, &di, err) == 0);
+    CHECK(turn(idle.cm, di, tok, 200, got, NULL) == 0);
+    kv_shape sh = model_kv_shape(g.m);
+    int n_full = d->n_tokens / KV_CHUNK_TOKENS, n_mixed = 0;
+    CHECK(di->seq.n_chunks == d->seq.n_chunks);
+    for (int i = 0; i < n_full; i++) {
+        const kv_chunk *x = di->seq.chunks[i], *y = d->seq.chunks[i];
+        n_mixed += y->precision == KV_MIXED;
+        CHECK(x && y && kv_chunk_has_layers(x, sh, y->layer_precision) &&
+              memcmp(x->data, y->data, kv_chunk_bytes(sh, y)) == 0);
+    }
+    CHECK(n_mixed > 0);
+    ctxenv_close(&idle);
+
+    /* under a budget: a claim that needs the room drops the waiting calibration */
+    pol.budget_bytes = 4u << 20;
+    CHECK(ctxenv_open(&idle, false, &pol, &g) == 0);
+    CHECK(ctx_create(idle.cm, 1000, "app", NULL, NULL, 1, &ci, err) == 0);
+    CHECK(turn(idle.cm, ci, tok, 200, got, NULL) == 0);
+    CHECK(ctx_calib_forwards_left(idle.cm) > 0);
+    CHECK(ctx_claim(idle.cm, pol.budget_bytes - 1024, err) == 0);
+    CHECK_EQ(ctx_calib_forwards_left(idle.cm), 0);
+    CHECK(!ctx_layers_calibrated(idle.cm));
+    CHECK(ctx_create(idle.cm, 1000, "app", NULL, NULL, 1, &di, err) == 0);
+    CHECK(turn(idle.cm, di, tok, 200, got, NULL) == 0);
+    CHECK_EQ(ctx_calib_forwards_left(idle.cm), total - 1);
+    ctxenv_close(&idle);
+    ctxenv_close(&in);
+}
+
 int main(void)
 {
     if (setup())
@@ -894,6 +970,7 @@ int main(void)
     RUN(test_promotion);
     RUN(test_restart);
     RUN(test_layer_precisions);
+    RUN(test_idle_calibration);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
