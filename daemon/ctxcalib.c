@@ -10,10 +10,11 @@
  * context manager compresses per chunk, which needs no calibration.
  *
  * A small model's calibration runs whole at the end of that call. A larger one's would
- * hold every app up (TinyLlama-1.1B Q8_0, 22 layers, 2 threads: 54 s), so when its first
- * forward says the whole would take longer than policy.calib_inline_ms, the rest waits
- * for idle periods: the scheduler runs one forward at a time while no request is queued
- * or running (ctx_calib_idle_step), and a request that comes stops it within a layer.
+ * hold every app up (the TinyLlama-1.1B shape, Q8_0, 2 threads: about 8 s), so when its
+ * first forward says the whole would take longer than policy.calib_inline_ms, the rest
+ * waits for idle periods: the scheduler runs one forward at a time while no request is
+ * queued or running (ctx_calib_idle_step), and a request that comes stops it within a
+ * layer.
  */
 #include <stdio.h>
 #include <stdlib.h>
