@@ -73,9 +73,9 @@ struct ctxmgr {
     void *notify_arg;
 };
 
-/* A stored density weighs as much as this many rows' attention (the window of recent rows
- * bench/kvquant measures densities over), so the next call's rows refine it rather than
- * replace it. */
+/* A chunk row's density, used when a context's stored statistics are missing, weighs as
+ * much as this many rows' attention (the window of recent rows bench/kvquant measures
+ * densities over), so the next call's rows refine it rather than replace it. */
 #define CTX_DENSITY_ROWS 32
 
 /* Tokens chunk i of a history of n tokens holds. */

@@ -296,6 +296,73 @@ static int load_chunk_record(void *arg, const store_chunk *r)
     return 0;
 }
 
+/* The attention statistics of a context's tokens as the store keeps them (opaque to
+ * it): CTX_STATS_MAGIC, the token count n they are for, then attn (n) and rows (n),
+ * native-endian u32 and f32 (a state directory does not move between machines). */
+#define CTX_STATS_MAGIC 0x31535441u /* "ATS1" */
+
+static size_t stats_size(int n_tokens)
+{
+    return 2 * sizeof(uint32_t) + 2 * sizeof(float) * (size_t)n_tokens;
+}
+
+/* c's statistics packed into a malloc'ed buffer of stats_size(c->n_tokens) bytes. */
+static uint8_t *stats_pack(const ctx_entry *c)
+{
+    size_t n = (size_t)c->n_tokens;
+    uint8_t *out = malloc(stats_size(c->n_tokens));
+    if (!out)
+        return NULL;
+    uint32_t head[2] = {CTX_STATS_MAGIC, (uint32_t)n};
+    memcpy(out, head, sizeof head);
+    memcpy(out + sizeof head, c->attn, n * sizeof(float));
+    memcpy(out + sizeof head + n * sizeof(float), c->rows, n * sizeof(float));
+    return out;
+}
+
+/* Restores the statistics stored for c when they are for its history as loaded (same
+ * token count), exactly as they were, and the chunks' densities from them; else
+ * (none stored, or stored for a history a crash left behind) the densities of the
+ * chunk rows stay. */
+static int stats_load(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
+{
+    void *bytes;
+    size_t size;
+    if (store_context_get_stats(cm->st, c->id, &bytes, &size, err))
+        return -1;
+    uint32_t head[2] = {0, 0};
+    if (bytes && size >= sizeof head)
+        memcpy(head, bytes, sizeof head);
+    if (head[0] == CTX_STATS_MAGIC && head[1] == (uint32_t)c->n_tokens &&
+        size == stats_size(c->n_tokens)) {
+        const uint8_t *p = (const uint8_t *)bytes + sizeof head;
+        memcpy(c->attn, p, (size_t)c->n_tokens * sizeof(float));
+        memcpy(c->rows, p + (size_t)c->n_tokens * sizeof(float),
+               (size_t)c->n_tokens * sizeof(float));
+        for (int i = 0; i < c->n_map; i++)
+            c->map[i].density = ctx_chunk_density(c, i);
+    }
+    free(bytes);
+    return 0;
+}
+
+/* Stores c's statistics with the batch that writes its chunks, or alone when none does
+ * (no batch of c is in flight then: a call waited for them before it began). A failure
+ * leaves the stored ones older: densities then start from those after a restart. */
+static void stats_store(ctxmgr *cm, ctx_entry *c, store_chunk_batch *batch)
+{
+    char err[ERR_MAX];
+    uint8_t *bytes = stats_pack(c);
+    if (!bytes)
+        return;
+    size_t n = stats_size(c->n_tokens);
+    if (batch)
+        store_chunk_batch_set_context_stats(batch, bytes, n, err);
+    else
+        store_context_set_stats(cm->st, c->id, bytes, n, err);
+    free(bytes);
+}
+
 ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
                  const ctx_policy *policy, char err[ERR_MAX])
 {
@@ -347,6 +414,8 @@ ctxmgr *ctx_open_owned(store *s, kv_pool *pool, model_runner *runner, const mode
             break;
         }
         rc = store_chunk_list(s, c->id, load_chunk_record, c, err);
+        if (rc == 0)
+            rc = stats_load(cm, c, err);
     }
     if (rc == 0)
         rc = ctx_cost_init(cm, err);
@@ -731,13 +800,16 @@ static int write_pending_background(ctxmgr *cm, ctx_entry *c, char err[ERR_MAX])
     ctx_write *w;
     if (pending_write_new(cm, c, &w, err))
         return -1;
-    if (!w)
+    if (!w) {
+        stats_store(cm, c, NULL);
         return 0;
+    }
     w->job.batch = store_chunk_batch_begin(cm->st, c->id, w->blobs, w->n, err);
     if (!w->job.batch) {
         ctx_write_free(w);
         return -1;
     }
+    stats_store(cm, c, w->job.batch);
     w->job.owner = c;
     c->n_writing++;
     swapout_submit(cm->swap, &w->job);
@@ -1276,6 +1348,8 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
             c->map[i].last_use = cm->clock;
         if (cm->policy.swap == CTX_SWAP_AHEAD)
             write_pending_background(cm, c, err);
+        else
+            stats_store(cm, c, NULL);
     }
     c->busy = false;
     c->loaded = false;

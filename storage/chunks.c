@@ -118,6 +118,9 @@ struct store_chunk_batch {
     batch_item *items;           /* (n_chunks) */
     int n_chunks;
     bool written;                /* store_chunk_batch_write succeeded */
+    bool has_ctx_stats;          /* store_chunk_batch_set_context_stats was called */
+    void *ctx_stats;             /* (ctx_stats_bytes) its copy */
+    size_t ctx_stats_bytes;
 };
 
 struct store_chunk_reader {
@@ -724,6 +727,8 @@ static int batch_commit(store *s, const store_chunk_batch *bt, char *err)
         row.file_bytes = bt->items[k].file_bytes;
         result = put_row(s, ctx_id, &row, bt->items[k].gen, err);
     }
+    if (result == 0 && bt->has_ctx_stats)
+        result = store_context_set_stats(s, ctx_id, bt->ctx_stats, bt->ctx_stats_bytes, err);
     if (result == 0)
         result = run_chunk_stmt(s, CS_COMMIT, ctx_id, "committing chunk rows", err);
     if (result != 0) {
@@ -741,6 +746,7 @@ static void batch_free(store_chunk_batch *bt)
         return;
     free(bt->ctx_id);
     free(bt->items);
+    free(bt->ctx_stats);
     free(bt);
 }
 
@@ -810,6 +816,22 @@ int store_chunk_batch_write(store_chunk_batch *bt, store_chunk_encoder *e, char 
     return result;
 }
 
+int store_chunk_batch_set_context_stats(store_chunk_batch *bt, const void *bytes, size_t n,
+                                        char err[ERR_MAX])
+{
+    void *copy = n ? malloc(n) : NULL;
+    if (n && !copy)
+        return err_set(err, "store: context '%.40s': out of memory for its stats",
+                       bt->ctx_id);
+    if (n)
+        memcpy(copy, bytes, n);
+    free(bt->ctx_stats);
+    bt->ctx_stats = copy;
+    bt->ctx_stats_bytes = n;
+    bt->has_ctx_stats = true;
+    return 0;
+}
+
 int store_chunk_batch_end(store *s, store_chunk_batch *bt, char err[ERR_MAX])
 {
     if (!bt)
@@ -818,7 +840,7 @@ int store_chunk_batch_end(store *s, store_chunk_batch *bt, char err[ERR_MAX])
     if (!bt->written)
         result = err_set(err, "store: context '%.40s': the chunk batch was not written",
                          bt->ctx_id);
-    else if (bt->n_chunks > 0 && batch_commit(s, bt, err) != 0)
+    else if ((bt->n_chunks > 0 || bt->has_ctx_stats) && batch_commit(s, bt, err) != 0)
         result = -1;
     if (result != 0) {
         batch_undo(bt);

@@ -87,6 +87,13 @@ store_chunk_batch *store_chunk_batch_begin(store *s, const char *ctx_id,
 int store_chunk_batch_write(store_chunk_batch *b, store_chunk_encoder *e, char err[ERR_MAX]);
 int store_chunk_batch_end(store *s, store_chunk_batch *b, char err[ERR_MAX]);
 
+/* Stores bytes as the context's stats (store_context_set_stats) in the batch's
+ * transaction, so that they are committed with the chunk rows they go with, or not at
+ * all; a batch of no chunks then still commits them. Copies bytes; before
+ * store_chunk_batch_end. */
+int store_chunk_batch_set_context_stats(store_chunk_batch *b, const void *bytes, size_t n,
+                                        char err[ERR_MAX]);
+
 /* A batch of one: writes chunk meta->index of ctx_id from n_sections sections; meta's
  * n_sections and byte counts are filled in. */
 int store_chunk_write(store *s, const char *ctx_id, store_chunk *meta,

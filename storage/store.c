@@ -164,6 +164,11 @@ static const char *const store_migrations[] = {
      * that hits on them are counted */
     "ALTER TABLE qa_bank ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE qkv_nodes ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;",
+
+    /* The context memory's attention statistics of a context's tokens (opaque bytes,
+     * store_context_set_stats), kept with the context so that densities survive a
+     * restart exactly */
+    "ALTER TABLE contexts ADD COLUMN stats BLOB;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
@@ -187,6 +192,8 @@ enum store_stmt {
     ST_CTX_TOUCH,
     ST_CTX_WINDOW,
     ST_CTX_MODEL,
+    ST_CTX_STATS_PUT,
+    ST_CTX_STATS_GET,
     ST_TURN_INSERT,
     ST_TURN_SELECT,
     ST_SETTING_PUT,
@@ -212,6 +219,8 @@ static const char *const store_sql[ST_COUNT] = {
     [ST_CTX_WINDOW] = "UPDATE contexts SET overflow = ?, window_sink = ?, window_dropped = ?,"
                       " window_slides = ? WHERE id = ?",
     [ST_CTX_MODEL] = "UPDATE contexts SET model = ? WHERE id = ?",
+    [ST_CTX_STATS_PUT] = "UPDATE contexts SET stats = ? WHERE id = ?",
+    [ST_CTX_STATS_GET] = "SELECT stats FROM contexts WHERE id = ?",
     [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens)"
                        " VALUES (?, ?, ?, ?, ?)",
     [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
@@ -781,6 +790,59 @@ int store_context_set_model(store *s, const char *id, const char *model, char er
         return -1;
     if (sqlite3_changes(s->db) == 0)
         return err_set(err, "store: model: no context '%.40s'", id);
+    return 0;
+}
+
+int store_context_set_stats(store *s, const char *id, const void *bytes, size_t n,
+                            char err[ERR_MAX])
+{
+    if (!id || !id[0])
+        return err_set(err, "store: stats: empty context id");
+    if (n > (size_t)INT_MAX || (n && !bytes))
+        return err_set(err, "store: stats of '%.40s': %zu bytes", id, n);
+    sqlite3_stmt *st = stmt(s, ST_CTX_STATS_PUT);
+    int rc = n ? sqlite3_bind_blob(st, 1, bytes, (int)n, SQLITE_STATIC) : sqlite3_bind_null(st, 1);
+    if (rc != SQLITE_OK || sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "stats: binding");
+    if (run(s, st, "stats: updating context", err) != 0)
+        return -1;
+    if (sqlite3_changes(s->db) == 0)
+        return err_set(err, "store: stats: no context '%.40s'", id);
+    return 0;
+}
+
+int store_context_get_stats(store *s, const char *id, void **bytes, size_t *n,
+                            char err[ERR_MAX])
+{
+    *bytes = NULL;
+    *n = 0;
+    if (!id || !id[0])
+        return err_set(err, "store: stats: empty context id");
+    sqlite3_stmt *st = stmt(s, ST_CTX_STATS_GET);
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
+        return db_err(s, err, "stats: binding");
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        sqlite3_reset(st);
+        return err_set(err, "store: stats: no context '%.40s'", id);
+    }
+    if (rc != SQLITE_ROW) {
+        db_err(s, err, "stats: reading context");
+        sqlite3_reset(st);
+        return -1;
+    }
+    int len = sqlite3_column_bytes(st, 0);
+    const void *blob = sqlite3_column_blob(st, 0);
+    if (len > 0 && blob) {
+        *bytes = malloc((size_t)len);
+        if (!*bytes) {
+            sqlite3_reset(st);
+            return err_set(err, "store: stats of '%.40s': out of memory", id);
+        }
+        memcpy(*bytes, blob, (size_t)len);
+        *n = (size_t)len;
+    }
+    sqlite3_reset(st);
     return 0;
 }
 

@@ -107,6 +107,17 @@ int store_context_append(store *s, const char *id, const store_turn *turns, int 
 /* Records the model a context belongs to (its name, opaque to the store). */
 int store_context_set_model(store *s, const char *id, const char *model, char err[ERR_MAX]);
 
+/* Opaque bytes kept with a context (the context memory's attention statistics of its
+ * tokens), replaced whole; n == 0 clears them. store_chunk_batch_set_context_stats
+ * stores them with a batch of chunks instead. */
+int store_context_set_stats(store *s, const char *id, const void *bytes, size_t n,
+                            char err[ERR_MAX]);
+
+/* The bytes last stored for a context, copied into *bytes (free()) and *n; NULL and 0
+ * when none were. An absent context is an error. */
+int store_context_get_stats(store *s, const char *id, void **bytes, size_t *n,
+                            char err[ERR_MAX]);
+
 /* Sets a context's window (e.g. its overflow policy right after store_context_create). */
 int store_context_set_window(store *s, const char *id, const store_window *w,
                              char err[ERR_MAX]);

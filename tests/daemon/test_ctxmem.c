@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/ctxmgr.h"
+#include "daemon/ctxmem.h"
 #include "engine/kv_calib.h"
 #include "engine/model.h"
 #include "engine/modelgen.h"
@@ -956,6 +956,62 @@ static void test_idle_calibration(void)
     ctxenv_close(&in);
 }
 
+/* The attention statistics of every token survive a restart exactly (stored with each
+ * call's chunk batch), so the densities the next call's compression starts from are the
+ * ones it would have had; without them (a store from before, or a crash between a
+ * commit and its batch) the chunk rows' densities, each weighing CTX_DENSITY_ROWS rows,
+ * stand in. */
+static void test_densities_survive_restart(void)
+{
+    env e;
+    ctx_policy pol = ctxenv_policy_none();
+    pol.compress = CTX_COMPRESS_TOLERANCE;
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
+    char err[ERR_MAX], id[CTX_ID_LEN + 1];
+    ctx_entry *c;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    snprintf(id, sizeof id, "%s", c->id);
+    float got[300];
+    int32_t tok[120];
+    for (int t = 0; t < 3; t++) {
+        ctxenv_tokens(tok, 40 + 40 * t, 61 + t, g.vocab);
+        CHECK(turn(e.cm, c, tok, 40 + 40 * t, got, NULL) == 0);
+    }
+    int n = c->n_tokens, n_chunks = ctx_n_chunks(n);
+    float *attn = malloc(sizeof *attn * (size_t)n), *rows = malloc(sizeof *rows * (size_t)n);
+    float density[64];
+    CHECK(attn && rows && n_chunks <= 64);
+    memcpy(attn, c->attn, sizeof *attn * (size_t)n);
+    memcpy(rows, c->rows, sizeof *rows * (size_t)n);
+    for (int i = 0; i < n_chunks; i++)
+        density[i] = ctx_chunk_density(c, i);
+
+    ctxenv_close(&e);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c && c->n_tokens == n);
+    CHECK(memcmp(c->attn, attn, sizeof *attn * (size_t)n) == 0);
+    CHECK(memcmp(c->rows, rows, sizeof *rows * (size_t)n) == 0);
+    int differ = 0;
+    for (int i = 0; i < n_chunks; i++)
+        CHECK(ctx_chunk_density(c, i) == density[i]);
+
+    /* without the stored statistics the densities are the rows' approximations */
+    CHECK(store_context_set_stats(e.st, id, NULL, 0, err) == 0);
+    ctxenv_close(&e);
+    CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
+    c = ctx_find_any(e.cm, id);
+    CHECK(c);
+    for (int i = 0; i < n_chunks; i++)
+        differ += ctx_chunk_density(c, i) != density[i];
+    printf("  without the stored statistics %d of %d chunk densities differ\n", differ,
+           n_chunks);
+    CHECK(differ > 0);
+    free(attn);
+    free(rows);
+    ctxenv_close(&e);
+}
+
 int main(void)
 {
     if (setup())
@@ -971,6 +1027,7 @@ int main(void)
     RUN(test_restart);
     RUN(test_layer_precisions);
     RUN(test_idle_calibration);
+    RUN(test_densities_survive_restart);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);

@@ -789,6 +789,65 @@ static void empty_batch(void)
     store_close(s);
 }
 
+/* A context's stats: set, read back, cleared; with a batch they are committed with its
+ * rows (also a batch of no chunks), and a batch whose write failed leaves the ones
+ * before. */
+static void context_stats(void)
+{
+    char err[ERR_MAX] = "";
+    store *s = open_with_contexts("ctxstats", err);
+    CHECK_MSG(s, "%s", err);
+    void *got;
+    size_t n;
+    CHECK_MSG(store_context_get_stats(s, "c1", &got, &n, err) == 0, "%s", err);
+    CHECK(!got && n == 0);
+    const char first[] = "attention of every token", second[] = "the next call's";
+    CHECK_MSG(store_context_set_stats(s, "c1", first, sizeof first, err) == 0, "%s", err);
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(got && n == sizeof first && memcmp(got, first, n) == 0);
+    free(got);
+    CHECK(store_context_set_stats(s, "ghost", first, sizeof first, err) == -1);
+    CHECK(store_context_get_stats(s, "ghost", &got, &n, err) == -1);
+
+    blob a;
+    make_blob(&a, 900);
+    store_chunk_blob chunks[1] = {batch_entry(0, &a, 1)};
+    store_chunk_batch *bt = store_chunk_batch_begin(s, "c1", chunks, 1, err);
+    CHECK_MSG(bt, "%s", err);
+    CHECK(store_chunk_batch_set_context_stats(bt, second, sizeof second, err) == 0);
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(n == sizeof first && memcmp(got, first, n) == 0);
+    free(got);
+    CHECK(store_chunk_batch_end(s, bt, err) == -1); /* never written */
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(n == sizeof first && memcmp(got, first, n) == 0);
+    free(got);
+    bt = store_chunk_batch_begin(s, "c1", chunks, 1, err);
+    store_chunk_encoder *enc = store_chunk_encoder_new(err);
+    CHECK(bt && enc);
+    CHECK(store_chunk_batch_set_context_stats(bt, second, sizeof second, err) == 0);
+    CHECK_MSG(store_chunk_batch_write(bt, enc, err) == 0, "%s", err);
+    CHECK_MSG(store_chunk_batch_end(s, bt, err) == 0, "%s", err);
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(n == sizeof second && memcmp(got, second, n) == 0);
+    free(got);
+    CHECK_EQ(read_compare(s, "c1", 0, &a, err), 1);
+
+    bt = store_chunk_batch_begin(s, "c1", NULL, 0, err);
+    CHECK(bt);
+    CHECK(store_chunk_batch_set_context_stats(bt, first, sizeof first, err) == 0);
+    CHECK(store_chunk_batch_write(bt, enc, err) == 0 && store_chunk_batch_end(s, bt, err) == 0);
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(n == sizeof first && memcmp(got, first, n) == 0);
+    free(got);
+    CHECK(store_context_set_stats(s, "c1", NULL, 0, err) == 0);
+    CHECK(store_context_get_stats(s, "c1", &got, &n, err) == 0);
+    CHECK(!got && n == 0);
+    store_chunk_encoder_free(enc);
+    blob_free(&a);
+    store_close(s);
+}
+
 typedef struct reader_job {
     store_chunk_reader *r;
     const blob *b;
@@ -1034,6 +1093,7 @@ int main(void)
     RUN(batch_replaces_some);
     RUN(failed_batch_changes_nothing);
     RUN(empty_batch);
+    RUN(context_stats);
     RUN(reader_on_another_thread);
     RUN(settings);
     RUN(migrates_from_version_1);
