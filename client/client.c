@@ -960,6 +960,11 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kv_calibrated_models = p->kv_calibrated_models,
         .kv_calib_forwards_left = p->kv_calib_forwards_left,
         .kv_calibrations = p->kv_calibrations,
+        .kb_ivf_searches = p->kb_ivf_searches,
+        .kb_ivf_hinted_searches = p->kb_ivf_hinted_searches,
+        .kb_ivf_lists_scanned = p->kb_ivf_lists_scanned,
+        .kb_ivf_lists_skipped = p->kb_ivf_lists_skipped,
+        .kb_ivf_hot_bytes = p->kb_ivf_hot_bytes,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -557,6 +557,10 @@ typedef struct llms_daemon_status {
      * calibrations waiting for idle time, calibrations measured since the start. */
     uint32_t kv_calibrated_models, kv_calib_forwards_left;
     uint64_t kv_calibrations;
+    /* Knowledge bases' IVF searches: searches, those with a request's similarity hints,
+     * lists scanned, lists the early stop left out; bytes in the hot copies. */
+    uint64_t kb_ivf_searches, kb_ivf_hinted_searches, kb_ivf_lists_scanned,
+        kb_ivf_lists_skipped, kb_ivf_hot_bytes;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

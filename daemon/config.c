@@ -160,6 +160,9 @@ static const key_def keys[] = {
     INT(kb_ivf_min_passages, 0, INT_MAX, "passages of a knowledge base from which vector "
         "search goes through an IVF index, 0: never (default 10000)"),
     INT(kb_ivf_nprobe, 1, 65536, "lists an IVF search of a knowledge base visits (default 16)"),
+    INT(kb_ivf_hot_mb, 0, INT_MAX, "MiB of the knowledge bases' most searched IVF lists kept "
+                                   "packed in large pages, refreshed in idle time; 0 = off "
+                                   "(default 64)"),
     INT(rag_top_k, 1, 64, "passages a RagQuery puts in its prompt (default 3)"),
     STR(rag_system_prompt, "system prompt of RagQuery unless the request has one"),
     FLT(tau_query, 0, 2, "QA bank: a question this close (cosine) to a stored one is "
@@ -255,6 +258,7 @@ void config_defaults(config *c)
     c->kb_max_passages_per_uid = 1000000;
     c->kb_ivf_min_passages = 10000;
     c->kb_ivf_nprobe = 16;
+    c->kb_ivf_hot_mb = 64;
     c->rag_top_k = 3;
     strcpy(c->rag_system_prompt, "Answer the question using the passages.");
     c->tau_query = 0.85f;

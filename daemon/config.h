@@ -110,6 +110,7 @@ typedef struct config {
     int kb_ivf_min_passages;           /* vector search through an IVF index from this many
                                         * passages of a knowledge base on (0: never) */
     int kb_ivf_nprobe;                 /* lists that search visits */
+    int kb_ivf_hot_mb;                 /* hot copies of the most searched IVF lists */
     int rag_top_k;                     /* passages a RagQuery puts in the prompt */
     char rag_system_prompt[1024];
     float tau_query;                   /* QA bank: cosine to a stored question that answers */

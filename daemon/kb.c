@@ -27,12 +27,14 @@ typedef struct kb_vecs {
     int64_t *ids;
     float *vecs;        /* (n, dim) unit length */
     ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
+    int64_t searches;   /* IVF searches since its hot copy was last refreshed */
     struct kb_vecs *next;
 } kb_vecs;
 
 struct kbm {
     kb_env env;
     kb_vecs *cache;
+    kb_ivf_stats ivf_stats;
     kb_changed_fn changed;
     void *changed_arg;
 };
@@ -787,20 +789,80 @@ fail:
     return NULL;
 }
 
-/* The best cand passages of v for qvec through its IVF index, into hits. */
+/* The best cand passages of v for qvec through its IVF index, into hits: the lists of
+ * hints (when they are this knowledge base's) first, and no list that cannot change the
+ * candidates (the same results as the plain nprobe search); hints (may be NULL) then
+ * get the lists these candidates came from. */
 static int index_search(kbm *k, const kb_ref *kb, kb_vecs *v, const float *qvec, int cand,
-                        kb_hit *hits, int *n, char *err)
+                        kb_hints *hints, kb_hit *hits, int *n, char *err)
 {
     ivf *ix = index_of(k, kb, v, err);
     if (!ix)
         return -1;
     ivf_hit found[KB_CAND];
-    ivf_search_params p = {.k = cand, .nprobe = k->env.cfg->kb_ivf_nprobe};
-    if (ivf_search_all(ix, qvec, 1, v->dim, &p, found, n, err))
+    ivf_search_params p = {.k = cand, .nprobe = k->env.cfg->kb_ivf_nprobe, .early_stop = true};
+    bool hinted = hints && hints->kb_id == kb->id && hints->n > 0;
+    ivf_hints h = {hinted ? hints->lists : NULL, hinted ? hints->n : 0};
+    ivf_search *s = ivf_search_begin(ix, qvec, 1, v->dim, &p, hinted ? &h : NULL, err);
+    if (!s)
         return -1;
+    while (!ivf_search_step(s, INT32_MAX))
+        ;
+    *n = ivf_search_results(s, 0, found);
+    ivf_search_stats st;
+    ivf_search_get_stats(s, &st);
+    ivf_search_free(s);
+    k->ivf_stats.searches++;
+    k->ivf_stats.hinted += hinted;
+    k->ivf_stats.lists_scanned += (uint64_t)st.lists_scanned;
+    k->ivf_stats.lists_skipped += (uint64_t)st.lists_skipped;
+    v->searches++;
     for (int i = 0; i < *n; i++)
         hits[i] = (kb_hit){found[i].id, found[i].score};
+    if (hints) {
+        hints->kb_id = kb->id;
+        hints->n = 0;
+        for (int i = 0; i < *n; i++) {
+            int j = 0;
+            while (j < hints->n && hints->lists[j] != found[i].list)
+                j++;
+            if (j == hints->n && hints->n < KB_HINTS_MAX)
+                hints->lists[hints->n++] = found[i].list;
+        }
+    }
     return 0;
+}
+
+const kb_ivf_stats *kb_get_ivf_stats(const kbm *k)
+{
+    return &k->ivf_stats;
+}
+
+void kb_ivf_refresh_hot(kbm *k)
+{
+    char err[ERR_MAX];
+    int n_index = 0;
+    for (kb_vecs *v = k->cache; v; v = v->next)
+        n_index += v->index != NULL;
+    size_t share = n_index ? ((size_t)k->env.cfg->kb_ivf_hot_mb << 20) / (size_t)n_index : 0;
+    k->ivf_stats.hot_bytes = 0;
+    for (kb_vecs *v = k->cache; v; v = v->next) {
+        if (!v->index)
+            continue;
+        if (v->searches > 0 && ivf_hot_refresh(v->index, share, err) == 0)
+            v->searches = 0;
+        k->ivf_stats.hot_bytes += ivf_hot_bytes(v->index);
+    }
+}
+
+bool kb_ivf_hot_stale(const kbm *k)
+{
+    if (k->env.cfg->kb_ivf_hot_mb <= 0)
+        return false;
+    for (const kb_vecs *v = k->cache; v; v = v->next)
+        if (v->index && v->searches > 0)
+            return true;
+    return false;
 }
 
 /* The best cand passages of v for qvec by brute force, into hits. */
@@ -862,8 +924,8 @@ int kb_retrieve_bm25(kbm *k, const kb_ref *kb, const char *query, int top_k,
 }
 
 int kb_retrieve_fuse(kbm *k, const kb_ref *kb, const float *qvec, int top_k,
-                     Llms__Retrieval retrieval, const kb_hit *bm_in, int n_bm, kb_hit *hits,
-                     int *n, char err[ERR_MAX])
+                     Llms__Retrieval retrieval, const kb_hit *bm_in, int n_bm,
+                     kb_hints *hints, kb_hit *hits, int *n, char err[ERR_MAX])
 {
     *n = 0;
     if (top_k > KB_HITS_MAX)
@@ -882,7 +944,7 @@ int kb_retrieve_fuse(kbm *k, const kb_ref *kb, const float *qvec, int top_k,
             return -1;
         int min = k->env.cfg->kb_ivf_min_passages;
         if (min > 0 && v->n >= min) {
-            if (index_search(k, kb, v, qvec, cand, vc, &n_vc, err))
+            if (index_search(k, kb, v, qvec, cand, hints, vc, &n_vc, err))
                 return -1;
         } else {
             exact_search(v, qvec, cand, vc, &n_vc);
@@ -925,7 +987,7 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
     *n = 0;
     if (kb_retrieve_bm25(k, kb, query, top_k, retrieval, bm, &n_bm, err))
         return -1;
-    return kb_retrieve_fuse(k, kb, qvec, top_k, retrieval, bm, n_bm, hits, n, err);
+    return kb_retrieve_fuse(k, kb, qvec, top_k, retrieval, bm, n_bm, NULL, hits, n, err);
 }
 
 /* ---- search ---- */

@@ -15,7 +15,8 @@
  * Retrieval: BM25 over the knowledge base's FTS5 table and cosine over its vectors (held
  * in memory per knowledge base after first use, dropped when it changes): brute force,
  * or from kb_ivf_min_passages passages on through an IVF index (storage/ivf.h, stored
- * as the app's index "kb:<id>", visiting kb_ivf_nprobe lists). The index is brought up
+ * as the app's index "kb:<id>", visiting kb_ivf_nprobe lists, skipping those that cannot
+ * change the candidates: kb_hints, kb_ivf_refresh_hot below). The index is brought up
  * to date with the passages when the vectors are (re)loaded: passages gone are removed,
  * new ones added to their nearest list, and it is retrained (4 sqrt(n) lists, at most
  * n / 8) once the passages call for twice its lists; a stored index that does not load
@@ -90,9 +91,41 @@ int kb_retrieve(kbm *k, const kb_ref *kb, const char *query, const float *qvec, 
 #define KB_CAND_MAX 64      /* candidates each retriever gives the fusion, at most */
 int kb_retrieve_bm25(kbm *k, const kb_ref *kb, const char *query, int top_k,
                      Llms__Retrieval retrieval, kb_hit *bm, int *n_bm, char err[ERR_MAX]);
+
+/* Similarity-aware search (HedraRAG): the IVF lists where a request's last retrieval
+ * from knowledge base kb_id found its vector candidates. Its next retrieval of the same
+ * knowledge base searches them first, which lets the early stop (every IVF search skips
+ * the lists that cannot change its candidates) leave more out: the results are the
+ * plain nprobe search's, with less work when a request's queries are alike. */
+#define KB_HINTS_MAX KB_CAND_MAX
+typedef struct kb_hints {
+    int64_t kb_id;
+    int32_t lists[KB_HINTS_MAX];
+    int n;
+} kb_hints;
+
+/* hints (NULL: none) are read when they are kb's, and after an IVF search hold its
+ * candidates' lists. */
 int kb_retrieve_fuse(kbm *k, const kb_ref *kb, const float *qvec, int top_k,
-                     Llms__Retrieval retrieval, const kb_hit *bm, int n_bm, kb_hit *hits,
-                     int *n, char err[ERR_MAX]);
+                     Llms__Retrieval retrieval, const kb_hit *bm, int n_bm,
+                     kb_hints *hints, kb_hit *hits, int *n, char err[ERR_MAX]);
+
+/* The IVF searches of knowledge bases since the daemon started. */
+typedef struct kb_ivf_stats {
+    uint64_t searches;      /* vector searches through an IVF index */
+    uint64_t hinted;        /* of them with a request's hint lists */
+    uint64_t lists_scanned; /* lists they scanned */
+    uint64_t lists_skipped; /* lists the early stop left out of their nprobe */
+    uint64_t hot_bytes;     /* vectors in the indexes' hot copies (kb_ivf_refresh_hot) */
+} kb_ivf_stats;
+const kb_ivf_stats *kb_get_ivf_stats(const kbm *k);
+
+/* Hot lists (HedraRAG): repacks every IVF index searched since its last refresh so that
+ * its most scanned lists, up to an equal share of kb_ivf_hot_mb, sit in one copy in
+ * large pages that searches read (the same values: the same results). Off the request
+ * path: the scheduler calls it in idle time when kb_ivf_hot_stale says so. */
+void kb_ivf_refresh_hot(kbm *k);
+bool kb_ivf_hot_stale(const kbm *k);
 
 /* Called after every committed change of kb. A KbAdd passes first_new: every passage of
  * kb with an id >= first_new is new (a new row's id is above every id present), so cached

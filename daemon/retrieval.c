@@ -36,6 +36,7 @@ struct retrieval {
     passages final;
     passages prov;           /* the estimate (prov_from: where it came from) */
     enum retrieval_estimate prov_from;
+    kb_hints *hints;         /* the request's similarity hints (kb.h), or NULL */
 };
 
 static void passages_clear(passages *p)
@@ -160,8 +161,8 @@ int retrieval_step(retrieval *r, Llms__ErrorCode *code, char err[ERR_MAX])
         return 0;
     case STAGE_SEARCH: {
         kb_hit hits[GRAPH_TOP_K_MAX];
-        if (kb_retrieve_fuse(r->k, &r->kb, r->qvec, r->top_k, r->mode, r->bm, r->n_bm, hits,
-                             &r->final.n, err))
+        if (kb_retrieve_fuse(r->k, &r->kb, r->qvec, r->top_k, r->mode, r->bm, r->n_bm,
+                             r->hints, hits, &r->final.n, err))
             return -1;
         for (int i = 0; i < r->final.n; i++)
             r->final.ids[i] = hits[i].id;
@@ -199,6 +200,11 @@ const char *retrieval_text(const retrieval *r, size_t *len)
 {
     *len = r->final.len;
     return r->final.text ? r->final.text : "";
+}
+
+void retrieval_use_hints(retrieval *r, kb_hints *hints)
+{
+    r->hints = hints;
 }
 
 void retrieval_seed(retrieval *r, const retrieval *from)

@@ -66,6 +66,11 @@ const char *retrieval_estimate_text(retrieval *r, size_t *len, char err[ERR_MAX]
 /* Takes from's result (from done) as r's estimate, in place of any other. */
 void retrieval_seed(retrieval *r, const retrieval *from);
 
+/* The request's similarity hints (kb.h: kb_hints): its vector search reads them and
+ * leaves its own candidates' lists there for the request's next retrieval. hints must
+ * outlive r; NULL: none. */
+void retrieval_use_hints(retrieval *r, kb_hints *hints);
+
 /* Once done: whether it held an estimate and the final passages equal it. */
 bool retrieval_estimate_held(const retrieval *r);
 

@@ -141,6 +141,7 @@ typedef struct graph_work {
     int spec_rt_stages;    /* sub-stages spec_rt has run */
     char *spec_kb, *spec_query;
     spec_stats spec;
+    kb_hints hints;        /* the IVF lists of its last retrieval's candidates */
 } graph_work;
 
 /* What a graph generation node asks of gen_new; code and err come back on failure. */
@@ -892,6 +893,14 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
         st->has_kv_int2_bytes = st->has_kv_spare_bytes = 1;
     st->has_window_slides = st->has_window_dropped_tokens = 1;
     st->has_kv_calibrated_models = st->has_kv_calib_forwards_left = st->has_kv_calibrations = 1;
+    const kb_ivf_stats *ks = kb_get_ivf_stats(s->kb);
+    st->has_kb_ivf_searches = st->has_kb_ivf_hinted_searches = st->has_kb_ivf_lists_scanned =
+        st->has_kb_ivf_lists_skipped = st->has_kb_ivf_hot_bytes = 1;
+    st->kb_ivf_searches = ks->searches;
+    st->kb_ivf_hinted_searches = ks->hinted;
+    st->kb_ivf_lists_scanned = ks->lists_scanned;
+    st->kb_ivf_lists_skipped = ks->lists_skipped;
+    st->kb_ivf_hot_bytes = ks->hot_bytes;
     st->has_swap_writes_pending = st->has_swap_write_waits = st->has_swap_write_wait_ms =
         st->has_swap_write_failures = 1;
     double switch_in_ms = 0;
@@ -1981,10 +1990,14 @@ static gen *graph_gen_new(sched *s, work *w, const Llms__GraphNode *n, const cha
 static retrieval *graph_retrieval_new(sched *s, work *w, const Llms__GraphNode *n,
                                       const char *kb, const char *query, Llms__ErrorCode *code)
 {
-    return retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb, query,
-                           n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
-                           n->has_retrieval ? n->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF, code,
-                           w->gw->err);
+    retrieval *r = retrieval_begin(s->kb, s->sem, s->env.st, w->job->uid, w->job->app, kb,
+                                   query, n->has_top_k ? (int)n->top_k : s->env.cfg->rag_top_k,
+                                   n->has_retrieval ? n->retrieval
+                                                    : LLMS__RETRIEVAL__RETRIEVAL_RRF,
+                                   code, w->gw->err);
+    if (r)
+        retrieval_use_hints(r, &w->gw->hints);
+    return r;
 }
 
 /* ---- speculation ---- */
@@ -3368,6 +3381,16 @@ static genmodel *calib_waiting(const sched *s)
     return NULL;
 }
 
+/* Refreshes the hot copies of the IVF lists searched since the last refresh while the
+ * daemon is idle (a copy of up to kb_ivf_hot_mb); whether it did. */
+static bool hot_run(sched *s)
+{
+    if (!kb_ivf_hot_stale(s->kb) || !sched_idle(s, mono_ns()) || s->pred || !idle_claim(s))
+        return false;
+    kb_ivf_refresh_hot(s->kb);
+    return true;
+}
+
 /* One forward of a layer calibration while the daemon is idle, on one thread and given
  * up at the next layer when a job comes (it runs again later); whether one ran. Before
  * prediction, which has a budget every idle period: a calibration happens once. */
@@ -3530,7 +3553,7 @@ static int64_t idle_wait_ns(sched *s)
     bool pred_work = predict_enabled(s->predict) &&
                      (s->pred || predict_has_work(s->predict, rag_tau(s->rag),
                                                   rag_qkv_room(s->rag)));
-    if (s->shutting || (!pred_work && !calib_waiting(s)))
+    if (s->shutting || (!pred_work && !calib_waiting(s) && !kb_ivf_hot_stale(s->kb)))
         return -1;
     int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
     return left > 0 ? left : 0;
@@ -3580,7 +3603,7 @@ static void *worker(void *arg)
         reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
-        if (!calib_run(s))
+        if (!calib_run(s) && !hot_run(s))
             pred_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)

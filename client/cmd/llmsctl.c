@@ -217,6 +217,11 @@ static enum llms_status cmd_status(llms_conn *c)
         printf(",\"kv_calibration\":{\"calibrated_models\":%" PRIu32
                ",\"forwards_left\":%" PRIu32 ",\"measured\":%" PRIu64 "}",
                st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
+        printf(",\"kb_ivf\":{\"searches\":%" PRIu64 ",\"hinted\":%" PRIu64
+               ",\"lists_scanned\":%" PRIu64 ",\"lists_skipped\":%" PRIu64
+               ",\"hot_bytes\":%" PRIu64 "}",
+               st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
+               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes);
         fputs(",\"cost\":", stdout);
         json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
@@ -267,6 +272,10 @@ static enum llms_status cmd_status(llms_conn *c)
         printf("kv calibration    %" PRIu32 " models calibrated; %" PRIu32
                " forwards waiting for idle time; %" PRIu64 " measured\n",
                st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
+        printf("kb ivf            %" PRIu64 " searches (%" PRIu64 " hinted), %" PRIu64
+               " lists scanned, %" PRIu64 " skipped; hot copies %" PRIu64 " bytes\n",
+               st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
+               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes);
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/llms.h"
 #include "engine/modelgen.h"
@@ -163,6 +164,80 @@ static void index_answers_equal_exact(void)
     proc_stop(&lo, SIGTERM);
 }
 
+static int status_of(llms_conn *c, llms_daemon_status *st)
+{
+    if (llms_status_get(c, st) != LLMS_OK) {
+        fprintf(stderr, "status: %s\n", llms_last_error(c));
+        return -1;
+    }
+    return 0;
+}
+
+/* A graph run whose retrievals search the IVF index: each retrieval after a run's first
+ * brings the run's hint lists (similarity-aware search), and the answer is the one a
+ * daemon searching by brute force gives (hints and the early stop change the work, not
+ * the results); in idle time the hot copy of the searched lists is made, and searches
+ * read it with the same answers. */
+static void graph_hints_and_hot_copy(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc ix, ex;
+    CHECK(proc_start(&ix, llmsd_path, "kbivf-hints", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 64\n"
+                               "idle_after_ms = 200\nkb_ivf_hot_mb = 1\n") == 0);
+    CHECK(proc_start(&ex, llmsd_path, "kbexact-hints", model_path,
+                     BASE_CONF "kb_ivf_min_passages = 0\n") == 0);
+    llms_conn *ci = proc_connect(&ix, "app"), *ce = proc_connect(&ex, "app");
+    CHECK(ci && ce);
+    llms_conn *both[2] = {ci, ce};
+    char *answer[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(llms_kb_create(both[i], "kb", 0, 0), LLMS_OK);
+        CHECK(add_docs(both[i], 0, 60) == 0);
+        llms_graph_var in[2] = {{"question", "where is the rocket by the river"},
+                                {"kb", "kb"}};
+        llms_params p = proc_greedy(8, NULL);
+        llms_graph_result r;
+        CHECK_MSG(llms_graph_run(both[i], "irg", in, 2, &p, NULL, NULL, &r) == LLMS_OK, "%s",
+                  llms_last_error(both[i]));
+        answer[i] = r.output;
+        r.output = NULL;
+        llms_graph_result_free(&r);
+    }
+    CHECK(answer[0] && answer[1] && strcmp(answer[0], answer[1]) == 0);
+    free(answer[0]);
+    free(answer[1]);
+    llms_daemon_status st;
+    CHECK(status_of(ci, &st) == 0);
+    printf("  irg: %llu IVF searches, %llu hinted, %llu lists scanned, %llu skipped\n",
+           (unsigned long long)st.kb_ivf_searches, (unsigned long long)st.kb_ivf_hinted_searches,
+           (unsigned long long)st.kb_ivf_lists_scanned,
+           (unsigned long long)st.kb_ivf_lists_skipped);
+    CHECK_EQ(st.kb_ivf_searches, 3);
+    CHECK_EQ(st.kb_ivf_hinted_searches, 2);
+    CHECK(st.kb_ivf_lists_scanned > 0);
+    llms_daemon_status_free(&st);
+
+    /* idle: the searched lists get their hot copy; answers stay the exact ones */
+    uint64_t hot = 0;
+    for (int i = 0; i < 100 && hot == 0; i++) {
+        usleep(100000);
+        CHECK(status_of(ci, &st) == 0);
+        hot = st.kb_ivf_hot_bytes;
+        llms_daemon_status_free(&st);
+    }
+    printf("  hot copy: %llu bytes\n", (unsigned long long)hot);
+    CHECK(hot > 0 && hot <= (1u << 20));
+    static answers a, e;
+    CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0);
+    CHECK(same(&a, &e));
+    llms_close(ci);
+    llms_close(ce);
+    proc_stop(&ix, SIGTERM);
+    proc_stop(&ex, SIGTERM);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -174,5 +249,6 @@ int main(int argc, char **argv)
     };
     proc_generate_model(model_path, sizeof model_path, "kbivf.gguf", &mp);
     RUN(index_answers_equal_exact);
+    RUN(graph_hints_and_hot_copy);
     return test_finish();
 }
