@@ -965,6 +965,8 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kb_ivf_lists_scanned = p->kb_ivf_lists_scanned,
         .kb_ivf_lists_skipped = p->kb_ivf_lists_skipped,
         .kb_ivf_hot_bytes = p->kb_ivf_hot_bytes,
+        .kb_ivf_trained = p->kb_ivf_trained,
+        .kb_ivf_train_pending = p->kb_ivf_train_pending,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -561,6 +561,10 @@ typedef struct llms_daemon_status {
      * lists scanned, lists the early stop left out; bytes in the hot copies. */
     uint64_t kb_ivf_searches, kb_ivf_hinted_searches, kb_ivf_lists_scanned,
         kb_ivf_lists_skipped, kb_ivf_hot_bytes;
+    /* IVF indexes trained in idle time; whether a knowledge base waits for its index
+     * (searched by brute force meanwhile). */
+    uint64_t kb_ivf_trained;
+    uint32_t kb_ivf_train_pending;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

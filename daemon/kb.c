@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "daemon/reply.h"
+#include "daemon/reqlog.h"
 #include "engine/vdist.h"
 #include "storage/ivf.h"
 #include "storage/kb.h"
@@ -22,12 +23,14 @@
 /* A knowledge base's vectors in memory. */
 typedef struct kb_vecs {
     int64_t kb_id;
+    int64_t app_id;     /* the owner of its stored index */
     int dim;
     int n, cap;
     int64_t *ids;
     float *vecs;        /* (n, dim) unit length */
     ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
     int64_t searches;   /* IVF searches since its hot copy was last refreshed */
+    bool train_pending; /* its index is to be trained in idle time; exact search till then */
     struct kb_vecs *next;
 } kb_vecs;
 
@@ -675,6 +678,7 @@ static kb_vecs *vectors(kbm *k, const kb_ref *kb, char err[ERR_MAX])
         return NULL;
     }
     v->kb_id = kb->id;
+    v->app_id = kb->app_id;
     v->dim = kb->dim;
     int rc = store_kb_vectors(k->env.st, kb->id, kb->dim, vec_add, v, err);
     if (rc) {
@@ -755,18 +759,22 @@ out:
 
 /* v's IVF index: kept, or loaded and brought up to date, or (re)built; saved when it
  * changed. */
-static ivf *index_of(kbm *k, const kb_ref *kb, kb_vecs *v, char *err)
+/* v's IVF index into *out: kept, or loaded and brought up to date, or (with train)
+ * (re)built; saved when it changed. Without train an index that needs training is left
+ * for idle time (v->train_pending) and *out is NULL. */
+static int index_of(kbm *k, kb_vecs *v, bool train, ivf **out, char *err)
 {
+    *out = v->index;
     if (v->index)
-        return v->index;
+        return 0;
     char name[32];
-    snprintf(name, sizeof name, "kb:%lld", (long long)kb->id);
+    snprintf(name, sizeof name, "kb:%lld", (long long)v->kb_id);
     ivf *ix = NULL;
     bool found;
     char load_err[ERR_MAX];
     int want = ivf_lists_for(v->n);
     /* the index is derived data: one that does not load, or no longer fits, is rebuilt */
-    if (ivf_load(k->env.st, kb->app_id, name, &ix, &found, load_err) == 0 && found &&
+    if (ivf_load(k->env.st, v->app_id, name, &ix, &found, load_err) == 0 && found &&
         (ivf_dim(ix) != v->dim || want >= 2 * ivf_nlist(ix))) {
         ivf_free(ix);
         ix = NULL;
@@ -774,19 +782,63 @@ static ivf *index_of(kbm *k, const kb_ref *kb, kb_vecs *v, char *err)
     if (ix) {
         if (index_sync(ix, v, err))
             goto fail;
+    } else if (!train) {
+        v->train_pending = true;
+        return 0;
     } else {
-        ivf_train_params tp = {.nlist = want, .seed = (uint64_t)kb->id};
+        ivf_train_params tp = {.nlist = want, .seed = (uint64_t)v->kb_id};
         if (!(ix = ivf_new(v->dim, err)) || ivf_train(ix, v->vecs, v->n, v->dim, &tp, err) ||
             ivf_add(ix, v->ids, v->vecs, v->n, v->dim, err))
             goto fail;
+        k->ivf_stats.trained++;
     }
-    if (ivf_save(k->env.st, kb->app_id, name, ix, err))
+    if (ivf_save(k->env.st, v->app_id, name, ix, err))
         goto fail;
     v->index = ix;
-    return ix;
+    v->train_pending = false;
+    *out = ix;
+    return 0;
 fail:
     ivf_free(ix);
-    return NULL;
+    return -1;
+}
+
+bool kb_ivf_train_pending(const kbm *k)
+{
+    for (const kb_vecs *v = k->cache; v; v = v->next)
+        if (v->train_pending)
+            return true;
+    return false;
+}
+
+void kb_ivf_train_idle(kbm *k)
+{
+    char err[ERR_MAX];
+    for (kb_vecs *v = k->cache; v; v = v->next)
+        if (v->train_pending) {
+            ivf *ix;
+            if (index_of(k, v, true, &ix, err)) {
+                /* searched exactly until the next change of the knowledge base */
+                v->train_pending = false;
+                if (reqlog_enabled(REQLOG_WARN))
+                    fprintf(stderr, "llmsd: warn: knowledge base %lld: IVF index: %s\n",
+                            (long long)v->kb_id, err);
+            }
+            return;
+        }
+}
+
+/* The best cand passages of v for qvec by brute force, into hits. */
+static void exact_search(const kb_vecs *v, const float *qvec, int cand, kb_hit *hits, int *n)
+{
+    enum { BLOCK = 256 };
+    float sc[BLOCK];
+    for (int i0 = 0; i0 < v->n; i0 += BLOCK) {
+        int nb = v->n - i0 < BLOCK ? v->n - i0 : BLOCK;
+        vdist_dot(qvec, 1, v->vecs + (size_t)i0 * v->dim, nb, v->dim, sc, BLOCK);
+        for (int i = 0; i < nb; i++)
+            top_insert(hits, n, cand, v->ids[i0 + i], sc[i]);
+    }
 }
 
 /* The best cand passages of v for qvec through its IVF index, into hits: the lists of
@@ -796,9 +848,13 @@ fail:
 static int index_search(kbm *k, const kb_ref *kb, kb_vecs *v, const float *qvec, int cand,
                         kb_hints *hints, kb_hit *hits, int *n, char *err)
 {
-    ivf *ix = index_of(k, kb, v, err);
-    if (!ix)
+    ivf *ix;
+    if (index_of(k, v, false, &ix, err))
         return -1;
+    if (!ix) {
+        exact_search(v, qvec, cand, hits, n);
+        return 0;
+    }
     ivf_hit found[KB_CAND];
     ivf_search_params p = {.k = cand, .nprobe = k->env.cfg->kb_ivf_nprobe, .early_stop = true};
     bool hinted = hints && hints->kb_id == kb->id && hints->n > 0;
@@ -863,19 +919,6 @@ bool kb_ivf_hot_stale(const kbm *k)
         if (v->index && v->searches > 0)
             return true;
     return false;
-}
-
-/* The best cand passages of v for qvec by brute force, into hits. */
-static void exact_search(const kb_vecs *v, const float *qvec, int cand, kb_hit *hits, int *n)
-{
-    enum { BLOCK = 256 };
-    float sc[BLOCK];
-    for (int i0 = 0; i0 < v->n; i0 += BLOCK) {
-        int nb = v->n - i0 < BLOCK ? v->n - i0 : BLOCK;
-        vdist_dot(qvec, 1, v->vecs + (size_t)i0 * v->dim, nb, v->dim, sc, BLOCK);
-        for (int i = 0; i < nb; i++)
-            top_insert(hits, n, cand, v->ids[i0 + i], sc[i]);
-    }
 }
 
 /* Normalises a list's scores to [0, 1] (min-max); all equal: all 1. */

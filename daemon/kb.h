@@ -20,7 +20,8 @@
  * to date with the passages when the vectors are (re)loaded: passages gone are removed,
  * new ones added to their nearest list, and it is retrained (4 sqrt(n) lists, at most
  * n / 8) once the passages call for twice its lists; a stored index that does not load
- * is rebuilt. Each retriever gives a ranked candidate list, fused by reciprocal rank fusion (1/(60 + rank)
+ * is rebuilt. Training waits for idle time (kb_ivf_train_idle); search is exact until
+ * then. Each retriever gives a ranked candidate list, fused by reciprocal rank fusion (1/(60 + rank)
  * summed) or by the sum of min-max normalised scores.
  *
  * Limits (config): kb_max_per_app, kb_max_doc_bytes, kb_max_add_bytes, and per uid over
@@ -117,6 +118,7 @@ typedef struct kb_ivf_stats {
     uint64_t lists_scanned; /* lists they scanned */
     uint64_t lists_skipped; /* lists the early stop left out of their nprobe */
     uint64_t hot_bytes;     /* vectors in the indexes' hot copies (kb_ivf_refresh_hot) */
+    uint64_t trained;       /* indexes trained (k-means), in idle time */
 } kb_ivf_stats;
 const kb_ivf_stats *kb_get_ivf_stats(const kbm *k);
 
@@ -126,6 +128,13 @@ const kb_ivf_stats *kb_get_ivf_stats(const kbm *k);
  * path: the scheduler calls it in idle time when kb_ivf_hot_stale says so. */
 void kb_ivf_refresh_hot(kbm *k);
 bool kb_ivf_hot_stale(const kbm *k);
+
+/* Training off the request path: a knowledge base whose passages call for an IVF index
+ * that must be trained (none stored, or one that no longer fits) is searched by brute
+ * force (exact: the index only trades recall for speed) until the scheduler, in idle
+ * time, trains it with kb_ivf_train_idle (one index per call). */
+bool kb_ivf_train_pending(const kbm *k);
+void kb_ivf_train_idle(kbm *k);
 
 /* Called after every committed change of kb. A KbAdd passes first_new: every passage of
  * kb with an id >= first_new is new (a new row's id is above every id present), so cached

@@ -895,7 +895,10 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->has_kv_calibrated_models = st->has_kv_calib_forwards_left = st->has_kv_calibrations = 1;
     const kb_ivf_stats *ks = kb_get_ivf_stats(s->kb);
     st->has_kb_ivf_searches = st->has_kb_ivf_hinted_searches = st->has_kb_ivf_lists_scanned =
-        st->has_kb_ivf_lists_skipped = st->has_kb_ivf_hot_bytes = 1;
+        st->has_kb_ivf_lists_skipped = st->has_kb_ivf_hot_bytes = st->has_kb_ivf_trained =
+            st->has_kb_ivf_train_pending = 1;
+    st->kb_ivf_trained = ks->trained;
+    st->kb_ivf_train_pending = kb_ivf_train_pending(s->kb);
     st->kb_ivf_searches = ks->searches;
     st->kb_ivf_hinted_searches = ks->hinted;
     st->kb_ivf_lists_scanned = ks->lists_scanned;
@@ -3391,6 +3394,18 @@ static bool hot_run(sched *s)
     return true;
 }
 
+/* Trains an IVF index a knowledge base waits for while the daemon is idle (the worker
+ * is busy with it for its k-means; a request that comes meanwhile waits for the end);
+ * whether it did. */
+static bool train_run(sched *s)
+{
+    if (!kb_ivf_train_pending(s->kb) || !sched_idle(s, mono_ns()) || s->pred ||
+        !idle_claim(s))
+        return false;
+    kb_ivf_train_idle(s->kb);
+    return true;
+}
+
 /* One forward of a layer calibration while the daemon is idle, on one thread and given
  * up at the next layer when a job comes (it runs again later); whether one ran. Before
  * prediction, which has a budget every idle period: a calibration happens once. */
@@ -3553,7 +3568,8 @@ static int64_t idle_wait_ns(sched *s)
     bool pred_work = predict_enabled(s->predict) &&
                      (s->pred || predict_has_work(s->predict, rag_tau(s->rag),
                                                   rag_qkv_room(s->rag)));
-    if (s->shutting || (!pred_work && !calib_waiting(s) && !kb_ivf_hot_stale(s->kb)))
+    if (s->shutting || (!pred_work && !calib_waiting(s) && !kb_ivf_hot_stale(s->kb) &&
+                        !kb_ivf_train_pending(s->kb)))
         return -1;
     int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
     return left > 0 ? left : 0;
@@ -3603,7 +3619,7 @@ static void *worker(void *arg)
         reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
-        if (!calib_run(s) && !hot_run(s))
+        if (!calib_run(s) && !train_run(s) && !hot_run(s))
             pred_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)

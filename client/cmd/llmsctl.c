@@ -219,9 +219,11 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
         printf(",\"kb_ivf\":{\"searches\":%" PRIu64 ",\"hinted\":%" PRIu64
                ",\"lists_scanned\":%" PRIu64 ",\"lists_skipped\":%" PRIu64
-               ",\"hot_bytes\":%" PRIu64 "}",
+               ",\"hot_bytes\":%" PRIu64 ",\"trained\":%" PRIu64 ",\"train_pending\":%"
+               PRIu32 "}",
                st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
-               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes);
+               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
+               st.kb_ivf_train_pending);
         fputs(",\"cost\":", stdout);
         json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
@@ -273,9 +275,11 @@ static enum llms_status cmd_status(llms_conn *c)
                " forwards waiting for idle time; %" PRIu64 " measured\n",
                st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
         printf("kb ivf            %" PRIu64 " searches (%" PRIu64 " hinted), %" PRIu64
-               " lists scanned, %" PRIu64 " skipped; hot copies %" PRIu64 " bytes\n",
+               " lists scanned, %" PRIu64 " skipped; hot copies %" PRIu64 " bytes; %" PRIu64
+               " trained, %s\n",
                st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
-               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes);
+               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
+               st.kb_ivf_train_pending ? "training waits for idle time" : "none waiting");
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"

@@ -20,7 +20,8 @@
 #include "tests/support/test.h"
 
 #define BASE_CONF                                                                          \
-    "temperature = 0\nmax_tokens = 8\nkb_passage_tokens = 24\nkb_overlap_tokens = 4\n"
+    "temperature = 0\nmax_tokens = 8\nkb_passage_tokens = 24\nkb_overlap_tokens = 4\n"   \
+    "idle_after_ms = 100\n"
 
 static char llmsd_path[1024], model_path[1024];
 
@@ -98,6 +99,37 @@ static double recall(const answers *a, const answers *b)
     return total ? (double)found / total : 0;
 }
 
+static int status_of(llms_conn *c, llms_daemon_status *st)
+{
+    if (llms_status_get(c, st) != LLMS_OK) {
+        fprintf(stderr, "status: %s\n", llms_last_error(c));
+        return -1;
+    }
+    return 0;
+}
+
+/* Asks once (a search that finds the index to be trained leaves it for idle time), then
+ * waits until the daemon has trained `trained` indexes in all and none waits. 0, or -1
+ * after 30 s. */
+static int train_index(llms_conn *c, uint64_t trained)
+{
+    static answers warm;
+    if (ask(c, &warm))
+        return -1;
+    for (int i = 0; i < 300; i++) {
+        llms_daemon_status st;
+        if (status_of(c, &st))
+            return -1;
+        bool done = st.kb_ivf_trained >= trained && st.kb_ivf_train_pending == 0;
+        llms_daemon_status_free(&st);
+        if (done)
+            return 0;
+        usleep(100000);
+    }
+    fprintf(stderr, "the IVF index was not trained in idle time\n");
+    return -1;
+}
+
 static void index_answers_equal_exact(void)
 {
     if (!llmsd_path[0] || !model_path[0])
@@ -117,6 +149,8 @@ static void index_answers_equal_exact(void)
         CHECK_EQ(llms_kb_create(all[i], "kb", 0, 0), LLMS_OK);
         CHECK(add_docs(all[i], 0, 60) == 0);
     }
+    /* until its index is trained (in idle time) a knowledge base is searched exactly */
+    CHECK(train_index(ci, 1) == 0 && train_index(cl, 1) == 0);
     static answers a, e, l;
     CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0 && ask(cl, &l) == 0);
     CHECK(e.n[0] == TOP);
@@ -154,6 +188,7 @@ static void index_answers_equal_exact(void)
         CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
         CHECK(add_docs(c, 100, 50) == 0);
     }
+    CHECK(train_index(ci, 1) == 0);
     CHECK(ask(ci, &a) == 0 && ask(ce, &e) == 0);
     CHECK(same(&a, &e));
     llms_close(ci);
@@ -162,15 +197,6 @@ static void index_answers_equal_exact(void)
     proc_stop(&ix, SIGTERM);
     proc_stop(&ex, SIGTERM);
     proc_stop(&lo, SIGTERM);
-}
-
-static int status_of(llms_conn *c, llms_daemon_status *st)
-{
-    if (llms_status_get(c, st) != LLMS_OK) {
-        fprintf(stderr, "status: %s\n", llms_last_error(c));
-        return -1;
-    }
-    return 0;
 }
 
 /* A graph run whose retrievals search the IVF index: each retrieval after a run's first
@@ -185,7 +211,7 @@ static void graph_hints_and_hot_copy(void)
     llmsd_proc ix, ex;
     CHECK(proc_start(&ix, llmsd_path, "kbivf-hints", model_path,
                      BASE_CONF "kb_ivf_min_passages = 40\nkb_ivf_nprobe = 64\n"
-                               "idle_after_ms = 200\nkb_ivf_hot_mb = 1\n") == 0);
+                               "kb_ivf_hot_mb = 1\n") == 0);
     CHECK(proc_start(&ex, llmsd_path, "kbexact-hints", model_path,
                      BASE_CONF "kb_ivf_min_passages = 0\n") == 0);
     llms_conn *ci = proc_connect(&ix, "app"), *ce = proc_connect(&ex, "app");
@@ -195,6 +221,7 @@ static void graph_hints_and_hot_copy(void)
     for (int i = 0; i < 2; i++) {
         CHECK_EQ(llms_kb_create(both[i], "kb", 0, 0), LLMS_OK);
         CHECK(add_docs(both[i], 0, 60) == 0);
+        CHECK(i == 1 || train_index(both[i], 1) == 0);
         llms_graph_var in[2] = {{"question", "where is the rocket by the river"},
                                 {"kb", "kb"}};
         llms_params p = proc_greedy(8, NULL);
@@ -210,11 +237,11 @@ static void graph_hints_and_hot_copy(void)
     free(answer[1]);
     llms_daemon_status st;
     CHECK(status_of(ci, &st) == 0);
-    printf("  irg: %llu IVF searches, %llu hinted, %llu lists scanned, %llu skipped\n",
+    printf("  %llu IVF searches (irg last), %llu hinted, %llu lists scanned, %llu skipped\n",
            (unsigned long long)st.kb_ivf_searches, (unsigned long long)st.kb_ivf_hinted_searches,
            (unsigned long long)st.kb_ivf_lists_scanned,
            (unsigned long long)st.kb_ivf_lists_skipped);
-    CHECK_EQ(st.kb_ivf_searches, 3);
+    CHECK(st.kb_ivf_searches >= 3);
     CHECK_EQ(st.kb_ivf_hinted_searches, 2);
     CHECK(st.kb_ivf_lists_scanned > 0);
     llms_daemon_status_free(&st);
