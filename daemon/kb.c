@@ -905,8 +905,11 @@ void kb_ivf_refresh_hot(kbm *k)
     for (kb_vecs *v = k->cache; v; v = v->next) {
         if (!v->index)
             continue;
-        if (v->searches > 0 && ivf_hot_refresh(v->index, share, err) == 0)
-            v->searches = 0;
+        /* a refresh that fails (out of memory) leaves the lists' own arrays in use, and
+         * is not tried again before the next searches */
+        if (v->searches > 0)
+            ivf_hot_refresh(v->index, share, err);
+        v->searches = 0;
         k->ivf_stats.hot_bytes += ivf_hot_bytes(v->index);
     }
 }
