@@ -3348,7 +3348,7 @@ static void sched_writes_done(void *arg)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* ---- idle-time work: prediction, layer calibration ---- */
+/* ---- idle-time work: layer calibration, IVF training and hot copies, prediction ---- */
 
 /* Whether idle-time work may run: nothing real queued or running, and no engine request
  * for idle_after_ms. */
