@@ -134,11 +134,15 @@ void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c)
     free(sec);
     if (!cm->calib)
         return;
+    double inline_ms = cm->policy.calib_inline_ms > 0 ? cm->policy.calib_inline_ms
+                                                      : CTX_CALIB_INLINE_MS;
+    /* begun again after a claim dropped it: no forward at the end of a call this time */
+    if (cm->calib_whole_ms > inline_ms)
+        return;
     double t0 = ctx_mono_ms();
     int rc = kv_calib_step(cm->calib, cm->runner, err);
     double whole = (ctx_mono_ms() - t0) * kv_calib_forwards_total(cm->calib);
-    double inline_ms = cm->policy.calib_inline_ms > 0 ? cm->policy.calib_inline_ms
-                                                      : CTX_CALIB_INLINE_MS;
+    cm->calib_whole_ms = whole;
     if (rc == 0 && whole > inline_ms) {
         if (reqlog_enabled(REQLOG_INFO))
             fprintf(stderr, "llmsd: info: kv calibration goes on in idle time (%d forwards, "

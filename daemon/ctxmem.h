@@ -68,6 +68,8 @@ struct ctxmgr {
                              layers are not calibrated yet (ctxcalib.c) */
     kv_calib *calib;      /* a calibration begun and not finished: its forwards run in idle
                              time (ctx_calib_idle_step); NULL: none */
+    double calib_whole_ms; /* what a whole calibration takes, from one's first forward;
+                              0: not measured yet */
     bool calib_given_up;  /* a calibration failed on this model: not tried again */
     void (*_Atomic notify)(void *arg); /* told when a background write is done */
     void *notify_arg;
