@@ -78,6 +78,9 @@ static void calib_finish(ctxmgr *cm)
             cm->layer_factors = f;
             f = NULL;
             cm->stats.calibrations++;
+            if (reqlog_enabled(REQLOG_INFO))
+                fprintf(stderr, "llmsd: info: kv calibration done: chunks get a precision "
+                        "per layer from now on\n");
         } else {
             if (reqlog_enabled(REQLOG_WARN))
                 fprintf(stderr, "llmsd: warn: kv calibration not stored: %s\n", err);
