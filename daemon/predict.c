@@ -163,6 +163,29 @@ void predict_note_query(predict *p, const kb_ref *kb, const char *question)
     list_push(&p->hist, &id, q);
 }
 
+void predict_note_stale(predict *p, const kb_ref *kb, const char *question)
+{
+    if (!predict_enabled(p) || strlen(question) >= PRED_Q_MAX ||
+        list_find(&p->queue, kb->id, question) >= 0)
+        return;
+    /* a predicted question whose entry went stale: out of the converted lists, whose
+     * entries the change invalidated too */
+    qlist *lists[2] = {&p->prefilled, &p->decoded};
+    for (int l = 0; l < 2; l++) {
+        int at = list_find(lists[l], kb->id, question);
+        if (at >= 0) {
+            pq gone;
+            free(list_take(lists[l], at, &gone));
+        }
+    }
+    char *q = strdup(question);
+    if (!q)
+        return;
+    pkb_id id;
+    id_of(&id, kb);
+    list_push(&p->queue, &id, q);
+}
+
 static pkb *kb_state(predict *p, const kb_ref *kb)
 {
     for (int i = 0; i < p->n_kbs; i++)

@@ -90,6 +90,12 @@ void predict_note_query(predict *p, const kb_ref *kb, const char *question);
  * removals (-1). */
 void predict_note_change(predict *p, const kb_ref *kb, int64_t first_new);
 
+/* The QA entry of question in kb went stale with a change of kb (its passages, or the
+ * ones it would retrieve now, changed) and was deleted: the question is queued again as
+ * a predicted one, so the cache levels get it back for the passages of now (regenerated
+ * in idle time, prefilled or decoded as the cache scheduler says). */
+void predict_note_stale(predict *p, const kb_ref *kb, const char *question);
+
 /* A real engine request arrived: the idle period (and its budget) ends. */
 void predict_idle_end(predict *p);
 

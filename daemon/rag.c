@@ -93,17 +93,19 @@ typedef struct stale {
     const kb_ref *kb;
     int64_t first_new;
     int64_t ids[256];
+    char *questions[256]; /* each entry's, for its regeneration (NULL: out of memory) */
     int n;
     bool more;
 } stale;
 
-static int mark_stale(stale *s, int64_t id)
+static int mark_stale(stale *s, const store_qa *q)
 {
     if (s->n == (int)(sizeof s->ids / sizeof s->ids[0])) {
         s->more = true;
         return 1;
     }
-    s->ids[s->n++] = id;
+    s->questions[s->n] = strdup(q->question);
+    s->ids[s->n++] = q->id;
     return 0;
 }
 
@@ -120,7 +122,7 @@ static int find_stale(void *arg, const store_qa *q)
                                  err))
                 return -1;
             if (!found)
-                return mark_stale(s, q->id);
+                return mark_stale(s, q);
         }
         return 0;
     }
@@ -131,7 +133,7 @@ static int find_stale(void *arg, const store_qa *q)
         return -1;
     for (int i = 0; i < n; i++)
         if (hits[i].id >= s->first_new)
-            return mark_stale(s, q->id);
+            return mark_stale(s, q);
     return 0;
 }
 
@@ -151,11 +153,18 @@ static int on_changed(void *arg, const kb_ref *kb, int64_t first_new)
         int rc = store_qa_list(r->env.st, kb->id, kb->dim, find_stale, &s, err);
         if (rc < 0) {
             warn("QA refresh", err);
+            for (int i = 0; i < s.n; i++)
+                free(s.questions[i]);
             return total;
         }
-        for (int i = 0; i < s.n; i++)
-            if (store_qa_delete(r->env.st, s.ids[i], err) == 0)
+        for (int i = 0; i < s.n; i++) {
+            if (store_qa_delete(r->env.st, s.ids[i], err) == 0) {
                 total++;
+                if (s.questions[i])
+                    predict_note_stale(r->env.pred, kb, s.questions[i]);
+            }
+            free(s.questions[i]);
+        }
     } while (s.more);
     return total;
 }

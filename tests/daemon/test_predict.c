@@ -3,7 +3,8 @@
  * prediction (an abstract first, then a question per stride-th new passage), history-based
  * paraphrases and follow-ups, the cache scheduler (prefill only at or above
  * tau_scheduler, decoded below, QKV->QA and QA->QKV conversions), the budget of an idle
- * period, duplicates, and warm-ups of new passages (the other tests turn them off).
+ * period, duplicates, warm-ups of new passages (the other tests turn them off), and
+ * the questions of stale QA entries queued again.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,6 +245,40 @@ static void warm_ups(void)
     env_close(&e);
 }
 
+/* A stale QA entry's question is queued again as a predicted query, decoded or only
+ * prefilled as the cache scheduler says, once (a second note of it changes nothing),
+ * and taken out of the lists of converted questions; with prediction off nothing. */
+static void stale_entries_regenerated(void)
+{
+    env e;
+    CHECK(env_open(&e, "pred-stale", 100, 100, 1) == 0);
+    predict_note_stale(e.p, &e.kb, "who said it?");
+    predict_note_stale(e.p, &e.kb, "who said it?");
+    predict_task t;
+    CHECK(predict_next(e.p, 0.5f, true, &t));
+    CHECK(t.kind == PREDICT_QUERY && t.decode && !strcmp(t.text, "who said it?"));
+    CHECK(t.kb_id == e.kb.id && !strcmp(t.kb, "kb") && !strcmp(t.app, "app"));
+    predict_done(e.p, &t, PREDICT_RAN, NULL);
+    predict_task_clear(&t);
+    CHECK(!predict_has_work(e.p, 0.5f, true));
+    /* decoded, so at a high tau it would be prefilled again (QA->QKV); stale now, it is a
+     * fresh question: one task, not a conversion and a question */
+    predict_note_stale(e.p, &e.kb, "who said it?");
+    CHECK(predict_next(e.p, 0.95f, true, &t));
+    CHECK(t.kind == PREDICT_QUERY && !t.decode && !strcmp(t.text, "who said it?"));
+    predict_done(e.p, &t, PREDICT_RAN, NULL);
+    predict_task_clear(&t);
+    predict_stats st;
+    predict_get_stats(e.p, &st);
+    CHECK(st.converted == 0 && st.decoded == 1 && st.prefilled == 1);
+    env_close(&e);
+
+    CHECK(env_open(&e, "pred-stale-off", 0, 100, 1) == 0);
+    predict_note_stale(e.p, &e.kb, "who said it?");
+    CHECK(!predict_has_work(e.p, 0.5f, true));
+    env_close(&e);
+}
+
 int main(void)
 {
     RUN(off_when_no_budget);
@@ -252,5 +287,6 @@ int main(void)
     RUN(cache_scheduler_conversions);
     RUN(budget_per_idle_period);
     RUN(warm_ups);
+    RUN(stale_entries_regenerated);
     return test_finish();
 }

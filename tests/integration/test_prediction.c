@@ -6,7 +6,8 @@
  * during prediction runs alone: no prediction step while it is queued or running, its
  * prompt in as many steps as it needs alone, and prediction resumes afterwards. Warm-ups
  * prefill new passages as a prompt's first, and a real query that retrieves one first
- * reuses its KV with the answer a fresh query gets.
+ * reuses its KV with the answer a fresh query gets. A QA entry a change makes stale is
+ * regenerated in idle time.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -121,6 +122,65 @@ static void prediction_fills_and_converts(void)
     CHECK_MSG(wait_stats(c, converted_one, 60, &st) == 0, "no conversion");
     CHECK(st.predict_decoded > decoded);
     CHECK(st.qa_bytes <= st.qa_budget_bytes && st.qkv_bytes <= st.qkv_budget_bytes);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+static uint64_t predicted_before;
+static bool predicted_more(const llms_cache_stats *st)
+{
+    return st->predicted > predicted_before;
+}
+
+/* A QA entry a KbAdd makes stale is regenerated in idle time: its question is asked again
+ * as a predicted query, so a repeat of it is answered from the QA bank again, with the
+ * answer a fresh query gives now. tau_query 0.999 (under tau_scheduler 1: decoded) keeps
+ * paraphrases out of the way: only the question itself matches its entry. */
+static void stale_entry_regenerated(void)
+{
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!llmsd_path[0] || !stories)
+        SKIP("llmsd or ../shared/testdata/models/stories260K.gguf is missing");
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "predict-stale", stories,
+                     "temperature = 0\nmax_tokens = 8\nrag_top_k = 1\npredict_budget = 64\n"
+                     "idle_after_ms = 200\npredict_stride = 1000\npredict_max_tokens = 16\n"
+                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\npredict_warm = 0\n"
+                     "tau_query = 0.999\ntau_scheduler = 1\n") == 0);
+    llms_conn *c = proc_connect(&d, "predict");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    llms_kb_doc doc = {"d0", "Lily had a small red ball. She played with it in the park.", NULL};
+    CHECK_EQ(llms_kb_add(c, "kb", &doc, 1, NULL), LLMS_OK);
+    const char *question = "What did Lily play with in the park?";
+    llms_rag_result a, b;
+    CHECK_EQ(llms_rag_query(c, "kb", question, NULL, NULL, NULL, &a), LLMS_OK);
+    llms_rag_result_free(&a);
+    CHECK_EQ(llms_rag_query(c, "kb", question, NULL, NULL, NULL, &a), LLMS_OK);
+    CHECK_EQ(a.outcome, LLMS_RAG_QA_HIT);
+    llms_rag_result_free(&a);
+
+    /* the new passage is the question's best: its entry goes, its question is queued */
+    llms_cache_stats st;
+    CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
+    predicted_before = st.predicted;
+    llms_kb_doc news = {"d1", "What did Lily play with in the park? Lily played with a kite "
+                              "in the park.", NULL};
+    CHECK_EQ(llms_kb_add(c, "kb", &news, 1, NULL), LLMS_OK);
+    CHECK_MSG(wait_stats(c, predicted_more, 60, &st) == 0, "nothing was predicted");
+    /* the history's paraphrase and follow-up queue behind it: wait for the queue to drain */
+    for (double end = proc_now() + 60; proc_now() < end && st.predict_queued > 0;
+         usleep(50000))
+        CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
+    llms_rag_options fresh = {.no_qa = 1, .no_qkv = 1};
+    CHECK_EQ(llms_rag_query(c, "kb", question, &fresh, NULL, NULL, &a), LLMS_OK);
+    CHECK_EQ(llms_rag_query(c, "kb", question, NULL, NULL, NULL, &b), LLMS_OK);
+    CHECK_MSG(b.outcome == LLMS_RAG_QA_HIT, "the stale entry was not regenerated (%s)",
+              llms_rag_outcome_name(b.outcome));
+    CHECK_MSG(!strcmp(a.text, b.text), "'%s' vs '%s'", a.text, b.text);
+    CHECK(b.n_passages == 1 && !strcmp(b.passages[0].document, "d1"));
+    llms_rag_result_free(&a);
+    llms_rag_result_free(&b);
     llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
@@ -356,6 +416,7 @@ int main(int argc, char **argv)
         proc_generate_model(q8_model, sizeof q8_model, "predict-q8.gguf", &mq);
     gguf_close(vocab);
     RUN(prediction_fills_and_converts);
+    RUN(stale_entry_regenerated);
     RUN(warm_ups_reuse_exactly);
     RUN(warm_ups_reuse_exactly_random_f32);
     RUN(warm_ups_reuse_exactly_random_q8);
