@@ -158,7 +158,8 @@ const char *llms_last_error(const llms_conn *conn)
 
 /* ---- transport ---- */
 
-static enum llms_status write_all(llms_conn *c, const uint8_t *p, size_t n)
+/* Writes n bytes; on failure *sys_errno is send's errno. */
+static enum llms_status write_all(llms_conn *c, const uint8_t *p, size_t n, int *sys_errno)
 {
     while (n > 0) {
         /* MSG_NOSIGNAL: a daemon that went away is an error code, not a SIGPIPE. */
@@ -166,6 +167,7 @@ static enum llms_status write_all(llms_conn *c, const uint8_t *p, size_t n)
         if (w < 0) {
             if (errno == EINTR)
                 continue;
+            *sys_errno = errno;
             return fail(c, LLMS_ERR_IO, "write to llmsd: %s", strerror(errno));
         }
         p += w;
@@ -191,7 +193,12 @@ static enum llms_status read_all(llms_conn *c, uint8_t *p, size_t n)
     return LLMS_OK;
 }
 
-/* Sends req with a fresh id, which is returned in *id. */
+static enum llms_status next_for(llms_conn *c, uint64_t id, Llms__Response **out);
+static enum llms_status error_of(llms_conn *c, const Llms__Response *r);
+
+/* Sends req with a fresh id, which is returned in *id. A daemon that refuses a request
+ * from its frame header (too large) answers and closes without reading the rest, so the
+ * write fails: the answer already sent says why, and is the error returned. */
 static enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
 {
     if (c->broken)
@@ -205,8 +212,24 @@ static enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t 
     size_t len;
     if (frame_pack(&req->base, UINT32_MAX, &buf, &len) < 0)
         return fail(c, LLMS_ERR_INTERNAL, "out of memory packing a request");
-    enum llms_status s = write_all(c, buf, len);
+    int sys_errno = 0;
+    enum llms_status s = write_all(c, buf, len, &sys_errno);
     free(buf);
+    if (s == LLMS_ERR_IO && (sys_errno == EPIPE || sys_errno == ECONNRESET)) {
+        char wrote[LLMS_ERROR_MAX];
+        snprintf(wrote, sizeof wrote, "%s", c->err);
+        Llms__Response *r;
+        enum llms_status why = next_for(c, req->id, &r);
+        if (why == LLMS_OK) {
+            s = r->error ? error_of(c, r) : fail(c, LLMS_ERR_IO, "%s", wrote);
+            frame_free_response(r);
+        } else if (why != LLMS_ERR_IO) {
+            s = why;
+        } else {
+            snprintf(c->err, sizeof c->err, "%s", wrote);
+        }
+        c->broken = 1;
+    }
     if (s == LLMS_OK && id)
         *id = req->id;
     return s;
