@@ -757,8 +757,6 @@ out:
     return rc;
 }
 
-/* v's IVF index: kept, or loaded and brought up to date, or (re)built; saved when it
- * changed. */
 /* v's IVF index into *out: kept, or loaded and brought up to date, or (with train)
  * (re)built; saved when it changed. Without train an index that needs training is left
  * for idle time (v->train_pending) and *out is NULL. */

@@ -3375,6 +3375,13 @@ static bool idle_claim(sched *s)
     return !queued;
 }
 
+/* Whether one-off idle-time work (not prediction's) may run now: the daemon is idle, no
+ * prediction task is half done, and the queue is empty (the preempt flag lowered). */
+static bool idle_turn(sched *s)
+{
+    return sched_idle(s, mono_ns()) && !s->pred && idle_claim(s);
+}
+
 /* The generate model with a layer calibration waiting for idle time, or NULL. */
 static genmodel *calib_waiting(const sched *s)
 {
@@ -3388,7 +3395,7 @@ static genmodel *calib_waiting(const sched *s)
  * daemon is idle (a copy of up to kb_ivf_hot_mb); whether it did. */
 static bool hot_run(sched *s)
 {
-    if (!kb_ivf_hot_stale(s->kb) || !sched_idle(s, mono_ns()) || s->pred || !idle_claim(s))
+    if (!kb_ivf_hot_stale(s->kb) || !idle_turn(s))
         return false;
     kb_ivf_refresh_hot(s->kb);
     return true;
@@ -3399,8 +3406,7 @@ static bool hot_run(sched *s)
  * whether it did. */
 static bool train_run(sched *s)
 {
-    if (!kb_ivf_train_pending(s->kb) || !sched_idle(s, mono_ns()) || s->pred ||
-        !idle_claim(s))
+    if (!kb_ivf_train_pending(s->kb) || !idle_turn(s))
         return false;
     kb_ivf_train_idle(s->kb);
     return true;
@@ -3412,7 +3418,7 @@ static bool train_run(sched *s)
 static bool calib_run(sched *s)
 {
     genmodel *gm = calib_waiting(s);
-    if (!gm || !sched_idle(s, mono_ns()) || s->pred || !idle_claim(s))
+    if (!gm || !idle_turn(s))
         return false;
     model_runner_set_background(gm->runner, true);
     model_runner_set_abort(gm->runner, &s->idle_preempt);

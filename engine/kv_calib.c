@@ -227,7 +227,7 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
     while (rc == 0 && !too_slow)
         rc = kv_calib_step(c, r, err);
     if (rc == KV_CALIB_DONE)
-        memcpy(factors, c->factors, sizeof *factors * (size_t)c->n_layer * KV_CALIB_PARTS);
+        memcpy(factors, kv_calib_factors(c), sizeof *factors * (size_t)c->n_layer * KV_CALIB_PARTS);
     else if (rc == MODEL_ABORTED)
         err_set(err, "kv calibration: the forward was aborted");
     kv_calib_free(c);

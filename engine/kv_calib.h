@@ -60,7 +60,8 @@ int kv_calib_forwards_total(const kv_calib *c);
  * KV budget before kv_calib_step): the prefix and the chunks its tokens append. */
 size_t kv_calib_step_bytes(const kv_calib *c);
 
-/* The factors (n_layer, KV_CALIB_PARTS) once kv_calib_step returned 1, else NULL. */
+/* The factors (n_layer, KV_CALIB_PARTS) once kv_calib_step returned KV_CALIB_DONE, else
+ * NULL. */
 const float *kv_calib_factors(const kv_calib *c);
 
 /* Gives the copies back to their pool. NULL is allowed. */

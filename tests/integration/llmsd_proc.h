@@ -183,6 +183,16 @@ static inline int proc_stop(llmsd_proc *d, int sig)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* The daemon's status (the connection must be admin's); 0, or -1 after a message. */
+static inline int proc_status(llms_conn *c, llms_daemon_status *st)
+{
+    if (llms_status_get(c, st) != LLMS_OK) {
+        fprintf(stderr, "status: %s\n", llms_last_error(c));
+        return -1;
+    }
+    return 0;
+}
+
 /* A connection to d bound to app (not bound when app is NULL); NULL after a message. */
 static inline llms_conn *proc_connect(const llmsd_proc *d, const char *app)
 {

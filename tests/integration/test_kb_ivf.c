@@ -99,15 +99,6 @@ static double recall(const answers *a, const answers *b)
     return total ? (double)found / total : 0;
 }
 
-static int status_of(llms_conn *c, llms_daemon_status *st)
-{
-    if (llms_status_get(c, st) != LLMS_OK) {
-        fprintf(stderr, "status: %s\n", llms_last_error(c));
-        return -1;
-    }
-    return 0;
-}
-
 /* Asks once (a search that finds the index to be trained leaves it for idle time), then
  * waits until the daemon has trained `trained` indexes in all and none waits. 0, or -1
  * after 30 s. */
@@ -118,7 +109,7 @@ static int train_index(llms_conn *c, uint64_t trained)
         return -1;
     for (int i = 0; i < 300; i++) {
         llms_daemon_status st;
-        if (status_of(c, &st))
+        if (proc_status(c, &st))
             return -1;
         bool done = st.kb_ivf_trained >= trained && st.kb_ivf_train_pending == 0;
         llms_daemon_status_free(&st);
@@ -236,7 +227,7 @@ static void graph_hints_and_hot_copy(void)
     free(answer[0]);
     free(answer[1]);
     llms_daemon_status st;
-    CHECK(status_of(ci, &st) == 0);
+    CHECK(proc_status(ci, &st) == 0);
     printf("  %llu IVF searches (irg last), %llu hinted, %llu lists scanned, %llu skipped\n",
            (unsigned long long)st.kb_ivf_searches, (unsigned long long)st.kb_ivf_hinted_searches,
            (unsigned long long)st.kb_ivf_lists_scanned,
@@ -250,7 +241,7 @@ static void graph_hints_and_hot_copy(void)
     uint64_t hot = 0;
     for (int i = 0; i < 100 && hot == 0; i++) {
         usleep(100000);
-        CHECK(status_of(ci, &st) == 0);
+        CHECK(proc_status(ci, &st) == 0);
         hot = st.kb_ivf_hot_bytes;
         llms_daemon_status_free(&st);
     }

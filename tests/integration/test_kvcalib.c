@@ -27,15 +27,6 @@ static char model_path[1024];
 #define STR(x) STR_(x)
 #define SETTINGS "kv_calib_inline_ms = 1\nidle_after_ms = " STR(IDLE_AFTER_MS) "\n"
 
-static int status_of(llms_conn *c, llms_daemon_status *st)
-{
-    if (llms_status_get(c, st) != LLMS_OK) {
-        fprintf(stderr, "status: %s\n", llms_last_error(c));
-        return -1;
-    }
-    return 0;
-}
-
 /* A prompt of at least n tokens: the 8 chunks and 32 tokens a calibration needs. */
 static char *long_prompt(llms_conn *c, size_t n)
 {
@@ -103,7 +94,7 @@ static void idle_calibration(void)
 
     /* the call began the calibration and left it for idle time */
     llms_daemon_status st;
-    CHECK(status_of(c, &st) == 0);
+    CHECK(proc_status(c, &st) == 0);
     printf("  after the call: %u forwards waiting, %u models calibrated\n",
            st.kv_calib_forwards_left, st.kv_calibrated_models);
     CHECK_EQ(st.kv_calibrated_models, 0);
@@ -120,7 +111,7 @@ static void idle_calibration(void)
         CHECK_MSG(strcmp(before, during) == 0, "answer during calibration '%s', before '%s'",
                   during, before);
         asked++;
-        CHECK(status_of(c, &st) == 0);
+        CHECK(proc_status(c, &st) == 0);
         calibrated = (int)st.kv_calibrated_models;
         uint32_t left = st.kv_calib_forwards_left;
         uint64_t measured = st.kv_calibrations;
@@ -141,7 +132,7 @@ static void idle_calibration(void)
               "llmsd did not restart");
     c = proc_connect(&d, "kvcalib");
     CHECK(c);
-    CHECK(status_of(c, &st) == 0);
+    CHECK(proc_status(c, &st) == 0);
     CHECK_EQ(st.kv_calibrated_models, 1);
     CHECK_EQ(st.kv_calib_forwards_left, 0);
     CHECK_EQ(st.kv_calibrations, 0);
