@@ -1009,6 +1009,27 @@ static void test_densities_survive_restart(void)
     printf("  without the stored statistics %d of %d chunk densities differ\n", differ,
            n_chunks);
     CHECK(differ > 0);
+    float fallback[64];
+    for (int i = 0; i < n_chunks; i++)
+        fallback[i] = ctx_chunk_density(c, i);
+
+    /* malformed statistics (wrong magic, a cut blob, another history's count) are not
+     * used: the context opens with the rows' densities, as without them */
+    uint32_t bad_magic[4] = {0x12345678u, (uint32_t)n, 0, 0};
+    uint32_t other_count[2] = {0x31535441u, (uint32_t)n + 1};
+    const struct {
+        const void *bytes;
+        size_t n;
+    } bad[] = {{bad_magic, sizeof bad_magic}, {"AT", 2}, {other_count, sizeof other_count}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        CHECK(store_context_set_stats(e.st, id, bad[k].bytes, bad[k].n, err) == 0);
+        ctxenv_close(&e);
+        CHECK(ctxenv_open(&e, true, &pol, &g) == 0);
+        c = ctx_find_any(e.cm, id);
+        CHECK(c && c->n_tokens == n);
+        for (int i = 0; c && i < n_chunks; i++)
+            CHECK(ctx_chunk_density(c, i) == fallback[i]);
+    }
     free(attn);
     free(rows);
     ctxenv_close(&e);
