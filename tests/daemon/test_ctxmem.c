@@ -962,7 +962,7 @@ static void test_idle_calibration(void)
  * call's chunk batch), so the densities the next call's compression starts from are the
  * ones it would have had; without them (a store from before, or a crash between a
  * commit and its batch) the chunk rows' densities, each weighing CTX_DENSITY_ROWS rows,
- * stand in. */
+ * stand in, and so they do for malformed ones. */
 static void test_densities_survive_restart(void)
 {
     env e;
