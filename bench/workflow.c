@@ -3,6 +3,7 @@
  * client, as JSON lines on stdout.
  *
  *   workflow [--model PATH] [--requests N] [--runs R] [--template NAME] [--threads T]
+ *            [--reuse-kv 0|1]
  *
  * Starts llmsd of the same build with the trained
  * ../shared/testdata/models/TinyStories-656K-Q8_0.gguf (or --model; skipped with a
@@ -16,7 +17,10 @@
  *   naive       the same client loop, requests concurrent (16 connections), so stages
  *               of different requests overlap but each is an opaque call;
  *   graph       GraphRun of the built-in template, requests concurrent (16 connections):
- *               the daemon advances every running graph each cycle; no speculation;
+ *               the daemon advances every running graph each cycle, and a generation
+ *               node starts from the KV of its run's previous one where their prompts
+ *               begin alike (kv_reused_share: of the prompt tokens; --reuse-kv 0 turns
+ *               this off in the daemon, graph_reuse_kv); no speculation;
  *   graph_speculative  the same with speculation (a generation node starts on its
  *               retrieval's estimate, a retrieval on its generation's first tokens; each
  *               kept or redone): its hit and rollback rates and the time kept work ran
@@ -83,6 +87,8 @@ typedef struct request {
 /* Speculation counted over a cell's graph runs (GraphResult's). */
 typedef struct spec_count {
     atomic_long started, hits, rollbacks, saved_us;
+    atomic_long prompt_tokens, reused_tokens; /* of generation nodes; taken from the run's
+                                                 previous node's KV */
 } spec_count;
 
 typedef struct cell {
@@ -188,6 +194,8 @@ static int run_graph(llms_conn *c, cell *cl, const char *question, char **answer
     atomic_fetch_add(&cl->spec.hits, r.spec_hits);
     atomic_fetch_add(&cl->spec.rollbacks, r.spec_rollbacks);
     atomic_fetch_add(&cl->spec.saved_us, (long)(r.spec_saved_ms * 1e3));
+    atomic_fetch_add(&cl->spec.prompt_tokens, r.prompt_tokens);
+    atomic_fetch_add(&cl->spec.reused_tokens, r.reused_tokens);
     *answer = r.output;
     r.output = NULL;
     llms_graph_result_free(&r);
@@ -245,6 +253,7 @@ typedef struct outcome {
     int failed;
     long spec_started, spec_hits, spec_rollbacks;
     double spec_saved_ms;
+    long prompt_tokens, reused_tokens;
 } outcome;
 
 /* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req. */
@@ -271,7 +280,8 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
     for (int i = 0; i < threads; i++)
         pthread_join(th[i], NULL);
     outcome o = {.spec_started = cl.spec.started, .spec_hits = cl.spec.hits,
-                 .spec_rollbacks = cl.spec.rollbacks, .spec_saved_ms = cl.spec.saved_us / 1e3};
+                 .spec_rollbacks = cl.spec.rollbacks, .spec_saved_ms = cl.spec.saved_us / 1e3,
+                 .prompt_tokens = cl.spec.prompt_tokens, .reused_tokens = cl.spec.reused_tokens};
     double lat[n > 0 ? n : 1], end = 0;
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -308,6 +318,8 @@ static outcome median_outcome(outcome *o, int runs)
         m.spec_hits += o[r].spec_hits;
         m.spec_rollbacks += o[r].spec_rollbacks;
         m.spec_saved_ms += o[r].spec_saved_ms;
+        m.prompt_tokens += o[r].prompt_tokens;
+        m.reused_tokens += o[r].reused_tokens;
     }
     return m;
 }
@@ -509,6 +521,9 @@ static int bench_template(const char *tmpl, int n, int runs)
                        m.spec_started ? (double)m.spec_hits / (double)m.spec_started : 0,
                        m.spec_started ? (double)m.spec_rollbacks / (double)m.spec_started : 0,
                        m.spec_saved_ms / (double)(n * runs));
+            if (s == GRAPH || s == GRAPH_SPEC)
+                printf(", \"kv_reused_share\": %.3f",
+                       m.prompt_tokens ? (double)m.reused_tokens / (double)m.prompt_tokens : 0);
             printf("}\n");
             spec_total.spec_started += s == GRAPH_SPEC ? m.spec_started : 0;
             spec_total.spec_hits += s == GRAPH_SPEC ? m.spec_hits : 0;
@@ -580,7 +595,7 @@ static int bench_template(const char *tmpl, int n, int runs)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *only = NULL;
-    int n = 32, runs = 3, threads = 2;
+    int n = 32, runs = 3, threads = 2, reuse_kv = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
@@ -592,9 +607,11 @@ int main(int argc, char **argv)
             only = argv[i + 1];
         else if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reuse-kv"))
+            reuse_kv = atoi(argv[i + 1]) != 0;
         else {
             fprintf(stderr, "usage: workflow [--model PATH] [--requests N] [--runs R] "
-                            "[--template NAME] [--threads T]\n");
+                            "[--template NAME] [--threads T] [--reuse-kv 0|1]\n");
             return 2;
         }
     }
@@ -623,8 +640,8 @@ int main(int argc, char **argv)
     snprintf(conf, sizeof conf,
              "model = %s\nthreads = %d\ntemperature = 0\nmax_tokens = %d\nrag_top_k = 2\n"
              "kb_passage_tokens = 48\nkb_overlap_tokens = 0\nmax_queued_per_app = 64\n"
-             "max_queued_per_uid = 64\ntau_query = 2\nqkv_cache_mb = 0\n",
-             model, threads, MAX_TOKENS);
+             "max_queued_per_uid = 64\ntau_query = 2\nqkv_cache_mb = 0\ngraph_reuse_kv = %d\n",
+             model, threads, MAX_TOKENS, reuse_kv);
     pid_t pid = mkdtemp(dir) ? bench_llmsd_start("workflow", llmsd, dir, conf, sock, sizeof sock)
                              : -1;
     if (pid < 0 || fill_kb()) {

@@ -2009,6 +2009,8 @@ static enum llms_status graph_result_from(llms_conn *c, const Llms__GraphResult 
         .spec_hits = p->spec_hits,
         .spec_rollbacks = p->spec_rollbacks,
         .spec_saved_ms = p->spec_saved_ms,
+        .prompt_tokens = p->prompt_tokens,
+        .reused_tokens = p->reused_tokens,
     };
     bool ok = out->output && out->timings && out->state_names && out->state_values;
     for (size_t i = 0; ok && i < p->n_timings; i++, out->n_timings++) {

@@ -909,6 +909,9 @@ typedef struct llms_graph_result {
      * input was final (an estimate of the time saved). */
     uint32_t speculations, spec_hits, spec_rollbacks;
     double spec_saved_ms;
+    /* Prompt tokens of its generation nodes, and those a node took from the KV of the
+     * run's previous generation node (graph_reuse_kv) instead of evaluating them. */
+    uint32_t prompt_tokens, reused_tokens;
 } llms_graph_result;
 
 /* Frees what *r holds (not r) and zeroes it. NULL is fine. */

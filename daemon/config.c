@@ -182,6 +182,9 @@ static const key_def keys[] = {
                                "faster in bench/workflow)"),
     INT(graph_spec_tokens, 1, 65536, "tokens a generation feeding a retrieval has made when "
                                      "the retrieval starts speculatively (default 8)"),
+    INT(graph_reuse_kv, 0, 1, "a graph run's generation node starts from the KV of the "
+                              "run's previous one where their token prefixes agree "
+                              "(default 1)"),
     INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
     INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
                                    "generations proposing them) per idle period; 0 = off "
@@ -269,6 +272,7 @@ void config_defaults(config *c)
     c->graph_max_steps = 64;
     c->graph_speculate = 0;
     c->graph_spec_tokens = 8;
+    c->graph_reuse_kv = 1;
     c->qa_cache_mb = 64;
     c->idle_after_ms = 5000;
     c->predict_stride = 4;

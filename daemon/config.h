@@ -123,6 +123,7 @@ typedef struct config {
     int graph_max_steps;               /* node runs of a graph run */
     int graph_speculate;               /* runs speculate unless they say otherwise */
     int graph_spec_tokens;             /* a generation's tokens before its retrieval starts */
+    int graph_reuse_kv;                /* generation nodes start from the run's last KV */
     int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
     /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
     int predict_budget;                /* predicted queries per idle period; 0: off */

@@ -142,6 +142,10 @@ typedef struct graph_work {
     char *spec_kb, *spec_query;
     spec_stats spec;
     kb_hints hints;        /* the IVF lists of its last retrieval's candidates */
+    kv_seq kept;           /* the KV of its last generation node (graph_reuse_kv): the
+                              next one starts from the part its prompt begins with */
+    long prompt_tokens;    /* of its generation nodes */
+    long reused_tokens;    /* of those, taken from kept */
 } graph_work;
 
 /* What a graph generation node asks of gen_new; code and err come back on failure. */
@@ -151,6 +155,9 @@ typedef struct graph_gen {
     const Llms__GenerationParams *node_params, *run_params;
     Llms__ErrorCode code;
     char *err;
+    kv_seq *reuse;         /* the run's kept KV (emptied) or NULL */
+    long *prompt_tokens, *reused_tokens; /* the prompt's tokens and what reuse gave are
+                                            added here */
 } graph_gen;
 
 /* One admitted request. */
@@ -1396,6 +1403,39 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     }
 }
 
+/* Entries at the start of seq whose tokens and positions are tok[0..n). */
+static int seq_common_prefix(const kv_seq *seq, const int32_t *tok, int n)
+{
+    int common = 0;
+    for (int i = 0; i < seq->n_chunks; i++) {
+        const kv_chunk *c = seq->chunks[i];
+        if (!c)
+            return common;
+        for (int t = 0; t < c->n_tokens; t++, common++)
+            if (common >= n || c->tokens[t] != tok[common] || c->positions[t] != common)
+                return common;
+    }
+    return common;
+}
+
+/* A graph generation node's KV starts as the run's kept KV cut where its tokens leave
+ * the prompt's: the same tokens at the same positions give the same entries, so only
+ * the rest is evaluated (a node after a retrieval whose passages begin as before, or
+ * an answer after a step that read the same passages and question). The prompt's last
+ * token is always evaluated: its logits start the reply. The kept KV is emptied either
+ * way, so that a run never holds more than one generation's KV. */
+static void gen_adopt_prefix(gen *g, kv_seq *kept, long *reused)
+{
+    int keep = seq_common_prefix(kept, g->turn, g->n_turn - 1);
+    if (keep > 0) {
+        kv_seq_truncate(kept, keep);
+        g->own_seq = *kept;
+        kv_seq_init(kept, g->own_seq.pool);
+        *reused += keep;
+    }
+    kv_seq_free(kept);
+}
+
 static void gen_free(gen *g)
 {
     if (!g)
@@ -1557,6 +1597,11 @@ static gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, gr
     g->turn = turn;
     g->n_turn = n_turn;
     g->n_hist = g->n_base + n_turn;
+    if (gg) {
+        *gg->prompt_tokens += n_turn;
+        if (gg->reuse)
+            gen_adopt_prefix(g, gg->reuse, gg->reused_tokens);
+    }
     if (c) {
         c->busy = true;
         c->last_used_ms = wall_ms();
@@ -1834,6 +1879,7 @@ static void graph_work_free(graph_work *gw)
         return;
     retrieval_free(gw->rt);
     spec_rt_drop(gw);
+    kv_seq_free(&gw->kept);
     graph_run_free(gw->run);
     graph_free(gw->gph);
     free(gw->node_ms);
@@ -1983,7 +2029,9 @@ static gen *graph_gen_new(sched *s, work *w, const Llms__GraphNode *n, const cha
                           Llms__ErrorCode *code)
 {
     graph_gen gg = {prompt, n->has_chat && n->chat, n->params, w->job->req->graph_run->params,
-                    LLMS__ERROR_CODE__INTERNAL, w->gw->err};
+                    LLMS__ERROR_CODE__INTERNAL, w->gw->err,
+                    s->env.cfg->graph_reuse_kv ? &w->gw->kept : NULL, &w->gw->prompt_tokens,
+                    &w->gw->reused_tokens};
     gen *g = gen_new(s, w->gm, w->job, NULL, &gg);
     *code = gg.code;
     return g;
@@ -2253,6 +2301,9 @@ static void graph_send_result(sched *s, work *w)
         res.spec_hits = (uint32_t)gw->spec.hits;
         res.spec_rollbacks = (uint32_t)gw->spec.rollbacks;
         res.spec_saved_ms = gw->spec.saved_ms;
+        res.has_prompt_tokens = res.has_reused_tokens = 1;
+        res.prompt_tokens = (uint32_t)gw->prompt_tokens;
+        res.reused_tokens = (uint32_t)gw->reused_tokens;
         int64_t now = mono_ns();
         res.total_ms = (double)(now - gw->t_start) / 1e6;
         res.queue_ms = (double)(gw->t_start - w->job->queued_ns) / 1e6;
@@ -2331,6 +2382,11 @@ static void graph_advance(sched *s, work *w)
             const char *out = g->shown ? g->shown : "";
             int spec = spec_rt_outcome(s, w, out, g->shown_len);
             int rc = graph_node_done(s, w, out, g->shown_len, (uint32_t)g->n_gen, spec);
+            if (s->env.cfg->graph_reuse_kv) {
+                kv_seq_free(&gw->kept);
+                gw->kept = g->own_seq;
+                kv_seq_init(&g->own_seq, g->gm->pool);
+            }
             gen_free(g);
             w->g = NULL;
             int node = gw->spec_node;

@@ -2,7 +2,8 @@
  * Workflow graphs end to end: a real llmsd of this build on the trained stories260K
  * model, through libllmsclient. Each built-in template runs (greedy: the same run twice
  * answers the same, and a generation node's output equals a plain Complete of its
- * rendered prompt); a conditional loop ends on its condition or at its step cap;
+ * rendered prompt, also when it starts from the KV of the run's previous generation node);
+ * a conditional loop ends on its condition or at its step cap;
  * malformed graphs and runs are refused over the wire with the node named; another
  * app's graph is NOT_FOUND; graphs survive a restart; a cancelled run stops, and so does
  * the run of a client that disconnects.
@@ -125,6 +126,52 @@ static void generation_equals_complete(void)
     llms_result_free(&cr);
     llms_graph_result_free(&r);
     llms_close(c);
+}
+
+/* A generation node that starts from the KV of the run's previous one (multistep's
+ * answer after its last reasoning step: the same passages and question begin both
+ * prompts) answers what a plain Complete of its prompt does, and what a daemon with
+ * graph_reuse_kv = 0, which evaluates every prompt whole, answers. */
+static void kv_reuse_between_nodes(void)
+{
+    NEED();
+    llmsd_proc plain;
+    CHECK_EQ(proc_start(&plain, llmsd_path, "graph-plain", stories, CONF "graph_reuse_kv = 0\n"),
+             0);
+    llms_conn *c = proc_connect(&daemon_, "reuse"), *p = proc_connect(&plain, "reuse");
+    CHECK(c && p);
+    CHECK_EQ(story_kb_make(c), 0);
+    CHECK_EQ(story_kb_make(p), 0);
+    static const char *const questions[] = {"Where did Lily play with her dog?",
+                                            "What did Tom see in the river?"};
+    for (int q = 0; q < 2; q++) {
+        llms_graph_var in[2] = {{"question", questions[q]}, {"kb", "stories"}};
+        llms_graph_result r, rp;
+        CHECK_EQ(llms_graph_run(c, "multistep", in, 2, NULL, NULL, NULL, &r), LLMS_OK);
+        CHECK_EQ(llms_graph_run(p, "multistep", in, 2, NULL, NULL, NULL, &rp), LLMS_OK);
+        CHECK_MSG(!strcmp(r.output, rp.output), "reused '%s', whole '%s'", r.output, rp.output);
+        CHECK_EQ(r.steps, rp.steps);
+        CHECK_EQ(r.prompt_tokens, rp.prompt_tokens);
+        CHECK_EQ(rp.reused_tokens, 0u);
+        /* the answer reuses at least the passages of the last reasoning step */
+        const char *passages = state_of(&r, "passages");
+        CHECK(passages && *passages);
+        CHECK_MSG(r.reused_tokens > strlen(passages) / 8 && r.reused_tokens < r.prompt_tokens,
+                  "%u of %u prompt tokens reused", r.reused_tokens, r.prompt_tokens);
+        char prompt[4096];
+        snprintf(prompt, sizeof prompt, "Passages:\n%s\n\nQuestion: %s\nAnswer:", passages,
+                 questions[q]);
+        llms_result cr;
+        CHECK_EQ(llms_complete(c, prompt, NULL, 0, NULL, NULL, NULL, &cr), LLMS_OK);
+        CHECK_MSG(!strcmp(cr.text, r.output), "complete '%s', graph '%s'", cr.text, r.output);
+        llms_result_free(&cr);
+        llms_graph_result_free(&r);
+        llms_graph_result_free(&rp);
+    }
+    llms_close(c);
+    llms_close(p);
+    if (proc_stop(&plain, SIGTERM) != 0)
+        proc_print_log(&plain);
 }
 
 static const llms_graph_node loop_nodes[] = {
@@ -383,6 +430,7 @@ int main(int argc, char **argv)
     stories = test_data_path("models/stories260K.gguf");
     RUN(builtin_templates);
     RUN(generation_equals_complete);
+    RUN(kv_reuse_between_nodes);
     RUN(conditional_loop_and_cap);
     RUN(refusals_over_the_wire);
     RUN(isolation_and_restart);
