@@ -25,7 +25,8 @@
  *               retrieval's estimate, a retrieval on its generation's first tokens; each
  *               kept or redone): its hit and rollback rates and the time kept work ran
  *               ahead are reported beside the throughput.
- * Requests arrive open-loop (Poisson) at rates that are multiples of the sequential
+ * Requests arrive open-loop (Poisson; every system of a (rate, run) gets the same arrival
+ * times) at rates that are multiples of the sequential
  * system's closed-loop capacity (measured first, per template); each (rate, system)
  * cell is run --runs times, the systems interleaved, and the median of the runs'
  * throughput and p50/p95 latency (arrival to answer) is reported. Then, per template,
@@ -230,13 +231,13 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static double uniform(void)
+/* xorshift64 on *state (nonzero) */
+static double uniform(uint64_t *state)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (double)(*state >> 11) / 9007199254740992.0;
 }
 
 static void make_questions(request *req, int n, int seed)
@@ -256,10 +257,13 @@ typedef struct outcome {
     long prompt_tokens, reused_tokens;
 } outcome;
 
-/* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req. */
-static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, double rate)
+/* Runs n requests arriving at rate (req/s; 0: all at once) on sys; answers stay in req.
+ * The arrivals come from seed, so the systems of one (rate, run) face the same ones. */
+static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, double rate,
+                        uint64_t seed)
 {
     cell cl = {.sys = sys, .tmpl = tmpl, .req = req, .n = n};
+    uint64_t rng = 0x2545f4914f6cdd1dULL ^ (seed * 0x9e3779b97f4a7c15ULL);
     double t = 0;
     for (int i = 0; i < n; i++) {
         free(req[i].answer);
@@ -270,7 +274,7 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
         req[i].n_queries = 0;
         req[i].arrival = t;
         if (rate > 0)
-            t += -log(1 - uniform()) / rate;
+            t += -log(1 - uniform(&rng)) / rate;
     }
     int threads = sys == SEQUENTIAL ? 1 : POOL;
     pthread_t th[POOL];
@@ -486,7 +490,7 @@ static int bench_template(const char *tmpl, int n, int runs)
     /* capacity of the sequential system: closed loop (all requests queued at once) */
     outcome cap[16];
     for (int r = 0; r < runs; r++)
-        cap[r] = run_cell(SEQUENTIAL, tmpl, req[SEQUENTIAL], n, 0);
+        cap[r] = run_cell(SEQUENTIAL, tmpl, req[SEQUENTIAL], n, 0, 0);
     outcome seq_cap = median_outcome(cap, runs);
     /* the p95 bound: the sequential system's p95 when requests arrive at its capacity */
     double bound = 0;
@@ -500,7 +504,8 @@ static int bench_template(const char *tmpl, int n, int runs)
         outcome o[N_SYSTEMS][16];
         for (int r = 0; r < runs; r++)
             for (int s = 0; s < N_SYSTEMS; s++)
-                o[s][r] = run_cell((enum system)s, tmpl, req[s], n, rate);
+                o[s][r] = run_cell((enum system)s, tmpl, req[s], n, rate,
+                                   (uint64_t)(k * 16 + r + 1));
         outcome med[N_SYSTEMS];
         for (int s = 0; s < N_SYSTEMS; s++)
             med[s] = median_outcome(o[s], runs);

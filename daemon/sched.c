@@ -1419,9 +1419,10 @@ static int seq_common_prefix(const kv_seq *seq, const int32_t *tok, int n)
 }
 
 /* A graph generation node's KV starts as the run's kept KV cut where its tokens leave
- * the prompt's: the same tokens at the same positions give the same entries, so only
- * the rest is evaluated (a node after a retrieval whose passages begin as before, or
- * an answer after a step that read the same passages and question). The prompt's last
+ * the prompt's: the same tokens at the same positions give the same entries (up to the
+ * roundings of the batched slices they were computed in), so only the rest is evaluated
+ * (a node after a retrieval whose passages begin as before, or an answer after a step
+ * that read the same passages and question). The prompt's last
  * token is always evaluated: its logits start the reply. The kept KV is emptied either
  * way, so that a run never holds more than one generation's KV. */
 static void gen_adopt_prefix(gen *g, kv_seq *kept, long *reused)
