@@ -895,9 +895,10 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         utf8_json_string(stdout, r.output);
         printf(", \"steps\": %" PRIu32 ", \"capped\": %s, \"total_ms\": %.3f, "
                "\"queue_ms\": %.3f, \"speculations\": %" PRIu32 ", \"spec_hits\": %" PRIu32
-               ", \"spec_rollbacks\": %" PRIu32 ", \"spec_saved_ms\": %.3f, \"nodes\": [",
+               ", \"spec_rollbacks\": %" PRIu32 ", \"spec_saved_ms\": %.3f, \"prompt_tokens\": %"
+               PRIu32 ", \"reused_tokens\": %" PRIu32 ", \"nodes\": [",
                r.steps, r.capped ? "true" : "false", r.total_ms, r.queue_ms, r.speculations,
-               r.spec_hits, r.spec_rollbacks, r.spec_saved_ms);
+               r.spec_hits, r.spec_rollbacks, r.spec_saved_ms, r.prompt_tokens, r.reused_tokens);
         for (size_t i = 0; i < r.n_timings; i++) {
             printf("%s{\"node\": ", i ? ", " : "");
             utf8_json_string(stdout, r.timings[i].node);
@@ -914,9 +915,10 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         printf("}}\n");
     } else {
         printf("%s\n", r.output);
-        fprintf(stderr, "[%" PRIu32 " node runs%s, %.1f ms; speculation: %" PRIu32 " hits, %"
+        fprintf(stderr, "[%" PRIu32 " node runs%s, %.1f ms; %" PRIu32 " of %" PRIu32
+                " prompt tokens from the previous node's KV; speculation: %" PRIu32 " hits, %"
                 PRIu32 " rollbacks]\n", r.steps, r.capped ? ", stopped at the step cap" : "",
-                r.total_ms, r.spec_hits, r.spec_rollbacks);
+                r.total_ms, r.reused_tokens, r.prompt_tokens, r.spec_hits, r.spec_rollbacks);
     }
     llms_graph_result_free(&r);
     return 0;
