@@ -155,9 +155,6 @@ typedef struct graph_gen {
     const Llms__GenerationParams *node_params, *run_params;
     Llms__ErrorCode code;
     char *err;
-    kv_seq *reuse;         /* the run's kept KV (emptied) or NULL */
-    long *prompt_tokens, *reused_tokens; /* the prompt's tokens and what reuse gave are
-                                            added here */
 } graph_gen;
 
 /* One admitted request. */
@@ -1403,40 +1400,6 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     }
 }
 
-/* Entries at the start of seq whose tokens and positions are tok[0..n). */
-static int seq_common_prefix(const kv_seq *seq, const int32_t *tok, int n)
-{
-    int common = 0;
-    for (int i = 0; i < seq->n_chunks; i++) {
-        const kv_chunk *c = seq->chunks[i];
-        if (!c)
-            return common;
-        for (int t = 0; t < c->n_tokens; t++, common++)
-            if (common >= n || c->tokens[t] != tok[common] || c->positions[t] != common)
-                return common;
-    }
-    return common;
-}
-
-/* A graph generation node's KV starts as the run's kept KV cut where its tokens leave
- * the prompt's: the same tokens at the same positions give the same entries (up to the
- * roundings of the batched slices they were computed in), so only the rest is evaluated
- * (a node after a retrieval whose passages begin as before, or an answer after a step
- * that read the same passages and question). The prompt's last
- * token is always evaluated: its logits start the reply. The kept KV is emptied either
- * way, so that a run never holds more than one generation's KV. */
-static void gen_adopt_prefix(gen *g, kv_seq *kept, long *reused)
-{
-    int keep = seq_common_prefix(kept, g->turn, g->n_turn - 1);
-    if (keep > 0) {
-        kv_seq_truncate(kept, keep);
-        g->own_seq = *kept;
-        kv_seq_init(kept, g->own_seq.pool);
-        *reused += keep;
-    }
-    kv_seq_free(kept);
-}
-
 static void gen_free(gen *g)
 {
     if (!g)
@@ -1598,11 +1561,6 @@ static gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, gr
     g->turn = turn;
     g->n_turn = n_turn;
     g->n_hist = g->n_base + n_turn;
-    if (gg) {
-        *gg->prompt_tokens += n_turn;
-        if (gg->reuse)
-            gen_adopt_prefix(g, gg->reuse, gg->reused_tokens);
-    }
     if (c) {
         c->busy = true;
         c->last_used_ms = wall_ms();
@@ -2025,16 +1983,54 @@ static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint3
     return 0;
 }
 
+/* Entries at the start of seq whose tokens and positions are tok[0..n). */
+static int seq_common_prefix(const kv_seq *seq, const int32_t *tok, int n)
+{
+    int common = 0;
+    for (int i = 0; i < seq->n_chunks; i++) {
+        const kv_chunk *c = seq->chunks[i];
+        if (!c)
+            return common;
+        for (int t = 0; t < c->n_tokens; t++, common++)
+            if (common >= n || c->tokens[t] != tok[common] || c->positions[t] != common)
+                return common;
+    }
+    return common;
+}
+
+/* A graph generation node's KV starts as the run's kept KV cut where its tokens leave
+ * the prompt's: the same tokens at the same positions give the same entries (up to the
+ * roundings of the batched slices they were computed in), so only the rest is evaluated
+ * (a node after a retrieval whose passages begin as before, or an answer after a step
+ * that read the same passages and question). The prompt's last
+ * token is always evaluated: its logits start the reply. The kept KV is emptied either
+ * way, so that a run never holds more than one generation's KV. */
+static void gen_adopt_prefix(gen *g, kv_seq *kept, long *reused)
+{
+    int keep = seq_common_prefix(kept, g->turn, g->n_turn - 1);
+    if (keep > 0) {
+        kv_seq_truncate(kept, keep);
+        g->own_seq = *kept;
+        kv_seq_init(kept, g->own_seq.pool);
+        *reused += keep;
+    }
+    kv_seq_free(kept);
+}
+
 /* The generation of node n on prompt: NULL with *code and gw->err. */
 static gen *graph_gen_new(sched *s, work *w, const Llms__GraphNode *n, const char *prompt,
                           Llms__ErrorCode *code)
 {
+    graph_work *gw = w->gw;
     graph_gen gg = {prompt, n->has_chat && n->chat, n->params, w->job->req->graph_run->params,
-                    LLMS__ERROR_CODE__INTERNAL, w->gw->err,
-                    s->env.cfg->graph_reuse_kv ? &w->gw->kept : NULL, &w->gw->prompt_tokens,
-                    &w->gw->reused_tokens};
+                    LLMS__ERROR_CODE__INTERNAL, gw->err};
     gen *g = gen_new(s, w->gm, w->job, NULL, &gg);
     *code = gg.code;
+    if (g) {
+        gw->prompt_tokens += g->n_turn;
+        if (s->env.cfg->graph_reuse_kv)
+            gen_adopt_prefix(g, &gw->kept, &gw->reused_tokens);
+    }
     return g;
 }
 
