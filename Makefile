@@ -89,12 +89,12 @@ TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/support/*.c))
 TEST_SRC    := $(shell find tests -name 'test_*.c' -not -path 'tests/fuzz/*' | sort)
 TEST_BIN    := $(TEST_SRC:%.c=$(BUILD)/%)
 
-FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 # Everything a program may need, highest layer first (static libraries link in order).
 ALL_LIBS    := $(DAEMON_LIB) $(CLIENT_LIB) $(STORAGE_LIB) $(PROTO_LIB) $(ENGINE_LIB)
 
-.PHONY: all deps check tests run install fuzz bench clean
+.PHONY: all deps check tests run install fuzz fuzz-targets bench clean
 .DELETE_ON_ERROR:
 .SECONDARY:
 
@@ -169,14 +169,18 @@ check: deps
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
 	@sh tests/run.sh build build/asan
 
-# Fuzz targets need clang's libFuzzer; they are built from the library sources directly.
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(ENGINE_SRC) $(PROTO_SRC) $(PROTO_GEN_C)
-	@mkdir -p $(dir $@)
-	$(SAY) FUZZ $@
-	$(Q)clang -std=gnu11 -g -O1 -pthread -D_GNU_SOURCE -I. -I$(BUILD) $(DEPS_CFLAGS) $(AVX2_FLAGS) \
-	    -fsanitize=fuzzer,address,undefined $^ $(DEPS_LIBS) -lm -o $@
+# Fuzz targets need clang's libFuzzer: a build of its own (build/fuzz) compiles the
+# libraries with clang, the sanitizers and libFuzzer's coverage hooks, each file with its
+# own SIMD flags as above, and links each target against them.
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang OPT=-O1 \
+	    SANITIZE="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" fuzz-targets
 
-fuzz: $(FUZZ_BIN)
+fuzz-targets: $(FUZZ_BIN)
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(PROTO_LIB) $(ENGINE_LIB)
+	$(SAY) FUZZ $@
+	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(PROTO_LIB) $(ENGINE_LIB) $(LDLIBS) -o $@
 
 run: deps all
 	@sh scripts/demo.sh

@@ -200,8 +200,8 @@ void prefill_plan_print(const prefill_plan *p, FILE *out)
 {
     static const char *const pressure[] = {"none (whole steps)",
                                            "moderate (scores/softmax/output in row blocks)",
-                                           "severe (every step on row slices, attention in "
-                                           "row blocks)"};
+                                           ("severe (every step on row slices, attention in "
+                                            "row blocks)")};
     const prefill_estimate *e = &p->est;
     fprintf(out, "prompt %d tokens after %d, %d threads, KV %s\n", p->req.n_prompt,
             p->req.n_past, p->req.n_threads, kv_precision_name(p->req.kv));

@@ -273,8 +273,8 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         "<|return|>",
         "<|call|>",
         "_<EOT>",
-        "<\xef\xbd\x9c"
-        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+        ("<\xef\xbd\x9c" /* split: \x9c would swallow the 'e' that follows */
+         "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
     };
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t e = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
