@@ -24,7 +24,8 @@
  * varies from minute to minute, so just before each decode run a child process measures
  * the read bandwidth with the same number of threads (an AVX2 read of 1 GiB with software
  * prefetch); each model line reports the bandwidth its decode reached and, as the median
- * over runs, its share of the bandwidth measured next to it.
+ * over runs, its share of the bandwidth measured next to it (with --llama-bench, llama.cpp's
+ * decode gets the same share, against the read measured in its run's pair).
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
  * picks how the weights come into memory (engine/gguf.h): mapped from the file (map, the
@@ -362,6 +363,14 @@ static int bench_model(const char *path, const bench_options *o)
         printf(",\"llamacpp_prefill_tok_s\":%.2f,\"llamacpp_decode_tok_s\":%.2f,"
                "\"prefill_ratio\":%.3f,\"decode_ratio\":%.3f",
                tp, td, prefill_med / tp, decode_med / td);
+        /* the same share for llama.cpp, against the read measured in its run's pair: where
+         * both sit near 1, decode is at the memory wall and neither can pull ahead */
+        n_shares = 0;
+        for (int run = 0; run < o->n_runs; run++)
+            if (read_gb_s[run] > 0)
+                share[n_shares++] = their_decode[run] * (double)st.st_size / 1e9 / read_gb_s[run];
+        if (n_shares > 0)
+            printf(",\"llamacpp_decode_share_of_read\":%.3f", bench_median(share, n_shares));
     }
     printf(",\"decode_after_prompt_tok_s\":%.2f}\n", bench_median(decode_after_prompt, o->n_runs));
     fflush(stdout);
