@@ -1008,8 +1008,13 @@ int graph_run_ready(const graph_run *r)
 
 char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_t *len)
 {
-    const Llms__GraphNode *n = r->g->def->nodes[r->ready];
-    const char *t = f == GRAPH_FIELD_PROMPT ? n->prompt : f == GRAPH_FIELD_KB ? n->kb : n->query;
+    const Llms__GraphNode *n = r->ready >= 0 ? r->g->def->nodes[r->ready] : NULL;
+    const char *t = !n                        ? NULL
+                    : f == GRAPH_FIELD_PROMPT ? n->prompt
+                    : f == GRAPH_FIELD_KB     ? n->kb
+                                              : n->query;
+    if (!t)
+        t = ""; /* a field the node's kind lacks, or no ready node: the empty text */
     char err[ERR_MAX];
     /* measured first: a template may name a long variable many times */
     long need = tmpl_walk(r->g, t, r->vals, NULL, err);

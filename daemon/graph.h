@@ -91,7 +91,9 @@ int graph_run_ready(const graph_run *r);
 
 /* The ready node's template field rendered with the state: the prompt of a generation
  * node, the kb or the query of a retrieval node, *len bytes. Malloc'ed; NULL when it
- * would be longer than max bytes (*len says how long) or memory runs out (*len <= max). */
+ * would be longer than max bytes (*len says how long) or memory runs out (*len <= max).
+ * A field the node's kind does not have (a generation's query), or any field once the run
+ * is over, is the empty text. */
 enum graph_field { GRAPH_FIELD_PROMPT, GRAPH_FIELD_KB, GRAPH_FIELD_QUERY };
 char *graph_run_render(const graph_run *r, enum graph_field f, size_t max, size_t *len);
 

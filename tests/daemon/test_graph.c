@@ -115,8 +115,15 @@ static void test_valid_simple(void)
     free(p);
     CHECK(!graph_run_render(r, GRAPH_FIELD_PROMPT, 12, &len)); /* over the limit */
     CHECK_EQ(len, 13);
+    /* a generation has no query: empty, not a crash (found by tests/fuzz/fuzz_graph) */
+    char *q = graph_run_render(r, GRAPH_FIELD_QUERY, 100, &len);
+    CHECK(q && !q[0] && len == 0);
+    free(q);
     CHECK_EQ(graph_run_feed(r, "because", 7), 0);
     CHECK_EQ(graph_run_ready(r), -1);
+    q = graph_run_render(r, GRAPH_FIELD_PROMPT, 100, &len); /* the run is over */
+    CHECK(q && !q[0] && len == 0);
+    free(q);
     CHECK(!graph_run_capped(r));
     CHECK(strcmp(graph_run_var(r, "a"), "because") == 0);
     CHECK_EQ(graph_run_steps(r), 1);
