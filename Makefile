@@ -170,7 +170,7 @@ check: deps
 	@sh tests/run.sh build build/asan
 
 # Fuzz targets need clang's libFuzzer: a build of its own (build/fuzz) compiles the
-# libraries a target may link (daemon, proto, engine) with clang, the sanitizers and libFuzzer's coverage hooks, each file with its
+# libraries with clang, the sanitizers and libFuzzer's coverage hooks, each file with its
 # own SIMD flags as above, and links each target against them.
 fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang OPT=-O1 \
@@ -178,9 +178,9 @@ fuzz:
 
 fuzz-targets: $(FUZZ_BIN)
 
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(DAEMON_LIB) $(PROTO_LIB) $(ENGINE_LIB)
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ALL_LIBS)
 	$(SAY) FUZZ $@
-	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(DAEMON_LIB) $(PROTO_LIB) $(ENGINE_LIB) $(LDLIBS) -o $@
+	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(ALL_LIBS) $(LDLIBS) -o $@
 
 run: deps all
 	@sh scripts/demo.sh

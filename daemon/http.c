@@ -1100,8 +1100,10 @@ static const char *message_content(json_object *m, char **owned, char *msg, size
         size_t at = 0;
         for (size_t i = 0; i < n; i++) {
             json_object *part = json_object_array_get_idx(c, i), *type, *text;
+            /* a JSON null is a NULL json_object: every value is type-checked first */
             if (!json_object_is_type(part, json_type_object) ||
                 !json_object_object_get_ex(part, "type", &type) ||
+                !json_object_is_type(type, json_type_string) ||
                 strcmp(json_object_get_string(type), "text") != 0 ||
                 !json_object_object_get_ex(part, "text", &text) ||
                 !json_object_is_type(text, json_type_string)) {
@@ -1219,6 +1221,7 @@ static void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             json_object *role;
             if (!json_object_is_type(last, json_type_object) ||
                 !json_object_object_get_ex(last, "role", &role) ||
+                !json_object_is_type(role, json_type_string) ||
                 strcmp(json_object_get_string(role), "user") != 0) {
                 snprintf(msg, cap, "with 'llmsd.context' the last message must be the user's");
                 goto bad;

@@ -162,8 +162,8 @@ static const char *const store_migrations[] = {
 
     /* PerCache's prediction: which QA entries and QKV nodes a predicted query made, so
      * that hits on them are counted */
-    "ALTER TABLE qa_bank ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE qkv_nodes ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;",
+    ("ALTER TABLE qa_bank ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE qkv_nodes ADD COLUMN predicted INTEGER NOT NULL DEFAULT 0;"),
 
     /* The context memory's attention statistics of a context's tokens (opaque bytes,
      * store_context_set_stats), kept with the context so that densities survive a

@@ -390,6 +390,9 @@ static void malformed_input_never_crashes(void)
         "{\"prompt\":\"x\",\"max_tokens\":-1}", "{\"prompt\":\"x\",\"temperature\":1e999}",
         "{\"query\":\"q\",\"documents\":[{\"no\":\"text\"}]}", "{\"query\":\"q\",\"documents\":[]}",
         "{\"input\":[]}", "{\"prompt\":[\"a\",\"b\"]}", "null", "\"str\"", "12",
+        /* JSON nulls where a string is read (tests/fuzz/fuzz_http_json found the first) */
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":null}]}]}",
+        "{\"messages\":[{\"role\":null,\"content\":\"x\"}],\"llmsd\":{\"context\":\"c\"}}",
     };
     const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
                            "/v1/rerank"};

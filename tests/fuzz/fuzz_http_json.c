@@ -1,0 +1,53 @@
+/* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
+ * that parse as JSON go through the sampling fields (read_params), a chat's messages
+ * rendered with a template family (render_chat, message_content), and the last message
+ * read as a context's turn, as daemon/http.c does for a client on its TCP port. The
+ * gateway's functions are static, so this file includes http.c itself; a refusal must
+ * come with a message, and nothing may crash or leak. */
+#include "daemon/http.c" /* IWYU pragma: keep */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    enum chat_family family = (enum chat_family)(data[0] % (CHAT_MISTRAL_V7 + 1));
+    json_tokener *tok = json_tokener_new();
+    if (!tok)
+        return 0;
+    json_object *body = json_tokener_parse_ex(tok, (const char *)data + 1, (int)(size - 1));
+    json_tokener_free(tok);
+    if (!body)
+        return 0;
+    char msg[256] = "";
+    if (json_object_is_type(body, json_type_object)) {
+        const char *stops[STOP_MAX];
+        Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+        gp.stop = (char **)stops;
+        if (read_params(body, &gp, stops, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
+            abort();
+        for (size_t i = 0; i < gp.n_stop; i++)
+            if (!stops[i])
+                abort();
+        json_object *msgs;
+        msg[0] = '\0';
+        if (field(body, "messages", json_type_array, &msgs, msg, sizeof msg) == 1 &&
+            json_object_array_length(msgs) > 0) {
+            char *prompt = render_chat(family, msgs, msg, sizeof msg);
+            if (!prompt && !msg[0])
+                abort();
+            free(prompt);
+            char *owned;
+            msg[0] = '\0';
+            json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
+            if (json_object_is_type(last, json_type_object) &&
+                !message_content(last, &owned, msg, sizeof msg) && !msg[0])
+                abort();
+            else if (json_object_is_type(last, json_type_object))
+                free(owned);
+        }
+    }
+    json_object_put(body);
+    return 0;
+}
