@@ -418,6 +418,122 @@ static void malformed_input_never_crashes(void)
     httpc_reply_free(&r);
 }
 
+/* ---- random bodies ---- */
+
+/* xorshift64: the same bodies on every run, unless LLMS_RANDOM_SEED names others */
+static uint64_t body_rng = 0x2545f4914f6cdd1du;
+
+static int body_pick(int n)
+{
+    body_rng ^= body_rng << 13;
+    body_rng ^= body_rng >> 7;
+    body_rng ^= body_rng << 17;
+    return (int)(body_rng % (uint64_t)n);
+}
+
+/* A field name of some route's requests. */
+static const char *random_key(void)
+{
+    static const char *const keys[] = {
+        "model", "prompt", "messages", "role", "content", "type", "text", "stop", "stream",
+        "stream_options", "include_usage", "temperature", "top_p", "min_p", "top_k", "seed",
+        "n", "max_tokens", "max_completion_tokens", "repeat_penalty", "llmsd", "context",
+        "input", "encoding_format", "query", "documents", "top_n", "return_documents", "kb",
+        "question", "retrieval", "system", "no_qa", "no_qkv"};
+    return keys[body_pick((int)(sizeof keys / sizeof *keys))];
+}
+
+/* A JSON value of a random type: null, booleans, integers and numbers at the edges,
+ * strings (of the names the routes know, or bytes), arrays and objects of the request
+ * fields, nested up to depth 3. */
+static json_object *random_json(int depth)
+{
+    static const char *const words[] = {"", "user", "system", "assistant", "developer",
+                                        "text", "base64", "float", "rrf", "bm25", "http",
+                                        "kb1", "\xff\xfe", "a\\u0000b"};
+    static const double numbers[] = {0, 1, -1, 0.5, 1e300, -1e300, 2147483648.0, 1e-300};
+    switch (body_pick(depth >= 3 ? 5 : 7)) {
+    case 0:
+        return NULL;
+    case 1:
+        return json_object_new_boolean(body_pick(2));
+    case 2:
+        return json_object_new_int64(body_pick(2) ? (int64_t)body_pick(40) - 8
+                                                  : body_pick(2) ? INT64_MAX : INT64_MIN);
+    case 3:
+        return json_object_new_double(numbers[body_pick((int)(sizeof numbers / sizeof *numbers))]);
+    case 4:
+        return json_object_new_string(words[body_pick((int)(sizeof words / sizeof *words))]);
+    case 5: {
+        json_object *a = json_object_new_array();
+        for (int i = body_pick(4); i > 0; i--)
+            json_object_array_add(a, random_json(depth + 1));
+        return a;
+    }
+    default: {
+        json_object *o = json_object_new_object();
+        for (int i = body_pick(6); i > 0; i--)
+            json_object_object_add(o, random_key(), random_json(depth + 1));
+        return o;
+    }
+    }
+}
+
+/* Every route gets its valid body changed at random (fields set to values of any type,
+ * in the body or in its first message, or removed) or, one time in eight, a random JSON
+ * value: the answer is a status below 500 (503 only while busy), and the daemon stays
+ * up. A JSON null read as a string crashed llmsd before. */
+static void random_bodies_never_crash(void)
+{
+    NEED(daemon_up, start_daemon());
+    const char *seed = getenv("LLMS_RANDOM_SEED");
+    if (seed && strtoull(seed, NULL, 0))
+        body_rng = strtoull(seed, NULL, 0);
+    static const char *const paths[] = {"/v1/completions", "/v1/chat/completions",
+                                        "/v1/embeddings", "/v1/rerank", "/v1/llmsd/rag"};
+    static const char *const valid[] = {
+        "{\"prompt\":\"Hi\",\"max_tokens\":2}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2}",
+        "{\"input\":\"Hi\"}", "{\"query\":\"q\",\"documents\":[\"a\",\"b\"]}",
+        "{\"kb\":\"kb1\",\"question\":\"q\",\"max_tokens\":2}"};
+    int ok = 0, n = 600;
+    for (int i = 0; i < n; i++) {
+        int route = body_pick(5);
+        json_object *body = body_pick(8) ? json_tokener_parse(valid[route]) : random_json(1);
+        for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
+            json_object *into = body, *msgs;
+            if (body_pick(3) == 0 && json_object_object_get_ex(body, "messages", &msgs) &&
+                json_object_is_type(msgs, json_type_array) &&
+                json_object_is_type(json_object_array_get_idx(msgs, 0), json_type_object))
+                into = json_object_array_get_idx(msgs, 0);
+            if (body_pick(4) == 0)
+                json_object_object_del(into, random_key());
+            else
+                json_object_object_add(into, random_key(), random_json(1));
+        }
+        /* bounded generations keep the test short (the window bounds the rest) */
+        json_object *mt;
+        if (json_object_is_type(body, json_type_object) &&
+            json_object_object_get_ex(body, "max_tokens", &mt) &&
+            json_object_is_type(mt, json_type_int) && json_object_get_int64(mt) > 8)
+            json_object_object_add(body, "max_tokens", json_object_new_int(8));
+        const char *text = body ? json_object_to_json_string(body) : "null";
+        httpc_reply r;
+        int rc = httpc_do(hsock, 0, "POST", paths[route], NULL, text, &r);
+        CHECK_MSG(rc == 0, "%s %s: no answer", paths[route], text);
+        CHECK_MSG(r.status >= 200 && (r.status < 500 || r.status == 503), "%s %s: %d %s",
+                  paths[route], text, r.status, r.body);
+        ok += r.status == 200;
+        httpc_reply_free(&r);
+        json_object_put(body);
+    }
+    fprintf(stderr, "    %d random bodies: %d answered 200\n", n, ok);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+}
+
 static void tcp_needs_a_token(void)
 {
     NEED(daemon_up, start_daemon());
@@ -722,6 +838,7 @@ int main(int argc, char **argv)
     RUN(embeddings_float_and_base64);
     RUN(errors_are_openai_shaped);
     RUN(malformed_input_never_crashes);
+    RUN(random_bodies_never_crash);
     RUN(tcp_needs_a_token);
     RUN(metrics_count_requests);
     RUN(context_field_calls_a_context);
