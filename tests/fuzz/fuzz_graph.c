@@ -1,6 +1,7 @@
 /* libFuzzer target for workflow graphs (daemon/graph.h), which llmsd compiles from any
  * client's GraphCreate. The first input byte picks the mode:
- *   even: the rest is a packed GraphDef, compiled as GraphCreate would;
+ *   0 mod 4: the rest is a packed GraphDef, compiled as GraphCreate would;
+ *   2 mod 4: a built-in template (the next byte picks which), so runs get deep quickly;
  *   odd:  the rest is split at the first NUL into a condition and a prompt template, put
  *         in a small looping graph (a node "think" over inputs "question" and "kb", an
  *         edge to END when the condition holds, else back to itself), so the condition
@@ -122,7 +123,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     char err[ERR_MAX] = "";
     graph *g = NULL;
-    if (data[0] % 2 == 0) {
+    if (data[0] % 4 == 2) {
+        g = graph_builtin(graph_builtin_name(size > 1 ? data[1] % GRAPH_N_BUILTINS : 0), &limits,
+                          err);
+    } else if (data[0] % 2 == 0) {
         Llms__GraphDef *d = llms__graph_def__unpack(NULL, size - 1, data + 1);
         if (!d)
             return 0;
