@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,20 @@ static inline llms_conn *proc_connect(const llmsd_proc *d, const char *app)
         return NULL;
     }
     return c;
+}
+
+/* Whether d still takes a new client of app and answers it (a Tokenize): what the abuse
+ * tests check once they are done. */
+static inline bool proc_still_answers(const llmsd_proc *d, const char *app)
+{
+    llms_conn *c = proc_connect(d, app);
+    int32_t *toks = NULL;
+    size_t n;
+    bool ok = c && llms_tokenize(c, "still here", 1, 0, &toks, &n) == LLMS_OK;
+    free(toks);
+    if (c)
+        llms_close(c);
+    return ok;
 }
 
 #endif

@@ -356,13 +356,7 @@ static void random_requests_never_crash(void)
                     "by llmsd, %.1f s\n", sent, answered, succeeded, closed, proc_now() - t0);
     CHECK(answered > sent / 2); /* most are answered, not merely dropped */
 
-    c = proc_connect(&d, "after");
-    CHECK(c);
-    int32_t *toks;
-    size_t n;
-    CHECK_EQ(llms_tokenize(c, "still here", 1, 0, &toks, &n), LLMS_OK);
-    free(toks);
-    llms_close(c);
+    CHECK(proc_still_answers(&d, "after"));
     int code = proc_stop(&d, SIGTERM);
     if (code != 0)
         proc_print_log(&d);

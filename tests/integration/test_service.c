@@ -421,14 +421,7 @@ static void bad_frames_do_not_disturb_others(void)
     CHECK_MSG(!v.msg[0], "the well-behaved client was disturbed: %s", v.msg);
     CHECK(v.calls_ok >= 2);
 
-    /* The daemon still takes new clients. */
-    llms_conn *c = proc_connect(d, "after-garbage");
-    CHECK(c);
-    int32_t *toks;
-    size_t n;
-    CHECK_EQ(llms_tokenize(c, "still here", 1, 0, &toks, &n), LLMS_OK);
-    free(toks);
-    llms_close(c);
+    CHECK(proc_still_answers(d, "after-garbage"));
 }
 
 /* ---- listings ---- */
