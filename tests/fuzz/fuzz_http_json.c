@@ -38,14 +38,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!prompt && !msg[0])
                 abort();
             free(prompt);
-            char *owned;
             msg[0] = '\0';
             json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
-            if (json_object_is_type(last, json_type_object) &&
-                !message_content(last, &owned, msg, sizeof msg) && !msg[0])
-                abort();
-            else if (json_object_is_type(last, json_type_object))
+            if (json_object_is_type(last, json_type_object)) {
+                char *owned;
+                if (!message_content(last, &owned, msg, sizeof msg) && !msg[0])
+                    abort();
                 free(owned);
+            }
         }
     }
     json_object_put(body);
