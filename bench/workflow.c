@@ -85,12 +85,12 @@ typedef struct request {
     int n_queries;
 } request;
 
-/* Speculation counted over a cell's graph runs (GraphResult's). */
-typedef struct spec_count {
+/* What a cell's graph runs report, summed (GraphResult's): speculation, and prompt
+ * tokens of generation nodes with those taken from the run's previous node's KV. */
+typedef struct graph_counts {
     atomic_long started, hits, rollbacks, saved_us;
-    atomic_long prompt_tokens, reused_tokens; /* of generation nodes; taken from the run's
-                                                 previous node's KV */
-} spec_count;
+    atomic_long prompt_tokens, reused_tokens;
+} graph_counts;
 
 typedef struct cell {
     enum system sys;
@@ -99,7 +99,7 @@ typedef struct cell {
     int n;
     atomic_int next;
     double t0;
-    spec_count spec;
+    graph_counts counts;
 } cell;
 
 /* The passages a retrieval node would give: KbSearch's texts, blank-line joined. */
@@ -191,12 +191,12 @@ static int run_graph(llms_conn *c, cell *cl, const char *question, char **answer
                                  cl->sys == GRAPH_SPEC ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF,
                                  NULL, NULL, &r) != LLMS_OK)
         return -1;
-    atomic_fetch_add(&cl->spec.started, r.speculations);
-    atomic_fetch_add(&cl->spec.hits, r.spec_hits);
-    atomic_fetch_add(&cl->spec.rollbacks, r.spec_rollbacks);
-    atomic_fetch_add(&cl->spec.saved_us, (long)(r.spec_saved_ms * 1e3));
-    atomic_fetch_add(&cl->spec.prompt_tokens, r.prompt_tokens);
-    atomic_fetch_add(&cl->spec.reused_tokens, r.reused_tokens);
+    atomic_fetch_add(&cl->counts.started, r.speculations);
+    atomic_fetch_add(&cl->counts.hits, r.spec_hits);
+    atomic_fetch_add(&cl->counts.rollbacks, r.spec_rollbacks);
+    atomic_fetch_add(&cl->counts.saved_us, (long)(r.spec_saved_ms * 1e3));
+    atomic_fetch_add(&cl->counts.prompt_tokens, r.prompt_tokens);
+    atomic_fetch_add(&cl->counts.reused_tokens, r.reused_tokens);
     *answer = r.output;
     r.output = NULL;
     llms_graph_result_free(&r);
@@ -283,9 +283,9 @@ static outcome run_cell(enum system sys, const char *tmpl, request *req, int n, 
         pthread_create(&th[i], NULL, worker, &cl);
     for (int i = 0; i < threads; i++)
         pthread_join(th[i], NULL);
-    outcome o = {.spec_started = cl.spec.started, .spec_hits = cl.spec.hits,
-                 .spec_rollbacks = cl.spec.rollbacks, .spec_saved_ms = cl.spec.saved_us / 1e3,
-                 .prompt_tokens = cl.spec.prompt_tokens, .reused_tokens = cl.spec.reused_tokens};
+    outcome o = {.spec_started = cl.counts.started, .spec_hits = cl.counts.hits,
+                 .spec_rollbacks = cl.counts.rollbacks, .spec_saved_ms = cl.counts.saved_us / 1e3,
+                 .prompt_tokens = cl.counts.prompt_tokens, .reused_tokens = cl.counts.reused_tokens};
     double lat[n > 0 ? n : 1], end = 0;
     int k = 0;
     for (int i = 0; i < n; i++) {
