@@ -179,11 +179,15 @@ INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * scales (lanes 4 b .. 4 b + 3: block i + b). The values are unsigned, as vpdpbusd wants
  * its first operand, and the -8 of every weight is the lane's start, -8 times the sum of
  * its four activation quants: each lane's integer is exactly the scalar kernel's, only
- * the order of the f32 additions differs. One weight row at a time for every activation
- * count, so a row's result is the same alone as batched. From L2 on one thread this
- * reads 28.6 GB/s where the AVX2 kernel (maddubs, madd and a shared sum per block), which
- * had bound Q4_0 decode below what DRAM feeds, read 17.9 (4096 columns, 256 KiB of rows,
- * the two interleaved, median of 41; two blocks a step read 23.4).
+ * the order of the f32 additions differs, and each (row, activation) pair takes the same
+ * steps however rows and activations are grouped, so a row's result is the same alone as
+ * batched. From L2 on one thread this reads 28.6 GB/s where the AVX2 kernel (maddubs,
+ * madd and a shared sum per block), which had bound Q4_0 decode below what DRAM feeds,
+ * read 17.9 (4096 columns, 256 KiB of rows, the two interleaved, median of 41; two blocks
+ * a step read 23.4). Batched decode had no multi-activation Q4_0 kernel at all (each
+ * activation went through the rows again); with two rows a pass sharing each activation
+ * group's loads, 4-32 activations take 0.23-0.31x its time on TinyLlama's 2048 x 5632 and
+ * 5632 x 2048 matrices (one row a pass: 0.30-0.46x).
  */
 typedef struct q4_0_act_group {
     __m512i q[2];    /* (2, 64) quants 0-15, then 16-31, of blocks i .. i + 3 */
@@ -191,6 +195,7 @@ typedef struct q4_0_act_group {
     __m512 d;        /* (16) the scale of each lane's block */
 } q4_0_act_group;
 #define Q4_0_ACT_MAX_N 8192 /* activation elements a call puts in order on its stack */
+#define Q4_0_MR 2           /* rows a pass takes for several activations */
 
 /* Four f16 scales d[0..3], each over four lanes, as f32. */
 INLINE __m512 q4_0_scale_lanes(uint64_t d4)
@@ -245,44 +250,65 @@ INLINE q4_0_act_group q4_0_act_group_at(const qblock_q8_0 *y, int64_t i, int64_t
     return g;
 }
 
-/* Blocks i .. i + 3 of row x (those below nb) against na activations into acc. */
-INLINE void q4_0_step(int na, const qblock_q4_0 *x, const q4_0_act_group (*ga)[Q4_0_ACT_MAX_N / 128],
-                      const qblock_q8_0 *const *y, int64_t i, int64_t nb, __m512 *acc)
+/* Blocks i .. i + 3 (those below nb) of nr rows x[0 .. nr - 1] against na activations
+ * into acc[r][a] (nr and na constant after inlining). */
+INLINE void q4_0_step(int nr, int na, const qblock_q4_0 *const *x,
+                      const q4_0_act_group (*ga)[Q4_0_ACT_MAX_N / 128], const qblock_q8_0 *const *y,
+                      int64_t i, int64_t nb, __m512 (*acc)[MA])
 {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512i q = Q4_0_GATHER4(x, i, nb, 0);
-    __m512i wq[2] = {_mm512_and_si512(q, low), _mm512_and_si512(_mm512_srli_epi16(q, 4), low)};
-    __m512 dw = q4_0_scale_lanes(q4_0_scales4(x, sizeof *x, i, nb));
+    __m512i wq[Q4_0_MR][2];
+    __m512 dw[Q4_0_MR];
+#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++) {
+        __m512i q = Q4_0_GATHER4(x[r], i, nb, 0);
+        wq[r][0] = _mm512_and_si512(q, low);
+        wq[r][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+        dw[r] = q4_0_scale_lanes(q4_0_scales4(x[r], sizeof *x[r], i, nb));
+    }
 #pragma GCC unroll 4
     for (int a = 0; a < na; a++) {
         q4_0_act_group g = ga ? ga[a][i / 4] : q4_0_act_group_at(y[a], i, nb);
-        __m512 d = _mm512_mul_ps(dw, g.d);
-        __m512 s0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(g.corr[0], wq[0], g.q[0]));
-        __m512 s1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(g.corr[1], wq[1], g.q[1]));
-        acc[a] = _mm512_fmadd_ps(d, s1, _mm512_fmadd_ps(d, s0, acc[a]));
+#pragma GCC unroll 2
+        for (int r = 0; r < nr; r++) {
+            __m512 d = _mm512_mul_ps(dw[r], g.d);
+            __m512 s0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(g.corr[0], wq[r][0], g.q[0]));
+            __m512 s1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(g.corr[1], wq[r][1], g.q[1]));
+            acc[r][a] = _mm512_fmadd_ps(d, s1, _mm512_fmadd_ps(d, s0, acc[r][a]));
+        }
     }
 }
 
-/* One row against na (1..MA, constant after inlining) activations, whose groups are in
- * ga[a] (or, with ga NULL, put in order from y[a] step by step: the same values). */
-INLINE void q4_0_row(int na, const qblock_q4_0 *x, const q4_0_act_group (*ga)[Q4_0_ACT_MAX_N / 128],
-                     const qblock_q8_0 *const *y, int64_t nb, float *out, size_t os)
+/* nr rows from x0, rb bytes apart, against na activations, whose groups are in ga[a] (or,
+ * with ga NULL, put in order from y[a] step by step: the same values). */
+INLINE void q4_0_rows(int nr, int na, const uint8_t *x0, size_t rb,
+                      const q4_0_act_group (*ga)[Q4_0_ACT_MAX_N / 128], const qblock_q8_0 *const *y,
+                      int64_t nb, float *out, size_t os)
 {
-    __m512 acc[MA];
+    const qblock_q4_0 *x[Q4_0_MR];
+    __m512 acc[Q4_0_MR][MA];
+#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const qblock_q4_0 *)(const void *)(x0 + (size_t)r * rb);
 #pragma GCC unroll 4
-    for (int a = 0; a < na; a++)
-        acc[a] = _mm512_setzero_ps();
+        for (int a = 0; a < na; a++)
+            acc[r][a] = _mm512_setzero_ps();
+    }
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) /* whole steps: every block present, no tests */
-        q4_0_step(na, x, ga, y, i, i + 4, acc);
+        q4_0_step(nr, na, x, ga, y, i, i + 4, acc);
     if (i < nb)
-        q4_0_step(na, x, ga, y, i, nb, acc);
+        q4_0_step(nr, na, x, ga, y, i, nb, acc);
+#pragma GCC unroll 2
+    for (int r = 0; r < nr; r++)
 #pragma GCC unroll 4
-    for (int a = 0; a < na; a++)
-        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+        for (int a = 0; a < na; a++)
+            out[(size_t)a * os + r] = _mm512_reduce_add_ps(acc[r][a]);
 }
 
-/* All rows for one group of na (constant after inlining) activations. */
+/* All rows for one group of na (constant after inlining) activations: one row at a time
+ * for one activation (one sequential stream, as the other decode kernels read), two for
+ * more, which then share each load of an activation's group. */
 INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
@@ -295,10 +321,13 @@ INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
     for (int a = 0; a < na && ordered; a++)
         for (int64_t i = 0; i < nb; i += 4)
             ga[a][i / 4] = q4_0_act_group_at(y[a], i, nb);
-    for (int64_t r = 0; r < n_rows; r++)
-        q4_0_row(na, (const qblock_q4_0 *)(const void *)(w + (size_t)r * rb),
-                 ordered ? (const q4_0_act_group(*)[Q4_0_ACT_MAX_N / 128])ga : NULL, y, nb,
-                 out + r, os);
+    const q4_0_act_group(*g)[Q4_0_ACT_MAX_N / 128] = ordered ? (const q4_0_act_group(*)[Q4_0_ACT_MAX_N / 128])ga : NULL;
+    int64_t r = 0;
+    if (na > 1)
+        for (; r + Q4_0_MR <= n_rows; r += Q4_0_MR)
+            q4_0_rows(Q4_0_MR, na, w + (size_t)r * rb, rb, g, y, nb, out + r, os);
+    for (; r < n_rows; r++)
+        q4_0_rows(1, na, w + (size_t)r * rb, rb, g, y, nb, out + r, os);
 }
 
 /*
