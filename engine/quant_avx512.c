@@ -197,7 +197,7 @@ typedef struct q4_0_act_group {
 #define Q4_0_ACT_MAX_N 8192 /* activation elements a call puts in order on its stack */
 #define Q4_0_MR 2           /* rows a pass takes for several activations */
 
-/* Four f16 scales d[0..3], each over four lanes, as f32. */
+/* The four f16 scales packed in d4 (first lowest), each over four lanes, as f32. */
 INLINE __m512 q4_0_scale_lanes(uint64_t d4)
 {
     const __m256i spread = _mm256_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
