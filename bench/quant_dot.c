@@ -137,7 +137,8 @@ int main(void)
 {
     static const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
-    const char *simd = quant_simd_name();
+    /* the name of the kernels quant_dot_rows runs (quant_simd_name says only AVX2 or not) */
+    const char *simd = quant_avx512_enabled() ? "avx512" : quant_simd_name();
     float *x = malloc(COLS * sizeof *x), *out = malloc(MATRIX_BYTES / 64 * sizeof *out);
     float *scratch[2] = {malloc(COLS * sizeof(float)), malloc(COLS * sizeof(float))};
     void *act = malloc(COLS * sizeof(float));
