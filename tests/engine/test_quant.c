@@ -528,7 +528,9 @@ static void simd_dot_matches_scalar(void)
     /* float lengths: every tail the kernels mask, and one past the AVX-512 BF16 kernel's
      * 16384-element buffer (the shift-widening kernel takes it) */
     static const int64_t float_lengths[] = {1, 7, 8, 15, 16, 17, 31, 33, 63, 65, 1000, 4096, 5000, 16400};
-    static const int64_t q32_lengths[] = {32, 96, 256, 4096, 5632};
+    /* 8288: past the 8192 elements the AVX-512 Q8_0 and Q4_0 kernels put in order on
+     * their stacks, with an odd block count */
+    static const int64_t q32_lengths[] = {32, 96, 256, 4096, 5632, 8288};
     /* 8448: past the 8192 elements the AVX-512 Q4_K/Q5_K kernel reorders on its stack
      * (it reorders each super-block in registers instead) */
     static const int64_t q256_lengths[] = {256, 512, 2048, 5632, 8448};
@@ -536,7 +538,9 @@ static void simd_dot_matches_scalar(void)
         uint32_t t = dot_types[k];
         int bs = quant_traits_of(t)->block_size;
         const int64_t *lens = bs == 1 ? float_lengths : bs == 32 ? q32_lengths : q256_lengths;
-        size_t nl = bs == 1 ? sizeof float_lengths / sizeof float_lengths[0] : 5;
+        size_t nl = bs == 1    ? sizeof float_lengths / sizeof float_lengths[0]
+                    : bs == 32 ? sizeof q32_lengths / sizeof q32_lengths[0]
+                               : sizeof q256_lengths / sizeof q256_lengths[0];
         for (size_t li = 0; li < nl; li++) {
             dot_case c;
             CHECK(dot_case_make(&c, t, lens[li]));
@@ -648,9 +652,16 @@ static void dot_rows_equal_single_dots(void)
 static void dot_rows_multi_match_single_dots(void)
 {
     enum { ROWS = 7, MAX_ACT = 9, OUT_STRIDE = ROWS + 2 };
-    for (size_t k = 0; k < N_DOT_TYPES; k++) {
+    /* every type at one length; the 32-element block types also past the 8192 elements
+     * the AVX-512 Q8_0 and Q4_0 kernels put in order on their stacks (they then work from
+     * the activation as stored) */
+    for (size_t kl = 0; kl < 2 * N_DOT_TYPES; kl++) {
+        size_t k = kl % N_DOT_TYPES;
+        bool long_row = kl >= N_DOT_TYPES;
+        if (long_row && block_of(dot_types[k]) != 32)
+            continue;
         uint32_t t = dot_types[k], at = quant_dot_activation_type(t);
-        int64_t n = block_of(t) == 32 ? 1024 + 32 : 1024 + 256;
+        int64_t n = long_row ? 8192 + 96 : block_of(t) == 32 ? 1024 + 32 : 1024 + 256;
         if (quant_traits_of(t)->block_size == 1)
             n += 3;
         size_t rb = quant_row_bytes(t, n), stride = rb + 6;
@@ -709,10 +720,12 @@ static void dot_rows_multi_match_single_dots(void)
         free(af);
         free(w);
         free(act);
-        CHECK_MSG(ok, "%s: quant_dot_rows_multi differs from quant_dot", quant_traits_of(t)->name);
-        CHECK_MSG(same, "%s: quant_dot_rows_multi depends on grouping", quant_traits_of(t)->name);
-        CHECK_MSG(batched_as_alone, "%s: a batched result differs from the same pair alone",
-                  quant_traits_of(t)->name);
+        CHECK_MSG(ok, "%s n=%lld: quant_dot_rows_multi differs from quant_dot",
+                  quant_traits_of(t)->name, (long long)n);
+        CHECK_MSG(same, "%s n=%lld: quant_dot_rows_multi depends on grouping",
+                  quant_traits_of(t)->name, (long long)n);
+        CHECK_MSG(batched_as_alone, "%s n=%lld: a batched result differs from the same pair alone",
+                  quant_traits_of(t)->name, (long long)n);
     }
 }
 
