@@ -110,7 +110,13 @@ INLINE void rows_q4_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y,
         x[r] = (const qblock_q4_0 *)(const void *)(w + (size_t)r * rb);
         acc[r] = _mm256_setzero_ps();
     }
+    /* the next group of rows fetched evenly over this pass, as rows_q8_0 does: without
+     * it, one thread read 8.5 GB/s of Q4_0 rows from DRAM where they read 16.8 from L2 */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = nb ? (size_t)nr * rb / (size_t)nb : 0;
     for (int64_t i = 0; i < nb; i++) {
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)i * pf_step + k), _MM_HINT_T0);
         /* sum (q - 8) a = sum q a - 8 sum a, with q unsigned as maddubs wants it; the
          * second sum is shared by all rows. */
         __m256i a = load256(y[i].qs);
