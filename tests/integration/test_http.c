@@ -425,10 +425,7 @@ static uint64_t body_rng = 0x2545f4914f6cdd1du;
 
 static int body_pick(int n)
 {
-    body_rng ^= body_rng << 13;
-    body_rng ^= body_rng >> 7;
-    body_rng ^= body_rng << 17;
-    return (int)(body_rng % (uint64_t)n);
+    return (int)(test_random(&body_rng) % (uint64_t)n);
 }
 
 /* A field name of some route's requests. */
@@ -486,9 +483,7 @@ static json_object *random_json(int depth)
 static void random_bodies_never_crash(void)
 {
     NEED(daemon_up, start_daemon());
-    const char *seed = getenv("LLMS_RANDOM_SEED");
-    if (seed && strtoull(seed, NULL, 0))
-        body_rng = strtoull(seed, NULL, 0);
+    test_random_seed(&body_rng);
     static const char *const paths[] = {"/v1/completions", "/v1/chat/completions",
                                         "/v1/embeddings", "/v1/rerank", "/v1/llmsd/rag"};
     static const char *const valid[] = {

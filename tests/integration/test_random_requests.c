@@ -40,10 +40,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15u;
 
 static uint64_t rng(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return test_random(&rng_state);
 }
 
 static int pick(int n)
@@ -368,9 +365,7 @@ int main(int argc, char **argv)
     (void)argc;
     signal(SIGPIPE, SIG_IGN);
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    const char *seed = getenv("LLMS_RANDOM_SEED");
-    if (seed && strtoull(seed, NULL, 0))
-        rng_state = strtoull(seed, NULL, 0);
+    test_random_seed(&rng_state);
     modelgen_params mp = {
         .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 3, .n_vocab = 300, .n_threads = 1,

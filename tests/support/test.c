@@ -120,3 +120,18 @@ int test_run_capture(const char *cmd, char *out, size_t cap)
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+void test_random_seed(uint64_t *state)
+{
+    const char *seed = getenv("LLMS_RANDOM_SEED");
+    if (seed && strtoull(seed, NULL, 0))
+        *state = strtoull(seed, NULL, 0);
+}
+
+uint64_t test_random(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Runs one test function and records its outcome. */
 void test_run(const char *name, void (*fn)(void));
@@ -40,6 +41,12 @@ const char *test_tmpdir(void);
  * NUL-terminated; the rest is read and dropped), and returns its exit code (-1 when it
  * could not run or was killed). */
 int test_run_capture(const char *cmd, char *out, size_t cap);
+
+/* Random tests' generator (xorshift64): *state starts at the test's own constant, so every
+ * run draws the same values, unless LLMS_RANDOM_SEED names another (nonzero) start, which
+ * test_random_seed puts there. */
+void test_random_seed(uint64_t *state);
+uint64_t test_random(uint64_t *state);
 
 #define RUN(fn) test_run(#fn, fn)
 
