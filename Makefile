@@ -39,9 +39,21 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 
 # OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/blas.h says why.
+# pkg-config is read once, when make starts: `check` and `run` install the packages first
+# (`deps`) and then start a second make, which reads it afresh on a fresh machine.
 PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c
 DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+# Any other goal builds with what pkg-config found, so a missing package is named here
+# instead of as hundreds of undefined references at the first link.
+ifneq ($(filter-out deps check run clean,$(or $(MAKECMDGOALS),all)),)
+DEPS_MISSING := $(shell for p in openblas $(PKGS); do pkg-config --exists $$p 2>/dev/null || echo $$p; done; \
+                        command -v protoc-c >/dev/null || echo protoc-c)
+ifneq ($(strip $(DEPS_MISSING)),)
+$(error build packages missing ($(strip $(DEPS_MISSING))): run 'make deps' (scripts/install-deps.sh) first, or 'make check' / 'make run', which do)
+endif
+endif
 
 CFLAGS  := -std=gnu11 -Wall -Wextra -Werror $(OPT) -g -pthread -fPIC \
            -D_GNU_SOURCE -DLLMS_VERSION='"$(VERSION)"' -I. -I$(BUILD) $(DEPS_CFLAGS) \
@@ -182,7 +194,8 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ALL_LIBS)
 	$(SAY) FUZZ $@
 	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(ALL_LIBS) $(LDLIBS) -o $@
 
-run: deps all
+run: deps
+	@$(MAKE) --no-print-directory all
 	@sh scripts/demo.sh
 
 install: all
