@@ -381,8 +381,16 @@ static int params_to_proto(const llms_params *p, Llms__GenerationParams *g)
 
 /* ---- session ---- */
 
+const char *llms_default_app(void)
+{
+    const char *app = getenv("LLMS_APP");
+    return app && *app ? app : LLMS_DEFAULT_APP;
+}
+
 enum llms_status llms_bind(llms_conn *c, const char *app_name)
 {
+    if (!app_name)
+        app_name = llms_default_app();
     enum llms_status s = check_str(c, app_name, "app_name");
     if (s != LLMS_OK)
         return s;

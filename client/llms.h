@@ -205,9 +205,23 @@ void llms_set_timeout(llms_conn *conn, uint32_t timeout_ms);
 const char *llms_last_error(const llms_conn *conn);
 
 /*
- * Attaches the connection to an app: 1..64 bytes of [A-Za-z0-9._-]. The app's identity
- * is (your uid, app_name); contexts belong to it. Every call but the admin ones needs a
- * bound connection. A connection binds once.
+ * The app name of every llmsd client when its user names none: this library, llms,
+ * Python, and the HTTP gateway without an X-Llmsd-App header. A knowledge base or context
+ * made through one of them is found through the others.
+ */
+#define LLMS_DEFAULT_APP "default"
+
+/*
+ * The app llms_bind(conn, NULL) binds to: $LLMS_APP when it is set and not empty, else
+ * LLMS_DEFAULT_APP.
+ */
+const char *llms_default_app(void);
+
+/*
+ * Attaches the connection to an app: 1..64 bytes of [A-Za-z0-9._-], or NULL for
+ * llms_default_app(). The app's identity is (your uid, app_name); contexts, knowledge
+ * bases, graphs and caches belong to it. Every call but the admin ones needs a bound
+ * connection. A connection binds once.
  */
 enum llms_status llms_bind(llms_conn *conn, const char *app_name);
 

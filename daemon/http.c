@@ -33,7 +33,6 @@
 
 #define HREQ_BUCKETS 256
 #define MAX_COUNTS 64           /* (route, status) pairs /metrics counts */
-#define DEFAULT_APP "http"
 #define APP_HEADER "X-Llmsd-App"
 #define MAX_HEADERS_BYTES (64 << 10)
 #define IDLE_SECONDS 60         /* a keep-alive connection with no request closes */
@@ -1498,7 +1497,7 @@ static int identify(http *h, struct evhttp_request *req, int fd, session *ss, ch
         }
         const char *app = evhttp_find_header(in, APP_HEADER);
         if (!app)
-            app = DEFAULT_APP;
+            app = FRAME_DEFAULT_APP;
         if (!session_valid_app(app)) {
             snprintf(msg, cap, APP_HEADER " must be 1..%d bytes of [A-Za-z0-9._-]", SCHED_APP_MAX);
             return 400;

@@ -25,7 +25,7 @@
  * is usable over HTTP once its load has answered and gone once its unload has.
  *
  * Identity: on the Unix socket the peer's uid (SO_PEERCRED) and the app named by the
- * X-Llmsd-App header (default "http"); on TCP the bearer token, mapped to (uid, app) by
+ * X-Llmsd-App header (default FRAME_DEFAULT_APP, "default", as every client); on TCP the bearer token, mapped to (uid, app) by
  * http_tokens_file. /metrics needs an admin (as llmsctl status): uid 0 or admin_group
  * on the socket, a token marked admin on TCP. /health needs no identity.
  */

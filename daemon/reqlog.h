@@ -2,8 +2,8 @@
  * reqlog.h — llmsd's log on stderr (the journal under systemd): one line per request
  * that used the engine and one per error answered, filtered by the log_level setting.
  *
- *   llmsd: info: request app=1000/llms-cli kind=call tokens=42 ms=180.3 outcome=eos
- *   llmsd: info: request app=1000/llms-cli kind=call ms=0.1 outcome=NOT_FOUND: no context 'x'
+ *   llmsd: info: request app=1000/default kind=call tokens=42 ms=180.3 outcome=eos
+ *   llmsd: info: request app=1000/default kind=call ms=0.1 outcome=NOT_FOUND: no context 'x'
  *   llmsd: error: request app=1000/x kind=embed ms=3.0 outcome=INTERNAL: out of memory
  *
  * Lines are written whole with one call, so the worker and the loop never interleave

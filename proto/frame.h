@@ -14,6 +14,10 @@
 #include "proto/llms.pb-c.h"
 
 #define FRAME_HEADER_BYTES 4
+/* The app every client binds to when its user names none: libllmsclient (llms_bind with
+ * NULL, where $LLMS_APP does not name another), llms, Python and the HTTP gateway without
+ * X-Llmsd-App. One name, so a knowledge base made with one client is found with another. */
+#define FRAME_DEFAULT_APP "default"
 #define FRAME_DEFAULT_MAX_BYTES (16u << 20)
 /* Fields a frame may decode into. Decoding allocates per field (each string, message and
  * unknown field), so a frame of two-byte fields would take twenty times its size in

@@ -75,7 +75,8 @@ static void usage(void)
            "           stdout, or all of it as JSON with --json), list, remove\n"
            "\n"
            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
-           "         --app NAME     app name the contexts belong to (default llms-cli)\n"
+           "         --app NAME     the app whose contexts, kbs and graphs these are (default:\n"
+           "                        $LLMS_APP, else \"" LLMS_DEFAULT_APP "\", as every client)\n"
            "         --temp T       ask, chat: sampling temperature (0: greedy)\n"
            "         --max-tokens N ask, chat: tokens to generate at most (1..%d)\n"
            "         --seed S       ask, chat: sampling seed\n"
@@ -960,7 +961,7 @@ static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p,
 
 int main(int argc, char **argv)
 {
-    const char *socket_path = NULL, *app = "llms-cli", *context = NULL, *system = NULL;
+    const char *socket_path = NULL, *app = NULL, *context = NULL, *system = NULL;
     const char *query = NULL, *file = NULL;
     int json = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;

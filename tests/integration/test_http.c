@@ -580,12 +580,12 @@ static void metrics_count_requests(void)
     httpc_reply_free(&r);
 }
 
-/* A context made natively by app "http" is the same app's context over HTTP; another
+/* A context made natively by the default app is the same app's context over HTTP; another
  * app (a token's) does not see it. */
 static void context_field_calls_a_context(void)
 {
     NEED(daemon_up, start_daemon());
-    llms_conn *c = proc_connect(&daemon_, "http");
+    llms_conn *c = proc_connect(&daemon_, LLMS_DEFAULT_APP);
     CHECK(c);
     char id[LLMS_ID_MAX];
     CHECK_EQ(llms_context_create(c, "You answer.", NULL, id), LLMS_OK);
@@ -636,7 +636,7 @@ static void context_field_calls_a_context(void)
 static void rag_route_answers_from_a_knowledge_base(void)
 {
     NEED(daemon_up, start_daemon());
-    llms_conn *c = proc_connect(&daemon_, "http"); /* the gateway's app on the socket */
+    llms_conn *c = proc_connect(&daemon_, LLMS_DEFAULT_APP); /* the gateway's app on the socket */
     CHECK(c);
     llms_kb_doc docs[2] = {
         {"ball", "Lily had a red ball. She played with it in the park every day.", NULL},
@@ -692,7 +692,7 @@ static void rerank_returns_scores(void)
     proc_fmt(extra, sizeof extra, "http_socket = %s\nrerank_yes_token = 300\nrerank_no_token = 301\n",
              sock);
     CHECK(proc_start(&d, llmsd_path, "rerank", stories, extra) == 0);
-    llms_conn *c = proc_connect(&d, "http");
+    llms_conn *c = proc_connect(&d, LLMS_DEFAULT_APP);
     CHECK(c);
     const char *docs[] = {"the cat sat", "a dog ran far", "cats like milk"};
     llms_rerank_options opt;

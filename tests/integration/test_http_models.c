@@ -360,7 +360,7 @@ static void roles_are_checked(void)
 static void context_keeps_its_model(void)
 {
     NEED();
-    llms_conn *c = proc_connect(&daemon_, "http");
+    llms_conn *c = proc_connect(&daemon_, LLMS_DEFAULT_APP);
     CHECK(c);
     char id[LLMS_ID_MAX];
     llms_params p = proc_greedy(MAX_TOKENS, TINY_NAME);

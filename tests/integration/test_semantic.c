@@ -372,7 +372,7 @@ static void cli_embed(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' embed 'a cat sat' 'Once upon a time'",
              llms_path, embed_daemon.sock);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
-    llms_conn *c = proc_connect(&embed_daemon, "llms-cli");
+    llms_conn *c = proc_connect(&embed_daemon, LLMS_DEFAULT_APP);
     CHECK(c);
     const char *texts[] = {"a cat sat", "Once upon a time"};
     llms_embeddings e;
@@ -417,7 +417,7 @@ static void cli_rerank_and_calibrate(void)
              "'%s' --socket '%s' rerank -q '%s' -k 2 --threshold 0 '%s' '%s' '%s' '%s'",
              llms_path, rerank_daemon.sock, QUERY, files[0], files[1], files[2], files[3]);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
-    llms_conn *c = proc_connect(&rerank_daemon, "llms-cli");
+    llms_conn *c = proc_connect(&rerank_daemon, LLMS_DEFAULT_APP);
     CHECK(c);
     llms_rerank_options o;
     llms_rerank_options_init(&o);
