@@ -41,7 +41,7 @@ DESTDIR  ?=
 # OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/blas.h says why.
 # pkg-config is read once, when make starts: `check` and `run` install the packages first
 # (`deps`) and then start a second make, which reads it afresh on a fresh machine.
-PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c
+PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c libsodium
 DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -10,7 +10,7 @@ set -eu
 
 # What the build reads through pkg-config and protoc-c: exactly these are purged.
 BUILD_PACKAGES="libopenblas-dev libpcre2-dev libevent-dev libsystemd-dev libprotobuf-c-dev \
-protobuf-c-compiler libsqlite3-dev libzstd-dev libjson-c-dev"
+protobuf-c-compiler libsqlite3-dev libzstd-dev libjson-c-dev libsodium-dev"
 
 PACKAGES="build-essential pkg-config clang libclang-rt-14-dev $BUILD_PACKAGES \
 curl python3 systemd"
