@@ -140,6 +140,8 @@ static const key_def keys[] = {
                                     "Tokenize input (default 65536)"),
     OPT(http_socket, "Unix socket of the OpenAI-compatible HTTP gateway; a peer is its uid "
                      "(default none: off)"),
+    OPT(http_socket_group, "group of http_socket, mode socket_mode (default none: the group "
+                           "of the clients' socket, the socket unit's SocketGroup= llms)"),
     OPT(http_listen, "host:port of the HTTP gateway on TCP, loopback only unless "
                      "http_allow_remote; a peer is its bearer token (default none: off)"),
     INT(http_allow_remote, 0, 1, "1 = http_listen may be a non-loopback address (default 0)"),

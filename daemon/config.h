@@ -95,6 +95,7 @@ typedef struct config {
     int max_text_bytes;                /* a prompt, system prompt, text or Tokenize input */
     /* The OpenAI-compatible HTTP gateway (daemon/http.h); off while both are empty. */
     char http_socket[CONFIG_SOCKET_MAX]; /* Unix socket: identity = the peer's uid */
+    char http_socket_group[64];        /* its group; "": the clients' socket's group */
     char http_listen[256];             /* host:port on loopback: identity = bearer token */
     int http_allow_remote;             /* 1: http_listen may name a non-loopback address */
     char http_tokens_file[CONFIG_PATH_MAX]; /* "TOKEN UID APP [admin]" lines */

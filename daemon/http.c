@@ -16,6 +16,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pwd.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,8 +60,14 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/health", "/metrics", "other",
 };
 
+/* Tokens are kept as digests only: a lookup hashes the presented token and compares
+ * digests of one fixed size in constant time, so neither the time a lookup takes nor
+ * the daemon's memory tells anything of a token. */
+#define TOKEN_DIGEST_BYTES 32
+#define TOKEN_MIN_BYTES 16
+
 typedef struct token_entry {
-    char *token;
+    unsigned char digest[TOKEN_DIGEST_BYTES]; /* BLAKE2b of the token */
     uid_t uid;
     char app[SCHED_APP_MAX + 1];
     bool admin;
@@ -1469,13 +1478,10 @@ bad:
 
 /* ---- identity ---- */
 
-static bool token_equal(const char *a, const char *b)
+static void token_digest(const char *token, unsigned char digest[TOKEN_DIGEST_BYTES])
 {
-    size_t na = strlen(a), nb = strlen(b);
-    unsigned char d = na != nb;
-    for (size_t i = 0; i < na && i < nb; i++)
-        d |= (unsigned char)(a[i] ^ b[i]);
-    return d == 0;
+    crypto_generichash(digest, TOKEN_DIGEST_BYTES, (const unsigned char *)token, strlen(token),
+                       NULL, 0);
 }
 
 /* Who sent req: fills ss (uid, app, admin). 0, or an HTTP status with msg. */
@@ -1517,16 +1523,21 @@ static int identify(http *h, struct evhttp_request *req, int fd, session *ss, ch
     const char *tok = auth + 7;
     while (*tok == ' ')
         tok++;
-    for (size_t i = 0; i < h->n_tokens; i++)
-        if (token_equal(tok, h->tokens[i].token)) {
-            ss->uid = h->tokens[i].uid;
-            ss->gid = (gid_t)-1;
-            ss->admin = h->tokens[i].admin;
-            snprintf(ss->app, sizeof ss->app, "%s", h->tokens[i].app);
-            return 0;
-        }
-    snprintf(msg, cap, "invalid API key");
-    return 401;
+    unsigned char digest[TOKEN_DIGEST_BYTES];
+    token_digest(tok, digest);
+    const token_entry *match = NULL;
+    for (size_t i = 0; i < h->n_tokens; i++) /* every entry, so the time names none */
+        if (sodium_memcmp(digest, h->tokens[i].digest, TOKEN_DIGEST_BYTES) == 0)
+            match = &h->tokens[i];
+    if (!match) {
+        snprintf(msg, cap, "invalid API key");
+        return 401;
+    }
+    ss->uid = match->uid;
+    ss->gid = (gid_t)-1;
+    ss->admin = match->admin;
+    snprintf(ss->app, sizeof ss->app, "%s", match->app);
+    return 0;
 }
 
 /* ---- the request callback ---- */
@@ -1840,22 +1851,65 @@ static void on_request(struct evhttp_request *req, void *arg)
 
 /* ---- setup ---- */
 
+/*
+ * Whoever may write the tokens file may map a token to any uid, uid 0 too, and whoever
+ * may read it may act as any uid it names: so it must belong to root or to the daemon's
+ * user and be neither writable by its group or others nor readable by others.
+ */
+static int check_tokens_file(FILE *f, const char *path, char err[ERR_MAX])
+{
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0)
+        return err_set(err, "http_tokens_file %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return err_set(err, "http_tokens_file %s: not a regular file", path);
+    if (st.st_uid != 0 && st.st_uid != geteuid())
+        return err_set(err, "http_tokens_file %s: owned by uid %u; it must belong to root or "
+                            "to llmsd's user (uid %u)", path, (unsigned)st.st_uid,
+                       (unsigned)geteuid());
+    if (st.st_mode & 0022)
+        return err_set(err, "http_tokens_file %s: writable by its group or others (mode %04o); "
+                            "chmod 0600 it", path, (unsigned)(st.st_mode & 07777));
+    if (st.st_mode & 0004)
+        return err_set(err, "http_tokens_file %s: readable by others (mode %04o); chmod 0600 "
+                            "it (or 0640 with llmsd's group)", path, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+/* A uid written as digits, within uid_t and not (uid_t)-1, which means "no uid". */
+static bool parse_uid(const char *s, uid_t *uid)
+{
+    if (!*s || strspn(s, "0123456789") != strlen(s))
+        return false;
+    errno = 0;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno || v >= (unsigned long long)(uid_t)-1)
+        return false;
+    *uid = (uid_t)v;
+    return true;
+}
+
 static int load_tokens(http *h, const char *path, char err[ERR_MAX])
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f)
         return err_set(err, "http_tokens_file %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 0044))
-        fprintf(stderr, "llmsd: warn: http_tokens_file %s is readable by others\n", path);
-    char line[1024];
+    if (check_tokens_file(f, path, err)) {
+        fclose(f);
+        return -1;
+    }
+    char line[1024], tok[512], user[128], app[128], flag[32];
     int lineno = 0, rc = 0;
     while (!rc && fgets(line, sizeof line, f)) {
         lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            rc = err_set(err, "http_tokens_file %s:%d: longer than %zu bytes", path, lineno,
+                         sizeof line - 2);
+            break;
+        }
         char *hash = strchr(line, '#');
         if (hash)
             *hash = '\0';
-        char tok[512], user[128], app[128], flag[32];
         int n = sscanf(line, "%511s %127s %127s %31s", tok, user, app, flag);
         if (n <= 0)
             continue;
@@ -1863,9 +1917,19 @@ static int load_tokens(http *h, const char *path, char err[ERR_MAX])
             rc = err_set(err, "http_tokens_file %s:%d: expected 'TOKEN UID APP [admin]'", path, lineno);
             break;
         }
-        char *end;
-        unsigned long uid = strtoul(user, &end, 10);
-        if (*end || end == user) {
+        if (strlen(tok) < TOKEN_MIN_BYTES) {
+            rc = err_set(err, "http_tokens_file %s:%d: a token must be at least %d bytes (one "
+                              "from 'openssl rand -hex 32' is 64)", path, lineno, TOKEN_MIN_BYTES);
+            break;
+        }
+        uid_t uid;
+        if (isdigit((unsigned char)user[0])) {
+            if (!parse_uid(user, &uid)) {
+                rc = err_set(err, "http_tokens_file %s:%d: '%s' is not a uid (0..%u)", path,
+                             lineno, user, (unsigned)((uid_t)-1 - 1));
+                break;
+            }
+        } else {
             struct passwd *pw = getpwnam(user);
             if (!pw) {
                 rc = err_set(err, "http_tokens_file %s:%d: no user '%s'", path, lineno, user);
@@ -1878,21 +1942,85 @@ static int load_tokens(http *h, const char *path, char err[ERR_MAX])
                          path, lineno, SCHED_APP_MAX);
             break;
         }
+        unsigned char digest[TOKEN_DIGEST_BYTES];
+        token_digest(tok, digest);
+        for (size_t i = 0; i < h->n_tokens && !rc; i++)
+            if (sodium_memcmp(digest, h->tokens[i].digest, TOKEN_DIGEST_BYTES) == 0)
+                rc = err_set(err, "http_tokens_file %s:%d: the same token as an earlier line",
+                             path, lineno);
+        if (rc)
+            break;
         token_entry *t = realloc(h->tokens, (h->n_tokens + 1) * sizeof *t);
-        if (!t || !(t[h->n_tokens].token = strdup(tok))) {
-            if (t)
-                h->tokens = t;
+        if (!t) {
             rc = err_set(err, "out of memory");
             break;
         }
         h->tokens = t;
-        t[h->n_tokens].uid = (uid_t)uid;
+        memcpy(t[h->n_tokens].digest, digest, TOKEN_DIGEST_BYTES);
+        t[h->n_tokens].uid = uid;
         memcpy(t[h->n_tokens].app, app, strlen(app) + 1); /* valid: at most SCHED_APP_MAX */
         t[h->n_tokens].admin = n == 4;
         h->n_tokens++;
     }
+    explicit_bzero(line, sizeof line);
+    explicit_bzero(tok, sizeof tok);
     fclose(f);
     return rc;
+}
+
+/*
+ * The group http_socket is to have: http_socket_group, else the clients' socket's, so
+ * that whoever may use llmsd may use its gateway and nobody else. Under socket
+ * activation that is the socket unit's SocketGroup= (llms), which llmsd's own group is
+ * not: llmsd's group may read its state directory, every app's contexts.
+ */
+static int http_socket_gid(const config *cfg, gid_t *gid, char err[ERR_MAX])
+{
+    if (cfg->http_socket_group[0]) {
+        struct group *gr = getgrnam(cfg->http_socket_group);
+        if (!gr)
+            return err_set(err, "http_socket_group: no group '%s'", cfg->http_socket_group);
+        *gid = gr->gr_gid;
+        return 0;
+    }
+    *gid = getegid();
+    if (sd_listen_fds(0) != 1)
+        return 0;
+    struct sockaddr_un addr;
+    socklen_t len = sizeof addr;
+    struct stat st;
+    if (getsockname(SD_LISTEN_FDS_START, (struct sockaddr *)&addr, &len) == 0 &&
+        addr.sun_family == AF_UNIX && len > offsetof(struct sockaddr_un, sun_path) &&
+        addr.sun_path[0] && stat(addr.sun_path, &st) == 0)
+        *gid = st.st_gid;
+    return 0;
+}
+
+static int listen_unix(http *h, const config *cfg, char err[ERR_MAX])
+{
+    gid_t gid;
+    if (http_socket_gid(cfg, &gid, err))
+        return -1;
+    int fd = server_listen_unix(cfg->http_socket, cfg->socket_mode, err);
+    if (fd < 0)
+        return -1;
+    if (gid != getegid() && chown(cfg->http_socket, (uid_t)-1, gid) != 0) {
+        struct group *gr = getgrgid(gid);
+        err_set(err, "http_socket %s: cannot give it the group %s: %s (llmsd must be a member: "
+                     "SupplementaryGroups= in its unit)", cfg->http_socket,
+                gr ? gr->gr_name : "?", strerror(errno));
+        close(fd);
+        unlink(cfg->http_socket);
+        return -1;
+    }
+    if (!evhttp_accept_socket_with_handle(h->eh, fd)) {
+        close(fd);
+        unlink(cfg->http_socket);
+        return err_set(err, "http_socket: evhttp cannot accept on it");
+    }
+    h->owns_path = true;
+    fprintf(stderr, "llmsd: http gateway on unix:%s\n", cfg->http_socket);
+    return 0;
 }
 
 static bool is_loopback(const struct sockaddr_storage *a)
@@ -1964,6 +2092,10 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
         h->have_admin_gid = true;
         h->admin_gid = gr->gr_gid;
     }
+    if (sodium_init() < 0) {
+        err_set(err, "libsodium cannot start");
+        goto fail;
+    }
     /* Vectors and scores are floats: nine digits round-trip them. */
     json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
     if (!(h->eh = evhttp_new(base))) {
@@ -1981,19 +2113,8 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
     evhttp_set_gencb(h->eh, on_request, h);
     if (cfg->http_tokens_file[0] && load_tokens(h, cfg->http_tokens_file, err))
         goto fail;
-    if (cfg->http_socket[0]) {
-        int fd = server_listen_unix(cfg->http_socket, cfg->socket_mode, err);
-        if (fd < 0)
-            goto fail;
-        if (!evhttp_accept_socket_with_handle(h->eh, fd)) {
-            close(fd);
-            unlink(cfg->http_socket);
-            err_set(err, "http_socket: evhttp cannot accept on it");
-            goto fail;
-        }
-        h->owns_path = true;
-        fprintf(stderr, "llmsd: http gateway on unix:%s\n", cfg->http_socket);
-    }
+    if (cfg->http_socket[0] && listen_unix(h, cfg, err))
+        goto fail;
     if (cfg->http_listen[0] && listen_tcp(h, cfg->http_listen, err))
         goto fail;
     return h;
@@ -2033,10 +2154,6 @@ void http_free(http *h)
         evhttp_free(h->eh);
     if (h->owns_path)
         unlink(h->cfg->http_socket);
-    for (size_t i = 0; i < h->n_tokens; i++) {
-        explicit_bzero(h->tokens[i].token, strlen(h->tokens[i].token));
-        free(h->tokens[i].token);
-    }
     free(h->tokens);
     models_view_free(&h->view);
     free(h);

@@ -117,7 +117,8 @@ static void installed_tree(void)
         PREFIX "/lib/libllmsclient.a",           PREFIX "/include/llms.h",
         PREFIX "/lib/pkgconfig/llmsclient.pc",   PREFIX "/lib/systemd/system/llmsd.service",
         PREFIX "/lib/systemd/system/llmsd.socket", PREFIX "/lib/sysusers.d/llmsd.conf",
-        PREFIX "/lib/tmpfiles.d/llmsd.conf",     "/etc/llmsd/llmsd.conf"};
+        PREFIX "/lib/tmpfiles.d/llmsd.conf",     "/etc/llmsd/llmsd.conf",
+        PREFIX "/share/llmsd/http-tcp.conf"};
     for (size_t i = 0; i < sizeof data / sizeof data[0]; i++) {
         long m = file_mode(data[i]);
         CHECK_MSG(m >= 0 && S_ISREG(m), "%s missing", data[i]);
@@ -132,6 +133,9 @@ static void installed_tree(void)
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
                         "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
     CHECK(!file_contains(PREFIX "/lib/systemd/system/llmsd.service", "@SBINDIR@"));
+    /* llmsd gives an http_socket the clients' socket's group, so it must be a member. */
+    CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.socket", "SocketGroup=llms"));
+    CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service", "SupplementaryGroups=llms"));
     /* The header comment is the source's, word for word. */
     char cmd[4096], out[4096];
     fmt(cmd, sizeof cmd, "[ \"$(head -n 2 '%s/systemd/llmsd.service')\" = \"$(head -n 2 '%s')\" ]",
@@ -210,9 +214,10 @@ static void pkg_config_builds_an_app(void)
 }
 
 /*
- * systemd-analyze verify on the installed units. It checks that ExecStart's program
- * exists, so it looks at copies whose ExecStart points into DESTDIR. Any output is a
- * complaint (verify returns 0 for unknown keys and other warnings).
+ * systemd-analyze verify on the installed units, alone and with the installed TCP
+ * drop-in in place (verify reads a unit's NAME.d/ beside it). It checks that ExecStart's
+ * program exists, so it looks at copies whose ExecStart points into DESTDIR. Any output
+ * is a complaint (verify returns 0 for unknown keys and other warnings).
  */
 static void units_verify(void)
 {
@@ -240,6 +245,14 @@ static void units_verify(void)
              PREFIX, dest, PREFIX, service, dir, socket, dir, dir, dir);
     int rc = run_capture(cmd, out, sizeof out);
     CHECK_MSG(rc == 0 && out[0] == '\0', "systemd-analyze verify (exit %d):\n%s", rc, out);
+
+    fmt(cmd, sizeof cmd,
+             "mkdir -p '%s/llmsd.service.d' && cp '%s' '%s/llmsd.service.d/http-tcp.conf' && "
+             "systemd-analyze verify '%s/llmsd.service'",
+             dir, at(PREFIX "/share/llmsd/http-tcp.conf"), dir, dir);
+    rc = run_capture(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && out[0] == '\0', "systemd-analyze verify with http-tcp.conf (exit %d):\n%s",
+              rc, out);
 }
 
 /* systemd-sysusers applied to an empty root creates the user and both groups. */
