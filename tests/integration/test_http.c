@@ -679,6 +679,36 @@ static void rag_route_answers_from_a_knowledge_base(void)
     json_object_put(o);
 }
 
+/* One default app for every client: a knowledge base made with `llms` and no --app is
+ * the one the gateway reads without X-Llmsd-App; with $LLMS_APP, llms makes it elsewhere. */
+static void cli_kb_is_the_gateways_kb(void)
+{
+    NEED(daemon_up, start_daemon());
+    char llms[1100], doc[700], cmd[4096], out[4096];
+    proc_fmt(llms, sizeof llms, "%.1000s", llmsd_path);
+    proc_fmt(strrchr(llms, '/') + 1, sizeof llms - (size_t)(strrchr(llms, '/') + 1 - llms), "llms");
+    proc_fmt(doc, sizeof doc, "%s/kite.txt", test_tmpdir());
+    FILE *f = fopen(doc, "w");
+    CHECK(f);
+    fputs("Ben flew a yellow kite on the hill. The wind was strong.\n", f);
+    fclose(f);
+    proc_fmt(cmd, sizeof cmd,
+             "unset LLMS_APP; '%s' --socket '%s' kb create cli-notes && '%s' --socket '%s' kb add "
+             "cli-notes '%s' && LLMS_APP=elsewhere '%s' --socket '%s' kb create cli-other 2>&1",
+             llms, daemon_.sock, llms, daemon_.sock, doc, llms, daemon_.sock);
+    CHECK_MSG(test_run_capture(cmd, out, sizeof out) == 0, "%s", out);
+    int st;
+    json_object *o = post("/v1/llmsd/rag", "{\"kb\":\"cli-notes\",\"question\":\"What did Ben "
+                          "fly?\",\"max_tokens\":4,\"temperature\":0,\"top_k\":1}", &st);
+    CHECK_MSG(o && st == 200, "status %d", st);
+    CHECK(o && httpc_jstr(o, "llmsd.passages.0.document") &&
+          strstr(httpc_jstr(o, "llmsd.passages.0.document"), "kite"));
+    json_object_put(o);
+    o = post("/v1/llmsd/rag", "{\"kb\":\"cli-other\",\"question\":\"x\"}", &st);
+    CHECK_MSG(o && st == 404, "status %d", st);
+    json_object_put(o);
+}
+
 static void rerank_returns_scores(void)
 {
     const char *stories = test_data_path("models/stories260K.gguf");
@@ -838,6 +868,7 @@ int main(int argc, char **argv)
     RUN(metrics_count_requests);
     RUN(context_field_calls_a_context);
     RUN(rag_route_answers_from_a_knowledge_base);
+    RUN(cli_kb_is_the_gateways_kb);
     RUN(rerank_returns_scores);
     RUN(disconnect_cancels_generation);
     RUN(non_loopback_is_refused);
