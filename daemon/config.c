@@ -130,6 +130,11 @@ static const key_def keys[] = {
     INT(max_buffered_bytes, 0, INT_MAX, "bytes of partly received frames larger than 64 KiB "
                                         "the daemon holds, every connection together "
                                         "(default 67108864)"),
+    INT(max_buffered_bytes_per_uid, 0, INT_MAX, "the same for one peer uid's connections "
+                                                "together (default 17825792)"),
+    INT(frame_body_timeout_ms, 1, INT_MAX, "a frame over 64 KiB must arrive whole within "
+                                           "this long of its header, plus 1 s a MiB, else "
+                                           "the connection is closed (default 10000)"),
     INT(max_apps_per_uid, 1, INT_MAX, "app names one uid may have bound at once "
                                       "(default 16)"),
     INT(max_contexts_per_uid, 1, INT_MAX, "contexts one uid may keep, all its apps together "
@@ -249,6 +254,8 @@ void config_defaults(config *c)
     c->idle_timeout_ms = 3600000;
     c->max_unbound_frame_bytes = 4096;
     c->max_buffered_bytes = 64 << 20;
+    c->max_buffered_bytes_per_uid = 17 << 20; /* one frame of the largest default size */
+    c->frame_body_timeout_ms = 10000;
     c->max_apps_per_uid = 16;
     c->max_contexts_per_uid = 1024;
     c->max_queued_per_uid = 32;

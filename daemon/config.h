@@ -87,6 +87,9 @@ typedef struct config {
     int max_unbound_frame_bytes;       /* largest frame before Bind */
     int max_buffered_bytes;            /* partial frames over SERVER_SMALL_FRAME, all
                                           connections together */
+    int max_buffered_bytes_per_uid;    /* the same, one peer uid's connections together */
+    int frame_body_timeout_ms;         /* such a frame's deadline after its header (plus
+                                          a second a MiB) */
     /* Quotas of a uid, whatever app names it binds (an app's own come first). */
     int max_apps_per_uid;              /* app names bound at once */
     int max_contexts_per_uid;

@@ -4,6 +4,7 @@
 #include "daemon/server.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
@@ -38,6 +39,9 @@
 #define READ_SLICE_BYTES (256u << 10)
 /* What one read takes from the socket when no frame is half there (libevent's own). */
 #define READ_CHUNK_BYTES 16384
+/* A large frame's deadline grows with its size: a MiB a second is far below what any
+ * local client sends, however loaded the machine. */
+#define FRAME_MS_PER_MIB 1000
 
 /* One kind of repeated log line, written at most once every LOG_EVERY_MS with the count
  * of the ones left out. */
@@ -49,6 +53,7 @@ typedef struct log_limit {
 typedef struct uid_conns {
     uid_t uid;
     unsigned n;
+    size_t buffered;        /* bytes its connections' partial large frames reserve */
 } uid_conns;
 
 typedef struct conn {
@@ -60,6 +65,7 @@ typedef struct conn {
     bool throttled;         /* reading paused: too many unread replies */
     bool streams_cancelled; /* CANCEL_STREAMS sent during this throttling */
     size_t reserved;        /* bytes of max_buffered_bytes its partial frame holds */
+    struct event *frame_timer; /* the deadline of a partial frame that reserves bytes */
     unsigned in_flight;     /* requests sent to the worker and not answered yet */
     int64_t last_active_ms;
     struct conn *hnext;     /* hash bucket chain */
@@ -144,7 +150,7 @@ static int uid_add(server *srv, uid_t uid)
         srv->uids = p;
         srv->cap_uids = cap;
     }
-    srv->uids[srv->n_uids++] = (uid_conns){uid, 1};
+    srv->uids[srv->n_uids++] = (uid_conns){uid, 1, 0};
     return 0;
 }
 
@@ -174,6 +180,18 @@ static void maybe_exit(server *srv)
         event_base_loopexit(srv->base, NULL);
 }
 
+static void release_buffered(conn *c)
+{
+    if (!c->reserved)
+        return;
+    uid_conns *u = uid_find(c->srv, c->ss.uid);
+    if (u)
+        u->buffered -= c->reserved;
+    c->srv->buffered -= c->reserved;
+    c->reserved = 0;
+    evtimer_del(c->frame_timer);
+}
+
 /* Frees a connection; tell_worker when its requests must be dropped. */
 static void conn_free(conn *c, bool tell_worker)
 {
@@ -191,9 +209,10 @@ static void conn_free(conn *c, bool tell_worker)
     while (*pp != c)
         pp = &(*pp)->hnext;
     *pp = c->hnext;
-    srv->buffered -= c->reserved;
+    release_buffered(c);
     uid_remove(srv, c->ss.uid);
     event_free(c->timer);
+    event_free(c->frame_timer);
     bufferevent_free(c->bev);
     free(c);
     srv->n_conns--;
@@ -239,11 +258,6 @@ static int server_bound_names(void *arg, uid_t uid, const char *name)
     return distinct;
 }
 
-static void release_buffered(conn *c)
-{
-    c->srv->buffered -= c->reserved;
-    c->reserved = 0;
-}
 
 /* Answers a framing error with id 0 and closes the connection once it is written. */
 static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
@@ -303,18 +317,64 @@ static void conn_timer(evutil_socket_t fd, short what, void *arg)
     conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
 }
 
+/* How long a frame of need bytes may take to arrive whole after its header. */
+static int frame_deadline_ms(const config *cfg, size_t need)
+{
+    int64_t ms = cfg->frame_body_timeout_ms + (int64_t)(need >> 20) * FRAME_MS_PER_MIB;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* A partial large frame past its deadline: the connection holds memory it does not use. */
+static void conn_frame_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn *c = arg;
+    if (c->closing || !c->reserved)
+        return;
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "a frame of %zu bytes did not arrive whole within %d ms of its header "
+             "(frame_body_timeout_ms plus %d ms a MiB)",
+             c->reserved, frame_deadline_ms(c->srv->cfg, c->reserved), FRAME_MS_PER_MIB);
+    conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+}
+
 /*
  * Makes room in the input for a frame of need bytes (header included) and no more, so
  * that a connection holds at most one frame. A frame over SERVER_SMALL_FRAME first
- * takes its size from max_buffered_bytes; false when that budget is spent.
+ * takes its size from max_buffered_bytes and from its uid's max_buffered_bytes_per_uid,
+ * and must then arrive within frame_deadline_ms; false, with msg saying which budget is
+ * spent, when one is.
  */
-static bool conn_expect(conn *c, size_t need)
+static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
 {
     server *srv = c->srv;
+    const config *cfg = srv->cfg;
     if (need > SERVER_SMALL_FRAME && c->reserved < need) {
         size_t more = need - c->reserved;
-        if (srv->buffered + more > (size_t)srv->cfg->max_buffered_bytes)
+        uid_conns *u = uid_find(srv, c->ss.uid);
+        if (u && u->buffered + more > (size_t)cfg->max_buffered_bytes_per_uid) {
+            snprintf(msg, cap,
+                     "uid %u already holds max_buffered_bytes_per_uid (%d) of partial frames; "
+                     "send frames under %u bytes or one at a time",
+                     (unsigned)c->ss.uid, cfg->max_buffered_bytes_per_uid, SERVER_SMALL_FRAME);
             return false;
+        }
+        if (srv->buffered + more > (size_t)cfg->max_buffered_bytes) {
+            snprintf(msg, cap,
+                     "the daemon already holds max_buffered_bytes (%d) of partial frames; "
+                     "send frames under %u bytes or retry later",
+                     cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
+            return false;
+        }
+        if (!c->reserved) {
+            int ms = frame_deadline_ms(cfg, need);
+            struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+            evtimer_add(c->frame_timer, &tv);
+        }
+        if (u)
+            u->buffered += more;
         srv->buffered += more;
         c->reserved = need;
     }
@@ -330,8 +390,9 @@ static void conn_read(struct bufferevent *bev, void *arg)
     size_t decoded = 0;
     while (!c->closing && !c->throttled) {
         size_t avail = evbuffer_get_length(in);
+        char msg[200];
         if (avail < FRAME_HEADER_BYTES) {
-            conn_expect(c, FRAME_HEADER_BYTES);
+            conn_expect(c, FRAME_HEADER_BYTES, msg, sizeof msg);
             return;
         }
         if (decoded >= READ_SLICE_BYTES) {
@@ -340,7 +401,6 @@ static void conn_read(struct bufferevent *bev, void *arg)
             return;
         }
         uint32_t body;
-        char msg[160];
         uint32_t max = c->ss.bound || (uint32_t)cfg->max_unbound_frame_bytes > cfg->max_frame_bytes
                            ? cfg->max_frame_bytes
                            : (uint32_t)cfg->max_unbound_frame_bytes;
@@ -362,13 +422,8 @@ static void conn_read(struct bufferevent *bev, void *arg)
         }
         size_t need = FRAME_HEADER_BYTES + (size_t)body;
         if (avail < need) {
-            if (!conn_expect(c, need)) {
-                snprintf(msg, sizeof msg,
-                         "the daemon already holds max_buffered_bytes (%d) of partial frames; "
-                         "send frames under %u bytes or retry later",
-                         cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
+            if (!conn_expect(c, need, msg, sizeof msg))
                 conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
-            }
             return;
         }
         c->last_active_ms = now_ms();
@@ -479,7 +534,10 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     conn *c = calloc(1, sizeof *c);
     struct bufferevent *bev = c ? bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
     struct event *timer = bev ? evtimer_new(srv->base, conn_timer, c) : NULL;
-    if (!timer || uid_add(srv, cred.uid)) {
+    struct event *frame_timer = timer ? evtimer_new(srv->base, conn_frame_timeout, c) : NULL;
+    if (!frame_timer || uid_add(srv, cred.uid)) {
+        if (frame_timer)
+            event_free(frame_timer);
         if (timer)
             event_free(timer);
         if (bev)
@@ -493,6 +551,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     c->srv = srv;
     c->bev = bev;
     c->timer = timer;
+    c->frame_timer = frame_timer;
     c->last_active_ms = now_ms();
     c->ss.conn_id = ++srv->next_id;
     c->ss.uid = cred.uid;

@@ -40,6 +40,8 @@
 #define PER_UID_CONNS 32
 #define BIND_TIMEOUT_MS 500
 #define BUFFERED_BYTES (32 << 20)
+#define BUFFERED_PER_UID (16 << 20)
+#define FRAME_BODY_TIMEOUT_MS 1000
 #define APPS_PER_UID 8
 #define CONTEXTS_PER_UID 12
 #define QUEUED_PER_UID 8
@@ -131,9 +133,11 @@ static const char *daemon_conf(void)
              "bind_timeout_ms = %d\nidle_timeout_ms = 2000\nmax_buffered_bytes = %d\n"
              "max_apps_per_uid = %d\nmax_contexts_per_uid = %d\nmax_contexts_per_app = 4\n"
              "max_queued_per_uid = %d\nmax_queued_per_app = 4\nmax_text_bytes = %d\n"
+             "max_buffered_bytes_per_uid = %d\nframe_body_timeout_ms = %d\n"
              "log_level = warn\n",
              MAX_FRAME, PER_UID_CONNS, BIND_TIMEOUT_MS, BUFFERED_BYTES, APPS_PER_UID,
-             CONTEXTS_PER_UID, QUEUED_PER_UID, TEXT_BYTES);
+             CONTEXTS_PER_UID, QUEUED_PER_UID, TEXT_BYTES, BUFFERED_PER_UID,
+             FRAME_BODY_TIMEOUT_MS);
     return conf;
 }
 
@@ -663,19 +667,86 @@ static void big_frames_before_bind(void)
     CHECK_EQ(rep.accepted, 0);
 }
 
-/* After Bind a frame may be large, but all partial frames together stay within
- * max_buffered_bytes: two 15 MB frames fit in 32 MB, the others are refused. */
+/*
+ * Whether a bound connection of this process (another uid than the attacker's) may start
+ * a frame of 15 MB: NULL when it may, else why not.
+ */
+static const char *victim_may_send_big_frame(const llmsd_proc *d, char *msg, size_t cap)
+{
+    enum { ANNOUNCED = 15 << 20, SENT = 1 << 20 };
+    int fd = raw_connect(d);
+    uint8_t *junk = calloc(1, SENT);
+    const char *why = NULL;
+    if (fd < 0 || !junk || bind_fd(fd, "victim") != LLMS__ERROR_CODE__OK) {
+        why = "connect, bind or memory failed";
+    } else {
+        memset(junk, 0x0a, SENT);
+        frame_put_header(junk, ANNOUNCED);
+        raw_write(fd, junk, SENT);
+        if (read_code(fd, 300, msg, cap) != -1)
+            why = msg;
+    }
+    free(junk);
+    if (fd >= 0)
+        close(fd);
+    return why;
+}
+
+/*
+ * After Bind a frame may be large, but partial frames stay within two budgets: one uid's
+ * (max_buffered_bytes_per_uid, 16 MB: one 15 MB frame of the attacker's is held, the
+ * others are refused) and everyone's (max_buffered_bytes, 32 MB), so while the attacker
+ * holds its share another uid may still start a 15 MB frame.
+ */
 static void big_frames_after_bind(void)
 {
     NEED_ATTACK();
     measure m;
     attack_report rep;
-    bool ready = run_attack(partial_frames_bound, &m, &rep);
-    printf("# figure big_frames_after_bind: %d held, %d refused (max_buffered_bytes %d MB), "
-           "RSS %+.1f MB, other app %.1f ms\n",
-           rep.accepted, rep.refused, BUFFERED_BYTES >> 20, m.rss_peak - m.rss0, m.probe);
+    attacker a;
+    measure_start(&m);
+    CHECK(attacker_start(&a, ATTACKER_UID, partial_frames_bound) == 0);
+    bool ready = attacker_ready(&a);
+    char msg[256] = "";
+    const char *victim = "the attack did not get in place";
+    if (ready) {
+        measure_during(&m);
+        victim = victim_may_send_big_frame(&daemon_proc, msg, sizeof msg);
+    }
+    attacker_finish(&a, &rep);
+    printf("# figure big_frames_after_bind: %d held, %d refused (max_buffered_bytes_per_uid "
+           "%d MB), RSS %+.1f MB, other app %.1f ms, another uid's 15 MB frame %s\n",
+           rep.accepted, rep.refused, BUFFERED_PER_UID >> 20, m.rss_peak - m.rss0, m.probe,
+           victim ? "refused" : "started");
     CHECK_BOUNDS(ready, m, rep, 32 + 32);
-    CHECK_EQ(rep.accepted, 2);
+    CHECK_EQ(rep.accepted, 1);
+    CHECK_MSG(!victim, "another uid's frame: %s", victim);
+}
+
+/* A connection that announces a large frame and stops sending is closed at its deadline
+ * (frame_body_timeout_ms plus a second a MiB; under a MiB here, so that the deadline
+ * comes before the idle timeout of 2 s), giving its reservation back. */
+static void stalled_frame_is_closed(void)
+{
+    NEED_ATTACK();
+    enum { ANNOUNCED = 512 << 10 };
+    int fd = raw_connect(&daemon_proc);
+    CHECK(fd >= 0);
+    CHECK_EQ(bind_fd(fd, "staller"), LLMS__ERROR_CODE__OK);
+    uint8_t head[FRAME_HEADER_BYTES + 64] = {0};
+    frame_put_header(head, ANNOUNCED);
+    raw_write(fd, head, sizeof head);
+    double t0 = proc_now();
+    char msg[256] = "";
+    int deadline_ms = FRAME_BODY_TIMEOUT_MS;
+    int code = read_code(fd, deadline_ms + 3000, msg, sizeof msg);
+    double ms = (proc_now() - t0) * 1000;
+    close(fd);
+    printf("# figure stalled_frame_is_closed: closed after %.0f ms (deadline %d ms)\n", ms,
+           deadline_ms);
+    CHECK_MSG(code == LLMS__ERROR_CODE__DEADLINE_EXCEEDED && strstr(msg, "frame_body_timeout_ms"),
+              "code %d: %s", code, msg);
+    CHECK_MSG(ms > deadline_ms - 200 && ms < deadline_ms + 2000, "closed after %.0f ms", ms);
 }
 
 /* ---- 3. frames whose decoding costs far more than their size ---- */
@@ -1220,6 +1291,7 @@ int main(int argc, char **argv)
     RUN(descriptors_run_out);
     RUN(big_frames_before_bind);
     RUN(big_frames_after_bind);
+    RUN(stalled_frame_is_closed);
     RUN(decode_bombs_do_not_stall);
     RUN(quotas_per_uid);
     RUN(fields_are_bounded);
