@@ -302,6 +302,23 @@ static int name_of_path(const char *path, char name[MODELS_NAME_MAX + 1], char e
 }
 
 /* Reads the file's kind (architecture, decoder or encoder, a classification head). */
+/*
+ * Reads the hyperparameters and checks every tensor's shape against them, as a load for
+ * any role would, so that a corrupt file is refused when it is loaded and not at the
+ * first request of a role that opens it lazily (a reranker's).
+ */
+static int check_shapes(const gguf_file *g, enum models_type type, char err[ERR_MAX])
+{
+    if (type == MODELS_DECODER) {
+        model *m = model_from_gguf(g, err);
+        model_free(m);
+        return m ? 0 : -1;
+    }
+    bert_model *b = bert_from_gguf(g, err);
+    bert_free(b);
+    return b ? 0 : -1;
+}
+
 static int probe(models_entry *e, char err[ERR_MAX])
 {
     char why[ERR_MAX];
@@ -329,6 +346,8 @@ static int probe(models_entry *e, char err[ERR_MAX])
             rc = err_set(err, "%s: architecture '%s' is none this llmsd serves (llama, qwen2, "
                               "qwen3, bert, nomic-bert)", e->path, e->arch);
     }
+    if (rc == 0 && check_shapes(g, e->type, why) < 0)
+        rc = err_set(err, "%s: %s", e->path, why);
     gguf_close(g);
     return rc;
 }

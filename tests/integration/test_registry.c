@@ -226,6 +226,63 @@ static void load_unload_keeps_contexts(void)
     llms_close(c);
 }
 
+/*
+ * Writes a copy of src whose u32 metadata key holds value instead (the bytes after the
+ * key's name: its type, 4 = u32, then the value). 0, or -1 when the key is not there.
+ */
+static int copy_with_u32(const char *src, const char *dst, const char *key, uint32_t value)
+{
+    FILE *f = fopen(src, "rb");
+    if (!f)
+        return -1;
+    static uint8_t buf[4 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    size_t klen = strlen(key);
+    uint8_t *at = memmem(buf, n, key, klen);
+    if (!at || at + klen + 8 > buf + n || at[klen] != 4)
+        return -1;
+    memcpy(at + klen + 4, &value, 4);
+    if (!(f = fopen(dst, "wb")))
+        return -1;
+    size_t w = fwrite(buf, 1, n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
+}
+
+/* A file whose hyperparameters contradict its tensors is refused when it is loaded, for
+ * any role (a reranker opens its file at its first call, which then failed INTERNAL).
+ * bert.context_length is not among them: an encoder's positions are its table's rows. */
+static void corrupt_hyperparameters_refused_at_load(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, NULL);
+    CHECK(c);
+    static const struct {
+        const char *key;
+        uint32_t value;
+    } bad[] = {
+        {"llama.block_count", 1000},          {"llama.block_count", 0},
+        {"llama.context_length", 0},          {"llama.context_length", 0xffffffffu},
+        {"llama.embedding_length", 1000},     {"llama.embedding_length", 0},
+        {"llama.attention.head_count", 7},    {"llama.attention.head_count", 0},
+        {"bert.block_count", 1000},           {"bert.embedding_length", 48},
+        {"bert.attention.head_count", 5},     {"bert.feed_forward_length", 1000},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[1200];
+        proc_fmt(path, sizeof path, "%s/corrupt-%zu.gguf", test_tmpdir(), i);
+        const char *src = strncmp(bad[i].key, "bert.", 5) == 0 ? cross2 : decoder2;
+        CHECK_MSG(copy_with_u32(src, path, bad[i].key, bad[i].value) == 0, "%s not found",
+                  bad[i].key);
+        enum llms_status s = llms_model_load(c, "corrupt", path, NULL);
+        CHECK_MSG(s == LLMS_ERR_INVALID_ARGUMENT, "%s = %u: %s (%s)", bad[i].key,
+                  (unsigned)bad[i].value, llms_status_name(s), llms_last_error(c));
+        if (s == LLMS_OK)
+            llms_model_unload(c, "corrupt");
+    }
+    llms_close(c);
+}
+
 /* An Embed on a model that another connection unloads: each request either runs on the
  * model or finds it gone, and an unload waits for no one (it is refused while the Embed
  * runs). */
@@ -395,6 +452,7 @@ int main(int argc, char **argv)
     RUN(wrong_names_and_roles);
     RUN(models_listed_with_memory);
     RUN(load_unload_keeps_contexts);
+    RUN(corrupt_hyperparameters_refused_at_load);
     RUN(unload_races_embed);
     RUN(context_outlives_its_model);
     RUN(second_decoder_embedding_refused);
