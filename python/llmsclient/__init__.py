@@ -72,6 +72,7 @@ class _Result(ctypes.Structure):
         ("context_tokens", ctypes.c_uint32), ("prefill_ms", ctypes.c_double),
         ("decode_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
         ("stop_reason", ctypes.c_int), ("text", ctypes.c_void_p),
+        ("window_slides", ctypes.c_uint32),
     ]
 
 

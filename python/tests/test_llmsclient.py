@@ -1,12 +1,60 @@
 """The Python client against a real llmsd (started by tests/integration/test_python.c,
 which sets LLMS_SOCKET and LLMS_CLIENT_LIB). Standard library only."""
+import ctypes
 import math
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 import llmsclient  # noqa: E402
+
+
+class LayoutTest(unittest.TestCase):
+    """Every ctypes Structure of the module against its C struct, as a C compiler lays it
+    out from client/llms.h: a field missed, moved or mistyped makes the library read or
+    write memory Python did not give it."""
+
+    maxDiff = None
+    C_NAMES = {
+        "llms_params": llmsclient._Params, "llms_result": llmsclient._Result,
+        "llms_embeddings": llmsclient._Embeddings,
+        "llms_rerank_options": llmsclient._RerankOptions,
+        "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
+    }
+
+    def test_structures_match_llms_h(self):
+        declared = {v for v in vars(llmsclient).values()
+                    if isinstance(v, type) and issubclass(v, ctypes.Structure)}
+        self.assertEqual(declared, set(self.C_NAMES.values()),
+                         "a Structure without its C name here goes unchecked")
+        cc = shutil.which("cc")
+        if not cc:
+            self.skipTest("no C compiler (cc) to lay out client/llms.h")
+        body = []
+        for c_name, s in sorted(self.C_NAMES.items()):
+            body.append('printf("%%s %%zu", "%s", sizeof(%s));' % (c_name, c_name))
+            for f, _ in s._fields_:
+                body.append('printf(" %s:%%zu:%%zu", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
+                            % (f, c_name, f, c_name, f))
+            body.append('putchar(10);')
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
+            with open(src, "w") as f:
+                f.write('#include <stddef.h>\n#include <stdio.h>\n#include "client/llms.h"\n'
+                        "int main(void)\n{\n%s\nreturn 0;\n}\n" % "\n".join(body))
+            subprocess.run([cc, "-I", ROOT, src, "-o", exe], check=True)
+            c_layout = subprocess.run([exe], check=True, capture_output=True,
+                                      text=True).stdout.splitlines()
+        py_layout = ["%s %d" % (c_name, ctypes.sizeof(s)) +
+                     "".join(" %s:%d:%d" % (f, getattr(s, f).offset, getattr(s, f).size)
+                             for f, _ in s._fields_)
+                     for c_name, s in sorted(self.C_NAMES.items())]
+        self.assertEqual(py_layout, c_layout)
 
 
 class ClientTest(unittest.TestCase):
