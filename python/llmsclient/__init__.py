@@ -150,6 +150,7 @@ def _api():
         "llms_close": (None, [ctypes.c_void_p]),
         "llms_last_error": (c_char_p, [ctypes.c_void_p]),
         "llms_bind": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_default_app": (c_char_p, []),
         "llms_params_init": (None, [P(_Params)]),
         "llms_context_create": (c_int, [ctypes.c_void_p, c_char_p, P(_Params), c_char_p]),
         "llms_context_delete": (c_int, [ctypes.c_void_p, c_char_p]),
@@ -214,9 +215,10 @@ def _result(r):
 
 
 class Client:
-    """One connection to llmsd, bound to an app. Not for use by two threads at once."""
+    """One connection to llmsd, bound to an app (None: as connect() says); .app is the
+    name bound. Not for use by two threads at once."""
 
-    def __init__(self, socket_path=None, app="python"):
+    def __init__(self, socket_path=None, app=None):
         lib = _api()
         self._conn = ctypes.c_void_p()
         err = ctypes.create_string_buffer(LLMS_ERROR_MAX)
@@ -224,8 +226,8 @@ class Client:
                               ctypes.byref(self._conn), err)
         if rc != 0:
             raise LlmsError(rc, err.value.decode("utf-8", "replace"))
-        self._check(lib.llms_bind(self._conn, _b(app)))
-        self.app = app
+        self._check(lib.llms_bind(self._conn, _b(app) if app is not None else None))
+        self.app = app if app is not None else lib.llms_default_app().decode("utf-8")
         self.last_result = None
 
     def _check(self, rc):
@@ -409,6 +411,9 @@ class Context:
         self.client._check(_api().llms_context_delete(self.client._conn, _b(self.id)))
 
 
-def connect(socket_path=None, app="python"):
-    """A client bound to app on llmsd's socket (None: $LLMS_SOCKET, else the default)."""
+def connect(socket_path=None, app=None):
+    """A client bound to app on llmsd's socket (None: $LLMS_SOCKET, else the default).
+    app None: $LLMS_APP when set and not empty, else "default", the app every llmsd client
+    (llms, the C library, the HTTP gateway) uses when given none, so that what one makes
+    the others find."""
     return Client(socket_path, app)

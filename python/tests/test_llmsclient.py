@@ -130,10 +130,43 @@ class ClientTest(unittest.TestCase):
             llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
         self.assertEqual(e.exception.status, 100)
 
-    def test_default_socket_from_environment(self):
-        c = llmsclient.connect()
-        self.assertEqual(c.app, "python")
-        c.close()
+
+
+class DefaultAppTest(unittest.TestCase):
+    """With no app named a client binds to the app every llmsd client shares when given
+    none: $LLMS_APP, else "default"."""
+
+    def setUp(self):
+        self.saved = os.environ.pop("LLMS_APP", None)
+
+    def tearDown(self):
+        if self.saved is not None:
+            os.environ["LLMS_APP"] = self.saved
+        else:
+            os.environ.pop("LLMS_APP", None)
+
+    def test_default_app_and_socket_from_environment(self):
+        with llmsclient.connect() as c:
+            self.assertEqual(c.app, "default")
+            ctx = c.create_context()
+        # The daemon bound it to "default" too: another app does not see the context.
+        with llmsclient.connect(app="default") as same, llmsclient.Client(app="other") as other:
+            self.assertIsInstance(same.context(ctx.id).call("hi", max_tokens=1), str)
+            with self.assertRaises(llmsclient.LlmsError) as e:
+                other.context(ctx.id).call("hi", max_tokens=1)
+            self.assertEqual(e.exception.status_name, "NOT_FOUND")
+            same.context(ctx.id).delete()
+
+    def test_llms_app_names_the_default(self):
+        os.environ["LLMS_APP"] = "py-env"
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "py-env")
+            ctx = c.create_context()
+        with llmsclient.connect(app="py-env") as same:
+            same.context(ctx.id).delete()
+        os.environ["LLMS_APP"] = ""
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "default")
 
 
 if __name__ == "__main__":
