@@ -12,20 +12,34 @@
 Every failure raises LlmsError, whose .status is the library's status code
 (LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
 
-The library is found through $LLMS_CLIENT_LIB, then beside this package (the package
-folder, its parent, or a build/ folder there), then the system's library path.
-No build step and no third-party packages.
+No build step and no third-party packages. The library is loaded at the first call,
+from the first of these that loads:
+
+ 1. $LLMS_CLIENT_LIB, when set: that file only.
+ 2. libllmsclient.so in this package's folder.
+ 3. build/libllmsclient.so of the llmsd checkout this package sits in (python/llmsclient
+    run in place, or pip install -e), then of the checkout pip installed it from (pip
+    records that folder beside the package, PEP 610 direct_url.json). A folder counts as
+    a checkout when it has client/llms.h.
+ 4. libllmsclient.so.2 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.2 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+
+The current directory is never searched. When none loads, LibraryNotFoundError (an
+OSError) names every path tried and why it failed. library_path() says which was loaded.
 """
 
 import ctypes
-import ctypes.util
+import glob
+import json
 import math
 import os
 import queue
 import threading
+import urllib.parse
 from collections import namedtuple
 
-__all__ = ["connect", "Client", "Context", "LlmsError", "RerankHit", "Result"]
+__all__ = ["connect", "library_path", "Client", "Context", "LibraryNotFoundError", "LlmsError",
+           "RerankHit", "Result"]
 
 LLMS_ERROR_MAX = 256
 LLMS_ID_MAX = 128
@@ -109,41 +123,94 @@ class _RerankResult(ctypes.Structure):
 _TOKEN_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
+# The ABI the Structures above describe: what `make install` installs and what the
+# dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
+_SONAME = "libllmsclient.so.2"
+# Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). It runs no
+# ldconfig, so the dynamic loader alone would not find it under /usr/local/lib.
+_PREFIX_LIBS = ("/usr/local/lib", "/usr/lib")
+
+
+class LibraryNotFoundError(OSError):
+    """libllmsclient could not be loaded; the message names every place tried and why
+    each failed, and how to point the client at the library."""
+
+
+def _checkout(root):
+    """root when it is an llmsd source checkout (it has client/llms.h), else None."""
+    return root if os.path.isfile(os.path.join(root, "client", "llms.h")) else None
+
+
+def _checkouts(here):
+    """The checkouts whose build/ may hold the library: the one this package sits in
+    (python/llmsclient, run in place or installed editable), and the one pip installed it
+    from, which pip records beside the installed package (PEP 610 direct_url.json)."""
+    roots = [_checkout(os.path.dirname(os.path.dirname(here)))]
+    pattern = os.path.join(os.path.dirname(here), "llmsclient-*.dist-info", "direct_url.json")
+    for record in sorted(glob.glob(pattern)):
+        try:
+            with open(record) as f:
+                origin = json.load(f)
+        except (OSError, ValueError):
+            continue
+        url = urllib.parse.urlparse(origin.get("url", ""))
+        if "dir_info" in origin and url.scheme == "file":
+            project = urllib.parse.unquote(url.path)
+            roots.append(_checkout(os.path.dirname(os.path.normpath(project))))
+    return [r for r in roots if r]
+
+
 def _candidates():
-    env = os.environ.get("LLMS_CLIENT_LIB")
-    if env:
-        return [env]
+    """The library's paths, and last a name for the dynamic loader ($LD_LIBRARY_PATH,
+    ld.so.cache: a distribution's package), in the order tried."""
     here = os.path.dirname(os.path.abspath(__file__))
-    names = []
-    for d in (here, os.path.dirname(here), os.path.join(os.path.dirname(here), "build"),
-              os.path.join(os.path.dirname(os.path.dirname(here)), "build")):
-        names.append(os.path.join(d, "libllmsclient.so"))
-    found = ctypes.util.find_library("llmsclient")
-    names += [found] if found else []
-    names += ["libllmsclient.so.2", "libllmsclient.so"]
-    return names
+    paths = [os.path.join(here, "libllmsclient.so")]
+    paths += [os.path.join(root, "build", "libllmsclient.so") for root in _checkouts(here)]
+    paths += [os.path.join(d, _SONAME) for d in _PREFIX_LIBS]
+    paths.append(_SONAME)
+    return list(dict.fromkeys(paths))
 
 
 def _load():
-    errors = []
-    for name in _candidates():
-        if os.sep in name and not os.path.exists(name):
+    """The library and the path (or name) it was loaded from."""
+    env = os.environ.get("LLMS_CLIENT_LIB")
+    tried = []
+    for path in [env] if env else _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append("%s: not there" % path)
             continue
         try:
-            return ctypes.CDLL(name)
+            return ctypes.CDLL(path), path
         except OSError as e:
-            errors.append("%s: %s" % (name, e))
-    raise ImportError("libllmsclient.so not found (set LLMS_CLIENT_LIB): " + "; ".join(errors))
+            tried.append("%s: %s" % (path, e))
+    if env:
+        raise LibraryNotFoundError(
+            "libllmsclient could not be loaded from $LLMS_CLIENT_LIB:\n  %s\nPoint "
+            "LLMS_CLIENT_LIB at a built libllmsclient.so (build/libllmsclient.so after make in "
+            "an llmsd checkout), or unset it to search the usual places." % tried[0])
+    raise LibraryNotFoundError(
+        "libllmsclient not found; tried:\n  %s\nSet LLMS_CLIENT_LIB to its path "
+        "(build/libllmsclient.so after make in an llmsd checkout), or run make install there "
+        "(PREFIX /usr/local or /usr; another PREFIX: set LLMS_CLIENT_LIB to "
+        "PREFIX/lib/%s)." % ("\n  ".join(tried), _SONAME))
 
 
 _lib = None
+_lib_path = None
+
+
+def library_path():
+    """The path (or loader name) of the libllmsclient this module uses, loading it when
+    no call has yet; LibraryNotFoundError when there is none."""
+    _api()
+    return _lib_path
 
 
 def _api():
-    global _lib
+    global _lib, _lib_path
     if _lib is not None:
         return _lib
-    lib = _load()
+    lib, path = _load()
     P, c_char_p, c_int, c_size_t = ctypes.POINTER, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
     sigs = {
         "llms_connect": (c_int, [c_char_p, P(ctypes.c_void_p), ctypes.c_char_p]),
@@ -171,7 +238,7 @@ def _api():
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
-    _lib = lib
+    _lib, _lib_path = lib, path
     return lib
 
 

@@ -132,6 +132,88 @@ class ClientTest(unittest.TestCase):
 
 
 
+class LibrarySearchTest(unittest.TestCase):
+    """Where a fresh interpreter finds libllmsclient without $LLMS_CLIENT_LIB (in the
+    order the module docstring gives), and what it says when it finds none."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.lib = os.path.abspath(os.environ["LLMS_CLIENT_LIB"])
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def make_checkout(self):
+        """A checkout with the client package and a build/ holding this build's library."""
+        src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(src, "client"))
+        shutil.copy(os.path.join(ROOT, "client", "llms.h"), os.path.join(src, "client"))
+        shutil.copytree(os.path.join(ROOT, "python"), os.path.join(src, "python"),
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        os.makedirs(os.path.join(src, "build"))
+        built = os.path.join(src, "build", "libllmsclient.so")
+        os.symlink(self.lib, built)
+        return src, built
+
+    def python(self, path, code, **env):
+        """Runs code in a fresh interpreter importing llmsclient from path, in an empty
+        folder (the current directory must not count); its stdout."""
+        e = {k: v for k, v in os.environ.items() if k != "LLMS_CLIENT_LIB"}
+        e.update(env)
+        cwd = os.path.join(self.tmp, "cwd")
+        os.makedirs(cwd, exist_ok=True)
+        r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n%s"
+                            % (path, code)], cwd=cwd, env=e, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    LOADED = "import llmsclient; print(llmsclient.library_path())"
+    NOT_FOUND = ("import llmsclient\ntry:\n    llmsclient.connect()\n"
+                 "except llmsclient.LibraryNotFoundError as e:\n"
+                 "    print(isinstance(e, OSError)); print(e)\n")
+
+    def test_a_missing_llms_client_lib_is_named(self):
+        missing = os.path.join(self.tmp, "nowhere", "libllmsclient.so")
+        out = self.python(os.path.join(ROOT, "python"), self.NOT_FOUND,
+                          LLMS_CLIENT_LIB=missing)
+        self.assertTrue(out.startswith("True\n"), out)
+        self.assertIn("$LLMS_CLIENT_LIB", out)
+        self.assertIn(missing + ": not there", out)
+        # Set, it is the only place: the build/ of this checkout is not tried.
+        self.assertNotIn(os.path.join(ROOT, "build"), out)
+
+    def test_the_build_of_the_checkout_it_sits_in(self):
+        src, built = self.make_checkout()
+        self.assertEqual(self.python(os.path.join(src, "python"), self.LOADED), built + "\n")
+
+    def test_the_build_of_the_checkout_pip_installed_it_from(self):
+        if any(subprocess.run([sys.executable, "-c", "import " + m],
+                              capture_output=True).returncode for m in ("setuptools", "pip")):
+            self.skipTest("pip or setuptools is not installed for %s" % sys.executable)
+        src, built = self.make_checkout()
+        site = os.path.join(self.tmp, "site")
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                        "--no-build-isolation", "--no-deps", "--target", site,
+                        os.path.join(src, "python")], check=True, env=env, capture_output=True)
+        self.assertEqual(self.python(site, self.LOADED), built + "\n")
+
+    def test_none_found_names_every_place_tried(self):
+        site = os.path.join(self.tmp, "site")
+        shutil.copytree(os.path.join(ROOT, "python", "llmsclient"),
+                        os.path.join(site, "llmsclient"))
+        out = self.python(site, self.NOT_FOUND)
+        if not out:
+            self.skipTest("a libllmsclient is installed on this machine")
+        self.assertTrue(out.startswith("True\n"), out)
+        for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
+                      "/usr/local/lib/libllmsclient.so.2", "/usr/lib/libllmsclient.so.2",
+                      "\n  libllmsclient.so.2: "]:
+            self.assertIn(tried, out)
+        self.assertIn("LLMS_CLIENT_LIB", out)
+        self.assertIn("make install", out)
+
+
 class DefaultAppTest(unittest.TestCase):
     """With no app named a client binds to the app every llmsd client shares when given
     none: $LLMS_APP, else "default"."""
