@@ -8,6 +8,9 @@
         print(piece, end="", flush=True)
     vectors = c.embed(["a text", "another"])
     hits = c.rerank("query", ["doc one", "doc two"], k=1)   # [RerankHit(index, score)]
+    c.kb_create("notes")
+    c.kb_add("notes", {"doc-1": "Some text.", "doc-2": "More text."})   # -> passages made
+    r = c.rag("notes", "What does the text say?")   # RagResult: .text, .passages, .outcome
 
 Every failure raises LlmsError, whose .status is the library's status code
 (LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
@@ -37,9 +40,10 @@ import queue
 import threading
 import urllib.parse
 from collections import namedtuple
+from collections.abc import Mapping
 
-__all__ = ["connect", "library_path", "Client", "Context", "LibraryNotFoundError", "LlmsError",
-           "RerankHit", "Result"]
+__all__ = ["connect", "library_path", "Client", "Context", "KbHit", "KbInfo",
+           "LibraryNotFoundError", "LlmsError", "RagResult", "RerankHit", "Result"]
 
 LLMS_ERROR_MAX = 256
 LLMS_ID_MAX = 128
@@ -55,8 +59,17 @@ STATUS_NAMES = {
 STOP_REASONS = ["eos", "max_tokens", "stop_string", "context_full", "cancelled",
                 "deadline", "shutdown"]
 
+RETRIEVALS = ["rrf", "sum", "bm25", "vector"]
+RAG_OUTCOMES = ["miss", "qa_hit", "qkv_hit"]
+
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
+KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
+                              "qa_entries")
+KbHit = namedtuple("KbHit", "passage document seq score text metadata")
+RagResult = namedtuple("RagResult", "text outcome passages prompt_tokens reused_tokens "
+                                    "reused_passages generated_tokens retrieve_ms prefill_ms "
+                                    "decode_ms queue_ms stop_reason qa_similarity")
 
 
 class LlmsError(Exception):
@@ -117,6 +130,46 @@ class _RerankResult(ctypes.Structure):
         ("n_layer", ctypes.c_size_t), ("pruned_at_layer", ctypes.POINTER(ctypes.c_uint32)),
         ("peak_bytes", ctypes.c_uint64), ("time_ms", ctypes.c_double),
         ("cv_threshold", ctypes.c_float),
+    ]
+
+
+class _KbDoc(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char_p), ("text", ctypes.c_char_p), ("metadata", ctypes.c_char_p)]
+
+
+class _KbInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("documents", ctypes.c_uint32),
+        ("passages", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+        ("passage_tokens", ctypes.c_uint32), ("overlap_tokens", ctypes.c_uint32),
+        ("qa_entries", ctypes.c_uint32),
+    ]
+
+
+class _KbHit(ctypes.Structure):
+    _fields_ = [
+        ("passage", ctypes.c_uint64), ("document", ctypes.c_char_p), ("seq", ctypes.c_uint32),
+        ("score", ctypes.c_float), ("text", ctypes.c_char_p), ("metadata", ctypes.c_char_p),
+    ]
+
+
+class _RagOptions(ctypes.Structure):
+    _fields_ = [
+        ("top_k", ctypes.c_uint32), ("retrieval", ctypes.c_int),
+        ("system_prompt", ctypes.c_char_p), ("params", ctypes.POINTER(_Params)),
+        ("no_qa", ctypes.c_int), ("no_qkv", ctypes.c_int),
+    ]
+
+
+class _RagResult(ctypes.Structure):
+    _fields_ = [
+        ("outcome", ctypes.c_int), ("passages", ctypes.POINTER(_KbHit)),
+        ("n_passages", ctypes.c_size_t), ("prompt_tokens", ctypes.c_uint32),
+        ("reused_tokens", ctypes.c_uint32), ("reused_passages", ctypes.c_uint32),
+        ("generated_tokens", ctypes.c_uint32), ("retrieve_ms", ctypes.c_double),
+        ("prefill_ms", ctypes.c_double), ("decode_ms", ctypes.c_double),
+        ("queue_ms", ctypes.c_double), ("stop_reason", ctypes.c_int),
+        ("qa_similarity", ctypes.c_float), ("text", ctypes.c_char_p),
     ]
 
 
@@ -212,6 +265,7 @@ def _api():
         return _lib
     lib, path = _load()
     P, c_char_p, c_int, c_size_t = ctypes.POINTER, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
+    c_uint32 = ctypes.c_uint32
     sigs = {
         "llms_connect": (c_int, [c_char_p, P(ctypes.c_void_p), ctypes.c_char_p]),
         "llms_close": (None, [ctypes.c_void_p]),
@@ -234,6 +288,19 @@ def _api():
                                 P(_RerankOptions), P(_RerankResult)]),
         "llms_rerank_result_free": (None, [P(_RerankResult)]),
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
+        "llms_kb_create": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32]),
+        "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_kb_add": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t, P(c_uint32)]),
+        "llms_kb_remove": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
+                                   P(c_uint32)]),
+        "llms_kb_list": (c_int, [ctypes.c_void_p, P(P(_KbInfo)), P(c_size_t)]),
+        "llms_kb_list_free": (None, [P(_KbInfo), c_size_t]),
+        "llms_kb_search": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, c_uint32, c_int,
+                                   P(P(_KbHit)), P(c_size_t)]),
+        "llms_kb_hits_free": (None, [P(_KbHit), c_size_t]),
+        "llms_rag_query": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, P(_RagOptions),
+                                   _TOKEN_CB, ctypes.c_void_p, P(_RagResult)]),
+        "llms_rag_result_free": (None, [P(_RagResult)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
@@ -275,10 +342,52 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     return p, keep
 
 
+def _sampling(params):
+    """_params for the calls whose request carries no model (a RAG query, a graph run):
+    they run on the daemon's default generate model, so model= is refused, not ignored."""
+    if "model" in params:
+        raise TypeError("model=: RAG queries and graph runs use the daemon's default model")
+    return _params(**params)
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else None
+
+
+def _name(names, i):
+    return names[i] if 0 <= i < len(names) else "unknown"
+
+
+def _retrieval(name):
+    if name not in RETRIEVALS:
+        raise ValueError("retrieval is one of %s, not %r" % (", ".join(RETRIEVALS), name))
+    return RETRIEVALS.index(name)
+
+
 def _result(r):
     text = ctypes.string_at(r.text).decode("utf-8", "replace") if r.text else ""
-    reason = STOP_REASONS[r.stop_reason] if 0 <= r.stop_reason < len(STOP_REASONS) else "unknown"
-    return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens, reason)
+    return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens,
+                  _name(STOP_REASONS, r.stop_reason))
+
+
+def _hits(hits, n):
+    return [KbHit(h.passage, _s(h.document), h.seq, h.score, _s(h.text), _s(h.metadata))
+            for h in hits[:n]]
+
+
+def _rag_result(r):
+    return RagResult(_s(r.text), _name(RAG_OUTCOMES, r.outcome),
+                     _hits(r.passages, r.n_passages), r.prompt_tokens, r.reused_tokens,
+                     r.reused_passages, r.generated_tokens, r.retrieve_ms, r.prefill_ms,
+                     r.decode_ms, r.queue_ms, _name(STOP_REASONS, r.stop_reason),
+                     r.qa_similarity)
+
+
+# What a call with a streamed reply fills in: its C result, how that becomes the Python
+# value, and the library function that frees it.
+_Outcome = namedtuple("_Outcome", "struct convert free")
+_GENERATION = _Outcome(_Result, _result, "llms_result_free")
+_RAG = _Outcome(_RagResult, _rag_result, "llms_rag_result_free")
 
 
 class Client:
@@ -323,18 +432,24 @@ class Client:
         """A deadline in milliseconds for every later request (0: none)."""
         _api().llms_set_timeout(self._conn, ms)
 
+    def _reply(self, call, stream, outcome):
+        """Runs call(on_text, result) returning a status: with stream an iterator of the
+        reply's pieces, else the reply as outcome converts it; last_result either way."""
+        if stream:
+            return _Stream(self, call, outcome)
+        res = outcome.struct()
+        rc = call(_TOKEN_CB(0), ctypes.byref(res))
+        try:
+            self._check(rc)
+            self.last_result = outcome.convert(res)
+        finally:
+            getattr(_api(), outcome.free)(ctypes.byref(res))
+        return self.last_result
+
     def _generate(self, call, stream):
-        """Runs call(on_text, result) returning a status; text, or an iterator of pieces."""
-        if not stream:
-            res = _Result()
-            rc = call(_TOKEN_CB(0), ctypes.byref(res))
-            try:
-                self._check(rc)
-                self.last_result = _result(res)
-            finally:
-                _api().llms_result_free(ctypes.byref(res))
-            return self.last_result.text
-        return _Stream(self, call)
+        """The reply's text, or with stream an iterator of its pieces."""
+        r = self._reply(call, stream, _GENERATION)
+        return r if stream else r.text
 
     def complete(self, prompt, max_tokens=None, temperature=None, system=None, chat=False,
                  stream=False, **params):
@@ -399,6 +514,76 @@ class Client:
         finally:
             _api().llms_rerank_result_free(ctypes.byref(r))
 
+    def kb_create(self, name, passage_tokens=0, overlap_tokens=0):
+        """Creates the app's knowledge base name: passages of passage_tokens tokens
+        overlapping by overlap_tokens (0: the daemon's defaults). FAILED_PRECONDITION when
+        it exists."""
+        self._check(_api().llms_kb_create(self._conn, _b(name), passage_tokens,
+                                          overlap_tokens))
+
+    def kb_drop(self, name):
+        """Deletes knowledge base name with its documents and cached answers."""
+        self._check(_api().llms_kb_drop(self._conn, _b(name)))
+
+    def kb_add(self, kb, documents):
+        """Adds documents in one transaction, durable once this returns; the number of
+        passages they made. documents: {id: text}, or (id, text) or (id, text, metadata)
+        tuples. A document replaces the one of its id."""
+        items = list(documents.items()) if isinstance(documents, Mapping) else list(documents)
+        docs = (_KbDoc * len(items))(*[_KbDoc(*[_b(v) for v in d]) for d in items])
+        passages = ctypes.c_uint32()
+        self._check(_api().llms_kb_add(self._conn, _b(kb), docs, len(items),
+                                       ctypes.byref(passages)))
+        return passages.value
+
+    def kb_remove(self, kb, ids):
+        """Removes documents by id (a str is one id); how many of them existed."""
+        ids = [ids] if isinstance(ids, (str, bytes)) else list(ids)
+        arr = (ctypes.c_char_p * len(ids))(*[_b(i) for i in ids])
+        removed = ctypes.c_uint32()
+        self._check(_api().llms_kb_remove(self._conn, _b(kb), arr, len(ids),
+                                          ctypes.byref(removed)))
+        return removed.value
+
+    def kb_list(self):
+        """The app's knowledge bases by name: [KbInfo]."""
+        kbs, n = ctypes.POINTER(_KbInfo)(), ctypes.c_size_t()
+        self._check(_api().llms_kb_list(self._conn, ctypes.byref(kbs), ctypes.byref(n)))
+        try:
+            return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
+                           k.overlap_tokens, k.qa_entries) for k in kbs[:n.value]]
+        finally:
+            _api().llms_kb_list_free(kbs, n.value)
+
+    def kb_search(self, kb, query, k=0, retrieval="rrf"):
+        """The k best passages of kb for query (0: the daemon's rag_top_k), best first:
+        [KbHit]. retrieval: one of RETRIEVALS."""
+        hits, n = ctypes.POINTER(_KbHit)(), ctypes.c_size_t()
+        self._check(_api().llms_kb_search(self._conn, _b(kb), _b(query), k,
+                                          _retrieval(retrieval), ctypes.byref(hits),
+                                          ctypes.byref(n)))
+        try:
+            return _hits(hits, n.value)
+        finally:
+            _api().llms_kb_hits_free(hits, n.value)
+
+    def rag(self, kb, question, stream=False, top_k=0, retrieval="rrf", system=None,
+            no_qa=False, no_qkv=False, max_tokens=None, temperature=None, **params):
+        """Answers question from knowledge base kb: a RagResult (the answer, the passages
+        it was given, how the caches served it, the times), or with stream=True an
+        iterator of the answer's pieces, after which last_result is the RagResult.
+        top_k: passages (0: the daemon's rag_top_k); system: None for the daemon's
+        rag_system_prompt; no_qa, no_qkv: bypass the QA bank, the QKV tree."""
+        p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
+        o = _RagOptions(top_k, _retrieval(retrieval), _b(system) if system else None,
+                        ctypes.pointer(p), int(no_qa), int(no_qkv))
+
+        def call(cb, res):
+            return _api().llms_rag_query(self._conn, _b(kb), _b(question), ctypes.byref(o),
+                                         cb, None, res)
+        call.keep = keep
+        return self._reply(call, stream, _RAG)
+
 
 class _Stream:
     """The pieces of a streamed reply. The blocking call runs on a thread of its own and
@@ -406,7 +591,7 @@ class _Stream:
 
     _END = object()
 
-    def __init__(self, client, call):
+    def __init__(self, client, call, outcome):
         self._client = client
         self._q = queue.Queue()
         self._stop = threading.Event()
@@ -419,16 +604,16 @@ class _Stream:
         self._cb = _TOKEN_CB(on_text)
 
         def run():
-            res = _Result()
+            res = outcome.struct()
             try:
                 rc = call(self._cb, ctypes.byref(res))
                 if rc != 0 and not (rc == 6 and self._stop.is_set()):
                     msg = _api().llms_last_error(client._conn) or b""
                     self._error = LlmsError(rc, msg.decode("utf-8", "replace"))
                 elif rc == 0:
-                    client.last_result = _result(res)
+                    client.last_result = outcome.convert(res)
             finally:
-                _api().llms_result_free(ctypes.byref(res))
+                getattr(_api(), outcome.free)(ctypes.byref(res))
                 self._q.put(self._END)
 
         self._thread = threading.Thread(target=run, daemon=True)

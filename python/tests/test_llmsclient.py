@@ -1,5 +1,6 @@
 """The Python client against a real llmsd (started by tests/integration/test_python.c,
-which sets LLMS_SOCKET and LLMS_CLIENT_LIB). Standard library only."""
+which sets LLMS_SOCKET, LLMS_CLIENT_LIB and LLMS_CLI, the path of this build's llms).
+Standard library only."""
 import ctypes
 import math
 import os
@@ -14,6 +15,121 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import llmsclient  # noqa: E402
 
 
+def status_of(test, call, *args, **kwargs):
+    """The status name of the LlmsError call raises, after checking it carries the
+    library's message (llms_last_error) too."""
+    with test.assertRaises(llmsclient.LlmsError) as e:
+        result = call(*args, **kwargs)
+        if not isinstance(result, (str, tuple, list, int, type(None))):
+            list(result)   # a stream fails while it is read
+    test.assertRegex(str(e.exception), "^%s: .+" % e.exception.status_name)
+    return e.exception.status_name
+
+
+class KbTest(unittest.TestCase):
+    """Knowledge bases and RAG: what the C API does, in Python values."""
+
+    DOCS = {
+        "apples": "Notes about the apple orchard harvest. The apple orchard harvest was "
+                  "discussed today.",
+        "rockets": "Notes about the rocket launch orbit. The rocket launch orbit was "
+                   "discussed today.",
+        "violins": "Notes about the violin concert music. The violin concert music was "
+                   "discussed today.",
+    }
+
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest-kb")
+
+    def tearDown(self):
+        for kb in self.c.kb_list():
+            self.c.kb_drop(kb.name)
+        self.c.close()
+
+    def test_create_add_list_search_remove_drop(self):
+        self.c.kb_create("notes")
+        self.assertEqual(status_of(self, self.c.kb_create, "notes"), "FAILED_PRECONDITION")
+        passages = self.c.kb_add("notes", self.DOCS)
+        self.assertGreaterEqual(passages, len(self.DOCS))
+        self.assertEqual(self.c.kb_add("notes", [("plums", "Plums are purple.", "fruit"),
+                                                 ("pears", "Pears are green.")]), 2)
+        [info] = self.c.kb_list()
+        self.assertIsInstance(info, llmsclient.KbInfo)
+        self.assertEqual((info.name, info.documents, info.passages),
+                         ("notes", len(self.DOCS) + 2, passages + 2))
+        self.assertGreater(info.bytes, 0)
+        self.assertGreater(info.passage_tokens, info.overlap_tokens)
+
+        [hit] = self.c.kb_search("notes", "apple orchard harvest", k=1, retrieval="bm25")
+        self.assertEqual((hit.document, hit.metadata), ("apples", None))
+        self.assertIn("apple orchard", hit.text)
+        [plum] = self.c.kb_search("notes", "plums purple", k=1, retrieval="bm25")
+        self.assertEqual((plum.document, plum.metadata, plum.text),
+                         ("plums", "fruit", "Plums are purple."))
+
+        self.assertEqual(self.c.kb_remove("notes", ["apples", "no-such-doc"]), 1)
+        self.assertEqual(self.c.kb_remove("notes", "plums"), 1)
+        found = self.c.kb_search("notes", "discussed today", k=10, retrieval="bm25")
+        self.assertEqual({h.document for h in found}, {"rockets", "violins"})
+        self.assertEqual(self.c.kb_search("notes", "plums", retrieval="bm25"), [])
+        self.assertEqual(self.c.kb_list()[0].documents, len(self.DOCS))
+
+        self.c.kb_drop("notes")
+        self.assertEqual(self.c.kb_list(), [])
+        self.assertEqual(status_of(self, self.c.kb_drop, "notes"), "NOT_FOUND")
+
+    def test_errors_carry_the_status(self):
+        self.assertEqual(status_of(self, self.c.kb_add, "nokb", {"a": "text"}), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.kb_search, "nokb", "q"), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.rag, "nokb", "q?"), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.rag, "nokb", "q?", stream=True), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.kb_create, "bad name!"), "INVALID_ARGUMENT")
+        # Another app's knowledge base is not there for this one.
+        with llmsclient.connect(app="pytest-other") as other:
+            other.kb_create("theirs")
+            self.assertEqual(status_of(self, self.c.kb_drop, "theirs"), "NOT_FOUND")
+            other.kb_drop("theirs")
+        with self.assertRaises(ValueError):
+            self.c.kb_search("nokb", "q", retrieval="best")
+        with self.assertRaises(TypeError):
+            self.c.rag("nokb", "q?", model="other")
+
+    def test_rag_answers_from_the_kb_and_its_qa_bank(self):
+        self.c.kb_create("facts")
+        self.c.kb_add("facts", self.DOCS)
+        # BM25: only the passages holding all three words, all of document violins.
+        first = self.c.rag("facts", "violin concert music", retrieval="bm25", max_tokens=6,
+                           temperature=0)
+        self.assertIsInstance(first, llmsclient.RagResult)
+        self.assertIs(self.c.last_result, first)
+        self.assertNotEqual(first.outcome, "qa_hit")
+        self.assertTrue(first.passages)
+        self.assertTrue(all(isinstance(p, llmsclient.KbHit) and p.document == "violins"
+                            for p in first.passages), first.passages)
+        self.assertIsInstance(first.text, str)
+        self.assertGreater(first.prompt_tokens, 0)
+        self.assertLessEqual(first.generated_tokens, 6)
+        self.assertIn(first.stop_reason, ("eos", "max_tokens"))
+        # The same question again is answered from the QA bank, without generating.
+        again = self.c.rag("facts", "violin concert music", retrieval="bm25", max_tokens=6,
+                           temperature=0)
+        self.assertEqual((again.outcome, again.text, again.generated_tokens),
+                         ("qa_hit", first.text, 0))
+        self.assertGreater(again.qa_similarity, 0.9)
+        # Streamed past the QA bank, greedy: the same answer piece by piece.
+        pieces = list(self.c.rag("facts", "violin concert music", stream=True, no_qa=True,
+                                 retrieval="bm25", max_tokens=6, temperature=0))
+        self.assertTrue(all(isinstance(p, str) for p in pieces))
+        self.assertEqual("".join(pieces), first.text)
+        self.assertIsInstance(self.c.last_result, llmsclient.RagResult)
+        self.assertNotEqual(self.c.last_result.outcome, "qa_hit")
+        self.assertEqual(self.c.last_result.text, first.text)
+        self.assertEqual([p.passage for p in self.c.last_result.passages],
+                         [p.passage for p in first.passages])
+        [info] = self.c.kb_list()
+        self.assertGreaterEqual(info.qa_entries, 1)
+
+
 class LayoutTest(unittest.TestCase):
     """Every ctypes Structure of the module against its C struct, as a C compiler lays it
     out from client/llms.h: a field missed, moved or mistyped makes the library read or
@@ -25,6 +141,9 @@ class LayoutTest(unittest.TestCase):
         "llms_embeddings": llmsclient._Embeddings,
         "llms_rerank_options": llmsclient._RerankOptions,
         "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
+        "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
+        "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
+        "llms_rag_result": llmsclient._RagResult,
     }
 
     def test_structures_match_llms_h(self):
@@ -238,6 +357,17 @@ class DefaultAppTest(unittest.TestCase):
                 other.context(ctx.id).call("hi", max_tokens=1)
             self.assertEqual(e.exception.status_name, "NOT_FOUND")
             same.context(ctx.id).delete()
+
+    def test_a_kb_made_with_llms_is_found_with_no_app(self):
+        cli = os.environ.get("LLMS_CLI")
+        if not cli or not os.access(cli, os.X_OK):
+            self.skipTest("this build's llms is not there (LLMS_CLI)")
+        subprocess.run([cli, "kb", "create", "from-cli"], check=True, capture_output=True)
+        with llmsclient.connect() as c, llmsclient.connect(app="pytest") as other:
+            self.assertIn("from-cli", [kb.name for kb in c.kb_list()])
+            self.assertNotIn("from-cli", [kb.name for kb in other.kb_list()])
+            self.assertEqual(c.kb_add("from-cli", {"d": "Made by llms, filled by Python."}), 1)
+            c.kb_drop("from-cli")
 
     def test_llms_app_names_the_default(self):
         os.environ["LLMS_APP"] = "py-env"
