@@ -11,6 +11,8 @@
     c.kb_create("notes")
     c.kb_add("notes", {"doc-1": "Some text.", "doc-2": "More text."})   # -> passages made
     r = c.rag("notes", "What does the text say?")   # RagResult: .text, .passages, .outcome
+    g = c.graph_run("one-shot", {"question": "What does the text say?", "kb": "notes"})
+    print(g.output, g.state["passages"])            # GraphResult
 
 Every failure raises LlmsError, whose .status is the library's status code
 (LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
@@ -42,8 +44,9 @@ import urllib.parse
 from collections import namedtuple
 from collections.abc import Mapping
 
-__all__ = ["connect", "library_path", "Client", "Context", "KbHit", "KbInfo",
-           "LibraryNotFoundError", "LlmsError", "RagResult", "RerankHit", "Result"]
+__all__ = ["connect", "library_path", "Client", "Context", "GraphEvent", "GraphInfo",
+           "GraphResult", "GraphTiming", "KbHit", "KbInfo", "LibraryNotFoundError", "LlmsError",
+           "RagResult", "RerankHit", "Result"]
 
 LLMS_ERROR_MAX = 256
 LLMS_ID_MAX = 128
@@ -61,6 +64,7 @@ STOP_REASONS = ["eos", "max_tokens", "stop_string", "context_full", "cancelled",
 
 RETRIEVALS = ["rrf", "sum", "bm25", "vector"]
 RAG_OUTCOMES = ["miss", "qa_hit", "qkv_hit"]
+SPECULATIONS = ["none", "hit", "rollback"]
 
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
@@ -70,6 +74,13 @@ KbHit = namedtuple("KbHit", "passage document seq score text metadata")
 RagResult = namedtuple("RagResult", "text outcome passages prompt_tokens reused_tokens "
                                     "reused_passages generated_tokens retrieve_ms prefill_ms "
                                     "decode_ms queue_ms stop_reason qa_similarity")
+GraphInfo = namedtuple("GraphInfo", "name builtin inputs n_nodes n_edges output max_steps")
+GraphEvent = namedtuple("GraphEvent", "finished node step output value ms generated_tokens "
+                                      "speculation")
+GraphTiming = namedtuple("GraphTiming", "node runs ms generated_tokens")
+GraphResult = namedtuple("GraphResult", "output steps capped timings state total_ms queue_ms "
+                                        "speculations spec_hits spec_rollbacks spec_saved_ms "
+                                        "prompt_tokens reused_tokens")
 
 
 class LlmsError(Exception):
@@ -173,6 +184,70 @@ class _RagResult(ctypes.Structure):
     ]
 
 
+class _GraphNode(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("kind", ctypes.c_int), ("output", ctypes.c_char_p),
+        ("prompt", ctypes.c_char_p), ("params", ctypes.POINTER(_Params)),
+        ("chat", ctypes.c_int), ("kb", ctypes.c_char_p), ("query", ctypes.c_char_p),
+        ("top_k", ctypes.c_uint32), ("retrieval", ctypes.c_int),
+    ]
+
+
+class _GraphEdge(ctypes.Structure):
+    _fields_ = [("from", ctypes.c_char_p), ("to", ctypes.c_char_p), ("when", ctypes.c_char_p)]
+
+
+class _GraphDef(ctypes.Structure):
+    _fields_ = [
+        ("inputs", ctypes.POINTER(ctypes.c_char_p)), ("n_inputs", ctypes.c_size_t),
+        ("nodes", ctypes.POINTER(_GraphNode)), ("n_nodes", ctypes.c_size_t),
+        ("edges", ctypes.POINTER(_GraphEdge)), ("n_edges", ctypes.c_size_t),
+        ("output", ctypes.c_char_p), ("max_steps", ctypes.c_uint32),
+    ]
+
+
+class _GraphInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("builtin", ctypes.c_int),
+        ("inputs", ctypes.POINTER(ctypes.c_char_p)), ("n_inputs", ctypes.c_size_t),
+        ("n_nodes", ctypes.c_size_t), ("n_edges", ctypes.c_size_t),
+        ("output", ctypes.c_char_p), ("max_steps", ctypes.c_uint32),
+    ]
+
+
+class _GraphVar(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+class _GraphEvent(ctypes.Structure):
+    _fields_ = [
+        ("finished", ctypes.c_int), ("node", ctypes.c_char_p), ("step", ctypes.c_uint32),
+        ("output", ctypes.c_char_p), ("value", ctypes.c_char_p), ("ms", ctypes.c_double),
+        ("generated_tokens", ctypes.c_uint32), ("speculation", ctypes.c_int),
+    ]
+
+
+class _GraphTiming(ctypes.Structure):
+    _fields_ = [
+        ("node", ctypes.c_char_p), ("runs", ctypes.c_uint32), ("ms", ctypes.c_double),
+        ("generated_tokens", ctypes.c_uint32),
+    ]
+
+
+class _GraphResult(ctypes.Structure):
+    _fields_ = [
+        ("output", ctypes.c_char_p), ("steps", ctypes.c_uint32), ("capped", ctypes.c_int),
+        ("timings", ctypes.POINTER(_GraphTiming)), ("n_timings", ctypes.c_size_t),
+        ("state_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("state_values", ctypes.POINTER(ctypes.c_char_p)), ("n_state", ctypes.c_size_t),
+        ("total_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
+        ("speculations", ctypes.c_uint32), ("spec_hits", ctypes.c_uint32),
+        ("spec_rollbacks", ctypes.c_uint32), ("spec_saved_ms", ctypes.c_double),
+        ("prompt_tokens", ctypes.c_uint32), ("reused_tokens", ctypes.c_uint32),
+    ]
+
+
+_GRAPH_EVENT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_GraphEvent), ctypes.c_void_p)
 _TOKEN_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
@@ -301,6 +376,14 @@ def _api():
         "llms_rag_query": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, P(_RagOptions),
                                    _TOKEN_CB, ctypes.c_void_p, P(_RagResult)]),
         "llms_rag_result_free": (None, [P(_RagResult)]),
+        "llms_graph_create": (c_int, [ctypes.c_void_p, c_char_p, P(_GraphDef)]),
+        "llms_graph_delete": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_graph_list": (c_int, [ctypes.c_void_p, P(P(_GraphInfo)), P(c_size_t)]),
+        "llms_graph_list_free": (None, [P(_GraphInfo), c_size_t]),
+        "llms_graph_run_speculate": (c_int, [ctypes.c_void_p, c_char_p, P(_GraphVar), c_size_t,
+                                             P(_Params), c_int, _GRAPH_EVENT_CB,
+                                             ctypes.c_void_p, P(_GraphResult)]),
+        "llms_graph_result_free": (None, [P(_GraphResult)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
@@ -381,6 +464,56 @@ def _rag_result(r):
                      r.reused_passages, r.generated_tokens, r.retrieve_ms, r.prefill_ms,
                      r.decode_ms, r.queue_ms, _name(STOP_REASONS, r.stop_reason),
                      r.qa_similarity)
+
+
+# The keys of a graph node's dict that are not sampling fields.
+_NODE_KEYS = ("name", "kind", "output", "prompt", "chat", "kb", "query", "top_k", "retrieval")
+
+
+def _graph_node(node, keep):
+    """The llms_graph_node of one node of graph_create's dict; keep holds what it points to."""
+    if node.get("kind") not in ("generate", "retrieve"):
+        raise ValueError("graph node %r: kind is 'generate' or 'retrieve'" % node.get("name"))
+    sampling = {k: v for k, v in node.items() if k not in _NODE_KEYS}
+    params = None
+    if sampling:
+        p, stops = _sampling(sampling)
+        params = ctypes.pointer(p)
+        keep.append(stops)
+    text = {k: _b(node.get(k)) for k in ("name", "output", "prompt", "kb", "query")}
+    keep.append(text)
+    return _GraphNode(text["name"], 1 if node["kind"] == "retrieve" else 0, text["output"],
+                      text["prompt"], params, int(bool(node.get("chat"))), text["kb"],
+                      text["query"], node.get("top_k", 0),
+                      _retrieval(node.get("retrieval", "rrf")))
+
+
+def _graph_def(graph, keep):
+    """The llms_graph_def of graph_create's dict; keep holds what it points to."""
+    inputs = [_b(i) for i in graph.get("inputs", [])]
+    nodes = [_graph_node(n, keep) for n in graph.get("nodes", [])]
+    edges = [_GraphEdge(_b(e.get("from")), _b(e.get("to")), _b(e.get("when")))
+             for e in graph.get("edges", [])]
+    arrays = ((ctypes.c_char_p * len(inputs))(*inputs), (_GraphNode * len(nodes))(*nodes),
+              (_GraphEdge * len(edges))(*edges))
+    keep += [inputs, edges, arrays]
+    return _GraphDef(arrays[0], len(inputs), arrays[1], len(nodes), arrays[2], len(edges),
+                     _b(graph.get("output")), graph.get("max_steps", 0))
+
+
+def _graph_event(e):
+    return GraphEvent(bool(e.finished), _s(e.node), e.step, _s(e.output), _s(e.value), e.ms,
+                      e.generated_tokens, _name(SPECULATIONS, e.speculation))
+
+
+def _graph_result(r):
+    return GraphResult(
+        _s(r.output), r.steps, bool(r.capped),
+        [GraphTiming(_s(t.node), t.runs, t.ms, t.generated_tokens)
+         for t in r.timings[:r.n_timings]],
+        {_s(r.state_names[i]): _s(r.state_values[i]) for i in range(r.n_state)},
+        r.total_ms, r.queue_ms, r.speculations, r.spec_hits, r.spec_rollbacks, r.spec_saved_ms,
+        r.prompt_tokens, r.reused_tokens)
 
 
 # What a call with a streamed reply fills in: its C result, how that becomes the Python
@@ -583,6 +716,72 @@ class Client:
                                          cb, None, res)
         call.keep = keep
         return self._reply(call, stream, _RAG)
+
+    def graph_create(self, name, graph):
+        """Creates the app's workflow graph name from graph, a dict in the JSON form that
+        `llms graph create` reads (json.load of such a file does):
+
+            {"inputs": ["question"], "output": "answer", "max_steps": 8,
+             "nodes": [{"name": "n", "kind": "generate" | "retrieve", "output": "var",
+                        "prompt": "...", "chat": False, "temperature": 0, ...,
+                        "kb": "...", "query": "...", "top_k": 3, "retrieval": "rrf"}],
+             "edges": [{"from": "START", "to": "n", "when": "..."}]}
+
+        A generation node takes the sampling fields complete() does. The daemon refuses
+        a malformed graph (INVALID_ARGUMENT, naming the node); FAILED_PRECONDITION when
+        the app has a graph of that name or it is a built-in's."""
+        keep = []
+        d = _graph_def(graph, keep)
+        self._check(_api().llms_graph_create(self._conn, _b(name), ctypes.byref(d)))
+
+    def graph_delete(self, name):
+        """Deletes the app's graph name."""
+        self._check(_api().llms_graph_delete(self._conn, _b(name)))
+
+    def graph_list(self):
+        """The built-in templates, then the app's graphs by name: [GraphInfo]."""
+        graphs, n = ctypes.POINTER(_GraphInfo)(), ctypes.c_size_t()
+        self._check(_api().llms_graph_list(self._conn, ctypes.byref(graphs), ctypes.byref(n)))
+        try:
+            return [GraphInfo(_s(g.name), bool(g.builtin),
+                              [_s(i) for i in g.inputs[:g.n_inputs]], g.n_nodes, g.n_edges,
+                              _s(g.output), g.max_steps) for g in graphs[:n.value]]
+        finally:
+            _api().llms_graph_list_free(graphs, n.value)
+
+    def graph_run(self, graph, inputs, on_event=None, speculate=None, max_tokens=None,
+                  temperature=None, **params):
+        """Runs graph (the app's, or a built-in template: "one-shot", "hyde", "multistep",
+        "irg", "recomp", whose inputs are "question" and "kb") with inputs, a dict of
+        variables; a GraphResult (output, state as a dict, per-node timings, ...).
+        on_event(GraphEvent) hears each node start and finish; a true return cancels
+        the run (CANCELLED), and an exception it raises cancels the run and comes out
+        of graph_run. speculate: None for the daemon's setting, else on or off.
+        Sampling fields go over every generation node's own."""
+        names = list(inputs)
+        vars_ = (_GraphVar * len(names))(*[_GraphVar(_b(k), _b(inputs[k])) for k in names])
+        p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
+        raised = []
+
+        def heard(event, user):
+            try:
+                return 1 if on_event(_graph_event(event.contents)) else 0
+            except BaseException as e:
+                raised.append(e)
+                return 1
+        cb = _GRAPH_EVENT_CB(heard) if on_event else _GRAPH_EVENT_CB(0)
+        spec = 0 if speculate is None else 1 if speculate else 2
+        r = _GraphResult()
+        rc = _api().llms_graph_run_speculate(self._conn, _b(graph), vars_, len(names),
+                                             ctypes.byref(p), spec, cb, None, ctypes.byref(r))
+        del keep
+        try:
+            if raised:
+                raise raised[0]
+            self._check(rc)
+            return _graph_result(r)
+        finally:
+            _api().llms_graph_result_free(ctypes.byref(r))
 
 
 class _Stream:

@@ -130,6 +130,105 @@ class KbTest(unittest.TestCase):
         self.assertGreaterEqual(info.qa_entries, 1)
 
 
+class GraphTest(unittest.TestCase):
+    """Workflow graphs: the built-in templates over a knowledge base, the app's own."""
+
+    QUESTION = {"question": "violin concert music", "kb": "facts"}
+    # Tells a story three times over; every run of its node makes 2 tokens at most.
+    LOOP = {"inputs": ["seed"], "output": "story", "max_steps": 10,
+            "nodes": [{"name": "tell", "kind": "generate", "output": "story",
+                       "prompt": "Once upon a time {seed}{story}", "max_tokens": 2}],
+            "edges": [{"from": "START", "to": "tell"},
+                      {"from": "tell", "to": "END", "when": "runs(tell) >= 3"},
+                      {"from": "tell", "to": "tell"}]}
+
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest-graph")
+        self.c.kb_create("facts")
+        self.c.kb_add("facts", KbTest.DOCS)
+
+    def tearDown(self):
+        for g in self.c.graph_list():
+            if not g.builtin:
+                self.c.graph_delete(g.name)
+        self.c.kb_drop("facts")
+        self.c.close()
+
+    def test_one_shot_over_a_kb(self):
+        templates = {g.name: g for g in self.c.graph_list() if g.builtin}
+        self.assertEqual(set(templates), {"one-shot", "hyde", "multistep", "irg", "recomp"})
+        one_shot = templates["one-shot"]
+        self.assertEqual(sorted(one_shot.inputs), ["kb", "question"])
+        events = []
+        r = self.c.graph_run("one-shot", self.QUESTION, on_event=events.append,
+                             speculate=False, max_tokens=6, temperature=0)
+        self.assertIsInstance(r, llmsclient.GraphResult)
+        self.assertEqual((r.steps, r.capped, r.speculations), (2, False, 0))
+        self.assertEqual([(t.node, t.runs) for t in r.timings], [("retrieve", 1), ("answer", 1)])
+        self.assertTrue(0 < r.timings[1].generated_tokens <= 6)
+        self.assertEqual((r.state["question"], r.state["kb"]), ("violin concert music", "facts"))
+        self.assertIn("violin concert music", r.state["passages"])
+        self.assertEqual(r.state[one_shot.output], r.output)
+        self.assertEqual([(e.finished, e.node, e.step) for e in events],
+                         [(False, "retrieve", 1), (True, "retrieve", 1),
+                          (False, "answer", 2), (True, "answer", 2)])
+        self.assertEqual((events[-1].output, events[-1].value), (one_shot.output, r.output))
+        # Greedy, speculation changes nothing in the answer.
+        again = self.c.graph_run("one-shot", self.QUESTION, speculate=True, max_tokens=6,
+                                 temperature=0)
+        self.assertEqual(again.output, r.output)
+
+    def test_an_event_handler_cancels(self):
+        self.assertEqual(status_of(self, self.c.graph_run, "one-shot", self.QUESTION,
+                                   on_event=lambda e: e.finished), "CANCELLED")
+
+        class Enough(Exception):
+            pass
+
+        def stop(event):
+            raise Enough(event.node)
+        with self.assertRaises(Enough) as e:
+            self.c.graph_run("one-shot", self.QUESTION, on_event=stop)
+        self.assertEqual(str(e.exception), "retrieve")
+        # The connection goes on.
+        self.assertEqual(self.c.graph_run("one-shot", self.QUESTION, max_tokens=1).steps, 2)
+
+    def test_the_apps_own_graph(self):
+        self.c.graph_create("loop", self.LOOP)
+        [mine] = [g for g in self.c.graph_list() if not g.builtin]
+        self.assertEqual(mine, llmsclient.GraphInfo("loop", False, ["seed"], 1, 3, "story", 10))
+        r = self.c.graph_run("loop", {"seed": "a fox"}, temperature=0)
+        self.assertEqual((r.steps, r.capped, r.output), (3, False, r.state["story"]))
+        [tell] = r.timings
+        self.assertEqual((tell.node, tell.runs), ("tell", 3))
+        self.assertTrue(0 < tell.generated_tokens <= 6, tell)
+
+        self.assertEqual(status_of(self, self.c.graph_create, "loop", self.LOOP),
+                         "FAILED_PRECONDITION")
+        self.assertEqual(status_of(self, self.c.graph_create, "hyde", self.LOOP),
+                         "FAILED_PRECONDITION")
+        bad = dict(self.LOOP, nodes=[dict(self.LOOP["nodes"][0], prompt="{nope}")])
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.graph_create("bad", bad)
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        self.assertIn("node 'tell'", str(e.exception))
+        with self.assertRaises(ValueError):
+            self.c.graph_create("bad", dict(self.LOOP, nodes=[dict(self.LOOP["nodes"][0],
+                                                                   kind="think")]))
+        self.assertEqual(status_of(self, self.c.graph_run, "loop", {}), "INVALID_ARGUMENT")
+        self.assertEqual(status_of(self, self.c.graph_run, "nope", {"seed": "x"}), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.graph_run, "one-shot",
+                                   {"question": "q", "kb": "missing"}), "NOT_FOUND")
+        # Another app has graphs of its own.
+        with llmsclient.connect(app="pytest-other") as other:
+            self.assertEqual(status_of(self, other.graph_run, "loop", {"seed": "x"}),
+                             "NOT_FOUND")
+
+        self.c.graph_delete("loop")
+        self.assertTrue(all(g.builtin for g in self.c.graph_list()))
+        self.assertEqual(status_of(self, self.c.graph_delete, "loop"), "NOT_FOUND")
+
+
 class LayoutTest(unittest.TestCase):
     """Every ctypes Structure of the module against its C struct, as a C compiler lays it
     out from client/llms.h: a field missed, moved or mistyped makes the library read or
@@ -143,7 +242,11 @@ class LayoutTest(unittest.TestCase):
         "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
         "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
         "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
-        "llms_rag_result": llmsclient._RagResult,
+        "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,
+        "llms_graph_edge": llmsclient._GraphEdge, "llms_graph_def": llmsclient._GraphDef,
+        "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,
+        "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
+        "llms_graph_result": llmsclient._GraphResult,
     }
 
     def test_structures_match_llms_h(self):
