@@ -479,7 +479,7 @@ def _graph_node(node, keep):
     if sampling:
         p, stops = _sampling(sampling)
         params = ctypes.pointer(p)
-        keep.append(stops)
+        keep.append((p, stops))
     text = {k: _b(node.get(k)) for k in ("name", "output", "prompt", "kb", "query")}
     keep.append(text)
     return _GraphNode(text["name"], 1 if node["kind"] == "retrieve" else 0, text["output"],
@@ -496,7 +496,7 @@ def _graph_def(graph, keep):
              for e in graph.get("edges", [])]
     arrays = ((ctypes.c_char_p * len(inputs))(*inputs), (_GraphNode * len(nodes))(*nodes),
               (_GraphEdge * len(edges))(*edges))
-    keep += [inputs, edges, arrays]
+    keep += [inputs, nodes, edges, arrays]
     return _GraphDef(arrays[0], len(inputs), arrays[1], len(nodes), arrays[2], len(edges),
                      _b(graph.get("output")), graph.get("max_steps", 0))
 
@@ -535,7 +535,7 @@ class Client:
                               ctypes.byref(self._conn), err)
         if rc != 0:
             raise LlmsError(rc, err.value.decode("utf-8", "replace"))
-        self._check(lib.llms_bind(self._conn, _b(app) if app is not None else None))
+        self._check(lib.llms_bind(self._conn, _b(app)))
         self.app = app if app is not None else lib.llms_default_app().decode("utf-8")
         self.last_result = None
 
