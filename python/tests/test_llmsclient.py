@@ -15,15 +15,90 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import llmsclient  # noqa: E402
 
 
+
 def status_of(test, call, *args, **kwargs):
     """The status name of the LlmsError call raises, after checking it carries the
     library's message (llms_last_error) too."""
     with test.assertRaises(llmsclient.LlmsError) as e:
         result = call(*args, **kwargs)
-        if not isinstance(result, (str, tuple, list, int, type(None))):
-            list(result)   # a stream fails while it is read
+        if hasattr(result, "__next__"):
+            list(result)   # a streamed reply fails while it is read
     test.assertRegex(str(e.exception), "^%s: .+" % e.exception.status_name)
     return e.exception.status_name
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest")
+
+    def tearDown(self):
+        self.c.close()
+
+    def test_complete_is_deterministic_when_greedy(self):
+        a = self.c.complete("one two three", max_tokens=8, temperature=0)
+        b = self.c.complete("one two three", max_tokens=8, temperature=0)
+        self.assertIsInstance(a, str)
+        self.assertEqual(a, b)
+        self.assertLessEqual(self.c.last_result.generated_tokens, 8)
+        self.assertIn(self.c.last_result.stop_reason, ("eos", "max_tokens"))
+
+    def test_streamed_call_equals_whole_call(self):
+        s = self.c.create_context(system="You answer.")
+        w = self.c.create_context(system="You answer.")
+        pieces = list(s.call("hello", stream=True, max_tokens=10, temperature=0))
+        whole = w.call("hello", max_tokens=10, temperature=0)
+        self.assertTrue(all(isinstance(p, str) for p in pieces))
+        self.assertEqual("".join(pieces), whole)
+        # The context goes on with a second turn.
+        self.assertIsInstance(s.call("more", max_tokens=4), str)
+        self.assertGreater(self.c.last_result.context_tokens, 0)
+        s.delete()
+        w.delete()
+
+    def test_leaving_a_stream_cancels_it(self):
+        ctx = self.c.create_context()
+        it = ctx.call("go on", stream=True, max_tokens=400, temperature=0)
+        next(it, None)
+        it.close()
+        # The connection is still usable afterwards.
+        self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
+
+    def test_embed(self):
+        v = self.c.embed(["first", "second text"])
+        self.assertEqual(len(v), 2)
+        for row in v:
+            self.assertAlmostEqual(math.sqrt(sum(x * x for x in row)), 1.0, places=4)
+        self.assertEqual(self.c.embed("first"), v[:1])
+
+    def test_rerank(self):
+        docs = ["a cat", "a dog", "cats and dogs", "nothing"]
+        hits = self.c.rerank("cat", docs, k=2)
+        self.assertEqual(len(hits), 2)
+        for h in hits:
+            self.assertIn(h.index, range(len(docs)))
+            self.assertTrue(0.0 <= h.score <= 1.0)
+        self.assertGreaterEqual(hits[0].score, hits[1].score)
+
+    def test_errors_carry_the_status(self):
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", top_p=7.0)
+        self.assertEqual(e.exception.status, 1)
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.context("0" * 32).call("x")
+        self.assertEqual(e.exception.status, 2)
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            list(self.c.context("0" * 32).call("x", stream=True))
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.embed("x", model="nope")
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", model="nope")
+        self.assertEqual(e.exception.status_name, "NOT_FOUND")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
+        self.assertEqual(e.exception.status, 100)
 
 
 class KbTest(unittest.TestCase):
@@ -229,129 +304,52 @@ class GraphTest(unittest.TestCase):
         self.assertEqual(status_of(self, self.c.graph_delete, "loop"), "NOT_FOUND")
 
 
-class LayoutTest(unittest.TestCase):
-    """Every ctypes Structure of the module against its C struct, as a C compiler lays it
-    out from client/llms.h: a field missed, moved or mistyped makes the library read or
-    write memory Python did not give it."""
+class DefaultAppTest(unittest.TestCase):
+    """With no app named a client binds to the app every llmsd client shares when given
+    none: $LLMS_APP, else "default"."""
 
-    maxDiff = None
-    C_NAMES = {
-        "llms_params": llmsclient._Params, "llms_result": llmsclient._Result,
-        "llms_embeddings": llmsclient._Embeddings,
-        "llms_rerank_options": llmsclient._RerankOptions,
-        "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
-        "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
-        "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
-        "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,
-        "llms_graph_edge": llmsclient._GraphEdge, "llms_graph_def": llmsclient._GraphDef,
-        "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,
-        "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
-        "llms_graph_result": llmsclient._GraphResult,
-    }
-
-    def test_structures_match_llms_h(self):
-        declared = {v for v in vars(llmsclient).values()
-                    if isinstance(v, type) and issubclass(v, ctypes.Structure)}
-        self.assertEqual(declared, set(self.C_NAMES.values()),
-                         "a Structure without its C name here goes unchecked")
-        cc = shutil.which("cc")
-        if not cc:
-            self.skipTest("no C compiler (cc) to lay out client/llms.h")
-        body = []
-        for c_name, s in sorted(self.C_NAMES.items()):
-            body.append('printf("%%s %%zu", "%s", sizeof(%s));' % (c_name, c_name))
-            for f, _ in s._fields_:
-                body.append('printf(" %s:%%zu:%%zu", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
-                            % (f, c_name, f, c_name, f))
-            body.append('putchar(10);')
-        with tempfile.TemporaryDirectory() as tmp:
-            src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
-            with open(src, "w") as f:
-                f.write('#include <stddef.h>\n#include <stdio.h>\n#include "client/llms.h"\n'
-                        "int main(void)\n{\n%s\nreturn 0;\n}\n" % "\n".join(body))
-            subprocess.run([cc, "-I", ROOT, src, "-o", exe], check=True)
-            c_layout = subprocess.run([exe], check=True, capture_output=True,
-                                      text=True).stdout.splitlines()
-        py_layout = ["%s %d" % (c_name, ctypes.sizeof(s)) +
-                     "".join(" %s:%d:%d" % (f, getattr(s, f).offset, getattr(s, f).size)
-                             for f, _ in s._fields_)
-                     for c_name, s in sorted(self.C_NAMES.items())]
-        self.assertEqual(py_layout, c_layout)
-
-
-class ClientTest(unittest.TestCase):
     def setUp(self):
-        self.c = llmsclient.connect(app="pytest")
+        self.saved = os.environ.pop("LLMS_APP", None)
 
     def tearDown(self):
-        self.c.close()
+        if self.saved is not None:
+            os.environ["LLMS_APP"] = self.saved
+        else:
+            os.environ.pop("LLMS_APP", None)
 
-    def test_complete_is_deterministic_when_greedy(self):
-        a = self.c.complete("one two three", max_tokens=8, temperature=0)
-        b = self.c.complete("one two three", max_tokens=8, temperature=0)
-        self.assertIsInstance(a, str)
-        self.assertEqual(a, b)
-        self.assertLessEqual(self.c.last_result.generated_tokens, 8)
-        self.assertIn(self.c.last_result.stop_reason, ("eos", "max_tokens"))
+    def test_default_app_and_socket_from_environment(self):
+        with llmsclient.connect() as c:
+            self.assertEqual(c.app, "default")
+            ctx = c.create_context()
+        # The daemon bound it to "default" too: another app does not see the context.
+        with llmsclient.connect(app="default") as same, llmsclient.Client(app="other") as other:
+            self.assertIsInstance(same.context(ctx.id).call("hi", max_tokens=1), str)
+            with self.assertRaises(llmsclient.LlmsError) as e:
+                other.context(ctx.id).call("hi", max_tokens=1)
+            self.assertEqual(e.exception.status_name, "NOT_FOUND")
+            same.context(ctx.id).delete()
 
-    def test_streamed_call_equals_whole_call(self):
-        s = self.c.create_context(system="You answer.")
-        w = self.c.create_context(system="You answer.")
-        pieces = list(s.call("hello", stream=True, max_tokens=10, temperature=0))
-        whole = w.call("hello", max_tokens=10, temperature=0)
-        self.assertTrue(all(isinstance(p, str) for p in pieces))
-        self.assertEqual("".join(pieces), whole)
-        # The context goes on with a second turn.
-        self.assertIsInstance(s.call("more", max_tokens=4), str)
-        self.assertGreater(self.c.last_result.context_tokens, 0)
-        s.delete()
-        w.delete()
+    def test_a_kb_made_with_llms_is_found_with_no_app(self):
+        cli = os.environ.get("LLMS_CLI")
+        if not cli or not os.access(cli, os.X_OK):
+            self.skipTest("this build's llms is not there (LLMS_CLI)")
+        subprocess.run([cli, "kb", "create", "from-cli"], check=True, capture_output=True)
+        with llmsclient.connect() as c, llmsclient.connect(app="pytest") as other:
+            self.assertIn("from-cli", [kb.name for kb in c.kb_list()])
+            self.assertNotIn("from-cli", [kb.name for kb in other.kb_list()])
+            self.assertEqual(c.kb_add("from-cli", {"d": "Made by llms, filled by Python."}), 1)
+            c.kb_drop("from-cli")
 
-    def test_leaving_a_stream_cancels_it(self):
-        ctx = self.c.create_context()
-        it = ctx.call("go on", stream=True, max_tokens=400, temperature=0)
-        next(it, None)
-        it.close()
-        # The connection is still usable afterwards.
-        self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
-
-    def test_embed(self):
-        v = self.c.embed(["first", "second text"])
-        self.assertEqual(len(v), 2)
-        for row in v:
-            self.assertAlmostEqual(math.sqrt(sum(x * x for x in row)), 1.0, places=4)
-        self.assertEqual(self.c.embed("first"), v[:1])
-
-    def test_rerank(self):
-        docs = ["a cat", "a dog", "cats and dogs", "nothing"]
-        hits = self.c.rerank("cat", docs, k=2)
-        self.assertEqual(len(hits), 2)
-        for h in hits:
-            self.assertIn(h.index, range(len(docs)))
-            self.assertTrue(0.0 <= h.score <= 1.0)
-        self.assertGreaterEqual(hits[0].score, hits[1].score)
-
-    def test_errors_carry_the_status(self):
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            self.c.complete("x", top_p=7.0)
-        self.assertEqual(e.exception.status, 1)
-        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            self.c.context("0" * 32).call("x")
-        self.assertEqual(e.exception.status, 2)
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            list(self.c.context("0" * 32).call("x", stream=True))
-        self.assertEqual(e.exception.status_name, "NOT_FOUND")
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            self.c.embed("x", model="nope")
-        self.assertEqual(e.exception.status_name, "NOT_FOUND")
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            self.c.complete("x", model="nope")
-        self.assertEqual(e.exception.status_name, "NOT_FOUND")
-        with self.assertRaises(llmsclient.LlmsError) as e:
-            llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
-        self.assertEqual(e.exception.status, 100)
-
+    def test_llms_app_names_the_default(self):
+        os.environ["LLMS_APP"] = "py-env"
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "py-env")
+            ctx = c.create_context()
+        with llmsclient.connect(app="py-env") as same:
+            same.context(ctx.id).delete()
+        os.environ["LLMS_APP"] = ""
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "default")
 
 
 class LibrarySearchTest(unittest.TestCase):
@@ -436,53 +434,54 @@ class LibrarySearchTest(unittest.TestCase):
         self.assertIn("make install", out)
 
 
-class DefaultAppTest(unittest.TestCase):
-    """With no app named a client binds to the app every llmsd client shares when given
-    none: $LLMS_APP, else "default"."""
+class LayoutTest(unittest.TestCase):
+    """Every ctypes Structure of the module against its C struct, as a C compiler lays it
+    out from client/llms.h: a field missed, moved or mistyped makes the library read or
+    write memory Python did not give it."""
 
-    def setUp(self):
-        self.saved = os.environ.pop("LLMS_APP", None)
+    maxDiff = None
+    C_NAMES = {
+        "llms_params": llmsclient._Params, "llms_result": llmsclient._Result,
+        "llms_embeddings": llmsclient._Embeddings,
+        "llms_rerank_options": llmsclient._RerankOptions,
+        "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
+        "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
+        "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
+        "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,
+        "llms_graph_edge": llmsclient._GraphEdge, "llms_graph_def": llmsclient._GraphDef,
+        "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,
+        "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
+        "llms_graph_result": llmsclient._GraphResult,
+    }
 
-    def tearDown(self):
-        if self.saved is not None:
-            os.environ["LLMS_APP"] = self.saved
-        else:
-            os.environ.pop("LLMS_APP", None)
-
-    def test_default_app_and_socket_from_environment(self):
-        with llmsclient.connect() as c:
-            self.assertEqual(c.app, "default")
-            ctx = c.create_context()
-        # The daemon bound it to "default" too: another app does not see the context.
-        with llmsclient.connect(app="default") as same, llmsclient.Client(app="other") as other:
-            self.assertIsInstance(same.context(ctx.id).call("hi", max_tokens=1), str)
-            with self.assertRaises(llmsclient.LlmsError) as e:
-                other.context(ctx.id).call("hi", max_tokens=1)
-            self.assertEqual(e.exception.status_name, "NOT_FOUND")
-            same.context(ctx.id).delete()
-
-    def test_a_kb_made_with_llms_is_found_with_no_app(self):
-        cli = os.environ.get("LLMS_CLI")
-        if not cli or not os.access(cli, os.X_OK):
-            self.skipTest("this build's llms is not there (LLMS_CLI)")
-        subprocess.run([cli, "kb", "create", "from-cli"], check=True, capture_output=True)
-        with llmsclient.connect() as c, llmsclient.connect(app="pytest") as other:
-            self.assertIn("from-cli", [kb.name for kb in c.kb_list()])
-            self.assertNotIn("from-cli", [kb.name for kb in other.kb_list()])
-            self.assertEqual(c.kb_add("from-cli", {"d": "Made by llms, filled by Python."}), 1)
-            c.kb_drop("from-cli")
-
-    def test_llms_app_names_the_default(self):
-        os.environ["LLMS_APP"] = "py-env"
-        with llmsclient.Client() as c:
-            self.assertEqual(c.app, "py-env")
-            ctx = c.create_context()
-        with llmsclient.connect(app="py-env") as same:
-            same.context(ctx.id).delete()
-        os.environ["LLMS_APP"] = ""
-        with llmsclient.Client() as c:
-            self.assertEqual(c.app, "default")
-
+    def test_structures_match_llms_h(self):
+        declared = {v for v in vars(llmsclient).values()
+                    if isinstance(v, type) and issubclass(v, ctypes.Structure)}
+        self.assertEqual(declared, set(self.C_NAMES.values()),
+                         "a Structure without its C name here goes unchecked")
+        cc = shutil.which("cc")
+        if not cc:
+            self.skipTest("no C compiler (cc) to lay out client/llms.h")
+        body = []
+        for c_name, s in sorted(self.C_NAMES.items()):
+            body.append('printf("%%s %%zu", "%s", sizeof(%s));' % (c_name, c_name))
+            for f, _ in s._fields_:
+                body.append('printf(" %s:%%zu:%%zu", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
+                            % (f, c_name, f, c_name, f))
+            body.append('putchar(10);')
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
+            with open(src, "w") as f:
+                f.write('#include <stddef.h>\n#include <stdio.h>\n#include "client/llms.h"\n'
+                        "int main(void)\n{\n%s\nreturn 0;\n}\n" % "\n".join(body))
+            subprocess.run([cc, "-I", ROOT, src, "-o", exe], check=True)
+            c_layout = subprocess.run([exe], check=True, capture_output=True,
+                                      text=True).stdout.splitlines()
+        py_layout = ["%s %d" % (c_name, ctypes.sizeof(s)) +
+                     "".join(" %s:%d:%d" % (f, getattr(s, f).offset, getattr(s, f).size)
+                             for f, _ in s._fields_)
+                     for c_name, s in sorted(self.C_NAMES.items())]
+        self.assertEqual(py_layout, c_layout)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
