@@ -8,24 +8,45 @@
         print(piece, end="", flush=True)
     vectors = c.embed(["a text", "another"])
     hits = c.rerank("query", ["doc one", "doc two"], k=1)   # [RerankHit(index, score)]
+    c.kb_create("notes")
+    c.kb_add("notes", {"doc-1": "Some text.", "doc-2": "More text."})   # -> passages made
+    r = c.rag("notes", "What does the text say?")   # RagResult: .text, .passages, .outcome
+    g = c.graph_run("one-shot", {"question": "What does the text say?", "kb": "notes"})
+    print(g.output, g.state["passages"])            # GraphResult
 
 Every failure raises LlmsError, whose .status is the library's status code
 (LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
 
-The library is found through $LLMS_CLIENT_LIB, then beside this package (the package
-folder, its parent, or a build/ folder there), then the system's library path.
-No build step and no third-party packages.
+No build step and no third-party packages. The library is loaded at the first call,
+from the first of these that loads:
+
+ 1. $LLMS_CLIENT_LIB, when set: that file only.
+ 2. libllmsclient.so in this package's folder.
+ 3. build/libllmsclient.so of the llmsd checkout this package sits in (python/llmsclient
+    run in place, or pip install -e), then of the checkout pip installed it from (pip
+    records that folder beside the package, PEP 610 direct_url.json). A folder counts as
+    a checkout when it has client/llms.h.
+ 4. libllmsclient.so.2 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.2 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+
+The current directory is never searched. When none loads, LibraryNotFoundError (an
+OSError) names every path tried and why it failed. library_path() says which was loaded.
 """
 
 import ctypes
-import ctypes.util
+import glob
+import json
 import math
 import os
 import queue
 import threading
+import urllib.parse
 from collections import namedtuple
+from collections.abc import Mapping
 
-__all__ = ["connect", "Client", "Context", "LlmsError", "RerankHit", "Result"]
+__all__ = ["connect", "library_path", "Client", "Context", "GraphEvent", "GraphInfo",
+           "GraphResult", "GraphTiming", "KbHit", "KbInfo", "LibraryNotFoundError", "LlmsError",
+           "RagResult", "RerankHit", "Result"]
 
 LLMS_ERROR_MAX = 256
 LLMS_ID_MAX = 128
@@ -41,8 +62,25 @@ STATUS_NAMES = {
 STOP_REASONS = ["eos", "max_tokens", "stop_string", "context_full", "cancelled",
                 "deadline", "shutdown"]
 
+RETRIEVALS = ["rrf", "sum", "bm25", "vector"]
+RAG_OUTCOMES = ["miss", "qa_hit", "qkv_hit"]
+SPECULATIONS = ["none", "hit", "rollback"]
+
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
+KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
+                              "qa_entries")
+KbHit = namedtuple("KbHit", "passage document seq score text metadata")
+RagResult = namedtuple("RagResult", "text outcome passages prompt_tokens reused_tokens "
+                                    "reused_passages generated_tokens retrieve_ms prefill_ms "
+                                    "decode_ms queue_ms stop_reason qa_similarity")
+GraphInfo = namedtuple("GraphInfo", "name builtin inputs n_nodes n_edges output max_steps")
+GraphEvent = namedtuple("GraphEvent", "finished node step output value ms generated_tokens "
+                                      "speculation")
+GraphTiming = namedtuple("GraphTiming", "node runs ms generated_tokens")
+GraphResult = namedtuple("GraphResult", "output steps capped timings state total_ms queue_ms "
+                                        "speculations spec_hits spec_rollbacks spec_saved_ms "
+                                        "prompt_tokens reused_tokens")
 
 
 class LlmsError(Exception):
@@ -72,6 +110,7 @@ class _Result(ctypes.Structure):
         ("context_tokens", ctypes.c_uint32), ("prefill_ms", ctypes.c_double),
         ("decode_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
         ("stop_reason", ctypes.c_int), ("text", ctypes.c_void_p),
+        ("window_slides", ctypes.c_uint32),
     ]
 
 
@@ -105,50 +144,209 @@ class _RerankResult(ctypes.Structure):
     ]
 
 
+class _KbDoc(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_char_p), ("text", ctypes.c_char_p), ("metadata", ctypes.c_char_p)]
+
+
+class _KbInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("documents", ctypes.c_uint32),
+        ("passages", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+        ("passage_tokens", ctypes.c_uint32), ("overlap_tokens", ctypes.c_uint32),
+        ("qa_entries", ctypes.c_uint32),
+    ]
+
+
+class _KbHit(ctypes.Structure):
+    _fields_ = [
+        ("passage", ctypes.c_uint64), ("document", ctypes.c_char_p), ("seq", ctypes.c_uint32),
+        ("score", ctypes.c_float), ("text", ctypes.c_char_p), ("metadata", ctypes.c_char_p),
+    ]
+
+
+class _RagOptions(ctypes.Structure):
+    _fields_ = [
+        ("top_k", ctypes.c_uint32), ("retrieval", ctypes.c_int),
+        ("system_prompt", ctypes.c_char_p), ("params", ctypes.POINTER(_Params)),
+        ("no_qa", ctypes.c_int), ("no_qkv", ctypes.c_int),
+    ]
+
+
+class _RagResult(ctypes.Structure):
+    _fields_ = [
+        ("outcome", ctypes.c_int), ("passages", ctypes.POINTER(_KbHit)),
+        ("n_passages", ctypes.c_size_t), ("prompt_tokens", ctypes.c_uint32),
+        ("reused_tokens", ctypes.c_uint32), ("reused_passages", ctypes.c_uint32),
+        ("generated_tokens", ctypes.c_uint32), ("retrieve_ms", ctypes.c_double),
+        ("prefill_ms", ctypes.c_double), ("decode_ms", ctypes.c_double),
+        ("queue_ms", ctypes.c_double), ("stop_reason", ctypes.c_int),
+        ("qa_similarity", ctypes.c_float), ("text", ctypes.c_char_p),
+    ]
+
+
+class _GraphNode(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("kind", ctypes.c_int), ("output", ctypes.c_char_p),
+        ("prompt", ctypes.c_char_p), ("params", ctypes.POINTER(_Params)),
+        ("chat", ctypes.c_int), ("kb", ctypes.c_char_p), ("query", ctypes.c_char_p),
+        ("top_k", ctypes.c_uint32), ("retrieval", ctypes.c_int),
+    ]
+
+
+class _GraphEdge(ctypes.Structure):
+    _fields_ = [("from", ctypes.c_char_p), ("to", ctypes.c_char_p), ("when", ctypes.c_char_p)]
+
+
+class _GraphDef(ctypes.Structure):
+    _fields_ = [
+        ("inputs", ctypes.POINTER(ctypes.c_char_p)), ("n_inputs", ctypes.c_size_t),
+        ("nodes", ctypes.POINTER(_GraphNode)), ("n_nodes", ctypes.c_size_t),
+        ("edges", ctypes.POINTER(_GraphEdge)), ("n_edges", ctypes.c_size_t),
+        ("output", ctypes.c_char_p), ("max_steps", ctypes.c_uint32),
+    ]
+
+
+class _GraphInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("builtin", ctypes.c_int),
+        ("inputs", ctypes.POINTER(ctypes.c_char_p)), ("n_inputs", ctypes.c_size_t),
+        ("n_nodes", ctypes.c_size_t), ("n_edges", ctypes.c_size_t),
+        ("output", ctypes.c_char_p), ("max_steps", ctypes.c_uint32),
+    ]
+
+
+class _GraphVar(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+class _GraphEvent(ctypes.Structure):
+    _fields_ = [
+        ("finished", ctypes.c_int), ("node", ctypes.c_char_p), ("step", ctypes.c_uint32),
+        ("output", ctypes.c_char_p), ("value", ctypes.c_char_p), ("ms", ctypes.c_double),
+        ("generated_tokens", ctypes.c_uint32), ("speculation", ctypes.c_int),
+    ]
+
+
+class _GraphTiming(ctypes.Structure):
+    _fields_ = [
+        ("node", ctypes.c_char_p), ("runs", ctypes.c_uint32), ("ms", ctypes.c_double),
+        ("generated_tokens", ctypes.c_uint32),
+    ]
+
+
+class _GraphResult(ctypes.Structure):
+    _fields_ = [
+        ("output", ctypes.c_char_p), ("steps", ctypes.c_uint32), ("capped", ctypes.c_int),
+        ("timings", ctypes.POINTER(_GraphTiming)), ("n_timings", ctypes.c_size_t),
+        ("state_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("state_values", ctypes.POINTER(ctypes.c_char_p)), ("n_state", ctypes.c_size_t),
+        ("total_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
+        ("speculations", ctypes.c_uint32), ("spec_hits", ctypes.c_uint32),
+        ("spec_rollbacks", ctypes.c_uint32), ("spec_saved_ms", ctypes.c_double),
+        ("prompt_tokens", ctypes.c_uint32), ("reused_tokens", ctypes.c_uint32),
+    ]
+
+
+_GRAPH_EVENT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_GraphEvent), ctypes.c_void_p)
 _TOKEN_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
 
+# The ABI the Structures above describe: what `make install` installs and what the
+# dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
+_SONAME = "libllmsclient.so.2"
+# Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). It runs no
+# ldconfig, so the dynamic loader alone would not find it under /usr/local/lib.
+_PREFIX_LIBS = ("/usr/local/lib", "/usr/lib")
+
+
+class LibraryNotFoundError(OSError):
+    """libllmsclient could not be loaded; the message names every place tried and why
+    each failed, and how to point the client at the library."""
+
+
+def _checkout(root):
+    """root when it is an llmsd source checkout (it has client/llms.h), else None."""
+    return root if os.path.isfile(os.path.join(root, "client", "llms.h")) else None
+
+
+def _checkouts(here):
+    """The checkouts whose build/ may hold the library: the one this package sits in
+    (python/llmsclient, run in place or installed editable), and the one pip installed it
+    from, which pip records beside the installed package (PEP 610 direct_url.json)."""
+    roots = [_checkout(os.path.dirname(os.path.dirname(here)))]
+    pattern = os.path.join(os.path.dirname(here), "llmsclient-*.dist-info", "direct_url.json")
+    for record in sorted(glob.glob(pattern)):
+        try:
+            with open(record) as f:
+                origin = json.load(f)
+        except (OSError, ValueError):
+            continue
+        url = urllib.parse.urlparse(origin.get("url", ""))
+        if "dir_info" in origin and url.scheme == "file":
+            project = urllib.parse.unquote(url.path)
+            roots.append(_checkout(os.path.dirname(os.path.normpath(project))))
+    return [r for r in roots if r]
+
+
 def _candidates():
-    env = os.environ.get("LLMS_CLIENT_LIB")
-    if env:
-        return [env]
+    """The library's paths, and last a name for the dynamic loader ($LD_LIBRARY_PATH,
+    ld.so.cache: a distribution's package), in the order tried."""
     here = os.path.dirname(os.path.abspath(__file__))
-    names = []
-    for d in (here, os.path.dirname(here), os.path.join(os.path.dirname(here), "build"),
-              os.path.join(os.path.dirname(os.path.dirname(here)), "build")):
-        names.append(os.path.join(d, "libllmsclient.so"))
-    found = ctypes.util.find_library("llmsclient")
-    names += [found] if found else []
-    names += ["libllmsclient.so.2", "libllmsclient.so"]
-    return names
+    paths = [os.path.join(here, "libllmsclient.so")]
+    paths += [os.path.join(root, "build", "libllmsclient.so") for root in _checkouts(here)]
+    paths += [os.path.join(d, _SONAME) for d in _PREFIX_LIBS]
+    paths.append(_SONAME)
+    return list(dict.fromkeys(paths))
 
 
 def _load():
-    errors = []
-    for name in _candidates():
-        if os.sep in name and not os.path.exists(name):
+    """The library and the path (or name) it was loaded from."""
+    env = os.environ.get("LLMS_CLIENT_LIB")
+    tried = []
+    for path in [env] if env else _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append("%s: not there" % path)
             continue
         try:
-            return ctypes.CDLL(name)
+            return ctypes.CDLL(path), path
         except OSError as e:
-            errors.append("%s: %s" % (name, e))
-    raise ImportError("libllmsclient.so not found (set LLMS_CLIENT_LIB): " + "; ".join(errors))
+            tried.append("%s: %s" % (path, e))
+    if env:
+        raise LibraryNotFoundError(
+            "libllmsclient could not be loaded from $LLMS_CLIENT_LIB:\n  %s\nPoint "
+            "LLMS_CLIENT_LIB at a built libllmsclient.so (build/libllmsclient.so after make in "
+            "an llmsd checkout), or unset it to search the usual places." % tried[0])
+    raise LibraryNotFoundError(
+        "libllmsclient not found; tried:\n  %s\nSet LLMS_CLIENT_LIB to its path "
+        "(build/libllmsclient.so after make in an llmsd checkout), or run make install there "
+        "(PREFIX /usr/local or /usr; another PREFIX: set LLMS_CLIENT_LIB to "
+        "PREFIX/lib/%s)." % ("\n  ".join(tried), _SONAME))
 
 
 _lib = None
+_lib_path = None
+
+
+def library_path():
+    """The path (or loader name) of the libllmsclient this module uses, loading it when
+    no call has yet; LibraryNotFoundError when there is none."""
+    _api()
+    return _lib_path
 
 
 def _api():
-    global _lib
+    global _lib, _lib_path
     if _lib is not None:
         return _lib
-    lib = _load()
+    lib, path = _load()
     P, c_char_p, c_int, c_size_t = ctypes.POINTER, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
+    c_uint32 = ctypes.c_uint32
     sigs = {
         "llms_connect": (c_int, [c_char_p, P(ctypes.c_void_p), ctypes.c_char_p]),
         "llms_close": (None, [ctypes.c_void_p]),
         "llms_last_error": (c_char_p, [ctypes.c_void_p]),
         "llms_bind": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_default_app": (c_char_p, []),
         "llms_params_init": (None, [P(_Params)]),
         "llms_context_create": (c_int, [ctypes.c_void_p, c_char_p, P(_Params), c_char_p]),
         "llms_context_delete": (c_int, [ctypes.c_void_p, c_char_p]),
@@ -165,11 +363,32 @@ def _api():
                                 P(_RerankOptions), P(_RerankResult)]),
         "llms_rerank_result_free": (None, [P(_RerankResult)]),
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
+        "llms_kb_create": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32]),
+        "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_kb_add": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t, P(c_uint32)]),
+        "llms_kb_remove": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
+                                   P(c_uint32)]),
+        "llms_kb_list": (c_int, [ctypes.c_void_p, P(P(_KbInfo)), P(c_size_t)]),
+        "llms_kb_list_free": (None, [P(_KbInfo), c_size_t]),
+        "llms_kb_search": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, c_uint32, c_int,
+                                   P(P(_KbHit)), P(c_size_t)]),
+        "llms_kb_hits_free": (None, [P(_KbHit), c_size_t]),
+        "llms_rag_query": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, P(_RagOptions),
+                                   _TOKEN_CB, ctypes.c_void_p, P(_RagResult)]),
+        "llms_rag_result_free": (None, [P(_RagResult)]),
+        "llms_graph_create": (c_int, [ctypes.c_void_p, c_char_p, P(_GraphDef)]),
+        "llms_graph_delete": (c_int, [ctypes.c_void_p, c_char_p]),
+        "llms_graph_list": (c_int, [ctypes.c_void_p, P(P(_GraphInfo)), P(c_size_t)]),
+        "llms_graph_list_free": (None, [P(_GraphInfo), c_size_t]),
+        "llms_graph_run_speculate": (c_int, [ctypes.c_void_p, c_char_p, P(_GraphVar), c_size_t,
+                                             P(_Params), c_int, _GRAPH_EVENT_CB,
+                                             ctypes.c_void_p, P(_GraphResult)]),
+        "llms_graph_result_free": (None, [P(_GraphResult)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
-    _lib = lib
+    _lib, _lib_path = lib, path
     return lib
 
 
@@ -206,16 +425,109 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     return p, keep
 
 
+def _sampling(params):
+    """_params for the calls whose request carries no model (a RAG query, a graph run):
+    they run on the daemon's default generate model, so model= is refused, not ignored."""
+    if "model" in params:
+        raise TypeError("model=: RAG queries and graph runs use the daemon's default model")
+    return _params(**params)
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else None
+
+
+def _name(names, i):
+    return names[i] if 0 <= i < len(names) else "unknown"
+
+
+def _retrieval(name):
+    if name not in RETRIEVALS:
+        raise ValueError("retrieval is one of %s, not %r" % (", ".join(RETRIEVALS), name))
+    return RETRIEVALS.index(name)
+
+
 def _result(r):
     text = ctypes.string_at(r.text).decode("utf-8", "replace") if r.text else ""
-    reason = STOP_REASONS[r.stop_reason] if 0 <= r.stop_reason < len(STOP_REASONS) else "unknown"
-    return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens, reason)
+    return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens,
+                  _name(STOP_REASONS, r.stop_reason))
+
+
+def _hits(hits, n):
+    return [KbHit(h.passage, _s(h.document), h.seq, h.score, _s(h.text), _s(h.metadata))
+            for h in hits[:n]]
+
+
+def _rag_result(r):
+    return RagResult(_s(r.text), _name(RAG_OUTCOMES, r.outcome),
+                     _hits(r.passages, r.n_passages), r.prompt_tokens, r.reused_tokens,
+                     r.reused_passages, r.generated_tokens, r.retrieve_ms, r.prefill_ms,
+                     r.decode_ms, r.queue_ms, _name(STOP_REASONS, r.stop_reason),
+                     r.qa_similarity)
+
+
+# The keys of a graph node's dict that are not sampling fields.
+_NODE_KEYS = ("name", "kind", "output", "prompt", "chat", "kb", "query", "top_k", "retrieval")
+
+
+def _graph_node(node, keep):
+    """The llms_graph_node of one node of graph_create's dict; keep holds what it points to."""
+    if node.get("kind") not in ("generate", "retrieve"):
+        raise ValueError("graph node %r: kind is 'generate' or 'retrieve'" % node.get("name"))
+    sampling = {k: v for k, v in node.items() if k not in _NODE_KEYS}
+    params = None
+    if sampling:
+        p, stops = _sampling(sampling)
+        params = ctypes.pointer(p)
+        keep.append((p, stops))
+    text = {k: _b(node.get(k)) for k in ("name", "output", "prompt", "kb", "query")}
+    keep.append(text)
+    return _GraphNode(text["name"], 1 if node["kind"] == "retrieve" else 0, text["output"],
+                      text["prompt"], params, int(bool(node.get("chat"))), text["kb"],
+                      text["query"], node.get("top_k", 0),
+                      _retrieval(node.get("retrieval", "rrf")))
+
+
+def _graph_def(graph, keep):
+    """The llms_graph_def of graph_create's dict; keep holds what it points to."""
+    inputs = [_b(i) for i in graph.get("inputs", [])]
+    nodes = [_graph_node(n, keep) for n in graph.get("nodes", [])]
+    edges = [_GraphEdge(_b(e.get("from")), _b(e.get("to")), _b(e.get("when")))
+             for e in graph.get("edges", [])]
+    arrays = ((ctypes.c_char_p * len(inputs))(*inputs), (_GraphNode * len(nodes))(*nodes),
+              (_GraphEdge * len(edges))(*edges))
+    keep += [inputs, nodes, edges, arrays]
+    return _GraphDef(arrays[0], len(inputs), arrays[1], len(nodes), arrays[2], len(edges),
+                     _b(graph.get("output")), graph.get("max_steps", 0))
+
+
+def _graph_event(e):
+    return GraphEvent(bool(e.finished), _s(e.node), e.step, _s(e.output), _s(e.value), e.ms,
+                      e.generated_tokens, _name(SPECULATIONS, e.speculation))
+
+
+def _graph_result(r):
+    return GraphResult(
+        _s(r.output), r.steps, bool(r.capped),
+        [GraphTiming(_s(t.node), t.runs, t.ms, t.generated_tokens)
+         for t in r.timings[:r.n_timings]],
+        {_s(r.state_names[i]): _s(r.state_values[i]) for i in range(r.n_state)},
+        r.total_ms, r.queue_ms, r.speculations, r.spec_hits, r.spec_rollbacks, r.spec_saved_ms,
+        r.prompt_tokens, r.reused_tokens)
+
+
+# What a call with a streamed reply fills in: its C result, how that becomes the Python
+# value, and the library function that frees it.
+_Outcome = namedtuple("_Outcome", "struct convert free")
+_GENERATION = _Outcome(_Result, _result, "llms_result_free")
+_RAG = _Outcome(_RagResult, _rag_result, "llms_rag_result_free")
 
 
 class Client:
-    """One connection to llmsd, bound to an app. Not for use by two threads at once."""
+    """One connection to llmsd, bound to an app (None: as connect() says); .app is the
+    name bound. Not for use by two threads at once."""
 
-    def __init__(self, socket_path=None, app="python"):
+    def __init__(self, socket_path=None, app=None):
         lib = _api()
         self._conn = ctypes.c_void_p()
         err = ctypes.create_string_buffer(LLMS_ERROR_MAX)
@@ -224,7 +536,7 @@ class Client:
         if rc != 0:
             raise LlmsError(rc, err.value.decode("utf-8", "replace"))
         self._check(lib.llms_bind(self._conn, _b(app)))
-        self.app = app
+        self.app = app if app is not None else lib.llms_default_app().decode("utf-8")
         self.last_result = None
 
     def _check(self, rc):
@@ -253,18 +565,24 @@ class Client:
         """A deadline in milliseconds for every later request (0: none)."""
         _api().llms_set_timeout(self._conn, ms)
 
+    def _reply(self, call, stream, outcome):
+        """Runs call(on_text, result) returning a status: with stream an iterator of the
+        reply's pieces, else the reply as outcome converts it; last_result either way."""
+        if stream:
+            return _Stream(self, call, outcome)
+        res = outcome.struct()
+        rc = call(_TOKEN_CB(0), ctypes.byref(res))
+        try:
+            self._check(rc)
+            self.last_result = outcome.convert(res)
+        finally:
+            getattr(_api(), outcome.free)(ctypes.byref(res))
+        return self.last_result
+
     def _generate(self, call, stream):
-        """Runs call(on_text, result) returning a status; text, or an iterator of pieces."""
-        if not stream:
-            res = _Result()
-            rc = call(_TOKEN_CB(0), ctypes.byref(res))
-            try:
-                self._check(rc)
-                self.last_result = _result(res)
-            finally:
-                _api().llms_result_free(ctypes.byref(res))
-            return self.last_result.text
-        return _Stream(self, call)
+        """The reply's text, or with stream an iterator of its pieces."""
+        r = self._reply(call, stream, _GENERATION)
+        return r if stream else r.text
 
     def complete(self, prompt, max_tokens=None, temperature=None, system=None, chat=False,
                  stream=False, **params):
@@ -329,6 +647,142 @@ class Client:
         finally:
             _api().llms_rerank_result_free(ctypes.byref(r))
 
+    def kb_create(self, name, passage_tokens=0, overlap_tokens=0):
+        """Creates the app's knowledge base name: passages of passage_tokens tokens
+        overlapping by overlap_tokens (0: the daemon's defaults). FAILED_PRECONDITION when
+        it exists."""
+        self._check(_api().llms_kb_create(self._conn, _b(name), passage_tokens,
+                                          overlap_tokens))
+
+    def kb_drop(self, name):
+        """Deletes knowledge base name with its documents and cached answers."""
+        self._check(_api().llms_kb_drop(self._conn, _b(name)))
+
+    def kb_add(self, kb, documents):
+        """Adds documents in one transaction, durable once this returns; the number of
+        passages they made. documents: {id: text}, or (id, text) or (id, text, metadata)
+        tuples. A document replaces the one of its id."""
+        items = list(documents.items()) if isinstance(documents, Mapping) else list(documents)
+        docs = (_KbDoc * len(items))(*[_KbDoc(*[_b(v) for v in d]) for d in items])
+        passages = ctypes.c_uint32()
+        self._check(_api().llms_kb_add(self._conn, _b(kb), docs, len(items),
+                                       ctypes.byref(passages)))
+        return passages.value
+
+    def kb_remove(self, kb, ids):
+        """Removes documents by id (a str is one id); how many of them existed."""
+        ids = [ids] if isinstance(ids, (str, bytes)) else list(ids)
+        arr = (ctypes.c_char_p * len(ids))(*[_b(i) for i in ids])
+        removed = ctypes.c_uint32()
+        self._check(_api().llms_kb_remove(self._conn, _b(kb), arr, len(ids),
+                                          ctypes.byref(removed)))
+        return removed.value
+
+    def kb_list(self):
+        """The app's knowledge bases by name: [KbInfo]."""
+        kbs, n = ctypes.POINTER(_KbInfo)(), ctypes.c_size_t()
+        self._check(_api().llms_kb_list(self._conn, ctypes.byref(kbs), ctypes.byref(n)))
+        try:
+            return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
+                           k.overlap_tokens, k.qa_entries) for k in kbs[:n.value]]
+        finally:
+            _api().llms_kb_list_free(kbs, n.value)
+
+    def kb_search(self, kb, query, k=0, retrieval="rrf"):
+        """The k best passages of kb for query (0: the daemon's rag_top_k), best first:
+        [KbHit]. retrieval: one of RETRIEVALS."""
+        hits, n = ctypes.POINTER(_KbHit)(), ctypes.c_size_t()
+        self._check(_api().llms_kb_search(self._conn, _b(kb), _b(query), k,
+                                          _retrieval(retrieval), ctypes.byref(hits),
+                                          ctypes.byref(n)))
+        try:
+            return _hits(hits, n.value)
+        finally:
+            _api().llms_kb_hits_free(hits, n.value)
+
+    def rag(self, kb, question, stream=False, top_k=0, retrieval="rrf", system=None,
+            no_qa=False, no_qkv=False, max_tokens=None, temperature=None, **params):
+        """Answers question from knowledge base kb: a RagResult (the answer, the passages
+        it was given, how the caches served it, the times), or with stream=True an
+        iterator of the answer's pieces, after which last_result is the RagResult.
+        top_k: passages (0: the daemon's rag_top_k); system: None for the daemon's
+        rag_system_prompt; no_qa, no_qkv: bypass the QA bank, the QKV tree."""
+        p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
+        o = _RagOptions(top_k, _retrieval(retrieval), _b(system) if system else None,
+                        ctypes.pointer(p), int(no_qa), int(no_qkv))
+
+        def call(cb, res):
+            return _api().llms_rag_query(self._conn, _b(kb), _b(question), ctypes.byref(o),
+                                         cb, None, res)
+        call.keep = keep
+        return self._reply(call, stream, _RAG)
+
+    def graph_create(self, name, graph):
+        """Creates the app's workflow graph name from graph, a dict in the JSON form that
+        `llms graph create` reads (json.load of such a file does):
+
+            {"inputs": ["question"], "output": "answer", "max_steps": 8,
+             "nodes": [{"name": "n", "kind": "generate" | "retrieve", "output": "var",
+                        "prompt": "...", "chat": False, "temperature": 0, ...,
+                        "kb": "...", "query": "...", "top_k": 3, "retrieval": "rrf"}],
+             "edges": [{"from": "START", "to": "n", "when": "..."}]}
+
+        A generation node takes the sampling fields complete() does. The daemon refuses
+        a malformed graph (INVALID_ARGUMENT, naming the node); FAILED_PRECONDITION when
+        the app has a graph of that name or it is a built-in's."""
+        keep = []
+        d = _graph_def(graph, keep)
+        self._check(_api().llms_graph_create(self._conn, _b(name), ctypes.byref(d)))
+
+    def graph_delete(self, name):
+        """Deletes the app's graph name."""
+        self._check(_api().llms_graph_delete(self._conn, _b(name)))
+
+    def graph_list(self):
+        """The built-in templates, then the app's graphs by name: [GraphInfo]."""
+        graphs, n = ctypes.POINTER(_GraphInfo)(), ctypes.c_size_t()
+        self._check(_api().llms_graph_list(self._conn, ctypes.byref(graphs), ctypes.byref(n)))
+        try:
+            return [GraphInfo(_s(g.name), bool(g.builtin),
+                              [_s(i) for i in g.inputs[:g.n_inputs]], g.n_nodes, g.n_edges,
+                              _s(g.output), g.max_steps) for g in graphs[:n.value]]
+        finally:
+            _api().llms_graph_list_free(graphs, n.value)
+
+    def graph_run(self, graph, inputs, on_event=None, speculate=None, max_tokens=None,
+                  temperature=None, **params):
+        """Runs graph (the app's, or a built-in template: "one-shot", "hyde", "multistep",
+        "irg", "recomp", whose inputs are "question" and "kb") with inputs, a dict of
+        variables; a GraphResult (output, state as a dict, per-node timings, ...).
+        on_event(GraphEvent) hears each node start and finish; a true return cancels
+        the run (CANCELLED), and an exception it raises cancels the run and comes out
+        of graph_run. speculate: None for the daemon's setting, else on or off.
+        Sampling fields go over every generation node's own."""
+        names = list(inputs)
+        vars_ = (_GraphVar * len(names))(*[_GraphVar(_b(k), _b(inputs[k])) for k in names])
+        p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
+        raised = []
+
+        def heard(event, user):
+            try:
+                return 1 if on_event(_graph_event(event.contents)) else 0
+            except BaseException as e:
+                raised.append(e)
+                return 1
+        cb = _GRAPH_EVENT_CB(heard) if on_event else _GRAPH_EVENT_CB(0)
+        spec = 0 if speculate is None else 1 if speculate else 2
+        r = _GraphResult()
+        rc = _api().llms_graph_run_speculate(self._conn, _b(graph), vars_, len(names),
+                                             ctypes.byref(p), spec, cb, None, ctypes.byref(r))
+        del keep
+        try:
+            if raised:
+                raise raised[0]
+            self._check(rc)
+            return _graph_result(r)
+        finally:
+            _api().llms_graph_result_free(ctypes.byref(r))
+
 
 class _Stream:
     """The pieces of a streamed reply. The blocking call runs on a thread of its own and
@@ -336,7 +790,7 @@ class _Stream:
 
     _END = object()
 
-    def __init__(self, client, call):
+    def __init__(self, client, call, outcome):
         self._client = client
         self._q = queue.Queue()
         self._stop = threading.Event()
@@ -349,16 +803,16 @@ class _Stream:
         self._cb = _TOKEN_CB(on_text)
 
         def run():
-            res = _Result()
+            res = outcome.struct()
             try:
                 rc = call(self._cb, ctypes.byref(res))
                 if rc != 0 and not (rc == 6 and self._stop.is_set()):
                     msg = _api().llms_last_error(client._conn) or b""
                     self._error = LlmsError(rc, msg.decode("utf-8", "replace"))
                 elif rc == 0:
-                    client.last_result = _result(res)
+                    client.last_result = outcome.convert(res)
             finally:
-                _api().llms_result_free(ctypes.byref(res))
+                getattr(_api(), outcome.free)(ctypes.byref(res))
                 self._q.put(self._END)
 
         self._thread = threading.Thread(target=run, daemon=True)
@@ -408,6 +862,9 @@ class Context:
         self.client._check(_api().llms_context_delete(self.client._conn, _b(self.id)))
 
 
-def connect(socket_path=None, app="python"):
-    """A client bound to app on llmsd's socket (None: $LLMS_SOCKET, else the default)."""
+def connect(socket_path=None, app=None):
+    """A client bound to app on llmsd's socket (None: $LLMS_SOCKET, else the default).
+    app None: $LLMS_APP when set and not empty, else "default", the app every llmsd client
+    (llms, the C library, the HTTP gateway) uses when given none, so that what one makes
+    the others find."""
     return Client(socket_path, app)

@@ -1,12 +1,30 @@
 """The Python client against a real llmsd (started by tests/integration/test_python.c,
-which sets LLMS_SOCKET and LLMS_CLIENT_LIB). Standard library only."""
+which sets LLMS_SOCKET, LLMS_CLIENT_LIB and LLMS_CLI, the path of this build's llms).
+Standard library only."""
+import ctypes
 import math
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
 import llmsclient  # noqa: E402
+
+
+
+def status_of(test, call, *args, **kwargs):
+    """The status name of the LlmsError call raises, after checking it carries the
+    library's message (llms_last_error) too."""
+    with test.assertRaises(llmsclient.LlmsError) as e:
+        result = call(*args, **kwargs)
+        if hasattr(result, "__next__"):
+            list(result)   # a streamed reply fails while it is read
+    test.assertRegex(str(e.exception), "^%s: .+" % e.exception.status_name)
+    return e.exception.status_name
 
 
 class ClientTest(unittest.TestCase):
@@ -82,11 +100,388 @@ class ClientTest(unittest.TestCase):
             llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
         self.assertEqual(e.exception.status, 100)
 
-    def test_default_socket_from_environment(self):
-        c = llmsclient.connect()
-        self.assertEqual(c.app, "python")
-        c.close()
 
+class KbTest(unittest.TestCase):
+    """Knowledge bases and RAG: what the C API does, in Python values."""
+
+    DOCS = {
+        "apples": "Notes about the apple orchard harvest. The apple orchard harvest was "
+                  "discussed today.",
+        "rockets": "Notes about the rocket launch orbit. The rocket launch orbit was "
+                   "discussed today.",
+        "violins": "Notes about the violin concert music. The violin concert music was "
+                   "discussed today.",
+    }
+
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest-kb")
+
+    def tearDown(self):
+        for kb in self.c.kb_list():
+            self.c.kb_drop(kb.name)
+        self.c.close()
+
+    def test_create_add_list_search_remove_drop(self):
+        self.c.kb_create("notes")
+        self.assertEqual(status_of(self, self.c.kb_create, "notes"), "FAILED_PRECONDITION")
+        passages = self.c.kb_add("notes", self.DOCS)
+        self.assertGreaterEqual(passages, len(self.DOCS))
+        self.assertEqual(self.c.kb_add("notes", [("plums", "Plums are purple.", "fruit"),
+                                                 ("pears", "Pears are green.")]), 2)
+        [info] = self.c.kb_list()
+        self.assertIsInstance(info, llmsclient.KbInfo)
+        self.assertEqual((info.name, info.documents, info.passages),
+                         ("notes", len(self.DOCS) + 2, passages + 2))
+        self.assertGreater(info.bytes, 0)
+        self.assertGreater(info.passage_tokens, info.overlap_tokens)
+
+        [hit] = self.c.kb_search("notes", "apple orchard harvest", k=1, retrieval="bm25")
+        self.assertEqual((hit.document, hit.metadata), ("apples", None))
+        self.assertIn("apple orchard", hit.text)
+        [plum] = self.c.kb_search("notes", "plums purple", k=1, retrieval="bm25")
+        self.assertEqual((plum.document, plum.metadata, plum.text),
+                         ("plums", "fruit", "Plums are purple."))
+
+        self.assertEqual(self.c.kb_remove("notes", ["apples", "no-such-doc"]), 1)
+        self.assertEqual(self.c.kb_remove("notes", "plums"), 1)
+        found = self.c.kb_search("notes", "discussed today", k=10, retrieval="bm25")
+        self.assertEqual({h.document for h in found}, {"rockets", "violins"})
+        self.assertEqual(self.c.kb_search("notes", "plums", retrieval="bm25"), [])
+        self.assertEqual(self.c.kb_list()[0].documents, len(self.DOCS))
+
+        self.c.kb_drop("notes")
+        self.assertEqual(self.c.kb_list(), [])
+        self.assertEqual(status_of(self, self.c.kb_drop, "notes"), "NOT_FOUND")
+
+    def test_errors_carry_the_status(self):
+        self.assertEqual(status_of(self, self.c.kb_add, "nokb", {"a": "text"}), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.kb_search, "nokb", "q"), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.rag, "nokb", "q?"), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.rag, "nokb", "q?", stream=True), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.kb_create, "bad name!"), "INVALID_ARGUMENT")
+        # Another app's knowledge base is not there for this one.
+        with llmsclient.connect(app="pytest-other") as other:
+            other.kb_create("theirs")
+            self.assertEqual(status_of(self, self.c.kb_drop, "theirs"), "NOT_FOUND")
+            other.kb_drop("theirs")
+        with self.assertRaises(ValueError):
+            self.c.kb_search("nokb", "q", retrieval="best")
+        with self.assertRaises(TypeError):
+            self.c.rag("nokb", "q?", model="other")
+
+    def test_rag_answers_from_the_kb_and_its_qa_bank(self):
+        self.c.kb_create("facts")
+        self.c.kb_add("facts", self.DOCS)
+        # BM25: only the passages holding all three words, all of document violins.
+        first = self.c.rag("facts", "violin concert music", retrieval="bm25", max_tokens=6,
+                           temperature=0)
+        self.assertIsInstance(first, llmsclient.RagResult)
+        self.assertIs(self.c.last_result, first)
+        self.assertNotEqual(first.outcome, "qa_hit")
+        self.assertTrue(first.passages)
+        self.assertTrue(all(isinstance(p, llmsclient.KbHit) and p.document == "violins"
+                            for p in first.passages), first.passages)
+        self.assertIsInstance(first.text, str)
+        self.assertGreater(first.prompt_tokens, 0)
+        self.assertLessEqual(first.generated_tokens, 6)
+        self.assertIn(first.stop_reason, ("eos", "max_tokens"))
+        # The same question again is answered from the QA bank, without generating.
+        again = self.c.rag("facts", "violin concert music", retrieval="bm25", max_tokens=6,
+                           temperature=0)
+        self.assertEqual((again.outcome, again.text, again.generated_tokens),
+                         ("qa_hit", first.text, 0))
+        self.assertGreater(again.qa_similarity, 0.9)
+        # Streamed past the QA bank, greedy: the same answer piece by piece.
+        pieces = list(self.c.rag("facts", "violin concert music", stream=True, no_qa=True,
+                                 retrieval="bm25", max_tokens=6, temperature=0))
+        self.assertTrue(all(isinstance(p, str) for p in pieces))
+        self.assertEqual("".join(pieces), first.text)
+        self.assertIsInstance(self.c.last_result, llmsclient.RagResult)
+        self.assertNotEqual(self.c.last_result.outcome, "qa_hit")
+        self.assertEqual(self.c.last_result.text, first.text)
+        self.assertEqual([p.passage for p in self.c.last_result.passages],
+                         [p.passage for p in first.passages])
+        [info] = self.c.kb_list()
+        self.assertGreaterEqual(info.qa_entries, 1)
+
+
+class GraphTest(unittest.TestCase):
+    """Workflow graphs: the built-in templates over a knowledge base, the app's own."""
+
+    QUESTION = {"question": "violin concert music", "kb": "facts"}
+    # Tells a story three times over; every run of its node makes 2 tokens at most.
+    LOOP = {"inputs": ["seed"], "output": "story", "max_steps": 10,
+            "nodes": [{"name": "tell", "kind": "generate", "output": "story",
+                       "prompt": "Once upon a time {seed}{story}", "max_tokens": 2}],
+            "edges": [{"from": "START", "to": "tell"},
+                      {"from": "tell", "to": "END", "when": "runs(tell) >= 3"},
+                      {"from": "tell", "to": "tell"}]}
+
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest-graph")
+        self.c.kb_create("facts")
+        self.c.kb_add("facts", KbTest.DOCS)
+
+    def tearDown(self):
+        for g in self.c.graph_list():
+            if not g.builtin:
+                self.c.graph_delete(g.name)
+        self.c.kb_drop("facts")
+        self.c.close()
+
+    def test_one_shot_over_a_kb(self):
+        templates = {g.name: g for g in self.c.graph_list() if g.builtin}
+        self.assertEqual(set(templates), {"one-shot", "hyde", "multistep", "irg", "recomp"})
+        one_shot = templates["one-shot"]
+        self.assertEqual(sorted(one_shot.inputs), ["kb", "question"])
+        events = []
+        r = self.c.graph_run("one-shot", self.QUESTION, on_event=events.append,
+                             speculate=False, max_tokens=6, temperature=0)
+        self.assertIsInstance(r, llmsclient.GraphResult)
+        self.assertEqual((r.steps, r.capped, r.speculations), (2, False, 0))
+        self.assertEqual([(t.node, t.runs) for t in r.timings], [("retrieve", 1), ("answer", 1)])
+        self.assertTrue(0 < r.timings[1].generated_tokens <= 6)
+        self.assertEqual((r.state["question"], r.state["kb"]), ("violin concert music", "facts"))
+        self.assertIn("violin concert music", r.state["passages"])
+        self.assertEqual(r.state[one_shot.output], r.output)
+        self.assertEqual([(e.finished, e.node, e.step) for e in events],
+                         [(False, "retrieve", 1), (True, "retrieve", 1),
+                          (False, "answer", 2), (True, "answer", 2)])
+        self.assertEqual((events[-1].output, events[-1].value), (one_shot.output, r.output))
+        # Greedy, speculation changes nothing in the answer.
+        again = self.c.graph_run("one-shot", self.QUESTION, speculate=True, max_tokens=6,
+                                 temperature=0)
+        self.assertEqual(again.output, r.output)
+
+    def test_an_event_handler_cancels(self):
+        self.assertEqual(status_of(self, self.c.graph_run, "one-shot", self.QUESTION,
+                                   on_event=lambda e: e.finished), "CANCELLED")
+
+        class Enough(Exception):
+            pass
+
+        def stop(event):
+            raise Enough(event.node)
+        with self.assertRaises(Enough) as e:
+            self.c.graph_run("one-shot", self.QUESTION, on_event=stop)
+        self.assertEqual(str(e.exception), "retrieve")
+        # The connection goes on.
+        self.assertEqual(self.c.graph_run("one-shot", self.QUESTION, max_tokens=1).steps, 2)
+
+    def test_the_apps_own_graph(self):
+        self.c.graph_create("loop", self.LOOP)
+        [mine] = [g for g in self.c.graph_list() if not g.builtin]
+        self.assertEqual(mine, llmsclient.GraphInfo("loop", False, ["seed"], 1, 3, "story", 10))
+        r = self.c.graph_run("loop", {"seed": "a fox"}, temperature=0)
+        self.assertEqual((r.steps, r.capped, r.output), (3, False, r.state["story"]))
+        [tell] = r.timings
+        self.assertEqual((tell.node, tell.runs), ("tell", 3))
+        self.assertTrue(0 < tell.generated_tokens <= 6, tell)
+
+        self.assertEqual(status_of(self, self.c.graph_create, "loop", self.LOOP),
+                         "FAILED_PRECONDITION")
+        self.assertEqual(status_of(self, self.c.graph_create, "hyde", self.LOOP),
+                         "FAILED_PRECONDITION")
+        bad = dict(self.LOOP, nodes=[dict(self.LOOP["nodes"][0], prompt="{nope}")])
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.graph_create("bad", bad)
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        self.assertIn("node 'tell'", str(e.exception))
+        with self.assertRaises(ValueError):
+            self.c.graph_create("bad", dict(self.LOOP, nodes=[dict(self.LOOP["nodes"][0],
+                                                                   kind="think")]))
+        self.assertEqual(status_of(self, self.c.graph_run, "loop", {}), "INVALID_ARGUMENT")
+        self.assertEqual(status_of(self, self.c.graph_run, "nope", {"seed": "x"}), "NOT_FOUND")
+        self.assertEqual(status_of(self, self.c.graph_run, "one-shot",
+                                   {"question": "q", "kb": "missing"}), "NOT_FOUND")
+        # Another app has graphs of its own.
+        with llmsclient.connect(app="pytest-other") as other:
+            self.assertEqual(status_of(self, other.graph_run, "loop", {"seed": "x"}),
+                             "NOT_FOUND")
+
+        self.c.graph_delete("loop")
+        self.assertTrue(all(g.builtin for g in self.c.graph_list()))
+        self.assertEqual(status_of(self, self.c.graph_delete, "loop"), "NOT_FOUND")
+
+
+class DefaultAppTest(unittest.TestCase):
+    """With no app named a client binds to the app every llmsd client shares when given
+    none: $LLMS_APP, else "default"."""
+
+    def setUp(self):
+        self.saved = os.environ.pop("LLMS_APP", None)
+
+    def tearDown(self):
+        if self.saved is not None:
+            os.environ["LLMS_APP"] = self.saved
+        else:
+            os.environ.pop("LLMS_APP", None)
+
+    def test_default_app_and_socket_from_environment(self):
+        with llmsclient.connect() as c:
+            self.assertEqual(c.app, "default")
+            ctx = c.create_context()
+        # The daemon bound it to "default" too: another app does not see the context.
+        with llmsclient.connect(app="default") as same, llmsclient.Client(app="other") as other:
+            self.assertIsInstance(same.context(ctx.id).call("hi", max_tokens=1), str)
+            with self.assertRaises(llmsclient.LlmsError) as e:
+                other.context(ctx.id).call("hi", max_tokens=1)
+            self.assertEqual(e.exception.status_name, "NOT_FOUND")
+            same.context(ctx.id).delete()
+
+    def test_a_kb_made_with_llms_is_found_with_no_app(self):
+        cli = os.environ.get("LLMS_CLI")
+        if not cli or not os.access(cli, os.X_OK):
+            self.skipTest("this build's llms is not there (LLMS_CLI)")
+        subprocess.run([cli, "kb", "create", "from-cli"], check=True, capture_output=True)
+        with llmsclient.connect() as c, llmsclient.connect(app="pytest") as other:
+            self.assertIn("from-cli", [kb.name for kb in c.kb_list()])
+            self.assertNotIn("from-cli", [kb.name for kb in other.kb_list()])
+            self.assertEqual(c.kb_add("from-cli", {"d": "Made by llms, filled by Python."}), 1)
+            c.kb_drop("from-cli")
+
+    def test_llms_app_names_the_default(self):
+        os.environ["LLMS_APP"] = "py-env"
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "py-env")
+            ctx = c.create_context()
+        with llmsclient.connect(app="py-env") as same:
+            same.context(ctx.id).delete()
+        os.environ["LLMS_APP"] = ""
+        with llmsclient.Client() as c:
+            self.assertEqual(c.app, "default")
+
+
+class LibrarySearchTest(unittest.TestCase):
+    """Where a fresh interpreter finds libllmsclient without $LLMS_CLIENT_LIB (in the
+    order the module docstring gives), and what it says when it finds none."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.lib = os.path.abspath(os.environ["LLMS_CLIENT_LIB"])
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def make_checkout(self):
+        """A checkout with the client package and a build/ holding this build's library."""
+        src = os.path.join(self.tmp, "src")
+        os.makedirs(os.path.join(src, "client"))
+        shutil.copy(os.path.join(ROOT, "client", "llms.h"), os.path.join(src, "client"))
+        shutil.copytree(os.path.join(ROOT, "python"), os.path.join(src, "python"),
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        os.makedirs(os.path.join(src, "build"))
+        built = os.path.join(src, "build", "libllmsclient.so")
+        os.symlink(self.lib, built)
+        return src, built
+
+    def python(self, path, code, **env):
+        """Runs code in a fresh interpreter importing llmsclient from path, in an empty
+        folder (the current directory must not count); its stdout."""
+        e = {k: v for k, v in os.environ.items() if k != "LLMS_CLIENT_LIB"}
+        e.update(env)
+        cwd = os.path.join(self.tmp, "cwd")
+        os.makedirs(cwd, exist_ok=True)
+        r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n%s"
+                            % (path, code)], cwd=cwd, env=e, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    LOADED = "import llmsclient; print(llmsclient.library_path())"
+    NOT_FOUND = ("import llmsclient\ntry:\n    llmsclient.connect()\n"
+                 "except llmsclient.LibraryNotFoundError as e:\n"
+                 "    print(isinstance(e, OSError)); print(e)\n")
+
+    def test_a_missing_llms_client_lib_is_named(self):
+        missing = os.path.join(self.tmp, "nowhere", "libllmsclient.so")
+        out = self.python(os.path.join(ROOT, "python"), self.NOT_FOUND,
+                          LLMS_CLIENT_LIB=missing)
+        self.assertTrue(out.startswith("True\n"), out)
+        self.assertIn("$LLMS_CLIENT_LIB", out)
+        self.assertIn(missing + ": not there", out)
+        # Set, it is the only place: the build/ of this checkout is not tried.
+        self.assertNotIn(os.path.join(ROOT, "build"), out)
+
+    def test_the_build_of_the_checkout_it_sits_in(self):
+        src, built = self.make_checkout()
+        self.assertEqual(self.python(os.path.join(src, "python"), self.LOADED), built + "\n")
+
+    def test_the_build_of_the_checkout_pip_installed_it_from(self):
+        if any(subprocess.run([sys.executable, "-c", "import " + m],
+                              capture_output=True).returncode for m in ("setuptools", "pip")):
+            self.skipTest("pip or setuptools is not installed for %s" % sys.executable)
+        src, built = self.make_checkout()
+        site = os.path.join(self.tmp, "site")
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                        "--no-build-isolation", "--no-deps", "--target", site,
+                        os.path.join(src, "python")], check=True, env=env, capture_output=True)
+        self.assertEqual(self.python(site, self.LOADED), built + "\n")
+
+    def test_none_found_names_every_place_tried(self):
+        site = os.path.join(self.tmp, "site")
+        shutil.copytree(os.path.join(ROOT, "python", "llmsclient"),
+                        os.path.join(site, "llmsclient"))
+        out = self.python(site, self.NOT_FOUND)
+        if not out:
+            self.skipTest("a libllmsclient is installed on this machine")
+        self.assertTrue(out.startswith("True\n"), out)
+        for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
+                      "/usr/local/lib/libllmsclient.so.2", "/usr/lib/libllmsclient.so.2",
+                      "\n  libllmsclient.so.2: "]:
+            self.assertIn(tried, out)
+        self.assertIn("LLMS_CLIENT_LIB", out)
+        self.assertIn("make install", out)
+
+
+class LayoutTest(unittest.TestCase):
+    """Every ctypes Structure of the module against its C struct, as a C compiler lays it
+    out from client/llms.h: a field missed, moved or mistyped makes the library read or
+    write memory Python did not give it."""
+
+    maxDiff = None
+    C_NAMES = {
+        "llms_params": llmsclient._Params, "llms_result": llmsclient._Result,
+        "llms_embeddings": llmsclient._Embeddings,
+        "llms_rerank_options": llmsclient._RerankOptions,
+        "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
+        "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
+        "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
+        "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,
+        "llms_graph_edge": llmsclient._GraphEdge, "llms_graph_def": llmsclient._GraphDef,
+        "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,
+        "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
+        "llms_graph_result": llmsclient._GraphResult,
+    }
+
+    def test_structures_match_llms_h(self):
+        declared = {v for v in vars(llmsclient).values()
+                    if isinstance(v, type) and issubclass(v, ctypes.Structure)}
+        self.assertEqual(declared, set(self.C_NAMES.values()),
+                         "a Structure without its C name here goes unchecked")
+        cc = shutil.which("cc")
+        if not cc:
+            self.skipTest("no C compiler (cc) to lay out client/llms.h")
+        body = []
+        for c_name, s in sorted(self.C_NAMES.items()):
+            body.append('printf("%%s %%zu", "%s", sizeof(%s));' % (c_name, c_name))
+            for f, _ in s._fields_:
+                body.append('printf(" %s:%%zu:%%zu", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
+                            % (f, c_name, f, c_name, f))
+            body.append('putchar(10);')
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
+            with open(src, "w") as f:
+                f.write('#include <stddef.h>\n#include <stdio.h>\n#include "client/llms.h"\n'
+                        "int main(void)\n{\n%s\nreturn 0;\n}\n" % "\n".join(body))
+            subprocess.run([cc, "-I", ROOT, src, "-o", exe], check=True)
+            c_layout = subprocess.run([exe], check=True, capture_output=True,
+                                      text=True).stdout.splitlines()
+        py_layout = ["%s %d" % (c_name, ctypes.sizeof(s)) +
+                     "".join(" %s:%d:%d" % (f, getattr(s, f).offset, getattr(s, f).size)
+                             for f, _ in s._fields_)
+                     for c_name, s in sorted(self.C_NAMES.items())]
+        self.assertEqual(py_layout, c_layout)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

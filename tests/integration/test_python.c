@@ -1,7 +1,8 @@
 /*
  * The Python client (python/llmsclient, ctypes over this build's libllmsclient.so)
  * against a real llmsd of this build: runs python/tests/test_llmsclient.py with
- * Debian's python3. Skips with a message when python3 is missing. In a sanitizer build
+ * Debian's python3, telling it the daemon's socket, this build's library and its llms
+ * (LLMS_SOCKET, LLMS_CLIENT_LIB, LLMS_CLI). Skips with a message when python3 is missing. In a sanitizer build
  * the library needs the ASan runtime loaded first, so it is preloaded (leak checks off:
  * the interpreter itself never frees everything).
  */
@@ -18,7 +19,7 @@
 #define PYTHON "/usr/bin/python3"
 #define SUITE "python/tests/test_llmsclient.py"
 
-static char llmsd_path[1024], model_path[1024], lib_path[1100];
+static char llmsd_path[1024], model_path[1024], lib_path[1100], cli_path[1100];
 
 static void python_client(void)
 {
@@ -42,8 +43,8 @@ static void python_client(void)
         proc_fmt(preload, sizeof preload, "%s", tmp);
     }
     proc_fmt(cmd, sizeof cmd,
-             "%s LLMS_SOCKET='%s' LLMS_CLIENT_LIB='%s' timeout 300 %s %s 2>&1", preload, d.sock,
-             lib_path, PYTHON, SUITE);
+             "%s LLMS_SOCKET='%s' LLMS_CLIENT_LIB='%s' LLMS_CLI='%s' timeout 300 %s %s 2>&1",
+             preload, d.sock, lib_path, cli_path, PYTHON, SUITE);
     int rc = test_run_capture(cmd, out, sizeof out);
     fputs(out, stdout);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
@@ -55,9 +56,12 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    if (llmsd_path[0]) /* BUILD/tests/integration/../../llmsd: the library is beside it */
-        proc_fmt(lib_path, sizeof lib_path, "%.*slibllmsclient.so",
-                 (int)(strlen(llmsd_path) - 5), llmsd_path);
+    if (llmsd_path[0]) { /* BUILD/tests/integration/../../llmsd: the library and llms are
+                            beside it */
+        int dir = (int)(strlen(llmsd_path) - 5);
+        proc_fmt(lib_path, sizeof lib_path, "%.*slibllmsclient.so", dir, llmsd_path);
+        proc_fmt(cli_path, sizeof cli_path, "%.*sllms", dir, llmsd_path);
+    }
     modelgen_params mp = {
         .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
         .n_ctx = 512, .type = QTYPE_F32, .seed = 11, .n_vocab = 300, .n_threads = 1,
