@@ -72,7 +72,7 @@ static const char *const texts[] = {
 static enum llms_status add_texts(llms_conn *c, const char *kb)
 {
     llms_kb_doc docs[N_TEXTS];
-    char ids[N_TEXTS][8];
+    char ids[N_TEXTS][16];
     for (int i = 0; i < N_TEXTS; i++) {
         snprintf(ids[i], sizeof ids[i], "d%d", i);
         docs[i] = (llms_kb_doc){ids[i], texts[i], NULL};
@@ -405,7 +405,7 @@ static void flood(const char *app, seen *s)
     enum llms_status st = llms_kb_create(c, "kb", 0, 0);
     if (st != LLMS_OK)
         fail_note(s, "kb create", c, st);
-    char text[16][96], id[16][8];
+    char text[16][96], id[16][16];
     llms_kb_doc docs[16];
     for (int i = 0; i < 16; i++) {
         snprintf(id[i], sizeof id[i], "f%d", i);
