@@ -998,6 +998,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kb_ivf_hot_bytes = p->kb_ivf_hot_bytes,
         .kb_ivf_trained = p->kb_ivf_trained,
         .kb_ivf_train_pending = p->kb_ivf_train_pending,
+        .qkv_verify_misses = p->qkv_verify_misses,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);
@@ -1494,6 +1495,13 @@ enum llms_status llms_rerank_calibrate(llms_conn *c, const llms_rerank_query *qu
 enum llms_status llms_kb_create(llms_conn *c, const char *name, uint32_t passage_tokens,
                                 uint32_t overlap_tokens)
 {
+    return llms_kb_create_shared(c, name, passage_tokens, overlap_tokens, 0);
+}
+
+enum llms_status llms_kb_create_shared(llms_conn *c, const char *name,
+                                       uint32_t passage_tokens, uint32_t overlap_tokens,
+                                       int share_uid)
+{
     enum llms_status s = check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
@@ -1503,6 +1511,8 @@ enum llms_status llms_kb_create(llms_conn *c, const char *name, uint32_t passage
     kc.passage_tokens = passage_tokens;
     kc.has_overlap_tokens = overlap_tokens != 0;
     kc.overlap_tokens = overlap_tokens;
+    kc.has_share_uid = share_uid != 0;
+    kc.share_uid = share_uid != 0;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_KB_CREATE;
     req.kb_create = &kc;
@@ -1614,7 +1624,8 @@ enum llms_status llms_kb_list(llms_conn *c, llms_kb_info **out, size_t *n_out)
     for (size_t i = 0; k && i < n; i++) {
         const Llms__KbInfo *p = r->kb_list->kbs[i];
         k[i] = (llms_kb_info){strdup(p->name), p->documents, p->passages, p->bytes,
-                              p->passage_tokens, p->overlap_tokens, p->qa_entries};
+                              p->passage_tokens, p->overlap_tokens, p->qa_entries,
+                              p->share_uid};
         if (!k[i].name) {
             llms_kb_list_free(k, i);
             k = NULL;
@@ -1775,10 +1786,32 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
     return s;
 }
 
+/* The CacheRequest of owner (NULL: the caller's app). */
+static void cache_request(const llms_cache_owner *owner, Llms__CacheRequest *cr)
+{
+    llms__cache_request__init(cr);
+    if (!owner)
+        return;
+    if (owner->all) {
+        cr->has_all = cr->all = 1;
+        return;
+    }
+    cr->has_uid = 1;
+    cr->uid = owner->uid;
+    cr->app = (char *)owner->app;
+}
+
 enum llms_status llms_cache_stats_get(llms_conn *c, llms_cache_stats *out)
 {
+    return llms_cache_stats_of(c, NULL, out);
+}
+
+enum llms_status llms_cache_stats_of(llms_conn *c, const llms_cache_owner *owner,
+                                     llms_cache_stats *out)
+{
     memset(out, 0, sizeof *out);
-    Llms__Empty e = LLMS__EMPTY__INIT;
+    Llms__CacheRequest e;
+    cache_request(owner, &e);
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CACHE;
     req.cache = &e;
@@ -1813,6 +1846,7 @@ enum llms_status llms_cache_stats_get(llms_conn *c, llms_cache_stats *out)
     out->predict_queued = p->predict_queued;
     out->predict_converted = p->predict_converted;
     out->predict_warmed = p->predict_warmed;
+    out->qkv_verify_misses = p->qkv_verify_misses;
     frame_free_response(r);
     return LLMS_OK;
 }
@@ -1829,7 +1863,13 @@ enum llms_status llms_cache_tune(llms_conn *c, float tau_query)
 
 enum llms_status llms_cache_clear(llms_conn *c)
 {
-    Llms__Empty e = LLMS__EMPTY__INIT;
+    return llms_cache_clear_of(c, NULL);
+}
+
+enum llms_status llms_cache_clear_of(llms_conn *c, const llms_cache_owner *owner)
+{
+    Llms__CacheRequest e;
+    cache_request(owner, &e);
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CACHE_CLEAR;
     req.cache_clear = &e;

@@ -579,6 +579,9 @@ typedef struct llms_daemon_status {
      * (searched by brute force meanwhile). */
     uint64_t kb_ivf_trained;
     uint32_t kb_ivf_train_pending;
+    /* QKV nodes found under a RAG query's key whose owner or token prefix was not the
+     * query's (a forged row or a hash collision), each used as a miss. */
+    uint64_t qkv_verify_misses;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */
@@ -691,6 +694,13 @@ enum llms_status llms_rerank_calibrate(llms_conn *conn, const llms_rerank_query 
 enum llms_status llms_kb_create(llms_conn *conn, const char *name, uint32_t passage_tokens,
                                 uint32_t overlap_tokens);
 
+/* llms_kb_create; share_uid: the knowledge base's caches (QKV tree) are shared with the
+ * other apps of the caller's uid whose knowledge bases are shared too, never with
+ * another uid (an app's caches are otherwise its own). */
+enum llms_status llms_kb_create_shared(llms_conn *conn, const char *name,
+                                       uint32_t passage_tokens, uint32_t overlap_tokens,
+                                       int share_uid);
+
 /* Deletes a knowledge base with its documents and cached answers. */
 enum llms_status llms_kb_drop(llms_conn *conn, const char *name);
 
@@ -716,6 +726,7 @@ typedef struct llms_kb_info {
     uint64_t bytes;
     uint32_t passage_tokens, overlap_tokens;
     uint32_t qa_entries;
+    int share_uid;              /* made with llms_kb_create_shared(..., 1) */
 } llms_kb_info;
 
 void llms_kb_list_free(llms_kb_info *kbs, size_t n);
@@ -782,8 +793,10 @@ enum llms_status llms_rag_query(llms_conn *conn, const char *kb, const char *que
                                 const llms_rag_options *opt, llms_token_cb on_text, void *user,
                                 llms_rag_result *out);
 
-/* Admin: the RAG caches and idle-time prediction (proto CacheResponse: the meaning of
- * each field is there). */
+/* The RAG caches of the caller's app (its own and those its uid shares) and, for an
+ * admin, the daemon's counters and idle-time prediction (proto CacheResponse: the
+ * meaning of each field is there; the counters are 0 for an app that is not admin). An
+ * unbound admin names the caches with llms_cache_stats_of. */
 typedef struct llms_cache_stats {
     uint32_t qa_entries, qkv_nodes;
     uint64_t qa_bytes, qkv_bytes, qkv_budget_bytes;
@@ -796,16 +809,33 @@ typedef struct llms_cache_stats {
     uint32_t predict_queued;
     uint64_t predict_converted;
     uint64_t predict_warmed;    /* passages prefilled ahead as a prompt's first */
+    uint64_t qkv_verify_misses; /* nodes under a query's key that were not its (admin) */
 } llms_cache_stats;
 
 enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);
+
+/* Which caches an admin names (proto CacheRequest): every owner's (all), or uid's (app
+ * NULL: every app of the uid; else that app's and the uid's shared ones). */
+typedef struct llms_cache_owner {
+    int all;
+    uint32_t uid;
+    const char *app;
+} llms_cache_owner;
+
+/* Admin: llms_cache_stats_get of the caches owner names. */
+enum llms_status llms_cache_stats_of(llms_conn *conn, const llms_cache_owner *owner,
+                                     llms_cache_stats *out);
 
 /* Admin: sets the daemon's tau_query (QA bank threshold) until it restarts; the cache
  * scheduler follows it. */
 enum llms_status llms_cache_tune(llms_conn *conn, float tau_query);
 
-/* Admin: empties every QA bank and the QKV tree. */
+/* Empties the QA banks and QKV trees of the caller's app: its own and those its uid
+ * shares. */
 enum llms_status llms_cache_clear(llms_conn *conn);
+
+/* Admin: empties the caches owner names. */
+enum llms_status llms_cache_clear_of(llms_conn *conn, const llms_cache_owner *owner);
 
 /* ---- workflow graphs ---- */
 

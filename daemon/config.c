@@ -193,6 +193,12 @@ static const key_def keys[] = {
                               "run's previous one where their token prefixes agree "
                               "(default 1)"),
     INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
+    INT(cache_owner_max_mb, 0, INT_MAX, "MiB one owner (an app, or a uid's shared knowledge "
+                                        "bases) may keep in the QKV tree and in the QA bank "
+                                        "each, its least used evicted first; 0 = the "
+                                        "level's budget (default 128)"),
+    INT(cache_owner_max_entries, 0, INT_MAX, "QKV nodes and QA entries one owner may keep "
+                                             "(each level); 0 = no limit (default 100000)"),
     INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
                                    "generations proposing them) per idle period; 0 = off "
                                    "(default 0)"),
@@ -283,6 +289,8 @@ void config_defaults(config *c)
     c->graph_spec_tokens = 8;
     c->graph_reuse_kv = 1;
     c->qa_cache_mb = 64;
+    c->cache_owner_max_mb = 128;
+    c->cache_owner_max_entries = 100000;
     c->idle_after_ms = 5000;
     c->predict_stride = 4;
     c->predict_max_tokens = 48;

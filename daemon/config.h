@@ -129,6 +129,9 @@ typedef struct config {
     int graph_spec_tokens;             /* a generation's tokens before its retrieval starts */
     int graph_reuse_kv;                /* generation nodes start from the run's last KV */
     int qa_cache_mb;                   /* stored QA bank (oldest entries evicted) */
+    int cache_owner_max_mb;            /* what one owner keeps in each level; 0: the level's
+                                          budget */
+    int cache_owner_max_entries;       /* entries one owner keeps in each level; 0: any */
     /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
     int predict_budget;                /* predicted queries per idle period; 0: off */
     int idle_after_ms;                 /* no request for this long: the daemon is idle

@@ -158,6 +158,7 @@ static int copy_kb(void *arg, const store_kb *kb)
     r->id = kb->id;
     r->dim = kb->dim;
     r->app_id = -1;
+    r->share_uid = kb->share_uid;
     return 0;
 }
 
@@ -236,7 +237,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         return;
     }
     if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
-                        semantic_dim(k->env.sem), wall_ms(), &kb_id, &exists, err))
+                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid, wall_ms(),
+                        &kb_id, &exists, err))
         goto fail;
     if (exists) {
         send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
@@ -282,6 +284,8 @@ static int list_one(void *arg, const store_kb *kb)
     i->passage_tokens = (uint32_t)kb->passage_tokens;
     i->overlap_tokens = (uint32_t)kb->overlap_tokens;
     i->qa_entries = (uint32_t)kb->qa_entries;
+    i->has_share_uid = 1;
+    i->share_uid = kb->share_uid;
     l->n++;
     return 0;
 }

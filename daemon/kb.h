@@ -69,6 +69,7 @@ typedef struct kb_ref {
     int dim;
     uint32_t uid;          /* its app (uid, app) and name: the strings kb_lookup was given */
     const char *app, *name;
+    bool share_uid;         /* its caches are its uid's apps' together (KbCreate) */
 } kb_ref;
 
 /* Looks up app's knowledge base name: 1 found, 0 not (err says so), -1 failure. */

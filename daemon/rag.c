@@ -4,6 +4,7 @@
 #include "daemon/rag.h"
 
 #include <math.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ struct rag {
     size_t node_cap;
     uint64_t queries, qa_hits, qkv_hits, qkv_tokens, qkv_evictions, qa_evictions;
     uint64_t kb_changes;        /* committed knowledge base changes so far */
+    uint64_t verify_misses;     /* nodes under a query's key that were not its */
     float tau;                  /* tau_query now */
     /* The QKV tree's stored bytes as of the last count: summing them is a scan of the
      * whole table, and the worker asks for room before every idle-time step. Every write
@@ -50,7 +52,11 @@ struct rag_query {
     int32_t *tokens;
     int n_tokens;
     int seg_end[RAG_MAX_K + 1]; /* end of the system segment, then of each passage */
-    uint64_t keys[RAG_MAX_K + 1];
+    uint8_t keys[RAG_MAX_K + 1][STORE_QKV_KEY_BYTES];
+    /* Whose the query's QKV nodes are: its app, or its uid's apps together when the
+     * knowledge base is shared (kb_ref.share_uid); part of every key. */
+    char scope[KB_NAME_MAX + 1], app[KB_NAME_MAX + 1];
+    store_owner owner;
     int n_nodes;                /* 1 + n_hits */
     int nodes_found;            /* nodes of the path loaded from the tree */
     int reused_tokens;
@@ -180,6 +186,11 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
     r->tau = env->cfg->tau_query;
     r->qkv_bytes_stale = true;
+    if (sodium_init() < 0) {
+        free(r);
+        err_set(err, "libsodium does not initialise");
+        return NULL;
+    }
     kb_on_changed(env->kb, on_changed, r);
     return r;
 }
@@ -413,14 +424,33 @@ static int add_tokens(rag *r, rag_query *q, const char *text, bool add_special,
     return 0;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
+/* Node i's key: BLAKE2b-256 of (model path, owner uid, owner scope, the prompt's tokens
+ * up to the end of segment i). A 64-bit hash would let a collision, or a crafted row,
+ * put another text's KV under a query; the store also compares each node's owner and
+ * prefix before its KV is used, so even a collision is a miss. */
+static int node_keys(rag *r, rag_query *q, char err[ERR_MAX])
 {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ULL;
+    crypto_generichash_state h, at;
+    uint8_t uid[4] = {(uint8_t)q->owner.uid, (uint8_t)(q->owner.uid >> 8),
+                      (uint8_t)(q->owner.uid >> 16), (uint8_t)(q->owner.uid >> 24)};
+    if (crypto_generichash_init(&h, NULL, 0, STORE_QKV_KEY_BYTES) ||
+        crypto_generichash_update(&h, (const uint8_t *)r->env.model_path,
+                                  strlen(r->env.model_path) + 1) ||
+        crypto_generichash_update(&h, uid, sizeof uid) ||
+        crypto_generichash_update(&h, (const uint8_t *)q->owner.scope,
+                                  strlen(q->owner.scope) + 1))
+        return err_set(err, "BLAKE2b failed");
+    int from = 0;
+    for (int i = 0; i < q->n_nodes; i++) {
+        if (crypto_generichash_update(&h, (const uint8_t *)(q->tokens + from),
+                                      sizeof *q->tokens * (size_t)(q->seg_end[i] - from)))
+            return err_set(err, "BLAKE2b failed");
+        from = q->seg_end[i];
+        at = h;
+        if (crypto_generichash_final(&at, q->keys[i], STORE_QKV_KEY_BYTES))
+            return err_set(err, "BLAKE2b failed");
     }
-    return h;
+    return 0;
 }
 
 /* Builds the segmented prompt of q from its passages and the keys of its nodes. */
@@ -481,13 +511,7 @@ static int build_prompt(rag *r, rag_query *q, char *const *texts, char err[ERR_M
         goto done;
 keys:
     q->n_nodes = 1 + q->n_hits;
-    uint64_t h = fnv(0xcbf29ce484222325ULL, r->env.model_path, strlen(r->env.model_path) + 1);
-    int from = 0;
-    for (int i = 0; i < q->n_nodes; i++) {
-        h = fnv(h, q->tokens + from, sizeof *q->tokens * (size_t)(q->seg_end[i] - from));
-        from = q->seg_end[i];
-        q->keys[i] = h ? h : 1; /* 0 is no parent */
-    }
+    rc = node_keys(r, q, err);
 done:
     free(rendered);
     return rc;
@@ -516,15 +540,17 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         }
         size_t got;
         int n_tok;
-        bool found, predicted;
-        if (store_qkv_get(r->env.st, q->keys[i], r->node_buf, r->node_cap, &got, &n_tok,
-                          &predicted, &found, err))
+        bool found, predicted, mismatch;
+        if (store_qkv_get(r->env.st, q->keys[i], &q->owner, q->tokens, q->seg_end[i],
+                          r->node_buf, r->node_cap, &got, &n_tok, &predicted, &found,
+                          &mismatch, err))
             return -1;
+        r->verify_misses += mismatch;
         if (!found)
             break;
         if (got != need || n_tok != n * KV_CHUNK_TOKENS)
-            return err_set(err, "QKV node %016llx holds %zu bytes, the prefix needs %zu",
-                           (unsigned long long)q->keys[i], got, need);
+            return err_set(err, "QKV node %d of the prompt holds %zu bytes, the prefix needs %zu",
+                           i, got, need);
         for (int c = 0; c < n; c++) {
             kv_chunk *k = kv_chunk_new(seq->pool, err);
             if (!k)
@@ -543,7 +569,7 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         }
         q->nodes_found = i + 1;
         q->reused_tokens = node_chunks(q, i) * KV_CHUNK_TOKENS;
-        /* the system prompt's node is everyone's: a passage's counts */
+        /* the system prompt's node is every query's of the owner: a passage's counts */
         q->pred_node |= predicted && i > 0;
     }
     return 0;
@@ -553,9 +579,13 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
 static int qkv_whole(rag *r, const rag_query *q, bool *whole, char err[ERR_MAX])
 {
     *whole = true;
-    for (int i = q->n_nodes - 1; i >= 0 && *whole; i--)
-        if (store_qkv_has(r->env.st, q->keys[i], whole, err))
+    for (int i = q->n_nodes - 1; i >= 0 && *whole; i--) {
+        bool mismatch;
+        if (store_qkv_has(r->env.st, q->keys[i], &q->owner, q->tokens, q->seg_end[i], whole,
+                          &mismatch, err))
             return -1;
+        r->verify_misses += mismatch;
+    }
     return 0;
 }
 
@@ -580,14 +610,19 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
                 return err_set(err, "chunk %d of the prompt is not a full f16 chunk", first + c);
             memcpy(r->node_buf + (size_t)c * r->chunk_bytes, k->data, r->chunk_bytes);
         }
-        if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : 0, n * KV_CHUNK_TOKENS,
-                          r->node_buf, need, q->asker != ASK_REAL, wall_ms(), err))
+        if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : NULL, &q->owner,
+                          q->tokens, q->seg_end[i], n * KV_CHUNK_TOKENS, r->node_buf, need,
+                          q->asker != ASK_REAL, wall_ms(), err))
             return -1;
     }
-    int evicted;
-    int rc = store_qkv_evict(r->env.st, (int64_t)r->env.cfg->qkv_cache_mb << 20, &evicted, err);
-    r->qkv_evictions += (uint64_t)(rc == 0 ? evicted : 0);
-    return rc;
+    const config *cfg = r->env.cfg;
+    int own, evicted;
+    if (store_qkv_evict_owner(r->env.st, &q->owner, (int64_t)cfg->cache_owner_max_mb << 20,
+                              cfg->cache_owner_max_entries, &own, err) ||
+        store_qkv_evict(r->env.st, (int64_t)cfg->qkv_cache_mb << 20, &evicted, err))
+        return -1;
+    r->qkv_evictions += (uint64_t)own + (uint64_t)evicted;
+    return 0;
 }
 
 /* ---- the query ---- */
@@ -625,6 +660,14 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
         code = found == 0 ? LLMS__ERROR_CODE__NOT_FOUND : code;
         goto fail;
     }
+    if ((size_t)snprintf(q->app, sizeof q->app, "%s", app) >= sizeof q->app) {
+        err_set(err, "app name too long");
+        goto fail;
+    }
+    /* the caller's app string need not outlive the query, which populates after it */
+    q->kb.app = q->app;
+    snprintf(q->scope, sizeof q->scope, "%s", q->kb.share_uid ? STORE_SCOPE_UID : q->app);
+    q->owner = (store_owner){uid, q->scope};
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     if (top_k < 1 || top_k > RAG_MAX_K) {
         err_set(err, "top_k must be 1..%d", RAG_MAX_K);
@@ -749,7 +792,7 @@ bool rag_qkv_room(rag *r)
     char err[ERR_MAX];
     int64_t n;
     if (r->qkv_bytes_stale) {
-        if (store_qkv_stats(r->env.st, &n, &r->qkv_bytes, err))
+        if (store_qkv_stats(r->env.st, NULL, &n, &r->qkv_bytes, err))
             return false;
         r->qkv_bytes_stale = false;
     }
@@ -797,11 +840,16 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
         int evicted = 0;
         for (int i = 0; i < q->n_hits; i++)
             ids[i] = q->hits[i].id;
+        const config *cfg = r->env.cfg;
+        int own = 0;
         if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
                          q->n_hits, q->asker != ASK_REAL, now, err) ||
-            store_qa_evict(r->env.st, (int64_t)r->env.cfg->qa_cache_mb << 20, &evicted, err))
+            store_qa_evict_owner(r->env.st, q->kb.uid, q->kb.app,
+                                 (int64_t)cfg->cache_owner_max_mb << 20,
+                                 cfg->cache_owner_max_entries, &own, err) ||
+            store_qa_evict(r->env.st, (int64_t)cfg->qa_cache_mb << 20, &evicted, err))
             return -1;
-        r->qa_evictions += (uint64_t)evicted;
+        r->qa_evictions += (uint64_t)own + (uint64_t)evicted;
     }
     return 0;
 }
@@ -824,9 +872,97 @@ void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
         warn("cache", err);
 }
 
-void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
+uint64_t rag_verify_misses(const rag *r)
+{
+    return r->verify_misses;
+}
+
+/* The owners a Cache or CacheClear acts on (rag.h); 0 with the filters, else the error
+ * code with err. */
+typedef struct cache_scope {
+    store_owner f[2];
+    int n;                  /* 0: every owner */
+    char app[KB_NAME_MAX + 1];
+} cache_scope;
+
+static Llms__ErrorCode cache_scope_of(const Llms__CacheRequest *cr, uint32_t uid,
+                                      const char *app, bool admin, cache_scope *cs,
+                                      char err[ERR_MAX])
+{
+    bool all = cr && cr->has_all && cr->all, has_app = cr && cr->app && cr->app[0];
+    bool named = all || (cr && cr->has_uid) || has_app;
+    if (named && !admin) {
+        err_set(err, "another owner's caches: admin call (uid 0 or the admin group)");
+        return LLMS__ERROR_CODE__PERMISSION_DENIED;
+    }
+    if (!named && !app[0]) {
+        err_set(err, "name the caches: all, or a uid (and an app)");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (all && (cr->has_uid || has_app)) {
+        err_set(err, "all or an owner, not both");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (has_app && !cr->has_uid) {
+        err_set(err, "an app is named with its uid");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (all) {
+        cs->n = 0;
+        return LLMS__ERROR_CODE__OK;
+    }
+    if (named) {
+        uid = cr->uid;
+        app = has_app ? cr->app : NULL;
+    }
+    if (app && (size_t)snprintf(cs->app, sizeof cs->app, "%s", app) >= sizeof cs->app) {
+        err_set(err, "an app name is at most %d bytes", KB_NAME_MAX);
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    /* an app's caches are its own and those its uid shares */
+    cs->f[0] = (store_owner){uid, app ? cs->app : NULL};
+    cs->f[1] = (store_owner){uid, STORE_SCOPE_UID};
+    cs->n = app ? 2 : 1;
+    return LLMS__ERROR_CODE__OK;
+}
+
+static int cache_clear(rag *r, const cache_scope *cs, char err[ERR_MAX])
+{
+    if (cs->n == 0)
+        return store_rag_clear(r->env.st, NULL, err);
+    if (store_kb_begin(r->env.st, err))
+        return -1;
+    for (int i = 0; i < cs->n; i++)
+        if (store_rag_clear(r->env.st, &cs->f[i], err)) {
+            store_kb_rollback(r->env.st);
+            return -1;
+        }
+    return store_kb_commit(r->env.st, err);
+}
+
+static int cache_stats(rag *r, const cache_scope *cs, int64_t *qa_n, int64_t *qa_b,
+                       int64_t *qkv_n, int64_t *qkv_b, char err[ERR_MAX])
+{
+    *qa_n = *qa_b = *qkv_n = *qkv_b = 0;
+    for (int i = 0; i < (cs->n ? cs->n : 1); i++) {
+        const store_owner *f = cs->n ? &cs->f[i] : NULL;
+        int64_t a, b, c, d;
+        if (store_qa_stats(r->env.st, f, &a, &b, err) ||
+            store_qkv_stats(r->env.st, f, &c, &d, err))
+            return -1;
+        *qa_n += a;
+        *qa_b += b;
+        *qkv_n += c;
+        *qkv_b += d;
+    }
+    return 0;
+}
+
+void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, bool admin,
+                      const Llms__Request *req)
 {
     char err[ERR_MAX];
+    cache_scope cs;
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_TUNE) {
         float tau = req->cache_tune->tau_query;
         if (!(tau >= 0.0f && tau <= 2.0f)) {
@@ -835,13 +971,21 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
             return;
         }
         r->tau = tau;
+    } else {
+        const Llms__CacheRequest *cr = req->body_case == LLMS__REQUEST__BODY_CACHE
+                                           ? req->cache : req->cache_clear;
+        Llms__ErrorCode code = cache_scope_of(cr, uid, app, admin, &cs, err);
+        if (code != LLMS__ERROR_CODE__OK) {
+            send_error(r, conn_id, req, code, "%s", err);
+            return;
+        }
     }
-    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR)
+    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR) {
         r->qkv_bytes_stale = true;
-    if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR &&
-        store_rag_clear(r->env.st, err)) {
-        send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-        return;
+        if (cache_clear(r, &cs, err)) {
+            send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            return;
+        }
     }
     if (req->body_case != LLMS__REQUEST__BODY_CACHE) {
         Llms__Empty e = LLMS__EMPTY__INIT;
@@ -854,8 +998,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
         return;
     }
     int64_t qa_n, qa_b, qkv_n, qkv_b;
-    if (store_qa_stats(r->env.st, &qa_n, &qa_b, err) ||
-        store_qkv_stats(r->env.st, &qkv_n, &qkv_b, err)) {
+    if (cache_stats(r, &cs, &qa_n, &qa_b, &qkv_n, &qkv_b, err)) {
         send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return;
     }
@@ -865,6 +1008,16 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
     c.qkv_nodes = (uint32_t)qkv_n;
     c.qkv_bytes = (uint64_t)qkv_b;
     c.qkv_budget_bytes = (uint64_t)r->env.cfg->qkv_cache_mb << 20;
+    Llms__Response resp = LLMS__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.final = 1;
+    resp.body_case = LLMS__RESPONSE__BODY_CACHE;
+    resp.cache = &c;
+    /* the counters are every owner's together: how often others asked and hit is theirs */
+    if (!admin) {
+        send_resp(r, conn_id, &resp);
+        return;
+    }
     c.rag_queries = r->queries;
     c.qa_hits = r->qa_hits;
     c.qkv_hits = r->qkv_hits;
@@ -893,10 +1046,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req)
     c.predict_queued = ps.queued;
     c.predict_converted = ps.converted;
     c.predict_warmed = ps.warmed;
-    Llms__Response resp = LLMS__RESPONSE__INIT;
-    resp.id = req->id;
-    resp.final = 1;
-    resp.body_case = LLMS__RESPONSE__BODY_CACHE;
-    resp.cache = &c;
+    c.has_qkv_verify_misses = 1;
+    c.qkv_verify_misses = r->verify_misses;
     send_resp(r, conn_id, &resp);
 }

@@ -12,12 +12,18 @@
  *
  * QKV prefix tree: node i of a prompt holds the KV chunks (16 tokens, f16, exactly as the
  * forward computed them) that the prefix up to the end of segment i completes and its
- * parent's prefix did not; its key is a hash of the model and that whole token prefix,
- * its parent the node of the prefix one segment shorter. A path of nodes present from
+ * parent's prefix did not; its key is BLAKE2b-256 of the model, the owner and that whole
+ * token prefix, its parent the node of the prefix one segment shorter. The owner is the
+ * app, or the uid's apps together for a knowledge base made with share_uid: a query only
+ * ever meets its owner's nodes, and its reply's outcome and counts only ever describe
+ * them. The store keeps each node's owner and prefix and compares them with the query's
+ * before its KV is used (a mismatch is a miss, counted: rag_verify_misses). A path of nodes present from
  * the root is loaded into the query's KV and prefill computes the rest, which is exact
  * because KV at a position depends only on the tokens before it. After a generation
  * the missing nodes of its path are stored, and least frequently used leaves are
- * evicted to stay under qkv_cache_mb. Each generated answer goes into the QA bank.
+ * evicted: the owner's own over cache_owner_max_mb or cache_owner_max_entries, then the
+ * largest owner's while the tree is over qkv_cache_mb. Each generated answer goes into
+ * the QA bank (the same two evictions, oldest first, under qa_cache_mb).
  *
  * Invalidation: after a KbAdd, each stored question of the knowledge base is retrieved
  * again (hybrid, top k_refresh); an entry whose list now holds a new passage is deleted.
@@ -113,7 +119,13 @@ void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer);
 
 void rag_query_free(rag_query *q);
 
-/* Admin: Cache (statistics), CacheClear and CacheTune. */
-void rag_handle_cache(rag *r, uint64_t conn_id, const Llms__Request *req);
+/* Cache (statistics) and CacheClear of the caches proto CacheRequest names, asked by
+ * (uid, app) ("" when unbound), admin or not; CacheTune (admin). */
+void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, bool admin,
+                      const Llms__Request *req);
+
+/* QKV nodes found under a query's key whose owner or token prefix was not the query's,
+ * since the daemon started (each was used as a miss). */
+uint64_t rag_verify_misses(const rag *r);
 
 #endif

@@ -908,6 +908,8 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->kb_ivf_lists_scanned = ks->lists_scanned;
     st->kb_ivf_lists_skipped = ks->lists_skipped;
     st->kb_ivf_hot_bytes = ks->hot_bytes;
+    st->has_qkv_verify_misses = 1;
+    st->qkv_verify_misses = rag_verify_misses(s->rag);
     st->has_swap_writes_pending = st->has_swap_write_waits = st->has_swap_write_wait_ms =
         st->has_swap_write_failures = 1;
     double switch_in_ms = 0;
@@ -2767,7 +2769,7 @@ static void handle_request(sched *s, sched_job *j)
     case LLMS__REQUEST__BODY_CACHE:
     case LLMS__REQUEST__BODY_CACHE_CLEAR:
     case LLMS__REQUEST__BODY_CACHE_TUNE:
-        rag_handle_cache(s->rag, j->conn_id, j->req);
+        rag_handle_cache(s->rag, j->conn_id, j->uid, j->app, j->admin, j->req);
         break;
     default:
         send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",

@@ -77,8 +77,7 @@ static bool is_admin_call(Llms__Request__BodyCase b)
            b == LLMS__REQUEST__BODY_SHUTDOWN || b == LLMS__REQUEST__BODY_PROFILE ||
            b == LLMS__REQUEST__BODY_PLAN || b == LLMS__REQUEST__BODY_LOAD_MODEL ||
            b == LLMS__REQUEST__BODY_UNLOAD_MODEL ||
-           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE || b == LLMS__REQUEST__BODY_CACHE ||
-           b == LLMS__REQUEST__BODY_CACHE_CLEAR || b == LLMS__REQUEST__BODY_CACHE_TUNE;
+           b == LLMS__REQUEST__BODY_RERANK_CALIBRATE || b == LLMS__REQUEST__BODY_CACHE_TUNE;
 }
 
 /* Answers a request the loop refuses, with a line in the log. */
@@ -299,8 +298,11 @@ static bool is_unbound_admin_call(const session *ss, const Llms__Request *req)
         return false;
     if (b == LLMS__REQUEST__BODY_GET_CONTEXT)
         return req->get_context->has_any_app && req->get_context->any_app;
+    /* Cache and CacheClear are an app's own caches when bound, and those an admin names
+     * (rag_handle_cache) otherwise */
     return (is_admin_call(b) && b != LLMS__REQUEST__BODY_RERANK_CALIBRATE) ||
-           b == LLMS__REQUEST__BODY_LIST_MODELS;
+           b == LLMS__REQUEST__BODY_LIST_MODELS || b == LLMS__REQUEST__BODY_CACHE ||
+           b == LLMS__REQUEST__BODY_CACHE_CLEAR;
 }
 
 static void send_resp(const session_env *env, void *conn, Llms__Response *r)

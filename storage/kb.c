@@ -52,8 +52,8 @@ void store_kb_rollback(store *s)
     } while (0)
 
 static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, int otok,
-                        const char *embedder, int dim, int64_t now_ms, int64_t *kb_id,
-                        bool *exists, char *err)
+                        const char *embedder, int dim, bool share_uid, int64_t now_ms,
+                        int64_t *kb_id, bool *exists, char *err)
 {
     sqlite3_stmt *st = store_prepare(s, "SELECT id FROM kbs WHERE app_id = ? AND name = ?", err);
     if (!st)
@@ -65,7 +65,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     if (*exists)
         return 0;
     st = store_prepare(s, "INSERT INTO kbs (app_id, name, passage_tokens, overlap_tokens, embedder, dim,"
-                 " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
+                 " created_ms, share_uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -75,6 +75,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     sqlite3_bind_text(st, 5, embedder, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 6, dim);
     sqlite3_bind_int64(st, 7, now_ms);
+    sqlite3_bind_int(st, 8, share_uid);
     if (store_step_once(s, st, "creating a knowledge base", err))
         return -1;
     *kb_id = sqlite3_last_insert_rowid(store_sqlite(s));
@@ -85,13 +86,13 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
 }
 
 int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
-                    int overlap_tokens, const char *embedder, int dim, int64_t now_ms,
-                    int64_t *kb_id, bool *exists, char err[ERR_MAX])
+                    int overlap_tokens, const char *embedder, int dim, bool share_uid,
+                    int64_t now_ms, int64_t *kb_id, bool *exists, char err[ERR_MAX])
 {
     *kb_id = -1;
     *exists = false;
     IN_TX(s, err, kb_create_tx(s, app_id, name, passage_tokens, overlap_tokens, embedder, dim,
-                               now_ms, kb_id, exists, err));
+                               share_uid, now_ms, kb_id, exists, err));
 }
 
 #define KB_COLUMNS                                                                         \
@@ -99,7 +100,7 @@ int store_kb_create(store *s, int64_t app_id, const char *name, int passage_toke
     " (SELECT count(*) FROM kb_docs d WHERE d.kb_id = k.id),"                              \
     " (SELECT count(*) FROM kb_passages p WHERE p.kb_id = k.id),"                          \
     " (SELECT coalesce(sum(bytes), 0) FROM kb_docs d WHERE d.kb_id = k.id),"               \
-    " (SELECT count(*) FROM qa_bank q WHERE q.kb_id = k.id) FROM kbs k "
+    " (SELECT count(*) FROM qa_bank q WHERE q.kb_id = k.id), k.share_uid FROM kbs k "
 
 static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb *), void *arg,
                    int *n_rows, char *err)
@@ -118,6 +119,7 @@ static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb 
             .n_passages = sqlite3_column_int64(st, 7),
             .bytes = sqlite3_column_int64(st, 8),
             .qa_entries = sqlite3_column_int64(st, 9),
+            .share_uid = sqlite3_column_int(st, 10) != 0,
         };
         (*n_rows)++;
         if (fn && (out = fn(arg, &kb)) != 0)
@@ -464,13 +466,25 @@ int store_qa_asked(store *s, int64_t id, char err[ERR_MAX])
     return store_step_once(s, st, "marking a QA entry asked", err);
 }
 
-static int two_counts(store *s, const char *sql, int64_t *a, int64_t *b, char *err)
+
+/* ---- owners ---- */
+
+/* Binds a filter as (?uid, ?scope): uid -1 for every owner, scope NULL for every scope. */
+static void bind_filter(sqlite3_stmt *st, int at, const store_owner *f)
 {
-    sqlite3_stmt *st = store_prepare(s, sql, err);
-    if (!st)
-        return -1;
+    sqlite3_bind_int64(st, at, f ? (int64_t)f->uid : -1);
+    if (f && f->scope)
+        sqlite3_bind_text(st, at + 1, f->scope, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, at + 1);
+}
+
+/* Steps a statement returning one row of two integers. */
+static int two_counts(store *s, sqlite3_stmt *st, const char *what, int64_t *a, int64_t *b,
+                      char *err)
+{
     if (sqlite3_step(st) != SQLITE_ROW) {
-        store_db_err(s, err, sql);
+        store_db_err(s, err, what);
         sqlite3_finalize(st);
         return -1;
     }
@@ -480,10 +494,32 @@ static int two_counts(store *s, const char *sql, int64_t *a, int64_t *b, char *e
     return 0;
 }
 
-int store_qa_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX])
+#define QA_BYTES "(length(q.question) + length(q.vec) + length(q.answer) + length(q.passages))"
+#define QA_OWNED                                                                           \
+    " FROM qa_bank q JOIN kbs k ON k.id = q.kb_id JOIN apps a ON a.id = k.app_id"
+#define QA_FILTER " WHERE (?1 < 0 OR a.uid = ?1) AND (?2 IS NULL OR a.name = ?2)"
+
+int store_qa_stats(store *s, const store_owner *filter, int64_t *n, int64_t *bytes,
+                   char err[ERR_MAX])
 {
-    return two_counts(s, "SELECT count(*), coalesce(sum(length(question) + length(vec) +"
-                         " length(answer) + length(passages)), 0) FROM qa_bank", n, bytes, err);
+    sqlite3_stmt *st = store_prepare(s, "SELECT count(*), coalesce(sum(" QA_BYTES "), 0)"
+                                        QA_OWNED QA_FILTER, err);
+    if (!st)
+        return -1;
+    bind_filter(st, 1, filter);
+    return two_counts(s, st, "counting the QA bank", n, bytes, err);
+}
+
+/* Deletes the oldest QA entry of app app_id. */
+static int qa_evict_one(store *s, int64_t app_id, char *err)
+{
+    sqlite3_stmt *st = store_prepare(s, "DELETE FROM qa_bank WHERE id = (SELECT min(q.id) FROM"
+                                        " qa_bank q JOIN kbs k ON k.id = q.kb_id"
+                                        " WHERE k.app_id = ?)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, app_id);
+    return store_step_once(s, st, "evicting a QA entry", err);
 }
 
 int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
@@ -492,13 +528,36 @@ int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
         *evicted = 0;
     for (;;) {
         int64_t n, bytes;
-        if (store_qa_stats(s, &n, &bytes, err))
+        if (store_qa_stats(s, NULL, &n, &bytes, err))
             return -1;
         if (bytes <= budget || n == 0)
             return 0;
-        sqlite3_stmt *st = store_prepare(s, "DELETE FROM qa_bank WHERE id = (SELECT min(id) FROM"
-                                   " qa_bank)", err);
-        if (!st || store_step_once(s, st, "evicting a QA entry", err))
+        sqlite3_stmt *st = store_prepare(s, "SELECT k.app_id, sum(" QA_BYTES ") AS b FROM"
+                                            " qa_bank q JOIN kbs k ON k.id = q.kb_id"
+                                            " GROUP BY k.app_id ORDER BY b DESC LIMIT 1", err);
+        int64_t app_id, b;
+        if (!st || two_counts(s, st, "finding the largest QA owner", &app_id, &b, err) ||
+            qa_evict_one(s, app_id, err))
+            return -1;
+        if (evicted)
+            (*evicted)++;
+    }
+}
+
+int store_qa_evict_owner(store *s, uint32_t uid, const char *app, int64_t max_bytes,
+                         int64_t max_entries, int *evicted, char err[ERR_MAX])
+{
+    if (evicted)
+        *evicted = 0;
+    store_owner o = {uid, app};
+    for (;;) {
+        int64_t n, bytes, app_id;
+        if (store_qa_stats(s, &o, &n, &bytes, err))
+            return -1;
+        if (n == 0 || ((max_bytes <= 0 || bytes <= max_bytes) &&
+                       (max_entries <= 0 || n <= max_entries)))
+            return 0;
+        if (store_app_id(s, uid, app, &app_id, err) || qa_evict_one(s, app_id, err))
             return -1;
         if (evicted)
             (*evicted)++;
@@ -507,9 +566,15 @@ int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
 
 /* ---- QKV tree ---- */
 
-int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const void *raw,
-                  size_t raw_bytes, bool predicted, int64_t now_ms, char err[ERR_MAX])
+#define QKV_BYTES "(length(blob) + length(tokens))"
+
+int store_qkv_put(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const uint8_t *parent,
+                  const store_owner *o, const int32_t *prefix, int n_prefix, int n_tokens,
+                  const void *raw, size_t raw_bytes, bool predicted, int64_t now_ms,
+                  char err[ERR_MAX])
 {
+    if (!o || !o->scope || n_prefix < 0)
+        return err_set(err, "store: a QKV node needs an owner and a prefix");
     size_t cap = ZSTD_compressBound(raw_bytes);
     void *comp = malloc(cap ? cap : 1);
     if (!comp)
@@ -519,50 +584,82 @@ int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const v
         free(comp);
         return err_set(err, "store: zstd: %s", ZSTD_getErrorName(len));
     }
-    sqlite3_stmt *st = store_prepare(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, n_tokens,"
-                               " raw_bytes, crc, blob, uses, last_used_ms, predicted)"
-                               " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)", err);
+    sqlite3_stmt *st = store_prepare(s, "INSERT OR REPLACE INTO qkv_nodes (key, parent, uid, scope,"
+                               " tokens, n_tokens, raw_bytes, crc, blob, uses, last_used_ms,"
+                               " predicted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)", err);
     if (!st) {
         free(comp);
         return -1;
     }
-    sqlite3_bind_int64(st, 1, (int64_t)key);
-    sqlite3_bind_int64(st, 2, (int64_t)parent);
-    sqlite3_bind_int(st, 3, n_tokens);
-    sqlite3_bind_int64(st, 4, (int64_t)raw_bytes);
-    sqlite3_bind_int64(st, 5, crc32c(0, raw, raw_bytes));
-    sqlite3_bind_blob(st, 6, comp, (int)len, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 7, now_ms);
-    sqlite3_bind_int(st, 8, predicted);
+    sqlite3_bind_blob(st, 1, key, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
+    if (parent)
+        sqlite3_bind_blob(st, 2, parent, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 2);
+    sqlite3_bind_int64(st, 3, o->uid);
+    sqlite3_bind_text(st, 4, o->scope, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 5, n_prefix ? (const void *)prefix : "",
+                      (int)(sizeof *prefix * (size_t)n_prefix), SQLITE_STATIC);
+    sqlite3_bind_int(st, 6, n_tokens);
+    sqlite3_bind_int64(st, 7, (int64_t)raw_bytes);
+    sqlite3_bind_int64(st, 8, crc32c(0, raw, raw_bytes));
+    sqlite3_bind_blob(st, 9, comp, (int)len, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 10, now_ms);
+    sqlite3_bind_int(st, 11, predicted);
     int rc = store_step_once(s, st, "storing a QKV node", err);
     free(comp);
     return rc;
 }
 
-int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
-                  int *n_tokens, bool *predicted, bool *found, char err[ERR_MAX])
+/* Whether the row st is on (uid, scope, tokens in columns 0-2) is o's node made from
+ * prefix. */
+static bool qkv_row_matches(sqlite3_stmt *st, const store_owner *o, const int32_t *prefix,
+                            int n_prefix)
 {
-    *found = false;
-    sqlite3_stmt *st = store_prepare(s, "SELECT n_tokens, raw_bytes, crc, blob, predicted FROM qkv_nodes"
-                               " WHERE key = ?", err);
+    const char *scope = (const char *)sqlite3_column_text(st, 1);
+    const void *toks = sqlite3_column_blob(st, 2);
+    size_t len = (size_t)sqlite3_column_bytes(st, 2);
+    return o && o->scope && scope && sqlite3_column_int64(st, 0) == (int64_t)o->uid &&
+           strcmp(scope, o->scope) == 0 && len == sizeof *prefix * (size_t)n_prefix &&
+           (len == 0 || (toks && memcmp(toks, prefix, len) == 0));
+}
+
+static void key_hex(const uint8_t key[STORE_QKV_KEY_BYTES], char hex[17])
+{
+    for (int i = 0; i < 8; i++)
+        snprintf(hex + 2 * i, 3, "%02x", key[i]);
+}
+
+int store_qkv_get(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_owner *o,
+                  const int32_t *prefix, int n_prefix, void *dst, size_t dst_cap,
+                  size_t *raw_bytes, int *n_tokens, bool *predicted, bool *found,
+                  bool *mismatch, char err[ERR_MAX])
+{
+    *found = *mismatch = false;
+    sqlite3_stmt *st = store_prepare(s, "SELECT uid, scope, tokens, n_tokens, raw_bytes, crc, blob,"
+                                        " predicted FROM qkv_nodes WHERE key = ?", err);
     if (!st)
         return -1;
-    sqlite3_bind_int64(st, 1, (int64_t)key);
+    sqlite3_bind_blob(st, 1, key, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
     int rc = sqlite3_step(st), out = 0;
-    if (rc == SQLITE_ROW) {
-        size_t raw = (size_t)sqlite3_column_int64(st, 1);
-        uint32_t crc = (uint32_t)sqlite3_column_int64(st, 2);
-        const void *blob = sqlite3_column_blob(st, 3);
-        size_t len = (size_t)sqlite3_column_bytes(st, 3);
-        *n_tokens = sqlite3_column_int(st, 0);
+    char hex[17];
+    key_hex(key, hex);
+    if (rc == SQLITE_ROW && !qkv_row_matches(st, o, prefix, n_prefix)) {
+        *mismatch = true;
+    } else if (rc == SQLITE_ROW) {
+        size_t raw = (size_t)sqlite3_column_int64(st, 4);
+        uint32_t crc = (uint32_t)sqlite3_column_int64(st, 5);
+        const void *blob = sqlite3_column_blob(st, 6);
+        size_t len = (size_t)sqlite3_column_bytes(st, 6);
+        *n_tokens = sqlite3_column_int(st, 3);
         if (predicted)
-            *predicted = sqlite3_column_int(st, 4) != 0;
+            *predicted = sqlite3_column_int(st, 7) != 0;
         size_t got = raw <= dst_cap && blob ? ZSTD_decompress(dst, dst_cap, blob, len) : 0;
         if (raw > dst_cap)
-            out = err_set(err, "store: QKV node %016llx holds %zu bytes, more than %zu",
-                          (unsigned long long)key, raw, dst_cap);
+            out = err_set(err, "store: QKV node %s holds %zu bytes, more than %zu", hex, raw,
+                          dst_cap);
         else if (ZSTD_isError(got) || got != raw || crc32c(0, dst, raw) != crc)
-            out = err_set(err, "store: QKV node %016llx is corrupt", (unsigned long long)key);
+            out = err_set(err, "store: QKV node %s is corrupt", hex);
         else {
             *raw_bytes = raw;
             *found = true;
@@ -574,7 +671,8 @@ int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw
     return out;
 }
 
-int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[ERR_MAX])
+int store_qkv_touch(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], bool real,
+                    int64_t now_ms, char err[ERR_MAX])
 {
     sqlite3_stmt *st = store_prepare(s, "UPDATE qkv_nodes SET uses = uses + 1, last_used_ms = ?,"
                                " predicted = predicted AND ? WHERE key = ?", err);
@@ -582,28 +680,60 @@ int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[
         return -1;
     sqlite3_bind_int64(st, 1, now_ms);
     sqlite3_bind_int(st, 2, !real);
-    sqlite3_bind_int64(st, 3, (int64_t)key);
+    sqlite3_bind_blob(st, 3, key, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
     return store_step_once(s, st, "counting a QKV use", err);
 }
 
-int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX])
+int store_qkv_has(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_owner *o,
+                  const int32_t *prefix, int n_prefix, bool *found, bool *mismatch,
+                  char err[ERR_MAX])
 {
-    sqlite3_stmt *st = store_prepare(s, "SELECT 1 FROM qkv_nodes WHERE key = ?", err);
+    *found = *mismatch = false;
+    sqlite3_stmt *st = store_prepare(s, "SELECT uid, scope, tokens FROM qkv_nodes WHERE key = ?",
+                                     err);
     if (!st)
         return -1;
-    sqlite3_bind_int64(st, 1, (int64_t)key);
+    sqlite3_bind_blob(st, 1, key, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
     int rc = sqlite3_step(st);
-    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW) {
+        *found = qkv_row_matches(st, o, prefix, n_prefix);
+        *mismatch = !*found;
+    }
     sqlite3_finalize(st);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
         return store_db_err(s, err, "looking up a QKV node");
     return 0;
 }
 
-int store_qkv_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX])
+int store_qkv_stats(store *s, const store_owner *filter, int64_t *n, int64_t *bytes,
+                    char err[ERR_MAX])
 {
-    return two_counts(s, "SELECT count(*), coalesce(sum(length(blob)), 0) FROM qkv_nodes", n,
-                      bytes, err);
+    sqlite3_stmt *st = store_prepare(s, "SELECT count(*), coalesce(sum(" QKV_BYTES "), 0) FROM"
+                                        " qkv_nodes WHERE (?1 < 0 OR uid = ?1) AND"
+                                        " (?2 IS NULL OR scope = ?2)", err);
+    if (!st)
+        return -1;
+    bind_filter(st, 1, filter);
+    return two_counts(s, st, "counting the QKV tree", n, bytes, err);
+}
+
+/* Evicts owner (uid, scope)'s least used leaf: removing an inner node would strand its
+ * children's paths, and a node's children are its owner's (the owner is in every key). */
+static int qkv_evict_leaf(store *s, int64_t uid, const char *scope, char *err)
+{
+    sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
+                               " qkv_nodes q WHERE q.uid = ? AND q.scope = ? AND NOT EXISTS"
+                               " (SELECT 1 FROM qkv_nodes c WHERE c.parent = q.key)"
+                               " ORDER BY q.uses, q.last_used_ms LIMIT 1)", err);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, uid);
+    sqlite3_bind_text(st, 2, scope, -1, SQLITE_TRANSIENT);
+    if (store_step_once(s, st, "evicting a QKV node", err))
+        return -1;
+    if (sqlite3_changes(store_sqlite(s)) == 0)
+        return err_set(err, "store: QKV tree over budget with no leaf to evict");
+    return 0;
 }
 
 int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
@@ -612,19 +742,46 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
         *evicted = 0;
     for (;;) {
         int64_t n, bytes;
-        if (store_qkv_stats(s, &n, &bytes, err))
+        if (store_qkv_stats(s, NULL, &n, &bytes, err))
             return -1;
         if (bytes <= budget || n == 0)
             return 0;
-        /* a leaf: removing an inner node would strand its children's paths */
-        sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
-                                   " qkv_nodes q WHERE NOT EXISTS (SELECT 1 FROM qkv_nodes c"
-                                   " WHERE c.parent = q.key) ORDER BY q.uses, q.last_used_ms"
-                                   " LIMIT 1)", err);
-        if (!st || store_step_once(s, st, "evicting a QKV node", err))
+        sqlite3_stmt *st = store_prepare(s, "SELECT uid, scope, sum(" QKV_BYTES ") AS b FROM"
+                                            " qkv_nodes GROUP BY uid, scope ORDER BY b DESC"
+                                            " LIMIT 1", err);
+        if (!st)
             return -1;
-        if (sqlite3_changes(store_sqlite(s)) == 0)
-            return err_set(err, "store: QKV tree over budget with no leaf to evict");
+        if (sqlite3_step(st) != SQLITE_ROW) {
+            store_db_err(s, err, "finding the largest QKV owner");
+            sqlite3_finalize(st);
+            return -1;
+        }
+        int rc = qkv_evict_leaf(s, sqlite3_column_int64(st, 0),
+                                (const char *)sqlite3_column_text(st, 1), err);
+        sqlite3_finalize(st);
+        if (rc)
+            return -1;
+        if (evicted)
+            (*evicted)++;
+    }
+}
+
+int store_qkv_evict_owner(store *s, const store_owner *o, int64_t max_bytes,
+                          int64_t max_entries, int *evicted, char err[ERR_MAX])
+{
+    if (evicted)
+        *evicted = 0;
+    if (!o || !o->scope)
+        return err_set(err, "store: QKV eviction needs one owner");
+    for (;;) {
+        int64_t n, bytes;
+        if (store_qkv_stats(s, o, &n, &bytes, err))
+            return -1;
+        if (n == 0 || ((max_bytes <= 0 || bytes <= max_bytes) &&
+                       (max_entries <= 0 || n <= max_entries)))
+            return 0;
+        if (qkv_evict_leaf(s, o->uid, o->scope, err))
+            return -1;
         if (evicted)
             (*evicted)++;
     }
@@ -652,7 +809,24 @@ void store_cache_end(store *s)
     sqlite3_exec(store_sqlite(s), "PRAGMA synchronous = FULL", NULL, NULL, NULL);
 }
 
-int store_rag_clear(store *s, char err[ERR_MAX])
+static int rag_clear_tx(store *s, const store_owner *filter, char *err)
 {
-    return store_exec_sql(s, "DELETE FROM qa_bank; DELETE FROM qkv_nodes", err);
+    sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE (?1 < 0 OR uid = ?1) AND"
+                                        " (?2 IS NULL OR scope = ?2)", err);
+    if (!st)
+        return -1;
+    bind_filter(st, 1, filter);
+    if (store_step_once(s, st, "clearing the QKV tree", err))
+        return -1;
+    st = store_prepare(s, "DELETE FROM qa_bank WHERE id IN (SELECT q.id" QA_OWNED QA_FILTER ")",
+                       err);
+    if (!st)
+        return -1;
+    bind_filter(st, 1, filter);
+    return store_step_once(s, st, "clearing the QA bank", err);
+}
+
+int store_rag_clear(store *s, const store_owner *filter, char err[ERR_MAX])
+{
+    IN_TX(s, err, rag_clear_tx(s, filter, err));
 }

@@ -29,13 +29,14 @@ typedef struct store_kb {
     const char *embedder;      /* which model made its vectors */
     int dim;
     int64_t n_docs, n_passages, bytes, qa_entries;
+    bool share_uid;            /* its caches are shared by every app of its uid */
 } store_kb;
 
-/* Creates knowledge base name of app_id; *exists true (and nothing written) when the app
- * already has one of that name. */
+/* Creates knowledge base name of app_id (share_uid: store_kb.share_uid); *exists true
+ * (and nothing written) when the app already has one of that name. */
 int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
-                    int overlap_tokens, const char *embedder, int dim, int64_t now_ms,
-                    int64_t *kb_id, bool *exists, char err[ERR_MAX]);
+                    int overlap_tokens, const char *embedder, int dim, bool share_uid,
+                    int64_t now_ms, int64_t *kb_id, bool *exists, char err[ERR_MAX]);
 
 /* Looks up name of app_id and calls fn with it (counts filled in); *found false when the
  * app has none of that name. */
@@ -93,6 +94,19 @@ int store_kb_passage(store *s, int64_t kb_id, int64_t id,
                      int (*fn)(void *arg, const store_passage *p), void *arg, bool *found,
                      char err[ERR_MAX]);
 
+/* ---- owners ---- */
+
+/* Whose a cache entry is: a uid and a scope, the app's name or STORE_SCOPE_UID for what
+ * every app of the uid shares (a knowledge base made with share_uid). App names are
+ * [A-Za-z0-9._-], so the two never meet. A QA entry's owner is its knowledge base's app.
+ * Where a call takes a filter (const store_owner *, NULL: every owner), a NULL scope
+ * means every scope of the uid. */
+#define STORE_SCOPE_UID "*"
+typedef struct store_owner {
+    uint32_t uid;
+    const char *scope;
+} store_owner;
+
 /* ---- QA bank ---- */
 
 typedef struct store_qa {
@@ -120,41 +134,72 @@ int store_qa_delete(store *s, int64_t id, char err[ERR_MAX]);
 /* Marks entry id as asked for real (its predicted flag goes). */
 int store_qa_asked(store *s, int64_t id, char err[ERR_MAX]);
 
-/* Deletes the oldest entries, every knowledge base together, until their bytes (as
- * store_qa_stats counts them) are at most budget; *evicted counts them (may be NULL). */
+/* Deletes the oldest entries until their bytes (as store_qa_stats counts them) are at
+ * most budget, each from the app that holds the most bytes then, so that one app's
+ * churn never takes another's entries below an equal share; *evicted counts them (may
+ * be NULL). */
 int store_qa_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX]);
 
-/* Entries and their bytes, over every knowledge base. */
-int store_qa_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX]);
+/* Deletes app (uid, app)'s oldest entries until it holds at most max_bytes and
+ * max_entries (each <= 0: no limit). */
+int store_qa_evict_owner(store *s, uint32_t uid, const char *app, int64_t max_bytes,
+                         int64_t max_entries, int *evicted, char err[ERR_MAX]);
+
+/* Entries and their bytes, of the owners filter matches (the scope an app's name;
+ * STORE_SCOPE_UID matches none). */
+int store_qa_stats(store *s, const store_owner *filter, int64_t *n, int64_t *bytes,
+                   char err[ERR_MAX]);
 
 /* ---- QKV prefix tree ---- */
 
-/* Stores node key (child of parent; 0: a root) holding n_tokens tokens' worth of raw
- * bytes, compressed and checksummed; replaces a node of the same key. predicted marks a
- * node a predicted query made. */
-int store_qkv_put(store *s, uint64_t key, uint64_t parent, int n_tokens, const void *raw,
-                  size_t raw_bytes, bool predicted, int64_t now_ms, char err[ERR_MAX]);
+#define STORE_QKV_KEY_BYTES 32
 
-/* Reads node key into dst (dst_cap bytes; *raw_bytes gets its size); *found false when
- * absent. *predicted (may be NULL) says whether a predicted query made it and no real one
- * used it since. A blob larger than dst_cap or failing its checksum is an error. Only
- * reads: uses are counted by store_qkv_touch, off the query's path. */
-int store_qkv_get(store *s, uint64_t key, void *dst, size_t dst_cap, size_t *raw_bytes,
-                  int *n_tokens, bool *predicted, bool *found, char err[ERR_MAX]);
+/* Stores node key (child of parent; NULL: a root) of owner o, made from the token prefix
+ * prefix[0..n_prefix), holding n_tokens tokens' worth of raw bytes, compressed and
+ * checksummed; replaces a node of the same key. predicted marks a node a predicted query
+ * made. */
+int store_qkv_put(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const uint8_t *parent,
+                  const store_owner *o, const int32_t *prefix, int n_prefix, int n_tokens,
+                  const void *raw, size_t raw_bytes, bool predicted, int64_t now_ms,
+                  char err[ERR_MAX]);
+
+/* Reads node key into dst (dst_cap bytes; *raw_bytes gets its size) when it is owner o's
+ * and was made from exactly prefix[0..n_prefix): a node under the key with another
+ * owner or prefix (a forged row, or a hash collision) is not found, with *mismatch true.
+ * *predicted (may be NULL) says whether a predicted query made it and no real one used
+ * it since. A blob larger than dst_cap or failing its checksum is an error. Only reads:
+ * uses are counted by store_qkv_touch, off the query's path. */
+int store_qkv_get(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_owner *o,
+                  const int32_t *prefix, int n_prefix, void *dst, size_t dst_cap,
+                  size_t *raw_bytes, int *n_tokens, bool *predicted, bool *found,
+                  bool *mismatch, char err[ERR_MAX]);
 
 /* Counts a use of node key (for LFU eviction); a real use (real) clears its predicted
  * mark. A node that is gone is no error. */
-int store_qkv_touch(store *s, uint64_t key, bool real, int64_t now_ms, char err[ERR_MAX]);
+int store_qkv_touch(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], bool real,
+                    int64_t now_ms, char err[ERR_MAX]);
 
-/* Whether node key exists (no use counted). */
-int store_qkv_has(store *s, uint64_t key, bool *found, char err[ERR_MAX]);
+/* Whether node key exists as store_qkv_get would find it (no use counted, no blob
+ * read). */
+int store_qkv_has(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_owner *o,
+                  const int32_t *prefix, int n_prefix, bool *found, bool *mismatch,
+                  char err[ERR_MAX]);
 
 /* Evicts nodes with no children, least frequently used first (then least recently),
- * until the stored bytes are at most budget; *evicted counts them (may be NULL). */
+ * each from the owner that holds the most bytes then, until the stored bytes are at
+ * most budget: an owner at or below an equal share of budget loses nothing to
+ * another's churn. *evicted counts them (may be NULL). */
 int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX]);
 
-/* Nodes and their stored (compressed) bytes. */
-int store_qkv_stats(store *s, int64_t *n, int64_t *bytes, char err[ERR_MAX]);
+/* Evicts owner o's leaves in the same order until it holds at most max_bytes and
+ * max_entries (each <= 0: no limit). */
+int store_qkv_evict_owner(store *s, const store_owner *o, int64_t max_bytes,
+                          int64_t max_entries, int *evicted, char err[ERR_MAX]);
+
+/* Nodes and their stored bytes (compressed blob and prefix), of the owners filter
+ * matches. */
+int store_qkv_stats(store *s, const store_owner *filter, int64_t *n, int64_t *bytes,
+                    char err[ERR_MAX]);
 
 /* Groups cache writes (QA bank, QKV tree) into one transaction committed without
  * waiting for the disk (synchronous = NORMAL for it: a killed process loses none of it,
@@ -165,7 +210,8 @@ int store_cache_begin(store *s, char err[ERR_MAX]);
 int store_cache_commit(store *s, char err[ERR_MAX]);
 void store_cache_end(store *s);
 
-/* Empties the QA bank and the QKV tree. */
-int store_rag_clear(store *s, char err[ERR_MAX]);
+/* Empties the QA bank and the QKV tree of the owners filter matches (NULL: all), in
+ * one transaction. */
+int store_rag_clear(store *s, const store_owner *filter, char err[ERR_MAX]);
 
 #endif

@@ -169,6 +169,32 @@ static const char *const store_migrations[] = {
      * store_context_set_stats), kept with the context so that densities survive a
      * restart exactly */
     "ALTER TABLE contexts ADD COLUMN stats BLOB;",
+
+    /* Every RAG cache entry belongs to an owner (storage/kb.h, store_owner). A QKV node
+     * is keyed by a 32-byte BLAKE2b of (model, owner, token prefix) and keeps its owner
+     * and prefix, which a read compares with the request's. The nodes from before were
+     * keyed by a 64-bit hash with no owner: nobody can say whose KV they hold, so they
+     * go. A QA entry's owner is its knowledge base's app: entries whose app is known stay.
+     * kbs.share_uid: the knowledge base's caches are shared by every app of its uid. */
+    "DROP TABLE qkv_nodes;"
+    "CREATE TABLE qkv_nodes ("
+    "  key BLOB PRIMARY KEY,"
+    "  parent BLOB,"          /* NULL: a root */
+    "  uid INTEGER NOT NULL,"
+    "  scope TEXT NOT NULL,"  /* the app's name, or '*': every app of the uid */
+    "  tokens BLOB NOT NULL," /* the whole prefix, int32 little-endian each */
+    "  n_tokens INTEGER NOT NULL,"
+    "  raw_bytes INTEGER NOT NULL,"
+    "  crc INTEGER NOT NULL,"
+    "  blob BLOB NOT NULL,"
+    "  uses INTEGER NOT NULL,"
+    "  last_used_ms INTEGER NOT NULL,"
+    "  predicted INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"
+    "CREATE INDEX qkv_by_owner ON qkv_nodes (uid, scope);"
+    "DELETE FROM qa_bank WHERE kb_id NOT IN (SELECT k.id FROM kbs k JOIN apps a"
+    " ON a.id = k.app_id);"
+    "ALTER TABLE kbs ADD COLUMN share_uid INTEGER NOT NULL DEFAULT 0;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 

@@ -51,8 +51,8 @@ static void usage(void)
            "       llms [options] ctx list | show ID | rm ID\n"
            "       llms [options] embed TEXT...\n"
            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
-           "       llms [options] kb create NAME | add NAME FILE... | ls | rm NAME ID... |\n"
-           "                         drop NAME\n"
+           "       llms [options] kb create NAME [--share-uid] | add NAME FILE... | ls |\n"
+           "                         rm NAME ID... | drop NAME\n"
            "       llms [options] rag NAME QUESTION [-k K] [--json]\n"
            "       llms [options] graph create NAME FILE | run NAME VAR=VALUE... [--json] |\n"
            "                            ls | rm NAME\n"
@@ -88,6 +88,9 @@ static void usage(void)
            "                        reply; the chat ends) (default: the daemon's, window)\n"
            "         -f, --file F   ask: read the prompt from file F\n"
            "         --json         embed, rerank: JSON output\n"
+           "         --share-uid    kb create: the knowledge base's caches are shared with\n"
+           "                        the other apps of your uid whose knowledge bases are\n"
+           "                        shared too (never with another uid)\n"
            "         --model NAME   ask, new chat, embed, rerank: the daemon's model of that\n"
            "                        name (llmsctl models), else the default for the kind\n"
            "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
@@ -536,6 +539,8 @@ static const char *option_commands(const char *a)
         return "embed";
     if (!strcmp(a, "--json"))
         return "embed rerank rag graph";
+    if (!strcmp(a, "--share-uid"))
+        return "kb";
     if (!strcmp(a, "--speculate"))
         return "graph";
     if (!strcmp(a, "--model"))
@@ -609,11 +614,13 @@ static void check_command(char **pos, int npos, const char *query, const char *f
     }
 }
 
-static int cmd_kb(llms_conn *c, int argc, char **argv)
+static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
 {
     const char *sub = argv[0];
+    if (share_uid && strcmp(sub, "create"))
+        bad_usage("kb %s: --share-uid applies to kb create only", sub);
     if (!strcmp(sub, "create"))
-        return report(c, llms_kb_create(c, argv[1], 0, 0), "kb create");
+        return report(c, llms_kb_create_shared(c, argv[1], 0, 0, share_uid), "kb create");
     if (!strcmp(sub, "drop"))
         return report(c, llms_kb_drop(c, argv[1]), "kb drop");
     if (!strcmp(sub, "rm")) {
@@ -651,12 +658,12 @@ static int cmd_kb(llms_conn *c, int argc, char **argv)
     int rc = report(c, llms_kb_list(c, &kbs, &n), "kb ls");
     if (rc)
         return rc;
-    printf("%-24s %9s %9s %12s %6s %8s\n", "NAME", "DOCS", "PASSAGES", "BYTES", "TOKENS",
-           "QA");
+    printf("%-24s %9s %9s %12s %6s %8s %s\n", "NAME", "DOCS", "PASSAGES", "BYTES", "TOKENS",
+           "QA", "CACHES");
     for (size_t i = 0; i < n; i++)
-        printf("%-24s %9" PRIu32 " %9" PRIu32 " %12" PRIu64 " %6" PRIu32 " %8" PRIu32 "\n",
+        printf("%-24s %9" PRIu32 " %9" PRIu32 " %12" PRIu64 " %6" PRIu32 " %8" PRIu32 " %s\n",
                kbs[i].name, kbs[i].documents, kbs[i].passages, kbs[i].bytes,
-               kbs[i].passage_tokens, kbs[i].qa_entries);
+               kbs[i].passage_tokens, kbs[i].qa_entries, kbs[i].share_uid ? "uid" : "app");
     llms_kb_list_free(kbs, n);
     return 0;
 }
@@ -963,7 +970,7 @@ int main(int argc, char **argv)
 {
     const char *socket_path = NULL, *app = NULL, *context = NULL, *system = NULL;
     const char *query = NULL, *file = NULL;
-    int json = 0;
+    int json = 0, share_uid = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
     enum llms_pooling pooling = LLMS_POOLING_LAST;
     enum llms_speculate spec = LLMS_SPECULATE_DEFAULT;
@@ -998,6 +1005,10 @@ int main(int argc, char **argv)
         opts[nopts++] = a;
         if (!strcmp(a, "--json")) {
             json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--share-uid")) {
+            share_uid = 1;
             continue;
         }
         if (!takes_value(a))
@@ -1104,7 +1115,7 @@ int main(int argc, char **argv)
         else if (!strcmp(pos[0], "rerank"))
             rc = cmd_rerank(c, query, pos + 1, npos - 1, &ro, json);
         else if (!strcmp(pos[0], "kb"))
-            rc = cmd_kb(c, npos - 1, pos + 1);
+            rc = cmd_kb(c, npos - 1, pos + 1, share_uid);
         else if (!strcmp(pos[0], "rag"))
             rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json);
         else if (!strcmp(pos[0], "graph"))

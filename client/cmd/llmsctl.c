@@ -29,6 +29,8 @@
 static int json;
 static long plan_tokens = -1; /* plan --prompt-tokens */
 static const char *plan_model;
+static llms_cache_owner cache_owner; /* cache: --all, or --uid U [--app A] */
+static int cache_named;
 
 static void usage(void)
 {
@@ -42,10 +44,12 @@ static void usage(void)
            "  show CTX         one context of any app: chunk map and history\n"
            "  evict CTX        drop a context's KV from memory (it stays stored)\n"
            "  profile          measure the switch-in cost models again\n"
-           "  cache [clear | tau X]\n"
-           "                   the RAG caches (QA bank, QKV tree): sizes, entries, hit\n"
-           "                   rates, idle-time prediction; clear empties both; tau sets\n"
-           "                   tau_query until the daemon restarts\n"
+           "  cache --all | --uid U [--app A]  [clear]\n"
+           "                   the RAG caches (QA bank, QKV tree) of every owner, of uid U's\n"
+           "                   apps, or of app A of uid U (with what U shares): sizes,\n"
+           "                   entries; the daemon's hit rates and idle-time prediction;\n"
+           "                   clear empties those caches\n"
+           "  cache tau X      set tau_query until the daemon restarts\n"
            "  shutdown         stop the daemon cleanly (every context is kept)\n"
            "  plan --prompt-tokens N [--model M]\n"
            "                   the prefill memory plan of an N-token prompt under the\n"
@@ -224,6 +228,7 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
                st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
                st.kb_ivf_train_pending);
+        printf(",\"qkv_verify_misses\":%" PRIu64, st.qkv_verify_misses);
         fputs(",\"cost\":", stdout);
         json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
@@ -280,6 +285,8 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
                st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
                st.kb_ivf_train_pending ? "training waits for idle time" : "none waiting");
+        printf("qkv verify misses %" PRIu64 " (nodes under a query's key that were not its)\n",
+               st.qkv_verify_misses);
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"
@@ -629,11 +636,11 @@ static enum llms_status cmd_calibrate(llms_conn *c)
 static enum llms_status cmd_cache(llms_conn *c, char **pos)
 {
     if (pos[1] && !strcmp(pos[1], "clear"))
-        return cmd_ok(c, llms_cache_clear(c));
+        return cmd_ok(c, llms_cache_clear_of(c, &cache_owner));
     if (pos[1])
         return cmd_ok(c, llms_cache_tune(c, strtof(pos[2], NULL)));
     llms_cache_stats st;
-    enum llms_status s = llms_cache_stats_get(c, &st);
+    enum llms_status s = llms_cache_stats_of(c, &cache_owner, &st);
     if (s != LLMS_OK)
         return s;
     double q = st.rag_queries ? (double)st.rag_queries : 1;
@@ -647,7 +654,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                "\"predict_preempted\":%llu,\"predict_qa_hits\":%llu,"
                "\"predict_qkv_hits\":%llu,\"predict_generations\":%llu,"
                "\"predict_steps\":%llu,\"predict_ms\":%.1f,\"predict_queued\":%u,"
-               "\"predict_converted\":%llu,\"predict_warmed\":%llu}\n",
+               "\"predict_converted\":%llu,\"predict_warmed\":%llu,"
+               "\"qkv_verify_misses\":%llu}\n",
                st.qa_entries, (unsigned long long)st.qa_bytes,
                (unsigned long long)st.qa_budget_bytes, (unsigned long long)st.qa_evictions,
                st.qkv_nodes, (unsigned long long)st.qkv_bytes,
@@ -660,7 +668,7 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                (unsigned long long)st.predict_qkv_hits,
                (unsigned long long)st.predict_generations, (unsigned long long)st.predict_steps,
                st.predict_ms, st.predict_queued, (unsigned long long)st.predict_converted,
-               (unsigned long long)st.predict_warmed);
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.qkv_verify_misses);
     else
         printf("QA bank   %u entries, %.1f of %.1f KiB, %llu evictions; hits %llu of %llu "
                "queries (%.1f%%)\n"
@@ -755,7 +763,16 @@ static void check_command(char **pos, int npos)
         if (!(npos == 1 || (npos == 2 && !strcmp(pos[1], "clear")) ||
               (npos == 3 && end && end != pos[2] && !*end)))
             bad_usage("cache takes nothing, 'clear' or 'tau X'");
+        if (npos == 3 && cache_named)
+            bad_usage("cache tau: --all, --uid and --app do not apply");
+        if (npos < 3 && (cache_named == 0 || cache_named == 4))
+            bad_usage("cache: name the caches: --all, or --uid U [--app A]");
+        if (npos < 3 && (cache_named & 1) && cache_named != 1)
+            bad_usage("cache: --all or --uid U [--app A], not both");
         return;
+    }
+    if (cache_named) {
+        bad_usage("--all, --uid and --app apply to cache only");
     }
     if (!strcmp(pos[0], "plan")) {
         if (plan_tokens < 0)
@@ -801,8 +818,14 @@ int main(int argc, char **argv)
             pos[npos++] = argv[i];
             continue;
         }
+        if (!strcmp(a, "--all")) {
+            cache_owner.all = 1;
+            cache_named = 1;
+            continue;
+        }
         if (strcmp(a, "--socket") && strcmp(a, "--precision") && strcmp(a, "-k") &&
-            strcmp(a, "--mode") && strcmp(a, "--prompt-tokens") && strcmp(a, "--model"))
+            strcmp(a, "--mode") && strcmp(a, "--prompt-tokens") && strcmp(a, "--model") &&
+            strcmp(a, "--uid") && strcmp(a, "--app"))
             bad_usage("unknown option '%s'", a);
         if (i + 1 >= argc)
             bad_usage("%s needs a value", a);
@@ -821,6 +844,16 @@ int main(int argc, char **argv)
                           INT32_MAX, v);
         } else if (!strcmp(a, "--model")) {
             plan_model = v;
+        } else if (!strcmp(a, "--uid")) {
+            errno = 0;
+            long u = strtol(v, &end, 10);
+            if (errno || *end || end == v || u < 0 || u > (long)UINT32_MAX)
+                bad_usage("--uid: expected a uid (a number), got '%s'", v);
+            cache_owner.uid = (uint32_t)u;
+            cache_named |= 2;
+        } else if (!strcmp(a, "--app")) {
+            cache_owner.app = v;
+            cache_named |= 4;
         } else if (!strcmp(a, "-k")) {
             errno = 0;
             long k = strtol(v, &end, 10);

@@ -7,7 +7,8 @@
  * while the attack is in place, that the daemon's RSS stays within the bound the attack
  * states, that its descriptors come back to the baseline, and, at the end, that a
  * context made before the attacks is intact. Each prints its figures on a "# figure"
- * line. Without root there is no second uid: the attacks are skipped with a message.
+ * line. One more plays every cross-owner attempt (contexts, knowledge bases, caches,
+ * counters) as the second uid: each refused, or showing nothing of the other app. Without root there is no second uid: the attacks are skipped with a message.
  */
 #include <errno.h>
 #include <dirent.h>
@@ -1254,6 +1255,116 @@ static void tight_kv_budget_queues_calls(void)
 
 /* ---- nothing lost ---- */
 
+/* ---- 6. another owner's things ---- */
+
+#define SECRET_TEXT "The vault code is 4711 and the key hangs behind the clock."
+#define SECRET_QUESTION "What is the vault code?"
+
+/* Every cross-owner attempt of issue 35 as the second uid: the keeper's context, its
+ * knowledge base, its caches (statistics, clearing, the reuse of its QKV nodes through
+ * the same text), the daemon's counters and status. Each must be refused or reveal
+ * nothing; refused counts those that were. */
+static void expect(attack_report *rep, llms_conn *c, const char *what, enum llms_status got,
+                   enum llms_status want)
+{
+    if (got == want)
+        rep->refused++;
+    else
+        note(rep, "%s: %s, not %s (%s)", what, llms_status_name(got), llms_status_name(want),
+             llms_last_error(c));
+}
+
+static void cross_owner(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    llms_conn *c = proc_connect(d, "snoop");
+    if (!c) {
+        note(rep, "connect or bind failed");
+        hold(ready, release);
+        return;
+    }
+    llms_context_info info;
+    llms_params p = greedy(2);
+    expect(rep, c, "GetContext", llms_context_get(c, kept_id, 1, &info), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "Call", llms_call(c, kept_id, "hi", &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "DeleteContext", llms_context_delete(c, kept_id), LLMS_ERR_NOT_FOUND);
+    llms_kb_hit *hits;
+    size_t n;
+    expect(rep, c, "KbSearch", llms_kb_search(c, "secret", "vault", 2, LLMS_RETRIEVAL_RRF, &hits,
+                                             &n), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "RagQuery", llms_rag_query(c, "secret", SECRET_QUESTION, NULL, NULL, NULL,
+                                              NULL), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "KbDrop", llms_kb_drop(c, "secret"), LLMS_ERR_NOT_FOUND);
+    llms_cache_stats cs;
+    llms_cache_owner all = {.all = 1}, keeper = {.uid = 0, .app = "keeper"};
+    expect(rep, c, "Cache of all", llms_cache_stats_of(c, &all, &cs),
+           LLMS_ERR_PERMISSION_DENIED);
+    expect(rep, c, "Cache of the keeper", llms_cache_stats_of(c, &keeper, &cs),
+           LLMS_ERR_PERMISSION_DENIED);
+    expect(rep, c, "CacheClear of all", llms_cache_clear_of(c, &all), LLMS_ERR_PERMISSION_DENIED);
+    expect(rep, c, "CacheClear of the keeper", llms_cache_clear_of(c, &keeper),
+           LLMS_ERR_PERMISSION_DENIED);
+    expect(rep, c, "CacheTune", llms_cache_tune(c, 0.5f), LLMS_ERR_PERMISSION_DENIED);
+    llms_daemon_status st;
+    expect(rep, c, "Status", llms_status_get(c, &st), LLMS_ERR_PERMISSION_DENIED);
+    llms_app_info *apps;
+    expect(rep, c, "ListApps", llms_list_apps(c, &apps, &n), LLMS_ERR_PERMISSION_DENIED);
+    /* its own statistics: nothing of the keeper's, none of the daemon's counters */
+    expect(rep, c, "Cache", llms_cache_stats_get(c, &cs), LLMS_OK);
+    if (cs.qkv_nodes || cs.qa_entries || cs.rag_queries || cs.qkv_hits || cs.predicted)
+        note(rep, "its Cache shows %u nodes, %u QA entries, %llu queries, %llu hits, %llu "
+                  "predicted", cs.qkv_nodes, cs.qa_entries, (unsigned long long)cs.rag_queries,
+             (unsigned long long)cs.qkv_hits, (unsigned long long)cs.predicted);
+    /* the same text in its own knowledge base: no reuse of the keeper's nodes */
+    llms_kb_doc doc = {"s", SECRET_TEXT, NULL};
+    llms_rag_options o = {.no_qa = 1};
+    llms_rag_result r;
+    expect(rep, c, "KbCreate", llms_kb_create(c, "secret", 0, 0), LLMS_OK);
+    expect(rep, c, "KbAdd", llms_kb_add(c, "secret", &doc, 1, NULL), LLMS_OK);
+    enum llms_status s = llms_rag_query(c, "secret", SECRET_QUESTION, &o, NULL, NULL, &r);
+    expect(rep, c, "its own RagQuery", s, LLMS_OK);
+    if (s == LLMS_OK) {
+        if (r.outcome != LLMS_RAG_MISS || r.reused_tokens || r.reused_passages)
+            note(rep, "the same text reused %u tokens, %u passages of another owner (%s)",
+                 r.reused_tokens, r.reused_passages, llms_rag_outcome_name(r.outcome));
+        llms_rag_result_free(&r);
+    }
+    expect(rep, c, "its own CacheClear", llms_cache_clear(c), LLMS_OK);
+    llms_close(c);
+    hold(ready, release);
+}
+
+static void cross_owner_attempts(void)
+{
+    NEED_ATTACK();
+    llms_conn *k = proc_connect(&daemon_proc, "keeper");
+    CHECK(k);
+    llms_kb_doc doc = {"s", SECRET_TEXT, NULL};
+    llms_rag_options o = {.no_qa = 1};
+    CHECK_EQ(llms_kb_create(k, "secret", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_add(k, "secret", &doc, 1, NULL), LLMS_OK);
+    CHECK_EQ(llms_rag_query(k, "secret", SECRET_QUESTION, &o, NULL, NULL, NULL), LLMS_OK);
+    llms_cache_stats before, after;
+    CHECK_EQ(llms_cache_stats_get(k, &before), LLMS_OK);
+    CHECK(before.qkv_nodes >= 1);
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(cross_owner, &m, &rep);
+    printf("# figure cross_owner_attempts: %d refused or empty, %d failures\n", rep.refused,
+           rep.failures);
+    CHECK_BOUNDS(ready, m, rep, 16);
+    CHECK_EQ(rep.refused, 18);
+    /* the keeper's knowledge base and caches are as they were */
+    CHECK_EQ(llms_cache_stats_get(k, &after), LLMS_OK);
+    CHECK_EQ(after.qkv_nodes, before.qkv_nodes);
+    CHECK_EQ(after.qa_entries, before.qa_entries);
+    llms_rag_result r;
+    CHECK_EQ(llms_rag_query(k, "secret", SECRET_QUESTION, &o, NULL, NULL, &r), LLMS_OK);
+    CHECK_EQ(r.outcome, LLMS_RAG_QKV_HIT);
+    llms_rag_result_free(&r);
+    CHECK_EQ(llms_kb_drop(k, "secret"), LLMS_OK);
+    llms_close(k);
+}
+
 static void kept_context_is_intact(void)
 {
     NEED_ATTACK();
@@ -1296,6 +1407,7 @@ int main(int argc, char **argv)
     RUN(quotas_per_uid);
     RUN(fields_are_bounded);
     RUN(second_daemon_on_same_state);
+    RUN(cross_owner_attempts);
     RUN(kept_context_is_intact);
     RUN(tight_kv_budget_queues_calls);
     if (daemon_up == 1)

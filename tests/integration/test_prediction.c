@@ -281,12 +281,13 @@ static bool resumed(const llms_cache_stats *st)
 static Llms__Request *simple_request(uint64_t id, Llms__Request__BodyCase body)
 {
     static Llms__Empty e = LLMS__EMPTY__INIT;
+    static Llms__CacheRequest cr = LLMS__CACHE_REQUEST__INIT;
     static Llms__Request req;
     llms__request__init(&req);
     req.id = id;
     req.body_case = body;
     if (body == LLMS__REQUEST__BODY_CACHE)
-        req.cache = &e;
+        req.cache = &cr;
     else
         req.status = &e;
     return &req;

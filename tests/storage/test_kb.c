@@ -43,8 +43,8 @@ static int64_t make_kb(store *s, uint32_t uid, const char *app, const char *name
     int64_t app_id, kb_id;
     bool exists;
     if (store_app_id(s, uid, app, &app_id, err) ||
-        store_kb_create(s, app_id, name, 32, 4, "test-embedder", DIM, 1000, &kb_id, &exists,
-                        err) || exists)
+        store_kb_create(s, app_id, name, 32, 4, "test-embedder", DIM, false, 1000, &kb_id,
+                        &exists, err) || exists)
         return -1;
     return kb_id;
 }
@@ -93,7 +93,7 @@ static void create_list_isolation(void)
     int64_t app_a, again;
     bool exists;
     CHECK_EQ(store_app_id(s, 1000, "app-a", &app_a, err), 0);
-    CHECK_EQ(store_kb_create(s, app_a, "notes", 32, 4, "e", DIM, 1, &again, &exists, err), 0);
+    CHECK_EQ(store_kb_create(s, app_a, "notes", 32, 4, "e", DIM, false, 1, &again, &exists, err), 0);
     CHECK(exists);
     kb_seen k = {0};
     CHECK_EQ(store_kb_list(s, app_a, see_kb, &k, err), 0);
@@ -247,14 +247,14 @@ static void qa_bank_limits_and_corruption(void)
     CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q2, err), 0);
     CHECK(!q2.predicted[0] && q2.predicted[2]);
     int64_t n, bytes;
-    CHECK_EQ(store_qa_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(store_qa_stats(s, NULL, &n, &bytes, err), 0);
     CHECK_EQ(n, 6);
     /* the budget of three entries' bytes: the oldest three go, whichever knowledge base */
     int evicted;
     CHECK_EQ(store_qa_evict(s, bytes / 2, &evicted, err), 0);
     CHECK_EQ(evicted, 3);
     int64_t n2, bytes2;
-    CHECK_EQ(store_qa_stats(s, &n2, &bytes2, err), 0);
+    CHECK_EQ(store_qa_stats(s, NULL, &n2, &bytes2, err), 0);
     CHECK(n2 == 3 && bytes2 <= bytes / 2);
     qa_seen q3 = {0};
     CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q3, err), 0);
@@ -262,7 +262,7 @@ static void qa_bank_limits_and_corruption(void)
     CHECK_EQ(store_qa_delete(s, q3.id[0], err), 0);
     /* dropping a knowledge base drops its entries */
     CHECK_EQ(store_kb_drop(s, other, err), 0);
-    CHECK_EQ(store_qa_stats(s, &n2, &bytes2, err), 0);
+    CHECK_EQ(store_qa_stats(s, NULL, &n2, &bytes2, err), 0);
     CHECK_EQ(n2, 1);
     store_close(s);
     /* a vector of the wrong size is an error naming the entry, not a short read */
@@ -273,6 +273,35 @@ static void qa_bank_limits_and_corruption(void)
     CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q4, err), -1);
     CHECK_MSG(strstr(err, "malformed"), "%s", err);
     store_close(s);
+}
+
+/* Node key k (a 32-byte key whose first byte is k) */
+static const uint8_t *K(int k)
+{
+    static uint8_t keys[16][STORE_QKV_KEY_BYTES];
+    memset(keys[k], 0, STORE_QKV_KEY_BYTES);
+    keys[k][0] = (uint8_t)k;
+    return keys[k];
+}
+
+static const int32_t PREFIX[4] = {11, 12, 13, 14};
+static const store_owner OWNER_A = {1000, "app-a"}, OWNER_B = {1001, "app-a"};
+
+static int put(store *s, int key, int parent, const store_owner *o, const void *raw, size_t n,
+               bool predicted)
+{
+    char err[ERR_MAX];
+    return store_qkv_put(s, K(key), parent ? K(parent) : NULL, o, PREFIX, key % 4 + 1, 16, raw,
+                         n, predicted, 100, err);
+}
+
+static int get(store *s, int key, const store_owner *o, void *dst, size_t cap, bool *found,
+               bool *mismatch, bool *predicted, char err[ERR_MAX])
+{
+    size_t got;
+    int n_tok;
+    return store_qkv_get(s, K(key), o, PREFIX, key % 4 + 1, dst, cap, &got, &n_tok, predicted,
+                         found, mismatch, err);
 }
 
 static void qkv_roundtrip_evict_corrupt(void)
@@ -286,74 +315,196 @@ static void qkv_roundtrip_evict_corrupt(void)
     for (int i = 0; i < RAW; i++)
         raw[i] = (uint8_t)(i * 7 + i / 100);
     /* a chain root -> a -> b and a second leaf c under root */
-    CHECK_EQ(store_qkv_put(s, 1, 0, 16, raw, RAW, false, 100, err), 0);
-    CHECK_EQ(store_qkv_put(s, 2, 1, 16, raw, RAW, true, 100, err), 0);
-    CHECK_EQ(store_qkv_put(s, 3, 2, 16, raw, RAW, true, 100, err), 0);
-    CHECK_EQ(store_qkv_put(s, 4, 1, 16, raw, RAW, false, 100, err), 0);
-    size_t got;
-    int n_tok;
-    bool found, predicted;
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
-    CHECK(found && got == RAW && n_tok == 16 && predicted && !memcmp(raw, back, RAW));
+    CHECK_EQ(put(s, 1, 0, &OWNER_A, raw, RAW, false), 0);
+    CHECK_EQ(put(s, 2, 1, &OWNER_A, raw, RAW, true), 0);
+    CHECK_EQ(put(s, 3, 2, &OWNER_A, raw, RAW, true), 0);
+    CHECK_EQ(put(s, 4, 1, &OWNER_A, raw, RAW, false), 0);
+    bool found, mismatch, predicted;
+    CHECK_EQ(get(s, 2, &OWNER_A, back, RAW, &found, &mismatch, &predicted, err), 0);
+    CHECK(found && !mismatch && predicted && !memcmp(raw, back, RAW));
     /* a predicted use keeps the predicted mark, a real one clears it */
-    CHECK_EQ(store_qkv_touch(s, 2, false, 200, err), 0);
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
+    CHECK_EQ(store_qkv_touch(s, K(2), false, 200, err), 0);
+    CHECK_EQ(get(s, 2, &OWNER_A, back, RAW, &found, &mismatch, &predicted, err), 0);
     CHECK(predicted);
-    CHECK_EQ(store_qkv_touch(s, 2, true, 200, err), 0);
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW, &got, &n_tok, &predicted, &found, err), 0);
+    CHECK_EQ(store_qkv_touch(s, K(2), true, 200, err), 0);
+    CHECK_EQ(get(s, 2, &OWNER_A, back, RAW, &found, &mismatch, &predicted, err), 0);
     CHECK(!predicted);
-    CHECK_EQ(store_qkv_touch(s, 99, true, 200, err), 0);
-    CHECK_EQ(store_qkv_get(s, 99, back, RAW, &got, &n_tok, NULL, &found, err), 0);
-    CHECK(!found);
+    CHECK_EQ(store_qkv_touch(s, K(9), true, 200, err), 0);
+    CHECK_EQ(get(s, 9, &OWNER_A, back, RAW, &found, &mismatch, NULL, err), 0);
+    CHECK(!found && !mismatch);
     /* a buffer too small is an error, never a partial node */
-    CHECK_EQ(store_qkv_get(s, 2, back, RAW / 2, &got, &n_tok, NULL, &found, err), -1);
+    CHECK_EQ(get(s, 2, &OWNER_A, back, RAW / 2, &found, &mismatch, NULL, err), -1);
     CHECK(!found);
-    CHECK_EQ(store_qkv_has(s, 3, &found, err), 0);
-    CHECK(found);
+    CHECK_EQ(store_qkv_has(s, K(3), &OWNER_A, PREFIX, 4, &found, &mismatch, err), 0);
+    CHECK(found && !mismatch);
     /* the leaves are 3 (used twice after this) and 4 (once): 4 goes first; an inner node
      * stays while it has children */
-    CHECK_EQ(store_qkv_touch(s, 3, true, 300, err), 0);
+    CHECK_EQ(store_qkv_touch(s, K(3), true, 300, err), 0);
     int64_t n, bytes;
-    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
     CHECK_EQ(n, 4);
     int evicted;
     CHECK_EQ(store_qkv_evict(s, bytes - 1, &evicted, err), 0);
     CHECK_EQ(evicted, 1);
-    CHECK_EQ(store_qkv_has(s, 4, &found, err), 0);
+    CHECK_EQ(store_qkv_has(s, K(4), &OWNER_A, PREFIX, 1, &found, &mismatch, err), 0);
     CHECK(!found);
-    CHECK_EQ(store_qkv_has(s, 2, &found, err), 0);
+    CHECK_EQ(store_qkv_has(s, K(2), &OWNER_A, PREFIX, 3, &found, &mismatch, err), 0);
     CHECK(found);
     CHECK_EQ(store_qkv_evict(s, 0, &evicted, err), 0);
-    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
     CHECK(n == 0 && bytes == 0);
     /* a cache transaction: committed, it is there after a reopen; rolled back, not */
     CHECK_EQ(store_cache_begin(s, err), 0);
-    CHECK_EQ(store_qkv_put(s, 5, 0, 16, raw, RAW, false, 100, err), 0);
+    CHECK_EQ(put(s, 5, 0, &OWNER_A, raw, RAW, false), 0);
     CHECK_EQ(store_cache_commit(s, err), 0);
     CHECK_EQ(store_cache_begin(s, err), 0);
-    CHECK_EQ(store_qkv_put(s, 6, 0, 16, raw, RAW, false, 100, err), 0);
+    CHECK_EQ(put(s, 6, 0, &OWNER_A, raw, RAW, false), 0);
     store_kb_rollback(s);
     store_cache_end(s);
     store_close(s);
     s = store_open(dir_path, err);
     CHECK(s);
-    CHECK_EQ(store_qkv_has(s, 6, &found, err), 0);
+    CHECK_EQ(store_qkv_has(s, K(6), &OWNER_A, PREFIX, 3, &found, &mismatch, err), 0);
     CHECK(!found);
-    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), 0);
+    CHECK_EQ(get(s, 5, &OWNER_A, back, RAW, &found, &mismatch, NULL, err), 0);
     CHECK(found && !memcmp(raw, back, RAW));
     store_close(s);
     /* a flipped byte in a stored blob: an error naming the node */
-    CHECK_EQ(tamper("UPDATE qkv_nodes SET crc = crc + 1 WHERE key = 5"), 0);
+    CHECK_EQ(tamper("UPDATE qkv_nodes SET crc = crc + 1 WHERE key = x'05" "00000000000000"
+                    "000000000000000000000000000000000000000000000000'"), 0);
     s = store_open(dir_path, err);
     CHECK(s);
-    CHECK_EQ(store_qkv_get(s, 5, back, RAW, &got, &n_tok, NULL, &found, err), -1);
-    CHECK_MSG(strstr(err, "0000000000000005") && strstr(err, "corrupt"), "%s", err);
-    CHECK_EQ(store_rag_clear(s, err), 0);
-    CHECK_EQ(store_qkv_stats(s, &n, &bytes, err), 0);
+    CHECK_EQ(get(s, 5, &OWNER_A, back, RAW, &found, &mismatch, NULL, err), -1);
+    CHECK_MSG(strstr(err, "0500000000000000") && strstr(err, "corrupt"), "%s", err);
+    CHECK_EQ(store_rag_clear(s, NULL, err), 0);
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
     CHECK_EQ(n, 0);
     store_close(s);
     free(raw);
     free(back);
+}
+
+/* A node is only ever read by its owner with its prefix: another owner, another prefix
+ * or a forged row under the key is a mismatch, never its bytes. */
+static void qkv_owner_and_content(void)
+{
+    store *s = open_fresh("kb-qkv-owner");
+    CHECK(s);
+    char err[ERR_MAX];
+    uint8_t raw[256] = {1, 2, 3}, back[256];
+    CHECK_EQ(put(s, 1, 0, &OWNER_A, raw, sizeof raw, false), 0);
+    bool found, mismatch;
+    CHECK_EQ(get(s, 1, &OWNER_B, back, sizeof back, &found, &mismatch, NULL, err), 0);
+    CHECK(!found && mismatch);
+    store_owner shared = {1000, STORE_SCOPE_UID};
+    CHECK_EQ(get(s, 1, &shared, back, sizeof back, &found, &mismatch, NULL, err), 0);
+    CHECK(!found && mismatch);
+    size_t got;
+    int n_tok;
+    int32_t other[2] = {11, 99};
+    CHECK_EQ(store_qkv_get(s, K(1), &OWNER_A, other, 2, back, sizeof back, &got, &n_tok, NULL,
+                           &found, &mismatch, err), 0);
+    CHECK(!found && mismatch);
+    CHECK_EQ(store_qkv_get(s, K(1), &OWNER_A, PREFIX, 1, back, sizeof back, &got, &n_tok, NULL,
+                           &found, &mismatch, err), 0);
+    CHECK(!found && mismatch); /* the prefix is 2 tokens long */
+    CHECK_EQ(store_qkv_has(s, K(1), &OWNER_B, PREFIX, 2, &found, &mismatch, err), 0);
+    CHECK(!found && mismatch);
+    CHECK_EQ(get(s, 1, &OWNER_A, back, sizeof back, &found, &mismatch, NULL, err), 0);
+    CHECK(found && !mismatch && !memcmp(raw, back, sizeof raw));
+    store_close(s);
+    CHECK_EQ(tamper("UPDATE qkv_nodes SET tokens = x'0b0000000c000001'"), 0);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    CHECK_EQ(get(s, 1, &OWNER_A, back, sizeof back, &found, &mismatch, NULL, err), 0);
+    CHECK(!found && mismatch);
+    /* statistics and clearing act on one owner */
+    CHECK_EQ(put(s, 2, 0, &OWNER_B, raw, sizeof raw, false), 0);
+    int64_t n, bytes;
+    CHECK_EQ(store_qkv_stats(s, &OWNER_B, &n, &bytes, err), 0);
+    CHECK_EQ(n, 1);
+    CHECK_EQ(store_rag_clear(s, &OWNER_B, err), 0);
+    CHECK_EQ(store_qkv_stats(s, &OWNER_B, &n, &bytes, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
+    CHECK_EQ(n, 1);
+    store_close(s);
+}
+
+/* One owner's flood: its own quota evicts its own least used leaves, and the global
+ * budget takes from the largest owner, so another's hot nodes stay. */
+static void qkv_quota_and_fair_eviction(void)
+{
+    store *s = open_fresh("kb-qkv-quota");
+    CHECK(s);
+    char err[ERR_MAX];
+    uint8_t raw[1024];
+    for (size_t i = 0; i < sizeof raw; i++)
+        raw[i] = (uint8_t)(i * 31);
+    CHECK_EQ(put(s, 1, 0, &OWNER_A, raw, sizeof raw, false), 0);
+    CHECK_EQ(put(s, 2, 0, &OWNER_A, raw, sizeof raw, false), 0);
+    int64_t n_a, bytes_a, n, bytes;
+    CHECK_EQ(store_qkv_stats(s, &OWNER_A, &n_a, &bytes_a, err), 0);
+    for (int k = 3; k < 15; k++)
+        CHECK_EQ(put(s, k, 0, &OWNER_B, raw, sizeof raw, false), 0);
+    int evicted;
+    CHECK_EQ(store_qkv_evict_owner(s, &OWNER_B, 0, 5, &evicted, err), 0);
+    CHECK_EQ(evicted, 7);
+    CHECK_EQ(store_qkv_stats(s, &OWNER_B, &n, &bytes, err), 0);
+    CHECK_EQ(n, 5);
+    /* a budget of four nodes' bytes (prefixes differ by a few bytes): B (5 nodes) loses
+     * down to two, A keeps its two */
+    CHECK_EQ(store_qkv_evict(s, bytes_a * 2 + 32, &evicted, err), 0);
+    CHECK_EQ(store_qkv_stats(s, &OWNER_A, &n, &bytes, err), 0);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(store_qkv_stats(s, &OWNER_B, &n, &bytes, err), 0);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(store_qkv_evict_owner(s, &(store_owner){1000, NULL}, 0, 1, &evicted, err), -1);
+    store_close(s);
+}
+
+/* Schema 9 -> 10: QKV nodes without an owner go, QA entries of a known app stay. */
+static void migration_drops_ownerless(void)
+{
+    store *s = open_fresh("kb-migrate");
+    CHECK(s);
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK(kb > 0);
+    char err[ERR_MAX];
+    float v[DIM] = {1, 0, 0, 0};
+    int64_t pass[1] = {1};
+    CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err), 0);
+    store_close(s);
+    /* back to version 9's tables: a QKV row keyed by a 64-bit hash, a QA row of a
+     * knowledge base that is gone */
+    CHECK_EQ(tamper("DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"
+                    " parent INTEGER NOT NULL, n_tokens INTEGER NOT NULL, raw_bytes INTEGER"
+                    " NOT NULL, crc INTEGER NOT NULL, blob BLOB NOT NULL, uses INTEGER NOT"
+                    " NULL, last_used_ms INTEGER NOT NULL, predicted INTEGER NOT NULL DEFAULT"
+                    " 0); CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"
+                    "INSERT INTO qkv_nodes VALUES (5, 0, 16, 3, 0, x'010203', 1, 1, 0);"
+                    "ALTER TABLE kbs DROP COLUMN share_uid;"
+                    "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
+                    " VALUES (999, 'q', x'00', 'a', x'', 1); PRAGMA user_version = 9"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    int64_t n, bytes;
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_qa_stats(s, NULL, &n, &bytes, err), 0);
+    CHECK_EQ(n, 1);
+    store_close(s);
+    /* the row of the gone knowledge base went with the migration, not just from view */
+    char path[600];
+    snprintf(path, sizeof path, "%s/llmsd.db", dir_path);
+    sqlite3 *db;
+    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_stmt *st;
+    CHECK_EQ(sqlite3_prepare_v2(db, "SELECT count(*) FROM qa_bank", -1, &st, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_step(st), SQLITE_ROW);
+    CHECK_EQ(sqlite3_column_int(st, 0), 1);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
 }
 
 int main(void)
@@ -362,5 +513,8 @@ int main(void)
     RUN(add_replace_remove_search);
     RUN(qa_bank_limits_and_corruption);
     RUN(qkv_roundtrip_evict_corrupt);
+    RUN(qkv_owner_and_content);
+    RUN(qkv_quota_and_fair_eviction);
+    RUN(migration_drops_ownerless);
     return test_finish();
 }
