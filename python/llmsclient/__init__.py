@@ -69,7 +69,7 @@ SPECULATIONS = ["none", "hit", "rollback"]
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
 KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
-                              "qa_entries")
+                              "qa_entries share_uid")
 KbHit = namedtuple("KbHit", "passage document seq score text metadata")
 RagResult = namedtuple("RagResult", "text outcome passages prompt_tokens reused_tokens "
                                     "reused_passages generated_tokens retrieve_ms prefill_ms "
@@ -153,7 +153,7 @@ class _KbInfo(ctypes.Structure):
         ("name", ctypes.c_char_p), ("documents", ctypes.c_uint32),
         ("passages", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
         ("passage_tokens", ctypes.c_uint32), ("overlap_tokens", ctypes.c_uint32),
-        ("qa_entries", ctypes.c_uint32),
+        ("qa_entries", ctypes.c_uint32), ("share_uid", ctypes.c_int),
     ]
 
 
@@ -363,7 +363,7 @@ def _api():
                                 P(_RerankOptions), P(_RerankResult)]),
         "llms_rerank_result_free": (None, [P(_RerankResult)]),
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
-        "llms_kb_create": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32]),
+        "llms_kb_create_shared": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32, c_int]),
         "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
         "llms_kb_add": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t, P(c_uint32)]),
         "llms_kb_remove": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
@@ -647,12 +647,13 @@ class Client:
         finally:
             _api().llms_rerank_result_free(ctypes.byref(r))
 
-    def kb_create(self, name, passage_tokens=0, overlap_tokens=0):
+    def kb_create(self, name, passage_tokens=0, overlap_tokens=0, share_uid=False):
         """Creates the app's knowledge base name: passages of passage_tokens tokens
-        overlapping by overlap_tokens (0: the daemon's defaults). FAILED_PRECONDITION when
-        it exists."""
-        self._check(_api().llms_kb_create(self._conn, _b(name), passage_tokens,
-                                          overlap_tokens))
+        overlapping by overlap_tokens (0: the daemon's defaults). share_uid: its RAG
+        caches are shared with the other apps of your uid whose knowledge bases are
+        shared too (never with another uid). FAILED_PRECONDITION when it exists."""
+        self._check(_api().llms_kb_create_shared(self._conn, _b(name), passage_tokens,
+                                                 overlap_tokens, 1 if share_uid else 0))
 
     def kb_drop(self, name):
         """Deletes knowledge base name with its documents and cached answers."""
@@ -684,7 +685,8 @@ class Client:
         self._check(_api().llms_kb_list(self._conn, ctypes.byref(kbs), ctypes.byref(n)))
         try:
             return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
-                           k.overlap_tokens, k.qa_entries) for k in kbs[:n.value]]
+                           k.overlap_tokens, k.qa_entries, bool(k.share_uid))
+                    for k in kbs[:n.value]]
         finally:
             _api().llms_kb_list_free(kbs, n.value)
 

@@ -134,6 +134,11 @@ class KbTest(unittest.TestCase):
                          ("notes", len(self.DOCS) + 2, passages + 2))
         self.assertGreater(info.bytes, 0)
         self.assertGreater(info.passage_tokens, info.overlap_tokens)
+        self.assertFalse(info.share_uid)
+        self.c.kb_create("shared-notes", share_uid=True)
+        self.assertEqual({k.name: k.share_uid for k in self.c.kb_list()},
+                         {"notes": False, "shared-notes": True})
+        self.c.kb_drop("shared-notes")
 
         [hit] = self.c.kb_search("notes", "apple orchard harvest", k=1, retrieval="bm25")
         self.assertEqual((hit.document, hit.metadata), ("apples", None))
