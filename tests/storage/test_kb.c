@@ -507,6 +507,61 @@ static void migration_drops_ownerless(void)
     sqlite3_close(db);
 }
 
+/* A query's single count as an integer, -1 on any error. */
+static int count_rows(const char *sql)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/llmsd.db", dir_path);
+    sqlite3 *db;
+    sqlite3_stmt *st = NULL;
+    int n = -1;
+    if (sqlite3_open(path, &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+/* A migration that fails halfway (its last index's name taken, after it has dropped the
+ * old QKV table) changes nothing: the store refuses to open, naming the step, and the
+ * database is still version 9 with every row; once the obstacle is gone it migrates. A
+ * crash halfway leaves the same, through SQLite's rollback of the open transaction. */
+static void failed_migration_loses_nothing(void)
+{
+    store *s = open_fresh("kb-migrate-fail");
+    CHECK(s);
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK(kb > 0);
+    char err[ERR_MAX];
+    float v[DIM] = {1, 0, 0, 0};
+    int64_t pass[1] = {1};
+    CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err), 0);
+    store_close(s);
+    CHECK_EQ(tamper("DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"
+                    " parent INTEGER NOT NULL, n_tokens INTEGER NOT NULL, raw_bytes INTEGER"
+                    " NOT NULL, crc INTEGER NOT NULL, blob BLOB NOT NULL, uses INTEGER NOT"
+                    " NULL, last_used_ms INTEGER NOT NULL, predicted INTEGER NOT NULL DEFAULT"
+                    " 0); CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"
+                    "INSERT INTO qkv_nodes VALUES (5, 0, 16, 3, 0, x'010203', 1, 1, 0);"
+                    "ALTER TABLE kbs DROP COLUMN share_uid;"
+                    "CREATE INDEX qkv_by_owner ON qa_bank (kb_id); PRAGMA user_version = 9"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(!s && strstr(err, "qkv_by_owner"), "%s", s ? "opened" : err);
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 9);
+    CHECK_EQ(count_rows("SELECT count(*) FROM qkv_nodes WHERE key = 5"), 1);
+    CHECK_EQ(count_rows("SELECT count(*) FROM qa_bank"), 1);
+    CHECK_EQ(count_rows("SELECT count(*) FROM kbs"), 1);
+    CHECK_EQ(tamper("DROP INDEX qkv_by_owner"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 10);
+    CHECK_EQ(count_rows("SELECT count(*) FROM qkv_nodes"), 0);
+    CHECK_EQ(count_rows("SELECT count(*) FROM qa_bank"), 1);
+}
+
 int main(void)
 {
     RUN(create_list_isolation);
@@ -516,5 +571,6 @@ int main(void)
     RUN(qkv_owner_and_content);
     RUN(qkv_quota_and_fair_eviction);
     RUN(migration_drops_ownerless);
+    RUN(failed_migration_loses_nothing);
     return test_finish();
 }
