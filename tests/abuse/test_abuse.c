@@ -1294,6 +1294,20 @@ static void cross_owner(const llmsd_proc *d, attack_report *rep, int ready, int 
     expect(rep, c, "RagQuery", llms_rag_query(c, "secret", SECRET_QUESTION, NULL, NULL, NULL,
                                               NULL), LLMS_ERR_NOT_FOUND);
     expect(rep, c, "KbDrop", llms_kb_drop(c, "secret"), LLMS_ERR_NOT_FOUND);
+    /* the keeper's graph, and its knowledge base through a built-in graph */
+    llms_graph_var in[2] = {{"question", SECRET_QUESTION}, {"kb", "secret"}};
+    expect(rep, c, "GraphRun of the keeper's graph",
+           llms_graph_run(c, "vault-graph", in, 2, &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "GraphDelete of the keeper's graph", llms_graph_delete(c, "vault-graph"),
+           LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "GraphRun over the keeper's kb",
+           llms_graph_run(c, "one-shot", in, 2, &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    llms_graph_info *graphs;
+    expect(rep, c, "GraphList", llms_graph_list(c, &graphs, &n), LLMS_OK);
+    for (size_t i = 0; i < n; i++)
+        if (!graphs[i].builtin)
+            note(rep, "GraphList shows the graph '%s'", graphs[i].name);
+    llms_graph_list_free(graphs, n);
     llms_cache_stats cs;
     llms_cache_owner all = {.all = 1}, keeper = {.uid = 0, .app = "keeper"};
     expect(rep, c, "Cache of all", llms_cache_stats_of(c, &all, &cs),
@@ -1346,13 +1360,20 @@ static void cross_owner_attempts(void)
     llms_cache_stats before, after;
     CHECK_EQ(llms_cache_stats_get(k, &before), LLMS_OK);
     CHECK(before.qkv_nodes >= 1);
+    llms_graph_node node = {.name = "look", .kind = LLMS_GRAPH_RETRIEVE, .output = "passages",
+                            .kb = "secret", .query = "{question}"};
+    llms_graph_edge edges[2] = {{"START", "look", NULL}, {"look", "END", NULL}};
+    const char *inputs[1] = {"question"};
+    llms_graph_def def = {inputs, 1, &node, 1, edges, 2, "passages", 0};
+    CHECK_MSG(llms_graph_create(k, "vault-graph", &def) == LLMS_OK, "%s", llms_last_error(k));
     measure m;
     attack_report rep;
     bool ready = run_attack(cross_owner, &m, &rep);
     printf("# figure cross_owner_attempts: %d refused or empty, %d failures\n", rep.refused,
            rep.failures);
     CHECK_BOUNDS(ready, m, rep, 16);
-    CHECK_EQ(rep.refused, 18);
+    CHECK_EQ(rep.refused, 22);
+    CHECK_EQ(llms_graph_delete(k, "vault-graph"), LLMS_OK);
     /* the keeper's knowledge base and caches are as they were */
     CHECK_EQ(llms_cache_stats_get(k, &after), LLMS_OK);
     CHECK_EQ(after.qkv_nodes, before.qkv_nodes);
