@@ -1773,6 +1773,8 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
         rq.no_qa = opt->no_qa != 0;
         rq.has_no_qkv = opt->no_qkv != 0;
         rq.no_qkv = opt->no_qkv != 0;
+        rq.has_share_system_uid = opt->share_system_uid != 0;
+        rq.share_system_uid = opt->share_system_uid != 0;
     }
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_RAG_QUERY;

@@ -764,6 +764,9 @@ typedef struct llms_rag_options {
     const llms_params *params;    /* NULL: the daemon's */
     int no_qa;                    /* nonzero: neither answer from nor fill the QA bank */
     int no_qkv;                   /* nonzero: neither reuse nor fill the QKV tree */
+    int share_system_uid;         /* nonzero: the system prompt's QKV node is shared with
+                                     the other apps of your uid that ask so (never with
+                                     another uid); the passages' nodes stay the app's */
 } llms_rag_options;
 
 /* How a RagQuery was answered (proto RagOutcome). */

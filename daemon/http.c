@@ -1288,7 +1288,8 @@ bad:
 }
 
 /* POST /v1/llmsd/rag: {"kb", "question", "top_k"?, "retrieval"? (rrf, sum, bm25, vector),
- * "system"?, "no_qa"?, "no_qkv"?, "stream"?, and the sampling fields of a completion}. */
+ * "system"?, "no_qa"?, "no_qkv"?, "share_system_uid"?, "stream"?, and the sampling fields of
+ * a completion}. */
 static void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     static const char *const retrievals[] = {"rrf", "sum", "bm25", "vector"};
@@ -1348,6 +1349,10 @@ static void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     if (rc)
         rq.has_no_qkv = 1, rq.no_qkv = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "share_system_uid", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
     if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap))
         goto bad;
     rq.params = &gp;

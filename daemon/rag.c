@@ -57,6 +57,8 @@ struct rag_query {
      * knowledge base is shared (kb_ref.share_uid); part of every key. */
     char scope[KB_NAME_MAX + 1], app[KB_NAME_MAX + 1];
     store_owner owner;
+    store_owner system_owner;   /* of node 0: the uid's when the query shares its system
+                                   prompt (share_system_uid), else owner */
     int n_nodes;                /* 1 + n_hits */
     int nodes_found;            /* nodes of the path loaded from the tree */
     int reused_tokens;
@@ -424,29 +426,42 @@ static int add_tokens(rag *r, rag_query *q, const char *text, bool add_special,
     return 0;
 }
 
-/* Node i's key: BLAKE2b-256 of (model path, owner uid, owner scope, the prompt's tokens
+/* The owner of node i of q: the system prompt's may be the uid's (share_system_uid). */
+static const store_owner *node_owner(const rag_query *q, int i)
+{
+    return i == 0 ? &q->system_owner : &q->owner;
+}
+
+/* Starts a node key's hash with (model path, owner uid, owner scope). */
+static int key_start(const rag *r, const store_owner *o, crypto_generichash_state *h)
+{
+    uint8_t uid[4] = {(uint8_t)o->uid, (uint8_t)(o->uid >> 8), (uint8_t)(o->uid >> 16),
+                      (uint8_t)(o->uid >> 24)};
+    return crypto_generichash_init(h, NULL, 0, STORE_QKV_KEY_BYTES) ||
+           crypto_generichash_update(h, (const uint8_t *)r->env.model_path,
+                                     strlen(r->env.model_path) + 1) ||
+           crypto_generichash_update(h, uid, sizeof uid) ||
+           crypto_generichash_update(h, (const uint8_t *)o->scope, strlen(o->scope) + 1);
+}
+
+/* Node i's key: BLAKE2b-256 of (model path, its owner's uid and scope, the prompt's tokens
  * up to the end of segment i). A 64-bit hash would let a collision, or a crafted row,
  * put another text's KV under a query; the store also compares each node's owner and
  * prefix before its KV is used, so even a collision is a miss. */
 static int node_keys(rag *r, rag_query *q, char err[ERR_MAX])
 {
-    crypto_generichash_state h, at;
-    uint8_t uid[4] = {(uint8_t)q->owner.uid, (uint8_t)(q->owner.uid >> 8),
-                      (uint8_t)(q->owner.uid >> 16), (uint8_t)(q->owner.uid >> 24)};
-    if (crypto_generichash_init(&h, NULL, 0, STORE_QKV_KEY_BYTES) ||
-        crypto_generichash_update(&h, (const uint8_t *)r->env.model_path,
-                                  strlen(r->env.model_path) + 1) ||
-        crypto_generichash_update(&h, uid, sizeof uid) ||
-        crypto_generichash_update(&h, (const uint8_t *)q->owner.scope,
-                                  strlen(q->owner.scope) + 1))
+    crypto_generichash_state h, system, at;
+    if (key_start(r, &q->owner, &h) || key_start(r, &q->system_owner, &system))
         return err_set(err, "BLAKE2b failed");
     int from = 0;
     for (int i = 0; i < q->n_nodes; i++) {
-        if (crypto_generichash_update(&h, (const uint8_t *)(q->tokens + from),
-                                      sizeof *q->tokens * (size_t)(q->seg_end[i] - from)))
+        const uint8_t *seg = (const uint8_t *)(q->tokens + from);
+        size_t len = sizeof *q->tokens * (size_t)(q->seg_end[i] - from);
+        if (crypto_generichash_update(&h, seg, len) ||
+            (i == 0 && crypto_generichash_update(&system, seg, len)))
             return err_set(err, "BLAKE2b failed");
         from = q->seg_end[i];
-        at = h;
+        at = i == 0 ? system : h;
         if (crypto_generichash_final(&at, q->keys[i], STORE_QKV_KEY_BYTES))
             return err_set(err, "BLAKE2b failed");
     }
@@ -541,7 +556,7 @@ static int qkv_load(rag *r, rag_query *q, kv_seq *seq, char err[ERR_MAX])
         size_t got;
         int n_tok;
         bool found, predicted, mismatch;
-        if (store_qkv_get(r->env.st, q->keys[i], &q->owner, q->tokens, q->seg_end[i],
+        if (store_qkv_get(r->env.st, q->keys[i], node_owner(q, i), q->tokens, q->seg_end[i],
                           r->node_buf, r->node_cap, &got, &n_tok, &predicted, &found,
                           &mismatch, err))
             return -1;
@@ -581,7 +596,7 @@ static int qkv_whole(rag *r, const rag_query *q, bool *whole, char err[ERR_MAX])
     *whole = true;
     for (int i = q->n_nodes - 1; i >= 0 && *whole; i--) {
         bool mismatch;
-        if (store_qkv_has(r->env.st, q->keys[i], &q->owner, q->tokens, q->seg_end[i], whole,
+        if (store_qkv_has(r->env.st, q->keys[i], node_owner(q, i), q->tokens, q->seg_end[i], whole,
                           &mismatch, err))
             return -1;
         r->verify_misses += mismatch;
@@ -610,18 +625,23 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
                 return err_set(err, "chunk %d of the prompt is not a full f16 chunk", first + c);
             memcpy(r->node_buf + (size_t)c * r->chunk_bytes, k->data, r->chunk_bytes);
         }
-        if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : NULL, &q->owner,
+        if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : NULL, node_owner(q, i),
                           q->tokens, q->seg_end[i], n * KV_CHUNK_TOKENS, r->node_buf, need,
                           q->asker != ASK_REAL, wall_ms(), err))
             return -1;
     }
     const config *cfg = r->env.cfg;
-    int own, evicted;
+    int own, shared = 0, evicted;
+    bool system_shared = q->system_owner.scope != q->owner.scope;
     if (store_qkv_evict_owner(r->env.st, &q->owner, (int64_t)cfg->cache_owner_max_mb << 20,
                               cfg->cache_owner_max_entries, &own, err) ||
+        (system_shared &&
+         store_qkv_evict_owner(r->env.st, &q->system_owner,
+                               (int64_t)cfg->cache_owner_max_mb << 20,
+                               cfg->cache_owner_max_entries, &shared, err)) ||
         store_qkv_evict(r->env.st, (int64_t)cfg->qkv_cache_mb << 20, &evicted, err))
         return -1;
-    r->qkv_evictions += (uint64_t)own + (uint64_t)evicted;
+    r->qkv_evictions += (uint64_t)own + (uint64_t)shared + (uint64_t)evicted;
     return 0;
 }
 
@@ -668,6 +688,9 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->kb.app = q->app;
     snprintf(q->scope, sizeof q->scope, "%s", q->kb.share_uid ? STORE_SCOPE_UID : q->app);
     q->owner = (store_owner){uid, q->scope};
+    q->system_owner = rq->has_share_system_uid && rq->share_system_uid
+                          ? (store_owner){uid, STORE_SCOPE_UID}
+                          : q->owner;
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     if (top_k < 1 || top_k > RAG_MAX_K) {
         err_set(err, "top_k must be 1..%d", RAG_MAX_K);

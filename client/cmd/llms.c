@@ -53,7 +53,7 @@ static void usage(void)
            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
            "       llms [options] kb create NAME [--share-uid] | add NAME FILE... | ls |\n"
            "                         rm NAME ID... | drop NAME\n"
-           "       llms [options] rag NAME QUESTION [-k K] [--json]\n"
+           "       llms [options] rag NAME QUESTION [-k K] [--json] [--share-uid]\n"
            "       llms [options] graph create NAME FILE | run NAME VAR=VALUE... [--json] |\n"
            "                            ls | rm NAME\n"
            "       llms --help | --version\n"
@@ -90,7 +90,9 @@ static void usage(void)
            "         --json         embed, rerank: JSON output\n"
            "         --share-uid    kb create: the knowledge base's caches are shared with\n"
            "                        the other apps of your uid whose knowledge bases are\n"
-           "                        shared too (never with another uid)\n"
+           "                        shared too (never with another uid); rag: the system\n"
+           "                        prompt's cached KV is shared with your uid's apps that\n"
+           "                        ask so\n"
            "         --model NAME   ask, new chat, embed, rerank: the daemon's model of that\n"
            "                        name (llmsctl models), else the default for the kind\n"
            "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
@@ -540,7 +542,7 @@ static const char *option_commands(const char *a)
     if (!strcmp(a, "--json"))
         return "embed rerank rag graph";
     if (!strcmp(a, "--share-uid"))
-        return "kb";
+        return "kb rag";
     if (!strcmp(a, "--speculate"))
         return "graph";
     if (!strcmp(a, "--model"))
@@ -669,10 +671,11 @@ static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
 }
 
 static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t top_k,
-                   const char *system, const llms_params *p, int json)
+                   const char *system, const llms_params *p, int json, int share_system_uid)
 {
     llms_rag_options o = {.top_k = top_k, .retrieval = LLMS_RETRIEVAL_RRF,
-                          .system_prompt = system, .params = p};
+                          .system_prompt = system, .params = p,
+                          .share_system_uid = share_system_uid};
     llms_rag_result r;
     int rc = report(c, llms_rag_query(c, kb, question, &o, json ? NULL : print_text, NULL, &r),
                     "rag");
@@ -1117,7 +1120,7 @@ int main(int argc, char **argv)
         else if (!strcmp(pos[0], "kb"))
             rc = cmd_kb(c, npos - 1, pos + 1, share_uid);
         else if (!strcmp(pos[0], "rag"))
-            rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json);
+            rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json, share_uid);
         else if (!strcmp(pos[0], "graph"))
             rc = cmd_graph(c, npos - 1, pos + 1, &p, spec, json);
         else

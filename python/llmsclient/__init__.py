@@ -168,7 +168,7 @@ class _RagOptions(ctypes.Structure):
     _fields_ = [
         ("top_k", ctypes.c_uint32), ("retrieval", ctypes.c_int),
         ("system_prompt", ctypes.c_char_p), ("params", ctypes.POINTER(_Params)),
-        ("no_qa", ctypes.c_int), ("no_qkv", ctypes.c_int),
+        ("no_qa", ctypes.c_int), ("no_qkv", ctypes.c_int), ("share_system_uid", ctypes.c_int),
     ]
 
 
@@ -703,15 +703,18 @@ class Client:
             _api().llms_kb_hits_free(hits, n.value)
 
     def rag(self, kb, question, stream=False, top_k=0, retrieval="rrf", system=None,
-            no_qa=False, no_qkv=False, max_tokens=None, temperature=None, **params):
+            no_qa=False, no_qkv=False, share_system_uid=False, max_tokens=None,
+            temperature=None, **params):
         """Answers question from knowledge base kb: a RagResult (the answer, the passages
         it was given, how the caches served it, the times), or with stream=True an
         iterator of the answer's pieces, after which last_result is the RagResult.
         top_k: passages (0: the daemon's rag_top_k); system: None for the daemon's
-        rag_system_prompt; no_qa, no_qkv: bypass the QA bank, the QKV tree."""
+        rag_system_prompt; no_qa, no_qkv: bypass the QA bank, the QKV tree;
+        share_system_uid: the system prompt's cached KV is shared with your uid's other apps
+        that ask so."""
         p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
         o = _RagOptions(top_k, _retrieval(retrieval), _b(system) if system else None,
-                        ctypes.pointer(p), int(no_qa), int(no_qkv))
+                        ctypes.pointer(p), int(no_qa), int(no_qkv), int(share_system_uid))
 
         def call(cb, res):
             return _api().llms_rag_query(self._conn, _b(kb), _b(question), ctypes.byref(o),

@@ -7,7 +7,8 @@
  * - The reproduction: app alice asks over her knowledge base; another uid adds the same
  *   text to his own and asks: a miss, with no count of alice's tokens, and none of her
  *   caches in his statistics, nor his to clear.
- * - Two apps of one uid share QKV nodes only when both knowledge bases are shared.
+ * - Two apps of one uid share QKV nodes only when both knowledge bases are shared, or,
+ *   for the system prompt's node alone, when both queries mark it shared.
  * - A forged node (another prefix's row under a query's key) is never used: the query
  *   is a miss answered as a cache-less query is, and status counts it.
  * - One owner's flood is held to cache_owner_max_entries and leaves another's nodes.
@@ -290,6 +291,76 @@ static void shared_within_a_uid_only(void)
     CHECK_EQ(m.reused_tokens, 0);
 }
 
+/* A system prompt of several chunks, so that its node holds KV of its own. */
+static const char *const LONG_SYSTEM =
+    "You answer questions about a small town by the sea. Keep every answer short, kind and "
+    "true to the passages you are given, and say so when they do not tell.";
+
+/* Asks QUESTION over the app's own (unshared) kb with LONG_SYSTEM, sharing the system
+ * prompt's node with the uid's apps when share_system. */
+static void ask_system(const char *app, int share_system, seen *s)
+{
+    memset(s, 0, sizeof *s);
+    llms_conn *c = proc_connect(&daemon_, app);
+    if (!c) {
+        fail_note(s, "connect", NULL, LLMS_ERR_INTERNAL);
+        return;
+    }
+    enum llms_status st = llms_kb_create(c, "sys-kb", 0, 0);
+    if (st != LLMS_OK && st != LLMS_ERR_FAILED_PRECONDITION)
+        fail_note(s, "kb create", c, st);
+    if ((st = add_texts(c, "sys-kb")) != LLMS_OK)
+        fail_note(s, "kb add", c, st);
+    llms_rag_options o = {.no_qa = 1, .system_prompt = LONG_SYSTEM,
+                          .share_system_uid = share_system};
+    llms_rag_result r;
+    if ((st = llms_rag_query(c, "sys-kb", QUESTION, &o, NULL, NULL, &r)) != LLMS_OK) {
+        fail_note(s, "rag", c, st);
+    } else {
+        s->outcome = r.outcome;
+        s->reused_tokens = r.reused_tokens;
+        s->reused_passages = r.reused_passages;
+        snprintf(s->text, sizeof s->text, "%s", r.text);
+        llms_rag_result_free(&r);
+    }
+    llms_close(c);
+}
+
+static void ask_system_shared(const char *app, seen *s)
+{
+    ask_system(app, 1, s);
+}
+
+/* A system prompt marked shared (share_system_uid) is reused by the uid's other apps that
+ * mark it too, over their own knowledge bases (whose passages stay theirs); an app that
+ * does not mark it, and another uid, miss. */
+static void shared_system_prompt_within_a_uid(void)
+{
+    NEED();
+    seen a, b, c;
+    ask_system("sys-one", 1, &a);
+    ask_system("sys-two", 1, &b);
+    ask_system("sys-three", 0, &c);
+    CHECK_MSG(a.failures == 0 && b.failures == 0 && c.failures == 0, "%s%s%s", a.msg, b.msg,
+              c.msg);
+    /* the outcome counts passages: a system prompt's node alone is still a miss, and
+     * its tokens are the reused ones */
+    CHECK_EQ(a.reused_tokens, 0);
+    CHECK_EQ(b.outcome, LLMS_RAG_MISS);
+    CHECK_EQ(b.reused_passages, 0);
+    CHECK_MSG(b.reused_tokens >= 16, "%u tokens reused", b.reused_tokens);
+    CHECK_MSG(!strcmp(a.text, b.text), "'%s' vs '%s'", a.text, b.text);
+    CHECK_EQ(c.outcome, LLMS_RAG_MISS);
+    CHECK_EQ(c.reused_tokens, 0);
+    if (geteuid() != 0)
+        return;
+    seen m;
+    CHECK_MSG(as_uid(UID_MALLORY, "sys-two", ask_system_shared, &m), "%s", m.msg);
+    CHECK_MSG(m.failures == 0, "%s", m.msg);
+    CHECK_EQ(m.outcome, LLMS_RAG_MISS);
+    CHECK_EQ(m.reused_tokens, 0);
+}
+
 /* ---- a forged node ---- */
 
 static sqlite3 *open_db(void)
@@ -465,6 +536,7 @@ int main(int argc, char **argv)
     model = test_data_path("models/stories260K.gguf");
     RUN(other_uid_is_a_miss);
     RUN(shared_within_a_uid_only);
+    RUN(shared_system_prompt_within_a_uid);
     RUN(forged_node_is_never_used);
     RUN(flood_keeps_to_its_quota);
     if (up == 1)
