@@ -131,6 +131,22 @@ static bool as_uid(uid_t uid, const char *app, as_fn fn, seen *out)
 
 static const char *const QUESTION = "Who sells honey on Sundays?";
 
+/* Asks QUESTION over kb with o into s: the outcome, reuse counts and answer. */
+static void ask_into(llms_conn *c, const char *kb, const llms_rag_options *o, seen *s)
+{
+    llms_rag_result r;
+    enum llms_status st = llms_rag_query(c, kb, QUESTION, o, NULL, NULL, &r);
+    if (st != LLMS_OK) {
+        fail_note(s, "rag", c, st);
+        return;
+    }
+    s->outcome = r.outcome;
+    s->reused_tokens = r.reused_tokens;
+    s->reused_passages = r.reused_passages;
+    snprintf(s->text, sizeof s->text, "%s", r.text);
+    llms_rag_result_free(&r);
+}
+
 /* Makes kb (shared or not) with the texts and asks QUESTION over it, QA bank off. */
 static void ask_over(const char *app, const char *kb, int share, seen *s)
 {
@@ -146,16 +162,7 @@ static void ask_over(const char *app, const char *kb, int share, seen *s)
     if ((st = add_texts(c, kb)) != LLMS_OK)
         fail_note(s, "kb add", c, st);
     llms_rag_options o = {.no_qa = 1};
-    llms_rag_result r;
-    if ((st = llms_rag_query(c, kb, QUESTION, &o, NULL, NULL, &r)) != LLMS_OK) {
-        fail_note(s, "rag", c, st);
-    } else {
-        s->outcome = r.outcome;
-        s->reused_tokens = r.reused_tokens;
-        s->reused_passages = r.reused_passages;
-        snprintf(s->text, sizeof s->text, "%s", r.text);
-        llms_rag_result_free(&r);
-    }
+    ask_into(c, kb, &o, s);
     llms_cache_stats cs;
     if ((st = llms_cache_stats_get(c, &cs)) != LLMS_OK)
         fail_note(s, "cache stats", c, st);
@@ -199,6 +206,18 @@ static uint32_t nodes_of(llms_conn *admin, uint32_t uid, const char *app)
 static void ask_shared(const char *app, seen *s)
 {
     ask_over(app, "skb", 1, s);
+}
+
+/* As another uid (root only; else nothing is checked), fn(app) is a miss reusing nothing. */
+static void other_uid_reuses_nothing(const char *app, as_fn fn)
+{
+    if (geteuid() != 0)
+        return;
+    seen m;
+    CHECK_MSG(as_uid(UID_MALLORY, app, fn, &m), "%s", m.msg);
+    CHECK_MSG(m.failures == 0, "%s", m.msg);
+    CHECK_EQ(m.outcome, LLMS_RAG_MISS);
+    CHECK_EQ(m.reused_tokens, 0);
 }
 
 static void other_uid_is_a_miss(void)
@@ -281,14 +300,8 @@ static void shared_within_a_uid_only(void)
         CHECK(!kbs[0].share_uid && kbs[1].share_uid); /* by name: kb, skb */
     llms_kb_list_free(kbs, n);
     llms_close(c);
-    if (geteuid() != 0)
-        return;
     /* sharing never crosses uids: another uid's shared knowledge base misses */
-    seen m;
-    CHECK_MSG(as_uid(UID_MALLORY, "app-one", ask_shared, &m), "%s", m.msg);
-    CHECK_MSG(m.failures == 0, "%s", m.msg);
-    CHECK_EQ(m.outcome, LLMS_RAG_MISS);
-    CHECK_EQ(m.reused_tokens, 0);
+    other_uid_reuses_nothing("app-one", ask_shared);
 }
 
 /* A system prompt of several chunks, so that its node holds KV of its own. */
@@ -313,16 +326,7 @@ static void ask_system(const char *app, int share_system, seen *s)
         fail_note(s, "kb add", c, st);
     llms_rag_options o = {.no_qa = 1, .system_prompt = LONG_SYSTEM,
                           .share_system_uid = share_system};
-    llms_rag_result r;
-    if ((st = llms_rag_query(c, "sys-kb", QUESTION, &o, NULL, NULL, &r)) != LLMS_OK) {
-        fail_note(s, "rag", c, st);
-    } else {
-        s->outcome = r.outcome;
-        s->reused_tokens = r.reused_tokens;
-        s->reused_passages = r.reused_passages;
-        snprintf(s->text, sizeof s->text, "%s", r.text);
-        llms_rag_result_free(&r);
-    }
+    ask_into(c, "sys-kb", &o, s);
     llms_close(c);
 }
 
@@ -352,13 +356,7 @@ static void shared_system_prompt_within_a_uid(void)
     CHECK_MSG(!strcmp(a.text, b.text), "'%s' vs '%s'", a.text, b.text);
     CHECK_EQ(c.outcome, LLMS_RAG_MISS);
     CHECK_EQ(c.reused_tokens, 0);
-    if (geteuid() != 0)
-        return;
-    seen m;
-    CHECK_MSG(as_uid(UID_MALLORY, "sys-two", ask_system_shared, &m), "%s", m.msg);
-    CHECK_MSG(m.failures == 0, "%s", m.msg);
-    CHECK_EQ(m.outcome, LLMS_RAG_MISS);
-    CHECK_EQ(m.reused_tokens, 0);
+    other_uid_reuses_nothing("sys-two", ask_system_shared);
 }
 
 /* ---- a forged node ---- */

@@ -463,30 +463,42 @@ static void qkv_quota_and_fair_eviction(void)
     store_close(s);
 }
 
+/* Version 9's QKV table with one row keyed by a 64-bit hash, and no kbs.share_uid. */
+#define SCHEMA_9_QKV                                                                      \
+    "DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"             \
+    " parent INTEGER NOT NULL, n_tokens INTEGER NOT NULL, raw_bytes INTEGER NOT NULL,"   \
+    " crc INTEGER NOT NULL, blob BLOB NOT NULL, uses INTEGER NOT NULL, last_used_ms"     \
+    " INTEGER NOT NULL, predicted INTEGER NOT NULL DEFAULT 0);"                           \
+    "CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"                                   \
+    "INSERT INTO qkv_nodes VALUES (5, 0, 16, 3, 0, x'010203', 1, 1, 0);"                  \
+    "ALTER TABLE kbs DROP COLUMN share_uid;"
+
+/* A store of version 10 with a knowledge base of app 1000/app and one QA entry, turned
+ * back into version 9's tables with extra_sql run too. 0, or -1. */
+static int store_of_version_9(const char *name, const char *extra_sql)
+{
+    store *s = open_fresh(name);
+    if (!s)
+        return -1;
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    char err[ERR_MAX], sql[2048];
+    float v[DIM] = {1, 0, 0, 0};
+    int64_t pass[1] = {1};
+    int rc = kb > 0 ? store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err) : -1;
+    store_close(s);
+    snprintf(sql, sizeof sql, "%s %s PRAGMA user_version = 9", SCHEMA_9_QKV, extra_sql);
+    return rc ? -1 : tamper(sql);
+}
+
 /* Schema 9 -> 10: QKV nodes without an owner go, QA entries of a known app stay. */
 static void migration_drops_ownerless(void)
 {
-    store *s = open_fresh("kb-migrate");
-    CHECK(s);
-    int64_t kb = make_kb(s, 1000, "app", "kb");
-    CHECK(kb > 0);
+    /* also a QA row of a knowledge base that is gone */
+    CHECK_EQ(store_of_version_9("kb-migrate",
+                                "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
+                                " created_ms) VALUES (999, 'q', x'00', 'a', x'', 1);"), 0);
     char err[ERR_MAX];
-    float v[DIM] = {1, 0, 0, 0};
-    int64_t pass[1] = {1};
-    CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err), 0);
-    store_close(s);
-    /* back to version 9's tables: a QKV row keyed by a 64-bit hash, a QA row of a
-     * knowledge base that is gone */
-    CHECK_EQ(tamper("DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"
-                    " parent INTEGER NOT NULL, n_tokens INTEGER NOT NULL, raw_bytes INTEGER"
-                    " NOT NULL, crc INTEGER NOT NULL, blob BLOB NOT NULL, uses INTEGER NOT"
-                    " NULL, last_used_ms INTEGER NOT NULL, predicted INTEGER NOT NULL DEFAULT"
-                    " 0); CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"
-                    "INSERT INTO qkv_nodes VALUES (5, 0, 16, 3, 0, x'010203', 1, 1, 0);"
-                    "ALTER TABLE kbs DROP COLUMN share_uid;"
-                    "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
-                    " VALUES (999, 'q', x'00', 'a', x'', 1); PRAGMA user_version = 9"), 0);
-    s = store_open(dir_path, err);
+    store *s = store_open(dir_path, err);
     CHECK_MSG(s, "%s", err);
     int64_t n, bytes;
     CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
@@ -529,24 +541,10 @@ static int count_rows(const char *sql)
  * crash halfway leaves the same, through SQLite's rollback of the open transaction. */
 static void failed_migration_loses_nothing(void)
 {
-    store *s = open_fresh("kb-migrate-fail");
-    CHECK(s);
-    int64_t kb = make_kb(s, 1000, "app", "kb");
-    CHECK(kb > 0);
+    CHECK_EQ(store_of_version_9("kb-migrate-fail", "CREATE INDEX qkv_by_owner ON qa_bank (kb_id);"),
+             0);
     char err[ERR_MAX];
-    float v[DIM] = {1, 0, 0, 0};
-    int64_t pass[1] = {1};
-    CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err), 0);
-    store_close(s);
-    CHECK_EQ(tamper("DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"
-                    " parent INTEGER NOT NULL, n_tokens INTEGER NOT NULL, raw_bytes INTEGER"
-                    " NOT NULL, crc INTEGER NOT NULL, blob BLOB NOT NULL, uses INTEGER NOT"
-                    " NULL, last_used_ms INTEGER NOT NULL, predicted INTEGER NOT NULL DEFAULT"
-                    " 0); CREATE INDEX qkv_by_parent ON qkv_nodes (parent);"
-                    "INSERT INTO qkv_nodes VALUES (5, 0, 16, 3, 0, x'010203', 1, 1, 0);"
-                    "ALTER TABLE kbs DROP COLUMN share_uid;"
-                    "CREATE INDEX qkv_by_owner ON qa_bank (kb_id); PRAGMA user_version = 9"), 0);
-    s = store_open(dir_path, err);
+    store *s = store_open(dir_path, err);
     CHECK_MSG(!s && strstr(err, "qkv_by_owner"), "%s", s ? "opened" : err);
     store_close(s);
     CHECK_EQ(count_rows("PRAGMA user_version"), 9);
