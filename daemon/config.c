@@ -55,8 +55,9 @@ static const key_def keys[] = {
                                  "(rounded up to 16-token chunks; a system prompt is kept "
                                  "whole up to half the window) (default 4)"),
     INT(max_queued_per_app, 1, INT_MAX, "requests of every kind that wait for or use the "
-                                        "engine (Call, Complete, Embed, Rerank) an app may "
-                                        "have queued or running (default 16)"),
+                                        "engine (Call, Complete, Embed, Rerank, KbAdd, "
+                                        "KbDrop) an app may have queued or running "
+                                        "(default 16)"),
     INT(step_tokens, 16, 1024, "rows of prefill, embedding and reranking work a scheduler "
                                "step adds to the decode rows of every running generation "
                                "(default 64)"),

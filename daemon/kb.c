@@ -40,6 +40,7 @@ struct kbm {
     kb_ivf_stats ivf_stats;
     kb_changed_fn changed;
     void *changed_arg;
+    bool drops_pending;     /* hidden knowledge bases may have rows left (kb_drop_idle) */
 };
 
 static int64_t wall_ms(void)
@@ -57,6 +58,7 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
         return NULL;
     }
     k->env = *env;
+    k->drops_pending = true; /* a drop a crash cut short is finished in idle time */
     return k;
 }
 
@@ -99,10 +101,8 @@ bool kb_is_request(Llms__Request__BodyCase body)
 {
     switch (body) {
     case LLMS__REQUEST__BODY_KB_CREATE:
-    case LLMS__REQUEST__BODY_KB_ADD:
     case LLMS__REQUEST__BODY_KB_REMOVE:
     case LLMS__REQUEST__BODY_KB_LIST:
-    case LLMS__REQUEST__BODY_KB_DROP:
     case LLMS__REQUEST__BODY_KB_SEARCH:
         return true;
     default:
@@ -325,33 +325,11 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     free(l.ptrs);
 }
 
-static void handle_drop(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
-                        const Llms__Request *req)
-{
-    char err[ERR_MAX];
-    kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, req->kb_drop->kb, &kb))
-        return;
-    cache_drop(k, kb.id);
-    char index[32];
-    bool had_index;
-    snprintf(index, sizeof index, "kb:%lld", (long long)kb.id);
-    if (ivf_drop(k->env.st, kb.app_id, index, &had_index, err) ||
-        store_kb_drop(k->env.st, kb.id, err)) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-        return;
-    }
-    if (k->changed)
-        k->changed(k->changed_arg, &kb, -1);
-    send_ok(k, conn_id, req);
-}
-
 /* ---- add, remove ---- */
 
-/* A document split into passages: texts[i] (fresh strings) with vectors (n, dim). */
+/* A document split into passages: texts[i] (fresh strings). */
 typedef struct split {
     char **texts;
-    float *vecs;
     int n;
 } split;
 
@@ -360,15 +338,13 @@ static void split_free(split *sp)
     for (int i = 0; i < sp->n; i++)
         free(sp->texts[i]);
     free(sp->texts);
-    free(sp->vecs);
     memset(sp, 0, sizeof *sp);
 }
 
 /* Splits text into passages of about ptok tokens, consecutive ones sharing about otok:
  * whole words (runs of non-space bytes), each counted by its own tokenization, so a
  * passage is an exact span of the document's text (never a lossy decode of tokens). */
-static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, split *sp,
-                     char err[ERR_MAX])
+static int split_doc(kbm *k, const char *text, int ptok, int otok, split *sp, char err[ERR_MAX])
 {
     size_t len = strlen(text);
     int n_words = 0, rc = -1;
@@ -438,8 +414,7 @@ static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, spli
         w = back;
     }
     sp->texts = calloc((size_t)n_pass, sizeof *sp->texts);
-    sp->vecs = malloc(sizeof *sp->vecs * (size_t)n_pass * (size_t)dim);
-    if (!sp->texts || !sp->vecs) {
+    if (!sp->texts) {
         free(first);
         free(last);
         err_set(err, "out of memory");
@@ -452,9 +427,6 @@ static int split_doc(kbm *k, const char *text, int ptok, int otok, int dim, spli
             break;
         }
         sp->n = p + 1;
-        if (semantic_embed_now(k->env.sem, sp->texts[p], sp->vecs + (size_t)p * dim, err))
-            break;
-        vdist_normalize(sp->vecs + (size_t)p * dim, dim);
         if (p == n_pass - 1)
             rc = 0;
     }
@@ -478,135 +450,372 @@ static int get_info(void *arg, const store_kb *kb)
     return 0;
 }
 
-static void handle_add(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
-                       const Llms__Request *req)
+static int copy_counts(void *arg, const store_kb *kb)
+{
+    store_kb *out = arg;
+    out->n_docs = kb->n_docs;
+    out->n_passages = kb->n_passages;
+    out->qa_entries = kb->qa_entries;
+    return 0;
+}
+
+/* ---- KbAdd and KbDrop: scheduler work, advanced a slice at a time ---- */
+
+/* Rows of a KbDrop slice per row of scheduler work it is given: a deleted row costs far
+ * less than a row of a forward. */
+#define KB_DROP_ROWS_PER_ROW 32
+
+enum kb_phase { KB_SPLIT, KB_EMBED, KB_WRITE, KB_DROP };
+
+struct kb_task {
+    kbm *k;
+    uint64_t conn_id;
+    uint32_t uid;
+    const char *app;             /* borrowed, as req: the scheduler's job outlives the task */
+    const Llms__Request *req;
+    kb_ref kb;
+    enum kb_phase phase;
+    /* KbAdd */
+    int ptok, otok;
+    size_t total;                /* bytes of its documents */
+    size_t doc;                  /* documents split so far */
+    split *sp;                   /* (n_documents) */
+    int n_pass;
+    const char **texts;          /* (n_pass) the passages in order, into sp */
+    sem_task *emb;               /* their vectors */
+    long rows_left;              /* KbDrop: rows still to delete, about */
+};
+
+void kb_task_free(kb_task *t)
+{
+    if (!t)
+        return;
+    /* a drop cut short (cancelled, past its deadline) is finished in idle time */
+    if (t->phase == KB_DROP)
+        t->k->drops_pending = true;
+    semantic_task_free(t->emb);
+    for (size_t i = 0; t->sp && i < t->req->kb_add->n_documents; i++)
+        split_free(&t->sp[i]);
+    free(t->sp);
+    free(t->texts);
+    free(t);
+}
+
+/* Whether the uid's knowledge bases may take bytes and passages more; otherwise err says
+ * which limit. A document replaced counts until the add commits, as what it replaces
+ * is only freed then. */
+static int quota_check(kbm *k, uint32_t uid, int64_t bytes, int64_t passages, bool *ok,
+                       char err[ERR_MAX])
 {
     const config *cfg = k->env.cfg;
-    const Llms__KbAddRequest *ar = req->kb_add;
+    int64_t used_bytes, used_pass;
+    *ok = false;
+    if (store_kb_uid_usage(k->env.st, uid, &used_bytes, &used_pass, err))
+        return -1;
+    if (used_bytes + bytes > ((int64_t)cfg->kb_max_mb_per_uid << 20))
+        err_set(err, "uid %u's knowledge bases hold %lld bytes; %lld more exceed "
+                     "kb_max_mb_per_uid (%d MiB)", uid, (long long)used_bytes,
+                (long long)bytes, cfg->kb_max_mb_per_uid);
+    else if (used_pass + passages > cfg->kb_max_passages_per_uid)
+        err_set(err, "uid %u's knowledge bases hold %lld passages; %lld more exceed "
+                     "kb_max_passages_per_uid (%d)", uid, (long long)used_pass,
+                (long long)passages, cfg->kb_max_passages_per_uid);
+    else
+        *ok = true;
+    return 0;
+}
+
+/* A KbAdd's checks, at once: NULL when it was answered (an error). */
+static kb_task *add_begin(kb_task *t)
+{
+    kbm *k = t->k;
+    const config *cfg = k->env.cfg;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
     char err[ERR_MAX];
-    kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, ar->kb, &kb))
-        return;
-    if (kb.dim != semantic_dim(k->env.sem)) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
+        return NULL;
+    if (t->kb.dim != semantic_dim(k->env.sem)) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
                    "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
-                   "drop and create it again", ar->kb, kb.dim, semantic_dim(k->env.sem));
-        return;
+                   "drop and create it again", ar->kb, t->kb.dim, semantic_dim(k->env.sem));
+        return NULL;
     }
     if (ar->n_documents == 0) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
-        return;
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
+        return NULL;
     }
-    size_t total = 0;
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
         size_t bytes = strlen(d->text);
-        total += bytes;
+        t->total += bytes;
         if (!d->id[0] || strlen(d->id) > 256) {
-            send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                        "document %zu: an id is 1 to 256 bytes", i);
-            return;
+            return NULL;
         }
         if (bytes > (size_t)cfg->kb_max_doc_bytes) {
-            send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                        "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
                        bytes, cfg->kb_max_doc_bytes);
-            return;
+            return NULL;
         }
     }
-    if (total > (size_t)cfg->kb_max_add_bytes) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)", total,
-                   cfg->kb_max_add_bytes);
-        return;
+    if (t->total > (size_t)cfg->kb_max_add_bytes) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                   "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",
+                   t->total, cfg->kb_max_add_bytes);
+        return NULL;
     }
-    int64_t used_bytes, used_pass;
-    if (store_kb_uid_usage(k->env.st, uid, &used_bytes, &used_pass, err))
-        goto fail;
-    if (used_bytes + (int64_t)total > ((int64_t)cfg->kb_max_mb_per_uid << 20)) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "uid %u's knowledge bases hold %lld bytes; %zu more exceed kb_max_mb_per_uid "
-                   "(%d MiB)", uid, (long long)used_bytes, total, cfg->kb_max_mb_per_uid);
-        return;
+    bool ok, found;
+    int64_t app_id;
+    store_kb info = {0};
+    if (quota_check(k, t->uid, (int64_t)t->total, 0, &ok, err) ||
+        store_app_id(k->env.st, t->uid, t->app, &app_id, err) ||
+        store_kb_get(k->env.st, app_id, ar->kb, get_info, &info, &found, err)) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return NULL;
     }
-    int ptok = 0, otok = 0;
-    {
-        bool found;
-        int64_t app_id;
-        store_kb info = {0};
-        if (store_app_id(k->env.st, uid, app, &app_id, err))
-            goto fail;
-        if (store_kb_get(k->env.st, app_id, ar->kb, get_info, &info, &found, err))
-            goto fail;
-        ptok = info.passage_tokens;
-        otok = info.overlap_tokens;
+    if (!ok) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
+        return NULL;
     }
-    split *sp = calloc(ar->n_documents, sizeof *sp);
-    int64_t *first = calloc(ar->n_documents, sizeof *first);
+    t->ptok = info.passage_tokens;
+    t->otok = info.overlap_tokens;
+    if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return NULL;
+    }
+    t->phase = KB_SPLIT;
+    return t;
+}
+
+/* A KbDrop's first slice: the knowledge base leaves every lookup and its caches at once;
+ * its rows go in the slices that follow. NULL when it was answered (an error). */
+static kb_task *drop_begin(kb_task *t)
+{
+    kbm *k = t->k;
+    char err[ERR_MAX];
+    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, t->req->kb_drop->kb, &t->kb))
+        return NULL;
+    bool found;
+    store_kb info = {0};
+    cache_drop(k, t->kb.id);
+    char index[32];
+    bool had_index;
+    snprintf(index, sizeof index, "kb:%lld", (long long)t->kb.id);
+    if (store_kb_get(k->env.st, t->kb.app_id, t->kb.name, copy_counts, &info, &found, err) ||
+        ivf_drop(k->env.st, t->kb.app_id, index, &had_index, err) ||
+        store_kb_hide(k->env.st, t->kb.id, err)) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return NULL;
+    }
+    if (k->changed)
+        k->changed(k->changed_arg, &t->kb, -1);
+    t->rows_left = (long)(info.n_passages + info.n_docs + info.qa_entries) + 1;
+    t->phase = KB_DROP;
+    return t;
+}
+
+kb_task *kb_begin(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                  const Llms__Request *req)
+{
+    if (req->body_case != LLMS__REQUEST__BODY_KB_ADD &&
+        req->body_case != LLMS__REQUEST__BODY_KB_DROP) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a KbAdd or KbDrop");
+        return NULL;
+    }
+    kb_task *t = calloc(1, sizeof *t);
+    if (!t) {
+        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return NULL;
+    }
+    *t = (kb_task){.k = k, .conn_id = conn_id, .uid = uid, .app = app, .req = req};
+    kb_task *ok = req->body_case == LLMS__REQUEST__BODY_KB_ADD ? add_begin(t) : drop_begin(t);
+    if (!ok)
+        kb_task_free(t);
+    return ok;
+}
+
+sem_task *kb_task_embedding(kb_task *t)
+{
+    return t->phase == KB_EMBED ? t->emb : NULL;
+}
+
+long kb_task_rows_left(const kb_task *t)
+{
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    switch (t->phase) {
+    case KB_SPLIT: {
+        /* a document's words, about; its split is one slice */
+        long words = 1; /* and the start of the embedding */
+        for (size_t i = t->doc; i < ar->n_documents; i++)
+            words += (long)strlen(ar->documents[i]->text) / 8 + 1;
+        return words;
+    }
+    case KB_EMBED:
+        return semantic_rows_left(t->emb) + 1;
+    case KB_WRITE:
+        return t->n_pass + 1;
+    case KB_DROP:
+        return t->rows_left > 0 ? t->rows_left / KB_DROP_ROWS_PER_ROW + 1 : 1;
+    }
+    return 1;
+}
+
+/* Splits the next document; after the last, checks the passages against the uid's limit
+ * and starts their embedding. 1 when the request was answered (an error). */
+static int add_split(kb_task *t)
+{
+    kbm *k = t->k;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    char err[ERR_MAX];
+    if (t->doc < ar->n_documents) {
+        const Llms__KbDocument *d = ar->documents[t->doc];
+        if (split_doc(k, d->text, t->ptok, t->otok, &t->sp[t->doc], err)) {
+            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                       "document '%.64s': %s", d->id, err);
+            return 1;
+        }
+        t->n_pass += t->sp[t->doc++].n;
+        return 0;
+    }
+    bool ok;
+    if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err)) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        return 1;
+    }
+    if (!ok) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
+        return 1;
+    }
+    if (!(t->texts = malloc(sizeof *t->texts * (size_t)t->n_pass))) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return 1;
+    }
+    for (size_t i = 0, p = 0; i < ar->n_documents; i++)
+        for (int j = 0; j < t->sp[i].n; j++)
+            t->texts[p++] = t->sp[i].texts[j];
+    if (!(t->emb = semantic_embed_texts(k->env.sem, t->texts, t->n_pass, err))) {
+        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "embedding: %s", err);
+        return 1;
+    }
+    t->phase = KB_EMBED;
+    return 0;
+}
+
+/* Writes every document with its passages and vectors in one transaction, and answers.
+ * The limits are checked again: another KbAdd of the uid may have committed since. */
+static void add_write(kb_task *t)
+{
+    kbm *k = t->k;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    char err[ERR_MAX];
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    int n_pass = 0, rc = -1;
-    if (!sp || !first) {
-        err_set(err, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < ar->n_documents; i++) {
-        if (split_doc(k, ar->documents[i]->text, ptok, otok, kb.dim, &sp[i], err)) {
-            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-            char why[ERR_MAX];
-            snprintf(why, sizeof why, "%s", err);
-            err_set(err, "document '%.64s': %s", ar->documents[i]->id, why);
-            goto out;
+    int64_t first_new = INT64_MAX;
+    const float *vecs = semantic_task_values(t->emb, err);
+    kb_ref now;
+    bool ok = false;
+    if (!vecs)
+        goto fail;
+    /* a KbDrop may have taken the knowledge base (or a new one its name) meanwhile */
+    int found = kb_lookup(k, t->uid, t->app, ar->kb, &now, err);
+    if (found <= 0 || now.id != t->kb.id) {
+        if (found >= 0) {
+            code = LLMS__ERROR_CODE__NOT_FOUND;
+            err_set(err, "knowledge base '%s' was dropped during the KbAdd", ar->kb);
         }
-        n_pass += sp[i].n;
-    }
-    if (used_pass + n_pass > cfg->kb_max_passages_per_uid) {
-        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-        err_set(err, "uid %u's knowledge bases hold %lld passages; %d more exceed "
-                     "kb_max_passages_per_uid (%d)", uid, (long long)used_pass, n_pass,
-                cfg->kb_max_passages_per_uid);
-        goto out;
+        goto fail;
     }
     if (store_kb_begin(k->env.st, err))
-        goto out;
+        goto fail;
+    if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err) || !ok) {
+        code = ok ? code : LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        store_kb_rollback(k->env.st);
+        goto fail;
+    }
+    int dim = t->kb.dim;
+    size_t at = 0;
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
-        if (store_kb_put_doc(k->env.st, kb.id, d->id, d->metadata, (int64_t)strlen(d->text),
-                             (const char *const *)sp[i].texts, sp[i].vecs, sp[i].n, kb.dim,
-                             wall_ms(), &first[i], err)) {
+        int64_t first;
+        if (store_kb_put_doc(k->env.st, t->kb.id, d->id, d->metadata, (int64_t)strlen(d->text),
+                             (const char *const *)t->sp[i].texts, vecs + at * (size_t)dim,
+                             t->sp[i].n, dim, wall_ms(), &first, err)) {
             store_kb_rollback(k->env.st);
-            goto out;
+            goto fail;
         }
+        at += (size_t)t->sp[i].n;
+        first_new = first < first_new ? first : first_new;
     }
     if (store_kb_commit(k->env.st, err))
-        goto out;
-    rc = 0;
-out:
-    cache_drop(k, kb.id);
-    if (rc) {
-        send_error(k, conn_id, req, code, "%s", err);
-    } else {
-        int64_t first_new = first[0];
-        for (size_t i = 1; i < ar->n_documents; i++)
-            first_new = first[i] < first_new ? first[i] : first_new;
-        int invalidated = k->changed ? k->changed(k->changed_arg, &kb, first_new) : 0;
-        Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
-        res.documents = (uint32_t)ar->n_documents;
-        res.passages = (uint32_t)n_pass;
-        res.qa_invalidated = (uint32_t)invalidated;
-        Llms__Response r = LLMS__RESPONSE__INIT;
-        r.id = req->id;
-        r.final = 1;
-        r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
-        r.kb_add = &res;
-        send_resp(k, conn_id, &r);
-    }
-    for (size_t i = 0; sp && i < ar->n_documents; i++)
-        split_free(&sp[i]);
-    free(sp);
-    free(first);
+        goto fail;
+    cache_drop(k, t->kb.id);
+    int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, first_new) : 0;
+    Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
+    res.documents = (uint32_t)ar->n_documents;
+    res.passages = (uint32_t)t->n_pass;
+    res.qa_invalidated = (uint32_t)invalidated;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = t->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
+    r.kb_add = &res;
+    send_resp(k, t->conn_id, &r);
     return;
 fail:
-    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    cache_drop(k, t->kb.id);
+    send_error(k, t->conn_id, t->req, code, "%s", err);
+}
+
+int kb_task_advance(kb_task *t, int max_rows)
+{
+    char err[ERR_MAX];
+    bool done;
+    switch (t->phase) {
+    case KB_SPLIT:
+        return add_split(t);
+    case KB_EMBED:
+        /* on an encoder; a decoder's slices run in the step's forward */
+        if (semantic_rows_left(t->emb) > 0 && !semantic_uses_slices(t->emb))
+            semantic_advance(t->emb, max_rows);
+        if (semantic_rows_left(t->emb) == 0)
+            t->phase = KB_WRITE;
+        return 0;
+    case KB_WRITE:
+        add_write(t);
+        return 1;
+    case KB_DROP:
+        if (store_kb_drop_step(t->k->env.st, t->kb.id, max_rows * KB_DROP_ROWS_PER_ROW, &done,
+                               err)) {
+            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            return 1;
+        }
+        t->rows_left -= (long)max_rows * KB_DROP_ROWS_PER_ROW;
+        if (!done)
+            return 0;
+        send_ok(t->k, t->conn_id, t->req);
+        return 1;
+    }
+    return 1;
+}
+
+bool kb_drop_pending(const kbm *k)
+{
+    return k->drops_pending;
+}
+
+void kb_drop_idle(kbm *k, int max_rows)
+{
+    char err[ERR_MAX];
+    int64_t id;
+    bool done = false;
+    if (store_kb_hidden(k->env.st, &id, err) == 0 && id >= 0 &&
+        store_kb_drop_step(k->env.st, id, max_rows * KB_DROP_ROWS_PER_ROW, &done, err) == 0)
+        return;
+    /* none left, or the store fails: tried again after the next drop that stops early */
+    k->drops_pending = false;
+    if (id >= 0 && !done && reqlog_enabled(REQLOG_WARN))
+        fprintf(stderr, "llmsd: warn: dropping knowledge base %lld: %s\n", (long long)id, err);
 }
 
 static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
@@ -1147,17 +1356,11 @@ void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Ll
     case LLMS__REQUEST__BODY_KB_CREATE:
         handle_create(k, conn_id, uid, app, req);
         break;
-    case LLMS__REQUEST__BODY_KB_ADD:
-        handle_add(k, conn_id, uid, app, req);
-        break;
     case LLMS__REQUEST__BODY_KB_REMOVE:
         handle_remove(k, conn_id, uid, app, req);
         break;
     case LLMS__REQUEST__BODY_KB_LIST:
         handle_list(k, conn_id, uid, app, req);
-        break;
-    case LLMS__REQUEST__BODY_KB_DROP:
-        handle_drop(k, conn_id, uid, app, req);
         break;
     case LLMS__REQUEST__BODY_KB_SEARCH:
         handle_search(k, conn_id, uid, app, req);

@@ -3,14 +3,17 @@
  * KbSearch requests, and the hybrid retrieval RagQuery uses.
  *
  * A knowledge base belongs to one app (uid, app name); every lookup is by (app, name),
- * so another app's knowledge base is NOT_FOUND, never revealed. KbAdd splits each
- * document into passages of passage_tokens tokens of the daemon's model overlapping by
- * overlap_tokens, embeds each (semantic_embed_now) and stores the document, its
- * passages, their vectors and their FTS5 index entries in one transaction: the reply
- * goes out after the commit, so an acknowledged KbAdd survives a crash and an
- * unacknowledged one leaves nothing half-written. Embedding runs on the worker between
- * steps, so a KbAdd delays running generations by its embedding time (kb_max_add_bytes
- * bounds it).
+ * so another app's knowledge base is NOT_FOUND, never revealed. KbAdd and KbDrop are
+ * scheduler work (kb_begin, then kb_task_advance a slice at a time), counted by
+ * max_queued_per_app and max_queued_per_uid like Embed: a KbAdd splits one document per
+ * slice into passages of passage_tokens tokens of the daemon's model overlapping by
+ * overlap_tokens, embeds them as an Embed would (semantic_embed_texts: slices of the
+ * step's forward on the generate model, or of the encoder), then stores the documents,
+ * passages, vectors and FTS5 index entries in one transaction: the reply goes out after
+ * the commit, so an acknowledged KbAdd survives a crash and an unacknowledged (failed,
+ * cancelled) one leaves nothing. A KbDrop takes the knowledge base out of every lookup
+ * at once and deletes its rows in slices (store_kb_drop_step); what a cancelled drop or
+ * a crash leaves is deleted in idle time (kb_drop_idle).
  *
  * Retrieval: BM25 over the knowledge base's FTS5 table and cosine over its vectors (held
  * in memory per knowledge base after first use, dropped when it changes): brute force,
@@ -56,11 +59,41 @@ typedef struct kbm kbm;
 kbm *kb_new(const kb_env *env, char err[ERR_MAX]);
 void kb_free(kbm *k);
 
-/* Whether req is one kb_handle answers. */
+/* Whether req is one kb_handle answers (KbAdd and KbDrop are kb_begin's). */
 bool kb_is_request(Llms__Request__BodyCase body);
 
-/* Answers a KbCreate, KbAdd, KbRemove, KbList, KbDrop or KbSearch of app (uid, app). */
+/* Answers a KbCreate, KbRemove, KbList or KbSearch of app (uid, app). */
 void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Llms__Request *req);
+
+typedef struct kb_task kb_task;
+
+/* Checks a KbAdd or KbDrop of app (uid, app; app and req borrowed until the task is
+ * freed) and prepares its work. NULL when the request was answered at once (an error). */
+kb_task *kb_begin(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+                  const Llms__Request *req);
+
+/* A KbAdd's embedding while it runs as slices of the step's forward (semantic_slice,
+ * semantic_slice_done), else NULL: kb_task_advance does the task's next slice. */
+sem_task *kb_task_embedding(kb_task *t);
+
+/* Advances by about max_rows rows of work: one document's split, a slice of encoder
+ * embedding, the write, or max_rows * 32 rows of a drop. 1 when the task is finished,
+ * its request answered. */
+int kb_task_advance(kb_task *t, int max_rows);
+
+/* Rows of work the task still has, about (the scheduler's share of steps); at least 1
+ * until it is finished. */
+long kb_task_rows_left(const kb_task *t);
+
+/* Frees a task at any point: an unfinished KbAdd (cancelled, past its deadline) writes
+ * nothing and is not answered (the caller answers it); an unfinished drop's remaining
+ * rows go in idle time. NULL is allowed. */
+void kb_task_free(kb_task *t);
+
+/* Whether a drop has rows left, and one slice of them (max_rows of work, as
+ * kb_task_advance) in idle time. */
+bool kb_drop_pending(const kbm *k);
+void kb_drop_idle(kbm *k, int max_rows);
 
 /* A knowledge base found for a query. */
 typedef struct kb_ref {

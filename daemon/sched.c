@@ -170,6 +170,7 @@ typedef struct work {
     char fail_msg[ERR_MAX];
     gen *g;                /* Call, Complete, RagQuery, a GraphRun's generation node */
     sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+    kb_task *kt;           /* KbAdd, KbDrop */
     graph_work *gw;        /* GraphRun */
     genmodel *gm;          /* the model its forwards run on (tasks: the default's) */
     size_t kv_reserved;    /* KV bytes admission counted for it on gm (kv_need) */
@@ -1855,6 +1856,7 @@ static void work_free(work *w)
         return;
     gen_free(w->g);
     semantic_task_free(w->t);
+    kb_task_free(w->kt);
     graph_work_free(w->gw);
     job_free(w->job);
     free(w);
@@ -2491,6 +2493,8 @@ static void work_end(sched *s, work *w)
  * at most one decode row per step. */
 static bool work_is_long(const work *w)
 {
+    if (w->kt)
+        return true; /* until it is answered */
     if (!w->g && !w->t) /* a graph between generations */
         return false;
     return w->g ? !gen_decoding(w->g) : semantic_rows_left(w->t) > 0;
@@ -2499,6 +2503,8 @@ static bool work_is_long(const work *w)
 /* Rows of long work left: a generation's prompt tokens not yet evaluated. */
 static long work_rows_left(const work *w)
 {
+    if (w->kt)
+        return kb_task_rows_left(w->kt);
     if (!w->g)
         return semantic_rows_left(w->t);
     int have = w->g->switched_in ? kv_seq_n_tokens(w->g->seq) : w->g->n_base;
@@ -2574,6 +2580,8 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     case LLMS__REQUEST__BODY_RERANK_CALIBRATE:
     case LLMS__REQUEST__BODY_RAG_QUERY:
     case LLMS__REQUEST__BODY_GRAPH_RUN:
+    case LLMS__REQUEST__BODY_KB_ADD:
+    case LLMS__REQUEST__BODY_KB_DROP:
         return true;
     default:
         return false;
@@ -2847,9 +2855,11 @@ static work *work_start(sched *s, genmodel *gm, sched_job *j, app_state *a, ctx_
         w->g = gen_new(s, gm, j, c, NULL);
     else if (body == LLMS__REQUEST__BODY_GRAPH_RUN)
         w->gw = graph_work_new(s, j);
+    else if (body == LLMS__REQUEST__BODY_KB_ADD || body == LLMS__REQUEST__BODY_KB_DROP)
+        w->kt = kb_begin(s->kb, j->conn_id, j->uid, j->app, j->req);
     else
         w->t = semantic_begin(s->sem, j->conn_id, j->req);
-    if (!w->g && !w->t && !w->gw) {
+    if (!w->g && !w->t && !w->gw && !w->kt) {
         work_free(w);
         return NULL;
     }
@@ -3194,7 +3204,9 @@ static void step_collect(sched *s, int n_seq)
         if (st->failed)
             continue;
         if (!w->g) {
-            w->answered = semantic_slice_done(w->t) == 1;
+            /* a KbAdd's embedding ending is not its end: its write is the next slice */
+            int done = semantic_slice_done(w->kt ? kb_task_embedding(w->kt) : w->t);
+            w->answered |= !w->kt && done == 1;
             continue;
         }
         gen *g = w->g;
@@ -3217,14 +3229,19 @@ static void step_collect(sched *s, int n_seq)
 static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
 {
     char err[ERR_MAX];
-    if (w->t && !semantic_uses_slices(w->t)) {
-        w->answered = semantic_advance(w->t, take) == 1;
+    sem_task *t = w->kt ? kb_task_embedding(w->kt) : w->t;
+    if (w->kt && (!t || !semantic_uses_slices(t) || semantic_rows_left(t) == 0)) {
+        w->answered = kb_task_advance(w->kt, take) == 1;
         return take;
     }
-    if (w->t) {
+    if (t && !semantic_uses_slices(t)) {
+        w->answered = semantic_advance(t, take) == 1;
+        return take;
+    }
+    if (t) {
         step_seq *st = &s->steps[(*n_seq)++];
         *st = (step_seq){.w = w};
-        semantic_slice(w->t, take, &st->seq, &st->b);
+        semantic_slice(t, take, &st->seq, &st->b);
         return st->b.n_tokens;
     }
     gen *g = w->g;
@@ -3375,7 +3392,7 @@ static void run_serial(sched *s)
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
         /* a graph between nodes, or whose node just finished, waits for advance_graphs */
-        while (!work_over(w, mono_ns()) && (w->t || (w->g && !w->g->done))) {
+        while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
             int64_t t0 = mono_ns();
             int n_seq = 0, n_out = 0;
             if (w->g && gen_decoding(w->g))
@@ -3453,6 +3470,16 @@ static bool hot_run(sched *s)
     if (!kb_ivf_hot_stale(s->kb) || !idle_turn(s))
         return false;
     kb_ivf_refresh_hot(s->kb);
+    return true;
+}
+
+/* Deletes a slice of the rows a cut-short KbDrop left (a cancelled drop, a crash)
+ * while the daemon is idle, a step's rows of work; whether it did. */
+static bool drop_run(sched *s)
+{
+    if (!kb_drop_pending(s->kb) || !idle_turn(s))
+        return false;
+    kb_drop_idle(s->kb, s->gm[0]->step_tokens);
     return true;
 }
 
@@ -3630,7 +3657,7 @@ static int64_t idle_wait_ns(sched *s)
                      (s->pred || predict_has_work(s->predict, rag_tau(s->rag),
                                                   rag_qkv_room(s->rag)));
     if (s->shutting || (!pred_work && !calib_waiting(s) && !kb_ivf_hot_stale(s->kb) &&
-                        !kb_ivf_train_pending(s->kb)))
+                        !kb_ivf_train_pending(s->kb) && !kb_drop_pending(s->kb)))
         return -1;
     int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
     return left > 0 ? left : 0;
@@ -3680,7 +3707,7 @@ static void *worker(void *arg)
         reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
-        if (!calib_run(s) && !train_run(s) && !hot_run(s))
+        if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s))
             pred_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)

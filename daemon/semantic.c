@@ -55,6 +55,16 @@ struct sem_task {
     kv_seq seq;                  /* the text in progress */
     double *acc;                 /* (dim) pooled rows of the text so far */
     float *hidden;               /* (max_slice, dim) the slice's last-layer rows */
+    /* an embedding of the worker's own (semantic_embed_texts): no request, no reply;
+     * each text is tokenized when the task reaches it */
+    bool internal;
+    const char *const *texts;    /* borrowed from the caller */
+    int n_tok;                   /* texts tokenized so far */
+    int tok_cap;                 /* entries of tokens */
+    int max_len;                 /* tokens a text is cut to */
+    long bytes_left;             /* of the texts not yet tokenized */
+    bool failed;
+    char err[ERR_MAX];
     /* Rerank */
     rerank_options opt;
     rerank_task *rt;
@@ -83,6 +93,17 @@ static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
     va_start(ap, fmt);
     reply_error_v(sm->env.out, sm->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
     va_end(ap);
+}
+
+/* Fails an Embed task: answers its request, or keeps the error for the worker's own. */
+static void embed_fail(sem_task *t, Llms__ErrorCode code, const char *msg)
+{
+    if (t->internal) {
+        t->failed = true;
+        snprintf(t->err, sizeof t->err, "%s", msg);
+    } else {
+        send_error(t->sm, t->conn_id, t->req, code, "%s", msg);
+    }
 }
 
 semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
@@ -286,6 +307,33 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     return t;
 }
 
+/* Tokenizes the worker's own texts up to text i (cut to max_len tokens, as
+ * semantic_embed_now does). */
+static int tokenize_upto(sem_task *t, int i, char err[ERR_MAX])
+{
+    const tokenizer *tok = t->me->enc ? t->me->enc_tok : t->sm->env.tok;
+    for (; t->n_tok <= i; t->n_tok++) {
+        const char *text = t->texts[t->n_tok];
+        size_t len = strlen(text);
+        int at = t->text_start[t->n_tok], room = t->tok_cap - at;
+        int nt = tok_encode(tok, text, len, true, false, t->tokens ? t->tokens + at : NULL, room);
+        if (nt > room) {
+            int want = 2 * t->tok_cap > at + nt ? 2 * t->tok_cap : at + nt;
+            int32_t *grown = realloc(t->tokens, sizeof *grown * (size_t)want);
+            if (!grown)
+                return err_set(err, "out of memory");
+            t->tokens = grown;
+            t->tok_cap = want;
+            nt = tok_encode(tok, text, len, true, false, t->tokens + at, t->tok_cap - at);
+        }
+        if (nt <= 0)
+            return err_set(err, "text %d has no tokens to embed", t->n_tok);
+        t->text_start[t->n_tok + 1] = at + (nt < t->max_len ? nt : t->max_len);
+        t->bytes_left -= (long)len;
+    }
+    return 0;
+}
+
 void semantic_slice(sem_task *t, int max_rows, kv_seq **seq, model_batch *b)
 {
     semantic *sm = t->sm;
@@ -370,9 +418,15 @@ int semantic_slice_done(sem_task *t)
     memset(t->acc, 0, sizeof *t->acc * (size_t)dim);
     kv_seq_truncate(&t->seq, 0);
     t->pos = 0;
-    if (++t->text < t->n_texts)
-        return 0;
-    embed_reply(t);
+    if (++t->text < t->n_texts) {
+        char err[ERR_MAX];
+        if (!t->internal || tokenize_upto(t, t->text, err) == 0)
+            return 0;
+        embed_fail(t, LLMS__ERROR_CODE__INTERNAL, err);
+        return 1;
+    }
+    if (!t->internal)
+        embed_reply(t);
     return 1;
 }
 
@@ -784,7 +838,6 @@ bool semantic_can_begin(const semantic *sm, const Llms__Request *req)
  * take, through every layer. 1 when the request is answered. */
 static int embed_advance_encoder(sem_task *t, int max_rows)
 {
-    semantic *sm = t->sm;
     char err[ERR_MAX];
     const models_entry *me = t->me;
     int cap = bert_runner_max_rows(me->enc_r), g = 0, rows = 0;
@@ -792,6 +845,10 @@ static int embed_advance_encoder(sem_task *t, int max_rows)
         max_rows = cap;
     int *lens = t->text_start + t->n_texts + 1; /* (n_texts) lengths, filled here */
     while (t->text + g < t->n_texts) {
+        if (t->internal && tokenize_upto(t, t->text + g, err)) {
+            embed_fail(t, LLMS__ERROR_CODE__INTERNAL, err);
+            return 1;
+        }
         int len = t->text_start[t->text + g + 1] - t->text_start[t->text + g];
         if (g > 0 && rows + len > max_rows)
             break;
@@ -800,13 +857,14 @@ static int embed_advance_encoder(sem_task *t, int max_rows)
     }
     if (bert_embed(me->enc_r, g, lens, t->tokens + t->text_start[t->text], NULL, t->enc_pool,
                    t->values + (size_t)t->text * t->dim, err) < 0) {
-        send_error(sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        embed_fail(t, LLMS__ERROR_CODE__INTERNAL, err);
         return 1;
     }
     t->text += g;
     if (t->text < t->n_texts)
         return 0;
-    embed_reply(t);
+    if (!t->internal)
+        embed_reply(t);
     return 1;
 }
 
@@ -840,6 +898,10 @@ long semantic_rows_left(const sem_task *t)
 {
     switch (t->kind) {
     case SEM_EMBED:
+        if (t->internal)
+            return t->failed ? 0
+                             : t->text_start[t->n_tok] - t->text_start[t->text] - t->pos +
+                                   t->bytes_left;
         return t->text_start[t->n_texts] - t->text_start[t->text] - t->pos;
     case SEM_RERANK:
         return rerank_task_rows_left(t->rt);
@@ -915,4 +977,56 @@ const char *semantic_embedder(const semantic *sm)
     char err[ERR_MAX];
     const models_entry *me = default_embedder(sm, err);
     return me ? me->path : "";
+}
+
+sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, char err[ERR_MAX])
+{
+    models_entry *me = default_embedder(sm, err);
+    if (!me)
+        return NULL;
+    sem_task *t = calloc(1, sizeof *t);
+    if (!t) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    t->sm = sm;
+    t->kind = SEM_EMBED;
+    t->me = me;
+    me->running++;
+    kv_seq_init(&t->seq, sm->env.pool);
+    t->internal = true;
+    t->texts = texts;
+    t->n_texts = n;
+    t->pooling = EMBED_MEAN;
+    enum bert_pooling pool = me->enc ? bert_hparams_of(me->enc)->pooling : BERT_POOL_MEAN;
+    t->enc_pool = pool == BERT_POOL_MEAN || pool == BERT_POOL_LAST ? pool : BERT_POOL_CLS;
+    t->dim = semantic_dim(sm);
+    t->max_len = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
+    if (t->max_len > SEM_NOW_MAX_TOKENS)
+        t->max_len = SEM_NOW_MAX_TOKENS;
+    for (int i = 0; i < n; i++)
+        t->bytes_left += (long)strlen(texts[i]);
+    t->text_start = calloc(2 * (size_t)n + 1, sizeof *t->text_start);
+    t->values = malloc(sizeof *t->values * (size_t)n * (size_t)t->dim);
+    t->acc = calloc((size_t)t->dim, sizeof *t->acc);
+    t->hidden = malloc(sizeof *t->hidden * (size_t)sm->env.max_slice * t->dim);
+    if (!t->text_start || !t->values || !t->acc || !t->hidden) {
+        err_set(err, "out of memory");
+        semantic_task_free(t);
+        return NULL;
+    }
+    if (n > 0 && tokenize_upto(t, 0, err)) {
+        semantic_task_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+const float *semantic_task_values(const sem_task *t, char err[ERR_MAX])
+{
+    if (t->failed) {
+        err_set(err, "%s", t->err);
+        return NULL;
+    }
+    return t->values;
 }

@@ -84,6 +84,18 @@ long semantic_rows_left(const sem_task *t);
  * takes is cut to its first tokens (512 at most). A text with no tokens is an error. */
 int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX]);
 
+/* The worker's own embeddings as a task the scheduler advances like an Embed (slices
+ * on the generate model, semantic_advance on an encoder), with semantic_embed_now's
+ * model, pooling and cut, so that its vectors are the ones semantic_embed_now makes:
+ * texts (n, borrowed until the task is freed) are tokenized one at a time as the task
+ * reaches them; nothing is answered. Finished when semantic_rows_left is 0. NULL + err
+ * when no embedder is loaded or memory runs out. */
+sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, char err[ERR_MAX]);
+
+/* A finished semantic_embed_texts task's vectors ((n, semantic_dim), unit length, valid
+ * until the task is freed), or NULL + err when it failed. */
+const float *semantic_task_values(const sem_task *t, char err[ERR_MAX]);
+
 /* Length of semantic_embed_now's vectors. */
 int semantic_dim(const semantic *sm);
 

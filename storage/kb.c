@@ -150,7 +150,8 @@ int store_kb_get(store *s, int64_t app_id, const char *name,
 int store_kb_list(store *s, int64_t app_id, int (*fn)(void *arg, const store_kb *kb),
                   void *arg, char err[ERR_MAX])
 {
-    sqlite3_stmt *st = store_prepare(s, KB_COLUMNS "WHERE ?1 < 0 OR k.app_id = ?1 ORDER BY k.name", err);
+    sqlite3_stmt *st = store_prepare(s, KB_COLUMNS "WHERE (?1 < 0 OR k.app_id = ?1)"
+                                   " AND k.name NOT LIKE '~%' ORDER BY k.name", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -173,6 +174,56 @@ static int kb_drop_tx(store *s, int64_t kb_id, char *err)
 int store_kb_drop(store *s, int64_t kb_id, char err[ERR_MAX])
 {
     IN_TX(s, err, kb_drop_tx(s, kb_id, err));
+}
+
+int store_kb_hide(store *s, int64_t kb_id, char err[ERR_MAX])
+{
+    char sql[160];
+    snprintf(sql, sizeof sql,
+             "UPDATE kbs SET name = '~' || id WHERE id = %lld; DROP TABLE IF EXISTS kbfts_%lld",
+             (long long)kb_id, (long long)kb_id);
+    IN_TX(s, err, store_exec_sql(s, sql, err));
+}
+
+int store_kb_hidden(store *s, int64_t *kb_id, char err[ERR_MAX])
+{
+    *kb_id = -1;
+    sqlite3_stmt *st = store_prepare(s, "SELECT id FROM kbs WHERE name LIKE '~%' LIMIT 1", err);
+    if (!st)
+        return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *kb_id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store_db_err(s, err, "finding a dropped knowledge base");
+}
+
+int store_kb_drop_step(store *s, int64_t kb_id, int max_rows, bool *done, char err[ERR_MAX])
+{
+    /* passages, then documents, then QA entries (each table by its kb_id index), each
+     * slice its own transaction; the knowledge base's row goes last */
+    static const char *const sqls[] = {
+        "DELETE FROM kb_passages WHERE id IN (SELECT id FROM kb_passages WHERE kb_id = ?1"
+        " LIMIT ?2)",
+        "DELETE FROM kb_docs WHERE rowid IN (SELECT rowid FROM kb_docs WHERE kb_id = ?1"
+        " LIMIT ?2)",
+        "DELETE FROM qa_bank WHERE id IN (SELECT id FROM qa_bank WHERE kb_id = ?1 LIMIT ?2)",
+        "DELETE FROM kbs WHERE id = ?1",
+    };
+    *done = false;
+    for (size_t i = 0; i < sizeof sqls / sizeof sqls[0]; i++) {
+        sqlite3_stmt *st = store_prepare(s, sqls[i], err);
+        if (!st)
+            return -1;
+        sqlite3_bind_int64(st, 1, kb_id);
+        sqlite3_bind_int(st, 2, max_rows);
+        if (store_step_once(s, st, "dropping a knowledge base", err))
+            return -1;
+        if (sqlite3_changes(store_sqlite(s)) > 0 && i + 1 < sizeof sqls / sizeof sqls[0])
+            return 0;
+    }
+    *done = true;
+    return 0;
 }
 
 int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages,

@@ -51,6 +51,16 @@ int store_kb_list(store *s, int64_t app_id, int (*fn)(void *arg, const store_kb 
 /* Deletes a knowledge base with its documents, passages, FTS table and QA entries. */
 int store_kb_drop(store *s, int64_t kb_id, char err[ERR_MAX]);
 
+/* A drop in slices, so that a knowledge base of any size never holds the catalog for
+ * long: store_kb_hide renames it out of every lookup and list (to "~<id>", a name no
+ * app can give) and drops its FTS table; store_kb_drop_step then deletes up to max_rows
+ * of its rows a call, each call one transaction, *done once the knowledge base is gone.
+ * A hidden knowledge base still counts in its uid's usage until then, and one a crash
+ * left is found by store_kb_hidden (*kb_id -1: none). */
+int store_kb_hide(store *s, int64_t kb_id, char err[ERR_MAX]);
+int store_kb_drop_step(store *s, int64_t kb_id, int max_rows, bool *done, char err[ERR_MAX]);
+int store_kb_hidden(store *s, int64_t *kb_id, char err[ERR_MAX]);
+
 /* Text bytes and passages of every knowledge base of the uid's apps. */
 int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages,
                        char err[ERR_MAX]);

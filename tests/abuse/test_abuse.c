@@ -1386,6 +1386,113 @@ static void cross_owner_attempts(void)
     llms_close(k);
 }
 
+/* ---- 8. knowledge base ingest: one uid's KbAdd must not starve the others ---- */
+
+#define INGEST_BYTES (1 << 20)  /* each KbAdd: a document at kb_max_doc_bytes */
+#define INGEST_ADDS 2
+
+/* n bytes of words (2 to 8 letters, a fixed pseudo-random sequence) into a fresh string. */
+static char *ingest_text(size_t n, uint32_t seed)
+{
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    size_t i = 0;
+    while (i < n) {
+        seed = seed * 1103515245u + 12345u;
+        int len = 2 + (int)((seed >> 16) % 7);
+        for (int c = 0; c < len && i < n; c++) {
+            seed = seed * 1103515245u + 12345u;
+            t[i++] = (char)('a' + (seed >> 16) % 26);
+        }
+        if (i < n)
+            t[i++] = ' ';
+    }
+    t[n] = '\0';
+    return t;
+}
+
+/* Creates a knowledge base, then keeps two KbAdds of 1 MB in flight from one connection
+ * while the other app is measured; every KbAdd must then succeed (rep->accepted), its
+ * passages all stored (rep->ms: the time from the last send to the last answer). */
+static void kb_ingest(const llmsd_proc *d, attack_report *rep, int ready, int release)
+{
+    int fd = raw_connect(d);
+    char msg[256];
+    char *texts[INGEST_ADDS] = {0};
+    for (int i = 0; i < INGEST_ADDS; i++)
+        texts[i] = ingest_text(INGEST_BYTES, 7u + (uint32_t)i);
+    if (fd < 0 || bind_fd(fd, "ingester") != LLMS__ERROR_CODE__OK || !texts[0] || !texts[1]) {
+        note(rep, "connect, bind or allocation failed");
+        goto out;
+    }
+    Llms__KbCreateRequest cr = LLMS__KB_CREATE_REQUEST__INIT;
+    cr.name = "flood";
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = 2;
+    q.body_case = LLMS__REQUEST__BODY_KB_CREATE;
+    q.kb_create = &cr;
+    pipeline_frame(fd, &q, rep);
+    if (read_code(fd, 5000, msg, sizeof msg) != LLMS__ERROR_CODE__OK) {
+        note(rep, "KbCreate: %s", msg);
+        goto out;
+    }
+    Llms__KbDocument docs[INGEST_ADDS];
+    Llms__KbDocument *dp[INGEST_ADDS];
+    Llms__KbAddRequest ar[INGEST_ADDS];
+    char ids[INGEST_ADDS][16];
+    for (int i = 0; i < INGEST_ADDS; i++) {
+        llms__kb_document__init(&docs[i]);
+        snprintf(ids[i], sizeof ids[i], "doc%d", i);
+        docs[i].id = ids[i];
+        docs[i].text = texts[i];
+        dp[i] = &docs[i];
+        llms__kb_add_request__init(&ar[i]);
+        ar[i].kb = "flood";
+        ar[i].n_documents = 1;
+        ar[i].documents = &dp[i];
+        q.id = 10 + (uint64_t)i;
+        q.body_case = LLMS__REQUEST__BODY_KB_ADD;
+        q.kb_add = &ar[i];
+        pipeline_frame(fd, &q, rep);
+    }
+    double t0 = proc_now();
+    hold(ready, release);
+    for (int i = 0; i < INGEST_ADDS; i++) {
+        int code = read_code(fd, 40000, msg, sizeof msg);
+        if (code == LLMS__ERROR_CODE__OK)
+            rep->accepted++;
+        else
+            note(rep, "KbAdd %d: code %d: %s", i, code, msg);
+    }
+    rep->ms = (proc_now() - t0) * 1000;
+    close(fd);
+    fd = -1;
+out:
+    if (fd >= 0)
+        close(fd);
+    for (int i = 0; i < INGEST_ADDS; i++)
+        free(texts[i]);
+    if (!rep->accepted && !rep->failures)
+        note(rep, "no KbAdd answered");
+}
+
+static void kb_ingest_does_not_starve(void)
+{
+    NEED_ATTACK();
+    char msg[256];
+    double base = probe_ms(&daemon_proc, msg, sizeof msg);
+    CHECK_MSG(base >= 0, "the baseline request failed: %s", msg);
+    measure m;
+    attack_report rep;
+    bool ready = run_attack(kb_ingest, &m, &rep);
+    printf("# figure kb_ingest: %d KbAdds of %d KB from one connection answered in %.0f ms; "
+           "other app %.1f ms meanwhile (baseline %.1f ms), RSS %+.1f MB\n",
+           rep.accepted, INGEST_BYTES >> 10, rep.ms, m.probe, base, m.rss_peak - m.rss0);
+    CHECK_BOUNDS(ready, m, rep, 64);
+    CHECK_EQ(rep.accepted, INGEST_ADDS);
+}
+
 static void kept_context_is_intact(void)
 {
     NEED_ATTACK();
@@ -1429,6 +1536,7 @@ int main(int argc, char **argv)
     RUN(fields_are_bounded);
     RUN(second_daemon_on_same_state);
     RUN(cross_owner_attempts);
+    RUN(kb_ingest_does_not_starve);
     RUN(kept_context_is_intact);
     RUN(tight_kv_budget_queues_calls);
     if (daemon_up == 1)

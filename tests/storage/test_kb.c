@@ -222,6 +222,52 @@ static int see_qa(void *arg, const store_qa *q)
     return 0;
 }
 
+/* A drop in slices: the knowledge base leaves lists and lookups at once, keeps counting
+ * in its uid's usage while its rows go a few at a time, a transaction each, and a new
+ * one of the same name can be made meanwhile. */
+static void drop_in_slices(void)
+{
+    char err[ERR_MAX];
+    store *s = open_fresh("drop_in_slices");
+    CHECK(s);
+    int64_t kb = make_kb(s, 1000, "app-a", "big");
+    CHECK(kb >= 0);
+    const char *texts[4] = {"alpha one", "beta two", "gamma three", "delta four"};
+    int64_t first;
+    char doc[16];
+    for (int d = 0; d < 5; d++) {
+        snprintf(doc, sizeof doc, "d%d", d);
+        CHECK_EQ(put_doc(s, kb, doc, texts, 4, &first), 0);
+    }
+    CHECK_EQ(store_kb_hide(s, kb, err), 0);
+    kb_seen k = {0};
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
+    CHECK_EQ(k.n, 0);
+    int64_t found_id;
+    CHECK_EQ(store_kb_hidden(s, &found_id, err), 0);
+    CHECK_EQ(found_id, kb);
+    int64_t bytes, passages;
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK_EQ(passages, 20);
+    CHECK(make_kb(s, 1000, "app-a", "big") >= 0);
+    bool done = false;
+    int slices = 0;
+    while (!done && slices < 100) {
+        CHECK_EQ(store_kb_drop_step(s, kb, 3, &done, err), 0);
+        slices++;
+    }
+    /* 20 passages, 5 documents by 3, then the row */
+    CHECK_EQ(slices, 7 + 2 + 1);
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK_EQ(passages, 0);
+    CHECK_EQ(store_kb_hidden(s, &found_id, err), 0);
+    CHECK_EQ(found_id, -1);
+    kb_seen k2 = {0};
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k2, err), 0);
+    CHECK(k2.n == 1 && !strcmp(k2.names[0], "big"));
+    store_close(s);
+}
+
 static void qa_bank_limits_and_corruption(void)
 {
     store *s = open_fresh("kb-qa");
@@ -564,6 +610,7 @@ int main(void)
 {
     RUN(create_list_isolation);
     RUN(add_replace_remove_search);
+    RUN(drop_in_slices);
     RUN(qa_bank_limits_and_corruption);
     RUN(qkv_roundtrip_evict_corrupt);
     RUN(qkv_owner_and_content);
