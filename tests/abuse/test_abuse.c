@@ -1489,7 +1489,18 @@ static void kb_ingest_does_not_starve(void)
     printf("# figure kb_ingest: %d KbAdds of %d KB from one connection answered in %.0f ms; "
            "other app %.1f ms meanwhile (baseline %.1f ms), RSS %+.1f MB\n",
            rep.accepted, INGEST_BYTES >> 10, rep.ms, m.probe, base, m.rss_peak - m.rss0);
+#ifdef __SANITIZE_ADDRESS__
+    /* Under ASan the worker runs several times slower and freed memory stays in its
+     * quarantine, so the bounds below are the release build's (which runs this same
+     * attack); here the other app must still be answered within the probe's 5 s, which
+     * it was not before KbAdd became sliced scheduler work. A KbAdd's split of one
+     * document and its one write transaction still run whole (about 70 and 290 ms a MB in
+     * the release build): ASan stretches those past 1 s. */
+    CHECK_MSG(ready && rep.failures == 0, "%s", rep.msg);
+    CHECK_MSG(m.probe >= 0, "the other app was not answered: %s", m.probe_msg);
+#else
     CHECK_BOUNDS(ready, m, rep, 64);
+#endif
     CHECK_EQ(rep.accepted, INGEST_ADDS);
 }
 
