@@ -1493,9 +1493,9 @@ static void kb_ingest_does_not_starve(void)
     /* Under ASan the worker runs several times slower and freed memory stays in its
      * quarantine, so the bounds below are the release build's (which runs this same
      * attack); here the other app must still be answered within the probe's 5 s, which
-     * it was not before KbAdd became sliced scheduler work. A KbAdd's split of one
-     * document and its one write transaction still run whole (about 70 and 290 ms a MB in
-     * the release build): ASan stretches those past 1 s. */
+     * it was not before KbAdd became sliced scheduler work. A KbAdd's one write
+     * transaction still runs whole (about 290 ms a MB of text in the release build):
+     * ASan stretches it past 1 s. */
     CHECK_MSG(ready && rep.failures == 0, "%s", rep.msg);
     CHECK_MSG(m.probe >= 0, "the other app was not answered: %s", m.probe_msg);
 #else
