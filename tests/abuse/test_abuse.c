@@ -1504,6 +1504,67 @@ static void kb_ingest_does_not_starve(void)
     CHECK_EQ(rep.accepted, INGEST_ADDS);
 }
 
+/* A KbAdd whose connection closes while it is embedding is cancelled and writes
+ * nothing: the knowledge base stays empty, and takes the next add. */
+static void kb_add_cancelled_by_close(void)
+{
+    NEED_ATTACK();
+    char msg[256];
+    char *text = ingest_text(INGEST_BYTES, 11);
+    int fd = raw_connect(&daemon_proc);
+    CHECK(text && fd >= 0);
+    CHECK_EQ(bind_fd(fd, "canceller"), LLMS__ERROR_CODE__OK);
+    Llms__KbCreateRequest cr = LLMS__KB_CREATE_REQUEST__INIT;
+    cr.name = "half";
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = 2;
+    q.body_case = LLMS__REQUEST__BODY_KB_CREATE;
+    q.kb_create = &cr;
+    attack_report rep = {0};
+    pipeline_frame(fd, &q, &rep);
+    CHECK_MSG(read_code(fd, 5000, msg, sizeof msg) == LLMS__ERROR_CODE__OK, "%s", msg);
+    Llms__KbDocument doc = LLMS__KB_DOCUMENT__INIT;
+    doc.id = "big";
+    doc.text = text;
+    Llms__KbDocument *dp = &doc;
+    Llms__KbAddRequest ar = LLMS__KB_ADD_REQUEST__INIT;
+    ar.kb = "half";
+    ar.n_documents = 1;
+    ar.documents = &dp;
+    q.id = 3;
+    q.body_case = LLMS__REQUEST__BODY_KB_ADD;
+    q.kb_add = &ar;
+    pipeline_frame(fd, &q, &rep);
+    CHECK_MSG(rep.failures == 0, "%s", rep.msg);
+    /* the add is well under way (its whole takes seconds) when the client goes */
+    usleep(500 * 1000);
+    close(fd);
+    free(text);
+    llms_conn *c = proc_connect(&daemon_proc, "canceller");
+    CHECK(c);
+    /* wait until no request is left (a cancelled add goes at the worker's next turn; one
+     * that went on would end by writing), then nothing may have been written */
+    llms_daemon_status st = {.running_requests = 1};
+    double deadline = proc_now() + 60;
+    while ((st.running_requests || st.queued_requests) && proc_now() < deadline) {
+        usleep(100 * 1000);
+        CHECK_EQ(proc_status(c, &st), 0);
+    }
+    CHECK_MSG(!st.running_requests && !st.queued_requests, "requests still running after 60 s");
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_EQ(n, 1);
+    CHECK_MSG(kbs[0].documents == 0 && kbs[0].passages == 0,
+              "the cancelled add left %u documents, %u passages", kbs[0].documents,
+              kbs[0].passages);
+    llms_kb_list_free(kbs, n);
+    llms_kb_doc small = {"small", "A short note about the weather by the sea.", NULL};
+    CHECK_MSG(llms_kb_add(c, "half", &small, 1, NULL) == LLMS_OK, "%s", llms_last_error(c));
+    CHECK_EQ(llms_kb_drop(c, "half"), LLMS_OK);
+    llms_close(c);
+}
+
 static void kept_context_is_intact(void)
 {
     NEED_ATTACK();
@@ -1548,6 +1609,7 @@ int main(int argc, char **argv)
     RUN(second_daemon_on_same_state);
     RUN(cross_owner_attempts);
     RUN(kb_ingest_does_not_starve);
+    RUN(kb_add_cancelled_by_close);
     RUN(kept_context_is_intact);
     RUN(tight_kv_budget_queues_calls);
     if (daemon_up == 1)
