@@ -1544,13 +1544,16 @@ static void kb_add_cancelled_by_close(void)
     CHECK(c);
     /* wait until no request is left (a cancelled add goes at the worker's next turn; one
      * that went on would end by writing), then nothing may have been written */
-    llms_daemon_status st = {.running_requests = 1};
+    bool busy = true;
     double deadline = proc_now() + 60;
-    while ((st.running_requests || st.queued_requests) && proc_now() < deadline) {
+    while (busy && proc_now() < deadline) {
         usleep(100 * 1000);
+        llms_daemon_status st;
         CHECK_EQ(proc_status(c, &st), 0);
+        busy = st.running_requests || st.queued_requests;
+        llms_daemon_status_free(&st);
     }
-    CHECK_MSG(!st.running_requests && !st.queued_requests, "requests still running after 60 s");
+    CHECK_MSG(!busy, "requests still running after 60 s");
     llms_kb_info *kbs;
     size_t n;
     CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
