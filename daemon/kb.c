@@ -508,6 +508,8 @@ struct kb_task {
     int ptok, otok;
     size_t total;                /* bytes of its documents */
     size_t doc;                  /* documents split so far */
+    size_t split_bytes;          /* their bytes */
+    size_t doc_len;              /* bytes of the document being split */
     word_scan words;             /* the document being split, as far as scanned */
     split *sp;                   /* (n_documents) */
     int n_pass;
@@ -676,13 +678,11 @@ long kb_task_rows_left(const kb_task *t)
 {
     const Llms__KbAddRequest *ar = t->req->kb_add;
     switch (t->phase) {
-    case KB_SPLIT: {
-        /* a document's words, about; its split is one slice */
-        long words = 1; /* and the start of the embedding */
-        for (size_t i = t->doc; i < ar->n_documents; i++)
-            words += (long)strlen(ar->documents[i]->text) / 8 + 1;
-        return words;
-    }
+    case KB_SPLIT:
+        /* words left to scan, about, a slice per document to cut it into passages, and
+         * one to start the embedding */
+        return (long)((t->total - t->split_bytes - t->words.pos) / 8) +
+               (long)(ar->n_documents - t->doc) + 1;
     case KB_EMBED:
         return semantic_rows_left(t->emb) + 1;
     case KB_WRITE:
@@ -702,7 +702,9 @@ static int add_split(kb_task *t)
     char err[ERR_MAX];
     if (t->doc < ar->n_documents) {
         const Llms__KbDocument *d = ar->documents[t->doc];
-        size_t len = strlen(d->text);
+        if (t->words.pos == 0)
+            t->doc_len = strlen(d->text);
+        size_t len = t->doc_len;
         if (scan_words(k, d->text, len, &t->words, KB_SPLIT_SLICE_BYTES, err) ||
             (t->words.pos == len &&
              split_words(d->text, &t->words, t->ptok, t->otok, &t->sp[t->doc], err))) {
@@ -712,6 +714,7 @@ static int add_split(kb_task *t)
         }
         if (t->words.pos == len) {
             word_scan_free(&t->words);
+            t->split_bytes += len;
             t->n_pass += t->sp[t->doc++].n;
         }
         return 0;

@@ -241,6 +241,19 @@ static models_entry *resolve(semantic *sm, uint64_t conn_id, const Llms__Request
     return me;
 }
 
+/* An Embed task's buffers for n texts of t->dim floats each. */
+static int embed_buffers(sem_task *t, size_t n, char err[ERR_MAX])
+{
+    /* with an encoder, n more entries hold the lengths of a group of texts */
+    t->text_start = calloc(2 * n + 1, sizeof *t->text_start);
+    t->values = malloc(sizeof *t->values * n * (size_t)t->dim);
+    t->acc = calloc((size_t)t->dim, sizeof *t->acc);
+    t->hidden = malloc(sizeof *t->hidden * (size_t)t->sm->env.max_slice * t->dim);
+    if (!t->text_start || !t->values || !t->acc || !t->hidden)
+        return err_set(err, "out of memory");
+    return 0;
+}
+
 static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request *req)
 {
     const Llms__EmbedRequest *er = req->embed;
@@ -288,17 +301,9 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     t->pooling = pooling;
     t->enc_pool = enc_pool;
     t->n_texts = (int)n;
-    /* with an encoder, n more entries hold the lengths of a group of texts */
-    t->text_start = calloc(2 * n + 1, sizeof *t->text_start);
-    t->values = malloc(sizeof *t->values * n * (size_t)dim);
-    t->acc = calloc((size_t)dim, sizeof *t->acc);
-    t->hidden = malloc(sizeof *t->hidden * (size_t)sm->env.max_slice * dim);
     char err[ERR_MAX];
-    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    if (!t->text_start || !t->values || !t->acc || !t->hidden)
-        err_set(err, "out of memory");
-    else
-        code = embed_tokenize(t, er, err);
+    Llms__ErrorCode code =
+        embed_buffers(t, n, err) ? LLMS__ERROR_CODE__INTERNAL : embed_tokenize(t, er, err);
     if (code != LLMS__ERROR_CODE__OK) {
         send_error(sm, conn_id, req, code, "%s", err);
         semantic_task_free(t);
@@ -1006,12 +1011,7 @@ sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, ch
         t->max_len = SEM_NOW_MAX_TOKENS;
     for (int i = 0; i < n; i++)
         t->bytes_left += (long)strlen(texts[i]);
-    t->text_start = calloc(2 * (size_t)n + 1, sizeof *t->text_start);
-    t->values = malloc(sizeof *t->values * (size_t)n * (size_t)t->dim);
-    t->acc = calloc((size_t)t->dim, sizeof *t->acc);
-    t->hidden = malloc(sizeof *t->hidden * (size_t)sm->env.max_slice * t->dim);
-    if (!t->text_start || !t->values || !t->acc || !t->hidden) {
-        err_set(err, "out of memory");
+    if (embed_buffers(t, (size_t)n, err)) {
         semantic_task_free(t);
         return NULL;
     }

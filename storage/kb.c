@@ -517,7 +517,6 @@ int store_qa_asked(store *s, int64_t id, char err[ERR_MAX])
     return store_step_once(s, st, "marking a QA entry asked", err);
 }
 
-
 /* ---- owners ---- */
 
 /* Binds a filter as (?uid, ?scope): uid -1 for every owner, scope NULL for every scope. */
@@ -675,10 +674,12 @@ static bool qkv_row_matches(sqlite3_stmt *st, const store_owner *o, const int32_
            (len == 0 || (toks && memcmp(toks, prefix, len) == 0));
 }
 
-static void key_hex(const uint8_t key[STORE_QKV_KEY_BYTES], char hex[17])
+/* The first 8 bytes of key in hex, for an error that names its node. */
+static const char *key_hex(const uint8_t key[STORE_QKV_KEY_BYTES], char hex[17])
 {
     for (int i = 0; i < 8; i++)
         snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    return hex;
 }
 
 int store_qkv_get(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_owner *o,
@@ -694,7 +695,6 @@ int store_qkv_get(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_
     sqlite3_bind_blob(st, 1, key, STORE_QKV_KEY_BYTES, SQLITE_STATIC);
     int rc = sqlite3_step(st), out = 0;
     char hex[17];
-    key_hex(key, hex);
     if (rc == SQLITE_ROW && !qkv_row_matches(st, o, prefix, n_prefix)) {
         *mismatch = true;
     } else if (rc == SQLITE_ROW) {
@@ -707,10 +707,10 @@ int store_qkv_get(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_
             *predicted = sqlite3_column_int(st, 7) != 0;
         size_t got = raw <= dst_cap && blob ? ZSTD_decompress(dst, dst_cap, blob, len) : 0;
         if (raw > dst_cap)
-            out = err_set(err, "store: QKV node %s holds %zu bytes, more than %zu", hex, raw,
-                          dst_cap);
+            out = err_set(err, "store: QKV node %s holds %zu bytes, more than %zu",
+                          key_hex(key, hex), raw, dst_cap);
         else if (ZSTD_isError(got) || got != raw || crc32c(0, dst, raw) != crc)
-            out = err_set(err, "store: QKV node %s is corrupt", hex);
+            out = err_set(err, "store: QKV node %s is corrupt", key_hex(key, hex));
         else {
             *raw_bytes = raw;
             *found = true;
@@ -769,7 +769,8 @@ int store_qkv_stats(store *s, const store_owner *filter, int64_t *n, int64_t *by
 }
 
 /* Evicts owner (uid, scope)'s least used leaf: removing an inner node would strand its
- * children's paths, and a node's children are its owner's (the owner is in every key). */
+ * children's paths, whoever's they are (a uid's shared system prompt node has children of
+ * its apps). */
 static int qkv_evict_leaf(store *s, int64_t uid, const char *scope, char *err)
 {
     sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"

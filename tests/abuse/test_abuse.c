@@ -1415,6 +1415,20 @@ static char *ingest_text(size_t n, uint32_t seed)
 /* Creates a knowledge base, then keeps two KbAdds of 1 MB in flight from one connection
  * while the other app is measured; every KbAdd must then succeed (rep->accepted), its
  * passages all stored (rep->ms: the time from the last send to the last answer). */
+/* Creates knowledge base name on the bound raw connection fd: the answer's code (msg its
+ * message), -1 for none within 5 s. */
+static int kb_create_fd(int fd, const char *name, attack_report *rep, char *msg, size_t cap)
+{
+    Llms__KbCreateRequest cr = LLMS__KB_CREATE_REQUEST__INIT;
+    cr.name = (char *)name;
+    Llms__Request q = LLMS__REQUEST__INIT;
+    q.id = 2;
+    q.body_case = LLMS__REQUEST__BODY_KB_CREATE;
+    q.kb_create = &cr;
+    pipeline_frame(fd, &q, rep);
+    return read_code(fd, 5000, msg, cap);
+}
+
 static void kb_ingest(const llmsd_proc *d, attack_report *rep, int ready, int release)
 {
     int fd = raw_connect(d);
@@ -1426,17 +1440,11 @@ static void kb_ingest(const llmsd_proc *d, attack_report *rep, int ready, int re
         note(rep, "connect, bind or allocation failed");
         goto out;
     }
-    Llms__KbCreateRequest cr = LLMS__KB_CREATE_REQUEST__INIT;
-    cr.name = "flood";
-    Llms__Request q = LLMS__REQUEST__INIT;
-    q.id = 2;
-    q.body_case = LLMS__REQUEST__BODY_KB_CREATE;
-    q.kb_create = &cr;
-    pipeline_frame(fd, &q, rep);
-    if (read_code(fd, 5000, msg, sizeof msg) != LLMS__ERROR_CODE__OK) {
+    if (kb_create_fd(fd, "flood", rep, msg, sizeof msg) != LLMS__ERROR_CODE__OK) {
         note(rep, "KbCreate: %s", msg);
         goto out;
     }
+    Llms__Request q = LLMS__REQUEST__INIT;
     Llms__KbDocument docs[INGEST_ADDS];
     Llms__KbDocument *dp[INGEST_ADDS];
     Llms__KbAddRequest ar[INGEST_ADDS];
@@ -1514,15 +1522,9 @@ static void kb_add_cancelled_by_close(void)
     int fd = raw_connect(&daemon_proc);
     CHECK(text && fd >= 0);
     CHECK_EQ(bind_fd(fd, "canceller"), LLMS__ERROR_CODE__OK);
-    Llms__KbCreateRequest cr = LLMS__KB_CREATE_REQUEST__INIT;
-    cr.name = "half";
-    Llms__Request q = LLMS__REQUEST__INIT;
-    q.id = 2;
-    q.body_case = LLMS__REQUEST__BODY_KB_CREATE;
-    q.kb_create = &cr;
     attack_report rep = {0};
-    pipeline_frame(fd, &q, &rep);
-    CHECK_MSG(read_code(fd, 5000, msg, sizeof msg) == LLMS__ERROR_CODE__OK, "%s", msg);
+    CHECK_MSG(kb_create_fd(fd, "half", &rep, msg, sizeof msg) == LLMS__ERROR_CODE__OK, "%s", msg);
+    Llms__Request q = LLMS__REQUEST__INIT;
     Llms__KbDocument doc = LLMS__KB_DOCUMENT__INIT;
     doc.id = "big";
     doc.text = text;
