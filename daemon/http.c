@@ -795,6 +795,9 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
                             (unsigned long long)h->counts[i].n);
     metric(b, "llmsd_http_requests_in_flight", "gauge", "HTTP requests waiting for the worker",
            h->n_reqs);
+    metric(b, "llmsd_http_connections", "gauge", "HTTP connections open", h->n_conns);
+    metric(b, "llmsd_http_body_bytes_in_flight", "gauge",
+           "bytes of HTTP request bodies reserved while they arrive", (double)h->body_bytes);
     metric(b, "llmsd_http_disconnects_total", "counter",
            "HTTP requests whose client left before the answer (cancelled)", (double)h->cancelled);
     metric(b, "llmsd_http_prompt_tokens_total", "counter",

@@ -334,6 +334,10 @@ static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
     evbuffer_remove(in, h, head_len);
     h[head_len] = '\0';
     c->head = h;
+    if (memchr(h, '\0', head_len)) { /* the splitting below works on C strings */
+        snprintf(msg, cap, "the request head has a NUL byte");
+        return 400;
+    }
     char *eol = strstr(h, "\r\n");
     *eol = '\0';
     char *sp1 = strchr(h, ' ');
