@@ -1943,7 +1943,14 @@ static void http_partial_bodies_are_bounded(void)
            rep2.refused / 100, m.rss_peak - m.rss0, HTTP_BODIES >> 20, m.probe);
     CHECK_MSG(ready2, "the second attacker did not get in place: %s", rep2.msg);
     CHECK_MSG(rep2.failures == 0, "%s", rep2.msg);
+#ifdef __SANITIZE_ADDRESS__
+    /* Every byte read passes through libevent's buffers, which ASan keeps in its
+     * quarantine once freed (132 MB for the 48 MiB sent): the RSS bound is the release
+     * build's, which runs this same attack; the rest holds here too. */
+    CHECK_BOUNDS(ready, m, rep, 512);
+#else
     CHECK_BOUNDS(ready, m, rep, HTTP_BODIES >> 20);
+#endif
     CHECK_EQ(rep.accepted, 2);
     CHECK_EQ(rep.refused, 4);
     CHECK_EQ(rep2.accepted, 1);
