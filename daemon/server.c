@@ -484,7 +484,7 @@ static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
                    "%s", msg) == 0) {
         if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
             ratelog_warn(&srv->log_refused, "refused connection: could not send why: %s",
-                        strerror(errno));
+                         strerror(errno));
         free(buf);
     }
     close(fd);
@@ -554,7 +554,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     server *srv = arg;
     int e = EVUTIL_SOCKET_ERROR();
     ratelog_warn(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
-                strerror(e), SERVER_ACCEPT_RETRY_MS, srv->n_conns);
+                 strerror(e), SERVER_ACCEPT_RETRY_MS, srv->n_conns);
     evconnlistener_disable(l);
     struct timeval tv = {0, SERVER_ACCEPT_RETRY_MS * 1000};
     evtimer_add(srv->accept_ev, &tv);
