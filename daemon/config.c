@@ -155,6 +155,23 @@ static const key_def keys[] = {
                           "(default none: every TCP request is refused)"),
     INT(http_max_body_bytes, 1024, 1 << 30, "largest HTTP request body answered "
                                             "(default 8388608)"),
+    INT(http_header_timeout_ms, 1, INT_MAX, "an HTTP request head must arrive whole within "
+                                            "this long of the connection (a later request: of "
+                                            "its first byte), else 408 and the connection "
+                                            "closes (default 10000)"),
+    INT(http_body_timeout_ms, 1, INT_MAX, "an HTTP request body must arrive whole within this "
+                                          "long of its head, plus 1 s a MiB, else 408 and "
+                                          "the connection closes (default 10000)"),
+    INT(http_max_body_buffered_bytes, 0, INT_MAX, "bytes of HTTP request bodies being "
+                                                  "received, every uid together; a request "
+                                                  "whose Content-Length would pass it is 503 "
+                                                  "before its body is read (default 67108864)"),
+    INT(http_max_body_buffered_bytes_per_uid, 0, INT_MAX, "the same for one uid's requests "
+                                                          "together, 429 past it "
+                                                          "(default 16777216)"),
+    INT(http_max_unauthenticated_connections, 1, INT_MAX, "HTTP connections on TCP that have "
+                                                          "not sent a valid token yet, every "
+                                                          "peer together (default 16)"),
     INT(kb_passage_tokens, 8, 4096, "tokens of a knowledge base passage unless KbCreate "
                                     "says (default 64)"),
     INT(kb_overlap_tokens, 0, 4095, "tokens consecutive passages share (default 16)"),
@@ -268,6 +285,11 @@ void config_defaults(config *c)
     c->max_queued_per_uid = 32;
     c->max_text_bytes = 65536;
     c->http_max_body_bytes = 8 << 20;
+    c->http_header_timeout_ms = 10000;
+    c->http_body_timeout_ms = 10000;
+    c->http_max_body_buffered_bytes = 64 << 20;
+    c->http_max_body_buffered_bytes_per_uid = 16 << 20; /* two bodies of the largest default */
+    c->http_max_unauthenticated_connections = 16;
     c->kb_passage_tokens = 64;
     c->kb_overlap_tokens = 16;
     c->kb_max_per_app = 16;

@@ -103,6 +103,11 @@ typedef struct config {
     int http_allow_remote;             /* 1: http_listen may name a non-loopback address */
     char http_tokens_file[CONFIG_PATH_MAX]; /* "TOKEN UID APP [admin]" lines */
     int http_max_body_bytes;           /* largest request body answered */
+    int http_header_timeout_ms;        /* a request head must arrive whole within this */
+    int http_body_timeout_ms;          /* a body within this after its head, plus 1 s a MiB */
+    int http_max_body_buffered_bytes;  /* request bodies being received, every uid together */
+    int http_max_body_buffered_bytes_per_uid; /* the same, one uid's */
+    int http_max_unauthenticated_connections; /* TCP connections with no valid token yet */
     /* Knowledge bases and RAG (daemon/kb.h, daemon/rag.h). */
     int kb_passage_tokens;             /* tokens of a passage (default of KbCreate) */
     int kb_overlap_tokens;             /* tokens shared by consecutive passages */

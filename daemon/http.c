@@ -1,19 +1,17 @@
 /*
- * http.c — the OpenAI-compatible HTTP gateway (http.h): evhttp requests turned into
- * native Requests on connections of their own, their Response frames into JSON and
- * Server-Sent Events.
+ * http.c — the OpenAI-compatible HTTP gateway (http.h): HTTP requests (daemon/httpwire.h)
+ * turned into native Requests on connections of their own, their Response frames into
+ * JSON and Server-Sent Events; what each HTTP connection and body may hold, counted.
  */
 #include "daemon/http.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <math.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <pwd.h>
 #include <sodium.h>
@@ -29,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/httpwire.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "engine/stop.h"
@@ -38,7 +37,10 @@
 #define MAX_COUNTS 64           /* (route, status) pairs /metrics counts */
 #define APP_HEADER "X-Llmsd-App"
 #define MAX_HEADERS_BYTES (64 << 10)
-#define IDLE_SECONDS 60         /* a keep-alive connection with no request closes */
+#define IDLE_MS 60000           /* a keep-alive connection with no request closes */
+/* A body's deadline grows with its size, as a native frame's: a MiB a second is far
+ * below what any local client sends, however loaded the machine. */
+#define BODY_MS_PER_MIB 1000
 /* Request ids on a gateway connection: its Bind, then its one request. */
 #define ID_BIND 1
 #define ID_WORK 2
@@ -73,11 +75,25 @@ typedef struct token_entry {
     bool admin;
 } token_entry;
 
+struct hreq;
+
+/* One HTTP connection: whom it counts against, and its request between head and body. */
+typedef struct gwconn {
+    http *h;
+    bool tcp;
+    bool has_uid;              /* counted under uid (server_conn_add); else under the
+                                  unauthenticated TCP peers (n_unauth) */
+    uid_t uid;
+    size_t reserved;           /* body bytes it holds of the budgets (body_bytes) */
+    enum route route;          /* the request whose body is being read ... */
+    session ss;                /* ... and who sent it */
+    struct hreq *hr;           /* its request waiting for the worker, or NULL */
+} gwconn;
+
 typedef struct hreq {
     http *h;
-    struct evhttp_request *req;
-    struct evhttp_connection *evcon;
-    struct event *watch;       /* the client's end of the connection while it waits */
+    httpwire_conn *wc;
+    gwconn *gc;
     session ss;
     enum route route;
     json_object *body;         /* the parsed request, kept for the texts it holds */
@@ -97,6 +113,12 @@ typedef struct hreq {
     struct hreq *next;
 } hreq;
 
+/* Request bodies in flight of one uid (uids with any). */
+typedef struct uid_bodies {
+    uid_t uid;
+    size_t bytes;
+} uid_bodies;
+
 typedef struct count {
     enum route route;
     int status;
@@ -110,7 +132,8 @@ struct http {
     models *reg;               /* only models_view_update: the worker owns the rest */
     models_view view;          /* the registry's names, roles and templates, brought up to
                                   date at each request */
-    struct evhttp *eh;
+    server *srv;               /* counts the connections with the native ones */
+    httpwire *wire;
     bool owns_path;
     token_entry *tokens;
     size_t n_tokens;
@@ -120,6 +143,11 @@ struct http {
     bool shutting, worker_done;
     unsigned n_reqs;
     hreq *buckets[HREQ_BUCKETS];
+    unsigned n_conns;          /* HTTP connections open */
+    unsigned n_unauth;         /* ... of them on TCP with no valid token yet */
+    size_t body_bytes;         /* bodies being received, every uid together */
+    uid_bodies *ub;
+    size_t n_ub, cap_ub;
     /* /metrics */
     count counts[MAX_COUNTS];
     size_t n_counts;
@@ -137,25 +165,6 @@ static void count_status(http *h, enum route r, int status)
         }
     if (h->n_counts < MAX_COUNTS)
         h->counts[h->n_counts++] = (count){r, status, 1};
-}
-
-static const char *reason_of(int status)
-{
-    switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Internal Server Error";
-    }
 }
 
 /* The HTTP status, OpenAI error type and code of a native error. */
@@ -232,32 +241,23 @@ static const char *json_text(json_object *o)
 }
 
 /* Sends o (taken) as a JSON reply. */
-static void send_json(http *h, struct evhttp_request *req, enum route r, int status,
-                      json_object *o)
+static void send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o)
 {
-    struct evbuffer *b = evbuffer_new();
     const char *s = o ? json_text(o) : NULL;
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-    if (!b || !s) {
-        if (b)
-            evbuffer_free(b);
-        evhttp_send_reply(req, 500, reason_of(500), NULL);
+    httpwire_add_header(wc, "Content-Type", "application/json");
+    if (!s)
         status = 500;
-    } else {
-        evbuffer_add(b, s, strlen(s));
-        evhttp_send_reply(req, status, reason_of(status), b);
-        evbuffer_free(b);
-    }
+    httpwire_reply(wc, status, s ? s : "", s ? strlen(s) : 0);
     json_object_put(o);
     count_status(h, r, status);
 }
 
-static void send_error(http *h, struct evhttp_request *req, enum route r, int status,
+static void send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
 /* OpenAI's error shape: {"error": {"message", "type", "param", "code"}}. */
-static void send_error(http *h, struct evhttp_request *req, enum route r, int status,
+static void send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
 {
     char msg[ERR_MAX + 256];
@@ -275,12 +275,12 @@ static void send_error(http *h, struct evhttp_request *req, enum route r, int st
         e = NULL;
     }
     json_object_put(e);
-    send_json(h, req, r, status, o);
+    send_json(h, wc, r, status, o);
 }
 
-static void bad_request(http *h, struct evhttp_request *req, enum route r, const char *msg)
+static void bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg)
 {
-    send_error(h, req, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
+    send_error(h, wc, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
 }
 
 /* Appends s as the inside of a JSON string. Streamed text is escaped here rather than
@@ -335,20 +335,17 @@ static void hreq_unlink(hreq *hr)
 }
 
 /* Ends the request towards the worker and the loop: the connection is closed as a
- * native one is (which cancels anything of it still running), and nothing more of the
- * client is watched. The evhttp request itself is answered or freed by the caller. */
+ * native one is (which cancels anything of it still running), and the HTTP connection
+ * no longer waits for it. The caller answers it (the HTTP connection is still there) or
+ * the client has gone. */
 static void hreq_finish(hreq *hr)
 {
     if (hr->done)
         return;
     hr->done = true;
     hreq_unlink(hr);
-    if (hr->watch) {
-        event_free(hr->watch);
-        hr->watch = NULL;
-    }
-    if (hr->evcon)
-        evhttp_connection_set_closecb(hr->evcon, NULL, NULL);
+    if (hr->gc->hr == hr)
+        hr->gc->hr = NULL;
     if (hr->ss.bound && !hr->h->worker_done) {
         sched_job *j = sched_job_new(SCHED_CLOSED, hr->ss.conn_id);
         if (j) {
@@ -369,51 +366,12 @@ static void hreq_free(hreq *hr)
     free(hr);
 }
 
-/* How the client was found gone, which says who frees the evhttp request. */
-enum gone {
-    GONE_DETACHED, /* evhttp took the request off the dead connection: ours to free */
-    GONE_FREEING,  /* evhttp is freeing the connection with the request on it */
-    GONE_WATCHED,  /* our watch saw the end: we free the connection and the request */
-};
-
-/* The client went away before its answer: the worker drops the request (a generation
- * is cancelled within a step) and the evhttp request goes. */
-static void hreq_gone(hreq *hr, enum gone how)
+/* The client went away before its answer (its connection is gone): the worker drops
+ * the request (a generation is cancelled within a step). */
+static void hreq_gone(hreq *hr)
 {
-    struct evhttp_request *req = hr->req;
-    struct evhttp_connection *evcon = hr->evcon;
     hr->h->cancelled++;
-    hreq_finish(hr);
-    if (how == GONE_DETACHED)
-        evhttp_request_free(req);
-    else if (how == GONE_WATCHED)
-        evhttp_connection_free(evcon);
     hreq_free(hr);
-}
-
-static void on_conn_close(struct evhttp_connection *evcon, void *arg)
-{
-    (void)evcon;
-    hreq *hr = arg;
-    hr->evcon = NULL;
-    hreq_gone(hr, evhttp_request_get_connection(hr->req) ? GONE_FREEING : GONE_DETACHED);
-}
-
-/* Readable while a request waits: either the client closed (recv sees the end) or it
- * sent the next request early, which evhttp reads once this one is answered. */
-static void on_watch(evutil_socket_t fd, short what, void *arg)
-{
-    (void)what;
-    hreq *hr = arg;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n > 0)
-        return;
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        event_add(hr->watch, NULL);
-        return;
-    }
-    hreq_gone(hr, GONE_WATCHED);
 }
 
 /* ---- answers ---- */
@@ -425,7 +383,7 @@ static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
     map_error(code, &status, &type, &ecode);
     hreq_finish(hr);
     if (!hr->started) {
-        send_error(hr->h, hr->req, hr->route, status, type, ecode, "%s", msg);
+        send_error(hr->h, hr->wc, hr->route, status, type, ecode, "%s", msg);
         return;
     }
     /* The stream has begun with 200: the error is its last event. */
@@ -441,8 +399,8 @@ static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
     json_object_put(e);
     json_object_put(o);
     evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
-    evhttp_send_reply_chunk(hr->req, hr->sse);
-    evhttp_send_reply_end(hr->req);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
 }
 
 /* The JSON object every chunk and reply of a generation starts with. */
@@ -480,17 +438,16 @@ static int sse_start(hreq *hr)
     /* s ends with '}': the object stays open for its choices. */
     sprintf(hr->prefix, "data: %.*s%s", (int)(n - 1), s, tail);
     json_object_put(o);
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(hr->req);
-    evhttp_add_header(hd, "Content-Type", "text/event-stream");
-    evhttp_add_header(hd, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(hr->req, 200, "OK");
+    httpwire_add_header(hr->wc, "Content-Type", "text/event-stream");
+    httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
+    httpwire_stream_start(hr->wc, 200);
     count_status(hr->h, hr->route, 200);
     hr->started = true;
     if (is_chat(hr)) {
         evbuffer_add_printf(hr->sse, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
                                      "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
                             hr->prefix);
-        evhttp_send_reply_chunk(hr->req, hr->sse);
+        httpwire_stream_chunk(hr->wc, hr->sse);
     }
     return 0;
 }
@@ -517,15 +474,14 @@ static void sse_text(hreq *hr, const char *text, size_t n, const char *finish)
         evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n", finish);
     else
         evbuffer_add(b, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 42);
-    evhttp_send_reply_chunk(hr->req, b);
+    httpwire_stream_chunk(hr->wc, b);
     hr->sent += n;
 }
 
 /* Bytes the client has not read yet. */
 static size_t unread(const hreq *hr)
 {
-    struct bufferevent *bev = hr->evcon ? evhttp_connection_get_bufferevent(hr->evcon) : NULL;
-    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+    return httpwire_unsent(hr->wc);
 }
 
 static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
@@ -611,8 +567,8 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         }
         json_object_put(extra);
         evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
-        evhttp_send_reply_chunk(hr->req, hr->sse);
-        evhttp_send_reply_end(hr->req);
+        httpwire_stream_chunk(hr->wc, hr->sse);
+        httpwire_stream_end(hr->wc);
         return;
     }
     hreq_finish(hr);
@@ -623,7 +579,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         json_object_put(c);
         json_object_put(o);
         json_object_put(extra);
-        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     json_object_object_add(c, "index", json_object_new_int(0));
@@ -641,7 +597,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
     json_object_object_add(o, "choices", choices);
     json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
     json_object_object_add(o, "llmsd", extra);
-    send_json(h, hr->req, hr->route, 200, o);
+    send_json(h, hr->wc, hr->route, 200, o);
 }
 
 static void on_result(hreq *hr, const Llms__CallResult *res)
@@ -739,7 +695,7 @@ static void on_embed(hreq *hr, const Llms__EmbedResponse *e)
     if (!o || !data) {
         json_object_put(o);
         json_object_put(data);
-        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     uint64_t tokens = 0;
@@ -770,7 +726,7 @@ static void on_embed(hreq *hr, const Llms__EmbedResponse *e)
     json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)tokens));
     json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)tokens));
     json_object_object_add(o, "usage", u);
-    send_json(h, hr->req, hr->route, 200, o);
+    send_json(h, hr->wc, hr->route, 200, o);
 }
 
 /* The text of documents[i] of the request (a string or {"text": ...}). */
@@ -790,7 +746,7 @@ static void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
     if (!o || !results) {
         json_object_put(o);
         json_object_put(results);
-        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     json_object_object_get_ex(hr->body, "documents", &docs);
@@ -810,7 +766,7 @@ static void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "model", json_object_new_string(hr->model));
     json_object_object_add(o, "results", results);
-    send_json(h, hr->req, hr->route, 200, o);
+    send_json(h, hr->wc, hr->route, 200, o);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -826,7 +782,7 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
     hreq_finish(hr);
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        send_error(h, hr->req, hr->route, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     /* This request is answered 200 and counts too. */
@@ -839,6 +795,9 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
                             (unsigned long long)h->counts[i].n);
     metric(b, "llmsd_http_requests_in_flight", "gauge", "HTTP requests waiting for the worker",
            h->n_reqs);
+    metric(b, "llmsd_http_connections", "gauge", "HTTP connections open", h->n_conns);
+    metric(b, "llmsd_http_body_bytes_in_flight", "gauge",
+           "bytes of HTTP request bodies reserved while they arrive", (double)h->body_bytes);
     metric(b, "llmsd_http_disconnects_total", "counter",
            "HTTP requests whose client left before the answer (cancelled)", (double)h->cancelled);
     metric(b, "llmsd_http_prompt_tokens_total", "counter",
@@ -912,9 +871,10 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
            (double)st->swap_write_failures);
     metric(b, "llmsd_switch_ins_total", "counter", "context switch-ins", (double)st->switch_ins);
     metric(b, "llmsd_switch_in_mean_ms", "gauge", "mean switch-in time", st->switch_in_mean_ms);
-    evhttp_add_header(evhttp_request_get_output_headers(hr->req), "Content-Type",
-                      "text/plain; version=0.0.4");
-    evhttp_send_reply(hr->req, 200, "OK", b);
+    httpwire_add_header(hr->wc, "Content-Type", "text/plain; version=0.0.4");
+    size_t n = evbuffer_get_length(b);
+    const unsigned char *text = evbuffer_pullup(b, -1);
+    httpwire_reply(hr->wc, text ? 200 : 500, text, text ? n : 0);
     evbuffer_free(b);
 }
 
@@ -1489,12 +1449,11 @@ static void token_digest(const char *token, unsigned char digest[TOKEN_DIGEST_BY
                        NULL, 0);
 }
 
-/* Who sent req: fills ss (uid, app, admin). 0, or an HTTP status with msg. */
-static int identify(http *h, struct evhttp_request *req, int fd, session *ss, char *msg, size_t cap)
+/* Who sent the request of wc: fills ss (uid, app, admin). 0, or an HTTP status with msg. */
+static int identify(http *h, httpwire_conn *wc, int fd, session *ss, char *msg, size_t cap)
 {
     int domain = 0;
     socklen_t dl = sizeof domain;
-    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
     if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) != 0) {
         snprintf(msg, cap, "cannot identify the peer: %s", strerror(errno));
         return 500;
@@ -1506,7 +1465,7 @@ static int identify(http *h, struct evhttp_request *req, int fd, session *ss, ch
             snprintf(msg, cap, "cannot identify the peer: %s", strerror(errno));
             return 500;
         }
-        const char *app = evhttp_find_header(in, APP_HEADER);
+        const char *app = httpwire_header(wc, APP_HEADER);
         if (!app)
             app = FRAME_DEFAULT_APP;
         if (!session_valid_app(app)) {
@@ -1520,7 +1479,7 @@ static int identify(http *h, struct evhttp_request *req, int fd, session *ss, ch
         snprintf(ss->app, sizeof ss->app, "%s", app);
         return 0;
     }
-    const char *auth = evhttp_find_header(in, "Authorization");
+    const char *auth = httpwire_header(wc, "Authorization");
     if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) {
         snprintf(msg, cap, "an API key is required: Authorization: Bearer TOKEN");
         return 401;
@@ -1589,7 +1548,7 @@ static json_object *role_array(unsigned roles)
 /* Every model of the registry, the default generate model first (clients that take the
  * first as theirs get what a request naming none gets); OpenAI's shape, with each
  * model's roles and the roles it is the default for in "llmsd". */
-static void send_models(http *h, struct evhttp_request *req)
+static void send_models(http *h, httpwire_conn *wc)
 {
     json_object *o = json_object_new_object(), *data = json_object_new_array();
     const models_view_entry *first = view_default(h, MODELS_GENERATE);
@@ -1620,7 +1579,7 @@ static void send_models(http *h, struct evhttp_request *req)
         json_object_object_add(o, "data", data);
     else
         json_object_put(data);
-    send_json(h, req, R_MODELS, 200, o);
+    send_json(h, wc, R_MODELS, 200, o);
 }
 
 /* The role a route's requests need of their model. */
@@ -1635,7 +1594,7 @@ static unsigned route_role(enum route r)
  * does not hold (naming those it holds), 400 for a RAG query on another model than the
  * default generate model (retrieval runs on that one only). A model that lacks the
  * route's role is the worker's to refuse, as for a native request. */
-static int request_model(http *h, struct evhttp_request *req, enum route r, json_object *body,
+static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *body,
                          const char **named, const models_view_entry **e)
 {
     json_object *m;
@@ -1653,12 +1612,12 @@ static int request_model(http *h, struct evhttp_request *req, enum route r, json
                                  h->view.entries[i].name);
                 at += w > 0 ? (size_t)w : 0;
             }
-            send_error(h, req, r, 404, "invalid_request_error", "model_not_found",
+            send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
                        "the model '%.200s' does not exist (this daemon serves %s)", name, names);
             return -1;
         }
         if (r == R_RAG && *e != dflt) {
-            send_error(h, req, r, 400, "invalid_request_error", "invalid_argument",
+            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
                        "%s runs on the default generate model '%s', not '%s'",
                        route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
             return -1;
@@ -1669,25 +1628,17 @@ static int request_model(http *h, struct evhttp_request *req, enum route r, json
 }
 
 /* The request body as a JSON object, or NULL after answering. */
-static json_object *read_body(http *h, struct evhttp_request *req, enum route r)
+static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
 {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t n = evbuffer_get_length(in);
-    if (n > (size_t)h->cfg->http_max_body_bytes) {
-        send_error(h, req, r, 413, "invalid_request_error", "body_too_large",
-                   "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
-                   h->cfg->http_max_body_bytes);
-        return NULL;
-    }
+    size_t n;
+    const char *p = httpwire_body(wc, &n);
     if (n == 0) {
-        bad_request(h, req, r, "the body must be a JSON object");
+        bad_request(h, wc, r, "the body must be a JSON object");
         return NULL;
     }
-    const char *p = (const char *)evbuffer_pullup(in, -1);
     json_tokener *tk = json_tokener_new();
-    if (!p || !tk) {
-        json_tokener_free(tk);
-        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
+    if (!tk) {
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return NULL;
     }
     json_tokener_set_flags(tk, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
@@ -1699,7 +1650,7 @@ static json_object *read_body(http *h, struct evhttp_request *req, enum route r)
         end++;
     if (!o || e != json_tokener_success || end != n || !json_object_is_type(o, json_type_object)) {
         json_object_put(o);
-        bad_request(h, req, r,
+        bad_request(h, wc, r,
                     e == json_tokener_success || e == json_tokener_continue
                         ? "the body must be one JSON object"
                         : json_tokener_error_desc(e));
@@ -1708,97 +1659,160 @@ static json_object *read_body(http *h, struct evhttp_request *req, enum route r)
     return o;
 }
 
-static void on_request(struct evhttp_request *req, void *arg)
+/* ---- what connections and bodies hold ---- */
+
+static uid_bodies *ub_find(http *h, uid_t uid)
+{
+    for (size_t i = 0; i < h->n_ub; i++)
+        if (h->ub[i].uid == uid)
+            return &h->ub[i];
+    return NULL;
+}
+
+/*
+ * Reserves n bytes of the body budgets for gc's request of uid before its body is read:
+ * its uid's (http_max_body_buffered_bytes_per_uid) first, so that one uid over its share
+ * hears that it is, then everyone's (http_max_body_buffered_bytes). 0, or the status it
+ * is refused with (429, 503) and msg.
+ */
+static int reserve_body(http *h, gwconn *gc, uid_t uid, size_t n, char *msg, size_t cap)
+{
+    const config *cfg = h->cfg;
+    uid_bodies *u = ub_find(h, uid);
+    size_t mine = u ? u->bytes : 0;
+    if (mine + n > (size_t)cfg->http_max_body_buffered_bytes_per_uid) {
+        snprintf(msg, cap, "uid %u has %zu bytes of request bodies on their way; %zu more would "
+                           "pass http_max_body_buffered_bytes_per_uid (%d)",
+                 (unsigned)uid, mine, n, cfg->http_max_body_buffered_bytes_per_uid);
+        return 429;
+    }
+    if (h->body_bytes + n > (size_t)cfg->http_max_body_buffered_bytes) {
+        snprintf(msg, cap, "the gateway holds %zu bytes of request bodies on their way; %zu "
+                           "more would pass http_max_body_buffered_bytes (%d)",
+                 h->body_bytes, n, cfg->http_max_body_buffered_bytes);
+        return 503;
+    }
+    if (!u) {
+        if (h->n_ub == h->cap_ub) {
+            size_t c = h->cap_ub ? 2 * h->cap_ub : 16;
+            uid_bodies *p = realloc(h->ub, c * sizeof *p);
+            if (!p) {
+                snprintf(msg, cap, "out of memory");
+                return 503;
+            }
+            h->ub = p;
+            h->cap_ub = c;
+        }
+        u = &h->ub[h->n_ub++];
+        *u = (uid_bodies){uid, 0};
+    }
+    u->bytes += n;
+    h->body_bytes += n;
+    gc->reserved = n;
+    return 0;
+}
+
+static void release_body(http *h, gwconn *gc)
+{
+    if (!gc->reserved)
+        return;
+    uid_bodies *u = ub_find(h, gc->ss.uid);
+    if (u && (u->bytes -= gc->reserved) == 0)
+        *u = h->ub[--h->n_ub];
+    h->body_bytes -= gc->reserved;
+    gc->reserved = 0;
+}
+
+/* httpwire's open hook: the connection counts against max_connections and, on the Unix
+ * socket, its peer uid's max_connections_per_uid; on TCP, whose peer is known only by
+ * the token of a request, against http_max_unauthenticated_connections until then. */
+static int gw_open(void *arg, int fd, void **data, char *msg, size_t cap)
 {
     http *h = arg;
-    size_t plen;
-    enum route r = route_of(evhttp_request_get_uri(req), &plen);
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
-    char msg[ERR_MAX + 128];
-    if (r == R_OTHER) {
-        send_error(h, req, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
-                   (int)(plen > 200 ? 200 : plen), evhttp_request_get_uri(req));
-        return;
+    int domain = 0;
+    socklen_t dl = sizeof domain;
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) != 0 ||
+        (domain == AF_UNIX && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)) {
+        snprintf(msg, cap, "cannot identify the peer: %s", strerror(errno));
+        return 503;
     }
-    if (cmd != (get ? EVHTTP_REQ_GET : EVHTTP_REQ_POST)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", get ? "GET" : "POST");
-        send_error(h, req, r, 405, "invalid_request_error", "method_not_allowed",
-                   "%s takes %s", route_path[r], get ? "GET" : "POST");
-        return;
+    bool tcp = domain != AF_UNIX;
+    if (tcp && h->n_unauth >= (unsigned)h->cfg->http_max_unauthenticated_connections) {
+        snprintf(msg, cap, "%u TCP connections have sent no valid token yet, the limit "
+                           "(http_max_unauthenticated_connections)", h->n_unauth);
+        return 429;
     }
-    if (h->shutting || h->worker_done) {
-        if (r == R_HEALTH) {
-            json_object *o = json_object_new_object();
-            json_object_object_add(o, "status", json_object_new_string("shutting_down"));
-            send_json(h, req, r, 503, o);
-        } else {
-            send_error(h, req, r, 503, "server_error", "unavailable", "the daemon is shutting down");
-        }
-        return;
+    gwconn *gc = calloc(1, sizeof *gc);
+    if (!gc) {
+        snprintf(msg, cap, "out of memory");
+        return 503;
     }
-    if (r == R_HEALTH) {
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "status", json_object_new_string("ok"));
-        send_json(h, req, r, 200, o);
-        return;
+    enum server_admit a = server_conn_add(h->srv, !tcp, tcp ? 0 : cred.uid, msg, cap);
+    if (a != SERVER_ADMIT_OK) {
+        free(gc);
+        return a == SERVER_ADMIT_UID_FULL ? 429 : 503;
     }
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-    int fd = bev ? bufferevent_getfd(bev) : -1;
-    session ss = {0};
-    int status = fd < 0 ? 500 : identify(h, req, fd, &ss, msg, sizeof msg);
-    if (status) {
-        if (status == 401)
-            evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
-        send_error(h, req, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
-                   status == 401 ? "invalid_api_key" : "invalid_request", "%s",
-                   fd < 0 ? "no connection" : msg);
-        return;
-    }
-    if (models_view_update(h->reg, &h->view)) {
-        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
-        return;
-    }
-    if (r == R_MODELS) {
-        send_models(h, req);
-        return;
-    }
-    if (r == R_METRICS && !ss.admin) {
-        send_error(h, req, r, 403, "permission_error", "permission_denied",
-                   "/metrics needs an admin: uid 0 or group %s on the socket, an admin token "
-                   "on TCP", h->cfg->admin_group);
-        return;
-    }
-    json_object *body = NULL;
-    const char *named = NULL;
-    const models_view_entry *model = NULL;
-    if (r != R_METRICS) {
-        if (!(body = read_body(h, req, r)))
-            return;
-        if (request_model(h, req, r, body, &named, &model)) {
-            json_object_put(body);
-            return;
-        }
-    }
+    gc->h = h;
+    gc->tcp = tcp;
+    gc->has_uid = !tcp;
+    gc->uid = tcp ? 0 : cred.uid;
+    h->n_conns++;
+    h->n_unauth += tcp;
+    *data = gc;
+    return 0;
+}
+
+/* httpwire's close hook: a request still waiting is dropped (its client left). */
+static void gw_close(void *arg, void *data)
+{
+    http *h = arg;
+    gwconn *gc = data;
+    if (gc->hr)
+        hreq_gone(gc->hr);
+    release_body(h, gc);
+    server_conn_remove(h->srv, gc->has_uid, gc->uid);
+    h->n_conns--;
+    h->n_unauth -= !gc->has_uid;
+    free(gc);
+}
+
+/* A TCP connection's requests name their uid by token: from the first one that does,
+ * the connection counts under that uid (and under the next one that names another).
+ * 0, or 429 with msg when the uid has its max_connections_per_uid. */
+static int count_under(http *h, gwconn *gc, uid_t uid, char *msg, size_t cap)
+{
+    if (server_conn_set_uid(h->srv, gc->has_uid, gc->uid, uid, msg, cap) != SERVER_ADMIT_OK)
+        return 429;
+    h->n_unauth -= !gc->has_uid;
+    gc->has_uid = true;
+    gc->uid = uid;
+    return 0;
+}
+
+/* ---- the request hooks ---- */
+
+/* A request whose answer waits for the worker: hr of route r from ss, on wc. NULL after
+ * answering (out of memory). */
+static hreq *hreq_new(http *h, httpwire_conn *wc, enum route r, const session *ss,
+                      json_object *body, const char *named, const models_view_entry *model)
+{
     hreq *hr = calloc(1, sizeof *hr);
-    struct event *watch = hr ? event_new(h->base, fd, EV_READ, on_watch, hr) : NULL;
-    if (!watch) {
-        free(hr);
+    if (!hr) {
         json_object_put(body);
-        send_error(h, req, r, 500, "server_error", "internal_error", "out of memory");
-        return;
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        return NULL;
     }
     hr->h = h;
-    hr->req = req;
-    hr->evcon = evcon;
-    hr->watch = watch;
+    hr->wc = wc;
+    hr->gc = httpwire_data(wc);
     hr->route = r;
     hr->body = body;
     hr->model_named = named;
     snprintf(hr->model, sizeof hr->model, "%s", model ? model->name : "");
     hr->family = model ? model->family : CHAT_PLAIN;
-    hr->ss = ss;
+    hr->ss = *ss;
     hr->ss.conn_id = HTTP_CONN_BIT | ++h->next_id;
     hr->created = (int64_t)time(NULL);
     uint64_t rnd = 0;
@@ -1811,11 +1825,16 @@ static void on_request(struct evhttp_request *req, void *arg)
     hr->next = *b;
     *b = hr;
     h->n_reqs++;
-    evhttp_connection_set_closecb(evcon, on_conn_close, hr);
-    event_add(watch, NULL);
+    hr->gc->hr = hr;
+    return hr;
+}
 
+/* Binds hr's connection (not for /metrics) and sends its request to the worker. */
+static void hreq_start(hreq *hr)
+{
+    char msg[ERR_MAX + 128];
     Llms__Request rq = LLMS__REQUEST__INIT;
-    if (r != R_METRICS) {
+    if (hr->route != R_METRICS) {
         Llms__BindRequest bind = LLMS__BIND_REQUEST__INIT;
         bind.app_name = hr->ss.app;
         rq.id = ID_BIND;
@@ -1830,7 +1849,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     rq = (Llms__Request)LLMS__REQUEST__INIT;
     rq.id = ID_WORK;
     Llms__Empty empty = LLMS__EMPTY__INIT;
-    switch (r) {
+    switch (hr->route) {
     case R_CHAT:
     case R_COMPLETIONS:
         start_generate(hr, &rq, msg, sizeof msg);
@@ -1852,6 +1871,121 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     if (hr->done)
         hreq_free(hr);
+}
+
+/*
+ * httpwire's head hook: everything that needs no body is decided here, before a byte
+ * of it is read (route, method, shutdown, identity, the uid's connection count, the
+ * body's size against http_max_body_bytes and the body budgets); true when the body is
+ * to be read (gw_body goes on).
+ */
+static bool gw_head(void *arg, httpwire_conn *wc)
+{
+    http *h = arg;
+    gwconn *gc = httpwire_data(wc);
+    size_t plen;
+    const char *uri = httpwire_target(wc);
+    const char *method = httpwire_method(wc);
+    enum route r = route_of(uri, &plen);
+    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
+    char msg[ERR_MAX + 128];
+    if (r == R_OTHER) {
+        send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
+                   (int)(plen > 200 ? 200 : plen), uri);
+        return false;
+    }
+    if (strcmp(method, get ? "GET" : "POST") != 0) {
+        httpwire_add_header(wc, "Allow", get ? "GET" : "POST");
+        send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
+                   "%s takes %s", route_path[r], get ? "GET" : "POST");
+        return false;
+    }
+    if (h->shutting || h->worker_done) {
+        if (r == R_HEALTH) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "status", json_object_new_string("shutting_down"));
+            send_json(h, wc, r, 503, o);
+        } else {
+            send_error(h, wc, r, 503, "server_error", "unavailable", "the daemon is shutting down");
+        }
+        return false;
+    }
+    if (r == R_HEALTH) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "status", json_object_new_string("ok"));
+        send_json(h, wc, r, 200, o);
+        return false;
+    }
+    session ss = {0};
+    int status = identify(h, wc, httpwire_fd(wc), &ss, msg, sizeof msg);
+    if (status) {
+        if (status == 401)
+            httpwire_add_header(wc, "WWW-Authenticate", "Bearer");
+        send_error(h, wc, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
+                   status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
+        return false;
+    }
+    if (gc->tcp && count_under(h, gc, ss.uid, msg, sizeof msg)) {
+        send_error(h, wc, r, 429, "rate_limit_error", "resource_exhausted", "%s", msg);
+        return false;
+    }
+    if (models_view_update(h->reg, &h->view)) {
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        return false;
+    }
+    if (r == R_MODELS) {
+        send_models(h, wc);
+        return false;
+    }
+    if (r == R_METRICS) {
+        if (!ss.admin) {
+            send_error(h, wc, r, 403, "permission_error", "permission_denied",
+                       "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
+                       "token on TCP", h->cfg->admin_group);
+            return false;
+        }
+        hreq *hr = hreq_new(h, wc, r, &ss, NULL, NULL, NULL);
+        if (hr)
+            hreq_start(hr);
+        return false;
+    }
+    size_t n = httpwire_content_length(wc);
+    if (n > (size_t)h->cfg->http_max_body_bytes) {
+        send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
+                   "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
+                   h->cfg->http_max_body_bytes);
+        return false;
+    }
+    gc->route = r;
+    gc->ss = ss;
+    if (n && (status = reserve_body(h, gc, ss.uid, n, msg, sizeof msg))) {
+        send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
+                   status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
+        return false;
+    }
+    return true;
+}
+
+/* httpwire's body hook: the body of a request gw_head let through has arrived whole. */
+static void gw_body(void *arg, httpwire_conn *wc)
+{
+    http *h = arg;
+    gwconn *gc = httpwire_data(wc);
+    enum route r = gc->route;
+    json_object *body = read_body(h, wc, r);
+    /* Parsed (or refused): the raw body is about to go. */
+    release_body(h, gc);
+    const char *named = NULL;
+    const models_view_entry *model = NULL;
+    if (!body)
+        return;
+    if (request_model(h, wc, r, body, &named, &model)) {
+        json_object_put(body);
+        return;
+    }
+    hreq *hr = hreq_new(h, wc, r, &gc->ss, body, named, model);
+    if (hr)
+        hreq_start(hr);
 }
 
 /* ---- setup ---- */
@@ -2003,7 +2137,7 @@ static int http_socket_gid(const config *cfg, gid_t *gid, char err[ERR_MAX])
 
 static int listen_unix(http *h, const config *cfg, char err[ERR_MAX])
 {
-    gid_t gid;
+    gid_t gid = getegid();
     if (http_socket_gid(cfg, &gid, err))
         return -1;
     int fd = server_listen_unix(cfg->http_socket, cfg->socket_mode, err);
@@ -2018,10 +2152,9 @@ static int listen_unix(http *h, const config *cfg, char err[ERR_MAX])
         unlink(cfg->http_socket);
         return -1;
     }
-    if (!evhttp_accept_socket_with_handle(h->eh, fd)) {
-        close(fd);
+    if (httpwire_listen(h->wire, fd, err)) {
         unlink(cfg->http_socket);
-        return err_set(err, "http_socket: evhttp cannot accept on it");
+        return -1;
     }
     h->owns_path = true;
     fprintf(stderr, "llmsd: http gateway on unix:%s\n", cfg->http_socket);
@@ -2041,6 +2174,40 @@ static bool is_loopback(const struct sockaddr_storage *a)
     return false;
 }
 
+/* A listening TCP socket on host:port (the first address host resolves to that takes
+ * it); its address in *a. The descriptor, or -1 + err. */
+static int tcp_socket(const char *spec, const char *host, const char *port,
+                      struct sockaddr_storage *a, char err[ERR_MAX])
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_ADDRCONFIG};
+    struct addrinfo *res;
+    int e = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
+    if (e)
+        return err_set(err, "http_listen %s: %s", spec, gai_strerror(e));
+    int fd = -1, saved = 0;
+    for (const struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        int one = 1;
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+                        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0)) {
+            saved = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    socklen_t len = sizeof *a;
+    if (fd < 0)
+        return err_set(err, "http_listen %s: cannot listen there: %s", spec, strerror(saved));
+    if (getsockname(fd, (struct sockaddr *)a, &len) != 0) {
+        err_set(err, "http_listen %s: %s", spec, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
 {
     char host[256];
@@ -2056,21 +2223,17 @@ static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
     unsigned long port = strtoul(colon + 1, &end, 10);
     if (*end || port > 65535)
         return err_set(err, "http_listen: '%s' is not a port", colon + 1);
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(h->eh, host, (uint16_t)port);
-    if (!bs)
-        return err_set(err, "http_listen %s: cannot listen there: %s", spec, strerror(errno));
     struct sockaddr_storage a;
-    socklen_t len = sizeof a;
-    int fd = evhttp_bound_socket_get_fd(bs);
-    if (getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        evhttp_del_accept_socket(h->eh, bs);
-        return err_set(err, "http_listen %s: %s", spec, strerror(errno));
-    }
+    int fd = tcp_socket(spec, host, colon + 1, &a, err);
+    if (fd < 0)
+        return -1;
     if (!is_loopback(&a) && !h->cfg->http_allow_remote) {
-        evhttp_del_accept_socket(h->eh, bs);
+        close(fd);
         return err_set(err, "http_listen %s is not a loopback address; set http_allow_remote = 1 "
                             "to serve other machines (bearer tokens travel in clear text)", spec);
     }
+    if (httpwire_listen(h->wire, fd, err))
+        return -1;
     unsigned bound = ntohs(a.ss_family == AF_INET ? ((struct sockaddr_in *)&a)->sin_port
                                                   : ((struct sockaddr_in6 *)&a)->sin6_port);
     fprintf(stderr, "llmsd: http gateway on %s (port %u), %zu token%s\n", spec, bound,
@@ -2078,8 +2241,8 @@ static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
     return 0;
 }
 
-http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               models *reg, char err[ERR_MAX])
+http *http_new(struct event_base *base, const config *cfg, server *srv, models *reg,
+               char err[ERR_MAX])
 {
     http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -2088,7 +2251,8 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
     }
     h->base = base;
     h->cfg = cfg;
-    h->senv = *senv;
+    h->srv = srv;
+    h->senv = *server_session_env(srv);
     h->senv.send = gw_send;
     h->senv.submitted = gw_submitted;
     h->reg = reg;
@@ -2103,19 +2267,19 @@ http *http_new(struct event_base *base, const config *cfg, const struct session_
     }
     /* Vectors and scores are floats: nine digits round-trip them. */
     json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
-    if (!(h->eh = evhttp_new(base))) {
-        err_set(err, "evhttp_new failed");
+    httpwire_config wcfg = {
+        .max_head_bytes = MAX_HEADERS_BYTES,
+        .header_timeout_ms = cfg->http_header_timeout_ms,
+        .body_timeout_ms = cfg->http_body_timeout_ms,
+        .body_ms_per_mib = BODY_MS_PER_MIB,
+        .idle_timeout_ms = IDLE_MS,
+        .accept_retry_ms = SERVER_ACCEPT_RETRY_MS,
+    };
+    httpwire_hooks hooks = {gw_open, gw_head, gw_body, gw_close};
+    if (!(h->wire = httpwire_new(base, &wcfg, &hooks, h))) {
+        err_set(err, "out of memory");
         goto fail;
     }
-    /* Bodies up to the limit are read and answered in JSON when too large; evhttp itself
-     * refuses (413, its own page) those over twice the limit without reading them. */
-    evhttp_set_max_body_size(h->eh, 2 * (ev_ssize_t)cfg->http_max_body_bytes);
-    evhttp_set_max_headers_size(h->eh, MAX_HEADERS_BYTES);
-    evhttp_set_timeout(h->eh, IDLE_SECONDS);
-    evhttp_set_allowed_methods(h->eh, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
-                                          EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS |
-                                          EVHTTP_REQ_PATCH);
-    evhttp_set_gencb(h->eh, on_request, h);
     if (cfg->http_tokens_file[0] && load_tokens(h, cfg->http_tokens_file, err))
         goto fail;
     if (cfg->http_socket[0] && listen_unix(h, cfg, err))
@@ -2148,18 +2312,12 @@ void http_free(http *h)
 {
     if (!h)
         return;
-    for (int b = 0; b < HREQ_BUCKETS; b++)
-        while (h->buckets[b]) {
-            hreq *hr = h->buckets[b];
-            hreq_finish(hr);
-            hreq_free(hr);
-        }
-    /* evhttp_free closes the listeners and every connection with its requests. */
-    if (h->eh)
-        evhttp_free(h->eh);
+    /* Every connection closes, with the request it still waits for. */
+    httpwire_free(h->wire);
     if (h->owns_path)
         unlink(h->cfg->http_socket);
     free(h->tokens);
     models_view_free(&h->view);
+    free(h->ub);
     free(h);
 }

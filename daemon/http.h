@@ -1,5 +1,5 @@
 /*
- * http.h — the OpenAI-compatible HTTP gateway: HTTP/1.1 (libevent's evhttp) on a Unix
+ * http.h — the OpenAI-compatible HTTP gateway: HTTP/1.1 (daemon/httpwire.h) on a Unix
  * socket (http_socket) and/or a loopback TCP port (http_listen), JSON through json-c.
  *
  * Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
@@ -28,6 +28,17 @@
  * X-Llmsd-App header (default FRAME_DEFAULT_APP, "default", as every client); on TCP the bearer token, mapped to (uid, app) by
  * http_tokens_file. /metrics needs an admin (as llmsctl status): uid 0 or admin_group
  * on the socket, a token marked admin on TCP. /health needs no identity.
+ *
+ * What one local user can make the gateway hold is bounded as for native connections:
+ * its connections count in the daemon's max_connections and max_connections_per_uid
+ * (on the Unix socket under the peer's uid from the accept; on TCP under the uid of the
+ * token once a request names one, before that under http_max_unauthenticated_connections),
+ * past which a connection is answered 429 (its uid) or 503 (everyone's) and closed; a
+ * request head must arrive within http_header_timeout_ms and a body within
+ * http_body_timeout_ms plus a second a MiB (408 and the close after); a body is read only
+ * after its request is known to be acceptable, and its Content-Length is first reserved
+ * from http_max_body_buffered_bytes_per_uid (429 past it) and
+ * http_max_body_buffered_bytes (503), given back once it is parsed.
  */
 #ifndef LLMS_HTTP_H
 #define LLMS_HTTP_H
@@ -47,16 +58,17 @@
 #define HTTP_CONN_BIT (UINT64_C(1) << 63)
 
 typedef struct http http;
-struct session_env;
+struct server;
 
 /* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
- * least one is set). senv is the native connections' session environment and reg the
- * model registry (both outlive the gateway), of which the gateway only calls
+ * least one is set). srv is the native server, whose session environment the requests go
+ * through and whose connection counts the gateway's connections join; reg the model
+ * registry (both outlive the gateway), of which the gateway only calls
  * models_view_update. NULL + err when a listener cannot be opened, http_listen is not a
  * loopback address (and http_allow_remote is 0), or the tokens file is unreadable or
  * malformed. */
-http *http_new(struct event_base *base, const config *cfg, const struct session_env *senv,
-               models *reg, char err[ERR_MAX]);
+http *http_new(struct event_base *base, const config *cfg, struct server *srv, models *reg,
+               char err[ERR_MAX]);
 
 /* A Response frame (header and body; not taken) from the worker for connection id
  * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */

@@ -217,7 +217,7 @@ int main(int argc, char **argv)
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
         /* the gateway runs on the loop thread: it reads the registry only through
          * models_view_update, which the worker's loads and unloads keep current */
-        gw = http_new(base, &cfg, server_session_env(ls.srv), reg, err);
+        gw = http_new(base, &cfg, ls.srv, reg, err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;

@@ -10,7 +10,6 @@
 #include <event2/listener.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +23,7 @@
 
 #include "daemon/http.h"
 #include "daemon/notify.h"
+#include "daemon/ratelog.h"
 #include "daemon/resp.h"
 #include "daemon/session.h"
 #include "proto/frame.h"
@@ -33,8 +33,6 @@
 /* Descriptors kept for everything but connections: the store's files, the model, the
  * listener, the eventfd, the journal. */
 #define FD_RESERVE 64
-#define ACCEPT_RETRY_MS 250   /* pause of the listener when descriptors run out */
-#define LOG_EVERY_MS 10000    /* at most one line per kind of refusal this often */
 /* Bytes of frames one read callback decodes before it lets other connections run. */
 #define READ_SLICE_BYTES (256u << 10)
 /* What one read takes from the socket when no frame is half there (libevent's own). */
@@ -42,13 +40,6 @@
 /* A large frame's deadline grows with its size: a MiB a second is far below what any
  * local client sends, however loaded the machine. */
 #define FRAME_MS_PER_MIB 1000
-
-/* One kind of repeated log line, written at most once every LOG_EVERY_MS with the count
- * of the ones left out. */
-typedef struct log_limit {
-    int64_t last_ms;
-    unsigned suppressed;
-} log_limit;
 
 typedef struct uid_conns {
     uid_t uid;
@@ -85,13 +76,14 @@ struct server {
     bool have_admin_gid;
     gid_t admin_gid;
     uint64_t next_id;
-    unsigned n_conns;
+    unsigned n_conns;       /* native connections */
+    unsigned n_gateway;     /* the HTTP gateway's connections (server_conn_add) */
     unsigned max_conns;     /* max_connections within the open-file limit */
     size_t buffered;        /* bytes reserved by partial large frames */
     uid_conns *uids;        /* connections per peer uid (uids with any) */
     size_t n_uids, cap_uids;
     struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
-    log_limit log_accept, log_refused;
+    ratelog log_accept, log_refused;
     http *gw;               /* the HTTP gateway, when one is configured */
     conn *buckets[CONN_BUCKETS];
 };
@@ -101,29 +93,6 @@ static int64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void log_limited(log_limit *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void log_limited(log_limit *l, const char *fmt, ...)
-{
-    int64_t now = now_ms();
-    if (l->last_ms && now - l->last_ms < LOG_EVERY_MS) {
-        l->suppressed++;
-        return;
-    }
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (l->suppressed)
-        fprintf(stderr, "llmsd: warn: %s (%u more like it since the last line)\n", line,
-                l->suppressed);
-    else
-        fprintf(stderr, "llmsd: warn: %s\n", line);
-    l->last_ms = now;
-    l->suppressed = 0;
 }
 
 static uid_conns *uid_find(server *srv, uid_t uid)
@@ -159,6 +128,24 @@ static void uid_remove(server *srv, uid_t uid)
     uid_conns *u = uid_find(srv, uid);
     if (u && --u->n == 0)
         *u = srv->uids[--srv->n_uids];
+}
+
+/* Whether one more connection (of uid, when with_uid) fits max_connections and
+ * max_connections_per_uid, counting the gateway's beside the native ones. */
+static enum server_admit admit(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
+{
+    unsigned all = srv->n_conns + srv->n_gateway;
+    if (all >= srv->max_conns) {
+        snprintf(msg, cap, "the daemon has %u connections, the limit (max_connections)", all);
+        return SERVER_ADMIT_FULL;
+    }
+    uid_conns *u = with_uid ? uid_find(srv, uid) : NULL;
+    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
+        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
+                 (unsigned)uid, u->n);
+        return SERVER_ADMIT_UID_FULL;
+    }
+    return SERVER_ADMIT_OK;
 }
 
 static conn **bucket(server *srv, uint64_t id)
@@ -496,12 +483,12 @@ static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
     if (resp_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes, &buf, &len,
                    "%s", msg) == 0) {
         if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-            log_limited(&srv->log_refused, "refused connection: could not send why: %s",
-                        strerror(errno));
+            ratelog_warn(&srv->log_refused, "refused connection: could not send why: %s",
+                         strerror(errno));
         free(buf);
     }
     close(fd);
-    log_limited(&srv->log_refused, "refused a connection: %s", msg);
+    ratelog_warn(&srv->log_refused, "refused a connection: %s", msg);
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
@@ -518,16 +505,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     char msg[160];
-    uid_conns *u = uid_find(srv, cred.uid);
-    if (srv->n_conns >= srv->max_conns) {
-        snprintf(msg, sizeof msg, "the daemon has %u connections, the limit (max_connections)",
-                 srv->n_conns);
-        refuse_fd(srv, fd, msg);
-        return;
-    }
-    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
-        snprintf(msg, sizeof msg, "uid %u has %u connections, the limit (max_connections_per_uid)",
-                 (unsigned)cred.uid, u->n);
+    if (admit(srv, true, cred.uid, msg, sizeof msg) != SERVER_ADMIT_OK) {
         refuse_fd(srv, fd, msg);
         return;
     }
@@ -545,7 +523,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         else
             close(fd);
         free(c);
-        log_limited(&srv->log_refused, "refused a connection: out of memory");
+        ratelog_warn(&srv->log_refused, "refused a connection: out of memory");
         return;
     }
     c->srv = srv;
@@ -575,10 +553,10 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 {
     server *srv = arg;
     int e = EVUTIL_SOCKET_ERROR();
-    log_limited(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
-                strerror(e), ACCEPT_RETRY_MS, srv->n_conns);
+    ratelog_warn(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
+                 strerror(e), SERVER_ACCEPT_RETRY_MS, srv->n_conns);
     evconnlistener_disable(l);
-    struct timeval tv = {0, ACCEPT_RETRY_MS * 1000};
+    struct timeval tv = {0, SERVER_ACCEPT_RETRY_MS * 1000};
     evtimer_add(srv->accept_ev, &tv);
 }
 
@@ -820,6 +798,48 @@ void server_set_http(server *srv, http *gw)
 const session_env *server_session_env(const server *srv)
 {
     return &srv->senv;
+}
+
+enum server_admit server_conn_add(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
+{
+    enum server_admit a = srv->shutting ? SERVER_ADMIT_FULL : admit(srv, with_uid, uid, msg, cap);
+    if (srv->shutting)
+        snprintf(msg, cap, "the daemon is shutting down");
+    if (a != SERVER_ADMIT_OK)
+        return a;
+    if (with_uid && uid_add(srv, uid)) {
+        snprintf(msg, cap, "out of memory");
+        return SERVER_ADMIT_FULL;
+    }
+    srv->n_gateway++;
+    return SERVER_ADMIT_OK;
+}
+
+enum server_admit server_conn_set_uid(server *srv, bool had_uid, uid_t from, uid_t to,
+                                      char *msg, size_t cap)
+{
+    if (had_uid && from == to)
+        return SERVER_ADMIT_OK;
+    uid_conns *u = uid_find(srv, to);
+    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
+        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
+                 (unsigned)to, u->n);
+        return SERVER_ADMIT_UID_FULL;
+    }
+    if (uid_add(srv, to)) {
+        snprintf(msg, cap, "out of memory");
+        return SERVER_ADMIT_FULL;
+    }
+    if (had_uid)
+        uid_remove(srv, from);
+    return SERVER_ADMIT_OK;
+}
+
+void server_conn_remove(server *srv, bool with_uid, uid_t uid)
+{
+    if (with_uid)
+        uid_remove(srv, uid);
+    srv->n_gateway--;
 }
 
 unsigned server_n_connections(const server *srv)

@@ -35,6 +35,8 @@
 #include "engine/tokenizer.h"
 
 #define SERVER_OUT_CAP (8u << 20) /* bytes of replies queued on a connection */
+/* How long a listener rests when accept() fails for want of descriptors. */
+#define SERVER_ACCEPT_RETRY_MS 250
 /* Frames up to this size are read without drawing on max_buffered_bytes: each
  * connection holds at most one, and connections are capped. */
 #define SERVER_SMALL_FRAME (64u << 10)
@@ -69,8 +71,30 @@ void server_set_http(server *srv, http *gw);
  * same checks (the same Bind, limits and refusals) with their own send and submitted. */
 const session_env *server_session_env(const server *srv);
 
-/* Open connections. */
+/* Open native connections. */
 unsigned server_n_connections(const server *srv);
+
+/* Whether a connection of another listener may open, and which limit refuses it. */
+enum server_admit {
+    SERVER_ADMIT_OK,
+    SERVER_ADMIT_FULL,     /* max_connections (or shutdown, or out of memory) */
+    SERVER_ADMIT_UID_FULL, /* max_connections_per_uid */
+};
+
+/*
+ * The HTTP gateway's connections count against the same max_connections and
+ * max_connections_per_uid as native ones, so that neither kind of socket lets one uid
+ * hold what the other refuses. server_conn_add counts one more (in uid's count too when
+ * with_uid; without, one whose owner is not known yet: unauthenticated TCP); anything
+ * but SERVER_ADMIT_OK counts nothing and msg says which limit. server_conn_set_uid moves
+ * a counted connection to uid to (from from, when had_uid): refused with
+ * SERVER_ADMIT_UID_FULL when to has its limit, the connection then staying where it
+ * was. server_conn_remove forgets one, as it was last counted.
+ */
+enum server_admit server_conn_add(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap);
+enum server_admit server_conn_set_uid(server *srv, bool had_uid, uid_t from, uid_t to,
+                                      char *msg, size_t cap);
+void server_conn_remove(server *srv, bool with_uid, uid_t uid);
 
 /* Closes every connection and the socket (removing the socket file it created). */
 void server_free(server *srv);

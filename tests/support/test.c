@@ -17,8 +17,22 @@ static enum test_state current_state;
 static int n_passed, n_failed, n_skipped;
 static char tmpdir_path[256];
 
+/* Whether name is in LLMS_TEST_ONLY (a comma-separated list), or that is unset. */
+static bool selected(const char *name)
+{
+    const char *only = getenv("LLMS_TEST_ONLY");
+    size_t n = strlen(name);
+    for (const char *p = only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        if (strcspn(p, ",") == n && strncmp(p, name, n) == 0)
+            return true;
+    }
+    return !only || !*only;
+}
+
 void test_run(const char *name, void (*fn)(void))
 {
+    if (!selected(name))
+        return;
     current_state = TEST_PASSED;
     fn();
     switch (current_state) {

@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Runs one test function and records its outcome. */
+/* Runs one test function and records its outcome; with LLMS_TEST_ONLY set (test names,
+ * comma-separated), only the tests it names run. */
 void test_run(const char *name, void (*fn)(void));
 
 /* Marks the running test failed with a located message; use through CHECK*. */
