@@ -25,7 +25,8 @@
  *                   (the victim also sends an 80 KB Embed frame, its baseline too)
  *   http_slowloris  400 HTTP connections sending one header byte a second
  *   http_fd_flood   HTTP connections opened until the daemon's descriptors run out
- *   http_bodies     64 HTTP requests announcing 16 MB bodies, each sending 4 MB
+ *   http_bodies     64 HTTP requests announcing 8 MB bodies (under http_max_body_bytes),
+ *                   each sending 4 MB
  */
 #include <fcntl.h>
 #include <grp.h>
@@ -356,8 +357,8 @@ static void http_bodies(int ready)
     static char chunk[1 << 16];
     memset(chunk, ' ', sizeof chunk);
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                       "Content-Type: application/json\r\nContent-Length: 16777216\r\n\r\n";
-    int n = http_open(fds, 64, head, false), refused = 0;
+                       "Content-Type: application/json\r\nContent-Length: 8000000\r\n\r\n";
+    int n = http_open(fds, 64, head, false), refused = 0, too_large = 0;
     long sent = 0;
     for (int i = 0; i < n; i++) {
         /* 4 MB each, unless the gateway stops reading (or answered) for 1 s */
@@ -376,10 +377,12 @@ static void http_bodies(int ready)
         ssize_t r = recv(fds[i], answer, sizeof answer - 1, MSG_DONTWAIT);
         refused += r > 12 && (strncmp(answer + 9, "429", 3) == 0 ||
                               strncmp(answer + 9, "503", 3) == 0);
+        too_large += r > 12 && strncmp(answer + 9, "413", 3) == 0;
     }
     char detail[128];
-    snprintf(detail, sizeof detail, "%d bodies started, %ld MB sent, %d answered 429/503", n,
-             sent >> 20, refused);
+    snprintf(detail, sizeof detail,
+             "%d bodies started, %ld MB sent, %d answered 429/503, %d answered 413", n,
+             sent >> 20, refused, too_large);
     attack_ready(ready, detail);
     hold_forever();
 }
