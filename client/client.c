@@ -999,6 +999,9 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kb_ivf_trained = p->kb_ivf_trained,
         .kb_ivf_train_pending = p->kb_ivf_train_pending,
         .qkv_verify_misses = p->qkv_verify_misses,
+        .kb_passages = p->kb_passages,
+        .kb_text_bytes = p->kb_text_bytes,
+        .kb_disk_bytes = p->kb_disk_bytes,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

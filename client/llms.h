@@ -582,6 +582,9 @@ typedef struct llms_daemon_status {
     /* QKV nodes found under a RAG query's key whose owner or token prefix was not the
      * query's (a forged row or a hash collision), each used as a miss. */
     uint64_t qkv_verify_misses;
+    /* Knowledge bases on disk: visible passages, their text bytes, and the bytes of the
+     * catalog pages that hold them (0 from a daemon that does not say). */
+    uint64_t kb_passages, kb_text_bytes, kb_disk_bytes;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

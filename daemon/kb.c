@@ -27,7 +27,8 @@ typedef struct kb_vecs {
     int dim;
     int n, cap;
     int64_t *ids;
-    float *vecs;        /* (n, dim) unit length */
+    int8_t *q;          /* (n, dim) as stored: vector i is q[i] * scale[i], about unit length */
+    float *scale;       /* (n) */
     ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
     int64_t searches;   /* IVF searches since its hot copy was last refreshed */
     bool train_pending; /* its index is to be trained in idle time; exact search till then */
@@ -40,7 +41,8 @@ struct kbm {
     kb_ivf_stats ivf_stats;
     kb_changed_fn changed;
     void *changed_arg;
-    bool drops_pending;     /* hidden knowledge bases may have rows left (kb_drop_idle) */
+    bool drops_pending;     /* rows of hidden knowledge bases or retired documents, or
+                             * their freed pages, may be left (kb_drop_idle) */
 };
 
 static int64_t wall_ms(void)
@@ -59,13 +61,19 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
     }
     k->env = *env;
     k->drops_pending = true; /* a drop a crash cut short is finished in idle time */
+    /* no writer is left of a staged document: it goes with the retired ones */
+    if (store_kb_unstage_all(env->st, err)) {
+        free(k);
+        return NULL;
+    }
     return k;
 }
 
 static void vecs_free(kb_vecs *v)
 {
     free(v->ids);
-    free(v->vecs);
+    free(v->q);
+    free(v->scale);
     ivf_free(v->index);
     free(v);
 }
@@ -327,9 +335,11 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
 
 /* ---- add, remove ---- */
 
-/* A document split into passages: texts[i] (fresh strings). */
+/* A document split into passages: texts[i] (fresh strings, for the embedder) are the
+ * spans spans[i] of the document (what the store keeps). */
 typedef struct split {
     char **texts;
+    store_span *spans;
     int n;
 } split;
 
@@ -338,6 +348,7 @@ static void split_free(split *sp)
     for (int i = 0; i < sp->n; i++)
         free(sp->texts[i]);
     free(sp->texts);
+    free(sp->spans);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -446,12 +457,14 @@ static int split_words(const char *text, const word_scan *ws, int ptok, int otok
             o += ws->ntok[--back];
         w = back;
     }
-    if (!(sp->texts = calloc((size_t)n_pass, sizeof *sp->texts))) {
+    if (!(sp->texts = calloc((size_t)n_pass, sizeof *sp->texts)) ||
+        !(sp->spans = calloc((size_t)n_pass, sizeof *sp->spans))) {
         err_set(err, "out of memory");
         goto done;
     }
     for (int p = 0; p < n_pass; p++) {
         size_t a = ws->start[first[p]], b = ws->end[last[p] - 1];
+        sp->spans[p] = (store_span){a, b - a};
         if (!(sp->texts[p] = strndup(text + a, b - a))) {
             err_set(err, "out of memory");
             goto done;
@@ -490,7 +503,7 @@ static int copy_counts(void *arg, const store_kb *kb)
  * less than a row of a forward. */
 #define KB_DROP_ROWS_PER_ROW 32
 
-enum kb_phase { KB_SPLIT, KB_EMBED, KB_WRITE, KB_DROP };
+enum kb_phase { KB_SPLIT, KB_EMBED, KB_WRITE, KB_DROP, KB_VACUUM };
 
 /* Bytes of a document tokenized word by word in one scheduler turn: about 4 ms on one
  * core (a whole 1 MB document took 67 ms in one go). */
@@ -523,7 +536,7 @@ void kb_task_free(kb_task *t)
     if (!t)
         return;
     /* a drop cut short (cancelled, past its deadline) is finished in idle time */
-    if (t->phase == KB_DROP)
+    if (t->phase == KB_DROP || t->phase == KB_VACUUM)
         t->k->drops_pending = true;
     semantic_task_free(t->emb);
     word_scan_free(&t->words);
@@ -689,6 +702,8 @@ long kb_task_rows_left(const kb_task *t)
         return t->n_pass + 1;
     case KB_DROP:
         return t->rows_left > 0 ? t->rows_left / KB_DROP_ROWS_PER_ROW + 1 : 1;
+    case KB_VACUUM:
+        return 1;
     }
     return 1;
 }
@@ -778,9 +793,9 @@ static void add_write(kb_task *t)
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
         int64_t first;
-        if (store_kb_put_doc(k->env.st, t->kb.id, d->id, d->metadata, (int64_t)strlen(d->text),
-                             (const char *const *)t->sp[i].texts, vecs + at * (size_t)dim,
-                             t->sp[i].n, dim, wall_ms(), &first, err)) {
+        if (store_kb_put_doc(k->env.st, t->kb.id, d->id, d->metadata, d->text, t->sp[i].spans,
+                             t->sp[i].n, vecs + at * (size_t)dim, dim, wall_ms(), &first,
+                             err)) {
             store_kb_rollback(k->env.st);
             goto fail;
         }
@@ -790,6 +805,7 @@ static void add_write(kb_task *t)
     if (store_kb_commit(k->env.st, err))
         goto fail;
     cache_drop(k, t->kb.id);
+    k->drops_pending = true; /* the documents it replaced */
     int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, first_new) : 0;
     Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
     res.documents = (uint32_t)ar->n_documents;
@@ -831,6 +847,16 @@ int kb_task_advance(kb_task *t, int max_rows)
             return 1;
         }
         t->rows_left -= (long)max_rows * KB_DROP_ROWS_PER_ROW;
+        if (done)
+            t->phase = KB_VACUUM;
+        return 0;
+    case KB_VACUUM:
+        /* the freed pages leave the file before the reply, a slice a turn (a page moved
+         * costs about what a row deleted does) */
+        if (store_vacuum_step(t->k->env.st, max_rows * KB_DROP_ROWS_PER_ROW, &done, err)) {
+            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            return 1;
+        }
         if (!done)
             return 0;
         send_ok(t->k, t->conn_id, t->req);
@@ -847,15 +873,24 @@ bool kb_drop_pending(const kbm *k)
 void kb_drop_idle(kbm *k, int max_rows)
 {
     char err[ERR_MAX];
-    int64_t id;
+    int64_t id = -1;
     bool done = false;
-    if (store_kb_hidden(k->env.st, &id, err) == 0 && id >= 0 &&
-        store_kb_drop_step(k->env.st, id, max_rows * KB_DROP_ROWS_PER_ROW, &done, err) == 0)
+    int rows = max_rows * KB_DROP_ROWS_PER_ROW;
+    const char *what = "dropping a knowledge base";
+    /* hidden knowledge bases first, then the rows of replaced and removed documents and
+     * of adds cut short, then the pages they freed leave the file (a slice a turn) */
+    int rc = store_kb_hidden(k->env.st, &id, err);
+    if (rc == 0 && id >= 0)
+        rc = store_kb_drop_step(k->env.st, id, rows, &done, err);
+    else if (rc == 0 && (what = "deleting replaced documents",
+                         (rc = store_kb_clean_step(k->env.st, rows, &done, err)) == 0 && done))
+        rc = (what = "vacuuming", store_vacuum_step(k->env.st, rows, &done, err));
+    if (rc == 0 && (!done || id >= 0))
         return;
     /* none left, or the store fails: tried again after the next drop that stops early */
     k->drops_pending = false;
-    if (id >= 0 && !done && reqlog_enabled(REQLOG_WARN))
-        fprintf(stderr, "llmsd: warn: dropping knowledge base %lld: %s\n", (long long)id, err);
+    if (rc && reqlog_enabled(REQLOG_WARN))
+        fprintf(stderr, "llmsd: warn: %s: %s\n", what, err);
 }
 
 static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
@@ -880,6 +915,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     if (store_kb_commit(k->env.st, err))
         goto fail;
     cache_drop(k, kb.id);
+    k->drops_pending |= removed > 0;
     if (removed && k->changed)
         k->changed(k->changed_arg, &kb, -1);
     Llms__KbRemoveResponse res = LLMS__KB_REMOVE_RESPONSE__INIT;
@@ -898,7 +934,7 @@ fail:
 
 /* ---- retrieval ---- */
 
-static int vec_add(void *arg, int64_t id, const float *vec)
+static int vec_add(void *arg, int64_t id, const int8_t *q, float scale)
 {
     kb_vecs *v = arg;
     if (v->n == v->cap) {
@@ -906,17 +942,31 @@ static int vec_add(void *arg, int64_t id, const float *vec)
         int64_t *ids = realloc(v->ids, sizeof *ids * (size_t)cap);
         if (ids)
             v->ids = ids;
-        float *vecs = ids ? realloc(v->vecs, sizeof *vecs * (size_t)cap * v->dim) : NULL;
-        if (vecs)
-            v->vecs = vecs;
-        if (!ids || !vecs)
+        int8_t *qs = ids ? realloc(v->q, (size_t)cap * v->dim) : NULL;
+        if (qs)
+            v->q = qs;
+        float *sc = qs ? realloc(v->scale, sizeof *sc * (size_t)cap) : NULL;
+        if (sc)
+            v->scale = sc;
+        if (!ids || !qs || !sc)
             return 1;
         v->cap = cap;
     }
     v->ids[v->n] = id;
-    memcpy(v->vecs + (size_t)v->n * v->dim, vec, sizeof *vec * (size_t)v->dim);
+    memcpy(v->q + (size_t)v->n * v->dim, q, (size_t)v->dim);
+    v->scale[v->n] = scale;
     v->n++;
     return 0;
+}
+
+/* Vectors [from, from + n) of v as floats into out ((n, dim)): the IVF index keeps
+ * floats of its own, so only what it takes in is widened. */
+static void vecs_widen(const kb_vecs *v, int from, int n, float *out)
+{
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < v->dim; t++)
+            out[(size_t)i * v->dim + t] =
+                (float)v->q[(size_t)(from + i) * v->dim + t] * v->scale[from + i];
 }
 
 /* kb's vectors, from memory or loaded from the store. */
@@ -993,8 +1043,7 @@ static int index_sync(ivf *ix, const kb_vecs *v, char *err)
             continue;
         }
         new_ids[n_new] = v->ids[i];
-        memcpy(new_vecs + (size_t)n_new * v->dim, v->vecs + (size_t)i * v->dim,
-               sizeof *new_vecs * v->dim);
+        vecs_widen(v, i, 1, new_vecs + (size_t)n_new * v->dim);
         n_new++;
     }
     while (h < have_n)
@@ -1038,8 +1087,16 @@ static int index_of(kbm *k, kb_vecs *v, bool train, ivf **out, char *err)
         return 0;
     } else {
         ivf_train_params tp = {.nlist = want, .seed = (uint64_t)v->kb_id};
-        if (!(ix = ivf_new(v->dim, err)) || ivf_train(ix, v->vecs, v->n, v->dim, &tp, err) ||
-            ivf_add(ix, v->ids, v->vecs, v->n, v->dim, err))
+        float *all = malloc(sizeof *all * (size_t)v->n * v->dim);
+        if (!all) {
+            err_set(err, "out of memory");
+            goto fail;
+        }
+        vecs_widen(v, 0, v->n, all);
+        int rc = !(ix = ivf_new(v->dim, err)) || ivf_train(ix, all, v->n, v->dim, &tp, err) ||
+                 ivf_add(ix, v->ids, all, v->n, v->dim, err);
+        free(all);
+        if (rc)
             goto fail;
         k->ivf_stats.trained++;
     }
@@ -1086,7 +1143,8 @@ static void exact_search(const kb_vecs *v, const float *qvec, int cand, kb_hit *
     float sc[BLOCK];
     for (int i0 = 0; i0 < v->n; i0 += BLOCK) {
         int nb = v->n - i0 < BLOCK ? v->n - i0 : BLOCK;
-        vdist_dot(qvec, 1, v->vecs + (size_t)i0 * v->dim, nb, v->dim, sc, BLOCK);
+        vdist_dot_q8(qvec, (const signed char *)v->q + (size_t)i0 * v->dim, v->scale + i0, nb,
+                     v->dim, sc);
         for (int i = 0; i < nb; i++)
             top_insert(hits, n, cand, v->ids[i0 + i], sc[i]);
     }

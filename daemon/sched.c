@@ -46,6 +46,7 @@
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "engine/utf8.h"
+#include "storage/kb.h"
 
 #define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
 #define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
@@ -910,6 +911,14 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->kb_ivf_lists_skipped = ks->lists_skipped;
     st->kb_ivf_hot_bytes = ks->hot_bytes;
     st->has_qkv_verify_misses = 1;
+    int64_t kb_pass, kb_text, kb_disk;
+    char kb_err[ERR_MAX];
+    if (store_kb_disk(s->env.st, &kb_pass, &kb_text, &kb_disk, kb_err) == 0) {
+        st->has_kb_passages = st->has_kb_text_bytes = st->has_kb_disk_bytes = 1;
+        st->kb_passages = (uint64_t)kb_pass;
+        st->kb_text_bytes = (uint64_t)kb_text;
+        st->kb_disk_bytes = (uint64_t)kb_disk;
+    }
     st->qkv_verify_misses = rag_verify_misses(s->rag);
     st->has_swap_writes_pending = st->has_swap_write_waits = st->has_swap_write_wait_ms =
         st->has_swap_write_failures = 1;

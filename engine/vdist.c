@@ -72,6 +72,24 @@ void vdist_dot_at(enum vdist_level level, const float *q, int n_q, const float *
     dot_scalar(q, n_q, x, n_x, d, out, stride);
 }
 
+void vdist_dot_q8(const float *q, const signed char *x, const float *scale, int n_x, int d,
+                  float *out)
+{
+#if defined(__x86_64__)
+    if (vdist_level() >= VDIST_AVX2) {
+        vdist_avx2_dot_q8(q, x, scale, n_x, d, out);
+        return;
+    }
+#endif
+    for (int j = 0; j < n_x; j++) {
+        const signed char *b = x + (size_t)j * d;
+        float s = 0;
+        for (int t = 0; t < d; t++)
+            s += q[t] * (float)b[t];
+        out[j] = s * scale[j];
+    }
+}
+
 void vdist_normalize(float *v, int d)
 {
     double ss = 0;

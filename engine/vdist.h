@@ -30,6 +30,12 @@ enum vdist_level vdist_level(void);
 void vdist_dot(const float *q, int n_q, const float *x, int n_x, int d, float *out,
                size_t stride);
 
+/* out[j] = scale[j] * dot(q, x_j) for one query q (d floats) and the n_x rows x_j of x
+ * (n_x, d) int8 (vectors stored as int8 with a scale each, storage/kb.h), with the best
+ * kernel: no float copy of the rows is made. */
+void vdist_dot_q8(const float *q, const signed char *x, const float *scale, int n_x, int d,
+                  float *out);
+
 /* Scales v (d floats) to unit length; a zero vector stays zero. */
 void vdist_normalize(float *v, int d);
 

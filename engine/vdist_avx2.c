@@ -82,3 +82,22 @@ void vdist_avx2_dot(const float *q, int n_q, const float *x, int n_x, int d, flo
 }
 
 #endif
+
+void vdist_avx2_dot_q8(const float *q, const signed char *x, const float *scale, int n_x,
+                       int d, float *out)
+{
+    for (int j = 0; j < n_x; j++) {
+        const signed char *b = x + (size_t)j * d;
+        __m256 acc = _mm256_setzero_ps();
+        int t = 0;
+        for (; t + 8 <= d; t += 8) {
+            __m128i b8 = _mm_loadl_epi64((const __m128i *)(b + t));
+            __m256 bf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), bf, acc);
+        }
+        float s = hsum(acc);
+        for (; t < d; t++)
+            s += q[t] * (float)b[t];
+        out[j] = s * scale[j];
+    }
+}

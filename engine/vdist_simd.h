@@ -13,4 +13,7 @@ void vdist_avx2_dot(const float *q, int n_q, const float *x, int n_x, int d, flo
 void vdist_avx512_dot(const float *q, int n_q, const float *x, int n_x, int d, float *out,
                       size_t stride);
 
+void vdist_avx2_dot_q8(const float *q, const signed char *x, const float *scale, int n_x,
+                       int d, float *out);
+
 #endif

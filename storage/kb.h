@@ -2,13 +2,27 @@
  * kb.h — the catalog of knowledge bases (documents, passages, embeddings, BM25), the QA
  * bank and the QKV prefix tree of RAG.
  *
- * The store knows strings, vectors and bytes, not transformers: a passage is text with
- * a float vector; a QKV node is an opaque blob under a 64-bit key with a parent key.
- * Each knowledge base has its own SQLite FTS5 table (kbfts_<id>), so BM25 ranks and
- * statistics of one app's documents never depend on another's. QKV blobs are kept
- * compressed with zstd and checked with CRC-32C on every read (a corrupt blob is an
- * error naming the node, never wrong bytes); they live in the catalog itself, so they
+ * The store knows strings, vectors and bytes, not transformers: a passage is a span of
+ * its document's text with a vector; a QKV node is an opaque blob under a 64-bit key
+ * with a parent key. Each knowledge base has its own SQLite FTS5 table (kbfts_<id>), so
+ * BM25 ranks and statistics of one app's documents never depend on another's. QKV blobs
+ * are kept compressed with zstd and checked with CRC-32C on every read (a corrupt blob is
+ * an error naming the node, never wrong bytes); they live in the catalog itself, so they
  * are as crash-safe as any committed row.
+ *
+ * Compact passages (schema 11): a document's text is stored once, whatever the passages'
+ * overlap: each passage row keeps its head, the document's bytes from its start to the
+ * next passage's start, and its length, so its text is its head and those of the
+ * passages after it, cut. The FTS5 table is contentless (it keeps the index, not a copy
+ * of the text), and a row leaves it by the 'delete' command with the text rebuilt so.
+ * Vectors are int8 with a float scale per vector (STORE_VEC_BYTES).
+ *
+ * A document is written staged (store_kb_stage_doc, then its passages in as many calls
+ * and transactions as the writer likes) and published in one small transaction
+ * (store_kb_publish): no read (counts, lists, vectors, BM25, passages, usage aside)
+ * sees a staged document, and a published one replaces the visible document of its
+ * name, which is retired. Staged documents of a writer that stopped and retired ones
+ * are deleted a slice at a time (store_kb_clean_step).
  *
  * Same conventions as store.h: 0 or -1 with err; *found for missing rows; one thread.
  */
@@ -28,7 +42,7 @@ typedef struct store_kb {
     int passage_tokens, overlap_tokens;
     const char *embedder;      /* which model made its vectors */
     int dim;
-    int64_t n_docs, n_passages, bytes, qa_entries;
+    int64_t n_docs, n_passages, bytes, qa_entries; /* visible documents' */
     bool share_uid;            /* its caches are shared by every app of its uid */
 } store_kb;
 
@@ -61,7 +75,14 @@ int store_kb_hide(store *s, int64_t kb_id, char err[ERR_MAX]);
 int store_kb_drop_step(store *s, int64_t kb_id, int max_rows, bool *done, char err[ERR_MAX]);
 int store_kb_hidden(store *s, int64_t *kb_id, char err[ERR_MAX]);
 
-/* Text bytes and passages of every knowledge base of the uid's apps. */
+/* The visible passages of every knowledge base, their documents' text bytes, and the
+ * bytes of the catalog's pages that hold knowledge bases (documents, passages, their
+ * indexes, the FTS tables; counted by SQLite's dbstat, which reads those pages). */
+int store_kb_disk(store *s, int64_t *passages, int64_t *text_bytes, int64_t *disk_bytes,
+                  char err[ERR_MAX]);
+
+/* Text bytes and passages of every knowledge base of the uid's apps, staged and retired
+ * documents included (they hold their space until deleted). */
 int store_kb_uid_usage(store *s, uint32_t uid, int64_t *bytes, int64_t *passages,
                        char err[ERR_MAX]);
 
@@ -71,20 +92,65 @@ int store_kb_begin(store *s, char err[ERR_MAX]);
 int store_kb_commit(store *s, char err[ERR_MAX]);
 void store_kb_rollback(store *s);
 
-/* Stores document doc of kb_id (replacing one of the same id) as n passages: texts[i]
- * with vector vecs + i * dim. The passages get consecutive new ids from *first_id. */
+/* A stored vector of dim components: dim int8 q, then a float scale; the vector is
+ * q * scale. A quarter of float32's bytes; cosine ranks move by the rounding of q only
+ * (bench/kb_store measures recall). */
+#define STORE_VEC_BYTES(dim) ((size_t)(dim) + sizeof(float))
+
+/* v (dim floats) as int8 q with its scale (max |v| / 127; 0 for a zero vector). */
+void store_vec_quantize(const float *v, int dim, int8_t *q, float *scale);
+
+/* A passage: bytes [off, off + len) of its document's text. Passages of a document are
+ * in order of off. */
+typedef struct store_span {
+    size_t off, len;
+} store_span;
+
+/* Adds a staged document doc of kb_id (text_bytes of text, n_passages passages): *doc_id
+ * is its row, for store_kb_put_passages and store_kb_publish. */
+int store_kb_stage_doc(store *s, int64_t kb_id, const char *doc, const char *metadata,
+                       int64_t text_bytes, int n_passages, int64_t now_ms, int64_t *doc_id,
+                       char err[ERR_MAX]);
+
+/* Writes passages [from, from + n) of staged document doc_id of kb_id: spans (all its
+ * n_spans passages, as store_span says) into text, vecs (n rows of dim floats: passage
+ * from's first). Their ids are new and ascending; *first_id (may be NULL) gets the
+ * first. */
+int store_kb_put_passages(store *s, int64_t kb_id, int64_t doc_id, const char *text,
+                          const store_span *spans, int n_spans, int from, int n,
+                          const float *vecs, int dim, int64_t *first_id, char err[ERR_MAX]);
+
+/* Makes the staged documents doc_ids[0..n) visible, retiring the visible documents of
+ * their names; one transaction unless one is open. */
+int store_kb_publish(store *s, int64_t kb_id, const int64_t *doc_ids, int n, char err[ERR_MAX]);
+
+/* Retires the staged documents doc_ids[0..n) (a writer that gives up). */
+int store_kb_unstage(store *s, const int64_t *doc_ids, int n, char err[ERR_MAX]);
+
+/* Retires every staged document: at startup, when no writer is left. */
+int store_kb_unstage_all(store *s, char err[ERR_MAX]);
+
+/* Deletes up to max_rows passages of retired documents (their FTS rows too), then the
+ * documents left with none, in one transaction; *done once none is left. */
+int store_kb_clean_step(store *s, int max_rows, bool *done, char err[ERR_MAX]);
+
+/* Stores document doc of kb_id (replacing one of the same id): text cut into the n
+ * passages spans gives, with vectors vecs (n rows of dim floats); staged, written and
+ * published in one call. The passages get new ascending ids from *first_id. */
 int store_kb_put_doc(store *s, int64_t kb_id, const char *doc, const char *metadata,
-                     int64_t bytes, const char *const *texts, const float *vecs, int n,
+                     const char *text, const store_span *spans, int n, const float *vecs,
                      int dim, int64_t now_ms, int64_t *first_id, char err[ERR_MAX]);
 
-/* Deletes document doc of kb_id and its passages; *found says whether it existed. */
+/* Retires document doc of kb_id (store_kb_clean_step deletes its rows); *found says
+ * whether it existed. */
 int store_kb_remove_doc(store *s, int64_t kb_id, const char *doc, bool *found,
                         char err[ERR_MAX]);
 
-/* Calls fn for each passage of kb_id with its vector (dim floats), in id order. */
+/* Calls fn for each visible passage of kb_id with its vector (dim int8 q and scale, as
+ * STORE_VEC_BYTES says), in id order. */
 int store_kb_vectors(store *s, int64_t kb_id, int dim,
-                     int (*fn)(void *arg, int64_t id, const float *vec), void *arg,
-                     char err[ERR_MAX]);
+                     int (*fn)(void *arg, int64_t id, const int8_t *q, float scale),
+                     void *arg, char err[ERR_MAX]);
 
 /* BM25 search of kb_id's passages for the words of query (any of them): up to k ids,
  * best first, with scores (higher is better: -bm25). A query with no words finds none. */

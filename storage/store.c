@@ -195,7 +195,44 @@ static const char *const store_migrations[] = {
     "DELETE FROM qa_bank WHERE kb_id NOT IN (SELECT k.id FROM kbs k JOIN apps a"
     " ON a.id = k.app_id);"
     "ALTER TABLE kbs ADD COLUMN share_uid INTEGER NOT NULL DEFAULT 0;",
+
+    /* Compact knowledge bases (storage/kb.h): a document's text once (each passage keeps
+     * its head, the bytes up to the next passage's start, and its length), int8 vectors
+     * with a float scale, contentless FTS5 tables; a document is staged (state 1) until
+     * published (0) and retired (2) until its rows are deleted. Passages name their
+     * document by row. The passages are converted by store_kb_migrate_11 (C: heads from
+     * the overlaps, vectors quantized, FTS tables rebuilt) between this and the tail
+     * below; the stored IVF indexes (float32 lists, derived data) go, to be rebuilt. */
+    "CREATE TABLE kb_docs_v11 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE,"
+    "  doc TEXT NOT NULL,"
+    "  metadata TEXT,"
+    "  bytes INTEGER NOT NULL,"
+    "  n_passages INTEGER NOT NULL,"
+    "  created_ms INTEGER NOT NULL,"
+    "  state INTEGER NOT NULL DEFAULT 0);"
+    "CREATE TABLE kb_passages_v11 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  doc_id INTEGER NOT NULL REFERENCES kb_docs_v11(id) ON DELETE CASCADE,"
+    "  seq INTEGER NOT NULL,"
+    "  head TEXT NOT NULL,"
+    "  len INTEGER NOT NULL,"
+    "  vec BLOB NOT NULL);" /* dim int8, then a float32 scale */
+    "INSERT INTO kb_docs_v11 (kb_id, doc, metadata, bytes, n_passages, created_ms)"
+    " SELECT kb_id, doc, metadata, bytes, n_passages, created_ms FROM kb_docs;"
+    "DELETE FROM ivf_indexes;",
 };
+
+/* The tail of migration 11, after store_kb_migrate_11. */
+static const char store_migration_11_tail[] =
+    "DROP TABLE kb_passages;"
+    "DROP TABLE kb_docs;"
+    "ALTER TABLE kb_docs_v11 RENAME TO kb_docs;"
+    "ALTER TABLE kb_passages_v11 RENAME TO kb_passages;"
+    "CREATE UNIQUE INDEX kb_docs_visible ON kb_docs (kb_id, doc) WHERE state = 0;"
+    "CREATE INDEX kb_docs_by_kb ON kb_docs (kb_id, state);"
+    "CREATE INDEX kb_passages_by_doc ON kb_passages (doc_id, seq);";
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
 #define CONTEXT_COLUMNS                                                                    \
@@ -356,12 +393,18 @@ static int migrate(store *s, char *err)
         snprintf(what, sizeof what, "migrating schema to version %d", v + 1);
         if (exec(s, "BEGIN IMMEDIATE", what, err) != 0)
             return -1;
-        if (exec(s, store_migrations[v], what, err) != 0 || exec(s, bump, what, err) != 0 ||
-            exec(s, "COMMIT", what, err) != 0) {
+        if (exec(s, store_migrations[v], what, err) != 0 ||
+            (v + 1 == 11 && (store_kb_migrate_11(s, err) != 0 ||
+                             exec(s, store_migration_11_tail, what, err) != 0)) ||
+            exec(s, bump, what, err) != 0 || exec(s, "COMMIT", what, err) != 0) {
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }
     }
+    /* a conversion leaves the old tables' pages free: the file shrinks at once */
+    if (version < 11 && version > 0 &&
+        exec(s, "PRAGMA incremental_vacuum", "vacuum after migrating", err) != 0)
+        return -1;
     return 0;
 }
 
@@ -414,6 +457,26 @@ static int store_reclaim(store *s, char *err)
                    exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err)
                ? -1
                : 0;
+}
+
+int store_vacuum_step(store *s, int max_pages, bool *done, char err[ERR_MAX])
+{
+    int64_t free_pages, page_size;
+    *done = false;
+    if (query_one(s, "PRAGMA freelist_count", &free_pages, NULL, 0, err) != 0 ||
+        query_one(s, "PRAGMA page_size", &page_size, NULL, 0, err) != 0)
+        return -1;
+    if (free_pages * page_size >= STORE_VACUUM_BYTES) {
+        char sql[64];
+        snprintf(sql, sizeof sql, "PRAGMA incremental_vacuum(%d)", max_pages < 1 ? 1 : max_pages);
+        if (exec(s, sql, "vacuum", err) != 0)
+            return -1;
+        if (free_pages > max_pages)
+            return 0;
+    }
+    /* the file itself shrinks when the log's moves are checkpointed */
+    *done = true;
+    return exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err);
 }
 
 store *store_open(const char *dir, char err[ERR_MAX])

@@ -75,6 +75,11 @@ int store_context_create(store *s, const char *id, int64_t app_id, const char *s
  * (incremental vacuum, then a checkpoint that truncates the log). */
 int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX]);
 
+/* Gives up to max_pages free pages back to the file system (incremental vacuum), once
+ * they pass a few MiB; *done (the log then checkpointed, so the file shrinks) when few
+ * are left. For a large delete made in slices, called a slice at a time. */
+int store_vacuum_step(store *s, int max_pages, bool *done, char err[ERR_MAX]);
+
 /* Calls fn for each context (of one app when app_id >= 0, of all apps when -1), oldest
  * first. A non-zero return from fn stops the walk and is returned. */
 int store_context_list(store *s, int64_t app_id,

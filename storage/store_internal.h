@@ -48,4 +48,9 @@ int store_chunk_rows_delete_from(store *s, const char *ctx_id, int first, int64_
 int store_chunk_files_remove(store *s, const char *ctx_id, const int64_t *files, int n,
                              char *err);
 
+/* Migration 11's conversion of the knowledge bases' passages (kb.c), inside the
+ * migration's transaction: kb_passages into kb_passages_v11 (kb_docs_v11 filled), each
+ * FTS table rebuilt contentless. */
+int store_kb_migrate_11(store *s, char *err);
+
 #endif

@@ -47,7 +47,15 @@ static int env_open(env *e, const char *name, int budget, int stride, int n)
         snprintf(texts[i], sizeof texts[i], "passage %d about topic%d", i, i);
         tp[i] = texts[i];
     }
-    if (store_kb_put_doc(e->st, e->kb.id, "doc", NULL, 100, tp, vecs, n, DIM, 1, &e->first, err))
+    char text[16 * 64];
+    store_span spans[16];
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        spans[i] = (store_span){len + (i > 0), strlen(tp[i])};
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", i ? " " : "", tp[i]);
+    }
+    if (store_kb_put_doc(e->st, e->kb.id, "doc", NULL, text, spans, n, vecs, DIM, 1, &e->first,
+                         err))
         return -1;
     e->kb.dim = DIM;
     e->kb.uid = 1000;

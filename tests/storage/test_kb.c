@@ -49,18 +49,33 @@ static int64_t make_kb(store *s, uint32_t uid, const char *app, const char *name
     return kb_id;
 }
 
+/* Stores texts[0..n) as the passages of one document, the texts joined by spaces
+ * (no overlap). */
 static int put_doc(store *s, int64_t kb, const char *doc, const char *const *texts, int n,
                    int64_t *first)
 {
-    char err[ERR_MAX];
+    char err[ERR_MAX], text[1024];
     float vecs[8 * DIM];
+    store_span spans[8];
     for (int i = 0; i < n * DIM; i++)
         vecs[i] = (float)(i % DIM == i / DIM % DIM);
-    size_t bytes = 0;
-    for (int i = 0; i < n; i++)
-        bytes += strlen(texts[i]);
-    return store_kb_put_doc(s, kb, doc, "meta", (int64_t)bytes, texts, vecs, n, DIM, 2000, first,
-                            err);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        spans[i] = (store_span){len + (i > 0), strlen(texts[i])};
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", i ? " " : "", texts[i]);
+    }
+    return store_kb_put_doc(s, kb, doc, "meta", text, spans, n, vecs, DIM, 2000, first, err);
+}
+
+/* Deletes every retired document's rows, a few at a time. */
+static int clean_all(store *s)
+{
+    char err[ERR_MAX];
+    bool done = false;
+    for (int i = 0; i < 1000 && !done; i++)
+        if (store_kb_clean_step(s, 2, &done, err))
+            return -1;
+    return done ? 0 : -1;
 }
 
 typedef struct kb_seen {
@@ -139,10 +154,11 @@ static int see_passage(void *arg, const store_passage *p)
     return 0;
 }
 
-static int count_vec(void *arg, int64_t id, const float *vec)
+static int count_vec(void *arg, int64_t id, const int8_t *q, float scale)
 {
     (void)id;
-    (void)vec;
+    (void)q;
+    (void)scale;
     (*(int *)arg)++;
     return 0;
 }
@@ -181,7 +197,11 @@ static void add_replace_remove_search(void)
     int nv = 0;
     CHECK_EQ(store_kb_vectors(s, kb, DIM, count_vec, &nv, err), 0);
     CHECK_EQ(nv, 1);
+    /* the replaced document holds its space until its rows are deleted */
     int64_t bytes, passages;
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK_EQ(passages, 4);
+    CHECK_EQ(clean_all(s), 0);
     CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
     CHECK(bytes == (int64_t)strlen(t2[0]) && passages == 1);
     /* a failed transaction leaves nothing */
@@ -196,8 +216,84 @@ static void add_replace_remove_search(void)
     CHECK(!found);
     CHECK_EQ(store_kb_bm25(s, kb, "mountain", 4, ids, sc, &n, err), 0);
     CHECK_EQ(n, 0);
+    CHECK_EQ(clean_all(s), 0);
     CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
     CHECK(bytes == 0 && passages == 0);
+    store_close(s);
+}
+
+/* Overlapping passages keep the document's text once, and each reads back exactly; a
+ * staged document is seen by no read until published; the retired one's rows leave the
+ * contentless FTS table exactly (a wrong 'delete' text would leave its words found). */
+static void compact_staged_passages(void)
+{
+    store *s = open_fresh("kb-compact");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK(kb > 0);
+    const char *text = "  alpha beta gamma delta epsilon zeta eta theta iota kappa  ";
+    /* words: alpha@2 beta@8 gamma@13 delta@19 epsilon@25 zeta@33 eta@38 theta@42
+     * iota@48 kappa@53; three passages of four words overlapping by two, then the rest */
+    store_span sp[4] = {{2, 22}, {13, 24}, {25, 22}, {42, 16}};
+    float vecs[4 * DIM];
+    for (int i = 0; i < 4 * DIM; i++)
+        vecs[i] = (float)(i % 3) - 0.5f;
+    int64_t doc_id, first;
+    CHECK_EQ(store_kb_stage_doc(s, kb, "greek", NULL, (int64_t)strlen(text), 4, 1, &doc_id,
+                                err), 0);
+    CHECK_EQ(store_kb_put_passages(s, kb, doc_id, text, sp, 4, 0, 2, vecs, DIM, &first, err), 0);
+    CHECK_EQ(store_kb_put_passages(s, kb, doc_id, text, sp, 4, 2, 2, vecs + 2 * DIM, DIM, NULL,
+                                   err), 0);
+    int64_t ids[4];
+    float sc[4];
+    int n, nv = 0;
+    bool found;
+    CHECK_EQ(store_kb_bm25(s, kb, "epsilon", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_kb_vectors(s, kb, DIM, count_vec, &nv, err), 0);
+    CHECK_EQ(nv, 0);
+    CHECK_EQ(store_kb_passage(s, kb, first, NULL, NULL, &found, err), 0);
+    CHECK(!found);
+    kb_seen k = {0};
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
+    CHECK(k.n == 1 && k.docs[0] == 0 && k.passages[0] == 0);
+    CHECK_EQ(store_kb_publish(s, kb, &doc_id, 1, err), 0);
+    for (int i = 0; i < 4; i++) {
+        pass_seen ps;
+        CHECK_EQ(store_kb_passage(s, kb, first + i, see_passage, &ps, &found, err), 0);
+        CHECK_MSG(found && strlen(ps.text) == sp[i].len &&
+                      !strncmp(ps.text, text + sp[i].off, sp[i].len) && ps.seq == i,
+                  "passage %d: '%s'", i, ps.text);
+    }
+    CHECK_EQ(store_kb_bm25(s, kb, "epsilon", 4, ids, sc, &n, err), 0);
+    CHECK(n == 2 && (ids[0] == first + 1 || ids[0] == first + 2));
+    CHECK_EQ(store_kb_vectors(s, kb, DIM, count_vec, &nv, err), 0);
+    CHECK_EQ(nv, 4);
+    /* replaced by a one-passage document: the old one is retired, then cleaned */
+    const char *t[] = {"omega"};
+    CHECK_EQ(put_doc(s, kb, "greek", t, 1, &first), 0);
+    CHECK_EQ(clean_all(s), 0);
+    const char *words[] = {"alpha", "beta", "delta", "epsilon", "theta", "kappa"};
+    for (int w = 0; w < 6; w++) {
+        CHECK_EQ(store_kb_bm25(s, kb, words[w], 4, ids, sc, &n, err), 0);
+        CHECK_MSG(n == 0, "'%s' still found", words[w]);
+    }
+    CHECK_EQ(store_kb_bm25(s, kb, "omega", 4, ids, sc, &n, err), 0);
+    CHECK(n == 1 && ids[0] == first);
+    /* a staged document left by a writer that stopped goes at the next startup's
+     * unstaging, and its rows with the cleaning */
+    CHECK_EQ(store_kb_stage_doc(s, kb, "half", NULL, (int64_t)strlen(text), 4, 1, &doc_id, err),
+             0);
+    CHECK_EQ(store_kb_put_passages(s, kb, doc_id, text, sp, 4, 0, 3, vecs, DIM, NULL, err), 0);
+    CHECK_EQ(store_kb_unstage_all(s, err), 0);
+    CHECK_EQ(store_kb_publish(s, kb, &doc_id, 1, err), -1);
+    CHECK_EQ(clean_all(s), 0);
+    CHECK_EQ(store_kb_bm25(s, kb, "gamma", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    int64_t bytes, passages;
+    CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+    CHECK(bytes == 5 && passages == 1);
     store_close(s);
 }
 
@@ -509,6 +605,19 @@ static void qkv_quota_and_fair_eviction(void)
     store_close(s);
 }
 
+/* Version 10's knowledge base tables (float32 vectors, a passage's text whole, FTS5
+ * with its own copy), for knowledge base 1. */
+#define SCHEMA_10_KB                                                                      \
+    "DROP TABLE kb_passages; DROP TABLE kb_docs; DROP TABLE IF EXISTS kbfts_1;"          \
+    "CREATE TABLE kb_docs (kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE," \
+    " doc TEXT NOT NULL, metadata TEXT, bytes INTEGER NOT NULL, n_passages INTEGER"      \
+    " NOT NULL, created_ms INTEGER NOT NULL, PRIMARY KEY (kb_id, doc));"                  \
+    "CREATE TABLE kb_passages (id INTEGER PRIMARY KEY, kb_id INTEGER NOT NULL, doc TEXT"  \
+    " NOT NULL, seq INTEGER NOT NULL, text TEXT NOT NULL, vec BLOB NOT NULL, FOREIGN KEY" \
+    " (kb_id, doc) REFERENCES kb_docs(kb_id, doc) ON DELETE CASCADE);"                     \
+    "CREATE INDEX kb_passages_by_doc ON kb_passages (kb_id, doc);"                         \
+    "CREATE VIRTUAL TABLE kbfts_1 USING fts5(text);"
+
 /* Version 9's QKV table with one row keyed by a 64-bit hash, and no kbs.share_uid. */
 #define SCHEMA_9_QKV                                                                      \
     "DROP TABLE qkv_nodes; CREATE TABLE qkv_nodes (key INTEGER PRIMARY KEY,"             \
@@ -532,7 +641,8 @@ static int store_of_version_9(const char *name, const char *extra_sql)
     int64_t pass[1] = {1};
     int rc = kb > 0 ? store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err) : -1;
     store_close(s);
-    snprintf(sql, sizeof sql, "%s %s PRAGMA user_version = 9", SCHEMA_9_QKV, extra_sql);
+    snprintf(sql, sizeof sql, "%s %s %s PRAGMA user_version = 9", SCHEMA_10_KB, SCHEMA_9_QKV,
+             extra_sql);
     return rc ? -1 : tamper(sql);
 }
 
@@ -601,15 +711,75 @@ static void failed_migration_loses_nothing(void)
     s = store_open(dir_path, err);
     CHECK_MSG(s, "%s", err);
     store_close(s);
-    CHECK_EQ(count_rows("PRAGMA user_version"), 10);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 11);
     CHECK_EQ(count_rows("SELECT count(*) FROM qkv_nodes"), 0);
     CHECK_EQ(count_rows("SELECT count(*) FROM qa_bank"), 1);
+}
+
+/* Schema 10 -> 11: overlapping passages become heads of one text and read back the
+ * same, float vectors int8 ones, the FTS table contentless (BM25 as before, and a
+ * removed document's words leave it), stored IVF indexes go (rebuilt from the new
+ * vectors). */
+static void migration_compacts_passages(void)
+{
+    store *s = open_fresh("kb-migrate-11");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK_EQ(kb, 1);
+    store_close(s);
+    CHECK_EQ(tamper(SCHEMA_10_KB
+                    "INSERT INTO kb_docs VALUES (1, 'greek', 'm', 40, 3, 1);"
+                    "INSERT INTO kb_docs VALUES (1, 'solo', NULL, 5, 1, 1);"
+                    "INSERT INTO kb_passages VALUES"
+                    " (7, 1, 'greek', 0, 'alpha beta gamma delta', x'0000803F000000000000000000000000'),"
+                    " (8, 1, 'greek', 1, 'gamma delta epsilon zeta', x'000000000000803F0000000000000000'),"
+                    " (9, 1, 'greek', 2, 'epsilon zeta eta', x'00000000000000000000803F00000000'),"
+                    " (11, 1, 'solo', 0, 'omega', x'000000000000000000000000000080BF');"
+                    "INSERT INTO kbfts_1 (rowid, text) SELECT id, text FROM kb_passages;"
+                    "INSERT INTO ivf_indexes (app_id, name, dim, nlist, centroids)"
+                    " VALUES (1, 'kb:1', 4, 1, x'0000803F000000000000000000000000');"
+                    "PRAGMA user_version = 10;"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    const char *want[] = {"alpha beta gamma delta", "gamma delta epsilon zeta",
+                          "epsilon zeta eta"};
+    for (int i = 0; i < 3; i++) {
+        pass_seen ps;
+        bool found;
+        CHECK_EQ(store_kb_passage(s, kb, 7 + i, see_passage, &ps, &found, err), 0);
+        CHECK_MSG(found && !strcmp(ps.text, want[i]) && ps.seq == i, "passage %d: '%s'", i,
+                  ps.text);
+    }
+    int64_t ids[4];
+    float sc[4];
+    int n, nv = 0;
+    CHECK_EQ(store_kb_bm25(s, kb, "epsilon", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(store_kb_vectors(s, kb, DIM, count_vec, &nv, err), 0);
+    CHECK_EQ(nv, 4);
+    kb_seen k = {0};
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
+    CHECK(k.n == 1 && k.docs[0] == 2 && k.passages[0] == 4);
+    bool found;
+    CHECK_EQ(store_kb_remove_doc(s, kb, "greek", &found, err), 0);
+    CHECK(found);
+    CHECK_EQ(clean_all(s), 0);
+    CHECK_EQ(store_kb_bm25(s, kb, "gamma OR zeta OR alpha", 4, ids, sc, &n, err), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(store_kb_bm25(s, kb, "omega", 4, ids, sc, &n, err), 0);
+    CHECK(n == 1 && ids[0] == 11);
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 11);
+    CHECK_EQ(count_rows("SELECT count(*) FROM ivf_indexes"), 0);
+    CHECK_EQ(count_rows("SELECT length(vec) FROM kb_passages WHERE id = 11"), DIM + 4);
 }
 
 int main(void)
 {
     RUN(create_list_isolation);
     RUN(add_replace_remove_search);
+    RUN(compact_staged_passages);
     RUN(drop_in_slices);
     RUN(qa_bank_limits_and_corruption);
     RUN(qkv_roundtrip_evict_corrupt);
@@ -617,5 +787,6 @@ int main(void)
     RUN(qkv_quota_and_fair_eviction);
     RUN(migration_drops_ownerless);
     RUN(failed_migration_loses_nothing);
+    RUN(migration_compacts_passages);
     return test_finish();
 }
