@@ -10,7 +10,10 @@
  *      300 made-up tokens, about 38 bytes, as test_abuse's ingest) embeds --mb MiB (10 by
  *      default) of ../shared/testdata/docs/heldout.txt repeated,
  *      in 1 MiB documents, 4 a KbAdd; the state directory's database once the daemon
- *      stopped (its log checkpointed), over the text bytes; ms of KbAdd per MiB.
+ *      stopped (its log checkpointed), over the text bytes; ms of KbAdd per MiB. Then a
+ *      vector search (kb_ivf_min_passages 10000, so from 10 MiB on an IVF index is trained
+ *      in idle time and stored), and the database's bytes again with the index, and the
+ *      mean time of the vector searches that follow (embedding included).
  *   2. latency: while a 1 MiB KbAdd runs on one connection, another app's Embed of a
  *      short text is sent again and again: its worst and median latency, and the same
  *      with no KbAdd running.
@@ -18,8 +21,10 @@
  *      part 1 is answered (the daemon running), and after the daemon stopped.
  *   4. quality: the docs embedding model (--quality-model, default
  *      ../shared/testdata/models/docs-embed-5M-F16.gguf; skipped when absent) embeds the
- *      passages of docs/pairs-dev.tsv, one document each; recall@1 and @10 of vector
- *      retrieval for their queries (the passage of the query's own line is the answer).
+ *      passages of docs/pairs-dev.tsv, one document each; recall@1 and @10 of vector,
+ *      BM25 and hybrid (RRF) retrieval for their queries (the passage of the query's own
+ *      line is the answer), searched exactly, then through an IVF index (trained from
+ *      100 passages on: about 125 lists, kb_ivf_nprobe 16 of them searched).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -108,6 +113,30 @@ static void *probe_loop(void *arg)
     }
     llms_close(c);
     return NULL;
+}
+
+/* Searches kb once for a vector and waits until no IVF index is left to train (idle
+ * time); *trained gets the daemon's count of trainings. */
+static int train_index(llms_conn *c, const char *kb, uint64_t *trained)
+{
+    llms_kb_hit *h;
+    size_t nh;
+    if (llms_kb_search(c, kb, "a question to warm the index", 10, LLMS_RETRIEVAL_VECTOR, &h,
+                       &nh) != LLMS_OK)
+        return -1;
+    llms_kb_hits_free(h, nh);
+    for (int i = 0; i < 1200; i++) {
+        llms_daemon_status st;
+        if (llms_status_get(c, &st) != LLMS_OK)
+            return -1;
+        bool pending = st.kb_ivf_train_pending > 0;
+        *trained = st.kb_ivf_trained;
+        llms_daemon_status_free(&st);
+        if (!pending)
+            return 0;
+        usleep(100000);
+    }
+    return -1;
 }
 
 /* Part 2: another app's Embed latency with and without a 1 MiB KbAdd running. */
@@ -210,6 +239,31 @@ static int size_latency_drop(const char *prog, const char *llmsd, int mb, bool d
            "\"db_over_text\":%.2f,\"bytes_per_passage\":%.0f,\"add_ms_per_mb\":%.0f}\n",
            text, passages, disk, (double)disk / (double)text, (double)disk / passages,
            add_s * 1e3 / ((double)text / (1 << 20)));
+    /* the IVF index counts too: trained and stored once searched */
+    uint64_t trained = 0;
+    enum { SEARCHES = 50 };
+    pid = bench_llmsd_start(prog, llmsd, dir, conf, sock, sizeof sock);
+    if (pid < 0 || llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK ||
+        train_index(c, "big", &trained))
+        return -1;
+    double t0 = bench_now_s();
+    for (int i = 0; i < SEARCHES; i++) {
+        char query[64];
+        snprintf(query, sizeof query, "the question number %d about the documents", i);
+        llms_kb_hit *h;
+        size_t nh;
+        if (llms_kb_search(c, "big", query, 10, LLMS_RETRIEVAL_VECTOR, &h, &nh) != LLMS_OK)
+            return -1;
+        llms_kb_hits_free(h, nh);
+    }
+    double search_ms = (bench_now_s() - t0) * 1e3 / SEARCHES;
+    llms_close(c);
+    bench_llmsd_stop(pid);
+    disk = file_bytes(db);
+    printf("{\"bench\":\"kb_size_with_index\",\"ivf_trained\":%llu,\"db_bytes\":%lld,"
+           "\"db_over_text\":%.2f,\"bytes_per_passage\":%.0f,\"vector_search_ms\":%.2f}\n",
+           (unsigned long long)trained, disk, (double)disk / (double)text,
+           (double)disk / passages, search_ms);
     pid = bench_llmsd_start(prog, llmsd, dir, conf, sock, sizeof sock);
     if (pid < 0 || latency(sock, docs[0]))
         return -1;
@@ -228,7 +282,8 @@ static int size_latency_drop(const char *prog, const char *llmsd, int mb, bool d
     return 0;
 }
 
-/* Part 4: recall of vector retrieval on pairs-dev with the docs embedding model. */
+/* Part 4: recall of vector, BM25 and hybrid retrieval on pairs-dev with the docs
+ * embedding model, exact and through an IVF index. */
 static int quality(const char *prog, const char *llmsd, const char *model)
 {
     size_t len;
@@ -250,44 +305,62 @@ static int quality(const char *prog, const char *llmsd, const char *model)
         p[n++] = tab + 1;
         line = end;
     }
-    char dir[] = "/tmp/llms-kbquality-XXXXXX", sock[1100], conf[1200];
-    if (!mkdtemp(dir))
-        return -1;
-    snprintf(conf, sizeof conf, "model = %s\nkb_passage_tokens = 512\n", model);
-    pid_t pid = bench_llmsd_start(prog, llmsd, dir, conf, sock, sizeof sock);
-    llms_conn *c;
-    if (pid < 0 || llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK ||
-        llms_kb_create(c, "pairs", 512, 0) != LLMS_OK)
-        return -1;
     static char ids[MAXP][16];
     llms_kb_doc *d = calloc((size_t)n, sizeof *d);
+    if (!d)
+        return -1;
     for (int i = 0; i < n; i++) {
         snprintf(ids[i], sizeof ids[i], "%d", i);
         d[i] = (llms_kb_doc){ids[i], p[i], NULL};
     }
-    double t0 = bench_now_s();
-    if (llms_kb_add(c, "pairs", d, (size_t)n, NULL) != LLMS_OK) {
-        fprintf(stderr, "%s: %s\n", prog, llms_last_error(c));
-        return -1;
-    }
-    fprintf(stderr, "%s: %d passages embedded in %.1f s\n", prog, n, bench_now_s() - t0);
-    int at1 = 0, at10 = 0;
-    for (int i = 0; i < n; i++) {
-        llms_kb_hit *h;
-        size_t nh;
-        if (llms_kb_search(c, "pairs", q[i], 10, LLMS_RETRIEVAL_VECTOR, &h, &nh) != LLMS_OK)
+    static const struct {
+        const char *name;
+        enum llms_retrieval r;
+    } modes[] = {{"vector", LLMS_RETRIEVAL_VECTOR}, {"bm25", LLMS_RETRIEVAL_BM25},
+                 {"hybrid", LLMS_RETRIEVAL_RRF}};
+    for (int use_ivf = 0; use_ivf < 2; use_ivf++) {
+        char dir[] = "/tmp/llms-kbquality-XXXXXX", sock[1100], conf[1200];
+        if (!mkdtemp(dir))
             return -1;
-        for (size_t j = 0; j < nh; j++)
-            if (atoi(h[j].document) == i) {
-                at1 += j == 0;
-                at10++;
+        snprintf(conf, sizeof conf, "model = %s\nkb_passage_tokens = 512\n"
+                                    "kb_ivf_min_passages = %d\n", model, use_ivf ? 100 : 0);
+        pid_t pid = bench_llmsd_start(prog, llmsd, dir, conf, sock, sizeof sock);
+        llms_conn *c;
+        if (pid < 0 || llms_connect(sock, &c, NULL) != LLMS_OK ||
+            llms_bind(c, "bench") != LLMS_OK || llms_kb_create(c, "pairs", 512, 0) != LLMS_OK)
+            return -1;
+        double t0 = bench_now_s();
+        if (llms_kb_add(c, "pairs", d, (size_t)n, NULL) != LLMS_OK) {
+            fprintf(stderr, "%s: %s\n", prog, llms_last_error(c));
+            return -1;
+        }
+        fprintf(stderr, "%s: %d passages embedded in %.1f s\n", prog, n, bench_now_s() - t0);
+        uint64_t trained = 0;
+        if (use_ivf && train_index(c, "pairs", &trained))
+            return -1;
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            if (use_ivf && modes[m].r == LLMS_RETRIEVAL_BM25)
+                continue;
+            int at1 = 0, at10 = 0;
+            for (int i = 0; i < n; i++) {
+                llms_kb_hit *h;
+                size_t nh;
+                if (llms_kb_search(c, "pairs", q[i], 10, modes[m].r, &h, &nh) != LLMS_OK)
+                    return -1;
+                for (size_t j = 0; j < nh; j++)
+                    if (atoi(h[j].document) == i) {
+                        at1 += j == 0;
+                        at10++;
+                    }
+                llms_kb_hits_free(h, nh);
             }
-        llms_kb_hits_free(h, nh);
+            printf("{\"bench\":\"kb_%s_recall\",\"ivf\":%s,\"pairs\":%d,"
+                   "\"recall_at_1\":%.3f,\"recall_at_10\":%.3f}\n", modes[m].name,
+                   use_ivf ? "true" : "false", n, (double)at1 / n, (double)at10 / n);
+        }
+        llms_close(c);
+        bench_llmsd_stop(pid);
     }
-    printf("{\"bench\":\"kb_vector_recall\",\"pairs\":%d,\"recall_at_1\":%.3f,"
-           "\"recall_at_10\":%.3f}\n", n, (double)at1 / n, (double)at10 / n);
-    llms_close(c);
-    bench_llmsd_stop(pid);
     free(d);
     free(tsv);
     return 0;

@@ -959,8 +959,7 @@ static int vec_add(void *arg, int64_t id, const int8_t *q, float scale)
     return 0;
 }
 
-/* Vectors [from, from + n) of v as floats into out ((n, dim)): the IVF index keeps
- * floats of its own, so only what it takes in is widened. */
+/* Vectors [from, from + n) of v as floats into out ((n, dim)), for IVF training. */
 static void vecs_widen(const kb_vecs *v, int from, int n, float *out)
 {
     for (int i = 0; i < n; i++)
@@ -1026,9 +1025,10 @@ static int index_sync(ivf *ix, const kb_vecs *v, char *err)
     int64_t *have = malloc(sizeof *have * (size_t)(have_n ? have_n : 1));
     int64_t *gone = malloc(sizeof *gone * (size_t)(have_n ? have_n : 1));
     int64_t *new_ids = malloc(sizeof *new_ids * (size_t)v->n);
-    float *new_vecs = malloc(sizeof *new_vecs * (size_t)v->n * v->dim);
+    int8_t *new_q = malloc((size_t)v->n * v->dim);
+    float *new_scale = malloc(sizeof *new_scale * (size_t)v->n);
     int rc = 0;
-    if (!have || !gone || !new_ids || !new_vecs) {
+    if (!have || !gone || !new_ids || !new_q || !new_scale) {
         rc = err_set(err, "out of memory");
         goto out;
     }
@@ -1043,19 +1043,20 @@ static int index_sync(ivf *ix, const kb_vecs *v, char *err)
             continue;
         }
         new_ids[n_new] = v->ids[i];
-        vecs_widen(v, i, 1, new_vecs + (size_t)n_new * v->dim);
-        n_new++;
+        memcpy(new_q + (size_t)n_new * v->dim, v->q + (size_t)i * v->dim, (size_t)v->dim);
+        new_scale[n_new++] = v->scale[i];
     }
     while (h < have_n)
         gone[n_gone++] = have[h++];
     if (ivf_remove(ix, gone, n_gone, NULL, err) ||
-        ivf_add(ix, new_ids, new_vecs, n_new, v->dim, err))
+        ivf_add_q8(ix, new_ids, new_q, new_scale, n_new, v->dim, err))
         rc = -1;
 out:
     free(have);
     free(gone);
     free(new_ids);
-    free(new_vecs);
+    free(new_q);
+    free(new_scale);
     return rc;
 }
 
@@ -1073,8 +1074,9 @@ static int index_of(kbm *k, kb_vecs *v, bool train, ivf **out, char *err)
     bool found;
     char load_err[ERR_MAX];
     int want = ivf_lists_for(v->n);
+    ivf_rows rows = {v->ids, v->q, v->scale, v->n, v->dim};
     /* the index is derived data: one that does not load, or no longer fits, is rebuilt */
-    if (ivf_load(k->env.st, v->app_id, name, &ix, &found, load_err) == 0 && found &&
+    if (ivf_load(k->env.st, v->app_id, name, &rows, &ix, &found, load_err) == 0 && found &&
         (ivf_dim(ix) != v->dim || want >= 2 * ivf_nlist(ix))) {
         ivf_free(ix);
         ix = NULL;
@@ -1094,7 +1096,7 @@ static int index_of(kbm *k, kb_vecs *v, bool train, ivf **out, char *err)
         }
         vecs_widen(v, 0, v->n, all);
         int rc = !(ix = ivf_new(v->dim, err)) || ivf_train(ix, all, v->n, v->dim, &tp, err) ||
-                 ivf_add(ix, v->ids, all, v->n, v->dim, err);
+                 ivf_add_q8(ix, v->ids, v->q, v->scale, v->n, v->dim, err);
         free(all);
         if (rc)
             goto fail;

@@ -14,6 +14,7 @@
 #include "engine/blas.h"
 #include "engine/vdist.h"
 #include "storage/crc32c.h"
+#include "storage/kb.h"
 #include "storage/store_internal.h"
 
 #define IVF_DEFAULT_ITERS 10
@@ -23,16 +24,16 @@
 /* Batches from this many rows score centroids with sgemm (below, its packing costs more
  * than it saves). */
 #define IVF_SGEMM_MIN_ROWS 16
-/* Rows of a list scored per kernel call, and queries packed per call: the score block
- * (IVF_QUERY_BLOCK, IVF_SCAN_BLOCK) stays in L1/L2. */
+/* Rows of a list scored per kernel call: a block (33 KiB at dim 128) stays in L1/L2 while
+ * every query that probes the list scores it. */
 #define IVF_SCAN_BLOCK 256
-#define IVF_QUERY_BLOCK 64
 #define IVF_HUGE_PAGE ((size_t)2 << 20)
 
 typedef struct ivf_list {
     int64_t n, cap;
     int64_t *ids;  /* (n) */
-    float *vecs;   /* (n, dim) */
+    int8_t *q;     /* (n, dim) vector i is q[i] * scale[i] (storage/kb.h's format) */
+    float *scale;  /* (n) */
     /* bounds on its vectors x (a removal leaves them as they were: looser, still true) */
     float radius;         /* >= |x - centroid| */
     float proj_lo, proj_hi; /* [lo, hi] holds every x . centroid */
@@ -47,7 +48,8 @@ struct ivf {
     float *centroids;    /* (nlist, dim) unit length */
     ivf_list *lists;     /* (nlist) */
     uint64_t *uses;      /* (nlist) (query, list) scans */
-    float *hot;          /* (hot_rows, dim) the hottest lists' vectors packed; NULL: none */
+    int8_t *hot;         /* (hot_rows, dim) the hottest lists' rows packed; NULL: none */
+    float *hot_scale;    /* (hot_rows) their scales, in the same mapping */
     size_t hot_bytes;    /* its allocation */
     int64_t n;           /* vectors held */
     /* where it was last saved or loaded (only changed lists need writing there) */
@@ -84,6 +86,7 @@ static void hot_free(ivf *ix)
     if (ix->hot)
         munmap(ix->hot, ix->hot_bytes);
     ix->hot = NULL;
+    ix->hot_scale = NULL;
     ix->hot_bytes = 0;
 }
 
@@ -91,7 +94,8 @@ static void lists_free(ivf *ix)
 {
     for (int c = 0; c < ix->nlist; c++) {
         free(ix->lists[c].ids);
-        free(ix->lists[c].vecs);
+        free(ix->lists[c].q);
+        free(ix->lists[c].scale);
     }
     free(ix->lists);
     free(ix->centroids);
@@ -265,17 +269,17 @@ out:
     return rc;
 }
 
-/* Widens list c's bounds to cover x (a member). */
-static void widen(ivf *ix, int c, const float *x)
+/* Widens list c's bounds to cover its member q * scale. */
+static void widen(ivf *ix, int c, const int8_t *q, float scale)
 {
     ivf_list *l = &ix->lists[c];
     const float *ce = ix->centroids + (size_t)c * ix->dim;
     double dd = 0, proj = 0, xx = 0;
     for (int t = 0; t < ix->dim; t++) {
-        double d = (double)x[t] - ce[t];
+        double x = (double)q[t] * scale, d = x - ce[t];
         dd += d * d;
-        proj += (double)x[t] * ce[t];
-        xx += (double)x[t] * x[t];
+        proj += x * ce[t];
+        xx += x * x;
     }
     /* rounded outwards, so that f32 never narrows a bound */
     bool first = l->n == 1;
@@ -298,25 +302,79 @@ static int list_reserve(ivf_list *l, int64_t want, int dim)
     if (!ids)
         return -1;
     l->ids = ids;
-    float *vecs = realloc(l->vecs, sizeof *vecs * (size_t)cap * dim);
-    if (!vecs)
+    int8_t *q = realloc(l->q, (size_t)cap * dim);
+    if (!q)
         return -1;
-    l->vecs = vecs;
+    l->q = q;
+    float *scale = realloc(l->scale, sizeof *scale * (size_t)cap);
+    if (!scale)
+        return -1;
+    l->scale = scale;
     l->cap = cap;
     return 0;
 }
 
-/* Appends (id, x) to list c, widening its bounds to cover x. */
-static void list_append(ivf *ix, int c, int64_t id, const float *x)
+/* Appends (id, q * scale) to list c, widening its bounds to cover it. */
+static void list_append(ivf *ix, int c, int64_t id, const int8_t *q, float scale)
 {
     ivf_list *l = &ix->lists[c];
     l->ids[l->n] = id;
-    memcpy(l->vecs + (size_t)l->n * ix->dim, x, sizeof *x * ix->dim);
+    memcpy(l->q + (size_t)l->n * ix->dim, q, (size_t)ix->dim);
+    l->scale[l->n] = scale;
     l->n++;
-    widen(ix, c, x);
+    widen(ix, c, q, scale);
     l->dirty = true;
     l->hot_at = -1;
     ix->n++;
+}
+
+/* Whether scales are usable: finite and not negative. */
+static bool scales_ok(const float *scale, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(isfinite(scale[i]) && scale[i] >= 0))
+            return false;
+    return true;
+}
+
+/* Adds n rows (ids, q, scale) to a trained index: each joins the list of its best
+ * centroid, scored on its widened floats a block at a time. */
+static int add_rows(ivf *ix, const int64_t *ids, const int8_t *q, const float *scale,
+                    int64_t n, char *err)
+{
+    int dim = ix->dim;
+    int32_t *best = malloc(sizeof *best * (size_t)n);
+    int64_t *grow = calloc((size_t)ix->nlist, sizeof *grow);
+    float *scores = malloc(sizeof *scores * (size_t)IVF_ASSIGN_BLOCK * ix->nlist);
+    float *wide = malloc(sizeof *wide * (size_t)IVF_ASSIGN_BLOCK * dim);
+    int rc = 0;
+    if (!best || !grow || !scores || !wide) {
+        rc = err_set(err, "out of memory");
+        goto out;
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += IVF_ASSIGN_BLOCK) {
+        int64_t m = n - i0 < IVF_ASSIGN_BLOCK ? n - i0 : IVF_ASSIGN_BLOCK;
+        for (int64_t i = 0; i < m; i++)
+            for (int t = 0; t < dim; t++)
+                wide[(size_t)i * dim + t] = (float)q[(size_t)(i0 + i) * dim + t] * scale[i0 + i];
+        assign(ix, wide, m, best + i0, scores);
+    }
+    /* room first, so that a failure leaves the index as it was */
+    for (int64_t i = 0; i < n; i++)
+        grow[best[i]]++;
+    for (int c = 0; c < ix->nlist; c++)
+        if (grow[c] && list_reserve(&ix->lists[c], ix->lists[c].n + grow[c], dim)) {
+            rc = err_set(err, "out of memory");
+            goto out;
+        }
+    for (int64_t i = 0; i < n; i++)
+        list_append(ix, best[i], ids[i], q + (size_t)i * dim, scale[i]);
+out:
+    free(best);
+    free(grow);
+    free(scores);
+    free(wide);
+    return rc;
 }
 
 int ivf_add(ivf *ix, const int64_t *ids, const float *vecs, int64_t n, int dim,
@@ -330,30 +388,33 @@ int ivf_add(ivf *ix, const int64_t *ids, const float *vecs, int64_t n, int dim,
         return 0;
     if (!all_finite(vecs, (size_t)n * dim))
         return err_set(err, "ivf: vectors hold a value that is not finite");
-    int32_t *best = malloc(sizeof *best * (size_t)n);
-    int64_t *grow = calloc((size_t)ix->nlist, sizeof *grow);
-    float *scores = malloc(sizeof *scores * (size_t)IVF_ASSIGN_BLOCK * ix->nlist);
-    int rc = 0;
-    if (!best || !grow || !scores) {
+    int8_t *q = malloc((size_t)n * dim);
+    float *scale = malloc(sizeof *scale * (size_t)n);
+    int rc;
+    if (!q || !scale) {
         rc = err_set(err, "out of memory");
-        goto out;
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            store_vec_quantize(vecs + (size_t)i * dim, dim, q + (size_t)i * dim, &scale[i]);
+        rc = add_rows(ix, ids, q, scale, n, err);
     }
-    assign(ix, vecs, n, best, scores);
-    /* room first, so that a failure leaves the index as it was */
-    for (int64_t i = 0; i < n; i++)
-        grow[best[i]]++;
-    for (int c = 0; c < ix->nlist; c++)
-        if (grow[c] && list_reserve(&ix->lists[c], ix->lists[c].n + grow[c], dim)) {
-            rc = err_set(err, "out of memory");
-            goto out;
-        }
-    for (int64_t i = 0; i < n; i++)
-        list_append(ix, best[i], ids[i], vecs + (size_t)i * dim);
-out:
-    free(best);
-    free(grow);
-    free(scores);
+    free(q);
+    free(scale);
     return rc;
+}
+
+int ivf_add_q8(ivf *ix, const int64_t *ids, const int8_t *q, const float *scale, int64_t n,
+               int dim, char err[ERR_MAX])
+{
+    if (dim != ix->dim)
+        return err_set(err, "ivf: vectors of %d components for an index of %d", dim, ix->dim);
+    if (!ix->nlist)
+        return err_set(err, "ivf: the index is not trained");
+    if (n <= 0)
+        return 0;
+    if (!scales_ok(scale, n))
+        return err_set(err, "ivf: a vector's scale is negative or not finite");
+    return add_rows(ix, ids, q, scale, n, err);
 }
 
 static int cmp_i64(const void *a, const void *b)
@@ -392,8 +453,9 @@ int ivf_remove(ivf *ix, const int64_t *ids, int64_t n, int64_t *removed, char er
                 continue;
             if (w != i) {
                 l->ids[w] = l->ids[i];
-                memmove(l->vecs + (size_t)w * ix->dim, l->vecs + (size_t)i * ix->dim,
-                        sizeof *l->vecs * ix->dim);
+                memmove(l->q + (size_t)w * ix->dim, l->q + (size_t)i * ix->dim,
+                        (size_t)ix->dim);
+                l->scale[w] = l->scale[i];
             }
             w++;
         }
@@ -436,8 +498,7 @@ struct ivf_search {
     int32_t *step_lists;   /* (nlist) lists chosen for this step */
     int *step_mark;        /* (nlist) the step that last chose the list */
     int *members;          /* (n_q) query * nprobe + position of the queries scanning a list */
-    float *packed;         /* (IVF_QUERY_BLOCK, dim) those queries, packed */
-    float *scores;         /* (IVF_QUERY_BLOCK, IVF_SCAN_BLOCK) */
+    float *scores;         /* (IVF_SCAN_BLOCK) */
     ivf_search_stats stats;
 };
 
@@ -498,7 +559,6 @@ void ivf_search_free(ivf_search *s)
     free(s->step_lists);
     free(s->step_mark);
     free(s->members);
-    free(s->packed);
     free(s->scores);
     free(s);
 }
@@ -617,14 +677,13 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
     s->step_lists = malloc(sizeof *s->step_lists * (size_t)ix->nlist);
     s->step_mark = calloc((size_t)ix->nlist, sizeof *s->step_mark);
     s->members = malloc(sizeof *s->members * (size_t)n_q);
-    s->packed = malloc(sizeof *s->packed * (size_t)IVF_QUERY_BLOCK * dim);
-    s->scores = malloc(sizeof *s->scores * (size_t)IVF_QUERY_BLOCK * IVF_SCAN_BLOCK);
+    s->scores = malloc(sizeof *s->scores * (size_t)IVF_SCAN_BLOCK);
     int qblock = n_q < IVF_ASSIGN_BLOCK ? n_q : IVF_ASSIGN_BLOCK;
     float *cs = malloc(sizeof *cs * (size_t)qblock * ix->nlist);
     int32_t *top = malloc(sizeof *top * (size_t)s->nprobe);
     if (!s->queries || !s->order || !s->bound || !s->state || !s->next || !s->heap ||
         !s->heap_n || !s->probe_start || !s->probe_pair || !s->step_lists || !s->step_mark ||
-        !s->members || !s->packed || !s->scores || !cs || !top) {
+        !s->members || !s->scores || !cs || !top) {
         free(cs);
         free(top);
         ivf_search_free(s);
@@ -661,34 +720,28 @@ static bool prunable(const ivf_search *s, int i, size_t pr)
     return s->early_stop && s->heap_n[i] == s->k && s->bound[pr] < s->heap[(size_t)i * s->k].score;
 }
 
-/* Scans list c for the m member pairs of s->members. */
+/* Scans list c for the m member pairs of s->members: a block of its rows at a time, scored
+ * by every member while it is in cache, on the int8 rows (no float copy). */
 static void scan_list(ivf_search *s, int c, int m)
 {
     ivf *ix = s->ix;
     const ivf_list *l = &ix->lists[c];
     int dim = ix->dim;
-    const float *vecs = l->hot_at >= 0 ? ix->hot + (size_t)l->hot_at * dim : l->vecs;
-    for (int g0 = 0; g0 < m; g0 += IVF_QUERY_BLOCK) {
-        int g = m - g0 < IVF_QUERY_BLOCK ? m - g0 : IVF_QUERY_BLOCK;
-        for (int a = 0; a < g; a++) {
-            int i = s->members[g0 + a] / s->nprobe;
-            memcpy(s->packed + (size_t)a * dim, s->queries + (size_t)i * dim,
-                   sizeof *s->packed * dim);
-        }
-        for (int64_t x0 = 0; x0 < l->n; x0 += IVF_SCAN_BLOCK) {
-            int nb = l->n - x0 < IVF_SCAN_BLOCK ? (int)(l->n - x0) : IVF_SCAN_BLOCK;
-            vdist_dot(s->packed, g, vecs + (size_t)x0 * dim, nb, dim, s->scores,
-                      IVF_SCAN_BLOCK);
-            for (int a = 0; a < g; a++) {
-                int i = s->members[g0 + a] / s->nprobe;
-                ivf_hit *h = s->heap + (size_t)i * s->k;
-                const float *row = s->scores + (size_t)a * IVF_SCAN_BLOCK;
-                for (int j = 0; j < nb; j++) {
-                    if (s->heap_n[i] == s->k && row[j] < h[0].score)
-                        continue;
-                    ivf_hit hit = {l->ids[x0 + j], row[j], c};
-                    heap_offer(h, &s->heap_n[i], s->k, &hit);
-                }
+    bool hot = l->hot_at >= 0;
+    const int8_t *rows = hot ? ix->hot + (size_t)l->hot_at * dim : l->q;
+    const float *scale = hot ? ix->hot_scale + l->hot_at : l->scale;
+    for (int64_t x0 = 0; x0 < l->n; x0 += IVF_SCAN_BLOCK) {
+        int nb = l->n - x0 < IVF_SCAN_BLOCK ? (int)(l->n - x0) : IVF_SCAN_BLOCK;
+        for (int a = 0; a < m; a++) {
+            int i = s->members[a] / s->nprobe;
+            vdist_dot_q8(s->queries + (size_t)i * dim, (const signed char *)rows + (size_t)x0 * dim,
+                         scale + x0, nb, dim, s->scores);
+            ivf_hit *h = s->heap + (size_t)i * s->k;
+            for (int j = 0; j < nb; j++) {
+                if (s->heap_n[i] == s->k && s->scores[j] < h[0].score)
+                    continue;
+                ivf_hit hit = {l->ids[x0 + j], s->scores[j], c};
+                heap_offer(h, &s->heap_n[i], s->k, &hit);
             }
         }
     }
@@ -818,7 +871,7 @@ int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX])
     if (!order)
         return err_set(err, "out of memory");
     int n_used = ivf_hot_lists(ix, ix->nlist, order), n_hot = 0;
-    size_t row_bytes = sizeof(float) * (size_t)ix->dim, bytes = 0;
+    size_t row_bytes = STORE_VEC_BYTES(ix->dim), bytes = 0;
     while (n_hot < n_used &&
            bytes + (size_t)ix->lists[order[n_hot]].n * row_bytes <= max_bytes)
         bytes += (size_t)ix->lists[order[n_hot++]].n * row_bytes;
@@ -829,7 +882,7 @@ int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX])
     if (bytes) {
         /* its own mapping, in 2 MiB pages where the kernel gives them: a scan of a packed
          * list then walks a handful of TLB entries, not one per 4 KiB */
-        size_t len = (bytes + IVF_HUGE_PAGE - 1) / IVF_HUGE_PAGE * IVF_HUGE_PAGE;
+        size_t len = (bytes + 3 + IVF_HUGE_PAGE - 1) / IVF_HUGE_PAGE * IVF_HUGE_PAGE;
         void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
             rc = err_set(err, "ivf: hot copy of %zu bytes: out of memory", bytes);
@@ -837,12 +890,16 @@ int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX])
             madvise(p, len, MADV_HUGEPAGE);
             ix->hot = p;
             ix->hot_bytes = len;
+            /* the rows, then their scales (4-byte aligned) */
+            size_t rows = bytes / row_bytes;
+            ix->hot_scale = (float *)((char *)p + (rows * ix->dim + 3) / 4 * 4);
             int64_t row = 0;
             for (int h = 0; h < n_hot; h++) {
                 ivf_list *l = &ix->lists[order[h]];
                 if (!l->n)
                     continue;
-                memcpy(ix->hot + (size_t)row * ix->dim, l->vecs, (size_t)l->n * row_bytes);
+                memcpy(ix->hot + (size_t)row * ix->dim, l->q, (size_t)l->n * ix->dim);
+                memcpy(ix->hot_scale + row, l->scale, sizeof *l->scale * (size_t)l->n);
                 l->hot_at = row;
                 row += l->n;
             }
@@ -857,7 +914,7 @@ size_t ivf_hot_bytes(const ivf *ix)
     size_t bytes = 0;
     for (int c = 0; c < ix->nlist; c++)
         if (ix->lists[c].hot_at >= 0)
-            bytes += sizeof(float) * (size_t)ix->lists[c].n * ix->dim;
+            bytes += STORE_VEC_BYTES(ix->dim) * (size_t)ix->lists[c].n;
     return bytes;
 }
 
@@ -882,30 +939,80 @@ static int find_row(store *s, int64_t app_id, const char *name, int64_t *row, ch
     return 0;
 }
 
-static uint32_t list_crc(const ivf_list *l, int dim)
+static uint32_t list_crc(const ivf_list *l)
 {
-    uint32_t crc = crc32c(0, l->ids, sizeof *l->ids * (size_t)l->n);
-    return crc32c(crc, l->vecs, sizeof *l->vecs * (size_t)l->n * dim);
+    return crc32c(0, l->ids, sizeof *l->ids * (size_t)l->n);
 }
 
+/* The most bytes n ids take encoded. */
+#define IDS_BYTES_MAX(n) ((size_t)(n) * 10)
+
+/* Encodes ids[0..n) as the varints of their zigzagged differences (each from the one
+ * before, the first from 0): a list's ids ascend, so most take a byte or two. Returns the
+ * bytes written to out (IDS_BYTES_MAX(n) of room). */
+static size_t ids_encode(const int64_t *ids, int64_t n, uint8_t *out)
+{
+    size_t at = 0;
+    uint64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t d = (uint64_t)ids[i] - prev;
+        uint64_t z = (d << 1) ^ (uint64_t)-(int64_t)(d >> 63);
+        prev = (uint64_t)ids[i];
+        while (z >= 0x80) {
+            out[at++] = (uint8_t)(z | 0x80);
+            z >>= 7;
+        }
+        out[at++] = (uint8_t)z;
+    }
+    return at;
+}
+
+/* Decodes exactly n ids from the len bytes of in into ids; -1 when the bytes do not hold
+ * exactly n. */
+static int ids_decode(const uint8_t *in, size_t len, int64_t n, int64_t *ids)
+{
+    size_t at = 0;
+    uint64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t z = 0;
+        for (int shift = 0;; shift += 7) {
+            if (at == len || shift > 63)
+                return -1;
+            uint8_t b = in[at++];
+            z |= (uint64_t)(b & 0x7f) << shift;
+            if (!(b & 0x80))
+                break;
+        }
+        prev += (z >> 1) ^ (uint64_t)-(int64_t)(z & 1);
+        ids[i] = (int64_t)prev;
+    }
+    return at == len ? 0 : -1;
+}
+
+/* Writes list c: its ids only, the vectors being the caller's (ivf_load's rows). */
 static int save_list(store *s, int64_t row, const ivf *ix, int c, char *err)
 {
     const ivf_list *l = &ix->lists[c];
+    uint8_t *buf = malloc(IDS_BYTES_MAX(l->n) + 1);
+    if (!buf)
+        return err_set(err, "out of memory");
+    size_t len = ids_encode(l->ids, l->n, buf);
     sqlite3_stmt *st = store_prepare(s,
                                      "INSERT OR REPLACE INTO ivf_lists (index_id, list, n, crc,"
-                                     " ids, vecs) VALUES (?, ?, ?, ?, ?, ?)",
+                                     " ids) VALUES (?, ?, ?, ?, ?)",
                                      err);
-    if (!st)
+    if (!st) {
+        free(buf);
         return -1;
+    }
     sqlite3_bind_int64(st, 1, row);
     sqlite3_bind_int(st, 2, c);
     sqlite3_bind_int64(st, 3, l->n);
-    sqlite3_bind_int64(st, 4, list_crc(l, ix->dim));
-    sqlite3_bind_blob64(st, 5, l->n ? (const void *)l->ids : "", sizeof *l->ids * (size_t)l->n,
-                        SQLITE_STATIC);
-    sqlite3_bind_blob64(st, 6, l->n ? (const void *)l->vecs : "",
-                        sizeof *l->vecs * (size_t)l->n * ix->dim, SQLITE_STATIC);
-    return store_step_once(s, st, "writing a vector list", err);
+    sqlite3_bind_int64(st, 4, list_crc(l));
+    sqlite3_bind_blob64(st, 5, buf, len, SQLITE_STATIC);
+    int rc = store_step_once(s, st, "writing a vector list", err);
+    free(buf);
+    return rc;
 }
 
 static int save_all(store *s, int64_t app_id, const char *name, ivf *ix, int64_t *row,
@@ -968,51 +1075,62 @@ int ivf_save(store *s, int64_t app_id, const char *name, ivf *ix, char err[ERR_M
     return 0;
 }
 
-/* Reads the rows of list rows of index row into ix, checking each. */
-static int load_lists(store *s, int64_t row, ivf *ix, char *err)
+/* The row of rows holding id; -1 when none. */
+static int64_t row_of(const ivf_rows *rows, int64_t id)
 {
-    sqlite3_stmt *st = store_prepare(s,
-                                     "SELECT list, n, crc, ids, vecs FROM ivf_lists"
-                                     " WHERE index_id = ?",
-                                     err);
+    int64_t lo = 0, hi = rows->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (rows->ids[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < rows->n && rows->ids[lo] == id ? lo : -1;
+}
+
+/* Reads the lists of index row into ix, checking each, with their vectors from rows; ids
+ * rows lacks are left out (their lists then differ from the stored ones: dirty). */
+static int load_lists(store *s, int64_t row, const ivf_rows *rows, ivf *ix, char *err)
+{
+    sqlite3_stmt *st = store_prepare(s, "SELECT list, n, crc, ids FROM ivf_lists"
+                                        " WHERE index_id = ?", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, row);
     int rc, out = 0;
+    int dim = ix->dim;
     while (out == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t c = sqlite3_column_int64(st, 0), n = sqlite3_column_int64(st, 1);
-        const void *ids = sqlite3_column_blob(st, 3);
+        const uint8_t *ids = sqlite3_column_blob(st, 3);
         int64_t ids_bytes = sqlite3_column_bytes(st, 3);
-        const void *vecs = sqlite3_column_blob(st, 4);
-        int64_t vec_bytes = sqlite3_column_bytes(st, 4);
-        if (c < 0 || c >= ix->nlist || n < 0 || ids_bytes != n * (int64_t)sizeof(int64_t) ||
-            vec_bytes != n * ix->dim * (int64_t)sizeof(float) || ix->lists[c].n) {
+        /* an id takes one byte at least */
+        if (c < 0 || c >= ix->nlist || n < 0 || n > ids_bytes || ix->lists[c].n ||
+            ix->lists[c].dirty) {
             out = err_set(err, "ivf: stored list %lld of index %lld does not check out",
                           (long long)c, (long long)row);
             break;
         }
         ivf_list *l = &ix->lists[c];
-        if (n && list_reserve(l, n, ix->dim)) {
+        if (n && list_reserve(l, n, dim)) {
             out = err_set(err, "out of memory");
             break;
         }
-        if (n) {
-            memcpy(l->ids, ids, (size_t)ids_bytes);
-            memcpy(l->vecs, vecs, (size_t)vec_bytes);
-        }
         l->n = n;
-        if (list_crc(l, ix->dim) != (uint32_t)sqlite3_column_int64(st, 2) ||
-            !all_finite(l->vecs, (size_t)n * ix->dim)) {
+        if ((n && ids_decode(ids, (size_t)ids_bytes, n, l->ids)) ||
+            list_crc(l) != (uint32_t)sqlite3_column_int64(st, 2)) {
             l->n = 0;
             out = err_set(err, "ivf: stored list %lld of index %lld fails its checksum",
                           (long long)c, (long long)row);
             break;
         }
+        l->n = 0;
         for (int64_t i = 0; i < n; i++) {
-            l->n = i + 1;
-            widen(ix, (int)c, l->vecs + (size_t)i * ix->dim);
+            int64_t r = row_of(rows, l->ids[i]);
+            if (r >= 0)
+                list_append(ix, (int)c, l->ids[i], rows->q + (size_t)r * dim, rows->scale[r]);
         }
-        ix->n += n;
+        l->dirty = l->n != n;
     }
     if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
         out = store_db_err(s, err, "reading vector lists");
@@ -1020,8 +1138,8 @@ static int load_lists(store *s, int64_t row, ivf *ix, char *err)
     return out;
 }
 
-int ivf_load(store *s, int64_t app_id, const char *name, ivf **out, bool *found,
-             char err[ERR_MAX])
+int ivf_load(store *s, int64_t app_id, const char *name, const ivf_rows *rows, ivf **out,
+             bool *found, char err[ERR_MAX])
 {
     *out = NULL;
     *found = false;
@@ -1070,7 +1188,16 @@ int ivf_load(store *s, int64_t app_id, const char *name, ivf **out, bool *found,
     }
     sqlite3_finalize(st);
     st = NULL;
-    if (load_lists(s, row, ix, err))
+    if (dim != rows->dim) {
+        err_set(err, "ivf: stored index '%s' has %lld dimensions, its rows %d", name,
+                (long long)dim, rows->dim);
+        goto fail;
+    }
+    if (!scales_ok(rows->scale, rows->n)) {
+        err_set(err, "ivf: a vector's scale is negative or not finite");
+        goto fail;
+    }
+    if (load_lists(s, row, rows, ix, err))
         goto fail;
     ix->saved_in = s;
     ix->saved_row = row;

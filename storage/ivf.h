@@ -6,9 +6,11 @@
  *
  * Training clusters a sample of the vectors into nlist lists (spherical k-means: each
  * centroid is the unit-length mean of its members); every vector added goes to the list
- * of its best centroid, stored there in full (no compression). A query searches the
- * nprobe lists whose centroids score best, exactly like FAISS's IndexIVFFlat with an
- * inner-product quantizer.
+ * of its best centroid, kept there as int8 with a float scale (storage/kb.h's format, a
+ * quarter of float32's bytes: a knowledge base's rows go in as they are stored). A query
+ * searches the nprobe lists whose centroids score best, like FAISS's IndexIVFFlat with an
+ * inner-product quantizer, scoring the int8 rows as they are (vdist_dot_q8): a score is
+ * the one an exact search of the same rows gives.
  *
  * Search is a state machine over (query, list) pairs, so that a scheduler can split one
  * retrieval, or a batch of them, into sub-stages of bounded cost:
@@ -78,9 +80,15 @@ int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_pa
               char err[ERR_MAX]);
 
 /* Adds vecs (n, dim) with their ids (should be unique: a duplicate is found twice) to a
- * trained index. Non-finite values are refused, and then nothing is added. */
+ * trained index, quantized (store_vec_quantize). Non-finite values are refused, and then
+ * nothing is added. */
 int ivf_add(ivf *ix, const int64_t *ids, const float *vecs, int64_t n, int dim,
             char err[ERR_MAX]);
+
+/* The same for vectors quantized already: row i is q[i] (dim int8) times scale[i]. A
+ * negative or non-finite scale is refused. */
+int ivf_add_q8(ivf *ix, const int64_t *ids, const int8_t *q, const float *scale, int64_t n,
+               int dim, char err[ERR_MAX]);
 
 /* Copies the ids of all vectors held (ivf_count of them), ascending, into ids. */
 void ivf_ids(const ivf *ix, int64_t *ids);
@@ -147,27 +155,44 @@ int ivf_search_all(ivf *ix, const float *queries, int n_q, int dim, const ivf_se
  * loading. */
 int ivf_hot_lists(const ivf *ix, int n, int32_t *lists);
 
-/* Packs the vectors of the most scanned lists (ivf_hot_lists order) that fit in
- * max_bytes into one copy in large pages, which searches then read instead of the lists'
+/* Packs the rows of the most scanned lists (ivf_hot_lists order) that fit in
+ * max_bytes (STORE_VEC_BYTES(dim) a row) into one copy in large pages, which searches then read instead of the lists'
  * own arrays (same values, so the same results); the lists not taken, and any list
  * changed later, are read from their arrays. May be called between steps of a search
  * (not during a step). max_bytes 0 drops the copy. */
 int ivf_hot_refresh(ivf *ix, size_t max_bytes, char err[ERR_MAX]);
 
-/* Bytes of vectors the hot copy holds now. */
+/* Bytes of rows the hot copy holds now. */
 size_t ivf_hot_bytes(const ivf *ix);
 
-/* ---- persistence ---- */
+/* ---- persistence ----
+ *
+ * The store keeps an index's centroids and each list's ids (varints, a byte or two an
+ * id), not its vectors: those are the caller's own (a knowledge base's passages), given
+ * back to ivf_load, so an index costs next to nothing on disk. */
 
 /* Stores ix as app_id's index name (replacing another of that name). When ix was loaded
  * from or saved to this name before, only the lists changed since are written. One
  * transaction (a savepoint inside the caller's). */
 int ivf_save(store *s, int64_t app_id, const char *name, ivf *ix, char err[ERR_MAX]);
 
-/* Loads app_id's index name into *out; *found false (and *out NULL) when there is none.
- * A row that does not check out (sizes, list numbers, checksums) is an error naming it. */
-int ivf_load(store *s, int64_t app_id, const char *name, ivf **out, bool *found,
-             char err[ERR_MAX]);
+/* The vectors a loaded index's lists take their rows from: n of them, ids ascending, row
+ * i q[i * dim..] (int8) times scale[i]. */
+typedef struct ivf_rows {
+    const int64_t *ids;
+    const int8_t *q;
+    const float *scale;
+    int64_t n;
+    int dim;
+} ivf_rows;
+
+/* Loads app_id's index name into *out, its vectors from rows; *found false (and *out
+ * NULL) when there is none. A stored id rows lacks is left out (a vector removed since
+ * the save; its list is written again by the next save); one rows has and no list holds
+ * is not added (ivf_ids tells which are). A row that does not check out (sizes, list
+ * numbers, checksums), or rows of another dimension, is an error naming it. */
+int ivf_load(store *s, int64_t app_id, const char *name, const ivf_rows *rows, ivf **out,
+             bool *found, char err[ERR_MAX]);
 
 /* Deletes app_id's index name; *found says whether it existed. */
 int ivf_drop(store *s, int64_t app_id, const char *name, bool *found, char err[ERR_MAX]);

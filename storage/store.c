@@ -222,6 +222,20 @@ static const char *const store_migrations[] = {
     "INSERT INTO kb_docs_v11 (kb_id, doc, metadata, bytes, n_passages, created_ms)"
     " SELECT kb_id, doc, metadata, bytes, n_passages, created_ms FROM kb_docs;"
     "DELETE FROM ivf_indexes;",
+
+    /* Compact vector indexes and QA bank (storage/ivf.h, kb.h): a stored IVF list keeps
+     * its ids only (varints of their differences), its vectors being the passages'; the
+     * QA bank's vectors are int8 with a float scale (store_kb_migrate_12 converts them
+     * after this). The stored IVF indexes (derived data) go, to be trained again. */
+    "DROP TABLE ivf_lists;"
+    "DELETE FROM ivf_indexes;"
+    "CREATE TABLE ivf_lists ("
+    "  index_id INTEGER NOT NULL REFERENCES ivf_indexes(id) ON DELETE CASCADE,"
+    "  list INTEGER NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  crc INTEGER NOT NULL," /* CRC-32C of the ids, int64 little-endian each */
+    "  ids BLOB NOT NULL,"
+    "  PRIMARY KEY (index_id, list));",
 };
 
 /* The tail of migration 11, after store_kb_migrate_11. */
@@ -396,13 +410,14 @@ static int migrate(store *s, char *err)
         if (exec(s, store_migrations[v], what, err) != 0 ||
             (v + 1 == 11 && (store_kb_migrate_11(s, err) != 0 ||
                              exec(s, store_migration_11_tail, what, err) != 0)) ||
+            (v + 1 == 12 && store_kb_migrate_12(s, err) != 0) ||
             exec(s, bump, what, err) != 0 || exec(s, "COMMIT", what, err) != 0) {
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }
     }
     /* a conversion leaves the old tables' pages free: the file shrinks at once */
-    if (version < 11 && version > 0 &&
+    if (version < 12 && version > 0 &&
         exec(s, "PRAGMA incremental_vacuum", "vacuum after migrating", err) != 0)
         return -1;
     return 0;

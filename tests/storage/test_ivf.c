@@ -1,6 +1,7 @@
 /* Tests of the IVF index: recall against exact search, the step API against the one-shot
  * search, similarity-aware search with the early stop against the plain search,
- * persistence, per-app isolation, hot lists and bad input. */
+ * persistence (ids stored, vectors given back on load), per-app isolation, hot lists and
+ * bad input. */
 #include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "engine/vdist.h"
 #include "storage/ivf.h"
+#include "storage/kb.h"
 #include "tests/support/test.h"
 
 #define DIM 48
@@ -74,12 +76,38 @@ static ivf *build(const float *vecs, int n, int nlist, char *err)
     return ix;
 }
 
-/* Exact top k of each query with the same kernel, ties to the lower id. */
-static void exact(const float *vecs, int n, const float *q, int nq, ivf_hit *out)
+/* The first n of vecs as the index keeps them (int8 and a scale each), with their ids:
+ * what a caller gives ivf_load. Free with rows_free. */
+static ivf_rows rows_of(const float *vecs, int n)
+{
+    int64_t *ids = malloc(sizeof *ids * (size_t)n);
+    int8_t *q = malloc((size_t)n * DIM);
+    float *scale = malloc(sizeof *scale * (size_t)n);
+    for (int i = 0; ids && q && scale && i < n; i++) {
+        ids[i] = id_of(i);
+        store_vec_quantize(vecs + (size_t)i * DIM, DIM, q + (size_t)i * DIM, &scale[i]);
+    }
+    return (ivf_rows){ids, q, scale, ids && q && scale ? n : 0, DIM};
+}
+
+static void rows_free(ivf_rows *r)
+{
+    free((void *)r->ids);
+    free((void *)r->q);
+    free((void *)r->scale);
+}
+
+/* Exact top k of each query over vecs, as float32 (q8 false) or as the index keeps them
+ * (q8: int8 rows, the same kernel), ties to the lower id. */
+static void exact(const float *vecs, int n, const float *q, int nq, bool q8, ivf_hit *out)
 {
     float *sc = malloc(sizeof *sc * (size_t)n);
+    ivf_rows r = rows_of(vecs, q8 ? n : 0);
     for (int a = 0; a < nq; a++) {
-        vdist_dot(q + (size_t)a * DIM, 1, vecs, n, DIM, sc, (size_t)n);
+        if (q8)
+            vdist_dot_q8(q + (size_t)a * DIM, (const signed char *)r.q, r.scale, n, DIM, sc);
+        else
+            vdist_dot(q + (size_t)a * DIM, 1, vecs, n, DIM, sc, (size_t)n);
         ivf_hit *h = out + (size_t)a * K;
         int m = 0;
         for (int i = 0; i < n; i++) {
@@ -95,6 +123,7 @@ static void exact(const float *vecs, int n, const float *q, int nq, ivf_hit *out
             h[j] = x;
         }
     }
+    rows_free(&r);
     free(sc);
 }
 
@@ -131,10 +160,19 @@ static void test_recall_against_exact(void)
     CHECK_MSG(ix, "%s", err);
     CHECK_EQ(ivf_count(ix), N);
     CHECK_EQ(ivf_nlist(ix), NLIST);
-    static ivf_hit truth[NQ * K], got[NQ * K];
+    static ivf_hit truth[NQ * K], got[NQ * K], f32[NQ * K];
     int n_hits[NQ];
-    exact(v, N, q, NQ, truth);
-    /* all lists: exactly the exact search */
+    exact(v, N, q, NQ, true, truth);
+    /* int8 rows keep the float32 neighbours (to their rounding) */
+    exact(v, N, q, NQ, false, f32);
+    int kept = 0;
+    for (int a = 0; a < NQ; a++)
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++)
+                kept += truth[a * K + i].id == f32[a * K + j].id;
+    CHECK_MSG(kept >= NQ * K * 95 / 100, "int8 rows keep %d of %d float32 neighbours", kept,
+              NQ * K);
+    /* all lists: exactly the exact search of the rows held */
     ivf_search_params all = {.k = K, .nprobe = NLIST};
     CHECK_MSG(ivf_search_all(ix, q, NQ, DIM, &all, got, n_hits, err) == 0, "%s", err);
     for (int a = 0; a < NQ; a++) {
@@ -314,25 +352,43 @@ static void test_persistence(void)
     st = store_open(dir, err);
     CHECK_MSG(st, "%s", err);
     bool found;
-    CHECK_MSG(ivf_load(st, app, "kb:1", &ix, &found, err) == 0 && found, "%s", err);
+    ivf_rows rows = rows_of(v, N);
+    CHECK_EQ(rows.n, N);
+    CHECK_MSG(ivf_load(st, app, "kb:1", &rows, &ix, &found, err) == 0 && found, "%s", err);
     CHECK_EQ(ivf_count(ix), N - 10);
     CHECK(ivf_search_all(ix, q, NQ, DIM, &p, after, na, err) == 0);
     for (int a = 0; a < NQ; a++) {
         CHECK_EQ(na[a], nb[a]);
         CHECK_MSG(same_hits(before + a * K, after + a * K, nb[a]), "query %d", a);
     }
+    /* an id the caller no longer has is left out, and its list written again */
+    ivf_free(ix);
+    ivf_rows fewer = rows;
+    fewer.n = N / 2;
+    CHECK_MSG(ivf_load(st, app, "kb:1", &fewer, &ix, &found, err) == 0 && found, "%s", err);
+    CHECK_EQ(ivf_count(ix), N / 2);
+    CHECK_MSG(ivf_save(st, app, "kb:1", ix, err) == 0, "%s", err);
+    ivf_free(ix);
+    CHECK(ivf_load(st, app, "kb:1", &rows, &ix, &found, err) == 0 && found);
+    CHECK_EQ(ivf_count(ix), N / 2);
+    ivf_free(ix);
+    /* rows of another dimension are refused */
+    ivf_rows wrong = rows;
+    wrong.dim = DIM + 1;
+    CHECK(ivf_load(st, app, "kb:1", &wrong, &ix, &found, err) == -1 && !ix);
+    CHECK_MSG(strstr(err, "dimensions"), "%s", err);
     /* a retrained index under the same name replaces the old one */
     ivf *small = build(v, 500, 5, err);
     CHECK(small);
     CHECK_MSG(ivf_save(st, app, "kb:1", small, err) == 0, "%s", err);
     ivf_free(small);
-    ivf_free(ix);
-    CHECK(ivf_load(st, app, "kb:1", &ix, &found, err) == 0 && found);
+    CHECK(ivf_load(st, app, "kb:1", &rows, &ix, &found, err) == 0 && found);
     CHECK_EQ(ivf_nlist(ix), 5);
     CHECK_EQ(ivf_count(ix), 500);
     ivf_free(ix);
     CHECK(ivf_drop(st, app, "kb:1", &found, err) == 0 && found);
-    CHECK(ivf_load(st, app, "kb:1", &ix, &found, err) == 0 && !found && !ix);
+    CHECK(ivf_load(st, app, "kb:1", &rows, &ix, &found, err) == 0 && !found && !ix);
+    rows_free(&rows);
     CHECK(ivf_drop(st, app, "kb:1", &found, err) == 0 && !found);
     store_close(st);
     free(v);
@@ -355,17 +411,20 @@ static void test_per_app_isolation(void)
     CHECK(ivf_save(st, a2, "docs", x2, err) == 0);
     ivf *l1, *l2;
     bool found;
-    CHECK(ivf_load(st, a1, "docs", &l1, &found, err) == 0 && found);
-    CHECK(ivf_load(st, a2, "docs", &l2, &found, err) == 0 && found);
+    ivf_rows r1 = rows_of(v, 2000), r2 = rows_of(w, 1000);
+    CHECK(ivf_load(st, a1, "docs", &r1, &l1, &found, err) == 0 && found);
+    CHECK(ivf_load(st, a2, "docs", &r2, &l2, &found, err) == 0 && found);
     CHECK_EQ(ivf_count(l1), 2000);
     CHECK_EQ(ivf_count(l2), 1000);
     CHECK_EQ(ivf_nlist(l2), 7);
     CHECK(ivf_drop(st, a2, "docs", &found, err) == 0 && found);
     ivf_free(l1);
-    CHECK(ivf_load(st, a1, "docs", &l1, &found, err) == 0 && found);
+    CHECK(ivf_load(st, a1, "docs", &r1, &l1, &found, err) == 0 && found);
     CHECK_EQ(ivf_count(l1), 2000);
     ivf *none;
-    CHECK(ivf_load(st, a2, "docs", &none, &found, err) == 0 && !found);
+    CHECK(ivf_load(st, a2, "docs", &r2, &none, &found, err) == 0 && !found);
+    rows_free(&r1);
+    rows_free(&r2);
     ivf_free(l1);
     ivf_free(l2);
     ivf_free(x1);
@@ -408,7 +467,7 @@ static void test_hot_lists(void)
     int nc[NQ], nw[NQ];
     ivf_search_params all = {.k = K, .nprobe = 6};
     CHECK(ivf_search_all(ix, q, NQ, DIM, &all, cold, nc, err) == 0);
-    size_t budget = (size_t)N / 4 * DIM * sizeof(float);
+    size_t budget = (size_t)N / 4 * STORE_VEC_BYTES(DIM);
     CHECK_MSG(ivf_hot_refresh(ix, budget, err) == 0, "%s", err);
     size_t held = ivf_hot_bytes(ix);
     CHECK(held > 0 && held <= budget);
@@ -499,8 +558,10 @@ static void test_bad_input(void)
     /* corrupt rows: each load fails with an error, never a crash or wrong vectors */
     const char *dir = fresh_dir("corrupt");
     const char *pokes[] = {
-        "UPDATE ivf_lists SET vecs = substr(vecs, 1, length(vecs) - 4) WHERE list = 0",
+        "UPDATE ivf_lists SET ids = substr(ids, 1, length(ids) - 1) WHERE list = 0",
         "UPDATE ivf_lists SET ids = zeroblob(3) WHERE list = 1",
+        "UPDATE ivf_lists SET ids = ids || x'00' WHERE list = 5",
+        "UPDATE ivf_lists SET ids = x'ffffffffffffffffffffff' || substr(ids, 12) WHERE list = 6",
         "UPDATE ivf_lists SET crc = crc + 1 WHERE list = 2",
         "UPDATE ivf_lists SET list = 99 WHERE list = 3",
         "UPDATE ivf_lists SET n = -1 WHERE list = 4",
@@ -510,6 +571,7 @@ static void test_bad_input(void)
         "UPDATE ivf_indexes SET dim = 0",
         "UPDATE ivf_indexes SET nlist = 100000",
     };
+    ivf_rows rows = rows_of(v, 1000);
     for (size_t i = 0; i < sizeof pokes / sizeof pokes[0]; i++) {
         store *st = store_open(dir, err);
         CHECK_MSG(st, "%s", err);
@@ -525,12 +587,20 @@ static void test_bad_input(void)
         CHECK(st);
         bool found;
         ivf *loaded = NULL;
-        CHECK_MSG(ivf_load(st, app, "x", &loaded, &found, err) == -1 && !loaded && !found,
+        CHECK_MSG(ivf_load(st, app, "x", &rows, &loaded, &found, err) == -1 && !loaded && !found,
                   "%s was loaded", pokes[i]);
         CHECK_MSG(strstr(err, "ivf:"), "%s", err);
         CHECK(ivf_drop(st, app, "x", &found, err) == 0 && found);
         store_close(st);
     }
+    /* rows with a bad scale are refused, by ivf_add_q8 too */
+    ivf *good = build(v, 1000, 10, err);
+    CHECK(good);
+    ((float *)rows.scale)[7] = NAN;
+    CHECK(ivf_add_q8(good, rows.ids, rows.q, rows.scale, 10, DIM, err) == -1);
+    CHECK_EQ(ivf_count(good), 1000);
+    ivf_free(good);
+    rows_free(&rows);
     free(v);
 }
 

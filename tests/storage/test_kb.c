@@ -303,6 +303,7 @@ typedef struct qa_seen {
     bool predicted[8];
     int n_passages[8];
     char answer[8][32];
+    float vec[8][DIM];
 } qa_seen;
 
 static int see_qa(void *arg, const store_qa *q)
@@ -313,6 +314,7 @@ static int see_qa(void *arg, const store_qa *q)
         s->predicted[s->n] = q->predicted;
         s->n_passages[s->n] = q->n_passages;
         snprintf(s->answer[s->n], sizeof s->answer[s->n], "%s", q->answer);
+        memcpy(s->vec[s->n], q->vec, sizeof s->vec[s->n]);
     }
     s->n++;
     return 0;
@@ -711,7 +713,7 @@ static void failed_migration_loses_nothing(void)
     s = store_open(dir_path, err);
     CHECK_MSG(s, "%s", err);
     store_close(s);
-    CHECK_EQ(count_rows("PRAGMA user_version"), 11);
+    CHECK_EQ(count_rows("PRAGMA user_version"), store_schema_version());
     CHECK_EQ(count_rows("SELECT count(*) FROM qkv_nodes"), 0);
     CHECK_EQ(count_rows("SELECT count(*) FROM qa_bank"), 1);
 }
@@ -770,9 +772,57 @@ static void migration_compacts_passages(void)
     CHECK_EQ(store_kb_bm25(s, kb, "omega", 4, ids, sc, &n, err), 0);
     CHECK(n == 1 && ids[0] == 11);
     store_close(s);
-    CHECK_EQ(count_rows("PRAGMA user_version"), 11);
+    CHECK_EQ(count_rows("PRAGMA user_version"), store_schema_version());
     CHECK_EQ(count_rows("SELECT count(*) FROM ivf_indexes"), 0);
     CHECK_EQ(count_rows("SELECT length(vec) FROM kb_passages WHERE id = 11"), DIM + 4);
+}
+
+/* Schema 11 -> 12: QA vectors int8 with a scale (read back to their rounding), stored
+ * IVF indexes (float32 lists) go and their lists keep ids only. */
+static void migration_12_compact_qa_ivf(void)
+{
+    store *s = open_fresh("kb-migrate-12");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK_EQ(kb, 1);
+    store_close(s);
+    /* version 11: a float32 QA vector, an IVF list of floats */
+    CHECK_EQ(tamper("INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
+                    " VALUES (1, 'q?', x'0000803F0000003F0000000000000000', 'a', x'', 1);"
+                    "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
+                    " VALUES (1, 'bad', x'0000', 'a', x'', 2);"
+                    "DROP TABLE ivf_lists;"
+                    "CREATE TABLE ivf_lists (index_id INTEGER NOT NULL REFERENCES"
+                    " ivf_indexes(id) ON DELETE CASCADE, list INTEGER NOT NULL, n INTEGER NOT"
+                    " NULL, crc INTEGER NOT NULL, ids BLOB NOT NULL, vecs BLOB NOT NULL,"
+                    " PRIMARY KEY (index_id, list));"
+                    "INSERT INTO ivf_indexes (app_id, name, dim, nlist, centroids)"
+                    " VALUES (1, 'kb:1', 4, 1, x'0000803F000000000000000000000000');"
+                    "INSERT INTO ivf_lists VALUES (1, 0, 1, 0, x'0100000000000000',"
+                    " x'0000803F000000000000000000000000');"
+                    "PRAGMA user_version = 11;"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    /* the entry of the wrong size stays the error it was; without it the other reads back */
+    qa_seen q = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), -1);
+    CHECK_MSG(strstr(err, "malformed"), "%s", err);
+    store_close(s);
+    CHECK_EQ(count_rows("SELECT length(vec) FROM qa_bank WHERE question = 'q?'"), DIM + 4);
+    CHECK_EQ(tamper("DELETE FROM qa_bank WHERE question = 'bad'"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    q = (qa_seen){0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), 0);
+    CHECK_EQ(q.n, 1);
+    CHECK(q.vec[0][0] == 1.0f && q.vec[0][1] > 0.49f && q.vec[0][1] < 0.51f &&
+          q.vec[0][2] == 0.0f);
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 12);
+    CHECK_EQ(count_rows("SELECT count(*) FROM ivf_indexes"), 0);
+    CHECK_EQ(count_rows("SELECT count(*) FROM pragma_table_info('ivf_lists') WHERE name = 'vecs'"),
+             0);
 }
 
 int main(void)
@@ -788,5 +838,6 @@ int main(void)
     RUN(migration_drops_ownerless);
     RUN(failed_migration_loses_nothing);
     RUN(migration_compacts_passages);
+    RUN(migration_12_compact_qa_ivf);
     return test_finish();
 }
