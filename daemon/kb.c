@@ -29,6 +29,7 @@ typedef struct kb_vecs {
     int64_t *ids;
     int8_t *q;          /* (n, dim) as stored: vector i is q[i] * scale[i], about unit length */
     float *scale;       /* (n) */
+    int16_t *query;     /* (dim) exact search's scratch: the query quantized */
     ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
     int64_t searches;   /* IVF searches since its hot copy was last refreshed */
     bool train_pending; /* its index is to be trained in idle time; exact search till then */
@@ -74,6 +75,7 @@ static void vecs_free(kb_vecs *v)
     free(v->ids);
     free(v->q);
     free(v->scale);
+    free(v->query);
     ivf_free(v->index);
     free(v);
 }
@@ -982,6 +984,12 @@ static kb_vecs *vectors(kbm *k, const kb_ref *kb, char err[ERR_MAX])
     v->kb_id = kb->id;
     v->app_id = kb->app_id;
     v->dim = kb->dim;
+    v->query = malloc(sizeof *v->query * (size_t)(kb->dim > 0 ? kb->dim : 1));
+    if (!v->query) {
+        vecs_free(v);
+        err_set(err, "out of memory");
+        return NULL;
+    }
     int rc = store_kb_vectors(k->env.st, kb->id, kb->dim, vec_add, v, err);
     if (rc) {
         if (rc > 0)
@@ -1138,15 +1146,17 @@ void kb_ivf_train_idle(kbm *k)
         }
 }
 
-/* The best cand passages of v for qvec by brute force, into hits. */
-static void exact_search(const kb_vecs *v, const float *qvec, int cand, kb_hit *hits, int *n)
+/* The best cand passages of v for qvec by brute force, into hits; the query quantized
+ * as an IVF search quantizes it, so that both give the same scores. */
+static void exact_search(kb_vecs *v, const float *qvec, int cand, kb_hit *hits, int *n)
 {
     enum { BLOCK = 256 };
-    float sc[BLOCK];
+    float sc[BLOCK], qscale;
+    vdist_quantize_query(qvec, v->dim, v->query, &qscale);
     for (int i0 = 0; i0 < v->n; i0 += BLOCK) {
         int nb = v->n - i0 < BLOCK ? v->n - i0 : BLOCK;
-        vdist_dot_q8(qvec, (const signed char *)v->q + (size_t)i0 * v->dim, v->scale + i0, nb,
-                     v->dim, sc);
+        vdist_dot_q8(v->query, &qscale, 1, v->q + (size_t)i0 * v->dim, v->scale + i0, nb,
+                     v->dim, sc, BLOCK);
         for (int i = 0; i < nb; i++)
             top_insert(hits, n, cand, v->ids[i0 + i], sc[i]);
     }

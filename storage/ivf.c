@@ -27,7 +27,12 @@
 /* Rows of a list scored per kernel call: a block (33 KiB at dim 128) stays in L1/L2 while
  * every query that probes the list scores it. */
 #define IVF_SCAN_BLOCK 256
+/* Queries scored per kernel call: their scores for a block of rows (32 KiB) stay in
+ * cache until the heaps take them. */
+#define IVF_SCAN_QUERIES 32
 #define IVF_HUGE_PAGE ((size_t)2 << 20)
+
+_Static_assert(IVF_DIM_MAX <= VDIST_Q8_DIM_MAX, "the int8 kernel's dot must fit int32");
 
 typedef struct ivf_list {
     int64_t n, cap;
@@ -482,7 +487,9 @@ struct ivf_search {
     ivf *ix;
     int n_q, k, nprobe;
     bool early_stop;
-    float *queries;    /* (n_q, dim) */
+    float *queries;    /* (n_q, dim) the queries as scored: qi times q_scale */
+    int16_t *qi;       /* (n_q, dim) the queries quantized (vdist_quantize_query) */
+    float *q_scale;    /* (n_q) */
     int32_t *order;    /* (n_q, nprobe) each query's lists, in the order it searches them */
     float *bound;      /* (n_q, nprobe) the highest score a vector of that list can have */
     uint8_t *state;    /* (n_q, nprobe) PAIR_* */
@@ -498,7 +505,9 @@ struct ivf_search {
     int32_t *step_lists;   /* (nlist) lists chosen for this step */
     int *step_mark;        /* (nlist) the step that last chose the list */
     int *members;          /* (n_q) query * nprobe + position of the queries scanning a list */
-    float *scores;         /* (IVF_SCAN_BLOCK) */
+    int16_t *gather;       /* (n_q, dim) their quantized queries side by side, a kernel block */
+    float *gather_scale;   /* (n_q) */
+    float *scores;         /* (IVF_SCAN_QUERIES, IVF_SCAN_BLOCK) */
     ivf_search_stats stats;
 };
 
@@ -548,6 +557,8 @@ void ivf_search_free(ivf_search *s)
     if (!s)
         return;
     free(s->queries);
+    free(s->qi);
+    free(s->q_scale);
     free(s->order);
     free(s->bound);
     free(s->state);
@@ -559,6 +570,8 @@ void ivf_search_free(ivf_search *s)
     free(s->step_lists);
     free(s->step_mark);
     free(s->members);
+    free(s->gather);
+    free(s->gather_scale);
     free(s->scores);
     free(s);
 }
@@ -666,6 +679,8 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
     s->early_stop = p->early_stop;
     size_t pairs = (size_t)n_q * s->nprobe;
     s->queries = malloc(sizeof *s->queries * (size_t)n_q * dim);
+    s->qi = malloc(sizeof *s->qi * (size_t)n_q * dim);
+    s->q_scale = malloc(sizeof *s->q_scale * (size_t)n_q);
     s->order = malloc(sizeof *s->order * pairs);
     s->bound = malloc(sizeof *s->bound * pairs);
     s->state = calloc(pairs, sizeof *s->state);
@@ -677,11 +692,13 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
     s->step_lists = malloc(sizeof *s->step_lists * (size_t)ix->nlist);
     s->step_mark = calloc((size_t)ix->nlist, sizeof *s->step_mark);
     s->members = malloc(sizeof *s->members * (size_t)n_q);
-    s->scores = malloc(sizeof *s->scores * (size_t)IVF_SCAN_BLOCK);
+    s->gather = malloc(sizeof *s->gather * (size_t)n_q * dim);
+    s->gather_scale = malloc(sizeof *s->gather_scale * (size_t)n_q);
+    s->scores = malloc(sizeof *s->scores * (size_t)IVF_SCAN_QUERIES * IVF_SCAN_BLOCK);
     int qblock = n_q < IVF_ASSIGN_BLOCK ? n_q : IVF_ASSIGN_BLOCK;
     float *cs = malloc(sizeof *cs * (size_t)qblock * ix->nlist);
     int32_t *top = malloc(sizeof *top * (size_t)s->nprobe);
-    if (!s->queries || !s->order || !s->bound || !s->state || !s->next || !s->heap ||
+    if (!s->queries || !s->qi || !s->q_scale || !s->gather || !s->gather_scale || !s->order || !s->bound || !s->state || !s->next || !s->heap ||
         !s->heap_n || !s->probe_start || !s->probe_pair || !s->step_lists || !s->step_mark ||
         !s->members || !s->scores || !cs || !top) {
         free(cs);
@@ -690,7 +707,15 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
         err_set(err, "out of memory");
         return NULL;
     }
-    memcpy(s->queries, queries, sizeof *s->queries * (size_t)n_q * dim);
+    /* the rows are scored against the quantized queries; the centroids and the early
+     * stop's bounds see the same vectors, so that a bound holds for the scores computed */
+    for (int i = 0; i < n_q; i++) {
+        int16_t *qi = s->qi + (size_t)i * dim;
+        float *qf = s->queries + (size_t)i * dim;
+        vdist_quantize_query(queries + (size_t)i * dim, dim, qi, &s->q_scale[i]);
+        for (int t = 0; t < dim; t++)
+            qf[t] = (float)qi[t] * s->q_scale[i];
+    }
     for (int i0 = 0; i0 < n_q; i0 += qblock) {
         int m = n_q - i0 < qblock ? n_q - i0 : qblock;
         centroid_scores(ix, s->queries + (size_t)i0 * dim, m, cs);
@@ -720,8 +745,9 @@ static bool prunable(const ivf_search *s, int i, size_t pr)
     return s->early_stop && s->heap_n[i] == s->k && s->bound[pr] < s->heap[(size_t)i * s->k].score;
 }
 
-/* Scans list c for the m member pairs of s->members: a block of its rows at a time, scored
- * by every member while it is in cache, on the int8 rows (no float copy). */
+/* Scans list c for the m member pairs of s->members: their quantized queries side by
+ * side, scored by blocks of queries against blocks of its int8 rows (each row read once
+ * for a block of queries, no float copy). */
 static void scan_list(ivf_search *s, int c, int m)
 {
     ivf *ix = s->ix;
@@ -730,18 +756,29 @@ static void scan_list(ivf_search *s, int c, int m)
     bool hot = l->hot_at >= 0;
     const int8_t *rows = hot ? ix->hot + (size_t)l->hot_at * dim : l->q;
     const float *scale = hot ? ix->hot_scale + l->hot_at : l->scale;
+    for (int a = 0; a < m; a++) {
+        int i = s->members[a] / s->nprobe;
+        memcpy(s->gather + (size_t)a * dim, s->qi + (size_t)i * dim,
+               sizeof *s->gather * (size_t)dim);
+        s->gather_scale[a] = s->q_scale[i];
+    }
     for (int64_t x0 = 0; x0 < l->n; x0 += IVF_SCAN_BLOCK) {
         int nb = l->n - x0 < IVF_SCAN_BLOCK ? (int)(l->n - x0) : IVF_SCAN_BLOCK;
-        for (int a = 0; a < m; a++) {
-            int i = s->members[a] / s->nprobe;
-            vdist_dot_q8(s->queries + (size_t)i * dim, (const signed char *)rows + (size_t)x0 * dim,
-                         scale + x0, nb, dim, s->scores);
-            ivf_hit *h = s->heap + (size_t)i * s->k;
-            for (int j = 0; j < nb; j++) {
-                if (s->heap_n[i] == s->k && s->scores[j] < h[0].score)
-                    continue;
-                ivf_hit hit = {l->ids[x0 + j], s->scores[j], c};
-                heap_offer(h, &s->heap_n[i], s->k, &hit);
+        for (int a0 = 0; a0 < m; a0 += IVF_SCAN_QUERIES) {
+            int mq = m - a0 < IVF_SCAN_QUERIES ? m - a0 : IVF_SCAN_QUERIES;
+            vdist_dot_q8(s->gather + (size_t)a0 * dim, s->gather_scale + a0, mq,
+                         rows + (size_t)x0 * dim, scale + x0, nb, dim, s->scores,
+                         IVF_SCAN_BLOCK);
+            for (int a = 0; a < mq; a++) {
+                int i = s->members[a0 + a] / s->nprobe;
+                const float *sc = s->scores + (size_t)a * IVF_SCAN_BLOCK;
+                ivf_hit *h = s->heap + (size_t)i * s->k;
+                for (int j = 0; j < nb; j++) {
+                    if (s->heap_n[i] == s->k && sc[j] < h[0].score)
+                        continue;
+                    ivf_hit hit = {l->ids[x0 + j], sc[j], c};
+                    heap_offer(h, &s->heap_n[i], s->k, &hit);
+                }
             }
         }
     }

@@ -9,8 +9,9 @@
  * of its best centroid, kept there as int8 with a float scale (storage/kb.h's format, a
  * quarter of float32's bytes: a knowledge base's rows go in as they are stored). A query
  * searches the nprobe lists whose centroids score best, like FAISS's IndexIVFFlat with an
- * inner-product quantizer, scoring the int8 rows as they are (vdist_dot_q8): a score is
- * the one an exact search of the same rows gives.
+ * inner-product quantizer, scoring the int8 rows as they are against the query quantized
+ * to int16 (vdist_quantize_query, vdist_dot_q8; a batch's queries in blocks, each row read
+ * once for a block): a score is the one an exact search of the same rows gives.
  *
  * Search is a state machine over (query, list) pairs, so that a scheduler can split one
  * retrieval, or a batch of them, into sub-stages of bounded cost:

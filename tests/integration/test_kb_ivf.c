@@ -74,7 +74,8 @@ static int ask(llms_conn *c, answers *a)
 }
 
 /* The same passages in the same order with the same scores: exact search and the index
- * both score the stored int8 rows with vdist_dot_q8, so the scores are equal to the bit. */
+ * both score the stored int8 rows against the same int16 query with vdist_dot_q8, so the
+ * scores are equal to the bit. */
 static bool same(const answers *a, const answers *b)
 {
     for (int q = 0; q < N_QUERIES; q++) {

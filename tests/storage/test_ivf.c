@@ -97,15 +97,18 @@ static void rows_free(ivf_rows *r)
     free((void *)r->scale);
 }
 
-/* Exact top k of each query over vecs, as float32 (q8 false) or as the index keeps them
- * (q8: int8 rows, the same kernel), ties to the lower id. */
+/* Exact top k of each query over vecs, as float32 (q8 false) or as the index scores them
+ * (q8: int8 rows and the query quantized, the same kernel), ties to the lower id. */
 static void exact(const float *vecs, int n, const float *q, int nq, bool q8, ivf_hit *out)
 {
     float *sc = malloc(sizeof *sc * (size_t)n);
     ivf_rows r = rows_of(vecs, q8 ? n : 0);
     for (int a = 0; a < nq; a++) {
+        int16_t qq[DIM];
+        float qs;
+        vdist_quantize_query(q + (size_t)a * DIM, DIM, qq, &qs);
         if (q8)
-            vdist_dot_q8(q + (size_t)a * DIM, (const signed char *)r.q, r.scale, n, DIM, sc);
+            vdist_dot_q8(qq, &qs, 1, r.q, r.scale, n, DIM, sc, (size_t)n);
         else
             vdist_dot(q + (size_t)a * DIM, 1, vecs, n, DIM, sc, (size_t)n);
         ivf_hit *h = out + (size_t)a * K;
