@@ -550,6 +550,8 @@ struct kb_task {
     int wpass;                   /* its passages written */
     int n_written;               /* passages written, every document */
     int64_t first_new;           /* the lowest id of a passage written */
+    bool progress;               /* the client asked for KbAddProgress frames */
+    int64_t progress_ns;         /* when the last was sent (at first: the add's start) */
     long rows_left;              /* KbDrop: rows still to delete, about */
 };
 
@@ -667,6 +669,8 @@ static kb_task *add_begin(kb_task *t)
     }
     t->ptok = info.passage_tokens;
     t->otok = info.overlap_tokens;
+    t->progress = ar->has_progress && ar->progress;
+    t->progress_ns = mono_ns();
     if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
         send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
@@ -750,6 +754,44 @@ long kb_task_rows_left(const kb_task *t)
         return 1;
     }
     return 1;
+}
+
+/* Sends the add's progress now (when its client asked for it): each count as far as
+ * the add has gone, so every count only grows. */
+static void add_progress_send(kb_task *t)
+{
+    if (!t->progress)
+        return;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    Llms__KbAddProgress p = LLMS__KB_ADD_PROGRESS__INIT;
+    bool splitting = t->phase == KB_SPLIT, embedding = t->phase == KB_EMBED;
+    p.phase = splitting   ? LLMS__KB_ADD_PHASE__KB_ADD_SPLIT
+              : embedding ? LLMS__KB_ADD_PHASE__KB_ADD_EMBED
+                          : LLMS__KB_ADD_PHASE__KB_ADD_WRITE;
+    p.documents = (uint32_t)ar->n_documents;
+    p.documents_written = (uint32_t)t->wdoc;
+    p.bytes = t->total;
+    p.bytes_split = splitting ? t->split_bytes + t->words.pos : t->total;
+    p.passages = (uint32_t)t->n_pass;
+    p.passages_embedded = splitting   ? 0
+                          : embedding ? (uint32_t)semantic_texts_done(t->emb)
+                                      : (uint32_t)t->n_pass;
+    p.passages_written = (uint32_t)t->n_written;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = t->req->id;
+    r.final = 0;
+    r.body_case = LLMS__RESPONSE__BODY_KB_ADD_PROGRESS;
+    r.kb_add_progress = &p;
+    /* droppable: a client that does not read keeps no more than its output cap */
+    reply_send(t->k->env.out, t->k->env.cfg->max_frame_bytes, t->conn_id, &r, true);
+    t->progress_ns = mono_ns();
+}
+
+void kb_task_progress(kb_task *t)
+{
+    if (t->progress && t->req->body_case == LLMS__REQUEST__BODY_KB_ADD &&
+        mono_ns() - t->progress_ns >= (int64_t)KB_PROGRESS_MS * 1000000)
+        add_progress_send(t);
 }
 
 /* Splits the next document; after the last, checks the passages against the uid's limit
@@ -902,8 +944,11 @@ static int add_write(kb_task *t)
     } while (t->wdoc < ar->n_documents && mono_ns() - t0 < KB_WRITE_SLICE_NS);
     if (store_cache_commit(k->env.st, err))
         goto fail;
-    if (t->wdoc == ar->n_documents)
+    if (t->wdoc == ar->n_documents) {
         t->phase = KB_PUBLISH;
+        /* the last report says every passage is written, whenever the one before went */
+        add_progress_send(t);
+    }
     return 0;
 fail:
     send_error(k, t->conn_id, t->req, code, "%s", err);
@@ -944,20 +989,26 @@ int kb_task_advance(kb_task *t, int max_rows)
 {
     char err[ERR_MAX];
     bool done;
+    int rc;
     switch (t->phase) {
     case KB_SPLIT:
-        return add_split(t);
+        if ((rc = add_split(t)) == 0)
+            kb_task_progress(t);
+        return rc;
     case KB_EMBED:
         /* on an encoder; a decoder's slices run in the step's forward */
         if (semantic_rows_left(t->emb) > 0 && !semantic_uses_slices(t->emb))
             semantic_advance(t->emb, max_rows);
+        kb_task_progress(t);
         if (semantic_rows_left(t->emb) == 0)
             t->phase = KB_STAGE;
         return 0;
     case KB_STAGE:
         return add_stage(t);
     case KB_WRITE:
-        return add_write(t);
+        if ((rc = add_write(t)) == 0)
+            kb_task_progress(t);
+        return rc;
     case KB_PUBLISH:
         add_publish(t);
         return 1;

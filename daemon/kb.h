@@ -88,6 +88,13 @@ int kb_task_advance(kb_task *t, int max_rows);
  * until it is finished. */
 long kb_task_rows_left(const kb_task *t);
 
+/* Sends a KbAdd's progress (a KbAddProgress frame, not final) when its request asked
+ * for it and the last was sent KB_PROGRESS_MS ago or more; nothing otherwise. The
+ * scheduler calls it after each of the add's embedding slices in its forward;
+ * kb_task_advance after each of its own slices. */
+#define KB_PROGRESS_MS 250
+void kb_task_progress(kb_task *t);
+
 /* Frees a task at any point: an unfinished KbAdd (cancelled, past its deadline) leaves
  * nothing visible (what it staged is retired, deleted in idle time) and is not answered
  * (the caller answers it); an unfinished drop's remaining rows go in idle time. NULL is
