@@ -1538,6 +1538,65 @@ enum llms_status llms_kb_drop(llms_conn *c, const char *name)
 enum llms_status llms_kb_add(llms_conn *c, const char *kb, const llms_kb_doc *docs, size_t n,
                              uint32_t *passages)
 {
+    return llms_kb_add_progress(c, kb, docs, n, NULL, NULL, passages);
+}
+
+/* Reads KbAdd id's frames to its final one, passing progress reports to on_progress;
+ * when it asks to stop, a Cancel goes out and the rest is drained without callbacks. */
+static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progress_cb on_progress,
+                                      void *user, uint32_t *passages)
+{
+    int cancelled = 0;
+    for (;;) {
+        Llms__Response *r;
+        enum llms_status s = next_for(c, id, &r);
+        if (s != LLMS_OK)
+            return s;
+        if (r->error) {
+            s = error_of(c, r);
+            int final = r->final;
+            frame_free_response(r);
+            if (!final)
+                continue;
+            return cancelled ? fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+        }
+        if (r->body_case == LLMS__RESPONSE__BODY_KB_ADD_PROGRESS && !r->final) {
+            const Llms__KbAddProgress *p = r->kb_add_progress;
+            llms_kb_progress pr = {
+                .phase = (enum llms_kb_phase)p->phase,
+                .documents = p->documents, .documents_written = p->documents_written,
+                .bytes = p->bytes, .bytes_split = p->bytes_split,
+                .passages = p->passages, .passages_embedded = p->passages_embedded,
+                .passages_written = p->passages_written,
+            };
+            if (!cancelled && on_progress && on_progress(&pr, user)) {
+                cancelled = 1;
+                if ((s = send_cancel(c, id)) != LLMS_OK) {
+                    frame_free_response(r);
+                    return s;
+                }
+            }
+            frame_free_response(r);
+            continue;
+        }
+        if (r->body_case != LLMS__RESPONSE__BODY_KB_ADD || !r->final) {
+            frame_free_response(r);
+            return fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a KbAdd's reply (body %d)",
+                        (int)r->body_case);
+        }
+        /* a Cancel that came after the publish: the add is done, and says so */
+        if (passages)
+            *passages = r->kb_add->passages;
+        frame_free_response(r);
+        c->err[0] = '\0';
+        return LLMS_OK;
+    }
+}
+
+enum llms_status llms_kb_add_progress(llms_conn *c, const char *kb, const llms_kb_doc *docs,
+                                      size_t n, llms_kb_progress_cb on_progress, void *user,
+                                      uint32_t *passages)
+{
     enum llms_status s = check_str(c, kb, "kb");
     if (s != LLMS_OK)
         return s;
@@ -1563,19 +1622,19 @@ enum llms_status llms_kb_add(llms_conn *c, const char *kb, const llms_kb_doc *do
     ka.kb = (char *)kb;
     ka.n_documents = n;
     ka.documents = dp;
+    /* progress frames only when someone reads them: a plain add stays one frame */
+    ka.has_progress = on_progress != NULL;
+    ka.progress = on_progress != NULL;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_KB_ADD;
     req.kb_add = &ka;
-    Llms__Response *r;
-    s = unary(c, &req, LLMS__RESPONSE__BODY_KB_ADD, &r);
+    uint64_t id;
+    s = send_request(c, &req, &id);
     free(d);
     free(dp);
     if (s != LLMS_OK)
         return s;
-    if (passages)
-        *passages = r->kb_add->passages;
-    frame_free_response(r);
-    return LLMS_OK;
+    return kb_add_stream(c, id, on_progress, user, passages);
 }
 
 enum llms_status llms_kb_remove(llms_conn *c, const char *kb, const char *const *ids, size_t n,

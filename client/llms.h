@@ -714,10 +714,35 @@ typedef struct llms_kb_doc {
     const char *metadata;
 } llms_kb_doc;
 
-/* Adds n documents in one transaction: acknowledged means durable. *passages (may be
- * NULL) gets how many passages they made. */
+/* Adds n documents: they become visible together when the call returns LLMS_OK, and
+ * acknowledged means durable; a failed or cancelled add leaves none of them visible.
+ * *passages (may be NULL) gets how many passages they made. */
 enum llms_status llms_kb_add(llms_conn *conn, const char *kb, const llms_kb_doc *docs, size_t n,
                              uint32_t *passages);
+
+/* Where a KbAdd is: documents cut into passages, passages embedded, passages written
+ * (staged: visible only once the add returns). */
+enum llms_kb_phase { LLMS_KB_SPLIT = 0, LLMS_KB_EMBED = 1, LLMS_KB_WRITE = 2 };
+
+/* A KbAdd's progress; every count only grows from one report to the next. */
+typedef struct llms_kb_progress {
+    enum llms_kb_phase phase;
+    uint32_t documents, documents_written;  /* in the request; every passage written */
+    uint64_t bytes, bytes_split;            /* text bytes in the request; split so far */
+    uint32_t passages;                      /* made so far (all of them once embedding) */
+    uint32_t passages_embedded, passages_written;
+} llms_kb_progress;
+
+/* Called for each progress report; nonzero cancels the add: LLMS_ERR_CANCELLED with
+ * nothing of it visible (or LLMS_OK when it had finished before the Cancel came). */
+typedef int (*llms_kb_progress_cb)(const llms_kb_progress *p, void *user);
+
+/* llms_kb_add, with on_progress (may be NULL) called while it runs: at most about 4
+ * times a second, and once more when every passage is written, before the call
+ * returns. */
+enum llms_status llms_kb_add_progress(llms_conn *conn, const char *kb, const llms_kb_doc *docs,
+                                      size_t n, llms_kb_progress_cb on_progress, void *user,
+                                      uint32_t *passages);
 
 /* Removes documents by id; *removed (may be NULL) counts those that existed. */
 enum llms_status llms_kb_remove(llms_conn *conn, const char *kb, const char *const *ids,

@@ -46,6 +46,13 @@ struct kbm {
                              * their freed pages, may be left (kb_drop_idle) */
 };
 
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static int64_t wall_ms(void)
 {
     struct timespec ts;
@@ -505,11 +512,18 @@ static int copy_counts(void *arg, const store_kb *kb)
  * less than a row of a forward. */
 #define KB_DROP_ROWS_PER_ROW 32
 
-enum kb_phase { KB_SPLIT, KB_EMBED, KB_WRITE, KB_DROP, KB_VACUUM };
+enum kb_phase { KB_SPLIT, KB_EMBED, KB_STAGE, KB_WRITE, KB_PUBLISH, KB_DROP, KB_VACUUM };
 
 /* Bytes of a document tokenized word by word in one scheduler turn: about 4 ms on one
  * core (a whole 1 MB document took 67 ms in one go). */
 #define KB_SPLIT_SLICE_BYTES (64u << 10)
+
+/* A write slice: passages are written KB_WRITE_CHUNK a call (about 1 ms) until the
+ * slice has taken KB_WRITE_SLICE_NS, then committed; so a turn of the write holds the
+ * worker for about that long, whatever the add's size (the whole write of a 1 MB
+ * document of 27000 passages took 360 ms in one transaction). */
+#define KB_WRITE_CHUNK 64
+#define KB_WRITE_SLICE_NS (5 * 1000000L)
 
 struct kb_task {
     kbm *k;
@@ -530,8 +544,33 @@ struct kb_task {
     int n_pass;
     const char **texts;          /* (n_pass) the passages in order, into sp */
     sem_task *emb;               /* their vectors */
+    /* the write: every document staged at once, their passages written a slice a turn,
+     * all published in one transaction */
+    int64_t *doc_ids;            /* (n_documents) the staged rows; NULL until staged */
+    bool published;
+    size_t wdoc;                 /* the document being written */
+    int wpass;                   /* its passages written */
+    int n_written;               /* passages written, every document */
+    int64_t first_new;           /* the lowest id of a passage written */
+    bool progress;               /* the client asked for KbAddProgress frames */
+    int64_t progress_ns;         /* when the last was sent (at first: the add's start) */
     long rows_left;              /* KbDrop: rows still to delete, about */
 };
+
+/* Retires what an add that will not publish staged: its rows go in idle time. */
+static void add_unstage(kb_task *t)
+{
+    char err[ERR_MAX];
+    if (!t->doc_ids || t->published)
+        return;
+    int n = (int)t->req->kb_add->n_documents;
+    if (store_kb_unstage(t->k->env.st, t->doc_ids, n, err) && reqlog_enabled(REQLOG_WARN))
+        fprintf(stderr, "llmsd: warn: knowledge base %lld: unstaging an add: %s (its rows "
+                        "go at the next start)\n", (long long)t->kb.id, err);
+    t->k->drops_pending = true;
+    free(t->doc_ids);
+    t->doc_ids = NULL;
+}
 
 void kb_task_free(kb_task *t)
 {
@@ -540,6 +579,9 @@ void kb_task_free(kb_task *t)
     /* a drop cut short (cancelled, past its deadline) is finished in idle time */
     if (t->phase == KB_DROP || t->phase == KB_VACUUM)
         t->k->drops_pending = true;
+    /* an add cut short (cancelled, failed) leaves nothing visible */
+    add_unstage(t);
+    free(t->doc_ids);
     semantic_task_free(t->emb);
     word_scan_free(&t->words);
     for (size_t i = 0; t->sp && i < t->req->kb_add->n_documents; i++)
@@ -629,6 +671,8 @@ static kb_task *add_begin(kb_task *t)
     }
     t->ptok = info.passage_tokens;
     t->otok = info.overlap_tokens;
+    t->progress = ar->has_progress && ar->progress;
+    t->progress_ns = mono_ns();
     if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
         send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
@@ -700,14 +744,56 @@ long kb_task_rows_left(const kb_task *t)
                (long)(ar->n_documents - t->doc) + 1;
     case KB_EMBED:
         return semantic_rows_left(t->emb) + 1;
+    case KB_STAGE:
+        return t->n_pass + 2;
     case KB_WRITE:
-        return t->n_pass + 1;
+        return t->n_pass - t->n_written + 1;
+    case KB_PUBLISH:
+        return 1;
     case KB_DROP:
         return t->rows_left > 0 ? t->rows_left / KB_DROP_ROWS_PER_ROW + 1 : 1;
     case KB_VACUUM:
         return 1;
     }
     return 1;
+}
+
+/* Sends the add's progress now (when its client asked for it): each count as far as
+ * the add has gone, so every count only grows. */
+static void add_progress_send(kb_task *t)
+{
+    if (!t->progress)
+        return;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    Llms__KbAddProgress p = LLMS__KB_ADD_PROGRESS__INIT;
+    bool splitting = t->phase == KB_SPLIT, embedding = t->phase == KB_EMBED;
+    p.phase = splitting   ? LLMS__KB_ADD_PHASE__KB_ADD_SPLIT
+              : embedding ? LLMS__KB_ADD_PHASE__KB_ADD_EMBED
+                          : LLMS__KB_ADD_PHASE__KB_ADD_WRITE;
+    p.documents = (uint32_t)ar->n_documents;
+    p.documents_written = (uint32_t)t->wdoc;
+    p.bytes = t->total;
+    p.bytes_split = splitting ? t->split_bytes + t->words.pos : t->total;
+    p.passages = (uint32_t)t->n_pass;
+    p.passages_embedded = splitting   ? 0
+                          : embedding ? (uint32_t)semantic_texts_done(t->emb)
+                                      : (uint32_t)t->n_pass;
+    p.passages_written = (uint32_t)t->n_written;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = t->req->id;
+    r.final = 0;
+    r.body_case = LLMS__RESPONSE__BODY_KB_ADD_PROGRESS;
+    r.kb_add_progress = &p;
+    /* droppable: a client that does not read keeps no more than its output cap */
+    reply_send(t->k->env.out, t->k->env.cfg->max_frame_bytes, t->conn_id, &r, true);
+    t->progress_ns = mono_ns();
+}
+
+void kb_task_progress(kb_task *t)
+{
+    if (t->progress && t->req->body_case == LLMS__REQUEST__BODY_KB_ADD &&
+        mono_ns() - t->progress_ns >= (int64_t)KB_PROGRESS_MS * 1000000)
+        add_progress_send(t);
 }
 
 /* Splits the next document; after the last, checks the passages against the uid's limit
@@ -760,55 +846,135 @@ static int add_split(kb_task *t)
     return 0;
 }
 
-/* Writes every document with its passages and vectors in one transaction, and answers.
- * The limits are checked again: another KbAdd of the uid may have committed since. */
-static void add_write(kb_task *t)
+/* Whether the add's knowledge base is still there: a KbDrop may have taken it (or a new
+ * one its name) between two slices. Otherwise err and *code say why. */
+static bool add_kb_there(kb_task *t, Llms__ErrorCode *code, char err[ERR_MAX])
+{
+    kb_ref now;
+    int found = kb_lookup(t->k, t->uid, t->app, t->req->kb_add->kb, &now, err);
+    if (found == 1 && now.id == t->kb.id)
+        return true;
+    *code = LLMS__ERROR_CODE__INTERNAL;
+    if (found >= 0) {
+        *code = LLMS__ERROR_CODE__NOT_FOUND;
+        err_set(err, "knowledge base '%s' was dropped during the KbAdd", t->req->kb_add->kb);
+    }
+    return false;
+}
+
+/* Stages every document (rows seen by no read, counted in the uid's usage from now on)
+ * after checking the limits again: another KbAdd of the uid may have staged or
+ * published since the split. 1 when the request was answered (an error). */
+static int add_stage(kb_task *t)
 {
     kbm *k = t->k;
     const Llms__KbAddRequest *ar = t->req->kb_add;
     char err[ERR_MAX];
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    int64_t first_new = INT64_MAX;
-    const float *vecs = semantic_task_values(t->emb, err);
-    kb_ref now;
     bool ok = false;
-    if (!vecs)
+    if (!add_kb_there(t, &code, err))
         goto fail;
-    /* a KbDrop may have taken the knowledge base (or a new one its name) meanwhile */
-    int found = kb_lookup(k, t->uid, t->app, ar->kb, &now, err);
-    if (found <= 0 || now.id != t->kb.id) {
-        if (found >= 0) {
-            code = LLMS__ERROR_CODE__NOT_FOUND;
-            err_set(err, "knowledge base '%s' was dropped during the KbAdd", ar->kb);
-        }
+    if (!(t->doc_ids = malloc(sizeof *t->doc_ids * ar->n_documents))) {
+        err_set(err, "out of memory");
         goto fail;
     }
-    if (store_kb_begin(k->env.st, err))
+    /* staged rows need no flush of their own: the publish's flushes the log they are in */
+    if (store_cache_begin(k->env.st, err))
         goto fail;
     if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err) || !ok) {
         code = ok ? code : LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-        store_kb_rollback(k->env.st);
-        goto fail;
+        goto rollback;
     }
-    int dim = t->kb.dim;
-    size_t at = 0;
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
+        if (store_kb_stage_doc(k->env.st, t->kb.id, d->id, d->metadata,
+                               (int64_t)strlen(d->text), t->sp[i].n, wall_ms(), &t->doc_ids[i],
+                               err))
+            goto rollback;
+    }
+    if (store_cache_commit(k->env.st, err))
+        goto fail;
+    t->first_new = INT64_MAX;
+    t->phase = KB_WRITE;
+    return 0;
+rollback:
+    store_kb_rollback(k->env.st);
+    store_cache_end(k->env.st);
+fail:
+    free(t->doc_ids);
+    t->doc_ids = NULL;
+    send_error(k, t->conn_id, t->req, code, "%s", err);
+    return 1;
+}
+
+/* Writes the staged documents' next passages with their vectors: KB_WRITE_CHUNK at a
+ * time for about KB_WRITE_SLICE_NS, in one transaction. 1 when the request was
+ * answered (an error). */
+static int add_write(kb_task *t)
+{
+    kbm *k = t->k;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    const float *vecs = semantic_task_values(t->emb, err);
+    if (!vecs || !add_kb_there(t, &code, err))
+        goto fail;
+    if (store_cache_begin(k->env.st, err))
+        goto fail;
+    int dim = t->kb.dim;
+    int64_t t0 = mono_ns();
+    do {
+        const Llms__KbDocument *d = ar->documents[t->wdoc];
+        const split *sp = &t->sp[t->wdoc];
+        int n = sp->n - t->wpass < KB_WRITE_CHUNK ? sp->n - t->wpass : KB_WRITE_CHUNK;
         int64_t first;
-        if (store_kb_put_doc(k->env.st, t->kb.id, d->id, d->metadata, d->text, t->sp[i].spans,
-                             t->sp[i].n, vecs + at * (size_t)dim, dim, wall_ms(), &first,
-                             err)) {
+        if (store_kb_put_passages(k->env.st, t->kb.id, t->doc_ids[t->wdoc], d->text, sp->spans,
+                                  sp->n, t->wpass, n, vecs + (size_t)t->n_written * dim, dim,
+                                  &first, err)) {
             store_kb_rollback(k->env.st);
+            store_cache_end(k->env.st);
             goto fail;
         }
-        at += (size_t)t->sp[i].n;
-        first_new = first < first_new ? first : first_new;
-    }
-    if (store_kb_commit(k->env.st, err))
+        if (n > 0 && first < t->first_new)
+            t->first_new = first;
+        t->wpass += n;
+        t->n_written += n;
+        if (t->wpass == sp->n) {
+            t->wdoc++;
+            t->wpass = 0;
+        }
+    } while (t->wdoc < ar->n_documents && mono_ns() - t0 < KB_WRITE_SLICE_NS);
+    if (store_cache_commit(k->env.st, err))
         goto fail;
+    if (t->wdoc == ar->n_documents) {
+        t->phase = KB_PUBLISH;
+        /* the last report says every passage is written, whenever the one before went */
+        add_progress_send(t);
+    }
+    return 0;
+fail:
+    send_error(k, t->conn_id, t->req, code, "%s", err);
+    return 1;
+}
+
+/* Makes every staged document visible in one small transaction (the visible ones of
+ * their ids retired by it) and answers: the answer goes out after the commit, so an
+ * acknowledged KbAdd survives a crash whole, and a failed one leaves nothing visible. */
+static void add_publish(kb_task *t)
+{
+    kbm *k = t->k;
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    if (!add_kb_there(t, &code, err) ||
+        store_kb_publish(k->env.st, t->kb.id, t->doc_ids, (int)ar->n_documents, err)) {
+        send_error(k, t->conn_id, t->req, code, "%s", err);
+        return;
+    }
+    t->published = true;
     cache_drop(k, t->kb.id);
     k->drops_pending = true; /* the documents it replaced */
-    int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, first_new) : 0;
+    int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, t->first_new) : 0;
     Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
     res.documents = (uint32_t)ar->n_documents;
     res.passages = (uint32_t)t->n_pass;
@@ -819,28 +985,34 @@ static void add_write(kb_task *t)
     r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
     r.kb_add = &res;
     send_resp(k, t->conn_id, &r);
-    return;
-fail:
-    cache_drop(k, t->kb.id);
-    send_error(k, t->conn_id, t->req, code, "%s", err);
 }
 
 int kb_task_advance(kb_task *t, int max_rows)
 {
     char err[ERR_MAX];
     bool done;
+    int rc;
     switch (t->phase) {
     case KB_SPLIT:
-        return add_split(t);
+        if ((rc = add_split(t)) == 0)
+            kb_task_progress(t);
+        return rc;
     case KB_EMBED:
         /* on an encoder; a decoder's slices run in the step's forward */
         if (semantic_rows_left(t->emb) > 0 && !semantic_uses_slices(t->emb))
             semantic_advance(t->emb, max_rows);
+        kb_task_progress(t);
         if (semantic_rows_left(t->emb) == 0)
-            t->phase = KB_WRITE;
+            t->phase = KB_STAGE;
         return 0;
+    case KB_STAGE:
+        return add_stage(t);
     case KB_WRITE:
-        add_write(t);
+        if ((rc = add_write(t)) == 0)
+            kb_task_progress(t);
+        return rc;
+    case KB_PUBLISH:
+        add_publish(t);
         return 1;
     case KB_DROP:
         if (store_kb_drop_step(t->k->env.st, t->kb.id, max_rows * KB_DROP_ROWS_PER_ROW, &done,

@@ -8,10 +8,12 @@
  * max_queued_per_app and max_queued_per_uid like Embed: a KbAdd splits one document per
  * slice into passages of passage_tokens tokens of the daemon's model overlapping by
  * overlap_tokens, embeds them as an Embed would (semantic_embed_texts: slices of the
- * step's forward on the generate model, or of the encoder), then stores the documents,
- * passages, vectors and FTS5 index entries in one transaction: the reply goes out after
- * the commit, so an acknowledged KbAdd survives a crash and an unacknowledged (failed,
- * cancelled) one leaves nothing. A KbDrop takes the knowledge base out of every lookup
+ * step's forward on the generate model, or of the encoder), then stages its documents
+ * (storage/kb.h: rows no read sees), writes their passages, vectors and FTS5 index
+ * entries a slice of about 5 ms a turn, and publishes every document of the request in
+ * one small transaction: the reply goes out after that commit, so an acknowledged KbAdd
+ * survives a crash whole, and an unacknowledged one (failed, cancelled, cut by a crash)
+ * leaves nothing visible, its staged rows deleted in idle time. A KbDrop takes the knowledge base out of every lookup
  * at once and deletes its rows in slices (store_kb_drop_step); what a cancelled drop or
  * a crash leaves is deleted in idle time (kb_drop_idle).
  *
@@ -76,18 +78,27 @@ kb_task *kb_begin(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
  * semantic_slice_done), else NULL: kb_task_advance does the task's next slice. */
 sem_task *kb_task_embedding(kb_task *t);
 
-/* Advances by about max_rows rows of work: one document's split, a slice of encoder
- * embedding, the write, or max_rows * 32 rows of a drop. 1 when the task is finished,
- * its request answered. */
+/* Advances by about max_rows rows of work: a slice of a document's split, a slice of
+ * encoder embedding, the staging, a write slice (about 5 ms, whatever max_rows), the
+ * publish, or max_rows * 32 rows of a drop. 1 when the task is finished, its request
+ * answered. */
 int kb_task_advance(kb_task *t, int max_rows);
 
 /* Rows of work the task still has, about (the scheduler's share of steps); at least 1
  * until it is finished. */
 long kb_task_rows_left(const kb_task *t);
 
-/* Frees a task at any point: an unfinished KbAdd (cancelled, past its deadline) writes
- * nothing and is not answered (the caller answers it); an unfinished drop's remaining
- * rows go in idle time. NULL is allowed. */
+/* Sends a KbAdd's progress (a KbAddProgress frame, not final) when its request asked
+ * for it and the last was sent KB_PROGRESS_MS ago or more; nothing otherwise. The
+ * scheduler calls it after each of the add's embedding slices in its forward;
+ * kb_task_advance after each of its own slices. */
+#define KB_PROGRESS_MS 250
+void kb_task_progress(kb_task *t);
+
+/* Frees a task at any point: an unfinished KbAdd (cancelled, past its deadline) leaves
+ * nothing visible (what it staged is retired, deleted in idle time) and is not answered
+ * (the caller answers it); an unfinished drop's remaining rows go in idle time. NULL is
+ * allowed. */
 void kb_task_free(kb_task *t);
 
 /* Whether a drop has rows left, and one slice of them (max_rows of work, as

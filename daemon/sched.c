@@ -3216,6 +3216,8 @@ static void step_collect(sched *s, int n_seq)
             /* a KbAdd's embedding ending is not its end: its write is the next slice */
             int done = semantic_slice_done(w->kt ? kb_task_embedding(w->kt) : w->t);
             w->answered |= !w->kt && done == 1;
+            if (w->kt)
+                kb_task_progress(w->kt);
             continue;
         }
         gen *g = w->g;

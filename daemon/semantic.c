@@ -899,6 +899,11 @@ int semantic_advance(sem_task *t, int max_rows)
     return 1;
 }
 
+int semantic_texts_done(const sem_task *t)
+{
+    return t->kind == SEM_EMBED ? t->text : 0;
+}
+
 long semantic_rows_left(const sem_task *t)
 {
     switch (t->kind) {

@@ -78,6 +78,10 @@ int semantic_advance(sem_task *t, int max_rows);
 /* Rows of work the task still has at most (the scheduler's cost estimate). */
 long semantic_rows_left(const sem_task *t);
 
+/* Embed: texts whose vectors are made so far (a progress report's count); 0 for other
+ * tasks. */
+int semantic_texts_done(const sem_task *t);
+
 /* The worker's own embeddings (knowledge base passages, RAG questions): text embedded at
  * once with embed_model when set (its pooling), else with the daemon's model (mean
  * pooling), into out (semantic_dim floats, unit length). A text longer than the embedder

@@ -66,7 +66,9 @@ static void usage(void)
            "  embed    one vector per text\n"
            "  rerank   the top-K of the files (each file one document) for the query\n"
            "  kb       the app's knowledge bases: create, add files (one document each, its\n"
-           "           id the file name), list, remove documents by id, drop\n"
+           "           id the file name; all visible once added, none if it fails; a\n"
+           "           progress bar on stderr when it is a terminal; an interrupt cancels\n"
+           "           the add), list, remove documents by id, drop\n"
            "  rag      answer QUESTION from knowledge base NAME (passages, cache outcome and\n"
            "           times on stderr, or all of it as JSON with --json)\n"
            "  graph    the app's workflow graphs: create one from a JSON file, run one (an\n"
@@ -616,6 +618,38 @@ static void check_command(char **pos, int npos, const char *query, const char *f
     }
 }
 
+/* kb add's progress: on stderr when it is a terminal (*user), one line redrawn in place:
+ * the phase, its share done and its counts. Nonzero (the add cancelled, nothing of it
+ * visible) once a signal interrupted. */
+static int kb_progress_bar(const llms_kb_progress *p, void *user)
+{
+    enum { WIDTH = 30 };
+    if (*(const int *)user) {
+        const char *phase = "write", *unit = "passages";
+        uint64_t done = p->passages_written, total = p->passages;
+        if (p->phase == LLMS_KB_SPLIT) {
+            phase = "split";
+            unit = "KiB";
+            done = (p->bytes_split + 1023) >> 10;
+            total = (p->bytes + 1023) >> 10;
+        } else if (p->phase == LLMS_KB_EMBED) {
+            phase = "embed";
+            done = p->passages_embedded;
+        }
+        int fill = total ? (int)(done * WIDTH / total) : WIDTH;
+        char bar[WIDTH + 1];
+        for (int i = 0; i < WIDTH; i++)
+            bar[i] = i < fill ? '#' : ' ';
+        bar[WIDTH] = '\0';
+        fprintf(stderr, "\rkb add: %s [%s] %3d%% %" PRIu64 "/%" PRIu64 " %s, %" PRIu32 "/%" PRIu32
+                        " documents written\033[K",
+                phase, bar, total ? (int)(done * 100 / total) : 100, done, total, unit,
+                p->documents_written, p->documents);
+        fflush(stderr);
+    }
+    return interrupted != 0;
+}
+
 static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
 {
     const char *sub = argv[0];
@@ -646,8 +680,16 @@ static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
             docs[i] = (llms_kb_doc){slash ? slash + 1 : path, texts[i], path};
         }
         uint32_t passages = 0;
-        if (rc == 0 && (rc = report(c, llms_kb_add(c, argv[1], docs, (size_t)n, &passages),
-                                    "kb add")) == 0)
+        int tty = isatty(STDERR_FILENO);
+        if (rc == 0) {
+            enum llms_status s = llms_kb_add_progress(c, argv[1], docs, (size_t)n,
+                                                      kb_progress_bar, &tty, &passages);
+            if (tty)
+                fputs("\r\033[K", stderr);
+            rc = s == LLMS_ERR_CANCELLED && interrupted ? tell_interrupted()
+                                                         : report(c, s, "kb add");
+        }
+        if (rc == 0)
             printf("added %d documents, %" PRIu32 " passages\n", n, passages);
         for (int i = 0; texts && i < n; i++)
             free(texts[i]);

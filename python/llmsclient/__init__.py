@@ -10,6 +10,7 @@
     hits = c.rerank("query", ["doc one", "doc two"], k=1)   # [RerankHit(index, score)]
     c.kb_create("notes")
     c.kb_add("notes", {"doc-1": "Some text.", "doc-2": "More text."})   # -> passages made
+    c.kb_add("notes", {"big": text}, progress=print)   # KbProgress reports while it runs
     r = c.rag("notes", "What does the text say?")   # RagResult: .text, .passages, .outcome
     g = c.graph_run("one-shot", {"question": "What does the text say?", "kb": "notes"})
     print(g.output, g.state["passages"])            # GraphResult
@@ -45,8 +46,8 @@ from collections import namedtuple
 from collections.abc import Mapping
 
 __all__ = ["connect", "library_path", "Client", "Context", "GraphEvent", "GraphInfo",
-           "GraphResult", "GraphTiming", "KbHit", "KbInfo", "LibraryNotFoundError", "LlmsError",
-           "RagResult", "RerankHit", "Result"]
+           "GraphResult", "GraphTiming", "KbHit", "KbInfo", "KbProgress", "LibraryNotFoundError",
+           "LlmsError", "RagResult", "RerankHit", "Result"]
 
 LLMS_ERROR_MAX = 256
 LLMS_ID_MAX = 128
@@ -65,12 +66,15 @@ STOP_REASONS = ["eos", "max_tokens", "stop_string", "context_full", "cancelled",
 RETRIEVALS = ["rrf", "sum", "bm25", "vector"]
 RAG_OUTCOMES = ["miss", "qa_hit", "qkv_hit"]
 SPECULATIONS = ["none", "hit", "rollback"]
+KB_PHASES = ["split", "embed", "write"]
 
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
 KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
                               "qa_entries share_uid")
 KbHit = namedtuple("KbHit", "passage document seq score text metadata")
+KbProgress = namedtuple("KbProgress", "phase documents documents_written bytes bytes_split "
+                                      "passages passages_embedded passages_written")
 RagResult = namedtuple("RagResult", "text outcome passages prompt_tokens reused_tokens "
                                     "reused_passages generated_tokens retrieve_ms prefill_ms "
                                     "decode_ms queue_ms stop_reason qa_similarity")
@@ -146,6 +150,15 @@ class _RerankResult(ctypes.Structure):
 
 class _KbDoc(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char_p), ("text", ctypes.c_char_p), ("metadata", ctypes.c_char_p)]
+
+
+class _KbProgress(ctypes.Structure):
+    _fields_ = [
+        ("phase", ctypes.c_int), ("documents", ctypes.c_uint32),
+        ("documents_written", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+        ("bytes_split", ctypes.c_uint64), ("passages", ctypes.c_uint32),
+        ("passages_embedded", ctypes.c_uint32), ("passages_written", ctypes.c_uint32),
+    ]
 
 
 class _KbInfo(ctypes.Structure):
@@ -249,6 +262,7 @@ class _GraphResult(ctypes.Structure):
 
 _GRAPH_EVENT_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_GraphEvent), ctypes.c_void_p)
 _TOKEN_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ctypes.c_void_p)
 
 
 # The ABI the Structures above describe: what `make install` installs and what the
@@ -365,7 +379,8 @@ def _api():
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
         "llms_kb_create_shared": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32, c_int]),
         "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
-        "llms_kb_add": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t, P(c_uint32)]),
+        "llms_kb_add_progress": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t,
+                                         _KB_PROGRESS_CB, ctypes.c_void_p, P(c_uint32)]),
         "llms_kb_remove": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
                                    P(c_uint32)]),
         "llms_kb_list": (c_int, [ctypes.c_void_p, P(P(_KbInfo)), P(c_size_t)]),
@@ -659,15 +674,34 @@ class Client:
         """Deletes knowledge base name with its documents and cached answers."""
         self._check(_api().llms_kb_drop(self._conn, _b(name)))
 
-    def kb_add(self, kb, documents):
-        """Adds documents in one transaction, durable once this returns; the number of
-        passages they made. documents: {id: text}, or (id, text) or (id, text, metadata)
-        tuples. A document replaces the one of its id."""
+    def kb_add(self, kb, documents, progress=None):
+        """Adds documents, visible together and durable once this returns (none of them
+        when it raises); the number of passages they made. documents: {id: text}, or
+        (id, text) or (id, text, metadata) tuples. A document replaces the one of its id.
+        progress(KbProgress) hears the add's progress (phase "split", "embed" or "write",
+        counts that only grow) at most about 4 times a second and once all is written;
+        a true return cancels the add (CANCELLED), and an exception it raises cancels
+        the add and comes out of kb_add."""
         items = list(documents.items()) if isinstance(documents, Mapping) else list(documents)
         docs = (_KbDoc * len(items))(*[_KbDoc(*[_b(v) for v in d]) for d in items])
         passages = ctypes.c_uint32()
-        self._check(_api().llms_kb_add(self._conn, _b(kb), docs, len(items),
-                                       ctypes.byref(passages)))
+        raised = []
+
+        def heard(p, user):
+            try:
+                q = p.contents
+                return 1 if progress(KbProgress(
+                    _name(KB_PHASES, q.phase), q.documents, q.documents_written, q.bytes,
+                    q.bytes_split, q.passages, q.passages_embedded, q.passages_written)) else 0
+            except BaseException as e:
+                raised.append(e)
+                return 1
+        cb = _KB_PROGRESS_CB(heard) if progress else _KB_PROGRESS_CB(0)
+        rc = _api().llms_kb_add_progress(self._conn, _b(kb), docs, len(items), cb, None,
+                                         ctypes.byref(passages))
+        if raised:
+            raise raised[0]
+        self._check(rc)
         return passages.value
 
     def kb_remove(self, kb, ids):

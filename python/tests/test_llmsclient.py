@@ -158,6 +158,34 @@ class KbTest(unittest.TestCase):
         self.assertEqual(self.c.kb_list(), [])
         self.assertEqual(status_of(self, self.c.kb_drop, "notes"), "NOT_FOUND")
 
+    def test_add_progress_and_cancel(self):
+        self.c.kb_create("notes")
+        reports = []
+        passages = self.c.kb_add("notes", self.DOCS, progress=reports.append)
+        # the last report comes when every passage is written, before the answer
+        self.assertGreaterEqual(len(reports), 1)
+        last = reports[-1]
+        self.assertIsInstance(last, llmsclient.KbProgress)
+        self.assertEqual((last.phase, last.documents, last.documents_written),
+                         ("write", len(self.DOCS), len(self.DOCS)))
+        self.assertEqual((last.passages, last.passages_embedded, last.passages_written),
+                         (passages, passages, passages))
+        self.assertEqual(last.bytes_split, last.bytes)
+        self.assertEqual(last.bytes, sum(len(t) for t in self.DOCS.values()))
+        # a true return cancels: long before it is written, nothing of it is kept
+        big = " ".join("word%d" % (i % 997) for i in range(40000))
+        seen = []
+        self.assertEqual(status_of(self, self.c.kb_add, "notes", {"big": big},
+                                   progress=lambda p: seen.append(p) or True), "CANCELLED")
+        self.assertEqual(len(seen), 1)
+        self.assertNotEqual(seen[0].phase, "write")
+        self.assertEqual(self.c.kb_list()[0].documents, len(self.DOCS))
+
+        def boom(p):
+            raise KeyError("from the callback")
+        with self.assertRaises(KeyError):
+            self.c.kb_add("notes", {"small": "A small note."}, progress=boom)
+
     def test_errors_carry_the_status(self):
         self.assertEqual(status_of(self, self.c.kb_add, "nokb", {"a": "text"}), "NOT_FOUND")
         self.assertEqual(status_of(self, self.c.kb_search, "nokb", "q"), "NOT_FOUND")
@@ -451,7 +479,8 @@ class LayoutTest(unittest.TestCase):
         "llms_rerank_options": llmsclient._RerankOptions,
         "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
         "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
-        "llms_kb_hit": llmsclient._KbHit, "llms_rag_options": llmsclient._RagOptions,
+        "llms_kb_hit": llmsclient._KbHit, "llms_kb_progress": llmsclient._KbProgress,
+        "llms_rag_options": llmsclient._RagOptions,
         "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,
         "llms_graph_edge": llmsclient._GraphEdge, "llms_graph_def": llmsclient._GraphDef,
         "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,

@@ -408,6 +408,111 @@ static void measure_during(measure *m)
     m->rss_peak = r > m->rss_peak ? r : m->rss_peak;
 }
 
+/* The other app's small requests one after another while an attack runs. */
+typedef struct probe_series {
+    double worst_ms, median_ms;
+    int n;
+    char why[200];          /* empty when every request succeeded */
+} probe_series;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* In the child of probe_series_run: an Embed of a short text over one connection every
+ * 5 ms, until the daemon, busy once, has no request queued or running, or 120 s
+ * passed. */
+static void probe_series_child(const llmsd_proc *d, probe_series *ps)
+{
+    enum { MAX_PROBES = 16384 };
+    static double lat[MAX_PROBES];
+    char err[LLMS_ERROR_MAX];
+    llms_conn *c;
+    if (llms_connect(d->sock, &c, err) != LLMS_OK) {
+        snprintf(ps->why, sizeof ps->why, "connect failed: %.150s", err);
+        return;
+    }
+    const char *text = "a short question about the weather";
+    bool seen_busy = false;
+    double end = proc_now() + 120;
+    enum llms_status s = llms_bind(c, "bystander");
+    while (s == LLMS_OK && ps->n < MAX_PROBES && proc_now() < end) {
+        llms_embeddings e;
+        double t0 = proc_now();
+        if ((s = llms_embed(c, &text, 1, LLMS_POOLING_MEAN, &e)) != LLMS_OK)
+            break;
+        llms_embeddings_free(&e);
+        double ms = (proc_now() - t0) * 1000;
+        lat[ps->n++] = ms;
+        ps->worst_ms = ms > ps->worst_ms ? ms : ps->worst_ms;
+        /* the daemon's state every 50th: a status sums the knowledge bases' pages
+         * (dbstat), itself a long turn of the worker */
+        if (ps->n % 50 == 0) {
+            llms_daemon_status st;
+            if (proc_status(c, &st)) {
+                snprintf(ps->why, sizeof ps->why, "status failed: %.150s",
+                         llms_last_error(c));
+                break;
+            }
+            bool busy = st.running_requests || st.queued_requests;
+            llms_daemon_status_free(&st);
+            if (seen_busy && !busy)
+                break;
+            seen_busy |= busy;
+        }
+        usleep(5000);
+    }
+    if (s != LLMS_OK)
+        snprintf(ps->why, sizeof ps->why, "%s: %.150s", llms_status_name(s), llms_last_error(c));
+    llms_close(c);
+    qsort(lat, (size_t)ps->n, sizeof *lat, cmp_double);
+    ps->median_ms = ps->n ? lat[ps->n / 2] : -1;
+}
+
+/* Runs the series in a child process (a daemon that never answers cannot hang the
+ * test), sampling the daemon's RSS into m meanwhile; false when it failed or took
+ * over 150 s (ps->why says why). */
+static bool probe_series_run(const llmsd_proc *d, measure *m, probe_series *ps)
+{
+    memset(ps, 0, sizeof *ps);
+    int fds[2];
+    if (pipe(fds)) {
+        snprintf(ps->why, sizeof ps->why, "pipe: %s", strerror(errno));
+        return false;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        probe_series_child(d, ps);
+        ssize_t w = write(fds[1], ps, sizeof *ps);
+        _exit(w == (ssize_t)sizeof *ps ? 0 : 1);
+    }
+    close(fds[1]);
+    bool answered = false;
+    for (double end = proc_now() + 150; pid > 0 && !answered && proc_now() < end;) {
+        struct timeval tv = {0, 100 * 1000};
+        fd_set set;
+        FD_ZERO(&set);
+        FD_SET(fds[0], &set);
+        double r = rss_mb(daemon_proc.pid);
+        m->rss_peak = r > m->rss_peak ? r : m->rss_peak;
+        if (select(fds[0] + 1, &set, NULL, NULL, &tv) == 1)
+            answered = read(fds[0], ps, sizeof *ps) == (ssize_t)sizeof *ps;
+    }
+    close(fds[0]);
+    if (pid > 0) {
+        if (!answered)
+            kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    if (!answered)
+        snprintf(ps->why, sizeof ps->why, "no answer within 150 s");
+    return answered && !ps->why[0];
+}
+
 #define NEED_ATTACK()                                                            \
     do {                                                                         \
         if (!llmsd_path[0])                                                      \
@@ -1411,6 +1516,7 @@ static void cross_owner_attempts(void)
 
 #define INGEST_BYTES (1 << 20)  /* each KbAdd: a document at kb_max_doc_bytes */
 #define INGEST_ADDS 2
+#define INGEST_WORST_MS 250.0   /* the other app's worst Embed during the adds */
 
 /* n bytes of words (2 to 8 letters, a fixed pseudo-random sequence) into a fresh string. */
 static char *ingest_text(size_t n, uint32_t seed)
@@ -1512,23 +1618,41 @@ static void kb_ingest_does_not_starve(void)
     char msg[256];
     double base = probe_ms(&daemon_proc, msg, sizeof msg);
     CHECK_MSG(base >= 0, "the baseline request failed: %s", msg);
+    /* the other app's small requests, one after another for as long as the adds run:
+     * the worst of them is what a write slice (or any other of the adds' slices) makes
+     * another uid wait */
     measure m;
     attack_report rep;
-    bool ready = run_attack(kb_ingest, &m, &rep);
+    attacker a;
+    probe_series ps = {0};
+    measure_start(&m);
+    m.probe = -1;
+    CHECK_MSG(attacker_start(&a, ATTACKER_UID, kb_ingest) == 0, "fork: %s", strerror(errno));
+    bool ready = attacker_ready(&a);
+    bool probed = ready && probe_series_run(&daemon_proc, &m, &ps);
+    attacker_finish(&a, &rep);
+    m.probe = probed ? ps.worst_ms : -1;
+    snprintf(m.probe_msg, sizeof m.probe_msg, "%s", ps.why);
     printf("# figure kb_ingest: %d KbAdds of %d KB from one connection answered in %.0f ms; "
-           "other app %.1f ms meanwhile (baseline %.1f ms), RSS %+.1f MB\n",
-           rep.accepted, INGEST_BYTES >> 10, rep.ms, m.probe, base, m.rss_peak - m.rss0);
+           "other app's Embed meanwhile: worst %.1f ms, median %.1f ms over %d (baseline "
+           "%.1f ms), RSS %+.1f MB\n",
+           rep.accepted, INGEST_BYTES >> 10, rep.ms, ps.worst_ms, ps.median_ms, ps.n, base,
+           m.rss_peak - m.rss0);
 #ifdef __SANITIZE_ADDRESS__
     /* Under ASan the worker runs several times slower and freed memory stays in its
      * quarantine, so the bounds below are the release build's (which runs this same
      * attack); here the other app must still be answered within the probe's 5 s, which
-     * it was not before KbAdd became sliced scheduler work. A KbAdd's one write
-     * transaction still runs whole (about 290 ms a MB of text in the release build):
-     * ASan stretches it past 1 s. */
+     * it was not before KbAdd became sliced scheduler work. */
     CHECK_MSG(ready && rep.failures == 0, "%s", rep.msg);
     CHECK_MSG(m.probe >= 0, "the other app was not answered: %s", m.probe_msg);
 #else
     CHECK_BOUNDS(ready, m, rep, 64);
+    /* a write slice is about 5 ms and its commit, 20-60 ms when the commit merges FTS5
+     * segments or checkpoints the log; the whole write in one transaction made the
+     * other app wait 360-450 ms. The bound leaves room for 2 cores shared with other
+     * work, where the embedding's own forward steps stall for 100-200 ms at times. */
+    CHECK_MSG(ps.worst_ms < INGEST_WORST_MS, "the other app waited %.0f ms during the adds",
+              ps.worst_ms);
 #endif
     CHECK_EQ(rep.accepted, INGEST_ADDS);
 }

@@ -1,8 +1,9 @@
 /*
  * libllmsclient against a scripted fake daemon (a thread on a Unix socket): streaming,
  * cancel, skipped frames of other ids, frames that arrive a byte at a time, error codes,
- * a daemon that refuses the stream, listings, tokens, the status call, and the embed
- * and rerank calls (request fields, reply mapping, inconsistent replies).
+ * a daemon that refuses the stream, listings, tokens, the status call, the embed and
+ * rerank calls (request fields, reply mapping, inconsistent replies), and KbAdd's
+ * progress reports (asked for only with a callback; a callback that cancels).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ static float seen_temperature;
 static int seen_has_top_k;
 static Llms__RerankRequest seen_rerank;  /* scalar fields of the last Rerank */
 static int seen_pooling;
+static int seen_kb_progress;             /* KbAddRequest.progress; -1 unset */
 
 static int read_full(int fd, uint8_t *p, size_t n)
 {
@@ -291,6 +293,46 @@ static int serve_one(int fd, Llms__Request *q)
         send_response(fd, &r, 1);
         return 0;
     }
+    case LLMS__REQUEST__BODY_KB_ADD: {
+        /* With progress asked for: a report per phase, then the answer; knowledge base
+         * "cancel" waits for the Cancel after the first report and answers CANCELLED. */
+        const Llms__KbAddRequest *ka = q->kb_add;
+        seen_kb_progress = ka->has_progress ? ka->progress : -1;
+        Llms__KbAddProgress p = LLMS__KB_ADD_PROGRESS__INIT;
+        p.documents = (uint32_t)ka->n_documents;
+        p.bytes = 1000;
+        Llms__Response pr = LLMS__RESPONSE__INIT;
+        pr.id = q->id;
+        pr.body_case = LLMS__RESPONSE__BODY_KB_ADD_PROGRESS;
+        pr.kb_add_progress = &p;
+        for (int phase = 0; ka->progress && phase < 3; phase++) {
+            p.phase = (Llms__KbAddPhase)phase;
+            p.bytes_split = phase ? 1000 : 400;
+            p.passages = phase ? 30 : 12;
+            p.passages_embedded = phase == 2 ? 30 : phase ? 10 : 0;
+            p.passages_written = phase == 2 ? 30 : 0;
+            p.documents_written = phase == 2 ? p.documents : 0;
+            send_response(fd, &pr, phase == 1);
+            if (!strcmp(ka->kb, "cancel")) {
+                Llms__Request *cq = read_request(fd);
+                if (!cq)
+                    return -1;
+                if (cq->body_case == LLMS__REQUEST__BODY_CANCEL)
+                    cancelled_id = cq->cancel->request_id;
+                send_ok(fd, cq->id);
+                frame_free_request(cq);
+                send_error(fd, q->id, LLMS__ERROR_CODE__CANCELLED, "cancelled");
+                return 0;
+            }
+        }
+        Llms__KbAddResponse ar = LLMS__KB_ADD_RESPONSE__INIT;
+        ar.documents = (uint32_t)ka->n_documents;
+        ar.passages = 30;
+        r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
+        r.kb_add = &ar;
+        send_response(fd, &r, 0);
+        return 0;
+    }
     case LLMS__REQUEST__BODY_SHUTDOWN:
         /* A wrong body for the call: the client must call it a protocol error. */
         send_chunk(fd, q->id, "?");
@@ -533,6 +575,56 @@ static void embed_and_rerank(void)
     pthread_join(th, NULL);
 }
 
+struct kb_reports {
+    llms_kb_progress seen[8];
+    int n;
+    int cancel;
+};
+
+static int kb_report(const llms_kb_progress *p, void *user)
+{
+    struct kb_reports *r = user;
+    if (r->n < 8)
+        r->seen[r->n++] = *p;
+    return r->cancel;
+}
+
+static void kb_add_progress_frames(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    llms_kb_doc doc = {"d", "some text", NULL};
+    uint32_t passages = 0;
+    /* a plain add asks for no progress: one frame, as before */
+    CHECK_EQ(llms_kb_add(c, "kb", &doc, 1, &passages), LLMS_OK);
+    CHECK_EQ(seen_kb_progress, -1);
+    CHECK_EQ(passages, 30);
+    struct kb_reports r = {0};
+    passages = 0;
+    CHECK_EQ(llms_kb_add_progress(c, "kb", &doc, 1, kb_report, &r, &passages), LLMS_OK);
+    CHECK_EQ(seen_kb_progress, 1);
+    CHECK_EQ(passages, 30);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(r.seen[0].phase, LLMS_KB_SPLIT);
+    CHECK_EQ(r.seen[0].bytes_split, 400);
+    CHECK_EQ(r.seen[1].phase, LLMS_KB_EMBED);
+    CHECK_EQ(r.seen[1].passages_embedded, 10);
+    CHECK_EQ(r.seen[2].phase, LLMS_KB_WRITE);
+    CHECK_EQ(r.seen[2].bytes, 1000);
+    CHECK_EQ(r.seen[2].passages_written, 30);
+    CHECK_EQ(r.seen[2].documents_written, 1);
+    /* a callback that says stop cancels the add, and the connection stays in step */
+    struct kb_reports stop = {.cancel = 1};
+    CHECK_EQ(llms_kb_add_progress(c, "cancel", &doc, 1, kb_report, &stop, NULL),
+             LLMS_ERR_CANCELLED);
+    CHECK_EQ(stop.n, 1);
+    CHECK_EQ(llms_kb_add(c, "kb", &doc, 1, &passages), LLMS_OK);
+    llms_close(c);
+    pthread_join(th, NULL);
+    CHECK_EQ(cancelled_id, seen_ids[2]);
+}
+
 static void daemon_refuses_stream(void)
 {
     pthread_t th;
@@ -583,6 +675,7 @@ int main(void)
     RUN(cancel_from_callback);
     RUN(listings_and_status);
     RUN(embed_and_rerank);
+    RUN(kb_add_progress_frames);
     RUN(daemon_refuses_stream);
     RUN(connect_failures);
     close(listen_fd);

@@ -1,7 +1,8 @@
 /*
  * The llms and llmsctl programs of this build against a real llmsd: ask, a piped
- * two-turn chat resumed with --context, ctx list/show/rm, and llmsctl's text and --json
- * output (strings escaped, errors as one JSON object).
+ * two-turn chat resumed with --context, ctx list/show/rm, llmsctl's text and --json
+ * output (strings escaped, errors as one JSON object), and kb add's progress bar (on a
+ * terminal only).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,6 +391,38 @@ static void ask_reads_stdin_and_files(void)
     CHECK_MSG(strstr(err, "RESOURCE_EXHAUSTED"), "stderr: %s", err);
 }
 
+/* llms kb add draws its progress bar on stderr only when stderr is a terminal: nothing
+ * of it in a file, the bar (ending at every passage written) on a pty made by script. */
+static void kb_add_progress_bar_only_on_a_terminal(void)
+{
+    NEED_DAEMON();
+    char cmd[8192], out[8192], err[4096], file[700];
+    proc_fmt(file, sizeof file, "%s/notes.txt", test_tmpdir());
+    FILE *f = fopen(file, "w");
+    CHECK(f);
+    for (int i = 0; i < 4000; i++)
+        fprintf(f, "word%d ", i % 211);
+    fclose(f);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb create notes", llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb create: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb add notes '%s'", llms_path, llmsd.sock,
+             file);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb add: %s", err);
+    CHECK_MSG(!strncmp(out, "added 1 documents, ", 19), "stdout: %s", out);
+    CHECK_MSG(err[0] == '\0', "a progress bar on stderr that is no terminal: '%s'", err);
+    if (system("command -v script >/dev/null 2>&1") != 0)
+        SKIP("no script(1) to give llms a terminal");
+    /* the same document again (it replaces itself), on a terminal */
+    proc_fmt(cmd, sizeof cmd, "script -qec \"'%s' --socket '%s' kb add notes '%s'\" /dev/null"
+                              " </dev/null", llms_path, llmsd.sock, file);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb add on a pty: %s%s", out, err);
+    CHECK_MSG(strstr(out, "\rkb add: write [") && strstr(out, "100%") &&
+                  strstr(out, "1/1 documents written") && strstr(out, "added 1 documents, "),
+              "terminal: '%s'", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb drop notes", llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb drop: %s", err);
+}
+
 /* Empty prompts and texts are the caller's mistake: INVALID_ARGUMENT, and a log line. */
 static void empty_input_is_invalid_argument(void)
 {
@@ -616,6 +649,7 @@ int main(int argc, char **argv)
     RUN(rerank_without_answer_tokens_names_the_settings);
     RUN(chat_resumes_and_ctx_commands);
     RUN(json_of_invalid_utf8_history_is_valid);
+    RUN(kb_add_progress_bar_only_on_a_terminal);
     RUN(llmsctl_reports);
     RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);

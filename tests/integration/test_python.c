@@ -31,9 +31,11 @@ static void python_client(void)
         SKIP("%s is not here (run from the source tree)", SUITE);
     CHECK_MSG(access(lib_path, R_OK) == 0, "%s is not built", lib_path);
     llmsd_proc d;
-    /* The generated vocabulary has no "yes"/"no": any two ids do for a rerank. */
+    /* The generated vocabulary has no "yes"/"no": any two ids do for a rerank. Frames
+     * of 1 MiB: a KbAdd long enough to be cancelled while it runs. */
     CHECK(proc_start(&d, llmsd_path, "python", model_path,
-                     "rerank_yes_token = 10\nrerank_no_token = 11\n") == 0);
+                     "rerank_yes_token = 10\nrerank_no_token = 11\n"
+                     "max_frame_bytes = 1048576\n") == 0);
     char preload[1024] = "", cmd[4096], out[1 << 15];
     proc_fmt(cmd, sizeof cmd, "ldd '%s' | awk '/libasan/ {print $3}'", lib_path);
     if (test_run_capture(cmd, preload, sizeof preload) == 0 && preload[0]) {

@@ -6,9 +6,13 @@
  * hit), QA invalidation by a KbAdd (also one that lands while the answer is being
  * generated), one QKV node per distinct passage, LFU eviction under qkv_cache_mb and
  * CacheClear (on stories260K, whose vocabulary tells passages apart), that an
- * acknowledged KbAdd survives kill -9, and that bad input is refused without harm.
+ * acknowledged KbAdd survives kill -9, that bad input is refused without harm, and a
+ * 1 MiB KbAdd: its progress reports, nothing of it visible (the document it replaces
+ * still there) until it is published, and one cancelled or killed while writing leaves
+ * nothing visible and its staged rows deleted.
  */
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,6 +415,272 @@ static void crash_keeps_acknowledged(void)
     proc_stop(&d, SIGTERM);
 }
 
+/* ---- a large KbAdd: progress, staged until published, cancelled, cut by a crash ---- */
+
+/* A 1 MiB add takes 10 s in the release build and two minutes under ASan, which checks
+ * the same code on a quarter of it (still several reports while writing). */
+#ifdef __SANITIZE_ADDRESS__
+#define INGEST_BYTES (1 << 18)
+#else
+#define INGEST_BYTES (1 << 20)
+#endif
+
+/* n bytes of words (2 to 8 letters, a fixed pseudo-random sequence) into a fresh string. */
+static char *ingest_text(size_t n, uint32_t seed)
+{
+    char *t = malloc(n + 1);
+    size_t i = 0;
+    while (t && i < n) {
+        seed = seed * 1103515245u + 12345u;
+        int len = 2 + (int)((seed >> 16) % 7);
+        for (int c = 0; c < len && i < n; c++) {
+            seed = seed * 1103515245u + 12345u;
+            t[i++] = (char)('a' + (seed >> 16) % 26);
+        }
+        if (i < n)
+            t[i++] = ' ';
+    }
+    if (t)
+        t[n] = '\0';
+    return t;
+}
+
+/* A daemon of its own for the large adds: documents of 1 MiB, idle-time work (the
+ * deletion of what an add left staged) 100 ms after the last request. */
+static int ingest_start(llmsd_proc *d, const char *name)
+{
+    return proc_start(d, llmsd_path, name, model_path,
+                      "max_frame_bytes = 4194304\nkb_max_doc_bytes = 1048576\n"
+                      "idle_after_ms = 100\n");
+}
+
+/* The first and the following KbAdds' reports, as a progress callback sees them. */
+typedef struct ingest_watch {
+    llms_kb_progress first, last;
+    int n, n_write, regressions;
+    bool mid_write;               /* a report came while passages were being written */
+    int (*at_mid_write)(struct ingest_watch *w);  /* called at that first report */
+    llms_conn *other;             /* the same app on a second connection */
+    uint32_t old_passages;        /* of the visible document the add replaces */
+    bool old_visible;             /* what the other connection saw meanwhile */
+    pid_t kill_pid;
+} ingest_watch;
+
+static int ingest_report(const llms_kb_progress *p, void *user)
+{
+    ingest_watch *w = user;
+    const llms_kb_progress *q = &w->last;
+    if (w->n == 0)
+        w->first = *p;
+    else if (p->phase < q->phase || p->documents_written < q->documents_written ||
+             p->bytes_split < q->bytes_split || p->passages < q->passages ||
+             p->passages_embedded < q->passages_embedded ||
+             p->passages_written < q->passages_written || p->bytes != q->bytes ||
+             p->documents != q->documents)
+        w->regressions++;
+    w->last = *p;
+    w->n++;
+    w->n_write += p->phase == LLMS_KB_WRITE;
+    if (p->phase == LLMS_KB_WRITE && p->passages_written > 0 &&
+        p->passages_written < p->passages && !w->mid_write) {
+        w->mid_write = true;
+        return w->at_mid_write ? w->at_mid_write(w) : 0;
+    }
+    return 0;
+}
+
+/* While the add writes: the knowledge base still shows the document it replaces, and
+ * only that. */
+static int check_old_visible(ingest_watch *w)
+{
+    llms_kb_info *kbs;
+    size_t n;
+    llms_kb_hit *hits;
+    size_t n_hits = 0;
+    if (llms_kb_list(w->other, &kbs, &n) != LLMS_OK)
+        return 0;
+    bool listed = n == 1 && kbs[0].documents == 1 && kbs[0].passages == w->old_passages;
+    llms_kb_list_free(kbs, n);
+    bool found = llms_kb_search(w->other, "big", "lighthouse", 4, LLMS_RETRIEVAL_BM25, &hits,
+                                &n_hits) == LLMS_OK;
+    if (found) {
+        found = n_hits == 1 && !strcmp(hits[0].document, "doc") &&
+                strstr(hits[0].text, "lighthouse") != NULL;
+        llms_kb_hits_free(hits, n_hits);
+    }
+    w->old_visible = listed && found;
+    return 0;
+}
+
+static void kb_add_progress_and_publish(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc d;
+    CHECK(ingest_start(&d, "rag-ingest") == 0);
+    llms_conn *c = proc_connect(&d, "ingest"), *other = proc_connect(&d, "ingest");
+    char *text = ingest_text(INGEST_BYTES, 5);
+    CHECK(c && other && text);
+    CHECK_EQ(llms_kb_create(c, "big", 16, 0), LLMS_OK);
+    llms_kb_doc old = {"doc", "The old lighthouse keeper wrote this short note.", NULL};
+    uint32_t old_passages = 0, passages = 0;
+    CHECK_EQ(llms_kb_add(c, "big", &old, 1, &old_passages), LLMS_OK);
+    /* a large document of the same id: it replaces the note once published */
+    ingest_watch w = {.at_mid_write = check_old_visible, .other = other,
+                      .old_passages = old_passages};
+    llms_kb_doc doc = {"doc", text, NULL};
+    double t0 = proc_now();
+    CHECK_MSG(llms_kb_add_progress(c, "big", &doc, 1, ingest_report, &w, &passages) == LLMS_OK,
+              "%s", llms_last_error(c));
+    printf("# figure kb_add_progress: %d KiB, %u passages in %.0f ms: %d reports (%d while "
+           "writing)\n", INGEST_BYTES >> 10, passages, (proc_now() - t0) * 1000, w.n,
+           w.n_write);
+    CHECK(w.n >= 1);
+    CHECK_EQ(w.regressions, 0);
+    /* the last report: everything split, embedded and written */
+    CHECK_EQ(w.last.phase, LLMS_KB_WRITE);
+    CHECK_EQ(w.last.documents, 1);
+    CHECK_EQ(w.last.documents_written, 1);
+    CHECK_EQ(w.last.bytes, INGEST_BYTES);
+    CHECK_EQ(w.last.bytes_split, INGEST_BYTES);
+    CHECK_EQ(w.last.passages, passages);
+    CHECK_EQ(w.last.passages_embedded, passages);
+    CHECK_EQ(w.last.passages_written, passages);
+    CHECK_MSG(w.mid_write, "no report came while the passages were being written");
+    CHECK_MSG(w.old_visible, "while the add wrote, the old document was not all there was");
+    /* published: the new document replaced the old one */
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(other, &kbs, &n), LLMS_OK);
+    CHECK(n == 1 && kbs[0].documents == 1 && kbs[0].passages == passages);
+    llms_kb_list_free(kbs, n);
+    llms_kb_hit *hits;
+    CHECK_EQ(llms_kb_search(other, "big", "lighthouse", 4, LLMS_RETRIEVAL_BM25, &hits, &n),
+             LLMS_OK);
+    CHECK_EQ(n, 0);
+    llms_kb_hits_free(hits, n);
+    free(text);
+    llms_close(other);
+    llms_close(c);
+    proc_stop(&d, SIGTERM);
+}
+
+/* Rows of documents of the state directory's catalog that are not visible (staged or
+ * retired), and passages of such documents; -1 when the catalog does not open. */
+static int hidden_rows(const llmsd_proc *d, int64_t *docs, int64_t *passages)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/llmsd.db", d->dir);
+    sqlite3 *db;
+    sqlite3_stmt *st = NULL;
+    int rc = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+        sqlite3_busy_timeout(db, 5000) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT (SELECT count(*) FROM kb_docs WHERE state <> 0),"
+                               " (SELECT count(*) FROM kb_passages p JOIN kb_docs d"
+                               " ON d.id = p.doc_id WHERE d.state <> 0)", -1, &st,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        *docs = sqlite3_column_int64(st, 0);
+        *passages = sqlite3_column_int64(st, 1);
+        rc = 0;
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return rc;
+}
+
+/* Waits (up to 60 s) until the daemon deleted every row of documents not visible. */
+static bool hidden_rows_gone(const llmsd_proc *d)
+{
+    int64_t docs = -1, passages = -1;
+    for (double end = proc_now() + 60; proc_now() < end; usleep(100 * 1000))
+        if (hidden_rows(d, &docs, &passages) == 0 && docs == 0 && passages == 0)
+            return true;
+    fprintf(stderr, "still %lld hidden documents, %lld passages\n", (long long)docs,
+            (long long)passages);
+    return false;
+}
+
+/* The knowledge base holds exactly the one short document it held before. */
+static void check_only_old(llms_conn *c, uint32_t old_passages)
+{
+    llms_kb_info *kbs;
+    size_t n;
+    CHECK_EQ(llms_kb_list(c, &kbs, &n), LLMS_OK);
+    CHECK_MSG(n == 1 && kbs[0].documents == 1 && kbs[0].passages == old_passages,
+              "%zu knowledge bases, %u documents, %u passages (%u before the add)", n,
+              n ? kbs[0].documents : 0, n ? kbs[0].passages : 0, old_passages);
+    llms_kb_list_free(kbs, n);
+}
+
+static int cancel_now(ingest_watch *w)
+{
+    (void)w;
+    return 1;
+}
+
+static int kill_now(ingest_watch *w)
+{
+    kill(w->kill_pid, SIGKILL);
+    return 0;
+}
+
+/* A KbAdd cancelled while it writes (the progress callback says stop), and one cut by
+ * kill -9 while it writes: neither leaves anything visible, the old document stays, and
+ * the rows they staged are deleted in idle time (after the restart, for the crash). */
+static void kb_add_cut_while_writing(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc d;
+    CHECK(ingest_start(&d, "rag-cut") == 0);
+    llms_conn *c = proc_connect(&d, "cut");
+    char *text = ingest_text(INGEST_BYTES / 2, 9);
+    CHECK(c && text);
+    CHECK_EQ(llms_kb_create(c, "big", 8, 0), LLMS_OK);
+    llms_kb_doc old = {"doc", "The old lighthouse keeper wrote this short note.", NULL};
+    uint32_t old_passages = 0;
+    CHECK_EQ(llms_kb_add(c, "big", &old, 1, &old_passages), LLMS_OK);
+    llms_kb_doc doc = {"doc", text, NULL};
+    ingest_watch w = {.at_mid_write = cancel_now};
+    CHECK_EQ(llms_kb_add_progress(c, "big", &doc, 1, ingest_report, &w, NULL),
+             LLMS_ERR_CANCELLED);
+    CHECK_MSG(w.mid_write, "no report came while the passages were being written");
+    check_only_old(c, old_passages);
+    CHECK(hidden_rows_gone(&d));
+    check_only_old(c, old_passages);
+    llms_close(c);
+
+    /* kill -9 while writing: staged rows are left, nothing of them visible */
+    CHECK((c = proc_connect(&d, "cut")) != NULL);
+    w = (ingest_watch){.at_mid_write = kill_now, .kill_pid = d.pid};
+    CHECK(llms_kb_add_progress(c, "big", &doc, 1, ingest_report, &w, NULL) != LLMS_OK);
+    llms_close(c);
+    proc_stop(&d, SIGKILL);
+    CHECK_MSG(w.mid_write, "no report came while the passages were being written");
+    int64_t docs = 0, passages = 0;
+    CHECK_EQ(hidden_rows(&d, &docs, &passages), 0);
+    printf("# figure kb_add_crash: kill -9 after %u of %u passages written: %lld staged "
+           "documents, %lld passages left\n", w.last.passages_written, w.last.passages,
+           (long long)docs, (long long)passages);
+    CHECK(docs == 1 && passages > 0);
+    CHECK(ingest_start(&d, "rag-cut") == 0);
+    CHECK((c = proc_connect(&d, "cut")) != NULL);
+    check_only_old(c, old_passages);
+    CHECK(hidden_rows_gone(&d));
+    check_only_old(c, old_passages);
+    llms_kb_hit *hits;
+    size_t n;
+    CHECK_EQ(llms_kb_search(c, "big", "lighthouse", 4, LLMS_RETRIEVAL_BM25, &hits, &n),
+             LLMS_OK);
+    CHECK(n == 1 && !strcmp(hits[0].document, "doc"));
+    llms_kb_hits_free(hits, n);
+    free(text);
+    llms_close(c);
+    proc_stop(&d, SIGTERM);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -428,6 +698,8 @@ int main(int argc, char **argv)
     RUN(qa_add_during_generation);
     RUN(qkv_fill_evict_clear);
     RUN(crash_keeps_acknowledged);
+    RUN(kb_add_progress_and_publish);
+    RUN(kb_add_cut_while_writing);
     if (up == 1)
         proc_stop(&daemon_, SIGTERM);
     return test_finish();
