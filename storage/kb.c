@@ -810,24 +810,13 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
                  const char *answer, const int64_t *passages, int n_passages,
                  bool predicted, int64_t now_ms, char err[ERR_MAX])
 {
-    if (dim < 1)
-        return err_set(err, "store: a QA entry's vector of %d components", dim);
-    uint8_t *blob = malloc(STORE_VEC_BYTES(dim));
-    if (!blob)
-        return err_set(err, "store: out of memory");
-    float scale;
-    store_vec_quantize(vec, dim, (int8_t *)blob, &scale);
-    memcpy(blob + dim, &scale, sizeof scale);
     sqlite3_stmt *st = store_prepare(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
                                " created_ms, predicted) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
-    if (!st) {
-        free(blob);
+    if (!st)
         return -1;
-    }
     sqlite3_bind_int64(st, 1, kb_id);
     sqlite3_bind_text(st, 2, question, -1, SQLITE_STATIC);
-    sqlite3_bind_blob(st, 3, blob, (int)STORE_VEC_BYTES(dim), SQLITE_TRANSIENT);
-    free(blob);
+    sqlite3_bind_blob(st, 3, vec, (int)(sizeof(float) * (size_t)dim), SQLITE_STATIC);
     sqlite3_bind_text(st, 4, answer, -1, SQLITE_STATIC);
     sqlite3_bind_blob(st, 5, n_passages ? (const void *)passages : "",
                       (int)(sizeof(int64_t) * (size_t)n_passages), SQLITE_STATIC);
@@ -839,32 +828,23 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
 int store_qa_list(store *s, int64_t kb_id, int dim,
                   int (*fn)(void *arg, const store_qa *q), void *arg, char err[ERR_MAX])
 {
-    float *vec = malloc(sizeof *vec * (size_t)(dim > 0 ? dim : 1));
-    if (!vec)
-        return err_set(err, "store: out of memory");
     sqlite3_stmt *st = store_prepare(s, "SELECT id, question, vec, answer, passages, created_ms,"
                                " predicted FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
-    if (!st) {
-        free(vec);
+    if (!st)
         return -1;
-    }
     sqlite3_bind_int64(st, 1, kb_id);
     int rc, out = 0;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int pb = sqlite3_column_bytes(st, 4);
         const void *pv = sqlite3_column_blob(st, 4);
-        const int8_t *v = sqlite3_column_blob(st, 2);
-        float scale = NAN;
-        if (v && dim > 0 && sqlite3_column_bytes(st, 2) == (int)STORE_VEC_BYTES(dim))
-            memcpy(&scale, v + dim, sizeof scale);
-        if (!isfinite(scale) || pb % (int)sizeof(int64_t)) {
+        const void *v = sqlite3_column_blob(st, 2);
+        if (sqlite3_column_bytes(st, 2) != (int)(sizeof(float) * (size_t)dim) || !v ||
+            pb % (int)sizeof(int64_t)) {
             out = err_set(err, "store: QA entry %lld is malformed",
                           (long long)sqlite3_column_int64(st, 0));
             break;
         }
-        for (int i = 0; i < dim; i++)
-            vec[i] = (float)v[i] * scale;
-        store_qa q = {sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1), vec,
+        store_qa q = {sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1), v,
                       (const char *)sqlite3_column_text(st, 3), pv,
                       pb / (int)sizeof(int64_t), sqlite3_column_int64(st, 5),
                       sqlite3_column_int(st, 6) != 0};
@@ -874,7 +854,6 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
     if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
         out = store_db_err(s, err, "reading the QA bank");
     sqlite3_finalize(st);
-    free(vec);
     return out;
 }
 
@@ -1461,51 +1440,4 @@ int store_kb_migrate_11(store *s, char *err)
     sqlite3_finalize(st);
     sqlite3_finalize(ins);
     return out;
-}
-
-/* ---- migration 12 ---- */
-
-/* Quantizes the QA bank's float32 vectors (a vector of another size is kept as it is:
- * reading it stays the error it was). */
-static int migrate_qa_12(store *s, char *err)
-{
-    sqlite3_stmt *st = store_prepare(s, "SELECT q.id, q.vec, k.dim FROM qa_bank q JOIN kbs k"
-                                        " ON k.id = q.kb_id", err);
-    sqlite3_stmt *up = st ? store_prepare(s, "UPDATE qa_bank SET vec = ? WHERE id = ?", err) : NULL;
-    int rc, out = st && up ? 0 : -1;
-    while (out == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int dim = sqlite3_column_int(st, 2);
-        const void *v = sqlite3_column_blob(st, 1);
-        if (dim < 1 || !v || sqlite3_column_bytes(st, 1) != (int)(sizeof(float) * (size_t)dim))
-            continue;
-        float *f = malloc(sizeof *f * (size_t)dim);
-        uint8_t *blob = malloc(STORE_VEC_BYTES(dim));
-        if (!f || !blob) {
-            free(f);
-            free(blob);
-            out = err_set(err, "store: out of memory migrating the QA bank");
-            break;
-        }
-        memcpy(f, v, sizeof *f * (size_t)dim);
-        float scale;
-        store_vec_quantize(f, dim, (int8_t *)blob, &scale);
-        memcpy(blob + dim, &scale, sizeof scale);
-        sqlite3_reset(up);
-        sqlite3_bind_blob(up, 1, blob, (int)STORE_VEC_BYTES(dim), SQLITE_STATIC);
-        sqlite3_bind_int64(up, 2, sqlite3_column_int64(st, 0));
-        if (sqlite3_step(up) != SQLITE_DONE)
-            out = store_db_err(s, err, "migrating a QA entry");
-        free(f);
-        free(blob);
-    }
-    if (out == 0 && rc != SQLITE_DONE)
-        out = store_db_err(s, err, "reading the QA bank to migrate");
-    sqlite3_finalize(st);
-    sqlite3_finalize(up);
-    return out;
-}
-
-int store_kb_migrate_12(store *s, char *err)
-{
-    return migrate_qa_12(s, err);
 }

@@ -223,10 +223,11 @@ static const char *const store_migrations[] = {
     " SELECT kb_id, doc, metadata, bytes, n_passages, created_ms FROM kb_docs;"
     "DELETE FROM ivf_indexes;",
 
-    /* Compact vector indexes and QA bank (storage/ivf.h, kb.h): a stored IVF list keeps
-     * its ids only (varints of their differences), its vectors being the passages'; the
-     * QA bank's vectors are int8 with a float scale (store_kb_migrate_12 converts them
-     * after this). The stored IVF indexes (derived data) go, to be trained again. */
+    /* Compact vector indexes (storage/ivf.h): a stored IVF list keeps its ids only
+     * (varints of their differences), its vectors being the passages'. The stored IVF
+     * indexes (derived data) go, to be trained again. The QA bank keeps float32 vectors:
+     * tau_query compares questions near a cosine of 1, where int8 rounding moves the
+     * cosine of a question with itself below 0.999. */
     "DROP TABLE ivf_lists;"
     "DELETE FROM ivf_indexes;"
     "CREATE TABLE ivf_lists ("
@@ -410,7 +411,6 @@ static int migrate(store *s, char *err)
         if (exec(s, store_migrations[v], what, err) != 0 ||
             (v + 1 == 11 && (store_kb_migrate_11(s, err) != 0 ||
                              exec(s, store_migration_11_tail, what, err) != 0)) ||
-            (v + 1 == 12 && store_kb_migrate_12(s, err) != 0) ||
             exec(s, bump, what, err) != 0 || exec(s, "COMMIT", what, err) != 0) {
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return -1;

@@ -53,8 +53,5 @@ int store_chunk_files_remove(store *s, const char *ctx_id, const int64_t *files,
  * FTS table rebuilt contentless. */
 int store_kb_migrate_11(store *s, char *err);
 
-/* Migration 12's conversion (kb.c), inside the migration's transaction: the QA bank's
- * vectors quantized. */
-int store_kb_migrate_12(store *s, char *err);
 
 #endif
