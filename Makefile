@@ -38,7 +38,7 @@ SANITIZE ?=
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 
-# OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/blas.h says why.
+# OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/quant/blas.h says why.
 # pkg-config is read once, when make starts: `check` and `run` install the packages first
 # (`deps`) and then start a second make, which reads it afresh on a fresh machine.
 PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c libsodium
@@ -74,7 +74,7 @@ AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni \
                 -ffp-contract=off
 
-ENGINE_SRC  := $(wildcard engine/*.c)
+ENGINE_SRC  := $(wildcard engine/*.c engine/*/*.c)
 ENGINE_LIB  := $(BUILD)/libengine.a
 
 PROTO_GEN_C := $(BUILD)/proto/llms.pb-c.c
@@ -82,10 +82,10 @@ PROTO_GEN_H := $(BUILD)/proto/llms.pb-c.h
 PROTO_SRC   := $(wildcard proto/*.c)
 PROTO_LIB   := $(BUILD)/libllmsproto.a
 
-STORAGE_SRC := $(wildcard storage/*.c)
+STORAGE_SRC := $(wildcard storage/*.c storage/*/*.c)
 STORAGE_LIB := $(BUILD)/libstorage.a
 
-DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+DAEMON_SRC  := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/*/*.c))
 DAEMON_LIB  := $(BUILD)/libdaemon.a
 DAEMON_BIN  := $(if $(wildcard daemon/main.c),$(BUILD)/llmsd)
 

@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "client/llms.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
 #include "storage/ivf.h"
 
 /* Seconds on the monotonic clock. */

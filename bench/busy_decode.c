@@ -30,10 +30,10 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 
 #define MAX_RUNS 15
 #define PROMPT 16

@@ -50,7 +50,7 @@
  * (the next-token distribution) are compared with the reference's: KL(reference ||
  * system) in nats and whether the most likely token is the same.
  *
- * Systems (daemon/ctxmgr.h policies, same trace):
+ * Systems (daemon/ctx/ctxmgr.h policies, same trace):
  *   llms             tolerance-aware compression, ahead-of-time swap-out, LCTRU,
  *                    planned read/recompute pipeline
  *   llms-nocompress  llms without compression (f16 chunks)
@@ -80,13 +80,13 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "daemon/ctxmgr.h"
-#include "engine/gguf.h"
-#include "engine/kv_calib.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "daemon/ctx/ctxmgr.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv_calib.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
 #include "storage/chunks.h"
 
 #define MAX_N 8 /* entries of --contexts */

@@ -29,11 +29,11 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/bert.h"
-#include "engine/gguf.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/quant.h"
+#include "engine/encoder/bert.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/quant/quant.h"
 
 typedef struct shape {
     const char *name;

@@ -28,7 +28,7 @@
  * decode gets the same share, against the read measured in its run's pair).
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
- * picks how the weights come into memory (engine/gguf.h): mapped from the file (map, the
+ * picks how the weights come into memory (engine/gguf/gguf.h): mapped from the file (map, the
  * default of llms-run, llmsd and llama.cpp) or read into huge pages (copy, --no-mmap).
  */
 #include <errno.h>
@@ -46,10 +46,10 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/blas.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/quant.h"
+#include "engine/quant/blas.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/quant/quant.h"
 
 #define MAX_RUNS 15
 

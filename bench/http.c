@@ -32,8 +32,8 @@
 
 #include "bench/bench.h"
 #include "client/llms.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 
 #define PROMPT "Hello, how are you today?"
 #define MAX_CLIENTS 64

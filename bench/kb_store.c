@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 
 #define DOCS_DIR "../shared/testdata/docs"
 

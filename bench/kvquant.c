@@ -57,13 +57,13 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/kv.h"
-#include "engine/kv_calib.h"
-#include "engine/kv_quant.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/sampler.h"
+#include "engine/kv/kv.h"
+#include "engine/kv/kv_calib.h"
+#include "engine/kv/kv_quant.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/model/sampler.h"
 
 #define MAX_SEQS 32
 

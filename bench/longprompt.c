@@ -1,5 +1,5 @@
 /*
- * longprompt — long prompts under a prefill memory budget (engine/prefill.h, HyperGen).
+ * longprompt — long prompts under a prefill memory budget (engine/model/prefill.h, HyperGen).
  *
  * For each budget: the longest prompt whose unpartitioned prefill (the whole prompt in one
  * step, one score block per head) fits, the longest the planner's partitioning fits, and
@@ -38,9 +38,9 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/model.h"
-#include "engine/prefill.h"
-#include "engine/quant.h"
+#include "engine/model/model.h"
+#include "engine/model/prefill.h"
+#include "engine/quant/quant.h"
 
 #define MAX_LIST 16
 #define LP_LIMIT (1 << 20)

@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
 #include "engine/threadpool.h"
 
 enum { REPS = 7, DISTINCT_ROWS = 16, BLOCK = 16, N_WAYS = 4, MAX_TOK = 64, LAYERS = 2, N_SHAPES = 5 };

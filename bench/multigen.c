@@ -30,9 +30,9 @@
 
 #include "bench/bench.h"
 #include "client/llms.h"
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 
 #define MAX_STREAMS 16
 

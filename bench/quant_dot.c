@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "bench/bench.h"
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 
 enum { COLS = 4096, REPS = 5, DISTINCT_ROWS = 16 };
 

@@ -23,8 +23,8 @@
 #include <time.h>
 
 #include "bench/bench.h"
-#include "engine/kv.h"
-#include "engine/model.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
 
 #define MAX_N 16
 

@@ -36,13 +36,13 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "engine/gguf.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/rerank.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
+#include "engine/encoder/rerank.h"
+#include "engine/tok/tokenizer.h"
 
 #define MAX_RUNS 15
 #define MAX_LIST 8

@@ -40,12 +40,12 @@
 
 #include "bench/bench.h"
 #include "client/llms.h"
-#include "engine/gguf.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
 
 #define PROMPT "Hello, how are you today?"
 

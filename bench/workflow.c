@@ -13,7 +13,7 @@
  * max_tokens):
  *   sequential  one request at a time, its stages in order, each stage a client call
  *               (KbSearch, Complete), as a LangChain loop would: the graph's own state
- *               machine (daemon/graph.h) runs in the client and decides the next stage;
+ *               machine (daemon/graph/graph.h) runs in the client and decides the next stage;
  *   naive       the same client loop, requests concurrent (16 connections), so stages
  *               of different requests overlap but each is an opaque call;
  *   graph       GraphRun of the built-in template, requests concurrent (16 connections):
@@ -54,7 +54,7 @@
 
 #include "bench/bench.h"
 #include "client/llms.h"
-#include "daemon/graph.h"
+#include "daemon/graph/graph.h"
 
 #define POOL 16          /* connections of the concurrent systems */
 #define MAX_TOKENS 24

@@ -331,7 +331,7 @@ static const key_def *find_key(const char *name)
 
 #define MODEL_PREFIX "model."
 
-/* A model name: what daemon/models.h accepts, checked here so that the settings fail
+/* A model name: what daemon/models/models.h accepts, checked here so that the settings fail
  * at the line that has it. */
 static bool model_name_ok(const char *s)
 {

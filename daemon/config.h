@@ -19,7 +19,7 @@
 #define CONFIG_PATH_MAX 4096
 #define CONFIG_SOCKET_MAX 108 /* sizeof sun_path, NUL included */
 #define CONFIG_MODELS_MAX 16  /* model.NAME lines */
-#define MODELS_NAME_MAX 48    /* bytes of a model's name (daemon/models.h) */
+#define MODELS_NAME_MAX 48    /* bytes of a model's name (daemon/models/models.h) */
 
 /* A "model.NAME = PATH [ROLES]" line: ROLES is "" (the file's kind decides) or a
  * comma-separated list of generate, embed, rerank. */
@@ -36,13 +36,13 @@ typedef struct config {
     int n_models;
     char socket[CONFIG_SOCKET_MAX];    /* Unix socket path (unless systemd passes one) */
     char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
-    char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf.h */
+    char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf/gguf.h */
     int threads;                       /* engine threads; 0: online cores */
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;
     int max_tokens_per_context;        /* 0: n_ctx */
     char overflow[8];                  /* "window" or "refuse": contexts created without
-                                          their own (daemon/ctxmgr.h) */
+                                          their own (daemon/ctx/ctxmgr.h) */
     int window_sink;                   /* tokens a sliding window keeps at the start, at
                                           least (whole chunks; the system prompt too) */
     int max_queued_per_app;            /* engine requests of any kind queued or running */
@@ -67,7 +67,7 @@ typedef struct config {
     float repeat_penalty;
     int repeat_last_n;
     int max_tokens;
-    /* Embed and Rerank (daemon/semantic.h). */
+    /* Embed and Rerank (daemon/sched/semantic.h). */
     int embed_max_texts;               /* texts per Embed request */
     char embed_model[CONFIG_PATH_MAX]; /* bert encoder GGUF for Embed; "" (none) = model */
     char rerank_model[CONFIG_PATH_MAX];/* reranker GGUF; "" = model */
@@ -78,7 +78,7 @@ typedef struct config {
     int rerank_max_documents;          /* documents per Rerank request (and per query of a
                                           calibration) */
     int rerank_max_bytes;              /* query + documents bytes per Rerank request */
-    /* Connections and the input they may make the daemon buffer (daemon/server.h). */
+    /* Connections and the input they may make the daemon buffer (daemon/net/server.h). */
     int max_connections;               /* open at once, every peer together */
     int max_connections_per_uid;
     int bind_timeout_ms;               /* a connection that has not bound by then closes */
@@ -96,7 +96,7 @@ typedef struct config {
     int max_queued_per_uid;
     /* Sizes of request fields. */
     int max_text_bytes;                /* a prompt, system prompt, text or Tokenize input */
-    /* The OpenAI-compatible HTTP gateway (daemon/http.h); off while both are empty. */
+    /* The OpenAI-compatible HTTP gateway (daemon/net/http.h); off while both are empty. */
     char http_socket[CONFIG_SOCKET_MAX]; /* Unix socket: identity = the peer's uid */
     char http_socket_group[64];        /* its group; "": the clients' socket's group */
     char http_listen[256];             /* host:port on loopback: identity = bearer token */
@@ -108,7 +108,7 @@ typedef struct config {
     int http_max_body_buffered_bytes;  /* request bodies being received, every uid together */
     int http_max_body_buffered_bytes_per_uid; /* the same, one uid's */
     int http_max_unauthenticated_connections; /* TCP connections with no valid token yet */
-    /* Knowledge bases and RAG (daemon/kb.h, daemon/rag.h). */
+    /* Knowledge bases and RAG (daemon/rag/kb.h, daemon/rag/rag.h). */
     int kb_passage_tokens;             /* tokens of a passage (default of KbCreate) */
     int kb_overlap_tokens;             /* tokens shared by consecutive passages */
     int kb_max_per_app;                /* knowledge bases of an app */
@@ -126,7 +126,7 @@ typedef struct config {
     int k_refresh;                     /* a new passage in a stored question's top-k_refresh
                                           makes its answer stale */
     int qkv_cache_mb;                  /* stored QKV prefix tree; 0: off */
-    /* Workflow graphs (daemon/graph.h, daemon/graphs.h). */
+    /* Workflow graphs (daemon/graph/graph.h, daemon/graph/graphs.h). */
     int graph_max_per_app;             /* graphs an app keeps */
     int graph_max_nodes;               /* nodes of a graph */
     int graph_max_steps;               /* node runs of a graph run */
@@ -137,7 +137,7 @@ typedef struct config {
     int cache_owner_max_mb;            /* what one owner keeps in each level; 0: the level's
                                           budget */
     int cache_owner_max_entries;       /* entries one owner keeps in each level; 0: any */
-    /* Idle-time prediction and the cache scheduler (daemon/predict.h). */
+    /* Idle-time prediction and the cache scheduler (daemon/rag/predict.h). */
     int predict_budget;                /* predicted queries per idle period; 0: off */
     int idle_after_ms;                 /* no request for this long: the daemon is idle
                                           (prediction, layer calibration) */

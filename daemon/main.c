@@ -10,16 +10,16 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
-#include "daemon/http.h"
-#include "daemon/models.h"
+#include "daemon/net/http.h"
+#include "daemon/models/models.h"
 #include "daemon/notify.h"
-#include "daemon/outq.h"
+#include "daemon/net/outq.h"
 #include "daemon/reqlog.h"
-#include "daemon/sched.h"
-#include "daemon/server.h"
-#include "engine/chat.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "daemon/sched/sched.h"
+#include "daemon/net/server.h"
+#include "engine/tok/chat.h"
+#include "engine/model/model.h"
+#include "engine/tok/tokenizer.h"
 #include "storage/store.h"
 
 #define STATUS_SECONDS 5

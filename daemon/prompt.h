@@ -19,10 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/ctxmgr.h"
-#include "engine/chat.h"
+#include "daemon/ctx/ctxmgr.h"
+#include "engine/tok/chat.h"
 #include "engine/err.h"
-#include "engine/tokenizer.h"
+#include "engine/tok/tokenizer.h"
 
 /* Tokenizes len bytes of text into a fresh array (*out, free() it; *n tokens). */
 int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "engine/blas.h"
+#include "engine/quant/blas.h"
 #include "engine/vdist.h"
 #include "storage/crc32c.h"
 #include "storage/kb.h"

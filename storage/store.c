@@ -77,7 +77,7 @@ static const char *const store_migrations[] = {
     "ALTER TABLE contexts ADD COLUMN window_dropped INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE contexts ADD COLUMN window_slides INTEGER NOT NULL DEFAULT 0;",
 
-    /* The generate model a context belongs to (daemon/models.h); NULL for contexts from
+    /* The generate model a context belongs to (daemon/models/models.h); NULL for contexts from
      * before the registry. */
     "ALTER TABLE contexts ADD COLUMN model TEXT;",
 

@@ -19,16 +19,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/bert.h"
-#include "engine/chat.h"
-#include "engine/embed.h"
-#include "engine/gguf.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/prefill.h"
-#include "engine/sampler.h"
-#include "engine/stop.h"
-#include "engine/tokenizer.h"
+#include "engine/encoder/bert.h"
+#include "engine/tok/chat.h"
+#include "engine/model/embed.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/prefill.h"
+#include "engine/model/sampler.h"
+#include "engine/tok/stop.h"
+#include "engine/tok/tokenizer.h"
 
 enum run_mode { MODE_GENERATE, MODE_TOKENIZE, MODE_DETOKENIZE, MODE_PERPLEXITY, MODE_EMBED };
 
@@ -90,7 +90,7 @@ static void usage(FILE *out)
             "                           bert.pooling_type says, decoders take the last token\n"
             "      --pooling P          cls, mean or last (cls: bert only)\n"
             "      --prefill-budget-mb N  working memory of the prefill: steps that do not\n"
-            "                           fit are partitioned (engine/prefill.h; default none)\n"
+            "                           fit are partitioned (engine/model/prefill.h; default none)\n"
             "      --resident-small-mb N  weights stream per layer but the smallest fragments,\n"
             "                           up to N MiB (mapped weights; default: all resident)\n"
             "      --plan               print the prefill's memory plan for the prompt (or\n"

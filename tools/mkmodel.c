@@ -24,9 +24,9 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 
 static const struct {
     const char *name;

@@ -28,7 +28,7 @@
 #include <json-c/json.h>
 
 #include "client/llms.h"
-#include "engine/utf8.h"
+#include "engine/tok/utf8.h"
 
 /* The daemon's own limit on max_tokens (daemon/config.c). */
 #define MAX_TOKENS_LIMIT (1 << 24)

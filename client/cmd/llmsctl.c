@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/utf8.h"
+#include "engine/tok/utf8.h"
 
 static int json;
 static long plan_tokens = -1; /* plan --prompt-tokens */

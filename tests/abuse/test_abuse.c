@@ -29,8 +29,8 @@
 #include <unistd.h>
 
 #include "client/llms.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "proto/frame.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"

@@ -9,9 +9,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "daemon/ctxmgr.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
+#include "daemon/ctx/ctxmgr.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
 #include "storage/store.h"
 #include "tests/support/test.h"
 

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/ctxmem.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "daemon/ctx/ctxmem.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "storage/chunks.h"
 #include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"

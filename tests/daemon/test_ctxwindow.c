@@ -1,5 +1,5 @@
 /*
- * test_ctxwindow.c — the sliding window of daemon/ctxwindow.c: after a slide the KV is
+ * test_ctxwindow.c — the sliding window of daemon/ctx/ctxwindow.c: after a slide the KV is
  * what a prefill of the kept tokens gives, the commit stores the whole turn and the new
  * window and deletes the dropped chunks' blobs (no orphan rows or files), the window
  * comes back after a restart, and a call that slid but did not commit leaves the
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/ctxmem.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "daemon/ctx/ctxmem.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "storage/chunks.h"
 #include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"

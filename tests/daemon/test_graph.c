@@ -1,5 +1,5 @@
 /* test_graph.c — workflow graphs: checks, conditions, templates, built-ins, runs. */
-#include "daemon/graph.h"
+#include "daemon/graph/graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>

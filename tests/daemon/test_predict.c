@@ -1,5 +1,5 @@
 /*
- * Tests of the predictor's choices (daemon/predict.c) on a real store: knowledge-based
+ * Tests of the predictor's choices (daemon/rag/predict.c) on a real store: knowledge-based
  * prediction (an abstract first, then a question per stride-th new passage), history-based
  * paraphrases and follow-ups, the cache scheduler (prefill only at or above
  * tau_scheduler, decoded below, QKV->QA and QA->QKV conversions), the budget of an idle
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/predict.h"
+#include "daemon/rag/predict.h"
 #include "storage/kb.h"
 #include "tests/support/test.h"
 

@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "proto/frame.h"
 #include "tests/support/test.h"
 

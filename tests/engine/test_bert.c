@@ -1,5 +1,5 @@
 /*
- * The bert and nomic-bert encoders (engine/bert.c) against the double-precision
+ * The bert and nomic-bert encoders (engine/encoder/bert.c) against the double-precision
  * reference (tests/support/ref_bert.c) on generated models of every matrix type: hidden
  * rows of every layer, pooled embeddings, the cross-encoder head, independence from the
  * other sequences of a batch, nomic-bert's optional biases, and clear errors for bad
@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/bert.h"
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "engine/encoder/bert.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/support/ref_bert.h"
 #include "tests/support/test.h"
 

@@ -1,11 +1,11 @@
-/* Tests of engine/blas.c: OpenBLAS loaded at run time, with kernels fit for the CPU. */
+/* Tests of engine/quant/blas.c: OpenBLAS loaded at run time, with kernels fit for the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/blas.h"
+#include "engine/quant/blas.h"
 #include "tests/support/test.h"
 
 /* C = A (m, k) * op(B), in double, row-major. */

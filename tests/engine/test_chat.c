@@ -2,7 +2,7 @@
  * llama.cpp's llm_chat_apply_template() for the same conversation. */
 #include <string.h>
 
-#include "engine/chat.h"
+#include "engine/tok/chat.h"
 #include "tests/support/test.h"
 
 /* Distinctive parts of real tokenizer.chat_template values. */

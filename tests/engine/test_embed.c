@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/embed.h"
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/model/embed.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 #define DIM 64

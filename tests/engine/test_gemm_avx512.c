@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/ops.h"
-#include "engine/quant.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
 #include "engine/threadpool.h"
 #include "tests/support/test.h"
 
 #if defined(__x86_64__)
-#include "engine/gemm_avx512.h"
+#include "engine/quant/gemm_avx512.h"
 
 static float frand(unsigned *s)
 {

@@ -1,11 +1,11 @@
 /* Tests of the GGUF reader and writer: real files, round trips, and malformed input. */
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 /* ---- helpers ---- */

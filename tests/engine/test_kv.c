@@ -1,7 +1,7 @@
 /* KV chunks: pool reuse and cap, sequence reserve / append / push / truncate. */
 #include <string.h>
 
-#include "engine/kv.h"
+#include "engine/kv/kv.h"
 #include "tests/support/test.h"
 
 static const kv_shape SHAPE = {3, 2, 8};

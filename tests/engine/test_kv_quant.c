@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv.h"
-#include "engine/kv_quant.h"
-#include "engine/quant.h"
+#include "engine/kv/kv.h"
+#include "engine/kv/kv_quant.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 static const kv_shape SHAPE = {3, 2, 80}; /* head_dim 80: V groups of 32, 32 and 16 */

@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
 

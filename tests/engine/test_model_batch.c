@@ -22,9 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 #define TOL_MIXED_FLOAT 1e-3

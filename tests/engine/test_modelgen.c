@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 static modelgen_params small_params(uint64_t seed, int n_threads)

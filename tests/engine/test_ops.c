@@ -2,8 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/ops.h"
-#include "engine/quant.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 static float frand(unsigned *s)

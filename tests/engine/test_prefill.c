@@ -1,5 +1,5 @@
 /*
- * The prefill memory plan (engine/prefill.h) and the partitioned forward it chooses.
+ * The prefill memory plan (engine/model/prefill.h) and the partitioned forward it chooses.
  *
  * - The estimate is held to what the runner really allocates (model_runner_scratch_bytes)
  *   within EST_MARGIN, over shapes, rows, score blocks, contexts and threads.
@@ -18,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/prefill.h"
-#include "engine/quant.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/prefill.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 #define EST_MARGIN 0.02

@@ -1,5 +1,5 @@
 /* Tests of the GGUF tensor type table. */
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 static void block_sizes_match_gguf_layouts(void)

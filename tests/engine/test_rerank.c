@@ -12,15 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/kmeans1d.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/modelgen.h"
-#include "engine/ops.h"
-#include "engine/quant.h"
-#include "engine/rerank.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/encoder/kmeans1d.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
+#include "engine/encoder/rerank.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/support/gguf_copy.h"
 #include "tests/support/test.h"
 

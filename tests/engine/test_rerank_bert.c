@@ -1,5 +1,5 @@
 /*
- * GRATING reranking on bert cross-encoders (engine/rerank.c's encoder path), on a
+ * GRATING reranking on bert cross-encoders (engine/encoder/rerank.c's encoder path), on a
  * random encoder with the shared bge vocabulary: the full forward's scores and order
  * against the reference encoder and head (tests/support/ref_bert.c), pruning with
  * intermediate exits, steps against one run (equal up to the rounding of other matrix
@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/rerank.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/encoder/rerank.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/support/ref_bert.h"
 #include "tests/support/test.h"
 

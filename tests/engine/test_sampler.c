@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/sampler.h"
-#include "engine/stop.h"
+#include "engine/model/sampler.h"
+#include "engine/tok/stop.h"
 #include "tests/support/test.h"
 
 /* Parameters with every truncation off, temperature 1 and a fixed seed. */

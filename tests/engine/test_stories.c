@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv_calib.h"
-#include "engine/model.h"
-#include "engine/sampler.h"
+#include "engine/kv/kv_calib.h"
+#include "engine/model/model.h"
+#include "engine/model/sampler.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
 

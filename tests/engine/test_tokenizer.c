@@ -3,7 +3,7 @@
  * vocabularies (exact ids), round trips, special tokens, pre-tokenizer splits, small
  * hand-built vocabularies, and malformed metadata.
  */
-#include "engine/tokenizer.h"
+#include "engine/tok/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/utf8.h"
+#include "engine/tok/utf8.h"
 #include "tests/support/test.h"
 
 static void sequences(void)

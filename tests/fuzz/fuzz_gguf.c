@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
 /* Reads every byte of s so ASan checks that it lies inside the input. */
 static unsigned touch(gguf_str s)

@@ -1,4 +1,4 @@
-/* libFuzzer target for workflow graphs (daemon/graph.h), which llmsd compiles from any
+/* libFuzzer target for workflow graphs (daemon/graph/graph.h), which llmsd compiles from any
  * client's GraphCreate. The first input byte picks the mode:
  *   0 mod 4: the rest is a packed GraphDef, compiled as GraphCreate would;
  *   2 mod 4: a built-in template (the next byte picks which), so runs get deep quickly;
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/graph.h"
+#include "daemon/graph/graph.h"
 
 #define FUZZ_MAX_STEPS 32
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/tokenizer.h"
+#include "engine/tok/tokenizer.h"
 
 static void exercise(const tokenizer *t, const char *text, size_t len, bool must_round_trip)
 {

@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "client/llms.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
 /* The frame limit every test daemon is configured with. */

@@ -9,10 +9,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/utf8.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/utf8.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

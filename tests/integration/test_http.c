@@ -1,5 +1,5 @@
 /*
- * The HTTP gateway (daemon/http.h) end to end: a real llmsd of this build with
+ * The HTTP gateway (daemon/net/http.h) end to end: a real llmsd of this build with
  * http_socket and http_listen, spoken to with a small HTTP client (httpc.h) and
  * checked against the same daemon's native answers through libllmsclient: chat,
  * completions (plain and streamed), embeddings (float and base64), contexts through
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"

@@ -1,5 +1,5 @@
 /*
- * Who may reach the HTTP gateway (daemon/http.h): its Unix socket gets the clients'
+ * Who may reach the HTTP gateway (daemon/net/http.h): its Unix socket gets the clients'
  * group and socket_mode, so a member of that group connects and reads nothing of the
  * state directory, and a user outside it cannot connect; the TCP gateway's tokens file
  * is refused (llmsd does not start, the error names the file and line) when it is unsafe
@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

@@ -1,5 +1,5 @@
 /*
- * The HTTP gateway in front of several models (daemon/http.h "Models"): one llmsd with
+ * The HTTP gateway in front of several models (daemon/net/http.h "Models"): one llmsd with
  * two generate models of the shared test data, stories260K (the default, no chat
  * template: plain) and TinyStories-656K-Q8_0 given a chatml template ("tiny"), and a
  * generated bert encoder ("enc", embed). /v1/models lists them with their roles; a chat
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/chat.h"
+#include "engine/tok/chat.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/gguf_copy.h"

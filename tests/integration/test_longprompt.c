@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/llmsd_proc.h"
 
 static char llmsd_path[1024], llmsctl_path[1100], model_path[1024];

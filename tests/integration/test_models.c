@@ -13,11 +13,11 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/bert.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/rerank.h"
-#include "engine/tokenizer.h"
+#include "engine/encoder/bert.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/encoder/rerank.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

@@ -14,10 +14,10 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

@@ -1,5 +1,5 @@
 /*
- * Idle-time prediction and the cache scheduler end to end (daemon/predict.h): a real
+ * Idle-time prediction and the cache scheduler end to end (daemon/rag/predict.h): a real
  * llmsd fills its caches with predicted queries while idle, a real query reuses them
  * (greedy answer equal to a fresh one), CacheTune moves the cache scheduler between
  * prefill-only and decoded population with conversions, and a real request that arrives
@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/integration/rawframe.h"
 #include "tests/support/test.h"

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

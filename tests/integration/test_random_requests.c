@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 
 #include "client/llms.h"
-#include "engine/modelgen.h"
+#include "engine/gguf/modelgen.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/integration/rawframe.h"
 #include "tests/support/test.h"

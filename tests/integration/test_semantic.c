@@ -14,10 +14,10 @@
 #include <string.h>
 
 #include "client/llms.h"
-#include "engine/embed.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/rerank.h"
+#include "engine/model/embed.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/encoder/rerank.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 

@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "client/llms.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
 #include "proto/frame.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/integration/rawframe.h"

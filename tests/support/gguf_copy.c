@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
 int gguf_copy_with_str(const char *src, const char *dst, const char *key, const char *value,
                        char err[ERR_MAX])

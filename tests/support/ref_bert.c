@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 
 typedef struct rb_layer {
     double *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;

@@ -1,6 +1,6 @@
 /*
  * ref_bert.h — a plain reference forward for bert and nomic-bert GGUF encoders, in double
- * precision from dequantized weights, written independently of engine/bert.c so the
+ * precision from dequantized weights, written independently of engine/encoder/bert.c so the
  * optimized encoder can be checked against it.
  */
 #ifndef LLMS_TEST_REF_BERT_H
@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
 typedef struct ref_bert ref_bert;
 

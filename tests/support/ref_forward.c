@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant.h"
+#include "engine/quant/quant.h"
 
 typedef struct ref_layer {
     double *attn_norm, *ffn_norm;     /* (dim) */

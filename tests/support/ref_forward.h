@@ -1,7 +1,7 @@
 /*
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 GGUF models,
  * in double precision from dequantized weights, written independently of
- * engine/model.c so the optimized forward can be checked against it.
+ * engine/model/model.c so the optimized forward can be checked against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H
@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/gguf.h"
 
 typedef struct ref_model ref_model;
 

@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/bert.h"
-#include "engine/gguf.h"
-#include "engine/modelgen.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "engine/encoder/bert.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
 #include "tests/support/test.h"
 
 static char llms_run[1024];

@@ -1,0 +1,163 @@
+/*
+ * models.h — the model registry: every model llmsd serves, by name, with its roles.
+ *
+ * A model has a name (1..MODELS_NAME_MAX bytes of [A-Za-z0-9._-]), a GGUF file and one or
+ * more roles: generate (Call, Complete, contexts), embed (Embed) and rerank (Rerank,
+ * RerankCalibrate). A request names a model or gets the default of its role: the first
+ * model given that role explicitly (model.NAME lines, embed_model, rerank_model), else
+ * the generate model, which embeds and reranks when nothing else does (the behaviour of
+ * a daemon with one model). Any number of decoders may generate; the first in registry
+ * order is the default generate model. The scheduler gives each generate model its own
+ * runner, KV pool and context manager (daemon/models/genmodel.h); what runs on one model only
+ * (decoder embeddings, retrieval's generation, prediction) uses the default, which
+ * therefore cannot be unloaded and is the only decoder that may embed.
+ *
+ * Each file is opened once: the generate model and every embed encoder at start (or at
+ * models_load), each reranker on its first call (engine/encoder/rerank.h opens its own file,
+ * streaming layers or mapping it; a file shared with another role maps the same page
+ * cache pages). Only the worker thread touches a registry after models_open returns,
+ * except through models_view_update, which any thread may call: the event loop (the
+ * HTTP gateway) learns the models' names, roles and chat templates from it.
+ */
+#ifndef LLMS_MODELS_H
+#define LLMS_MODELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "engine/encoder/bert.h"
+#include "engine/tok/chat.h"
+#include "engine/err.h"
+#include "engine/gguf/gguf.h"
+#include "engine/model/model.h"
+#include "engine/encoder/rerank.h"
+#include "engine/tok/tokenizer.h"
+#include "proto/llms.pb-c.h"
+
+enum models_role {
+    MODELS_GENERATE = 1,
+    MODELS_EMBED = 2,
+    MODELS_RERANK = 4,
+};
+#define MODELS_ROLES_ALL (MODELS_GENERATE | MODELS_EMBED | MODELS_RERANK)
+
+enum models_type { MODELS_DECODER, MODELS_ENCODER, MODELS_CROSS_ENCODER };
+
+typedef struct models_entry {
+    char name[MODELS_NAME_MAX + 1];
+    char path[CONFIG_PATH_MAX];
+    char arch[32];                  /* general.architecture */
+    enum models_type type;
+    unsigned roles;                 /* enum models_role bits */
+    unsigned fallback;              /* roles it has only until another model takes them
+                                       (the generate model's embed and rerank) */
+    uint64_t file_bytes;
+    model *m;                       /* a generate model's weights (NULL for the others) */
+    enum chat_family family;        /* a generate model's chat template (else CHAT_PLAIN) */
+    bool copied;                    /* m was read into private memory (model_load = copy) */
+    /* An encoder with the embed role: mapped with its tokenizer and runner. */
+    bert_model *enc;
+    tokenizer *enc_tok;
+    bert_runner *enc_r;
+    /* The rerank role: opened on the first Rerank (models_reranker). */
+    reranker *rr;
+    bool rr_busy;                   /* a rerank or calibration task holds rr */
+    uint64_t rr_peak_bytes;         /* memory its last call held */
+    int running;                    /* tasks using it (an unload waits for none) */
+    struct models_entry *next;
+} models_entry;
+
+typedef struct models models;
+
+/* One model as other threads see it. */
+typedef struct models_view_entry {
+    char name[MODELS_NAME_MAX + 1];
+    unsigned roles;          /* enum models_role bits it answers now (fallbacks included) */
+    unsigned defaults;       /* the roles it is the default for */
+    enum chat_family family; /* a generate model's chat template (else CHAT_PLAIN) */
+} models_view_entry;
+
+/* A copy of the registry's names and roles that a thread other than the worker keeps
+ * (zeroed before the first update). */
+typedef struct models_view {
+    models_view_entry *entries; /* (n) in registry order; cap allocated */
+    size_t n, cap;
+    uint64_t version;           /* of the registry when copied; 0: never */
+} models_view;
+
+/* Opens every model of the settings (model, embed_model, rerank_model, model.NAME lines)
+ * with load as the generate model's gguf_load. NULL + err naming the model when a file
+ * cannot be opened, is not of a kind its roles need, two names clash, or the settings
+ * name no generate model. */
+models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX]);
+
+/* NULL is allowed. Frees every model; no task may hold one. */
+void models_free(models *r);
+
+/* The default generate model: the first with the role (never NULL after models_open). */
+models_entry *models_generate(models *r);
+
+/* The model named name, NULL when none. */
+models_entry *models_find(models *r, const char *name);
+
+/* The first model, in registry order; entries follow through ->next. */
+const models_entry *models_first(const models *r);
+
+/* The model a request of role runs on: the one named (NULL or "": the role's default).
+ * LLMS__ERROR_CODE__OK and *out, else NOT_FOUND (no such name: err names the known
+ * models) or INVALID_ARGUMENT (it lacks the role: err names its roles). */
+Llms__ErrorCode models_resolve(models *r, const char *name, enum models_role role,
+                               models_entry **out, char err[ERR_MAX]);
+
+/* Whether e answers role when a request names no model. */
+bool models_is_default(const models *r, const models_entry *e, enum models_role role);
+
+/* Adds a model at run time: roles 0 takes them from the file's kind (an encoder embeds,
+ * a decoder or a cross-encoder reranks). OK, or the code of the error in err:
+ * INVALID_ARGUMENT for a bad name, a file that does not open or roles it cannot serve;
+ * FAILED_PRECONDITION for a name or file in use; INTERNAL when memory runs out. A
+ * generate model's weights are loaded here; the caller (the scheduler) builds its runner
+ * and contexts. */
+Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsigned roles,
+                            char err[ERR_MAX]);
+
+/* Removes a model. NOT_FOUND for an unknown name; FAILED_PRECONDITION for the default
+ * generate model and while a task uses it (e->running: the caller retries after it
+ * ends). Another generate model's runner and contexts are the caller's to free first. */
+Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX]);
+
+/* Brings v up to the registry as it is now (every models_open, models_load and
+ * models_unload publishes its result before returning); safe from any thread, cheap
+ * when nothing changed (a lock and a compare). 0, or -1 when memory runs out (v keeps
+ * what it had). */
+int models_view_update(models *r, models_view *v);
+
+/* Frees what v holds (v itself is the caller's). */
+void models_view_free(models_view *v);
+
+/* The reranker of a model with the rerank role, opened on first use with options. NULL
+ * + err when the file does not open as a reranker. */
+reranker *models_reranker(models_entry *e, const rerank_options *options, char err[ERR_MAX]);
+
+/* Roles parsed from "generate,embed,rerank" (any order, no repeats). -1 + err. */
+int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX]);
+
+/* Whether name is a valid model name. */
+bool models_name_ok(const char *name);
+
+/* Bytes of e's file in memory now (page cache pages of the mapping, or the copy), plus
+ * the private memory its repacked weights added (model_repacked_bytes). */
+uint64_t models_resident_bytes(const models_entry *e);
+
+/* Bytes of its runners' working memory that the registry holds (encoder runner, the
+ * reranker's last peak); the generate model's runner belongs to the scheduler. */
+uint64_t models_scratch_bytes(const models_entry *e);
+
+/* "decoder", "encoder" or "cross-encoder". */
+const char *models_type_name(enum models_type t);
+
+/* Names of a role bit ("generate", "embed", "rerank"). */
+const char *models_role_name(enum models_role role);
+
+#endif

@@ -1,0 +1,86 @@
+/*
+ * http.h — the OpenAI-compatible HTTP gateway: HTTP/1.1 (daemon/net/httpwire.h) on a Unix
+ * socket (http_socket) and/or a loopback TCP port (http_listen), JSON through json-c.
+ *
+ * Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
+ * POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /health, GET /metrics.
+ *
+ * Every request becomes the native Request a client would send (Complete, Call, Embed,
+ * Rerank, Status) on a connection of its own whose id has HTTP_CONN_BIT set: it binds
+ * through session_handle like a native connection (the same app identity, checks and
+ * limits), goes to the same scheduler, and its Response frames come back through the
+ * outq to http_deliver, which writes JSON or Server-Sent Events. When the HTTP client
+ * goes away before the answer, the connection is closed towards the worker exactly as
+ * a native one is (SCHED_CLOSED), which cancels the generation.
+ *
+ * Models: a request's "model" names any model of the registry (absent: the route's
+ * default, as a native request naming none). Completions and chats go to that model
+ * (CompleteRequest.model, CallRequest.model), a chat rendered with its chat template;
+ * embeddings and rerank pass it on (EmbedRequest.model, RerankRequest.model) and the
+ * worker checks the role; /v1/llmsd/rag takes only the default generate model. A name
+ * the registry does not hold is 404 model_not_found; /v1/models lists every model. The
+ * gateway runs on the event loop, which must not touch the registry: at each request it
+ * brings its copy of the registry's names, roles and templates up to date with
+ * models_view_update (the worker publishes one after every load and unload), so a model
+ * is usable over HTTP once its load has answered and gone once its unload has.
+ *
+ * Identity: on the Unix socket the peer's uid (SO_PEERCRED) and the app named by the
+ * X-Llmsd-App header (default FRAME_DEFAULT_APP, "default", as every client); on TCP the bearer token, mapped to (uid, app) by
+ * http_tokens_file. /metrics needs an admin (as llmsctl status): uid 0 or admin_group
+ * on the socket, a token marked admin on TCP. /health needs no identity.
+ *
+ * What one local user can make the gateway hold is bounded as for native connections:
+ * its connections count in the daemon's max_connections and max_connections_per_uid
+ * (on the Unix socket under the peer's uid from the accept; on TCP under the uid of the
+ * token once a request names one, before that under http_max_unauthenticated_connections),
+ * past which a connection is answered 429 (its uid) or 503 (everyone's) and closed; a
+ * request head must arrive within http_header_timeout_ms and a body within
+ * http_body_timeout_ms plus a second a MiB (408 and the close after); a body is read only
+ * after its request is known to be acceptable, and its Content-Length is first reserved
+ * from http_max_body_buffered_bytes_per_uid (429 past it) and
+ * http_max_body_buffered_bytes (503), given back once it is parsed.
+ */
+#ifndef LLMS_HTTP_H
+#define LLMS_HTTP_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/config.h"
+#include "daemon/models/models.h"
+#include "daemon/sched/sched.h"
+#include "engine/tok/chat.h"
+#include "engine/err.h"
+
+/* Connection ids of HTTP requests have this bit; native connections count from 1. */
+#define HTTP_CONN_BIT (UINT64_C(1) << 63)
+
+typedef struct http http;
+struct server;
+
+/* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
+ * least one is set). srv is the native server, whose session environment the requests go
+ * through and whose connection counts the gateway's connections join; reg the model
+ * registry (both outlive the gateway), of which the gateway only calls
+ * models_view_update. NULL + err when a listener cannot be opened, http_listen is not a
+ * loopback address (and http_allow_remote is 0), or the tokens file is unreadable or
+ * malformed. */
+http *http_new(struct event_base *base, const config *cfg, struct server *srv, models *reg,
+               char err[ERR_MAX]);
+
+/* A Response frame (header and body; not taken) from the worker for connection id
+ * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */
+void http_deliver(http *h, uint64_t conn_id, const uint8_t *frame, size_t len, bool droppable);
+
+/* Shutdown began: new requests are answered 503, /health says so. */
+void http_shutdown(http *h);
+
+/* The worker has exited: requests still waiting are answered 503. */
+void http_worker_done(http *h);
+
+/* Closes the listeners (removing the socket file) and frees everything. NULL is fine. */
+void http_free(http *h);
+
+#endif

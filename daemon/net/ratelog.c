@@ -1,0 +1,31 @@
+/*
+ * ratelog.c — rate-limited warnings (ratelog.h).
+ */
+#include "daemon/net/ratelog.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+void ratelog_warn(ratelog *l, const char *fmt, ...)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (l->last_ms && now - l->last_ms < RATELOG_EVERY_MS) {
+        l->suppressed++;
+        return;
+    }
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (l->suppressed)
+        fprintf(stderr, "llmsd: warn: %s (%u more like it since the last line)\n", line,
+                l->suppressed);
+    else
+        fprintf(stderr, "llmsd: warn: %s\n", line);
+    l->last_ms = now;
+    l->suppressed = 0;
+}

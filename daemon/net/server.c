@@ -1,0 +1,876 @@
+/*
+ * server.c — libevent listener, bufferevent connections, frame reading, reply delivery.
+ */
+#include "daemon/net/server.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/net/http.h"
+#include "daemon/notify.h"
+#include "daemon/net/ratelog.h"
+#include "daemon/net/resp.h"
+#include "daemon/net/session.h"
+#include "proto/frame.h"
+
+#define CONN_BUCKETS 256
+#define GRACE_SECONDS 5 /* longest wait for replies to drain at shutdown */
+/* Descriptors kept for everything but connections: the store's files, the model, the
+ * listener, the eventfd, the journal. */
+#define FD_RESERVE 64
+/* Bytes of frames one read callback decodes before it lets other connections run. */
+#define READ_SLICE_BYTES (256u << 10)
+/* What one read takes from the socket when no frame is half there (libevent's own). */
+#define READ_CHUNK_BYTES 16384
+/* A large frame's deadline grows with its size: a MiB a second is far below what any
+ * local client sends, however loaded the machine. */
+#define FRAME_MS_PER_MIB 1000
+
+typedef struct uid_conns {
+    uid_t uid;
+    unsigned n;
+    size_t buffered;        /* bytes its connections' partial large frames reserve */
+} uid_conns;
+
+typedef struct conn {
+    server *srv;
+    struct bufferevent *bev;
+    struct event *timer;    /* the Bind deadline, then the idle timeout */
+    session ss;
+    bool closing;           /* an error was sent: close once it is written */
+    bool throttled;         /* reading paused: too many unread replies */
+    bool streams_cancelled; /* CANCEL_STREAMS sent during this throttling */
+    size_t reserved;        /* bytes of max_buffered_bytes its partial frame holds */
+    struct event *frame_timer; /* the deadline of a partial frame that reserves bytes */
+    unsigned in_flight;     /* requests sent to the worker and not answered yet */
+    int64_t last_active_ms;
+    struct conn *hnext;     /* hash bucket chain */
+} conn;
+
+struct server {
+    struct event_base *base;
+    const config *cfg;
+    sched *sch;
+    outq *out;
+    session_env senv;
+    struct evconnlistener *listener;
+    bool owns_path;         /* we bound the socket file: remove it at exit */
+    struct event *out_ev;
+    struct event *grace_ev;
+    bool shutting, worker_done;
+    bool have_admin_gid;
+    gid_t admin_gid;
+    uint64_t next_id;
+    unsigned n_conns;       /* native connections */
+    unsigned n_gateway;     /* the HTTP gateway's connections (server_conn_add) */
+    unsigned max_conns;     /* max_connections within the open-file limit */
+    size_t buffered;        /* bytes reserved by partial large frames */
+    uid_conns *uids;        /* connections per peer uid (uids with any) */
+    size_t n_uids, cap_uids;
+    struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
+    ratelog log_accept, log_refused;
+    http *gw;               /* the HTTP gateway, when one is configured */
+    conn *buckets[CONN_BUCKETS];
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uid_conns *uid_find(server *srv, uid_t uid)
+{
+    for (size_t i = 0; i < srv->n_uids; i++)
+        if (srv->uids[i].uid == uid)
+            return &srv->uids[i];
+    return NULL;
+}
+
+/* Counts a connection of uid; -1 when memory runs out. */
+static int uid_add(server *srv, uid_t uid)
+{
+    uid_conns *u = uid_find(srv, uid);
+    if (u) {
+        u->n++;
+        return 0;
+    }
+    if (srv->n_uids == srv->cap_uids) {
+        size_t cap = srv->cap_uids ? srv->cap_uids * 2 : 16;
+        uid_conns *p = realloc(srv->uids, cap * sizeof *p);
+        if (!p)
+            return -1;
+        srv->uids = p;
+        srv->cap_uids = cap;
+    }
+    srv->uids[srv->n_uids++] = (uid_conns){uid, 1, 0};
+    return 0;
+}
+
+static void uid_remove(server *srv, uid_t uid)
+{
+    uid_conns *u = uid_find(srv, uid);
+    if (u && --u->n == 0)
+        *u = srv->uids[--srv->n_uids];
+}
+
+/* Whether one more connection (of uid, when with_uid) fits max_connections and
+ * max_connections_per_uid, counting the gateway's beside the native ones. */
+static enum server_admit admit(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
+{
+    unsigned all = srv->n_conns + srv->n_gateway;
+    if (all >= srv->max_conns) {
+        snprintf(msg, cap, "the daemon has %u connections, the limit (max_connections)", all);
+        return SERVER_ADMIT_FULL;
+    }
+    uid_conns *u = with_uid ? uid_find(srv, uid) : NULL;
+    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
+        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
+                 (unsigned)uid, u->n);
+        return SERVER_ADMIT_UID_FULL;
+    }
+    return SERVER_ADMIT_OK;
+}
+
+static conn **bucket(server *srv, uint64_t id)
+{
+    return &srv->buckets[id % CONN_BUCKETS];
+}
+
+static conn *conn_lookup(server *srv, uint64_t id)
+{
+    for (conn *c = *bucket(srv, id); c; c = c->hnext)
+        if (c->ss.conn_id == id)
+            return c;
+    return NULL;
+}
+
+static void maybe_exit(server *srv)
+{
+    if (srv->worker_done && srv->n_conns == 0)
+        event_base_loopexit(srv->base, NULL);
+}
+
+static void release_buffered(conn *c)
+{
+    if (!c->reserved)
+        return;
+    uid_conns *u = uid_find(c->srv, c->ss.uid);
+    if (u)
+        u->buffered -= c->reserved;
+    c->srv->buffered -= c->reserved;
+    c->reserved = 0;
+    evtimer_del(c->frame_timer);
+}
+
+/* Frees a connection; tell_worker when its requests must be dropped. */
+static void conn_free(conn *c, bool tell_worker)
+{
+    server *srv = c->srv;
+    if (tell_worker && !srv->worker_done) {
+        sched_job *j = sched_job_new(SCHED_CLOSED, c->ss.conn_id);
+        if (j) {
+            j->uid = c->ss.uid;
+            if (c->ss.bound)
+                snprintf(j->app, sizeof j->app, "%s", c->ss.app);
+            sched_submit(srv->sch, j);
+        }
+    }
+    conn **pp = bucket(srv, c->ss.conn_id);
+    while (*pp != c)
+        pp = &(*pp)->hnext;
+    *pp = c->hnext;
+    release_buffered(c);
+    uid_remove(srv, c->ss.uid);
+    event_free(c->timer);
+    event_free(c->frame_timer);
+    bufferevent_free(c->bev);
+    free(c);
+    srv->n_conns--;
+    sched_set_connections(srv->sch, srv->n_conns);
+    maybe_exit(srv);
+}
+
+static void conn_send(void *arg, uint8_t *frame, size_t len)
+{
+    conn *c = arg;
+    evbuffer_add(bufferevent_get_output(c->bev), frame, len);
+    free(frame);
+}
+
+/* Counts a request handed to the worker: the connection is not idle until it ends. */
+static void conn_submitted(void *arg)
+{
+    conn *c = arg;
+    c->in_flight++;
+}
+
+/* Distinct app names, other than name, that connections of uid are bound to. */
+static int server_bound_names(void *arg, uid_t uid, const char *name)
+{
+    server *srv = arg;
+    uid_conns *u = uid_find(srv, uid);
+    const char **names = u ? malloc(u->n * sizeof *names) : NULL;
+    if (!names)
+        return 0;
+    unsigned k = 0;
+    int distinct = 0;
+    for (int b = 0; b < CONN_BUCKETS; b++)
+        for (conn *c = srv->buckets[b]; c && k < u->n; c = c->hnext) {
+            if (c->ss.uid != uid || !c->ss.bound || strcmp(c->ss.app, name) == 0)
+                continue;
+            bool dup = false;
+            for (unsigned i = 0; i < k && !dup; i++)
+                dup = strcmp(names[i], c->ss.app) == 0;
+            names[k++] = c->ss.app;
+            distinct += !dup;
+        }
+    free(names);
+    return distinct;
+}
+
+
+/* Answers a framing error with id 0 and closes the connection once it is written. */
+static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+        conn_send(c, buf, len);
+    c->closing = true;
+    release_buffered(c);
+    bufferevent_disable(c->bev, EV_READ);
+    evbuffer_drain(bufferevent_get_input(c->bev), evbuffer_get_length(bufferevent_get_input(c->bev)));
+}
+
+/* Whether the connection is past the Bind deadline's reach: bound, or an admin's, whose
+ * tools make their calls without binding. */
+static bool conn_settled(const conn *c)
+{
+    return c->ss.bound || c->ss.admin;
+}
+
+/* Arms the connection's timer for the Bind deadline or, once settled, the idle timeout. */
+static void conn_arm_timer(conn *c)
+{
+    const config *cfg = c->srv->cfg;
+    int ms = conn_settled(c) ? cfg->idle_timeout_ms : cfg->bind_timeout_ms;
+    if (ms <= 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+static void conn_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn *c = arg;
+    const config *cfg = c->srv->cfg;
+    char msg[128];
+    if (c->closing)
+        return;
+    if (!conn_settled(c)) {
+        snprintf(msg, sizeof msg, "no Bind within bind_timeout_ms (%d ms)", cfg->bind_timeout_ms);
+        conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+        return;
+    }
+    int64_t idle = now_ms() - c->last_active_ms;
+    if (c->in_flight > 0 || idle < cfg->idle_timeout_ms) {
+        int64_t left = c->in_flight > 0 ? cfg->idle_timeout_ms : cfg->idle_timeout_ms - idle;
+        struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
+        evtimer_add(c->timer, &tv);
+        return;
+    }
+    snprintf(msg, sizeof msg, "idle for idle_timeout_ms (%d ms)", cfg->idle_timeout_ms);
+    conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+}
+
+/* How long a frame of need bytes may take to arrive whole after its header. */
+static int frame_deadline_ms(const config *cfg, size_t need)
+{
+    int64_t ms = cfg->frame_body_timeout_ms + (int64_t)(need >> 20) * FRAME_MS_PER_MIB;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* A partial large frame past its deadline: the connection holds memory it does not use. */
+static void conn_frame_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    conn *c = arg;
+    if (c->closing || !c->reserved)
+        return;
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "a frame of %zu bytes did not arrive whole within %d ms of its header "
+             "(frame_body_timeout_ms plus %d ms a MiB)",
+             c->reserved, frame_deadline_ms(c->srv->cfg, c->reserved), FRAME_MS_PER_MIB);
+    conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
+}
+
+/*
+ * Makes room in the input for a frame of need bytes (header included) and no more, so
+ * that a connection holds at most one frame. A frame over SERVER_SMALL_FRAME first
+ * takes its size from max_buffered_bytes and from its uid's max_buffered_bytes_per_uid,
+ * and must then arrive within frame_deadline_ms; false, with msg saying which budget is
+ * spent, when one is.
+ */
+static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
+{
+    server *srv = c->srv;
+    const config *cfg = srv->cfg;
+    if (need > SERVER_SMALL_FRAME && c->reserved < need) {
+        size_t more = need - c->reserved;
+        uid_conns *u = uid_find(srv, c->ss.uid);
+        if (u && u->buffered + more > (size_t)cfg->max_buffered_bytes_per_uid) {
+            snprintf(msg, cap,
+                     "uid %u already holds max_buffered_bytes_per_uid (%d) of partial frames; "
+                     "send frames under %u bytes or one at a time",
+                     (unsigned)c->ss.uid, cfg->max_buffered_bytes_per_uid, SERVER_SMALL_FRAME);
+            return false;
+        }
+        if (srv->buffered + more > (size_t)cfg->max_buffered_bytes) {
+            snprintf(msg, cap,
+                     "the daemon already holds max_buffered_bytes (%d) of partial frames; "
+                     "send frames under %u bytes or retry later",
+                     cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
+            return false;
+        }
+        if (!c->reserved) {
+            int ms = frame_deadline_ms(cfg, need);
+            struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+            evtimer_add(c->frame_timer, &tv);
+        }
+        if (u)
+            u->buffered += more;
+        srv->buffered += more;
+        c->reserved = need;
+    }
+    bufferevent_setwatermark(c->bev, EV_READ, 0, need > READ_CHUNK_BYTES ? need : READ_CHUNK_BYTES);
+    return true;
+}
+
+static void conn_read(struct bufferevent *bev, void *arg)
+{
+    conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const config *cfg = c->srv->cfg;
+    size_t decoded = 0;
+    while (!c->closing && !c->throttled) {
+        size_t avail = evbuffer_get_length(in);
+        char msg[200];
+        if (avail < FRAME_HEADER_BYTES) {
+            conn_expect(c, FRAME_HEADER_BYTES, msg, sizeof msg);
+            return;
+        }
+        if (decoded >= READ_SLICE_BYTES) {
+            /* The rest waits for the next loop iteration, after the other connections. */
+            bufferevent_trigger(bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+            return;
+        }
+        uint32_t body;
+        uint32_t max = c->ss.bound || (uint32_t)cfg->max_unbound_frame_bytes > cfg->max_frame_bytes
+                           ? cfg->max_frame_bytes
+                           : (uint32_t)cfg->max_unbound_frame_bytes;
+        enum frame_status st = frame_peek(evbuffer_pullup(in, FRAME_HEADER_BYTES),
+                                          FRAME_HEADER_BYTES, max, &body);
+        if (st == FRAME_TOO_LARGE) {
+            if (c->ss.bound)
+                snprintf(msg, sizeof msg, "frame of %u bytes exceeds max_frame_bytes (%u)", body, max);
+            else
+                snprintf(msg, sizeof msg,
+                         "frame of %u bytes before Bind exceeds max_unbound_frame_bytes (%u)",
+                         body, max);
+            conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        if (st == FRAME_EMPTY) {
+            conn_fail(c, LLMS__ERROR_CODE__MALFORMED_FRAME, "empty frame");
+            return;
+        }
+        size_t need = FRAME_HEADER_BYTES + (size_t)body;
+        if (avail < need) {
+            if (!conn_expect(c, need, msg, sizeof msg))
+                conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        c->last_active_ms = now_ms();
+        uint8_t *p = evbuffer_pullup(in, (ssize_t)need);
+        size_t fields = frame_count_fields(&llms__request__descriptor, p + FRAME_HEADER_BYTES, body,
+                                           FRAME_MAX_FIELDS);
+        if (fields > FRAME_MAX_FIELDS) {
+            snprintf(msg, sizeof msg, "frame of %u bytes has more than %u fields", body,
+                     FRAME_MAX_FIELDS);
+            conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        Llms__Request *req = frame_unpack_request(p + FRAME_HEADER_BYTES, body);
+        evbuffer_drain(in, need);
+        release_buffered(c);
+        decoded += need;
+        if (!req) {
+            snprintf(msg, sizeof msg, "frame of %u bytes is not a Request", body);
+            conn_fail(c, LLMS__ERROR_CODE__MALFORMED_FRAME, msg);
+            return;
+        }
+        bool was_bound = c->ss.bound;
+        session_handle(&c->srv->senv, &c->ss, c, req);
+        if (c->ss.bound && !was_bound)
+            conn_arm_timer(c);
+        if (evbuffer_get_length(bufferevent_get_output(bev)) > SERVER_OUT_CAP) {
+            c->throttled = true;
+            bufferevent_disable(bev, EV_READ);
+        }
+    }
+}
+
+static void conn_write(struct bufferevent *bev, void *arg)
+{
+    conn *c = arg;
+    if (evbuffer_get_length(bufferevent_get_output(bev)) > 0)
+        return;
+    if (c->closing) {
+        conn_free(c, true);
+        return;
+    }
+    if (c->throttled) {
+        c->throttled = false;
+        c->streams_cancelled = false;
+        bufferevent_enable(bev, EV_READ);
+        conn_read(bev, c);
+    }
+}
+
+static void conn_event(struct bufferevent *bev, short what, void *arg)
+{
+    conn *c = arg;
+    if ((what & BEV_EVENT_ERROR) ||
+        ((what & BEV_EVENT_EOF) && evbuffer_get_length(bufferevent_get_output(bev)) == 0)) {
+        conn_free(c, true);
+    } else if (what & BEV_EVENT_EOF) {
+        /* The client stopped sending: deliver what is already answered, then close
+         * (requests still in flight are cancelled then). */
+        c->closing = true;
+        bufferevent_disable(bev, EV_READ);
+    }
+}
+
+/* Refuses a connection with an error frame; the socket's buffer is empty, so the short
+ * frame goes out at once or not at all. */
+static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
+{
+    uint8_t *buf;
+    size_t len;
+    if (resp_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes, &buf, &len,
+                   "%s", msg) == 0) {
+        if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            ratelog_warn(&srv->log_refused, "refused connection: could not send why: %s",
+                         strerror(errno));
+        free(buf);
+    }
+    close(fd);
+    ratelog_warn(&srv->log_refused, "refused a connection: %s", msg);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int socklen, void *arg)
+{
+    (void)l;
+    (void)sa;
+    (void)socklen;
+    server *srv = arg;
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (srv->shutting || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        close(fd);
+        return;
+    }
+    char msg[160];
+    if (admit(srv, true, cred.uid, msg, sizeof msg) != SERVER_ADMIT_OK) {
+        refuse_fd(srv, fd, msg);
+        return;
+    }
+    conn *c = calloc(1, sizeof *c);
+    struct bufferevent *bev = c ? bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    struct event *timer = bev ? evtimer_new(srv->base, conn_timer, c) : NULL;
+    struct event *frame_timer = timer ? evtimer_new(srv->base, conn_frame_timeout, c) : NULL;
+    if (!frame_timer || uid_add(srv, cred.uid)) {
+        if (frame_timer)
+            event_free(frame_timer);
+        if (timer)
+            event_free(timer);
+        if (bev)
+            bufferevent_free(bev);
+        else
+            close(fd);
+        free(c);
+        ratelog_warn(&srv->log_refused, "refused a connection: out of memory");
+        return;
+    }
+    c->srv = srv;
+    c->bev = bev;
+    c->timer = timer;
+    c->frame_timer = frame_timer;
+    c->last_active_ms = now_ms();
+    c->ss.conn_id = ++srv->next_id;
+    c->ss.uid = cred.uid;
+    c->ss.gid = cred.gid;
+    c->ss.pid = cred.pid;
+    c->ss.admin = session_peer_admin(fd, cred.uid, cred.gid, srv->have_admin_gid, srv->admin_gid);
+    conn **b = bucket(srv, c->ss.conn_id);
+    c->hnext = *b;
+    *b = c;
+    srv->n_conns++;
+    sched_set_connections(srv->sch, srv->n_conns);
+    bufferevent_setcb(bev, conn_read, conn_write, conn_event, c);
+    bufferevent_setwatermark(bev, EV_READ, 0, READ_CHUNK_BYTES);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    conn_arm_timer(c);
+}
+
+/* accept() failed for want of descriptors or memory: libevent would retry at once and
+ * forever, so the listener rests a moment (connections already open keep working). */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    server *srv = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    ratelog_warn(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
+                 strerror(e), SERVER_ACCEPT_RETRY_MS, srv->n_conns);
+    evconnlistener_disable(l);
+    struct timeval tv = {0, SERVER_ACCEPT_RETRY_MS * 1000};
+    evtimer_add(srv->accept_ev, &tv);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    server *srv = arg;
+    if (srv->listener && !srv->shutting)
+        evconnlistener_enable(srv->listener);
+}
+
+/* Delivers the worker's replies. */
+static void on_replies(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    server *srv = arg;
+    outq_item *it = outq_pop_all(srv->out);
+    while (it) {
+        outq_item *next = it->next;
+        if (!it->data) {
+            srv->worker_done = true;
+            struct timeval tv = {GRACE_SECONDS, 0};
+            evtimer_add(srv->grace_ev, &tv);
+            if (srv->gw)
+                http_worker_done(srv->gw);
+        } else if (it->conn_id & HTTP_CONN_BIT) {
+            if (srv->gw)
+                http_deliver(srv->gw, it->conn_id, it->data, it->len, it->droppable);
+        } else {
+            conn *c = conn_lookup(srv, it->conn_id);
+            if (c && !c->closing) {
+                struct evbuffer *out = bufferevent_get_output(c->bev);
+                if (it->droppable && evbuffer_get_length(out) > SERVER_OUT_CAP) {
+                    if (!c->streams_cancelled) {
+                        sched_job *j = sched_job_new(SCHED_CANCEL_STREAMS, c->ss.conn_id);
+                        if (j)
+                            sched_submit(srv->sch, j);
+                        c->streams_cancelled = true;
+                        c->throttled = true;
+                        bufferevent_disable(c->bev, EV_READ);
+                    }
+                } else {
+                    evbuffer_add(out, it->data, it->len);
+                }
+                /* Every frame but a streamed chunk ends a request (outq.h). */
+                if (!it->droppable && c->in_flight > 0)
+                    c->in_flight--;
+                c->last_active_ms = now_ms();
+            }
+        }
+        outq_item_free(it);
+        it = next;
+    }
+    if (srv->worker_done) {
+        /* Everything is answered: close connections once their replies are out. */
+        for (int b = 0; b < CONN_BUCKETS; b++) {
+            conn *c = srv->buckets[b];
+            while (c) {
+                conn *n = c->hnext;
+                c->closing = true;
+                bufferevent_disable(c->bev, EV_READ);
+                if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+                    conn_free(c, false);
+                c = n;
+            }
+        }
+        maybe_exit(srv);
+    }
+}
+
+static void on_grace(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    server *srv = arg;
+    event_base_loopexit(srv->base, NULL);
+}
+
+static void begin_shutdown(void *arg)
+{
+    server_shutdown(arg);
+}
+
+static int make_dirs(const char *path, char err[ERR_MAX])
+{
+    char dir[CONFIG_SOCKET_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return err_set(err, "socket directory %s: %s", dir, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return err_set(err, "socket directory %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path)
+        return err_set(err, "socket: path longer than %zu bytes", sizeof addr.sun_path - 1);
+    strcpy(addr.sun_path, path);
+    if (make_dirs(path, err))
+        return -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return err_set(err, "socket: %s", strerror(errno));
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            close(fd);
+            return err_set(err, "socket: %s exists and is not a socket", path);
+        }
+        /* A socket file nobody answers on is stale; one that answers is another llmsd. */
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool live = probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live) {
+            close(fd);
+            return err_set(err, "socket: %s is in use by a running daemon", path);
+        }
+        unlink(path);
+    }
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        chmod(path, mode) != 0 || listen(fd, 128) != 0) {
+        err_set(err, "socket %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+server *server_new(struct event_base *base, const config *cfg, const tokenizer *tok,
+                   sched *sch, outq *out, char err[ERR_MAX])
+{
+    server *srv = calloc(1, sizeof *srv);
+    if (!srv) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    srv->base = base;
+    srv->cfg = cfg;
+    srv->sch = sch;
+    srv->out = out;
+    srv->max_conns = (unsigned)cfg->max_connections;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t fit = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
+        if (srv->max_conns > fit) {
+            fprintf(stderr, "llmsd: warn: max_connections %u lowered to %u: the open-file limit "
+                            "is %llu\n", srv->max_conns, (unsigned)fit,
+                    (unsigned long long)rl.rlim_cur);
+            srv->max_conns = (unsigned)fit;
+        }
+    }
+    srv->senv = (session_env){cfg, tok, sch, conn_send, conn_submitted, server_bound_names,
+                              begin_shutdown, srv};
+    struct group *gr = getgrnam(cfg->admin_group);
+    if (gr) {
+        srv->have_admin_gid = true;
+        srv->admin_gid = gr->gr_gid;
+    }
+    srv->out_ev = event_new(base, outq_fd(out), EV_READ | EV_PERSIST, on_replies, srv);
+    srv->grace_ev = evtimer_new(base, on_grace, srv);
+    srv->accept_ev = evtimer_new(base, on_accept_resume, srv);
+    if (!srv->out_ev || !srv->grace_ev || !srv->accept_ev || event_add(srv->out_ev, NULL)) {
+        err_set(err, "libevent setup failed");
+        server_free(srv);
+        return NULL;
+    }
+    return srv;
+}
+
+int server_listen(server *srv, char err[ERR_MAX])
+{
+    int fd;
+    int n = sd_listen_fds(1);
+    if (n > 1)
+        return err_set(err, "systemd passed %d sockets, expected one", n);
+    if (n == 1) {
+        fd = SD_LISTEN_FDS_START;
+        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
+            return err_set(err, "the socket systemd passed is not a listening Unix stream "
+                                "socket");
+        evutil_make_socket_nonblocking(fd);
+    } else {
+        fd = server_listen_unix(srv->cfg->socket, srv->cfg->socket_mode, err);
+        if (fd < 0)
+            return -1;
+        srv->owns_path = true;
+    }
+    srv->listener = evconnlistener_new(srv->base, on_accept, srv,
+                                       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (!srv->listener) {
+        close(fd);
+        return err_set(err, "libevent setup failed");
+    }
+    evconnlistener_set_error_cb(srv->listener, on_accept_error);
+    return 0;
+}
+
+void server_shutdown(server *srv)
+{
+    if (srv->shutting)
+        return;
+    srv->shutting = true;
+    notify_stopping();
+    if (srv->listener) {
+        evconnlistener_free(srv->listener);
+        srv->listener = NULL;
+    }
+    if (srv->gw)
+        http_shutdown(srv->gw);
+    sched_job *j = sched_job_new(SCHED_SHUTDOWN, 0);
+    if (j)
+        sched_submit(srv->sch, j);
+    struct timeval tv = {GRACE_SECONDS * 60, 0};
+    /* The grace period starts once the worker is done; until then it only guards
+     * against a worker that never answers. */
+    evtimer_add(srv->grace_ev, &tv);
+}
+
+void server_set_http(server *srv, http *gw)
+{
+    srv->gw = gw;
+}
+
+const session_env *server_session_env(const server *srv)
+{
+    return &srv->senv;
+}
+
+enum server_admit server_conn_add(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
+{
+    enum server_admit a = srv->shutting ? SERVER_ADMIT_FULL : admit(srv, with_uid, uid, msg, cap);
+    if (srv->shutting)
+        snprintf(msg, cap, "the daemon is shutting down");
+    if (a != SERVER_ADMIT_OK)
+        return a;
+    if (with_uid && uid_add(srv, uid)) {
+        snprintf(msg, cap, "out of memory");
+        return SERVER_ADMIT_FULL;
+    }
+    srv->n_gateway++;
+    return SERVER_ADMIT_OK;
+}
+
+enum server_admit server_conn_set_uid(server *srv, bool had_uid, uid_t from, uid_t to,
+                                      char *msg, size_t cap)
+{
+    if (had_uid && from == to)
+        return SERVER_ADMIT_OK;
+    uid_conns *u = uid_find(srv, to);
+    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
+        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
+                 (unsigned)to, u->n);
+        return SERVER_ADMIT_UID_FULL;
+    }
+    if (uid_add(srv, to)) {
+        snprintf(msg, cap, "out of memory");
+        return SERVER_ADMIT_FULL;
+    }
+    if (had_uid)
+        uid_remove(srv, from);
+    return SERVER_ADMIT_OK;
+}
+
+void server_conn_remove(server *srv, bool with_uid, uid_t uid)
+{
+    if (with_uid)
+        uid_remove(srv, uid);
+    srv->n_gateway--;
+}
+
+unsigned server_n_connections(const server *srv)
+{
+    return srv->n_conns;
+}
+
+void server_free(server *srv)
+{
+    if (!srv)
+        return;
+    for (int b = 0; b < CONN_BUCKETS; b++) {
+        conn *c = srv->buckets[b];
+        while (c) {
+            conn *n = c->hnext;
+            event_free(c->timer);
+            bufferevent_free(c->bev);
+            free(c);
+            c = n;
+        }
+    }
+    if (srv->listener)
+        evconnlistener_free(srv->listener);
+    if (srv->accept_ev)
+        event_free(srv->accept_ev);
+    free(srv->uids);
+    if (srv->owns_path)
+        unlink(srv->cfg->socket);
+    if (srv->out_ev)
+        event_free(srv->out_ev);
+    if (srv->grace_ev)
+        event_free(srv->grace_ev);
+    free(srv);
+}

@@ -1,0 +1,53 @@
+/*
+ * modelgen.h — writes a random-weight model GGUF of any shape (what tools/mkmodel and
+ * the model tests use). Weights are deterministic in the seed: uniform with standard
+ * deviation 1/sqrt(fan-in), so activations keep unit scale through every layer; norm
+ * weights are near 1, biases small. 2-D tensors use the requested type; 1-D tensors
+ * (norms, biases) stay F32 as llama.cpp writes them.
+ */
+#ifndef LLMS_MODELGEN_H
+#define LLMS_MODELGEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/gguf/gguf.h"
+
+typedef struct modelgen_params {
+    /* "llama", "qwen2", "qwen3", "bert" or "nomic-bert" (the encoders: n_head_kv must equal
+     * n_head) */
+    const char *arch;
+    int dim;
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;       /* 0: dim / n_head */
+    int n_ff;
+    int n_ctx;
+    uint32_t type;      /* enum qtype of the matrices; must be computable */
+    /* The "_M" mix of llama.cpp's quantize (Q4_K_M is type Q4_K with it): output.weight,
+     * and attn_v and ffn_down of the first and last eighth of the layers and of every
+     * third layer between, are Q6_K instead. An untied output only. */
+    bool k_m_mix;
+    uint64_t seed;
+    bool tie_output;    /* write no output.weight (the output reuses token_embd) */
+    /* encoders only: {arch}.pooling_type (1 mean, 2 cls, bert also 4 rank); rank writes the
+     * cross-encoder head (cls dim x dim, cls.output 1 x dim) */
+    int pooling_type;
+    /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
+     * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
+     * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */
+    const gguf_file *vocab;
+    int n_vocab;
+    int n_threads;      /* threads generating and quantizing rows; <= 0: online CPUs */
+    /* Called after each tensor is generated (done of total), for a large model takes
+     * minutes; NULL: not called. */
+    void (*progress)(int done, int total, void *user);
+    void *progress_user;
+} modelgen_params;
+
+/* Writes the model to path. 0, or -1 with err. */
+int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]);
+
+#endif

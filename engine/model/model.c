@@ -1,0 +1,1428 @@
+/*
+ * model.c — loading a llama / qwen2 / qwen3 model from GGUF and its forward pass.
+ *
+ * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
+ * weights and biases) are converted into one f32 array. The forward pass works on up to
+ * max_batch stacked rows at a time — one batch's sub-batch, or the rows of several
+ * sequences' batches (model_forward_batch) — layer by layer: every step over the rows
+ * is either a matrix product (ops_matmul, one for all rows) or a per-row / per-head job
+ * split over the runner's thread pool. K/V go straight into each sequence's chunks, and
+ * attention reads them there, each row over its own sequence.
+ */
+#include "engine/model/model.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine/quant/blas.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
+#include "engine/threadpool.h"
+
+/* Sub-batches of at least this many tokens do attention with sgemm on K/V converted to
+ * f32 once per layer (prefill); smaller ones (decode) read f16 chunks in place and
+ * compressed ones decoded block by block. */
+#define MODEL_ATTN_GEMM_MIN 16
+
+/* Largest dimension accepted from a file: keeps every size product far from overflow. */
+#define MODEL_MAX_DIM (1 << 20)
+
+typedef struct model_layer {
+    const float *attn_norm; /* (dim) */
+    const float *ffn_norm;  /* (dim) */
+    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
+    ops_matrix wq;          /* (n_head * head_dim, dim) */
+    ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
+    ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
+    ops_matrix wo;          /* (dim, n_head * head_dim) */
+    ops_matrix w_gate;      /* (n_ff, dim) */
+    ops_matrix w_up;        /* (n_ff, dim) */
+    ops_matrix w_down;      /* (dim, n_ff) */
+} model_layer;
+
+struct model {
+    model_hparams hp;
+    gguf_file *owned;        /* the file when model_load opened it */
+    const gguf_file *g;
+    ops_matrix tok_embd;     /* (n_vocab, dim) */
+    ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
+    const float *output_norm; /* (dim) */
+    model_layer *layers;     /* (n_layer) */
+    float *vecs;             /* every 1-D tensor converted to f32, back to back */
+    size_t vecs_used;
+    size_t vecs_cap;
+    bool mapped;             /* weights are a file mapping (they can stream) */
+    void *repacked;          /* (repacked_bytes) private copy of the repacked matrices, or NULL */
+    size_t repacked_bytes;
+    size_t repack_given_back; /* bytes of copied weights' pages the copy replaced */
+};
+
+/* ---- loading ---- */
+
+static const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case MODEL_ARCH_LLAMA: return "llama";
+    case MODEL_ARCH_QWEN2: return "qwen2";
+    case MODEL_ARCH_QWEN3: return "qwen3";
+    }
+    return "?";
+}
+
+int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
+                         int *out, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    if (gguf_find_key(g, key) < 0) {
+        if (dflt < 0)
+            return err_set(err, "missing metadata key '%s'", key);
+        *out = dflt;
+        return 0;
+    }
+    if (!gguf_get_i64(g, key, &v))
+        return err_set(err, "metadata key '%s' is not an integer", key);
+    if (v <= 0 || v > MODEL_MAX_DIM)
+        return err_set(err, "metadata key '%s' out of range (%lld)", key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+int model_get_float(const gguf_file *g, const char *arch, const char *suffix, float dflt,
+                    float *out, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(g, key) < 0) {
+        *out = dflt;
+        return 0;
+    }
+    if (!gguf_get_f32(g, key, out))
+        return err_set(err, "metadata key '%s' is not a number", key);
+    if (!(*out > 0) || !isfinite(*out))
+        return err_set(err, "metadata key '%s' out of range (%g)", key, (double)*out);
+    return 0;
+}
+
+static int model_read_hparams(model *m, char err[ERR_MAX])
+{
+    model_hparams *hp = &m->hp;
+    gguf_str a;
+    if (!gguf_get_str(m->g, "general.architecture", &a))
+        return err_set(err, "missing metadata key 'general.architecture'");
+    if (gguf_str_eq(a, "llama"))
+        hp->arch = MODEL_ARCH_LLAMA;
+    else if (gguf_str_eq(a, "qwen2"))
+        hp->arch = MODEL_ARCH_QWEN2;
+    else if (gguf_str_eq(a, "qwen3"))
+        hp->arch = MODEL_ARCH_QWEN3;
+    else
+        return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
+                       a.ptr);
+    const char *arch = model_arch_name(hp->arch);
+    hp->rope_style = hp->arch == MODEL_ARCH_LLAMA ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
+
+    if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
+        model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
+        model_get_dim(m->g, arch, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.head_count", -1, &hp->n_head, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err) < 0 ||
+        model_get_dim(m->g, arch, "attention.key_length", hp->dim / hp->n_head, &hp->head_dim, err) < 0 ||
+        model_get_dim(m->g, arch, "context_length", 2048, &hp->n_ctx, err) < 0)
+        return -1;
+    int value_length;
+    if (model_get_dim(m->g, arch, "attention.value_length", hp->head_dim, &value_length, err) < 0)
+        return -1;
+    if (value_length != hp->head_dim)
+        return err_set(err, "attention.value_length %d differs from key_length %d", value_length,
+                       hp->head_dim);
+    int rope_dims;
+    if (model_get_dim(m->g, arch, "rope.dimension_count", hp->head_dim, &rope_dims, err) < 0)
+        return -1;
+    if (rope_dims != hp->head_dim)
+        return err_set(err, "rope.dimension_count %d differs from head dimension %d (partial "
+                            "rotary embedding is not supported)", rope_dims, hp->head_dim);
+    if (hp->n_layer > 4096)
+        return err_set(err, "block_count %d out of range", hp->n_layer);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return err_set(err, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+                       hp->n_head_kv);
+    if (hp->head_dim % 2 != 0 || hp->head_dim > OPS_MAX_HEAD_DIM)
+        return err_set(err, "head dimension %d is odd or above %d", hp->head_dim,
+                       OPS_MAX_HEAD_DIM);
+    if ((int64_t)hp->n_head * hp->head_dim > MODEL_MAX_DIM)
+        return err_set(err, "head_count * key_length too large");
+    float eps_default = hp->arch == MODEL_ARCH_LLAMA ? 1e-5f : 1e-6f;
+    if (model_get_float(m->g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0 ||
+        model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
+                        &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* Finds a tensor and checks its type is computable and its shape is exactly (ne0[, ne1]). */
+const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
+                                     int64_t ne0, int64_t ne1, char err[ERR_MAX])
+{
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t) {
+        err_set(err, "tensor '%s' is missing", name);
+        return NULL;
+    }
+    const quant_traits *tr = quant_traits_of(t->type);
+    if (!tr || !tr->computable) {
+        err_set(err, "tensor '%s': type %s is not supported", name, tr ? tr->name : "unknown");
+        return NULL;
+    }
+    bool ok = (int)t->n_dims == n_dims && t->ne[0] == ne0 && (n_dims == 1 || t->ne[1] == ne1);
+    for (int d = n_dims; d < GGUF_MAX_DIMS; d++)
+        ok = ok && t->ne[d] == 1;
+    if (!ok) {
+        if (n_dims == 1)
+            err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%lld]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0);
+        else
+            err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%lld, %lld]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0,
+                    (long long)ne1);
+        return NULL;
+    }
+    size_t row = quant_row_bytes(t->type, ne0);
+    int64_t rows = n_dims == 1 ? 1 : ne1;
+    if (row == 0 || t->bytes < row * (size_t)rows) {
+        err_set(err, "tensor '%s': %zu bytes do not hold %lld rows of %lld %s elements", name,
+                t->bytes, (long long)rows, (long long)ne0, tr->name);
+        return NULL;
+    }
+    return t;
+}
+
+static int model_matrix(const model *m, const char *name, int64_t rows, int64_t cols,
+                        ops_matrix *out, char err[ERR_MAX])
+{
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 2, cols, rows, err);
+    if (!t)
+        return -1;
+    *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)rows, .cols = (int)cols,
+                        .row_bytes = quant_row_bytes(t->type, cols)};
+    return 0;
+}
+
+/* A 1-D tensor, converted to f32 into m->vecs. */
+static int model_vector(model *m, const char *name, int64_t n, const float **out,
+                        char err[ERR_MAX])
+{
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 1, n, 1, err);
+    if (!t)
+        return -1;
+    if (m->vecs_used + (size_t)n > m->vecs_cap)
+        return err_set(err, "tensor '%s': internal vector space exhausted", name);
+    float *dst = m->vecs + m->vecs_used;
+    quant_dequantize_row(t->type, t->data, dst, n);
+    m->vecs_used += (size_t)n;
+    *out = dst;
+    return 0;
+}
+
+static int model_load_tensors(model *m, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    const gguf_tensor *emb = gguf_find_tensor(m->g, "token_embd.weight");
+    if (!emb)
+        return err_set(err, "tensor 'token_embd.weight' is missing");
+    if (emb->n_dims != 2 || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX / 2)
+        return err_set(err, "tensor 'token_embd.weight': bad shape");
+    m->hp.n_vocab = (int)emb->ne[1];
+    if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
+        return -1;
+
+    m->vecs_cap = (size_t)hp->dim + (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim +
+                                                            2 * hp->head_dim);
+    m->vecs = malloc(m->vecs_cap * sizeof(float));
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->vecs || !m->layers)
+        return err_set(err, "out of memory");
+
+    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0)
+        return -1;
+    if (gguf_find_tensor(m->g, "output.weight")) {
+        if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
+            return -1;
+    } else {
+        m->output = m->tok_embd;
+    }
+
+    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2, qwen3 = hp->arch == MODEL_ARCH_QWEN3;
+    for (int l = 0; l < hp->n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+        if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
+            model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
+            model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
+            model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
+            model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
+            model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0 ||
+            model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim, &L->w_gate, err) < 0 ||
+            model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim, &L->w_up, err) < 0 ||
+            model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+            return -1;
+        if (qwen2 &&
+            (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
+             model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
+             model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
+            return -1;
+        if (qwen3 &&
+            (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
+             model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
+            return -1;
+#undef NAME
+    }
+    return 0;
+}
+
+model *model_from_gguf(const gguf_file *g, char err[ERR_MAX])
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    m->g = g;
+    if (model_read_hparams(m, err) < 0 || model_load_tensors(m, err) < 0) {
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+model *model_load(const char *path, char err[ERR_MAX])
+{
+    return model_load_as(path, GGUF_LOAD_MAP, err);
+}
+
+model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
+{
+    gguf_file *g = gguf_open_as(path, how, err);
+    if (!g)
+        return NULL;
+    model *m = model_from_gguf(g, err);
+    if (!m) {
+        gguf_close(g);
+        return NULL;
+    }
+    m->owned = g;
+    m->mapped = how == GGUF_LOAD_MAP;
+    return m;
+}
+
+/* Every weight matrix m multiplies with (the token embedding is read by rows: when the
+ * file ties the output matrix to it, the output is a matrix of its own here); *n set. */
+static ops_matrix **model_matrices(model *m, ops_matrix **w, int *n)
+{
+    int k = 0;
+    w[k++] = &m->output;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        ops_matrix *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            w[k++] = lw[i];
+    }
+    *n = k;
+    return w;
+}
+
+/* Matrices worth repacking: a kernel for their type and at least one whole group. */
+static bool model_repackable(const ops_matrix *w)
+{
+    return quant_repack_kernel(w->type) && w->rows >= QUANT_REPACK_ROWS && !w->repacked;
+}
+
+int model_repack_weights(model *m, char err[ERR_MAX])
+{
+    if (m->repacked)
+        return 0;
+    ops_matrix **w = malloc((1 + 7 * (size_t)m->hp.n_layer) * sizeof *w);
+    if (!w)
+        return err_set(err, "out of memory");
+    int n;
+    model_matrices(m, w, &n);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (model_repackable(w[i]))
+            bytes += ((size_t)w[i]->rows * w[i]->row_bytes + 63) & ~(size_t)63;
+    if (bytes == 0) {
+        free(w);
+        return 0;
+    }
+    /* huge pages, as GGUF_LOAD_COPY gives the weights: decode streams them every token */
+    void *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dst == MAP_FAILED) {
+        free(w);
+        return err_set(err, "repacking weights: %zu bytes: out of memory", bytes);
+    }
+    (void)madvise(dst, bytes, MADV_HUGEPAGE);
+    long page = sysconf(_SC_PAGESIZE);
+    char *p = dst;
+    for (int i = 0; i < n; i++) {
+        if (!model_repackable(w[i]))
+            continue;
+        const void *src = w[i]->data;
+        size_t size = (size_t)w[i]->rows * w[i]->row_bytes;
+        ops_matrix_repack(w[i], p, w[i]);
+        p += (size + 63) & ~(size_t)63;
+        /* a copy the model owns is read by nothing else (but a tied token embedding):
+         * give back its pages (whole pages inside the matrix; a mapping's stay in the
+         * page cache, reclaimable) */
+        if (m->owned && !m->mapped && src != m->tok_embd.data) {
+            uintptr_t a = ((uintptr_t)src + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+            uintptr_t e = ((uintptr_t)src + size) & ~(uintptr_t)(page - 1);
+            if (e > a && madvise((void *)a, e - a, MADV_DONTNEED) == 0)
+                m->repack_given_back += e - a;
+        }
+    }
+    (void)mprotect(dst, bytes, PROT_READ);
+    free(w);
+    m->repacked = dst;
+    m->repacked_bytes = bytes;
+    return 0;
+}
+
+size_t model_repacked_bytes(const model *m)
+{
+    return m->repacked_bytes - m->repack_given_back;
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    if (m->repacked)
+        munmap(m->repacked, m->repacked_bytes);
+    gguf_close(m->owned);
+    free(m->layers);
+    free(m->vecs);
+    free(m);
+}
+
+const model_hparams *model_hparams_of(const model *m)
+{
+    return &m->hp;
+}
+
+const gguf_file *model_gguf(const model *m)
+{
+    return m->g;
+}
+
+void model_output_norm(const model *m, const float *x, float *y)
+{
+    ops_rmsnorm(y, x, m->output_norm, m->hp.dim, m->hp.norm_eps);
+}
+
+kv_shape model_kv_shape(const model *m)
+{
+    return (kv_shape){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
+}
+
+/* ---- runner ---- */
+
+/* One sequence's share of a forward step: rows [t0, t0 + n) of batch b, evaluated against
+ * seq as the stacked rows [r0, r0 + n). */
+typedef struct model_part {
+    kv_seq *seq;
+    const model_batch *b;
+    int t0, n, r0;
+    int o0, o1;     /* its out rows in this step: b->out_rows[o0 .. o1) */
+    int n_before;   /* entries of seq before the forward */
+    int n_kv;       /* entries of seq once this step's rows are appended */
+    int n_kv_total; /* entries once the whole batch is appended (attn's row length) */
+} model_part;
+
+/* Logit rows per output matrix product when the out rows' destinations are not one
+ * contiguous array (several sequences): bounds the staging buffer, not the batch. */
+#define MODEL_LOGITS_STAGE 64
+
+/* One weight matrix, for residency by size (model_runner_stream_weights). */
+typedef struct model_frag {
+    const void *data;
+    size_t bytes;
+    int layer;     /* -1: token embedding and output */
+    bool streamed; /* released after use, prefetched before */
+} model_frag;
+
+struct model_runner {
+    const model *m;
+    tp_pool *pool;
+    const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
+    bool aborted;              /* the last model_forward_rows stopped at *abort */
+    int max_batch;
+    int max_kv;
+    int attn_rows;   /* query rows per batched-attention block */
+    size_t mem_bytes;
+    char *mem; /* one allocation holding every buffer below; the attention buffers (q, k,
+                  v, att, scores, kv_f32, blk_scores, blk_f32, received) and gate/up
+                  overlap, as they are never live together */
+    model_frag *frags; /* (n_frags) every weight matrix, when streaming */
+    int n_frags;
+
+    /* A forward step stacks the rows of every sequence it advances: "rows" below are
+     * stacked rows, up to max_batch of them. */
+    float *x;      /* (max_batch, dim) residual stream */
+    float *xn;     /* (max_batch, dim) normalized input of a block */
+    float *q;      /* (max_batch, n_head * head_dim) */
+    float *k;      /* (max_batch, n_head_kv * head_dim) */
+    float *v;      /* (max_batch, n_head_kv * head_dim) */
+    float *att;    /* (max_batch, n_head * head_dim) attention output */
+    float *proj;   /* (max_batch, dim) output of attn_output / ffn_down */
+    float *gate;   /* (max_batch, n_ff) */
+    float *up;     /* (max_batch, n_ff) */
+    float *rope;   /* (max_batch, head_dim) cos/sin pairs of each row's position */
+    float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
+    /* batched attention (a sequence with at least MODEL_ATTN_GEMM_MIN rows in the step) */
+    float *kv_f32;     /* (2, max_kv, head_dim) K then V of one layer and KV head, as f32 */
+    int32_t *kv_pos;   /* (max_kv) position of every entry of the sequence, in order */
+    int *chunk_base;   /* (max_chunks + 1) index of each chunk's first entry */
+    int max_chunks;
+    float *blk_scores; /* (n_threads, attn_rows, max_kv) */
+    float *blk_f32;    /* (n_threads, KV_CHUNK_TOKENS, head_dim) a compressed chunk's K or
+                          V block decoded, for decode attention */
+    float *received;   /* (n_threads, max_kv) attention each entry of one sequence
+                          received, per thread */
+    pthread_mutex_t recv_lock; /* serializes adding per-thread sums into a batch's */
+    kv_chunk **slot_chunk; /* (max_batch) where each row's K/V go */
+    int *slot_index;       /* (max_batch) */
+    void *mm_scratch;      /* ops_matmul scratch */
+    model_part *parts;     /* (max_batch) the sequences of the step; each has >= 1 row */
+    int *row_part;         /* (max_batch) index into parts of each row */
+    int32_t *row_pos;      /* (max_batch) position of each row */
+    int *item_rows;        /* (max_batch) rows whose attention runs per (row, KV head) */
+    float **out_dst;       /* (max_batch) where each out row's logits go */
+    float *logits_stage;   /* (min(max_batch, MODEL_LOGITS_STAGE), n_vocab) */
+};
+
+static size_t model_align(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
+                               char err[ERR_MAX])
+{
+    model_runner_opts o = {.n_threads = n_threads, .max_batch = max_batch, .max_kv = max_kv};
+    return model_runner_new_opts(m, &o, err);
+}
+
+/* Lays the buffers of ptrs (sizes bytes each) out from base, 64-byte aligned; returns the
+ * bytes used (base NULL: only counts). */
+static size_t model_layout(char *base, void **const *ptrs, const size_t *sizes, size_t n)
+{
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (base)
+            *ptrs[i] = base + off;
+        off += model_align(sizes[i]);
+    }
+    return off;
+}
+
+model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opts,
+                                    char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int max_batch = opts->max_batch > 0 ? opts->max_batch : 512;
+    int max_kv = opts->max_kv > 0 ? opts->max_kv : hp->n_ctx;
+    int attn_rows = opts->attn_rows > 0 ? opts->attn_rows : MODEL_ATTN_ROWS_DEFAULT;
+    if (attn_rows > max_batch)
+        attn_rows = max_batch;
+    if (max_batch > 1 << 16 || max_kv > 1 << 24) {
+        err_set(err, "runner: max_batch %d or max_kv %d too large", max_batch, max_kv);
+        return NULL;
+    }
+    model_runner *r = calloc(1, sizeof *r);
+    if (!r) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&r->recv_lock, NULL);
+    if (ops_init(err) < 0) {
+        model_runner_free(r);
+        return NULL;
+    }
+    r->m = m;
+    r->max_batch = max_batch;
+    r->max_kv = max_kv;
+    r->attn_rows = attn_rows;
+    r->pool = tp_new(opts->n_threads, err);
+    if (!r->pool) {
+        model_runner_free(r);
+        return NULL;
+    }
+    int nt = tp_n_threads(r->pool);
+    size_t B = (size_t)max_batch, q_dim = (size_t)hp->n_head * hp->head_dim,
+           kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t stage = B < MODEL_LOGITS_STAGE ? B : MODEL_LOGITS_STAGE;
+    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
+    if ((int)q_dim > max_cols)
+        max_cols = (int)q_dim;
+    size_t every[] = {
+        B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
+        (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
+        B * sizeof(kv_chunk *), B * sizeof(int),
+        ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+        B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
+        B * sizeof(float *), stage * hp->n_vocab * 4,
+    };
+    void **every_ptrs[] = {
+        (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
+        (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
+        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
+        (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
+        (void **)&r->logits_stage,
+    };
+    size_t attn[] = {
+        B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4, B * q_dim * 4,
+        (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4,
+        2 * (size_t)max_kv * hp->head_dim * 4, (size_t)nt * attn_rows * max_kv * 4,
+        (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
+    };
+    void **attn_ptrs[] = {
+        (void **)&r->q, (void **)&r->k, (void **)&r->v, (void **)&r->att, (void **)&r->scores,
+        (void **)&r->kv_f32, (void **)&r->blk_scores, (void **)&r->blk_f32,
+        (void **)&r->received,
+    };
+    size_t mlp[] = {B * hp->n_ff * 4, B * hp->n_ff * 4};
+    void **mlp_ptrs[] = {(void **)&r->gate, (void **)&r->up};
+#define N_OF(a) (sizeof a / sizeof a[0])
+    size_t n_every = model_layout(NULL, every_ptrs, every, N_OF(every));
+    size_t n_attn = model_layout(NULL, attn_ptrs, attn, N_OF(attn));
+    size_t n_mlp = model_layout(NULL, mlp_ptrs, mlp, N_OF(mlp));
+    r->mem_bytes = n_every + (n_attn > n_mlp ? n_attn : n_mlp);
+    r->mem = aligned_alloc(64, r->mem_bytes);
+    if (!r->mem) {
+        model_runner_free(r);
+        err_set(err, "runner: out of memory for %zu bytes of scratch", r->mem_bytes);
+        return NULL;
+    }
+    model_layout(r->mem, every_ptrs, every, N_OF(every));
+    model_layout(r->mem + n_every, attn_ptrs, attn, N_OF(attn));
+    model_layout(r->mem + n_every, mlp_ptrs, mlp, N_OF(mlp));
+#undef N_OF
+    /* non-empty chunks hold >= 1 entry; empty ones are at most the reserve's tail */
+    r->max_chunks = max_kv + max_batch / KV_CHUNK_TOKENS + 2;
+    return r;
+}
+
+size_t model_runner_scratch_bytes(const model_runner *r)
+{
+    return r->mem_bytes;
+}
+
+void model_runner_free(model_runner *r)
+{
+    if (!r)
+        return;
+    tp_free(r->pool);
+    pthread_mutex_destroy(&r->recv_lock);
+    free(r->mem);
+    free(r->frags);
+    free(r);
+}
+
+int model_runner_n_threads(const model_runner *r)
+{
+    return tp_n_threads(r->pool);
+}
+
+int model_runner_n_threads_active(const model_runner *r)
+{
+    return tp_n_active(r->pool);
+}
+
+void model_runner_set_background(model_runner *r, bool background)
+{
+    tp_set_background(r->pool, background);
+}
+
+void model_runner_set_abort(model_runner *r, const _Atomic bool *abort)
+{
+    r->abort = abort;
+}
+
+int model_runner_max_kv(const model_runner *r)
+{
+    return r->max_kv;
+}
+
+/* ---- weight residency ---- */
+
+/* Every weight matrix of m into f (2 + 7 n_layer entries; the tied output is not listed
+ * twice); returns how many. */
+static int model_list_frags(const model *m, model_frag *f)
+{
+    int n = 0;
+    f[n++] = (model_frag){m->tok_embd.data, (size_t)m->tok_embd.rows * m->tok_embd.row_bytes, -1, false};
+    if (m->output.data != m->tok_embd.data)
+        f[n++] = (model_frag){m->output.data, (size_t)m->output.rows * m->output.row_bytes, -1, false};
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        const ops_matrix *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
+    }
+    return n;
+}
+
+static int model_frag_cmp(const void *a, const void *b)
+{
+    const model_frag *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? -1 : 1;
+    return x->data < y->data ? -1 : x->data > y->data;
+}
+
+/* Marks the smallest fragments of f resident up to resident_bytes, the others streamed;
+ * f ends up sorted by size. */
+static model_residency model_assign_residency(const model *m, model_frag *f, int n,
+                                              size_t resident_bytes)
+{
+    qsort(f, (size_t)n, sizeof *f, model_frag_cmp);
+    model_residency res = {0};
+    size_t *per_layer = calloc((size_t)m->hp.n_layer + 1, sizeof *per_layer);
+    for (int i = 0; i < n; i++) {
+        f[i].streamed = res.resident + f[i].bytes > resident_bytes;
+        if (!f[i].streamed) {
+            res.resident += f[i].bytes;
+            res.n_resident++;
+            continue;
+        }
+        res.streamed += f[i].bytes;
+        res.n_streamed++;
+        if (per_layer)
+            per_layer[f[i].layer + 1] += f[i].bytes;
+    }
+    for (int l = 0; per_layer && l <= m->hp.n_layer; l++)
+        res.layer_max = per_layer[l] > res.layer_max ? per_layer[l] : res.layer_max;
+    if (!per_layer) /* the bound without the per-layer split: all of it */
+        res.layer_max = res.streamed;
+    free(per_layer);
+    return res;
+}
+
+model_residency model_weight_residency(const model *m, size_t resident_bytes)
+{
+    model_frag *f = malloc((2 + 7 * (size_t)m->hp.n_layer) * sizeof *f);
+    if (!f) /* everything counted as streamed from one window: the pessimistic bound */
+        return (model_residency){.streamed = SIZE_MAX / 4, .layer_max = SIZE_MAX / 4};
+    int n = model_list_frags(m, f);
+    model_residency res = model_assign_residency(m, f, n, resident_bytes);
+    free(f);
+    return res;
+}
+
+int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err[ERR_MAX])
+{
+    free(r->frags);
+    r->frags = NULL;
+    r->n_frags = 0;
+    if (resident_bytes == SIZE_MAX)
+        return 0;
+    if (!r->m->mapped)
+        return err_set(err, "weight streaming needs mapped weights (they were copied)");
+    if (r->m->repacked)
+        return err_set(err, "weight streaming needs the weights as the file stores them "
+                            "(they were repacked)");
+    model_frag *f = malloc((2 + 7 * (size_t)r->m->hp.n_layer) * sizeof *f);
+    if (!f)
+        return err_set(err, "out of memory");
+    int n = model_list_frags(r->m, f);
+    model_assign_residency(r->m, f, n, resident_bytes);
+    r->frags = f;
+    r->n_frags = n;
+    return 0;
+}
+
+/* Advice on the streamed fragments of layer (-1: embedding and output). Prefetch rounds
+ * the range out to whole pages; release rounds it in, so that a resident neighbour
+ * sharing a page keeps it. Advice only: when the kernel refuses it, memory use changes,
+ * results do not, so the return value is not needed. */
+static void model_advise_layer(const model_runner *r, int layer, bool release)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < r->n_frags; i++) {
+        const model_frag *f = &r->frags[i];
+        if (!f->streamed || f->layer != layer)
+            continue;
+        uintptr_t a = (uintptr_t)f->data, e = a + f->bytes;
+        if (release) {
+            a = (a + page - 1) & ~(page - 1);
+            e &= ~(page - 1);
+        } else {
+            a &= ~(page - 1);
+            e = (e + page - 1) & ~(page - 1);
+        }
+        if (e > a)
+            (void)madvise((void *)a, e - a, release ? MADV_DONTNEED : MADV_WILLNEED);
+    }
+}
+
+/* ---- forward ---- */
+
+/* What the per-row and per-head jobs of one step share. */
+typedef struct model_step {
+    model_runner *r;
+    const model_layer *L;
+    int layer;
+    int n;                   /* stacked rows */
+    const model_part *parts; /* (n_parts) */
+    int n_parts;
+    int n_item_rows;         /* rows in r->item_rows */
+    const float *norm_w;     /* model_norm_job: (dim) */
+    /* attention items are claimed one by one: with causal masking later tokens cost more */
+    _Atomic long next_item;
+    const model_part *part;  /* batched attention: the sequence being processed */
+    int kv_head;             /* batched attention: the KV head being processed */
+    int n_kv;                /* batched attention: entries in r->kv_pos */
+} model_step;
+
+static void model_norm_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    int dim = s->r->m->hp.dim;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
+}
+
+void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
+                      float *q, float *k, float *v)
+{
+    int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    enum ops_rope_style style =
+        hp->rope_style == MODEL_ROPE_INTERLEAVED ? OPS_ROPE_INTERLEAVED : OPS_ROPE_HALVES;
+    if (x->bq) {
+        ops_add(q, x->bq, q_dim);
+        ops_add(k, x->bk, kv_dim);
+        ops_add(v, x->bv, kv_dim);
+    }
+    if (x->q_norm) {
+        for (int h = 0; h < hp->n_head; h++)
+            ops_rmsnorm(q + h * hd, q + h * hd, x->q_norm, hd, hp->norm_eps);
+        for (int h = 0; h < hp->n_head_kv; h++)
+            ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
+    }
+    ops_rope(q, hp->n_head, hd, cs, style);
+    ops_rope(k, hp->n_head_kv, hd, cs, style);
+}
+
+/* q/k/v finishing, then K/V of each row into its chunk slot. */
+static void model_qkv_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    const model_layer *L = s->L;
+    int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    kv_shape shape = model_kv_shape(r->m);
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
+        model_qkv_finish(hp, &L->extras, r->rope + t * hd, q, k, v);
+        kv_chunk *c = r->slot_chunk[t];
+        int slot = r->slot_index[t];
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            ops_f32_to_f16(kv_chunk_k_f16(c, shape, s->layer, h) + (size_t)slot * hd, k + h * hd, hd);
+            ops_f32_to_f16(kv_chunk_v_f16(c, shape, s->layer, h) + (size_t)slot * hd, v + h * hd, hd);
+        }
+    }
+}
+
+/* scores over one chunk's K block: read in place when f16, decoded into buf otherwise. */
+static void model_chunk_scores(const kv_chunk *ch, kv_shape shape, int layer, int head,
+                               const float *q, int group, float scale, float *scores,
+                               size_t stride, float *buf)
+{
+    int hd = shape.head_dim;
+    if (ch->precision == KV_F16) {
+        ops_attn_scores(q, group, kv_chunk_k_f16(ch, shape, layer, head), ch->n_tokens, hd,
+                        scale, scores, stride);
+        return;
+    }
+    kv_chunk_read_f32(ch, shape, layer, head, buf, NULL);
+    ops_attn_scores_f32(q, group, buf, ch->n_tokens, hd, scale, scores, stride);
+}
+
+/* out += p V over one chunk's V block, read like model_chunk_scores. */
+static void model_chunk_accum(const kv_chunk *ch, kv_shape shape, int layer, int head,
+                              float *out, int group, const float *p, size_t stride, float *buf)
+{
+    int hd = shape.head_dim;
+    if (ch->precision == KV_F16) {
+        ops_attn_accum(out, group, p, stride, kv_chunk_v_f16(ch, shape, layer, head),
+                       ch->n_tokens, hd);
+        return;
+    }
+    kv_chunk_read_f32(ch, shape, layer, head, NULL, buf);
+    ops_attn_accum_f32(out, group, p, stride, buf, ch->n_tokens, hd);
+}
+
+/* Chunks ahead of the one being read whose K (or V) block of a (layer, head) is asked for:
+ * decode attention reads 2-4 KB from each chunk, too little for the hardware prefetcher
+ * to get ahead of, so without this each chunk waited on memory in turn (the KV of 16
+ * sequences does not stay in cache from one layer to the next). */
+#define MODEL_KV_PREFETCH 2
+
+/* Asks for chunk c's K (value: V) block of (layer, head) when c exists and is f16. */
+static void model_prefetch_block(const kv_seq *seq, int c, kv_shape shape, int layer, int head,
+                                 bool value)
+{
+    if (c >= seq->n_chunks || seq->chunks[c]->precision != KV_F16)
+        return;
+    const kv_chunk *ch = seq->chunks[c];
+    const char *p = (const char *)(value ? kv_chunk_v_f16(ch, shape, layer, head)
+                                         : kv_chunk_k_f16(ch, shape, layer, head));
+    size_t bytes = (size_t)ch->n_tokens * shape.head_dim * sizeof(uint16_t);
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off);
+}
+
+/*
+ * A thread's sums of the attention each entry received, for one sequence at a time: a
+ * dispatch covers rows of several sequences, so when the thread moves on to another
+ * sequence (and when its job ends) it adds its sums into the batch's attn_received,
+ * one thread at a time.
+ */
+typedef struct model_recv {
+    float *acc;             /* (max_kv) the thread's row of r->received */
+    const model_part *part; /* whose sums acc holds, or NULL */
+} model_recv;
+
+static void model_recv_flush(model_runner *r, model_recv *a)
+{
+    if (!a->part)
+        return;
+    pthread_mutex_lock(&r->recv_lock);
+    ops_add(a->part->b->attn_received, a->acc, a->part->n_kv);
+    pthread_mutex_unlock(&r->recv_lock);
+    a->part = NULL;
+}
+
+/* Adds the attention rows p (n_rows, n) stride apart of the part's sequence to the sums. */
+static void model_recv_add(model_runner *r, model_recv *a, const model_part *part,
+                           const float *p, int n_rows, size_t stride, int n)
+{
+    if (!part->b->attn_received)
+        return;
+    if (a->part != part) {
+        model_recv_flush(r, a);
+        memset(a->acc, 0, (size_t)part->n_kv * sizeof(float));
+        a->part = part;
+    }
+    for (int g = 0; g < n_rows; g++)
+        ops_add(a->acc, p + g * stride, n);
+}
+
+/*
+ * One (row, KV head) pair per item, over the rows of every sequence taking this path:
+ * the `group` query heads sharing that KV head are done together so each K/V row is
+ * converted once. Scores of every entry of the row's sequence, masked by position,
+ * softmax per head, then the probability-weighted sum of V rows. Compressed chunks are
+ * decoded to f32 once per pass (scores, then values).
+ */
+static void model_attn_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    kv_shape shape = model_kv_shape(r->m);
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t stride = (size_t)r->max_kv;
+    float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
+    float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
+    model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
+    long n_items = (long)s->n_item_rows * hp->n_head_kv, item;
+    (void)nth;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
+        int t = r->item_rows[item / hp->n_head_kv], kvh = (int)(item % hp->n_head_kv);
+        int h0 = kvh * group;
+        const model_part *part = &s->parts[r->row_part[t]];
+        const kv_seq *seq = part->seq;
+        const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
+        float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
+        int32_t pos = r->row_pos[t];
+        for (int c = 0; c < MODEL_KV_PREFETCH; c++)
+            model_prefetch_block(seq, c, shape, s->layer, kvh, false);
+
+        int n_kv = 0;
+        for (int c = 0; c < seq->n_chunks; c++) {
+            const kv_chunk *ch = seq->chunks[c];
+            model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, false);
+            int visible = 0;
+            for (int i = 0; i < ch->n_tokens; i++)
+                visible += ch->positions[i] <= pos;
+            if (visible)
+                model_chunk_scores(ch, shape, s->layer, kvh, q, group, scale, scores + n_kv,
+                                   stride, buf);
+            for (int i = 0; i < ch->n_tokens; i++)
+                if (ch->positions[i] > pos)
+                    for (int g = 0; g < group; g++)
+                        scores[g * stride + n_kv + i] = -INFINITY;
+            n_kv += ch->n_tokens;
+        }
+        for (int c = 0; c < MODEL_KV_PREFETCH; c++)
+            model_prefetch_block(seq, c, shape, s->layer, kvh, true);
+        for (int g = 0; g < group; g++)
+            ops_softmax(scores + g * stride, n_kv);
+        memset(out, 0, (size_t)group * hd * sizeof(float));
+        int j = 0;
+        for (int c = 0; c < seq->n_chunks; c++) {
+            const kv_chunk *ch = seq->chunks[c];
+            model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, true);
+            bool visible = false;
+            for (int i = 0; i < ch->n_tokens && !visible; i++)
+                visible = ch->positions[i] <= pos;
+            if (visible)
+                model_chunk_accum(ch, shape, s->layer, kvh, out, group, scores + j, stride, buf);
+            j += ch->n_tokens;
+        }
+        model_recv_add(r, &recv, part, scores, group, stride, n_kv);
+        const model_batch *b = part->b;
+        if (b->attn)
+            for (int g = 0; g < group; g++) {
+                float *row = b->attn + (((size_t)s->layer * hp->n_head + h0 + g) * b->n_tokens +
+                                        part->t0 + t - part->r0) * part->n_kv_total;
+                memcpy(row, scores + g * stride, (size_t)n_kv * sizeof(float));
+            }
+    }
+    model_recv_flush(r, &recv);
+}
+
+/* Batched attention, step 1: K and V of KV head s->kv_head of this layer, every entry of
+ * s->part's sequence, into r->kv_f32; chunks are split over threads. */
+static void model_kv_f32_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const kv_seq *seq = s->part->seq;
+    int hd = r->m->hp.head_dim;
+    kv_shape shape = model_kv_shape(r->m);
+    float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    long b, e;
+    tp_split(seq->n_chunks, ith, nth, &b, &e);
+    for (long c = b; c < e; c++) {
+        const kv_chunk *ch = seq->chunks[c];
+        size_t base = (size_t)r->chunk_base[c] * hd;
+        kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf + base);
+    }
+}
+
+/* Batched attention, step 2: one item is (query head of the group, block of the part's
+ * rows): scores = Q K^T with sgemm over the entries up to the last one any row of the
+ * block may see, mask by position, softmax, then P V with sgemm. */
+static void model_attn_gemm_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_part *pt = s->part;
+    const model_batch *b = pt->b;
+    const model_hparams *hp = &r->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    const int32_t *positions = r->row_pos + pt->r0;
+    float *sc = r->blk_scores + (size_t)ith * r->attn_rows * r->max_kv;
+    model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
+    int blk = r->attn_rows;
+    long n_blocks = (pt->n + blk - 1) / blk, item;
+    (void)nth;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) <
+           n_blocks * group) {
+        int h = s->kv_head * group + (int)(item % group);
+        int t0 = (int)(item / group) * blk;
+        int nt = pt->n - t0 < blk ? pt->n - t0 : blk;
+        int32_t max_pos = 0;
+        for (int t = t0; t < t0 + nt; t++)
+            max_pos = positions[t] > max_pos ? positions[t] : max_pos;
+        int nv = s->n_kv;
+        while (nv > 0 && r->kv_pos[nv - 1] > max_pos)
+            nv--;
+        /* every row sees its own entry, so nv >= 1 */
+        size_t row0 = (size_t)(pt->r0 + t0) * ld_q + (size_t)h * hd;
+        blas_sgemm(true, nt, nv, hd, scale, r->q + row0, ld_q, kf, hd, 0.0f, sc, r->max_kv);
+        for (int t = 0; t < nt; t++) {
+            float *row = sc + (size_t)t * r->max_kv;
+            int32_t pos = positions[t0 + t];
+            for (int j = 0; j < nv; j++)
+                if (r->kv_pos[j] > pos)
+                    row[j] = -INFINITY;
+            ops_softmax(row, nv);
+            model_recv_add(r, &recv, pt, row, 1, 0, nv);
+            if (b->attn)
+                memcpy(b->attn + (((size_t)s->layer * hp->n_head + h) * b->n_tokens + pt->t0 +
+                                  t0 + t) * pt->n_kv_total,
+                       row, (size_t)nv * sizeof(float));
+        }
+        blas_sgemm(false, nt, hd, nv, 1.0f, sc, r->max_kv, vf, hd, 0.0f, r->att + row0, ld_q);
+    }
+    model_recv_flush(r, &recv);
+}
+
+/* Attention of every row over its own sequence: the rows of all sequences with fewer
+ * than MODEL_ATTN_GEMM_MIN rows in one dispatch, then the others one by one. */
+static void model_attention(model_runner *r, model_step *s)
+{
+    if (s->n_item_rows > 0) {
+        atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
+        tp_run(r->pool, model_attn_job, s);
+    }
+    for (int i = 0; i < s->n_parts; i++) {
+        const model_part *pt = &s->parts[i];
+        if (pt->n < MODEL_ATTN_GEMM_MIN)
+            continue;
+        int j = 0;
+        for (int c = 0; c < pt->seq->n_chunks; c++) {
+            const kv_chunk *ch = pt->seq->chunks[c];
+            r->chunk_base[c] = j;
+            for (int e = 0; e < ch->n_tokens; e++)
+                r->kv_pos[j++] = ch->positions[e];
+        }
+        s->part = pt;
+        s->n_kv = j;
+        for (int h = 0; h < r->m->hp.n_head_kv; h++) {
+            s->kv_head = h;
+            tp_run(r->pool, model_kv_f32_job, s);
+            atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
+            tp_run(r->pool, model_attn_gemm_job, s);
+        }
+    }
+}
+
+static void model_ffn_act_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    int n_ff = s->r->m->hp.n_ff;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
+}
+
+static void model_run(model_runner *r, tp_fn fn, model_step *s)
+{
+    /* A dispatch costs more than one row's worth of these small jobs. */
+    if (s->n == 1)
+        fn(s, 0, 1);
+    else
+        tp_run(r->pool, fn, s);
+}
+
+/* Copies the residual rows of the part's out rows in this step into dst (n_out, dim). */
+static void model_save_rows(const model_runner *r, const model_part *pt, float *dst)
+{
+    int dim = r->m->hp.dim;
+    for (int o = pt->o0; o < pt->o1; o++)
+        memcpy(dst + (size_t)o * dim, r->x + (size_t)(pt->r0 + pt->b->out_rows[o] - pt->t0) * dim,
+               (size_t)dim * sizeof(float));
+}
+
+/* Logits of the n normalized out rows in r->xn into r->out_dst: one product straight into
+ * the destination when it is one array (a single batch), otherwise through the staging
+ * buffer, MODEL_LOGITS_STAGE rows per product. */
+static void model_logits(model_runner *r, int n)
+{
+    const model *m = r->m;
+    int nv = m->hp.n_vocab, dim = m->hp.dim;
+    bool contiguous = true;
+    for (int i = 1; i < n && contiguous; i++)
+        contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
+    if (contiguous) {
+        ops_matmul(r->pool, &m->output, r->xn, n, r->out_dst[0], r->mm_scratch);
+        return;
+    }
+    int stage = r->max_batch < MODEL_LOGITS_STAGE ? r->max_batch : MODEL_LOGITS_STAGE;
+    for (int i = 0; i < n; i += stage) {
+        int g = n - i < stage ? n - i : stage;
+        ops_matmul(r->pool, &m->output, r->xn + (size_t)i * dim, g, r->logits_stage,
+                   r->mm_scratch);
+        for (int j = 0; j < g; j++)
+            memcpy(r->out_dst[i + j], r->logits_stage + (size_t)j * nv, (size_t)nv * sizeof(float));
+    }
+}
+
+/* One step over r->parts[0 .. n_parts), whose seq, b, t0, n, n_kv_total are set and
+ * whose rows fit in max_batch: appends their entries and evaluates all rows stacked. */
+static void model_forward_rows(model_runner *r, int n_parts)
+{
+    const model *m = r->m;
+    const model_hparams *hp = &m->hp;
+    int dim = hp->dim;
+    model_part *parts = r->parts;
+    int n = 0, n_items = 0;
+
+    for (int i = 0; i < n_parts; i++) {
+        model_part *pt = &parts[i];
+        const model_batch *b = pt->b;
+        pt->r0 = n;
+        pt->o0 = 0;
+        while (pt->o0 < b->n_out && b->out_rows[pt->o0] < pt->t0)
+            pt->o0++;
+        pt->o1 = pt->o0;
+        while (pt->o1 < b->n_out && b->out_rows[pt->o1] < pt->t0 + pt->n)
+            pt->o1++;
+        for (int t = pt->t0; t < pt->t0 + pt->n; t++, n++) {
+            int32_t tok = b->tokens[t];
+            quant_dequantize_row(m->tok_embd.type,
+                                 (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
+                                 r->x + (size_t)n * dim, dim);
+            ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
+                            hp->rope_base);
+            r->row_part[n] = i;
+            r->row_pos[n] = b->positions[t];
+            kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);
+            if (pt->n < MODEL_ATTN_GEMM_MIN)
+                r->item_rows[n_items++] = n;
+        }
+        pt->n_kv = kv_seq_n_tokens(pt->seq);
+        if (b->hidden)
+            model_save_rows(r, pt, b->hidden);
+    }
+
+    /* decode rows would fault every streamed weight back in per token: only prefill streams */
+    bool stream = r->n_frags > 0 && n >= MODEL_STREAM_MIN_ROWS;
+    if (stream) {
+        model_advise_layer(r, -1, true);
+        model_advise_layer(r, 0, false);
+    }
+    model_step s = {.r = r, .n = n, .parts = parts, .n_parts = n_parts, .n_item_rows = n_items};
+    bool may_abort = r->abort && !stream && !parts[0].b->attn && !parts[0].b->layer_ready;
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (may_abort && atomic_load_explicit(r->abort, memory_order_relaxed)) {
+            r->aborted = true;
+            return;
+        }
+        const model_layer *L = &m->layers[l];
+        s.L = L;
+        s.layer = l;
+        if (stream && l + 1 < hp->n_layer)
+            model_advise_layer(r, l + 1, false);
+
+        s.norm_w = L->attn_norm;
+        model_run(r, model_norm_job, &s);
+        const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[] = {r->q, r->k, r->v};
+        ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+        /* before the new entries are written: they may go into an existing chunk */
+        for (int i = 0; i < n_parts; i++)
+            if (parts[i].b->layer_ready && parts[i].t0 == 0)
+                parts[i].b->layer_ready(parts[i].b->layer_ready_arg, l);
+        model_run(r, model_qkv_job, &s);
+        model_attention(r, &s);
+        ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
+        ops_add(r->x, r->proj, n * dim);
+
+        s.norm_w = L->ffn_norm;
+        model_run(r, model_norm_job, &s);
+        const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+        float *gate_up_out[] = {r->gate, r->up};
+        ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+        model_run(r, model_ffn_act_job, &s);
+        ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
+        ops_add(r->x, r->proj, n * dim);
+
+        for (int i = 0; i < n_parts; i++)
+            if (parts[i].b->hidden)
+                model_save_rows(r, &parts[i],
+                                parts[i].b->hidden + (size_t)(l + 1) * parts[i].b->n_out * dim);
+        if (stream)
+            model_advise_layer(r, l, true);
+    }
+
+    int n_logits = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const model_part *pt = &parts[i];
+        const model_batch *b = pt->b;
+        if (b->hidden_last)
+            model_save_rows(r, pt, b->hidden_last);
+        if (!b->logits)
+            continue;
+        for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
+            ops_rmsnorm(r->xn + (size_t)n_logits * dim,
+                        r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim, m->output_norm,
+                        dim, hp->norm_eps);
+            r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
+        }
+    }
+    if (n_logits > 0) {
+        if (stream)
+            model_advise_layer(r, -1, false);
+        model_logits(r, n_logits);
+        if (stream)
+            model_advise_layer(r, -1, true);
+    }
+}
+
+/* model_forward's rules for one batch against its sequence; `what` names it in errors. */
+static int model_check_batch(const model_runner *r, const kv_seq *seq, const model_batch *b,
+                             const char *what, char err[ERR_MAX])
+{
+    const model_hparams *hp = &r->m->hp;
+    int n = b->n_tokens;
+    if (!seq)
+        return err_set(err, "%s: no sequence", what);
+    if (!b->tokens || !b->positions)
+        return err_set(err, "%s: tokens or positions missing", what);
+    kv_shape want = model_kv_shape(r->m), have = kv_pool_shape(seq->pool);
+    if (want.n_layer != have.n_layer || want.n_head_kv != have.n_head_kv ||
+        want.head_dim != have.head_dim)
+        return err_set(err, "%s: KV pool shape does not match the model", what);
+    for (int i = 0; i < n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return err_set(err, "%s: token %d id %d out of range [0, %d)", what, i, b->tokens[i],
+                           hp->n_vocab);
+        if (b->positions[i] < 0)
+            return err_set(err, "%s: token %d has negative position %d", what, i,
+                           b->positions[i]);
+        if (n > r->max_batch && i > 0 && b->positions[i] < b->positions[i - 1])
+            return err_set(err, "%s: batch of %d tokens (> max batch %d) must have "
+                                "non-decreasing positions", what, n, r->max_batch);
+    }
+    if (b->n_out < 0 || (b->n_out > 0 && !b->out_rows))
+        return err_set(err, "%s: bad out rows", what);
+    for (int o = 0; o < b->n_out; o++)
+        if (b->out_rows[o] < 0 || b->out_rows[o] >= n || (o > 0 && b->out_rows[o] <= b->out_rows[o - 1]))
+            return err_set(err, "%s: out rows must be strictly increasing batch indices", what);
+    return 0;
+}
+
+/* Brings every non-resident chunk of seq in through its fault callback. */
+static int model_fault_in(kv_seq *seq, const char *what, char err[ERR_MAX])
+{
+    for (int c = 0; c < seq->n_chunks; c++) {
+        if (seq->chunks[c])
+            continue;
+        if (!seq->fault)
+            return err_set(err, "%s: chunk %d is not resident", what, c);
+        if (seq->fault(seq->fault_arg, seq, c, err) < 0)
+            return -1;
+        if (c >= seq->n_chunks || !seq->chunks[c])
+            return err_set(err, "%s: fault left chunk %d missing", what, c);
+    }
+    return 0;
+}
+
+static void model_name_batch(char *what, size_t cap, int n_seq, int i)
+{
+    if (n_seq == 1)
+        snprintf(what, cap, "forward");
+    else
+        snprintf(what, cap, "forward: batch %d", i);
+}
+
+int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
+                        const model_batch *batches, char err[ERR_MAX])
+{
+    const model_hparams *hp = &r->m->hp;
+    char what[48];
+    if (n_seq <= 0 || !seqs || !batches)
+        return err_set(err, "forward: no batches");
+    long total = 0;
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (batches[i].n_tokens <= 0)
+            return err_set(err, "%s: empty batch", what);
+        total += batches[i].n_tokens;
+    }
+    if (n_seq > 1 && total > r->max_batch)
+        return err_set(err, "forward: %ld rows in %d batches exceed the runner's max batch %d",
+                       total, n_seq, r->max_batch);
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (model_check_batch(r, seqs[i], &batches[i], what, err) < 0)
+            return -1;
+        if (n_seq > 1 && (batches[i].attn || batches[i].layer_ready))
+            return err_set(err, "%s: attn and layer_ready need a single batch", what);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return err_set(err, "forward: batches %d and %d have the same sequence", j, i);
+    }
+    /* faults may run forwards on this runner: they come before its scratch is used, and
+     * run to their end whatever the abort flag says (a fault that stopped would fail) */
+    const _Atomic bool *abort = r->abort;
+    r->abort = NULL;
+    for (int i = 0; i < n_seq; i++) {
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (model_fault_in(seqs[i], what, err) < 0) {
+            r->abort = abort;
+            return -1;
+        }
+    }
+    r->abort = abort;
+    /* a fault may have made room by dropping another sequence's chunk */
+    for (int i = 0; i < n_seq; i++)
+        for (int c = 0; c < seqs[i]->n_chunks; c++)
+            if (!seqs[i]->chunks[c])
+                return err_set(err, "forward: chunk %d of batch %d's sequence was dropped while "
+                                    "faulting in another's", c, i);
+
+    model_part *parts = r->parts;
+    for (int i = 0; i < n_seq; i++) {
+        kv_seq *seq = seqs[i];
+        int n = batches[i].n_tokens, n_before = kv_seq_n_tokens(seq), rc = 0;
+        parts[i] = (model_part){.seq = seq, .b = &batches[i], .n_before = n_before,
+                                .n_kv_total = n_before + n};
+        model_name_batch(what, sizeof what, n_seq, i);
+        if (n_before + n > r->max_kv)
+            rc = err_set(err, "%s: %d + %d KV entries exceed the runner's %d", what, n_before, n,
+                         r->max_kv);
+        else if (kv_seq_reserve(seq, n, err) < 0)
+            rc = -1;
+        else if (seq->n_chunks > r->max_chunks)
+            rc = err_set(err, "%s: sequence has %d chunks, more than the runner's %d", what,
+                         seq->n_chunks, r->max_chunks);
+        if (rc < 0) {
+            for (int j = 0; j <= i; j++)
+                kv_seq_truncate(seqs[j], parts[j].n_before);
+            return -1;
+        }
+    }
+
+    for (int i = 0; i < n_seq; i++)
+        if (batches[i].attn)
+            memset(batches[i].attn, 0, (size_t)hp->n_layer * hp->n_head * batches[i].n_tokens *
+                                           parts[i].n_kv_total * sizeof(float));
+    /* several batches fit in max_batch together; a single one may be split */
+    r->aborted = false;
+    for (int t0 = 0; t0 < batches[0].n_tokens && !r->aborted; t0 += r->max_batch) {
+        for (int i = 0; i < n_seq; i++) {
+            int left = batches[i].n_tokens - t0;
+            parts[i].t0 = t0;
+            parts[i].n = left < r->max_batch ? left : r->max_batch;
+        }
+        model_forward_rows(r, n_seq);
+    }
+    if (r->aborted) {
+        for (int i = 0; i < n_seq; i++)
+            kv_seq_truncate(seqs[i], parts[i].n_before);
+        return MODEL_ABORTED;
+    }
+    return 0;
+}
+
+int model_forward(model_runner *r, kv_seq *seq, const model_batch *b, char err[ERR_MAX])
+{
+    return model_forward_batch(r, 1, &seq, b, err);
+}

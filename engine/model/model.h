@@ -1,0 +1,290 @@
+/*
+ * model.h — a decoder-only transformer loaded from GGUF, and its forward pass.
+ *
+ * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
+ * (per-head RMSNorm of q and k). Weights are used in place from the file mapping.
+ *
+ * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
+ * against a kv_seq: each batch token attends to every entry of the sequence (existing
+ * chunks and the batch's own new entries) whose position is <= its own, and the batch's
+ * K/V are appended to the sequence. This one operation serves prefill, decode, exact
+ * recompute of interleaved chunks, reuse of saved KV, and scoring.
+ */
+#ifndef LLMS_MODEL_H
+#define LLMS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/gguf/gguf.h"
+#include "engine/kv/kv.h"
+
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+
+/* How RoPE pairs up dimensions within a head. */
+enum model_rope_style {
+    MODEL_ROPE_INTERLEAVED, /* llama: rotates (x[2i], x[2i+1]) */
+    MODEL_ROPE_HALVES,      /* neox / qwen: rotates (x[i], x[i + head_dim/2]) */
+};
+
+typedef struct model_hparams {
+    enum model_arch arch;
+    enum model_rope_style rope_style;
+    int n_vocab;
+    int dim;        /* embedding length */
+    int n_layer;
+    int n_head;
+    int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
+    int head_dim;   /* attention.key_length */
+    int n_ff;       /* feed-forward hidden size */
+    int n_ctx;      /* context length the model was trained for */
+    float rope_base;
+    float norm_eps;
+} model_hparams;
+
+typedef struct model model;
+
+/* One layer's small per-head tensors, applied to q, k and v after their matrix products
+ * (NULL when the architecture has none). */
+typedef struct model_qkv_extras {
+    const float *bq;     /* (n_head * head_dim), qwen2 */
+    const float *bk;     /* (n_head_kv * head_dim), qwen2 */
+    const float *bv;     /* (n_head_kv * head_dim), qwen2 */
+    const float *q_norm; /* (head_dim), qwen3 */
+    const float *k_norm; /* (head_dim), qwen3 */
+} model_qkv_extras;
+
+/* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
+ * per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs of the
+ * token's position (ops_rope_angles). Shared by every forward pass over these layers. */
+void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
+                      float *q, float *k, float *v);
+
+/* Maps and validates a GGUF model file: architecture, hyper-parameters, and every
+ * tensor's presence, type and shape (errors name the tensor). NULL + err on failure. */
+model *model_load(const char *path, char err[ERR_MAX]);
+
+/* Same, bringing the weights into memory as `how` says (model_load maps them). */
+model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX]);
+
+/* Same, from an already open file; the model borrows g, which must outlive it. */
+model *model_from_gguf(const gguf_file *g, char err[ERR_MAX]);
+
+/* Reads {arch}.suffix as a positive integer no larger than 2^20: dflt when absent (an
+ * error when dflt < 0). For every architecture's loader (model.c, bert.c). */
+int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
+                  int *out, char err[ERR_MAX]);
+
+/* Reads {arch}.suffix as a positive finite number (a norm epsilon, a RoPE base): dflt when
+ * absent. */
+int model_get_float(const gguf_file *g, const char *arch, const char *suffix, float dflt,
+                    float *out, char err[ERR_MAX]);
+
+/* The tensor name of exactly (ne0[, ne1]) elements (n_dims 1 or 2) of a type the kernels
+ * compute, with bytes enough for it; NULL + err naming it otherwise. */
+const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n_dims,
+                                     int64_t ne0, int64_t ne1, char err[ERR_MAX]);
+
+/*
+ * Repacks the weight matrices whose type has repacked kernels on this CPU
+ * (quant_repack_kernel: Q8_0 with AVX-512 VNNI) into a private copy of the same size, in
+ * the layout those kernels read: a matrix product runs ~1.1x (one activation row) to
+ * ~1.4-1.7x (4 to 32 rows) as fast (one thread, 5632 x 2048 matrices from DRAM; whole
+ * decode steps: bench/repack_decode), and every product equals the scalar kernel's bit
+ * for bit, so batched rows give exactly their solo results. The token embedding stays as
+ * stored (an output matrix tied to it gets a repacked copy of its own). Copied weights
+ * (GGUF_LOAD_COPY) give their replaced pages back, so that they are not held twice;
+ * mapped ones keep the file in the page cache, reclaimable, beside
+ * model_repacked_bytes of private memory. A repacked
+ * model's weights cannot stream (model_runner_stream_weights refuses): streaming runners
+ * read the file's layout. Does nothing on other CPUs, with LLMS_NO_SIMD or
+ * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had.
+ */
+int model_repack_weights(model *m, char err[ERR_MAX]);
+/* Private memory repacking added: the copy less the copied weights' pages it gave back
+ * (about 0 for copied weights; 0 when nothing was repacked). */
+size_t model_repacked_bytes(const model *m);
+
+/* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
+void model_free(model *m);
+
+const model_hparams *model_hparams_of(const model *m);
+
+/* The file the model was loaded from (tokenizer metadata lives there too). */
+const gguf_file *model_gguf(const model *m);
+
+/* The final RMSNorm (output_norm) applied to one residual row x (dim) into y (dim), as
+ * before the output matrix; x and y may be the same. For embeddings and intermediate
+ * scores taken from model_batch.hidden. */
+void model_output_norm(const model *m, const float *x, float *y);
+
+/* The shape of this model's KV chunks, for kv_pool_new. */
+kv_shape model_kv_shape(const model *m);
+
+/*
+ * A runner owns what evaluating the model needs: the thread pool and all scratch memory,
+ * sized for batches of up to max_batch tokens against at most max_kv KV entries, so
+ * that model_forward allocates nothing (except new KV chunks taken from the sequence's
+ * pool). A runner is used by one thread at a time.
+ */
+typedef struct model_runner model_runner;
+
+/* n_threads <= 0: online CPUs. max_batch <= 0: 512. max_kv <= 0: the model's n_ctx.
+ * Makes OpenBLAS single-threaded for the whole process (the runner's pool splits the
+ * work instead). */
+model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,
+                               char err[ERR_MAX]);
+
+/* Query rows per block of batched attention when a runner is not told otherwise. */
+#define MODEL_ATTN_ROWS_DEFAULT 32
+
+/* Everything a runner can be sized by (model_runner_new fills the first three). */
+typedef struct model_runner_opts {
+    int n_threads; /* <= 0: online CPUs */
+    int max_batch; /* <= 0: 512 */
+    int max_kv;    /* <= 0: the model's n_ctx */
+    /* Query rows whose attention scores (one row of max_kv floats each) a thread holds at
+     * once: max_batch is the unpartitioned path, fewer rows block the scores, softmax and
+     * output (engine/model/prefill.h plans it). <= 0: MODEL_ATTN_ROWS_DEFAULT. */
+    int attn_rows;
+} model_runner_opts;
+
+/* A runner sized by opts. The attention buffers and the MLP's gate/up share one region
+ * (they are never live together), so the scratch is the larger of the two plus what
+ * every step uses: model_runner_scratch_bytes. */
+model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opts,
+                                    char err[ERR_MAX]);
+void model_runner_free(model_runner *r);
+
+/* Bytes of scratch the runner allocated (its working memory, KV and weights apart). */
+size_t model_runner_scratch_bytes(const model_runner *r);
+
+/*
+ * Weight residency by size for mapped weights (model_load, model_load_as with
+ * GGUF_LOAD_MAP): every matrix is a fragment; sorted by size, the smallest stay resident
+ * up to resident_bytes, the others stream per layer during forwards of at least
+ * MODEL_STREAM_MIN_ROWS rows (prefill): the next layer's are prefetched (MADV_WILLNEED,
+ * read ahead by the kernel while this layer computes) and a layer's are released
+ * (MADV_DONTNEED: the pages leave this process, the page cache may keep them) once it
+ * is done, so about two layers of large fragments are in memory at once.
+ * SIZE_MAX turns streaming off (the default). -1 + err when the weights are not mapped.
+ */
+#define MODEL_STREAM_MIN_ROWS 64
+int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err[ERR_MAX]);
+
+/* Bytes of weight matrices that stay resident / stream under resident_bytes, and the
+ * largest one layer streams (what the plan counts as the window: two of these). */
+typedef struct model_residency {
+    size_t resident;
+    size_t streamed;
+    size_t layer_max;
+    int n_resident, n_streamed; /* fragments */
+} model_residency;
+model_residency model_weight_residency(const model *m, size_t resident_bytes);
+
+int model_runner_n_threads(const model_runner *r);
+
+/* Threads its jobs run on now: fewer than model_runner_n_threads while the pool finds
+ * other processes holding the cores (threadpool.h). */
+int model_runner_n_threads_active(const model_runner *r);
+
+/* Forward passes on one thread for work nobody waits for (background), or on the pool
+ * again: see tp_set_background. */
+void model_runner_set_background(model_runner *r, bool background);
+
+/* While abort is set (not NULL), a forward reads *abort before each layer and, once it
+ * is true, stops: the sequences are as before the call and model_forward_batch returns
+ * MODEL_ABORTED. Lets work nobody waits for give the runner up to a request within a
+ * layer, not a whole step. Not for batches with attn or layer_ready, nor while weights
+ * stream (model_runner_stream_weights), where a forward always runs to its end. NULL:
+ * forwards always run to their end (the default). */
+#define MODEL_ABORTED 1
+void model_runner_set_abort(model_runner *r, const _Atomic bool *abort);
+
+int model_runner_max_kv(const model_runner *r);
+
+/* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */
+typedef struct model_batch {
+    int n_tokens;
+    const int32_t *tokens;    /* (n_tokens) token ids, each < n_vocab */
+    const int32_t *positions; /* (n_tokens) absolute positions, >= 0 */
+
+    /* Rows whose outputs are wanted: n_out strictly increasing indices into the batch. */
+    int n_out;
+    const int32_t *out_rows;  /* (n_out) */
+
+    float *logits;            /* (n_out, n_vocab), or NULL */
+    /* Residual stream of the out rows: hidden[0] is the token embedding, hidden[l + 1]
+     * the output of layer l (the last one before the final norm). */
+    float *hidden;            /* (n_layer + 1, n_out, dim), or NULL */
+    /* Residual stream of the out rows after the last layer (before the final norm):
+     * hidden's last slot without the others. */
+    float *hidden_last;       /* (n_out, dim), or NULL */
+    /* Attention probabilities of every batch token over the sequence's entries after
+     * the append (n_kv = entries before + n_tokens, in chunk order then entry order);
+     * entries a token may not see are 0. */
+    float *attn;              /* (n_layer, n_head, n_tokens, n_kv), or NULL */
+    /* Attention each entry of the sequence receives (same order as attn), summed over
+     * layers, heads and the batch's tokens; added to (not overwritten), so the caller
+     * can accumulate it over calls. Cheap enough to keep on for every call. */
+    float *attn_received;     /* (n_kv after the append), or NULL */
+
+    /* Called before layer l reads any K/V of the sequence's existing chunks: lets their
+     * data arrive layer by layer (read from disk by another thread) while earlier layers
+     * compute. The chunks' precision, ids and positions must be set before the forward.
+     * Called once per layer and forward, in layer order, before the batch's new entries of
+     * that layer are written (they may go into the last existing chunk). A partial
+     * compressed last chunk is converted to f16 before the first layer (new entries go
+     * there), so its data must be complete when the forward starts. */
+    void (*layer_ready)(void *arg, int layer);
+    void *layer_ready_arg;
+} model_batch;
+
+/*
+ * Evaluates the batch against seq and appends its K/V (with ids and positions) to seq.
+ * Batches longer than the runner's max_batch are evaluated in consecutive sub-batches,
+ * which is exact when positions within the batch do not decrease (otherwise it is
+ * refused). Fails without changing seq on bad ids, positions or out rows, when the
+ * sequence would exceed max_kv entries, or when its pool refuses the chunks needed.
+ * 0, -1 + err, or MODEL_ABORTED (seq unchanged) while model_runner_set_abort's flag is
+ * raised.
+ */
+int model_forward(model_runner *r, kv_seq *seq, const model_batch *batch, char err[ERR_MAX]);
+
+/*
+ * Evaluates n_seq batches at once: batches[i] against seqs[i], each exactly as
+ * model_forward would (same outputs, same K/V appended), but with the rows of all of
+ * them stacked so that every weight matrix is read once for all rows: a step of the
+ * daemon's scheduler advancing many contexts (decode rows and prefill slices) together.
+ * Attention stays per sequence, over its own chunks and positions.
+ *
+ * The batches' n_tokens must add up to at most the runner's max_batch (n_seq == 1 is
+ * model_forward itself: one batch may be longer). Each batch follows model_forward's
+ * rules; attn and layer_ready are accepted only when n_seq == 1, and no sequence may
+ * appear twice. Everything is checked, non-resident chunks faulted in and the KV space
+ * of every sequence reserved before anything is computed; on failure no sequence has
+ * gained entries.
+ *
+ * Numerics: a sequence's outputs are bit-equal to evaluating it alone when the stacked
+ * rows number at most 16 (the matrix products then use per-row dot kernels) and it takes
+ * the same attention path (fewer than 16 rows of its own: per-row attention; at least
+ * 16: sgemm, as alone). One exception: from QUANT_PACKED_MIN_ACT (3) stacked rows on,
+ * Q8_0 products on CPUs with AVX-512 VNNI use the packed-activation kernel, which adds a
+ * dot product's blocks in another order than the lone row's SIMD lanes (f32 rounding,
+ * ~1e-7 of the logits' scale); not on repacked weights (model_repack_weights), whose
+ * products are the scalar kernel's at any row count, so outputs are bit-equal there with
+ * more stacked rows too (tests/engine/test_model_batch.c: 28 rows of decode and prefill
+ * mixed). Otherwise, with more stacked rows, the products
+ * go through sgemm on f32 activations instead: for float weights outputs then differ
+ * from solo by rounding (~1e-5 of their scale), for quantized weights by the 8-bit
+ * quantization of the activations that the lone rows' dot kernels apply (up to ~2% of
+ * the logits' scale;
+ * tests/engine/test_model_batch.c). attn_received is summed per thread and added in
+ * whatever order threads finish, as in model_forward, so it is bit-equal only with one
+ * thread.
+ */
+int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
+                        const model_batch *batches, char err[ERR_MAX]);
+
+#endif

@@ -1,0 +1,733 @@
+/*
+ * quant_avx2.c — AVX2/FMA/F16C dot-product, dequantization and activation-quantization
+ * kernels (see quant_avx2.h). Compiled with -mavx2 -mfma -mf16c; quant.c calls in only
+ * after checking the CPU.
+ *
+ * Dot products of quantized rows do exact integer arithmetic per block (the same integers
+ * as the scalar kernels) and accumulate in f32 vectors, so they differ from the scalar
+ * reference only by the order of f32 additions. Dequantization and activation
+ * quantization give the scalar results bit for bit: each FMA there either has a zero
+ * addend or a product that is exact in f32, so it rounds where the scalar code does.
+ */
+#if defined(__x86_64__)
+
+#include "engine/quant/quant_avx2.h"
+
+#include <immintrin.h>
+
+#include "engine/quant/quant.h"
+#include "engine/quant/quant_blocks.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Rows processed per pass over the activation by the multi-row kernels. Eight rows stream
+ * from DRAM faster than four on one thread (Q8_0 about 16 vs 13.7 GB/s in bench/quant_dot):
+ * more independent streams keep more cache misses in flight. */
+#define NR 8
+
+INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE __m256i load256(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+INLINE __m128i load128(const void *p)
+{
+    return _mm_loadu_si128((const __m128i *)p);
+}
+
+/* Sum of w[i] * a[i] over 32 signed bytes, as 8 int32 partial sums. maddubs wants an
+ * unsigned first operand, so the signs of w move onto a; exact because quantized
+ * activations never hold -128 (and |w| = 128 is fine as an unsigned byte). */
+INLINE __m256i dot_i8x32(__m256i w, __m256i a)
+{
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The 32 nibbles (0..15, value + 8) of a Q4_0 block, in element order. */
+INLINE __m256i unpack_q4_0(const uint8_t *qs)
+{
+    __m128i b = load128(qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+/*
+ * Multi-row kernels take nr (1..NR, a constant after inlining) rows that share each
+ * activation load. The arithmetic of a row is the same for every nr, so a row's result
+ * does not depend on how rows were grouped.
+ */
+
+/* One accumulator per row: NR rows already give NR independent FMA chains, and a second
+ * set would not fit the 16 ymm registers beside the activation. */
+INLINE void rows_q8_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y, int64_t nb,
+                      float *out)
+{
+    const qblock_q8_0 *x[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
+        acc[r] = _mm256_setzero_ps();
+    }
+    /* The next group of rows follows this one in memory: fetching it evenly over this
+     * pass turns eight strided streams into one sequential stream ahead of them, which
+     * the hardware prefetcher alone does not keep up with (2 threads: ~17 -> ~22 GB/s).
+     * Integer addresses, as the last group prefetches past the matrix (harmless). */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = nb ? (size_t)nr * rb / (size_t)nb : 0;
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i a = load256(y[i].qs);
+        float da = _cvtsh_ss(y[i].d);
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)i * pf_step + k), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            __m256 p = _mm256_cvtepi32_ps(dot_i8x32(load256(x[r][i].qs), a));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * da), p, acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum(acc[r]);
+}
+
+INLINE void rows_q4_0(int nr, const uint8_t *w, size_t rb, const qblock_q8_0 *y, int64_t nb,
+                      float *out)
+{
+    const qblock_q4_0 *x[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        x[r] = (const qblock_q4_0 *)(const void *)(w + (size_t)r * rb);
+        acc[r] = _mm256_setzero_ps();
+    }
+    /* the next group of rows fetched evenly over this pass, as rows_q8_0 does: without
+     * it, one thread read 8.5 GB/s of Q4_0 rows from DRAM where they read 16.8 from L2 */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = nb ? (size_t)nr * rb / (size_t)nb : 0;
+    for (int64_t i = 0; i < nb; i++) {
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)i * pf_step + k), _MM_HINT_T0);
+        /* sum (q - 8) a = sum q a - 8 sum a, with q unsigned as maddubs wants it; the
+         * second sum is shared by all rows. */
+        __m256i a = load256(y[i].qs);
+        __m256i a8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a),
+                                       _mm256_set1_epi16(8));
+        float da = _cvtsh_ss(y[i].d);
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            __m256i qa = _mm256_maddubs_epi16(unpack_q4_0(x[r][i].qs), a);
+            __m256 p = _mm256_cvtepi32_ps(
+                _mm256_sub_epi32(_mm256_madd_epi16(qa, _mm256_set1_epi16(1)), a8));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[r][i].d) * da), p, acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum(acc[r]);
+}
+
+/* Eight consecutive weights of a float type t (F32, F16, BF16) starting at element i. */
+INLINE __m256 load8_float(uint32_t t, const void *row, int64_t i)
+{
+    if (t == QTYPE_F32)
+        return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = load128((const uint16_t *)row + i);
+    if (t == QTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+INLINE void rows_float(uint32_t t, int nr, const uint8_t *w, size_t rb, const float *a,
+                       int64_t n, float *out)
+{
+    const void *x[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        x[r] = w + (size_t)r * rb;
+        acc[r] = _mm256_setzero_ps();
+    }
+    /* prefetch the next group of rows evenly over this pass, as rows_q8_0 does */
+    uintptr_t pf = (uintptr_t)w + (size_t)nr * rb;
+    size_t pf_step = n >= 8 ? (size_t)nr * rb / (size_t)(n / 8) : 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(a + i);
+        for (size_t k = 0; k < pf_step; k += 64)
+            _mm_prefetch((const char *)(pf + (size_t)(i / 8) * pf_step + k), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm256_fmadd_ps(load8_float(t, x[r], i), a0, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) {
+        float s = hsum(acc[r]);
+        for (int64_t j = i; j < n; j++)
+            s += qb_load_float(t, x[r], j) * a[j];
+        out[r] = s;
+    }
+}
+
+/* Per-sub-block 6-bit mins of a Q4_K/Q5_K super-block (bytes of m) times the activation's
+ * pair sums of bsums: 8 int32 m[j] * (bsums[2j] + bsums[2j+1]). */
+INLINE __m256i k_mins_dot(uint64_t m, const qblock_q8_k *y)
+{
+    __m128i m8 = _mm_cvtsi64_si128((long long)m);
+    __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    return _mm256_madd_epi16(load256((const uint8_t *)y + offsetof(qblock_q8_k, bsums)), m16);
+}
+
+/* The 8 bytes of a qb_unpack_k_scales word as int16, repeated in both 128-bit lanes. */
+INLINE __m256i k_bytes16(uint64_t v)
+{
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)v)));
+}
+
+/* 16-bit element j of each lane, broadcast over the lane. */
+INLINE __m256i pick16(__m256i v, int j)
+{
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
+}
+
+/* The K-quant kernels take one row per pass: a two-row version sharing the activation
+ * loads measured no faster (those loads hit L1, and one super-block already has ample
+ * independent work). */
+
+static float dot_q4_k(const qblock_q4_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        uint64_t scw, m;
+        qb_unpack_k_scales(x[i].scales, &scw, &m);
+        __m256i sc = k_bytes16(scw);
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 4; g++) {
+            __m256i q = load256(x[i].qs + 32 * g);
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
+            __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
+            p0 = _mm256_madd_epi16(p0, pick16(sc, 2 * g));
+            p1 = _mm256_madd_epi16(p1, pick16(sc, 2 * g + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
+static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        uint64_t scw, m;
+        qb_unpack_k_scales(x[i].scales, &scw, &m);
+        __m256i sc = k_bytes16(scw);
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(k_mins_dot(m, &y[i])), accm);
+        __m256i sumi = _mm256_setzero_si256(), hb = load256(x[i].qh);
+#pragma GCC unroll 8
+        for (int g = 0; g < 4; g++) {
+            __m256i q = load256(x[i].qs + 32 * g);
+            /* Bit 2g of each qh byte becomes bit 4 of a low-nibble value, bit 2g+1 of a
+             * high-nibble one; hb is shifted down two bits per group. */
+            __m256i b0 = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
+            __m256i b1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+            hb = _mm256_srli_epi16(hb, 2);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), b0);
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), b1);
+            __m256i p0 = _mm256_maddubs_epi16(lo, load256(y[i].qs + 64 * g));
+            __m256i p1 = _mm256_maddubs_epi16(hi, load256(y[i].qs + 64 * g + 32));
+            p0 = _mm256_madd_epi16(p0, pick16(sc, 2 * g));
+            p1 = _mm256_madd_epi16(p1, pick16(sc, 2 * g + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
+/* A shuffle picking 16-bit element 2k of each 128-bit lane's scales for the low lane and
+ * element 2k+1 for the high lane: the scales of the two 16-element halves of a 32-value
+ * Q6_K run. */
+INLINE __m256i q6_scale_pick(int k)
+{
+    short lo = (short)(((4 * k + 1) << 8) | (4 * k)), hi = (short)(((4 * k + 3) << 8) | (4 * k + 2));
+    return _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+}
+
+static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(0x03);
+    const __m256i m0c = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        /* q is stored as q + 32: the sum of sc * 32 * a is taken off through bsums. */
+        __m256i sc16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h;
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i l0 = load256(ql), l1 = load256(ql + 32), qh = load256(x[i].qh + 32 * h);
+            __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(
+                _mm_loadl_epi64((const __m128i *)(const void *)(x[i].scales + 8 * h))));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m0c), 2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+#pragma GCC unroll 8
+            for (int k = 0; k < 4; k++) {
+                __m256i p = _mm256_maddubs_epi16(q[k], load256(a + 32 * k));
+                __m256i s = _mm256_shuffle_epi8(sc, q6_scale_pick(k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
+/*
+ * Several activation rows at once (batched decode): each weight block is loaded, and
+ * its signs taken, once for MA activations. Every (row, activation) pair keeps its own
+ * accumulator and the same operations as rows_q8_0, so each result equals quant_dot's
+ * bit for bit. MR x MA = 8 accumulators, plus the weights and one activation, fit the
+ * 16 ymm registers.
+ */
+#define MR 2
+#define MA 4
+
+INLINE void multi_q8_0(int nr, int na, const uint8_t *w, size_t rb, const uint8_t *act,
+                       size_t as, int64_t nb, float *out, size_t os)
+{
+    const qblock_q8_0 *x[MR], *y[MA];
+    __m256 acc[MR][MA];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        x[r] = (const qblock_q8_0 *)(const void *)(w + (size_t)r * rb);
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        y[a] = (const qblock_q8_0 *)(const void *)(act + (size_t)a * as);
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++)
+            acc[r][a] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i wq[MR], wabs[MR];
+        float dw[MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            wq[r] = load256(x[r][i].qs);
+            wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+            dw[r] = _cvtsh_ss(x[r][i].d);
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            __m256i aq = load256(y[a][i].qs);
+            float da = _cvtsh_ss(y[a][i].d);
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                __m256i p = _mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r]));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+                acc[r][a] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * da), s, acc[r][a]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++)
+            out[(size_t)a * os + r] = hsum(acc[r][a]);
+}
+
+/* Rows of one group of up to MA activations, MR at a time; na is constant after inlining. */
+INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    int64_t r = 0;
+    for (; r + MR <= n_rows; r += MR)
+        multi_q8_0(MR, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
+    for (; r < n_rows; r++)
+        multi_q8_0(1, na, w + (size_t)r * rb, rb, act, as, nb, out + r, os);
+}
+
+int quant_avx2_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
+                              int64_t n_rows, const void *act, size_t act_stride, int n_act,
+                              int64_t n, float *out, size_t out_stride)
+{
+    if (t != QTYPE_Q8_0)
+        return 0;
+    const uint8_t *w = weights, *y = act;
+    int64_t nb = n / QB_32;
+    int a = 0;
+    for (; a + MA <= n_act; a += MA)
+        multi_q8_0_rows(MA, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+    switch (n_act - a) {
+    case 3:
+        multi_q8_0_rows(3, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    case 2:
+        multi_q8_0_rows(2, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    case 1:
+        multi_q8_0_rows(1, w, row_bytes, n_rows, y + (size_t)a * act_stride, act_stride, nb,
+                        out + (size_t)a * out_stride, out_stride);
+        break;
+    default:
+        break;
+    }
+    return 1;
+}
+
+void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
+                         const void *activation, int64_t n, float *out)
+{
+    const uint8_t *w = weights;
+    int64_t r = 0;
+    switch (t) {
+    case QTYPE_Q8_0:
+        for (; r + NR <= n_rows; r += NR)
+            rows_q8_0(NR, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        for (; r < n_rows; r++)
+            rows_q8_0(1, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        break;
+    case QTYPE_Q4_0:
+        for (; r + NR <= n_rows; r += NR)
+            rows_q4_0(NR, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        for (; r < n_rows; r++)
+            rows_q4_0(1, w + (size_t)r * row_bytes, row_bytes, activation, n / QB_32, out + r);
+        break;
+    case QTYPE_F32:
+    case QTYPE_F16:
+    case QTYPE_BF16:
+        for (; r + NR <= n_rows; r += NR) {
+            const uint8_t *x = w + (size_t)r * row_bytes;
+            if (t == QTYPE_F32)
+                rows_float(QTYPE_F32, NR, x, row_bytes, activation, n, out + r);
+            else if (t == QTYPE_F16)
+                rows_float(QTYPE_F16, NR, x, row_bytes, activation, n, out + r);
+            else
+                rows_float(QTYPE_BF16, NR, x, row_bytes, activation, n, out + r);
+        }
+        for (; r < n_rows; r++) {
+            const uint8_t *x = w + (size_t)r * row_bytes;
+            if (t == QTYPE_F32)
+                rows_float(QTYPE_F32, 1, x, row_bytes, activation, n, out + r);
+            else if (t == QTYPE_F16)
+                rows_float(QTYPE_F16, 1, x, row_bytes, activation, n, out + r);
+            else
+                rows_float(QTYPE_BF16, 1, x, row_bytes, activation, n, out + r);
+        }
+        break;
+    case QTYPE_Q4_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q4_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q5_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q5_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q6_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q6_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    default:
+        for (; r < n_rows; r++)
+            out[r] = 0;
+        break;
+    }
+}
+
+/* ---- dequantization ---- */
+
+/*
+ * The dequantizers widen 8 bytes at a time straight from memory into int32 lanes and
+ * rebuild the values there: cheaper than widening a 32-byte register, which takes
+ * cross-lane shuffles.
+ */
+
+INLINE __m256i zx8(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+/* y[0..8) = d * q - m */
+INLINE void store8(float *y, __m256i q, __m256 d, __m256 m)
+{
+    _mm256_storeu_ps(y, _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(q), m));
+}
+
+static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), k8 = _mm256_set1_epi32(8);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i v = zx8(b[i].qs + k);
+            store8(y + k, _mm256_sub_epi32(_mm256_and_si256(v, m4), k8), d, zero);
+            store8(y + 16 + k, _mm256_sub_epi32(_mm256_srli_epi32(v, 4), k8), d, zero);
+        }
+    }
+}
+
+/* The factors of a K-quant super-block as floats in memory, to be broadcast from there
+ * (a broadcast load costs no ALU work): out[j] = f * byte j of v. */
+INLINE void k_factors(float out[8], float f, uint64_t v)
+{
+    __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)));
+    _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(f), x));
+}
+
+static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF);
+    float ds[8] __attribute__((aligned(32))), ms[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < nb; i++) {
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
+        k_factors(ds, _cvtsh_ss(b[i].d), sc);
+        k_factors(ms, _cvtsh_ss(b[i].dmin), m);
+        for (int g = 0; g < 4; g++, y += 64) {
+            __m256 d1 = _mm256_broadcast_ss(&ds[2 * g]), d2 = _mm256_broadcast_ss(&ds[2 * g + 1]);
+            __m256 m1 = _mm256_broadcast_ss(&ms[2 * g]), m2 = _mm256_broadcast_ss(&ms[2 * g + 1]);
+#pragma GCC unroll 8
+            for (int k = 0; k < 32; k += 8) {
+                __m256i v = zx8(b[i].qs + 32 * g + k);
+                store8(y + k, _mm256_and_si256(v, m4), d1, m1);
+                store8(y + 32 + k, _mm256_srli_epi32(v, 4), d2, m2);
+            }
+        }
+    }
+}
+
+static void dequant_q5_k(const qblock_q5_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), b4 = _mm256_set1_epi32(0x10);
+    float ds[8] __attribute__((aligned(32))), ms[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
+        uint64_t sc, m;
+        qb_unpack_k_scales(b[i].scales, &sc, &m);
+        k_factors(ds, _cvtsh_ss(b[i].d), sc);
+        k_factors(ms, _cvtsh_ss(b[i].dmin), m);
+        for (int k = 0; k < 32; k += 8) {
+            /* Bit 2g of qh[l] is bit 4 of element 64g + l, bit 2g+1 of element 64g+32+l;
+             * h moves down two bits per group, so the bits wanted sit at 4 and 5 after a
+             * shift left by 4. */
+            __m256i h = _mm256_slli_epi32(zx8(b[i].qh + k), 4);
+#pragma GCC unroll 8
+            for (int g = 0; g < 4; g++) {
+                __m256i v = zx8(b[i].qs + 32 * g + k);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h, b4));
+                __m256i hi = _mm256_or_si256(_mm256_srli_epi32(v, 4),
+                                             _mm256_and_si256(_mm256_srli_epi32(h, 1), b4));
+                store8(y + 64 * g + k, lo, _mm256_broadcast_ss(&ds[2 * g]),
+                       _mm256_broadcast_ss(&ms[2 * g]));
+                store8(y + 64 * g + 32 + k, hi, _mm256_broadcast_ss(&ds[2 * g + 1]),
+                       _mm256_broadcast_ss(&ms[2 * g + 1]));
+                h = _mm256_srli_epi32(h, 2);
+            }
+        }
+    }
+}
+
+static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), m30 = _mm256_set1_epi32(0x30);
+    const __m256i k32 = _mm256_set1_epi32(32);
+    const __m256 zero = _mm256_setzero_ps();
+    float ds[16] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m128i s8 = _mm_loadl_epi64((const __m128i *)(const void *)(b[i].scales + k));
+            _mm256_store_ps(ds + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
+        }
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            const float *sc = ds + 8 * h;
+#pragma GCC unroll 8
+            for (int l = 0; l < 32; l += 8) {
+                int s = l / 16;
+                __m256i l0 = zx8(ql + l), l1 = zx8(ql + 32 + l), hb = zx8(qh + l);
+                __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi32(hb, 4), m30));
+                __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                             _mm256_and_si256(_mm256_slli_epi32(hb, 2), m30));
+                __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(l0, 4), _mm256_and_si256(hb, m30));
+                __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(l1, 4),
+                                             _mm256_and_si256(_mm256_srli_epi32(hb, 2), m30));
+                store8(y + l, _mm256_sub_epi32(q1, k32), _mm256_broadcast_ss(&sc[s]), zero);
+                store8(y + l + 32, _mm256_sub_epi32(q2, k32), _mm256_broadcast_ss(&sc[s + 2]), zero);
+                store8(y + l + 64, _mm256_sub_epi32(q3, k32), _mm256_broadcast_ss(&sc[s + 4]), zero);
+                store8(y + l + 96, _mm256_sub_epi32(q4, k32), _mm256_broadcast_ss(&sc[s + 6]), zero);
+            }
+        }
+    }
+}
+
+/* y[0..32) = d * q for 32 signed bytes at q. */
+INLINE void store_i8_32(float *y, const int8_t *q, __m256 d)
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < 32; k += 8) {
+        __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + k)));
+        _mm256_storeu_ps(y + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+    }
+}
+
+/* F16 or BF16 (t, a constant after inlining) to f32. */
+INLINE void dequant_half(uint32_t t, const void *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+#pragma GCC unroll 8
+        for (int k = 0; k < 32; k += 8)
+            _mm256_storeu_ps(dst + i + k, load8_float(t, src, i + k));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load8_float(t, src, i));
+    for (; i < n; i++)
+        dst[i] = qb_load_float(t, src, i);
+}
+
+void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n)
+{
+    switch (t) {
+    case QTYPE_F16:
+        dequant_half(QTYPE_F16, src, dst, n);
+        break;
+    case QTYPE_BF16:
+        dequant_half(QTYPE_BF16, src, dst, n);
+        break;
+    case QTYPE_Q8_0: {
+        const qblock_q8_0 *b = src;
+        for (int64_t k = 0; k < n / QB_32; k++) {
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(b[k].d));
+            store_i8_32(dst + QB_32 * k, b[k].qs, d);
+        }
+        break;
+    }
+    case QTYPE_Q4_0:
+        dequant_q4_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q8_K: {
+        const qblock_q8_k *b = src;
+        for (int64_t k = 0; k < n / QB_256; k++) {
+            __m256 d = _mm256_set1_ps(b[k].d);
+            for (int j = 0; j < QB_256; j += 32)
+                store_i8_32(dst + QB_256 * k + j, b[k].qs + j, d);
+        }
+        break;
+    }
+    case QTYPE_Q4_K:
+        dequant_q4_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q5_K:
+        dequant_q5_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q6_K:
+        dequant_q6_k(src, dst, n / QB_256);
+        break;
+    default:
+        quant_dequantize_row_scalar(t, src, dst, n);
+        break;
+    }
+}
+
+/* ---- activation quantization ---- */
+
+INLINE float hmax(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+INLINE int hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Largest |x| over n (a multiple of 32) floats. */
+INLINE float absmax(const float *x, int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        m0 = _mm256_max_ps(m0, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+        m1 = _mm256_max_ps(m1, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i + 8)));
+    }
+    return hmax(_mm256_max_ps(m0, m1));
+}
+
+/* Rounds x[0..32) * id to the nearest integer (ties to even, as the scalar quantizer) and
+ * stores them as 32 bytes; |x * id| <= 127 by the choice of id. Returns the four int32
+ * vectors through q (elements 0-7, 8-15, ...) for callers that need sums. */
+INLINE void quantize32(const float *x, __m256 id, int8_t *dst, __m256i q[4])
+{
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id));
+    /* The packs work per 128-bit lane; the permute puts the 4-byte groups back in order. */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(void *)dst, p);
+}
+
+void quant_avx2_quantize_activation(uint32_t t, const float *src, void *dst, int64_t n)
+{
+    __m256i q[4];
+    if (t == QTYPE_Q8_0) {
+        qblock_q8_0 *b = dst;
+        for (int64_t i = 0; i < n / QB_32; i++, src += QB_32) {
+            float d = absmax(src, QB_32) / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT); /* as quant_f32_to_f16 */
+            quantize32(src, _mm256_set1_ps(id), b[i].qs, q);
+        }
+    } else if (t == QTYPE_Q8_K) {
+        qblock_q8_k *b = dst;
+        for (int64_t i = 0; i < n / QB_256; i++, src += QB_256) {
+            float d = absmax(src, QB_256) / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            b[i].d = d;
+            for (int j = 0; j < QB_256; j += 32) {
+                quantize32(src + j, _mm256_set1_ps(id), b[i].qs + j, q);
+                b[i].bsums[j / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
+                b[i].bsums[j / 16 + 1] = (int16_t)hsum_i32(_mm256_add_epi32(q[2], q[3]));
+            }
+        }
+    }
+}
+
+#endif

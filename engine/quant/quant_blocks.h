@@ -1,0 +1,146 @@
+/*
+ * quant_blocks.h — the GGUF block layouts, shared by the scalar kernels (quant.c) and the
+ * AVX2 kernels (quant_avx2.c). Internal to the quant module.
+ *
+ * The structs are packed because GGUF rows of 34-, 18- or 210-byte blocks are only
+ * 2-byte aligned and a file may place a tensor at any offset: packed members can be read
+ * at any address. Multi-byte fields are little-endian, as on every host this builds for.
+ */
+#ifndef LLMS_QUANT_BLOCKS_H
+#define LLMS_QUANT_BLOCKS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/quant/quant.h"
+
+#define QB_32 32   /* elements per Q8_0 / Q4_0 block */
+#define QB_256 256 /* elements per K-quant super-block */
+
+/* x = d * qs[i] */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    int8_t qs[32];
+} qblock_q8_0;
+
+/* x = d * (nibble - 8); element j < 16 is the low nibble of qs[j], j + 16 the high one. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[16];
+} qblock_q4_0;
+
+/* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
+ * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
+ * and element 64 g + 32 + l in its high nibble. */
+typedef struct __attribute__((packed)) {
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
+    uint8_t scales[12];
+    uint8_t qs[128];
+} qblock_q4_k;
+
+/* Q4_K plus a fifth bit per value: bit 2 g of qh[l] for element 64 g + l, bit 2 g + 1 for
+ * element 64 g + 32 + l. */
+typedef struct __attribute__((packed)) {
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
+    uint8_t scales[12];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} qblock_q5_k;
+
+/* 16 sub-blocks of 16: x = d * scales[j] * (q - 32), q 6 bits: low 4 in ql, high 2 in qh
+ * (two halves of 128 elements, each spread over 64 ql bytes and 32 qh bytes). */
+typedef struct __attribute__((packed)) {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d; /* f16 */
+} qblock_q6_k;
+
+/* Activations for the K-quant dot products: x = d * qs[i], bsums[j] = sum of qs[16 j ..]. */
+typedef struct __attribute__((packed)) {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];
+} qblock_q8_k;
+
+_Static_assert(sizeof(qblock_q8_0) == 34, "Q8_0 block");
+_Static_assert(sizeof(qblock_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
+_Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
+_Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
+_Static_assert(sizeof(qblock_q8_k) == 292, "Q8_K block");
+
+/* Element i of a row of 16-bit or 32-bit values at any address (rows of F16/BF16/F32
+ * tensors need not be aligned to their element size). */
+static inline uint16_t qb_load_u16(const void *row, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, (const uint8_t *)row + 2 * i, sizeof v);
+    return v;
+}
+
+static inline float qb_load_f32(const void *row, int64_t i)
+{
+    float v;
+    memcpy(&v, (const uint8_t *)row + 4 * i, sizeof v);
+    return v;
+}
+
+static inline void qb_store_u16(void *row, int64_t i, uint16_t v)
+{
+    memcpy((uint8_t *)row + 2 * i, &v, sizeof v);
+}
+
+static inline float qb_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f; /* zero or subnormal: m units of 2^-24 */
+        return sign ? -f : f;
+    }
+    if (e == 31) /* infinity, or NaN made quiet as the F16C instruction does */
+        x = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
+    else
+        x = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+/* Element i of a row of float type t (QTYPE_F32, QTYPE_F16 or QTYPE_BF16), as f32: the
+ * tails the SIMD float kernels leave. */
+static inline float qb_load_float(uint32_t t, const void *row, int64_t i)
+{
+    if (t == QTYPE_F32)
+        return qb_load_f32(row, i);
+    uint16_t h = qb_load_u16(row, i);
+    return t == QTYPE_F16 ? qb_f16_to_f32(h) : quant_bf16_to_f32(h);
+}
+
+/* The 6-bit scales and mins of a Q4_K / Q5_K super-block, as 8 bytes each (byte j for
+ * sub-block j, in a little-endian uint64). Sub-blocks 0-3 keep theirs in the low 6 bits of
+ * bytes 0-3 (scales) / 4-7 (mins); sub-blocks 4-7 keep their low 4 bits in the low / high
+ * nibbles of bytes 8-11 and their top 2 bits in the top bits of bytes 0-3 / 4-7. */
+static inline void qb_unpack_k_scales(const uint8_t s[12], uint64_t *sc, uint64_t *m)
+{
+    uint32_t s0, s1, s2;
+    memcpy(&s0, s, 4);
+    memcpy(&s1, s + 4, 4);
+    memcpy(&s2, s + 8, 4);
+    uint32_t sc_lo = s0 & 0x3f3f3f3fu, m_lo = s1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+    uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)sc_hi << 32 | sc_lo;
+    *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+/* Byte j of a value from qb_unpack_k_scales. */
+static inline int qb_k_byte(uint64_t v, int j)
+{
+    return (int)((v >> (8 * j)) & 0xff);
+}
+
+#endif

@@ -1,0 +1,272 @@
+/* chat.c — chat template families (see chat.h). */
+#include "engine/tok/chat.h"
+
+#include <limits.h>
+#include <string.h>
+
+static const char *const family_names[] = {
+    [CHAT_PLAIN] = "plain",
+    [CHAT_CHATML] = "chatml",
+    [CHAT_LLAMA3] = "llama3",
+    [CHAT_LLAMA2] = "llama2",
+    [CHAT_LLAMA2_SYS] = "llama2-sys",
+    [CHAT_LLAMA2_SYS_BOS] = "llama2-sys-bos",
+    [CHAT_LLAMA2_SYS_STRIP] = "llama2-sys-strip",
+    [CHAT_MISTRAL_V1] = "mistral-v1",
+    [CHAT_MISTRAL_V3] = "mistral-v3",
+    [CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
+    [CHAT_MISTRAL_V7] = "mistral-v7",
+};
+
+#define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
+
+const char *chat_family_name(enum chat_family f)
+{
+    return (int)f >= 0 && (int)f < N_FAMILIES ? family_names[f] : "unknown";
+}
+
+/* The [INST] families, told apart by the markers llama.cpp looks for. */
+static enum chat_family detect_inst(const char *t)
+{
+    if (strstr(t, "[SYSTEM_PROMPT]"))
+        return CHAT_MISTRAL_V7;
+    if (strstr(t, "' [INST] ' + system_message") || strstr(t, "[AVAILABLE_TOOLS]")) {
+        if (strstr(t, " [INST]"))
+            return CHAT_MISTRAL_V1;
+        if (strstr(t, "\"[INST]\""))
+            return CHAT_MISTRAL_V3_TEKKEN;
+        return CHAT_MISTRAL_V3;
+    }
+    if (strstr(t, "content.strip()"))
+        return CHAT_LLAMA2_SYS_STRIP;
+    if (strstr(t, "bos_token + '[INST]"))
+        return CHAT_LLAMA2_SYS_BOS;
+    if (strstr(t, "<<SYS>>"))
+        return CHAT_LLAMA2_SYS;
+    return CHAT_LLAMA2;
+}
+
+enum chat_family chat_detect(const char *t)
+{
+    if (!t)
+        return CHAT_PLAIN;
+    for (int f = 0; f < N_FAMILIES; f++)
+        if (strcmp(t, family_names[f]) == 0)
+            return (enum chat_family)f;
+    if (strstr(t, "<|im_start|>"))
+        return CHAT_CHATML;
+    if (strncmp(t, "mistral", 7) == 0 || strstr(t, "[INST]"))
+        return detect_inst(t);
+    if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>"))
+        return CHAT_LLAMA3;
+    return CHAT_PLAIN;
+}
+
+const char *chat_stop_text(enum chat_family f)
+{
+    switch (f) {
+    case CHAT_CHATML:
+        return "<|im_end|>";
+    case CHAT_LLAMA3:
+        return "<|eot_id|>";
+    case CHAT_PLAIN:
+        return "\nUser:";
+    default:
+        return "</s>";
+    }
+}
+
+/* snprintf-style output: writes what fits, counts everything. */
+typedef struct writer {
+    char *out;
+    size_t cap;
+    size_t len;
+} writer;
+
+static void put_n(writer *w, const char *s, size_t n)
+{
+    if (w->len < w->cap) {
+        size_t room = w->cap - w->len;
+        memcpy(w->out + w->len, s, n < room ? n : room);
+    }
+    w->len += n;
+}
+
+static void put(writer *w, const char *s)
+{
+    put_n(w, s, strlen(s));
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+/* Content with leading and trailing whitespace removed (trim=true) or as is. */
+static void put_content(writer *w, const char *s, bool trim)
+{
+    size_t n = strlen(s);
+    if (trim) {
+        while (n > 0 && is_space(*s))
+            s++, n--;
+        while (n > 0 && is_space(s[n - 1]))
+            n--;
+    }
+    put_n(w, s, n);
+}
+
+enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_BAD };
+
+static enum role role_of(const struct chat_message *m)
+{
+    if (!m->role || !m->content)
+        return ROLE_BAD;
+    if (strcmp(m->role, "system") == 0)
+        return ROLE_SYSTEM;
+    if (strcmp(m->role, "user") == 0)
+        return ROLE_USER;
+    if (strcmp(m->role, "assistant") == 0)
+        return ROLE_ASSISTANT;
+    return ROLE_BAD;
+}
+
+static void apply_llama2(writer *w, enum chat_family f, const struct chat_message *msgs, int n)
+{
+    bool sys_block = f != CHAT_LLAMA2;
+    bool bos_inside = f == CHAT_LLAMA2_SYS_BOS;
+    bool strip = f == CHAT_LLAMA2_SYS_STRIP;
+    bool in_turn = true; /* the first "[INST]" follows the BOS the tokenizer adds */
+    put(w, "[INST] ");
+    for (int i = 0; i < n; i++) {
+        if (!in_turn) {
+            put(w, bos_inside ? "<s>[INST] " : "[INST] ");
+            in_turn = true;
+        }
+        switch (role_of(&msgs[i])) {
+        case ROLE_SYSTEM:
+            put(w, sys_block ? "<<SYS>>\n" : "");
+            put_content(w, msgs[i].content, strip);
+            put(w, sys_block ? "\n<</SYS>>\n\n" : "\n");
+            break;
+        case ROLE_USER:
+            put_content(w, msgs[i].content, strip);
+            put(w, " [/INST]");
+            break;
+        default:
+            put_content(w, msgs[i].content, strip);
+            put(w, "</s>");
+            in_turn = false;
+        }
+    }
+}
+
+static void apply_mistral(writer *w, enum chat_family f, const struct chat_message *msgs, int n)
+{
+    const char *lead = f == CHAT_MISTRAL_V1 ? " " : "";
+    const char *trail = f == CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
+    bool in_turn = false;
+    for (int i = 0; i < n; i++) {
+        if (!in_turn) {
+            put(w, lead);
+            put(w, "[INST]");
+            put(w, trail);
+            in_turn = true;
+        }
+        switch (role_of(&msgs[i])) {
+        case ROLE_SYSTEM:
+            put(w, msgs[i].content);
+            put(w, "\n\n");
+            break;
+        case ROLE_USER:
+            put(w, msgs[i].content);
+            put(w, lead);
+            put(w, "[/INST]");
+            break;
+        default:
+            put(w, trail);
+            put_content(w, msgs[i].content, f == CHAT_MISTRAL_V3);
+            put(w, "</s>");
+            in_turn = false;
+        }
+    }
+}
+
+static void apply_mistral_v7(writer *w, const struct chat_message *msgs, int n)
+{
+    static const char *const open[] = {"[SYSTEM_PROMPT] ", "[INST] ", " "};
+    static const char *const close[] = {"[/SYSTEM_PROMPT]", "[/INST]", "</s>"};
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        put(w, open[r]);
+        put(w, msgs[i].content);
+        put(w, close[r]);
+    }
+}
+
+static void apply_plain(writer *w, const struct chat_message *msgs, int n, bool gen)
+{
+    static const char *const label[] = {"System: ", "User: ", "Assistant: "};
+    for (int i = 0; i < n; i++) {
+        put(w, label[role_of(&msgs[i])]);
+        put(w, msgs[i].content);
+        put(w, "\n");
+    }
+    if (gen)
+        put(w, "Assistant:");
+}
+
+int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
+               bool add_generation_prompt, char *out, size_t cap)
+{
+    if ((int)f < 0 || (int)f >= N_FAMILIES || n < 0 || (n > 0 && !msgs) || (cap > 0 && !out))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (role_of(&msgs[i]) == ROLE_BAD)
+            return -1;
+
+    writer w = {out, cap, 0};
+    switch (f) {
+    case CHAT_CHATML:
+        for (int i = 0; i < n; i++) {
+            put(&w, "<|im_start|>");
+            put(&w, msgs[i].role);
+            put(&w, "\n");
+            put(&w, msgs[i].content);
+            put(&w, "<|im_end|>\n");
+        }
+        if (add_generation_prompt)
+            put(&w, "<|im_start|>assistant\n");
+        break;
+    case CHAT_LLAMA3:
+        for (int i = 0; i < n; i++) {
+            put(&w, "<|start_header_id|>");
+            put(&w, msgs[i].role);
+            put(&w, "<|end_header_id|>\n\n");
+            put_content(&w, msgs[i].content, true);
+            put(&w, "<|eot_id|>");
+        }
+        if (add_generation_prompt)
+            put(&w, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case CHAT_LLAMA2:
+    case CHAT_LLAMA2_SYS:
+    case CHAT_LLAMA2_SYS_BOS:
+    case CHAT_LLAMA2_SYS_STRIP:
+        apply_llama2(&w, f, msgs, n);
+        break;
+    case CHAT_MISTRAL_V1:
+    case CHAT_MISTRAL_V3:
+    case CHAT_MISTRAL_V3_TEKKEN:
+        apply_mistral(&w, f, msgs, n);
+        break;
+    case CHAT_MISTRAL_V7:
+        apply_mistral_v7(&w, msgs, n);
+        break;
+    case CHAT_PLAIN:
+        apply_plain(&w, msgs, n, add_generation_prompt);
+        break;
+    }
+    if (cap > 0)
+        out[w.len < cap ? w.len : cap - 1] = '\0';
+    return w.len > INT_MAX ? -1 : (int)w.len;
+}

@@ -1,0 +1,137 @@
+/*
+ * tokenizer.h — text <-> token ids, built from the tokenizer metadata of a GGUF file.
+ *
+ * Three kinds, chosen by tokenizer.ggml.model, each reproducing llama.cpp's output:
+ *   "llama"  SentencePiece-style: '▁' for spaces, score-ordered merges, <0xXX> byte fallback
+ *   "gpt2"   byte-level BPE: pre-tokenizer regexes named by tokenizer.ggml.pre, ranked merges
+ *   "bert"   WordPiece: lowercase, accents stripped, greedy longest match per word
+ *
+ * A tokenizer copies everything it needs, so the gguf_file may be closed after tok_load.
+ * It is immutable after loading: all functions below may be called from several threads
+ * at once on the same tokenizer.
+ */
+#ifndef LLMS_TOKENIZER_H
+#define LLMS_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/gguf/gguf.h"
+
+typedef struct tokenizer tokenizer;
+
+enum tok_model {
+    TOK_MODEL_SPM = 1, /* "llama" */
+    TOK_MODEL_BPE = 2, /* "gpt2" */
+    TOK_MODEL_WPM = 3, /* "bert" */
+};
+
+/* Token types, as stored in tokenizer.ggml.token_type. */
+enum tok_type {
+    TOK_TYPE_INVALID = 0, /* returned for an id outside the vocabulary */
+    TOK_TYPE_NORMAL = 1,
+    TOK_TYPE_UNKNOWN = 2,
+    TOK_TYPE_CONTROL = 3,
+    TOK_TYPE_USER_DEFINED = 4,
+    TOK_TYPE_UNUSED = 5,
+    TOK_TYPE_BYTE = 6,
+};
+
+/* Special token roles for tok_special(). */
+enum tok_special {
+    TOK_SPECIAL_BOS,
+    TOK_SPECIAL_EOS,
+    TOK_SPECIAL_EOT, /* end of turn (chat) */
+    TOK_SPECIAL_EOM, /* end of message (tool call) */
+    TOK_SPECIAL_UNK,
+    TOK_SPECIAL_SEP,
+    TOK_SPECIAL_PAD,
+    TOK_SPECIAL_CLS,
+    TOK_SPECIAL_MASK,
+};
+
+/*
+ * Builds a tokenizer from the tokenizer.* metadata of g. Everything is validated:
+ * an unknown model or pre-tokenizer name, a missing or mistyped array, arrays of
+ * different lengths, a token type outside 1..6, a special token id outside the
+ * vocabulary, or a merge naming a token that is not in the vocabulary gives -1 and a
+ * message in err. Keys that are absent take llama.cpp's defaults for the model kind
+ * (e.g. SPM: BOS 1, EOS 2, UNK 0, add BOS, add space prefix; a missing
+ * tokenizer.ggml.pre means "default"). On success *out owns the tokenizer.
+ */
+int tok_load(const gguf_file *g, tokenizer **out, char err[ERR_MAX]);
+
+/* Frees a tokenizer (NULL is fine). */
+void tok_free(tokenizer *t);
+
+/*
+ * Tokenizes len bytes of text (any bytes; need not be NUL-terminated nor valid UTF-8).
+ *   add_special    add the model's BOS / EOS (WordPiece: CLS ... SEP) as its
+ *                  tokenizer.ggml.add_*_token flags say.
+ *   parse_special  text equal to a control or unknown token (e.g. "<|im_end|>")
+ *                  becomes that token; otherwise it is tokenized as plain text.
+ *                  User-defined tokens are always recognised (as llama.cpp does).
+ * Returns the number of tokens n; the first min(n, max_out) are written to out. When
+ * n > max_out, call again with a buffer of n. Returns -1 only when memory runs out, the
+ * regex engine fails (PCRE2's match limits, not reached by ordinary text), or
+ * the arguments are invalid (len > INT32_MAX / 4, max_out < 0, out NULL with max_out > 0).
+ */
+int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special,
+               bool parse_special, int32_t *out, int max_out);
+
+/*
+ * The bytes one token stands for: SPM '▁' becomes ' ' and <0xXX> the byte, BPE
+ * byte-level characters map back to bytes, WordPiece word-initial '▁' becomes ' '.
+ * Control, unknown and user-defined tokens give their text as written in the
+ * vocabulary ("<|im_end|>"); unused tokens give nothing. Like snprintf: returns the
+ * piece's length, writes at most cap - 1 bytes of it and a NUL (when cap > 0); the
+ * piece may itself contain NUL bytes. Returns -1 for an id outside the vocabulary.
+ */
+int tok_piece(const tokenizer *t, int32_t id, char *buf, size_t cap);
+
+/*
+ * Text of a token sequence: the pieces concatenated, except that
+ *   - the space the SPM encoder prefixes (at the start, and after each special token)
+ *     is removed: one leading space of the first piece of text at the start or after a
+ *     control / unknown / user-defined token; for WordPiece the leading space of the
+ *     whole text;
+ *   - remove_special drops a leading BOS (when the model adds BOS) and a trailing EOS
+ *     (when it adds EOS);
+ *   - control and unknown tokens give nothing unless unparse_special.
+ * So decode(encode(s)) == s for SPM and BPE, also with parse_special / unparse_special.
+ * Same return contract as tok_piece (length of the whole text, snprintf-like);
+ * -1 if an id is outside the vocabulary or n < 0.
+ */
+int tok_decode(const tokenizer *t, const int32_t *ids, int n, bool remove_special,
+               bool unparse_special, char *buf, size_t cap);
+
+enum tok_model tok_model(const tokenizer *t);
+int32_t tok_n_vocab(const tokenizer *t);
+
+/* Id of a special token role, or -1 when the vocabulary has none. */
+int32_t tok_special(const tokenizer *t, enum tok_special which);
+int32_t tok_bos(const tokenizer *t);
+int32_t tok_eos(const tokenizer *t);
+
+/* Whether encoding with add_special adds BOS / EOS. */
+bool tok_add_bos(const tokenizer *t);
+bool tok_add_eos(const tokenizer *t);
+
+/* End of generation: EOS, EOT, EOM, or a control token known to end a turn
+ * ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", ...). */
+bool tok_is_eog(const tokenizer *t, int32_t id);
+
+/* Type of a token, TOK_TYPE_INVALID for an id outside the vocabulary. */
+enum tok_type tok_type(const tokenizer *t, int32_t id);
+
+/* The token's text as stored in the vocabulary (NUL-terminated; *len, if not NULL,
+ * receives its length, which counts any embedded NUL). NULL for a bad id. */
+const char *tok_token_text(const tokenizer *t, int32_t id, size_t *len);
+
+/* Id of the token whose vocabulary text is exactly text[0..len), or -1. When several
+ * tokens share a text, the last one (as llama.cpp does). */
+int32_t tok_find(const tokenizer *t, const char *text, size_t len);
+
+#endif
