@@ -4,7 +4,7 @@
  * read as a context's turn, as daemon/net/http.c does for a client on its TCP port. The
  * gateway's functions are static, so this file includes http.c itself; a refusal must
  * come with a message, and nothing may crash or leak. */
-#include "daemon/net/http.c" /* IWYU pragma: keep */
+#include "daemon/net/openai.c" /* IWYU pragma: keep */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
