@@ -1,7 +1,9 @@
 /*
  * http.c — the OpenAI-compatible HTTP gateway (http.h): HTTP requests (daemon/net/httpwire.h)
- * turned into native Requests on connections of their own, their Response frames into
- * JSON and Server-Sent Events; what each HTTP connection and body may hold, counted.
+ * routed, their senders identified and turned into native Requests on connections of
+ * their own, the Response frames handed back to openai.c (which writes OpenAI's JSON and
+ * Server-Sent Events), a stream's slow reader cut off, /metrics; what each HTTP
+ * connection and body may hold, counted; the listeners and the tokens file.
  */
 #include "daemon/net/http.h"
 
@@ -83,7 +85,7 @@ typedef struct uid_bodies {
 
 /* ---- small helpers ---- */
 
-void count_status(http *h, enum route r, int status)
+void http_count_status(http *h, enum route r, int status)
 {
     for (size_t i = 0; i < h->n_counts; i++)
         if (h->counts[i].route == r && h->counts[i].status == status) {
@@ -94,21 +96,21 @@ void count_status(http *h, enum route r, int status)
         h->counts[h->n_counts++] = (count){r, status, 1};
 }
 
-const char *json_text(json_object *o)
+const char *http_json_text(json_object *o)
 {
     return json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
 }
 
 /* Sends o (taken) as a JSON reply. */
-void send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o)
+void http_send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o)
 {
-    const char *s = o ? json_text(o) : NULL;
+    const char *s = o ? http_json_text(o) : NULL;
     httpwire_add_header(wc, "Content-Type", "application/json");
     if (!s)
         status = 500;
     httpwire_reply(wc, status, s ? s : "", s ? strlen(s) : 0);
     json_object_put(o);
-    count_status(h, r, status);
+    http_count_status(h, r, status);
 }
 
 /* ---- requests in flight ---- */
@@ -141,7 +143,7 @@ static void hreq_unlink(hreq *hr)
  * native one is (which cancels anything of it still running), and the HTTP connection
  * no longer waits for it. The caller answers it (the HTTP connection is still there) or
  * the client has gone. */
-void hreq_finish(hreq *hr)
+void http_req_finish(hreq *hr)
 {
     if (hr->done)
         return;
@@ -161,7 +163,7 @@ void hreq_finish(hreq *hr)
 
 static void hreq_free(hreq *hr)
 {
-    hreq_finish(hr);
+    http_req_finish(hr);
     json_object_put(hr->body);
     if (hr->sse)
         evbuffer_free(hr->sse);
@@ -189,8 +191,8 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
 {
     if (!hr->stream)
         return;
-    if (sse_start(hr)) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    if (openai_sse_start(hr)) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (unread(hr) > SERVER_OUT_CAP) {
@@ -204,7 +206,7 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         }
         return;
     }
-    sse_text(hr, ch->text, strlen(ch->text), NULL);
+    openai_sse_text(hr, ch->text, strlen(ch->text), NULL);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -217,14 +219,14 @@ static void metric(struct evbuffer *b, const char *name, const char *type, const
 static void on_status(hreq *hr, const Llms__StatusResponse *st)
 {
     http *h = hr->h;
-    hreq_finish(hr);
+    http_req_finish(hr);
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     /* This request is answered 200 and counts too. */
-    count_status(h, R_METRICS, 200);
+    http_count_status(h, R_METRICS, 200);
     evbuffer_add_printf(b, "# HELP llmsd_http_requests_total HTTP requests answered, by route "
                            "and status\n# TYPE llmsd_http_requests_total counter\n");
     for (size_t i = 0; i < h->n_counts; i++)
@@ -323,27 +325,27 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
                             ? frame_unpack_response(frame + FRAME_HEADER_BYTES, len - FRAME_HEADER_BYTES)
                             : NULL;
     if (!r) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
         return;
     }
     if (r->error) {
-        finish_error(hr, r->error->code, r->error->message);
+        openai_finish_error(hr, r->error->code, r->error->message);
     } else if (r->body_case == LLMS__RESPONSE__BODY_BIND) {
         /* Bound: the request itself follows. */
     } else if (r->body_case == LLMS__RESPONSE__BODY_CHUNK) {
         on_chunk(hr, r->chunk);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
-        on_result(hr, r->result);
+        openai_on_result(hr, r->result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RAG_RESULT) {
-        on_rag_result(hr, r->rag_result);
+        openai_on_rag_result(hr, r->rag_result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
-        on_embed(hr, r->embed);
+        openai_on_embed(hr, r->embed);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
-        on_rerank(hr, r->rerank);
+        openai_on_rerank(hr, r->rerank);
     } else if (r->body_case == LLMS__RESPONSE__BODY_STATUS) {
         on_status(hr, r->status);
     } else {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
     }
     frame_free_response(r);
 }
@@ -374,7 +376,7 @@ static void gw_submitted(void *conn)
 
 /* Hands a request to session_handle as a native client's decoded frame. -1 when it
  * could not be built (the request is then answered). */
-int submit(hreq *hr, const Llms__Request *r)
+int http_submit(hreq *hr, const Llms__Request *r)
 {
     size_t n = llms__request__get_packed_size(r);
     uint8_t *buf = malloc(n ? n : 1);
@@ -385,7 +387,7 @@ int submit(hreq *hr, const Llms__Request *r)
         free(buf);
     }
     if (!req) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return -1;
     }
     session_handle(&hr->h->senv, &hr->ss, hr, req);
@@ -479,7 +481,7 @@ static const models_view_entry *view_find(const http *h, const char *name)
 }
 
 /* The model a request of role runs on when it names none; NULL when no model has it. */
-const models_view_entry *view_default(const http *h, unsigned role)
+const models_view_entry *http_view_default(const http *h, unsigned role)
 {
     for (size_t i = 0; i < h->view.n; i++)
         if (h->view.entries[i].defaults & role)
@@ -503,7 +505,7 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                          const char **named, const models_view_entry **e)
 {
     json_object *m;
-    const models_view_entry *dflt = view_default(h, route_role(r));
+    const models_view_entry *dflt = http_view_default(h, route_role(r));
     *named = NULL;
     *e = dflt;
     if (json_object_object_get_ex(body, "model", &m) && json_object_is_type(m, json_type_string)) {
@@ -517,12 +519,12 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                                  h->view.entries[i].name);
                 at += w > 0 ? (size_t)w : 0;
             }
-            send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
+            openai_send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
                        "the model '%.200s' does not exist (this daemon serves %s)", name, names);
             return -1;
         }
         if (r == R_RAG && *e != dflt) {
-            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+            openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
                        "%s runs on the default generate model '%s', not '%s'",
                        route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
             return -1;
@@ -538,12 +540,12 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
     size_t n;
     const char *p = httpwire_body(wc, &n);
     if (n == 0) {
-        bad_request(h, wc, r, "the body must be a JSON object");
+        openai_bad_request(h, wc, r, "the body must be a JSON object");
         return NULL;
     }
     json_tokener *tk = json_tokener_new();
     if (!tk) {
-        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return NULL;
     }
     json_tokener_set_flags(tk, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
@@ -555,7 +557,7 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
         end++;
     if (!o || e != json_tokener_success || end != n || !json_object_is_type(o, json_type_object)) {
         json_object_put(o);
-        bad_request(h, wc, r,
+        openai_bad_request(h, wc, r,
                     e == json_tokener_success || e == json_tokener_continue
                         ? "the body must be one JSON object"
                         : json_tokener_error_desc(e));
@@ -706,7 +708,7 @@ static hreq *hreq_new(http *h, httpwire_conn *wc, enum route r, const session *s
     hreq *hr = calloc(1, sizeof *hr);
     if (!hr) {
         json_object_put(body);
-        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return NULL;
     }
     hr->h = h;
@@ -745,7 +747,7 @@ static void hreq_start(hreq *hr)
         rq.id = ID_BIND;
         rq.body_case = LLMS__REQUEST__BODY_BIND;
         rq.bind = &bind;
-        submit(hr, &rq);
+        http_submit(hr, &rq);
         if (hr->done) {
             hreq_free(hr);
             return;
@@ -757,21 +759,21 @@ static void hreq_start(hreq *hr)
     switch (hr->route) {
     case R_CHAT:
     case R_COMPLETIONS:
-        start_generate(hr, &rq, msg, sizeof msg);
+        openai_start_generate(hr, &rq, msg, sizeof msg);
         break;
     case R_EMBEDDINGS:
-        start_embed(hr, &rq, msg, sizeof msg);
+        openai_start_embed(hr, &rq, msg, sizeof msg);
         break;
     case R_RERANK:
-        start_rerank(hr, &rq, msg, sizeof msg);
+        openai_start_rerank(hr, &rq, msg, sizeof msg);
         break;
     case R_RAG:
-        start_rag(hr, &rq, msg, sizeof msg);
+        openai_start_rag(hr, &rq, msg, sizeof msg);
         break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;
         rq.status = &empty;
-        submit(hr, &rq);
+        http_submit(hr, &rq);
         break;
     }
     if (hr->done)
@@ -795,13 +797,13 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
     char msg[ERR_MAX + 128];
     if (r == R_OTHER) {
-        send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
+        openai_send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
                    (int)(plen > 200 ? 200 : plen), uri);
         return false;
     }
     if (strcmp(method, get ? "GET" : "POST") != 0) {
         httpwire_add_header(wc, "Allow", get ? "GET" : "POST");
-        send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
+        openai_send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
                    "%s takes %s", route_path[r], get ? "GET" : "POST");
         return false;
     }
@@ -809,16 +811,16 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         if (r == R_HEALTH) {
             json_object *o = json_object_new_object();
             json_object_object_add(o, "status", json_object_new_string("shutting_down"));
-            send_json(h, wc, r, 503, o);
+            http_send_json(h, wc, r, 503, o);
         } else {
-            send_error(h, wc, r, 503, "server_error", "unavailable", "the daemon is shutting down");
+            openai_send_error(h, wc, r, 503, "server_error", "unavailable", "the daemon is shutting down");
         }
         return false;
     }
     if (r == R_HEALTH) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "status", json_object_new_string("ok"));
-        send_json(h, wc, r, 200, o);
+        http_send_json(h, wc, r, 200, o);
         return false;
     }
     session ss = {0};
@@ -826,25 +828,25 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     if (status) {
         if (status == 401)
             httpwire_add_header(wc, "WWW-Authenticate", "Bearer");
-        send_error(h, wc, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
+        openai_send_error(h, wc, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
                    status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
         return false;
     }
     if (gc->tcp && count_under(h, gc, ss.uid, msg, sizeof msg)) {
-        send_error(h, wc, r, 429, "rate_limit_error", "resource_exhausted", "%s", msg);
+        openai_send_error(h, wc, r, 429, "rate_limit_error", "resource_exhausted", "%s", msg);
         return false;
     }
     if (models_view_update(h->reg, &h->view)) {
-        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return false;
     }
     if (r == R_MODELS) {
-        send_models(h, wc);
+        openai_send_models(h, wc);
         return false;
     }
     if (r == R_METRICS) {
         if (!ss.admin) {
-            send_error(h, wc, r, 403, "permission_error", "permission_denied",
+            openai_send_error(h, wc, r, 403, "permission_error", "permission_denied",
                        "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
                        "token on TCP", h->cfg->admin_group);
             return false;
@@ -856,7 +858,7 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     }
     size_t n = httpwire_content_length(wc);
     if (n > (size_t)h->cfg->http_max_body_bytes) {
-        send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
+        openai_send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
                    "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
                    h->cfg->http_max_body_bytes);
         return false;
@@ -864,7 +866,7 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     gc->route = r;
     gc->ss = ss;
     if (n && (status = reserve_body(h, gc, ss.uid, n, msg, sizeof msg))) {
-        send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
+        openai_send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
                    status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
         return false;
     }
@@ -1208,7 +1210,7 @@ void http_worker_done(http *h)
     for (int b = 0; b < HREQ_BUCKETS; b++)
         while (h->buckets[b]) {
             hreq *hr = h->buckets[b];
-            finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+            openai_finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
             hreq_free(hr);
         }
 }

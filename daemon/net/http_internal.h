@@ -92,30 +92,65 @@ struct http {
     uint64_t prompt_tokens, completion_tokens, embed_tokens, cancelled;
 };
 
-/* http.c */
-const char *json_text(json_object *o);
-void count_status(http *h, enum route r, int status);
-void send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o);
-void hreq_finish(hreq *hr);
-int submit(hreq *hr, const Llms__Request *r);
-const models_view_entry *view_default(const http *h, unsigned role);
+/* ---- http.c: answering, requests in flight, the registry's view ---- */
 
-/* openai.c */
-void send_error(http *h, httpwire_conn *wc, enum route r, int status,
-                const char *type, const char *code, const char *fmt, ...)
+/* o as compact JSON text, owned by o. */
+const char *http_json_text(json_object *o);
+
+/* Counts one answer of route r with status for /metrics. */
+void http_count_status(http *h, enum route r, int status);
+
+/* Sends o (taken; NULL: out of memory, answered 500) as a JSON reply, counted. */
+void http_send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o);
+
+/* Ends hr towards the worker (its native connection closes, cancelling what still runs)
+ * and the loop; the caller then answers it. Idempotent. */
+void http_req_finish(hreq *hr);
+
+/* Hands r to session_handle as hr's native request. -1 when it could not be built, after
+ * answering hr. */
+int http_submit(hreq *hr, const Llms__Request *r);
+
+/* The model a request of role runs on when it names none; NULL when no model has it. */
+const models_view_entry *http_view_default(const http *h, unsigned role);
+
+/* ---- openai.c: OpenAI's shapes ---- */
+
+/* Answers status with OpenAI's error object {"error": {message, type, param, code}}. */
+void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
+                       const char *type, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
-void bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
-void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
-int sse_start(hreq *hr);
-void sse_text(hreq *hr, const char *text, size_t n, const char *finish);
-void on_result(hreq *hr, const Llms__CallResult *res);
-void on_rag_result(hreq *hr, const Llms__RagResult *res);
-void on_embed(hreq *hr, const Llms__EmbedResponse *e);
-void on_rerank(hreq *hr, const Llms__RerankResponse *rr);
-void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
-void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
-void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
-void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
-void send_models(http *h, httpwire_conn *wc);
+
+/* Answers 400 invalid_request with msg. */
+void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
+
+/* Ends hr with a native error: an error reply, or once the stream has begun its last
+ * event. */
+void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* Begins hr's SSE reply (headers; for a chat the assistant role). 0, or -1 out of memory. */
+int openai_sse_start(hreq *hr);
+
+/* Streams n bytes of text as one SSE chunk of hr; finish: NULL, or the finish_reason that
+ * ends the stream. */
+void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish);
+
+/* hr's final answer from the worker's native reply: a completion or chat turn, a RAG
+ * answer, embeddings, rerank scores. Each ends hr. */
+void openai_on_result(hreq *hr, const Llms__CallResult *res);
+void openai_on_rag_result(hreq *hr, const Llms__RagResult *res);
+void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e);
+void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr);
+
+/* Reads hr's body into the native request r of its route (msg, cap: room for a refusal)
+ * and submits it; a body that does not fit is answered 400 instead. Either way hr->done
+ * tells whether hr is over. */
+void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Answers GET /v1/models from h's view of the registry. */
+void openai_send_models(http *h, httpwire_conn *wc);
 
 #endif

@@ -84,7 +84,7 @@ static const char *finish_reason(Llms__StopReason r)
 }
 
 /* OpenAI's error shape: {"error": {"message", "type", "param", "code"}}. */
-void send_error(http *h, httpwire_conn *wc, enum route r, int status,
+void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
 {
     char msg[ERR_MAX + 256];
@@ -102,12 +102,12 @@ void send_error(http *h, httpwire_conn *wc, enum route r, int status,
         e = NULL;
     }
     json_object_put(e);
-    send_json(h, wc, r, status, o);
+    http_send_json(h, wc, r, status, o);
 }
 
-void bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg)
+void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg)
 {
-    send_error(h, wc, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
+    openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
 }
 
 /* ---- answers ---- */
@@ -137,14 +137,14 @@ static void add_escaped(struct evbuffer *b, const char *s, size_t n)
     evbuffer_add(b, s + run, n - run);
 }
 
-void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 {
     int status;
     const char *type, *ecode;
     map_error(code, &status, &type, &ecode);
-    hreq_finish(hr);
+    http_req_finish(hr);
     if (!hr->started) {
-        send_error(hr->h, hr->wc, hr->route, status, type, ecode, "%s", msg);
+        openai_send_error(hr->h, hr->wc, hr->route, status, type, ecode, "%s", msg);
         return;
     }
     /* The stream has begun with 200: the error is its last event. */
@@ -155,7 +155,7 @@ void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
         json_object_object_add(e, "code", json_object_new_string(ecode));
         json_object_object_add(o, "error", e);
         e = NULL;
-        evbuffer_add_printf(hr->sse, "data: %s\n\n", json_text(o));
+        evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
     }
     json_object_put(e);
     json_object_put(o);
@@ -183,12 +183,12 @@ static bool is_chat(const hreq *hr)
 }
 
 /* Begins the SSE reply: headers, then for chat the assistant role. */
-int sse_start(hreq *hr)
+int openai_sse_start(hreq *hr)
 {
     if (hr->started)
         return 0;
     json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
-    const char *s = o ? json_text(o) : NULL;
+    const char *s = o ? http_json_text(o) : NULL;
     size_t n = s ? strlen(s) : 0;
     const char *tail = ",\"choices\":[{\"index\":0,";
     hr->prefix = n ? malloc(6 + n + strlen(tail)) : NULL;
@@ -202,7 +202,7 @@ int sse_start(hreq *hr)
     httpwire_add_header(hr->wc, "Content-Type", "text/event-stream");
     httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
     httpwire_stream_start(hr->wc, 200);
-    count_status(hr->h, hr->route, 200);
+    http_count_status(hr->h, hr->route, 200);
     hr->started = true;
     if (is_chat(hr)) {
         evbuffer_add_printf(hr->sse, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
@@ -214,7 +214,7 @@ int sse_start(hreq *hr)
 }
 
 /* One SSE event with a piece of text and, at the end, the finish reason. */
-void sse_text(hreq *hr, const char *text, size_t n, const char *finish)
+void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
 {
     struct evbuffer *b = hr->sse;
     evbuffer_add(b, hr->prefix, strlen(hr->prefix));
@@ -276,15 +276,15 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
     h->completion_tokens += generated_tokens;
     const char *fin = finish_reason(stop);
     if (hr->stream) {
-        if (sse_start(hr)) {
-            finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        if (openai_sse_start(hr)) {
+            openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
             return;
         }
-        hreq_finish(hr);
+        http_req_finish(hr);
         size_t len = strlen(text);
         /* Text of chunks dropped for a slow reader, or none. */
         size_t from = hr->sent < len ? hr->sent : len;
-        sse_text(hr, text + from, len - from, fin);
+        openai_sse_text(hr, text + from, len - from, fin);
         /* A RAG answer's outcome and passages come in this last chunk whether or not
          * usage was asked for: they are what the route is for. */
         if (hr->include_usage || hr->route == R_RAG) {
@@ -294,7 +294,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
                 json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
                 json_object_object_add(o, "llmsd", extra);
                 extra = NULL;
-                evbuffer_add_printf(hr->sse, "data: %s\n\n", json_text(o));
+                evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
                 json_object_put(o);
             }
         }
@@ -304,7 +304,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         httpwire_stream_end(hr->wc);
         return;
     }
-    hreq_finish(hr);
+    http_req_finish(hr);
     json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion" : "text_completion");
     json_object *choices = json_object_new_array(), *c = json_object_new_object();
     if (!o || !choices || !c) {
@@ -312,7 +312,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         json_object_put(c);
         json_object_put(o);
         json_object_put(extra);
-        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     json_object_object_add(c, "index", json_object_new_int(0));
@@ -330,10 +330,10 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
     json_object_object_add(o, "choices", choices);
     json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
     json_object_object_add(o, "llmsd", extra);
-    send_json(h, hr->wc, hr->route, 200, o);
+    http_send_json(h, hr->wc, hr->route, 200, o);
 }
 
-void on_result(hreq *hr, const Llms__CallResult *res)
+void openai_on_result(hreq *hr, const Llms__CallResult *res)
 {
     reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
                      llmsd_obj(hr, res));
@@ -353,7 +353,7 @@ static const char *rag_outcome_name(Llms__RagOutcome o)
 
 /* A RAG answer: as a completion, with the cache outcome, the passages used and the
  * latency breakdown in its "llmsd" object. */
-void on_rag_result(hreq *hr, const Llms__RagResult *res)
+void openai_on_rag_result(hreq *hr, const Llms__RagResult *res)
 {
     json_object *x = json_object_new_object(), *ps = json_object_new_array();
     if (x && ps) {
@@ -420,15 +420,15 @@ static char *vector_base64(const float *v, size_t n)
     return out;
 }
 
-void on_embed(hreq *hr, const Llms__EmbedResponse *e)
+void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
 {
     http *h = hr->h;
-    hreq_finish(hr);
+    http_req_finish(hr);
     json_object *o = json_object_new_object(), *data = json_object_new_array();
     if (!o || !data) {
         json_object_put(o);
         json_object_put(data);
-        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     uint64_t tokens = 0;
@@ -459,7 +459,7 @@ void on_embed(hreq *hr, const Llms__EmbedResponse *e)
     json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)tokens));
     json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)tokens));
     json_object_object_add(o, "usage", u);
-    send_json(h, hr->wc, hr->route, 200, o);
+    http_send_json(h, hr->wc, hr->route, 200, o);
 }
 
 /* The text of documents[i] of the request (a string or {"text": ...}). */
@@ -471,15 +471,15 @@ static const char *document_text(json_object *docs, size_t i)
     return json_object_get_string(d);
 }
 
-void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
+void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr)
 {
     http *h = hr->h;
-    hreq_finish(hr);
+    http_req_finish(hr);
     json_object *o = json_object_new_object(), *results = json_object_new_array(), *docs = NULL;
     if (!o || !results) {
         json_object_put(o);
         json_object_put(results);
-        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     json_object_object_get_ex(hr->body, "documents", &docs);
@@ -499,7 +499,7 @@ void on_rerank(hreq *hr, const Llms__RerankResponse *rr)
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "model", json_object_new_string(hr->model));
     json_object_object_add(o, "results", results);
-    send_json(h, hr->wc, hr->route, 200, o);
+    http_send_json(h, hr->wc, hr->route, 200, o);
 }
 
 /* ---- reading requests ---- */
@@ -693,7 +693,7 @@ done:
 }
 
 /* Builds and submits the native request of a generation route. */
-void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *v, *x;
     const char *stops[STOP_MAX];
@@ -773,7 +773,7 @@ void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         prompt = strdup(json_object_get_string(p));
     }
     if (!prompt) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (r->body_case != LLMS__REQUEST__BODY_CALL) {
@@ -785,20 +785,20 @@ void start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     if (hr->stream && !(hr->sse = evbuffer_new())) {
         free(prompt);
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    submit(hr, r);
+    http_submit(hr, r);
     free(prompt);
     return;
 bad:
-    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
 /* POST /v1/llmsd/rag: {"kb", "question", "top_k"?, "retrieval"? (rrf, sum, bm25, vector),
  * "system"?, "no_qa"?, "no_qkv"?, "share_system_uid"?, "stream"?, and the sampling fields of
  * a completion}. */
-void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     static const char *const retrievals[] = {"rrf", "sum", "bm25", "vector"};
     json_object *v;
@@ -865,18 +865,18 @@ void start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     rq.params = &gp;
     if (hr->stream && !(hr->sse = evbuffer_new())) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     r->body_case = LLMS__REQUEST__BODY_RAG_QUERY;
     r->rag_query = &rq;
-    submit(hr, r);
+    http_submit(hr, r);
     return;
 bad:
-    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
-void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *in, *v;
     int rc;
@@ -902,7 +902,7 @@ void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     const char **texts = malloc(n * sizeof *texts);
     if (!texts) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -921,14 +921,14 @@ void start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     e.model = (char *)hr->model_named;
     r->body_case = LLMS__REQUEST__BODY_EMBED;
     r->embed = &e;
-    submit(hr, r);
+    http_submit(hr, r);
     free(texts);
     return;
 bad:
-    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
-void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *q, *docs, *v;
     int rc;
@@ -956,7 +956,7 @@ void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     hr->return_documents = rc && json_object_get_boolean(v);
     const char **texts = malloc(n * sizeof *texts);
     if (!texts) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -982,11 +982,11 @@ void start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     rr.mode = LLMS__RERANK_MODE__RERANK_ORDERED;
     r->body_case = LLMS__REQUEST__BODY_RERANK;
     r->rerank = &rr;
-    submit(hr, r);
+    http_submit(hr, r);
     free(texts);
     return;
 bad:
-    finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
 /* ---- models ---- */
@@ -1003,10 +1003,10 @@ static json_object *role_array(unsigned roles)
 /* Every model of the registry, the default generate model first (clients that take the
  * first as theirs get what a request naming none gets); OpenAI's shape, with each
  * model's roles and the roles it is the default for in "llmsd". */
-void send_models(http *h, httpwire_conn *wc)
+void openai_send_models(http *h, httpwire_conn *wc)
 {
     json_object *o = json_object_new_object(), *data = json_object_new_array();
-    const models_view_entry *first = view_default(h, MODELS_GENERATE);
+    const models_view_entry *first = http_view_default(h, MODELS_GENERATE);
     for (size_t i = 0; i <= h->view.n && o && data; i++) {
         const models_view_entry *e = i == 0 ? first : &h->view.entries[i - 1];
         if (!e || (i > 0 && e == first))
@@ -1034,5 +1034,5 @@ void send_models(http *h, httpwire_conn *wc)
         json_object_object_add(o, "data", data);
     else
         json_object_put(data);
-    send_json(h, wc, R_MODELS, 200, o);
+    http_send_json(h, wc, R_MODELS, 200, o);
 }
