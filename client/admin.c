@@ -64,7 +64,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
     req.body_case = LLMS__REQUEST__BODY_STATUS;
     req.status = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_STATUS, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_STATUS, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__StatusResponse *p = r->status;
@@ -142,7 +142,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
     frame_free_response(r);
     if (!out->version || !out->model_path || !out->model_arch || !out->sched_mode) {
         llms_daemon_status_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     return LLMS_OK;
 }
@@ -165,14 +165,14 @@ enum llms_status llms_list_apps(llms_conn *c, llms_app_info **out, size_t *n_out
     req.body_case = LLMS__REQUEST__BODY_LIST_APPS;
     req.list_apps = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_APPS, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_APPS, &r);
     if (s != LLMS_OK)
         return s;
     size_t n = r->apps->n_apps;
     llms_app_info *apps = calloc(n ? n : 1, sizeof *apps);
     if (!apps) {
         frame_free_response(r);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         const Llms__AppInfo *a = r->apps->apps[i];
@@ -189,7 +189,7 @@ enum llms_status llms_list_apps(llms_conn *c, llms_app_info **out, size_t *n_out
     frame_free_response(r);
     if (s != LLMS_OK) {
         llms_app_list_free(apps, n);
-        return fail(c, s, "out of memory");
+        return client_fail(c, s, "out of memory");
     }
     *out = apps;
     *n_out = n;
@@ -198,7 +198,7 @@ enum llms_status llms_list_apps(llms_conn *c, llms_app_info **out, size_t *n_out
 
 enum llms_status llms_evict(llms_conn *c, const char *context_id)
 {
-    enum llms_status s = check_str(c, context_id, "context_id");
+    enum llms_status s = client_check_str(c, context_id, "context_id");
     if (s != LLMS_OK)
         return s;
     Llms__EvictContextRequest ev = LLMS__EVICT_CONTEXT_REQUEST__INIT;
@@ -206,7 +206,7 @@ enum llms_status llms_evict(llms_conn *c, const char *context_id)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_EVICT_CONTEXT;
     req.evict_context = &ev;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_profile(llms_conn *c, llms_profile_result *out)
@@ -217,7 +217,7 @@ enum llms_status llms_profile(llms_conn *c, llms_profile_result *out)
     req.body_case = LLMS__REQUEST__BODY_PROFILE;
     req.profile = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_PROFILE, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_PROFILE, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__ProfileResponse *p = r->profile;
@@ -248,14 +248,14 @@ enum llms_status llms_plan(llms_conn *c, uint32_t prompt_tokens, const char *mod
     req.body_case = LLMS__REQUEST__BODY_PLAN;
     req.plan = &pq;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_PLAN, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_PLAN, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__PlanResponse *p = r->plan;
     char *text = strdup(p->text);
     *out = (llms_plan_result){text, p->rows, p->attn_rows, p->working_bytes, p->budget_bytes};
     frame_free_response(r);
-    return text ? LLMS_OK : fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    return text ? LLMS_OK : client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
 }
 
 void llms_model_list_free(llms_model_info *models, size_t n)
@@ -300,14 +300,14 @@ enum llms_status llms_list_models(llms_conn *c, llms_model_info **out, size_t *n
     req.body_case = LLMS__REQUEST__BODY_LIST_MODELS;
     req.list_models = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_MODELS, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_MODELS, &r);
     if (s != LLMS_OK)
         return s;
     size_t n = r->models->n_models;
     llms_model_info *ms = calloc(n ? n : 1, sizeof *ms);
     if (!ms) {
         frame_free_response(r);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         const Llms__ModelInfo *m = r->models->models[i];
@@ -334,7 +334,7 @@ enum llms_status llms_list_models(llms_conn *c, llms_model_info **out, size_t *n
     frame_free_response(r);
     if (s != LLMS_OK) {
         llms_model_list_free(ms, n);
-        return fail(c, s, "out of memory");
+        return client_fail(c, s, "out of memory");
     }
     *out = ms;
     *n_out = n;
@@ -345,18 +345,20 @@ enum llms_status llms_model_load(llms_conn *c, const char *name, const char *pat
                                  const char *roles)
 {
     enum llms_status s;
-    if ((s = check_str(c, name, "name")) != LLMS_OK || (s = check_str(c, path, "path")) != LLMS_OK)
+    if ((s = client_check_str(c, name, "name")) != LLMS_OK ||
+        (s = client_check_str(c, path, "path")) != LLMS_OK)
         return s;
     char *list[3], buf[64];
     size_t n = 0;
     if (roles && roles[0]) {
         if (strlen(roles) >= sizeof buf)
-            return fail(c, LLMS_ERR_INVALID_ARGUMENT, "roles '%.64s': at most generate,embed,rerank",
-                        roles);
+            return client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                               "roles '%.64s': at most generate,embed,rerank", roles);
         strcpy(buf, roles);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             if (n == 3)
-                return fail(c, LLMS_ERR_INVALID_ARGUMENT, "roles '%s': at most three", roles);
+                return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "roles '%s': at most three",
+                                   roles);
             list[n++] = t;
         }
     }
@@ -368,12 +370,12 @@ enum llms_status llms_model_load(llms_conn *c, const char *name, const char *pat
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_LOAD_MODEL;
     req.load_model = &lm;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_model_unload(llms_conn *c, const char *name)
 {
-    enum llms_status s = check_str(c, name, "name");
+    enum llms_status s = client_check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
     Llms__UnloadModelRequest um = LLMS__UNLOAD_MODEL_REQUEST__INIT;
@@ -381,7 +383,7 @@ enum llms_status llms_model_unload(llms_conn *c, const char *name)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_UNLOAD_MODEL;
     req.unload_model = &um;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_shutdown(llms_conn *c)
@@ -390,5 +392,5 @@ enum llms_status llms_shutdown(llms_conn *c)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_SHUTDOWN;
     req.shutdown = &e;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }

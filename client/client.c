@@ -1,4 +1,7 @@
-/* client.c — libllmsclient: blocking calls over llms.proto frames (see llms.h). */
+/* client.c — libllmsclient: blocking calls over llms.proto frames (see llms.h). This file
+ * owns the connection, the framing and the request/response machinery every call goes
+ * through (client_internal.h), errors and status names, generation parameters, Bind; the
+ * calls themselves live by subject in ctx.c, kb.c, graph.c, semantic.c and admin.c. */
 #include "client/llms.h"
 
 #include <errno.h>
@@ -36,8 +39,7 @@ const char *llms_status_name(enum llms_status s)
     return "UNKNOWN";
 }
 
-enum llms_status
-fail(llms_conn *c, enum llms_status s, const char *fmt, ...)
+enum llms_status client_fail(llms_conn *c, enum llms_status s, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -122,7 +124,7 @@ static enum llms_status write_all(llms_conn *c, const uint8_t *p, size_t n, int 
             if (errno == EINTR)
                 continue;
             *sys_errno = errno;
-            return fail(c, LLMS_ERR_IO, "write to llmsd: %s", strerror(errno));
+            return client_fail(c, LLMS_ERR_IO, "write to llmsd: %s", strerror(errno));
         }
         p += w;
         n -= (size_t)w;
@@ -137,10 +139,10 @@ static enum llms_status read_all(llms_conn *c, uint8_t *p, size_t n)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            return fail(c, LLMS_ERR_IO, "read from llmsd: %s", strerror(errno));
+            return client_fail(c, LLMS_ERR_IO, "read from llmsd: %s", strerror(errno));
         }
         if (r == 0)
-            return fail(c, LLMS_ERR_IO, "llmsd closed the connection");
+            return client_fail(c, LLMS_ERR_IO, "llmsd closed the connection");
         p += r;
         n -= (size_t)r;
     }
@@ -150,10 +152,10 @@ static enum llms_status read_all(llms_conn *c, uint8_t *p, size_t n)
 /* Sends req with a fresh id, which is returned in *id. A daemon that refuses a request
  * from its frame header (too large) answers and closes without reading the rest, so the
  * write fails: the answer already sent says why, and is the error returned. */
-enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
+enum llms_status client_send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
 {
     if (c->broken)
-        return fail(c, LLMS_ERR_IO, "connection is unusable after an earlier failure");
+        return client_fail(c, LLMS_ERR_IO, "connection is unusable after an earlier failure");
     req->id = c->next_id++;
     if (c->timeout_ms) {
         req->has_timeout_ms = 1;
@@ -162,7 +164,7 @@ enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
     uint8_t *buf;
     size_t len;
     if (frame_pack(&req->base, UINT32_MAX, &buf, &len) < 0)
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory packing a request");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory packing a request");
     int sys_errno = 0;
     enum llms_status s = write_all(c, buf, len, &sys_errno);
     free(buf);
@@ -170,9 +172,9 @@ enum llms_status send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
         char wrote[LLMS_ERROR_MAX];
         snprintf(wrote, sizeof wrote, "%s", c->err);
         Llms__Response *r;
-        enum llms_status why = next_for(c, req->id, &r);
+        enum llms_status why = client_next_for(c, req->id, &r);
         if (why == LLMS_OK) {
-            s = r->error ? error_of(c, r) : fail(c, LLMS_ERR_IO, "%s", wrote);
+            s = r->error ? client_error_of(c, r) : client_fail(c, LLMS_ERR_IO, "%s", wrote);
             frame_free_response(r);
         } else if (why != LLMS_ERR_IO) {
             s = why;
@@ -196,20 +198,20 @@ static enum llms_status read_response(llms_conn *c, Llms__Response **out)
         return s;
     switch (frame_peek(header, sizeof header, CLIENT_MAX_FRAME, &len)) {
     case FRAME_EMPTY:
-        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an empty frame");
+        return client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an empty frame");
     case FRAME_TOO_LARGE:
-        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a frame of %u bytes", len);
+        return client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a frame of %u bytes", len);
     default:
         break;
     }
     uint8_t *body = malloc(len);
     if (!body)
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory reading a %u-byte frame", len);
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory reading a %u-byte frame", len);
     s = read_all(c, body, len);
     if (s == LLMS_OK) {
         *out = frame_unpack_response(body, len);
         if (!*out)
-            s = fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an undecodable frame");
+            s = client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent an undecodable frame");
     }
     free(body);
     return s;
@@ -220,7 +222,7 @@ static enum llms_status read_response(llms_conn *c, Llms__Response **out)
  * cancelled or abandoned requests) are skipped. An error frame with id 0 is the daemon
  * refusing the stream itself: it closes the connection after it.
  */
-enum llms_status next_for(llms_conn *c, uint64_t id, Llms__Response **out)
+enum llms_status client_next_for(llms_conn *c, uint64_t id, Llms__Response **out)
 {
     for (;;) {
         Llms__Response *r;
@@ -232,7 +234,7 @@ enum llms_status next_for(llms_conn *c, uint64_t id, Llms__Response **out)
             return LLMS_OK;
         }
         if (r->id == 0 && r->error) {
-            s = fail(c, (enum llms_status)r->error->code, "%s", r->error->message);
+            s = client_fail(c, (enum llms_status)r->error->code, "%s", r->error->message);
             c->broken = 1;
             frame_free_response(r);
             return s;
@@ -242,33 +244,33 @@ enum llms_status next_for(llms_conn *c, uint64_t id, Llms__Response **out)
 }
 
 /* Takes an error Response apart: its code and message. */
-enum llms_status error_of(llms_conn *c, const Llms__Response *r)
+enum llms_status client_error_of(llms_conn *c, const Llms__Response *r)
 {
     enum llms_status code = (enum llms_status)r->error->code;
     if (code == LLMS_OK)
         code = LLMS_ERR_INTERNAL;
-    return fail(c, code, "%s", r->error->message ? r->error->message : "");
+    return client_fail(c, code, "%s", r->error->message ? r->error->message : "");
 }
 
 /*
  * Sends a unary request and reads its single final reply, which must carry body
  * `want` (or an error).
  */
-enum llms_status unary(llms_conn *c, Llms__Request *req, Llms__Response__BodyCase want,
+enum llms_status client_unary(llms_conn *c, Llms__Request *req, Llms__Response__BodyCase want,
                               Llms__Response **out)
 {
     uint64_t id;
-    enum llms_status s = send_request(c, req, &id);
+    enum llms_status s = client_send_request(c, req, &id);
     if (s != LLMS_OK)
         return s;
     Llms__Response *r;
-    if ((s = next_for(c, id, &r)) != LLMS_OK)
+    if ((s = client_next_for(c, id, &r)) != LLMS_OK)
         return s;
     if (r->error)
-        s = error_of(c, r);
+        s = client_error_of(c, r);
     else if (r->body_case != want || !r->final)
-        s = fail(c, LLMS_ERR_PROTOCOL, "llmsd answered with an unexpected message (body %d)",
-                 (int)r->body_case);
+        s = client_fail(c, LLMS_ERR_PROTOCOL, "llmsd answered with an unexpected message (body %d)",
+                        (int)r->body_case);
     if (s != LLMS_OK) {
         frame_free_response(r);
         return s;
@@ -278,31 +280,36 @@ enum llms_status unary(llms_conn *c, Llms__Request *req, Llms__Response__BodyCas
     return LLMS_OK;
 }
 
-enum llms_status unary_ok(llms_conn *c, Llms__Request *req)
+enum llms_status client_unary_ok(llms_conn *c, Llms__Request *req)
 {
     Llms__Response *r;
-    enum llms_status s = unary(c, req, LLMS__RESPONSE__BODY_OK, &r);
+    enum llms_status s = client_unary(c, req, LLMS__RESPONSE__BODY_OK, &r);
     if (s == LLMS_OK)
         frame_free_response(r);
     return s;
 }
 
-enum llms_status check_str(llms_conn *c, const char *s, const char *what)
+enum llms_status client_check_str(llms_conn *c, const char *s, const char *what)
 {
     if (!s)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "%s is NULL", what);
     return LLMS_OK;
 }
 
-char *dup_or_null(const char *s)
+char *client_dup_or_null(const char *s)
 {
     return s ? strdup(s) : NULL;
 }
 
 /* ---- generation parameters ---- */
 
+void llms_params_init(llms_params *p)
+{
+    *p = (llms_params)LLMS_PARAMS_INIT;
+}
+
 /* Fills g from p; returns whether anything is set (NULL p: nothing). */
-int params_to_proto(const llms_params *p, Llms__GenerationParams *g)
+int client_params_to_proto(const llms_params *p, Llms__GenerationParams *g)
 {
     llms__generation_params__init(g);
     if (!p)
@@ -342,7 +349,7 @@ enum llms_status llms_bind(llms_conn *c, const char *app_name)
 {
     if (!app_name)
         app_name = llms_default_app();
-    enum llms_status s = check_str(c, app_name, "app_name");
+    enum llms_status s = client_check_str(c, app_name, "app_name");
     if (s != LLMS_OK)
         return s;
     Llms__BindRequest b = LLMS__BIND_REQUEST__INIT;
@@ -351,21 +358,23 @@ enum llms_status llms_bind(llms_conn *c, const char *app_name)
     req.body_case = LLMS__REQUEST__BODY_BIND;
     req.bind = &b;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_BIND, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_BIND, &r)) != LLMS_OK)
         return s;
     frame_free_response(r);
     return LLMS_OK;
 }
 
+/* ---- streamed replies ---- */
+
 /* Cancels request id; the Cancel's own answer arrives under its id and is skipped. */
-enum llms_status send_cancel(llms_conn *c, uint64_t id)
+enum llms_status client_send_cancel(llms_conn *c, uint64_t id)
 {
     Llms__CancelRequest cr = LLMS__CANCEL_REQUEST__INIT;
     cr.request_id = id;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CANCEL;
     req.cancel = &cr;
-    return send_request(c, &req, NULL);
+    return client_send_request(c, &req, NULL);
 }
 
 /*
@@ -373,27 +382,27 @@ enum llms_status send_cancel(llms_conn *c, uint64_t id)
  * on_text asks to stop, a Cancel goes out and the rest of the stream is drained without
  * further callbacks, so the connection stays in step.
  */
-enum llms_status stream(llms_conn *c, uint64_t id, llms_token_cb on_text, void *user,
+enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text, void *user,
                                llms_result *out, llms_rag_result *rag_out)
 {
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        enum llms_status s = next_for(c, id, &r);
+        enum llms_status s = client_next_for(c, id, &r);
         if (s != LLMS_OK)
             return s;
         if (r->error) {
-            s = error_of(c, r);
+            s = client_error_of(c, r);
             int final = r->final;
             frame_free_response(r);
             if (!final)
                 continue;
-            return cancelled ? fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
         }
         if (r->body_case == LLMS__RESPONSE__BODY_CHUNK && !r->final) {
             if (!cancelled && on_text && on_text(r->chunk->text, strlen(r->chunk->text), user)) {
                 cancelled = 1;
-                if ((s = send_cancel(c, id)) != LLMS_OK) {
+                if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);
                     return s;
                 }
@@ -404,9 +413,9 @@ enum llms_status stream(llms_conn *c, uint64_t id, llms_token_cb on_text, void *
         bool rag_final = rag_out && r->body_case == LLMS__RESPONSE__BODY_RAG_RESULT;
         if ((r->body_case != LLMS__RESPONSE__BODY_RESULT && !rag_final) || !r->final) {
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a streamed reply");
+            return client_fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a streamed reply");
         }
-        if (rag_final && (s = rag_result_from(c, r->rag_result, rag_out)) != LLMS_OK) {
+        if (rag_final && (s = client_rag_result_from(c, r->rag_result, rag_out)) != LLMS_OK) {
             frame_free_response(r);
             return s;
         }
@@ -425,12 +434,12 @@ enum llms_status stream(llms_conn *c, uint64_t id, llms_token_cb on_text, void *
             };
             if (!out->text) {
                 frame_free_response(r);
-                return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+                return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
             }
         }
         frame_free_response(r);
         if (cancelled)
-            return fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller");
+            return client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller");
         c->err[0] = '\0';
         return LLMS_OK;
     }

@@ -9,6 +9,8 @@
 #include "client/client_internal.h"
 #include "proto/frame.h"
 
+/* ---- names ---- */
+
 const char *llms_overflow_name(enum llms_overflow o)
 {
     switch (o) {
@@ -43,10 +45,7 @@ const char *llms_memory_name(enum llms_memory m)
     }
 }
 
-void llms_params_init(llms_params *p)
-{
-    *p = (llms_params)LLMS_PARAMS_INIT;
-}
+/* ---- contexts ---- */
 
 enum llms_status llms_context_create(llms_conn *c, const char *system_prompt,
                                      const llms_params *params, char id_out[LLMS_ID_MAX])
@@ -62,7 +61,7 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
     Llms__GenerationParams g;
     Llms__CreateContextRequest cc = LLMS__CREATE_CONTEXT_REQUEST__INIT;
     cc.system_prompt = (char *)system_prompt;
-    if (params_to_proto(params, &g))
+    if (client_params_to_proto(params, &g))
         cc.defaults = &g;
     if (params)
         cc.model = (char *)params->model;
@@ -74,12 +73,12 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
     req.body_case = LLMS__REQUEST__BODY_CREATE_CONTEXT;
     req.create_context = &cc;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_CREATE_CONTEXT, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_CREATE_CONTEXT, &r);
     if (s != LLMS_OK)
         return s;
     const char *id = r->create_context->context_id;
     if (strlen(id) >= LLMS_ID_MAX)
-        s = fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes", LLMS_ID_MAX - 1);
+        s = client_fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes", LLMS_ID_MAX - 1);
     else
         strcpy(id_out, id);
     frame_free_response(r);
@@ -88,7 +87,7 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
 
 enum llms_status llms_context_delete(llms_conn *c, const char *context_id)
 {
-    enum llms_status s = check_str(c, context_id, "context_id");
+    enum llms_status s = client_check_str(c, context_id, "context_id");
     if (s != LLMS_OK)
         return s;
     Llms__DeleteContextRequest d = LLMS__DELETE_CONTEXT_REQUEST__INIT;
@@ -96,7 +95,7 @@ enum llms_status llms_context_delete(llms_conn *c, const char *context_id)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_DELETE_CONTEXT;
     req.delete_context = &d;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 /* ---- streamed generation ---- */
@@ -115,14 +114,14 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
 {
     if (out)
         memset(out, 0, sizeof *out);
-    enum llms_status s = check_str(c, context_id, "context_id");
-    if (s != LLMS_OK || (s = check_str(c, prompt, "prompt")) != LLMS_OK)
+    enum llms_status s = client_check_str(c, context_id, "context_id");
+    if (s != LLMS_OK || (s = client_check_str(c, prompt, "prompt")) != LLMS_OK)
         return s;
     Llms__GenerationParams g;
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
     call.context_id = (char *)context_id;
     call.prompt = (char *)prompt;
-    if (params_to_proto(params, &g))
+    if (client_params_to_proto(params, &g))
         call.params = &g;
     if (params && params->raw) {
         call.has_raw = 1;
@@ -134,9 +133,9 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
     req.body_case = LLMS__REQUEST__BODY_CALL;
     req.call = &call;
     uint64_t id;
-    if ((s = send_request(c, &req, &id)) != LLMS_OK)
+    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
         return s;
-    return stream(c, id, on_text, user, out, NULL);
+    return client_stream(c, id, on_text, user, out, NULL);
 }
 
 enum llms_status llms_call_text(llms_conn *c, const char *context_id, const char *prompt,
@@ -158,7 +157,7 @@ enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *sys
 {
     if (out)
         memset(out, 0, sizeof *out);
-    enum llms_status s = check_str(c, prompt, "prompt");
+    enum llms_status s = client_check_str(c, prompt, "prompt");
     if (s != LLMS_OK)
         return s;
     Llms__GenerationParams g;
@@ -167,7 +166,7 @@ enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *sys
     cr.system_prompt = (char *)system_prompt;
     cr.has_chat = 1;
     cr.chat = chat != 0;
-    if (params_to_proto(params, &g))
+    if (client_params_to_proto(params, &g))
         cr.params = &g;
     if (params)
         cr.model = (char *)params->model;
@@ -175,9 +174,9 @@ enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *sys
     req.body_case = LLMS__REQUEST__BODY_COMPLETE;
     req.complete = &cr;
     uint64_t id;
-    if ((s = send_request(c, &req, &id)) != LLMS_OK)
+    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
         return s;
-    return stream(c, id, on_text, user, out, NULL);
+    return client_stream(c, id, on_text, user, out, NULL);
 }
 
 /* ---- context listings ---- */
@@ -213,7 +212,8 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
 {
     memset(out, 0, sizeof *out);
     if (strlen(p->context_id) >= LLMS_ID_MAX)
-        return fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes", LLMS_ID_MAX - 1);
+        return client_fail(c, LLMS_ERR_PROTOCOL, "context id longer than %d bytes",
+                           LLMS_ID_MAX - 1);
     strcpy(out->id, p->context_id);
     out->has_uid = p->has_uid;
     out->uid = p->uid;
@@ -225,28 +225,28 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     out->overflow = p->has_overflow ? (enum llms_overflow)p->overflow : LLMS_OVERFLOW_DEFAULT;
     out->window_slides = p->window_slides;
     out->window_dropped_tokens = p->window_dropped_tokens;
-    out->app_name = dup_or_null(p->app_name);
-    out->system_prompt = dup_or_null(p->system_prompt);
-    out->model = dup_or_null(p->model);
+    out->app_name = client_dup_or_null(p->app_name);
+    out->system_prompt = client_dup_or_null(p->system_prompt);
+    out->model = client_dup_or_null(p->model);
     if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt) ||
         (p->model && !out->model))
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     if (p->n_history > 0) {
         out->history = calloc(p->n_history, sizeof *out->history);
         if (!out->history)
-            return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+            return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
         out->n_history = p->n_history;
         for (size_t i = 0; i < p->n_history; i++) {
             out->history[i].role = strdup(p->history[i]->role);
             out->history[i].content = strdup(p->history[i]->content);
             if (!out->history[i].role || !out->history[i].content)
-                return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+                return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
         }
     }
     if (p->n_chunks > 0) {
         out->chunks = calloc(p->n_chunks, sizeof *out->chunks);
         if (!out->chunks)
-            return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+            return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
         out->n_chunks = p->n_chunks;
         for (size_t i = 0; i < p->n_chunks; i++) {
             const Llms__ChunkInfo *k = p->chunks[i];
@@ -279,7 +279,7 @@ static enum llms_status list_contexts(llms_conn *c, bool all, llms_context_info 
         else
             req.list_contexts = &lc;
         Llms__Response *r;
-        s = unary(c, &req, LLMS__RESPONSE__BODY_CONTEXTS, &r);
+        s = client_unary(c, &req, LLMS__RESPONSE__BODY_CONTEXTS, &r);
         if (s != LLMS_OK)
             break;
         size_t got = r->contexts->n_contexts;
@@ -290,7 +290,7 @@ static enum llms_status list_contexts(llms_conn *c, bool all, llms_context_info 
             llms_context_info *p = realloc(infos, ncap * sizeof *p);
             if (!p) {
                 frame_free_response(r);
-                s = fail(c, LLMS_ERR_INTERNAL, "out of memory");
+                s = client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
                 break;
             }
             memset(p + cap, 0, (ncap - cap) * sizeof *p);
@@ -309,7 +309,7 @@ static enum llms_status list_contexts(llms_conn *c, bool all, llms_context_info 
         return s;
     }
     if (!infos && !(infos = calloc(1, sizeof *infos)))
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     *out = infos;
     *n_out = n;
     return LLMS_OK;
@@ -329,7 +329,7 @@ static enum llms_status get_context(llms_conn *c, const char *context_id, int wi
                                    int any_app, llms_context_info *out)
 {
     memset(out, 0, sizeof *out);
-    enum llms_status s = check_str(c, context_id, "context_id");
+    enum llms_status s = client_check_str(c, context_id, "context_id");
     if (s != LLMS_OK)
         return s;
     Llms__GetContextRequest g = LLMS__GET_CONTEXT_REQUEST__INIT;
@@ -342,7 +342,7 @@ static enum llms_status get_context(llms_conn *c, const char *context_id, int wi
     req.body_case = LLMS__REQUEST__BODY_GET_CONTEXT;
     req.get_context = &g;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_CONTEXT, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_CONTEXT, &r)) != LLMS_OK)
         return s;
     s = info_from_proto(c, r->context, out);
     frame_free_response(r);
@@ -377,7 +377,7 @@ enum llms_status llms_tokenize_model(llms_conn *c, const char *model, const char
 {
     *tokens_out = NULL;
     *n_out = 0;
-    enum llms_status s = check_str(c, text, "text");
+    enum llms_status s = client_check_str(c, text, "text");
     if (s != LLMS_OK)
         return s;
     Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;
@@ -390,13 +390,13 @@ enum llms_status llms_tokenize_model(llms_conn *c, const char *model, const char
     req.body_case = LLMS__REQUEST__BODY_TOKENIZE;
     req.tokenize = &t;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_TOKENIZE, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_TOKENIZE, &r)) != LLMS_OK)
         return s;
     size_t n = r->tokenize->n_tokens;
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!ids) {
         frame_free_response(r);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     if (n)
         memcpy(ids, r->tokenize->tokens, n * sizeof *ids);
@@ -416,7 +416,7 @@ enum llms_status llms_detokenize_model(llms_conn *c, const char *model, const in
 {
     *text_out = NULL;
     if (n > 0 && !tokens)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "tokens is NULL");
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "tokens is NULL");
     Llms__DetokenizeRequest d = LLMS__DETOKENIZE_REQUEST__INIT;
     d.n_tokens = n;
     d.tokens = (int32_t *)tokens;
@@ -425,10 +425,10 @@ enum llms_status llms_detokenize_model(llms_conn *c, const char *model, const in
     req.body_case = LLMS__REQUEST__BODY_DETOKENIZE;
     req.detokenize = &d;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_DETOKENIZE, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_DETOKENIZE, &r);
     if (s != LLMS_OK)
         return s;
     *text_out = strdup(r->detokenize->text);
     frame_free_response(r);
-    return *text_out ? LLMS_OK : fail(c, LLMS_ERR_INTERNAL, "out of memory");
+    return *text_out ? LLMS_OK : client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
 }

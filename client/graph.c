@@ -12,19 +12,19 @@
 
 enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_graph_def *def)
 {
-    enum llms_status s = check_str(c, name, "name");
+    enum llms_status s = client_check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
     if (!def || (def->n_nodes && !def->nodes) || (def->n_edges && !def->edges) ||
         (def->n_inputs && !def->inputs) || !def->output)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "incomplete graph definition");
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "incomplete graph definition");
     Llms__GraphNode *nodes = calloc(def->n_nodes + 1, sizeof *nodes);
     Llms__GraphNode **np = calloc(def->n_nodes + 1, sizeof *np);
     Llms__GenerationParams *params = calloc(def->n_nodes + 1, sizeof *params);
     Llms__GraphEdge *edges = calloc(def->n_edges + 1, sizeof *edges);
     Llms__GraphEdge **ep = calloc(def->n_edges + 1, sizeof *ep);
     if (!nodes || !np || !params || !edges || !ep) {
-        s = fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        s = client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
         goto out;
     }
     Llms__GraphDef d = LLMS__GRAPH_DEF__INIT;
@@ -36,7 +36,8 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
     for (size_t i = 0; i < def->n_nodes; i++) {
         const llms_graph_node *n = &def->nodes[i];
         if (!n->name || !n->output) {
-            s = fail(c, LLMS_ERR_INVALID_ARGUMENT, "node %zu: a name and an output are needed", i);
+            s = client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                            "node %zu: a name and an output are needed", i);
             goto out;
         }
         llms__graph_node__init(&nodes[i]);
@@ -45,7 +46,7 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
         nodes[i].kind = (Llms__GraphNodeKind)n->kind;
         if (n->kind == LLMS_GRAPH_GENERATE) {
             nodes[i].prompt = (char *)n->prompt;
-            if (params_to_proto(n->params, &params[i]))
+            if (client_params_to_proto(n->params, &params[i]))
                 nodes[i].params = &params[i];
             nodes[i].has_chat = n->chat != 0;
             nodes[i].chat = n->chat != 0;
@@ -61,7 +62,7 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
     }
     for (size_t i = 0; i < def->n_edges; i++) {
         if (!def->edges[i].from || !def->edges[i].to) {
-            s = fail(c, LLMS_ERR_INVALID_ARGUMENT, "edge %zu: from and to are needed", i);
+            s = client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "edge %zu: from and to are needed", i);
             goto out;
         }
         llms__graph_edge__init(&edges[i]);
@@ -80,7 +81,7 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_GRAPH_CREATE;
     req.graph_create = &gc;
-    s = unary_ok(c, &req);
+    s = client_unary_ok(c, &req);
 out:
     free(nodes);
     free(np);
@@ -92,7 +93,7 @@ out:
 
 enum llms_status llms_graph_delete(llms_conn *c, const char *name)
 {
-    enum llms_status s = check_str(c, name, "name");
+    enum llms_status s = client_check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
     Llms__GraphDeleteRequest gd = LLMS__GRAPH_DELETE_REQUEST__INIT;
@@ -100,7 +101,7 @@ enum llms_status llms_graph_delete(llms_conn *c, const char *name)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_GRAPH_DELETE;
     req.graph_delete = &gd;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 void llms_graph_list_free(llms_graph_info *graphs, size_t n)
@@ -126,7 +127,7 @@ enum llms_status llms_graph_list(llms_conn *c, llms_graph_info **out, size_t *n_
     req.body_case = LLMS__REQUEST__BODY_GRAPH_LIST;
     req.graph_list = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_GRAPH_LIST, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_GRAPH_LIST, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__GraphListResponse *l = r->graph_list;
@@ -148,7 +149,7 @@ enum llms_status llms_graph_list(llms_conn *c, llms_graph_info **out, size_t *n_
     if (!ok) {
         llms_graph_list_free(g, l->n_graphs);
         frame_free_response(r);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     *out = g;
     *n_out = l->n_graphs;
@@ -206,7 +207,7 @@ static enum llms_status graph_result_from(llms_conn *c, const Llms__GraphResult 
     }
     if (!ok) {
         llms_graph_result_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     return LLMS_OK;
 }
@@ -227,7 +228,7 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
 {
     if (out)
         memset(out, 0, sizeof *out);
-    enum llms_status s = check_str(c, graph, "graph");
+    enum llms_status s = client_check_str(c, graph, "graph");
     if (s != LLMS_OK)
         return s;
     Llms__GraphVar *vars = calloc(n + 1, sizeof *vars);
@@ -235,11 +236,12 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     if (!vars || !vp) {
         free(vars);
         free(vp);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n && s == LLMS_OK; i++) {
         if (!inputs[i].name || !inputs[i].value)
-            s = fail(c, LLMS_ERR_INVALID_ARGUMENT, "input %zu: a name and a value are needed", i);
+            s = client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                            "input %zu: a name and a value are needed", i);
         llms__graph_var__init(&vars[i]);
         vars[i].name = (char *)inputs[i].name;
         vars[i].value = (char *)inputs[i].value;
@@ -250,7 +252,7 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     gr.graph = (char *)graph;
     gr.n_inputs = n;
     gr.inputs = vp;
-    if (params_to_proto(params, &g))
+    if (client_params_to_proto(params, &g))
         gr.params = &g;
     gr.has_speculate = spec != LLMS_SPECULATE_DEFAULT;
     gr.speculate = spec == LLMS_SPECULATE_ON;
@@ -259,7 +261,7 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     req.graph_run = &gr;
     uint64_t id;
     if (s == LLMS_OK)
-        s = send_request(c, &req, &id);
+        s = client_send_request(c, &req, &id);
     free(vars);
     free(vp);
     if (s != LLMS_OK)
@@ -267,15 +269,15 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        if ((s = next_for(c, id, &r)) != LLMS_OK)
+        if ((s = client_next_for(c, id, &r)) != LLMS_OK)
             return s;
         if (r->error) {
-            s = error_of(c, r);
+            s = client_error_of(c, r);
             int final = r->final;
             frame_free_response(r);
             if (!final)
                 continue;
-            return cancelled ? fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
         }
         if (r->body_case == LLMS__RESPONSE__BODY_GRAPH_EVENT && !r->final) {
             const Llms__GraphEvent *e = r->graph_event;
@@ -291,7 +293,7 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
             };
             if (!cancelled && on_event && on_event(&ev, user)) {
                 cancelled = 1;
-                if ((s = send_cancel(c, id)) != LLMS_OK) {
+                if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);
                     return s;
                 }
@@ -301,12 +303,12 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
         }
         if (r->body_case != LLMS__RESPONSE__BODY_GRAPH_RESULT || !r->final) {
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a graph run");
+            return client_fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a graph run");
         }
         s = out ? graph_result_from(c, r->graph_result, out) : LLMS_OK;
         frame_free_response(r);
         if (s == LLMS_OK && cancelled)
-            return fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller");
+            return client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller");
         if (s == LLMS_OK)
             c->err[0] = '\0';
         return s;

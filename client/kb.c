@@ -21,7 +21,7 @@ enum llms_status llms_kb_create_shared(llms_conn *c, const char *name,
                                        uint32_t passage_tokens, uint32_t overlap_tokens,
                                        int share_uid)
 {
-    enum llms_status s = check_str(c, name, "name");
+    enum llms_status s = client_check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
     Llms__KbCreateRequest kc = LLMS__KB_CREATE_REQUEST__INIT;
@@ -35,12 +35,12 @@ enum llms_status llms_kb_create_shared(llms_conn *c, const char *name,
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_KB_CREATE;
     req.kb_create = &kc;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_kb_drop(llms_conn *c, const char *name)
 {
-    enum llms_status s = check_str(c, name, "name");
+    enum llms_status s = client_check_str(c, name, "name");
     if (s != LLMS_OK)
         return s;
     Llms__KbDropRequest kd = LLMS__KB_DROP_REQUEST__INIT;
@@ -48,7 +48,7 @@ enum llms_status llms_kb_drop(llms_conn *c, const char *name)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_KB_DROP;
     req.kb_drop = &kd;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_kb_add(llms_conn *c, const char *kb, const llms_kb_doc *docs, size_t n,
@@ -65,16 +65,16 @@ static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progres
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        enum llms_status s = next_for(c, id, &r);
+        enum llms_status s = client_next_for(c, id, &r);
         if (s != LLMS_OK)
             return s;
         if (r->error) {
-            s = error_of(c, r);
+            s = client_error_of(c, r);
             int final = r->final;
             frame_free_response(r);
             if (!final)
                 continue;
-            return cancelled ? fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
         }
         if (r->body_case == LLMS__RESPONSE__BODY_KB_ADD_PROGRESS && !r->final) {
             const Llms__KbAddProgress *p = r->kb_add_progress;
@@ -87,7 +87,7 @@ static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progres
             };
             if (!cancelled && on_progress && on_progress(&pr, user)) {
                 cancelled = 1;
-                if ((s = send_cancel(c, id)) != LLMS_OK) {
+                if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);
                     return s;
                 }
@@ -97,8 +97,8 @@ static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progres
         }
         if (r->body_case != LLMS__RESPONSE__BODY_KB_ADD || !r->final) {
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "unexpected frame in a KbAdd's reply (body %d)",
-                        (int)r->body_case);
+            return client_fail(c, LLMS_ERR_PROTOCOL,
+                               "unexpected frame in a KbAdd's reply (body %d)", (int)r->body_case);
         }
         /* a Cancel that came after the publish: the add is done, and says so */
         if (passages)
@@ -113,19 +113,19 @@ enum llms_status llms_kb_add_progress(llms_conn *c, const char *kb, const llms_k
                                       size_t n, llms_kb_progress_cb on_progress, void *user,
                                       uint32_t *passages)
 {
-    enum llms_status s = check_str(c, kb, "kb");
+    enum llms_status s = client_check_str(c, kb, "kb");
     if (s != LLMS_OK)
         return s;
     for (size_t i = 0; i < n; i++)
-        if ((s = check_str(c, docs[i].id, "document id")) != LLMS_OK ||
-            (s = check_str(c, docs[i].text, "document text")) != LLMS_OK)
+        if ((s = client_check_str(c, docs[i].id, "document id")) != LLMS_OK ||
+            (s = client_check_str(c, docs[i].text, "document text")) != LLMS_OK)
             return s;
     Llms__KbDocument *d = calloc(n ? n : 1, sizeof *d);
     Llms__KbDocument **dp = calloc(n ? n : 1, sizeof *dp);
     if (!d || !dp) {
         free(d);
         free(dp);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         llms__kb_document__init(&d[i]);
@@ -145,7 +145,7 @@ enum llms_status llms_kb_add_progress(llms_conn *c, const char *kb, const llms_k
     req.body_case = LLMS__REQUEST__BODY_KB_ADD;
     req.kb_add = &ka;
     uint64_t id;
-    s = send_request(c, &req, &id);
+    s = client_send_request(c, &req, &id);
     free(d);
     free(dp);
     if (s != LLMS_OK)
@@ -156,11 +156,11 @@ enum llms_status llms_kb_add_progress(llms_conn *c, const char *kb, const llms_k
 enum llms_status llms_kb_remove(llms_conn *c, const char *kb, const char *const *ids, size_t n,
                                 uint32_t *removed)
 {
-    enum llms_status s = check_str(c, kb, "kb");
+    enum llms_status s = client_check_str(c, kb, "kb");
     if (s != LLMS_OK)
         return s;
     for (size_t i = 0; i < n; i++)
-        if ((s = check_str(c, ids[i], "document id")) != LLMS_OK)
+        if ((s = client_check_str(c, ids[i], "document id")) != LLMS_OK)
             return s;
     Llms__KbRemoveRequest kr = LLMS__KB_REMOVE_REQUEST__INIT;
     kr.kb = (char *)kb;
@@ -170,7 +170,7 @@ enum llms_status llms_kb_remove(llms_conn *c, const char *kb, const char *const 
     req.body_case = LLMS__REQUEST__BODY_KB_REMOVE;
     req.kb_remove = &kr;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_KB_REMOVE, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_KB_REMOVE, &r)) != LLMS_OK)
         return s;
     if (removed)
         *removed = r->kb_remove->removed;
@@ -194,7 +194,7 @@ enum llms_status llms_kb_list(llms_conn *c, llms_kb_info **out, size_t *n_out)
     req.body_case = LLMS__REQUEST__BODY_KB_LIST;
     req.kb_list = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_KB_LIST, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_KB_LIST, &r);
     if (s != LLMS_OK)
         return s;
     size_t n = r->kb_list->n_kbs;
@@ -211,7 +211,7 @@ enum llms_status llms_kb_list(llms_conn *c, llms_kb_info **out, size_t *n_out)
     }
     frame_free_response(r);
     if (!k)
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     *out = k;
     *n_out = n;
     return LLMS_OK;
@@ -235,9 +235,9 @@ static llms_kb_hit *hits_from(Llms__KbHit **p, size_t n)
         h[i].passage = p[i]->passage;
         h[i].seq = p[i]->seq;
         h[i].score = p[i]->score;
-        h[i].document = dup_or_null(p[i]->document);
-        h[i].text = dup_or_null(p[i]->text);
-        h[i].metadata = dup_or_null(p[i]->metadata);
+        h[i].document = client_dup_or_null(p[i]->document);
+        h[i].text = client_dup_or_null(p[i]->text);
+        h[i].metadata = client_dup_or_null(p[i]->metadata);
         if (!h[i].document || (p[i]->text && !h[i].text) || (p[i]->metadata && !h[i].metadata)) {
             llms_kb_hits_free(h, i + 1);
             h = NULL;
@@ -251,8 +251,8 @@ enum llms_status llms_kb_search(llms_conn *c, const char *kb, const char *query,
 {
     *out = NULL;
     *n_out = 0;
-    enum llms_status s = check_str(c, kb, "kb");
-    if (s != LLMS_OK || (s = check_str(c, query, "query")) != LLMS_OK)
+    enum llms_status s = client_check_str(c, kb, "kb");
+    if (s != LLMS_OK || (s = client_check_str(c, query, "query")) != LLMS_OK)
         return s;
     Llms__KbSearchRequest ks = LLMS__KB_SEARCH_REQUEST__INIT;
     ks.kb = (char *)kb;
@@ -265,13 +265,13 @@ enum llms_status llms_kb_search(llms_conn *c, const char *kb, const char *query,
     req.body_case = LLMS__REQUEST__BODY_KB_SEARCH;
     req.kb_search = &ks;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_KB_SEARCH, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_KB_SEARCH, &r)) != LLMS_OK)
         return s;
     size_t n = r->kb_search->n_hits;
     llms_kb_hit *h = hits_from(r->kb_search->hits, n);
     frame_free_response(r);
     if (!h)
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     *out = h;
     *n_out = n;
     return LLMS_OK;
@@ -299,7 +299,7 @@ void llms_rag_result_free(llms_rag_result *r)
     memset(r, 0, sizeof *r);
 }
 
-enum llms_status rag_result_from(llms_conn *c, const Llms__RagResult *p,
+enum llms_status client_rag_result_from(llms_conn *c, const Llms__RagResult *p,
                                         llms_rag_result *out)
 {
     *out = (llms_rag_result){
@@ -320,7 +320,7 @@ enum llms_status rag_result_from(llms_conn *c, const Llms__RagResult *p,
     };
     if (!out->text || !out->passages) {
         llms_rag_result_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     return LLMS_OK;
 }
@@ -332,8 +332,8 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
     llms_rag_result scratch;
     llms_rag_result *res = out ? out : &scratch;
     memset(res, 0, sizeof *res);
-    enum llms_status s = check_str(c, kb, "kb");
-    if (s != LLMS_OK || (s = check_str(c, question, "question")) != LLMS_OK)
+    enum llms_status s = client_check_str(c, kb, "kb");
+    if (s != LLMS_OK || (s = client_check_str(c, question, "question")) != LLMS_OK)
         return s;
     Llms__GenerationParams g;
     Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
@@ -345,7 +345,7 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
         rq.has_retrieval = 1;
         rq.retrieval = (Llms__Retrieval)opt->retrieval;
         rq.system_prompt = (char *)opt->system_prompt;
-        if (params_to_proto(opt->params, &g))
+        if (client_params_to_proto(opt->params, &g))
             rq.params = &g;
         rq.has_no_qa = opt->no_qa != 0;
         rq.no_qa = opt->no_qa != 0;
@@ -358,9 +358,9 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
     req.body_case = LLMS__REQUEST__BODY_RAG_QUERY;
     req.rag_query = &rq;
     uint64_t id;
-    if ((s = send_request(c, &req, &id)) != LLMS_OK)
+    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
         return s;
-    s = stream(c, id, on_text, user, NULL, res);
+    s = client_stream(c, id, on_text, user, NULL, res);
     if (!out)
         llms_rag_result_free(&scratch);
     return s;
@@ -396,7 +396,7 @@ enum llms_status llms_cache_stats_of(llms_conn *c, const llms_cache_owner *owner
     req.body_case = LLMS__REQUEST__BODY_CACHE;
     req.cache = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_CACHE, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_CACHE, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__CacheResponse *p = r->cache;
@@ -438,7 +438,7 @@ enum llms_status llms_cache_tune(llms_conn *c, float tau_query)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CACHE_TUNE;
     req.cache_tune = &t;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }
 
 enum llms_status llms_cache_clear(llms_conn *c)
@@ -453,5 +453,5 @@ enum llms_status llms_cache_clear_of(llms_conn *c, const llms_cache_owner *owner
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_CACHE_CLEAR;
     req.cache_clear = &e;
-    return unary_ok(c, &req);
+    return client_unary_ok(c, &req);
 }

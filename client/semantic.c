@@ -30,10 +30,10 @@ enum llms_status llms_embed_model(llms_conn *c, const char *model, const char *c
 {
     memset(out, 0, sizeof *out);
     if (n > 0 && !texts)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "texts is NULL");
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "texts is NULL");
     for (size_t i = 0; i < n; i++)
         if (!texts[i])
-            return fail(c, LLMS_ERR_INVALID_ARGUMENT, "text %zu is NULL", i);
+            return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "text %zu is NULL", i);
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.n_texts = n;
     e.texts = (char **)texts;
@@ -44,7 +44,7 @@ enum llms_status llms_embed_model(llms_conn *c, const char *model, const char *c
     req.body_case = LLMS__REQUEST__BODY_EMBED;
     req.embed = &e;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_EMBED, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_EMBED, &r);
     if (s != LLMS_OK)
         return s;
     const Llms__EmbedResponse *p = r->embed;
@@ -52,21 +52,21 @@ enum llms_status llms_embed_model(llms_conn *c, const char *model, const char *c
     if (p->n_vectors != n || p->n_n_tokens != n) {
         size_t got = p->n_vectors;
         frame_free_response(r);
-        return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent %zu vectors for %zu texts", got, n);
+        return client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent %zu vectors for %zu texts", got, n);
     }
     for (size_t i = 0; i < n; i++)
         if (p->vectors[i]->n_values != dim) {
             size_t got = p->vectors[i]->n_values;
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a vector of %zu values, not %zu", got,
-                        dim);
+            return client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent a vector of %zu values, not %zu",
+                               got, dim);
         }
     out->values = malloc((n * dim > 0 ? n * dim : 1) * sizeof *out->values);
     out->n_tokens = malloc((n ? n : 1) * sizeof *out->n_tokens);
     if (!out->values || !out->n_tokens) {
         frame_free_response(r);
         llms_embeddings_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         if (dim)
@@ -107,14 +107,14 @@ enum llms_status llms_rerank(llms_conn *c, const char *query, const char *const 
                              size_t n, const llms_rerank_options *opts, llms_rerank_result *out)
 {
     memset(out, 0, sizeof *out);
-    enum llms_status s = check_str(c, query, "query");
+    enum llms_status s = client_check_str(c, query, "query");
     if (s != LLMS_OK)
         return s;
     if (n > 0 && !documents)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "documents is NULL");
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "documents is NULL");
     for (size_t i = 0; i < n; i++)
         if (!documents[i])
-            return fail(c, LLMS_ERR_INVALID_ARGUMENT, "document %zu is NULL", i);
+            return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "document %zu is NULL", i);
     llms_rerank_options o = LLMS_RERANK_OPTIONS_INIT;
     if (opts)
         o = *opts;
@@ -137,14 +137,14 @@ enum llms_status llms_rerank(llms_conn *c, const char *query, const char *const 
     req.body_case = LLMS__REQUEST__BODY_RERANK;
     req.rerank = &rq;
     Llms__Response *r;
-    if ((s = unary(c, &req, LLMS__RESPONSE__BODY_RERANK, &r)) != LLMS_OK)
+    if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_RERANK, &r)) != LLMS_OK)
         return s;
     const Llms__RerankResponse *p = r->rerank;
     for (size_t i = 0; i < p->n_hits; i++)
         if (p->hits[i]->index >= n) {
             uint32_t bad = p->hits[i]->index;
             frame_free_response(r);
-            return fail(c, LLMS_ERR_PROTOCOL, "llmsd sent document index %u of %zu", bad, n);
+            return client_fail(c, LLMS_ERR_PROTOCOL, "llmsd sent document index %u of %zu", bad, n);
         }
     out->hits = malloc((p->n_hits ? p->n_hits : 1) * sizeof *out->hits);
     out->layers_computed = dup_u32(p->layers_computed, p->n_layers_computed);
@@ -152,7 +152,7 @@ enum llms_status llms_rerank(llms_conn *c, const char *query, const char *const 
     if (!out->hits || !out->layers_computed || !out->pruned_at_layer) {
         frame_free_response(r);
         llms_rerank_result_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < p->n_hits; i++)
         out->hits[i] = (llms_rerank_hit){p->hits[i]->index, p->hits[i]->score};
@@ -181,20 +181,21 @@ enum llms_status llms_rerank_calibrate(llms_conn *c, const llms_rerank_query *qu
 {
     memset(out, 0, sizeof *out);
     if (n > 0 && !queries)
-        return fail(c, LLMS_ERR_INVALID_ARGUMENT, "queries is NULL");
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "queries is NULL");
     for (size_t i = 0; i < n; i++) {
         if (!queries[i].query || (queries[i].n_documents > 0 && !queries[i].documents))
-            return fail(c, LLMS_ERR_INVALID_ARGUMENT, "query %zu is incomplete", i);
+            return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "query %zu is incomplete", i);
         for (size_t d = 0; d < queries[i].n_documents; d++)
             if (!queries[i].documents[d])
-                return fail(c, LLMS_ERR_INVALID_ARGUMENT, "query %zu: document %zu is NULL", i, d);
+                return client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                                   "query %zu: document %zu is NULL", i, d);
     }
     Llms__RerankQuery *qs = calloc(n ? n : 1, sizeof *qs);
     Llms__RerankQuery **qp = calloc(n ? n : 1, sizeof *qp);
     if (!qs || !qp) {
         free(qs);
         free(qp);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         llms__rerank_query__init(&qs[i]);
@@ -215,7 +216,7 @@ enum llms_status llms_rerank_calibrate(llms_conn *c, const llms_rerank_query *qu
     req.body_case = LLMS__REQUEST__BODY_RERANK_CALIBRATE;
     req.rerank_calibrate = &cr;
     Llms__Response *r;
-    enum llms_status s = unary(c, &req, LLMS__RESPONSE__BODY_RERANK_CALIBRATE, &r);
+    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_RERANK_CALIBRATE, &r);
     free(qs);
     free(qp);
     if (s != LLMS_OK)
@@ -227,7 +228,7 @@ enum llms_status llms_rerank_calibrate(llms_conn *c, const llms_rerank_query *qu
     if (!out->grid || !out->grid_precision) {
         frame_free_response(r);
         llms_calibration_free(out);
-        return fail(c, LLMS_ERR_INTERNAL, "out of memory");
+        return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     }
     if (g) {
         memcpy(out->grid, p->grid, g * sizeof *out->grid);
