@@ -1,8 +1,8 @@
 /*
  * client_internal.h — what the files of libllmsclient share: the connection and the
  * request/response machinery of client.c, and the one converter (kb.c's RAG result) that
- * client.c's stream reader needs. Declared hidden, so the shared library exports only
- * llms.h. Not for any other file.
+ * client.c's stream reader needs. Declared hidden: libllmsclient.so exports none of them.
+ * Not for any other file.
  */
 #ifndef LLMS_CLIENT_INTERNAL_H
 #define LLMS_CLIENT_INTERNAL_H

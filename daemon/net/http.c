@@ -520,13 +520,14 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                 at += w > 0 ? (size_t)w : 0;
             }
             openai_send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
-                       "the model '%.200s' does not exist (this daemon serves %s)", name, names);
+                              "the model '%.200s' does not exist (this daemon serves %s)", name,
+                              names);
             return -1;
         }
         if (r == R_RAG && *e != dflt) {
             openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
-                       "%s runs on the default generate model '%s', not '%s'",
-                       route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
+                              "%s runs on the default generate model '%s', not '%s'",
+                              route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
             return -1;
         }
         *named = name;
@@ -558,9 +559,9 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
     if (!o || e != json_tokener_success || end != n || !json_object_is_type(o, json_type_object)) {
         json_object_put(o);
         openai_bad_request(h, wc, r,
-                    e == json_tokener_success || e == json_tokener_continue
-                        ? "the body must be one JSON object"
-                        : json_tokener_error_desc(e));
+                           e == json_tokener_success || e == json_tokener_continue
+                               ? "the body must be one JSON object"
+                               : json_tokener_error_desc(e));
         return NULL;
     }
     return o;
@@ -798,13 +799,13 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     char msg[ERR_MAX + 128];
     if (r == R_OTHER) {
         openai_send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
-                   (int)(plen > 200 ? 200 : plen), uri);
+                          (int)(plen > 200 ? 200 : plen), uri);
         return false;
     }
     if (strcmp(method, get ? "GET" : "POST") != 0) {
         httpwire_add_header(wc, "Allow", get ? "GET" : "POST");
         openai_send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
-                   "%s takes %s", route_path[r], get ? "GET" : "POST");
+                          "%s takes %s", route_path[r], get ? "GET" : "POST");
         return false;
     }
     if (h->shutting || h->worker_done) {
@@ -813,7 +814,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
             json_object_object_add(o, "status", json_object_new_string("shutting_down"));
             http_send_json(h, wc, r, 503, o);
         } else {
-            openai_send_error(h, wc, r, 503, "server_error", "unavailable", "the daemon is shutting down");
+            openai_send_error(h, wc, r, 503, "server_error", "unavailable",
+                              "the daemon is shutting down");
         }
         return false;
     }
@@ -828,8 +830,9 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     if (status) {
         if (status == 401)
             httpwire_add_header(wc, "WWW-Authenticate", "Bearer");
-        openai_send_error(h, wc, r, status, status == 401 ? "authentication_error" : "invalid_request_error",
-                   status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
+        openai_send_error(h, wc, r, status,
+                          status == 401 ? "authentication_error" : "invalid_request_error",
+                          status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
         return false;
     }
     if (gc->tcp && count_under(h, gc, ss.uid, msg, sizeof msg)) {
@@ -847,8 +850,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     if (r == R_METRICS) {
         if (!ss.admin) {
             openai_send_error(h, wc, r, 403, "permission_error", "permission_denied",
-                       "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
-                       "token on TCP", h->cfg->admin_group);
+                              "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
+                              "token on TCP", h->cfg->admin_group);
             return false;
         }
         hreq *hr = hreq_new(h, wc, r, &ss, NULL, NULL, NULL);
@@ -859,15 +862,15 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     size_t n = httpwire_content_length(wc);
     if (n > (size_t)h->cfg->http_max_body_bytes) {
         openai_send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
-                   "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
-                   h->cfg->http_max_body_bytes);
+                          "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
+                          h->cfg->http_max_body_bytes);
         return false;
     }
     gc->route = r;
     gc->ss = ss;
     if (n && (status = reserve_body(h, gc, ss.uid, n, msg, sizeof msg))) {
         openai_send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
-                   status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
+                          status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
         return false;
     }
     return true;

@@ -312,7 +312,8 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         json_object_put(c);
         json_object_put(o);
         json_object_put(extra);
-        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
         return;
     }
     json_object_object_add(c, "index", json_object_new_int(0));
@@ -428,7 +429,8 @@ void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
     if (!o || !data) {
         json_object_put(o);
         json_object_put(data);
-        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
         return;
     }
     uint64_t tokens = 0;
@@ -479,7 +481,8 @@ void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr)
     if (!o || !results) {
         json_object_put(o);
         json_object_put(results);
-        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
         return;
     }
     json_object_object_get_ex(hr->body, "documents", &docs);
