@@ -1,10 +1,10 @@
 /* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
  * that parse as JSON go through the sampling fields (read_params), a chat's messages
  * rendered with a template family (render_chat, message_content), and the last message
- * read as a context's turn, as daemon/net/http.c does for a client on its TCP port. The
- * gateway's functions are static, so this file includes http.c itself; a refusal must
- * come with a message, and nothing may crash or leak. */
-#include "daemon/net/http.c" /* IWYU pragma: keep */
+ * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port. Those
+ * functions are static, so this file includes openai.c itself; a refusal must come with a
+ * message, and nothing may crash or leak. */
+#include "daemon/net/openai.c" /* IWYU pragma: keep */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

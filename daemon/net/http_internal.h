@@ -1,0 +1,156 @@
+/*
+ * http_internal.h — what the gateway's two files share: http.c (routes, identity,
+ * connections and bodies, requests in flight, streaming, setup) and openai.c (the JSON
+ * of the OpenAI API: request bodies read into native requests, native answers written
+ * as OpenAI's objects and Server-Sent Events). Not for any other file.
+ */
+#ifndef LLMS_HTTP_INTERNAL_H
+#define LLMS_HTTP_INTERNAL_H
+
+#include <event2/buffer.h>
+#include <json-c/json.h>
+
+#include "daemon/net/http.h"
+#include "daemon/net/httpwire.h"
+#include "daemon/net/server.h"
+#include "daemon/net/session.h"
+
+#define HREQ_BUCKETS 256
+#define MAX_COUNTS 64           /* (route, status) pairs /metrics counts */
+
+enum route {
+    R_MODELS,
+    R_CHAT,
+    R_COMPLETIONS,
+    R_EMBEDDINGS,
+    R_RERANK,
+    R_RAG,
+    R_HEALTH,
+    R_METRICS,
+    R_OTHER,
+};
+
+typedef struct token_entry token_entry;
+typedef struct gwconn gwconn;
+typedef struct uid_bodies uid_bodies;
+
+typedef struct hreq {
+    http *h;
+    httpwire_conn *wc;
+    gwconn *gc;
+    session ss;
+    enum route route;
+    json_object *body;         /* the parsed request, kept for the texts it holds */
+    bool stream, include_usage, base64, return_documents;
+    bool started;              /* the SSE reply (headers and chunks) has begun */
+    bool done;                 /* answered (or gone): only freeing is left */
+    bool cancel_sent;          /* the client reads too slowly: generation cancelled */
+    const char *context_id;    /* "llmsd": {"context": ...}, or NULL */
+    const char *model_named;   /* the body's "model", or NULL: the route's default */
+    char model[MODELS_NAME_MAX + 1]; /* the model the reply names */
+    enum chat_family family;   /* its chat template (a chat is rendered with it) */
+    size_t sent;               /* bytes of reply text already streamed */
+    char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
+    struct evbuffer *sse;
+    char id[48];
+    int64_t created;
+    struct hreq *next;
+} hreq;
+
+typedef struct count {
+    enum route route;
+    int status;
+    uint64_t n;
+} count;
+
+struct http {
+    struct event_base *base;
+    const config *cfg;
+    session_env senv;
+    models *reg;               /* only models_view_update: the worker owns the rest */
+    models_view view;          /* the registry's names, roles and templates, brought up to
+                                  date at each request */
+    server *srv;               /* counts the connections with the native ones */
+    httpwire *wire;
+    bool owns_path;
+    token_entry *tokens;
+    size_t n_tokens;
+    bool have_admin_gid;
+    gid_t admin_gid;
+    uint64_t next_id;
+    bool shutting, worker_done;
+    unsigned n_reqs;
+    hreq *buckets[HREQ_BUCKETS];
+    unsigned n_conns;          /* HTTP connections open */
+    unsigned n_unauth;         /* ... of them on TCP with no valid token yet */
+    size_t body_bytes;         /* bodies being received, every uid together */
+    uid_bodies *ub;
+    size_t n_ub, cap_ub;
+    /* /metrics */
+    count counts[MAX_COUNTS];
+    size_t n_counts;
+    uint64_t prompt_tokens, completion_tokens, embed_tokens, cancelled;
+};
+
+/* ---- http.c: answering, requests in flight, the registry's view ---- */
+
+/* o as compact JSON text, owned by o. */
+const char *http_json_text(json_object *o);
+
+/* Counts one answer of route r with status for /metrics. */
+void http_count_status(http *h, enum route r, int status);
+
+/* Sends o (taken; NULL: out of memory, answered 500) as a JSON reply, counted. */
+void http_send_json(http *h, httpwire_conn *wc, enum route r, int status, json_object *o);
+
+/* Ends hr towards the worker (its native connection closes, cancelling what still runs)
+ * and the loop; the caller then answers it. Idempotent. */
+void http_req_finish(hreq *hr);
+
+/* Hands r to session_handle as hr's native request. -1 when it could not be built, after
+ * answering hr. */
+int http_submit(hreq *hr, const Llms__Request *r);
+
+/* The model a request of role runs on when it names none; NULL when no model has it. */
+const models_view_entry *http_view_default(const http *h, unsigned role);
+
+/* ---- openai.c: OpenAI's shapes ---- */
+
+/* Answers status with OpenAI's error object {"error": {message, type, param, code}}. */
+void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
+                       const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+/* Answers 400 invalid_request with msg. */
+void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
+
+/* Ends hr with a native error: an error reply, or once the stream has begun its last
+ * event. */
+void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* Begins hr's SSE reply (headers; for a chat the assistant role). 0, or -1 out of memory. */
+int openai_sse_start(hreq *hr);
+
+/* Streams n bytes of text as one SSE chunk of hr; finish: NULL, or the finish_reason that
+ * ends the stream. */
+void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish);
+
+/* hr's final answer from the worker's native reply: a completion or chat turn, a RAG
+ * answer, embeddings, rerank scores. Each ends hr. */
+void openai_on_result(hreq *hr, const Llms__CallResult *res);
+void openai_on_rag_result(hreq *hr, const Llms__RagResult *res);
+void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e);
+void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr);
+
+/* Reads hr's body into the native request r of its route (msg, cap: room for a refusal)
+ * and submits it; a body that does not fit is answered 400 instead. Either way hr->done
+ * tells whether hr is over. */
+void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Answers GET /v1/models from h's view of the registry. */
+void openai_send_models(http *h, httpwire_conn *wc);
+
+#endif

@@ -1,0 +1,1041 @@
+/*
+ * openai.c — the JSON of the OpenAI API for the gateway (http.h): each route's request body
+ * read into the native request it becomes, each native answer written as OpenAI's object
+ * or as Server-Sent Events, errors in OpenAI's shape, and the model list.
+ */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/net/http_internal.h"
+#include "engine/tok/stop.h"
+
+/* ---- errors ---- */
+
+/* The HTTP status, OpenAI error type and code of a native error. */
+static void map_error(Llms__ErrorCode c, int *status, const char **type, const char **code)
+{
+    *type = "server_error";
+    switch (c) {
+    case LLMS__ERROR_CODE__INVALID_ARGUMENT:
+        *status = 400, *type = "invalid_request_error", *code = "invalid_argument";
+        break;
+    case LLMS__ERROR_CODE__NOT_FOUND:
+        *status = 404, *type = "invalid_request_error", *code = "not_found";
+        break;
+    case LLMS__ERROR_CODE__PERMISSION_DENIED:
+        *status = 403, *type = "permission_error", *code = "permission_denied";
+        break;
+    case LLMS__ERROR_CODE__RESOURCE_EXHAUSTED:
+        *status = 429, *type = "rate_limit_error", *code = "resource_exhausted";
+        break;
+    case LLMS__ERROR_CODE__FAILED_PRECONDITION:
+        *status = 409, *type = "invalid_request_error", *code = "failed_precondition";
+        break;
+    case LLMS__ERROR_CODE__UNAVAILABLE:
+        *status = 503, *code = "unavailable";
+        break;
+    case LLMS__ERROR_CODE__UNIMPLEMENTED:
+        *status = 501, *code = "unimplemented";
+        break;
+    case LLMS__ERROR_CODE__DEADLINE_EXCEEDED:
+        *status = 504, *code = "deadline_exceeded";
+        break;
+    case LLMS__ERROR_CODE__CANCELLED:
+        *status = 500, *code = "cancelled";
+        break;
+    default:
+        *status = 500, *code = "internal_error";
+        break;
+    }
+}
+
+static const char *stop_name(Llms__StopReason r)
+{
+    switch (r) {
+    case LLMS__STOP_REASON__STOP_EOS: return "eos";
+    case LLMS__STOP_REASON__STOP_MAX_TOKENS: return "max_tokens";
+    case LLMS__STOP_REASON__STOP_STRING: return "stop_string";
+    case LLMS__STOP_REASON__STOP_CONTEXT_FULL: return "context_full";
+    case LLMS__STOP_REASON__STOP_CANCELLED: return "cancelled";
+    case LLMS__STOP_REASON__STOP_DEADLINE: return "deadline";
+    case LLMS__STOP_REASON__STOP_SHUTDOWN: return "shutdown";
+    default: return "unknown";
+    }
+}
+
+/* OpenAI's finish_reason: "stop" and "length" where they apply; the reasons OpenAI has
+ * no word for keep llmsd's name rather than pass for a normal end. */
+static const char *finish_reason(Llms__StopReason r)
+{
+    switch (r) {
+    case LLMS__STOP_REASON__STOP_EOS:
+    case LLMS__STOP_REASON__STOP_STRING:
+        return "stop";
+    case LLMS__STOP_REASON__STOP_MAX_TOKENS:
+    case LLMS__STOP_REASON__STOP_CONTEXT_FULL:
+        return "length";
+    default:
+        return stop_name(r);
+    }
+}
+
+/* OpenAI's error shape: {"error": {"message", "type", "param", "code"}}. */
+void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
+                       const char *type, const char *code, const char *fmt, ...)
+{
+    char msg[ERR_MAX + 256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_object *e = json_object_new_object(), *o = json_object_new_object();
+    if (e && o) {
+        json_object_object_add(e, "message", json_object_new_string(msg));
+        json_object_object_add(e, "type", json_object_new_string(type));
+        json_object_object_add(e, "param", NULL);
+        json_object_object_add(e, "code", json_object_new_string(code));
+        json_object_object_add(o, "error", e);
+        e = NULL;
+    }
+    json_object_put(e);
+    http_send_json(h, wc, r, status, o);
+}
+
+void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg)
+{
+    openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_request", "%s", msg);
+}
+
+/* ---- answers ---- */
+
+/* Appends s as the inside of a JSON string. Streamed text is escaped here rather than
+ * through json-c, which would build and free an object per token. */
+static void add_escaped(struct evbuffer *b, const char *s, size_t n)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        evbuffer_add(b, s + run, i - run);
+        char esc[8];
+        switch (c) {
+        case '"': strcpy(esc, "\\\""); break;
+        case '\\': strcpy(esc, "\\\\"); break;
+        case '\n': strcpy(esc, "\\n"); break;
+        case '\r': strcpy(esc, "\\r"); break;
+        case '\t': strcpy(esc, "\\t"); break;
+        default: snprintf(esc, sizeof esc, "\\u%04x", c); break;
+        }
+        evbuffer_add(b, esc, strlen(esc));
+        run = i + 1;
+    }
+    evbuffer_add(b, s + run, n - run);
+}
+
+void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+{
+    int status;
+    const char *type, *ecode;
+    map_error(code, &status, &type, &ecode);
+    http_req_finish(hr);
+    if (!hr->started) {
+        openai_send_error(hr->h, hr->wc, hr->route, status, type, ecode, "%s", msg);
+        return;
+    }
+    /* The stream has begun with 200: the error is its last event. */
+    json_object *e = json_object_new_object(), *o = json_object_new_object();
+    if (e && o) {
+        json_object_object_add(e, "message", json_object_new_string(msg));
+        json_object_object_add(e, "type", json_object_new_string(type));
+        json_object_object_add(e, "code", json_object_new_string(ecode));
+        json_object_object_add(o, "error", e);
+        e = NULL;
+        evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
+    }
+    json_object_put(e);
+    json_object_put(o);
+    evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
+}
+
+/* The JSON object every chunk and reply of a generation starts with. */
+static json_object *gen_head(hreq *hr, const char *object)
+{
+    json_object *o = json_object_new_object();
+    if (!o)
+        return NULL;
+    json_object_object_add(o, "id", json_object_new_string(hr->id));
+    json_object_object_add(o, "object", json_object_new_string(object));
+    json_object_object_add(o, "created", json_object_new_int64(hr->created));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
+    return o;
+}
+
+static bool is_chat(const hreq *hr)
+{
+    return hr->route == R_CHAT;
+}
+
+/* Begins the SSE reply: headers, then for chat the assistant role. */
+int openai_sse_start(hreq *hr)
+{
+    if (hr->started)
+        return 0;
+    json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
+    const char *s = o ? http_json_text(o) : NULL;
+    size_t n = s ? strlen(s) : 0;
+    const char *tail = ",\"choices\":[{\"index\":0,";
+    hr->prefix = n ? malloc(6 + n + strlen(tail)) : NULL;
+    if (!hr->prefix) {
+        json_object_put(o);
+        return -1;
+    }
+    /* s ends with '}': the object stays open for its choices. */
+    sprintf(hr->prefix, "data: %.*s%s", (int)(n - 1), s, tail);
+    json_object_put(o);
+    httpwire_add_header(hr->wc, "Content-Type", "text/event-stream");
+    httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
+    httpwire_stream_start(hr->wc, 200);
+    http_count_status(hr->h, hr->route, 200);
+    hr->started = true;
+    if (is_chat(hr)) {
+        evbuffer_add_printf(hr->sse, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                                     "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                            hr->prefix);
+        httpwire_stream_chunk(hr->wc, hr->sse);
+    }
+    return 0;
+}
+
+/* One SSE event with a piece of text and, at the end, the finish reason. */
+void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
+{
+    struct evbuffer *b = hr->sse;
+    evbuffer_add(b, hr->prefix, strlen(hr->prefix));
+    if (is_chat(hr)) {
+        if (n || !finish) {
+            evbuffer_add(b, "\"delta\":{\"content\":\"", 20);
+            add_escaped(b, text, n);
+            evbuffer_add(b, "\"}", 2);
+        } else {
+            evbuffer_add(b, "\"delta\":{}", 10);
+        }
+    } else {
+        evbuffer_add(b, "\"text\":\"", 8);
+        add_escaped(b, text, n);
+        evbuffer_add(b, "\"", 1);
+    }
+    if (finish)
+        evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n", finish);
+    else
+        evbuffer_add(b, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 42);
+    httpwire_stream_chunk(hr->wc, b);
+    hr->sent += n;
+}
+
+static json_object *usage_obj(uint32_t prompt, uint32_t gen)
+{
+    json_object *u = json_object_new_object();
+    if (u) {
+        json_object_object_add(u, "prompt_tokens", json_object_new_int64(prompt));
+        json_object_object_add(u, "completion_tokens", json_object_new_int64(gen));
+        json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)prompt + gen));
+    }
+    return u;
+}
+
+static json_object *llmsd_obj(const hreq *hr, const Llms__CallResult *res)
+{
+    json_object *x = json_object_new_object();
+    if (!x)
+        return NULL;
+    json_object_object_add(x, "stop_reason", json_object_new_string(stop_name(res->stop_reason)));
+    json_object_object_add(x, "queue_ms", json_object_new_double(res->queue_ms));
+    json_object_object_add(x, "prefill_ms", json_object_new_double(res->prefill_ms));
+    json_object_object_add(x, "decode_ms", json_object_new_double(res->decode_ms));
+    if (hr->context_id) {
+        json_object_object_add(x, "context", json_object_new_string(hr->context_id));
+        json_object_object_add(x, "context_tokens", json_object_new_int64(res->context_tokens));
+    }
+    return x;
+}
+
+/* The final reply of a generation (a completion, a chat turn, a RAG answer): the last SSE
+ * chunks, or the whole object; extra is its "llmsd" object (taken over, may be NULL). */
+static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generated_tokens,
+                             Llms__StopReason stop, const char *text, json_object *extra)
+{
+    http *h = hr->h;
+    h->prompt_tokens += prompt_tokens;
+    h->completion_tokens += generated_tokens;
+    const char *fin = finish_reason(stop);
+    if (hr->stream) {
+        if (openai_sse_start(hr)) {
+            openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            return;
+        }
+        http_req_finish(hr);
+        size_t len = strlen(text);
+        /* Text of chunks dropped for a slow reader, or none. */
+        size_t from = hr->sent < len ? hr->sent : len;
+        openai_sse_text(hr, text + from, len - from, fin);
+        /* A RAG answer's outcome and passages come in this last chunk whether or not
+         * usage was asked for: they are what the route is for. */
+        if (hr->include_usage || hr->route == R_RAG) {
+            json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
+            if (o) {
+                json_object_object_add(o, "choices", json_object_new_array());
+                json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
+                json_object_object_add(o, "llmsd", extra);
+                extra = NULL;
+                evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
+                json_object_put(o);
+            }
+        }
+        json_object_put(extra);
+        evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
+        httpwire_stream_chunk(hr->wc, hr->sse);
+        httpwire_stream_end(hr->wc);
+        return;
+    }
+    http_req_finish(hr);
+    json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion" : "text_completion");
+    json_object *choices = json_object_new_array(), *c = json_object_new_object();
+    if (!o || !choices || !c) {
+        json_object_put(choices);
+        json_object_put(c);
+        json_object_put(o);
+        json_object_put(extra);
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
+        return;
+    }
+    json_object_object_add(c, "index", json_object_new_int(0));
+    if (is_chat(hr)) {
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "role", json_object_new_string("assistant"));
+        json_object_object_add(m, "content", json_object_new_string(text));
+        json_object_object_add(c, "message", m);
+    } else {
+        json_object_object_add(c, "text", json_object_new_string(text));
+    }
+    json_object_object_add(c, "logprobs", NULL);
+    json_object_object_add(c, "finish_reason", json_object_new_string(fin));
+    json_object_array_add(choices, c);
+    json_object_object_add(o, "choices", choices);
+    json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
+    json_object_object_add(o, "llmsd", extra);
+    http_send_json(h, hr->wc, hr->route, 200, o);
+}
+
+void openai_on_result(hreq *hr, const Llms__CallResult *res)
+{
+    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
+                     llmsd_obj(hr, res));
+}
+
+static const char *rag_outcome_name(Llms__RagOutcome o)
+{
+    switch (o) {
+    case LLMS__RAG_OUTCOME__RAG_QA_HIT:
+        return "qa_hit";
+    case LLMS__RAG_OUTCOME__RAG_QKV_HIT:
+        return "qkv_hit";
+    default:
+        return "miss";
+    }
+}
+
+/* A RAG answer: as a completion, with the cache outcome, the passages used and the
+ * latency breakdown in its "llmsd" object. */
+void openai_on_rag_result(hreq *hr, const Llms__RagResult *res)
+{
+    json_object *x = json_object_new_object(), *ps = json_object_new_array();
+    if (x && ps) {
+        json_object_object_add(x, "stop_reason",
+                               json_object_new_string(stop_name(res->stop_reason)));
+        json_object_object_add(x, "outcome",
+                               json_object_new_string(rag_outcome_name(res->outcome)));
+        json_object_object_add(x, "reused_tokens", json_object_new_int64(res->reused_tokens));
+        json_object_object_add(x, "reused_passages",
+                               json_object_new_int64(res->reused_passages));
+        if (res->has_qa_similarity)
+            json_object_object_add(x, "qa_similarity",
+                                   json_object_new_double(res->qa_similarity));
+        json_object_object_add(x, "queue_ms", json_object_new_double(res->queue_ms));
+        json_object_object_add(x, "retrieve_ms", json_object_new_double(res->retrieve_ms));
+        json_object_object_add(x, "prefill_ms", json_object_new_double(res->prefill_ms));
+        json_object_object_add(x, "decode_ms", json_object_new_double(res->decode_ms));
+        for (size_t i = 0; i < res->n_passages; i++) {
+            const Llms__KbHit *k = res->passages[i];
+            json_object *e = json_object_new_object();
+            if (!e)
+                continue;
+            json_object_object_add(e, "passage", json_object_new_int64((int64_t)k->passage));
+            json_object_object_add(e, "document", json_object_new_string(k->document));
+            json_object_object_add(e, "seq", json_object_new_int64(k->seq));
+            json_object_object_add(e, "score", json_object_new_double(k->score));
+            json_object_array_add(ps, e);
+        }
+        json_object_object_add(x, "passages", ps);
+        ps = NULL;
+    }
+    json_object_put(ps);
+    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
+                     x);
+}
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The vector as little-endian float32 bytes in base64 (what OpenAI's encoding_format
+ * "base64" sends). Fresh string. */
+static char *vector_base64(const float *v, size_t n)
+{
+    size_t bytes = n * 4;
+    char *out = malloc((bytes + 2) / 3 * 4 + 1);
+    if (!out)
+        return NULL;
+    uint8_t in[3];
+    size_t k = 0, o = 0;
+    for (size_t i = 0; i < bytes; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i / 4], 4);
+        in[k++] = (uint8_t)(bits >> (8 * (i % 4)));
+        if (k == 3 || i == bytes - 1) {
+            uint32_t w = (uint32_t)in[0] << 16 | (k > 1 ? (uint32_t)in[1] << 8 : 0) |
+                         (k > 2 ? in[2] : 0);
+            out[o++] = b64[w >> 18 & 63];
+            out[o++] = b64[w >> 12 & 63];
+            out[o++] = k > 1 ? b64[w >> 6 & 63] : '=';
+            out[o++] = k > 2 ? b64[w & 63] : '=';
+            k = 0;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
+{
+    http *h = hr->h;
+    http_req_finish(hr);
+    json_object *o = json_object_new_object(), *data = json_object_new_array();
+    if (!o || !data) {
+        json_object_put(o);
+        json_object_put(data);
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
+        return;
+    }
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < e->n_vectors; i++) {
+        const Llms__Vector *v = e->vectors[i];
+        json_object *item = json_object_new_object(), *emb;
+        if (hr->base64) {
+            char *s = vector_base64(v->values, v->n_values);
+            emb = s ? json_object_new_string(s) : NULL;
+            free(s);
+        } else {
+            emb = json_object_new_array_ext((int)v->n_values);
+            for (size_t d = 0; emb && d < v->n_values; d++)
+                json_object_array_add(emb, json_object_new_double(v->values[d]));
+        }
+        json_object_object_add(item, "object", json_object_new_string("embedding"));
+        json_object_object_add(item, "index", json_object_new_int((int)i));
+        json_object_object_add(item, "embedding", emb);
+        json_object_array_add(data, item);
+        if (i < e->n_n_tokens)
+            tokens += e->n_tokens[i];
+    }
+    h->embed_tokens += tokens;
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "data", data);
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
+    json_object *u = json_object_new_object();
+    json_object_object_add(u, "prompt_tokens", json_object_new_int64((int64_t)tokens));
+    json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)tokens));
+    json_object_object_add(o, "usage", u);
+    http_send_json(h, hr->wc, hr->route, 200, o);
+}
+
+/* The text of documents[i] of the request (a string or {"text": ...}). */
+static const char *document_text(json_object *docs, size_t i)
+{
+    json_object *d = json_object_array_get_idx(docs, i), *t;
+    if (json_object_is_type(d, json_type_object) && json_object_object_get_ex(d, "text", &t))
+        d = t;
+    return json_object_get_string(d);
+}
+
+void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr)
+{
+    http *h = hr->h;
+    http_req_finish(hr);
+    json_object *o = json_object_new_object(), *results = json_object_new_array(), *docs = NULL;
+    if (!o || !results) {
+        json_object_put(o);
+        json_object_put(results);
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "out of memory");
+        return;
+    }
+    json_object_object_get_ex(hr->body, "documents", &docs);
+    for (size_t i = 0; i < rr->n_hits; i++) {
+        json_object *item = json_object_new_object();
+        float s = rr->hits[i]->score;
+        json_object_object_add(item, "index", json_object_new_int((int)rr->hits[i]->index));
+        json_object_object_add(item, "relevance_score", isnan(s) ? NULL : json_object_new_double(s));
+        if (hr->return_documents && docs) {
+            json_object *d = json_object_new_object();
+            json_object_object_add(d, "text",
+                                   json_object_new_string(document_text(docs, rr->hits[i]->index)));
+            json_object_object_add(item, "document", d);
+        }
+        json_object_array_add(results, item);
+    }
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
+    json_object_object_add(o, "results", results);
+    http_send_json(h, hr->wc, hr->route, 200, o);
+}
+
+/* ---- reading requests ---- */
+
+/* A field of o of type t (int accepted where double is asked): 1 found, 0 absent or
+ * null, -1 wrong type (msg says which). */
+static int field(json_object *o, const char *key, json_type t, json_object **out, char *msg,
+                 size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    json_type have = json_object_get_type(v);
+    if (have == t || (t == json_type_double && have == json_type_int)) {
+        *out = v;
+        return 1;
+    }
+    snprintf(msg, cap, "'%s' must be %s", key,
+             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
+             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
+             : t == json_type_array ? "an array" : "an object");
+    return -1;
+}
+
+/* Sampling fields of an OpenAI request into p (strings point into body). */
+static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
+                       size_t max_stops, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc;
+    if ((rc = field(body, "temperature", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_temperature = 1, p->temperature = (float)json_object_get_double(v);
+    if ((rc = field(body, "top_p", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_top_p = 1, p->top_p = (float)json_object_get_double(v);
+    if ((rc = field(body, "min_p", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_min_p = 1, p->min_p = (float)json_object_get_double(v);
+    if ((rc = field(body, "repeat_penalty", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_repeat_penalty = 1, p->repeat_penalty = (float)json_object_get_double(v);
+    if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc) {
+        int64_t k = json_object_get_int64(v);
+        p->has_top_k = 1, p->top_k = k < 0 ? -1 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
+    }
+    const char *mt = json_object_object_get_ex(body, "max_completion_tokens", NULL)
+                         ? "max_completion_tokens" : "max_tokens";
+    if ((rc = field(body, mt, json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc) {
+        int64_t n = json_object_get_int64(v);
+        p->has_max_tokens = 1, p->max_tokens = n < 0 ? 0 : n > INT32_MAX ? INT32_MAX : (int32_t)n;
+    }
+    if ((rc = field(body, "seed", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    /* A negative seed is llama.cpp's "random". */
+    if (rc && json_object_get_int64(v) >= 0)
+        p->has_seed = 1, p->seed = (uint64_t)json_object_get_int64(v);
+    if ((rc = field(body, "n", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    if (rc && json_object_get_int64(v) != 1) {
+        snprintf(msg, cap, "'n' must be 1: one choice per request");
+        return -1;
+    }
+    json_object *stop;
+    if (!json_object_object_get_ex(body, "stop", &stop) || json_object_is_type(stop, json_type_null))
+        return 0;
+    if (json_object_is_type(stop, json_type_string)) {
+        stops[p->n_stop++] = json_object_get_string(stop);
+        return 0;
+    }
+    if (!json_object_is_type(stop, json_type_array)) {
+        snprintf(msg, cap, "'stop' must be a string or an array of strings");
+        return -1;
+    }
+    size_t n = json_object_array_length(stop);
+    if (n > max_stops) {
+        snprintf(msg, cap, "'stop' has %zu strings, at most %zu", n, max_stops);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *s = json_object_array_get_idx(stop, i);
+        if (!json_object_is_type(s, json_type_string)) {
+            snprintf(msg, cap, "'stop' must be a string or an array of strings");
+            return -1;
+        }
+        stops[p->n_stop++] = json_object_get_string(s);
+    }
+    return 0;
+}
+
+/* A message's content: a string, or text parts joined (into *owned, to free). */
+static const char *message_content(json_object *m, char **owned, char *msg, size_t cap)
+{
+    json_object *c;
+    *owned = NULL;
+    if (!json_object_object_get_ex(m, "content", &c) || json_object_is_type(c, json_type_null))
+        return "";
+    if (json_object_is_type(c, json_type_string))
+        return json_object_get_string(c);
+    if (!json_object_is_type(c, json_type_array)) {
+        snprintf(msg, cap, "a message's 'content' must be a string or an array of parts");
+        return NULL;
+    }
+    size_t n = json_object_array_length(c), len = 0;
+    for (size_t pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_object *part = json_object_array_get_idx(c, i), *type, *text;
+            /* a JSON null is a NULL json_object: every value is type-checked first */
+            if (!json_object_is_type(part, json_type_object) ||
+                !json_object_object_get_ex(part, "type", &type) ||
+                !json_object_is_type(type, json_type_string) ||
+                strcmp(json_object_get_string(type), "text") != 0 ||
+                !json_object_object_get_ex(part, "text", &text) ||
+                !json_object_is_type(text, json_type_string)) {
+                free(*owned);
+                *owned = NULL;
+                snprintf(msg, cap, "only text content parts are supported");
+                return NULL;
+            }
+            size_t k = (size_t)json_object_get_string_len(text);
+            if (pass)
+                memcpy(*owned + at, json_object_get_string(text), k);
+            at += k;
+        }
+        if (!pass) {
+            len = at;
+            if (!(*owned = malloc(len + 1))) {
+                snprintf(msg, cap, "out of memory");
+                return NULL;
+            }
+        }
+    }
+    (*owned)[len] = '\0';
+    return *owned;
+}
+
+/* The chat's messages rendered with a model's template and the assistant opening.
+ * Fresh string, or NULL with msg. */
+static char *render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
+{
+    size_t n = json_object_array_length(msgs);
+    struct chat_message *cm = calloc(n ? n : 1, sizeof *cm);
+    char **owned = calloc(n ? n : 1, sizeof *owned);
+    char *out = NULL;
+    if (!cm || !owned) {
+        snprintf(msg, cap, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(msgs, i), *role;
+        if (!json_object_is_type(m, json_type_object) ||
+            !json_object_object_get_ex(m, "role", &role) ||
+            !json_object_is_type(role, json_type_string)) {
+            snprintf(msg, cap, "messages[%zu] needs a 'role' string", i);
+            goto done;
+        }
+        const char *r = json_object_get_string(role);
+        /* OpenAI's newer name for the system role. */
+        if (strcmp(r, "developer") == 0)
+            r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            snprintf(msg, cap, "messages[%zu]: role '%.32s' is not supported (system, user, "
+                               "assistant)", i, r);
+            goto done;
+        }
+        cm[i].role = r;
+        if (!(cm[i].content = message_content(m, &owned[i], msg, cap)))
+            goto done;
+    }
+    int len = chat_apply(family, cm, (int)n, true, NULL, 0);
+    if (len < 0 || !(out = malloc((size_t)len + 1))) {
+        snprintf(msg, cap, len < 0 ? "the messages cannot be rendered" : "out of memory");
+        goto done;
+    }
+    chat_apply(family, cm, (int)n, true, out, (size_t)len + 1);
+done:
+    for (size_t i = 0; owned && i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(cm);
+    return out;
+}
+
+/* Builds and submits the native request of a generation route. */
+void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *v, *x;
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.stop = (char **)stops;
+    bool chat = hr->route == R_CHAT;
+    int rc;
+    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (field(hr->body, "stream_options", json_type_object, &x, msg, cap) == 1 &&
+        field(x, "include_usage", json_type_boolean, &v, msg, cap) == 1)
+        hr->include_usage = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "llmsd", json_type_object, &x, msg, cap)) < 0)
+        goto bad;
+    if (rc && (rc = field(x, "context", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        hr->context_id = json_object_get_string(v);
+    if (hr->context_id && !chat) {
+        snprintf(msg, cap, "'llmsd.context' is for /v1/chat/completions");
+        goto bad;
+    }
+    /* A rendered chat carries its template's end of turn as one more stop string. */
+    size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
+    if (read_params(hr->body, &gp, stops, max_stops, msg, cap))
+        goto bad;
+    char *prompt = NULL;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
+    if (chat) {
+        json_object *msgs;
+        if (field(hr->body, "messages", json_type_array, &msgs, msg, cap) != 1 ||
+            json_object_array_length(msgs) == 0) {
+            snprintf(msg, cap, "'messages' must be a non-empty array");
+            goto bad;
+        }
+        if (hr->context_id) {
+            /* The context holds the conversation: the turn is the last user message. */
+            json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
+            json_object *role;
+            if (!json_object_is_type(last, json_type_object) ||
+                !json_object_object_get_ex(last, "role", &role) ||
+                !json_object_is_type(role, json_type_string) ||
+                strcmp(json_object_get_string(role), "user") != 0) {
+                snprintf(msg, cap, "with 'llmsd.context' the last message must be the user's");
+                goto bad;
+            }
+            char *owned;
+            const char *text = message_content(last, &owned, msg, cap);
+            if (!text)
+                goto bad;
+            prompt = owned ? owned : strdup(text);
+            call.context_id = (char *)hr->context_id;
+            call.model = (char *)hr->model_named;
+            call.prompt = prompt;
+            call.params = &gp;
+            r->body_case = LLMS__REQUEST__BODY_CALL;
+            r->call = &call;
+        } else {
+            if (!(prompt = render_chat(hr->family, msgs, msg, cap)))
+                goto bad;
+            stops[gp.n_stop++] = chat_stop_text(hr->family);
+        }
+    } else {
+        json_object *p;
+        if (!json_object_object_get_ex(hr->body, "prompt", &p)) {
+            snprintf(msg, cap, "'prompt' is required");
+            goto bad;
+        }
+        if (json_object_is_type(p, json_type_array) && json_object_array_length(p) == 1)
+            p = json_object_array_get_idx(p, 0);
+        if (!json_object_is_type(p, json_type_string)) {
+            snprintf(msg, cap, "'prompt' must be a string (or an array of one string)");
+            goto bad;
+        }
+        prompt = strdup(json_object_get_string(p));
+    }
+    if (!prompt) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    if (r->body_case != LLMS__REQUEST__BODY_CALL) {
+        cr.prompt = prompt;
+        cr.params = &gp;
+        cr.model = (char *)hr->model_named;
+        r->body_case = LLMS__REQUEST__BODY_COMPLETE;
+        r->complete = &cr;
+    }
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        free(prompt);
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    http_submit(hr, r);
+    free(prompt);
+    return;
+bad:
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* POST /v1/llmsd/rag: {"kb", "question", "top_k"?, "retrieval"? (rrf, sum, bm25, vector),
+ * "system"?, "no_qa"?, "no_qkv"?, "share_system_uid"?, "stream"?, and the sampling fields of
+ * a completion}. */
+void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    static const char *const retrievals[] = {"rrf", "sum", "bm25", "vector"};
+    json_object *v;
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.stop = (char **)stops;
+    Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
+    int rc;
+    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (field(hr->body, "kb", json_type_string, &v, msg, cap) != 1) {
+        snprintf(msg, cap, "'kb' (a knowledge base name) is required");
+        goto bad;
+    }
+    rq.kb = (char *)json_object_get_string(v);
+    if (field(hr->body, "question", json_type_string, &v, msg, cap) != 1) {
+        snprintf(msg, cap, "'question' (a string) is required");
+        goto bad;
+    }
+    rq.question = (char *)json_object_get_string(v);
+    if ((rc = field(hr->body, "top_k", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        int64_t k = json_object_get_int64(v);
+        if (k < 1 || k > UINT32_MAX) {
+            snprintf(msg, cap, "'top_k' must be a positive integer");
+            goto bad;
+        }
+        rq.has_top_k = 1;
+        rq.top_k = (uint32_t)k;
+    }
+    if ((rc = field(hr->body, "retrieval", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        const char *name = json_object_get_string(v);
+        size_t i = 0;
+        while (i < sizeof retrievals / sizeof retrievals[0] && strcmp(name, retrievals[i]))
+            i++;
+        if (i == sizeof retrievals / sizeof retrievals[0]) {
+            snprintf(msg, cap, "'retrieval' must be rrf, sum, bm25 or vector");
+            goto bad;
+        }
+        rq.has_retrieval = 1;
+        rq.retrieval = (Llms__Retrieval)i;
+    }
+    if ((rc = field(hr->body, "system", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.system_prompt = (char *)json_object_get_string(v);
+    if ((rc = field(hr->body, "no_qa", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_no_qa = 1, rq.no_qa = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "no_qkv", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_no_qkv = 1, rq.no_qkv = json_object_get_boolean(v);
+    if ((rc = field(hr->body, "share_system_uid", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
+    if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap))
+        goto bad;
+    rq.params = &gp;
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    r->body_case = LLMS__REQUEST__BODY_RAG_QUERY;
+    r->rag_query = &rq;
+    http_submit(hr, r);
+    return;
+bad:
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *in, *v;
+    int rc;
+    if ((rc = field(hr->body, "encoding_format", json_type_string, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        const char *f = json_object_get_string(v);
+        if (strcmp(f, "float") && strcmp(f, "base64")) {
+            snprintf(msg, cap, "'encoding_format' must be float or base64");
+            goto bad;
+        }
+        hr->base64 = strcmp(f, "base64") == 0;
+    }
+    if (!json_object_object_get_ex(hr->body, "input", &in)) {
+        snprintf(msg, cap, "'input' is required");
+        goto bad;
+    }
+    bool one = json_object_is_type(in, json_type_string);
+    size_t n = one ? 1 : json_object_is_type(in, json_type_array) ? json_object_array_length(in) : 0;
+    if (n == 0) {
+        snprintf(msg, cap, "'input' must be a string or a non-empty array of strings");
+        goto bad;
+    }
+    const char **texts = malloc(n * sizeof *texts);
+    if (!texts) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *t = one ? in : json_object_array_get_idx(in, i);
+        if (!json_object_is_type(t, json_type_string)) {
+            free(texts);
+            snprintf(msg, cap, "'input' must be a string or an array of strings (token arrays "
+                               "are not supported)");
+            goto bad;
+        }
+        texts[i] = json_object_get_string(t);
+    }
+    Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
+    e.texts = (char **)texts;
+    e.n_texts = n;
+    e.model = (char *)hr->model_named;
+    r->body_case = LLMS__REQUEST__BODY_EMBED;
+    r->embed = &e;
+    http_submit(hr, r);
+    free(texts);
+    return;
+bad:
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *q, *docs, *v;
+    int rc;
+    if (field(hr->body, "query", json_type_string, &q, msg, cap) != 1) {
+        snprintf(msg, cap, "'query' must be a string");
+        goto bad;
+    }
+    if (field(hr->body, "documents", json_type_array, &docs, msg, cap) != 1 ||
+        json_object_array_length(docs) == 0) {
+        snprintf(msg, cap, "'documents' must be a non-empty array");
+        goto bad;
+    }
+    size_t n = json_object_array_length(docs);
+    int64_t top = (int64_t)n;
+    if ((rc = field(hr->body, "top_n", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc)
+        top = json_object_get_int64(v);
+    if (top < 1) {
+        snprintf(msg, cap, "'top_n' must be at least 1");
+        goto bad;
+    }
+    if ((rc = field(hr->body, "return_documents", json_type_boolean, &v, msg, cap)) < 0)
+        goto bad;
+    hr->return_documents = rc && json_object_get_boolean(v);
+    const char **texts = malloc(n * sizeof *texts);
+    if (!texts) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *d = json_object_array_get_idx(docs, i), *t;
+        if (json_object_is_type(d, json_type_object) && json_object_object_get_ex(d, "text", &t))
+            d = t;
+        if (!json_object_is_type(d, json_type_string)) {
+            free(texts);
+            snprintf(msg, cap, "documents[%zu] must be a string or {\"text\": string}", i);
+            goto bad;
+        }
+        texts[i] = json_object_get_string(d);
+    }
+    Llms__RerankRequest rr = LLMS__RERANK_REQUEST__INIT;
+    rr.query = (char *)json_object_get_string(q);
+    rr.model = (char *)hr->model_named;
+    rr.documents = (char **)texts;
+    rr.n_documents = n;
+    rr.has_top_k = 1;
+    rr.top_k = (uint32_t)(top < (int64_t)n ? top : (int64_t)n);
+    /* Relevance scores are the answer, so every winner's score must be finished. */
+    rr.has_mode = 1;
+    rr.mode = LLMS__RERANK_MODE__RERANK_ORDERED;
+    r->body_case = LLMS__REQUEST__BODY_RERANK;
+    r->rerank = &rr;
+    http_submit(hr, r);
+    free(texts);
+    return;
+bad:
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* ---- models ---- */
+
+static json_object *role_array(unsigned roles)
+{
+    json_object *a = json_object_new_array();
+    for (unsigned bit = MODELS_GENERATE; a && bit <= MODELS_RERANK; bit <<= 1)
+        if (roles & bit)
+            json_object_array_add(a, json_object_new_string(models_role_name(bit)));
+    return a;
+}
+
+/* Every model of the registry, the default generate model first (clients that take the
+ * first as theirs get what a request naming none gets); OpenAI's shape, with each
+ * model's roles and the roles it is the default for in "llmsd". */
+void openai_send_models(http *h, httpwire_conn *wc)
+{
+    json_object *o = json_object_new_object(), *data = json_object_new_array();
+    const models_view_entry *first = http_view_default(h, MODELS_GENERATE);
+    for (size_t i = 0; i <= h->view.n && o && data; i++) {
+        const models_view_entry *e = i == 0 ? first : &h->view.entries[i - 1];
+        if (!e || (i > 0 && e == first))
+            continue;
+        json_object *m = json_object_new_object(), *x = json_object_new_object();
+        if (!m || !x) {
+            json_object_put(m);
+            json_object_put(x);
+            json_object_put(o);
+            o = NULL;
+            break;
+        }
+        json_object_object_add(m, "id", json_object_new_string(e->name));
+        json_object_object_add(m, "object", json_object_new_string("model"));
+        json_object_object_add(m, "created", json_object_new_int64(0));
+        json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
+        json_object_object_add(x, "roles", role_array(e->roles));
+        json_object_object_add(x, "default_for", role_array(e->defaults));
+        json_object_object_add(m, "llmsd", x);
+        json_object_array_add(data, m);
+    }
+    if (o)
+        json_object_object_add(o, "object", json_object_new_string("list"));
+    if (o && data)
+        json_object_object_add(o, "data", data);
+    else
+        json_object_put(data);
+    http_send_json(h, wc, R_MODELS, 200, o);
+}
