@@ -39,8 +39,8 @@ typedef struct key_def {
                             that it passes the same checks; NULL: none, the field starts
                             empty (only for keys whose emptiness means something) */
     const char *example; /* a key without a default: its value in the sample llmsd.conf */
-    /* Plain text with `code` spans: the Markdown keeps the backquotes, --help and the
-     * sample llmsd.conf drop them. */
+    /* Plain text with `code` spans (KEY_HEADING: the title): the Markdown keeps the
+     * backquotes, --help and the sample llmsd.conf drop them. */
     const char *help;
 } key_def;
 
@@ -54,8 +54,7 @@ typedef struct key_def {
 #define FLT(f, lo, hi, d, h) {KEY(f), .type = KEY_FLOAT, .min = lo, .max = hi, .def = d, .help = h}
 #define HEADING(title) {.type = KEY_HEADING, .help = title}
 
-/* In the order of the documentation. The model.NAME lines (MODEL_LINE_HELP) follow the
- * model key there. */
+/* In the order of the documentation. */
 static const key_def keys[] = {
     HEADING("The daemon"),
     NODEF(model, "/var/lib/llmsd/model.gguf",
@@ -261,8 +260,8 @@ static const key_def keys[] = {
         "text)"),
     OPT(http_tokens_file,
         "the TCP gateway's tokens (llmsd refuses a file others may read or anyone but its "
-        "owner may write): lines `TOKEN UID APP [admin]` (`#` comments; UID a number or a user name; `admin` "
-        "may read `/metrics`); `none`: every TCP request is 401"),
+        "owner may write): lines `TOKEN UID APP [admin]` (`#` comments; UID a number or a "
+        "user name; `admin` may read `/metrics`); `none`: every TCP request is 401"),
     INT(http_max_body_bytes, 1024, 1 << 30, "8388608",
         "largest request body answered; a larger one is 413 in JSON, from its "
         "Content-Length, before it is read"),
@@ -366,7 +365,8 @@ static const key_def keys[] = {
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
-/* The special key: "model.NAME = PATH [ROLES]" lines, any number of NAMEs. */
+/* The special key: "model.NAME = PATH [ROLES]" lines, any number of NAMEs, documented
+ * right after the model key. */
 #define MODEL_PREFIX "model."
 #define MODEL_LINE_KEY "model.NAME"
 #define LIT(x) #x
@@ -378,6 +378,11 @@ static const key_def keys[] = {
     "(decoder: generate, bert encoder: embed, bert cross-encoder: rerank); repeatable, at "  \
     "most " MACRO_LIT(CONFIG_MODELS_MAX) "; a path with blanks needs ROLES after it. One "   \
     "model generates; requests name a model or get their kind's default"
+
+static bool followed_by_model_lines(const key_def *k)
+{
+    return strcmp(k->name, "model") == 0;
+}
 
 int config_defaults(config *c, char err[ERR_MAX])
 {
@@ -603,7 +608,6 @@ int config_check(const config *c, char err[ERR_MAX])
     return 0;
 }
 
-
 /* Writes n bytes of s without the backquotes of its `code` spans. */
 static void put_plain(FILE *out, const char *s, size_t n)
 {
@@ -632,7 +636,7 @@ void config_print_keys(FILE *out)
             continue;
         }
         print_key_line(out, k->name, k->help, k->def);
-        if (strcmp(k->name, "model") == 0)
+        if (followed_by_model_lines(k))
             print_key_line(out, MODEL_LINE_KEY, MODEL_LINE_HELP, NULL);
     }
 }
@@ -673,7 +677,7 @@ static void print_markdown(FILE *out)
             continue;
         }
         markdown_row(out, k->name, k->def, k->help);
-        if (strcmp(k->name, "model") == 0)
+        if (followed_by_model_lines(k))
             markdown_row(out, MODEL_LINE_KEY, NULL, MODEL_LINE_HELP);
     }
     fputs(CONFIG_DOC_END "\n", out);
@@ -750,7 +754,7 @@ static void print_conf(FILE *out)
         }
         put_comment(out, k->help, true);
         fprintf(out, "%s = %s\n", k->name, k->def ? k->def : k->example);
-        if (strcmp(k->name, "model") == 0) {
+        if (followed_by_model_lines(k)) {
             fputc('\n', out);
             put_comment(out, "`" MODEL_LINE_KEY "` = " MODEL_LINE_HELP, true);
             fputs("#" MODEL_PREFIX "minilm = /var/lib/llmsd/all-MiniLM-L6-v2-f16.gguf embed\n"

@@ -259,10 +259,11 @@ static char *generate(config_doc format)
     return text;
 }
 
-/* Line number and text of the first line where have and want differ. */
-static void first_difference(const char *have, const char *want, char *out, size_t cap)
+/* Line number (have's first is line) and text of the first line where have and want
+ * differ. */
+static void first_difference(const char *have, const char *want, int line, char *out,
+                             size_t cap)
 {
-    int line = 1;
     const char *h = have, *w = want;
     while (*h && *h == *w) {
         if (*h == '\n') {
@@ -277,41 +278,50 @@ static void first_difference(const char *have, const char *want, char *out, size
              (int)strcspn(have, "\n"), have, (int)strcspn(want, "\n"), want);
 }
 
-#define REGENERATE "run `make settings-docs` to regenerate it from daemon/config.c"
-
-/* daemon/README.md's settings table and systemd/llmsd.conf are what the table makes. */
-static void generated_docs_are_current(void)
+/* Checks that the file at root/relative holds what the table makes in format: the whole
+ * file (the sample), or from the generated text's first line (a marker) on. Skips when
+ * the file is absent. */
+static void check_generated(const char *relative, config_doc format)
 {
     if (!root[0])
         SKIP("no source tree (daemon/config.c) here or above the test program");
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/daemon/README.md", root);
-    char *readme = read_all(path), *table = generate(CONFIG_DOC_MARKDOWN);
-    snprintf(path, sizeof path, "%s/systemd/llmsd.conf", root);
-    char *conf = read_all(path), *sample = generate(CONFIG_DOC_CONF);
-    if (!readme || !conf) {
-        free(readme);
-        free(conf);
-        free(table);
-        free(sample);
-        SKIP("daemon/README.md or systemd/llmsd.conf is not in %s", root);
+    char path[PATH_MAX + 64], why[512] = "";
+    snprintf(path, sizeof path, "%s/%s", root, relative);
+    char *file = read_all(path);
+    if (!file)
+        SKIP("%s is not in %s", relative, root);
+    char *made = generate(format);
+    const char *have = format == CONFIG_DOC_MARKDOWN ? strstr(file, CONFIG_DOC_BEGIN) : file;
+    int ok = 0;
+    if (!made)
+        snprintf(why, sizeof why, "config_print_settings failed");
+    else if (!have)
+        snprintf(why, sizeof why, "no line '%s'", CONFIG_DOC_BEGIN);
+    else if (format == CONFIG_DOC_MARKDOWN)
+        ok = strncmp(have, made, strlen(made)) == 0;
+    else
+        ok = strcmp(have, made) == 0;
+    if (made && have && !ok) {
+        int line = 1;
+        for (const char *p = file; p < have; p++)
+            line += *p == '\n';
+        first_difference(have, made, line, why, sizeof why);
     }
-    const char *begin = strstr(readme, CONFIG_DOC_BEGIN);
-    int table_ok = begin && table && strncmp(begin, table, strlen(table)) == 0;
-    int conf_ok = sample && strcmp(conf, sample) == 0;
-    char where[512] = "", conf_where[512] = "";
-    if (!begin)
-        snprintf(where, sizeof where, "no line '%s'", CONFIG_DOC_BEGIN);
-    else if (table && !table_ok)
-        first_difference(begin, table, where, sizeof where);
-    if (sample && !conf_ok)
-        first_difference(conf, sample, conf_where, sizeof conf_where);
-    free(readme);
-    free(conf);
-    free(table);
-    free(sample);
-    CHECK_MSG(table_ok, "daemon/README.md's settings table is stale (%s): " REGENERATE, where);
-    CHECK_MSG(conf_ok, "systemd/llmsd.conf is stale (%s): " REGENERATE, conf_where);
+    free(file);
+    free(made);
+    CHECK_MSG(ok, "%s is stale (%s): run `make settings-docs` to regenerate it from the table "
+                  "in daemon/config.c",
+              relative, why);
+}
+
+static void readme_table_is_current(void)
+{
+    check_generated("daemon/README.md", CONFIG_DOC_MARKDOWN);
+}
+
+static void sample_conf_is_current(void)
+{
+    check_generated("systemd/llmsd.conf", CONFIG_DOC_CONF);
 }
 
 /* The sample llmsd.conf sets every key to its default, the keys without one aside. */
@@ -362,7 +372,8 @@ int main(int argc, char **argv)
     RUN(set_single_keys);
     RUN(semantic_keys);
     RUN(model_lines);
-    RUN(generated_docs_are_current);
+    RUN(readme_table_is_current);
+    RUN(sample_conf_is_current);
     RUN(sample_conf_sets_the_defaults);
     RUN(help_lists_keys_with_defaults);
     return test_finish();
