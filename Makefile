@@ -5,6 +5,7 @@
 #   make run        build and show llmsd serving a client
 #   make install    install (honours DESTDIR and PREFIX)
 #   make fuzz       build the libFuzzer targets (clang)
+#   make settings-docs  regenerate the settings' documentation from daemon/config.c
 #   make bench      build the benchmarks
 #   make V=1        show the compiler and linker commands (default: one line per file)
 #
@@ -108,7 +109,7 @@ FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(BUILD)/%,$(wildcard tests/fuzz/fuzz_*
 # Everything a program may need, highest layer first (static libraries link in order).
 ALL_LIBS    := $(DAEMON_LIB) $(CLIENT_LIB) $(STORAGE_LIB) $(PROTO_LIB) $(ENGINE_LIB)
 
-.PHONY: all deps check tests run install fuzz fuzz-targets bench clean
+.PHONY: all deps check tests run install fuzz fuzz-targets bench settings-docs clean
 .DELETE_ON_ERROR:
 .SECONDARY:
 
@@ -199,6 +200,21 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ALL_LIBS)
 run: deps
 	@$(MAKE) --no-print-directory all
 	@sh scripts/demo.sh
+
+# The settings' documentation is made from the table in daemon/config.c (test_config fails
+# while it is stale): systemd/llmsd.conf whole, and in daemon/README.md the lines from the
+# generated table's first line (a marker comment) to its last.
+settings-docs: $(BUILD)/llmsd
+	$(SAY) GEN systemd/llmsd.conf daemon/README.md
+	$(Q)$(BUILD)/llmsd --print-settings=conf >systemd/llmsd.conf.tmp
+	$(Q)mv systemd/llmsd.conf.tmp systemd/llmsd.conf
+	$(Q)$(BUILD)/llmsd --print-settings=markdown >$(BUILD)/settings.md
+	$(Q)awk 'NR == FNR { text = text $$0 "\n"; if (FNR == 1) first = $$0; last = $$0; next } \
+	         $$0 == first && !done { printf "%s", text; skip = 1; done = 1; next } \
+	         skip { if ($$0 == last) skip = 0; next } { print } \
+	         END { if (!done) { print "daemon/README.md: no line " first > "/dev/stderr"; exit 1 } }' \
+	    $(BUILD)/settings.md daemon/README.md >daemon/README.md.tmp
+	$(Q)mv daemon/README.md.tmp daemon/README.md
 
 install: all
 	sh scripts/install.sh "$(DESTDIR)" "$(PREFIX)" "$(BUILD)" "$(VERSION)"

@@ -1,6 +1,7 @@
 /*
- * config.c — parsing llmsd's settings. A table maps each key to its field, type and
- * range, so the file parser, the flags and --help share one list.
+ * config.c — llmsd's settings table and everything made from it: the defaults, the file
+ * parser and the flags, --help, and the documentation (the table of daemon/README.md and
+ * the sample systemd/llmsd.conf), so that a setting is described in one place.
  */
 #include "daemon/config.h"
 #include "daemon/reqlog.h"
@@ -14,322 +15,391 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* KEY_OPTIONAL: a string setting that may be off, written "none". */
-enum key_type { KEY_STRING, KEY_OPTIONAL, KEY_INT, KEY_FLOAT, KEY_MODE, KEY_CHOICE };
+/* KEY_OPTIONAL: a string setting that may be off, written "none". KEY_HEADING: not a key
+ * but the title of the group of keys after it in the documentation. */
+enum key_type {
+    KEY_STRING,
+    KEY_OPTIONAL,
+    KEY_INT,
+    KEY_U32,
+    KEY_FLOAT,
+    KEY_MODE,
+    KEY_CHOICE,
+    KEY_HEADING
+};
 
 typedef struct key_def {
     const char *name;
     enum key_type type;
     size_t offset;
-    size_t size;       /* KEY_STRING: capacity of the field */
-    double min, max;   /* numeric range, inclusive */
-    const char *help;
+    size_t size;         /* KEY_STRING, KEY_OPTIONAL, KEY_CHOICE: capacity of the field */
+    double min, max;     /* numeric range, inclusive */
     const char *choices; /* KEY_CHOICE: the allowed values, '|'-separated */
+    const char *def;     /* the default, written as in the file and set by config_set, so
+                            that it passes the same checks; NULL: none, the field starts
+                            empty (only for keys whose emptiness means something) */
+    const char *example; /* a key without a default: its value in the sample llmsd.conf */
+    /* Plain text with `code` spans (KEY_HEADING: the title): the Markdown keeps the
+     * backquotes, --help and the sample llmsd.conf drop them. */
+    const char *help;
 } key_def;
 
-#define STR(f, h) {#f, KEY_STRING, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, NULL}
-#define OPT(f, h) {#f, KEY_OPTIONAL, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, NULL}
-#define INT(f, lo, hi, h) {#f, KEY_INT, offsetof(config, f), 0, lo, hi, h, NULL}
-#define CHOICE(f, c, h) {#f, KEY_CHOICE, offsetof(config, f), sizeof((config *)0)->f, 0, 0, h, c}
-#define FLT(f, lo, hi, h) {#f, KEY_FLOAT, offsetof(config, f), 0, lo, hi, h, NULL}
+#define KEY(f) .name = #f, .offset = offsetof(config, f)
+#define SIZE(f) .size = sizeof((config *)0)->f
+#define STR(f, d, h) {KEY(f), SIZE(f), .type = KEY_STRING, .def = d, .help = h}
+#define NODEF(f, ex, h) {KEY(f), SIZE(f), .type = KEY_STRING, .example = ex, .help = h}
+#define OPT(f, h) {KEY(f), SIZE(f), .type = KEY_OPTIONAL, .def = "none", .help = h}
+#define CHOICE(f, c, d, h) {KEY(f), SIZE(f), .type = KEY_CHOICE, .choices = c, .def = d, .help = h}
+#define INT(f, lo, hi, d, h) {KEY(f), .type = KEY_INT, .min = lo, .max = hi, .def = d, .help = h}
+#define FLT(f, lo, hi, d, h) {KEY(f), .type = KEY_FLOAT, .min = lo, .max = hi, .def = d, .help = h}
+#define HEADING(title) {.type = KEY_HEADING, .help = title}
 
+/* In the order of the documentation. */
 static const key_def keys[] = {
-    STR(model, "the generate model's GGUF file (required unless a model.NAME line has the "
-               "generate role); its name in the registry is the file name without .gguf"),
-    CHOICE(model_load, "map|copy",
-           "how the weights come into memory: map (shared with the page cache, reclaimable "
-           "under pressure) or copy (private memory on huge pages: fewer TLB misses when "
-           "decode streams them, never reclaimed) (default map)"),
-    STR(socket, "Unix socket path (default /run/llmsd/llmsd.sock)"),
-    STR(state_dir, "state directory holding the catalog (default /var/lib/llmsd)"),
-    INT(threads, 0, 1024, "engine threads, 0 = online cores (default 0)"),
-    INT(n_ctx, 0, 1 << 24, "tokens per context window, 0 = min(model, 4096) (default 0)"),
-    INT(max_contexts_per_app, 1, INT_MAX, "contexts an app may keep (default 64)"),
-    INT(max_tokens_per_context, 0, 1 << 24, "tokens per context, 0 = n_ctx (default 0)"),
-    CHOICE(overflow, "window|refuse",
-           "what a context does when a call fills its window (max_tokens_per_context), "
-           "unless created with its own: window (keep the first tokens and the most recent, "
-           "drop the middle, go on) or refuse (stop the reply; later calls fail) "
-           "(default window)"),
-    INT(window_sink, 4, 1 << 24, "tokens a sliding window keeps at the start, at least "
-                                 "(rounded up to 16-token chunks; a system prompt is kept "
-                                 "whole up to half the window) (default 4)"),
-    INT(max_queued_per_app, 1, INT_MAX, "requests of every kind that wait for or use the "
-                                        "engine (Call, Complete, Embed, Rerank, KbAdd, "
-                                        "KbDrop) an app may have queued or running "
-                                        "(default 16)"),
-    INT(step_tokens, 16, 1024, "rows of prefill, embedding and reranking work a scheduler "
-                               "step adds to the decode rows of every running generation "
-                               "(default 64)"),
-    CHOICE(sched, "batched|serial",
-           "batched: one forward per step for every running sequence, long work in slices; "
-           "serial: each sequence its own forward, long work to completion (the old "
-           "behaviour, for comparison) (default batched)"),
-    {"max_frame_bytes", KEY_INT, offsetof(config, max_frame_bytes), 0, 1024, (double)UINT32_MAX,
-     "largest frame accepted or sent (default 16777216)", NULL},
-    INT(kv_budget_mb, 0, INT_MAX, "resident KV cap in MiB, 0 = none; idle contexts' chunks "
-                                  "over it are dropped, LCTRU order (default 1024)"),
-    INT(prefill_budget_mb, 0, INT_MAX, "working memory of a prefill step in MiB, 0 = none: "
-                                       "the engine's step rows and attention score blocks "
-                                       "are planned to fit it for a prompt of n_ctx tokens, "
-                                       "or llmsd does not start (default 0)"),
-    INT(resident_small_mb, -1, INT_MAX, "weights (model_load = map) stay resident up to this "
-                                        "many MiB, smallest matrices first; the others stream "
-                                        "per layer during prefill, -1 = all resident "
-                                        "(default -1)"),
-    INT(kv_wait_ms, 0, INT_MAX, "how long a Call or Complete waits for running calls to "
-                                "leave room under kv_budget_mb before RESOURCE_EXHAUSTED "
-                                "(default 30000)"),
-    CHOICE(kv_compress, "tolerance|int8|none",
-           "KV chunk compression after a call: tolerance (K and V code widths of 2-8 bits "
-           "per chunk by attention density and value spread), int8, or none (f16, lossless) "
-           "(default tolerance)"),
-    FLT(kv_compress_ratio, 0.25, 1, "tolerance mode: bytes of the compressed chunks over "
-                                    "their bytes as int8, scales included; 0.53-0.6 is "
-                                    "uniform int4's, by head size (default 0.6)"),
-    INT(kv_calib_inline_ms, 1, INT_MAX, "tolerance mode: the model's layer calibration runs "
-                                        "at the end of the first long enough call when it "
-                                        "takes at most this long, else one forward at a time "
-                                        "in idle time (default 2000)"),
-    STR(admin_group, "group whose members may make admin calls (default llms-admin)"),
-    CHOICE(log_level, REQLOG_LEVELS,
-           "what goes to stderr (the journal): error (failures of the daemon itself), warn, "
-           "or info (also one line per request that used the engine, and every error "
-           "answered) (default info)"),
-    {"socket_mode", KEY_MODE, offsetof(config, socket_mode), 0, 0, 0777,
-     "permission bits of the socket, octal (default 0660)", NULL},
-    FLT(temperature, 0, 100, "default temperature, <= 0 greedy (default 0.8)"),
-    INT(top_k, 0, INT_MAX, "default top-k, 0 = off (default 40)"),
-    FLT(top_p, FLT_MIN, 1, "default top-p, 1 = off (default 0.95)"),
-    FLT(min_p, 0, 1, "default min-p, 0 = off (default 0.05)"),
-    FLT(repeat_penalty, FLT_MIN, 100, "default repetition penalty, 1 = off (default 1.0)"),
-    INT(repeat_last_n, -1, INT_MAX, "default penalized history, -1 = all (default 64)"),
-    INT(max_tokens, 1, 1 << 24, "default tokens generated per call at most (default 256)"),
-    INT(embed_max_texts, 1, INT_MAX, "texts per Embed request (default 256)"),
-    OPT(embed_model, "bert encoder GGUF that answers Embed; none: the model embeds"),
-    STR(rerank_model, "reranker GGUF, a decoder or a bert cross-encoder (default: the model)"),
-    INT(rerank_stream_weights, 0, 1, "1 = the reranker reads layers from the file instead of "
-                                     "mapping them whole (default 1)"),
-    INT(rerank_memory_mb, 0, INT_MAX, "reranker activation memory per chunk of candidates in "
-                                      "MiB, 0 = the engine's default (default 0)"),
-    INT(rerank_yes_token, -1, INT_MAX, "token id scored as \"yes\", -1 = look it up (default -1)"),
-    INT(rerank_no_token, -1, INT_MAX, "token id scored as \"no\", -1 = look it up (default -1)"),
-    INT(rerank_max_documents, 1, INT_MAX, "documents per Rerank request (default 256)"),
-    INT(rerank_max_bytes, 1, INT_MAX, "query + documents bytes per Rerank request "
-                                      "(default 4194304)"),
-    INT(max_connections, 1, INT_MAX, "connections open at once, every peer together; at "
-                                     "most the open-file limit less a reserve (default 1024)"),
-    INT(max_connections_per_uid, 1, INT_MAX, "connections one peer uid may hold open "
-                                             "(default 64)"),
-    INT(bind_timeout_ms, 1, INT_MAX, "a connection that has not sent Bind by then is closed "
-                                     "(default 5000)"),
-    INT(idle_timeout_ms, 0, INT_MAX, "a bound connection with no request in flight and no "
-                                     "traffic for this long is closed, 0 = never "
-                                     "(default 3600000)"),
-    INT(max_unbound_frame_bytes, 64, INT_MAX, "largest frame accepted before Bind "
-                                              "(default 4096)"),
-    INT(max_buffered_bytes, 0, INT_MAX, "bytes of partly received frames larger than 64 KiB "
-                                        "the daemon holds, every connection together "
-                                        "(default 67108864)"),
-    INT(max_buffered_bytes_per_uid, 0, INT_MAX, "the same for one peer uid's connections "
-                                                "together (default 17825792)"),
-    INT(frame_body_timeout_ms, 1, INT_MAX, "a frame over 64 KiB must arrive whole within "
-                                           "this long of its header, plus 1 s a MiB, else "
-                                           "the connection is closed (default 10000)"),
-    INT(max_apps_per_uid, 1, INT_MAX, "app names one uid may have bound at once "
-                                      "(default 16)"),
-    INT(max_contexts_per_uid, 1, INT_MAX, "contexts one uid may keep, all its apps together "
-                                          "(default 1024)"),
-    INT(max_queued_per_uid, 1, INT_MAX, "engine requests one uid may have queued or running, "
-                                        "all its apps together (default 32)"),
-    INT(max_text_bytes, 1, INT_MAX, "bytes of a prompt, system prompt, text to embed or "
-                                    "Tokenize input (default 65536)"),
-    OPT(http_socket, "Unix socket of the OpenAI-compatible HTTP gateway; a peer is its uid "
-                     "(default none: off)"),
-    OPT(http_socket_group, "group of http_socket, mode socket_mode (default none: the group "
-                           "of the clients' socket, the socket unit's SocketGroup= llms)"),
-    OPT(http_listen, "host:port of the HTTP gateway on TCP, loopback only unless "
-                     "http_allow_remote; a peer is its bearer token (default none: off)"),
-    INT(http_allow_remote, 0, 1, "1 = http_listen may be a non-loopback address (default 0)"),
-    OPT(http_tokens_file, "bearer tokens of the TCP gateway: lines 'TOKEN UID APP [admin]' "
-                          "(default none: every TCP request is refused)"),
-    INT(http_max_body_bytes, 1024, 1 << 30, "largest HTTP request body answered "
-                                            "(default 8388608)"),
-    INT(http_header_timeout_ms, 1, INT_MAX, "an HTTP request head must arrive whole within "
-                                            "this long of the connection (a later request: of "
-                                            "its first byte), else 408 and the connection "
-                                            "closes (default 10000)"),
-    INT(http_body_timeout_ms, 1, INT_MAX, "an HTTP request body must arrive whole within this "
-                                          "long of its head, plus 1 s a MiB, else 408 and "
-                                          "the connection closes (default 10000)"),
-    INT(http_max_body_buffered_bytes, 0, INT_MAX, "bytes of HTTP request bodies being "
-                                                  "received, every uid together; a request "
-                                                  "whose Content-Length would pass it is 503 "
-                                                  "before its body is read (default 67108864)"),
-    INT(http_max_body_buffered_bytes_per_uid, 0, INT_MAX, "the same for one uid's requests "
-                                                          "together, 429 past it "
-                                                          "(default 16777216)"),
-    INT(http_max_unauthenticated_connections, 1, INT_MAX, "HTTP connections on TCP that have "
-                                                          "not sent a valid token yet, every "
-                                                          "peer together (default 16)"),
-    INT(kb_passage_tokens, 8, 4096, "tokens of a knowledge base passage unless KbCreate "
-                                    "says (default 64)"),
-    INT(kb_overlap_tokens, 0, 4095, "tokens consecutive passages share (default 16)"),
-    INT(kb_max_per_app, 0, INT_MAX, "knowledge bases of an app (default 16)"),
-    INT(kb_max_doc_bytes, 1, INT_MAX, "text bytes of one document (default 1048576)"),
-    INT(kb_max_add_bytes, 1, INT_MAX, "text bytes of one KbAdd request (default 4194304)"),
-    INT(kb_max_mb_per_uid, 0, INT_MAX, "document text of all a uid's knowledge bases in MiB "
-                                       "(default 256)"),
-    INT(kb_max_passages_per_uid, 0, INT_MAX, "passages of all a uid's knowledge bases "
-                                             "(default 1000000)"),
-    INT(kb_ivf_min_passages, 0, INT_MAX, "passages of a knowledge base from which vector "
-        "search goes through an IVF index, 0: never (default 10000)"),
-    INT(kb_ivf_nprobe, 1, 65536, "lists an IVF search of a knowledge base visits (default 16)"),
-    INT(kb_ivf_hot_mb, 0, INT_MAX, "MiB of the knowledge bases' most searched IVF lists kept "
-                                   "packed in large pages, refreshed in idle time; 0 = off "
-                                   "(default 64)"),
-    INT(rag_top_k, 1, 64, "passages a RagQuery puts in its prompt (default 3)"),
-    STR(rag_system_prompt, "system prompt of RagQuery unless the request has one"),
-    FLT(tau_query, 0, 2, "QA bank: a question this close (cosine) to a stored one is "
-                              "answered from it at once; > 1 turns the QA bank off "
-                              "(default 0.85)"),
-    INT(k_refresh, 1, 64, "a new passage ranking in a stored question's top k_refresh makes "
-                          "its answer stale (default 3)"),
-    INT(qkv_cache_mb, 0, INT_MAX, "stored QKV prefix tree in MiB (compressed), least "
-                                  "frequently used leaves evicted; 0 = off (default 256)"),
-    INT(graph_max_per_app, 0, INT_MAX, "workflow graphs an app may keep (default 64)"),
-    INT(graph_max_nodes, 1, 1024, "nodes of a workflow graph (default 32)"),
-    INT(graph_max_steps, 1, 100000, "node runs of a graph run; a graph's max_steps may not "
-                                    "exceed it (default 64)"),
-    INT(graph_speculate, 0, 1, "workflow graphs speculate unless a run says otherwise: a "
-                               "generation starts on a retrieval's estimate, a retrieval on "
-                               "a generation's first tokens (default 0: it measured no "
-                               "faster in bench/workflow)"),
-    INT(graph_spec_tokens, 1, 65536, "tokens a generation feeding a retrieval has made when "
-                                     "the retrieval starts speculatively (default 8)"),
-    INT(graph_reuse_kv, 0, 1, "a graph run's generation node starts from the KV of the "
-                              "run's previous one where their token prefixes agree "
-                              "(default 1)"),
-    INT(qa_cache_mb, 0, INT_MAX, "stored QA bank in MiB, oldest entries evicted (default 64)"),
-    INT(cache_owner_max_mb, 0, INT_MAX, "MiB one owner (an app, or a uid's shared knowledge "
-                                        "bases) may keep in the QKV tree and in the QA bank "
-                                        "each, its least used evicted first; 0 = the "
-                                        "level's budget (default 128)"),
-    INT(cache_owner_max_entries, 0, INT_MAX, "QKV nodes and QA entries one owner may keep "
-                                             "(each level); 0 = no limit (default 100000)"),
-    INT(predict_budget, 0, 100000, "idle-time prediction: predicted queries (and the "
-                                   "generations proposing them) per idle period; 0 = off "
-                                   "(default 0)"),
-    INT(idle_after_ms, 1, INT_MAX, "no request for this long starts idle-time work: "
-                                   "prediction, a layer calibration (default 5000)"),
-    INT(predict_stride, 1, 100000, "knowledge-based prediction asks about every stride-th "
-                                   "new passage and rewrites a knowledge base's abstract "
-                                   "after each stride new passages (default 4)"),
-    INT(predict_warm, 0, 1000000, "knowledge-based prediction: new passages prefilled per "
-                                  "idle period as a prompt's first passage, into the QKV "
-                                  "tree (default 256; only while predict_budget > 0)"),
-    INT(predict_max_tokens, 1, 4096, "tokens of a generated abstract, proposed question or "
-                                     "paraphrase at most (default 48)"),
-    FLT(tau_scheduler, 0, 2, "tau_query at or above this: predicted queries are only "
-                                  "prefilled (QKV tree); below: prefilled and decoded (QA "
-                                  "bank) (default 0.9)"),
+    HEADING("The daemon"),
+    NODEF(model, "/var/lib/llmsd/model.gguf",
+          "the default generate model's GGUF file (a llama, qwen2 or qwen3 model), required "
+          "unless a `model.NAME` line has the `generate` role; its registry name is the file "
+          "name without `.gguf`. The service runs with `ProtectHome=yes`: keep it outside "
+          "/home (e.g. in /var/lib/llmsd or /usr/local/share)"),
+    CHOICE(model_load, "map|copy", "map",
+           "how the weights come into memory: `map` maps the file (pages shared with the page "
+           "cache, reclaimable under memory pressure); `copy` reads them into private memory "
+           "on huge pages (fewer TLB misses as decode streams them: Q8_0 decode about 5% "
+           "faster with 2 threads, up to 18% on one; never reclaimed)"),
+    STR(socket, "/run/llmsd/llmsd.sock",
+        "Unix socket the daemon listens on (ignored when systemd passes one, as llmsd.socket "
+        "does)"),
+    {KEY(socket_mode), .type = KEY_MODE, .min = 0, .max = 0777, .def = "0660",
+     .help = "permission bits of the socket file, octal; its group is the daemon's"},
+    STR(admin_group, "llms-admin",
+        "group whose members may make admin calls (`llmsctl`); root always may"),
+    CHOICE(log_level, REQLOG_LEVELS, "info",
+           "what goes to stderr (the journal): `error` (failures of the daemon itself), "
+           "`warn`, or `info`: also one line per request that used the engine "
+           "(`app=UID/NAME kind=call tokens=N ms=T outcome=STOP_EOS`) and one per error "
+           "answered"),
+    STR(state_dir, "/var/lib/llmsd",
+        "state directory: the catalog of apps and contexts (sqlite3, `llmsd.db`) and their "
+        "data"),
+    INT(threads, 0, 1024, "0", "engine threads, 0 = online cores"),
+    INT(n_ctx, 0, 1 << 24, "0",
+        "tokens per context window, 0 = the model's trained length, at most 4096"),
+
+    HEADING("Per-app limits (an app is a peer uid and the name it binds with)"),
+    INT(max_contexts_per_app, 1, INT_MAX, "64",
+        "contexts an app may keep; creating one more answers `RESOURCE_EXHAUSTED`"),
+    INT(max_tokens_per_context, 0, 1 << 24, "0",
+        "tokens per context (its window), 0 (or more than `n_ctx`) = `n_ctx`; what a call "
+        "that would pass it does is the context's `overflow` policy"),
+    CHOICE(overflow, "window|refuse", "window",
+           "what a context created without its own policy does when a call fills its window: "
+           "`window` (slide: keep the first tokens and the most recent, drop the middle from "
+           "the model's view, go on) or `refuse` (stop the reply with `STOP_CONTEXT_FULL`; "
+           "later calls `RESOURCE_EXHAUSTED`)"),
+    INT(window_sink, 4, 1 << 24, "4",
+        "tokens a sliding window keeps at the start of a context, at least; rounded up to "
+        "16-token chunks, and a system prompt is kept whole (up to half the window)"),
+    INT(max_queued_per_app, 1, INT_MAX, "16",
+        "requests of every kind that use the engine (Call, Complete, Embed, Rerank, "
+        "RerankCalibrate, RagQuery, GraphRun, KbAdd, KbDrop) an app may have queued or "
+        "running; more answer `RESOURCE_EXHAUSTED`"),
+
+    HEADING("Per-uid limits (every app name of one peer uid together)"),
+    INT(max_contexts_per_uid, 1, INT_MAX, "1024",
+        "contexts one uid may keep over all its app names"),
+    INT(max_queued_per_uid, 1, INT_MAX, "32",
+        "engine requests one uid may have queued or running over all its app names"),
+    INT(max_apps_per_uid, 1, INT_MAX, "16",
+        "app names one uid may have bound at once (a Bind of one more: "
+        "`RESOURCE_EXHAUSTED`)"),
+
+    HEADING("Connections"),
+    INT(max_connections, 1, INT_MAX, "1024",
+        "connections open at once, every peer together, the HTTP gateway's counted with the "
+        "native ones (lowered, with a warning, to the open-file limit less 64 descriptors "
+        "kept for the daemon: see `LimitNOFILE` in llmsd.service); one more is answered "
+        "`RESOURCE_EXHAUSTED` (HTTP: 503) and closed"),
+    INT(max_connections_per_uid, 1, INT_MAX, "64",
+        "connections one peer uid may hold open, native and HTTP together (on TCP the uid "
+        "of the token, once a request has named one); one more is answered "
+        "`RESOURCE_EXHAUSTED` (HTTP: 429) and closed"),
+    INT(bind_timeout_ms, 1, INT_MAX, "5000",
+        "a connection that has not sent Bind by then gets `DEADLINE_EXCEEDED` and is closed"),
+    INT(idle_timeout_ms, 0, INT_MAX, "3600000",
+        "a bound connection with no request in flight and no traffic for this long gets "
+        "`DEADLINE_EXCEEDED` and is closed; 0 = never"),
+
+    HEADING("Frames and the input a client can make the daemon hold"),
+    {KEY(max_frame_bytes), .type = KEY_U32, .min = 1024, .max = (double)UINT32_MAX,
+     .def = "16777216",
+     .help = "largest frame (4-byte length + protobuf message) accepted or sent, at least "
+             "1024; a bigger request is refused with an error and the connection closes"},
+    INT(max_unbound_frame_bytes, 64, INT_MAX, "4096",
+        "largest frame before Bind (a Bind is a few dozen bytes); a larger one is refused "
+        "from its header"),
+    INT(max_buffered_bytes, 0, INT_MAX, "67108864",
+        "bytes of partly received frames over 64 KiB the daemon holds for all connections "
+        "together; a frame that would pass it is refused from its header "
+        "(`RESOURCE_EXHAUSTED`)"),
+    INT(max_buffered_bytes_per_uid, 0, INT_MAX, "17825792",
+        "the same for the connections of one peer uid together (one frame of the default "
+        "`max_frame_bytes` at a time), so that no uid can spend the whole "
+        "`max_buffered_bytes`"),
+    INT(frame_body_timeout_ms, 1, INT_MAX, "10000",
+        "a frame over 64 KiB must arrive whole within this long of its header plus 1 s a "
+        "MiB, else the connection gets `DEADLINE_EXCEEDED` and is closed (a header alone "
+        "does not hold memory for long)"),
+    INT(max_text_bytes, 1, INT_MAX, "65536",
+        "bytes of a prompt, system prompt, text to embed or Tokenize input (more: "
+        "`RESOURCE_EXHAUSTED` naming the field)"),
+
+    HEADING("Scheduling and memory"),
+    INT(step_tokens, 16, 1024, "64",
+        "rows of long work (prefill slices, embedding slices, reranking) that a scheduler "
+        "step adds to the one decode row of every running generation; smaller: shorter gaps "
+        "between tokens while long work runs, larger: long work finishes sooner"),
+    CHOICE(sched, "batched|serial", "batched",
+           "`batched`: every step is one forward pass over all running sequences; `serial`: "
+           "each sequence its own forward and long work run to completion (the behaviour "
+           "before the step scheduler, kept to measure against)"),
+    INT(kv_budget_mb, 0, INT_MAX, "1024",
+        "resident KV cap in MiB, 0 = none; chunks of idle contexts over it are dropped "
+        "(LCTRU order: heaviest precision first, least recently used first), already on "
+        "disk, for the next call to read or recompute; with several generate models each "
+        "gets an equal share"),
+    INT(prefill_budget_mb, 0, INT_MAX, "0",
+        "working memory of a prefill step in MiB (activations, attention score blocks), "
+        "0 = none: the runner's rows per step and score blocks are planned "
+        "(`engine/model/prefill.h`) so that a prompt of `n_ctx` tokens fits, `step_tokens` "
+        "shrinking with the rows when it must; when even one row per step does not fit, "
+        "llmsd does not start and says how many MiB are needed. `llmsctl plan "
+        "--prompt-tokens N [--model M]` (admin) prints the plan of a prompt length step by "
+        "step, beside the unpartitioned step's (`unpart.`: one score block per head on a "
+        "step of the runner's rows, at most 512 or so, not the whole prompt, which the "
+        "scheduler never runs at once)"),
+    INT(resident_small_mb, -1, INT_MAX, "-1",
+        "weights (`model_load = map`) resident by size: the smallest matrices up to this "
+        "many MiB stay, the others are prefetched per layer (`MADV_WILLNEED`) and released "
+        "after it (`MADV_DONTNEED`) in forwards of 64 rows or more; -1 = all resident"),
+    INT(kv_wait_ms, 0, INT_MAX, "30000",
+        "how long a Call or Complete waits for running calls to leave room under "
+        "`kv_budget_mb` before `RESOURCE_EXHAUSTED`; a call needing more than the whole "
+        "budget is refused at once"),
+    CHOICE(kv_compress, "tolerance|int8|none", "tolerance",
+           "chunk compression after a call: `tolerance` (K and V widths of 2-8 bits and V's "
+           "layout per chunk and layer once the model's layers are calibrated, per chunk "
+           "before, by attention density and value spread), `int8`, `none` (f16, lossless)"),
+    FLT(kv_compress_ratio, 0.25, 1, "0.6",
+        "tolerance mode: bytes of the compressed chunks over their bytes as int8 (scales "
+        "included), in [0.25, 1]; uniform int4 is 0.53-0.6 by head size"),
+    INT(kv_calib_inline_ms, 1, INT_MAX, "2000",
+        "tolerance mode: the model's layer calibration (once per model shape) runs at the "
+        "end of the first long enough call when its first forward predicts at most this "
+        "many ms in all, else one forward at a time in idle time (`idle_after_ms`)"),
+
+    HEADING("Generation defaults (a context's own and a request's params override them)"),
+    FLT(temperature, 0, 100, "0.8", "sampling temperature, 0 = greedy"),
+    INT(top_k, 0, INT_MAX, "40", "keep only the k most likely tokens, 0 = off"),
+    FLT(top_p, FLT_MIN, 1, "0.95",
+        "keep the smallest set of tokens whose probabilities add up to p, in (0, 1]; "
+        "1 = off"),
+    FLT(min_p, 0, 1, "0.05",
+        "drop tokens less likely than min_p times the most likely one, in [0, 1]; 0 = off"),
+    FLT(repeat_penalty, FLT_MIN, 100, "1.0", "penalty on tokens seen recently, 1 = off"),
+    INT(repeat_last_n, -1, INT_MAX, "64",
+        "how many recent tokens the penalty looks at, -1 = the whole history"),
+    INT(max_tokens, 1, 1 << 24, "256",
+        "tokens generated per call at most, unless the call asks for another number"),
+
+    HEADING("Embeddings and reranking"),
+    INT(embed_max_texts, 1, INT_MAX, "256",
+        "texts per Embed request (more: `RESOURCE_EXHAUSTED`)"),
+    OPT(embed_model,
+        "shorthand for a registry model with the embed role, named after its file, the "
+        "default for Embed: a bert encoder GGUF (bge, MiniLM, e5, gte) or a nomic-bert one "
+        "(nomic-embed-text v1/v1.5), e.g. /var/lib/llmsd/bge-small-en-v1.5-f16.gguf; opened "
+        "and mapped at start (a file that is not a bert encoder stops the daemon with a "
+        "message); `none`: the `model` embeds"),
+    NODEF(rerank_model, "/var/lib/llmsd/model.gguf",
+          "shorthand for a registry model with the rerank role, named after its file, the "
+          "default for Rerank: a decoder reranker (Qwen3-Reranker) or a bert cross-encoder "
+          "with a classification head (bge-reranker, ms-marco MiniLM); its reranker opens on "
+          "its first Rerank call. The same file as `model` adds the role to that model "
+          "(mapped once); unset: the `model`"),
+    INT(rerank_stream_weights, 0, 1, "1",
+        "1 = the reranker reads each layer's weights from the file while the previous layer "
+        "computes (two layer buffers) instead of mapping the whole model"),
+    INT(rerank_memory_mb, 0, INT_MAX, "0",
+        "activation memory of one chunk of candidates in MiB, 0 = the engine's default"),
+    INT(rerank_yes_token, -1, INT_MAX, "-1",
+        "token id scored as \"yes\", -1 = look \"yes\" up in the vocabulary"),
+    INT(rerank_no_token, -1, INT_MAX, "-1",
+        "token id scored as \"no\", -1 = look \"no\" up"),
+    INT(rerank_max_documents, 1, INT_MAX, "256",
+        "documents per Rerank request and per calibration query (more: "
+        "`RESOURCE_EXHAUSTED`)"),
+    INT(rerank_max_bytes, 1, INT_MAX, "4194304",
+        "bytes of query + documents per Rerank request (more: `RESOURCE_EXHAUSTED`)"),
+
+    HEADING("The OpenAI-compatible HTTP gateway (off while both listeners are `none`)"),
+    OPT(http_socket,
+        "Unix socket of the gateway (`curl --unix-socket`; mode `socket_mode`); a caller is "
+        "its peer uid and the app its `X-Llmsd-App` header names (`default` without one, as "
+        "every client); `none`: off"),
+    OPT(http_socket_group,
+        "group of `http_socket`; `none`: the group of the clients' socket (under systemd the "
+        "socket unit's `SocketGroup=`, `llms`; run by hand, llmsd's own group). llmsd must "
+        "be a member of it (the unit's `SupplementaryGroups=llms`)"),
+    OPT(http_listen,
+        "`host:port` of the gateway on TCP, e.g. 127.0.0.1:8080 (port 0: any); a "
+        "non-loopback address stops the daemon unless `http_allow_remote = 1`; a caller is "
+        "its bearer token, looked up in `http_tokens_file`; `none`: off"),
+    INT(http_allow_remote, 0, 1, "0",
+        "1: `http_listen` may name a non-loopback address (tokens then travel in clear "
+        "text)"),
+    OPT(http_tokens_file,
+        "the TCP gateway's tokens (llmsd refuses a file others may read or anyone but its "
+        "owner may write): lines `TOKEN UID APP [admin]` (`#` comments; UID a number or a "
+        "user name; `admin` may read `/metrics`); `none`: every TCP request is 401"),
+    INT(http_max_body_bytes, 1024, 1 << 30, "8388608",
+        "largest request body answered; a larger one is 413 in JSON, from its "
+        "Content-Length, before it is read"),
+    INT(http_header_timeout_ms, 1, INT_MAX, "10000",
+        "a connection's first request head must arrive whole within this long of the "
+        "connection, a later one within this long of its first byte (a kept-alive "
+        "connection waits 60 s for that byte, then closes); else 408 in JSON and the "
+        "connection closes"),
+    INT(http_body_timeout_ms, 1, INT_MAX, "10000",
+        "a request body must arrive whole within this long of its head plus 1 s a MiB of "
+        "its Content-Length, else 408 and the connection closes"),
+    INT(http_max_body_buffered_bytes, 0, INT_MAX, "67108864",
+        "bytes of request bodies the gateway holds while they arrive, every uid together: "
+        "a request's Content-Length is reserved when its head arrives, and one that would "
+        "pass this is 503 in JSON before its body is read; given back once the body is "
+        "parsed"),
+    INT(http_max_body_buffered_bytes_per_uid, 0, INT_MAX, "16777216",
+        "the same for one uid's requests together (429), checked first, so that no uid can "
+        "spend the whole `http_max_body_buffered_bytes`"),
+    INT(http_max_unauthenticated_connections, 1, INT_MAX, "16",
+        "TCP connections of the gateway that have not sent a request with a valid token "
+        "yet, every peer together (one more: 429 and closed); they count in "
+        "`max_connections` too"),
+
+    HEADING("Knowledge bases and RAG"),
+    INT(kb_passage_tokens, 8, 4096, "64",
+        "tokens of a knowledge base's passage unless its KbCreate says"),
+    INT(kb_overlap_tokens, 0, 4095, "16", "tokens consecutive passages share"),
+    INT(kb_max_per_app, 0, INT_MAX, "16", "knowledge bases of an app"),
+    INT(kb_max_doc_bytes, 1, INT_MAX, "1048576", "text bytes of one document"),
+    INT(kb_max_add_bytes, 1, INT_MAX, "4194304",
+        "text bytes of one KbAdd request, all its documents"),
+    INT(kb_max_mb_per_uid, 0, INT_MAX, "256",
+        "document text of all a uid's knowledge bases in MiB"),
+    INT(kb_max_passages_per_uid, 0, INT_MAX, "1000000",
+        "passages of all a uid's knowledge bases"),
+    INT(kb_ivf_min_passages, 0, INT_MAX, "10000",
+        "vector search of a knowledge base with at least this many passages goes through "
+        "an IVF index (`storage/ivf.h`), 0 = never (always brute force)"),
+    INT(kb_ivf_nprobe, 1, 65536, "16", "lists an IVF search of a knowledge base visits"),
+    INT(kb_ivf_hot_mb, 0, INT_MAX, "64",
+        "MiB of the knowledge bases' most searched IVF lists kept packed in large pages, "
+        "refreshed in idle time; 0 = off"),
+    INT(rag_top_k, 1, 64, "3", "passages a RagQuery puts in its prompt"),
+    STR(rag_system_prompt, "Answer the question using the passages.",
+        "system prompt of a RagQuery unless the request has one"),
+    FLT(tau_query, 0, 2, "0.85",
+        "QA bank: a question this close (cosine) to a stored one is answered from it at "
+        "once; > 1 turns the QA bank off"),
+    INT(k_refresh, 1, 64, "3",
+        "a new passage ranking in a stored question's top `k_refresh` makes its answer "
+        "stale"),
+    INT(qkv_cache_mb, 0, INT_MAX, "256",
+        "stored QKV prefix tree in MiB (compressed), least frequently used leaves evicted; "
+        "0 = off"),
+    INT(qa_cache_mb, 0, INT_MAX, "64", "stored QA bank in MiB, oldest entries evicted"),
+    INT(cache_owner_max_mb, 0, INT_MAX, "128",
+        "MiB one cache owner (an app; the apps of a uid together for knowledge bases made "
+        "with `share_uid`) may keep in the QKV tree and in the QA bank, each; over it the "
+        "owner's own least used entries go, and a level over its budget evicts from the "
+        "largest owner first; 0 = the level's budget (`qkv_cache_mb`, `qa_cache_mb`)"),
+    INT(cache_owner_max_entries, 0, INT_MAX, "100000",
+        "QKV nodes, and QA entries, one cache owner may keep; 0 = no limit"),
+
+    HEADING("Workflow graphs"),
+    INT(graph_max_per_app, 0, INT_MAX, "64", "workflow graphs an app may keep"),
+    INT(graph_max_nodes, 1, 1024, "32", "nodes of a workflow graph"),
+    INT(graph_max_steps, 1, 100000, "64",
+        "node runs of a graph run at most; a graph's `max_steps` may not exceed it"),
+    INT(graph_speculate, 0, 1, "0",
+        "1: runs speculate unless they say otherwise: a generation node starts on its "
+        "retrieval's estimate (BM25 before the query is embedded), a retrieval on the first "
+        "`graph_spec_tokens` tokens of the generation feeding it; either is redone when the "
+        "final input differs (greedy answers are the same either way). Off by default: it "
+        "measured no faster in bench/workflow"),
+    INT(graph_spec_tokens, 1, 65536, "8",
+        "tokens a generation feeding a retrieval has made when the retrieval starts "
+        "speculatively"),
+    INT(graph_reuse_kv, 0, 1, "1",
+        "a graph run's generation node starts from the KV of the run's previous one where "
+        "their prompts begin with the same tokens; 0: every prompt evaluated whole"),
+
+    HEADING("Idle-time prediction and the cache scheduler"),
+    INT(predict_budget, 0, 100000, "0",
+        "predicted queries (and the generations proposing them) per idle period; 0 = off"),
+    INT(idle_after_ms, 1, INT_MAX, "5000",
+        "no request for this long starts idle-time work: prediction, warm-ups, a layer "
+        "calibration"),
+    INT(predict_stride, 1, 100000, "4",
+        "knowledge-based prediction asks about every stride-th new passage and rewrites a "
+        "knowledge base's abstract after each stride new passages"),
+    INT(predict_max_tokens, 1, 4096, "48",
+        "tokens of a generated abstract, proposed question or paraphrase at most"),
+    INT(predict_warm, 0, 1000000, "256",
+        "warm-ups, only while `predict_budget` > 0: new passages (newest first) prefilled "
+        "per idle period as a prompt's first passage, into the QKV tree"),
+    FLT(tau_scheduler, 0, 2, "0.9",
+        "`tau_query` at or above this: predicted queries are only prefilled (QKV tree); "
+        "below: prefilled and decoded (QA bank too)"),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
-void config_defaults(config *c)
+/* The special key: "model.NAME = PATH [ROLES]" lines, any number of NAMEs, documented
+ * right after the model key. */
+#define MODEL_PREFIX "model."
+#define MODEL_LINE_KEY "model.NAME"
+#define LIT(x) #x
+#define MACRO_LIT(x) LIT(x)
+#define MODEL_LINE_HELP                                                                     \
+    "`PATH [ROLES]`: one more model of the registry (daemon/README.md, \"The model "         \
+    "registry\"), named NAME (1.." MACRO_LIT(MODELS_NAME_MAX) " bytes of `[A-Za-z0-9._-]`); " \
+    "ROLES a comma list of `generate`, `embed`, `rerank`, default by the file's kind "        \
+    "(decoder: generate, bert encoder: embed, bert cross-encoder: rerank); repeatable, at "  \
+    "most " MACRO_LIT(CONFIG_MODELS_MAX) "; a path with blanks needs ROLES after it. One "   \
+    "model generates; requests name a model or get their kind's default"
+
+static bool followed_by_model_lines(const key_def *k)
+{
+    return strcmp(k->name, "model") == 0;
+}
+
+int config_defaults(config *c, char err[ERR_MAX])
 {
     memset(c, 0, sizeof *c);
-    strcpy(c->socket, "/run/llmsd/llmsd.sock");
-    strcpy(c->state_dir, "/var/lib/llmsd");
-    strcpy(c->model_load, "map");
-    c->max_contexts_per_app = 64;
-    c->max_queued_per_app = 16;
-    strcpy(c->overflow, "window");
-    c->window_sink = 4;
-    c->step_tokens = 64;
-    strcpy(c->sched, "batched");
-    c->max_frame_bytes = 16u << 20;
-    c->kv_budget_mb = 1024;
-    c->kv_wait_ms = 30000;
-    c->resident_small_mb = -1;
-    strcpy(c->kv_compress, "tolerance");
-    c->kv_compress_ratio = 0.6f;
-    c->kv_calib_inline_ms = 2000;
-    strcpy(c->admin_group, "llms-admin");
-    c->socket_mode = 0660;
-    strcpy(c->log_level, "info");
-    c->temperature = 0.8f;
-    c->top_k = 40;
-    c->top_p = 0.95f;
-    c->min_p = 0.05f;
-    c->repeat_penalty = 1.0f;
-    c->repeat_last_n = 64;
-    c->max_tokens = 256;
-    c->embed_max_texts = 256;
-    c->rerank_stream_weights = 1;
-    c->rerank_yes_token = -1;
-    c->rerank_no_token = -1;
-    c->rerank_max_documents = 256;
-    c->rerank_max_bytes = 4 << 20;
-    c->max_connections = 1024;
-    c->max_connections_per_uid = 64;
-    c->bind_timeout_ms = 5000;
-    c->idle_timeout_ms = 3600000;
-    c->max_unbound_frame_bytes = 4096;
-    c->max_buffered_bytes = 64 << 20;
-    c->max_buffered_bytes_per_uid = 17 << 20; /* one frame of the largest default size */
-    c->frame_body_timeout_ms = 10000;
-    c->max_apps_per_uid = 16;
-    c->max_contexts_per_uid = 1024;
-    c->max_queued_per_uid = 32;
-    c->max_text_bytes = 65536;
-    c->http_max_body_bytes = 8 << 20;
-    c->http_header_timeout_ms = 10000;
-    c->http_body_timeout_ms = 10000;
-    c->http_max_body_buffered_bytes = 64 << 20;
-    c->http_max_body_buffered_bytes_per_uid = 16 << 20; /* two bodies of the largest default */
-    c->http_max_unauthenticated_connections = 16;
-    c->kb_passage_tokens = 64;
-    c->kb_overlap_tokens = 16;
-    c->kb_max_per_app = 16;
-    c->kb_max_doc_bytes = 1 << 20;
-    c->kb_max_add_bytes = 4 << 20;
-    c->kb_max_mb_per_uid = 256;
-    c->kb_max_passages_per_uid = 1000000;
-    c->kb_ivf_min_passages = 10000;
-    c->kb_ivf_nprobe = 16;
-    c->kb_ivf_hot_mb = 64;
-    c->rag_top_k = 3;
-    strcpy(c->rag_system_prompt, "Answer the question using the passages.");
-    c->tau_query = 0.85f;
-    c->k_refresh = 3;
-    c->qkv_cache_mb = 256;
-    c->graph_max_per_app = 64;
-    c->graph_max_nodes = 32;
-    c->graph_max_steps = 64;
-    c->graph_speculate = 0;
-    c->graph_spec_tokens = 8;
-    c->graph_reuse_kv = 1;
-    c->qa_cache_mb = 64;
-    c->cache_owner_max_mb = 128;
-    c->cache_owner_max_entries = 100000;
-    c->idle_after_ms = 5000;
-    c->predict_stride = 4;
-    c->predict_max_tokens = 48;
-    c->predict_warm = 256;
-    c->tau_scheduler = 0.9f;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (keys[i].def && config_set(c, keys[i].name, keys[i].def, err))
+            return -1;
+    return 0;
 }
 
 static const key_def *find_key(const char *name)
 {
     for (size_t i = 0; i < N_KEYS; i++)
-        if (strcmp(keys[i].name, name) == 0)
+        if (keys[i].type != KEY_HEADING && strcmp(keys[i].name, name) == 0)
             return &keys[i];
     return NULL;
 }
-
-#define MODEL_PREFIX "model."
 
 /* A model name: what daemon/models/models.h accepts, checked here so that the settings fail
  * at the line that has it. */
@@ -431,13 +501,14 @@ int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
             return err_set(err, "%s: value longer than %zu bytes", key, k->size - 1);
         strcpy(field, value);
         return 0;
-    case KEY_INT: {
+    case KEY_INT:
+    case KEY_U32: {
         long long v = strtoll(value, &end, 10);
         if (end == value || *end || errno)
             return err_set(err, "%s: '%s' is not an integer", key, value);
         if ((double)v < k->min || (double)v > k->max)
             return err_set(err, "%s: %lld is outside [%.0f, %.0f]", key, v, k->min, k->max);
-        if (strcmp(key, "max_frame_bytes") == 0)
+        if (k->type == KEY_U32)
             *(uint32_t *)field = (uint32_t)v;
         else
             *(int *)field = (int)v;
@@ -473,6 +544,8 @@ int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
         *(unsigned *)field = (unsigned)v;
         return 0;
     }
+    case KEY_HEADING:
+        break;
     }
     return err_set(err, "%s: bad key type", key);
 }
@@ -535,12 +608,169 @@ int config_check(const config *c, char err[ERR_MAX])
     return 0;
 }
 
+/* Writes n bytes of s without the backquotes of its `code` spans. */
+static void put_plain(FILE *out, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != '`')
+            fputc(s[i], out);
+}
+
+static void print_key_line(FILE *out, const char *name, const char *help, const char *def)
+{
+    fprintf(out, "  --%-24s ", name);
+    put_plain(out, help, strlen(help));
+    if (def)
+        fprintf(out, " (default %s)", def);
+    fputc('\n', out);
+}
+
 void config_print_keys(FILE *out)
 {
-    for (size_t i = 0; i < N_KEYS; i++)
-        fprintf(out, "  --%-24s %s\n", keys[i].name, keys[i].help);
-    fprintf(out, "  --%-24s %s\n", "model.NAME",
-            "PATH [ROLES]: one more model of the registry, named NAME, with ROLES a comma "
-            "list of generate, embed, rerank (default: by the file's kind, a decoder "
-            "generates, an encoder embeds, a cross-encoder reranks); repeatable");
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &keys[i];
+        if (k->type == KEY_HEADING) {
+            fputc('\n', out);
+            put_plain(out, k->help, strlen(k->help));
+            fputs(":\n", out);
+            continue;
+        }
+        print_key_line(out, k->name, k->help, k->def);
+        if (followed_by_model_lines(k))
+            print_key_line(out, MODEL_LINE_KEY, MODEL_LINE_HELP, NULL);
+    }
+}
+
+/* A Markdown table cell: the text as it is, but '|' would end the cell. */
+static void put_cell(FILE *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|')
+            fputc('\\', out);
+        fputc(*s, out);
+    }
+}
+
+static void markdown_row(FILE *out, const char *name, const char *def, const char *help)
+{
+    fprintf(out, "| `%s` | ", name);
+    if (def) {
+        fputc('`', out);
+        put_cell(out, def);
+        fputc('`', out);
+    } else {
+        fputs("(unset)", out);
+    }
+    fputs(" | ", out);
+    put_cell(out, help);
+    fputs(" |\n", out);
+}
+
+static void print_markdown(FILE *out)
+{
+    fputs(CONFIG_DOC_BEGIN "\n", out);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &keys[i];
+        if (k->type == KEY_HEADING) {
+            fprintf(out, "%s**%s**\n\n| key | default | meaning |\n|---|---|---|\n",
+                    i > 0 ? "\n" : "", k->help);
+            continue;
+        }
+        markdown_row(out, k->name, k->def, k->help);
+        if (followed_by_model_lines(k))
+            markdown_row(out, MODEL_LINE_KEY, NULL, MODEL_LINE_HELP);
+    }
+    fputs(CONFIG_DOC_END "\n", out);
+}
+
+#define CONF_WIDTH 88
+
+/* Writes text as "# " comment lines of at most CONF_WIDTH columns (a longer word makes a
+ * longer line), backquotes dropped. sentence: the table's phrase (a key's help) made a
+ * sentence, capitalised and ended with a full stop. */
+static void put_comment(FILE *out, const char *text, bool sentence)
+{
+    size_t col = 0;
+    for (const char *p = text; *p;) {
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            break;
+        size_t n = strcspn(p, " "), width = 0;
+        for (size_t i = 0; i < n; i++)
+            width += p[i] != '`';
+        bool stop = sentence && !p[n] && p[n - 1] != '.';
+        if (col > 0 && col + 1 + width + stop > CONF_WIDTH) {
+            fputc('\n', out);
+            col = 0;
+        }
+        fputs(col == 0 ? "# " : " ", out);
+        col += col == 0 ? 2 : 1;
+        if (sentence && p == text && islower((unsigned char)*p)) {
+            fputc(toupper((unsigned char)*p), out);
+            put_plain(out, p + 1, n - 1);
+        } else {
+            put_plain(out, p, n);
+        }
+        if (stop)
+            fputc('.', out);
+        col += width + stop;
+        p += n;
+    }
+    if (col > 0)
+        fputc('\n', out);
+}
+
+static void print_conf(FILE *out)
+{
+    fputs("# " CONFIG_DEFAULT_PATH " — settings of llmsd, the LLM system service.\n#\n", out);
+    char intro[1024];
+    size_t n = (size_t)snprintf(intro, sizeof intro, "%s",
+                                "One \"key = value\" per line; '#' starts a comment. Every "
+                                "key can also be given on llmsd's command line as --key "
+                                "VALUE, which overrides this file. An unknown key or a bad "
+                                "value stops the daemon at startup with a message naming "
+                                "it. The values below are the built-in defaults, except "
+                                "those of the keys that have none:");
+    for (size_t i = 0; i < N_KEYS && n < sizeof intro; i++)
+        if (keys[i].type != KEY_HEADING && !keys[i].def)
+            n += (size_t)snprintf(intro + n, sizeof intro - n, " %s,", keys[i].name);
+    if (n < sizeof intro)
+        intro[n - 1] = '.';
+    put_comment(out, intro, false);
+    fputs("#\n", out);
+    put_comment(out,
+                "Made by `llmsd --print-settings=conf` from its settings table "
+                "(daemon/config.c).",
+                false);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &keys[i];
+        fputc('\n', out);
+        if (k->type == KEY_HEADING) {
+            char title[256];
+            snprintf(title, sizeof title, "---- %s ----", k->help);
+            put_comment(out, title, false);
+            continue;
+        }
+        put_comment(out, k->help, true);
+        fprintf(out, "%s = %s\n", k->name, k->def ? k->def : k->example);
+        if (followed_by_model_lines(k)) {
+            fputc('\n', out);
+            put_comment(out, "`" MODEL_LINE_KEY "` = " MODEL_LINE_HELP, true);
+            fputs("#" MODEL_PREFIX "minilm = /var/lib/llmsd/all-MiniLM-L6-v2-f16.gguf embed\n"
+                  "#" MODEL_PREFIX "bge-rr = /var/lib/llmsd/bge-reranker-base-f16.gguf rerank\n",
+                  out);
+        }
+    }
+}
+
+int config_print_settings(FILE *out, config_doc format, char err[ERR_MAX])
+{
+    if (format == CONFIG_DOC_MARKDOWN)
+        print_markdown(out);
+    else
+        print_conf(out);
+    if (fflush(out) || ferror(out))
+        return err_set(err, "writing the settings' documentation: %s", strerror(errno));
+    return 0;
 }

@@ -6,6 +6,10 @@
  * key can also be given on the command line as --key VALUE; main applies the file
  * first and the flags after it. An unknown key or a bad value is an error naming the
  * key (and, for the file, the file and line).
+ *
+ * One table in config.c describes every key: its type, range, default and meaning. The
+ * defaults, --help and the documentation (the settings table of daemon/README.md, the
+ * sample systemd/llmsd.conf) are made from it.
  */
 #ifndef LLMS_CONFIG_H
 #define LLMS_CONFIG_H
@@ -147,8 +151,9 @@ typedef struct config {
     float tau_scheduler;               /* tau_query >= this: predicted queries prefill only */
 } config;
 
-/* The built-in defaults. */
-void config_defaults(config *c);
+/* Sets every key to its built-in default, each parsed and checked as a line of the file
+ * would be. -1 with err naming the key when a default is refused (a bug of the table). */
+int config_defaults(config *c, char err[ERR_MAX]);
 
 /* Sets one key from its text value. -1 with err naming the key for an unknown key or
  * a bad value. "model.NAME" keys add (or, for a NAME already given, replace) a model of
@@ -166,7 +171,21 @@ int config_load(config *c, const char *path, char err[ERR_MAX]);
 /* Checks what a running daemon needs (a model path or model.NAME lines). -1 with err. */
 int config_check(const config *c, char err[ERR_MAX]);
 
-/* Writes the list of keys with their meaning, for --help. */
+/* Writes the list of keys with their meaning and default, in groups, for --help. */
 void config_print_keys(FILE *out);
+
+/* The generated documentation of the settings (make settings-docs writes both). */
+typedef enum config_doc {
+    CONFIG_DOC_MARKDOWN, /* the table of daemon/README.md, CONFIG_DOC_BEGIN to CONFIG_DOC_END */
+    CONFIG_DOC_CONF      /* the whole sample llmsd.conf (systemd/llmsd.conf) */
+} config_doc;
+
+#define CONFIG_DOC_BEGIN                                                                   \
+    "<!-- settings: generated from the table in daemon/config.c by `make settings-docs`; " \
+    "edit that table, not these lines -->"
+#define CONFIG_DOC_END "<!-- end of the generated settings -->"
+
+/* Writes the documentation of every key in format. -1 with err when out fails. */
+int config_print_settings(FILE *out, config_doc format, char err[ERR_MAX]);
 
 #endif

@@ -32,16 +32,21 @@ static void usage(FILE *out)
             "  -c, --config PATH           settings file (default %s; a missing default\n"
             "                              file is fine, a missing given one is an error)\n"
             "  -h, --help                  this text\n"
-            "      --version               the version\n\n"
+            "      --version               the version\n"
+            "      --print-settings=FORMAT the settings' documentation, generated from their\n"
+            "                              table: markdown (daemon/README.md's table) or conf\n"
+            "                              (a sample settings file)\n\n"
             "Every setting of the file can be given as --KEY VALUE (or --KEY=VALUE), which\n"
             "overrides the file:\n",
             CONFIG_DEFAULT_PATH);
     config_print_keys(out);
 }
 
-/* Loads the file, then applies the flags. Returns 0, 1 for --help, 2 for --version, -1
- * on error. */
-static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
+#define PRINT_SETTINGS "--print-settings="
+
+/* Loads the file, then applies the flags. Returns 0, 1 for --help, 2 for --version, 3 for
+ * --print-settings (its format in *doc), -1 on error. */
+static int parse_args(int argc, char **argv, config *cfg, config_doc *doc, char err[ERR_MAX])
 {
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -49,6 +54,16 @@ static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
             return 1;
         if (strcmp(argv[i], "--version") == 0)
             return 2;
+        if (strncmp(argv[i], PRINT_SETTINGS, strlen(PRINT_SETTINGS)) == 0) {
+            const char *format = argv[i] + strlen(PRINT_SETTINGS);
+            if (strcmp(format, "markdown") == 0)
+                *doc = CONFIG_DOC_MARKDOWN;
+            else if (strcmp(format, "conf") == 0)
+                *doc = CONFIG_DOC_CONF;
+            else
+                return err_set(err, "--print-settings: '%s' is not markdown or conf", format);
+            return 3;
+        }
         if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) {
             if (i + 1 >= argc)
                 return err_set(err, "%s needs a path", argv[i]);
@@ -57,7 +72,8 @@ static int parse_args(int argc, char **argv, config *cfg, char err[ERR_MAX])
             path = argv[i] + 9;
         }
     }
-    config_defaults(cfg);
+    if (config_defaults(cfg, err))
+        return -1;
     if (path) {
         if (config_load(cfg, path, err))
             return -1;
@@ -153,13 +169,21 @@ int main(int argc, char **argv)
 {
     static config cfg;
     char err[ERR_MAX];
-    int rc = parse_args(argc, argv, &cfg, err);
+    config_doc doc = CONFIG_DOC_CONF;
+    int rc = parse_args(argc, argv, &cfg, &doc, err);
     if (rc == 1) {
         usage(stdout);
         return 0;
     }
     if (rc == 2) {
         printf("llmsd %s\n", LLMS_VERSION);
+        return 0;
+    }
+    if (rc == 3) {
+        if (config_print_settings(stdout, doc, err)) {
+            fprintf(stderr, "llmsd: %s\n", err);
+            return 1;
+        }
         return 0;
     }
     if (rc) {

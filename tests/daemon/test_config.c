@@ -1,9 +1,13 @@
 /*
- * Tests of llmsd's settings: defaults, the file format, values, and errors that name
- * the key, the file and the line.
+ * Tests of llmsd's settings: defaults, the file format, values, errors that name the key,
+ * the file and the line, and the documentation generated from the settings table.
  */
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/config.h"
 #include "tests/support/test.h"
@@ -23,7 +27,8 @@ static const char *write_file(const char *name, const char *text)
 static void defaults(void)
 {
     config c;
-    config_defaults(&c);
+    char err[ERR_MAX];
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK(strcmp(c.socket, "/run/llmsd/llmsd.sock") == 0);
     CHECK(strcmp(c.state_dir, "/var/lib/llmsd") == 0);
     CHECK(strcmp(c.admin_group, "llms-admin") == 0);
@@ -33,7 +38,6 @@ static void defaults(void)
     CHECK_EQ(c.max_frame_bytes, 16u << 20);
     CHECK_NEAR(c.temperature, 0.8, 1e-6);
     CHECK_EQ(c.model[0], '\0');
-    char err[ERR_MAX];
     CHECK_EQ(config_check(&c, err), -1);
     CHECK(strstr(err, "model") != NULL);
 }
@@ -53,8 +57,8 @@ static void file_with_comments(void)
                                   "max_frame_bytes = 4294967295\n");
     CHECK(path);
     config c;
-    config_defaults(&c);
     char err[ERR_MAX];
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK_MSG(config_load(&c, path, err) == 0, "%s", err);
     CHECK(strcmp(c.model, "/models/x.gguf") == 0);
     CHECK(strcmp(c.socket, "/tmp/s.sock") == 0);
@@ -73,9 +77,8 @@ static int load_fails_with(const char *text, const char *w1, const char *w2)
 {
     const char *path = write_file("bad.conf", text);
     config c;
-    config_defaults(&c);
     char err[ERR_MAX] = "";
-    if (!path || config_load(&c, path, err) != -1)
+    if (!path || config_defaults(&c, err) || config_load(&c, path, err) != -1)
         return 0;
     if (!strstr(err, "bad.conf") || (w1 && !strstr(err, w1)) || (w2 && !strstr(err, w2))) {
         fprintf(stderr, "unexpected message: %s\n", err);
@@ -102,8 +105,8 @@ static void file_errors_name_key_file_and_line(void)
 static void missing_file(void)
 {
     config c;
-    config_defaults(&c);
     char err[ERR_MAX];
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     char path[1024];
     snprintf(path, sizeof path, "%s/absent.conf", test_tmpdir());
     CHECK_EQ(config_load(&c, path, err), -1);
@@ -113,8 +116,8 @@ static void missing_file(void)
 static void set_single_keys(void)
 {
     config c;
-    config_defaults(&c);
     char err[ERR_MAX];
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK_EQ(config_set(&c, "kv_budget_mb", "0", err), 0);
     CHECK_EQ(c.kv_budget_mb, 0);
     CHECK_EQ(config_set(&c, "admin_group", "wheel", err), 0);
@@ -139,7 +142,7 @@ static void semantic_keys(void)
 {
     config c;
     char err[ERR_MAX];
-    config_defaults(&c);
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK_EQ(c.rerank_stream_weights, 1);
     CHECK_EQ(c.rerank_yes_token, -1);
     CHECK_EQ(c.rerank_model[0], '\0');
@@ -160,7 +163,7 @@ static void model_lines(void)
 {
     config c;
     char err[ERR_MAX];
-    config_defaults(&c);
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK(config_known("model.bge-small") && !config_known("model.") &&
           !config_known("model.a/b"));
     CHECK_EQ(config_set(&c, "model.bge", "/m/bge.gguf", err), 0);
@@ -186,14 +189,182 @@ static void model_lines(void)
     }
     CHECK(config_set(&c, "model.one-more", "/m/x.gguf", err) < 0);
     /* model.NAME lines alone satisfy the check (models_open finds the generate one) */
-    config_defaults(&c);
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
     CHECK(config_check(&c, err) < 0);
     CHECK_EQ(config_set(&c, "model.chat", "/m/q.gguf generate", err), 0);
     CHECK_EQ(config_check(&c, err), 0);
 }
 
-int main(void)
+/* The repository's root (where daemon/config.c is): the working directory (tests/run.sh
+ * runs there), else found above the test program (build/tests/daemon or
+ * build/asan/tests/daemon). "" when neither has it. */
+static char root[PATH_MAX];
+
+static void find_root(const char *argv0)
 {
+    char self[PATH_MAX], probe[PATH_MAX + 32];
+    if (getcwd(root, sizeof root)) {
+        snprintf(probe, sizeof probe, "%s/daemon/config.c", root);
+        if (access(probe, R_OK) == 0)
+            return;
+    }
+    snprintf(self, sizeof self, "%s", argv0);
+    char *dir = realpath(dirname(self), NULL);
+    for (int up = 3; dir && up <= 4; up++) {
+        snprintf(probe, sizeof probe, "%s%s/daemon/config.c", dir,
+                 up == 3 ? "/../../.." : "/../../../..");
+        if (access(probe, R_OK) == 0) {
+            snprintf(root, sizeof root, "%s%s", dir, up == 3 ? "/../../.." : "/../../../..");
+            free(dir);
+            return;
+        }
+    }
+    free(dir);
+    root[0] = '\0';
+}
+
+/* The whole of a file, NUL-terminated (free it), or NULL. */
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    char buf[8192];
+    size_t n;
+    while (mem && (n = fread(buf, 1, sizeof buf, f)) > 0)
+        fwrite(buf, 1, n, mem);
+    if (mem)
+        fclose(mem);
+    fclose(f);
+    return text;
+}
+
+/* The documentation in format, NUL-terminated (free it), or NULL. */
+static char *generate(config_doc format)
+{
+    char *text = NULL, err[ERR_MAX];
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem)
+        return NULL;
+    int rc = config_print_settings(mem, format, err);
+    fclose(mem);
+    if (rc) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* Line number (have's first is line) and text of the first line where have and want
+ * differ. */
+static void first_difference(const char *have, const char *want, int line, char *out,
+                             size_t cap)
+{
+    const char *h = have, *w = want;
+    while (*h && *h == *w) {
+        if (*h == '\n') {
+            line++;
+            have = h + 1;
+            want = w + 1;
+        }
+        h++;
+        w++;
+    }
+    snprintf(out, cap, "line %d: has '%.*s', the table makes '%.*s'", line,
+             (int)strcspn(have, "\n"), have, (int)strcspn(want, "\n"), want);
+}
+
+/* Checks that the file at root/relative holds what the table makes in format: the whole
+ * file (the sample), or from the generated text's first line (a marker) on. Skips when
+ * the file is absent. */
+static void check_generated(const char *relative, config_doc format)
+{
+    if (!root[0])
+        SKIP("no source tree (daemon/config.c) here or above the test program");
+    char path[PATH_MAX + 64], why[512] = "";
+    snprintf(path, sizeof path, "%s/%s", root, relative);
+    char *file = read_all(path);
+    if (!file)
+        SKIP("%s is not in %s", relative, root);
+    char *made = generate(format);
+    const char *have = format == CONFIG_DOC_MARKDOWN ? strstr(file, CONFIG_DOC_BEGIN) : file;
+    int ok = 0;
+    if (!made)
+        snprintf(why, sizeof why, "config_print_settings failed");
+    else if (!have)
+        snprintf(why, sizeof why, "no line '%s'", CONFIG_DOC_BEGIN);
+    else if (format == CONFIG_DOC_MARKDOWN)
+        ok = strncmp(have, made, strlen(made)) == 0;
+    else
+        ok = strcmp(have, made) == 0;
+    if (made && have && !ok) {
+        int line = 1;
+        for (const char *p = file; p < have; p++)
+            line += *p == '\n';
+        first_difference(have, made, line, why, sizeof why);
+    }
+    free(file);
+    free(made);
+    CHECK_MSG(ok, "%s is stale (%s): run `make settings-docs` to regenerate it from the table "
+                  "in daemon/config.c",
+              relative, why);
+}
+
+static void readme_table_is_current(void)
+{
+    check_generated("daemon/README.md", CONFIG_DOC_MARKDOWN);
+}
+
+static void sample_conf_is_current(void)
+{
+    check_generated("systemd/llmsd.conf", CONFIG_DOC_CONF);
+}
+
+/* The sample llmsd.conf sets every key to its default, the keys without one aside. */
+static void sample_conf_sets_the_defaults(void)
+{
+    char *sample = generate(CONFIG_DOC_CONF);
+    CHECK(sample);
+    const char *path = write_file("sample.conf", sample);
+    free(sample);
+    CHECK(path);
+    config want, have;
+    char err[ERR_MAX];
+    CHECK_MSG(config_defaults(&want, err) == 0, "%s", err);
+    CHECK_MSG(config_defaults(&have, err) == 0, "%s", err);
+    CHECK_MSG(config_load(&have, path, err) == 0, "%s", err);
+    CHECK_EQ(config_check(&have, err), 0);
+    CHECK(have.model[0] && have.rerank_model[0] && have.n_models == 0);
+    memcpy(want.model, have.model, sizeof want.model);
+    memcpy(want.rerank_model, have.rerank_model, sizeof want.rerank_model);
+    CHECK(memcmp(&want, &have, sizeof want) == 0);
+}
+
+/* --help shows each key with its default, model.NAME after model, and the groups. */
+static void help_lists_keys_with_defaults(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    CHECK(mem);
+    config_print_keys(mem);
+    fclose(mem);
+    int ok = strstr(text, "  --kv_budget_mb") && strstr(text, "(default 1024)\n") &&
+             strstr(text, "(default 0660)\n") && strstr(text, "\nConnections:\n") &&
+             strstr(text, "  --model.NAME") &&
+             strstr(text, "  --model ") < strstr(text, "  --model.NAME") && !strchr(text, '`');
+    free(text);
+    CHECK(ok);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    find_root(argv[0]);
     RUN(defaults);
     RUN(file_with_comments);
     RUN(file_errors_name_key_file_and_line);
@@ -201,5 +372,9 @@ int main(void)
     RUN(set_single_keys);
     RUN(semantic_keys);
     RUN(model_lines);
+    RUN(readme_table_is_current);
+    RUN(sample_conf_is_current);
+    RUN(sample_conf_sets_the_defaults);
+    RUN(help_lists_keys_with_defaults);
     return test_finish();
 }

@@ -29,7 +29,8 @@ static int env_open(env *e, const char *name, int budget, int stride, int n)
 {
     char err[ERR_MAX], dir[512];
     memset(e, 0, sizeof *e);
-    config_defaults(&e->cfg);
+    if (config_defaults(&e->cfg, err))
+        return -1;
     e->cfg.predict_budget = budget;
     e->cfg.predict_stride = stride;
     e->cfg.predict_warm = 0;

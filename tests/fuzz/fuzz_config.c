@@ -22,8 +22,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(text);
         return 0;
     }
-    config_defaults(c);
     char err[ERR_MAX];
+    if (config_defaults(c, err))
+        abort();
     for (char *line = text, *next; line; line = next) {
         next = strchr(line, '\n');
         if (next)

@@ -280,7 +280,7 @@ static void example_config_matches_daemon(void)
     char path[1100], err[ERR_MAX];
     fmt(path, sizeof path, "%s/systemd/llmsd.conf", srcdir);
     config cfg;
-    config_defaults(&cfg);
+    CHECK_MSG(config_defaults(&cfg, err) == 0, "%s", err);
     CHECK_MSG(config_load(&cfg, path, err) == 0, "%s", err);
     CHECK_MSG(config_check(&cfg, err) == 0, "%s", err);
 
