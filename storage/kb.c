@@ -208,8 +208,8 @@ int store_kb_drop_step(store *s, int64_t kb_id, int max_rows, bool *done, char e
     /* passages, then documents, then QA entries (each table by its kb_id index), each
      * slice its own transaction; the knowledge base's row goes last */
     static const char *const sqls[] = {
-        "DELETE FROM kb_passages WHERE id IN (SELECT p.id FROM kb_docs d JOIN kb_passages p"
-        " ON p.doc_id = d.id WHERE d.kb_id = ?1 LIMIT ?2)",
+        ("DELETE FROM kb_passages WHERE id IN (SELECT p.id FROM kb_docs d JOIN kb_passages p"
+         " ON p.doc_id = d.id WHERE d.kb_id = ?1 LIMIT ?2)"),
         "DELETE FROM kb_docs WHERE id IN (SELECT id FROM kb_docs WHERE kb_id = ?1 LIMIT ?2)",
         "DELETE FROM qa_bank WHERE id IN (SELECT id FROM qa_bank WHERE kb_id = ?1 LIMIT ?2)",
         "DELETE FROM kbs WHERE id = ?1",
