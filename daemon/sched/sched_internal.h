@@ -1,0 +1,429 @@
+/*
+ * sched_internal.h — what the worker's files share (the files of daemon/sched/, not the
+ * rest of the daemon): the scheduler's state (struct sched), the apps it queues for, the work it
+ * admits (work), a generation (gen), and the few functions one file calls in another.
+ *
+ * The files, by concern:
+ *   sched.c     the worker thread and its loop, the replies, one batched step
+ *   admit.c     apps, their queues, the inbox's jobs, admission and reaping
+ *   work.c      an admitted request's life: start, failure, end
+ *   generate.c  a generation (Call, Complete, RagQuery, a graph's generation node)
+ *   graphrun.c  GraphRun: its nodes and their speculation
+ *   idle.c      idle-time work: layer calibration, IVF training and hot copies,
+ *               prediction
+ *   genset.c    the generate models served and lookups over all their contexts
+ *   admin.c     the requests answered at once: contexts, status, models
+ * Everything runs on the worker thread, except where a field says "under lock".
+ */
+#ifndef LLMS_SCHED_INTERNAL_H
+#define LLMS_SCHED_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "daemon/ctx/ctxmgr.h"
+#include "daemon/graph/graphs.h"
+#include "daemon/models/genmodel.h"
+#include "daemon/rag/kb.h"
+#include "daemon/rag/predict.h"
+#include "daemon/rag/rag.h"
+#include "daemon/sched/sched.h"
+#include "daemon/sched/semantic.h"
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/sampler.h"
+#include "engine/tok/stop.h"
+#include "engine/tok/utf8.h"
+
+#define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
+#define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
+#define SCHED_GEN_MAX 8       /* generate models served at once */
+
+typedef struct app_state {
+    uint32_t uid;
+    char name[SCHED_APP_MAX + 1];
+    int n_conns;
+    int n_queued;                  /* requests of every kind waiting or running */
+    sched_job *pend_head, *pend_tail;
+    long deficit[SCHED_GEN_MAX];   /* rows of long work it may still take on each generate
+                                      model (round robin per model) */
+    struct app_state *next;
+} app_state;
+
+/* A Call's, Complete's, RagQuery's or graph generation node's generation. */
+typedef struct gen {
+    genmodel *gm;          /* the model it runs on */
+    ctx_entry *c;          /* NULL for Complete and RagQuery */
+    rag_query *rq;         /* RagQuery: its passages, prompt and caches */
+    kv_seq own_seq;        /* Complete's KV */
+    kv_seq *seq;
+    int32_t *hist;         /* (limit or more) what the model sees: the context's window, the
+                              turn's tokens, the generated (a slide cuts the middle) */
+    int n_hist;
+    int n_base;            /* tokens of the context before this call */
+    int32_t *turn;         /* (n_turn) the tokens the turn adds */
+    int n_turn;
+    int32_t *reply;        /* (reply_cap) every generated token, also those a slide
+                              took out of hist */
+    int reply_cap;
+    int limit;             /* most tokens hist may reach */
+    int max_gen, n_gen;
+    bool window;           /* a full hist slides (the context's overflow is WINDOW) */
+    int sink_want;         /* tokens the window's sink should hold (prompt_sink_tokens) */
+    int slides;            /* of the window, in this call */
+    bool refill;           /* after a slide: the kept tokens are evaluated again (long
+                              work) before the next decode row */
+    bool switched_in;      /* a Call's chunks are all resident and locked */
+    bool prefilled;        /* the prompt is evaluated: one decode row per step */
+    int n_eval;            /* tokens the prompt evaluation computed */
+    const char *user_role;
+    char *shown;           /* text released to the client (stop strings held back) */
+    size_t shown_len, shown_cap;
+    utf8_stream utf8;      /* a character a token left unfinished waits here */
+    sampler *smp;
+    stop_matcher stop;
+    bool done;
+    Llms__ErrorCode err_code;  /* of a failed step */
+    Llms__StopReason reason;
+    int64_t t_start, t_first, t_end, t_last_token;
+} gen;
+
+/* Speculation counts: of a run, and of the daemon since it started. */
+typedef struct spec_stats {
+    uint64_t started, hits, rollbacks;
+    double saved_ms;       /* how long kept work that had done something (a generation
+                              with KV, a retrieval past a sub-stage) ran before its input
+                              was final */
+} spec_stats;
+
+/* What a graph generation node asks of gen_new; code and err come back on failure. */
+typedef struct graph_gen {
+    const char *prompt;
+    bool chat;
+    const Llms__GenerationParams *node_params, *run_params;
+    Llms__ErrorCode code;
+    char *err;
+} graph_gen;
+
+/* One admitted request. */
+/* A GraphRun's state (graphrun.c). */
+typedef struct graph_work graph_work;
+
+typedef struct work {
+    sched_job *job;
+    app_state *app;
+    int64_t deadline_ns;   /* CLOCK_MONOTONIC; 0: none */
+    bool cancelled;        /* Cancel, a closed connection, shutdown */
+    bool quiet;            /* nobody to answer: the connection is gone */
+    bool answered;         /* a task finished and answered its request */
+    bool failed;           /* the engine failed it: answer fail_code, fail_msg */
+    Llms__ErrorCode fail_code;
+    char fail_msg[ERR_MAX];
+    gen *g;                /* Call, Complete, RagQuery, a GraphRun's generation node */
+    sem_task *t;           /* Embed, Rerank, RerankCalibrate */
+    kb_task *kt;           /* KbAdd, KbDrop */
+    graph_work *gw;        /* GraphRun */
+    genmodel *gm;          /* the model its forwards run on (tasks: the default's) */
+    size_t kv_reserved;    /* KV bytes admission counted for it on gm (kv_need) */
+} work;
+
+/* One sequence of a step's forward. */
+typedef struct step_seq {
+    work *w;
+    kv_seq *seq;
+    model_batch b;
+    int from;              /* entries of the sequence before the step */
+    int32_t last_row;      /* out row of a generation's batch */
+    bool failed;
+} step_seq;
+
+typedef struct step_stat {
+    int64_t end_ns;
+    double ms;
+    int rows;
+    double stall_ms;       /* longest gap between two tokens of a stream, this step */
+} step_stat;
+
+struct sched {
+    sched_env env;
+    bool serial;           /* sched = serial: one forward per sequence, long work whole */
+    /* Every generate model, slot 0 the default (the registry's first generate model:
+     * decoder embeddings, RagQuery, GraphRun and prediction run on it), NULL where none;
+     * each has its runner, pool, contexts and share of kv_budget_mb. */
+    genmodel *gm[SCHED_GEN_MAX];
+    int max_batch;         /* the largest of their runners' rows: the step arrays' size */
+    semantic *sem;         /* Embed, Rerank, RerankCalibrate */
+    kbm *kb;               /* knowledge bases */
+    rag *rag;              /* RagQuery and its caches */
+    graphs_env graphs;     /* apps' workflow graphs */
+    predict *predict;      /* idle-time prediction (predict.h) */
+    /* The prediction work: one at a time, outside the active set, stepped only while no
+     * engine request is queued or running and none came for idle_after_ms. */
+    work *pred;
+    bool pred_paused;      /* a real request came while it was unfinished */
+    /* A job was submitted: an idle-time forward running (prediction, a layer
+     * calibration) stops at its next layer (the worker then answers the job, and the
+     * forward runs again later). Set by sched_submit, cleared by idle_claim under lock
+     * with the queue empty. */
+    _Atomic bool idle_preempt;
+    bool pred_cached;      /* the predicted query just begun had nothing to compute */
+    predict_task pred_task;
+    sched_job pred_job;    /* its request, built here (pred_start) */
+    Llms__Request pred_req;
+    Llms__RagQueryRequest pred_rag;
+    Llms__CompleteRequest pred_complete;
+    Llms__GenerationParams pred_params;
+    int64_t last_req_ns;   /* the last engine request came or ended (CLOCK_MONOTONIC) */
+    int32_t *positions;    /* (n_ctx) 0, 1, 2, ... */
+    step_seq *steps;       /* (max_batch) */
+    kv_seq **step_seqs;    /* (max_batch) */
+    model_batch *step_batches; /* (max_batch) */
+
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    sched_job *in_head, *in_tail; /* under lock */
+    bool writes_done;             /* under lock: a background chunk write is done */
+
+    app_state *apps;
+    app_state *rr;         /* the app admission starts after */
+    app_state *drr_next[SCHED_GEN_MAX]; /* the app each model's long work goes to first */
+    work *active[SCHED_MAX_ACTIVE];
+    int n_active;
+    int n_pending;
+    bool shutting;
+    int64_t start_ms;
+    atomic_uint n_connections;
+    atomic_uint n_contexts;
+
+    step_stat stats[SCHED_STATS]; /* ring */
+    uint64_t n_steps;
+    double step_stall_ms;  /* longest token gap seen in the step running */
+    spec_stats spec;       /* graph runs' speculation, summed */
+};
+
+static inline int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+
+/* Whether a job's KV fits its model's share of the budget now (kv_fit). */
+enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
+
+/* ---- sched.c ---- */
+
+/* Queues a reply for the connection (droppable: a stream's chunk a slow reader may lose). */
+void send_resp(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable);
+
+/* Answers the job's request with an error, and logs it. */
+void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Answers the job's request with Ok. */
+void send_ok(sched *s, const sched_job *j);
+
+/* Frees a job and its request (NULL is fine). */
+void job_free(sched_job *j);
+
+/* Adds rows [from, from + n) of w's generation to the step (s->steps[*n_seq]). */
+void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n);
+
+/* Gives long work a slice of take rows; returns the rows it took. */
+int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take);
+
+/* Claims the KV the step's generations append on gm, failing those that do not fit. */
+void step_claim(sched *s, genmodel *gm, int n_seq);
+
+/* Runs the step's forward on gm; true when it stopped at the runner's abort flag. */
+bool step_forward(sched *s, genmodel *gm, int n_seq);
+
+/* Takes what the step's forward produced: tokens, attention statistics, pooled rows. */
+void step_collect(sched *s, int n_seq);
+
+/* Records a step that began at t0 for the status. */
+void step_record(sched *s, int64_t t0, int rows);
+
+/* Rows the step's sequences that did not fail evaluated. */
+int step_rows(const sched *s, int n_seq);
+
+/* The swap-out thread's notice that a write is done (ctx_set_write_notify). */
+void sched_writes_done(void *arg);
+
+/* ---- admit.c ---- */
+
+/* The record of app (uid, name), made when there is none; NULL when memory runs out. */
+app_state *app_get(sched *s, uint32_t uid, const char *name);
+
+/* Frees an app's record once it has no connection and no request. */
+void app_reclaim(sched *s, app_state *a);
+
+/* A job's deadline (CLOCK_MONOTONIC), 0 when it has no timeout. */
+int64_t job_deadline(const sched_job *j);
+
+/* Removes (and answers unless quiet) pending jobs; returns how many. */
+int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
+                bool quiet, Llms__ErrorCode code, const char *msg);
+
+/* Whether a request uses the engine (and is queued). */
+bool is_engine_request(Llms__Request__BodyCase body);
+
+/* Queues a request that uses the engine, or answers why not. */
+void handle_engine_request(sched *s, sched_job *j);
+
+/* Cancel: a queued or running request of the connection stops. */
+void handle_cancel(sched *s, sched_job *j);
+
+/* One job of the inbox (frees it). */
+void handle_job(sched *s, sched_job *j);
+
+/* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold; 0 for other work. */
+size_t kv_need(const sched *s, const genmodel *gm, const sched_job *j, const ctx_entry *c);
+
+/* Whether need bytes of KV fit beside what gm's running work may reach. */
+enum kv_fit kv_fit(const sched *s, const genmodel *gm, const sched_job *j, size_t need,
+                   int64_t now);
+
+/* Admits pending jobs, one per app in turn, while there is room. */
+void admit(sched *s);
+
+/* Ends work that is over and answers queued requests whose deadline passed. */
+void reap(sched *s);
+
+/* ---- work.c ---- */
+
+/* Starts an admitted job on gm; NULL when it was answered instead (and freed). */
+work *work_start(sched *s, genmodel *gm, sched_job *j, app_state *a, ctx_entry *c);
+
+void work_free(work *w);
+
+/* Marks the work failed; the next reap answers it and ends it. */
+void work_fail(work *w, Llms__ErrorCode code, const char *msg);
+
+/* Whether the work is over: finished, failed, cancelled or past its deadline (now). */
+bool work_over(const work *w, int64_t now);
+
+/* Ends work that is over: its answer, its place in the app's count; frees it. */
+void work_end(sched *s, work *w);
+
+/* Whether the work still has long work rather than at most one decode row per step. */
+bool work_is_long(const work *w);
+
+/* Rows of long work the work has left. */
+long work_rows_left(const work *w);
+
+/* ---- generate.c ---- */
+
+/* A Call's, Complete's or RagQuery's generation, or with gg a graph node's; NULL after
+ * answering the job (gg: with the error in gg). */
+gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen *gg);
+
+void gen_free(gen *g);
+
+/* Releases text the stop strings let through to the reply and the stream (last: the end). */
+void release_text(sched *s, const work *w, const char *text, size_t n, bool last,
+                  const int32_t *tok, int n_tok);
+
+/* The generation is done, for reason. */
+void finish(gen *g, Llms__StopReason reason);
+
+/* Whether the generation adds one decode row per step. */
+bool gen_decoding(const gen *g);
+
+/* Takes the token sampled from logits. */
+void take_token(sched *s, work *w, const float *logits);
+
+/* A Call's switch-in; -1 with g->err_code and err on failure. */
+int gen_switch_in(gen *g, char err[ERR_MAX]);
+
+/* Ends a generation: persists a Call's turn and answers (or the error engine_err). */
+void gen_end(sched *s, work *w, const char *engine_err);
+
+/* ---- graphrun.c ---- */
+
+/* Opens a GraphRun's graph and starts its run; NULL after answering the job. */
+graph_work *graph_work_new(sched *s, const sched_job *j);
+
+void graph_work_free(graph_work *gw);
+
+/* Ends a graph run that is over: its error when unanswered, the log line. */
+void graph_end(sched *s, work *w);
+
+/* Moves every running graph on as far as it goes without the engine. */
+void advance_graphs(sched *s);
+
+/* ---- idle.c ---- */
+
+/* Each runs one piece of its idle-time work when the daemon is idle; whether it did. */
+bool calib_run(sched *s);
+bool drop_run(sched *s);
+bool train_run(sched *s);
+bool hot_run(sched *s);
+
+/* One step of prediction work when the daemon is idle. */
+void pred_run(sched *s);
+
+/* Ends the prediction work: kept (complete) or dropped. */
+void pred_end(sched *s, bool complete);
+
+/* How long the worker may sleep before idle-time work is due: -1 until a job comes. */
+int64_t idle_wait_ns(sched *s);
+
+/* ---- genset.c ---- */
+
+/* The slot of a generate model in s->gm. */
+int gm_slot(const sched *s, const genmodel *gm);
+
+/* The running generate model of a registry entry, NULL when it has none. */
+genmodel *gm_of_entry(const sched *s, const models_entry *me);
+
+/* The generate model a context belongs to. */
+genmodel *gm_of_ctx(const sched *s, const ctx_entry *c);
+
+/* The name of the model a context belongs to. */
+const char *ctx_model_name(const sched *s, const ctx_entry *c);
+
+/* Every context, model by model, each model's oldest first. */
+ctx_entry *ctx_all_first(sched *s);
+ctx_entry *ctx_all_next(sched *s, const ctx_entry *c);
+
+/* The context with this id of app (uid, app), or of any app when app is NULL. */
+ctx_entry *ctx_find_all(sched *s, const char *id, uint32_t uid, const char *app);
+
+int ctx_count_all_app(const sched *s, uint32_t uid, const char *app);
+int ctx_count_all(const sched *s);
+
+/* Generate models served. */
+int gm_count(const sched *s);
+
+/* Gives each generate model its equal share of kv_budget_mb. */
+void kv_budget_split(sched *s);
+
+/* Serves the generate model me in a free slot (tok: its tokenizer lent, NULL: its own). */
+int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX]);
+
+/* A generate model loaded at run time; its contexts move to it. */
+int gm_load(sched *s, models_entry *me, char err[ERR_MAX]);
+
+/* Whether a generate model may be unloaded; -1 + err naming what holds it. */
+int gm_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]);
+
+/* ---- admin.c ---- */
+
+/* A request: queued when it uses the engine, else answered at once (frees the job). */
+void handle_request(sched *s, sched_job *j);
+
+#endif
