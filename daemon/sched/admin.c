@@ -52,7 +52,7 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
                                                         : LLMS__OVERFLOW__OVERFLOW_WINDOW;
     info->window_slides = c->window_slides;
     info->window_dropped_tokens = (uint64_t)c->window_dropped;
-    info->model = (char *)ctx_model_name(s, c);
+    info->model = (char *)genset_ctx_model(s, c);
     if (history) {
         size_t n = 0;
         if (c->system_prompt) {
@@ -83,7 +83,7 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
     if (limit > SCHED_LIST_PAGE)
         limit = SCHED_LIST_PAGE;
     uint32_t total = 0;
-    for (ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
+    for (ctx_entry *c = genset_ctx_first(s); c; c = genset_ctx_next(s, c))
         total += all || (c->uid == j->uid && strcmp(c->app_name, j->app) == 0);
     uint32_t n = offset < total ? total - offset : 0;
     if (n > limit)
@@ -93,11 +93,11 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
     if (!infos || !ptrs) {
         free(infos);
         free(ptrs);
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     uint32_t k = 0, seen = 0;
-    for (ctx_entry *c = ctx_all_first(s); c && k < n; c = ctx_all_next(s, c)) {
+    for (ctx_entry *c = genset_ctx_first(s); c && k < n; c = genset_ctx_next(s, c)) {
         if (!all && (c->uid != j->uid || strcmp(c->app_name, j->app) != 0))
             continue;
         if (seen++ < offset)
@@ -116,7 +116,7 @@ static void send_contexts(sched *s, const sched_job *j, bool all)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_CONTEXTS;
     r.contexts = &lr;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     free(infos);
     free(ptrs);
 }
@@ -126,12 +126,12 @@ static void handle_get_context(sched *s, const sched_job *j)
     Llms__GetContextRequest *g = j->req->get_context;
     bool any = g->has_any_app && g->any_app;
     if (any && !j->admin) {
-        send_error(s, j, LLMS__ERROR_CODE__PERMISSION_DENIED, "any_app is an admin option");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__PERMISSION_DENIED, "any_app is an admin option");
         return;
     }
-    ctx_entry *c = ctx_find_all(s, g->context_id, j->uid, any ? NULL : j->app);
+    ctx_entry *c = genset_ctx_find(s, g->context_id, j->uid, any ? NULL : j->app);
     if (!c) {
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", g->context_id);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", g->context_id);
         return;
     }
     bool history = g->has_include_history && g->include_history;
@@ -143,7 +143,7 @@ static void handle_get_context(sched *s, const sched_job *j)
         if (!hist || !hmsgs) {
             free(hist);
             free(hmsgs);
-            send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
             return;
         }
     }
@@ -171,7 +171,7 @@ static void handle_get_context(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_CONTEXT;
     r.context = &info;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     free(hist);
     free(hmsgs);
     free(chunks);
@@ -183,31 +183,31 @@ static void handle_get_context(sched *s, const sched_job *j)
 static void handle_create(sched *s, const sched_job *j)
 {
     Llms__CreateContextRequest *cr = j->req->create_context;
-    int have = ctx_count_all_app(s, j->uid, j->app);
+    int have = genset_ctx_count_app(s, j->uid, j->app);
     if (have >= s->env.cfg->max_contexts_per_app) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "app has %d contexts, the limit (max_contexts_per_app)", have);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "app has %d contexts, the limit (max_contexts_per_app)", have);
         return;
     }
     int of_uid = 0;
-    for (const ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
+    for (const ctx_entry *c = genset_ctx_first(s); c; c = genset_ctx_next(s, c))
         of_uid += c->uid == j->uid;
     if (of_uid >= s->env.cfg->max_contexts_per_uid) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "uid %u has %d contexts over all its apps, the limit (max_contexts_per_uid)",
-                   j->uid, of_uid);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "uid %u has %d contexts over all its apps, the limit "
+                          "(max_contexts_per_uid)", j->uid, of_uid);
         return;
     }
     if (cr->defaults && cr->defaults->n_stop >= STOP_MAX) {
-        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "at most %d stop strings",
-                   STOP_MAX - 1);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "at most %d stop strings",
+                          STOP_MAX - 1);
         return;
     }
     if (cr->has_overflow && cr->overflow != LLMS__OVERFLOW__OVERFLOW_DEFAULT &&
         cr->overflow != LLMS__OVERFLOW__OVERFLOW_WINDOW &&
         cr->overflow != LLMS__OVERFLOW__OVERFLOW_REFUSE) {
-        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "overflow %d is neither window "
-                   "nor refuse", (int)cr->overflow);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "overflow %d is neither window "
+                          "nor refuse", (int)cr->overflow);
         return;
     }
     bool refuse = cr->has_overflow && cr->overflow != LLMS__OVERFLOW__OVERFLOW_DEFAULT
@@ -217,22 +217,22 @@ static void handle_create(sched *s, const sched_job *j)
     models_entry *me;
     Llms__ErrorCode code = models_resolve(s->env.reg, cr->model, MODELS_GENERATE, &me, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(s, j, code, "%s", err);
+        sched_reply_error(s, j, code, "%s", err);
         return;
     }
-    ctxmgr *cm = gm_of_entry(s, me)->cm;
+    ctxmgr *cm = genset_of_entry(s, me)->cm;
     ctx_entry *c;
     if (ctx_create(cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
     if (ctx_set_model(cm, c, me->name, err) ||
         (refuse && ctx_set_overflow(cm, c, CTX_OVERFLOW_REFUSE, err))) {
         ctx_delete(cm, c, ignored);
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
-    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
+    atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
     Llms__CreateContextResponse cc = LLMS__CREATE_CONTEXT_RESPONSE__INIT;
     cc.context_id = c->id;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -240,37 +240,39 @@ static void handle_create(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_CREATE_CONTEXT;
     r.create_context = &cc;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
 }
 
 static void handle_delete(sched *s, const sched_job *j)
 {
     const char *id = j->req->delete_context->context_id;
-    ctx_entry *c = ctx_find_all(s, id, j->uid, j->app);
+    ctx_entry *c = genset_ctx_find(s, id, j->uid, j->app);
     char err[ERR_MAX];
     if (!c)
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
     else if (c->busy)
-        send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "context '%s' has a call running", id);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                          "context '%s' has a call running", id);
     else if (ctx_delete(c->cm, c, err))
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "delete context: %s", err);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "delete context: %s", err);
     else {
-        atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
-        send_ok(s, j);
+        atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
+        sched_reply_ok(s, j);
     }
 }
 
 static void handle_evict(sched *s, const sched_job *j)
 {
     const char *id = j->req->evict_context->context_id;
-    ctx_entry *c = ctx_find_all(s, id, 0, NULL);
+    ctx_entry *c = genset_ctx_find(s, id, 0, NULL);
     if (!c)
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);
     else if (c->busy)
-        send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "context '%s' has a call running", id);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                          "context '%s' has a call running", id);
     else {
         ctx_evict(c->cm, c);
-        send_ok(s, j);
+        sched_reply_ok(s, j);
     }
 }
 
@@ -423,7 +425,7 @@ static int model_infos_fill(sched *s, model_infos *mi)
         }
         x->resident_bytes = models_resident_bytes(e);
         x->scratch_bytes = models_scratch_bytes(e);
-        const genmodel *gm = gm_of_entry(s, e);
+        const genmodel *gm = genset_of_entry(s, e);
         x->running = (uint32_t)e->running;
         if (gm) {
             x->scratch_bytes += model_runner_scratch_bytes(gm->runner);
@@ -544,7 +546,7 @@ static void handle_status(sched *s, const sched_job *j)
     st.cost_models = &cost;
     model_infos mi;
     if (model_infos_fill(s, &mi) < 0) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     st.n_models = mi.n;
@@ -559,7 +561,7 @@ static void handle_status(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_STATUS;
     r.status = &st;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     model_infos_free(&mi);
 }
 
@@ -567,7 +569,7 @@ static void handle_list_models(sched *s, const sched_job *j)
 {
     model_infos mi;
     if (model_infos_fill(s, &mi) < 0) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     Llms__ListModelsResponse lm = LLMS__LIST_MODELS_RESPONSE__INIT;
@@ -578,7 +580,7 @@ static void handle_list_models(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_MODELS;
     r.models = &lm;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     model_infos_free(&mi);
 }
 
@@ -590,7 +592,7 @@ static const tokenizer *model_tokenizer(sched *s, const char *name, Llms__ErrorC
     models_entry *me;
     *code = models_resolve(s->env.reg, name, MODELS_GENERATE, &me, err);
     if (*code == LLMS__ERROR_CODE__OK)
-        return gm_of_entry(s, me)->tok;
+        return genset_of_entry(s, me)->tok;
     if (*code != LLMS__ERROR_CODE__INVALID_ARGUMENT)
         return NULL;
     me = models_find(s->env.reg, name);
@@ -612,9 +614,9 @@ static void handle_tokens(sched *s, const sched_job *j)
     if (tok)
         code = tokreq_answer_build(tok, j->req, s->env.cfg->max_frame_bytes, &a, err);
     if (code != LLMS__ERROR_CODE__OK)
-        send_error(s, j, code, "%s", err);
+        sched_reply_error(s, j, code, "%s", err);
     else
-        send_resp(s, j->conn_id, &a.r, false);
+        sched_reply(s, j->conn_id, &a.r, false);
     if (tok)
         tokreq_answer_free(&a);
 }
@@ -630,32 +632,32 @@ static void handle_load_model(sched *s, const sched_job *j)
     for (size_t i = 0; i < q->n_roles; i++) {
         unsigned one;
         if (models_parse_roles(q->roles[i], &one, err) < 0 || !one || (roles & one)) {
-            send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "role %zu: each of generate, embed, rerank at most once", i);
+            sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                              "role %zu: each of generate, embed, rerank at most once", i);
             return;
         }
         roles |= one;
     }
-    if ((roles & MODELS_GENERATE) && gm_count(s) == SCHED_GEN_MAX) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "load: llmsd serves at most %d generate models", SCHED_GEN_MAX);
+    if ((roles & MODELS_GENERATE) && genset_count(s) == SCHED_GEN_MAX) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "load: llmsd serves at most %d generate models", SCHED_GEN_MAX);
         return;
     }
     Llms__ErrorCode code = models_load(s->env.reg, q->name, q->path, roles, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(s, j, code, "load: %s", err);
+        sched_reply_error(s, j, code, "load: %s", err);
         return;
     }
     models_entry *me = models_find(s->env.reg, q->name);
-    if ((me->roles & MODELS_GENERATE) && gm_load(s, me, err) < 0) {
+    if ((me->roles & MODELS_GENERATE) && genset_load(s, me, err) < 0) {
         char ignored[ERR_MAX];
         models_unload(s->env.reg, q->name, ignored);
-        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "load: %s", err);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT, "load: %s", err);
         return;
     }
     if (reqlog_enabled(REQLOG_INFO))
         fprintf(stderr, "llmsd: info: model '%s' loaded from %s\n", q->name, q->path);
-    send_ok(s, j);
+    sched_reply_ok(s, j);
 }
 
 static void handle_unload_model(sched *s, const sched_job *j)
@@ -663,24 +665,24 @@ static void handle_unload_model(sched *s, const sched_job *j)
     const char *name = j->req->unload_model->name;
     char err[ERR_MAX];
     models_entry *me = models_find(s->env.reg, name);
-    genmodel *gm = me ? gm_of_entry(s, me) : NULL;
+    genmodel *gm = me ? genset_of_entry(s, me) : NULL;
     if (gm && gm != s->gm[0] && me->running == 0) {
-        if (gm_unload_check(s, gm, err) < 0) {
-            send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "unload: %s", err);
+        if (genset_unload_check(s, gm, err) < 0) {
+            sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "unload: %s", err);
             return;
         }
-        s->gm[gm_slot(s, gm)] = NULL;
+        s->gm[genset_slot(s, gm)] = NULL;
         genmodel_free(gm);
-        kv_budget_split(s);
+        genset_split_budget(s);
     }
     Llms__ErrorCode code = models_unload(s->env.reg, name, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(s, j, code, "unload: %s", err);
+        sched_reply_error(s, j, code, "unload: %s", err);
         return;
     }
     if (reqlog_enabled(REQLOG_INFO))
         fprintf(stderr, "llmsd: info: model '%s' unloaded\n", name);
-    send_ok(s, j);
+    sched_reply_ok(s, j);
 }
 
 static void handle_profile(sched *s, const sched_job *j)
@@ -688,7 +690,7 @@ static void handle_profile(sched *s, const sched_job *j)
     char err[ERR_MAX];
     ctx_cost k;
     if (ctx_profile(s->gm[0]->cm, &k, err)) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "profile: %s", err);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "profile: %s", err);
         return;
     }
     Llms__ProfileResponse p = LLMS__PROFILE_RESPONSE__INIT;
@@ -705,7 +707,7 @@ static void handle_profile(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_PROFILE;
     r.profile = &p;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
 }
 
 static void handle_plan(sched *s, const sched_job *j)
@@ -718,17 +720,17 @@ static void handle_plan(sched *s, const sched_job *j)
     models_entry *me;
     Llms__ErrorCode code = models_resolve(s->env.reg, q->model, MODELS_GENERATE, &me, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(s, j, code, "plan: %s", err);
+        sched_reply_error(s, j, code, "plan: %s", err);
         return;
     }
     if (q->prompt_tokens == 0 || q->prompt_tokens > (uint32_t)cfg->n_ctx) {
-        send_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "plan: a prompt of %u tokens; the context window (n_ctx) holds 1 to %d",
-                   q->prompt_tokens, cfg->n_ctx);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                          "plan: a prompt of %u tokens; the context window (n_ctx) holds 1 to %d",
+                          q->prompt_tokens, cfg->n_ctx);
         return;
     }
-    if (genmodel_plan(gm_of_entry(s, me), cfg, (int)q->prompt_tokens, &p, err) < 0) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "plan: %s", err);
+    if (genmodel_plan(genset_of_entry(s, me), cfg, (int)q->prompt_tokens, &p, err) < 0) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "plan: %s", err);
         return;
     }
     FILE *f = open_memstream(&text, &len);
@@ -740,7 +742,7 @@ static void handle_plan(sched *s, const sched_job *j)
         }
     }
     if (!text) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "plan: out of memory");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "plan: out of memory");
         return;
     }
     Llms__PlanResponse pr = LLMS__PLAN_RESPONSE__INIT;
@@ -754,15 +756,15 @@ static void handle_plan(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_PLAN;
     r.plan = &pr;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     free(text);
 }
 
 static void handle_list_apps(sched *s, const sched_job *j)
 {
     /* Apps that have contexts are listed even when none is connected. */
-    for (ctx_entry *c = ctx_all_first(s); c; c = ctx_all_next(s, c))
-        app_get(s, c->uid, c->app_name);
+    for (ctx_entry *c = genset_ctx_first(s); c; c = genset_ctx_next(s, c))
+        admit_app(s, c->uid, c->app_name);
     size_t n = 0;
     for (app_state *a = s->apps; a; a = a->next)
         n++;
@@ -771,7 +773,7 @@ static void handle_list_apps(sched *s, const sched_job *j)
     if (!infos || !ptrs) {
         free(infos);
         free(ptrs);
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     size_t k = 0;
@@ -779,7 +781,7 @@ static void handle_list_apps(sched *s, const sched_job *j)
         llms__app_info__init(&infos[k]);
         infos[k].uid = a->uid;
         infos[k].app_name = a->name;
-        infos[k].n_contexts = (uint32_t)ctx_count_all_app(s, a->uid, a->name);
+        infos[k].n_contexts = (uint32_t)genset_ctx_count_app(s, a->uid, a->name);
         infos[k].queued_requests = (uint32_t)a->n_queued;
         infos[k].n_connections = (uint32_t)a->n_conns;
         ptrs[k] = &infos[k];
@@ -792,12 +794,12 @@ static void handle_list_apps(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_APPS;
     r.apps = &la;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
     free(infos);
     free(ptrs);
     for (app_state *a = s->apps, *next; a; a = next) {
         next = a->next;
-        app_reclaim(s, a);
+        admit_app_reclaim(s, a);
     }
 }
 
@@ -809,12 +811,12 @@ void handle_request(sched *s, sched_job *j)
     }
     if (kb_is_request(j->req->body_case)) {
         kb_handle(s->kb, j->conn_id, j->uid, j->app, j->req);
-        job_free(j);
+        sched_job_free(j);
         return;
     }
     if (graphs_is_request(j->req->body_case)) {
         graphs_handle(&s->graphs, j->conn_id, j->uid, j->app, j->req);
-        job_free(j);
+        sched_job_free(j);
         return;
     }
     switch (j->req->body_case) {
@@ -870,9 +872,9 @@ void handle_request(sched *s, sched_job *j)
         rag_handle_cache(s->rag, j->conn_id, j->uid, j->app, j->admin, j->req);
         break;
     default:
-        send_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED, "request body %d is not handled here",
-                   (int)j->req->body_case);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__UNIMPLEMENTED,
+                          "request body %d is not handled here", (int)j->req->body_case);
         break;
     }
-    job_free(j);
+    sched_job_free(j);
 }

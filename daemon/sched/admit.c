@@ -14,7 +14,7 @@
 
 /* ---- apps ---- */
 
-app_state *app_get(sched *s, uint32_t uid, const char *name)
+app_state *admit_app(sched *s, uint32_t uid, const char *name)
 {
     for (app_state *a = s->apps; a; a = a->next)
         if (a->uid == uid && strcmp(a->name, name) == 0)
@@ -32,7 +32,7 @@ app_state *app_get(sched *s, uint32_t uid, const char *name)
 /* Frees the record of an app that has no connection and no request left, so that
  * binding many names leaves nothing behind; its contexts do not need it (ListApps
  * lists apps with contexts from the contexts). Never called while a loop walks apps. */
-void app_reclaim(sched *s, app_state *a)
+void admit_app_reclaim(sched *s, app_state *a)
 {
     if (a->n_conns > 0 || a->n_queued > 0 || a->pend_head)
         return;
@@ -78,7 +78,7 @@ static void pend_unlink(sched *s, app_state *a, sched_job **pp, sched_job *prev)
     s->n_pending--;
 }
 
-int64_t job_deadline(const sched_job *j)
+int64_t admit_job_deadline(const sched_job *j)
 {
     return j->req->has_timeout_ms && j->req->timeout_ms
                ? j->queued_ns + (int64_t)j->req->timeout_ms * 1000000
@@ -89,7 +89,7 @@ int64_t job_deadline(const sched_job *j)
  * with expired set those whose deadline has passed; answers each with code unless
  * quiet. Returns how many were removed. */
 int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
-                       bool quiet, Llms__ErrorCode code, const char *msg)
+                bool quiet, Llms__ErrorCode code, const char *msg)
 {
     int removed = 0;
     int64_t now = expired ? mono_ns() : 0;
@@ -97,7 +97,7 @@ int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expi
         sched_job **pp = &a->pend_head, *prev = NULL;
         while (*pp) {
             sched_job *j = *pp;
-            bool match = expired ? job_deadline(j) && now >= job_deadline(j)
+            bool match = expired ? admit_job_deadline(j) && now >= admit_job_deadline(j)
                                  : (conn_id == 0 || j->conn_id == conn_id) &&
                                        (all || j->req->id == req_id);
             if (!match) {
@@ -109,8 +109,8 @@ int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expi
             a->n_queued--;
             removed++;
             if (!quiet)
-                send_error(s, j, code, "%s", msg);
-            job_free(j);
+                sched_reply_error(s, j, code, "%s", msg);
+            sched_job_free(j);
         }
     }
     return removed;
@@ -158,27 +158,27 @@ static bool generate_model_ok(sched *s, const sched_job *j)
         Llms__ErrorCode code =
             models_resolve(s->env.reg, j->req->complete->model, MODELS_GENERATE, &me, err);
         if (code != LLMS__ERROR_CODE__OK)
-            send_error(s, j, code, "%s", err);
+            sched_reply_error(s, j, code, "%s", err);
         return code == LLMS__ERROR_CODE__OK;
     }
     if (j->req->body_case != LLMS__REQUEST__BODY_CALL)
         return true;
     const Llms__CallRequest *cr = j->req->call;
-    const ctx_entry *c = ctx_find_all(s, cr->context_id, j->uid, j->app);
-    const char *model = ctx_model_name(s, c);
+    const ctx_entry *c = genset_ctx_find(s, cr->context_id, j->uid, j->app);
+    const char *model = genset_ctx_model(s, c);
     if (cr->model && cr->model[0] && strcmp(cr->model, model) != 0) {
-        send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "context '%s' belongs to model '%s', not '%.64s': a context runs on the "
-                   "model it was created with", c->id, model, cr->model);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                          "context '%s' belongs to model '%s', not '%.64s': a context runs on the "
+                          "model it was created with", c->id, model, cr->model);
         return false;
     }
-    if (strcmp(model, gm_of_ctx(s, c)->me->name) == 0)
+    if (strcmp(model, genset_of_ctx(s, c)->me->name) == 0)
         return true;
     char names[256];
     gm_names(s, names, sizeof names);
-    send_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-               "context '%s' belongs to model '%s', which is not loaded (the generate models: "
-               "%s); its history is kept", c->id, model, names);
+    sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                      "context '%s' belongs to model '%s', which is not loaded (the generate "
+                      "models: %s); its history is kept", c->id, model, names);
     return false;
 }
 
@@ -194,43 +194,44 @@ void handle_engine_request(sched *s, sched_job *j)
         predict_count_preempted(s->predict);
     }
     if (s->shutting) {
-        send_error(s, j, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
-        job_free(j);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+        sched_job_free(j);
         return;
     }
-    app_state *a = app_get(s, j->uid, j->app);
+    app_state *a = admit_app(s, j->uid, j->app);
     if (!a) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        job_free(j);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_job_free(j);
         return;
     }
     if (j->req->body_case == LLMS__REQUEST__BODY_CALL &&
-        !ctx_find_all(s, j->req->call->context_id, j->uid, j->app)) {
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", j->req->call->context_id);
-        job_free(j);
-        app_reclaim(s, a);
+        !genset_ctx_find(s, j->req->call->context_id, j->uid, j->app)) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
+                          j->req->call->context_id);
+        sched_job_free(j);
+        admit_app_reclaim(s, a);
         return;
     }
     if (!generate_model_ok(s, j)) {
-        job_free(j);
-        app_reclaim(s, a);
+        sched_job_free(j);
+        admit_app_reclaim(s, a);
         return;
     }
     if (a->n_queued >= s->env.cfg->max_queued_per_app) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "app has %d requests queued or running, the limit (max_queued_per_app)",
-                   a->n_queued);
-        job_free(j);
-        app_reclaim(s, a);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "app has %d requests queued or running, the limit (max_queued_per_app)",
+                          a->n_queued);
+        sched_job_free(j);
+        admit_app_reclaim(s, a);
         return;
     }
     int of_uid = uid_queued(s, j->uid);
     if (of_uid >= s->env.cfg->max_queued_per_uid) {
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "uid %u has %d requests queued or running over all its apps, the limit "
-                   "(max_queued_per_uid)", j->uid, of_uid);
-        job_free(j);
-        app_reclaim(s, a);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "uid %u has %d requests queued or running over all its apps, the limit "
+                          "(max_queued_per_uid)", j->uid, of_uid);
+        sched_job_free(j);
+        admit_app_reclaim(s, a);
         return;
     }
     a->n_queued++;
@@ -251,10 +252,10 @@ void handle_cancel(sched *s, sched_job *j)
         }
     }
     if (found)
-        send_ok(s, j);
+        sched_reply_ok(s, j);
     else
-        send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no request %llu in flight",
-                   (unsigned long long)target);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no request %llu in flight",
+                          (unsigned long long)target);
 }
 
 static void cancel_conn(sched *s, uint64_t conn_id, bool quiet)
@@ -270,7 +271,7 @@ static void cancel_conn(sched *s, uint64_t conn_id, bool quiet)
     }
 }
 
-void handle_job(sched *s, sched_job *j)
+void admit_job(sched *s, sched_job *j)
 {
     app_state *a;
     switch (j->kind) {
@@ -278,16 +279,16 @@ void handle_job(sched *s, sched_job *j)
         handle_request(s, j);
         return;
     case SCHED_BOUND:
-        if ((a = app_get(s, j->uid, j->app)))
+        if ((a = admit_app(s, j->uid, j->app)))
             a->n_conns++;
         break;
     case SCHED_CLOSED:
-        a = j->app[0] ? app_get(s, j->uid, j->app) : NULL;
+        a = j->app[0] ? admit_app(s, j->uid, j->app) : NULL;
         if (a)
             a->n_conns--;
         cancel_conn(s, j->conn_id, true);
         if (a)
-            app_reclaim(s, a);
+            admit_app_reclaim(s, a);
         break;
     case SCHED_CANCEL_STREAMS:
         cancel_conn(s, j->conn_id, false);
@@ -300,7 +301,7 @@ void handle_job(sched *s, sched_job *j)
             s->active[i]->cancelled = true;
         break;
     }
-    job_free(j);
+    sched_job_free(j);
 }
 
 /* ---- admission ---- */
@@ -312,7 +313,7 @@ static bool job_can_start(sched *s, const sched_job *j, ctx_entry **c)
     *c = NULL;
     switch (j->req->body_case) {
     case LLMS__REQUEST__BODY_CALL:
-        *c = ctx_find_all(s, j->req->call->context_id, j->uid, j->app);
+        *c = genset_ctx_find(s, j->req->call->context_id, j->uid, j->app);
         return !*c || !(*c)->busy;
     case LLMS__REQUEST__BODY_COMPLETE:
     case LLMS__REQUEST__BODY_RAG_QUERY:
@@ -330,18 +331,18 @@ static genmodel *job_model(sched *s, const sched_job *j, const ctx_entry *c,
 {
     models_entry *me;
     if (j->req->body_case == LLMS__REQUEST__BODY_CALL && c)
-        return gm_of_ctx(s, c);
+        return genset_of_ctx(s, c);
     if (j->req->body_case != LLMS__REQUEST__BODY_COMPLETE)
         return s->gm[0];
     *code = models_resolve(s->env.reg, j->req->complete->model, MODELS_GENERATE, &me, err);
-    return *code == LLMS__ERROR_CODE__OK ? gm_of_entry(s, me) : NULL;
+    return *code == LLMS__ERROR_CODE__OK ? genset_of_entry(s, me) : NULL;
 }
 
 /* The most KV a Call or Complete on gm can hold: the context, the prompt (a token is at
  * least one byte, the template adds a few), the reply, at f16 (the heaviest precision),
  * or int8 for the full chunks when the policy compresses; 0 for other work. */
-size_t kv_need(const sched *s, const genmodel *gm, const sched_job *j,
-                      const ctx_entry *c)
+size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
+                     const ctx_entry *c)
 {
     const config *cfg = s->env.cfg;
     const Llms__GenerationParams *p;
@@ -400,38 +401,39 @@ size_t kv_need(const sched *s, const genmodel *gm, const sched_job *j,
  * budget full (idle contexts are reclaimed for it). One that does not fit waits for
  * running work to end, up to kv_wait_ms; one that needs more than the whole share is
  * refused at once. */
-enum kv_fit kv_fit(const sched *s, const genmodel *gm, const sched_job *j, size_t need,
-                          int64_t now)
+enum admit_kv_fit admit_kv_fit(const sched *s, const genmodel *gm, const sched_job *j,
+                               size_t need, int64_t now)
 {
     size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
     if (!budget || need == 0)
-        return KV_FITS;
+        return ADMIT_KV_FITS;
     if (need > budget)
-        return KV_NEVER;
+        return ADMIT_KV_NEVER;
     if (gm->kv_reserved + need <= budget)
-        return KV_FITS;
-    return now - j->queued_ns > (int64_t)s->env.cfg->kv_wait_ms * 1000000 ? KV_WAITED : KV_WAIT;
+        return ADMIT_KV_FITS;
+    return now - j->queued_ns > (int64_t)s->env.cfg->kv_wait_ms * 1000000 ? ADMIT_KV_WAITED
+                                                                          : ADMIT_KV_WAIT;
 }
 
 /* Answers a job that cannot get its KV. */
-static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum kv_fit fit,
+static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum admit_kv_fit fit,
                       size_t need)
 {
     size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
-    if (fit == KV_NEVER)
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "this call may need %zu KiB of KV (the context, the prompt and max_tokens), "
-                   "more than kv_budget_mb allows (%zu KiB): lower max_tokens or raise "
-                   "kv_budget_mb", need >> 10, budget >> 10);
+    if (fit == ADMIT_KV_NEVER)
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "this call may need %zu KiB of KV (the context, the prompt and "
+                          "max_tokens), more than kv_budget_mb allows (%zu KiB): lower "
+                          "max_tokens or raise kv_budget_mb", need >> 10, budget >> 10);
     else
-        send_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
-                   "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, gm->kv_reserved >> 10,
-                   budget >> 10);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                          "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
+                          "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10,
+                          gm->kv_reserved >> 10, budget >> 10);
 }
 
 /* Admits pending jobs, one per app in turn, while there is room. */
-void admit(sched *s)
+void admit_pending(sched *s)
 {
     int64_t now = mono_ns();
     bool progress = true;
@@ -448,20 +450,20 @@ void admit(sched *s)
                 ctx_entry *c;
                 genmodel *gm = NULL;
                 size_t need = 0;
-                enum kv_fit fit = KV_WAIT;
+                enum admit_kv_fit fit = ADMIT_KV_WAIT;
                 Llms__ErrorCode code = LLMS__ERROR_CODE__OK;
                 char err[ERR_MAX];
                 if (job_can_start(s, j, &c)) {
                     gm = job_model(s, j, c, &code, err);
-                    need = gm ? kv_need(s, gm, j, c) : 0;
-                    fit = gm ? kv_fit(s, gm, j, need, now) : KV_FITS;
-                    if (fit != KV_FITS && s->pred && gm == s->gm[0]) {
+                    need = gm ? admit_kv_need(s, gm, j, c) : 0;
+                    fit = gm ? admit_kv_fit(s, gm, j, need, now) : ADMIT_KV_FITS;
+                    if (fit != ADMIT_KV_FITS && s->pred && gm == s->gm[0]) {
                         /* prediction never holds memory a real request waits for */
-                        pred_end(s, false);
-                        fit = kv_fit(s, gm, j, need, now);
+                        idle_pred_end(s, false);
+                        fit = admit_kv_fit(s, gm, j, need, now);
                     }
                 }
-                if (fit == KV_WAIT) {
+                if (fit == ADMIT_KV_WAIT) {
                     prev = j;
                     pp = &j->next;
                     continue;
@@ -469,20 +471,20 @@ void admit(sched *s)
                 pend_unlink(s, a, pp, prev);
                 progress = true;
                 s->rr = a;
-                if (!gm || fit != KV_FITS) {
+                if (!gm || fit != ADMIT_KV_FITS) {
                     a->n_queued--;
                     if (gm)
                         kv_refuse(s, gm, j, fit, need);
                     else
-                        send_error(s, j, code, "%s", err);
-                    job_free(j);
+                        sched_reply_error(s, j, code, "%s", err);
+                    sched_job_free(j);
                     break;
                 }
                 if (j->req->body_case == LLMS__REQUEST__BODY_CALL && !c) {
                     a->n_queued--;
-                    send_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
-                               j->req->call->context_id);
-                    job_free(j);
+                    sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
+                                      j->req->call->context_id);
+                    sched_job_free(j);
                     break;
                 }
                 work *w = work_start(s, gm, j, a, c);
@@ -501,13 +503,13 @@ void admit(sched *s)
     /* Jobs answered here may have been their app's last. */
     for (app_state *a = s->apps, *next; a; a = next) {
         next = a->next;
-        app_reclaim(s, a);
+        admit_app_reclaim(s, a);
     }
 }
 
 /* Ends cancelled, expired, failed and finished work, and removes it from the active
  * set; answers queued requests whose deadline passed. */
-void reap(sched *s)
+void admit_reap(sched *s)
 {
     int64_t now = mono_ns();
     pend_remove(s, 0, true, 0, true, false, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,

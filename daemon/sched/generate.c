@@ -227,7 +227,7 @@ fail:
         gg->code = code;
         snprintf(gg->err, ERR_MAX, "%s", err);
     } else {
-        send_error(s, j, code, "%s", err);
+        sched_reply_error(s, j, code, "%s", err);
     }
     gen_free(g);
     return NULL;
@@ -247,15 +247,15 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
     r.final = 0;
     r.body_case = LLMS__RESPONSE__BODY_CHUNK;
     r.chunk = &ch;
-    send_resp(s, w->job->conn_id, &r, true);
+    sched_reply(s, w->job->conn_id, &r, true);
 }
 
 /* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
  * the reply and streamed with the tokens that produced it. At the end of the reply
  * (last) a character left unfinished is released as U+FFFD; an end with no text sends
  * nothing. */
-void release_text(sched *s, const work *w, const char *text, size_t n, bool last,
-                         const int32_t *tok, int n_tok)
+void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
+                 const int32_t *tok, int n_tok)
 {
     gen *g = w->g;
     char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
@@ -269,7 +269,7 @@ void release_text(sched *s, const work *w, const char *text, size_t n, bool last
     send_chunk(s, w, out, tok, n_tok);
 }
 
-void finish(gen *g, Llms__StopReason reason)
+void gen_finish(gen *g, Llms__StopReason reason)
 {
     g->done = true;
     g->reason = reason;
@@ -312,7 +312,7 @@ bool gen_decoding(const gen *g)
 
 /* Takes the token sampled from logits (n_vocab), the out row of the generation's last
  * evaluated token. */
-void take_token(sched *s, work *w, const float *logits)
+void gen_take_token(sched *s, work *w, const float *logits)
 {
     gen *g = w->g;
     int64_t now = mono_ns();
@@ -324,7 +324,7 @@ void take_token(sched *s, work *w, const float *logits)
     g->t_last_token = now;
     int32_t next = sampler_sample(g->smp, logits, g->hist, g->n_hist);
     if (next < 0 || tok_is_eog(g->gm->tok, next)) {
-        finish(g, LLMS__STOP_REASON__STOP_EOS);
+        gen_finish(g, LLMS__STOP_REASON__STOP_EOS);
         return;
     }
     g->hist[g->n_hist++] = next;
@@ -336,13 +336,13 @@ void take_token(sched *s, work *w, const float *logits)
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    release_text(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
+    gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
     if (stop_hit(&g->stop) >= 0)
-        finish(g, LLMS__STOP_REASON__STOP_STRING);
+        gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
-        finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
+        gen_finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
     else if (g->n_hist >= g->limit && !gen_slide(w, 1))
-        finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
+        gen_finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
 }
 
 /* A Call's switch-in: its chunks are read or recomputed until the KV holds the whole
@@ -401,7 +401,7 @@ void gen_end(sched *s, work *w, const char *engine_err)
     }
     if (!failed) {
         char tail[STOP_MAX_LEN + 1];
-        release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+        gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
     }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
@@ -426,10 +426,10 @@ void gen_end(sched *s, work *w, const char *engine_err)
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
         r.rag_result = &res;
-        send_resp(s, w->job->conn_id, &r, false);
+        sched_reply(s, w->job->conn_id, &r, false);
     } else if (!w->quiet) {
         if (failed) {
-            send_error(s, w->job, code, "%s", err);
+            sched_reply_error(s, w->job, code, "%s", err);
         } else {
             Llms__CallResult res = LLMS__CALL_RESULT__INIT;
             res.prompt_tokens = (uint32_t)g->n_eval;
@@ -447,7 +447,7 @@ void gen_end(sched *s, work *w, const char *engine_err)
             r.final = 1;
             r.body_case = LLMS__RESPONSE__BODY_RESULT;
             r.result = &res;
-            send_resp(s, w->job->conn_id, &r, false);
+            sched_reply(s, w->job->conn_id, &r, false);
         }
     }
     /* the caches are written after the reply went out, off its latency; an answer cut

@@ -20,13 +20,13 @@ static int gm_slot_of_cm(const sched *s, const ctxmgr *cm)
     return -1;
 }
 
-int gm_slot(const sched *s, const genmodel *gm)
+int genset_slot(const sched *s, const genmodel *gm)
 {
     return gm_slot_of_cm(s, gm->cm);
 }
 
 /* The running generate model of a registry entry, NULL when it has none. */
-genmodel *gm_of_entry(const sched *s, const models_entry *me)
+genmodel *genset_of_entry(const sched *s, const models_entry *me)
 {
     for (int k = 0; k < SCHED_GEN_MAX; k++)
         if (s->gm[k] && s->gm[k]->me == me)
@@ -34,13 +34,13 @@ genmodel *gm_of_entry(const sched *s, const models_entry *me)
     return NULL;
 }
 
-genmodel *gm_of_ctx(const sched *s, const ctx_entry *c)
+genmodel *genset_of_ctx(const sched *s, const ctx_entry *c)
 {
     return s->gm[gm_slot_of_cm(s, c->cm)];
 }
 
 /* The model a context belongs to (one from before the registry: the default's). */
-const char *ctx_model_name(const sched *s, const ctx_entry *c)
+const char *genset_ctx_model(const sched *s, const ctx_entry *c)
 {
     return c->model ? c->model : s->gm[0]->me->name;
 }
@@ -80,18 +80,18 @@ static ctx_entry *ctx_all_from(sched *s, int slot)
     return NULL;
 }
 
-ctx_entry *ctx_all_first(sched *s)
+ctx_entry *genset_ctx_first(sched *s)
 {
     return ctx_all_from(s, 0);
 }
 
-ctx_entry *ctx_all_next(sched *s, const ctx_entry *c)
+ctx_entry *genset_ctx_next(sched *s, const ctx_entry *c)
 {
     return c->next ? c->next : ctx_all_from(s, gm_slot_of_cm(s, c->cm) + 1);
 }
 
 /* The context with this id of app (uid, app), or of any app when app is NULL. */
-ctx_entry *ctx_find_all(sched *s, const char *id, uint32_t uid, const char *app)
+ctx_entry *genset_ctx_find(sched *s, const char *id, uint32_t uid, const char *app)
 {
     for (int k = 0; k < SCHED_GEN_MAX; k++) {
         ctx_entry *c = !s->gm[k] ? NULL
@@ -103,7 +103,7 @@ ctx_entry *ctx_find_all(sched *s, const char *id, uint32_t uid, const char *app)
     return NULL;
 }
 
-int ctx_count_all_app(const sched *s, uint32_t uid, const char *app)
+int genset_ctx_count_app(const sched *s, uint32_t uid, const char *app)
 {
     int n = 0;
     for (int k = 0; k < SCHED_GEN_MAX; k++)
@@ -111,7 +111,7 @@ int ctx_count_all_app(const sched *s, uint32_t uid, const char *app)
     return n;
 }
 
-int ctx_count_all(const sched *s)
+int genset_ctx_count(const sched *s)
 {
     int n = 0;
     for (int k = 0; k < SCHED_GEN_MAX; k++)
@@ -119,7 +119,7 @@ int ctx_count_all(const sched *s)
     return n;
 }
 
-int gm_count(const sched *s)
+int genset_count(const sched *s)
 {
     int n = 0;
     for (int k = 0; k < SCHED_GEN_MAX; k++)
@@ -129,10 +129,10 @@ int gm_count(const sched *s)
 
 /* Each generate model's share of kv_budget_mb: equal parts, set again whenever one
  * comes or goes (a smaller share reclaims idle contexts' chunks at once). */
-void kv_budget_split(sched *s)
+void genset_split_budget(sched *s)
 {
     size_t total = (size_t)s->env.cfg->kv_budget_mb << 20;
-    int n = gm_count(s);
+    int n = genset_count(s);
     for (int k = 0; k < SCHED_GEN_MAX; k++)
         if (s->gm[k]) {
             ctx_policy p = *ctx_get_policy(s->gm[k]->cm);
@@ -145,7 +145,7 @@ void kv_budget_split(sched *s)
 /* Starts serving the generate model me (its weights in the registry) in a free slot:
  * its runner, pool and the contexts that belong to it; tok lends its tokenizer (NULL:
  * loaded from the file). */
-int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
+int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
 {
     const config *cfg = s->env.cfg;
     int k = 0;
@@ -158,7 +158,7 @@ int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
         if (s->gm[i])
             ctx_flush_writes(s->gm[i]->cm);
     ctx_policy policy = {
-        .budget_bytes = ((size_t)cfg->kv_budget_mb << 20) / (size_t)(gm_count(s) + 1),
+        .budget_bytes = ((size_t)cfg->kv_budget_mb << 20) / (size_t)(genset_count(s) + 1),
         .compress = strcmp(cfg->kv_compress, "none") == 0   ? CTX_COMPRESS_NONE
                     : strcmp(cfg->kv_compress, "int8") == 0 ? CTX_COMPRESS_INT8
                                                             : CTX_COMPRESS_TOLERANCE,
@@ -198,9 +198,9 @@ int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
 
 /* A generate model loaded at run time: its contexts, kept by the default model while it
  * was not loaded, move to it (read again from the store). */
-int gm_load(sched *s, models_entry *me, char err[ERR_MAX])
+int genset_load(sched *s, models_entry *me, char err[ERR_MAX])
 {
-    if (gm_add(s, me, NULL, err) < 0)
+    if (genset_add(s, me, NULL, err) < 0)
         return -1;
     ctxmgr *def = s->gm[0]->cm;
     for (ctx_entry *c = ctx_first(def), *next; c; c = next) {
@@ -208,15 +208,15 @@ int gm_load(sched *s, models_entry *me, char err[ERR_MAX])
         if (c->model && strcmp(c->model, me->name) == 0)
             ctx_forget(def, c);
     }
-    kv_budget_split(s);
-    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
+    genset_split_budget(s);
+    atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
     return 0;
 }
 
 /* Whether a generate model other than the default may go: no work running on it and no
  * context of it (its contexts would lose their model; deleting them, or a restart
  * without the model, which keeps them as history, are the ways). -1 + err naming them. */
-int gm_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
+int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
 {
     int running = 0;
     for (int i = 0; i < s->n_active; i++)

@@ -58,7 +58,7 @@ static void spec_rt_drop(graph_work *gw)
     gw->spec_kb = gw->spec_query = NULL;
 }
 
-void graph_work_free(graph_work *gw)
+void graphrun_free(graph_work *gw)
 {
     if (!gw)
         return;
@@ -74,7 +74,7 @@ void graph_work_free(graph_work *gw)
 }
 
 /* Opens a GraphRun's graph and starts its run. NULL after answering the job. */
-graph_work *graph_work_new(sched *s, const sched_job *j)
+graph_work *graphrun_new(sched *s, const sched_job *j)
 {
     const Llms__GraphRunRequest *gr = j->req->graph_run;
     char err[ERR_MAX];
@@ -112,8 +112,8 @@ graph_work *graph_work_new(sched *s, const sched_job *j)
         goto fail;
     return gw;
 fail:
-    send_error(s, j, code, "graph '%.64s': %s", gr->graph, err);
-    graph_work_free(gw);
+    sched_reply_error(s, j, code, "graph '%.64s': %s", gr->graph, err);
+    graphrun_free(gw);
     return NULL;
 }
 
@@ -153,7 +153,7 @@ static void graph_event(sched *s, const work *w, Llms__GraphEventKind kind, cons
     r.final = 0;
     r.body_case = LLMS__RESPONSE__BODY_GRAPH_EVENT;
     r.graph_event = &ev;
-    send_resp(s, w->job->conn_id, &r, false);
+    sched_reply(s, w->job->conn_id, &r, false);
 }
 
 /* Fails the graph work with a message naming its node. */
@@ -470,7 +470,7 @@ static void graph_send_result(sched *s, work *w)
     Llms__GraphVar *vars = calloc((size_t)n_vars, sizeof *vars);
     Llms__GraphVar **vp = calloc((size_t)n_vars, sizeof *vp);
     if (!tm || !tp || !vars || !vp) {
-        send_error(s, w->job, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_reply_error(s, w->job, LLMS__ERROR_CODE__INTERNAL, "out of memory");
     } else {
         Llms__GraphResult res = LLMS__GRAPH_RESULT__INIT;
         res.timings = tp;
@@ -513,7 +513,7 @@ static void graph_send_result(sched *s, work *w)
         r.body_case = LLMS__RESPONSE__BODY_GRAPH_RESULT;
         r.graph_result = &res;
         if (!w->quiet)
-            send_resp(s, w->job->conn_id, &r, false);
+            sched_reply(s, w->job->conn_id, &r, false);
     }
     free(tm);
     free(tp);
@@ -578,7 +578,7 @@ static void graph_advance(sched *s, work *w)
                 return;
             }
             char tail[STOP_MAX_LEN + 1];
-            release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+            gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
             const char *out = g->shown ? g->shown : "";
             int spec = spec_rt_outcome(s, w, out, g->shown_len);
             int rc = graph_node_done(s, w, out, g->shown_len, (uint32_t)g->n_gen, spec);
@@ -617,7 +617,7 @@ static void graph_advance(sched *s, work *w)
 
 /* Ends a graph run that is over: its error (a node's failure, a cancel, the deadline,
  * shutdown) when it was not answered, and the log line. */
-void graph_end(sched *s, work *w)
+void graphrun_end(sched *s, work *w)
 {
     graph_work *gw = w->gw;
     int64_t now = mono_ns();
@@ -633,16 +633,18 @@ void graph_end(sched *s, work *w)
     if (w->quiet)
         return;
     if (w->failed)
-        send_error(s, w->job, w->fail_code, "graph '%.64s': %s", w->job->req->graph_run->graph,
-                   w->fail_msg);
+        sched_reply_error(s, w->job, w->fail_code, "graph '%.64s': %s",
+                          w->job->req->graph_run->graph, w->fail_msg);
     else if (s->shutting)
-        send_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+        sched_reply_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE,
+                          "the daemon is shutting down");
     else if (!w->cancelled)
-        send_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, "the request's timeout passed "
-                   "after %d node runs", graph_run_steps(gw->run));
+        sched_reply_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
+                          "the request's timeout passed after %d node runs",
+                          graph_run_steps(gw->run));
     else
-        send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled after %d node runs",
-                   graph_run_steps(gw->run));
+        sched_reply_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled after %d node runs",
+                          graph_run_steps(gw->run));
 }
 
 /* Every running graph's wavefront: each moves on to its next generation node (which
@@ -650,7 +652,7 @@ void graph_end(sched *s, work *w)
  * sub-stages go round the graphs again while the cycle's retrieval time budget lasts:
  * as long as the last step took (at least SCHED_RETRIEVAL_MIN_NS), so that retrieval and
  * generation each get about half of the worker's time when both are waiting. */
-void advance_graphs(sched *s)
+void graphrun_advance_all(sched *s)
 {
     int64_t t0 = mono_ns(), budget = SCHED_RETRIEVAL_MIN_NS;
     if (s->n_steps) {

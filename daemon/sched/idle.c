@@ -99,14 +99,14 @@ bool calib_run(sched *s)
 
 /* Ends the prediction work: what it computed goes to the caches and the predictor
  * (complete), or is dropped. */
-void pred_end(sched *s, bool complete)
+void idle_pred_end(sched *s, bool complete)
 {
     work *w = s->pred;
     gen *g = w->g;
     enum predict_end how = PREDICT_DROPPED;
     if (complete && !w->failed && g->prefilled) {
         char tail[STOP_MAX_LEN + 1];
-        release_text(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+        gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
         if (g->rq)
             rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
         how = PREDICT_RAN;
@@ -170,8 +170,10 @@ static bool pred_start(sched *s)
         int64_t t0 = mono_ns();
         pred_request(s, t);
         genmodel *gm = s->gm[0];
-        size_t need = kv_need(s, gm, &s->pred_job, NULL);
-        work *w = kv_fit(s, gm, &s->pred_job, need, t0) == KV_FITS ? calloc(1, sizeof *w) : NULL;
+        size_t need = admit_kv_need(s, gm, &s->pred_job, NULL);
+        work *w = admit_kv_fit(s, gm, &s->pred_job, need, t0) == ADMIT_KV_FITS
+                      ? calloc(1, sizeof *w)
+                      : NULL;
         if (!w) {
             /* no room now: real work holds the memory */
             predict_done(s->predict, t, PREDICT_DROPPED, NULL);
@@ -233,7 +235,7 @@ void pred_run(sched *s)
         predict_count_step(s->predict, (double)(mono_ns() - t0) / 1e6);
     }
     if (work_over(w, mono_ns()))
-        pred_end(s, true);
+        idle_pred_end(s, true);
 }
 
 /* How long the worker may sleep before idle-time work is due: -1 until a job comes,

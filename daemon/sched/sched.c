@@ -33,12 +33,12 @@
 
 /* ---- replies ---- */
 
-void send_resp(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable)
+void sched_reply(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable)
 {
     reply_send(s->env.out, s->env.cfg->max_frame_bytes, conn_id, r, droppable);
 }
 
-void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
+void sched_reply_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
 {
     uint8_t *buf;
     size_t len;
@@ -53,7 +53,7 @@ void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *
         outq_push(s->env.out, j->conn_id, buf, len, false);
 }
 
-void send_ok(sched *s, const sched_job *j)
+void sched_reply_ok(sched *s, const sched_job *j)
 {
     Llms__Empty e = LLMS__EMPTY__INIT;
     Llms__Response r = LLMS__RESPONSE__INIT;
@@ -61,10 +61,10 @@ void send_ok(sched *s, const sched_job *j)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_OK;
     r.ok = &e;
-    send_resp(s, j->conn_id, &r, false);
+    sched_reply(s, j->conn_id, &r, false);
 }
 
-void job_free(sched_job *j)
+void sched_job_free(sched_job *j)
 {
     if (j) {
         if (j->req)
@@ -200,7 +200,7 @@ void step_collect(sched *s, int n_seq)
             g->t_first = mono_ns();
         }
         g->refill = false;
-        take_token(s, w, st->b.logits);
+        gen_take_token(s, w, st->b.logits);
     }
 }
 
@@ -249,7 +249,7 @@ int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
  * deficits). */
 static void step_share_long_work(sched *s, genmodel *gm, int *n_seq, int *n_out, int budget)
 {
-    int k = gm_slot(s, gm), n_apps = 0;
+    int k = genset_slot(s, gm), n_apps = 0;
     for (app_state *a = s->apps; a; a = a->next) {
         bool has = false;
         for (int i = 0; i < s->n_active && !has; i++)
@@ -347,7 +347,7 @@ static void run_serial(sched *s)
 {
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        /* a graph between nodes, or whose node just finished, waits for advance_graphs */
+        /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
         while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
             int64_t t0 = mono_ns();
             int n_seq = 0, n_out = 0;
@@ -408,18 +408,18 @@ static void *worker(void *arg)
                 ctx_collect_writes(s->gm[k]->cm);
         while (j) {
             sched_job *next = j->next;
-            handle_job(s, j);
+            admit_job(s, j);
             j = next;
         }
         outq_wake(s->env.out);
-        reap(s);
-        admit(s);
-        advance_graphs(s);
+        admit_reap(s);
+        admit_pending(s);
+        graphrun_advance_all(s);
         if (s->serial)
             run_serial(s);
         else
             run_step(s);
-        reap(s);
+        admit_reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
         if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s))
@@ -429,7 +429,7 @@ static void *worker(void *arg)
             break;
     }
     if (s->pred)
-        pred_end(s, false);
+        idle_pred_end(s, false);
     outq_push_end(s->env.out);
     return NULL;
 }
@@ -460,10 +460,10 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     /* The default generate model first: it keeps the contexts of models not loaded. */
     for (models_entry *e = (models_entry *)models_first(env->reg); e; e = e->next)
         if ((e->roles & MODELS_GENERATE) &&
-            gm_add(s, e, e == models_generate(env->reg) ? env->tok : NULL, err) < 0)
+            genset_add(s, e, e == models_generate(env->reg) ? env->tok : NULL, err) < 0)
             goto fail;
-    kv_budget_split(s);
-    atomic_store(&s->n_contexts, (unsigned)ctx_count_all(s));
+    genset_split_budget(s);
+    atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
     semantic_env se = {cfg, env->reg, env->m, env->tok, s->gm[0]->runner, s->gm[0]->pool,
                        s->gm[0]->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);
@@ -541,7 +541,7 @@ void sched_free(sched *s)
     sched_job *j = s->in_head;
     while (j) {
         sched_job *next = j->next;
-        job_free(j);
+        sched_job_free(j);
         j = next;
     }
     app_state *a = s->apps;

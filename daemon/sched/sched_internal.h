@@ -127,7 +127,7 @@ typedef struct work {
     kb_task *kt;           /* KbAdd, KbDrop */
     graph_work *gw;        /* GraphRun */
     genmodel *gm;          /* the model its forwards run on (tasks: the default's) */
-    size_t kv_reserved;    /* KV bytes admission counted for it on gm (kv_need) */
+    size_t kv_reserved;    /* KV bytes admission counted for it on gm (admit_kv_need) */
 } work;
 
 /* One sequence of a step's forward. */
@@ -221,23 +221,23 @@ static inline int64_t wall_ms(void)
 }
 
 
-/* Whether a job's KV fits its model's share of the budget now (kv_fit). */
-enum kv_fit { KV_FITS, KV_WAIT, KV_NEVER, KV_WAITED };
+/* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */
+enum admit_kv_fit { ADMIT_KV_FITS, ADMIT_KV_WAIT, ADMIT_KV_NEVER, ADMIT_KV_WAITED };
 
 /* ---- sched.c ---- */
 
 /* Queues a reply for the connection (droppable: a stream's chunk a slow reader may lose). */
-void send_resp(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable);
+void sched_reply(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable);
 
 /* Answers the job's request with an error, and logs it. */
-void send_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
+void sched_reply_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Answers the job's request with Ok. */
-void send_ok(sched *s, const sched_job *j);
+void sched_reply_ok(sched *s, const sched_job *j);
 
 /* Frees a job and its request (NULL is fine). */
-void job_free(sched_job *j);
+void sched_job_free(sched_job *j);
 
 /* Adds rows [from, from + n) of w's generation to the step (s->steps[*n_seq]). */
 void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n);
@@ -266,13 +266,13 @@ void sched_writes_done(void *arg);
 /* ---- admit.c ---- */
 
 /* The record of app (uid, name), made when there is none; NULL when memory runs out. */
-app_state *app_get(sched *s, uint32_t uid, const char *name);
+app_state *admit_app(sched *s, uint32_t uid, const char *name);
 
 /* Frees an app's record once it has no connection and no request. */
-void app_reclaim(sched *s, app_state *a);
+void admit_app_reclaim(sched *s, app_state *a);
 
 /* A job's deadline (CLOCK_MONOTONIC), 0 when it has no timeout. */
-int64_t job_deadline(const sched_job *j);
+int64_t admit_job_deadline(const sched_job *j);
 
 /* Removes (and answers unless quiet) pending jobs; returns how many. */
 int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
@@ -288,20 +288,20 @@ void handle_engine_request(sched *s, sched_job *j);
 void handle_cancel(sched *s, sched_job *j);
 
 /* One job of the inbox (frees it). */
-void handle_job(sched *s, sched_job *j);
+void admit_job(sched *s, sched_job *j);
 
 /* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold; 0 for other work. */
-size_t kv_need(const sched *s, const genmodel *gm, const sched_job *j, const ctx_entry *c);
+size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j, const ctx_entry *c);
 
 /* Whether need bytes of KV fit beside what gm's running work may reach. */
-enum kv_fit kv_fit(const sched *s, const genmodel *gm, const sched_job *j, size_t need,
-                   int64_t now);
+enum admit_kv_fit admit_kv_fit(const sched *s, const genmodel *gm, const sched_job *j,
+                               size_t need, int64_t now);
 
 /* Admits pending jobs, one per app in turn, while there is room. */
-void admit(sched *s);
+void admit_pending(sched *s);
 
 /* Ends work that is over and answers queued requests whose deadline passed. */
-void reap(sched *s);
+void admit_reap(sched *s);
 
 /* ---- work.c ---- */
 
@@ -334,17 +334,17 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
 void gen_free(gen *g);
 
 /* Releases text the stop strings let through to the reply and the stream (last: the end). */
-void release_text(sched *s, const work *w, const char *text, size_t n, bool last,
-                  const int32_t *tok, int n_tok);
+void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
+                 const int32_t *tok, int n_tok);
 
 /* The generation is done, for reason. */
-void finish(gen *g, Llms__StopReason reason);
+void gen_finish(gen *g, Llms__StopReason reason);
 
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
 
 /* Takes the token sampled from logits. */
-void take_token(sched *s, work *w, const float *logits);
+void gen_take_token(sched *s, work *w, const float *logits);
 
 /* A Call's switch-in; -1 with g->err_code and err on failure. */
 int gen_switch_in(gen *g, char err[ERR_MAX]);
@@ -355,15 +355,15 @@ void gen_end(sched *s, work *w, const char *engine_err);
 /* ---- graphrun.c ---- */
 
 /* Opens a GraphRun's graph and starts its run; NULL after answering the job. */
-graph_work *graph_work_new(sched *s, const sched_job *j);
+graph_work *graphrun_new(sched *s, const sched_job *j);
 
-void graph_work_free(graph_work *gw);
+void graphrun_free(graph_work *gw);
 
 /* Ends a graph run that is over: its error when unanswered, the log line. */
-void graph_end(sched *s, work *w);
+void graphrun_end(sched *s, work *w);
 
 /* Moves every running graph on as far as it goes without the engine. */
-void advance_graphs(sched *s);
+void graphrun_advance_all(sched *s);
 
 /* ---- idle.c ---- */
 
@@ -377,7 +377,7 @@ bool hot_run(sched *s);
 void pred_run(sched *s);
 
 /* Ends the prediction work: kept (complete) or dropped. */
-void pred_end(sched *s, bool complete);
+void idle_pred_end(sched *s, bool complete);
 
 /* How long the worker may sleep before idle-time work is due: -1 until a job comes. */
 int64_t idle_wait_ns(sched *s);
@@ -385,41 +385,41 @@ int64_t idle_wait_ns(sched *s);
 /* ---- genset.c ---- */
 
 /* The slot of a generate model in s->gm. */
-int gm_slot(const sched *s, const genmodel *gm);
+int genset_slot(const sched *s, const genmodel *gm);
 
 /* The running generate model of a registry entry, NULL when it has none. */
-genmodel *gm_of_entry(const sched *s, const models_entry *me);
+genmodel *genset_of_entry(const sched *s, const models_entry *me);
 
 /* The generate model a context belongs to. */
-genmodel *gm_of_ctx(const sched *s, const ctx_entry *c);
+genmodel *genset_of_ctx(const sched *s, const ctx_entry *c);
 
 /* The name of the model a context belongs to. */
-const char *ctx_model_name(const sched *s, const ctx_entry *c);
+const char *genset_ctx_model(const sched *s, const ctx_entry *c);
 
 /* Every context, model by model, each model's oldest first. */
-ctx_entry *ctx_all_first(sched *s);
-ctx_entry *ctx_all_next(sched *s, const ctx_entry *c);
+ctx_entry *genset_ctx_first(sched *s);
+ctx_entry *genset_ctx_next(sched *s, const ctx_entry *c);
 
 /* The context with this id of app (uid, app), or of any app when app is NULL. */
-ctx_entry *ctx_find_all(sched *s, const char *id, uint32_t uid, const char *app);
+ctx_entry *genset_ctx_find(sched *s, const char *id, uint32_t uid, const char *app);
 
-int ctx_count_all_app(const sched *s, uint32_t uid, const char *app);
-int ctx_count_all(const sched *s);
+int genset_ctx_count_app(const sched *s, uint32_t uid, const char *app);
+int genset_ctx_count(const sched *s);
 
 /* Generate models served. */
-int gm_count(const sched *s);
+int genset_count(const sched *s);
 
 /* Gives each generate model its equal share of kv_budget_mb. */
-void kv_budget_split(sched *s);
+void genset_split_budget(sched *s);
 
 /* Serves the generate model me in a free slot (tok: its tokenizer lent, NULL: its own). */
-int gm_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX]);
+int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX]);
 
 /* A generate model loaded at run time; its contexts move to it. */
-int gm_load(sched *s, models_entry *me, char err[ERR_MAX]);
+int genset_load(sched *s, models_entry *me, char err[ERR_MAX]);
 
 /* Whether a generate model may be unloaded; -1 + err naming what holds it. */
-int gm_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]);
+int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]);
 
 /* ---- admin.c ---- */
 

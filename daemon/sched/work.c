@@ -15,20 +15,20 @@ work *work_start(sched *s, genmodel *gm, sched_job *j, app_state *a, ctx_entry *
 {
     work *w = calloc(1, sizeof *w);
     if (!w) {
-        send_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        job_free(j);
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        sched_job_free(j);
         return NULL;
     }
     w->job = j;
     w->app = a;
     w->gm = gm;
-    w->deadline_ns = job_deadline(j);
+    w->deadline_ns = admit_job_deadline(j);
     Llms__Request__BodyCase body = j->req->body_case;
     if (body == LLMS__REQUEST__BODY_CALL || body == LLMS__REQUEST__BODY_COMPLETE ||
         body == LLMS__REQUEST__BODY_RAG_QUERY)
         w->g = gen_new(s, gm, j, c, NULL);
     else if (body == LLMS__REQUEST__BODY_GRAPH_RUN)
-        w->gw = graph_work_new(s, j);
+        w->gw = graphrun_new(s, j);
     else if (body == LLMS__REQUEST__BODY_KB_ADD || body == LLMS__REQUEST__BODY_KB_DROP)
         w->kt = kb_begin(s->kb, j->conn_id, j->uid, j->app, j->req);
     else
@@ -47,8 +47,8 @@ void work_free(work *w)
     gen_free(w->g);
     semantic_task_free(w->t);
     kb_task_free(w->kt);
-    graph_work_free(w->gw);
-    job_free(w->job);
+    graphrun_free(w->gw);
+    sched_job_free(w->job);
     free(w);
 }
 
@@ -79,10 +79,10 @@ bool work_over(const work *w, int64_t now)
 void work_end(sched *s, work *w)
 {
     if (w->gw) {
-        graph_end(s, w);
+        graphrun_end(s, w);
     } else if (w->g) {
         if (!w->g->done)
-            finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
+            gen_finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
                          : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
                                        : LLMS__STOP_REASON__STOP_CANCELLED);
         gen_end(s, w, w->failed ? w->fail_msg : NULL);
@@ -92,18 +92,19 @@ void work_end(sched *s, work *w)
                        "answered");
     } else if (!w->quiet) {
         if (w->failed)
-            send_error(s, w->job, w->fail_code, "%s", w->fail_msg);
+            sched_reply_error(s, w->job, w->fail_code, "%s", w->fail_msg);
         else if (s->shutting)
-            send_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+            sched_reply_error(s, w->job, LLMS__ERROR_CODE__UNAVAILABLE,
+                              "the daemon is shutting down");
         else if (!w->cancelled)
-            send_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
-                       "the request's timeout passed");
+            sched_reply_error(s, w->job, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
+                              "the request's timeout passed");
         else
-            send_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
+            sched_reply_error(s, w->job, LLMS__ERROR_CODE__CANCELLED, "cancelled");
     }
     w->app->n_queued--;
     w->gm->kv_reserved -= w->kv_reserved;
-    app_reclaim(s, w->app);
+    admit_app_reclaim(s, w->app);
     work_free(w);
 }
 
