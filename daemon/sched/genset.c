@@ -172,21 +172,9 @@ int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MA
     genmodel *gm = genmodel_open(me, &o, err);
     if (!gm)
         return -1;
-    if (gm->max_batch > s->max_batch) {
-        step_seq *steps = realloc(s->steps, sizeof *steps * (size_t)gm->max_batch);
-        if (steps)
-            s->steps = steps;
-        kv_seq **seqs = realloc(s->step_seqs, sizeof *seqs * (size_t)gm->max_batch);
-        if (seqs)
-            s->step_seqs = seqs;
-        model_batch *batches = realloc(s->step_batches, sizeof *batches * (size_t)gm->max_batch);
-        if (batches)
-            s->step_batches = batches;
-        if (!steps || !seqs || !batches) {
-            genmodel_free(gm);
-            return err_set(err, "out of memory");
-        }
-        s->max_batch = gm->max_batch;
+    if (sched_step_room(s, gm->max_batch) < 0) {
+        genmodel_free(gm);
+        return err_set(err, "out of memory");
     }
     ctx_set_write_notify(gm->cm, sched_writes_done, s);
     for (app_state *a = s->apps; a; a = a->next)

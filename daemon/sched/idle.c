@@ -210,30 +210,13 @@ void pred_run(sched *s)
     s->pred_paused = false;
     work *w = s->pred;
     int64_t t0 = mono_ns();
-    int n_seq = 0, n_out = 0;
-    if (gen_decoding(w->g))
-        step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
-    else
-        step_add_long(s, &n_seq, &n_out, w, w->gm->step_tokens);
-    step_claim(s, w->gm, n_seq);
-    /* on one thread: a core stays free for a request that arrives, and the pool's
-     * adaptation keeps what real steps taught it (with the cores all its own, idle-time
-     * work made it share the real steps' jobs again, 5-6% slower on TinyStories-656K in
-     * bench/rag) */
-    model_runner_set_background(w->gm->runner, true);
-    model_runner_set_abort(w->gm->runner, &s->idle_preempt);
-    bool aborted = step_forward(s, w->gm, n_seq);
-    model_runner_set_abort(w->gm->runner, NULL);
-    model_runner_set_background(w->gm->runner, false);
-    if (aborted) {
+    int n_seq = sched_step_alone(s, w, w->gm->step_tokens, &s->idle_preempt);
+    if (n_seq < 0) {
         predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
         return;
     }
-    step_collect(s, n_seq);
-    if (n_seq) {
-        step_record(s, t0, step_rows(s, n_seq));
+    if (n_seq)
         predict_count_step(s->predict, (double)(mono_ns() - t0) / 1e6);
-    }
     if (work_over(w, mono_ns()))
         idle_pred_end(s, true);
 }

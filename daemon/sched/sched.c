@@ -31,6 +31,16 @@
 
 #define SCHED_MIN_QUANTUM 16  /* fewest rows of long work an app is offered per round */
 
+/* One sequence of a step's forward. */
+struct step_seq {
+    work *w;
+    kv_seq *seq;
+    model_batch b;
+    int from;              /* entries of the sequence before the step */
+    int32_t last_row;      /* out row of a generation's batch */
+    bool failed;
+};
+
 /* ---- replies ---- */
 
 void sched_reply(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable)
@@ -77,7 +87,7 @@ void sched_job_free(sched_job *j)
 
 /* Adds rows [from, from + n) of a generation's history to the step; the last row's
  * logits are wanted when it is the last token of the history. */
-void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n)
+static void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n)
 {
     gen *g = w->g;
     step_seq *st = &s->steps[(*n_seq)++];
@@ -109,7 +119,7 @@ static size_t step_append_bytes(const sched *s, const genmodel *gm, int n_seq)
  * made in int8 (ctx_squeeze: a long prompt's KV then exceeds the budget's f16 worth
  * while its prefill goes on), and when it still does not fit, one by one in step order,
  * failing those that do not fit. */
-void step_claim(sched *s, genmodel *gm, int n_seq)
+static void step_claim(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
     size_t total = step_append_bytes(s, gm, n_seq);
@@ -149,7 +159,7 @@ void step_claim(sched *s, genmodel *gm, int n_seq)
  * fails, each sequence alone, so that one bad sequence fails only its own work. True
  * when the forward stopped at the runner's abort flag (model_runner_set_abort): nothing
  * was computed, the sequences are as before. */
-bool step_forward(sched *s, genmodel *gm, int n_seq)
+static bool step_forward(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
     int n = 0;
@@ -175,7 +185,7 @@ bool step_forward(sched *s, genmodel *gm, int n_seq)
 
 /* What the forward produced: tokens for generations whose last row was evaluated,
  * attention statistics of contexts, pooled rows of Embed texts. */
-void step_collect(sched *s, int n_seq)
+static void step_collect(sched *s, int n_seq)
 {
     for (int i = 0; i < n_seq; i++) {
         step_seq *st = &s->steps[i];
@@ -207,7 +217,7 @@ void step_collect(sched *s, int n_seq)
 /* Gives long work a slice of take rows: a generation's switch-in and prompt rows, an
  * Embed's text rows (both added to the step), or a rerank's advance. Returns the rows
  * it took. */
-int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
+static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
 {
     char err[ERR_MAX];
     sem_task *t = w->kt ? kb_task_embedding(w->kt) : w->t;
@@ -295,7 +305,7 @@ static void step_share_long_work(sched *s, genmodel *gm, int *n_seq, int *n_out,
     } while (a != start);
 }
 
-void step_record(sched *s, int64_t t0, int rows)
+static void step_record(sched *s, int64_t t0, int rows)
 {
     int64_t now = mono_ns();
     s->stats[s->n_steps % SCHED_STATS] =
@@ -305,7 +315,7 @@ void step_record(sched *s, int64_t t0, int rows)
     s->step_stall_ms = 0;
 }
 
-int step_rows(const sched *s, int n_seq)
+static int step_rows(const sched *s, int n_seq)
 {
     int rows = 0;
     for (int i = 0; i < n_seq; i++)
@@ -349,21 +359,60 @@ static void run_serial(sched *s)
         work *w = s->active[i];
         /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
         while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
-            int64_t t0 = mono_ns();
-            int n_seq = 0, n_out = 0;
-            if (w->g && gen_decoding(w->g))
-                step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
-            else
-                step_add_long(s, &n_seq, &n_out, w, w->gm->max_batch);
-            step_claim(s, w->gm, n_seq);
-            step_forward(s, w->gm, n_seq);
-            step_collect(s, n_seq);
-            if (n_seq)
-                step_record(s, t0, step_rows(s, n_seq));
+            sched_step_alone(s, w, w->gm->max_batch, NULL);
             if (w->g && gen_decoding(w->g))
                 break; /* one token per generation per round */
         }
     }
+}
+
+int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
+{
+    int64_t t0 = mono_ns();
+    int n_seq = 0, n_out = 0;
+    if (w->g && gen_decoding(w->g))
+        step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+    else
+        step_add_long(s, &n_seq, &n_out, w, take);
+    step_claim(s, w->gm, n_seq);
+    /* idle-time work on one thread: a core stays free for a request that arrives, and
+     * the pool's adaptation keeps what real steps taught it (with the cores all its own,
+     * idle-time work made it share the real steps' jobs again, 5-6% slower on
+     * TinyStories-656K in bench/rag) */
+    if (abort) {
+        model_runner_set_background(w->gm->runner, true);
+        model_runner_set_abort(w->gm->runner, abort);
+    }
+    bool aborted = step_forward(s, w->gm, n_seq);
+    if (abort) {
+        model_runner_set_abort(w->gm->runner, NULL);
+        model_runner_set_background(w->gm->runner, false);
+    }
+    if (aborted)
+        return -1;
+    step_collect(s, n_seq);
+    if (n_seq)
+        step_record(s, t0, step_rows(s, n_seq));
+    return n_seq;
+}
+
+int sched_step_room(sched *s, int rows)
+{
+    if (rows <= s->max_batch)
+        return 0;
+    step_seq *steps = realloc(s->steps, sizeof *steps * (size_t)rows);
+    if (steps)
+        s->steps = steps;
+    kv_seq **seqs = realloc(s->step_seqs, sizeof *seqs * (size_t)rows);
+    if (seqs)
+        s->step_seqs = seqs;
+    model_batch *batches = realloc(s->step_batches, sizeof *batches * (size_t)rows);
+    if (batches)
+        s->step_batches = batches;
+    if (!steps || !seqs || !batches)
+        return -1;
+    s->max_batch = rows;
+    return 0;
 }
 
 /* The swap-out thread wrote a batch: the worker commits it when it next comes round. */

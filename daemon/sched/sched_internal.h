@@ -130,15 +130,8 @@ typedef struct work {
     size_t kv_reserved;    /* KV bytes admission counted for it on gm (admit_kv_need) */
 } work;
 
-/* One sequence of a step's forward. */
-typedef struct step_seq {
-    work *w;
-    kv_seq *seq;
-    model_batch b;
-    int from;              /* entries of the sequence before the step */
-    int32_t last_row;      /* out row of a generation's batch */
-    bool failed;
-} step_seq;
+/* One sequence of a step's forward (sched.c). */
+typedef struct step_seq step_seq;
 
 typedef struct step_stat {
     int64_t end_ns;
@@ -239,26 +232,13 @@ void sched_reply_ok(sched *s, const sched_job *j);
 /* Frees a job and its request (NULL is fine). */
 void sched_job_free(sched_job *j);
 
-/* Adds rows [from, from + n) of w's generation to the step (s->steps[*n_seq]). */
-void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, int n);
+/* One step of w alone, its own forward: its decode row, or take rows of its long work.
+ * With abort (idle-time work) the forward runs on one thread and gives up at that flag:
+ * -1, nothing computed. Else the sequences the step ran (0: none). */
+int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort);
 
-/* Gives long work a slice of take rows; returns the rows it took. */
-int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take);
-
-/* Claims the KV the step's generations append on gm, failing those that do not fit. */
-void step_claim(sched *s, genmodel *gm, int n_seq);
-
-/* Runs the step's forward on gm; true when it stopped at the runner's abort flag. */
-bool step_forward(sched *s, genmodel *gm, int n_seq);
-
-/* Takes what the step's forward produced: tokens, attention statistics, pooled rows. */
-void step_collect(sched *s, int n_seq);
-
-/* Records a step that began at t0 for the status. */
-void step_record(sched *s, int64_t t0, int rows);
-
-/* Rows the step's sequences that did not fail evaluated. */
-int step_rows(const sched *s, int n_seq);
+/* Room in the step's arrays for rows sequences (a generate model's max_batch). */
+int sched_step_room(sched *s, int rows);
 
 /* The swap-out thread's notice that a write is done (ctx_set_write_notify). */
 void sched_writes_done(void *arg);
