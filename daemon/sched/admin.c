@@ -803,12 +803,8 @@ static void handle_list_apps(sched *s, const sched_job *j)
     }
 }
 
-void handle_request(sched *s, sched_job *j)
+void admin_handle(sched *s, sched_job *j)
 {
-    if (is_engine_request(j->req->body_case)) {
-        handle_engine_request(s, j);
-        return;
-    }
     if (kb_is_request(j->req->body_case)) {
         kb_handle(s->kb, j->conn_id, j->uid, j->app, j->req);
         sched_job_free(j);
@@ -822,9 +818,6 @@ void handle_request(sched *s, sched_job *j)
     switch (j->req->body_case) {
     case LLMS__REQUEST__BODY_CREATE_CONTEXT:
         handle_create(s, j);
-        break;
-    case LLMS__REQUEST__BODY_CANCEL:
-        handle_cancel(s, j);
         break;
     case LLMS__REQUEST__BODY_DELETE_CONTEXT:
         handle_delete(s, j);

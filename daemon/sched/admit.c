@@ -88,8 +88,8 @@ int64_t admit_job_deadline(const sched_job *j)
 /* Removes pending jobs matching (conn_id or any when 0, request id or any when all), or
  * with expired set those whose deadline has passed; answers each with code unless
  * quiet. Returns how many were removed. */
-int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
-                bool quiet, Llms__ErrorCode code, const char *msg)
+static int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
+                       bool quiet, Llms__ErrorCode code, const char *msg)
 {
     int removed = 0;
     int64_t now = expired ? mono_ns() : 0;
@@ -116,7 +116,7 @@ int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expi
     return removed;
 }
 
-bool is_engine_request(Llms__Request__BodyCase body)
+static bool is_engine_request(Llms__Request__BodyCase body)
 {
     switch (body) {
     case LLMS__REQUEST__BODY_CALL:
@@ -184,15 +184,9 @@ static bool generate_model_ok(sched *s, const sched_job *j)
 
 /* Queues a request that uses the engine, under the app's limit on requests of every
  * kind queued or running. */
-void handle_engine_request(sched *s, sched_job *j)
+static void handle_engine_request(sched *s, sched_job *j)
 {
-    /* the idle period ends; prediction work pauses until the next one */
-    s->last_req_ns = mono_ns();
-    predict_idle_end(s->predict);
-    if (s->pred && !s->pred_paused) {
-        s->pred_paused = true;
-        predict_count_preempted(s->predict);
-    }
+    idle_end(s);
     if (s->shutting) {
         sched_reply_error(s, j, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
         sched_job_free(j);
@@ -239,7 +233,7 @@ void handle_engine_request(sched *s, sched_job *j)
     pend_push(a, j);
 }
 
-void handle_cancel(sched *s, sched_job *j)
+static void handle_cancel(sched *s, sched_job *j)
 {
     uint64_t target = j->req->cancel->request_id;
     bool found = pend_remove(s, j->conn_id, false, target, false, false,
@@ -276,8 +270,16 @@ void admit_job(sched *s, sched_job *j)
     app_state *a;
     switch (j->kind) {
     case SCHED_REQUEST:
-        handle_request(s, j);
-        return;
+        if (is_engine_request(j->req->body_case)) {
+            handle_engine_request(s, j);
+            return;
+        }
+        if (j->req->body_case != LLMS__REQUEST__BODY_CANCEL) {
+            admin_handle(s, j);
+            return;
+        }
+        handle_cancel(s, j);
+        break;
     case SCHED_BOUND:
         if ((a = admit_app(s, j->uid, j->app)))
             a->n_conns++;
@@ -529,4 +531,16 @@ void admit_reap(sched *s)
     for (int m = 0; ended && m < SCHED_GEN_MAX; m++)
         if (s->gm[m])
             ctx_enforce_budget(s->gm[m]->cm);
+}
+
+void admit_free(sched *s)
+{
+    pend_remove(s, 0, true, 0, false, true, LLMS__ERROR_CODE__UNAVAILABLE, "");
+    app_state *a = s->apps;
+    while (a) {
+        app_state *next = a->next;
+        free(a);
+        a = next;
+    }
+    s->apps = NULL;
 }

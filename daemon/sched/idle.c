@@ -52,7 +52,7 @@ static genmodel *calib_waiting(const sched *s)
 
 /* Refreshes the hot copies of the IVF lists searched since the last refresh while the
  * daemon is idle (a copy of up to kb_ivf_hot_mb); whether it did. */
-bool hot_run(sched *s)
+static bool hot_run(sched *s)
 {
     if (!kb_ivf_hot_stale(s->kb) || !idle_turn(s))
         return false;
@@ -62,7 +62,7 @@ bool hot_run(sched *s)
 
 /* Deletes a slice of the rows a cut-short KbDrop left (a cancelled drop, a crash)
  * while the daemon is idle, a step's rows of work; whether it did. */
-bool drop_run(sched *s)
+static bool drop_run(sched *s)
 {
     if (!kb_drop_pending(s->kb) || !idle_turn(s))
         return false;
@@ -73,7 +73,7 @@ bool drop_run(sched *s)
 /* Trains an IVF index a knowledge base waits for while the daemon is idle (the worker
  * is busy with it for its k-means; a request that comes meanwhile waits for the end);
  * whether it did. */
-bool train_run(sched *s)
+static bool train_run(sched *s)
 {
     if (!kb_ivf_train_pending(s->kb) || !idle_turn(s))
         return false;
@@ -84,7 +84,7 @@ bool train_run(sched *s)
 /* One forward of a layer calibration while the daemon is idle, on one thread and given
  * up at the next layer when a job comes (it runs again later); whether one ran. Before
  * prediction, which has a budget every idle period: a calibration happens once. */
-bool calib_run(sched *s)
+static bool calib_run(sched *s)
 {
     genmodel *gm = calib_waiting(s);
     if (!gm || !idle_turn(s))
@@ -203,7 +203,7 @@ static bool pred_start(sched *s)
 /* One step of prediction work while the daemon is idle: a slice of its prompt or one
  * token, alone in the forward (a real request arriving meanwhile waits for this one
  * step at most). */
-void pred_run(sched *s)
+static void pred_run(sched *s)
 {
     if (!pred_idle(s, mono_ns()) || !idle_claim(s) || (!s->pred && !pred_start(s)))
         return;
@@ -219,6 +219,22 @@ void pred_run(sched *s)
         predict_count_step(s->predict, (double)(mono_ns() - t0) / 1e6);
     if (work_over(w, mono_ns()))
         idle_pred_end(s, true);
+}
+
+void idle_run(sched *s)
+{
+    if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s))
+        pred_run(s);
+}
+
+void idle_end(sched *s)
+{
+    s->last_req_ns = mono_ns();
+    predict_idle_end(s->predict);
+    if (s->pred && !s->pred_paused) {
+        s->pred_paused = true;
+        predict_count_preempted(s->predict);
+    }
 }
 
 /* How long the worker may sleep before idle-time work is due: -1 until a job comes,

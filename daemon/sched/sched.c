@@ -471,8 +471,7 @@ static void *worker(void *arg)
         admit_reap(s);
         if (s->n_active || s->n_pending)
             s->last_req_ns = mono_ns();
-        if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s))
-            pred_run(s);
+        idle_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
             break;
@@ -586,18 +585,12 @@ void sched_free(sched *s)
         pthread_join(s->thread, NULL);
     for (int i = 0; i < s->n_active; i++)
         work_free(s->active[i]);
-    pend_remove(s, 0, true, 0, false, true, LLMS__ERROR_CODE__UNAVAILABLE, "");
+    admit_free(s);
     sched_job *j = s->in_head;
     while (j) {
         sched_job *next = j->next;
         sched_job_free(j);
         j = next;
-    }
-    app_state *a = s->apps;
-    while (a) {
-        app_state *next = a->next;
-        free(a);
-        a = next;
     }
     rag_free(s->rag);
     predict_free(s->predict);

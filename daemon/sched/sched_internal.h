@@ -254,20 +254,8 @@ void admit_app_reclaim(sched *s, app_state *a);
 /* A job's deadline (CLOCK_MONOTONIC), 0 when it has no timeout. */
 int64_t admit_job_deadline(const sched_job *j);
 
-/* Removes (and answers unless quiet) pending jobs; returns how many. */
-int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bool expired,
-                bool quiet, Llms__ErrorCode code, const char *msg);
-
-/* Whether a request uses the engine (and is queued). */
-bool is_engine_request(Llms__Request__BodyCase body);
-
-/* Queues a request that uses the engine, or answers why not. */
-void handle_engine_request(sched *s, sched_job *j);
-
-/* Cancel: a queued or running request of the connection stops. */
-void handle_cancel(sched *s, sched_job *j);
-
-/* One job of the inbox (frees it). */
+/* One job of the inbox: a request queued (when it uses the engine) or answered, news of
+ * a connection, or shutdown. Frees the job. */
 void admit_job(sched *s, sched_job *j);
 
 /* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold; 0 for other work. */
@@ -282,6 +270,9 @@ void admit_pending(sched *s);
 
 /* Ends work that is over and answers queued requests whose deadline passed. */
 void admit_reap(sched *s);
+
+/* Frees the queued jobs, unanswered, and the apps' records (sched_free). */
+void admit_free(sched *s);
 
 /* ---- work.c ---- */
 
@@ -347,14 +338,14 @@ void graphrun_advance_all(sched *s);
 
 /* ---- idle.c ---- */
 
-/* Each runs one piece of its idle-time work when the daemon is idle; whether it did. */
-bool calib_run(sched *s);
-bool drop_run(sched *s);
-bool train_run(sched *s);
-bool hot_run(sched *s);
+/* One piece of idle-time work when the daemon is idle: a layer calibration's forward, a
+ * slice of a cut-short KbDrop, an IVF training, the hot copies' refresh, else a step of
+ * prediction. */
+void idle_run(sched *s);
 
-/* One step of prediction work when the daemon is idle. */
-void pred_run(sched *s);
+/* An engine request came: the idle period ends, and prediction work pauses until the
+ * next one. */
+void idle_end(sched *s);
 
 /* Ends the prediction work: kept (complete) or dropped. */
 void idle_pred_end(sched *s, bool complete);
@@ -403,7 +394,8 @@ int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]);
 
 /* ---- admin.c ---- */
 
-/* A request: queued when it uses the engine, else answered at once (frees the job). */
-void handle_request(sched *s, sched_job *j);
+/* Answers a request that does not use the engine, or hands it to its module (kb, graphs,
+ * the RAG cache). Frees the job. */
+void admin_handle(sched *s, sched_job *j);
 
 #endif
