@@ -254,8 +254,8 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
  * the reply and streamed with the tokens that produced it. At the end of the reply
  * (last) a character left unfinished is released as U+FFFD; an end with no text sends
  * nothing. */
-void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
-                 const int32_t *tok, int n_tok)
+static void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
+                        const int32_t *tok, int n_tok)
 {
     gen *g = w->g;
     char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
@@ -269,7 +269,13 @@ void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
     send_chunk(s, w, out, tok, n_tok);
 }
 
-void gen_finish(gen *g, Llms__StopReason reason)
+void gen_flush(sched *s, const work *w)
+{
+    char tail[STOP_MAX_LEN + 1];
+    gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0);
+}
+
+static void gen_finish(gen *g, Llms__StopReason reason)
 {
     g->done = true;
     g->reason = reason;
@@ -373,11 +379,14 @@ int gen_switch_in(gen *g, char err[ERR_MAX])
     return 0;
 }
 
-/* Ends a generation: persists a Call's turn and sends the final result (or the error
- * engine_err). The caller frees the work. */
-void gen_end(sched *s, work *w, const char *engine_err)
+void gen_end(sched *s, work *w)
 {
     gen *g = w->g;
+    if (!g->done)
+        gen_finish(g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
+                      : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
+                                    : LLMS__STOP_REASON__STOP_CANCELLED);
+    const char *engine_err = w->failed ? w->fail_msg : NULL;
     char err[ERR_MAX];
     Llms__ErrorCode code = engine_err && g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
     bool failed = engine_err != NULL;
@@ -399,10 +408,8 @@ void gen_end(sched *s, work *w, const char *engine_err)
             snprintf(err, sizeof err, "cancelled");
         }
     }
-    if (!failed) {
-        char tail[STOP_MAX_LEN + 1];
-        gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
-    }
+    if (!failed)
+        gen_flush(s, w);
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
         if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,

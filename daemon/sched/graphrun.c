@@ -577,8 +577,7 @@ static void graph_advance(sched *s, work *w)
                 spec_rt_advance(s, w);
                 return;
             }
-            char tail[STOP_MAX_LEN + 1];
-            gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+            gen_flush(s, w);
             const char *out = g->shown ? g->shown : "";
             int spec = spec_rt_outcome(s, w, out, g->shown_len);
             int rc = graph_node_done(s, w, out, g->shown_len, (uint32_t)g->n_gen, spec);

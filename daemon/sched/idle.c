@@ -105,8 +105,7 @@ void idle_pred_end(sched *s, bool complete)
     gen *g = w->g;
     enum predict_end how = PREDICT_DROPPED;
     if (complete && !w->failed && g->prefilled) {
-        char tail[STOP_MAX_LEN + 1];
-        gen_release(s, w, tail, stop_flush(&g->stop, tail), true, NULL, 0);
+        gen_flush(s, w);
         if (g->rq)
             rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
         how = PREDICT_RAN;

@@ -304,12 +304,9 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
 
 void gen_free(gen *g);
 
-/* Releases text the stop strings let through to the reply and the stream (last: the end). */
-void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
-                 const int32_t *tok, int n_tok);
-
-/* The generation is done, for reason. */
-void gen_finish(gen *g, Llms__StopReason reason);
+/* The end of w's reply: the text the stop strings held back and a character left
+ * unfinished (as U+FFFD) are released to the reply and the stream. */
+void gen_flush(sched *s, const work *w);
 
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
@@ -320,8 +317,10 @@ void gen_take_token(sched *s, work *w, const float *logits);
 /* A Call's switch-in; -1 with g->err_code and err on failure. */
 int gen_switch_in(gen *g, char err[ERR_MAX]);
 
-/* Ends a generation: persists a Call's turn and answers (or the error engine_err). */
-void gen_end(sched *s, work *w, const char *engine_err);
+/* Ends w's generation when w is over (finished, failed, cancelled, past its deadline,
+ * shutdown): persists a Call's turn and answers with the result or why it stopped. The
+ * caller frees the work. */
+void gen_end(sched *s, work *w);
 
 /* ---- graphrun.c ---- */
 

@@ -81,11 +81,7 @@ void work_end(sched *s, work *w)
     if (w->gw) {
         graphrun_end(s, w);
     } else if (w->g) {
-        if (!w->g->done)
-            gen_finish(w->g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
-                         : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
-                                       : LLMS__STOP_REASON__STOP_CANCELLED);
-        gen_end(s, w, w->failed ? w->fail_msg : NULL);
+        gen_end(s, w);
     } else if (w->answered) {
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, -1,
                        (double)(mono_ns() - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
