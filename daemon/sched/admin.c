@@ -667,13 +667,10 @@ static void handle_unload_model(sched *s, const sched_job *j)
     models_entry *me = models_find(s->env.reg, name);
     genmodel *gm = me ? genset_of_entry(s, me) : NULL;
     if (gm && gm != s->gm[0] && me->running == 0) {
-        if (genset_unload_check(s, gm, err) < 0) {
+        if (genset_unload(s, gm, err) < 0) {
             sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION, "unload: %s", err);
             return;
         }
-        s->gm[genset_slot(s, gm)] = NULL;
-        genmodel_free(gm);
-        genset_split_budget(s);
     }
     Llms__ErrorCode code = models_unload(s->env.reg, name, err);
     if (code != LLMS__ERROR_CODE__OK) {

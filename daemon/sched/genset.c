@@ -129,7 +129,7 @@ int genset_count(const sched *s)
 
 /* Each generate model's share of kv_budget_mb: equal parts, set again whenever one
  * comes or goes (a smaller share reclaims idle contexts' chunks at once). */
-void genset_split_budget(sched *s)
+static void genset_split_budget(sched *s)
 {
     size_t total = (size_t)s->env.cfg->kv_budget_mb << 20;
     int n = genset_count(s);
@@ -145,7 +145,7 @@ void genset_split_budget(sched *s)
 /* Starts serving the generate model me (its weights in the registry) in a free slot:
  * its runner, pool and the contexts that belong to it; tok lends its tokenizer (NULL:
  * loaded from the file). */
-int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
+static int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX])
 {
     const config *cfg = s->env.cfg;
     int k = 0;
@@ -184,6 +184,19 @@ int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MA
     return 0;
 }
 
+int genset_start(sched *s, char err[ERR_MAX])
+{
+    /* The default generate model first: it keeps the contexts of models not loaded. */
+    models *reg = s->env.reg;
+    for (models_entry *e = (models_entry *)models_first(reg); e; e = e->next)
+        if ((e->roles & MODELS_GENERATE) &&
+            genset_add(s, e, e == models_generate(reg) ? s->env.tok : NULL, err) < 0)
+            return -1;
+    genset_split_budget(s);
+    atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
+    return 0;
+}
+
 /* A generate model loaded at run time: its contexts, kept by the default model while it
  * was not loaded, move to it (read again from the store). */
 int genset_load(sched *s, models_entry *me, char err[ERR_MAX])
@@ -204,7 +217,7 @@ int genset_load(sched *s, models_entry *me, char err[ERR_MAX])
 /* Whether a generate model other than the default may go: no work running on it and no
  * context of it (its contexts would lose their model; deleting them, or a restart
  * without the model, which keeps them as history, are the ways). -1 + err naming them. */
-int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
+static int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
 {
     int running = 0;
     for (int i = 0; i < s->n_active; i++)
@@ -224,4 +237,14 @@ int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX])
     return err_set(err, "model '%s' has %d context%s (%s%s): delete them first, or restart "
                         "llmsd without the model to keep them as history", gm->me->name, n,
                    n == 1 ? "" : "s", ids, n > k ? ", ..." : "");
+}
+
+int genset_unload(sched *s, genmodel *gm, char err[ERR_MAX])
+{
+    if (genset_unload_check(s, gm, err) < 0)
+        return -1;
+    s->gm[genset_slot(s, gm)] = NULL;
+    genmodel_free(gm);
+    genset_split_budget(s);
+    return 0;
 }

@@ -505,13 +505,8 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     }
     for (int i = 0; i < cfg->n_ctx; i++)
         s->positions[i] = i;
-    /* The default generate model first: it keeps the contexts of models not loaded. */
-    for (models_entry *e = (models_entry *)models_first(env->reg); e; e = e->next)
-        if ((e->roles & MODELS_GENERATE) &&
-            genset_add(s, e, e == models_generate(env->reg) ? env->tok : NULL, err) < 0)
-            goto fail;
-    genset_split_budget(s);
-    atomic_store(&s->n_contexts, (unsigned)genset_ctx_count(s));
+    if (genset_start(s, err) < 0)
+        goto fail;
     semantic_env se = {cfg, env->reg, env->m, env->tok, s->gm[0]->runner, s->gm[0]->pool,
                        s->gm[0]->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);

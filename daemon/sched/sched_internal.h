@@ -379,17 +379,17 @@ int genset_ctx_count(const sched *s);
 /* Generate models served. */
 int genset_count(const sched *s);
 
-/* Gives each generate model its equal share of kv_budget_mb. */
-void genset_split_budget(sched *s);
+/* Serves every generate model of the registry, each with its runner, KV pool, contexts
+ * and an equal share of kv_budget_mb (sched_new). */
+int genset_start(sched *s, char err[ERR_MAX]);
 
-/* Serves the generate model me in a free slot (tok: its tokenizer lent, NULL: its own). */
-int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err[ERR_MAX]);
-
-/* A generate model loaded at run time; its contexts move to it. */
+/* Serves a generate model loaded at run time; its contexts, kept by the default model
+ * while it was not loaded, move to it. */
 int genset_load(sched *s, models_entry *me, char err[ERR_MAX]);
 
-/* Whether a generate model may be unloaded; -1 + err naming what holds it. */
-int genset_unload_check(const sched *s, const genmodel *gm, char err[ERR_MAX]);
+/* Stops serving a generate model other than the default, when no work runs on it and it
+ * has no context; -1 + err naming what holds it. The others share kv_budget_mb again. */
+int genset_unload(sched *s, genmodel *gm, char err[ERR_MAX]);
 
 /* ---- admin.c ---- */
 
