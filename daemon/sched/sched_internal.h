@@ -1,7 +1,8 @@
 /*
  * sched_internal.h — what the worker's files share (the files of daemon/sched/, not the
- * rest of the daemon): the scheduler's state (struct sched), the apps it queues for, the work it
- * admits (work), a generation (gen), and the few functions one file calls in another.
+ * rest of the daemon): the scheduler's state (struct sched), the apps it queues for, the
+ * work it admits (work), a generation (gen), and the few functions one file calls in
+ * another. Each file keeps the rest of its own static.
  *
  * The files, by concern:
  *   sched.c     the worker thread and its loop, the replies, one batched step
@@ -199,6 +200,8 @@ struct sched {
     spec_stats spec;       /* graph runs' speculation, summed */
 };
 
+/* The clocks: CLOCK_MONOTONIC in ns (deadlines, step times), CLOCK_REALTIME in ms (what
+ * is stored and shown). */
 static inline int64_t mono_ns(void)
 {
     struct timespec ts;
@@ -212,7 +215,6 @@ static inline int64_t wall_ms(void)
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
-
 
 /* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */
 enum admit_kv_fit { ADMIT_KV_FITS, ADMIT_KV_WAIT, ADMIT_KV_NEVER, ADMIT_KV_WAITED };
