@@ -351,21 +351,6 @@ static void run_step(sched *s)
             run_step_on(s, s->gm[k]);
 }
 
-/* sched = serial, the behaviour before the step scheduler: every request in turn gets its
- * own forward, and long work runs to completion. */
-static void run_serial(sched *s)
-{
-    for (int i = 0; i < s->n_active; i++) {
-        work *w = s->active[i];
-        /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
-        while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
-            sched_step_alone(s, w, w->gm->max_batch, NULL);
-            if (w->g && gen_decoding(w->g))
-                break; /* one token per generation per round */
-        }
-    }
-}
-
 int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
 {
     int64_t t0 = mono_ns();
@@ -394,6 +379,21 @@ int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
     if (n_seq)
         step_record(s, t0, step_rows(s, n_seq));
     return n_seq;
+}
+
+/* sched = serial, the behaviour before the step scheduler: every request in turn gets its
+ * own forward, and long work runs to completion. */
+static void run_serial(sched *s)
+{
+    for (int i = 0; i < s->n_active; i++) {
+        work *w = s->active[i];
+        /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
+        while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
+            sched_step_alone(s, w, w->gm->max_batch, NULL);
+            if (w->g && gen_decoding(w->g))
+                break; /* one token per generation per round */
+        }
+    }
 }
 
 int sched_step_room(sched *s, int rows)

@@ -165,7 +165,7 @@ struct sched {
     _Atomic bool idle_preempt;
     bool pred_cached;      /* the predicted query just begun had nothing to compute */
     predict_task pred_task;
-    sched_job pred_job;    /* its request, built here (pred_start) */
+    sched_job pred_job;    /* its request, built in place (idle.c) */
     Llms__Request pred_req;
     Llms__RagQueryRequest pred_rag;
     Llms__CompleteRequest pred_complete;
