@@ -1,7 +1,7 @@
 /*
  * predict.h — PerCache's idle-time query prediction and cache scheduler: the questions
  * the worker asks itself, as low-priority work, while no engine request has come for
- * idle_after_ms (daemon/sched/sched.c runs them; any real request pauses them within a step).
+ * idle_after_ms (daemon/sched/idle.c runs them; any real request pauses them within a step).
  *
  * Where predicted questions come from:
  *  - knowledge-based: after documents arrive, the model writes an abstract of the

@@ -1,0 +1,481 @@
+/*
+ * generate.c — one generation (a Call's, Complete's, RagQuery's, or a graph generation
+ * node's): its prompt and sampling settings, the tokens it takes from the steps, the
+ * text it releases past the stop strings, a WINDOW context's slide, a Call's switch-in,
+ * and its end (the turn persisted, the result answered).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/prompt.h"
+#include "daemon/reqlog.h"
+#include "daemon/sched/sched_internal.h"
+#include "daemon/textbuf.h"
+
+#define PIECE_MAX 256
+
+/* Sampling settings: the request's, else the context's defaults, else the config's. */
+static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
+                         const Llms__GenerationParams *req_p, sampler_params *sp,
+                         int *max_tokens, const Llms__GenerationParams **stops)
+{
+    sp->temperature = cfg->temperature;
+    sp->top_k = cfg->top_k;
+    sp->top_p = cfg->top_p;
+    sp->min_p = cfg->min_p;
+    sp->repeat_penalty = cfg->repeat_penalty;
+    sp->repeat_last_n = cfg->repeat_last_n;
+    sp->seed = SAMPLER_SEED_RANDOM;
+    *max_tokens = cfg->max_tokens;
+    *stops = NULL;
+    const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
+    for (int i = 0; i < 2; i++) {
+        const Llms__GenerationParams *p = layers[i];
+        if (!p)
+            continue;
+        if (p->has_temperature)
+            sp->temperature = p->temperature;
+        if (p->has_top_k)
+            sp->top_k = p->top_k;
+        if (p->has_top_p)
+            sp->top_p = p->top_p;
+        if (p->has_min_p)
+            sp->min_p = p->min_p;
+        if (p->has_repeat_penalty)
+            sp->repeat_penalty = p->repeat_penalty;
+        if (p->has_repeat_last_n)
+            sp->repeat_last_n = p->repeat_last_n;
+        if (p->has_seed)
+            sp->seed = p->seed;
+        if (p->has_max_tokens)
+            *max_tokens = p->max_tokens;
+        if (p->n_stop > 0)
+            *stops = p;
+    }
+}
+
+void gen_free(gen *g)
+{
+    if (!g)
+        return;
+    if (g->seq == &g->own_seq)
+        kv_seq_free(&g->own_seq);
+    rag_query_free(g->rq);
+    free(g->hist);
+    free(g->turn);
+    free(g->reply);
+    free(g->shown);
+    sampler_free(g->smp);
+    free(g);
+}
+
+/* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
+ * generation node, on the generate model gm (a Call's: its context's). NULL after
+ * answering the job with an error (gg: after putting the error in gg, the job
+ * unanswered). */
+gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen *gg)
+{
+    const config *cfg = s->env.cfg;
+    char err[ERR_MAX];
+    gen *g = calloc(1, sizeof *g);
+    int32_t *turn = NULL;
+    int n_turn = 0;
+    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
+    if (!g) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    g->gm = gm;
+    g->c = c;
+    g->t_start = mono_ns();
+
+    const Llms__GenerationParams *req_p, *stops_p;
+    sampler_params sp;
+    bool templated;
+    if (c) {
+        Llms__CallRequest *cr = j->req->call;
+        templated = !(cr->has_raw && cr->raw);
+        req_p = cr->params;
+        g->user_role = templated ? "user" : "raw";
+        if (prompt_turn(gm->tok, gm->family, c, cr->prompt, !templated, &turn, &n_turn, err))
+            goto fail;
+        g->seq = &c->seq;
+        g->n_base = c->n_tokens;
+        g->limit = cfg->max_tokens_per_context;
+        merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p);
+    } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
+        kv_seq_init(&g->own_seq, gm->pool);
+        g->seq = &g->own_seq;
+        g->switched_in = true;
+        g->limit = cfg->n_ctx;
+        bool cached = false;
+        g->rq = j == &s->pred_job
+                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, &s->pred_task, g->seq,
+                                          &cached)
+                    : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
+        s->pred_cached = cached;
+        if (!g->rq) {
+            gen_free(g); /* answered: from the QA bank or with an error */
+            return NULL;
+        }
+        const int32_t *pt = rag_prompt(g->rq, &n_turn);
+        if (!(turn = malloc(sizeof *turn * (size_t)(n_turn ? n_turn : 1)))) {
+            err_set(err, "out of memory");
+            goto fail;
+        }
+        memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
+        templated = true;
+        req_p = rag_params(g->rq);
+        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
+    } else {
+        /* a Complete, or a graph node's prompt as a Complete of it would be */
+        const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
+        const Llms__GenerationParams *node_p = gg ? gg->node_params : NULL;
+        templated = gg ? gg->chat : cr->has_chat && cr->chat;
+        req_p = gg ? gg->run_params : cr->params;
+        char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt, templated,
+                                          gg ? NULL : cr->system_prompt, err);
+        if (!text)
+            goto fail;
+        int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn, err);
+        free(text);
+        if (rc)
+            goto fail;
+        kv_seq_init(&g->own_seq, gm->pool);
+        g->seq = &g->own_seq;
+        g->switched_in = true;
+        g->limit = cfg->n_ctx;
+        merge_params(cfg, node_p, req_p, &sp, &g->max_gen, &stops_p);
+    }
+    code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (n_turn == 0) {
+        err_set(err, "the prompt adds no tokens");
+        goto fail;
+    }
+    if (g->max_gen < 1) {
+        err_set(err, "max_tokens must be at least 1");
+        goto fail;
+    }
+    if (c && c->overflow == CTX_OVERFLOW_WINDOW) {
+        g->window = true;
+        if (c->window_sink == 0)
+            g->sink_want = prompt_sink_tokens(gm->tok, gm->family, c->system_prompt,
+                                              cfg->window_sink);
+    }
+    /* A turn that does not fit beside the context: a WINDOW context slides at the
+     * switch-in when the turn fits beside the sink (and the sink is all history). */
+    int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
+    if (g->n_base + n_turn >= g->limit &&
+        !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
+        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        if (!c)
+            err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
+                    g->limit);
+        else if (!g->window)
+            err_set(err, "context '%s' is full: it holds %d tokens, the turn adds %d and the "
+                    "window is %d tokens (its overflow is refuse; delete it or start another)",
+                    c->id, g->n_base, n_turn, g->limit);
+        else
+            err_set(err, "the turn's %d tokens do not fit the window of %d tokens beside the "
+                    "%d it keeps from the start of the context", n_turn, g->limit, sink);
+        goto fail;
+    }
+    const char *stops[STOP_MAX];
+    int n_stops = 0;
+    if (stops_p) {
+        if (stops_p->n_stop >= STOP_MAX) {
+            err_set(err, "at most %d stop strings", STOP_MAX - 1);
+            goto fail;
+        }
+        for (size_t i = 0; i < stops_p->n_stop; i++)
+            stops[n_stops++] = stops_p->stop[i];
+    }
+    /* The template's end of turn ends a reply even when the tokenizer does not mark
+     * its token as end of generation. */
+    if (templated)
+        stops[n_stops++] = chat_stop_text(gm->family);
+    if (stop_init(&g->stop, stops, n_stops, err))
+        goto fail;
+    g->smp = sampler_new(gm->n_vocab, &sp, err);
+    if (!g->smp)
+        goto fail;
+    code = LLMS__ERROR_CODE__INTERNAL;
+    /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
+    g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn
+                                                                              : g->limit));
+    g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
+    g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
+    if (!g->hist || !g->reply) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    if (c && c->n_tokens)
+        memcpy(g->hist, c->tokens, sizeof *g->hist * (size_t)c->n_tokens);
+    memcpy(g->hist + g->n_base, turn, sizeof *turn * (size_t)n_turn);
+    g->turn = turn;
+    g->n_turn = n_turn;
+    g->n_hist = g->n_base + n_turn;
+    if (c) {
+        c->busy = true;
+        c->last_used_ms = wall_ms();
+    }
+    return g;
+fail:
+    free(turn);
+    if (gg) {
+        gg->code = code;
+        snprintf(gg->err, ERR_MAX, "%s", err);
+    } else {
+        sched_reply_error(s, j, code, "%s", err);
+    }
+    gen_free(g);
+    return NULL;
+}
+
+/* Streams text (NUL-terminated) and the tokens that produced it. */
+static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, int n_tok)
+{
+    if (w->quiet || w->gw) /* a graph streams node events, not tokens */
+        return;
+    Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
+    ch.text = text;
+    ch.n_tokens = (size_t)n_tok;
+    ch.tokens = (int32_t *)tok;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = w->job->req->id;
+    r.final = 0;
+    r.body_case = LLMS__RESPONSE__BODY_CHUNK;
+    r.chunk = &ch;
+    sched_reply(s, w->job->conn_id, &r, true);
+}
+
+/* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
+ * the reply and streamed with the tokens that produced it. At the end of the reply
+ * (last) a character left unfinished is released as U+FFFD; an end with no text sends
+ * nothing. */
+static void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
+                        const int32_t *tok, int n_tok)
+{
+    gen *g = w->g;
+    char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
+    size_t len = utf8_stream_feed(&g->utf8, text, n, out);
+    if (last)
+        len += utf8_stream_flush(&g->utf8, out + len);
+    out[len] = '\0';
+    if (last && len == 0)
+        return;
+    textbuf_append(&g->shown, &g->shown_len, &g->shown_cap, out, len);
+    send_chunk(s, w, out, tok, n_tok);
+}
+
+void gen_flush(sched *s, const work *w)
+{
+    char tail[STOP_MAX_LEN + 1];
+    gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0);
+}
+
+static void gen_finish(gen *g, Llms__StopReason reason)
+{
+    g->done = true;
+    g->reason = reason;
+}
+
+/* Slides a full window (a WINDOW context's), keeping at least keep_min recent tokens;
+ * the kept tokens after the sink are then evaluated again as long work. Returns whether
+ * it slid; a failure fails the work. */
+static bool gen_slide(work *w, int keep_min)
+{
+    gen *g = w->g;
+    if (!g->window)
+        return false;
+    /* Until the next slide at most limit more tokens are generated: room for them is
+     * made now, not per token. */
+    int want = g->n_gen + g->limit < g->max_gen ? g->n_gen + g->limit : g->max_gen;
+    if (want > g->reply_cap) {
+        int32_t *r = realloc(g->reply, sizeof *r * (size_t)want);
+        if (!r) {
+            work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory sliding the window");
+            return true;
+        }
+        g->reply = r;
+        g->reply_cap = want;
+    }
+    if (ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, keep_min,
+                         g->sink_want) == 0)
+        return false;
+    g->slides++;
+    g->refill = true;
+    return true;
+}
+
+/* Whether the generation adds one decode row per step (its prompt, or the tokens kept by
+ * a slide, are evaluated). */
+bool gen_decoding(const gen *g)
+{
+    return g->prefilled && !g->refill;
+}
+
+/* Takes the token sampled from logits (n_vocab), the out row of the generation's last
+ * evaluated token. */
+void gen_take_token(sched *s, work *w, const float *logits)
+{
+    gen *g = w->g;
+    int64_t now = mono_ns();
+    if (g->t_last_token) {
+        double gap = (double)(now - g->t_last_token) / 1e6;
+        if (gap > s->step_stall_ms)
+            s->step_stall_ms = gap;
+    }
+    g->t_last_token = now;
+    int32_t next = sampler_sample(g->smp, logits, g->hist, g->n_hist);
+    if (next < 0 || tok_is_eog(g->gm->tok, next)) {
+        gen_finish(g, LLMS__STOP_REASON__STOP_EOS);
+        return;
+    }
+    g->hist[g->n_hist++] = next;
+    g->reply[g->n_gen++] = next;
+    char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX) + 1];
+    int len = tok_piece(g->gm->tok, next, piece, sizeof piece);
+    if (len < 0)
+        len = 0;
+    if (len > PIECE_MAX - 1)
+        len = PIECE_MAX - 1;
+    long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
+    gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
+    if (stop_hit(&g->stop) >= 0)
+        gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
+    else if (g->n_gen >= g->max_gen)
+        gen_finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
+    else if (g->n_hist >= g->limit && !gen_slide(w, 1))
+        gen_finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
+}
+
+/* A Call's switch-in: its chunks are read or recomputed until the KV holds the whole
+ * history (a Complete starts empty). Then the KV beyond the context is dropped. -1 with
+ * g->err_code on failure. */
+int gen_switch_in(gen *g, char err[ERR_MAX])
+{
+    int rc = ctx_call_begin(g->c->cm, g->c, g->limit, NULL, err);
+    if (rc) {
+        g->err_code = rc == CTX_E_BUDGET ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
+                                         : LLMS__ERROR_CODE__INTERNAL;
+        return -1;
+    }
+    g->switched_in = true;
+    if (kv_seq_n_tokens(g->seq) > g->n_base)
+        kv_seq_truncate(g->seq, g->n_base);
+    /* A turn that does not fit beside the context (gen_new checked it fits the window
+     * beside the sink) slides it first, keeping the whole turn. */
+    if (g->n_hist >= g->limit) {
+        int drop = ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, g->n_turn,
+                                    g->sink_want);
+        if (drop == 0) {
+            g->err_code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            return err_set(err, "the turn does not fit the window of %d tokens", g->limit);
+        }
+        g->slides++;
+    }
+    return 0;
+}
+
+void gen_end(sched *s, work *w)
+{
+    gen *g = w->g;
+    if (!g->done)
+        gen_finish(g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
+                      : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
+                                    : LLMS__STOP_REASON__STOP_CANCELLED);
+    const char *engine_err = w->failed ? w->fail_msg : NULL;
+    char err[ERR_MAX];
+    Llms__ErrorCode code = engine_err && g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
+    bool failed = engine_err != NULL;
+    if (engine_err)
+        snprintf(err, sizeof err, "%s", engine_err);
+    g->t_end = mono_ns();
+    if (!failed && !g->prefilled) {
+        /* Stopped before the prompt was evaluated: nothing to keep. */
+        failed = true;
+        if (s->shutting) {
+            code = LLMS__ERROR_CODE__UNAVAILABLE;
+            snprintf(err, sizeof err, "the daemon is shutting down");
+        } else if (g->reason == LLMS__STOP_REASON__STOP_DEADLINE) {
+            code = LLMS__ERROR_CODE__DEADLINE_EXCEEDED;
+            snprintf(err, sizeof err, "the request's timeout passed before its prompt was "
+                                      "evaluated");
+        } else {
+            code = LLMS__ERROR_CODE__CANCELLED;
+            snprintf(err, sizeof err, "cancelled");
+        }
+    }
+    if (!failed)
+        gen_flush(s, w);
+    if (g->c && !failed) {
+        Llms__CallRequest *cr = w->job->req->call;
+        if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
+                            g->shown ? g->shown : "", g->reply, g->n_gen, wall_ms(), err)) {
+            failed = true;
+            code = LLMS__ERROR_CODE__INTERNAL;
+        }
+    }
+    if (!w->quiet && !failed && g->rq) {
+        Llms__RagResult res;
+        rag_result(g->rq, &res);
+        res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
+        res.generated_tokens = (uint32_t)g->n_gen;
+        res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
+        res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
+        res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
+        res.stop_reason = g->reason;
+        res.text = g->shown ? g->shown : "";
+        Llms__Response r = LLMS__RESPONSE__INIT;
+        r.id = w->job->req->id;
+        r.final = 1;
+        r.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
+        r.rag_result = &res;
+        sched_reply(s, w->job->conn_id, &r, false);
+    } else if (!w->quiet) {
+        if (failed) {
+            sched_reply_error(s, w->job, code, "%s", err);
+        } else {
+            Llms__CallResult res = LLMS__CALL_RESULT__INIT;
+            res.prompt_tokens = (uint32_t)g->n_eval;
+            res.generated_tokens = (uint32_t)g->n_gen;
+            res.context_tokens = g->c ? (uint32_t)g->c->n_tokens : 0;
+            res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
+            res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
+            res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
+            res.stop_reason = g->reason;
+            res.has_window_slides = g->slides > 0;
+            res.window_slides = (uint32_t)g->slides;
+            res.text = g->shown ? g->shown : "";
+            Llms__Response r = LLMS__RESPONSE__INIT;
+            r.id = w->job->req->id;
+            r.final = 1;
+            r.body_case = LLMS__RESPONSE__BODY_RESULT;
+            r.result = &res;
+            sched_reply(s, w->job->conn_id, &r, false);
+        }
+    }
+    /* the caches are written after the reply went out, off its latency; an answer cut
+     * short (cancelled, deadline, shutdown) is no answer for the QA bank */
+    if (!failed && g->rq) {
+        bool whole = g->reason == LLMS__STOP_REASON__STOP_EOS ||
+                     g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
+                     g->reason == LLMS__STOP_REASON__STOP_STRING;
+        outq_wake(s->env.out);
+        rag_populate(s->rag, g->rq, g->seq, whole && g->shown ? g->shown : "");
+    }
+    if (!failed)
+        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
+                       (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor,
+                                                            (int)g->reason)->name);
+    /* After the reply is queued: the context's modified chunks are compressed and
+     * written (ahead-of-time swap-out), or a failed call's extra KV dropped; then its
+     * chunks are unlocked. */
+    if (g->c) {
+        outq_wake(s->env.out);
+        ctx_call_end(g->c->cm, g->c, !failed);
+    }
+}
