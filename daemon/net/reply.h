@@ -8,10 +8,26 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "daemon/net/outq.h"
 #include "proto/llms.pb-c.h"
+
+/*
+ * Packs resp as a whole frame into a fresh buffer (*out, *len). A response larger than
+ * max_bytes is replaced by a RESOURCE_EXHAUSTED error for the same id. Returns -1 only when
+ * memory runs out.
+ */
+int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, size_t *len);
+
+/* Packs a final error Response (code and printf-style message) for request id. */
+int resp_error(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
+               size_t *len, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The same with the message's arguments as a va_list. */
+int resp_error_v(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
+                 size_t *len, const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
 
 /* Packs r (replaced by RESOURCE_EXHAUSTED past max_bytes) and queues it for conn_id;
  * droppable chunks may be dropped for a slow reader (outq.h). Out of memory drops it. */
