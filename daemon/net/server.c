@@ -24,7 +24,7 @@
 #include "daemon/net/http.h"
 #include "daemon/notify.h"
 #include "daemon/net/ratelog.h"
-#include "daemon/net/resp.h"
+#include "daemon/net/reply.h"
 #include "daemon/net/session.h"
 #include "proto/frame.h"
 
@@ -251,7 +251,7 @@ static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
 {
     uint8_t *buf;
     size_t len;
-    if (resp_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    if (reply_pack_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
         conn_send(c, buf, len);
     c->closing = true;
     release_buffered(c);
@@ -480,8 +480,8 @@ static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
 {
     uint8_t *buf;
     size_t len;
-    if (resp_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes, &buf, &len,
-                   "%s", msg) == 0) {
+    if (reply_pack_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes,
+                         &buf, &len, "%s", msg) == 0) {
         if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
             ratelog_warn(&srv->log_refused, "refused connection: could not send why: %s",
                          strerror(errno));

@@ -14,7 +14,7 @@
 #include "daemon/ctx/ctxmgr.h"
 #include "daemon/prompt.h"
 #include "daemon/reqlog.h"
-#include "daemon/net/resp.h"
+#include "daemon/net/reply.h"
 #include "daemon/net/tokreq.h"
 #include "engine/tok/stop.h"
 
@@ -66,7 +66,7 @@ static void send_error(const session_env *env, void *conn, uint64_t id, Llms__Er
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (resp_error(id, code, env->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    if (reply_pack_error(id, code, env->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
         env->send(conn, buf, len);
 }
 
@@ -310,7 +310,7 @@ static void send_resp(const session_env *env, void *conn, Llms__Response *r)
     uint8_t *buf;
     size_t len;
     r->final = 1;
-    if (resp_pack(r, env->cfg->max_frame_bytes, &buf, &len) == 0)
+    if (reply_pack(r, env->cfg->max_frame_bytes, &buf, &len) == 0)
         env->send(conn, buf, len);
 }
 

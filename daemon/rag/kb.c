@@ -4,7 +4,6 @@
 #include "daemon/rag/kb.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +37,7 @@ typedef struct kb_vecs {
 
 struct kbm {
     kb_env env;
+    reply_to to;
     kb_vecs *cache;
     kb_ivf_stats ivf_stats;
     kb_changed_fn changed;
@@ -68,6 +68,7 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
         return NULL;
     }
     k->env = *env;
+    k->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     k->drops_pending = true; /* a drop a crash cut short is finished in idle time */
     /* no writer is left of a staged document: it goes with the retired ones */
     if (store_kb_unstage_all(env->st, err)) {
@@ -127,34 +128,6 @@ bool kb_is_request(Llms__Request__BodyCase body)
     }
 }
 
-static void send_resp(kbm *k, uint64_t conn_id, Llms__Response *r)
-{
-    reply_send(k->env.out, k->env.cfg->max_frame_bytes, conn_id, r, false);
-}
-
-static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(k->env.out, k->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
-}
-
-static void send_ok(kbm *k, uint64_t conn_id, const Llms__Request *req)
-{
-    Llms__Empty e = LLMS__EMPTY__INIT;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = req->id;
-    r.final = 1;
-    r.body_case = LLMS__RESPONSE__BODY_OK;
-    r.ok = &e;
-    send_resp(k, conn_id, &r);
-}
-
 static bool name_ok(const char *name)
 {
     size_t n = name ? strlen(name) : 0;
@@ -207,8 +180,8 @@ static bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     char err[ERR_MAX];
     int rc = kb_lookup(k, uid, app, name, out, err);
     if (rc <= 0)
-        send_error(k, conn_id, req, rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND
-                                            : LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, conn_id, req, rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND
+                                             : LLMS__ERROR_CODE__INTERNAL, "%s", err);
     return rc == 1;
 }
 
@@ -228,8 +201,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbCreateRequest *cr = req->kb_create;
     char err[ERR_MAX];
     if (!name_ok(cr->name)) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "a knowledge base name is 1 to %d bytes of [A-Za-z0-9._-]", KB_NAME_MAX);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "a knowledge base name is 1 to %d bytes of [A-Za-z0-9._-]", KB_NAME_MAX);
         return;
     }
     int ptok = cr->has_passage_tokens ? (int)cr->passage_tokens : cfg->kb_passage_tokens;
@@ -237,9 +210,9 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     if (!cr->has_overlap_tokens && otok >= ptok)
         otok = ptok / 4;
     if (ptok < 8 || ptok > 4096 || otok < 0 || otok >= ptok) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "passage_tokens must be 8..4096 and overlap_tokens below it (%d, %d)",
-                   ptok, otok);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "passage_tokens must be 8..4096 and overlap_tokens below it (%d, %d)",
+                    ptok, otok);
         return;
     }
     int64_t app_id, kb_id;
@@ -249,8 +222,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         store_kb_list(k->env.st, app_id, count_kb, &n, err))
         goto fail;
     if (n >= cfg->kb_max_per_app) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "app has %d knowledge bases, the limit (kb_max_per_app)", n);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "app has %d knowledge bases, the limit (kb_max_per_app)", n);
         return;
     }
     if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
@@ -258,14 +231,14 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
                         &kb_id, &exists, err))
         goto fail;
     if (exists) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "knowledge base '%s' exists", cr->name);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "knowledge base '%s' exists", cr->name);
         return;
     }
-    send_ok(k, conn_id, req);
+    reply_ok(&k->to, conn_id, req);
     return;
 fail:
-    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
 typedef struct kb_list {
@@ -321,7 +294,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
         rc = -1;
     }
     if (rc) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
     } else {
         for (int i = 0; i < l.n; i++)
             l.ptrs[i] = &l.infos[i];
@@ -333,7 +306,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_KB_LIST;
         r.kb_list = &lr;
-        send_resp(k, conn_id, &r);
+        reply_send(&k->to, conn_id, &r, false);
     }
     for (int i = 0; i < l.n; i++)
         free(l.names[i]);
@@ -625,13 +598,13 @@ static kb_task *add_begin(kb_task *t)
     if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
         return NULL;
     if (t->kb.dim != semantic_dim(k->env.sem)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
-                   "drop and create it again", ar->kb, t->kb.dim, semantic_dim(k->env.sem));
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
+                    "drop and create it again", ar->kb, t->kb.dim, semantic_dim(k->env.sem));
         return NULL;
     }
     if (ar->n_documents == 0) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
         return NULL;
     }
     for (size_t i = 0; i < ar->n_documents; i++) {
@@ -639,21 +612,21 @@ static kb_task *add_begin(kb_task *t)
         size_t bytes = strlen(d->text);
         t->total += bytes;
         if (!d->id[0] || strlen(d->id) > 256) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "document %zu: an id is 1 to 256 bytes", i);
+            reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "document %zu: an id is 1 to 256 bytes", i);
             return NULL;
         }
         if (bytes > (size_t)cfg->kb_max_doc_bytes) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                       "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
-                       bytes, cfg->kb_max_doc_bytes);
+            reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                        "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
+                        bytes, cfg->kb_max_doc_bytes);
             return NULL;
         }
     }
     if (t->total > (size_t)cfg->kb_max_add_bytes) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",
-                   t->total, cfg->kb_max_add_bytes);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",
+                    t->total, cfg->kb_max_add_bytes);
         return NULL;
     }
     bool ok, found;
@@ -662,11 +635,11 @@ static kb_task *add_begin(kb_task *t)
     if (quota_check(k, t->uid, (int64_t)t->total, 0, &ok, err) ||
         store_app_id(k->env.st, t->uid, t->app, &app_id, err) ||
         store_kb_get(k->env.st, app_id, ar->kb, get_info, &info, &found, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
     if (!ok) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
         return NULL;
     }
     t->ptok = info.passage_tokens;
@@ -674,7 +647,7 @@ static kb_task *add_begin(kb_task *t)
     t->progress = ar->has_progress && ar->progress;
     t->progress_ns = mono_ns();
     if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
     }
     t->phase = KB_SPLIT;
@@ -698,7 +671,7 @@ static kb_task *drop_begin(kb_task *t)
     if (store_kb_get(k->env.st, t->kb.app_id, t->kb.name, copy_counts, &info, &found, err) ||
         ivf_drop(k->env.st, t->kb.app_id, index, &had_index, err) ||
         store_kb_hide(k->env.st, t->kb.id, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
     if (k->changed)
@@ -713,12 +686,12 @@ kb_task *kb_begin(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
 {
     if (req->body_case != LLMS__REQUEST__BODY_KB_ADD &&
         req->body_case != LLMS__REQUEST__BODY_KB_DROP) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a KbAdd or KbDrop");
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a KbAdd or KbDrop");
         return NULL;
     }
     kb_task *t = calloc(1, sizeof *t);
     if (!t) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
     }
     *t = (kb_task){.k = k, .conn_id = conn_id, .uid = uid, .app = app, .req = req};
@@ -785,7 +758,7 @@ static void add_progress_send(kb_task *t)
     r.body_case = LLMS__RESPONSE__BODY_KB_ADD_PROGRESS;
     r.kb_add_progress = &p;
     /* droppable: a client that does not read keeps no more than its output cap */
-    reply_send(t->k->env.out, t->k->env.cfg->max_frame_bytes, t->conn_id, &r, true);
+    reply_send(&t->k->to, t->conn_id, &r, true);
     t->progress_ns = mono_ns();
 }
 
@@ -811,8 +784,8 @@ static int add_split(kb_task *t)
         if (scan_words(k, d->text, len, &t->words, KB_SPLIT_SLICE_BYTES, err) ||
             (t->words.pos == len &&
              split_words(d->text, &t->words, t->ptok, t->otok, &t->sp[t->doc], err))) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "document '%.64s': %s", d->id, err);
+            reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "document '%.64s': %s", d->id, err);
             return 1;
         }
         if (t->words.pos == len) {
@@ -824,22 +797,22 @@ static int add_split(kb_task *t)
     }
     bool ok;
     if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     if (!ok) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
         return 1;
     }
     if (!(t->texts = malloc(sizeof *t->texts * (size_t)t->n_pass))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return 1;
     }
     for (size_t i = 0, p = 0; i < ar->n_documents; i++)
         for (int j = 0; j < t->sp[i].n; j++)
             t->texts[p++] = t->sp[i].texts[j];
     if (!(t->emb = semantic_embed_texts(k->env.sem, t->texts, t->n_pass, err))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "embedding: %s", err);
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "embedding: %s", err);
         return 1;
     }
     t->phase = KB_EMBED;
@@ -903,7 +876,7 @@ rollback:
 fail:
     free(t->doc_ids);
     t->doc_ids = NULL;
-    send_error(k, t->conn_id, t->req, code, "%s", err);
+    reply_error(&k->to, t->conn_id, t->req, code, "%s", err);
     return 1;
 }
 
@@ -953,7 +926,7 @@ static int add_write(kb_task *t)
     }
     return 0;
 fail:
-    send_error(k, t->conn_id, t->req, code, "%s", err);
+    reply_error(&k->to, t->conn_id, t->req, code, "%s", err);
     return 1;
 }
 
@@ -968,7 +941,7 @@ static void add_publish(kb_task *t)
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
     if (!add_kb_there(t, &code, err) ||
         store_kb_publish(k->env.st, t->kb.id, t->doc_ids, (int)ar->n_documents, err)) {
-        send_error(k, t->conn_id, t->req, code, "%s", err);
+        reply_error(&k->to, t->conn_id, t->req, code, "%s", err);
         return;
     }
     t->published = true;
@@ -984,7 +957,7 @@ static void add_publish(kb_task *t)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
     r.kb_add = &res;
-    send_resp(k, t->conn_id, &r);
+    reply_send(&k->to, t->conn_id, &r, false);
 }
 
 int kb_task_advance(kb_task *t, int max_rows)
@@ -1017,7 +990,7 @@ int kb_task_advance(kb_task *t, int max_rows)
     case KB_DROP:
         if (store_kb_drop_step(t->k->env.st, t->kb.id, max_rows * KB_DROP_ROWS_PER_ROW, &done,
                                err)) {
-            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            reply_error(&t->k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
             return 1;
         }
         t->rows_left -= (long)max_rows * KB_DROP_ROWS_PER_ROW;
@@ -1028,12 +1001,12 @@ int kb_task_advance(kb_task *t, int max_rows)
         /* the freed pages leave the file before the reply, a slice a turn (a page moved
          * costs about what a row deleted does) */
         if (store_vacuum_step(t->k->env.st, max_rows * KB_DROP_ROWS_PER_ROW, &done, err)) {
-            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            reply_error(&t->k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
             return 1;
         }
         if (!done)
             return 0;
-        send_ok(t->k, t->conn_id, t->req);
+        reply_ok(&t->k->to, t->conn_id, t->req);
         return 1;
     }
     return 1;
@@ -1099,11 +1072,11 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_KB_REMOVE;
     r.kb_remove = &res;
-    send_resp(k, conn_id, &r);
+    reply_send(&k->to, conn_id, &r, false);
     return;
 fail:
     cache_drop(k, kb.id);
-    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
 /* ---- retrieval ---- */
@@ -1561,14 +1534,14 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         return;
     int top_k = sr->has_top_k ? (int)sr->top_k : k->env.cfg->rag_top_k;
     if (top_k < 1 || top_k > KB_HITS_MAX) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "top_k must be 1..%d", KB_HITS_MAX);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "top_k must be 1..%d", KB_HITS_MAX);
         return;
     }
     Llms__Retrieval mode = sr->has_retrieval ? sr->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
     if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "unknown retrieval %d",
-                   (int)mode);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "unknown retrieval %d", (int)mode);
         return;
     }
     float *qvec = malloc(sizeof *qvec * (size_t)kb.dim);
@@ -1612,7 +1585,7 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     rc = 0;
 out:
     if (rc) {
-        send_error(k, conn_id, req, code, "%s", err);
+        reply_error(&k->to, conn_id, req, code, "%s", err);
     } else {
         Llms__KbSearchResponse res = LLMS__KB_SEARCH_RESPONSE__INIT;
         res.n_hits = (size_t)n;
@@ -1622,7 +1595,7 @@ out:
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_KB_SEARCH;
         r.kb_search = &res;
-        send_resp(k, conn_id, &r);
+        reply_send(&k->to, conn_id, &r, false);
     }
     for (int i = 0; i < filled; i++) {
         free(t[i].doc);
@@ -1648,7 +1621,8 @@ void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Ll
         handle_search(k, conn_id, uid, app, req);
         break;
     default:
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a knowledge base call");
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
+                    "not a knowledge base call");
         break;
     }
 }

@@ -5,7 +5,6 @@
 
 #include <math.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 
 struct rag {
     rag_env env;
+    reply_to to;
     size_t chunk_bytes;         /* one f16 chunk's KV */
     uint8_t *node_buf;          /* a node's raw bytes while loading */
     size_t node_cap;
@@ -185,6 +185,7 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
         return NULL;
     }
     r->env = *env;
+    r->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
     r->tau = env->cfg->tau_query;
     r->qkv_bytes_stale = true;
@@ -227,23 +228,6 @@ const int32_t *rag_prompt(const rag_query *q, int *n)
 const Llms__GenerationParams *rag_params(const rag_query *q)
 {
     return q->rq->params;
-}
-
-static void send_resp(rag *r, uint64_t conn_id, Llms__Response *resp)
-{
-    reply_send(r->env.out, r->env.cfg->max_frame_bytes, conn_id, resp, false);
-}
-
-static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(r->env.out, r->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- passages of the reply ---- */
@@ -371,7 +355,7 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     resp.id = req->id;
     resp.body_case = LLMS__RESPONSE__BODY_CHUNK;
     resp.chunk = &ch;
-    send_resp(r, conn_id, &resp);
+    reply_send(&r->to, conn_id, &resp, false);
     Llms__RagResult res = LLMS__RAG_RESULT__INIT;
     res.outcome = LLMS__RAG_OUTCOME__RAG_QA_HIT;
     res.n_passages = (size_t)b.n_passages;
@@ -386,7 +370,7 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     fin.final = 1;
     fin.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
     fin.rag_result = &res;
-    send_resp(r, conn_id, &fin);
+    reply_send(&r->to, conn_id, &fin, false);
     free(b.answer);
     r->qa_hits++;
     if (b.predicted) {
@@ -778,7 +762,7 @@ passages:
     return q;
 fail:
     if (asker == ASK_REAL)
-        send_error(r, conn_id, req, code, "%s", err);
+        reply_error(&r->to, conn_id, req, code, "%s", err);
     else
         warn("predicted query", err);
 answered:
@@ -989,8 +973,8 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_TUNE) {
         float tau = req->cache_tune->tau_query;
         if (!(tau >= 0.0f && tau <= 2.0f)) {
-            send_error(r, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "tau_query must be 0..2 (above 1: the QA bank is off)");
+            reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "tau_query must be 0..2 (above 1: the QA bank is off)");
             return;
         }
         r->tau = tau;
@@ -999,14 +983,14 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
                                            ? req->cache : req->cache_clear;
         Llms__ErrorCode code = cache_scope_of(cr, uid, app, admin, &cs, err);
         if (code != LLMS__ERROR_CODE__OK) {
-            send_error(r, conn_id, req, code, "%s", err);
+            reply_error(&r->to, conn_id, req, code, "%s", err);
             return;
         }
     }
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR) {
         r->qkv_bytes_stale = true;
         if (cache_clear(r, &cs, err)) {
-            send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
             return;
         }
     }
@@ -1017,12 +1001,12 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
         resp.final = 1;
         resp.body_case = LLMS__RESPONSE__BODY_OK;
         resp.ok = &e;
-        send_resp(r, conn_id, &resp);
+        reply_send(&r->to, conn_id, &resp, false);
         return;
     }
     int64_t qa_n, qa_b, qkv_n, qkv_b;
     if (cache_stats(r, &cs, &qa_n, &qa_b, &qkv_n, &qkv_b, err)) {
-        send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return;
     }
     Llms__CacheResponse c = LLMS__CACHE_RESPONSE__INIT;
@@ -1038,7 +1022,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     resp.cache = &c;
     /* the counters are every owner's together: how often others asked and hit is theirs */
     if (!admin) {
-        send_resp(r, conn_id, &resp);
+        reply_send(&r->to, conn_id, &resp, false);
         return;
     }
     c.rag_queries = r->queries;
@@ -1071,5 +1055,5 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     c.predict_warmed = ps.warmed;
     c.has_qkv_verify_misses = 1;
     c.qkv_verify_misses = r->verify_misses;
-    send_resp(r, conn_id, &resp);
+    reply_send(&r->to, conn_id, &resp, false);
 }
