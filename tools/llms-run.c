@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
 #include "engine/model/embed.h"
@@ -275,13 +275,6 @@ static int parse_args(int argc, char **argv, run_options *o)
         return -1;
     }
     return 0;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Reads a whole stream or file into a NUL-terminated buffer the caller frees. */
@@ -619,18 +612,18 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     }
     memcpy(history, prompt, sizeof *prompt * (size_t)n_prompt);
 
-    double t0 = now_seconds();
+    double t0 = clock_mono_s();
     if (session_eval(&s, prompt, n_prompt, 0, positions, logits, err)) {
         fprintf(stderr, "llms-run: prefill: %s\n", err);
         goto out;
     }
-    double t_prefill = now_seconds() - t0;
+    double t_prefill = clock_mono_s() - t0;
 
     /* the first token comes from the prompt's logits: the decode rate counts the forward
      * passes (n_eval), one fewer than the tokens when no stop cuts the reply short */
     int n_hist = n_prompt, n_gen = 0, n_eval = 0;
     char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
-    t0 = now_seconds();
+    t0 = clock_mono_s();
     while (n_gen < o->n_predict) {
         int32_t next = sampler_sample(smp, logits, history, n_hist);
         if (!o->ignore_eos && tok_is_eog(tok, next))
@@ -658,7 +651,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         }
         n_eval++;
     }
-    double t_decode = now_seconds() - t0;
+    double t_decode = clock_mono_s() - t0;
     if (!o->ids)
         emit_text(shown, (long)stop_flush(&stop, shown));
     printf("\n");
@@ -766,7 +759,7 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
 
     double nll = 0.0, nll2 = 0.0;
     long count = 0;
-    double t0 = now_seconds();
+    double t0 = clock_mono_s();
     for (int c = 0; c < n_chunk; c++) {
         memcpy(chunk, tokens + (size_t)c * n_ctx, sizeof *chunk * (size_t)n_ctx);
         if (tok_add_bos(tok) && tok_bos(tok) >= 0)
@@ -798,13 +791,13 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / count), c + 1 == n_chunk ? "\n" : ",");
         /* A long text takes minutes: after the first chunk, say how many. */
         if (c == 0 && n_chunk > 1 && isatty(STDERR_FILENO))
-            fprintf(stderr, " (%.2f s per chunk, about %.0f s left) ", now_seconds() - t0,
-                    (now_seconds() - t0) * (n_chunk - 1));
+            fprintf(stderr, " (%.2f s per chunk, about %.0f s left) ", clock_mono_s() - t0,
+                    (clock_mono_s() - t0) * (n_chunk - 1));
     }
     double mean = nll / count, var = nll2 / count - mean * mean;
     double ppl = exp(mean);
     double ppl_err = count > 1 && var > 0 ? ppl * sqrt(var / (count - 1)) : 0.0;
-    fprintf(stderr, "perplexity: %.2f s for %d chunks\n", now_seconds() - t0, n_chunk);
+    fprintf(stderr, "perplexity: %.2f s for %d chunks\n", clock_mono_s() - t0, n_chunk);
     printf("PPL = %.4f +/- %.5f\n", ppl, ppl_err);
     status = 0;
 out:

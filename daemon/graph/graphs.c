@@ -3,9 +3,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
+#include "engine/clock.h"
 #include "storage/graphs.h"
 
 bool graphs_is_request(Llms__Request__BodyCase body)
@@ -68,10 +68,7 @@ static void handle_create(const graphs_env *env, const reply_to *to, uint64_t co
         free(buf);
         return;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (store_graph_put(env->st, app_id, cr->name, buf, len,
-                        (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &exists, err))
+    if (store_graph_put(env->st, app_id, cr->name, buf, len, clock_wall_ms(), &exists, err))
         goto fail;
     free(buf);
     if (exists)

@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
 #include "daemon/reqlog.h"
+#include "engine/clock.h"
 #include "engine/vdist.h"
 #include "storage/ivf.h"
 #include "storage/kb.h"
@@ -45,20 +45,6 @@ struct kbm {
     bool drops_pending;     /* rows of hidden knowledge bases or retired documents, or
                              * their freed pages, may be left (kb_drop_idle) */
 };
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 kbm *kb_new(const kb_env *env, char err[ERR_MAX])
 {
@@ -227,7 +213,7 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         return;
     }
     if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
-                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid, wall_ms(),
+                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid, clock_wall_ms(),
                         &kb_id, &exists, err))
         goto fail;
     if (exists) {
@@ -645,7 +631,7 @@ static kb_task *add_begin(kb_task *t)
     t->ptok = info.passage_tokens;
     t->otok = info.overlap_tokens;
     t->progress = ar->has_progress && ar->progress;
-    t->progress_ns = mono_ns();
+    t->progress_ns = clock_mono_ns();
     if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
         reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
@@ -759,13 +745,13 @@ static void add_progress_send(kb_task *t)
     r.kb_add_progress = &p;
     /* droppable: a client that does not read keeps no more than its output cap */
     reply_send(&t->k->to, t->conn_id, &r, true);
-    t->progress_ns = mono_ns();
+    t->progress_ns = clock_mono_ns();
 }
 
 void kb_task_progress(kb_task *t)
 {
     if (t->progress && t->req->body_case == LLMS__REQUEST__BODY_KB_ADD &&
-        mono_ns() - t->progress_ns >= (int64_t)KB_PROGRESS_MS * 1000000)
+        clock_mono_ns() - t->progress_ns >= (int64_t)KB_PROGRESS_MS * 1000000)
         add_progress_send(t);
 }
 
@@ -861,7 +847,7 @@ static int add_stage(kb_task *t)
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
         if (store_kb_stage_doc(k->env.st, t->kb.id, d->id, d->metadata,
-                               (int64_t)strlen(d->text), t->sp[i].n, wall_ms(), &t->doc_ids[i],
+                               (int64_t)strlen(d->text), t->sp[i].n, clock_wall_ms(), &t->doc_ids[i],
                                err))
             goto rollback;
     }
@@ -895,7 +881,7 @@ static int add_write(kb_task *t)
     if (store_cache_begin(k->env.st, err))
         goto fail;
     int dim = t->kb.dim;
-    int64_t t0 = mono_ns();
+    int64_t t0 = clock_mono_ns();
     do {
         const Llms__KbDocument *d = ar->documents[t->wdoc];
         const split *sp = &t->sp[t->wdoc];
@@ -916,7 +902,7 @@ static int add_write(kb_task *t)
             t->wdoc++;
             t->wpass = 0;
         }
-    } while (t->wdoc < ar->n_documents && mono_ns() - t0 < KB_WRITE_SLICE_NS);
+    } while (t->wdoc < ar->n_documents && clock_mono_ns() - t0 < KB_WRITE_SLICE_NS);
     if (store_cache_commit(k->env.st, err))
         goto fail;
     if (t->wdoc == ar->n_documents) {

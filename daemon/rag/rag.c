@@ -8,11 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/prompt.h"
 #include "daemon/net/reply.h"
 #include "daemon/reqlog.h"
+#include "engine/clock.h"
 #include "engine/vdist.h"
 #include "storage/kb.h"
 
@@ -73,20 +73,6 @@ struct rag_query {
     Llms__KbHit *hp[RAG_MAX_K];
     char *doc[RAG_MAX_K], *meta[RAG_MAX_K];
 };
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void warn(const char *what, const char *err)
 {
@@ -348,7 +334,7 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
             return store_qa_delete(r->env.st, b.id, err) ? -1 : 0;
         }
     }
-    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
     ch.text = b.answer;
     Llms__Response resp = LLMS__RESPONSE__INIT;
@@ -611,7 +597,7 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
         }
         if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : NULL, node_owner(q, i),
                           q->tokens, q->seg_end[i], n * KV_CHUNK_TOKENS, r->node_buf, need,
-                          q->asker != ASK_REAL, wall_ms(), err))
+                          q->asker != ASK_REAL, clock_wall_ms(), err))
             return -1;
     }
     const config *cfg = r->env.cfg;
@@ -652,7 +638,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->r = r;
     q->rq = rq;
     q->asker = asker;
-    q->t0_ns = mono_ns();
+    q->t0_ns = clock_mono_ns();
     q->kb_changes = r->kb_changes;
     q->warm = warm >= 0;
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
@@ -725,7 +711,7 @@ passages:
             goto fail;
         }
     }
-    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
     if (build_prompt(r, q, texts, err))
         goto fail;
     if (q->n_tokens >= cfg->n_ctx) {
@@ -836,7 +822,7 @@ void rag_result(const rag_query *q, Llms__RagResult *res)
 static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
                     char err[ERR_MAX])
 {
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     for (int i = 0; i < q->nodes_found; i++)
         if (store_qkv_touch(r->env.st, q->keys[i], q->asker == ASK_REAL, now, err))
             return -1;

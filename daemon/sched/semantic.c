@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
+#include "engine/clock.h"
 #include "engine/model/embed.h"
 #include "engine/encoder/rerank.h"
 
@@ -69,13 +69,6 @@ struct sem_task {
     rerank_options opt;
     rerank_task *rt;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Fails an Embed task: answers its request, or keeps the error for the worker's own. */
 static void embed_fail(sem_task *t, Llms__ErrorCode code, const char *msg)
@@ -716,14 +709,14 @@ static void handle_calibrate(sem_task *t)
         rerank_result res;
         memset(&res, 0, sizeof res);
         o.cv_threshold = 0;
-        double t0 = now_ms();
+        double t0 = clock_mono_ms();
         if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
                        &o, &res, err) < 0) {
             rerank_result_free(&res);
             reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
             goto done;
         }
-        full_ms += now_ms() - t0;
+        full_ms += clock_mono_ms() - t0;
         nref[q] = res.n;
         memcpy(ref + q * (size_t)k, res.index, sizeof *ref * (size_t)res.n);
         rerank_result_free(&res);
@@ -736,7 +729,7 @@ static void handle_calibrate(sem_task *t)
             const Llms__RerankQuery *rq = cq->queries[q];
             rerank_result res;
             memset(&res, 0, sizeof res);
-            double t0 = now_ms();
+            double t0 = clock_mono_ms();
             if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
                            (int)rq->n_documents, &o, &res, err) < 0) {
                 rerank_result_free(&res);
@@ -744,7 +737,7 @@ static void handle_calibrate(sem_task *t)
                             err);
                 goto done;
             }
-            ms += now_ms() - t0;
+            ms += clock_mono_ms() - t0;
             sum += overlap(ref + q * (size_t)k, res.index, res.n < nref[q] ? res.n : nref[q]);
             rerank_result_free(&res);
         }

@@ -60,9 +60,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "engine/encoder/bert.h"
 #include "engine/quant/blas.h"
 #include "engine/gguf/gguf.h"
@@ -1345,13 +1345,6 @@ void rerank_result_free(rerank_result *r)
     memset(r, 0, sizeof *r);
 }
 
-static double rr_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* The yes / no token of the options, or found in the vocabulary. */
 static int rr_answer_token(const reranker *rr, int32_t given, const char *word, int32_t *out,
                            char err[ERR_MAX])
@@ -1414,7 +1407,7 @@ void rerank_task_free(rerank_task *t)
 rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, const int *lens,
                                  int n_docs, const rerank_options *options, char err[ERR_MAX])
 {
-    double t0 = rr_now_ms();
+    double t0 = clock_mono_ms();
     const rerank_options *o = options ? options : &rr->opt;
     if (n_docs <= 0)
         return err_set(err, "no documents"), NULL;
@@ -1534,7 +1527,7 @@ int rerank_task_result(rerank_task *t, rerank_result *out, char err[ERR_MAX])
     out->pruned_at_layer = t->pruned_at;
     t->pruned_at = NULL;
     out->peak_bytes = t->rr->bytes_peak;
-    out->ms = rr_now_ms() - t->t0;
+    out->ms = clock_mono_ms() - t->t0;
     return 0;
 }
 
