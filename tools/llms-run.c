@@ -27,6 +27,7 @@
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
 #include "engine/model/sampler.h"
+#include "engine/readall.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/tokenizer.h"
 
@@ -277,51 +278,6 @@ static int parse_args(int argc, char **argv, run_options *o)
     return 0;
 }
 
-/* Reads a whole stream or file into a NUL-terminated buffer the caller frees. */
-static char *read_all(FILE *f, size_t *len_out)
-{
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return NULL;
-    for (;;) {
-        if (len + 1 == cap) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                return NULL;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "llms-run: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *text = read_all(f, len);
-    fclose(f);
-    if (!text)
-        fprintf(stderr, "llms-run: %s: read failed\n", path);
-    return text;
-}
-
 /* Tokenizes text into a freshly allocated array; *n gets the count. */
 static int32_t *tokenize_alloc(const tokenizer *tok, const char *text, size_t len,
                                bool add_special, bool parse_special, int *n)
@@ -374,9 +330,10 @@ static int run_tokenize(const tokenizer *tok)
 {
     size_t len;
     int n;
-    char *text = read_all(stdin, &len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, &len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return 1;
     }
     int32_t *ids = tokenize_alloc(tok, text, len, false, false, &n);
@@ -396,9 +353,10 @@ static int run_detokenize(const tokenizer *tok)
 {
     size_t len;
     int n;
-    char *text = read_all(stdin, &len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, &len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return 1;
     }
     int32_t *ids = parse_ids(text, tok_n_vocab(tok), &n);
@@ -517,7 +475,9 @@ static char *prompt_text(const run_options *o, const model *m, size_t *len,
 {
     char *raw;
     if (o->prompt_file) {
-        raw = read_file(o->prompt_file, len);
+        char err[ERR_MAX];
+        if (!(raw = readall_file(o->prompt_file, len, err)))
+            fprintf(stderr, "llms-run: %s: %s\n", o->prompt_file, err);
     } else {
         raw = strdup(o->prompt);
         *len = strlen(o->prompt);
@@ -725,9 +685,11 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
     int n_tokens, status = 1;
     const int n_vocab = model_hparams_of(m)->n_vocab;
     engine_session s;
-    char *text = read_file(o->perplexity_file, &len);
-    if (!text)
+    char *text = readall_file(o->perplexity_file, &len, err);
+    if (!text) {
+        fprintf(stderr, "llms-run: %s: %s\n", o->perplexity_file, err);
         return 1;
+    }
     int32_t *tokens = tokenize_alloc(tok, text, len, true, false, &n_tokens);
     free(text);
     if (!tokens) {
@@ -822,9 +784,10 @@ static void print_embedding(const float *v, int dim, int n_tokens)
 /* stdin's text, less one trailing newline (what echo adds). */
 static char *read_embed_text(size_t *len)
 {
-    char *text = read_all(stdin, len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return NULL;
     }
     if (*len > 0 && text[*len - 1] == '\n')
