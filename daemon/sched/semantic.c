@@ -31,6 +31,7 @@ struct semantic {
     int32_t *rows;         /* (max_slice) 0, 1, 2, ...: every row of a slice */
     float *norm_row;       /* (dim) */
     embedder *emb;         /* semantic_embed_now on the generate model, made on first use */
+    char *scratch_dir;     /* where rerankers offload hidden states: $TMPDIR, else /tmp */
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -95,7 +96,9 @@ semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
     sm->positions = malloc(sizeof *sm->positions * (size_t)sm->max_kv);
     sm->rows = malloc(sizeof *sm->rows * (size_t)env->max_slice);
     sm->norm_row = malloc(sizeof *sm->norm_row * (size_t)sm->dim);
-    if (!sm->positions || !sm->rows || !sm->norm_row) {
+    const char *tmp = getenv("TMPDIR");
+    sm->scratch_dir = strdup(tmp && *tmp ? tmp : "/tmp");
+    if (!sm->positions || !sm->rows || !sm->norm_row || !sm->scratch_dir) {
         err_set(err, "out of memory");
         semantic_free(sm);
         return NULL;
@@ -115,6 +118,7 @@ void semantic_free(semantic *sm)
     free(sm->positions);
     free(sm->rows);
     free(sm->norm_row);
+    free(sm->scratch_dir);
     free(sm);
 }
 
@@ -426,6 +430,7 @@ static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
     const config *cfg = sm->env.cfg;
     *o = rerank_default_options();
     o->memory_limit = (size_t)cfg->rerank_memory_mb << 20;
+    o->scratch_dir = sm->scratch_dir;
     o->stream_weights = cfg->rerank_stream_weights != 0;
     o->yes_token = cfg->rerank_yes_token;
     o->no_token = cfg->rerank_no_token;

@@ -35,10 +35,11 @@
  *
  * Memory: the hidden states of all candidates (tokens x dim floats) live in their
  * chunks' buffers while their sum is within memory_limit or there are at most three
- * chunks; otherwise they live in an unlinked temporary file in $TMPDIR and pass through
- * three rotating buffers: one computing, one being read back for the next chunk, one
- * being written out. With stream_weights, token embedding rows come from an LRU cache
- * of 10% of the vocabulary (rows kept in the file's type), read with pread on a miss.
+ * chunks; otherwise they live in an unlinked temporary file in the caller's scratch_dir
+ * (in memory when it gave none) and pass through three rotating buffers: one computing,
+ * one being read back for the next chunk, one being written out. With stream_weights,
+ * token embedding rows come from an LRU cache of 10% of the vocabulary (rows kept in the
+ * file's type), read with pread on a miss.
  *
  * Encoders (a bert file with a classification head) take their own path through the
  * same task and pruning: a pair is [CLS] query [SEP] document [SEP] (segment B from the
@@ -123,7 +124,8 @@ typedef struct rr_cache {
 } rr_cache;
 
 struct reranker {
-    rerank_options opt;
+    rerank_options opt;   /* its scratch_dir is scratch_dir */
+    char *scratch_dir;    /* the offload file's directory (owned); NULL: no offload */
     gguf_file *g;
     int fd;               /* the model file, for pread */
     model_hparams hp;
@@ -233,7 +235,7 @@ static int rr_read_row(reranker *rr, const gguf_tensor *t, int64_t row, float *d
 rerank_options rerank_default_options(void)
 {
     return (rerank_options){.top_k = 5, .mode = RERANK_SET, .cv_threshold = RR_DEFAULT_CV,
-                            .memory_limit = 0, .max_chunk_tokens = 0,
+                            .memory_limit = 0, .scratch_dir = NULL, .max_chunk_tokens = 0,
                             .stream_weights = true, .yes_token = -1,
                             .no_token = -1, .n_threads = 0};
 }
@@ -332,6 +334,7 @@ void rerank_close(reranker *rr)
     rr_free(rr, rr->vecs, rr->vecs_bytes);
     free(rr->layers);
     free(rr->prompt);
+    free(rr->scratch_dir);
     if (rr->fd >= 0)
         close(rr->fd);
     gguf_close(rr->g);
@@ -394,6 +397,12 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     }
     rr->fd = -1;
     rr->opt = options ? *options : rerank_default_options();
+    if (rr->opt.scratch_dir && *rr->opt.scratch_dir &&
+        !(rr->scratch_dir = strdup(rr->opt.scratch_dir))) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    rr->opt.scratch_dir = rr->scratch_dir;
     /* The file is mapped (gguf reads its header there) but, apart from the metadata,
      * never touched: every tensor byte is read with pread. */
     rr->g = gguf_open(model_path, err);
@@ -795,12 +804,10 @@ static int rr_make_chunks(rr_run *s, size_t limit, char err[ERR_MAX])
     size_t total = 0;
     for (int i = 0; i < s->n; i++)
         total += (size_t)s->cand[i].len * hp->dim * sizeof(float);
-    s->offload = s->n_chunks > 3 && total > limit;
+    s->offload = rr->scratch_dir && s->n_chunks > 3 && total > limit;
     size_t rowb = (size_t)hp->dim * sizeof(float);
     if (s->offload) {
-        const char *dir = getenv("TMPDIR");
-        if (!dir || !*dir)
-            dir = "/tmp";
+        const char *dir = rr->scratch_dir;
         s->tmp_fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
         if (s->tmp_fd < 0) {
             char path[512];
