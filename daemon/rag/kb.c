@@ -166,8 +166,8 @@ static bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     char err[ERR_MAX];
     int rc = kb_lookup(k, uid, app, name, out, err);
     if (rc <= 0)
-        reply_error(&k->to, conn_id, req, rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND
-                                             : LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, conn_id, req,
+                    rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND : LLMS__ERROR_CODE__INTERNAL, "%s", err);
     return rc == 1;
 }
 
@@ -213,8 +213,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         return;
     }
     if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
-                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid, clock_wall_ms(),
-                        &kb_id, &exists, err))
+                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid,
+                        clock_wall_ms(), &kb_id, &exists, err))
         goto fail;
     if (exists) {
         reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
@@ -847,8 +847,8 @@ static int add_stage(kb_task *t)
     for (size_t i = 0; i < ar->n_documents; i++) {
         const Llms__KbDocument *d = ar->documents[i];
         if (store_kb_stage_doc(k->env.st, t->kb.id, d->id, d->metadata,
-                               (int64_t)strlen(d->text), t->sp[i].n, clock_wall_ms(), &t->doc_ids[i],
-                               err))
+                               (int64_t)strlen(d->text), t->sp[i].n, clock_wall_ms(),
+                               &t->doc_ids[i], err))
             goto rollback;
     }
     if (store_cache_commit(k->env.st, err))
