@@ -1,8 +1,9 @@
 /*
- * kb.c — knowledge base requests, passage splitting and hybrid retrieval.
+ * kb.c — knowledge-base requests answered at once (KbCreate, KbList, KbRemove,
+ * KbSearch), hybrid retrieval, and the drops finished in idle time. KbAdd and KbDrop
+ * are scheduler tasks: kbadd.c.
  */
 #include "daemon/rag/kb.h"
-#include "daemon/rag/kbint.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/net/reply.h"
+#include "daemon/rag/kbint.h"
 #include "daemon/reqlog.h"
 #include "engine/clock.h"
 #include "engine/vdist.h"
@@ -64,8 +66,7 @@ static void vecs_free(kb_vecs *v)
     free(v);
 }
 
-/* Forgets the in-memory vectors of kb_id (it changed). */
-void cache_drop(kbm *k, int64_t kb_id)
+void kb_cache_drop(kbm *k, int64_t kb_id)
 {
     for (kb_vecs **pp = &k->cache; *pp; pp = &(*pp)->next)
         if ((*pp)->kb_id == kb_id) {
@@ -81,7 +82,7 @@ void kb_free(kbm *k)
     if (!k)
         return;
     while (k->cache)
-        cache_drop(k, k->cache->kb_id);
+        kb_cache_drop(k, k->cache->kb_id);
     free(k);
 }
 
@@ -149,8 +150,7 @@ int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *o
     return found ? 1 : 0;
 }
 
-/* Looks up the request's knowledge base, answering NOT_FOUND or INTERNAL itself. */
-bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+bool kb_find(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
              const Llms__Request *req, const char *name, kb_ref *out)
 {
     char err[ERR_MAX];
@@ -161,7 +161,7 @@ bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     return rc == 1;
 }
 
-/* ---- create, list, drop ---- */
+/* ---- create, list ---- */
 
 static int count_kb(void *arg, const store_kb *kb)
 {
@@ -291,7 +291,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     free(l.ptrs);
 }
 
-/* ---- add, remove ---- */
+/* ---- remove, and the rows left to delete in idle time ---- */
 
 bool kb_drop_pending(const kbm *k)
 {
@@ -327,7 +327,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbRemoveRequest *rr = req->kb_remove;
     char err[ERR_MAX];
     kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, rr->kb, &kb))
+    if (!kb_find(k, conn_id, uid, app, req, rr->kb, &kb))
         return;
     uint32_t removed = 0;
     if (store_kb_begin(k->env.st, err))
@@ -342,7 +342,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     }
     if (store_kb_commit(k->env.st, err))
         goto fail;
-    cache_drop(k, kb.id);
+    kb_cache_drop(k, kb.id);
     k->drops_pending |= removed > 0;
     if (removed && k->changed)
         k->changed(k->changed_arg, &kb, -1);
@@ -356,7 +356,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     reply_send(&k->to, conn_id, &r, false);
     return;
 fail:
-    cache_drop(k, kb.id);
+    kb_cache_drop(k, kb.id);
     reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
@@ -811,7 +811,7 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbSearchRequest *sr = req->kb_search;
     char err[ERR_MAX];
     kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, sr->kb, &kb))
+    if (!kb_find(k, conn_id, uid, app, req, sr->kb, &kb))
         return;
     int top_k = sr->has_top_k ? (int)sr->top_k : k->env.cfg->rag_top_k;
     if (top_k < 1 || top_k > KB_HITS_MAX) {

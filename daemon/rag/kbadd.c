@@ -1,18 +1,24 @@
 /*
- * kbadd.c — the KbAdd and KbDrop tasks the scheduler advances a slice at a time.
+ * kbadd.c — the knowledge-base work the scheduler advances a slice at a time (kb_begin,
+ * kb_task_*): a KbAdd's ingest (its documents split into passages a slice of words at
+ * a time, the passages embedded, the documents staged, their passages written in
+ * slices of about KB_WRITE_SLICE_NS, all published in one transaction, KbAddProgress
+ * along the way), and a KbDrop's rows deleted and pages vacuumed before it answers.
  */
 #include "daemon/rag/kb.h"
-#include "daemon/rag/kbint.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/net/reply.h"
+#include "daemon/rag/kbint.h"
 #include "daemon/reqlog.h"
 #include "engine/clock.h"
 #include "storage/ivf.h"
 #include "storage/kb.h"
+
+/* ---- passages ---- */
 
 /* A document split into passages: texts[i] (fresh strings, for the embedder) are the
  * spans spans[i] of the document (what the store keeps). */
@@ -288,7 +294,7 @@ static kb_task *add_begin(kb_task *t)
     const config *cfg = k->env.cfg;
     const Llms__KbAddRequest *ar = t->req->kb_add;
     char err[ERR_MAX];
-    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
+    if (!kb_find(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
         return NULL;
     if (t->kb.dim != semantic_dim(k->env.sem)) {
         reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
@@ -353,11 +359,11 @@ static kb_task *drop_begin(kb_task *t)
 {
     kbm *k = t->k;
     char err[ERR_MAX];
-    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, t->req->kb_drop->kb, &t->kb))
+    if (!kb_find(k, t->conn_id, t->uid, t->app, t->req, t->req->kb_drop->kb, &t->kb))
         return NULL;
     bool found;
     store_kb info = {0};
-    cache_drop(k, t->kb.id);
+    kb_cache_drop(k, t->kb.id);
     char index[32];
     bool had_index;
     snprintf(index, sizeof index, "kb:%lld", (long long)t->kb.id);
@@ -638,7 +644,7 @@ static void add_publish(kb_task *t)
         return;
     }
     t->published = true;
-    cache_drop(k, t->kb.id);
+    kb_cache_drop(k, t->kb.id);
     k->drops_pending = true; /* the documents it replaced */
     int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, t->first_new) : 0;
     Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;

@@ -1,6 +1,7 @@
 /*
- * kbint.h — what kb.c (knowledge-base requests, retrieval, idle-time drops) and
- * kbadd.c (the KbAdd and KbDrop tasks) share.
+ * kbint.h — the knowledge-base module's internals, shared by its two files: kb.c (the
+ * requests answered at once, retrieval, the drops finished in idle time) and kbadd.c
+ * (the KbAdd and KbDrop tasks the scheduler advances a slice at a time).
  */
 #ifndef LLMS_KBINT_H
 #define LLMS_KBINT_H
@@ -26,10 +27,11 @@ struct kbm {
 #define KB_DROP_ROWS_PER_ROW 32
 
 /* Forgets the in-memory vectors of kb_id (it changed). */
-void cache_drop(kbm *k, int64_t kb_id);
+void kb_cache_drop(kbm *k, int64_t kb_id);
 
-/* Looks up the request's knowledge base, answering NOT_FOUND or INTERNAL itself. */
-bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+/* Looks up the request's knowledge base name of app (uid, app) into *out: true when
+ * found, false after answering the request NOT_FOUND or INTERNAL itself. */
+bool kb_find(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
              const Llms__Request *req, const char *name, kb_ref *out);
 
 #endif
