@@ -57,25 +57,19 @@ void reply_send(const reply_to *to, uint64_t conn_id, const Llms__Response *r, b
         outq_push(to->out, conn_id, buf, len, droppable);
 }
 
-void reply_error_v(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
-                   Llms__ErrorCode code, const char *fmt, va_list ap)
+void reply_error(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
+                 Llms__ErrorCode code, const char *fmt, ...)
 {
     uint8_t *buf;
     size_t len;
     char msg[ERR_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
     if (reply_pack_error(req->id, code, to->max_bytes, &buf, &len, "%s", msg) == 0)
         outq_push(to->out, conn_id, buf, len, false);
-}
-
-void reply_error(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
-                 Llms__ErrorCode code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(to, conn_id, req, code, fmt, ap);
-    va_end(ap);
 }
 
 void reply_ok(const reply_to *to, uint64_t conn_id, const Llms__Request *req)

@@ -1,9 +1,10 @@
 /*
  * reply.h — Responses packed as frames, and the worker's replies: a Response packed and
  * queued for its connection, an error answered and logged as the request's outcome.
- * The loop packs its own answers with reply_pack / reply_pack_error; the modules that
- * answer requests on the worker thread (sched, semantic, kb, rag, graphs) keep a
- * reply_to and answer through it.
+ * The loop packs its own answers with reply_pack / reply_pack_error and hands them to
+ * the connection; the modules that answer requests on the worker thread (semantic, kb,
+ * rag, graphs; sched through resp.h until its split) keep a reply_to and answer through
+ * it.
  */
 #ifndef LLMS_REPLY_H
 #define LLMS_REPLY_H
@@ -52,10 +53,5 @@ void reply_ok(const reply_to *to, uint64_t conn_id, const Llms__Request *req);
 void reply_error(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
                  Llms__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-
-/* The same with the message's arguments as a va_list. */
-void reply_error_v(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
-                   Llms__ErrorCode code, const char *fmt, va_list ap)
-    __attribute__((format(printf, 5, 0)));
 
 #endif
