@@ -310,6 +310,8 @@ static int run_grating(const workload *w, const bench_options *o, float cv)
     ro.n_threads = o->n_threads;
     ro.stream_weights = true;
     ro.memory_limit = (size_t)o->mem_mb << 20;
+    const char *tmp = getenv("TMPDIR");
+    ro.scratch_dir = tmp && *tmp ? tmp : "/tmp";
     reranker *rr = rerank_open(w->model, &ro, err);
     if (!rr) {
         fprintf(stderr, "rerank: %s\n", err);

@@ -231,7 +231,9 @@ static const key_def keys[] = {
         "1 = the reranker reads each layer's weights from the file while the previous layer "
         "computes (two layer buffers) instead of mapping the whole model"),
     INT(rerank_memory_mb, 0, INT_MAX, "0",
-        "activation memory of one chunk of candidates in MiB, 0 = the engine's default"),
+        "activation memory of one chunk of candidates in MiB, 0 = the engine's default; "
+        "when all candidates' hidden states exceed it (over three chunks) they go to an "
+        "unlinked file in `$TMPDIR` (else `/tmp`)"),
     INT(rerank_yes_token, -1, INT_MAX, "-1",
         "token id scored as \"yes\", -1 = look \"yes\" up in the vocabulary"),
     INT(rerank_no_token, -1, INT_MAX, "-1",

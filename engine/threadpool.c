@@ -28,8 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "engine/clock.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -81,13 +82,6 @@ struct tp_pool {
     bool trying;                 /* this window tries n_use after a drop */
     int64_t retry_at_ns, retry_gap_ns;
 };
-
-static int64_t tp_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static void tp_futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 {
@@ -281,7 +275,7 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
         fn(arg, 0, 1);
         return;
     }
-    int64_t t0 = pool->adaptive ? tp_now_ns() : 0;
+    int64_t t0 = pool->adaptive ? clock_mono_ns() : 0;
     if (pool->adaptive)
         tp_adapt_before_job(pool, t0);
     int n = pool->n_use;
@@ -299,7 +293,7 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
         tp_futex_wake_all(&pool->generation);
 
     int caller_tasks = tp_run_tasks(pool, gen);
-    int64_t t1 = pool->adaptive ? tp_now_ns() : 0;
+    int64_t t1 = pool->adaptive ? clock_mono_ns() : 0;
 
     /* On a machine with more runnable threads than cores a worker may be descheduled in
      * the middle of its task: stop spinning then, and give it the core. */
@@ -311,7 +305,7 @@ void tp_run(tp_pool *pool, tp_fn fn, void *arg)
             sched_yield();
     }
     if (pool->adaptive) {
-        int64_t t2 = spins ? tp_now_ns() : t1;
+        int64_t t2 = spins ? clock_mono_ns() : t1;
         tp_adapt_after_job(pool, t1 - t0, t2 - t1, caller_tasks, n, t2);
     }
 }

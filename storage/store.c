@@ -11,8 +11,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "engine/clock.h"
 
 #define STORE_FILE "llmsd.db"
 #define STORE_LOCK_FILE "llmsd.lock"
@@ -325,13 +326,6 @@ static int db_err(store *s, char *err, const char *what)
     return err_set(err, "store: %s: %s", what, sqlite3_errmsg(s->db));
 }
 
-static int64_t now_unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Creates dir and its missing parents with mode 0750. */
 static int make_dirs(const char *dir, char *err)
 {
@@ -639,7 +633,7 @@ int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char
         return err_set(err, "store: app id: empty app name");
     sqlite3_stmt *ins = stmt(s, ST_APP_INSERT);
     if (sqlite3_bind_int64(ins, 1, uid) != SQLITE_OK || bind_text(ins, 2, name) != SQLITE_OK ||
-        sqlite3_bind_int64(ins, 3, now_unix_ms()) != SQLITE_OK)
+        sqlite3_bind_int64(ins, 3, clock_wall_ms()) != SQLITE_OK)
         return db_err(s, err, "app id: binding");
     if (run(s, ins, "app id: inserting", err) != 0)
         return -1;

@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
 #include "engine/model/embed.h"
@@ -27,6 +27,7 @@
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
 #include "engine/model/sampler.h"
+#include "engine/readall.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/tokenizer.h"
 
@@ -277,58 +278,6 @@ static int parse_args(int argc, char **argv, run_options *o)
     return 0;
 }
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Reads a whole stream or file into a NUL-terminated buffer the caller frees. */
-static char *read_all(FILE *f, size_t *len_out)
-{
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return NULL;
-    for (;;) {
-        if (len + 1 == cap) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                return NULL;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "llms-run: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *text = read_all(f, len);
-    fclose(f);
-    if (!text)
-        fprintf(stderr, "llms-run: %s: read failed\n", path);
-    return text;
-}
-
 /* Tokenizes text into a freshly allocated array; *n gets the count. */
 static int32_t *tokenize_alloc(const tokenizer *tok, const char *text, size_t len,
                                bool add_special, bool parse_special, int *n)
@@ -381,9 +330,10 @@ static int run_tokenize(const tokenizer *tok)
 {
     size_t len;
     int n;
-    char *text = read_all(stdin, &len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, &len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return 1;
     }
     int32_t *ids = tokenize_alloc(tok, text, len, false, false, &n);
@@ -403,9 +353,10 @@ static int run_detokenize(const tokenizer *tok)
 {
     size_t len;
     int n;
-    char *text = read_all(stdin, &len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, &len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return 1;
     }
     int32_t *ids = parse_ids(text, tok_n_vocab(tok), &n);
@@ -524,7 +475,9 @@ static char *prompt_text(const run_options *o, const model *m, size_t *len,
 {
     char *raw;
     if (o->prompt_file) {
-        raw = read_file(o->prompt_file, len);
+        char err[ERR_MAX];
+        if (!(raw = readall_file(o->prompt_file, len, err)))
+            fprintf(stderr, "llms-run: %s: %s\n", o->prompt_file, err);
     } else {
         raw = strdup(o->prompt);
         *len = strlen(o->prompt);
@@ -619,18 +572,18 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     }
     memcpy(history, prompt, sizeof *prompt * (size_t)n_prompt);
 
-    double t0 = now_seconds();
+    double t0 = clock_mono_s();
     if (session_eval(&s, prompt, n_prompt, 0, positions, logits, err)) {
         fprintf(stderr, "llms-run: prefill: %s\n", err);
         goto out;
     }
-    double t_prefill = now_seconds() - t0;
+    double t_prefill = clock_mono_s() - t0;
 
     /* the first token comes from the prompt's logits: the decode rate counts the forward
      * passes (n_eval), one fewer than the tokens when no stop cuts the reply short */
     int n_hist = n_prompt, n_gen = 0, n_eval = 0;
     char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
-    t0 = now_seconds();
+    t0 = clock_mono_s();
     while (n_gen < o->n_predict) {
         int32_t next = sampler_sample(smp, logits, history, n_hist);
         if (!o->ignore_eos && tok_is_eog(tok, next))
@@ -658,7 +611,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         }
         n_eval++;
     }
-    double t_decode = now_seconds() - t0;
+    double t_decode = clock_mono_s() - t0;
     if (!o->ids)
         emit_text(shown, (long)stop_flush(&stop, shown));
     printf("\n");
@@ -732,9 +685,11 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
     int n_tokens, status = 1;
     const int n_vocab = model_hparams_of(m)->n_vocab;
     engine_session s;
-    char *text = read_file(o->perplexity_file, &len);
-    if (!text)
+    char *text = readall_file(o->perplexity_file, &len, err);
+    if (!text) {
+        fprintf(stderr, "llms-run: %s: %s\n", o->perplexity_file, err);
         return 1;
+    }
     int32_t *tokens = tokenize_alloc(tok, text, len, true, false, &n_tokens);
     free(text);
     if (!tokens) {
@@ -766,7 +721,7 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
 
     double nll = 0.0, nll2 = 0.0;
     long count = 0;
-    double t0 = now_seconds();
+    double t0 = clock_mono_s();
     for (int c = 0; c < n_chunk; c++) {
         memcpy(chunk, tokens + (size_t)c * n_ctx, sizeof *chunk * (size_t)n_ctx);
         if (tok_add_bos(tok) && tok_bos(tok) >= 0)
@@ -798,13 +753,13 @@ static int run_perplexity(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / count), c + 1 == n_chunk ? "\n" : ",");
         /* A long text takes minutes: after the first chunk, say how many. */
         if (c == 0 && n_chunk > 1 && isatty(STDERR_FILENO))
-            fprintf(stderr, " (%.2f s per chunk, about %.0f s left) ", now_seconds() - t0,
-                    (now_seconds() - t0) * (n_chunk - 1));
+            fprintf(stderr, " (%.2f s per chunk, about %.0f s left) ", clock_mono_s() - t0,
+                    (clock_mono_s() - t0) * (n_chunk - 1));
     }
     double mean = nll / count, var = nll2 / count - mean * mean;
     double ppl = exp(mean);
     double ppl_err = count > 1 && var > 0 ? ppl * sqrt(var / (count - 1)) : 0.0;
-    fprintf(stderr, "perplexity: %.2f s for %d chunks\n", now_seconds() - t0, n_chunk);
+    fprintf(stderr, "perplexity: %.2f s for %d chunks\n", clock_mono_s() - t0, n_chunk);
     printf("PPL = %.4f +/- %.5f\n", ppl, ppl_err);
     status = 0;
 out:
@@ -829,9 +784,10 @@ static void print_embedding(const float *v, int dim, int n_tokens)
 /* stdin's text, less one trailing newline (what echo adds). */
 static char *read_embed_text(size_t *len)
 {
-    char *text = read_all(stdin, len);
+    char err[ERR_MAX];
+    char *text = readall_stream(stdin, len, err);
     if (!text) {
-        fprintf(stderr, "llms-run: cannot read stdin\n");
+        fprintf(stderr, "llms-run: cannot read stdin: %s\n", err);
         return NULL;
     }
     if (*len > 0 && text[*len - 1] == '\n')

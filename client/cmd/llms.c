@@ -28,6 +28,7 @@
 #include <json-c/json.h>
 
 #include "client/llms.h"
+#include "engine/readall.h"
 #include "engine/tok/utf8.h"
 
 /* The daemon's own limit on max_tokens (daemon/config.c). */
@@ -356,44 +357,13 @@ static int cmd_embed(llms_conn *c, const char *model, char **texts, int n,
     return 0;
 }
 
-/* The whole of f (NUL-terminated), or NULL with a message naming name. */
-static char *read_all(FILE *f, const char *name)
-{
-    size_t len = 0, cap = 4096;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += got;
-        if (cap - len - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf && ferror(f)) {
-        fprintf(stderr, "llms: %s: read error\n", name);
-        free(buf);
-        buf = NULL;
-    } else if (!buf) {
-        fprintf(stderr, "llms: %s: out of memory\n", name);
-    } else {
-        buf[len] = '\0';
-    }
-    return buf;
-}
-
-/* The whole file at path (NUL-terminated), or NULL with a message. */
+/* The whole file at path (NUL-terminated), or NULL after a message. */
 static char *read_file(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "llms: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = read_all(f, path);
-    fclose(f);
+    char err[ERR_MAX];
+    char *buf = readall_file(path, NULL, err);
+    if (!buf)
+        fprintf(stderr, "llms: %s: %s\n", path, err);
     return buf;
 }
 
@@ -403,12 +373,15 @@ static char *read_file(const char *path)
 static const char *ask_prompt(const char *arg, const char *file, char **owned)
 {
     *owned = NULL;
-    if (file)
+    if (file) {
         *owned = read_file(file);
-    else if (!arg || !strcmp(arg, "-"))
-        *owned = read_all(stdin, "stdin");
-    else
+    } else if (!arg || !strcmp(arg, "-")) {
+        char err[ERR_MAX];
+        if (!(*owned = readall_stream(stdin, NULL, err)))
+            fprintf(stderr, "llms: stdin: %s\n", err);
+    } else {
         return arg;
+    }
     if (!*owned)
         return NULL;
     size_t n = strlen(*owned);

@@ -21,6 +21,7 @@
 
 #include "daemon/ctx/ctxmem.h"
 #include "daemon/reqlog.h"
+#include "engine/clock.h"
 
 /* The prefix a calibration compresses and the tokens it scores after it (bench/kvquant
  * calibrates on 448 and 64; these keep the cost of the first long call small). */
@@ -142,9 +143,9 @@ void ctx_calib_maybe(ctxmgr *cm, ctx_entry *c)
     /* begun again after a claim dropped it: no forward at the end of a call this time */
     if (cm->calib_whole_ms > inline_ms)
         return;
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     int rc = kv_calib_step(cm->calib, cm->runner, err);
-    double whole = (ctx_mono_ms() - t0) * kv_calib_forwards_total(cm->calib);
+    double whole = (clock_mono_ms() - t0) * kv_calib_forwards_total(cm->calib);
     cm->calib_whole_ms = whole;
     if (rc == 0 && whole > inline_ms) {
         if (reqlog_enabled(REQLOG_INFO))

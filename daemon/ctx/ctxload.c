@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "daemon/ctx/ctxmem.h"
+#include "engine/clock.h"
 #include "storage/chunks.h"
 
 typedef struct load_read {
@@ -123,24 +124,24 @@ static void read_range(reader *r, int from, int to, bool signal)
 static void *reader_main(void *arg)
 {
     reader *r = arg;
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     read_range(r, 0, r->n_needed, true);
     if (r->n_needed == 0)
         set_layers_done(r, r->shape.n_layer);
     read_range(r, r->n_needed, r->n, false);
-    r->ms = ctx_mono_ms() - t0;
+    r->ms = clock_mono_ms() - t0;
     return NULL;
 }
 
 static void layer_ready(void *arg, int layer)
 {
     reader *r = arg;
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     pthread_mutex_lock(&r->mu);
     while (r->layers_done <= layer)
         pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
-    r->wait_ms += ctx_mono_ms() - t0;
+    r->wait_ms += clock_mono_ms() - t0;
 }
 
 size_t ctx_disk_data_bytes(const ctxmgr *cm, const ctx_entry *c, int i)
@@ -450,7 +451,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         goto out;
     rc = -1;
     /* What the plan predicts starts here: making room (reclaim, writes) is not its. */
-    double t_load = ctx_mono_ms();
+    double t_load = clock_mono_ms();
     for (int j = 0; j < n_reads; j++) {
         int i = reads[j].index;
         kv_chunk *k = kv_chunk_new_layers(cm->pool, reads[j].layers, err);
@@ -479,14 +480,14 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         }
     }
     if (!threaded) {
-        double t0 = ctx_mono_ms();
+        double t0 = clock_mono_ms();
         read_range(&rdr, 0, n_reads, false);
-        rdr.ms = ctx_mono_ms() - t0;
+        rdr.ms = clock_mono_ms() - t0;
     }
     reader *hook = threaded ? &rdr : NULL;
-    double t_rec = ctx_mono_ms();
+    double t_rec = clock_mono_ms();
     int rrc = n_rec ? recompute(cm, c, rec, n_rec, reads, n_reads, hook, made, err) : 0;
-    t_rec = ctx_mono_ms() - t_rec;
+    t_rec = clock_mono_ms() - t_rec;
     if (threaded) {
         pthread_join(th, NULL);
         pthread_mutex_destroy(&rdr.mu);
@@ -537,7 +538,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         c->seq.chunks[rec[j]] = made[j];
         st->chunks_recomputed++;
     }
-    obs->total_ms = st->load_ms = ctx_mono_ms() - t_load;
+    obs->total_ms = st->load_ms = clock_mono_ms() - t_load;
     rc = n_bad ? 1 : 0;
 out:
     for (int j = 0; reads && j < n_reads; j++) {

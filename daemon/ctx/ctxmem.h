@@ -36,7 +36,7 @@ typedef struct ctx_refine {
     uint64_t observed;
     double ratio[CTX_N_RATIOS][CTX_RATIOS_KEPT]; /* rings of observed / predicted */
     uint64_t n_ratio[CTX_N_RATIOS];
-    double last_save_ms;            /* ctx_mono_ms of the last store write */
+    double last_save_ms;            /* clock_mono_ms of the last store write */
     bool unsaved;
 } ctx_refine;
 
@@ -179,8 +179,5 @@ int ctx_fit_nonneg(const double *x, const double *y, int n, int n_w, double *w,
  * history after one that did not commit. */
 int ctx_window_load(ctx_entry *c, const store_window *w, char err[ERR_MAX]);
 void ctx_window_call_end(ctx_entry *c, bool committed);
-
-int64_t ctx_now_ms(void);
-double ctx_mono_ms(void);
 
 #endif

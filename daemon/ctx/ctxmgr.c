@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 #include "daemon/ctx/ctxmem.h"
 #include "daemon/ctx/swapout.h"
+#include "engine/clock.h"
 #include "storage/chunks.h"
 
 static void ctx_writes_done(void *arg);
@@ -169,20 +169,6 @@ static int load_context(void *arg, const store_context *sc)
     /* The turns are read after the walk (one statement at a time on the store). */
     list_append(ls->cm, c);
     return 0;
-}
-
-int64_t ctx_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-double ctx_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 int ctx_map_resize(ctx_entry *c, int n)
@@ -840,11 +826,11 @@ void ctx_wait_writes(ctxmgr *cm, ctx_entry *c)
 {
     if (c->n_writing == 0)
         return;
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     swapout_wait_owner(cm->swap, c);
     ctx_collect_writes(cm);
     cm->stats.write_waits++;
-    cm->stats.write_wait_ms += ctx_mono_ms() - t0;
+    cm->stats.write_wait_ms += clock_mono_ms() - t0;
 }
 
 void ctx_flush_writes(ctxmgr *cm)
@@ -1058,7 +1044,7 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
         c->busy = false;
         return err_set(err, "out of memory");
     }
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     int rc = c->n_map ? ctx_load_range(cm, c, c->n_map - 1, st, err) : 0;
     /* The whole context must fit, also when it was resident already. */
     if (rc == 0)
@@ -1067,7 +1053,7 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
         c->busy = false;
         return rc;
     }
-    st->ms = ctx_mono_ms() - t0;
+    st->ms = clock_mono_ms() - t0;
     cm->stats.switch_ins++;
     cm->stats.switch_in_ms += st->ms;
     cm->stats.last_switch_in_ms = st->ms;

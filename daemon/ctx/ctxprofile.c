@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "daemon/ctx/ctxmem.h"
+#include "engine/clock.h"
 #include "storage/chunks.h"
 
 #define PROF_MAX_CTX 256      /* entries before the batch at the far recompute points */
@@ -184,10 +185,10 @@ static int forward_timed(ctxmgr *cm, kv_seq *seq, int from, int n, double *ms, c
         tok[i] = (int32_t)((pos[i] * 7 + 1) % vocab);
     }
     model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos};
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     if (model_forward(cm->runner, seq, &b, err))
         return -1;
-    *ms = ctx_mono_ms() - t0;
+    *ms = clock_mono_ms() - t0;
     return 0;
 }
 
@@ -221,7 +222,7 @@ static int profile_recompute(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ER
     /* Without room for the far points the context term cannot be told: a, b only. */
     int n_points = ps->ctx > 0 ? 6 : 3, n_w = ps->ctx > 0 ? 3 : 2, rounds = PROF_MIN_ROUNDS;
     for (int r = 0; r < rounds; r++) {
-        double t0 = ctx_mono_ms();
+        double t0 = clock_mono_ms();
         for (int p = 0; p < n_points; p++) {
             bool far = p >= 3;
             kv_seq *seq = far ? &ps->far : &ps->near;
@@ -231,7 +232,7 @@ static int profile_recompute(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ER
             kv_seq_truncate(seq, at);
         }
         if (r == 0)
-            rounds = rounds_for(ctx_mono_ms() - t0);
+            rounds = rounds_for(clock_mono_ms() - t0);
     }
     for (int p = 0; p < n_points; p++) {
         double t = sizes[p % 3];
@@ -256,7 +257,7 @@ static int profile_recompute(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ER
 static int read_group(ctxmgr *cm, const char *id, int first, int n, void *buf, double *ms,
                       char err[ERR_MAX])
 {
-    double t0 = ctx_mono_ms();
+    double t0 = clock_mono_ms();
     for (int i = first; i < first + n; i++) {
         bool found;
         store_chunk_reader *r = store_chunk_open(cm->st, id, i, &found, err);
@@ -269,7 +270,7 @@ static int read_group(ctxmgr *cm, const char *id, int first, int n, void *buf, d
             }
         store_chunk_close(r);
     }
-    *ms = ctx_mono_ms() - t0;
+    *ms = clock_mono_ms() - t0;
     return 0;
 }
 
@@ -323,7 +324,7 @@ static int profile_read(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX
     if (!buf)
         return err_set(err, "out of memory");
     for (int r = 0; r < rounds; r++) {
-        double t0 = ctx_mono_ms();
+        double t0 = clock_mono_ms();
         if (store_chunk_drop_cache(cm->st, id, err))
             goto out;
         for (int pass = 0; pass < 2; pass++)
@@ -334,7 +335,7 @@ static int profile_read(ctxmgr *cm, prof_seqs *ps, ctx_cost *k, char err[ERR_MAX
                     goto out;
             }
         if (r == 0)
-            rounds = rounds_for(ctx_mono_ms() - t0);
+            rounds = rounds_for(clock_mono_ms() - t0);
     }
     double x[N_POINTS * 3], yc[N_POINTS], yw[N_POINTS], wc[3], ww[3];
     for (int p = 0; p < n_points; p++) {
@@ -423,7 +424,7 @@ static int store_models(ctxmgr *cm, char err[ERR_MAX])
     record_values(cm, v);
     if (store_setting_put(cm->st, key, v, N_STORED, err))
         return -1;
-    cm->refine.last_save_ms = ctx_mono_ms();
+    cm->refine.last_save_ms = clock_mono_ms();
     cm->refine.unsaved = false;
     return 0;
 }
@@ -460,7 +461,7 @@ int ctx_profile(ctxmgr *cm, ctx_cost *out, char err[ERR_MAX])
                      "entries, %d are needed)", max_kv, 2 * PROF_FILES * KV_CHUNK_TOKENS + 64);
     if (rc == 0 && (ctx_new_id(ps.scratch, err) ||
                     store_app_id(cm->st, 0, CTX_PROFILE_APP, &app, err) ||
-                    store_context_create(cm->st, ps.scratch, app, NULL, NULL, 0, ctx_now_ms(),
+                    store_context_create(cm->st, ps.scratch, app, NULL, NULL, 0, clock_wall_ms(),
                                          err)))
         rc = -1;
     scratch = rc == 0;
@@ -516,7 +517,7 @@ int ctx_cost_init(ctxmgr *cm, char err[ERR_MAX])
             cm->refine.log_contend[p] = v[17 + p];
             cm->refine.n_contend[p] = v[19 + p];
         }
-        cm->refine.last_save_ms = ctx_mono_ms();
+        cm->refine.last_save_ms = clock_mono_ms();
         return 0;
     }
     /* Until measured: 0.1 ms per token, 1 GB/s cold, 4 GB/s warm. A refused or failed
@@ -531,7 +532,7 @@ void ctx_set_cost(ctxmgr *cm, const ctx_cost *cost)
 {
     cm->cost = *cost;
     memset(&cm->refine, 0, sizeof cm->refine);
-    cm->refine.last_save_ms = ctx_mono_ms();
+    cm->refine.last_save_ms = clock_mono_ms();
 }
 
 ctx_cost ctx_get_cost(const ctxmgr *cm)
@@ -591,7 +592,7 @@ void ctx_cost_observe(ctxmgr *cm, const ctx_cost_obs *o)
                    o->fitted[m]);
         }
     }
-    if (f->unsaved && ctx_mono_ms() - f->last_save_ms >= SAVE_EVERY_MS)
+    if (f->unsaved && clock_mono_ms() - f->last_save_ms >= SAVE_EVERY_MS)
         ctx_cost_save(cm);
 }
 

@@ -1,26 +1,12 @@
 /* graphs.c — apps' workflow graphs in the store (graphs.h). */
 #include "daemon/graph/graphs.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
+#include "engine/clock.h"
 #include "storage/graphs.h"
-
-static void send_error(const graphs_env *env, uint64_t conn_id, const Llms__Request *req,
-                       Llms__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void send_error(const graphs_env *env, uint64_t conn_id, const Llms__Request *req,
-                       Llms__ErrorCode code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(env->out, env->cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
-}
 
 bool graphs_is_request(Llms__Request__BodyCase body)
 {
@@ -41,26 +27,26 @@ static bool is_builtin(const char *name)
     return false;
 }
 
-static void handle_create(const graphs_env *env, uint64_t conn_id, uint32_t uid, const char *app,
-                          const Llms__Request *req)
+static void handle_create(const graphs_env *env, const reply_to *to, uint64_t conn_id,
+                          uint32_t uid, const char *app, const Llms__Request *req)
 {
     const Llms__GraphCreateRequest *cr = req->graph_create;
     char err[ERR_MAX];
     if (!graph_name_ok(cr->name)) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "graph name must be 1..%d bytes of [A-Za-z0-9._-]", GRAPH_NAME_MAX);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "graph name must be 1..%d bytes of [A-Za-z0-9._-]", GRAPH_NAME_MAX);
         return;
     }
     if (is_builtin(cr->name)) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "'%s' is a built-in graph template", cr->name);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "'%s' is a built-in graph template", cr->name);
         return;
     }
     graph_limits lim = graphs_limits(env->cfg);
     graph *g = graph_compile(cr->graph, &lim, err);
     if (!g) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "graph '%s': %s",
-                   cr->name, err);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "graph '%s': %s",
+                    cr->name, err);
         return;
     }
     graph_free(g);
@@ -70,33 +56,30 @@ static void handle_create(const graphs_env *env, uint64_t conn_id, uint32_t uid,
     size_t len = llms__graph_def__get_packed_size(cr->graph);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     llms__graph_def__pack(cr->graph, buf);
     if (store_app_id(env->st, uid, app, &app_id, err) || store_graph_count(env->st, app_id, &n, err))
         goto fail;
     if (n >= env->cfg->graph_max_per_app) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "app has %d graphs, the limit (graph_max_per_app)", n);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "app has %d graphs, the limit (graph_max_per_app)", n);
         free(buf);
         return;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (store_graph_put(env->st, app_id, cr->name, buf, len,
-                        (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &exists, err))
+    if (store_graph_put(env->st, app_id, cr->name, buf, len, clock_wall_ms(), &exists, err))
         goto fail;
     free(buf);
     if (exists)
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "graph '%s' exists (delete it first)", cr->name);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "graph '%s' exists (delete it first)", cr->name);
     else
-        reply_ok(env->out, env->cfg->max_frame_bytes, conn_id, req);
+        reply_ok(to, conn_id, req);
     return;
 fail:
     free(buf);
-    send_error(env, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    reply_error(to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
 /* The reply of a GraphList being built. */
@@ -143,8 +126,8 @@ static int list_stored(void *arg, const char *name, const void *bytes, size_t le
     return 0;
 }
 
-static void handle_list(const graphs_env *env, uint64_t conn_id, uint32_t uid, const char *app,
-                        const Llms__Request *req)
+static void handle_list(const graphs_env *env, const reply_to *to, uint64_t conn_id,
+                        uint32_t uid, const char *app, const Llms__Request *req)
 {
     char err[ERR_MAX] = "out of memory";
     list l = {0};
@@ -162,7 +145,7 @@ static void handle_list(const graphs_env *env, uint64_t conn_id, uint32_t uid, c
     if (rc == 0 && !(l.ptrs = malloc((l.n ? l.n : 1) * sizeof *l.ptrs)))
         rc = -1;
     if (rc) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "listing graphs: %s", err);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "listing graphs: %s", err);
     } else {
         for (size_t i = 0; i < l.n; i++)
             l.ptrs[i] = &l.infos[i];
@@ -174,7 +157,7 @@ static void handle_list(const graphs_env *env, uint64_t conn_id, uint32_t uid, c
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_GRAPH_LIST;
         r.graph_list = &lr;
-        reply_send(env->out, env->cfg->max_frame_bytes, conn_id, &r, false);
+        reply_send(to, conn_id, &r, false);
     }
     for (size_t i = 0; i < l.n; i++) {
         free(l.infos[i].name);
@@ -188,44 +171,45 @@ static void handle_list(const graphs_env *env, uint64_t conn_id, uint32_t uid, c
     free(l.ptrs);
 }
 
-static void handle_delete(const graphs_env *env, uint64_t conn_id, uint32_t uid, const char *app,
-                          const Llms__Request *req)
+static void handle_delete(const graphs_env *env, const reply_to *to, uint64_t conn_id,
+                          uint32_t uid, const char *app, const Llms__Request *req)
 {
     const char *name = req->graph_delete->name;
     char err[ERR_MAX];
     int64_t app_id;
     bool found;
     if (is_builtin(name)) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "'%s' is a built-in graph template", name);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "'%s' is a built-in graph template", name);
         return;
     }
     if (store_app_id(env->st, uid, app, &app_id, err) ||
         store_graph_delete(env->st, app_id, name, &found, err)) {
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return;
     }
     if (!found)
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__NOT_FOUND, "no graph '%.64s'", name);
+        reply_error(to, conn_id, req, LLMS__ERROR_CODE__NOT_FOUND, "no graph '%.64s'", name);
     else
-        reply_ok(env->out, env->cfg->max_frame_bytes, conn_id, req);
+        reply_ok(to, conn_id, req);
 }
 
 void graphs_handle(const graphs_env *env, uint64_t conn_id, uint32_t uid, const char *app,
                    const Llms__Request *req)
 {
+    const reply_to to = {env->out, env->cfg->max_frame_bytes};
     switch (req->body_case) {
     case LLMS__REQUEST__BODY_GRAPH_CREATE:
-        handle_create(env, conn_id, uid, app, req);
+        handle_create(env, &to, conn_id, uid, app, req);
         break;
     case LLMS__REQUEST__BODY_GRAPH_LIST:
-        handle_list(env, conn_id, uid, app, req);
+        handle_list(env, &to, conn_id, uid, app, req);
         break;
     case LLMS__REQUEST__BODY_GRAPH_DELETE:
-        handle_delete(env, conn_id, uid, app, req);
+        handle_delete(env, &to, conn_id, uid, app, req);
         break;
     default:
-        send_error(env, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a graph call");
+        reply_error(&to, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a graph call");
         break;
     }
 }

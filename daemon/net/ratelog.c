@@ -5,13 +5,12 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <time.h>
+
+#include "engine/clock.h"
 
 void ratelog_warn(ratelog *l, const char *fmt, ...)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t now = clock_mono_ns() / 1000000;
     if (l->last_ms && now - l->last_ms < RATELOG_EVERY_MS) {
         l->suppressed++;
         return;

@@ -1,28 +1,16 @@
 /*
- * resp.h — building and packing Response frames, shared by the loop and the worker.
+ * resp.h — transitional (issue 37): the reply names daemon/sched/sched.c calls from
+ * before reply_to, mapped onto reply.h until the split of sched.c adopts reply.h
+ * (reply_send(&s->to, ...), reply_pack_error). Only sched.c includes it; delete it then.
  */
 #ifndef LLMS_RESP_H
 #define LLMS_RESP_H
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "daemon/net/reply.h"
 
-#include "proto/llms.pb-c.h"
+#define resp_error reply_pack_error
 
-/*
- * Packs resp as a whole frame into a fresh buffer (*out, *len). A response larger than
- * max_bytes is replaced by a RESOURCE_EXHAUSTED error for the same id. Returns -1 only when
- * memory runs out.
- */
-int resp_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, size_t *len);
-
-/* Packs a final error Response (code and printf-style message) for request id. */
-int resp_error(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
-               size_t *len, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-
-/* The same with the message's arguments as a va_list. */
-int resp_error_v(uint64_t id, Llms__ErrorCode code, uint32_t max_bytes, uint8_t **out,
-                 size_t *len, const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
+#define reply_send(out, max_bytes, conn_id, r, droppable) \
+    reply_send(&(reply_to){(out), (max_bytes)}, (conn_id), (r), (droppable))
 
 #endif

@@ -24,8 +24,9 @@
 #include "daemon/net/http.h"
 #include "daemon/notify.h"
 #include "daemon/net/ratelog.h"
-#include "daemon/net/resp.h"
+#include "daemon/net/reply.h"
 #include "daemon/net/session.h"
+#include "engine/clock.h"
 #include "proto/frame.h"
 
 #define CONN_BUCKETS 256
@@ -87,13 +88,6 @@ struct server {
     http *gw;               /* the HTTP gateway, when one is configured */
     conn *buckets[CONN_BUCKETS];
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static uid_conns *uid_find(server *srv, uid_t uid)
 {
@@ -251,7 +245,7 @@ static void conn_fail(conn *c, Llms__ErrorCode code, const char *msg)
 {
     uint8_t *buf;
     size_t len;
-    if (resp_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    if (reply_pack_error(0, code, c->srv->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
         conn_send(c, buf, len);
     c->closing = true;
     release_buffered(c);
@@ -293,7 +287,7 @@ static void conn_timer(evutil_socket_t fd, short what, void *arg)
         conn_fail(c, LLMS__ERROR_CODE__DEADLINE_EXCEEDED, msg);
         return;
     }
-    int64_t idle = now_ms() - c->last_active_ms;
+    int64_t idle = clock_mono_ns() / 1000000 - c->last_active_ms;
     if (c->in_flight > 0 || idle < cfg->idle_timeout_ms) {
         int64_t left = c->in_flight > 0 ? cfg->idle_timeout_ms : cfg->idle_timeout_ms - idle;
         struct timeval tv = {(time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000};
@@ -413,7 +407,7 @@ static void conn_read(struct bufferevent *bev, void *arg)
                 conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
             return;
         }
-        c->last_active_ms = now_ms();
+        c->last_active_ms = clock_mono_ns() / 1000000;
         uint8_t *p = evbuffer_pullup(in, (ssize_t)need);
         size_t fields = frame_count_fields(&llms__request__descriptor, p + FRAME_HEADER_BYTES, body,
                                            FRAME_MAX_FIELDS);
@@ -480,8 +474,8 @@ static void refuse_fd(server *srv, evutil_socket_t fd, const char *msg)
 {
     uint8_t *buf;
     size_t len;
-    if (resp_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes, &buf, &len,
-                   "%s", msg) == 0) {
+    if (reply_pack_error(0, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, srv->cfg->max_frame_bytes,
+                         &buf, &len, "%s", msg) == 0) {
         if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
             ratelog_warn(&srv->log_refused, "refused connection: could not send why: %s",
                          strerror(errno));
@@ -530,7 +524,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     c->bev = bev;
     c->timer = timer;
     c->frame_timer = frame_timer;
-    c->last_active_ms = now_ms();
+    c->last_active_ms = clock_mono_ns() / 1000000;
     c->ss.conn_id = ++srv->next_id;
     c->ss.uid = cred.uid;
     c->ss.gid = cred.gid;
@@ -606,7 +600,7 @@ static void on_replies(evutil_socket_t fd, short what, void *arg)
                 /* Every frame but a streamed chunk ends a request (outq.h). */
                 if (!it->droppable && c->in_flight > 0)
                     c->in_flight--;
-                c->last_active_ms = now_ms();
+                c->last_active_ms = clock_mono_ns() / 1000000;
             }
         }
         outq_item_free(it);

@@ -14,7 +14,7 @@
 #include "daemon/ctx/ctxmgr.h"
 #include "daemon/prompt.h"
 #include "daemon/reqlog.h"
-#include "daemon/net/resp.h"
+#include "daemon/net/reply.h"
 #include "daemon/net/tokreq.h"
 #include "engine/tok/stop.h"
 
@@ -53,6 +53,8 @@ bool session_valid_app(const char *name)
     return true;
 }
 
+/* The loop's own answers go straight to the connection (env->send), not through
+ * reply_send: outq and reply_to carry the worker thread's replies. */
 static void send_error(const session_env *env, void *conn, uint64_t id, Llms__ErrorCode code,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
@@ -62,11 +64,10 @@ static void send_error(const session_env *env, void *conn, uint64_t id, Llms__Er
     uint8_t *buf;
     size_t len;
     va_list ap;
-    char msg[ERR_MAX + 128];
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int rc = reply_pack_error_v(id, code, env->cfg->max_frame_bytes, &buf, &len, fmt, ap);
     va_end(ap);
-    if (resp_error(id, code, env->cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+    if (rc == 0)
         env->send(conn, buf, len);
 }
 
@@ -310,7 +311,7 @@ static void send_resp(const session_env *env, void *conn, Llms__Response *r)
     uint8_t *buf;
     size_t len;
     r->final = 1;
-    if (resp_pack(r, env->cfg->max_frame_bytes, &buf, &len) == 0)
+    if (reply_pack(r, env->cfg->max_frame_bytes, &buf, &len) == 0)
         env->send(conn, buf, len);
 }
 

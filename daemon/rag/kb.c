@@ -1,17 +1,19 @@
 /*
- * kb.c — knowledge base requests, passage splitting and hybrid retrieval.
+ * kb.c — knowledge-base requests answered at once (KbCreate, KbList, KbRemove,
+ * KbSearch), hybrid retrieval, and the drops finished in idle time. KbAdd and KbDrop
+ * are scheduler tasks: kbadd.c.
  */
 #include "daemon/rag/kb.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
+#include "daemon/rag/kbint.h"
 #include "daemon/reqlog.h"
+#include "engine/clock.h"
 #include "engine/vdist.h"
 #include "storage/ivf.h"
 #include "storage/kb.h"
@@ -36,30 +38,6 @@ typedef struct kb_vecs {
     struct kb_vecs *next;
 } kb_vecs;
 
-struct kbm {
-    kb_env env;
-    kb_vecs *cache;
-    kb_ivf_stats ivf_stats;
-    kb_changed_fn changed;
-    void *changed_arg;
-    bool drops_pending;     /* rows of hidden knowledge bases or retired documents, or
-                             * their freed pages, may be left (kb_drop_idle) */
-};
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 kbm *kb_new(const kb_env *env, char err[ERR_MAX])
 {
     kbm *k = calloc(1, sizeof *k);
@@ -68,6 +46,7 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
         return NULL;
     }
     k->env = *env;
+    k->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     k->drops_pending = true; /* a drop a crash cut short is finished in idle time */
     /* no writer is left of a staged document: it goes with the retired ones */
     if (store_kb_unstage_all(env->st, err)) {
@@ -87,8 +66,7 @@ static void vecs_free(kb_vecs *v)
     free(v);
 }
 
-/* Forgets the in-memory vectors of kb_id (it changed). */
-static void cache_drop(kbm *k, int64_t kb_id)
+void kb_cache_drop(kbm *k, int64_t kb_id)
 {
     for (kb_vecs **pp = &k->cache; *pp; pp = &(*pp)->next)
         if ((*pp)->kb_id == kb_id) {
@@ -104,7 +82,7 @@ void kb_free(kbm *k)
     if (!k)
         return;
     while (k->cache)
-        cache_drop(k, k->cache->kb_id);
+        kb_cache_drop(k, k->cache->kb_id);
     free(k);
 }
 
@@ -125,34 +103,6 @@ bool kb_is_request(Llms__Request__BodyCase body)
     default:
         return false;
     }
-}
-
-static void send_resp(kbm *k, uint64_t conn_id, Llms__Response *r)
-{
-    reply_send(k->env.out, k->env.cfg->max_frame_bytes, conn_id, r, false);
-}
-
-static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error(kbm *k, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(k->env.out, k->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
-}
-
-static void send_ok(kbm *k, uint64_t conn_id, const Llms__Request *req)
-{
-    Llms__Empty e = LLMS__EMPTY__INIT;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = req->id;
-    r.final = 1;
-    r.body_case = LLMS__RESPONSE__BODY_OK;
-    r.ok = &e;
-    send_resp(k, conn_id, &r);
 }
 
 static bool name_ok(const char *name)
@@ -200,19 +150,18 @@ int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *o
     return found ? 1 : 0;
 }
 
-/* Looks up the request's knowledge base, answering NOT_FOUND or INTERNAL itself. */
-static bool find_kb(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
-                    const Llms__Request *req, const char *name, kb_ref *out)
+bool kb_find(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
+             const Llms__Request *req, const char *name, kb_ref *out)
 {
     char err[ERR_MAX];
     int rc = kb_lookup(k, uid, app, name, out, err);
     if (rc <= 0)
-        send_error(k, conn_id, req, rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND
-                                            : LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, conn_id, req,
+                    rc == 0 ? LLMS__ERROR_CODE__NOT_FOUND : LLMS__ERROR_CODE__INTERNAL, "%s", err);
     return rc == 1;
 }
 
-/* ---- create, list, drop ---- */
+/* ---- create, list ---- */
 
 static int count_kb(void *arg, const store_kb *kb)
 {
@@ -228,8 +177,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbCreateRequest *cr = req->kb_create;
     char err[ERR_MAX];
     if (!name_ok(cr->name)) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "a knowledge base name is 1 to %d bytes of [A-Za-z0-9._-]", KB_NAME_MAX);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "a knowledge base name is 1 to %d bytes of [A-Za-z0-9._-]", KB_NAME_MAX);
         return;
     }
     int ptok = cr->has_passage_tokens ? (int)cr->passage_tokens : cfg->kb_passage_tokens;
@@ -237,9 +186,9 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     if (!cr->has_overlap_tokens && otok >= ptok)
         otok = ptok / 4;
     if (ptok < 8 || ptok > 4096 || otok < 0 || otok >= ptok) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "passage_tokens must be 8..4096 and overlap_tokens below it (%d, %d)",
-                   ptok, otok);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "passage_tokens must be 8..4096 and overlap_tokens below it (%d, %d)",
+                    ptok, otok);
         return;
     }
     int64_t app_id, kb_id;
@@ -249,23 +198,23 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         store_kb_list(k->env.st, app_id, count_kb, &n, err))
         goto fail;
     if (n >= cfg->kb_max_per_app) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "app has %d knowledge bases, the limit (kb_max_per_app)", n);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "app has %d knowledge bases, the limit (kb_max_per_app)", n);
         return;
     }
     if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
-                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid, wall_ms(),
-                        &kb_id, &exists, err))
+                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid,
+                        clock_wall_ms(), &kb_id, &exists, err))
         goto fail;
     if (exists) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "knowledge base '%s' exists", cr->name);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                    "knowledge base '%s' exists", cr->name);
         return;
     }
-    send_ok(k, conn_id, req);
+    reply_ok(&k->to, conn_id, req);
     return;
 fail:
-    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
 typedef struct kb_list {
@@ -321,7 +270,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
         rc = -1;
     }
     if (rc) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
     } else {
         for (int i = 0; i < l.n; i++)
             l.ptrs[i] = &l.infos[i];
@@ -333,7 +282,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_KB_LIST;
         r.kb_list = &lr;
-        send_resp(k, conn_id, &r);
+        reply_send(&k->to, conn_id, &r, false);
     }
     for (int i = 0; i < l.n; i++)
         free(l.names[i]);
@@ -342,702 +291,7 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
     free(l.ptrs);
 }
 
-/* ---- add, remove ---- */
-
-/* A document split into passages: texts[i] (fresh strings, for the embedder) are the
- * spans spans[i] of the document (what the store keeps). */
-typedef struct split {
-    char **texts;
-    store_span *spans;
-    int n;
-} split;
-
-static void split_free(split *sp)
-{
-    for (int i = 0; i < sp->n; i++)
-        free(sp->texts[i]);
-    free(sp->texts);
-    free(sp->spans);
-    memset(sp, 0, sizeof *sp);
-}
-
-/* A document's words as far as they are scanned: word w is text[start[w], end[w]) and
- * counts ntok[w] tokens. Scanning resumes at pos, so a long document is tokenized a
- * slice at a time (KB_SPLIT_SLICE_BYTES) between the scheduler's steps. */
-typedef struct word_scan {
-    size_t pos;                 /* bytes of the text scanned */
-    int n, cap;
-    size_t *start, *end;        /* (cap) */
-    int *ntok;                  /* (cap) */
-} word_scan;
-
-static void word_scan_free(word_scan *ws)
-{
-    free(ws->start);
-    free(ws->end);
-    free(ws->ntok);
-    memset(ws, 0, sizeof *ws);
-}
-
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\n' || c == '\t';
-}
-
-/* Scans the words of text (len bytes) from ws->pos on, each counted by its own
- * tokenization, until max_bytes more are scanned (ending at a word's end) or the text
- * ends (ws->pos == len). */
-static int scan_words(kbm *k, const char *text, size_t len, word_scan *ws, size_t max_bytes,
-                      char err[ERR_MAX])
-{
-    size_t i = ws->pos, stop = len - i > max_bytes ? i + max_bytes : len;
-    int32_t ids[64];
-    while (i < stop) {
-        while (i < len && is_space(text[i]))
-            i++;
-        if (i >= len)
-            break;
-        if (ws->n == ws->cap) {
-            int cap = ws->cap ? ws->cap * 2 : 1024;
-            size_t *s2 = realloc(ws->start, sizeof *s2 * (size_t)cap);
-            if (s2)
-                ws->start = s2;
-            size_t *e2 = s2 ? realloc(ws->end, sizeof *e2 * (size_t)cap) : NULL;
-            if (e2)
-                ws->end = e2;
-            int *t2 = e2 ? realloc(ws->ntok, sizeof *t2 * (size_t)cap) : NULL;
-            if (!t2)
-                return err_set(err, "out of memory");
-            ws->ntok = t2;
-            ws->cap = cap;
-        }
-        size_t w0 = i;
-        while (i < len && !is_space(text[i]))
-            i++;
-        int t = tok_encode(k->env.tok, text + w0, i - w0, false, false, ids, 64);
-        ws->start[ws->n] = w0;
-        ws->end[ws->n] = i;
-        ws->ntok[ws->n++] = t < 1 ? 1 : t;
-    }
-    ws->pos = i;
-    return 0;
-}
-
-/* Splits a scanned text into passages of about ptok tokens, consecutive ones sharing
- * about otok: whole words, so a passage is an exact span of the document's text (never
- * a lossy decode of tokens). */
-static int split_words(const char *text, const word_scan *ws, int ptok, int otok, split *sp,
-                       char err[ERR_MAX])
-{
-    const int n_words = ws->n;
-    memset(sp, 0, sizeof *sp);
-    if (n_words == 0)
-        return err_set(err, "the document has no words");
-    /* passage p: words [first[p], last[p]) */
-    int cap = 16, n_pass = 0, rc = -1;
-    int *first = malloc(sizeof *first * (size_t)cap), *last = malloc(sizeof *last * (size_t)cap);
-    if (!first || !last) {
-        err_set(err, "out of memory");
-        goto done;
-    }
-    for (int w = 0; w < n_words;) {
-        int e = w, t = 0;
-        while (e < n_words && (e == w || t + ws->ntok[e] <= ptok))
-            t += ws->ntok[e++];
-        if (n_pass == cap) {
-            cap *= 2;
-            int *f2 = realloc(first, sizeof *f2 * (size_t)cap);
-            if (f2)
-                first = f2;
-            int *l2 = f2 ? realloc(last, sizeof *l2 * (size_t)cap) : NULL;
-            if (l2)
-                last = l2;
-            if (!f2 || !l2) {
-                err_set(err, "out of memory");
-                goto done;
-            }
-        }
-        first[n_pass] = w;
-        last[n_pass++] = e;
-        if (e >= n_words)
-            break;
-        int back = e, o = 0;
-        while (back - 1 > w && o + ws->ntok[back - 1] <= otok)
-            o += ws->ntok[--back];
-        w = back;
-    }
-    if (!(sp->texts = calloc((size_t)n_pass, sizeof *sp->texts)) ||
-        !(sp->spans = calloc((size_t)n_pass, sizeof *sp->spans))) {
-        err_set(err, "out of memory");
-        goto done;
-    }
-    for (int p = 0; p < n_pass; p++) {
-        size_t a = ws->start[first[p]], b = ws->end[last[p] - 1];
-        sp->spans[p] = (store_span){a, b - a};
-        if (!(sp->texts[p] = strndup(text + a, b - a))) {
-            err_set(err, "out of memory");
-            goto done;
-        }
-        sp->n = p + 1;
-    }
-    rc = 0;
-done:
-    free(first);
-    free(last);
-    if (rc)
-        split_free(sp);
-    return rc;
-}
-
-static int get_info(void *arg, const store_kb *kb)
-{
-    store_kb *out = arg;
-    out->passage_tokens = kb->passage_tokens;
-    out->overlap_tokens = kb->overlap_tokens;
-    return 0;
-}
-
-static int copy_counts(void *arg, const store_kb *kb)
-{
-    store_kb *out = arg;
-    out->n_docs = kb->n_docs;
-    out->n_passages = kb->n_passages;
-    out->qa_entries = kb->qa_entries;
-    return 0;
-}
-
-/* ---- KbAdd and KbDrop: scheduler work, advanced a slice at a time ---- */
-
-/* Rows of a KbDrop slice per row of scheduler work it is given: a deleted row costs far
- * less than a row of a forward. */
-#define KB_DROP_ROWS_PER_ROW 32
-
-enum kb_phase { KB_SPLIT, KB_EMBED, KB_STAGE, KB_WRITE, KB_PUBLISH, KB_DROP, KB_VACUUM };
-
-/* Bytes of a document tokenized word by word in one scheduler turn: about 4 ms on one
- * core (a whole 1 MB document took 67 ms in one go). */
-#define KB_SPLIT_SLICE_BYTES (64u << 10)
-
-/* A write slice: passages are written KB_WRITE_CHUNK a call (about 1 ms) until the
- * slice has taken KB_WRITE_SLICE_NS, then committed; so a turn of the write holds the
- * worker for about that long, whatever the add's size (the whole write of a 1 MB
- * document of 27000 passages took 360 ms in one transaction). */
-#define KB_WRITE_CHUNK 64
-#define KB_WRITE_SLICE_NS (5 * 1000000L)
-
-struct kb_task {
-    kbm *k;
-    uint64_t conn_id;
-    uint32_t uid;
-    const char *app;             /* borrowed, as req: the scheduler's job outlives the task */
-    const Llms__Request *req;
-    kb_ref kb;
-    enum kb_phase phase;
-    /* KbAdd */
-    int ptok, otok;
-    size_t total;                /* bytes of its documents */
-    size_t doc;                  /* documents split so far */
-    size_t split_bytes;          /* their bytes */
-    size_t doc_len;              /* bytes of the document being split */
-    word_scan words;             /* the document being split, as far as scanned */
-    split *sp;                   /* (n_documents) */
-    int n_pass;
-    const char **texts;          /* (n_pass) the passages in order, into sp */
-    sem_task *emb;               /* their vectors */
-    /* the write: every document staged at once, their passages written a slice a turn,
-     * all published in one transaction */
-    int64_t *doc_ids;            /* (n_documents) the staged rows; NULL until staged */
-    bool published;
-    size_t wdoc;                 /* the document being written */
-    int wpass;                   /* its passages written */
-    int n_written;               /* passages written, every document */
-    int64_t first_new;           /* the lowest id of a passage written */
-    bool progress;               /* the client asked for KbAddProgress frames */
-    int64_t progress_ns;         /* when the last was sent (at first: the add's start) */
-    long rows_left;              /* KbDrop: rows still to delete, about */
-};
-
-/* Retires what an add that will not publish staged: its rows go in idle time. */
-static void add_unstage(kb_task *t)
-{
-    char err[ERR_MAX];
-    if (!t->doc_ids || t->published)
-        return;
-    int n = (int)t->req->kb_add->n_documents;
-    if (store_kb_unstage(t->k->env.st, t->doc_ids, n, err) && reqlog_enabled(REQLOG_WARN))
-        fprintf(stderr, "llmsd: warn: knowledge base %lld: unstaging an add: %s (its rows "
-                        "go at the next start)\n", (long long)t->kb.id, err);
-    t->k->drops_pending = true;
-    free(t->doc_ids);
-    t->doc_ids = NULL;
-}
-
-void kb_task_free(kb_task *t)
-{
-    if (!t)
-        return;
-    /* a drop cut short (cancelled, past its deadline) is finished in idle time */
-    if (t->phase == KB_DROP || t->phase == KB_VACUUM)
-        t->k->drops_pending = true;
-    /* an add cut short (cancelled, failed) leaves nothing visible */
-    add_unstage(t);
-    free(t->doc_ids);
-    semantic_task_free(t->emb);
-    word_scan_free(&t->words);
-    for (size_t i = 0; t->sp && i < t->req->kb_add->n_documents; i++)
-        split_free(&t->sp[i]);
-    free(t->sp);
-    free(t->texts);
-    free(t);
-}
-
-/* Whether the uid's knowledge bases may take bytes and passages more; otherwise err says
- * which limit. A document replaced counts until the add commits, as what it replaces
- * is only freed then. */
-static int quota_check(kbm *k, uint32_t uid, int64_t bytes, int64_t passages, bool *ok,
-                       char err[ERR_MAX])
-{
-    const config *cfg = k->env.cfg;
-    int64_t used_bytes, used_pass;
-    *ok = false;
-    if (store_kb_uid_usage(k->env.st, uid, &used_bytes, &used_pass, err))
-        return -1;
-    if (used_bytes + bytes > ((int64_t)cfg->kb_max_mb_per_uid << 20))
-        err_set(err, "uid %u's knowledge bases hold %lld bytes; %lld more exceed "
-                     "kb_max_mb_per_uid (%d MiB)", uid, (long long)used_bytes,
-                (long long)bytes, cfg->kb_max_mb_per_uid);
-    else if (used_pass + passages > cfg->kb_max_passages_per_uid)
-        err_set(err, "uid %u's knowledge bases hold %lld passages; %lld more exceed "
-                     "kb_max_passages_per_uid (%d)", uid, (long long)used_pass,
-                (long long)passages, cfg->kb_max_passages_per_uid);
-    else
-        *ok = true;
-    return 0;
-}
-
-/* A KbAdd's checks, at once: NULL when it was answered (an error). */
-static kb_task *add_begin(kb_task *t)
-{
-    kbm *k = t->k;
-    const config *cfg = k->env.cfg;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    char err[ERR_MAX];
-    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
-        return NULL;
-    if (t->kb.dim != semantic_dim(k->env.sem)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                   "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
-                   "drop and create it again", ar->kb, t->kb.dim, semantic_dim(k->env.sem));
-        return NULL;
-    }
-    if (ar->n_documents == 0) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no documents");
-        return NULL;
-    }
-    for (size_t i = 0; i < ar->n_documents; i++) {
-        const Llms__KbDocument *d = ar->documents[i];
-        size_t bytes = strlen(d->text);
-        t->total += bytes;
-        if (!d->id[0] || strlen(d->id) > 256) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "document %zu: an id is 1 to 256 bytes", i);
-            return NULL;
-        }
-        if (bytes > (size_t)cfg->kb_max_doc_bytes) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                       "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
-                       bytes, cfg->kb_max_doc_bytes);
-            return NULL;
-        }
-    }
-    if (t->total > (size_t)cfg->kb_max_add_bytes) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",
-                   t->total, cfg->kb_max_add_bytes);
-        return NULL;
-    }
-    bool ok, found;
-    int64_t app_id;
-    store_kb info = {0};
-    if (quota_check(k, t->uid, (int64_t)t->total, 0, &ok, err) ||
-        store_app_id(k->env.st, t->uid, t->app, &app_id, err) ||
-        store_kb_get(k->env.st, app_id, ar->kb, get_info, &info, &found, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-        return NULL;
-    }
-    if (!ok) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
-        return NULL;
-    }
-    t->ptok = info.passage_tokens;
-    t->otok = info.overlap_tokens;
-    t->progress = ar->has_progress && ar->progress;
-    t->progress_ns = mono_ns();
-    if (!(t->sp = calloc(ar->n_documents, sizeof *t->sp))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return NULL;
-    }
-    t->phase = KB_SPLIT;
-    return t;
-}
-
-/* A KbDrop's first slice: the knowledge base leaves every lookup and its caches at once;
- * its rows go in the slices that follow. NULL when it was answered (an error). */
-static kb_task *drop_begin(kb_task *t)
-{
-    kbm *k = t->k;
-    char err[ERR_MAX];
-    if (!find_kb(k, t->conn_id, t->uid, t->app, t->req, t->req->kb_drop->kb, &t->kb))
-        return NULL;
-    bool found;
-    store_kb info = {0};
-    cache_drop(k, t->kb.id);
-    char index[32];
-    bool had_index;
-    snprintf(index, sizeof index, "kb:%lld", (long long)t->kb.id);
-    if (store_kb_get(k->env.st, t->kb.app_id, t->kb.name, copy_counts, &info, &found, err) ||
-        ivf_drop(k->env.st, t->kb.app_id, index, &had_index, err) ||
-        store_kb_hide(k->env.st, t->kb.id, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-        return NULL;
-    }
-    if (k->changed)
-        k->changed(k->changed_arg, &t->kb, -1);
-    t->rows_left = (long)(info.n_passages + info.n_docs + info.qa_entries) + 1;
-    t->phase = KB_DROP;
-    return t;
-}
-
-kb_task *kb_begin(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
-                  const Llms__Request *req)
-{
-    if (req->body_case != LLMS__REQUEST__BODY_KB_ADD &&
-        req->body_case != LLMS__REQUEST__BODY_KB_DROP) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a KbAdd or KbDrop");
-        return NULL;
-    }
-    kb_task *t = calloc(1, sizeof *t);
-    if (!t) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return NULL;
-    }
-    *t = (kb_task){.k = k, .conn_id = conn_id, .uid = uid, .app = app, .req = req};
-    kb_task *ok = req->body_case == LLMS__REQUEST__BODY_KB_ADD ? add_begin(t) : drop_begin(t);
-    if (!ok)
-        kb_task_free(t);
-    return ok;
-}
-
-sem_task *kb_task_embedding(kb_task *t)
-{
-    return t->phase == KB_EMBED ? t->emb : NULL;
-}
-
-long kb_task_rows_left(const kb_task *t)
-{
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    switch (t->phase) {
-    case KB_SPLIT:
-        /* words left to scan, about, a slice per document to cut it into passages, and
-         * one to start the embedding */
-        return (long)((t->total - t->split_bytes - t->words.pos) / 8) +
-               (long)(ar->n_documents - t->doc) + 1;
-    case KB_EMBED:
-        return semantic_rows_left(t->emb) + 1;
-    case KB_STAGE:
-        return t->n_pass + 2;
-    case KB_WRITE:
-        return t->n_pass - t->n_written + 1;
-    case KB_PUBLISH:
-        return 1;
-    case KB_DROP:
-        return t->rows_left > 0 ? t->rows_left / KB_DROP_ROWS_PER_ROW + 1 : 1;
-    case KB_VACUUM:
-        return 1;
-    }
-    return 1;
-}
-
-/* Sends the add's progress now (when its client asked for it): each count as far as
- * the add has gone, so every count only grows. */
-static void add_progress_send(kb_task *t)
-{
-    if (!t->progress)
-        return;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    Llms__KbAddProgress p = LLMS__KB_ADD_PROGRESS__INIT;
-    bool splitting = t->phase == KB_SPLIT, embedding = t->phase == KB_EMBED;
-    p.phase = splitting   ? LLMS__KB_ADD_PHASE__KB_ADD_SPLIT
-              : embedding ? LLMS__KB_ADD_PHASE__KB_ADD_EMBED
-                          : LLMS__KB_ADD_PHASE__KB_ADD_WRITE;
-    p.documents = (uint32_t)ar->n_documents;
-    p.documents_written = (uint32_t)t->wdoc;
-    p.bytes = t->total;
-    p.bytes_split = splitting ? t->split_bytes + t->words.pos : t->total;
-    p.passages = (uint32_t)t->n_pass;
-    p.passages_embedded = splitting   ? 0
-                          : embedding ? (uint32_t)semantic_texts_done(t->emb)
-                                      : (uint32_t)t->n_pass;
-    p.passages_written = (uint32_t)t->n_written;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = t->req->id;
-    r.final = 0;
-    r.body_case = LLMS__RESPONSE__BODY_KB_ADD_PROGRESS;
-    r.kb_add_progress = &p;
-    /* droppable: a client that does not read keeps no more than its output cap */
-    reply_send(t->k->env.out, t->k->env.cfg->max_frame_bytes, t->conn_id, &r, true);
-    t->progress_ns = mono_ns();
-}
-
-void kb_task_progress(kb_task *t)
-{
-    if (t->progress && t->req->body_case == LLMS__REQUEST__BODY_KB_ADD &&
-        mono_ns() - t->progress_ns >= (int64_t)KB_PROGRESS_MS * 1000000)
-        add_progress_send(t);
-}
-
-/* Splits the next document; after the last, checks the passages against the uid's limit
- * and starts their embedding. 1 when the request was answered (an error). */
-static int add_split(kb_task *t)
-{
-    kbm *k = t->k;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    char err[ERR_MAX];
-    if (t->doc < ar->n_documents) {
-        const Llms__KbDocument *d = ar->documents[t->doc];
-        if (t->words.pos == 0)
-            t->doc_len = strlen(d->text);
-        size_t len = t->doc_len;
-        if (scan_words(k, d->text, len, &t->words, KB_SPLIT_SLICE_BYTES, err) ||
-            (t->words.pos == len &&
-             split_words(d->text, &t->words, t->ptok, t->otok, &t->sp[t->doc], err))) {
-            send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "document '%.64s': %s", d->id, err);
-            return 1;
-        }
-        if (t->words.pos == len) {
-            word_scan_free(&t->words);
-            t->split_bytes += len;
-            t->n_pass += t->sp[t->doc++].n;
-        }
-        return 0;
-    }
-    bool ok;
-    if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err)) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-        return 1;
-    }
-    if (!ok) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, "%s", err);
-        return 1;
-    }
-    if (!(t->texts = malloc(sizeof *t->texts * (size_t)t->n_pass))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return 1;
-    }
-    for (size_t i = 0, p = 0; i < ar->n_documents; i++)
-        for (int j = 0; j < t->sp[i].n; j++)
-            t->texts[p++] = t->sp[i].texts[j];
-    if (!(t->emb = semantic_embed_texts(k->env.sem, t->texts, t->n_pass, err))) {
-        send_error(k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "embedding: %s", err);
-        return 1;
-    }
-    t->phase = KB_EMBED;
-    return 0;
-}
-
-/* Whether the add's knowledge base is still there: a KbDrop may have taken it (or a new
- * one its name) between two slices. Otherwise err and *code say why. */
-static bool add_kb_there(kb_task *t, Llms__ErrorCode *code, char err[ERR_MAX])
-{
-    kb_ref now;
-    int found = kb_lookup(t->k, t->uid, t->app, t->req->kb_add->kb, &now, err);
-    if (found == 1 && now.id == t->kb.id)
-        return true;
-    *code = LLMS__ERROR_CODE__INTERNAL;
-    if (found >= 0) {
-        *code = LLMS__ERROR_CODE__NOT_FOUND;
-        err_set(err, "knowledge base '%s' was dropped during the KbAdd", t->req->kb_add->kb);
-    }
-    return false;
-}
-
-/* Stages every document (rows seen by no read, counted in the uid's usage from now on)
- * after checking the limits again: another KbAdd of the uid may have staged or
- * published since the split. 1 when the request was answered (an error). */
-static int add_stage(kb_task *t)
-{
-    kbm *k = t->k;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    char err[ERR_MAX];
-    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    bool ok = false;
-    if (!add_kb_there(t, &code, err))
-        goto fail;
-    if (!(t->doc_ids = malloc(sizeof *t->doc_ids * ar->n_documents))) {
-        err_set(err, "out of memory");
-        goto fail;
-    }
-    /* staged rows need no flush of their own: the publish's flushes the log they are in */
-    if (store_cache_begin(k->env.st, err))
-        goto fail;
-    if (quota_check(k, t->uid, (int64_t)t->total, t->n_pass, &ok, err) || !ok) {
-        code = ok ? code : LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
-        goto rollback;
-    }
-    for (size_t i = 0; i < ar->n_documents; i++) {
-        const Llms__KbDocument *d = ar->documents[i];
-        if (store_kb_stage_doc(k->env.st, t->kb.id, d->id, d->metadata,
-                               (int64_t)strlen(d->text), t->sp[i].n, wall_ms(), &t->doc_ids[i],
-                               err))
-            goto rollback;
-    }
-    if (store_cache_commit(k->env.st, err))
-        goto fail;
-    t->first_new = INT64_MAX;
-    t->phase = KB_WRITE;
-    return 0;
-rollback:
-    store_kb_rollback(k->env.st);
-    store_cache_end(k->env.st);
-fail:
-    free(t->doc_ids);
-    t->doc_ids = NULL;
-    send_error(k, t->conn_id, t->req, code, "%s", err);
-    return 1;
-}
-
-/* Writes the staged documents' next passages with their vectors: KB_WRITE_CHUNK at a
- * time for about KB_WRITE_SLICE_NS, in one transaction. 1 when the request was
- * answered (an error). */
-static int add_write(kb_task *t)
-{
-    kbm *k = t->k;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    char err[ERR_MAX];
-    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    const float *vecs = semantic_task_values(t->emb, err);
-    if (!vecs || !add_kb_there(t, &code, err))
-        goto fail;
-    if (store_cache_begin(k->env.st, err))
-        goto fail;
-    int dim = t->kb.dim;
-    int64_t t0 = mono_ns();
-    do {
-        const Llms__KbDocument *d = ar->documents[t->wdoc];
-        const split *sp = &t->sp[t->wdoc];
-        int n = sp->n - t->wpass < KB_WRITE_CHUNK ? sp->n - t->wpass : KB_WRITE_CHUNK;
-        int64_t first;
-        if (store_kb_put_passages(k->env.st, t->kb.id, t->doc_ids[t->wdoc], d->text, sp->spans,
-                                  sp->n, t->wpass, n, vecs + (size_t)t->n_written * dim, dim,
-                                  &first, err)) {
-            store_kb_rollback(k->env.st);
-            store_cache_end(k->env.st);
-            goto fail;
-        }
-        if (n > 0 && first < t->first_new)
-            t->first_new = first;
-        t->wpass += n;
-        t->n_written += n;
-        if (t->wpass == sp->n) {
-            t->wdoc++;
-            t->wpass = 0;
-        }
-    } while (t->wdoc < ar->n_documents && mono_ns() - t0 < KB_WRITE_SLICE_NS);
-    if (store_cache_commit(k->env.st, err))
-        goto fail;
-    if (t->wdoc == ar->n_documents) {
-        t->phase = KB_PUBLISH;
-        /* the last report says every passage is written, whenever the one before went */
-        add_progress_send(t);
-    }
-    return 0;
-fail:
-    send_error(k, t->conn_id, t->req, code, "%s", err);
-    return 1;
-}
-
-/* Makes every staged document visible in one small transaction (the visible ones of
- * their ids retired by it) and answers: the answer goes out after the commit, so an
- * acknowledged KbAdd survives a crash whole, and a failed one leaves nothing visible. */
-static void add_publish(kb_task *t)
-{
-    kbm *k = t->k;
-    const Llms__KbAddRequest *ar = t->req->kb_add;
-    char err[ERR_MAX];
-    Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    if (!add_kb_there(t, &code, err) ||
-        store_kb_publish(k->env.st, t->kb.id, t->doc_ids, (int)ar->n_documents, err)) {
-        send_error(k, t->conn_id, t->req, code, "%s", err);
-        return;
-    }
-    t->published = true;
-    cache_drop(k, t->kb.id);
-    k->drops_pending = true; /* the documents it replaced */
-    int invalidated = k->changed ? k->changed(k->changed_arg, &t->kb, t->first_new) : 0;
-    Llms__KbAddResponse res = LLMS__KB_ADD_RESPONSE__INIT;
-    res.documents = (uint32_t)ar->n_documents;
-    res.passages = (uint32_t)t->n_pass;
-    res.qa_invalidated = (uint32_t)invalidated;
-    Llms__Response r = LLMS__RESPONSE__INIT;
-    r.id = t->req->id;
-    r.final = 1;
-    r.body_case = LLMS__RESPONSE__BODY_KB_ADD;
-    r.kb_add = &res;
-    send_resp(k, t->conn_id, &r);
-}
-
-int kb_task_advance(kb_task *t, int max_rows)
-{
-    char err[ERR_MAX];
-    bool done;
-    int rc;
-    switch (t->phase) {
-    case KB_SPLIT:
-        if ((rc = add_split(t)) == 0)
-            kb_task_progress(t);
-        return rc;
-    case KB_EMBED:
-        /* on an encoder; a decoder's slices run in the step's forward */
-        if (semantic_rows_left(t->emb) > 0 && !semantic_uses_slices(t->emb))
-            semantic_advance(t->emb, max_rows);
-        kb_task_progress(t);
-        if (semantic_rows_left(t->emb) == 0)
-            t->phase = KB_STAGE;
-        return 0;
-    case KB_STAGE:
-        return add_stage(t);
-    case KB_WRITE:
-        if ((rc = add_write(t)) == 0)
-            kb_task_progress(t);
-        return rc;
-    case KB_PUBLISH:
-        add_publish(t);
-        return 1;
-    case KB_DROP:
-        if (store_kb_drop_step(t->k->env.st, t->kb.id, max_rows * KB_DROP_ROWS_PER_ROW, &done,
-                               err)) {
-            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-            return 1;
-        }
-        t->rows_left -= (long)max_rows * KB_DROP_ROWS_PER_ROW;
-        if (done)
-            t->phase = KB_VACUUM;
-        return 0;
-    case KB_VACUUM:
-        /* the freed pages leave the file before the reply, a slice a turn (a page moved
-         * costs about what a row deleted does) */
-        if (store_vacuum_step(t->k->env.st, max_rows * KB_DROP_ROWS_PER_ROW, &done, err)) {
-            send_error(t->k, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
-            return 1;
-        }
-        if (!done)
-            return 0;
-        send_ok(t->k, t->conn_id, t->req);
-        return 1;
-    }
-    return 1;
-}
+/* ---- remove, and the rows left to delete in idle time ---- */
 
 bool kb_drop_pending(const kbm *k)
 {
@@ -1073,7 +327,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbRemoveRequest *rr = req->kb_remove;
     char err[ERR_MAX];
     kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, rr->kb, &kb))
+    if (!kb_find(k, conn_id, uid, app, req, rr->kb, &kb))
         return;
     uint32_t removed = 0;
     if (store_kb_begin(k->env.st, err))
@@ -1088,7 +342,7 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     }
     if (store_kb_commit(k->env.st, err))
         goto fail;
-    cache_drop(k, kb.id);
+    kb_cache_drop(k, kb.id);
     k->drops_pending |= removed > 0;
     if (removed && k->changed)
         k->changed(k->changed_arg, &kb, -1);
@@ -1099,11 +353,11 @@ static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_KB_REMOVE;
     r.kb_remove = &res;
-    send_resp(k, conn_id, &r);
+    reply_send(&k->to, conn_id, &r, false);
     return;
 fail:
-    cache_drop(k, kb.id);
-    send_error(k, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+    kb_cache_drop(k, kb.id);
+    reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 }
 
 /* ---- retrieval ---- */
@@ -1557,18 +811,18 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     const Llms__KbSearchRequest *sr = req->kb_search;
     char err[ERR_MAX];
     kb_ref kb;
-    if (!find_kb(k, conn_id, uid, app, req, sr->kb, &kb))
+    if (!kb_find(k, conn_id, uid, app, req, sr->kb, &kb))
         return;
     int top_k = sr->has_top_k ? (int)sr->top_k : k->env.cfg->rag_top_k;
     if (top_k < 1 || top_k > KB_HITS_MAX) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "top_k must be 1..%d", KB_HITS_MAX);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "top_k must be 1..%d", KB_HITS_MAX);
         return;
     }
     Llms__Retrieval mode = sr->has_retrieval ? sr->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
     if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR) {
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "unknown retrieval %d",
-                   (int)mode);
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "unknown retrieval %d", (int)mode);
         return;
     }
     float *qvec = malloc(sizeof *qvec * (size_t)kb.dim);
@@ -1612,7 +866,7 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
     rc = 0;
 out:
     if (rc) {
-        send_error(k, conn_id, req, code, "%s", err);
+        reply_error(&k->to, conn_id, req, code, "%s", err);
     } else {
         Llms__KbSearchResponse res = LLMS__KB_SEARCH_RESPONSE__INIT;
         res.n_hits = (size_t)n;
@@ -1622,7 +876,7 @@ out:
         r.final = 1;
         r.body_case = LLMS__RESPONSE__BODY_KB_SEARCH;
         r.kb_search = &res;
-        send_resp(k, conn_id, &r);
+        reply_send(&k->to, conn_id, &r, false);
     }
     for (int i = 0; i < filled; i++) {
         free(t[i].doc);
@@ -1648,7 +902,8 @@ void kb_handle(kbm *k, uint64_t conn_id, uint32_t uid, const char *app, const Ll
         handle_search(k, conn_id, uid, app, req);
         break;
     default:
-        send_error(k, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED, "not a knowledge base call");
+        reply_error(&k->to, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
+                    "not a knowledge base call");
         break;
     }
 }

@@ -5,15 +5,14 @@
 
 #include <math.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/prompt.h"
 #include "daemon/net/reply.h"
 #include "daemon/reqlog.h"
+#include "engine/clock.h"
 #include "engine/vdist.h"
 #include "storage/kb.h"
 
@@ -22,6 +21,7 @@
 
 struct rag {
     rag_env env;
+    reply_to to;
     size_t chunk_bytes;         /* one f16 chunk's KV */
     uint8_t *node_buf;          /* a node's raw bytes while loading */
     size_t node_cap;
@@ -73,20 +73,6 @@ struct rag_query {
     Llms__KbHit *hp[RAG_MAX_K];
     char *doc[RAG_MAX_K], *meta[RAG_MAX_K];
 };
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void warn(const char *what, const char *err)
 {
@@ -185,6 +171,7 @@ rag *rag_new(const rag_env *env, char err[ERR_MAX])
         return NULL;
     }
     r->env = *env;
+    r->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     r->chunk_bytes = kv_chunk_data_bytes(env->shape, KV_F16);
     r->tau = env->cfg->tau_query;
     r->qkv_bytes_stale = true;
@@ -227,23 +214,6 @@ const int32_t *rag_prompt(const rag_query *q, int *n)
 const Llms__GenerationParams *rag_params(const rag_query *q)
 {
     return q->rq->params;
-}
-
-static void send_resp(rag *r, uint64_t conn_id, Llms__Response *resp)
-{
-    reply_send(r->env.out, r->env.cfg->max_frame_bytes, conn_id, resp, false);
-}
-
-static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void send_error(rag *r, uint64_t conn_id, const Llms__Request *req, Llms__ErrorCode code,
-                       const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(r->env.out, r->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- passages of the reply ---- */
@@ -364,14 +334,14 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
             return store_qa_delete(r->env.st, b.id, err) ? -1 : 0;
         }
     }
-    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
     ch.text = b.answer;
     Llms__Response resp = LLMS__RESPONSE__INIT;
     resp.id = req->id;
     resp.body_case = LLMS__RESPONSE__BODY_CHUNK;
     resp.chunk = &ch;
-    send_resp(r, conn_id, &resp);
+    reply_send(&r->to, conn_id, &resp, false);
     Llms__RagResult res = LLMS__RAG_RESULT__INIT;
     res.outcome = LLMS__RAG_OUTCOME__RAG_QA_HIT;
     res.n_passages = (size_t)b.n_passages;
@@ -386,7 +356,7 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     fin.final = 1;
     fin.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
     fin.rag_result = &res;
-    send_resp(r, conn_id, &fin);
+    reply_send(&r->to, conn_id, &fin, false);
     free(b.answer);
     r->qa_hits++;
     if (b.predicted) {
@@ -627,7 +597,7 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
         }
         if (store_qkv_put(r->env.st, q->keys[i], i ? q->keys[i - 1] : NULL, node_owner(q, i),
                           q->tokens, q->seg_end[i], n * KV_CHUNK_TOKENS, r->node_buf, need,
-                          q->asker != ASK_REAL, wall_ms(), err))
+                          q->asker != ASK_REAL, clock_wall_ms(), err))
             return -1;
     }
     const config *cfg = r->env.cfg;
@@ -668,7 +638,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->r = r;
     q->rq = rq;
     q->asker = asker;
-    q->t0_ns = mono_ns();
+    q->t0_ns = clock_mono_ns();
     q->kb_changes = r->kb_changes;
     q->warm = warm >= 0;
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
@@ -741,7 +711,7 @@ passages:
             goto fail;
         }
     }
-    q->retrieve_ms = (double)(mono_ns() - q->t0_ns) / 1e6;
+    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
     if (build_prompt(r, q, texts, err))
         goto fail;
     if (q->n_tokens >= cfg->n_ctx) {
@@ -778,7 +748,7 @@ passages:
     return q;
 fail:
     if (asker == ASK_REAL)
-        send_error(r, conn_id, req, code, "%s", err);
+        reply_error(&r->to, conn_id, req, code, "%s", err);
     else
         warn("predicted query", err);
 answered:
@@ -852,7 +822,7 @@ void rag_result(const rag_query *q, Llms__RagResult *res)
 static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
                     char err[ERR_MAX])
 {
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     for (int i = 0; i < q->nodes_found; i++)
         if (store_qkv_touch(r->env.st, q->keys[i], q->asker == ASK_REAL, now, err))
             return -1;
@@ -989,8 +959,8 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_TUNE) {
         float tau = req->cache_tune->tau_query;
         if (!(tau >= 0.0f && tau <= 2.0f)) {
-            send_error(r, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "tau_query must be 0..2 (above 1: the QA bank is off)");
+            reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "tau_query must be 0..2 (above 1: the QA bank is off)");
             return;
         }
         r->tau = tau;
@@ -999,14 +969,14 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
                                            ? req->cache : req->cache_clear;
         Llms__ErrorCode code = cache_scope_of(cr, uid, app, admin, &cs, err);
         if (code != LLMS__ERROR_CODE__OK) {
-            send_error(r, conn_id, req, code, "%s", err);
+            reply_error(&r->to, conn_id, req, code, "%s", err);
             return;
         }
     }
     if (req->body_case == LLMS__REQUEST__BODY_CACHE_CLEAR) {
         r->qkv_bytes_stale = true;
         if (cache_clear(r, &cs, err)) {
-            send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+            reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
             return;
         }
     }
@@ -1017,12 +987,12 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
         resp.final = 1;
         resp.body_case = LLMS__RESPONSE__BODY_OK;
         resp.ok = &e;
-        send_resp(r, conn_id, &resp);
+        reply_send(&r->to, conn_id, &resp, false);
         return;
     }
     int64_t qa_n, qa_b, qkv_n, qkv_b;
     if (cache_stats(r, &cs, &qa_n, &qa_b, &qkv_n, &qkv_b, err)) {
-        send_error(r, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&r->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return;
     }
     Llms__CacheResponse c = LLMS__CACHE_RESPONSE__INIT;
@@ -1038,7 +1008,7 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     resp.cache = &c;
     /* the counters are every owner's together: how often others asked and hit is theirs */
     if (!admin) {
-        send_resp(r, conn_id, &resp);
+        reply_send(&r->to, conn_id, &resp, false);
         return;
     }
     c.rag_queries = r->queries;
@@ -1071,5 +1041,5 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     c.predict_warmed = ps.warmed;
     c.has_qkv_verify_misses = 1;
     c.qkv_verify_misses = r->verify_misses;
-    send_resp(r, conn_id, &resp);
+    reply_send(&r->to, conn_id, &resp, false);
 }

@@ -5,13 +5,12 @@
 #include "daemon/sched/semantic.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/net/reply.h"
+#include "engine/clock.h"
 #include "engine/model/embed.h"
 #include "engine/encoder/rerank.h"
 
@@ -25,12 +24,14 @@ static const float calib_grid[] = {0.02f, 0.05f, 0.1f, 0.15f, 0.2f, 0.3f, 0.4f, 
 
 struct semantic {
     semantic_env env;
+    reply_to to;
     int dim;
     int max_kv;
     int32_t *positions;    /* (max_kv) 0, 1, 2, ... */
     int32_t *rows;         /* (max_slice) 0, 1, 2, ...: every row of a slice */
     float *norm_row;       /* (dim) */
     embedder *emb;         /* semantic_embed_now on the generate model, made on first use */
+    char *scratch_dir;     /* where rerankers offload hidden states: $TMPDIR, else /tmp */
 };
 
 enum sem_kind { SEM_EMBED, SEM_RERANK, SEM_CALIBRATE };
@@ -70,31 +71,6 @@ struct sem_task {
     rerank_task *rt;
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void send_resp(semantic *sm, uint64_t conn_id, Llms__Response *r)
-{
-    reply_send(sm->env.out, sm->env.cfg->max_frame_bytes, conn_id, r, false);
-}
-
-static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
-                       Llms__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void send_error(semantic *sm, uint64_t conn_id, const Llms__Request *req,
-                       Llms__ErrorCode code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    reply_error_v(sm->env.out, sm->env.cfg->max_frame_bytes, conn_id, req, code, fmt, ap);
-    va_end(ap);
-}
-
 /* Fails an Embed task: answers its request, or keeps the error for the worker's own. */
 static void embed_fail(sem_task *t, Llms__ErrorCode code, const char *msg)
 {
@@ -102,7 +78,7 @@ static void embed_fail(sem_task *t, Llms__ErrorCode code, const char *msg)
         t->failed = true;
         snprintf(t->err, sizeof t->err, "%s", msg);
     } else {
-        send_error(t->sm, t->conn_id, t->req, code, "%s", msg);
+        reply_error(&t->sm->to, t->conn_id, t->req, code, "%s", msg);
     }
 }
 
@@ -114,12 +90,15 @@ semantic *semantic_new(const semantic_env *env, char err[ERR_MAX])
         return NULL;
     }
     sm->env = *env;
+    sm->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     sm->dim = model_hparams_of(env->m)->dim;
     sm->max_kv = model_runner_max_kv(env->runner);
     sm->positions = malloc(sizeof *sm->positions * (size_t)sm->max_kv);
     sm->rows = malloc(sizeof *sm->rows * (size_t)env->max_slice);
     sm->norm_row = malloc(sizeof *sm->norm_row * (size_t)sm->dim);
-    if (!sm->positions || !sm->rows || !sm->norm_row) {
+    const char *tmp = getenv("TMPDIR");
+    sm->scratch_dir = strdup(tmp && *tmp ? tmp : "/tmp");
+    if (!sm->positions || !sm->rows || !sm->norm_row || !sm->scratch_dir) {
         err_set(err, "out of memory");
         semantic_free(sm);
         return NULL;
@@ -139,6 +118,7 @@ void semantic_free(semantic *sm)
     free(sm->positions);
     free(sm->rows);
     free(sm->norm_row);
+    free(sm->scratch_dir);
     free(sm);
 }
 
@@ -149,7 +129,7 @@ static sem_task *task_new(semantic *sm, enum sem_kind kind, models_entry *me,
 {
     sem_task *t = calloc(1, sizeof *t);
     if (!t) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return NULL;
     }
     t->sm = sm;
@@ -237,7 +217,7 @@ static models_entry *resolve(semantic *sm, uint64_t conn_id, const Llms__Request
     models_entry *me;
     Llms__ErrorCode code = models_resolve(sm->env.reg, name, role, &me, err);
     if (code != LLMS__ERROR_CODE__OK)
-        send_error(sm, conn_id, req, code, "%s", err);
+        reply_error(&sm->to, conn_id, req, code, "%s", err);
     return me;
 }
 
@@ -263,12 +243,13 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     if (!me)
         return NULL;
     if (n == 0) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no texts to embed");
         return NULL;
     }
     if (n > (size_t)cfg->embed_max_texts) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "%zu texts, more than the limit (embed_max_texts = %d)", n, cfg->embed_max_texts);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "%zu texts, more than the limit (embed_max_texts = %d)", n,
+                    cfg->embed_max_texts);
         return NULL;
     }
     enum embed_pooling pooling = EMBED_LAST;
@@ -281,17 +262,17 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
         if (er->pooling == LLMS__POOLING__POOLING_MEAN)
             pooling = EMBED_MEAN;
         else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "unknown pooling %d", (int)er->pooling);
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "unknown pooling %d", (int)er->pooling);
             return NULL;
         }
     }
     int dim = me->enc ? bert_hparams_of(me->enc)->dim : sm->dim;
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                   "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
-                   cfg->max_frame_bytes);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                    "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
+                    cfg->max_frame_bytes);
         return NULL;
     }
     sem_task *t = task_new(sm, SEM_EMBED, me, conn_id, req);
@@ -305,7 +286,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     Llms__ErrorCode code =
         embed_buffers(t, n, err) ? LLMS__ERROR_CODE__INTERNAL : embed_tokenize(t, er, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(sm, conn_id, req, code, "%s", err);
+        reply_error(&sm->to, conn_id, req, code, "%s", err);
         semantic_task_free(t);
         return NULL;
     }
@@ -368,7 +349,7 @@ static void embed_reply(sem_task *t)
     Llms__Vector **vptr = calloc(n, sizeof *vptr);
     uint32_t *ntok = calloc(n, sizeof *ntok);
     if (!vecs || !vptr || !ntok) {
-        send_error(sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&sm->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
@@ -389,7 +370,7 @@ static void embed_reply(sem_task *t)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_EMBED;
     r.embed = &eb;
-    send_resp(sm, t->conn_id, &r);
+    reply_send(&sm->to, t->conn_id, &r, false);
 done:
     free(vecs);
     free(vptr);
@@ -449,6 +430,7 @@ static int call_options(semantic *sm, uint32_t has_k, uint32_t k, int has_mode,
     const config *cfg = sm->env.cfg;
     *o = rerank_default_options();
     o->memory_limit = (size_t)cfg->rerank_memory_mb << 20;
+    o->scratch_dir = sm->scratch_dir;
     o->stream_weights = cfg->rerank_stream_weights != 0;
     o->yes_token = cfg->rerank_yes_token;
     o->no_token = cfg->rerank_no_token;
@@ -521,9 +503,9 @@ static bool answer_tokens_known(semantic *sm, const reranker *rr, const rerank_o
     int32_t yes, no;
     if (rerank_answer_tokens(rr, o, &yes, &no, err) == 0)
         return true;
-    send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-               "%s: set rerank_yes_token and rerank_no_token to the reranker's answer token ids",
-               err);
+    reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                "%s: set rerank_yes_token and rerank_no_token to the reranker's answer token ids",
+                err);
     return false;
 }
 
@@ -536,33 +518,33 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         return NULL;
     Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
     if (code != LLMS__ERROR_CODE__OK) {
-        send_error(sm, conn_id, req, code, "%s", err);
+        reply_error(&sm->to, conn_id, req, code, "%s", err);
         return NULL;
     }
     rerank_options o;
     if (call_options(sm, rq->has_top_k, rq->top_k, rq->has_mode, rq->mode, &o, err) < 0) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return NULL;
     }
     if (rq->has_stream_weights)
         o.stream_weights = rq->stream_weights;
     if (rq->has_cv_threshold && rq->has_target_precision) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "give cv_threshold or target_precision, not both");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "give cv_threshold or target_precision, not both");
         return NULL;
     }
     if (rq->has_cv_threshold) {
         if (!isfinite(rq->cv_threshold)) {
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "cv_threshold is not a number");
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "cv_threshold is not a number");
             return NULL;
         }
         o.cv_threshold = rq->cv_threshold;
     } else if (rq->has_target_precision) {
         float p = rq->target_precision;
         if (!(p > 0 && p <= 1)) {
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                       "target_precision %g is outside (0, 1]", p);
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "target_precision %g is outside (0, 1]", p);
             return NULL;
         }
         char key[SEM_KEY_MAX];
@@ -571,21 +553,21 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
         int nv = 0;
         bool found = false;
         if (store_setting_get(sm->env.st, key, v, 4, &nv, &found, err) < 0) {
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
             return NULL;
         }
         if (!found || nv < 1) {
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                       "no threshold calibrated for precision %.4f on %s "
-                       "(llmsctl rerank-calibrate)", p, me->path);
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                        "no threshold calibrated for precision %.4f on %s "
+                        "(llmsctl rerank-calibrate)", p, me->path);
             return NULL;
         }
         o.cv_threshold = (float)v[0];
     }
     reranker *rr = get_reranker(sm, me, err);
     if (!rr) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s", me->name,
-                   err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
+                    me->name, err);
         return NULL;
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
@@ -604,7 +586,7 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
                          (int)rq->n_documents, &o, err);
     if (!t->rt) {
         semantic_task_free(t);
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return NULL;
     }
     me->rr_busy = true;
@@ -624,7 +606,7 @@ static void rerank_reply(sem_task *t, const rerank_result *res)
     uint32_t *layers = calloc(nd, sizeof *layers);
     uint32_t *pruned = calloc((size_t)res->n_layer + 1, sizeof *pruned);
     if (!hits || !hptr || !layers || !pruned) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     for (int i = 0; i < res->n; i++) {
@@ -656,7 +638,7 @@ static void rerank_reply(sem_task *t, const rerank_result *res)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_RERANK;
     r.rerank = &rb;
-    send_resp(sm, conn_id, &r);
+    reply_send(&sm->to, conn_id, &r, false);
 done:
     free(hits);
     free(hptr);
@@ -688,31 +670,31 @@ static void handle_calibrate(sem_task *t)
     char err[ERR_MAX];
     float p = cq->precision;
     if (!(p > 0 && p <= 1)) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                   "precision %g is outside (0, 1]", p);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "precision %g is outside (0, 1]", p);
         return;
     }
     if (cq->n_queries == 0) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
         return;
     }
     for (size_t q = 0; q < cq->n_queries; q++) {
         const Llms__RerankQuery *rq = cq->queries[q];
         Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
         if (code != LLMS__ERROR_CODE__OK) {
-            send_error(sm, conn_id, req, code, "query %zu: %s", q, err);
+            reply_error(&sm->to, conn_id, req, code, "query %zu: %s", q, err);
             return;
         }
     }
     rerank_options o;
     if (call_options(sm, cq->has_top_k, cq->top_k, cq->has_mode, cq->mode, &o, err) < 0) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
         return;
     }
     reranker *rr = get_reranker(sm, t->me, err);
     if (!rr) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
-                   t->me->name, err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
+                    t->me->name, err);
         return;
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
@@ -723,7 +705,7 @@ static void handle_calibrate(sem_task *t)
     int *nref = calloc(nq, sizeof *nref);
     float grid_prec[CALIB_N];
     if (!ref || !nref) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         goto done;
     }
     double full_ms = 0, pruned_ms = 0;
@@ -732,14 +714,14 @@ static void handle_calibrate(sem_task *t)
         rerank_result res;
         memset(&res, 0, sizeof res);
         o.cv_threshold = 0;
-        double t0 = now_ms();
+        double t0 = clock_mono_ms();
         if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
                        &o, &res, err) < 0) {
             rerank_result_free(&res);
-            send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
             goto done;
         }
-        full_ms += now_ms() - t0;
+        full_ms += clock_mono_ms() - t0;
         nref[q] = res.n;
         memcpy(ref + q * (size_t)k, res.index, sizeof *ref * (size_t)res.n);
         rerank_result_free(&res);
@@ -752,15 +734,15 @@ static void handle_calibrate(sem_task *t)
             const Llms__RerankQuery *rq = cq->queries[q];
             rerank_result res;
             memset(&res, 0, sizeof res);
-            double t0 = now_ms();
+            double t0 = clock_mono_ms();
             if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
                            (int)rq->n_documents, &o, &res, err) < 0) {
                 rerank_result_free(&res);
-                send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
-                           err);
+                reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
+                            err);
                 goto done;
             }
-            ms += now_ms() - t0;
+            ms += clock_mono_ms() - t0;
             sum += overlap(ref + q * (size_t)k, res.index, res.n < nref[q] ? res.n : nref[q]);
             rerank_result_free(&res);
         }
@@ -776,7 +758,7 @@ static void handle_calibrate(sem_task *t)
     setting_key(t->me, p, key);
     double vals[4] = {thr, chosen >= 0 ? grid_prec[chosen] : 1.0, k, o.mode};
     if (store_setting_put(sm->env.st, key, vals, 4, err) < 0) {
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
         goto done;
     }
     Llms__RerankCalibrateResponse cr = LLMS__RERANK_CALIBRATE_RESPONSE__INIT;
@@ -794,7 +776,7 @@ static void handle_calibrate(sem_task *t)
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_RERANK_CALIBRATE;
     r.rerank_calibrate = &cr;
-    send_resp(sm, conn_id, &r);
+    reply_send(&sm->to, conn_id, &r, false);
 done:
     free(ref);
     free(nref);
@@ -816,8 +798,8 @@ sem_task *semantic_begin(semantic *sm, uint64_t conn_id, const Llms__Request *re
             me->rr_busy = true;
         return t;
     default:
-        send_error(sm, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
-                   "request body %d is not a semantic call", (int)req->body_case);
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__UNIMPLEMENTED,
+                    "request body %d is not a semantic call", (int)req->body_case);
         return NULL;
     }
 }
@@ -884,14 +866,14 @@ int semantic_advance(sem_task *t, int max_rows)
     }
     int rc = rerank_step(t->rt, max_rows, err);
     if (rc < 0) {
-        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&t->sm->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     if (rc == 0)
         return 0;
     rerank_result res;
     if (rerank_task_result(t->rt, &res, err) < 0) {
-        send_error(t->sm, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
+        reply_error(&t->sm->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
         return 1;
     }
     rerank_reply(t, &res);

@@ -9,7 +9,9 @@
  * the forward). Embed on a bert encoder advances by semantic_advance instead, whole texts
  * at a time. Rerank runs the model's reranker (engine/encoder/rerank.h), opened on its first call
  * and kept; its tasks advance by semantic_advance, a bounded number of rows at a time,
- * one rerank per reranker at a time. A calibration runs whole inside one
+ * one rerank per reranker at a time; when the candidates' hidden states exceed
+ * rerank_memory_mb (over three chunks) they go to an unlinked file in the daemon's
+ * $TMPDIR (else /tmp). A calibration runs whole inside one
  * semantic_advance (an admin's rare call). Thresholds found by RerankCalibrate are kept
  * in the store's settings under "rerank.cv_threshold:<model path>:<precision>". A task
  * counts in its model's running while it exists, so that the model is not unloaded

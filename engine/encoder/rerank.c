@@ -35,10 +35,11 @@
  *
  * Memory: the hidden states of all candidates (tokens x dim floats) live in their
  * chunks' buffers while their sum is within memory_limit or there are at most three
- * chunks; otherwise they live in an unlinked temporary file in $TMPDIR and pass through
- * three rotating buffers: one computing, one being read back for the next chunk, one
- * being written out. With stream_weights, token embedding rows come from an LRU cache
- * of 10% of the vocabulary (rows kept in the file's type), read with pread on a miss.
+ * chunks; otherwise they live in an unlinked temporary file in the caller's scratch_dir
+ * (in memory when it gave none) and pass through three rotating buffers: one computing,
+ * one being read back for the next chunk, one being written out. With stream_weights,
+ * token embedding rows come from an LRU cache of 10% of the vocabulary (rows kept in the
+ * file's type), read with pread on a miss.
  *
  * Encoders (a bert file with a classification head) take their own path through the
  * same task and pruning: a pair is [CLS] query [SEP] document [SEP] (segment B from the
@@ -60,9 +61,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "engine/clock.h"
 #include "engine/encoder/bert.h"
 #include "engine/quant/blas.h"
 #include "engine/gguf/gguf.h"
@@ -123,7 +124,8 @@ typedef struct rr_cache {
 } rr_cache;
 
 struct reranker {
-    rerank_options opt;
+    rerank_options opt;   /* its scratch_dir is scratch_dir */
+    char *scratch_dir;    /* the offload file's directory (owned); NULL: no offload */
     gguf_file *g;
     int fd;               /* the model file, for pread */
     model_hparams hp;
@@ -233,7 +235,7 @@ static int rr_read_row(reranker *rr, const gguf_tensor *t, int64_t row, float *d
 rerank_options rerank_default_options(void)
 {
     return (rerank_options){.top_k = 5, .mode = RERANK_SET, .cv_threshold = RR_DEFAULT_CV,
-                            .memory_limit = 0, .max_chunk_tokens = 0,
+                            .memory_limit = 0, .scratch_dir = NULL, .max_chunk_tokens = 0,
                             .stream_weights = true, .yes_token = -1,
                             .no_token = -1, .n_threads = 0};
 }
@@ -332,6 +334,7 @@ void rerank_close(reranker *rr)
     rr_free(rr, rr->vecs, rr->vecs_bytes);
     free(rr->layers);
     free(rr->prompt);
+    free(rr->scratch_dir);
     if (rr->fd >= 0)
         close(rr->fd);
     gguf_close(rr->g);
@@ -394,6 +397,12 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     }
     rr->fd = -1;
     rr->opt = options ? *options : rerank_default_options();
+    if (rr->opt.scratch_dir && *rr->opt.scratch_dir &&
+        !(rr->scratch_dir = strdup(rr->opt.scratch_dir))) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    rr->opt.scratch_dir = rr->scratch_dir;
     /* The file is mapped (gguf reads its header there) but, apart from the metadata,
      * never touched: every tensor byte is read with pread. */
     rr->g = gguf_open(model_path, err);
@@ -795,12 +804,10 @@ static int rr_make_chunks(rr_run *s, size_t limit, char err[ERR_MAX])
     size_t total = 0;
     for (int i = 0; i < s->n; i++)
         total += (size_t)s->cand[i].len * hp->dim * sizeof(float);
-    s->offload = s->n_chunks > 3 && total > limit;
+    s->offload = rr->scratch_dir && s->n_chunks > 3 && total > limit;
     size_t rowb = (size_t)hp->dim * sizeof(float);
     if (s->offload) {
-        const char *dir = getenv("TMPDIR");
-        if (!dir || !*dir)
-            dir = "/tmp";
+        const char *dir = rr->scratch_dir;
         s->tmp_fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
         if (s->tmp_fd < 0) {
             char path[512];
@@ -1345,13 +1352,6 @@ void rerank_result_free(rerank_result *r)
     memset(r, 0, sizeof *r);
 }
 
-static double rr_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* The yes / no token of the options, or found in the vocabulary. */
 static int rr_answer_token(const reranker *rr, int32_t given, const char *word, int32_t *out,
                            char err[ERR_MAX])
@@ -1414,7 +1414,7 @@ void rerank_task_free(rerank_task *t)
 rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, const int *lens,
                                  int n_docs, const rerank_options *options, char err[ERR_MAX])
 {
-    double t0 = rr_now_ms();
+    double t0 = clock_mono_ms();
     const rerank_options *o = options ? options : &rr->opt;
     if (n_docs <= 0)
         return err_set(err, "no documents"), NULL;
@@ -1534,7 +1534,7 @@ int rerank_task_result(rerank_task *t, rerank_result *out, char err[ERR_MAX])
     out->pruned_at_layer = t->pruned_at;
     t->pruned_at = NULL;
     out->peak_bytes = t->rr->bytes_peak;
-    out->ms = rr_now_ms() - t->t0;
+    out->ms = clock_mono_ms() - t->t0;
     return 0;
 }
 

@@ -45,8 +45,13 @@ typedef struct rerank_options {
     /* Bytes for the activations of one chunk of candidates (0: 64 MiB). A chunk holds at
      * least one candidate whatever the limit. When the hidden states of all candidates
      * exceed it and there are more than three chunks, they are offloaded to an unlinked
-     * temporary file in $TMPDIR (three chunks' worth in memory). */
+     * temporary file in scratch_dir (three chunks' worth in memory). */
     size_t memory_limit;
+    /* The directory of that temporary file, taken at rerank_open only (copied). NULL or
+     * "": none, and the hidden states stay in memory whatever memory_limit says. The
+     * caller chooses it: the engine opens no file but its model (the daemon passes
+     * $TMPDIR, else /tmp). */
+    const char *scratch_dir;
     /* Most rows in one chunk (0: memory_limit alone decides); a chunk still holds at
      * least one candidate. rerank_step computes whole chunks, so this bounds its work. */
     long max_chunk_tokens;
@@ -56,7 +61,7 @@ typedef struct rerank_options {
 } rerank_options;
 
 /* Defaults: top_k 5, RERANK_SET, cv_threshold 0.2 (see rerank.c), memory_limit 0,
- * max_chunk_tokens 0, stream_weights true, yes/no -1, n_threads 0. */
+ * scratch_dir NULL, max_chunk_tokens 0, stream_weights true, yes/no -1, n_threads 0. */
 rerank_options rerank_default_options(void);
 
 typedef struct rerank_result {

@@ -7,7 +7,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "engine/clock.h"
 
 /* log of the sum of exp(x[i]) over n values, computed from the largest. */
 static double kv_calib_log_sum_exp(const float *x, int n)
@@ -205,13 +206,6 @@ int kv_calib_step(kv_calib *c, model_runner *r, char err[ERR_MAX])
     return KV_CALIB_DONE;
 }
 
-static double kv_calib_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
                      const kv_chunk_stats *section_stats, const int32_t *tokens,
                      const int32_t *positions, int n_forced, double max_seconds,
@@ -220,10 +214,10 @@ int kv_calib_measure(const model *m, model_runner *r, const kv_seq *prefix,
     kv_calib *c = kv_calib_new(m, prefix, section_stats, tokens, positions, n_forced, err);
     if (!c)
         return -1;
-    double t0 = kv_calib_now();
+    double t0 = clock_mono_s();
     int rc = kv_calib_step(c, r, err);
     bool too_slow = rc == 0 && max_seconds > 0 &&
-                    (kv_calib_now() - t0) * kv_calib_forwards_total(c) > max_seconds;
+                    (clock_mono_s() - t0) * kv_calib_forwards_total(c) > max_seconds;
     while (rc == 0 && !too_slow)
         rc = kv_calib_step(c, r, err);
     if (rc == KV_CALIB_DONE)

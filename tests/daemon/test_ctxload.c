@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "daemon/ctx/ctxmem.h"
+#include "engine/clock.h"
 #include "engine/model/model.h"
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
@@ -327,9 +328,9 @@ static void test_profile_predicts(void)
     double ms[7];
     for (int r = 0; r < 7; r++) {
         model_batch b = {.n_tokens = 48, .tokens = tok + 112, .positions = pos + 112};
-        double t0 = ctx_mono_ms();
+        double t0 = clock_mono_ms();
         CHECK(model_forward(g.r, &seq, &b, err) == 0);
-        ms[r] = ctx_mono_ms() - t0;
+        ms[r] = clock_mono_ms() - t0;
         kv_seq_truncate(&seq, 112);
     }
     kv_seq_free(&seq);

@@ -152,6 +152,7 @@ static rerank_options opts(int top_k, float cv, bool stream)
     o.yes_token = YES;
     o.no_token = NO;
     o.n_threads = 2;
+    o.scratch_dir = test_tmpdir();
     return o;
 }
 
@@ -256,6 +257,18 @@ static void test_chunked_offload_equals_whole(void)
         /* fewer rows per product take other sgemm blocking, so other rounding */
         CHECK_NEAR(score_of(&chunked, i), score_of(&whole, i), 1e-4);
     CHECK(chunked.peak_bytes < whole.peak_bytes);
+    /* without a scratch directory the same chunks keep their hidden states in memory */
+    rerank_options no_dir = o;
+    no_dir.scratch_dir = NULL;
+    reranker *mem = rerank_open(path, &no_dir, err);
+    CHECK_MSG(mem, "%s", err);
+    rerank_result in_memory;
+    CHECK(run(mem, &d, &no_dir, &in_memory) == 0);
+    for (int i = 0; i < d.n; i++)
+        CHECK(score_of(&in_memory, i) == score_of(&chunked, i));
+    CHECK(in_memory.peak_bytes > chunked.peak_bytes);
+    rerank_result_free(&in_memory);
+    rerank_close(mem);
     rerank_result_free(&chunked);
     /* chunked with pruning too */
     o.cv_threshold = 1e-4f;
