@@ -2,9 +2,8 @@
  * reply.h — Responses packed as frames, and the worker's replies: a Response packed and
  * queued for its connection, an error answered and logged as the request's outcome.
  * The loop packs its own answers with reply_pack / reply_pack_error and hands them to
- * the connection; the modules that answer requests on the worker thread (semantic, kb,
- * rag, graphs; sched through resp.h until its split) keep a reply_to and answer through
- * it.
+ * the connection; the modules that answer requests on the worker thread (sched,
+ * semantic, kb, rag, graphs) keep a reply_to and answer through it.
  */
 #ifndef LLMS_REPLY_H
 #define LLMS_REPLY_H

@@ -222,7 +222,7 @@ static void handle_create(sched *s, const sched_job *j)
     }
     ctxmgr *cm = genset_of_entry(s, me)->cm;
     ctx_entry *c;
-    if (ctx_create(cm, j->uid, j->app, cr->system_prompt, cr->defaults, wall_ms(), &c, err)) {
+    if (ctx_create(cm, j->uid, j->app, cr->system_prompt, cr->defaults, clock_wall_ms(), &c, err)) {
         sched_reply_error(s, j, LLMS__ERROR_CODE__INTERNAL, "create context: %s", err);
         return;
     }
@@ -314,7 +314,7 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
                 break;
             }
     st->sched_steps = s->n_steps;
-    int64_t since = mono_ns() - SCHED_STATS_NS;
+    int64_t since = clock_mono_ns() - SCHED_STATS_NS;
     double ms = 0, rows = 0, stall = 0;
     int n = 0;
     for (uint64_t k = 0; k < s->n_steps && k < SCHED_STATS; k++) {
@@ -532,7 +532,7 @@ static void handle_status(sched *s, const sched_job *j)
         st.model_bytes += gguf_tensor_at(gf, i)->bytes;
     st.n_ctx = (uint32_t)s->env.cfg->n_ctx;
     st.threads = (uint32_t)model_runner_n_threads(s->gm[0]->runner);
-    st.uptime_ms = (uint64_t)(wall_ms() - s->start_ms);
+    st.uptime_ms = (uint64_t)(clock_wall_ms() - s->start_ms);
     st.n_connections = atomic_load(&s->n_connections);
     for (app_state *a = s->apps; a; a = a->next)
         st.n_apps++;

@@ -92,7 +92,7 @@ static int pend_remove(sched *s, uint64_t conn_id, bool all, uint64_t req_id, bo
                        bool quiet, Llms__ErrorCode code, const char *msg)
 {
     int removed = 0;
-    int64_t now = expired ? mono_ns() : 0;
+    int64_t now = expired ? clock_mono_ns() : 0;
     for (app_state *a = s->apps; a; a = a->next) {
         sched_job **pp = &a->pend_head, *prev = NULL;
         while (*pp) {
@@ -437,7 +437,7 @@ static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum adm
 /* Admits pending jobs, one per app in turn, while there is room. */
 void admit_pending(sched *s)
 {
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
     bool progress = true;
     while (progress && s->n_active < SCHED_MAX_ACTIVE && s->n_pending > 0) {
         progress = false;
@@ -513,7 +513,7 @@ void admit_pending(sched *s)
  * set; answers queued requests whose deadline passed. */
 void admit_reap(sched *s)
 {
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
     pend_remove(s, 0, true, 0, true, false, LLMS__ERROR_CODE__DEADLINE_EXCEEDED,
                 "the request's timeout passed while it was queued");
     int k = 0;

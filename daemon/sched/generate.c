@@ -88,7 +88,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     }
     g->gm = gm;
     g->c = c;
-    g->t_start = mono_ns();
+    g->t_start = clock_mono_ns();
 
     const Llms__GenerationParams *req_p, *stops_p;
     sampler_params sp;
@@ -218,7 +218,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     g->n_hist = g->n_base + n_turn;
     if (c) {
         c->busy = true;
-        c->last_used_ms = wall_ms();
+        c->last_used_ms = clock_wall_ms();
     }
     return g;
 fail:
@@ -321,7 +321,7 @@ bool gen_decoding(const gen *g)
 void gen_take_token(sched *s, work *w, const float *logits)
 {
     gen *g = w->g;
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
     if (g->t_last_token) {
         double gap = (double)(now - g->t_last_token) / 1e6;
         if (gap > s->step_stall_ms)
@@ -392,7 +392,7 @@ void gen_end(sched *s, work *w)
     bool failed = engine_err != NULL;
     if (engine_err)
         snprintf(err, sizeof err, "%s", engine_err);
-    g->t_end = mono_ns();
+    g->t_end = clock_mono_ns();
     if (!failed && !g->prefilled) {
         /* Stopped before the prompt was evaluated: nothing to keep. */
         failed = true;
@@ -413,7 +413,7 @@ void gen_end(sched *s, work *w)
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
         if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
-                            g->shown ? g->shown : "", g->reply, g->n_gen, wall_ms(), err)) {
+                            g->shown ? g->shown : "", g->reply, g->n_gen, clock_wall_ms(), err)) {
             failed = true;
             code = LLMS__ERROR_CODE__INTERNAL;
         }

@@ -86,7 +86,7 @@ graph_work *graphrun_new(sched *s, const sched_job *j)
     }
     gw->node = -1;
     gw->spec_node = -1;
-    gw->t_start = mono_ns();
+    gw->t_start = clock_mono_ns();
     gw->speculate = gr->has_speculate ? gr->speculate : s->env.cfg->graph_speculate;
     if (!(gw->gph = graphs_open(&s->graphs, j->uid, j->app, gr->graph, &code, err)))
         goto fail;
@@ -171,7 +171,7 @@ static int graph_node_done(sched *s, work *w, const char *out, size_t len, uint3
                            int spec)
 {
     graph_work *gw = w->gw;
-    double ms = (double)(mono_ns() - gw->node_t0) / 1e6;
+    double ms = (double)(clock_mono_ns() - gw->node_t0) / 1e6;
     gw->node_ms[gw->node] += ms;
     gw->node_tokens[gw->node] += tokens;
     if (graph_run_feed(gw->run, out, len)) {
@@ -255,7 +255,7 @@ static retrieval *graph_retrieval_new(sched *s, work *w, const Llms__GraphNode *
  * long since it started. */
 static double spec_ahead_ms(const graph_work *gw, bool progressed)
 {
-    return progressed ? (double)(mono_ns() - gw->spec_t0) / 1e6 : 0;
+    return progressed ? (double)(clock_mono_ns() - gw->spec_t0) / 1e6 : 0;
 }
 
 static void spec_count(sched *s, graph_work *gw, bool hit, double saved_ms)
@@ -273,7 +273,7 @@ static void spec_count(sched *s, graph_work *gw, bool hit, double saved_ms)
 static void spec_begin(sched *s, graph_work *gw, int node)
 {
     gw->spec_node = node;
-    gw->spec_t0 = mono_ns();
+    gw->spec_t0 = clock_mono_ns();
     gw->spec.started += !gw->spec_seeded;
     s->spec.started += !gw->spec_seeded;
 }
@@ -411,7 +411,7 @@ static int graph_node_start(sched *s, work *w, int node)
     const Llms__GraphNode *n = graph_node_of(gw, node);
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
     gw->node = node;
-    gw->node_t0 = mono_ns();
+    gw->node_t0 = clock_mono_ns();
     graph_event(s, w, LLMS__GRAPH_EVENT_KIND__GRAPH_NODE_STARTED, NULL, 0, 0, SPEC_NONE);
     size_t max = (size_t)s->env.cfg->max_text_bytes, len;
     if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_GENERATE) {
@@ -504,7 +504,7 @@ static void graph_send_result(sched *s, work *w)
         res.has_prompt_tokens = res.has_reused_tokens = 1;
         res.prompt_tokens = (uint32_t)gw->prompt_tokens;
         res.reused_tokens = (uint32_t)gw->reused_tokens;
-        int64_t now = mono_ns();
+        int64_t now = clock_mono_ns();
         res.total_ms = (double)(now - gw->t_start) / 1e6;
         res.queue_ms = (double)(gw->t_start - w->job->queued_ns) / 1e6;
         Llms__Response r = LLMS__RESPONSE__INIT;
@@ -527,7 +527,7 @@ static void graph_send_result(sched *s, work *w)
 static void graph_advance(sched *s, work *w)
 {
     graph_work *gw = w->gw;
-    while (!work_over(w, mono_ns())) {
+    while (!work_over(w, clock_mono_ns())) {
         if (gw->rt) {
             spec_gen_start(s, w);
             Llms__ErrorCode code;
@@ -619,7 +619,7 @@ static void graph_advance(sched *s, work *w)
 void graphrun_end(sched *s, work *w)
 {
     graph_work *gw = w->gw;
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
     if (w->answered) {
         long tokens = 0;
         for (size_t i = 0; i < graph_def(gw->gph)->n_nodes; i++)
@@ -653,13 +653,13 @@ void graphrun_end(sched *s, work *w)
  * generation each get about half of the worker's time when both are waiting. */
 void graphrun_advance_all(sched *s)
 {
-    int64_t t0 = mono_ns(), budget = SCHED_RETRIEVAL_MIN_NS;
+    int64_t t0 = clock_mono_ns(), budget = SCHED_RETRIEVAL_MIN_NS;
     if (s->n_steps) {
         int64_t last = (int64_t)(s->stats[(s->n_steps - 1) % SCHED_STATS].ms * 1e6);
         budget = last > budget ? last : budget;
     }
     bool retrieving = true;
-    for (int round = 0; retrieving && (round == 0 || mono_ns() - t0 < budget); round++) {
+    for (int round = 0; retrieving && (round == 0 || clock_mono_ns() - t0 < budget); round++) {
         retrieving = false;
         for (int i = 0; i < s->n_active; i++) {
             work *w = s->active[i];

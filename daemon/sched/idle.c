@@ -38,7 +38,7 @@ static bool idle_claim(sched *s)
  * prediction task is half done, and the queue is empty (the preempt flag lowered). */
 static bool idle_turn(sched *s)
 {
-    return sched_idle(s, mono_ns()) && !s->pred && idle_claim(s);
+    return sched_idle(s, clock_mono_ns()) && !s->pred && idle_claim(s);
 }
 
 /* The generate model with a layer calibration waiting for idle time, or NULL. */
@@ -129,7 +129,7 @@ static void pred_request(sched *s, const predict_task *t)
     j->kind = SCHED_REQUEST;
     j->uid = t->uid;
     snprintf(j->app, sizeof j->app, "%s", t->app);
-    j->queued_ns = mono_ns();
+    j->queued_ns = clock_mono_ns();
     j->req = &s->pred_req;
     llms__request__init(&s->pred_req);
     llms__generation_params__init(&s->pred_params);
@@ -166,7 +166,7 @@ static bool pred_start(sched *s)
 {
     predict_task *t = &s->pred_task;
     while (predict_next(s->predict, rag_tau(s->rag), rag_qkv_room(s->rag), t)) {
-        int64_t t0 = mono_ns();
+        int64_t t0 = clock_mono_ns();
         pred_request(s, t);
         genmodel *gm = s->gm[0];
         size_t need = admit_kv_need(s, gm, &s->pred_job, NULL);
@@ -184,7 +184,7 @@ static bool pred_start(sched *s)
         w->quiet = true;
         s->pred_cached = false;
         w->g = gen_new(s, gm, &s->pred_job, NULL, NULL);
-        predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
+        predict_count_ms(s->predict, (double)(clock_mono_ns() - t0) / 1e6);
         if (!w->g) {
             free(w);
             predict_done(s->predict, t, s->pred_cached ? PREDICT_CACHED : PREDICT_DROPPED, NULL);
@@ -204,19 +204,19 @@ static bool pred_start(sched *s)
  * step at most). */
 static void pred_run(sched *s)
 {
-    if (!pred_idle(s, mono_ns()) || !idle_claim(s) || (!s->pred && !pred_start(s)))
+    if (!pred_idle(s, clock_mono_ns()) || !idle_claim(s) || (!s->pred && !pred_start(s)))
         return;
     s->pred_paused = false;
     work *w = s->pred;
-    int64_t t0 = mono_ns();
+    int64_t t0 = clock_mono_ns();
     int n_seq = sched_step_alone(s, w, w->gm->step_tokens, &s->idle_preempt);
     if (n_seq < 0) {
-        predict_count_ms(s->predict, (double)(mono_ns() - t0) / 1e6);
+        predict_count_ms(s->predict, (double)(clock_mono_ns() - t0) / 1e6);
         return;
     }
     if (n_seq)
-        predict_count_step(s->predict, (double)(mono_ns() - t0) / 1e6);
-    if (work_over(w, mono_ns()))
+        predict_count_step(s->predict, (double)(clock_mono_ns() - t0) / 1e6);
+    if (work_over(w, clock_mono_ns()))
         idle_pred_end(s, true);
 }
 
@@ -228,7 +228,7 @@ void idle_run(sched *s)
 
 void idle_end(sched *s)
 {
-    s->last_req_ns = mono_ns();
+    s->last_req_ns = clock_mono_ns();
     predict_idle_end(s->predict);
     if (s->pred && !s->pred_paused) {
         s->pred_paused = true;
@@ -246,6 +246,6 @@ int64_t idle_wait_ns(sched *s)
     if (s->shutting || (!pred_work && !calib_waiting(s) && !kb_ivf_hot_stale(s->kb) &&
                         !kb_ivf_train_pending(s->kb) && !kb_drop_pending(s->kb)))
         return -1;
-    int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - mono_ns();
+    int64_t left = s->last_req_ns + (int64_t)s->env.cfg->idle_after_ms * 1000000 - clock_mono_ns();
     return left > 0 ? left : 0;
 }

@@ -25,7 +25,6 @@
 #include <time.h>
 
 #include "daemon/net/reply.h"
-#include "daemon/net/resp.h"
 #include "daemon/reqlog.h"
 #include "daemon/sched/sched_internal.h"
 
@@ -45,7 +44,7 @@ struct step_seq {
 
 void sched_reply(sched *s, uint64_t conn_id, const Llms__Response *r, bool droppable)
 {
-    reply_send(s->env.out, s->env.cfg->max_frame_bytes, conn_id, r, droppable);
+    reply_send(&s->to, conn_id, r, droppable);
 }
 
 void sched_reply_error(sched *s, const sched_job *j, Llms__ErrorCode code, const char *fmt, ...)
@@ -58,8 +57,8 @@ void sched_reply_error(sched *s, const sched_job *j, Llms__ErrorCode code, const
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     reqlog_request(j->uid, j->app, j->req->body_case, -1,
-                   (double)(mono_ns() - j->queued_ns) / 1e6, code, msg);
-    if (resp_error(j->req->id, code, s->env.cfg->max_frame_bytes, &buf, &len, "%s", msg) == 0)
+                   (double)(clock_mono_ns() - j->queued_ns) / 1e6, code, msg);
+    if (reply_pack_error(j->req->id, code, s->to.max_bytes, &buf, &len, "%s", msg) == 0)
         outq_push(s->env.out, j->conn_id, buf, len, false);
 }
 
@@ -207,7 +206,7 @@ static void step_collect(sched *s, int n_seq)
             continue;
         if (!g->prefilled) {
             g->prefilled = true;
-            g->t_first = mono_ns();
+            g->t_first = clock_mono_ns();
         }
         g->refill = false;
         gen_take_token(s, w, st->b.logits);
@@ -307,7 +306,7 @@ static void step_share_long_work(sched *s, genmodel *gm, int *n_seq, int *n_out,
 
 static void step_record(sched *s, int64_t t0, int rows)
 {
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
     s->stats[s->n_steps % SCHED_STATS] =
         (step_stat){.end_ns = now, .ms = (double)(now - t0) / 1e6, .rows = rows,
                     .stall_ms = s->step_stall_ms};
@@ -327,7 +326,7 @@ static int step_rows(const sched *s, int n_seq)
  * shared-out long work, one forward for all of it. */
 static void run_step_on(sched *s, genmodel *gm)
 {
-    int64_t t0 = mono_ns();
+    int64_t t0 = clock_mono_ns();
     int n_seq = 0, n_out = 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
@@ -353,7 +352,7 @@ static void run_step(sched *s)
 
 int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
 {
-    int64_t t0 = mono_ns();
+    int64_t t0 = clock_mono_ns();
     int n_seq = 0, n_out = 0;
     if (w->g && gen_decoding(w->g))
         step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
@@ -388,7 +387,7 @@ static void run_serial(sched *s)
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
         /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
-        while (!work_over(w, mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
+        while (!work_over(w, clock_mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
             sched_step_alone(s, w, w->gm->max_batch, NULL);
             if (w->g && gen_decoding(w->g))
                 break; /* one token per generation per round */
@@ -470,7 +469,7 @@ static void *worker(void *arg)
             run_step(s);
         admit_reap(s);
         if (s->n_active || s->n_pending)
-            s->last_req_ns = mono_ns();
+            s->last_req_ns = clock_mono_ns();
         idle_run(s);
         outq_wake(s->env.out);
         if (s->shutting && s->n_active == 0 && s->n_pending == 0)
@@ -492,9 +491,10 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
         return NULL;
     }
     s->env = *env;
+    s->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     const config *cfg = env->cfg;
-    s->start_ms = wall_ms();
-    s->last_req_ns = mono_ns();
+    s->start_ms = clock_wall_ms();
+    s->last_req_ns = clock_mono_ns();
     s->serial = strcmp(cfg->sched, "serial") == 0;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
@@ -543,7 +543,7 @@ sched_job *sched_job_new(enum sched_job_kind kind, uint64_t conn_id)
     if (j) {
         j->kind = kind;
         j->conn_id = conn_id;
-        j->queued_ns = mono_ns();
+        j->queued_ns = clock_mono_ns();
     }
     return j;
 }

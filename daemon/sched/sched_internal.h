@@ -32,7 +32,9 @@
 #include "daemon/rag/predict.h"
 #include "daemon/rag/rag.h"
 #include "daemon/sched/sched.h"
+#include "daemon/net/reply.h"
 #include "daemon/sched/semantic.h"
+#include "engine/clock.h"
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
 #include "engine/model/sampler.h"
@@ -143,6 +145,7 @@ typedef struct step_stat {
 
 struct sched {
     sched_env env;
+    reply_to to;           /* env's reply queue and largest frame */
     bool serial;           /* sched = serial: one forward per sequence, long work whole */
     /* Every generate model, slot 0 the default (the registry's first generate model:
      * decoder embeddings, RagQuery, GraphRun and prediction run on it), NULL where none;
@@ -199,22 +202,6 @@ struct sched {
     double step_stall_ms;  /* longest token gap seen in the step running */
     spec_stats spec;       /* graph runs' speculation, summed */
 };
-
-/* The clocks: CLOCK_MONOTONIC in ns (deadlines, step times), CLOCK_REALTIME in ms (what
- * is stored and shown). */
-static inline int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static inline int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */
 enum admit_kv_fit { ADMIT_KV_FITS, ADMIT_KV_WAIT, ADMIT_KV_NEVER, ADMIT_KV_WAITED };

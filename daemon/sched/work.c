@@ -84,7 +84,7 @@ void work_end(sched *s, work *w)
         gen_end(s, w);
     } else if (w->answered) {
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, -1,
-                       (double)(mono_ns() - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                       (double)(clock_mono_ns() - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
                        "answered");
     } else if (!w->quiet) {
         if (w->failed)
