@@ -137,6 +137,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kb_passages = p->kb_passages,
         .kb_text_bytes = p->kb_text_bytes,
         .kb_disk_bytes = p->kb_disk_bytes,
+        .kb_disk_measured = p->has_kb_disk_bytes,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -583,8 +583,12 @@ typedef struct llms_daemon_status {
      * query's (a forged row or a hash collision), each used as a miss. */
     uint64_t qkv_verify_misses;
     /* Knowledge bases on disk: visible passages, their text bytes, and the bytes of the
-     * catalog pages that hold them (0 from a daemon that does not say). */
+     * catalog pages that hold them (0 from a daemon that does not say). The daemon
+     * measures those bytes in idle time (reading every page is too slow for a status
+     * call): kb_disk_measured is 0 until a first measurement ended, and the figure may
+     * lag the latest writes until the next idle period. */
     uint64_t kb_passages, kb_text_bytes, kb_disk_bytes;
+    int kb_disk_measured;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

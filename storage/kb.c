@@ -902,41 +902,49 @@ static int two_counts(store *s, sqlite3_stmt *st, const char *what, int64_t *a, 
     return 0;
 }
 
-int store_kb_disk(store *s, int64_t *passages, int64_t *text_bytes, int64_t *disk_bytes,
-                  char err[ERR_MAX])
+int store_kb_totals(store *s, int64_t *passages, int64_t *text_bytes, char err[ERR_MAX])
 {
-    *passages = *text_bytes = *disk_bytes = 0;
+    *passages = *text_bytes = 0;
     sqlite3_stmt *st = store_prepare(s, "SELECT coalesce(sum(n_passages), 0),"
                                         " coalesce(sum(bytes), 0) FROM kb_docs WHERE state = 0",
                                      err);
-    if (!st || two_counts(s, st, "counting passages", passages, text_bytes, err))
+    return st ? two_counts(s, st, "counting passages", passages, text_bytes, err) : -1;
+}
+
+int store_kb_disk_btree(store *s, int index, int64_t *bytes, bool *done, char err[ERR_MAX])
+{
+    *bytes = 0;
+    *done = false;
+    sqlite3_stmt *name = store_prepare(s, "SELECT name FROM sqlite_master WHERE name IN"
+                                          " ('kb_docs', 'kb_passages', 'kb_docs_visible',"
+                                          " 'kb_docs_by_kb', 'kb_passages_by_doc') OR (name GLOB"
+                                          " 'kbfts_[0-9]*_*' AND type = 'table')"
+                                          " ORDER BY name LIMIT 1 OFFSET ?", err);
+    if (!name)
         return -1;
-    /* one btree at a time (dbstat visits only the one its name constraint names) */
-    sqlite3_stmt *names = store_prepare(s, "SELECT name FROM sqlite_master WHERE name IN"
-                                           " ('kb_docs', 'kb_passages', 'kb_docs_visible',"
-                                           " 'kb_docs_by_kb', 'kb_passages_by_doc') OR (name GLOB"
-                                           " 'kbfts_[0-9]*_*' AND type = 'table')", err);
-    if (!names)
-        return -1;
-    if (!(st = store_prepare(s, "SELECT coalesce(sum(pgsize), 0) FROM dbstat('main', 1)"
-                                " WHERE name = ?", err))) {
-        sqlite3_finalize(names);
-        return -1;
+    sqlite3_bind_int(name, 1, index);
+    int rc = sqlite3_step(name);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(name);
+        *done = rc == SQLITE_DONE;
+        return *done ? 0 : store_db_err(s, err, "listing the knowledge bases' tables");
     }
-    int rc, out = 0;
-    while (out == 0 && (rc = sqlite3_step(names)) == SQLITE_ROW) {
-        sqlite3_reset(st);
-        sqlite3_bind_text(st, 1, (const char *)sqlite3_column_text(names, 0), -1,
+    /* dbstat visits only the btree its name constraint names */
+    sqlite3_stmt *st = store_prepare(s, "SELECT coalesce(sum(pgsize), 0) FROM dbstat('main', 1)"
+                                        " WHERE name = ?", err);
+    int out = -1;
+    if (st) {
+        sqlite3_bind_text(st, 1, (const char *)sqlite3_column_text(name, 0), -1,
                           SQLITE_TRANSIENT);
-        if (sqlite3_step(st) == SQLITE_ROW)
-            *disk_bytes += sqlite3_column_int64(st, 0);
-        else
+        if (sqlite3_step(st) == SQLITE_ROW) {
+            *bytes = sqlite3_column_int64(st, 0);
+            out = 0;
+        } else {
             out = store_db_err(s, err, "measuring knowledge bases");
+        }
     }
-    if (out == 0 && rc != SQLITE_DONE)
-        out = store_db_err(s, err, "measuring knowledge bases");
     sqlite3_finalize(st);
-    sqlite3_finalize(names);
+    sqlite3_finalize(name);
     return out;
 }
 

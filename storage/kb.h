@@ -75,11 +75,15 @@ int store_kb_hide(store *s, int64_t kb_id, char err[ERR_MAX]);
 int store_kb_drop_step(store *s, int64_t kb_id, int max_rows, bool *done, char err[ERR_MAX]);
 int store_kb_hidden(store *s, int64_t *kb_id, char err[ERR_MAX]);
 
-/* The visible passages of every knowledge base, their documents' text bytes, and the
- * bytes of the catalog's pages that hold knowledge bases (documents, passages, their
- * indexes, the FTS tables; counted by SQLite's dbstat, which reads those pages). */
-int store_kb_disk(store *s, int64_t *passages, int64_t *text_bytes, int64_t *disk_bytes,
-                  char err[ERR_MAX]);
+/* The visible passages of every knowledge base and their documents' text bytes (sums
+ * over the documents' rows: cheap enough for every status call). */
+int store_kb_totals(store *s, int64_t *passages, int64_t *text_bytes, char err[ERR_MAX]);
+
+/* The bytes of the catalog's pages in the index-th (0, 1, ... by name) of the btrees
+ * that hold knowledge bases (documents, passages, their indexes, the FTS tables), into
+ * *bytes; *done when index is past the last. SQLite's dbstat reads every page of the
+ * btree, so this is idle-time work, one btree a turn (daemon/rag/kb.h kb_disk_*). */
+int store_kb_disk_btree(store *s, int index, int64_t *bytes, bool *done, char err[ERR_MAX]);
 
 /* Text bytes and passages of every knowledge base of the uid's apps, staged and retired
  * documents included (they hold their space until deleted). */

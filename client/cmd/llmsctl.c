@@ -229,9 +229,11 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
                st.kb_ivf_train_pending);
         printf(",\"qkv_verify_misses\":%" PRIu64, st.qkv_verify_misses);
-        printf(",\"kb_disk\":{\"passages\":%" PRIu64 ",\"text_bytes\":%" PRIu64
-               ",\"disk_bytes\":%" PRIu64 "}",
-               st.kb_passages, st.kb_text_bytes, st.kb_disk_bytes);
+        printf(",\"kb_disk\":{\"passages\":%" PRIu64 ",\"text_bytes\":%" PRIu64,
+               st.kb_passages, st.kb_text_bytes);
+        if (st.kb_disk_measured)
+            printf(",\"disk_bytes\":%" PRIu64, st.kb_disk_bytes);
+        fputs("}", stdout);
         fputs(",\"cost\":", stdout);
         json_cost(&st.cost);
         fputs(",\"sched\":{\"mode\":", stdout);
@@ -290,11 +292,16 @@ static enum llms_status cmd_status(llms_conn *c)
                st.kb_ivf_train_pending ? "training waits for idle time" : "none waiting");
         printf("qkv verify misses %" PRIu64 " (nodes under a query's key that were not its)\n",
                st.qkv_verify_misses);
-        printf("kb on disk        %" PRIu64 " passages, %" PRIu64 " bytes of text, %" PRIu64
-               " bytes on disk (%.0f a passage, %.2fx the text)\n",
-               st.kb_passages, st.kb_text_bytes, st.kb_disk_bytes,
-               st.kb_passages ? (double)st.kb_disk_bytes / (double)st.kb_passages : 0.0,
-               st.kb_text_bytes ? (double)st.kb_disk_bytes / (double)st.kb_text_bytes : 0.0);
+        printf("kb on disk        %" PRIu64 " passages, %" PRIu64 " bytes of text, ",
+               st.kb_passages, st.kb_text_bytes);
+        if (st.kb_disk_measured)
+            printf("%" PRIu64 " bytes on disk (%.0f a passage, %.2fx the text)\n",
+                   st.kb_disk_bytes,
+                   st.kb_passages ? (double)st.kb_disk_bytes / (double)st.kb_passages : 0.0,
+                   st.kb_text_bytes ? (double)st.kb_disk_bytes / (double)st.kb_text_bytes
+                                    : 0.0);
+        else
+            printf("bytes on disk measured in idle time, not yet\n");
         printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
                " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
                " rerank\n"

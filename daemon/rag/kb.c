@@ -48,6 +48,8 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
     k->env = *env;
     k->to = (reply_to){env->out, env->cfg->max_frame_bytes};
     k->drops_pending = true; /* a drop a crash cut short is finished in idle time */
+    k->disk_stale = true;
+    k->disk_btree = -1;
     /* no writer is left of a staged document: it goes with the retired ones */
     if (store_kb_unstage_all(env->st, err)) {
         free(k);
@@ -68,6 +70,7 @@ static void vecs_free(kb_vecs *v)
 
 void kb_cache_drop(kbm *k, int64_t kb_id)
 {
+    k->disk_stale = true;
     for (kb_vecs **pp = &k->cache; *pp; pp = &(*pp)->next)
         if ((*pp)->kb_id == kb_id) {
             kb_vecs *v = *pp;
@@ -313,12 +316,50 @@ void kb_drop_idle(kbm *k, int max_rows)
     else if (rc == 0 && (what = "deleting replaced documents",
                          (rc = store_kb_clean_step(k->env.st, rows, &done, err)) == 0 && done))
         rc = (what = "vacuuming", store_vacuum_step(k->env.st, rows, &done, err));
+    k->disk_stale = true;
     if (rc == 0 && (!done || id >= 0))
         return;
     /* none left, or the store fails: tried again after the next drop that stops early */
     k->drops_pending = false;
     if (rc && reqlog_enabled(REQLOG_WARN))
         fprintf(stderr, "llmsd: warn: %s: %s\n", what, err);
+}
+
+bool kb_disk_stale(const kbm *k)
+{
+    return k->disk_stale || k->disk_btree >= 0;
+}
+
+void kb_disk_measure_idle(kbm *k)
+{
+    if (k->disk_btree < 0) {
+        k->disk_btree = 0;
+        k->disk_partial = 0;
+        k->disk_stale = false;
+    }
+    int64_t bytes;
+    bool done;
+    char err[ERR_MAX];
+    if (store_kb_disk_btree(k->env.st, k->disk_btree, &bytes, &done, err)) {
+        /* given up until the next write: a failing store would fail every idle turn */
+        k->disk_btree = -1;
+        if (reqlog_enabled(REQLOG_WARN))
+            fprintf(stderr, "llmsd: warn: measuring knowledge bases: %s\n", err);
+        return;
+    }
+    k->disk_partial += bytes;
+    k->disk_btree++;
+    if (done) {
+        k->disk_bytes = k->disk_partial;
+        k->disk_measured = true;
+        k->disk_btree = -1;
+    }
+}
+
+bool kb_disk_bytes(const kbm *k, int64_t *bytes)
+{
+    *bytes = k->disk_bytes;
+    return k->disk_measured;
 }
 
 static void handle_remove(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,

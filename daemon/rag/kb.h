@@ -106,6 +106,15 @@ void kb_task_free(kb_task *t);
 bool kb_drop_pending(const kbm *k);
 void kb_drop_idle(kbm *k, int max_rows);
 
+/* The knowledge bases' bytes on disk (storage/kb.h store_kb_disk_btree) are measured in
+ * idle time, one btree a turn, because measuring reads every page: a status call only
+ * reads the last measurement. kb_disk_stale: whether a write came since the last one
+ * began (or none ended yet); kb_disk_measure_idle measures one more btree;
+ * kb_disk_bytes: false until a first measurement ended, else its bytes. */
+bool kb_disk_stale(const kbm *k);
+void kb_disk_measure_idle(kbm *k);
+bool kb_disk_bytes(const kbm *k, int64_t *bytes);
+
 /* A knowledge base found for a query. */
 typedef struct kb_ref {
     int64_t id;

@@ -20,13 +20,19 @@ struct kbm {
     void *changed_arg;
     bool drops_pending;     /* rows of hidden knowledge bases or retired documents, or
                              * their freed pages, may be left (kb_drop_idle) */
+    /* kb_disk_measure_idle's state: the last whole measurement, the one under way */
+    bool disk_stale;        /* a write since the measurement under way (or last) began */
+    bool disk_measured;     /* disk_bytes holds a whole measurement */
+    int disk_btree;         /* the next btree to measure; -1: none under way */
+    int64_t disk_bytes, disk_partial;
 };
 
 /* Rows of a KbDrop slice per row of scheduler work it is given: a deleted row costs far
  * less than a row of a forward. */
 #define KB_DROP_ROWS_PER_ROW 32
 
-/* Forgets the in-memory vectors of kb_id (it changed). */
+/* Forgets the in-memory vectors of kb_id (it changed), and marks the knowledge bases'
+ * bytes on disk to be measured again. */
 void kb_cache_drop(kbm *k, int64_t kb_id);
 
 /* Looks up the request's knowledge base name of app (uid, app) into *out: true when

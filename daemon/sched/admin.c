@@ -467,10 +467,14 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->has_qkv_verify_misses = 1;
     int64_t kb_pass, kb_text, kb_disk;
     char kb_err[ERR_MAX];
-    if (store_kb_disk(s->env.st, &kb_pass, &kb_text, &kb_disk, kb_err) == 0) {
-        st->has_kb_passages = st->has_kb_text_bytes = st->has_kb_disk_bytes = 1;
+    if (store_kb_totals(s->env.st, &kb_pass, &kb_text, kb_err) == 0) {
+        st->has_kb_passages = st->has_kb_text_bytes = 1;
         st->kb_passages = (uint64_t)kb_pass;
         st->kb_text_bytes = (uint64_t)kb_text;
+    }
+    /* measured in idle time (kb_disk_measure_idle): absent until a first measurement */
+    if (kb_disk_bytes(s->kb, &kb_disk)) {
+        st->has_kb_disk_bytes = 1;
         st->kb_disk_bytes = (uint64_t)kb_disk;
     }
     st->qkv_verify_misses = rag_verify_misses(s->rag);

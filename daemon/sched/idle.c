@@ -1,7 +1,8 @@
 /*
  * idle.c — idle-time work, run while no engine request is queued or running and none came
  * for idle_after_ms: layer calibration, a cut-short KbDrop's rows, IVF training and hot
- * copies, and prediction (predict.h), each given up when a job comes.
+ * copies, measuring the knowledge bases' bytes on disk, and prediction (predict.h), each
+ * given up when a job comes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,16 @@ static bool train_run(sched *s)
     if (!kb_ivf_train_pending(s->kb) || !idle_turn(s))
         return false;
     kb_ivf_train_idle(s->kb);
+    return true;
+}
+
+/* Measures one more btree of the knowledge bases' bytes on disk while the daemon is
+ * idle, after a write made the last measurement stale; whether it did. */
+static bool disk_run(sched *s)
+{
+    if (!kb_disk_stale(s->kb) || !idle_turn(s))
+        return false;
+    kb_disk_measure_idle(s->kb);
     return true;
 }
 
@@ -222,7 +233,7 @@ static void pred_run(sched *s)
 
 void idle_run(sched *s)
 {
-    if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s))
+    if (!calib_run(s) && !drop_run(s) && !train_run(s) && !hot_run(s) && !disk_run(s))
         pred_run(s);
 }
 

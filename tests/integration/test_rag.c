@@ -629,6 +629,46 @@ static int kill_now(ingest_watch *w)
 /* A KbAdd cancelled while it writes (the progress callback says stop), and one cut by
  * kill -9 while it writes: neither leaves anything visible, the old document stays, and
  * the rows they staged are deleted in idle time (after the restart, for the crash). */
+/* The knowledge bases' bytes on disk are measured in idle time, never by the status
+ * call (that reads every page of their tables): absent from status until a first
+ * measurement, there after an idle period, and measured again after a write. */
+static void disk_bytes_measured_in_idle_time(void)
+{
+    if (!llmsd_path[0] || !model_path[0])
+        SKIP("llmsd or the generated model is missing");
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "rag-disk", model_path,
+                     "idle_after_ms = 200\nkb_passage_tokens = 24\nkb_overlap_tokens = 4\n") == 0);
+    llms_conn *c = proc_connect(&d, "disk");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "notes", 0, 0), LLMS_OK);
+    add_corpus(c, "notes");
+    llms_daemon_status st;
+    uint64_t first = 0;
+    for (double end = proc_now() + 30; !first && proc_now() < end; usleep(50000)) {
+        CHECK_EQ(proc_status(c, &st), 0);
+        if (st.kb_disk_measured && st.kb_passages > 0)
+            first = st.kb_disk_bytes;
+        llms_daemon_status_free(&st);
+    }
+    CHECK_MSG(first > 0, "no measurement of the knowledge bases' bytes within 30 s");
+    /* two more knowledge bases (their own FTS tables too): the next measurement is larger */
+    CHECK_EQ(llms_kb_create(c, "more0", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_create(c, "more1", 0, 0), LLMS_OK);
+    add_corpus(c, "more0");
+    add_corpus(c, "more1");
+    uint64_t second = 0;
+    for (double end = proc_now() + 30; second <= first && proc_now() < end; usleep(50000)) {
+        CHECK_EQ(proc_status(c, &st), 0);
+        second = st.kb_disk_measured ? st.kb_disk_bytes : 0;
+        llms_daemon_status_free(&st);
+    }
+    CHECK_MSG(second > first, "bytes on disk %llu after a write, %llu before",
+              (unsigned long long)second, (unsigned long long)first);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 static void kb_add_cut_while_writing(void)
 {
     if (!llmsd_path[0] || !model_path[0])
@@ -700,6 +740,7 @@ int main(int argc, char **argv)
     RUN(crash_keeps_acknowledged);
     RUN(kb_add_progress_and_publish);
     RUN(kb_add_cut_while_writing);
+    RUN(disk_bytes_measured_in_idle_time);
     if (up == 1)
         proc_stop(&daemon_, SIGTERM);
     return test_finish();
