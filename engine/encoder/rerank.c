@@ -1,6 +1,11 @@
 /*
  * rerank.c — the GRATING reranker (see rerank.h).
  *
+ * One concern in one file, longer than the house's 1,500 lines: a run is one state
+ * machine (render, chunk, then layer by layer: weights, forward, prune) whose stages
+ * share the run's chunks, buffers and I/O thread; split by stage, each file would need
+ * the whole run struct and half of the others' helpers.
+ *
  * A run renders and tokenizes every (query, document) pair, groups the candidates into
  * chunks of at most a memory-limit's worth of tokens, and then goes layer by layer: for
  * each layer its weights are made available (pointers into the mapping, or read into one
