@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "daemon/net/http_internal.h"
+#include "daemon/net/listen.h"
 #include "daemon/net/httpwire.h"
 #include "daemon/net/server.h"
 #include "daemon/net/session.h"

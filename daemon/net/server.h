@@ -58,11 +58,6 @@ int server_listen(server *srv, char err[ERR_MAX]);
  * leaves the event loop. Idempotent. */
 void server_shutdown(server *srv);
 
-/* A listening Unix socket at path with permission bits mode: its directory is created
- * when missing, a stale socket file replaced, one a live daemon answers on refused.
- * The descriptor (non-blocking, close-on-exec), or -1 + err. */
-int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX]);
-
 /* Hands replies for HTTP_CONN_BIT connection ids to the gateway gw, which also hears of
  * shutdown (stop taking requests) and of the worker's end (fail what still waits). */
 void server_set_http(server *srv, http *gw);
