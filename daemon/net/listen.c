@@ -36,7 +36,7 @@ static int make_dirs(const char *path, char err[ERR_MAX])
     return 0;
 }
 
-int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
+int listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
