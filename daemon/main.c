@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "daemon/net/connbudget.h"
 #include "daemon/net/http.h"
 #include "daemon/models/models.h"
 #include "daemon/notify.h"
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
     store *st = NULL;
     outq *out = NULL;
     sched *sch = NULL;
+    connbudget *budget = NULL;
     http *gw = NULL;
     struct event_base *base = NULL;
     struct event *sigterm = NULL, *sigint = NULL;
@@ -233,15 +235,17 @@ int main(int argc, char **argv)
         goto out;
     }
     ls.sch = sch;
-    ls.srv = server_new(base, &cfg, tok, sch, out, err);
-    if (!ls.srv) {
+    /* one budget of connections for both listeners: neither kind of socket lets a uid
+     * hold what the other refuses */
+    if (!(budget = connbudget_new(&cfg, err)) ||
+        !(ls.srv = server_new(base, &cfg, tok, sch, out, budget, err))) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
     }
     if (cfg.http_socket[0] || cfg.http_listen[0]) {
         /* the gateway runs on the loop thread: it reads the registry only through
          * models_view_update, which the worker's loads and unloads keep current */
-        gw = http_new(base, &cfg, ls.srv, reg, err);
+        gw = http_new(base, &cfg, server_session_env(ls.srv), budget, reg, err);
         if (!gw) {
             fprintf(stderr, "llmsd: %s\n", err);
             goto out;
@@ -288,6 +292,7 @@ out:
     http_free(gw);
     sched_free(sch);
     server_free(ls.srv);
+    connbudget_free(budget);
     if (ls.watchdog)
         event_free(ls.watchdog);
     if (ls.status)

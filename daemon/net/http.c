@@ -29,9 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/net/connbudget.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/httpwire.h"
-#include "daemon/net/server.h"
+#include "daemon/net/listen.h"
 #include "daemon/net/session.h"
 #include "engine/tok/stop.h"
 #include "proto/frame.h"
@@ -68,7 +69,7 @@ typedef struct token_entry {
 typedef struct gwconn {
     http *h;
     bool tcp;
-    bool has_uid;              /* counted under uid (server_conn_add); else under the
+    bool has_uid;              /* counted under uid (connbudget_add); else under the
                                   unauthenticated TCP peers (n_unauth) */
     uid_t uid;
     size_t reserved;           /* body bytes it holds of the budgets (body_bytes) */
@@ -195,7 +196,7 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    if (unread(hr) > SERVER_OUT_CAP) {
+    if (unread(hr) > CONNBUDGET_OUT_CAP) {
         /* As for a native connection that does not read: the generation stops, and the
          * final result (the whole text) fills in what was not streamed. */
         if (!hr->cancel_sent) {
@@ -657,10 +658,10 @@ static int gw_open(void *arg, int fd, void **data, char *msg, size_t cap)
         snprintf(msg, cap, "out of memory");
         return 503;
     }
-    enum server_admit a = server_conn_add(h->srv, !tcp, tcp ? 0 : cred.uid, msg, cap);
-    if (a != SERVER_ADMIT_OK) {
+    enum connbudget_admit a = connbudget_add(h->budget, !tcp, tcp ? 0 : cred.uid, msg, cap);
+    if (a != CONNBUDGET_OK) {
         free(gc);
-        return a == SERVER_ADMIT_UID_FULL ? 429 : 503;
+        return a == CONNBUDGET_UID_FULL ? 429 : 503;
     }
     gc->h = h;
     gc->tcp = tcp;
@@ -680,7 +681,7 @@ static void gw_close(void *arg, void *data)
     if (gc->hr)
         hreq_gone(gc->hr);
     release_body(h, gc);
-    server_conn_remove(h->srv, gc->has_uid, gc->uid);
+    connbudget_remove(h->budget, gc->has_uid, gc->uid);
     h->n_conns--;
     h->n_unauth -= !gc->has_uid;
     free(gc);
@@ -691,7 +692,7 @@ static void gw_close(void *arg, void *data)
  * 0, or 429 with msg when the uid has its max_connections_per_uid. */
 static int count_under(http *h, gwconn *gc, uid_t uid, char *msg, size_t cap)
 {
-    if (server_conn_set_uid(h->srv, gc->has_uid, gc->uid, uid, msg, cap) != SERVER_ADMIT_OK)
+    if (connbudget_set_uid(h->budget, gc->has_uid, gc->uid, uid, msg, cap) != CONNBUDGET_OK)
         return 429;
     h->n_unauth -= !gc->has_uid;
     gc->has_uid = true;
@@ -1045,12 +1046,12 @@ static int http_socket_gid(const config *cfg, gid_t *gid, char err[ERR_MAX])
     return 0;
 }
 
-static int listen_unix(http *h, const config *cfg, char err[ERR_MAX])
+static int gw_listen_unix(http *h, const config *cfg, char err[ERR_MAX])
 {
     gid_t gid = getegid();
     if (http_socket_gid(cfg, &gid, err))
         return -1;
-    int fd = server_listen_unix(cfg->http_socket, cfg->socket_mode, err);
+    int fd = listen_unix(cfg->http_socket, cfg->socket_mode, err);
     if (fd < 0)
         return -1;
     if (gid != getegid() && chown(cfg->http_socket, (uid_t)-1, gid) != 0) {
@@ -1118,7 +1119,7 @@ static int tcp_socket(const char *spec, const char *host, const char *port,
     return fd;
 }
 
-static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
+static int gw_listen_tcp(http *h, const char *spec, char err[ERR_MAX])
 {
     char host[256];
     const char *colon = strrchr(spec, ':');
@@ -1151,8 +1152,8 @@ static int listen_tcp(http *h, const char *spec, char err[ERR_MAX])
     return 0;
 }
 
-http *http_new(struct event_base *base, const config *cfg, server *srv, models *reg,
-               char err[ERR_MAX])
+http *http_new(struct event_base *base, const config *cfg, const session_env *senv,
+               connbudget *budget, models *reg, char err[ERR_MAX])
 {
     http *h = calloc(1, sizeof *h);
     if (!h) {
@@ -1161,8 +1162,8 @@ http *http_new(struct event_base *base, const config *cfg, server *srv, models *
     }
     h->base = base;
     h->cfg = cfg;
-    h->srv = srv;
-    h->senv = *server_session_env(srv);
+    h->budget = budget;
+    h->senv = *senv;
     h->senv.send = gw_send;
     h->senv.submitted = gw_submitted;
     h->reg = reg;
@@ -1183,7 +1184,7 @@ http *http_new(struct event_base *base, const config *cfg, server *srv, models *
         .body_timeout_ms = cfg->http_body_timeout_ms,
         .body_ms_per_mib = BODY_MS_PER_MIB,
         .idle_timeout_ms = IDLE_MS,
-        .accept_retry_ms = SERVER_ACCEPT_RETRY_MS,
+        .accept_retry_ms = LISTEN_ACCEPT_RETRY_MS,
     };
     httpwire_hooks hooks = {gw_open, gw_head, gw_body, gw_close};
     if (!(h->wire = httpwire_new(base, &wcfg, &hooks, h))) {
@@ -1192,9 +1193,9 @@ http *http_new(struct event_base *base, const config *cfg, server *srv, models *
     }
     if (cfg->http_tokens_file[0] && load_tokens(h, cfg->http_tokens_file, err))
         goto fail;
-    if (cfg->http_socket[0] && listen_unix(h, cfg, err))
+    if (cfg->http_socket[0] && gw_listen_unix(h, cfg, err))
         goto fail;
-    if (cfg->http_listen[0] && listen_tcp(h, cfg->http_listen, err))
+    if (cfg->http_listen[0] && gw_listen_tcp(h, cfg->http_listen, err))
         goto fail;
     return h;
 fail:

@@ -50,6 +50,8 @@
 
 #include "daemon/config.h"
 #include "daemon/models/models.h"
+#include "daemon/net/connbudget.h"
+#include "daemon/net/session.h"
 #include "daemon/sched/sched.h"
 #include "engine/tok/chat.h"
 #include "engine/err.h"
@@ -58,17 +60,16 @@
 #define HTTP_CONN_BIT (UINT64_C(1) << 63)
 
 typedef struct http http;
-struct server;
 
 /* Opens the gateway's listeners on base (cfg->http_socket and/or cfg->http_listen; at
- * least one is set). srv is the native server, whose session environment the requests go
- * through and whose connection counts the gateway's connections join; reg the model
- * registry (both outlive the gateway), of which the gateway only calls
- * models_view_update. NULL + err when a listener cannot be opened, http_listen is not a
- * loopback address (and http_allow_remote is 0), or the tokens file is unreadable or
- * malformed. */
-http *http_new(struct event_base *base, const config *cfg, struct server *srv, models *reg,
-               char err[ERR_MAX]);
+ * least one is set). senv is the native connections' session environment (copied), which
+ * the requests go through with the gateway's own send and submitted; budget the
+ * connection counts the gateway's connections join; reg the model registry (budget and
+ * reg outlive the gateway), of which the gateway only calls models_view_update. NULL +
+ * err when a listener cannot be opened, http_listen is not a loopback address (and
+ * http_allow_remote is 0), or the tokens file is unreadable or malformed. */
+http *http_new(struct event_base *base, const config *cfg, const session_env *senv,
+               connbudget *budget, models *reg, char err[ERR_MAX]);
 
 /* A Response frame (header and body; not taken) from the worker for connection id
  * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */

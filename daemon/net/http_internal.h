@@ -10,9 +10,9 @@
 #include <event2/buffer.h>
 #include <json-c/json.h>
 
+#include "daemon/net/connbudget.h"
 #include "daemon/net/http.h"
 #include "daemon/net/httpwire.h"
-#include "daemon/net/server.h"
 #include "daemon/net/session.h"
 
 #define HREQ_BUCKETS 256
@@ -70,7 +70,7 @@ struct http {
     models *reg;               /* only models_view_update: the worker owns the rest */
     models_view view;          /* the registry's names, roles and templates, brought up to
                                   date at each request */
-    server *srv;               /* counts the connections with the native ones */
+    connbudget *budget;        /* counts the connections with the native ones */
     httpwire *wire;
     bool owns_path;
     token_entry *tokens;

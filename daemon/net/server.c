@@ -1,5 +1,7 @@
 /*
  * server.c — libevent listener, bufferevent connections, frame reading, reply delivery.
+ * Its connections count in the budget it is given (connbudget.h); the partial frames
+ * they hold, in its own.
  */
 #include "daemon/net/server.h"
 
@@ -8,20 +10,17 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
-#include <fcntl.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon/net/http.h"
+#include "daemon/net/listen.h"
 #include "daemon/notify.h"
 #include "daemon/net/ratelog.h"
 #include "daemon/net/reply.h"
@@ -31,9 +30,6 @@
 
 #define CONN_BUCKETS 256
 #define GRACE_SECONDS 5 /* longest wait for replies to drain at shutdown */
-/* Descriptors kept for everything but connections: the store's files, the model, the
- * listener, the eventfd, the journal. */
-#define FD_RESERVE 64
 /* Bytes of frames one read callback decodes before it lets other connections run. */
 #define READ_SLICE_BYTES (256u << 10)
 /* What one read takes from the socket when no frame is half there (libevent's own). */
@@ -42,11 +38,11 @@
  * local client sends, however loaded the machine. */
 #define FRAME_MS_PER_MIB 1000
 
-typedef struct uid_conns {
+/* The bytes a uid's partial large frames reserve (uids with any). */
+typedef struct uid_frames {
     uid_t uid;
-    unsigned n;
-    size_t buffered;        /* bytes its connections' partial large frames reserve */
-} uid_conns;
+    size_t buffered;
+} uid_frames;
 
 typedef struct conn {
     server *srv;
@@ -68,6 +64,7 @@ struct server {
     const config *cfg;
     sched *sch;
     outq *out;
+    connbudget *budget;     /* shared with the HTTP gateway */
     session_env senv;
     struct evconnlistener *listener;
     bool owns_path;         /* we bound the socket file: remove it at exit */
@@ -78,10 +75,8 @@ struct server {
     gid_t admin_gid;
     uint64_t next_id;
     unsigned n_conns;       /* native connections */
-    unsigned n_gateway;     /* the HTTP gateway's connections (server_conn_add) */
-    unsigned max_conns;     /* max_connections within the open-file limit */
     size_t buffered;        /* bytes reserved by partial large frames */
-    uid_conns *uids;        /* connections per peer uid (uids with any) */
+    uid_frames *uids;
     size_t n_uids, cap_uids;
     struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
     ratelog log_accept, log_refused;
@@ -89,7 +84,7 @@ struct server {
     conn *buckets[CONN_BUCKETS];
 };
 
-static uid_conns *uid_find(server *srv, uid_t uid)
+static uid_frames *uid_find(server *srv, uid_t uid)
 {
     for (size_t i = 0; i < srv->n_uids; i++)
         if (srv->uids[i].uid == uid)
@@ -97,49 +92,19 @@ static uid_conns *uid_find(server *srv, uid_t uid)
     return NULL;
 }
 
-/* Counts a connection of uid; -1 when memory runs out. */
-static int uid_add(server *srv, uid_t uid)
+/* A new entry for uid, which has none; NULL when memory runs out. */
+static uid_frames *uid_new(server *srv, uid_t uid)
 {
-    uid_conns *u = uid_find(srv, uid);
-    if (u) {
-        u->n++;
-        return 0;
-    }
     if (srv->n_uids == srv->cap_uids) {
         size_t cap = srv->cap_uids ? srv->cap_uids * 2 : 16;
-        uid_conns *p = realloc(srv->uids, cap * sizeof *p);
+        uid_frames *p = realloc(srv->uids, cap * sizeof *p);
         if (!p)
-            return -1;
+            return NULL;
         srv->uids = p;
         srv->cap_uids = cap;
     }
-    srv->uids[srv->n_uids++] = (uid_conns){uid, 1, 0};
-    return 0;
-}
-
-static void uid_remove(server *srv, uid_t uid)
-{
-    uid_conns *u = uid_find(srv, uid);
-    if (u && --u->n == 0)
-        *u = srv->uids[--srv->n_uids];
-}
-
-/* Whether one more connection (of uid, when with_uid) fits max_connections and
- * max_connections_per_uid, counting the gateway's beside the native ones. */
-static enum server_admit admit(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
-{
-    unsigned all = srv->n_conns + srv->n_gateway;
-    if (all >= srv->max_conns) {
-        snprintf(msg, cap, "the daemon has %u connections, the limit (max_connections)", all);
-        return SERVER_ADMIT_FULL;
-    }
-    uid_conns *u = with_uid ? uid_find(srv, uid) : NULL;
-    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
-        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
-                 (unsigned)uid, u->n);
-        return SERVER_ADMIT_UID_FULL;
-    }
-    return SERVER_ADMIT_OK;
+    srv->uids[srv->n_uids] = (uid_frames){uid, 0};
+    return &srv->uids[srv->n_uids++];
 }
 
 static conn **bucket(server *srv, uint64_t id)
@@ -165,9 +130,9 @@ static void release_buffered(conn *c)
 {
     if (!c->reserved)
         return;
-    uid_conns *u = uid_find(c->srv, c->ss.uid);
-    if (u)
-        u->buffered -= c->reserved;
+    uid_frames *u = uid_find(c->srv, c->ss.uid);
+    if (u && (u->buffered -= c->reserved) == 0)
+        *u = c->srv->uids[--c->srv->n_uids];
     c->srv->buffered -= c->reserved;
     c->reserved = 0;
     evtimer_del(c->frame_timer);
@@ -191,7 +156,7 @@ static void conn_free(conn *c, bool tell_worker)
         pp = &(*pp)->hnext;
     *pp = c->hnext;
     release_buffered(c);
-    uid_remove(srv, c->ss.uid);
+    connbudget_remove(srv->budget, true, c->ss.uid);
     event_free(c->timer);
     event_free(c->frame_timer);
     bufferevent_free(c->bev);
@@ -219,14 +184,14 @@ static void conn_submitted(void *arg)
 static int server_bound_names(void *arg, uid_t uid, const char *name)
 {
     server *srv = arg;
-    uid_conns *u = uid_find(srv, uid);
-    const char **names = u ? malloc(u->n * sizeof *names) : NULL;
+    unsigned n = connbudget_uid_count(srv->budget, uid);
+    const char **names = n ? malloc(n * sizeof *names) : NULL;
     if (!names)
         return 0;
     unsigned k = 0;
     int distinct = 0;
     for (int b = 0; b < CONN_BUCKETS; b++)
-        for (conn *c = srv->buckets[b]; c && k < u->n; c = c->hnext) {
+        for (conn *c = srv->buckets[b]; c && k < n; c = c->hnext) {
             if (c->ss.uid != uid || !c->ss.bound || strcmp(c->ss.app, name) == 0)
                 continue;
             bool dup = false;
@@ -334,8 +299,8 @@ static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
     const config *cfg = srv->cfg;
     if (need > SERVER_SMALL_FRAME && c->reserved < need) {
         size_t more = need - c->reserved;
-        uid_conns *u = uid_find(srv, c->ss.uid);
-        if (u && u->buffered + more > (size_t)cfg->max_buffered_bytes_per_uid) {
+        uid_frames *u = uid_find(srv, c->ss.uid);
+        if ((u ? u->buffered : 0) + more > (size_t)cfg->max_buffered_bytes_per_uid) {
             snprintf(msg, cap,
                      "uid %u already holds max_buffered_bytes_per_uid (%d) of partial frames; "
                      "send frames under %u bytes or one at a time",
@@ -349,13 +314,16 @@ static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
                      cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
             return false;
         }
+        if (!u && !(u = uid_new(srv, c->ss.uid))) {
+            snprintf(msg, cap, "out of memory");
+            return false;
+        }
         if (!c->reserved) {
             int ms = frame_deadline_ms(cfg, need);
             struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
             evtimer_add(c->frame_timer, &tv);
         }
-        if (u)
-            u->buffered += more;
+        u->buffered += more;
         srv->buffered += more;
         c->reserved = need;
     }
@@ -430,7 +398,7 @@ static void conn_read(struct bufferevent *bev, void *arg)
         session_handle(&c->srv->senv, &c->ss, c, req);
         if (c->ss.bound && !was_bound)
             conn_arm_timer(c);
-        if (evbuffer_get_length(bufferevent_get_output(bev)) > SERVER_OUT_CAP) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) > CONNBUDGET_OUT_CAP) {
             c->throttled = true;
             bufferevent_disable(bev, EV_READ);
         }
@@ -499,7 +467,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     char msg[160];
-    if (admit(srv, true, cred.uid, msg, sizeof msg) != SERVER_ADMIT_OK) {
+    if (connbudget_add(srv->budget, true, cred.uid, msg, sizeof msg) != CONNBUDGET_OK) {
         refuse_fd(srv, fd, msg);
         return;
     }
@@ -507,9 +475,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     struct bufferevent *bev = c ? bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
     struct event *timer = bev ? evtimer_new(srv->base, conn_timer, c) : NULL;
     struct event *frame_timer = timer ? evtimer_new(srv->base, conn_frame_timeout, c) : NULL;
-    if (!frame_timer || uid_add(srv, cred.uid)) {
-        if (frame_timer)
-            event_free(frame_timer);
+    if (!frame_timer) {
+        connbudget_remove(srv->budget, true, cred.uid);
         if (timer)
             event_free(timer);
         if (bev)
@@ -548,9 +515,9 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     server *srv = arg;
     int e = EVUTIL_SOCKET_ERROR();
     ratelog_warn(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
-                 strerror(e), SERVER_ACCEPT_RETRY_MS, srv->n_conns);
+                 strerror(e), LISTEN_ACCEPT_RETRY_MS, srv->n_conns);
     evconnlistener_disable(l);
-    struct timeval tv = {0, SERVER_ACCEPT_RETRY_MS * 1000};
+    struct timeval tv = {0, LISTEN_ACCEPT_RETRY_MS * 1000};
     evtimer_add(srv->accept_ev, &tv);
 }
 
@@ -585,7 +552,7 @@ static void on_replies(evutil_socket_t fd, short what, void *arg)
             conn *c = conn_lookup(srv, it->conn_id);
             if (c && !c->closing) {
                 struct evbuffer *out = bufferevent_get_output(c->bev);
-                if (it->droppable && evbuffer_get_length(out) > SERVER_OUT_CAP) {
+                if (it->droppable && evbuffer_get_length(out) > CONNBUDGET_OUT_CAP) {
                     if (!c->streams_cancelled) {
                         sched_job *j = sched_job_new(SCHED_CANCEL_STREAMS, c->ss.conn_id);
                         if (j)
@@ -636,66 +603,8 @@ static void begin_shutdown(void *arg)
     server_shutdown(arg);
 }
 
-static int make_dirs(const char *path, char err[ERR_MAX])
-{
-    char dir[CONFIG_SOCKET_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash == dir)
-        return 0;
-    *slash = '\0';
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            return err_set(err, "socket directory %s: %s", dir, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return err_set(err, "socket directory %s: %s", dir, strerror(errno));
-    return 0;
-}
-
-int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path)
-        return err_set(err, "socket: path longer than %zu bytes", sizeof addr.sun_path - 1);
-    strcpy(addr.sun_path, path);
-    if (make_dirs(path, err))
-        return -1;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return err_set(err, "socket: %s", strerror(errno));
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            close(fd);
-            return err_set(err, "socket: %s exists and is not a socket", path);
-        }
-        /* A socket file nobody answers on is stale; one that answers is another llmsd. */
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool live = probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
-        if (probe >= 0)
-            close(probe);
-        if (live) {
-            close(fd);
-            return err_set(err, "socket: %s is in use by a running daemon", path);
-        }
-        unlink(path);
-    }
-    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        chmod(path, mode) != 0 || listen(fd, 128) != 0) {
-        err_set(err, "socket %s: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 server *server_new(struct event_base *base, const config *cfg, const tokenizer *tok,
-                   sched *sch, outq *out, char err[ERR_MAX])
+                   sched *sch, outq *out, connbudget *budget, char err[ERR_MAX])
 {
     server *srv = calloc(1, sizeof *srv);
     if (!srv) {
@@ -706,17 +615,7 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
     srv->cfg = cfg;
     srv->sch = sch;
     srv->out = out;
-    srv->max_conns = (unsigned)cfg->max_connections;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        rlim_t fit = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
-        if (srv->max_conns > fit) {
-            fprintf(stderr, "llmsd: warn: max_connections %u lowered to %u: the open-file limit "
-                            "is %llu\n", srv->max_conns, (unsigned)fit,
-                    (unsigned long long)rl.rlim_cur);
-            srv->max_conns = (unsigned)fit;
-        }
-    }
+    srv->budget = budget;
     srv->senv = (session_env){cfg, tok, sch, conn_send, conn_submitted, server_bound_names,
                               begin_shutdown, srv};
     struct group *gr = getgrnam(cfg->admin_group);
@@ -748,7 +647,7 @@ int server_listen(server *srv, char err[ERR_MAX])
                                 "socket");
         evutil_make_socket_nonblocking(fd);
     } else {
-        fd = server_listen_unix(srv->cfg->socket, srv->cfg->socket_mode, err);
+        fd = listen_unix(srv->cfg->socket, srv->cfg->socket_mode, err);
         if (fd < 0)
             return -1;
         srv->owns_path = true;
@@ -768,6 +667,7 @@ void server_shutdown(server *srv)
     if (srv->shutting)
         return;
     srv->shutting = true;
+    connbudget_shutdown(srv->budget);
     notify_stopping();
     if (srv->listener) {
         evconnlistener_free(srv->listener);
@@ -792,48 +692,6 @@ void server_set_http(server *srv, http *gw)
 const session_env *server_session_env(const server *srv)
 {
     return &srv->senv;
-}
-
-enum server_admit server_conn_add(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap)
-{
-    enum server_admit a = srv->shutting ? SERVER_ADMIT_FULL : admit(srv, with_uid, uid, msg, cap);
-    if (srv->shutting)
-        snprintf(msg, cap, "the daemon is shutting down");
-    if (a != SERVER_ADMIT_OK)
-        return a;
-    if (with_uid && uid_add(srv, uid)) {
-        snprintf(msg, cap, "out of memory");
-        return SERVER_ADMIT_FULL;
-    }
-    srv->n_gateway++;
-    return SERVER_ADMIT_OK;
-}
-
-enum server_admit server_conn_set_uid(server *srv, bool had_uid, uid_t from, uid_t to,
-                                      char *msg, size_t cap)
-{
-    if (had_uid && from == to)
-        return SERVER_ADMIT_OK;
-    uid_conns *u = uid_find(srv, to);
-    if (u && u->n >= (unsigned)srv->cfg->max_connections_per_uid) {
-        snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
-                 (unsigned)to, u->n);
-        return SERVER_ADMIT_UID_FULL;
-    }
-    if (uid_add(srv, to)) {
-        snprintf(msg, cap, "out of memory");
-        return SERVER_ADMIT_FULL;
-    }
-    if (had_uid)
-        uid_remove(srv, from);
-    return SERVER_ADMIT_OK;
-}
-
-void server_conn_remove(server *srv, bool with_uid, uid_t uid)
-{
-    if (with_uid)
-        uid_remove(srv, uid);
-    srv->n_gateway--;
 }
 
 unsigned server_n_connections(const server *srv)

@@ -7,19 +7,20 @@
  * its mode set to socket_mode). Each connection reads length-prefixed Request frames;
  * a malformed or empty frame is answered with MALFORMED_FRAME (id 0) and closes the
  * connection, an oversized one likewise with RESOURCE_EXHAUSTED. A connection whose
- * unread replies pass SERVER_OUT_CAP stops being read and has its streamed calls
+ * unread replies pass CONNBUDGET_OUT_CAP stops being read and has its streamed calls
  * cancelled until it catches up, so a client that does not read cannot make the
  * daemon grow without bound. A connection that goes away cancels its requests; one
  * that only stops sending (EOF) first gets the replies already queued for it.
  *
  * What one peer can make the daemon hold is bounded: connections per uid and in all
- * (max_connections within the open-file limit; one more is answered RESOURCE_EXHAUSTED
- * and closed at once), a Bind deadline and an idle timeout (DEADLINE_EXCEEDED, then
- * close), small frames only before Bind, one partial frame per connection with those
- * over SERVER_SMALL_FRAME drawing on max_buffered_bytes, frames of more than
- * FRAME_MAX_FIELDS fields refused before decoding, and READ_SLICE_BYTES of frames per
- * read callback before other connections get their turn. When accept() fails for want
- * of descriptors the listener pauses instead of spinning, logging once in a while.
+ * (the budget shared with the HTTP gateway, connbudget.h; one more is answered
+ * RESOURCE_EXHAUSTED and closed at once), a Bind deadline and an idle timeout
+ * (DEADLINE_EXCEEDED, then close), small frames only before Bind, one partial frame per
+ * connection with those over SERVER_SMALL_FRAME drawing on max_buffered_bytes, frames of
+ * more than FRAME_MAX_FIELDS fields refused before decoding, and READ_SLICE_BYTES of
+ * frames per read callback before other connections get their turn. When accept() fails
+ * for want of descriptors the listener pauses instead of spinning, logging once in a
+ * while.
  */
 #ifndef LLMS_SERVER_H
 #define LLMS_SERVER_H
@@ -27,6 +28,7 @@
 #include <event2/event.h>
 
 #include "daemon/config.h"
+#include "daemon/net/connbudget.h"
 #include "daemon/net/http.h"
 #include "daemon/net/outq.h"
 #include "daemon/sched/sched.h"
@@ -34,19 +36,17 @@
 #include "engine/err.h"
 #include "engine/tok/tokenizer.h"
 
-#define SERVER_OUT_CAP (8u << 20) /* bytes of replies queued on a connection */
-/* How long a listener rests when accept() fails for want of descriptors. */
-#define SERVER_ACCEPT_RETRY_MS 250
 /* Frames up to this size are read without drawing on max_buffered_bytes: each
  * connection holds at most one, and connections are capped. */
 #define SERVER_SMALL_FRAME (64u << 10)
 
 typedef struct server server;
 
-/* The server on base, not yet listening: replies are read from out, requests go to sch.
- * NULL + err on failure. */
+/* The server on base, not yet listening: replies are read from out, requests go to sch,
+ * connections count in budget (which outlives the server; server_shutdown closes it to
+ * every listener). NULL + err on failure. */
 server *server_new(struct event_base *base, const config *cfg, const tokenizer *tok,
-                   sched *sch, outq *out, char err[ERR_MAX]);
+                   sched *sch, outq *out, connbudget *budget, char err[ERR_MAX]);
 
 /* Opens the native socket (or takes the one systemd passed) and starts accepting. Called
  * last, once every other listener (the HTTP gateway) is up: a client that can connect
@@ -58,43 +58,17 @@ int server_listen(server *srv, char err[ERR_MAX]);
  * leaves the event loop. Idempotent. */
 void server_shutdown(server *srv);
 
-/* A listening Unix socket at path with permission bits mode: its directory is created
- * when missing, a stale socket file replaced, one a live daemon answers on refused.
- * The descriptor (non-blocking, close-on-exec), or -1 + err. */
-int server_listen_unix(const char *path, unsigned mode, char err[ERR_MAX]);
-
 /* Hands replies for HTTP_CONN_BIT connection ids to the gateway gw, which also hears of
  * shutdown (stop taking requests) and of the worker's end (fail what still waits). */
 void server_set_http(server *srv, http *gw);
 
-/* The session environment of native connections: the gateway's requests go through the
- * same checks (the same Bind, limits and refusals) with their own send and submitted. */
+/* The session environment of native connections, which main.c hands to the gateway: its
+ * requests go through the same checks (the same Bind, limits and refusals) with their own
+ * send and submitted. */
 const session_env *server_session_env(const server *srv);
 
 /* Open native connections. */
 unsigned server_n_connections(const server *srv);
-
-/* Whether a connection of another listener may open, and which limit refuses it. */
-enum server_admit {
-    SERVER_ADMIT_OK,
-    SERVER_ADMIT_FULL,     /* max_connections (or shutdown, or out of memory) */
-    SERVER_ADMIT_UID_FULL, /* max_connections_per_uid */
-};
-
-/*
- * The HTTP gateway's connections count against the same max_connections and
- * max_connections_per_uid as native ones, so that neither kind of socket lets one uid
- * hold what the other refuses. server_conn_add counts one more (in uid's count too when
- * with_uid; without, one whose owner is not known yet: unauthenticated TCP); anything
- * but SERVER_ADMIT_OK counts nothing and msg says which limit. server_conn_set_uid moves
- * a counted connection to uid to (from from, when had_uid): refused with
- * SERVER_ADMIT_UID_FULL when to has its limit, the connection then staying where it
- * was. server_conn_remove forgets one, as it was last counted.
- */
-enum server_admit server_conn_add(server *srv, bool with_uid, uid_t uid, char *msg, size_t cap);
-enum server_admit server_conn_set_uid(server *srv, bool had_uid, uid_t from, uid_t to,
-                                      char *msg, size_t cap);
-void server_conn_remove(server *srv, bool with_uid, uid_t uid);
 
 /* Closes every connection and the socket (removing the socket file it created). */
 void server_free(server *srv);
