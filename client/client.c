@@ -243,6 +243,26 @@ enum llms_status client_next_for(llms_conn *c, uint64_t id, Llms__Response **out
     }
 }
 
+enum llms_status client_next_answer(llms_conn *c, uint64_t id, int cancelled,
+                                    Llms__Response **out)
+{
+    for (;;) {
+        Llms__Response *r;
+        enum llms_status s = client_next_for(c, id, &r);
+        if (s != LLMS_OK)
+            return s;
+        if (!r->error) {
+            *out = r;
+            return LLMS_OK;
+        }
+        s = client_error_of(c, r);
+        int final = r->final;
+        frame_free_response(r);
+        if (final)
+            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
+    }
+}
+
 /* Takes an error Response apart: its code and message. */
 enum llms_status client_error_of(llms_conn *c, const Llms__Response *r)
 {
@@ -388,17 +408,9 @@ enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        enum llms_status s = client_next_for(c, id, &r);
+        enum llms_status s = client_next_answer(c, id, cancelled, &r);
         if (s != LLMS_OK)
             return s;
-        if (r->error) {
-            s = client_error_of(c, r);
-            int final = r->final;
-            frame_free_response(r);
-            if (!final)
-                continue;
-            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
-        }
         if (r->body_case == LLMS__RESPONSE__BODY_CHUNK && !r->final) {
             if (!cancelled && on_text && on_text(r->chunk->text, strlen(r->chunk->text), user)) {
                 cancelled = 1;

@@ -38,6 +38,13 @@ enum llms_status client_next_for(llms_conn *c, uint64_t id, Llms__Response **out
 /* The code of error Response r, its message in c->err. */
 enum llms_status client_error_of(llms_conn *c, const Llms__Response *r);
 
+/* The next frame of a streamed request id that is not an error: error frames are
+ * consumed here, a non-final one skipped, a final one ending the stream with its status
+ * (CANCELLED when the caller had cancelled). LLMS_OK with *out set, else the status that
+ * ends the stream. */
+enum llms_status client_next_answer(llms_conn *c, uint64_t id, int cancelled,
+                                    Llms__Response **out);
+
 /* Sends req and reads its one final reply, which must carry body want (*out, to
  * frame_free_response), or an error. */
 enum llms_status client_unary(llms_conn *c, Llms__Request *req, Llms__Response__BodyCase want,

@@ -269,16 +269,8 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        if ((s = client_next_for(c, id, &r)) != LLMS_OK)
+        if ((s = client_next_answer(c, id, cancelled, &r)) != LLMS_OK)
             return s;
-        if (r->error) {
-            s = client_error_of(c, r);
-            int final = r->final;
-            frame_free_response(r);
-            if (!final)
-                continue;
-            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
-        }
         if (r->body_case == LLMS__RESPONSE__BODY_GRAPH_EVENT && !r->final) {
             const Llms__GraphEvent *e = r->graph_event;
             llms_graph_event ev = {

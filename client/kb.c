@@ -65,17 +65,9 @@ static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progres
     int cancelled = 0;
     for (;;) {
         Llms__Response *r;
-        enum llms_status s = client_next_for(c, id, &r);
+        enum llms_status s = client_next_answer(c, id, cancelled, &r);
         if (s != LLMS_OK)
             return s;
-        if (r->error) {
-            s = client_error_of(c, r);
-            int final = r->final;
-            frame_free_response(r);
-            if (!final)
-                continue;
-            return cancelled ? client_fail(c, LLMS_ERR_CANCELLED, "cancelled by the caller") : s;
-        }
         if (r->body_case == LLMS__RESPONSE__BODY_KB_ADD_PROGRESS && !r->final) {
             const Llms__KbAddProgress *p = r->kb_add_progress;
             llms_kb_progress pr = {
