@@ -252,14 +252,9 @@ int main(int argc, char **argv)
         }
         server_set_http(ls.srv, gw);
     }
-    if (server_listen(ls.srv, err)) {
-        fprintf(stderr, "llmsd: %s\n", err);
-        goto out;
-    }
-    if (sched_start(sch, err)) {
-        fprintf(stderr, "llmsd: %s\n", err);
-        goto out;
-    }
+    /* the signals belong to the loop before the sockets listen: a stop sent as soon as a
+     * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default
+     * action killing the daemon mid-start */
     sigterm = evsignal_new(base, SIGTERM, on_signal, &ls);
     sigint = evsignal_new(base, SIGINT, on_signal, &ls);
     ls.status = event_new(base, -1, EV_PERSIST, on_status, &ls);
@@ -267,7 +262,15 @@ int main(int argc, char **argv)
     if (!sigterm || !sigint || !ls.status || evsignal_add(sigterm, NULL) ||
         evsignal_add(sigint, NULL) || event_add(ls.status, &status_tv)) {
         fprintf(stderr, "llmsd: libevent setup failed\n");
-        server_shutdown(ls.srv);
+        goto out;
+    }
+    if (server_listen(ls.srv, err)) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
+    }
+    if (sched_start(sch, err)) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        goto out;
     }
     uint64_t wd = notify_watchdog_usec();
     if (wd) {
