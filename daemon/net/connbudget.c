@@ -3,6 +3,7 @@
  * peer uid, and the admission check with its refusals.
  */
 #include "daemon/net/connbudget.h"
+#include "daemon/net/uidtab.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,62 +13,21 @@
  * listeners, the eventfd, the journal. */
 #define FD_RESERVE 64
 
-typedef struct uid_conns {
-    uid_t uid;
-    unsigned n;
-} uid_conns;
-
 struct connbudget {
     unsigned n;             /* connections counted, of both listeners */
     unsigned max;           /* max_connections within the open-file limit */
     unsigned max_per_uid;   /* max_connections_per_uid */
     bool shutting;
-    uid_conns *uids;        /* connections per peer uid (uids with any) */
-    size_t n_uids, cap_uids;
+    uidtab per_uid;         /* connections per peer uid */
 };
 
-static uid_conns *uid_find(const connbudget *cb, uid_t uid)
+/* Whether uid may hold one more connection; msg when not. */
+static bool uid_fits(const connbudget *cb, uid_t uid, char *msg, size_t cap)
 {
-    for (size_t i = 0; i < cb->n_uids; i++)
-        if (cb->uids[i].uid == uid)
-            return &cb->uids[i];
-    return NULL;
-}
-
-/* Counts a connection of uid; -1 when memory runs out. */
-static int uid_add(connbudget *cb, uid_t uid)
-{
-    uid_conns *u = uid_find(cb, uid);
-    if (u) {
-        u->n++;
-        return 0;
-    }
-    if (cb->n_uids == cb->cap_uids) {
-        size_t cap = cb->cap_uids ? cb->cap_uids * 2 : 16;
-        uid_conns *p = realloc(cb->uids, cap * sizeof *p);
-        if (!p)
-            return -1;
-        cb->uids = p;
-        cb->cap_uids = cap;
-    }
-    cb->uids[cb->n_uids++] = (uid_conns){uid, 1};
-    return 0;
-}
-
-static void uid_remove(connbudget *cb, uid_t uid)
-{
-    uid_conns *u = uid_find(cb, uid);
-    if (u && --u->n == 0)
-        *u = cb->uids[--cb->n_uids];
-}
-
-/* Whether uid (counted as u) may hold one more connection; msg when not. */
-static bool uid_fits(const connbudget *cb, uid_t uid, const uid_conns *u, char *msg,
-                     size_t cap)
-{
-    if (u && u->n >= cb->max_per_uid) {
+    size_t n = uidtab_get(&cb->per_uid, uid);
+    if (n >= cb->max_per_uid) {
         snprintf(msg, cap, "uid %u has %u connections, the limit (max_connections_per_uid)",
-                 (unsigned)uid, u->n);
+                 (unsigned)uid, (unsigned)n);
         return false;
     }
     return true;
@@ -106,9 +66,9 @@ enum connbudget_admit connbudget_add(connbudget *cb, bool with_uid, uid_t uid, c
         snprintf(msg, cap, "the daemon has %u connections, the limit (max_connections)", cb->n);
         return CONNBUDGET_FULL;
     }
-    if (with_uid && !uid_fits(cb, uid, uid_find(cb, uid), msg, cap))
+    if (with_uid && !uid_fits(cb, uid, msg, cap))
         return CONNBUDGET_UID_FULL;
-    if (with_uid && uid_add(cb, uid)) {
+    if (with_uid && uidtab_add(&cb->per_uid, uid, 1)) {
         snprintf(msg, cap, "out of memory");
         return CONNBUDGET_FULL;
     }
@@ -121,28 +81,27 @@ enum connbudget_admit connbudget_set_uid(connbudget *cb, bool had_uid, uid_t fro
 {
     if (had_uid && from == to)
         return CONNBUDGET_OK;
-    if (!uid_fits(cb, to, uid_find(cb, to), msg, cap))
+    if (!uid_fits(cb, to, msg, cap))
         return CONNBUDGET_UID_FULL;
-    if (uid_add(cb, to)) {
+    if (uidtab_add(&cb->per_uid, to, 1)) {
         snprintf(msg, cap, "out of memory");
         return CONNBUDGET_FULL;
     }
     if (had_uid)
-        uid_remove(cb, from);
+        uidtab_sub(&cb->per_uid, from, 1);
     return CONNBUDGET_OK;
 }
 
 void connbudget_remove(connbudget *cb, bool with_uid, uid_t uid)
 {
     if (with_uid)
-        uid_remove(cb, uid);
+        uidtab_sub(&cb->per_uid, uid, 1);
     cb->n--;
 }
 
 unsigned connbudget_uid_count(const connbudget *cb, uid_t uid)
 {
-    const uid_conns *u = uid_find(cb, uid);
-    return u ? u->n : 0;
+    return (unsigned)uidtab_get(&cb->per_uid, uid);
 }
 
 void connbudget_shutdown(connbudget *cb)
@@ -154,6 +113,6 @@ void connbudget_free(connbudget *cb)
 {
     if (!cb)
         return;
-    free(cb->uids);
+    uidtab_free(&cb->per_uid);
     free(cb);
 }

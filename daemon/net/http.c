@@ -78,12 +78,6 @@ typedef struct gwconn {
     struct hreq *hr;           /* its request waiting for the worker, or NULL */
 } gwconn;
 
-/* Request bodies in flight of one uid (uids with any). */
-typedef struct uid_bodies {
-    uid_t uid;
-    size_t bytes;
-} uid_bodies;
-
 /* ---- small helpers ---- */
 
 void http_count_status(http *h, enum route r, int status)
@@ -570,14 +564,6 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
 
 /* ---- what connections and bodies hold ---- */
 
-static uid_bodies *ub_find(http *h, uid_t uid)
-{
-    for (size_t i = 0; i < h->n_ub; i++)
-        if (h->ub[i].uid == uid)
-            return &h->ub[i];
-    return NULL;
-}
-
 /*
  * Reserves n bytes of the body budgets for gc's request of uid before its body is read:
  * its uid's (http_max_body_buffered_bytes_per_uid) first, so that one uid over its share
@@ -587,8 +573,7 @@ static uid_bodies *ub_find(http *h, uid_t uid)
 static int reserve_body(http *h, gwconn *gc, uid_t uid, size_t n, char *msg, size_t cap)
 {
     const config *cfg = h->cfg;
-    uid_bodies *u = ub_find(h, uid);
-    size_t mine = u ? u->bytes : 0;
+    size_t mine = uidtab_get(&h->body_bytes_per_uid, uid);
     if (mine + n > (size_t)cfg->http_max_body_buffered_bytes_per_uid) {
         snprintf(msg, cap, "uid %u has %zu bytes of request bodies on their way; %zu more would "
                            "pass http_max_body_buffered_bytes_per_uid (%d)",
@@ -601,21 +586,10 @@ static int reserve_body(http *h, gwconn *gc, uid_t uid, size_t n, char *msg, siz
                  h->body_bytes, n, cfg->http_max_body_buffered_bytes);
         return 503;
     }
-    if (!u) {
-        if (h->n_ub == h->cap_ub) {
-            size_t c = h->cap_ub ? 2 * h->cap_ub : 16;
-            uid_bodies *p = realloc(h->ub, c * sizeof *p);
-            if (!p) {
-                snprintf(msg, cap, "out of memory");
-                return 503;
-            }
-            h->ub = p;
-            h->cap_ub = c;
-        }
-        u = &h->ub[h->n_ub++];
-        *u = (uid_bodies){uid, 0};
+    if (uidtab_add(&h->body_bytes_per_uid, uid, n)) {
+        snprintf(msg, cap, "out of memory");
+        return 503;
     }
-    u->bytes += n;
     h->body_bytes += n;
     gc->reserved = n;
     return 0;
@@ -625,9 +599,7 @@ static void release_body(http *h, gwconn *gc)
 {
     if (!gc->reserved)
         return;
-    uid_bodies *u = ub_find(h, gc->ss.uid);
-    if (u && (u->bytes -= gc->reserved) == 0)
-        *u = h->ub[--h->n_ub];
+    uidtab_sub(&h->body_bytes_per_uid, gc->ss.uid, gc->reserved);
     h->body_bytes -= gc->reserved;
     gc->reserved = 0;
 }
@@ -1229,6 +1201,6 @@ void http_free(http *h)
         unlink(h->cfg->http_socket);
     free(h->tokens);
     models_view_free(&h->view);
-    free(h->ub);
+    uidtab_free(&h->body_bytes_per_uid);
     free(h);
 }

@@ -14,6 +14,7 @@
 #include "daemon/net/http.h"
 #include "daemon/net/httpwire.h"
 #include "daemon/net/session.h"
+#include "daemon/net/uidtab.h"
 
 #define HREQ_BUCKETS 256
 #define MAX_COUNTS 64           /* (route, status) pairs /metrics counts */
@@ -32,7 +33,6 @@ enum route {
 
 typedef struct token_entry token_entry;
 typedef struct gwconn gwconn;
-typedef struct uid_bodies uid_bodies;
 
 typedef struct hreq {
     http *h;
@@ -84,8 +84,7 @@ struct http {
     unsigned n_conns;          /* HTTP connections open */
     unsigned n_unauth;         /* ... of them on TCP with no valid token yet */
     size_t body_bytes;         /* bodies being received, every uid together */
-    uid_bodies *ub;
-    size_t n_ub, cap_ub;
+    uidtab body_bytes_per_uid; /* the same per uid */
     /* /metrics */
     count counts[MAX_COUNTS];
     size_t n_counts;

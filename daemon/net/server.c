@@ -25,6 +25,7 @@
 #include "daemon/net/ratelog.h"
 #include "daemon/net/reply.h"
 #include "daemon/net/session.h"
+#include "daemon/net/uidtab.h"
 #include "engine/clock.h"
 #include "proto/frame.h"
 
@@ -37,12 +38,6 @@
 /* A large frame's deadline grows with its size: a MiB a second is far below what any
  * local client sends, however loaded the machine. */
 #define FRAME_MS_PER_MIB 1000
-
-/* The bytes a uid's partial large frames reserve (uids with any). */
-typedef struct uid_frames {
-    uid_t uid;
-    size_t buffered;
-} uid_frames;
 
 typedef struct conn {
     server *srv;
@@ -76,36 +71,12 @@ struct server {
     uint64_t next_id;
     unsigned n_conns;       /* native connections */
     size_t buffered;        /* bytes reserved by partial large frames */
-    uid_frames *uids;
-    size_t n_uids, cap_uids;
+    uidtab buffered_per_uid; /* the same per peer uid */
     struct event *accept_ev; /* resumes a listener paused for lack of descriptors */
     ratelog log_accept, log_refused;
     http *gw;               /* the HTTP gateway, when one is configured */
     conn *buckets[CONN_BUCKETS];
 };
-
-static uid_frames *uid_find(server *srv, uid_t uid)
-{
-    for (size_t i = 0; i < srv->n_uids; i++)
-        if (srv->uids[i].uid == uid)
-            return &srv->uids[i];
-    return NULL;
-}
-
-/* A new entry for uid, which has none; NULL when memory runs out. */
-static uid_frames *uid_new(server *srv, uid_t uid)
-{
-    if (srv->n_uids == srv->cap_uids) {
-        size_t cap = srv->cap_uids ? srv->cap_uids * 2 : 16;
-        uid_frames *p = realloc(srv->uids, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        srv->uids = p;
-        srv->cap_uids = cap;
-    }
-    srv->uids[srv->n_uids] = (uid_frames){uid, 0};
-    return &srv->uids[srv->n_uids++];
-}
 
 static conn **bucket(server *srv, uint64_t id)
 {
@@ -130,9 +101,7 @@ static void release_buffered(conn *c)
 {
     if (!c->reserved)
         return;
-    uid_frames *u = uid_find(c->srv, c->ss.uid);
-    if (u && (u->buffered -= c->reserved) == 0)
-        *u = c->srv->uids[--c->srv->n_uids];
+    uidtab_sub(&c->srv->buffered_per_uid, c->ss.uid, c->reserved);
     c->srv->buffered -= c->reserved;
     c->reserved = 0;
     evtimer_del(c->frame_timer);
@@ -299,8 +268,8 @@ static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
     const config *cfg = srv->cfg;
     if (need > SERVER_SMALL_FRAME && c->reserved < need) {
         size_t more = need - c->reserved;
-        uid_frames *u = uid_find(srv, c->ss.uid);
-        if ((u ? u->buffered : 0) + more > (size_t)cfg->max_buffered_bytes_per_uid) {
+        if (uidtab_get(&srv->buffered_per_uid, c->ss.uid) + more >
+            (size_t)cfg->max_buffered_bytes_per_uid) {
             snprintf(msg, cap,
                      "uid %u already holds max_buffered_bytes_per_uid (%d) of partial frames; "
                      "send frames under %u bytes or one at a time",
@@ -314,7 +283,7 @@ static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
                      cfg->max_buffered_bytes, SERVER_SMALL_FRAME);
             return false;
         }
-        if (!u && !(u = uid_new(srv, c->ss.uid))) {
+        if (uidtab_add(&srv->buffered_per_uid, c->ss.uid, more)) {
             snprintf(msg, cap, "out of memory");
             return false;
         }
@@ -323,7 +292,6 @@ static bool conn_expect(conn *c, size_t need, char *msg, size_t cap)
             struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
             evtimer_add(c->frame_timer, &tv);
         }
-        u->buffered += more;
         srv->buffered += more;
         c->reserved = need;
     }
@@ -717,7 +685,7 @@ void server_free(server *srv)
         evconnlistener_free(srv->listener);
     if (srv->accept_ev)
         event_free(srv->accept_ev);
-    free(srv->uids);
+    uidtab_free(&srv->buffered_per_uid);
     if (srv->owns_path)
         unlink(srv->cfg->socket);
     if (srv->out_ev)
