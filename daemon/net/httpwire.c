@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/net/listen.h"
 #include "daemon/net/ratelog.h"
 
 /* After a last answer whose request still had bytes coming (an unread body), those are
@@ -691,22 +692,15 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     arm(c, w->cfg.header_timeout_ms);
 }
 
-/* accept() failed for want of descriptors or memory: libevent would retry at once and
- * forever (logging each failure), so the listener rests a moment instead; connections
- * already open keep working. */
+/* accept() failed for want of descriptors or memory: the listener rests (listen_rest). */
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
     listener *ls = arg;
     httpwire *w = ls->w;
-    int e = EVUTIL_SOCKET_ERROR();
     unsigned n = 0;
     for (const httpwire_conn *c = w->conns; c; c = c->next)
         n++;
-    ratelog_warn(&w->log_accept, "http accept: %s; not accepting for %d ms (%u HTTP connections "
-                                 "open)", strerror(e), w->cfg.accept_retry_ms, n);
-    evconnlistener_disable(l);
-    struct timeval tv = {w->cfg.accept_retry_ms / 1000, (w->cfg.accept_retry_ms % 1000) * 1000};
-    evtimer_add(ls->resume, &tv);
+    listen_rest(l, ls->resume, w->cfg.accept_retry_ms, &w->log_accept, "http accept", n);
 }
 
 static void on_accept_resume(evutil_socket_t fd, short what, void *arg)

@@ -1,6 +1,7 @@
 /*
  * listen.c — a listening Unix socket at a path: its directory made, a stale socket file
- * replaced, its permission bits set. Both listeners open theirs here.
+ * replaced, its permission bits set; and a listener's rest when accept() fails. Both
+ * listeners open theirs here.
  */
 #include "daemon/net/listen.h"
 
@@ -71,4 +72,15 @@ int listen_unix(const char *path, unsigned mode, char err[ERR_MAX])
         return -1;
     }
     return fd;
+}
+
+void listen_rest(struct evconnlistener *l, struct event *resume, int ms, ratelog *log,
+                 const char *what, unsigned n_open)
+{
+    int e = EVUTIL_SOCKET_ERROR();
+    ratelog_warn(log, "%s: %s; not accepting for %d ms (%u connections open)", what,
+                 strerror(e), ms, n_open);
+    evconnlistener_disable(l);
+    struct timeval tv = {ms / 1000, (suseconds_t)(ms % 1000) * 1000};
+    evtimer_add(resume, &tv);
 }

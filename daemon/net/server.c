@@ -476,17 +476,12 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     conn_arm_timer(c);
 }
 
-/* accept() failed for want of descriptors or memory: libevent would retry at once and
- * forever, so the listener rests a moment (connections already open keep working). */
+/* accept() failed for want of descriptors or memory: the listener rests (listen_rest). */
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
     server *srv = arg;
-    int e = EVUTIL_SOCKET_ERROR();
-    ratelog_warn(&srv->log_accept, "accept: %s; not accepting for %d ms (%u connections open)",
-                 strerror(e), LISTEN_ACCEPT_RETRY_MS, srv->n_conns);
-    evconnlistener_disable(l);
-    struct timeval tv = {0, LISTEN_ACCEPT_RETRY_MS * 1000};
-    evtimer_add(srv->accept_ev, &tv);
+    listen_rest(l, srv->accept_ev, LISTEN_ACCEPT_RETRY_MS, &srv->log_accept, "accept",
+                srv->n_conns);
 }
 
 static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
