@@ -87,9 +87,10 @@ static void usage(FILE *out)
             "      --perplexity FILE    perplexity of FILE in chunks of -c tokens (on a\n"
             "                           terminal, stderr shows the time left)\n"
             "      --embed              print the L2-normalised embedding of stdin (one\n"
-            "                           trailing newline dropped): bert encoders pool as\n"
-            "                           bert.pooling_type says, decoders take the last token\n"
-            "      --pooling P          cls, mean or last (cls: bert only)\n"
+            "                           trailing newline dropped), pooled as the file's\n"
+            "                           {arch}.pooling_type says (bert without one: cls;\n"
+            "                           a decoder without one: the last token)\n"
+            "      --pooling P          cls, mean or last: overrides the file's\n"
             "      --prefill-budget-mb N  working memory of the prefill: steps that do not\n"
             "                           fit are partitioned (engine/model/prefill.h; default none)\n"
             "      --resident-small-mb N  weights stream per layer but the smallest fragments,\n"
@@ -856,8 +857,13 @@ static int run_embed_decoder(model *m, const tokenizer *tok, const run_options *
     embedder *e = NULL;
     float *out = NULL;
     char *text = NULL;
-    if (o->pooling && !strcmp(o->pooling, "cls")) {
-        fprintf(stderr, "llms-run: --pooling cls needs a bert encoder\n");
+    enum embed_pooling pooling = EMBED_LAST;
+    if (o->pooling)
+        pooling = !strcmp(o->pooling, "cls")    ? EMBED_CLS
+                  : !strcmp(o->pooling, "mean") ? EMBED_MEAN
+                                                : EMBED_LAST;
+    else if (embed_pooling_of_model(m, &pooling, err) < 0) {
+        fprintf(stderr, "llms-run: %s\n", err);
         return 1;
     }
     model_runner *r = model_runner_new(m, o->n_threads, o->n_batch, n_ctx, err);
@@ -872,8 +878,7 @@ static int run_embed_decoder(model *m, const tokenizer *tok, const run_options *
         fprintf(stderr, "llms-run: out of memory\n");
         goto out;
     }
-    if (embed_text(e, tok, text, o->pooling && !strcmp(o->pooling, "mean") ? EMBED_MEAN : EMBED_LAST,
-                   out, &n, err) < 0) {
+    if (embed_text(e, tok, text, pooling, out, &n, err) < 0) {
         fprintf(stderr, "llms-run: embed: %s\n", err);
         goto out;
     }

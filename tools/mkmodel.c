@@ -5,8 +5,9 @@
  *           --kv-heads KH --ffn F --ctx C
  *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
- *           [--pooling mean|cls|rank]   (encoders; rank, bert only, adds the
- *                                        cross-encoder head)
+ *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
+ *                                        or mean, rank, bert only, adds the cross-encoder
+ *                                        head; a decoder gets one only when given)
  *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
  *   mkmodel --help | --version
  *
@@ -48,9 +49,10 @@ static void usage(FILE *out)
             "               --kv-heads KH --ffn F --ctx C\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
-            "               [--pooling mean|cls|rank]  (encoders: pooling_type; default cls for\n"
-            "               bert, mean for nomic-bert; rank, bert only, writes the\n"
-            "               cross-encoder head)\n"
+            "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
+            "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
+            "               cross-encoder head; decoders: written only when given, as an\n"
+            "               embedding model's)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
@@ -204,9 +206,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--type"))
             type = v;
         else if (!strcmp(a, "--pooling")) {
-            p.pooling_type = !strcmp(v, "mean") ? 1 : !strcmp(v, "cls") ? 2 : !strcmp(v, "rank") ? 4 : 0;
+            p.pooling_type = !strcmp(v, "mean")   ? 1
+                             : !strcmp(v, "cls")  ? 2
+                             : !strcmp(v, "last") ? 3
+                             : !strcmp(v, "rank") ? 4
+                                                  : 0;
             if (!p.pooling_type)
-                bad_usage("--pooling: '%s' is not mean, cls or rank", v);
+                bad_usage("--pooling: '%s' is not mean, cls, last or rank", v);
         }
         else if (!strcmp(a, "--vocab"))
             vocab = v;
@@ -221,8 +227,9 @@ int main(int argc, char **argv)
         bad_usage("-o, --arch, --type and --vocab are required");
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
-    if (!p.pooling_type)
-        p.pooling_type = p.arch && !strcmp(p.arch, "nomic-bert") ? 1 : 2;
+    bool encoder = p.arch && (!strcmp(p.arch, "bert") || !strcmp(p.arch, "nomic-bert"));
+    if (!p.pooling_type && encoder)
+        p.pooling_type = !strcmp(p.arch, "nomic-bert") ? 1 : 2;
     bool found = false;
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {

@@ -32,8 +32,10 @@ typedef struct modelgen_params {
     bool k_m_mix;
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
-    /* encoders only: {arch}.pooling_type (1 mean, 2 cls, bert also 4 rank); rank writes the
-     * cross-encoder head (cls dim x dim, cls.output 1 x dim) */
+    /* {arch}.pooling_type, llama.cpp's numbers. Encoders: 1 mean, 2 cls, bert also 4 rank,
+     * which writes the cross-encoder head (cls dim x dim, cls.output 1 x dim). Decoders
+     * (an embedding model such as Qwen3-Embedding): written as given when not 0, unchecked,
+     * so that a test can write a value llmsd must refuse. */
     int pooling_type;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written

@@ -3,7 +3,7 @@
  *
  * The forward keeps every layer's rows of its out rows (model_batch.hidden), so mean
  * pooling evaluates the text in pieces of EMBED_PIECE tokens to bound that buffer;
- * last-token pooling asks for one row and evaluates the text in one forward.
+ * last- and first-token pooling ask for one row and evaluate the text in one forward.
  */
 #include "engine/model/embed.h"
 
@@ -85,6 +85,29 @@ static void embed_accumulate(embedder *e, int n_out)
     }
 }
 
+int embed_pooling_of_model(const model *m, enum embed_pooling *out, char err[ERR_MAX])
+{
+    switch (model_hparams_of(m)->pooling_type) {
+    case -1:
+        return 0;
+    case 1:
+        *out = EMBED_MEAN;
+        return 1;
+    case 2:
+        *out = EMBED_CLS;
+        return 1;
+    case 3:
+        *out = EMBED_LAST;
+        return 1;
+    case 0:
+        return err_set(err, "the file's pooling_type is none (a vector per token): name a "
+                            "pooling (last, mean or cls)");
+    default:
+        return err_set(err, "the file's pooling_type is rank (a reranker's scores, not an "
+                            "embedding): rerank with it, or name a pooling");
+    }
+}
+
 int embed_tokens(embedder *e, const int32_t *tokens, int n, enum embed_pooling pooling,
                  float *out, char err[ERR_MAX])
 {
@@ -92,12 +115,12 @@ int embed_tokens(embedder *e, const int32_t *tokens, int n, enum embed_pooling p
         return err_set(err, "embed: no tokens");
     if (n > e->max_kv)
         return err_set(err, "embed: %d tokens, more than the %d the runner holds", n, e->max_kv);
-    if (pooling != EMBED_LAST && pooling != EMBED_MEAN)
+    if (pooling != EMBED_LAST && pooling != EMBED_MEAN && pooling != EMBED_CLS)
         return err_set(err, "embed: unknown pooling %d", (int)pooling);
     memset(e->acc, 0, sizeof *e->acc * (size_t)e->dim);
     kv_seq seq;
     kv_seq_init(&seq, e->pool);
-    int piece = pooling == EMBED_LAST ? n : EMBED_PIECE;
+    int piece = pooling == EMBED_MEAN ? EMBED_PIECE : n;
     for (int t0 = 0; t0 < n; t0 += piece) {
         int len = n - t0 < piece ? n - t0 : piece;
         bool final = t0 + len == n;
@@ -107,6 +130,9 @@ int embed_tokens(embedder *e, const int32_t *tokens, int n, enum embed_pooling p
         if (pooling == EMBED_MEAN) {
             b.n_out = len;
             b.out_rows = e->rows;
+        } else if (pooling == EMBED_CLS) {
+            b.n_out = 1;
+            b.out_rows = e->rows; /* row 0 */
         } else if (final) {
             b.n_out = 1;
             b.out_rows = &last_row;

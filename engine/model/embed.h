@@ -3,7 +3,8 @@
  * of the last layer, pooled over the text's tokens and L2-normalised.
  *
  * Pooling EMBED_LAST takes the last token's row, as Qwen3-Embedding does; EMBED_MEAN
- * averages the rows of every token. embed_text adds only the special tokens the GGUF's
+ * averages the rows of every token; EMBED_CLS takes the first token's row (on a causal
+ * model that is the first token's state alone, as llama.cpp computes it). embed_text adds only the special tokens the GGUF's
  * tokenizer.ggml.add_bos_token / add_eos_token flags ask for (Qwen3-Embedding is
  * trained with <|endoftext|> as the last token: with a GGUF that does not set
  * add_eos_token, tokenize the text, append that id and call embed_tokens). Each text is evaluated from position 0 in a fresh
@@ -19,7 +20,13 @@
 #include "engine/model/model.h"
 #include "engine/tok/tokenizer.h"
 
-enum embed_pooling { EMBED_LAST = 0, EMBED_MEAN = 1 };
+/* The values of proto Pooling. */
+enum embed_pooling { EMBED_LAST = 0, EMBED_MEAN = 1, EMBED_CLS = 2 };
+
+/* The pooling m's file names ({arch}.pooling_type: mean, cls or last): 1 and *out; 0 when
+ * it names none (no key); -1 + err when it names one that gives no single vector per
+ * text (none: a vector per token; rank: a reranker's scores). */
+int embed_pooling_of_model(const model *m, enum embed_pooling *out, char err[ERR_MAX]);
 
 typedef struct embedder embedder;
 

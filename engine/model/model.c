@@ -112,6 +112,26 @@ int model_get_float(const gguf_file *g, const char *arch, const char *suffix, fl
     return 0;
 }
 
+/* {arch}.pooling_type: -1 when absent; a value llama.cpp does not define is an error
+ * (a vector pooled some unknown way would be silently wrong). */
+static int model_read_pooling_type(const gguf_file *g, const char *arch, int *out,
+                                   char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.pooling_type", arch);
+    *out = -1;
+    if (gguf_find_key(g, key) < 0)
+        return 0;
+    int64_t v;
+    if (!gguf_get_i64(g, key, &v))
+        return err_set(err, "metadata key '%s' is not an integer", key);
+    if (v < 0 || v > 4)
+        return err_set(err, "metadata key '%s' is %lld: none of 0 (none), 1 (mean), 2 (cls), "
+                            "3 (last), 4 (rank)", key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -165,7 +185,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
                         &hp->norm_eps, err) < 0)
         return -1;
-    return 0;
+    return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
 
 /* Finds a tensor and checks its type is computable and its shape is exactly (ne0[, ne1]). */

@@ -41,6 +41,9 @@ typedef struct model_hparams {
     int n_ctx;      /* context length the model was trained for */
     float rope_base;
     float norm_eps;
+    int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
+                         2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
+                         file has none (a plain generator) */
 } model_hparams;
 
 typedef struct model model;

@@ -1,8 +1,10 @@
 /*
  * Embeddings on generated models (synthetic 260-token vocabulary, no shared data):
- * unit length, last-token and mean pooling against the forward's own hidden rows put
- * through output_norm.weight read from the file, determinism, independence from what
- * was embedded before and from the runner's batch size, and text tokenization.
+ * unit length, last-token, mean and first-token pooling against the forward's own
+ * hidden rows put through output_norm.weight read from the file, determinism,
+ * independence from what was embedded before and from the runner's batch size, text
+ * tokenization, and the pooling a file's {arch}.pooling_type names. On the shared test
+ * data: docs-embed-5M's vectors against llama.cpp's (tests/engine/data).
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +27,17 @@ typedef struct fixture {
     kv_pool *pool;
     embedder *e;
 } fixture;
+
+/* A small decoder with {arch}.pooling_type = pooling_type (0: none written). */
+static int gen_pooled(int pooling_type, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/pooled-%d.gguf", test_tmpdir(), pooling_type);
+    modelgen_params p = {.arch = "llama", .dim = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 2,
+                         .n_ff = 64, .n_ctx = 64, .type = QTYPE_F32, .seed = 3,
+                         .n_vocab = N_VOCAB, .n_threads = 1, .pooling_type = pooling_type};
+    char err[ERR_MAX];
+    return modelgen_write(&p, path, err);
+}
 
 static const char *gen_model(void)
 {
@@ -109,7 +122,8 @@ static void reference(fixture *f, const int32_t *tok, int n, enum embed_pooling 
     CHECK(model_forward(f->r, &seq, &b, err) == 0);
     kv_seq_free(&seq);
     double acc[DIM] = {0};
-    for (int o = pooling == EMBED_LAST ? n - 1 : 0; o < n; o++) {
+    int first = pooling == EMBED_LAST ? n - 1 : 0, end = pooling == EMBED_CLS ? 1 : n;
+    for (int o = first; o < end; o++) {
         const float *x = hidden + ((size_t)N_LAYER * n + o) * DIM;
         double ss = 0;
         for (int i = 0; i < DIM; i++)
@@ -148,6 +162,14 @@ static void test_pooling_matches_reference(void)
     reference(&f, tok, 100, EMBED_MEAN, ref);
     CHECK(max_diff(mean, ref, DIM) < 1e-4);
     CHECK(max_diff(last, mean, DIM) > 1e-2);
+    float cls[DIM];
+    CHECK(embed_tokens(f.e, tok, 100, EMBED_CLS, cls, err) == 0);
+    reference(&f, tok, 100, EMBED_CLS, ref);
+    CHECK(max_diff(cls, ref, DIM) < 1e-4);
+    /* causal: the first token's state is the same whatever follows it */
+    float cls_one[DIM];
+    CHECK(embed_tokens(f.e, tok, 1, EMBED_CLS, cls_one, err) == 0);
+    CHECK(max_diff(cls, cls_one, DIM) < 1e-5);
     CHECK_EQ(kv_pool_n_used(f.pool), 0);
     fx_close(&f);
 }
@@ -233,11 +255,126 @@ static void test_text_and_errors(void)
     fx_close(&f);
 }
 
+/* {arch}.pooling_type chooses the pooling (llama.cpp's numbers); none and rank give no
+ * vector per text, a value llama.cpp does not define stops the load. */
+static void test_pooling_type_of_file(void)
+{
+    static const struct {
+        int type;
+        int rc;
+        enum embed_pooling pooling;
+    } cases[] = {{0, 0, EMBED_LAST}, {1, 1, EMBED_MEAN}, {2, 1, EMBED_CLS},
+                 {3, 1, EMBED_LAST}, {4, -1, EMBED_LAST}};
+    char path[512], err[ERR_MAX];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK(gen_pooled(cases[i].type, path, sizeof path) == 0);
+        model *m = model_load(path, err);
+        CHECK_MSG(m != NULL, "%s", err);
+        if (!m)
+            continue;
+        CHECK_EQ(model_hparams_of(m)->pooling_type, cases[i].type ? cases[i].type : -1);
+        enum embed_pooling got = EMBED_LAST;
+        err[0] = 0;
+        CHECK_EQ(embed_pooling_of_model(m, &got, err), cases[i].rc);
+        if (cases[i].rc == 1)
+            CHECK_EQ(got, cases[i].pooling);
+        if (cases[i].rc < 0)
+            CHECK(strstr(err, "rank") != NULL);
+        model_free(m);
+    }
+    CHECK(gen_pooled(7, path, sizeof path) == 0);
+    CHECK(model_load(path, err) == NULL);
+    CHECK(strstr(err, "llama.pooling_type") && strstr(err, "7"));
+}
+
+/* One reference line: the text and its vector (dim floats); 0 at the end of the file. */
+static int read_reference(FILE *f, char *text, size_t cap, float *vec, int dim)
+{
+    char *line = NULL;
+    size_t n = 0;
+    int rc = 0;
+    while (getline(&line, &n, f) > 0) {
+        if (line[0] == '#')
+            continue;
+        char *tab = strchr(line, '\t');
+        if (!tab || (size_t)(tab - line) >= cap)
+            break;
+        memcpy(text, line, (size_t)(tab - line));
+        text[tab - line] = 0;
+        char *p = tab + 1, *end;
+        int i = 0;
+        for (; i < dim; i++, p = end) {
+            vec[i] = strtof(p, &end);
+            if (end == p)
+                break;
+        }
+        rc = i == dim;
+        break;
+    }
+    free(line);
+    return rc;
+}
+
+/* docs-embed-5M (a trained decoder embedding model, mean pooling named by its file): the
+ * vectors of texts embedded as the file says equal llama.cpp's (cosine >= 0.9999). */
+static void test_docs_embed_matches_llamacpp(void)
+{
+    const char *path = test_data_path("models/docs-embed-5M-F16.gguf");
+    if (!path)
+        SKIP("../shared/testdata/models/docs-embed-5M-F16.gguf is absent");
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK_MSG(m != NULL, "%s", err);
+    if (!m)
+        return;
+    int dim = model_hparams_of(m)->dim;
+    enum embed_pooling pooling = EMBED_LAST;
+    CHECK_EQ(embed_pooling_of_model(m, &pooling, err), 1);
+    CHECK_EQ(pooling, EMBED_MEAN);
+    tokenizer *tok = NULL;
+    model_runner *r = model_runner_new(m, 2, 0, 512, err);
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    embedder *e = pool ? embed_new(m, r, pool, err) : NULL;
+    CHECK_MSG(e && tok_load(model_gguf(m), &tok, err) == 0, "%s", err);
+    FILE *f = fopen("tests/engine/data/docs-embed-5M.llamacpp.tsv", "r");
+    CHECK_MSG(f != NULL, "tests/engine/data/docs-embed-5M.llamacpp.tsv: run from the repository");
+    float *want = malloc(sizeof *want * (size_t)dim), *got = malloc(sizeof *got * (size_t)dim);
+    char text[4096];
+    int n = 0;
+    double worst = 1;
+    while (f && e && tok && read_reference(f, text, sizeof text, want, dim)) {
+        CHECK_MSG(embed_text(e, tok, text, pooling, got, NULL, err) == 0, "%s", err);
+        double dot = 0, ww = 0, gg = 0;
+        for (int i = 0; i < dim; i++) {
+            dot += (double)want[i] * got[i];
+            ww += (double)want[i] * want[i];
+            gg += (double)got[i] * got[i];
+        }
+        double cos = dot / sqrt(ww * gg);
+        CHECK_MSG(cos >= 0.9999, "'%.40s': cosine %.6f with llama.cpp's", text, cos);
+        worst = cos < worst ? cos : worst;
+        n++;
+    }
+    CHECK_EQ(n, 8);
+    printf("   docs-embed-5M: %d texts, worst cosine with llama.cpp %.7f\n", n, worst);
+    if (f)
+        fclose(f);
+    free(want);
+    free(got);
+    tok_free(tok);
+    embed_free(e);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(test_pooling_matches_reference);
     RUN(test_deterministic_and_independent);
     RUN(test_long_text_beyond_max_batch);
     RUN(test_text_and_errors);
+    RUN(test_pooling_type_of_file);
+    RUN(test_docs_embed_matches_llamacpp);
     return test_finish();
 }
