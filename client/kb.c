@@ -21,17 +21,29 @@ enum llms_status llms_kb_create_shared(llms_conn *c, const char *name,
                                        uint32_t passage_tokens, uint32_t overlap_tokens,
                                        int share_uid)
 {
+    llms_kb_options o = {passage_tokens, overlap_tokens, share_uid, NULL};
+    return llms_kb_create_opts(c, name, &o);
+}
+
+enum llms_status llms_kb_create_opts(llms_conn *c, const char *name,
+                                     const llms_kb_options *options)
+{
+    static const llms_kb_options defaults;
+    const llms_kb_options *o = options ? options : &defaults;
     enum llms_status s = client_check_str(c, name, "name");
+    if (s == LLMS_OK && o->embed_model)
+        s = client_check_str(c, o->embed_model, "embed_model");
     if (s != LLMS_OK)
         return s;
     Llms__KbCreateRequest kc = LLMS__KB_CREATE_REQUEST__INIT;
     kc.name = (char *)name;
-    kc.has_passage_tokens = passage_tokens != 0;
-    kc.passage_tokens = passage_tokens;
-    kc.has_overlap_tokens = overlap_tokens != 0;
-    kc.overlap_tokens = overlap_tokens;
-    kc.has_share_uid = share_uid != 0;
-    kc.share_uid = share_uid != 0;
+    kc.has_passage_tokens = o->passage_tokens != 0;
+    kc.passage_tokens = o->passage_tokens;
+    kc.has_overlap_tokens = o->overlap_tokens != 0;
+    kc.overlap_tokens = o->overlap_tokens;
+    kc.has_share_uid = o->share_uid != 0;
+    kc.share_uid = o->share_uid != 0;
+    kc.embed_model = (char *)o->embed_model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_KB_CREATE;
     req.kb_create = &kc;
@@ -172,8 +184,10 @@ enum llms_status llms_kb_remove(llms_conn *c, const char *kb, const char *const 
 
 void llms_kb_list_free(llms_kb_info *kbs, size_t n)
 {
-    for (size_t i = 0; kbs && i < n; i++)
+    for (size_t i = 0; kbs && i < n; i++) {
         free(kbs[i].name);
+        free(kbs[i].embed_model);
+    }
     free(kbs);
 }
 
@@ -195,9 +209,9 @@ enum llms_status llms_kb_list(llms_conn *c, llms_kb_info **out, size_t *n_out)
         const Llms__KbInfo *p = r->kb_list->kbs[i];
         k[i] = (llms_kb_info){strdup(p->name), p->documents, p->passages, p->bytes,
                               p->passage_tokens, p->overlap_tokens, p->qa_entries,
-                              p->share_uid};
-        if (!k[i].name) {
-            llms_kb_list_free(k, i);
+                              p->share_uid, strdup(p->embed_model ? p->embed_model : "")};
+        if (!k[i].name || !k[i].embed_model) {
+            llms_kb_list_free(k, i + 1);
             k = NULL;
         }
     }

@@ -357,6 +357,9 @@ enum llms_status llms_detokenize_model(llms_conn *conn, const char *model,
 enum llms_pooling {
     LLMS_POOLING_LAST = 0, /* the last token's (Qwen3-Embedding) */
     LLMS_POOLING_MEAN = 1, /* the mean over the text's tokens */
+    LLMS_POOLING_CLS = 2,  /* the first token's (BERT's [CLS]) */
+    LLMS_POOLING_MODEL = -1, /* the model's own ({arch}.pooling_type; a decoder without
+                                one: the last token, an encoder without one: cls) */
 };
 
 /* Vectors of llms_embed(): n unit-length rows of dim floats. */
@@ -708,6 +711,21 @@ enum llms_status llms_kb_create_shared(llms_conn *conn, const char *name,
                                        uint32_t passage_tokens, uint32_t overlap_tokens,
                                        int share_uid);
 
+/* Everything a knowledge base is created with (zeroes: the defaults). */
+typedef struct llms_kb_options {
+    uint32_t passage_tokens, overlap_tokens; /* 0: the daemon's */
+    int share_uid;                           /* as llms_kb_create_shared */
+    /* The registry's embed model that embeds its passages and queries for the knowledge
+     * base's life; NULL: the default embed model (also recorded: a knowledge base never
+     * changes model, since its vectors are that model's). NOT_FOUND for a name the daemon
+     * does not know, INVALID_ARGUMENT for a model without the embed role. */
+    const char *embed_model;
+} llms_kb_options;
+
+/* llms_kb_create with options (NULL: the defaults). */
+enum llms_status llms_kb_create_opts(llms_conn *conn, const char *name,
+                                     const llms_kb_options *options);
+
 /* Deletes a knowledge base with its documents and cached answers. */
 enum llms_status llms_kb_drop(llms_conn *conn, const char *name);
 
@@ -759,6 +777,8 @@ typedef struct llms_kb_info {
     uint32_t passage_tokens, overlap_tokens;
     uint32_t qa_entries;
     int share_uid;              /* made with llms_kb_create_shared(..., 1) */
+    char *embed_model;          /* the model that made its vectors ("" when not recorded:
+                                   made before llmsd recorded it) */
 } llms_kb_info;
 
 void llms_kb_list_free(llms_kb_info *kbs, size_t n);

@@ -37,7 +37,7 @@ enum llms_status llms_embed_model(llms_conn *c, const char *model, const char *c
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.n_texts = n;
     e.texts = (char **)texts;
-    e.has_pooling = 1;
+    e.has_pooling = pooling != LLMS_POOLING_MODEL;
     e.pooling = (Llms__Pooling)pooling;
     e.model = (char *)model;
     Llms__Request req = LLMS__REQUEST__INIT;

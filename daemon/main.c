@@ -279,10 +279,19 @@ int main(int argc, char **argv)
         if (ls.watchdog)
             event_add(ls.watchdog, &tv);
     }
-    for (const models_entry *e = models_first(reg); e; e = e->next)
-        fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s\n", e->name, e->path, e->arch,
+    for (const models_entry *e = models_first(reg); e; e = e->next) {
+        /* an embed model's pooling, so a wrong pooling_type shows before its vectors do */
+        int pool = e->m ? model_hparams_of(e->m)->pooling_type : -1;
+        static const char *const pool_names[] = {"none", "mean", "cls", "last", "rank"};
+        fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s%s%s\n", e->name, e->path, e->arch,
                 models_type_name(e->type),
-                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "");
+                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "",
+                (e->roles & ~e->fallback & MODELS_EMBED) ? ", embeds, pooling " : "",
+                !(e->roles & ~e->fallback & MODELS_EMBED) ? ""
+                : e->enc                                  ? "as the encoder's file says"
+                : pool >= 0                               ? pool_names[pool]
+                                                          : "not set in the file");
+    }
     fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
             gen->path, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
     notify_ready();

@@ -54,7 +54,7 @@ void store_kb_rollback(store *s)
     } while (0)
 
 static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, int otok,
-                        const char *embedder, int dim, bool share_uid, int64_t now_ms,
+                        const char *embed_model, const char *embedder, int dim, bool share_uid, int64_t now_ms,
                         int64_t *kb_id, bool *exists, char *err)
 {
     sqlite3_stmt *st = store_prepare(s, "SELECT id FROM kbs WHERE app_id = ? AND name = ?", err);
@@ -67,7 +67,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     if (*exists)
         return 0;
     st = store_prepare(s, "INSERT INTO kbs (app_id, name, passage_tokens, overlap_tokens, embedder, dim,"
-                 " created_ms, share_uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", err);
+                 " created_ms, share_uid, embed_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, app_id);
@@ -78,6 +78,7 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
     sqlite3_bind_int(st, 6, dim);
     sqlite3_bind_int64(st, 7, now_ms);
     sqlite3_bind_int(st, 8, share_uid);
+    sqlite3_bind_text(st, 9, embed_model, -1, SQLITE_STATIC);
     if (store_step_once(s, st, "creating a knowledge base", err))
         return -1;
     *kb_id = sqlite3_last_insert_rowid(store_sqlite(s));
@@ -89,12 +90,14 @@ static int kb_create_tx(store *s, int64_t app_id, const char *name, int ptok, in
 }
 
 int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
-                    int overlap_tokens, const char *embedder, int dim, bool share_uid,
+                    int overlap_tokens, const char *embed_model, const char *embedder, int dim,
+                    bool share_uid,
                     int64_t now_ms, int64_t *kb_id, bool *exists, char err[ERR_MAX])
 {
     *kb_id = -1;
     *exists = false;
-    IN_TX(s, err, kb_create_tx(s, app_id, name, passage_tokens, overlap_tokens, embedder, dim,
+    IN_TX(s, err, kb_create_tx(s, app_id, name, passage_tokens, overlap_tokens, embed_model,
+                               embedder, dim,
                                share_uid, now_ms, kb_id, exists, err));
 }
 
@@ -104,7 +107,8 @@ int store_kb_create(store *s, int64_t app_id, const char *name, int passage_toke
     " (SELECT coalesce(sum(n_passages), 0) FROM kb_docs d WHERE d.kb_id = k.id"            \
     "  AND d.state = 0),"                                                                  \
     " (SELECT coalesce(sum(bytes), 0) FROM kb_docs d WHERE d.kb_id = k.id AND d.state = 0)," \
-    " (SELECT count(*) FROM qa_bank q WHERE q.kb_id = k.id), k.share_uid FROM kbs k "
+    " (SELECT count(*) FROM qa_bank q WHERE q.kb_id = k.id), k.share_uid, k.embed_model"     \
+    " FROM kbs k "
 
 static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb *), void *arg,
                    int *n_rows, char *err)
@@ -124,6 +128,7 @@ static int kb_rows(store *s, sqlite3_stmt *st, int (*fn)(void *, const store_kb 
             .bytes = sqlite3_column_int64(st, 8),
             .qa_entries = sqlite3_column_int64(st, 9),
             .share_uid = sqlite3_column_int(st, 10) != 0,
+            .embed_model = (const char *)sqlite3_column_text(st, 11),
         };
         (*n_rows)++;
         if (fn && (out = fn(arg, &kb)) != 0)

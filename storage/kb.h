@@ -40,7 +40,8 @@ typedef struct store_kb {
     int64_t id;
     const char *name;          /* valid during the callback (or until the next call) */
     int passage_tokens, overlap_tokens;
-    const char *embedder;      /* which model made its vectors */
+    const char *embedder;      /* the file of the model that made its vectors */
+    const char *embed_model;   /* that model's registry name ('' in older databases) */
     int dim;
     int64_t n_docs, n_passages, bytes, qa_entries; /* visible documents' */
     bool share_uid;            /* its caches are shared by every app of its uid */
@@ -49,7 +50,8 @@ typedef struct store_kb {
 /* Creates knowledge base name of app_id (share_uid: store_kb.share_uid); *exists true
  * (and nothing written) when the app already has one of that name. */
 int store_kb_create(store *s, int64_t app_id, const char *name, int passage_tokens,
-                    int overlap_tokens, const char *embedder, int dim, bool share_uid,
+                    int overlap_tokens, const char *embed_model, const char *embedder, int dim,
+                    bool share_uid,
                     int64_t now_ms, int64_t *kb_id, bool *exists, char err[ERR_MAX]);
 
 /* Looks up name of app_id and calls fn with it (counts filled in); *found false when the

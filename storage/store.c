@@ -238,6 +238,11 @@ static const char *const store_migrations[] = {
     "  crc INTEGER NOT NULL," /* CRC-32C of the ids, int64 little-endian each */
     "  ids BLOB NOT NULL,"
     "  PRIMARY KEY (index_id, list));",
+
+    /* The registry name of the model that embeds a knowledge base (its vectors are that
+     * model's, so it is kept for the knowledge base's life); '' in knowledge bases made
+     * before, which use the default embed model when its file is still the embedder. */
+    "ALTER TABLE kbs ADD COLUMN embed_model TEXT NOT NULL DEFAULT '';",
 };
 
 /* The tail of migration 11, after store_kb_migrate_11. */

@@ -52,8 +52,8 @@ static void usage(void)
            "       llms [options] ctx list | show ID | rm ID\n"
            "       llms [options] embed TEXT...\n"
            "       llms [options] rerank -q QUERY [-k K] FILE...\n"
-           "       llms [options] kb create NAME [--share-uid] | add NAME FILE... | ls |\n"
-           "                         rm NAME ID... | drop NAME\n"
+           "       llms [options] kb create NAME [--share-uid] [--embed-model M] |\n"
+           "                         add NAME FILE... | ls | rm NAME ID... | drop NAME\n"
            "       llms [options] rag NAME QUESTION [-k K] [--json] [--share-uid]\n"
            "       llms [options] graph create NAME FILE | run NAME VAR=VALUE... [--json] |\n"
            "                            ls | rm NAME\n"
@@ -101,7 +101,12 @@ static void usage(void)
            "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
            "                                  inputs, redo them when the final ones differ)\n"
            "                                  or not (default: the daemon's graph_speculate)\n"
-           "         --pooling last|mean      embed: token pooling (default last)\n"
+           "         --pooling last|mean|cls  embed: token pooling (default: the model's\n"
+           "                                  pooling_type, else last on a decoder, cls\n"
+           "                                  on an encoder)\n"
+           "         --embed-model M          kb create: the daemon's embed model that\n"
+           "                                  embeds the knowledge base, for its life\n"
+           "                                  (default: the daemon's default embed model)\n"
            "         -q, --query TEXT         rerank: the query\n"
            "         -k, --top-k K            rerank: documents to select (default 5)\n"
            "         --mode set|ordered       rerank: exact membership or exact order\n"
@@ -494,7 +499,8 @@ static int takes_value(const char *a)
     static const char *const with_value[] = {
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
-        "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model", "--speculate"};
+        "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model", "--speculate",
+        "--embed-model"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
             return 1;
@@ -518,6 +524,8 @@ static const char *option_commands(const char *a)
         return "embed rerank rag graph";
     if (!strcmp(a, "--share-uid"))
         return "kb rag";
+    if (!strcmp(a, "--embed-model"))
+        return "kb";
     if (!strcmp(a, "--speculate"))
         return "graph";
     if (!strcmp(a, "--model"))
@@ -623,13 +631,17 @@ static int kb_progress_bar(const llms_kb_progress *p, void *user)
     return interrupted != 0;
 }
 
-static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
+static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid, const char *embed_model)
 {
     const char *sub = argv[0];
     if (share_uid && strcmp(sub, "create"))
         bad_usage("kb %s: --share-uid applies to kb create only", sub);
-    if (!strcmp(sub, "create"))
-        return report(c, llms_kb_create_shared(c, argv[1], 0, 0, share_uid), "kb create");
+    if (embed_model && strcmp(sub, "create"))
+        bad_usage("kb %s: --embed-model applies to kb create only", sub);
+    if (!strcmp(sub, "create")) {
+        llms_kb_options o = {.share_uid = share_uid, .embed_model = embed_model};
+        return report(c, llms_kb_create_opts(c, argv[1], &o), "kb create");
+    }
     if (!strcmp(sub, "drop"))
         return report(c, llms_kb_drop(c, argv[1]), "kb drop");
     if (!strcmp(sub, "rm")) {
@@ -675,12 +687,13 @@ static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid)
     int rc = report(c, llms_kb_list(c, &kbs, &n), "kb ls");
     if (rc)
         return rc;
-    printf("%-24s %9s %9s %12s %6s %8s %s\n", "NAME", "DOCS", "PASSAGES", "BYTES", "TOKENS",
-           "QA", "CACHES");
+    printf("%-24s %9s %9s %12s %6s %8s %-6s %s\n", "NAME", "DOCS", "PASSAGES", "BYTES",
+           "TOKENS", "QA", "CACHES", "EMBED_MODEL");
     for (size_t i = 0; i < n; i++)
-        printf("%-24s %9" PRIu32 " %9" PRIu32 " %12" PRIu64 " %6" PRIu32 " %8" PRIu32 " %s\n",
-               kbs[i].name, kbs[i].documents, kbs[i].passages, kbs[i].bytes,
-               kbs[i].passage_tokens, kbs[i].qa_entries, kbs[i].share_uid ? "uid" : "app");
+        printf("%-24s %9" PRIu32 " %9" PRIu32 " %12" PRIu64 " %6" PRIu32 " %8" PRIu32
+               " %-6s %s\n", kbs[i].name, kbs[i].documents, kbs[i].passages, kbs[i].bytes,
+               kbs[i].passage_tokens, kbs[i].qa_entries, kbs[i].share_uid ? "uid" : "app",
+               kbs[i].embed_model[0] ? kbs[i].embed_model : "-");
     llms_kb_list_free(kbs, n);
     return 0;
 }
@@ -990,7 +1003,8 @@ int main(int argc, char **argv)
     const char *query = NULL, *file = NULL;
     int json = 0, share_uid = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
-    enum llms_pooling pooling = LLMS_POOLING_LAST;
+    enum llms_pooling pooling = LLMS_POOLING_MODEL;
+    const char *embed_model = NULL;
     enum llms_speculate spec = LLMS_SPECULATE_DEFAULT;
     llms_rerank_options ro;
     llms_rerank_options_init(&ro);
@@ -1039,9 +1053,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
             ro.top_k = (uint32_t)integer(a, v, 1, UINT32_MAX);
         else if (!strcmp(a, "--pooling")) {
-            if (strcmp(v, "last") && strcmp(v, "mean"))
-                bad_usage("--pooling: expected last or mean, got '%s'", v);
-            pooling = !strcmp(v, "mean") ? LLMS_POOLING_MEAN : LLMS_POOLING_LAST;
+            if (strcmp(v, "last") && strcmp(v, "mean") && strcmp(v, "cls"))
+                bad_usage("--pooling: expected last, mean or cls, got '%s'", v);
+            pooling = !strcmp(v, "mean")  ? LLMS_POOLING_MEAN
+                      : !strcmp(v, "cls") ? LLMS_POOLING_CLS
+                                          : LLMS_POOLING_LAST;
         } else if (!strcmp(a, "--speculate")) {
             if (strcmp(v, "on") && strcmp(v, "off"))
                 bad_usage("--speculate: expected on or off, got '%s'", v);
@@ -1072,6 +1088,8 @@ int main(int argc, char **argv)
             system = v;
         else if (!strcmp(a, "--model"))
             p.model = ro.model = v;
+        else if (!strcmp(a, "--embed-model"))
+            embed_model = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
             file = v;
         else if (!strcmp(a, "--temp")) {
@@ -1133,7 +1151,7 @@ int main(int argc, char **argv)
         else if (!strcmp(pos[0], "rerank"))
             rc = cmd_rerank(c, query, pos + 1, npos - 1, &ro, json);
         else if (!strcmp(pos[0], "kb"))
-            rc = cmd_kb(c, npos - 1, pos + 1, share_uid);
+            rc = cmd_kb(c, npos - 1, pos + 1, share_uid, embed_model);
         else if (!strcmp(pos[0], "rag"))
             rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json, share_uid);
         else if (!strcmp(pos[0], "graph"))

@@ -358,27 +358,16 @@ static int roles_fit(const models_entry *e, unsigned roles, char err[ERR_MAX])
     if ((roles & MODELS_GENERATE) && e->type != MODELS_DECODER)
         return err_set(err, "model '%s': an %s cannot generate", e->name,
                        models_type_name(e->type));
-    /* Decoder embeddings run on the scheduler's one runner, which is the generate
-     * model's. */
-    if ((roles & MODELS_EMBED) && e->type == MODELS_DECODER && !(roles & MODELS_GENERATE))
-        return err_set(err, "model '%s': a decoder embeds only as the generate model; use a "
-                            "bert encoder", e->name);
     if ((roles & MODELS_RERANK) && e->type == MODELS_ENCODER)
         return err_set(err, "model '%s': a bert encoder without a classification head "
                             "(cls.output) cannot rerank", e->name);
     return 0;
 }
 
-/* Decoder embeddings run on the default generate model's runner (the scheduler's
- * first): another decoder cannot embed. */
-static int decoder_embed_check(const models *r, const models_entry *e, unsigned roles,
-                               char err[ERR_MAX])
+bool models_embeds_apart(const models *r, const models_entry *e)
 {
-    const models_entry *first = models_generate((models *)r);
-    if ((roles & MODELS_EMBED) && e->type == MODELS_DECODER && first && first != e)
-        return err_set(err, "model '%s': a decoder embeds only as the default generate model "
-                            "('%s'); use a bert encoder", e->name, first->name);
-    return 0;
+    return e->type == MODELS_DECODER && (e->roles & MODELS_EMBED) &&
+           e != models_generate((models *)r);
 }
 
 static unsigned kind_roles(enum models_type t, bool decoder_generates)
@@ -393,29 +382,54 @@ static void entry_free(models_entry *e)
     if (!e)
         return;
     rerank_close(e->rr);
+    embed_free(e->dec_emb);
+    kv_pool_free(e->dec_pool);
+    model_runner_free(e->dec_r);
     bert_runner_free(e->enc_r);
-    tok_free(e->enc_tok);
+    tok_free(e->embed_tok);
     bert_free(e->enc);
     model_free(e->m);
     free(e);
 }
 
-/* Opens what e's roles need now (the reranker waits for its first call). */
-static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
+/* A decoder's runner, KV pool and embedder for its embeddings apart from the steps,
+ * once its pooling is known to give a vector per text. */
+static int open_decoder_embedder(models_entry *e, int threads, char err[ERR_MAX])
+{
+    enum embed_pooling pooling;
+    char why[ERR_MAX];
+    if (embed_pooling_of_model(e->m, &pooling, why) < 0)
+        return err_set(err, "it cannot have the embed role: %s", why);
+    int n_ctx = model_hparams_of(e->m)->n_ctx;
+    int max_kv = n_ctx < MODELS_EMBED_MAX_TOKENS ? n_ctx : MODELS_EMBED_MAX_TOKENS;
+    if (tok_load(model_gguf(e->m), &e->embed_tok, err) < 0 ||
+        !(e->dec_r = model_runner_new(e->m, threads, 0, max_kv, err)) ||
+        !(e->dec_pool = kv_pool_new(model_kv_shape(e->m), 0, err)) ||
+        !(e->dec_emb = embed_new(e->m, e->dec_r, e->dec_pool, err)))
+        return -1;
+    return 0;
+}
+
+/* Opens what e's roles need now (the reranker waits for its first call); apart: e
+ * embeds on its own runner (models_embeds_apart). */
+static int entry_open(models_entry *e, int threads, gguf_load load, bool repack, bool apart,
                       char err[ERR_MAX])
 {
     char why[ERR_MAX];
-    if (e->roles & MODELS_GENERATE) {
+    if ((e->roles & MODELS_GENERATE) || apart) {
         if (!(e->m = model_load_as(e->path, load, why)) ||
-            (repack && model_repack_weights(e->m, why) < 0))
+            ((e->roles & MODELS_GENERATE) && repack && model_repack_weights(e->m, why) < 0))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
-        e->family = genmodel_chat_family(e->m);
+        if (e->roles & MODELS_GENERATE)
+            e->family = genmodel_chat_family(e->m);
     }
+    if (apart && open_decoder_embedder(e, threads, why) < 0)
+        return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
     if ((e->roles & MODELS_EMBED) && e->type != MODELS_DECODER) {
         if (!(e->enc = bert_load(e->path, why)))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
-        if (tok_load(bert_gguf(e->enc), &e->enc_tok, why) < 0)
+        if (tok_load(bert_gguf(e->enc), &e->embed_tok, why) < 0)
             return err_set(err, "model '%s' (%s): tokenizer: %s", e->name, e->path, why);
         if (!(e->enc_r = bert_runner_new(e->enc, threads, 0, why)))
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
@@ -458,10 +472,6 @@ static int add_shorthand(models *r, const char *key, const char *path, unsigned 
                          unsigned fallback, char err[ERR_MAX])
 {
     models_entry *e = find_file(r, path);
-    /* embed_model names a bert encoder: the generate model embeds without it */
-    if (e && role == MODELS_EMBED && e->type == MODELS_DECODER)
-        return err_set(err, "%s: %s is model '%s', a decoder: embed_model takes a bert "
-                            "encoder", key, path, e->name);
     if (e) {
         e->roles |= role;
         e->fallback &= ~role;
@@ -478,8 +488,6 @@ static int add_shorthand(models *r, const char *key, const char *path, unsigned 
     e->roles = role;
     e->fallback = fallback;
     append(r, e);
-    if (role == MODELS_EMBED && e->type == MODELS_DECODER)
-        return err_set(err, "%s: %s is a decoder (%s), not a bert encoder", key, path, e->arch);
     if (roles_fit(e, role, why) < 0)
         return err_set(err, "%s: %s", key, why);
     return 0;
@@ -541,10 +549,7 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
         goto fail;
     }
     for (models_entry *e = r->head; e; e = e->next)
-        if (decoder_embed_check(r, e, e->roles, err) < 0)
-            goto fail;
-    for (models_entry *e = r->head; e; e = e->next)
-        if (entry_open(e, r->threads, load, r->repack, err) < 0)
+        if (entry_open(e, r->threads, load, r->repack, models_embeds_apart(r, e), err) < 0)
             goto fail;
     if (view_reserve(r, count_entries(r)) < 0) {
         err_set(err, "out of memory");
@@ -597,11 +602,13 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     e->roles = roles ? roles : kind_roles(e->type, false);
-    if (roles_fit(e, e->roles, err) < 0 || decoder_embed_check(r, e, e->roles, err) < 0) {
+    if (roles_fit(e, e->roles, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
-    if (entry_open(e, r->threads, r->load, r->repack, err) < 0) {
+    /* not yet in the registry, and never its default generate model */
+    bool apart = e->type == MODELS_DECODER && (e->roles & MODELS_EMBED);
+    if (entry_open(e, r->threads, r->load, r->repack, apart, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
@@ -694,5 +701,6 @@ uint64_t models_resident_bytes(const models_entry *e)
 
 uint64_t models_scratch_bytes(const models_entry *e)
 {
-    return (e->enc_r ? bert_runner_scratch_bytes(e->enc_r) : 0) + e->rr_peak_bytes;
+    return (e->enc_r ? bert_runner_scratch_bytes(e->enc_r) : 0) +
+           (e->dec_r ? model_runner_scratch_bytes(e->dec_r) : 0) + e->rr_peak_bytes;
 }

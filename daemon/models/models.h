@@ -9,8 +9,11 @@
  * a daemon with one model). Any number of decoders may generate; the first in registry
  * order is the default generate model. The scheduler gives each generate model its own
  * runner, KV pool and context manager (daemon/models/genmodel.h); what runs on one model only
- * (decoder embeddings, retrieval's generation, prediction) uses the default, which
- * therefore cannot be unloaded and is the only decoder that may embed.
+ * (retrieval's generation, prediction) uses the default, which therefore cannot be
+ * unloaded. Any decoder may embed: the default generate model in the scheduler's
+ * batched steps, every other decoder with the embed role (an embedding model such as
+ * Qwen3-Embedding, or another generator) on a runner and KV pool of its own, a text at a
+ * time, pooled as its file's {arch}.pooling_type says.
  *
  * Each file is opened once: the generate model and every embed encoder at start (or at
  * models_load), each reranker on its first call (engine/encoder/rerank.h opens its own file,
@@ -30,6 +33,7 @@
 #include "engine/tok/chat.h"
 #include "engine/err.h"
 #include "engine/gguf/gguf.h"
+#include "engine/model/embed.h"
 #include "engine/model/model.h"
 #include "engine/encoder/rerank.h"
 #include "engine/tok/tokenizer.h"
@@ -53,13 +57,18 @@ typedef struct models_entry {
     unsigned fallback;              /* roles it has only until another model takes them
                                        (the generate model's embed and rerank) */
     uint64_t file_bytes;
-    model *m;                       /* a generate model's weights (NULL for the others) */
+    model *m;                       /* a decoder's weights when it generates or embeds */
     enum chat_family family;        /* a generate model's chat template (else CHAT_PLAIN) */
     bool copied;                    /* m was read into private memory (model_load = copy) */
-    /* An encoder with the embed role: mapped with its tokenizer and runner. */
+    /* An embed model that runs apart from the scheduler's steps: its tokenizer, and an
+     * encoder's model and runner, or a decoder's (models_embeds_apart) runner, KV pool
+     * and embedder over m, sized for texts of up to MODELS_EMBED_MAX_TOKENS tokens. */
+    tokenizer *embed_tok;
     bert_model *enc;
-    tokenizer *enc_tok;
     bert_runner *enc_r;
+    model_runner *dec_r;
+    kv_pool *dec_pool;
+    embedder *dec_emb;
     /* The rerank role: opened on the first Rerank (models_reranker). */
     reranker *rr;
     bool rr_busy;                   /* a rerank or calibration task holds rr */
@@ -85,6 +94,13 @@ typedef struct models_view {
     size_t n, cap;
     uint64_t version;           /* of the registry when copied; 0: never */
 } models_view;
+
+/* Tokens a decoder embedding model's own runner holds (its n_ctx when smaller). */
+#define MODELS_EMBED_MAX_TOKENS 8192
+
+/* Whether e is a decoder that embeds on a runner of its own: it has the embed role and
+ * is not the default generate model (which embeds in the scheduler's steps). */
+bool models_embeds_apart(const models *r, const models_entry *e);
 
 /* Opens every model of the settings (model, embed_model, rerank_model, model.NAME lines)
  * with load as the generate model's gguf_load. NULL + err naming the model when a file

@@ -129,7 +129,33 @@ static int copy_kb(void *arg, const store_kb *kb)
     r->dim = kb->dim;
     r->app_id = -1;
     r->share_uid = kb->share_uid;
+    snprintf(r->embed_model, sizeof r->embed_model, "%s", kb->embed_model);
+    snprintf(r->embedder, sizeof r->embedder, "%s", kb->embedder);
     return 0;
+}
+
+models_entry *kb_embedder(kbm *k, const kb_ref *kb, char err[ERR_MAX])
+{
+    char why[ERR_MAX];
+    models_entry *me = NULL;
+    if (!kb->embed_model[0])
+        me = semantic_default_embedder(k->env.sem, why);
+    else if (models_resolve(k->env.reg, kb->embed_model, MODELS_EMBED, &me, why) !=
+             LLMS__ERROR_CODE__OK)
+        me = NULL;
+    if (!me) {
+        err_set(err, "knowledge base '%s': its embed model '%s' is not served now: load "
+                     "it again, or drop and recreate the knowledge base (%s)",
+                kb->name, kb->embed_model, why);
+        return NULL;
+    }
+    if (strcmp(me->path, kb->embedder) != 0 || semantic_dim(k->env.sem, me) != kb->dim) {
+        err_set(err, "knowledge base '%s': its vectors are another file's than model '%s' "
+                     "serves now, and would not match; serve %s again, or drop and recreate "
+                     "the knowledge base", kb->name, me->name, kb->embedder);
+        return NULL;
+    }
+    return me;
 }
 
 int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *out,
@@ -194,6 +220,19 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
                     ptok, otok);
         return;
     }
+    /* the model is resolved and its pooling checked now, not at the first KbAdd */
+    models_entry *me = NULL;
+    Llms__ErrorCode code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+    if (cr->embed_model && cr->embed_model[0])
+        code = models_resolve(k->env.reg, cr->embed_model, MODELS_EMBED, &me, err);
+    else if ((me = semantic_default_embedder(k->env.sem, err)))
+        code = LLMS__ERROR_CODE__OK;
+    if (code == LLMS__ERROR_CODE__OK && semantic_embed_check(k->env.sem, me, err) < 0)
+        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (code != LLMS__ERROR_CODE__OK) {
+        reply_error(&k->to, conn_id, req, code, "%s", err);
+        return;
+    }
     int64_t app_id, kb_id;
     int n = 0;
     bool exists;
@@ -205,8 +244,8 @@ static void handle_create(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
                     "app has %d knowledge bases, the limit (kb_max_per_app)", n);
         return;
     }
-    if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, semantic_embedder(k->env.sem),
-                        semantic_dim(k->env.sem), cr->has_share_uid && cr->share_uid,
+    if (store_kb_create(k->env.st, app_id, cr->name, ptok, otok, me->name, me->path,
+                        semantic_dim(k->env.sem, me), cr->has_share_uid && cr->share_uid,
                         clock_wall_ms(), &kb_id, &exists, err))
         goto fail;
     if (exists) {
@@ -223,7 +262,7 @@ fail:
 typedef struct kb_list {
     Llms__KbInfo *infos;
     Llms__KbInfo **ptrs;
-    char **names;
+    char **strs;            /* (2 * cap) each one's name and embed model, owned */
     int n, cap;
 } kb_list;
 
@@ -235,18 +274,25 @@ static int list_one(void *arg, const store_kb *kb)
         Llms__KbInfo *i = realloc(l->infos, sizeof *i * (size_t)cap);
         if (i)
             l->infos = i;
-        char **nm = i ? realloc(l->names, sizeof *nm * (size_t)cap) : NULL;
+        char **nm = i ? realloc(l->strs, sizeof *nm * 2 * (size_t)cap) : NULL;
         if (nm)
-            l->names = nm;
+            l->strs = nm;
         if (!i || !nm)
             return -1;
         l->cap = cap;
     }
     Llms__KbInfo *i = &l->infos[l->n];
     llms__kb_info__init(i);
-    if (!(l->names[l->n] = strdup(kb->name)))
+    char **strs = l->strs + 2 * l->n;
+    strs[0] = strdup(kb->name);
+    strs[1] = strdup(kb->embed_model);
+    if (!strs[0] || !strs[1]) {
+        free(strs[0]);
+        free(strs[1]);
         return -1;
-    i->name = l->names[l->n];
+    }
+    i->name = strs[0];
+    i->embed_model = strs[1];
     i->documents = (uint32_t)kb->n_docs;
     i->passages = (uint32_t)kb->n_passages;
     i->bytes = (uint64_t)kb->bytes;
@@ -287,9 +333,9 @@ static void handle_list(kbm *k, uint64_t conn_id, uint32_t uid, const char *app,
         r.kb_list = &lr;
         reply_send(&k->to, conn_id, &r, false);
     }
-    for (int i = 0; i < l.n; i++)
-        free(l.names[i]);
-    free(l.names);
+    for (int i = 0; i < 2 * l.n; i++)
+        free(l.strs[i]);
+    free(l.strs);
     free(l.infos);
     free(l.ptrs);
 }
@@ -879,7 +925,12 @@ static void handle_search(kbm *k, uint64_t conn_id, uint32_t uid, const char *ap
         goto out;
     }
     if (mode != LLMS__RETRIEVAL__RETRIEVAL_BM25) {
-        if (semantic_embed_now(k->env.sem, sr->query, qvec, err)) {
+        models_entry *me = kb_embedder(k, &kb, err);
+        if (!me) {
+            code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+            goto out;
+        }
+        if (semantic_embed_now(k->env.sem, me, sr->query, qvec, err)) {
             code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             goto out;
         }

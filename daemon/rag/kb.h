@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/models/models.h"
 #include "daemon/net/outq.h"
 #include "daemon/sched/semantic.h"
 #include "engine/err.h"
@@ -54,6 +55,7 @@ typedef struct kb_env {
     outq *out;
     const tokenizer *tok;   /* the daemon's: passages are measured in its tokens */
     semantic *sem;          /* embeddings */
+    models *reg;            /* the embed models knowledge bases name */
 } kb_env;
 
 typedef struct kbm kbm;
@@ -123,11 +125,21 @@ typedef struct kb_ref {
     uint32_t uid;          /* its app (uid, app) and name: the strings kb_lookup was given */
     const char *app, *name;
     bool share_uid;         /* its caches are its uid's apps' together (KbCreate) */
+    char embed_model[MODELS_NAME_MAX + 1]; /* the model of its vectors, by registry name
+                                              ('' when made before names were kept) */
+    char embedder[CONFIG_PATH_MAX];        /* that model's file */
 } kb_ref;
 
 /* Looks up app's knowledge base name: 1 found, 0 not (err says so), -1 failure. */
 int kb_lookup(kbm *k, uint32_t uid, const char *app, const char *name, kb_ref *out,
               char err[ERR_MAX]);
+
+/* The embed model of kb's vectors: the model it was made with (by name; the default
+ * embed model for a knowledge base made before names were kept) while it serves the same
+ * file with the embed role. NULL + err (FAILED_PRECONDITION: what changed, and what to
+ * do) when it does not: a knowledge base never changes model, since its vectors are
+ * that model's. */
+models_entry *kb_embedder(kbm *k, const kb_ref *kb, char err[ERR_MAX]);
 
 typedef struct kb_hit {
     int64_t id;

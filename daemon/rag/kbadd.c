@@ -296,10 +296,8 @@ static kb_task *add_begin(kb_task *t)
     char err[ERR_MAX];
     if (!kb_find(k, t->conn_id, t->uid, t->app, t->req, ar->kb, &t->kb))
         return NULL;
-    if (t->kb.dim != semantic_dim(k->env.sem)) {
-        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION,
-                    "knowledge base '%s' holds vectors of %d floats, the embedder makes %d: "
-                    "drop and create it again", ar->kb, t->kb.dim, semantic_dim(k->env.sem));
+    if (!kb_embedder(k, &t->kb, err)) {
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION, "%s", err);
         return NULL;
     }
     if (ar->n_documents == 0) {
@@ -510,7 +508,13 @@ static int add_split(kb_task *t)
     for (size_t i = 0, p = 0; i < ar->n_documents; i++)
         for (int j = 0; j < t->sp[i].n; j++)
             t->texts[p++] = t->sp[i].texts[j];
-    if (!(t->emb = semantic_embed_texts(k->env.sem, t->texts, t->n_pass, err))) {
+    /* resolved again: the model may have been unloaded since add_begin */
+    models_entry *me = kb_embedder(k, &t->kb, err);
+    if (!me) {
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__FAILED_PRECONDITION, "%s", err);
+        return 1;
+    }
+    if (!(t->emb = semantic_embed_texts(k->env.sem, me, t->texts, t->n_pass, err))) {
         reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "embedding: %s", err);
         return 1;
     }

@@ -670,10 +670,9 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
         err_set(err, "unknown retrieval %d", (int)mode);
         goto fail;
     }
-    if (q->kb.dim != semantic_dim(r->env.sem)) {
+    models_entry *embedder = kb_embedder(r->env.kb, &q->kb, err);
+    if (!embedder) {
         code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
-        err_set(err, "knowledge base '%s' holds vectors of %d floats, the embedder makes %d",
-                rq->kb, q->kb.dim, semantic_dim(r->env.sem));
         goto fail;
     }
     if (q->warm) {
@@ -686,7 +685,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
         err_set(err, "out of memory");
         goto fail;
     }
-    if (semantic_embed_now(r->env.sem, rq->question, q->qvec, err))
+    if (semantic_embed_now(r->env.sem, embedder, rq->question, q->qvec, err))
         goto fail;
     vdist_normalize(q->qvec, q->kb.dim);
     if (asker == ASK_REAL)

@@ -91,10 +91,8 @@ retrieval *retrieval_begin(kbm *k, semantic *sem, store *st, uint32_t uid, const
         retrieval_free(r);
         return NULL;
     }
-    if (mode != LLMS__RETRIEVAL__RETRIEVAL_BM25 && r->kb.dim != semantic_dim(sem)) {
+    if (mode != LLMS__RETRIEVAL__RETRIEVAL_BM25 && !kb_embedder(k, &r->kb, err)) {
         *code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
-        err_set(err, "knowledge base '%s' holds vectors of %d floats, the embedder makes %d",
-                kb_name, r->kb.dim, semantic_dim(sem));
         retrieval_free(r);
         return NULL;
     }
@@ -152,7 +150,13 @@ int retrieval_step(retrieval *r, Llms__ErrorCode *code, char err[ERR_MAX])
     case STAGE_EMBED:
         if (!(r->qvec = malloc(sizeof *r->qvec * (size_t)r->kb.dim)))
             return err_set(err, "out of memory");
-        if (semantic_embed_now(r->sem, r->query, r->qvec, err)) {
+        /* resolved again: the model may have been unloaded since the retrieval began */
+        models_entry *me = kb_embedder(r->k, &r->kb, err);
+        if (!me) {
+            *code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+            return -1;
+        }
+        if (semantic_embed_now(r->sem, me, r->query, r->qvec, err)) {
             *code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             return -1;
         }

@@ -588,7 +588,7 @@ static void handle_list_models(sched *s, const sched_job *j)
     model_infos_free(&mi);
 }
 
-/* The tokenizer of a model by name: a generate model's, or an embed encoder's. NULL +
+/* The tokenizer of a model by name: a generate model's, or an embed model's. NULL +
  * the error's code and err. */
 static const tokenizer *model_tokenizer(sched *s, const char *name, Llms__ErrorCode *code,
                                         char err[ERR_MAX])
@@ -600,9 +600,9 @@ static const tokenizer *model_tokenizer(sched *s, const char *name, Llms__ErrorC
     if (*code != LLMS__ERROR_CODE__INVALID_ARGUMENT)
         return NULL;
     me = models_find(s->env.reg, name);
-    if (me->enc_tok) {
+    if (me->embed_tok) {
         *code = LLMS__ERROR_CODE__OK;
-        return me->enc_tok;
+        return me->embed_tok;
     }
     err_set(err, "model '%s' has no tokenizer loaded: name a generate or embed model", name);
     return NULL;

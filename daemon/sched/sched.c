@@ -512,7 +512,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
     s->sem = semantic_new(&se, err);
     if (!s->sem)
         goto fail;
-    kb_env ke = {cfg, env->st, env->out, env->tok, s->sem};
+    kb_env ke = {cfg, env->st, env->out, env->tok, s->sem, env->reg};
     if (!(s->kb = kb_new(&ke, err)))
         goto fail;
     if (!(s->predict = predict_new(cfg, env->st, err)))

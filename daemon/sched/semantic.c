@@ -162,7 +162,59 @@ void semantic_task_free(sem_task *t)
 
 bool semantic_uses_slices(const sem_task *t)
 {
-    return t->kind == SEM_EMBED && !t->me->enc;
+    return t->kind == SEM_EMBED && !t->me->enc && !t->me->dec_emb;
+}
+
+/* An embed model's tokenizer: its own, or (the default generate model) the worker's. */
+static const tokenizer *embed_tok_of(const semantic *sm, const models_entry *me)
+{
+    return me->embed_tok ? me->embed_tok : sm->env.tok;
+}
+
+/* The most tokens a text may have on me. */
+static int embed_max_len(const semantic *sm, const models_entry *me)
+{
+    if (me->enc)
+        return bert_runner_max_rows(me->enc_r);
+    return me->dec_r ? model_runner_max_kv(me->dec_r) : sm->max_kv;
+}
+
+/* Length of me's vectors. */
+static int embed_dim_of(const semantic *sm, const models_entry *me)
+{
+    if (me->enc)
+        return bert_hparams_of(me->enc)->dim;
+    return me->m ? model_hparams_of(me->m)->dim : sm->dim;
+}
+
+/*
+ * How an embedding on me pools: as named (has), else as the file's {arch}.pooling_type
+ * says, else, on a decoder whose file names none, dflt (the last token for an Embed,
+ * the mean for the worker's own, as the vectors it stored were made) and on an encoder
+ * CLS. Into *dec on a decoder, *enc on an encoder. -1 + err when the file's pooling
+ * gives no vector per text (none, rank) and none was named.
+ */
+static int embed_pooling_for(const semantic *sm, const models_entry *me, bool has,
+                             enum embed_pooling named, enum embed_pooling dflt,
+                             enum embed_pooling *dec, enum bert_pooling *enc, char err[ERR_MAX])
+{
+    static const enum bert_pooling as_bert[] = {[EMBED_LAST] = BERT_POOL_LAST,
+                                                [EMBED_MEAN] = BERT_POOL_MEAN,
+                                                [EMBED_CLS] = BERT_POOL_CLS};
+    *dec = has ? named : dflt;
+    *enc = has ? as_bert[named] : BERT_POOL_CLS;
+    if (has)
+        return 0;
+    if (me->enc) {
+        enum bert_pooling p = bert_hparams_of(me->enc)->pooling;
+        if (p == BERT_POOL_MEAN || p == BERT_POOL_LAST || p == BERT_POOL_CLS)
+            *enc = p;
+        return 0;
+    }
+    char why[ERR_MAX];
+    if (embed_pooling_of_model(me->m ? me->m : sm->env.m, dec, why) < 0)
+        return err_set(err, "model '%s': %s", me->name, why);
+    return 0;
 }
 
 /* ---- Embed ---- */
@@ -174,8 +226,8 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
 {
     semantic *sm = t->sm;
     const models_entry *me = t->me;
-    const tokenizer *tok = me->enc ? me->enc_tok : sm->env.tok;
-    int max_len = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
+    const tokenizer *tok = embed_tok_of(sm, me);
+    int max_len = embed_max_len(sm, me);
     int cap = 0;
     for (int i = 0; i < t->n_texts; i++) {
         const char *text = er->texts[i];
@@ -200,7 +252,9 @@ static Llms__ErrorCode embed_tokenize(sem_task *t, const Llms__EmbedRequest *er,
         }
         if (nt == 0 || nt > max_len) {
             err_set(err, "text %d has %d tokens; a text needs 1 to %d (%s)", i, nt, max_len,
-                    me->enc ? "the encoder's positions, at most 512" : "n_ctx");
+                    me->enc     ? "the encoder's positions, at most 512"
+                    : me->dec_r ? "the model's context window"
+                                : "n_ctx");
             return LLMS__ERROR_CODE__INVALID_ARGUMENT;
         }
         t->text_start[i + 1] = t->text_start[i] + nt;
@@ -252,22 +306,21 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
                     cfg->embed_max_texts);
         return NULL;
     }
-    enum embed_pooling pooling = EMBED_LAST;
-    /* an encoder pools as its file says (CLS for rank or none) unless the call asks */
-    enum bert_pooling enc_pool = me->enc ? bert_hparams_of(me->enc)->pooling : BERT_POOL_CLS;
-    if (enc_pool != BERT_POOL_MEAN && enc_pool != BERT_POOL_LAST)
-        enc_pool = BERT_POOL_CLS;
-    if (er->has_pooling) {
-        enc_pool = er->pooling == LLMS__POOLING__POOLING_MEAN ? BERT_POOL_MEAN : BERT_POOL_LAST;
-        if (er->pooling == LLMS__POOLING__POOLING_MEAN)
-            pooling = EMBED_MEAN;
-        else if (er->pooling != LLMS__POOLING__POOLING_LAST) {
-            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
-                        "unknown pooling %d", (int)er->pooling);
-            return NULL;
-        }
+    if (er->has_pooling && er->pooling != LLMS__POOLING__POOLING_LAST &&
+        er->pooling != LLMS__POOLING__POOLING_MEAN && er->pooling != LLMS__POOLING__POOLING_CLS) {
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "unknown pooling %d", (int)er->pooling);
+        return NULL;
     }
-    int dim = me->enc ? bert_hparams_of(me->enc)->dim : sm->dim;
+    enum embed_pooling pooling;
+    enum bert_pooling enc_pool;
+    char err[ERR_MAX];
+    if (embed_pooling_for(sm, me, er->has_pooling, (enum embed_pooling)er->pooling, EMBED_LAST,
+                          &pooling, &enc_pool, err) < 0) {
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        return NULL;
+    }
+    int dim = embed_dim_of(sm, me);
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
         reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
@@ -282,7 +335,6 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     t->pooling = pooling;
     t->enc_pool = enc_pool;
     t->n_texts = (int)n;
-    char err[ERR_MAX];
     Llms__ErrorCode code =
         embed_buffers(t, n, err) ? LLMS__ERROR_CODE__INTERNAL : embed_tokenize(t, er, err);
     if (code != LLMS__ERROR_CODE__OK) {
@@ -297,7 +349,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
  * semantic_embed_now does). */
 static int tokenize_upto(sem_task *t, int i, char err[ERR_MAX])
 {
-    const tokenizer *tok = t->me->enc ? t->me->enc_tok : t->sm->env.tok;
+    const tokenizer *tok = embed_tok_of(t->sm, t->me);
     for (; t->n_tok <= i; t->n_tok++) {
         const char *text = t->texts[t->n_tok];
         size_t len = strlen(text);
@@ -333,7 +385,10 @@ void semantic_slice(sem_task *t, int max_rows, kv_seq **seq, model_batch *b)
     if (t->pooling == EMBED_MEAN) {
         b->n_out = len;
         b->out_rows = sm->rows;
-    } else if (t->pos + len == n) {
+    } else if (t->pooling == EMBED_CLS && t->pos == 0) {
+        b->n_out = 1;
+        b->out_rows = sm->rows; /* row 0 */
+    } else if (t->pooling == EMBED_LAST && t->pos + len == n) {
         t->last_row = len - 1;
         b->n_out = 1;
         b->out_rows = &t->last_row;
@@ -383,6 +438,8 @@ int semantic_slice_done(sem_task *t)
     int dim = sm->dim;
     int n_out = t->pooling == EMBED_MEAN ? t->slice_len : 0;
     int n = t->text_start[t->text + 1] - t->text_start[t->text];
+    if (t->pooling == EMBED_CLS && t->pos == 0)
+        n_out = 1;
     t->pos += t->slice_len;
     if (t->pooling == EMBED_LAST && t->pos == n)
         n_out = 1;
@@ -855,11 +912,36 @@ static int embed_advance_encoder(sem_task *t, int max_rows)
     return 1;
 }
 
+/* Embed on a decoder with a runner of its own: whole texts, a forward each, as many as
+ * max_rows rows take (at least one). 1 when the task is finished. */
+static int embed_advance_decoder(sem_task *t, int max_rows)
+{
+    char err[ERR_MAX];
+    for (int rows = 0; t->text < t->n_texts && (rows == 0 || rows < max_rows); t->text++) {
+        if (t->internal && tokenize_upto(t, t->text, err)) {
+            embed_fail(t, LLMS__ERROR_CODE__INTERNAL, err);
+            return 1;
+        }
+        int len = t->text_start[t->text + 1] - t->text_start[t->text];
+        if (embed_tokens(t->me->dec_emb, t->tokens + t->text_start[t->text], len, t->pooling,
+                         t->values + (size_t)t->text * t->dim, err) < 0) {
+            embed_fail(t, LLMS__ERROR_CODE__INTERNAL, err);
+            return 1;
+        }
+        rows += len;
+    }
+    if (t->text < t->n_texts)
+        return 0;
+    if (!t->internal)
+        embed_reply(t);
+    return 1;
+}
+
 int semantic_advance(sem_task *t, int max_rows)
 {
     char err[ERR_MAX];
     if (t->kind == SEM_EMBED)
-        return embed_advance_encoder(t, max_rows);
+        return t->me->enc ? embed_advance_encoder(t, max_rows) : embed_advance_decoder(t, max_rows);
     if (t->kind == SEM_CALIBRATE) {
         handle_calibrate(t);
         return 1;
@@ -905,8 +987,7 @@ long semantic_rows_left(const sem_task *t)
 
 #define SEM_NOW_MAX_TOKENS 512
 
-/* The model that embeds when a request names none. */
-static models_entry *default_embedder(const semantic *sm, char err[ERR_MAX])
+models_entry *semantic_default_embedder(semantic *sm, char err[ERR_MAX])
 {
     models_entry *me;
     return models_resolve(sm->env.reg, NULL, MODELS_EMBED, &me, err) == LLMS__ERROR_CODE__OK
@@ -914,17 +995,31 @@ static models_entry *default_embedder(const semantic *sm, char err[ERR_MAX])
                : NULL;
 }
 
-int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX])
+/* The pooling and the most tokens of the worker's own embeddings on me. */
+static int own_embedding(const semantic *sm, const models_entry *me, enum embed_pooling *dec,
+                         enum bert_pooling *enc, int *max_len, char err[ERR_MAX])
 {
-    models_entry *me = default_embedder(sm, err);
-    if (!me)
+    *max_len = embed_max_len(sm, me);
+    if (*max_len > SEM_NOW_MAX_TOKENS)
+        *max_len = SEM_NOW_MAX_TOKENS;
+    return embed_pooling_for(sm, me, false, EMBED_MEAN, EMBED_MEAN, dec, enc, err);
+}
+
+int semantic_embed_now(semantic *sm, models_entry *me, const char *text, float *out,
+                       char err[ERR_MAX])
+{
+    const tokenizer *tok = embed_tok_of(sm, me);
+    enum embed_pooling pooling;
+    enum bert_pooling enc_pool;
+    int max;
+    if (own_embedding(sm, me, &pooling, &enc_pool, &max, err) < 0)
         return -1;
-    const tokenizer *tok = me->enc ? me->enc_tok : sm->env.tok;
-    int max = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
-    if (max > SEM_NOW_MAX_TOKENS)
-        max = SEM_NOW_MAX_TOKENS;
-    if (!me->enc && !sm->emb && !(sm->emb = embed_new(sm->env.m, sm->env.runner, sm->env.pool, err)))
-        return -1;
+    embedder *emb = me->dec_emb;
+    if (!me->enc && !emb) {
+        if (!sm->emb && !(sm->emb = embed_new(sm->env.m, sm->env.runner, sm->env.pool, err)))
+            return -1;
+        emb = sm->emb;
+    }
     size_t len = strlen(text);
     int cap = (int)(len < (size_t)max ? len : (size_t)max) + 8;
     int32_t *ids = malloc(sizeof *ids * (size_t)cap);
@@ -945,36 +1040,34 @@ int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_
         rc = err_set(err, "the text has no tokens to embed");
     else if (n > max)
         n = max;
-    if (n > 0 && me->enc) {
-        enum bert_pooling pool = bert_hparams_of(me->enc)->pooling;
-        if (pool != BERT_POOL_MEAN && pool != BERT_POOL_LAST)
-            pool = BERT_POOL_CLS;
-        rc = bert_embed(me->enc_r, 1, &n, ids, NULL, pool, out, err);
-    } else if (n > 0) {
-        rc = embed_tokens(sm->emb, ids, n, EMBED_MEAN, out, err);
-    }
+    if (n > 0 && me->enc)
+        rc = bert_embed(me->enc_r, 1, &n, ids, NULL, enc_pool, out, err);
+    else if (n > 0)
+        rc = embed_tokens(emb, ids, n, pooling, out, err);
     free(ids);
     return rc < 0 ? -1 : 0;
 }
 
-int semantic_dim(const semantic *sm)
+int semantic_embed_check(const semantic *sm, const models_entry *me, char err[ERR_MAX])
 {
-    char err[ERR_MAX];
-    const models_entry *me = default_embedder(sm, err);
-    return me && me->enc ? bert_hparams_of(me->enc)->dim : sm->dim;
+    enum embed_pooling dec;
+    enum bert_pooling enc;
+    int max_len;
+    return own_embedding(sm, me, &dec, &enc, &max_len, err);
 }
 
-const char *semantic_embedder(const semantic *sm)
+int semantic_dim(const semantic *sm, const models_entry *me)
 {
-    char err[ERR_MAX];
-    const models_entry *me = default_embedder(sm, err);
-    return me ? me->path : "";
+    return embed_dim_of(sm, me);
 }
 
-sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, char err[ERR_MAX])
+sem_task *semantic_embed_texts(semantic *sm, models_entry *me, const char *const *texts, int n,
+                               char err[ERR_MAX])
 {
-    models_entry *me = default_embedder(sm, err);
-    if (!me)
+    enum embed_pooling pooling;
+    enum bert_pooling enc_pool;
+    int max_len;
+    if (own_embedding(sm, me, &pooling, &enc_pool, &max_len, err) < 0)
         return NULL;
     sem_task *t = calloc(1, sizeof *t);
     if (!t) {
@@ -989,13 +1082,10 @@ sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, ch
     t->internal = true;
     t->texts = texts;
     t->n_texts = n;
-    t->pooling = EMBED_MEAN;
-    enum bert_pooling pool = me->enc ? bert_hparams_of(me->enc)->pooling : BERT_POOL_MEAN;
-    t->enc_pool = pool == BERT_POOL_MEAN || pool == BERT_POOL_LAST ? pool : BERT_POOL_CLS;
-    t->dim = semantic_dim(sm);
-    t->max_len = me->enc ? bert_runner_max_rows(me->enc_r) : sm->max_kv;
-    if (t->max_len > SEM_NOW_MAX_TOKENS)
-        t->max_len = SEM_NOW_MAX_TOKENS;
+    t->pooling = pooling;
+    t->enc_pool = enc_pool;
+    t->dim = embed_dim_of(sm, me);
+    t->max_len = max_len;
     for (int i = 0; i < n; i++)
         t->bytes_left += (long)strlen(texts[i]);
     if (embed_buffers(t, (size_t)n, err)) {

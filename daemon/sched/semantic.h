@@ -4,10 +4,14 @@
  *
  * Each request runs on the model it names, else its role's default (daemon/models/models.h);
  * an unknown name is NOT_FOUND, a model without the role INVALID_ARGUMENT. Embed on the
- * generate model (a decoder): each step takes a slice of the current text as one more
- * sequence of the step's batched forward (semantic_slice, then semantic_slice_done after
- * the forward). Embed on a bert encoder advances by semantic_advance instead, whole texts
- * at a time. Rerank runs the model's reranker (engine/encoder/rerank.h), opened on its first call
+ * default generate model (a decoder): each step takes a slice of the current text as one
+ * more sequence of the step's batched forward (semantic_slice, then semantic_slice_done
+ * after the forward). Embed on a bert encoder, or on a decoder with a runner of its own
+ * (models_embeds_apart: an embedding model beside the generator), advances by
+ * semantic_advance instead, whole texts at a time. A text is pooled as the request says,
+ * else as the file's {arch}.pooling_type says, else by its last token (a decoder) or CLS
+ * (an encoder); a file whose pooling_type is none or rank gives no vector unless the
+ * request names a pooling (INVALID_ARGUMENT). Rerank runs the model's reranker (engine/encoder/rerank.h), opened on its first call
  * and kept; its tasks advance by semantic_advance, a bounded number of rows at a time,
  * one rerank per reranker at a time; when the candidates' hidden states exceed
  * rerank_memory_mb (over three chunks) they go to an unlinked file in the daemon's
@@ -84,29 +88,37 @@ long semantic_rows_left(const sem_task *t);
  * tasks. */
 int semantic_texts_done(const sem_task *t);
 
-/* The worker's own embeddings (knowledge base passages, RAG questions): text embedded at
- * once with embed_model when set (its pooling), else with the daemon's model (mean
- * pooling), into out (semantic_dim floats, unit length). A text longer than the embedder
- * takes is cut to its first tokens (512 at most). A text with no tokens is an error. */
-int semantic_embed_now(semantic *sm, const char *text, float *out, char err[ERR_MAX]);
+/* The embed model of requests that name none (the registry's default), NULL + err when
+ * there is none. */
+models_entry *semantic_default_embedder(semantic *sm, char err[ERR_MAX]);
 
-/* The worker's own embeddings as a task the scheduler advances like an Embed (slices
- * on the generate model, semantic_advance on an encoder), with semantic_embed_now's
- * model, pooling and cut, so that its vectors are the ones semantic_embed_now makes:
- * texts (n, borrowed until the task is freed) are tokenized one at a time as the task
- * reaches them; nothing is answered. Finished when semantic_rows_left is 0. NULL + err
- * when no embedder is loaded or memory runs out. */
-sem_task *semantic_embed_texts(semantic *sm, const char *const *texts, int n, char err[ERR_MAX]);
+/* The worker's own embeddings (knowledge base passages, RAG questions): text embedded at
+ * once with me, an embed model of the registry, pooled as its file says (a decoder whose
+ * file names no pooling: the mean), into out (semantic_dim(me) floats, unit length). A
+ * text longer than the model takes is cut to its first tokens (512 at most). A text with
+ * no tokens, or a file whose pooling gives no vector, is an error. */
+int semantic_embed_now(semantic *sm, models_entry *me, const char *text, float *out,
+                       char err[ERR_MAX]);
+
+/* The worker's own embeddings as a task the scheduler advances like an Embed on me,
+ * with semantic_embed_now's pooling and cut, so that its vectors are the ones
+ * semantic_embed_now makes: texts (n, borrowed until the task is freed) are tokenized
+ * one at a time as the task reaches them; nothing is answered. Finished when
+ * semantic_rows_left is 0. NULL + err when me's pooling gives no vector or memory runs
+ * out. */
+sem_task *semantic_embed_texts(semantic *sm, models_entry *me, const char *const *texts, int n,
+                               char err[ERR_MAX]);
 
 /* A finished semantic_embed_texts task's vectors ((n, semantic_dim), unit length, valid
  * until the task is freed), or NULL + err when it failed. */
 const float *semantic_task_values(const sem_task *t, char err[ERR_MAX]);
 
-/* Length of semantic_embed_now's vectors. */
-int semantic_dim(const semantic *sm);
+/* Whether me's pooling gives the worker's own embeddings a vector per text: 0, or -1 +
+ * err (its file's pooling_type is none or rank). */
+int semantic_embed_check(const semantic *sm, const models_entry *me, char err[ERR_MAX]);
 
-/* Which model semantic_embed_now uses (its path), so stored vectors can be matched to it. */
-const char *semantic_embedder(const semantic *sm);
+/* Length of me's vectors. */
+int semantic_dim(const semantic *sm, const models_entry *me);
 
 /* Frees a task at any point; an unfinished task's request is not answered (the caller
  * answers it: cancelled, deadline). NULL is allowed. */

@@ -71,7 +71,7 @@ KB_PHASES = ["split", "embed", "write"]
 RerankHit = namedtuple("RerankHit", "index score")
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
 KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
-                              "qa_entries share_uid")
+                              "qa_entries share_uid embed_model")
 KbHit = namedtuple("KbHit", "passage document seq score text metadata")
 KbProgress = namedtuple("KbProgress", "phase documents documents_written bytes bytes_split "
                                       "passages passages_embedded passages_written")
@@ -167,6 +167,14 @@ class _KbInfo(ctypes.Structure):
         ("passages", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
         ("passage_tokens", ctypes.c_uint32), ("overlap_tokens", ctypes.c_uint32),
         ("qa_entries", ctypes.c_uint32), ("share_uid", ctypes.c_int),
+        ("embed_model", ctypes.c_char_p),
+    ]
+
+
+class _KbOptions(ctypes.Structure):
+    _fields_ = [
+        ("passage_tokens", ctypes.c_uint32), ("overlap_tokens", ctypes.c_uint32),
+        ("share_uid", ctypes.c_int), ("embed_model", ctypes.c_char_p),
     ]
 
 
@@ -378,6 +386,7 @@ def _api():
         "llms_rerank_result_free": (None, [P(_RerankResult)]),
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
         "llms_kb_create_shared": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32, c_int]),
+        "llms_kb_create_opts": (c_int, [ctypes.c_void_p, c_char_p, P(_KbOptions)]),
         "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
         "llms_kb_add_progress": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t,
                                          _KB_PROGRESS_CB, ctypes.c_void_p, P(c_uint32)]),
@@ -626,16 +635,21 @@ class Client:
         """An existing context of this app by id."""
         return Context(self, context_id)
 
-    def embed(self, texts, pooling="last", model=None):
+    def embed(self, texts, pooling=None, model=None):
         """One unit-length vector (a list of floats) per text; a str is one text. model: an
-        embed model of the daemon's registry by name (None: the default)."""
+        embed model of the daemon's registry by name (None: the default). pooling: "last",
+        "mean" or "cls"; None: the model's own (its file's pooling_type, else the last
+        token on a decoder, CLS on an encoder)."""
+        poolings = {None: -1, "last": 0, "mean": 1, "cls": 2}
+        if pooling not in poolings:
+            raise ValueError("pooling must be None, 'last', 'mean' or 'cls'")
         if isinstance(texts, (str, bytes)):
             texts = [texts]
         arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
         e = _Embeddings()
         self._check(_api().llms_embed_model(self._conn, _b(model) if model else None, arr,
                                             len(texts),
-                                      1 if pooling == "mean" else 0, ctypes.byref(e)))
+                                            poolings[pooling], ctypes.byref(e)))
         try:
             d = e.dim
             return [[e.values[i * d + j] for j in range(d)] for i in range(e.n)]
@@ -662,13 +676,17 @@ class Client:
         finally:
             _api().llms_rerank_result_free(ctypes.byref(r))
 
-    def kb_create(self, name, passage_tokens=0, overlap_tokens=0, share_uid=False):
+    def kb_create(self, name, passage_tokens=0, overlap_tokens=0, share_uid=False,
+                  embed_model=None):
         """Creates the app's knowledge base name: passages of passage_tokens tokens
         overlapping by overlap_tokens (0: the daemon's defaults). share_uid: its RAG
         caches are shared with the other apps of your uid whose knowledge bases are
-        shared too (never with another uid). FAILED_PRECONDITION when it exists."""
-        self._check(_api().llms_kb_create_shared(self._conn, _b(name), passage_tokens,
-                                                 overlap_tokens, 1 if share_uid else 0))
+        shared too (never with another uid). embed_model: the registry's embed model that
+        embeds it for its life (None: the default embed model). FAILED_PRECONDITION when
+        it exists."""
+        o = _KbOptions(passage_tokens, overlap_tokens, 1 if share_uid else 0,
+                       _b(embed_model) if embed_model else None)
+        self._check(_api().llms_kb_create_opts(self._conn, _b(name), ctypes.byref(o)))
 
     def kb_drop(self, name):
         """Deletes knowledge base name with its documents and cached answers."""
@@ -719,7 +737,8 @@ class Client:
         self._check(_api().llms_kb_list(self._conn, ctypes.byref(kbs), ctypes.byref(n)))
         try:
             return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
-                           k.overlap_tokens, k.qa_entries, bool(k.share_uid))
+                           k.overlap_tokens, k.qa_entries, bool(k.share_uid),
+                           _s(k.embed_model))
                     for k in kbs[:n.value]]
         finally:
             _api().llms_kb_list_free(kbs, n.value)

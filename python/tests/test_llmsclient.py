@@ -135,6 +135,9 @@ class KbTest(unittest.TestCase):
         self.assertGreater(info.bytes, 0)
         self.assertGreater(info.passage_tokens, info.overlap_tokens)
         self.assertFalse(info.share_uid)
+        self.assertTrue(info.embed_model)  # the default embed model, recorded
+        self.assertEqual(status_of(self, self.c.kb_create, "other", embed_model="nope"),
+                         "NOT_FOUND")
         self.c.kb_create("shared-notes", share_uid=True)
         self.assertEqual({k.name: k.share_uid for k in self.c.kb_list()},
                          {"notes": False, "shared-notes": True})
@@ -479,6 +482,7 @@ class LayoutTest(unittest.TestCase):
         "llms_rerank_options": llmsclient._RerankOptions,
         "llms_rerank_hit": llmsclient._RerankHit, "llms_rerank_result": llmsclient._RerankResult,
         "llms_kb_doc": llmsclient._KbDoc, "llms_kb_info": llmsclient._KbInfo,
+        "llms_kb_options": llmsclient._KbOptions,
         "llms_kb_hit": llmsclient._KbHit, "llms_kb_progress": llmsclient._KbProgress,
         "llms_rag_options": llmsclient._RagOptions,
         "llms_rag_result": llmsclient._RagResult, "llms_graph_node": llmsclient._GraphNode,

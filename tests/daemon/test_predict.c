@@ -38,7 +38,7 @@ static int env_open(env *e, const char *name, int budget, int stride, int n)
     int64_t app_id;
     bool exists;
     if (!(e->st = store_open(dir, err)) || store_app_id(e->st, 1000, "app", &app_id, err) ||
-        store_kb_create(e->st, app_id, "kb", 32, 0, "e", DIM, false, 1, &e->kb.id, &exists,
+        store_kb_create(e->st, app_id, "kb", 32, 0, "", "e", DIM, false, 1, &e->kb.id, &exists,
                         err))
         return -1;
     char texts[16][64];

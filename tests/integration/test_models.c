@@ -3,8 +3,8 @@
  * Embed with its embed_model (a bert encoder) or a registry model by name (a nomic-bert
  * encoder) and Rerank with its rerank_model (a bert cross-encoder), each checked against
  * the engine in this process. Generated models on the shared bge vocabulary: skips
- * without it. A decoder given as embed_model stops the
- * daemon at start with a message naming the setting.
+ * without it. A decoder whose file pools by rank (a reranker's scores) given as
+ * embed_model stops the daemon at start with a message naming the model and why.
  */
 #include <math.h>
 #include <signal.h>
@@ -21,7 +21,8 @@
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
-static char llmsd_path[1024], decoder[1024], encoder[1024], cross[1024], nomic[1024];
+static char llmsd_path[1024], decoder[1024], ranking_decoder[1024], encoder[1024], cross[1024],
+    nomic[1024];
 static llmsd_proc daemon_;
 static int up;
 
@@ -160,19 +161,20 @@ static void rerank_on_cross_encoder_matches_engine(void)
     llms_close(c);
 }
 
-static void decoder_as_embed_model_is_refused(void)
+static void rank_pooling_embed_model_is_refused(void)
 {
-    if (!llmsd_path[0] || !encoder[0])
-        SKIP("needs llmsd and the bge vocabulary");
+    if (!llmsd_path[0])
+        SKIP("needs llmsd");
     llmsd_proc d;
     char extra[1200];
-    proc_fmt(extra, sizeof extra, "embed_model = %s\n", decoder);
+    proc_fmt(extra, sizeof extra, "embed_model = %s\n", ranking_decoder);
     fprintf(stderr, "(a failing start is expected; its log follows)\n");
     CHECK(proc_start(&d, llmsd_path, "bad-embed", decoder, extra) != 0);
     char cmd[1200], out[4096];
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
-    CHECK_MSG(strstr(out, "embed_model") && strstr(out, "bert"), "%s", out);
+    CHECK_MSG(strstr(out, "'ranking'") && strstr(out, "embed role") && strstr(out, "rank"), "%s",
+              out);
 }
 
 int main(int argc, char **argv)
@@ -184,6 +186,9 @@ int main(int argc, char **argv)
                           .n_head_kv = 2, .n_ff = 64, .n_ctx = 512, .type = QTYPE_F32,
                           .seed = 1, .n_vocab = 100, .n_threads = 1};
     proc_generate_model(decoder, sizeof decoder, "decoder.gguf", &mp);
+    mp.pooling_type = 4;
+    proc_generate_model(ranking_decoder, sizeof ranking_decoder, "ranking.gguf", &mp);
+    mp.pooling_type = 0;
     const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
     char err[ERR_MAX];
     gguf_file *v = vp ? gguf_open(vp, err) : NULL;
@@ -202,7 +207,7 @@ int main(int argc, char **argv)
     RUN(embed_on_bert_matches_engine);
     RUN(embed_on_nomic_bert_matches_engine);
     RUN(rerank_on_cross_encoder_matches_engine);
-    RUN(decoder_as_embed_model_is_refused);
+    RUN(rank_pooling_embed_model_is_refused);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)
         fprintf(stderr, "llmsd did not exit cleanly\n");
     return test_finish();

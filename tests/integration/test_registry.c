@@ -198,13 +198,15 @@ static void load_unload_keeps_contexts(void)
     CHECK_EQ(rerank(c, "late"), LLMS_ERR_NOT_FOUND);
     CHECK_MSG(llms_model_load(c, "late", cross2, NULL) == LLMS_OK, "%s", llms_last_error(c));
     CHECK_MSG(rerank(c, "late") == LLMS_OK, "%s", llms_last_error(c));
-    /* a name or a file in use, roles the file cannot serve (a second generate model
-     * does not embed: decoder embeddings are the default generate model's) */
+    /* a name or a file in use, roles the file cannot serve */
     CHECK_EQ(llms_model_load(c, "late", cross, NULL), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_EQ(llms_model_load(c, "again", cross2, NULL), LLMS_ERR_FAILED_PRECONDITION);
-    CHECK_EQ(llms_model_load(c, "gen2", decoder2, "generate,embed"), LLMS_ERR_INVALID_ARGUMENT);
-    CHECK_MSG(strstr(llms_last_error(c), "default generate model"), "%s", llms_last_error(c));
-    CHECK_EQ(llms_model_load(c, "enc2", decoder2, "embed"), LLMS_ERR_INVALID_ARGUMENT);
+    /* a decoder embeds on a runner of its own */
+    uint32_t dim = 0;
+    CHECK_MSG(llms_model_load(c, "emb2", decoder2, "embed") == LLMS_OK, "%s", llms_last_error(c));
+    CHECK_MSG(embed(c, "emb2", &dim) == LLMS_OK, "%s", llms_last_error(c));
+    CHECK_EQ(dim, 32);
+    CHECK_MSG(llms_model_unload(c, "emb2") == LLMS_OK, "%s", llms_last_error(c));
     CHECK_EQ(llms_model_load(c, "bad/name", cross2, NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "x", "/nonexistent/m.gguf", NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "x", cross2, "embed,rerank,fly"), LLMS_ERR_INVALID_ARGUMENT);
@@ -217,7 +219,6 @@ static void load_unload_keeps_contexts(void)
     free(text);
     /* unloading the default embed model makes the next one with the role the default */
     CHECK(llms_model_unload(c, "encoder") == LLMS_OK);
-    uint32_t dim = 0;
     CHECK_MSG(embed(c, NULL, &dim) == LLMS_OK, "%s", llms_last_error(c));
     CHECK_EQ(dim, ALT_DIM);
     CHECK_MSG(llms_model_load(c, "encoder", encoder, "embed") == LLMS_OK, "%s",
@@ -403,21 +404,6 @@ static void context_outlives_its_model(void)
     llms_close(c);
 }
 
-/* A second generate model is served (test_multigen.c), but only the default one embeds. */
-static void second_decoder_embedding_refused(void)
-{
-    if (!llmsd_path[0] || !encoder[0])
-        SKIP("needs llmsd and the bge vocabulary");
-    llmsd_proc d;
-    char extra[1200], cmd[1200], out[4096];
-    proc_fmt(extra, sizeof extra, "model.other = %s generate,embed\n", decoder2);
-    fprintf(stderr, "(a failing start is expected; its log follows)\n");
-    CHECK(proc_start(&d, llmsd_path, "two-gen", decoder, extra) != 0);
-    proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
-    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
-    CHECK_MSG(strstr(out, "embeds only as the default generate model"), "%s", out);
-}
-
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -455,7 +441,6 @@ int main(int argc, char **argv)
     RUN(corrupt_hyperparameters_refused_at_load);
     RUN(unload_races_embed);
     RUN(context_outlives_its_model);
-    RUN(second_decoder_embedding_refused);
     if (up == 1 && proc_stop(&daemon_, SIGTERM) != 0)
         fprintf(stderr, "llmsd did not exit cleanly\n");
     return test_finish();

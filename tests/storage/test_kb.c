@@ -43,7 +43,7 @@ static int64_t make_kb(store *s, uint32_t uid, const char *app, const char *name
     int64_t app_id, kb_id;
     bool exists;
     if (store_app_id(s, uid, app, &app_id, err) ||
-        store_kb_create(s, app_id, name, 32, 4, "test-embedder", DIM, false, 1000, &kb_id,
+        store_kb_create(s, app_id, name, 32, 4, "emb", "test-embedder", DIM, false, 1000, &kb_id,
                         &exists, err) || exists)
         return -1;
     return kb_id;
@@ -81,6 +81,7 @@ static int clean_all(store *s)
 typedef struct kb_seen {
     int n;
     char names[8][32];
+    char embed_models[8][32], embedders[8][32];
     int64_t docs[8], passages[8], qa[8];
 } kb_seen;
 
@@ -89,6 +90,8 @@ static int see_kb(void *arg, const store_kb *kb)
     kb_seen *k = arg;
     if (k->n < 8) {
         snprintf(k->names[k->n], sizeof k->names[k->n], "%s", kb->name);
+        snprintf(k->embed_models[k->n], sizeof k->embed_models[k->n], "%s", kb->embed_model);
+        snprintf(k->embedders[k->n], sizeof k->embedders[k->n], "%s", kb->embedder);
         k->docs[k->n] = kb->n_docs;
         k->passages[k->n] = kb->n_passages;
         k->qa[k->n] = kb->qa_entries;
@@ -108,11 +111,15 @@ static void create_list_isolation(void)
     int64_t app_a, again;
     bool exists;
     CHECK_EQ(store_app_id(s, 1000, "app-a", &app_a, err), 0);
-    CHECK_EQ(store_kb_create(s, app_a, "notes", 32, 4, "e", DIM, false, 1, &again, &exists, err), 0);
+    CHECK_EQ(store_kb_create(s, app_a, "notes", 32, 4, "", "e", DIM, false, 1, &again, &exists,
+                             err), 0);
     CHECK(exists);
     kb_seen k = {0};
     CHECK_EQ(store_kb_list(s, app_a, see_kb, &k, err), 0);
     CHECK_EQ(k.n, 1);
+    /* the model that embeds it, by name and file, as created */
+    CHECK(!strcmp(k.embed_models[0], "emb"));
+    CHECK(!strcmp(k.embedders[0], "test-embedder"));
     k.n = 0;
     CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
     CHECK_EQ(k.n, 2);
@@ -607,9 +614,13 @@ static void qkv_quota_and_fair_eviction(void)
     store_close(s);
 }
 
+/* Version 12's kbs, without the embed model's name. */
+#define SCHEMA_12_KBS "ALTER TABLE kbs DROP COLUMN embed_model;"
+
 /* Version 10's knowledge base tables (float32 vectors, a passage's text whole, FTS5
  * with its own copy), for knowledge base 1. */
 #define SCHEMA_10_KB                                                                      \
+    SCHEMA_12_KBS                                                                         \
     "DROP TABLE kb_passages; DROP TABLE kb_docs; DROP TABLE IF EXISTS kbfts_1;"          \
     "CREATE TABLE kb_docs (kb_id INTEGER NOT NULL REFERENCES kbs(id) ON DELETE CASCADE," \
     " doc TEXT NOT NULL, metadata TEXT, bytes INTEGER NOT NULL, n_passages INTEGER"      \
@@ -788,7 +799,8 @@ static void migration_12_compact_qa_ivf(void)
     CHECK_EQ(kb, 1);
     store_close(s);
     /* version 11: a float32 QA vector, an IVF list of floats */
-    CHECK_EQ(tamper("INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
+    CHECK_EQ(tamper(SCHEMA_12_KBS
+                    "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
                     " VALUES (1, 'q?', x'0000803F0000003F0000000000000000', 'a', x'', 1);"
                     "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
                     " VALUES (1, 'bad', x'0000', 'a', x'', 2);"
@@ -819,10 +831,30 @@ static void migration_12_compact_qa_ivf(void)
     CHECK_EQ(q.n, 1);
     CHECK(q.vec[0][0] == 1.0f && q.vec[0][1] == 0.5f && q.vec[0][2] == 0.0f);
     store_close(s);
-    CHECK_EQ(count_rows("PRAGMA user_version"), 12);
+    CHECK_EQ(count_rows("PRAGMA user_version"), store_schema_version());
     CHECK_EQ(count_rows("SELECT count(*) FROM ivf_indexes"), 0);
     CHECK_EQ(count_rows("SELECT count(*) FROM pragma_table_info('ivf_lists') WHERE name = 'vecs'"),
              0);
+}
+
+/* Schema 12 -> 13: a knowledge base made before keeps its embedder's file and has no
+ * model name ('': the default embed model while its file is that one). */
+static void migration_13_kb_embed_model(void)
+{
+    store *s = open_fresh("kb-migrate-13");
+    CHECK(s);
+    char err[ERR_MAX];
+    CHECK_EQ(make_kb(s, 1000, "app", "kb"), 1);
+    store_close(s);
+    CHECK_EQ(tamper(SCHEMA_12_KBS "PRAGMA user_version = 12;"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    kb_seen k = {0};
+    CHECK_EQ(store_kb_list(s, -1, see_kb, &k, err), 0);
+    CHECK_EQ(k.n, 1);
+    CHECK(!strcmp(k.embed_models[0], "") && !strcmp(k.embedders[0], "test-embedder"));
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), 13);
 }
 
 int main(void)
@@ -839,5 +871,6 @@ int main(void)
     RUN(failed_migration_loses_nothing);
     RUN(migration_compacts_passages);
     RUN(migration_12_compact_qa_ivf);
+    RUN(migration_13_kb_embed_model);
     return test_finish();
 }
