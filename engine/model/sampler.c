@@ -340,7 +340,10 @@ static int32_t draw(sampler *s, cand *c, int n, float temp)
     return c[last].id; /* rounding left u just above the total */
 }
 
-int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, int n_history)
+/* The candidates sampler_sample draws from, in c[0..n): penalized, truncated; *n their
+ * count. -1 when the arguments are bad; 1 when greedy (c is the whole vocabulary). */
+static int prepare(sampler *s, const float *logits, const int32_t *history, int n_history,
+                   int *n_out)
 {
     if (!logits || n_history < 0 || (n_history > 0 && !history))
         return -1;
@@ -351,8 +354,9 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
         c[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
     }
     apply_penalty(s, history, n_history);
+    *n_out = n;
     if (s->p.temperature <= 0.0f)
-        return argmax(c, n);
+        return 1;
 
     bool sorted = false; /* whether c[0..n) is in best-first order */
     if (s->p.top_k > 0 && s->p.top_k < n) {
@@ -369,5 +373,43 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
     }
     if (s->p.min_p > 0.0f)
         n = min_p_filter(c, n, s->p.min_p);
+    *n_out = n;
+    return 0;
+}
+
+int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, int n_history)
+{
+    int n, rc = prepare(s, logits, history, n_history, &n);
+    if (rc < 0)
+        return -1;
+    return rc == 1 ? argmax(s->cand, n) : draw(s, s->cand, n, s->p.temperature);
+}
+
+int32_t sampler_sample_draft(sampler *s, const float *logits, const int32_t *history,
+                             int n_history, int32_t draft)
+{
+    int n, rc = prepare(s, logits, history, n_history, &n);
+    if (rc < 0)
+        return -1;
+    cand *c = s->cand;
+    if (rc == 1)
+        return argmax(c, n);
+    double sum = weigh(c, n, s->p.temperature), w_draft = 0;
+    int at = -1;
+    for (int i = 0; i < n && at < 0; i++)
+        if (c[i].id == draft) {
+            at = i;
+            w_draft = c[i].w;
+        }
+    if (at >= 0 && rng_uniform(s->rng) * sum < w_draft)
+        return draft;
+    /* rejected (or never possible): a draw from the rest, renormalized, so that every
+     * other token comes out with p(x) / (1 - p(draft)) * (1 - p(draft)) = p(x) */
+    if (at >= 0) {
+        c[at] = c[n - 1];
+        n--;
+    }
+    if (n == 0)
+        return draft; /* the draft was the only candidate: it is certain */
     return draw(s, c, n, s->p.temperature);
 }
