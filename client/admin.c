@@ -138,6 +138,9 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .kb_text_bytes = p->kb_text_bytes,
         .kb_disk_bytes = p->kb_disk_bytes,
         .kb_disk_measured = p->has_kb_disk_bytes,
+        .spec_lookup_steps = p->spec_lookup_steps,
+        .spec_lookup_proposed = p->spec_lookup_proposed,
+        .spec_lookup_accepted = p->spec_lookup_accepted,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -128,12 +128,23 @@ typedef struct llms_params {
                                the default. A context keeps the model it was made with:
                                llms_call with another model named is
                                LLMS_ERR_FAILED_PRECONDITION. */
+    int speculation;        /* enum llms_speculation; LLMS_SPECULATION_DEFAULT: the
+                               daemon's `speculate` */
 } llms_params;
+
+/* Speculative decoding of a generation (proto Speculation): greedy output is the same
+ * either way, sampling keeps its distribution; LOOKUP verifies the tokens that followed
+ * the reply's last few tokens earlier in its context, several per forward. */
+enum llms_speculation {
+    LLMS_SPECULATION_DEFAULT = 0,
+    LLMS_SPECULATION_OFF = 1,
+    LLMS_SPECULATION_LOOKUP = 2,
+};
 
 #define LLMS_PARAMS_INIT                                                              \
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
-            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL        \
+            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0     \
     }
 
 /* Sets every field of *p to unset. */
@@ -592,6 +603,9 @@ typedef struct llms_daemon_status {
      * lag the latest writes until the next idle period. */
     uint64_t kb_passages, kb_text_bytes, kb_disk_bytes;
     int kb_disk_measured;
+    /* Speculative decoding with prompt-lookup drafts: steps where a generation verified
+     * drafts, the draft tokens verified, those accepted (each saved a step). */
+    uint64_t spec_lookup_steps, spec_lookup_proposed, spec_lookup_accepted;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

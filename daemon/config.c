@@ -212,6 +212,22 @@ static const key_def keys[] = {
     INT(max_tokens, 1, 1 << 24, "256",
         "tokens generated per call at most, unless the call asks for another number"),
 
+    HEADING("Speculative decoding (requests may choose their own)"),
+    CHOICE(speculate, "off|lookup", "off",
+           "draft tokens a generation verifies in one batched forward of its model: lookup "
+           "(the tokens that followed the latest earlier occurrence of its last 2-4 tokens in "
+           "its own context: free, and right where answers quote passages or code), or off. "
+           "Greedy output is token for token what it is without; sampling keeps its "
+           "distribution (the standard rejection rule)"),
+    INT(speculate_max, 1, 32, "8",
+        "draft tokens a generation verifies per step at most; each adapts its own number "
+        "to how many it has had accepted"),
+    INT(speculate_rows, 0, 4096, "16",
+        "rows a step may reach with draft tokens: a step of that many rows still costs "
+        "about what one row does (decode reads the weights once for all of them), so "
+        "speculation fills the rows the decoding streams leave and backs off as streams "
+        "fill them; 0: speculation off"),
+
     HEADING("Embeddings and reranking"),
     INT(embed_max_texts, 1, INT_MAX, "256",
         "texts per Embed request (more: `RESOURCE_EXHAUSTED`)"),

@@ -71,6 +71,10 @@ typedef struct config {
     float repeat_penalty;
     int repeat_last_n;
     int max_tokens;
+    /* Speculative decoding (daemon/sched/speculate.h). */
+    char speculate[8];                 /* "off" or "lookup" */
+    int speculate_max;                 /* draft tokens a sequence verifies per step */
+    int speculate_rows;                /* a step's rows below which speculation adds rows */
     /* Embed and Rerank (daemon/sched/semantic.h). */
     int embed_max_texts;               /* texts per Embed request */
     char embed_model[CONFIG_PATH_MAX]; /* bert encoder GGUF for Embed; "" (none) = model */

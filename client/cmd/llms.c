@@ -101,6 +101,11 @@ static void usage(void)
            "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
            "                                  inputs, redo them when the final ones differ)\n"
            "                                  or not (default: the daemon's graph_speculate)\n"
+           "         --speculate off|lookup   ask, chat, rag: speculative decoding (verify the\n"
+           "                                  tokens that followed the reply's last few\n"
+           "                                  earlier in its context, several per step; the\n"
+           "                                  same greedy text) or not (default: the\n"
+           "                                  daemon's speculate)\n"
            "         --pooling last|mean|cls  embed: token pooling (default: the model's\n"
            "                                  pooling_type, else last on a decoder, cls\n"
            "                                  on an encoder)\n"
@@ -527,7 +532,7 @@ static const char *option_commands(const char *a)
     if (!strcmp(a, "--embed-model"))
         return "kb";
     if (!strcmp(a, "--speculate"))
-        return "graph";
+        return "graph ask chat rag";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
     if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
@@ -1004,6 +1009,7 @@ int main(int argc, char **argv)
     int json = 0, share_uid = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
     enum llms_pooling pooling = LLMS_POOLING_MODEL;
+    const char *speculate_value = NULL;
     const char *embed_model = NULL;
     enum llms_speculate spec = LLMS_SPECULATE_DEFAULT;
     llms_rerank_options ro;
@@ -1059,9 +1065,12 @@ int main(int argc, char **argv)
                       : !strcmp(v, "cls") ? LLMS_POOLING_CLS
                                           : LLMS_POOLING_LAST;
         } else if (!strcmp(a, "--speculate")) {
-            if (strcmp(v, "on") && strcmp(v, "off"))
-                bad_usage("--speculate: expected on or off, got '%s'", v);
+            /* graph runs speculate on their inputs, generations on their tokens */
+            if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lookup"))
+                bad_usage("--speculate: expected on or off (graph), off or lookup (ask, chat, "
+                          "rag), got '%s'", v);
             spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
+            speculate_value = v;
         } else if (!strcmp(a, "--mode")) {
             if (strcmp(v, "set") && strcmp(v, "ordered"))
                 bad_usage("--mode: expected set or ordered, got '%s'", v);
@@ -1116,6 +1125,12 @@ int main(int argc, char **argv)
         bad_usage("chat: --overflow sets up a new chat; a --context one has its own");
     if (context && p.model)
         bad_usage("chat: --model sets up a new chat; a --context one has its own");
+    if (speculate_value && !strcmp(speculate_value, !strcmp(pos[0], "graph") ? "lookup" : "on"))
+        bad_usage("%s: --speculate %s does not apply (graph: on or off; ask, chat, rag: off "
+                  "or lookup)", pos[0], speculate_value);
+    if (speculate_value && strcmp(pos[0], "graph"))
+        p.speculation = !strcmp(speculate_value, "lookup") ? LLMS_SPECULATION_LOOKUP
+                                                           : LLMS_SPECULATION_OFF;
     free(opts);
 
     char *prompt_owned = NULL;

@@ -248,9 +248,14 @@ static enum llms_status cmd_status(llms_conn *c)
         printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64,
                st.models_resident_bytes, st.models_scratch_bytes);
         printf(",\"graph_speculation\":{\"started\":%" PRIu64 ",\"hits\":%" PRIu64
-               ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}}\n",
+               ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}",
                st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
                st.graph_spec_saved_ms);
+        printf(",\"speculative_decoding\":{\"lookup\":{\"steps\":%" PRIu64 ",\"proposed\":%"
+               PRIu64 ",\"accepted\":%" PRIu64 ",\"mean_accepted\":%.3f}}}\n",
+               st.spec_lookup_steps, st.spec_lookup_proposed, st.spec_lookup_accepted,
+               st.spec_lookup_steps ? (double)st.spec_lookup_accepted / st.spec_lookup_steps
+                                    : 0.0);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -327,6 +332,14 @@ static enum llms_status cmd_status(llms_conn *c)
                " rollbacks; kept work ran %.1f ms ahead\n",
                st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
                st.graph_spec_saved_ms);
+        printf("speculation       lookup: %" PRIu64 " proposals (steps with drafts), %" PRIu64
+               " drafts, %" PRIu64 " accepted (%.1f%%), %.2f accepted a proposal\n",
+               st.spec_lookup_steps, st.spec_lookup_proposed, st.spec_lookup_accepted,
+               st.spec_lookup_proposed
+                   ? 100.0 * (double)st.spec_lookup_accepted / st.spec_lookup_proposed
+                   : 0.0,
+               st.spec_lookup_steps ? (double)st.spec_lookup_accepted / st.spec_lookup_steps
+                                    : 0.0);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;

@@ -1090,6 +1090,16 @@ void ctx_forward_account(ctxmgr *cm, ctx_entry *c, int from, int n)
         c->rows[p] += hl * (float)(from + n - p);
 }
 
+void ctx_forward_unwind(ctx_entry *c, int keep)
+{
+    int end = kv_seq_n_tokens(&c->seq);
+    if (end <= keep)
+        return;
+    kv_seq_truncate(&c->seq, keep);
+    for (int p = keep; p < end && p < c->cap_attn; p++)
+        c->attn[p] = c->rows[p] = 0;
+}
+
 int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX])
 {
     if (ctx_forward_check(c, b, err))

@@ -353,6 +353,12 @@ int ctx_forward(ctxmgr *cm, ctx_entry *c, const model_batch *b, char err[ERR_MAX
 int ctx_forward_check(const ctx_entry *c, const model_batch *b, char err[ERR_MAX]);
 void ctx_forward_account(ctxmgr *cm, ctx_entry *c, int from, int n);
 
+/* A speculative step's rejected rows (daemon/sched/speculate.h): the entries from keep on
+ * leave c's sequence and their attention statistics are cleared, so the rows written
+ * there next start from nothing. What those rows gave earlier entries stays counted,
+ * with the rows that gave it (a density is a ratio of like sums). */
+void ctx_forward_unwind(ctx_entry *c, int keep);
+
 /* Bytes of KV that appending n entries to seq allocates (0 when the last chunk has room). */
 size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n);
 

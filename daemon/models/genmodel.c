@@ -85,7 +85,9 @@ static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
         return -1;
     if (!(g->pool = kv_pool_new(model_kv_shape(m), 0, err)))
         return -1;
-    if (!(g->logits = malloc(sizeof *g->logits * (size_t)g->n_vocab * (size_t)o->max_active)))
+    /* one out row per running request, and the draft rows speculation may add */
+    size_t out_rows = (size_t)o->max_active + (size_t)o->cfg->speculate_rows;
+    if (!(g->logits = malloc(sizeof *g->logits * (size_t)g->n_vocab * out_rows)))
         return err_set(err, "out of memory");
     g->cm = ctx_open_owned(o->st, g->pool, g->runner, m, o->policy, o->owns, o->owns_arg, err);
     return g->cm ? 0 : -1;

@@ -34,7 +34,8 @@ typedef struct genmodel {
     int max_batch;           /* rows of one forward: decode rows + step_tokens at least */
     int step_tokens;         /* rows of long work per step (the plan may lower the setting) */
     int n_vocab;
-    float *logits;           /* (max_active, n_vocab) the out rows of a step */
+    float *logits;           /* (max_active + speculate_rows, n_vocab) the out rows of a
+                                step: one per request, and speculation's draft rows */
     size_t kv_reserved;      /* KV bytes admission counted for the work running on it */
 } genmodel;
 

@@ -568,6 +568,19 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
     /* A negative seed is llama.cpp's "random". */
     if (rc && json_object_get_int64(v) >= 0)
         p->has_seed = 1, p->seed = (uint64_t)json_object_get_int64(v);
+    /* an llmsd extension: speculative decoding of this request */
+    if ((rc = field(body, "speculation", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc) {
+        const char *sp = json_object_get_string(v);
+        if (strcmp(sp, "off") && strcmp(sp, "lookup")) {
+            snprintf(msg, cap, "'speculation' must be \"off\" or \"lookup\"");
+            return -1;
+        }
+        p->has_speculation = 1;
+        p->speculation = !strcmp(sp, "lookup") ? LLMS__SPECULATION__SPECULATION_LOOKUP
+                                               : LLMS__SPECULATION__SPECULATION_OFF;
+    }
     if ((rc = field(body, "n", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc && json_object_get_int64(v) != 1) {

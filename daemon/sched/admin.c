@@ -335,6 +335,10 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
     st->graph_spec_hits = s->spec.hits;
     st->graph_spec_rollbacks = s->spec.rollbacks;
     st->graph_spec_saved_ms = s->spec.saved_ms;
+    st->has_spec_lookup_steps = st->has_spec_lookup_proposed = st->has_spec_lookup_accepted = 1;
+    st->spec_lookup_steps = s->spec_lookup.steps;
+    st->spec_lookup_proposed = s->spec_lookup.proposed;
+    st->spec_lookup_accepted = s->spec_lookup.accepted;
 }
 
 /* The cost models and their record (proto CostModels). */

@@ -18,8 +18,11 @@
 /* Sampling settings: the request's, else the context's defaults, else the config's. */
 static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
                          const Llms__GenerationParams *req_p, sampler_params *sp,
-                         int *max_tokens, const Llms__GenerationParams **stops)
+                         int *max_tokens, const Llms__GenerationParams **stops,
+                         bool *speculate)
 {
+    /* speculate_rows 0 leaves no row to draft into */
+    *speculate = !strcmp(cfg->speculate, "lookup") && cfg->speculate_rows > 0;
     sp->temperature = cfg->temperature;
     sp->top_k = cfg->top_k;
     sp->top_p = cfg->top_p;
@@ -52,6 +55,9 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             *max_tokens = p->max_tokens;
         if (p->n_stop > 0)
             *stops = p;
+        if (p->has_speculation)
+            *speculate = p->speculation == LLMS__SPECULATION__SPECULATION_LOOKUP &&
+                         cfg->speculate_rows > 0;
     }
 }
 
@@ -66,6 +72,7 @@ void gen_free(gen *g)
     free(g->turn);
     free(g->reply);
     free(g->shown);
+    free(g->spec_rows);
     sampler_free(g->smp);
     free(g);
 }
@@ -92,7 +99,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
 
     const Llms__GenerationParams *req_p, *stops_p;
     sampler_params sp;
-    bool templated;
+    bool templated, speculate;
     if (c) {
         Llms__CallRequest *cr = j->req->call;
         templated = !(cr->has_raw && cr->raw);
@@ -103,7 +110,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->seq = &c->seq;
         g->n_base = c->n_tokens;
         g->limit = cfg->max_tokens_per_context;
-        merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p);
+        merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p, &speculate);
     } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
         kv_seq_init(&g->own_seq, gm->pool);
         g->seq = &g->own_seq;
@@ -127,7 +134,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
         templated = true;
         req_p = rag_params(g->rq);
-        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p);
+        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p, &speculate);
     } else {
         /* a Complete, or a graph node's prompt as a Complete of it would be */
         const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
@@ -146,7 +153,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
-        merge_params(cfg, node_p, req_p, &sp, &g->max_gen, &stops_p);
+        merge_params(cfg, node_p, req_p, &sp, &g->max_gen, &stops_p, &speculate);
     }
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     if (n_turn == 0) {
@@ -206,7 +213,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                                                                               : g->limit));
     g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
     g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
-    if (!g->hist || !g->reply) {
+    if (!g->hist || !g->reply || (speculate && spec_gen_init(g, cfg) < 0)) {
         err_set(err, "out of memory");
         goto fail;
     }
@@ -318,9 +325,8 @@ bool gen_decoding(const gen *g)
 
 /* Takes the token sampled from logits (n_vocab), the out row of the generation's last
  * evaluated token. */
-void gen_take_token(sched *s, work *w, const float *logits)
+void gen_note_token_time(sched *s, gen *g)
 {
-    gen *g = w->g;
     int64_t now = clock_mono_ns();
     if (g->t_last_token) {
         double gap = (double)(now - g->t_last_token) / 1e6;
@@ -328,10 +334,21 @@ void gen_take_token(sched *s, work *w, const float *logits)
             s->step_stall_ms = gap;
     }
     g->t_last_token = now;
-    int32_t next = sampler_sample(g->smp, logits, g->hist, g->n_hist);
+}
+
+void gen_take_token(sched *s, work *w, const float *logits)
+{
+    gen *g = w->g;
+    gen_note_token_time(s, g);
+    gen_push_token(s, w, sampler_sample(g->smp, logits, g->hist, g->n_hist));
+}
+
+bool gen_push_token(sched *s, work *w, int32_t next)
+{
+    gen *g = w->g;
     if (next < 0 || tok_is_eog(g->gm->tok, next)) {
         gen_finish(g, LLMS__STOP_REASON__STOP_EOS);
-        return;
+        return false;
     }
     g->hist[g->n_hist++] = next;
     g->reply[g->n_gen++] = next;
@@ -349,6 +366,7 @@ void gen_take_token(sched *s, work *w, const float *logits)
         gen_finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
     else if (g->n_hist >= g->limit && !gen_slide(w, 1))
         gen_finish(g, LLMS__STOP_REASON__STOP_CONTEXT_FULL);
+    return true;
 }
 
 /* A Call's switch-in: its chunks are read or recomputed until the KV holds the whole

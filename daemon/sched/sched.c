@@ -103,6 +103,23 @@ static void step_add_gen(sched *s, int *n_seq, int *n_out, work *w, int from, in
         st->b.attn_received = g->c->attn;
 }
 
+/* Adds a decoding generation's last token and its k drafts (speculate.h), every row's
+ * logits wanted. */
+static void step_add_drafts(sched *s, int *n_seq, int *n_out, work *w, int k)
+{
+    gen *g = w->g;
+    int from = g->n_hist - 1;
+    step_seq *st = &s->steps[(*n_seq)++];
+    *st = (step_seq){.w = w, .seq = g->seq, .from = from};
+    st->b = (model_batch){.n_tokens = k + 1, .tokens = g->spec_rows,
+                          .positions = s->positions + from, .n_out = k + 1,
+                          .out_rows = spec_out_rows(),
+                          .logits = g->gm->logits + (size_t)*n_out * g->gm->n_vocab};
+    *n_out += k + 1;
+    if (g->c)
+        st->b.attn_received = g->c->attn;
+}
+
 /* The KV the step's generations append (on the step's model gm). */
 static size_t step_append_bytes(const sched *s, const genmodel *gm, int n_seq)
 {
@@ -209,7 +226,10 @@ static void step_collect(sched *s, int n_seq)
             g->t_first = clock_mono_ns();
         }
         g->refill = false;
-        gen_take_token(s, w, st->b.logits);
+        if (g->n_draft && st->b.tokens == g->spec_rows)
+            spec_take(s, w, st->b.logits, &s->spec_lookup);
+        else
+            gen_take_token(s, w, st->b.logits);
     }
 }
 
@@ -322,15 +342,30 @@ static int step_rows(const sched *s, int n_seq)
     return rows;
 }
 
-/* One step on gm: a decode row for every generation past its prompt there, the
- * shared-out long work, one forward for all of it. */
+static bool step_decodes(const work *w, const genmodel *gm)
+{
+    return w->gm == gm && w->g && gen_decoding(w->g) && !w->g->done && !work_over(w, 0);
+}
+
+/* One step on gm: a decode row for every generation past its prompt there (with the
+ * drafts of those that speculate, in the rows the decode rows leave under
+ * speculate_rows), the shared-out long work, one forward for all of it. */
 static void run_step_on(sched *s, genmodel *gm)
 {
     int64_t t0 = clock_mono_ns();
-    int n_seq = 0, n_out = 0;
+    int n_seq = 0, n_out = 0, n_decoding = 0;
+    for (int i = 0; i < s->n_active; i++)
+        n_decoding += step_decodes(s->active[i], gm);
+    int spare = s->env.cfg->speculate_rows - n_decoding;
+    int drafts_each = n_decoding && spare > 0 ? spare / n_decoding : 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
-        if (w->gm == gm && w->g && gen_decoding(w->g) && !w->g->done && !work_over(w, 0))
+        if (!step_decodes(w, gm))
+            continue;
+        int k = spec_propose(w->g, drafts_each);
+        if (k > 0)
+            step_add_drafts(s, &n_seq, &n_out, w, k);
+        else
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     }
     step_share_long_work(s, gm, &n_seq, &n_out, gm->step_tokens);

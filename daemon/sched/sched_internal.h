@@ -34,6 +34,7 @@
 #include "daemon/sched/sched.h"
 #include "daemon/net/reply.h"
 #include "daemon/sched/semantic.h"
+#include "daemon/sched/speculate.h"
 #include "engine/clock.h"
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
@@ -88,6 +89,10 @@ typedef struct gen {
     utf8_stream utf8;      /* a character a token left unfinished waits here */
     sampler *smp;
     stop_matcher stop;
+    /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
+    int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */
+    int spec_k;            /* drafts it may propose next (adapts to acceptance) */
+    int n_draft;           /* drafts in the step being evaluated; 0: a plain row */
     bool done;
     Llms__ErrorCode err_code;  /* of a failed step */
     Llms__StopReason reason;
@@ -201,6 +206,7 @@ struct sched {
     uint64_t n_steps;
     double step_stall_ms;  /* longest token gap seen in the step running */
     spec_stats spec;       /* graph runs' speculation, summed */
+    spec_counts spec_lookup; /* speculative decoding with prompt-lookup drafts */
 };
 
 /* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */
@@ -302,6 +308,14 @@ bool gen_decoding(const gen *g);
 
 /* Takes the token sampled from logits. */
 void gen_take_token(sched *s, work *w, const float *logits);
+
+/* A token came for g now: the step's longest gap between two tokens of one stream. */
+void gen_note_token_time(sched *s, gen *g);
+
+/* Takes a chosen token: appends it (true), unless it ends the generation (end of
+ * generation: false, nothing appended); streams the text the stop strings let through
+ * and ends the generation at a stop string, max_tokens or a full window. */
+bool gen_push_token(sched *s, work *w, int32_t token);
 
 /* A Call's switch-in; -1 with g->err_code and err on failure. */
 int gen_switch_in(gen *g, char err[ERR_MAX]);

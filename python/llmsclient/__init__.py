@@ -104,7 +104,7 @@ class _Params(ctypes.Structure):
         ("max_tokens", ctypes.c_int32), ("has_seed", ctypes.c_int),
         ("seed", ctypes.c_uint64), ("stop", ctypes.POINTER(ctypes.c_char_p)),
         ("n_stop", ctypes.c_size_t), ("raw", ctypes.c_int),
-        ("model", ctypes.c_char_p),
+        ("model", ctypes.c_char_p), ("speculation", ctypes.c_int),
     ]
 
 
@@ -421,10 +421,16 @@ def _b(s):
 
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
-            repeat_penalty=None, seed=None, stop=None, model=None):
-    """A llms_params with the given fields set; keeps the stop strings alive."""
+            repeat_penalty=None, seed=None, stop=None, model=None, speculation=None):
+    """A llms_params with the given fields set; keeps the stop strings alive.
+    speculation: "off" or "lookup" (speculative decoding; None: the daemon's)."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
+    if speculation is not None:
+        kinds = {"off": 1, "lookup": 2}
+        if speculation not in kinds:
+            raise ValueError("speculation must be 'off' or 'lookup'")
+        p.speculation = kinds[speculation]
     if model is not None:
         p.model = _b(model)
     if temperature is not None:

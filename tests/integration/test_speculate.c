@@ -1,0 +1,338 @@
+/*
+ * Speculative decoding (daemon/sched/speculate.h) in a running llmsd, against the same
+ * daemon with it off (per request, llms_params.speculation):
+ * - greedy text is token for token the same, on a generated model (no shared data) and
+ *   on the trained test models, for prompts whose continuations repeat them (drafts are
+ *   accepted) and prompts that do not (drafts are rejected), and for RAG answers over
+ *   documentation passages (docs-lm-21M with docs-embed-5M);
+ * - the KV a context keeps after speculative calls is what plain calls leave: later
+ *   greedy calls on both agree, also after the context was evicted between calls and
+ *   rebuilt from the store;
+ * - sampled tokens keep their distribution: seeded samples with and without speculation
+ *   on stories260K pass a chi-square test of homogeneity;
+ * - the daemon's counters show the drafts proposed and accepted.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/llms.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+static char llmsd_path[1024], generated[1024];
+
+/* Prompts whose continuation repeats them, and ones that do not. */
+static const char *const PROMPTS[] = {
+    "The open() system call opens the file specified by pathname. If the file does not "
+    "exist, it may be created by open(). The open() system call opens the file",
+    "Once upon a time there was a little girl named Lily. She liked to play. Once upon a "
+    "time there was a little",
+    "tok5 tok9 tok12 tok40 tok41 tok5 tok9 tok12 tok40 tok41 tok5 tok9",
+    "A short note about nothing in particular.",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+};
+#define N_PROMPTS (int)(sizeof PROMPTS / sizeof PROMPTS[0])
+
+static llms_params greedy(int max_tokens, int speculation)
+{
+    llms_params p = proc_greedy(max_tokens, NULL);
+    p.speculation = speculation;
+    return p;
+}
+
+/* The greedy completion of prompt (a fresh string), or NULL. */
+static char *complete(llms_conn *c, const char *prompt, int max_tokens, int speculation)
+{
+    llms_params p = greedy(max_tokens, speculation);
+    llms_result r;
+    if (llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) != LLMS_OK) {
+        fprintf(stderr, "complete: %s\n", llms_last_error(c));
+        return NULL;
+    }
+    char *text = strdup(r.text ? r.text : "");
+    llms_result_free(&r);
+    return text;
+}
+
+static int start(llmsd_proc *d, const char *name, const char *model, const char *extra)
+{
+    char conf[2048];
+    proc_fmt(conf, sizeof conf, "speculate = off\nspeculate_max = 8\n%s", extra ? extra : "");
+    return proc_start(d, llmsd_path, name, model, conf);
+}
+
+/* Every prompt's greedy completion with lookup drafts equals the plain one. */
+static void greedy_same_text(const char *name, const char *model)
+{
+    llmsd_proc d;
+    CHECK_MSG(start(&d, name, model, NULL) == 0, "llmsd did not start on %s", model);
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    for (int i = 0; c && i < N_PROMPTS; i++) {
+        char *plain = complete(c, PROMPTS[i], 96, LLMS_SPECULATION_OFF);
+        char *spec = complete(c, PROMPTS[i], 96, LLMS_SPECULATION_LOOKUP);
+        CHECK(plain && spec);
+        CHECK_MSG(plain && spec && !strcmp(plain, spec), "%s, prompt %d:\n plain '%s'\n spec  '%s'",
+                  name, i, plain ? plain : "", spec ? spec : "");
+        free(plain);
+        free(spec);
+    }
+    llms_daemon_status st;
+    CHECK(c && proc_status(c, &st) == 0);
+    CHECK_MSG(st.spec_lookup_proposed > 0 && st.spec_lookup_accepted > 0 &&
+                  st.spec_lookup_accepted <= st.spec_lookup_proposed,
+              "%s: %llu drafts, %llu accepted", name,
+              (unsigned long long)st.spec_lookup_proposed,
+              (unsigned long long)st.spec_lookup_accepted);
+    printf("   %s: %llu verifications, %llu drafts, %llu accepted\n", name,
+           (unsigned long long)st.spec_lookup_steps, (unsigned long long)st.spec_lookup_proposed,
+           (unsigned long long)st.spec_lookup_accepted);
+    llms_daemon_status_free(&st);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+static void greedy_same_text_generated(void)
+{
+    if (!llmsd_path[0] || !generated[0])
+        SKIP("llmsd is not built in this tree");
+    greedy_same_text("generated", generated);
+}
+
+static void greedy_same_text_trained(void)
+{
+    const char *m = test_data_path("models/TinyStories-656K-Q8_0.gguf");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", m ? m : "");
+    const char *docs = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    if (!m || !docs)
+        SKIP("../shared/testdata/models/TinyStories-656K-Q8_0.gguf or docs-lm-21M-Q8_0.gguf is "
+             "absent");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    greedy_same_text("tinystories", path);
+    docs = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    snprintf(path, sizeof path, "%s", docs);
+    greedy_same_text("docs-lm", path);
+}
+
+/* Two contexts get the same turns, one with speculation: their replies agree turn after
+ * turn (so the kept KV agrees), also when both were evicted between turns. */
+static void contexts_keep_the_same_kv(void)
+{
+    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", m ? m : generated);
+    if (!llmsd_path[0] || !path[0])
+        SKIP("llmsd is not built in this tree");
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "ctx", path, "kv_budget_mb = 64\n") == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    char plain[LLMS_ID_MAX], spec[LLMS_ID_MAX];
+    llms_params p = greedy(64, LLMS_SPECULATION_DEFAULT);
+    CHECK(c && llms_context_create(c, NULL, &p, plain) == LLMS_OK);
+    CHECK(c && llms_context_create(c, NULL, &p, spec) == LLMS_OK);
+    for (int turn = 0; c && turn < 4; turn++) {
+        char *a = NULL, *b = NULL;
+        llms_params po = greedy(64, LLMS_SPECULATION_OFF), ps = greedy(64, LLMS_SPECULATION_LOOKUP);
+        CHECK_MSG(llms_call_text(c, plain, PROMPTS[turn], &po, &a) == LLMS_OK, "%s",
+                  llms_last_error(c));
+        CHECK_MSG(llms_call_text(c, spec, PROMPTS[turn], &ps, &b) == LLMS_OK, "%s",
+                  llms_last_error(c));
+        CHECK_MSG(a && b && !strcmp(a, b), "turn %d:\n plain '%s'\n spec  '%s'", turn,
+                  a ? a : "", b ? b : "");
+        free(a);
+        free(b);
+        if (turn == 1) {
+            /* rebuilt from the store on the next call */
+            CHECK_MSG(llms_evict(c, plain) == LLMS_OK, "%s", llms_last_error(c));
+            CHECK_MSG(llms_evict(c, spec) == LLMS_OK, "%s", llms_last_error(c));
+        }
+    }
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* RAG answers that quote their passages: the same with and without drafts. */
+static void rag_answers_same(void)
+{
+    const char *lm = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    char lm_path[1024];
+    snprintf(lm_path, sizeof lm_path, "%s", lm ? lm : "");
+    const char *emb = test_data_path("models/docs-embed-5M-F16.gguf");
+    char emb_path[1024];
+    snprintf(emb_path, sizeof emb_path, "%s", emb ? emb : "");
+    const char *pairs = test_data_path("docs/pairs-dev.tsv");
+    if (!lm || !emb || !pairs)
+        SKIP("../shared/testdata docs-lm-21M, docs-embed-5M or docs/pairs-dev.tsv is absent");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    FILE *f = fopen(pairs, "r");
+    CHECK(f);
+    enum { N = 40 };
+    static char queries[N][300], passages[N][1200], ids[N][16];
+    llms_kb_doc docs[N];
+    char line[4096];
+    int n = 0;
+    while (f && n < N && fgets(line, sizeof line, f)) {
+        char *tab = strchr(line, '\t');
+        if (!tab || !strncmp(line, "query\t", 6))
+            continue;
+        *tab = 0;
+        tab[strcspn(tab + 1, "\n") + 1] = 0;
+        snprintf(queries[n], sizeof queries[n], "%.299s", line);
+        snprintf(passages[n], sizeof passages[n], "%.1199s", tab + 1);
+        snprintf(ids[n], sizeof ids[n], "p%d", n);
+        docs[n] = (llms_kb_doc){ids[n], passages[n], NULL};
+        n++;
+    }
+    if (f)
+        fclose(f);
+    char extra[1200];
+    proc_fmt(extra, sizeof extra, "model.docs = %s embed\nqa_cache_mb = 0\nqkv_cache_mb = 0\n",
+             emb_path);
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "rag", lm_path, extra) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c && llms_kb_create(c, "docs", 0, 0) == LLMS_OK);
+    CHECK_MSG(c && llms_kb_add(c, "docs", docs, (size_t)n, NULL) == LLMS_OK, "%s",
+              c ? llms_last_error(c) : "");
+    int same = 0;
+    for (int i = 0; c && i < 8; i++) {
+        char *answer[2] = {NULL, NULL};
+        for (int s = 0; s < 2; s++) {
+            llms_params p = greedy(48, s ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF);
+            llms_rag_options o = {.top_k = 2, .params = &p, .no_qa = 1, .no_qkv = 1};
+            llms_rag_result r;
+            CHECK_MSG(llms_rag_query(c, "docs", queries[i * 5], &o, NULL, NULL, &r) == LLMS_OK,
+                      "%s", llms_last_error(c));
+            answer[s] = strdup(r.text ? r.text : "");
+            llms_rag_result_free(&r);
+        }
+        CHECK_MSG(answer[0] && answer[1] && !strcmp(answer[0], answer[1]),
+                  "'%s':\n plain '%s'\n spec  '%s'", queries[i * 5], answer[0], answer[1]);
+        same += answer[0] && answer[1] && !strcmp(answer[0], answer[1]);
+        free(answer[0]);
+        free(answer[1]);
+    }
+    CHECK_EQ(same, 8);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* The token at position POS of many seeded samples, with and without drafts: one
+ * distribution (chi-square homogeneity over the tokens seen at least 10 times in all,
+ * the rest pooled, below the p = 0.001 critical value). */
+static void sampling_keeps_its_distribution(void)
+{
+    const char *m = test_data_path("models/stories260K.gguf");
+    if (!m)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", m);
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "sampling", path, NULL) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    enum { SAMPLES = 300, POS = 5, VOCAB = 512 };
+    static int count[2][VOCAB];
+    memset(count, 0, sizeof count);
+    const char *prompt = "Lily went to the park. Lily went to the park. Lily went to the";
+    for (int s = 0; c && s < 2; s++)
+        for (int i = 0; i < SAMPLES; i++) {
+            llms_params p = proc_greedy(POS + 1, NULL);
+            p.temperature = 1.0f;
+            p.top_k = 0;
+            p.top_p = 1.0f;
+            p.min_p = 0.0f;
+            p.has_seed = 1;
+            p.seed = 1000 + (uint64_t)i + (uint64_t)s * 100000;
+            p.speculation = s ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF;
+            int32_t *ids;
+            size_t n;
+            llms_result r;
+            CHECK(llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK);
+            /* the reply's tokens: tokenize the text (no special tokens) */
+            if (llms_tokenize(c, r.text ? r.text : "", 0, 0, &ids, &n) == LLMS_OK) {
+                if (n > POS && ids[POS] >= 0 && ids[POS] < VOCAB)
+                    count[s][ids[POS]]++;
+                free(ids);
+            }
+            llms_result_free(&r);
+        }
+    /* categories with at least 10 in all; the rest pooled */
+    double x2 = 0;
+    int df = -1, pooled[2] = {0, 0};
+    int total[2] = {0, 0};
+    for (int t = 0; t < VOCAB; t++)
+        for (int s = 0; s < 2; s++)
+            total[s] += count[s][t];
+    for (int t = 0; t <= VOCAB; t++) {
+        int a, b;
+        if (t < VOCAB) {
+            a = count[0][t];
+            b = count[1][t];
+            if (a + b < 10) {
+                pooled[0] += a;
+                pooled[1] += b;
+                continue;
+            }
+        } else {
+            a = pooled[0];
+            b = pooled[1];
+            if (a + b == 0)
+                continue;
+        }
+        double n = total[0] + total[1], ea = (double)(a + b) * total[0] / n,
+               eb = (double)(a + b) * total[1] / n;
+        x2 += (a - ea) * (a - ea) / ea + (b - eb) * (b - eb) / eb;
+        df++;
+    }
+    /* critical values of chi-square at p = 0.001 for df 1..30; beyond, a normal
+     * approximation */
+    static const double crit[] = {10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12,
+                                  27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70, 39.25,
+                                  40.79, 42.31, 43.82, 45.31, 46.80, 48.27, 49.73, 51.18,
+                                  52.62, 54.05, 55.48, 56.89, 58.30, 59.70};
+    double limit = df >= 1 && df <= 30 ? crit[df - 1] : df + 3.09 * sqrt(2.0 * df);
+    CHECK(total[0] > SAMPLES / 2 && total[1] > SAMPLES / 2);
+    CHECK_MSG(df >= 1 && x2 < limit, "chi-square %.2f with %d degrees of freedom (limit %.2f)",
+              x2, df, limit);
+    printf("   position %d over %d + %d samples: chi-square %.2f, %d degrees of freedom "
+           "(limit %.2f)\n", POS, total[0], total[1], x2, df, limit);
+    llms_daemon_status st;
+    CHECK(c && proc_status(c, &st) == 0);
+    CHECK(st.spec_lookup_proposed > 0);
+    llms_daemon_status_free(&st);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    modelgen_params mp = {.arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4,
+                          .n_head_kv = 2, .n_ff = 128, .n_ctx = 512, .type = QTYPE_F32,
+                          .seed = 3, .n_vocab = 100, .n_threads = 1};
+    proc_generate_model(generated, sizeof generated, "generated.gguf", &mp);
+    RUN(greedy_same_text_generated);
+    RUN(greedy_same_text_trained);
+    RUN(contexts_keep_the_same_kv);
+    RUN(rag_answers_same);
+    RUN(sampling_keeps_its_distribution);
+    return test_finish();
+}
