@@ -141,6 +141,9 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .spec_lookup_steps = p->spec_lookup_steps,
         .spec_lookup_proposed = p->spec_lookup_proposed,
         .spec_lookup_accepted = p->spec_lookup_accepted,
+        .spec_draft_steps = p->spec_draft_steps,
+        .spec_draft_proposed = p->spec_draft_proposed,
+        .spec_draft_accepted = p->spec_draft_accepted,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

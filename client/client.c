@@ -353,8 +353,10 @@ int client_params_to_proto(const llms_params *p, Llms__GenerationParams *g)
     g->n_stop = p->stop ? p->n_stop : 0;
     g->stop = (char **)p->stop; /* only read while packing */
     g->has_speculation = p->speculation != LLMS_SPECULATION_DEFAULT;
-    g->speculation = p->speculation == LLMS_SPECULATION_LOOKUP ? LLMS__SPECULATION__SPECULATION_LOOKUP
-                                                              : LLMS__SPECULATION__SPECULATION_OFF;
+    g->speculation = p->speculation == LLMS_SPECULATION_LOOKUP  ? LLMS__SPECULATION__SPECULATION_LOOKUP
+                     : p->speculation == LLMS_SPECULATION_DRAFT ? LLMS__SPECULATION__SPECULATION_DRAFT
+                     : p->speculation == LLMS_SPECULATION_BOTH  ? LLMS__SPECULATION__SPECULATION_BOTH
+                                                                : LLMS__SPECULATION__SPECULATION_OFF;
     return g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p ||
            g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
            g->has_seed || g->n_stop > 0 || g->has_speculation;

@@ -134,11 +134,14 @@ typedef struct llms_params {
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
  * either way, sampling keeps its distribution; LOOKUP verifies the tokens that followed
- * the reply's last few tokens earlier in its context, several per forward. */
+ * the reply's last few tokens earlier in its context, several per forward; DRAFT those a
+ * small model of the same vocabulary (the daemon's draft_model) writes. */
 enum llms_speculation {
     LLMS_SPECULATION_DEFAULT = 0,
     LLMS_SPECULATION_OFF = 1,
     LLMS_SPECULATION_LOOKUP = 2,
+    LLMS_SPECULATION_DRAFT = 3,  /* the daemon's draft_model drafts (none without one) */
+    LLMS_SPECULATION_BOTH = 4,   /* lookup, else the draft model */
 };
 
 #define LLMS_PARAMS_INIT                                                              \
@@ -606,6 +609,7 @@ typedef struct llms_daemon_status {
     /* Speculative decoding with prompt-lookup drafts: steps where a generation verified
      * drafts, the draft tokens verified, those accepted (each saved a step). */
     uint64_t spec_lookup_steps, spec_lookup_proposed, spec_lookup_accepted;
+    uint64_t spec_draft_steps, spec_draft_proposed, spec_draft_accepted; /* draft_model's */
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -213,12 +213,19 @@ static const key_def keys[] = {
         "tokens generated per call at most, unless the call asks for another number"),
 
     HEADING("Speculative decoding (requests may choose their own)"),
-    CHOICE(speculate, "off|lookup", "off",
+    CHOICE(speculate, "off|lookup|draft|both", "off",
            "draft tokens a generation verifies in one batched forward of its model: lookup "
            "(the tokens that followed the latest earlier occurrence of its last 2-4 tokens in "
-           "its own context: free, and right where answers quote passages or code), or off. "
-           "Greedy output is token for token what it is without; sampling keeps its "
+           "its own context: free, and right where answers quote passages or code), draft "
+           "(`draft_model`'s greedy continuation), both (lookup, else the draft model), or "
+           "off. Greedy output is token for token what it is without; sampling keeps its "
            "distribution (the standard rejection rule)"),
+    OPT(draft_model,
+        "the registry name of a small decoder on the generate model's vocabulary that "
+        "drafts for the default generate model (give its `model.NAME` line the `draft` "
+        "role: it gets a runner and KV pool of its own); a model without the role or with "
+        "another vocabulary stops the daemon at start, naming the first token that "
+        "differs; `none`: no draft model (requests for draft drafts get none)"),
     INT(speculate_max, 1, 32, "8",
         "draft tokens a generation verifies per step at most; each adapts its own number "
         "to how many it has had accepted"),
@@ -393,7 +400,8 @@ static const key_def keys[] = {
 #define MODEL_LINE_HELP                                                                     \
     "`PATH [ROLES]`: one more model of the registry (daemon/README.md, \"The model "         \
     "registry\"), named NAME (1.." MACRO_LIT(MODELS_NAME_MAX) " bytes of `[A-Za-z0-9._-]`); " \
-    "ROLES a comma list of `generate`, `embed`, `rerank`, default by the file's kind "        \
+    "ROLES a comma list of `generate`, `embed`, `rerank`, `draft` (`draft_model`), default "  \
+    "by the file's kind "                                                                    \
     "(decoder: generate, bert encoder: embed, bert cross-encoder: rerank); repeatable, at "  \
     "most " MACRO_LIT(CONFIG_MODELS_MAX) "; a path with blanks needs ROLES after it. One "   \
     "model generates; requests name a model or get their kind's default"
@@ -467,15 +475,15 @@ static int set_model_line(config *c, const char *key, const char *value, char er
     if (path_len >= CONFIG_PATH_MAX)
         return err_set(err, "%s: path longer than %d bytes", key, CONFIG_PATH_MAX - 1);
     if (roles_len >= sizeof c->models[0].roles)
-        return err_set(err, "%s: '%.40s' is not a roles list (generate,embed,rerank)", key,
+        return err_set(err, "%s: '%.40s' is not a roles list (generate,embed,rerank,draft)", key,
                        roles);
     for (const char *p = value + cut; cut > 0 && p < value + n;) {
         size_t len = strcspn(p, ",");
         if (len > (size_t)(value + n - p))
             len = (size_t)(value + n - p);
         if (!((len == 8 && !strncmp(p, "generate", 8)) || (len == 5 && !strncmp(p, "embed", 5)) ||
-              (len == 6 && !strncmp(p, "rerank", 6))))
-            return err_set(err, "%s: roles '%.*s': each is generate, embed or rerank", key,
+              (len == 6 && !strncmp(p, "rerank", 6)) || (len == 5 && !strncmp(p, "draft", 5))))
+            return err_set(err, "%s: roles '%.*s': each is generate, embed, rerank or draft", key,
                            (int)roles_len, roles);
         p += len + 1;
     }

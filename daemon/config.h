@@ -72,7 +72,8 @@ typedef struct config {
     int repeat_last_n;
     int max_tokens;
     /* Speculative decoding (daemon/sched/speculate.h). */
-    char speculate[8];                 /* "off" or "lookup" */
+    char speculate[8];                 /* "off", "lookup", "draft" or "both" */
+    char draft_model[MODELS_NAME_MAX + 1]; /* a registry model with the draft role; "" */
     int speculate_max;                 /* draft tokens a sequence verifies per step */
     int speculate_rows;                /* a step's rows below which speculation adds rows */
     /* Embed and Rerank (daemon/sched/semantic.h). */

@@ -101,10 +101,12 @@ static void usage(void)
            "         --speculate on|off       graph run: speculate (start nodes on provisional\n"
            "                                  inputs, redo them when the final ones differ)\n"
            "                                  or not (default: the daemon's graph_speculate)\n"
-           "         --speculate off|lookup   ask, chat, rag: speculative decoding (verify the\n"
-           "                                  tokens that followed the reply's last few\n"
-           "                                  earlier in its context, several per step; the\n"
-           "                                  same greedy text) or not (default: the\n"
+           "         --speculate off|lookup|draft|both\n"
+           "                                  ask, chat, rag: speculative decoding, several\n"
+           "                                  tokens verified per step (lookup: those that\n"
+           "                                  followed the reply's last few earlier in its\n"
+           "                                  context; draft: the daemon's draft model's;\n"
+           "                                  the same greedy text) or not (default: the\n"
            "                                  daemon's speculate)\n"
            "         --pooling last|mean|cls  embed: token pooling (default: the model's\n"
            "                                  pooling_type, else last on a decoder, cls\n"
@@ -1066,9 +1068,10 @@ int main(int argc, char **argv)
                                           : LLMS_POOLING_LAST;
         } else if (!strcmp(a, "--speculate")) {
             /* graph runs speculate on their inputs, generations on their tokens */
-            if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lookup"))
-                bad_usage("--speculate: expected on or off (graph), off or lookup (ask, chat, "
-                          "rag), got '%s'", v);
+            if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lookup") &&
+                strcmp(v, "draft") && strcmp(v, "both"))
+                bad_usage("--speculate: expected on or off (graph), off, lookup, draft or both "
+                          "(ask, chat, rag), got '%s'", v);
             spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
             speculate_value = v;
         } else if (!strcmp(a, "--mode")) {
@@ -1125,12 +1128,16 @@ int main(int argc, char **argv)
         bad_usage("chat: --overflow sets up a new chat; a --context one has its own");
     if (context && p.model)
         bad_usage("chat: --model sets up a new chat; a --context one has its own");
-    if (speculate_value && !strcmp(speculate_value, !strcmp(pos[0], "graph") ? "lookup" : "on"))
-        bad_usage("%s: --speculate %s does not apply (graph: on or off; ask, chat, rag: off "
-                  "or lookup)", pos[0], speculate_value);
-    if (speculate_value && strcmp(pos[0], "graph"))
+    int graph = !strcmp(pos[0], "graph");
+    if (speculate_value && (graph ? strcmp(speculate_value, "on") && strcmp(speculate_value, "off")
+                                  : !strcmp(speculate_value, "on")))
+        bad_usage("%s: --speculate %s does not apply (graph: on or off; ask, chat, rag: off, "
+                  "lookup, draft or both)", pos[0], speculate_value);
+    if (speculate_value && !graph)
         p.speculation = !strcmp(speculate_value, "lookup") ? LLMS_SPECULATION_LOOKUP
-                                                           : LLMS_SPECULATION_OFF;
+                        : !strcmp(speculate_value, "draft") ? LLMS_SPECULATION_DRAFT
+                        : !strcmp(speculate_value, "both")  ? LLMS_SPECULATION_BOTH
+                                                            : LLMS_SPECULATION_OFF;
     free(opts);
 
     char *prompt_owned = NULL;

@@ -177,6 +177,26 @@ static void text_cost_lines(const char *label, const llms_cost_models *m)
            100 * m->warm_resid);
 }
 
+/* One draft source's speculative decoding counters, as JSON. */
+static void json_spec_counts(const char *source, uint64_t steps, uint64_t proposed,
+                             uint64_t accepted)
+{
+    printf("\"%s\":{\"proposals\":%" PRIu64 ",\"drafts\":%" PRIu64 ",\"accepted\":%" PRIu64
+           ",\"mean_accepted\":%.3f}",
+           source, steps, proposed, accepted, steps ? (double)accepted / (double)steps : 0.0);
+}
+
+/* One draft source's speculative decoding counters, as a line. */
+static void print_spec_counts(const char *source, uint64_t steps, uint64_t proposed,
+                              uint64_t accepted)
+{
+    printf("speculation %-7s%" PRIu64 " proposals, %" PRIu64 " drafts, %" PRIu64
+           " accepted (%.1f%%), %.2f accepted a proposal\n",
+           source, steps, proposed, accepted,
+           proposed ? 100.0 * (double)accepted / (double)proposed : 0.0,
+           steps ? (double)accepted / (double)steps : 0.0);
+}
+
 static enum llms_status cmd_status(llms_conn *c)
 {
     llms_daemon_status st;
@@ -251,11 +271,13 @@ static enum llms_status cmd_status(llms_conn *c)
                ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}",
                st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
                st.graph_spec_saved_ms);
-        printf(",\"speculative_decoding\":{\"lookup\":{\"steps\":%" PRIu64 ",\"proposed\":%"
-               PRIu64 ",\"accepted\":%" PRIu64 ",\"mean_accepted\":%.3f}}}\n",
-               st.spec_lookup_steps, st.spec_lookup_proposed, st.spec_lookup_accepted,
-               st.spec_lookup_steps ? (double)st.spec_lookup_accepted / st.spec_lookup_steps
-                                    : 0.0);
+        printf(",\"speculative_decoding\":{");
+        json_spec_counts("lookup", st.spec_lookup_steps, st.spec_lookup_proposed,
+                         st.spec_lookup_accepted);
+        fputs(",", stdout);
+        json_spec_counts("draft", st.spec_draft_steps, st.spec_draft_proposed,
+                         st.spec_draft_accepted);
+        fputs("}}\n", stdout);
     } else {
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
@@ -332,14 +354,10 @@ static enum llms_status cmd_status(llms_conn *c)
                " rollbacks; kept work ran %.1f ms ahead\n",
                st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
                st.graph_spec_saved_ms);
-        printf("speculation       lookup: %" PRIu64 " proposals (steps with drafts), %" PRIu64
-               " drafts, %" PRIu64 " accepted (%.1f%%), %.2f accepted a proposal\n",
-               st.spec_lookup_steps, st.spec_lookup_proposed, st.spec_lookup_accepted,
-               st.spec_lookup_proposed
-                   ? 100.0 * (double)st.spec_lookup_accepted / st.spec_lookup_proposed
-                   : 0.0,
-               st.spec_lookup_steps ? (double)st.spec_lookup_accepted / st.spec_lookup_steps
-                                    : 0.0);
+        print_spec_counts("lookup", st.spec_lookup_steps, st.spec_lookup_proposed,
+                          st.spec_lookup_accepted);
+        print_spec_counts("draft", st.spec_draft_steps, st.spec_draft_proposed,
+                          st.spec_draft_accepted);
     }
     llms_daemon_status_free(&st);
     return LLMS_OK;

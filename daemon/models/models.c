@@ -30,13 +30,15 @@ struct models {
     uint64_t view_version;
 };
 
-static const char *const role_names[] = {"generate", "embed", "rerank"};
+static const char *const role_names[] = {"generate", "embed", "rerank", "draft"};
+#define N_ROLES (int)(sizeof role_names / sizeof role_names[0])
 
 const char *models_role_name(enum models_role role)
 {
-    return role == MODELS_GENERATE ? role_names[0]
-           : role == MODELS_EMBED  ? role_names[1]
-                                   : role_names[2];
+    for (int i = 0; i < N_ROLES; i++)
+        if (role == 1u << i)
+            return role_names[i];
+    return "?";
 }
 
 const char *models_type_name(enum models_type t)
@@ -61,11 +63,12 @@ int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX])
     while (*s) {
         size_t len = strcspn(s, ",");
         unsigned bit = 0;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < N_ROLES; i++)
             if (strlen(role_names[i]) == len && strncmp(s, role_names[i], len) == 0)
                 bit = 1u << i;
         if (!bit || (*roles & bit))
-            return err_set(err, "roles '%.64s': each of generate, embed, rerank at most once", s);
+            return err_set(err, "roles '%.64s': each of generate, embed, rerank, draft at most "
+                                "once", s);
         *roles |= bit;
         s += len + (s[len] == ',');
     }
@@ -87,7 +90,7 @@ static void list_roles(unsigned roles, char *buf, size_t cap)
 {
     size_t n = 0;
     buf[0] = '\0';
-    for (int i = 0; i < 3 && n < cap; i++)
+    for (int i = 0; i < N_ROLES && n < cap; i++)
         if (roles & (1u << i)) {
             int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", role_names[i]);
             n += w > 0 ? (size_t)w : 0;
@@ -358,6 +361,9 @@ static int roles_fit(const models_entry *e, unsigned roles, char err[ERR_MAX])
     if ((roles & MODELS_GENERATE) && e->type != MODELS_DECODER)
         return err_set(err, "model '%s': an %s cannot generate", e->name,
                        models_type_name(e->type));
+    if ((roles & MODELS_DRAFT) && e->type != MODELS_DECODER)
+        return err_set(err, "model '%s': an %s cannot draft (a decoder drafts)", e->name,
+                       models_type_name(e->type));
     if ((roles & MODELS_RERANK) && e->type == MODELS_ENCODER)
         return err_set(err, "model '%s': a bert encoder without a classification head "
                             "(cls.output) cannot rerank", e->name);
@@ -366,7 +372,7 @@ static int roles_fit(const models_entry *e, unsigned roles, char err[ERR_MAX])
 
 bool models_embeds_apart(const models *r, const models_entry *e)
 {
-    return e->type == MODELS_DECODER && (e->roles & MODELS_EMBED) &&
+    return e->type == MODELS_DECODER && (e->roles & (MODELS_EMBED | MODELS_DRAFT)) &&
            e != models_generate((models *)r);
 }
 
@@ -392,20 +398,22 @@ static void entry_free(models_entry *e)
     free(e);
 }
 
-/* A decoder's runner, KV pool and embedder for its embeddings apart from the steps,
- * once its pooling is known to give a vector per text. */
-static int open_decoder_embedder(models_entry *e, int threads, char err[ERR_MAX])
+/* A decoder's runner and KV pool apart from the steps (for its embeddings, or its
+ * drafts), with its tokenizer; an embedder when it embeds, once its pooling is known to
+ * give a vector per text. */
+static int open_decoder_apart(models_entry *e, int threads, char err[ERR_MAX])
 {
     enum embed_pooling pooling;
     char why[ERR_MAX];
-    if (embed_pooling_of_model(e->m, &pooling, why) < 0)
+    if ((e->roles & MODELS_EMBED) && embed_pooling_of_model(e->m, &pooling, why) < 0)
         return err_set(err, "it cannot have the embed role: %s", why);
     int n_ctx = model_hparams_of(e->m)->n_ctx;
     int max_kv = n_ctx < MODELS_EMBED_MAX_TOKENS ? n_ctx : MODELS_EMBED_MAX_TOKENS;
     if (tok_load(model_gguf(e->m), &e->embed_tok, err) < 0 ||
         !(e->dec_r = model_runner_new(e->m, threads, 0, max_kv, err)) ||
-        !(e->dec_pool = kv_pool_new(model_kv_shape(e->m), 0, err)) ||
-        !(e->dec_emb = embed_new(e->m, e->dec_r, e->dec_pool, err)))
+        !(e->dec_pool = kv_pool_new(model_kv_shape(e->m), 0, err)))
+        return -1;
+    if ((e->roles & MODELS_EMBED) && !(e->dec_emb = embed_new(e->m, e->dec_r, e->dec_pool, err)))
         return -1;
     return 0;
 }
@@ -424,7 +432,7 @@ static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
         if (e->roles & MODELS_GENERATE)
             e->family = genmodel_chat_family(e->m);
     }
-    if (apart && open_decoder_embedder(e, threads, why) < 0)
+    if (apart && open_decoder_apart(e, threads, why) < 0)
         return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
     if ((e->roles & MODELS_EMBED) && e->type != MODELS_DECODER) {
         if (!(e->enc = bert_load(e->path, why)))
@@ -607,7 +615,7 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     /* not yet in the registry, and never its default generate model */
-    bool apart = e->type == MODELS_DECODER && (e->roles & MODELS_EMBED);
+    bool apart = e->type == MODELS_DECODER && (e->roles & (MODELS_EMBED | MODELS_DRAFT));
     if (entry_open(e, r->threads, r->load, r->repack, apart, err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;

@@ -43,8 +43,9 @@ enum models_role {
     MODELS_GENERATE = 1,
     MODELS_EMBED = 2,
     MODELS_RERANK = 4,
+    MODELS_DRAFT = 8,   /* drafts tokens for speculative decoding (draft_model) */
 };
-#define MODELS_ROLES_ALL (MODELS_GENERATE | MODELS_EMBED | MODELS_RERANK)
+#define MODELS_ROLES_ALL (MODELS_GENERATE | MODELS_EMBED | MODELS_RERANK | MODELS_DRAFT)
 
 enum models_type { MODELS_DECODER, MODELS_ENCODER, MODELS_CROSS_ENCODER };
 
@@ -60,9 +61,10 @@ typedef struct models_entry {
     model *m;                       /* a decoder's weights when it generates or embeds */
     enum chat_family family;        /* a generate model's chat template (else CHAT_PLAIN) */
     bool copied;                    /* m was read into private memory (model_load = copy) */
-    /* An embed model that runs apart from the scheduler's steps: its tokenizer, and an
-     * encoder's model and runner, or a decoder's (models_embeds_apart) runner, KV pool
-     * and embedder over m, sized for texts of up to MODELS_EMBED_MAX_TOKENS tokens. */
+    /* A model that runs apart from the scheduler's steps: its tokenizer, and an
+     * encoder's model and runner, or a decoder's (models_embeds_apart: it embeds or
+     * drafts) runner and KV pool over m, sized for texts of up to MODELS_EMBED_MAX_TOKENS
+     * tokens, and its embedder when it embeds. */
     tokenizer *embed_tok;
     bert_model *enc;
     bert_runner *enc_r;
@@ -98,8 +100,8 @@ typedef struct models_view {
 /* Tokens a decoder embedding model's own runner holds (its n_ctx when smaller). */
 #define MODELS_EMBED_MAX_TOKENS 8192
 
-/* Whether e is a decoder that embeds on a runner of its own: it has the embed role and
- * is not the default generate model (which embeds in the scheduler's steps). */
+/* Whether e is a decoder that runs on a runner of its own: it has the embed or the draft
+ * role and is not the default generate model (which embeds in the scheduler's steps). */
 bool models_embeds_apart(const models *r, const models_entry *e);
 
 /* Opens every model of the settings (model, embed_model, rerank_model, model.NAME lines)
@@ -156,7 +158,7 @@ void models_view_free(models_view *v);
  * + err when the file does not open as a reranker. */
 reranker *models_reranker(models_entry *e, const rerank_options *options, char err[ERR_MAX]);
 
-/* Roles parsed from "generate,embed,rerank" (any order, no repeats). -1 + err. */
+/* Roles parsed from "generate,embed,rerank,draft" (any order, no repeats). -1 + err. */
 int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX]);
 
 /* Whether name is a valid model name. */

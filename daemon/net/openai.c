@@ -573,13 +573,20 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         return -1;
     if (rc) {
         const char *sp = json_object_get_string(v);
-        if (strcmp(sp, "off") && strcmp(sp, "lookup")) {
-            snprintf(msg, cap, "'speculation' must be \"off\" or \"lookup\"");
+        static const char *const names[] = {"off", "lookup", "draft", "both"};
+        static const Llms__Speculation values[] = {
+            LLMS__SPECULATION__SPECULATION_OFF, LLMS__SPECULATION__SPECULATION_LOOKUP,
+            LLMS__SPECULATION__SPECULATION_DRAFT, LLMS__SPECULATION__SPECULATION_BOTH};
+        size_t i = 0;
+        while (i < 4 && strcmp(sp, names[i]))
+            i++;
+        if (i == 4) {
+            snprintf(msg, cap, "'speculation' must be \"off\", \"lookup\", \"draft\" or "
+                               "\"both\"");
             return -1;
         }
         p->has_speculation = 1;
-        p->speculation = !strcmp(sp, "lookup") ? LLMS__SPECULATION__SPECULATION_LOOKUP
-                                               : LLMS__SPECULATION__SPECULATION_OFF;
+        p->speculation = values[i];
     }
     if ((rc = field(body, "n", json_type_int, &v, msg, cap)) < 0)
         return -1;

@@ -339,6 +339,10 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
     st->spec_lookup_steps = s->spec_lookup.steps;
     st->spec_lookup_proposed = s->spec_lookup.proposed;
     st->spec_lookup_accepted = s->spec_lookup.accepted;
+    st->has_spec_draft_steps = st->has_spec_draft_proposed = st->has_spec_draft_accepted = 1;
+    st->spec_draft_steps = s->spec_draft.steps;
+    st->spec_draft_proposed = s->spec_draft.proposed;
+    st->spec_draft_accepted = s->spec_draft.accepted;
 }
 
 /* The cost models and their record (proto CostModels). */
@@ -673,6 +677,12 @@ static void handle_unload_model(sched *s, const sched_job *j)
     const char *name = j->req->unload_model->name;
     char err[ERR_MAX];
     models_entry *me = models_find(s->env.reg, name);
+    if (me && spec_drafter_uses(s->drafter, me)) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                          "unload: model '%s' is the draft model (draft_model): restart "
+                          "llmsd without it", name);
+        return;
+    }
     genmodel *gm = me ? genset_of_entry(s, me) : NULL;
     if (gm && gm != s->gm[0] && me->running == 0) {
         if (genset_unload(s, gm, err) < 0) {

@@ -19,10 +19,9 @@
 static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
                          const Llms__GenerationParams *req_p, sampler_params *sp,
                          int *max_tokens, const Llms__GenerationParams **stops,
-                         bool *speculate)
+                         unsigned *speculate)
 {
-    /* speculate_rows 0 leaves no row to draft into */
-    *speculate = !strcmp(cfg->speculate, "lookup") && cfg->speculate_rows > 0;
+    *speculate = spec_mode_of_setting(cfg->speculate);
     sp->temperature = cfg->temperature;
     sp->top_k = cfg->top_k;
     sp->top_p = cfg->top_p;
@@ -56,9 +55,11 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         if (p->n_stop > 0)
             *stops = p;
         if (p->has_speculation)
-            *speculate = p->speculation == LLMS__SPECULATION__SPECULATION_LOOKUP &&
-                         cfg->speculate_rows > 0;
+            *speculate = spec_mode_of_request(p->speculation);
     }
+    /* speculate_rows 0 leaves no row to draft into */
+    if (cfg->speculate_rows == 0)
+        *speculate = 0;
 }
 
 void gen_free(gen *g)
@@ -72,7 +73,7 @@ void gen_free(gen *g)
     free(g->turn);
     free(g->reply);
     free(g->shown);
-    free(g->spec_rows);
+    spec_gen_free(g);
     sampler_free(g->smp);
     free(g);
 }
@@ -99,7 +100,8 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
 
     const Llms__GenerationParams *req_p, *stops_p;
     sampler_params sp;
-    bool templated, speculate;
+    bool templated;
+    unsigned speculate;
     if (c) {
         Llms__CallRequest *cr = j->req->call;
         templated = !(cr->has_raw && cr->raw);
@@ -213,7 +215,9 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                                                                               : g->limit));
     g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
     g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
-    if (!g->hist || !g->reply || (speculate && spec_gen_init(g, cfg) < 0)) {
+    if (!g->hist || !g->reply || (speculate &&
+                                       spec_gen_init(g, cfg, speculate,
+                                                     gm == s->gm[0] ? s->drafter : NULL) < 0)) {
         err_set(err, "out of memory");
         goto fail;
     }

@@ -227,7 +227,7 @@ static void step_collect(sched *s, int n_seq)
         }
         g->refill = false;
         if (g->n_draft && st->b.tokens == g->spec_rows)
-            spec_take(s, w, st->b.logits, &s->spec_lookup);
+            spec_take(s, w, st->b.logits);
         else
             gen_take_token(s, w, st->b.logits);
     }
@@ -358,13 +358,24 @@ static void run_step_on(sched *s, genmodel *gm)
         n_decoding += step_decodes(s->active[i], gm);
     int spare = s->env.cfg->speculate_rows - n_decoding;
     int drafts_each = n_decoding && spare > 0 ? spare / n_decoding : 0;
+    int n_gens = 0;
+    for (int i = 0; i < s->n_active; i++)
+        if (step_decodes(s->active[i], gm)) {
+            s->spec_gens[n_gens++] = s->active[i]->g;
+            spec_propose(s->active[i]->g, drafts_each);
+        }
+    char err[ERR_MAX];
+    if (s->drafter && gm == s->gm[0] &&
+        spec_draft_all(s->drafter, s->spec_gens, n_gens, s->positions, err) < 0)
+        if (reqlog_enabled(REQLOG_ERROR))
+            fprintf(stderr, "llmsd: error: draft model: %s (the step decodes without its "
+                            "drafts)\n", err);
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
         if (!step_decodes(w, gm))
             continue;
-        int k = spec_propose(w->g, drafts_each);
-        if (k > 0)
-            step_add_drafts(s, &n_seq, &n_out, w, k);
+        if (w->g->n_draft > 0)
+            step_add_drafts(s, &n_seq, &n_out, w, w->g->n_draft);
         else
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     }
@@ -542,6 +553,15 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
         s->positions[i] = i;
     if (genset_start(s, err) < 0)
         goto fail;
+    if (cfg->draft_model[0] &&
+        !(s->drafter = spec_drafter_new(env->reg, cfg->draft_model, s->gm[0]->tok,
+                                        SCHED_MAX_ACTIVE, err)))
+        goto fail;
+    if ((spec_mode_of_setting(cfg->speculate) & SPEC_DRAFT) && !s->drafter) {
+        err_set(err, "speculate = %s drafts with draft_model, which is not set",
+                cfg->speculate);
+        goto fail;
+    }
     semantic_env se = {cfg, env->reg, env->m, env->tok, s->gm[0]->runner, s->gm[0]->pool,
                        s->gm[0]->max_batch, env->st, env->out};
     s->sem = semantic_new(&se, err);
@@ -624,6 +644,7 @@ void sched_free(sched *s)
     }
     rag_free(s->rag);
     predict_free(s->predict);
+    spec_drafter_free(s->drafter);
     kb_free(s->kb);
     semantic_free(s->sem);
     for (int k = 0; k < SCHED_GEN_MAX; k++)

@@ -91,8 +91,19 @@ typedef struct gen {
     stop_matcher stop;
     /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
     int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */
+    unsigned spec_mode;    /* enum spec_source bits */
     int spec_k;            /* drafts it may propose next (adapts to acceptance) */
+    int spec_misses;       /* proposals in a row that had none accepted */
+    int spec_rest;         /* steps to wait before proposing again */
     int n_draft;           /* drafts in the step being evaluated; 0: a plain row */
+    enum spec_source draft_from; /* where the step's drafts came from */
+    int draft_want;        /* asks the draft model for this many drafts (0: no) */
+    spec_drafter *drafter; /* the draft model, when it drafts for this generation */
+    kv_seq draft_seq;      /* its KV: history from draft_base, then fed drafts */
+    int draft_base;        /* the history position of its first entry */
+    int draft_n;           /* history tokens [draft_base, draft_n) it holds */
+    int draft_fed;         /* of the step's drafts, those in its KV (all but the last) */
+    int draft_slides;      /* the window's slides its KV was made after */
     bool done;
     Llms__ErrorCode err_code;  /* of a failed step */
     Llms__StopReason reason;
@@ -206,7 +217,10 @@ struct sched {
     uint64_t n_steps;
     double step_stall_ms;  /* longest token gap seen in the step running */
     spec_stats spec;       /* graph runs' speculation, summed */
-    spec_counts spec_lookup; /* speculative decoding with prompt-lookup drafts */
+    spec_drafter *drafter;   /* draft_model's, NULL when none */
+    spec_counts spec_lookup; /* speculative decoding: prompt-lookup drafts */
+    spec_counts spec_draft;  /* and the draft model's */
+    gen *spec_gens[SCHED_MAX_ACTIVE]; /* a step's decoding generations */
 };
 
 /* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */

@@ -1,8 +1,25 @@
 /* speculate.c — draft tokens proposed, verified and taken (see speculate.h). */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/sched/sched_internal.h"
 #include "engine/model/lookup.h"
+
+/* The longest rest after missed proposals: 2^5 = 32 steps. */
+#define SPEC_REST_LOG2_MAX 5
+
+struct spec_drafter {
+    models_entry *me;      /* m, dec_r, dec_pool */
+    int window;            /* tokens its runner holds: a generation's draft KV at most */
+    int n_vocab;
+    int max_streams;
+    float *logits;         /* (max_streams, n_vocab) one out row per drafting generation */
+    kv_seq **seqs;         /* (max_streams) */
+    model_batch *batches;  /* (max_streams) */
+    gen **gens;            /* (max_streams) the generations of a forward */
+    int32_t *last_row;     /* (max_streams) the out row of each batch */
+};
 
 static const int32_t out_rows[SPEC_MAX_DRAFT + 1] = {
     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
@@ -13,20 +30,159 @@ const int32_t *spec_out_rows(void)
     return out_rows;
 }
 
-int spec_gen_init(gen *g, const config *cfg)
+unsigned spec_mode_of_setting(const char *speculate)
+{
+    return !strcmp(speculate, "lookup") ? SPEC_LOOKUP
+           : !strcmp(speculate, "draft") ? SPEC_DRAFT
+           : !strcmp(speculate, "both")  ? SPEC_LOOKUP | SPEC_DRAFT
+                                         : 0;
+}
+
+unsigned spec_mode_of_request(Llms__Speculation speculation)
+{
+    switch (speculation) {
+    case LLMS__SPECULATION__SPECULATION_LOOKUP:
+        return SPEC_LOOKUP;
+    case LLMS__SPECULATION__SPECULATION_DRAFT:
+        return SPEC_DRAFT;
+    case LLMS__SPECULATION__SPECULATION_BOTH:
+        return SPEC_LOOKUP | SPEC_DRAFT;
+    default:
+        return 0;
+    }
+}
+
+/* ---- the draft model ---- */
+
+/* The most likely token (ties: the lowest id), as greedy sampling takes it. */
+static int32_t argmax(const float *logits, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}
+
+/* Forgets g's draft KV: the next proposal feeds the window's history again. */
+static void draft_reset(gen *g)
+{
+    kv_seq_truncate(&g->draft_seq, 0);
+    g->draft_base = g->draft_n = 0;
+}
+
+/* 0 when a and b have the same tokens; else -1 + err naming the first that differs. */
+static int same_vocabulary(const tokenizer *a, const tokenizer *b, char err[ERR_MAX])
+{
+    int32_t n = tok_n_vocab(a);
+    if (tok_n_vocab(b) != n)
+        return err_set(err, "its vocabulary has %d tokens, the generate model's %d",
+                       (int)tok_n_vocab(b), (int)n);
+    for (int32_t i = 0; i < n; i++) {
+        size_t la, lb;
+        const char *ta = tok_token_text(a, i, &la), *tb = tok_token_text(b, i, &lb);
+        if (la != lb || (la && memcmp(ta, tb, la) != 0))
+            return err_set(err, "its token %d is '%.*s', the generate model's '%.*s'", (int)i,
+                           (int)(lb < 32 ? lb : 32), tb, (int)(la < 32 ? la : 32), ta);
+    }
+    return 0;
+}
+
+spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const tokenizer *target,
+                               int max_streams, char err[ERR_MAX])
+{
+    char why[ERR_MAX];
+    models_entry *me = models_find(reg, draft_model);
+    if (!me) {
+        err_set(err, "draft_model: no model '%s' in the registry", draft_model);
+        return NULL;
+    }
+    if (!(me->roles & MODELS_DRAFT) || !me->dec_r) {
+        err_set(err, "draft_model: model '%s' has no draft role (give its model.%s line the "
+                     "draft role)", draft_model, draft_model);
+        return NULL;
+    }
+    if (same_vocabulary(target, me->embed_tok, why) < 0) {
+        err_set(err, "draft_model '%s' cannot draft for the generate model: %s", draft_model,
+                why);
+        return NULL;
+    }
+    spec_drafter *d = calloc(1, sizeof *d);
+    if (!d) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    d->me = me;
+    d->window = model_runner_max_kv(me->dec_r);
+    d->n_vocab = model_hparams_of(me->m)->n_vocab;
+    d->max_streams = max_streams;
+    d->logits = malloc(sizeof *d->logits * (size_t)max_streams * (size_t)d->n_vocab);
+    d->seqs = malloc(sizeof *d->seqs * (size_t)max_streams);
+    d->batches = malloc(sizeof *d->batches * (size_t)max_streams);
+    d->gens = malloc(sizeof *d->gens * (size_t)max_streams);
+    d->last_row = malloc(sizeof *d->last_row * (size_t)max_streams);
+    if (!d->logits || !d->seqs || !d->batches || !d->gens || !d->last_row) {
+        spec_drafter_free(d);
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    /* counted as running, so that an unload waits for the daemon's end */
+    me->running++;
+    return d;
+}
+
+void spec_drafter_free(spec_drafter *d)
+{
+    if (!d)
+        return;
+    if (d->me && d->logits && d->seqs && d->batches && d->gens && d->last_row)
+        d->me->running--;
+    free(d->logits);
+    free(d->seqs);
+    free(d->batches);
+    free(d->gens);
+    free(d->last_row);
+    free(d);
+}
+
+bool spec_drafter_uses(const spec_drafter *d, const models_entry *e)
+{
+    return d && d->me == e;
+}
+
+/* ---- a generation's speculation ---- */
+
+int spec_gen_init(gen *g, const config *cfg, unsigned mode, spec_drafter *d)
 {
     int max = cfg->speculate_max < SPEC_MAX_DRAFT ? cfg->speculate_max : SPEC_MAX_DRAFT;
     if (!(g->spec_rows = malloc(sizeof *g->spec_rows * (size_t)(1 + max))))
         return -1;
+    g->spec_mode = mode;
     g->spec_k = (max + 1) / 2;
+    if ((mode & SPEC_DRAFT) && d) {
+        g->drafter = d;
+        kv_seq_init(&g->draft_seq, d->me->dec_pool);
+    }
     return 0;
+}
+
+void spec_gen_free(gen *g)
+{
+    if (g->drafter)
+        kv_seq_free(&g->draft_seq);
+    free(g->spec_rows);
 }
 
 int spec_propose(gen *g, int cap)
 {
     g->n_draft = 0;
+    g->draft_want = 0;
     if (!g->spec_rows)
         return 0;
+    if (g->spec_rest > 0) {
+        g->spec_rest--;
+        return 0;
+    }
     if (cap > g->spec_k)
         cap = g->spec_k;
     /* every token a step may take stays inside the window (no slide mid-step) and
@@ -37,19 +193,135 @@ int spec_propose(gen *g, int cap)
         cap = g->max_gen - g->n_gen - 1;
     if (cap <= 0)
         return 0;
-    int n = lookup_propose(g->hist, g->n_hist, cap, g->spec_rows + 1);
-    if (n > 0)
-        g->spec_rows[0] = g->hist[g->n_hist - 1];
-    g->n_draft = n;
-    return n;
+    g->spec_rows[0] = g->hist[g->n_hist - 1];
+    if (g->spec_mode & SPEC_LOOKUP) {
+        g->n_draft = lookup_propose(g->hist, g->n_hist, cap, g->spec_rows + 1);
+        g->draft_from = SPEC_LOOKUP;
+    }
+    if (g->n_draft == 0 && g->drafter) {
+        /* a slide rewrote the history the draft KV was made of */
+        if (g->draft_slides != g->slides) {
+            draft_reset(g);
+            g->draft_slides = g->slides;
+        }
+        g->draft_want = cap;
+    }
+    return g->n_draft;
 }
 
-void spec_take(sched *s, work *w, const float *logits, spec_counts *counts)
+/* Gets g's draft KV ready for this step's proposal: moved to a window that holds the
+ * history and the drafts (the last half of its window kept, the rest fed again), then
+ * the batch of history tokens it has not seen (at most SPEC_CATCHUP_ROWS). Whether
+ * that batch ends at the history's last token (it may draft). */
+static bool catch_up(spec_drafter *d, gen *g, const int32_t *positions, model_batch *b,
+                     int32_t *last_row)
+{
+    if (g->n_hist + g->draft_want - g->draft_base >= d->window) {
+        g->draft_base = g->n_hist - d->window / 2;
+        g->draft_n = g->draft_base;
+        kv_seq_truncate(&g->draft_seq, 0);
+    }
+    int n = g->n_hist - g->draft_n;
+    bool whole = n <= SPEC_CATCHUP_ROWS;
+    if (!whole)
+        n = SPEC_CATCHUP_ROWS;
+    *b = (model_batch){.n_tokens = n, .tokens = g->hist + g->draft_n,
+                       .positions = positions + (g->draft_n - g->draft_base)};
+    if (whole) {
+        *last_row = n - 1;
+        b->n_out = 1;
+        b->out_rows = last_row;
+    }
+    return whole;
+}
+
+int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
+                   char err[ERR_MAX])
+{
+    /* first forward: each generation's unseen history, the drafting ones' last row out */
+    int m = 0, n_out = 0;
+    for (int i = 0; i < n && m < d->max_streams; i++) {
+        gen *g = gens[i];
+        if (!g->draft_want)
+            continue;
+        d->gens[m] = g;
+        d->seqs[m] = &g->draft_seq;
+        bool drafts = catch_up(d, g, positions, &d->batches[m], &d->last_row[m]);
+        if (drafts)
+            d->batches[m].logits = d->logits + (size_t)n_out++ * d->n_vocab;
+        else
+            g->draft_want = 0;
+        m++;
+    }
+    if (m == 0)
+        return 0;
+    int rc = model_forward_batch(d->me->dec_r, m, d->seqs, d->batches, err);
+    for (int i = 0; i < m; i++) {
+        gen *g = d->gens[i];
+        if (rc) {
+            g->draft_want = 0;
+            draft_reset(g);
+        } else {
+            g->draft_n += d->batches[i].n_tokens;
+        }
+    }
+    if (rc)
+        return -1;
+    /* then one token per forward: each drafting generation's latest draft fed back */
+    int step = 1, k_max = 0;
+    for (int i = 0; i < m; i++)
+        if (d->gens[i]->draft_want > k_max)
+            k_max = d->gens[i]->draft_want;
+    for (; step <= k_max; step++) {
+        int b = 0;
+        for (int i = 0, o = 0; i < m; i++) {
+            gen *g = d->gens[i];
+            if (!g->draft_want)
+                continue;
+            g->spec_rows[step] = argmax(d->logits + (size_t)o++ * d->n_vocab, d->n_vocab);
+            if (step == g->draft_want)
+                continue;
+            d->seqs[b] = &g->draft_seq;
+            d->batches[b] = (model_batch){
+                .n_tokens = 1, .tokens = g->spec_rows + step,
+                .positions = positions + (g->n_hist - 1 + step - g->draft_base),
+                .n_out = 1, .out_rows = out_rows,
+                .logits = d->logits + (size_t)b * d->n_vocab};
+            b++;
+        }
+        /* the generations whose drafts are done leave; the others keep their order */
+        int kept = 0;
+        for (int i = 0; i < m; i++)
+            if (d->gens[i]->draft_want && d->gens[i]->draft_want > step)
+                d->gens[kept++] = d->gens[i];
+            else if (d->gens[i]->draft_want) {
+                gen *g = d->gens[i];
+                g->n_draft = g->draft_want;
+                g->draft_from = SPEC_DRAFT;
+                g->draft_fed = g->draft_want - 1;
+                g->draft_want = 0;
+            }
+        m = kept;
+        if (b == 0)
+            break;
+        if (model_forward_batch(d->me->dec_r, b, d->seqs, d->batches, err)) {
+            for (int i = 0; i < m; i++) {
+                d->gens[i]->draft_want = 0;
+                d->gens[i]->n_draft = 0;
+                draft_reset(d->gens[i]);
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void spec_take(sched *s, work *w, const float *logits)
 {
     gen *g = w->g;
     int k = g->n_draft, n_vocab = g->gm->n_vocab, taken = 0;
     /* the sequence holds the history but its last token, then the step's k + 1 rows */
-    int kv_before = kv_seq_n_tokens(g->seq) - (k + 1);
+    int kv_before = kv_seq_n_tokens(g->seq) - (k + 1), n_hist_before = g->n_hist;
     gen_note_token_time(s, g);
     for (int i = 0; i <= k && !g->done; i++) {
         const float *row = logits + (size_t)i * n_vocab;
@@ -67,9 +339,23 @@ void spec_take(sched *s, work *w, const float *logits, spec_counts *counts)
         ctx_forward_unwind(g->c, keep);
     else if (kv_seq_n_tokens(g->seq) > keep)
         kv_seq_truncate(g->seq, keep);
+    if (g->draft_from == SPEC_DRAFT) {
+        /* the draft model fed the history and all drafts but the last: it keeps those
+         * taken */
+        int fed = taken < g->draft_fed ? taken : g->draft_fed;
+        g->draft_n = n_hist_before + fed;
+        kv_seq_truncate(&g->draft_seq, g->draft_n - g->draft_base);
+    }
     int max = s->env.cfg->speculate_max < SPEC_MAX_DRAFT ? s->env.cfg->speculate_max
                                                           : SPEC_MAX_DRAFT;
     g->spec_k = taken == k ? (2 * k < max ? 2 * k : max) : taken + 1;
+    /* text that does not repeat its context keeps proposing what is rejected, and a
+     * rejected row costs its compute: each miss in a row doubles the rest before the
+     * next proposal */
+    g->spec_misses = taken ? 0 : g->spec_misses + 1;
+    g->spec_rest = taken ? 0 : 1 << (g->spec_misses < SPEC_REST_LOG2_MAX ? g->spec_misses
+                                                                         : SPEC_REST_LOG2_MAX);
+    spec_counts *counts = g->draft_from == SPEC_DRAFT ? &s->spec_draft : &s->spec_lookup;
     counts->steps++;
     counts->proposed += (uint64_t)k;
     counts->accepted += (uint64_t)taken;

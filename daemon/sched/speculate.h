@@ -2,26 +2,39 @@
  * speculate.h — speculative decoding in the step scheduler.
  *
  * Decode is at the memory wall: a step reads the weights once however many rows it
- * holds, so rows a step has to spare are nearly free. A generation with speculation on
+ * holds, so rows a step has to spare cost little. A generation with speculation on
  * (its params' speculation, else the `speculate` setting) proposes draft tokens before
- * each step: prompt lookup, the tokens that followed the latest earlier occurrence of
- * its last 2-4 tokens in its own history (engine/model/lookup.h). Its step row becomes
- * 1 + k rows: its last token, then the drafts; all k + 1 rows' logits come back. Each
- * row's token is then chosen as the sampler would (sampler_sample_draft: greedy is the
- * argmax, sampling accepts a draft with its probability and otherwise draws from the
- * rest, so the distribution is the sampler's), taken in order while it equals the
- * draft; the first that differs (or the row after the last draft) is taken too and ends
- * it. So a step yields 1 to k + 1 tokens, each exactly what plain decoding would have
- * taken (greedy: token for token). The KV entries of rejected drafts leave the sequence
- * (kv_seq_truncate: only the call's own f16 tail is touched; chunks before it are never
- * written by a step) and a context's attention statistics for those positions are
- * cleared.
+ * each step, from one of two sources:
+ * - lookup: the tokens that followed the latest earlier occurrence of its last 2-4
+ *   tokens in its own history (engine/model/lookup.h): free, and right where answers
+ *   quote passages, code or the conversation;
+ * - draft: the greedy continuation of a small model of the same vocabulary
+ *   (`draft_model`, a registry model with the draft role), which keeps a KV sequence per
+ *   generation over a window of the history's last tokens (its own context length),
+ *   catches up with the tokens taken since its last proposal (at most
+ *   SPEC_CATCHUP_ROWS a step) and then drafts one token per forward, all drafting
+ *   generations batched in each forward;
+ * with both, lookup first and the draft model where lookup finds nothing. The step row
+ * of the generation becomes 1 + k rows: its last token, then the drafts; all k + 1
+ * rows' logits come back. Each row's token is then chosen as the sampler would
+ * (sampler_sample_draft: greedy is the argmax, sampling accepts a draft with its
+ * probability and otherwise draws from the rest, so the distribution is the
+ * sampler's), taken in order while it equals the draft; the first that differs (or the
+ * row after the last draft) is taken too and ends it. So a step yields 1 to k + 1
+ * tokens, each what plain decoding would have taken (greedy: token for token). The KV
+ * entries of rejected drafts leave the sequence (kv_seq_truncate: only the call's own
+ * f16 tail is touched; chunks before it are never written by a step), a context's
+ * attention statistics for those positions are cleared, and the draft model's KV keeps
+ * only the drafts that were taken.
  *
  * How many drafts: each generation's k adapts (all accepted: doubled up to
- * speculate_max; else one more than were accepted), and a step offers draft rows only
- * up to speculate_rows in all, shared by its decoding generations: one stream may
- * verify many, sixteen streams none, where the step is no longer bound by reading the
- * weights. k also stops short of the window's end and of max_tokens.
+ * speculate_max; else one more than were accepted), a proposal with none accepted
+ * makes it rest 2, 4, ... up to 32 steps before the next (a row that is rejected costs
+ * its compute, and text that does not repeat its context keeps missing), and a step
+ * offers draft rows only up to speculate_rows in all, shared by its decoding
+ * generations: one stream may verify many, sixteen streams none, where the step is no
+ * longer bound by reading the weights. k also stops short of the window's end and of
+ * max_tokens. Only the default generate model's generations draft with the draft model.
  */
 #ifndef LLMS_SPECULATE_H
 #define LLMS_SPECULATE_H
@@ -30,6 +43,9 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/models/models.h"
+#include "engine/err.h"
+#include "engine/tok/tokenizer.h"
 #include "proto/llms.pb-c.h"
 
 typedef struct gen gen;
@@ -38,6 +54,12 @@ typedef struct sched sched;
 
 /* Most draft rows one generation verifies in a step (speculate_max's bound). */
 #define SPEC_MAX_DRAFT 32
+/* Most history tokens a draft model catches up with in one step: a long prompt is fed
+ * over several steps rather than stalling every stream in one. */
+#define SPEC_CATCHUP_ROWS 64
+
+/* Draft sources, as bits of a generation's mode. */
+enum spec_source { SPEC_LOOKUP = 1, SPEC_DRAFT = 2 };
 
 /* Counts since the daemon started, per draft source. */
 typedef struct spec_counts {
@@ -46,23 +68,50 @@ typedef struct spec_counts {
     uint64_t accepted;  /* of them taken */
 } spec_counts;
 
-/* Whether a generation with params p (merged: the request's over the context's, NULL
- * fields unset) speculates under cfg. */
-bool spec_wanted(const config *cfg, const Llms__GenerationParams *ctx_p,
-                 const Llms__GenerationParams *req_p);
+/* The draft sources of the `speculate` setting ("off", "lookup", "draft", "both"), and
+ * of a request's speculation. */
+unsigned spec_mode_of_setting(const char *speculate);
+unsigned spec_mode_of_request(Llms__Speculation speculation);
 
-/* Prepares g (speculation on) for drafting: its rows buffer. -1 when memory runs out. */
-int spec_gen_init(gen *g, const config *cfg);
+/* The draft model of the scheduler: its registry entry (runner and KV pool apart) and
+ * the buffers of its batched forwards. */
+typedef struct spec_drafter spec_drafter;
 
-/* The drafts of decoding generation g for this step into its rows (row 0 its last
- * token), at most cap of them: their number, 0 for a plain decode row. */
+/* The drafter of draft_model (a registry model with the draft role) for the target's
+ * tokenizer: NULL + err when it is missing, lacks the role, or its vocabulary differs
+ * from the target's (the first token that differs is named). max_streams: generations
+ * drafting in one step at most. */
+spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const tokenizer *target,
+                               int max_streams, char err[ERR_MAX]);
+void spec_drafter_free(spec_drafter *d);
+
+/* Whether e is the drafter's model (which cannot be unloaded while it drafts). */
+bool spec_drafter_uses(const spec_drafter *d, const models_entry *e);
+
+/* Prepares g for speculation with sources mode (the draft source only with a drafter,
+ * which d may be, NULL otherwise). -1 when memory runs out. */
+int spec_gen_init(gen *g, const config *cfg, unsigned mode, spec_drafter *d);
+
+/* Frees what spec_gen_init made (nothing when it made nothing). */
+void spec_gen_free(gen *g);
+
+/* Before a step: the drafts of decoding generation g (at most cap) by lookup into its
+ * rows (row 0 its last token): their number; 0 with g marked to ask the draft model
+ * (spec_draft_all) when lookup found none and g drafts from it. */
 int spec_propose(gen *g, int cap);
+
+/* The draft model's drafts for every generation spec_propose marked among gens (n):
+ * each gets its g->n_draft drafts, or none when it is still catching up. -1 + err when a
+ * forward fails (the generations then decode plainly). */
+int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
+                   char err[ERR_MAX]);
 
 /* The out rows of a step's generation with n drafts: 0 .. n. */
 const int32_t *spec_out_rows(void);
 
 /* After the forward: takes the tokens w's n_draft + 1 rows of logits (each n_vocab, in
- * row order) decide, drops the KV of rejected drafts, adapts k and counts into counts. */
-void spec_take(sched *s, work *w, const float *logits, spec_counts *counts);
+ * row order) decide, drops the KV of rejected drafts (the draft model's too), adapts k
+ * and counts into the scheduler's counters of the drafts' source. */
+void spec_take(sched *s, work *w, const float *logits);
 
 #endif

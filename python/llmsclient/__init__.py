@@ -423,13 +423,14 @@ def _b(s):
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None):
     """A llms_params with the given fields set; keeps the stop strings alive.
-    speculation: "off" or "lookup" (speculative decoding; None: the daemon's)."""
+    speculation: "off", "lookup", "draft" or "both" (speculative decoding; None: the
+    daemon's)."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
-        kinds = {"off": 1, "lookup": 2}
+        kinds = {"off": 1, "lookup": 2, "draft": 3, "both": 4}
         if speculation not in kinds:
-            raise ValueError("speculation must be 'off' or 'lookup'")
+            raise ValueError("speculation must be 'off', 'lookup', 'draft' or 'both'")
         p.speculation = kinds[speculation]
     if model is not None:
         p.model = _b(model)

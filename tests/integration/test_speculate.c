@@ -1,6 +1,10 @@
 /*
  * Speculative decoding (daemon/sched/speculate.h) in a running llmsd, against the same
  * daemon with it off (per request, llms_params.speculation):
+ * Drafts come from prompt lookup and from a draft model (a generated one on the
+ * generated target's vocabulary; docs-draft-5M for docs-lm-21M).
+ * - a draft model of another vocabulary, or without the draft role, and speculate =
+ *   draft without a draft_model, stop llmsd at start with a message;
  * - greedy text is token for token the same, on a generated model (no shared data) and
  *   on the trained test models, for prompts whose continuations repeat them (drafts are
  *   accepted) and prompts that do not (drafts are rejected), and for RAG answers over
@@ -24,7 +28,12 @@
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
-static char llmsd_path[1024], generated[1024];
+static char llmsd_path[1024], generated[1024], generated_draft[1024], other_vocab[1024];
+
+/* The modes compared with plain decoding, and their names. */
+static const int MODES[] = {LLMS_SPECULATION_LOOKUP, LLMS_SPECULATION_DRAFT,
+                            LLMS_SPECULATION_BOTH};
+static const char *const MODE_NAMES[] = {"lookup", "draft", "both"};
 
 /* Prompts whose continuation repeats them, and ones that do not. */
 static const char *const PROMPTS[] = {
@@ -66,21 +75,36 @@ static int start(llmsd_proc *d, const char *name, const char *model, const char 
     return proc_start(d, llmsd_path, name, model, conf);
 }
 
-/* Every prompt's greedy completion with lookup drafts equals the plain one. */
-static void greedy_same_text(const char *name, const char *model)
+/* The config lines of a draft model at path (none when path is NULL). */
+static void draft_lines(char *buf, size_t cap, const char *path)
 {
+    buf[0] = '\0';
+    if (path)
+        proc_fmt(buf, cap, "model.small = %s draft\ndraft_model = small\n", path);
+}
+
+/* Every prompt's greedy completion with lookup drafts (and with a draft model's, when
+ * draft names one) equals the plain one. */
+static void greedy_same_text(const char *name, const char *model, const char *draft)
+{
+    char extra[1200];
+    draft_lines(extra, sizeof extra, draft);
     llmsd_proc d;
-    CHECK_MSG(start(&d, name, model, NULL) == 0, "llmsd did not start on %s", model);
+    CHECK_MSG(start(&d, name, model, extra) == 0, "llmsd did not start on %s", model);
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
+    int n_modes = draft ? 3 : 1;
     for (int i = 0; c && i < N_PROMPTS; i++) {
         char *plain = complete(c, PROMPTS[i], 96, LLMS_SPECULATION_OFF);
-        char *spec = complete(c, PROMPTS[i], 96, LLMS_SPECULATION_LOOKUP);
-        CHECK(plain && spec);
-        CHECK_MSG(plain && spec && !strcmp(plain, spec), "%s, prompt %d:\n plain '%s'\n spec  '%s'",
-                  name, i, plain ? plain : "", spec ? spec : "");
+        for (int m = 0; m < n_modes; m++) {
+            char *spec = complete(c, PROMPTS[i], 96, MODES[m]);
+            CHECK(plain && spec);
+            CHECK_MSG(plain && spec && !strcmp(plain, spec),
+                      "%s, %s, prompt %d:\n plain '%s'\n spec  '%s'", name, MODE_NAMES[m], i,
+                      plain ? plain : "", spec ? spec : "");
+            free(spec);
+        }
         free(plain);
-        free(spec);
     }
     llms_daemon_status st;
     CHECK(c && proc_status(c, &st) == 0);
@@ -89,9 +113,17 @@ static void greedy_same_text(const char *name, const char *model)
               "%s: %llu drafts, %llu accepted", name,
               (unsigned long long)st.spec_lookup_proposed,
               (unsigned long long)st.spec_lookup_accepted);
-    printf("   %s: %llu verifications, %llu drafts, %llu accepted\n", name,
+    if (draft)
+        CHECK_MSG(st.spec_draft_proposed > 0 && st.spec_draft_accepted <= st.spec_draft_proposed,
+                  "%s: %llu draft model drafts, %llu accepted", name,
+                  (unsigned long long)st.spec_draft_proposed,
+                  (unsigned long long)st.spec_draft_accepted);
+    printf("   %s: lookup %llu verifications, %llu drafts, %llu accepted; draft model %llu, "
+           "%llu, %llu\n", name,
            (unsigned long long)st.spec_lookup_steps, (unsigned long long)st.spec_lookup_proposed,
-           (unsigned long long)st.spec_lookup_accepted);
+           (unsigned long long)st.spec_lookup_accepted, (unsigned long long)st.spec_draft_steps,
+           (unsigned long long)st.spec_draft_proposed,
+           (unsigned long long)st.spec_draft_accepted);
     llms_daemon_status_free(&st);
     if (c)
         llms_close(c);
@@ -102,7 +134,33 @@ static void greedy_same_text_generated(void)
 {
     if (!llmsd_path[0] || !generated[0])
         SKIP("llmsd is not built in this tree");
-    greedy_same_text("generated", generated);
+    greedy_same_text("generated", generated, generated_draft);
+}
+
+/* A draft model on another vocabulary, one without the draft role, and draft speculation
+ * without a draft model are refused at start. */
+static void draft_model_refused(void)
+{
+    if (!llmsd_path[0] || !generated[0])
+        SKIP("llmsd is not built in this tree");
+    char extra[1200], cmd[1200], out[4096];
+    llmsd_proc d;
+    draft_lines(extra, sizeof extra, other_vocab);
+    fprintf(stderr, "(three failing starts are expected; their logs follow)\n");
+    CHECK(start(&d, "bad-draft", generated, extra) != 0);
+    proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "draft_model 'small'") && strstr(out, "vocabulary"), "%s", out);
+    proc_fmt(extra, sizeof extra, "model.small = %s embed\ndraft_model = small\n",
+             generated_draft);
+    CHECK(start(&d, "no-role", generated, extra) != 0);
+    proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "no draft role"), "%s", out);
+    CHECK(start(&d, "no-draft", generated, "speculate = draft\n") != 0);
+    proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "draft_model"), "%s", out);
 }
 
 static void greedy_same_text_trained(void)
@@ -111,28 +169,36 @@ static void greedy_same_text_trained(void)
     char path[1024];
     snprintf(path, sizeof path, "%s", m ? m : "");
     const char *docs = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    if (!m || !docs)
-        SKIP("../shared/testdata/models/TinyStories-656K-Q8_0.gguf or docs-lm-21M-Q8_0.gguf is "
-             "absent");
+    const char *small = test_data_path("models/docs-draft-5M-F16.gguf");
+    if (!m || !docs || !small)
+        SKIP("../shared/testdata/models/TinyStories-656K-Q8_0.gguf, docs-lm-21M-Q8_0.gguf or "
+             "docs-draft-5M-F16.gguf is absent");
     if (!llmsd_path[0])
         SKIP("llmsd is not built in this tree");
-    greedy_same_text("tinystories", path);
-    docs = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    snprintf(path, sizeof path, "%s", docs);
-    greedy_same_text("docs-lm", path);
+    greedy_same_text("tinystories", path, NULL);
+    char draft[1024];
+    snprintf(draft, sizeof draft, "%s", test_data_path("models/docs-draft-5M-F16.gguf"));
+    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
+    greedy_same_text("docs-lm", path, draft);
 }
 
-/* Two contexts get the same turns, one with speculation: their replies agree turn after
- * turn (so the kept KV agrees), also when both were evicted between turns. */
+/* Two contexts get the same turns, one with speculation (lookup, else a draft model's
+ * drafts): their replies agree turn after turn (so the kept KV agrees), also when both
+ * were evicted between turns. */
 static void contexts_keep_the_same_kv(void)
 {
     const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    char path[1024];
-    snprintf(path, sizeof path, "%s", m ? m : generated);
+    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
+    char path[1024], draft[1024], extra[2400];
+    snprintf(draft, sizeof draft, "%s", m && small ? small : generated_draft);
+    snprintf(path, sizeof path, "%s",
+             m && small ? test_data_path("models/docs-lm-21M-Q8_0.gguf") : generated);
     if (!llmsd_path[0] || !path[0])
         SKIP("llmsd is not built in this tree");
+    draft_lines(extra, sizeof extra, draft);
+    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra), "kv_budget_mb = 64\n");
     llmsd_proc d;
-    CHECK_MSG(start(&d, "ctx", path, "kv_budget_mb = 64\n") == 0, "llmsd did not start");
+    CHECK_MSG(start(&d, "ctx", path, extra) == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
     char plain[LLMS_ID_MAX], spec[LLMS_ID_MAX];
@@ -141,7 +207,7 @@ static void contexts_keep_the_same_kv(void)
     CHECK(c && llms_context_create(c, NULL, &p, spec) == LLMS_OK);
     for (int turn = 0; c && turn < 4; turn++) {
         char *a = NULL, *b = NULL;
-        llms_params po = greedy(64, LLMS_SPECULATION_OFF), ps = greedy(64, LLMS_SPECULATION_LOOKUP);
+        llms_params po = greedy(64, LLMS_SPECULATION_OFF), ps = greedy(64, LLMS_SPECULATION_BOTH);
         CHECK_MSG(llms_call_text(c, plain, PROMPTS[turn], &po, &a) == LLMS_OK, "%s",
                   llms_last_error(c));
         CHECK_MSG(llms_call_text(c, spec, PROMPTS[turn], &ps, &b) == LLMS_OK, "%s",
@@ -229,46 +295,46 @@ static void rag_answers_same(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
-/* The token at position POS of many seeded samples, with and without drafts: one
- * distribution (chi-square homogeneity over the tokens seen at least 10 times in all,
- * the rest pooled, below the p = 0.001 critical value). */
-static void sampling_keeps_its_distribution(void)
+/* The token at position POS of many seeded samples of prompt at temperature, with and
+ * without drafts (mode): one distribution (chi-square homogeneity over the tokens seen at least 10
+ * times in all, the rest pooled, below the p = 0.001 critical value). */
+static void sampled_alike(const char *name, const char *model, const char *extra, int mode,
+                          float temperature, const char *prompt)
 {
-    const char *m = test_data_path("models/stories260K.gguf");
-    if (!m)
-        SKIP("../shared/testdata/models/stories260K.gguf is absent");
-    if (!llmsd_path[0])
-        SKIP("llmsd is not built in this tree");
-    char path[1024];
-    snprintf(path, sizeof path, "%s", m);
     llmsd_proc d;
-    CHECK_MSG(start(&d, "sampling", path, NULL) == 0, "llmsd did not start");
+    CHECK_MSG(start(&d, name, model, extra) == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
     enum { SAMPLES = 300, POS = 5, VOCAB = 512 };
     static int count[2][VOCAB];
     memset(count, 0, sizeof count);
-    const char *prompt = "Lily went to the park. Lily went to the park. Lily went to the";
     for (int s = 0; c && s < 2; s++)
         for (int i = 0; i < SAMPLES; i++) {
             llms_params p = proc_greedy(POS + 1, NULL);
-            p.temperature = 1.0f;
+            p.temperature = temperature;
             p.top_k = 0;
             p.top_p = 1.0f;
             p.min_p = 0.0f;
             p.has_seed = 1;
             p.seed = 1000 + (uint64_t)i + (uint64_t)s * 100000;
-            p.speculation = s ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF;
+            p.speculation = s ? mode : LLMS_SPECULATION_OFF;
             int32_t *ids;
             size_t n;
             llms_result r;
             CHECK(llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK);
-            /* the reply's tokens: tokenize the text (no special tokens) */
-            if (llms_tokenize(c, r.text ? r.text : "", 0, 0, &ids, &n) == LLMS_OK) {
-                if (n > POS && ids[POS] >= 0 && ids[POS] < VOCAB)
-                    count[s][ids[POS]]++;
+            /* the reply's tokens: the synthetic vocabulary's pieces are "tok<id>", else the
+             * text tokenized again (no special tokens) */
+            const char *text = r.text ? r.text : "";
+            int id = -1;
+            if (!strncmp(text, "tok", 3)) {
+                for (int k = 0; k <= POS && (text = strstr(text, "tok")); k++)
+                    id = k == POS ? atoi(text += 3) : (text += 3, -1);
+            } else if (llms_tokenize(c, text, 0, 0, &ids, &n) == LLMS_OK) {
+                id = n > POS ? ids[POS] : -1;
                 free(ids);
             }
+            if (id >= 0 && id < VOCAB)
+                count[s][id]++;
             llms_result_free(&r);
         }
     /* categories with at least 10 in all; the rest pooled */
@@ -309,15 +375,33 @@ static void sampling_keeps_its_distribution(void)
     CHECK(total[0] > SAMPLES / 2 && total[1] > SAMPLES / 2);
     CHECK_MSG(df >= 1 && x2 < limit, "chi-square %.2f with %d degrees of freedom (limit %.2f)",
               x2, df, limit);
-    printf("   position %d over %d + %d samples: chi-square %.2f, %d degrees of freedom "
-           "(limit %.2f)\n", POS, total[0], total[1], x2, df, limit);
+    printf("   %s: position %d over %d + %d samples: chi-square %.2f, %d degrees of freedom "
+           "(limit %.2f)\n", name, POS, total[0], total[1], x2, df, limit);
     llms_daemon_status st;
     CHECK(c && proc_status(c, &st) == 0);
-    CHECK(st.spec_lookup_proposed > 0);
+    CHECK_MSG(st.spec_lookup_proposed + st.spec_draft_proposed > 0, "%s: nothing drafted", name);
     llms_daemon_status_free(&st);
     if (c)
         llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+static void sampling_keeps_its_distribution(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char extra[1200];
+    draft_lines(extra, sizeof extra, generated_draft);
+    /* the random model's logits are peaked: a higher temperature spreads them */
+    sampled_alike("generated, draft model", generated, extra, LLMS_SPECULATION_DRAFT, 2.0f,
+                  "tok5 tok9 tok12 tok40 tok41 tok5 tok9 tok12");
+    const char *m = test_data_path("models/stories260K.gguf");
+    if (!m)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", m);
+    sampled_alike("stories260K, lookup", path, NULL, LLMS_SPECULATION_LOOKUP, 1.0f,
+                  "Lily went to the park. Lily went to the park. Lily went to the");
 }
 
 int main(int argc, char **argv)
@@ -329,7 +413,19 @@ int main(int argc, char **argv)
                           .n_head_kv = 2, .n_ff = 128, .n_ctx = 512, .type = QTYPE_F32,
                           .seed = 3, .n_vocab = 100, .n_threads = 1};
     proc_generate_model(generated, sizeof generated, "generated.gguf", &mp);
+    /* a draft model: smaller, other weights, the same synthetic vocabulary */
+    modelgen_params dp = mp;
+    dp.dim = 32;
+    dp.n_layer = 1;
+    dp.n_head = 2;
+    dp.n_head_kv = 1;
+    dp.n_ff = 64;
+    dp.seed = 4;
+    proc_generate_model(generated_draft, sizeof generated_draft, "draft.gguf", &dp);
+    dp.n_vocab = 120;
+    proc_generate_model(other_vocab, sizeof other_vocab, "other-vocab.gguf", &dp);
     RUN(greedy_same_text_generated);
+    RUN(draft_model_refused);
     RUN(greedy_same_text_trained);
     RUN(contexts_keep_the_same_kv);
     RUN(rag_answers_same);
