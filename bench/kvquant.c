@@ -14,8 +14,8 @@
  * docs-lm-21M-Q8_0.gguf (context 2048), on --text DIR/docs/heldout.txt (text it was not
  * trained on) with SEQS 6, --len 1536 and --prefix 1280 unless given: 1280 tokens of a
  * long document compressed and the next 256 scored, in three quarters of the model's
- * window (about 10 minutes for both on 2 shared cores). When those files are absent it
- * says so and exits 0.
+ * window (both files: about 9 minutes of CPU at -t 2, 10-14 minutes on 2 cores shared
+ * with other work). When those files are absent it says so and exits 0.
  *
  * For each of SEQS sequences: --len tokens are sampled from the model itself (BOS first,
  * temperature 1, seeded: for the trained models, stories), or with --text cut from FILE
