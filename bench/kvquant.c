@@ -3,22 +3,32 @@
  * distributions, for uniform int8 / int4 / int2 and for tolerance-aware precisions.
  *
  *   build/bench/kvquant [-t THREADS] [-s SEQS] [--len N] [--prefix N] [--ratio R]
- *                       [--window N] [--testdata DIR] [MODEL.gguf ...]
+ *                       [--window N] [--testdata DIR] [--text FILE] [--docs]
+ *                       [MODEL.gguf ...]
  *
  * With no model given it uses DIR/models/stories260K.gguf (a trained tiny llama; DIR is
  * ../shared/testdata by default) and a random-weight llama (dim 256, 8 layers, 4 heads,
  * 2 KV heads, head_dim 64 as most real models have, FFN 768, F16, a synthetic vocabulary
  * of 4096 tokens to keep the run short) generated into build/bench-models/.
+ * --docs runs the documentation generator instead, DIR/models/docs-lm-21M-F16.gguf and
+ * docs-lm-21M-Q8_0.gguf (context 2048), on --text DIR/docs/heldout.txt (text it was not
+ * trained on) with SEQS 6, --len 1536 and --prefix 1280 unless given: 1280 tokens of a
+ * long document compressed and the next 256 scored, in three quarters of the model's
+ * window (both files: about 9 minutes of CPU at -t 2, 10-14 minutes on 2 cores shared
+ * with other work). When those files are absent it says so and exits 0.
  *
  * For each of SEQS sequences: --len tokens are sampled from the model itself (BOS first,
- * temperature 1, seeded: for the trained models, stories); the first --prefix tokens are
- * prefilled with f16 KV, the last --window of them (default 32) with attention received
- * per entry (each column's sum normalised by n_layer * n_head * the rows that can attend
- * to it; a chunk's density is the mean over its columns). Then for each scheme a copy of
- * the prefix's chunks is compressed and the remaining tokens are teacher-forced one by
- * one (their own K/V stay f16); the scores are the mean over those positions of
- * KL(p_f16 || p_scheme) and the share of positions whose most likely token is the f16
- * one's (top-1 agreement).
+ * temperature 1, seeded: for the trained models, stories), or with --text cut from FILE
+ * tokenized by the model's own tokenizer: BOS, then --len - 1 tokens of the text from
+ * offset i n / (SEQS + 1) for sequence i = 0..SEQS - 1 and n tokens of text, so that the
+ * windows spread evenly over it and never overlap (FILE must hold that many). The first
+ * --prefix tokens are prefilled with f16 KV, the last --window of them (default 32) with
+ * attention received per entry (each column's sum normalised by n_layer * n_head * the
+ * rows that can attend to it; a chunk's density is the mean over its columns). Then for
+ * each scheme a copy of the prefix's chunks is compressed and the remaining tokens are
+ * teacher-forced one by one (their own K/V stay f16); the scores are the mean over those
+ * positions of KL(p_f16 || p_scheme) and the share of positions whose most likely token
+ * is the f16 one's (top-1 agreement).
  *
  * Schemes: uniform int8, int4, int2 (equal K and V widths, V per token: "int4" is the
  * baseline every kl_vs_int4 divides by); uniform "k4v5b" (K 4 bits, V 5 bits on one
@@ -35,8 +45,9 @@
  * adds) and "_flat" (every density equal: what density adds over value spread).
  * Per layer: "section_vblock" = kv_assign_layer_precisions, a precision per (chunk,
  * layer) from each layer's own spreads; "section_cal_vblock" the same on spreads scaled
- * by the layer factors kv_calib_measure finds on a calibration story (seed 999, not one
- * of the measured ones; what the daemon runs once calibrated), with its controls;
+ * by the layer factors kv_calib_measure finds on a calibration sequence (a story of seed
+ * 999, or with --text the window at i = SEQS: never one of the measured ones; what the
+ * daemon runs once calibrated), with its controls;
  * "layer_cal_vblock" one precision per layer for every chunk (the same greedy on each
  * layer's mean calibrated statistics, under a chunk's share of the budget).
  * Prints one JSON object per model and scheme: median, min and max KL over the sequences,
@@ -64,6 +75,8 @@
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
 #include "engine/model/sampler.h"
+#include "engine/readall.h"
+#include "engine/tok/tokenizer.h"
 
 #define MAX_SEQS 32
 
@@ -125,6 +138,7 @@ typedef struct bench_options {
     const char *testdata;
     int window; /* density from the attention of the prefix's last `window` tokens */
     double ratio; /* budget AT_RATIO: bytes over int8's */
+    const char *text; /* sequences cut from this file, or NULL: sampled */
 } bench_options;
 
 /* What one model's run keeps between sequences. */
@@ -134,6 +148,9 @@ typedef struct bench_ctx {
     model_runner *r;
     kv_pool *pool;
     int n_vocab;
+    int32_t bos;
+    int32_t *text;     /* (n_text) o->text's tokens, or NULL */
+    int n_text;
     int32_t *tokens;   /* (len) */
     int32_t *positions; /* (len) */
     float *received;   /* (prefix) */
@@ -155,11 +172,9 @@ static int sample_text(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
     sampler *s = sampler_new(b->n_vocab, &sp, err);
     if (!s)
         return -1;
-    int64_t bos = 1;
-    gguf_get_i64(model_gguf(b->m), "tokenizer.ggml.bos_token_id", &bos);
     kv_seq seq;
     kv_seq_init(&seq, b->pool);
-    b->tokens[0] = bos >= 0 && bos < b->n_vocab ? (int32_t)bos : 0;
+    b->tokens[0] = b->bos;
     int rc = 0, row = 0;
     for (int i = 0; i + 1 < b->o->len && rc == 0; i++) {
         model_batch mb = {.n_tokens = 1, .tokens = b->tokens + i, .positions = b->positions + i,
@@ -170,6 +185,47 @@ static int sample_text(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
     }
     kv_seq_free(&seq);
     sampler_free(s);
+    return rc;
+}
+
+/* Sequence q's tokens into b->tokens: measured ones are q < n_seqs, the calibration's
+ * q == n_seqs (see the top). */
+static int sequence_tokens(bench_ctx *b, int q, char err[ERR_MAX])
+{
+    const bench_options *o = b->o;
+    if (!b->text)
+        return sample_text(b, q < o->n_seqs ? 1000 + (uint64_t)q : 999, err);
+    b->tokens[0] = b->bos;
+    memcpy(b->tokens + 1, b->text + (size_t)q * b->n_text / (o->n_seqs + 1),
+           (size_t)(o->len - 1) * sizeof *b->tokens);
+    return 0;
+}
+
+/* b->text from o->text, tokenized as plain text by the model's tokenizer; fails when it
+ * holds too few tokens for SEQS + 1 windows that do not overlap. */
+static int load_text(bench_ctx *b, char err[ERR_MAX])
+{
+    const bench_options *o = b->o;
+    size_t len;
+    char *text = readall_file(o->text, &len, err);
+    if (!text)
+        return -1;
+    tokenizer *tk = NULL;
+    int rc = tok_load(model_gguf(b->m), &tk, err);
+    int n = rc == 0 ? tok_encode(tk, text, len, false, false, NULL, 0) : 0;
+    /* window q starts at q n / (SEQS + 1) and needs len - 1 tokens before the next's */
+    int64_t need = (int64_t)(o->n_seqs + 1) * (o->len - 1);
+    if (rc == 0 && n < 0)
+        rc = err_set(err, "cannot tokenize it");
+    else if (rc == 0 && n < need)
+        rc = err_set(err, "%d tokens, %d windows of %d need %lld", n, o->n_seqs + 1,
+                     o->len - 1, (long long)need);
+    b->text = rc == 0 ? malloc((size_t)n * sizeof *b->text) : NULL;
+    b->n_text = n;
+    if (rc == 0 && (!b->text || tok_encode(tk, text, len, false, false, b->text, n) != n))
+        rc = err_set(err, "out of memory");
+    tok_free(tk);
+    free(text);
     return rc;
 }
 
@@ -236,16 +292,16 @@ static size_t scheme_budget(const scheme *sc, const bench_options *o, kv_shape s
     }
 }
 
-/* Samples a sequence and prefills its prefix into *prefix with f16 KV, then fills
- * b->stats and b->section_stats (real and flat copies); *density_cv (may be NULL) gets
- * the spread of the chunks' densities. */
-static int make_prefix(bench_ctx *b, uint64_t seed, kv_seq *prefix, double *density_cv,
+/* Takes sequence q (sequence_tokens) and prefills its prefix into *prefix with f16 KV,
+ * then fills b->stats and b->section_stats (real and flat copies); *density_cv (may be
+ * NULL) gets the spread of the chunks' densities. */
+static int make_prefix(bench_ctx *b, int q, kv_seq *prefix, double *density_cv,
                        char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     const model_hparams *hp = model_hparams_of(b->m);
     int n_layer = hp->n_layer;
-    if (sample_text(b, seed, err) < 0)
+    if (sequence_tokens(b, q, err) < 0)
         return -1;
     memset(b->received, 0, (size_t)o->prefix * sizeof(float));
     int win = o->window > 0 && o->window < o->prefix ? o->window : o->prefix;
@@ -344,14 +400,14 @@ static int score_reference(bench_ctx *b, const kv_seq *prefix, double *ms, char 
     return rc;
 }
 
-/* b->layer_weight from a calibration sequence (kv_calib_measure on its prefix and the
+/* b->layer_weight from the calibration sequence (kv_calib_measure on its prefix and the
  * tokens after it). */
-static int calibrate_layers(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
+static int calibrate_layers(bench_ctx *b, char err[ERR_MAX])
 {
     const bench_options *o = b->o;
     kv_seq prefix;
     kv_seq_init(&prefix, b->pool);
-    int rc = make_prefix(b, seed, &prefix, NULL, err) < 0 ||
+    int rc = make_prefix(b, o->n_seqs, &prefix, NULL, err) < 0 ||
                      kv_calib_measure(b->m, b->r, &prefix, b->section_stats,
                                       b->tokens + o->prefix, b->positions + o->prefix,
                                       o->len - o->prefix, 0, b->layer_weight, err) != 0
@@ -410,17 +466,17 @@ static void assign_scheme(bench_ctx *b, const scheme *sc, int n_chunks, uint64_t
         }
 }
 
-/* One sequence: out[scheme], and the spread of its chunks' densities. */
-static int bench_sequence(bench_ctx *b, uint64_t seed, outcome *out, double *ms_f16,
+/* Sequence q: out[scheme], and the spread of its chunks' densities. */
+static int bench_sequence(bench_ctx *b, int q, outcome *out, double *ms_f16,
                           double *density_cv, char err[ERR_MAX])
 {
     int rc = -1;
     kv_seq prefix;
     kv_seq_init(&prefix, b->pool);
-    if (make_prefix(b, seed, &prefix, density_cv, err) < 0 ||
+    if (make_prefix(b, q, &prefix, density_cv, err) < 0 ||
         score_reference(b, &prefix, ms_f16, err) < 0)
         goto out;
-    uint64_t shuffle = seed * 2654435761u + 1;
+    uint64_t shuffle = (1000 + (uint64_t)q) * 2654435761u + 1;
     for (int s = 0; s < N_SCHEMES; s++) {
         assign_scheme(b, &schemes[s], prefix.n_chunks, &shuffle);
         if (score_precisions(b, &prefix, &out[s], err) < 0)
@@ -453,6 +509,9 @@ static int bench_model(const char *path, const bench_options *o)
     }
     const model_hparams *hp = model_hparams_of(b.m);
     b.n_vocab = hp->n_vocab;
+    int64_t bos = 1;
+    gguf_get_i64(model_gguf(b.m), "tokenizer.ggml.bos_token_id", &bos);
+    b.bos = bos >= 0 && bos < b.n_vocab ? (int32_t)bos : 0;
     int n_chunks = (o->prefix + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
     b.r = model_runner_new(b.m, o->n_threads, 0, o->len, err);
     b.pool = b.r ? kv_pool_new(model_kv_shape(b.m), 0, err) : NULL;
@@ -475,12 +534,16 @@ static int bench_model(const char *path, const bench_options *o)
         fprintf(stderr, "kvquant: %s: %s\n", path, b.r && b.pool ? "out of memory" : err);
         goto out;
     }
+    if (o->text && load_text(&b, err) < 0) {
+        fprintf(stderr, "kvquant: %s: %s: %s\n", path, o->text, err);
+        goto out;
+    }
     for (int i = 0; i < o->len; i++)
         b.positions[i] = i;
 
     double cv[MAX_SEQS], ms_f16[MAX_SEQS];
     outcome one[N_SCHEMES];
-    if (calibrate_layers(&b, 999, err) < 0) {
+    if (calibrate_layers(&b, err) < 0) {
         fprintf(stderr, "kvquant: %s: calibration: %s\n", path, err);
         goto out;
     }
@@ -490,7 +553,7 @@ static int bench_model(const char *path, const bench_options *o)
         at += snprintf(weights + at, sizeof weights - (size_t)at, "%s%.3g", l ? "," : "",
                        b.layer_weight[l]);
     for (int q = 0; q < o->n_seqs; q++) {
-        if (bench_sequence(&b, 1000 + (uint64_t)q, one, &ms_f16[q], &cv[q], err) < 0) {
+        if (bench_sequence(&b, q, one, &ms_f16[q], &cv[q], err) < 0) {
             fprintf(stderr, "kvquant: %s: sequence %d: %s\n", path, q, err);
             goto out;
         }
@@ -531,6 +594,7 @@ static int bench_model(const char *path, const bench_options *o)
     status = 0;
 out:
     free(res);
+    free(b.text);
     free(b.tokens);
     free(b.positions);
     free(b.received);
@@ -583,12 +647,36 @@ static int parse_int(const char *flag, const char *s, int min, int max, int *out
     return 0;
 }
 
+/* The docs models that exist under DIR/models into models[*n], and the held-out text as
+ * o->text unless one was given; what is absent is said and skipped. */
+static void add_docs(bench_options *o, const char **models, int *n)
+{
+    static char paths[2][1024], heldout[1024];
+    static const char *names[2] = {"docs-lm-21M-F16.gguf", "docs-lm-21M-Q8_0.gguf"};
+    if (!o->text) {
+        snprintf(heldout, sizeof heldout, "%s/docs/heldout.txt", o->testdata);
+        o->text = heldout;
+    }
+    if (access(o->text, R_OK) != 0) {
+        fprintf(stderr, "kvquant: %s not found, the docs models skipped\n", o->text);
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/models/%s", o->testdata, names[i]);
+        if (access(paths[i], R_OK) == 0)
+            models[(*n)++] = paths[i];
+        else
+            fprintf(stderr, "kvquant: %s not found, skipped\n", paths[i]);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    bench_options o = {.n_threads = 2, .n_seqs = 8, .len = 512, .prefix = 448, .window = 32,
-                       .ratio = 0.6,
+    /* SEQS, len and prefix 0 until given: their defaults depend on --docs */
+    bench_options o = {.n_threads = 2, .window = 32, .ratio = 0.6,
                        .testdata = "../shared/testdata"};
-    const char *models[16];
+    bool docs = false;
+    const char *models[16 + 2]; /* those named, then the docs models */
     int n_models = 0, failures = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
@@ -613,21 +701,33 @@ int main(int argc, char **argv)
             rc = parse_int("--window", v, 1, 1 << 16, &o.window), i++;
         else if (!strcmp(argv[i], "--testdata"))
             o.testdata = v, i++;
+        else if (!strcmp(argv[i], "--text"))
+            o.text = v, i++;
+        else if (!strcmp(argv[i], "--docs"))
+            docs = true;
         else if (argv[i][0] == '-') {
             fprintf(stderr, "usage: %s [-t THREADS] [-s SEQS] [--len N] [--prefix N] "
-                            "[--ratio R] [--window N] [--testdata DIR] [MODEL.gguf ...]\n", argv[0]);
+                            "[--ratio R] [--window N] [--testdata DIR] [--text FILE] "
+                            "[--docs] [MODEL.gguf ...]\n", argv[0]);
             return 2;
         } else if (n_models < 16)
             models[n_models++] = argv[i];
         if (rc < 0)
             return 2;
     }
+    o.n_seqs = o.n_seqs ? o.n_seqs : docs ? 6 : 8;
+    o.len = o.len ? o.len : docs ? 1536 : 512;
+    o.prefix = o.prefix ? o.prefix : docs ? 1280 : 448;
     if (o.prefix >= o.len) {
         fprintf(stderr, "kvquant: --prefix must be below --len\n");
         return 2;
     }
     static char stories[1024], random_model[1024];
-    if (n_models == 0) {
+    if (docs) {
+        add_docs(&o, models, &n_models);
+        if (n_models == 0)
+            return 0;
+    } else if (n_models == 0) {
         snprintf(stories, sizeof stories, "%s/models/stories260K.gguf", o.testdata);
         if (access(stories, R_OK) == 0)
             models[n_models++] = stories;

@@ -5,12 +5,13 @@
  * and V (kv_calib.h): the factors are measured once per model shape, on the first
  * context whose first CTX_CALIB_PREFIX_CHUNKS chunks are resident and still f16 at the
  * end of a call with CTX_CALIB_FORCED tokens after them (its own history teacher-forced
- * on copies of those chunks: 3 n_layer + 1 forwards of CTX_CALIB_FORCED tokens), and
+ * on copies of those chunks: 4 n_layer + 1 forwards of CTX_CALIB_FORCED tokens), and
  * kept in the store's settings, so that every later start uses them. Until then the
  * context manager compresses per chunk, which needs no calibration.
  *
  * A small model's calibration runs whole at the end of that call. A larger one's would
- * hold every app up (the TinyLlama-1.1B shape, Q8_0, 2 threads: about 8 s), so when its
+ * hold every app up (the TinyLlama-1.1B shape, Q8_0, 2 threads: about 8 s for 3 n_layer
+ * + 1 forwards, before each layer got its 8-bit base forward too), so when its
  * first forward says the whole would take longer than policy.calib_inline_ms, the rest
  * waits for idle periods: the scheduler runs one forward at a time while no request is
  * queued or running (ctx_calib_idle_step), and a request that comes stops it within a
@@ -28,10 +29,13 @@
 #define CTX_CALIB_PREFIX_CHUNKS 8
 #define CTX_CALIB_FORCED 32
 
+/* "kv_calib2": factors net of each layer's 8-bit base (kv_calib.h); those stored under
+ * "kv_calib1" were not, and a model whose products round activations was calibrated
+ * nearly flat, so it is calibrated again. */
 static void calib_key(const ctxmgr *cm, char *key, size_t cap)
 {
     const model_hparams *hp = model_hparams_of(cm->m);
-    snprintf(key, cap, "kv_calib1/%d/l%d/d%d/h%d/kv%dx%d/ff%d/v%d", (int)hp->arch,
+    snprintf(key, cap, "kv_calib2/%d/l%d/d%d/h%d/kv%dx%d/ff%d/v%d", (int)hp->arch,
              hp->n_layer, hp->dim, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
              hp->n_vocab);
 }

@@ -156,7 +156,7 @@ enum ctx_switch {
 
 /* A layer calibration runs at the end of a call when it takes at most this long (the
  * models bench/kvquant measures on take milliseconds, the TinyLlama-1.1B shape about 8 s
- * on 2 threads). */
+ * on 2 threads before the 8-bit bases added a third more forwards). */
 #define CTX_CALIB_INLINE_MS 2000.0
 
 typedef struct ctx_policy {

@@ -31,13 +31,18 @@ double kv_calib_logits_kl(const float *ref, const float *got, int n)
     return kl > 0 ? kl : 0;
 }
 
+/* A mean KL over the forced rows and its standard error. */
+typedef struct kv_calib_kl {
+    double mean, se;
+} kv_calib_kl;
+
 /* Evaluates the tokens in one batch on a copy of prefix whose chunks' layers get
  * layers[] (n_layer entries; NULL: as they are), every row's logits into out (n_forced,
- * n_vocab); with ref, *kl gets their mean KL against it. */
+ * n_vocab); with ref, *kl gets their KL against it. */
 static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *layers,
                         const int32_t *tokens, const int32_t *positions, const int32_t *rows,
-                        int n_forced, int n_vocab, float *out, const float *ref, double *kl,
-                        char err[ERR_MAX])
+                        int n_forced, int n_vocab, float *out, const float *ref,
+                        kv_calib_kl *kl, char err[ERR_MAX])
 {
     kv_seq work;
     kv_seq_init(&work, prefix->pool);
@@ -48,12 +53,17 @@ static int kv_calib_run(model_runner *r, const kv_seq *prefix, const uint8_t *la
                      .n_out = n_forced, .out_rows = rows, .logits = out};
     if (rc == 0)
         rc = model_forward(r, &work, &b, err);
-    double sum = 0;
-    for (int t = 0; rc == 0 && ref && t < n_forced; t++)
-        sum += kv_calib_logits_kl(ref + (size_t)t * n_vocab, out + (size_t)t * n_vocab,
-                                   n_vocab);
-    if (kl)
-        *kl = sum / n_forced;
+    double sum = 0, sum2 = 0;
+    for (int t = 0; rc == 0 && ref && t < n_forced; t++) {
+        double d = kv_calib_logits_kl(ref + (size_t)t * n_vocab, out + (size_t)t * n_vocab,
+                                      n_vocab);
+        sum += d;
+        sum2 += d * d;
+    }
+    if (kl) {
+        double mean = sum / n_forced, var = sum2 / n_forced - mean * mean;
+        *kl = (kv_calib_kl){mean, n_forced > 1 && var > 0 ? sqrt(var / (n_forced - 1)) : 0};
+    }
     kv_seq_free(&work);
     return rc;
 }
@@ -69,7 +79,9 @@ struct kv_calib {
     float *logits;            /* (n_forced, n_vocab) */
     float *factors;           /* (n_layer, KV_CALIB_PARTS) */
     double factor_sum;
-    int done;                 /* forwards run: the reference, then (layer, part) in order */
+    kv_calib_kl base;         /* the current layer's with both parts at 8 bits */
+    int done;                 /* forwards run: the reference, then for each layer its
+                               * base and its parts in order */
 };
 
 void kv_calib_free(kv_calib *c)
@@ -134,7 +146,7 @@ kv_calib *kv_calib_new(const model *m, const kv_seq *prefix,
 
 int kv_calib_forwards_total(const kv_calib *c)
 {
-    return KV_CALIB_PARTS * c->n_layer + 1;
+    return (KV_CALIB_PARTS + 1) * c->n_layer + 1;
 }
 
 int kv_calib_forwards_done(const kv_calib *c)
@@ -184,19 +196,32 @@ int kv_calib_step(kv_calib *c, model_runner *r, char err[ERR_MAX])
         c->done = 1;
         return 0;
     }
-    static const int k_bits[KV_CALIB_PARTS] = {4, 8, 8}, v_bits[KV_CALIB_PARTS] = {8, 4, 4};
-    int l = (c->done - 1) / KV_CALIB_PARTS, q = (c->done - 1) % KV_CALIB_PARTS;
+    /* part q = -1 is the layer's base: both parts at 8 bits */
+    static const int k_bits[KV_CALIB_PARTS + 1] = {8, 4, 8, 8},
+                     v_bits[KV_CALIB_PARTS + 1] = {8, 8, 4, 4};
+    int l = (c->done - 1) / (KV_CALIB_PARTS + 1), q = (c->done - 1) % (KV_CALIB_PARTS + 1) - 1;
     uint8_t layers[KV_MAX_LAYERS];
     memset(layers, KV_F16, (size_t)c->n_layer);
-    layers[l] = (uint8_t)kv_precision_layout_of(k_bits[q], v_bits[q], q == KV_CALIB_VBLOCK);
-    double kl;
+    layers[l] = (uint8_t)kv_precision_layout_of(k_bits[q + 1], v_bits[q + 1],
+                                                q == KV_CALIB_VBLOCK);
+    kv_calib_kl kl;
     int rc = kv_calib_run(r, &c->prefix, layers, c->tokens, c->positions, c->rows,
                           c->n_forced, c->n_vocab, c->logits, c->ref, &kl, err);
     if (rc)
         return rc;
+    if (q < 0) {
+        c->base = kl;
+        c->done++;
+        return 0;
+    }
+    /* What the part's 4 bits add to the base (kv_calib.h: on a model whose products
+     * round their activations, any change of the KV costs about the base), and no less
+     * than the standard error of that difference: a part the measurement cannot tell
+     * from no loss still keeps a weight it cannot rule out. */
     double predicted = kv_calib_predicted(c, l, q);
+    double excess = kl.mean - c->base.mean, resolution = hypot(kl.se, c->base.se);
     float *f = &c->factors[l * KV_CALIB_PARTS + q];
-    *f = predicted > 0 ? (float)(kl / predicted) : 1;
+    *f = predicted > 0 ? (float)((excess > resolution ? excess : resolution) / predicted) : 1;
     c->factor_sum += *f;
     if (++c->done < total)
         return 0;

@@ -6,8 +6,13 @@
  * TinyStories-656K an error in layer 0's V moves the next-token distribution 18-34
  * times more per unit of spread than one in layer 1's, and V's block layout costs more
  * than its spread predicts. A calibration measures, on one prefix, the KL divergence of
- * 4-bit codes on each part of each layer alone and divides it by the error the
- * assignment predicts for it: factors that the spreads are then multiplied by.
+ * 4-bit codes on each part of each layer alone, less that of the layer at 8 bits, and
+ * divides it by the error the assignment predicts for it: factors that the spreads are
+ * then multiplied by. The 8-bit base matters where the products round activations to 8
+ * bits (Q8_0 weights): any change of the KV flips some roundings, which costs about the
+ * same whichever part changed (docs-lm-21M-Q8_0: 2.6e-5 to 9.9e-5 nats for one layer
+ * at 8 bits, where the F16 file's parts of layers 0-4 cost 1.5e-6 to 3.3e-5 at 4 bits),
+ * and without it that common cost made the factors alike.
  */
 #ifndef LLMS_KV_CALIB_H
 #define LLMS_KV_CALIB_H
@@ -34,12 +39,14 @@ double kv_calib_logits_kl(const float *ref, const float *got, int n);
  *
  * prefix: resident f16 chunks, full but for the last, followed by the n_forced
  * tokens[i] at positions[i], evaluated as one batch (teacher-forced) on copies of
- * prefix: one with f16 KV (the reference), then one per (layer, part) with that part at
- * 4 bits, that layer's other part at 8 and every other layer f16: KV_CALIB_PARTS n_layer
- * + 1 forwards of n_forced tokens. section_stats (n_chunks, n_layer) are prefix's
- * (kv_chunk_layer_spread, the chunk's density). A factor is the measured mean KL over
- * the predicted error, divided by the mean of all factors; a part whose prediction is
- * zero gets 1. The copies come from prefix's pool (NULL + err when it refuses them).
+ * prefix: one with f16 KV (the reference), then for each layer one with that layer at 8
+ * bits (its base) and one per part with that part at 4 bits and the layer's other part
+ * at 8, every other layer f16: (KV_CALIB_PARTS + 1) n_layer + 1 forwards of n_forced
+ * tokens. section_stats (n_chunks, n_layer) are prefix's (kv_chunk_layer_spread, the
+ * chunk's density). A factor is the part's mean KL less its base's, or the standard
+ * error of that difference when larger, over the predicted error, divided by the mean
+ * of all factors; a part whose prediction is zero gets 1. The copies come from prefix's
+ * pool (NULL + err when it refuses them).
  */
 typedef struct kv_calib kv_calib;
 kv_calib *kv_calib_new(const model *m, const kv_seq *prefix,
@@ -52,7 +59,7 @@ kv_calib *kv_calib_new(const model *m, const kv_seq *prefix,
 #define KV_CALIB_DONE 2
 int kv_calib_step(kv_calib *c, model_runner *r, char err[ERR_MAX]);
 
-/* Forwards run so far and in all (KV_CALIB_PARTS n_layer + 1). */
+/* Forwards run so far and in all ((KV_CALIB_PARTS + 1) n_layer + 1). */
 int kv_calib_forwards_done(const kv_calib *c);
 int kv_calib_forwards_total(const kv_calib *c);
 

@@ -907,7 +907,7 @@ static void test_idle_calibration(void)
     CHECK(ctxenv_open(&idle, false, &pol, &g) == 0);
     CHECK(ctx_create(idle.cm, 1000, "app", NULL, NULL, 1, &ci, err) == 0);
     CHECK(turn(idle.cm, ci, tok, 200, got, NULL) == 0);
-    int total = KV_CALIB_PARTS * model_kv_shape(g.m).n_layer + 1;
+    int total = (KV_CALIB_PARTS + 1) * model_kv_shape(g.m).n_layer + 1;
     CHECK(!ctx_layers_calibrated(idle.cm));
     CHECK_EQ(ctx_calib_forwards_left(idle.cm), total - 1);
     CHECK_EQ(ctx_get_stats(idle.cm)->calibrations, 0);

@@ -16,9 +16,9 @@
 static char llmsd_path[1024];
 static char model_path[1024];
 
-/* Layers of the generated model; a calibration runs 3 n_layer + 1 forwards. */
+/* Layers of the generated model; a calibration runs 4 n_layer + 1 forwards. */
 #define N_LAYER 8
-#define CALIB_FORWARDS (3 * N_LAYER + 1)
+#define CALIB_FORWARDS (4 * N_LAYER + 1)
 
 /* Every idle period starts this long after the last request (idle_after_ms). */
 #define IDLE_AFTER_MS 1000
