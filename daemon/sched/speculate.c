@@ -88,6 +88,17 @@ static int same_vocabulary(const tokenizer *a, const tokenizer *b, char err[ERR_
     return 0;
 }
 
+/* Frees d's buffers and d (its model's running count is the caller's). */
+static void drafter_release(spec_drafter *d)
+{
+    free(d->logits);
+    free(d->seqs);
+    free(d->batches);
+    free(d->gens);
+    free(d->last_row);
+    free(d);
+}
+
 spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const tokenizer *target,
                                int max_streams, char err[ERR_MAX])
 {
@@ -122,11 +133,11 @@ spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const token
     d->gens = malloc(sizeof *d->gens * (size_t)max_streams);
     d->last_row = malloc(sizeof *d->last_row * (size_t)max_streams);
     if (!d->logits || !d->seqs || !d->batches || !d->gens || !d->last_row) {
-        spec_drafter_free(d);
+        drafter_release(d);
         err_set(err, "out of memory");
         return NULL;
     }
-    /* counted as running, so that an unload waits for the daemon's end */
+    /* counted as running while it drafts: the registry never frees it under us */
     me->running++;
     return d;
 }
@@ -135,14 +146,8 @@ void spec_drafter_free(spec_drafter *d)
 {
     if (!d)
         return;
-    if (d->me && d->logits && d->seqs && d->batches && d->gens && d->last_row)
-        d->me->running--;
-    free(d->logits);
-    free(d->seqs);
-    free(d->batches);
-    free(d->gens);
-    free(d->last_row);
-    free(d);
+    d->me->running--;
+    drafter_release(d);
 }
 
 bool spec_drafter_uses(const spec_drafter *d, const models_entry *e)
