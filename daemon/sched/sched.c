@@ -358,33 +358,59 @@ static void run_step_on(sched *s, genmodel *gm)
         n_decoding += step_decodes(s->active[i], gm);
     int spare = s->env.cfg->speculate_rows - n_decoding;
     int drafts_each = n_decoding && spare > 0 ? spare / n_decoding : 0;
+    spec_gate *gate = &s->spec_gate[genset_slot(s, gm)];
+    unsigned allowed = spec_gate_sources(gate, n_decoding, s->n_steps, SPEC_LOOKUP | SPEC_DRAFT);
     int n_gens = 0;
     for (int i = 0; i < s->n_active; i++)
         if (step_decodes(s->active[i], gm)) {
-            s->spec_gens[n_gens++] = s->active[i]->g;
-            spec_propose(s->active[i]->g, drafts_each);
+            gen *g = s->active[i]->g;
+            s->spec_gen_tokens[n_gens] = g->n_gen;
+            s->spec_gens[n_gens++] = g;
+            spec_propose(g, drafts_each, allowed);
         }
     char err[ERR_MAX];
-    if (s->drafter && gm == s->gm[0] &&
-        spec_draft_all(s->drafter, s->spec_gens, n_gens, s->positions, err) < 0)
-        if (reqlog_enabled(REQLOG_ERROR))
-            fprintf(stderr, "llmsd: error: draft model: %s (the step decodes without its "
-                            "drafts)\n", err);
+    int drafted = s->drafter && gm == s->gm[0]
+                      ? spec_draft_all(s->drafter, s->spec_gens, n_gens, s->positions, err)
+                      : 0;
+    if (drafted < 0 && reqlog_enabled(REQLOG_ERROR))
+        fprintf(stderr, "llmsd: error: draft model: %s (the step decodes without its "
+                        "drafts)\n", err);
+    /* a step where the draft model ran is its kind, whatever came of it */
+    enum spec_arm arm = drafted ? SPEC_ARM_DRAFT : SPEC_ARM_PLAIN;
+    int decode_rows = 0;
     for (int i = 0; i < s->n_active; i++) {
         work *w = s->active[i];
         if (!step_decodes(w, gm))
             continue;
-        if (w->g->n_draft > 0)
-            step_add_drafts(s, &n_seq, &n_out, w, w->g->n_draft);
-        else
+        int k = w->g->n_draft;
+        if (k > 0) {
+            step_add_drafts(s, &n_seq, &n_out, w, k);
+            arm = w->g->draft_from == SPEC_DRAFT ? SPEC_ARM_DRAFT
+                  : arm == SPEC_ARM_DRAFT        ? arm
+                                                 : SPEC_ARM_LOOKUP;
+        } else {
             step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+        }
+        decode_rows += 1 + k;
     }
+    int decode_seqs = n_seq;
     step_share_long_work(s, gm, &n_seq, &n_out, gm->step_tokens);
     step_claim(s, gm, n_seq);
     step_forward(s, gm, n_seq);
     step_collect(s, n_seq);
-    if (n_seq)
-        step_record(s, t0, step_rows(s, n_seq));
+    if (n_seq) {
+        int rows = step_rows(s, n_seq);
+        /* a decode step alone says what its kind of step yields (a draft forward that
+         * ran for generations still catching up counts as the draft model's cost) */
+        if (n_seq == decode_seqs && rows == decode_rows) {
+            int tokens = 0;
+            for (int i = 0; i < n_gens; i++)
+                tokens += s->spec_gens[i]->n_gen - s->spec_gen_tokens[i];
+            spec_gate_record(gate, n_decoding, arm, tokens,
+                             (double)(clock_mono_ns() - t0) / 1e6);
+        }
+        step_record(s, t0, rows);
+    }
 }
 
 /* One step on every generate model that has work: each its own batched forward (its

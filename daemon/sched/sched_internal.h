@@ -221,6 +221,8 @@ struct sched {
     spec_counts spec_lookup; /* speculative decoding: prompt-lookup drafts */
     spec_counts spec_draft;  /* and the draft model's */
     gen *spec_gens[SCHED_MAX_ACTIVE]; /* a step's decoding generations */
+    int spec_gen_tokens[SCHED_MAX_ACTIVE]; /* their replies' tokens before the step */
+    spec_gate spec_gate[SCHED_GEN_MAX]; /* whether speculation pays, per generate model */
 };
 
 /* Whether a job's KV fits its model's share of the budget now (admit_kv_fit). */

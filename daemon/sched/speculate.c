@@ -178,7 +178,57 @@ void spec_gen_free(gen *g)
     free(g->spec_rows);
 }
 
-int spec_propose(gen *g, int cap)
+/* ---- whether speculation pays ---- */
+
+#define SPEC_GATE_ALPHA 0.1   /* weight of the latest step in the moving averages */
+#define SPEC_GATE_MIN_STEPS 8 /* steps of a kind measured before it is judged */
+
+static int gate_bucket(int n_decoding)
+{
+    return (n_decoding < SPEC_GATE_STREAMS ? n_decoding : SPEC_GATE_STREAMS) - 1;
+}
+
+/* Tokens a millisecond of arm's steps, or -1 when too few were measured. */
+static double gate_rate(const spec_gate *g, int b, enum spec_arm arm)
+{
+    const spec_gate_cell *a = &g->arm[arm][b];
+    return a->n >= SPEC_GATE_MIN_STEPS && a->ms > 0 ? a->tokens / a->ms : -1;
+}
+
+unsigned spec_gate_sources(const spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode)
+{
+    if (n_decoding < 1 || step_no % SPEC_GATE_PROBE == 0)
+        return mode;
+    int b = gate_bucket(n_decoding);
+    double plain = gate_rate(g, b, SPEC_ARM_PLAIN), lookup = gate_rate(g, b, SPEC_ARM_LOOKUP),
+           draft = gate_rate(g, b, SPEC_ARM_DRAFT);
+    unsigned out = mode;
+    if (lookup >= 0 && plain >= 0 && lookup < plain)
+        out &= ~(unsigned)SPEC_LOOKUP;
+    double best = lookup > plain && (out & SPEC_LOOKUP) ? lookup : plain;
+    if (draft >= 0 && best >= 0 && draft < best)
+        out &= ~(unsigned)SPEC_DRAFT;
+    return out;
+}
+
+void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms)
+{
+    if (n_decoding < 1)
+        return;
+    spec_gate_cell *a = &g->arm[arm][gate_bucket(n_decoding)];
+    if (a->n == 0) {
+        a->tokens = tokens;
+        a->ms = ms;
+    } else {
+        a->tokens += SPEC_GATE_ALPHA * (tokens - a->tokens);
+        a->ms += SPEC_GATE_ALPHA * (ms - a->ms);
+    }
+    a->n++;
+}
+
+/* ---- proposals ---- */
+
+int spec_propose(gen *g, int cap, unsigned allowed)
 {
     g->n_draft = 0;
     g->draft_want = 0;
@@ -199,11 +249,12 @@ int spec_propose(gen *g, int cap)
     if (cap <= 0)
         return 0;
     g->spec_rows[0] = g->hist[g->n_hist - 1];
-    if (g->spec_mode & SPEC_LOOKUP) {
+    unsigned mode = g->spec_mode & allowed;
+    if (mode & SPEC_LOOKUP) {
         g->n_draft = lookup_propose(g->hist, g->n_hist, cap, g->spec_rows + 1);
         g->draft_from = SPEC_LOOKUP;
     }
-    if (g->n_draft == 0 && g->drafter) {
+    if (g->n_draft == 0 && g->drafter && (mode & SPEC_DRAFT)) {
         /* a slide rewrote the history the draft KV was made of */
         if (g->draft_slides != g->slides) {
             draft_reset(g);
@@ -318,7 +369,7 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
             return -1;
         }
     }
-    return 0;
+    return 1;
 }
 
 void spec_take(sched *s, work *w, const float *logits)

@@ -35,6 +35,17 @@
  * generations: one stream may verify many, sixteen streams none, where the step is no
  * longer bound by reading the weights. k also stops short of the window's end and of
  * max_tokens. Only the default generate model's generations draft with the draft model.
+ *
+ * Whether a source pays is measured, not assumed (spec_gate): a small model on a CPU is
+ * compute-bound at a few rows, and a draft model costs forwards of its own. For each
+ * count of decoding streams (1 to SPEC_GATE_STREAMS, more counted with the last) the
+ * scheduler keeps the tokens and the milliseconds of its decode steps (draft forwards
+ * included; steps with prefill or embedding rows are left out) as moving averages, by
+ * the kind of step: plain, with lookup drafts, with the draft model's. A source whose
+ * steps yield fewer tokens a millisecond than plain steps (the draft model's: than the
+ * better of plain and lookup) is left out, but for one step in SPEC_GATE_PROBE, which
+ * measures it again; so speculation never costs more than that probe where it does not
+ * pay.
  */
 #ifndef LLMS_SPECULATE_H
 #define LLMS_SPECULATE_H
@@ -60,6 +71,29 @@ typedef struct sched sched;
 
 /* Draft sources, as bits of a generation's mode. */
 enum spec_source { SPEC_LOOKUP = 1, SPEC_DRAFT = 2 };
+
+/* The kinds of decode step spec_gate measures. */
+enum spec_arm { SPEC_ARM_PLAIN, SPEC_ARM_LOOKUP, SPEC_ARM_DRAFT, SPEC_ARMS };
+#define SPEC_GATE_STREAMS 16
+#define SPEC_GATE_PROBE 32
+
+/* One kind of decode step at one stream count: moving averages of its steps. */
+typedef struct spec_gate_cell {
+    double tokens, ms;  /* exponential moving averages */
+    unsigned n;         /* steps measured */
+} spec_gate_cell;
+
+/* Moving averages of decode steps' tokens and milliseconds by kind and stream count. */
+typedef struct spec_gate {
+    spec_gate_cell arm[SPEC_ARMS][SPEC_GATE_STREAMS];
+} spec_gate;
+
+/* The sources that pay for a step of n_decoding streams (the step's number step_no
+ * chooses the probes), among mode. */
+unsigned spec_gate_sources(const spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode);
+
+/* A decode step of n_decoding streams, of kind arm, made tokens in ms. */
+void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms);
 
 /* Counts since the daemon started, per draft source. */
 typedef struct spec_counts {
@@ -95,14 +129,16 @@ int spec_gen_init(gen *g, const config *cfg, unsigned mode, spec_drafter *d);
 /* Frees what spec_gen_init made (nothing when it made nothing). */
 void spec_gen_free(gen *g);
 
-/* Before a step: the drafts of decoding generation g (at most cap) by lookup into its
- * rows (row 0 its last token): their number; 0 with g marked to ask the draft model
- * (spec_draft_all) when lookup found none and g drafts from it. */
-int spec_propose(gen *g, int cap);
+/* Before a step: the drafts of decoding generation g (at most cap, from the sources
+ * among allowed) by lookup into its rows (row 0 its last token): their number; 0 with g
+ * marked to ask the draft model (spec_draft_all) when lookup found none and g drafts
+ * from it. */
+int spec_propose(gen *g, int cap, unsigned allowed);
 
 /* The draft model's drafts for every generation spec_propose marked among gens (n):
- * each gets its g->n_draft drafts, or none when it is still catching up. -1 + err when a
- * forward fails (the generations then decode plainly). */
+ * each gets its g->n_draft drafts, or none when it is still catching up. 1 when it ran
+ * a forward, 0 when none was marked; -1 + err when a forward fails (the generations
+ * then decode plainly). */
 int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
                    char err[ERR_MAX]);
 
