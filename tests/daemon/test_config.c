@@ -176,7 +176,9 @@ static void model_lines(void)
     CHECK_EQ(c.n_models, 2);
     CHECK(strcmp(c.models[0].path, "/m/bge2.gguf") == 0);
     CHECK(config_set(&c, "model.x", "/m/x.gguf fly", err) < 0);
-    CHECK_MSG(strstr(err, "model.x") && strstr(err, "generate, embed or rerank"), "%s", err);
+    CHECK_MSG(strstr(err, "model.x") && strstr(err, "generate, embed, rerank or draft"), "%s", err);
+    CHECK_EQ(config_set(&c, "model.small", "/m/small.gguf draft", err), 0);
+    CHECK_EQ(c.n_models, 3);
     CHECK(config_set(&c, "model.x", "/m/my models/x.gguf", err) < 0);
     CHECK(config_set(&c, "model.a b", "/m/x.gguf", err) < 0);
     char key[128];
