@@ -3,7 +3,8 @@
  * baselines and its own ablations, with the accuracy each keeps, on one trace of calls
  * over N active contexts.
  *
- *   build/bench/ctxswitch [--models smollm,tinystories,stories260k] [--model PATH]
+ *   build/bench/ctxswitch [--models smollm,tinystories,stories260k,docs,docs-q8]
+ *                         [--model PATH]
  *                         [--contexts 8,16,32] [--calls N] [--idle-ms MEAN]
  *                         [--trace random|markov|gaussian] [--min-ctx T] [--max-ctx T]
  *                         [--prompt-min T] [--prompt-max T] [--budget-contexts X]
@@ -22,6 +23,19 @@
  *                file is skipped with a message. Context sizes are scaled to the model's
  *                window n_ctx: contexts of n_ctx/8..n_ctx/2 tokens, prompts of
  *                4..n_ctx/8 (the --min-ctx ... --prompt-max options are smollm's).
+ *   docs         ../shared/testdata/models/docs-lm-21M-F16.gguf (and docs-q8, its Q8_0
+ *   docs-q8      copy): a trained model of real size (6 KiB of f16 KV per token) on
+ *                text it reads well, so both its latency and its accuracy figures say
+ *                what a reader would see. Prompts are cut from docs/heldout.txt,
+ *                tokenized as one text by the model's tokenizer; each context begins
+ *                (after BOS) at a paragraph, the contexts' beginnings at least n_ctx
+ *                tokens apart, so that different contexts hold different documents.
+ *                Contexts fill the model's window (n_ctx 2048, which no position
+ *                passes: a context that would outgrow it is replaced): grown to
+ *                3/4..7/8 n_ctx tokens (1536..1792), prompts of 8..n_ctx/16 (128), so
+ *                that a called context holds 1536 to about 2040 tokens; the budget of
+ *                --budget-contexts counts contexts of 1792. A missing file (model or
+ *                text) is skipped with a message.
  *
  * For each model and N, every system gets a fresh store and the same trace: N contexts
  * grown to sizes drawn uniformly in [min-ctx, max-ctx]; then each call picks a context
@@ -86,6 +100,7 @@
 #include "engine/model/model.h"
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
+#include "engine/readall.h"
 #include "engine/tok/tokenizer.h"
 #include "storage/chunks.h"
 
@@ -201,18 +216,26 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* What a model's contexts hold. */
+enum text_kind {
+    TEXT_RANDOM,  /* random ids: the generated smollm shape */
+    TEXT_STORIES, /* the children's stories above */
+    TEXT_DOCS,    /* the held-out documentation text */
+};
+
 /* One model and the sizes its trace uses. */
 typedef struct bench {
     const options *o;
     const char *name;
-    bool trained;
+    enum text_kind text;
+    bool trained; /* text != TEXT_RANDOM: the accuracy figures mean something */
     model *m;
     model_runner *runner;
     int n_vocab, max_kv;
     int min_ctx, max_ctx, prompt_min, prompt_max;
-    int32_t *stream; /* trained: the stories as tokens, one after the other */
-    int *sent_start; /* (N_STORY) where each sentence begins in stream */
-    int n_stream;
+    int32_t *stream; /* trained: the text as tokens */
+    int *starts;     /* (n_starts) where in stream a context may begin */
+    int n_stream, n_starts;
     int32_t bos;
     int32_t *tok, *pos; /* (max_kv) */
     int64_t end_us;     /* when the last call began to end (its writes start) */
@@ -220,7 +243,7 @@ typedef struct bench {
 } bench;
 
 /* Token j of the context of generation g (every context ever made has its own g):
- * trained models read the stories from the g-th sentence on (after BOS), the random
+ * trained models read their text from its g-th start on (after BOS), the random
  * model gets random ids. The same for every system. */
 static int32_t token_at(const bench *b, int g, int j)
 {
@@ -229,7 +252,7 @@ static int32_t token_at(const bench *b, int g, int j)
                              (uint64_t)(b->n_vocab - 3));
     if (j == 0)
         return b->bos;
-    return b->stream[(b->sent_start[g % N_STORY] + j - 1) % b->n_stream];
+    return b->stream[(b->starts[g % b->n_starts] + j - 1) % b->n_stream];
 }
 
 /* One call of the trace. */
@@ -719,43 +742,97 @@ static int default_model(const options *o, char *path, size_t cap, char err[ERR_
     return rc;
 }
 
-/* The stories as b's tokens: BOS is the context's first token, then sentence after
- * sentence, each with its leading space. */
-static int tokenize_stories(bench *b, char err[ERR_MAX])
+/* The stories as b's tokens: sentence after sentence, each with its leading space, and
+ * a context may begin at every sentence. */
+static int tokenize_stories(bench *b, const tokenizer *tk, char err[ERR_MAX])
 {
-    tokenizer *tk;
-    if (tok_load(model_gguf(b->m), &tk, err))
-        return -1;
     int cap = 0;
     for (int i = 0; i < N_STORY; i++)
         cap += (int)strlen(story[i]) + 2;
     b->stream = malloc(sizeof *b->stream * (size_t)cap);
-    b->sent_start = malloc(sizeof *b->sent_start * N_STORY);
+    b->starts = malloc(sizeof *b->starts * N_STORY);
+    if (!b->stream || !b->starts)
+        return err_set(err, "out of memory");
     char buf[512];
-    int rc = b->stream && b->sent_start ? 0 : err_set(err, "out of memory");
-    for (int i = 0; rc == 0 && i < N_STORY; i++) {
+    for (int i = 0; i < N_STORY; i++) {
         snprintf(buf, sizeof buf, " %s", story[i]);
-        b->sent_start[i] = b->n_stream;
+        b->starts[b->n_starts++] = b->n_stream;
         int got = tok_encode(tk, buf, strlen(buf), false, false, b->stream + b->n_stream,
                              cap - b->n_stream);
         if (got < 0 || got > cap - b->n_stream)
-            rc = err_set(err, "cannot tokenize the stories");
-        else
-            b->n_stream += got;
+            return err_set(err, "cannot tokenize the stories");
+        b->n_stream += got;
     }
+    return 0;
+}
+
+/* The text of path as b's tokens, tokenized in one piece as a reader of the whole text
+ * (llama.cpp's perplexity, the model's training) sees it. A context begins at a
+ * paragraph (after a blank line), the beginnings at least max_kv tokens apart, so that
+ * no two contexts of the first generations share text. */
+static int tokenize_docs(bench *b, const tokenizer *tk, const char *path, char err[ERR_MAX])
+{
+    size_t len;
+    char *text = readall_file(path, &len, err);
+    if (!text)
+        return -1;
+    int rc = -1, n = tok_encode(tk, text, len, false, false, NULL, 0);
+    b->stream = n > 0 ? malloc(sizeof *b->stream * (size_t)n) : NULL;
+    b->starts = n > 0 ? malloc(sizeof *b->starts * (size_t)(n / b->max_kv + 1)) : NULL;
+    if (n < 0 || !b->stream || !b->starts) {
+        err_set(err, n < 0 ? "cannot tokenize %s" : "out of memory", path);
+        goto out;
+    }
+    b->n_stream = tok_encode(tk, text, len, false, false, b->stream, n);
+    if (b->n_stream <= b->max_kv) {
+        err_set(err, "%s is shorter than a context (%d tokens)", path, b->n_stream);
+        goto out;
+    }
+    /* Token i's text begins at byte at - prefix of the text: the pieces are the text's
+     * bytes after the space the encoder may put before it. */
+    int64_t pieces = 0;
+    for (int i = 0; i < b->n_stream; i++)
+        pieces += tok_piece(tk, b->stream[i], NULL, 0);
+    int64_t prefix = pieces - (int64_t)len, at = 0;
+    for (int i = 0; i < b->n_stream; i++) {
+        int64_t byte = at - prefix;
+        bool para = i == 0 || (byte >= 2 && text[byte - 1] == '\n' && text[byte - 2] == '\n');
+        if (para && (b->n_starts == 0 || i - b->starts[b->n_starts - 1] >= b->max_kv))
+            b->starts[b->n_starts++] = i;
+        at += tok_piece(tk, b->stream[i], NULL, 0);
+    }
+    rc = 0;
+out:
+    free(text);
+    return rc;
+}
+
+/* b's text as its tokens; BOS is every context's first token. */
+static int load_text(bench *b, const char *text_path, char err[ERR_MAX])
+{
+    tokenizer *tk;
+    if (tok_load(model_gguf(b->m), &tk, err))
+        return -1;
+    int rc = b->text == TEXT_DOCS ? tokenize_docs(b, tk, text_path, err)
+                                  : tokenize_stories(b, tk, err);
     int32_t bos = tok_bos(tk);
-    b->bos = bos >= 0 ? bos : b->stream[0];
+    b->bos = bos >= 0 ? bos : rc == 0 ? b->stream[0] : 0;
     tok_free(tk);
     return rc;
 }
 
-/* Runs one model through every N. 1: skipped (said why), 0 done, -1 failed. */
-static int run_model(const options *o, const char *name, const char *path)
+/* Runs one model through every N; its contexts hold text of the kind given, docs read
+ * from text_path. 1: skipped (said why), 0 done, -1 failed. */
+static int run_model(const options *o, const char *name, const char *path, enum text_kind text,
+                     const char *text_path)
 {
     char err[ERR_MAX];
-    bench b = {.o = o, .name = name, .trained = strcmp(name, "smollm") != 0};
-    if (b.trained && access(path, R_OK) != 0) {
-        fprintf(stderr, "ctxswitch: %s: %s is absent, skipped\n", name, path);
+    bench b = {.o = o, .name = name, .text = text, .trained = text != TEXT_RANDOM};
+    const char *absent = b.trained && access(path, R_OK) != 0                 ? path
+                         : text == TEXT_DOCS && access(text_path, R_OK) != 0 ? text_path
+                                                                             : NULL;
+    if (absent) {
+        fprintf(stderr, "ctxswitch: %s: %s is absent, skipped\n", name, absent);
         return 1;
     }
     b.m = model_load(path, err);
@@ -765,18 +842,25 @@ static int run_model(const options *o, const char *name, const char *path)
     }
     const model_hparams *hp = model_hparams_of(b.m);
     b.n_vocab = hp->n_vocab;
-    if (b.trained) {
+    if (text == TEXT_STORIES) {
         b.min_ctx = hp->n_ctx / 8;
         b.max_ctx = hp->n_ctx / 2;
         b.prompt_min = 4;
         b.prompt_max = hp->n_ctx / 8;
+    } else if (text == TEXT_DOCS) {
+        b.min_ctx = hp->n_ctx * 3 / 4;
+        b.max_ctx = hp->n_ctx * 7 / 8;
+        b.prompt_min = 8;
+        b.prompt_max = hp->n_ctx / 16;
     } else {
         b.min_ctx = o->min_ctx;
         b.max_ctx = o->max_ctx;
         b.prompt_min = o->prompt_min;
         b.prompt_max = o->prompt_max;
     }
-    b.max_kv = b.max_ctx + b.prompt_max + b.min_ctx;
+    /* Docs contexts stay inside the window the model was trained on; the others have
+     * room to grow by a fresh context's size before they are replaced. */
+    b.max_kv = text == TEXT_DOCS ? hp->n_ctx : b.max_ctx + b.prompt_max + b.min_ctx;
     int rc = -1;
     b.runner = model_runner_new(b.m, o->threads, 512, b.max_kv, err);
     b.tok = malloc(sizeof *b.tok * (size_t)b.max_kv);
@@ -787,7 +871,7 @@ static int run_model(const options *o, const char *name, const char *path)
         fprintf(stderr, "ctxswitch: %s: %s\n", name, b.runner ? "out of memory" : err);
         goto out;
     }
-    if (b.trained && tokenize_stories(&b, err)) {
+    if (b.trained && load_text(&b, text_path, err)) {
         fprintf(stderr, "ctxswitch: %s: %s\n", name, err);
         goto out;
     }
@@ -814,7 +898,7 @@ static int run_model(const options *o, const char *name, const char *path)
     fflush(stdout);
 out:
     free(b.stream);
-    free(b.sent_start);
+    free(b.starts);
     free(b.tok);
     free(b.pos);
     free(b.logits);
@@ -826,7 +910,8 @@ out:
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: ctxswitch [--models smollm,tinystories,stories260k] [--model PATH] "
+    fprintf(stderr, "usage: ctxswitch [--models smollm,tinystories,stories260k,docs,docs-q8] "
+                    "[--model PATH] "
                     "[--contexts 8,16,32] [--calls N] [--idle-ms MEAN] "
                     "[--trace random|markov|gaussian] [--min-ctx T] [--max-ctx T] "
                     "[--prompt-min T] [--prompt-max T] [--budget-contexts X] [--threads N] "
@@ -891,8 +976,13 @@ int main(int argc, char **argv)
     const char *base = getenv("LLMS_TESTDATA") ? getenv("LLMS_TESTDATA") : "../shared/testdata";
     static const struct {
         const char *name, *file;
-    } trained[2] = {{"tinystories", "TinyStories-656K-Q8_0.gguf"},
-                    {"stories260k", "stories260K.gguf"}};
+        enum text_kind text;
+    } trained[] = {{"tinystories", "TinyStories-656K-Q8_0.gguf", TEXT_STORIES},
+                   {"stories260k", "stories260K.gguf", TEXT_STORIES},
+                   {"docs", "docs-lm-21M-F16.gguf", TEXT_DOCS},
+                   {"docs-q8", "docs-lm-21M-Q8_0.gguf", TEXT_DOCS}};
+    char text_path[1024];
+    snprintf(text_path, sizeof text_path, "%s/docs/heldout.txt", base);
     int rc = 0;
     if (name_listed(o.models, "smollm")) {
         char err[ERR_MAX], path[1024];
@@ -900,15 +990,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "ctxswitch: default model: %s\n", err);
             return 1;
         }
-        if (run_model(&o, "smollm", o.model ? o.model : path) < 0)
+        if (run_model(&o, "smollm", o.model ? o.model : path, TEXT_RANDOM, NULL) < 0)
             rc = 1;
     }
-    for (int i = 0; i < 2; i++) {
+    for (size_t i = 0; i < sizeof trained / sizeof *trained; i++) {
         if (!name_listed(o.models, trained[i].name))
             continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/models/%s", base, trained[i].file);
-        if (run_model(&o, trained[i].name, path) < 0)
+        if (run_model(&o, trained[i].name, path, trained[i].text, text_path) < 0)
             rc = 1;
     }
     return rc;

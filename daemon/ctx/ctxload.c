@@ -27,6 +27,11 @@
  * take their slots. Under the sequential policy (an ablation) the reader reads every
  * chunk first and the forward runs after it, and the plan prices that.
  *
+ * Reads no forward waits for (a switch-in that recomputes nothing, or the sequential
+ * policy's) are shared among CTX_READERS threads, so that the disk serves several chunk
+ * files at once. The profile reads one file after another; the online corrections of
+ * the read lines take up what the overlap saves.
+ *
  * A read that fails (checksum, size, I/O, or a blob of other token ids: stale)
  * invalidates the chunk and everything computed from it: the chunk loses its stored copy
  * and the plan is made again, so it is recomputed. Wrong KV is never kept.
@@ -117,6 +122,49 @@ static void read_range(reader *r, int from, int to, bool signal)
         if (signal)
             set_layers_done(r, l + 1);
     }
+}
+
+/* Threads that share reads no forward waits for. A cold chunk file costs mostly the
+ * disk's latency, which requests in flight together overlap: 100 cold files of 36 KiB
+ * (docs-lm-21M chunks) read in 0.3-0.7 ms each by one thread, in 0.14-0.24 ms by four
+ * on the 2-core virtual machine bench/ctxswitch was run on. */
+#define CTX_READERS 4
+
+/* A part of the reads, for one thread. */
+typedef struct read_slice {
+    reader *r;
+    int from, to;
+    bool started; /* on a thread of its own */
+    pthread_t th;
+} read_slice;
+
+static void *read_slice_main(void *arg)
+{
+    read_slice *s = arg;
+    read_range(s->r, s->from, s->to, false);
+    return NULL;
+}
+
+/* Reads every chunk of r, in up to CTX_READERS slices of at least two chunks: this
+ * thread reads the first (and any whose thread could not start), one thread each the
+ * others. */
+static void read_shared(reader *r)
+{
+    read_slice s[CTX_READERS];
+    int n = r->n / 2 < CTX_READERS ? r->n / 2 : CTX_READERS;
+    if (n < 1)
+        n = 1;
+    for (int t = 0; t < n; t++) {
+        s[t] = (read_slice){.r = r, .from = r->n * t / n, .to = r->n * (t + 1) / n};
+        if (t > 0)
+            s[t].started = pthread_create(&s[t].th, NULL, read_slice_main, &s[t]) == 0;
+    }
+    for (int t = 0; t < n; t++)
+        if (!s[t].started)
+            read_range(r, s[t].from, s[t].to, false);
+    for (int t = 1; t < n; t++)
+        if (s[t].started)
+            pthread_join(s[t].th, NULL);
 }
 
 /* The needed chunks first, layer by layer as the forward waits for them, then the
@@ -481,7 +529,7 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
     }
     if (!threaded) {
         double t0 = clock_mono_ms();
-        read_range(&rdr, 0, n_reads, false);
+        read_shared(&rdr);
         rdr.ms = clock_mono_ms() - t0;
     }
     reader *hook = threaded ? &rdr : NULL;

@@ -1222,6 +1222,16 @@ static void assign_levels(ctxmgr *cm, ctx_entry *c, uint8_t *level)
  * one it keeps: smaller changes are not worth a recompute. */
 #define CTX_PROMOTE_GROWTH 1.25
 
+/* A chunk the store holds as it is resident is made lighter only when that shrinks it
+ * by this factor: smaller changes are not worth a rewrite (a file and a sync). As a
+ * context grows and its older chunks' densities decay, the assignment moves many of
+ * them down a notch at each call, typically one layer's K or V by a bit (under 2% of
+ * the chunk); converting each at once rewrote most of a context after every call
+ * (bench/ctxswitch on docs-lm-21M: 25 of 28 chunk files a call), and the writes still
+ * running when the next call came were waited for. The chunks then hold up to this
+ * much more than assigned. */
+#define CTX_NARROW_SHRINK 1.1
+
 /*
  * Compressed chunks whose assigned precision is clearly wider than what they keep have
  * become important again; lost bits come back only from recomputing them (from their
@@ -1331,8 +1341,13 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
                                   ? want
                                   : now;
                 }
-                if (!kv_chunk_has_layers(k, cm->shape, next) &&
-                    kv_chunk_convert_layers(cm->pool, k, next, err) == 0)
+                if (kv_chunk_has_layers(k, cm->shape, next))
+                    continue;
+                if (!chunk_needs_write(c, i) &&
+                    CTX_NARROW_SHRINK * (double)kv_layers_data_bytes(cm->shape, next) >
+                        (double)kv_chunk_bytes(cm->shape, k))
+                    continue;
+                if (kv_chunk_convert_layers(cm->pool, k, next, err) == 0)
                     c->map[i].dirty = true; /* the store may hold other layers' precisions */
             }
             if (cm->policy.compress == CTX_COMPRESS_TOLERANCE)
