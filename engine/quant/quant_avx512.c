@@ -929,19 +929,19 @@ INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_ro
  * (the same 32-element steps on two accumulators, the 16-element step on the first,
  * the same reduction and scalar tail), so batched results equal solo ones bit for bit.
  */
-#define FLOAT_GROUP 4
+#define FLOAT_GROUP 8
 
 INLINE void row_float_group(int k, uint32_t t, const void *x, const float *const *a,
                             int64_t n, float *out, size_t os)
 {
     __m512 acc0[FLOAT_GROUP], acc1[FLOAT_GROUP];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < k; g++)
         acc0[g] = acc1[g] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 w0 = load16_float(t, x, i), w1 = load16_float(t, x, i + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < k; g++) {
             acc0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[g] + i), acc0[g]);
             acc1[g] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a[g] + i + 16), acc1[g]);
@@ -949,11 +949,11 @@ INLINE void row_float_group(int k, uint32_t t, const void *x, const float *const
     }
     for (; i + 16 <= n; i += 16) {
         __m512 w0 = load16_float(t, x, i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < k; g++)
             acc0[g] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a[g] + i), acc0[g]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < k; g++) {
         float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[g], acc1[g]));
         for (int64_t j = i; j < n; j++)
@@ -984,6 +984,10 @@ static void rows_float_multi(uint32_t t, const uint8_t *w, size_t row_bytes, int
             FLOAT_GROUP_CASE(2)
             FLOAT_GROUP_CASE(3)
             FLOAT_GROUP_CASE(4)
+            FLOAT_GROUP_CASE(5)
+            FLOAT_GROUP_CASE(6)
+            FLOAT_GROUP_CASE(7)
+            FLOAT_GROUP_CASE(8)
         default:
             break;
         }
