@@ -195,18 +195,43 @@ static double gate_rate(const spec_gate *g, int b, enum spec_arm arm)
     return a->n >= SPEC_GATE_MIN_STEPS && a->ms > 0 ? a->tokens / a->ms : -1;
 }
 
-unsigned spec_gate_sources(const spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode)
+/* Whether arm, slower than the alternative, sits this step out: not on its probe steps,
+ * whose interval doubles each time (it starts again from SPEC_GATE_PROBE once the arm
+ * pays). */
+static bool gate_sits_out(spec_gate_cell *c, bool slower, uint64_t step_no)
 {
-    if (n_decoding < 1 || step_no % SPEC_GATE_PROBE == 0)
+    if (!slower) {
+        c->probe_every = 0;
+        return false;
+    }
+    if (c->probe_every == 0) {
+        c->probe_every = SPEC_GATE_PROBE;
+        c->next_probe = step_no + SPEC_GATE_PROBE;
+    }
+    if (step_no < c->next_probe)
+        return true;
+    if (c->probe_every < SPEC_GATE_PROBE_MAX)
+        c->probe_every *= 2;
+    c->next_probe = step_no + c->probe_every;
+    return false;
+}
+
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode)
+{
+    if (n_decoding < 1)
         return mode;
     int b = gate_bucket(n_decoding);
     double plain = gate_rate(g, b, SPEC_ARM_PLAIN), lookup = gate_rate(g, b, SPEC_ARM_LOOKUP),
            draft = gate_rate(g, b, SPEC_ARM_DRAFT);
     unsigned out = mode;
-    if (lookup >= 0 && plain >= 0 && lookup < plain)
+    if ((mode & SPEC_LOOKUP) &&
+        gate_sits_out(&g->arm[SPEC_ARM_LOOKUP][b], lookup >= 0 && plain >= 0 && lookup < plain,
+                      step_no))
         out &= ~(unsigned)SPEC_LOOKUP;
-    double best = lookup > plain && (out & SPEC_LOOKUP) ? lookup : plain;
-    if (draft >= 0 && best >= 0 && draft < best)
+    double best = lookup > plain ? lookup : plain;
+    if ((mode & SPEC_DRAFT) &&
+        gate_sits_out(&g->arm[SPEC_ARM_DRAFT][b], draft >= 0 && best >= 0 && draft < best,
+                      step_no))
         out &= ~(unsigned)SPEC_DRAFT;
     return out;
 }

@@ -43,9 +43,11 @@
  * included; steps with prefill or embedding rows are left out) as moving averages, by
  * the kind of step: plain, with lookup drafts, with the draft model's. A source whose
  * steps yield fewer tokens a millisecond than plain steps (the draft model's: than the
- * better of plain and lookup) is left out, but for one step in SPEC_GATE_PROBE, which
- * measures it again; so speculation never costs more than that probe where it does not
- * pay.
+ * better of plain and lookup) is left out but for probe steps that measure it again:
+ * the first SPEC_GATE_PROBE steps after it was left out, then twice as long each time a
+ * probe finds it still slower, up to SPEC_GATE_PROBE_MAX steps (a draft model's probe
+ * costs the catch-up of every stream's draft KV); so where a source does not pay,
+ * speculation costs little more than its probes.
  */
 #ifndef LLMS_SPECULATE_H
 #define LLMS_SPECULATE_H
@@ -76,11 +78,14 @@ enum spec_source { SPEC_LOOKUP = 1, SPEC_DRAFT = 2 };
 enum spec_arm { SPEC_ARM_PLAIN, SPEC_ARM_LOOKUP, SPEC_ARM_DRAFT, SPEC_ARMS };
 #define SPEC_GATE_STREAMS 16
 #define SPEC_GATE_PROBE 32
+#define SPEC_GATE_PROBE_MAX 1024
 
 /* One kind of decode step at one stream count: moving averages of its steps. */
 typedef struct spec_gate_cell {
     double tokens, ms;  /* exponential moving averages */
     unsigned n;         /* steps measured */
+    unsigned probe_every; /* steps between probes while it is left out (0: not yet) */
+    uint64_t next_probe;  /* the step of the next probe */
 } spec_gate_cell;
 
 /* Moving averages of decode steps' tokens and milliseconds by kind and stream count. */
@@ -88,9 +93,9 @@ typedef struct spec_gate {
     spec_gate_cell arm[SPEC_ARMS][SPEC_GATE_STREAMS];
 } spec_gate;
 
-/* The sources that pay for a step of n_decoding streams (the step's number step_no
- * chooses the probes), among mode. */
-unsigned spec_gate_sources(const spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode);
+/* The sources that pay for a step of n_decoding streams, among mode, and those whose
+ * probe step step_no is. */
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode);
 
 /* A decode step of n_decoding streams, of kind arm, made tokens in ms. */
 void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms);
