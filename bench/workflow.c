@@ -2,7 +2,7 @@
  * workflow — RAG workflow graphs (HedraRAG) against running their stages from the
  * client, as JSON lines on stdout.
  *
- *   workflow [--model PATH | --docs] [--requests N] [--runs R] [--template NAME]
+ *   workflow [--model PATH | --docs] [--requests N] [--runs R] [--template NAME[,NAME]]
  *            [--threads T] [--reuse-kv 0|1]
  *
  * Starts llmsd of the same build with the trained
@@ -14,11 +14,12 @@
  * generates and docs-embed-5M-F16, a registry model of its own (model.docs ... embed),
  * embeds; the knowledge base holds the passages of the first 1000 lines of
  * docs/pairs-train-sample.tsv, one document and one passage each, and the questions are
- * those lines' queries (headings, option names, API signatures). Its requests cost
- * 0.3-0.6 s each (about 100x TinyStories'), so `--docs --requests 24 --runs 3
- * --template multistep` (then irg) takes about 12 minutes each on 2 cores.
+ * those lines' queries (headings, option names, API signatures). A request costs
+ * 0.2-0.8 s there (TinyStories': about 10 ms): on 2 cores `--docs --requests 24 --runs 3`
+ * took 19 minutes for multistep and 16 for irg, a time about proportional to requests x
+ * runs.
  * For each built-in template (one-shot, hyde, multistep, irg, recomp; --template picks
- * one) four systems answer the same questions (greedy, the same max_tokens):
+ * some) four systems answer the same questions (greedy, the same max_tokens):
  *   sequential  one request at a time, its stages in order, each stage a client call
  *               (KbSearch, Complete), as a LangChain loop would: the graph's own state
  *               machine (daemon/graph/graph.h) runs in the client and decides the next stage;
@@ -697,6 +698,20 @@ static int bench_template(const char *tmpl, int n, int runs)
     return 0;
 }
 
+/* Whether name is one of the comma-separated names of list (NULL: all). */
+static bool picked(const char *list, const char *name)
+{
+    if (!list)
+        return true;
+    size_t len = strlen(name);
+    for (const char *p = list;; p++) {
+        if (!strncmp(p, name, len) && (p[len] == ',' || p[len] == '\0'))
+            return true;
+        if (!(p = strchr(p, ',')))
+            return false;
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *only = NULL;
@@ -727,7 +742,19 @@ int main(int argc, char **argv)
     }
     if (bad || (docs && model)) {
         fprintf(stderr, "usage: workflow [--model PATH | --docs] [--requests N] [--runs R] "
-                        "[--template NAME] [--threads T] [--reuse-kv 0|1]\n");
+                        "[--template NAME[,NAME]] [--threads T] [--reuse-kv 0|1]\n");
+        return 2;
+    }
+    int listed = 1, known = 0;
+    for (const char *p = only; p && (p = strchr(p, ',')); p++)
+        listed++;
+    for (int t = 0; t < GRAPH_N_BUILTINS; t++)
+        known += picked(only, graph_builtin_name(t));
+    if (only && known != listed) {
+        fprintf(stderr, "workflow: --template: built-in templates, each once:");
+        for (int t = 0; t < GRAPH_N_BUILTINS; t++)
+            fprintf(stderr, " %s", graph_builtin_name(t));
+        fputc('\n', stderr);
         return 2;
     }
     if (n < 2 || runs < 1 || runs > 16 || threads < 1 || (docs && n > DOC_PASSAGES)) {
@@ -796,7 +823,7 @@ int main(int argc, char **argv)
     }
     int rc = 0;
     for (int t = 0; t < GRAPH_N_BUILTINS && rc == 0; t++)
-        if (!only || !strcmp(only, graph_builtin_name(t)))
+        if (picked(only, graph_builtin_name(t)))
             rc = bench_template(graph_builtin_name(t), n, runs);
     bench_llmsd_stop(pid);
     free_docs();
