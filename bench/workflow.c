@@ -14,10 +14,10 @@
  * generates and docs-embed-5M-F16, a registry model of its own (model.docs ... embed),
  * embeds; the knowledge base holds the passages of the first 1000 lines of
  * docs/pairs-train-sample.tsv, one document and one passage each, and the questions are
- * those lines' queries (headings, option names, API signatures). A request costs
- * 0.2-0.8 s there (TinyStories': about 10 ms): on 2 cores `--docs --requests 24 --runs 3`
- * took 19 minutes for multistep and 16 for irg, a time about proportional to requests x
- * runs.
+ * those lines' queries (headings, option names, API signatures). A request costs about
+ * 0.2-0.3 s there (TinyStories': 7-10 ms): on 2 cores `--docs --requests 16 --runs 3
+ * --template multistep,irg` took 10 minutes with nothing else running, and a load of 2-3
+ * other processes doubled that (the time is about proportional to requests x runs).
  * For each built-in template (one-shot, hyde, multistep, irg, recomp; --template picks
  * some) four systems answer the same questions (greedy, the same max_tokens):
  *   sequential  one request at a time, its stages in order, each stage a client call
