@@ -2,15 +2,24 @@
  * workflow — RAG workflow graphs (HedraRAG) against running their stages from the
  * client, as JSON lines on stdout.
  *
- *   workflow [--model PATH] [--requests N] [--runs R] [--template NAME] [--threads T]
- *            [--reuse-kv 0|1]
+ *   workflow [--model PATH | --docs] [--requests N] [--runs R] [--template NAME[,NAME]]
+ *            [--threads T] [--reuse-kv 0|1]
  *
  * Starts llmsd of the same build with the trained
  * ../shared/testdata/models/TinyStories-656K-Q8_0.gguf (or --model; skipped with a
  * message when absent), which generates and embeds, and fills a knowledge base with
- * generated children's-story passages. For each built-in template (one-shot, hyde,
- * multistep, irg, recomp) three systems answer the same questions (greedy, the same
- * max_tokens):
+ * 96 generated children's-story passages; the questions ask what a child found where.
+ * --docs runs the documentation models instead (under ../shared/testdata, or
+ * $LLMS_TESTDATA; skipped with a message when a file is absent): docs-lm-21M-F16
+ * generates and docs-embed-5M-F16, a registry model of its own (model.docs ... embed),
+ * embeds; the knowledge base holds the passages of the first 1000 lines of
+ * docs/pairs-train-sample.tsv, one document and one passage each, and the questions are
+ * those lines' queries (headings, option names, API signatures). A request costs about
+ * 0.2-0.3 s there (TinyStories': 7-10 ms): on 2 cores `--docs --requests 16 --runs 3
+ * --template multistep,irg` took 10 minutes with nothing else running, and a load of 2-3
+ * other processes doubled that (the time is about proportional to requests x runs).
+ * For each built-in template (one-shot, hyde, multistep, irg, recomp; --template picks
+ * some) four systems answer the same questions (greedy, the same max_tokens):
  *   sequential  one request at a time, its stages in order, each stage a client call
  *               (KbSearch, Complete), as a LangChain loop would: the graph's own state
  *               machine (daemon/graph/graph.h) runs in the client and decides the next stage;
@@ -38,11 +47,11 @@
  *
  * Similarity-aware search (HedraRAG), per template whose requests retrieve more than
  * once: the knowledge base's passages and every retrieval query of the sequential runs
- * are embedded by the daemon, put in an IVF index here (storage/ivf.h, n / 8 lists, all
- * probed as the daemon's kb_ivf_nprobe does at this size), and each request's second and
- * later queries are searched plainly, with the exact early stop, and with the early stop
- * and the lists of the request's previous top 20 as hints: lists and vectors scanned,
- * and whether any result differs from the plain search.
+ * are embedded by the daemon, put in an IVF index here (storage/ivf.h, n / 8 lists, of
+ * which the daemon's kb_ivf_nprobe, 16, are probed: all 12 of TinyStories'), and each
+ * request's second and later queries are searched plainly, with the exact early stop,
+ * and with the early stop and the lists of the request's previous top 20 as hints:
+ * lists and vectors scanned, and whether any result differs from the plain search.
  */
 #include <libgen.h>
 #include <pthread.h>
@@ -74,6 +83,13 @@ static const char *const places[] = {"park", "garden", "river", "forest", "beach
 
 static char sock[1100];
 static graph_limits limits = {.max_nodes = 32, .max_steps = 64};
+
+/* The knowledge base: its name, the registry's embed model for it (NULL: the default),
+ * its documents' texts (one passage each) and, in the documentation mode, each
+ * document's query (the questions are those). */
+static const char *kb_name = "stories", *embed_model;
+static char **doc_text, **doc_query;
+static int n_docs;
 
 typedef struct request {
     char question[256];
@@ -112,7 +128,7 @@ static char *search(llms_conn *c, const char *query)
         return strdup("");
     llms_kb_hit *hits;
     size_t n;
-    if (llms_kb_search(c, "stories", query, 0, LLMS_RETRIEVAL_RRF, &hits, &n) != LLMS_OK)
+    if (llms_kb_search(c, kb_name, query, 0, LLMS_RETRIEVAL_RRF, &hits, &n) != LLMS_OK)
         return NULL;
     size_t len = 1;
     for (size_t i = 0; i < n; i++)
@@ -144,7 +160,7 @@ static int run_stages(llms_conn *c, const char *tmpl, request *rq)
     v[0].name = "question";
     v[0].value = (char *)question;
     v[1].name = "kb";
-    v[1].value = "stories";
+    v[1].value = (char *)kb_name;
     graph_run *r = g ? graph_run_new(g, vp, 2, limits.max_steps, err) : NULL;
     int node, rc = r ? 0 : -1;
     llms_params p;
@@ -181,7 +197,7 @@ static int run_stages(llms_conn *c, const char *tmpl, request *rq)
 
 static int run_graph(llms_conn *c, cell *cl, const char *question, char **answer)
 {
-    llms_graph_var in[2] = {{"question", question}, {"kb", "stories"}};
+    llms_graph_var in[2] = {{"question", question}, {"kb", kb_name}};
     llms_params p;
     llms_params_init(&p);
     p.temperature = 0;
@@ -240,9 +256,16 @@ static double uniform(uint64_t *state)
     return (double)(*state >> 11) / 9007199254740992.0;
 }
 
+/* The documentation mode's questions are the queries of documents spread over the
+ * knowledge base (the pairs file groups its sources). */
 static void make_questions(request *req, int n, int seed)
 {
     for (int i = 0; i < n; i++) {
+        if (doc_query) {
+            snprintf(req[i].question, sizeof req[i].question, "%s",
+                     doc_query[(i * 37 + seed * 13) % n_docs]);
+            continue;
+        }
         int k = (i * 7 + seed * 13) % (N(names) * N(places));
         snprintf(req[i].question, sizeof req[i].question, "What did %s find in the %s?",
                  names[k % N(names)], places[k / N(names) % N(places)]);
@@ -328,41 +351,116 @@ static outcome median_outcome(outcome *o, int runs)
     return m;
 }
 
-/* The knowledge base's documents, one passage each (kb_passage_tokens 48). */
-enum { DOCS = 96 };
-static char doc_text[DOCS][256];
+enum { STORIES = 96, DOC_PASSAGES = 1000 };
 
+/* The knowledge base's documents of the TinyStories mode: generated stories of one
+ * passage each (kb_passage_tokens 48). */
+static int make_stories(void)
+{
+    doc_text = calloc(STORIES, sizeof *doc_text);
+    if (!doc_text)
+        return -1;
+    for (int i = 0; i < STORIES; i++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "%s went to the %s. There %s found %s. %s was very happy and played with it "
+                 "all day.", names[i % N(names)], places[i / N(names) % N(places)],
+                 i % 2 ? "he" : "she", things[(i * 3) % N(things)], names[i % N(names)]);
+        if (!(doc_text[n_docs++] = strdup(text)))
+            return -1;
+    }
+    return 0;
+}
+
+/* The documentation mode's documents: the first DOC_PASSAGES lines of path
+ * (query<TAB>passage after a header line), a passage a document, its query kept. */
+static int read_pairs(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    doc_text = calloc(DOC_PASSAGES, sizeof *doc_text);
+    doc_query = calloc(DOC_PASSAGES, sizeof *doc_query);
+    if (!f || !doc_text || !doc_query) {
+        fprintf(stderr, "workflow: %s: cannot read it\n", path);
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    bool header = true, ok = true;
+    while (ok && n_docs < DOC_PASSAGES && (len = getline(&line, &cap, f)) > 0) {
+        if (line[len - 1] == '\n')
+            line[len - 1] = '\0';
+        char *tab = strchr(line, '\t');
+        if (header || !tab) {
+            header = false;
+            continue;
+        }
+        *tab = '\0';
+        doc_query[n_docs] = strdup(line);
+        doc_text[n_docs] = strdup(tab + 1);
+        n_docs++;
+        ok = doc_query[n_docs - 1] && doc_text[n_docs - 1];
+    }
+    free(line);
+    fclose(f);
+    if (!ok || n_docs < 2) {
+        fprintf(stderr, "workflow: %s: %s\n", path,
+                ok ? "fewer than 2 query<TAB>passage lines" : "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static void free_docs(void)
+{
+    for (int i = 0; i < n_docs; i++) {
+        free(doc_text[i]);
+        free(doc_query ? doc_query[i] : NULL);
+    }
+    free(doc_text);
+    free(doc_query);
+}
+
+/* Creates the knowledge base (with its embed model) and adds every document, one call. */
 static int fill_kb(void)
 {
     llms_conn *c;
     if (llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK)
         return -1;
-    int rc = llms_kb_create(c, "stories", 0, 0) == LLMS_OK ? 0 : -1;
-    static char id[DOCS][16];
-    char (*text)[256] = doc_text;
-    llms_kb_doc docs[DOCS];
-    for (int i = 0; i < DOCS; i++) {
-        snprintf(id[i], sizeof id[i], "s%d", i);
-        snprintf(text[i], sizeof text[i],
-                 "%s went to the %s. There %s found %s. %s was very happy and played with it "
-                 "all day.", names[i % N(names)], places[i / N(names) % N(places)],
-                 i % 2 ? "he" : "she", things[(i * 3) % N(things)], names[i % N(names)]);
-        docs[i] = (llms_kb_doc){id[i], text[i], NULL};
+    llms_kb_options opt = {.embed_model = embed_model};
+    int rc = llms_kb_create_opts(c, kb_name, &opt) == LLMS_OK ? 0 : -1;
+    char (*id)[16] = calloc((size_t)n_docs, sizeof *id);
+    llms_kb_doc *docs = calloc((size_t)n_docs, sizeof *docs);
+    if (!id || !docs)
+        rc = -1;
+    for (int i = 0; rc == 0 && i < n_docs; i++) {
+        snprintf(id[i], sizeof id[i], "d%d", i);
+        docs[i] = (llms_kb_doc){id[i], doc_text[i], NULL};
     }
-    if (rc == 0 && llms_kb_add(c, "stories", docs, DOCS, NULL) != LLMS_OK)
+    double t0 = bench_now_s();
+    uint32_t passages = 0;
+    if (rc == 0 && llms_kb_add(c, kb_name, docs, (size_t)n_docs, &passages) != LLMS_OK)
         rc = -1;
     if (rc)
         fprintf(stderr, "workflow: knowledge base: %s\n", llms_last_error(c));
+    else
+        fprintf(stderr, "workflow: %d documents, %u passages, added in %.1f s\n", n_docs,
+                passages, bench_now_s() - t0);
+    free(id);
+    free(docs);
     llms_close(c);
     return rc;
 }
 
 #define HINT_K 20        /* a request's recent results whose lists are its hints */
+#define NPROBE 16        /* the daemon's kb_ivf_nprobe (above the lists: all) */
 
 static int ivf_run(ivf *ix, const float *q, int n_q, int dim, bool early_stop,
                    const ivf_hints *hints, ivf_hit *hits, ivf_search_stats *st)
 {
-    ivf_search_params p = {.k = HINT_K, .nprobe = ivf_nlist(ix), .early_stop = early_stop};
+    ivf_search_params p = {.k = HINT_K, .nprobe = NPROBE, .early_stop = early_stop};
     return bench_ivf_search(ix, q, n_q, dim, &p, hints, hits, st);
 }
 
@@ -383,32 +481,34 @@ static void similarity_savings(const char *tmpl, const request *req, int n)
     }
     llms_conn *c = NULL;
     llms_embeddings pe = {0}, qe = {0};
-    const char **texts = malloc(sizeof *texts * (size_t)(n_q > DOCS ? n_q : DOCS));
+    const char **texts = malloc(sizeof *texts * (size_t)(n_q > n_docs ? n_q : n_docs));
+    int64_t *ids = malloc(sizeof *ids * (size_t)n_docs);
     ivf *ix = NULL;
     float *later = NULL;
     ivf_hit *prev = NULL, *h[3] = {NULL, NULL, NULL};
     int32_t *lists = NULL;
     ivf_hints *hints = NULL;
     char err[ERR_MAX];
-    if (!texts || llms_connect(sock, &c, NULL) != LLMS_OK || llms_bind(c, "bench") != LLMS_OK)
+    if (!texts || !ids || llms_connect(sock, &c, NULL) != LLMS_OK ||
+        llms_bind(c, "bench") != LLMS_OK)
         goto out;
-    for (int i = 0; i < DOCS; i++)
+    for (int i = 0; i < n_docs; i++)
         texts[i] = doc_text[i];
-    if (llms_embed(c, texts, DOCS, LLMS_POOLING_MEAN, &pe) != LLMS_OK)
+    if (llms_embed_model(c, embed_model, texts, (size_t)n_docs, LLMS_POOLING_MEAN, &pe) !=
+        LLMS_OK)
         goto out;
     int k = 0;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < req[i].n_queries; j++)
             texts[k++] = req[i].queries[j];
-    if (llms_embed(c, texts, (size_t)n_q, LLMS_POOLING_MEAN, &qe) != LLMS_OK)
+    if (llms_embed_model(c, embed_model, texts, (size_t)n_q, LLMS_POOLING_MEAN, &qe) != LLMS_OK)
         goto out;
     int dim = (int)pe.dim;
-    int64_t ids[DOCS];
-    for (int i = 0; i < DOCS; i++)
+    for (int i = 0; i < n_docs; i++)
         ids[i] = i;
-    ivf_train_params tp = {.nlist = DOCS / 8, .seed = 1};
-    if (!(ix = ivf_new(dim, err)) || ivf_train(ix, pe.values, DOCS, dim, &tp, err) ||
-        ivf_add(ix, ids, pe.values, DOCS, dim, err)) {
+    ivf_train_params tp = {.nlist = n_docs / 8, .seed = 1};
+    if (!(ix = ivf_new(dim, err)) || ivf_train(ix, pe.values, n_docs, dim, &tp, err) ||
+        ivf_add(ix, ids, pe.values, n_docs, dim, err)) {
         fprintf(stderr, "workflow: ivf: %s\n", err);
         goto out;
     }
@@ -456,7 +556,7 @@ static void similarity_savings(const char *tmpl, const request *req, int n)
                "\"later_queries\": %d, \"lists_scanned\": %lld, \"lists_skipped\": %lld, "
                "\"vectors_scanned\": %lld, \"lists_ratio_to_plain\": %.3f, "
                "\"vectors_ratio_to_plain\": %.3f, \"results_differing_from_plain\": %d}\n",
-               tmpl, modes[m], DOCS, ivf_nlist(ix), HINT_K, n_later,
+               tmpl, modes[m], n_docs, ivf_nlist(ix), HINT_K, n_later,
                (long long)st[m].lists_scanned, (long long)st[m].lists_skipped,
                (long long)st[m].vectors_scanned,
                (double)st[m].lists_scanned / (double)st[0].lists_scanned,
@@ -470,6 +570,7 @@ out:
     llms_embeddings_free(&qe);
     ivf_free(ix);
     free(texts);
+    free(ids);
     free(later);
     free(prev);
     free(lists);
@@ -597,44 +698,106 @@ static int bench_template(const char *tmpl, int n, int runs)
     return 0;
 }
 
+/* Whether name is one of the comma-separated names of list (NULL: all). */
+static bool picked(const char *list, const char *name)
+{
+    if (!list)
+        return true;
+    size_t len = strlen(name);
+    for (const char *p = list;; p++) {
+        if (!strncmp(p, name, len) && (p[len] == ',' || p[len] == '\0'))
+            return true;
+        if (!(p = strchr(p, ',')))
+            return false;
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *only = NULL;
-    int n = 32, runs = 3, threads = 2, reuse_kv = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--model"))
-            model = argv[i + 1];
-        else if (!strcmp(argv[i], "--requests"))
-            n = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--runs"))
-            runs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--template"))
-            only = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads"))
-            threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--reuse-kv"))
-            reuse_kv = atoi(argv[i + 1]) != 0;
-        else {
-            fprintf(stderr, "usage: workflow [--model PATH] [--requests N] [--runs R] "
-                            "[--template NAME] [--threads T] [--reuse-kv 0|1]\n");
-            return 2;
+    int n = 32, runs = 3, threads = 2, reuse_kv = 1, docs = 0, bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--docs")) {
+            docs = 1;
+            continue;
         }
+        if (!value)
+            bad = 1;
+        else if (!strcmp(argv[i], "--model"))
+            model = value;
+        else if (!strcmp(argv[i], "--requests"))
+            n = atoi(value);
+        else if (!strcmp(argv[i], "--runs"))
+            runs = atoi(value);
+        else if (!strcmp(argv[i], "--template"))
+            only = value;
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(value);
+        else if (!strcmp(argv[i], "--reuse-kv"))
+            reuse_kv = atoi(value) != 0;
+        else
+            bad = 1;
+        i++;
     }
-    if (n < 2 || runs < 1 || runs > 16 || threads < 1) {
-        fprintf(stderr, "workflow: --requests >= 2, --runs 1..16, --threads >= 1\n");
+    if (bad || (docs && model)) {
+        fprintf(stderr, "usage: workflow [--model PATH | --docs] [--requests N] [--runs R] "
+                        "[--template NAME[,NAME]] [--threads T] [--reuse-kv 0|1]\n");
         return 2;
     }
-    char model_buf[1024];
-    if (!model) {
-        const char *dir = getenv("LLMS_TESTDATA") ? getenv("LLMS_TESTDATA") : "../shared/testdata";
-        snprintf(model_buf, sizeof model_buf, "%s/models/TinyStories-656K-Q8_0.gguf", dir);
-        model = model_buf;
+    int listed = 1, known = 0;
+    for (const char *p = only; p && (p = strchr(p, ',')); p++)
+        listed++;
+    for (int t = 0; t < GRAPH_N_BUILTINS; t++)
+        known += picked(only, graph_builtin_name(t));
+    if (only && known != listed) {
+        fprintf(stderr, "workflow: --template: built-in templates, each once:");
+        for (int t = 0; t < GRAPH_N_BUILTINS; t++)
+            fprintf(stderr, " %s", graph_builtin_name(t));
+        fputc('\n', stderr);
+        return 2;
     }
-    if (access(model, R_OK) != 0) {
-        fprintf(stderr, "workflow: skipped: %s is absent\n", model);
-        return 0;
+    if (n < 2 || runs < 1 || runs > 16 || threads < 1 || (docs && n > DOC_PASSAGES)) {
+        fprintf(stderr, "workflow: --requests >= 2 (--docs: <= %d), --runs 1..16, "
+                        "--threads >= 1\n", DOC_PASSAGES);
+        return 2;
     }
-    char self[1024], llmsd[1100], dir[] = "/tmp/llms-workflow-XXXXXX", conf[2048];
+    const char *testdata = getenv("LLMS_TESTDATA") ? getenv("LLMS_TESTDATA")
+                                                   : "../shared/testdata";
+    char model_buf[1024], embed_buf[1024], pairs[1024], models[2200];
+    if (docs) {
+        snprintf(model_buf, sizeof model_buf, "%s/models/docs-lm-21M-F16.gguf", testdata);
+        snprintf(embed_buf, sizeof embed_buf, "%s/models/docs-embed-5M-F16.gguf", testdata);
+        snprintf(pairs, sizeof pairs, "%s/docs/pairs-train-sample.tsv", testdata);
+        const char *need[] = {model_buf, embed_buf, pairs};
+        for (int i = 0; i < N(need); i++)
+            if (access(need[i], R_OK) != 0) {
+                fprintf(stderr, "workflow: skipped: %s is absent\n", need[i]);
+                return 0;
+            }
+        /* docs-lm-21M generates; docs-embed-5M, a registry member of its own, embeds
+         * the knowledge base's passages and the retrievals' queries */
+        snprintf(models, sizeof models, "model = %s\nmodel.docs = %s embed\n", model_buf,
+                 embed_buf);
+        kb_name = "docs";
+        embed_model = "docs";
+        if (read_pairs(pairs))
+            return 1;
+    } else {
+        if (!model) {
+            snprintf(model_buf, sizeof model_buf, "%s/models/TinyStories-656K-Q8_0.gguf",
+                     testdata);
+            model = model_buf;
+        }
+        if (access(model, R_OK) != 0) {
+            fprintf(stderr, "workflow: skipped: %s is absent\n", model);
+            return 0;
+        }
+        snprintf(models, sizeof models, "model = %s\n", model);
+        if (make_stories())
+            return 1;
+    }
+    char self[1024], llmsd[1100], dir[] = "/tmp/llms-workflow-XXXXXX", conf[2600];
     if (!realpath(argv[0], self))
         snprintf(self, sizeof self, "%s", argv[0]);
     snprintf(llmsd, sizeof llmsd, "%s/../llmsd", dirname(self));
@@ -642,22 +805,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "workflow: %s is not built\n", llmsd);
         return 1;
     }
+    /* a document is one passage (the pairs' passages are at most 216 tokens of tok8k),
+     * and the similarity search embeds every passage, and every query, in one call */
     snprintf(conf, sizeof conf,
-             "model = %s\nthreads = %d\ntemperature = 0\nmax_tokens = %d\nrag_top_k = 2\n"
-             "kb_passage_tokens = 48\nkb_overlap_tokens = 0\nmax_queued_per_app = 64\n"
-             "max_queued_per_uid = 64\ntau_query = 2\nqkv_cache_mb = 0\ngraph_reuse_kv = %d\n",
-             model, threads, MAX_TOKENS, reuse_kv);
+             "%sthreads = %d\ntemperature = 0\nmax_tokens = %d\nrag_top_k = 2\n"
+             "kb_passage_tokens = %d\nkb_overlap_tokens = 0\nmax_queued_per_app = 64\n"
+             "max_queued_per_uid = 64\ntau_query = 2\nqkv_cache_mb = 0\ngraph_reuse_kv = %d\n"
+             "embed_max_texts = %d\n",
+             models, threads, MAX_TOKENS, docs ? 256 : 48, reuse_kv,
+             n_docs > n * MAX_QUERIES ? n_docs : n * MAX_QUERIES);
     pid_t pid = mkdtemp(dir) ? bench_llmsd_start("workflow", llmsd, dir, conf, sock, sizeof sock)
                              : -1;
     if (pid < 0 || fill_kb()) {
         bench_llmsd_stop(pid);
+        free_docs();
         return 1;
     }
     int rc = 0;
     for (int t = 0; t < GRAPH_N_BUILTINS && rc == 0; t++)
-        if (!only || !strcmp(only, graph_builtin_name(t)))
+        if (picked(only, graph_builtin_name(t)))
             rc = bench_template(graph_builtin_name(t), n, runs);
     bench_llmsd_stop(pid);
+    free_docs();
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
