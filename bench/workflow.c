@@ -8,7 +8,8 @@
  * Starts llmsd of the same build with the trained
  * ../shared/testdata/models/TinyStories-656K-Q8_0.gguf (or --model; skipped with a
  * message when absent), which generates and embeds, and fills a knowledge base with
- * 96 generated children's-story passages; the questions ask what a child found where.
+ * 96 generated children's stories (of 2 passages each at kb_passage_tokens 48); the
+ * questions ask what a child found where.
  * --docs runs the documentation models instead (under ../shared/testdata, or
  * $LLMS_TESTDATA; skipped with a message when a file is absent): docs-lm-21M-F16
  * generates and docs-embed-5M-F16, a registry model of its own (model.docs ... embed),
@@ -85,8 +86,8 @@ static char sock[1100];
 static graph_limits limits = {.max_nodes = 32, .max_steps = 64};
 
 /* The knowledge base: its name, the registry's embed model for it (NULL: the default),
- * its documents' texts (one passage each) and, in the documentation mode, each
- * document's query (the questions are those). */
+ * its documents' texts and, in the documentation mode, each document's query (the
+ * questions are those). */
 static const char *kb_name = "stories", *embed_model;
 static char **doc_text, **doc_query;
 static int n_docs;
@@ -353,8 +354,8 @@ static outcome median_outcome(outcome *o, int runs)
 
 enum { STORIES = 96, DOC_PASSAGES = 1000 };
 
-/* The knowledge base's documents of the TinyStories mode: generated stories of one
- * passage each (kb_passage_tokens 48). */
+/* The knowledge base's documents of the TinyStories mode: generated stories (the
+ * knowledge base cuts each into 2 passages at kb_passage_tokens 48). */
 static int make_stories(void)
 {
     doc_text = calloc(STORIES, sizeof *doc_text);
@@ -805,8 +806,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "workflow: %s is not built\n", llmsd);
         return 1;
     }
-    /* a document is one passage (the pairs' passages are at most 216 tokens of tok8k),
-     * and the similarity search embeds every passage, and every query, in one call */
+    /* --docs: a document is one passage (the pairs' passages are at most 216 tokens of
+     * tok8k); the similarity search embeds every document, and every query, in one call */
     snprintf(conf, sizeof conf,
              "%sthreads = %d\ntemperature = 0\nmax_tokens = %d\nrag_top_k = 2\n"
              "kb_passage_tokens = %d\nkb_overlap_tokens = 0\nmax_queued_per_app = 64\n"
