@@ -614,9 +614,8 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
-    /* not yet in the registry, and never its default generate model */
-    bool apart = e->type == MODELS_DECODER && (e->roles & (MODELS_EMBED | MODELS_DRAFT));
-    if (entry_open(e, r->threads, r->load, r->repack, apart, err) < 0) {
+    /* not yet in the registry, so never its default generate model */
+    if (entry_open(e, r->threads, r->load, r->repack, models_embeds_apart(r, e), err) < 0) {
         entry_free(e);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }

@@ -97,7 +97,8 @@ typedef struct models_view {
     uint64_t version;           /* of the registry when copied; 0: never */
 } models_view;
 
-/* Tokens a decoder embedding model's own runner holds (its n_ctx when smaller). */
+/* Tokens the own runner of a decoder that embeds or drafts holds (its n_ctx when
+ * smaller). */
 #define MODELS_EMBED_MAX_TOKENS 8192
 
 /* Whether e is a decoder that runs on a runner of its own: it has the embed or the draft

@@ -359,7 +359,7 @@ static void run_step_on(sched *s, genmodel *gm)
     int spare = s->env.cfg->speculate_rows - n_decoding;
     int drafts_each = n_decoding && spare > 0 ? spare / n_decoding : 0;
     spec_gate *gate = &s->spec_gate[genset_slot(s, gm)];
-    unsigned allowed = spec_gate_sources(gate, n_decoding, s->n_steps, SPEC_LOOKUP | SPEC_DRAFT);
+    unsigned allowed = spec_gate_sources(gate, n_decoding, s->n_steps);
     int n_gens = 0;
     for (int i = 0; i < s->n_active; i++)
         if (step_decodes(s->active[i], gm)) {

@@ -216,21 +216,19 @@ static bool gate_sits_out(spec_gate_cell *c, bool slower, uint64_t step_no)
     return false;
 }
 
-unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode)
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no)
 {
+    unsigned out = SPEC_LOOKUP | SPEC_DRAFT;
     if (n_decoding < 1)
-        return mode;
+        return out;
     int b = gate_bucket(n_decoding);
     double plain = gate_rate(g, b, SPEC_ARM_PLAIN), lookup = gate_rate(g, b, SPEC_ARM_LOOKUP),
            draft = gate_rate(g, b, SPEC_ARM_DRAFT);
-    unsigned out = mode;
-    if ((mode & SPEC_LOOKUP) &&
-        gate_sits_out(&g->arm[SPEC_ARM_LOOKUP][b], lookup >= 0 && plain >= 0 && lookup < plain,
+    if (gate_sits_out(&g->arm[SPEC_ARM_LOOKUP][b], lookup >= 0 && plain >= 0 && lookup < plain,
                       step_no))
         out &= ~(unsigned)SPEC_LOOKUP;
     double best = lookup > plain ? lookup : plain;
-    if ((mode & SPEC_DRAFT) &&
-        gate_sits_out(&g->arm[SPEC_ARM_DRAFT][b], draft >= 0 && best >= 0 && draft < best,
+    if (gate_sits_out(&g->arm[SPEC_ARM_DRAFT][b], draft >= 0 && best >= 0 && draft < best,
                       step_no))
         out &= ~(unsigned)SPEC_DRAFT;
     return out;
@@ -253,15 +251,15 @@ void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int token
 
 /* ---- proposals ---- */
 
-int spec_propose(gen *g, int cap, unsigned allowed)
+void spec_propose(gen *g, int cap, unsigned allowed)
 {
     g->n_draft = 0;
     g->draft_want = 0;
     if (!g->spec_rows)
-        return 0;
+        return;
     if (g->spec_rest > 0) {
         g->spec_rest--;
-        return 0;
+        return;
     }
     if (cap > g->spec_k)
         cap = g->spec_k;
@@ -272,7 +270,7 @@ int spec_propose(gen *g, int cap, unsigned allowed)
     if (cap > g->max_gen - g->n_gen - 1)
         cap = g->max_gen - g->n_gen - 1;
     if (cap <= 0)
-        return 0;
+        return;
     g->spec_rows[0] = g->hist[g->n_hist - 1];
     unsigned mode = g->spec_mode & allowed;
     if (mode & SPEC_LOOKUP) {
@@ -287,7 +285,6 @@ int spec_propose(gen *g, int cap, unsigned allowed)
         }
         g->draft_want = cap;
     }
-    return g->n_draft;
 }
 
 /* Gets g's draft KV ready for this step's proposal: moved to a window that holds the
@@ -349,11 +346,11 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
     if (rc)
         return -1;
     /* then one token per forward: each drafting generation's latest draft fed back */
-    int step = 1, k_max = 0;
+    int k_max = 0;
     for (int i = 0; i < m; i++)
         if (d->gens[i]->draft_want > k_max)
             k_max = d->gens[i]->draft_want;
-    for (; step <= k_max; step++) {
+    for (int step = 1; step <= k_max; step++) {
         int b = 0;
         for (int i = 0, o = 0; i < m; i++) {
             gen *g = d->gens[i];
@@ -373,7 +370,7 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
         /* the generations whose drafts are done leave; the others keep their order */
         int kept = 0;
         for (int i = 0; i < m; i++)
-            if (d->gens[i]->draft_want && d->gens[i]->draft_want > step)
+            if (d->gens[i]->draft_want > step)
                 d->gens[kept++] = d->gens[i];
             else if (d->gens[i]->draft_want) {
                 gen *g = d->gens[i];

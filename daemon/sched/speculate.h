@@ -93,9 +93,9 @@ typedef struct spec_gate {
     spec_gate_cell arm[SPEC_ARMS][SPEC_GATE_STREAMS];
 } spec_gate;
 
-/* The sources that pay for a step of n_decoding streams, among mode, and those whose
- * probe step step_no is. */
-unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no, unsigned mode);
+/* The sources (enum spec_source bits) that pay for a step of n_decoding streams, and
+ * those whose probe step step_no is. */
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no);
 
 /* A decode step of n_decoding streams, of kind arm, made tokens in ms. */
 void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms);
@@ -135,10 +135,10 @@ int spec_gen_init(gen *g, const config *cfg, unsigned mode, spec_drafter *d);
 void spec_gen_free(gen *g);
 
 /* Before a step: the drafts of decoding generation g (at most cap, from the sources
- * among allowed) by lookup into its rows (row 0 its last token): their number; 0 with g
- * marked to ask the draft model (spec_draft_all) when lookup found none and g drafts
- * from it. */
-int spec_propose(gen *g, int cap, unsigned allowed);
+ * among allowed) by lookup into its rows (row 0 its last token), g->n_draft of them;
+ * none, with g marked to ask the draft model (spec_draft_all), when lookup found none
+ * and g drafts from it. */
+void spec_propose(gen *g, int cap, unsigned allowed);
 
 /* The draft model's drafts for every generation spec_propose marked among gens (n):
  * each gets its g->n_draft drafts, or none when it is still catching up. 1 when it ran

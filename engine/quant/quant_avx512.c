@@ -898,36 +898,13 @@ INLINE __m512 load16_float(uint32_t t, const void *row, int64_t i)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-INLINE float row_float(uint32_t t, const void *x, const float *a, int64_t n)
-{
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_fmadd_ps(load16_float(t, x, i), _mm512_loadu_ps(a + i), acc0);
-        acc1 = _mm512_fmadd_ps(load16_float(t, x, i + 16), _mm512_loadu_ps(a + i + 16), acc1);
-    }
-    for (; i + 16 <= n; i += 16)
-        acc0 = _mm512_fmadd_ps(load16_float(t, x, i), _mm512_loadu_ps(a + i), acc0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; i < n; i++)
-        s += qb_load_float(t, x, i) * a[i];
-    return s;
-}
-
-INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_rows,
-                           const float *a, int64_t n, float *out)
-{
-    for (int64_t r = 0; r < n_rows; r++)
-        out[r] = row_float(t, w + (size_t)r * rb, a, n);
-}
-
 /*
- * row_float for k (<= FLOAT_GROUP) activations at once (batched decode, speculative
+ * A row against k (<= FLOAT_GROUP) activations at once (batched decode, speculative
  * decoding's draft rows): the row's weights are read and widened once for the group
  * instead of once per activation, which on small float models made a step of four rows
- * cost seven single ones. Each activation is summed exactly as row_float sums it alone
- * (the same 32-element steps on two accumulators, the 16-element step on the first,
- * the same reduction and scalar tail), so batched results equal solo ones bit for bit.
+ * cost seven single ones. Each activation is summed as it is alone (k = 1: the same
+ * 32-element steps on two accumulators, the 16-element step on the first, the same
+ * reduction and scalar tail), so batched results equal solo ones bit for bit.
  */
 #define FLOAT_GROUP 8
 
@@ -960,6 +937,20 @@ INLINE void row_float_group(int k, uint32_t t, const void *x, const float *const
             s += qb_load_float(t, x, j) * a[g][j];
         out[(size_t)g * os] = s;
     }
+}
+
+INLINE float row_float(uint32_t t, const void *x, const float *a, int64_t n)
+{
+    float s;
+    row_float_group(1, t, x, &a, n, &s, 0);
+    return s;
+}
+
+INLINE void rows_float_all(uint32_t t, const uint8_t *w, size_t rb, int64_t n_rows,
+                           const float *a, int64_t n, float *out)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        out[r] = row_float(t, w + (size_t)r * rb, a, n);
 }
 
 #define FLOAT_GROUP_CASE(k)                                                                   \

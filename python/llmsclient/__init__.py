@@ -385,7 +385,6 @@ def _api():
                                 P(_RerankOptions), P(_RerankResult)]),
         "llms_rerank_result_free": (None, [P(_RerankResult)]),
         "llms_set_timeout": (None, [ctypes.c_void_p, ctypes.c_uint32]),
-        "llms_kb_create_shared": (c_int, [ctypes.c_void_p, c_char_p, c_uint32, c_uint32, c_int]),
         "llms_kb_create_opts": (c_int, [ctypes.c_void_p, c_char_p, P(_KbOptions)]),
         "llms_kb_drop": (c_int, [ctypes.c_void_p, c_char_p]),
         "llms_kb_add_progress": (c_int, [ctypes.c_void_p, c_char_p, P(_KbDoc), c_size_t,
