@@ -359,18 +359,23 @@ static void run_step_on(sched *s, genmodel *gm)
     int spare = s->env.cfg->speculate_rows - n_decoding;
     int drafts_each = n_decoding && spare > 0 ? spare / n_decoding : 0;
     spec_gate *gate = &s->spec_gate[genset_slot(s, gm)];
-    unsigned allowed = spec_gate_sources(gate, n_decoding, s->n_steps);
     int n_gens = 0;
+    unsigned modes = 0;
     for (int i = 0; i < s->n_active; i++)
         if (step_decodes(s->active[i], gm)) {
             gen *g = s->active[i]->g;
             s->spec_gen_tokens[n_gens] = g->n_gen;
             s->spec_gens[n_gens++] = g;
-            spec_propose(g, drafts_each, allowed);
+            modes |= g->spec_rows ? g->spec_mode : 0;
         }
+    unsigned allowed = spec_gate_sources(gate, n_decoding, modes, s->n_steps);
+    for (int i = 0; i < n_gens; i++)
+        spec_propose(s->spec_gens[i], drafts_each, allowed);
     char err[ERR_MAX];
+    bool caught_up = false;
     int drafted = s->drafter && gm == s->gm[0]
-                      ? spec_draft_all(s->drafter, s->spec_gens, n_gens, s->positions, err)
+                      ? spec_draft_all(s->drafter, s->spec_gens, n_gens, s->positions,
+                                       &caught_up, err)
                       : 0;
     if (drafted < 0 && reqlog_enabled(REQLOG_ERROR))
         fprintf(stderr, "llmsd: error: draft model: %s (the step decodes without its "
@@ -400,13 +405,12 @@ static void run_step_on(sched *s, genmodel *gm)
     step_collect(s, n_seq);
     if (n_seq) {
         int rows = step_rows(s, n_seq);
-        /* a decode step alone says what its kind of step yields (a draft forward that
-         * ran for generations still catching up counts as the draft model's cost) */
-        if (n_seq == decode_seqs && rows == decode_rows) {
+        /* a decode step alone says what its kind of step yields */
+        if (n_seq == decode_seqs && rows == decode_rows && !caught_up) {
             int tokens = 0;
             for (int i = 0; i < n_gens; i++)
                 tokens += s->spec_gens[i]->n_gen - s->spec_gen_tokens[i];
-            spec_gate_record(gate, n_decoding, arm, tokens,
+            spec_gate_record(gate, n_decoding, modes, arm, tokens,
                              (double)(clock_mono_ns() - t0) / 1e6);
         }
         step_record(s, t0, rows);

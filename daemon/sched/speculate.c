@@ -118,13 +118,19 @@ spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const token
                 why);
         return NULL;
     }
+    int window = model_runner_max_kv(me->dec_r);
+    if (window < SPEC_MAX_DRAFT + 2) {
+        err_set(err, "draft_model '%s' holds %d tokens: too few to draft (at least %d)",
+                draft_model, window, SPEC_MAX_DRAFT + 2);
+        return NULL;
+    }
     spec_drafter *d = calloc(1, sizeof *d);
     if (!d) {
         err_set(err, "out of memory");
         return NULL;
     }
     d->me = me;
-    d->window = model_runner_max_kv(me->dec_r);
+    d->window = window;
     d->n_vocab = model_hparams_of(me->m)->n_vocab;
     d->max_streams = max_streams;
     d->logits = malloc(sizeof *d->logits * (size_t)max_streams * (size_t)d->n_vocab);
@@ -182,63 +188,109 @@ void spec_gen_free(gen *g)
 
 #define SPEC_GATE_ALPHA 0.1   /* weight of the latest step in the moving averages */
 #define SPEC_GATE_MIN_STEPS 8 /* steps of a kind measured before it is judged */
+#define SPEC_GATE_DRAFT_MARGIN 1.1 /* the draft model's steps must yield this much more */
 
 static int gate_bucket(int n_decoding)
 {
     return (n_decoding < SPEC_GATE_STREAMS ? n_decoding : SPEC_GATE_STREAMS) - 1;
 }
 
+/* The cells of one set of sources: (SPEC_ARMS, SPEC_GATE_STREAMS). */
+typedef spec_gate_cell gate_table[SPEC_ARMS][SPEC_GATE_STREAMS];
+
 /* Tokens a millisecond of arm's steps, or -1 when too few were measured. */
-static double gate_rate(const spec_gate *g, int b, enum spec_arm arm)
+static double gate_rate(const gate_table *t, int b, enum spec_arm arm)
 {
-    const spec_gate_cell *a = &g->arm[arm][b];
+    const spec_gate_cell *a = &(*t)[arm][b];
     return a->n >= SPEC_GATE_MIN_STEPS && a->ms > 0 ? a->tokens / a->ms : -1;
 }
 
-/* Whether arm, slower than the alternative, sits this step out: not on its probe steps,
- * whose interval doubles each time (it starts again from SPEC_GATE_PROBE once the arm
- * pays). */
+/* Whether arm sits this step out. Slower than the alternative, it does but for probes;
+ * faster, it runs but for probes of the alternative, so that both averages stay fresh
+ * (a step's cost drifts with the contexts' lengths and the load). A probe is
+ * SPEC_GATE_PROBE_STEPS steps in a row (the first of the draft model's may only catch
+ * its KV up); the first comes SPEC_GATE_PROBE steps after the verdict, then each twice
+ * as long after the last, up to SPEC_GATE_PROBE_MAX, until the verdict changes. */
 static bool gate_sits_out(spec_gate_cell *c, bool slower, uint64_t step_no)
 {
-    if (!slower) {
-        c->probe_every = 0;
-        return false;
-    }
-    if (c->probe_every == 0) {
+    if (c->probe_every == 0 || slower != c->slower) {
+        c->slower = slower;
         c->probe_every = SPEC_GATE_PROBE;
         c->next_probe = step_no + SPEC_GATE_PROBE;
+        c->probe_left = 0;
     }
-    if (step_no < c->next_probe)
-        return true;
-    if (c->probe_every < SPEC_GATE_PROBE_MAX)
-        c->probe_every *= 2;
-    c->next_probe = step_no + c->probe_every;
-    return false;
+    bool probe = false;
+    if (c->probe_left > 0) {
+        c->probe_left--;
+        probe = true;
+    } else if (step_no >= c->next_probe) {
+        c->probe_left = SPEC_GATE_PROBE_STEPS - 1;
+        if (c->probe_every < SPEC_GATE_PROBE_MAX)
+            c->probe_every *= 2;
+        c->next_probe = step_no + c->probe_every;
+        probe = true;
+    }
+    return slower != probe;
 }
 
-unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no)
+/* The bucket nearest to b (the next larger first) where arm and plain steps were both
+ * measured, or -1. Decode at n streams pays much as at n + 1, and a count of decoding
+ * streams whose decode-only steps are rare, as when one stream of several is
+ * prefilling (such steps measure nothing), is judged by its neighbour's. */
+static int gate_judged_bucket(const gate_table *t, int b, enum spec_arm arm)
 {
-    unsigned out = SPEC_LOOKUP | SPEC_DRAFT;
-    if (n_decoding < 1)
+    for (int dist = 0; dist < SPEC_GATE_STREAMS; dist++)
+        for (int side = 1; side >= -1; side -= 2) {
+            int c = b + side * dist;
+            if ((dist == 0 && side < 0) || c < 0 || c >= SPEC_GATE_STREAMS)
+                continue;
+            if (gate_rate(t, c, arm) >= 0 && gate_rate(t, c, SPEC_ARM_PLAIN) >= 0)
+                return c;
+        }
+    return -1;
+}
+
+/* Whether source arm sits this step of bucket b out: judged at the nearest bucket with
+ * measurements (against best, the rate without it there, times margin); with none,
+ * it runs to be measured, then sits out until the steps without it are. */
+static bool gate_source_sits_out(gate_table *t, int b, enum spec_arm arm, unsigned modes,
+                                 double margin, uint64_t step_no)
+{
+    int j = gate_judged_bucket(t, b, arm);
+    if (j < 0)
+        return gate_rate(t, b, arm) >= 0;
+    double best = gate_rate(t, j, SPEC_ARM_PLAIN), lookup = gate_rate(t, j, SPEC_ARM_LOOKUP);
+    if (arm == SPEC_ARM_DRAFT && (modes & SPEC_LOOKUP) && lookup > best)
+        best = lookup;
+    return gate_sits_out(&(*t)[arm][j], gate_rate(t, j, arm) < margin * best, step_no);
+}
+
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, unsigned modes, uint64_t step_no)
+{
+    modes &= SPEC_LOOKUP | SPEC_DRAFT;
+    unsigned out = modes;
+    if (n_decoding < 1 || !modes)
         return out;
+    gate_table *t = &g->arm[modes];
     int b = gate_bucket(n_decoding);
-    double plain = gate_rate(g, b, SPEC_ARM_PLAIN), lookup = gate_rate(g, b, SPEC_ARM_LOOKUP),
-           draft = gate_rate(g, b, SPEC_ARM_DRAFT);
-    if (gate_sits_out(&g->arm[SPEC_ARM_LOOKUP][b], lookup >= 0 && plain >= 0 && lookup < plain,
-                      step_no))
+    if ((out & SPEC_LOOKUP) &&
+        gate_source_sits_out(t, b, SPEC_ARM_LOOKUP, modes, 1.0, step_no))
         out &= ~(unsigned)SPEC_LOOKUP;
-    double best = lookup > plain ? lookup : plain;
-    if (gate_sits_out(&g->arm[SPEC_ARM_DRAFT][b], draft >= 0 && best >= 0 && draft < best,
-                      step_no))
+    /* the draft model is judged against what the generations would do without it, by a
+     * margin that pays for its catch-ups, which no measurement holds */
+    if ((out & SPEC_DRAFT) &&
+        gate_source_sits_out(t, b, SPEC_ARM_DRAFT, modes, SPEC_GATE_DRAFT_MARGIN, step_no))
         out &= ~(unsigned)SPEC_DRAFT;
     return out;
 }
 
-void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms)
+void spec_gate_record(spec_gate *g, int n_decoding, unsigned modes, enum spec_arm arm,
+                      int tokens, double ms)
 {
-    if (n_decoding < 1)
+    modes &= SPEC_LOOKUP | SPEC_DRAFT;
+    if (n_decoding < 1 || !modes)
         return;
-    spec_gate_cell *a = &g->arm[arm][gate_bucket(n_decoding)];
+    spec_gate_cell *a = &g->arm[modes][arm][gate_bucket(n_decoding)];
     if (a->n == 0) {
         a->tokens = tokens;
         a->ms = ms;
@@ -287,48 +339,46 @@ void spec_propose(gen *g, int cap, unsigned allowed)
     }
 }
 
-/* Gets g's draft KV ready for this step's proposal: moved to a window that holds the
- * history and the drafts (the last half of its window kept, the rest fed again), then
- * the batch of history tokens it has not seen (at most SPEC_CATCHUP_ROWS). Whether
- * that batch ends at the history's last token (it may draft). */
-static bool catch_up(spec_drafter *d, gen *g, const int32_t *positions, model_batch *b,
+/* Gets g's draft KV ready for this step's proposal: the batch of history tokens it has
+ * not seen, its last row out. A draft KV further behind than SPEC_DRAFT_CONTEXT tokens
+ * (a new generation's prompt, or a stream that did not draft for a while), or without
+ * room for the history and the drafts in its window, starts again on the history's last
+ * SPEC_DRAFT_CONTEXT tokens: a catch-up is always one forward, so the step it runs in
+ * drafts too, and it costs at most SPEC_DRAFT_CONTEXT rows of the small model. */
+static void catch_up(spec_drafter *d, gen *g, const int32_t *positions, model_batch *b,
                      int32_t *last_row)
 {
-    if (g->n_hist + g->draft_want - g->draft_base >= d->window) {
-        g->draft_base = g->n_hist - d->window / 2;
+    int context = SPEC_DRAFT_CONTEXT < d->window - g->draft_want - 1
+                      ? SPEC_DRAFT_CONTEXT
+                      : d->window - g->draft_want - 1;
+    if (g->n_hist - g->draft_n > context ||
+        g->n_hist + g->draft_want - g->draft_base >= d->window) {
+        g->draft_base = g->n_hist > context ? g->n_hist - context : 0;
         g->draft_n = g->draft_base;
         kv_seq_truncate(&g->draft_seq, 0);
     }
     int n = g->n_hist - g->draft_n;
-    bool whole = n <= SPEC_CATCHUP_ROWS;
-    if (!whole)
-        n = SPEC_CATCHUP_ROWS;
+    *last_row = n - 1;
     *b = (model_batch){.n_tokens = n, .tokens = g->hist + g->draft_n,
-                       .positions = positions + (g->draft_n - g->draft_base)};
-    if (whole) {
-        *last_row = n - 1;
-        b->n_out = 1;
-        b->out_rows = last_row;
-    }
-    return whole;
+                       .positions = positions + (g->draft_n - g->draft_base),
+                       .n_out = 1, .out_rows = last_row};
 }
 
 int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
-                   char err[ERR_MAX])
+                   bool *caught_up, char err[ERR_MAX])
 {
-    /* first forward: each generation's unseen history, the drafting ones' last row out */
-    int m = 0, n_out = 0;
+    /* first forward: each drafting generation's unseen history, its last row out */
+    int m = 0;
+    *caught_up = false;
     for (int i = 0; i < n && m < d->max_streams; i++) {
         gen *g = gens[i];
         if (!g->draft_want)
             continue;
         d->gens[m] = g;
         d->seqs[m] = &g->draft_seq;
-        bool drafts = catch_up(d, g, positions, &d->batches[m], &d->last_row[m]);
-        if (drafts)
-            d->batches[m].logits = d->logits + (size_t)n_out++ * d->n_vocab;
-        else
-            g->draft_want = 0;
+        catch_up(d, g, positions, &d->batches[m], &d->last_row[m]);
+        d->batches[m].logits = d->logits + (size_t)m * d->n_vocab;
+        *caught_up |= d->batches[m].n_tokens > SPEC_STEADY_ROWS;
         m++;
     }
     if (m == 0)
@@ -352,11 +402,9 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
             k_max = d->gens[i]->draft_want;
     for (int step = 1; step <= k_max; step++) {
         int b = 0;
-        for (int i = 0, o = 0; i < m; i++) {
+        for (int i = 0; i < m; i++) {
             gen *g = d->gens[i];
-            if (!g->draft_want)
-                continue;
-            g->spec_rows[step] = argmax(d->logits + (size_t)o++ * d->n_vocab, d->n_vocab);
+            g->spec_rows[step] = argmax(d->logits + (size_t)i * d->n_vocab, d->n_vocab);
             if (step == g->draft_want)
                 continue;
             d->seqs[b] = &g->draft_seq;
@@ -372,7 +420,7 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
         for (int i = 0; i < m; i++)
             if (d->gens[i]->draft_want > step)
                 d->gens[kept++] = d->gens[i];
-            else if (d->gens[i]->draft_want) {
+            else {
                 gen *g = d->gens[i];
                 g->n_draft = g->draft_want;
                 g->draft_from = SPEC_DRAFT;

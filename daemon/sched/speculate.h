@@ -11,9 +11,9 @@
  * - draft: the greedy continuation of a small model of the same vocabulary
  *   (`draft_model`, a registry model with the draft role), which keeps a KV sequence per
  *   generation over a window of the history's last tokens (its own context length),
- *   catches up with the tokens taken since its last proposal (at most
- *   SPEC_CATCHUP_ROWS a step) and then drafts one token per forward, all drafting
- *   generations batched in each forward;
+ *   catches up with the tokens taken since its last proposal (one forward: further
+ *   behind, it starts again on the last SPEC_DRAFT_CONTEXT tokens) and then drafts one
+ *   token per forward, all drafting generations batched in each forward;
  * with both, lookup first and the draft model where lookup finds nothing. The step row
  * of the generation becomes 1 + k rows: its last token, then the drafts; all k + 1
  * rows' logits come back. Each row's token is then chosen as the sampler would
@@ -38,16 +38,22 @@
  *
  * Whether a source pays is measured, not assumed (spec_gate): a small model on a CPU is
  * compute-bound at a few rows, and a draft model costs forwards of its own. For each
- * count of decoding streams (1 to SPEC_GATE_STREAMS, more counted with the last) the
- * scheduler keeps the tokens and the milliseconds of its decode steps (draft forwards
- * included; steps with prefill or embedding rows are left out) as moving averages, by
- * the kind of step: plain, with lookup drafts, with the draft model's. A source whose
- * steps yield fewer tokens a millisecond than plain steps (the draft model's: than the
- * better of plain and lookup) is left out but for probe steps that measure it again:
- * the first SPEC_GATE_PROBE steps after it was left out, then twice as long each time a
- * probe finds it still slower, up to SPEC_GATE_PROBE_MAX steps (a draft model's probe
- * costs the catch-up of every stream's draft KV); so where a source does not pay,
- * speculation costs little more than its probes.
+ * set of sources the step's decoding generations may use, and each count of them (1 to
+ * SPEC_GATE_STREAMS, more counted with the last), the scheduler keeps the tokens and the milliseconds of its decode steps (draft forwards
+ * included; steps with prefill or embedding rows, and those where a draft KV caught up,
+ * are left out: they measure a start, not drafting) as moving averages, by the kind of
+ * step: plain, with lookup drafts, with the draft model's. A source whose steps yield
+ * fewer tokens a millisecond than plain steps (the draft model's: than the better of
+ * plain and, when the generations may use it, lookup; by a margin, as its catch-ups
+ * are not measured) is left out but for probes that measure it again,
+ * SPEC_GATE_PROBE_STEPS steps each: the first SPEC_GATE_PROBE steps after it was left
+ * out, then twice as long each time, up to SPEC_GATE_PROBE_MAX steps (a draft model's
+ * probe starts with the catch-up of every stream's draft KV); so where a source does
+ * not pay, speculation costs little more than its probes. One that pays sits out
+ * probes of the same rhythm, which measure the steps without it again; one measured
+ * before the steps without it sits out until they are. A count of streams not yet
+ * measured follows the nearest that was: under load, the steps where one stream
+ * prefills and the others decode carry no measurement of their own.
  */
 #ifndef LLMS_SPECULATE_H
 #define LLMS_SPECULATE_H
@@ -67,9 +73,14 @@ typedef struct sched sched;
 
 /* Most draft rows one generation verifies in a step (speculate_max's bound). */
 #define SPEC_MAX_DRAFT 32
-/* Most history tokens a draft model catches up with in one step: a long prompt is fed
- * over several steps rather than stalling every stream in one. */
-#define SPEC_CATCHUP_ROWS 64
+/* The history a generation's draft KV starts again from when it is further behind (a
+ * new prompt, a stream that did not draft for a while): a catch-up is one forward of at
+ * most this many rows, in the step that drafts. */
+#define SPEC_DRAFT_CONTEXT 64
+/* History rows a drafting generation feeds the draft model in a step of steady drafting
+ * at most: the tokens of its last step and of a rest. More is a catch-up, whose step
+ * spec_gate does not measure. */
+#define SPEC_STEADY_ROWS (SPEC_MAX_DRAFT + 1)
 
 /* Draft sources, as bits of a generation's mode. */
 enum spec_source { SPEC_LOOKUP = 1, SPEC_DRAFT = 2 };
@@ -79,26 +90,34 @@ enum spec_arm { SPEC_ARM_PLAIN, SPEC_ARM_LOOKUP, SPEC_ARM_DRAFT, SPEC_ARMS };
 #define SPEC_GATE_STREAMS 16
 #define SPEC_GATE_PROBE 32
 #define SPEC_GATE_PROBE_MAX 1024
+#define SPEC_GATE_PROBE_STEPS 4
 
 /* One kind of decode step at one stream count: moving averages of its steps. */
 typedef struct spec_gate_cell {
     double tokens, ms;  /* exponential moving averages */
     unsigned n;         /* steps measured */
-    unsigned probe_every; /* steps between probes while it is left out (0: not yet) */
+    bool slower;          /* the verdict: slower than the alternative */
+    unsigned probe_every; /* steps between probes under that verdict (0: none yet) */
     uint64_t next_probe;  /* the step of the next probe */
+    int probe_left;       /* steps of the probe under way still to run */
 } spec_gate_cell;
 
-/* Moving averages of decode steps' tokens and milliseconds by kind and stream count. */
+/* Moving averages of decode steps' tokens and milliseconds by kind and stream count, for
+ * each set of sources the decoding generations may use (enum spec_source bits): what
+ * the draft model is judged against differs with them, and so each measures apart. */
 typedef struct spec_gate {
-    spec_gate_cell arm[SPEC_ARMS][SPEC_GATE_STREAMS];
+    spec_gate_cell arm[(SPEC_LOOKUP | SPEC_DRAFT) + 1][SPEC_ARMS][SPEC_GATE_STREAMS];
 } spec_gate;
 
-/* The sources (enum spec_source bits) that pay for a step of n_decoding streams, and
- * those whose probe step step_no is. */
-unsigned spec_gate_sources(spec_gate *g, int n_decoding, uint64_t step_no);
+/* Of modes (the sources the step's decoding generations may use, enum spec_source
+ * bits), those that pay for a step of n_decoding streams, and those being probed at
+ * step step_no. */
+unsigned spec_gate_sources(spec_gate *g, int n_decoding, unsigned modes, uint64_t step_no);
 
-/* A decode step of n_decoding streams, of kind arm, made tokens in ms. */
-void spec_gate_record(spec_gate *g, int n_decoding, enum spec_arm arm, int tokens, double ms);
+/* A decode step of n_decoding streams whose sources were modes, of kind arm, made tokens
+ * in ms. */
+void spec_gate_record(spec_gate *g, int n_decoding, unsigned modes, enum spec_arm arm,
+                      int tokens, double ms);
 
 /* Counts since the daemon started, per draft source. */
 typedef struct spec_counts {
@@ -141,11 +160,11 @@ void spec_gen_free(gen *g);
 void spec_propose(gen *g, int cap, unsigned allowed);
 
 /* The draft model's drafts for every generation spec_propose marked among gens (n):
- * each gets its g->n_draft drafts, or none when it is still catching up. 1 when it ran
- * a forward, 0 when none was marked; -1 + err when a forward fails (the generations
- * then decode plainly). */
+ * each gets its g->n_draft drafts. 1 when it ran a forward, with caught_up set when a
+ * generation fed more than SPEC_STEADY_ROWS rows of history first; 0 when none was
+ * marked; -1 + err when a forward fails (the generations then decode plainly). */
 int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
-                   char err[ERR_MAX]);
+                   bool *caught_up, char err[ERR_MAX]);
 
 /* The out rows of a step's generation with n drafts: 0 .. n. */
 const int32_t *spec_out_rows(void);
