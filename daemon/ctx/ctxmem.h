@@ -52,6 +52,8 @@ typedef struct ctx_cost_obs {
 struct ctxmgr {
     store *st;
     kv_pool *pool;
+    kv_pool *also;        /* another pool whose KV counts against the budget (the draft
+                             model's, ctx_budget_also_counts), or NULL */
     model_runner *runner;
     const model *m;
     kv_shape shape;

@@ -920,20 +920,41 @@ static int victim_lru_context(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Frees the pool's spare buffers beyond what keeps resident + spare within target. */
-static void trim_spares_to(ctxmgr *cm, size_t target)
+void ctx_budget_also_counts(ctxmgr *cm, kv_pool *pool)
 {
-    size_t used = kv_pool_bytes_used(cm->pool);
-    kv_pool_trim_spares(cm->pool, used < target ? target - used : 0);
+    cm->also = pool;
 }
 
-/* Drops unlocked chunks in LCTRU order until the resident KV and the pool's spare
- * buffers together are at most target bytes (spares go first). Returns whether it got
- * there. */
+/* The resident KV the budget holds: the pool's and the other counted one's. */
+static size_t resident_bytes(const ctxmgr *cm)
+{
+    return kv_pool_bytes_used(cm->pool) + (cm->also ? kv_pool_bytes_used(cm->also) : 0);
+}
+
+/* The spare buffers the budget holds. */
+static size_t spare_bytes(const ctxmgr *cm)
+{
+    return kv_pool_spare_bytes(cm->pool) + (cm->also ? kv_pool_spare_bytes(cm->also) : 0);
+}
+
+/* Frees spare buffers beyond what keeps resident + spare within target: the pool's
+ * first, then the other counted one's. */
+static void trim_spares_to(ctxmgr *cm, size_t target)
+{
+    size_t used = resident_bytes(cm), room = used < target ? target - used : 0;
+    kv_pool_trim_spares(cm->pool, room);
+    if (cm->also) {
+        size_t own = kv_pool_spare_bytes(cm->pool);
+        kv_pool_trim_spares(cm->also, room > own ? room - own : 0);
+    }
+}
+
+/* Drops unlocked chunks in LCTRU order until the resident KV and the spare buffers
+ * together are at most target bytes (spares go first). Returns whether it got there. */
 static bool reclaim_to(ctxmgr *cm, size_t target)
 {
     trim_spares_to(cm, target);
-    if (kv_pool_bytes_used(cm->pool) <= target)
+    if (resident_bytes(cm) <= target)
         return true;
     size_t n = 0;
     for (ctx_entry *c = cm->head; c; c = c->next)
@@ -955,14 +976,14 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
     qsort(v, n, sizeof *v, whole ? victim_lru_context : victim_lctru);
     for (k = 0; k < n; k++) {
         bool same_context = whole && k > 0 && v[k].c == v[k - 1].c;
-        if (kv_pool_bytes_used(cm->pool) <= target && !same_context)
+        if (resident_bytes(cm) <= target && !same_context)
             break;
         ctx_wait_writes(cm, v[k].c);
         chunk_drop(cm, v[k].c, v[k].index);
         trim_spares_to(cm, target);
     }
     free(v);
-    return kv_pool_bytes_used(cm->pool) + kv_pool_spare_bytes(cm->pool) <= target;
+    return resident_bytes(cm) + spare_bytes(cm) <= target;
 }
 
 int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])
@@ -979,7 +1000,7 @@ int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])
             return 0;
     }
     err_set(err, "the KV budget (%zu bytes) cannot hold %zu more bytes beside the %zu of "
-            "running calls", budget, bytes, kv_pool_bytes_used(cm->pool));
+            "running calls", budget, bytes, resident_bytes(cm));
     return CTX_E_BUDGET;
 }
 
@@ -1007,23 +1028,24 @@ size_t ctx_squeeze(ctxmgr *cm, kv_seq *seq, int from)
     return before > after ? before - after : 0;
 }
 
-size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n)
+size_t ctx_append_bytes(const kv_seq *seq, int n)
 {
+    kv_shape shape = kv_pool_shape(seq->pool);
     int room = 0;
     size_t extra = 0;
     const kv_chunk *last = seq->n_chunks ? seq->chunks[seq->n_chunks - 1] : NULL;
     if (last && last->n_tokens < KV_CHUNK_TOKENS) {
         room = KV_CHUNK_TOKENS - last->n_tokens;
         if (last->precision != KV_F16)
-            extra = kv_chunk_data_bytes(cm->shape, KV_F16) - kv_chunk_bytes(cm->shape, last);
+            extra = kv_chunk_data_bytes(shape, KV_F16) - kv_chunk_bytes(shape, last);
     }
     int more = n > room ? ctx_n_chunks(n - room) : 0;
-    return extra + (size_t)more * kv_chunk_data_bytes(cm->shape, KV_F16);
+    return extra + (size_t)more * kv_chunk_data_bytes(shape, KV_F16);
 }
 
 int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX])
 {
-    return ctx_claim(cm, ctx_append_bytes(cm, seq, n), err);
+    return ctx_claim(cm, ctx_append_bytes(seq, n), err);
 }
 
 /* ---- calls ---- */
@@ -1382,7 +1404,7 @@ size_t ctx_kv_bytes(const ctxmgr *cm, const ctx_entry *c)
 
 size_t ctx_kv_bytes_total(const ctxmgr *cm)
 {
-    return kv_pool_bytes_used(cm->pool);
+    return resident_bytes(cm);
 }
 
 int ctx_count_resident(const ctxmgr *cm)

@@ -359,8 +359,9 @@ void ctx_forward_account(ctxmgr *cm, ctx_entry *c, int from, int n);
  * with the rows that gave it (a density is a ratio of like sums). */
 void ctx_forward_unwind(ctx_entry *c, int keep);
 
-/* Bytes of KV that appending n entries to seq allocates (0 when the last chunk has room). */
-size_t ctx_append_bytes(const ctxmgr *cm, const kv_seq *seq, int n);
+/* Bytes of KV that appending n entries to seq allocates (0 when the last chunk has room),
+ * in its pool's shape. */
+size_t ctx_append_bytes(const kv_seq *seq, int n);
 
 /* Claims the memory that appending n entries to seq (a sequence of this manager's pool
  * outside any context, e.g. a Complete's) takes. 0, -1 + err, or CTX_E_BUDGET. */
@@ -416,6 +417,12 @@ void ctx_enforce_budget(ctxmgr *cm);
 /* Reclaims unlocked chunks until at least bytes more fit under the budget. 0, or
  * CTX_E_BUDGET when they cannot (with err). */
 int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
+
+/* The KV of pool (resident and spare buffers) counts against cm's budget from now on:
+ * the draft model's, which lives apart from the generate model's but is part of the
+ * same KV memory (kv_budget_mb). Reclaiming then makes room for both, and trims pool's
+ * spare buffers when cm's own are not enough. NULL stops it. */
+void ctx_budget_also_counts(ctxmgr *cm, kv_pool *pool);
 
 /*
  * Under a KV budget that reclaiming cannot satisfy, a call may make its own KV smaller:

@@ -528,6 +528,12 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
         }
         st->kv_spare_bytes += kv_pool_spare_bytes(gm->pool);
     }
+    /* the draft model's KV counts with the default generate model's (all f16) */
+    const kv_pool *draft = s->drafter ? spec_drafter_pool(s->drafter) : NULL;
+    if (draft) {
+        st->kv_f16_bytes += kv_pool_bytes_at(draft, KV_F16);
+        st->kv_spare_bytes += kv_pool_spare_bytes(draft);
+    }
     st->switch_in_mean_ms = st->switch_ins ? switch_in_ms / (double)st->switch_ins : 0;
 }
 

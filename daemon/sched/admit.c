@@ -342,7 +342,8 @@ static genmodel *job_model(sched *s, const sched_job *j, const ctx_entry *c,
 
 /* The most KV a Call or Complete on gm can hold: the context, the prompt (a token is at
  * least one byte, the template adds a few), the reply, at f16 (the heaviest precision),
- * or int8 for the full chunks when the policy compresses; 0 for other work. */
+ * or int8 for the full chunks when the policy compresses, and the draft model's KV when
+ * it drafts; 0 for other work. */
 size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
                      const ctx_entry *c)
 {
@@ -393,9 +394,17 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
     /* Under pressure the call keeps its full chunks in int8 (step_claim), all but those
      * one step appends and the one being filled. */
     size_t hot = (size_t)(gm->step_tokens / KV_CHUNK_TOKENS + 2);
-    if (ctx_get_policy(gm->cm)->compress == CTX_COMPRESS_NONE || chunks <= hot)
-        return chunks * f16;
-    return (chunks - hot) * kv_chunk_data_bytes(shape, KV_INT8) + hot * f16;
+    size_t need = ctx_get_policy(gm->cm)->compress == CTX_COMPRESS_NONE || chunks <= hot
+                      ? chunks * f16
+                      : (chunks - hot) * kv_chunk_data_bytes(shape, KV_INT8) + hot * f16;
+    /* a generation that drafts with the draft model holds its KV too (idle-time work
+     * does not draft) */
+    unsigned mode = p && p->has_speculation ? spec_mode_of_request(p->speculation)
+                                            : spec_mode_of_setting(cfg->speculate);
+    if (s->drafter && gm == s->gm[0] && j != &s->pred_job && (mode & SPEC_DRAFT) &&
+        cfg->speculate_rows > 0)
+        need += spec_drafter_kv_need(s->drafter, tokens);
+    return need;
 }
 
 /* Whether a job's KV fits beside what the running work on its model may reach (each

@@ -120,13 +120,13 @@ static void step_add_drafts(sched *s, int *n_seq, int *n_out, work *w, int k)
         st->b.attn_received = g->c->attn;
 }
 
-/* The KV the step's generations append (on the step's model gm). */
-static size_t step_append_bytes(const sched *s, const genmodel *gm, int n_seq)
+/* The KV the step's generations append. */
+static size_t step_append_bytes(const sched *s, int n_seq)
 {
     size_t total = 0;
     for (int i = 0; i < n_seq; i++)
         if (s->steps[i].w->g)
-            total += ctx_append_bytes(gm->cm, s->steps[i].seq, s->steps[i].b.n_tokens);
+            total += ctx_append_bytes(s->steps[i].seq, s->steps[i].b.n_tokens);
     return total;
 }
 
@@ -138,7 +138,7 @@ static size_t step_append_bytes(const sched *s, const genmodel *gm, int n_seq)
 static void step_claim(sched *s, genmodel *gm, int n_seq)
 {
     char err[ERR_MAX];
-    size_t total = step_append_bytes(s, gm, n_seq);
+    size_t total = step_append_bytes(s, n_seq);
     if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
         return;
     size_t freed = 0;
@@ -150,7 +150,7 @@ static void step_claim(sched *s, genmodel *gm, int n_seq)
                                                               : 0);
     }
     if (freed) {
-        total = step_append_bytes(s, gm, n_seq);
+        total = step_append_bytes(s, n_seq);
         if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
             return;
     }
@@ -159,7 +159,7 @@ static void step_claim(sched *s, genmodel *gm, int n_seq)
         step_seq *st = &s->steps[i];
         if (!st->w->g)
             continue;
-        size_t bytes = ctx_append_bytes(gm->cm, st->seq, st->b.n_tokens);
+        size_t bytes = ctx_append_bytes(st->seq, st->b.n_tokens);
         int rc = ctx_claim(gm->cm, claimed + bytes, err);
         if (rc == 0) {
             claimed += bytes;
@@ -585,7 +585,7 @@ sched *sched_new(const sched_env *env, char err[ERR_MAX])
         goto fail;
     if (cfg->draft_model[0] &&
         !(s->drafter = spec_drafter_new(env->reg, cfg->draft_model, s->gm[0]->tok,
-                                        SCHED_MAX_ACTIVE, err)))
+                                        SCHED_MAX_ACTIVE, s->gm[0]->cm, err)))
         goto fail;
     if ((spec_mode_of_setting(cfg->speculate) & SPEC_DRAFT) && !s->drafter) {
         err_set(err, "speculate = %s drafts with draft_model, which is not set",

@@ -11,6 +11,7 @@
 
 struct spec_drafter {
     models_entry *me;      /* m, dec_r, dec_pool */
+    ctxmgr *budget;        /* the target's, whose budget the draft KV counts against */
     int window;            /* tokens its runner holds: a generation's draft KV at most */
     int n_vocab;
     int max_streams;
@@ -100,7 +101,7 @@ static void drafter_release(spec_drafter *d)
 }
 
 spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const tokenizer *target,
-                               int max_streams, char err[ERR_MAX])
+                               int max_streams, ctxmgr *budget, char err[ERR_MAX])
 {
     char why[ERR_MAX];
     models_entry *me = models_find(reg, draft_model);
@@ -130,6 +131,7 @@ spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const token
         return NULL;
     }
     d->me = me;
+    d->budget = budget;
     d->window = window;
     d->n_vocab = model_hparams_of(me->m)->n_vocab;
     d->max_streams = max_streams;
@@ -145,6 +147,7 @@ spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const token
     }
     /* counted as running while it drafts: the registry never frees it under us */
     me->running++;
+    ctx_budget_also_counts(budget, me->dec_pool);
     return d;
 }
 
@@ -152,8 +155,22 @@ void spec_drafter_free(spec_drafter *d)
 {
     if (!d)
         return;
+    ctx_budget_also_counts(d->budget, NULL);
     d->me->running--;
     drafter_release(d);
+}
+
+const kv_pool *spec_drafter_pool(const spec_drafter *d)
+{
+    return d->me->dec_pool;
+}
+
+size_t spec_drafter_kv_need(const spec_drafter *d, long tokens)
+{
+    long held = tokens + SPEC_MAX_DRAFT < d->window ? tokens + SPEC_MAX_DRAFT : d->window;
+    /* its first entry may sit anywhere in a chunk: one more */
+    size_t chunks = (size_t)(held + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS + 1;
+    return chunks * kv_chunk_data_bytes(kv_pool_shape(d->me->dec_pool), KV_F16);
 }
 
 bool spec_drafter_uses(const spec_drafter *d, const models_entry *e)
@@ -369,6 +386,7 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
 {
     /* first forward: each drafting generation's unseen history, its last row out */
     int m = 0;
+    size_t bytes = 0;
     *caught_up = false;
     for (int i = 0; i < n && m < d->max_streams; i++) {
         gen *g = gens[i];
@@ -379,10 +397,20 @@ int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *posi
         catch_up(d, g, positions, &d->batches[m], &d->last_row[m]);
         d->batches[m].logits = d->logits + (size_t)m * d->n_vocab;
         *caught_up |= d->batches[m].n_tokens > SPEC_STEADY_ROWS;
+        /* the history, then every draft but the last */
+        bytes += ctx_append_bytes(&g->draft_seq, d->batches[m].n_tokens + g->draft_want - 1);
         m++;
     }
     if (m == 0)
         return 0;
+    char why[ERR_MAX];
+    if (ctx_claim(d->budget, bytes, why) != 0) {
+        /* drafts are optional: the step decodes plainly */
+        for (int i = 0; i < m; i++)
+            d->gens[i]->draft_want = 0;
+        *caught_up = false;
+        return 0;
+    }
     int rc = model_forward_batch(d->me->dec_r, m, d->seqs, d->batches, err);
     for (int i = 0; i < m; i++) {
         gen *g = d->gens[i];

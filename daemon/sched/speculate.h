@@ -62,6 +62,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/ctx/ctxmgr.h"
 #include "daemon/models/models.h"
 #include "engine/err.h"
 #include "engine/tok/tokenizer.h"
@@ -136,12 +137,21 @@ unsigned spec_mode_of_request(Llms__Speculation speculation);
 typedef struct spec_drafter spec_drafter;
 
 /* The drafter of draft_model (a registry model with the draft role) for the target's
- * tokenizer: NULL + err when it is missing, lacks the role, or its vocabulary differs
- * from the target's (the first token that differs is named). max_streams: generations
- * drafting in one step at most. */
+ * tokenizer: NULL + err when it is missing, lacks the role, holds too few tokens to
+ * draft, or its vocabulary differs from the target's (the first token that differs is
+ * named). max_streams: generations drafting in one step at most. Its KV counts against
+ * budget's (the target's context manager; ctx_budget_also_counts): each draft forward
+ * claims its KV there first, and is left out when that cannot be had. */
 spec_drafter *spec_drafter_new(models *reg, const char *draft_model, const tokenizer *target,
-                               int max_streams, char err[ERR_MAX]);
+                               int max_streams, ctxmgr *budget, char err[ERR_MAX]);
 void spec_drafter_free(spec_drafter *d);
+
+/* The pool of d's KV (f16 chunks only). */
+const kv_pool *spec_drafter_pool(const spec_drafter *d);
+
+/* The most KV a generation whose history reaches tokens may hold in d's pool: admission
+ * reserves it beside the target's. */
+size_t spec_drafter_kv_need(const spec_drafter *d, long tokens);
 
 /* Whether e is the drafter's model (which cannot be unloaded while it drafts). */
 bool spec_drafter_uses(const spec_drafter *d, const models_entry *e);
@@ -162,7 +172,8 @@ void spec_propose(gen *g, int cap, unsigned allowed);
 /* The draft model's drafts for every generation spec_propose marked among gens (n):
  * each gets its g->n_draft drafts. 1 when it ran a forward, with caught_up set when a
  * generation fed more than SPEC_STEADY_ROWS rows of history first; 0 when none was
- * marked; -1 + err when a forward fails (the generations then decode plainly). */
+ * marked, or the KV budget could not hold their draft KV (then none drafts); -1 + err
+ * when a forward fails (the generations then decode plainly). */
 int spec_draft_all(spec_drafter *d, gen *const *gens, int n, const int32_t *positions,
                    bool *caught_up, char err[ERR_MAX]);
 

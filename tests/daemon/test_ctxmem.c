@@ -811,6 +811,54 @@ static void test_budget_counts_spares(void)
     ctxenv_close(&e);
 }
 
+/* The draft model's KV lives in a pool of its own but counts against the same budget
+ * (ctx_budget_also_counts): idle contexts give way to it, a claim sees it, and the
+ * resident total reports it. */
+static void test_budget_counts_another_pool(void)
+{
+    env e;
+    ctx_policy pol = ctxenv_policy_none();
+    kv_shape sh = model_kv_shape(g.m);
+    size_t chunk = kv_chunk_data_bytes(sh, KV_F16);
+    pol.budget_bytes = 8 * chunk;
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    int32_t tok[100];
+    float got[300];
+    ctxenv_tokens(tok, 100, 5, g.vocab);
+    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
+    size_t ctx_bytes = ctx_kv_bytes(e.cm, c);
+    CHECK(ctx_bytes == 7 * chunk);
+    /* another pool holds 3 chunks: together 10, over the 8 of the budget */
+    kv_pool *other = kv_pool_new(sh, 0, err);
+    CHECK(other);
+    kv_chunk *held[3];
+    for (int i = 0; i < 3; i++)
+        CHECK((held[i] = kv_chunk_new(other, err)) != NULL);
+    CHECK(ctx_claim(e.cm, chunk, err) == 0);
+    ctx_budget_also_counts(e.cm, other);
+    CHECK(ctx_kv_bytes_total(e.cm) == kv_pool_bytes_used(e.pool) + 3 * chunk);
+    ctx_enforce_budget(e.cm);
+    size_t total = kv_pool_bytes_used(e.pool) + kv_pool_spare_bytes(e.pool) +
+                   kv_pool_bytes_used(other) + kv_pool_spare_bytes(other);
+    CHECK_MSG(total <= pol.budget_bytes, "%zu bytes over the budget %zu", total,
+              pol.budget_bytes);
+    CHECK(ctx_kv_bytes(e.cm, c) <= 5 * chunk);
+    /* the room left is what the other pool leaves */
+    CHECK(ctx_claim(e.cm, 5 * chunk, err) == 0);
+    CHECK(ctx_claim(e.cm, 6 * chunk, err) == CTX_E_BUDGET);
+    /* its freed chunks' spare buffers are trimmed when the budget needs the room */
+    for (int i = 0; i < 3; i++)
+        kv_chunk_free(other, held[i]);
+    CHECK(ctx_claim(e.cm, 8 * chunk, err) == 0);
+    CHECK(kv_pool_spare_bytes(other) == 0);
+    ctx_budget_also_counts(e.cm, NULL);
+    ctxenv_close(&e);
+    kv_pool_free(other);
+}
+
 /* Whether the store holds a chunk directory of any context. */
 static bool chunk_dirs_left(const env *e)
 {
@@ -1054,6 +1102,7 @@ int main(void)
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
+    RUN(test_budget_counts_another_pool);
     model_runner_free(g.r);
     model_free(g.m);
     return test_finish();

@@ -182,6 +182,49 @@ static void greedy_same_text_trained(void)
     greedy_same_text("docs-lm", path, draft);
 }
 
+/* The draft model's KV counts in kv_budget_mb: under a budget of 1 MiB (about 10 chunks
+ * of docs-lm's KV, 6 KiB a token), a call whose own KV fits (139 tokens at most: 9
+ * chunks) is refused when it would draft, its draft KV (2 KiB a token) adding 12
+ * chunks of the draft model's; a shorter one drafts. */
+static void draft_kv_counts_in_the_budget(void)
+{
+    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
+    if (!m || !small)
+        SKIP("../shared/testdata/models/docs-lm-21M-Q8_0.gguf or docs-draft-5M-F16.gguf is "
+             "absent");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char path[1024], extra[2400];
+    draft_lines(extra, sizeof extra, small);
+    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
+    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra),
+             "kv_budget_mb = 1\nkv_wait_ms = 0\n");
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "draft-budget", path, extra) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    /* 19 bytes of prompt + 64 of template + 56 of reply: 139 tokens at most */
+    const char *prompt = "The cache keeps the";
+    char *plain = complete(c, prompt, 56, LLMS_SPECULATION_OFF);
+    CHECK(plain);
+    free(plain);
+    llms_params p = greedy(56, LLMS_SPECULATION_DRAFT);
+    llms_result r;
+    int rc = llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r);
+    if (rc == LLMS_OK)
+        llms_result_free(&r);
+    CHECK(rc == LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(llms_last_error(c), "kv_budget_mb"), "%s", llms_last_error(c));
+    char *short_plain = complete(c, prompt, 8, LLMS_SPECULATION_OFF);
+    char *short_draft = complete(c, prompt, 8, LLMS_SPECULATION_DRAFT);
+    CHECK(short_plain && short_draft && !strcmp(short_plain, short_draft));
+    free(short_plain);
+    free(short_draft);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 /* Two contexts get the same turns, one with speculation (lookup, else a draft model's
  * drafts): their replies agree turn after turn (so the kept KV agrees), also when both
  * were evicted between turns. */
@@ -428,6 +471,7 @@ int main(int argc, char **argv)
     RUN(draft_model_refused);
     RUN(greedy_same_text_trained);
     RUN(contexts_keep_the_same_kv);
+    RUN(draft_kv_counts_in_the_budget);
     RUN(rag_answers_same);
     RUN(sampling_keeps_its_distribution);
     return test_finish();
