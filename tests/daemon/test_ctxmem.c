@@ -117,6 +117,23 @@ static void drop_chunk(env *e, ctx_entry *c, int i)
     c->seq.chunks[i] = NULL;
 }
 
+/* Opens e under pol with one context, c, of n generated tokens (seed) fed in one turn.
+ * 0, or -1 after a message. */
+static int open_with_context(env *e, const ctx_policy *pol, int n, int seed, ctx_entry **c)
+{
+    char err[ERR_MAX];
+    int32_t tok[N_CTX];
+    float logits[300];
+    if (ctxenv_open(e, false, pol, &g))
+        return -1;
+    if (ctx_create(e->cm, 1000, "app", NULL, NULL, 1, c, err)) {
+        fprintf(stderr, "create: %s\n", err);
+        return -1;
+    }
+    ctxenv_tokens(tok, n, seed, g.vocab);
+    return turn(e->cm, *c, tok, n, logits, NULL);
+}
+
 /* Builds a context and its reference from turns of the given sizes. */
 static int grow(env *e, ctx_entry *c, ref *r, const int *sizes, int n_turns, int seed,
                 float *logits, float *want)
@@ -750,14 +767,9 @@ static void test_plan_follows_costs(void)
 {
     env e;
     ctx_policy pol = ctxenv_policy_none();
-    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
-    char err[ERR_MAX];
     ctx_entry *c;
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    float got[300];
-    int32_t tok[96];
-    ctxenv_tokens(tok, 96, 3, g.vocab);
-    CHECK(turn(e.cm, c, tok, 96, got, NULL) == 0);
+    CHECK(open_with_context(&e, &pol, 96, 3, &c) == 0);
+    char err[ERR_MAX];
     size_t bytes = kv_chunk_data_bytes(model_kv_shape(g.m), KV_F16);
     /* Reading a chunk costs as much as recomputing 16 tokens: about half each. */
     ctx_cost costs[3] = {
@@ -790,14 +802,8 @@ static void test_budget_counts_spares(void)
     kv_shape sh = model_kv_shape(g.m);
     /* 100 tokens: 7 chunks, 6 full (compressed) and the f16 tail; room for 8 f16 ones */
     pol.budget_bytes = 8 * kv_chunk_data_bytes(sh, KV_F16);
-    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
-    char err[ERR_MAX];
     ctx_entry *c;
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    int32_t tok[100];
-    float got[300];
-    ctxenv_tokens(tok, 100, 3, g.vocab);
-    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
+    CHECK(open_with_context(&e, &pol, 100, 3, &c) == 0);
     CHECK(c->seq.chunks[0] && c->seq.chunks[0]->precision == KV_INT8);
     size_t used = kv_pool_bytes_used(e.pool), spare = kv_pool_spare_bytes(e.pool);
     CHECK_MSG(used + spare <= pol.budget_bytes, "resident %zu + spare %zu over the budget %zu",
@@ -805,6 +811,8 @@ static void test_budget_counts_spares(void)
     /* without a cap the spares stay for reuse */
     pol.budget_bytes = 0;
     ctx_set_policy(e.cm, &pol);
+    int32_t tok[100];
+    float got[300];
     ctxenv_tokens(tok, 100, 4, g.vocab);
     CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
     CHECK(kv_pool_spare_bytes(e.pool) > 0);
@@ -821,16 +829,10 @@ static void test_budget_counts_another_pool(void)
     kv_shape sh = model_kv_shape(g.m);
     size_t chunk = kv_chunk_data_bytes(sh, KV_F16);
     pol.budget_bytes = 8 * chunk;
-    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
-    char err[ERR_MAX];
     ctx_entry *c;
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    int32_t tok[100];
-    float got[300];
-    ctxenv_tokens(tok, 100, 5, g.vocab);
-    CHECK(turn(e.cm, c, tok, 100, got, NULL) == 0);
-    size_t ctx_bytes = ctx_kv_bytes(e.cm, c);
-    CHECK(ctx_bytes == 7 * chunk);
+    CHECK(open_with_context(&e, &pol, 100, 5, &c) == 0);
+    CHECK(ctx_kv_bytes(e.cm, c) == 7 * chunk);
+    char err[ERR_MAX];
     /* another pool holds 3 chunks: together 10, over the 8 of the budget */
     kv_pool *other = kv_pool_new(sh, 0, err);
     CHECK(other);
