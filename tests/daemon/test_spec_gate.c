@@ -132,7 +132,7 @@ static void draft_judged_against_what_the_generations_have(void)
     CHECK(spec_gate_sources(&g, 1, SPEC_DRAFT, 6) == SPEC_DRAFT);
     /* but not by less than the margin its catch-ups cost */
     record(&g, 2, SPEC_DRAFT, SPEC_ARM_PLAIN, 100, 100.0, 8);
-    record(&g, 2, SPEC_DRAFT, SPEC_ARM_DRAFT, 105, 100.0, 8);
+    record(&g, 2, SPEC_DRAFT, SPEC_ARM_DRAFT, 120, 100.0, 8);
     CHECK(spec_gate_sources(&g, 2, SPEC_DRAFT, 7) == 0);
 }
 
