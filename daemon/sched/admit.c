@@ -399,10 +399,8 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
                       : (chunks - hot) * kv_chunk_data_bytes(shape, KV_INT8) + hot * f16;
     /* a generation that drafts with the draft model holds its KV too (idle-time work
      * does not draft) */
-    unsigned mode = p && p->has_speculation ? spec_mode_of_request(p->speculation)
-                                            : spec_mode_of_setting(cfg->speculate);
-    if (s->drafter && gm == s->gm[0] && j != &s->pred_job && (mode & SPEC_DRAFT) &&
-        cfg->speculate_rows > 0)
+    if (s->drafter && gm == s->gm[0] && j != &s->pred_job &&
+        (spec_mode_of_params(cfg, &p, 1) & SPEC_DRAFT))
         need += spec_drafter_kv_need(s->drafter, tokens);
     return need;
 }

@@ -21,7 +21,6 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
                          int *max_tokens, const Llms__GenerationParams **stops,
                          unsigned *speculate)
 {
-    *speculate = spec_mode_of_setting(cfg->speculate);
     sp->temperature = cfg->temperature;
     sp->top_k = cfg->top_k;
     sp->top_p = cfg->top_p;
@@ -54,12 +53,8 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             *max_tokens = p->max_tokens;
         if (p->n_stop > 0)
             *stops = p;
-        if (p->has_speculation)
-            *speculate = spec_mode_of_request(p->speculation);
     }
-    /* speculate_rows 0 leaves no row to draft into */
-    if (cfg->speculate_rows == 0)
-        *speculate = 0;
+    *speculate = spec_mode_of_params(cfg, layers, 2);
 }
 
 void gen_free(gen *g)

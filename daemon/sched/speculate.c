@@ -39,7 +39,7 @@ unsigned spec_mode_of_setting(const char *speculate)
                                          : 0;
 }
 
-unsigned spec_mode_of_request(Llms__Speculation speculation)
+static unsigned spec_mode_of_request(Llms__Speculation speculation)
 {
     switch (speculation) {
     case LLMS__SPECULATION__SPECULATION_LOOKUP:
@@ -51,6 +51,18 @@ unsigned spec_mode_of_request(Llms__Speculation speculation)
     default:
         return 0;
     }
+}
+
+unsigned spec_mode_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
+                             int n)
+{
+    if (cfg->speculate_rows == 0)
+        return 0;
+    unsigned mode = spec_mode_of_setting(cfg->speculate);
+    for (int i = 0; i < n; i++)
+        if (layers[i] && layers[i]->has_speculation)
+            mode = spec_mode_of_request(layers[i]->speculation);
+    return mode;
 }
 
 /* ---- the draft model ---- */

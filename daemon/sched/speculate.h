@@ -127,10 +127,14 @@ typedef struct spec_counts {
     uint64_t accepted;  /* of them taken */
 } spec_counts;
 
-/* The draft sources of the `speculate` setting ("off", "lookup", "draft", "both"), and
- * of a request's speculation. */
+/* The draft sources of the `speculate` setting ("off", "lookup", "draft", "both"). */
 unsigned spec_mode_of_setting(const char *speculate);
-unsigned spec_mode_of_request(Llms__Speculation speculation);
+
+/* The draft sources a generation uses: the `speculate` setting, then the speculation of
+ * each of the n params layers that sets one (a context's defaults, then the request's;
+ * NULL ones skipped); none when speculate_rows leaves no row to draft into. */
+unsigned spec_mode_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
+                             int n);
 
 /* The draft model of the scheduler: its registry entry (runner and KV pool apart) and
  * the buffers of its batched forwards. */
