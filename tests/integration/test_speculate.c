@@ -28,7 +28,8 @@
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
-static char llmsd_path[1024], generated[1024], generated_draft[1024], other_vocab[1024];
+static char llmsd_path[1024], generated[1024], generated_draft[1024], other_vocab[1024],
+    short_draft[1024];
 
 /* The modes compared with plain decoding, and their names. */
 static const int MODES[] = {LLMS_SPECULATION_LOOKUP, LLMS_SPECULATION_DRAFT,
@@ -137,8 +138,9 @@ static void greedy_same_text_generated(void)
     greedy_same_text("generated", generated, generated_draft);
 }
 
-/* A draft model on another vocabulary, one without the draft role, and draft speculation
- * without a draft model are refused at start. */
+/* A draft model on another vocabulary, one without the draft role, one whose context
+ * holds too few tokens to draft, and draft speculation without a draft model are refused
+ * at start. */
 static void draft_model_refused(void)
 {
     if (!llmsd_path[0] || !generated[0])
@@ -146,7 +148,7 @@ static void draft_model_refused(void)
     char extra[1200], cmd[1200], out[4096];
     llmsd_proc d;
     draft_lines(extra, sizeof extra, other_vocab);
-    fprintf(stderr, "(three failing starts are expected; their logs follow)\n");
+    fprintf(stderr, "(four failing starts are expected; their logs follow)\n");
     CHECK(start(&d, "bad-draft", generated, extra) != 0);
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
@@ -157,6 +159,11 @@ static void draft_model_refused(void)
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(strstr(out, "no draft role"), "%s", out);
+    draft_lines(extra, sizeof extra, short_draft);
+    CHECK(start(&d, "short-draft", generated, extra) != 0);
+    proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "holds 16 tokens: too few to draft"), "%s", out);
     CHECK(start(&d, "no-draft", generated, "speculate = draft\n") != 0);
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
@@ -465,6 +472,9 @@ int main(int argc, char **argv)
     dp.n_ff = 64;
     dp.seed = 4;
     proc_generate_model(generated_draft, sizeof generated_draft, "draft.gguf", &dp);
+    dp.n_ctx = 16;
+    proc_generate_model(short_draft, sizeof short_draft, "short-draft.gguf", &dp);
+    dp.n_ctx = 512;
     dp.n_vocab = 120;
     proc_generate_model(other_vocab, sizeof other_vocab, "other-vocab.gguf", &dp);
     RUN(greedy_same_text_generated);
