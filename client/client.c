@@ -171,7 +171,7 @@ enum llms_status client_send_request(llms_conn *c, Llms__Request *req, uint64_t 
     if (s == LLMS_ERR_IO && (sys_errno == EPIPE || sys_errno == ECONNRESET)) {
         char wrote[LLMS_ERROR_MAX];
         snprintf(wrote, sizeof wrote, "%s", c->err);
-        Llms__Response *r;
+        Llms__Response *r = NULL;
         enum llms_status why = client_next_for(c, req->id, &r);
         if (why == LLMS_OK) {
             s = r->error ? client_error_of(c, r) : client_fail(c, LLMS_ERR_IO, "%s", wrote);
@@ -225,7 +225,7 @@ static enum llms_status read_response(llms_conn *c, Llms__Response **out)
 enum llms_status client_next_for(llms_conn *c, uint64_t id, Llms__Response **out)
 {
     for (;;) {
-        Llms__Response *r;
+        Llms__Response *r = NULL;
         enum llms_status s = read_response(c, &r);
         if (s != LLMS_OK)
             return s;
@@ -247,7 +247,7 @@ enum llms_status client_next_answer(llms_conn *c, uint64_t id, int cancelled,
                                     Llms__Response **out)
 {
     for (;;) {
-        Llms__Response *r;
+        Llms__Response *r = NULL;
         enum llms_status s = client_next_for(c, id, &r);
         if (s != LLMS_OK)
             return s;
@@ -283,7 +283,7 @@ enum llms_status client_unary(llms_conn *c, Llms__Request *req, Llms__Response__
     enum llms_status s = client_send_request(c, req, &id);
     if (s != LLMS_OK)
         return s;
-    Llms__Response *r;
+    Llms__Response *r = NULL;
     if ((s = client_next_for(c, id, &r)) != LLMS_OK)
         return s;
     if (r->error)
@@ -302,7 +302,7 @@ enum llms_status client_unary(llms_conn *c, Llms__Request *req, Llms__Response__
 
 enum llms_status client_unary_ok(llms_conn *c, Llms__Request *req)
 {
-    Llms__Response *r;
+    Llms__Response *r = NULL;
     enum llms_status s = client_unary(c, req, LLMS__RESPONSE__BODY_OK, &r);
     if (s == LLMS_OK)
         frame_free_response(r);
@@ -382,7 +382,7 @@ enum llms_status llms_bind(llms_conn *c, const char *app_name)
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_BIND;
     req.bind = &b;
-    Llms__Response *r;
+    Llms__Response *r = NULL;
     if ((s = client_unary(c, &req, LLMS__RESPONSE__BODY_BIND, &r)) != LLMS_OK)
         return s;
     frame_free_response(r);
@@ -412,7 +412,7 @@ enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
 {
     int cancelled = 0;
     for (;;) {
-        Llms__Response *r;
+        Llms__Response *r = NULL;
         enum llms_status s = client_next_answer(c, id, cancelled, &r);
         if (s != LLMS_OK)
             return s;
