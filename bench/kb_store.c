@@ -26,6 +26,7 @@
  *      line is the answer), searched exactly, then through an IVF index (trained from
  *      100 passages on: about 125 lists, kb_ivf_nprobe 16 of them searched).
  */
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -82,7 +83,7 @@ static char *repeat_text(const char *src, size_t src_len, size_t n)
 
 typedef struct prober {
     const char *sock;
-    volatile bool stop;
+    atomic_bool stop;
     double worst_ms, lat[4096];
     int n;
     bool failed;
@@ -97,7 +98,7 @@ static void *probe_loop(void *arg)
         return NULL;
     }
     const char *text = "a short question about the weather";
-    while (!p->stop && p->n < 4096) {
+    while (!atomic_load(&p->stop) && p->n < 4096) {
         llms_embeddings e;
         double t0 = bench_now_s();
         if (llms_embed(c, &text, 1, LLMS_POOLING_MEAN, &e) != LLMS_OK) {
@@ -161,7 +162,7 @@ static int latency(const char *sock, const char *text)
             usleep(1500 * 1000);
         }
         double ms = (bench_now_s() - t0) * 1e3;
-        p.stop = true;
+        atomic_store(&p.stop, true);
         pthread_join(th, NULL);
         if (p.failed)
             return -1;

@@ -25,6 +25,7 @@
  *      against the median gap (target <= 3); --shorts 0 leaves the flood out.
  * With both modes, one more line per client count gives batched / serial.
  */
+#include <stdatomic.h>
 #include <errno.h>
 #include <libgen.h>
 #include <pthread.h>
@@ -210,7 +211,7 @@ struct client {
     /* token times, for the gaps between tokens */
     double *times;        /* (cap_times) */
     int n_times, cap_times;
-    volatile int *stop;   /* decode again until set (flood), or once when NULL */
+    atomic_int *stop;     /* decode again until set (flood), or once when NULL */
 };
 
 static int on_token(const char *text, size_t len, void *user)
@@ -249,7 +250,7 @@ static void *client_main(void *arg)
         else
             cl->failed = 1;
         llms_result_free(&r);
-    } while (cl->stop && !*cl->stop && !cl->failed);
+    } while (cl->stop && !atomic_load(cl->stop) && !cl->failed);
     llms_context_delete(c, id);
     llms_close(c);
     return NULL;
@@ -326,7 +327,7 @@ static int decode_throughput(const char *sock, int n_clients, int tokens, double
 struct flooder {
     const char *sock;
     int text_tokens, prompt_tokens;
-    volatile int *stop;
+    atomic_int *stop;
     int embeds, prompts, failed;
 };
 
@@ -350,7 +351,7 @@ static void *flooder_main(void *arg)
     llms_params p;
     llms_params_init(&p);
     p.max_tokens = 1;
-    while (!*f->stop && !f->failed) {
+    while (!atomic_load(f->stop) && !f->failed) {
         for (int i = 0; i < FLOOD_TEXTS; i++) {
             size_t cut = len * (size_t)f->text_tokens / (size_t)n;
             texts[i] = strndup(text + (size_t)i % 7, cut);
@@ -368,7 +369,7 @@ static void *flooder_main(void *arg)
             free(texts[i]);
         char *prompt = strndup(text, len * (size_t)f->prompt_tokens / (size_t)n);
         llms_result r;
-        if (!*f->stop && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK) {
+        if (!atomic_load(f->stop) && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK) {
             f->prompts++;
             llms_result_free(&r);
         }
@@ -391,7 +392,7 @@ static int first_token(const char *text, size_t len, void *user)
 static int flood(const char *sock, const char *sched, const char *model, int tokens,
                  int text_tokens, int prompt_tokens, int n_short)
 {
-    volatile int stop = 0, streams_stop = 0;
+    atomic_int stop = 0, streams_stop = 0;
     struct client cl[FLOOD_STREAMS];
     pthread_t th[FLOOD_STREAMS], fth;
     pthread_barrier_t start;
@@ -432,10 +433,10 @@ static int flood(const char *sock, const char *sched, const char *model, int tok
     int have_status = llms_status_get(c, &st) == LLMS_OK;
     llms_close(c);
     /* the gaps of the streams' last runs, which overlapped the flood */
-    streams_stop = 1;
+    atomic_store(&streams_stop, 1);
     for (int i = 0; i < FLOOD_STREAMS; i++)
         pthread_join(th[i], NULL);
-    stop = 1;
+    atomic_store(&stop, 1);
     pthread_join(fth, NULL);
     pthread_barrier_destroy(&start);
 

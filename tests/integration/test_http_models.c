@@ -11,6 +11,7 @@
  * once unloaded, also while requests naming it race with loads and unloads. Skips
  * without the two trained models (the encoder part without the bert vocabulary).
  */
+#include <stdatomic.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <pthread.h>
@@ -432,7 +433,7 @@ static void loaded_model_served_until_unloaded(void)
 }
 
 typedef struct racer {
-    volatile int stop;
+    atomic_int stop;
     int ok, gone, other;
     char last_other[512];
 } racer;
@@ -442,7 +443,7 @@ static void *race_main(void *arg)
     racer *r = arg;
     char body[1024];
     chat_body(body, sizeof body, LATE_NAME, false);
-    while (!r->stop) {
+    while (!atomic_load(&r->stop)) {
         int st;
         json_object *o = httpc_post_json(hsock, "/v1/chat/completions", body, &st);
         const char *text = o ? httpc_jstr(o, "choices.0.message.content") : NULL;
@@ -486,7 +487,7 @@ static void loads_race_requests(void)
             break;
         usleep(50000);
     }
-    r.stop = 1;
+    atomic_store(&r.stop, 1);
     pthread_join(th, NULL);
     llms_close(c);
     CHECK_MSG(loads == RACE_CYCLES, "%d of %d load/unload cycles", loads, RACE_CYCLES);

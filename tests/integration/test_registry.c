@@ -6,6 +6,7 @@
  * on (also against an Embed in flight), and contexts that outlive their model across a
  * restart. Generated models on the shared bge vocabulary: skips without it.
  */
+#include <stdatomic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -289,7 +290,7 @@ static void corrupt_hyperparameters_refused_at_load(void)
  * runs). */
 #define RACE_TEXTS 128
 
-static volatile int embed_done;
+static atomic_int embed_done;
 
 static void *embed_many(void *arg)
 {
@@ -305,14 +306,14 @@ static void *embed_many(void *arg)
     llms_embeddings e;
     enum llms_status s = llms_embed_model(c, "racy", ptrs, RACE_TEXTS, LLMS_POOLING_MEAN, &e);
     llms_embeddings_free(&e);
-    __atomic_store_n(&embed_done, 1, __ATOMIC_SEQ_CST);
+    atomic_store(&embed_done, 1);
     return (void *)(intptr_t)s;
 }
 
 /* Waits until the Embed runs on "racy" (or has ended). */
 static void wait_running(llms_conn *c)
 {
-    for (int tries = 0; tries < 20000 && !__atomic_load_n(&embed_done, __ATOMIC_SEQ_CST);
+    for (int tries = 0; tries < 20000 && !atomic_load(&embed_done);
          tries++) {
         llms_model_info *ms;
         size_t n;
@@ -341,7 +342,7 @@ static void unload_races_embed(void)
         CHECK_MSG(llms_model_load(adm, "racy", alt, NULL) == LLMS_OK, "%s",
                   llms_last_error(adm));
         pthread_t t;
-        embed_done = 0;
+        atomic_store(&embed_done, 0);
         CHECK(pthread_create(&t, NULL, embed_many, user) == 0);
         /* every other round unloads at once: the unload may come before the Embed */
         if (round % 2)

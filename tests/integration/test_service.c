@@ -7,6 +7,7 @@
  * client; a context that survives kill -9 and continues with the same greedy tokens as
  * an uninterrupted run (stories260K); SIGTERM losing nothing.
  */
+#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -313,7 +314,7 @@ static int expect_error_or_close(int fd, char *why, size_t cap)
 
 struct victim {
     const llmsd_proc *d;
-    volatile int stop;
+    atomic_int stop;
     int calls_ok;
     char msg[256];
 };
@@ -330,7 +331,7 @@ static void *victim_main(void *arg)
         return NULL;
     }
     llms_params p = greedy(4);
-    while (!v->stop || v->calls_ok < 2) {
+    while (!atomic_load(&v->stop) || v->calls_ok < 2) {
         struct stream_log log = {0};
         enum llms_status s = llms_call(c, id, "ping", &p, on_piece, &log, NULL);
         if (s != LLMS_OK) {
@@ -415,7 +416,7 @@ static void bad_frames_do_not_disturb_others(void)
         }
         close(fd);
     }
-    v.stop = 1;
+    atomic_store(&v.stop, 1);
     pthread_join(th, NULL);
     CHECK_MSG(failures == 0, "%d bad frames handled wrongly: %s", failures, failed_case);
     CHECK_MSG(!v.msg[0], "the well-behaved client was disturbed: %s", v.msg);
