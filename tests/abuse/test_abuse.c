@@ -543,6 +543,14 @@ static bool run_attack(attack_fn fn, measure *m, attack_report *rep)
     return ready;
 }
 
+/* Under ThreadSanitizer the daemon's RSS is mostly shadow memory: its bounds are the
+ * other builds', which run the same attacks. */
+#ifdef TEST_RSS_SHADOWED
+#define RSS_BOUNDS_HOLD false
+#else
+#define RSS_BOUNDS_HOLD true
+#endif
+
 /* The bounds every attack keeps: the other app served within RESPONSIVE_MS, RSS growth
  * under rss_bound_mb, descriptors back to where they were. */
 #define CHECK_BOUNDS(ready, m, rep, rss_bound_mb)                                         \
@@ -552,8 +560,8 @@ static bool run_attack(attack_fn fn, measure *m, attack_report *rep)
         CHECK_MSG((m).probe >= 0 && (m).probe < RESPONSIVE_MS,                            \
                   "the other app's request took %.0f ms during the attack: %s", (m).probe, \
                   (m).probe_msg);                                                         \
-        CHECK_MSG((m).rss_peak - (m).rss0 < (rss_bound_mb), "RSS grew %.1f MB, bound %d", \
-                  (m).rss_peak - (m).rss0, (rss_bound_mb));                               \
+        CHECK_MSG(!RSS_BOUNDS_HOLD || (m).rss_peak - (m).rss0 < (rss_bound_mb),            \
+                  "RSS grew %.1f MB, bound %d", (m).rss_peak - (m).rss0, (rss_bound_mb));   \
         int fds_ = fds_settle(daemon_proc.pid, (m).fds0, 3000);                           \
         CHECK_MSG(fds_ <= (m).fds0, "descriptors %d after the attack, %d before", fds_,   \
                   (m).fds0);                                                              \
@@ -1515,6 +1523,13 @@ static void cross_owner_attempts(void)
 /* ---- 8. knowledge base ingest: one uid's KbAdd must not starve the others ---- */
 
 #define INGEST_BYTES (1 << 20)  /* each KbAdd: a document at kb_max_doc_bytes */
+/* How long one KbAdd of it may take to be answered: seconds in the release build, about
+ * three minutes under ThreadSanitizer. */
+#ifdef TEST_SANITIZED
+#define INGEST_ANSWER_MS 600000
+#else
+#define INGEST_ANSWER_MS 40000
+#endif
 #define INGEST_ADDS 2
 #define INGEST_WORST_MS 250.0   /* the other app's worst Embed during the adds */
 
@@ -1594,7 +1609,7 @@ static void kb_ingest(const llmsd_proc *d, attack_report *rep, int ready, int re
     double t0 = proc_now();
     hold(ready, release);
     for (int i = 0; i < INGEST_ADDS; i++) {
-        int code = read_code(fd, 40000, msg, sizeof msg);
+        int code = read_code(fd, INGEST_ANSWER_MS, msg, sizeof msg);
         if (code == LLMS__ERROR_CODE__OK)
             rep->accepted++;
         else
@@ -1638,11 +1653,11 @@ static void kb_ingest_does_not_starve(void)
            "%.1f ms), RSS %+.1f MB\n",
            rep.accepted, INGEST_BYTES >> 10, rep.ms, ps.worst_ms, ps.median_ms, ps.n, base,
            m.rss_peak - m.rss0);
-#ifdef __SANITIZE_ADDRESS__
-    /* Under ASan the worker runs several times slower and freed memory stays in its
-     * quarantine, so the bounds below are the release build's (which runs this same
-     * attack); here the other app must still be answered within the probe's 5 s, which
-     * it was not before KbAdd became sliced scheduler work. */
+#ifdef TEST_SANITIZED
+    /* Under a sanitizer the worker runs several times slower and freed memory stays a
+     * while, so the bounds below are the release build's (which runs this same attack);
+     * here the other app must still be answered within the probe's 5 s, which it was not
+     * before KbAdd became sliced scheduler work. */
     CHECK_MSG(ready && rep.failures == 0, "%s", rep.msg);
     CHECK_MSG(m.probe >= 0, "the other app was not answered: %s", m.probe_msg);
 #else

@@ -14,7 +14,7 @@
 typedef struct job {
     _Atomic int calls;
     int seen[8];   /* calls per thread index */
-    int nth_seen;
+    _Atomic int nth_seen; /* every thread of a job stores it */
     long sum;      /* over a split range, per job */
     _Atomic long total;
 } job;
@@ -24,7 +24,7 @@ static void count_fn(void *p, int ith, int nth)
     job *j = p;
     atomic_fetch_add(&j->calls, 1);
     j->seen[ith]++;
-    j->nth_seen = nth;
+    atomic_store(&j->nth_seen, nth);
     long b, e, s = 0;
     tp_split(1000, ith, nth, &b, &e);
     for (long i = b; i < e; i++)
@@ -47,7 +47,7 @@ static void test_runs_every_thread(void)
         CHECK_EQ(atomic_load(&j.calls), 300 * n);
         for (int i = 0; i < n; i++)
             CHECK_EQ(j.seen[i], 300);
-        CHECK_EQ(j.nth_seen, n);
+        CHECK_EQ(atomic_load(&j.nth_seen), n);
         CHECK_EQ(atomic_load(&j.total), 300L * 999 * 1000 / 2);
         tp_free(p);
     }
@@ -190,7 +190,7 @@ static void test_background(void)
     job k;
     memset(&k, 0, sizeof k);
     tp_run(p, count_fn, &k);
-    CHECK_EQ(k.nth_seen, 2);
+    CHECK_EQ(atomic_load(&k.nth_seen), 2);
     CHECK_EQ(atomic_load(&k.calls), 2);
     tp_free(p);
 }

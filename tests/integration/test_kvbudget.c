@@ -80,8 +80,9 @@ static void rss_stays_within_the_budget(void)
         SKIP("llmsd is not built in this tree");
     if (!model_path[0])
         SKIP("the test model could not be generated");
-#if defined(__SANITIZE_ADDRESS__)
-    SKIP("under AddressSanitizer the daemon's RSS holds freed memory in quarantine");
+#ifdef TEST_SANITIZED
+    SKIP("under a sanitizer the daemon's RSS holds freed memory (ASan's quarantine) or "
+         "shadow memory (TSan)");
 #endif
     char extra[128];
     snprintf(extra, sizeof extra, "kv_compress = none\nkv_budget_mb = %d\n", BUDGET_MB);

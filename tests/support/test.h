@@ -14,6 +14,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Sanitizer builds. TEST_SANITIZED: AddressSanitizer or ThreadSanitizer, both of which run
+ * the code several times slower and keep freed memory a while (ASan's quarantine, TSan's
+ * allocator). TEST_RSS_SHADOWED: ThreadSanitizer, whose shadow memory grows with every
+ * page the program touches, to several times its size; a bound on a process's RSS then
+ * measures the sanitizer, so such bounds hold in the other builds only. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TEST_SANITIZED 1
+#endif
+#ifdef __SANITIZE_THREAD__
+#define TEST_RSS_SHADOWED 1
+#endif
+
 /* Runs one test function and records its outcome; with LLMS_TEST_ONLY set (test names,
  * comma-separated), only the tests it names run. */
 void test_run(const char *name, void (*fn)(void));
