@@ -1,9 +1,12 @@
 #!/bin/sh
 # make run: llmsd serving its clients. Make has built everything; this takes the trained
-# TinyStories model of the test data (or, without it, generates a small random-weight
-# model; MODEL=path.gguf picks any), starts build/llmsd on a socket in a
-# temporary directory with a temporary state directory, asks one question with
-# `llms ask`, has a two-turn `llms chat`, and stops the daemon.
+# documentation models of the test data (a generator and an embedding model), or without
+# them its TinyStories model, or without that a small generated random-weight model
+# (MODEL=path.gguf picks any), starts build/llmsd on a socket in a temporary directory
+# with a temporary state directory, asks one question with `llms ask`, has a two-turn
+# `llms chat`, with the documentation models answers questions over a knowledge base of
+# 300 documentation passages with `llms rag` (the second from the QA bank), and stops the
+# daemon.
 set -eu
 build=${BUILD:-build}
 data=${LLMS_TESTDATA:-../shared/testdata}
@@ -31,9 +34,28 @@ question="What is a system service?"
 first="Hello, who are you?"
 second="What did I just ask you?"
 stories=$data/models/TinyStories-656K-Q8_0.gguf
+docs_lm=$data/models/docs-lm-21M-Q8_0.gguf
+docs_embed=$data/models/docs-embed-5M-F16.gguf
+pairs=$data/docs/pairs-dev.tsv
+embed=
 if [ -n "${MODEL:-}" ]; then
     model=$MODEL
     echo "== model: $model"
+elif [ -f "$docs_lm" ] && [ -f "$docs_embed" ] && [ -f "$pairs" ]; then
+    model=$docs_lm
+    embed=$docs_embed
+    question="A system service is"
+    first="The git commit command"
+    second="The git push command"
+    cat <<MSG
+== model: $model
+   embed_model: $embed
+   A 21M-parameter model trained on Debian's technical documentation: it continues
+   documentation prose; it is not tuned to chat, so it writes about your words rather
+   than answering them. The 5M embedding model beside it retrieves passages for RAG.
+   For a chat model give any llama or qwen2/qwen3 GGUF file:
+   make run MODEL=/path/to/model.gguf
+MSG
 elif [ -f "$stories" ]; then
     model=$stories
     question="Once upon a time, there was a little girl named Lily."
@@ -73,6 +95,9 @@ threads = ${THREADS:-2}
 max_tokens = 32
 temperature = 0.7
 CONF
+if [ -n "$embed" ]; then
+    echo "embed_model = $embed" >>"$tmp/llmsd.conf"
+fi
 
 echo
 echo "== starting llmsd (socket $sock)"
@@ -115,6 +140,27 @@ if [ -n "$ctx" ]; then
     echo
     echo "== llms ctx show $ctx (its stored history)"
     "$build/llms" ctx show "$ctx"
+fi
+
+if [ -n "$embed" ]; then
+    echo
+    echo "== llms kb create docs; llms kb add docs FILE... (300 passages of the test data's"
+    echo "   documentation, one file each); llms rag prints an answer, then on stderr the"
+    echo "   passages it was given and how the cache answered"
+    mkdir "$tmp/docs"
+    awk -F '\t' -v dir="$tmp/docs" 'NR > 1 && NR <= 301 {
+        f = sprintf("%s/p%03d.txt", dir, NR - 1); print $1 "\n\n" $2 > f; close(f) }' "$pairs"
+    "$build/llms" kb create docs
+    "$build/llms" kb add docs "$tmp"/docs/*.txt
+    for q in "How do I emulate mod_gzip with mod_deflate?" \
+             "How can I emulate mod_gzip using mod_deflate?"; do
+        echo
+        echo "== llms rag docs \"$q\""
+        "$build/llms" --max-tokens 32 --seed 7 rag docs "$q" -k 2
+    done
+    echo
+    echo "   The second question is near enough the first (cosine tau_query) to be answered"
+    echo "   from the QA bank at once: qa_hit, no prefill and no decode."
 fi
 
 echo

@@ -735,7 +735,10 @@ static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t 
                r.retrieve_ms, r.prefill_ms, r.decode_ms, r.queue_ms,
                llms_stop_reason_name(r.stop_reason));
     } else {
+        /* The answer leaves before the passages: stdout into a pipe is fully buffered, and
+         * stderr is not buffered at all. */
         printf("\n");
+        fflush(stdout);
         for (size_t i = 0; i < r.n_passages; i++)
             fprintf(stderr, "[%zu] %s#%" PRIu32 " (score %.4g)\n", i + 1, r.passages[i].document,
                     r.passages[i].seq, r.passages[i].score);
