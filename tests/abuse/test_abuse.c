@@ -1525,11 +1525,7 @@ static void cross_owner_attempts(void)
 #define INGEST_BYTES (1 << 20)  /* each KbAdd: a document at kb_max_doc_bytes */
 /* How long one KbAdd of it may take to be answered: seconds in the release build, about
  * three minutes under ThreadSanitizer. */
-#ifdef TEST_SANITIZED
-#define INGEST_ANSWER_MS 600000
-#else
-#define INGEST_ANSWER_MS 40000
-#endif
+#define INGEST_ANSWER_MS (40000 * TEST_TIME_SCALE)
 #define INGEST_ADDS 2
 #define INGEST_WORST_MS 250.0   /* the other app's worst Embed during the adds */
 

@@ -27,7 +27,8 @@ static char llmsd_path[1024], work_model[1024], q8_model[1024];
 static int wait_stats(llms_conn *c, bool (*done)(const llms_cache_stats *), double timeout,
                       llms_cache_stats *st)
 {
-    for (double end = proc_now() + timeout; proc_now() < end; usleep(20000)) {
+    double end = proc_now() + timeout * TEST_TIME_SCALE;
+    for (; proc_now() < end; usleep(20000)) {
         if (llms_cache_stats_get(c, st) != LLMS_OK)
             return -1;
         if (done(st))

@@ -26,6 +26,16 @@
 #define TEST_RSS_SHADOWED 1
 #endif
 
+/* How many times longer than in the release build a wait for the daemon's own work (an
+ * ingest, idle-time prediction) may take: ASan keeps within the release build's waits,
+ * ThreadSanitizer runs the daemon 5-15 times slower. Bounds on responsiveness (another
+ * app answered within so many ms) are not scaled: they are what a test checks. */
+#ifdef __SANITIZE_THREAD__
+#define TEST_TIME_SCALE 10
+#else
+#define TEST_TIME_SCALE 1
+#endif
+
 /* Runs one test function and records its outcome; with LLMS_TEST_ONLY set (test names,
  * comma-separated), only the tests it names run. */
 void test_run(const char *name, void (*fn)(void));
