@@ -104,7 +104,7 @@ static void idle_calibration(void)
     /* requests keep coming at about the idle threshold, so calibration forwards begin
      * and are given up around them: every answer is the one given before */
     int asked = 0, calibrated = 0;
-    double deadline = proc_now() + 120;
+    double deadline = proc_now() + 120 * TEST_TIME_SCALE;
     while (proc_now() < deadline) {
         usleep((useconds_t)(IDLE_AFTER_MS + 50) * 1000);
         CHECK(greedy_complete(c, "a short question", during, sizeof during) == 0);

@@ -37,7 +37,7 @@ static void python_client(void)
                      "rerank_yes_token = 10\nrerank_no_token = 11\n"
                      "max_frame_bytes = 1048576\n") == 0);
     char preload[1024] = "", cmd[4096], out[1 << 15];
-    proc_fmt(cmd, sizeof cmd, "ldd '%s' | awk '/libasan/ {print $3}'", lib_path);
+    proc_fmt(cmd, sizeof cmd, "ldd '%s' | awk '/libasan|libtsan/ {print $3}'", lib_path);
     if (test_run_capture(cmd, preload, sizeof preload) == 0 && preload[0]) {
         preload[strcspn(preload, "\n")] = '\0';
         char tmp[1100];

@@ -72,6 +72,9 @@ static void install_once(void)
     fmt(cmd, sizeof cmd, "nm -u '%s/libllmsclient.a' | grep -q __asan_", build);
     if (run_capture(cmd, out, sizeof out) == 0)
         fmt(san_flags, sizeof san_flags, "-fsanitize=address,undefined");
+    fmt(cmd, sizeof cmd, "nm -u '%s/libllmsclient.a' | grep -q __tsan_", build);
+    if (run_capture(cmd, out, sizeof out) == 0)
+        fmt(san_flags, sizeof san_flags, "-fsanitize=thread");
 }
 
 #define NEED_INSTALL()                                                              \
