@@ -27,8 +27,10 @@ static char llmsd_path[1024], work_model[1024], q8_model[1024];
 static int wait_stats(llms_conn *c, bool (*done)(const llms_cache_stats *), double timeout,
                       llms_cache_stats *st)
 {
+    /* Each poll is a request, which stops idle-time work at its next layer: under a slow
+     * sanitizer a slice needs longer than 20 ms between them to get anywhere. */
     double end = proc_now() + timeout * TEST_TIME_SCALE;
-    for (; proc_now() < end; usleep(20000)) {
+    for (; proc_now() < end; usleep(20000 * TEST_TIME_SCALE)) {
         if (llms_cache_stats_get(c, st) != LLMS_OK)
             return -1;
         if (done(st))
