@@ -4,6 +4,7 @@
 #   make check      install build deps, build, run all tests (release + ASan/UBSan)
 #   make run        build and show llmsd serving a client
 #   make install    install (honours DESTDIR and PREFIX)
+#   make tsan       build and run the tests under ThreadSanitizer (slow; not in check)
 #   make fuzz       build the libFuzzer targets (clang)
 #   make settings-docs  regenerate the settings' documentation from daemon/config.c
 #   make bench      build the benchmarks
@@ -42,15 +43,16 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 
 # OpenBLAS is compiled against (cblas.h) but loaded at run time: engine/quant/blas.h says why.
-# pkg-config is read once, when make starts: `check` and `run` install the packages first
-# (`deps`) and then start a second make, which reads it afresh on a fresh machine.
+# pkg-config is read once, when make starts: `check`, `tsan` and `run` install the
+# packages first (`deps`) and then start a second make, which reads it afresh on a fresh
+# machine.
 PKGS        := libpcre2-8 libevent libsystemd libprotobuf-c sqlite3 libzstd json-c libsodium
 DEPS_CFLAGS := $(shell pkg-config --cflags openblas $(PKGS) 2>/dev/null)
 DEPS_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 # Any other goal builds with what pkg-config found, so a missing package is named here
 # instead of as hundreds of undefined references at the first link.
-ifneq ($(filter-out deps check run clean,$(or $(MAKECMDGOALS),all)),)
+ifneq ($(filter-out deps check tsan run clean,$(or $(MAKECMDGOALS),all)),)
 DEPS_MISSING := $(shell for p in openblas $(PKGS); do pkg-config --exists $$p 2>/dev/null || echo $$p; done; \
                         command -v protoc-c >/dev/null || echo protoc-c)
 ifneq ($(strip $(DEPS_MISSING)),)
@@ -109,7 +111,7 @@ FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(BUILD)/%,$(wildcard tests/fuzz/fuzz_*
 # Everything a program may need, highest layer first (static libraries link in order).
 ALL_LIBS    := $(DAEMON_LIB) $(CLIENT_LIB) $(STORAGE_LIB) $(PROTO_LIB) $(ENGINE_LIB)
 
-.PHONY: all deps check tests run install fuzz fuzz-targets bench settings-docs clean
+.PHONY: all deps check tsan tests run install fuzz fuzz-targets bench settings-docs clean
 .DELETE_ON_ERROR:
 .SECONDARY:
 
@@ -183,6 +185,15 @@ check: deps
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
 	@sh tests/run.sh build build/asan
+
+# The suite under ThreadSanitizer, in build/tsan. Not part of check: it runs the daemon
+# and the engine 5-15 times slower. A race stops the process that has it (halt_on_error),
+# so a daemon's race fails the test talking to it, not only its log.
+tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build/tsan OPT=-O1 \
+	    SANITIZE="-fsanitize=thread -fno-omit-frame-pointer" tests
+	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}" \
+	    sh tests/run.sh build/tsan
 
 # Fuzz targets need clang's libFuzzer: a build of its own (build/fuzz) compiles the
 # libraries with clang, the sanitizers and libFuzzer's coverage hooks, each file with its
