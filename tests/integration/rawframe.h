@@ -17,6 +17,7 @@
 
 #include "proto/frame.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
 
 static inline int raw_connect(const llmsd_proc *d)
 {
@@ -28,8 +29,9 @@ static inline int raw_connect(const llmsd_proc *d)
             close(fd);
         return -1;
     }
-    /* A daemon that hangs on a bad frame fails the test rather than hanging it. */
-    struct timeval tv = {.tv_sec = 20};
+    /* A daemon that hangs on a bad frame fails the test rather than hanging it (an Embed
+     * of 16 long texts takes longer than 20 s under ThreadSanitizer). */
+    struct timeval tv = {.tv_sec = 20 * TEST_TIME_SCALE};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
 }
