@@ -26,8 +26,8 @@
  *      line is the answer), searched exactly, then through an IVF index (trained from
  *      100 passages on: about 125 lists, kb_ivf_nprobe 16 of them searched).
  */
-#include <stdatomic.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>

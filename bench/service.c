@@ -25,11 +25,11 @@
  *      against the median gap (target <= 3); --shorts 0 leaves the flood out.
  * With both modes, one more line per client count gives batched / serial.
  */
-#include <stdatomic.h>
 #include <errno.h>
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -369,7 +369,8 @@ static void *flooder_main(void *arg)
             free(texts[i]);
         char *prompt = strndup(text, len * (size_t)f->prompt_tokens / (size_t)n);
         llms_result r;
-        if (!atomic_load(f->stop) && llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK) {
+        if (!atomic_load(f->stop) &&
+            llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r) == LLMS_OK) {
             f->prompts++;
             llms_result_free(&r);
         }

@@ -543,16 +543,9 @@ static bool run_attack(attack_fn fn, measure *m, attack_report *rep)
     return ready;
 }
 
-/* Under ThreadSanitizer the daemon's RSS is mostly shadow memory: its bounds are the
- * other builds', which run the same attacks. */
-#ifdef TEST_RSS_SHADOWED
-#define RSS_BOUNDS_HOLD false
-#else
-#define RSS_BOUNDS_HOLD true
-#endif
-
 /* The bounds every attack keeps: the other app served within RESPONSIVE_MS, RSS growth
- * under rss_bound_mb, descriptors back to where they were. */
+ * under rss_bound_mb (in builds where RSS bounds hold: test.h), descriptors back to where
+ * they were. */
 #define CHECK_BOUNDS(ready, m, rep, rss_bound_mb)                                         \
     do {                                                                                  \
         CHECK_MSG(ready, "the attack did not get in place: %s", (rep).msg);               \
@@ -560,7 +553,7 @@ static bool run_attack(attack_fn fn, measure *m, attack_report *rep)
         CHECK_MSG((m).probe >= 0 && (m).probe < RESPONSIVE_MS,                            \
                   "the other app's request took %.0f ms during the attack: %s", (m).probe, \
                   (m).probe_msg);                                                         \
-        CHECK_MSG(!RSS_BOUNDS_HOLD || (m).rss_peak - (m).rss0 < (rss_bound_mb),            \
+        CHECK_MSG(!TEST_RSS_BOUNDS_HOLD || (m).rss_peak - (m).rss0 < (rss_bound_mb),            \
                   "RSS grew %.1f MB, bound %d", (m).rss_peak - (m).rss0, (rss_bound_mb));   \
         int fds_ = fds_settle(daemon_proc.pid, (m).fds0, 3000);                           \
         CHECK_MSG(fds_ <= (m).fds0, "descriptors %d after the attack, %d before", fds_,   \

@@ -11,12 +11,12 @@
  * once unloaded, also while requests naming it race with loads and unloads. Skips
  * without the two trained models (the encoder part without the bert vocabulary).
  */
-#include <stdatomic.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

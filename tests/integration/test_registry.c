@@ -6,9 +6,9 @@
  * on (also against an Embed in flight), and contexts that outlive their model across a
  * restart. Generated models on the shared bge vocabulary: skips without it.
  */
-#include <stdatomic.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,13 +7,13 @@
  * client; a context that survives kill -9 and continues with the same greedy tokens as
  * an uninterrupted run (stories260K); SIGTERM losing nothing.
  */
-#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

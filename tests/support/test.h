@@ -16,14 +16,16 @@
 
 /* Sanitizer builds. TEST_SANITIZED: AddressSanitizer or ThreadSanitizer, both of which run
  * the code several times slower and keep freed memory a while (ASan's quarantine, TSan's
- * allocator). TEST_RSS_SHADOWED: ThreadSanitizer, whose shadow memory grows with every
- * page the program touches, to several times its size; a bound on a process's RSS then
- * measures the sanitizer, so such bounds hold in the other builds only. */
+ * allocator). TEST_RSS_BOUNDS_HOLD: false under ThreadSanitizer, whose shadow memory grows
+ * with every page the program touches, to several times its size; a bound on a process's
+ * RSS then measures the sanitizer, so such bounds hold in the other builds only. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define TEST_SANITIZED 1
 #endif
 #ifdef __SANITIZE_THREAD__
-#define TEST_RSS_SHADOWED 1
+#define TEST_RSS_BOUNDS_HOLD false
+#else
+#define TEST_RSS_BOUNDS_HOLD true
 #endif
 
 /* How many times longer than in the release build a wait for the daemon's own work (an
