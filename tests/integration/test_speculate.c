@@ -232,6 +232,71 @@ static void draft_kv_counts_in_the_budget(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* A context whose defaults ask for the draft model drafts on a Call that names no
+ * speculation of its own, so admission counts the draft model's KV for it too, as for a
+ * Complete that asks; the Call's own speculation overrides the defaults', and its own
+ * max_tokens the defaults' (a Call's params that set only the temperature keep the
+ * defaults' reply length). */
+static void context_defaults_draft_counts_in_the_budget(void)
+{
+    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
+    if (!m || !small)
+        SKIP("../shared/testdata/models/docs-lm-21M-Q8_0.gguf or docs-draft-5M-F16.gguf is "
+             "absent");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char path[1024], extra[2400];
+    draft_lines(extra, sizeof extra, small);
+    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
+    /* the config's max_tokens (256) does not fit the budget, the defaults' 56 does
+     * without the draft model's KV and not with it (draft_kv_counts_in_the_budget) */
+    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra),
+             "kv_budget_mb = 1\nkv_wait_ms = 0\nmax_tokens = 256\n");
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "ctx-draft-budget", path, extra) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    const char *prompt = "The cache keeps the";
+    char drafting[LLMS_ID_MAX], plain[LLMS_ID_MAX];
+    llms_params dp = greedy(56, LLMS_SPECULATION_DRAFT), pp = greedy(56, LLMS_SPECULATION_OFF);
+    CHECK(c && llms_context_create(c, NULL, &dp, drafting) == LLMS_OK);
+    CHECK(c && llms_context_create(c, NULL, &pp, plain) == LLMS_OK);
+    /* no params of the Call's own, and params that name no speculation */
+    llms_params same = greedy(56, LLMS_SPECULATION_DEFAULT);
+    const llms_params *call_params[2] = {NULL, &same};
+    char *text = NULL;
+    int rc;
+    for (int i = 0; i < 2; i++) {
+        rc = c ? llms_call_text(c, drafting, prompt, call_params[i], &text) : LLMS_ERR_INTERNAL;
+        free(text);
+        text = NULL;
+        CHECK_MSG(rc == LLMS_ERR_RESOURCE_EXHAUSTED, "params %d: rc %d: %s", i, rc,
+                  c ? llms_last_error(c) : "");
+        CHECK_MSG(c && strstr(llms_last_error(c), "kv_budget_mb"), "params %d: %s", i,
+                  c ? llms_last_error(c) : "");
+    }
+    /* the Call's own speculation wins over the defaults' */
+    llms_params off;
+    llms_params_init(&off);
+    off.speculation = LLMS_SPECULATION_OFF;
+    rc = c ? llms_call_text(c, drafting, prompt, &off, &text) : LLMS_ERR_INTERNAL;
+    CHECK_MSG(rc == LLMS_OK, "rc %d: %s", rc, c ? llms_last_error(c) : "");
+    free(text);
+    text = NULL;
+    /* params that set only the temperature keep the defaults' 56 tokens, not the config's
+     * 256 */
+    llms_params warm;
+    llms_params_init(&warm);
+    warm.temperature = 0;
+    rc = c ? llms_call_text(c, plain, prompt, &warm, &text) : LLMS_ERR_INTERNAL;
+    CHECK_MSG(rc == LLMS_OK, "rc %d: %s", rc, c ? llms_last_error(c) : "");
+    free(text);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 /* Two contexts get the same turns, one with speculation (lookup, else a draft model's
  * drafts): their replies agree turn after turn (so the kept KV agrees), also when both
  * were evicted between turns. */
@@ -482,6 +547,7 @@ int main(int argc, char **argv)
     RUN(greedy_same_text_trained);
     RUN(contexts_keep_the_same_kv);
     RUN(draft_kv_counts_in_the_budget);
+    RUN(context_defaults_draft_counts_in_the_budget);
     RUN(rag_answers_same);
     RUN(sampling_keeps_its_distribution);
     return test_finish();
