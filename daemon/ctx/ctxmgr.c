@@ -1330,6 +1330,11 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
     if (!committed) {
         if (c->loaded && kv_seq_n_tokens(&c->seq) > c->n_tokens)
             kv_seq_truncate(&c->seq, c->n_tokens);
+        /* What the call's rows gave the entries after the history described tokens that
+         * are gone: the next call's tokens at those positions start from nothing (the
+         * model adds into attn, ctx_forward_account into rows). */
+        for (int p = c->n_tokens; p < c->cap_attn; p++)
+            c->attn[p] = c->rows[p] = 0;
     } else if (ctx_map_resize(c, ctx_n_chunks(c->n_tokens))) {
         /* Out of memory for the map: the KV beyond it is dropped (recomputed later). */
         int keep = c->n_map * KV_CHUNK_TOKENS;

@@ -1085,6 +1085,53 @@ static void test_densities_survive_restart(void)
     ctxenv_close(&e);
 }
 
+/* A call that evaluated tokens and did not commit (cancelled, failed) leaves no
+ * attention statistics beyond the history: the tokens a later call puts at those
+ * positions get densities from their own rows only, as in a context that never had the
+ * failed call. */
+static void test_uncommitted_call_leaves_no_stats(void)
+{
+    env e;
+    ctx_policy pol = ctxenv_policy_none();
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c, *d;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
+    float got[300];
+    int32_t hist[16], gone[32], next[32];
+    ctxenv_tokens(hist, 16, 71, g.vocab);
+    ctxenv_tokens(gone, 32, 72, g.vocab);
+    ctxenv_tokens(next, 32, 73, g.vocab);
+    CHECK(turn(e.cm, c, hist, 16, got, NULL) == 0);
+    CHECK(turn(e.cm, d, hist, 16, got, NULL) == 0);
+
+    /* c only: a call evaluates 32 tokens and ends without its turn */
+    CHECK(ctx_call_begin(e.cm, c, N_CTX, NULL, err) == 0);
+    int32_t pos[32], last = 31;
+    for (int i = 0; i < 32; i++)
+        pos[i] = 16 + i;
+    model_batch b = {.n_tokens = 32, .tokens = gone, .positions = pos, .n_out = 1,
+                     .out_rows = &last, .logits = got};
+    CHECK(ctx_forward(e.cm, c, &b, err) == 0);
+    ctx_call_end(e.cm, c, false);
+    CHECK_EQ(c->n_tokens, 16);
+    int stale = 0;
+    for (int p = c->n_tokens; p < c->cap_attn; p++)
+        stale += c->attn[p] != 0 || c->rows[p] != 0;
+
+    /* the same turn on both: the chunks it makes have the same densities */
+    CHECK(turn(e.cm, c, next, 32, got, NULL) == 0);
+    CHECK(turn(e.cm, d, next, 32, got, NULL) == 0);
+    for (int i = 1; i < 3; i++)
+        CHECK_MSG(ctx_chunk_density(c, i) == ctx_chunk_density(d, i),
+                  "chunk %d: density %g after a failed call, %g without", i,
+                  ctx_chunk_density(c, i), ctx_chunk_density(d, i));
+    CHECK_MSG(stale == 0, "%d positions past the history kept the failed call's statistics",
+              stale);
+    ctxenv_close(&e);
+}
+
 int main(void)
 {
     if (setup())
@@ -1101,6 +1148,7 @@ int main(void)
     RUN(test_layer_precisions);
     RUN(test_idle_calibration);
     RUN(test_densities_survive_restart);
+    RUN(test_uncommitted_call_leaves_no_stats);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
