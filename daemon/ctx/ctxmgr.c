@@ -1335,6 +1335,20 @@ void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed)
          * model adds into attn, ctx_forward_account into rows). */
         for (int p = c->n_tokens; p < c->cap_attn; p++)
             c->attn[p] = c->rows[p] = 0;
+        /* A squeeze (ctx_squeeze from the chunk of the call's first token) may have
+         * compressed the chunk that ends the history together with the call's tokens:
+         * its history rows lost bits that only the store or a recompute give back, so
+         * it goes, as a reclaimed chunk does. */
+        int tail = c->n_tokens / KV_CHUNK_TOKENS;
+        kv_chunk *k = c->n_tokens % KV_CHUNK_TOKENS && tail < c->seq.n_chunks
+                          ? c->seq.chunks[tail]
+                          : NULL;
+        if (k && k->precision != KV_F16) {
+            kv_chunk_free(cm->pool, k);
+            c->seq.chunks[tail] = NULL;
+            if (tail < c->n_map && c->map[tail].dirty)
+                c->map[tail].disk_precision = -1;
+        }
     } else if (ctx_map_resize(c, ctx_n_chunks(c->n_tokens))) {
         /* Out of memory for the map: the KV beyond it is dropped (recomputed later). */
         int keep = c->n_map * KV_CHUNK_TOKENS;

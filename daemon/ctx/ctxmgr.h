@@ -370,9 +370,10 @@ int ctx_claim_append(ctxmgr *cm, const kv_seq *seq, int n, char err[ERR_MAX]);
 /*
  * Ends the call on c. committed: the turn is in the history, so the chunks' densities
  * are updated, full chunks get their precision and modified chunks are written to the
- * store (ahead-of-time swap-out). Otherwise the KV beyond the history is dropped. Then
- * c is unlocked and the budget enforced. A write failure leaves the chunk dirty (it is
- * written, or dropped and later recomputed, when reclaimed).
+ * store (ahead-of-time swap-out). Otherwise the KV beyond the history is dropped, and the
+ * history's partial last chunk when a squeeze compressed it (read back or recomputed at
+ * the next call). Then c is unlocked and the budget enforced. A write failure leaves the
+ * chunk dirty (it is written, or dropped and later recomputed, when reclaimed).
  */
 void ctx_call_end(ctxmgr *cm, ctx_entry *c, bool committed);
 

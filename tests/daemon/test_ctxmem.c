@@ -1132,6 +1132,50 @@ static void test_uncommitted_call_leaves_no_stats(void)
     ctxenv_close(&e);
 }
 
+/* Under a budget a call's chunks are squeezed to int8 from the chunk its first token
+ * went to (sched.c's step_claim: g->c->call_base / KV_CHUNK_TOKENS), which also holds the
+ * end of the history when the history is not whole chunks. A call that then fails (the
+ * claim still does not fit) leaves that partial chunk of the history as it was, f16, so
+ * the context answers as a twin that never had the failed call. */
+static void test_squeezed_call_keeps_history_tail(void)
+{
+    env e;
+    ctx_policy pol = ctxenv_policy_none();
+    pol.compress = CTX_COMPRESS_INT8;
+    pol.switch_mode = CTX_SWITCH_READ;
+    CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c, *d;
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
+    float got[300], gotd[300];
+    int32_t hist[20], gone[30], next[8];
+    ctxenv_tokens(hist, 20, 81, g.vocab);
+    ctxenv_tokens(gone, 30, 82, g.vocab);
+    ctxenv_tokens(next, 8, 83, g.vocab);
+    CHECK(turn(e.cm, c, hist, 20, got, NULL) == 0);
+    CHECK(turn(e.cm, d, hist, 20, got, NULL) == 0);
+
+    CHECK(ctx_call_begin(e.cm, c, N_CTX, NULL, err) == 0);
+    int32_t pos[30], last = 29;
+    for (int i = 0; i < 30; i++)
+        pos[i] = 20 + i;
+    model_batch b = {.n_tokens = 30, .tokens = gone, .positions = pos, .n_out = 1,
+                     .out_rows = &last, .logits = got};
+    CHECK(ctx_forward(e.cm, c, &b, err) == 0);
+    CHECK(ctx_squeeze(e.cm, &c->seq, c->call_base / KV_CHUNK_TOKENS) > 0);
+    ctx_call_end(e.cm, c, false);
+    CHECK_EQ(c->n_tokens, 20);
+    CHECK_MSG(ctx_chunk_bits(c, 1) == 16, "the history's last 4 tokens kept %d bits",
+              ctx_chunk_bits(c, 1));
+
+    CHECK(turn(e.cm, c, next, 8, got, NULL) == 0);
+    CHECK(turn(e.cm, d, next, 8, gotd, NULL) == 0);
+    CHECK_MSG(max_diff(got, gotd, g.vocab) == 0, "logits differ by %g after a failed call",
+              max_diff(got, gotd, g.vocab));
+    ctxenv_close(&e);
+}
+
 int main(void)
 {
     if (setup())
@@ -1149,6 +1193,7 @@ int main(void)
     RUN(test_idle_calibration);
     RUN(test_densities_survive_restart);
     RUN(test_uncommitted_call_leaves_no_stats);
+    RUN(test_squeezed_call_keeps_history_tail);
     RUN(test_plan_follows_costs);
     RUN(test_background_writes);
     RUN(test_budget_counts_spares);
