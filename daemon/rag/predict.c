@@ -186,13 +186,31 @@ void predict_note_stale(predict *p, const kb_ref *kb, const char *question)
     list_push(&p->queue, &id, q);
 }
 
+/* Whether a and b are one knowledge base: the same row id, app and name, as SQLite hands
+ * the row id of a dropped knowledge base out again (to any app's next one). */
+static bool same_kb(const pkb_id *a, const pkb_id *b)
+{
+    return a->kb_id == b->kb_id && a->uid == b->uid && !strcmp(a->app, b->app) &&
+           !strcmp(a->kb, b->kb);
+}
+
 static pkb *kb_state(predict *p, const kb_ref *kb)
 {
-    for (int i = 0; i < p->n_kbs; i++)
-        if (p->kbs[i].id.kb_id == kb->id)
-            return &p->kbs[i];
+    pkb_id id;
+    id_of(&id, kb);
     int at = p->n_kbs;
-    if (at == PRED_KBS) {
+    for (int i = 0; i < p->n_kbs; i++)
+        if (p->kbs[i].id.kb_id == kb->id) {
+            if (same_kb(&p->kbs[i].id, &id))
+                return &p->kbs[i];
+            /* a dropped knowledge base's state: none of it is the new one's */
+            at = i;
+            break;
+        }
+    if (at < p->n_kbs) {
+        free(p->kbs[at].abstract);
+        free(p->kbs[at].warm_ids);
+    } else if (at == PRED_KBS) {
         at = 0;
         for (int i = 1; i < PRED_KBS; i++)
             if (p->kbs[i].changed < p->kbs[at].changed)
@@ -204,7 +222,7 @@ static pkb *kb_state(predict *p, const kb_ref *kb)
     }
     pkb *k = &p->kbs[at];
     memset(k, 0, sizeof *k);
-    id_of(&k->id, kb);
+    k->id = id;
     return k;
 }
 
@@ -522,7 +540,7 @@ void predict_done(predict *p, const predict_task *t, enum predict_end how, const
     if (t->purpose == P_ABSTRACT) {
         char *a = first_line(output, PRED_ABSTRACT_CHARS);
         for (int i = 0; a && i < p->n_kbs; i++)
-            if (p->kbs[i].id.kb_id == t->kb_id) {
+            if (same_kb(&p->kbs[i].id, &id)) {
                 free(p->kbs[i].abstract);
                 p->kbs[i].abstract = a;
                 return;

@@ -3,8 +3,9 @@
  * prediction (an abstract first, then a question per stride-th new passage), history-based
  * paraphrases and follow-ups, the cache scheduler (prefill only at or above
  * tau_scheduler, decoded below, QKV->QA and QA->QKV conversions), the budget of an idle
- * period, duplicates, warm-ups of new passages (the other tests turn them off), and
- * the questions of stale QA entries queued again.
+ * period, duplicates, warm-ups of new passages (the other tests turn them off), the
+ * questions of stale QA entries queued again, and a dropped knowledge base's id taken by
+ * another app's.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,6 +290,44 @@ static void stale_entries_regenerated(void)
     env_close(&e);
 }
 
+/* A knowledge base's id is its row's, which SQLite hands out again once the largest is
+ * dropped: another app's knowledge base that gets it is predicted for as itself (its
+ * app, its name), with nothing of the dropped one's state (the abstract of a generation
+ * that was under way for it). */
+static void kb_id_reused_by_another_app(void)
+{
+    env e;
+    char err[ERR_MAX];
+    CHECK(env_open(&e, "pred-reuse", 100, 1, 2) == 0);
+    predict_note_change(e.p, &e.kb, e.first);
+    predict_task t, ran;
+    CHECK(predict_next(e.p, 0.85f, true, &ran));
+    CHECK(ran.kind == PREDICT_GENERATE && !strcmp(ran.app, "app"));
+    int64_t app_b, kb_b, first_b;
+    bool exists;
+    float vecs[DIM] = {0};
+    const char *text = "a note on sailing boats";
+    store_span span = {0, strlen(text)};
+    CHECK(store_kb_drop(e.st, e.kb.id, err) == 0);
+    CHECK(store_app_id(e.st, 1000, "other", &app_b, err) == 0);
+    CHECK(store_kb_create(e.st, app_b, "kb-b", 32, 0, "", "e", DIM, false, 1, &kb_b, &exists,
+                          err) == 0);
+    CHECK_MSG(kb_b == e.kb.id, "the dropped id %lld was not reused (%lld)",
+              (long long)e.kb.id, (long long)kb_b);
+    CHECK(store_kb_put_doc(e.st, kb_b, "doc", NULL, text, &span, 1, vecs, DIM, 1, &first_b,
+                           err) == 0);
+    kb_ref b = {.id = kb_b, .dim = DIM, .uid = 1000, .app = "other", .name = "kb-b"};
+    predict_note_change(e.p, &b, first_b);
+    predict_done(e.p, &ran, PREDICT_RAN, "The private notes of app.");
+    predict_task_clear(&ran);
+    CHECK(predict_next(e.p, 0.85f, true, &t));
+    CHECK_MSG(t.kind == PREDICT_GENERATE && !strcmp(t.app, "other") && !strcmp(t.kb, "kb-b"),
+              "a task of app '%s', knowledge base '%s'", t.app, t.kb);
+    CHECK_MSG(strstr(t.text, "sailing boats") && !strstr(t.text, "private notes"), "%s", t.text);
+    predict_task_clear(&t);
+    env_close(&e);
+}
+
 int main(void)
 {
     RUN(off_when_no_budget);
@@ -298,5 +337,6 @@ int main(void)
     RUN(budget_per_idle_period);
     RUN(warm_ups);
     RUN(stale_entries_regenerated);
+    RUN(kb_id_reused_by_another_app);
     return test_finish();
 }
