@@ -1179,8 +1179,8 @@ int store_qkv_stats(store *s, const store_owner *filter, int64_t *n, int64_t *by
 
 /* Evicts owner (uid, scope)'s least used leaf: removing an inner node would strand its
  * children's paths, whoever's they are (a uid's shared system prompt node has children of
- * its apps). */
-static int qkv_evict_leaf(store *s, int64_t uid, const char *scope, char *err)
+ * its apps). *gone: whether the owner had a leaf. */
+static int qkv_evict_leaf(store *s, int64_t uid, const char *scope, bool *gone, char *err)
 {
     sqlite3_stmt *st = store_prepare(s, "DELETE FROM qkv_nodes WHERE key = (SELECT q.key FROM"
                                " qkv_nodes q WHERE q.uid = ? AND q.scope = ? AND NOT EXISTS"
@@ -1192,8 +1192,7 @@ static int qkv_evict_leaf(store *s, int64_t uid, const char *scope, char *err)
     sqlite3_bind_text(st, 2, scope, -1, SQLITE_TRANSIENT);
     if (store_step_once(s, st, "evicting a QKV node", err))
         return -1;
-    if (sqlite3_changes(store_sqlite(s)) == 0)
-        return err_set(err, "store: QKV tree over budget with no leaf to evict");
+    *gone = sqlite3_changes(store_sqlite(s)) > 0;
     return 0;
 }
 
@@ -1207,9 +1206,12 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
             return -1;
         if (bytes <= budget || n == 0)
             return 0;
+        /* the largest owner that has a leaf: a uid's shared nodes may all be parents of
+         * its apps' nodes, and go once those have */
         sqlite3_stmt *st = store_prepare(s, "SELECT uid, scope, sum(" QKV_BYTES ") AS b FROM"
-                                            " qkv_nodes GROUP BY uid, scope ORDER BY b DESC"
-                                            " LIMIT 1", err);
+                                            " qkv_nodes q GROUP BY uid, scope HAVING max(NOT"
+                                            " EXISTS (SELECT 1 FROM qkv_nodes c WHERE c.parent"
+                                            " = q.key)) ORDER BY b DESC LIMIT 1", err);
         if (!st)
             return -1;
         if (sqlite3_step(st) != SQLITE_ROW) {
@@ -1217,11 +1219,14 @@ int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX])
             sqlite3_finalize(st);
             return -1;
         }
+        bool gone;
         int rc = qkv_evict_leaf(s, sqlite3_column_int64(st, 0),
-                                (const char *)sqlite3_column_text(st, 1), err);
+                                (const char *)sqlite3_column_text(st, 1), &gone, err);
         sqlite3_finalize(st);
         if (rc)
             return -1;
+        if (!gone)
+            return err_set(err, "store: QKV tree over budget with no leaf to evict");
         if (evicted)
             (*evicted)++;
     }
@@ -1241,8 +1246,12 @@ int store_qkv_evict_owner(store *s, const store_owner *o, int64_t max_bytes,
         if (n == 0 || ((max_bytes <= 0 || bytes <= max_bytes) &&
                        (max_entries <= 0 || n <= max_entries)))
             return 0;
-        if (qkv_evict_leaf(s, o->uid, o->scope, err))
+        bool gone;
+        if (qkv_evict_leaf(s, o->uid, o->scope, &gone, err))
             return -1;
+        /* what is left of the owner's are prefixes of others' paths: they go after those */
+        if (!gone)
+            return 0;
         if (evicted)
             (*evicted)++;
     }

@@ -268,13 +268,15 @@ int store_qkv_has(store *s, const uint8_t key[STORE_QKV_KEY_BYTES], const store_
                   char err[ERR_MAX]);
 
 /* Evicts nodes with no children, least frequently used first (then least recently),
- * each from the owner that holds the most bytes then, until the stored bytes are at
- * most budget: an owner at or below an equal share of budget loses nothing to
+ * each from the owner that holds the most bytes then (of those with a node without
+ * children: a uid's shared nodes may all be parents of its apps'), until the stored bytes
+ * are at most budget: an owner at or below an equal share of budget loses nothing to
  * another's churn. *evicted counts them (may be NULL). */
 int store_qkv_evict(store *s, int64_t budget, int *evicted, char err[ERR_MAX]);
 
 /* Evicts owner o's leaves in the same order until it holds at most max_bytes and
- * max_entries (each <= 0: no limit). */
+ * max_entries (each <= 0: no limit), or until every node it has left is a parent of
+ * others' (which go first). */
 int store_qkv_evict_owner(store *s, const store_owner *o, int64_t max_bytes,
                           int64_t max_entries, int *evicted, char err[ERR_MAX]);
 

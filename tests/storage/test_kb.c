@@ -614,6 +614,46 @@ static void qkv_quota_and_fair_eviction(void)
     store_close(s);
 }
 
+/* A uid's shared system prompt node (scope '*') is a parent of its apps' nodes, none of
+ * its own a leaf: over the budget the largest owner that has a leaf loses one (the
+ * shared node goes once its children have), and the shared owner's own quota stops at
+ * the nodes others' paths hold, rather than failing the cache write. */
+static void qkv_evict_shared_parents(void)
+{
+    store *s = open_fresh("kb-qkv-shared");
+    CHECK(s);
+    char err[ERR_MAX];
+    enum { BIG = 8192, SMALL = 256 };
+    uint8_t *raw = malloc(BIG);
+    CHECK(raw);
+    uint64_t r = 1;
+    for (int i = 0; i < BIG; i++) /* incompressible: the stored bytes are the sizes */
+        raw[i] = (uint8_t)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    const store_owner shared = {1000, STORE_SCOPE_UID}, app_b = {1000, "app-b"};
+    CHECK_EQ(put(s, 1, 0, &shared, raw, BIG, false), 0);
+    CHECK_EQ(put(s, 5, 0, &shared, raw, BIG, false), 0);
+    CHECK_EQ(put(s, 2, 1, &OWNER_A, raw, SMALL, false), 0);
+    CHECK_EQ(put(s, 3, 1, &app_b, raw, SMALL, false), 0);
+    CHECK_EQ(put(s, 6, 5, &app_b, raw, SMALL, false), 0);
+    int64_t n, bytes;
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
+    CHECK_EQ(n, 5);
+    int evicted = -1;
+    CHECK_MSG(store_qkv_evict_owner(s, &shared, 0, 1, &evicted, err) == 0, "%s", err);
+    CHECK_EQ(evicted, 0);
+    CHECK_MSG(store_qkv_evict(s, bytes - 1, &evicted, err) == 0, "%s", err);
+    CHECK_EQ(evicted, 1);
+    CHECK_EQ(store_qkv_stats(s, &shared, &n, &bytes, err), 0);
+    CHECK_EQ(n, 2);
+    /* with room for nothing, everything goes, leaves first */
+    CHECK_MSG(store_qkv_evict(s, 0, &evicted, err) == 0, "%s", err);
+    CHECK_EQ(evicted, 4);
+    CHECK_EQ(store_qkv_stats(s, NULL, &n, &bytes, err), 0);
+    CHECK_EQ(n, 0);
+    free(raw);
+    store_close(s);
+}
+
 /* Version 12's kbs, without the embed model's name. */
 #define SCHEMA_12_KBS "ALTER TABLE kbs DROP COLUMN embed_model;"
 
@@ -867,6 +907,7 @@ int main(void)
     RUN(qkv_roundtrip_evict_corrupt);
     RUN(qkv_owner_and_content);
     RUN(qkv_quota_and_fair_eviction);
+    RUN(qkv_evict_shared_parents);
     RUN(migration_drops_ownerless);
     RUN(failed_migration_loses_nothing);
     RUN(migration_compacts_passages);
