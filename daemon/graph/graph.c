@@ -2,6 +2,7 @@
 #include "daemon/graph/graph.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,7 +442,8 @@ static val val_text(const char *s, size_t len)
         memcpy(buf, s, len);
         buf[len] = '\0';
         v.num = strtod(buf, &end);
-        v.is_num = *end == '\0';
+        /* "nan" reads as a number that compares with none: it stays text */
+        v.is_num = *end == '\0' && !isnan(v.num);
     }
     return v;
 }

@@ -19,9 +19,9 @@
  *            | runs(node) | len(variable) | steps | "(" expr ")"
  * A variable is a graph input or a node's output (empty until set); runs(node) is how
  * many times node ran in this run, steps how many node runs there were in all. Two
- * operands that both read as numbers compare as numbers, otherwise as byte strings;
- * a contains b is whether b occurs in a. A bare operand holds when it is neither empty
- * nor "0" nor "false".
+ * operands that both read as numbers (not "nan") compare as numbers, otherwise as byte
+ * strings; a contains b is whether b occurs in a. A bare operand holds when it is
+ * neither empty nor "0" nor "false".
  *
  * A definition is refused, with a message naming the node (or edge), when: a name is
  * malformed, repeated or reserved; a node lacks what its kind needs; a template or a

@@ -270,6 +270,11 @@ static void test_expressions(void)
     CHECK_EQ(cond_holds("a", "yes", ""), 1);
     CHECK_EQ(cond_holds("true and not false", "", ""), 1);
     CHECK_EQ(cond_holds("a == 10", "1e1", ""), 1);
+    /* strtod reads "nan", which is unordered: such a text compares as bytes, or it would
+     * equal every number (a model's "NaN" == 5) and differ from none */
+    CHECK_EQ(cond_holds("a == b", "nan", "5"), 0);
+    CHECK_EQ(cond_holds("a != b", "NaN", "0"), 1);
+    CHECK_EQ(cond_holds("a == 'nan'", "nan", ""), 1);
 }
 
 /* gen -> gen while runs(gen) < 3, then END; the run's cap and the graph's max_steps. */
