@@ -105,13 +105,17 @@ static int list_add(list *l, const char *name, bool builtin, Llms__GraphDef *def
             return -1;
         l->cap = cap;
     }
+    /* def joins the list only with its name: on failure the caller still owns it */
+    char *copy = strdup(name);
+    if (!copy)
+        return -1;
     llms__graph_info__init(&l->infos[l->n]);
-    l->infos[l->n].name = strdup(name);
+    l->infos[l->n].name = copy;
     l->infos[l->n].builtin = builtin;
     l->infos[l->n].graph = def;
     l->defs[l->n] = builtin ? NULL : def;
     l->n++;
-    return l->infos[l->n - 1].name ? 0 : -1;
+    return 0;
 }
 
 static int list_stored(void *arg, const char *name, const void *bytes, size_t len)
