@@ -555,7 +555,10 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         int64_t k = json_object_get_int64(v);
         p->has_top_k = 1, p->top_k = k < 0 ? -1 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
     }
-    const char *mt = json_object_object_get_ex(body, "max_completion_tokens", NULL)
+    /* OpenAI's newer name wins when it is set; a null one is absent, as every field. */
+    json_object *mct;
+    const char *mt = json_object_object_get_ex(body, "max_completion_tokens", &mct) &&
+                             !json_object_is_type(mct, json_type_null)
                          ? "max_completion_tokens" : "max_tokens";
     if ((rc = field(body, mt, json_type_int, &v, msg, cap)) < 0)
         return -1;

@@ -245,6 +245,22 @@ static void streamed_equals_whole(void)
     json_object_put(whole);
 }
 
+/* A field sent as null is absent, as for every other field: "max_completion_tokens": null
+ * (what a client passing both of OpenAI's names, one of them None, sends) leaves
+ * "max_tokens" in force. */
+static void null_max_completion_tokens_keeps_max_tokens(void)
+{
+    NEED(daemon_up, start_daemon());
+    int st;
+    json_object *o = post("/v1/completions",
+                          "{\"prompt\":\"one two three\",\"temperature\":0,\"max_tokens\":3,"
+                          "\"max_completion_tokens\":null}", &st);
+    CHECK(o && st == 200);
+    CHECK_MSG(atoi(httpc_jstr(o, "usage.completion_tokens")) <= 3, "%s tokens generated",
+              httpc_jstr(o, "usage.completion_tokens"));
+    json_object_put(o);
+}
+
 static int b64v(char c)
 {
     const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -927,6 +943,7 @@ int main(int argc, char **argv)
     RUN(chat_matches_native_complete);
     RUN(completion_matches_native);
     RUN(streamed_equals_whole);
+    RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
     RUN(errors_are_openai_shaped);
     RUN(malformed_input_never_crashes);
