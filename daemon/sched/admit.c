@@ -380,9 +380,11 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
          * exceed this estimate by what the claim at each step then finds */
         const Llms__RagQueryRequest *rq = j->req->rag_query;
         p = rq->params;
-        int k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
+        /* top_k is not checked yet (rag_begin refuses one out of range): as an int, one
+         * past INT32_MAX would be negative and the estimate nonsense */
+        long k = rq->has_top_k ? (long)rq->top_k : cfg->rag_top_k;
         tokens = (long)strlen(rq->question) + 2 * SCHED_TEMPLATE_TOKENS +
-                 (long)k * (cfg->kb_passage_tokens + 8) +
+                 k * (cfg->kb_passage_tokens + 8) +
                  (rq->system_prompt ? (long)strlen(rq->system_prompt)
                                     : (long)strlen(cfg->rag_system_prompt));
         limit = cfg->n_ctx;

@@ -762,6 +762,32 @@ static void rag_route_answers_from_a_knowledge_base(void)
     json_object_put(o);
 }
 
+/* A top_k past INT32_MAX is refused as out of range (400), as any other top_k over the
+ * limit is, not taken for a negative count of passages by the admission's estimate of
+ * the query's KV (which then asked for more than the whole budget: 429). */
+static void rag_huge_top_k_is_invalid(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, LLMS_DEFAULT_APP);
+    CHECK(c);
+    llms_kb_doc doc = {"kite", "Ben flew a yellow kite on the hill.", NULL};
+    CHECK_EQ(llms_kb_create(c, "topk", 0, 0), LLMS_OK);
+    CHECK_EQ(llms_kb_add(c, "topk", &doc, 1, NULL), LLMS_OK);
+    llms_close(c);
+    const char *ks[] = {"17", "2147483648", "3000000000", "4294967295"};
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"kb\":\"topk\",\"question\":\"What did Ben fly?\",\"max_tokens\":2,"
+                 "\"top_k\":%s}", ks[i]);
+        int st;
+        json_object *o = post("/v1/llmsd/rag", body, &st);
+        CHECK_MSG(o && st == 400, "top_k %s: %d %s", ks[i], st,
+                  o ? httpc_jstr(o, "error.message") : "");
+        json_object_put(o);
+    }
+}
+
 /* One default app for every client: a knowledge base made with `llms` and no --app is
  * the one the gateway reads without X-Llmsd-App; with $LLMS_APP, llms makes it elsewhere. */
 static void cli_kb_is_the_gateways_kb(void)
@@ -953,6 +979,7 @@ int main(int argc, char **argv)
     RUN(metrics_count_requests);
     RUN(context_field_calls_a_context);
     RUN(rag_route_answers_from_a_knowledge_base);
+    RUN(rag_huge_top_k_is_invalid);
     RUN(cli_kb_is_the_gateways_kb);
     RUN(rerank_returns_scores);
     RUN(disconnect_cancels_generation);
