@@ -86,14 +86,16 @@ void outq_wake(outq *q)
     (void)w;
 }
 
-int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable)
+int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable,
+              bool final)
 {
     outq_item *it = malloc(sizeof *it);
     if (!it) {
         free(data);
         return -1;
     }
-    *it = (outq_item){.conn_id = conn_id, .data = data, .len = len, .droppable = droppable};
+    *it = (outq_item){.conn_id = conn_id, .data = data, .len = len, .droppable = droppable,
+                      .final = final};
     return push(q, it);
 }
 

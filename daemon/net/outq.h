@@ -22,6 +22,8 @@ typedef struct outq_item {
     size_t len;
     bool droppable;     /* a streamed chunk, which a connection over its output cap may
                            drop (the final result still carries the whole text) */
+    bool final;         /* the request's last frame: it is answered (chunks, graph events
+                           and progress come before it) */
     struct outq_item *next;
 } outq_item;
 
@@ -40,7 +42,8 @@ int outq_fd(const outq *q);
  * not woken until outq_wake: the worker pushes a round's frames (one token of every
  * running generation) and wakes the loop once, which keeps wakeups from stealing the
  * engine's cores. Returns -1 only when memory runs out. */
-int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable);
+int outq_push(outq *q, uint64_t conn_id, uint8_t *data, size_t len, bool droppable,
+              bool final);
 
 /* Wakes the loop when frames were pushed since the last wake. */
 void outq_wake(outq *q);

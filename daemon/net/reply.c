@@ -54,7 +54,7 @@ void reply_send(const reply_to *to, uint64_t conn_id, const Llms__Response *r, b
     uint8_t *buf;
     size_t len;
     if (reply_pack(r, to->max_bytes, &buf, &len) == 0)
-        outq_push(to->out, conn_id, buf, len, droppable);
+        outq_push(to->out, conn_id, buf, len, droppable, r->final);
 }
 
 void reply_error(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
@@ -69,7 +69,7 @@ void reply_error(const reply_to *to, uint64_t conn_id, const Llms__Request *req,
     va_end(ap);
     reqlog_request(0, NULL, req->body_case, -1, -1, code, msg);
     if (reply_pack_error(req->id, code, to->max_bytes, &buf, &len, "%s", msg) == 0)
-        outq_push(to->out, conn_id, buf, len, false);
+        outq_push(to->out, conn_id, buf, len, false, true);
 }
 
 void reply_ok(const reply_to *to, uint64_t conn_id, const Llms__Request *req)

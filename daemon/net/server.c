@@ -527,8 +527,9 @@ static void on_replies(evutil_socket_t fd, short what, void *arg)
                 } else {
                     evbuffer_add(out, it->data, it->len);
                 }
-                /* Every frame but a streamed chunk ends a request (outq.h). */
-                if (!it->droppable && c->in_flight > 0)
+                /* A request ends with its final frame, not with a graph event or a
+                 * QA bank's chunk before it (outq.h). */
+                if (it->final && c->in_flight > 0)
                     c->in_flight--;
                 c->last_active_ms = clock_mono_ns() / 1000000;
             }

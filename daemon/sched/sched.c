@@ -59,7 +59,7 @@ void sched_reply_error(sched *s, const sched_job *j, Llms__ErrorCode code, const
     reqlog_request(j->uid, j->app, j->req->body_case, -1,
                    (double)(clock_mono_ns() - j->queued_ns) / 1e6, code, msg);
     if (reply_pack_error(j->req->id, code, s->to.max_bytes, &buf, &len, "%s", msg) == 0)
-        outq_push(s->env.out, j->conn_id, buf, len, false);
+        outq_push(s->env.out, j->conn_id, buf, len, false, true);
 }
 
 void sched_reply_ok(sched *s, const sched_job *j)

@@ -21,7 +21,7 @@
 
 static char llmsd_path[1024];
 static const char *stories;
-static llmsd_proc daemon_;
+static llmsd_proc daemon_, idle_daemon;
 static int up;
 
 #define CONF "temperature = 0\nmax_tokens = 8\nrag_top_k = 2\ngraph_max_per_app = 3\n" \
@@ -422,6 +422,38 @@ static void disconnect_stops_run(void)
     llms_close(c);
 }
 
+/* A run is a request in flight until its result, not until its first node event: a
+ * connection waiting for a run whose generation node is silent for longer than
+ * idle_timeout_ms is not closed as idle (each event ended a request in the count, so
+ * the silence after the first one closed the connection and cancelled the run). */
+static void run_is_in_flight_until_its_result(void)
+{
+    const char *lm = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    if (!llmsd_path[0] || !lm)
+        SKIP("llmsd or ../shared/testdata/models/docs-lm-21M-Q8_0.gguf is missing");
+    /* 400 tokens of this model take several times the timeout */
+    CHECK_MSG(proc_start(&idle_daemon, llmsd_path, "graph-idle", lm,
+                         CONF "idle_timeout_ms = 100\n") == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&idle_daemon, "quiet");
+    CHECK(c);
+    const char *inputs[] = {"unused"};
+    llms_graph_edge edges[] = {{"START", "tell", NULL}, {"tell", "END", NULL}};
+    llms_graph_def d = {inputs, 1, loop_nodes, 1, edges, 2, "story", 0};
+    CHECK_EQ(llms_graph_create(c, "quiet", &d), LLMS_OK);
+    llms_params p;
+    llms_params_init(&p);
+    p.max_tokens = 400;
+    llms_graph_var in = {"unused", ""};
+    llms_graph_result r;
+    double t0 = proc_now();
+    int rc = llms_graph_run(c, "quiet", &in, 1, &p, NULL, NULL, &r);
+    CHECK_MSG(rc == LLMS_OK, "the run ended after %.3f s: %s", proc_now() - t0,
+              llms_last_error(c));
+    CHECK(r.n_timings == 1 && r.timings[0].generated_tokens > 0);
+    llms_graph_result_free(&r);
+    llms_close(c);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -436,7 +468,10 @@ int main(int argc, char **argv)
     RUN(isolation_and_restart);
     RUN(cancel_stops_run);
     RUN(disconnect_stops_run);
+    RUN(run_is_in_flight_until_its_result);
     if (daemon_.pid > 0 && proc_stop(&daemon_, SIGTERM) != 0)
         proc_print_log(&daemon_);
+    if (idle_daemon.pid > 0 && proc_stop(&idle_daemon, SIGTERM) != 0)
+        proc_print_log(&idle_daemon);
     return test_finish();
 }
