@@ -190,9 +190,11 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    if (unread(hr) > CONNBUDGET_OUT_CAP) {
+    if (hr->cancel_sent || unread(hr) > CONNBUDGET_OUT_CAP) {
         /* As for a native connection that does not read: the generation stops, and the
-         * final result (the whole text) fills in what was not streamed. */
+         * final result (the whole text) fills in what was not streamed, from hr->sent.
+         * Chunks already on their way are dropped too, even once the client has read
+         * again: sent after a gap, they would leave that offset behind the text shown. */
         if (!hr->cancel_sent) {
             sched_job *j = sched_job_new(SCHED_CANCEL_STREAMS, hr->ss.conn_id);
             if (j)
