@@ -61,7 +61,8 @@ size_t utf8_stream_feed(utf8_stream *u, const char *in, size_t n, char *out)
             int k = utf8_seq(u->held, u->n_held);
             if (k < 0)
                 break;
-            if (k == 0) {
+            /* a NUL byte would cut the C string the text leaves as (protobuf-c) */
+            if (k == 0 || u->held[0] == '\0') {
                 memcpy(out + o, replacement, sizeof replacement);
                 o += sizeof replacement;
                 k = 1;

@@ -22,8 +22,9 @@ int utf8_seq(const char *s, size_t n);
 int utf8_valid(const char *s, size_t n);
 
 /* A stream of bytes released as valid UTF-8: an unfinished sequence at the end of a
- * feed is held until the bytes that finish it (or show it invalid) arrive. Zero it to
- * start. */
+ * feed is held until the bytes that finish it (or show it invalid) arrive. A NUL byte
+ * (a model's byte-fallback token) is released as U+FFFD too, so that the text stays one
+ * C string, as it leaves the daemon. Zero it to start. */
 typedef struct utf8_stream {
     char held[4];
     size_t n_held;

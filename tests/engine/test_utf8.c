@@ -86,6 +86,25 @@ static void stream_replaces_invalid_bytes(void)
     CHECK_EQ(utf8_stream_flush(&u, out), 0);
 }
 
+/* A generated NUL byte (a byte-fallback token) would cut the C string the text leaves as
+ * (protobuf-c): it leaves as U+FFFD, alone or beside a held character. */
+static void stream_replaces_nul_bytes(void)
+{
+    const char text[] = "a\0b\xc3\0";
+    const char want[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd";
+    size_t n = sizeof text - 1;
+    static const size_t ones[] = {1}, whole[] = {64};
+    const size_t *sizes[] = {ones, whole};
+    for (int s = 0; s < 2; s++) {
+        char out[UTF8_OUT_CAP(sizeof text)];
+        int ok;
+        size_t o = stream_in_pieces(text, n, sizes[s], 1, out, &ok);
+        CHECK(ok);
+        CHECK_MSG(o == sizeof want - 1 && memcmp(out, want, o) == 0, "got %zu bytes", o);
+        CHECK_MSG(!memchr(out, '\0', o), "a NUL byte came out");
+    }
+}
+
 static void json_strings(void)
 {
     char *buf = NULL;
@@ -107,6 +126,7 @@ int main(void)
     RUN(sequences);
     RUN(stream_holds_unfinished_characters);
     RUN(stream_replaces_invalid_bytes);
+    RUN(stream_replaces_nul_bytes);
     RUN(json_strings);
     return test_finish();
 }

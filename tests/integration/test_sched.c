@@ -2,8 +2,10 @@
  * The step scheduler end to end: a real llmsd of this build, driven through
  * libllmsclient and raw frames.
  *
- * Concurrent greedy generations give the tokens they give alone (stories260K); a short
- * request is answered while another app's long Embed is still running, and an app's
+ * Concurrent greedy generations give the tokens they give alone (stories260K); a
+ * sampled reply's text is the pieces it streamed, each valid UTF-8 (NUL bytes and split
+ * or invalid characters among its byte tokens); a short request is answered while
+ * another app's long Embed is still running, and an app's
  * pipelined requests come back in order; a flood of Embeds from a client that
  * disconnects stops being computed; Cancel ends a running generation or Embed at once and
  * frees its work; every kind of request counts toward
@@ -20,6 +22,7 @@
 #include "client/llms.h"
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
+#include "engine/tok/utf8.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/integration/rawframe.h"
 #include "tests/support/test.h"
@@ -131,6 +134,67 @@ static void concurrent_equals_alone(void)
     }
     for (int i = 0; i < 3; i++)
         free(alone[i]);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* ---- the streamed pieces are the reply ---- */
+
+struct stream_acc {
+    char *text;
+    size_t len, cap;
+    int invalid; /* pieces that were not whole valid UTF-8 */
+};
+
+static int stream_acc_text(const char *text, size_t len, void *user)
+{
+    struct stream_acc *a = user;
+    if (!utf8_valid(text, len))
+        a->invalid++;
+    if (a->len + len + 1 > a->cap) {
+        a->cap = 2 * (a->len + len + 1);
+        a->text = realloc(a->text, a->cap);
+    }
+    memcpy(a->text + a->len, text, len);
+    a->len += len;
+    a->text[a->len] = '\0';
+    return 0;
+}
+
+/* Seeded samples of stories260K at temperature 100 take its byte tokens often: a NUL
+ * byte among them, an invalid or a split character. The reply's text is then still the
+ * pieces streamed, each whole valid UTF-8. */
+static void sampled_text_equals_its_stream(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("stories260K.gguf is not in the test data (set LLMS_TESTDATA)");
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "stream", stories, NULL) == 0);
+    llms_conn *c = proc_connect(&d, "stream");
+    CHECK(c);
+    for (int seed = 1; c && seed <= 16; seed++) {
+        llms_params p = greedy(200);
+        p.temperature = 100;
+        p.top_k = 0;
+        p.top_p = 1;
+        p.min_p = 0;
+        p.has_seed = 1;
+        p.seed = (uint64_t)seed;
+        struct stream_acc a = {0};
+        llms_result r;
+        CHECK_EQ(llms_complete(c, "Once upon a time", NULL, 0, &p, stream_acc_text, &a, &r),
+                 LLMS_OK);
+        CHECK_MSG(a.text && strcmp(a.text, r.text) == 0,
+                  "seed %d: %zu bytes streamed, the reply's text is %zu", seed, a.len,
+                  strlen(r.text));
+        CHECK_MSG(a.invalid == 0, "seed %d: %d pieces were not valid UTF-8", seed, a.invalid);
+        free(a.text);
+        llms_result_free(&r);
+    }
+    if (c)
+        llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
@@ -476,6 +540,7 @@ int main(int argc, char **argv)
     mp.dim = 512, mp.n_layer = 8, mp.n_ff = 1536;
     proc_generate_model(slow_model, sizeof slow_model, "slow.gguf", &mp);
     RUN(concurrent_equals_alone);
+    RUN(sampled_text_equals_its_stream);
     RUN(short_requests_pass_long_work);
     RUN(disconnect_stops_flood);
     RUN(cancel_frees_the_work);
