@@ -218,8 +218,8 @@ static const key_def keys[] = {
            "(the tokens that followed the latest earlier occurrence of its last 2-4 tokens in "
            "its own context: free, and right where answers quote passages or code), draft "
            "(`draft_model`'s greedy continuation), both (lookup, else the draft model), or "
-           "off. Greedy output is token for token what it is without; sampling keeps its "
-           "distribution (the standard rejection rule)"),
+           "off. Greedy output, and sampled output with a seed, is token for token what it "
+           "is without"),
     OPT(draft_model,
         "the registry name of a small decoder on the generate model's vocabulary that "
         "drafts for the default generate model (give its `model.NAME` line the `draft` "

@@ -492,11 +492,12 @@ void spec_take(sched *s, work *w, const float *logits)
     /* the sequence holds the history but its last token, then the step's k + 1 rows */
     int kv_before = kv_seq_n_tokens(g->seq) - (k + 1), n_hist_before = g->n_hist;
     gen_note_token_time(s, g);
+    /* each row's token is the one plain decoding samples there, from the same random
+     * stream (a draft is so taken with its probability, as the rejection rule takes a
+     * drafted token): a seeded sample is the same text with drafts or without, whichever
+     * steps the gate gives them */
     for (int i = 0; i <= k && !g->done; i++) {
-        const float *row = logits + (size_t)i * n_vocab;
-        int32_t t = i < k ? sampler_sample_draft(g->smp, row, g->hist, g->n_hist,
-                                                 g->spec_rows[i + 1])
-                          : sampler_sample(g->smp, row, g->hist, g->n_hist);
+        int32_t t = sampler_sample(g->smp, logits + (size_t)i * n_vocab, g->hist, g->n_hist);
         bool match = i < k && t == g->spec_rows[i + 1];
         if (!gen_push_token(s, w, t) || !match)
             break;

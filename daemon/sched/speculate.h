@@ -16,12 +16,12 @@
  *   token per forward, all drafting generations batched in each forward;
  * with both, lookup first and the draft model where lookup finds nothing. The step row
  * of the generation becomes 1 + k rows: its last token, then the drafts; all k + 1
- * rows' logits come back. Each row's token is then chosen as the sampler would
- * (sampler_sample_draft: greedy is the argmax, sampling accepts a draft with its
- * probability and otherwise draws from the rest, so the distribution is the
- * sampler's), taken in order while it equals the draft; the first that differs (or the
- * row after the last draft) is taken too and ends it. So a step yields 1 to k + 1
- * tokens, each what plain decoding would have taken (greedy: token for token). The KV
+ * rows' logits come back. Each row's token is then sampled as plain decoding samples it
+ * (sampler_sample, from the same random stream: a draft is taken with its probability),
+ * taken in order while it equals the draft; the first that differs (or the row after
+ * the last draft) is taken too and ends it. So a step yields 1 to k + 1 tokens, each
+ * what plain decoding would have taken (greedy, and sampling with a seed: token for
+ * token). The KV
  * entries of rejected drafts leave the sequence (kv_seq_truncate: only the call's own
  * f16 tail is touched; chunks before it are never written by a step), a context's
  * attention statistics for those positions are cleared, and the draft model's KV keeps

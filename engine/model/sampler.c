@@ -384,32 +384,3 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
         return -1;
     return rc == 1 ? argmax(s->cand, n) : draw(s, s->cand, n, s->p.temperature);
 }
-
-int32_t sampler_sample_draft(sampler *s, const float *logits, const int32_t *history,
-                             int n_history, int32_t draft)
-{
-    int n, rc = prepare(s, logits, history, n_history, &n);
-    if (rc < 0)
-        return -1;
-    cand *c = s->cand;
-    if (rc == 1)
-        return argmax(c, n);
-    double sum = weigh(c, n, s->p.temperature), w_draft = 0;
-    int at = -1;
-    for (int i = 0; i < n && at < 0; i++)
-        if (c[i].id == draft) {
-            at = i;
-            w_draft = c[i].w;
-        }
-    if (at >= 0 && rng_uniform(s->rng) * sum < w_draft)
-        return draft;
-    /* rejected (or never possible): a draw from the rest, renormalized, so that every
-     * other token comes out with p(x) / (1 - p(draft)) * (1 - p(draft)) = p(x) */
-    if (at >= 0) {
-        c[at] = c[n - 1];
-        n--;
-    }
-    if (n == 0)
-        return draft; /* the draft was the only candidate: it is certain */
-    return draw(s, c, n, s->p.temperature);
-}

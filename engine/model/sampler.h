@@ -51,17 +51,6 @@ void sampler_free(sampler *s);
  */
 int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, int n_history);
 
-/*
- * sampler_sample given a proposed next token (speculative decoding's check). Greedy: the
- * argmax, as sampler_sample (the draft is accepted when it is that). Otherwise the draft
- * with its probability p(draft) under the penalized, truncated, tempered distribution,
- * else a draw from that distribution without the draft: the token returned has
- * sampler_sample's distribution exactly, whatever the draft (the random stream differs).
- * -1 as sampler_sample.
- */
-int32_t sampler_sample_draft(sampler *s, const float *logits, const int32_t *history,
-                             int n_history, int32_t draft);
-
 /* Restarts the random stream from seed (SAMPLER_SEED_RANDOM for a random one). */
 void sampler_reset(sampler *s, uint64_t seed);
 

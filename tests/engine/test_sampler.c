@@ -154,73 +154,6 @@ static void frequencies_match_softmax(void)
     sampler_free(s);
 }
 
-/* Pearson's chi-square of counts against probabilities over n categories (those of
- * probability 0 must have no count: they add infinity). */
-static double chi_square(const int *count, const double *prob, int n, int draws)
-{
-    double x2 = 0;
-    for (int i = 0; i < n; i++) {
-        if (prob[i] == 0) {
-            x2 += count[i] ? INFINITY : 0;
-            continue;
-        }
-        double e = prob[i] * draws;
-        x2 += (count[i] - e) * (count[i] - e) / e;
-    }
-    return x2;
-}
-
-/* Speculative decoding's check keeps the sampler's distribution whatever the draft: a
- * likely draft, an unlikely one, one that top-k excludes (never returned), and greedy
- * returns the argmax. Chi-square over 5 free categories below 20.5 (p = 0.001). */
-static void draft_check_keeps_the_distribution(void)
-{
-    enum { N = 6, DRAWS = 60000 };
-    const float l[N] = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 1.5f};
-    double prob[N], sum = 0;
-    for (int i = 0; i < N; i++)
-        sum += exp(l[i]);
-    for (int i = 0; i < N; i++)
-        prob[i] = exp(l[i]) / sum;
-    const int32_t drafts[] = {0, 4, 2};
-    for (size_t d = 0; d < sizeof drafts / sizeof drafts[0]; d++) {
-        sampler_params p = plain_params(777 + d);
-        sampler *s = sampler_new(N, &p, NULL);
-        CHECK(s);
-        int count[N] = {0};
-        for (int i = 0; i < DRAWS && s; i++) {
-            int32_t t = sampler_sample_draft(s, l, NULL, 0, drafts[d]);
-            CHECK(t >= 0 && t < N);
-            count[t < 0 || t >= N ? 0 : t]++;
-        }
-        double x2 = chi_square(count, prob, N, DRAWS);
-        CHECK_MSG(x2 < 20.5, "draft %d: chi-square %.2f", (int)drafts[d], x2);
-        sampler_free(s);
-    }
-    /* top-k 3 keeps tokens 0, 5, 1: a draft of 4 is never what comes out */
-    sampler_params p = plain_params(99);
-    p.top_k = 3;
-    sampler *s = sampler_new(N, &p, NULL);
-    int count[N] = {0};
-    for (int i = 0; i < DRAWS && s; i++)
-        count[sampler_sample_draft(s, l, NULL, 0, 4)]++;
-    double kept = exp(l[0]) + exp(l[5]) + exp(l[1]), pk[N] = {0};
-    pk[0] = exp(l[0]) / kept;
-    pk[5] = exp(l[5]) / kept;
-    pk[1] = exp(l[1]) / kept;
-    double x2 = chi_square(count, pk, N, DRAWS);
-    CHECK_MSG(x2 < 13.8, "top-k: chi-square %.2f (df 2, p = 0.001: 13.8)", x2);
-    sampler_free(s);
-    /* greedy: the argmax, whatever was proposed */
-    p = plain_params(1);
-    p.temperature = 0;
-    s = sampler_new(N, &p, NULL);
-    CHECK_EQ(sampler_sample_draft(s, l, NULL, 0, 3), 0);
-    CHECK_EQ(sampler_sample_draft(s, l, NULL, 0, 0), 0);
-    CHECK_EQ(sampler_sample_draft(s, NULL, NULL, 0, 0), -1);
-    sampler_free(s);
-}
-
 /* Temperature 0.5 doubles the logits: the frequencies must follow softmax(2 * l). */
 static void temperature_sharpens(void)
 {
@@ -654,7 +587,6 @@ int main(void)
     RUN(same_seed_same_sequence_different_seed_differs);
     RUN(random_seed_is_reported_and_reproducible);
     RUN(frequencies_match_softmax);
-    RUN(draft_check_keeps_the_distribution);
     RUN(temperature_sharpens);
     RUN(top_k_keeps_the_k_best);
     RUN(top_p_excludes_tokens_outside_the_nucleus);

@@ -13,7 +13,8 @@
  *   greedy calls on both agree, also after the context was evicted between calls and
  *   rebuilt from the store;
  * - sampled tokens keep their distribution: seeded samples with and without speculation
- *   on stories260K pass a chi-square test of homogeneity;
+ *   on stories260K pass a chi-square test of homogeneity; a seeded sample is the same
+ *   text with speculation as without, however often it is asked for;
  * - the daemon's counters show the drafts proposed and accepted.
  */
 #include <math.h>
@@ -501,6 +502,45 @@ static void sampled_alike(const char *name, const char *model, const char *extra
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* A seeded sampled completion is the same text however often it is asked for, with
+ * speculation on as with it off: the drafts (and whether the measured gate lets a step
+ * have them) change only how many tokens a step takes, not which. */
+static void seeded_sample_same_text(void)
+{
+    const char *m = test_data_path("models/stories260K.gguf");
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    if (!m)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "seeded", m, NULL) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    char *plain = NULL;
+    for (int run = 0; c && run < 4; run++) {
+        llms_params p = greedy(200, run ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF);
+        p.temperature = 0.7f;
+        p.has_seed = 1;
+        p.seed = 42;
+        llms_result r;
+        CHECK_EQ(llms_complete(c, PROMPTS[1], NULL, 0, &p, NULL, NULL, &r), LLMS_OK);
+        if (run == 0)
+            plain = strdup(r.text);
+        else
+            CHECK_MSG(plain && !strcmp(plain, r.text), "run %d:\n plain '%s'\n spec  '%s'", run,
+                      plain ? plain : "", r.text);
+        llms_result_free(&r);
+    }
+    free(plain);
+    llms_daemon_status st;
+    CHECK(c && proc_status(c, &st) == 0);
+    CHECK_MSG(st.spec_lookup_accepted > 0, "no draft was accepted");
+    llms_daemon_status_free(&st);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 static void sampling_keeps_its_distribution(void)
 {
     if (!llmsd_path[0])
@@ -550,5 +590,6 @@ int main(int argc, char **argv)
     RUN(context_defaults_draft_counts_in_the_budget);
     RUN(rag_answers_same);
     RUN(sampling_keeps_its_distribution);
+    RUN(seeded_sample_same_text);
     return test_finish();
 }
