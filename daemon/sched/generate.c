@@ -259,8 +259,9 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
 /* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
  * the reply and streamed with the tokens that produced it. At the end of the reply
  * (last) a character left unfinished is released as U+FFFD; an end with no text sends
- * nothing. */
-static void gen_release(sched *s, const work *w, const char *text, size_t n, bool last,
+ * nothing. false when the reply cannot keep the text: the work fails then, as a reply
+ * that lost text would differ from its stream (and be stored so in a context). */
+static bool gen_release(sched *s, work *w, const char *text, size_t n, bool last,
                         const int32_t *tok, int n_tok)
 {
     gen *g = w->g;
@@ -270,15 +271,19 @@ static void gen_release(sched *s, const work *w, const char *text, size_t n, boo
         len += utf8_stream_flush(&g->utf8, out + len);
     out[len] = '\0';
     if (last && len == 0)
-        return;
-    textbuf_append(&g->shown, &g->shown_len, &g->shown_cap, out, len);
+        return true;
+    if (textbuf_append(&g->shown, &g->shown_len, &g->shown_cap, out, len)) {
+        work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory keeping the reply");
+        return false;
+    }
     send_chunk(s, w, out, tok, n_tok);
+    return true;
 }
 
-void gen_flush(sched *s, const work *w)
+bool gen_flush(sched *s, work *w)
 {
     char tail[STOP_MAX_LEN + 1];
-    gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0);
+    return gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0);
 }
 
 static void gen_finish(gen *g, Llms__StopReason reason)
@@ -358,7 +363,8 @@ bool gen_push_token(sched *s, work *w, int32_t next)
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1);
+    if (!gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1))
+        return false;
     if (stop_hit(&g->stop) >= 0)
         gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->n_gen >= g->max_gen)
@@ -425,8 +431,11 @@ void gen_end(sched *s, work *w)
             snprintf(err, sizeof err, "cancelled");
         }
     }
-    if (!failed)
-        gen_flush(s, w);
+    if (!failed && !gen_flush(s, w)) {
+        failed = true;
+        code = w->fail_code;
+        snprintf(err, sizeof err, "%s", w->fail_msg);
+    }
     if (g->c && !failed) {
         Llms__CallRequest *cr = w->job->req->call;
         if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,

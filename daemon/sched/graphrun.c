@@ -577,7 +577,8 @@ static void graph_advance(sched *s, work *w)
                 spec_rt_advance(s, w);
                 return;
             }
-            gen_flush(s, w);
+            if (!gen_flush(s, w))
+                return; /* failed: graphrun_end answers the error */
             const char *out = g->shown ? g->shown : "";
             int spec = spec_rt_outcome(s, w, out, g->shown_len);
             int rc = graph_node_done(s, w, out, g->shown_len, (uint32_t)g->n_gen, spec);

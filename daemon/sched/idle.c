@@ -115,8 +115,7 @@ void idle_pred_end(sched *s, bool complete)
     work *w = s->pred;
     gen *g = w->g;
     enum predict_end how = PREDICT_DROPPED;
-    if (complete && !w->failed && g->prefilled) {
-        gen_flush(s, w);
+    if (complete && !w->failed && g->prefilled && gen_flush(s, w)) {
         if (g->rq)
             rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
         how = PREDICT_RAN;

@@ -316,8 +316,9 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
 void gen_free(gen *g);
 
 /* The end of w's reply: the text the stop strings held back and a character left
- * unfinished (as U+FFFD) are released to the reply and the stream. */
-void gen_flush(sched *s, const work *w);
+ * unfinished (as U+FFFD) are released to the reply and the stream. false when memory
+ * ran out for the reply's text: w has failed. */
+bool gen_flush(sched *s, work *w);
 
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
@@ -330,7 +331,8 @@ void gen_note_token_time(sched *s, gen *g);
 
 /* Takes a chosen token: appends it (true), unless it ends the generation (end of
  * generation: false, nothing appended); streams the text the stop strings let through
- * and ends the generation at a stop string, max_tokens or a full window. */
+ * and ends the generation at a stop string, max_tokens or a full window. false too when
+ * memory ran out for the reply's text (w has failed). */
 bool gen_push_token(sched *s, work *w, int32_t token);
 
 /* A Call's switch-in; -1 with g->err_code and err on failure. */
