@@ -5,6 +5,7 @@
 #include "client/llms.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <math.h>
 #include <stdarg.h>
@@ -78,6 +79,19 @@ enum llms_status llms_connect(const char *socket_path, llms_conn **out, char err
         snprintf(err, LLMS_ERROR_MAX, "socket: %s", strerror(errno));
         free(c);
         return LLMS_ERR_IO;
+    }
+    /* A program that closed stdin, stdout or stderr gets the lowest free fd from socket();
+     * what it prints there later would reach the daemon as frames. */
+    if (c->fd <= STDERR_FILENO) {
+        int moved = fcntl(c->fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+        int saved = errno;
+        close(c->fd);
+        if (moved < 0) {
+            snprintf(err, LLMS_ERROR_MAX, "fcntl: %s", strerror(saved));
+            free(c);
+            return LLMS_ERR_IO;
+        }
+        c->fd = moved;
     }
     int rc;
     do

@@ -3,13 +3,16 @@
  * cancel, skipped frames of other ids, frames that arrive a byte at a time, error codes,
  * a daemon that refuses the stream, listings, tokens, the status call, the embed and
  * rerank calls (request fields, reply mapping, inconsistent replies), and KbAdd's
- * progress reports (asked for only with a callback; a callback that cancels).
+ * progress reports (asked for only with a callback; a callback that cancels); a
+ * connection never takes the fd of a closed standard stream.
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -656,6 +659,25 @@ static void connect_failures(void)
     CHECK(strcmp(llms_status_name(LLMS_ERR_PROTOCOL), "PROTOCOL") == 0);
 }
 
+/* A program that closed a standard stream (llms ask >&-, 2>&-) must not get its
+ * connection there: what it then prints would go to the daemon as frames. Runs last: its
+ * connection waits in the listen queue, and no fake daemon takes it. */
+static void connection_stays_off_standard_fds(void)
+{
+    int saved = dup(STDIN_FILENO);
+    CHECK(saved >= 0);
+    close(STDIN_FILENO);
+    llms_conn *c = NULL;
+    char err[LLMS_ERROR_MAX];
+    enum llms_status s = llms_connect(sock_path, &c, err);
+    int free_fd0 = fcntl(STDIN_FILENO, F_GETFD) < 0 && errno == EBADF;
+    llms_close(c);
+    dup2(saved, STDIN_FILENO);
+    close(saved);
+    CHECK_MSG(s == LLMS_OK, "connect: %s", err);
+    CHECK_MSG(free_fd0, "the connection took fd 0, which the program had closed");
+}
+
 int main(void)
 {
     snprintf(sock_path, sizeof sock_path, "%s/fake.sock", test_tmpdir());
@@ -678,6 +700,7 @@ int main(void)
     RUN(kb_add_progress_frames);
     RUN(daemon_refuses_stream);
     RUN(connect_failures);
+    RUN(connection_stays_off_standard_fds);
     close(listen_fd);
     return test_finish();
 }

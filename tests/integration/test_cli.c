@@ -600,6 +600,29 @@ static void llmsctl_is_not_an_app(void)
     CHECK_MSG(!strncmp(out, "{\"apps\":[", 9) && !strstr(out, "llmsctl"), "apps: %s", out);
 }
 
+/* With stdout or stderr closed, what llms would print there is lost, but the call works:
+ * the connection's socket does not take the closed fd, so no text reaches the daemon. */
+static void closed_stdout_or_stderr(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 3 ask hi >&-", llms_path,
+             llmsd.sock);
+    int rc = run(cmd, NULL, 0, err, sizeof err);
+    CHECK_MSG(rc == 0, "ask with stdout closed: exit %d: %s", rc, err);
+    CHECK_MSG(strstr(err, "llms: stop: max_tokens"), "stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd,
+             "printf 'one\\ntwo\\n' | '%s' --socket '%s' --app cli-closed --max-tokens 3 chat "
+             "2>&-", llms_path, llmsd.sock);
+    char out[4096];
+    rc = run(cmd, out, sizeof out, NULL, 0);
+    CHECK_MSG(rc == 0, "chat with stderr closed: exit %d", rc);
+    int lines = 0;
+    for (const char *p = out; *p; p++)
+        lines += *p == '\n';
+    CHECK_MSG(lines == 2, "two replies expected, got: '%s'", out);
+}
+
 static void bad_usage_fails(void)
 {
     if (!llmsd_path[0])
@@ -650,6 +673,7 @@ int main(int argc, char **argv)
     RUN(chat_resumes_and_ctx_commands);
     RUN(json_of_invalid_utf8_history_is_valid);
     RUN(kb_add_progress_bar_only_on_a_terminal);
+    RUN(closed_stdout_or_stderr);
     RUN(llmsctl_reports);
     RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);
