@@ -171,11 +171,12 @@ static int reply_whole(enum llms_stop_reason r)
 }
 
 /* Says on stderr why a reply stopped (always) and, for a cut reply, what cut it. */
-static void tell_stop(const llms_result *r)
+static void tell_stop(enum llms_stop_reason why, uint32_t generated_tokens,
+                      uint32_t prompt_tokens)
 {
     fprintf(stderr, "llms: stop: %s; %" PRIu32 " tokens generated, prompt %" PRIu32 " tokens\n",
-            llms_stop_reason_name(r->stop_reason), r->generated_tokens, r->prompt_tokens);
-    switch (r->stop_reason) {
+            llms_stop_reason_name(why), generated_tokens, prompt_tokens);
+    switch (why) {
     case LLMS_STOP_CONTEXT_FULL:
         fputs("llms: the reply was cut: the context window is full (its overflow is refuse)\n",
               stderr);
@@ -212,7 +213,7 @@ static int cmd_ask(llms_conn *c, const llms_params *p, const char *prompt, const
     if (s == LLMS_ERR_CANCELLED && interrupted) {
         rc = tell_interrupted();
     } else if (s == LLMS_OK) {
-        tell_stop(&r);
+        tell_stop(r.stop_reason, r.generated_tokens, r.prompt_tokens);
         rc = reply_whole(r.stop_reason) ? 0 : EXIT_CUT;
     } else {
         rc = report(c, s, "ask");
@@ -275,7 +276,7 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         /* A turn that ends the natural way needs no word. */
         enum llms_stop_reason why = r.stop_reason;
         if (s == LLMS_OK && why != LLMS_STOP_EOS && why != LLMS_STOP_STRING)
-            tell_stop(&r);
+            tell_stop(why, r.generated_tokens, r.prompt_tokens);
         if (s == LLMS_OK && r.window_slides)
             fprintf(stderr, "llms: the context window slid %" PRIu32 " time%s: the oldest turns "
                     "after the start are out of the model's view\n", r.window_slides,
@@ -712,8 +713,15 @@ static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t 
                           .system_prompt = system, .params = p,
                           .share_system_uid = share_system_uid};
     llms_rag_result r;
-    int rc = report(c, llms_rag_query(c, kb, question, &o, json ? NULL : print_text, NULL, &r),
-                    "rag");
+    enum llms_status s =
+        llms_rag_query(c, kb, question, &o, json ? NULL : print_text, NULL, &r);
+    if (s == LLMS_ERR_CANCELLED && interrupted) {
+        printf("\n");
+        fflush(stdout);
+        llms_rag_result_free(&r);
+        return tell_interrupted();
+    }
+    int rc = report(c, s, "rag");
     if (rc)
         return rc;
     if (json) {
@@ -746,9 +754,12 @@ static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t 
                         "prefill %.1f ms, decode %.1f ms]\n",
                 llms_rag_outcome_name(r.outcome), r.prompt_tokens, r.reused_tokens,
                 r.retrieve_ms, r.prefill_ms, r.decode_ms);
+        tell_stop(r.stop_reason, r.generated_tokens, r.prompt_tokens);
     }
+    /* an answer is a reply: a cut one ends with EXIT_CUT, as ask's does */
+    rc = reply_whole(r.stop_reason) ? 0 : EXIT_CUT;
     llms_rag_result_free(&r);
-    return 0;
+    return rc;
 }
 
 /* ---- graphs ---- */

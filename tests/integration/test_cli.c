@@ -1,8 +1,9 @@
 /*
  * The llms and llmsctl programs of this build against a real llmsd: ask, a piped
  * two-turn chat resumed with --context, ctx list/show/rm, llmsctl's text and --json
- * output (strings escaped, errors as one JSON object), and kb add's progress bar (on a
- * terminal only).
+ * output (strings escaped, errors as one JSON object), kb add's progress bar (on a
+ * terminal only), rag's exit status (a cut answer, an interrupted one) and closed standard
+ * streams.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -509,6 +510,98 @@ static void stop_reasons_through_the_cli(void)
     CHECK_EQ(request_lines, 0);
 }
 
+/* Runs a shell command with stdout on a pipe and sends sig to it once the first byte came;
+ * its exit status (-1 when no byte came or it did not exit). cmd should exec the program,
+ * so that the signal reaches it and not the shell. */
+static int interrupt_after_first_byte(const char *cmd, int sig)
+{
+    int fds[2];
+    if (pipe(fds) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char sink[256];
+    ssize_t got = read(fds[0], sink, 1);
+    if (got == 1)
+        kill(pid, sig);
+    while (read(fds[0], sink, sizeof sink) > 0)
+        ;
+    close(fds[0]);
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return got == 1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Makes knowledge base kb of one document on the daemon at sock, through llms. */
+static int rag_kb(const char *sock, const char *kb)
+{
+    char cmd[4096], file[700];
+    proc_fmt(file, sizeof file, "%s/%s.txt", test_tmpdir(), kb);
+    FILE *f = fopen(file, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < 300; i++)
+        fprintf(f, "word%d ", i % 50);
+    fclose(f);
+    proc_fmt(cmd, sizeof cmd,
+             "'%s' --socket '%s' kb create %s && '%s' --socket '%s' kb add %s '%s'", llms_path,
+             sock, kb, llms_path, sock, kb, file);
+    return run(cmd, NULL, 0, NULL, 0);
+}
+
+/* rag ends as ask does: why the answer stopped on stderr, status 3 when the full context
+ * cut it (with --json too, which says why in the JSON), 128+N when a signal cancelled it. */
+static void rag_exit_status_of_cut_answers(void)
+{
+    NEED_DAEMON();
+    char cmd[8192], out[16384], err[4096];
+    CHECK_EQ(rag_kb(llmsd.sock, "ragcut"), 0);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --temp 0 --max-tokens 2000 rag ragcut 'word3?'",
+             llms_path, llmsd.sock);
+    int rc = run(cmd, out, sizeof out, err, sizeof err);
+    CHECK_MSG(rc == 3, "exit %d: %s", rc, err);
+    CHECK_MSG(strstr(err, "llms: stop: context_full") && strstr(err, "cut"), "stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd,
+             "'%s' --socket '%s' --temp 0 --max-tokens 2000 --json rag ragcut 'word3?'",
+             llms_path, llmsd.sock);
+    rc = run(cmd, out, sizeof out, err, sizeof err);
+    CHECK_MSG(rc == 3, "--json: exit %d: %s", rc, err);
+    CHECK_MSG(strstr(out, "\"stop_reason\": \"context_full\""), "json: %s", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --temp 0 --max-tokens 2 rag ragcut 'word3?'",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "stderr: %s", err);
+
+    /* A daemon of its own whose answers take long enough to interrupt. */
+    llmsd_proc d;
+    CHECK(proc_start(&d, llmsd_path, "ragint", slow_model_path, "log_level = error\n") == 0);
+    int made = rag_kb(d.sock, "ragint");
+    char err_file[700];
+    proc_fmt(err_file, sizeof err_file, "%s/ragint.err", test_tmpdir());
+    proc_fmt(cmd, sizeof cmd,
+             "exec '%s' --socket '%s' --temp 0 --max-tokens 2000 rag ragint 'word3?' 2>'%s'",
+             llms_path, d.sock, err_file);
+    rc = made == 0 ? interrupt_after_first_byte(cmd, SIGINT) : -1;
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+    FILE *f = fopen(err_file, "r");
+    size_t n = f ? fread(err, 1, sizeof err - 1, f) : 0;
+    err[n] = '\0';
+    if (f)
+        fclose(f);
+    CHECK_EQ(made, 0);
+    CHECK_MSG(rc == 128 + SIGINT, "exit %d: %s", rc, err);
+    CHECK_MSG(strstr(err, "the reply was cancelled"), "stderr: %s", err);
+}
+
 /* A turn that fails (longer than the context) is reported and the chat goes on. */
 static void chat_goes_on_after_an_error(void)
 {
@@ -667,6 +760,7 @@ int main(int argc, char **argv)
     RUN(empty_input_is_invalid_argument);
     RUN(stop_reasons_through_the_cli);
     RUN(chat_goes_on_after_an_error);
+    RUN(rag_exit_status_of_cut_answers);
     RUN(llmsctl_is_not_an_app);
     RUN(state_names_agree);
     RUN(rerank_without_answer_tokens_names_the_settings);
