@@ -45,6 +45,18 @@ static void on_signal(int sig)
     interrupted = sig;
 }
 
+/* From here on SIGINT and SIGTERM cancel the call that streams (its callback sees the
+ * flag at the next piece) instead of ending the program. Only right before such a call:
+ * a call without pieces (bind, a listing, rag --json) could not see the flag, and the
+ * library retries its read after EINTR, so a daemon that does not answer would leave the
+ * program deaf to signals. No SA_RESTART: chat's read of stdin must see a signal too. */
+static void catch_signals(void)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static void usage(void)
 {
     printf("usage: llms [options] ask [PROMPT | -] [-f FILE]\n"
@@ -205,6 +217,7 @@ static int tell_interrupted(void)
 static int cmd_ask(llms_conn *c, const llms_params *p, const char *prompt, const char *system)
 {
     llms_result r;
+    catch_signals();
     enum llms_status s = llms_complete(c, prompt, system, 1, p, print_text, NULL, &r);
     if (s == LLMS_OK || s == LLMS_ERR_CANCELLED)
         printf("\n");
@@ -251,6 +264,7 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
         fprintf(stderr, "context %s (resume with: llms chat --context %s)\n", id, id);
     }
 
+    catch_signals();
     int tty = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t cap = 0;
@@ -675,6 +689,7 @@ static int cmd_kb(llms_conn *c, int argc, char **argv, int share_uid, const char
         uint32_t passages = 0;
         int tty = isatty(STDERR_FILENO);
         if (rc == 0) {
+            catch_signals();
             enum llms_status s = llms_kb_add_progress(c, argv[1], docs, (size_t)n,
                                                       kb_progress_bar, &tty, &passages);
             if (tty)
@@ -713,6 +728,8 @@ static int cmd_rag(llms_conn *c, const char *kb, const char *question, uint32_t 
                           .system_prompt = system, .params = p,
                           .share_system_uid = share_system_uid};
     llms_rag_result r;
+    if (!json)
+        catch_signals();
     enum llms_status s =
         llms_rag_query(c, kb, question, &o, json ? NULL : print_text, NULL, &r);
     if (s == LLMS_ERR_CANCELLED && interrupted) {
@@ -944,6 +961,8 @@ static int cmd_graph_run(llms_conn *c, const char *name, char **vars, int n,
         in[i] = (llms_graph_var){vars[i], eq + 1};
     }
     llms_graph_result r;
+    if (!json)
+        catch_signals();
     int rc = report(c, llms_graph_run_speculate(c, name, in, (size_t)n, p, spec,
                                                 json ? NULL : print_graph_event, NULL, &r),
                     "graph run");
@@ -1161,12 +1180,6 @@ int main(int argc, char **argv)
         free(pos);
         return 1;
     }
-
-    /* No SA_RESTART: a signal must not be lost inside a blocking read; the library
-     * retries after EINTR and the next streamed piece sees the flag. */
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
 
     llms_conn *c;
     char err[LLMS_ERROR_MAX];

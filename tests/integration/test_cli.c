@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #include "engine/gguf/gguf.h"
@@ -716,6 +718,47 @@ static void closed_stdout_or_stderr(void)
     CHECK_MSG(lines == 2, "two replies expected, got: '%s'", out);
 }
 
+/* Until a call that streams runs, SIGTERM ends llms as it ends any program: a daemon that
+ * never answers (here a socket nobody accepts on) must not leave llms deaf to signals, in
+ * its bind, a listing or a rag --json that has no piece to cancel at. */
+static void signals_end_calls_that_do_not_stream(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    char sock[700];
+    proc_fmt(sock, sizeof sock, "%s/wedged.sock", test_tmpdir());
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    CHECK(strlen(sock) < sizeof addr.sun_path);
+    memcpy(addr.sun_path, sock, strlen(sock) + 1);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(lfd >= 0);
+    CHECK(bind(lfd, (struct sockaddr *)&addr, sizeof addr) == 0 && listen(lfd, 8) == 0);
+    static const char *const cases[][4] = {
+        {"kb", "ls", NULL}, {"ask", "hi", NULL}, {"--json", "rag", "k", "q"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            execl(llms_path, "llms", "--socket", sock, cases[i][0], cases[i][1], cases[i][2],
+                  cases[i][3], (char *)NULL);
+            _exit(127);
+        }
+        usleep(300000);
+        kill(pid, SIGTERM);
+        int status = 0;
+        pid_t done = 0;
+        for (int t = 0; t < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; t++)
+            usleep(50000);
+        if (done == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+        CHECK_MSG(done == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM,
+                  "llms %s %s: still running 5 s after SIGTERM", cases[i][0], cases[i][1]);
+    }
+    close(lfd);
+}
+
 static void bad_usage_fails(void)
 {
     if (!llmsd_path[0])
@@ -771,6 +814,7 @@ int main(int argc, char **argv)
     RUN(llmsctl_reports);
     RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);
+    RUN(signals_end_calls_that_do_not_stream);
     if (llmsd_up == 1)
         proc_stop(&llmsd, SIGTERM);
     return test_finish();
