@@ -275,8 +275,12 @@ static int cmd_chat(llms_conn *c, const llms_params *p, const char *context, con
             fflush(stderr);
         }
         ssize_t n = getline(&line, &cap, stdin);
-        if (n < 0)
+        if (n < 0) {
+            /* a signal while waiting for a line ends the chat as one during a reply does */
+            if (interrupted)
+                rc = 128 + interrupted;
             break;
+        }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = '\0';
         if (n == 0)

@@ -718,6 +718,42 @@ static void closed_stdout_or_stderr(void)
     CHECK_MSG(lines == 2, "two replies expected, got: '%s'", out);
 }
 
+/* A signal while chat waits for the next line ends it with status 128+N, as one during a
+ * reply does (SIGINT there only cuts the reply). */
+static void chat_waiting_for_a_line_ends_on_sigterm(void)
+{
+    NEED_DAEMON();
+    int in[2], err[2];
+    CHECK(pipe(in) == 0 && pipe(err) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], STDIN_FILENO);
+        dup2(err[1], STDERR_FILENO);
+        close(in[0]);
+        close(in[1]);
+        close(err[0]);
+        close(err[1]);
+        execl(llms_path, "llms", "--socket", llmsd.sock, "--app", "cli-idle", "chat",
+              (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(err[1]);
+    /* the context line: chat has its context and waits on stdin */
+    char text[512];
+    ssize_t got = read(err[0], text, sizeof text - 1);
+    text[got > 0 ? got : 0] = '\0';
+    usleep(100000);
+    kill(pid, SIGTERM);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    close(in[1]);
+    close(err[0]);
+    CHECK_MSG(strstr(text, "context "), "stderr: %s", text);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "status %#x", status);
+}
+
 /* Until a call that streams runs, SIGTERM ends llms as it ends any program: a daemon that
  * never answers (here a socket nobody accepts on) must not leave llms deaf to signals, in
  * its bind, a listing or a rag --json that has no piece to cancel at. */
@@ -803,6 +839,7 @@ int main(int argc, char **argv)
     RUN(empty_input_is_invalid_argument);
     RUN(stop_reasons_through_the_cli);
     RUN(chat_goes_on_after_an_error);
+    RUN(chat_waiting_for_a_line_ends_on_sigterm);
     RUN(rag_exit_status_of_cut_answers);
     RUN(llmsctl_is_not_an_app);
     RUN(state_names_agree);
