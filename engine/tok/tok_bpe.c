@@ -12,14 +12,26 @@
 
 #include "engine/tok/tok_internal.h"
 
-#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+/* White space as llama.cpp's tables (Unicode's White_Space property) have it: RE_WS goes
+ * inside a class, RE_S stands for \s and RE_NS for \S. PCRE2's \s would also match
+ * U+180E MONGOLIAN VOWEL SEPARATOR (white space before Unicode 6.3, still in PCRE2's
+ * horizontal space list), splitting " \u180e!" after the space where llama.cpp keeps
+ * it one piece. */
+#define RE_WS                                                                             \
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
+    "\\x{205F}\\x{3000}"
+#define RE_S "[" RE_WS "]"
+#define RE_NS "[^" RE_WS "]"
+#define RE_GPT2                                                               \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" RE_WS "\\p{L}\\p{N}]+" \
+    "|" RE_S "+(?!" RE_NS ")"
 #define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-#define RE_LLAMA3                                                                               \
-    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
-                    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                           \
-    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
-                    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_LLAMA3                                                \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}" \
+    "| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n]*|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
+#define RE_QWEN2                                            \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
+    "| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n]*|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 #define RE_UPPER_LOWER(suffix)                                                    \
     "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" suffix \
@@ -69,32 +81,37 @@ static const pre_tokenizer pre_tokenizers[] = {
     {{"dbrx", "smaug-bpe"}, {RE_LLAMA3}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false, false},
     {{"deepseek-llm"},
-     {"[\r\n]", "\\s?[" RE_DEEPSEEK_LETTERS "]+",
-      "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
-      "\\s+$", RE_CJK, "\\p{N}+"},
+     {"[\r\n]", RE_S "?[" RE_DEEPSEEK_LETTERS "]+",
+      RE_S "?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
+      RE_S "+$", RE_CJK, "\\p{N}+"},
      false,
      false},
-    {{"deepseek-coder"}, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}, false, false},
+    {{"deepseek-coder"},
+     {"[\r\n]", RE_S "?\\p{L}+", RE_S "?\\p{P}+", RE_CJK, "\\p{N}"},
+     false,
+     false},
     {{"falcon"}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
      {"\\p{N}", RE_GPT2},
      false,
      false},
     {{"poro-chat", "bloom", "gpt3-finnish"},
-     {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"},
+     {" ?[^(" RE_WS "|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"},
      false,
      false},
     {{"viking"},
-     {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+", "\\p{N}"},
+     {" ?[^(" RE_WS "|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+",
+      "\\p{N}"},
      false,
      false},
     {{"tekken"},
-     {RE_UPPER_LOWER("") "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)"},
+     {RE_UPPER_LOWER("") "|\\p{N}| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n/]*"
+                         "|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")"},
      true,
      true},
     {{"gpt-4o"},
-     {RE_UPPER_LOWER(RE_CONTRACTIONS "?") "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
-                                          "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     {RE_UPPER_LOWER(RE_CONTRACTIONS "?") "|\\p{N}{1,3}| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n/]*"
+                                          "|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"},
      false,
      false},
 };

@@ -500,6 +500,37 @@ static void test_pre_tokenizers(void)
     CHECK_MSG(strstr(err, "no-such-pre"), "%s", err);
 }
 
+/* Exact ids where the pre-tokenizer once split differently from llama.cpp. The ids are
+ * llama.cpp's (commit c392e5094, llama_tokenize without add_special / parse_special on
+ * the GPT-2 vocabulary re-labelled with pre). */
+static void test_pre_tokenizer_ids(void)
+{
+    if (!vocab_path("gpt-2"))
+        SKIP("vocab/ggml-vocab-gpt-2.gguf not found");
+    static const struct {
+        const char *pre, *text;
+        int n;
+        int32_t ids[8];
+    } cases[] = {
+        /* U+180E MONGOLIAN VOWEL SEPARATOR is not white space (since Unicode 6.3), so
+         * it joins the punctuation run after the space */
+        {"gpt-2", " \xe1\xa0\x8e!", 4, {28053, 254, 236, 0}},
+        {"llama3", "a \xe1\xa0\x8e!", 5, {64, 28053, 254, 236, 0}},
+    };
+    char err[ERR_MAX];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = 0;
+        tokenizer *t = gpt2_with_pre(cases[i].pre, err);
+        CHECK_MSG(t, "%s: %s", cases[i].pre, err);
+        int32_t ids[64];
+        int n = enc(t, cases[i].text, false, false, ids, 64);
+        tok_free(t);
+        CHECK_MSG(ids_eq(ids, n, cases[i].ids, cases[i].n), "pre '%s', \"%s\": want%s, got%s",
+                  cases[i].pre, esc(cases[i].text, strlen(cases[i].text)),
+                  ids_str(cases[i].ids, cases[i].n), ids_str(ids, n < 0 ? 0 : n));
+    }
+}
+
 /* ---- small hand-built vocabularies (no test data needed) ---- */
 
 typedef struct {
@@ -715,6 +746,7 @@ int main(void)
     RUN(test_bpe_specials);
     RUN(test_wpm_specials);
     RUN(test_pre_tokenizers);
+    RUN(test_pre_tokenizer_ids);
     RUN(test_spm_merge_order);
     RUN(test_bpe_small);
     RUN(test_bad_metadata);
