@@ -33,9 +33,13 @@
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
     "| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n]*|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
-#define RE_UPPER_LOWER(suffix)                                                    \
-    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" suffix \
-    "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" suffix
+/* A run of letters other than a-z, then of letters other than A-Z (or the reverse).
+ * llama.cpp writes "a letter other than a-z" as ((?=[\p{L}])([^a-z])); a repeated group
+ * costs PCRE2 a backtracking frame per letter, so a word of some 850 letters ran out of
+ * JIT stack and the encode failed. The single class [^\P{L}a-z] matches the same. */
+#define RE_UPPER_LOWER(suffix)                                \
+    "[^\\r\\n\\p{L}\\p{N}]?[^\\P{L}a-z]*[^\\P{L}A-Z]+" suffix \
+    "|[^\\r\\n\\p{L}\\p{N}]?[^\\P{L}a-z]+[^\\P{L}A-Z]*" suffix
 /* Cased letters, as DeepSeek's tokenizer lists them. */
 #define RE_DEEPSEEK_LETTERS                                                                \
     "A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}"         \

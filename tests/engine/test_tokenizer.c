@@ -529,6 +529,22 @@ static void test_pre_tokenizer_ids(void)
                   cases[i].pre, esc(cases[i].text, strlen(cases[i].text)),
                   ids_str(cases[i].ids, cases[i].n), ids_str(ids, n < 0 ? 0 : n));
     }
+    /* A word of 1000 letters: llama.cpp gives 250 tokens "aaaa" (24794) with tekken's
+     * upper/lower-case regex, which must not run out of backtracking stack. */
+    char word[1001];
+    memset(word, 'a', 1000);
+    word[1000] = 0;
+    tokenizer *t = gpt2_with_pre("tekken", err);
+    CHECK_MSG(t, "tekken: %s", err);
+    int32_t *ids = malloc(1000 * sizeof *ids);
+    int n = enc(t, word, false, false, ids, 1000);
+    int n_aaaa = 0;
+    for (int i = 0; i < n && i < 1000; i++)
+        n_aaaa += ids[i] == 24794;
+    free(ids);
+    tok_free(t);
+    CHECK_MSG(n == 250 && n_aaaa == 250, "1000 letters with tekken: %d tokens, %d of them 24794",
+              n, n_aaaa);
 }
 
 /* ---- small hand-built vocabularies (no test data needed) ---- */
