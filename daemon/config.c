@@ -245,12 +245,14 @@ static const key_def keys[] = {
         "(Qwen3-Embedding, gte-Qwen2; pooled as its `{arch}.pooling_type` says), e.g. "
         "/var/lib/llmsd/bge-small-en-v1.5-f16.gguf; opened and mapped at start (a file that "
         "cannot embed stops the daemon with a message); `none`: the `model` embeds"),
-    NODEF(rerank_model, "/var/lib/llmsd/model.gguf",
-          "shorthand for a registry model with the rerank role, named after its file, the "
-          "default for Rerank: a decoder reranker (Qwen3-Reranker) or a bert cross-encoder "
-          "with a classification head (bge-reranker, ms-marco MiniLM); its reranker opens on "
-          "its first Rerank call. The same file as `model` adds the role to that model "
-          "(mapped once); unset: the `model`"),
+    /* "none" by default, as embed_model: a sample value would name a file that the
+     * installed llmsd.conf then makes the daemon open, whatever `model` is set to */
+    OPT(rerank_model,
+        "shorthand for a registry model with the rerank role, named after its file, the "
+        "default for Rerank: a decoder reranker (Qwen3-Reranker) or a bert cross-encoder "
+        "with a classification head (bge-reranker, ms-marco MiniLM); its reranker opens on "
+        "its first Rerank call. The same file as `model` adds the role to that model "
+        "(mapped once); `none`: the `model`"),
     INT(rerank_stream_weights, 0, 1, "1",
         "1 = the reranker reads each layer's weights from the file while the previous layer "
         "computes (two layer buffers) instead of mapping the whole model"),

@@ -79,7 +79,7 @@ typedef struct config {
     /* Embed and Rerank (daemon/sched/semantic.h). */
     int embed_max_texts;               /* texts per Embed request */
     char embed_model[CONFIG_PATH_MAX]; /* bert encoder GGUF for Embed; "" (none) = model */
-    char rerank_model[CONFIG_PATH_MAX];/* reranker GGUF; "" = model */
+    char rerank_model[CONFIG_PATH_MAX];/* reranker GGUF; "" (none) = model */
     int rerank_stream_weights;         /* 1: read layers from the file, not mapped whole */
     int rerank_memory_mb;              /* activations of one chunk of candidates; 0: engine's */
     int rerank_yes_token;              /* -1: find "yes" in the vocabulary */

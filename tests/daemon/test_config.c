@@ -326,7 +326,9 @@ static void sample_conf_is_current(void)
     check_generated("systemd/llmsd.conf", CONFIG_DOC_CONF);
 }
 
-/* The sample llmsd.conf sets every key to its default, the keys without one aside. */
+/* The sample llmsd.conf sets every key to its default, the model aside: an admin who
+ * installs it and sets `model` gets the defaults of every other key (a sample
+ * rerank_model naming a file beside the model stopped the daemon at start). */
 static void sample_conf_sets_the_defaults(void)
 {
     char *sample = generate(CONFIG_DOC_CONF);
@@ -340,9 +342,8 @@ static void sample_conf_sets_the_defaults(void)
     CHECK_MSG(config_defaults(&have, err) == 0, "%s", err);
     CHECK_MSG(config_load(&have, path, err) == 0, "%s", err);
     CHECK_EQ(config_check(&have, err), 0);
-    CHECK(have.model[0] && have.rerank_model[0] && have.n_models == 0);
+    CHECK(have.model[0] && have.n_models == 0);
     memcpy(want.model, have.model, sizeof want.model);
-    memcpy(want.rerank_model, have.rerank_model, sizeof want.rerank_model);
     CHECK(memcmp(&want, &have, sizeof want) == 0);
 }
 
