@@ -277,6 +277,31 @@ static void sysusers_creates_accounts(void)
     CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "accounts missing in %s/etc", root);
 }
 
+/*
+ * The unit's syscall allow-list (SystemCallFilter=, its @groups expanded by
+ * systemd-analyze) has the syscalls llmsd makes outside @system-service: mincore, for
+ * a model's resident bytes (ListModels, Status) and a stored chunk's cached share
+ * (switch-in planning, where cachestat is refused or missing). Refused (EPERM), every
+ * mapped model reads 0 bytes resident and every chunk is planned as a cold read.
+ */
+static void unit_allows_its_syscalls(void)
+{
+    if (!have_program("systemd-analyze"))
+        SKIP("systemd-analyze is not installed");
+    static const char *const needed[] = {"mincore"};
+    char cmd[4096], out[4096];
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
+        fmt(cmd, sizeof cmd,
+            "expand() { for s; do case $s in @*) expand $(systemd-analyze syscall-filter "
+            "\"$s\" | sed -n 's/^    \\([@a-z0-9_-]*\\)$/\\1/p');; *) echo \"$s\";; esac; "
+            "done; }; expand $(sed -n 's/^SystemCallFilter=//p' '%s/systemd/llmsd.service') "
+            "| grep -qx '%s'",
+            srcdir, needed[i]);
+        CHECK_MSG(run_capture(cmd, out, sizeof out) == 0,
+                  "llmsd.service's SystemCallFilter= refuses %s %s", needed[i], out);
+    }
+}
+
 /* The example config is valid for this daemon and documents every key it knows. */
 static void example_config_matches_daemon(void)
 {
@@ -337,6 +362,7 @@ int main(int argc, char **argv)
     }
 
     RUN(example_config_matches_daemon);
+    RUN(unit_allows_its_syscalls);
     RUN(installed_tree);
     RUN(existing_config_is_kept);
     RUN(pkg_config_builds_an_app);
