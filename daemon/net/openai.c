@@ -624,6 +624,46 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
     return 0;
 }
 
+/* Whether a field's value asks for nothing: null, false or an empty array. */
+static bool asks_nothing(json_object *v)
+{
+    return json_object_is_type(v, json_type_null) ||
+           (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
+           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0);
+}
+
+/* Fields of a completion or chat that ask for what llmsd does not produce are refused,
+ * naming the field: a reply that left them out would pass for one that honoured them
+ * (null logprobs read as none, no tool_calls as the model not calling, plain text parsed
+ * as JSON). Their "off" values, which clients send by default, pass. 0, or -1 with msg. */
+static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
+{
+    static const struct {
+        const char *field, *why;
+    } asks[] = {
+        /* a completion's logprobs is a count: 0 still asks for the chosen tokens' */
+        {"logprobs", "log probabilities are not returned"},
+        {"tools", "tool calls are not supported"},
+        {"functions", "function calls are not supported"},
+        {"echo", "the prompt is not echoed"},
+    };
+    json_object *v, *type;
+    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
+        if (json_object_object_get_ex(body, asks[i].field, &v) && !asks_nothing(v)) {
+            snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
+            return -1;
+        }
+    if (json_object_object_get_ex(body, "response_format", &v) &&
+        !json_object_is_type(v, json_type_null) &&
+        !(json_object_object_get_ex(v, "type", &type) &&
+          json_object_is_type(type, json_type_string) &&
+          strcmp(json_object_get_string(type), "text") == 0)) {
+        snprintf(msg, cap, "'response_format': only {\"type\": \"text\"} is supported");
+        return -1;
+    }
+    return 0;
+}
+
 /* A message's content: a string, or text parts joined (into *owned, to free). */
 static const char *message_content(json_object *m, char **owned, char *msg, size_t cap)
 {
@@ -745,7 +785,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     /* A rendered chat carries its template's end of turn as one more stop string. */
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
-    if (read_params(hr->body, &gp, stops, max_stops, msg, cap))
+    if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
+        refuse_unhonoured(hr->body, msg, cap))
         goto bad;
     char *prompt = NULL;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;

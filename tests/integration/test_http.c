@@ -394,6 +394,66 @@ static void errors_are_openai_shaped(void)
     CHECK(ok);
 }
 
+/* A field asking for what the gateway cannot produce (log probabilities, tool calls, a
+ * response format, the prompt echoed) is refused naming it: answered as if honoured, the
+ * client reads null logprobs, no tool_calls or text that is not JSON as the model's
+ * answer. The values OpenAI clients send that ask for nothing of the kind still pass. */
+static void unhonoured_fields_are_refused(void)
+{
+    NEED(daemon_up, start_daemon());
+    static const struct {
+        const char *path, *field, *name;
+    } refused[] = {
+        {"/v1/chat/completions", "\"logprobs\":true", "logprobs"},
+        {"/v1/chat/completions", "\"logprobs\":true,\"top_logprobs\":2", "logprobs"},
+        {"/v1/chat/completions",
+         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]",
+         "tools"},
+        {"/v1/chat/completions", "\"functions\":[{\"name\":\"f\",\"parameters\":{}}]", "functions"},
+        {"/v1/chat/completions", "\"response_format\":{\"type\":\"json_object\"}",
+         "response_format"},
+        {"/v1/chat/completions",
+         "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\"}}",
+         "response_format"},
+        {"/v1/completions", "\"logprobs\":0", "logprobs"},
+        {"/v1/completions", "\"logprobs\":5", "logprobs"},
+        {"/v1/completions", "\"echo\":true", "echo"},
+    };
+    static const char *const accepted[] = {
+        "\"logprobs\":false", "\"logprobs\":null", "\"tools\":[]", "\"tools\":null",
+        "\"functions\":[]", "\"response_format\":{\"type\":\"text\"}", "\"response_format\":null",
+        "\"echo\":false", "\"user\":\"u-1\"", "\"seed\":7", "\"n\":1", "\"presence_penalty\":0",
+        "\"frequency_penalty\":0", "\"logit_bias\":{}", "\"parallel_tool_calls\":true",
+        "\"metadata\":{\"k\":\"v\"}", "\"store\":false", "\"tool_choice\":\"none\"",
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        bool chat = strcmp(refused[i].path, "/v1/chat/completions") == 0;
+        snprintf(body, sizeof body, "{%s,\"max_tokens\":2,%s}",
+                 chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" : "\"prompt\":\"hi\"",
+                 refused[i].field);
+        httpc_reply r;
+        CHECK(httpc_do(hsock, 0, "POST", refused[i].path, NULL, body, &r) == 0);
+        json_object *o = json_tokener_parse(r.body);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(r.status == 400 && msg && strstr(msg, refused[i].name), "%s %s: %d %s",
+                  refused[i].path, body, r.status, r.body);
+        json_object_put(o);
+        httpc_reply_free(&r);
+    }
+    for (size_t i = 0; i < sizeof accepted / sizeof *accepted; i++)
+        for (int chat = 0; chat < 2; chat++) {
+            snprintf(body, sizeof body, "{%s,\"max_tokens\":2,%s}",
+                     chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+                          : "\"prompt\":\"hi\"",
+                     accepted[i]);
+            int st;
+            json_object *o = post(chat ? "/v1/chat/completions" : "/v1/completions", body, &st);
+            CHECK_MSG(o && st == 200, "%s: %d", body, st);
+            json_object_put(o);
+        }
+}
+
 static void malformed_input_never_crashes(void)
 {
     NEED(daemon_up, start_daemon());
@@ -972,6 +1032,7 @@ int main(int argc, char **argv)
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
     RUN(errors_are_openai_shaped);
+    RUN(unhonoured_fields_are_refused);
     RUN(malformed_input_never_crashes);
     RUN(random_bodies_never_crash);
     RUN(tcp_needs_a_token);
