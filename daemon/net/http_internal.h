@@ -42,6 +42,7 @@ typedef struct hreq {
     enum route route;
     json_object *body;         /* the parsed request, kept for the texts it holds */
     bool stream, include_usage, base64, return_documents;
+    uint32_t dimensions;       /* an embedding request's "dimensions", or 0: none asked */
     bool started;              /* the SSE reply (headers and chunks) has begun */
     bool done;                 /* answered (or gone): only freeing is left */
     bool cancel_sent;          /* the client reads too slowly: generation cancelled */

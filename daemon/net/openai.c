@@ -425,6 +425,16 @@ void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
 {
     http *h = hr->h;
     http_req_finish(hr);
+    /* A model's vectors have one length, which only it knows: vectors of another length
+     * than the client asked for would pass for the ones it asked for, and cutting them
+     * short is right for models trained so only. */
+    if (hr->dimensions && e->n_vectors && e->vectors[0]->n_values != hr->dimensions) {
+        openai_send_error(h, hr->wc, hr->route, 400, "invalid_request_error", "invalid_argument",
+                          "'dimensions' is %u, but the model '%s' gives vectors of %zu "
+                          "dimensions and cannot shorten them", (unsigned)hr->dimensions,
+                          hr->model, e->vectors[0]->n_values);
+        return;
+    }
     json_object *o = json_object_new_object(), *data = json_object_new_array();
     if (!o || !data) {
         json_object_put(o);
@@ -956,6 +966,16 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             goto bad;
         }
         hr->base64 = strcmp(f, "base64") == 0;
+    }
+    if ((rc = field(hr->body, "dimensions", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc) {
+        int64_t d = json_object_get_int64(v);
+        if (d < 1 || d > UINT32_MAX) {
+            snprintf(msg, cap, "'dimensions' must be a positive integer");
+            goto bad;
+        }
+        hr->dimensions = (uint32_t)d;
     }
     if (!json_object_object_get_ex(hr->body, "input", &in)) {
         snprintf(msg, cap, "'input' is required");

@@ -320,6 +320,39 @@ static void embeddings_float_and_base64(void)
     llms_embeddings_free(&want);
 }
 
+/* "dimensions" the model's vectors do not have is refused naming it, as OpenAI refuses
+ * it of a model that cannot shorten its vectors: answered with the model's own length,
+ * the client stored vectors of another size than the one it asked for. */
+static void embedding_dimensions_are_checked(void)
+{
+    NEED(daemon_up, start_daemon());
+    int st;
+    json_object *o = post("/v1/embeddings", "{\"input\":\"some text\"}", &st);
+    CHECK(o && st == 200);
+    json_object *data, *v;
+    CHECK(json_object_object_get_ex(o, "data", &data));
+    CHECK(json_object_object_get_ex(json_object_array_get_idx(data, 0), "embedding", &v));
+    size_t dim = json_object_array_length(v);
+    json_object_put(o);
+    char body[256];
+    snprintf(body, sizeof body, "{\"input\":\"some text\",\"dimensions\":%zu}", dim);
+    o = post("/v1/embeddings", body, &st);
+    CHECK_MSG(o && st == 200, "%s: %d", body, st);
+    json_object_put(o);
+    o = post("/v1/embeddings", "{\"input\":\"some text\",\"dimensions\":null}", &st);
+    CHECK_MSG(o && st == 200, "null dimensions: %d", st);
+    json_object_put(o);
+    const char *bad[] = {"8", "0", "\"8\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, "{\"input\":[\"a\",\"b\"],\"dimensions\":%s}", bad[i]);
+        o = post("/v1/embeddings", body, &st);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && msg && strstr(msg, "dimensions"), "%s: %d %s", body, st,
+                  o ? json_object_to_json_string(o) : "");
+        json_object_put(o);
+    }
+}
+
 /* Status and error code of an exchange. */
 static void expect_error(const char *method, const char *path, const char *headers,
                          const char *body, int want_status, const char *want_code, int *ok)
@@ -1031,6 +1064,7 @@ int main(int argc, char **argv)
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
+    RUN(embedding_dimensions_are_checked);
     RUN(errors_are_openai_shaped);
     RUN(unhonoured_fields_are_refused);
     RUN(malformed_input_never_crashes);
