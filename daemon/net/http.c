@@ -462,6 +462,9 @@ static enum route route_of(const char *uri, size_t *len)
     *len = n;
     if (n == 7 && strncmp(uri, "/rerank", 7) == 0)
         return R_RERANK;
+    /* /v1/models/{id}: one model, the rest of the path its name */
+    if (n > 11 && strncmp(uri, "/v1/models/", 11) == 0)
+        return R_MODELS;
     for (int r = 0; r < R_OTHER; r++)
         if (strlen(route_path[r]) == n && strncmp(uri, route_path[r], n) == 0)
             return (enum route)r;
@@ -819,7 +822,9 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         return false;
     }
     if (r == R_MODELS) {
-        openai_send_models(h, wc);
+        size_t base = strlen(route_path[R_MODELS]); /* "/v1/models", then "/{id}" or none */
+        openai_send_models(h, wc, plen > base ? uri + base + 1 : NULL,
+                           plen > base ? plen - base - 1 : 0);
         return false;
     }
     if (r == R_METRICS) {

@@ -150,7 +150,8 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 
-/* Answers GET /v1/models from h's view of the registry. */
-void openai_send_models(http *h, httpwire_conn *wc);
+/* Answers GET /v1/models (id NULL) or GET /v1/models/{id} (id_len bytes) from h's view
+ * of the registry. */
+void openai_send_models(http *h, httpwire_conn *wc, const char *id, size_t id_len);
 
 #endif

@@ -1087,32 +1087,57 @@ static json_object *role_array(unsigned roles)
     return a;
 }
 
-/* Every model of the registry, the default generate model first (clients that take the
- * first as theirs get what a request naming none gets); OpenAI's shape, with each
- * model's roles and the roles it is the default for in "llmsd". */
-void openai_send_models(http *h, httpwire_conn *wc)
+/* A model in OpenAI's shape, with its roles and the roles it is the default for in
+ * "llmsd"; NULL when out of memory. */
+static json_object *model_obj(const models_view_entry *e)
 {
+    json_object *m = json_object_new_object(), *x = json_object_new_object();
+    if (!m || !x) {
+        json_object_put(m);
+        json_object_put(x);
+        return NULL;
+    }
+    json_object_object_add(m, "id", json_object_new_string(e->name));
+    json_object_object_add(m, "object", json_object_new_string("model"));
+    json_object_object_add(m, "created", json_object_new_int64(0));
+    json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
+    json_object_object_add(x, "roles", role_array(e->roles));
+    json_object_object_add(x, "default_for", role_array(e->defaults));
+    json_object_object_add(m, "llmsd", x);
+    return m;
+}
+
+/* GET /v1/models: every model of the registry, the default generate model first (clients
+ * that take the first as theirs get what a request naming none gets). GET
+ * /v1/models/{id} (id: id_len bytes): that one model, 404 model_not_found when the
+ * registry has none of that name. */
+void openai_send_models(http *h, httpwire_conn *wc, const char *id, size_t id_len)
+{
+    if (id) {
+        for (size_t i = 0; i < h->view.n; i++) {
+            const models_view_entry *e = &h->view.entries[i];
+            if (strlen(e->name) == id_len && memcmp(e->name, id, id_len) == 0) {
+                http_send_json(h, wc, R_MODELS, 200, model_obj(e));
+                return;
+            }
+        }
+        openai_send_error(h, wc, R_MODELS, 404, "invalid_request_error", "model_not_found",
+                          "the model '%.*s' does not exist", (int)(id_len > 200 ? 200 : id_len),
+                          id);
+        return;
+    }
     json_object *o = json_object_new_object(), *data = json_object_new_array();
     const models_view_entry *first = http_view_default(h, MODELS_GENERATE);
     for (size_t i = 0; i <= h->view.n && o && data; i++) {
         const models_view_entry *e = i == 0 ? first : &h->view.entries[i - 1];
         if (!e || (i > 0 && e == first))
             continue;
-        json_object *m = json_object_new_object(), *x = json_object_new_object();
-        if (!m || !x) {
-            json_object_put(m);
-            json_object_put(x);
+        json_object *m = model_obj(e);
+        if (!m) {
             json_object_put(o);
             o = NULL;
             break;
         }
-        json_object_object_add(m, "id", json_object_new_string(e->name));
-        json_object_object_add(m, "object", json_object_new_string("model"));
-        json_object_object_add(m, "created", json_object_new_int64(0));
-        json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
-        json_object_object_add(x, "roles", role_array(e->roles));
-        json_object_object_add(x, "default_for", role_array(e->defaults));
-        json_object_object_add(m, "llmsd", x);
         json_object_array_add(data, m);
     }
     if (o)

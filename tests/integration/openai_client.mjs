@@ -22,6 +22,9 @@ function check(name, cond, why) {
 const models = await client.models.list();
 check('models', models.data.length >= 1 && models.data[0].id === model, JSON.stringify(models.data));
 
+const one = await client.models.retrieve(model);
+check('models retrieve', one.id === model && one.object === 'model', JSON.stringify(one));
+
 const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'hello' }];
 const chat = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0 });
 const text = chat.choices[0].message.content;

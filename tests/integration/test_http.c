@@ -373,6 +373,30 @@ static void expect_error(const char *method, const char *path, const char *heade
     httpc_reply_free(&r);
 }
 
+/* GET /v1/models/{id} (what the openai clients' models.retrieve asks): the model as
+ * /v1/models lists it, 404 model_not_found for a name not served. */
+static void one_model_by_id(void)
+{
+    NEED(daemon_up, start_daemon());
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/v1/models/http", NULL, NULL, &r) == 0);
+    json_object *o = json_tokener_parse(r.body);
+    CHECK_MSG(r.status == 200 && o, "%d %s", r.status, r.body);
+    httpc_reply_free(&r);
+    CHECK(httpc_jstr(o, "id") && strcmp(httpc_jstr(o, "id"), "http") == 0);
+    CHECK(httpc_jstr(o, "object") && strcmp(httpc_jstr(o, "object"), "model") == 0);
+    CHECK(httpc_jstr(o, "owned_by") && httpc_jstr(o, "created"));
+    CHECK(httpc_jstr(o, "llmsd.roles.0") && strcmp(httpc_jstr(o, "llmsd.roles.0"), "generate") == 0);
+    json_object_put(o);
+    int ok;
+    expect_error("GET", "/v1/models/gpt-4o", NULL, NULL, 404, "model_not_found", &ok);
+    CHECK(ok);
+    expect_error("POST", "/v1/models/http", NULL, "{}", 405, "method_not_allowed", &ok);
+    CHECK(ok);
+    expect_error("GET", "/v1/models/", NULL, NULL, 404, "unknown_route", &ok);
+    CHECK(ok);
+}
+
 static void errors_are_openai_shaped(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1059,6 +1083,7 @@ int main(int argc, char **argv)
     slow.type = QTYPE_Q8_0;
     proc_generate_model(slow_model_path, sizeof slow_model_path, "slow.gguf", &slow);
     RUN(health_and_models);
+    RUN(one_model_by_id);
     RUN(chat_matches_native_complete);
     RUN(completion_matches_native);
     RUN(streamed_equals_whole);
