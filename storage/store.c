@@ -696,10 +696,16 @@ int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX
     if (run(s, st, what, err) != 0)
         return -1;
     *found = sqlite3_changes(s->db) > 0;
+    if (!*found)
+        return 0;
     /* The chunk rows went with the context (ON DELETE CASCADE); their files follow. */
-    if (*found)
-        store_chunks_remove_context(s, id);
-    return *found ? store_reclaim(s, err) : 0;
+    store_chunks_remove_context(s, id);
+    /* The delete is committed: a give-back that fails (a full disk) must not report it
+     * failed, or the daemon would keep a context the store no longer has. The free
+     * pages stay for new rows, and the next delete gives them back. */
+    char ignored[ERR_MAX];
+    store_reclaim(s, ignored);
+    return 0;
 }
 
 /* Walks the rows of a context query, calling fn on each; *n gets the row count. */

@@ -72,7 +72,8 @@ int store_context_create(store *s, const char *id, int64_t app_id, const char *s
 
 /* Deletes a context and its turns; *found says whether it existed. Once deleted rows
  * leave more than a few MiB of free pages, they are given back to the file system
- * (incremental vacuum, then a checkpoint that truncates the log). */
+ * (incremental vacuum, then a checkpoint that truncates the log); a give-back that fails
+ * (a full disk) does not fail the delete, and a later delete gives them back. */
 int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX]);
 
 /* Gives up to max_pages free pages back to the file system (incremental vacuum), once

@@ -535,6 +535,131 @@ static void deletes_give_space_back(void)
               after);
 }
 
+/* A disk that fills up right after a commit: once armed, the next commit to the
+ * write-ahead log (sqlite's WAL hook on every connection the store opens) fills it, and from then on every write sqlite makes fails with ENOSPC. */
+static enum { DISK_OK, DISK_ARMED, DISK_FULL } disk_state;
+static sqlite3_syscall_ptr real_write, real_pwrite, real_pwrite64;
+
+static ssize_t full_write(int fd, const void *buf, size_t n)
+{
+    if (disk_state == DISK_FULL) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return ((ssize_t(*)(int, const void *, size_t))real_write)(fd, buf, n);
+}
+
+static ssize_t full_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    if (disk_state == DISK_FULL) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return ((ssize_t(*)(int, const void *, size_t, off_t))real_pwrite)(fd, buf, n, off);
+}
+
+static ssize_t full_pwrite64(int fd, const void *buf, size_t n, off_t off)
+{
+    if (disk_state == DISK_FULL) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return ((ssize_t(*)(int, const void *, size_t, off_t))real_pwrite64)(fd, buf, n, off);
+}
+
+static int fill_disk_on_commit(void *arg, sqlite3 *db, const char *name, int n_frames)
+{
+    (void)arg, (void)db, (void)name, (void)n_frames;
+    if (disk_state == DISK_ARMED)
+        disk_state = DISK_FULL;
+    return SQLITE_OK;
+}
+
+/* sqlite sets its own WAL hook (the auto-checkpoint) once a connection is open: ours
+ * goes in as each statement starts. */
+static int hook_commits_now(unsigned what, void *arg, void *stmt, void *sql)
+{
+    (void)what, (void)arg, (void)sql;
+    sqlite3_wal_hook(sqlite3_db_handle(stmt), fill_disk_on_commit, NULL);
+    return 0;
+}
+
+static int hook_commits(sqlite3 *db, char **msg, const void *api)
+{
+    (void)msg, (void)api;
+    sqlite3_trace_v2(db, SQLITE_TRACE_STMT, hook_commits_now, NULL);
+    return SQLITE_OK;
+}
+
+/* Routes sqlite's writes through the full_* wrappers (on) or back (off). */
+static void disk_can_fill(bool on)
+{
+    sqlite3_vfs *vfs = sqlite3_vfs_find(NULL);
+    disk_state = DISK_OK;
+    if (!on) {
+        vfs->xSetSystemCall(vfs, NULL, NULL);
+        sqlite3_reset_auto_extension();
+        return;
+    }
+    real_write = vfs->xGetSystemCall(vfs, "write");
+    real_pwrite = vfs->xGetSystemCall(vfs, "pwrite");
+    real_pwrite64 = vfs->xGetSystemCall(vfs, "pwrite64");
+    if (real_write)
+        vfs->xSetSystemCall(vfs, "write", (sqlite3_syscall_ptr)full_write);
+    if (real_pwrite)
+        vfs->xSetSystemCall(vfs, "pwrite", (sqlite3_syscall_ptr)full_pwrite);
+    if (real_pwrite64)
+        vfs->xSetSystemCall(vfs, "pwrite64", (sqlite3_syscall_ptr)full_pwrite64);
+    sqlite3_auto_extension((void (*)(void))hook_commits);
+}
+
+/* A delete that commits and then finds the disk full while it gives the freed pages
+ * back has still deleted the context: it says so (0, found), as the daemon keeps its
+ * view of the store by what the call returns. */
+static void delete_on_a_full_disk(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("delete-full");
+    disk_can_fill(true);
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    int64_t app;
+    CHECK(store_app_id(s, 5, "full", &app, err) == 0);
+    enum { BYTES = 6 << 20 };
+    char *prompt = malloc(BYTES + 1);
+    CHECK(prompt);
+    memset(prompt, 'x', BYTES);
+    prompt[BYTES] = '\0';
+    int rc = store_context_create(s, "big", app, prompt, NULL, 0, 1, err);
+    free(prompt);
+    CHECK_MSG(rc == 0, "%s", err);
+    CHECK(store_context_create(s, "kept", app, "small", NULL, 0, 1, err) == 0);
+
+    disk_state = DISK_ARMED;
+    bool found;
+    rc = store_context_delete(s, "big", &found, err);
+    bool filled = disk_state == DISK_FULL;
+    disk_state = DISK_OK;
+    CHECK(filled); /* the delete committed, then the disk was full */
+    CHECK_MSG(rc == 0 && found, "rc %d, found %d: %s", rc, found, err);
+    CHECK(store_context_get(s, "big", NULL, NULL, &found, err) == 0 && !found);
+    store_close(s);
+
+    s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    seen all = {0};
+    CHECK(store_context_list(s, -1, see_context, &all, err) == 0);
+    CHECK_EQ(all.n, 1);
+    CHECK(strcmp(all.id[0], "kept") == 0);
+    /* the pages the full disk kept go back with the next delete */
+    long before = file_size(dir, "llmsd.db");
+    CHECK(store_context_delete(s, "kept", &found, err) == 0 && found);
+    store_close(s);
+    disk_can_fill(false);
+    CHECK_MSG(before > BYTES && file_size(dir, "llmsd.db") < (2 << 20), "%ld bytes, then %ld",
+              before, file_size(dir, "llmsd.db"));
+}
+
 static void deleting_a_context_deletes_its_turns(void)
 {
     char err[ERR_MAX] = "";
@@ -626,6 +751,7 @@ int main(void)
     RUN(newer_schema_is_refused);
     RUN(state_dir_is_locked);
     RUN(deletes_give_space_back);
+    RUN(delete_on_a_full_disk);
     RUN(deleting_a_context_deletes_its_turns);
     RUN(many_turns);
     return test_finish();
