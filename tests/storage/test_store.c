@@ -536,7 +536,9 @@ static void deletes_give_space_back(void)
 }
 
 /* A disk that fills up right after a commit: once armed, the next commit to the
- * write-ahead log (sqlite's WAL hook on every connection the store opens) fills it, and from then on every write sqlite makes fails with ENOSPC. */
+ * write-ahead log (sqlite's WAL hook on every connection the store opens) fills it, and
+ * from then on every write sqlite makes fails with ENOSPC. Disarmed, the hooks pass
+ * everything through. */
 static enum { DISK_OK, DISK_ARMED, DISK_FULL } disk_state;
 static sqlite3_syscall_ptr real_write, real_pwrite, real_pwrite64;
 
