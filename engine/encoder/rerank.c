@@ -875,7 +875,7 @@ static int rr_alloc_scratch(rr_run *s, char err[ERR_MAX])
         off += (sizes[i] + 63) & ~(size_t)63;
     }
     for (int p = 0; p < s->max_len; p++)
-        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base);
+        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base, NULL);
     return 0;
 }
 

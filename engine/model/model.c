@@ -54,6 +54,7 @@ struct model {
     ops_matrix tok_embd;     /* (n_vocab, dim) */
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
+    const float *rope_freqs; /* (head_dim/2) RoPE frequency divisors, or NULL */
     model_layer *layers;     /* (n_layer) */
     float *vecs;             /* every 1-D tensor converted to f32, back to back */
     size_t vecs_used;
@@ -267,14 +268,19 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
-    m->vecs_cap = (size_t)hp->dim + (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim +
-                                                            2 * hp->head_dim);
+    m->vecs_cap = (size_t)hp->dim + (size_t)hp->head_dim / 2 +
+                  (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
 
     if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0)
+        return -1;
+    /* Llama 3.1 and later: each dimension pair's RoPE frequency is divided by its factor,
+     * as llama.cpp's rope_factors do; ignored, every position rotated as in another model. */
+    if (gguf_find_tensor(m->g, "rope_freqs.weight") &&
+        model_vector(m, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs, err) < 0)
         return -1;
     if (gguf_find_tensor(m->g, "output.weight")) {
         if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
@@ -1209,7 +1215,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
                                  (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
                                  r->x + (size_t)n * dim, dim);
             ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
-                            hp->rope_base);
+                            hp->rope_base, m->rope_freqs);
             r->row_part[n] = i;
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);

@@ -13,6 +13,7 @@
  * With the prefix's KV chunks compressed (f32 weights): TOL_KV_INT8 (measured 0.024) and
  * TOL_KV_INT4 (measured 0.38); int2 (measured ~1.8) is only run.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -647,6 +648,83 @@ static void test_validation_errors(void)
     CHECK_MSG(strstr(err, "attn_k_norm"), "%s", err);
 }
 
+/* Logits of n tokens of a fresh sequence at positions pos (n <= 16). */
+static int logits_at(const char *path, int n, const int32_t *tok, const int32_t *pos,
+                     float *logits, char err[ERR_MAX])
+{
+    model *m = model_load(path, err);
+    if (!m)
+        return -1;
+    model_runner *r = model_runner_new(m, 1, 16, 64, err);
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    int rc = -1;
+    if (pool) {
+        kv_seq seq;
+        kv_seq_init(&seq, pool);
+        int32_t rows[16];
+        for (int i = 0; i < n; i++)
+            rows[i] = i;
+        model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
+                         .out_rows = rows, .logits = logits};
+        rc = model_forward(r, &seq, &b, err);
+        kv_seq_free(&seq);
+        kv_pool_free(pool);
+    }
+    model_runner_free(r);
+    model_free(m);
+    return rc;
+}
+
+/* Llama 3.1 and later files carry rope_freqs.weight, factors that divide each dimension
+ * pair's RoPE frequency (llama.cpp's rope_factors). A property needs no reference: with
+ * every factor 2 the angles at positions 0, 2, 4, ... are the plain model's at 0, 1, 2,
+ * ..., and attention sees only angles and order, so the logits are the same. Ignoring
+ * the tensor gave logits of another sequence (llama.cpp on docs-lm-21M with factors
+ * 1..8 agreed on the top token at 49 of 64 positions). */
+static void test_rope_freq_factors(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    char src[512], dst[512], err[ERR_MAX];
+    snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
+    snprintf(dst, sizeof dst, "%s/rope_freqs.gguf", test_tmpdir());
+    gguf_file *g = gguf_open(src, err);
+    CHECK_MSG(g, "%s", err);
+    if (!g)
+        return;
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        gguf_writer_copy_kv(w, g, i);
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+    }
+    float factors[32];
+    for (int i = 0; i < 32; i++)
+        factors[i] = 2.0f;
+    int64_t ne[1] = {32}; /* head_dim 64 / 2 */
+    gguf_writer_add_tensor(w, "rope_freqs.weight", QTYPE_F32, 1, ne, factors);
+    CHECK(gguf_writer_write(w, dst, err) == 0);
+    gguf_writer_free(w);
+    gguf_close(g);
+
+    enum { N = 12, V = 260 };
+    int32_t tok[N], pos[N], pos2[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)((i * 37 + 11) % V);
+        pos[i] = i;
+        pos2[i] = 2 * i;
+    }
+    static float plain[N * V], scaled[N * V];
+    CHECK_MSG(logits_at(src, N, tok, pos, plain, err) == 0, "%s", err);
+    CHECK_MSG(logits_at(dst, N, tok, pos2, scaled, err) == 0, "%s", err);
+    double md = 0;
+    for (int i = 0; i < N * V; i++)
+        md = fmax(md, fabs((double)plain[i] - scaled[i]));
+    CHECK_MSG(md < 1e-4, "max |logit diff| %g", md);
+}
+
 static void test_metadata(void)
 {
     modelgen_params p = small_params("qwen3", QTYPE_Q6_K);
@@ -685,5 +763,6 @@ int main(void)
     RUN(test_attn_received);
     RUN(test_layer_ready_and_fault);
     RUN(test_validation_errors);
+    RUN(test_rope_freq_factors);
     return test_finish();
 }
