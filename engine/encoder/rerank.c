@@ -134,6 +134,7 @@ struct reranker {
     gguf_file *g;
     int fd;               /* the model file, for pread */
     model_hparams hp;
+    float *rope_freqs;    /* (head_dim/2) RoPE frequency divisors (owned), or NULL */
     int q_dim, kv_dim;
     tokenizer *tok;
     tp_pool *pool;
@@ -339,6 +340,7 @@ void rerank_close(reranker *rr)
     rr_free(rr, rr->vecs, rr->vecs_bytes);
     free(rr->layers);
     free(rr->prompt);
+    free(rr->rope_freqs);
     free(rr->scratch_dir);
     if (rr->fd >= 0)
         close(rr->fd);
@@ -377,7 +379,8 @@ static int rr_open_encoder(reranker *rr, char err[ERR_MAX])
                             "embedding model, not a reranker");
     rr->hp = (model_hparams){.n_vocab = hp->n_vocab, .dim = hp->dim, .n_layer = hp->n_layer,
                              .n_head = hp->n_head, .n_head_kv = hp->n_head,
-                             .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_ctx = hp->n_pos};
+                             .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_ctx = hp->n_pos,
+                             .rope_freq_scale = 1.0f};
     rr->enc_max_len = hp->n_pos < RR_ENC_MAX_LEN ? hp->n_pos : RR_ENC_MAX_LEN;
     if (tok_load(rr->g, &rr->tok, err) < 0)
         return -1;
@@ -432,7 +435,15 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
+    const float *rope_freqs = model_rope_freqs(m);
+    size_t freqs_bytes = sizeof *rr->rope_freqs * (size_t)(rr->hp.head_dim / 2);
+    if (rope_freqs && (rr->rope_freqs = malloc(freqs_bytes)))
+        memcpy(rr->rope_freqs, rope_freqs, freqs_bytes);
     model_free(m);
+    if (rope_freqs && !rr->rope_freqs) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
     if (span)
         madvise(span_from, span, MADV_DONTNEED);
     rr->q_dim = rr->hp.n_head * rr->hp.head_dim;
@@ -875,7 +886,8 @@ static int rr_alloc_scratch(rr_run *s, char err[ERR_MAX])
         off += (sizes[i] + 63) & ~(size_t)63;
     }
     for (int p = 0; p < s->max_len; p++)
-        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base, NULL);
+        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base,
+                        hp->rope_freq_scale, rr->rope_freqs);
     return 0;
 }
 

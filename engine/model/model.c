@@ -113,6 +113,34 @@ int model_get_float(const gguf_file *g, const char *arch, const char *suffix, fl
     return 0;
 }
 
+/* RoPE position scaling, {arch}.rope.scaling.type with .factor (or the older
+ * rope.scale_linear): linear divides every position by the factor; 1 when the file has
+ * none. Other kinds (yarn, longrope) reshape the frequencies in ways this engine does not
+ * compute: refused, as a file that loaded without them would answer as another model. */
+static int model_read_rope_scale(const gguf_file *g, const char *arch, float *freq_scale,
+                                 char err[ERR_MAX])
+{
+    char key[128];
+    float factor = 1.0f;
+    *freq_scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    gguf_str type = {"none", 4};
+    if (gguf_find_key(g, key) >= 0 && !gguf_get_str(g, key, &type))
+        return err_set(err, "metadata key '%s' is not a string", key);
+    if (type.len == 4 && memcmp(type.ptr, "none", 4) == 0) {
+        if (model_get_float(g, arch, "rope.scale_linear", 1.0f, &factor, err) < 0)
+            return -1;
+    } else if (type.len == 6 && memcmp(type.ptr, "linear", 6) == 0) {
+        if (model_get_float(g, arch, "rope.scaling.factor", 1.0f, &factor, err) < 0)
+            return -1;
+    } else {
+        return err_set(err, "rope scaling '%.*s' is not supported (none and linear are)",
+                       (int)(type.len > 32 ? 32 : type.len), type.ptr);
+    }
+    *freq_scale = 1.0f / factor;
+    return 0;
+}
+
 /* {arch}.pooling_type: -1 when absent; a value llama.cpp does not define is an error
  * (a vector pooled some unknown way would be silently wrong). */
 static int model_read_pooling_type(const gguf_file *g, const char *arch, int *out,
@@ -184,7 +212,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     float eps_default = hp->arch == MODEL_ARCH_LLAMA ? 1e-5f : 1e-6f;
     if (model_get_float(m->g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0 ||
         model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
-                        &hp->norm_eps, err) < 0)
+                        &hp->norm_eps, err) < 0 ||
+        model_read_rope_scale(m->g, arch, &hp->rope_freq_scale, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -445,6 +474,11 @@ void model_free(model *m)
 const model_hparams *model_hparams_of(const model *m)
 {
     return &m->hp;
+}
+
+const float *model_rope_freqs(const model *m)
+{
+    return m->rope_freqs;
 }
 
 const gguf_file *model_gguf(const model *m)
@@ -1215,7 +1249,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
                                  (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
                                  r->x + (size_t)n * dim, dim);
             ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
-                            hp->rope_base, m->rope_freqs);
+                            hp->rope_base, hp->rope_freq_scale, m->rope_freqs);
             r->row_part[n] = i;
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);

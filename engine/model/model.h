@@ -40,6 +40,7 @@ typedef struct model_hparams {
     int n_ff;       /* feed-forward hidden size */
     int n_ctx;      /* context length the model was trained for */
     float rope_base;
+    float rope_freq_scale; /* 1 / {arch}.rope.scaling.factor of linear scaling, else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
@@ -113,6 +114,10 @@ size_t model_repacked_bytes(const model *m);
 void model_free(model *m);
 
 const model_hparams *model_hparams_of(const model *m);
+
+/* The file's RoPE frequency divisors, rope_freqs.weight (head_dim/2; Llama 3.1 and
+ * later), or NULL when it has none; they live as long as m. */
+const float *model_rope_freqs(const model *m);
 
 /* The file the model was loaded from (tokenizer metadata lives there too). */
 const gguf_file *model_gguf(const model *m);

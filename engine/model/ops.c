@@ -132,11 +132,12 @@ void ops_gelu_bias(float *x, const float *b, int n)
     }
 }
 
-void ops_rope_angles(float *cs, int pos, int head_dim, float base, const float *freq_factors)
+void ops_rope_angles(float *cs, int pos, int head_dim, float base, float freq_scale,
+                     const float *freq_factors)
 {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double theta = (double)pos * pow((double)base, -2.0 * i / head_dim);
+        double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / head_dim);
         if (freq_factors)
             theta /= freq_factors[i];
         cs[2 * i] = (float)cos(theta);

@@ -40,9 +40,9 @@ enum ops_rope_style {
     OPS_ROPE_HALVES,      /* rotates pairs (x[i], x[i + head_dim/2]) (neox, qwen) */
 };
 
-/* cs = (cos, sin) of pos * base^(-2i/head_dim) / freq_factors[i] for i < head_dim/2,
- * computed in double; freq_factors (head_dim/2) NULL: all 1. */
-void ops_rope_angles(float *cs, int pos, int head_dim, float base,
+/* cs = (cos, sin) of pos * freq_scale * base^(-2i/head_dim) / freq_factors[i] for
+ * i < head_dim/2, computed in double; freq_factors (head_dim/2) NULL: all 1. */
+void ops_rope_angles(float *cs, int pos, int head_dim, float base, float freq_scale,
                      const float *freq_factors); /* cs: (head_dim/2, 2) */
 
 /* Rotates each of the n_head heads of x (n_head, head_dim) by the angles of cs. */

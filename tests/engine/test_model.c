@@ -681,16 +681,14 @@ static int logits_at(const char *path, int n, const int32_t *tok, const int32_t 
  * ..., and attention sees only angles and order, so the logits are the same. Ignoring
  * the tensor gave logits of another sequence (llama.cpp on docs-lm-21M with factors
  * 1..8 agreed on the top token at 49 of 64 positions). */
-static void test_rope_freq_factors(void)
+/* A copy of src at dst with what a rope test adds: rope.scaling type and factor (type
+ * NULL: none) and rope_freqs.weight of every factor freq_factor (0: none). */
+static int copy_with_rope(const char *src, const char *dst, const char *scaling_type,
+                          float factor, float freq_factor, char err[ERR_MAX])
 {
-    modelgen_params p = small_params("llama", QTYPE_F32);
-    char src[512], dst[512], err[ERR_MAX];
-    snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
-    snprintf(dst, sizeof dst, "%s/rope_freqs.gguf", test_tmpdir());
     gguf_file *g = gguf_open(src, err);
-    CHECK_MSG(g, "%s", err);
     if (!g)
-        return;
+        return -1;
     gguf_writer *w = gguf_writer_new();
     for (int64_t i = 0; i < gguf_n_kv(g); i++)
         gguf_writer_copy_kv(w, g, i);
@@ -700,14 +698,34 @@ static void test_rope_freq_factors(void)
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
         gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
     }
+    if (scaling_type) {
+        gguf_writer_set_str(w, "llama.rope.scaling.type", scaling_type);
+        gguf_writer_set_f32(w, "llama.rope.scaling.factor", factor);
+    }
     float factors[32];
-    for (int i = 0; i < 32; i++)
-        factors[i] = 2.0f;
     int64_t ne[1] = {32}; /* head_dim 64 / 2 */
-    gguf_writer_add_tensor(w, "rope_freqs.weight", QTYPE_F32, 1, ne, factors);
-    CHECK(gguf_writer_write(w, dst, err) == 0);
+    for (int i = 0; i < 32; i++)
+        factors[i] = freq_factor;
+    if (freq_factor > 0)
+        gguf_writer_add_tensor(w, "rope_freqs.weight", QTYPE_F32, 1, ne, factors);
+    int rc = gguf_writer_write(w, dst, err);
     gguf_writer_free(w);
     gguf_close(g);
+    return rc;
+}
+
+/* Positions 0, 2, 4, ... of a model whose RoPE turns at half the rate (every frequency
+ * divided by 2 through rope_freqs.weight, or linear rope scaling of factor 2) give the
+ * plain model's logits at 0, 1, 2, ...: a property of RoPE, which needs no reference. */
+static void test_rope_scaled_by_two(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    char src[512], freqs[512], linear[512], err[ERR_MAX];
+    snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
+    snprintf(freqs, sizeof freqs, "%s/rope_freqs.gguf", test_tmpdir());
+    snprintf(linear, sizeof linear, "%s/rope_linear.gguf", test_tmpdir());
+    CHECK_MSG(copy_with_rope(src, freqs, NULL, 0, 2.0f, err) == 0, "%s", err);
+    CHECK_MSG(copy_with_rope(src, linear, "linear", 2.0f, 0, err) == 0, "%s", err);
 
     enum { N = 12, V = 260 };
     int32_t tok[N], pos[N], pos2[N];
@@ -718,11 +736,29 @@ static void test_rope_freq_factors(void)
     }
     static float plain[N * V], scaled[N * V];
     CHECK_MSG(logits_at(src, N, tok, pos, plain, err) == 0, "%s", err);
-    CHECK_MSG(logits_at(dst, N, tok, pos2, scaled, err) == 0, "%s", err);
-    double md = 0;
-    for (int i = 0; i < N * V; i++)
-        md = fmax(md, fabs((double)plain[i] - scaled[i]));
-    CHECK_MSG(md < 1e-4, "max |logit diff| %g", md);
+    const char *scaled_files[2] = {freqs, linear};
+    for (int f = 0; f < 2; f++) {
+        CHECK_MSG(logits_at(scaled_files[f], N, tok, pos2, scaled, err) == 0, "%s", err);
+        double md = 0;
+        for (int i = 0; i < N * V; i++)
+            md = fmax(md, fabs((double)plain[i] - scaled[i]));
+        CHECK_MSG(md < 1e-4, "%s: max |logit diff| %g", scaled_files[f], md);
+    }
+}
+
+/* A kind of rope scaling the engine does not compute (YaRN) is refused at load, naming
+ * it: loaded without it, the model would answer as another one. */
+static void test_rope_scaling_refused(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    char src[512], yarn[512], err[ERR_MAX] = "";
+    snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
+    snprintf(yarn, sizeof yarn, "%s/rope_yarn.gguf", test_tmpdir());
+    CHECK_MSG(copy_with_rope(src, yarn, "yarn", 4.0f, 0, err) == 0, "%s", err);
+    model *m = model_load(yarn, err);
+    CHECK(m == NULL);
+    CHECK_MSG(strstr(err, "rope scaling 'yarn'"), "%s", err);
+    model_free(m);
 }
 
 static void test_metadata(void)
@@ -763,6 +799,7 @@ int main(void)
     RUN(test_attn_received);
     RUN(test_layer_ready_and_fault);
     RUN(test_validation_errors);
-    RUN(test_rope_freq_factors);
+    RUN(test_rope_scaled_by_two);
+    RUN(test_rope_scaling_refused);
     return test_finish();
 }
