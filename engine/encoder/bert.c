@@ -490,7 +490,7 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
     }
     for (int p = 0; nomic && p < r->max_len; p++)
         ops_rope_angles(r->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base,
-                        1.0f, NULL);
+                        NULL, NULL);
     return r;
 }
 

@@ -113,31 +113,54 @@ int model_get_float(const gguf_file *g, const char *arch, const char *suffix, fl
     return 0;
 }
 
-/* RoPE position scaling, {arch}.rope.scaling.type with .factor (or the older
- * rope.scale_linear): linear divides every position by the factor; 1 when the file has
- * none. Other kinds (yarn, longrope) reshape the frequencies in ways this engine does not
- * compute: refused, as a file that loaded without them would answer as another model. */
-static int model_read_rope_scale(const gguf_file *g, const char *arch, float *freq_scale,
-                                 char err[ERR_MAX])
+/* RoPE scaling, {arch}.rope.scaling.type with .factor (or the older rope.scale_linear),
+ * read as llama.cpp does: linear divides every position by the factor; yarn interpolates the
+ * low frequencies, keeps the high ones (ops_rope_yarn) over .original_context_length
+ * (default the model's context length), with .yarn_beta_fast, .yarn_beta_slow and
+ * .yarn_ext_factor where a converter wrote them; .attn_factor multiplies cos and sin with any
+ * kind. Another kind (longrope) reshapes the frequencies in ways this engine does not compute:
+ * refused, as a file that loaded without it would answer as another model. */
+static int model_read_rope_scale(const gguf_file *g, const char *arch, const model_hparams *hp,
+                                 ops_rope_scaling *out, char err[ERR_MAX])
 {
     char key[128];
-    float factor = 1.0f;
-    *freq_scale = 1.0f;
+    float factor = 1.0f, attn_factor;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     gguf_str type = {"none", 4};
     if (gguf_find_key(g, key) >= 0 && !gguf_get_str(g, key, &type))
         return err_set(err, "metadata key '%s' is not a string", key);
+    if (model_get_float(g, arch, "rope.scaling.attn_factor", 1.0f, &attn_factor, err) < 0)
+        return -1;
+    *out = (ops_rope_scaling){.freq_scale = 1.0f, .mscale = attn_factor};
     if (type.len == 4 && memcmp(type.ptr, "none", 4) == 0) {
         if (model_get_float(g, arch, "rope.scale_linear", 1.0f, &factor, err) < 0)
             return -1;
     } else if (type.len == 6 && memcmp(type.ptr, "linear", 6) == 0) {
         if (model_get_float(g, arch, "rope.scaling.factor", 1.0f, &factor, err) < 0)
             return -1;
+    } else if (type.len == 4 && memcmp(type.ptr, "yarn", 4) == 0) {
+        int orig_ctx;
+        float beta_fast, beta_slow, ext_factor = 1.0f;
+        if (model_get_float(g, arch, "rope.scaling.factor", 1.0f, &factor, err) < 0 ||
+            model_get_dim(g, arch, "rope.scaling.original_context_length", hp->n_ctx, &orig_ctx,
+                          err) < 0 ||
+            model_get_float(g, arch, "rope.scaling.yarn_beta_fast", 32.0f, &beta_fast, err) < 0 ||
+            model_get_float(g, arch, "rope.scaling.yarn_beta_slow", 1.0f, &beta_slow, err) < 0)
+            return -1;
+        /* 0 is meaningful here (every pair interpolated, no temperature), so not
+         * model_get_float's positive range. */
+        snprintf(key, sizeof key, "%s.rope.scaling.yarn_ext_factor", arch);
+        if (gguf_find_key(g, key) >= 0 &&
+            (!gguf_get_f32(g, key, &ext_factor) || !(ext_factor >= 0.0f && ext_factor <= 1.0f)))
+            return err_set(err, "metadata key '%s' is not a number in [0, 1]", key);
+        *out = ops_rope_yarn(hp->head_dim, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
+                             ext_factor, attn_factor);
+        return 0;
     } else {
-        return err_set(err, "rope scaling '%.*s' is not supported (none and linear are)",
+        return err_set(err, "rope scaling '%.*s' is not supported (none, linear and yarn are)",
                        (int)(type.len > 32 ? 32 : type.len), type.ptr);
     }
-    *freq_scale = 1.0f / factor;
+    out->freq_scale = 1.0f / factor;
     return 0;
 }
 
@@ -213,7 +236,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (model_get_float(m->g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0 ||
         model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
                         &hp->norm_eps, err) < 0 ||
-        model_read_rope_scale(m->g, arch, &hp->rope_freq_scale, err) < 0)
+        model_read_rope_scale(m->g, arch, hp, &hp->rope_scaling, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -1249,7 +1272,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
                                  (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
                                  r->x + (size_t)n * dim, dim);
             ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
-                            hp->rope_base, hp->rope_freq_scale, m->rope_freqs);
+                            hp->rope_base, &hp->rope_scaling, m->rope_freqs);
             r->row_part[n] = i;
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);

@@ -19,6 +19,7 @@
 #include "engine/err.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kv.h"
+#include "engine/model/ops.h"
 
 enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
 
@@ -40,7 +41,7 @@ typedef struct model_hparams {
     int n_ff;       /* feed-forward hidden size */
     int n_ctx;      /* context length the model was trained for */
     float rope_base;
-    float rope_freq_scale; /* 1 / {arch}.rope.scaling.factor of linear scaling, else 1 */
+    ops_rope_scaling rope_scaling; /* {arch}.rope.scaling.*: none, linear or yarn */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the

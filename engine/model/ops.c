@@ -132,16 +132,49 @@ void ops_gelu_bias(float *x, const float *b, int n)
     }
 }
 
-void ops_rope_angles(float *cs, int pos, int head_dim, float base, float freq_scale,
-                     const float *freq_factors)
+ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_ctx,
+                               float beta_fast, float beta_slow, float ext_factor,
+                               float attn_factor)
 {
+    /* The fractional pair index whose wavelength fits orig_ctx / beta times: solves
+     * orig_ctx / (2*pi*base^(2i/head_dim)) = beta for i. */
+    double lo = head_dim * log(orig_ctx / (beta_fast * 2.0 * M_PI)) / (2.0 * log(base));
+    double hi = head_dim * log(orig_ctx / (beta_slow * 2.0 * M_PI)) / (2.0 * log(base));
+    lo = floor(lo);
+    hi = ceil(hi);
+    ops_rope_scaling s = {
+        .freq_scale = 1.0f / factor,
+        .ext_factor = ext_factor,
+        .ramp_low = (float)(lo < 0 ? 0 : lo),
+        .ramp_high = (float)(hi > head_dim - 1 ? head_dim - 1 : hi),
+        .mscale = attn_factor,
+    };
+    if (ext_factor != 0.0f)
+        s.mscale *= 1.0f + 0.1f * logf(factor);
+    return s;
+}
+
+void ops_rope_angles(float *cs, int pos, int head_dim, float base,
+                     const ops_rope_scaling *scaling, const float *freq_factors)
+{
+    static const ops_rope_scaling unscaled = {.freq_scale = 1.0f, .mscale = 1.0f};
+    const ops_rope_scaling *sc = scaling ? scaling : &unscaled;
+    double span = sc->ramp_high - sc->ramp_low;
+    if (span < 0.001)
+        span = 0.001;
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / head_dim);
+        double theta = (double)pos * pow((double)base, -2.0 * i / head_dim);
         if (freq_factors)
             theta /= freq_factors[i];
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        double keep = 0.0; /* share of the unscaled frequency this pair keeps */
+        if (sc->ext_factor != 0.0f) {
+            double y = (i - sc->ramp_low) / span;
+            keep = sc->ext_factor * (1.0 - (y < 0.0 ? 0.0 : y > 1.0 ? 1.0 : y));
+        }
+        theta = theta * sc->freq_scale * (1.0 - keep) + theta * keep;
+        cs[2 * i] = (float)(sc->mscale * cos(theta));
+        cs[2 * i + 1] = (float)(sc->mscale * sin(theta));
     }
 }
 

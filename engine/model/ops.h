@@ -40,9 +40,35 @@ enum ops_rope_style {
     OPS_ROPE_HALVES,      /* rotates pairs (x[i], x[i + head_dim/2]) (neox, qwen) */
 };
 
-/* cs = (cos, sin) of pos * freq_scale * base^(-2i/head_dim) / freq_factors[i] for
- * i < head_dim/2, computed in double; freq_factors (head_dim/2) NULL: all 1. */
-void ops_rope_angles(float *cs, int pos, int head_dim, float base, float freq_scale,
+/* How a model scales its RoPE frequencies. Unscaled: {1, 0, 0, 0, 1}; linear by factor s:
+ * freq_scale 1/s, the rest as unscaled; YaRN: ops_rope_yarn. */
+typedef struct ops_rope_scaling {
+    float freq_scale; /* 1 / factor: multiplies the frequency of an interpolated pair */
+    float ext_factor; /* YaRN: how much of its unscaled frequency a pair at or below ramp_low
+                         keeps (1 all of it); 0 scales every pair by freq_scale */
+    float ramp_low;   /* YaRN: pair index at and below which a pair keeps ext_factor of its
+                         unscaled frequency */
+    float ramp_high;  /* YaRN: pair index at and above which a pair is fully interpolated;
+                         linear in between */
+    float mscale;     /* multiplies every cos and sin: YaRN's attention temperature, else 1 */
+} ops_rope_scaling;
+
+/* YaRN (Peng et al. 2023) as llama.cpp computes it: pair i of wavelength
+ * 2*pi*base^(2i/head_dim) rotating more than beta_fast times over orig_ctx positions keeps its
+ * frequency, one rotating fewer than beta_slow times is divided by factor, linear in between;
+ * the ramp's ends are those fractional pair indices floored and ceiled, clamped to
+ * [0, head_dim - 1]. cos and sin are multiplied by attn_factor * (1 + 0.1 ln factor), the last
+ * term only when ext_factor is not 0. */
+ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_ctx,
+                               float beta_fast, float beta_slow, float ext_factor,
+                               float attn_factor);
+
+/* cs = mscale * (cos, sin) of pair i's angle for i < head_dim/2: theta = pos *
+ * base^(-2i/head_dim) / freq_factors[i], then freq_scale * theta * (1 - w) + theta * w with w
+ * = ext_factor * (1 - clamp((i - ramp_low) / max(ramp_high - ramp_low, 0.001), 0, 1)); computed
+ * in double. scaling NULL: unscaled; freq_factors (head_dim/2) NULL: all 1. */
+void ops_rope_angles(float *cs, int pos, int head_dim, float base,
+                     const ops_rope_scaling *scaling,
                      const float *freq_factors); /* cs: (head_dim/2, 2) */
 
 /* Rotates each of the n_head heads of x (n_head, head_dim) by the angles of cs. */

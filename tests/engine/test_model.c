@@ -681,10 +681,18 @@ static int logits_at(const char *path, int n, const int32_t *tok, const int32_t 
  * ..., and attention sees only angles and order, so the logits are the same. Ignoring
  * the tensor gave logits of another sequence (llama.cpp on docs-lm-21M with factors
  * 1..8 agreed on the top token at 49 of 64 positions). */
-/* A copy of src at dst with what a rope test adds: rope.scaling type and factor (type
- * NULL: none) and rope_freqs.weight of every factor freq_factor (0: none). */
-static int copy_with_rope(const char *src, const char *dst, const char *scaling_type,
-                          float factor, float freq_factor, char err[ERR_MAX])
+/* What a rope test adds to a copy of a model; a zero field is not written. */
+typedef struct rope_meta {
+    const char *scaling_type; /* llama.rope.scaling.type */
+    float factor;             /* llama.rope.scaling.factor */
+    float freq_factor;        /* rope_freqs.weight, every factor this */
+    uint32_t orig_ctx;        /* llama.rope.scaling.original_context_length */
+    float attn_factor;        /* llama.rope.scaling.attn_factor */
+    bool ext_factor_zero;     /* llama.rope.scaling.yarn_ext_factor = 0 */
+} rope_meta;
+
+static int copy_with_rope(const char *src, const char *dst, const rope_meta *rm,
+                          char err[ERR_MAX])
 {
     gguf_file *g = gguf_open(src, err);
     if (!g)
@@ -698,15 +706,21 @@ static int copy_with_rope(const char *src, const char *dst, const char *scaling_
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
         gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
     }
-    if (scaling_type) {
-        gguf_writer_set_str(w, "llama.rope.scaling.type", scaling_type);
-        gguf_writer_set_f32(w, "llama.rope.scaling.factor", factor);
-    }
+    if (rm->scaling_type)
+        gguf_writer_set_str(w, "llama.rope.scaling.type", rm->scaling_type);
+    if (rm->factor > 0)
+        gguf_writer_set_f32(w, "llama.rope.scaling.factor", rm->factor);
+    if (rm->orig_ctx > 0)
+        gguf_writer_set_u32(w, "llama.rope.scaling.original_context_length", rm->orig_ctx);
+    if (rm->attn_factor > 0)
+        gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", rm->attn_factor);
+    if (rm->ext_factor_zero)
+        gguf_writer_set_f32(w, "llama.rope.scaling.yarn_ext_factor", 0.0f);
     float factors[32];
     int64_t ne[1] = {32}; /* head_dim 64 / 2 */
     for (int i = 0; i < 32; i++)
-        factors[i] = freq_factor;
-    if (freq_factor > 0)
+        factors[i] = rm->freq_factor;
+    if (rm->freq_factor > 0)
         gguf_writer_add_tensor(w, "rope_freqs.weight", QTYPE_F32, 1, ne, factors);
     int rc = gguf_writer_write(w, dst, err);
     gguf_writer_free(w);
@@ -715,17 +729,25 @@ static int copy_with_rope(const char *src, const char *dst, const char *scaling_
 }
 
 /* Positions 0, 2, 4, ... of a model whose RoPE turns at half the rate (every frequency
- * divided by 2 through rope_freqs.weight, or linear rope scaling of factor 2) give the
- * plain model's logits at 0, 1, 2, ...: a property of RoPE, which needs no reference. */
+ * divided by 2 through rope_freqs.weight, linear rope scaling of factor 2, or YaRN of
+ * factor 2 with yarn_ext_factor 0, which interpolates every pair and adds no temperature)
+ * give the plain model's logits at 0, 1, 2, ...: a property of RoPE, which needs no
+ * reference. */
 static void test_rope_scaled_by_two(void)
 {
     modelgen_params p = small_params("llama", QTYPE_F32);
-    char src[512], freqs[512], linear[512], err[ERR_MAX];
+    char src[512], scaled_files[3][512], err[ERR_MAX];
     snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
-    snprintf(freqs, sizeof freqs, "%s/rope_freqs.gguf", test_tmpdir());
-    snprintf(linear, sizeof linear, "%s/rope_linear.gguf", test_tmpdir());
-    CHECK_MSG(copy_with_rope(src, freqs, NULL, 0, 2.0f, err) == 0, "%s", err);
-    CHECK_MSG(copy_with_rope(src, linear, "linear", 2.0f, 0, err) == 0, "%s", err);
+    const rope_meta metas[3] = {
+        {.freq_factor = 2.0f},
+        {.scaling_type = "linear", .factor = 2.0f},
+        {.scaling_type = "yarn", .factor = 2.0f, .orig_ctx = 4096, .ext_factor_zero = true},
+    };
+    for (int f = 0; f < 3; f++) {
+        snprintf(scaled_files[f], sizeof scaled_files[f], "%s/rope_scaled%d.gguf", test_tmpdir(),
+                 f);
+        CHECK_MSG(copy_with_rope(src, scaled_files[f], &metas[f], err) == 0, "%s", err);
+    }
 
     enum { N = 12, V = 260 };
     int32_t tok[N], pos[N], pos2[N];
@@ -736,8 +758,7 @@ static void test_rope_scaled_by_two(void)
     }
     static float plain[N * V], scaled[N * V];
     CHECK_MSG(logits_at(src, N, tok, pos, plain, err) == 0, "%s", err);
-    const char *scaled_files[2] = {freqs, linear};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) {
         CHECK_MSG(logits_at(scaled_files[f], N, tok, pos2, scaled, err) == 0, "%s", err);
         double md = 0;
         for (int i = 0; i < N * V; i++)
@@ -746,18 +767,76 @@ static void test_rope_scaled_by_two(void)
     }
 }
 
-/* A kind of rope scaling the engine does not compute (YaRN) is refused at load, naming
+/* YaRN read from a file (factor s = 4, original context L = 4096, attn_factor 1.25, betas
+ * at their defaults 32 and 1) gives the angles of the paper's formulas, computed here in
+ * double: pair i of wavelength lambda_i = 2*pi*base^(2i/d) makes r_i = L / lambda_i turns
+ * over L; a pair with r_i above beta_fast keeps its frequency theta_i, one below
+ * beta_slow takes theta_i / s, one between mixes them by a ramp linear in i between the
+ * fractional indices where r equals beta_fast (floored) and beta_slow (ceiled), as
+ * llama.cpp places it; cos and sin are multiplied by attn_factor * (0.1 ln s + 1). The
+ * checked pairs are asserted to lie at both ramp ends and inside it, so a wrong ramp, a
+ * missing temperature or an ignored key fails. */
+static void test_rope_yarn_angles(void)
+{
+    modelgen_params p = small_params("llama", QTYPE_F32);
+    char src[512], yarn[512], err[ERR_MAX];
+    snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
+    snprintf(yarn, sizeof yarn, "%s/rope_yarn.gguf", test_tmpdir());
+    const rope_meta rm = {.scaling_type = "yarn", .factor = 4.0f, .orig_ctx = 4096,
+                          .attn_factor = 1.25f};
+    CHECK_MSG(copy_with_rope(src, yarn, &rm, err) == 0, "%s", err);
+    model *m = model_load(yarn, err);
+    CHECK_MSG(m, "%s", err);
+    if (!m)
+        return;
+    const model_hparams *hp = model_hparams_of(m);
+    const int d = hp->head_dim;
+    const double s = 4.0, L = 4096.0, base = hp->rope_base, beta_fast = 32.0, beta_slow = 1.0;
+    /* the fractional pair index where r_i = beta: L / (2*pi*base^(2i/d)) = beta */
+    double i_fast = floor(d / 2.0 * log(L / (2.0 * M_PI * beta_fast)) / log(base));
+    double i_slow = ceil(d / 2.0 * log(L / (2.0 * M_PI * beta_slow)) / log(base));
+    CHECK_MSG(i_fast >= 2 && i_slow <= d / 2 - 2 && i_slow - i_fast >= 4,
+              "ramp [%g, %g] leaves no pair on each side", i_fast, i_slow);
+    const int pairs[] = {0, (int)i_fast - 1, (int)i_fast, (int)(i_fast + i_slow) / 2,
+                         (int)i_slow - 1, (int)i_slow, d / 2 - 1};
+    const int positions[] = {1, 37, 3000};
+    double mscale = 1.25 * (0.1 * log(s) + 1.0);
+    float cs[OPS_MAX_HEAD_DIM];
+    for (size_t k = 0; k < sizeof positions / sizeof *positions; k++) {
+        ops_rope_angles(cs, positions[k], d, hp->rope_base, &hp->rope_scaling, NULL);
+        for (size_t j = 0; j < sizeof pairs / sizeof *pairs; j++) {
+            int i = pairs[j];
+            double theta = pow(base, -2.0 * i / d);
+            double r = L / (2.0 * M_PI / theta);
+            double gamma = i <= i_fast ? 1.0 : i >= i_slow ? 0.0 : (i_slow - i) / (i_slow - i_fast);
+            if (i < i_fast)
+                CHECK_MSG(r > beta_fast, "pair %d: r %g", i, r);
+            if (i > i_slow)
+                CHECK_MSG(r < beta_slow, "pair %d: r %g", i, r);
+            double freq = (1.0 - gamma) * theta / s + gamma * theta;
+            double want_c = mscale * cos(positions[k] * freq);
+            double want_s = mscale * sin(positions[k] * freq);
+            CHECK_MSG(fabs(cs[2 * i] - want_c) < 2e-6 && fabs(cs[2 * i + 1] - want_s) < 2e-6,
+                      "pos %d pair %d: (%g, %g), want (%g, %g)", positions[k], i,
+                      (double)cs[2 * i], (double)cs[2 * i + 1], want_c, want_s);
+        }
+    }
+    model_free(m);
+}
+
+/* A kind of rope scaling the engine does not compute (longrope) is refused at load, naming
  * it: loaded without it, the model would answer as another one. */
 static void test_rope_scaling_refused(void)
 {
     modelgen_params p = small_params("llama", QTYPE_F32);
-    char src[512], yarn[512], err[ERR_MAX] = "";
+    char src[512], longrope[512], err[ERR_MAX] = "";
     snprintf(src, sizeof src, "%s", gen(&p, "rope_plain"));
-    snprintf(yarn, sizeof yarn, "%s/rope_yarn.gguf", test_tmpdir());
-    CHECK_MSG(copy_with_rope(src, yarn, "yarn", 4.0f, 0, err) == 0, "%s", err);
-    model *m = model_load(yarn, err);
+    snprintf(longrope, sizeof longrope, "%s/rope_longrope.gguf", test_tmpdir());
+    const rope_meta rm = {.scaling_type = "longrope", .factor = 4.0f};
+    CHECK_MSG(copy_with_rope(src, longrope, &rm, err) == 0, "%s", err);
+    model *m = model_load(longrope, err);
     CHECK(m == NULL);
-    CHECK_MSG(strstr(err, "rope scaling 'yarn'"), "%s", err);
+    CHECK_MSG(strstr(err, "rope scaling 'longrope'"), "%s", err);
     model_free(m);
 }
 
@@ -800,6 +879,7 @@ int main(void)
     RUN(test_layer_ready_and_fault);
     RUN(test_validation_errors);
     RUN(test_rope_scaled_by_two);
+    RUN(test_rope_yarn_angles);
     RUN(test_rope_scaling_refused);
     return test_finish();
 }

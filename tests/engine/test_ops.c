@@ -114,7 +114,7 @@ static void test_rope_styles(void)
 {
     enum { HD = 8 };
     float cs[HD], a[2 * HD], b[2 * HD];
-    ops_rope_angles(cs, 5, HD, 10000.0f, 1.0f, NULL);
+    ops_rope_angles(cs, 5, HD, 10000.0f, NULL, NULL);
     for (int i = 0; i < HD / 2; i++) {
         double th = 5 * pow(10000.0, -2.0 * i / HD);
         CHECK_NEAR(cs[2 * i], cos(th), 1e-7);
@@ -137,7 +137,7 @@ static void test_rope_styles(void)
             CHECK_NEAR(b[h * HD + i + HD / 2], x0 * s + x1 * c, 1e-4);
         }
     /* position 0 is the identity */
-    ops_rope_angles(cs, 0, HD, 10000.0f, 1.0f, NULL);
+    ops_rope_angles(cs, 0, HD, 10000.0f, NULL, NULL);
     float c[HD] = {1, 2, 3, 4, 5, 6, 7, 8};
     ops_rope(c, 1, HD, cs, OPS_ROPE_HALVES);
     CHECK(c[0] == 1 && c[7] == 8);
