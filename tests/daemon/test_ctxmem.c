@@ -1085,6 +1085,39 @@ static void test_densities_survive_restart(void)
     ctxenv_close(&e);
 }
 
+/* Two contexts of one app, c and d, given the same first turn of n_hist tokens (seed
+ * picks them): twins, until a test does something to c only. */
+static int twins_with_history(env *e, int n_hist, uint32_t seed, ctx_entry **c, ctx_entry **d)
+{
+    char err[ERR_MAX];
+    float got[300];
+    int32_t hist[64];
+    if (n_hist > 64 || ctx_create(e->cm, 1000, "app", NULL, NULL, 1, c, err) ||
+        ctx_create(e->cm, 1000, "app", NULL, NULL, 1, d, err))
+        return -1;
+    ctxenv_tokens(hist, n_hist, seed, g.vocab);
+    return turn(e->cm, *c, hist, n_hist, got, NULL) || turn(e->cm, *d, hist, n_hist, got, NULL)
+               ? -1
+               : 0;
+}
+
+/* Begins a call on c and evaluates n tokens (seed picks them) after its history, as a
+ * call does before it fails or is cancelled; the call is left open. */
+static int call_without_turn(env *e, ctx_entry *c, int n, uint32_t seed)
+{
+    char err[ERR_MAX];
+    float got[300];
+    int32_t tokens[64], pos[64], last = n - 1;
+    if (n > 64 || ctx_call_begin(e->cm, c, N_CTX, NULL, err))
+        return -1;
+    ctxenv_tokens(tokens, n, seed, g.vocab);
+    for (int i = 0; i < n; i++)
+        pos[i] = c->n_tokens + i;
+    model_batch b = {.n_tokens = n, .tokens = tokens, .positions = pos, .n_out = 1,
+                     .out_rows = &last, .logits = got};
+    return ctx_forward(e->cm, c, &b, err);
+}
+
 /* A call that evaluated tokens and did not commit (cancelled, failed) leaves no
  * attention statistics beyond the history: the tokens a later call puts at those
  * positions get densities from their own rows only, as in a context that never had the
@@ -1094,26 +1127,11 @@ static void test_uncommitted_call_leaves_no_stats(void)
     env e;
     ctx_policy pol = ctxenv_policy_none();
     CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
-    char err[ERR_MAX];
     ctx_entry *c, *d;
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
-    float got[300];
-    int32_t hist[16], gone[32], next[32];
-    ctxenv_tokens(hist, 16, 71, g.vocab);
-    ctxenv_tokens(gone, 32, 72, g.vocab);
-    ctxenv_tokens(next, 32, 73, g.vocab);
-    CHECK(turn(e.cm, c, hist, 16, got, NULL) == 0);
-    CHECK(turn(e.cm, d, hist, 16, got, NULL) == 0);
+    CHECK(twins_with_history(&e, 16, 71, &c, &d) == 0);
 
     /* c only: a call evaluates 32 tokens and ends without its turn */
-    CHECK(ctx_call_begin(e.cm, c, N_CTX, NULL, err) == 0);
-    int32_t pos[32], last = 31;
-    for (int i = 0; i < 32; i++)
-        pos[i] = 16 + i;
-    model_batch b = {.n_tokens = 32, .tokens = gone, .positions = pos, .n_out = 1,
-                     .out_rows = &last, .logits = got};
-    CHECK(ctx_forward(e.cm, c, &b, err) == 0);
+    CHECK(call_without_turn(&e, c, 32, 72) == 0);
     ctx_call_end(e.cm, c, false);
     CHECK_EQ(c->n_tokens, 16);
     int stale = 0;
@@ -1121,6 +1139,9 @@ static void test_uncommitted_call_leaves_no_stats(void)
         stale += c->attn[p] != 0 || c->rows[p] != 0;
 
     /* the same turn on both: the chunks it makes have the same densities */
+    float got[300];
+    int32_t next[32];
+    ctxenv_tokens(next, 32, 73, g.vocab);
     CHECK(turn(e.cm, c, next, 32, got, NULL) == 0);
     CHECK(turn(e.cm, d, next, 32, got, NULL) == 0);
     for (int i = 1; i < 3; i++)
@@ -1144,31 +1165,19 @@ static void test_squeezed_call_keeps_history_tail(void)
     pol.compress = CTX_COMPRESS_INT8;
     pol.switch_mode = CTX_SWITCH_READ;
     CHECK(ctxenv_open(&e, false, &pol, &g) == 0);
-    char err[ERR_MAX];
     ctx_entry *c, *d;
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
-    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &d, err) == 0);
-    float got[300], gotd[300];
-    int32_t hist[20], gone[30], next[8];
-    ctxenv_tokens(hist, 20, 81, g.vocab);
-    ctxenv_tokens(gone, 30, 82, g.vocab);
-    ctxenv_tokens(next, 8, 83, g.vocab);
-    CHECK(turn(e.cm, c, hist, 20, got, NULL) == 0);
-    CHECK(turn(e.cm, d, hist, 20, got, NULL) == 0);
+    CHECK(twins_with_history(&e, 20, 81, &c, &d) == 0);
 
-    CHECK(ctx_call_begin(e.cm, c, N_CTX, NULL, err) == 0);
-    int32_t pos[30], last = 29;
-    for (int i = 0; i < 30; i++)
-        pos[i] = 20 + i;
-    model_batch b = {.n_tokens = 30, .tokens = gone, .positions = pos, .n_out = 1,
-                     .out_rows = &last, .logits = got};
-    CHECK(ctx_forward(e.cm, c, &b, err) == 0);
+    CHECK(call_without_turn(&e, c, 30, 82) == 0);
     CHECK(ctx_squeeze(e.cm, &c->seq, c->call_base / KV_CHUNK_TOKENS) > 0);
     ctx_call_end(e.cm, c, false);
     CHECK_EQ(c->n_tokens, 20);
     CHECK_MSG(ctx_chunk_bits(c, 1) == 16, "the history's last 4 tokens kept %d bits",
               ctx_chunk_bits(c, 1));
 
+    float got[300], gotd[300];
+    int32_t next[8];
+    ctxenv_tokens(next, 8, 83, g.vocab);
     CHECK(turn(e.cm, c, next, 8, got, NULL) == 0);
     CHECK(turn(e.cm, d, next, 8, gotd, NULL) == 0);
     CHECK_MSG(max_diff(got, gotd, g.vocab) == 0, "logits differ by %g after a failed call",

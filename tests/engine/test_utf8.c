@@ -62,21 +62,29 @@ static void stream_holds_unfinished_characters(void)
     }
 }
 
+/* Checks that text (n bytes) streamed a byte at a time and all at once comes out as
+ * want (want_n bytes), with no NUL byte in it. */
+static void check_streamed_as(const char *text, size_t n, const char *want, size_t want_n)
+{
+    static const size_t ones[] = {1}, whole[] = {64};
+    const size_t *sizes[] = {ones, whole};
+    for (int s = 0; s < 2; s++) {
+        char out[UTF8_OUT_CAP(64)];
+        int ok;
+        size_t o = stream_in_pieces(text, n, sizes[s], 1, out, &ok);
+        CHECK(ok);
+        CHECK_MSG(o == want_n && memcmp(out, want, o) == 0, "got %zu bytes: %.*s", o, (int)o,
+                  out);
+        CHECK_MSG(!memchr(out, '\0', o), "a NUL byte came out");
+    }
+}
+
 static void stream_replaces_invalid_bytes(void)
 {
     /* a stray continuation byte, a character cut by an ASCII byte, an unfinished end */
     const char text[] = "a\x81" "b\xe2\x82" "c\xf0\x9f";
     const char want[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd";
-    size_t n = sizeof text - 1;
-    static const size_t ones[] = {1}, whole[] = {64};
-    const size_t *sizes[] = {ones, whole};
-    for (int s = 0; s < 2; s++) {
-        char out[UTF8_OUT_CAP(sizeof text)];
-        int ok;
-        size_t o = stream_in_pieces(text, n, sizes[s], 1, out, &ok);
-        CHECK(ok);
-        CHECK_MSG(o == sizeof want - 1 && memcmp(out, want, o) == 0, "got %.*s", (int)o, out);
-    }
+    check_streamed_as(text, sizeof text - 1, want, sizeof want - 1);
     /* the worst case fits UTF8_OUT_CAP: three held bytes and one that voids them */
     utf8_stream u = {0};
     char out[UTF8_OUT_CAP(4)];
@@ -92,17 +100,7 @@ static void stream_replaces_nul_bytes(void)
 {
     const char text[] = "a\0b\xc3\0";
     const char want[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd";
-    size_t n = sizeof text - 1;
-    static const size_t ones[] = {1}, whole[] = {64};
-    const size_t *sizes[] = {ones, whole};
-    for (int s = 0; s < 2; s++) {
-        char out[UTF8_OUT_CAP(sizeof text)];
-        int ok;
-        size_t o = stream_in_pieces(text, n, sizes[s], 1, out, &ok);
-        CHECK(ok);
-        CHECK_MSG(o == sizeof want - 1 && memcmp(out, want, o) == 0, "got %zu bytes", o);
-        CHECK_MSG(!memchr(out, '\0', o), "a NUL byte came out");
-    }
+    check_streamed_as(text, sizeof text - 1, want, sizeof want - 1);
 }
 
 static void json_strings(void)

@@ -190,26 +190,41 @@ static void greedy_same_text_trained(void)
     greedy_same_text("docs-lm", path, draft);
 }
 
+/* Why the tests under a KV budget cannot run (the documentation models or llmsd are
+ * missing), or NULL. */
+static const char *docs_draft_missing(void)
+{
+    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
+    if (!m || !small)
+        return "../shared/testdata/models/docs-lm-21M-Q8_0.gguf or docs-draft-5M-F16.gguf is "
+               "absent";
+    return llmsd_path[0] ? NULL : "llmsd is not built in this tree";
+}
+
+/* Starts llmsd on docs-lm-21M-Q8_0 with docs-draft-5M as its draft model, a KV budget of
+ * 1 MiB that admission does not wait for, and max_tokens 256 (which does not fit it). */
+static int start_under_a_kv_mib(llmsd_proc *d, const char *name)
+{
+    char path[1024], extra[2400];
+    draft_lines(extra, sizeof extra, test_data_path("models/docs-draft-5M-F16.gguf"));
+    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
+    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra),
+             "kv_budget_mb = 1\nkv_wait_ms = 0\nmax_tokens = 256\n");
+    return start(d, name, path, extra);
+}
+
 /* The draft model's KV counts in kv_budget_mb: under a budget of 1 MiB (about 10 chunks
  * of docs-lm's KV, 6 KiB a token), a call whose own KV fits (139 tokens at most: 9
  * chunks) is refused when it would draft, its draft KV (2 KiB a token) adding 12
  * chunks of the draft model's; a shorter one drafts. */
 static void draft_kv_counts_in_the_budget(void)
 {
-    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
-    if (!m || !small)
-        SKIP("../shared/testdata/models/docs-lm-21M-Q8_0.gguf or docs-draft-5M-F16.gguf is "
-             "absent");
-    if (!llmsd_path[0])
-        SKIP("llmsd is not built in this tree");
-    char path[1024], extra[2400];
-    draft_lines(extra, sizeof extra, small);
-    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
-    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra),
-             "kv_budget_mb = 1\nkv_wait_ms = 0\n");
+    const char *missing = docs_draft_missing();
+    if (missing)
+        SKIP("%s", missing);
     llmsd_proc d;
-    CHECK_MSG(start(&d, "draft-budget", path, extra) == 0, "llmsd did not start");
+    CHECK_MSG(start_under_a_kv_mib(&d, "draft-budget") == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
     /* 19 bytes of prompt + 64 of template + 56 of reply: 139 tokens at most */
@@ -240,22 +255,13 @@ static void draft_kv_counts_in_the_budget(void)
  * defaults' reply length). */
 static void context_defaults_draft_counts_in_the_budget(void)
 {
-    const char *m = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    const char *small = m ? test_data_path("models/docs-draft-5M-F16.gguf") : NULL;
-    if (!m || !small)
-        SKIP("../shared/testdata/models/docs-lm-21M-Q8_0.gguf or docs-draft-5M-F16.gguf is "
-             "absent");
-    if (!llmsd_path[0])
-        SKIP("llmsd is not built in this tree");
-    char path[1024], extra[2400];
-    draft_lines(extra, sizeof extra, small);
-    snprintf(path, sizeof path, "%s", test_data_path("models/docs-lm-21M-Q8_0.gguf"));
+    const char *missing = docs_draft_missing();
+    if (missing)
+        SKIP("%s", missing);
     /* the config's max_tokens (256) does not fit the budget, the defaults' 56 does
      * without the draft model's KV and not with it (draft_kv_counts_in_the_budget) */
-    proc_fmt(extra + strlen(extra), sizeof extra - strlen(extra),
-             "kv_budget_mb = 1\nkv_wait_ms = 0\nmax_tokens = 256\n");
     llmsd_proc d;
-    CHECK_MSG(start(&d, "ctx-draft-budget", path, extra) == 0, "llmsd did not start");
+    CHECK_MSG(start_under_a_kv_mib(&d, "ctx-draft-budget") == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
     const char *prompt = "The cache keeps the";
