@@ -629,6 +629,10 @@ static sem_task *rerank_begin_task(semantic *sm, uint64_t conn_id, const Llms__R
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
         return NULL;
+    if (rerank_query_fits(rr, rq->query, err) < 0) {
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        return NULL;
+    }
     /* Every document is in a top-K that large, so set mode would stop after the first
      * layer with provisional scores; the full forward gives the exact scores and order. */
     if (o.mode == RERANK_SET && o.top_k >= (int)rq->n_documents)
@@ -756,6 +760,12 @@ static void handle_calibrate(sem_task *t)
     }
     if (!answer_tokens_known(sm, rr, &o, conn_id, req))
         return;
+    for (size_t q = 0; q < cq->n_queries; q++)
+        if (rerank_query_fits(rr, cq->queries[q]->query, err) < 0) {
+            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                        "query %zu: %s", q, err);
+            return;
+        }
     size_t nq = cq->n_queries;
     int k = o.top_k;
     int *ref = calloc(nq * (size_t)k, sizeof *ref); /* (nq, k) full-forward top-K */

@@ -1615,9 +1615,9 @@ static int rr_toks_push(rr_toks *t, int32_t id, char err[ERR_MAX])
     return 0;
 }
 
-/* An encoder's pair: [CLS] query [SEP] document [SEP], the document cut to fit. */
-static int rr_enc_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
-                         char err[ERR_MAX])
+/* An encoder's pair up to its query: [CLS] query, -1 + err when that leaves no room for
+ * a document. */
+static int rr_enc_query(const reranker *rr, const char *query, rr_toks *t, char err[ERR_MAX])
 {
     t->n = 0;
     if (rr_toks_push(t, rr->enc_cls, err) < 0 ||
@@ -1626,7 +1626,24 @@ static int rr_enc_render(const reranker *rr, const char *query, const char *doc,
     if (t->n + 2 >= rr->enc_max_len)
         return err_set(err, "the query has %d tokens: no room for a document in the encoder's "
                             "%d", t->n - 1, rr->enc_max_len);
-    if (rr_toks_push(t, rr->enc_sep, err) < 0 ||
+    return 0;
+}
+
+int rerank_query_fits(const reranker *rr, const char *query, char err[ERR_MAX])
+{
+    if (!rr->enc)
+        return 0;
+    rr_toks t = {0};
+    int rc = rr_enc_query(rr, query, &t, err);
+    free(t.ids);
+    return rc;
+}
+
+/* An encoder's pair: [CLS] query [SEP] document [SEP], the document cut to fit. */
+static int rr_enc_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
+                         char err[ERR_MAX])
+{
+    if (rr_enc_query(rr, query, t, err) < 0 || rr_toks_push(t, rr->enc_sep, err) < 0 ||
         rr_toks_add(rr, t, doc, strlen(doc), false, err) < 0)
         return -1;
     if (t->n + 1 > rr->enc_max_len)

@@ -102,6 +102,12 @@ void rerank_close(reranker *rr);
 int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
                          int32_t *no, char err[ERR_MAX]);
 
+/* Whether query leaves room for a document: a bert cross-encoder's pairs hold at most
+ * min(positions, 512) tokens and documents are cut to fit, so a longer query leaves none
+ * (-1 + err naming its tokens; rerank_run and rerank_begin fail on it too). 0 on a
+ * decoder. */
+int rerank_query_fits(const reranker *rr, const char *query, char err[ERR_MAX]);
+
 /* Scores n_docs documents against query and returns the top-K in *out (freed with
  * rerank_result_free). options NULL: those given to rerank_open; any options may differ
  * from those of rerank_open (stream_weights too) except n_threads. An empty query or

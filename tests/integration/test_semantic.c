@@ -25,10 +25,10 @@
 #define NO_TOKEN 301
 
 static char llmsd_path[1024], llms_path[1100], llmsctl_path[1100];
-static char tiny_model[1024];
+static char tiny_model[1024], cross_model[1024];
 
-static llmsd_proc embed_daemon, rerank_daemon;
-static int embed_up, rerank_up;
+static llmsd_proc embed_daemon, rerank_daemon, cross_daemon;
+static int embed_up, rerank_up, cross_up;
 
 #define NEED(up, d, start)                                                     \
     do {                                                                       \
@@ -285,6 +285,41 @@ static void rerank_invalid_requests(void)
     llms_close(c);
 }
 
+static int start_cross(void)
+{
+    char extra[1200];
+    if (!cross_model[0])
+        return -1;
+    proc_fmt(extra, sizeof extra, "rerank_model = %s\n", cross_model);
+    return proc_start(&cross_daemon, llmsd_path, "cross", tiny_model, extra);
+}
+
+/* A query that leaves a bert cross-encoder no room for a document is the caller's
+ * error, as a text too long to embed is, not the daemon's. */
+static void rerank_query_too_long_for_encoder(void)
+{
+    if (!cross_model[0])
+        SKIP("needs vocab/ggml-vocab-bert-bge.gguf from the shared test data");
+    NEED(cross_up, &cross_daemon, start_cross());
+    llms_conn *c = proc_connect(&cross_daemon, "rr-cross");
+    CHECK(c);
+    char query[1300] = "";
+    for (int i = 0; i < 200; i++)
+        strcat(query, "word ");
+    llms_rerank_result r;
+    CHECK_EQ(llms_rerank(c, query, DOCS, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "query") != NULL, "%s", llms_last_error(c));
+    llms_rerank_query q = {query, DOCS, 2};
+    llms_calibration cal;
+    CHECK_EQ(llms_rerank_calibrate(c, &q, 1, 1.0f, 1, LLMS_RERANK_SET, &cal),
+             LLMS_ERR_INVALID_ARGUMENT);
+    /* a query that fits is answered */
+    CHECK_MSG(llms_rerank(c, QUERY, DOCS, 2, NULL, &r) == LLMS_OK, "%s", llms_last_error(c));
+    CHECK_EQ(r.n_hits, 2);
+    llms_rerank_result_free(&r);
+    llms_close(c);
+}
+
 /* Calibration stores a threshold; a target_precision call then uses it, and at
  * precision 1 every calibration query keeps the full forward's top-K. */
 static void calibrate_then_target_precision(void)
@@ -493,11 +528,21 @@ int main(int argc, char **argv)
         .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
     proc_generate_model(tiny_model, sizeof tiny_model, "tiny.gguf", &mp);
+    const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
+    char err[ERR_MAX];
+    gguf_file *v = vp ? gguf_open(vp, err) : NULL;
+    if (v) {
+        modelgen_params bp = proc_bert_params(v);
+        bp.pooling_type = 4; /* rank: the cross-encoder head */
+        proc_generate_model(cross_model, sizeof cross_model, "cross.gguf", &bp);
+        gguf_close(v);
+    }
     RUN(embed_matches_engine);
     RUN(embed_invalid_requests);
     RUN(rerank_matches_engine_full_forward);
     RUN(rerank_set_mode_all_documents_has_final_scores);
     RUN(rerank_invalid_requests);
+    RUN(rerank_query_too_long_for_encoder);
     RUN(calibrate_then_target_precision);
     RUN(cli_embed);
     RUN(cli_rerank_and_calibrate);
@@ -505,5 +550,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "the embed llmsd did not exit cleanly\n");
     if (rerank_up == 1 && proc_stop(&rerank_daemon, SIGTERM) != 0)
         fprintf(stderr, "the rerank llmsd did not exit cleanly\n");
+    if (cross_up == 1 && proc_stop(&cross_daemon, SIGTERM) != 0)
+        fprintf(stderr, "the cross-encoder llmsd did not exit cleanly\n");
     return test_finish();
 }
