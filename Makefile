@@ -146,13 +146,15 @@ $(BUILD)/lib%.a:
 	$(SAY) AR $@
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# The shared client library carries the protocol code so apps link only -lllmsclient.
+# The shared client library carries the protocol code so apps link only -lllmsclient;
+# client/llmsclient.map keeps its exports to llms.h's API.
 # Soname 2: llms_params, llms_rerank_options, llms_context_info and llms_daemon_status
 # grew fields (registry model names, window and cost-model figures).
 $(BUILD)/libllmsclient.so: $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
-                           $(PROTO_SRC:%.c=$(BUILD)/%.o)
+                           $(PROTO_SRC:%.c=$(BUILD)/%.o) client/llmsclient.map
 	$(SAY) LD $@
-	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.2 $(LDFLAGS) $^ -lprotobuf-c -o $@
+	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.2 -Wl,--version-script,client/llmsclient.map \
+	    $(LDFLAGS) $(filter %.o,$^) -lprotobuf-c -o $@
 
 $(BUILD)/llmsd: $(BUILD)/daemon/main.o $(ALL_LIBS)
 	$(SAY) LD $@

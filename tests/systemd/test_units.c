@@ -153,6 +153,30 @@ static void installed_tree(void)
               "archive members: %s", out);
 }
 
+/*
+ * The installed libllmsclient.so exports llms.h's API (llms_*) and nothing else: not the
+ * protocol code it carries (frame_*, the generated llms__*). An exported name binds to
+ * the app's own function of that name when there is one (an app's frame_pack took the
+ * library's place, and every request failed), and every name is ABI.
+ */
+static void shared_library_exports_only_the_api(void)
+{
+    NEED_INSTALL();
+    if (!have_program("nm"))
+        SKIP("nm is not installed");
+    char cmd[4096], out[8192];
+    fmt(cmd, sizeof cmd, "nm -D --defined-only '%s' | awk '{ print $3 }' | sort",
+        at(PREFIX "/lib/libllmsclient.so.2"));
+    CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strstr(out, "llms_connect\n") && strstr(out, "llms_call\n"), "exports: %.500s",
+              out);
+    fmt(cmd, sizeof cmd,
+        "nm -D --defined-only '%s' | awk '{ print $3 }' | grep -v '^llms_[a-z]' | head -n 20",
+        at(PREFIX "/lib/libllmsclient.so.2"));
+    CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(out[0] == '\0', "exported beyond the API:\n%s", out);
+}
+
 static void existing_config_is_kept(void)
 {
     NEED_INSTALL();
@@ -364,6 +388,7 @@ int main(int argc, char **argv)
     RUN(example_config_matches_daemon);
     RUN(unit_allows_its_syscalls);
     RUN(installed_tree);
+    RUN(shared_library_exports_only_the_api);
     RUN(existing_config_is_kept);
     RUN(pkg_config_builds_an_app);
     RUN(units_verify);
