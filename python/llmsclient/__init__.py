@@ -276,8 +276,9 @@ _KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ct
 # The ABI the Structures above describe: what `make install` installs and what the
 # dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
 _SONAME = "libllmsclient.so.2"
-# Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). It runs no
-# ldconfig, so the dynamic loader alone would not find it under /usr/local/lib.
+# Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). Installed
+# through a DESTDIR, nothing may have run ldconfig yet, and the dynamic loader alone would
+# not find it under /usr/local/lib.
 _PREFIX_LIBS = ("/usr/local/lib", "/usr/lib")
 
 
