@@ -206,9 +206,16 @@ static int embed_pooling_for(const semantic *sm, const models_entry *me, bool ha
     if (has)
         return 0;
     if (me->enc) {
+        /* as on a decoder: a cross-encoder's CLS state is no embedding its file stands for */
         enum bert_pooling p = bert_hparams_of(me->enc)->pooling;
-        if (p == BERT_POOL_MEAN || p == BERT_POOL_LAST || p == BERT_POOL_CLS)
-            *enc = p;
+        if (p == BERT_POOL_RANK)
+            return err_set(err, "model '%s': the file's pooling_type is rank (a reranker's "
+                                "scores, not an embedding): rerank with it, or name a pooling",
+                           me->name);
+        if (p == BERT_POOL_NONE)
+            return err_set(err, "model '%s': the file's pooling_type is none (a vector per "
+                                "token): name a pooling (last, mean or cls)", me->name);
+        *enc = p;
         return 0;
     }
     char why[ERR_MAX];

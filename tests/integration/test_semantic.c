@@ -290,8 +290,31 @@ static int start_cross(void)
     char extra[1200];
     if (!cross_model[0])
         return -1;
-    proc_fmt(extra, sizeof extra, "rerank_model = %s\n", cross_model);
+    proc_fmt(extra, sizeof extra, "rerank_model = %s\nembed_model = %s\n", cross_model,
+             cross_model);
     return proc_start(&cross_daemon, llmsd_path, "cross", tiny_model, extra);
+}
+
+/* A cross-encoder (pooling_type rank) given the embed role embeds only with a pooling
+ * named: its CLS state is no embedding its file stands for, as a decoder reranker's last
+ * state is none. */
+static void cross_encoder_embeds_only_with_a_pooling(void)
+{
+    if (!cross_model[0])
+        SKIP("needs vocab/ggml-vocab-bert-bge.gguf from the shared test data");
+    NEED(cross_up, &cross_daemon, start_cross());
+    llms_conn *c = proc_connect(&cross_daemon, "emb-cross");
+    CHECK(c);
+    const char *texts[] = {"a ball"};
+    llms_embeddings e;
+    CHECK_EQ(llms_embed(c, texts, 1, LLMS_POOLING_MODEL, &e), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "pooling_type is rank") != NULL, "%s",
+              llms_last_error(c));
+    CHECK_MSG(llms_embed(c, texts, 1, LLMS_POOLING_CLS, &e) == LLMS_OK, "%s",
+              llms_last_error(c));
+    CHECK(e.n == 1 && e.dim > 0);
+    llms_embeddings_free(&e);
+    llms_close(c);
 }
 
 /* A query that leaves a bert cross-encoder no room for a document is the caller's
@@ -543,6 +566,7 @@ int main(int argc, char **argv)
     RUN(rerank_set_mode_all_documents_has_final_scores);
     RUN(rerank_invalid_requests);
     RUN(rerank_query_too_long_for_encoder);
+    RUN(cross_encoder_embeds_only_with_a_pooling);
     RUN(calibrate_then_target_precision);
     RUN(cli_embed);
     RUN(cli_rerank_and_calibrate);
