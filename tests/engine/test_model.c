@@ -588,15 +588,11 @@ static void test_bad_batches(void)
     model_free(m);
 }
 
-/* Rewrites src without tensor `drop`, or with tensor `reshape` given shape ne. */
-static int rewrite(const char *src, const char *dst, const char *drop, const char *reshape,
-                   const int64_t *ne)
+/* Puts g's metadata and tensors in w, without tensor `drop` and with tensor `reshape`
+ * given shape ne (either NULL: none). */
+static void copy_into(gguf_writer *w, const gguf_file *g, const char *drop, const char *reshape,
+                      const int64_t *ne)
 {
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(src, err);
-    if (!g)
-        return -1;
-    gguf_writer *w = gguf_writer_new();
     for (int64_t i = 0; i < gguf_n_kv(g); i++)
         gguf_writer_copy_kv(w, g, i);
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
@@ -608,6 +604,18 @@ static int rewrite(const char *src, const char *dst, const char *drop, const cha
         gguf_writer_add_tensor(w, name, t->type, t->n_dims,
                                reshape && !strcmp(name, reshape) ? ne : t->ne, t->data);
     }
+}
+
+/* Rewrites src without tensor `drop`, or with tensor `reshape` given shape ne. */
+static int rewrite(const char *src, const char *dst, const char *drop, const char *reshape,
+                   const int64_t *ne)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    copy_into(w, g, drop, reshape, ne);
     int rc = gguf_writer_write(w, dst, err);
     gguf_writer_free(w);
     gguf_close(g);
@@ -675,12 +683,6 @@ static int logits_at(const char *path, int n, const int32_t *tok, const int32_t 
     return rc;
 }
 
-/* Llama 3.1 and later files carry rope_freqs.weight, factors that divide each dimension
- * pair's RoPE frequency (llama.cpp's rope_factors). A property needs no reference: with
- * every factor 2 the angles at positions 0, 2, 4, ... are the plain model's at 0, 1, 2,
- * ..., and attention sees only angles and order, so the logits are the same. Ignoring
- * the tensor gave logits of another sequence (llama.cpp on docs-lm-21M with factors
- * 1..8 agreed on the top token at 49 of 64 positions). */
 /* What a rope test adds to a copy of a model; a zero field is not written. */
 typedef struct rope_meta {
     const char *scaling_type; /* llama.rope.scaling.type */
@@ -698,14 +700,7 @@ static int copy_with_rope(const char *src, const char *dst, const rope_meta *rm,
     if (!g)
         return -1;
     gguf_writer *w = gguf_writer_new();
-    for (int64_t i = 0; i < gguf_n_kv(g); i++)
-        gguf_writer_copy_kv(w, g, i);
-    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
-    }
+    copy_into(w, g, NULL, NULL, NULL);
     if (rm->scaling_type)
         gguf_writer_set_str(w, "llama.rope.scaling.type", rm->scaling_type);
     if (rm->factor > 0)
