@@ -133,8 +133,9 @@ static void usage(void)
            "         --precision P            rerank: use the threshold calibrated for P\n"
            "\n"
            "Why each reply stopped is written to stderr. Exit status: 0 done (a reply ended\n"
-           "by the model, a stop string or --max-tokens), 1 an error, 2 bad usage, 3 a reply\n"
-           "was cut (context full, timeout, daemon shutdown), 128+N interrupted by signal N.\n",
+           "by the model, a stop string or --max-tokens), 1 an error (output that could not\n"
+           "be written too), 2 bad usage, 3 a reply was cut (context full, timeout, daemon\n"
+           "shutdown), 128+N interrupted by signal N.\n",
            LLMS_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
 }
 
@@ -1215,5 +1216,14 @@ int main(int argc, char **argv)
     llms_close(c);
     free(prompt_owned);
     free(pos);
+    /* Output that could not be written (a full disk, a closed stdout) is a failure, as for
+     * any Unix filter: a caller reading the status must not take a lost reply for one. */
+    int flushed = fflush(stdout);
+    if (flushed != 0 || ferror(stdout)) {
+        fprintf(stderr, "llms: writing the output failed%s%s\n", flushed ? ": " : "",
+                flushed ? strerror(errno) : "");
+        if (rc == 0)
+            rc = 1;
+    }
     return rc;
 }

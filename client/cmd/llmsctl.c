@@ -931,6 +931,14 @@ int main(int argc, char **argv)
     }
     free_sets();
     free(pos);
+    /* A listing that could not be written (a full disk, a closed stdout) is a failure, as
+     * llms's output is. */
+    int flushed = fflush(stdout);
+    if (s == LLMS_OK && (flushed != 0 || ferror(stdout))) {
+        fprintf(stderr, "llmsctl: writing the output failed%s%s\n", flushed ? ": " : "",
+                flushed ? strerror(errno) : "");
+        return 1;
+    }
     if (s == LLMS_OK)
         return 0;
     if (json) {

@@ -158,6 +158,11 @@ static void llmsctl_reports(void)
     CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "status: %s", err);
     CHECK_MSG(strstr(out, "llama") && strstr(out, model_path), "status: %s", out);
 
+    /* a report that could not be written is a failure */
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' status > /dev/full", llmsctl_path, llmsd.sock);
+    CHECK_EQ(run(cmd, NULL, 0, err, sizeof err), 1);
+    CHECK_MSG(strstr(err, "llmsctl: writing the output failed"), "stderr: %s", err);
+
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json status", llmsctl_path, llmsd.sock);
     CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
     CHECK_MSG(out[0] == '{' && strstr(out, "\"model_arch\":\"llama\"") &&
@@ -696,7 +701,8 @@ static void llmsctl_is_not_an_app(void)
 }
 
 /* With stdout or stderr closed, what llms would print there is lost, but the call works:
- * the connection's socket does not take the closed fd, so no text reaches the daemon. */
+ * the connection's socket does not take the closed fd, so no text reaches the daemon. A
+ * reply that could not be written (stdout closed, a full disk) ends in status 1. */
 static void closed_stdout_or_stderr(void)
 {
     NEED_DAEMON();
@@ -704,8 +710,15 @@ static void closed_stdout_or_stderr(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 3 ask hi >&-", llms_path,
              llmsd.sock);
     int rc = run(cmd, NULL, 0, err, sizeof err);
-    CHECK_MSG(rc == 0, "ask with stdout closed: exit %d: %s", rc, err);
+    /* the reply is generated whole; that it could not be written is the status */
+    CHECK_MSG(rc == 1, "ask with stdout closed: exit %d: %s", rc, err);
     CHECK_MSG(strstr(err, "llms: stop: max_tokens"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "llms: writing the output failed"), "stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 3 ask hi > /dev/full", llms_path,
+             llmsd.sock);
+    rc = run(cmd, NULL, 0, err, sizeof err);
+    CHECK_MSG(rc == 1, "ask into a full disk: exit %d: %s", rc, err);
+    CHECK_MSG(strstr(err, "llms: writing the output failed"), "stderr: %s", err);
     proc_fmt(cmd, sizeof cmd,
              "printf 'one\\ntwo\\n' | '%s' --socket '%s' --app cli-closed --max-tokens 3 chat "
              "2>&-", llms_path, llmsd.sock);
