@@ -131,6 +131,7 @@ static void usage(void)
            "         --mode set|ordered       rerank: exact membership or exact order\n"
            "         --threshold T            rerank: pruning threshold (0: none)\n"
            "         --precision P            rerank: use the threshold calibrated for P\n"
+           "         --                       the rest are arguments (a prompt starting with -)\n"
            "\n"
            "Why each reply stopped is written to stderr. Exit status: 0 done (a reply ended\n"
            "by the model, a stop string or --max-tokens), 1 an error (output that could not\n"
@@ -1079,6 +1080,12 @@ int main(int argc, char **argv)
         if (a[0] != '-' || !strcmp(a, "-")) {
             pos[npos++] = argv[i];
             continue;
+        }
+        /* as getopt's: what follows is arguments, a prompt starting with '-' too */
+        if (!strcmp(a, "--")) {
+            while (++i < argc)
+                pos[npos++] = argv[i];
+            break;
         }
         opts[nopts++] = a;
         if (!strcmp(a, "--json")) {

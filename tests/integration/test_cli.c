@@ -822,6 +822,22 @@ static void bad_usage_fails(void)
     CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
 }
 
+/* "--" ends the options, as getopt's does: a prompt that starts with '-' is a prompt
+ * after it, an unknown option before it. */
+static void double_dash_ends_options(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[4096], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 2 ask -- '-1 is a number'",
+             llms_path, llmsd.sock);
+    int rc = run(cmd, out, sizeof out, err, sizeof err);
+    CHECK_MSG(rc == 0, "ask -- '-1 is a number': exit %d: %s", rc, err);
+    CHECK_MSG(strstr(err, "llms: stop: max_tokens"), "stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 2 ask '-1 is a number'",
+             llms_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -861,6 +877,7 @@ int main(int argc, char **argv)
     RUN(json_of_invalid_utf8_history_is_valid);
     RUN(kb_add_progress_bar_only_on_a_terminal);
     RUN(closed_stdout_or_stderr);
+    RUN(double_dash_ends_options);
     RUN(llmsctl_reports);
     RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);
