@@ -340,19 +340,6 @@ static genmodel *job_model(sched *s, const sched_job *j, const ctx_entry *c,
     return *code == LLMS__ERROR_CODE__OK ? genset_of_entry(s, me) : NULL;
 }
 
-/* The reply's length a generation reads from its params layers (a Call's: its context's
- * defaults, then the request's, as merge_params in generate.c): the last that sets one,
- * else the config's. */
-static long layered_max_tokens(const config *cfg, const Llms__GenerationParams *const *layers,
-                               int n)
-{
-    long max_tokens = cfg->max_tokens;
-    for (int i = 0; i < n; i++)
-        if (layers[i] && layers[i]->has_max_tokens)
-            max_tokens = layers[i]->max_tokens;
-    return max_tokens;
-}
-
 /* The most KV a Call or Complete on gm can hold: the context, the prompt (a token is at
  * least one byte, the template adds a few), the reply, at f16 (the heaviest precision),
  * or int8 for the full chunks when the policy compresses, and the draft model's KV when
@@ -396,7 +383,7 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
         const Llms__GraphRunRequest *gr = j->req->graph_run;
         p = gr->params;
         tokens = 4 * SCHED_TEMPLATE_TOKENS + 2L * cfg->rag_top_k * (cfg->kb_passage_tokens + 8) +
-                 layered_max_tokens(cfg, &p, 1);
+                 gen_max_tokens_of_params(cfg, &p, 1);
         for (size_t i = 0; i < gr->n_inputs; i++)
             tokens += (long)strlen(gr->inputs[i]->value);
         limit = cfg->n_ctx;
@@ -404,7 +391,7 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
         return 0;
     }
     layers[1] = p;
-    tokens += layered_max_tokens(cfg, layers, 2);
+    tokens += gen_max_tokens_of_params(cfg, layers, 2);
     tokens = tokens < limit ? tokens : limit;
     size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
     kv_shape shape = model_kv_shape(gm->me->m);

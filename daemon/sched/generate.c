@@ -28,7 +28,6 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     sp->repeat_penalty = cfg->repeat_penalty;
     sp->repeat_last_n = cfg->repeat_last_n;
     sp->seed = SAMPLER_SEED_RANDOM;
-    *max_tokens = cfg->max_tokens;
     *stops = NULL;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
@@ -49,12 +48,21 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             sp->repeat_last_n = p->repeat_last_n;
         if (p->has_seed)
             sp->seed = p->seed;
-        if (p->has_max_tokens)
-            *max_tokens = p->max_tokens;
         if (p->n_stop > 0)
             *stops = p;
     }
+    *max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
     *speculate = spec_mode_of_params(cfg, layers, 2);
+}
+
+int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
+                             int n)
+{
+    int max_tokens = cfg->max_tokens;
+    for (int i = 0; i < n; i++)
+        if (layers[i] && layers[i]->has_max_tokens)
+            max_tokens = layers[i]->max_tokens;
+    return max_tokens;
 }
 
 void gen_free(gen *g)

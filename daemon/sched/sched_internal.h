@@ -320,6 +320,12 @@ void gen_free(gen *g);
  * ran out for the reply's text: w has failed. */
 bool gen_flush(sched *s, work *w);
 
+/* The reply length a generation reads from its n params layers (a Call's: its context's
+ * defaults, then the request's; NULL ones skipped): the last that sets max_tokens, else
+ * the config's. Admission's KV estimate reads it so too. */
+int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
+                             int n);
+
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
 
