@@ -380,7 +380,7 @@ static int rr_open_encoder(reranker *rr, char err[ERR_MAX])
     rr->hp = (model_hparams){.n_vocab = hp->n_vocab, .dim = hp->dim, .n_layer = hp->n_layer,
                              .n_head = hp->n_head, .n_head_kv = hp->n_head,
                              .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_ctx = hp->n_pos,
-                             .rope_scaling = {.freq_scale = 1.0f, .mscale = 1.0f}};
+                             .rope_scaling = OPS_ROPE_UNSCALED};
     rr->enc_max_len = hp->n_pos < RR_ENC_MAX_LEN ? hp->n_pos : RR_ENC_MAX_LEN;
     if (tok_load(rr->g, &rr->tok, err) < 0)
         return -1;

@@ -157,7 +157,7 @@ ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_
 void ops_rope_angles(float *cs, int pos, int head_dim, float base,
                      const ops_rope_scaling *scaling, const float *freq_factors)
 {
-    static const ops_rope_scaling unscaled = {.freq_scale = 1.0f, .mscale = 1.0f};
+    static const ops_rope_scaling unscaled = OPS_ROPE_UNSCALED;
     const ops_rope_scaling *sc = scaling ? scaling : &unscaled;
     double span = sc->ramp_high - sc->ramp_low;
     if (span < 0.001)

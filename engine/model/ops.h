@@ -40,8 +40,8 @@ enum ops_rope_style {
     OPS_ROPE_HALVES,      /* rotates pairs (x[i], x[i + head_dim/2]) (neox, qwen) */
 };
 
-/* How a model scales its RoPE frequencies. Unscaled: {1, 0, 0, 0, 1}; linear by factor s:
- * freq_scale 1/s, the rest as unscaled; YaRN: ops_rope_yarn. */
+/* How a model scales its RoPE frequencies. Unscaled: OPS_ROPE_UNSCALED; linear by factor
+ * s: freq_scale 1/s, the rest as unscaled; YaRN: ops_rope_yarn. */
 typedef struct ops_rope_scaling {
     float freq_scale; /* 1 / factor: multiplies the frequency of an interpolated pair */
     float ext_factor; /* YaRN: how much of its unscaled frequency a pair at or below ramp_low
@@ -52,6 +52,9 @@ typedef struct ops_rope_scaling {
                          linear in between */
     float mscale;     /* multiplies every cos and sin: YaRN's attention temperature, else 1 */
 } ops_rope_scaling;
+
+/* The initializer of unscaled RoPE: every pair at its own frequency, cos and sin as they are. */
+#define OPS_ROPE_UNSCALED {.freq_scale = 1.0f, .mscale = 1.0f}
 
 /* YaRN (Peng et al. 2023) as llama.cpp computes it: pair i of wavelength
  * 2*pi*base^(2i/head_dim) rotating more than beta_fast times over orig_ctx positions keeps its
