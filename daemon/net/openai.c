@@ -537,6 +537,24 @@ static int field(json_object *o, const char *key, json_type t, json_object **out
     return -1;
 }
 
+/* field() of a positive integer that fits a uint32 into *out: 0 absent (or null), 1 read,
+ * -1 with msg when it is another type or out of range. */
+static int positive_u32_field(json_object *o, const char *key, uint32_t *out, char *msg,
+                              size_t cap)
+{
+    json_object *v;
+    int rc = field(o, key, json_type_int, &v, msg, cap);
+    if (rc <= 0)
+        return rc;
+    int64_t x = json_object_get_int64(v);
+    if (x < 1 || x > UINT32_MAX) {
+        snprintf(msg, cap, "'%s' must be a positive integer", key);
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 1;
+}
+
 /* Sampling fields of an OpenAI request into p (strings point into body). */
 static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
                        size_t max_stops, char *msg, size_t cap)
@@ -897,17 +915,9 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     }
     rq.question = (char *)json_object_get_string(v);
-    if ((rc = field(hr->body, "top_k", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = positive_u32_field(hr->body, "top_k", &rq.top_k, msg, cap)) < 0)
         goto bad;
-    if (rc) {
-        int64_t k = json_object_get_int64(v);
-        if (k < 1 || k > UINT32_MAX) {
-            snprintf(msg, cap, "'top_k' must be a positive integer");
-            goto bad;
-        }
-        rq.has_top_k = 1;
-        rq.top_k = (uint32_t)k;
-    }
+    rq.has_top_k = rc == 1;
     if ((rc = field(hr->body, "retrieval", json_type_string, &v, msg, cap)) < 0)
         goto bad;
     if (rc) {
@@ -967,16 +977,8 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         }
         hr->base64 = strcmp(f, "base64") == 0;
     }
-    if ((rc = field(hr->body, "dimensions", json_type_int, &v, msg, cap)) < 0)
+    if (positive_u32_field(hr->body, "dimensions", &hr->dimensions, msg, cap) < 0)
         goto bad;
-    if (rc) {
-        int64_t d = json_object_get_int64(v);
-        if (d < 1 || d > UINT32_MAX) {
-            snprintf(msg, cap, "'dimensions' must be a positive integer");
-            goto bad;
-        }
-        hr->dimensions = (uint32_t)d;
-    }
     if (!json_object_object_get_ex(hr->body, "input", &in)) {
         snprintf(msg, cap, "'input' is required");
         goto bad;
