@@ -56,11 +56,16 @@ extern "C" {
 /* Outcome of a call. Values 1..10 are the daemon's codes (proto ErrorCode). */
 enum llms_status {
     LLMS_OK = 0,
-    LLMS_ERR_INVALID_ARGUMENT = 1,    /* a field is missing, out of range or malformed */
+    LLMS_ERR_INVALID_ARGUMENT = 1,    /* a field is missing, out of range or malformed, or
+                                         the request is larger than a fixed limit (window,
+                                         kv budget, frame size, a max_* setting): retrying
+                                         cannot help */
     LLMS_ERR_NOT_FOUND = 2,           /* no such context (or not this app's) */
     LLMS_ERR_PERMISSION_DENIED = 3,   /* admin call from a non-admin peer */
-    LLMS_ERR_RESOURCE_EXHAUSTED = 4,  /* a per-app limit or the frame size */
-    LLMS_ERR_FAILED_PRECONDITION = 5, /* e.g. a call before llms_bind(), bind twice */
+    LLMS_ERR_RESOURCE_EXHAUSTED = 4,  /* a limit on what is held or running now (contexts,
+                                         queued calls, KV in use, quota): may pass later */
+    LLMS_ERR_FAILED_PRECONDITION = 5, /* e.g. a call before llms_bind(), bind twice, a full
+                                         context whose overflow is refuse */
     LLMS_ERR_CANCELLED = 6,           /* the call was cancelled (callback or shutdown) */
     LLMS_ERR_INTERNAL = 7,            /* the daemon (or this library) failed */
     LLMS_ERR_UNAVAILABLE = 8,         /* the daemon is shutting down */
@@ -179,7 +184,7 @@ enum llms_overflow {
                                   prompt) and the most recent stay, the middle leaves the
                                   model's view (the messages keep it), the reply goes on */
     LLMS_OVERFLOW_REFUSE = 2,  /* the reply stops with LLMS_STOP_CONTEXT_FULL and every
-                                  later call fails with LLMS_ERR_RESOURCE_EXHAUSTED */
+                                  later call fails with LLMS_ERR_FAILED_PRECONDITION */
 };
 
 /* "default", "window", "refuse" ("unknown" for others). */
@@ -261,7 +266,10 @@ enum llms_status llms_context_create_overflow(llms_conn *conn, const char *syste
  * last frame and returns LLMS_ERR_CANCELLED. out (may be NULL) gets the outcome when the
  * call finished or was cancelled after the daemon sent it; free it with
  * llms_result_free(). params may be NULL. Calls on one context are serialised by the
- * daemon.
+ * daemon. INVALID_ARGUMENT when the turn (or its KV, with max_tokens) can never fit
+ * the window or the daemon's kv_budget_mb; FAILED_PRECONDITION when a context whose
+ * overflow is refuse is full; RESOURCE_EXHAUSTED when the app has as many calls queued
+ * as it may, or running calls hold the KV memory past the daemon's kv_wait_ms.
  */
 enum llms_status llms_call(llms_conn *conn, const char *context_id, const char *prompt,
                            const llms_params *params, llms_token_cb on_text, void *user,
@@ -389,8 +397,8 @@ void llms_embeddings_free(llms_embeddings *e);
 
 /*
  * Embeds n texts with the daemon's model (final-norm'd last-layer states, pooled,
- * L2-normalised). INVALID_ARGUMENT for no texts or a text with no tokens or more than
- * the context window; RESOURCE_EXHAUSTED beyond the daemon's limits. Free *out with
+ * L2-normalised). INVALID_ARGUMENT for no texts, a text with no tokens or more than
+ * the context window, or more texts than the daemon's limits allow. Free *out with
  * llms_embeddings_free().
  */
 enum llms_status llms_embed(llms_conn *conn, const char *const *texts, size_t n,
@@ -492,8 +500,8 @@ void llms_rerank_result_free(llms_rerank_result *r);
 
 /*
  * The top-K of n documents for query, scored by the daemon's reranker. opts may be
- * NULL. INVALID_ARGUMENT for an empty query, no documents or bad options;
- * RESOURCE_EXHAUSTED beyond the daemon's limits on documents and bytes;
+ * NULL. INVALID_ARGUMENT for an empty query, no documents, bad options, or more
+ * documents or bytes than the daemon's limits allow;
  * FAILED_PRECONDITION when target_precision has no calibrated threshold. Free *out
  * with llms_rerank_result_free().
  */

@@ -96,7 +96,7 @@ static const key_def keys[] = {
            "what a context created without its own policy does when a call fills its window: "
            "`window` (slide: keep the first tokens and the most recent, drop the middle from "
            "the model's view, go on) or `refuse` (stop the reply with `STOP_CONTEXT_FULL`; "
-           "later calls `RESOURCE_EXHAUSTED`)"),
+           "later calls `FAILED_PRECONDITION`)"),
     INT(window_sink, 4, 1 << 24, "4",
         "tokens a sliding window keeps at the start of a context, at least; rounded up to "
         "16-token chunks, and a system prompt is kept whole (up to half the window)"),
@@ -152,7 +152,7 @@ static const key_def keys[] = {
         "does not hold memory for long)"),
     INT(max_text_bytes, 1, INT_MAX, "65536",
         "bytes of a prompt, system prompt, text to embed or Tokenize input (more: "
-        "`RESOURCE_EXHAUSTED` naming the field)"),
+        "`INVALID_ARGUMENT` naming the field)"),
 
     HEADING("Scheduling and memory"),
     INT(step_tokens, 16, 1024, "64",
@@ -185,7 +185,7 @@ static const key_def keys[] = {
     INT(kv_wait_ms, 0, INT_MAX, "30000",
         "how long a Call or Complete waits for running calls to leave room under "
         "`kv_budget_mb` before `RESOURCE_EXHAUSTED`; a call needing more than the whole "
-        "budget is refused at once"),
+        "budget is refused at once (`INVALID_ARGUMENT`)"),
     CHOICE(kv_compress, "tolerance|int8|none", "tolerance",
            "chunk compression after a call: `tolerance` (K and V widths of 2-8 bits and V's "
            "layout per chunk and layer once the model's layers are calibrated, per chunk "
@@ -237,7 +237,7 @@ static const key_def keys[] = {
 
     HEADING("Embeddings and reranking"),
     INT(embed_max_texts, 1, INT_MAX, "256",
-        "texts per Embed request (more: `RESOURCE_EXHAUSTED`)"),
+        "texts per Embed request (more: `INVALID_ARGUMENT`)"),
     OPT(embed_model,
         "shorthand for a registry model with the embed role, named after its file, the "
         "default for Embed and new knowledge bases: a bert encoder GGUF (bge, MiniLM, e5, "
@@ -266,9 +266,9 @@ static const key_def keys[] = {
         "token id scored as \"no\", -1 = look \"no\" up"),
     INT(rerank_max_documents, 1, INT_MAX, "256",
         "documents per Rerank request and per calibration query (more: "
-        "`RESOURCE_EXHAUSTED`)"),
+        "`INVALID_ARGUMENT`)"),
     INT(rerank_max_bytes, 1, INT_MAX, "4194304",
-        "bytes of query + documents per Rerank request (more: `RESOURCE_EXHAUSTED`)"),
+        "bytes of query + documents per Rerank request (more: `INVALID_ARGUMENT`)"),
 
     HEADING("The OpenAI-compatible HTTP gateway (off while both listeners are `none`)"),
     OPT(http_socket,

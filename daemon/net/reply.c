@@ -44,7 +44,7 @@ int reply_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, si
     if (need <= max_bytes)
         return reply_pack_error(resp->id, LLMS__ERROR_CODE__INTERNAL, max_bytes, out, len,
                                 "out of memory for a reply of %zu bytes", need);
-    return reply_pack_error(resp->id, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, max_bytes, out,
+    return reply_pack_error(resp->id, LLMS__ERROR_CODE__INVALID_ARGUMENT, max_bytes, out,
                             len, "reply of %zu bytes is larger than max_frame_bytes (%u)", need,
                             max_bytes);
 }

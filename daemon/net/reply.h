@@ -25,7 +25,7 @@ typedef struct reply_to {
 
 /*
  * Packs resp as a whole frame into a fresh buffer (*out, *len). A response larger than
- * max_bytes is replaced by a RESOURCE_EXHAUSTED error for the same id. Returns -1 only when
+ * max_bytes is replaced by an INVALID_ARGUMENT error for the same id. Returns -1 only when
  * memory runs out.
  */
 int reply_pack(const Llms__Response *resp, uint32_t max_bytes, uint8_t **out, size_t *len);

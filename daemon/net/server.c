@@ -330,7 +330,7 @@ static void conn_read(struct bufferevent *bev, void *arg)
                 snprintf(msg, sizeof msg,
                          "frame of %u bytes before Bind exceeds max_unbound_frame_bytes (%u)",
                          body, max);
-            conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            conn_fail(c, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
             return;
         }
         if (st == FRAME_EMPTY) {
@@ -350,7 +350,7 @@ static void conn_read(struct bufferevent *bev, void *arg)
         if (fields > FRAME_MAX_FIELDS) {
             snprintf(msg, sizeof msg, "frame of %u bytes has more than %u fields", body,
                      FRAME_MAX_FIELDS);
-            conn_fail(c, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED, msg);
+            conn_fail(c, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
             return;
         }
         Llms__Request *req = frame_unpack_request(p + FRAME_HEADER_BYTES, body);

@@ -6,7 +6,7 @@
  * configured path (its directory created when missing, a stale socket file replaced,
  * its mode set to socket_mode). Each connection reads length-prefixed Request frames;
  * a malformed or empty frame is answered with MALFORMED_FRAME (id 0) and closes the
- * connection, an oversized one likewise with RESOURCE_EXHAUSTED. A connection whose
+ * connection, an oversized one likewise with INVALID_ARGUMENT. A connection whose
  * unread replies pass CONNBUDGET_OUT_CAP stops being read and has its streamed calls
  * cancelled until it catches up, so a client that does not read cannot make the
  * daemon grow without bound. A connection that goes away cancels its requests; one

@@ -133,7 +133,7 @@ static bool text_too_long(const config *cfg, const char *field, const char *text
     size_t n = text ? strlen(text) : 0;
     if (n <= (size_t)cfg->max_text_bytes)
         return false;
-    return refuse_as(r, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+    return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                      "%s is %zu bytes, the limit is %d (max_text_bytes)", field, n,
                      cfg->max_text_bytes);
 }
@@ -282,7 +282,7 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
         /* Ids of more than one context window are never one text to show. */
         if (req->detokenize->n_tokens <= (size_t)cfg->max_tokens_per_context)
             return false;
-        return refuse_as(r, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                          "tokens has %zu ids, the limit is %d (max_tokens_per_context)",
                          req->detokenize->n_tokens, cfg->max_tokens_per_context);
     default:

@@ -43,7 +43,7 @@ static Llms__ErrorCode build_detokenize(const tokenizer *tok, const Llms__Detoke
     if ((size_t)need + 64 > max_frame_bytes) {
         err_set(err, "the text is %d bytes, more than a reply of max_frame_bytes (%u) holds",
                 need, max_frame_bytes);
-        return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     if (!(a->text = malloc((size_t)need + 1))) {
         err_set(err, "out of memory");

@@ -314,14 +314,14 @@ static kb_task *add_begin(kb_task *t)
             return NULL;
         }
         if (bytes > (size_t)cfg->kb_max_doc_bytes) {
-            reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+            reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                         "document '%.64s' has %zu bytes, more than kb_max_doc_bytes (%d)", d->id,
                         bytes, cfg->kb_max_doc_bytes);
             return NULL;
         }
     }
     if (t->total > (size_t)cfg->kb_max_add_bytes) {
-        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                     "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",
                     t->total, cfg->kb_max_add_bytes);
         return NULL;

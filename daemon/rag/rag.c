@@ -714,7 +714,7 @@ passages:
     if (build_prompt(r, q, texts, err))
         goto fail;
     if (q->n_tokens >= cfg->n_ctx) {
-        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
         err_set(err, "the prompt (system prompt, %d passages, question) is %d tokens, the "
                      "window is %d: ask for fewer passages (top_k)", q->n_hits, q->n_tokens,
                 cfg->n_ctx);

@@ -435,7 +435,7 @@ static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum adm
 {
     size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
     if (fit == ADMIT_KV_NEVER)
-        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                           "this call may need %zu KiB of KV (the context, the prompt and "
                           "max_tokens), more than kv_budget_mb allows (%zu KiB): lower "
                           "max_tokens or raise kv_budget_mb", need >> 10, budget >> 10);

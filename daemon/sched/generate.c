@@ -180,7 +180,10 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
     if (g->n_base + n_turn >= g->limit &&
         !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
-        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        /* Only a full context can take the turn once its state changes (deleted and
+         * started again); the other two never fit as sent. */
+        code = c && !g->window ? LLMS__ERROR_CODE__FAILED_PRECONDITION
+                               : LLMS__ERROR_CODE__INVALID_ARGUMENT;
         if (!c)
             err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
                     g->limit);
@@ -402,7 +405,7 @@ int gen_switch_in(gen *g, char err[ERR_MAX])
         int drop = ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, g->n_turn,
                                     g->sink_want);
         if (drop == 0) {
-            g->err_code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            g->err_code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             return err_set(err, "the turn does not fit the window of %d tokens", g->limit);
         }
         g->slides++;

@@ -100,7 +100,7 @@ graph_work *graphrun_new(sched *s, const sched_job *j)
     }
     for (size_t i = 0; i < gr->n_inputs; i++)
         if (strlen(gr->inputs[i]->value) > (size_t)s->env.cfg->max_text_bytes) {
-            code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
             err_set(err, "input '%.64s' is %zu bytes, over max_text_bytes (%d)",
                     gr->inputs[i]->name, strlen(gr->inputs[i]->value),
                     s->env.cfg->max_text_bytes);
@@ -421,7 +421,7 @@ static int graph_node_start(sched *s, work *w, int node)
             if (len > max)
                 snprintf(gw->err, ERR_MAX, "its prompt would be %zu bytes, over max_text_bytes "
                          "(%zu)", len, max);
-            graph_fail(w, len > max ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED : code,
+            graph_fail(w, len > max ? LLMS__ERROR_CODE__INVALID_ARGUMENT : code,
                        len > max ? gw->err : "out of memory");
             return -1;
         }
@@ -437,7 +437,7 @@ static int graph_node_start(sched *s, work *w, int node)
     char *kb = graph_run_render(gw->run, GRAPH_FIELD_KB, max, &kb_len);
     char *query = graph_run_render(gw->run, GRAPH_FIELD_QUERY, max, &len);
     if (kb_len > max || len > max) {
-        code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
         err_set(gw->err, "its %s would be %zu bytes, over max_text_bytes (%zu)",
                 kb_len > max ? "kb" : "query", kb_len > max ? kb_len : len, max);
     } else if (kb && query) {

@@ -308,7 +308,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
         return NULL;
     }
     if (n > (size_t)cfg->embed_max_texts) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                     "%zu texts, more than the limit (embed_max_texts = %d)", n,
                     cfg->embed_max_texts);
         return NULL;
@@ -330,7 +330,7 @@ static sem_task *embed_begin(semantic *sm, uint64_t conn_id, const Llms__Request
     int dim = embed_dim_of(sm, me);
     /* values, tags and lengths: a reply the client would refuse is refused up front */
     if ((double)n * (dim * 4.0 + 16) + 64 > cfg->max_frame_bytes) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                     "%zu vectors of %d floats exceed max_frame_bytes (%u)", n, dim,
                     cfg->max_frame_bytes);
         return NULL;
@@ -540,7 +540,7 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
     if (n > (size_t)cfg->rerank_max_documents) {
         err_set(err, "%zu documents, more than the limit (rerank_max_documents = %d)", n,
                 cfg->rerank_max_documents);
-        return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     size_t bytes = strlen(query);
     for (size_t i = 0; i < n; i++) {
@@ -553,7 +553,7 @@ static Llms__ErrorCode check_docs(const semantic *sm, const char *query, char **
     if (bytes > (size_t)cfg->rerank_max_bytes) {
         err_set(err, "%zu bytes of query and documents, more than the limit "
                      "(rerank_max_bytes = %d)", bytes, cfg->rerank_max_bytes);
-        return LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     return LLMS__ERROR_CODE__OK;
 }

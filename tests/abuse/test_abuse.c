@@ -756,7 +756,9 @@ static void send_partial_frames(const llmsd_proc *d, attack_report *rep, int rea
         setsockopt(fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         raw_write(fds[i], junk, SENT);
         int code = read_code(fds[i], 100, msg, sizeof msg);
-        if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED &&
+        /* the shared buffer may free up; a frame over the unbound limit never fits */
+        if (code == (app ? LLMS__ERROR_CODE__RESOURCE_EXHAUSTED
+                         : LLMS__ERROR_CODE__INVALID_ARGUMENT) &&
             strstr(msg, app ? "max_buffered_bytes" : "max_unbound_frame_bytes"))
             rep->refused++;
         else if (code == -1)
@@ -886,7 +888,7 @@ static void pipeline_frame(int fd, Llms__Request *req, attack_report *rep)
 }
 
 /* Sends one large request, holds while the daemon handles it, and expects
- * RESOURCE_EXHAUSTED naming limit; rep->ms is the time from the end of the send to the
+ * INVALID_ARGUMENT (a request over a fixed limit) naming limit; rep->ms is the time from the end of the send to the
  * answer. */
 static void bomb(const llmsd_proc *d, attack_report *rep, int ready, int release,
                  Llms__Request *req, const char *limit)
@@ -904,7 +906,7 @@ static void bomb(const llmsd_proc *d, attack_report *rep, int ready, int release
     hold(ready, release);
     int code = read_code(fd, 20000, msg, sizeof msg);
     rep->ms = (proc_now() - t0) * 1000;
-    if (code == LLMS__ERROR_CODE__RESOURCE_EXHAUSTED && strstr(msg, limit))
+    if (code == LLMS__ERROR_CODE__INVALID_ARGUMENT && strstr(msg, limit))
         rep->refused++;
     else
         note(rep, "code %d: %s", code, msg);
@@ -1208,7 +1210,6 @@ static void oversized_fields(const llmsd_proc *d, attack_report *rep, int ready,
         cases[i].code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
     cases[0].system_prompt = big; /* 10 MB */
-    cases[0].code = LLMS__ERROR_CODE__RESOURCE_EXHAUSTED;
     cases[0].names = "max_text_bytes";
     big[TEXT_BYTES - 1] = '\0'; /* within the bytes, far beyond a 512-token window */
     cases[1].system_prompt = strdup(big);
@@ -1329,7 +1330,7 @@ static void *kv_client_main(void *arg)
 
 /* With kv_budget_mb = 1 six apps calling at once all get their answers (they wait for
  * room instead of RESOURCE_EXHAUSTED), and a call that could never fit is refused at
- * once, saying why. */
+ * once as INVALID_ARGUMENT (a retry cannot help), saying why. */
 static void tight_kv_budget_queues_calls(void)
 {
     if (!llmsd_path[0])
@@ -1374,7 +1375,7 @@ static void tight_kv_budget_queues_calls(void)
            "(%.0f ms in all); a call needing more than the budget: %s in %.0f ms (%s)\n",
            ok, CLIENTS * 4, exhausted, other, all_ms, llms_status_name(big), big_ms, msg);
     CHECK_MSG(ok == CLIENTS * 4, "%d exhausted, %d other: %s", exhausted, other, first);
-    CHECK_EQ(big, LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(big, LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(msg, "kv_budget_mb"), "%s", msg);
     CHECK(big_ms < RESPONSIVE_MS);
     CHECK_EQ(rc, 0);

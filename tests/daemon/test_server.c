@@ -503,7 +503,7 @@ static void malformed_frame_closes(void)
 static void oversized_frame_closes(void)
 {
     const uint8_t big[] = {0, 0, 0x10, 0}; /* 1 MiB, the daemon allows 64 KiB */
-    expect_fatal(big, sizeof big, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED);
+    expect_fatal(big, sizeof big, LLMS__ERROR_CODE__INVALID_ARGUMENT);
 }
 
 static void others_undisturbed(void)

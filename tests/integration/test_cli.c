@@ -396,7 +396,7 @@ static void ask_reads_stdin_and_files(void)
              "head -c 131072 /dev/zero | tr '\\0' 'a' | '%s' --socket '%s' ask", llms_path,
              llmsd.sock);
     CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 1);
-    CHECK_MSG(strstr(err, "RESOURCE_EXHAUSTED"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "INVALID_ARGUMENT"), "stderr: %s", err);
 }
 
 /* llms kb add draws its progress bar on stderr only when stderr is a terminal: nothing
@@ -625,7 +625,7 @@ static void chat_goes_on_after_an_error(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-goes-on --max-tokens 3 chat < '%s'",
              llms_path, llmsd.sock, file);
     CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 1);
-    CHECK_MSG(strstr(err, "RESOURCE_EXHAUSTED"), "stderr: %s", err);
+    CHECK_MSG(strstr(err, "INVALID_ARGUMENT"), "stderr: %s", err);
     char id[LLMS_ID_MAX];
     CHECK_MSG(sscanf(err, "context %127s", id) == 1, "no context id on stderr: %s", err);
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-goes-on ctx show %s", llms_path,

@@ -254,14 +254,14 @@ static void refusals_over_the_wire(void)
     static char big[5000];
     memset(big, 'a', sizeof big - 1);
     in[0].value = big;
-    CHECK_EQ(llms_graph_run(c, "g1", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_graph_run(c, "g1", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(llms_last_error(c), "input 'q'"), "%s", llms_last_error(c));
     n.prompt = "{q}{q}{q}";
     CHECK_EQ(llms_graph_create(c, "thrice", &d), LLMS_ERR_RESOURCE_EXHAUSTED); /* 4th graph */
     CHECK_EQ(llms_graph_delete(c, "g3"), LLMS_OK);
     CHECK_EQ(llms_graph_create(c, "g3", &d), LLMS_OK);
     big[2000] = '\0';
-    CHECK_EQ(llms_graph_run(c, "g3", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_graph_run(c, "g3", in, 1, NULL, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(llms_last_error(c), "node 'ask': its prompt would be 6000 bytes"), "%s",
               llms_last_error(c));
     CHECK_EQ(llms_graph_delete(c, "one-shot"), LLMS_ERR_FAILED_PRECONDITION);

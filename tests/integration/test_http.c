@@ -353,6 +353,46 @@ static void embedding_dimensions_are_checked(void)
     }
 }
 
+/* A request that can never be served as sent is 400, which the OpenAI clients do not
+ * retry, not 429, which they retry with backoff: a prompt beyond the model's window of
+ * 512 tokens, on both generation routes; and natively, a Complete beyond max_frame_bytes. */
+static void too_large_is_400_not_429(void)
+{
+    NEED(daemon_up, start_daemon());
+    char prompt[4001];
+    for (int i = 0; i < 4000; i += 5)
+        memcpy(prompt + i, "word ", 5);
+    prompt[4000] = '\0';
+    char body[4200];
+    const char *routes[] = {"/v1/completions", "/v1/chat/completions"};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":2}", prompt);
+        else
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
+                     "\"max_tokens\":2}", prompt);
+        int st;
+        json_object *o = post(routes[i], body, &st);
+        const char *type = o ? httpc_jstr(o, "error.type") : NULL;
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && type && !strcmp(type, "invalid_request_error") && msg &&
+                      strstr(msg, "window"),
+                  "%s: %d %s", routes[i], st, o ? json_object_to_json_string(o) : "");
+        json_object_put(o);
+    }
+    llms_conn *c = proc_connect(&daemon_, "too-large");
+    CHECK(c);
+    char *huge = malloc(70000);
+    CHECK(huge);
+    memset(huge, 'a', 69999);
+    huge[69999] = '\0';
+    CHECK_EQ(llms_complete(c, huge, NULL, 0, NULL, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "max_frame_bytes"), "%s", llms_last_error(c));
+    free(huge);
+    llms_close(c);
+}
+
 /* Status and error code of an exchange. */
 static void expect_error(const char *method, const char *path, const char *headers,
                          const char *body, int want_status, const char *want_code, int *ok)
@@ -881,7 +921,7 @@ static void rag_route_answers_from_a_knowledge_base(void)
 
 /* A top_k past INT32_MAX is refused as out of range (400), as any other top_k over the
  * limit is, not taken for a negative count of passages by the admission's estimate of
- * the query's KV (which then asked for more than the whole budget: 429). */
+ * the query's KV (which then asked for more than the whole budget). */
 static void rag_huge_top_k_is_invalid(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1092,6 +1132,7 @@ int main(int argc, char **argv)
     RUN(embedding_dimensions_are_checked);
     RUN(errors_are_openai_shaped);
     RUN(unhonoured_fields_are_refused);
+    RUN(too_large_is_400_not_429);
     RUN(malformed_input_never_crashes);
     RUN(random_bodies_never_crash);
     RUN(tcp_needs_a_token);

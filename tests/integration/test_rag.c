@@ -138,7 +138,7 @@ static void limits_and_bad_input(void)
     memset(big, 'a', 29999);
     big[29999] = '\0';
     llms_kb_doc d = {"big", big, NULL};
-    CHECK_EQ(llms_kb_add(c, "k1", &d, 1, NULL), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_kb_add(c, "k1", &d, 1, NULL), LLMS_ERR_INVALID_ARGUMENT);
     free(big);
     d = (llms_kb_doc){"empty", "", NULL};
     CHECK_EQ(llms_kb_add(c, "k1", &d, 1, NULL), LLMS_ERR_INVALID_ARGUMENT);

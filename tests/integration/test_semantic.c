@@ -123,7 +123,7 @@ static void embed_invalid_requests(void)
     CHECK_EQ(llms_bind(c, "emb-bad"), LLMS_OK);
     CHECK_EQ(llms_embed(c, NULL, 0, LLMS_POOLING_LAST, &e), LLMS_ERR_INVALID_ARGUMENT);
     const char *five[] = {"a", "b", "c", "d", "e"};
-    CHECK_EQ(llms_embed(c, five, 5, LLMS_POOLING_LAST, &e), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_embed(c, five, 5, LLMS_POOLING_LAST, &e), LLMS_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llms_last_error(c), "embed_max_texts") != NULL);
     char *long_text = malloc(4001);
     memset(long_text, 'a', 4000);
@@ -251,13 +251,13 @@ static void rerank_invalid_requests(void)
     const char *nine[9];
     for (int i = 0; i < 9; i++)
         nine[i] = DOCS[i % N_DOCS];
-    CHECK_EQ(llms_rerank(c, QUERY, nine, 9, NULL, &r), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_rerank(c, QUERY, nine, 9, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llms_last_error(c), "rerank_max_documents") != NULL);
     char *big = malloc(2100);
     memset(big, 'x', 2099);
     big[2099] = '\0';
     const char *bigdocs[] = {DOCS[0], big};
-    CHECK_EQ(llms_rerank(c, QUERY, bigdocs, 2, NULL, &r), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_EQ(llms_rerank(c, QUERY, bigdocs, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llms_last_error(c), "rerank_max_bytes") != NULL);
     free(big);
     llms_rerank_options o;

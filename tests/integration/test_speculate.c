@@ -237,7 +237,7 @@ static void draft_kv_counts_in_the_budget(void)
     int rc = llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &r);
     if (rc == LLMS_OK)
         llms_result_free(&r);
-    CHECK(rc == LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK(rc == LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(llms_last_error(c), "kv_budget_mb"), "%s", llms_last_error(c));
     char *short_plain = complete(c, prompt, 8, LLMS_SPECULATION_OFF);
     char *short_draft = complete(c, prompt, 8, LLMS_SPECULATION_DRAFT);
@@ -278,7 +278,7 @@ static void context_defaults_draft_counts_in_the_budget(void)
         rc = c ? llms_call_text(c, drafting, prompt, call_params[i], &text) : LLMS_ERR_INTERNAL;
         free(text);
         text = NULL;
-        CHECK_MSG(rc == LLMS_ERR_RESOURCE_EXHAUSTED, "params %d: rc %d: %s", i, rc,
+        CHECK_MSG(rc == LLMS_ERR_INVALID_ARGUMENT, "params %d: rc %d: %s", i, rc,
                   c ? llms_last_error(c) : "");
         CHECK_MSG(c && strstr(llms_last_error(c), "kv_budget_mb"), "params %d: %s", i,
                   c ? llms_last_error(c) : "");

@@ -4,7 +4,7 @@
  * and keeps answering, its context never holds more than the window, the streamed text
  * is the reply, the store holds no blob beyond the window, and everything survives a
  * restart; a REFUSE context stops with STOP_CONTEXT_FULL and its next call fails with
- * RESOURCE_EXHAUSTED; the daemon's `overflow` setting is the default.
+ * FAILED_PRECONDITION; the daemon's `overflow` setting is the default.
  */
 #include <dirent.h>
 #include <signal.h>
@@ -197,7 +197,7 @@ static void refuse_stops_and_fails(void)
             if (s == LLMS_OK)
                 llms_result_free(&r);
         }
-        CHECK_EQ(s, LLMS_ERR_RESOURCE_EXHAUSTED);
+        CHECK_EQ(s, LLMS_ERR_FAILED_PRECONDITION);
         CHECK_MSG(strstr(llms_last_error(c), "is full") &&
                       strstr(llms_last_error(c), "overflow is refuse"),
                   "%s", llms_last_error(c));
@@ -211,7 +211,7 @@ static void refuse_stops_and_fails(void)
     CHECK_EQ(info.overflow, LLMS_OVERFLOW_REFUSE);
     CHECK_EQ(info.window_slides, 0);
     llms_context_info_free(&info);
-    CHECK(c && llms_call(c, id, prompts[0], &p, NULL, NULL, NULL) == LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK(c && llms_call(c, id, prompts[0], &p, NULL, NULL, NULL) == LLMS_ERR_FAILED_PRECONDITION);
     llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
