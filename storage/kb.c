@@ -7,6 +7,7 @@
 #include "storage/kb.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -812,11 +813,12 @@ int store_kb_passage(store *s, int64_t kb_id, int64_t id,
 /* ---- QA bank ---- */
 
 int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec, int dim,
-                 const char *answer, const int64_t *passages, int n_passages,
-                 bool predicted, int64_t now_ms, char err[ERR_MAX])
+                 const char *answer, int stop, int n_tokens, const int64_t *passages,
+                 int n_passages, bool predicted, int64_t now_ms, char err[ERR_MAX])
 {
     sqlite3_stmt *st = store_prepare(s, "INSERT INTO qa_bank (kb_id, question, vec, answer, passages,"
-                               " created_ms, predicted) VALUES (?, ?, ?, ?, ?, ?, ?)", err);
+                               " created_ms, predicted, stop_reason, generated_tokens)"
+                               " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, kb_id);
@@ -827,6 +829,8 @@ int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec
                       (int)(sizeof(int64_t) * (size_t)n_passages), SQLITE_STATIC);
     sqlite3_bind_int64(st, 6, now_ms);
     sqlite3_bind_int(st, 7, predicted);
+    sqlite3_bind_int(st, 8, stop);
+    sqlite3_bind_int(st, 9, n_tokens);
     return store_step_once(s, st, "adding a QA entry", err);
 }
 
@@ -834,7 +838,8 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
                   int (*fn)(void *arg, const store_qa *q), void *arg, char err[ERR_MAX])
 {
     sqlite3_stmt *st = store_prepare(s, "SELECT id, question, vec, answer, passages, created_ms,"
-                               " predicted FROM qa_bank WHERE kb_id = ? ORDER BY id", err);
+                               " predicted, stop_reason, generated_tokens FROM qa_bank"
+                               " WHERE kb_id = ? ORDER BY id", err);
     if (!st)
         return -1;
     sqlite3_bind_int64(st, 1, kb_id);
@@ -843,14 +848,16 @@ int store_qa_list(store *s, int64_t kb_id, int dim,
         int pb = sqlite3_column_bytes(st, 4);
         const void *pv = sqlite3_column_blob(st, 4);
         const void *v = sqlite3_column_blob(st, 2);
+        int64_t stop = sqlite3_column_int64(st, 7), n_tokens = sqlite3_column_int64(st, 8);
         if (sqlite3_column_bytes(st, 2) != (int)(sizeof(float) * (size_t)dim) || !v ||
-            pb % (int)sizeof(int64_t)) {
+            pb % (int)sizeof(int64_t) || stop < 0 || stop > INT_MAX || n_tokens < 0 ||
+            n_tokens > INT_MAX) {
             out = err_set(err, "store: QA entry %lld is malformed",
                           (long long)sqlite3_column_int64(st, 0));
             break;
         }
         store_qa q = {sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1), v,
-                      (const char *)sqlite3_column_text(st, 3), pv,
+                      (const char *)sqlite3_column_text(st, 3), (int)stop, (int)n_tokens, pv,
                       pb / (int)sizeof(int64_t), sqlite3_column_int64(st, 5),
                       sqlite3_column_int(st, 6) != 0};
         if ((out = fn(arg, &q)) != 0)

@@ -196,16 +196,20 @@ typedef struct store_qa {
     const char *question;
     const float *vec;        /* dim floats */
     const char *answer;
+    int stop;                /* why the answer stopped, the caller's code (>= 0) */
+    int n_tokens;            /* the answer's generated tokens */
     const int64_t *passages; /* n_passages passage ids the answer was made from */
     int n_passages;
     int64_t created_ms;
     bool predicted;          /* made by a predicted query, not asked yet */
 } store_qa;
 
-/* Adds an entry; predicted marks one a predicted query made (store_qa.predicted). */
+/* Adds an entry whose answer stopped for reason stop after n_tokens tokens (entries
+ * stored before schema version 14 read 0 and 0); predicted marks one a predicted query
+ * made (store_qa.predicted). */
 int store_qa_put(store *s, int64_t kb_id, const char *question, const float *vec, int dim,
-                 const char *answer, const int64_t *passages, int n_passages,
-                 bool predicted, int64_t now_ms, char err[ERR_MAX]);
+                 const char *answer, int stop, int n_tokens, const int64_t *passages,
+                 int n_passages, bool predicted, int64_t now_ms, char err[ERR_MAX]);
 
 /* Calls fn for each entry of kb_id (dim floats per vector), oldest first. */
 int store_qa_list(store *s, int64_t kb_id, int dim,

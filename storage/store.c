@@ -243,6 +243,12 @@ static const char *const store_migrations[] = {
      * model's, so it is kept for the knowledge base's life); '' in knowledge bases made
      * before, which use the default embed model when its file is still the embedder. */
     "ALTER TABLE kbs ADD COLUMN embed_model TEXT NOT NULL DEFAULT '';",
+
+    /* Why a QA entry's answer stopped (the caller's code: the daemon's StopReason) and
+     * its generated tokens, which a hit reports as the answer first did. Entries stored
+     * before say 0 and 0: an end of turn of no tokens, what their hits reported. */
+    ("ALTER TABLE qa_bank ADD COLUMN stop_reason INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE qa_bank ADD COLUMN generated_tokens INTEGER NOT NULL DEFAULT 0;"),
 };
 
 /* The tail of migration 11, after store_kb_migrate_11. */

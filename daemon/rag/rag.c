@@ -834,8 +834,9 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
             ids[i] = q->hits[i].id;
         const config *cfg = r->env.cfg;
         int own = 0;
-        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer, ids,
-                         q->n_hits, q->asker != ASK_REAL, now, err) ||
+        if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer,
+                         LLMS__STOP_REASON__STOP_EOS, 0, ids, q->n_hits, q->asker != ASK_REAL,
+                         now, err) ||
             store_qa_evict_owner(r->env.st, q->kb.uid, q->kb.app,
                                  (int64_t)cfg->cache_owner_max_mb << 20,
                                  cfg->cache_owner_max_entries, &own, err) ||

@@ -309,6 +309,7 @@ typedef struct qa_seen {
     int64_t id[8];
     bool predicted[8];
     int n_passages[8];
+    int stop[8], n_tokens[8];
     char answer[8][32];
     float vec[8][DIM];
 } qa_seen;
@@ -320,6 +321,8 @@ static int see_qa(void *arg, const store_qa *q)
         s->id[s->n] = q->id;
         s->predicted[s->n] = q->predicted;
         s->n_passages[s->n] = q->n_passages;
+        s->stop[s->n] = q->stop;
+        s->n_tokens[s->n] = q->n_tokens;
         snprintf(s->answer[s->n], sizeof s->answer[s->n], "%s", q->answer);
         memcpy(s->vec[s->n], q->vec, sizeof s->vec[s->n]);
     }
@@ -385,8 +388,8 @@ static void qa_bank_limits_and_corruption(void)
     char answer[64];
     for (int i = 0; i < 6; i++) {
         snprintf(answer, sizeof answer, "answer %d", i);
-        CHECK_EQ(store_qa_put(s, i < 5 ? kb : other, "q?", v, DIM, answer, pass, 2, i % 2 == 0,
-                              3000 + i, err), 0);
+        CHECK_EQ(store_qa_put(s, i < 5 ? kb : other, "q?", v, DIM, answer, 0, 4, pass, 2,
+                              i % 2 == 0, 3000 + i, err), 0);
     }
     qa_seen q = {0};
     CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), 0);
@@ -422,6 +425,37 @@ static void qa_bank_limits_and_corruption(void)
     CHECK(s);
     qa_seen q4 = {0};
     CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q4, err), -1);
+    CHECK_MSG(strstr(err, "malformed"), "%s", err);
+    store_close(s);
+}
+
+/* An entry keeps why its answer stopped and its length: a hit reports them as the answer
+ * first did. A negative length is a malformed entry. */
+static void qa_bank_keeps_stop(void)
+{
+    store *s = open_fresh("kb-qa-stop");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK(kb > 0);
+    float v[DIM] = {0, 1, 0, 0};
+    int64_t pass[1] = {3};
+    const int stops[3] = {1, 2, 0}, lengths[3] = {3, 5, 7};
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "a", stops[i], lengths[i], pass, 1, false,
+                              10 + i, err), 0);
+    qa_seen q = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), 0);
+    CHECK_EQ(q.n, 3);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(q.stop[i] == stops[i] && q.n_tokens[i] == lengths[i],
+                  "entry %d: stop %d, %d tokens", i, q.stop[i], q.n_tokens[i]);
+    store_close(s);
+    CHECK_EQ(tamper("UPDATE qa_bank SET generated_tokens = -1 WHERE created_ms = 11"), 0);
+    s = store_open(dir_path, err);
+    CHECK(s);
+    q = (qa_seen){0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), -1);
     CHECK_MSG(strstr(err, "malformed"), "%s", err);
     store_close(s);
 }
@@ -654,8 +688,13 @@ static void qkv_evict_shared_parents(void)
     store_close(s);
 }
 
+/* Version 13's QA bank, without an answer's stop reason and length. */
+#define SCHEMA_13_QA                                                                      \
+    "ALTER TABLE qa_bank DROP COLUMN stop_reason;"                                        \
+    "ALTER TABLE qa_bank DROP COLUMN generated_tokens;"
+
 /* Version 12's kbs, without the embed model's name. */
-#define SCHEMA_12_KBS "ALTER TABLE kbs DROP COLUMN embed_model;"
+#define SCHEMA_12_KBS SCHEMA_13_QA "ALTER TABLE kbs DROP COLUMN embed_model;"
 
 /* Version 10's knowledge base tables (float32 vectors, a passage's text whole, FTS5
  * with its own copy), for knowledge base 1. */
@@ -692,7 +731,7 @@ static int store_of_version_9(const char *name, const char *extra_sql)
     char err[ERR_MAX], sql[2048];
     float v[DIM] = {1, 0, 0, 0};
     int64_t pass[1] = {1};
-    int rc = kb > 0 ? store_qa_put(s, kb, "q?", v, DIM, "a", pass, 1, false, 1, err) : -1;
+    int rc = kb > 0 ? store_qa_put(s, kb, "q?", v, DIM, "a", 0, 1, pass, 1, false, 1, err) : -1;
     store_close(s);
     snprintf(sql, sizeof sql, "%s %s %s PRAGMA user_version = 9", SCHEMA_10_KB, SCHEMA_9_QKV,
              extra_sql);
@@ -894,7 +933,35 @@ static void migration_13_kb_embed_model(void)
     CHECK_EQ(k.n, 1);
     CHECK(!strcmp(k.embed_models[0], "") && !strcmp(k.embedders[0], "test-embedder"));
     store_close(s);
-    CHECK_EQ(count_rows("PRAGMA user_version"), 13);
+    CHECK_EQ(count_rows("PRAGMA user_version"), store_schema_version());
+}
+
+/* Schema 13 -> 14: a QA entry stored before keeps its answer and reads as one that
+ * stopped at its end of turn (stop 0) with 0 tokens, what its hits reported; entries
+ * stored after keep their own. */
+static void migration_14_qa_stop(void)
+{
+    store *s = open_fresh("kb-migrate-14");
+    CHECK(s);
+    char err[ERR_MAX];
+    int64_t kb = make_kb(s, 1000, "app", "kb");
+    CHECK_EQ(kb, 1);
+    store_close(s);
+    CHECK_EQ(tamper(SCHEMA_13_QA
+                    "INSERT INTO qa_bank (kb_id, question, vec, answer, passages, created_ms)"
+                    " VALUES (1, 'q?', x'0000803F000000000000000000000000', 'old', x'', 1);"
+                    "PRAGMA user_version = 13;"), 0);
+    s = store_open(dir_path, err);
+    CHECK_MSG(s, "%s", err);
+    float v[DIM] = {1, 0, 0, 0};
+    CHECK_EQ(store_qa_put(s, kb, "q?", v, DIM, "new", 1, 3, NULL, 0, false, 2, err), 0);
+    qa_seen q = {0};
+    CHECK_EQ(store_qa_list(s, kb, DIM, see_qa, &q, err), 0);
+    CHECK_EQ(q.n, 2);
+    CHECK(!strcmp(q.answer[0], "old") && q.stop[0] == 0 && q.n_tokens[0] == 0);
+    CHECK(!strcmp(q.answer[1], "new") && q.stop[1] == 1 && q.n_tokens[1] == 3);
+    store_close(s);
+    CHECK_EQ(count_rows("PRAGMA user_version"), store_schema_version());
 }
 
 int main(void)
@@ -904,6 +971,7 @@ int main(void)
     RUN(compact_staged_passages);
     RUN(drop_in_slices);
     RUN(qa_bank_limits_and_corruption);
+    RUN(qa_bank_keeps_stop);
     RUN(qkv_roundtrip_evict_corrupt);
     RUN(qkv_owner_and_content);
     RUN(qkv_quota_and_fair_eviction);
@@ -913,5 +981,6 @@ int main(void)
     RUN(migration_compacts_passages);
     RUN(migration_12_compact_qa_ivf);
     RUN(migration_13_kb_embed_model);
+    RUN(migration_14_qa_stop);
     return test_finish();
 }
