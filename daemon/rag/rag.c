@@ -272,6 +272,7 @@ typedef struct qa_best {
     float sim;
     int64_t id;
     char *answer;
+    int stop, n_tokens;         /* the stored answer's (store_qa) */
     int64_t passages[RAG_MAX_K];
     int n_passages;
     bool predicted;
@@ -295,6 +296,8 @@ static int qa_scan(void *arg, const store_qa *e)
     b->answer = a;
     b->sim = s;
     b->id = e->id;
+    b->stop = e->stop;
+    b->n_tokens = e->n_tokens;
     b->predicted = e->predicted;
     b->n_passages = e->n_passages < RAG_MAX_K ? e->n_passages : RAG_MAX_K;
     memcpy(b->passages, e->passages, sizeof *b->passages * (size_t)b->n_passages);
@@ -323,6 +326,12 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
         q->cached = true;
         return 1;
     }
+    /* the reply must be a StopReason a client knows, whatever the row holds */
+    if (!protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor, b.stop)) {
+        err_set(err, "QA entry %lld: unknown stop reason %d", (long long)b.id, b.stop);
+        free(b.answer);
+        return -1;
+    }
     for (int i = 0; i < b.n_passages; i++) {
         int got = load_passage(q, i, b.passages[i], 0, NULL, err);
         if (got < 0) {
@@ -347,7 +356,9 @@ static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request
     res.n_passages = (size_t)b.n_passages;
     res.passages = q->hp;
     res.retrieve_ms = q->retrieve_ms;
-    res.stop_reason = LLMS__STOP_REASON__STOP_EOS;
+    /* as the answer first stopped: one cut at max_tokens is still cut */
+    res.stop_reason = (Llms__StopReason)b.stop;
+    res.generated_tokens = (uint32_t)b.n_tokens;
     res.text = b.answer;
     res.has_qa_similarity = 1;
     res.qa_similarity = b.sim;
@@ -819,7 +830,7 @@ void rag_result(const rag_query *q, Llms__RagResult *res)
 
 /* The cache writes of a generation, in one transaction. */
 static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
-                    char err[ERR_MAX])
+                    Llms__StopReason stop, int n_generated, char err[ERR_MAX])
 {
     int64_t now = clock_wall_ms();
     for (int i = 0; i < q->nodes_found; i++)
@@ -835,8 +846,8 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
         const config *cfg = r->env.cfg;
         int own = 0;
         if (store_qa_put(r->env.st, q->kb.id, q->rq->question, q->qvec, q->kb.dim, answer,
-                         LLMS__STOP_REASON__STOP_EOS, 0, ids, q->n_hits, q->asker != ASK_REAL,
-                         now, err) ||
+                         (int)stop, n_generated, ids, q->n_hits, q->asker != ASK_REAL, now,
+                         err) ||
             store_qa_evict_owner(r->env.st, q->kb.uid, q->kb.app,
                                  (int64_t)cfg->cache_owner_max_mb << 20,
                                  cfg->cache_owner_max_entries, &own, err) ||
@@ -847,7 +858,8 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
     return 0;
 }
 
-void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                  Llms__StopReason stop, int n_generated)
 {
     char err[ERR_MAX];
     r->qkv_bytes_stale = true;
@@ -855,7 +867,7 @@ void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer)
         warn("cache", err);
         return;
     }
-    if (populate(r, q, seq, answer, err)) {
+    if (populate(r, q, seq, answer, stop, n_generated, err)) {
         store_kb_rollback(r->env.st);
         store_cache_end(r->env.st);
         warn("cache", err);

@@ -3,7 +3,8 @@
  *
  * A query: the question is embedded; the QA bank of its knowledge base is searched and
  * a stored question with cosine >= tau_query answers at once (after checking that every
- * passage the stored answer came from still exists). Otherwise hybrid retrieval picks
+ * passage the stored answer came from still exists), with the stop reason and generated
+ * tokens of that answer's generation. Otherwise hybrid retrieval picks
  * the top-k passages and the prompt is built as separately tokenized segments:
  *   [template head + system prompt + "Passages:"] [passage 1] ... [passage k]
  *   ["Question: ..." + template tail]
@@ -113,9 +114,11 @@ void rag_result(const rag_query *q, Llms__RagResult *res);
 
 /* Then, after the reply is sent: counts the uses of the nodes loaded, stores the
  * prompt's missing QKV nodes from seq (which still holds the prompt's KV) and the answer
- * in the QA bank, evicting under qkv_cache_mb and qa_cache_mb, in one cache transaction
+ * in the QA bank with why it stopped and its n_generated tokens (a hit reports them),
+ * evicting under qkv_cache_mb and qa_cache_mb, in one cache transaction
  * (store_cache_begin). A cache that cannot be written is logged, not an error. */
-void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer);
+void rag_populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
+                  Llms__StopReason stop, int n_generated);
 
 void rag_query_free(rag_query *q);
 

@@ -501,7 +501,8 @@ void gen_end(sched *s, work *w)
                      g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
                      g->reason == LLMS__STOP_REASON__STOP_STRING;
         outq_wake(s->env.out);
-        rag_populate(s->rag, g->rq, g->seq, whole && g->shown ? g->shown : "");
+        rag_populate(s->rag, g->rq, g->seq, whole && g->shown ? g->shown : "", g->reason,
+                     g->n_gen);
     }
     if (!failed)
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,

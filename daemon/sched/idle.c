@@ -117,7 +117,7 @@ void idle_pred_end(sched *s, bool complete)
     enum predict_end how = PREDICT_DROPPED;
     if (complete && !w->failed && g->prefilled && gen_flush(s, w)) {
         if (g->rq)
-            rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "");
+            rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "", g->reason, g->n_gen);
         how = PREDICT_RAN;
     }
     predict_done(s->predict, &s->pred_task, how, g->shown ? g->shown : "");

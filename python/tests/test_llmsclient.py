@@ -221,11 +221,13 @@ class KbTest(unittest.TestCase):
         self.assertGreater(first.prompt_tokens, 0)
         self.assertLessEqual(first.generated_tokens, 6)
         self.assertIn(first.stop_reason, ("eos", "max_tokens"))
-        # The same question again is answered from the QA bank, without generating.
+        # The same question again is answered from the QA bank, without generating: the
+        # stored answer with its stop reason and length.
         again = self.c.rag("facts", "violin concert music", retrieval="bm25", max_tokens=6,
                            temperature=0)
-        self.assertEqual((again.outcome, again.text, again.generated_tokens),
-                         ("qa_hit", first.text, 0))
+        self.assertEqual((again.outcome, again.text, again.stop_reason, again.generated_tokens,
+                          again.prompt_tokens),
+                         ("qa_hit", first.text, first.stop_reason, first.generated_tokens, 0))
         self.assertGreater(again.qa_similarity, 0.9)
         # Streamed past the QA bank, greedy: the same answer piece by piece.
         pieces = list(self.c.rag("facts", "violin concert music", stream=True, no_qa=True,

@@ -1,15 +1,15 @@
 /*
  * Knowledge bases and RagQuery end to end: a real llmsd of this build on a generated
  * model (random weights), through libllmsclient. Checks CRUD and isolation between apps,
- * limits, retrieval on a small labelled corpus, the QA bank (a repeat is a hit), exact
- * reuse through the QKV tree (greedy answers equal with and without a
- * hit), QA invalidation by a KbAdd (also one that lands while the answer is being
- * generated), one QKV node per distinct passage, LFU eviction under qkv_cache_mb and
- * CacheClear (on stories260K, whose vocabulary tells passages apart), that an
- * acknowledged KbAdd survives kill -9, that bad input is refused without harm, and a
- * 1 MiB KbAdd: its progress reports, nothing of it visible (the document it replaces
- * still there) until it is published, and one cancelled or killed while writing leaves
- * nothing visible and its staged rows deleted.
+ * limits, retrieval on a small labelled corpus, the QA bank (a repeat is a hit, with the
+ * stored answer's stop reason and length), exact reuse through the QKV tree (greedy
+ * answers equal with and without a hit), QA invalidation by a KbAdd (also one that
+ * lands while the answer is being generated), one QKV node per distinct passage, LFU
+ * eviction under qkv_cache_mb and CacheClear (on stories260K, whose vocabulary tells
+ * passages apart), that an acknowledged KbAdd survives kill -9, that bad input is
+ * refused without harm, and a 1 MiB KbAdd: its progress reports, nothing of it visible
+ * (the document it replaces still there) until it is published, and one cancelled or
+ * killed while writing leaves nothing visible and its staged rows deleted.
  */
 #include <signal.h>
 #include <sqlite3.h>
@@ -222,7 +222,9 @@ static void qkv_exact_and_qa(void)
     CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &b), LLMS_OK);
     CHECK_EQ(b.outcome, LLMS_RAG_QA_HIT);
     CHECK(!strcmp(a.text, b.text));
-    CHECK_EQ(b.generated_tokens, 0);
+    /* the answer's own stop and length, not those of a generation it did not run */
+    CHECK(b.stop_reason == a.stop_reason && b.generated_tokens == a.generated_tokens);
+    CHECK(b.prompt_tokens == 0 && b.decode_ms == 0);
     llms_rag_result_free(&a);
     llms_rag_result_free(&b);
 
@@ -242,6 +244,49 @@ static void qkv_exact_and_qa(void)
     CHECK_EQ(llms_rag_query(c, "kb", "violin concert music", NULL, NULL, NULL, &a), LLMS_OK);
     CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT, "the stale QA entry answered");
     llms_rag_result_free(&a);
+    llms_close(c);
+}
+
+/* A QA hit reports the stored answer's stop reason and length: an answer cut at
+ * max_tokens, asked again, is still one cut at max_tokens of as many tokens (the hit
+ * said eos and 0 tokens, so a client took a cut answer for a whole one). */
+static void qa_hit_keeps_stop_reason(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "app-qa-stop");
+    CHECK(c);
+    CHECK_EQ(llms_kb_create(c, "kb", 0, 0), LLMS_OK);
+    add_corpus(c, "kb");
+    llms_params p = {.temperature = 0, .top_p = 1, .repeat_penalty = 1, .repeat_last_n = -1,
+                     .max_tokens = 3};
+    llms_rag_options opt = {.params = &p};
+    llms_rag_result a, b;
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &a), LLMS_OK);
+    CHECK_MSG(a.outcome != LLMS_RAG_QA_HIT && a.stop_reason == LLMS_STOP_MAX_TOKENS &&
+              a.generated_tokens == 3 && a.text[0],
+              "first: outcome %d, stop %d, %u tokens, '%s'", (int)a.outcome, (int)a.stop_reason,
+              a.generated_tokens, a.text);
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b), LLMS_OK);
+    CHECK_EQ(b.outcome, LLMS_RAG_QA_HIT);
+    CHECK(!strcmp(a.text, b.text));
+    CHECK_MSG(b.stop_reason == LLMS_STOP_MAX_TOKENS && b.generated_tokens == a.generated_tokens,
+              "QA hit: stop %d, %u tokens; the answer stored: stop %d, %u tokens",
+              (int)b.stop_reason, b.generated_tokens, (int)a.stop_reason, a.generated_tokens);
+    llms_rag_result_free(&a);
+    llms_rag_result_free(&b);
+    /* a stored reason that is no StopReason (a corrupt row) is an error, not sent on */
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/llmsd.db", daemon_.dir);
+    sqlite3 *db;
+    CHECK_EQ(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_busy_timeout(db, 5000), SQLITE_OK);
+    CHECK_EQ(sqlite3_exec(db, "UPDATE qa_bank SET stop_reason = 99 WHERE kb_id IN (SELECT k.id"
+                              " FROM kbs k JOIN apps a ON a.id = k.app_id"
+                              " WHERE a.name = 'app-qa-stop')", NULL, NULL, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+    CHECK(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b) != LLMS_OK);
+    CHECK_MSG(strstr(llms_last_error(c), "unknown stop reason 99"), "%s", llms_last_error(c));
     llms_close(c);
 }
 
@@ -736,6 +781,7 @@ int main(int argc, char **argv)
     RUN(limits_and_bad_input);
     RUN(retrieval_labelled);
     RUN(qkv_exact_and_qa);
+    RUN(qa_hit_keeps_stop_reason);
     RUN(qa_add_during_generation);
     RUN(qkv_fill_evict_clear);
     RUN(crash_keeps_acknowledged);
