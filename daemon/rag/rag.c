@@ -269,6 +269,7 @@ static int load_passage(rag_query *q, int i, int64_t id, float score, char **tex
 typedef struct qa_best {
     const float *qvec;
     int dim;
+    int max_tokens;             /* the query's */
     float sim;
     int64_t id;
     char *answer;
@@ -279,9 +280,22 @@ typedef struct qa_best {
     bool oom;
 } qa_best;
 
+/* Whether a stored answer is as long as the query's own would be: no longer than its
+ * max_tokens, and one cut at max_tokens only for a query cut at the same length (a
+ * query allowed more would go on where the stored one stopped). Entries from before
+ * schema 14 say 0 tokens and STOP_EOS, and fit every query, as they always did. */
+static bool qa_fits(const store_qa *e, int max_tokens)
+{
+    if (e->stop == LLMS__STOP_REASON__STOP_MAX_TOKENS)
+        return e->n_tokens == max_tokens;
+    return e->n_tokens <= max_tokens;
+}
+
 static int qa_scan(void *arg, const store_qa *e)
 {
     qa_best *b = arg;
+    if (!qa_fits(e, b->max_tokens))
+        return 0;
     float s = 0;
     for (int i = 0; i < b->dim; i++)
         s += b->qvec[i] * e->vec[i];
@@ -309,7 +323,9 @@ static int qa_scan(void *arg, const store_qa *e)
 static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request *req,
                      char err[ERR_MAX])
 {
-    qa_best b = {.qvec = q->qvec, .dim = q->kb.dim, .sim = -2};
+    const Llms__GenerationParams *p = q->rq->params;
+    qa_best b = {.qvec = q->qvec, .dim = q->kb.dim, .sim = -2,
+                 .max_tokens = p && p->has_max_tokens ? p->max_tokens : r->env.cfg->max_tokens};
     int rc = store_qa_list(r->env.st, q->kb.id, q->kb.dim, qa_scan, &b, err);
     if (rc || b.oom) {
         if (b.oom)
@@ -838,7 +854,11 @@ static int populate(rag *r, rag_query *q, const kv_seq *seq, const char *answer,
             return -1;
     if (q->use_qkv && qkv_store(r, q, seq, err))
         return -1;
-    if (q->use_qa && answer[0] && q->kb_changes == r->kb_changes) {
+    /* an answer cut short (cancelled, deadline, shutdown, a full window) is no answer */
+    bool whole = stop == LLMS__STOP_REASON__STOP_EOS ||
+                 stop == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
+                 stop == LLMS__STOP_REASON__STOP_STRING;
+    if (q->use_qa && whole && answer[0] && q->kb_changes == r->kb_changes) {
         int64_t ids[RAG_MAX_K];
         int evicted = 0;
         for (int i = 0; i < q->n_hits; i++)

@@ -494,15 +494,10 @@ void gen_end(sched *s, work *w)
             sched_reply(s, w->job->conn_id, &r, false);
         }
     }
-    /* the caches are written after the reply went out, off its latency; an answer cut
-     * short (cancelled, deadline, shutdown) is no answer for the QA bank */
+    /* the caches are written after the reply went out, off its latency */
     if (!failed && g->rq) {
-        bool whole = g->reason == LLMS__STOP_REASON__STOP_EOS ||
-                     g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
-                     g->reason == LLMS__STOP_REASON__STOP_STRING;
         outq_wake(s->env.out);
-        rag_populate(s->rag, g->rq, g->seq, whole && g->shown ? g->shown : "", g->reason,
-                     g->n_gen);
+        rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "", g->reason, g->n_gen);
     }
     if (!failed)
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,

@@ -249,7 +249,9 @@ static void qkv_exact_and_qa(void)
 
 /* A QA hit reports the stored answer's stop reason and length: an answer cut at
  * max_tokens, asked again, is still one cut at max_tokens of as many tokens (the hit
- * said eos and 0 tokens, so a client took a cut answer for a whole one). */
+ * said eos and 0 tokens, so a client took a cut answer for a whole one). And only an
+ * answer of the query's own length answers it (a cut answer answered a query allowed
+ * more, and a long one a query allowed less). */
 static void qa_hit_keeps_stop_reason(void)
 {
     NEED();
@@ -272,8 +274,28 @@ static void qa_hit_keeps_stop_reason(void)
     CHECK_MSG(b.stop_reason == LLMS_STOP_MAX_TOKENS && b.generated_tokens == a.generated_tokens,
               "QA hit: stop %d, %u tokens; the answer stored: stop %d, %u tokens",
               (int)b.stop_reason, b.generated_tokens, (int)a.stop_reason, a.generated_tokens);
-    llms_rag_result_free(&a);
     llms_rag_result_free(&b);
+    /* an answer cut at 3 tokens is not the answer of a query allowed 5, nor of one
+     * allowed 2; once the 5-token answer is stored, each length has its own */
+    p.max_tokens = 5;
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b), LLMS_OK);
+    CHECK_MSG(b.outcome != LLMS_RAG_QA_HIT && b.generated_tokens > 3,
+              "max_tokens 5: outcome %d, %u tokens", (int)b.outcome, b.generated_tokens);
+    llms_rag_result_free(&b);
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b), LLMS_OK);
+    CHECK(b.outcome == LLMS_RAG_QA_HIT && b.generated_tokens > 3);
+    llms_rag_result_free(&b);
+    p.max_tokens = 3;
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b), LLMS_OK);
+    CHECK(b.outcome == LLMS_RAG_QA_HIT && !strcmp(a.text, b.text));
+    llms_rag_result_free(&b);
+    p.max_tokens = 2;
+    CHECK_EQ(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b), LLMS_OK);
+    CHECK_MSG(b.outcome != LLMS_RAG_QA_HIT && b.generated_tokens == 2,
+              "max_tokens 2: outcome %d, %u tokens", (int)b.outcome, b.generated_tokens);
+    llms_rag_result_free(&b);
+    llms_rag_result_free(&a);
+    p.max_tokens = 3;
     /* a stored reason that is no StopReason (a corrupt row) is an error, not sent on */
     char path[700];
     snprintf(path, sizeof path, "%s/state/llmsd.db", daemon_.dir);
@@ -283,7 +305,7 @@ static void qa_hit_keeps_stop_reason(void)
     CHECK_EQ(sqlite3_exec(db, "UPDATE qa_bank SET stop_reason = 99 WHERE kb_id IN (SELECT k.id"
                               " FROM kbs k JOIN apps a ON a.id = k.app_id"
                               " WHERE a.name = 'app-qa-stop')", NULL, NULL, NULL), SQLITE_OK);
-    CHECK_EQ(sqlite3_changes(db), 1);
+    CHECK_EQ(sqlite3_changes(db), 3);
     sqlite3_close(db);
     CHECK(llms_rag_query(c, "kb", "river boat fishing", &opt, NULL, NULL, &b) != LLMS_OK);
     CHECK_MSG(strstr(llms_last_error(c), "unknown stop reason 99"), "%s", llms_last_error(c));
