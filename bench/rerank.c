@@ -12,7 +12,8 @@
  * "yes" / "no" tokens are scored on the fixed ids 300 / 301.
  *
  * Candidates are token sequences: a shared 32-token query prefix and a random document,
- * about TOKENS in all (+-20%), deterministic in the seed. Systems, each in a child
+ * about TOKENS in all (+-20%) but at most the model's context length (the reranker
+ * refuses longer pairs), deterministic in the seed. Systems, each in a child
  * process so its peak RSS is its own:
  *   full_resident     model_forward of every candidate, weights mapped (the usual way)
  *   full_layer_reads  the reranker with pruning off, weights read layer by layer
@@ -68,6 +69,7 @@ typedef struct workload {
     int *len;
     int32_t yes, no;
     int n_layer;
+    int n_ctx;  /* the model's context length: the longest candidate */
     float *ref; /* (n) full forward scores, filled by the first system */
 } workload;
 
@@ -78,8 +80,9 @@ static double peak_rss_mb(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-/* The yes / no ids: the vocabulary's "yes" / "no", else the fixed pair. */
-static int answer_tokens(const char *path, int32_t *yes, int32_t *no, int *n_layer)
+/* The yes / no ids: the vocabulary's "yes" / "no", else the fixed pair; the model's
+ * layers and context length. */
+static int answer_tokens(const char *path, int32_t *yes, int32_t *no, int *n_layer, int *n_ctx)
 {
     char err[ERR_MAX];
     model *m = model_load(path, err);
@@ -90,6 +93,7 @@ static int answer_tokens(const char *path, int32_t *yes, int32_t *no, int *n_lay
         return -1;
     }
     *n_layer = model_hparams_of(m)->n_layer;
+    *n_ctx = model_hparams_of(m)->n_ctx;
     *yes = tok_find(t, "yes", 3);
     *no = tok_find(t, "no", 2);
     if (*yes < 0 || *no < 0) {
@@ -116,6 +120,8 @@ static void make_candidates(workload *w, int n_vocab, int tokens)
     for (int i = 0; i < w->n; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         int len = tokens - tokens / 5 + (int)(x % (uint64_t)(2 * (tokens / 5) + 1));
+        if (len > w->n_ctx)
+            len = w->n_ctx;
         if (len < PREFIX_TOKENS + 1)
             len = PREFIX_TOKENS + 1;
         w->len[i] = len;
@@ -499,7 +505,7 @@ int main(int argc, char **argv)
     int failures = 0;
     for (int mi = 0; mi < n_models; mi++) {
         workload w = {.model = models[mi]};
-        int n_vocab = answer_tokens(w.model, &w.yes, &w.no, &w.n_layer);
+        int n_vocab = answer_tokens(w.model, &w.yes, &w.no, &w.n_layer, &w.n_ctx);
         if (n_vocab < 0) {
             failures++;
             continue;

@@ -36,7 +36,10 @@
  * else RR_DEFAULT_PROMPT (the Qwen3-Reranker format). Placeholders "{query}",
  * "{document}" and "{instruction}" (RR_DEFAULT_INSTRUCTION) are replaced; template text
  * is tokenized with special tokens recognised, query and document text without (so a
- * document cannot inject "<|im_end|>"); BOS is prepended when the model adds one.
+ * document cannot inject "<|im_end|>"); BOS is prepended when the model adds one. Each
+ * piece is tokenized on its own, so the document's tokens can be cut from its end to fit
+ * the model's trained context without changing the others; the template's text after
+ * {document} (the question the answer token answers) is never cut.
  *
  * Memory: the hidden states of all candidates (tokens x dim floats) live in their
  * chunks' buffers while their sum is within memory_limit or there are at most three
@@ -86,8 +89,8 @@
 #define RR_QBLOCK 64
 /* Embedding rows cached in streaming mode: a tenth of the vocabulary. */
 #define RR_CACHE_FRACTION 10
-/* Longest rendered pair accepted. Pairs longer than the model's trained context are
- * scored anyway (positions past it only degrade the model, as in any long prompt). */
+/* Longest decoder pair whatever context length the file claims: a layer holds a pair's
+ * K and V and rows of its attention scores all at once. */
 #define RR_MAX_TOKENS (1 << 20)
 /* Longest encoder pair, as cross-encoders are trained (max_length 512): also the rows of
  * the encoder's runner, so one step computes at most this many rows per group. */
@@ -154,7 +157,9 @@ struct reranker {
     /* an encoder reranker (NULL for decoders) */
     bert_model *enc;
     bert_runner *enc_r;
-    int enc_max_len;      /* longest pair: min(n_pos, RR_ENC_MAX_LEN) */
+    /* Longest pair: a decoder's trained context (scores at later positions are noise),
+     * at most RR_MAX_TOKENS; an encoder's min(n_pos, RR_ENC_MAX_LEN). */
+    int max_len;
     int32_t enc_cls, enc_sep;
 };
 
@@ -315,9 +320,11 @@ static int rr_load_prompt(reranker *rr, char err[ERR_MAX])
         return err_set(err, "out of memory");
     memcpy(rr->prompt, src, len);
     rr->prompt[len] = 0;
-    if (strlen(rr->prompt) != len || !strstr(rr->prompt, "{query}") ||
-        !strstr(rr->prompt, "{document}"))
-        return err_set(err, "%s: the template must contain {query} and {document}",
+    /* {document} once: its tokens are what rr_render cuts to fit the window */
+    const char *doc = strstr(rr->prompt, "{document}");
+    if (strlen(rr->prompt) != len || !strstr(rr->prompt, "{query}") || !doc ||
+        strstr(doc + 1, "{document}"))
+        return err_set(err, "%s: the template must contain {query}, and {document} once",
                        RR_META_PROMPT);
     return 0;
 }
@@ -381,7 +388,7 @@ static int rr_open_encoder(reranker *rr, char err[ERR_MAX])
                              .n_head = hp->n_head, .n_head_kv = hp->n_head,
                              .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_ctx = hp->n_pos,
                              .rope_scaling = OPS_ROPE_UNSCALED};
-    rr->enc_max_len = hp->n_pos < RR_ENC_MAX_LEN ? hp->n_pos : RR_ENC_MAX_LEN;
+    rr->max_len = hp->n_pos < RR_ENC_MAX_LEN ? hp->n_pos : RR_ENC_MAX_LEN;
     if (tok_load(rr->g, &rr->tok, err) < 0)
         return -1;
     rr->enc_cls = tok_special(rr->tok, TOK_SPECIAL_CLS);
@@ -435,6 +442,7 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
+    rr->max_len = rr->hp.n_ctx < RR_MAX_TOKENS ? rr->hp.n_ctx : RR_MAX_TOKENS;
     const float *rope_freqs = model_rope_freqs(m);
     size_t freqs_bytes = sizeof *rr->rope_freqs * (size_t)(rr->hp.head_dim / 2);
     if (rope_freqs && (rr->rope_freqs = malloc(freqs_bytes)))
@@ -1446,9 +1454,12 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
     for (int i = 0; i < n_docs; i++) {
         if (!pairs[i] || lens[i] <= 0)
             return err_set(err, "document %d has no tokens", i), NULL;
-        if (lens[i] > RR_MAX_TOKENS)
-            return err_set(err, "document %d has %d tokens, more than %d", i, lens[i],
-                           RR_MAX_TOKENS), NULL;
+        if (lens[i] > rr->max_len && rr->enc)
+            return err_set(err, "document %d has %d tokens, more than the encoder's %d", i,
+                           lens[i], rr->max_len), NULL;
+        if (lens[i] > rr->max_len)
+            return err_set(err, "document %d has %d tokens, more than the model's %d "
+                                "positions", i, lens[i], rr->max_len), NULL;
         for (int t = 0; t < lens[i]; t++)
             if (pairs[i][t] < 0 || pairs[i][t] >= hp->n_vocab)
                 return err_set(err, "document %d token %d id %d out of range [0, %d)",
@@ -1456,9 +1467,6 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
         if (lens[i] > max_len)
             max_len = lens[i];
     }
-    if (rr->enc && max_len > rr->enc_max_len)
-        return err_set(err, "a pair has %d tokens, more than the encoder's %d", max_len,
-                       rr->enc_max_len), NULL;
     int32_t yes, no;
     if (rerank_answer_tokens(rr, o, &yes, &no, err) < 0)
         return NULL;
@@ -1623,20 +1631,10 @@ static int rr_enc_query(const reranker *rr, const char *query, rr_toks *t, char 
     if (rr_toks_push(t, rr->enc_cls, err) < 0 ||
         rr_toks_add(rr, t, query, strlen(query), false, err) < 0)
         return -1;
-    if (t->n + 2 >= rr->enc_max_len)
+    if (t->n + 2 >= rr->max_len)
         return err_set(err, "the query has %d tokens: no room for a document in the encoder's "
-                            "%d", t->n - 1, rr->enc_max_len);
+                            "%d", t->n - 1, rr->max_len);
     return 0;
-}
-
-int rerank_query_fits(const reranker *rr, const char *query, char err[ERR_MAX])
-{
-    if (!rr->enc)
-        return 0;
-    rr_toks t = {0};
-    int rc = rr_enc_query(rr, query, &t, err);
-    free(t.ids);
-    return rc;
 }
 
 /* An encoder's pair: [CLS] query [SEP] document [SEP], the document cut to fit. */
@@ -1646,28 +1644,28 @@ static int rr_enc_render(const reranker *rr, const char *query, const char *doc,
     if (rr_enc_query(rr, query, t, err) < 0 || rr_toks_push(t, rr->enc_sep, err) < 0 ||
         rr_toks_add(rr, t, doc, strlen(doc), false, err) < 0)
         return -1;
-    if (t->n + 1 > rr->enc_max_len)
-        t->n = rr->enc_max_len - 1;
+    if (t->n + 1 > rr->max_len)
+        t->n = rr->max_len - 1;
     return rr_toks_push(t, rr->enc_sep, err);
 }
 
-/* The reranker prompt for (query, doc) as token ids. */
+/* The reranker prompt for (query, doc) as token ids, the document's tokens cut so that
+ * the pair fits max_len: the text after {document} (the question the answer token
+ * answers) stays whole. -1 + err when the prompt without a document leaves no room for
+ * one of its tokens (doc "" checks just that). */
 static int rr_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
                      char err[ERR_MAX])
 {
     if (rr->enc)
         return rr_enc_render(rr, query, doc, t, err);
     t->n = 0;
-    if (tok_add_bos(rr->tok) && tok_bos(rr->tok) >= 0) {
-        if (t->cap < 1 && !(t->ids = malloc(256 * sizeof *t->ids)))
-            return err_set(err, "out of memory");
-        if (t->cap < 1)
-            t->cap = 256;
-        t->ids[t->n++] = tok_bos(rr->tok);
-    }
+    if (tok_add_bos(rr->tok) && tok_bos(rr->tok) >= 0 &&
+        rr_toks_push(t, tok_bos(rr->tok), err) < 0)
+        return -1;
     static const char *const names[] = {"{query}", "{document}", "{instruction}"};
     const char *values[] = {query, doc, RR_DEFAULT_INSTRUCTION};
     const char *p = rr->prompt;
+    int doc_at = 0, doc_n = 0, query_n = 0; /* rr_load_prompt saw {document} once */
     while (*p) {
         const char *next = NULL;
         int which = -1;
@@ -1683,11 +1681,35 @@ static int rr_render(const reranker *rr, const char *query, const char *doc, rr_
             return -1;
         if (!next)
             break;
+        int at = t->n;
         if (rr_toks_add(rr, t, values[which], strlen(values[which]), which == 2, err) < 0)
             return -1;
+        if (which == 0)
+            query_n += t->n - at;
+        if (which == 1)
+            doc_at = at, doc_n = t->n - at;
         p = next + strlen(names[which]);
     }
+    int rest = t->n - doc_n;
+    if (rest >= rr->max_len)
+        return err_set(err, "the query has %d tokens: no room for a document in the model's "
+                            "%d positions (the rest of the prompt takes %d)",
+                       query_n, rr->max_len, rest - query_n);
+    if (t->n > rr->max_len) {
+        int cut = t->n - rr->max_len, tail = t->n - doc_at - doc_n;
+        memmove(t->ids + doc_at + doc_n - cut, t->ids + doc_at + doc_n,
+                (size_t)tail * sizeof *t->ids);
+        t->n = rr->max_len;
+    }
     return 0;
+}
+
+int rerank_query_fits(const reranker *rr, const char *query, char err[ERR_MAX])
+{
+    rr_toks t = {0};
+    int rc = rr->enc ? rr_enc_query(rr, query, &t, err) : rr_render(rr, query, "", &t, err);
+    free(t.ids);
+    return rc;
 }
 
 rerank_task *rerank_begin(reranker *rr, const char *query, const char *const *docs, int n_docs,

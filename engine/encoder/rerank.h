@@ -7,10 +7,13 @@
  *
  * Scoring: each (query, document) pair is rendered with the reranker prompt (the
  * model's own from the GGUF metadata key "tokenizer.chat_template.rerank" when present,
- * with the placeholders {query}, {document} and optionally {instruction}; else the
+ * with the placeholders {query}, {document} (once) and optionally {instruction}; else the
  * Qwen3-Reranker format documented in rerank.c), tokenized (special tokens are
  * recognised in the template, never in the query or document text), and run through
- * the layers; the score at layer l is
+ * the layers; a pair holds at most the model's trained context ({arch}.context_length:
+ * scores at positions past it are noise), so the document's tokens are cut to fit, and
+ * the prompt's text after {document} (the question the answer token answers) stays
+ * whole. The score at layer l is
  * sigmoid(logit_yes - logit_no) of the final-norm'd hidden state of the last token at
  * that layer against the output rows of the "yes" and "no" tokens (for models without
  * such tokens, e.g. stories260K, options.yes_token/no_token give the rows to use).
@@ -102,21 +105,24 @@ void rerank_close(reranker *rr);
 int rerank_answer_tokens(const reranker *rr, const rerank_options *o, int32_t *yes,
                          int32_t *no, char err[ERR_MAX]);
 
-/* Whether query leaves room for a document: a bert cross-encoder's pairs hold at most
- * min(positions, 512) tokens and documents are cut to fit, so a longer query leaves none
- * (-1 + err naming its tokens; rerank_run and rerank_begin fail on it too). 0 on a
- * decoder. */
+/* Whether query leaves room for a document: a pair holds at most the model's trained
+ * context (a decoder: the rendered prompt; a bert cross-encoder: min(positions, 512)
+ * tokens) and documents are cut to fit, so a query whose prompt leaves no room for one
+ * document token is refused (-1 + err naming its tokens; rerank_run and rerank_begin
+ * fail on it too). 0 when it fits. */
 int rerank_query_fits(const reranker *rr, const char *query, char err[ERR_MAX]);
 
 /* Scores n_docs documents against query and returns the top-K in *out (freed with
  * rerank_result_free). options NULL: those given to rerank_open; any options may differ
- * from those of rerank_open (stream_weights too) except n_threads. An empty query or
- * document, n_docs < 1 or top_k < 1 give -1 + err. */
+ * from those of rerank_open (stream_weights too) except n_threads. Documents too long
+ * for a pair are cut (see above). An empty query or document, a query that leaves no
+ * room for a document (rerank_query_fits), n_docs < 1 or top_k < 1 give -1 + err. */
 int rerank_run(reranker *rr, const char *query, const char *const *docs, int n_docs,
                const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
 
 /* Same on token ids already rendered with the reranker prompt (benchmarks and tests
- * that score fixed token sequences): pairs[i] has lens[i] tokens. */
+ * that score fixed token sequences): pairs[i] has lens[i] tokens, at most what a pair
+ * holds (see rerank_query_fits); a longer one is -1 + err, not cut. */
 int rerank_run_tokens(reranker *rr, const int32_t *const *pairs, const int *lens, int n_docs,
                       const rerank_options *options, rerank_result *out, char err[ERR_MAX]);
 

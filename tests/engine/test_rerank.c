@@ -31,20 +31,28 @@
 
 static const char *ARCHS[] = {"llama", "qwen2", "qwen3"};
 
-static const char *gen_model_tied(const char *arch, int n_layer, uint64_t seed, bool tied)
+/* A model of n_ctx positions on vocab (NULL: the synthetic vocabulary of 300 tokens). */
+static const char *gen_model_ctx(const char *arch, int n_layer, uint64_t seed, bool tied,
+                                 int n_ctx, const gguf_file *vocab)
 {
     static char path[512];
-    snprintf(path, sizeof path, "%s/%s-%d-%llu%s.gguf", test_tmpdir(), arch, n_layer,
-             (unsigned long long)seed, tied ? "-tied" : "");
+    snprintf(path, sizeof path, "%s/%s-%d-%llu%s-%d%s.gguf", test_tmpdir(), arch, n_layer,
+             (unsigned long long)seed, tied ? "-tied" : "", n_ctx, vocab ? "-vocab" : "");
     modelgen_params p = {.arch = arch, .dim = 64, .n_layer = n_layer, .n_head = 4,
-                         .n_head_kv = 2, .n_ff = 128, .n_ctx = 256, .type = QTYPE_F32,
-                         .seed = seed, .n_vocab = 300, .n_threads = 1, .tie_output = tied};
+                         .n_head_kv = 2, .n_ff = 128, .n_ctx = n_ctx, .type = QTYPE_F32,
+                         .seed = seed, .vocab = vocab, .n_vocab = 300, .n_threads = 1,
+                         .tie_output = tied};
     char err[ERR_MAX];
     if (modelgen_write(&p, path, err) < 0) {
         fprintf(stderr, "modelgen: %s\n", err);
         return NULL;
     }
     return path;
+}
+
+static const char *gen_model_tied(const char *arch, int n_layer, uint64_t seed, bool tied)
+{
+    return gen_model_ctx(arch, n_layer, seed, tied, 256, NULL);
 }
 
 static const char *gen_model(const char *arch, int n_layer, uint64_t seed)
@@ -622,6 +630,129 @@ static void test_prompt_from_metadata(void)
     rerank_result_free(&b);
     rerank_close(rr);
     free_docs(&d);
+    /* {document} twice: which copy would a long document be cut in? */
+    CHECK_MSG(gguf_copy_with_str(src, path, "tokenizer.chat_template.rerank",
+                                 "Q: {query} D: {document} again: {document}", err) == 0,
+              "%s", err);
+    CHECK(!rerank_open(path, &o, err));
+    CHECK_MSG(strstr(err, "{document} once"), "%s", err);
+}
+
+/* Appends text's tokens (special tokens recognised or not) at p[*n]; false when they do
+ * not fit in cap. */
+static bool encode_into(const tokenizer *tk, const char *text, bool special, int32_t *p, int *n,
+                        int cap)
+{
+    int k = tok_encode(tk, text, strlen(text), false, special, p + *n, cap - *n);
+    if (k < 0 || *n + k > cap)
+        return false;
+    *n += k;
+    return true;
+}
+
+/* A pair longer than the model's window (the bug: docs-draft-5M, 512 positions, scored a
+ * 3,000-word document past them): the document's tokens are cut so that the rendered
+ * prompt fills the window exactly, the template's tail after {document} kept whole; the
+ * score is that of the cut pair, and the run computes no row past the window. Token
+ * pairs past the window are refused, and a query that leaves no room for a document
+ * token too, as on a bert cross-encoder. A real vocabulary, so that the document's
+ * tokens differ from each other and from the tail's. */
+static void test_long_document_cut_to_window(void)
+{
+    enum { WINDOW = 64, N_LAYER = 2, CAP = 4096 };
+    const char *vp = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vp)
+        SKIP("vocab/ggml-vocab-llama-spm.gguf not found (set LLMS_TESTDATA)");
+    char err[ERR_MAX], path[512];
+    gguf_file *v = gguf_open(vp, err);
+    CHECK_MSG(v, "%s", err);
+    const char *src = gen_model_ctx("llama", N_LAYER, 71, true, WINDOW, v);
+    gguf_close(v);
+    CHECK(src);
+    snprintf(path, sizeof path, "%s/window.gguf", test_tmpdir());
+    CHECK_MSG(gguf_copy_with_str(src, path, "tokenizer.chat_template.rerank",
+                                 "Question: {query}\nDocument: {document}\nRelevant? Answer "
+                                 "yes or no.",
+                                 err) == 0,
+              "%s", err);
+    gguf_file *g = gguf_open(path, err);
+    CHECK_MSG(g, "%s", err);
+    tokenizer *tk = NULL;
+    CHECK(tok_load(g, &tk, err) == 0);
+    gguf_close(g);
+    static char doc[CAP * 4];
+    doc[0] = 0;
+    for (int i = 0; i < 300; i++)
+        snprintf(doc + strlen(doc), sizeof doc - strlen(doc), "The fox ran %d miles. ", i);
+    const char *query = "How far did the fox run?";
+    static int32_t head[CAP], body[CAP], tail[CAP], q_ids[CAP];
+    int nh = 0, nb = 0, nt = 0, nq = 0;
+    if (tok_add_bos(tk))
+        head[nh++] = tok_bos(tk);
+    bool ok = encode_into(tk, "Question: ", true, head, &nh, CAP) &&
+              encode_into(tk, query, false, head, &nh, CAP) &&
+              encode_into(tk, "\nDocument: ", true, head, &nh, CAP) &&
+              encode_into(tk, doc, false, body, &nb, CAP) &&
+              encode_into(tk, "\nRelevant? Answer yes or no.", true, tail, &nt, CAP) &&
+              encode_into(tk, query, false, q_ids, &nq, CAP);
+    CHECK(ok);
+    CHECK_MSG(nh + nt < WINDOW && nb > 10 * WINDOW, "head %d document %d tail %d", nh, nb, nt);
+    /* the pair expected: the head, as much of the document as fits, the tail */
+    int32_t want[WINDOW];
+    int keep = WINDOW - nh - nt;
+    memcpy(want, head, (size_t)nh * sizeof *want);
+    memcpy(want + nh, body, (size_t)keep * sizeof *want);
+    memcpy(want + nh + keep, tail, (size_t)nt * sizeof *want);
+
+    rerank_options o = opts(1, 0, true);
+    reranker *rr = rerank_open(path, &o, err);
+    CHECK_MSG(rr, "%s", err);
+    CHECK_MSG(rerank_query_fits(rr, query, err) == 0, "%s", err);
+    const char *docs_txt[] = {doc};
+    /* the rows the run computes: the window's tokens through every layer, no more */
+    rerank_task *t = rerank_begin(rr, query, docs_txt, 1, &o, err);
+    CHECK_MSG(t, "%s", err);
+    long rows = rerank_task_rows_left(t);
+    rerank_task_free(t);
+    CHECK_EQ(rows, (long)WINDOW * N_LAYER);
+    rerank_result got, cut;
+    CHECK_MSG(rerank_run(rr, query, docs_txt, 1, &o, &got, err) == 0, "%s", err);
+    docs d = {.n = 1, .tok = {want}, .len = {WINDOW}};
+    CHECK(run(rr, &d, &o, &cut) == 0);
+    float a = got.score[0], b = cut.score[0];
+    rerank_result_free(&got);
+    rerank_result_free(&cut);
+    CHECK_MSG(!memcmp(&a, &b, sizeof a), "%.9g vs %.9g", a, b);
+
+    /* token sequences past the window are refused, not scored */
+    int32_t over[WINDOW + 1];
+    memcpy(over, want, sizeof want);
+    over[WINDOW] = want[WINDOW - 1];
+    docs long_pair = {.n = 1, .tok = {over}, .len = {WINDOW + 1}};
+    CHECK(rerank_run_tokens(rr, (const int32_t *const *)long_pair.tok, long_pair.len, 1, &o,
+                            &got, err) < 0);
+    CHECK_MSG(strstr(err, "positions"), "%s", err);
+
+    /* a query leaving exactly one document token fits; one token more does not */
+    int fixed = nh - nq + nt; /* the prompt's tokens but the query's and the document's */
+    static char long_query[CAP * 4];
+    strcpy(long_query, query);
+    while (fixed + nq < WINDOW - 1) {
+        strcat(long_query, " fox");
+        nq = 0;
+        CHECK(encode_into(tk, long_query, false, q_ids, &nq, CAP));
+    }
+    CHECK_EQ(fixed + nq, WINDOW - 1);
+    CHECK_MSG(rerank_query_fits(rr, long_query, err) == 0, "%s", err);
+    CHECK_MSG(rerank_run(rr, long_query, docs_txt, 1, &o, &got, err) == 0, "%s", err);
+    rerank_result_free(&got);
+    strcat(long_query, " fox");
+    CHECK(rerank_query_fits(rr, long_query, err) < 0);
+    CHECK_MSG(strstr(err, "query") && strstr(err, "no room"), "%s", err);
+    CHECK(rerank_run(rr, long_query, docs_txt, 1, &o, &got, err) < 0);
+    CHECK_MSG(strstr(err, "no room"), "%s", err);
+    rerank_close(rr);
+    tok_free(tk);
 }
 
 int main(void)
@@ -635,6 +766,7 @@ int main(void)
     RUN(test_threshold_not_reached);
     RUN(test_bad_inputs);
     RUN(test_prompt_from_metadata);
+    RUN(test_long_document_cut_to_window);
     RUN(test_text_stories);
     return test_finish();
 }

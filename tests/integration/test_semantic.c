@@ -343,6 +343,38 @@ static void rerank_query_too_long_for_encoder(void)
     llms_close(c);
 }
 
+/* A query that leaves a decoder reranker no room for a document in the model's
+ * positions (stories260K: 512) is the caller's error, as on a cross-encoder, in Rerank
+ * and RerankCalibrate alike; a document too long is cut to fit, not refused. */
+static void rerank_query_too_long_for_decoder(void)
+{
+    if (!stories())
+        SKIP("needs models/stories260K.gguf from the shared test data");
+    NEED(rerank_up, &rerank_daemon, start_rerank());
+    llms_conn *c = proc_connect(&rerank_daemon, "rr-window");
+    CHECK(c);
+    char query[700] = "", doc[1300] = "";
+    for (int i = 0; i < 200; i++) /* about 600 tokens in the stories vocabulary */
+        strcat(query, "xq ");
+    for (int i = 0; i < 400; i++)
+        strcat(doc, "xq ");
+    llms_rerank_result r;
+    CHECK_EQ(llms_rerank(c, query, DOCS, 2, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "query") && strstr(llms_last_error(c), "no room"),
+              "%s", llms_last_error(c));
+    llms_rerank_query q = {query, DOCS, 2};
+    llms_calibration cal;
+    CHECK_EQ(llms_rerank_calibrate(c, &q, 1, 1.0f, 1, LLMS_RERANK_SET, &cal),
+             LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "no room"), "%s", llms_last_error(c));
+    const char *long_docs[] = {DOCS[0], doc};
+    CHECK_MSG(llms_rerank(c, QUERY, long_docs, 2, NULL, &r) == LLMS_OK, "%s",
+              llms_last_error(c));
+    CHECK_EQ(r.n_hits, 2);
+    llms_rerank_result_free(&r);
+    llms_close(c);
+}
+
 /* Calibration stores a threshold; a target_precision call then uses it, and at
  * precision 1 every calibration query keeps the full forward's top-K. */
 static void calibrate_then_target_precision(void)
@@ -566,6 +598,7 @@ int main(int argc, char **argv)
     RUN(rerank_set_mode_all_documents_has_final_scores);
     RUN(rerank_invalid_requests);
     RUN(rerank_query_too_long_for_encoder);
+    RUN(rerank_query_too_long_for_decoder);
     RUN(cross_encoder_embeds_only_with_a_pooling);
     RUN(calibrate_then_target_precision);
     RUN(cli_embed);
