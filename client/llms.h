@@ -500,8 +500,9 @@ void llms_rerank_result_free(llms_rerank_result *r);
 
 /*
  * The top-K of n documents for query, scored by the daemon's reranker. opts may be
- * NULL. INVALID_ARGUMENT for an empty query, no documents, bad options, or more
- * documents or bytes than the daemon's limits allow;
+ * NULL. INVALID_ARGUMENT for an empty query, no documents, bad options, more
+ * documents or bytes than the daemon's limits allow, or a query that leaves no room
+ * for a document in the reranker's window (longer documents are cut to fit);
  * FAILED_PRECONDITION when target_precision has no calibrated threshold. Free *out
  * with llms_rerank_result_free().
  */
