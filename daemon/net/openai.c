@@ -692,7 +692,8 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
     return 0;
 }
 
-/* A message's content: a string, or text parts joined (into *owned, to free). */
+/* A message's content: a string, or text parts joined (into *owned, to free) with a
+ * newline between them once there is text, as llama.cpp's server joins them. */
 static const char *message_content(json_object *m, char **owned, char *msg, size_t cap)
 {
     json_object *c;
@@ -723,6 +724,11 @@ static const char *message_content(json_object *m, char **owned, char *msg, size
                 return NULL;
             }
             size_t k = (size_t)json_object_get_string_len(text);
+            if (at > 0) {
+                if (pass)
+                    (*owned)[at] = '\n';
+                at++;
+            }
             if (pass)
                 memcpy(*owned + at, json_object_get_string(text), k);
             at += k;

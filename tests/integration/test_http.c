@@ -148,6 +148,42 @@ static void chat_matches_native_complete(void)
     llms_result_free(&want);
 }
 
+/* A message's text parts are joined with a newline, as llama.cpp's server joins them
+ * (they were run together: "hello" and "there" became "hellothere"); an empty part adds
+ * no line of its own before the first text. */
+static void text_parts_join_with_newlines(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 6;
+    llms_result want = {0};
+    CHECK_EQ(llms_complete(c, "hello\nthere", NULL, 1, &p, NULL, NULL, &want), LLMS_OK);
+    llms_close(c);
+    const char *contents[] = {
+        "[{\"type\":\"text\",\"text\":\"hello\"},{\"type\":\"text\",\"text\":\"there\"}]",
+        "[{\"type\":\"text\",\"text\":\"\"},{\"type\":\"text\",\"text\":\"hello\\nthere\"}]",
+    };
+    for (int i = 0; i < 2; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":%s}],\"temperature\":0,"
+                 "\"max_tokens\":6}", contents[i]);
+        int st;
+        json_object *o = post("/v1/chat/completions", body, &st);
+        CHECK_MSG(o && st == 200, "%s: %d", contents[i], st);
+        CHECK_MSG(atoi(httpc_jstr(o, "usage.prompt_tokens")) == (int)want.prompt_tokens &&
+                      !strcmp(httpc_jstr(o, "choices.0.message.content"), want.text),
+                  "%s: %s tokens '%s'; \"hello\\nthere\": %u tokens '%s'", contents[i],
+                  httpc_jstr(o, "usage.prompt_tokens"), httpc_jstr(o, "choices.0.message.content"),
+                  want.prompt_tokens, want.text);
+        json_object_put(o);
+    }
+    llms_result_free(&want);
+}
+
 static void completion_matches_native(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1125,6 +1161,7 @@ int main(int argc, char **argv)
     RUN(health_and_models);
     RUN(one_model_by_id);
     RUN(chat_matches_native_complete);
+    RUN(text_parts_join_with_newlines);
     RUN(completion_matches_native);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
