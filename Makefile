@@ -20,7 +20,8 @@
 #   storage/*.c storage/*/*.c -> libstorage.a
 #   daemon/*.c daemon/*/*.c   -> libdaemon.a, except daemon/main.c: llmsd = main.c + the
 #                                libraries
-#   client/*.c          -> libllmsclient.a and libllmsclient.so (with libllmsproto)
+#   client/*.c          -> libllmsclient.a and libllmsclient.so (each with libllmsproto's
+#                          code, each defining only llms.h's API for apps)
 #   client/cmd/*.c      -> one client program each (llms, llmsctl)
 #   tools/*.c           -> one program each
 #   bench/*.c           -> one program each
@@ -140,11 +141,25 @@ $(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 $(PROTO_LIB): $(BUILD)/proto/llms.pb-c.o $(PROTO_SRC:%.c=$(BUILD)/%.o)
 $(STORAGE_LIB): $(STORAGE_SRC:%.c=$(BUILD)/%.o)
 $(DAEMON_LIB): $(DAEMON_SRC:%.c=$(BUILD)/%.o)
-$(CLIENT_LIB): $(CLIENT_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/lib%.a:
 	@mkdir -p $(dir $@)
 	$(SAY) AR $@
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+# The static client library is what apps link with -lllmsclient --static (installed as
+# built), so like the shared one it carries the protocol code and defines nothing but
+# llms.h's API (llms_ and a letter; client/llmsclient.map's pattern): the client and
+# protocol objects become one relocatable object whose other globals (client_*, frame_*,
+# protoc-c's llms__*) objcopy makes local. Otherwise an app's own frame_pack is a duplicate
+# definition, or takes the library's place. Programs here that use the protocol code
+# themselves get their own copy from libllmsproto.a. It depends on the Makefile too: an
+# archive built by an older rule (the client alone) would otherwise be kept, and installed.
+$(CLIENT_LIB): $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
+               $(PROTO_SRC:%.c=$(BUILD)/%.o) Makefile
+	$(SAY) AR $@
+	$(Q)$(CC) -r -nostdlib $(filter %.o,$^) -o $(BUILD)/llmsclient.o
+	$(Q)objcopy --wildcard --keep-global-symbol='llms_[!_]*' $(BUILD)/llmsclient.o
+	$(Q)rm -f $@ && ar rcs $@ $(BUILD)/llmsclient.o
 
 # The shared client library carries the protocol code so apps link only -lllmsclient;
 # client/llmsclient.map keeps its exports to llms.h's API.

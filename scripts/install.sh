@@ -13,8 +13,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 version=${4:-$(sed -n 's/^VERSION *:= *//p' "$src/Makefile")}
 root=$destdir$prefix
 
-for f in llmsd llms llmsctl llms-run mkmodel libllmsclient.so libllmsclient.a \
-         libllmsproto.a; do
+for f in llmsd llms llmsctl llms-run mkmodel libllmsclient.so libllmsclient.a; do
     if [ ! -f "$build/$f" ]; then
         echo "install.sh: $build/$f is missing (run make first)" >&2
         exit 1
@@ -41,13 +40,12 @@ if [ -z "$destdir" ]; then
     ldconfig
 fi
 
-# The build's libllmsclient.a holds only the client; apps linking statically also need
-# the protocol code, so the installed archive merges both.
+# The build's libllmsclient.a carries the protocol code too, llms.h's API its only
+# globals (the Makefile says how), so it is installed as it is.
+install -m 0644 "$build/libllmsclient.a" "$root/lib/libllmsclient.a"
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf 'create %s\naddlib %s\naddlib %s\nsave\nend\n' "$tmp/libllmsclient.a" \
-    "$build/libllmsclient.a" "$build/libllmsproto.a" | ar -M
-install -m 0644 "$tmp/libllmsclient.a" "$root/lib/libllmsclient.a"
 
 install -m 0644 "$src/client/llms.h" "$root/include/llms.h"
 sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" "$src/client/llmsclient.pc.in" \

@@ -146,11 +146,15 @@ static void installed_tree(void)
     CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "the unit's header comment changed");
     CHECK(file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "prefix=" PREFIX));
     CHECK(!file_contains(PREFIX "/lib/pkgconfig/llmsclient.pc", "@"));
-    /* The installed archive carries the protocol code the static client needs. */
-    fmt(cmd, sizeof cmd, "ar t '%s'", at(PREFIX "/lib/libllmsclient.a"));
+    /* The installed archive carries the protocol code the static client needs (local to
+     * it: static_library_exports_only_the_api): it defines frame_pack and leaves no
+     * framing or message code for the app to supply. */
+    fmt(cmd, sizeof cmd, "nm '%s' | grep -E ' [Tt] frame_pack$'", at(PREFIX "/lib/libllmsclient.a"));
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "the archive lacks frame_pack");
+    fmt(cmd, sizeof cmd, "nm -u '%s' | grep -E ' U (frame_|llms__|client_)' | head -n 20",
+        at(PREFIX "/lib/libllmsclient.a"));
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
-    CHECK_MSG(strstr(out, "client.o") && strstr(out, "frame.o") && strstr(out, "llms.pb-c.o"),
-              "archive members: %s", out);
+    CHECK_MSG(out[0] == '\0', "the archive needs from elsewhere:\n%s", out);
 }
 
 /*
@@ -175,6 +179,103 @@ static void shared_library_exports_only_the_api(void)
         at(PREFIX "/lib/libllmsclient.so.2"));
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(out[0] == '\0', "exported beyond the API:\n%s", out);
+}
+
+/*
+ * The same for the static archive, installed and built: an app that links libllmsclient.a
+ * sees llms.h's API (llms_*) as its only globals. The client's internals (client_*), the
+ * framing (frame_*) and protoc-c's llms__* would otherwise clash with an app's own
+ * function of the same name (a duplicate definition at link time) or take its place.
+ */
+static void static_library_exports_only_the_api(void)
+{
+    NEED_INSTALL();
+    if (!have_program("nm"))
+        SKIP("nm is not installed");
+    char cmd[4096], out[8192], lib[1400];
+    for (int built = 0; built <= 1; built++) {
+        if (built)
+            fmt(lib, sizeof lib, "%s/libllmsclient.a", build);
+        else
+            fmt(lib, sizeof lib, "%s", at(PREFIX "/lib/libllmsclient.a"));
+        fmt(cmd, sizeof cmd,
+            "nm -g --defined-only '%s' | awk 'NF == 3 { print $3 }' | grep -v '^llms_[^_]' "
+            "| head -n 20",
+            lib);
+        CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+        CHECK_MSG(out[0] == '\0', "%s defines beyond the API:\n%s", lib, out);
+        fmt(cmd, sizeof cmd,
+            "nm -g --defined-only '%s' | awk 'NF == 3 { print $3 }' "
+            "| grep -x -e llms_connect -e llms_call | sort -u",
+            lib);
+        CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+        CHECK_MSG(strcmp(out, "llms_call\nllms_connect\n") == 0, "%s defines: %s", lib, out);
+    }
+    /* The very names the shared library exports. */
+    fmt(cmd, sizeof cmd,
+        "nm -g --defined-only '%s' | awk 'NF == 3 { print $3 }' | sort >'%s/static.syms' && "
+        "nm -D --defined-only '%s' | awk '{ print $3 }' | sort >'%s/shared.syms' && "
+        "diff '%s/static.syms' '%s/shared.syms' | head -n 20",
+        lib, test_tmpdir(), at(PREFIX "/lib/libllmsclient.so.2"), test_tmpdir(), test_tmpdir(),
+        test_tmpdir());
+    CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(out[0] == '\0', "static (<) and shared (>) APIs differ:\n%s", out);
+}
+
+/* An app with its own frame_pack, linked statically: it links, and the library's calls
+ * still use the library's framing (a request is packed and sent to a peer that has gone). */
+static const char own_frame_pack_source[] =
+    "#include <llms.h>\n"
+    "#include <stdio.h>\n"
+    "#include <string.h>\n"
+    "#include <sys/socket.h>\n"
+    "#include <sys/un.h>\n"
+    "#include <unistd.h>\n"
+    "static int taken;\n"
+    "int frame_pack(const void *msg, unsigned max, void **out, size_t *len);\n"
+    "int frame_pack(const void *msg, unsigned max, void **out, size_t *len) {\n"
+    "    (void)msg; (void)max; (void)out; (void)len;\n"
+    "    taken = 1;\n"
+    "    return -1;\n"
+    "}\n"
+    "int main(int argc, char **argv) {\n"
+    "    struct sockaddr_un a = {.sun_family = AF_UNIX};\n"
+    "    char err[LLMS_ERROR_MAX];\n"
+    "    llms_conn *c;\n"
+    "    if (argc != 2 || strlen(argv[1]) >= sizeof a.sun_path) return 2;\n"
+    "    strcpy(a.sun_path, argv[1]);\n"
+    "    int l = socket(AF_UNIX, SOCK_STREAM, 0);\n"
+    "    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0) return 3;\n"
+    "    if (llms_connect(argv[1], &c, err) != LLMS_OK) return 4;\n"
+    "    int peer = accept(l, NULL, NULL);\n"
+    "    if (peer < 0) return 5;\n"
+    "    close(peer);\n"
+    "    enum llms_status s = llms_bind(c, \"own-frame-pack\");\n"
+    "    printf(\"%s %s\\n\", llms_status_name(s), taken ? \"taken\" : \"kept\");\n"
+    "    llms_close(c);\n"
+    "    return 0;\n"
+    "}\n";
+
+static void static_app_may_define_library_internals(void)
+{
+    NEED_INSTALL();
+    if (!have_program("pkg-config"))
+        SKIP("pkg-config is not installed");
+    char pc_dir[1400], app[1400], cmd[8192], out[4096];
+    fmt(pc_dir, sizeof pc_dir, "%s", at(PREFIX "/lib/pkgconfig"));
+    fmt(app, sizeof app, "%s/own_frame_pack.c", test_tmpdir());
+    FILE *f = fopen(app, "w");
+    CHECK(f);
+    fputs(own_frame_pack_source, f);
+    fclose(f);
+    fmt(cmd, sizeof cmd,
+        "flags=$(PKG_CONFIG_PATH='%s' pkg-config --define-variable=prefix='%s%s' --static "
+        "--cflags --libs llmsclient) && cc -std=gnu99 -Wall -Werror %s -o '%s/own-frame-pack' "
+        "'%s' $(echo $flags | sed 's/-lllmsclient/-l:libllmsclient.a/') "
+        "&& '%s/own-frame-pack' '%s/own-frame-pack.sock'",
+        pc_dir, dest, PREFIX, san_flags, test_tmpdir(), app, test_tmpdir(), test_tmpdir());
+    CHECK_MSG(run_capture(cmd, out, sizeof out) == 0, "static build with frame_pack: %s", out);
+    CHECK_MSG(strcmp(out, "IO kept\n") == 0, "app printed: %s", out);
 }
 
 static void existing_config_is_kept(void)
@@ -389,6 +490,8 @@ int main(int argc, char **argv)
     RUN(unit_allows_its_syscalls);
     RUN(installed_tree);
     RUN(shared_library_exports_only_the_api);
+    RUN(static_library_exports_only_the_api);
+    RUN(static_app_may_define_library_internals);
     RUN(existing_config_is_kept);
     RUN(pkg_config_builds_an_app);
     RUN(units_verify);
