@@ -207,8 +207,14 @@ static const key_def keys[] = {
     FLT(min_p, 0, 1, "0.05",
         "drop tokens less likely than min_p times the most likely one, in [0, 1]; 0 = off"),
     FLT(repeat_penalty, FLT_MIN, 100, "1.0", "penalty on tokens seen recently, 1 = off"),
+    FLT(frequency_penalty, -2, 2, "0",
+        "subtracted from a token's logit once per time it occurs among the recent tokens "
+        "(OpenAI's), in [-2, 2]; 0 = off"),
+    FLT(presence_penalty, -2, 2, "0",
+        "subtracted from a token's logit once if it occurs among the recent tokens "
+        "(OpenAI's), in [-2, 2]; 0 = off"),
     INT(repeat_last_n, -1, INT_MAX, "64",
-        "how many recent tokens the penalty looks at, -1 = the whole history"),
+        "how many recent tokens the penalties look at, -1 = the whole history"),
     INT(max_tokens, 1, 1 << 24, "256",
         "tokens generated per call at most, unless the call asks for another number"),
 

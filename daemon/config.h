@@ -69,6 +69,8 @@ typedef struct config {
     float top_p;
     float min_p;
     float repeat_penalty;
+    float frequency_penalty;
+    float presence_penalty;
     int repeat_last_n;
     int max_tokens;
     /* Speculative decoding (daemon/sched/speculate.h). */

@@ -577,6 +577,14 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         return -1;
     if (rc)
         p->has_repeat_penalty = 1, p->repeat_penalty = (float)json_object_get_double(v);
+    if ((rc = field(body, "frequency_penalty", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_frequency_penalty = 1, p->frequency_penalty = (float)json_object_get_double(v);
+    if ((rc = field(body, "presence_penalty", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_presence_penalty = 1, p->presence_penalty = (float)json_object_get_double(v);
     if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc) {

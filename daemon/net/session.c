@@ -162,6 +162,11 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
         return refuse_as(r, inv, "min_p must be in [0, 1]");
     if (p->has_repeat_penalty && !(p->repeat_penalty > 0 && p->repeat_penalty <= 100))
         return refuse_as(r, inv, "repeat_penalty must be in (0, 100]");
+    if (p->has_frequency_penalty &&
+        !(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+        return refuse_as(r, inv, "frequency_penalty must be in [-2, 2]");
+    if (p->has_presence_penalty && !(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+        return refuse_as(r, inv, "presence_penalty must be in [-2, 2]");
     if (p->has_repeat_last_n && p->repeat_last_n < -1)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)

@@ -26,6 +26,8 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     sp->top_p = cfg->top_p;
     sp->min_p = cfg->min_p;
     sp->repeat_penalty = cfg->repeat_penalty;
+    sp->frequency_penalty = cfg->frequency_penalty;
+    sp->presence_penalty = cfg->presence_penalty;
     sp->repeat_last_n = cfg->repeat_last_n;
     sp->seed = SAMPLER_SEED_RANDOM;
     *stops = NULL;
@@ -44,6 +46,10 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             sp->min_p = p->min_p;
         if (p->has_repeat_penalty)
             sp->repeat_penalty = p->repeat_penalty;
+        if (p->has_frequency_penalty)
+            sp->frequency_penalty = p->frequency_penalty;
+        if (p->has_presence_penalty)
+            sp->presence_penalty = p->presence_penalty;
         if (p->has_repeat_last_n)
             sp->repeat_last_n = p->repeat_last_n;
         if (p->has_seed)

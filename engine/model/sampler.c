@@ -20,7 +20,7 @@ struct sampler {
     uint64_t seed;     /* the seed in use, never SAMPLER_SEED_RANDOM */
     uint64_t rng[4];   /* xoshiro256** state */
     cand *cand;        /* (n_vocab) candidates of the current step */
-    uint8_t *seen;     /* (n_vocab) all zero between calls; marks penalized ids */
+    int32_t *count;    /* (n_vocab) all zero between calls; occurrences in the window */
 };
 
 sampler_params sampler_params_default(void)
@@ -113,6 +113,12 @@ static int check_params(int n_vocab, const sampler_params *p, char *err)
     if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
         return err_set(err, "sampler: repeat_penalty must be a finite number > 0 (got %g)",
                        (double)p->repeat_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return err_set(err, "sampler: frequency_penalty must be in [-2, 2] (got %g)",
+                       (double)p->frequency_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return err_set(err, "sampler: presence_penalty must be in [-2, 2] (got %g)",
+                       (double)p->presence_penalty);
     if (p->repeat_last_n < -1)
         return err_set(err, "sampler: repeat_last_n must be >= -1 (got %d)", p->repeat_last_n);
     return 0;
@@ -129,9 +135,9 @@ sampler *sampler_new(int n_vocab, const sampler_params *p, char err[ERR_MAX])
     sampler *s = calloc(1, sizeof *s);
     if (s) {
         s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-        s->seen = calloc((size_t)n_vocab, 1);
+        s->count = calloc((size_t)n_vocab, sizeof *s->count);
     }
-    if (!s || !s->cand || !s->seen) {
+    if (!s || !s->cand || !s->count) {
         sampler_free(s);
         err_set(err, "sampler: out of memory for a vocabulary of %d", n_vocab);
         return NULL;
@@ -147,7 +153,7 @@ void sampler_free(sampler *s)
     if (!s)
         return;
     free(s->cand);
-    free(s->seen);
+    free(s->count);
     free(s);
 }
 
@@ -167,27 +173,30 @@ static void swap(cand *a, cand *b)
     *b = t;
 }
 
-/* Scales each distinct token of the window once, while c is still indexed by id. */
+/* Penalizes each distinct token of the window once, while c is still indexed by id: the
+ * counts are taken first, and a token's count goes back to zero once it is applied. */
 static void apply_penalty(sampler *s, const int32_t *history, int n_history)
 {
-    float pen = s->p.repeat_penalty;
+    float rep = s->p.repeat_penalty, freq = s->p.frequency_penalty,
+          pres = s->p.presence_penalty;
     int w = s->p.repeat_last_n;
-    if (pen == 1.0f || w == 0 || n_history == 0)
+    if ((rep == 1.0f && freq == 0.0f && pres == 0.0f) || w == 0 || n_history == 0)
         return;
     if (w < 0 || w > n_history)
         w = n_history;
     const int32_t *h = history + n_history - w;
-    for (int i = 0; i < w; i++) {
-        int32_t t = h[i];
-        if (t < 0 || t >= s->n_vocab || s->seen[t])
-            continue;
-        s->seen[t] = 1;
-        float *l = &s->cand[t].logit;
-        *l = *l > 0.0f ? *l / pen : *l * pen;
-    }
     for (int i = 0; i < w; i++)
         if (h[i] >= 0 && h[i] < s->n_vocab)
-            s->seen[h[i]] = 0;
+            s->count[h[i]]++;
+    for (int i = 0; i < w; i++) {
+        int32_t t = h[i];
+        if (t < 0 || t >= s->n_vocab || s->count[t] == 0)
+            continue;
+        float *l = &s->cand[t].logit;
+        *l = *l > 0.0f ? *l / rep : *l * rep;
+        *l -= (float)s->count[t] * freq + pres;
+        s->count[t] = 0;
+    }
 }
 
 static int32_t argmax(const cand *c, int n)

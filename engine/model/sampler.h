@@ -1,8 +1,8 @@
 /*
  * sampler.h — choosing the next token from a row of logits.
  *
- * The steps and their order follow llama.cpp's default chain: repetition penalty over
- * the recent history -> top-k -> top-p -> min-p -> temperature -> a draw from the
+ * The steps and their order follow llama.cpp's default chain: penalties over the recent
+ * history (repetition, then OpenAI's frequency and presence) -> top-k -> top-p -> min-p -> temperature -> a draw from the
  * softmax with the sampler's own seeded PRNG (xoshiro256**). Top-p and min-p therefore
  * see probabilities at temperature 1. A temperature <= 0 means greedy: the argmax after
  * the penalty (ties go to the lowest id).
@@ -26,7 +26,11 @@ typedef struct sampler_params {
     float top_p;          /* keep the smallest prefix whose mass reaches p; (0,1], 1 disables */
     float min_p;          /* drop tokens below min_p * p(most likely); [0,1], 0 disables */
     float repeat_penalty; /* > 0; 1 disables */
-    int repeat_last_n;    /* tokens of history penalized; 0 disables, -1 means all */
+    /* OpenAI's, in [-2, 2]; 0 disables: subtracted from a token's logit once per time it
+     * occurs in the window (frequency) and once if it occurs at all (presence) */
+    float frequency_penalty;
+    float presence_penalty;
+    int repeat_last_n;    /* tokens of history penalized (all three); 0 disables, -1 all */
     uint64_t seed;        /* SAMPLER_SEED_RANDOM for a random seed */
 } sampler_params;
 
@@ -44,8 +48,10 @@ void sampler_free(sampler *s);
 
 /*
  * Picks the next token from logits[n_vocab] (not modified). history holds the tokens
- * so far (prompt and generated), oldest first; the last repeat_last_n of them are
- * penalized once each however often they occur; ids outside the vocabulary are ignored.
+ * so far (prompt and generated), oldest first; of the last repeat_last_n of them, each
+ * distinct id's logit is divided by repeat_penalty (multiplied when negative), then less
+ * its count times frequency_penalty and presence_penalty, as llama.cpp's penalties
+ * sampler does; ids outside the vocabulary are ignored.
  * NaN logits count as -infinity. Returns the token id, or -1 when logits is NULL,
  * n_history < 0, or n_history > 0 with history NULL.
  */

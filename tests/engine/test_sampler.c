@@ -364,6 +364,58 @@ static void repetition_penalty_changes_argmax(void)
     sampler_free(s);
 }
 
+/* OpenAI's penalties after the repetition penalty, as llama.cpp applies them: logit / rep
+ * - count * frequency - presence, over the same window, each distinct token once. */
+static void frequency_and_presence_penalties(void)
+{
+    enum { N = 5 };
+    float l[N] = {1.0f, 3.0f, 2.5f, -1.0f, 0.0f};
+    int32_t hist[] = {1, 3, 1, 1}; /* token 1 three times */
+    struct {
+        float rep, freq, pres;
+        int32_t want;
+    } cases[] = {
+        {1.0f, 0.1f, 0.0f, 1},  /* 3.0 - 3 x 0.1 = 2.7 > 2.5 */
+        {1.0f, 0.2f, 0.0f, 2},  /* 3.0 - 3 x 0.2 = 2.4: the count multiplies */
+        {1.0f, 0.0f, 0.4f, 1},  /* 3.0 - 0.4 = 2.6: presence counts once */
+        {1.0f, 0.0f, 0.6f, 2},  /* 2.4 */
+        {1.2f, 0.0f, 0.0f, 1},  /* 3.0 / 1.2 = 2.5 ties token 2: the lower id */
+        {1.2f, 0.01f, 0.0f, 2}, /* 2.5 - 0.03: subtracted after the division */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sampler_params p = plain_params(1);
+        p.temperature = 0.0f;
+        p.repeat_penalty = cases[i].rep;
+        p.frequency_penalty = cases[i].freq;
+        p.presence_penalty = cases[i].pres;
+        sampler *s = sampler_new(N, &p, NULL);
+        CHECK(s);
+        CHECK_MSG(sampler_sample(s, l, hist, 4) == cases[i].want, "case %zu", i);
+        /* the counts are gone by the next call */
+        CHECK_EQ(sampler_sample(s, l, NULL, 0), 1);
+        CHECK_MSG(sampler_sample(s, l, hist, 4) == cases[i].want, "case %zu again", i);
+        sampler_free(s);
+    }
+    /* a negative frequency penalty favours what was said */
+    float two[2] = {2.0f, 1.9f};
+    int32_t ones[] = {1, 1};
+    sampler_params p = plain_params(1);
+    p.temperature = 0.0f;
+    p.frequency_penalty = -0.1f;
+    sampler *s = sampler_new(2, &p, NULL);
+    CHECK(s);
+    CHECK_EQ(sampler_sample(s, two, ones, 2), 1);
+    /* outside the window nothing is counted */
+    sampler_free(s);
+    p.repeat_last_n = 1;
+    p.frequency_penalty = 2.0f;
+    s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    int32_t old[] = {1, 1, 1, 0};
+    CHECK_EQ(sampler_sample(s, l, old, 4), 1);
+    sampler_free(s);
+}
+
 static void invalid_params_are_rejected_with_messages(void)
 {
     char err[ERR_MAX];
@@ -389,6 +441,18 @@ static void invalid_params_are_rejected_with_messages(void)
     p.repeat_penalty = 0.0f;
     CHECK(sampler_new(100, &p, err) == NULL);
     CHECK_MSG(strstr(err, "repeat_penalty"), "%s", err);
+
+    const float bad_penalties[] = {2.5f, -2.01f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_penalties / sizeof *bad_penalties; i++) {
+        p = sampler_params_default();
+        p.frequency_penalty = bad_penalties[i];
+        CHECK(sampler_new(100, &p, err) == NULL);
+        CHECK_MSG(strstr(err, "frequency_penalty"), "%s", err);
+        p = sampler_params_default();
+        p.presence_penalty = bad_penalties[i];
+        CHECK(sampler_new(100, &p, err) == NULL);
+        CHECK_MSG(strstr(err, "presence_penalty"), "%s", err);
+    }
 
     p = sampler_params_default();
     p.repeat_last_n = -2;
@@ -594,6 +658,7 @@ int main(void)
     RUN(top_k_large_vocab_matches_brute_force);
     RUN(top_p_large_vocab_matches_brute_force);
     RUN(repetition_penalty_changes_argmax);
+    RUN(frequency_and_presence_penalties);
     RUN(invalid_params_are_rejected_with_messages);
     RUN(all_negative_infinity_still_gives_a_token);
     RUN(stop_string_split_across_pieces);

@@ -184,6 +184,56 @@ static void text_parts_join_with_newlines(void)
     llms_result_free(&want);
 }
 
+/* Distinct "tokN" pieces of a reply of the generated test model. */
+static int distinct_pieces(const char *text)
+{
+    int ids[64], n = 0, distinct = 0;
+    for (const char *p = strstr(text, "tok"); p && n < 64; p = strstr(p + 3, "tok"))
+        ids[n++] = atoi(p + 3);
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < i && ids[j] != ids[i])
+            j++;
+        distinct += j == i;
+    }
+    return distinct;
+}
+
+/* OpenAI's frequency_penalty and presence_penalty are applied (they were ignored): the
+ * greedy reply of the test model, which repeats a few tokens, uses more distinct tokens
+ * with them; values outside [-2, 2] are 400 as OpenAI answers. */
+static void frequency_and_presence_penalties_apply(void)
+{
+    NEED(daemon_up, start_daemon());
+    const char *bodies[] = {
+        "{\"prompt\":\"hello there\",\"max_tokens\":16,\"temperature\":0}",
+        "{\"prompt\":\"hello there\",\"max_tokens\":16,\"temperature\":0,"
+        "\"frequency_penalty\":2,\"presence_penalty\":2}",
+    };
+    int distinct[2];
+    for (int i = 0; i < 2; i++) {
+        int st;
+        json_object *o = post("/v1/completions", bodies[i], &st);
+        CHECK_MSG(o && st == 200, "%s: %d", bodies[i], st);
+        distinct[i] = distinct_pieces(httpc_jstr(o, "choices.0.text"));
+        printf("    %d distinct of 16: %s\n", distinct[i], httpc_jstr(o, "choices.0.text"));
+        json_object_put(o);
+    }
+    CHECK_MSG(distinct[1] > distinct[0], "%d distinct tokens with the penalties, %d without",
+              distinct[1], distinct[0]);
+    const char *bad[] = {"\"frequency_penalty\":2.5", "\"presence_penalty\":-3"};
+    for (int i = 0; i < 2; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":2,%s}", bad[i]);
+        int st;
+        json_object *o = post("/v1/completions", body, &st);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && msg && strstr(msg, "penalty"), "%s: %d %s", body, st,
+                  msg ? msg : "");
+        json_object_put(o);
+    }
+}
+
 static void completion_matches_native(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1163,6 +1213,7 @@ int main(int argc, char **argv)
     RUN(chat_matches_native_complete);
     RUN(text_parts_join_with_newlines);
     RUN(completion_matches_native);
+    RUN(frequency_and_presence_penalties_apply);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
