@@ -75,6 +75,8 @@ static void usage(FILE *out)
             "      --top-p P            (default 0.95, 1 = off)\n"
             "      --min-p P            (default 0.05, 0 = off)\n"
             "      --repeat-penalty R   (default 1.0 = off)\n"
+            "      --frequency-penalty F, --presence-penalty P\n"
+            "                           OpenAI's, in [-2, 2] (default 0 = off)\n"
             "      --repeat-last-n N    (default 64)\n"
             "  -s, --seed N             sampling seed (default random)\n"
             "      --stop TEXT          stop when TEXT is generated (repeatable)\n"
@@ -198,6 +200,12 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--repeat-penalty")) {
             NEED_VALUE();
             rc = parse_float(a, v, &o->sampling.repeat_penalty);
+        } else if (IS(NULL, "--frequency-penalty")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.frequency_penalty);
+        } else if (IS(NULL, "--presence-penalty")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.presence_penalty);
         } else if (IS(NULL, "--repeat-last-n")) {
             NEED_VALUE();
             rc = parse_int(a, v, -1, &o->sampling.repeat_last_n);

@@ -121,6 +121,25 @@ static void sampling_is_reproducible_by_seed(void)
     CHECK(strcmp(a, c) != 0);
 }
 
+/* --presence-penalty and --frequency-penalty reach the sampler: greedy text changes
+ * (stories260K repeats itself within 40 tokens), and a value outside [-2, 2] is an error. */
+static void penalties_change_greedy_text(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char cmd[4096], plain[4096], pen[4096];
+    const char *fmt = "%s -m '%s' --ids -p 1 -n 40 --temp 0 %s 2>&1";
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), "");
+    CHECK_EQ(test_run_capture(cmd, plain, sizeof plain), 0);
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(),
+             "--presence-penalty 1.5 --frequency-penalty 0.5");
+    CHECK_EQ(test_run_capture(cmd, pen, sizeof pen), 0);
+    CHECK_MSG(strcmp(plain, pen) != 0, "the same text with and without: %s", plain);
+    snprintf(cmd, sizeof cmd, fmt, llms_run, stories(), "--frequency-penalty 3");
+    CHECK_EQ(test_run_capture(cmd, pen, sizeof pen), 1);
+    CHECK_MSG(strstr(pen, "frequency_penalty"), "%s", pen);
+}
+
 static void perplexity_prints_llama_style_figure(void)
 {
     if (!stories())
@@ -263,6 +282,7 @@ int main(int argc, char **argv)
     RUN(detokenize_inverts_tokenize);
     RUN(greedy_generation_is_deterministic_across_threads_and_loads);
     RUN(sampling_is_reproducible_by_seed);
+    RUN(penalties_change_greedy_text);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
     RUN(embed_prints_a_unit_vector);
