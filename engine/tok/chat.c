@@ -16,9 +16,19 @@ static const char *const family_names[] = {
     [CHAT_MISTRAL_V3] = "mistral-v3",
     [CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
     [CHAT_MISTRAL_V7] = "mistral-v7",
+    [CHAT_ZEPHYR] = "zephyr",
+    [CHAT_FALCON3] = "falcon3",
+    [CHAT_DEEPSEEK3] = "deepseek3",
+    [CHAT_OPENCHAT] = "openchat",
+    [CHAT_VICUNA] = "vicuna",
+    [CHAT_VICUNA_ORCA] = "vicuna-orca",
+    [CHAT_DEEPSEEK] = "deepseek",
+    [CHAT_MONARCH] = "monarch",
+    [CHAT_MEGREZ] = "megrez",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
+_Static_assert(N_FAMILIES == CHAT_N_FAMILIES, "a family without a name");
 
 const char *chat_family_name(enum chat_family f)
 {
@@ -46,6 +56,34 @@ static enum chat_family detect_inst(const char *t)
     return CHAT_LLAMA2;
 }
 
+/* The "<|user|>" templates. TinyLlama's and zephyr's end every message with eos_token;
+ * Falcon3's ends a user message with a newline, GLM-Edge's with nothing. llama.cpp tells
+ * them apart by a literal "</s>", which none of them holds (the first two write
+ * eos_token), and so takes TinyLlama's and Falcon3's for GLM-Edge's, an architecture
+ * llmsd does not run; here the end of the user message decides: the template's text
+ * from "<|user|>" to its next statement. */
+static enum chat_family detect_user_tag(const char *t, const char *user)
+{
+    const char *next = strstr(user, "{%");
+    size_t n = next ? (size_t)(next - user) : strlen(user);
+    char span[512];
+    if (n >= sizeof span)
+        n = sizeof span - 1;
+    memcpy(span, user, n);
+    span[n] = '\0';
+    if (strstr(span, "eos_token") || strstr(span, "</s>"))
+        return CHAT_ZEPHYR;
+    /* StableLM's zephyr writes its EOS as text; llmsd has no family for it */
+    if (strstr(span, "<|endoftext|>"))
+        return CHAT_PLAIN;
+    /* a newline as a Jinja string: '\\n' or a real line break in quotes; "<|end|>" is
+     * Phi-3's, another architecture that writes one too */
+    if ((strstr(span, "'\\n'") || strstr(span, "'\n'")) && strstr(t, "<|assistant|>") &&
+        !strstr(t, "<|end|>"))
+        return CHAT_FALCON3;
+    return CHAT_PLAIN;
+}
+
 enum chat_family chat_detect(const char *t)
 {
     if (!t)
@@ -57,8 +95,26 @@ enum chat_family chat_detect(const char *t)
         return CHAT_CHATML;
     if (strncmp(t, "mistral", 7) == 0 || strstr(t, "[INST]"))
         return detect_inst(t);
+    /* the rest in llama.cpp's order, which matters where a template has two markers */
+    const char *user = strstr(t, "<|user|>");
+    enum chat_family f = user ? detect_user_tag(t, user) : CHAT_PLAIN;
+    if (f != CHAT_PLAIN)
+        return f;
+    if (strstr(t, "bos_token + message['role']"))
+        return CHAT_MONARCH;
+    if (strstr(t, "GPT4 Correct "))
+        return CHAT_OPENCHAT;
+    if (strstr(t, "USER: ") && strstr(t, "ASSISTANT: "))
+        return strstr(t, "SYSTEM: ") ? CHAT_VICUNA_ORCA : CHAT_VICUNA;
+    if (strstr(t, "### Instruction:") && strstr(t, "<|EOT|>"))
+        return CHAT_DEEPSEEK;
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>"))
         return CHAT_LLAMA3;
+    if (strstr(t, "<｜Assistant｜>") && strstr(t, "<｜User｜>") &&
+        strstr(t, "<｜end▁of▁sentence｜>"))
+        return CHAT_DEEPSEEK3;
+    if (strstr(t, "<|role_start|>"))
+        return CHAT_MEGREZ;
     return CHAT_PLAIN;
 }
 
@@ -69,6 +125,16 @@ const char *chat_stop_text(enum chat_family f)
         return "<|im_end|>";
     case CHAT_LLAMA3:
         return "<|eot_id|>";
+    case CHAT_FALCON3:
+        return "<|endoftext|>";
+    case CHAT_DEEPSEEK3:
+        return "<｜end▁of▁sentence｜>";
+    case CHAT_OPENCHAT:
+        return "<|end_of_turn|>";
+    case CHAT_DEEPSEEK:
+        return "<|EOT|>";
+    case CHAT_MEGREZ:
+        return "<|turn_end|>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -203,6 +269,53 @@ static void apply_mistral_v7(writer *w, const struct chat_message *msgs, int n)
     }
 }
 
+/* The families whose every message is an opening, its content as it is and a closing,
+ * both chosen by the role (system, user, assistant), and whose generation prompt is a
+ * fixed text; `later` goes before every message but the first (monarch's "<s>": the
+ * tokenizer adds the first). */
+struct turn_format {
+    const char *open[3], *close[3], *gen, *later;
+};
+
+static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
+    [CHAT_ZEPHYR] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
+                     {"</s>\n", "</s>\n", "</s>\n"}, "<|assistant|>\n", ""},
+    [CHAT_FALCON3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
+                      {"\n", "\n", "\n"}, "<|assistant|>\n", ""},
+    [CHAT_DEEPSEEK3] = {{"", "<｜User｜>", "<｜Assistant｜>"},
+                        {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", ""},
+    /* OpenChat's own template writes "GPT4 Correct System: "; llama.cpp follows the
+     * authors' advice of a bare system message */
+    [CHAT_OPENCHAT] = {{"", "GPT4 Correct User: ", "GPT4 Correct Assistant: "},
+                       {"<|end_of_turn|>", "<|end_of_turn|>", "<|end_of_turn|>"},
+                       "GPT4 Correct Assistant:", ""},
+    [CHAT_VICUNA] = {{"", "USER: ", "ASSISTANT: "}, {"\n\n", "\n", "</s>\n"}, "ASSISTANT:", ""},
+    [CHAT_VICUNA_ORCA] = {{"SYSTEM: ", "USER: ", "ASSISTANT: "}, {"\n", "\n", "</s>\n"},
+                          "ASSISTANT:", ""},
+    [CHAT_DEEPSEEK] = {{"", "### Instruction:\n", "### Response:\n"},
+                       {"", "\n", "\n<|EOT|>\n"}, "### Response:\n", ""},
+    [CHAT_MONARCH] = {{"system\n", "user\n", "assistant\n"}, {"</s>\n", "</s>\n", "</s>\n"},
+                      "<s>assistant\n", "<s>"},
+    [CHAT_MEGREZ] = {{"<|role_start|>system<|role_end|>", "<|role_start|>user<|role_end|>",
+                      "<|role_start|>assistant<|role_end|>"},
+                     {"<|turn_end|>", "<|turn_end|>", "<|turn_end|>"},
+                     "<|role_start|>assistant<|role_end|>", ""},
+};
+
+static void apply_turns(writer *w, const struct turn_format *tf, const struct chat_message *msgs,
+                        int n, bool gen)
+{
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        put(w, i > 0 ? tf->later : "");
+        put(w, tf->open[r]);
+        put(w, msgs[i].content);
+        put(w, tf->close[r]);
+    }
+    if (gen)
+        put(w, tf->gen);
+}
+
 static void apply_plain(writer *w, const struct chat_message *msgs, int n, bool gen)
 {
     static const char *const label[] = {"System: ", "User: ", "Assistant: "};
@@ -261,6 +374,17 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_MISTRAL_V7:
         apply_mistral_v7(&w, msgs, n);
+        break;
+    case CHAT_ZEPHYR:
+    case CHAT_FALCON3:
+    case CHAT_DEEPSEEK3:
+    case CHAT_OPENCHAT:
+    case CHAT_VICUNA:
+    case CHAT_VICUNA_ORCA:
+    case CHAT_DEEPSEEK:
+    case CHAT_MONARCH:
+    case CHAT_MEGREZ:
+        apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt);
         break;
     case CHAT_PLAIN:
         apply_plain(&w, msgs, n, add_generation_prompt);

@@ -4,8 +4,9 @@
  * There is no Jinja interpreter: as in llama.cpp, a model's tokenizer.chat_template is
  * recognised by distinctive markers and mapped to a known family, whose format is
  * written by hand. The output for every family equals llama.cpp's
- * llm_chat_apply_template() for the same messages. No family writes the BOS text
- * ("<s>", "<|begin_of_text|>"): the tokenizer adds BOS.
+ * llm_chat_apply_template() for the family of the same name and the same messages, but
+ * for zephyr (see below). No family writes the BOS text that starts the prompt ("<s>",
+ * "<|begin_of_text|>"): the tokenizer adds BOS.
  */
 #ifndef LLMS_CHAT_H
 #define LLMS_CHAT_H
@@ -38,13 +39,45 @@ enum chat_family {
     CHAT_MISTRAL_V3,
     CHAT_MISTRAL_V3_TEKKEN,
     CHAT_MISTRAL_V7,
+    /* "<|role|>\ncontent</s>\n" (TinyLlama-Chat, zephyr-7b-beta). llama.cpp's "zephyr"
+     * ends a message with "<|endoftext|>", the EOS of StableLM's zephyr, which llmsd does
+     * not run; these templates write eos_token, "</s>" in the llama vocabulary. */
+    CHAT_ZEPHYR,
+    /* "<|role|>\ncontent\n" (Falcon3). Falcon3's template also writes eos_token after an
+     * assistant message; llama.cpp's format, kept here, leaves it out */
+    CHAT_FALCON3,
+    /* "sys\n\n<｜User｜>user<｜Assistant｜>assistant<｜end▁of▁sentence｜>"
+     * (DeepSeek-R1-Distill-Llama/Qwen). Their template writes the system message without
+     * "\n\n" and opens the reply with "<think>\n"; llama.cpp's format, kept here, does
+     * neither, and the model writes "<think>" itself */
+    CHAT_DEEPSEEK3,
+    /* "GPT4 Correct User: user<|end_of_turn|>GPT4 Correct Assistant: ..." (OpenChat 3.5,
+     * Starling) */
+    CHAT_OPENCHAT,
+    /* "sys\n\nUSER: user\nASSISTANT: assistant</s>\n" (Vicuna 1.1); the Orca variant
+     * writes the system message as "SYSTEM: sys\n" */
+    CHAT_VICUNA,
+    CHAT_VICUNA_ORCA,
+    /* "sys### Instruction:\nuser\n### Response:\nassistant\n<|EOT|>\n" (DeepSeek Coder
+     * instruct) */
+    CHAT_DEEPSEEK,
+    /* "role\ncontent</s>\n" with "<s>" before each later message (AlphaMonarch) */
+    CHAT_MONARCH,
+    /* "<|role_start|>role<|role_end|>content<|turn_end|>" (Megrez-3B-Instruct) */
+    CHAT_MEGREZ,
 };
+
+/* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
+#define CHAT_N_FAMILIES ((int)CHAT_MEGREZ + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
  * text of tokenizer.chat_template, recognised like llama.cpp does ("<|im_start|>" ->
  * chatml, "[INST]" -> the llama2/mistral variants, "<|start_header_id|>" with
- * "<|end_header_id|>" -> llama3). NULL or anything else gives CHAT_PLAIN.
+ * "<|end_header_id|>" -> llama3, "<｜User｜>" -> deepseek3...), but for "<|user|>"
+ * templates: one that ends a user message with eos_token or "</s>" is zephyr, another
+ * with "<|assistant|>" falcon3 (llama.cpp takes TinyLlama's and Falcon3's templates for
+ * GLM-Edge's). NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
@@ -69,9 +102,9 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap);
 
 /*
- * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>";
- * "\nUser:" for plain), for use as a stop string when the tokenizer does not mark the
- * corresponding token as end-of-generation. Never NULL.
+ * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>",
+ * "<|end_of_turn|>", "<|EOT|>"...; "\nUser:" for plain), for use as a stop string when
+ * the tokenizer does not mark the corresponding token as end-of-generation. Never NULL.
  */
 const char *chat_stop_text(enum chat_family f);
 

@@ -75,11 +75,140 @@ static const char MISTRAL_V7[] =
     "'[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ "
     "'[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}";
 
-/* TinyLlama-1.1B-Chat (zephyr style): not a family handled here */
-static const char ZEPHYR[] =
-    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + "
-    "message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and "
-    "add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+/* TinyLlama/TinyLlama-1.1B-Chat-v1.0 (the same as HuggingFaceH4/zephyr-7b-beta) */
+static const char TINYLLAMA[] =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ "
+    "'<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == "
+    "'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif "
+    "%}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif "
+    "%}\n{% endfor %}";
+
+
+/* tiiuae/Falcon3-7B-Instruct */
+static const char FALCON3[] =
+    "{%- if tools %}\n{{- '<|system|>\\n' }}\n{%- if messages[0]['role'] == 'system' %}\n"
+    "{{- messages[0]['content'] }}\n{%- set remaining_messages = messages[1:] %}\n"
+    "{%- else %}\n{%- set remaining_messages = messages %}\n{%- endif %}\n"
+    "{{- 'You are a Falcon assistant skilled in function calling. You are helpful, "
+    "respectful, and concise.\\n\\n# Tools\\n\\nYou have access to the following functions. "
+    "You MUST use them to answer questions when needed. For each function call, you MUST "
+    "return a JSON object inside <tool_call></tool_call> tags.\\n\\n<tools>' + "
+    "tools|tojson(indent=2) + '</tools>\\n\\n# Output Format\\n\\nYour response MUST follow "
+    "this format when making function calls:\\n<tool_call>\\n[\\n  {\"name\": "
+    "\"function_name\", \"arguments\": {\"arg1\": \"value1\", \"arg2\": \"value2\"}},\\n  "
+    "{\"name\": \"another_function\", \"arguments\": {\"arg\": \"value\"}}\\n]\\n"
+    "</tool_call>\\nIf no function calls are needed, respond normally without the tool_call "
+    "tags.\\n' }}\n{%- for message in remaining_messages %}\n"
+    "{%- if message['role'] == 'user' %}\n{{- '<|user|>\\n' + message['content'] + '\\n' }}\n"
+    "{%- elif message['role'] == 'assistant' %}\n{%- if message.content %}\n"
+    "{{- '<|assistant|>\\n' + message['content'] }}\n{%- endif %}\n"
+    "{%- if message.tool_calls %}\n{{- '\\n<tool_call>\\n' }}\n"
+    "{{- message.tool_calls|tojson(indent=2) }}\n{{- '\\n</tool_call>' }}\n{%- endif %}\n"
+    "{{- eos_token + '\\n' }}\n{%- elif message['role'] == 'tool' %}\n"
+    "{{- '<|assistant|>\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>\\n' "
+    "}}\n{%- endif %}\n{%- endfor %}\n{{- '<|assistant|>\\n' if add_generation_prompt }}\n"
+    "{%- else %}\n{%- for message in messages %}\n{%- if message['role'] == 'system' %}\n"
+    "{{- '<|system|>\\n' + message['content'] + '\\n' }}\n"
+    "{%- elif message['role'] == 'user' %}\n{{- '<|user|>\\n' + message['content'] + '\\n' }}\n"
+    "{%- elif message['role'] == 'assistant' %}\n{%- if not loop.last %}\n"
+    "{{- '<|assistant|>\\n' + message['content'] + eos_token + '\\n' }}\n{%- else %}\n"
+    "{{- '<|assistant|>\\n' + message['content'] + eos_token }}\n{%- endif %}\n{%- endif %}\n"
+    "{%- if loop.last and add_generation_prompt %}\n{{- '<|assistant|>\\n' }}\n{%- endif %}\n"
+    "{%- endfor %}\n{%- endif %}";
+
+
+/* deepseek-ai/DeepSeek-R1-Distill-Qwen-32B (the Llama distills have the same) */
+static const char R1_DISTILL[] =
+    "{% if not add_generation_prompt is defined -%}\n"
+    "  {%- set add_generation_prompt = false -%}\n{%- endif -%}\n"
+    "{%- set ns = namespace(is_first=false, is_tool=false, is_output_first=true, "
+    "system_prompt='') -%}\n{%- for message in messages -%}\n"
+    "  {%- if message['role'] == 'system' -%}\n"
+    "    {%- set ns.system_prompt = message['content'] -%}\n  {%- endif -%}\n"
+    "{%- endfor -%}{{bos_token}}{{ns.system_prompt}}\n{%- for message in messages -%}\n"
+    "  {%- if message['role'] == 'user' -%}\n"
+    "    {%- set ns.is_tool = false -%}{{'<｜User｜>' + message['content']}}\n"
+    "  {%- endif -%}\n  {%- if message['role'] == 'assistant' and message['tool_calls'] -%}\n"
+    "    {%- set ns.is_tool = false -%}\n    {%- for tool in message['tool_calls']-%}\n"
+    "      {%- if not ns.is_first -%}\n"
+    "        {{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+    "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + "
+    "tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}\n"
+    "        {%- set ns.is_first = true -%}\n      {%- else -%}\n"
+    "        {{'\\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + "
+    "tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + "
+    "'\\n' + '```' + '<｜tool▁call▁end｜>'}}\n      {%- endif -%}\n    {%- endfor -%}\n"
+    "    {{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}\n  {%- endif -%}\n"
+    "  {%- if message['role'] == 'assistant' and message['content'] is not none -%}\n"
+    "    {%- if ns.is_tool -%}{{'<｜tool▁outputs▁end｜>' + message['content'] + "
+    "'<｜end▁of▁sentence｜>'}}\n      {%- set ns.is_tool = false -%}\n    {%- else -%}\n"
+    "      {%- set content = message['content'] -%}\n"
+    "      {%- if '</think>' in content -%}\n"
+    "        {%- set content = content.split('</think>')[-1] -%}\n"
+    "      {%- endif -%}{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}\n"
+    "    {%- endif -%}\n  {%- endif -%}\n  {%- if message['role'] == 'tool' -%}\n"
+    "    {%- set ns.is_tool = true -%}\n    {%- if ns.is_output_first -%}"
+    "{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + "
+    "'<｜tool▁output▁end｜>'}}\n      {%- set ns.is_output_first = false -%}\n"
+    "      {%- else -%}{{'\\n<｜tool▁output▁begin｜>' + message['content'] + "
+    "'<｜tool▁output▁end｜>'}}\n    {%- endif -%}\n  {%- endif -%}\n{%- endfor -%}\n"
+    "{%- if ns.is_tool -%}{{'<｜tool▁outputs▁end｜>'}}\n{%- endif -%}\n"
+    "{%- if add_generation_prompt and not ns.is_tool -%}{{'<｜Assistant｜><think>\\n'}}\n"
+    "{%- endif %}";
+
+
+/* openchat/openchat-3.5-0106 */
+static const char OPENCHAT[] =
+    "{{ bos_token }}{% for message in messages %}{{ 'GPT4 Correct ' + "
+    "message['role'].title() + ': ' + message['content'] + '<|end_of_turn|>'}}{% endfor "
+    "%}{% if add_generation_prompt %}{{ 'GPT4 Correct Assistant:' }}{% endif %}";
+
+/* deepseek-ai/deepseek-coder-33b-instruct */
+static const char DEEPSEEK_CODER[] =
+    "{% if not add_generation_prompt is defined %}\n{% set add_generation_prompt = false "
+    "%}\n{% endif %}\n{%- set ns = namespace(found=false) -%}\n{%- for message in messages "
+    "-%}\n    {%- if message['role'] == 'system' -%}\n        {%- set ns.found = true "
+    "-%}\n    {%- endif -%}\n{%- endfor -%}\n{{bos_token}}{%- if not ns.found -%}\n{{'You "
+    "are an AI programming assistant, utilizing the Deepseek Coder model, developed by "
+    "Deepseek Company, and you only answer questions related to computer science. For "
+    "politically sensitive questions, security and privacy issues, and other non-computer "
+    "science questions, you will refuse to answer\\n'}}\n{%- endif %}\n{%- for message in "
+    "messages %}\n    {%- if message['role'] == 'system' %}\n{{ message['content'] }}\n    "
+    "{%- else %}\n        {%- if message['role'] == 'user' %}\n{{'### Instruction:\\n' + "
+    "message['content'] + '\\n'}}\n        {%- else %}\n{{'### Response:\\n' + "
+    "message['content'] + '\\n<|EOT|>\\n'}}\n        {%- endif %}\n    {%- endif "
+    "%}\n{%- endfor %}\n{% if add_generation_prompt %}\n{{'### Response:'}}\n{% endif %}";
+
+/* eachadea/vicuna-13b-1.1 (the file has none; the template users set for it) */
+static const char VICUNA[] =
+    "{%- for message in messages %}{%- if message['role'] == 'system' -%}{{- '' + "
+    "message['content'] + '\n\n' -}}{%- else -%}{%- if message['role'] == 'user' "
+    "-%}{{-'USER: ' + message['content'] + '\n'-}}{%- else -%}{{-'ASSISTANT: ' + "
+    "message['content'] + '</s>\n' -}}{%- endif -%}{%- endif -%}{%- endfor -%}{%- if "
+    "add_generation_prompt -%}{{-'ASSISTANT:'-}}{%- endif -%}";
+
+/* Orca-Vicuna (likewise) */
+static const char VICUNA_ORCA[] =
+    "{%- for message in messages %}{%- if message['role'] == 'system' -%}{{-'SYSTEM: ' + "
+    "message['content'] + '\n' -}}{%- else -%}{%- if message['role'] == 'user' "
+    "-%}{{-'USER: ' + message['content'] + '\n'-}}{%- else -%}{{-'ASSISTANT: ' + "
+    "message['content'] + '</s>\n' -}}{%- endif -%}{%- endif -%}{%- endfor -%}{%- if "
+    "add_generation_prompt -%}{{-'ASSISTANT:'-}}{%- endif -%}";
+
+/* mlabonne/AlphaMonarch-7B */
+static const char MONARCH[] =
+    "{% for message in messages %}{{bos_token + message['role'] + '\\n' + "
+    "message['content'] + eos_token + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "bos_token + 'assistant\\n' }}{% endif %}";
+
+/* Infinigence/Megrez-3B-Instruct */
+static const char MEGREZ[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' "
+    "%}{{ '<|role_start|>system<|role_end|>你是Megrez-3B-Instruct，将针对用户的问题给出详细"
+    "的、积极的回答。<|turn_end|>' }}{% endif %}{{ '<|role_start|>' + message['role'] + "
+    "'<|role_end|>' + message['content'] + '<|turn_end|>' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|role_start|>assistant<|role_end|>' }}{% endif %}";
 
 static void detects_real_templates(void)
 {
@@ -93,14 +222,44 @@ static void detects_real_templates(void)
     CHECK_EQ(chat_detect(MISTRAL_V3), CHAT_MISTRAL_V3);
     CHECK_EQ(chat_detect(MISTRAL_V3_TEKKEN), CHAT_MISTRAL_V3_TEKKEN);
     CHECK_EQ(chat_detect(MISTRAL_V7), CHAT_MISTRAL_V7);
-    CHECK_EQ(chat_detect(ZEPHYR), CHAT_PLAIN);
     CHECK_EQ(chat_detect(""), CHAT_PLAIN);
     CHECK_EQ(chat_detect(NULL), CHAT_PLAIN);
 }
 
+/* Families of llama, qwen2 and qwen3 models that fell to plain before they were known;
+ * by name, so that this test also runs against a chat.c without them. */
+static void detects_more_llama_and_qwen_families(void)
+{
+    static const struct {
+        const char *tmpl, *family;
+    } D[] = {
+        {TINYLLAMA, "zephyr"},           {FALCON3, "falcon3"},
+        {R1_DISTILL, "deepseek3"},       {OPENCHAT, "openchat"},
+        {DEEPSEEK_CODER, "deepseek"},    {VICUNA, "vicuna"},
+        {VICUNA_ORCA, "vicuna-orca"},    {MONARCH, "monarch"},
+        {MEGREZ, "megrez"},
+        /* "<|user|>" templates of other architectures stay plain: Phi-3's, GLM-Edge's
+         * (THUDM/glm-edge-1.5b-chat), StableLM zephyr's "<|endoftext|>" written as text */
+        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>'}}",
+         "plain"},
+        {"{% for item in messages %}{% if item['role'] == 'system' %}<|system|>\n{{ "
+         "item['content'] }}{% elif item['role'] == 'user' %}<|user|>\n{{ item['content'] "
+         "}}{% elif item['role'] == 'assistant' %}<|assistant|>\n{{ item['content'] }}{% "
+         "endif %}{% endfor %}<|assistant|>",
+         "plain"},
+        {"{{ '<|user|>\n' + message['content'] + '<|endoftext|>' + '\n' }}{% elif %}"
+         "<|assistant|>",
+         "plain"},
+    };
+    for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
+        const char *got = chat_family_name(chat_detect(D[i].tmpl));
+        CHECK_MSG(strcmp(got, D[i].family) == 0, "expected %s, detected %s", D[i].family, got);
+    }
+}
+
 static void detects_family_names(void)
 {
-    for (int f = CHAT_PLAIN; f <= CHAT_MISTRAL_V7; f++)
+    for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++)
         CHECK_MSG((int)chat_detect(chat_family_name(f)) == f, "name %s", chat_family_name(f));
     CHECK(strcmp(chat_family_name(CHAT_LLAMA2_SYS), "llama2-sys") == 0);
     CHECK(strcmp(chat_family_name((enum chat_family)99), "unknown") == 0);
@@ -161,6 +320,50 @@ static const struct {
      "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi "
      "there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another "
      "question[/INST]"},
+    /* llama.cpp's "zephyr" with "</s>" for its "<|endoftext|>" (chat.h) */
+    {CHAT_ZEPHYR,
+     "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n"
+     "<|assistant|>\nHi there</s>\n<|user|>\nWho are you</s>\n<|assistant|>\n"
+     "   I am an assistant   </s>\n<|user|>\nAnother question</s>\n<|assistant|>\n"},
+    {CHAT_FALCON3,
+     "<|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\n"
+     "Hi there\n<|user|>\nWho are you\n<|assistant|>\n   I am an assistant   \n"
+     "<|user|>\nAnother question\n<|assistant|>\n"},
+    {CHAT_DEEPSEEK3,
+     "You are a helpful assistant\n\n"
+     "<｜User｜>Hello<｜Assistant｜>Hi there<｜end▁of▁sentence｜><｜User｜>Who are "
+     "you<｜Assistant｜>   I am an assistant   <｜end▁of▁sentence｜><｜User｜>Another "
+     "question<｜Assistant｜>"},
+    {CHAT_OPENCHAT,
+     "You are a helpful assistant<|end_of_turn|>GPT4 Correct User: "
+     "Hello<|end_of_turn|>GPT4 Correct Assistant: Hi there<|end_of_turn|>GPT4 "
+     "Correct User: Who are you<|end_of_turn|>GPT4 Correct Assistant:    I am an "
+     "assistant   <|end_of_turn|>GPT4 Correct User: Another "
+     "question<|end_of_turn|>GPT4 Correct Assistant:"},
+    {CHAT_VICUNA,
+     "You are a helpful assistant\n\nUSER: Hello\nASSISTANT: Hi there</s>\n"
+     "USER: Who are you\nASSISTANT:    I am an assistant   </s>\n"
+     "USER: Another question\nASSISTANT:"},
+    {CHAT_VICUNA_ORCA,
+     "SYSTEM: You are a helpful assistant\nUSER: Hello\nASSISTANT: Hi there</s>\n"
+     "USER: Who are you\nASSISTANT:    I am an assistant   </s>\n"
+     "USER: Another question\nASSISTANT:"},
+    {CHAT_DEEPSEEK,
+     "You are a helpful assistant### Instruction:\nHello\n### Response:\nHi there\n"
+     "<|EOT|>\n### Instruction:\nWho are you\n### Response:\n"
+     "   I am an assistant   \n<|EOT|>\n### Instruction:\nAnother question\n"
+     "### Response:\n"},
+    {CHAT_MONARCH,
+     "system\nYou are a helpful assistant</s>\n<s>user\nHello</s>\n<s>assistant\n"
+     "Hi there</s>\n<s>user\nWho are you</s>\n<s>assistant\n"
+     "   I am an assistant   </s>\n<s>user\nAnother question</s>\n<s>assistant\n"},
+    {CHAT_MEGREZ,
+     "<|role_start|>system<|role_end|>You are a helpful "
+     "assistant<|turn_end|><|role_start|>user<|role_end|>Hello<|turn_end|>"
+     "<|role_start|>assistant<|role_end|>Hi there<|turn_end|><|role_start|>user<|role_end|>Who "
+     "are you<|turn_end|><|role_start|>assistant<|role_end|>   I am an assistant   "
+     "<|turn_end|><|role_start|>user<|role_end|>Another "
+     "question<|turn_end|><|role_start|>assistant<|role_end|>"},
     {CHAT_PLAIN,
      "System: You are a helpful assistant\nUser: Hello\nAssistant: Hi there\nUser: Who are "
      "you\nAssistant:    I am an assistant   \nUser: Another question\nAssistant:"},
@@ -191,6 +394,19 @@ static void generation_prompt_is_optional(void)
     /* the [INST] families end a user turn with the assistant's cue either way */
     CHECK(chat_apply(CHAT_LLAMA2, one, 1, false, out, sizeof out) > 0);
     CHECK(strcmp(out, "[INST] Hi [/INST]") == 0);
+    CHECK(chat_apply(CHAT_ZEPHYR, one, 1, false, out, sizeof out) > 0);
+    CHECK(strcmp(out, "<|user|>\nHi</s>\n") == 0);
+    CHECK(chat_apply(CHAT_ZEPHYR, one, 1, true, out, sizeof out) > 0);
+    CHECK(strcmp(out, "<|user|>\nHi</s>\n<|assistant|>\n") == 0);
+    CHECK(chat_apply(CHAT_DEEPSEEK3, one, 1, false, out, sizeof out) > 0);
+    CHECK(strcmp(out, "<｜User｜>Hi") == 0);
+    CHECK(chat_apply(CHAT_OPENCHAT, one, 1, false, out, sizeof out) > 0);
+    CHECK(strcmp(out, "GPT4 Correct User: Hi<|end_of_turn|>") == 0);
+    /* monarch writes "<s>" before every message but the first, and before the prompt */
+    CHECK_EQ(chat_apply(CHAT_MONARCH, NULL, 0, true, out, sizeof out), 13);
+    CHECK(strcmp(out, "<s>assistant\n") == 0);
+    CHECK(chat_apply(CHAT_MONARCH, one, 1, true, out, sizeof out) > 0);
+    CHECK(strcmp(out, "user\nHi</s>\n<s>assistant\n") == 0);
     CHECK_EQ(chat_apply(CHAT_CHATML, NULL, 0, true, out, sizeof out), 22);
     CHECK(strcmp(out, "<|im_start|>assistant\n") == 0);
 }
@@ -215,7 +431,7 @@ static void unknown_role_and_bad_input_are_errors(void)
 {
     char out[256];
     const struct chat_message tool[] = {{"user", "x"}, {"tool", "{}"}};
-    for (int f = CHAT_PLAIN; f <= CHAT_MISTRAL_V7; f++)
+    for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++)
         CHECK_MSG(chat_apply(f, tool, 2, true, out, sizeof out) == -1, "%s",
                   chat_family_name(f));
     const struct chat_message no_content[] = {{"user", NULL}};
@@ -234,11 +450,31 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_LLAMA2_SYS), "</s>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_MISTRAL_V7), "</s>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_PLAIN), "\nUser:") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_ZEPHYR), "</s>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_FALCON3), "<|endoftext|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_DEEPSEEK3), "<｜end▁of▁sentence｜>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_OPENCHAT), "<|end_of_turn|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_VICUNA), "</s>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_VICUNA_ORCA), "</s>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_DEEPSEEK), "<|EOT|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_MONARCH), "</s>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_MEGREZ), "<|turn_end|>") == 0);
+    /* every family's turn end is in what it writes after an assistant message, or is
+     * plain's next label */
+    const struct chat_message reply[] = {{"user", "q"}, {"assistant", "a"}};
+    char out[256];
+    for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++) {
+        CHECK(chat_apply(f, reply, 2, false, out, sizeof out) > 0);
+        const char *end = chat_stop_text(f);
+        CHECK_MSG(f == CHAT_PLAIN || f == CHAT_FALCON3 || strstr(out, end), "%s: %s not in %s",
+                  chat_family_name(f), end, out);
+    }
 }
 
 int main(void)
 {
     RUN(detects_real_templates);
+    RUN(detects_more_llama_and_qwen_families);
     RUN(detects_family_names);
     RUN(formats_match_llama_cpp);
     RUN(generation_prompt_is_optional);

@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    enum chat_family family = (enum chat_family)(data[0] % (CHAT_MISTRAL_V7 + 1));
+    enum chat_family family = (enum chat_family)(data[0] % CHAT_N_FAMILIES);
     json_tokener *tok = json_tokener_new();
     if (!tok)
         return 0;
