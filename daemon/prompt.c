@@ -39,6 +39,25 @@ static char *render(enum chat_family f, const struct chat_message *msgs, int n, 
     return s;
 }
 
+/* When G does not continue the rendering full (held is its first hl bytes), what follows
+ * the reply there still closes the reply's turn ("</s>", "<|im_end|>") before the new
+ * one: full from the end of the reply as the client saw it (after no more than the white
+ * space a template puts before a reply), less what of it G already holds past that
+ * reply. NULL when the reply is not there as it was (templates that trim it). */
+static char *after_reply(const char *full, size_t hl, const char *reply, const char *g)
+{
+    size_t rl = strlen(reply);
+    const char *p = full + hl;
+    while (rl > 0 && strncmp(p, reply, rl) != 0 && (*p == ' ' || *p == '\n'))
+        p++;
+    if (rl == 0 || strncmp(p, reply, rl) != 0)
+        return NULL;
+    const char *rest = p + rl, *in_g = strstr(g, reply);
+    if (in_g && strncmp(rest, in_g + rl, strlen(in_g + rl)) == 0)
+        rest += strlen(in_g + rl);
+    return strdup(rest);
+}
+
 char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
                        const char *prompt, char err[ERR_MAX])
 {
@@ -66,8 +85,10 @@ char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *
         char *full = held ? render(family, msgs, n, true, err) : NULL;
         const char *g = generated ? generated : "";
         size_t hl = held ? strlen(held) : 0, gl = strlen(g);
-        if (full && strncmp(full, held, hl) == 0 && strncmp(full + hl, g, gl) == 0)
-            out = strdup(full + hl + gl);
+        if (full && strncmp(full, held, hl) == 0)
+            out = strncmp(full + hl, g, gl) == 0
+                      ? strdup(full + hl + gl)
+                      : after_reply(full, hl, c->msgs[c->n_msgs - 1].text, g);
         free(held);
         free(full);
     }

@@ -8,9 +8,12 @@
  * The new conversation (with the last reply as the client saw it, then the new user
  * message) renders as R + F. When G is a prefix of F, the turn adds F without G:
  * typically the rest of the previous end of turn, the new user message and the new
- * assistant opening. Otherwise (templates that trim or rewrite earlier messages, a
- * reply cut at a user's stop string, raw text in the history) the new user message is
- * rendered alone and appended.
+ * assistant opening. Otherwise, when F holds the reply as the client saw it (after a
+ * space the template puts before replies, or G running past a user's stop string), the
+ * turn adds what follows the reply in F, less what of it G holds past the reply, so the
+ * reply's end of turn is not lost. Otherwise (templates that trim or rewrite earlier
+ * messages, raw text in the history) the new user message is rendered alone and
+ * appended.
  */
 #ifndef LLMS_PROMPT_H
 #define LLMS_PROMPT_H

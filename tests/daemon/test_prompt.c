@@ -55,11 +55,26 @@ static void later_turn_extends_the_context(void)
     CHECK(text_is(CHAT_CHATML, &c, "Hello!<|im_end|>", "More",
                   "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
     /* A reply cut at a user's stop string ("!"): what the context holds does not
-     * continue the rendering, so the new turn comes alone. */
+     * continue the rendering; the reply's turn is still closed before the new one. */
     ctx_msg m2[] = {{"user", "Hi", 3}, {"assistant", "Hello", 2}};
     make_ctx(&c, "S", m2, 2);
     CHECK(text_is(CHAT_CHATML, &c, "Hello! Bye", "More",
-                  "<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
+                  "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+/* Templates that put a space before the reply (" [/INST] reply</s>") where the turn's
+ * opening ends without it: a reply the model began with a space is not where the
+ * rendering has it, yet the turn end ("</s>") must close it (it went missing: the next
+ * turn followed the reply directly). */
+static void turn_end_after_a_spaced_reply(void)
+{
+    ctx_entry c;
+    ctx_msg m[] = {{"user", "Hi", 3}, {"assistant", " Hello", 2}};
+    make_ctx(&c, NULL, m, 2);
+    CHECK(text_is(CHAT_MISTRAL_V1, &c, " Hello", "More", "</s> [INST] More [/INST]"));
+    CHECK(text_is(CHAT_VICUNA, &c, " Hello", "More", "</s>\nUSER: More\nASSISTANT:"));
+    /* the end of turn already in the context (a stop string held it back) is not doubled */
+    CHECK(text_is(CHAT_MISTRAL_V1, &c, " Hello</s>", "More", " [INST] More [/INST]"));
 }
 
 static void rewriting_templates_fall_back(void)
@@ -81,6 +96,7 @@ int main(void)
 {
     RUN(first_turn_is_whole_rendering);
     RUN(later_turn_extends_the_context);
+    RUN(turn_end_after_a_spaced_reply);
     RUN(rewriting_templates_fall_back);
     return test_finish();
 }
