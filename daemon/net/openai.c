@@ -555,36 +555,34 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
     return 1;
 }
 
+/* field() of a number into a GenerationParams float and its has_ flag: 0 absent (or
+ * null), 1 read, -1 with msg when it is another type. */
+static int float_param(json_object *o, const char *key, protobuf_c_boolean *has, float *out,
+                       char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = field(o, key, json_type_double, &v, msg, cap);
+    if (rc == 1)
+        *has = 1, *out = (float)json_object_get_double(v);
+    return rc;
+}
+
 /* Sampling fields of an OpenAI request into p (strings point into body). */
 static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
                        size_t max_stops, char *msg, size_t cap)
 {
     json_object *v;
     int rc;
-    if ((rc = field(body, "temperature", json_type_double, &v, msg, cap)) < 0)
+    if (float_param(body, "temperature", &p->has_temperature, &p->temperature, msg, cap) < 0 ||
+        float_param(body, "top_p", &p->has_top_p, &p->top_p, msg, cap) < 0 ||
+        float_param(body, "min_p", &p->has_min_p, &p->min_p, msg, cap) < 0 ||
+        float_param(body, "repeat_penalty", &p->has_repeat_penalty, &p->repeat_penalty, msg,
+                    cap) < 0 ||
+        float_param(body, "frequency_penalty", &p->has_frequency_penalty,
+                    &p->frequency_penalty, msg, cap) < 0 ||
+        float_param(body, "presence_penalty", &p->has_presence_penalty, &p->presence_penalty,
+                    msg, cap) < 0)
         return -1;
-    if (rc)
-        p->has_temperature = 1, p->temperature = (float)json_object_get_double(v);
-    if ((rc = field(body, "top_p", json_type_double, &v, msg, cap)) < 0)
-        return -1;
-    if (rc)
-        p->has_top_p = 1, p->top_p = (float)json_object_get_double(v);
-    if ((rc = field(body, "min_p", json_type_double, &v, msg, cap)) < 0)
-        return -1;
-    if (rc)
-        p->has_min_p = 1, p->min_p = (float)json_object_get_double(v);
-    if ((rc = field(body, "repeat_penalty", json_type_double, &v, msg, cap)) < 0)
-        return -1;
-    if (rc)
-        p->has_repeat_penalty = 1, p->repeat_penalty = (float)json_object_get_double(v);
-    if ((rc = field(body, "frequency_penalty", json_type_double, &v, msg, cap)) < 0)
-        return -1;
-    if (rc)
-        p->has_frequency_penalty = 1, p->frequency_penalty = (float)json_object_get_double(v);
-    if ((rc = field(body, "presence_penalty", json_type_double, &v, msg, cap)) < 0)
-        return -1;
-    if (rc)
-        p->has_presence_penalty = 1, p->presence_penalty = (float)json_object_get_double(v);
     if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc) {
