@@ -851,34 +851,35 @@ class Client:
 
 class _Stream:
     """The pieces of a streamed reply. The blocking call runs on a thread of its own and
-    hands pieces over a queue; closing the iterator early cancels the call."""
+    hands pieces over a queue. Closing the iterator early, or dropping it unfinished (a
+    break out of a for loop, an exception through one), cancels the call and waits for
+    it to end, so that the connection is free for the next."""
 
     _END = object()
 
     def __init__(self, client, call, outcome):
-        self._client = client
-        self._q = queue.Queue()
-        self._stop = threading.Event()
-        self._error = None
+        # The thread holds none of self, so that dropping the iterator reaches __del__
+        # while the call runs; failure gets what the call raised or returned.
+        q, stop, failure = queue.Queue(), threading.Event(), []
+        self._q, self._stop, self._failure, self._done = q, stop, failure, False
 
         def on_text(text, n, user):
-            self._q.put(ctypes.string_at(text, n).decode("utf-8", "replace"))
-            return 1 if self._stop.is_set() else 0
-
-        self._cb = _TOKEN_CB(on_text)
+            q.put(ctypes.string_at(text, n).decode("utf-8", "replace"))
+            return 1 if stop.is_set() else 0
+        cb = _TOKEN_CB(on_text)
 
         def run():
             res = outcome.struct()
             try:
-                rc = call(self._cb, ctypes.byref(res))
-                if rc != 0 and not (rc == 6 and self._stop.is_set()):
-                    msg = _api().llms_last_error(client._conn) or b""
-                    self._error = LlmsError(rc, msg.decode("utf-8", "replace"))
-                elif rc == 0:
+                rc = call(cb, ctypes.byref(res))
+                if not (rc == 6 and stop.is_set()):
+                    client._check(rc)
                     client.last_result = outcome.convert(res)
+            except BaseException as e:
+                failure.append(e)
             finally:
                 getattr(_api(), outcome.free)(ctypes.byref(res))
-                self._q.put(self._END)
+                q.put(_Stream._END)
 
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
@@ -887,18 +888,28 @@ class _Stream:
         return self
 
     def __next__(self):
-        item = self._q.get()
+        if self._done:
+            raise StopIteration
+        try:
+            item = self._q.get()
+        except BaseException:
+            # A KeyboardInterrupt while waiting: the call must not run on behind it.
+            self.close()
+            raise
         if item is self._END:
+            self._done = True
             self._thread.join()
-            if self._error:
-                raise self._error
+            if self._failure:
+                raise self._failure[0]
             raise StopIteration
         return item
 
     def close(self):
-        """Cancels the call (when still running) and waits for it to end."""
+        """Cancels the call (when still running) and waits for it to end; the iterator
+        then ends."""
         self._stop.set()
         self._thread.join()
+        self._done = True
 
     def __del__(self):
         if self._thread.is_alive():

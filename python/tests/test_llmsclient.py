@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,6 +26,15 @@ def status_of(test, call, *args, **kwargs):
             list(result)   # a streamed reply fails while it is read
     test.assertRegex(str(e.exception), "^%s: .+" % e.exception.status_name)
     return e.exception.status_name
+
+
+def next_within(it, seconds):
+    """next(it), or "ended" at its end, or "hung" when it has neither after seconds."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(next(it, "ended")), daemon=True)
+    t.start()
+    t.join(seconds)
+    return got[0] if got else "hung"
 
 
 class ClientTest(unittest.TestCase):
@@ -62,6 +72,37 @@ class ClientTest(unittest.TestCase):
         it.close()
         # The connection is still usable afterwards.
         self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
+
+    def test_a_finished_stream_stays_finished(self):
+        it = self.c.complete("one two three", stream=True, max_tokens=4, temperature=0)
+        self.assertTrue(list(it))
+        # The iterator protocol: past its end next() raises StopIteration again (it
+        # waited forever on the empty queue), and a second loop sees nothing.
+        self.assertEqual(next_within(it, 5), "ended")
+        self.assertEqual(list(it), [])
+
+    def test_what_a_streamed_call_raises_comes_out_of_the_stream(self):
+        # The call runs on the stream's thread: a bad argument raised there, and the
+        # stream used to end empty with the traceback on stderr.
+        with self.assertRaises(ctypes.ArgumentError):
+            list(self.c.complete(42, stream=True))
+        self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
+
+    def test_a_stream_left_unfinished_is_cancelled(self):
+        # A break out of the loop (or an exception through it) drops the iterator: the
+        # call must end there, not run on and meet the next call on the connection
+        # (both then read its socket: the next call hung).
+        ctx = self.c.create_context()
+        threads = threading.active_count()
+        for _ in ctx.call("go on", stream=True, max_tokens=450, temperature=0):
+            break
+        self.assertEqual(threading.active_count(), threads, "the call runs on")
+        with self.assertRaises(KeyError):
+            for _ in ctx.call("go on", stream=True, max_tokens=450, temperature=0):
+                raise KeyError("in the loop")
+        self.assertEqual(threading.active_count(), threads, "the call runs on")
+        self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
+        ctx.delete()
 
     def test_embed(self):
         v = self.c.embed(["first", "second text"])
