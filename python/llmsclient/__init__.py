@@ -42,6 +42,7 @@ import os
 import queue
 import threading
 import urllib.parse
+import weakref
 from collections import namedtuple
 from collections.abc import Mapping
 
@@ -559,6 +560,8 @@ class Client:
     name bound. Not for use by two threads at once."""
 
     def __init__(self, socket_path=None, app=None):
+        # The streams of this connection, whose running calls close() must end first.
+        self._streams = weakref.WeakSet()
         lib = _api()
         self._conn = ctypes.c_void_p()
         err = ctypes.create_string_buffer(LLMS_ERROR_MAX)
@@ -570,12 +573,24 @@ class Client:
         self.app = app if app is not None else lib.llms_default_app().decode("utf-8")
         self.last_result = None
 
+    def _live(self):
+        """The connection's handle; ValueError once closed (the library would be handed
+        NULL, and crash on it)."""
+        if not self._conn:
+            raise ValueError("llmsclient: the client is closed")
+        return self._conn
+
     def _check(self, rc):
         if rc != 0:
             msg = _api().llms_last_error(self._conn) if self._conn else b""
             raise LlmsError(rc, (msg or b"").decode("utf-8", "replace"))
 
     def close(self):
+        """Closes the connection, first cancelling the calls of its streams still running
+        (they read it); every later call raises ValueError."""
+        for stream in list(self._streams):
+            if stream._thread.is_alive():
+                stream.close()
         if self._conn:
             _api().llms_close(self._conn)
             self._conn = None
@@ -594,13 +609,16 @@ class Client:
 
     def set_timeout(self, ms):
         """A deadline in milliseconds for every later request (0: none)."""
-        _api().llms_set_timeout(self._conn, ms)
+        _api().llms_set_timeout(self._live(), ms)
 
     def _reply(self, call, stream, outcome):
         """Runs call(on_text, result) returning a status: with stream an iterator of the
         reply's pieces, else the reply as outcome converts it; last_result either way."""
         if stream:
-            return _Stream(self, call, outcome)
+            self._live()
+            s = _Stream(self, call, outcome)
+            self._streams.add(s)
+            return s
         res = outcome.struct()
         rc = call(_TOKEN_CB(0), ctypes.byref(res))
         try:
@@ -622,7 +640,7 @@ class Client:
         p, keep = _params(max_tokens=max_tokens, temperature=temperature, **params)
 
         def call(cb, res):
-            return _api().llms_complete(self._conn, _b(prompt), _b(system) if system else None,
+            return _api().llms_complete(self._live(), _b(prompt), _b(system) if system else None,
                                         1 if chat or system else 0, ctypes.byref(p), cb, None,
                                         res)
         call.keep = keep
@@ -633,7 +651,7 @@ class Client:
         generate model of the daemon's registry by name)."""
         p, keep = _params(**defaults)
         cid = ctypes.create_string_buffer(LLMS_ID_MAX)
-        self._check(_api().llms_context_create(self._conn, _b(system) if system else None,
+        self._check(_api().llms_context_create(self._live(), _b(system) if system else None,
                                                ctypes.byref(p), cid))
         del keep
         return Context(self, cid.value.decode())
@@ -654,7 +672,7 @@ class Client:
             texts = [texts]
         arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
         e = _Embeddings()
-        self._check(_api().llms_embed_model(self._conn, _b(model) if model else None, arr,
+        self._check(_api().llms_embed_model(self._live(), _b(model) if model else None, arr,
                                             len(texts),
                                             poolings[pooling], ctypes.byref(e)))
         try:
@@ -674,7 +692,7 @@ class Client:
         o.top_k = k
         o.mode = 1 if ordered else 0
         r = _RerankResult()
-        self._check(_api().llms_rerank(self._conn, _b(query), arr, len(documents),
+        self._check(_api().llms_rerank(self._live(), _b(query), arr, len(documents),
                                        ctypes.byref(o), ctypes.byref(r)))
         try:
             return [RerankHit(r.hits[i].index,
@@ -693,11 +711,11 @@ class Client:
         it exists."""
         o = _KbOptions(passage_tokens, overlap_tokens, 1 if share_uid else 0,
                        _b(embed_model) if embed_model else None)
-        self._check(_api().llms_kb_create_opts(self._conn, _b(name), ctypes.byref(o)))
+        self._check(_api().llms_kb_create_opts(self._live(), _b(name), ctypes.byref(o)))
 
     def kb_drop(self, name):
         """Deletes knowledge base name with its documents and cached answers."""
-        self._check(_api().llms_kb_drop(self._conn, _b(name)))
+        self._check(_api().llms_kb_drop(self._live(), _b(name)))
 
     def kb_add(self, kb, documents, progress=None):
         """Adds documents, visible together and durable once this returns (none of them
@@ -722,7 +740,7 @@ class Client:
                 raised.append(e)
                 return 1
         cb = _KB_PROGRESS_CB(heard) if progress else _KB_PROGRESS_CB(0)
-        rc = _api().llms_kb_add_progress(self._conn, _b(kb), docs, len(items), cb, None,
+        rc = _api().llms_kb_add_progress(self._live(), _b(kb), docs, len(items), cb, None,
                                          ctypes.byref(passages))
         if raised:
             raise raised[0]
@@ -734,14 +752,14 @@ class Client:
         ids = [ids] if isinstance(ids, (str, bytes)) else list(ids)
         arr = (ctypes.c_char_p * len(ids))(*[_b(i) for i in ids])
         removed = ctypes.c_uint32()
-        self._check(_api().llms_kb_remove(self._conn, _b(kb), arr, len(ids),
+        self._check(_api().llms_kb_remove(self._live(), _b(kb), arr, len(ids),
                                           ctypes.byref(removed)))
         return removed.value
 
     def kb_list(self):
         """The app's knowledge bases by name: [KbInfo]."""
         kbs, n = ctypes.POINTER(_KbInfo)(), ctypes.c_size_t()
-        self._check(_api().llms_kb_list(self._conn, ctypes.byref(kbs), ctypes.byref(n)))
+        self._check(_api().llms_kb_list(self._live(), ctypes.byref(kbs), ctypes.byref(n)))
         try:
             return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
                            k.overlap_tokens, k.qa_entries, bool(k.share_uid),
@@ -754,7 +772,7 @@ class Client:
         """The k best passages of kb for query (0: the daemon's rag_top_k), best first:
         [KbHit]. retrieval: one of RETRIEVALS."""
         hits, n = ctypes.POINTER(_KbHit)(), ctypes.c_size_t()
-        self._check(_api().llms_kb_search(self._conn, _b(kb), _b(query), k,
+        self._check(_api().llms_kb_search(self._live(), _b(kb), _b(query), k,
                                           _retrieval(retrieval), ctypes.byref(hits),
                                           ctypes.byref(n)))
         try:
@@ -777,7 +795,7 @@ class Client:
                         ctypes.pointer(p), int(no_qa), int(no_qkv), int(share_system_uid))
 
         def call(cb, res):
-            return _api().llms_rag_query(self._conn, _b(kb), _b(question), ctypes.byref(o),
+            return _api().llms_rag_query(self._live(), _b(kb), _b(question), ctypes.byref(o),
                                          cb, None, res)
         call.keep = keep
         return self._reply(call, stream, _RAG)
@@ -797,16 +815,16 @@ class Client:
         the app has a graph of that name or it is a built-in's."""
         keep = []
         d = _graph_def(graph, keep)
-        self._check(_api().llms_graph_create(self._conn, _b(name), ctypes.byref(d)))
+        self._check(_api().llms_graph_create(self._live(), _b(name), ctypes.byref(d)))
 
     def graph_delete(self, name):
         """Deletes the app's graph name."""
-        self._check(_api().llms_graph_delete(self._conn, _b(name)))
+        self._check(_api().llms_graph_delete(self._live(), _b(name)))
 
     def graph_list(self):
         """The built-in templates, then the app's graphs by name: [GraphInfo]."""
         graphs, n = ctypes.POINTER(_GraphInfo)(), ctypes.c_size_t()
-        self._check(_api().llms_graph_list(self._conn, ctypes.byref(graphs), ctypes.byref(n)))
+        self._check(_api().llms_graph_list(self._live(), ctypes.byref(graphs), ctypes.byref(n)))
         try:
             return [GraphInfo(_s(g.name), bool(g.builtin),
                               [_s(i) for i in g.inputs[:g.n_inputs]], g.n_nodes, g.n_edges,
@@ -837,7 +855,7 @@ class Client:
         cb = _GRAPH_EVENT_CB(heard) if on_event else _GRAPH_EVENT_CB(0)
         spec = 0 if speculate is None else 1 if speculate else 2
         r = _GraphResult()
-        rc = _api().llms_graph_run_speculate(self._conn, _b(graph), vars_, len(names),
+        rc = _api().llms_graph_run_speculate(self._live(), _b(graph), vars_, len(names),
                                              ctypes.byref(p), spec, cb, None, ctypes.byref(r))
         del keep
         try:
@@ -929,13 +947,13 @@ class Context:
         c = self.client
 
         def call(cb, res):
-            return _api().llms_call(c._conn, _b(self.id), _b(prompt), ctypes.byref(p), cb,
+            return _api().llms_call(c._live(), _b(self.id), _b(prompt), ctypes.byref(p), cb,
                                     None, res)
         call.keep = keep
         return c._generate(call, stream)
 
     def delete(self):
-        self.client._check(_api().llms_context_delete(self.client._conn, _b(self.id)))
+        self.client._check(_api().llms_context_delete(self.client._live(), _b(self.id)))
 
 
 def connect(socket_path=None, app=None):

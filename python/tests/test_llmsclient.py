@@ -104,6 +104,26 @@ class ClientTest(unittest.TestCase):
         self.assertIsInstance(self.c.complete("x", max_tokens=2), str)
         ctx.delete()
 
+    def test_a_closed_client_raises(self):
+        # In a fresh interpreter: the library was handed the closed (NULL) connection,
+        # or a stream went on reading the freed one, and the process died of SIGSEGV.
+        code = ("import llmsclient\n"
+                "with llmsclient.connect(app='pytest') as c:\n"
+                "    it = c.complete('one two three', stream=True, max_tokens=450)\n"
+                "list(it)\n"
+                "for call in (lambda: c.complete('x'), lambda: c.set_timeout(5),\n"
+                "             lambda: c.kb_list(), lambda: c.context('x').call('x'),\n"
+                "             lambda: list(c.complete('x', stream=True))):\n"
+                "    try:\n"
+                "        call()\n"
+                "    except ValueError as e:\n"
+                "        print(e)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # close() cancelled the stream still running; every later call is refused.
+        self.assertEqual(r.stdout, "llmsclient: the client is closed\n" * 5)
+
     def test_embed(self):
         v = self.c.embed(["first", "second text"])
         self.assertEqual(len(v), 2)
