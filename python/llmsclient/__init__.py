@@ -418,7 +418,13 @@ def _api():
 
 
 def _b(s):
-    return s.encode("utf-8") if isinstance(s, str) else s
+    """s (str, bytes or None) as the library's C string. A NUL is refused: C would end
+    the string there and drop the rest without a word."""
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    if isinstance(b, bytes) and b"\0" in b:
+        raise ValueError("llmsclient: a string with a NUL (at byte %d): a C string would "
+                         "end there" % b.index(b"\0"))
+    return b
 
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,

@@ -124,6 +124,19 @@ class ClientTest(unittest.TestCase):
         # close() cancelled the stream still running; every later call is refused.
         self.assertEqual(r.stdout, "llmsclient: the client is closed\n" * 5)
 
+    def test_a_nul_in_a_string_is_refused(self):
+        # A C string ends at its first NUL: the rest was dropped without a word (the
+        # prompt "one\0two" was "one", a document's text cut short).
+        calls = [lambda: self.c.complete("one\0two", max_tokens=1),
+                 lambda: self.c.complete(b"one\0two", max_tokens=1),
+                 lambda: list(self.c.complete("one\0two", stream=True, max_tokens=1)),
+                 lambda: self.c.complete("x", stop=["a\0b"], max_tokens=1),
+                 lambda: self.c.embed(["a text", "a\0b"]),
+                 lambda: self.c.kb_create("notes", embed_model="a\0b")]
+        for call in calls:
+            with self.assertRaisesRegex(ValueError, "NUL"):
+                call()
+
     def test_embed(self):
         v = self.c.embed(["first", "second text"])
         self.assertEqual(len(v), 2)
