@@ -168,6 +168,10 @@ static enum llms_status read_all(llms_conn *c, uint8_t *p, size_t n)
  * write fails: the answer already sent says why, and is the error returned. */
 enum llms_status client_send_request(llms_conn *c, Llms__Request *req, uint64_t *id)
 {
+    if (c->in_callback)
+        return client_fail(c, LLMS_ERR_FAILED_PRECONDITION,
+                           "a call is in progress on this connection: its callback may not "
+                           "make another (use a second connection)");
     if (c->broken)
         return client_fail(c, LLMS_ERR_IO, "connection is unusable after an earlier failure");
     req->id = c->next_id++;
@@ -431,7 +435,13 @@ enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
         if (s != LLMS_OK)
             return s;
         if (r->body_case == LLMS__RESPONSE__BODY_CHUNK && !r->final) {
-            if (!cancelled && on_text && on_text(r->chunk->text, strlen(r->chunk->text), user)) {
+            int stop = 0;
+            if (!cancelled && on_text) {
+                c->in_callback = 1;
+                stop = on_text(r->chunk->text, strlen(r->chunk->text), user);
+                c->in_callback = 0;
+            }
+            if (stop) {
                 cancelled = 1;
                 if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);

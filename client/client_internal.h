@@ -17,6 +17,9 @@ struct llms_conn {
     uint64_t next_id; /* ids increase per connection; 0 is the daemon's "no request" */
     int broken;       /* an I/O or protocol failure: the stream is out of step */
     uint32_t timeout_ms; /* sent with every request; 0: none */
+    /* A callback of the call in progress is running: a call it made would read that
+     * call's frames as another request's and drop them. */
+    int in_callback;
     char err[LLMS_ERROR_MAX];
 };
 

@@ -283,7 +283,13 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
                                    ? LLMS_GRAPH_SPEC_HIT
                                    : LLMS_GRAPH_SPEC_ROLLBACK,
             };
-            if (!cancelled && on_event && on_event(&ev, user)) {
+            int stop = 0;
+            if (!cancelled && on_event) {
+                c->in_callback = 1;
+                stop = on_event(&ev, user);
+                c->in_callback = 0;
+            }
+            if (stop) {
                 cancelled = 1;
                 if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);

@@ -89,7 +89,13 @@ static enum llms_status kb_add_stream(llms_conn *c, uint64_t id, llms_kb_progres
                 .passages = p->passages, .passages_embedded = p->passages_embedded,
                 .passages_written = p->passages_written,
             };
-            if (!cancelled && on_progress && on_progress(&pr, user)) {
+            int stop = 0;
+            if (!cancelled && on_progress) {
+                c->in_callback = 1;
+                stop = on_progress(&pr, user);
+                c->in_callback = 0;
+            }
+            if (stop) {
                 cancelled = 1;
                 if ((s = client_send_cancel(c, id)) != LLMS_OK) {
                     frame_free_response(r);

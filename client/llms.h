@@ -27,6 +27,9 @@
  * Threads: every call is blocking and a connection carries one call at a time. A
  * connection must not be shared between threads without external locking; use one
  * connection per thread (connections are cheap). Different connections are independent.
+ * A callback (streamed text, KbAdd progress, graph events) may not make a call on the
+ * connection whose call runs it (LLMS_ERR_FAILED_PRECONDITION) nor close it; it may
+ * use a second connection.
  *
  * Errors: every function that talks to the daemon returns an enum llms_status: LLMS_OK,
  * one of the daemon's error codes, or LLMS_ERR_IO / LLMS_ERR_PROTOCOL when the

@@ -476,6 +476,55 @@ static void cancel_from_callback(void)
     CHECK_EQ(cancelled_id, seen_ids[1]);
 }
 
+struct nested {
+    llms_conn *c;
+    enum llms_status status; /* of the call made from the callback */
+    int calls;
+};
+
+static int call_from_callback(const char *text, size_t len, void *user)
+{
+    struct nested *n = user;
+    (void)text;
+    (void)len;
+    if (n->calls++ == 0) {
+        int32_t *toks;
+        size_t k;
+        n->status = llms_tokenize(n->c, "ab", 1, 0, &toks, &k);
+        if (n->status == LLMS_OK)
+            free(toks);
+    }
+    return 0;
+}
+
+/* A call made from a callback on the connection of the call in progress is refused
+ * without touching the connection: it read the outer call's frames as strangers' and
+ * dropped them, so the outer call waited for a final frame that had gone (a hang). */
+static void call_from_a_callback_is_refused(void)
+{
+    pthread_t th;
+    llms_conn *c = start(&th);
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    struct nested n = {.c = c, .status = LLMS_OK};
+    llms_result res;
+    alarm(20); /* the old behaviour hangs */
+    CHECK_EQ(llms_call(c, id, "hi", NULL, call_from_callback, &n, &res), LLMS_OK);
+    alarm(0);
+    CHECK_EQ(n.status, LLMS_ERR_FAILED_PRECONDITION);
+    CHECK_EQ(n.calls, 3);
+    CHECK(strcmp(res.text, "Hello!") == 0);
+    llms_result_free(&res);
+    int32_t *toks;
+    size_t k;
+    CHECK_EQ(llms_tokenize(c, "ab", 1, 0, &toks, &k), LLMS_OK);
+    CHECK_EQ(k, 2);
+    free(toks);
+    llms_close(c);
+    pthread_join(th, NULL);
+}
+
 static void listings_and_status(void)
 {
     pthread_t th;
@@ -695,6 +744,7 @@ int main(void)
     }
     RUN(stream_and_errors);
     RUN(cancel_from_callback);
+    RUN(call_from_a_callback_is_refused);
     RUN(listings_and_status);
     RUN(embed_and_rerank);
     RUN(kb_add_progress_frames);
