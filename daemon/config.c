@@ -5,6 +5,7 @@
  */
 #include "daemon/config.h"
 #include "daemon/reqlog.h"
+#include "engine/tok/chat.h"
 
 #include <ctype.h>
 #include <stdbool.h>
@@ -62,6 +63,12 @@ static const key_def keys[] = {
           "unless a `model.NAME` line has the `generate` role; its registry name is the file "
           "name without `.gguf`. The service runs with `ProtectHome=yes`: keep it outside "
           "/home (e.g. in /var/lib/llmsd or /usr/local/share)"),
+    CHOICE(chat_template,
+           "auto|" CHAT_FAMILY_NAMES, "auto",
+           "the chat template of the default generate model (`model`): `auto` recognises "
+           "the file's `tokenizer.chat_template` (a template llmsd does not know gives "
+           "`plain`, \"User: ...\\nAssistant:\"), or a family by name, as llama.cpp's "
+           "`--chat-template` names them, for a file without a template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",
            "how the weights come into memory: `map` maps the file (pages shared with the page "
            "cache, reclaimable under memory pressure); `copy` reads them into private memory "

@@ -45,6 +45,7 @@ typedef struct config {
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;
     int max_tokens_per_context;        /* 0: n_ctx */
+    char chat_template[24];            /* "auto" or a chat family (chat_family_name) */
     char overflow[8];                  /* "window" or "refuse": contexts created without
                                           their own (daemon/ctx/ctxmgr.h) */
     int window_sink;                   /* tokens a sliding window keeps at the start, at

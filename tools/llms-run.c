@@ -40,6 +40,7 @@ typedef struct run_options {
     const char *prompt_file;
     const char *perplexity_file;
     const char *system_prompt;
+    const char *chat_template; /* --chat-template: a family name; NULL: the file's */
     const char *pooling;      /* --embed: "cls", "mean", "last"; NULL: the model's */
     const char *stop[STOP_MAX];
     int n_stop;
@@ -83,6 +84,8 @@ static void usage(FILE *out)
             "      --ignore-eos         keep generating past end-of-generation tokens\n"
             "      --chat               wrap the prompt in the model's chat template\n"
             "      --system TEXT        system message for --chat\n"
+            "      --chat-template NAME the template's family, not the file's (" CHAT_FAMILY_NAMES
+            ")\n"
             "      --ids                prompt and output are token ids\n"
             "      --tokenize           print the token ids of stdin (no BOS/EOS)\n"
             "      --detokenize         print the text of the token ids on stdin\n"
@@ -243,6 +246,9 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--system")) {
             NEED_VALUE();
             o->system_prompt = v;
+        } else if (IS(NULL, "--chat-template")) {
+            NEED_VALUE();
+            o->chat_template = v;
         } else if (IS(NULL, "--ids")) {
             o->ids = true;
         } else if (IS(NULL, "--tokenize")) {
@@ -282,6 +288,12 @@ static int parse_args(int argc, char **argv, run_options *o)
     }
     if (o->chat && o->ids) {
         fprintf(stderr, "llms-run: --chat and --ids cannot be combined\n");
+        return -1;
+    }
+    if (o->chat_template && strcmp(chat_family_name(chat_detect(o->chat_template)),
+                                   o->chat_template) != 0) {
+        fprintf(stderr, "llms-run: --chat-template: '%s' is none of " CHAT_FAMILY_NAMES "\n",
+                o->chat_template);
         return -1;
     }
     return 0;
@@ -496,7 +508,9 @@ static char *prompt_text(const run_options *o, const model *m, size_t *len,
 
     gguf_str tmpl_str;
     char *tmpl = NULL;
-    if (gguf_get_str(model_gguf(m), "tokenizer.chat_template", &tmpl_str))
+    if (o->chat_template)
+        tmpl = strdup(o->chat_template);
+    else if (gguf_get_str(model_gguf(m), "tokenizer.chat_template", &tmpl_str))
         tmpl = strndup(tmpl_str.ptr, tmpl_str.len);
     *family = chat_detect(tmpl);
     free(tmpl);

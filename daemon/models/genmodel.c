@@ -7,17 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum chat_family genmodel_chat_family(const model *m)
-{
-    gguf_str t;
-    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
-        return CHAT_PLAIN;
-    char *s = strndup(t.ptr, t.len);
-    enum chat_family f = s ? chat_detect(s) : CHAT_PLAIN;
-    free(s);
-    return f;
-}
-
 int genmodel_plan(const genmodel *g, const config *cfg, int n_prompt, prefill_plan *p,
                   char err[ERR_MAX])
 {
@@ -72,7 +61,7 @@ static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
             return -1;
         g->tok = g->own_tok;
     }
-    g->family = genmodel_chat_family(m);
+    g->family = g->me->family;
     g->n_vocab = model_hparams_of(m)->n_vocab;
     g->step_tokens = cfg->step_tokens;
     /* Prompts evaluated whole (switch-in recompute, serial mode) go in sub-batches of

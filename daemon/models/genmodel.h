@@ -63,7 +63,4 @@ void genmodel_free(genmodel *g);
 int genmodel_plan(const genmodel *g, const config *cfg, int n_prompt, prefill_plan *p,
                   char err[ERR_MAX]);
 
-/* The chat template family a model's file names (CHAT_PLAIN when none). */
-enum chat_family genmodel_chat_family(const model *m);
-
 #endif

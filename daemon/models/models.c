@@ -418,6 +418,18 @@ static int open_decoder_apart(models_entry *e, int threads, char err[ERR_MAX])
     return 0;
 }
 
+/* The chat template family a model's file names (CHAT_PLAIN when none). */
+static enum chat_family file_chat_family(const model *m)
+{
+    gguf_str t;
+    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
+        return CHAT_PLAIN;
+    char *s = strndup(t.ptr, t.len);
+    enum chat_family f = s ? chat_detect(s) : CHAT_PLAIN;
+    free(s);
+    return f;
+}
+
 /* Opens what e's roles need now (the reranker waits for its first call); apart: e
  * embeds on its own runner (models_embeds_apart). */
 static int entry_open(models_entry *e, int threads, gguf_load load, bool repack, bool apart,
@@ -430,7 +442,7 @@ static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
         if (e->roles & MODELS_GENERATE)
-            e->family = genmodel_chat_family(e->m);
+            e->family = file_chat_family(e->m);
     }
     if (apart && open_decoder_apart(e, threads, why) < 0)
         return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
@@ -559,6 +571,10 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
     for (models_entry *e = r->head; e; e = e->next)
         if (entry_open(e, r->threads, load, r->repack, models_embeds_apart(r, e), err) < 0)
             goto fail;
+    /* the setting names the template of the file `model` names, whatever the file says */
+    models_entry *named = cfg->model[0] ? find_file(r, cfg->model) : NULL;
+    if (named && strcmp(cfg->chat_template, "auto") != 0)
+        named->family = chat_detect(cfg->chat_template);
     if (view_reserve(r, count_entries(r)) < 0) {
         err_set(err, "out of memory");
         goto fail;

@@ -84,6 +84,13 @@ enum chat_family chat_detect(const char *template_text);
 /* Short name of a family ("chatml", "llama3", "llama2-sys", "mistral-v7", "plain"...). */
 const char *chat_family_name(enum chat_family f);
 
+/* Every family's chat_family_name, in enum order, '|'-separated: the choices of a
+ * setting that names one (test_chat holds the two to each other). */
+#define CHAT_FAMILY_NAMES                                                                    \
+    "plain|chatml|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|mistral-v1|"     \
+    "mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|vicuna|"    \
+    "vicuna-orca|deepseek|monarch|megrez"
+
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
     const char *content;

@@ -263,6 +263,14 @@ static void detects_family_names(void)
         CHECK_MSG((int)chat_detect(chat_family_name(f)) == f, "name %s", chat_family_name(f));
     CHECK(strcmp(chat_family_name(CHAT_LLAMA2_SYS), "llama2-sys") == 0);
     CHECK(strcmp(chat_family_name((enum chat_family)99), "unknown") == 0);
+    /* the list a setting offers is every name, in order */
+    char names[512] = "";
+    for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++) {
+        if (f)
+            strcat(names, "|");
+        strcat(names, chat_family_name(f));
+    }
+    CHECK_MSG(strcmp(names, CHAT_FAMILY_NAMES) == 0, "%s\n%s", names, CHAT_FAMILY_NAMES);
 }
 
 static const struct chat_message CONV[] = {

@@ -405,6 +405,45 @@ static void context_outlives_its_model(void)
     llms_close(c);
 }
 
+/* A Complete with chat=1 "hi" at temperature 0: its prompt tokens and text. */
+static int chat_hi(llms_conn *c, int chat, const char *prompt, llms_result *r)
+{
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 6;
+    return c ? (int)llms_complete(c, prompt, NULL, chat, &p, NULL, NULL, r) : -1;
+}
+
+/* chat_template names the default generate model's family when its file has none (the
+ * generated decoder's: plain): a chat "hi" is then the chatml text, as the same text
+ * sent raw shows, and no longer the plain rendering the daemon with `auto` gives. */
+static void chat_template_setting(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "tmpl");
+    llms_result plain;
+    CHECK_EQ(chat_hi(c, 1, "hi", &plain), LLMS_OK);
+    llms_close(c);
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "chatml", decoder, "chat_template = chatml\n") == 0,
+              "llmsd did not start");
+    c = proc_connect(&d, "tmpl");
+    llms_result chat, raw;
+    CHECK_EQ(chat_hi(c, 1, "hi", &chat), LLMS_OK);
+    CHECK_EQ(chat_hi(c, 0, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", &raw),
+             LLMS_OK);
+    CHECK_MSG(chat.prompt_tokens == raw.prompt_tokens && !strcmp(chat.text, raw.text),
+              "chatml: %u tokens '%s'; its text raw: %u tokens '%s'", chat.prompt_tokens,
+              chat.text, raw.prompt_tokens, raw.text);
+    CHECK_MSG(chat.prompt_tokens != plain.prompt_tokens, "as many tokens as plain (%u)",
+              plain.prompt_tokens);
+    llms_result_free(&chat);
+    llms_result_free(&raw);
+    llms_result_free(&plain);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -436,6 +475,7 @@ int main(int argc, char **argv)
         gguf_close(v);
     }
     RUN(models_serve_by_name_and_default);
+    RUN(chat_template_setting);
     RUN(wrong_names_and_roles);
     RUN(models_listed_with_memory);
     RUN(load_unload_keeps_contexts);

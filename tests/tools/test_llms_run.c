@@ -140,6 +140,36 @@ static void penalties_change_greedy_text(void)
     CHECK_MSG(strstr(pen, "frequency_penalty"), "%s", pen);
 }
 
+/* --chat-template names the family in place of the file's (stories260K has none, so
+ * plain): the chat prompt is then the chatml text, as the same text given raw shows;
+ * an unknown name is a usage error listing the names. */
+static void chat_template_overrides_the_files(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char text_path[1024], cmd[4096], chat[4096], raw[4096], plain[4096];
+    snprintf(text_path, sizeof text_path, "%s/chatml.txt", test_tmpdir());
+    FILE *f = fopen(text_path, "w");
+    CHECK(f != NULL);
+    fputs("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --chat --chat-template chatml -p hi -n 8 --temp 0 "
+             "2>/dev/null", llms_run, stories());
+    CHECK_EQ(test_run_capture(cmd, chat, sizeof chat), 0);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' -f '%s' -n 8 --temp 0 2>/dev/null", llms_run,
+             stories(), text_path);
+    CHECK_EQ(test_run_capture(cmd, raw, sizeof raw), 0);
+    CHECK_MSG(strcmp(chat, raw) == 0, "chatml: '%s', the same text raw: '%s'", chat, raw);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --chat -p hi -n 8 --temp 0 2>/dev/null", llms_run,
+             stories());
+    CHECK_EQ(test_run_capture(cmd, plain, sizeof plain), 0);
+    CHECK_MSG(strcmp(chat, plain) != 0, "chatml and the file's (plain) gave '%s'", chat);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --chat --chat-template chatml2 -p hi 2>&1", llms_run,
+             stories());
+    CHECK_EQ(test_run_capture(cmd, raw, sizeof raw), 2);
+    CHECK_MSG(strstr(raw, "chatml|llama3"), "%s", raw);
+}
+
 static void perplexity_prints_llama_style_figure(void)
 {
     if (!stories())
@@ -283,6 +313,7 @@ int main(int argc, char **argv)
     RUN(greedy_generation_is_deterministic_across_threads_and_loads);
     RUN(sampling_is_reproducible_by_seed);
     RUN(penalties_change_greedy_text);
+    RUN(chat_template_overrides_the_files);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
     RUN(embed_prints_a_unit_vector);
