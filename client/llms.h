@@ -419,7 +419,7 @@ typedef struct llms_model_info {
     char *arch;             /* general.architecture: llama, qwen2, qwen3, bert */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */
     uint64_t file_bytes;
-    char *roles;            /* "generate,embed,rerank" or a part of it */
+    char *roles;            /* "generate,embed,rerank,draft" or a part of it */
     char *default_for;      /* the roles it answers when a request names no model */
     uint64_t resident_bytes; /* its weights in memory now */
     uint64_t scratch_bytes;  /* its runners' working memory */

@@ -1095,7 +1095,7 @@ bad:
 static json_object *role_array(unsigned roles)
 {
     json_object *a = json_object_new_array();
-    for (unsigned bit = MODELS_GENERATE; a && bit <= MODELS_RERANK; bit <<= 1)
+    for (unsigned bit = MODELS_GENERATE; a && bit <= MODELS_DRAFT; bit <<= 1)
         if (roles & bit)
             json_object_array_add(a, json_object_new_string(models_role_name(bit)));
     return a;

@@ -406,7 +406,7 @@ static int model_infos_fill(sched *s, model_infos *mi)
         mi->n++;
     mi->infos = calloc(mi->n, sizeof *mi->infos);
     mi->ptrs = calloc(mi->n, sizeof *mi->ptrs);
-    mi->strs = calloc(mi->n * 6, sizeof *mi->strs);
+    mi->strs = calloc(mi->n * 7, sizeof *mi->strs);
     if (!mi->infos || !mi->ptrs || !mi->strs) {
         model_infos_free(mi);
         return -1;
@@ -420,21 +420,23 @@ static int model_infos_fill(sched *s, model_infos *mi)
         x->arch = e->arch;
         x->type = (char *)models_type_name(e->type);
         x->file_bytes = e->file_bytes;
-        x->roles = mi->strs + 6 * k;
-        x->default_for = mi->strs + 6 * k + 3;
-        for (unsigned bit = MODELS_GENERATE; bit <= MODELS_RERANK; bit <<= 1) {
+        x->roles = mi->strs + 7 * k;
+        x->default_for = mi->strs + 7 * k + 4;
+        for (unsigned bit = MODELS_GENERATE; bit <= MODELS_DRAFT; bit <<= 1) {
             models_entry *has;
             char ignored[ERR_MAX];
             const char *role = models_role_name(bit);
             if (models_resolve(reg, e->name, bit, &has, ignored) == LLMS__ERROR_CODE__OK)
                 x->roles[x->n_roles++] = (char *)role;
-            if (models_is_default(reg, e, bit))
+            /* no request names a draft model: draft_model chose it */
+            if (bit != MODELS_DRAFT && models_is_default(reg, e, bit))
                 x->default_for[x->n_default_for++] = (char *)role;
         }
         x->resident_bytes = models_resident_bytes(e);
         x->scratch_bytes = models_scratch_bytes(e);
         const genmodel *gm = genset_of_entry(s, e);
-        x->running = (uint32_t)e->running;
+        /* the drafter holds its model for the daemon's life: no request of its own */
+        x->running = (uint32_t)(e->running - spec_drafter_uses(s->drafter, e));
         if (gm) {
             x->scratch_bytes += model_runner_scratch_bytes(gm->runner);
             for (int i = 0; i < s->n_active; i++)

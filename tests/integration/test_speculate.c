@@ -15,7 +15,9 @@
  * - sampled tokens keep their distribution: seeded samples with and without speculation
  *   on stories260K pass a chi-square test of homogeneity; a seeded sample is the same
  *   text with speculation as without, however often it is asked for;
- * - the daemon's counters show the drafts proposed and accepted.
+ * - the daemon's counters show the drafts proposed and accepted;
+ * - ListModels (llmsctl models) and the gateway's /v1/models list the draft model with
+ *   its draft role, and no request running on it while none drafts.
  */
 #include <math.h>
 #include <signal.h>
@@ -26,6 +28,7 @@
 #include "client/llms.h"
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
+#include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
@@ -169,6 +172,47 @@ static void draft_model_refused(void)
     proc_fmt(cmd, sizeof cmd, "cat '%s'", d.log);
     CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(strstr(out, "draft_model"), "%s", out);
+}
+
+/* The draft model is listed with the role its model.NAME line gave it, natively and over
+ * HTTP, and idle: its roles had read "" and its running 1 (the drafter's own hold). */
+static void draft_model_listed(void)
+{
+    if (!llmsd_path[0] || !generated[0])
+        SKIP("llmsd is not built in this tree");
+    char extra[2400], hsock[700];
+    draft_lines(extra, sizeof extra, generated_draft);
+    proc_fmt(hsock, sizeof hsock, "%s/listed-h.sock", test_tmpdir());
+    size_t len = strlen(extra);
+    proc_fmt(extra + len, sizeof extra - len, "http_socket = %s\n", hsock);
+    llmsd_proc d;
+    CHECK_MSG(start(&d, "listed", generated, extra) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "spec");
+    CHECK(c);
+    llms_model_info *ms = NULL;
+    size_t n = 0;
+    CHECK_MSG(c && llms_list_models(c, &ms, &n) == LLMS_OK, "%s", c ? llms_last_error(c) : "");
+    const llms_model_info *small = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(ms[i].name, "small"))
+            small = &ms[i];
+    CHECK(small);
+    CHECK_MSG(small && !strcmp(small->roles, "draft"), "roles '%s'", small ? small->roles : "");
+    CHECK_MSG(small && small->running == 0, "running %u", small ? small->running : 0);
+    llms_model_list_free(ms, n);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/v1/models/small", NULL, NULL, &r) == 0 && r.status == 200);
+    json_object *o = r.body ? json_tokener_parse(r.body) : NULL, *roles = NULL;
+    CHECK_MSG(o && json_object_object_get_ex(o, "llmsd", &roles) &&
+                  json_object_object_get_ex(roles, "roles", &roles) &&
+                  json_object_array_length(roles) == 1 &&
+                  !strcmp(json_object_get_string(json_object_array_get_idx(roles, 0)), "draft"),
+              "%s", r.body ? r.body : "");
+    json_object_put(o);
+    httpc_reply_free(&r);
+    if (c)
+        llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
 static void greedy_same_text_trained(void)
@@ -590,6 +634,7 @@ int main(int argc, char **argv)
     proc_generate_model(other_vocab, sizeof other_vocab, "other-vocab.gguf", &dp);
     RUN(greedy_same_text_generated);
     RUN(draft_model_refused);
+    RUN(draft_model_listed);
     RUN(greedy_same_text_trained);
     RUN(contexts_keep_the_same_kv);
     RUN(draft_kv_counts_in_the_budget);
