@@ -768,6 +768,7 @@ typedef struct llms_kb_doc {
 
 /* Adds n documents: they become visible together when the call returns LLMS_OK, and
  * acknowledged means durable; a failed or cancelled add leaves none of them visible.
+ * Two of them with one id are LLMS_ERR_INVALID_ARGUMENT.
  * *passages (may be NULL) gets how many passages they made. */
 enum llms_status llms_kb_add(llms_conn *conn, const char *kb, const llms_kb_doc *docs, size_t n,
                              uint32_t *passages);

@@ -287,6 +287,37 @@ static int quota_check(kbm *k, uint32_t uid, int64_t bytes, int64_t passages, bo
     return 0;
 }
 
+static int doc_id_cmp(const void *a, const void *b)
+{
+    const Llms__KbDocument *const *x = a, *const *y = b;
+    return strcmp((*x)->id, (*y)->id);
+}
+
+/* Whether the add names one id twice, answered as an error: the second document would
+ * replace the first within the add, which no client means (llms kb add a/README.md
+ * b/README.md gives both the id README.md). */
+static bool add_ids_repeat(kbm *k, kb_task *t)
+{
+    const Llms__KbAddRequest *ar = t->req->kb_add;
+    Llms__KbDocument **ids = malloc(ar->n_documents * sizeof *ids);
+    if (!ids) {
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return true;
+    }
+    memcpy(ids, ar->documents, ar->n_documents * sizeof *ids);
+    qsort(ids, ar->n_documents, sizeof *ids, doc_id_cmp);
+    const char *twice = NULL;
+    for (size_t i = 1; i < ar->n_documents && !twice; i++)
+        if (!strcmp(ids[i - 1]->id, ids[i]->id))
+            twice = ids[i]->id;
+    if (twice)
+        reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                    "two documents have the id '%.64s': an id names one document of the "
+                    "knowledge base", twice);
+    free(ids);
+    return twice != NULL;
+}
+
 /* A KbAdd's checks, at once: NULL when it was answered (an error). */
 static kb_task *add_begin(kb_task *t)
 {
@@ -320,6 +351,8 @@ static kb_task *add_begin(kb_task *t)
             return NULL;
         }
     }
+    if (add_ids_repeat(k, t))
+        return NULL;
     if (t->total > (size_t)cfg->kb_max_add_bytes) {
         reply_error(&k->to, t->conn_id, t->req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                     "%zu bytes of documents in one KbAdd, more than kb_max_add_bytes (%d)",

@@ -2,7 +2,7 @@
  * The llms and llmsctl programs of this build against a real llmsd: ask, a piped
  * two-turn chat resumed with --context, ctx list/show/rm, llmsctl's text and --json
  * output (strings escaped, errors as one JSON object), kb add's progress bar (on a
- * terminal only), rag's exit status (a cut answer, an interrupted one) and closed standard
+ * terminal only) and its refusal of two files of one name, rag's exit status (a cut answer, an interrupted one) and closed standard
  * streams.
  */
 #include <stdio.h>
@@ -428,6 +428,41 @@ static void kb_add_progress_bar_only_on_a_terminal(void)
                   strstr(out, "1/1 documents written") && strstr(out, "added 1 documents, "),
               "terminal: '%s'", out);
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb drop notes", llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb drop: %s", err);
+}
+
+/* Two files of one name in different folders (llms kb add notes a/README.md
+ * b/README.md) are two documents of one id: the add is refused naming the id, none of
+ * it kept. It had answered "added 2 documents, N passages" while the second replaced
+ * the first within the add. */
+static void kb_add_refuses_one_id_twice(void)
+{
+    NEED_DAEMON();
+    char cmd[8192], out[8192], err[4096], dir[600], path[2][700];
+    proc_fmt(dir, sizeof dir, "%s/twice", test_tmpdir());
+    for (int i = 0; i < 2; i++) {
+        char sub[650];
+        proc_fmt(sub, sizeof sub, "%s/%c", dir, 'a' + i);
+        proc_fmt(cmd, sizeof cmd, "mkdir -p '%s'", sub);
+        CHECK_EQ(system(cmd), 0);
+        proc_fmt(path[i], sizeof path[i], "%s/README.md", sub);
+        FILE *f = fopen(path[i], "w");
+        CHECK(f);
+        fprintf(f, "Document %c: some words about folder %c.\n", 'A' + i, 'a' + i);
+        fclose(f);
+    }
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb create twice", llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb create: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb add twice '%s' '%s'", llms_path,
+             llmsd.sock, path[0], path[1]);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 1, "kb add: %s%s", out, err);
+    CHECK_MSG(strstr(err, "INVALID_ARGUMENT") && strstr(err, "'README.md'"), "stderr: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb ls", llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb ls: %s", err);
+    const char *row = strstr(out, "\ntwice ");
+    unsigned docs = 99;
+    CHECK_MSG(row && sscanf(row + 7, "%u", &docs) == 1 && docs == 0, "kb ls: %s", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' kb drop twice", llms_path, llmsd.sock);
     CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "kb drop: %s", err);
 }
 
@@ -876,6 +911,7 @@ int main(int argc, char **argv)
     RUN(chat_resumes_and_ctx_commands);
     RUN(json_of_invalid_utf8_history_is_valid);
     RUN(kb_add_progress_bar_only_on_a_terminal);
+    RUN(kb_add_refuses_one_id_twice);
     RUN(closed_stdout_or_stderr);
     RUN(double_dash_ends_options);
     RUN(llmsctl_reports);
