@@ -134,7 +134,7 @@ cat "$tmp/chat.err"
 ctx=$(sed -n 's/^context \([^ ]*\) .*/\1/p' "$tmp/chat.err")
 
 echo
-echo "== llms ctx list (the app llms-cli now has one context)"
+echo "== llms ctx list (the app default, which llms uses without --app, now has one context)"
 "$build/llms" ctx list
 if [ -n "$ctx" ]; then
     echo
