@@ -117,6 +117,40 @@ static inline void proc_print_log(const llmsd_proc *d)
     fclose(f);
 }
 
+/* Daemons this program started: a failed CHECK returns before the test's proc_stop, and
+ * its daemon must not outlive the test program (it ran on with parent 1). */
+static pid_t proc_started[64];
+
+/* At exit: kills and reaps the started daemons still this program's children (a pid
+ * the test reaped itself is no child any more, and is left alone whoever has it now). */
+static inline void proc_kill_leftovers(void)
+{
+    for (size_t i = 0; i < sizeof proc_started / sizeof *proc_started; i++) {
+        pid_t pid = proc_started[i];
+        int status;
+        if (pid <= 0 || waitpid(pid, &status, WNOHANG) != 0)
+            continue;
+        kill(pid, SIGKILL);
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+/* Puts pid in the slot of in_place_of (0: a free slot; proc_stop frees its own). A
+ * daemon the test reaped itself keeps its slot, and is never reaped here: the test's own
+ * waitpid must find it. */
+static inline void proc_track(pid_t pid, pid_t in_place_of)
+{
+    static bool registered;
+    if (!registered)
+        registered = atexit(proc_kill_leftovers) == 0;
+    for (size_t i = 0; i < sizeof proc_started / sizeof *proc_started; i++)
+        if (proc_started[i] == in_place_of) {
+            proc_started[i] = pid;
+            return;
+        }
+}
+
 /*
  * Starts the llmsd program with a config naming model, the state directory of name and
  * extra "key = value" lines; waits (up to 60 s: sanitizer builds load slowly) until it
@@ -152,6 +186,7 @@ static inline int proc_start(llmsd_proc *d, const char *llmsd, const char *name,
         execl(llmsd, "llmsd", "--config", conf, (char *)NULL);
         _exit(127);
     }
+    proc_track(d->pid, 0);
     double deadline = proc_now() + 60;
     while (proc_now() < deadline) {
         int status;
@@ -180,6 +215,7 @@ static inline int proc_stop(llmsd_proc *d, int sig)
     int status;
     while (waitpid(d->pid, &status, 0) < 0 && errno == EINTR)
         ;
+    proc_track(0, d->pid);
     d->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
