@@ -547,7 +547,7 @@ typedef struct llms_daemon_status {
     uint32_t threads;
     uint64_t uptime_ms;
     uint32_t n_connections;
-    uint32_t n_apps;
+    uint32_t n_apps;          /* apps bound now (llms_list_apps: all with contexts) */
     uint32_t n_contexts;
     uint32_t n_resident_contexts;
     uint64_t kv_bytes_resident;

@@ -91,7 +91,9 @@ static const key_def keys[] = {
         "data"),
     INT(threads, 0, 1024, "0", "engine threads, 0 = online cores"),
     INT(n_ctx, 0, 1 << 24, "0",
-        "tokens per context window, 0 = the model's trained length, at most 4096"),
+        "tokens per context window; 0 = the model's trained length or 4096, whichever is "
+        "smaller; more than the trained length starts with a warning (past it the model "
+        "has seen no positions)"),
 
     HEADING("Per-app limits (an app is a peer uid and the name it binds with)"),
     INT(max_contexts_per_app, 1, INT_MAX, "64",

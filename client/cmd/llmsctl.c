@@ -283,7 +283,7 @@ static enum llms_status cmd_status(llms_conn *c)
         printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
                "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
                "\nuptime            %.1f s\nconnections       %" PRIu32
-               "\napps              %" PRIu32 "\ncontexts          %" PRIu32
+               "\napps bound        %" PRIu32 "\ncontexts          %" PRIu32
                " (%" PRIu32 " resident, %" PRIu64 " KV bytes)\n"
                "requests          %" PRIu32 " running, %" PRIu32 " queued\n"
                "rss               %" PRIu64 " bytes\n",
