@@ -442,7 +442,7 @@ enum llms_status llms_list_models(llms_conn *conn, llms_model_info **out, size_t
  * reranks: "generate" must be asked for). A generate model gets its own runner and KV
  * and takes back the contexts made with it before. Other models and their contexts are
  * untouched. FAILED_PRECONDITION for a name or file in use; INVALID_ARGUMENT for a file
- * that does not fit its roles. */
+ * that does not fit its roles, and for the draft role (draft_model is fixed at start). */
 enum llms_status llms_model_load(llms_conn *conn, const char *name, const char *path,
                                  const char *roles);
 

@@ -612,6 +612,11 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
         err_set(err, "the path must be 1..%d bytes", CONFIG_PATH_MAX - 1);
         return LLMS__ERROR_CODE__INVALID_ARGUMENT;
     }
+    if (roles & MODELS_DRAFT) {
+        err_set(err, "the draft role is given at start: draft_model names the model.NAME line "
+                     "of the model that drafts");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
     models_entry *e = find_name(r, name);
     if (e) {
         err_set(err, "model '%s' is loaded already (%s)", name, e->path);

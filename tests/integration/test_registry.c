@@ -211,6 +211,9 @@ static void load_unload_keeps_contexts(void)
     CHECK_EQ(llms_model_load(c, "bad/name", cross2, NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "x", "/nonexistent/m.gguf", NULL), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_EQ(llms_model_load(c, "x", cross2, "embed,rerank,fly"), LLMS_ERR_INVALID_ARGUMENT);
+    /* draft_model is fixed at start: a model loaded to draft would never draft */
+    CHECK_EQ(llms_model_load(c, "x", decoder2, "draft"), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "draft_model"), "%s", llms_last_error(c));
     CHECK_EQ(llms_model_unload(c, "nope"), LLMS_ERR_NOT_FOUND);
     CHECK_EQ(llms_model_unload(c, "decoder"), LLMS_ERR_FAILED_PRECONDITION);
     CHECK_MSG(llms_model_unload(c, "late") == LLMS_OK, "%s", llms_last_error(c));
