@@ -76,7 +76,10 @@ int ctx_window_load(ctx_entry *c, const store_window *w, char err[ERR_MAX])
     c->window_slides = (uint64_t)w->slides;
     if (w->dropped == 0)
         return 0;
-    if (w->sink <= 0 || w->sink % KV_CHUNK_TOKENS || w->sink + w->dropped > c->n_tokens)
+    /* The columns come from the state directory: each is bounded on its own before the
+     * two are added, so that no value a damaged file holds moves tokens out of bounds. */
+    if (w->sink <= 0 || w->sink % KV_CHUNK_TOKENS || w->dropped < 0 || w->sink > c->n_tokens ||
+        w->dropped > c->n_tokens - w->sink)
         return err_set(err, "store: context %s: window (sink %lld, dropped %lld) does not fit "
                        "its %d tokens", c->id, (long long)w->sink, (long long)w->dropped,
                        c->n_tokens);

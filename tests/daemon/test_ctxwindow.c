@@ -12,6 +12,7 @@
  * states for recomputed chunks (1e-3 on logits and on K/V values).
  */
 #include <dirent.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
 #include "storage/chunks.h"
+#include "storage/store_internal.h"
 #include "tests/daemon/ctxenv.h"
 #include "tests/support/test.h"
 
@@ -333,6 +335,46 @@ static void test_many_slides(void)
     ctxenv_close(&e);
 }
 
+/* Opens a store whose context of 40 tokens had sql run on its catalog: ctx_open must
+ * refuse it, naming the window. */
+static void hostile_window_case(const char *sql)
+{
+    env e;
+    CHECK(env_open(&e, false) == 0);
+    char err[ERR_MAX];
+    ctx_entry *c;
+    float logits[300];
+    int32_t first[40];
+    ctxenv_tokens(first, 40, 9, g.vocab);
+    CHECK(ctx_create(e.cm, 1000, "app", NULL, NULL, 1, &c, err) == 0);
+    CHECK(plain_turn(e.cm, c, first, 40, logits) == 0);
+    ctx_flush_writes(e.cm);
+    CHECK(sqlite3_exec(store_sqlite(e.st), sql, NULL, NULL, NULL) == SQLITE_OK);
+    ctxenv_close(&e);
+
+    e.st = store_open(e.dir, err);
+    e.pool = e.st ? kv_pool_new(model_kv_shape(g.m), 0, err) : NULL;
+    ctx_policy pol = ctxenv_policy_none();
+    e.cm = e.pool ? ctx_open(e.st, e.pool, g.r, g.m, &pol, err) : NULL;
+    bool refused = e.pool && !e.cm && strstr(err, "window");
+    ctxenv_close(&e);
+    CHECK_MSG(refused, "%s: %s", sql, refused ? "" : err);
+}
+
+/* A state directory whose window columns no slide could have written (a negative drop,
+ * a sink whose sum with the drop overflows, a drop past the history) is refused at
+ * startup with the context named: used as is, they moved the history's tokens out of
+ * bounds (the overflowing sink freed corrupt memory, the negative drop made 5 tokens up). */
+static void test_hostile_window_refused(void)
+{
+    hostile_window_case("UPDATE contexts SET window_sink = 16, window_dropped = -5");
+    hostile_window_case("UPDATE contexts SET window_sink = 9223372036854775792,"
+                        " window_dropped = 100");
+    hostile_window_case("UPDATE contexts SET window_sink = 16,"
+                        " window_dropped = 9223372036854775800");
+    hostile_window_case("UPDATE contexts SET window_sink = -16, window_dropped = 8");
+}
+
 int main(void)
 {
     if (setup())
@@ -340,6 +382,7 @@ int main(void)
     RUN(test_slide_in_prefill);
     RUN(test_slide_without_commit);
     RUN(test_many_slides);
+    RUN(test_hostile_window_refused);
     model_runner_free(g.r);
     model_free(g.m);
     return test_finish();
