@@ -316,7 +316,7 @@ static int doc_texts(store *s, int64_t doc_id, int from, int max, doc_text *t, c
     int rc, out = 0;
     /* rows after the max-th only lend their heads to the passages before */
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (t->n > 0 && t->n == max && t->len >= t->at[t->n - 1] + t->lens[t->n - 1])
+        if (t->n > 0 && t->n == max && t->lens[t->n - 1] <= t->len - t->at[t->n - 1])
             break;
         const char *head = (const char *)sqlite3_column_text(st, 2);
         size_t hl = (size_t)sqlite3_column_bytes(st, 2);
@@ -342,8 +342,11 @@ static int doc_texts(store *s, int64_t doc_id, int from, int max, doc_text *t, c
     if (out == 0 && rc != SQLITE_ROW && rc != SQLITE_DONE)
         out = store_db_err(s, err, "reading passages");
     sqlite3_finalize(st);
-    /* passage ends only grow: the covered ones are a prefix */
-    while (out == 0 && t->covered < t->n && t->at[t->covered] + t->lens[t->covered] <= t->len)
+    /* passage ends only grow: the covered ones are a prefix. A length is the catalog's
+     * (a damaged one may be negative, read as a huge size_t): it is compared with the
+     * text after the passage's start (at <= len), never added to it, so that no length
+     * wraps around into a passage past the text. */
+    while (out == 0 && t->covered < t->n && t->lens[t->covered] <= t->len - t->at[t->covered])
         t->covered++;
     if (out)
         doc_text_free(t);

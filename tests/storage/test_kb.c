@@ -304,6 +304,46 @@ static void compact_staged_passages(void)
     store_close(s);
 }
 
+/* A passage length the catalog cannot hold for its document (negative, or past the
+ * text) reads as a passage without text, and removing its document still deletes its
+ * rows: a negative length wrapped the check that a passage lies in its document's text,
+ * and its FTS 'delete' then read the text up to a NUL past the end of the buffer. */
+static void passage_length_out_of_range(void)
+{
+    static const char *const bad[] = {"-5", "9223372036854775807"};
+    for (int b = 0; b < 2; b++) {
+        char name[32], sql[128], err[ERR_MAX];
+        snprintf(name, sizeof name, "kb-badlen%d", b);
+        store *s = open_fresh(name);
+        CHECK(s);
+        int64_t kb = make_kb(s, 1000, "app", "kb");
+        CHECK(kb > 0);
+        const char *t[] = {"garden tomato soil", "river boat fishing", "violin concert music"};
+        int64_t first;
+        CHECK_EQ(put_doc(s, kb, "doc", t, 3, &first), 0);
+        store_close(s);
+        snprintf(sql, sizeof sql, "UPDATE kb_passages SET len = %s WHERE seq = 1", bad[b]);
+        CHECK_EQ(tamper(sql), 0);
+        s = open_fresh(name);
+        CHECK(s);
+        pass_seen ps;
+        bool found;
+        CHECK_EQ(store_kb_passage(s, kb, first + 1, see_passage, &ps, &found, err), -1);
+        CHECK_MSG(strstr(err, "no text"), "%s", err);
+        CHECK_EQ(store_kb_remove_doc(s, kb, "doc", &found, err), 0);
+        CHECK(found);
+        CHECK_EQ(clean_all(s), 0);
+        int64_t ids[4], bytes, passages;
+        float sc[4];
+        int n;
+        CHECK_EQ(store_kb_bm25(s, kb, "garden", 4, ids, sc, &n, err), 0);
+        CHECK_EQ(n, 0);
+        CHECK_EQ(store_kb_uid_usage(s, 1000, &bytes, &passages, err), 0);
+        CHECK(bytes == 0 && passages == 0);
+        store_close(s);
+    }
+}
+
 typedef struct qa_seen {
     int n;
     int64_t id[8];
@@ -969,6 +1009,7 @@ int main(void)
     RUN(create_list_isolation);
     RUN(add_replace_remove_search);
     RUN(compact_staged_passages);
+    RUN(passage_length_out_of_range);
     RUN(drop_in_slices);
     RUN(qa_bank_limits_and_corruption);
     RUN(qa_bank_keeps_stop);
