@@ -73,6 +73,8 @@ struct ctxmgr {
     double calib_whole_ms; /* what a whole calibration takes, from one's first forward;
                               0: not measured yet */
     bool calib_given_up;  /* a calibration failed on this model: not tried again */
+    bool writes_failing;  /* the last background write failed (logged once, and again
+                             when writes succeed) */
     void (*_Atomic notify)(void *arg); /* told when a background write is done */
     void *notify_arg;
 };

@@ -8,6 +8,7 @@
 #include "daemon/ctx/ctxmgr.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -810,12 +811,22 @@ void ctx_collect_writes(ctxmgr *cm)
         ctx_write *w = (ctx_write *)j;
         char err[ERR_MAX];
         /* a batch whose write failed is only freed here; its chunks stay dirty: written
-         * when reclaimed, or recomputed */
-        if (store_chunk_batch_end(cm->st, j->batch, err) == 0)
+         * when reclaimed, or recomputed. An admin learns of it once per run of failures
+         * (a full disk fails every batch), not from the counter alone. */
+        if (store_chunk_batch_end(cm->st, j->batch, err) == 0) {
             for (int k = 0; k < w->n; k++)
                 chunk_written(cm, w->c, &w->blobs[k]);
-        else
+            if (cm->writes_failing)
+                fprintf(stderr, "llmsd: warn: context chunks are written to the store again\n");
+            cm->writes_failing = false;
+        } else {
             cm->stats.write_failures++;
+            if (!cm->writes_failing)
+                fprintf(stderr, "llmsd: warn: context chunks could not be written to the store "
+                                "(%s): contexts keep their KV in memory, or recompute it, "
+                                "until writes succeed\n", err);
+            cm->writes_failing = true;
+        }
         w->c->n_writing--;
         ctx_write_free(w);
         j = next;
