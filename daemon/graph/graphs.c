@@ -118,11 +118,17 @@ static int list_add(list *l, const char *name, bool builtin, Llms__GraphDef *def
     return 0;
 }
 
+/* A definition that does not decode (a damaged store: GraphCreate stores only what it
+ * decoded) is left out of the listing, with a warning, so that the app still sees its
+ * other graphs; running it names the problem, and GraphDelete removes it. */
 static int list_stored(void *arg, const char *name, const void *bytes, size_t len)
 {
     Llms__GraphDef *def = llms__graph_def__unpack(NULL, len, bytes);
-    if (!def)
-        return -1;
+    if (!def) {
+        fprintf(stderr, "llmsd: warn: graph '%s': its stored definition does not decode; "
+                        "left out of the listing\n", name);
+        return 0;
+    }
     if (list_add(arg, name, false, def)) {
         llms__graph_def__free_unpacked(def, NULL);
         return -1;

@@ -9,6 +9,7 @@
  * the run of a client that disconnects.
  */
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +327,39 @@ static void isolation_and_restart(void)
     llms_close(a);
 }
 
+/* A stored definition that no longer decodes (a damaged state directory) is left out of
+ * the listing, which lists the app's other graphs (it answered INTERNAL "listing graphs:
+ * out of memory"); running it says what is wrong, and deleting it works. */
+static void undecodable_definition_left_out(void)
+{
+    NEED();
+    llms_conn *a = proc_connect(&daemon_, "damaged");
+    CHECK(a);
+    const char *inputs[] = {"unused"};
+    llms_graph_edge edges[] = {{"START", "tell", NULL}, {"tell", "END", NULL}};
+    llms_graph_def d = {inputs, 1, loop_nodes, 1, edges, 2, "story", 0};
+    CHECK_EQ(llms_graph_create(a, "good", &d), LLMS_OK);
+    CHECK_EQ(llms_graph_create(a, "bad", &d), LLMS_OK);
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/llmsd.db", daemon_.dir);
+    sqlite3 *db;
+    CHECK_EQ(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_busy_timeout(db, 5000), SQLITE_OK);
+    CHECK_EQ(sqlite3_exec(db, "UPDATE graphs SET def = x'ffffffff' WHERE name = 'bad'", NULL,
+                          NULL, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+    int builtins;
+    CHECK_MSG(has_graph(a, "good", &builtins) == 1, "%s", llms_last_error(a));
+    CHECK_EQ(has_graph(a, "bad", &builtins), 0);
+    llms_graph_var in = {"unused", ""};
+    CHECK(llms_graph_run(a, "bad", &in, 1, NULL, NULL, NULL, NULL) != LLMS_OK);
+    CHECK_MSG(strstr(llms_last_error(a), "does not decode"), "%s", llms_last_error(a));
+    CHECK_EQ(llms_graph_delete(a, "bad"), LLMS_OK);
+    CHECK_EQ(llms_graph_delete(a, "good"), LLMS_OK);
+    llms_close(a);
+}
+
 static int cancel_at_first_event(const llms_graph_event *ev, void *user)
 {
     (void)ev;
@@ -466,6 +500,7 @@ int main(int argc, char **argv)
     RUN(conditional_loop_and_cap);
     RUN(refusals_over_the_wire);
     RUN(isolation_and_restart);
+    RUN(undecodable_definition_left_out);
     RUN(cancel_stops_run);
     RUN(disconnect_stops_run);
     RUN(run_is_in_flight_until_its_result);
