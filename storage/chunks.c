@@ -155,8 +155,9 @@ __attribute__((format(printf, 4, 5))) static int chunk_fail(char *err, const cha
 
 static int db_fail(store *s, char *err, const char *ctx_id, const char *what)
 {
+    char msg[ERR_MAX];
     return err_set(err, "store: context '%.40s' chunks: %s: %s", ctx_id ? ctx_id : "",
-                   what, sqlite3_errmsg(store_sqlite(s)));
+                   what, store_db_message(store_sqlite(s), msg, sizeof msg));
 }
 
 void store_chunks_free(store_chunks *c)
@@ -223,8 +224,9 @@ static store_chunks *chunks_state(store *s, char *err)
     for (int i = 0; i < CS_COUNT; i++) {
         if (sqlite3_prepare_v3(store_sqlite(s), chunk_sql[i], -1, SQLITE_PREPARE_PERSISTENT,
                                &c->st[i], NULL) != SQLITE_OK) {
+            char msg[ERR_MAX];
             err_set(err, "store: preparing '%s': %s", chunk_sql[i],
-                    sqlite3_errmsg(store_sqlite(s)));
+                    store_db_message(store_sqlite(s), msg, sizeof msg));
             store_chunks_free(c);
             return NULL;
         }
@@ -692,9 +694,10 @@ static int put_row(store *s, const char *ctx_id, const store_chunk *row, int64_t
         sqlite3_bind_int64(st, 10, row->last_used_ms) != SQLITE_OK)
         return db_fail(s, err, ctx_id, "binding chunk row");
     int rc = sqlite3_step(st);
+    char msg[ERR_MAX];
     if (rc != SQLITE_DONE)
         chunk_fail(err, ctx_id, row->index, "storing catalog row: %s",
-                   sqlite3_errmsg(store_sqlite(s)));
+                   store_db_message(store_sqlite(s), msg, sizeof msg));
     sqlite3_reset(st);
     return rc == SQLITE_DONE ? 0 : -1;
 }
@@ -907,8 +910,10 @@ int store_chunk_touch(store *s, const char *ctx_id, int index, float density,
         return db_fail(s, err, ctx_id, "binding");
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
+    char msg[ERR_MAX];
     if (rc != SQLITE_DONE)
-        return chunk_fail(err, ctx_id, index, "touch: %s", sqlite3_errmsg(store_sqlite(s)));
+        return chunk_fail(err, ctx_id, index, "touch: %s",
+                          store_db_message(store_sqlite(s), msg, sizeof msg));
     if (sqlite3_changes(store_sqlite(s)) == 0)
         return chunk_fail(err, ctx_id, index, "touch: no such chunk");
     return 0;

@@ -334,7 +334,8 @@ struct store {
 
 static int db_err(store *s, char *err, const char *what)
 {
-    return err_set(err, "store: %s: %s", what, sqlite3_errmsg(s->db));
+    char msg[ERR_MAX];
+    return err_set(err, "store: %s: %s", what, store_db_message(s->db, msg, sizeof msg));
 }
 
 /* Creates dir and its missing parents with mode 0750. */

@@ -13,6 +13,11 @@
 /* -1 with "store: <what>: <sqlite's message>" in err. */
 int store_db_err(store *s, char *err, const char *what);
 
+/* sqlite's message of db's last failure; when the file itself is damaged (corrupt, not
+ * a database) followed by the file's path, so that an admin knows what to restore or
+ * remove. buf holds it when it needs the path (returned either way). */
+const char *store_db_message(sqlite3 *db, char *buf, size_t cap);
+
 /* sql prepared for one use (the caller finalizes it); NULL with err. */
 sqlite3_stmt *store_prepare(store *s, const char *sql, char *err);
 

@@ -4,9 +4,23 @@
  */
 #include "storage/store_internal.h"
 
+#include <stdio.h>
+
+const char *store_db_message(sqlite3 *db, char *buf, size_t cap)
+{
+    int code = sqlite3_errcode(db) & 0xff;
+    const char *file = sqlite3_db_filename(db, "main");
+    if ((code != SQLITE_CORRUPT && code != SQLITE_NOTADB) || !file || !file[0])
+        return sqlite3_errmsg(db);
+    snprintf(buf, cap, "%s (%s)", sqlite3_errmsg(db), file);
+    return buf;
+}
+
 int store_db_err(store *s, char *err, const char *what)
 {
-    return err_set(err, "store: %s: %s", what, sqlite3_errmsg(store_sqlite(s)));
+    char msg[ERR_MAX];
+    return err_set(err, "store: %s: %s", what,
+                   store_db_message(store_sqlite(s), msg, sizeof msg));
 }
 
 sqlite3_stmt *store_prepare(store *s, const char *sql, char *err)

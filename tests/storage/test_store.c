@@ -459,6 +459,52 @@ static void garbage_file_is_an_error(void)
     CHECK_MSG(strstr(err, "not a directory"), "%s", err);
 }
 
+/* A database whose pages are damaged names its file in the error, so that an admin
+ * knows what to restore (it said "list contexts: database disk image is malformed"). */
+static void damaged_page_names_the_file(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("damaged");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    int64_t app;
+    CHECK(store_app_id(s, 5, "x", &app, err) == 0);
+    CHECK(store_context_create(s, "x", app, NULL, NULL, 0, 1, err) == 0);
+    store_close(s);
+    sqlite3 *db = raw_db(dir);
+    CHECK(db != NULL);
+    sqlite3_stmt *st;
+    int page = 0, page_size = 0;
+    CHECK_EQ(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    CHECK_EQ(sqlite3_prepare_v2(db, "SELECT rootpage FROM sqlite_master WHERE name = 'contexts'",
+                                -1, &st, NULL), SQLITE_OK);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        page = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    CHECK_EQ(sqlite3_prepare_v2(db, "PRAGMA page_size", -1, &st, NULL), SQLITE_OK);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        page_size = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    CHECK(page > 1 && page_size > 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/llmsd.db", dir);
+    int fd = open(path, O_WRONLY);
+    CHECK(fd >= 0);
+    char junk[65536];
+    memset(junk, 0x5a, sizeof junk);
+    CHECK_EQ(pwrite(fd, junk, (size_t)page_size, (off_t)(page - 1) * page_size), page_size);
+    close(fd);
+    err[0] = '\0';
+    s = store_open(dir, err);
+    if (s) {
+        seen all = {0};
+        CHECK(store_context_list(s, -1, see_context, &all, err) != 0);
+        store_close(s);
+    }
+    CHECK_MSG(strstr(err, "malformed") && strstr(err, path), "%s", err);
+}
+
 static void newer_schema_is_refused(void)
 {
     char err[ERR_MAX] = "";
@@ -750,6 +796,7 @@ int main(void)
     RUN(failed_append_leaves_nothing);
     RUN(corrupt_token_blob_is_an_error);
     RUN(garbage_file_is_an_error);
+    RUN(damaged_page_names_the_file);
     RUN(newer_schema_is_refused);
     RUN(state_dir_is_locked);
     RUN(deletes_give_space_back);
