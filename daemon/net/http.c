@@ -163,6 +163,8 @@ static void hreq_free(hreq *hr)
     if (hr->sse)
         evbuffer_free(hr->sse);
     free(hr->prefix);
+    free(hr->bias);
+    free(hr->bias_ptrs);
     free(hr);
 }
 

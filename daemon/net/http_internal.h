@@ -52,6 +52,8 @@ typedef struct hreq {
     enum chat_family family;   /* its chat template (a chat is rendered with it) */
     size_t sent;               /* bytes of reply text already streamed */
     char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
+    Llms__TokenBias *bias;     /* (n_bias) the body's logit_bias, for the request's params */
+    Llms__TokenBias **bias_ptrs; /* (n_bias) pointers to them, as protobuf-c wants */
     struct evbuffer *sse;
     char id[48];
     int64_t created;

@@ -3,6 +3,7 @@
  * read into the native request it becomes, each native answer written as OpenAI's object
  * or as Server-Sent Events, errors in OpenAI's shape, and the model list.
  */
+#include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdarg.h>
@@ -658,12 +659,53 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
     return 0;
 }
 
-/* Whether a field's value asks for nothing: null, false or an empty array. */
+/* OpenAI's logit_bias, {"token id": bias, ...}, into p (the entries live in hr). Ranges
+ * are the session's to check, as for every request's params. 0, or -1 with msg. */
+static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    json_object *o;
+    int rc = field(hr->body, "logit_bias", json_type_object, &o, msg, cap);
+    if (rc <= 0)
+        return rc;
+    size_t n = (size_t)json_object_object_length(o), i = 0;
+    if (n == 0)
+        return 0;
+    hr->bias = calloc(n, sizeof *hr->bias);
+    hr->bias_ptrs = calloc(n, sizeof *hr->bias_ptrs);
+    if (!hr->bias || !hr->bias_ptrs) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    json_object_object_foreach(o, key, value)
+    {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!key[0] || *end || errno || id < 0 || id > INT32_MAX ||
+            !(json_object_is_type(value, json_type_double) ||
+              json_object_is_type(value, json_type_int))) {
+            snprintf(msg, cap, "'logit_bias' maps token ids to numbers (\"%.32s\" is not one)",
+                     key);
+            return -1;
+        }
+        llms__token_bias__init(&hr->bias[i]);
+        hr->bias[i].token = (int32_t)id;
+        hr->bias[i].bias = (float)json_object_get_double(value);
+        hr->bias_ptrs[i] = &hr->bias[i];
+        i++;
+    }
+    p->n_logit_bias = n;
+    p->logit_bias = hr->bias_ptrs;
+    return 0;
+}
+
+/* Whether a field's value asks for nothing: null, false, an empty array or string. */
 static bool asks_nothing(json_object *v)
 {
     return json_object_is_type(v, json_type_null) ||
            (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
-           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0);
+           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0) ||
+           (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
 }
 
 /* Fields of a completion or chat that ask for what llmsd does not produce are refused,
@@ -680,6 +722,7 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
         {"tools", "tool calls are not supported"},
         {"functions", "function calls are not supported"},
         {"echo", "the prompt is not echoed"},
+        {"suffix", "insertion (fill in the middle) is not supported"},
     };
     json_object *v, *type;
     for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
@@ -687,6 +730,12 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
             snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
             return -1;
         }
+    /* a count, whose off value is 1 */
+    if (json_object_object_get_ex(body, "best_of", &v) && !json_object_is_type(v, json_type_null) &&
+        !(json_object_is_type(v, json_type_int) && json_object_get_int64(v) == 1)) {
+        snprintf(msg, cap, "'best_of': one candidate is generated per choice");
+        return -1;
+    }
     if (json_object_object_get_ex(body, "response_format", &v) &&
         !json_object_is_type(v, json_type_null) &&
         !(json_object_object_get_ex(v, "type", &type) &&
@@ -826,7 +875,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     /* A rendered chat carries its template's end of turn as one more stop string. */
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
     if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
-        refuse_unhonoured(hr->body, msg, cap))
+        read_logit_bias(hr, &gp, msg, cap) || refuse_unhonoured(hr->body, msg, cap))
         goto bad;
     char *prompt = NULL;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
@@ -960,7 +1009,8 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
-    if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap))
+    if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap) ||
+        read_logit_bias(hr, &gp, msg, cap))
         goto bad;
     rq.params = &gp;
     if (hr->stream && !(hr->sse = evbuffer_new())) {

@@ -146,6 +146,9 @@ static bool bad_context_id(const char *id, refusal *r)
                      "context_id is %zu bytes, ids are at most %d", strlen(id), CTX_ID_LEN);
 }
 
+/* OpenAI takes up to 300 biased tokens; more would only grow every generation's sampler. */
+#define SESSION_LOGIT_BIAS_MAX 1024
+
 /* Sampling settings that would make every call of a context fail or misbehave. */
 static bool bad_params(const Llms__GenerationParams *p, refusal *r)
 {
@@ -167,6 +170,14 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
         return refuse_as(r, inv, "frequency_penalty must be in [-2, 2]");
     if (p->has_presence_penalty && !(p->presence_penalty >= -2 && p->presence_penalty <= 2))
         return refuse_as(r, inv, "presence_penalty must be in [-2, 2]");
+    if (p->n_logit_bias > SESSION_LOGIT_BIAS_MAX)
+        return refuse_as(r, inv, "logit_bias has %zu tokens, at most %d", p->n_logit_bias,
+                         SESSION_LOGIT_BIAS_MAX);
+    for (size_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i]->token < 0 ||
+            !(p->logit_bias[i]->bias >= -100 && p->logit_bias[i]->bias <= 100))
+            return refuse_as(r, inv, "logit_bias: token %d: ids are >= 0, biases in [-100, 100]",
+                             p->logit_bias[i]->token);
     if (p->has_repeat_last_n && p->repeat_last_n < -1)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)

@@ -15,22 +15,33 @@
 
 #define PIECE_MAX 256
 
-/* Sampling settings: the request's, else the context's defaults, else the config's. */
+/* A generation's settings, merged from its layers. */
+typedef struct merged_params {
+    sampler_params sp;
+    int max_tokens;
+    const Llms__GenerationParams *stops; /* the layer whose stop strings apply, or NULL */
+    const Llms__GenerationParams *bias;  /* the layer whose logit_bias applies, or NULL */
+    unsigned speculate;
+} merged_params;
+
+/* Sampling settings: the request's, else the context's defaults, else the config's; a
+ * list (stop strings, logit_bias) comes whole from the last layer that has one. */
 static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
-                         const Llms__GenerationParams *req_p, sampler_params *sp,
-                         int *max_tokens, const Llms__GenerationParams **stops,
-                         unsigned *speculate)
+                         const Llms__GenerationParams *req_p, merged_params *m)
 {
-    sp->temperature = cfg->temperature;
-    sp->top_k = cfg->top_k;
-    sp->top_p = cfg->top_p;
-    sp->min_p = cfg->min_p;
-    sp->repeat_penalty = cfg->repeat_penalty;
-    sp->frequency_penalty = cfg->frequency_penalty;
-    sp->presence_penalty = cfg->presence_penalty;
-    sp->repeat_last_n = cfg->repeat_last_n;
-    sp->seed = SAMPLER_SEED_RANDOM;
-    *stops = NULL;
+    sampler_params *sp = &m->sp;
+    *sp = (sampler_params){
+        .temperature = cfg->temperature,
+        .top_k = cfg->top_k,
+        .top_p = cfg->top_p,
+        .min_p = cfg->min_p,
+        .repeat_penalty = cfg->repeat_penalty,
+        .frequency_penalty = cfg->frequency_penalty,
+        .presence_penalty = cfg->presence_penalty,
+        .repeat_last_n = cfg->repeat_last_n,
+        .seed = SAMPLER_SEED_RANDOM,
+    };
+    m->stops = m->bias = NULL;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -55,10 +66,12 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         if (p->has_seed)
             sp->seed = p->seed;
         if (p->n_stop > 0)
-            *stops = p;
+            m->stops = p;
+        if (p->n_logit_bias > 0)
+            m->bias = p;
     }
-    *max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
-    *speculate = spec_mode_of_params(cfg, layers, 2);
+    m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
+    m->speculate = spec_mode_of_params(cfg, layers, 2);
 }
 
 int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
@@ -107,10 +120,10 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     g->c = c;
     g->t_start = clock_mono_ns();
 
-    const Llms__GenerationParams *req_p, *stops_p;
-    sampler_params sp;
+    const Llms__GenerationParams *req_p;
+    merged_params mp;
+    sampler_bias *bias = NULL;
     bool templated;
-    unsigned speculate;
     if (c) {
         Llms__CallRequest *cr = j->req->call;
         templated = !(cr->has_raw && cr->raw);
@@ -121,7 +134,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->seq = &c->seq;
         g->n_base = c->n_tokens;
         g->limit = cfg->max_tokens_per_context;
-        merge_params(cfg, c->defaults, req_p, &sp, &g->max_gen, &stops_p, &speculate);
+        merge_params(cfg, c->defaults, req_p, &mp);
     } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
         kv_seq_init(&g->own_seq, gm->pool);
         g->seq = &g->own_seq;
@@ -145,7 +158,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
         templated = true;
         req_p = rag_params(g->rq);
-        merge_params(cfg, NULL, req_p, &sp, &g->max_gen, &stops_p, &speculate);
+        merge_params(cfg, NULL, req_p, &mp);
     } else {
         /* a Complete, or a graph node's prompt as a Complete of it would be */
         const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
@@ -164,8 +177,9 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
-        merge_params(cfg, node_p, req_p, &sp, &g->max_gen, &stops_p, &speculate);
+        merge_params(cfg, node_p, req_p, &mp);
     }
+    g->max_gen = mp.max_tokens;
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
     if (n_turn == 0) {
         err_set(err, "the prompt adds no tokens");
@@ -204,13 +218,13 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     }
     const char *stops[STOP_MAX];
     int n_stops = 0;
-    if (stops_p) {
-        if (stops_p->n_stop >= STOP_MAX) {
+    if (mp.stops) {
+        if (mp.stops->n_stop >= STOP_MAX) {
             err_set(err, "at most %d stop strings", STOP_MAX - 1);
             goto fail;
         }
-        for (size_t i = 0; i < stops_p->n_stop; i++)
-            stops[n_stops++] = stops_p->stop[i];
+        for (size_t i = 0; i < mp.stops->n_stop; i++)
+            stops[n_stops++] = mp.stops->stop[i];
     }
     /* The template's end of turn ends a reply even when the tokenizer does not mark
      * its token as end of generation. */
@@ -218,7 +232,20 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         stops[n_stops++] = chat_stop_text(gm->family);
     if (stop_init(&g->stop, stops, n_stops, err))
         goto fail;
-    g->smp = sampler_new(gm->n_vocab, &sp, err);
+    if (mp.bias) {
+        if (!(bias = malloc(sizeof *bias * mp.bias->n_logit_bias))) {
+            code = LLMS__ERROR_CODE__INTERNAL;
+            err_set(err, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < mp.bias->n_logit_bias; i++)
+            bias[i] = (sampler_bias){mp.bias->logit_bias[i]->token, mp.bias->logit_bias[i]->bias};
+        mp.sp.bias = bias;
+        mp.sp.n_bias = (int)mp.bias->n_logit_bias;
+    }
+    /* the sampler keeps a copy of the biases */
+    g->smp = sampler_new(gm->n_vocab, &mp.sp, err);
+    free(bias);
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;
@@ -227,8 +254,8 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                                                                               : g->limit));
     g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
     g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
-    if (!g->hist || !g->reply || (speculate &&
-                                       spec_gen_init(g, cfg, speculate,
+    if (!g->hist || !g->reply || (mp.speculate &&
+                                       spec_gen_init(g, cfg, mp.speculate,
                                                      gm == s->gm[0] ? s->drafter : NULL) < 0)) {
         err_set(err, "out of memory");
         goto fail;

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@ struct sampler {
     uint64_t rng[4];   /* xoshiro256** state */
     cand *cand;        /* (n_vocab) candidates of the current step */
     int32_t *count;    /* (n_vocab) all zero between calls; occurrences in the window */
+    sampler_bias *bias; /* (p.n_bias) the logit biases, owned (p.bias points here) */
 };
 
 sampler_params sampler_params_default(void)
@@ -121,6 +123,16 @@ static int check_params(int n_vocab, const sampler_params *p, char *err)
                        (double)p->presence_penalty);
     if (p->repeat_last_n < -1)
         return err_set(err, "sampler: repeat_last_n must be >= -1 (got %d)", p->repeat_last_n);
+    if (p->n_bias < 0 || (p->n_bias > 0 && !p->bias))
+        return err_set(err, "sampler: %d logit biases and no array", p->n_bias);
+    for (int i = 0; i < p->n_bias; i++) {
+        const sampler_bias *b = &p->bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return err_set(err, "sampler: logit_bias token %d is outside the vocabulary "
+                                "(0..%d)", b->token, n_vocab - 1);
+        if (isnan(b->bias) || b->bias == INFINITY)
+            return err_set(err, "sampler: logit_bias of token %d must be a number", b->token);
+    }
     return 0;
 }
 
@@ -136,13 +148,16 @@ sampler *sampler_new(int n_vocab, const sampler_params *p, char err[ERR_MAX])
     if (s) {
         s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
         s->count = calloc((size_t)n_vocab, sizeof *s->count);
+        if (p->n_bias > 0 && (s->bias = malloc(sizeof *s->bias * (size_t)p->n_bias)))
+            memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
     }
-    if (!s || !s->cand || !s->count) {
+    if (!s || !s->cand || !s->count || (p->n_bias > 0 && !s->bias)) {
         sampler_free(s);
         err_set(err, "sampler: out of memory for a vocabulary of %d", n_vocab);
         return NULL;
     }
     s->p = *p;
+    s->p.bias = s->bias;
     s->n_vocab = n_vocab;
     sampler_reset(s, p->seed);
     return s;
@@ -154,6 +169,7 @@ void sampler_free(sampler *s)
         return;
     free(s->cand);
     free(s->count);
+    free(s->bias);
     free(s);
 }
 
@@ -362,6 +378,8 @@ static int prepare(sampler *s, const float *logits, const int32_t *history, int 
         c[i].id = i;
         c[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
     }
+    for (int i = 0; i < s->p.n_bias; i++)
+        c[s->p.bias[i].token].logit += s->p.bias[i].bias;
     apply_penalty(s, history, n_history);
     *n_out = n;
     if (s->p.temperature <= 0.0f)

@@ -1,8 +1,8 @@
 /*
  * sampler.h — choosing the next token from a row of logits.
  *
- * The steps and their order follow llama.cpp's default chain: penalties over the recent
- * history (repetition, then OpenAI's frequency and presence) -> top-k -> top-p -> min-p -> temperature -> a draw from the
+ * The steps and their order follow llama.cpp's default chain: logit biases -> penalties
+ * over the recent history (repetition, then OpenAI's frequency and presence) -> top-k -> top-p -> min-p -> temperature -> a draw from the
  * softmax with the sampler's own seeded PRNG (xoshiro256**). Top-p and min-p therefore
  * see probabilities at temperature 1. A temperature <= 0 means greedy: the argmax after
  * the penalty (ties go to the lowest id).
@@ -20,6 +20,13 @@
 /* A seed that asks for a random one (taken from getrandom(), else the clock). */
 #define SAMPLER_SEED_RANDOM UINT64_MAX
 
+/* A number added to one token's logit before every other step (OpenAI's logit_bias; a
+ * large negative one bans the token). */
+typedef struct sampler_bias {
+    int32_t token; /* within the vocabulary */
+    float bias;    /* finite, or -INFINITY */
+} sampler_bias;
+
 typedef struct sampler_params {
     float temperature;    /* <= 0: greedy; otherwise logits are divided by it */
     int top_k;            /* keep the k most likely tokens; 0 disables */
@@ -31,6 +38,8 @@ typedef struct sampler_params {
     float frequency_penalty;
     float presence_penalty;
     int repeat_last_n;    /* tokens of history penalized (all three); 0 disables, -1 all */
+    const sampler_bias *bias; /* (n_bias) copied by sampler_new; one token's biases add up */
+    int n_bias;
     uint64_t seed;        /* SAMPLER_SEED_RANDOM for a random seed */
 } sampler_params;
 

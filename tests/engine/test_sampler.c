@@ -416,6 +416,60 @@ static void frequency_and_presence_penalties(void)
     sampler_free(s);
 }
 
+/* Logit biases come first (before the penalties), the sampler keeps its own copy, and
+ * one token's biases add up; -infinity bans a token. */
+static void logit_biases(void)
+{
+    enum { N = 5 };
+    float l[N] = {1.0f, 3.0f, 2.5f, -1.0f, 0.0f};
+    sampler_bias b[2] = {{1, -0.6f}, {4, 0.0f}};
+    sampler_params p = plain_params(1);
+    p.temperature = 0.0f;
+    p.bias = b;
+    p.n_bias = 2;
+    sampler *s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    b[0].bias = 0.0f; /* the sampler's copy is not the caller's array */
+    CHECK_EQ(sampler_sample(s, l, NULL, 0), 2); /* 3.0 - 0.6 < 2.5 */
+    sampler_free(s);
+    float close[N] = {2.45f, 3.0f, 2.3f, -1.0f, 0.0f};
+    b[0].bias = -0.4f;
+    p.n_bias = 1;
+    s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    CHECK_EQ(sampler_sample(s, close, NULL, 0), 1); /* 2.6 > 2.45 */
+    sampler_free(s);
+    b[1] = (sampler_bias){1, -0.2f}; /* token 1 twice: -0.6 in all */
+    p.n_bias = 2;
+    s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    CHECK_EQ(sampler_sample(s, close, NULL, 0), 0); /* 2.4 < 2.45 */
+    sampler_free(s);
+    b[0] = (sampler_bias){2, -INFINITY};
+    b[1] = (sampler_bias){1, -INFINITY};
+    s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    CHECK_EQ(sampler_sample(s, l, NULL, 0), 0);
+    p.temperature = 1.0f;
+    sampler_free(s);
+    s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    for (int i = 0; i < 200; i++) {
+        int32_t t = sampler_sample(s, l, NULL, 0);
+        CHECK_MSG(t != 1 && t != 2, "banned token %d drawn", t);
+    }
+    sampler_free(s);
+    char err[ERR_MAX];
+    b[0] = (sampler_bias){N, 1.0f};
+    CHECK(sampler_new(N, &p, err) == NULL);
+    CHECK_MSG(strstr(err, "vocabulary"), "%s", err);
+    b[0] = (sampler_bias){0, NAN};
+    CHECK(sampler_new(N, &p, err) == NULL);
+    CHECK_MSG(strstr(err, "logit_bias"), "%s", err);
+    p.bias = NULL;
+    CHECK(sampler_new(N, &p, err) == NULL);
+}
+
 static void invalid_params_are_rejected_with_messages(void)
 {
     char err[ERR_MAX];
@@ -659,6 +713,7 @@ int main(void)
     RUN(top_p_large_vocab_matches_brute_force);
     RUN(repetition_penalty_changes_argmax);
     RUN(frequency_and_presence_penalties);
+    RUN(logit_biases);
     RUN(invalid_params_are_rejected_with_messages);
     RUN(all_negative_infinity_still_gives_a_token);
     RUN(stop_string_split_across_pieces);

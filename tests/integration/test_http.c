@@ -8,6 +8,7 @@
  * Rerank needs a model with answer tokens: the trained stories260K of the shared test
  * data with fixed yes/no ids, so that test skips without it.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <grp.h>
 #include <poll.h>
@@ -232,6 +233,49 @@ static void frequency_and_presence_penalties_apply(void)
                   msg ? msg : "");
         json_object_put(o);
     }
+}
+
+/* OpenAI's logit_bias is applied (it was ignored): a greedy reply's first token, banned
+ * with -100, is not its first token any more; favoured with +100, a token the reply did
+ * not use comes first. */
+static void logit_bias_applies(void)
+{
+    NEED(daemon_up, start_daemon());
+    int st;
+    json_object *o = post("/v1/completions",
+                          "{\"prompt\":\"hello there\",\"max_tokens\":4,\"temperature\":0}", &st);
+    CHECK(o && st == 200);
+    char plain[256];
+    snprintf(plain, sizeof plain, "%s", httpc_jstr(o, "choices.0.text"));
+    json_object_put(o);
+    CHECK_MSG(!strncmp(plain, "tok", 3), "%s", plain);
+    int first = atoi(plain + 3);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"hello there\",\"max_tokens\":4,\"temperature\":0,"
+             "\"logit_bias\":{\"%d\":-100}}", first);
+    o = post("/v1/completions", body, &st);
+    CHECK(o && st == 200);
+    const char *banned = httpc_jstr(o, "choices.0.text");
+    char want[32];
+    snprintf(want, sizeof want, "tok%d", first);
+    CHECK_MSG(strncmp(banned, want, strlen(want)) != 0 || isdigit((unsigned char)banned[strlen(want)]),
+              "banned tok%d, got '%s'", first, banned);
+    json_object_put(o);
+    int favoured = first == 7 ? 8 : 7;
+    snprintf(body, sizeof body, "{\"prompt\":\"hello there\",\"max_tokens\":2,\"temperature\":0,"
+             "\"logit_bias\":{\"%d\":100}}", favoured);
+    o = post("/v1/completions", body, &st);
+    CHECK(o && st == 200);
+    snprintf(want, sizeof want, "tok%dtok%d", favoured, favoured);
+    CHECK_MSG(!strcmp(httpc_jstr(o, "choices.0.text"), want), "favoured tok%d, got '%s'",
+              favoured, httpc_jstr(o, "choices.0.text"));
+    json_object_put(o);
+    /* an id outside the vocabulary of 300 */
+    o = post("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"logit_bias\":{\"300\":1}}",
+             &st);
+    const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+    CHECK_MSG(st == 400 && msg && strstr(msg, "vocabulary"), "%d %s", st, msg ? msg : "");
+    json_object_put(o);
 }
 
 static void completion_matches_native(void)
@@ -601,6 +645,10 @@ static void unhonoured_fields_are_refused(void)
         {"/v1/completions", "\"logprobs\":0", "logprobs"},
         {"/v1/completions", "\"logprobs\":5", "logprobs"},
         {"/v1/completions", "\"echo\":true", "echo"},
+        {"/v1/completions", "\"suffix\":\" the end\"", "suffix"},
+        {"/v1/completions", "\"best_of\":3", "best_of"},
+        {"/v1/completions", "\"logit_bias\":{\"abc\":1}", "logit_bias"},
+        {"/v1/completions", "\"logit_bias\":{\"5\":101}", "logit_bias"},
     };
     static const char *const accepted[] = {
         "\"logprobs\":false", "\"logprobs\":null", "\"tools\":[]", "\"tools\":null",
@@ -608,6 +656,7 @@ static void unhonoured_fields_are_refused(void)
         "\"echo\":false", "\"user\":\"u-1\"", "\"seed\":7", "\"n\":1", "\"presence_penalty\":0",
         "\"frequency_penalty\":0", "\"logit_bias\":{}", "\"parallel_tool_calls\":true",
         "\"metadata\":{\"k\":\"v\"}", "\"store\":false", "\"tool_choice\":\"none\"",
+        "\"suffix\":\"\"", "\"suffix\":null", "\"best_of\":1",
     };
     char body[512];
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
@@ -1214,6 +1263,7 @@ int main(int argc, char **argv)
     RUN(text_parts_join_with_newlines);
     RUN(completion_matches_native);
     RUN(frequency_and_presence_penalties_apply);
+    RUN(logit_bias_applies);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
