@@ -18,6 +18,9 @@
 Every failure raises LlmsError, whose .status is the library's status code
 (LLMS_ERR_*, e.g. 2 = NOT_FOUND) and .status_name its name.
 
+Threads may share a Client: its calls take turns on its connection. Client says what a
+thread may not do meanwhile.
+
 No build step and no third-party packages. The library is loaded at the first call,
 from the first of these that loads:
 
@@ -34,6 +37,7 @@ The current directory is never searched. When none loads, LibraryNotFoundError (
 OSError) names every path tried and why it failed. library_path() says which was loaded.
 """
 
+import contextlib
 import ctypes
 import glob
 import json
@@ -563,11 +567,29 @@ _RAG = _Outcome(_RagResult, _rag_result, "llms_rag_result_free")
 
 class Client:
     """One connection to llmsd, bound to an app (None: as connect() says); .app is the
-    name bound. Not for use by two threads at once."""
+    name bound. Threads may share it: its calls take turns on the connection, each
+    waiting while another thread's call runs (a streamed call until the daemon has sent
+    its whole reply, not until it is read). A thread may not call it from a callback of
+    one of its calls (progress, on_event), nor while a streamed reply that thread
+    started is unfinished: LlmsError FAILED_PRECONDITION at once, where waiting would
+    be on the thread itself; use a second Client. last_result is the last call's, of
+    whichever thread."""
 
     def __init__(self, socket_path=None, app=None):
-        # The streams of this connection, whose running calls close() must end first.
+        # The connection carries one call at a time and the library does not lock it:
+        # _lock is held for a call's whole exchange, so that threads sharing the client
+        # take turns instead of reading each other's frames.
+        self._lock = threading.Lock()
+        # The thread whose call holds _lock, while that call's callbacks may run on it:
+        # a call it makes comes from one of them (a streamed call, on a thread of its
+        # own, runs none).
+        self._caller = None
+        # The streams of this connection, whose running calls close() must end first
+        # and whose readers may not call meanwhile; _guard keeps the set whole while
+        # threads add to it and look through it.
         self._streams = weakref.WeakSet()
+        self._guard = threading.Lock()
+        self._closed = False
         lib = _api()
         self._conn = ctypes.c_void_p()
         err = ctypes.create_string_buffer(LLMS_ERROR_MAX)
@@ -580,26 +602,74 @@ class Client:
         self.last_result = None
 
     def _live(self):
-        """The connection's handle; ValueError once closed (the library would be handed
-        NULL, and crash on it)."""
-        if not self._conn:
+        """The connection's handle; ValueError once close() has begun (the library would
+        be handed NULL, and crash on it), also for a call that waited for its turn."""
+        if self._closed:
             raise ValueError("llmsclient: the client is closed")
         return self._conn
 
     def _check(self, rc):
+        """LlmsError for a failed status, with the library's message: called in the
+        call's turn, before another thread's call replaces that message."""
         if rc != 0:
             msg = _api().llms_last_error(self._conn) if self._conn else b""
             raise LlmsError(rc, (msg or b"").decode("utf-8", "replace"))
 
+    def _refuse_own_wait(self):
+        """FAILED_PRECONDITION, before any wait, for a call this thread may not make now.
+        From a callback: the call running it holds the connection until the callback
+        returns, so the wait would never end. With a streamed reply this thread started
+        and has not finished: that call goes first, and this thread would wait for it in
+        place of reading it; refused whether or not its call has ended yet, so that the
+        same code does the same thing whatever the timing."""
+        me = threading.current_thread()
+        if self._caller is me:
+            raise LlmsError(5, "llmsclient: a callback may not call the client whose call "
+                               "runs it; use a second Client")
+        with self._guard:
+            reading = any(s._owner is me and not s._done for s in self._streams)
+        if reading:
+            raise LlmsError(5, "llmsclient: a streamed reply this thread started on this "
+                               "client is unfinished: read it to its end or close() it "
+                               "first, or use a second Client")
+
+    @contextlib.contextmanager
+    def _using(self):
+        """The connection, this thread's for one call: waits for the turn of any other
+        thread's call."""
+        self._live()
+        self._refuse_own_wait()
+        with self._lock:
+            self._caller = threading.current_thread()
+            try:
+                yield self._live()
+            finally:
+                self._caller = None
+
+    def _call(self, fn, *args):
+        """fn(connection, *args), a library call returning a status, in this thread's
+        turn; LlmsError when it fails."""
+        with self._using() as conn:
+            self._check(fn(conn, *args))
+
     def close(self):
-        """Closes the connection, first cancelling the calls of its streams still running
-        (they read it); every later call raises ValueError."""
-        for stream in list(self._streams):
+        """Closes the connection: cancels the calls of its streams still running (they
+        read it) and waits for a call another thread is making to end; every later
+        call, and every call still waiting for its turn, raises ValueError. A callback
+        may not close the client whose call runs it (FAILED_PRECONDITION)."""
+        if self._caller is threading.current_thread():
+            raise LlmsError(5, "llmsclient: a callback may not close the client whose call "
+                               "runs it")
+        self._closed = True
+        with self._guard:
+            streams = list(self._streams)
+        for stream in streams:
             if stream._thread.is_alive():
                 stream.close()
-        if self._conn:
-            _api().llms_close(self._conn)
-            self._conn = None
+        with self._lock:
+            if self._conn:
+                _api().llms_close(self._conn)
+                self._conn = None
 
     def __enter__(self):
         return self
@@ -615,24 +685,28 @@ class Client:
 
     def set_timeout(self, ms):
         """A deadline in milliseconds for every later request (0: none)."""
-        _api().llms_set_timeout(self._live(), ms)
+        with self._using() as conn:
+            _api().llms_set_timeout(conn, ms)
 
     def _reply(self, call, stream, outcome):
-        """Runs call(on_text, result) returning a status: with stream an iterator of the
-        reply's pieces, else the reply as outcome converts it; last_result either way."""
+        """Runs call(connection, on_text, result) returning a status: with stream an
+        iterator of the reply's pieces, else the reply as outcome converts it;
+        last_result either way."""
         if stream:
             self._live()
+            self._refuse_own_wait()
             s = _Stream(self, call, outcome)
-            self._streams.add(s)
+            with self._guard:
+                self._streams.add(s)
             return s
         res = outcome.struct()
-        rc = call(_TOKEN_CB(0), ctypes.byref(res))
         try:
-            self._check(rc)
-            self.last_result = outcome.convert(res)
+            with self._using() as conn:
+                self._check(call(conn, _TOKEN_CB(0), ctypes.byref(res)))
+                reply = self.last_result = outcome.convert(res)
         finally:
             getattr(_api(), outcome.free)(ctypes.byref(res))
-        return self.last_result
+        return reply
 
     def _generate(self, call, stream):
         """The reply's text, or with stream an iterator of its pieces."""
@@ -645,8 +719,8 @@ class Client:
         chat: wrap the prompt as a user message (after system) in the chat template."""
         p, keep = _params(max_tokens=max_tokens, temperature=temperature, **params)
 
-        def call(cb, res):
-            return _api().llms_complete(self._live(), _b(prompt), _b(system) if system else None,
+        def call(conn, cb, res):
+            return _api().llms_complete(conn, _b(prompt), _b(system) if system else None,
                                         1 if chat or system else 0, ctypes.byref(p), cb, None,
                                         res)
         call.keep = keep
@@ -657,8 +731,8 @@ class Client:
         generate model of the daemon's registry by name)."""
         p, keep = _params(**defaults)
         cid = ctypes.create_string_buffer(LLMS_ID_MAX)
-        self._check(_api().llms_context_create(self._live(), _b(system) if system else None,
-                                               ctypes.byref(p), cid))
+        self._call(_api().llms_context_create, _b(system) if system else None,
+                   ctypes.byref(p), cid)
         del keep
         return Context(self, cid.value.decode())
 
@@ -678,9 +752,8 @@ class Client:
             texts = [texts]
         arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
         e = _Embeddings()
-        self._check(_api().llms_embed_model(self._live(), _b(model) if model else None, arr,
-                                            len(texts),
-                                            poolings[pooling], ctypes.byref(e)))
+        self._call(_api().llms_embed_model, _b(model) if model else None, arr, len(texts),
+                   poolings[pooling], ctypes.byref(e))
         try:
             d = e.dim
             return [[e.values[i * d + j] for j in range(d)] for i in range(e.n)]
@@ -698,8 +771,8 @@ class Client:
         o.top_k = k
         o.mode = 1 if ordered else 0
         r = _RerankResult()
-        self._check(_api().llms_rerank(self._live(), _b(query), arr, len(documents),
-                                       ctypes.byref(o), ctypes.byref(r)))
+        self._call(_api().llms_rerank, _b(query), arr, len(documents), ctypes.byref(o),
+                   ctypes.byref(r))
         try:
             return [RerankHit(r.hits[i].index,
                               None if math.isnan(r.hits[i].score) else r.hits[i].score)
@@ -717,11 +790,11 @@ class Client:
         it exists."""
         o = _KbOptions(passage_tokens, overlap_tokens, 1 if share_uid else 0,
                        _b(embed_model) if embed_model else None)
-        self._check(_api().llms_kb_create_opts(self._live(), _b(name), ctypes.byref(o)))
+        self._call(_api().llms_kb_create_opts, _b(name), ctypes.byref(o))
 
     def kb_drop(self, name):
         """Deletes knowledge base name with its documents and cached answers."""
-        self._check(_api().llms_kb_drop(self._live(), _b(name)))
+        self._call(_api().llms_kb_drop, _b(name))
 
     def kb_add(self, kb, documents, progress=None):
         """Adds documents, visible together and durable once this returns (none of them
@@ -746,11 +819,12 @@ class Client:
                 raised.append(e)
                 return 1
         cb = _KB_PROGRESS_CB(heard) if progress else _KB_PROGRESS_CB(0)
-        rc = _api().llms_kb_add_progress(self._live(), _b(kb), docs, len(items), cb, None,
-                                         ctypes.byref(passages))
-        if raised:
-            raise raised[0]
-        self._check(rc)
+        with self._using() as conn:
+            rc = _api().llms_kb_add_progress(conn, _b(kb), docs, len(items), cb, None,
+                                             ctypes.byref(passages))
+            if raised:
+                raise raised[0]
+            self._check(rc)
         return passages.value
 
     def kb_remove(self, kb, ids):
@@ -758,14 +832,13 @@ class Client:
         ids = [ids] if isinstance(ids, (str, bytes)) else list(ids)
         arr = (ctypes.c_char_p * len(ids))(*[_b(i) for i in ids])
         removed = ctypes.c_uint32()
-        self._check(_api().llms_kb_remove(self._live(), _b(kb), arr, len(ids),
-                                          ctypes.byref(removed)))
+        self._call(_api().llms_kb_remove, _b(kb), arr, len(ids), ctypes.byref(removed))
         return removed.value
 
     def kb_list(self):
         """The app's knowledge bases by name: [KbInfo]."""
         kbs, n = ctypes.POINTER(_KbInfo)(), ctypes.c_size_t()
-        self._check(_api().llms_kb_list(self._live(), ctypes.byref(kbs), ctypes.byref(n)))
+        self._call(_api().llms_kb_list, ctypes.byref(kbs), ctypes.byref(n))
         try:
             return [KbInfo(_s(k.name), k.documents, k.passages, k.bytes, k.passage_tokens,
                            k.overlap_tokens, k.qa_entries, bool(k.share_uid),
@@ -778,9 +851,8 @@ class Client:
         """The k best passages of kb for query (0: the daemon's rag_top_k), best first:
         [KbHit]. retrieval: one of RETRIEVALS."""
         hits, n = ctypes.POINTER(_KbHit)(), ctypes.c_size_t()
-        self._check(_api().llms_kb_search(self._live(), _b(kb), _b(query), k,
-                                          _retrieval(retrieval), ctypes.byref(hits),
-                                          ctypes.byref(n)))
+        self._call(_api().llms_kb_search, _b(kb), _b(query), k, _retrieval(retrieval),
+                   ctypes.byref(hits), ctypes.byref(n))
         try:
             return _hits(hits, n.value)
         finally:
@@ -800,9 +872,9 @@ class Client:
         o = _RagOptions(top_k, _retrieval(retrieval), _b(system) if system else None,
                         ctypes.pointer(p), int(no_qa), int(no_qkv), int(share_system_uid))
 
-        def call(cb, res):
-            return _api().llms_rag_query(self._live(), _b(kb), _b(question), ctypes.byref(o),
-                                         cb, None, res)
+        def call(conn, cb, res):
+            return _api().llms_rag_query(conn, _b(kb), _b(question), ctypes.byref(o), cb,
+                                         None, res)
         call.keep = keep
         return self._reply(call, stream, _RAG)
 
@@ -821,16 +893,16 @@ class Client:
         the app has a graph of that name or it is a built-in's."""
         keep = []
         d = _graph_def(graph, keep)
-        self._check(_api().llms_graph_create(self._live(), _b(name), ctypes.byref(d)))
+        self._call(_api().llms_graph_create, _b(name), ctypes.byref(d))
 
     def graph_delete(self, name):
         """Deletes the app's graph name."""
-        self._check(_api().llms_graph_delete(self._live(), _b(name)))
+        self._call(_api().llms_graph_delete, _b(name))
 
     def graph_list(self):
         """The built-in templates, then the app's graphs by name: [GraphInfo]."""
         graphs, n = ctypes.POINTER(_GraphInfo)(), ctypes.c_size_t()
-        self._check(_api().llms_graph_list(self._live(), ctypes.byref(graphs), ctypes.byref(n)))
+        self._call(_api().llms_graph_list, ctypes.byref(graphs), ctypes.byref(n))
         try:
             return [GraphInfo(_s(g.name), bool(g.builtin),
                               [_s(i) for i in g.inputs[:g.n_inputs]], g.n_nodes, g.n_edges,
@@ -861,13 +933,15 @@ class Client:
         cb = _GRAPH_EVENT_CB(heard) if on_event else _GRAPH_EVENT_CB(0)
         spec = 0 if speculate is None else 1 if speculate else 2
         r = _GraphResult()
-        rc = _api().llms_graph_run_speculate(self._live(), _b(graph), vars_, len(names),
-                                             ctypes.byref(p), spec, cb, None, ctypes.byref(r))
-        del keep
         try:
-            if raised:
-                raise raised[0]
-            self._check(rc)
+            with self._using() as conn:
+                rc = _api().llms_graph_run_speculate(conn, _b(graph), vars_, len(names),
+                                                     ctypes.byref(p), spec, cb, None,
+                                                     ctypes.byref(r))
+                del keep
+                if raised:
+                    raise raised[0]
+                self._check(rc)
             return _graph_result(r)
         finally:
             _api().llms_graph_result_free(ctypes.byref(r))
@@ -875,9 +949,11 @@ class Client:
 
 class _Stream:
     """The pieces of a streamed reply. The blocking call runs on a thread of its own and
-    hands pieces over a queue. Closing the iterator early, or dropping it unfinished (a
-    break out of a for loop, an exception through one), cancels the call and waits for
-    it to end, so that the connection is free for the next."""
+    hands pieces over a queue; it holds the client's connection until the call ends,
+    not until the pieces are read. Closing the iterator early, or dropping it
+    unfinished (a break out of a for loop, an exception through one), cancels the call
+    and waits for it to end, so that the connection is free for the next. Until then
+    the thread that started it (_owner) may not call the client (_refuse_own_wait)."""
 
     _END = object()
 
@@ -886,6 +962,7 @@ class _Stream:
         # while the call runs; failure gets what the call raised or returned.
         q, stop, failure = queue.Queue(), threading.Event(), []
         self._q, self._stop, self._failure, self._done = q, stop, failure, False
+        self._owner = threading.current_thread()
 
         def on_text(text, n, user):
             q.put(ctypes.string_at(text, n).decode("utf-8", "replace"))
@@ -895,10 +972,14 @@ class _Stream:
         def run():
             res = outcome.struct()
             try:
-                rc = call(cb, ctypes.byref(res))
-                if not (rc == 6 and stop.is_set()):
-                    client._check(rc)
-                    client.last_result = outcome.convert(res)
+                with client._lock:
+                    # Cancelled (closed, or its client closed) while it waited for its
+                    # turn: it never starts.
+                    if not stop.is_set():
+                        rc = call(client._live(), cb, ctypes.byref(res))
+                        if not (rc == 6 and stop.is_set()):
+                            client._check(rc)
+                            client.last_result = outcome.convert(res)
             except BaseException as e:
                 failure.append(e)
             finally:
@@ -952,14 +1033,14 @@ class Context:
         p, keep = _params(max_tokens=max_tokens, temperature=temperature, **params)
         c = self.client
 
-        def call(cb, res):
-            return _api().llms_call(c._live(), _b(self.id), _b(prompt), ctypes.byref(p), cb,
-                                    None, res)
+        def call(conn, cb, res):
+            return _api().llms_call(conn, _b(self.id), _b(prompt), ctypes.byref(p), cb, None,
+                                    res)
         call.keep = keep
         return c._generate(call, stream)
 
     def delete(self):
-        self.client._check(_api().llms_context_delete(self.client._live(), _b(self.id)))
+        self.client._call(_api().llms_context_delete, _b(self.id))
 
 
 def connect(socket_path=None, app=None):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -173,6 +174,160 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(llmsclient.LlmsError) as e:
             llmsclient.connect(socket_path="/nonexistent/llmsd.sock")
         self.assertEqual(e.exception.status, 100)
+
+
+def on_threads(test, calls, seconds=30):
+    """Runs each of calls on a thread of its own; what each returned or raised, in order.
+    Fails the test when one has not ended after seconds (a hang is a failure, not a wait
+    for ever)."""
+    got = [None] * len(calls)
+
+    def run(i):
+        try:
+            got[i] = ("ok", calls[i]())
+        except BaseException as e:
+            got[i] = ("raised", e)
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(0, deadline - time.monotonic()))
+    test.assertFalse([t for t in threads if t.is_alive()], "a call hung")
+    return got
+
+
+class SharedClientTest(unittest.TestCase):
+    """One Client used by several threads: web handlers and thread pools share one. Its
+    calls took turns on the connection only by chance, and otherwise read each other's
+    frames: LlmsError PROTOCOL "undecodable frame", a call that hung, or a crash."""
+
+    def setUp(self):
+        self.c = llmsclient.connect(app="pytest")
+
+    def tearDown(self):
+        # Guarded too: a connection out of step can hang close() as well.
+        on_threads(self, [self.c.close], 20)
+
+    def test_threads_share_one_client(self):
+        prompts = ["one two three %d" % i for i in range(8)]
+        want = {p: (self.c.complete(p, max_tokens=4, temperature=0), self.c.embed(p))
+                for p in prompts}
+
+        def calls(p):
+            return [(self.c.complete(p, max_tokens=4, temperature=0), self.c.embed(p))
+                    for _ in range(15)]
+        got = on_threads(self, [lambda p=p: calls(p) for p in prompts])
+        for p, (how, value) in zip(prompts, got):
+            self.assertEqual(how, "ok", value)
+            self.assertEqual(value, [want[p]] * 15)
+
+    def refused(self, call):
+        """The message of the FAILED_PRECONDITION call raises."""
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            call()
+        self.assertEqual(e.exception.status_name, "FAILED_PRECONDITION")
+        return str(e.exception)
+
+    def test_a_call_from_the_thread_reading_a_stream_is_refused(self):
+        # The thread that started a stream and has not finished it calls the client: the
+        # call met the stream's on the connection (PROTOCOL, or a hang). It is refused at
+        # once, every time: waiting would hold the thread up for the whole of a call it
+        # has yet to read, and only while that call still ran.
+        whole = self.c.complete("go on", max_tokens=40, temperature=0)
+
+        def reader():
+            it = self.c.complete("go on", stream=True, max_tokens=40, temperature=0)
+            first = next(it)
+            started = time.monotonic()
+            messages = [self.refused(call) for call in (
+                lambda: self.c.complete("x", max_tokens=2), lambda: self.c.embed("x"),
+                lambda: self.c.complete("x", stream=True, max_tokens=2),
+                lambda: self.c.context("0" * 32).call("x", max_tokens=2))]
+            self.assertLess(time.monotonic() - started, 5, "refused only after a wait")
+            # The stream goes on, whole, and once read the client takes calls again.
+            text = first + "".join(it)
+            after = self.c.complete("x", max_tokens=2)
+            # So does one closed early.
+            it = self.c.complete("go on", stream=True, max_tokens=40, temperature=0)
+            next(it)
+            self.refused(lambda: self.c.embed("x"))
+            it.close()
+            return messages, text, after, self.c.embed("x")
+        [(how, value)] = on_threads(self, [reader])
+        self.assertEqual(how, "ok", value)
+        messages, text, after, vector = value
+        for m in messages:
+            self.assertIn("stream", m)
+            self.assertIn("second Client", m)
+        self.assertEqual(text, whole)
+        self.assertIsInstance(after, str)
+        self.assertEqual(len(vector), 1)
+
+    def test_a_callback_calling_its_client_is_refused(self):
+        # The call whose callback this is holds the client: waiting for its turn would
+        # never end. (The library refuses the call too, but only once it is made.)
+        self.c.kb_create("threads")
+        try:
+            [(how, value)] = on_threads(self, [lambda: self.refused(lambda: self.c.kb_add(
+                "threads", {"d": "A note."}, progress=lambda p: self.c.embed("x")))], 20)
+            self.assertEqual(how, "ok", value)
+            self.assertIn("second Client", value)
+            # The client takes the next call.
+            self.assertEqual(len(self.c.embed("x")), 1)
+        finally:
+            self.c.kb_drop("threads")
+
+    def test_calls_from_other_threads_wait_for_a_stream(self):
+        # Other threads' calls while a thread reads streams take their turns after each
+        # stream's call: they met it on the connection, and hung.
+        whole = self.c.complete("go on", max_tokens=200, temperature=0)
+        want = self.c.complete("one two three", max_tokens=4, temperature=0)
+
+        def streams():
+            return ["".join(self.c.complete("go on", stream=True, max_tokens=200,
+                                            temperature=0)) for _ in range(10)]
+
+        def calls():
+            return [self.c.complete("one two three", max_tokens=4, temperature=0)
+                    for _ in range(20)]
+        got = on_threads(self, [streams] + [calls] * 4)
+        for how, value in got:
+            self.assertEqual(how, "ok", value)
+        self.assertEqual(got[0][1], [whole] * 10)
+        self.assertEqual([v for _, v in got[1:]], [[want] * 20] * 4)
+
+    def test_closing_while_other_threads_call(self):
+        # In a fresh interpreter: close() freed the connection under the calls of other
+        # threads, which went on reading it (a hang, or SIGSEGV). Their calls now end (a
+        # stream's is cancelled) and later ones raise ValueError.
+        code = ("import threading, time, llmsclient\n"
+                "c = llmsclient.connect(app='pytest')\n"
+                "ended = []\n"
+                "def calls():\n"
+                "    try:\n"
+                "        while True:\n"
+                "            c.complete('one two three', max_tokens=8)\n"
+                "    except ValueError as e:\n"
+                "        ended.append(str(e))\n"
+                "def stream():\n"
+                "    for _ in c.complete('go on', stream=True, max_tokens=450):\n"
+                "        time.sleep(0.01)\n"
+                "    ended.append('stream')\n"
+                "threads = [threading.Thread(target=f) for f in [calls] * 4 + [stream]]\n"
+                "for t in threads:\n"
+                "    t.start()\n"
+                "time.sleep(0.3)\n"
+                "c.close()\n"
+                "for t in threads:\n"
+                "    t.join(30)\n"
+                "print(sorted(ended))\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, str(["llmsclient: the client is closed"] * 4 + ["stream"])
+                         + "\n")
 
 
 class KbTest(unittest.TestCase):
