@@ -1,5 +1,6 @@
 /* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
- * that parse as JSON go through the sampling fields (read_params), a chat's messages
+ * that parse as JSON go through the sampling fields (read_params, read_logit_bias,
+ * refuse_unhonoured), a chat's messages
  * rendered with a template family (render_chat, message_content), and the last message
  * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port. Those
  * functions are static, so this file includes openai.c itself; a refusal must come with a
@@ -30,6 +31,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t i = 0; i < gp.n_stop; i++)
             if (!stops[i])
                 abort();
+        hreq hr = {.body = body};
+        msg[0] = '\0';
+        if (read_logit_bias(&hr, &gp, msg, sizeof msg) < 0 && !msg[0])
+            abort();
+        for (size_t i = 0; i < gp.n_logit_bias; i++)
+            if (gp.logit_bias[i]->token < 0)
+                abort();
+        free(hr.bias);
+        free(hr.bias_ptrs);
+        msg[0] = '\0';
+        if (refuse_unhonoured(body, msg, sizeof msg) < 0 && !msg[0])
+            abort();
         json_object *msgs;
         msg[0] = '\0';
         if (field(body, "messages", json_type_array, &msgs, msg, sizeof msg) == 1 &&
