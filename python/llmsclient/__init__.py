@@ -431,6 +431,15 @@ def _b(s):
     return b
 
 
+def _u32(name, v):
+    """v as the library's uint32 count: ctypes would wrap a negative or too large one
+    silently (a k of -1 asking for 4294967295 hits)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0xFFFFFFFF:
+        raise ValueError("llmsclient: %s must be an integer in [0, 4294967295], not %r"
+                         % (name, v))
+    return v
+
+
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None):
     """A llms_params with the given fields set; keeps the stop strings alive.
@@ -526,7 +535,7 @@ def _graph_node(node, keep):
     keep.append(text)
     return _GraphNode(text["name"], 1 if node["kind"] == "retrieve" else 0, text["output"],
                       text["prompt"], params, int(bool(node.get("chat"))), text["kb"],
-                      text["query"], node.get("top_k", 0),
+                      text["query"], _u32("top_k", node.get("top_k", 0)),
                       _retrieval(node.get("retrieval", "rrf")))
 
 
@@ -685,6 +694,7 @@ class Client:
 
     def set_timeout(self, ms):
         """A deadline in milliseconds for every later request (0: none)."""
+        ms = _u32("ms", ms)
         with self._using() as conn:
             _api().llms_set_timeout(conn, ms)
 
@@ -756,7 +766,8 @@ class Client:
                    poolings[pooling], ctypes.byref(e))
         try:
             d = e.dim
-            return [[e.values[i * d + j] for j in range(d)] for i in range(e.n)]
+            flat = e.values[:e.n * d]  # one copy in C, not a ctypes index per float
+            return [flat[i * d:(i + 1) * d] for i in range(e.n)]
         finally:
             _api().llms_embeddings_free(ctypes.byref(e))
 
@@ -768,7 +779,7 @@ class Client:
         _api().llms_rerank_options_init(ctypes.byref(o))
         model_b = _b(model) if model else None
         o.model = model_b
-        o.top_k = k
+        o.top_k = _u32("k", k)
         o.mode = 1 if ordered else 0
         r = _RerankResult()
         self._call(_api().llms_rerank, _b(query), arr, len(documents), ctypes.byref(o),
@@ -851,7 +862,7 @@ class Client:
         """The k best passages of kb for query (0: the daemon's rag_top_k), best first:
         [KbHit]. retrieval: one of RETRIEVALS."""
         hits, n = ctypes.POINTER(_KbHit)(), ctypes.c_size_t()
-        self._call(_api().llms_kb_search, _b(kb), _b(query), k, _retrieval(retrieval),
+        self._call(_api().llms_kb_search, _b(kb), _b(query), _u32("k", k), _retrieval(retrieval),
                    ctypes.byref(hits), ctypes.byref(n))
         try:
             return _hits(hits, n.value)
@@ -869,7 +880,7 @@ class Client:
         share_system_uid: the system prompt's cached KV is shared with your uid's other apps
         that ask so."""
         p, keep = _sampling(dict(params, max_tokens=max_tokens, temperature=temperature))
-        o = _RagOptions(top_k, _retrieval(retrieval), _b(system) if system else None,
+        o = _RagOptions(_u32("top_k", top_k), _retrieval(retrieval), _b(system) if system else None,
                         ctypes.pointer(p), int(no_qa), int(no_qkv), int(share_system_uid))
 
         def call(conn, cb, res):

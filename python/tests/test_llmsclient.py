@@ -145,6 +145,19 @@ class ClientTest(unittest.TestCase):
             self.assertAlmostEqual(math.sqrt(sum(x * x for x in row)), 1.0, places=4)
         self.assertEqual(self.c.embed("first"), v[:1])
 
+    def test_counts_are_not_wrapped(self):
+        # ctypes turned -1 into 4294967295: a k asking for every hit, a timeout of 49 days
+        calls = [lambda: self.c.rerank("cat", ["a cat"], k=-1),
+                 lambda: self.c.kb_search("notes", "q", k=-1),
+                 lambda: self.c.rag("notes", "q", top_k=-2),
+                 lambda: self.c.set_timeout(-5),
+                 lambda: self.c.set_timeout(2 ** 32),
+                 lambda: self.c.rerank("cat", ["a cat"], k=1.5)]
+        for call in calls:
+            with self.assertRaisesRegex(ValueError, "integer in"):
+                call()
+        self.c.set_timeout(0)
+
     def test_rerank(self):
         docs = ["a cat", "a dog", "cats and dogs", "nothing"]
         hits = self.c.rerank("cat", docs, k=2)
