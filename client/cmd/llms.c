@@ -1036,9 +1036,12 @@ static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p,
     printf("%-24s %-8s %5s %5s %9s  %s\n", "NAME", "KIND", "NODES", "EDGES", "MAX_STEPS",
            "INPUTS -> OUTPUT");
     for (size_t i = 0; i < n; i++) {
-        printf("%-24s %-8s %5zu %5zu %9" PRIu32 "  ", gs[i].name,
-               gs[i].builtin ? "built-in" : "app", gs[i].n_nodes, gs[i].n_edges,
-               gs[i].max_steps);
+        /* 0 is no cap of its own: an acyclic graph runs each node at most once */
+        char steps[16] = "-";
+        if (gs[i].max_steps)
+            snprintf(steps, sizeof steps, "%" PRIu32, gs[i].max_steps);
+        printf("%-24s %-8s %5zu %5zu %9s  ", gs[i].name, gs[i].builtin ? "built-in" : "app",
+               gs[i].n_nodes, gs[i].n_edges, steps);
         for (size_t k = 0; k < gs[i].n_inputs; k++)
             printf("%s%s", k ? "," : "", gs[i].inputs[k]);
         printf(" -> %s\n", gs[i].output);

@@ -873,6 +873,23 @@ static void double_dash_ends_options(void)
     CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 2);
 }
 
+/* graph ls lists the built-in templates, their cap "-" (they are acyclic: no cap of
+ * their own, each node runs once), where it printed 0 as if they could run no step. */
+static void graph_ls_lists_the_builtins(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[8192], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' graph ls", llms_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_MSG(strstr(out, "MAX_STEPS"), "%s", out);
+    const char *line = strstr(out, "\nhyde ");
+    CHECK_MSG(line, "%s", out);
+    char name[32], kind[16], steps[16];
+    int nodes, edges;
+    CHECK_EQ(sscanf(line, " %31s %15s %d %d %15s", name, kind, &nodes, &edges, steps), 5);
+    CHECK_MSG(!strcmp(kind, "built-in") && !strcmp(steps, "-"), "%.80s", line);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -914,6 +931,7 @@ int main(int argc, char **argv)
     RUN(kb_add_refuses_one_id_twice);
     RUN(closed_stdout_or_stderr);
     RUN(double_dash_ends_options);
+    RUN(graph_ls_lists_the_builtins);
     RUN(llmsctl_reports);
     RUN(streamed_text_is_valid_utf8);
     RUN(bad_usage_fails);
