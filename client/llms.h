@@ -116,7 +116,10 @@ const char *llms_memory_name(enum llms_memory m);
 /*
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
- * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET.
+ * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The protocol
+ * has three settings more, frequency_penalty, presence_penalty and logit_bias (the HTTP
+ * gateway takes them, and the daemon's settings give the first two defaults): a field
+ * more here would change this struct's layout, which waits for the next soname.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
