@@ -782,10 +782,11 @@ static bool gw_head(void *arg, httpwire_conn *wc)
                           (int)(plen > 200 ? 200 : plen), uri);
         return false;
     }
-    if (strcmp(method, get ? "GET" : "POST") != 0) {
-        httpwire_add_header(wc, "Allow", get ? "GET" : "POST");
+    /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
+    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") : strcmp(method, "POST")) {
+        httpwire_add_header(wc, "Allow", get ? "GET, HEAD" : "POST");
         openai_send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
-                          "%s takes %s", route_path[r], get ? "GET" : "POST");
+                          "%s takes %s", route_path[r], get ? "GET or HEAD" : "POST");
         return false;
     }
     if (h->shutting || h->worker_done) {

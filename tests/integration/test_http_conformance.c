@@ -1,0 +1,213 @@
+/*
+ * The HTTP gateway's conformance with HTTP and the OpenAI API where clients other than
+ * the SDKs' happy paths look: the exact shape of a chat stream (what every chunk
+ * carries, the role first, the empty final delta, the usage chunk) and HEAD where GET
+ * is served (health checks such as `wget --spider`).
+ */
+#include <arpa/inet.h>
+#include <json-c/json.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "engine/gguf/modelgen.h"
+#include "engine/quant/quant.h"
+#include "tests/integration/httpc.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+#define TOKEN "conformance-token-0123456789"
+#define AUTH "Authorization: Bearer " TOKEN "\r\n"
+
+static char llmsd_path[1024], model_path[1024];
+static llmsd_proc d;
+static int up;
+static char hsock[700];
+static int port;
+
+static int start(void)
+{
+    char tokens[700], extra[2048];
+    proc_fmt(tokens, sizeof tokens, "%s/tokens", test_tmpdir());
+    FILE *f = fopen(tokens, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%s %u confapp\n", TOKEN, (unsigned)getuid());
+    fclose(f);
+    chmod(tokens, 0600);
+    /* A port nothing listens on: bound and released, taken by the daemon next. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(fd, (struct sockaddr *)&a, &len)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    port = ntohs(a.sin_port);
+    proc_fmt(hsock, sizeof hsock, "%s/h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra, "http_socket = %s\nhttp_listen = 127.0.0.1:%d\n"
+                                  "http_tokens_file = %s\n", hsock, port, tokens);
+    return proc_start(&d, llmsd_path, "conf", model_path, extra);
+}
+
+#define NEED_DAEMON()                                                          \
+    do {                                                                       \
+        if (!llmsd_path[0] || !model_path[0])                                  \
+            SKIP("llmsd or its model is missing");                             \
+        if (!up)                                                               \
+            up = start() == 0 ? 1 : -1;                                        \
+        CHECK_MSG(up == 1, "llmsd did not start");                             \
+    } while (0)
+
+/* The value of header name in a reply's head (its first line excluded), copied into out;
+ * NULL when absent. */
+static const char *header(const httpc_reply *r, const char *name, char *out, size_t cap)
+{
+    size_t n = strlen(name);
+    for (const char *l = strstr(r->head, "\r\n"); l; l = strstr(l, "\r\n")) {
+        l += 2;
+        if (strncasecmp(l, name, n) == 0 && l[n] == ':') {
+            const char *v = l + n + 1;
+            v += strspn(v, " ");
+            size_t len = strcspn(v, "\r\n");
+            snprintf(out, cap, "%.*s", (int)len, v);
+            return out;
+        }
+    }
+    return NULL;
+}
+
+/* Every chunk of a chat stream is a chat.completion.chunk of the same id, created and
+ * model; the first delta is the assistant's role; the finish_reason comes once, with an
+ * empty delta; with include_usage a last chunk has no choices and the usage; the stream
+ * ends with [DONE]. Non-streamed, the choice has its index and a null logprobs. */
+static void chat_stream_has_openai_shape(void)
+{
+    NEED_DAEMON();
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "POST", "/v1/chat/completions", NULL,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":6,"
+                   "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                   &r) == 0);
+    CHECK_EQ(r.status, 200);
+    char v[256];
+    CHECK(header(&r, "Content-Type", v, sizeof v) && strcmp(v, "text/event-stream") == 0);
+    CHECK(header(&r, "Cache-Control", v, sizeof v) && strcmp(v, "no-cache") == 0);
+    char id[128] = "", model[128] = "";
+    long long created = -1;
+    int n = 0, finishes = 0, usage_at = -1, done_at = -1, finish_at = -1;
+    char *save;
+    for (char *line = strtok_r(r.body, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        CHECK_MSG(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+        if (strcmp(line + 6, "[DONE]") == 0) {
+            done_at = n++;
+            continue;
+        }
+        json_object *o = json_tokener_parse(line + 6);
+        CHECK_MSG(o, "not JSON: %s", line);
+        CHECK(strcmp(httpc_jstr(o, "object"), "chat.completion.chunk") == 0);
+        if (!id[0]) {
+            snprintf(id, sizeof id, "%s", httpc_jstr(o, "id"));
+            snprintf(model, sizeof model, "%s", httpc_jstr(o, "model"));
+            created = atoll(httpc_jstr(o, "created"));
+        }
+        CHECK(strcmp(httpc_jstr(o, "id"), id) == 0 && strcmp(httpc_jstr(o, "model"), model) == 0);
+        CHECK_EQ(atoll(httpc_jstr(o, "created")), created);
+        json_object *choices;
+        CHECK(json_object_object_get_ex(o, "choices", &choices));
+        if (json_object_array_length(choices) == 0) {
+            CHECK(httpc_jstr(o, "usage.total_tokens"));
+            usage_at = n++;
+            json_object_put(o);
+            continue;
+        }
+        CHECK(strcmp(httpc_jstr(o, "choices.0.index"), "0") == 0);
+        if (n == 0)
+            CHECK(httpc_jstr(o, "choices.0.delta.role") &&
+                  strcmp(httpc_jstr(o, "choices.0.delta.role"), "assistant") == 0);
+        const char *fin = httpc_jstr(o, "choices.0.finish_reason");
+        if (fin) {
+            json_object *delta;
+            CHECK(json_object_object_get_ex(json_object_array_get_idx(choices, 0), "delta", &delta));
+            CHECK_EQ(json_object_object_length(delta), 0);
+            finishes++;
+            finish_at = n;
+        }
+        n++;
+        json_object_put(o);
+    }
+    CHECK(strncmp(id, "chatcmpl-", 9) == 0 && strcmp(model, "conf") == 0 && created > 0);
+    CHECK_EQ(finishes, 1);
+    CHECK_MSG(finish_at >= 0 && usage_at == finish_at + 1 && done_at == usage_at + 1 &&
+              done_at == n - 1, "finish %d usage %d done %d of %d", finish_at, usage_at, done_at, n);
+    httpc_reply_free(&r);
+    int st;
+    json_object *o = httpc_post_json(hsock, "/v1/chat/completions",
+                                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                     "\"max_tokens\":3}", &st);
+    CHECK(o && st == 200);
+    json_object *c = json_object_array_get_idx(
+        json_object_object_get(o, "choices"), 0), *lp;
+    CHECK(c && json_object_object_get_ex(c, "logprobs", &lp) && lp == NULL);
+    CHECK(strcmp(httpc_jstr(o, "choices.0.index"), "0") == 0);
+    CHECK(strcmp(httpc_jstr(o, "choices.0.message.role"), "assistant") == 0);
+    json_object_put(o);
+}
+
+/* HEAD is answered wherever GET is (RFC 9110 9.3.2: the same status and headers, no
+ * body), as health checks like `wget --spider` and `curl -I` send it. */
+static void head_is_served_where_get_is(void)
+{
+    NEED_DAEMON();
+    static const char *const paths[] = {"/health", "/v1/models", "/v1/models/conf"};
+    char v[64], want[64];
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        httpc_reply get, head;
+        CHECK(httpc_do(hsock, 0, "GET", paths[i], NULL, NULL, &get) == 0);
+        CHECK(httpc_do(hsock, 0, "HEAD", paths[i], NULL, NULL, &head) == 0);
+        CHECK_MSG(head.status == 200 && head.body_len == 0, "HEAD %s: %d %s", paths[i],
+                  head.status, head.body);
+        CHECK(header(&get, "Content-Length", want, sizeof want));
+        CHECK(header(&head, "Content-Length", v, sizeof v) && strcmp(v, want) == 0);
+        httpc_reply_free(&get);
+        httpc_reply_free(&head);
+    }
+    /* On TCP, as GET, it needs the token. */
+    httpc_reply r;
+    CHECK(httpc_do(NULL, port, "HEAD", "/v1/models", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 401);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "HEAD", "/v1/models", AUTH, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+    /* A POST route still takes POST only, and a GET route's 405 names HEAD too. */
+    CHECK(httpc_do(hsock, 0, "HEAD", "/v1/chat/completions", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 405);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(hsock, 0, "POST", "/health", NULL, "{}", &r) == 0);
+    CHECK(r.status == 405 && header(&r, "Allow", v, sizeof v) && strstr(v, "HEAD"));
+    httpc_reply_free(&r);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    modelgen_params mp = {
+        .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
+        .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
+    };
+    proc_generate_model(model_path, sizeof model_path, "conf.gguf", &mp);
+    RUN(chat_stream_has_openai_shape);
+    RUN(head_is_served_where_get_is);
+    if (up == 1)
+        proc_stop(&d, SIGTERM);
+    return test_finish();
+}
