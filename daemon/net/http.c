@@ -1201,6 +1201,11 @@ void http_worker_done(http *h)
         }
 }
 
+bool http_sending(const http *h)
+{
+    return httpwire_sending(h->wire);
+}
+
 void http_free(http *h)
 {
     if (!h)

@@ -81,6 +81,9 @@ void http_shutdown(http *h);
 /* The worker has exited: requests still waiting are answered 503. */
 void http_worker_done(http *h);
 
+/* Whether an answer is still on its way out: the daemon waits for it before it exits. */
+bool http_sending(const http *h);
+
 /* Closes the listeners (removing the socket file) and frees everything. NULL is fine. */
 void http_free(http *h);
 

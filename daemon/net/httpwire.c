@@ -764,6 +764,15 @@ void httpwire_free(httpwire *w)
     free(w);
 }
 
+bool httpwire_sending(const httpwire *w)
+{
+    for (const httpwire_conn *c = w->conns; c; c = c->next)
+        if (c->st == WS_HANDLER || c->st == WS_STREAM ||
+            evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+            return true;
+    return false;
+}
+
 const char *httpwire_method(const httpwire_conn *c)
 {
     return c->method ? c->method : "";

@@ -81,6 +81,9 @@ int httpwire_listen(httpwire *w, int fd, char err[ERR_MAX]);
  * fine. */
 void httpwire_free(httpwire *w);
 
+/* Whether a connection has an answer not yet whole or not yet taken by the kernel. */
+bool httpwire_sending(const httpwire *w);
+
 /* The current request of c: its method ("GET"), target ("/v1/models?x"), the value of
  * its first header named name (any case; NULL when none), its Content-Length (0 when
  * none), and, in the body hook, its body (NUL-terminated; *len its length). */

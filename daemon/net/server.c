@@ -31,6 +31,7 @@
 
 #define CONN_BUCKETS 256
 #define GRACE_SECONDS 5 /* longest wait for replies to drain at shutdown */
+#define DRAIN_POLL_MS 10 /* how often the gateway's unsent answers are looked at then */
 /* Bytes of frames one read callback decodes before it lets other connections run. */
 #define READ_SLICE_BYTES (256u << 10)
 /* What one read takes from the socket when no frame is half there (libevent's own). */
@@ -65,6 +66,7 @@ struct server {
     bool owns_path;         /* we bound the socket file: remove it at exit */
     struct event *out_ev;
     struct event *grace_ev;
+    struct event *drain_ev;     /* looks again whether the gateway's answers have left */
     bool shutting, worker_done;
     bool have_admin_gid;
     gid_t admin_gid;
@@ -93,8 +95,25 @@ static conn *conn_lookup(server *srv, uint64_t id)
 
 static void maybe_exit(server *srv)
 {
-    if (srv->worker_done && srv->n_conns == 0)
-        event_base_loopexit(srv->base, NULL);
+    if (!srv->worker_done || srv->n_conns)
+        return;
+    /* The gateway's last answers (a stream's end, a reply the stop cut short) are written
+     * to its connections in the same turn of the loop as the worker's end: leaving now
+     * would drop them unsent. Its connections tell no one when their output has left,
+     * so it is looked at again shortly, within the grace period. */
+    if (srv->gw && http_sending(srv->gw)) {
+        struct timeval tv = {0, DRAIN_POLL_MS * 1000};
+        evtimer_add(srv->drain_ev, &tv);
+        return;
+    }
+    event_base_loopexit(srv->base, NULL);
+}
+
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    maybe_exit(arg);
 }
 
 static void release_buffered(conn *c)
@@ -589,8 +608,10 @@ server *server_new(struct event_base *base, const config *cfg, const tokenizer *
     }
     srv->out_ev = event_new(base, outq_fd(out), EV_READ | EV_PERSIST, on_replies, srv);
     srv->grace_ev = evtimer_new(base, on_grace, srv);
+    srv->drain_ev = evtimer_new(base, on_drain, srv);
     srv->accept_ev = evtimer_new(base, on_accept_resume, srv);
-    if (!srv->out_ev || !srv->grace_ev || !srv->accept_ev || event_add(srv->out_ev, NULL)) {
+    if (!srv->out_ev || !srv->grace_ev || !srv->drain_ev || !srv->accept_ev ||
+        event_add(srv->out_ev, NULL)) {
         err_set(err, "libevent setup failed");
         server_free(srv);
         return NULL;
@@ -688,5 +709,7 @@ void server_free(server *srv)
         event_free(srv->out_ev);
     if (srv->grace_ev)
         event_free(srv->grace_ev);
+    if (srv->drain_ev)
+        event_free(srv->drain_ev);
     free(srv);
 }

@@ -1,8 +1,9 @@
 /*
  * The HTTP gateway's conformance with HTTP and the OpenAI API where clients other than
  * the SDKs' happy paths look: the exact shape of a chat stream (what every chunk
- * carries, the role first, the empty final delta, the usage chunk) and HEAD where GET
- * is served (health checks such as `wget --spider`).
+ * carries, the role first, the empty final delta, the usage chunk), HEAD where GET is
+ * served (health checks such as `wget --spider`), and a stream or reply in flight when
+ * the daemon is stopped, which must still end as HTTP and SSE say, not be cut off.
  */
 #include <arpa/inet.h>
 #include <json-c/json.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
@@ -22,7 +24,7 @@
 #define TOKEN "conformance-token-0123456789"
 #define AUTH "Authorization: Bearer " TOKEN "\r\n"
 
-static char llmsd_path[1024], model_path[1024];
+static char llmsd_path[1024], model_path[1024], slow_model_path[1024];
 static llmsd_proc d;
 static int up;
 static char hsock[700];
@@ -196,6 +198,62 @@ static void head_is_served_where_get_is(void)
     httpc_reply_free(&r);
 }
 
+#define STOP_ROUNDS 4 /* daemons stopped: whether the last answers leave is a race */
+
+/* The daemon stopped (SIGTERM) while a stream and a whole reply are in flight: both are
+ * answered before it exits, the stream ending as SSE and chunked encoding say (its last
+ * chunk with a finish_reason or an error, then [DONE]), the reply whole, not cut off. */
+static void stop_mid_stream_ends_the_stream(void)
+{
+    if (!llmsd_path[0] || !slow_model_path[0])
+        SKIP("llmsd or its model is missing");
+    char sock[700], extra[800];
+    proc_fmt(sock, sizeof sock, "%s/stop-h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra, "http_socket = %s\nn_ctx = 4096\n", sock);
+    int cut = 0;
+    for (int round = 0; round < STOP_ROUNDS; round++) {
+        llmsd_proc s;
+        CHECK(proc_start(&s, llmsd_path, "stop", slow_model_path, extra) == 0);
+        int fds[2]; /* [0] streamed, [1] whole */
+        for (int i = 0; i < 2; i++) {
+            char body[256];
+            snprintf(body, sizeof body, "{\"prompt\":\"go on\",\"max_tokens\":4000,"
+                                        "\"temperature\":0,\"stream\":%s}", i ? "false" : "true");
+            fds[i] = httpc_connect(sock, 0);
+            CHECK(fds[i] >= 0);
+            CHECK(httpc_send(fds[i], "POST", "/v1/completions", NULL, body, strlen(body)) == 0);
+        }
+        char peek[64];
+        CHECK(recv(fds[0], peek, sizeof peek, MSG_PEEK) > 0); /* the stream has begun */
+        kill(s.pid, SIGTERM);
+        httpc_reply r;
+        int rc = httpc_read(fds[0], &r);
+        const char *tail = rc == 0 && r.body_len >= 14 ? r.body + r.body_len - 14 : "";
+        if (strcmp(tail, "data: [DONE]\n\n") != 0 ||
+            !(strstr(r.body, "\"finish_reason\":\"shutdown\"") || strstr(r.body, "\"error\""))) {
+            fprintf(stderr, "   round %d: the stream ends ...%s\n", round,
+                    rc ? "(no reply)" : r.body_len > 160 ? r.body + r.body_len - 160 : r.body);
+            cut++;
+        }
+        if (rc == 0)
+            httpc_reply_free(&r);
+        rc = httpc_read(fds[1], &r);
+        json_object *o = rc == 0 ? json_tokener_parse(r.body) : NULL;
+        if (!o || (r.status != 200 && !httpc_jstr(o, "error.message"))) {
+            fprintf(stderr, "   round %d: the reply is %d '%s'\n", round, r.status,
+                    rc ? "" : r.body);
+            cut++;
+        }
+        json_object_put(o);
+        if (rc == 0)
+            httpc_reply_free(&r);
+        close(fds[0]);
+        close(fds[1]);
+        CHECK_EQ(proc_stop(&s, 0), 0); /* signalled already: its exit is waited for */
+    }
+    CHECK_MSG(cut == 0, "%d of %d answers cut off by the stop", cut, 2 * STOP_ROUNDS);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -205,8 +263,19 @@ int main(int argc, char **argv)
         .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300, .n_threads = 1,
     };
     proc_generate_model(model_path, sizeof model_path, "conf.gguf", &mp);
+    /* slow enough that a generation of thousands of tokens is still running at the stop */
+    modelgen_params slow = mp;
+    slow.dim = 256;
+    slow.n_layer = 4;
+    slow.n_head = 8;
+    slow.n_head_kv = 4;
+    slow.n_ff = 768;
+    slow.n_ctx = 4096;
+    slow.type = QTYPE_Q8_0;
+    proc_generate_model(slow_model_path, sizeof slow_model_path, "stop.gguf", &slow);
     RUN(chat_stream_has_openai_shape);
     RUN(head_is_served_where_get_is);
+    RUN(stop_mid_stream_ends_the_stream);
     if (up == 1)
         proc_stop(&d, SIGTERM);
     return test_finish();
