@@ -777,9 +777,27 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     enum route r = route_of(uri, &plen);
     bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
     char msg[ERR_MAX + 128];
+    /* Browser clients on other origins may read every answer, as OpenAI's API lets them:
+     * that opens nothing to a page without a token, as no cookie or other credential a
+     * browser adds by itself authenticates anyone here (the Unix socket is out of a
+     * browser's reach). */
+    if (httpwire_header(wc, "Origin"))
+        httpwire_add_header(wc, "Access-Control-Allow-Origin", "*");
     if (r == R_OTHER) {
         openai_send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
                           (int)(plen > 200 ? 200 : plen), uri);
+        return false;
+    }
+    if (strcmp(method, "OPTIONS") == 0) {
+        /* A CORS preflight, which carries no Authorization: it asks whether the request
+         * may follow, with the headers it names (the SDKs' own among them). */
+        const char *asked = httpwire_header(wc, "Access-Control-Request-Headers");
+        httpwire_add_header(wc, "Allow", get ? "GET, HEAD" : "POST");
+        httpwire_add_header(wc, "Access-Control-Allow-Methods", get ? "GET, HEAD" : "POST");
+        if (asked)
+            httpwire_add_header(wc, "Access-Control-Allow-Headers", asked);
+        httpwire_reply(wc, 200, NULL, 0);
+        http_count_status(h, r, 200);
         return false;
     }
     /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */

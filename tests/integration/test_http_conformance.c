@@ -2,8 +2,9 @@
  * The HTTP gateway's conformance with HTTP and the OpenAI API where clients other than
  * the SDKs' happy paths look: the exact shape of a chat stream (what every chunk
  * carries, the role first, the empty final delta, the usage chunk), HEAD where GET is
- * served (health checks such as `wget --spider`), and a stream or reply in flight when
- * the daemon is stopped, which must still end as HTTP and SSE say, not be cut off.
+ * served (health checks such as `wget --spider`), CORS for browser clients on the
+ * token-guarded TCP listener, and a stream or reply in flight when the daemon is
+ * stopped, which must still end as HTTP and SSE say, not be cut off.
  */
 #include <arpa/inet.h>
 #include <json-c/json.h>
@@ -198,6 +199,54 @@ static void head_is_served_where_get_is(void)
     httpc_reply_free(&r);
 }
 
+/* A browser client on another origin first sends a preflight OPTIONS, which carries no
+ * Authorization, then its request with an Origin: the preflight is answered without a
+ * token and every answer to a request with an Origin says that any origin may read it.
+ * That gives a page nothing without a token (no cookie or other ambient credential
+ * authenticates anyone here), and the token is what OpenAI's own API asks of browsers. */
+static void cors_lets_browser_clients_in(void)
+{
+    NEED_DAEMON();
+    httpc_reply r;
+    char v[512];
+    CHECK(httpc_do(NULL, port, "OPTIONS", "/v1/chat/completions",
+                   "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n"
+                   "Access-Control-Request-Headers: authorization,content-type,x-stainless-lang\r\n",
+                   NULL, &r) == 0);
+    CHECK_MSG(r.status == 200 && r.body_len == 0, "%d %s", r.status, r.body);
+    CHECK(header(&r, "Access-Control-Allow-Origin", v, sizeof v) && strcmp(v, "*") == 0);
+    CHECK(header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "POST"));
+    CHECK_MSG(header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+              strcasestr(v, "authorization") && strcasestr(v, "x-stainless-lang"), "%s", r.head);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "OPTIONS", "/v1/models", "Origin: http://localhost:3000\r\n"
+                   "Access-Control-Request-Method: GET\r\n", NULL, &r) == 0);
+    CHECK(r.status == 200 && header(&r, "Access-Control-Allow-Methods", v, sizeof v) &&
+          strstr(v, "GET"));
+    httpc_reply_free(&r);
+    /* The request itself, answered or refused, is readable by the page. */
+    CHECK(httpc_do(NULL, port, "POST", "/v1/completions",
+                   "Origin: http://localhost:3000\r\n" AUTH,
+                   "{\"prompt\":\"a b\",\"max_tokens\":2}", &r) == 0);
+    CHECK(r.status == 200 && header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+          strcmp(v, "*") == 0);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "POST", "/v1/completions",
+                   "Origin: http://localhost:3000\r\nAuthorization: Bearer wrong-token-000000\r\n",
+                   "{\"prompt\":\"a b\",\"max_tokens\":2}", &r) == 0);
+    CHECK(r.status == 401 && header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    httpc_reply_free(&r);
+    /* Without a token the preflight opens nothing. */
+    CHECK(httpc_do(NULL, port, "GET", "/v1/models", "Origin: http://localhost:3000\r\n", NULL,
+                   &r) == 0);
+    CHECK_EQ(r.status, 401);
+    httpc_reply_free(&r);
+    /* Requests without an Origin (every non-browser client) are answered as before. */
+    CHECK(httpc_do(NULL, port, "GET", "/v1/models", AUTH, NULL, &r) == 0);
+    CHECK(r.status == 200 && !header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    httpc_reply_free(&r);
+}
+
 #define STOP_ROUNDS 4 /* daemons stopped: whether the last answers leave is a race */
 
 /* The daemon stopped (SIGTERM) while a stream and a whole reply are in flight: both are
@@ -275,6 +324,7 @@ int main(int argc, char **argv)
     proc_generate_model(slow_model_path, sizeof slow_model_path, "stop.gguf", &slow);
     RUN(chat_stream_has_openai_shape);
     RUN(head_is_served_where_get_is);
+    RUN(cors_lets_browser_clients_in);
     RUN(stop_mid_stream_ends_the_stream);
     if (up == 1)
         proc_stop(&d, SIGTERM);
