@@ -205,7 +205,10 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         }
         return;
     }
-    openai_sse_text(hr, ch->text, strlen(ch->text), NULL);
+    /* a piece held back while it may begin a stop string is empty: no event, as OpenAI
+     * sends no empty deltas */
+    if (ch->text[0])
+        openai_sse_text(hr, ch->text, strlen(ch->text), NULL);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,

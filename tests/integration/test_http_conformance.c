@@ -164,6 +164,46 @@ static void chat_stream_has_openai_shape(void)
     json_object_put(o);
 }
 
+/* A piece the daemon holds back (it may begin a stop string) is no event: the stream
+ * carried empty "text" events, one per held-back token, which OpenAI never sends. */
+static void no_empty_text_events(void)
+{
+    NEED_DAEMON();
+    int st;
+    json_object *o = httpc_post_json(hsock, "/v1/completions",
+                                     "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":0}",
+                                     &st);
+    CHECK(o && st == 200);
+    char first[32];
+    const char *text = httpc_jstr(o, "choices.0.text");
+    CHECK_MSG(text && strncmp(text, "tok", 3) == 0, "%s", text ? text : "");
+    snprintf(first, sizeof first, "tok%d", atoi(text + 3));
+    json_object_put(o);
+    /* every occurrence of the first piece may begin the stop string, until the next */
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":12,\"temperature\":0,"
+             "\"stream\":true,\"stop\":\"%s~\"}", first);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "POST", "/v1/completions", NULL, body, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    int events = 0, empty = 0;
+    char *save;
+    for (char *line = strtok_r(r.body, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "data: {", 7) != 0)
+            continue;
+        json_object *e = json_tokener_parse(line + 6);
+        CHECK(e);
+        if (!httpc_jstr(e, "choices.0.finish_reason")) {
+            events++;
+            empty += !httpc_jstr(e, "choices.0.text") || !httpc_jstr(e, "choices.0.text")[0];
+        }
+        json_object_put(e);
+    }
+    httpc_reply_free(&r);
+    CHECK_MSG(events > 0 && empty == 0, "%d of %d text events empty (stop '%s~')", empty,
+              events, first);
+}
+
 /* HEAD is answered wherever GET is (RFC 9110 9.3.2: the same status and headers, no
  * body), as health checks like `wget --spider` and `curl -I` send it. */
 static void head_is_served_where_get_is(void)
@@ -323,6 +363,7 @@ int main(int argc, char **argv)
     slow.type = QTYPE_Q8_0;
     proc_generate_model(slow_model_path, sizeof slow_model_path, "stop.gguf", &slow);
     RUN(chat_stream_has_openai_shape);
+    RUN(no_empty_text_events);
     RUN(head_is_served_where_get_is);
     RUN(cors_lets_browser_clients_in);
     RUN(stop_mid_stream_ends_the_stream);
