@@ -304,7 +304,8 @@ static const key_def keys[] = {
     OPT(http_tokens_file,
         "the TCP gateway's tokens (llmsd refuses a file others may read or anyone but its "
         "owner may write): lines `TOKEN UID APP [admin]` (`#` comments; UID a number or a "
-        "user name; `admin` may read `/metrics`); `none`: every TCP request is 401"),
+        "user name; `admin` may read `/metrics`); read again on SIGHUP (`systemctl reload "
+        "llmsd`); `none`: every TCP request is 401"),
     INT(http_max_body_bytes, 1024, 1 << 30, "8388608",
         "largest request body answered; a larger one is 413 in JSON, from its "
         "Content-Length, before it is read"),

@@ -122,6 +122,7 @@ typedef struct loop_state {
     struct event *status;
     unsigned last_contexts, last_conns;
     bool status_sent;
+    http *gw;               /* the HTTP gateway, or NULL */
 } loop_state;
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -130,6 +131,25 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     loop_state *ls = arg;
     fprintf(stderr, "llmsd: signal %d: shutting down\n", (int)sig);
     server_shutdown(ls->srv);
+}
+
+/* SIGHUP (systemctl reload): what can change without a restart is read again, the
+ * gateway's tokens; a file that does not load leaves those in use. */
+static void on_reload(evutil_socket_t sig, short what, void *arg)
+{
+    (void)sig;
+    (void)what;
+    loop_state *ls = arg;
+    char err[ERR_MAX];
+    size_t n;
+    notify_reloading();
+    if (!ls->gw)
+        fprintf(stderr, "llmsd: reload: nothing to read again (no HTTP gateway)\n");
+    else if (http_reload_tokens(ls->gw, &n, err))
+        fprintf(stderr, "llmsd: reload: %s; the tokens in use stay\n", err);
+    else
+        fprintf(stderr, "llmsd: reload: %zu HTTP tokens\n", n);
+    notify_ready();
 }
 
 static void on_watchdog(evutil_socket_t fd, short what, void *arg)
@@ -192,6 +212,9 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* a reload asked while the model loads is not the default action's exit; the loop
+     * takes SIGHUP once it runs */
+    signal(SIGHUP, SIG_IGN);
     reqlog_set_level(cfg.log_level);
 
     int status = 1;
@@ -204,7 +227,7 @@ int main(int argc, char **argv)
     connbudget *budget = NULL;
     http *gw = NULL;
     struct event_base *base = NULL;
-    struct event *sigterm = NULL, *sigint = NULL;
+    struct event *sigterm = NULL, *sigint = NULL, *sighup = NULL;
     loop_state ls = {0};
 
     gguf_load load = strcmp(cfg.model_load, "copy") == 0 ? GGUF_LOAD_COPY : GGUF_LOAD_MAP;
@@ -251,16 +274,19 @@ int main(int argc, char **argv)
             goto out;
         }
         server_set_http(ls.srv, gw);
+        ls.gw = gw;
     }
     /* the signals belong to the loop before the sockets listen: a stop sent as soon as a
      * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default
      * action killing the daemon mid-start */
     sigterm = evsignal_new(base, SIGTERM, on_signal, &ls);
     sigint = evsignal_new(base, SIGINT, on_signal, &ls);
+    sighup = evsignal_new(base, SIGHUP, on_reload, &ls);
     ls.status = event_new(base, -1, EV_PERSIST, on_status, &ls);
     struct timeval status_tv = {STATUS_SECONDS, 0};
-    if (!sigterm || !sigint || !ls.status || evsignal_add(sigterm, NULL) ||
-        evsignal_add(sigint, NULL) || event_add(ls.status, &status_tv)) {
+    if (!sigterm || !sigint || !sighup || !ls.status || evsignal_add(sigterm, NULL) ||
+        evsignal_add(sigint, NULL) || evsignal_add(sighup, NULL) ||
+        event_add(ls.status, &status_tv)) {
         fprintf(stderr, "llmsd: libevent setup failed\n");
         goto out;
     }
@@ -314,6 +340,8 @@ out:
         event_free(sigterm);
     if (sigint)
         event_free(sigint);
+    if (sighup)
+        event_free(sighup);
     if (base)
         event_base_free(base);
     outq_free(out);

@@ -22,6 +22,11 @@ void notify_status(const char *fmt, ...)
     sd_notifyf(0, "STATUS=%s", text);
 }
 
+void notify_reloading(void)
+{
+    sd_notify(0, "RELOADING=1");
+}
+
 void notify_stopping(void)
 {
     sd_notify(0, "STOPPING=1");

@@ -13,6 +13,9 @@ void notify_ready(void);
 /* STATUS=<text>, shown by systemctl status. */
 void notify_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* RELOADING=1: a reload (SIGHUP) has begun; notify_ready() says it is done. */
+void notify_reloading(void);
+
 /* STOPPING=1: shutdown has begun. */
 void notify_stopping(void);
 

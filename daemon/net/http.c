@@ -942,8 +942,12 @@ static bool parse_uid(const char *s, uid_t *uid)
     return true;
 }
 
-static int load_tokens(http *h, const char *path, char err[ERR_MAX])
+/* Reads the tokens file into a fresh list (*out, *n): all its lines or, on any error,
+ * none of them, so that a reload with a bad file keeps the tokens in use. */
+static int load_tokens(const char *path, token_entry **out, size_t *n_out, char err[ERR_MAX])
 {
+    token_entry *tokens = NULL;
+    size_t n_tokens = 0;
     FILE *f = fopen(path, "re");
     if (!f)
         return err_set(err, "http_tokens_file %s: %s", path, strerror(errno));
@@ -997,28 +1001,47 @@ static int load_tokens(http *h, const char *path, char err[ERR_MAX])
         }
         unsigned char digest[TOKEN_DIGEST_BYTES];
         token_digest(tok, digest);
-        for (size_t i = 0; i < h->n_tokens && !rc; i++)
-            if (sodium_memcmp(digest, h->tokens[i].digest, TOKEN_DIGEST_BYTES) == 0)
+        for (size_t i = 0; i < n_tokens && !rc; i++)
+            if (sodium_memcmp(digest, tokens[i].digest, TOKEN_DIGEST_BYTES) == 0)
                 rc = err_set(err, "http_tokens_file %s:%d: the same token as an earlier line",
                              path, lineno);
         if (rc)
             break;
-        token_entry *t = realloc(h->tokens, (h->n_tokens + 1) * sizeof *t);
+        token_entry *t = realloc(tokens, (n_tokens + 1) * sizeof *t);
         if (!t) {
             rc = err_set(err, "out of memory");
             break;
         }
-        h->tokens = t;
-        memcpy(t[h->n_tokens].digest, digest, TOKEN_DIGEST_BYTES);
-        t[h->n_tokens].uid = uid;
-        memcpy(t[h->n_tokens].app, app, strlen(app) + 1); /* valid: at most SCHED_APP_MAX */
-        t[h->n_tokens].admin = n == 4;
-        h->n_tokens++;
+        tokens = t;
+        memcpy(t[n_tokens].digest, digest, TOKEN_DIGEST_BYTES);
+        t[n_tokens].uid = uid;
+        memcpy(t[n_tokens].app, app, strlen(app) + 1); /* valid: at most SCHED_APP_MAX */
+        t[n_tokens].admin = n == 4;
+        n_tokens++;
     }
     explicit_bzero(line, sizeof line);
     explicit_bzero(tok, sizeof tok);
     fclose(f);
-    return rc;
+    if (rc) {
+        free(tokens);
+        return rc;
+    }
+    *out = tokens;
+    *n_out = n_tokens;
+    return 0;
+}
+
+int http_reload_tokens(http *h, size_t *n, char err[ERR_MAX])
+{
+    token_entry *tokens;
+    if (!h->cfg->http_tokens_file[0])
+        return err_set(err, "http_tokens_file is none: no tokens to read");
+    if (load_tokens(h->cfg->http_tokens_file, &tokens, n, err))
+        return -1;
+    free(h->tokens);
+    h->tokens = tokens;
+    h->n_tokens = *n;
+    return 0;
 }
 
 /*
@@ -1194,7 +1217,8 @@ http *http_new(struct event_base *base, const config *cfg, const session_env *se
         err_set(err, "out of memory");
         goto fail;
     }
-    if (cfg->http_tokens_file[0] && load_tokens(h, cfg->http_tokens_file, err))
+    if (cfg->http_tokens_file[0] &&
+        load_tokens(cfg->http_tokens_file, &h->tokens, &h->n_tokens, err))
         goto fail;
     if (cfg->http_socket[0] && gw_listen_unix(h, cfg, err))
         goto fail;

@@ -81,6 +81,11 @@ void http_shutdown(http *h);
 /* The worker has exited: requests still waiting are answered 503. */
 void http_worker_done(http *h);
 
+/* Reads http_tokens_file again (SIGHUP): its tokens replace those in use, which a file
+ * that does not load (err says why) leaves in place; *n gets their number. Requests
+ * already identified keep their identity. */
+int http_reload_tokens(http *h, size_t *n, char err[ERR_MAX]);
+
 /* Whether an answer is still on its way out: the daemon waits for it before it exits. */
 bool http_sending(const http *h);
 

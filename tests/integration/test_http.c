@@ -905,6 +905,57 @@ static int read_answer(int fd, char *buf, size_t cap)
 /* TCP peers are known by their tokens: until a connection's request names one, it counts
  * under http_max_unauthenticated_connections (4 here: a fifth silent one is refused with
  * 429), then under the token's uid; the connection stays open for more requests. */
+/* The status of a completion over TCP with token (waiting up to 5 s for want, as a
+ * reload is the loop's to handle once the signal arrives). */
+static int status_with(const char *token, int want)
+{
+    char auth[128];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token);
+    int status = -1;
+    for (int i = 0; i < 100 && status != want; i++) {
+        httpc_reply r;
+        if (i)
+            usleep(50000);
+        if (httpc_do(NULL, port, "POST", "/v1/completions", auth,
+                     "{\"prompt\":\"hi\",\"max_tokens\":1}", &r) != 0)
+            return -1;
+        status = r.status;
+        httpc_reply_free(&r);
+    }
+    return status;
+}
+
+/* SIGHUP (systemctl reload) reads http_tokens_file again: a token added is taken
+ * without a restart; a file that no longer loads (made readable by others) leaves the
+ * tokens in use. Before, SIGHUP's default action ended the daemon. */
+static void reload_reads_the_tokens_again(void)
+{
+    NEED(daemon_up, start_daemon());
+    CHECK(port > 0);
+    const char *fresh = "tok-fresh-0123456789", *late = "tok-late-0123456789";
+    CHECK_EQ(status_with(fresh, 401), 401);
+    char path[700];
+    proc_fmt(path, sizeof path, "%s/tokens", test_tmpdir());
+    FILE *f = fopen(path, "a");
+    CHECK(f);
+    fprintf(f, "%s %u fresh\n", fresh, (unsigned)getuid());
+    fclose(f);
+    CHECK_EQ(kill(daemon_.pid, SIGHUP), 0);
+    CHECK_EQ(status_with(fresh, 200), 200);
+    CHECK_EQ(status_with(TOKEN_USER, 200), 200);
+    f = fopen(path, "a");
+    CHECK(f);
+    fprintf(f, "%s %u late\n", late, (unsigned)getuid());
+    fclose(f);
+    CHECK_EQ(chmod(path, 0644), 0);
+    CHECK_EQ(kill(daemon_.pid, SIGHUP), 0);
+    usleep(300000);
+    CHECK_EQ(status_with(late, 200), 401);
+    CHECK_EQ(status_with(fresh, 200), 200);
+    CHECK_EQ(chmod(path, 0600), 0);
+    CHECK_EQ(kill(daemon_.pid, 0), 0);
+}
+
 static void tcp_connections_count_by_token(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1275,6 +1326,7 @@ int main(int argc, char **argv)
     RUN(random_bodies_never_crash);
     RUN(tcp_needs_a_token);
     RUN(tcp_connections_count_by_token);
+    RUN(reload_reads_the_tokens_again);
     RUN(metrics_count_requests);
     RUN(context_field_calls_a_context);
     RUN(rag_route_answers_from_a_knowledge_base);

@@ -136,6 +136,9 @@ static void installed_tree(void)
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
                         "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
     CHECK(!file_contains(PREFIX "/lib/systemd/system/llmsd.service", "@SBINDIR@"));
+    /* systemctl reload sends what llmsd reloads on (test_http: reload_reads_the_tokens_again) */
+    CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
+                        "ExecReload=/bin/kill -HUP $MAINPID"));
     /* llmsd gives an http_socket the clients' socket's group, so it must be a member. */
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.socket", "SocketGroup=llms"));
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service", "SupplementaryGroups=llms"));
