@@ -129,6 +129,16 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         templated = !(cr->has_raw && cr->raw);
         req_p = cr->params;
         g->user_role = templated ? "user" : "raw";
+        /* ids outside the vocabulary (its file replaced by another model's, a damaged
+         * store) fail the forward of every recompute as INTERNAL: say why, once */
+        for (int i = 0; i < c->n_tokens; i++)
+            if (c->tokens[i] < 0 || c->tokens[i] >= gm->n_vocab) {
+                code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+                err_set(err, "context '%s' holds token id %d, outside the model's vocabulary "
+                             "of %d: it was made with another model file (delete it)",
+                        c->id, c->tokens[i], gm->n_vocab);
+                goto fail;
+            }
         if (prompt_turn(gm->tok, gm->family, c, cr->prompt, !templated, &turn, &n_turn, err))
             goto fail;
         g->seq = &c->seq;

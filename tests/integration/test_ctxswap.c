@@ -2,9 +2,11 @@
  * test_ctxswap.c — a real llmsd's context memory: after each call the context's chunks
  * are on disk (llmsctl show prints the chunk map), after kill -9 and a restart the
  * context comes back from its chunks and answers as an uninterrupted run does, and
- * llmsctl status / profile report the swap statistics and cost models.
+ * llmsctl status / profile report the swap statistics and cost models; a stored
+ * history with ids outside the vocabulary is refused, saying why.
  */
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -127,6 +129,46 @@ static void restored_context_answers_the_same(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* A context whose stored history holds an id outside the model's vocabulary (its file
+ * replaced by another model's, a damaged store) is refused as FAILED_PRECONDITION,
+ * saying why; its forwards failed every call as INTERNAL, or ran on the stale KV. */
+static void foreign_token_ids_refused(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024], id[LLMS_ID_MAX], text[3][2048];
+    snprintf(model, sizeof model, "%s", stories);
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "foreign", model, CONF) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "foreign");
+    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK && run_turns(c, id, 0, 1, text) == 0);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+    char path[700];
+    proc_fmt(path, sizeof path, "%s/state/llmsd.db", d.dir);
+    sqlite3 *db;
+    CHECK_EQ(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    /* the first id of the first turn becomes 1023 (little-endian int32; 512 tokens) */
+    CHECK_EQ(sqlite3_exec(db, "UPDATE turns SET tokens = x'ff030000' || substr(tokens, 5) "
+                              "WHERE seq = (SELECT min(seq) FROM turns)", NULL, NULL, NULL),
+             SQLITE_OK);
+    CHECK_EQ(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+    CHECK_MSG(proc_start(&d, llmsd_path, "foreign", model, CONF) == 0, "llmsd did not restart");
+    c = proc_connect(&d, "foreign");
+    CHECK(c);
+    llms_params p;
+    llms_params_init(&p);
+    p.max_tokens = 4;
+    CHECK_EQ(llms_call(c, id, "more", &p, NULL, NULL, NULL), LLMS_ERR_FAILED_PRECONDITION);
+    CHECK_MSG(strstr(llms_last_error(c), "vocabulary"), "%s", llms_last_error(c));
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -137,5 +179,6 @@ int main(int argc, char **argv)
         proc_fmt(llmsctl_path, sizeof llmsctl_path, "%.*sllmsctl", dir_len, llmsd_path);
     }
     RUN(restored_context_answers_the_same);
+    RUN(foreign_token_ids_refused);
     return test_finish();
 }
