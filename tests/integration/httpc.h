@@ -31,6 +31,24 @@ static inline void httpc_reply_free(httpc_reply *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A TCP port on loopback nothing listens on now (bound and released: a daemon takes it
+ * next); -1 when none could be had. */
+static inline int httpc_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 /* A connected socket to unix_path (when not NULL) or 127.0.0.1:port; -1 on failure. */
 static inline int httpc_connect(const char *unix_path, int port)
 {

@@ -47,23 +47,6 @@ static int port;
         CHECK_MSG((up) == 1, "llmsd did not start");                           \
     } while (0)
 
-/* A TCP port nothing listens on now (bound and released: the daemon takes it next). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static int start_daemon(void)
 {
     char tokens[700], extra[2048];
@@ -75,7 +58,7 @@ static int start_daemon(void)
             (unsigned)getuid(), TOKEN_ADMIN, (unsigned)getuid());
     fclose(f);
     chmod(tokens, 0600);
-    port = free_port();
+    port = httpc_free_port();
     struct group *g = getgrgid(getgid());
     proc_fmt(hsock, sizeof hsock, "%s/http/h.sock", test_tmpdir());
     proc_fmt(extra, sizeof extra,

@@ -4,17 +4,15 @@
  * (tests/integration/openai_client.mjs, installed into BUILD/npm-openai on first use).
  * Each skips with a message when its client is missing or cannot be installed.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "engine/gguf/modelgen.h"
 #include "engine/quant/quant.h"
+#include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/test.h"
 
@@ -37,19 +35,8 @@ static int start(void)
     fprintf(f, "%s %u curlapp\n", TOKEN, (unsigned)getuid());
     fclose(f);
     chmod(tokens, 0600);
-    /* A port nothing listens on: bound and released, taken by the daemon next. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(fd, (struct sockaddr *)&a, &len)) {
-        if (fd >= 0)
-            close(fd);
+    if ((port = httpc_free_port()) < 0)
         return -1;
-    }
-    close(fd);
-    port = ntohs(a.sin_port);
     proc_fmt(hsock, sizeof hsock, "%s/h.sock", test_tmpdir());
     proc_fmt(extra, sizeof extra,
              "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"

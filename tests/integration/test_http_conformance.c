@@ -41,19 +41,8 @@ static int start(void)
     fprintf(f, "%s %u confapp\n", TOKEN, (unsigned)getuid());
     fclose(f);
     chmod(tokens, 0600);
-    /* A port nothing listens on: bound and released, taken by the daemon next. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(fd, (struct sockaddr *)&a, &len)) {
-        if (fd >= 0)
-            close(fd);
+    if ((port = httpc_free_port()) < 0)
         return -1;
-    }
-    close(fd);
-    port = ntohs(a.sin_port);
     proc_fmt(hsock, sizeof hsock, "%s/h.sock", test_tmpdir());
     proc_fmt(extra, sizeof extra, "http_socket = %s\nhttp_listen = 127.0.0.1:%d\n"
                                   "http_tokens_file = %s\n", hsock, port, tokens);
