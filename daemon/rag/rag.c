@@ -46,6 +46,7 @@ struct rag_query {
     double retrieve_ms;
     kb_ref kb;
     const Llms__RagQueryRequest *rq;
+    int max_tokens;             /* the reply length the generation asks for */
     float *qvec;
     int n_hits;
     kb_hit hits[RAG_MAX_K];
@@ -211,11 +212,6 @@ const int32_t *rag_prompt(const rag_query *q, int *n)
     return q->tokens;
 }
 
-const Llms__GenerationParams *rag_params(const rag_query *q)
-{
-    return q->rq->params;
-}
-
 /* ---- passages of the reply ---- */
 
 typedef struct fill {
@@ -323,9 +319,7 @@ static int qa_scan(void *arg, const store_qa *e)
 static int qa_answer(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request *req,
                      char err[ERR_MAX])
 {
-    const Llms__GenerationParams *p = q->rq->params;
-    qa_best b = {.qvec = q->qvec, .dim = q->kb.dim, .sim = -2,
-                 .max_tokens = p && p->has_max_tokens ? p->max_tokens : r->env.cfg->max_tokens};
+    qa_best b = {.qvec = q->qvec, .dim = q->kb.dim, .sim = -2, .max_tokens = q->max_tokens};
     int rc = store_qa_list(r->env.st, q->kb.id, q->kb.dim, qa_scan, &b, err);
     if (rc || b.oom) {
         if (b.oom)
@@ -648,8 +642,8 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
  * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute. */
 /* warm >= 0: a warm-up of that passage (asker ASK_PREFILL). */
 static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                        const Llms__Request *req, kv_seq *seq, enum asker asker, int64_t warm,
-                        bool *cached)
+                        const Llms__Request *req, int max_tokens, kv_seq *seq,
+                        enum asker asker, int64_t warm, bool *cached)
 {
     const config *cfg = r->env.cfg;
     const Llms__RagQueryRequest *rq = req->rag_query;
@@ -664,6 +658,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     r->queries += asker == ASK_REAL;
     q->r = r;
     q->rq = rq;
+    q->max_tokens = max_tokens;
     q->asker = asker;
     q->t0_ns = clock_mono_ns();
     q->kb_changes = r->kb_changes;
@@ -786,19 +781,21 @@ answered:
 }
 
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns)
+                     const Llms__Request *req, int max_tokens, kv_seq *seq, int64_t queued_ns)
 {
     bool cached;
     (void)queued_ns;
-    return start(r, conn_id, uid, app, req, seq, ASK_REAL, -1, &cached);
+    return start(r, conn_id, uid, app, req, max_tokens, seq, ASK_REAL, -1, &cached);
 }
 
 rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
-                               const predict_task *t, kv_seq *seq, bool *cached)
+                               int max_tokens, const predict_task *t, kv_seq *seq,
+                               bool *cached)
 {
     if (t->kind == PREDICT_WARM)
-        return start(r, 0, uid, app, req, seq, ASK_PREFILL, t->passage, cached);
-    return start(r, 0, uid, app, req, seq, t->decode ? ASK_DECODE : ASK_PREFILL, -1, cached);
+        return start(r, 0, uid, app, req, max_tokens, seq, ASK_PREFILL, t->passage, cached);
+    return start(r, 0, uid, app, req, max_tokens, seq, t->decode ? ASK_DECODE : ASK_PREFILL,
+                 -1, cached);
 }
 
 float rag_tau(const rag *r)

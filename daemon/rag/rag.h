@@ -72,9 +72,10 @@ void rag_free(rag *r);
 /* Starts RagQuery req of app (uid, app). NULL when the request was answered already:
  * from the QA bank, or with an error. Otherwise the prompt's tokens are ready
  * (rag_prompt) and seq (empty, the generation's) holds the KV of the longest cached
- * prefix. queued_ns is when the request arrived (CLOCK_MONOTONIC). */
+ * prefix. queued_ns is when the request arrived (CLOCK_MONOTONIC). max_tokens is the
+ * reply length the generation asks for: a QA entry answers only a query of its length. */
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                     const Llms__Request *req, kv_seq *seq, int64_t queued_ns);
+                     const Llms__Request *req, int max_tokens, kv_seq *seq, int64_t queued_ns);
 
 /* Starts the predictor's task t (PREDICT_QUERY or PREDICT_WARM): req's RagQuery for app
  * (uid, app), answered to nobody. A query with t->decode puts its answer in the QA bank,
@@ -83,9 +84,10 @@ rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
  * *cached true when there is nothing to compute (a QA entry within tau_query answers it,
  * or, prefill only, its whole QKV path is stored), with *cached false on failure
  * (logged). What it stores is marked predicted, and hits of real queries on it are
- * counted (predict_count_hits). */
+ * counted (predict_count_hits). max_tokens as for rag_begin. */
 rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,
-                               const predict_task *t, kv_seq *seq, bool *cached);
+                               int max_tokens, const predict_task *t, kv_seq *seq,
+                               bool *cached);
 
 /* Where the prefill slice of the prompt that starts at token from ends, for slices of
  * at most step_tokens: at every node's end (the chunks it completes), then every
@@ -103,9 +105,6 @@ bool rag_qkv_room(rag *r);
 
 /* The prompt's tokens (valid until rag_query_free). */
 const int32_t *rag_prompt(const rag_query *q, int *n);
-
-/* The request's sampling settings (NULL: the daemon's). */
-const Llms__GenerationParams *rag_params(const rag_query *q);
 
 /* After a generation over the prompt ended without failure: fills res (a RagResult whose
  * pointers stay valid until rag_query_free) with the passages, the outcome and the

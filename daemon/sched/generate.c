@@ -150,11 +150,15 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->seq = &g->own_seq;
         g->switched_in = true;
         g->limit = cfg->n_ctx;
+        req_p = j->req->rag_query->params;
+        /* before the query starts: a QA entry answers only a query of its reply length */
+        merge_params(cfg, NULL, req_p, &mp);
         bool cached = false;
         g->rq = j == &s->pred_job
-                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, &s->pred_task, g->seq,
-                                          &cached)
-                    : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, g->seq, j->queued_ns);
+                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, mp.max_tokens,
+                                          &s->pred_task, g->seq, &cached)
+                    : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, mp.max_tokens,
+                                g->seq, j->queued_ns);
         s->pred_cached = cached;
         if (!g->rq) {
             gen_free(g); /* answered: from the QA bank or with an error */
@@ -167,8 +171,6 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         }
         memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
         templated = true;
-        req_p = rag_params(g->rq);
-        merge_params(cfg, NULL, req_p, &mp);
     } else {
         /* a Complete, or a graph node's prompt as a Complete of it would be */
         const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
