@@ -257,27 +257,21 @@ static void apply_mistral(writer *w, enum chat_family f, const struct chat_messa
     }
 }
 
-static void apply_mistral_v7(writer *w, const struct chat_message *msgs, int n)
-{
-    static const char *const open[] = {"[SYSTEM_PROMPT] ", "[INST] ", " "};
-    static const char *const close[] = {"[/SYSTEM_PROMPT]", "[/INST]", "</s>"};
-    for (int i = 0; i < n; i++) {
-        enum role r = role_of(&msgs[i]);
-        put(w, open[r]);
-        put(w, msgs[i].content);
-        put(w, close[r]);
-    }
-}
-
 /* The families whose every message is an opening, its content as it is and a closing,
  * both chosen by the role (system, user, assistant), and whose generation prompt is a
- * fixed text; `later` goes before every message but the first (monarch's "<s>": the
- * tokenizer adds the first). */
+ * fixed text ("" where the user's closing opens the reply already); `later` goes before
+ * every message but the first (monarch's "<s>": the tokenizer adds the first). */
 struct turn_format {
     const char *open[3], *close[3], *gen, *later;
 };
 
 static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
+    [CHAT_PLAIN] = {{"System: ", "User: ", "Assistant: "}, {"\n", "\n", "\n"}, "Assistant:", ""},
+    [CHAT_CHATML] = {{"<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"},
+                     {"<|im_end|>\n", "<|im_end|>\n", "<|im_end|>\n"},
+                     "<|im_start|>assistant\n", ""},
+    [CHAT_MISTRAL_V7] = {{"[SYSTEM_PROMPT] ", "[INST] ", " "},
+                         {"[/SYSTEM_PROMPT]", "[/INST]", "</s>"}, "", ""},
     [CHAT_ZEPHYR] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
                      {"</s>\n", "</s>\n", "</s>\n"}, "<|assistant|>\n", ""},
     [CHAT_FALCON3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
@@ -316,18 +310,6 @@ static void apply_turns(writer *w, const struct turn_format *tf, const struct ch
         put(w, tf->gen);
 }
 
-static void apply_plain(writer *w, const struct chat_message *msgs, int n, bool gen)
-{
-    static const char *const label[] = {"System: ", "User: ", "Assistant: "};
-    for (int i = 0; i < n; i++) {
-        put(w, label[role_of(&msgs[i])]);
-        put(w, msgs[i].content);
-        put(w, "\n");
-    }
-    if (gen)
-        put(w, "Assistant:");
-}
-
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap)
 {
@@ -339,17 +321,6 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
 
     writer w = {out, cap, 0};
     switch (f) {
-    case CHAT_CHATML:
-        for (int i = 0; i < n; i++) {
-            put(&w, "<|im_start|>");
-            put(&w, msgs[i].role);
-            put(&w, "\n");
-            put(&w, msgs[i].content);
-            put(&w, "<|im_end|>\n");
-        }
-        if (add_generation_prompt)
-            put(&w, "<|im_start|>assistant\n");
-        break;
     case CHAT_LLAMA3:
         for (int i = 0; i < n; i++) {
             put(&w, "<|start_header_id|>");
@@ -372,22 +343,8 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
     case CHAT_MISTRAL_V3_TEKKEN:
         apply_mistral(&w, f, msgs, n);
         break;
-    case CHAT_MISTRAL_V7:
-        apply_mistral_v7(&w, msgs, n);
-        break;
-    case CHAT_ZEPHYR:
-    case CHAT_FALCON3:
-    case CHAT_DEEPSEEK3:
-    case CHAT_OPENCHAT:
-    case CHAT_VICUNA:
-    case CHAT_VICUNA_ORCA:
-    case CHAT_DEEPSEEK:
-    case CHAT_MONARCH:
-    case CHAT_MEGREZ:
+    default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt);
-        break;
-    case CHAT_PLAIN:
-        apply_plain(&w, msgs, n, add_generation_prompt);
         break;
     }
     if (cap > 0)
