@@ -332,12 +332,6 @@ struct store {
     size_t tokens_cap;
 };
 
-static int db_err(store *s, char *err, const char *what)
-{
-    char msg[ERR_MAX];
-    return err_set(err, "store: %s: %s", what, store_db_message(s->db, msg, sizeof msg));
-}
-
 /* Creates dir and its missing parents with mode 0750. */
 static int make_dirs(const char *dir, char *err)
 {
@@ -446,7 +440,7 @@ static int configure(store *s, char *err)
     if (on != 1)
         return err_set(err, "store: sqlite3 was built without foreign key support");
     if (sqlite3_busy_timeout(s->db, STORE_BUSY_TIMEOUT_MS) != SQLITE_OK)
-        return db_err(s, err, "setting busy timeout");
+        return store_db_err(s, err, "setting busy timeout");
     char limit[64];
     snprintf(limit, sizeof limit, "PRAGMA journal_size_limit = %d", STORE_WAL_LIMIT_BYTES);
     if (exec(s, limit, "limiting the log's size", err) != 0)
@@ -626,7 +620,7 @@ static int run(store *s, sqlite3_stmt *st, const char *what, char *err)
 {
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) {
-        db_err(s, err, what);
+        store_db_err(s, err, what);
         sqlite3_reset(st);
         return -1;
     }
@@ -646,18 +640,18 @@ int store_app_id(store *s, uint32_t uid, const char *name, int64_t *app_id, char
     sqlite3_stmt *ins = stmt(s, ST_APP_INSERT);
     if (sqlite3_bind_int64(ins, 1, uid) != SQLITE_OK || bind_text(ins, 2, name) != SQLITE_OK ||
         sqlite3_bind_int64(ins, 3, clock_wall_ms()) != SQLITE_OK)
-        return db_err(s, err, "app id: binding");
+        return store_db_err(s, err, "app id: binding");
     if (run(s, ins, "app id: inserting", err) != 0)
         return -1;
     sqlite3_stmt *sel = stmt(s, ST_APP_SELECT);
     if (sqlite3_bind_int64(sel, 1, uid) != SQLITE_OK || bind_text(sel, 2, name) != SQLITE_OK)
-        return db_err(s, err, "app id: binding");
+        return store_db_err(s, err, "app id: binding");
     int rc = sqlite3_step(sel);
     if (rc != SQLITE_ROW) {
         if (rc == SQLITE_DONE)
             err_set(err, "store: app id: app (%u, '%s') missing after insert", uid, name);
         else
-            db_err(s, err, "app id: selecting");
+            store_db_err(s, err, "app id: selecting");
         sqlite3_reset(sel);
         return -1;
     }
@@ -684,7 +678,7 @@ int store_context_create(store *s, const char *id, int64_t app_id, const char *s
                 : sqlite3_bind_null(st, 4)) != SQLITE_OK ||
         sqlite3_bind_int64(st, 5, now_ms) != SQLITE_OK ||
         sqlite3_bind_int64(st, 6, now_ms) != SQLITE_OK)
-        return db_err(s, err, "create context: binding");
+        return store_db_err(s, err, "create context: binding");
     char what[96];
     snprintf(what, sizeof what, "create context '%.40s'", id);
     return run(s, st, what, err);
@@ -697,7 +691,7 @@ int store_context_delete(store *s, const char *id, bool *found, char err[ERR_MAX
         return err_set(err, "store: delete context: empty context id");
     sqlite3_stmt *st = stmt(s, ST_CTX_DELETE);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "delete context: binding");
+        return store_db_err(s, err, "delete context: binding");
     char what[96];
     snprintf(what, sizeof what, "delete context '%.40s'", id);
     if (run(s, st, what, err) != 0)
@@ -757,7 +751,7 @@ static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const sto
         }
     }
     if (rc != SQLITE_DONE) {
-        db_err(s, err, what);
+        store_db_err(s, err, what);
         sqlite3_reset(st);
         return -1;
     }
@@ -773,7 +767,7 @@ int store_context_list(store *s, int64_t app_id,
     if (app_id >= 0) {
         st = stmt(s, ST_CTX_LIST_APP);
         if (sqlite3_bind_int64(st, 1, app_id) != SQLITE_OK)
-            return db_err(s, err, "list contexts: binding");
+            return store_db_err(s, err, "list contexts: binding");
     } else if (app_id == -1) {
         st = stmt(s, ST_CTX_LIST_ALL);
     } else {
@@ -793,7 +787,7 @@ int store_context_get(store *s, const char *id,
         return err_set(err, "store: get context: empty context id");
     sqlite3_stmt *st = stmt(s, ST_CTX_GET);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "get context: binding");
+        return store_db_err(s, err, "get context: binding");
     int n;
     int rc = walk_contexts(s, st, fn, arg, &n, "get context", err);
     *found = n > 0;
@@ -833,14 +827,14 @@ static int append_turns(store *s, const char *id, const store_turn *turns, int n
 {
     sqlite3_stmt *st = stmt(s, ST_CTX_TURNS);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "append: binding");
+        return store_db_err(s, err, "append: binding");
     int rc = sqlite3_step(st);
     if (rc == SQLITE_DONE) {
         sqlite3_reset(st);
         return err_set(err, "store: append: no context '%.40s'", id);
     }
     if (rc != SQLITE_ROW) {
-        db_err(s, err, "append: looking up context");
+        store_db_err(s, err, "append: looking up context");
         sqlite3_reset(st);
         return -1;
     }
@@ -859,7 +853,7 @@ static int append_turns(store *s, const char *id, const store_turn *turns, int n
             sqlite3_bind_text(st, 4, t->text, -1, SQLITE_STATIC) != SQLITE_OK ||
             sqlite3_bind_blob64(st, 5, t->n_tokens ? (const void *)s->blob : "",
                                 (sqlite3_uint64)t->n_tokens * 4, SQLITE_STATIC) != SQLITE_OK)
-            return db_err(s, err, "append: binding turn");
+            return store_db_err(s, err, "append: binding turn");
         char what[96];
         snprintf(what, sizeof what, "append turn %lld to context '%.40s'",
                  (long long)(seq + i), id);
@@ -873,7 +867,7 @@ static int append_turns(store *s, const char *id, const store_turn *turns, int n
         sqlite3_bind_int64(st, 2, n_turns) != SQLITE_OK ||
         sqlite3_bind_int64(st, 3, now_ms) != SQLITE_OK ||
         sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "append: binding context update");
+        return store_db_err(s, err, "append: binding context update");
     return run(s, st, "append: updating context", err);
 }
 
@@ -886,7 +880,7 @@ static int set_window(store *s, const char *id, const store_window *w, char *err
         sqlite3_bind_int64(st, 3, w->dropped) != SQLITE_OK ||
         sqlite3_bind_int64(st, 4, w->slides) != SQLITE_OK ||
         sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "window: binding");
+        return store_db_err(s, err, "window: binding");
     if (run(s, st, "window: updating context", err) != 0)
         return -1;
     if (sqlite3_changes(s->db) == 0)
@@ -901,7 +895,7 @@ int store_context_set_model(store *s, const char *id, const char *model, char er
     sqlite3_stmt *st = stmt(s, ST_CTX_MODEL);
     if (sqlite3_bind_text(st, 1, model, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "model: binding");
+        return store_db_err(s, err, "model: binding");
     if (run(s, st, "model: updating context", err) != 0)
         return -1;
     if (sqlite3_changes(s->db) == 0)
@@ -919,7 +913,7 @@ int store_context_set_stats(store *s, const char *id, const void *bytes, size_t 
     sqlite3_stmt *st = stmt(s, ST_CTX_STATS_PUT);
     int rc = n ? sqlite3_bind_blob(st, 1, bytes, (int)n, SQLITE_STATIC) : sqlite3_bind_null(st, 1);
     if (rc != SQLITE_OK || sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "stats: binding");
+        return store_db_err(s, err, "stats: binding");
     if (run(s, st, "stats: updating context", err) != 0)
         return -1;
     if (sqlite3_changes(s->db) == 0)
@@ -936,14 +930,14 @@ int store_context_get_stats(store *s, const char *id, void **bytes, size_t *n,
         return err_set(err, "store: stats: empty context id");
     sqlite3_stmt *st = stmt(s, ST_CTX_STATS_GET);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "stats: binding");
+        return store_db_err(s, err, "stats: binding");
     int rc = sqlite3_step(st);
     if (rc == SQLITE_DONE) {
         sqlite3_reset(st);
         return err_set(err, "store: stats: no context '%.40s'", id);
     }
     if (rc != SQLITE_ROW) {
-        db_err(s, err, "stats: reading context");
+        store_db_err(s, err, "stats: reading context");
         sqlite3_reset(st);
         return -1;
     }
@@ -1058,7 +1052,7 @@ int store_context_turns(store *s, const char *id,
         return err_set(err, "store: turns: empty context id");
     sqlite3_stmt *st = stmt(s, ST_TURN_SELECT);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "turns: binding");
+        return store_db_err(s, err, "turns: binding");
     int rc, n_rows = 0;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t seq = sqlite3_column_int64(st, 0);
@@ -1092,7 +1086,7 @@ int store_context_turns(store *s, const char *id,
         }
     }
     if (rc != SQLITE_DONE) {
-        db_err(s, err, "turns: reading");
+        store_db_err(s, err, "turns: reading");
         sqlite3_reset(st);
         return -1;
     }
@@ -1103,13 +1097,13 @@ int store_context_turns(store *s, const char *id,
     /* No turns: an empty context is fine, an unknown one is an error. */
     st = stmt(s, ST_CTX_TURNS);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "turns: binding");
+        return store_db_err(s, err, "turns: binding");
     rc = sqlite3_step(st);
     sqlite3_reset(st);
     if (rc == SQLITE_DONE)
         return err_set(err, "store: turns: no context '%.40s'", id);
     if (rc != SQLITE_ROW)
-        return db_err(s, err, "turns: looking up context");
+        return store_db_err(s, err, "turns: looking up context");
     return 0;
 }
 
@@ -1139,7 +1133,7 @@ int store_setting_put(store *s, const char *key, const double *values, int n,
     if (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_blob64(st, 2, n ? (const void *)s->blob : "", (sqlite3_uint64)n * 8,
                             SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "put setting: binding");
+        return store_db_err(s, err, "put setting: binding");
     char what[96];
     snprintf(what, sizeof what, "put setting '%.60s'", key);
     return run(s, st, what, err);
@@ -1156,14 +1150,14 @@ int store_setting_get(store *s, const char *key, double *values, int max, int *n
         return err_set(err, "store: get setting '%.60s': bad capacity %d", key, max);
     sqlite3_stmt *st = stmt(s, ST_SETTING_GET);
     if (sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) != SQLITE_OK)
-        return db_err(s, err, "get setting: binding");
+        return store_db_err(s, err, "get setting: binding");
     int rc = sqlite3_step(st);
     if (rc == SQLITE_DONE) {
         sqlite3_reset(st);
         return 0;
     }
     if (rc != SQLITE_ROW) {
-        db_err(s, err, "get setting");
+        store_db_err(s, err, "get setting");
         sqlite3_reset(st);
         return -1;
     }
