@@ -1454,12 +1454,9 @@ rerank_task *rerank_begin_tokens(reranker *rr, const int32_t *const *pairs, cons
     for (int i = 0; i < n_docs; i++) {
         if (!pairs[i] || lens[i] <= 0)
             return err_set(err, "document %d has no tokens", i), NULL;
-        if (lens[i] > rr->max_len && rr->enc)
-            return err_set(err, "document %d has %d tokens, more than the encoder's %d", i,
-                           lens[i], rr->max_len), NULL;
         if (lens[i] > rr->max_len)
-            return err_set(err, "document %d has %d tokens, more than the model's %d "
-                                "positions", i, lens[i], rr->max_len), NULL;
+            return err_set(err, "document %d has %d tokens, more than the %s's %d positions",
+                           i, lens[i], rr->enc ? "encoder" : "model", rr->max_len), NULL;
         for (int t = 0; t < lens[i]; t++)
             if (pairs[i][t] < 0 || pairs[i][t] >= hp->n_vocab)
                 return err_set(err, "document %d token %d id %d out of range [0, %d)",
