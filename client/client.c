@@ -346,12 +346,16 @@ void llms_params_init(llms_params *p)
     *p = (llms_params)LLMS_PARAMS_INIT;
 }
 
-/* Fills g from p; returns whether anything is set (NULL p: nothing). */
-int client_params_to_proto(const llms_params *p, Llms__GenerationParams *g)
+enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_params_pb *pb)
 {
+    *pb = (client_params_pb){0};
+    Llms__GenerationParams *g = &pb->g;
     llms__generation_params__init(g);
     if (!p)
-        return 0;
+        return LLMS_OK;
+    if (p->n_logit_bias > 0 && !p->logit_bias)
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "n_logit_bias is %zu and logit_bias NULL",
+                           p->n_logit_bias);
     g->has_temperature = !isnan(p->temperature);
     g->temperature = p->temperature;
     g->has_top_k = p->top_k != LLMS_UNSET;
@@ -375,9 +379,44 @@ int client_params_to_proto(const llms_params *p, Llms__GenerationParams *g)
                      : p->speculation == LLMS_SPECULATION_DRAFT ? LLMS__SPECULATION__SPECULATION_DRAFT
                      : p->speculation == LLMS_SPECULATION_BOTH  ? LLMS__SPECULATION__SPECULATION_BOTH
                                                                 : LLMS__SPECULATION__SPECULATION_OFF;
-    return g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p ||
-           g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
-           g->has_seed || g->n_stop > 0 || g->has_speculation;
+    g->has_frequency_penalty = !isnan(p->frequency_penalty);
+    g->frequency_penalty = p->frequency_penalty;
+    g->has_presence_penalty = !isnan(p->presence_penalty);
+    g->presence_penalty = p->presence_penalty;
+    if (p->n_logit_bias > 0) {
+        pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
+        pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
+        if (!pb->bias || !pb->bias_ptrs) {
+            client_params_pb_free(pb);
+            return client_fail(c, LLMS_ERR_INTERNAL, "out of memory for %zu logit biases",
+                               p->n_logit_bias);
+        }
+        for (size_t i = 0; i < p->n_logit_bias; i++) {
+            llms__token_bias__init(&pb->bias[i]);
+            pb->bias[i].token = p->logit_bias[i].token;
+            pb->bias[i].bias = p->logit_bias[i].bias;
+            pb->bias_ptrs[i] = &pb->bias[i];
+        }
+        g->n_logit_bias = p->n_logit_bias;
+        g->logit_bias = pb->bias_ptrs;
+    }
+    pb->any_set = g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p ||
+                  g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
+                  g->has_seed || g->n_stop > 0 || g->has_speculation ||
+                  g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0;
+    return LLMS_OK;
+}
+
+Llms__GenerationParams *client_params_packed(client_params_pb *pb)
+{
+    return pb->any_set ? &pb->g : NULL;
+}
+
+void client_params_pb_free(client_params_pb *pb)
+{
+    free(pb->bias);
+    free(pb->bias_ptrs);
+    *pb = (client_params_pb){0};
 }
 
 /* ---- session ---- */

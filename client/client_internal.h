@@ -62,8 +62,24 @@ enum llms_status client_check_str(llms_conn *c, const char *s, const char *what)
 /* strdup, NULL for NULL. */
 char *client_dup_or_null(const char *s);
 
-/* Fills g from p (NULL: nothing set); whether anything is set. g points into p. */
-int client_params_to_proto(const llms_params *p, Llms__GenerationParams *g);
+/* An llms_params packed for the wire: g points into the app's llms_params (the stop
+ * strings) and into bias, which the pack owns. */
+typedef struct client_params_pb {
+    Llms__GenerationParams g;
+    Llms__TokenBias *bias;       /* (n_logit_bias) */
+    Llms__TokenBias **bias_ptrs; /* (n_logit_bias) into bias */
+    int any_set;                 /* whether g sets anything */
+} client_params_pb;
+
+/* Packs p (NULL: nothing set) into pb, which client_params_pb_free releases: INVALID_ARGUMENT
+ * for a logit_bias count without its array, INTERNAL out of memory (pb then holds
+ * nothing). */
+enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_params_pb *pb);
+
+/* &pb->g when the pack sets anything, else NULL (the request's field stays unset). */
+Llms__GenerationParams *client_params_packed(client_params_pb *pb);
+
+void client_params_pb_free(client_params_pb *pb);
 
 /* Cancels request id (its own answer is skipped by client_next_for). */
 enum llms_status client_send_cancel(llms_conn *c, uint64_t id);

@@ -58,11 +58,13 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
                                               enum llms_overflow overflow,
                                               char id_out[LLMS_ID_MAX])
 {
-    Llms__GenerationParams g;
+    client_params_pb pb;
+    enum llms_status s = client_params_pack(c, params, &pb);
+    if (s != LLMS_OK)
+        return s;
     Llms__CreateContextRequest cc = LLMS__CREATE_CONTEXT_REQUEST__INIT;
     cc.system_prompt = (char *)system_prompt;
-    if (client_params_to_proto(params, &g))
-        cc.defaults = &g;
+    cc.defaults = client_params_packed(&pb);
     if (params)
         cc.model = (char *)params->model;
     if (overflow != LLMS_OVERFLOW_DEFAULT) {
@@ -73,7 +75,8 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
     req.body_case = LLMS__REQUEST__BODY_CREATE_CONTEXT;
     req.create_context = &cc;
     Llms__Response *r;
-    enum llms_status s = client_unary(c, &req, LLMS__RESPONSE__BODY_CREATE_CONTEXT, &r);
+    s = client_unary(c, &req, LLMS__RESPONSE__BODY_CREATE_CONTEXT, &r);
+    client_params_pb_free(&pb);
     if (s != LLMS_OK)
         return s;
     const char *id = r->create_context->context_id;
@@ -117,12 +120,13 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
     enum llms_status s = client_check_str(c, context_id, "context_id");
     if (s != LLMS_OK || (s = client_check_str(c, prompt, "prompt")) != LLMS_OK)
         return s;
-    Llms__GenerationParams g;
+    client_params_pb pb;
+    if ((s = client_params_pack(c, params, &pb)) != LLMS_OK)
+        return s;
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
     call.context_id = (char *)context_id;
     call.prompt = (char *)prompt;
-    if (client_params_to_proto(params, &g))
-        call.params = &g;
+    call.params = client_params_packed(&pb);
     if (params && params->raw) {
         call.has_raw = 1;
         call.raw = 1;
@@ -133,7 +137,9 @@ enum llms_status llms_call(llms_conn *c, const char *context_id, const char *pro
     req.body_case = LLMS__REQUEST__BODY_CALL;
     req.call = &call;
     uint64_t id;
-    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
+    s = client_send_request(c, &req, &id);
+    client_params_pb_free(&pb);
+    if (s != LLMS_OK)
         return s;
     return client_stream(c, id, on_text, user, out, NULL);
 }
@@ -160,21 +166,24 @@ enum llms_status llms_complete(llms_conn *c, const char *prompt, const char *sys
     enum llms_status s = client_check_str(c, prompt, "prompt");
     if (s != LLMS_OK)
         return s;
-    Llms__GenerationParams g;
+    client_params_pb pb;
+    if ((s = client_params_pack(c, params, &pb)) != LLMS_OK)
+        return s;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
     cr.prompt = (char *)prompt;
     cr.system_prompt = (char *)system_prompt;
     cr.has_chat = 1;
     cr.chat = chat != 0;
-    if (client_params_to_proto(params, &g))
-        cr.params = &g;
+    cr.params = client_params_packed(&pb);
     if (params)
         cr.model = (char *)params->model;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_COMPLETE;
     req.complete = &cr;
     uint64_t id;
-    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
+    s = client_send_request(c, &req, &id);
+    client_params_pb_free(&pb);
+    if (s != LLMS_OK)
         return s;
     return client_stream(c, id, on_text, user, out, NULL);
 }

@@ -20,7 +20,7 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
         return client_fail(c, LLMS_ERR_INVALID_ARGUMENT, "incomplete graph definition");
     Llms__GraphNode *nodes = calloc(def->n_nodes + 1, sizeof *nodes);
     Llms__GraphNode **np = calloc(def->n_nodes + 1, sizeof *np);
-    Llms__GenerationParams *params = calloc(def->n_nodes + 1, sizeof *params);
+    client_params_pb *params = calloc(def->n_nodes + 1, sizeof *params);
     Llms__GraphEdge *edges = calloc(def->n_edges + 1, sizeof *edges);
     Llms__GraphEdge **ep = calloc(def->n_edges + 1, sizeof *ep);
     if (!nodes || !np || !params || !edges || !ep) {
@@ -46,8 +46,9 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
         nodes[i].kind = (Llms__GraphNodeKind)n->kind;
         if (n->kind == LLMS_GRAPH_GENERATE) {
             nodes[i].prompt = (char *)n->prompt;
-            if (client_params_to_proto(n->params, &params[i]))
-                nodes[i].params = &params[i];
+            if ((s = client_params_pack(c, n->params, &params[i])) != LLMS_OK)
+                goto out;
+            nodes[i].params = client_params_packed(&params[i]);
             nodes[i].has_chat = n->chat != 0;
             nodes[i].chat = n->chat != 0;
         } else {
@@ -83,6 +84,8 @@ enum llms_status llms_graph_create(llms_conn *c, const char *name, const llms_gr
     req.graph_create = &gc;
     s = client_unary_ok(c, &req);
 out:
+    for (size_t i = 0; params && i < def->n_nodes; i++)
+        client_params_pb_free(&params[i]);
     free(nodes);
     free(np);
     free(params);
@@ -247,13 +250,14 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
         vars[i].value = (char *)inputs[i].value;
         vp[i] = &vars[i];
     }
-    Llms__GenerationParams g;
+    client_params_pb pb = {0};
+    if (s == LLMS_OK)
+        s = client_params_pack(c, params, &pb);
     Llms__GraphRunRequest gr = LLMS__GRAPH_RUN_REQUEST__INIT;
     gr.graph = (char *)graph;
     gr.n_inputs = n;
     gr.inputs = vp;
-    if (client_params_to_proto(params, &g))
-        gr.params = &g;
+    gr.params = client_params_packed(&pb);
     gr.has_speculate = spec != LLMS_SPECULATE_DEFAULT;
     gr.speculate = spec == LLMS_SPECULATE_ON;
     Llms__Request req = LLMS__REQUEST__INIT;
@@ -262,6 +266,7 @@ enum llms_status llms_graph_run_speculate(llms_conn *c, const char *graph,
     uint64_t id;
     if (s == LLMS_OK)
         s = client_send_request(c, &req, &id);
+    client_params_pb_free(&pb);
     free(vars);
     free(vp);
     if (s != LLMS_OK)

@@ -347,7 +347,9 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
     enum llms_status s = client_check_str(c, kb, "kb");
     if (s != LLMS_OK || (s = client_check_str(c, question, "question")) != LLMS_OK)
         return s;
-    Llms__GenerationParams g;
+    client_params_pb pb;
+    if ((s = client_params_pack(c, opt ? opt->params : NULL, &pb)) != LLMS_OK)
+        return s;
     Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
     rq.kb = (char *)kb;
     rq.question = (char *)question;
@@ -357,8 +359,7 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
         rq.has_retrieval = 1;
         rq.retrieval = (Llms__Retrieval)opt->retrieval;
         rq.system_prompt = (char *)opt->system_prompt;
-        if (client_params_to_proto(opt->params, &g))
-            rq.params = &g;
+        rq.params = client_params_packed(&pb);
         rq.has_no_qa = opt->no_qa != 0;
         rq.no_qa = opt->no_qa != 0;
         rq.has_no_qkv = opt->no_qkv != 0;
@@ -370,7 +371,9 @@ enum llms_status llms_rag_query(llms_conn *c, const char *kb, const char *questi
     req.body_case = LLMS__REQUEST__BODY_RAG_QUERY;
     req.rag_query = &rq;
     uint64_t id;
-    if ((s = client_send_request(c, &req, &id)) != LLMS_OK)
+    s = client_send_request(c, &req, &id);
+    client_params_pb_free(&pb);
+    if (s != LLMS_OK)
         return s;
     s = client_stream(c, id, on_text, user, NULL, res);
     if (!out)

@@ -113,13 +113,19 @@ const char *llms_memory_name(enum llms_memory m);
 /* An unset integer field of llms_params. */
 #define LLMS_UNSET INT32_MIN
 
+/* A number added to one token's logit before every other sampling step (OpenAI's
+ * logit_bias): -100 bans the token, 100 all but forces it. */
+typedef struct llms_logit_bias {
+    int32_t token; /* an id of the model's vocabulary (llms_tokenize gives them) */
+    float bias;    /* [-100, 100] */
+} llms_logit_bias;
+
 /*
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
- * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The protocol
- * has three settings more, frequency_penalty, presence_penalty and logit_bias (the HTTP
- * gateway takes them, and the daemon's settings give the first two defaults): a field
- * more here would change this struct's layout, which waits for the next soname.
+ * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
+ * after speculation came with libllmsclient.so.3: an app built against an older llms.h
+ * must be rebuilt, which the new soname makes the loader say.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
@@ -141,6 +147,15 @@ typedef struct llms_params {
                                LLMS_ERR_FAILED_PRECONDITION. */
     int speculation;        /* enum llms_speculation; LLMS_SPECULATION_DEFAULT: the
                                daemon's `speculate` */
+    /* OpenAI's, in [-2, 2]; 0: off. Over the same recent tokens as repeat_penalty, after
+       it: a token's logit less frequency_penalty times its count there, and less
+       presence_penalty once if it is there at all. */
+    float frequency_penalty;
+    float presence_penalty;
+    const llms_logit_bias *logit_bias; /* (n_logit_bias) at most 1024; a token named twice
+                                          gets the sum. Set, the list replaces the
+                                          context's whole list, as stop strings do. */
+    size_t n_logit_bias;
 } llms_params;
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
@@ -158,7 +173,8 @@ enum llms_speculation {
 #define LLMS_PARAMS_INIT                                                              \
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
-            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0     \
+            __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0                           \
     }
 
 /* Sets every field of *p to unset. */

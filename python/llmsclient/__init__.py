@@ -30,8 +30,8 @@ from the first of these that loads:
     run in place, or pip install -e), then of the checkout pip installed it from (pip
     records that folder beside the package, PEP 610 direct_url.json). A folder counts as
     a checkout when it has client/llms.h.
- 4. libllmsclient.so.2 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
- 5. libllmsclient.so.2 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+ 4. libllmsclient.so.3 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.3 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
 
 The current directory is never searched. When none loads, LibraryNotFoundError (an
 OSError) names every path tried and why it failed. library_path() says which was loaded.
@@ -110,7 +110,13 @@ class _Params(ctypes.Structure):
         ("seed", ctypes.c_uint64), ("stop", ctypes.POINTER(ctypes.c_char_p)),
         ("n_stop", ctypes.c_size_t), ("raw", ctypes.c_int),
         ("model", ctypes.c_char_p), ("speculation", ctypes.c_int),
+        ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
+        ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
     ]
+
+
+class _LogitBias(ctypes.Structure):
+    _fields_ = [("token", ctypes.c_int32), ("bias", ctypes.c_float)]
 
 
 class _Result(ctypes.Structure):
@@ -280,7 +286,7 @@ _KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ct
 
 # The ABI the Structures above describe: what `make install` installs and what the
 # dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
-_SONAME = "libllmsclient.so.2"
+_SONAME = "libllmsclient.so.3"
 # Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). Installed
 # through a DESTDIR, nothing may have run ldconfig yet, and the dynamic loader alone would
 # not find it under /usr/local/lib.
@@ -441,10 +447,11 @@ def _u32(name, v):
 
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
-            repeat_penalty=None, seed=None, stop=None, model=None, speculation=None):
-    """A llms_params with the given fields set; keeps the stop strings alive.
-    speculation: "off", "lookup", "draft" or "both" (speculative decoding; None: the
-    daemon's)."""
+            repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
+            frequency_penalty=None, presence_penalty=None, logit_bias=None):
+    """A llms_params with the given fields set, and what keeps its stop strings and
+    biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
+    None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -462,17 +469,31 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.min_p = min_p
     if repeat_penalty is not None:
         p.repeat_penalty = repeat_penalty
+    if frequency_penalty is not None:
+        p.frequency_penalty = frequency_penalty
+    if presence_penalty is not None:
+        p.presence_penalty = presence_penalty
     if top_k is not None:
         p.top_k = top_k
     if max_tokens is not None:
         p.max_tokens = max_tokens
     if seed is not None:
         p.has_seed, p.seed = 1, seed
-    keep = None
+    keep = []
     if stop:
         stops = [stop] if isinstance(stop, str) else list(stop)
-        keep = (ctypes.c_char_p * len(stops))(*[_b(s) for s in stops])
-        p.stop, p.n_stop = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)), len(stops)
+        arr = (ctypes.c_char_p * len(stops))(*[_b(s) for s in stops])
+        p.stop, p.n_stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), len(stops)
+        keep.append(arr)
+    if logit_bias:
+        items = list(logit_bias.items())
+        for token, _ in items:
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise ValueError("llmsclient: logit_bias maps token ids (ints) to biases, "
+                                 "not %r" % (token,))
+        arr = (_LogitBias * len(items))(*[_LogitBias(t, b) for t, b in items])
+        p.logit_bias, p.n_logit_bias = ctypes.cast(arr, ctypes.c_void_p), len(items)
+        keep.append(arr)
     return p, keep
 
 

@@ -53,6 +53,30 @@ class ClientTest(unittest.TestCase):
         self.assertLessEqual(self.c.last_result.generated_tokens, 8)
         self.assertIn(self.c.last_result.stop_reason, ("eos", "max_tokens"))
 
+    def test_logit_bias_and_penalties_reach_the_sampler(self):
+        plain = self.c.complete("one two three", max_tokens=12, temperature=0)
+        self.assertTrue(plain.startswith("tok"), plain)
+        first = int("".join(ch for ch in plain[3:8] if ch.isdigit()) or "0")
+        banned = self.c.complete("one two three", max_tokens=12, temperature=0,
+                                 logit_bias={first: -100})
+        self.assertFalse(banned.startswith("tok%d" % first)
+                         and not banned[3 + len(str(first))].isdigit(), banned)
+        penalties = dict(frequency_penalty=2.0, presence_penalty=1.0)
+        with_defaults = self.c.create_context(**penalties)
+        per_call, unpenalised = self.c.create_context(), self.c.create_context()
+        a = with_defaults.call("one two three", max_tokens=12, temperature=0)
+        b = per_call.call("one two three", max_tokens=12, temperature=0, **penalties)
+        c = unpenalised.call("one two three", max_tokens=12, temperature=0)
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, c)
+        for ctx in (with_defaults, per_call, unpenalised):
+            ctx.delete()
+        with self.assertRaises(ValueError):
+            self.c.complete("x", logit_bias={"7": 1.0})
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", logit_bias={7: 500.0})
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+
     def test_streamed_call_equals_whole_call(self):
         s = self.c.create_context(system="You answer.")
         w = self.c.create_context(system="You answer.")
@@ -707,8 +731,8 @@ class LibrarySearchTest(unittest.TestCase):
             self.skipTest("a libllmsclient is installed on this machine")
         self.assertTrue(out.startswith("True\n"), out)
         for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
-                      "/usr/local/lib/libllmsclient.so.2", "/usr/lib/libllmsclient.so.2",
-                      "\n  libllmsclient.so.2: "]:
+                      "/usr/local/lib/libllmsclient.so.3", "/usr/lib/libllmsclient.so.3",
+                      "\n  libllmsclient.so.3: "]:
             self.assertIn(tried, out)
         self.assertIn("LLMS_CLIENT_LIB", out)
         self.assertIn("make install", out)
@@ -734,6 +758,7 @@ class LayoutTest(unittest.TestCase):
         "llms_graph_info": llmsclient._GraphInfo, "llms_graph_var": llmsclient._GraphVar,
         "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
         "llms_graph_result": llmsclient._GraphResult,
+        "llms_logit_bias": llmsclient._LogitBias,
     }
 
     def test_structures_match_llms_h(self):

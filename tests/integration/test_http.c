@@ -284,6 +284,62 @@ static void completion_matches_native(void)
     llms_result_free(&want);
 }
 
+/* llms_params' penalties and logit_bias (libllmsclient.so.3) reach the sampler as the
+ * gateway's fields do: the same request both ways gives the same text, unlike the
+ * request without them; as a context's defaults they apply to its calls. */
+static void native_params_carry_penalties_and_bias(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 12;
+    llms_result plain = {0};
+    CHECK_EQ(llms_complete(c, "one two three", NULL, 0, &p, NULL, NULL, &plain), LLMS_OK);
+    CHECK_MSG(!strncmp(plain.text, "tok", 3), "%s", plain.text);
+    int first = atoi(plain.text + 3);
+    const llms_logit_bias bias[] = {{first, -100}, {first == 9 ? 10 : 9, 3}};
+    p.logit_bias = bias;
+    p.n_logit_bias = 2;
+    p.frequency_penalty = 1.5f;
+    p.presence_penalty = 0.5f;
+    llms_result native = {0};
+    CHECK_EQ(llms_complete(c, "one two three", NULL, 0, &p, NULL, NULL, &native), LLMS_OK);
+    CHECK_MSG(strcmp(native.text, plain.text) != 0, "the fields changed nothing: %s", native.text);
+
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"one two three\",\"temperature\":0,\"max_tokens\":12,"
+             "\"frequency_penalty\":1.5,\"presence_penalty\":0.5,"
+             "\"logit_bias\":{\"%d\":-100,\"%d\":3}}", bias[0].token, bias[1].token);
+    int st;
+    json_object *o = post("/v1/completions", body, &st);
+    CHECK(o && st == 200);
+    CHECK_MSG(!strcmp(httpc_jstr(o, "choices.0.text"), native.text), "http '%s', native '%s'",
+              httpc_jstr(o, "choices.0.text"), native.text);
+    json_object_put(o);
+
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, &p, id), LLMS_OK);
+    llms_params call = LLMS_PARAMS_INIT;
+    call.temperature = 0;
+    call.max_tokens = 12;
+    call.raw = 1;
+    llms_result ctx = {0};
+    CHECK_EQ(llms_call(c, id, "one two three", &call, NULL, NULL, &ctx), LLMS_OK);
+    CHECK_MSG(!strcmp(ctx.text, native.text), "context '%s', complete '%s'", ctx.text, native.text);
+    CHECK_EQ(llms_context_delete(c, id), LLMS_OK);
+
+    p.logit_bias = NULL;
+    CHECK_EQ(llms_complete(c, "one", NULL, 0, &p, NULL, NULL, NULL), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "logit_bias"), "%s", llms_last_error(c));
+    llms_result_free(&plain);
+    llms_result_free(&native);
+    llms_result_free(&ctx);
+    llms_close(c);
+}
+
 /* Streams a request and returns the text of its deltas; *done: ended with [DONE]. */
 static char *stream_text(const char *path, const char *body, bool chat, int *status, bool *done,
                          bool *usage, char **finish)
@@ -1298,6 +1354,7 @@ int main(int argc, char **argv)
     RUN(completion_matches_native);
     RUN(frequency_and_presence_penalties_apply);
     RUN(logit_bias_applies);
+    RUN(native_params_carry_penalties_and_bias);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
