@@ -506,14 +506,7 @@ static char *prompt_text(const run_options *o, const model *m, size_t *len,
     if (!raw || !o->chat)
         return raw;
 
-    gguf_str tmpl_str;
-    char *tmpl = NULL;
-    if (o->chat_template)
-        tmpl = strdup(o->chat_template);
-    else if (gguf_get_str(model_gguf(m), "tokenizer.chat_template", &tmpl_str))
-        tmpl = strndup(tmpl_str.ptr, tmpl_str.len);
-    *family = chat_detect(tmpl);
-    free(tmpl);
+    *family = o->chat_template ? chat_detect(o->chat_template) : chat_detect_file(model_gguf(m));
 
     struct chat_message msgs[2];
     int n = 0;

@@ -418,18 +418,6 @@ static int open_decoder_apart(models_entry *e, int threads, char err[ERR_MAX])
     return 0;
 }
 
-/* The chat template family a model's file names (CHAT_PLAIN when none). */
-static enum chat_family file_chat_family(const model *m)
-{
-    gguf_str t;
-    if (!gguf_get_str(model_gguf(m), "tokenizer.chat_template", &t))
-        return CHAT_PLAIN;
-    char *s = strndup(t.ptr, t.len);
-    enum chat_family f = s ? chat_detect(s) : CHAT_PLAIN;
-    free(s);
-    return f;
-}
-
 /* Opens what e's roles need now (the reranker waits for its first call); apart: e
  * embeds on its own runner (models_embeds_apart). */
 static int entry_open(models_entry *e, int threads, gguf_load load, bool repack, bool apart,
@@ -442,7 +430,7 @@ static int entry_open(models_entry *e, int threads, gguf_load load, bool repack,
             return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);
         e->copied = load == GGUF_LOAD_COPY;
         if (e->roles & MODELS_GENERATE)
-            e->family = file_chat_family(e->m);
+            e->family = chat_detect_file(model_gguf(e->m));
     }
     if (apart && open_decoder_apart(e, threads, why) < 0)
         return err_set(err, "model '%s' (%s): %s", e->name, e->path, why);

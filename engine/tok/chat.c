@@ -2,6 +2,7 @@
 #include "engine/tok/chat.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const family_names[] = {
@@ -29,6 +30,17 @@ static const char *const family_names[] = {
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
 _Static_assert(N_FAMILIES == CHAT_N_FAMILIES, "a family without a name");
+
+enum chat_family chat_detect_file(const gguf_file *g)
+{
+    gguf_str t;
+    if (!gguf_get_str(g, "tokenizer.chat_template", &t))
+        return CHAT_PLAIN;
+    char *text = strndup(t.ptr, t.len);
+    enum chat_family f = chat_detect(text);
+    free(text);
+    return f;
+}
 
 const char *chat_family_name(enum chat_family f)
 {

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "engine/gguf/gguf.h"
+
 enum chat_family {
     /* Not a model's format: "System: ...\nUser: ...\nAssistant: ...\n" lines, and
      * "Assistant:" as the generation prompt; for models without a known template. */
@@ -80,6 +82,9 @@ enum chat_family {
  * GLM-Edge's). NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
+
+/* chat_detect of a model file's tokenizer.chat_template (CHAT_PLAIN without one). */
+enum chat_family chat_detect_file(const gguf_file *g);
 
 /* Short name of a family ("chatml", "llama3", "llama2-sys", "mistral-v7", "plain"...). */
 const char *chat_family_name(enum chat_family f);
