@@ -49,7 +49,7 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/health", "/metrics", "other",
+    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/metrics", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -344,6 +344,10 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
         openai_on_embed(hr, r->embed);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
         openai_on_rerank(hr, r->rerank);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_TOKENIZE) {
+        tokroute_on_tokenize(hr, r->tokenize);
+    } else if (r->body_case == LLMS__RESPONSE__BODY_DETOKENIZE) {
+        tokroute_on_detokenize(hr, r->detokenize);
     } else if (r->body_case == LLMS__RESPONSE__BODY_STATUS) {
         on_status(hr, r->status);
     } else {
@@ -753,6 +757,10 @@ static void hreq_start(hreq *hr)
         break;
     case R_RAG:
         openai_start_rag(hr, &rq, msg, sizeof msg);
+        break;
+    case R_TOKENIZE:
+    case R_DETOKENIZE:
+        tokroute_start(hr, &rq, msg, sizeof msg);
         break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;

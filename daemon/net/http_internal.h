@@ -26,6 +26,8 @@ enum route {
     R_EMBEDDINGS,
     R_RERANK,
     R_RAG,
+    R_TOKENIZE,
+    R_DETOKENIZE,
     R_HEALTH,
     R_METRICS,
     R_OTHER,
@@ -151,6 +153,15 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* ---- tokroute.c: /tokenize and /detokenize (llama.cpp's server's shape) ---- */
+
+/* As openai_start_generate, for hr's route R_TOKENIZE or R_DETOKENIZE. */
+void tokroute_start(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* hr's answer from the native Tokenize or Detokenize reply; each ends hr. */
+void tokroute_on_tokenize(hreq *hr, const Llms__TokenizeResponse *t);
+void tokroute_on_detokenize(hreq *hr, const Llms__DetokenizeResponse *d);
 
 /* Answers GET /v1/models (id NULL) or GET /v1/models/{id} (id_len bytes) from h's view
  * of the registry. */

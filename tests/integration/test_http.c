@@ -340,6 +340,73 @@ static void native_params_carry_penalties_and_bias(void)
     llms_close(c);
 }
 
+/* POST /tokenize and /detokenize answer as llama.cpp's server does, with the ids and
+ * the text the native Tokenize and Detokenize give. */
+static void tokenize_and_detokenize_routes(void)
+{
+    NEED(daemon_up, start_daemon());
+    llms_conn *c = proc_connect(&daemon_, "tok");
+    CHECK(c);
+    int32_t *want;
+    size_t n_want;
+    CHECK_EQ(llms_tokenize(c, "one two three", 1, 0, &want, &n_want), LLMS_OK);
+    int st;
+    json_object *o = post("/tokenize", "{\"content\":\"one two three\",\"add_special\":true}", &st);
+    CHECK_MSG(o && st == 200, "%d", st);
+    json_object *tokens;
+    CHECK(json_object_object_get_ex(o, "tokens", &tokens));
+    CHECK_EQ(json_object_array_length(tokens), n_want);
+    CHECK_EQ(atoi(httpc_jstr(o, "count")), (int)n_want);
+    char body[1024] = "{\"tokens\":[";
+    for (size_t i = 0; i < n_want; i++) {
+        CHECK_EQ(json_object_get_int(json_object_array_get_idx(tokens, i)), want[i]);
+        snprintf(body + strlen(body), sizeof body - strlen(body), "%s%d", i ? "," : "", want[i]);
+    }
+    strcat(body, "]}");
+    json_object_put(o);
+    /* vLLM's names, and add_special off by default */
+    o = post("/tokenize", "{\"prompt\":\"one two three\"}", &st);
+    CHECK(o && st == 200);
+    int32_t *bare;
+    size_t n_bare;
+    CHECK_EQ(llms_tokenize(c, "one two three", 0, 0, &bare, &n_bare), LLMS_OK);
+    CHECK_EQ(atoi(httpc_jstr(o, "count")), (int)n_bare);
+    json_object_put(o);
+
+    char *text;
+    CHECK_EQ(llms_detokenize(c, want, n_want, &text), LLMS_OK);
+    o = post("/detokenize", body, &st);
+    CHECK(o && st == 200);
+    CHECK_MSG(!strcmp(httpc_jstr(o, "content"), text), "'%s' vs '%s'", httpc_jstr(o, "content"),
+              text);
+    json_object_put(o);
+
+    static const struct {
+        const char *path, *body, *says;
+    } bad[] = {
+        {"/tokenize", "{}", "content"},
+        {"/tokenize", "{\"content\":\"a\",\"with_pieces\":true}", "with_pieces"},
+        {"/tokenize", "{\"content\":\"a\",\"add_special\":1}", "add_special"},
+        {"/detokenize", "{\"tokens\":[1,-2]}", "tokens[1]"},
+        {"/detokenize", "{\"tokens\":[1,300]}", "vocabulary"},
+        {"/detokenize", "{\"tokens\":\"1 2\"}", "array"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o = post(bad[i].path, bad[i].body, &st);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && msg && strstr(msg, bad[i].says), "%s %s: %d %s", bad[i].path,
+                  bad[i].body, st, msg ? msg : "");
+        json_object_put(o);
+    }
+    o = post("/tokenize", "{\"content\":\"a\",\"model\":\"nonesuch\"}", &st);
+    CHECK_EQ(st, 404);
+    json_object_put(o);
+    free(want);
+    free(bare);
+    free(text);
+    llms_close(c);
+}
+
 /* Streams a request and returns the text of its deltas; *done: ended with [DONE]. */
 static char *stream_text(const char *path, const char *body, bool chat, int *status, bool *done,
                          bool *usage, char **finish)
@@ -1355,6 +1422,7 @@ int main(int argc, char **argv)
     RUN(frequency_and_presence_penalties_apply);
     RUN(logit_bias_applies);
     RUN(native_params_carry_penalties_and_bias);
+    RUN(tokenize_and_detokenize_routes);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
