@@ -812,8 +812,8 @@ static void malformed_input_never_crashes(void)
         "{\"messages\":[{\"role\":null,\"content\":\"x\"}],\"llmsd\":{\"context\":\"c\"}}",
     };
     const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-                           "/v1/rerank"};
-    for (size_t p = 0; p < 4; p++)
+                           "/v1/rerank", "/tokenize", "/detokenize"};
+    for (size_t p = 0; p < sizeof paths / sizeof *paths; p++)
         for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
             httpc_reply r;
             CHECK(httpc_do(hsock, 0, "POST", paths[p], NULL, bodies[i], &r) == 0);
@@ -910,15 +910,17 @@ static void random_bodies_never_crash(void)
     NEED(daemon_up, start_daemon());
     test_random_seed(&body_rng);
     static const char *const paths[] = {"/v1/completions", "/v1/chat/completions",
-                                        "/v1/embeddings", "/v1/rerank", "/v1/llmsd/rag"};
+                                        "/v1/embeddings", "/v1/rerank", "/v1/llmsd/rag",
+                                        "/tokenize", "/detokenize"};
     static const char *const valid[] = {
         "{\"prompt\":\"Hi\",\"max_tokens\":2}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2}",
         "{\"input\":\"Hi\"}", "{\"query\":\"q\",\"documents\":[\"a\",\"b\"]}",
-        "{\"kb\":\"kb1\",\"question\":\"q\",\"max_tokens\":2}"};
+        "{\"kb\":\"kb1\",\"question\":\"q\",\"max_tokens\":2}",
+        "{\"content\":\"Hi there\",\"add_special\":true}", "{\"tokens\":[1,2,3]}"};
     int ok = 0, n = 600;
     for (int i = 0; i < n; i++) {
-        int route = body_pick(5);
+        int route = body_pick(7);
         json_object *body = body_pick(8) ? json_tokener_parse(valid[route]) : random_json(1);
         for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
             json_object *into = body, *msgs;
