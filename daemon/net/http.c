@@ -165,6 +165,7 @@ static void hreq_free(hreq *hr)
     free(hr->prefix);
     free(hr->bias);
     free(hr->bias_ptrs);
+    json_object_put(hr->lp);
     free(hr);
 }
 
@@ -205,8 +206,10 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         }
         return;
     }
+    openai_logprobs_add(hr, ch->logprobs, ch->n_logprobs);
+    hr->lp_seen += ch->n_logprobs;
     /* a piece held back while it may begin a stop string is empty: no event, as OpenAI
-     * sends no empty deltas */
+     * sends no empty deltas (its tokens' logprobs go with the next) */
     if (ch->text[0])
         openai_sse_text(hr, ch->text, strlen(ch->text), NULL);
 }

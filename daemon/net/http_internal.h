@@ -56,6 +56,11 @@ typedef struct hreq {
     char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
     Llms__TokenBias *bias;     /* (n_bias) the body's logit_bias, for the request's params */
     Llms__TokenBias **bias_ptrs; /* (n_bias) pointers to them, as protobuf-c wants */
+    bool logprobs;             /* the body asked for them */
+    json_object *lp;           /* logprobs received and not yet sent in an SSE event */
+    size_t lp_seen;            /* tokens whose logprobs came in streamed chunks */
+    size_t lp_chars;           /* characters of the reply before the next token (a
+                                  completion's text_offset) */
     struct evbuffer *sse;
     char id[48];
     int64_t created;
@@ -135,9 +140,13 @@ void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
 /* Begins hr's SSE reply (headers; for a chat the assistant role). 0, or -1 out of memory. */
 int openai_sse_start(hreq *hr);
 
-/* Streams n bytes of text as one SSE chunk of hr; finish: NULL, or the finish_reason that
- * ends the stream. */
+/* Streams n bytes of text as one SSE chunk of hr, with the logprobs hr holds (taken);
+ * finish: NULL, or the finish_reason that ends the stream. */
 void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish);
+
+/* Adds the logprobs of n more tokens to those hr holds for its next SSE event (nothing
+ * when the body asked for none). */
+void openai_logprobs_add(hreq *hr, Llms__TokenLogprob *const *lps, size_t n);
 
 /* hr's final answer from the worker's native reply: a completion or chat turn, a RAG
  * answer, embeddings, rerank scores. Each ends hr. */

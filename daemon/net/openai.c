@@ -12,7 +12,9 @@
 #include <string.h>
 
 #include "daemon/net/http_internal.h"
+#include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
+#include "engine/tok/utf8.h"
 
 /* ---- errors ---- */
 
@@ -183,6 +185,119 @@ static bool is_chat(const hreq *hr)
     return hr->route == R_CHAT;
 }
 
+/* ---- logprobs ---- */
+
+/* A token's text as a JSON string: bytes that are no whole character (a byte token) as
+ * U+FFFD, since JSON text is UTF-8; "bytes" gives them as they are. */
+static json_object *piece_string(const ProtobufCBinaryData *piece)
+{
+    char out[UTF8_OUT_CAP(256) + 1];
+    size_t n = piece->len < 256 ? piece->len : 256;
+    utf8_stream u = {0};
+    size_t len = utf8_stream_feed(&u, (const char *)piece->data, n, out);
+    len += utf8_stream_flush(&u, out + len);
+    return json_object_new_string_len(out, (int)len);
+}
+
+static json_object *piece_bytes(const ProtobufCBinaryData *piece)
+{
+    json_object *a = json_object_new_array_ext((int)piece->len);
+    for (size_t i = 0; a && i < piece->len; i++)
+        json_object_array_add(a, json_object_new_int(piece->data[i]));
+    return a;
+}
+
+/* OpenAI writes -9999.0 for a token the model gave no probability: JSON has no
+ * infinity. */
+static json_object *logprob_number(float lp)
+{
+    return json_object_new_double(isfinite(lp) ? (double)lp : -9999.0);
+}
+
+/* A chat's {"token", "logprob", "bytes"} of one token. */
+static json_object *chat_token_entry(const Llms__TokenLogprob *t)
+{
+    json_object *e = json_object_new_object();
+    if (e) {
+        json_object_object_add(e, "token", piece_string(&t->piece));
+        json_object_object_add(e, "logprob", logprob_number(t->logprob));
+        json_object_object_add(e, "bytes", piece_bytes(&t->piece));
+    }
+    return e;
+}
+
+/* Characters a piece adds to the text (its bytes that begin one). */
+static size_t piece_chars(const ProtobufCBinaryData *piece)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < piece->len; i++)
+        n += (piece->data[i] & 0xC0) != 0x80;
+    return n;
+}
+
+void openai_logprobs_add(hreq *hr, Llms__TokenLogprob *const *lps, size_t n)
+{
+    if (!hr->logprobs || n == 0)
+        return;
+    bool chat = hr->route == R_CHAT;
+    json_object *content, *tokens, *token_lps, *tops, *offsets;
+    if (!hr->lp) {
+        /* chat: {"content": [...], "refusal": null}; a completion: four parallel lists */
+        if (!(hr->lp = json_object_new_object()))
+            return;
+        if (chat) {
+            json_object_object_add(hr->lp, "content", json_object_new_array());
+            json_object_object_add(hr->lp, "refusal", NULL);
+        } else {
+            json_object_object_add(hr->lp, "tokens", json_object_new_array());
+            json_object_object_add(hr->lp, "token_logprobs", json_object_new_array());
+            json_object_object_add(hr->lp, "top_logprobs", json_object_new_array());
+            json_object_object_add(hr->lp, "text_offset", json_object_new_array());
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Llms__TokenLogprob *t = lps[i];
+        if (chat) {
+            json_object *e = chat_token_entry(t), *top = json_object_new_array();
+            for (size_t k = 0; k < t->n_top; k++)
+                json_object_array_add(top, chat_token_entry(t->top[k]));
+            json_object_object_add(e, "top_logprobs", top);
+            if (json_object_object_get_ex(hr->lp, "content", &content))
+                json_object_array_add(content, e);
+            continue;
+        }
+        json_object *top = json_object_new_object();
+        for (size_t k = 0; top && k < t->n_top; k++) {
+            json_object *s = piece_string(&t->top[k]->piece);
+            const char *key = s ? json_object_get_string(s) : "";
+            /* two tokens of one text (a byte token's U+FFFD) keep the likelier */
+            if (!json_object_object_get_ex(top, key, NULL))
+                json_object_object_add(top, key, logprob_number(t->top[k]->logprob));
+            json_object_put(s);
+        }
+        if (json_object_object_get_ex(hr->lp, "tokens", &tokens) &&
+            json_object_object_get_ex(hr->lp, "token_logprobs", &token_lps) &&
+            json_object_object_get_ex(hr->lp, "top_logprobs", &tops) &&
+            json_object_object_get_ex(hr->lp, "text_offset", &offsets)) {
+            json_object_array_add(tokens, piece_string(&t->piece));
+            json_object_array_add(token_lps, logprob_number(t->logprob));
+            json_object_array_add(tops, top);
+            json_object_array_add(offsets, json_object_new_int64((int64_t)hr->lp_chars));
+        } else {
+            json_object_put(top);
+        }
+        hr->lp_chars += piece_chars(&t->piece);
+    }
+}
+
+/* The "logprobs" member of a choice: those hr holds (taken), or null. */
+static json_object *take_logprobs(hreq *hr)
+{
+    json_object *o = hr->lp;
+    hr->lp = NULL;
+    return o;
+}
+
 /* Begins the SSE reply: headers, then for chat the assistant role. */
 int openai_sse_start(hreq *hr)
 {
@@ -232,10 +347,13 @@ void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
         add_escaped(b, text, n);
         evbuffer_add(b, "\"", 1);
     }
+    json_object *lp = take_logprobs(hr);
+    evbuffer_add_printf(b, ",\"logprobs\":%s", lp ? http_json_text(lp) : "null");
+    json_object_put(lp);
     if (finish)
-        evbuffer_add_printf(b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}]}\n\n", finish);
+        evbuffer_add_printf(b, ",\"finish_reason\":\"%s\"}]}\n\n", finish);
     else
-        evbuffer_add(b, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n", 42);
+        evbuffer_add(b, ",\"finish_reason\":null}]}\n\n", 25);
     httpwire_stream_chunk(hr->wc, b);
     hr->sent += n;
 }
@@ -268,9 +386,11 @@ static json_object *llmsd_obj(const hreq *hr, const Llms__CallResult *res)
 }
 
 /* The final reply of a generation (a completion, a chat turn, a RAG answer): the last SSE
- * chunks, or the whole object; extra is its "llmsd" object (taken over, may be NULL). */
+ * chunks, or the whole object; extra is its "llmsd" object (taken over, may be NULL);
+ * lps the logprobs of every generated token (n_lps, when asked for). */
 static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generated_tokens,
-                             Llms__StopReason stop, const char *text, json_object *extra)
+                             Llms__StopReason stop, const char *text, json_object *extra,
+                             Llms__TokenLogprob *const *lps, size_t n_lps)
 {
     http *h = hr->h;
     h->prompt_tokens += prompt_tokens;
@@ -283,8 +403,10 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
         }
         http_req_finish(hr);
         size_t len = strlen(text);
-        /* Text of chunks dropped for a slow reader, or none. */
+        /* Text of chunks dropped for a slow reader, or none; so for logprobs. */
         size_t from = hr->sent < len ? hr->sent : len;
+        if (hr->lp_seen < n_lps)
+            openai_logprobs_add(hr, lps + hr->lp_seen, n_lps - hr->lp_seen);
         openai_sse_text(hr, text + from, len - from, fin);
         /* A RAG answer's outcome and passages come in this last chunk whether or not
          * usage was asked for: they are what the route is for. */
@@ -326,7 +448,8 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
     } else {
         json_object_object_add(c, "text", json_object_new_string(text));
     }
-    json_object_object_add(c, "logprobs", NULL);
+    openai_logprobs_add(hr, lps, n_lps);
+    json_object_object_add(c, "logprobs", take_logprobs(hr));
     json_object_object_add(c, "finish_reason", json_object_new_string(fin));
     json_object_array_add(choices, c);
     json_object_object_add(o, "choices", choices);
@@ -338,7 +461,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
 void openai_on_result(hreq *hr, const Llms__CallResult *res)
 {
     reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
-                     llmsd_obj(hr, res));
+                     llmsd_obj(hr, res), res->logprobs, res->n_logprobs);
 }
 
 static const char *rag_outcome_name(Llms__RagOutcome o)
@@ -389,7 +512,7 @@ void openai_on_rag_result(hreq *hr, const Llms__RagResult *res)
     }
     json_object_put(ps);
     reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
-                     x);
+                     x, NULL, 0);
 }
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -708,17 +831,69 @@ static bool asks_nothing(json_object *v)
            (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
 }
 
+/* OpenAI's logprobs into p and hr: a chat's "logprobs": true with "top_logprobs" (0..20)
+ * alternatives, a completion's "logprobs": N (its alternatives; 0: the chosen tokens'
+ * alone). A RAG answer has none to give. 0, or -1 with msg. */
+static int read_logprobs(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    json_object *v, *top;
+    bool asked = json_object_object_get_ex(hr->body, "logprobs", &v) && !asks_nothing(v);
+    bool top_asked = json_object_object_get_ex(hr->body, "top_logprobs", &top) &&
+                     !json_object_is_type(top, json_type_null);
+    if (hr->route == R_RAG) {
+        if (!asked && !top_asked)
+            return 0;
+        snprintf(msg, cap, "'logprobs': a RAG answer does not give them");
+        return -1;
+    }
+    int64_t n = 0;
+    if (hr->route == R_CHAT) {
+        if (asked && !json_object_is_type(v, json_type_boolean)) {
+            snprintf(msg, cap, "'logprobs' must be true or false");
+            return -1;
+        }
+        if (top_asked) {
+            if (!json_object_is_type(top, json_type_int)) {
+                snprintf(msg, cap, "'top_logprobs' must be an integer in [0, %d]",
+                         LOGPROB_TOP_MAX);
+                return -1;
+            }
+            n = json_object_get_int64(top);
+            if (n > 0 && !asked) {
+                snprintf(msg, cap, "'top_logprobs' needs 'logprobs': true");
+                return -1;
+            }
+        }
+    } else if (asked) {
+        /* a count; true, which some clients send, is the chosen tokens' alone */
+        if (json_object_is_type(v, json_type_int))
+            n = json_object_get_int64(v);
+        else if (!json_object_is_type(v, json_type_boolean)) {
+            snprintf(msg, cap, "'logprobs' must be an integer in [0, %d]", LOGPROB_TOP_MAX);
+            return -1;
+        }
+    }
+    if (n < 0 || n > LOGPROB_TOP_MAX) {
+        snprintf(msg, cap, "'%s' must be in [0, %d]", hr->route == R_CHAT ? "top_logprobs" :
+                 "logprobs", LOGPROB_TOP_MAX);
+        return -1;
+    }
+    if (!asked)
+        return 0;
+    hr->logprobs = true;
+    p->has_logprobs = 1;
+    p->logprobs = (int32_t)n;
+    return 0;
+}
+
 /* Fields of a completion or chat that ask for what llmsd does not produce are refused,
  * naming the field: a reply that left them out would pass for one that honoured them
- * (null logprobs read as none, no tool_calls as the model not calling, plain text parsed
- * as JSON). Their "off" values, which clients send by default, pass. 0, or -1 with msg. */
+ * (no tool_calls read as the model not calling, plain text parsed as JSON). Their "off" values, which clients send by default, pass. 0, or -1 with msg. */
 static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
 {
     static const struct {
         const char *field, *why;
     } asks[] = {
-        /* a completion's logprobs is a count: 0 still asks for the chosen tokens' */
-        {"logprobs", "log probabilities are not returned"},
         {"tools", "tool calls are not supported"},
         {"functions", "function calls are not supported"},
         {"echo", "the prompt is not echoed"},
@@ -875,7 +1050,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     /* A rendered chat carries its template's end of turn as one more stop string. */
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
     if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
-        read_logit_bias(hr, &gp, msg, cap) || refuse_unhonoured(hr->body, msg, cap))
+        read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
+        refuse_unhonoured(hr->body, msg, cap))
         goto bad;
     char *prompt = NULL;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
@@ -1010,7 +1186,7 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
     if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap) ||
-        read_logit_bias(hr, &gp, msg, cap))
+        read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap))
         goto bad;
     rq.params = &gp;
     if (hr->stream && !(hr->sse = evbuffer_new())) {

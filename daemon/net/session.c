@@ -16,6 +16,7 @@
 #include "daemon/reqlog.h"
 #include "daemon/net/reply.h"
 #include "daemon/net/tokreq.h"
+#include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 
 bool session_peer_admin(int fd, uid_t uid, gid_t gid, bool have_admin_gid, gid_t admin_gid)
@@ -178,6 +179,9 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
             !(p->logit_bias[i]->bias >= -100 && p->logit_bias[i]->bias <= 100))
             return refuse_as(r, inv, "logit_bias: token %d: ids are >= 0, biases in [-100, 100]",
                              p->logit_bias[i]->token);
+    if (p->has_logprobs && !(p->logprobs >= 0 && p->logprobs <= LOGPROB_TOP_MAX))
+        return refuse_as(r, inv, "logprobs must be in [0, %d] (the alternatives beside each "
+                                 "token)", LOGPROB_TOP_MAX);
     if (p->has_repeat_last_n && p->repeat_last_n < -1)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)
@@ -287,6 +291,9 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
         return text_too_long(cfg, "text", req->tokenize->text, r) ||
                bad_model_name(req->tokenize->model, r);
     case LLMS__REQUEST__BODY_RAG_QUERY:
+        if (req->rag_query->params && req->rag_query->params->has_logprobs)
+            return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                             "logprobs are given by Call and Complete, not by a RagQuery");
         return text_too_long(cfg, "question", req->rag_query->question, r) ||
                text_too_long(cfg, "system_prompt", req->rag_query->system_prompt, r) ||
                bad_params(req->rag_query->params, r);

@@ -21,6 +21,7 @@ typedef struct merged_params {
     int max_tokens;
     const Llms__GenerationParams *stops; /* the layer whose stop strings apply, or NULL */
     const Llms__GenerationParams *bias;  /* the layer whose logit_bias applies, or NULL */
+    int logprobs;                        /* -1: none */
     unsigned speculate;
 } merged_params;
 
@@ -42,6 +43,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         .seed = SAMPLER_SEED_RANDOM,
     };
     m->stops = m->bias = NULL;
+    m->logprobs = -1;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -69,6 +71,8 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             m->stops = p;
         if (p->n_logit_bias > 0)
             m->bias = p;
+        if (p->has_logprobs)
+            m->logprobs = p->logprobs;
     }
     m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
     m->speculate = spec_mode_of_params(cfg, layers, 2);
@@ -95,6 +99,8 @@ void gen_free(gen *g)
     free(g->turn);
     free(g->reply);
     free(g->shown);
+    free(g->lp);
+    logprobs_pb_free(&g->lp_chunk);
     spec_gen_free(g);
     sampler_free(g->smp);
     free(g);
@@ -192,7 +198,15 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         merge_params(cfg, node_p, req_p, &mp);
     }
     g->max_gen = mp.max_tokens;
+    g->logprobs = mp.logprobs;
     code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    /* a RagQuery's or graph's answer has nowhere to put them (the session refuses a
+     * RagQuery's own; a graph's may come from its stored nodes) */
+    if (g->logprobs >= 0 && (gg || g->rq)) {
+        err_set(err, "logprobs are given by Call and Complete, not by a %s",
+                gg ? "graph's generation" : "RagQuery");
+        goto fail;
+    }
     if (n_turn == 0) {
         err_set(err, "the prompt adds no tokens");
         goto fail;
@@ -266,7 +280,9 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                                                                               : g->limit));
     g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
     g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
-    if (!g->hist || !g->reply || (mp.speculate &&
+    if (g->logprobs >= 0)
+        g->lp = malloc(sizeof *g->lp * (size_t)g->reply_cap);
+    if (!g->hist || !g->reply || (g->logprobs >= 0 && !g->lp) || (mp.speculate &&
                                        spec_gen_init(g, cfg, mp.speculate,
                                                      gm == s->gm[0] ? s->drafter : NULL) < 0)) {
         err_set(err, "out of memory");
@@ -295,21 +311,33 @@ fail:
     return NULL;
 }
 
-/* Streams text (NUL-terminated) and the tokens that produced it. */
-static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, int n_tok)
+/* Streams text (NUL-terminated) and the tokens that produced it, with lp their
+ * log-probabilities (NULL: none asked). false when those could not be packed (the work
+ * failed then). */
+static bool send_chunk(sched *s, work *w, char *text, const int32_t *tok, int n_tok,
+                       const logprob_step *lp)
 {
     if (w->quiet || w->gw) /* a graph streams node events, not tokens */
-        return;
+        return true;
     Llms__CallChunk ch = LLMS__CALL_CHUNK__INIT;
     ch.text = text;
     ch.n_tokens = (size_t)n_tok;
     ch.tokens = (int32_t *)tok;
+    if (lp && n_tok > 0) {
+        if (logprobs_pack(w->g->gm->tok, lp, (size_t)n_tok, &w->g->lp_chunk)) {
+            work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory for logprobs");
+            return false;
+        }
+        ch.n_logprobs = (size_t)n_tok;
+        ch.logprobs = w->g->lp_chunk.ptrs;
+    }
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = w->job->req->id;
     r.final = 0;
     r.body_case = LLMS__RESPONSE__BODY_CHUNK;
     r.chunk = &ch;
     sched_reply(s, w->job->conn_id, &r, true);
+    return true;
 }
 
 /* Releases text the stop strings let through as whole valid UTF-8 characters: kept as
@@ -318,7 +346,7 @@ static void send_chunk(sched *s, const work *w, char *text, const int32_t *tok, 
  * nothing. false when the reply cannot keep the text: the work fails then, as a reply
  * that lost text would differ from its stream (and be stored so in a context). */
 static bool gen_release(sched *s, work *w, const char *text, size_t n, bool last,
-                        const int32_t *tok, int n_tok)
+                        const int32_t *tok, int n_tok, const logprob_step *lp)
 {
     gen *g = w->g;
     char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
@@ -332,14 +360,13 @@ static bool gen_release(sched *s, work *w, const char *text, size_t n, bool last
         work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory keeping the reply");
         return false;
     }
-    send_chunk(s, w, out, tok, n_tok);
-    return true;
+    return send_chunk(s, w, out, tok, n_tok, lp);
 }
 
 bool gen_flush(sched *s, work *w)
 {
     char tail[STOP_MAX_LEN + 1];
-    return gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0);
+    return gen_release(s, w, tail, stop_flush(&w->g->stop, tail), true, NULL, 0, NULL);
 }
 
 static void gen_finish(gen *g, Llms__StopReason reason)
@@ -366,6 +393,14 @@ static bool gen_slide(work *w, int keep_min)
             return true;
         }
         g->reply = r;
+        if (g->lp) {
+            logprob_step *lp = realloc(g->lp, sizeof *lp * (size_t)want);
+            if (!lp) {
+                work_fail(w, LLMS__ERROR_CODE__INTERNAL, "out of memory sliding the window");
+                return true;
+            }
+            g->lp = lp;
+        }
         g->reply_cap = want;
     }
     if (ctx_window_slide(g->c->cm, g->c, g->hist, &g->n_hist, g->limit, keep_min,
@@ -400,15 +435,20 @@ void gen_take_token(sched *s, work *w, const float *logits)
 {
     gen *g = w->g;
     gen_note_token_time(s, g);
-    gen_push_token(s, w, sampler_sample(g->smp, logits, g->hist, g->n_hist));
+    gen_push_token(s, w, sampler_sample(g->smp, logits, g->hist, g->n_hist), logits);
 }
 
-bool gen_push_token(sched *s, work *w, int32_t next)
+bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
 {
     gen *g = w->g;
     if (next < 0 || tok_is_eog(g->gm->tok, next)) {
         gen_finish(g, LLMS__STOP_REASON__STOP_EOS);
         return false;
+    }
+    const logprob_step *lp = NULL;
+    if (g->lp) {
+        logprob_of_row(logits, g->gm->n_vocab, next, g->logprobs, &g->lp[g->n_gen]);
+        lp = &g->lp[g->n_gen];
     }
     g->hist[g->n_hist++] = next;
     g->reply[g->n_gen++] = next;
@@ -419,7 +459,7 @@ bool gen_push_token(sched *s, work *w, int32_t next)
     if (len > PIECE_MAX - 1)
         len = PIECE_MAX - 1;
     long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    if (!gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1))
+    if (!gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1, lp))
         return false;
     if (stop_hit(&g->stop) >= 0)
         gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
@@ -531,12 +571,21 @@ void gen_end(sched *s, work *w)
             res.has_window_slides = g->slides > 0;
             res.window_slides = (uint32_t)g->slides;
             res.text = g->shown ? g->shown : "";
+            logprobs_pb lp = {0};
+            bool lp_failed = g->lp && logprobs_pack(g->gm->tok, g->lp, (size_t)g->n_gen, &lp);
+            res.n_logprobs = lp.n_steps;
+            res.logprobs = lp.ptrs;
             Llms__Response r = LLMS__RESPONSE__INIT;
             r.id = w->job->req->id;
             r.final = 1;
             r.body_case = LLMS__RESPONSE__BODY_RESULT;
             r.result = &res;
-            sched_reply(s, w->job->conn_id, &r, false);
+            if (lp_failed)
+                sched_reply_error(s, w->job, LLMS__ERROR_CODE__INTERNAL,
+                                  "out of memory for the reply's logprobs");
+            else
+                sched_reply(s, w->job->conn_id, &r, false);
+            logprobs_pb_free(&lp);
         }
     }
     /* the caches are written after the reply went out, off its latency */

@@ -33,6 +33,7 @@
 #include "daemon/rag/rag.h"
 #include "daemon/sched/sched.h"
 #include "daemon/net/reply.h"
+#include "daemon/sched/logprobs.h"
 #include "daemon/sched/semantic.h"
 #include "daemon/sched/speculate.h"
 #include "engine/clock.h"
@@ -88,6 +89,9 @@ typedef struct gen {
     size_t shown_len, shown_cap;
     utf8_stream utf8;      /* a character a token left unfinished waits here */
     sampler *smp;
+    int logprobs;          /* alternatives reported beside each token; -1: no logprobs */
+    logprob_step *lp;      /* (reply_cap) each reply token's, when logprobs >= 0 */
+    logprobs_pb lp_chunk;  /* a streamed chunk's messages, kept between tokens */
     stop_matcher stop;
     /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
     int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */
@@ -335,11 +339,12 @@ void gen_take_token(sched *s, work *w, const float *logits);
 /* A token came for g now: the step's longest gap between two tokens of one stream. */
 void gen_note_token_time(sched *s, gen *g);
 
-/* Takes a chosen token: appends it (true), unless it ends the generation (end of
- * generation: false, nothing appended); streams the text the stop strings let through
- * and ends the generation at a stop string, max_tokens or a full window. false too when
- * memory ran out for the reply's text (w has failed). */
-bool gen_push_token(sched *s, work *w, int32_t token);
+/* Takes a token chosen from logits (n_vocab, the row it was sampled from, whose
+ * log-probabilities are reported when asked): appends it (true), unless it ends the
+ * generation (end of generation: false, nothing appended); streams the text the stop
+ * strings let through and ends the generation at a stop string, max_tokens or a full
+ * window. false too when memory ran out for the reply's text (w has failed). */
+bool gen_push_token(sched *s, work *w, int32_t token, const float *logits);
 
 /* A Call's switch-in; -1 with g->err_code and err on failure. */
 int gen_switch_in(gen *g, char err[ERR_MAX]);

@@ -497,9 +497,10 @@ void spec_take(sched *s, work *w, const float *logits)
      * drafted token): a seeded sample is the same text with drafts or without, whichever
      * steps the gate gives them */
     for (int i = 0; i <= k && !g->done; i++) {
-        int32_t t = sampler_sample(g->smp, logits + (size_t)i * n_vocab, g->hist, g->n_hist);
+        const float *row = logits + (size_t)i * n_vocab;
+        int32_t t = sampler_sample(g->smp, row, g->hist, g->n_hist);
         bool match = i < k && t == g->spec_rows[i + 1];
-        if (!gen_push_token(s, w, t) || !match)
+        if (!gen_push_token(s, w, t, row) || !match)
             break;
         taken++;
     }

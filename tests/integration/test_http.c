@@ -340,6 +340,164 @@ static void native_params_carry_penalties_and_bias(void)
     llms_close(c);
 }
 
+/* The object at a dotted path of o (as httpc_jstr walks it), or NULL. */
+static json_object *jget(json_object *o, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *save;
+    for (char *key = strtok_r(buf, ".", &save); key && o; key = strtok_r(NULL, ".", &save)) {
+        if (*key >= '0' && *key <= '9')
+            o = json_object_array_get_idx(o, (size_t)atoi(key));
+        else if (!json_object_object_get_ex(o, key, &o))
+            o = NULL;
+    }
+    return o;
+}
+
+static double jnum(json_object *o, const char *path)
+{
+    return json_object_get_double(jget(o, path));
+}
+
+/* Every logprobs.content entry of a streamed chat's events, in order (a new array). */
+static json_object *streamed_logprobs(const char *body)
+{
+    httpc_reply r;
+    if (httpc_do(hsock, 0, "POST", "/v1/chat/completions", NULL, body, &r) || r.status != 200)
+        return NULL;
+    json_object *all = json_object_new_array();
+    char *save, *line = strtok_r(r.body, "\n", &save);
+    for (; line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "data: {", 7) != 0)
+            continue;
+        json_object *ev = json_tokener_parse(line + 6);
+        json_object *content = jget(ev, "choices.0.logprobs.content");
+        for (size_t i = 0; content && i < json_object_array_length(content); i++)
+            json_object_array_add(all, json_object_get(json_object_array_get_idx(content, i)));
+        json_object_put(ev);
+    }
+    httpc_reply_free(&r);
+    return all;
+}
+
+/* logprobs as OpenAI gives them: a chat's content entries (token, logprob, bytes and
+ * top_logprobs alternatives, most likely first), the same streamed, a completion's four
+ * lists; greedy picks the likeliest token, so each token is its step's first alternative
+ * and the tokens spell the reply. A RAG answer refuses them. 400 before: refused. */
+static void logprobs_chat_and_completion(void)
+{
+    NEED(daemon_up, start_daemon());
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"one two\"}],"
+                       "\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3%s}";
+    char body[512];
+    snprintf(body, sizeof body, chat, "");
+    int st;
+    json_object *o = post("/v1/chat/completions", body, &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, o ? httpc_jstr(o, "error.message") : "");
+    json_object *content = jget(o, "choices.0.logprobs.content");
+    CHECK(content && json_object_is_type(content, json_type_array));
+    size_t n = json_object_array_length(content);
+    CHECK_EQ((int)n, atoi(httpc_jstr(o, "usage.completion_tokens")));
+    char spelled[512] = "";
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(content, i);
+        json_object *top = jget(e, "top_logprobs");
+        CHECK_EQ(json_object_array_length(top), 3);
+        double lp = jnum(e, "logprob");
+        CHECK_MSG(lp <= 0 && lp > -50, "%g", lp);
+        CHECK_MSG(!strcmp(httpc_jstr(e, "token"), httpc_jstr(top, "0.token")) &&
+                      lp == jnum(top, "0.logprob"), "token %zu: '%s' %g, top '%s' %g", i,
+                  httpc_jstr(e, "token"), lp, httpc_jstr(top, "0.token"), jnum(top, "0.logprob"));
+        CHECK(jnum(top, "0.logprob") >= jnum(top, "1.logprob") &&
+              jnum(top, "1.logprob") >= jnum(top, "2.logprob"));
+        CHECK_EQ(json_object_array_length(jget(e, "bytes")), strlen(httpc_jstr(e, "token")));
+        strncat(spelled, httpc_jstr(e, "token"), sizeof spelled - strlen(spelled) - 1);
+    }
+    CHECK_MSG(!strcmp(spelled, httpc_jstr(o, "choices.0.message.content")), "'%s' vs '%s'",
+              spelled, httpc_jstr(o, "choices.0.message.content"));
+
+    /* streamed: the same entries over the events */
+    snprintf(body, sizeof body, chat, ",\"stream\":true");
+    json_object *streamed = streamed_logprobs(body);
+    CHECK(streamed);
+    CHECK_EQ(json_object_array_length(streamed), n);
+    for (size_t i = 0; streamed && i < n; i++) {
+        json_object *a = json_object_array_get_idx(content, i);
+        json_object *b = json_object_array_get_idx(streamed, i);
+        CHECK_MSG(!strcmp(httpc_jstr(a, "token"), httpc_jstr(b, "token")) &&
+                      fabs(jnum(a, "logprob") - jnum(b, "logprob")) < 1e-4, "entry %zu", i);
+    }
+    json_object_put(streamed);
+    json_object_put(o);
+
+    /* a chat without logprobs keeps null */
+    o = post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                     "\"max_tokens\":2}", &st);
+    CHECK(o && st == 200);
+    CHECK(jget(o, "choices.0") && !jget(o, "choices.0.logprobs"));
+    json_object_put(o);
+
+    o = post("/v1/completions", "{\"prompt\":\"one two\",\"max_tokens\":5,\"temperature\":0,"
+                                "\"logprobs\":2}", &st);
+    CHECK(o && st == 200);
+    json_object *lp = jget(o, "choices.0.logprobs");
+    n = json_object_array_length(jget(lp, "tokens"));
+    CHECK(n > 0);
+    CHECK_EQ(json_object_array_length(jget(lp, "token_logprobs")), n);
+    CHECK_EQ(json_object_array_length(jget(lp, "top_logprobs")), n);
+    CHECK_EQ(json_object_array_length(jget(lp, "text_offset")), n);
+    size_t offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "top_logprobs.%zu", i);
+        CHECK(json_object_object_length(jget(lp, path)) <= 2);
+        snprintf(path, sizeof path, "text_offset.%zu", i);
+        CHECK_EQ((size_t)json_object_get_int(jget(lp, path)), offset);
+        snprintf(path, sizeof path, "tokens.%zu", i);
+        offset += strlen(httpc_jstr(lp, path));
+    }
+    json_object_put(o);
+
+    /* the rows a speculative step verifies give the same logprobs as one row a step */
+    json_object *spec[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"a b a b a b a b\",\"max_tokens\":24,"
+                 "\"temperature\":0,\"logprobs\":1,\"speculation\":\"%s\"}", i ? "lookup" : "off");
+        spec[i] = post("/v1/completions", body, &st);
+        CHECK(spec[i] && st == 200);
+    }
+    json_object *a = jget(spec[0], "choices.0.logprobs.token_logprobs");
+    json_object *b = jget(spec[1], "choices.0.logprobs.token_logprobs");
+    CHECK(a && b && json_object_array_length(a) == json_object_array_length(b));
+    for (size_t i = 0; a && b && i < json_object_array_length(a); i++) {
+        double x = json_object_get_double(json_object_array_get_idx(a, i));
+        double y = json_object_get_double(json_object_array_get_idx(b, i));
+        CHECK_MSG(fabs(x - y) < 1e-3, "token %zu: %g off, %g lookup", i, x, y);
+    }
+    json_object_put(spec[0]);
+    json_object_put(spec[1]);
+
+    static const struct {
+        const char *path, *body, *says;
+    } bad[] = {
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "needs"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+         "\"top_logprobs\":21}", "top_logprobs"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs"},
+        {"/v1/llmsd/rag", "{\"kb\":\"k\",\"question\":\"q\",\"logprobs\":true}", "RAG"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o = post(bad[i].path, bad[i].body, &st);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && msg && strstr(msg, bad[i].says), "%s: %d %s", bad[i].body, st,
+                  msg ? msg : "");
+        json_object_put(o);
+    }
+}
+
 /* POST /tokenize and /detokenize answer as llama.cpp's server does, with the ids and
  * the text the native Tokenize and Detokenize give. */
 static void tokenize_and_detokenize_routes(void)
@@ -727,18 +885,15 @@ static void errors_are_openai_shaped(void)
     CHECK(ok);
 }
 
-/* A field asking for what the gateway cannot produce (log probabilities, tool calls, a
- * response format, the prompt echoed) is refused naming it: answered as if honoured, the
- * client reads null logprobs, no tool_calls or text that is not JSON as the model's
- * answer. The values OpenAI clients send that ask for nothing of the kind still pass. */
+/* A field asking for what the gateway cannot produce (tool calls, a response format, the
+ * prompt echoed) is refused naming it: answered as if honoured, the client reads no
+ * tool_calls or text that is not JSON as the model's answer. The values OpenAI clients send that ask for nothing of the kind still pass. */
 static void unhonoured_fields_are_refused(void)
 {
     NEED(daemon_up, start_daemon());
     static const struct {
         const char *path, *field, *name;
     } refused[] = {
-        {"/v1/chat/completions", "\"logprobs\":true", "logprobs"},
-        {"/v1/chat/completions", "\"logprobs\":true,\"top_logprobs\":2", "logprobs"},
         {"/v1/chat/completions",
          "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]",
          "tools"},
@@ -748,8 +903,6 @@ static void unhonoured_fields_are_refused(void)
         {"/v1/chat/completions",
          "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\"}}",
          "response_format"},
-        {"/v1/completions", "\"logprobs\":0", "logprobs"},
-        {"/v1/completions", "\"logprobs\":5", "logprobs"},
         {"/v1/completions", "\"echo\":true", "echo"},
         {"/v1/completions", "\"suffix\":\" the end\"", "suffix"},
         {"/v1/completions", "\"best_of\":3", "best_of"},
@@ -1425,6 +1578,7 @@ int main(int argc, char **argv)
     RUN(logit_bias_applies);
     RUN(native_params_carry_penalties_and_bias);
     RUN(tokenize_and_detokenize_routes);
+    RUN(logprobs_chat_and_completion);
     RUN(streamed_equals_whole);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
