@@ -383,6 +383,8 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     g->frequency_penalty = p->frequency_penalty;
     g->has_presence_penalty = !isnan(p->presence_penalty);
     g->presence_penalty = p->presence_penalty;
+    g->has_logprobs = p->logprobs != LLMS_UNSET;
+    g->logprobs = p->logprobs;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
@@ -403,7 +405,8 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     pb->any_set = g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p ||
                   g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
                   g->has_seed || g->n_stop > 0 || g->has_speculation ||
-                  g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0;
+                  g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0 ||
+                  g->has_logprobs;
     return LLMS_OK;
 }
 
@@ -417,6 +420,28 @@ void client_params_pb_free(client_params_pb *pb)
     free(pb->bias);
     free(pb->bias_ptrs);
     *pb = (client_params_pb){0};
+}
+
+/* out->logprobs from the result's (none asked: none); -1 out of memory. */
+static int client_logprobs_from(const Llms__CallResult *cr, llms_result *out)
+{
+    if (cr->n_logprobs == 0)
+        return 0;
+    if (!(out->logprobs = calloc(cr->n_logprobs, sizeof *out->logprobs)))
+        return -1;
+    out->n_logprobs = cr->n_logprobs;
+    for (size_t i = 0; i < cr->n_logprobs; i++) {
+        const Llms__TokenLogprob *t = cr->logprobs[i];
+        llms_token_logprob *o = &out->logprobs[i];
+        o->token = t->token;
+        o->logprob = t->logprob;
+        o->n_top = t->n_top < LLMS_LOGPROBS_MAX ? (int)t->n_top : LLMS_LOGPROBS_MAX;
+        for (int k = 0; k < o->n_top; k++) {
+            o->top_token[k] = t->top[k]->token;
+            o->top_logprob[k] = t->top[k]->logprob;
+        }
+    }
+    return 0;
 }
 
 /* ---- session ---- */
@@ -512,7 +537,8 @@ enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
                 .text = strdup(cr->text),
                 .window_slides = cr->has_window_slides ? cr->window_slides : 0,
             };
-            if (!out->text) {
+            if (!out->text || client_logprobs_from(cr, out)) {
+                llms_result_free(out);
                 frame_free_response(r);
                 return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
             }

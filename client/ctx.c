@@ -108,6 +108,7 @@ void llms_result_free(llms_result *r)
     if (!r)
         return;
     free(r->text);
+    free(r->logprobs);
     memset(r, 0, sizeof *r);
 }
 

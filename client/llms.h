@@ -156,6 +156,10 @@ typedef struct llms_params {
                                           gets the sum. Set, the list replaces the
                                           context's whole list, as stop strings do. */
     size_t n_logit_bias;
+    int32_t logprobs;       /* LLMS_UNSET: none; 0..LLMS_LOGPROBS_MAX: each generated
+                               token's log-probability in llms_result.logprobs, with this
+                               many of its step's likeliest tokens (llms_call and
+                               llms_complete; a RAG query refuses it) */
 } llms_params;
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
@@ -174,11 +178,25 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0                           \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, LLMS_UNSET               \
     }
 
 /* Sets every field of *p to unset. */
 void llms_params_init(llms_params *p);
+
+/* The most alternatives llms_params.logprobs may ask for beside each token. */
+#define LLMS_LOGPROBS_MAX 20
+
+/* A generated token's log-probability (proto TokenLogprob): the model's own log-softmax
+ * at temperature 1, before logit biases, penalties and truncation. */
+typedef struct llms_token_logprob {
+    int32_t token;
+    float logprob;                        /* <= 0; -INFINITY where the model gave none */
+    int n_top;                            /* the alternatives asked for (fewer in a tiny
+                                             vocabulary) */
+    int32_t top_token[LLMS_LOGPROBS_MAX]; /* (n_top) the step's likeliest, first first */
+    float top_logprob[LLMS_LOGPROBS_MAX]; /* (n_top) */
+} llms_token_logprob;
 
 /* Outcome of a generation (proto CallResult). */
 typedef struct llms_result {
@@ -191,9 +209,12 @@ typedef struct llms_result {
     enum llms_stop_reason stop_reason;
     char *text;                /* the whole reply; free with llms_result_free() */
     uint32_t window_slides;    /* times the context's window slid during the call */
+    llms_token_logprob *logprobs; /* (n_logprobs) one per generated token, when
+                                     llms_params.logprobs asked; else NULL */
+    size_t n_logprobs;
 } llms_result;
 
-/* Frees the strings inside *r (not r itself) and zeroes it. NULL is fine. */
+/* Frees what *r holds (not r itself) and zeroes it. NULL is fine. */
 void llms_result_free(llms_result *r);
 
 /*

@@ -74,7 +74,11 @@ SPECULATIONS = ["none", "hit", "rollback"]
 KB_PHASES = ["split", "embed", "write"]
 
 RerankHit = namedtuple("RerankHit", "index score")
-Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason")
+# logprobs: None, or one TokenLogprob per generated token when a call asked (logprobs=N).
+Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason "
+                              "logprobs", defaults=(None,))
+# A generated token's log-probability, and top: its step's N likeliest (token, logprob).
+TokenLogprob = namedtuple("TokenLogprob", "token logprob top")
 KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
                               "qa_entries share_uid embed_model")
 KbHit = namedtuple("KbHit", "passage document seq score text metadata")
@@ -112,11 +116,23 @@ class _Params(ctypes.Structure):
         ("model", ctypes.c_char_p), ("speculation", ctypes.c_int),
         ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
+        ("logprobs", ctypes.c_int32),
     ]
 
 
 class _LogitBias(ctypes.Structure):
     _fields_ = [("token", ctypes.c_int32), ("bias", ctypes.c_float)]
+
+
+LLMS_LOGPROBS_MAX = 20
+
+
+class _TokenLogprob(ctypes.Structure):
+    _fields_ = [
+        ("token", ctypes.c_int32), ("logprob", ctypes.c_float), ("n_top", ctypes.c_int),
+        ("top_token", ctypes.c_int32 * LLMS_LOGPROBS_MAX),
+        ("top_logprob", ctypes.c_float * LLMS_LOGPROBS_MAX),
+    ]
 
 
 class _Result(ctypes.Structure):
@@ -126,6 +142,7 @@ class _Result(ctypes.Structure):
         ("decode_ms", ctypes.c_double), ("queue_ms", ctypes.c_double),
         ("stop_reason", ctypes.c_int), ("text", ctypes.c_void_p),
         ("window_slides", ctypes.c_uint32),
+        ("logprobs", ctypes.POINTER(_TokenLogprob)), ("n_logprobs", ctypes.c_size_t),
     ]
 
 
@@ -448,10 +465,12 @@ def _u32(name, v):
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
-            frequency_penalty=None, presence_penalty=None, logit_bias=None):
+            frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None):
     """A llms_params with the given fields set, and what keeps its stop strings and
     biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
-    None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's."""
+    None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
+    logprobs: N in [0, 20] puts each generated token's log-probability, with its step's N
+    likeliest tokens, in last_result.logprobs."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -473,6 +492,8 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.frequency_penalty = frequency_penalty
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
+    if logprobs is not None:
+        p.logprobs = _u32("logprobs", logprobs)
     if top_k is not None:
         p.top_k = top_k
     if max_tokens is not None:
@@ -521,8 +542,13 @@ def _retrieval(name):
 
 def _result(r):
     text = ctypes.string_at(r.text).decode("utf-8", "replace") if r.text else ""
+    lps = None
+    if r.logprobs:
+        lps = [TokenLogprob(t.token, t.logprob,
+                            [(t.top_token[k], t.top_logprob[k]) for k in range(t.n_top)])
+               for t in r.logprobs[:r.n_logprobs]]
     return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens,
-                  _name(STOP_REASONS, r.stop_reason))
+                  _name(STOP_REASONS, r.stop_reason), lps)
 
 
 def _hits(hits, n):

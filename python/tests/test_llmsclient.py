@@ -77,6 +77,23 @@ class ClientTest(unittest.TestCase):
             self.c.complete("x", logit_bias={7: 500.0})
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
 
+    def test_logprobs_come_with_the_result(self):
+        text = self.c.complete("one two three", max_tokens=6, temperature=0, logprobs=2)
+        r = self.c.last_result
+        self.assertEqual(len(r.logprobs), r.generated_tokens)
+        for t in r.logprobs:
+            self.assertLessEqual(t.logprob, 0.0)
+            self.assertEqual(len(t.top), 2)
+            # greedy takes the likeliest
+            self.assertEqual(t.top[0][0], t.token)
+            self.assertAlmostEqual(t.top[0][1], t.logprob, places=5)
+        self.assertTrue(text)
+        self.c.complete("one two three", max_tokens=2)
+        self.assertIsNone(self.c.last_result.logprobs)
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", logprobs=21)
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+
     def test_streamed_call_equals_whole_call(self):
         s = self.c.create_context(system="You answer.")
         w = self.c.create_context(system="You answer.")
@@ -759,6 +776,7 @@ class LayoutTest(unittest.TestCase):
         "llms_graph_event": llmsclient._GraphEvent, "llms_graph_timing": llmsclient._GraphTiming,
         "llms_graph_result": llmsclient._GraphResult,
         "llms_logit_bias": llmsclient._LogitBias,
+        "llms_token_logprob": llmsclient._TokenLogprob,
     }
 
     def test_structures_match_llms_h(self):

@@ -457,6 +457,26 @@ static void logprobs_chat_and_completion(void)
         snprintf(path, sizeof path, "tokens.%zu", i);
         offset += strlen(httpc_jstr(lp, path));
     }
+
+    /* libllmsclient's llms_result.logprobs are the same numbers */
+    llms_conn *c = proc_connect(&daemon_, "native");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 5;
+    p.logprobs = 2;
+    llms_result native = {0};
+    CHECK_EQ(llms_complete(c, "one two", NULL, 0, &p, NULL, NULL, &native), LLMS_OK);
+    CHECK_EQ(native.n_logprobs, n);
+    for (size_t i = 0; i < native.n_logprobs && i < n; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "token_logprobs.%zu", i);
+        CHECK_MSG(fabs(native.logprobs[i].logprob - jnum(lp, path)) < 1e-5, "%zu", i);
+        CHECK_EQ(native.logprobs[i].n_top, 2);
+        CHECK_EQ(native.logprobs[i].top_token[0], native.logprobs[i].token);
+    }
+    llms_result_free(&native);
+    llms_close(c);
     json_object_put(o);
 
     /* the rows a speculative step verifies give the same logprobs as one row a step */
