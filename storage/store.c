@@ -249,6 +249,14 @@ static const char *const store_migrations[] = {
      * before say 0 and 0: an end of turn of no tokens, what their hits reported. */
     ("ALTER TABLE qa_bank ADD COLUMN stop_reason INTEGER NOT NULL DEFAULT 0;"
      "ALTER TABLE qa_bank ADD COLUMN generated_tokens INTEGER NOT NULL DEFAULT 0;"),
+
+    /* A checksum per turn and per context (store_internal.h, STORE_TURN_CRC and
+     * STORE_CONTEXT_CRC): a byte changed on disk makes the context damaged instead of
+     * silently changing its history. The rows stored before get theirs from what they
+     * hold now. */
+    ("ALTER TABLE turns ADD COLUMN crc INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE contexts ADD COLUMN crc INTEGER NOT NULL DEFAULT 0;"
+     STORE_SEAL_TURNS STORE_SEAL_CONTEXTS),
 };
 
 /* The tail of migration 11, after store_kb_migrate_11. */
@@ -262,10 +270,14 @@ static const char store_migration_11_tail[] =
     "CREATE INDEX kb_passages_by_doc ON kb_passages (doc_id, seq);";
 #define STORE_SCHEMA_VERSION ((int)(sizeof store_migrations / sizeof store_migrations[0]))
 
+/* The last column says whether the row matches its checksum. */
 #define CONTEXT_COLUMNS                                                                    \
     "SELECT c.id, c.app_id, a.uid, a.name, c.system_prompt, c.params, c.created_ms,"     \
     " c.last_used_ms, c.n_tokens, c.n_turns, c.overflow, c.window_sink, c.window_dropped,"  \
-    " c.window_slides, c.model FROM contexts c JOIN apps a ON a.id = c.app_id "
+    " c.window_slides, c.model, c.crc = "                                                 \
+    STORE_CONTEXT_CRC("c.id", "a.uid", "a.name", "c.system_prompt", "c.params", "c.model",  \
+                      "c.overflow", "c.window_sink", "c.window_dropped", "c.window_slides")  \
+    " FROM contexts c JOIN apps a ON a.id = c.app_id "
 
 enum store_stmt {
     ST_BEGIN,
@@ -298,23 +310,37 @@ static const char *const store_sql[ST_COUNT] = {
     [ST_APP_INSERT] = "INSERT OR IGNORE INTO apps (uid, name, created_ms) VALUES (?, ?, ?)",
     [ST_APP_SELECT] = "SELECT id FROM apps WHERE uid = ? AND name = ?",
     [ST_CTX_INSERT] = "INSERT INTO contexts (id, app_id, system_prompt, params, created_ms,"
-                      " last_used_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                      " last_used_ms, crc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, "
+                      STORE_CONTEXT_CRC("?1", STORE_APP_UID("?2"), STORE_APP_NAME("?2"), "?3",
+                                        "?4", "NULL", "0", "0", "0", "0") ")",
     [ST_CTX_DELETE] = "DELETE FROM contexts WHERE id = ?",
     [ST_CTX_GET] = CONTEXT_COLUMNS "WHERE c.id = ?",
     [ST_CTX_LIST_APP] = CONTEXT_COLUMNS "WHERE c.app_id = ? ORDER BY c.created_ms, c.rowid",
     [ST_CTX_LIST_ALL] = CONTEXT_COLUMNS "ORDER BY c.created_ms, c.rowid",
-    [ST_CTX_TURNS] = "SELECT n_turns FROM contexts WHERE id = ?",
+    [ST_CTX_TURNS] = "SELECT n_turns, n_tokens FROM contexts WHERE id = ?",
     [ST_CTX_TOUCH] = "UPDATE contexts SET n_tokens = n_tokens + ?, n_turns = n_turns + ?,"
                      " last_used_ms = ? WHERE id = ?",
-    [ST_CTX_WINDOW] = "UPDATE contexts SET overflow = ?, window_sink = ?, window_dropped = ?,"
-                      " window_slides = ? WHERE id = ?",
-    [ST_CTX_MODEL] = "UPDATE contexts SET model = ? WHERE id = ?",
+    [ST_CTX_WINDOW] = "UPDATE contexts SET overflow = ?1, window_sink = ?2, window_dropped = ?3,"
+                      " window_slides = ?4, crc = "
+                      STORE_CONTEXT_CRC("id", STORE_APP_UID("contexts.app_id"),
+                                        STORE_APP_NAME("contexts.app_id"), "system_prompt",
+                                        "params", "model", "?1", "?2", "?3", "?4")
+                      " WHERE id = ?5",
+    [ST_CTX_MODEL] = "UPDATE contexts SET model = ?1, crc = "
+                     STORE_CONTEXT_CRC("id", STORE_APP_UID("contexts.app_id"),
+                                       STORE_APP_NAME("contexts.app_id"), "system_prompt",
+                                       "params", "?1", "overflow", "window_sink",
+                                       "window_dropped", "window_slides")
+                     " WHERE id = ?2",
     [ST_CTX_STATS_PUT] = "UPDATE contexts SET stats = ? WHERE id = ?",
     [ST_CTX_STATS_GET] = "SELECT stats FROM contexts WHERE id = ?",
-    [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens)"
-                       " VALUES (?, ?, ?, ?, ?)",
-    [ST_TURN_SELECT] = "SELECT seq, role, text, tokens FROM turns WHERE context_id = ?"
-                       " ORDER BY seq",
+    [ST_TURN_INSERT] = "INSERT INTO turns (context_id, seq, role, text, tokens, crc)"
+                       " VALUES (?1, ?2, ?3, ?4, ?5, "
+                       STORE_TURN_CRC("?1", "?2", "?3", "?4", "?5") ")",
+    /* the last column: whether the row matches its checksum */
+    [ST_TURN_SELECT] = "SELECT seq, role, text, tokens, crc = "
+                       STORE_TURN_CRC("context_id", "seq", "role", "text", "tokens")
+                       " FROM turns WHERE context_id = ? ORDER BY seq",
     [ST_SETTING_PUT] = "INSERT OR REPLACE INTO settings (key, vals) VALUES (?, ?)",
     [ST_SETTING_GET] = "SELECT vals FROM settings WHERE key = ?",
 };
@@ -553,6 +579,11 @@ store *store_open(const char *dir, char err[ERR_MAX])
         return NULL;
     }
     sqlite3_extended_result_codes(s->db, 1);
+    if (store_sql_functions(s->db) != SQLITE_OK) {
+        err_set(err, "store: %s: registering its functions: %s", s->path, sqlite3_errmsg(s->db));
+        store_close(s);
+        return NULL;
+    }
     if (configure(s, err) != 0 || migrate(s, err) != 0) {
         store_close(s);
         return NULL;
@@ -733,6 +764,8 @@ static int walk_contexts(store *s, sqlite3_stmt *st, int (*fn)(void *, const sto
                        .dropped = sqlite3_column_int64(st, 12),
                        .slides = sqlite3_column_int64(st, 13)},
             .model = (const char *)sqlite3_column_text(st, 14),
+            .damage = sqlite3_column_int(st, 15) ? NULL
+                                                 : "its catalog row does not match its checksum",
         };
         /* The schema forbids these NULLs, so they mean corruption or no memory. */
         if (!c.id || !c.app_name ||
@@ -1044,6 +1077,13 @@ static int decode_tokens(store *s, const uint8_t *b, size_t bytes, int *n, char 
     return 0;
 }
 
+/* STORE_E_DAMAGED with "store: context '<id>' <why>" in err. */
+static int damaged(char *err, const char *id, const char *why)
+{
+    err_set(err, "store: context '%.40s' %s", id, why);
+    return STORE_E_DAMAGED;
+}
+
 int store_context_turns(store *s, const char *id,
                         int (*fn)(void *arg, const store_turn *t), void *arg,
                         char err[ERR_MAX])
@@ -1053,7 +1093,9 @@ int store_context_turns(store *s, const char *id,
     sqlite3_stmt *st = stmt(s, ST_TURN_SELECT);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
         return store_db_err(s, err, "turns: binding");
-    int rc, n_rows = 0;
+    int rc;
+    int64_t n_rows = 0, n_tokens = 0;
+    char why[ERR_MAX];
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t seq = sqlite3_column_int64(st, 0);
         store_turn t = {
@@ -1062,16 +1104,26 @@ int store_context_turns(store *s, const char *id,
         };
         const uint8_t *blob = sqlite3_column_blob(st, 3);
         int bytes = sqlite3_column_bytes(st, 3);
-        const char *bad = !t.role ? "unreadable role"
-                          : !t.text ? "unreadable text"
-                          : bytes % 4 ? "tokens blob length is not a multiple of 4"
-                          : bytes > 0 && !blob ? "unreadable tokens blob"
-                          : NULL;
-        if (bad) {
-            err_set(err, "store: context '%.40s' turn %lld: %s (%d bytes of tokens)", id,
-                    (long long)seq, bad, bytes);
+        /* NULLs the schema forbids are damage; any other unreadable value, no memory */
+        bool oom = (!t.role && sqlite3_column_type(st, 1) != SQLITE_NULL) ||
+                   (!t.text && sqlite3_column_type(st, 2) != SQLITE_NULL) ||
+                   (bytes > 0 && !blob);
+        const char *bad = oom ? NULL
+                          : !t.role ? "has no role"
+                          : !t.text ? "has no text"
+                          : bytes % 4 ? "has a tokens blob whose length is not a multiple of 4"
+                          : seq != n_rows ? "is not the next turn"
+                          : !sqlite3_column_int(st, 4)
+                              ? "does not match its checksum (role, text and tokens)"
+                              : NULL;
+        if (oom || bad) {
             sqlite3_reset(st);
-            return -1;
+            if (oom)
+                return err_set(err, "store: context '%.40s' turn %lld: out of memory", id,
+                               (long long)seq);
+            snprintf(why, sizeof why, "turn %lld %s (%d bytes of tokens)", (long long)seq, bad,
+                     bytes);
+            return damaged(err, id, why);
         }
         if (decode_tokens(s, blob, (size_t)bytes, &t.n_tokens, err) != 0) {
             sqlite3_reset(st);
@@ -1079,6 +1131,7 @@ int store_context_turns(store *s, const char *id,
         }
         t.tokens = s->tokens;
         n_rows++;
+        n_tokens += t.n_tokens;
         int stop = fn(arg, &t);
         if (stop) {
             sqlite3_reset(st);
@@ -1086,24 +1139,35 @@ int store_context_turns(store *s, const char *id,
         }
     }
     if (rc != SQLITE_DONE) {
+        /* a damaged page among this context's turns damages this context only */
+        char msg[ERR_MAX];
+        snprintf(why, sizeof why, "has a damaged page among its turns: %s",
+                 store_db_message(s->db, msg, sizeof msg));
         store_db_err(s, err, "turns: reading");
         sqlite3_reset(st);
-        return -1;
+        return (rc & 0xff) == SQLITE_CORRUPT ? damaged(err, id, why) : -1;
     }
     sqlite3_reset(st);
-    if (n_rows > 0)
-        return 0;
 
-    /* No turns: an empty context is fine, an unknown one is an error. */
+    /* The context's counters say how many turns and tokens it has: a turn row gone
+     * or one of another context's (a changed id) shows here. */
     st = stmt(s, ST_CTX_TURNS);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK)
         return store_db_err(s, err, "turns: binding");
     rc = sqlite3_step(st);
+    int64_t want_turns = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    int64_t want_tokens = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
     sqlite3_reset(st);
     if (rc == SQLITE_DONE)
         return err_set(err, "store: turns: no context '%.40s'", id);
     if (rc != SQLITE_ROW)
         return store_db_err(s, err, "turns: looking up context");
+    if (want_turns != n_rows || want_tokens != n_tokens) {
+        snprintf(why, sizeof why, "counts %lld turns of %lld tokens, and has %lld of %lld",
+                 (long long)want_turns, (long long)want_tokens, (long long)n_rows,
+                 (long long)n_tokens);
+        return damaged(err, id, why);
+    }
     return 0;
 }
 

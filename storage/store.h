@@ -24,6 +24,12 @@
 
 typedef struct store store;
 
+/* Returned (instead of -1) by store_context_turns when what the store holds of the
+ * context cannot be trusted (a row that does not match its checksum, a turn missing,
+ * a damaged page among its turns): the context is damaged, the store and its other
+ * contexts are not. err says how. */
+#define STORE_E_DAMAGED (-2)
+
 /* Opens (creating when needed) <dir>/llmsd.db, creating dir with mode 0750 if missing,
  * and migrates the schema. A file that is not a valid database is an error naming it.
  * The directory stays locked (flock on <dir>/llmsd.lock) until store_close: opening it
@@ -63,6 +69,8 @@ typedef struct store_context {
     int64_t n_turns;
     store_window window;       /* all 0 for a context created before windows existed */
     const char *model;         /* the model it belongs to; NULL when none was recorded */
+    const char *damage;        /* NULL, or why the row cannot be trusted (its checksum does
+                                  not match: any column above may be wrong) */
 } store_context;
 
 /* Adds an empty context (no turns) of an existing app; an id already used fails. */
@@ -140,7 +148,9 @@ int store_context_append_window(store *s, const char *id, const store_turn *turn
                                 int64_t now_ms, char err[ERR_MAX]);
 
 /* Calls fn for each turn of a context in order (strings and tokens valid during the
- * call only). A stored row that cannot be decoded is an error naming the turn. */
+ * call only). Damage is STORE_E_DAMAGED naming the turn, possibly after fn saw the turns
+ * before it: a row that cannot be decoded or does not match its checksum, turns missing
+ * or out of order, turn and token counts other than the context's, a damaged page. */
 int store_context_turns(store *s, const char *id,
                         int (*fn)(void *arg, const store_turn *t), void *arg,
                         char err[ERR_MAX]);

@@ -27,6 +27,40 @@ int store_step_once(store *s, sqlite3_stmt *st, const char *what, char *err);
 /* Runs sql (one or more statements returning no rows). */
 int store_exec_sql(store *s, const char *sql, char *err);
 
+/*
+ * Row checksums (schema version 15): llmsd_crc(v1, v2, ...), an SQL function of the
+ * store's connection (store_sql_functions), is the CRC-32C of its arguments' types and
+ * contents in order. A turn's covers (context id, seq, role, text, tokens); a context's
+ * covers what its answers depend on: (id, its app's uid and name, system prompt, params,
+ * model, overflow, window sink, dropped, slides). Its counters (n_tokens, n_turns) are
+ * checked against its turns instead, and last use, creation time and stats are not
+ * covered. Each macro takes its columns as SQL expressions, so that a statement that
+ * changes a covered column passes its new value.
+ */
+#define STORE_TURN_CRC(id, seq, role, text, tokens)                                         \
+    "llmsd_crc(" id ", " seq ", " role ", " text ", " tokens ")"
+#define STORE_CONTEXT_CRC(id, uid, app, prompt, params, model, overflow, sink, dropped,     \
+                          slides)                                                          \
+    "llmsd_crc(" id ", " uid ", " app ", " prompt ", " params ", " model ", " overflow ", "   \
+    sink ", " dropped ", " slides ")"
+/* The uid and name of the app of app_id (an SQL expression). */
+#define STORE_APP_UID(app_id) "(SELECT apps.uid FROM apps WHERE apps.id = " app_id ")"
+#define STORE_APP_NAME(app_id) "(SELECT apps.name FROM apps WHERE apps.id = " app_id ")"
+
+/* SQL that sets every turn's and every context's checksum from its columns: migration
+ * 15, and tests that write rows as a bug of a later version could. */
+#define STORE_SEAL_TURNS                                                                   \
+    "UPDATE turns SET crc = " STORE_TURN_CRC("context_id", "seq", "role", "text", "tokens") ";"
+#define STORE_SEAL_CONTEXTS                                                                \
+    "UPDATE contexts SET crc = "                                                           \
+    STORE_CONTEXT_CRC("id", STORE_APP_UID("contexts.app_id"), STORE_APP_NAME("contexts.app_id"), \
+                      "system_prompt", "params", "model", "overflow", "window_sink",       \
+                      "window_dropped", "window_slides") ";"
+
+/* Registers llmsd_crc on db (the store's connection, or a test's). SQLITE_OK or sqlite's
+ * error code. */
+int store_sql_functions(sqlite3 *db);
+
 /* chunks.c's per-store state (its prepared statements, compressor and buffers). */
 typedef struct store_chunks store_chunks;
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "storage/store_internal.h"
 #include "tests/integration/llmsd_proc.h"
 
 static char llmsd_path[1024], llmsctl_path[1100];
@@ -151,11 +152,14 @@ static void foreign_token_ids_refused(void)
     proc_fmt(path, sizeof path, "%s/state/llmsd.db", d.dir);
     sqlite3 *db;
     CHECK_EQ(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    /* the first id of the first turn becomes 1023 (little-endian int32; 512 tokens) */
+    /* the first id of the first turn becomes 1023 (little-endian int32; 512 tokens), its
+     * checksum with it: the turn as another model's tokenizer would have written it */
     CHECK_EQ(sqlite3_exec(db, "UPDATE turns SET tokens = x'ff030000' || substr(tokens, 5) "
                               "WHERE seq = (SELECT min(seq) FROM turns)", NULL, NULL, NULL),
              SQLITE_OK);
     CHECK_EQ(sqlite3_changes(db), 1);
+    CHECK_EQ(store_sql_functions(db), SQLITE_OK);
+    CHECK_EQ(sqlite3_exec(db, STORE_SEAL_TURNS, NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     CHECK_MSG(proc_start(&d, llmsd_path, "foreign", model, CONF) == 0, "llmsd did not restart");
     c = proc_connect(&d, "foreign");

@@ -728,8 +728,14 @@ static void qkv_evict_shared_parents(void)
     store_close(s);
 }
 
+/* Version 14's turns and contexts, without checksums. */
+#define SCHEMA_14_ROWS                                                                    \
+    "ALTER TABLE turns DROP COLUMN crc;"                                                  \
+    "ALTER TABLE contexts DROP COLUMN crc;"
+
 /* Version 13's QA bank, without an answer's stop reason and length. */
 #define SCHEMA_13_QA                                                                      \
+    SCHEMA_14_ROWS                                                                        \
     "ALTER TABLE qa_bank DROP COLUMN stop_reason;"                                        \
     "ALTER TABLE qa_bank DROP COLUMN generated_tokens;"
 
