@@ -177,7 +177,8 @@ int ctx_fit_nonneg(const double *x, const double *y, int n, int n_w, double *w,
                    double *resid);
 
 /* Sliding window (ctxwindow.c). ctx_window_load applies a stored window to the history
- * ctx_open read (every turn's tokens): -1 + err when it does not fit the history.
+ * ctx_open read (every turn's tokens): -1 + err when it does not fit the history (the
+ * context is then damaged).
  * ctx_window_call_end fixes the chunk map after a committed call that slid (the chunks
  * after the sink are new and unstored), or puts back the KV and statistics of the
  * history after one that did not commit. */

@@ -33,6 +33,7 @@ static void entry_free(ctx_entry *c)
     free(c->app_name);
     free(c->system_prompt);
     free(c->model);
+    free(c->damage);
     if (c->defaults)
         llms__generation_params__free_unpacked(c->defaults, NULL);
     free(c->tokens);
@@ -147,8 +148,15 @@ static int load_context(void *arg, const store_context *sc)
     c->app_name = strdup(sc->app_name);
     c->system_prompt = sc->system_prompt ? strdup(sc->system_prompt) : NULL;
     c->model = sc->model ? strdup(sc->model) : NULL;
-    if (sc->params && sc->params_len)
-        c->defaults = llms__generation_params__unpack(NULL, sc->params_len, sc->params);
+    /* A row that does not match its checksum may hold any value: none is used. */
+    const char *damage = sc->damage;
+    if (!damage && sc->params && sc->params_len &&
+        !(c->defaults = llms__generation_params__unpack(NULL, sc->params_len, sc->params)))
+        damage = "its generation defaults (params) do not decode";
+    if (damage && !(c->damage = strdup(damage))) {
+        free(c);
+        return err_set(ls->err, "out of memory");
+    }
     c->created_ms = sc->created_ms;
     c->last_used_ms = sc->last_used_ms;
     entry_init_kv(ls->cm, c);
@@ -170,6 +178,34 @@ static int load_context(void *arg, const store_context *sc)
     /* The turns are read after the walk (one statement at a time on the store). */
     list_append(ls->cm, c);
     return 0;
+}
+
+/* Keeps c as damaged (why): its history as far as it was read goes, its stored rows
+ * stay. -1 when there is no memory for it. */
+static int entry_set_damage(ctx_entry *c, const char *why)
+{
+    char *damage = strdup(why);
+    if (!damage)
+        return -1;
+    free(c->damage);
+    c->damage = damage;
+    for (int i = 0; i < c->n_msgs; i++) {
+        free(c->msgs[i].role);
+        free(c->msgs[i].text);
+    }
+    c->n_msgs = 0;
+    c->n_tokens = 0;
+    c->window_sink = 0;
+    c->window_dropped = 0;
+    return 0;
+}
+
+/* The admin's line about a damaged context: which, why, and what is left to do. */
+static void log_damage(const ctx_entry *c)
+{
+    fprintf(stderr, "llmsd: error: context app=%u/%s id=%s is damaged: %s; its stored data is "
+                    "kept as it is, and its calls fail until it is deleted\n",
+            c->uid, c->app_name, c->id, c->damage);
 }
 
 int ctx_map_resize(ctx_entry *c, int n)
@@ -386,16 +422,26 @@ ctxmgr *ctx_open_owned(store *s, kv_pool *pool, model_runner *runner, const mode
             rc = ctx_delete(cm, c, err);
             continue;
         }
-        rc = store_context_turns(s, c->id, load_turn, c, err);
-        if (rc > 0)
-            rc = err_set(err, "out of memory loading context %s", c->id);
-        if (rc == 0)
-            rc = ctx_window_load(c, &ls.windows[k], err);
+        if (!c->damage) {
+            rc = store_context_turns(s, c->id, load_turn, c, err);
+            if (rc > 0)
+                rc = err_set(err, "out of memory loading context %s", c->id);
+            /* a window that does not fit the history is damage as well */
+            if (rc == 0 && ctx_window_load(c, &ls.windows[k], err) != 0)
+                rc = STORE_E_DAMAGED;
+            if (rc == STORE_E_DAMAGED)
+                rc = entry_set_damage(c, err) ? err_set(err, "out of memory") : 0;
+        }
+        if (rc == 0 && c->damage)
+            log_damage(c);
     }
     free(ls.windows);
     if (rc == 0)
         rc = store_chunks_gc(s, NULL, err);
     for (ctx_entry *c = cm->head; rc == 0 && c; c = c->next) {
+        /* its chunk records and statistics stay in the store, unread */
+        if (c->damage)
+            continue;
         if (ctx_map_resize(c, ctx_n_chunks(c->n_tokens)) || attn_reserve(c, c->n_tokens)) {
             rc = err_set(err, "out of memory loading context %s", c->id);
             break;
@@ -467,6 +513,14 @@ int ctx_count_app(const ctxmgr *cm, uint32_t uid, const char *app)
     int n = 0;
     for (const ctx_entry *c = cm->head; c; c = c->next)
         n += c->uid == uid && strcmp(c->app_name, app) == 0;
+    return n;
+}
+
+int ctx_count_damaged(const ctxmgr *cm)
+{
+    int n = 0;
+    for (const ctx_entry *c = cm->head; c; c = c->next)
+        n += c->damage != NULL;
     return n;
 }
 
@@ -1068,6 +1122,8 @@ int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
     if (!st)
         st = &local;
     *st = (ctx_load_stats){0};
+    if (c->damage)
+        return err_set(err, "context %s is damaged: %s", c->id, c->damage);
     /* The call appends to the chunks, recompresses them and may fault some in. */
     ctx_wait_writes(cm, c);
     c->busy = true;

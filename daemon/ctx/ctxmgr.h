@@ -128,6 +128,10 @@ typedef struct ctx_entry {
     int call_slides;
     struct ctxmgr *cm;
     int64_t created_ms, last_used_ms;
+    /* NULL, or why what the store holds of it cannot be used (ctx_open found it damaged):
+     * it is listed with no history, calls on it are refused, its rows and chunk files
+     * stay as they are until ctx_delete. */
+    char *damage;
     struct ctx_entry *next;
 } ctx_entry;
 
@@ -260,6 +264,13 @@ typedef struct ctxmgr ctxmgr;
  * after removing chunk files no record refers to. Chunks come from pool; runner
  * recomputes them (the caller keeps both alive). The cost models come from the store
  * (measured with ctx_profile when absent). NULL + err on failure.
+ *
+ * A context whose stored data is damaged (its row or a turn does not match its
+ * checksum, turns missing, a window or generation defaults that do not fit: any
+ * STORE_E_DAMAGED or value the loader refuses) does not fail the open: it is loaded
+ * with its damage set, and an error line on stderr names it (app, id) and says why.
+ * What fails the open is what concerns the whole store: a catalog that cannot be read
+ * or listed, I/O errors, no memory.
  */
 ctxmgr *ctx_open(store *s, kv_pool *pool, model_runner *runner, const model *m,
                  const ctx_policy *policy, char err[ERR_MAX]);
@@ -290,9 +301,10 @@ ctx_entry *ctx_find(ctxmgr *cm, const char *id, uint32_t uid, const char *app);
 /* The context with this id, whoever owns it (admin calls). */
 ctx_entry *ctx_find_any(ctxmgr *cm, const char *id);
 
-/* Contexts of one app, and of all apps. */
+/* Contexts of one app, and of all apps; those of all apps that are damaged. */
 int ctx_count_app(const ctxmgr *cm, uint32_t uid, const char *app);
 int ctx_count(const ctxmgr *cm);
+int ctx_count_damaged(const ctxmgr *cm);
 
 /* The first context (oldest first), to walk with ->next. */
 ctx_entry *ctx_first(ctxmgr *cm);
@@ -332,8 +344,8 @@ int ctx_commit_turn(ctxmgr *cm, ctx_entry *c, const char *user_role, const char 
  * Starts a call on c: locks its chunks, makes room for up to max_tokens tokens of
  * attention statistics, and brings every chunk of the history in (Load), so that the
  * sequence then holds exactly c->n_tokens entries. st (may be NULL) gets what the
- * switch-in did. -1 + err on failure, CTX_E_BUDGET when the budget cannot hold the
- * context; c is unlocked again on failure.
+ * switch-in did. -1 + err on failure (a damaged c among them), CTX_E_BUDGET when the
+ * budget cannot hold the context; c is unlocked again on failure.
  */
 int ctx_call_begin(ctxmgr *cm, ctx_entry *c, int max_tokens, ctx_load_stats *st,
                    char err[ERR_MAX]);
