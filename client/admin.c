@@ -144,6 +144,7 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .spec_draft_steps = p->spec_draft_steps,
         .spec_draft_proposed = p->spec_draft_proposed,
         .spec_draft_accepted = p->spec_draft_accepted,
+        .damaged_contexts = p->damaged_contexts,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -198,6 +198,7 @@ void llms_context_info_free(llms_context_info *info)
     free(info->app_name);
     free(info->system_prompt);
     free(info->model);
+    free(info->damage);
     for (size_t i = 0; i < info->n_history; i++) {
         free(info->history[i].role);
         free(info->history[i].content);
@@ -238,8 +239,9 @@ static enum llms_status info_from_proto(llms_conn *c, const Llms__ContextInfo *p
     out->app_name = client_dup_or_null(p->app_name);
     out->system_prompt = client_dup_or_null(p->system_prompt);
     out->model = client_dup_or_null(p->model);
+    out->damage = client_dup_or_null(p->damage);
     if ((p->app_name && !out->app_name) || (p->system_prompt && !out->system_prompt) ||
-        (p->model && !out->model))
+        (p->model && !out->model) || (p->damage && !out->damage))
         return client_fail(c, LLMS_ERR_INTERNAL, "out of memory");
     if (p->n_history > 0) {
         out->history = calloc(p->n_history, sizeof *out->history);

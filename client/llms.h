@@ -376,6 +376,9 @@ typedef struct llms_context_info {
     uint64_t window_dropped_tokens;  /* tokens of its history out of the model's view */
     char *model;                     /* the generate model it belongs to (NULL from an
                                         older daemon) */
+    char *damage;                    /* NULL, or why its stored data is damaged: it has no
+                                        history, its calls fail with
+                                        LLMS_ERR_FAILED_PRECONDITION, deleting it clears it */
 } llms_context_info;
 
 /* Frees what *info holds (not info itself). NULL is fine. */
@@ -662,6 +665,9 @@ typedef struct llms_daemon_status {
      * drafts, the draft tokens verified, those accepted (each saved a step). */
     uint64_t spec_lookup_steps, spec_lookup_proposed, spec_lookup_accepted;
     uint64_t spec_draft_steps, spec_draft_proposed, spec_draft_accepted; /* draft_model's */
+    /* Contexts whose stored data is damaged, among n_contexts (their calls fail until
+     * they are deleted; the daemon's log names each). */
+    uint32_t damaged_contexts;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

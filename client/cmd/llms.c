@@ -343,8 +343,9 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
         for (size_t i = 0; i < n; i++) {
             char used[64];
             format_time(infos[i].last_used_unix_ms, used, sizeof used);
-            printf("%s  %6" PRIu32 " tokens  %-8s  last used %s\n", infos[i].id,
-                   infos[i].n_tokens, llms_memory_name(infos[i].memory), used);
+            printf("%s  %6" PRIu32 " tokens  %-8s  last used %s%s\n", infos[i].id,
+                   infos[i].n_tokens, llms_memory_name(infos[i].memory), used,
+                   infos[i].damage ? "  DAMAGED" : "");
         }
         llms_context_list_free(infos, n);
         return 0;
@@ -362,6 +363,9 @@ static int cmd_ctx(llms_conn *c, int argc, char **argv)
                info.id, info.n_tokens, llms_memory_name(info.memory), created, used,
                llms_overflow_name(info.overflow), info.window_slides,
                info.window_dropped_tokens);
+        if (info.damage)
+            printf("DAMAGED   %s\n          (its calls fail; `llms ctx rm %s` clears it)\n",
+                   info.damage, info.id);
         for (size_t i = 0; i < info.n_history; i++)
             printf("\n[%s]\n%s\n", info.history[i].role, info.history[i].content);
         llms_context_info_free(&info);

@@ -109,6 +109,10 @@ static void json_context(const llms_context_info *c, int with_history)
         fputs(",\"model\":", stdout);
         json_str(c->model);
     }
+    if (c->damage) {
+        fputs(",\"damage\":", stdout);
+        json_str(c->damage);
+    }
     if (c->n_chunks) {
         fputs(",\"chunks\":[", stdout);
         for (size_t i = 0; i < c->n_chunks; i++) {
@@ -139,6 +143,9 @@ static void text_context(const llms_context_info *c)
     printf("%s  uid %-6" PRIu32 " %-20s %6" PRIu32 " tokens  %-8s  kv %" PRIu64 " bytes\n",
            c->id, c->uid, c->app_name ? c->app_name : "?", c->n_tokens,
            llms_memory_name(c->memory), c->kv_bytes);
+    if (c->damage)
+        printf("  DAMAGED (its calls fail; `llms --app APP ctx rm ID` clears it): %s\n",
+               c->damage);
 }
 
 static void json_cost(const llms_cost_models *m)
@@ -219,6 +226,7 @@ static enum llms_status cmd_status(llms_conn *c)
                st.model_bytes, st.n_ctx, st.threads, st.uptime_ms, st.n_connections,
                st.n_apps, st.n_contexts, st.n_resident_contexts, st.kv_bytes_resident,
                st.queued_requests, st.running_requests, st.rss_bytes);
+        printf(",\"damaged_contexts\":%" PRIu32, st.damaged_contexts);
         printf(",\"kv_budget_bytes\":%" PRIu64 ",\"swap_bytes_written\":%" PRIu64
                ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
                ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
@@ -291,6 +299,9 @@ static enum llms_status cmd_status(llms_conn *c)
                (double)st.uptime_ms / 1000.0, st.n_connections, st.n_apps, st.n_contexts,
                st.n_resident_contexts, st.kv_bytes_resident, st.running_requests,
                st.queued_requests, st.rss_bytes);
+        if (st.damaged_contexts)
+            printf("damaged contexts  %" PRIu32 " (their calls fail; `llmsctl contexts` lists "
+                   "them, the log says why)\n", st.damaged_contexts);
         printf("kv resident       f16 %" PRIu64 ", int8 %" PRIu64 ", int4 %" PRIu64
                ", int2 %" PRIu64 " bytes; %" PRIu64 " spare\n",
                st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes, st.kv_int2_bytes,

@@ -53,6 +53,7 @@ static void fill_info(sched *s, const ctx_entry *c, bool admin, bool history,
     info->window_slides = c->window_slides;
     info->window_dropped_tokens = (uint64_t)c->window_dropped;
     info->model = (char *)genset_ctx_model(s, c);
+    info->damage = c->damage;
     if (history) {
         size_t n = 0;
         if (c->system_prompt) {
@@ -461,7 +462,7 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
     st->has_switch_in_mean_ms = st->has_swap_chunks_promoted = st->has_swap_stale_blobs = 1;
     st->has_kv_f16_bytes = st->has_kv_int8_bytes = st->has_kv_int4_bytes =
         st->has_kv_int2_bytes = st->has_kv_spare_bytes = 1;
-    st->has_window_slides = st->has_window_dropped_tokens = 1;
+    st->has_window_slides = st->has_window_dropped_tokens = st->has_damaged_contexts = 1;
     st->has_kv_calibrated_models = st->has_kv_calib_forwards_left = st->has_kv_calibrations = 1;
     const kb_ivf_stats *ks = kb_get_ivf_stats(s->kb);
     st->has_kb_ivf_searches = st->has_kb_ivf_hinted_searches = st->has_kb_ivf_lists_scanned =
@@ -496,6 +497,7 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
         if (!gm)
             continue;
         st->n_contexts += (uint32_t)ctx_count(gm->cm);
+        st->damaged_contexts += (uint32_t)ctx_count_damaged(gm->cm);
         st->n_resident_contexts += (uint32_t)ctx_count_resident(gm->cm);
         st->kv_bytes_resident += ctx_kv_bytes_total(gm->cm);
         st->kv_budget_bytes += ctx_get_policy(gm->cm)->budget_bytes;

@@ -198,10 +198,19 @@ static void handle_engine_request(sched *s, sched_job *j)
         sched_job_free(j);
         return;
     }
-    if (j->req->body_case == LLMS__REQUEST__BODY_CALL &&
-        !genset_ctx_find(s, j->req->call->context_id, j->uid, j->app)) {
-        sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
-                          j->req->call->context_id);
+    const ctx_entry *c = j->req->body_case == LLMS__REQUEST__BODY_CALL
+                             ? genset_ctx_find(s, j->req->call->context_id, j->uid, j->app)
+                             : NULL;
+    if (j->req->body_case == LLMS__REQUEST__BODY_CALL && (!c || c->damage)) {
+        /* a damaged context stays damaged: the state must change (its deletion) first */
+        if (!c)
+            sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'",
+                              j->req->call->context_id);
+        else
+            sched_reply_error(s, j, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                              "context '%s' is damaged, so its calls fail; its stored data "
+                              "is kept as it is, and deleting the context clears it. %s",
+                              c->id, c->damage);
         sched_job_free(j);
         admit_app_reclaim(s, a);
         return;
