@@ -148,15 +148,14 @@ static int load_context(void *arg, const store_context *sc)
     c->app_name = strdup(sc->app_name);
     c->system_prompt = sc->system_prompt ? strdup(sc->system_prompt) : NULL;
     c->model = sc->model ? strdup(sc->model) : NULL;
-    /* A row that does not match its checksum may hold any value: none is used. */
+    /* A row that does not match its checksum may hold any value: its defaults are not
+     * decoded and its history is not read; its owner and model are kept as they read
+     * (most likely right), so that its app sees it and can delete it. */
     const char *damage = sc->damage;
     if (!damage && sc->params && sc->params_len &&
         !(c->defaults = llms__generation_params__unpack(NULL, sc->params_len, sc->params)))
         damage = "its generation defaults (params) do not decode";
-    if (damage && !(c->damage = strdup(damage))) {
-        free(c);
-        return err_set(ls->err, "out of memory");
-    }
+    c->damage = damage ? strdup(damage) : NULL;
     c->created_ms = sc->created_ms;
     c->last_used_ms = sc->last_used_ms;
     entry_init_kv(ls->cm, c);
@@ -168,8 +167,8 @@ static int load_context(void *arg, const store_context *sc)
             ls->cap_windows = cap;
         }
     }
-    if (!c->app_name || (sc->system_prompt && !c->system_prompt) ||
-        (sc->model && !c->model) || ls->n_windows == ls->cap_windows) {
+    if (!c->app_name || (sc->system_prompt && !c->system_prompt) || (sc->model && !c->model) ||
+        (damage && !c->damage) || ls->n_windows == ls->cap_windows) {
         entry_free(c);
         return err_set(ls->err, "out of memory");
     }

@@ -257,8 +257,10 @@ static void flipped_token_byte_is_damage(void)
     llmsd_proc d;
     CHECK_MSG(proc_start(&d, llmsd_path, "damaged-turn", model, CONF) == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "app");
-    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK && run_turns(c, id, 0, 2, text) == 0);
-    CHECK(llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK && run_turns(c, keep_id, 0, 1, text) == 0);
+    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
+          run_turns(c, id, 0, 2, text) == 0);
+    CHECK(llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK &&
+          run_turns(c, keep_id, 0, 1, text) == 0);
     llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
     /* bit 0 of the first id of the context's second turn (stories260K: 512 ids) */

@@ -825,8 +825,9 @@ static int flip_token_bit(const char *dir, const char *id, int seq, int byte)
     st = NULL;
     if (n > byte && n <= (int)sizeof blob) {
         blob[byte] ^= 1;
-        if (sqlite3_prepare_v2(db, "UPDATE turns SET tokens = ?3 WHERE context_id = ?1 AND seq = ?2",
-                               -1, &st, NULL) == SQLITE_OK &&
+        if (sqlite3_prepare_v2(db, "UPDATE turns SET tokens = ?3"
+                                   " WHERE context_id = ?1 AND seq = ?2", -1, &st, NULL) ==
+                SQLITE_OK &&
             sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) == SQLITE_OK &&
             sqlite3_bind_int(st, 2, seq) == SQLITE_OK &&
             sqlite3_bind_blob(st, 3, blob, n, SQLITE_STATIC) == SQLITE_OK &&
