@@ -1,0 +1,97 @@
+/*
+ * jsonmask.h — JSON mode: which tokens keep a reply a valid prefix of one JSON object.
+ *
+ * A byte-level recogniser of RFC 8259 text (a pushdown automaton whose stack is a bit per
+ * open object or array) and, over it, a table of every token's bytes, so that a sampler
+ * can draw only tokens that keep the reply a prefix of a JSON object (llama.cpp's
+ * grammar sampling with its json grammar, OpenAI's response_format json_object).
+ *
+ * What the recogniser accepts is RFC 8259's JSON-text with three bounds, so that a model
+ * cannot run on forever inside the structure:
+ *   - the top-level value is an object;
+ *   - at most JSONMASK_DEPTH_MAX objects and arrays are open at once: at the limit
+ *     another '{' or '[' is refused;
+ *   - at most JSONMASK_WS_MAX whitespace bytes in a row (before the object too);
+ * and one choice: nothing may follow the object's closing '}' (the reply ends there).
+ * Strings must be valid UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF;
+ * a character may be split across tokens) and hold no control character U+0000-U+001F
+ * unescaped. \uXXXX takes any four hex digits, as RFC 8259's grammar does.
+ *
+ * The state is a small fixed-size value: stepping and copying it never allocates.
+ */
+#ifndef LLMS_JSONMASK_H
+#define LLMS_JSONMASK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/tok/tokenizer.h"
+
+/* Objects and arrays open at once, at most (the stack is one 32-bit word). */
+#define JSONMASK_DEPTH_MAX 32
+/* Whitespace bytes in a row, at most (llama.cpp's json grammar allows 20 after a
+ * newline). */
+#define JSONMASK_WS_MAX 20
+
+/* Where the recogniser is in the text. Its fields are the recogniser's own: set it with
+ * jsonmask_init and change it only through jsonmask_feed. */
+typedef struct jsonmask_state {
+    uint32_t stack;    /* bit i: the container at depth i + 1 is an array (else object) */
+    uint8_t depth;     /* open containers, 0..JSONMASK_DEPTH_MAX */
+    uint8_t mode;      /* what the next byte may be (jsonmask.c's enum mode) */
+    uint8_t count;     /* the mode's counter: \u hex digits to come, a literal's next
+                          letter, UTF-8 continuation bytes to come */
+    uint8_t literal;   /* which of true, false, null is being spelled */
+    uint8_t utf8_lo;   /* the range of the next UTF-8 continuation byte */
+    uint8_t utf8_hi;
+    uint8_t ws_run;    /* whitespace bytes just before the next */
+    bool key;          /* the string being read is an object's key */
+} jsonmask_state;
+
+/* The state before the first byte of a reply that must be a JSON object. */
+void jsonmask_init(jsonmask_state *s);
+
+/* Feeds n bytes. true: the text so far is still a prefix of a JSON object (within the
+ * bounds above); false: byte by byte, one was refused, and *s is then unspecified
+ * (feed a copy to test bytes without committing to them). */
+bool jsonmask_feed(jsonmask_state *s, const void *bytes, size_t n);
+
+/* Whether the text so far is a whole JSON object (nothing more may follow). */
+bool jsonmask_complete(const jsonmask_state *s);
+
+/* Every token's bytes of one vocabulary, built once per model and immutable after: it
+ * may be shared by every generation on the model, from any thread. */
+typedef struct jsonmask_vocab jsonmask_vocab;
+
+/* Builds the table of t's tokens: a token's bytes are tok_piece's (SentencePiece's '▁'
+ * a space, a byte-fallback token <0xNN> its byte, byte-level BPE's characters their
+ * bytes), which are what a reply shows for it. Control, unknown and unused tokens have
+ * none and are never allowed, except the end-of-generation tokens (tok_is_eog), allowed
+ * once the object is complete. 0, or -1 with err when memory runs out. */
+int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MAX]);
+
+void jsonmask_vocab_free(jsonmask_vocab *v);
+
+int32_t jsonmask_vocab_size(const jsonmask_vocab *v);
+
+/* One reply's constraint: its state and what every test of a token against that state
+ * shares (which bytes may come first). Fixed size; never allocates. */
+typedef struct jsonmask_cursor {
+    const jsonmask_vocab *vocab;
+    jsonmask_state state;
+    uint64_t first_ok[4]; /* (256 bits) bit b: the state takes byte b next */
+} jsonmask_cursor;
+
+/* A cursor at the start of a reply on vocabulary v. */
+void jsonmask_cursor_init(jsonmask_cursor *c, const jsonmask_vocab *v);
+
+/* Whether token may come next: all its bytes are taken by the state, or it ends
+ * generation and the object is complete. false for an id outside the vocabulary. */
+bool jsonmask_allows(const jsonmask_cursor *c, int32_t token);
+
+/* Moves c past token. 0, or -1 when the token is not allowed (c unchanged). */
+int jsonmask_take(jsonmask_cursor *c, int32_t token);
+
+#endif
