@@ -365,26 +365,26 @@ static int32_t draw(sampler *s, cand *c, int n, float temp)
     return c[last].id; /* rounding left u just above the total */
 }
 
-/* The candidates sampler_sample draws from, in c[0..n): penalized, truncated; *n their
- * count. -1 when the arguments are bad; 1 when greedy (c is the whole vocabulary). */
-static int prepare(sampler *s, const float *logits, const int32_t *history, int n_history,
-                   int *n_out)
+/* c[0..n_vocab), indexed by id: the logits (NaN as -infinity), biased and penalized.
+ * false when the arguments are bad. */
+static bool fill(sampler *s, const float *logits, const int32_t *history, int n_history)
 {
     if (!logits || n_history < 0 || (n_history > 0 && !history))
-        return -1;
+        return false;
     cand *c = s->cand;
-    int n = s->n_vocab;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < s->n_vocab; i++) {
         c[i].id = i;
         c[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
     }
     for (int i = 0; i < s->p.n_bias; i++)
         c[s->p.bias[i].token].logit += s->p.bias[i].bias;
     apply_penalty(s, history, n_history);
-    *n_out = n;
-    if (s->p.temperature <= 0.0f)
-        return 1;
+    return true;
+}
 
+/* Top-k, top-p and min-p over c[0..n) (n > 0): the kept candidates are c[0..returned). */
+static int truncate_cands(sampler *s, cand *c, int n)
+{
     bool sorted = false; /* whether c[0..n) is in best-first order */
     if (s->p.top_k > 0 && s->p.top_k < n) {
         keep_best(c, n, s->p.top_k);
@@ -400,7 +400,20 @@ static int prepare(sampler *s, const float *logits, const int32_t *history, int 
     }
     if (s->p.min_p > 0.0f)
         n = min_p_filter(c, n, s->p.min_p);
-    *n_out = n;
+    return n;
+}
+
+/* The candidates sampler_sample draws from, in c[0..n): penalized, truncated; *n their
+ * count. -1 when the arguments are bad; 1 when greedy (c is the whole vocabulary). */
+static int prepare(sampler *s, const float *logits, const int32_t *history, int n_history,
+                   int *n_out)
+{
+    if (!fill(s, logits, history, n_history))
+        return -1;
+    *n_out = s->n_vocab;
+    if (s->p.temperature <= 0.0f)
+        return 1;
+    *n_out = truncate_cands(s, s->cand, s->n_vocab);
     return 0;
 }
 
@@ -410,4 +423,38 @@ int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, 
     if (rc < 0)
         return -1;
     return rc == 1 ? argmax(s->cand, n) : draw(s, s->cand, n, s->p.temperature);
+}
+
+/* Keeps, in order, the candidates of c[0..n) the constraint allows; returns how many. */
+static int keep_allowed(cand *c, int n, const sampler_constraint *con)
+{
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (con->allows(con->ctx, c[i].id))
+            c[kept++] = c[i];
+    return kept;
+}
+
+int32_t sampler_sample_allowed(sampler *s, const float *logits, const int32_t *history,
+                               int n_history, const sampler_constraint *con)
+{
+    int n, rc = con && con->allows ? prepare(s, logits, history, n_history, &n) : -1;
+    if (rc < 0)
+        return -1;
+    bool greedy = rc == 1;
+    float temp = s->p.temperature;
+    int32_t t = greedy ? argmax(s->cand, n) : draw(s, s->cand, n, temp);
+    if (con->allows(con->ctx, t))
+        return t;
+    n = keep_allowed(s->cand, n, con);
+    if (n == 0 && !greedy) {
+        /* the truncation kept no allowed token: it is made again over the allowed alone */
+        fill(s, logits, history, n_history);
+        n = keep_allowed(s->cand, s->n_vocab, con);
+        if (n > 0)
+            n = truncate_cands(s, s->cand, n);
+    }
+    if (n == 0)
+        return -1;
+    return greedy ? argmax(s->cand, n) : draw(s, s->cand, n, temp);
 }

@@ -13,6 +13,7 @@
 #ifndef LLMS_SAMPLER_H
 #define LLMS_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/err.h"
@@ -65,6 +66,33 @@ void sampler_free(sampler *s);
  * n_history < 0, or n_history > 0 with history NULL.
  */
 int32_t sampler_sample(sampler *s, const float *logits, const int32_t *history, int n_history);
+
+/* Which tokens may come next: a grammar's, such as JSON mode's (engine/model/jsonmask.h).
+ * allows(ctx, token) is asked about single tokens, as sampler_sample_allowed says. */
+typedef struct sampler_constraint {
+    bool (*allows)(const void *ctx, int32_t token);
+    const void *ctx;
+} sampler_constraint;
+
+/*
+ * sampler_sample drawing only tokens c allows. Greedy gives the most likely allowed
+ * token. Otherwise the draw is among the tokens the truncation (top-k, top-p, min-p) of
+ * the unconstrained distribution keeps that c allows, in proportion to their
+ * probabilities: the truncated distribution conditioned on c. Only when the truncation
+ * keeps no allowed token is it made again over the allowed tokens alone (top-k then
+ * counts allowed tokens only, top-p their mass), and that is drawn from.
+ *
+ * How: it first draws as sampler_sample does and keeps the token when c allows it (one
+ * question to c, the usual case: llama.cpp's fast path); otherwise it draws again from
+ * the kept tokens c allows. With p the truncated distribution and A the allowed set,
+ * P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A): exact, where llama.cpp's second
+ * draw truncates the masked whole vocabulary instead (so its top-k/top-p differ after a
+ * rejection). Only greedy's rejected argmax and a truncation with no allowed token ask c
+ * about the whole vocabulary. The random stream advances once per draw.
+ * Returns -1 as sampler_sample does, and when c allows no token of the vocabulary.
+ */
+int32_t sampler_sample_allowed(sampler *s, const float *logits, const int32_t *history,
+                               int n_history, const sampler_constraint *c);
 
 /* Restarts the random stream from seed (SAMPLER_SEED_RANDOM for a random one). */
 void sampler_reset(sampler *s, uint64_t seed);

@@ -543,6 +543,159 @@ static void all_negative_infinity_still_gives_a_token(void)
     sampler_free(s);
 }
 
+/* ---- constrained sampling ---- */
+
+/* A constraint allowing the ids whose bit is set, counting the questions asked. */
+typedef struct allow_set {
+    uint64_t bits[2]; /* (128 bits) */
+    int asked;
+} allow_set;
+
+static bool set_allows(const void *ctx, int32_t token)
+{
+    allow_set *a = (allow_set *)ctx;
+    a->asked++;
+    return token >= 0 && token < 128 && ((a->bits[token >> 6] >> (token & 63)) & 1);
+}
+
+static void allow(allow_set *a, int32_t token)
+{
+    a->bits[token >> 6] |= 1ull << (token & 63);
+}
+
+static void greedy_takes_the_best_allowed_token(void)
+{
+    enum { N = 100 };
+    float l[N];
+    fill_logits(l, N, 4242u, 5.0f);
+    sampler_params p = plain_params(3);
+    p.temperature = 0.0f;
+    sampler *s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    int32_t best = sampler_sample(s, l, NULL, 0);
+    allow_set a = {{0}, 0};
+    allow(&a, best);
+    allow(&a, 7);
+    sampler_constraint con = {set_allows, &a};
+    CHECK_EQ(sampler_sample_allowed(s, l, NULL, 0, &con), best);
+    CHECK_EQ(a.asked, 1); /* the argmax was allowed: one question */
+    a = (allow_set){{0}, 0};
+    int32_t want = -1;
+    for (int32_t i = 0; i < N; i += 3)
+        if (i != best) {
+            allow(&a, i);
+            if (want < 0 || l[i] > l[want])
+                want = i;
+        }
+    CHECK_EQ(sampler_sample_allowed(s, l, NULL, 0, &con), want);
+    /* nothing allowed: no token */
+    a = (allow_set){{0}, 0};
+    CHECK_EQ(sampler_sample_allowed(s, l, NULL, 0, &con), -1);
+    sampler_free(s);
+}
+
+/* Draws with con from s and checks the frequencies against prob[] (zero: never). */
+static void check_frequencies(sampler *s, const float *l, int n, const sampler_constraint *con,
+                              const double *prob, int draws, const char *what)
+{
+    int count[16] = {0};
+    for (int i = 0; i < draws; i++) {
+        int32_t t = sampler_sample_allowed(s, l, NULL, 0, con);
+        CHECK_MSG(t >= 0 && t < n, "%s: token %d", what, t);
+        count[t]++;
+    }
+    for (int i = 0; i < n; i++) {
+        double freq = (double)count[i] / draws;
+        double tol = 5.0 * sqrt(prob[i] * (1 - prob[i]) / draws) + 1e-9;
+        CHECK_MSG(fabs(freq - prob[i]) <= tol, "%s: token %d: frequency %.4f, want %.4f", what,
+                  i, freq, prob[i]);
+    }
+}
+
+/* The draw is the truncated distribution conditioned on the allowed set, though most
+ * first draws are rejected here; with no allowed token in the truncation, the
+ * truncation is made over the allowed tokens alone. */
+static void sampling_is_conditioned_on_the_allowed_tokens(void)
+{
+    enum { N = 8, DRAWS = 40000 };
+    float l[N] = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, 1.5f};
+    sampler_params p = plain_params(99);
+    sampler *s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    allow_set a = {{0}, 0};
+    allow(&a, 0);
+    allow(&a, 2);
+    allow(&a, 5);
+    sampler_constraint con = {set_allows, &a};
+    double prob[N] = {0}, sum = exp(1.0) + exp(0.5) + exp(0.0);
+    prob[0] = exp(1.0) / sum, prob[2] = exp(0.5) / sum, prob[5] = exp(0.0) / sum;
+    check_frequencies(s, l, N, &con, prob, DRAWS, "no truncation");
+    sampler_free(s);
+
+    /* top-k 4 keeps 4, 6, 1, 7: of them 1 and 7 are allowed */
+    p.top_k = 4;
+    CHECK((s = sampler_new(N, &p, NULL)));
+    a = (allow_set){{0}, 0};
+    allow(&a, 1);
+    allow(&a, 7);
+    allow(&a, 0);
+    memset(prob, 0, sizeof prob);
+    sum = exp(2.0) + exp(1.5);
+    prob[1] = exp(2.0) / sum, prob[7] = exp(1.5) / sum;
+    check_frequencies(s, l, N, &con, prob, DRAWS, "top-k");
+
+    sampler_free(s);
+    /* top-k 3 keeps 4, 6, 1, none allowed: top-k 3 of the allowed 0, 2, 3, 5 is 0, 2, 5 */
+    p.top_k = 3;
+    CHECK((s = sampler_new(N, &p, NULL)));
+    a = (allow_set){{0}, 0};
+    allow(&a, 0);
+    allow(&a, 2);
+    allow(&a, 3);
+    allow(&a, 5);
+    memset(prob, 0, sizeof prob);
+    sum = exp(1.0) + exp(0.5) + exp(0.0);
+    prob[0] = exp(1.0) / sum, prob[2] = exp(0.5) / sum, prob[5] = exp(0.0) / sum;
+    check_frequencies(s, l, N, &con, prob, DRAWS, "top-k over the allowed");
+    sampler_free(s);
+}
+
+/* A seeded constrained sampler repeats itself (here most first draws fall outside the
+ * allowed ids, and top-k keeps none of them: the slow path), and an allowed first draw
+ * costs one question however large the vocabulary. */
+static void constrained_is_reproducible_and_cheap_when_allowed(void)
+{
+    enum { N = 50000 };
+    static float l[N];
+    fill_logits(l, N, 77u, 8.0f);
+    sampler_params p = sampler_params_default();
+    p.seed = 5;
+    sampler *s1 = sampler_new(N, &p, NULL), *s2 = sampler_new(N, &p, NULL);
+    CHECK(s1 && s2);
+    allow_set a = {{~0ull, ~0ull}, 0};
+    sampler_constraint con = {set_allows, &a};
+    int32_t t1[20], t2[20];
+    for (int i = 0; i < 20; i++) {
+        t1[i] = sampler_sample_allowed(s1, l, NULL, 0, &con);
+        t2[i] = sampler_sample_allowed(s2, l, NULL, 0, &con);
+        CHECK_EQ(t1[i], t2[i]);
+        CHECK(t1[i] >= 0 && t1[i] < 128);
+    }
+    sampler_free(s1);
+    sampler_free(s2);
+    sampler *s = sampler_new(N, &p, NULL);
+    CHECK(s);
+    allow_set all = {{~0ull, ~0ull}, 0};
+    sampler_constraint any = {set_allows, &all};
+    /* the logits of 0..127 raised far above the rest: the first draw is always allowed */
+    for (int32_t i = 0; i < 128; i++)
+        l[i] += 100.0f;
+    for (int i = 0; i < 10; i++)
+        CHECK(sampler_sample_allowed(s, l, NULL, 0, &any) < 128);
+    CHECK_EQ(all.asked, 10);
+    sampler_free(s);
+}
+
 /* ---- stop strings ---- */
 
 /* Feeds pieces through the matcher and collects the emitted text (NUL-terminated). */
@@ -716,6 +869,9 @@ int main(void)
     RUN(logit_biases);
     RUN(invalid_params_are_rejected_with_messages);
     RUN(all_negative_infinity_still_gives_a_token);
+    RUN(greedy_takes_the_best_allowed_token);
+    RUN(sampling_is_conditioned_on_the_allowed_tokens);
+    RUN(constrained_is_reproducible_and_cheap_when_allowed);
     RUN(stop_string_split_across_pieces);
     RUN(false_prefix_is_released);
     RUN(held_tail_is_flushed_at_the_end);
