@@ -33,7 +33,7 @@ static const char *const literals[] = {"true", "false", "null"};
 
 static bool is_ws(uint8_t c)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+    return (c == ' ') | (c == '\t') | (c == '\n') | (c == '\r');
 }
 
 static bool is_digit(uint8_t c)
@@ -339,9 +339,12 @@ bool jsonmask_feed(jsonmask_state *s, const void *bytes, size_t n)
 
 /* Token flags. */
 enum {
-    TOKEN_EOG = 1,          /* ends generation: allowed once the object is complete */
-    TOKEN_STRING_PLAIN = 2, /* bytes that leave a string's content state as it was: no '"',
+    TOKEN_WS_LED = 1,       /* a whitespace byte, then more: its key byte is the second */
+    TOKEN_EOG = 2,          /* ends generation: allowed once the object is complete */
+    TOKEN_STRING_PLAIN = 4, /* bytes that leave a string's content state as it was: no '"',
                                '\', control byte, and whole UTF-8 characters */
+    TOKEN_NO_BYTES = 8,     /* stands for no bytes (control, unknown, unused, end of
+                               generation) */
 };
 
 struct jsonmask_vocab {
@@ -349,6 +352,8 @@ struct jsonmask_vocab {
     uint32_t *start;  /* (n_vocab + 1) token i's bytes are bytes[start[i], start[i + 1]) */
     uint8_t *bytes;   /* (start[n_vocab] + 1) every token's bytes, back to back */
     uint8_t *flags;   /* (n_vocab) TOKEN_* bits */
+    uint8_t *key;     /* (n_vocab) the byte a token is first tested by: its first, or
+                         after leading whitespace (TOKEN_WS_LED) its second */
 };
 
 /* Whether a token stands for bytes of a reply: control, unknown and unused tokens are
@@ -377,7 +382,8 @@ int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MA
     jsonmask_vocab *v = calloc(1, sizeof *v);
     *out = NULL;
     if (!v || !(v->start = malloc(sizeof *v->start * ((size_t)n + 1))) ||
-        !(v->flags = calloc((size_t)n ? (size_t)n : 1, 1))) {
+        !(v->flags = calloc((size_t)n ? (size_t)n : 1, 1)) ||
+        !(v->key = calloc((size_t)n ? (size_t)n : 1, 1))) {
         jsonmask_vocab_free(v);
         return err_set(err, "jsonmask: out of memory for a vocabulary of %d tokens", (int)n);
     }
@@ -400,11 +406,14 @@ int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MA
     }
     for (int32_t i = 0; i < n; i++) {
         uint32_t len = v->start[i + 1] - v->start[i];
+        const uint8_t *b = v->bytes + v->start[i];
         if (len)
             tok_piece(t, i, (char *)v->bytes + v->start[i], (size_t)len + 1);
-        v->flags[i] = (uint8_t)((tok_is_eog(t, i) ? TOKEN_EOG : 0) |
-                                (string_plain(v->bytes + v->start[i], len) ? TOKEN_STRING_PLAIN
-                                                                           : 0));
+        bool ws_led = len > 1 && is_ws(b[0]);
+        v->key[i] = len ? b[ws_led] : 0;
+        v->flags[i] = (uint8_t)((ws_led ? TOKEN_WS_LED : 0) | (tok_is_eog(t, i) ? TOKEN_EOG : 0) |
+                                (string_plain(b, len) ? TOKEN_STRING_PLAIN : 0) |
+                                (len ? 0 : TOKEN_NO_BYTES));
     }
     *out = v;
     return 0;
@@ -417,6 +426,7 @@ void jsonmask_vocab_free(jsonmask_vocab *v)
     free(v->start);
     free(v->bytes);
     free(v->flags);
+    free(v->key);
     free(v);
 }
 
@@ -425,15 +435,28 @@ int32_t jsonmask_vocab_size(const jsonmask_vocab *v)
     return v->n_vocab;
 }
 
-/* The bytes the cursor's state takes next: 256 trial steps, once per token taken, so
- * that most tokens are refused by their first byte. */
+static bool bit_set(const uint64_t *bits, uint8_t b)
+{
+    return (bits[b >> 6] >> (b & 63)) & 1;
+}
+
+/* The bytes the cursor's state takes next, and after a space: 512 trial steps, once per
+ * token taken, so that most tokens are refused by their first byte or, when that is a
+ * space, their second. Whichever whitespace byte the state takes leaves it as a space
+ * does (structure counts the run alike, a number ends alike, a string takes only the
+ * space), so the space stands for all four. */
 static void cursor_prepare(jsonmask_cursor *c)
 {
-    memset(c->first_ok, 0, sizeof c->first_ok);
+    memset(c->next_ok, 0, sizeof c->next_ok);
+    jsonmask_state after_ws = c->state;
+    bool ws_ok = feed_byte(&after_ws, ' ');
     for (int b = 0; b < 256; b++) {
         jsonmask_state s = c->state;
         if (feed_byte(&s, (uint8_t)b))
-            c->first_ok[b >> 6] |= 1ull << (b & 63);
+            c->next_ok[0][b >> 6] |= 1ull << (b & 63);
+        s = after_ws;
+        if (ws_ok && feed_byte(&s, (uint8_t)b))
+            c->next_ok[1][b >> 6] |= 1ull << (b & 63);
     }
 }
 
@@ -449,17 +472,21 @@ bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
     const jsonmask_vocab *v = c->vocab;
     if (token < 0 || token >= v->n_vocab)
         return false;
-    uint32_t from = v->start[token], len = v->start[token + 1] - from;
-    if (len == 0)
-        return (v->flags[token] & TOKEN_EOG) && jsonmask_complete(&c->state);
-    const uint8_t *b = v->bytes + from;
-    if (!((c->first_ok[b[0] >> 6] >> (b[0] & 63)) & 1))
+    unsigned f = v->flags[token];
+    if (f & TOKEN_NO_BYTES)
+        return (f & TOKEN_EOG) && jsonmask_complete(&c->state);
+    /* Most tokens are refused here by one bit, found from two bytes per token (key,
+     * flags) without a branch on the token's kind, whose outcome would vary from token
+     * to token (mispredicted, such a branch doubled the time of a pass over a
+     * vocabulary). A token that passes may still be refused by its other bytes. */
+    if (!bit_set(c->next_ok[f & TOKEN_WS_LED], v->key[token]))
         return false;
     /* inside a string most tokens are plain text, which leaves the state as it is */
-    if (c->state.mode == M_STRING && (v->flags[token] & TOKEN_STRING_PLAIN))
+    if (c->state.mode == M_STRING && (f & TOKEN_STRING_PLAIN))
         return true;
+    uint32_t from = v->start[token];
     jsonmask_state s = c->state;
-    return jsonmask_feed(&s, b, len);
+    return jsonmask_feed(&s, v->bytes + from, v->start[token + 1] - from);
 }
 
 int jsonmask_take(jsonmask_cursor *c, int32_t token)

@@ -77,11 +77,13 @@ void jsonmask_vocab_free(jsonmask_vocab *v);
 int32_t jsonmask_vocab_size(const jsonmask_vocab *v);
 
 /* One reply's constraint: its state and what every test of a token against that state
- * shares (which bytes may come first). Fixed size; never allocates. */
+ * shares (which bytes may come first, and after a whitespace byte: most tokens of
+ * byte-level vocabularies start with a space). Fixed size; never allocates. */
 typedef struct jsonmask_cursor {
     const jsonmask_vocab *vocab;
     jsonmask_state state;
-    uint64_t first_ok[4]; /* (256 bits) bit b: the state takes byte b next */
+    uint64_t next_ok[2][4]; /* (2, 256 bits) bit b of [0]: the state takes byte b next;
+                               of [1]: it takes a space, then b */
 } jsonmask_cursor;
 
 /* A cursor at the start of a reply on vocabulary v. */
