@@ -2,6 +2,7 @@
  * llms-run — one prompt through the engine, like llama.cpp's llama-cli.
  *
  *   llms-run -m MODEL.gguf -p "text" [-n 64] [--temp 0] [-t threads]   generate
+ *                                                    (--json: one JSON object)
  *   llms-run -m VOCAB.gguf --tokenize  < text        token ids, no BOS/EOS added
  *   llms-run -m VOCAB.gguf --detokenize < ids        text of the ids
  *   llms-run -m MODEL.gguf --ids -p "1 450 4996"     prompt and output as token ids
@@ -22,6 +23,7 @@
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
 #include "engine/model/embed.h"
+#include "engine/model/jsonmask.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
@@ -51,6 +53,7 @@ typedef struct run_options {
     bool ids;
     bool chat;
     bool ignore_eos;
+    bool json;             /* JSON mode: the continuation is one JSON object */
     bool plan;             /* print the prefill's memory plan and stop */
     int plan_tokens;       /* --prompt-tokens: plan for this length instead of a prompt */
     int prefill_budget_mb; /* 0: none */
@@ -82,6 +85,9 @@ static void usage(FILE *out)
             "  -s, --seed N             sampling seed (default random)\n"
             "      --stop TEXT          stop when TEXT is generated (repeatable)\n"
             "      --ignore-eos         keep generating past end-of-generation tokens\n"
+            "      --json               JSON mode: only tokens that keep the continuation a\n"
+            "                           prefix of one JSON object; it ends as the object closes\n"
+            "                           (OpenAI's response_format json_object)\n"
             "      --chat               wrap the prompt in the model's chat template\n"
             "      --system TEXT        system message for --chat\n"
             "      --chat-template NAME the template's family, not the file's (" CHAT_FAMILY_NAMES
@@ -241,6 +247,8 @@ static int parse_args(int argc, char **argv, run_options *o)
             rc = parse_int(a, v, 0, &o->resident_small_mb);
         } else if (IS(NULL, "--ignore-eos")) {
             o->ignore_eos = true;
+        } else if (IS(NULL, "--json")) {
+            o->json = true;
         } else if (IS(NULL, "--chat")) {
             o->chat = true;
         } else if (IS(NULL, "--system")) {
@@ -532,6 +540,11 @@ static void emit_text(const char *bytes, long n)
     }
 }
 
+static bool json_allows(const void *cursor, int32_t token)
+{
+    return jsonmask_allows(cursor, token);
+}
+
 static int run_generate(model *m, const tokenizer *tok, const run_options *o)
 {
     char err[ERR_MAX];
@@ -540,6 +553,9 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     int32_t *prompt = NULL, *history = NULL, *positions = NULL;
     float *logits = NULL;
     sampler *smp = NULL;
+    jsonmask_vocab *json_vocab = NULL;
+    jsonmask_cursor json;
+    sampler_constraint json_allowed = {json_allows, &json};
     stop_matcher stop;
     engine_session s = {0};
 
@@ -578,6 +594,13 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "llms-run: --stop: %s\n", err);
         goto out;
     }
+    if (o->json) {
+        if (jsonmask_vocab_new(tok, &json_vocab, err)) {
+            fprintf(stderr, "llms-run: --json: %s\n", err);
+            goto out;
+        }
+        jsonmask_cursor_init(&json, json_vocab);
+    }
     smp = sampler_new(n_vocab, &o->sampling, err);
     history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
     positions = malloc(sizeof *positions * (size_t)n_prompt);
@@ -601,7 +624,13 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
     t0 = clock_mono_s();
     while (n_gen < o->n_predict) {
-        int32_t next = sampler_sample(smp, logits, history, n_hist);
+        int32_t next = o->json ? sampler_sample_allowed(smp, logits, history, n_hist, &json_allowed)
+                               : sampler_sample(smp, logits, history, n_hist);
+        if (o->json && jsonmask_take(&json, next) < 0) {
+            fprintf(stderr, "\nllms-run: --json: no token of the vocabulary continues the "
+                            "JSON text\n");
+            goto out;
+        }
         if (!o->ignore_eos && tok_is_eog(tok, next))
             break;
         history[n_hist++] = next;
@@ -618,7 +647,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
             if (stop_hit(&stop) >= 0)
                 break;
         }
-        if (n_gen == o->n_predict)
+        if (n_gen == o->n_predict || (o->json && jsonmask_complete(&json.state)))
             break;
         int32_t pos = n_hist - 1;
         if (session_eval(&s, &next, 1, pos, positions, logits, err)) {
@@ -644,6 +673,7 @@ out:
     free(history);
     free(prompt);
     sampler_free(smp);
+    jsonmask_vocab_free(json_vocab);
     session_close(&s);
     return status;
 }

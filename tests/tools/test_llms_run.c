@@ -2,6 +2,7 @@
  * End-to-end tests of the llms-run program: they run the binary of the same build
  * (release or sanitizer) as this test and check what it prints.
  */
+#include <json-c/json.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +120,37 @@ static void sampling_is_reproducible_by_seed(void)
     CHECK_EQ(test_run_capture(cmd, c, sizeof c), 0);
     CHECK(strcmp(a, b) == 0);
     CHECK(strcmp(a, c) != 0);
+}
+
+/* --json writes one JSON object (the trained documentation model, seeds whose object
+ * closes within 96 tokens), and ends as it closes; over a short -n, a prefix of one. */
+static void json_writes_an_object(void)
+{
+    const char *docs = test_data_path("models/docs-lm-21M-F16.gguf");
+    if (!docs)
+        SKIP("../shared/testdata/models/docs-lm-21M-F16.gguf is absent");
+    char model[1024], cmd[4096], out[8192];
+    snprintf(model, sizeof model, "%s", docs);
+    int closed = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -m '%s' -p 'The response body is a JSON object such as\n' -n 96 "
+                 "--json --seed %d 2>/dev/null",
+                 llms_run, model, seed);
+        CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+        size_t n = strlen(out);
+        CHECK(n > 0 && out[n - 1] == '\n'); /* the line llms-run ends its output with */
+        out[--n] = '\0';
+        json_object *o = json_tokener_parse(out);
+        closed += o && json_object_is_type(o, json_type_object);
+        json_object_put(o);
+        CHECK_MSG(out[strspn(out, " \t\r\n")] == '{', "seed %d: '%s'", seed, out);
+    }
+    CHECK_MSG(closed > 0, "no reply of 6 closed its object");
+    snprintf(cmd, sizeof cmd, "%s -m '%s' -p 'Example:\n' -n 3 --json --temp 0 2>/dev/null",
+             llms_run, model);
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(out[strspn(out, " \t\r\n")] == '{', "'%s'", out);
 }
 
 /* --presence-penalty and --frequency-penalty reach the sampler: greedy text changes
@@ -313,6 +345,7 @@ int main(int argc, char **argv)
     RUN(greedy_generation_is_deterministic_across_threads_and_loads);
     RUN(sampling_is_reproducible_by_seed);
     RUN(penalties_change_greedy_text);
+    RUN(json_writes_an_object);
     RUN(chat_template_overrides_the_files);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
