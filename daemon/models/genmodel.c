@@ -108,5 +108,6 @@ void genmodel_free(genmodel *g)
     kv_pool_free(g->pool);
     model_runner_free(g->runner);
     tok_free(g->own_tok);
+    jsonmask_vocab_free(g->json_vocab);
     free(g);
 }

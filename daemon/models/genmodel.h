@@ -18,6 +18,7 @@
 #include "engine/tok/chat.h"
 #include "engine/err.h"
 #include "engine/kv/kv.h"
+#include "engine/model/jsonmask.h"
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
 #include "engine/tok/tokenizer.h"
@@ -37,6 +38,8 @@ typedef struct genmodel {
     float *logits;           /* (max_active + speculate_rows, n_vocab) the out rows of a
                                 step: one per request, and speculation's draft rows */
     size_t kv_reserved;      /* KV bytes admission counted for the work running on it */
+    jsonmask_vocab *json_vocab; /* every token's bytes, for JSON mode: built by its first
+                                   JSON-mode generation (NULL before) */
 } genmodel;
 
 typedef struct genmodel_opts {

@@ -691,6 +691,32 @@ static int float_param(json_object *o, const char *key, protobuf_c_boolean *has,
     return rc;
 }
 
+/* OpenAI's response_format into p: {"type": "text"} (or null) is free text,
+ * {"type": "json_object"} JSON mode; a schema (json_schema) would pass for being honoured
+ * if the reply were only some object, so it is refused. 0, or -1 with msg. */
+static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    json_object *v, *type;
+    if (!json_object_object_get_ex(body, "response_format", &v) ||
+        json_object_is_type(v, json_type_null))
+        return 0;
+    const char *name = json_object_is_type(v, json_type_object) &&
+                               json_object_object_get_ex(v, "type", &type) &&
+                               json_object_is_type(type, json_type_string)
+                           ? json_object_get_string(type)
+                           : "";
+    if (strcmp(name, "text") == 0 || strcmp(name, "json_object") == 0) {
+        p->has_format = 1;
+        p->format = name[0] == 't' ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
+                                   : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+        return 0;
+    }
+    snprintf(msg, cap, "'response_format': only {\"type\": \"text\"} and {\"type\": "
+                       "\"json_object\"} are supported%s",
+             strcmp(name, "json_schema") == 0 ? " (JSON mode without a schema)" : "");
+    return -1;
+}
+
 /* Sampling fields of an OpenAI request into p (strings point into body). */
 static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
                        size_t max_stops, char *msg, size_t cap)
@@ -705,7 +731,8 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         float_param(body, "frequency_penalty", &p->has_frequency_penalty,
                     &p->frequency_penalty, msg, cap) < 0 ||
         float_param(body, "presence_penalty", &p->has_presence_penalty, &p->presence_penalty,
-                    msg, cap) < 0)
+                    msg, cap) < 0 ||
+        read_format(body, p, msg, cap) < 0)
         return -1;
     if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
         return -1;
@@ -899,7 +926,7 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
         {"echo", "the prompt is not echoed"},
         {"suffix", "insertion (fill in the middle) is not supported"},
     };
-    json_object *v, *type;
+    json_object *v;
     for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
         if (json_object_object_get_ex(body, asks[i].field, &v) && !asks_nothing(v)) {
             snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
@@ -909,14 +936,6 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
     if (json_object_object_get_ex(body, "best_of", &v) && !json_object_is_type(v, json_type_null) &&
         !(json_object_is_type(v, json_type_int) && json_object_get_int64(v) == 1)) {
         snprintf(msg, cap, "'best_of': one candidate is generated per choice");
-        return -1;
-    }
-    if (json_object_object_get_ex(body, "response_format", &v) &&
-        !json_object_is_type(v, json_type_null) &&
-        !(json_object_object_get_ex(v, "type", &type) &&
-          json_object_is_type(type, json_type_string) &&
-          strcmp(json_object_get_string(type), "text") == 0)) {
-        snprintf(msg, cap, "'response_format': only {\"type\": \"text\"} is supported");
         return -1;
     }
     return 0;

@@ -186,6 +186,11 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)
         return refuse_as(r, inv, "max_tokens must be at least 1");
+    /* protobuf-c keeps an enum value it does not know as it came */
+    if (p->has_format && p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT &&
+        p->format != LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT)
+        return refuse_as(r, inv, "format %d is neither FORMAT_TEXT (0) nor FORMAT_JSON_OBJECT (1)",
+                         (int)p->format);
     /* One place of the matcher is the chat template's own end text. */
     if (p->n_stop >= STOP_MAX)
         return refuse_as(r, inv, "stop has %zu strings, at most %d", p->n_stop, STOP_MAX - 1);

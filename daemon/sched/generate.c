@@ -23,6 +23,7 @@ typedef struct merged_params {
     const Llms__GenerationParams *bias;  /* the layer whose logit_bias applies, or NULL */
     int logprobs;                        /* -1: none */
     unsigned speculate;
+    bool json;                           /* FORMAT_JSON_OBJECT */
 } merged_params;
 
 /* Sampling settings: the request's, else the context's defaults, else the config's; a
@@ -44,6 +45,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     };
     m->stops = m->bias = NULL;
     m->logprobs = -1;
+    m->json = false;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -73,6 +75,8 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             m->bias = p;
         if (p->has_logprobs)
             m->logprobs = p->logprobs;
+        if (p->has_format)
+            m->json = p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
     }
     m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
     m->speculate = spec_mode_of_params(cfg, layers, 2);
@@ -157,14 +161,15 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         g->switched_in = true;
         g->limit = cfg->n_ctx;
         req_p = j->req->rag_query->params;
-        /* before the query starts: a QA entry answers only a query of its reply length */
+        /* before the query starts: a QA entry answers only a query of its reply length,
+         * and only a free-text one */
         merge_params(cfg, NULL, req_p, &mp);
         bool cached = false;
         g->rq = j == &s->pred_job
                     ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, mp.max_tokens,
                                           &s->pred_task, g->seq, &cached)
                     : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, mp.max_tokens,
-                                g->seq, j->queued_ns);
+                                mp.json, g->seq, j->queued_ns);
         s->pred_cached = cached;
         if (!g->rq) {
             gen_free(g); /* answered: from the QA bank or with an error */
@@ -275,6 +280,12 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;
+    if (mp.json) {
+        /* the table of the model's token bytes is built once, by its first JSON reply */
+        if (!gm->json_vocab && jsonmask_vocab_new(gm->tok, &gm->json_vocab, err))
+            goto fail;
+        jsonmask_cursor_init(&g->json, gm->json_vocab);
+    }
     /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
     g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn
                                                                               : g->limit));
@@ -431,16 +442,35 @@ void gen_note_token_time(sched *s, gen *g)
     g->t_last_token = now;
 }
 
+static bool json_allows(const void *cursor, int32_t token)
+{
+    return jsonmask_allows(cursor, token);
+}
+
+int32_t gen_sample(gen *g, const float *logits)
+{
+    if (!g->json.vocab)
+        return sampler_sample(g->smp, logits, g->hist, g->n_hist);
+    sampler_constraint allowed = {json_allows, &g->json};
+    return sampler_sample_allowed(g->smp, logits, g->hist, g->n_hist, &allowed);
+}
+
 void gen_take_token(sched *s, work *w, const float *logits)
 {
     gen *g = w->g;
     gen_note_token_time(s, g);
-    gen_push_token(s, w, sampler_sample(g->smp, logits, g->hist, g->n_hist), logits);
+    gen_push_token(s, w, gen_sample(g, logits), logits);
 }
 
 bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
 {
     gen *g = w->g;
+    /* gen_sample drew among the allowed tokens: -1 when the vocabulary has none */
+    if (g->json.vocab && jsonmask_take(&g->json, next) < 0) {
+        work_fail(w, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                  "JSON mode: no token of the model's vocabulary continues the reply as JSON");
+        return false;
+    }
     if (next < 0 || tok_is_eog(g->gm->tok, next)) {
         gen_finish(g, LLMS__STOP_REASON__STOP_EOS);
         return false;
@@ -463,6 +493,8 @@ bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
         return false;
     if (stop_hit(&g->stop) >= 0)
         gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
+    else if (g->json.vocab && jsonmask_complete(&g->json.state))
+        gen_finish(g, LLMS__STOP_REASON__STOP_EOS); /* the object closed: the reply ends */
     else if (g->n_gen >= g->max_gen)
         gen_finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
     else if (g->n_hist >= g->limit && !gen_slide(w, 1))

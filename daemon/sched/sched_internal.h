@@ -38,6 +38,7 @@
 #include "daemon/sched/speculate.h"
 #include "engine/clock.h"
 #include "engine/kv/kv.h"
+#include "engine/model/jsonmask.h"
 #include "engine/model/model.h"
 #include "engine/model/sampler.h"
 #include "engine/tok/stop.h"
@@ -92,6 +93,8 @@ typedef struct gen {
     int logprobs;          /* alternatives reported beside each token; -1: no logprobs */
     logprob_step *lp;      /* (reply_cap) each reply token's, when logprobs >= 0 */
     logprobs_pb lp_chunk;  /* a streamed chunk's messages, kept between tokens */
+    jsonmask_cursor json;  /* JSON mode (FORMAT_JSON_OBJECT) when json.vocab is set: the
+                              reply so far, which only allowed tokens extend */
     stop_matcher stop;
     /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
     int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */
@@ -333,6 +336,10 @@ int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *co
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
 
+/* The next token of g from a row of logits: sampler_sample, or in JSON mode among the
+ * tokens that keep the reply a prefix of a JSON object (-1 when there is none). */
+int32_t gen_sample(gen *g, const float *logits);
+
 /* Takes the token sampled from logits. */
 void gen_take_token(sched *s, work *w, const float *logits);
 
@@ -342,8 +349,10 @@ void gen_note_token_time(sched *s, gen *g);
 /* Takes a token chosen from logits (n_vocab, the row it was sampled from, whose
  * log-probabilities are reported when asked): appends it (true), unless it ends the
  * generation (end of generation: false, nothing appended); streams the text the stop
- * strings let through and ends the generation at a stop string, max_tokens or a full
- * window. false too when memory ran out for the reply's text (w has failed). */
+ * strings let through and ends the generation at a stop string, a JSON-mode reply's
+ * complete object, max_tokens or a full window. false too when memory ran out for the
+ * reply's text, or JSON mode does not allow the token (-1: no token was), and w has
+ * failed. */
 bool gen_push_token(sched *s, work *w, int32_t token, const float *logits);
 
 /* A Call's switch-in; -1 with g->err_code and err on failure. */

@@ -495,10 +495,12 @@ void spec_take(sched *s, work *w, const float *logits)
     /* each row's token is the one plain decoding samples there, from the same random
      * stream (a draft is so taken with its probability, as the rejection rule takes a
      * drafted token): a seeded sample is the same text with drafts or without, whichever
-     * steps the gate gives them */
+     * steps the gate gives them. JSON mode too: gen_sample draws among the tokens the
+     * reply's state allows after the tokens taken before the row, and a rejected draft
+     * never reached that state. */
     for (int i = 0; i <= k && !g->done; i++) {
         const float *row = logits + (size_t)i * n_vocab;
-        int32_t t = sampler_sample(g->smp, row, g->hist, g->n_hist);
+        int32_t t = gen_sample(g, row);
         bool match = i < k && t == g->spec_rows[i + 1];
         if (!gen_push_token(s, w, t, row) || !match)
             break;

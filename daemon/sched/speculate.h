@@ -17,7 +17,8 @@
  * with both, lookup first and the draft model where lookup finds nothing. The step row
  * of the generation becomes 1 + k rows: its last token, then the drafts; all k + 1
  * rows' logits come back. Each row's token is then sampled as plain decoding samples it
- * (sampler_sample, from the same random stream: a draft is taken with its probability),
+ * (gen_sample: JSON mode's constrained draw too, from the state the row's earlier tokens
+ * reached; from the same random stream: a draft is taken with its probability),
  * taken in order while it equals the draft; the first that differs (or the row after
  * the last draft) is taken too and ends it. So a step yields 1 to k + 1 tokens, each
  * what plain decoding would have taken (greedy, and sampling with a seed: token for
