@@ -383,8 +383,8 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     g->frequency_penalty = p->frequency_penalty;
     g->has_presence_penalty = !isnan(p->presence_penalty);
     g->presence_penalty = p->presence_penalty;
-    g->has_logprobs = p->logprobs != LLMS_UNSET;
-    g->logprobs = p->logprobs;
+    g->has_logprobs = p->logprobs != 0;
+    g->logprobs = p->top_logprobs;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);

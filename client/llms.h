@@ -156,10 +156,11 @@ typedef struct llms_params {
                                           gets the sum. Set, the list replaces the
                                           context's whole list, as stop strings do. */
     size_t n_logit_bias;
-    int32_t logprobs;       /* LLMS_UNSET: none; 0..LLMS_LOGPROBS_MAX: each generated
-                               token's log-probability in llms_result.logprobs, with this
-                               many of its step's likeliest tokens (llms_call and
-                               llms_complete; a RAG query refuses it) */
+    int logprobs;           /* nonzero: each generated token's log-probability in
+                               llms_result.logprobs (llms_call and llms_complete; a RAG
+                               query refuses it); 0 (a zeroed struct too): none */
+    int32_t top_logprobs;   /* with logprobs: this many of each step's likeliest tokens
+                               beside it, 0..LLMS_LOGPROBS_MAX */
 } llms_params;
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
@@ -178,7 +179,7 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, LLMS_UNSET               \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0                     \
     }
 
 /* Sets every field of *p to unset. */

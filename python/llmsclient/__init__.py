@@ -116,7 +116,7 @@ class _Params(ctypes.Structure):
         ("model", ctypes.c_char_p), ("speculation", ctypes.c_int),
         ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
-        ("logprobs", ctypes.c_int32),
+        ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32),
     ]
 
 
@@ -493,7 +493,7 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
     if logprobs is not None:
-        p.logprobs = _u32("logprobs", logprobs)
+        p.logprobs, p.top_logprobs = 1, _u32("logprobs", logprobs)
     if top_k is not None:
         p.top_k = top_k
     if max_tokens is not None:

@@ -464,7 +464,8 @@ static void logprobs_chat_and_completion(void)
     llms_params p = LLMS_PARAMS_INIT;
     p.temperature = 0;
     p.max_tokens = 5;
-    p.logprobs = 2;
+    p.logprobs = 1;
+    p.top_logprobs = 2;
     llms_result native = {0};
     CHECK_EQ(llms_complete(c, "one two", NULL, 0, &p, NULL, NULL, &native), LLMS_OK);
     CHECK_EQ(native.n_logprobs, n);
