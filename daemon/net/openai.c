@@ -353,7 +353,7 @@ void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
     if (finish)
         evbuffer_add_printf(b, ",\"finish_reason\":\"%s\"}]}\n\n", finish);
     else
-        evbuffer_add(b, ",\"finish_reason\":null}]}\n\n", 25);
+        evbuffer_add_printf(b, ",\"finish_reason\":null}]}\n\n");
     httpwire_stream_chunk(hr->wc, b);
     hr->sent += n;
 }

@@ -92,6 +92,9 @@ static void chat_stream_has_openai_shape(void)
     char v[256];
     CHECK(header(&r, "Content-Type", v, sizeof v) && strcmp(v, "text/event-stream") == 0);
     CHECK(header(&r, "Cache-Control", v, sizeof v) && strcmp(v, "no-cache") == 0);
+    /* each event ends with a blank line: a client splits the stream there */
+    CHECK_MSG(!strstr(r.body, "}\ndata: "), "events not separated by a blank line: %.300s",
+              r.body);
     char id[128] = "", model[128] = "";
     long long created = -1;
     int n = 0, finishes = 0, usage_at = -1, done_at = -1, finish_at = -1;
