@@ -660,6 +660,55 @@ static void streamed_equals_whole(void)
     json_object_put(whole);
 }
 
+/* Server-sent events end at a blank line: every event of a stream is one "data: " line
+ * (a JSON object, or [DONE] last) followed by "\n\n", the token events too, with and
+ * without logprobs. An event ended by a single "\n" merges with the next into one event
+ * whose data is two lines, which an SSE client (OpenAI's, a browser's EventSource)
+ * hands over joined, no longer JSON. */
+static void streamed_events_end_with_a_blank_line(void)
+{
+    NEED(daemon_up, start_daemon());
+    static const char *const asks[][2] = {
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"tell me\"}],"
+                                 "\"temperature\":0,\"max_tokens\":6,\"stream\":true}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"tell me\"}],"
+                                 "\"temperature\":0,\"max_tokens\":6,\"stream\":true,"
+                                 "\"logprobs\":true,\"top_logprobs\":2}"},
+        {"/v1/completions", "{\"prompt\":\"a b\",\"temperature\":0,\"max_tokens\":6,"
+                            "\"stream\":true}"},
+    };
+    for (size_t a = 0; a < sizeof asks / sizeof asks[0]; a++) {
+        httpc_reply r;
+        CHECK(httpc_do(hsock, 0, "POST", asks[a][0], NULL, asks[a][1], &r) == 0);
+        CHECK_EQ(r.status, 200);
+        int events = 0;
+        bool done = false;
+        char *p = r.body;
+        while (*p && !done) {
+            char *end = strstr(p, "\n\n");
+            CHECK_MSG(end, "%s: an event without its blank line: '%.200s'", asks[a][0], p);
+            if (!end)
+                break;
+            *end = '\0';
+            CHECK_MSG(strncmp(p, "data: ", 6) == 0 && !strchr(p, '\n'),
+                      "%s: event %d is not one data line: '%.300s'", asks[a][0], events, p);
+            if (strcmp(p + 6, "[DONE]") == 0) {
+                done = true;
+            } else {
+                json_object *o = json_tokener_parse(p + 6);
+                CHECK_MSG(o && json_object_is_type(o, json_type_object),
+                          "%s: event %d is not a JSON object: '%.300s'", asks[a][0], events, p);
+                json_object_put(o);
+            }
+            events++;
+            p = end + 2;
+        }
+        CHECK_MSG(done && !*p, "%s: the stream does not end with [DONE]", asks[a][0]);
+        CHECK_MSG(events >= 3, "%s: %d events", asks[a][0], events);
+        httpc_reply_free(&r);
+    }
+}
+
 /* A field sent as null is absent, as for every other field: "max_completion_tokens": null
  * (what a client passing both of OpenAI's names, one of them None, sends) leaves
  * "max_tokens" in force. */
@@ -1608,6 +1657,7 @@ int main(int argc, char **argv)
     RUN(tokenize_and_detokenize_routes);
     RUN(logprobs_chat_and_completion);
     RUN(streamed_equals_whole);
+    RUN(streamed_events_end_with_a_blank_line);
     RUN(null_max_completion_tokens_keeps_max_tokens);
     RUN(embeddings_float_and_base64);
     RUN(embedding_dimensions_are_checked);
