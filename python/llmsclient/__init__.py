@@ -512,6 +512,9 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
             if isinstance(token, bool) or not isinstance(token, int):
                 raise ValueError("llmsclient: logit_bias maps token ids (ints) to biases, "
                                  "not %r" % (token,))
+            # ctypes would wrap an id past int32 silently into another token's
+            if not -2 ** 31 <= token < 2 ** 31:
+                raise ValueError("llmsclient: logit_bias token id %d is not an int32" % token)
         arr = (_LogitBias * len(items))(*[_LogitBias(t, b) for t, b in items])
         p.logit_bias, p.n_logit_bias = ctypes.cast(arr, ctypes.c_void_p), len(items)
         keep.append(arr)

@@ -73,6 +73,10 @@ class ClientTest(unittest.TestCase):
             ctx.delete()
         with self.assertRaises(ValueError):
             self.c.complete("x", logit_bias={"7": 1.0})
+        # an id past int32 is refused, not wrapped by ctypes into another token's id (2**32
+        # + first would ban first)
+        with self.assertRaises(ValueError):
+            self.c.complete("x", max_tokens=1, logit_bias={2 ** 32 + first: -100})
         with self.assertRaises(llmsclient.LlmsError) as e:
             self.c.complete("x", logit_bias={7: 500.0})
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
