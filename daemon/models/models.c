@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "daemon/models/genmodel.h"
+#include "engine/quant/quant.h"
 
 struct models {
     models_entry *head;
@@ -247,6 +248,11 @@ static void view_publish(models *r)
             if (default_for(r, bit) == e)
                 v->defaults |= bit;
         v->family = e->family;
+        memcpy(v->arch, e->arch, sizeof v->arch);
+        v->file_bytes = e->file_bytes;
+        v->file_mtime = e->file_mtime;
+        v->n_params = e->n_params;
+        memcpy(v->quant, e->quant, sizeof v->quant);
     }
     r->view_n = n;
     r->view_version++;
@@ -322,6 +328,47 @@ static int check_shapes(const gguf_file *g, enum models_type type, char err[ERR_
     return b ? 0 : -1;
 }
 
+/* llama.cpp's names of general.file_type (enum llama_ftype), for the types real files
+ * have; NULL for another value. */
+static const char *ftype_name(uint32_t t)
+{
+    static const char *const names[] = {
+        [0] = "F32",     [1] = "F16",     [2] = "Q4_0",    [3] = "Q4_1",    [7] = "Q8_0",
+        [8] = "Q5_0",    [9] = "Q5_1",    [10] = "Q2_K",   [11] = "Q3_K_S", [12] = "Q3_K_M",
+        [13] = "Q3_K_L", [14] = "Q4_K_S", [15] = "Q4_K_M", [16] = "Q5_K_S", [17] = "Q5_K_M",
+        [18] = "Q6_K",   [32] = "BF16",
+    };
+    return t < sizeof names / sizeof names[0] ? names[t] : NULL;
+}
+
+/* e's parameter count and the name of its weights' type: general.file_type when the
+ * file names one, else the tensor type that holds most of its bytes. */
+static void describe_weights(models_entry *e, const gguf_file *g)
+{
+    uint64_t bytes_of[QTYPE_COUNT] = {0};
+    e->n_params = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            n *= (uint64_t)t->ne[d];
+        e->n_params += n;
+        if (t->type < QTYPE_COUNT)
+            bytes_of[t->type] += t->bytes;
+    }
+    uint32_t ftype;
+    const char *name = gguf_get_u32(g, "general.file_type", &ftype) ? ftype_name(ftype) : NULL;
+    if (!name) {
+        uint32_t most = 0;
+        for (uint32_t t = 1; t < QTYPE_COUNT; t++)
+            if (bytes_of[t] > bytes_of[most])
+                most = t;
+        const quant_traits *q = quant_traits_of(most);
+        name = q ? q->name : "";
+    }
+    snprintf(e->quant, sizeof e->quant, "%s", name);
+}
+
 static int probe(models_entry *e, char err[ERR_MAX])
 {
     char why[ERR_MAX];
@@ -329,6 +376,7 @@ static int probe(models_entry *e, char err[ERR_MAX])
     if (stat(e->path, &st) != 0)
         return err_set(err, "%s: %s", e->path, strerror(errno));
     e->file_bytes = (uint64_t)st.st_size;
+    e->file_mtime = (int64_t)st.st_mtime;
     gguf_file *g = gguf_open(e->path, why);
     if (!g)
         return err_set(err, "%s: %s", e->path, why);
@@ -351,6 +399,8 @@ static int probe(models_entry *e, char err[ERR_MAX])
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)
         rc = err_set(err, "%s: %s", e->path, why);
+    if (rc == 0)
+        describe_weights(e, g);
     gguf_close(g);
     return rc;
 }

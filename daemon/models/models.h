@@ -58,6 +58,10 @@ typedef struct models_entry {
     unsigned fallback;              /* roles it has only until another model takes them
                                        (the generate model's embed and rerank) */
     uint64_t file_bytes;
+    int64_t file_mtime;             /* its modification time, seconds since the epoch */
+    uint64_t n_params;              /* elements of its tensors */
+    char quant[12];                 /* its weights' type: general.file_type as llama.cpp
+                                       names it ("Q4_K_M"), else the type of most bytes */
     model *m;                       /* a decoder's weights when it generates or embeds */
     enum chat_family family;        /* a generate model's chat template (else CHAT_PLAIN) */
     bool copied;                    /* m was read into private memory (model_load = copy) */
@@ -87,6 +91,12 @@ typedef struct models_view_entry {
     unsigned roles;          /* enum models_role bits it answers now (fallbacks included) */
     unsigned defaults;       /* the roles it is the default for */
     enum chat_family family; /* a generate model's chat template (else CHAT_PLAIN) */
+    /* What the file says of itself (models_entry's), for the gateway's model lists. */
+    char arch[32];
+    uint64_t file_bytes;
+    int64_t file_mtime;
+    uint64_t n_params;
+    char quant[12];
 } models_view_entry;
 
 /* A copy of the registry's names and roles that a thread other than the worker keeps
