@@ -49,7 +49,9 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/metrics", "other",
+    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/metrics",
+    "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
+    "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -106,6 +108,33 @@ void http_send_json(http *h, httpwire_conn *wc, enum route r, int status, json_o
     httpwire_reply(wc, status, s ? s : "", s ? strlen(s) : 0);
     json_object_put(o);
     http_count_status(h, r, status);
+}
+
+/* Answers an error in the shape of route r's API: ollama's {"error": message}, else
+ * OpenAI's object with type and code. */
+__attribute__((format(printf, 7, 8))) static void send_error(http *h, httpwire_conn *wc,
+                                                             enum route r, int status,
+                                                             const char *type, const char *code,
+                                                             const char *fmt, ...)
+{
+    char msg[ERR_MAX + 256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (http_route_is_ollama(r))
+        ollama_send_error(h, wc, r, status, msg);
+    else
+        openai_send_error(h, wc, r, status, type, code, "%s", msg);
+}
+
+/* Ends hr with a native error in the shape of its route's API. */
+static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+{
+    if (http_route_is_ollama(hr->route))
+        ollama_finish_error(hr, code, msg);
+    else
+        openai_finish_error(hr, code, msg);
 }
 
 /* ---- requests in flight ---- */
@@ -189,8 +218,11 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
 {
     if (!hr->stream)
         return;
-    if (openai_sse_start(hr)) {
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    bool ollama = http_route_is_ollama(hr->route);
+    if (ollama) {
+        ollama_stream_start(hr);
+    } else if (openai_sse_start(hr)) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (hr->cancel_sent || unread(hr) > CONNBUDGET_OUT_CAP) {
@@ -204,6 +236,11 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
                 sched_submit(hr->h->senv.sch, j);
             hr->cancel_sent = true;
         }
+        return;
+    }
+    if (ollama) {
+        if (ch->text[0])
+            ollama_stream_text(hr, ch->text, strlen(ch->text));
         return;
     }
     openai_logprobs_add(hr, ch->logprobs, ch->n_logprobs);
@@ -227,7 +264,7 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
     http_req_finish(hr);
     struct evbuffer *b = evbuffer_new();
     if (!b) {
-        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error", "out of memory");
         return;
     }
     /* This request is answered 200 and counts too. */
@@ -330,21 +367,27 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
                             ? frame_unpack_response(frame + FRAME_HEADER_BYTES, len - FRAME_HEADER_BYTES)
                             : NULL;
     if (!r) {
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
         return;
     }
     if (r->error) {
-        openai_finish_error(hr, r->error->code, r->error->message);
+        finish_error(hr, r->error->code, r->error->message);
     } else if (r->body_case == LLMS__RESPONSE__BODY_BIND) {
         /* Bound: the request itself follows. */
     } else if (r->body_case == LLMS__RESPONSE__BODY_CHUNK) {
         on_chunk(hr, r->chunk);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
-        openai_on_result(hr, r->result);
+        if (http_route_is_ollama(hr->route))
+            ollama_on_result(hr, r->result);
+        else
+            openai_on_result(hr, r->result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RAG_RESULT) {
         openai_on_rag_result(hr, r->rag_result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
-        openai_on_embed(hr, r->embed);
+        if (http_route_is_ollama(hr->route))
+            ollama_on_embed(hr, r->embed);
+        else
+            openai_on_embed(hr, r->embed);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
         openai_on_rerank(hr, r->rerank);
     } else if (r->body_case == LLMS__RESPONSE__BODY_TOKENIZE) {
@@ -354,7 +397,7 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
     } else if (r->body_case == LLMS__RESPONSE__BODY_STATUS) {
         on_status(hr, r->status);
     } else {
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
     }
     frame_free_response(r);
 }
@@ -396,7 +439,7 @@ int http_submit(hreq *hr, const Llms__Request *r)
         free(buf);
     }
     if (!req) {
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return -1;
     }
     session_handle(&hr->h->senv, &hr->ss, hr, req);
@@ -474,6 +517,11 @@ static enum route route_of(const char *uri, size_t *len)
     *len = n;
     if (n == 7 && strncmp(uri, "/rerank", 7) == 0)
         return R_RERANK;
+    static const char *const manage[] = {"/api/pull", "/api/push", "/api/create", "/api/copy",
+                                         "/api/delete"};
+    for (size_t i = 0; i < sizeof manage / sizeof manage[0]; i++)
+        if (strlen(manage[i]) == n && strncmp(uri, manage[i], n) == 0)
+            return R_OLLAMA_MANAGE;
     /* /v1/models/{id}: one model, the rest of the path its name */
     if (n > 11 && strncmp(uri, "/v1/models/", 11) == 0)
         return R_MODELS;
@@ -504,7 +552,9 @@ const models_view_entry *http_view_default(const http *h, unsigned role)
 /* The role a route's requests need of their model. */
 static unsigned route_role(enum route r)
 {
-    return r == R_EMBEDDINGS ? MODELS_EMBED : r == R_RERANK ? MODELS_RERANK : MODELS_GENERATE;
+    return r == R_EMBEDDINGS || r == R_OLLAMA_EMBED || r == R_OLLAMA_EMBEDDINGS ? MODELS_EMBED
+           : r == R_RERANK                                                      ? MODELS_RERANK
+                                                                                : MODELS_GENERATE;
 }
 
 /* The model a request of route r runs on: *e, the one body's "model" names (*named),
@@ -517,6 +567,8 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                          const char **named, const models_view_entry **e)
 {
     json_object *m;
+    if (http_route_is_ollama(r))
+        return ollama_request_model(h, wc, r, body, named, e);
     const models_view_entry *dflt = http_view_default(h, route_role(r));
     *named = NULL;
     *e = dflt;
@@ -531,15 +583,15 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                                  h->view.entries[i].name);
                 at += w > 0 ? (size_t)w : 0;
             }
-            openai_send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
-                              "the model '%.200s' does not exist (this daemon serves %s)", name,
-                              names);
+            send_error(h, wc, r, 404, "invalid_request_error", "model_not_found",
+                       "the model '%.200s' does not exist (this daemon serves %s)", name,
+                       names);
             return -1;
         }
         if (r == R_RAG && *e != dflt) {
-            openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
-                              "%s runs on the default generate model '%s', not '%s'",
-                              route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
+            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                       "%s runs on the default generate model '%s', not '%s'",
+                       route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
             return -1;
         }
         *named = name;
@@ -553,12 +605,13 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
     size_t n;
     const char *p = httpwire_body(wc, &n);
     if (n == 0) {
-        openai_bad_request(h, wc, r, "the body must be a JSON object");
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_request",
+                   "the body must be a JSON object");
         return NULL;
     }
     json_tokener *tk = json_tokener_new();
     if (!tk) {
-        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return NULL;
     }
     json_tokener_set_flags(tk, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
@@ -570,10 +623,10 @@ static json_object *read_body(http *h, httpwire_conn *wc, enum route r)
         end++;
     if (!o || e != json_tokener_success || end != n || !json_object_is_type(o, json_type_object)) {
         json_object_put(o);
-        openai_bad_request(h, wc, r,
-                           e == json_tokener_success || e == json_tokener_continue
-                               ? "the body must be one JSON object"
-                               : json_tokener_error_desc(e));
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_request", "%s",
+                   e == json_tokener_success || e == json_tokener_continue
+                       ? "the body must be one JSON object"
+                       : json_tokener_error_desc(e));
         return NULL;
     }
     return o;
@@ -699,7 +752,7 @@ static hreq *hreq_new(http *h, httpwire_conn *wc, enum route r, const session *s
     hreq *hr = calloc(1, sizeof *hr);
     if (!hr) {
         json_object_put(body);
-        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return NULL;
     }
     hr->h = h;
@@ -765,6 +818,14 @@ static void hreq_start(hreq *hr)
     case R_DETOKENIZE:
         tokroute_start(hr, &rq, msg, sizeof msg);
         break;
+    case R_OLLAMA_GENERATE:
+    case R_OLLAMA_CHAT:
+        ollama_start_generate(hr, &rq, msg, sizeof msg);
+        break;
+    case R_OLLAMA_EMBED:
+    case R_OLLAMA_EMBEDDINGS:
+        ollama_start_embed(hr, &rq, msg, sizeof msg);
+        break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;
         rq.status = &empty;
@@ -789,7 +850,11 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     const char *uri = httpwire_target(wc);
     const char *method = httpwire_method(wc);
     enum route r = route_of(uri, &plen);
-    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS;
+    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS || r == R_OLLAMA_VERSION ||
+               r == R_OLLAMA_TAGS || r == R_OLLAMA_PS;
+    /* ollama's model management is refused whichever method it comes with (DELETE for
+     * /api/delete, POST for the others) */
+    const char *methods = get ? "GET, HEAD" : r == R_OLLAMA_MANAGE ? "POST, DELETE" : "POST";
     char msg[ERR_MAX + 128];
     /* Browser clients on other origins may read every answer, as OpenAI's API lets them:
      * that opens nothing to a page without a token, as no cookie or other credential a
@@ -798,16 +863,16 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     if (httpwire_header(wc, "Origin"))
         httpwire_add_header(wc, "Access-Control-Allow-Origin", "*");
     if (r == R_OTHER) {
-        openai_send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
-                          (int)(plen > 200 ? 200 : plen), uri);
+        send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
+                   (int)(plen > 200 ? 200 : plen), uri);
         return false;
     }
     if (strcmp(method, "OPTIONS") == 0) {
         /* A CORS preflight, which carries no Authorization: it asks whether the request
          * may follow, with the headers it names (the SDKs' own among them). */
         const char *asked = httpwire_header(wc, "Access-Control-Request-Headers");
-        httpwire_add_header(wc, "Allow", get ? "GET, HEAD" : "POST");
-        httpwire_add_header(wc, "Access-Control-Allow-Methods", get ? "GET, HEAD" : "POST");
+        httpwire_add_header(wc, "Allow", methods);
+        httpwire_add_header(wc, "Access-Control-Allow-Methods", methods);
         if (asked)
             httpwire_add_header(wc, "Access-Control-Allow-Headers", asked);
         httpwire_reply(wc, 200, NULL, 0);
@@ -815,10 +880,12 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         return false;
     }
     /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
-    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") : strcmp(method, "POST")) {
-        httpwire_add_header(wc, "Allow", get ? "GET, HEAD" : "POST");
-        openai_send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
-                          "%s takes %s", route_path[r], get ? "GET or HEAD" : "POST");
+    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD")
+            : strcmp(method, "POST") && (r != R_OLLAMA_MANAGE || strcmp(method, "DELETE"))) {
+        httpwire_add_header(wc, "Allow", methods);
+        send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
+                   "%s takes %s", route_path[r],
+                   get ? "GET or HEAD" : r == R_OLLAMA_MANAGE ? "POST or DELETE" : "POST");
         return false;
     }
     if (h->shutting || h->worker_done) {
@@ -827,8 +894,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
             json_object_object_add(o, "status", json_object_new_string("shutting_down"));
             http_send_json(h, wc, r, 503, o);
         } else {
-            openai_send_error(h, wc, r, 503, "server_error", "unavailable",
-                              "the daemon is shutting down");
+            send_error(h, wc, r, 503, "server_error", "unavailable",
+                       "the daemon is shutting down");
         }
         return false;
     }
@@ -843,17 +910,17 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     if (status) {
         if (status == 401)
             httpwire_add_header(wc, "WWW-Authenticate", "Bearer");
-        openai_send_error(h, wc, r, status,
-                          status == 401 ? "authentication_error" : "invalid_request_error",
-                          status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
+        send_error(h, wc, r, status,
+                   status == 401 ? "authentication_error" : "invalid_request_error",
+                   status == 401 ? "invalid_api_key" : "invalid_request", "%s", msg);
         return false;
     }
     if (gc->tcp && count_under(h, gc, ss.uid, msg, sizeof msg)) {
-        openai_send_error(h, wc, r, 429, "rate_limit_error", "resource_exhausted", "%s", msg);
+        send_error(h, wc, r, 429, "rate_limit_error", "resource_exhausted", "%s", msg);
         return false;
     }
     if (models_view_update(h->reg, &h->view)) {
-        openai_send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return false;
     }
     if (r == R_MODELS) {
@@ -862,11 +929,19 @@ static bool gw_head(void *arg, httpwire_conn *wc)
                            plen > base ? plen - base - 1 : 0);
         return false;
     }
+    if (r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS) {
+        ollama_send_info(h, wc, r);
+        return false;
+    }
+    if (r == R_OLLAMA_MANAGE) {
+        ollama_refuse_manage(h, wc);
+        return false;
+    }
     if (r == R_METRICS) {
         if (!ss.admin) {
-            openai_send_error(h, wc, r, 403, "permission_error", "permission_denied",
-                              "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
-                              "token on TCP", h->cfg->admin_group);
+            send_error(h, wc, r, 403, "permission_error", "permission_denied",
+                       "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
+                       "token on TCP", h->cfg->admin_group);
             return false;
         }
         hreq *hr = hreq_new(h, wc, r, &ss, NULL, NULL, NULL);
@@ -876,16 +951,16 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     }
     size_t n = httpwire_content_length(wc);
     if (n > (size_t)h->cfg->http_max_body_bytes) {
-        openai_send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
-                          "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
-                          h->cfg->http_max_body_bytes);
+        send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
+                   "the body is %zu bytes, the limit is %d (http_max_body_bytes)", n,
+                   h->cfg->http_max_body_bytes);
         return false;
     }
     gc->route = r;
     gc->ss = ss;
     if (n && (status = reserve_body(h, gc, ss.uid, n, msg, sizeof msg))) {
-        openai_send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
-                          status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
+        send_error(h, wc, r, status, status == 429 ? "rate_limit_error" : "server_error",
+                   status == 429 ? "resource_exhausted" : "unavailable", "%s", msg);
         return false;
     }
     return true;
@@ -905,6 +980,12 @@ static void gw_body(void *arg, httpwire_conn *wc)
     if (!body)
         return;
     if (request_model(h, wc, r, body, &named, &model)) {
+        json_object_put(body);
+        return;
+    }
+    if (r == R_OLLAMA_SHOW) {
+        /* the registry's view has all it says: no worker */
+        ollama_send_show(h, wc, model);
         json_object_put(body);
         return;
     }
@@ -1252,7 +1333,7 @@ void http_worker_done(http *h)
     for (int b = 0; b < HREQ_BUCKETS; b++)
         while (h->buckets[b]) {
             hreq *hr = h->buckets[b];
-            openai_finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+            finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
             hreq_free(hr);
         }
 }

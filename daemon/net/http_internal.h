@@ -1,8 +1,9 @@
 /*
- * http_internal.h — what the gateway's two files share: http.c (routes, identity,
- * connections and bodies, requests in flight, streaming, setup) and openai.c (the JSON
- * of the OpenAI API: request bodies read into native requests, native answers written
- * as OpenAI's objects and Server-Sent Events). Not for any other file.
+ * http_internal.h — what the gateway's files share: http.c (routes, identity,
+ * connections and bodies, requests in flight, streaming, setup), openai.c (the JSON of
+ * the OpenAI API: request bodies read into native requests, native answers written as
+ * OpenAI's objects and Server-Sent Events), ollama.c (ollama's API: its JSON and NDJSON
+ * streams) and tokroute.c. Not for any other file.
  */
 #ifndef LLMS_HTTP_INTERNAL_H
 #define LLMS_HTTP_INTERNAL_H
@@ -30,8 +31,24 @@ enum route {
     R_DETOKENIZE,
     R_HEALTH,
     R_METRICS,
+    /* ollama's routes (ollama.c), R_OLLAMA_VERSION to R_OLLAMA_MANAGE */
+    R_OLLAMA_VERSION,
+    R_OLLAMA_TAGS,
+    R_OLLAMA_PS,
+    R_OLLAMA_SHOW,
+    R_OLLAMA_GENERATE,
+    R_OLLAMA_CHAT,
+    R_OLLAMA_EMBED,
+    R_OLLAMA_EMBEDDINGS,
+    R_OLLAMA_MANAGE,           /* pull, push, create, copy, delete: refused */
     R_OTHER,
 };
+
+/* Whether r is one of ollama's routes, answered in ollama's shapes. */
+static inline bool http_route_is_ollama(enum route r)
+{
+    return r >= R_OLLAMA_VERSION && r <= R_OLLAMA_MANAGE;
+}
 
 typedef struct token_entry token_entry;
 typedef struct gwconn gwconn;
@@ -125,6 +142,17 @@ const models_view_entry *http_view_default(const http *h, unsigned role);
 
 /* ---- openai.c: OpenAI's shapes ---- */
 
+/* The HTTP status, OpenAI error type and code of a native error. */
+void openai_map_error(Llms__ErrorCode c, int *status, const char **type, const char **code);
+
+/* OpenAI's finish_reason: "stop" and "length" where they apply; the reasons OpenAI has
+ * no word for keep llmsd's name rather than pass for a normal end. */
+const char *openai_finish_reason(Llms__StopReason r);
+
+/* The chat's messages (a JSON array of {role, content}) rendered with a model's template
+ * and the assistant opening. Fresh string, or NULL with msg. */
+char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap);
+
 /* Answers status with OpenAI's error object {"error": {message, type, param, code}}. */
 void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
@@ -162,6 +190,46 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* ---- ollama.c: ollama's shapes ---- */
+
+/* Answers status with ollama's error object {"error": msg}. */
+void ollama_send_error(http *h, httpwire_conn *wc, enum route r, int status, const char *msg);
+
+/* As openai_finish_error, in ollama's shapes (once the stream has begun, its last line is
+ * {"error": msg}). */
+void ollama_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* As request_model in http.c for ollama's route r: the model the body's "model" (or
+ * "name") names, "NAME:latest" standing for NAME, else the route's default. 0, or -1
+ * after answering 404 {"error": "model 'x' not found"} (or 400 when /api/show names
+ * none). */
+int ollama_request_model(http *h, httpwire_conn *wc, enum route r, json_object *body,
+                         const char **named, const models_view_entry **e);
+
+/* Answers GET /api/version, /api/tags or /api/ps (r) from h's view of the registry. */
+void ollama_send_info(http *h, httpwire_conn *wc, enum route r);
+
+/* Answers POST /api/show of model e (ollama_request_model found it: never NULL). */
+void ollama_send_show(http *h, httpwire_conn *wc, const models_view_entry *e);
+
+/* Answers /api/pull, /api/push, /api/create, /api/copy or /api/delete: refused. */
+void ollama_refuse_manage(http *h, httpwire_conn *wc);
+
+/* As openai_start_generate for /api/generate and /api/chat, and openai_start_embed for
+ * /api/embed and /api/embeddings. */
+void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+void ollama_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Begins hr's NDJSON reply (headers; its lines go out as they come). */
+void ollama_stream_start(hreq *hr);
+
+/* Streams n bytes of text as one line of hr. */
+void ollama_stream_text(hreq *hr, const char *text, size_t n);
+
+/* hr's final answer from the worker's native reply; each ends hr. */
+void ollama_on_result(hreq *hr, const Llms__CallResult *res);
+void ollama_on_embed(hreq *hr, const Llms__EmbedResponse *e);
 
 /* ---- tokroute.c: /tokenize and /detokenize (llama.cpp's server's shape) ---- */
 

@@ -18,8 +18,7 @@
 
 /* ---- errors ---- */
 
-/* The HTTP status, OpenAI error type and code of a native error. */
-static void map_error(Llms__ErrorCode c, int *status, const char **type, const char **code)
+void openai_map_error(Llms__ErrorCode c, int *status, const char **type, const char **code)
 {
     *type = "server_error";
     switch (c) {
@@ -70,9 +69,7 @@ static const char *stop_name(Llms__StopReason r)
     }
 }
 
-/* OpenAI's finish_reason: "stop" and "length" where they apply; the reasons OpenAI has
- * no word for keep llmsd's name rather than pass for a normal end. */
-static const char *finish_reason(Llms__StopReason r)
+const char *openai_finish_reason(Llms__StopReason r)
 {
     switch (r) {
     case LLMS__STOP_REASON__STOP_EOS:
@@ -144,7 +141,7 @@ void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 {
     int status;
     const char *type, *ecode;
-    map_error(code, &status, &type, &ecode);
+    openai_map_error(code, &status, &type, &ecode);
     http_req_finish(hr);
     if (!hr->started) {
         openai_send_error(hr->h, hr->wc, hr->route, status, type, ecode, "%s", msg);
@@ -395,7 +392,7 @@ static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generate
     http *h = hr->h;
     h->prompt_tokens += prompt_tokens;
     h->completion_tokens += generated_tokens;
-    const char *fin = finish_reason(stop);
+    const char *fin = openai_finish_reason(stop);
     if (hr->stream) {
         if (openai_sse_start(hr)) {
             openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
@@ -994,9 +991,7 @@ static const char *message_content(json_object *m, char **owned, char *msg, size
     return *owned;
 }
 
-/* The chat's messages rendered with a model's template and the assistant opening.
- * Fresh string, or NULL with msg. */
-static char *render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
+char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs);
     struct chat_message *cm = calloc(n ? n : 1, sizeof *cm);
@@ -1105,7 +1100,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             r->body_case = LLMS__REQUEST__BODY_CALL;
             r->call = &call;
         } else {
-            if (!(prompt = render_chat(hr->family, msgs, msg, cap)))
+            if (!(prompt = openai_render_chat(hr->family, msgs, msg, cap)))
                 goto bad;
             stops[gp.n_stop++] = chat_stop_text(hr->family);
         }

@@ -1,7 +1,7 @@
 /* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
  * that parse as JSON go through the sampling fields (read_params, read_logit_bias,
  * refuse_unhonoured), a chat's messages
- * rendered with a template family (render_chat, message_content), and the last message
+ * rendered with a template family (openai_render_chat, message_content), and the last message
  * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port. Those
  * functions are static, so this file includes openai.c itself; a refusal must come with a
  * message, and nothing may crash or leak. */
@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         msg[0] = '\0';
         if (field(body, "messages", json_type_array, &msgs, msg, sizeof msg) == 1 &&
             json_object_array_length(msgs) > 0) {
-            char *prompt = render_chat(family, msgs, msg, sizeof msg);
+            char *prompt = openai_render_chat(family, msgs, msg, sizeof msg);
             if (!prompt && !msg[0])
                 abort();
             free(prompt);

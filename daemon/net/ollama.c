@@ -1,0 +1,798 @@
+/*
+ * ollama.c — ollama's REST API on the gateway (http.h), for the tools that speak it
+ * rather than OpenAI's: /api/generate and /api/chat become native Completes (streamed
+ * as NDJSON lines, ollama's default, or answered whole), /api/embed and /api/embeddings
+ * native Embeds; /api/version, /api/tags, /api/ps and /api/show are answered from the
+ * registry's view; model management (/api/pull and the rest) is refused, as the models
+ * are the settings' and llmsctl's. Errors are ollama's {"error": "..."}.
+ *
+ * What ollama does that llmsd does not is refused naming the field (images, tools, a
+ * template of the request's own, suffix, context tokens, a JSON schema as "format",
+ * Mirostat and the other samplers llmsd lacks), as the OpenAI routes refuse theirs: a
+ * reply that ignored them would pass for one that honoured them. What only concerns how
+ * ollama runs its models (keep_alive, num_gpu, num_thread, ...) is read and ignored:
+ * llmsd keeps its models loaded and runs them its own way.
+ */
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/net/http_internal.h"
+#include "engine/tok/chat.h"
+#include "engine/tok/stop.h"
+
+#define SUFFIX_LATEST ":latest"
+
+/* ---- times ---- */
+
+/* An RFC 3339 time in UTC, as ollama writes them: with nanoseconds unless nsec < 0. */
+static void rfc3339(int64_t sec, long nsec, char out[48])
+{
+    time_t t = (time_t)sec;
+    struct tm tm;
+    if (!gmtime_r(&t, &tm))
+        memset(&tm, 0, sizeof tm);
+    size_t n = strftime(out, 48, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (nsec >= 0)
+        snprintf(out + n, 48 - n, ".%09ldZ", nsec);
+    else
+        snprintf(out + n, 48 - n, "Z");
+}
+
+static void now_rfc3339(char out[48])
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    rfc3339((int64_t)ts.tv_sec, ts.tv_nsec, out);
+}
+
+/* Milliseconds as ollama's durations: integer nanoseconds. */
+static json_object *nanoseconds(double ms)
+{
+    return json_object_new_int64(ms > 0 ? (int64_t)(ms * 1e6) : 0);
+}
+
+/* ---- errors ---- */
+
+void ollama_send_error(http *h, httpwire_conn *wc, enum route r, int status, const char *msg)
+{
+    json_object *o = json_object_new_object();
+    if (o)
+        json_object_object_add(o, "error", json_object_new_string(msg));
+    http_send_json(h, wc, r, status, o);
+}
+
+void ollama_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+{
+    int status;
+    const char *type, *ecode;
+    openai_map_error(code, &status, &type, &ecode);
+    http_req_finish(hr);
+    if (!hr->started) {
+        ollama_send_error(hr->h, hr->wc, hr->route, status, msg);
+        return;
+    }
+    /* The stream has begun with 200: the error is its last line, as ollama ends one. */
+    json_object *o = json_object_new_object();
+    if (o) {
+        json_object_object_add(o, "error", json_object_new_string(msg));
+        evbuffer_add_printf(hr->sse, "%s\n", http_json_text(o));
+        json_object_put(o);
+    }
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
+}
+
+/* Answers 400 with msg (hr is over). */
+static void bad_request(hreq *hr, const char *msg)
+{
+    ollama_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* ---- models ---- */
+
+/* The model of h's view that name means: a registry name, or one with ":latest" after it
+ * (ollama's clients name models with a tag; a registry model has one version). */
+static const models_view_entry *find_tagged(const http *h, const char *name)
+{
+    size_t n = strlen(name), k = strlen(SUFFIX_LATEST);
+    if (n > k && strcmp(name + n - k, SUFFIX_LATEST) == 0)
+        n -= k;
+    for (size_t i = 0; i < h->view.n; i++) {
+        const char *e = h->view.entries[i].name;
+        if (strlen(e) == n && memcmp(e, name, n) == 0)
+            return &h->view.entries[i];
+    }
+    return NULL;
+}
+
+int ollama_request_model(http *h, httpwire_conn *wc, enum route r, json_object *body,
+                         const char **named, const models_view_entry **e)
+{
+    json_object *m;
+    bool embed = r == R_OLLAMA_EMBED || r == R_OLLAMA_EMBEDDINGS;
+    *named = NULL;
+    *e = http_view_default(h, embed ? MODELS_EMBED : MODELS_GENERATE);
+    /* "name" is what older clients send (ollama reads it too) */
+    if (!(json_object_object_get_ex(body, "model", &m) && json_object_is_type(m, json_type_string)) &&
+        !(json_object_object_get_ex(body, "name", &m) && json_object_is_type(m, json_type_string))) {
+        if (r != R_OLLAMA_SHOW)
+            return 0;
+        ollama_send_error(h, wc, r, 400, "'model' is required");
+        return -1;
+    }
+    const char *name = json_object_get_string(m);
+    if (!(*e = find_tagged(h, name))) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "model '%.200s' not found", name);
+        ollama_send_error(h, wc, r, 404, msg);
+        return -1;
+    }
+    *named = name;
+    return 0;
+}
+
+/* The name a reply gives its model: as the request spelled it, else the default's. */
+static const char *reply_model(const hreq *hr)
+{
+    return hr->model_named ? hr->model_named : hr->model;
+}
+
+/* A parameter count as ollama shows one: 21.3M, 8.0B. */
+static void parameter_size(uint64_t n, char out[24])
+{
+    if (n >= 1000000000)
+        snprintf(out, 24, "%.1fB", (double)n / 1e9);
+    else if (n >= 1000000)
+        snprintf(out, 24, "%.1fM", (double)n / 1e6);
+    else if (n >= 1000)
+        snprintf(out, 24, "%.1fK", (double)n / 1e3);
+    else
+        snprintf(out, 24, "%llu", (unsigned long long)n);
+}
+
+/* A model's "details": what its file says of itself. */
+static json_object *details_obj(const models_view_entry *e)
+{
+    json_object *d = json_object_new_object(), *families = json_object_new_array();
+    char ps[24];
+    if (!d || !families) {
+        json_object_put(d);
+        json_object_put(families);
+        return NULL;
+    }
+    parameter_size(e->n_params, ps);
+    json_object_array_add(families, json_object_new_string(e->arch));
+    json_object_object_add(d, "parent_model", json_object_new_string(""));
+    json_object_object_add(d, "format", json_object_new_string("gguf"));
+    json_object_object_add(d, "family", json_object_new_string(e->arch));
+    json_object_object_add(d, "families", families);
+    json_object_object_add(d, "parameter_size", json_object_new_string(ps));
+    json_object_object_add(d, "quantization_level", json_object_new_string(e->quant));
+    return d;
+}
+
+/* A model of /api/tags (ps: of /api/ps). There is no digest to give: ollama's is the
+ * hash of a manifest in its store, and llmsd's models are files the settings name, so it
+ * is "" rather than a hash that would pass for one. */
+static json_object *model_obj(const models_view_entry *e, bool ps)
+{
+    json_object *m = json_object_new_object();
+    char name[MODELS_NAME_MAX + sizeof SUFFIX_LATEST], when[48];
+    if (!m)
+        return NULL;
+    snprintf(name, sizeof name, "%s" SUFFIX_LATEST, e->name);
+    json_object_object_add(m, "name", json_object_new_string(name));
+    json_object_object_add(m, "model", json_object_new_string(name));
+    json_object_object_add(m, "size", json_object_new_int64((int64_t)e->file_bytes));
+    json_object_object_add(m, "digest", json_object_new_string(""));
+    json_object_object_add(m, "details", details_obj(e));
+    if (ps) {
+        /* loaded until the daemon exits or llmsctl unloads it: no time of its own */
+        json_object_object_add(m, "expires_at", json_object_new_string("9999-12-31T23:59:59Z"));
+        /* the gateway does not know where the weights are: none is claimed */
+        json_object_object_add(m, "size_vram", json_object_new_int64(0));
+    } else {
+        rfc3339(e->file_mtime, -1, when);
+        json_object_object_add(m, "modified_at", json_object_new_string(when));
+    }
+    return m;
+}
+
+void ollama_send_info(http *h, httpwire_conn *wc, enum route r)
+{
+    json_object *o = json_object_new_object(), *models = NULL;
+    if (o && r == R_OLLAMA_VERSION) {
+        json_object_object_add(o, "version", json_object_new_string(LLMS_VERSION));
+    } else if (o && (models = json_object_new_array())) {
+        /* every model ollama's clients can use (generate or embed); all of them are loaded */
+        for (size_t i = 0; i < h->view.n; i++) {
+            const models_view_entry *e = &h->view.entries[i];
+            if (!(e->roles & (MODELS_GENERATE | MODELS_EMBED)))
+                continue;
+            json_object *m = model_obj(e, r == R_OLLAMA_PS);
+            if (!m || json_object_array_add(models, m)) {
+                json_object_put(m);
+                json_object_put(o);
+                o = NULL;
+                break;
+            }
+        }
+        json_object_object_add(o, "models", models);
+    } else {
+        json_object_put(o);
+        o = NULL;
+    }
+    if (!o)
+        json_object_put(models);
+    http_send_json(h, wc, r, 200, o);
+}
+
+void ollama_send_show(http *h, httpwire_conn *wc, const models_view_entry *e)
+{
+    json_object *o = json_object_new_object(), *info = json_object_new_object(),
+                *caps = json_object_new_array();
+    char when[48], key[64];
+    if (!o || !info || !caps) {
+        json_object_put(o);
+        json_object_put(info);
+        json_object_put(caps);
+        http_send_json(h, wc, R_OLLAMA_SHOW, 500, NULL);
+        return;
+    }
+    json_object_object_add(info, "general.architecture", json_object_new_string(e->arch));
+    json_object_object_add(info, "general.parameter_count",
+                           json_object_new_int64((int64_t)e->n_params));
+    if (e->roles & MODELS_GENERATE) {
+        /* the window a request has (n_ctx), which clients size their prompts by */
+        snprintf(key, sizeof key, "%s.context_length", e->arch);
+        json_object_object_add(info, key, json_object_new_int(h->cfg->n_ctx));
+        json_object_array_add(caps, json_object_new_string("completion"));
+    }
+    if (e->roles & MODELS_EMBED)
+        json_object_array_add(caps, json_object_new_string("embedding"));
+    rfc3339(e->file_mtime, -1, when);
+    /* no Modelfile or parameters of ollama's: the settings and llmsctl configure llmsd */
+    json_object_object_add(o, "modelfile", json_object_new_string(""));
+    json_object_object_add(o, "parameters", json_object_new_string(""));
+    /* the chat template family (chatml, llama3, ...): a chat is rendered with it */
+    json_object_object_add(o, "template", json_object_new_string(chat_family_name(e->family)));
+    json_object_object_add(o, "details", details_obj(e));
+    json_object_object_add(o, "model_info", info);
+    json_object_object_add(o, "capabilities", caps);
+    json_object_object_add(o, "modified_at", json_object_new_string(when));
+    http_send_json(h, wc, R_OLLAMA_SHOW, 200, o);
+}
+
+void ollama_refuse_manage(http *h, httpwire_conn *wc)
+{
+    /* 403: refused as a matter of policy, so clients show the message and do not retry */
+    ollama_send_error(h, wc, R_OLLAMA_MANAGE, 403,
+                      "llmsd serves the models its settings name and does not pull, push, "
+                      "create, copy or delete models: an admin adds one with 'llmsctl load "
+                      "NAME PATH' (a GGUF file) or a model.NAME line of the settings");
+}
+
+/* ---- reading requests ---- */
+
+/* A field of o (named where in messages) of type t, an integer taken for a number: 1
+ * found, 0 absent or null, -1 another type (msg says which). */
+static int field(json_object *o, const char *key, const char *where, json_type t,
+                 json_object **out, char *msg, size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    json_type have = json_object_get_type(v);
+    if (have == t || (t == json_type_double && have == json_type_int)) {
+        *out = v;
+        return 1;
+    }
+    snprintf(msg, cap, "'%s%s' must be %s", where, key,
+             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
+             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
+             : t == json_type_array ? "an array" : "an object");
+    return -1;
+}
+
+/* Whether a field's value asks for nothing: null, false, an empty array, object or
+ * string (what clients send when they mean none). */
+static bool asks_nothing(json_object *v)
+{
+    return json_object_is_type(v, json_type_null) ||
+           (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
+           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0) ||
+           (json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0) ||
+           (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
+}
+
+/* The fields of a request (or of a chat message, where) that ask for what llmsd does not
+ * produce, refused naming the field. 0, or -1 with msg. */
+static int refuse_unproduced(json_object *o, const char *where, char *msg, size_t cap)
+{
+    static const struct {
+        const char *field, *why;
+    } asks[] = {
+        {"images", "images are not supported (no vision models)"},
+        {"tools", "tool calls are not supported"},
+        {"tool_calls", "tool calls are not supported"},
+        {"template", "a request's own template is not supported (the model's chat template "
+                     "renders it)"},
+        {"suffix", "insertion (fill in the middle) is not supported"},
+        {"context", "context tokens are not returned or taken: send the conversation to "
+                    "/api/chat"},
+    };
+    json_object *v;
+    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
+        if (json_object_object_get_ex(o, asks[i].field, &v) && !asks_nothing(v)) {
+            snprintf(msg, cap, "'%s%s': %s", where, asks[i].field, asks[i].why);
+            return -1;
+        }
+    return 0;
+}
+
+/* ollama's "format" into p: "json" is JSON mode; a JSON schema would pass for being
+ * honoured if the reply were only some object, so it is refused. 0, or -1 with msg. */
+static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(body, "format", &v) || asks_nothing(v))
+        return 0;
+    if (json_object_is_type(v, json_type_string) && strcmp(json_object_get_string(v), "json") == 0) {
+        p->has_format = 1;
+        p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+        return 0;
+    }
+    snprintf(msg, cap, "'format': only \"json\" is supported (JSON mode%s)",
+             json_object_is_type(v, json_type_object) ? ", without a schema: there is no "
+                                                        "schema-constrained decoding" : "");
+    return -1;
+}
+
+/* An options number into a GenerationParams float and its has_ flag. */
+static int float_option(json_object *opts, const char *key, protobuf_c_boolean *has, float *out,
+                        char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = field(opts, key, "options.", json_type_double, &v, msg, cap);
+    if (rc == 1)
+        *has = 1, *out = (float)json_object_get_double(v);
+    return rc;
+}
+
+/* An options integer clamped into int32. */
+static int int_option(json_object *opts, const char *key, int64_t *out, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = field(opts, key, "options.", json_type_int, &v, msg, cap);
+    if (rc == 1)
+        *out = json_object_get_int64(v);
+    return rc;
+}
+
+static int32_t clamp32(int64_t v)
+{
+    return v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+}
+
+/* ollama's "options" into p (stop strings point into the body, at most max_stops). What
+ * only concerns how ollama runs a model (num_gpu, num_thread, num_batch, use_mmap, ...)
+ * and names it does not know are ignored, as ollama ignores unknown ones; samplers llmsd
+ * does not have are refused unless off. 0, or -1 with msg. */
+static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **stops,
+                        size_t max_stops, char *msg, size_t cap)
+{
+    json_object *opts, *v;
+    int64_t n = 0;
+    int rc = field(hr->body, "options", "", json_type_object, &opts, msg, cap);
+    if (rc <= 0)
+        return rc;
+    if (float_option(opts, "temperature", &p->has_temperature, &p->temperature, msg, cap) < 0 ||
+        float_option(opts, "top_p", &p->has_top_p, &p->top_p, msg, cap) < 0 ||
+        float_option(opts, "min_p", &p->has_min_p, &p->min_p, msg, cap) < 0 ||
+        float_option(opts, "repeat_penalty", &p->has_repeat_penalty, &p->repeat_penalty, msg,
+                     cap) < 0 ||
+        float_option(opts, "presence_penalty", &p->has_presence_penalty, &p->presence_penalty,
+                     msg, cap) < 0 ||
+        float_option(opts, "frequency_penalty", &p->has_frequency_penalty,
+                     &p->frequency_penalty, msg, cap) < 0)
+        return -1;
+    if ((rc = int_option(opts, "top_k", &n, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_top_k = 1, p->top_k = n < 0 ? -1 : clamp32(n);
+    if ((rc = int_option(opts, "repeat_last_n", &n, msg, cap)) < 0)
+        return -1;
+    /* ollama's -1 is the whole window, the native -1 the whole history: the same */
+    if (rc && n < -1) {
+        snprintf(msg, cap, "'options.repeat_last_n' must be -1 (the whole window) or more");
+        return -1;
+    }
+    if (rc)
+        p->has_repeat_last_n = 1, p->repeat_last_n = clamp32(n);
+    if ((rc = int_option(opts, "seed", &n, msg, cap)) < 0)
+        return -1;
+    /* a negative seed is ollama's "random", as leaving it out */
+    if (rc && n >= 0)
+        p->has_seed = 1, p->seed = (uint64_t)n;
+    int window = hr->h->cfg->n_ctx;
+    if ((rc = int_option(opts, "num_predict", &n, msg, cap)) < 0)
+        return -1;
+    if (rc && (n == 0 || n < -2)) {
+        snprintf(msg, cap, "'options.num_predict' must be a positive count, -1 or -2 (until "
+                           "the window of %d tokens is full)", window);
+        return -1;
+    }
+    /* -1 (ollama: no limit) and -2 (fill the context) both end as the window fills: a
+     * Complete's window does not slide */
+    if (rc)
+        p->has_max_tokens = 1, p->max_tokens = n < 0 ? window : clamp32(n);
+    if ((rc = int_option(opts, "num_ctx", &n, msg, cap)) < 0)
+        return -1;
+    /* the window is the daemon's (n_ctx): a larger one cannot be had, a smaller one is
+     * within it */
+    if (rc && n > window) {
+        snprintf(msg, cap, "'options.num_ctx' is %lld, but this daemon's window is %d tokens "
+                           "(its n_ctx setting)", (long long)n, window);
+        return -1;
+    }
+    static const struct {
+        const char *key;
+        double off;
+        const char *why;
+    } samplers[] = {
+        {"mirostat", 0, "Mirostat sampling is not supported"},
+        {"typical_p", 1, "locally typical sampling is not supported"},
+        {"tfs_z", 1, "tail-free sampling is not supported"},
+    };
+    for (size_t i = 0; i < sizeof samplers / sizeof samplers[0]; i++) {
+        if ((rc = field(opts, samplers[i].key, "options.", json_type_double, &v, msg, cap)) < 0)
+            return -1;
+        if (rc && json_object_get_double(v) != samplers[i].off) {
+            snprintf(msg, cap, "'options.%s': %s", samplers[i].key, samplers[i].why);
+            return -1;
+        }
+    }
+    if (!json_object_object_get_ex(opts, "stop", &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    bool one = json_object_is_type(v, json_type_string);
+    size_t count = one ? 1 : json_object_is_type(v, json_type_array) ? json_object_array_length(v) : 0;
+    if (!one && !json_object_is_type(v, json_type_array)) {
+        snprintf(msg, cap, "'options.stop' must be an array of strings");
+        return -1;
+    }
+    if (count > max_stops) {
+        snprintf(msg, cap, "'options.stop' has %zu strings, at most %zu", count, max_stops);
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        json_object *s = one ? v : json_object_array_get_idx(v, i);
+        if (!json_object_is_type(s, json_type_string)) {
+            snprintf(msg, cap, "'options.stop' must be an array of strings");
+            return -1;
+        }
+        stops[p->n_stop++] = json_object_get_string(s);
+    }
+    return 0;
+}
+
+/* The messages of a chat, checked for what llmsd does not produce; NULL with msg when
+ * they are not an array of objects, or *none when there are none (absent or empty). */
+static json_object *chat_messages(json_object *body, bool *none, char *msg, size_t cap)
+{
+    json_object *msgs;
+    int rc = field(body, "messages", "", json_type_array, &msgs, msg, cap);
+    *none = rc == 0 || (rc == 1 && json_object_array_length(msgs) == 0);
+    if (rc <= 0)
+        return NULL;
+    for (size_t i = 0; i < json_object_array_length(msgs); i++) {
+        json_object *m = json_object_array_get_idx(msgs, i);
+        char where[32];
+        snprintf(where, sizeof where, "messages[%zu].", i);
+        if (!json_object_is_type(m, json_type_object)) {
+            snprintf(msg, cap, "messages[%zu] must be an object", i);
+            return NULL;
+        }
+        if (refuse_unproduced(m, where, msg, cap))
+            return NULL;
+    }
+    return msgs;
+}
+
+/* ---- answers ---- */
+
+/* The start of every line and answer of a generation: {"model", "created_at"}. */
+static json_object *line_head(const hreq *hr)
+{
+    char now[48];
+    json_object *o = json_object_new_object();
+    if (!o)
+        return NULL;
+    now_rfc3339(now);
+    json_object_object_add(o, "model", json_object_new_string(reply_model(hr)));
+    json_object_object_add(o, "created_at", json_object_new_string(now));
+    return o;
+}
+
+/* n bytes of reply text into o: a chat's "message", a generation's "response". */
+static void add_text(const hreq *hr, json_object *o, const char *text, size_t n)
+{
+    json_object *s = json_object_new_string_len(text, (int)n);
+    if (hr->route != R_OLLAMA_CHAT) {
+        json_object_object_add(o, "response", s);
+        return;
+    }
+    json_object *m = json_object_new_object();
+    if (m) {
+        json_object_object_add(m, "role", json_object_new_string("assistant"));
+        json_object_object_add(m, "content", s);
+        s = NULL;
+    }
+    json_object_put(s);
+    json_object_object_add(o, "message", m);
+}
+
+/* ollama's answer to a "load the model" call (an empty prompt, no messages): done, with
+ * nothing generated. Not streamed, as ollama answers it. */
+static void answer_load(hreq *hr)
+{
+    http_req_finish(hr);
+    json_object *o = line_head(hr);
+    if (o) {
+        add_text(hr, o, "", 0);
+        json_object_object_add(o, "done", json_object_new_boolean(1));
+        json_object_object_add(o, "done_reason", json_object_new_string("load"));
+    }
+    http_send_json(hr->h, hr->wc, hr->route, 200, o);
+}
+
+void ollama_stream_start(hreq *hr)
+{
+    if (hr->started)
+        return;
+    httpwire_add_header(hr->wc, "Content-Type", "application/x-ndjson");
+    httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
+    httpwire_stream_start(hr->wc, 200);
+    http_count_status(hr->h, hr->route, 200);
+    hr->started = true;
+}
+
+void ollama_stream_text(hreq *hr, const char *text, size_t n)
+{
+    json_object *o = line_head(hr);
+    if (!o)
+        return;
+    add_text(hr, o, text, n);
+    json_object_object_add(o, "done", json_object_new_boolean(0));
+    evbuffer_add_printf(hr->sse, "%s\n", http_json_text(o));
+    json_object_put(o);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    hr->sent += n;
+}
+
+void ollama_on_result(hreq *hr, const Llms__CallResult *res)
+{
+    http *h = hr->h;
+    h->prompt_tokens += res->prompt_tokens;
+    h->completion_tokens += res->generated_tokens;
+    http_req_finish(hr);
+    size_t len = strlen(res->text);
+    if (hr->stream) {
+        ollama_stream_start(hr);
+        /* text of chunks dropped for a slow reader, or none */
+        size_t from = hr->sent < len ? hr->sent : len;
+        if (from < len)
+            ollama_stream_text(hr, res->text + from, len - from);
+    }
+    json_object *o = line_head(hr);
+    if (o) {
+        /* streamed, the text has gone in the lines before: the last one has none */
+        add_text(hr, o, hr->stream ? "" : res->text, hr->stream ? 0 : len);
+        json_object_object_add(o, "done", json_object_new_boolean(1));
+        json_object_object_add(o, "done_reason",
+                               json_object_new_string(openai_finish_reason(res->stop_reason)));
+        /* the daemon's own times: queued, then prefill and decode; models stay loaded */
+        json_object_object_add(o, "total_duration",
+                               nanoseconds(res->queue_ms + res->prefill_ms + res->decode_ms));
+        json_object_object_add(o, "load_duration", json_object_new_int64(0));
+        json_object_object_add(o, "prompt_eval_count", json_object_new_int64(res->prompt_tokens));
+        json_object_object_add(o, "prompt_eval_duration", nanoseconds(res->prefill_ms));
+        json_object_object_add(o, "eval_count", json_object_new_int64(res->generated_tokens));
+        json_object_object_add(o, "eval_duration", nanoseconds(res->decode_ms));
+    }
+    if (!hr->stream) {
+        http_send_json(h, hr->wc, hr->route, 200, o);
+        return;
+    }
+    if (o)
+        evbuffer_add_printf(hr->sse, "%s\n", http_json_text(o));
+    else
+        evbuffer_add_printf(hr->sse, "{\"error\":\"out of memory\"}\n");
+    json_object_put(o);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
+}
+
+void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    bool chat = hr->route == R_OLLAMA_CHAT;
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    json_object *v, *msgs = NULL;
+    char *rendered = NULL;
+    gp.stop = (char **)stops;
+    int rc = field(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
+    if (rc < 0)
+        goto bad;
+    /* ollama streams unless told not to */
+    hr->stream = rc == 0 || json_object_get_boolean(v);
+    /* A rendered chat carries its template's end of turn as one more stop string. */
+    if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
+        read_options(hr, &gp, stops, STOP_MAX - (chat ? 1 : 0), msg, cap))
+        goto bad;
+    if (chat) {
+        bool none;
+        if (!(msgs = chat_messages(hr->body, &none, msg, cap)) && !none)
+            goto bad;
+        if (none) {
+            answer_load(hr);
+            return;
+        }
+        if (!(rendered = openai_render_chat(hr->family, msgs, msg, cap)))
+            goto bad;
+        stops[gp.n_stop++] = chat_stop_text(hr->family);
+        cr.prompt = rendered;
+    } else {
+        const char *prompt = "", *system = NULL;
+        bool raw = false;
+        if ((rc = field(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
+            goto bad;
+        if (rc)
+            prompt = json_object_get_string(v);
+        if ((rc = field(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
+            goto bad;
+        if (rc && json_object_get_string_len(v))
+            system = json_object_get_string(v);
+        if ((rc = field(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
+            goto bad;
+        raw = rc && json_object_get_boolean(v);
+        if (!prompt[0] && !system) {
+            answer_load(hr);
+            return;
+        }
+        if (raw && system) {
+            snprintf(msg, cap, "'system' goes through the chat template, which 'raw' leaves out");
+            goto bad;
+        }
+        /* not raw: the prompt is the user's turn, through the model's chat template */
+        cr.prompt = (char *)prompt;
+        cr.system_prompt = (char *)system;
+        cr.has_chat = 1;
+        cr.chat = !raw;
+    }
+    cr.params = &gp;
+    cr.model = hr->model[0] ? hr->model : NULL;
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        free(rendered);
+        ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    r->body_case = LLMS__REQUEST__BODY_COMPLETE;
+    r->complete = &cr;
+    http_submit(hr, r);
+    free(rendered);
+    return;
+bad:
+    bad_request(hr, msg);
+}
+
+void ollama_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    bool legacy = hr->route == R_OLLAMA_EMBEDDINGS;
+    json_object *in, *v;
+    int rc;
+    if (field(hr->body, "truncate", "", json_type_boolean, &v, msg, cap) < 0)
+        goto bad;
+    if ((rc = field(hr->body, "dimensions", "", json_type_int, &v, msg, cap)) < 0)
+        goto bad;
+    if (rc && (json_object_get_int64(v) < 1 || json_object_get_int64(v) > UINT32_MAX)) {
+        snprintf(msg, cap, "'dimensions' must be a positive integer");
+        goto bad;
+    }
+    hr->dimensions = rc ? (uint32_t)json_object_get_int64(v) : 0;
+    const char *key = legacy ? "prompt" : "input";
+    bool present = json_object_object_get_ex(hr->body, key, &in) &&
+                   !json_object_is_type(in, json_type_null);
+    bool one = present && json_object_is_type(in, json_type_string);
+    size_t n = one ? 1 : present && json_object_is_type(in, json_type_array)
+                             ? json_object_array_length(in) : 0;
+    if (present && !one && (legacy || !json_object_is_type(in, json_type_array))) {
+        snprintf(msg, cap, legacy ? "'prompt' must be a string"
+                                  : "'input' must be a string or an array of strings");
+        goto bad;
+    }
+    /* Nothing to embed (ollama's "load the model" call, or an empty legacy prompt): an
+     * empty answer, as ollama gives it. */
+    if (n == 0 || (legacy && json_object_get_string_len(in) == 0)) {
+        http_req_finish(hr);
+        json_object *o = json_object_new_object();
+        if (o && legacy) {
+            json_object_object_add(o, "embedding", json_object_new_array());
+        } else if (o) {
+            json_object_object_add(o, "model", json_object_new_string(reply_model(hr)));
+            json_object_object_add(o, "embeddings", json_object_new_array());
+        }
+        http_send_json(hr->h, hr->wc, hr->route, 200, o);
+        return;
+    }
+    const char **texts = malloc(n * sizeof *texts);
+    if (!texts) {
+        ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *t = one ? in : json_object_array_get_idx(in, i);
+        if (!json_object_is_type(t, json_type_string)) {
+            free(texts);
+            snprintf(msg, cap, "'input' must be a string or an array of strings");
+            goto bad;
+        }
+        texts[i] = json_object_get_string(t);
+    }
+    Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
+    e.texts = (char **)texts;
+    e.n_texts = n;
+    e.model = hr->model[0] ? hr->model : NULL;
+    r->body_case = LLMS__REQUEST__BODY_EMBED;
+    r->embed = &e;
+    http_submit(hr, r);
+    free(texts);
+    return;
+bad:
+    bad_request(hr, msg);
+}
+
+static json_object *vector_array(const Llms__Vector *v)
+{
+    json_object *a = json_object_new_array_ext((int)v->n_values);
+    for (size_t d = 0; a && d < v->n_values; d++)
+        json_object_array_add(a, json_object_new_double(v->values[d]));
+    return a;
+}
+
+void ollama_on_embed(hreq *hr, const Llms__EmbedResponse *e)
+{
+    http *h = hr->h;
+    http_req_finish(hr);
+    /* vectors of another length than asked for would pass for the ones asked for */
+    if (hr->dimensions && e->n_vectors && e->vectors[0]->n_values != hr->dimensions) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "'dimensions' is %u, but the model '%s' gives vectors of %zu "
+                                  "dimensions and cannot shorten them",
+                 (unsigned)hr->dimensions, hr->model, e->vectors[0]->n_values);
+        ollama_send_error(h, hr->wc, hr->route, 400, msg);
+        return;
+    }
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < e->n_n_tokens; i++)
+        tokens += e->n_tokens[i];
+    h->embed_tokens += tokens;
+    json_object *o = json_object_new_object(), *embs = NULL;
+    if (o && hr->route == R_OLLAMA_EMBEDDINGS) {
+        json_object_object_add(o, "embedding",
+                               e->n_vectors ? vector_array(e->vectors[0]) : json_object_new_array());
+    } else if (o && (embs = json_object_new_array())) {
+        for (size_t i = 0; i < e->n_vectors; i++)
+            json_object_array_add(embs, vector_array(e->vectors[i]));
+        json_object_object_add(o, "model", json_object_new_string(reply_model(hr)));
+        json_object_object_add(o, "embeddings", embs);
+        json_object_object_add(o, "prompt_eval_count", json_object_new_int64((int64_t)tokens));
+    } else {
+        json_object_put(o);
+        o = NULL;
+    }
+    http_send_json(h, hr->wc, hr->route, 200, o);
+}
