@@ -899,6 +899,23 @@ static void random_bodies_never_crash(void)
     httpc_reply_free(&r);
 }
 
+/* SIGTERM ends each daemon with status 0: under the sanitizers, nothing leaked or went
+ * wrong in it (its log says what did). */
+static void daemons_exit_cleanly(void)
+{
+    llmsd_proc *procs[] = {&daemon_, &docs_daemon};
+    int *ups[] = {&daemon_up, &docs_up};
+    for (size_t i = 0; i < 2; i++) {
+        if (*ups[i] != 1)
+            continue;
+        *ups[i] = 0;
+        int rc = proc_stop(procs[i], SIGTERM);
+        if (rc != 0)
+            proc_print_log(procs[i]);
+        CHECK_EQ(rc, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -932,10 +949,7 @@ int main(int argc, char **argv)
     RUN(disconnect_cancels_generation);
     RUN(malformed_bodies_never_crash);
     RUN(random_bodies_never_crash);
-    if (daemon_up == 1)
-        proc_stop(&daemon_, SIGTERM);
-    if (docs_up == 1)
-        proc_stop(&docs_daemon, SIGTERM);
+    RUN(daemons_exit_cleanly);
     free((char *)docs_path);
     return test_finish();
 }
