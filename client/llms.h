@@ -161,7 +161,17 @@ typedef struct llms_params {
                                query refuses it); 0 (a zeroed struct too): none */
     int32_t top_logprobs;   /* with logprobs: this many of each step's likeliest tokens
                                beside it, 0..LLMS_LOGPROBS_MAX */
+    int format;             /* enum llms_format; LLMS_FORMAT_DEFAULT: the context's */
 } llms_params;
+
+/* What a reply must be (proto ResponseFormat). */
+enum llms_format {
+    LLMS_FORMAT_DEFAULT = 0,     /* the context's default, else free text */
+    LLMS_FORMAT_TEXT = 1,        /* free text */
+    LLMS_FORMAT_JSON_OBJECT = 2, /* JSON mode: one JSON object, sampled only from tokens
+                                    that keep it a valid prefix; the reply ends as it
+                                    closes (max_tokens may cut it short) */
+};
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
  * either way, sampling keeps its distribution; LOOKUP verifies the tokens that followed
@@ -179,7 +189,7 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0                     \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0                  \
     }
 
 /* Sets every field of *p to unset. */

@@ -97,6 +97,9 @@ static void usage(void)
            "         --max-tokens N ask, chat, rag, graph run: tokens to generate at most\n"
            "                        (1..%d)\n"
            "         --seed S       ask, chat, rag, graph run: sampling seed\n"
+           "         --format json|text\n"
+           "                        ask, chat: json: the reply is one JSON object (JSON\n"
+           "                        mode; it ends as the object closes)\n"
            "         --system TEXT  ask, new chat, rag: the system prompt\n"
            "         --context ID   chat: go on with this conversation\n"
            "         --overflow window|refuse\n"
@@ -536,6 +539,7 @@ static int takes_value(const char *a)
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
         "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model", "--speculate",
+        "--format",
         "--embed-model"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
@@ -564,6 +568,8 @@ static const char *option_commands(const char *a)
         return "kb";
     if (!strcmp(a, "--speculate"))
         return "graph ask chat rag";
+    if (!strcmp(a, "--format"))
+        return "ask chat";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
     if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
@@ -1130,6 +1136,10 @@ int main(int argc, char **argv)
                           "(ask, chat, rag), got '%s'", v);
             spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
             speculate_value = v;
+        } else if (!strcmp(a, "--format")) {
+            if (strcmp(v, "text") && strcmp(v, "json"))
+                bad_usage("--format: expected text or json, got '%s'", v);
+            p.format = !strcmp(v, "json") ? LLMS_FORMAT_JSON_OBJECT : LLMS_FORMAT_TEXT;
         } else if (!strcmp(a, "--mode")) {
             if (strcmp(v, "set") && strcmp(v, "ordered"))
                 bad_usage("--mode: expected set or ordered, got '%s'", v);

@@ -116,7 +116,7 @@ class _Params(ctypes.Structure):
         ("model", ctypes.c_char_p), ("speculation", ctypes.c_int),
         ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
-        ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32),
+        ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32), ("format", ctypes.c_int),
     ]
 
 
@@ -465,12 +465,14 @@ def _u32(name, v):
 
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
-            frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None):
+            frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None,
+            format=None):
     """A llms_params with the given fields set, and what keeps its stop strings and
     biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
     None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
     logprobs: N in [0, 20] puts each generated token's log-probability, with its step's N
-    likeliest tokens, in last_result.logprobs."""
+    likeliest tokens, in last_result.logprobs. format: "json" (JSON mode: the reply is one
+    JSON object) or "text"."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -492,6 +494,11 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.frequency_penalty = frequency_penalty
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
+    if format is not None:
+        formats = {"text": 1, "json": 2}
+        if format not in formats:
+            raise ValueError("format must be 'text' or 'json'")
+        p.format = formats[format]
     if logprobs is not None:
         p.logprobs, p.top_logprobs = 1, _u32("logprobs", logprobs)
     if top_k is not None:

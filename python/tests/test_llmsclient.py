@@ -98,6 +98,17 @@ class ClientTest(unittest.TestCase):
             self.c.complete("x", logprobs=21)
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
 
+    def test_json_format_reaches_the_daemon(self):
+        # the test model's vocabulary ("tokN") has no token that begins a JSON object:
+        # the daemon says so, which shows the format arrived
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", max_tokens=4, format="json")
+        self.assertEqual(e.exception.status_name, "FAILED_PRECONDITION")
+        self.assertIn("JSON", str(e.exception))
+        self.assertIsInstance(self.c.complete("x", max_tokens=2, format="text"), str)
+        with self.assertRaises(ValueError):
+            self.c.complete("x", format="yaml")
+
     def test_streamed_call_equals_whole_call(self):
         s = self.c.create_context(system="You answer.")
         w = self.c.create_context(system="You answer.")

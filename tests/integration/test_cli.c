@@ -85,6 +85,20 @@ static void ask_prints_an_answer(void)
     CHECK_MSG(out[0] == '\0', "ask left contexts: %s", out);
 }
 
+/* --format json reaches the daemon: the test model's vocabulary ("tokN") has no token
+ * that begins a JSON object, and the daemon says so. */
+static void ask_format_json_reaches_the_daemon(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], err[4096];
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 4 --format json ask 'Hi'",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "JSON mode"), "%s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 2 --format text ask 'Hi'",
+             llms_path, llmsd.sock);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) == 0, "%s", err);
+}
+
 static void chat_resumes_and_ctx_commands(void)
 {
     NEED_DAEMON();
@@ -333,6 +347,8 @@ static void bad_values_name_the_option(void)
         {"--pooling mean ask hi", "--pooling"},
         {"-f /dev/null ask hi", "-f"},
         {"ask one two", "one prompt"},
+        {"--format yaml ask hi", "--format"},
+        {"--format json embed hi", "--format"},
     };
     char cmd[4096], err[4096];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -916,6 +932,7 @@ int main(int argc, char **argv)
     RUN(help_and_version);
     RUN(bad_values_name_the_option);
     RUN(ask_prints_an_answer);
+    RUN(ask_format_json_reaches_the_daemon);
     RUN(ask_reads_stdin_and_files);
     RUN(empty_input_is_invalid_argument);
     RUN(stop_reasons_through_the_cli);

@@ -300,6 +300,39 @@ static void rag_json_mode_skips_the_qa_bank(void)
     json_object_put(hit);
 }
 
+/* libllmsclient asks for JSON mode with llms_params.format: the same seeded request
+ * gives the gateway's reply, as a context's default too; DEFAULT leaves free text. */
+static void native_client_asks_json_mode(void)
+{
+    NEED_DAEMON();
+    char *want, *finish;
+    if (!ask("/v1/completions", "\"prompt\":\"The response body is a JSON object such as\\n\","
+             "\"max_tokens\":64,\"temperature\":0", 3, &want, &finish))
+        return;
+    llms_conn *c = proc_connect(&daemon_, "native-json");
+    CHECK(c);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 64;
+    p.has_seed = 1;
+    p.seed = 3;
+    p.format = LLMS_FORMAT_JSON_OBJECT;
+    llms_result r = {0};
+    CHECK_EQ(llms_complete(c, "The response body is a JSON object such as\n", NULL, 0, &p, NULL,
+                           NULL, &r), LLMS_OK);
+    CHECK_MSG(!strcmp(r.text, want), "native '%s', gateway '%s'", r.text, want);
+    CHECK(r.stop_reason != LLMS_STOP_EOS || is_object(r.text));
+    llms_result_free(&r);
+    p.format = LLMS_FORMAT_DEFAULT;
+    CHECK_EQ(llms_complete(c, "The response body is a JSON object such as\n", NULL, 0, &p, NULL,
+                           NULL, &r), LLMS_OK);
+    CHECK_MSG(strcmp(r.text, want) != 0, "free text came out as the JSON reply: %s", r.text);
+    llms_result_free(&r);
+    free(want);
+    free(finish);
+    llms_close(c);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -312,6 +345,7 @@ int main(int argc, char **argv)
     RUN(speculation_keeps_the_replies);
     RUN(json_schema_is_refused);
     RUN(rag_json_mode_skips_the_qa_bank);
+    RUN(native_client_asks_json_mode);
     if (daemon_up == 1)
         proc_stop(&daemon_, SIGTERM);
     free((char *)model_path);
