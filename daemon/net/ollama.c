@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "daemon/net/http_internal.h"
+#include "daemon/net/jsonfield.h"
 #include "engine/tok/chat.h"
 #include "engine/tok/stop.h"
 
@@ -277,37 +278,6 @@ void ollama_refuse_manage(http *h, httpwire_conn *wc)
 
 /* ---- reading requests ---- */
 
-/* A field of o (named where in messages) of type t, an integer taken for a number: 1
- * found, 0 absent or null, -1 another type (msg says which). */
-static int field(json_object *o, const char *key, const char *where, json_type t,
-                 json_object **out, char *msg, size_t cap)
-{
-    json_object *v;
-    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
-        return 0;
-    json_type have = json_object_get_type(v);
-    if (have == t || (t == json_type_double && have == json_type_int)) {
-        *out = v;
-        return 1;
-    }
-    snprintf(msg, cap, "'%s%s' must be %s", where, key,
-             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
-             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
-             : t == json_type_array ? "an array" : "an object");
-    return -1;
-}
-
-/* Whether a field's value asks for nothing: null, false, an empty array, object or
- * string (what clients send when they mean none). */
-static bool asks_nothing(json_object *v)
-{
-    return json_object_is_type(v, json_type_null) ||
-           (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
-           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0) ||
-           (json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0) ||
-           (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
-}
-
 /* The fields of a request (or of a chat message, where) that ask for what llmsd does not
  * produce, refused naming the field. 0, or -1 with msg. */
 static int refuse_unproduced(json_object *o, const char *where, char *msg, size_t cap)
@@ -326,7 +296,7 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
     };
     json_object *v;
     for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
-        if (json_object_object_get_ex(o, asks[i].field, &v) && !asks_nothing(v)) {
+        if (json_object_object_get_ex(o, asks[i].field, &v) && !jsonfield_asks_nothing(v)) {
             snprintf(msg, cap, "'%s%s': %s", where, asks[i].field, asks[i].why);
             return -1;
         }
@@ -338,7 +308,7 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
 static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
 {
     json_object *v;
-    if (!json_object_object_get_ex(body, "format", &v) || asks_nothing(v))
+    if (!json_object_object_get_ex(body, "format", &v) || jsonfield_asks_nothing(v))
         return 0;
     if (json_object_is_type(v, json_type_string) && strcmp(json_object_get_string(v), "json") == 0) {
         p->has_format = 1;
@@ -356,7 +326,7 @@ static int float_option(json_object *opts, const char *key, protobuf_c_boolean *
                         char *msg, size_t cap)
 {
     json_object *v;
-    int rc = field(opts, key, "options.", json_type_double, &v, msg, cap);
+    int rc = jsonfield_get(opts, key, "options.", json_type_double, &v, msg, cap);
     if (rc == 1)
         *has = 1, *out = (float)json_object_get_double(v);
     return rc;
@@ -366,7 +336,7 @@ static int float_option(json_object *opts, const char *key, protobuf_c_boolean *
 static int int_option(json_object *opts, const char *key, int64_t *out, char *msg, size_t cap)
 {
     json_object *v;
-    int rc = field(opts, key, "options.", json_type_int, &v, msg, cap);
+    int rc = jsonfield_get(opts, key, "options.", json_type_int, &v, msg, cap);
     if (rc == 1)
         *out = json_object_get_int64(v);
     return rc;
@@ -386,7 +356,7 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
 {
     json_object *opts, *v;
     int64_t n = 0;
-    int rc = field(hr->body, "options", "", json_type_object, &opts, msg, cap);
+    int rc = jsonfield_get(hr->body, "options", "", json_type_object, &opts, msg, cap);
     if (rc <= 0)
         return rc;
     if (float_option(opts, "temperature", &p->has_temperature, &p->temperature, msg, cap) < 0 ||
@@ -448,7 +418,7 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
         {"tfs_z", 1, "tail-free sampling is not supported"},
     };
     for (size_t i = 0; i < sizeof samplers / sizeof samplers[0]; i++) {
-        if ((rc = field(opts, samplers[i].key, "options.", json_type_double, &v, msg, cap)) < 0)
+        if ((rc = jsonfield_get(opts, samplers[i].key, "options.", json_type_double, &v, msg, cap)) < 0)
             return -1;
         if (rc && json_object_get_double(v) != samplers[i].off) {
             snprintf(msg, cap, "'options.%s': %s", samplers[i].key, samplers[i].why);
@@ -483,7 +453,7 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
 static json_object *chat_messages(json_object *body, bool *none, char *msg, size_t cap)
 {
     json_object *msgs;
-    int rc = field(body, "messages", "", json_type_array, &msgs, msg, cap);
+    int rc = jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, cap);
     *none = rc == 0 || (rc == 1 && json_object_array_length(msgs) == 0);
     if (rc <= 0)
         return NULL;
@@ -624,7 +594,7 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     json_object *v, *msgs = NULL;
     char *rendered = NULL;
     gp.stop = (char **)stops;
-    int rc = field(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
+    int rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
     if (rc < 0)
         goto bad;
     /* ollama streams unless told not to */
@@ -648,15 +618,15 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     } else {
         const char *prompt = "", *system = NULL;
         bool raw = false;
-        if ((rc = field(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
+        if ((rc = jsonfield_get(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
             goto bad;
         if (rc)
             prompt = json_object_get_string(v);
-        if ((rc = field(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
+        if ((rc = jsonfield_get(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
             goto bad;
         if (rc && json_object_get_string_len(v))
             system = json_object_get_string(v);
-        if ((rc = field(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
+        if ((rc = jsonfield_get(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
             goto bad;
         raw = rc && json_object_get_boolean(v);
         if (!prompt[0] && !system) {
@@ -694,9 +664,9 @@ void ollama_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     bool legacy = hr->route == R_OLLAMA_EMBEDDINGS;
     json_object *in, *v;
     int rc;
-    if (field(hr->body, "truncate", "", json_type_boolean, &v, msg, cap) < 0)
+    if (jsonfield_get(hr->body, "truncate", "", json_type_boolean, &v, msg, cap) < 0)
         goto bad;
-    if ((rc = field(hr->body, "dimensions", "", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "dimensions", "", json_type_int, &v, msg, cap)) < 0)
         goto bad;
     if (rc && (json_object_get_int64(v) < 1 || json_object_get_int64(v) > UINT32_MAX)) {
         snprintf(msg, cap, "'dimensions' must be a positive integer");
@@ -728,19 +698,14 @@ void ollama_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         http_send_json(hr->h, hr->wc, hr->route, 200, o);
         return;
     }
-    const char **texts = malloc(n * sizeof *texts);
-    if (!texts) {
+    const char **texts;
+    if ((rc = jsonfield_strings(in, &texts, &n)) == -2) {
         ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        json_object *t = one ? in : json_object_array_get_idx(in, i);
-        if (!json_object_is_type(t, json_type_string)) {
-            free(texts);
-            snprintf(msg, cap, "'input' must be a string or an array of strings");
-            goto bad;
-        }
-        texts[i] = json_object_get_string(t);
+    if (rc < 0) {
+        snprintf(msg, cap, "'input' must be a string or an array of strings");
+        goto bad;
     }
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.texts = (char **)texts;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "daemon/net/http_internal.h"
+#include "daemon/net/jsonfield.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
@@ -638,33 +639,13 @@ void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr)
 
 /* ---- reading requests ---- */
 
-/* A field of o of type t (int accepted where double is asked): 1 found, 0 absent or
- * null, -1 wrong type (msg says which). */
-static int field(json_object *o, const char *key, json_type t, json_object **out, char *msg,
-                 size_t cap)
-{
-    json_object *v;
-    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
-        return 0;
-    json_type have = json_object_get_type(v);
-    if (have == t || (t == json_type_double && have == json_type_int)) {
-        *out = v;
-        return 1;
-    }
-    snprintf(msg, cap, "'%s' must be %s", key,
-             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
-             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
-             : t == json_type_array ? "an array" : "an object");
-    return -1;
-}
-
-/* field() of a positive integer that fits a uint32 into *out: 0 absent (or null), 1 read,
+/* jsonfield_get() of a positive integer that fits a uint32 into *out: 0 absent (or null), 1 read,
  * -1 with msg when it is another type or out of range. */
 static int positive_u32_field(json_object *o, const char *key, uint32_t *out, char *msg,
                               size_t cap)
 {
     json_object *v;
-    int rc = field(o, key, json_type_int, &v, msg, cap);
+    int rc = jsonfield_get(o, key, "", json_type_int, &v, msg, cap);
     if (rc <= 0)
         return rc;
     int64_t x = json_object_get_int64(v);
@@ -676,13 +657,13 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
     return 1;
 }
 
-/* field() of a number into a GenerationParams float and its has_ flag: 0 absent (or
+/* jsonfield_get() of a number into a GenerationParams float and its has_ flag: 0 absent (or
  * null), 1 read, -1 with msg when it is another type. */
 static int float_param(json_object *o, const char *key, protobuf_c_boolean *has, float *out,
                        char *msg, size_t cap)
 {
     json_object *v;
-    int rc = field(o, key, json_type_double, &v, msg, cap);
+    int rc = jsonfield_get(o, key, "", json_type_double, &v, msg, cap);
     if (rc == 1)
         *has = 1, *out = (float)json_object_get_double(v);
     return rc;
@@ -731,7 +712,7 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
                     msg, cap) < 0 ||
         read_format(body, p, msg, cap) < 0)
         return -1;
-    if ((rc = field(body, "top_k", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(body, "top_k", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc) {
         int64_t k = json_object_get_int64(v);
@@ -742,19 +723,19 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
     const char *mt = json_object_object_get_ex(body, "max_completion_tokens", &mct) &&
                              !json_object_is_type(mct, json_type_null)
                          ? "max_completion_tokens" : "max_tokens";
-    if ((rc = field(body, mt, json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(body, mt, "", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc) {
         int64_t n = json_object_get_int64(v);
         p->has_max_tokens = 1, p->max_tokens = n < 0 ? 0 : n > INT32_MAX ? INT32_MAX : (int32_t)n;
     }
-    if ((rc = field(body, "seed", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(body, "seed", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
     /* A negative seed is llama.cpp's "random". */
     if (rc && json_object_get_int64(v) >= 0)
         p->has_seed = 1, p->seed = (uint64_t)json_object_get_int64(v);
     /* an llmsd extension: speculative decoding of this request */
-    if ((rc = field(body, "speculation", json_type_string, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(body, "speculation", "", json_type_string, &v, msg, cap)) < 0)
         return -1;
     if (rc) {
         const char *sp = json_object_get_string(v);
@@ -773,7 +754,7 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         p->has_speculation = 1;
         p->speculation = values[i];
     }
-    if ((rc = field(body, "n", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(body, "n", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
     if (rc && json_object_get_int64(v) != 1) {
         snprintf(msg, cap, "'n' must be 1: one choice per request");
@@ -811,7 +792,7 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
 static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
 {
     json_object *o;
-    int rc = field(hr->body, "logit_bias", json_type_object, &o, msg, cap);
+    int rc = jsonfield_get(hr->body, "logit_bias", "", json_type_object, &o, msg, cap);
     if (rc <= 0)
         return rc;
     size_t n = (size_t)json_object_object_length(o), i = 0;
@@ -846,22 +827,13 @@ static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_
     return 0;
 }
 
-/* Whether a field's value asks for nothing: null, false, an empty array or string. */
-static bool asks_nothing(json_object *v)
-{
-    return json_object_is_type(v, json_type_null) ||
-           (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
-           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0) ||
-           (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
-}
-
 /* OpenAI's logprobs into p and hr: a chat's "logprobs": true with "top_logprobs" (0..20)
  * alternatives, a completion's "logprobs": N (its alternatives; 0: the chosen tokens'
  * alone). A RAG answer has none to give. 0, or -1 with msg. */
 static int read_logprobs(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
 {
     json_object *v, *top;
-    bool asked = json_object_object_get_ex(hr->body, "logprobs", &v) && !asks_nothing(v);
+    bool asked = json_object_object_get_ex(hr->body, "logprobs", &v) && !jsonfield_asks_nothing(v);
     bool top_asked = json_object_object_get_ex(hr->body, "top_logprobs", &top) &&
                      !json_object_is_type(top, json_type_null);
     if (hr->route == R_RAG) {
@@ -912,7 +884,8 @@ static int read_logprobs(hreq *hr, Llms__GenerationParams *p, char *msg, size_t 
 
 /* Fields of a completion or chat that ask for what llmsd does not produce are refused,
  * naming the field: a reply that left them out would pass for one that honoured them
- * (no tool_calls read as the model not calling, plain text parsed as JSON). Their "off" values, which clients send by default, pass. 0, or -1 with msg. */
+ * (no tool_calls read as the model not calling). Their "off" values, which clients send
+ * by default, pass. 0, or -1 with msg. */
 static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
 {
     static const struct {
@@ -925,7 +898,7 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
     };
     json_object *v;
     for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
-        if (json_object_object_get_ex(body, asks[i].field, &v) && !asks_nothing(v)) {
+        if (json_object_object_get_ex(body, asks[i].field, &v) && !jsonfield_asks_nothing(v)) {
             snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
             return -1;
         }
@@ -1045,15 +1018,15 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     gp.stop = (char **)stops;
     bool chat = hr->route == R_CHAT;
     int rc;
-    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     hr->stream = rc && json_object_get_boolean(v);
-    if (field(hr->body, "stream_options", json_type_object, &x, msg, cap) == 1 &&
-        field(x, "include_usage", json_type_boolean, &v, msg, cap) == 1)
+    if (jsonfield_get(hr->body, "stream_options", "", json_type_object, &x, msg, cap) == 1 &&
+        jsonfield_get(x, "include_usage", "", json_type_boolean, &v, msg, cap) == 1)
         hr->include_usage = json_object_get_boolean(v);
-    if ((rc = field(hr->body, "llmsd", json_type_object, &x, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "llmsd", "", json_type_object, &x, msg, cap)) < 0)
         goto bad;
-    if (rc && (rc = field(x, "context", json_type_string, &v, msg, cap)) < 0)
+    if (rc && (rc = jsonfield_get(x, "context", "", json_type_string, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         hr->context_id = json_object_get_string(v);
@@ -1072,7 +1045,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
     if (chat) {
         json_object *msgs;
-        if (field(hr->body, "messages", json_type_array, &msgs, msg, cap) != 1 ||
+        if (jsonfield_get(hr->body, "messages", "", json_type_array, &msgs, msg, cap) != 1 ||
             json_object_array_length(msgs) == 0) {
             snprintf(msg, cap, "'messages' must be a non-empty array");
             goto bad;
@@ -1153,15 +1126,15 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     gp.stop = (char **)stops;
     Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
     int rc;
-    if ((rc = field(hr->body, "stream", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     hr->stream = rc && json_object_get_boolean(v);
-    if (field(hr->body, "kb", json_type_string, &v, msg, cap) != 1) {
+    if (jsonfield_get(hr->body, "kb", "", json_type_string, &v, msg, cap) != 1) {
         snprintf(msg, cap, "'kb' (a knowledge base name) is required");
         goto bad;
     }
     rq.kb = (char *)json_object_get_string(v);
-    if (field(hr->body, "question", json_type_string, &v, msg, cap) != 1) {
+    if (jsonfield_get(hr->body, "question", "", json_type_string, &v, msg, cap) != 1) {
         snprintf(msg, cap, "'question' (a string) is required");
         goto bad;
     }
@@ -1169,7 +1142,7 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if ((rc = positive_u32_field(hr->body, "top_k", &rq.top_k, msg, cap)) < 0)
         goto bad;
     rq.has_top_k = rc == 1;
-    if ((rc = field(hr->body, "retrieval", json_type_string, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "retrieval", "", json_type_string, &v, msg, cap)) < 0)
         goto bad;
     if (rc) {
         const char *name = json_object_get_string(v);
@@ -1183,19 +1156,19 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         rq.has_retrieval = 1;
         rq.retrieval = (Llms__Retrieval)i;
     }
-    if ((rc = field(hr->body, "system", json_type_string, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         rq.system_prompt = (char *)json_object_get_string(v);
-    if ((rc = field(hr->body, "no_qa", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "no_qa", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         rq.has_no_qa = 1, rq.no_qa = json_object_get_boolean(v);
-    if ((rc = field(hr->body, "no_qkv", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "no_qkv", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         rq.has_no_qkv = 1, rq.no_qkv = json_object_get_boolean(v);
-    if ((rc = field(hr->body, "share_system_uid", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "share_system_uid", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
@@ -1219,7 +1192,7 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *in, *v;
     int rc;
-    if ((rc = field(hr->body, "encoding_format", json_type_string, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "encoding_format", "", json_type_string, &v, msg, cap)) < 0)
         goto bad;
     if (rc) {
         const char *f = json_object_get_string(v);
@@ -1235,26 +1208,18 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'input' is required");
         goto bad;
     }
-    bool one = json_object_is_type(in, json_type_string);
-    size_t n = one ? 1 : json_object_is_type(in, json_type_array) ? json_object_array_length(in) : 0;
-    if (n == 0) {
-        snprintf(msg, cap, "'input' must be a string or a non-empty array of strings");
-        goto bad;
-    }
-    const char **texts = malloc(n * sizeof *texts);
-    if (!texts) {
+    const char **texts;
+    size_t n;
+    rc = jsonfield_strings(in, &texts, &n);
+    if (rc == -2) {
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        json_object *t = one ? in : json_object_array_get_idx(in, i);
-        if (!json_object_is_type(t, json_type_string)) {
-            free(texts);
-            snprintf(msg, cap, "'input' must be a string or an array of strings (token arrays "
-                               "are not supported)");
-            goto bad;
-        }
-        texts[i] = json_object_get_string(t);
+    if (rc < 0 || n == 0) {
+        free(texts);
+        snprintf(msg, cap, "'input' must be a string or a non-empty array of strings (token "
+                           "arrays are not supported)");
+        goto bad;
     }
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.texts = (char **)texts;
@@ -1273,18 +1238,18 @@ void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *q, *docs, *v;
     int rc;
-    if (field(hr->body, "query", json_type_string, &q, msg, cap) != 1) {
+    if (jsonfield_get(hr->body, "query", "", json_type_string, &q, msg, cap) != 1) {
         snprintf(msg, cap, "'query' must be a string");
         goto bad;
     }
-    if (field(hr->body, "documents", json_type_array, &docs, msg, cap) != 1 ||
+    if (jsonfield_get(hr->body, "documents", "", json_type_array, &docs, msg, cap) != 1 ||
         json_object_array_length(docs) == 0) {
         snprintf(msg, cap, "'documents' must be a non-empty array");
         goto bad;
     }
     size_t n = json_object_array_length(docs);
     int64_t top = (int64_t)n;
-    if ((rc = field(hr->body, "top_n", json_type_int, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "top_n", "", json_type_int, &v, msg, cap)) < 0)
         goto bad;
     if (rc)
         top = json_object_get_int64(v);
@@ -1292,7 +1257,7 @@ void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'top_n' must be at least 1");
         goto bad;
     }
-    if ((rc = field(hr->body, "return_documents", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, "return_documents", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     hr->return_documents = rc && json_object_get_boolean(v);
     const char **texts = malloc(n * sizeof *texts);

@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         json_object *msgs;
         msg[0] = '\0';
-        if (field(body, "messages", json_type_array, &msgs, msg, sizeof msg) == 1 &&
+        if (jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, sizeof msg) == 1 &&
             json_object_array_length(msgs) > 0) {
             char *prompt = openai_render_chat(family, msgs, msg, sizeof msg);
             if (!prompt && !msg[0])

@@ -1,0 +1,58 @@
+/*
+ * jsonfield.c — a request body's fields, for both of the gateway's API shapes.
+ */
+#include "daemon/net/jsonfield.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int jsonfield_get(json_object *o, const char *key, const char *where, json_type t,
+                  json_object **out, char *msg, size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    json_type have = json_object_get_type(v);
+    if (have == t || (t == json_type_double && have == json_type_int)) {
+        *out = v;
+        return 1;
+    }
+    snprintf(msg, cap, "'%s%s' must be %s", where, key,
+             t == json_type_string ? "a string" : t == json_type_int ? "an integer"
+             : t == json_type_double ? "a number" : t == json_type_boolean ? "a boolean"
+             : t == json_type_array ? "an array" : "an object");
+    return -1;
+}
+
+bool jsonfield_asks_nothing(json_object *v)
+{
+    return json_object_is_type(v, json_type_null) ||
+           (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v)) ||
+           (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0) ||
+           (json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0) ||
+           (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) == 0);
+}
+
+int jsonfield_strings(json_object *in, const char ***texts, size_t *n)
+{
+    bool one = json_object_is_type(in, json_type_string);
+    *texts = NULL;
+    *n = 0;
+    if (!one && !json_object_is_type(in, json_type_array))
+        return -1;
+    size_t count = one ? 1 : json_object_array_length(in);
+    const char **t = malloc((count ? count : 1) * sizeof *t);
+    if (!t)
+        return -2;
+    for (size_t i = 0; i < count; i++) {
+        json_object *s = one ? in : json_object_array_get_idx(in, i);
+        if (!json_object_is_type(s, json_type_string)) {
+            free(t);
+            return -1;
+        }
+        t[i] = json_object_get_string(s);
+    }
+    *texts = t;
+    *n = count;
+    return 0;
+}

@@ -1,0 +1,27 @@
+/*
+ * jsonfield.h — reading the fields of a gateway request body (json-c): the type a field
+ * must have, the values clients send when they mean "none", and a list of texts. Both
+ * API shapes (openai.c, ollama.c) read their bodies with these, so that a field is
+ * refused in the same words whichever route it came to.
+ */
+#ifndef LLMS_JSONFIELD_H
+#define LLMS_JSONFIELD_H
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The field key of o, of type t (an integer is taken for a number): 1 found (*out), 0
+ * absent or null, -1 another type, with msg naming it as where + key ("options." or ""). */
+int jsonfield_get(json_object *o, const char *key, const char *where, json_type t,
+                  json_object **out, char *msg, size_t cap);
+
+/* Whether a value asks for nothing: null, false, an empty array, object or string. */
+bool jsonfield_asks_nothing(json_object *v);
+
+/* The strings of in, a string or an array of strings, as *texts (malloc'd, *n of them,
+ * pointing into in): 0; -1 when in or an element is not a string (*texts NULL); -2 out
+ * of memory. */
+int jsonfield_strings(json_object *in, const char ***texts, size_t *n);
+
+#endif
