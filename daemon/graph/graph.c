@@ -631,6 +631,10 @@ static int check_nodes(graph *g, const graph_limits *lim, char err[ERR_MAX])
             if (n->kb || n->query || n->has_top_k || n->has_retrieval)
                 return err_set(err, "node '%s': a generation node has no kb, query, top_k or "
                                "retrieval", n->name);
+            /* its answer is a variable's text: they would have nowhere to go */
+            if (n->params && n->params->has_logprobs)
+                return err_set(err, "node '%s': logprobs are given by Call and Complete, not "
+                               "by a graph's generation", n->name);
         } else if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
             if (check_template(g, n->name, "kb", n->kb, err) ||
                 check_template(g, n->name, "query", n->query, err))

@@ -302,6 +302,11 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
         return text_too_long(cfg, "question", req->rag_query->question, r) ||
                text_too_long(cfg, "system_prompt", req->rag_query->system_prompt, r) ||
                bad_params(req->rag_query->params, r);
+    case LLMS__REQUEST__BODY_GRAPH_RUN:
+        if (req->graph_run->params && req->graph_run->params->has_logprobs)
+            return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                             "logprobs are given by Call and Complete, not by a GraphRun");
+        return bad_params(req->graph_run->params, r);
     case LLMS__REQUEST__BODY_KB_SEARCH:
         return text_too_long(cfg, "query", req->kb_search->query, r);
     case LLMS__REQUEST__BODY_DETOKENIZE:

@@ -201,6 +201,12 @@ static void test_refusals(void)
     CHECK(refused(&x, "unexpected text"));
     x.edges[1].when = "system('rm -rf /')";
     CHECK(refused(&x, "unknown variable 'system'"));
+    /* a node's answer is a variable's text: logprobs would have nowhere to go */
+    simple(&x);
+    Llms__GenerationParams lp = LLMS__GENERATION_PARAMS__INIT;
+    lp.has_logprobs = 1;
+    x.nodes[0].params = &lp;
+    CHECK(refused(&x, "node 'ask': logprobs are given by Call and Complete"));
     simple(&x);
     for (int i = 0; i < 7; i++)
         def_gen(&x, "n", "b", "x");

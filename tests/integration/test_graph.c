@@ -122,6 +122,13 @@ static void generation_equals_complete(void)
     llms_result cr;
     CHECK_EQ(llms_complete(c, prompt, NULL, 0, NULL, NULL, NULL, &cr), LLMS_OK);
     CHECK_MSG(!strcmp(cr.text, r.output), "complete '%s', graph '%s'", cr.text, r.output);
+    /* a run's answer is its output variable's text: logprobs have nowhere to go */
+    llms_params lp = LLMS_PARAMS_INIT;
+    lp.logprobs = 1;
+    llms_graph_result refused;
+    CHECK_EQ(llms_graph_run(c, "one-shot", in, 2, &lp, NULL, NULL, &refused),
+             LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "GraphRun"), "%s", llms_last_error(c));
     CHECK(cr.generated_tokens > 0);
     CHECK_EQ(r.timings[1].generated_tokens, cr.generated_tokens);
     llms_result_free(&cr);
