@@ -399,15 +399,11 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
      * Complete's window does not slide */
     if (rc)
         p->has_max_tokens = 1, p->max_tokens = n < 0 ? window : clamp32(n);
-    if ((rc = int_option(opts, "num_ctx", &n, msg, cap)) < 0)
+    /* The window is the daemon's (n_ctx), whatever num_ctx asks: ollama too caps a num_ctx
+     * beyond what it can have rather than refusing it, and clients send theirs with every
+     * request (Continue: 32768 by default). A prompt beyond the window is refused as ever. */
+    if (int_option(opts, "num_ctx", &n, msg, cap) < 0)
         return -1;
-    /* the window is the daemon's (n_ctx): a larger one cannot be had, a smaller one is
-     * within it */
-    if (rc && n > window) {
-        snprintf(msg, cap, "'options.num_ctx' is %lld, but this daemon's window is %d tokens "
-                           "(its n_ctx setting)", (long long)n, window);
-        return -1;
-    }
     static const struct {
         const char *key;
         double off;

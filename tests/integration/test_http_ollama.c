@@ -569,9 +569,6 @@ static void errors_are_ollama_shaped(void)
          "num_predict"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[1]}}", 400, "stop"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":2}}", 400, "mirostat"},
-        {"/api/chat",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"options\":{\"num_ctx\":100000}}",
-         400, "2048"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":{\"type\":\"object\"}}", 400, "format"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":\"yaml\"}", 400, "format"},
         {"/api/generate", "{\"prompt\":\"x\",\"raw\":true,\"system\":\"s\"}", 400, "raw"},
@@ -598,6 +595,57 @@ static void errors_are_ollama_shaped(void)
     strcat(big, "\",\"raw\":true}");
     expect_error("POST", "/api/generate", big, 400, "window");
     free(big);
+}
+
+/* The bodies real clients send with their defaults are served, streamed or whole: the
+ * ollama Python library (old and new), LangChain's ChatOllama, Open WebUI and Continue
+ * (which sends its own num_ctx, 32768 by default, with every request: ollama caps a
+ * num_ctx beyond what the model has rather than refusing it). */
+static void client_defaults_are_served(void)
+{
+    NEED(daemon_up, start_daemon());
+    static const struct {
+        const char *who, *path, *body;
+    } asks[] = {
+        {"ollama-python 0.3 generate", "/api/generate",
+         "{\"model\":\"ol\",\"prompt\":\"hi\",\"suffix\":\"\",\"system\":\"\",\"template\":\"\","
+         "\"context\":[],\"stream\":false,\"raw\":false,\"images\":[],\"format\":\"\","
+         "\"options\":{\"num_predict\":4},\"keep_alive\":null}"},
+        {"ollama-python 0.4 chat", "/api/chat",
+         "{\"model\":\"ol\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[],"
+         "\"stream\":true,\"options\":{\"num_predict\":4}}"},
+        {"LangChain ChatOllama", "/api/chat",
+         "{\"model\":\"ol:latest\",\"messages\":[{\"role\":\"system\",\"content\":\"s\","
+         "\"images\":[]},{\"role\":\"user\",\"content\":\"hi\",\"images\":[]}],\"stream\":true,"
+         "\"format\":null,\"options\":{\"num_predict\":4,\"stop\":null},\"keep_alive\":null}"},
+        {"Open WebUI", "/api/chat",
+         "{\"model\":\"ol:latest\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+         "\"stream\":true,\"options\":{\"num_predict\":4},\"keep_alive\":\"5m\",\"format\":\"\"}"},
+        {"Continue chat", "/api/chat",
+         "{\"model\":\"ol\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+         "\"options\":{\"temperature\":0.5,\"num_predict\":4,\"num_ctx\":32768},"
+         "\"keep_alive\":1800,\"stream\":true}"},
+        {"Continue autocomplete", "/api/generate",
+         "{\"model\":\"ol\",\"prompt\":\"def f(\",\"raw\":true,\"options\":{\"temperature\":0.01,"
+         "\"num_predict\":4,\"num_ctx\":32768,\"stop\":[\"\\n\\n\"]},\"keep_alive\":1800,"
+         "\"stream\":true}"},
+    };
+    for (size_t i = 0; i < sizeof asks / sizeof *asks; i++) {
+        bool streamed = !strstr(asks[i].body, "\"stream\":false");
+        if (!streamed) {
+            int st;
+            json_object *o = post(asks[i].path, asks[i].body, &st);
+            CHECK_MSG(st == 200 && jeq(o, "done", "true"), "%s: %d %s", asks[i].who, st,
+                      json_text(o));
+            json_object_put(o);
+            continue;
+        }
+        ndjson nd;
+        int st = post_ndjson(hsock, asks[i].path, asks[i].body, &nd);
+        CHECK_MSG(st == 200 && nd.n >= 1 && jeq(nd.lines[nd.n - 1], "done", "true"),
+                  "%s: %d %s", asks[i].who, st, nd.n ? json_text(nd.lines[nd.n - 1]) : "");
+        ndjson_free(&nd);
+    }
 }
 
 /* num_predict -1 and -2 run until the window is full: done_reason "length". */
@@ -942,6 +990,7 @@ int main(int argc, char **argv)
     RUN(empty_prompt_loads);
     RUN(embed_matches_openai);
     RUN(errors_are_ollama_shaped);
+    RUN(client_defaults_are_served);
     RUN(num_predict_fills_the_window);
     RUN(format_json_gives_an_object);
     RUN(tcp_needs_a_token);
