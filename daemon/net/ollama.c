@@ -625,13 +625,14 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         if ((rc = jsonfield_get(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
             goto bad;
         raw = rc && json_object_get_boolean(v);
-        if (!prompt[0] && !system) {
-            answer_load(hr);
-            return;
-        }
         if (raw && system) {
             snprintf(msg, cap, "'system' goes through the chat template, which 'raw' leaves out");
             goto bad;
+        }
+        /* an empty prompt is ollama's "load the model" call, a system prompt or not */
+        if (!prompt[0]) {
+            answer_load(hr);
+            return;
         }
         /* not raw: the prompt is the user's turn, through the model's chat template */
         cr.prompt = (char *)prompt;

@@ -367,6 +367,8 @@ static void empty_prompt_loads(void)
     static const char *const asks[][2] = {
         {"/api/generate", "{\"model\":\"ol\"}"},
         {"/api/generate", "{\"model\":\"ol\",\"prompt\":\"\",\"stream\":false}"},
+        /* ollama loads on an empty prompt whatever else comes with it */
+        {"/api/generate", "{\"model\":\"ol\",\"prompt\":\"\",\"system\":\"" SYSTEM "\"}"},
         {"/api/chat", "{\"model\":\"ol\",\"messages\":[]}"},
     };
     for (size_t i = 0; i < sizeof asks / sizeof *asks; i++) {
