@@ -595,9 +595,10 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     /* ollama streams unless told not to */
     hr->stream = rc == 0 || json_object_get_boolean(v);
-    /* A rendered chat carries its template's end of turn as one more stop string. */
+    /* The matcher keeps one place for the chat template's end text (session.c), and a
+     * chat rendered here carries that end of turn as one more stop string. */
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
-        read_options(hr, &gp, stops, STOP_MAX - (chat ? 1 : 0), msg, cap))
+        read_options(hr, &gp, stops, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap))
         goto bad;
     if (chat) {
         bool none;

@@ -570,6 +570,13 @@ static void errors_are_ollama_shaped(void)
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"num_predict\":-3}}", 400,
          "num_predict"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[1]}}", 400, "stop"},
+        /* the count the client sent, not one with the chat template's end text in it */
+        {"/api/chat",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"options\":{\"stop\":[\"a1\",\"b1\","
+         "\"c1\",\"d1\",\"e1\",\"f1\",\"g1\"]}}", 400, "'options.stop' has 7 strings"},
+        {"/api/generate",
+         "{\"prompt\":\"x\",\"options\":{\"stop\":[\"a1\",\"b1\",\"c1\",\"d1\",\"e1\",\"f1\",\"g1\","
+         "\"h1\"]}}", 400, "'options.stop' has 8 strings"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":2}}", 400, "mirostat"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":{\"type\":\"object\"}}", 400, "format"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":\"yaml\"}", 400, "format"},
