@@ -371,8 +371,9 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
         return -1;
     if ((rc = int_option(opts, "top_k", &n, msg, cap)) < 0)
         return -1;
+    /* ollama's (llama.cpp's) top_k <= 0 is off, the native 0 */
     if (rc)
-        p->has_top_k = 1, p->top_k = n < 0 ? -1 : clamp32(n);
+        p->has_top_k = 1, p->top_k = n < 0 ? 0 : clamp32(n);
     if ((rc = int_option(opts, "repeat_last_n", &n, msg, cap)) < 0)
         return -1;
     /* ollama's -1 is the whole window, the native -1 the whole history: the same */

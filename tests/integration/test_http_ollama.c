@@ -657,6 +657,28 @@ static void client_defaults_are_served(void)
     }
 }
 
+/* A negative top_k is off, as ollama (llama.cpp) takes it: the same sampled text as 0. */
+static void negative_top_k_is_off(void)
+{
+    NEED(daemon_up, start_daemon());
+    char *text[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"" USER "\",\"raw\":true,\"stream\":false,\"options\":"
+                 "{\"temperature\":1,\"seed\":7,\"num_predict\":8,\"top_k\":%d}}", i ? -1 : 0);
+        int st;
+        json_object *o = post("/api/generate", body, &st);
+        const char *t = httpc_jstr(o, "response");
+        CHECK_MSG(st == 200 && t, "top_k %d: %d %s", i ? -1 : 0, st, json_text(o));
+        text[i] = strdup(t);
+        json_object_put(o);
+    }
+    CHECK_MSG(strcmp(text[0], text[1]) == 0, "top_k 0 '%s', -1 '%s'", text[0], text[1]);
+    free(text[0]);
+    free(text[1]);
+}
+
 /* num_predict -1 and -2 run until the window is full: done_reason "length". */
 static void num_predict_fills_the_window(void)
 {
@@ -1000,6 +1022,7 @@ int main(int argc, char **argv)
     RUN(embed_matches_openai);
     RUN(errors_are_ollama_shaped);
     RUN(client_defaults_are_served);
+    RUN(negative_top_k_is_off);
     RUN(num_predict_fills_the_window);
     RUN(format_json_gives_an_object);
     RUN(tcp_needs_a_token);
