@@ -391,15 +391,16 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
     int window = hr->h->cfg->n_ctx;
     if ((rc = int_option(opts, "num_predict", &n, msg, cap)) < 0)
         return -1;
-    if (rc && (n == 0 || n < -2)) {
-        snprintf(msg, cap, "'options.num_predict' must be a positive count, -1 or -2 (until "
-                           "the window of %d tokens is full)", window);
+    if (rc && n < -2) {
+        snprintf(msg, cap, "'options.num_predict' must be a count, or -1, -2 or 0 (until the "
+                           "window of %d tokens is full)", window);
         return -1;
     }
-    /* -1 (ollama: no limit) and -2 (fill the context) both end as the window fills: a
-     * Complete's window does not slide */
+    /* -1 and 0 (ollama: no limit; its runner limits only a count > 0, and clients send 0
+     * with their "load the model" calls) and -2 (fill the context) all end as the window
+     * fills: a Complete's window does not slide */
     if (rc)
-        p->has_max_tokens = 1, p->max_tokens = n < 0 ? window : clamp32(n);
+        p->has_max_tokens = 1, p->max_tokens = n <= 0 ? window : clamp32(n);
     /* The window is the daemon's (n_ctx), whatever num_ctx asks: ollama too caps a num_ctx
      * beyond what it can have rather than refusing it, and clients send theirs with every
      * request (Continue: 32768 by default). A prompt beyond the window is refused as ever. */

@@ -368,6 +368,8 @@ static void empty_prompt_loads(void)
         {"/api/generate", "{\"model\":\"ol\"}"},
         {"/api/generate", "{\"model\":\"ol\",\"prompt\":\"\",\"stream\":false}"},
         /* ollama loads on an empty prompt whatever else comes with it */
+        {"/api/generate", "{\"model\":\"ol\",\"prompt\":\"\",\"keep_alive\":-1,"
+                          "\"options\":{\"num_predict\":0}}"},
         {"/api/generate", "{\"model\":\"ol\",\"prompt\":\"\",\"system\":\"" SYSTEM "\"}"},
         {"/api/chat", "{\"model\":\"ol\",\"messages\":[]}"},
     };
@@ -566,7 +568,6 @@ static void errors_are_ollama_shaped(void)
         {"/api/generate", "{\"prompt\":\"x\",\"options\":\"hot\"}", 400, "options"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"temperature\":\"hot\"}}", 400,
          "temperature"},
-        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"num_predict\":0}}", 400, "num_predict"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"num_predict\":-3}}", 400,
          "num_predict"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[1]}}", 400, "stop"},
@@ -679,11 +680,12 @@ static void negative_top_k_is_off(void)
     free(text[1]);
 }
 
-/* num_predict -1 and -2 run until the window is full: done_reason "length". */
+/* num_predict -1, -2 and 0 (no limit for ollama's runner) run until the window is full:
+ * done_reason "length". */
 static void num_predict_fills_the_window(void)
 {
     NEED(daemon_up, start_daemon());
-    for (int n = -1; n >= -2; n--) {
+    for (int n = -2; n <= 0; n++) {
         char body[512];
         snprintf(body, sizeof body,
                  "{\"prompt\":\"" USER "\",\"raw\":true,\"stream\":false,"
@@ -957,7 +959,7 @@ static void random_bodies_never_crash(void)
             json_object_is_type(opts, json_type_object) &&
             json_object_object_get_ex(opts, "num_predict", &np) &&
             json_object_is_type(np, json_type_int) &&
-            (json_object_get_int64(np) > 8 || json_object_get_int64(np) < 0))
+            (json_object_get_int64(np) > 8 || json_object_get_int64(np) <= 0))
             json_object_object_add(opts, "num_predict", json_object_new_int(8));
         const char *text = body ? json_object_to_json_string(body) : "null";
         httpc_reply r;
