@@ -332,13 +332,23 @@ static int float_option(json_object *opts, const char *key, protobuf_c_boolean *
     return rc;
 }
 
-/* An options integer clamped into int32. */
+/* An options integer. ollama reads every option number as a float64 and takes an
+ * integer option's whole part, so 4.0 (as Python's json writes a float) is 4; a number
+ * beyond int64 is refused. */
 static int int_option(json_object *opts, const char *key, int64_t *out, char *msg, size_t cap)
 {
     json_object *v;
-    int rc = jsonfield_get(opts, key, "options.", json_type_int, &v, msg, cap);
-    if (rc == 1)
+    int rc = jsonfield_get(opts, key, "options.", json_type_double, &v, msg, cap);
+    if (rc == 1 && json_object_is_type(v, json_type_double)) {
+        double d = json_object_get_double(v);
+        if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) {
+            snprintf(msg, cap, "'options.%s' must be an integer", key);
+            return -1;
+        }
+        *out = (int64_t)d;
+    } else if (rc == 1) {
         *out = json_object_get_int64(v);
+    }
     return rc;
 }
 

@@ -635,6 +635,11 @@ static void client_defaults_are_served(void)
          "{\"model\":\"ol\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
          "\"options\":{\"temperature\":0.5,\"num_predict\":4,\"num_ctx\":32768},"
          "\"keep_alive\":1800,\"stream\":true}"},
+        /* a JSON number with a fraction part for an integer option, as Python's json
+         * writes a float: ollama reads every option number as a float64 */
+        {"integers written as floats", "/api/generate",
+         "{\"model\":\"ol\",\"prompt\":\"hi\",\"stream\":false,\"options\":{\"num_predict\":4.0,"
+         "\"seed\":42.0,\"top_k\":40.0,\"repeat_last_n\":64.0,\"num_ctx\":2048.0}}"},
         {"Continue autocomplete", "/api/generate",
          "{\"model\":\"ol\",\"prompt\":\"def f(\",\"raw\":true,\"options\":{\"temperature\":0.01,"
          "\"num_predict\":4,\"num_ctx\":32768,\"stop\":[\"\\n\\n\"]},\"keep_alive\":1800,"
