@@ -49,7 +49,7 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/metrics",
+    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
     "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "other",
 };
@@ -850,8 +850,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     const char *uri = httpwire_target(wc);
     const char *method = httpwire_method(wc);
     enum route r = route_of(uri, &plen);
-    bool get = r == R_MODELS || r == R_HEALTH || r == R_METRICS || r == R_OLLAMA_VERSION ||
-               r == R_OLLAMA_TAGS || r == R_OLLAMA_PS;
+    bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
+               r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS;
     /* ollama's model management is refused whichever method it comes with (DELETE for
      * /api/delete, POST for the others) */
     const char *methods = get ? "GET, HEAD" : r == R_OLLAMA_MANAGE ? "POST, DELETE" : "POST";
@@ -897,6 +897,13 @@ static bool gw_head(void *arg, httpwire_conn *wc)
             send_error(h, wc, r, 503, "server_error", "unavailable",
                        "the daemon is shutting down");
         }
+        return false;
+    }
+    if (r == R_ROOT) {
+        static const char running[] = "llmsd is running\n";
+        httpwire_add_header(wc, "Content-Type", "text/plain; charset=utf-8");
+        httpwire_reply(wc, 200, running, sizeof running - 1);
+        http_count_status(h, r, 200);
         return false;
     }
     if (r == R_HEALTH) {

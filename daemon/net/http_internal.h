@@ -30,6 +30,7 @@ enum route {
     R_TOKENIZE,
     R_DETOKENIZE,
     R_HEALTH,
+    R_ROOT,                    /* "/": a heartbeat, as ollama answers it (its CLI probes it) */
     R_METRICS,
     /* ollama's routes (ollama.c), R_OLLAMA_VERSION to R_OLLAMA_MANAGE */
     R_OLLAMA_VERSION,

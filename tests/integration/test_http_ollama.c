@@ -480,6 +480,13 @@ static void version_tags_ps_show(void)
     CHECK(httpc_do(hsock, 0, "HEAD", "/api/version", NULL, NULL, &r) == 0);
     CHECK_EQ(r.status, 200);
     httpc_reply_free(&r);
+    /* the heartbeat ollama's CLI and tools probe before anything else (404 before) */
+    CHECK(httpc_do(hsock, 0, "GET", "/", NULL, NULL, &r) == 0);
+    CHECK_MSG(r.status == 200 && strstr(r.body, "running"), "%d %s", r.status, r.body);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(hsock, 0, "HEAD", "/", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
     for (int ps = 0; ps < 2; ps++) {
         o = get(ps ? "/api/ps" : "/api/tags", &st);
         json_object *models;
