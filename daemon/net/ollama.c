@@ -291,6 +291,9 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
         {"template", "a request's own template is not supported (the model's chat template "
                      "renders it)"},
         {"suffix", "insertion (fill in the middle) is not supported"},
+        /* ollama answers a model that cannot think the same way; a reply without its
+         * "thinking" would pass for one that had none */
+        {"think", "thinking is not separated from the reply"},
         {"context", "context tokens are not returned or taken: send the conversation to "
                     "/api/chat"},
     };

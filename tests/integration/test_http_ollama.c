@@ -571,6 +571,8 @@ static void errors_are_ollama_shaped(void)
          400, "tools"},
         {"/api/generate", "{\"prompt\":\"x\",\"template\":\"{{ .Prompt }}\"}", 400, "template"},
         {"/api/generate", "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix"},
+        {"/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"think\":true}",
+         400, "think"},
         {"/api/generate", "{\"prompt\":\"x\",\"context\":[1,2,3]}", 400, "context"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":\"hot\"}", 400, "options"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"temperature\":\"hot\"}}", 400,
