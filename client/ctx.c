@@ -88,17 +88,29 @@ enum llms_status llms_context_create_overflow(llms_conn *c, const char *system_p
     return s;
 }
 
-enum llms_status llms_context_delete(llms_conn *c, const char *context_id)
+static enum llms_status delete_context(llms_conn *c, const char *context_id, int any_app)
 {
     enum llms_status s = client_check_str(c, context_id, "context_id");
     if (s != LLMS_OK)
         return s;
     Llms__DeleteContextRequest d = LLMS__DELETE_CONTEXT_REQUEST__INIT;
     d.context_id = (char *)context_id;
+    d.has_any_app = any_app;
+    d.any_app = any_app;
     Llms__Request req = LLMS__REQUEST__INIT;
     req.body_case = LLMS__REQUEST__BODY_DELETE_CONTEXT;
     req.delete_context = &d;
     return client_unary_ok(c, &req);
+}
+
+enum llms_status llms_context_delete(llms_conn *c, const char *context_id)
+{
+    return delete_context(c, context_id, 0);
+}
+
+enum llms_status llms_admin_context_delete(llms_conn *c, const char *context_id)
+{
+    return delete_context(c, context_id, 1);
 }
 
 /* ---- streamed generation ---- */

@@ -719,6 +719,10 @@ enum llms_status llms_admin_context_get(llms_conn *conn, const char *context_id,
 /* Drops a context's KV from memory (it stays persisted and is rebuilt when used). */
 enum llms_status llms_evict(llms_conn *conn, const char *context_id);
 
+/* Deletes a context of any app, with its stored history and KV (a damaged one too):
+ * FAILED_PRECONDITION while a call runs on it, NOT_FOUND for an unknown id. */
+enum llms_status llms_admin_context_delete(llms_conn *conn, const char *context_id);
+
 /* The switch-in cost models, in milliseconds: recomputing t tokens of a context of n
  * costs rec_a + rec_b t + rec_c t n; reading b bytes of chunks out of the page cache
  * costs io_d + io_e b; models has them all (zero from a daemon that does not send it). */

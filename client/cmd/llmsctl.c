@@ -43,6 +43,8 @@ static void usage(void)
            "  contexts         every context of every app\n"
            "  show CTX         one context of any app: chunk map and history\n"
            "  evict CTX        drop a context's KV from memory (it stays stored)\n"
+           "  rm CTX           delete a context of any app, its history and KV (a\n"
+           "                   damaged one too: llmsctl contexts shows which)\n"
            "  profile          measure the switch-in cost models again\n"
            "  cache --all | --uid U [--app A]  [clear]\n"
            "                   the RAG caches (QA bank, QKV tree) of every owner, of uid U's\n"
@@ -771,6 +773,8 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_show(c, pos[1]);
     if (!strcmp(cmd, "evict"))
         return cmd_ok(c, llms_evict(c, pos[1]));
+    if (!strcmp(cmd, "rm"))
+        return cmd_ok(c, llms_admin_context_delete(c, pos[1]));
     if (!strcmp(cmd, "profile"))
         return cmd_profile(c);
     if (!strcmp(cmd, "plan"))
@@ -799,7 +803,7 @@ static void check_command(char **pos, int npos)
                 bad_usage("%s takes no arguments, got '%s'", pos[0], pos[1]);
             return;
         }
-    if (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict")) {
+    if (!strcmp(pos[0], "show") || !strcmp(pos[0], "evict") || !strcmp(pos[0], "rm")) {
         if (npos != 2)
             bad_usage("%s needs one context id", pos[0]);
         return;

@@ -332,6 +332,8 @@ static bool is_unbound_admin_call(const session *ss, const Llms__Request *req)
         return false;
     if (b == LLMS__REQUEST__BODY_GET_CONTEXT)
         return req->get_context->has_any_app && req->get_context->any_app;
+    if (b == LLMS__REQUEST__BODY_DELETE_CONTEXT)
+        return req->delete_context->has_any_app && req->delete_context->any_app;
     /* Cache and CacheClear are an app's own caches when bound, and those an admin names
      * (rag_handle_cache) otherwise */
     return (is_admin_call(b) && b != LLMS__REQUEST__BODY_RERANK_CALIBRATE) ||

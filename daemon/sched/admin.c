@@ -246,8 +246,15 @@ static void handle_create(sched *s, const sched_job *j)
 
 static void handle_delete(sched *s, const sched_job *j)
 {
-    const char *id = j->req->delete_context->context_id;
-    ctx_entry *c = genset_ctx_find(s, id, j->uid, j->app);
+    const Llms__DeleteContextRequest *d = j->req->delete_context;
+    const char *id = d->context_id;
+    /* an admin removes any app's: a damaged context whose app is gone, a stale one */
+    bool any = d->has_any_app && d->any_app;
+    if (any && !j->admin) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__PERMISSION_DENIED, "any_app is an admin option");
+        return;
+    }
+    ctx_entry *c = genset_ctx_find(s, id, any ? 0 : j->uid, any ? NULL : j->app);
     char err[ERR_MAX];
     if (!c)
         sched_reply_error(s, j, LLMS__ERROR_CODE__NOT_FOUND, "no context '%s'", id);

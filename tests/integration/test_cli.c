@@ -162,6 +162,25 @@ static void chat_resumes_and_ctx_commands(void)
              llmsd.sock);
     CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
     CHECK(strstr(out, id) == NULL);
+
+    /* An administrator removes any app's context. */
+    proc_fmt(cmd, sizeof cmd, "printf 'hi\\n' | '%s' --socket '%s' --app cli-other --temp 0 "
+             "--max-tokens 2 chat", llms_path, llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, err, sizeof err), 0);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-other ctx list", llms_path,
+             llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    char other[LLMS_ID_MAX] = "";
+    sscanf(out, "%63s", other);
+    CHECK_MSG(other[0], "no context listed: %s", out);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' rm %s", llmsctl_path, llmsd.sock, other);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "llmsctl rm: %s", err);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) != 0 && strstr(err, "NOT_FOUND"),
+              "llmsctl rm twice: %s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --app cli-other ctx list", llms_path,
+             llmsd.sock);
+    CHECK_EQ(run(cmd, out, sizeof out, NULL, 0), 0);
+    CHECK_MSG(!strstr(out, other), "still listed: %s", out);
 }
 
 static void llmsctl_reports(void)

@@ -290,6 +290,47 @@ static void flipped_token_byte_is_damage(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* An administrator removes a damaged context of an app (llmsctl rm): before, only the
+ * owning app could, so one whose app was gone stayed damaged for good. */
+static void admin_removes_a_damaged_context(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024], text[3][2048], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX];
+    snprintf(model, sizeof model, "%s", stories);
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "damaged-rm", model, CONF) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "gone-app");
+    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
+          run_turns(c, id, 0, 2, text) == 0);
+    CHECK(llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK &&
+          run_turns(c, keep_id, 0, 1, text) == 0);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+    CHECK_EQ(flip_first_token_bit(&d, id, 1), 0);
+
+    CHECK_MSG(proc_start(&d, llmsd_path, "damaged-rm", model, CONF) == 0, "llmsd did not start");
+    llms_conn *admin;
+    CHECK(llms_connect(d.sock, &admin, NULL) == LLMS_OK);
+    CHECK_EQ(llms_admin_context_delete(admin, id), LLMS_OK);
+    CHECK_EQ(llms_admin_context_delete(admin, id), LLMS_ERR_NOT_FOUND);
+    llms_daemon_status st;
+    CHECK_EQ(llms_status_get(admin, &st), LLMS_OK);
+    CHECK_EQ(st.damaged_contexts, 0);
+    llms_daemon_status_free(&st);
+    llms_close(admin);
+    c = proc_connect(&d, "gone-app");
+    CHECK(c);
+    llms_params p = proc_greedy(4, NULL);
+    CHECK_EQ(llms_call(c, id, "more", &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
+    CHECK_EQ(llms_call(c, keep_id, "more", &p, NULL, NULL, NULL), LLMS_OK);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -297,5 +338,6 @@ int main(int argc, char **argv)
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
     RUN(hostile_row_damages_one_context);
     RUN(flipped_token_byte_is_damage);
+    RUN(admin_removes_a_damaged_context);
     return test_finish();
 }
