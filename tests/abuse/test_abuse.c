@@ -1415,6 +1415,10 @@ static void cross_owner(const llmsd_proc *d, attack_report *rep, int ready, int 
     expect(rep, c, "GetContext", llms_context_get(c, kept_id, 1, &info), LLMS_ERR_NOT_FOUND);
     expect(rep, c, "Call", llms_call(c, kept_id, "hi", &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
     expect(rep, c, "DeleteContext", llms_context_delete(c, kept_id), LLMS_ERR_NOT_FOUND);
+    expect(rep, c, "DeleteContext of any app", llms_admin_context_delete(c, kept_id),
+           LLMS_ERR_PERMISSION_DENIED);
+    expect(rep, c, "GetContext of any app", llms_admin_context_get(c, kept_id, 1, &info),
+           LLMS_ERR_PERMISSION_DENIED);
     llms_kb_hit *hits;
     size_t n;
     expect(rep, c, "KbSearch", llms_kb_search(c, "secret", "vault", 2, LLMS_RETRIEVAL_RRF, &hits,
@@ -1500,7 +1504,7 @@ static void cross_owner_attempts(void)
     printf("# figure cross_owner_attempts: %d refused or empty, %d failures\n", rep.refused,
            rep.failures);
     CHECK_BOUNDS(ready, m, rep, 16);
-    CHECK_EQ(rep.refused, 22);
+    CHECK_EQ(rep.refused, 24);
     CHECK_EQ(llms_graph_delete(k, "vault-graph"), LLMS_OK);
     /* the keeper's knowledge base and caches are as they were */
     CHECK_EQ(llms_cache_stats_get(k, &after), LLMS_OK);
