@@ -20,7 +20,7 @@
 
 #include "engine/err.h"
 
-#define STOP_MAX 8       /* stop strings per matcher */
+#define STOP_MAX 16      /* stop strings per matcher */
 #define STOP_MAX_LEN 64  /* bytes per stop string */
 
 /* The fields are private; the struct is public so that callers can embed it. */

@@ -549,6 +549,11 @@ static void expect_error(const char *method, const char *path, const char *body,
     httpc_reply_free(&r);
 }
 
+/* Fifteen stop strings: one more than a chat takes beside its template's end text. */
+#define STOPS_15                                                                           \
+    "\"a1\",\"b1\",\"c1\",\"d1\",\"e1\",\"f1\",\"g1\",\"h1\",\"i1\",\"j1\",\"k1\",\"l1\",\"m1\",\"n1\","  \
+    "\"o1\""
+
 static void errors_are_ollama_shaped(void)
 {
     NEED(daemon_up, start_daemon());
@@ -582,11 +587,10 @@ static void errors_are_ollama_shaped(void)
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[1]}}", 400, "stop"},
         /* the count the client sent, not one with the chat template's end text in it */
         {"/api/chat",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"options\":{\"stop\":[\"a1\",\"b1\","
-         "\"c1\",\"d1\",\"e1\",\"f1\",\"g1\"]}}", 400, "'options.stop' has 7 strings"},
-        {"/api/generate",
-         "{\"prompt\":\"x\",\"options\":{\"stop\":[\"a1\",\"b1\",\"c1\",\"d1\",\"e1\",\"f1\",\"g1\","
-         "\"h1\"]}}", 400, "'options.stop' has 8 strings"},
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"options\":{\"stop\":[" STOPS_15
+         "]}}", 400, "'options.stop' has 15 strings"},
+        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[" STOPS_15 ",\"p1\"]}}",
+         400, "'options.stop' has 16 strings"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":2}}", 400, "mirostat"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":{\"type\":\"object\"}}", 400, "format"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":\"yaml\"}", 400, "format"},
