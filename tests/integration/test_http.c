@@ -261,6 +261,20 @@ static void logit_bias_applies(void)
     json_object_put(o);
 }
 
+/* Clients pass a model's special tokens as stop strings, more than OpenAI's 4: 14 are
+ * taken beside a chat template's end (400 before: at most 6). */
+static void many_stop_strings_are_taken(void)
+{
+    NEED(daemon_up, start_daemon());
+    int st;
+    json_object *o = post("/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
+                          "\"stop\":[\"s1\",\"s2\",\"s3\",\"s4\",\"s5\",\"s6\",\"s7\",\"s8\",\"s9\","
+                          "\"s10\",\"s11\",\"s12\",\"s13\",\"s14\"]}", &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, o ? httpc_jstr(o, "error.message") : "");
+    json_object_put(o);
+}
+
 static void completion_matches_native(void)
 {
     NEED(daemon_up, start_daemon());
@@ -1653,6 +1667,7 @@ int main(int argc, char **argv)
     RUN(completion_matches_native);
     RUN(frequency_and_presence_penalties_apply);
     RUN(logit_bias_applies);
+    RUN(many_stop_strings_are_taken);
     RUN(native_params_carry_penalties_and_bias);
     RUN(tokenize_and_detokenize_routes);
     RUN(logprobs_chat_and_completion);
