@@ -341,6 +341,11 @@ char *client_dup_or_null(const char *s)
 
 /* ---- generation parameters ---- */
 
+void llms_free(void *p)
+{
+    free(p);
+}
+
 void llms_params_init(llms_params *p)
 {
     *p = (llms_params)LLMS_PARAMS_INIT;

@@ -416,6 +416,11 @@ enum llms_status llms_context_get(llms_conn *conn, const char *context_id, int w
 enum llms_status llms_tokenize(llms_conn *conn, const char *text, int add_special,
                                int parse_special, int32_t **tokens_out, size_t *n_out);
 
+/* Frees what a call handed over to free() (llms_tokenize's ids, llms_detokenize's
+ * text, llms_call_text's reply): for bindings that cannot reach the C library's free().
+ * NULL is fine. */
+void llms_free(void *p);
+
 /* Turns n token ids back into text: *text_out (free()). */
 enum llms_status llms_detokenize(llms_conn *conn, const int32_t *tokens, size_t n,
                                  char **text_out);

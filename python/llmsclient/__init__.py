@@ -409,6 +409,11 @@ def _api():
         "llms_embed_model": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t, c_int,
                                      P(_Embeddings)]),
         "llms_embeddings_free": (None, [P(_Embeddings)]),
+        "llms_tokenize_model": (c_int, [ctypes.c_void_p, c_char_p, c_char_p, c_int, c_int,
+                                        P(P(ctypes.c_int32)), P(c_size_t)]),
+        "llms_detokenize_model": (c_int, [ctypes.c_void_p, c_char_p, P(ctypes.c_int32),
+                                          c_size_t, P(ctypes.c_void_p)]),
+        "llms_free": (None, [ctypes.c_void_p]),
         "llms_rerank_options_init": (None, [P(_RerankOptions)]),
         "llms_rerank": (c_int, [ctypes.c_void_p, c_char_p, P(c_char_p), c_size_t,
                                 P(_RerankOptions), P(_RerankResult)]),
@@ -827,6 +832,34 @@ class Client:
             return [flat[i * d:(i + 1) * d] for i in range(e.n)]
         finally:
             _api().llms_embeddings_free(ctypes.byref(e))
+
+    def tokenize(self, text, add_special=False, parse_special=False, model=None):
+        """The token ids of text with a model's tokenizer (None: the default generate
+        model's): the ids logit_bias names. add_special adds BOS etc. as the model wants;
+        parse_special reads text like "<|im_start|>" as special tokens."""
+        ids, n = ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t()
+        self._call(_api().llms_tokenize_model, _b(model) if model else None, _b(text),
+                   int(bool(add_special)), int(bool(parse_special)), ctypes.byref(ids),
+                   ctypes.byref(n))
+        try:
+            return ids[:n.value]
+        finally:
+            _api().llms_free(ids)
+
+    def detokenize(self, ids, model=None):
+        """The text of token ids (a model's, None: the default generate model's)."""
+        ids = list(ids)
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not -2**31 <= t < 2**31:
+                raise ValueError("llmsclient: token ids are int32 integers, not %r" % (t,))
+        arr = (ctypes.c_int32 * len(ids))(*ids)
+        text = ctypes.c_void_p()
+        self._call(_api().llms_detokenize_model, _b(model) if model else None, arr, len(ids),
+                   ctypes.byref(text))
+        try:
+            return ctypes.string_at(text.value).decode("utf-8", "replace")
+        finally:
+            _api().llms_free(text)
 
     def rerank(self, query, documents, k=5, ordered=True, model=None):
         """The k best documents for query, best first: [RerankHit(index, score)]. model: a

@@ -109,6 +109,25 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.c.complete("x", format="yaml")
 
+    def test_tokenize_and_detokenize(self):
+        ids = self.c.tokenize("one two three")
+        self.assertTrue(ids and all(isinstance(t, int) for t in ids))
+        self.assertEqual(len(self.c.tokenize("one two three", add_special=True)), len(ids) + 1)
+        self.assertEqual(self.c.detokenize([]), "")
+        # a reply's own ids (its logprobs name them) spell it back
+        text = self.c.complete("one two three", max_tokens=4, temperature=0, logprobs=0)
+        reply = [t.token for t in self.c.last_result.logprobs]
+        self.assertEqual(self.c.detokenize(reply), text)
+        # and banning the first of them changes the reply
+        again = self.c.complete("one two three", max_tokens=4, temperature=0,
+                                logit_bias={reply[0]: -100})
+        self.assertNotEqual(again, text)
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.detokenize([10 ** 6])
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        with self.assertRaises(ValueError):
+            self.c.detokenize([2 ** 40])
+
     def test_streamed_call_equals_whole_call(self):
         s = self.c.create_context(system="You answer.")
         w = self.c.create_context(system="You answer.")
