@@ -137,6 +137,25 @@ static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
         openai_finish_error(hr, code, msg);
 }
 
+json_object *http_vector_json(const Llms__Vector *v)
+{
+    json_object *a = json_object_new_array_ext((int)v->n_values);
+    for (size_t d = 0; a && d < v->n_values; d++)
+        json_object_array_add(a, json_object_new_double(v->values[d]));
+    return a;
+}
+
+bool http_embed_dimensions_differ(const hreq *hr, const Llms__EmbedResponse *e, char *msg,
+                                  size_t cap)
+{
+    if (!hr->dimensions || !e->n_vectors || e->vectors[0]->n_values == hr->dimensions)
+        return false;
+    snprintf(msg, cap, "'dimensions' is %u, but the model '%s' gives vectors of %zu dimensions "
+                       "and cannot shorten them", (unsigned)hr->dimensions, hr->model,
+             e->vectors[0]->n_values);
+    return true;
+}
+
 /* ---- requests in flight ---- */
 
 static hreq **hreq_bucket(http *h, uint64_t id)

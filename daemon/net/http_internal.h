@@ -141,6 +141,15 @@ int http_submit(hreq *hr, const Llms__Request *r);
 /* The model a request of role runs on when it names none; NULL when no model has it. */
 const models_view_entry *http_view_default(const http *h, unsigned role);
 
+/* An embedding as a JSON array of numbers (NULL out of memory). */
+json_object *http_vector_json(const Llms__Vector *v);
+
+/* Whether e's vectors are of another length than hr's "dimensions" asked for (msg says
+ * so): a model's vectors have one length, which only it knows, and ones of another
+ * length would pass for those asked for. */
+bool http_embed_dimensions_differ(const hreq *hr, const Llms__EmbedResponse *e, char *msg,
+                                  size_t cap);
+
 /* ---- openai.c: OpenAI's shapes ---- */
 
 /* The HTTP status, OpenAI error type and code of a native error. */

@@ -24,6 +24,35 @@ int jsonfield_get(json_object *o, const char *key, const char *where, json_type 
     return -1;
 }
 
+/* jsonfield_get of a number into *out, setting *has: 1 read, 0 absent, -1 (msg). */
+static int read_float(json_object *o, const char *key, const char *where, protobuf_c_boolean *has,
+                      float *out, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = jsonfield_get(o, key, where, json_type_double, &v, msg, cap);
+    if (rc == 1) {
+        *has = 1;
+        *out = (float)json_object_get_double(v);
+    }
+    return rc;
+}
+
+int jsonfield_sampling_floats(json_object *o, const char *where, Llms__GenerationParams *p,
+                              char *msg, size_t cap)
+{
+    if (read_float(o, "temperature", where, &p->has_temperature, &p->temperature, msg, cap) < 0 ||
+        read_float(o, "top_p", where, &p->has_top_p, &p->top_p, msg, cap) < 0 ||
+        read_float(o, "min_p", where, &p->has_min_p, &p->min_p, msg, cap) < 0 ||
+        read_float(o, "repeat_penalty", where, &p->has_repeat_penalty, &p->repeat_penalty, msg,
+                   cap) < 0 ||
+        read_float(o, "frequency_penalty", where, &p->has_frequency_penalty,
+                   &p->frequency_penalty, msg, cap) < 0 ||
+        read_float(o, "presence_penalty", where, &p->has_presence_penalty, &p->presence_penalty,
+                   msg, cap) < 0)
+        return -1;
+    return 0;
+}
+
 bool jsonfield_asks_nothing(json_object *v)
 {
     return json_object_is_type(v, json_type_null) ||

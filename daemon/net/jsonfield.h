@@ -11,10 +11,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "proto/llms.pb-c.h"
+
 /* The field key of o, of type t (an integer is taken for a number): 1 found (*out), 0
  * absent or null, -1 another type, with msg naming it as where + key ("options." or ""). */
 int jsonfield_get(json_object *o, const char *key, const char *where, json_type t,
                   json_object **out, char *msg, size_t cap);
+
+/* The sampling numbers both API shapes name alike (temperature, top_p, min_p,
+ * repeat_penalty, frequency_penalty, presence_penalty) from o into p: 0, or -1 with msg
+ * for one that is not a number. Their ranges are the session's to check. */
+int jsonfield_sampling_floats(json_object *o, const char *where, Llms__GenerationParams *p,
+                              char *msg, size_t cap);
 
 /* Whether a value asks for nothing: null, false, an empty array, object or string. */
 bool jsonfield_asks_nothing(json_object *v);

@@ -324,17 +324,6 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     return -1;
 }
 
-/* An options number into a GenerationParams float and its has_ flag. */
-static int float_option(json_object *opts, const char *key, protobuf_c_boolean *has, float *out,
-                        char *msg, size_t cap)
-{
-    json_object *v;
-    int rc = jsonfield_get(opts, key, "options.", json_type_double, &v, msg, cap);
-    if (rc == 1)
-        *has = 1, *out = (float)json_object_get_double(v);
-    return rc;
-}
-
 /* An options integer. ollama reads every option number as a float64 and takes an
  * integer option's whole part, so 4.0 (as Python's json writes a float) is 4; a number
  * beyond int64 is refused. */
@@ -372,15 +361,7 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
     int rc = jsonfield_get(hr->body, "options", "", json_type_object, &opts, msg, cap);
     if (rc <= 0)
         return rc;
-    if (float_option(opts, "temperature", &p->has_temperature, &p->temperature, msg, cap) < 0 ||
-        float_option(opts, "top_p", &p->has_top_p, &p->top_p, msg, cap) < 0 ||
-        float_option(opts, "min_p", &p->has_min_p, &p->min_p, msg, cap) < 0 ||
-        float_option(opts, "repeat_penalty", &p->has_repeat_penalty, &p->repeat_penalty, msg,
-                     cap) < 0 ||
-        float_option(opts, "presence_penalty", &p->has_presence_penalty, &p->presence_penalty,
-                     msg, cap) < 0 ||
-        float_option(opts, "frequency_penalty", &p->has_frequency_penalty,
-                     &p->frequency_penalty, msg, cap) < 0)
+    if (jsonfield_sampling_floats(opts, "options.", p, msg, cap) < 0)
         return -1;
     if ((rc = int_option(opts, "top_k", &n, msg, cap)) < 0)
         return -1;
@@ -733,24 +714,12 @@ bad:
     bad_request(hr, msg);
 }
 
-static json_object *vector_array(const Llms__Vector *v)
-{
-    json_object *a = json_object_new_array_ext((int)v->n_values);
-    for (size_t d = 0; a && d < v->n_values; d++)
-        json_object_array_add(a, json_object_new_double(v->values[d]));
-    return a;
-}
-
 void ollama_on_embed(hreq *hr, const Llms__EmbedResponse *e)
 {
     http *h = hr->h;
     http_req_finish(hr);
-    /* vectors of another length than asked for would pass for the ones asked for */
-    if (hr->dimensions && e->n_vectors && e->vectors[0]->n_values != hr->dimensions) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "'dimensions' is %u, but the model '%s' gives vectors of %zu "
-                                  "dimensions and cannot shorten them",
-                 (unsigned)hr->dimensions, hr->model, e->vectors[0]->n_values);
+    char msg[MODELS_NAME_MAX + 160];
+    if (http_embed_dimensions_differ(hr, e, msg, sizeof msg)) {
         ollama_send_error(h, hr->wc, hr->route, 400, msg);
         return;
     }
@@ -761,10 +730,11 @@ void ollama_on_embed(hreq *hr, const Llms__EmbedResponse *e)
     json_object *o = json_object_new_object(), *embs = NULL;
     if (o && hr->route == R_OLLAMA_EMBEDDINGS) {
         json_object_object_add(o, "embedding",
-                               e->n_vectors ? vector_array(e->vectors[0]) : json_object_new_array());
+                               e->n_vectors ? http_vector_json(e->vectors[0])
+                                            : json_object_new_array());
     } else if (o && (embs = json_object_new_array())) {
         for (size_t i = 0; i < e->n_vectors; i++)
-            json_object_array_add(embs, vector_array(e->vectors[i]));
+            json_object_array_add(embs, http_vector_json(e->vectors[i]));
         json_object_object_add(o, "model", json_object_new_string(reply_model(hr)));
         json_object_object_add(o, "embeddings", embs);
         json_object_object_add(o, "prompt_eval_count", json_object_new_int64((int64_t)tokens));

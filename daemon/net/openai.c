@@ -547,14 +547,11 @@ void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
 {
     http *h = hr->h;
     http_req_finish(hr);
-    /* A model's vectors have one length, which only it knows: vectors of another length
-     * than the client asked for would pass for the ones it asked for, and cutting them
-     * short is right for models trained so only. */
-    if (hr->dimensions && e->n_vectors && e->vectors[0]->n_values != hr->dimensions) {
+    /* cutting vectors short is right for models trained so only */
+    char msg[MODELS_NAME_MAX + 160];
+    if (http_embed_dimensions_differ(hr, e, msg, sizeof msg)) {
         openai_send_error(h, hr->wc, hr->route, 400, "invalid_request_error", "invalid_argument",
-                          "'dimensions' is %u, but the model '%s' gives vectors of %zu "
-                          "dimensions and cannot shorten them", (unsigned)hr->dimensions,
-                          hr->model, e->vectors[0]->n_values);
+                          "%s", msg);
         return;
     }
     json_object *o = json_object_new_object(), *data = json_object_new_array();
@@ -574,9 +571,7 @@ void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e)
             emb = s ? json_object_new_string(s) : NULL;
             free(s);
         } else {
-            emb = json_object_new_array_ext((int)v->n_values);
-            for (size_t d = 0; emb && d < v->n_values; d++)
-                json_object_array_add(emb, json_object_new_double(v->values[d]));
+            emb = http_vector_json(v);
         }
         json_object_object_add(item, "object", json_object_new_string("embedding"));
         json_object_object_add(item, "index", json_object_new_int((int)i));
@@ -657,18 +652,6 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
     return 1;
 }
 
-/* jsonfield_get() of a number into a GenerationParams float and its has_ flag: 0 absent (or
- * null), 1 read, -1 with msg when it is another type. */
-static int float_param(json_object *o, const char *key, protobuf_c_boolean *has, float *out,
-                       char *msg, size_t cap)
-{
-    json_object *v;
-    int rc = jsonfield_get(o, key, "", json_type_double, &v, msg, cap);
-    if (rc == 1)
-        *has = 1, *out = (float)json_object_get_double(v);
-    return rc;
-}
-
 /* OpenAI's response_format into p: {"type": "text"} (or null) is free text,
  * {"type": "json_object"} JSON mode; a schema (json_schema) would pass for being honoured
  * if the reply were only some object, so it is refused. 0, or -1 with msg. */
@@ -701,16 +684,7 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
 {
     json_object *v;
     int rc;
-    if (float_param(body, "temperature", &p->has_temperature, &p->temperature, msg, cap) < 0 ||
-        float_param(body, "top_p", &p->has_top_p, &p->top_p, msg, cap) < 0 ||
-        float_param(body, "min_p", &p->has_min_p, &p->min_p, msg, cap) < 0 ||
-        float_param(body, "repeat_penalty", &p->has_repeat_penalty, &p->repeat_penalty, msg,
-                    cap) < 0 ||
-        float_param(body, "frequency_penalty", &p->has_frequency_penalty,
-                    &p->frequency_penalty, msg, cap) < 0 ||
-        float_param(body, "presence_penalty", &p->has_presence_penalty, &p->presence_penalty,
-                    msg, cap) < 0 ||
-        read_format(body, p, msg, cap) < 0)
+    if (jsonfield_sampling_floats(body, "", p, msg, cap) < 0 || read_format(body, p, msg, cap) < 0)
         return -1;
     if ((rc = jsonfield_get(body, "top_k", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
