@@ -241,6 +241,29 @@ static void hostile_row_damages_one_context(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* Runs llmsd name on model until app has two contexts (id: two turns, keep_id: one),
+ * stops it and flips bit 0 of the first id of id's second turn (stories260K: 512 ids,
+ * so it stays in the vocabulary). 0, or -1 when a step failed. */
+static int two_contexts_one_flipped(llmsd_proc *d, const char *name, const char *model,
+                                    const char *app, char id[LLMS_ID_MAX],
+                                    char keep_id[LLMS_ID_MAX])
+{
+    char text[3][2048];
+    if (proc_start(d, llmsd_path, name, model, CONF))
+        return -1;
+    llms_conn *c = proc_connect(d, app);
+    int rc = c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
+                     run_turns(c, id, 0, 2, text) == 0 &&
+                     llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK &&
+                     run_turns(c, keep_id, 0, 1, text) == 0
+                 ? 0
+                 : -1;
+    llms_close(c);
+    if (proc_stop(d, SIGTERM) != 0)
+        return -1;
+    return rc == 0 ? flip_first_token_bit(d, id, 1) : -1;
+}
+
 /* One byte of a stored turn's token ids flipped (an id still in the vocabulary, so
  * nothing else notices): the turn's checksum no longer matches and the context is
  * damaged, its calls refused, rather than answering from another history. Before: the
@@ -252,23 +275,15 @@ static void flipped_token_byte_is_damage(void)
     const char *stories = test_data_path("models/stories260K.gguf");
     if (!stories)
         SKIP("../shared/testdata/models/stories260K.gguf is absent");
-    char model[1024], text[3][2048], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX];
+    char model[1024], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX];
     snprintf(model, sizeof model, "%s", stories);
     llmsd_proc d;
-    CHECK_MSG(proc_start(&d, llmsd_path, "damaged-turn", model, CONF) == 0, "llmsd did not start");
-    llms_conn *c = proc_connect(&d, "app");
-    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
-          run_turns(c, id, 0, 2, text) == 0);
-    CHECK(llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK &&
-          run_turns(c, keep_id, 0, 1, text) == 0);
-    llms_close(c);
-    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
-    /* bit 0 of the first id of the context's second turn (stories260K: 512 ids) */
-    CHECK_EQ(flip_first_token_bit(&d, id, 1), 0);
+    CHECK_MSG(two_contexts_one_flipped(&d, "damaged-turn", model, "app", id, keep_id) == 0,
+              "setting up the damaged context failed");
 
     CHECK_MSG(proc_start(&d, llmsd_path, "damaged-turn", model, CONF) == 0,
               "llmsd did not start over one damaged context");
-    c = proc_connect(&d, "app");
+    llms_conn *c = proc_connect(&d, "app");
     CHECK(c);
     llms_params p = proc_greedy(4, NULL);
     CHECK_EQ(llms_call(c, id, "more", &p, NULL, NULL, NULL), LLMS_ERR_FAILED_PRECONDITION);
@@ -299,18 +314,11 @@ static void admin_removes_a_damaged_context(void)
     const char *stories = test_data_path("models/stories260K.gguf");
     if (!stories)
         SKIP("../shared/testdata/models/stories260K.gguf is absent");
-    char model[1024], text[3][2048], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX];
+    char model[1024], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX];
     snprintf(model, sizeof model, "%s", stories);
     llmsd_proc d;
-    CHECK_MSG(proc_start(&d, llmsd_path, "damaged-rm", model, CONF) == 0, "llmsd did not start");
-    llms_conn *c = proc_connect(&d, "gone-app");
-    CHECK(c && llms_context_create(c, NULL, NULL, id) == LLMS_OK &&
-          run_turns(c, id, 0, 2, text) == 0);
-    CHECK(llms_context_create(c, NULL, NULL, keep_id) == LLMS_OK &&
-          run_turns(c, keep_id, 0, 1, text) == 0);
-    llms_close(c);
-    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
-    CHECK_EQ(flip_first_token_bit(&d, id, 1), 0);
+    CHECK_MSG(two_contexts_one_flipped(&d, "damaged-rm", model, "gone-app", id, keep_id) == 0,
+              "setting up the damaged context failed");
 
     CHECK_MSG(proc_start(&d, llmsd_path, "damaged-rm", model, CONF) == 0, "llmsd did not start");
     llms_conn *admin;
@@ -322,7 +330,7 @@ static void admin_removes_a_damaged_context(void)
     CHECK_EQ(st.damaged_contexts, 0);
     llms_daemon_status_free(&st);
     llms_close(admin);
-    c = proc_connect(&d, "gone-app");
+    llms_conn *c = proc_connect(&d, "gone-app");
     CHECK(c);
     llms_params p = proc_greedy(4, NULL);
     CHECK_EQ(llms_call(c, id, "more", &p, NULL, NULL, NULL), LLMS_ERR_NOT_FOUND);
