@@ -6,18 +6,20 @@
 
 /* What the next byte may be. */
 enum mode {
-    M_START,      /* before the object: whitespace or '{' */
+    M_START,      /* before the top-level value: whitespace, '{' (or '[' if the schema's) */
     M_VALUE,      /* a value (after ':', or ',' in an array) */
     M_OBJ_FIRST,  /* after '{': a key or '}' */
     M_OBJ_KEY,    /* after ',' in an object: a key */
+    M_KEY,        /* inside a closed object's key: matching its properties' names */
     M_COLON,      /* after a key: ':' */
     M_ARR_FIRST,  /* after '[': a value or ']' */
     M_AFTER,      /* after a value in a container: ',' or its closer */
-    M_STRING,     /* inside a string (s->key: a key's) */
+    M_STRING,     /* inside a string (s->key: a free object's key) */
     M_ESCAPE,     /* after '\' */
     M_HEX,        /* count hex digits of \uXXXX to come */
     M_UTF8,       /* count continuation bytes to come, the next in [utf8_lo, utf8_hi] */
     M_LITERAL,    /* spelling literals[literal], its letter count next */
+    M_ENUM,       /* spelling one of an enum's values */
     M_MINUS,      /* after a number's '-': a digit */
     M_ZERO,       /* a number's integer part is 0: '.', 'e' or its end */
     M_INT,        /* in the integer part's digits */
@@ -26,7 +28,7 @@ enum mode {
     M_EXP,        /* after 'e': a sign or a digit */
     M_EXP_SIGN,   /* after the exponent's sign: a digit */
     M_EXP_DIGITS, /* in the exponent's digits */
-    M_DONE,       /* the object is complete: nothing more */
+    M_DONE,       /* the top-level value is complete: nothing more */
 };
 
 static const char *const literals[] = {"true", "false", "null"};
@@ -46,10 +48,17 @@ static bool is_hex(uint8_t c)
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-void jsonmask_init(jsonmask_state *s)
+void jsonmask_init_schema(jsonmask_state *s, const jsonschema *schema)
 {
     memset(s, 0, sizeof *s);
+    s->schema = schema;
+    s->node = schema->root;
     s->mode = M_START;
+}
+
+void jsonmask_init(jsonmask_state *s)
+{
+    jsonmask_init_schema(s, jsonschema_any_object());
 }
 
 bool jsonmask_complete(const jsonmask_state *s)
@@ -57,16 +66,32 @@ bool jsonmask_complete(const jsonmask_state *s)
     return s->mode == M_DONE;
 }
 
+static const jsonschema_node *node_at(const jsonmask_state *s, uint16_t id)
+{
+    return &s->schema->nodes[id];
+}
+
 static bool in_array(const jsonmask_state *s)
 {
     return (s->stack >> (s->depth - 1)) & 1u;
 }
 
-/* A value ended: the container it is in takes ',' or its closer next; the object itself
- * ending completes the text. */
+static jsonmask_frame *top(jsonmask_state *s)
+{
+    return &s->frame[s->depth - 1];
+}
+
+/* A value ended: the container it is in takes ',' or its closer next (an array counts
+ * it); the top-level value itself ending completes the text. */
 static void value_done(jsonmask_state *s)
 {
-    s->mode = s->depth == 0 ? M_DONE : M_AFTER;
+    if (s->depth == 0) {
+        s->mode = M_DONE;
+        return;
+    }
+    if (in_array(s) && top(s)->next < JSONSCHEMA_COUNT_MAX)
+        top(s)->next++;
+    s->mode = M_AFTER;
 }
 
 static bool open_container(jsonmask_state *s, bool array)
@@ -74,23 +99,273 @@ static bool open_container(jsonmask_state *s, bool array)
     if (s->depth == JSONMASK_DEPTH_MAX)
         return false;
     s->stack = array ? s->stack | (1u << s->depth) : s->stack & ~(1u << s->depth);
+    s->frame[s->depth] = (jsonmask_frame){s->node, 0};
     s->depth++;
     s->mode = array ? M_ARR_FIRST : M_OBJ_FIRST;
+    if (array)
+        s->node = node_at(s, s->node)->items;
     return true;
 }
 
+/* The required properties of a closed object from index `next` on, as bits. */
+static uint64_t required_from(const jsonschema_node *n, uint16_t next)
+{
+    return next >= 64 ? 0 : n->required >> next;
+}
+
+/* The closer c of the innermost container, where the schema lets it close: an array
+ * with its minItems, an object with its required properties. */
 static bool close_container(jsonmask_state *s, uint8_t c)
 {
-    if (c != (in_array(s) ? ']' : '}'))
+    const jsonmask_frame *f = top(s);
+    const jsonschema_node *n = node_at(s, f->node);
+    if (in_array(s) ? c != ']' || f->next < n->min_items
+                    : c != '}' || (!n->free_object && required_from(n, f->next)))
         return false;
     s->depth--;
     value_done(s);
     return true;
 }
 
-/* The first byte of a value (the object's own '{' included). */
+/* The properties a closed object's next key may name: from `next` on, up to and with
+ * the first required one (keys come in the order of the schema's properties). */
+static uint64_t key_candidates(const jsonschema_node *n, uint16_t next)
+{
+    if (next >= n->n)
+        return 0;
+    uint64_t all = n->n == 64 ? ~0ull : (1ull << n->n) - 1;
+    uint64_t from = all & (~0ull << next);
+    uint64_t req = n->required & from;
+    uint64_t upto = req ? ((req & -req) << 1) - 1 : ~0ull;
+    return from & upto;
+}
+
+/* The '"' that opens a key, in the innermost object. */
+static bool key_start(jsonmask_state *s)
+{
+    const jsonmask_frame *f = top(s);
+    const jsonschema_node *n = node_at(s, f->node);
+    if (n->free_object) {
+        s->mode = M_STRING;
+        s->key = true;
+        s->counted = false;
+        return true;
+    }
+    s->cand = key_candidates(n, f->next);
+    s->pos = 0;
+    s->mode = M_KEY;
+    return s->cand != 0;
+}
+
+/* A byte of a closed object's key: the candidates whose names go on with it; '"' ends
+ * the key if one is spelled whole, and the value of that property comes next. A '"'
+ * that a name goes on with is escaped (names are spelled as json-c writes them, so all
+ * candidates, sharing the bytes so far, agree on it). */
+static bool key_byte(jsonmask_state *s, uint8_t c)
+{
+    const jsonschema *sc = s->schema;
+    const jsonschema_node *n = node_at(s, top(s)->node);
+    uint64_t goes_on = 0, whole = 0;
+    for (uint64_t cand = s->cand; cand; cand &= cand - 1) {
+        int i = __builtin_ctzll(cand);
+        const jsonschema_prop *p = &sc->props[n->first + (uint32_t)i];
+        if (p->name.len > s->pos && jsonschema_bytes(sc, p->name)[s->pos] == c)
+            goes_on |= 1ull << i;
+        else if (p->name.len == s->pos)
+            whole = 1ull << i;
+    }
+    if (goes_on) {
+        s->cand = goes_on;
+        s->pos++;
+        return true;
+    }
+    if (c != '"' || !whole)
+        return false;
+    int i = __builtin_ctzll(whole);
+    top(s)->next = (uint16_t)(i + 1);
+    s->node = sc->props[n->first + (uint32_t)i].value;
+    s->mode = M_COLON;
+    return true;
+}
+
+/* The enum spellings still matching: [*lo, *hi) of the schema's spellings. */
+static void enum_range(const jsonmask_state *s, uint32_t *lo, uint32_t *hi)
+{
+    *lo = (uint32_t)s->cand;
+    *hi = (uint32_t)(s->cand >> 32);
+}
+
+/* Whether one of the matching spellings is spelled whole. Sorted bytewise, it is the
+ * first of the range. */
+static bool enum_whole(const jsonmask_state *s)
+{
+    uint32_t lo, hi;
+    enum_range(s, &lo, &hi);
+    return s->schema->spellings[lo].len == s->pos;
+}
+
+/* Narrows the matching spellings to those that go on with c: a run of the sorted range. */
+static bool enum_narrow(jsonmask_state *s, uint8_t c)
+{
+    const jsonschema *sc = s->schema;
+    const jsonschema_text *sp = sc->spellings;
+    uint32_t lo, hi, pos = s->pos;
+    enum_range(s, &lo, &hi);
+    uint32_t a = lo;
+    while (a < hi && (sp[a].len <= pos || jsonschema_bytes(sc, sp[a])[pos] < c))
+        a++;
+    uint32_t z = a;
+    while (z < hi && sp[z].len > pos && jsonschema_bytes(sc, sp[z])[pos] == c)
+        z++;
+    if (a == z)
+        return false;
+    s->cand = (uint64_t)z << 32 | a;
+    s->pos++;
+    if (z == a + 1 && sp[a].len == s->pos)
+        value_done(s); /* one spelling left and it is whole: nothing else can follow */
+    return true;
+}
+
+static bool step(jsonmask_state *s, uint8_t c);
+
+/* A byte after an enum's value began: one that goes on with a spelling, or the first
+ * byte after a value spelled whole (as after a number). */
+static bool enum_byte(jsonmask_state *s, uint8_t c)
+{
+    if (enum_narrow(s, c))
+        return true;
+    if (!enum_whole(s))
+        return false;
+    value_done(s);
+    if (is_ws(c)) {
+        s->ws_run = 1;
+        return true;
+    }
+    return step(s, c);
+}
+
+/* The kind a value's first byte shows (integer and number alike); 0 for none. */
+static uint8_t kind_of_first_byte(uint8_t c)
+{
+    switch (c) {
+    case '{':
+        return JSONSCHEMA_OBJECT;
+    case '[':
+        return JSONSCHEMA_ARRAY;
+    case '"':
+        return JSONSCHEMA_STRING;
+    case 't':
+    case 'f':
+        return JSONSCHEMA_BOOLEAN;
+    case 'n':
+        return JSONSCHEMA_NULL;
+    default:
+        return c == '-' || is_digit(c) ? JSONSCHEMA_NUMBER | JSONSCHEMA_INTEGER : 0;
+    }
+}
+
+/* The node a value starting with c is read by: the expected node, or the alternative
+ * of a union that takes values of c's kind. false if the node takes no such value. */
+static bool node_for_first_byte(const jsonmask_state *s, uint8_t c, uint16_t *id)
+{
+    uint8_t kind = kind_of_first_byte(c);
+    const jsonschema_node *n = node_at(s, *id);
+    while (n->kinds & kind) {
+        if (n->shape != JSONSCHEMA_UNION)
+            return true;
+        const uint16_t *alt = s->schema->alts + n->first;
+        uint16_t i = 0;
+        while (i < n->n && !(node_at(s, alt[i])->kinds & kind))
+            i++;
+        *id = alt[i]; /* one of them takes the kind: the union's kinds are theirs */
+        n = node_at(s, *id);
+    }
+    return false;
+}
+
+static bool int_bounded(const jsonschema_node *n)
+{
+    return n->has_min || n->has_max;
+}
+
+/* |v| of v <= 0, without overflow at INT64_MIN. */
+static uint64_t magnitude_of_nonpositive(int64_t v)
+{
+    return (uint64_t)(-(v + 1)) + 1;
+}
+
+/* The magnitudes [*lo, *hi] a bounded integer of that sign may have. false: none. A
+ * minus sign takes 1 at least: -0 is no bounded integer's spelling. */
+static bool magnitude_range(const jsonschema_node *n, bool neg, uint64_t *lo, uint64_t *hi)
+{
+    if (!neg) {
+        if (n->max < 0)
+            return false;
+        *lo = n->min > 0 ? (uint64_t)n->min : 0;
+        *hi = (uint64_t)n->max;
+    } else {
+        if (n->min >= 0)
+            return false;
+        *lo = n->max < 0 ? magnitude_of_nonpositive(n->max) : 1;
+        *hi = magnitude_of_nonpositive(n->min);
+    }
+    return *lo <= *hi;
+}
+
+/* Whether the integer read so far (s->neg, s->num) can still end within the node's
+ * bounds: as it is (whole), or with more digits after it (a leading 0 takes none).
+ * Appending k digits to m gives [m 10^k, m 10^k + 10^k - 1]. */
+static bool int_reachable(const jsonmask_state *s, const jsonschema_node *n, bool whole)
+{
+    uint64_t lo, hi, a = s->num, span = 1;
+    if (!magnitude_range(n, s->neg, &lo, &hi))
+        return false;
+    for (;;) {
+        if (a <= hi && (a >= lo || span - 1 >= lo - a))
+            return true;
+        if (whole || a == 0 || a > hi / 10 || span > UINT64_MAX / 10)
+            return false;
+        a *= 10;
+        span *= 10;
+    }
+}
+
+/* A digit of a number's integer part (its first too), for a bounded integer's check. */
+static bool int_digit(jsonmask_state *s, uint8_t c)
+{
+    const jsonschema_node *n = node_at(s, s->node);
+    if (!int_bounded(n))
+        return true;
+    uint64_t d = (uint64_t)(c - '0');
+    if (s->num > (UINT64_MAX - d) / 10)
+        return false;
+    s->num = s->num * 10 + d;
+    return int_reachable(s, n, false);
+}
+
+/* Whether the number being read may take a fraction or an exponent. */
+static bool fraction_allowed(const jsonmask_state *s)
+{
+    return node_at(s, s->node)->kinds & JSONSCHEMA_NUMBER;
+}
+
+/* The first byte of a value (the top-level '{' or '[' included), read by s->node. */
 static bool value_start(jsonmask_state *s, uint8_t c)
 {
+    uint16_t id = s->node;
+    if (s->depth > 0 && in_array(s) &&
+        top(s)->next >= node_at(s, top(s)->node)->max_items)
+        return false; /* maxItems reached: no other item */
+    if (!node_for_first_byte(s, c, &id))
+        return false;
+    s->node = id;
+    const jsonschema_node *n = node_at(s, id);
+    if (n->shape == JSONSCHEMA_ENUM) {
+        s->mode = M_ENUM;
+        s->cand = (uint64_t)(n->first + n->n) << 32 | n->first;
+        s->pos = 0;
+        return enum_narrow(s, c);
+    }
     switch (c) {
     case '{':
         return open_container(s, false);
@@ -99,13 +374,16 @@ static bool value_start(jsonmask_state *s, uint8_t c)
     case '"':
         s->mode = M_STRING;
         s->key = false;
+        s->counted = n->min_length > 0 || n->max_length != UINT32_MAX;
+        s->str_len = 0;
         return true;
-    case '-':
+    case '-': {
         s->mode = M_MINUS;
-        return true;
-    case '0':
-        s->mode = M_ZERO;
-        return true;
+        s->neg = true;
+        s->num = 0;
+        uint64_t lo, hi;
+        return !int_bounded(n) || magnitude_range(n, true, &lo, &hi);
+    }
     case 't':
     case 'f':
     case 'n':
@@ -114,11 +392,10 @@ static bool value_start(jsonmask_state *s, uint8_t c)
         s->count = 1;
         return true;
     default:
-        if (c >= '1' && c <= '9') {
-            s->mode = M_INT;
-            return true;
-        }
-        return false;
+        s->mode = c == '0' ? M_ZERO : M_INT;
+        s->neg = false;
+        s->num = 0;
+        return int_digit(s, c);
     }
 }
 
@@ -154,25 +431,61 @@ static bool string_byte(jsonmask_state *s, uint8_t c)
     return true;
 }
 
+/* A byte inside a string, after its opening quote. A length-bounded string counts a
+ * character at its first byte ('\' of an escape, a UTF-8 lead byte). */
+static bool string_step(jsonmask_state *s, uint8_t c)
+{
+    if (c == '"') {
+        if (s->key) {
+            s->mode = M_COLON;
+            s->node = node_at(s, top(s)->node)->items;
+            return true;
+        }
+        if (s->counted && s->str_len < node_at(s, s->node)->min_length)
+            return false;
+        value_done(s);
+        return true;
+    }
+    if (s->counted) {
+        if (s->str_len >= node_at(s, s->node)->max_length)
+            return false;
+        s->str_len++;
+    }
+    if (c == '\\') {
+        s->mode = M_ESCAPE;
+        return true;
+    }
+    return string_byte(s, c);
+}
+
 /* A number ended at c, which is then the byte after the value. */
-static bool number_end(jsonmask_state *s, uint8_t c);
+static bool number_end(jsonmask_state *s, uint8_t c)
+{
+    const jsonschema_node *n = node_at(s, s->node);
+    if (int_bounded(n) && !int_reachable(s, n, true))
+        return false;
+    value_done(s); /* numbers are never the top-level value: a container takes c */
+    if (is_ws(c)) {
+        s->ws_run = 1;
+        return true;
+    }
+    return step(s, c);
+}
 
 static bool step(jsonmask_state *s, uint8_t c)
 {
     switch ((enum mode)s->mode) {
     case M_START:
-        return c == '{' && open_container(s, false);
+        return (c == '{' || c == '[') && value_start(s, c);
     case M_VALUE:
         return value_start(s, c);
     case M_OBJ_FIRST:
     case M_OBJ_KEY:
         if (c == '}' && s->mode == M_OBJ_FIRST)
             return close_container(s, c);
-        if (c != '"')
-            return false;
-        s->mode = M_STRING;
-        s->key = true;
-        return true;
+        return c == '"' && key_start(s);
+    case M_KEY:
+        return key_byte(s, c);
     case M_COLON:
         if (c != ':')
             return false;
@@ -183,24 +496,18 @@ static bool step(jsonmask_state *s, uint8_t c)
             return close_container(s, c);
         return value_start(s, c);
     case M_AFTER:
-        if (c == ',') {
-            s->mode = in_array(s) ? M_VALUE : M_OBJ_KEY;
-            return true;
+        if (c != ',')
+            return close_container(s, c);
+        if (in_array(s)) {
+            s->mode = M_VALUE;
+            s->node = node_at(s, top(s)->node)->items;
+            return top(s)->next < node_at(s, top(s)->node)->max_items;
         }
-        return close_container(s, c);
+        s->mode = M_OBJ_KEY;
+        return node_at(s, top(s)->node)->free_object ||
+               top(s)->next < node_at(s, top(s)->node)->n;
     case M_STRING:
-        if (c == '"') {
-            if (s->key)
-                s->mode = M_COLON;
-            else
-                value_done(s);
-            return true;
-        }
-        if (c == '\\') {
-            s->mode = M_ESCAPE;
-            return true;
-        }
-        return string_byte(s, c);
+        return string_step(s, c);
     case M_ESCAPE:
         if (c == 'u') {
             s->mode = M_HEX;
@@ -233,27 +540,20 @@ static bool step(jsonmask_state *s, uint8_t c)
             value_done(s);
         return true;
     }
+    case M_ENUM:
+        return enum_byte(s, c);
     case M_MINUS:
-        if (c == '0') {
-            s->mode = M_ZERO;
-            return true;
-        }
-        if (c >= '1' && c <= '9') {
-            s->mode = M_INT;
-            return true;
-        }
-        return false;
+        if (!is_digit(c))
+            return false;
+        s->mode = c == '0' ? M_ZERO : M_INT;
+        return int_digit(s, c);
     case M_ZERO:
     case M_INT:
         if (is_digit(c) && s->mode == M_INT)
-            return true;
-        if (c == '.') {
-            s->mode = M_DOT;
-            return true;
-        }
-        if (c == 'e' || c == 'E') {
-            s->mode = M_EXP;
-            return true;
+            return int_digit(s, c);
+        if (c == '.' || c == 'e' || c == 'E') {
+            s->mode = c == '.' ? M_DOT : M_EXP;
+            return fraction_allowed(s);
         }
         return number_end(s, c);
     case M_DOT:
@@ -289,19 +589,8 @@ static bool step(jsonmask_state *s, uint8_t c)
     return false;
 }
 
-static bool number_end(jsonmask_state *s, uint8_t c)
-{
-    /* numbers are never the top-level value: a container takes the byte after one */
-    s->mode = M_AFTER;
-    if (is_ws(c)) {
-        s->ws_run = 1;
-        return true;
-    }
-    return step(s, c);
-}
-
-/* Whitespace where structure may have it: bounded runs. Strings and the middle of a
- * number or literal take none here (a number ends at one: number_end). */
+/* Whitespace where structure may have it: bounded runs. Strings, keys and the middle of
+ * a number, literal or enum value take none here (a number ends at one: number_end). */
 static bool ws_allowed(const jsonmask_state *s)
 {
     switch ((enum mode)s->mode) {
@@ -460,11 +749,17 @@ static void cursor_prepare(jsonmask_cursor *c)
     }
 }
 
-void jsonmask_cursor_init(jsonmask_cursor *c, const jsonmask_vocab *v)
+void jsonmask_cursor_init_schema(jsonmask_cursor *c, const jsonmask_vocab *v,
+                                 const jsonschema *schema)
 {
     c->vocab = v;
-    jsonmask_init(&c->state);
+    jsonmask_init_schema(&c->state, schema);
     cursor_prepare(c);
+}
+
+void jsonmask_cursor_init(jsonmask_cursor *c, const jsonmask_vocab *v)
+{
+    jsonmask_cursor_init_schema(c, v, jsonschema_any_object());
 }
 
 bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
@@ -481,8 +776,9 @@ bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
      * vocabulary). A token that passes may still be refused by its other bytes. */
     if (!bit_set(c->next_ok[f & TOKEN_WS_LED], v->key[token]))
         return false;
-    /* inside a string most tokens are plain text, which leaves the state as it is */
-    if (c->state.mode == M_STRING && (f & TOKEN_STRING_PLAIN))
+    /* inside a string most tokens are plain text, which leaves the state as it is (but
+     * for the count of a length-bounded string's characters) */
+    if (c->state.mode == M_STRING && !c->state.counted && (f & TOKEN_STRING_PLAIN))
         return true;
     uint32_t from = v->start[token];
     jsonmask_state s = c->state;

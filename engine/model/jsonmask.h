@@ -1,14 +1,16 @@
 /*
  * jsonmask.h — JSON mode: which tokens keep a reply a valid prefix of one JSON object.
  *
- * A byte-level recogniser of RFC 8259 text (a pushdown automaton whose stack is a bit per
- * open object or array) and, over it, a table of every token's bytes, so that a sampler
- * can draw only tokens that keep the reply a prefix of a JSON object (llama.cpp's
- * grammar sampling with its json grammar, OpenAI's response_format json_object).
+ * A byte-level recogniser of RFC 8259 text (a pushdown automaton whose stack holds each
+ * open object or array and its schema node) and, over it, a table of every token's
+ * bytes, so that a sampler can draw only tokens that keep the reply a prefix of a JSON
+ * object (llama.cpp's grammar sampling with its json grammar, OpenAI's response_format
+ * json_object), or of an instance of a JSON Schema (jsonschema.h: OpenAI's json_schema,
+ * ollama's format with a schema).
  *
  * What the recogniser accepts is RFC 8259's JSON-text with three bounds, so that a model
  * cannot run on forever inside the structure:
- *   - the top-level value is an object;
+ *   - the top-level value is an object (with a schema: an object or an array);
  *   - at most JSONMASK_DEPTH_MAX objects and arrays are open at once: at the limit
  *     another '{' or '[' is refused;
  *   - at most JSONMASK_WS_MAX whitespace bytes in a row (before the object too);
@@ -27,18 +29,33 @@
 #include <stdint.h>
 
 #include "engine/err.h"
+#include "engine/model/jsonschema.h"
 #include "engine/tok/tokenizer.h"
 
-/* Objects and arrays open at once, at most (the stack is one 32-bit word). */
+/* Objects and arrays open at once, at most (bit i of the stack word: depth i + 1). */
 #define JSONMASK_DEPTH_MAX 32
 /* Whitespace bytes in a row, at most (llama.cpp's json grammar allows 20 after a
  * newline). */
 #define JSONMASK_WS_MAX 20
 
+/* An open object or array. */
+typedef struct jsonmask_frame {
+    uint16_t node; /* its schema node */
+    uint16_t next; /* object: the index of the first property that may still come (a
+                      closed object's); array: items so far, to JSONSCHEMA_COUNT_MAX */
+} jsonmask_frame;
+
 /* Where the recogniser is in the text. Its fields are the recogniser's own: set it with
- * jsonmask_init and change it only through jsonmask_feed. */
+ * jsonmask_init (or jsonmask_init_schema) and change it only through jsonmask_feed. */
 typedef struct jsonmask_state {
+    const jsonschema *schema; /* what the text must be an instance of */
+    uint64_t cand;     /* M_KEY: bit i: property i of the object still matches the key;
+                          M_ENUM: the spellings still matching, [low 32 bits, high 32) */
+    uint64_t num;      /* a bounded integer: the magnitude of its digits so far */
+    uint32_t str_len;  /* a length-bounded string: its characters so far */
     uint32_t stack;    /* bit i: the container at depth i + 1 is an array (else object) */
+    uint16_t node;     /* the schema node of the value expected next, or being read */
+    uint16_t pos;      /* M_KEY, M_ENUM: the bytes of the spelling matched so far */
     uint8_t depth;     /* open containers, 0..JSONMASK_DEPTH_MAX */
     uint8_t mode;      /* what the next byte may be (jsonmask.c's enum mode) */
     uint8_t count;     /* the mode's counter: \u hex digits to come, a literal's next
@@ -47,18 +64,26 @@ typedef struct jsonmask_state {
     uint8_t utf8_lo;   /* the range of the next UTF-8 continuation byte */
     uint8_t utf8_hi;
     uint8_t ws_run;    /* whitespace bytes just before the next */
-    bool key;          /* the string being read is an object's key */
+    bool key;          /* the string being read is a free object's key */
+    bool neg;          /* the number being read has a minus sign */
+    bool counted;      /* the string being read has a length bound: its characters count */
+    jsonmask_frame frame[JSONMASK_DEPTH_MAX]; /* (depth) the open containers, outermost first */
 } jsonmask_state;
 
 /* The state before the first byte of a reply that must be a JSON object. */
 void jsonmask_init(jsonmask_state *s);
 
+/* The state before the first byte of a reply that must be an instance of schema (an
+ * object or an array; see jsonschema.h), which must outlive the state. */
+void jsonmask_init_schema(jsonmask_state *s, const jsonschema *schema);
+
 /* Feeds n bytes. true: the text so far is still a prefix of a JSON object (within the
- * bounds above); false: byte by byte, one was refused, and *s is then unspecified
- * (feed a copy to test bytes without committing to them). */
+ * bounds above) and of an instance of the schema; false: byte by byte, one was refused,
+ * and *s is then unspecified (feed a copy to test bytes without committing to them). */
 bool jsonmask_feed(jsonmask_state *s, const void *bytes, size_t n);
 
-/* Whether the text so far is a whole JSON object (nothing more may follow). */
+/* Whether the text so far is a whole JSON object or, with a schema, a whole instance
+ * (nothing more may follow). */
 bool jsonmask_complete(const jsonmask_state *s);
 
 /* Every token's bytes of one vocabulary, built once per model and immutable after: it
@@ -86,8 +111,13 @@ typedef struct jsonmask_cursor {
                                of [1]: it takes a space, then b */
 } jsonmask_cursor;
 
-/* A cursor at the start of a reply on vocabulary v. */
+/* A cursor at the start of a reply on vocabulary v: any JSON object. */
 void jsonmask_cursor_init(jsonmask_cursor *c, const jsonmask_vocab *v);
+
+/* A cursor at the start of a reply on vocabulary v that must be an instance of schema,
+ * which must outlive the cursor. */
+void jsonmask_cursor_init_schema(jsonmask_cursor *c, const jsonmask_vocab *v,
+                                 const jsonschema *schema);
 
 /* Whether token may come next: all its bytes are taken by the state, or it ends
  * generation and the object is complete. false for an id outside the vocabulary. */

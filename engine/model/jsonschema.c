@@ -1,0 +1,757 @@
+/* jsonschema.c — compiling a JSON Schema into jsonmask's table (see jsonschema.h). */
+#include "engine/model/jsonschema.h"
+
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WHERE_MAX 192
+/* $ref targets compiled so far, at most. */
+#define REFS_MAX 256
+
+static const jsonschema_node any_node = {
+    .shape = JSONSCHEMA_TYPED,
+    .kinds = JSONSCHEMA_ANY_KIND,
+    .free_object = true,
+    .items = JSONSCHEMA_ANY,
+    .max_items = UINT32_MAX,
+    .max_length = UINT32_MAX,
+};
+
+const jsonschema *jsonschema_any_object(void)
+{
+    static const jsonschema_node nodes[2] = {
+        any_node,
+        {.shape = JSONSCHEMA_TYPED,
+         .kinds = JSONSCHEMA_OBJECT,
+         .free_object = true,
+         .items = JSONSCHEMA_ANY,
+         .max_items = UINT32_MAX,
+         .max_length = UINT32_MAX},
+    };
+    static const jsonschema any_object = {.nodes = (jsonschema_node *)nodes, .n_nodes = 2, .root = 1};
+    return &any_object;
+}
+
+typedef struct ref_entry {
+    const char *path; /* the $ref string, owned by the document */
+    uint16_t node;
+} ref_entry;
+
+typedef struct builder {
+    jsonschema *s;
+    json_object *doc;
+    uint32_t cap_nodes, cap_props, cap_spellings, cap_alts, cap_text;
+    bool *done;       /* (cap_nodes) the node is filled (not a $ref target in progress) */
+    ref_entry refs[REFS_MAX];
+    int n_refs;
+    char *err;
+} builder;
+
+/* Grows an array to hold one more than n (n items of size bytes, capacity *cap). */
+static int grow(void **items, uint32_t *cap, uint32_t n, size_t size, uint32_t more)
+{
+    if (n + more <= *cap)
+        return 0;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < n + more)
+        c *= 2;
+    void *p = realloc(*items, size * c);
+    if (!p)
+        return -1;
+    *items = p;
+    *cap = c;
+    return 0;
+}
+
+static int oom(builder *b)
+{
+    return err_set(b->err, "json schema: out of memory");
+}
+
+static int new_node(builder *b, const char *where, uint16_t *id)
+{
+    jsonschema *s = b->s;
+    if (s->n_nodes >= JSONSCHEMA_NODES_MAX)
+        return err_set(b->err, "json schema: more than %d schemas at %s", JSONSCHEMA_NODES_MAX,
+                       where);
+    uint32_t cap = b->cap_nodes;
+    if (grow((void **)&s->nodes, &b->cap_nodes, s->n_nodes, sizeof *s->nodes, 1))
+        return oom(b);
+    if (b->cap_nodes != cap) {
+        bool *d = realloc(b->done, b->cap_nodes * sizeof *d);
+        if (!d)
+            return oom(b);
+        b->done = d;
+    }
+    *id = (uint16_t)s->n_nodes++;
+    s->nodes[*id] = any_node;
+    b->done[*id] = false;
+    return 0;
+}
+
+static int add_text(builder *b, const char *bytes, size_t len, jsonschema_text *t)
+{
+    jsonschema *s = b->s;
+    if (len > UINT32_MAX - s->n_text ||
+        grow((void **)&s->text, &b->cap_text, s->n_text, 1, (uint32_t)len))
+        return oom(b);
+    memcpy(s->text + s->n_text, bytes, len);
+    *t = (jsonschema_text){s->n_text, (uint32_t)len};
+    s->n_text += (uint32_t)len;
+    return 0;
+}
+
+/* A value as json-c writes it: no spaces, '/' not escaped. A parsed number keeps its
+ * spelling in the schema. */
+static const char *spelling_of(json_object *v)
+{
+    return json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN |
+                                                 JSON_C_TO_STRING_NOSLASHESCAPE);
+}
+
+/* where + "/" + key, cut to WHERE_MAX - 1 bytes: a place for messages only. */
+static void where_join(char out[WHERE_MAX], const char *where, const char *key)
+{
+    size_t n = strnlen(where, WHERE_MAX - 1);
+    memmove(out, where, n);
+    if (n < WHERE_MAX - 1)
+        out[n++] = '/';
+    size_t k = strnlen(key, WHERE_MAX - 1 - n);
+    memcpy(out + n, key, k);
+    out[n + k] = '\0';
+}
+
+static const char *const annotations[] = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions", NULL,
+};
+
+static const char *const constraints[] = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", NULL,
+};
+
+static bool listed(const char *const *list, const char *key)
+{
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], key))
+            return true;
+    return false;
+}
+
+/* Refuses a keyword that is neither a known constraint nor an annotation, and with
+ * `alone` (the schema is a $ref, an allOf, an enum or an anyOf), any other constraint
+ * beside it. */
+static int check_keywords(builder *b, json_object *sch, const char *where, const char *alone)
+{
+    json_object_object_foreach(sch, key, val)
+    {
+        (void)val;
+        if (listed(annotations, key))
+            continue;
+        if (!listed(constraints, key))
+            return err_set(b->err, "json schema: '%s' at %s is not supported", key, where);
+        if (alone && strcmp(key, alone) &&
+            !(!strcmp(alone, "enum") && !strcmp(key, "type")))
+            return err_set(b->err, "json schema: '%s' beside '%s' at %s is not supported", key,
+                           alone, where);
+    }
+    return 0;
+}
+
+static int compile_node(builder *b, json_object *sch, const char *where, uint16_t *out);
+static int compile_into(builder *b, json_object *sch, const char *where, uint16_t id);
+
+/* A JSON pointer's next token, "~1" and "~0" decoded, into tok. */
+static const char *pointer_token(const char *p, char *tok, size_t cap)
+{
+    size_t n = 0;
+    while (*p && *p != '/' && n + 1 < cap) {
+        if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) {
+            tok[n++] = p[1] == '0' ? '~' : '/';
+            p += 2;
+        } else {
+            tok[n++] = *p++;
+        }
+    }
+    tok[n] = '\0';
+    return p;
+}
+
+static int resolve_ref(builder *b, const char *path, const char *where, uint16_t *out)
+{
+    for (int i = 0; i < b->n_refs; i++)
+        if (!strcmp(b->refs[i].path, path)) {
+            *out = b->refs[i].node;
+            return 0;
+        }
+    if (path[0] != '#')
+        return err_set(b->err, "json schema: $ref '%.64s' at %s: only references inside the "
+                               "schema (#...) are supported", path, where);
+    json_object *target = b->doc;
+    const char *p = path + 1;
+    char tok[128];
+    while (*p == '/') {
+        p = pointer_token(p + 1, tok, sizeof tok);
+        json_object *next;
+        if (!json_object_is_type(target, json_type_object) ||
+            !json_object_object_get_ex(target, tok, &next))
+            return err_set(b->err, "json schema: $ref '%.64s' at %s names nothing", path, where);
+        target = next;
+    }
+    if (*p)
+        return err_set(b->err, "json schema: $ref '%.64s' at %s is not a JSON pointer", path,
+                       where);
+    if (b->n_refs == REFS_MAX)
+        return err_set(b->err, "json schema: more than %d $ref targets", REFS_MAX);
+    uint16_t id;
+    if (new_node(b, where, &id))
+        return -1;
+    b->refs[b->n_refs++] = (ref_entry){path, id};
+    *out = id;
+    char at[WHERE_MAX];
+    snprintf(at, sizeof at, "%.120s", path);
+    return compile_into(b, target, at, id);
+}
+
+/* Makes node id a copy of node from (a $ref's or allOf's target), which must be filled. */
+static int copy_node(builder *b, uint16_t from, uint16_t id, const char *where)
+{
+    if (!b->done[from])
+        return err_set(b->err, "json schema: a $ref at %s leads back to itself with no value "
+                               "between", where);
+    b->s->nodes[id] = b->s->nodes[from];
+    return 0;
+}
+
+static int kinds_of_type_name(const char *name, uint8_t *kinds)
+{
+    static const struct {
+        const char *name;
+        uint8_t kinds;
+    } types[] = {
+        {"object", JSONSCHEMA_OBJECT},
+        {"array", JSONSCHEMA_ARRAY},
+        {"string", JSONSCHEMA_STRING},
+        {"number", JSONSCHEMA_NUMBER | JSONSCHEMA_INTEGER},
+        {"integer", JSONSCHEMA_INTEGER},
+        {"boolean", JSONSCHEMA_BOOLEAN},
+        {"null", JSONSCHEMA_NULL},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(name, types[i].name)) {
+            *kinds |= types[i].kinds;
+            return 0;
+        }
+    return -1;
+}
+
+static int kinds_of_type(builder *b, json_object *type, const char *where, uint8_t *kinds)
+{
+    *kinds = 0;
+    if (json_object_is_type(type, json_type_string)) {
+        if (kinds_of_type_name(json_object_get_string(type), kinds) == 0)
+            return 0;
+    } else if (json_object_is_type(type, json_type_array) && json_object_array_length(type)) {
+        for (size_t i = 0; i < json_object_array_length(type); i++) {
+            json_object *t = json_object_array_get_idx(type, i);
+            if (!json_object_is_type(t, json_type_string) ||
+                kinds_of_type_name(json_object_get_string(t), kinds))
+                goto bad;
+        }
+        return 0;
+    }
+bad:
+    return err_set(b->err, "json schema: 'type' at %s is not a type name or a list of them",
+                   where);
+}
+
+/* A count keyword (minItems, maxLength...): absent leaves *v. */
+static int read_count(builder *b, json_object *sch, const char *key, const char *where,
+                      uint32_t *v)
+{
+    json_object *c;
+    if (!json_object_object_get_ex(sch, key, &c))
+        return 0;
+    int64_t n = json_object_get_int64(c);
+    if (!json_object_is_type(c, json_type_int) || n < 0)
+        return err_set(b->err, "json schema: '%s' at %s is not a non-negative integer", key,
+                       where);
+    *v = n > JSONSCHEMA_COUNT_MAX ? UINT32_MAX : (uint32_t)n;
+    return 0;
+}
+
+/* A bound: an integer as it is, another number rounded inward by `round` (ceil for a
+ * lower bound, floor for an upper) and clamped to 64 bits. false if absent or not a
+ * number. */
+static bool read_bound(json_object *sch, const char *key, double (*round)(double), int64_t *v)
+{
+    json_object *c;
+    if (!json_object_object_get_ex(sch, key, &c))
+        return false;
+    if (json_object_is_type(c, json_type_int)) {
+        *v = json_object_get_int64(c);
+        return true;
+    }
+    if (!json_object_is_type(c, json_type_double))
+        return false;
+    double x = round(json_object_get_double(c));
+    *v = x <= -9223372036854775808.0 ? INT64_MIN : x >= 9223372036854775807.0 ? INT64_MAX
+                                                                              : (int64_t)x;
+    return true;
+}
+
+static bool flag_set(json_object *sch, const char *key)
+{
+    json_object *f;
+    return json_object_object_get_ex(sch, key, &f) && json_object_is_type(f, json_type_boolean) &&
+           json_object_get_boolean(f);
+}
+
+/* minimum, maximum and their exclusive forms (draft 6's numbers, draft 4's booleans). */
+static int compile_bounds(builder *b, json_object *sch, const char *where, jsonschema_node *n)
+{
+    static const char *const keys[] = {"minimum", "maximum", "exclusiveMinimum",
+                                       "exclusiveMaximum"};
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        json_object *v;
+        if (!json_object_object_get_ex(sch, keys[i], &v))
+            continue;
+        any = true;
+        if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double) &&
+            !(i >= 2 && json_object_is_type(v, json_type_boolean)))
+            return err_set(b->err, "json schema: '%s' at %s is not a number", keys[i], where);
+    }
+    if (!any || !(n->kinds & (JSONSCHEMA_NUMBER | JSONSCHEMA_INTEGER)))
+        return 0;
+    if (n->kinds & JSONSCHEMA_NUMBER)
+        return err_set(b->err, "json schema: bounds on a number at %s are not supported (an "
+                               "integer's are)", where);
+    int64_t lo = INT64_MIN, hi = INT64_MAX, x;
+    if (read_bound(sch, "minimum", ceil, &x))
+        lo = flag_set(sch, "exclusiveMinimum") ? (x == INT64_MAX ? x : x + 1) : x;
+    if (read_bound(sch, "exclusiveMinimum", floor, &x) && x < INT64_MAX && x + 1 > lo)
+        lo = x + 1;
+    if (read_bound(sch, "maximum", floor, &x))
+        hi = flag_set(sch, "exclusiveMaximum") ? (x == INT64_MIN ? x : x - 1) : x;
+    if (read_bound(sch, "exclusiveMaximum", ceil, &x) && x > INT64_MIN && x - 1 < hi)
+        hi = x - 1;
+    if (lo > hi)
+        return err_set(b->err, "json schema: no integer at %s is within its bounds", where);
+    n->has_min = lo != INT64_MIN;
+    n->has_max = hi != INT64_MAX;
+    n->min = lo;
+    n->max = hi;
+    return 0;
+}
+
+static int compile_object(builder *b, json_object *sch, const char *where, uint16_t id)
+{
+    jsonschema *s = b->s;
+    json_object *props, *req, *extra;
+    bool has_props = json_object_object_get_ex(sch, "properties", &props);
+    bool has_extra = json_object_object_get_ex(sch, "additionalProperties", &extra);
+    bool has_req = json_object_object_get_ex(sch, "required", &req);
+    char at[WHERE_MAX];
+    if (!has_props) {
+        if (has_req)
+            return err_set(b->err, "json schema: 'required' without 'properties' at %s is not "
+                                   "supported", where);
+        s->nodes[id].free_object = true;
+        s->nodes[id].items = JSONSCHEMA_ANY;
+        if (!has_extra || json_object_is_type(extra, json_type_boolean)) {
+            /* additionalProperties false without properties: only {} */
+            if (has_extra && !json_object_get_boolean(extra))
+                s->nodes[id].free_object = false;
+            return 0;
+        }
+        uint16_t value;
+        where_join(at, where, "additionalProperties");
+        if (compile_node(b, extra, at, &value))
+            return -1;
+        s->nodes[id].items = value;
+        return 0;
+    }
+    if (!json_object_is_type(props, json_type_object))
+        return err_set(b->err, "json schema: 'properties' at %s is not an object", where);
+    if (has_extra && !(json_object_is_type(extra, json_type_boolean) &&
+                       !json_object_get_boolean(extra)))
+        return err_set(b->err, "json schema: 'additionalProperties' beside 'properties' at %s "
+                               "is not supported (only false)", where);
+    int n = json_object_object_length(props);
+    if (n > JSONSCHEMA_PROPS_MAX)
+        return err_set(b->err, "json schema: more than %d properties at %s",
+                       JSONSCHEMA_PROPS_MAX, where);
+    if (grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, (uint32_t)n))
+        return oom(b);
+    uint32_t first = s->n_props;
+    s->n_props += (uint32_t)n;
+    s->nodes[id].free_object = false;
+    s->nodes[id].first = first;
+    s->nodes[id].n = (uint16_t)n;
+    int i = 0;
+    json_object_object_foreach(props, name, value_schema)
+    {
+        json_object *key = json_object_new_string(name);
+        if (!key)
+            return oom(b);
+        const char *spelled = spelling_of(key);
+        size_t len = strlen(spelled);
+        jsonschema_text t;
+        int rc = add_text(b, spelled + 1, len - 2, &t); /* inside the quotes */
+        json_object_put(key);
+        if (rc)
+            return -1;
+        char pat[WHERE_MAX];
+        where_join(pat, where, "properties");
+        where_join(at, pat, name);
+        uint16_t value;
+        if (compile_node(b, value_schema, at, &value))
+            return -1;
+        s->props[first + (uint32_t)i] = (jsonschema_prop){t, value};
+        i++;
+    }
+    if (!has_req)
+        return 0;
+    if (!json_object_is_type(req, json_type_array))
+        return err_set(b->err, "json schema: 'required' at %s is not a list", where);
+    for (size_t r = 0; r < json_object_array_length(req); r++) {
+        json_object *name = json_object_array_get_idx(req, r);
+        const char *nm = json_object_get_string(name);
+        int found = -1, k = 0;
+        json_object_object_foreach(props, pname, pval)
+        {
+            (void)pval;
+            if (json_object_is_type(name, json_type_string) && !strcmp(pname, nm))
+                found = k;
+            k++;
+        }
+        if (found < 0)
+            return err_set(b->err, "json schema: required '%.64s' at %s is not among its "
+                                   "properties", nm ? nm : "", where);
+        s->nodes[id].required |= 1ull << found;
+    }
+    return 0;
+}
+
+static int compile_array(builder *b, json_object *sch, const char *where, uint16_t id)
+{
+    json_object *items;
+    uint32_t lo = 0, hi = UINT32_MAX;
+    if (read_count(b, sch, "minItems", where, &lo) || read_count(b, sch, "maxItems", where, &hi))
+        return -1;
+    if (lo == UINT32_MAX)
+        return err_set(b->err, "json schema: minItems at %s is above %u", where,
+                       JSONSCHEMA_COUNT_MAX);
+    if (lo > hi)
+        return err_set(b->err, "json schema: minItems above maxItems at %s", where);
+    uint16_t item = JSONSCHEMA_ANY;
+    if (json_object_object_get_ex(sch, "items", &items)) {
+        if (json_object_is_type(items, json_type_array))
+            return err_set(b->err, "json schema: 'items' as a list (a tuple) at %s is not "
+                                   "supported", where);
+        char at[WHERE_MAX];
+        where_join(at, where, "items");
+        if (compile_node(b, items, at, &item))
+            return -1;
+    }
+    jsonschema_node *n = &b->s->nodes[id];
+    n->items = item;
+    n->min_items = lo;
+    n->max_items = hi;
+    return 0;
+}
+
+static int compile_typed(builder *b, json_object *sch, const char *where, uint16_t id)
+{
+    json_object *type;
+    uint8_t kinds = 0;
+    if (json_object_object_get_ex(sch, "type", &type)) {
+        if (kinds_of_type(b, type, where, &kinds))
+            return -1;
+    } else {
+        /* no type: the kinds the keywords constrain (llama.cpp's reading too) */
+        static const struct {
+            const char *key;
+            uint8_t kinds;
+        } implied[] = {
+            {"properties", JSONSCHEMA_OBJECT},      {"required", JSONSCHEMA_OBJECT},
+            {"additionalProperties", JSONSCHEMA_OBJECT}, {"items", JSONSCHEMA_ARRAY},
+            {"minItems", JSONSCHEMA_ARRAY},         {"maxItems", JSONSCHEMA_ARRAY},
+            {"minLength", JSONSCHEMA_STRING},       {"maxLength", JSONSCHEMA_STRING},
+            {"minimum", JSONSCHEMA_INTEGER},        {"maximum", JSONSCHEMA_INTEGER},
+            {"exclusiveMinimum", JSONSCHEMA_INTEGER}, {"exclusiveMaximum", JSONSCHEMA_INTEGER},
+        };
+        json_object *v;
+        for (size_t i = 0; i < sizeof implied / sizeof implied[0]; i++)
+            if (json_object_object_get_ex(sch, implied[i].key, &v))
+                kinds |= implied[i].kinds;
+        if (!kinds)
+            kinds = JSONSCHEMA_ANY_KIND;
+    }
+    jsonschema_node *n = &b->s->nodes[id];
+    *n = any_node;
+    n->kinds = kinds;
+    uint32_t lo = 0, hi = UINT32_MAX;
+    if (read_count(b, sch, "minLength", where, &lo) || read_count(b, sch, "maxLength", where, &hi))
+        return -1;
+    if (lo == UINT32_MAX || lo > hi)
+        return err_set(b->err, "json schema: no string at %s is within its lengths", where);
+    n->min_length = lo;
+    n->max_length = hi;
+    if (compile_bounds(b, sch, where, n))
+        return -1;
+    if ((kinds & JSONSCHEMA_ARRAY) && compile_array(b, sch, where, id))
+        return -1;
+    if ((kinds & JSONSCHEMA_OBJECT) && compile_object(b, sch, where, id))
+        return -1;
+    return 0;
+}
+
+static int spelling_cmp(const void *a, const void *b, void *arg)
+{
+    const jsonschema *s = arg;
+    const jsonschema_text *x = a, *y = b;
+    uint32_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(jsonschema_bytes(s, *x), jsonschema_bytes(s, *y), n);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static uint8_t kind_of_value(json_object *v)
+{
+    switch (json_object_get_type(v)) {
+    case json_type_string:
+        return JSONSCHEMA_STRING;
+    case json_type_int:
+        return JSONSCHEMA_INTEGER;
+    case json_type_double:
+        return JSONSCHEMA_NUMBER;
+    case json_type_boolean:
+        return JSONSCHEMA_BOOLEAN;
+    case json_type_null:
+        return JSONSCHEMA_NULL;
+    default:
+        return 0;
+    }
+}
+
+static int compile_enum(builder *b, json_object *values, bool is_const, const char *where,
+                        uint16_t id)
+{
+    jsonschema *s = b->s;
+    size_t n = is_const ? 1 : json_object_array_length(values);
+    if (!is_const && !json_object_is_type(values, json_type_array))
+        return err_set(b->err, "json schema: 'enum' at %s is not a list", where);
+    if (n == 0 || n > JSONSCHEMA_ENUM_MAX)
+        return err_set(b->err, "json schema: 'enum' at %s has %zu values (1..%d)", where, n,
+                       JSONSCHEMA_ENUM_MAX);
+    if (grow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
+             (uint32_t)n))
+        return oom(b);
+    uint32_t first = s->n_spellings;
+    uint8_t kinds = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_object *v = is_const ? values : json_object_array_get_idx(values, i);
+        uint8_t k = kind_of_value(v);
+        if (!k)
+            return err_set(b->err, "json schema: an object or list in 'enum' or 'const' at %s "
+                                   "is not supported", where);
+        kinds |= k;
+        const char *sp = spelling_of(v);
+        if (add_text(b, sp, strlen(sp), &s->spellings[first + i]))
+            return -1;
+    }
+    qsort_r(s->spellings + first, n, sizeof *s->spellings, spelling_cmp, s);
+    uint32_t kept = 1;
+    for (size_t i = 1; i < n; i++)
+        if (spelling_cmp(&s->spellings[first + kept - 1], &s->spellings[first + i], s))
+            s->spellings[first + kept++] = s->spellings[first + i];
+    s->n_spellings = first + kept;
+    jsonschema_node *node = &s->nodes[id];
+    *node = any_node;
+    node->shape = JSONSCHEMA_ENUM;
+    node->kinds = kinds;
+    node->first = first;
+    node->n = (uint16_t)kept;
+    return 0;
+}
+
+/* The first-byte classes of kinds: integer and number start alike. */
+static uint8_t start_class(uint8_t kinds)
+{
+    return kinds & JSONSCHEMA_NUMBER ? (uint8_t)(kinds | JSONSCHEMA_INTEGER)
+           : kinds & JSONSCHEMA_INTEGER ? (uint8_t)(kinds | JSONSCHEMA_NUMBER)
+                                        : kinds;
+}
+
+static int compile_union(builder *b, json_object *alts, const char *key, const char *where,
+                         uint16_t id)
+{
+    jsonschema *s = b->s;
+    if (!json_object_is_type(alts, json_type_array) || json_object_array_length(alts) == 0 ||
+        json_object_array_length(alts) > JSONSCHEMA_PROPS_MAX)
+        return err_set(b->err, "json schema: '%s' at %s is not a list of 1..%d schemas", key,
+                       where, JSONSCHEMA_PROPS_MAX);
+    size_t n = json_object_array_length(alts);
+    uint16_t node[JSONSCHEMA_PROPS_MAX];
+    uint8_t seen = 0, kinds = 0;
+    for (size_t i = 0; i < n; i++) {
+        char at[WHERE_MAX], idx[16];
+        snprintf(idx, sizeof idx, "%zu", i);
+        where_join(at, where, key);
+        char at2[WHERE_MAX];
+        where_join(at2, at, idx);
+        if (compile_node(b, json_object_array_get_idx(alts, i), at2, &node[i]))
+            return -1;
+        uint8_t k = s->nodes[node[i]].kinds;
+        if (!b->done[node[i]] && k == JSONSCHEMA_ANY_KIND)
+            return err_set(b->err, "json schema: '%s' at %s leads back to itself", key, where);
+        if (start_class(k) & seen)
+            return err_set(b->err, "json schema: the alternatives of '%s' at %s are not told "
+                                   "apart by their first byte (two of one kind)", key, where);
+        seen |= start_class(k);
+        kinds |= k;
+    }
+    if (n == 1)
+        return copy_node(b, node[0], id, where);
+    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n))
+        return oom(b);
+    memcpy(s->alts + s->n_alts, node, n * sizeof *node);
+    jsonschema_node *u = &s->nodes[id];
+    *u = any_node;
+    u->shape = JSONSCHEMA_UNION;
+    u->kinds = kinds;
+    u->first = s->n_alts;
+    u->n = (uint16_t)n;
+    s->n_alts += (uint32_t)n;
+    return 0;
+}
+
+/* Fills node id from sch. */
+static int compile_into(builder *b, json_object *sch, const char *where, uint16_t id)
+{
+    int rc;
+    if (json_object_is_type(sch, json_type_boolean)) {
+        if (!json_object_get_boolean(sch))
+            return err_set(b->err, "json schema: 'false' at %s: no value is valid there", where);
+        b->s->nodes[id] = any_node;
+        b->done[id] = true;
+        return 0;
+    }
+    if (!json_object_is_type(sch, json_type_object))
+        return err_set(b->err, "json schema: the schema at %s is not an object", where);
+    json_object *v;
+    static const char *const alone[] = {"$ref", "allOf", "enum", "const", "anyOf", "oneOf"};
+    for (size_t i = 0; i < sizeof alone / sizeof alone[0]; i++) {
+        if (!json_object_object_get_ex(sch, alone[i], &v))
+            continue;
+        if (check_keywords(b, sch, where, alone[i]))
+            return -1;
+        uint16_t from;
+        if (i == 0) {
+            if (!json_object_is_type(v, json_type_string))
+                return err_set(b->err, "json schema: '$ref' at %s is not a string", where);
+            rc = resolve_ref(b, json_object_get_string(v), where, &from) ||
+                 copy_node(b, from, id, where);
+        } else if (i == 1) {
+            if (!json_object_is_type(v, json_type_array) || json_object_array_length(v) != 1)
+                return err_set(b->err, "json schema: 'allOf' at %s: only a list of one schema "
+                                       "is supported", where);
+            char at[WHERE_MAX];
+            where_join(at, where, "allOf/0");
+            rc = compile_node(b, json_object_array_get_idx(v, 0), at, &from) ||
+                 copy_node(b, from, id, where);
+        } else if (i <= 3) {
+            rc = compile_enum(b, v, i == 3, where, id);
+        } else {
+            rc = compile_union(b, v, alone[i], where, id);
+        }
+        if (rc)
+            return -1;
+        b->done[id] = true;
+        return 0;
+    }
+    if (check_keywords(b, sch, where, NULL) || compile_typed(b, sch, where, id))
+        return -1;
+    b->done[id] = true;
+    return 0;
+}
+
+/* The node of sch: a $ref's target (compiled once, recursion included) or a new node. */
+static int compile_node(builder *b, json_object *sch, const char *where, uint16_t *out)
+{
+    json_object *ref;
+    if (json_object_is_type(sch, json_type_object) && json_object_object_get_ex(sch, "$ref", &ref)) {
+        if (check_keywords(b, sch, where, "$ref"))
+            return -1;
+        if (!json_object_is_type(ref, json_type_string))
+            return err_set(b->err, "json schema: '$ref' at %s is not a string", where);
+        return resolve_ref(b, json_object_get_string(ref), where, out);
+    }
+    return new_node(b, where, out) || compile_into(b, sch, where, *out) ? -1 : 0;
+}
+
+int jsonschema_compile(const char *text, size_t len, jsonschema **out, char err[ERR_MAX])
+{
+    *out = NULL;
+    json_tokener *tk = json_tokener_new();
+    if (!tk)
+        return err_set(err, "json schema: out of memory");
+    json_tokener_set_flags(tk, JSON_TOKENER_STRICT);
+    json_object *doc = len > INT32_MAX ? NULL : json_tokener_parse_ex(tk, text, (int)len);
+    bool whole = doc && json_tokener_get_error(tk) == json_tokener_success &&
+                 json_tokener_get_parse_end(tk) == len;
+    json_tokener_free(tk);
+    if (!whole) {
+        json_object_put(doc);
+        return err_set(err, "json schema: the schema is not one JSON document");
+    }
+    builder b = {.doc = doc, .err = err};
+    jsonschema *s = b.s = calloc(1, sizeof *s);
+    uint16_t any;
+    if (!s || new_node(&b, "#", &any)) {
+        free(s);
+        json_object_put(doc);
+        free(b.done);
+        return s ? -1 : err_set(err, "json schema: out of memory");
+    }
+    b.done[any] = true;
+    b.refs[b.n_refs++] = (ref_entry){"#", 0};
+    int rc = new_node(&b, "#", &s->root);
+    if (rc == 0) {
+        b.refs[0].node = s->root;
+        rc = compile_into(&b, doc, "#", s->root);
+    }
+    if (rc == 0) {
+        const jsonschema_node *root = &s->nodes[s->root];
+        if (root->shape != JSONSCHEMA_TYPED ||
+            (root->kinds & ~(JSONSCHEMA_OBJECT | JSONSCHEMA_ARRAY)) || !root->kinds)
+            rc = err_set(err, "json schema: the top-level value must be an object or an array "
+                              "(give its 'type')");
+    }
+    free(b.done);
+    json_object_put(doc);
+    if (rc) {
+        jsonschema_free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void jsonschema_free(jsonschema *s)
+{
+    if (!s)
+        return;
+    free(s->nodes);
+    free(s->props);
+    free(s->spellings);
+    free(s->alts);
+    free(s->text);
+    free(s);
+}

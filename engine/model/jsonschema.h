@@ -1,0 +1,127 @@
+/*
+ * jsonschema.h — a JSON Schema compiled into the table that JSON mode's recogniser
+ * (jsonmask.h) follows, so that a reply is not only JSON but an instance of the schema
+ * (OpenAI's structured outputs, ollama's and llama.cpp's "format"/"json_schema").
+ *
+ * What is taken (every other keyword is refused with a message naming it, so that no
+ * constraint is silently dropped):
+ *   - type: "object", "array", "string", "number", "integer", "boolean", "null", or a
+ *     list of them; without "type", the kinds that the keywords present imply;
+ *   - object: properties, required, additionalProperties (false, or absent, with
+ *     properties: no other key; absent or true without properties: any keys, values of
+ *     any kind; a schema without properties: any keys, values of that schema). Keys come
+ *     in the order of "properties"; a required one may not be skipped, others may (as
+ *     llama.cpp's grammar from a schema orders them);
+ *   - array: items, minItems, maxItems;
+ *   - string: minLength, maxLength (in characters; an escape is one);
+ *   - integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers take none:
+ *     refused);
+ *   - enum and const of strings, numbers, booleans and null, written as json-c writes
+ *     them (a string with its quotes and minimal escapes);
+ *   - anyOf / oneOf whose alternatives start with different bytes: their kinds differ
+ *     (integer and number count as one); an enum's kinds are its values'. Optional[X]
+ *     (X or null) is the usual case;
+ *   - allOf of one schema; $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
+ *     (recursion included); true and {} (any value);
+ *   - annotations are read past: title, description, default, examples, $schema, $id,
+ *     $comment, deprecated, readOnly, writeOnly, and format (an annotation in JSON
+ *     Schema 2020-12: not asserted).
+ * The top-level value must be an object or an array, so that the reply's end is its
+ * closing bracket.
+ *
+ * The compiled schema is immutable: one may serve any number of cursors at once.
+ */
+#ifndef LLMS_JSONSCHEMA_H
+#define LLMS_JSONSCHEMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+
+/* The kinds of JSON value a node may be; a value's first byte tells its kind. */
+enum {
+    JSONSCHEMA_OBJECT = 1,
+    JSONSCHEMA_ARRAY = 2,
+    JSONSCHEMA_STRING = 4,
+    JSONSCHEMA_NUMBER = 8,  /* any number */
+    JSONSCHEMA_INTEGER = 16, /* a number without fraction or exponent */
+    JSONSCHEMA_BOOLEAN = 32,
+    JSONSCHEMA_NULL = 64,
+    JSONSCHEMA_ANY_KIND = 127,
+};
+
+/* Node 0 of every schema: any JSON value. */
+#define JSONSCHEMA_ANY 0
+
+/* Bounds of what one schema may hold: properties of one object and alternatives of one
+ * anyOf (a key is matched against a 64-bit set of candidates), values of one enum, nodes. */
+#define JSONSCHEMA_PROPS_MAX 64
+#define JSONSCHEMA_ENUM_MAX 4096
+#define JSONSCHEMA_NODES_MAX 4096
+/* Counts above this are taken as no bound (the recogniser counts items to it). */
+#define JSONSCHEMA_COUNT_MAX 65535u
+
+enum jsonschema_shape {
+    JSONSCHEMA_TYPED, /* kinds, with the constraints of each */
+    JSONSCHEMA_ENUM,  /* one of n spellings */
+    JSONSCHEMA_UNION, /* one of n alternatives, chosen by the value's first byte */
+};
+
+typedef struct jsonschema_node {
+    uint8_t shape;        /* enum jsonschema_shape */
+    uint8_t kinds;        /* JSONSCHEMA_* kinds the value may be (an enum's: its values') */
+    bool free_object;     /* object: any keys (each value of node `items`), no properties */
+    bool has_min, has_max; /* integer bounds */
+    uint16_t items;       /* array: each item's node; free object: each value's node */
+    uint16_t n;           /* properties (closed object), spellings (enum), alternatives */
+    uint32_t first;       /* the first of them in props, spellings or alts */
+    uint64_t required;    /* closed object: bit i: property i is required */
+    uint32_t min_items, max_items;   /* array */
+    uint32_t min_length, max_length; /* string, in characters */
+    int64_t min, max;     /* integer, inclusive */
+} jsonschema_node;
+
+/* A byte string of the schema's text table: a key's spelling inside its quotes, or an
+ * enum value's whole JSON spelling. */
+typedef struct jsonschema_text {
+    uint32_t off;
+    uint32_t len;
+} jsonschema_text;
+
+typedef struct jsonschema_prop {
+    jsonschema_text name; /* the key as JSON spells it, without the quotes */
+    uint16_t value;       /* node of its value */
+} jsonschema_prop;
+
+typedef struct jsonschema {
+    jsonschema_node *nodes;    /* (n_nodes) node 0 is JSONSCHEMA_ANY */
+    uint32_t n_nodes;
+    uint16_t root;             /* the top-level value's node: an object or an array */
+    jsonschema_prop *props;    /* (n_props) each closed object's properties, in order */
+    uint32_t n_props;
+    jsonschema_text *spellings; /* (n_spellings) each enum's values, sorted bytewise */
+    uint32_t n_spellings;
+    uint16_t *alts;            /* (n_alts) each union's alternatives */
+    uint32_t n_alts;
+    char *text;                /* (n_text) the bytes jsonschema_text points into */
+    uint32_t n_text;
+} jsonschema;
+
+/* The schema of JSON mode without one: any object. Static; never freed. */
+const jsonschema *jsonschema_any_object(void);
+
+/* Compiles the schema text (a JSON document). 0 with *out; -1 with err naming what is
+ * malformed or not supported (the first such keyword, with its JSON pointer). */
+int jsonschema_compile(const char *text, size_t len, jsonschema **out, char err[ERR_MAX]);
+
+void jsonschema_free(jsonschema *s);
+
+/* The bytes of t. */
+static inline const uint8_t *jsonschema_bytes(const jsonschema *s, jsonschema_text t)
+{
+    return (const uint8_t *)s->text + t.off;
+}
+
+#endif

@@ -1,0 +1,493 @@
+/*
+ * jsonschema: compiling a JSON Schema (what is taken, what is refused and why) and the
+ * recogniser following it: documents accepted whole, refused at the first wrong byte;
+ * and a property test: random walks over the bytes the recogniser allows never reach a
+ * state that allows nothing (a dead end would leave a model without a token), and every
+ * document they complete is valid by a separate validator over json-c's parse.
+ */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model/jsonmask.h"
+#include "engine/model/jsonschema.h"
+#include "tests/support/test.h"
+
+static jsonschema *compile_or_fail(const char *text)
+{
+    char err[ERR_MAX];
+    jsonschema *s = NULL;
+    if (jsonschema_compile(text, strlen(text), &s, err))
+        test_fail(__FILE__, __LINE__, "%s: %s", text, err);
+    return s;
+}
+
+/* ---- compiling ---- */
+
+static void refusals_name_the_keyword(void)
+{
+    static const struct {
+        const char *schema, *says;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
+         "'pattern' at #/properties/a is not supported"},
+        {"{\"type\":\"string\"}", "top-level value must be an object or an array"},
+        {"{\"enum\":[1,2]}", "top-level value"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":0}}}",
+         "bounds on a number"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},"
+         "{\"type\":\"number\"}]}}}", "not told apart"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/missing\"}}}",
+         "names nothing"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"http://x/y\"}}}",
+         "only references inside"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}",
+         "required 'b' at # is not among its properties"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[]}}}", "has 0 values"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[{\"x\":1}]}}}",
+         "object or list in 'enum'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":true},\"additionalProperties\":true}",
+         "'additionalProperties' beside 'properties'"},
+        {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", "a tuple"},
+        {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems above maxItems"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5,"
+         "\"maximum\":4}}}", "no integer"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":false}}", "no value is valid"},
+        {"{\"type\":\"objet\"}", "'type' at # is not a type name"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/properties/a\"}}}",
+         "leads back to itself"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"allOf\":[{},{}]}}}",
+         "only a list of one schema"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\",\"type\":\"string\"}}}",
+         "'type' beside '$ref'"},
+        {"{\"type\":\"object\"", "not one JSON document"},
+        {"{\"type\":\"object\"} {}", "not one JSON document"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char err[ERR_MAX] = "";
+        jsonschema *s = NULL;
+        int rc = jsonschema_compile(cases[i].schema, strlen(cases[i].schema), &s, err);
+        CHECK_MSG(rc == -1 && !s, "%s was compiled", cases[i].schema);
+        CHECK_MSG(strstr(err, cases[i].says), "%s: '%s' does not say '%s'", cases[i].schema,
+                  err, cases[i].says);
+    }
+}
+
+/* Annotations are read past; format is an annotation (not asserted). */
+static void annotations_are_taken(void)
+{
+    jsonschema *s = compile_or_fail(
+        "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"title\":\"T\","
+        "\"description\":\"d\",\"type\":\"object\",\"properties\":{\"when\":{\"type\":"
+        "\"string\",\"format\":\"date-time\",\"examples\":[\"x\"],\"default\":\"y\"}},"
+        "\"$comment\":\"c\"}");
+    jsonschema_free(s);
+}
+
+/* ---- documents ---- */
+
+/* Feeds doc whole under the schema: 1 complete, 0 a valid prefix, -1 refused. */
+static int feed_doc(const jsonschema *s, const char *doc)
+{
+    jsonmask_state st;
+    jsonmask_init_schema(&st, s);
+    if (!jsonmask_feed(&st, doc, strlen(doc)))
+        return -1;
+    return jsonmask_complete(&st) ? 1 : 0;
+}
+
+typedef struct doc_case {
+    const char *doc;
+    int want; /* feed_doc's */
+} doc_case;
+
+static void check_docs(const char *schema, const doc_case *cases, size_t n)
+{
+    jsonschema *s = compile_or_fail(schema);
+    if (!s)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        int got = feed_doc(s, cases[i].doc);
+        CHECK_MSG(got == cases[i].want, "schema %s, document '%s': %d, expected %d", schema,
+                  cases[i].doc, got, cases[i].want);
+    }
+    jsonschema_free(s);
+}
+
+#define CHECK_DOCS(schema, ...)                                                    \
+    do {                                                                           \
+        static const doc_case cases_[] = {__VA_ARGS__};                            \
+        check_docs(schema, cases_, sizeof cases_ / sizeof *cases_);                \
+    } while (0)
+
+static void objects_follow_their_properties(void)
+{
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+               "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":"
+               "{\"type\":\"string\"}}},\"required\":[\"name\",\"age\"]}",
+               {"{\"name\":\"Ada\",\"age\":36}", 1},
+               {"{ \"name\" : \"Ada\" , \"age\" : 36 , \"tags\" : [\"x\"] }", 1},
+               {"{\"name\":\"Ada\",\"age\":36,\"tags\":[]}", 1},
+               {"{\"name\":\"Ada\"}", -1},          /* age is required */
+               {"{\"age\":36}", -1},                /* name first: required, in order */
+               {"{\"name\":\"Ada\",\"age\":3.5}", -1}, /* integer */
+               {"{\"name\":\"Ada\",\"age\":1e3}", -1},
+               {"{\"name\":\"Ada\",\"age\":-7,", 0},
+               {"{\"name\":\"Ada\",\"age\":-7,\"x\"", -1}, /* no other key */
+               {"{\"name\":\"Ada\",\"age\":-7,\"tags\":[1]}", -1},
+               {"{\"name\":1", -1},
+               {"{\"nam\":", -1},
+               {"{\"na", 0},
+               {"{}", -1},
+               {"[]", -1});
+    /* optional properties may be skipped, a required one may not */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"},"
+               "\"b\":{\"type\":\"null\"},\"c\":{\"type\":\"boolean\"}},\"required\":[\"c\"]}",
+               {"{\"c\":true}", 1}, {"{\"a\":false,\"c\":true}", 1},
+               {"{\"b\":null,\"c\":false}", 1}, {"{\"a\":true,\"b\":null,\"c\":true}", 1},
+               {"{\"c\":true,\"a\":true}", -1}, {"{\"a\":true}", -1}, {"{\"b\":nul}", -1});
+    /* no properties: any keys, values of any kind (or of additionalProperties) */
+    CHECK_DOCS("{\"type\":\"object\"}", {"{\"x\":[1,{\"y\":null}],\"z\":\"w\"}", 1}, {"{}", 1});
+    CHECK_DOCS("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+               {"{\"x\":1,\"y\":-2}", 1}, {"{\"x\":\"1\"}", -1}, {"{\"x\":1.5}", -1});
+    CHECK_DOCS("{\"type\":\"object\",\"additionalProperties\":false}", {"{}", 1},
+               {"{\"a\"", -1});
+    /* a key that needs escaping is written as json-c writes it */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"a\\\"b\":{\"const\":1}},"
+               "\"required\":[\"a\\\"b\"]}",
+               {"{\"a\\\"b\":1}", 1}, {"{\"a\"b\":1}", -1});
+}
+
+static void arrays_count_their_items(void)
+{
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,"
+               "\"maxItems\":3}",
+               {"[1,2]", 1}, {"[1,2,3]", 1}, {"[1]", -1}, {"[]", -1}, {"[1,2,3,", -1},
+               {"[ 1 , 2 , 3 ]", 1}, {"[1,2,3 ,", -1}, {"[\"a\"]", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"maxItems\":0}", {"[]", 1}, {"[1", -1});
+    CHECK_DOCS("{\"type\":[\"array\",\"object\"]}", {"[{}]", 1}, {"{\"a\":[]}", 1});
+}
+
+static void strings_count_characters(void)
+{
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
+               "\"maxLength\":3}},\"required\":[\"s\"]}",
+               {"{\"s\":\"ab\"}", 1}, {"{\"s\":\"abc\"}", 1}, {"{\"s\":\"a\"}", -1},
+               {"{\"s\":\"abcd", -1}, {"{\"s\":\"\\u00e9\\n\"}", 1},
+               {"{\"s\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}", 1},
+               {"{\"s\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80x", -1});
+}
+
+static void integers_keep_their_bounds(void)
+{
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":100,"
+               "\"maximum\":150}}",
+               {"[100,150,123]", 1}, {"[5", -1}, /* 5x is below, 5xx above: a dead end */
+               {"[1", 0}, {"[15", 0}, {"[151", -1}, {"[99]", -1}, {"[0", -1}, {"[-", -1},
+               {"[1000", -1}, {"[12]", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"exclusiveMinimum\":-10,"
+               "\"exclusiveMaximum\":0}}",
+               {"[-9,-1]", 1}, {"[-10", -1}, {"[0", -1}, {"[-0", -1}, {"[1", -1}, {"[-", 0});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0}}",
+               {"[0,7,12345678901234567890]", -1}, {"[0,7,1234567890123456789]", 1},
+               {"[-", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-9223372036854775808,"
+               "\"maximum\":-9223372036854775807}}",
+               {"[-9223372036854775808,-9223372036854775807]", 1}, {"[-9223372036854775809", -1});
+}
+
+static void enums_and_consts(void)
+{
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":[\"red\",\"green\",\"re\","
+               "null,1,10,true]}},\"required\":[\"c\"]}",
+               {"{\"c\":\"red\"}", 1}, {"{\"c\":\"re\"}", 1}, {"{\"c\":\"r\"}", -1},
+               {"{\"c\":\"redd", -1}, {"{\"c\":null}", 1}, {"{\"c\":1}", 1}, {"{\"c\":10}", 1},
+               {"{\"c\":100", -1}, {"{\"c\":1 }", 1}, {"{\"c\":true}", 1},
+               {"{\"c\":false", -1}, {"{\"c\":2", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"const\":\"x/y\"}}", {"[\"x/y\",\"x/y\"]", 1},
+               {"[\"x\\/y\"]", -1});
+}
+
+static void unions_choose_by_first_byte(void)
+{
+    /* Optional[X] as Pydantic writes it, and a type list */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"string\","
+               "\"maxLength\":2},{\"type\":\"null\"}],\"default\":null},\"b\":{\"type\":"
+               "[\"integer\",\"boolean\"]}},\"required\":[\"a\",\"b\"]}",
+               {"{\"a\":null,\"b\":3}", 1}, {"{\"a\":\"xy\",\"b\":false}", 1},
+               {"{\"a\":\"xyz", -1}, {"{\"a\":1", -1}, {"{\"a\":null,\"b\":1.5", -1},
+               {"{\"a\":null,\"b\":\"", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"oneOf\":[{\"enum\":[\"a\",\"b\"]},{\"type\":"
+               "\"array\",\"items\":{\"type\":\"number\"}},{\"type\":\"object\",\"properties\":"
+               "{\"k\":{\"type\":\"integer\"}}}]}}",
+               {"[\"a\",[1.5,-2e3],{\"k\":1},{}]", 1}, {"[\"c\"", -1}, {"[{\"j\"", -1});
+}
+
+static void references_and_recursion(void)
+{
+    const char *tree =
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":"
+        "\"string\"},\"children\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},"
+        "\"required\":[\"name\"]}},\"$ref\":\"#/$defs/node\"}";
+    CHECK_DOCS(tree, {"{\"name\":\"r\",\"children\":[{\"name\":\"a\"},{\"name\":\"b\","
+                      "\"children\":[{\"name\":\"c\",\"children\":[]}]}]}", 1},
+               {"{\"name\":\"r\",\"children\":[{}]}", -1});
+    /* a linked list through Optional and the root itself */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":"
+               "{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"]}",
+               {"{\"v\":1,\"next\":{\"v\":2,\"next\":null}}", 1},
+               {"{\"v\":1,\"next\":{\"v\":2}}", -1});
+    /* definitions (draft 7's), allOf of one, ~1 in a pointer */
+    CHECK_DOCS("{\"definitions\":{\"a/b\":{\"type\":\"boolean\"}},\"type\":\"object\","
+               "\"properties\":{\"x\":{\"allOf\":[{\"$ref\":\"#/definitions/a~1b\"}]}},"
+               "\"required\":[\"x\"]}",
+               {"{\"x\":true}", 1}, {"{\"x\":1", -1});
+}
+
+/* ---- a separate validator, for the property test ---- */
+
+static bool valid(json_object *v, json_object *sch, json_object *root);
+
+static json_object *get(json_object *o, const char *key)
+{
+    json_object *v = NULL;
+    return json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v)
+               ? v
+               : NULL;
+}
+
+static json_object *resolve(json_object *root, const char *ref)
+{
+    if (!strcmp(ref, "#"))
+        return root;
+    const char *name = strrchr(ref, '/') + 1;
+    json_object *defs = get(root, strstr(ref, "$defs") ? "$defs" : "definitions");
+    return get(defs, name);
+}
+
+static bool type_ok(json_object *v, const char *t)
+{
+    enum json_type k = json_object_get_type(v);
+    if (!strcmp(t, "integer")) /* json-c reads an integer past 64 bits as a double */
+        return k == json_type_int ||
+               (k == json_type_double && floor(json_object_get_double(v)) == json_object_get_double(v));
+    if (!strcmp(t, "number"))
+        return k == json_type_int || k == json_type_double;
+    return (!strcmp(t, "object") && k == json_type_object) ||
+           (!strcmp(t, "array") && k == json_type_array) ||
+           (!strcmp(t, "string") && k == json_type_string) ||
+           (!strcmp(t, "boolean") && k == json_type_boolean) ||
+           (!strcmp(t, "null") && k == json_type_null);
+}
+
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xc0) != 0x80;
+    return n;
+}
+
+static bool valid(json_object *v, json_object *sch, json_object *root)
+{
+    json_object *k;
+    if (json_object_is_type(sch, json_type_boolean))
+        return json_object_get_boolean(sch);
+    if ((k = get(sch, "$ref")))
+        return valid(v, resolve(root, json_object_get_string(k)), root);
+    if ((k = get(sch, "allOf")))
+        return valid(v, json_object_array_get_idx(k, 0), root);
+    if ((k = get(sch, "anyOf")) || (k = get(sch, "oneOf"))) {
+        int n = 0;
+        for (size_t i = 0; i < json_object_array_length(k); i++)
+            n += valid(v, json_object_array_get_idx(k, i), root);
+        return get(sch, "oneOf") ? n == 1 : n >= 1;
+    }
+    if ((k = get(sch, "const")))
+        return json_object_equal(v, k);
+    if ((k = get(sch, "enum"))) {
+        for (size_t i = 0; i < json_object_array_length(k); i++)
+            if (json_object_equal(v, json_object_array_get_idx(k, i)))
+                return true;
+        return false;
+    }
+    if ((k = get(sch, "type"))) {
+        bool any = false;
+        if (json_object_is_type(k, json_type_string))
+            any = type_ok(v, json_object_get_string(k));
+        for (size_t i = 0; json_object_is_type(k, json_type_array) &&
+                           i < json_object_array_length(k); i++)
+            any |= type_ok(v, json_object_get_string(json_object_array_get_idx(k, i)));
+        if (!any)
+            return false;
+    }
+    if (json_object_is_type(v, json_type_object)) {
+        json_object *props = get(sch, "properties"), *extra = get(sch, "additionalProperties");
+        json_object *req = get(sch, "required");
+        for (size_t i = 0; req && i < json_object_array_length(req); i++)
+            if (!json_object_object_get_ex(
+                    v, json_object_get_string(json_object_array_get_idx(req, i)), NULL))
+                return false; /* (json-c's null is a NULL object: get() cannot tell) */
+        json_object_object_foreach(v, key, val)
+        {
+            json_object *rule = get(props, key) ? get(props, key) : extra;
+            if (rule && !valid(val, rule, root))
+                return false;
+        }
+    }
+    if (json_object_is_type(v, json_type_array)) {
+        size_t n = json_object_array_length(v);
+        json_object *items = get(sch, "items");
+        if ((k = get(sch, "minItems")) && n < (size_t)json_object_get_int64(k))
+            return false;
+        if ((k = get(sch, "maxItems")) && n > (size_t)json_object_get_int64(k))
+            return false;
+        for (size_t i = 0; items && i < n; i++)
+            if (!valid(json_object_array_get_idx(v, i), items, root))
+                return false;
+    }
+    if (json_object_is_type(v, json_type_string)) {
+        size_t n = utf8_chars(json_object_get_string(v));
+        if ((k = get(sch, "minLength")) && n < (size_t)json_object_get_int64(k))
+            return false;
+        if ((k = get(sch, "maxLength")) && n > (size_t)json_object_get_int64(k))
+            return false;
+    }
+    if (json_object_is_type(v, json_type_int)) {
+        int64_t x = json_object_get_int64(v);
+        if ((k = get(sch, "minimum")) && x < json_object_get_int64(k))
+            return false;
+        if ((k = get(sch, "maximum")) && x > json_object_get_int64(k))
+            return false;
+        if ((k = get(sch, "exclusiveMinimum")) && x <= json_object_get_int64(k))
+            return false;
+        if ((k = get(sch, "exclusiveMaximum")) && x >= json_object_get_int64(k))
+            return false;
+    }
+    return true;
+}
+
+/* ---- the property test ---- */
+
+/* The bytes st takes next, into ok (256 flags); how many. */
+static int next_bytes(const jsonmask_state *st, bool ok[256])
+{
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        jsonmask_state t = *st;
+        uint8_t c = (uint8_t)b;
+        n += ok[b] = jsonmask_feed(&t, &c, 1);
+    }
+    return n;
+}
+
+/* Picks one of the n allowed bytes: now and then a byte of structure (so that strings
+ * and containers end), else any. */
+static uint8_t pick_byte(const bool ok[256], int n, uint64_t *rng)
+{
+    static const char structure[] = "\"]},:0123456789tfn[{";
+    if (test_random(rng) % 4 == 0) {
+        int m = 0;
+        uint8_t cand[sizeof structure];
+        for (const char *p = structure; *p; p++)
+            if (ok[(uint8_t)*p])
+                cand[m++] = (uint8_t)*p;
+        if (m)
+            return cand[test_random(rng) % (uint64_t)m];
+    }
+    int k = (int)(test_random(rng) % (uint64_t)n);
+    for (int b = 0; b < 256; b++)
+        if (ok[b] && k-- == 0)
+            return (uint8_t)b;
+    return 0;
+}
+
+static const char *const walk_schemas[] = {
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":130},\"email\":{\"type\":"
+    "\"string\",\"format\":\"email\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":"
+    "[\"a\",\"ab\",\"b\",1,12,null]},\"maxItems\":4}},\"required\":[\"name\",\"age\"]}",
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\","
+    "\"exclusiveMinimum\":-50,\"maximum\":-3},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":"
+    "\"#/$defs/node\"},\"maxItems\":2}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}",
+    "{\"type\":\"array\",\"minItems\":1,\"items\":{\"anyOf\":[{\"type\":\"string\","
+    "\"minLength\":2,\"maxLength\":3},{\"type\":\"null\"},{\"type\":\"number\"},{\"type\":"
+    "\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}]}}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\\\"y\"},\"b\":{\"type\":"
+    "[\"integer\",\"null\"],\"minimum\":1000,\"maximum\":1000000},\"c\":{\"type\":\"object\","
+    "\"properties\":{},\"additionalProperties\":false},\"d\":true},\"required\":[\"b\",\"d\"]}",
+    "{\"type\":\"object\"}",
+};
+
+/* Random walks over allowed bytes: never a state that allows nothing before the
+ * document is whole, and every whole one valid by json-c and the validator above. */
+static void random_walks_end_valid(void)
+{
+#ifdef TEST_SANITIZED
+    const int walks = 40;
+#else
+    const int walks = 400;
+#endif
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    test_random_seed(&rng);
+    enum { CAP = 6000 };
+    static char doc[CAP + 1];
+    int completed = 0, total = 0;
+    for (size_t si = 0; si < sizeof walk_schemas / sizeof *walk_schemas; si++) {
+        jsonschema *s = compile_or_fail(walk_schemas[si]);
+        if (!s)
+            return;
+        json_object *sch = json_tokener_parse(walk_schemas[si]);
+        for (int w = 0; w < walks; w++, total++) {
+            jsonmask_state st;
+            jsonmask_init_schema(&st, s);
+            size_t len = 0;
+            bool ok[256];
+            while (!jsonmask_complete(&st) && len < CAP) {
+                int n = next_bytes(&st, ok);
+                if (n == 0) {
+                    CHECK_MSG(false, "schema %s: nothing may follow '%.*s'", walk_schemas[si],
+                              (int)len, doc);
+                    break;
+                }
+                uint8_t c = pick_byte(ok, n, &rng);
+                CHECK(jsonmask_feed(&st, &c, 1));
+                doc[len++] = (char)c;
+            }
+            doc[len] = '\0';
+            if (!jsonmask_complete(&st))
+                continue;
+            completed++;
+            json_tokener *tk = json_tokener_new();
+            json_tokener_set_flags(tk, JSON_TOKENER_STRICT);
+            json_object *v = json_tokener_parse_ex(tk, doc, (int)len);
+            bool parsed = v && json_tokener_get_parse_end(tk) == len;
+            json_tokener_free(tk);
+            CHECK_MSG(parsed, "'%s' is not JSON to json-c", doc);
+            CHECK_MSG(!parsed || valid(v, sch, sch), "schema %s: '%s' is not valid",
+                      walk_schemas[si], doc);
+            json_object_put(v);
+        }
+        json_object_put(sch);
+        jsonschema_free(s);
+    }
+    printf("       %d of %d walks completed a document\n", completed, total);
+    CHECK(completed * 10 >= total * 9);
+}
+
+int main(void)
+{
+    RUN(refusals_name_the_keyword);
+    RUN(annotations_are_taken);
+    RUN(objects_follow_their_properties);
+    RUN(arrays_count_their_items);
+    RUN(strings_count_characters);
+    RUN(integers_keep_their_bounds);
+    RUN(enums_and_consts);
+    RUN(unions_choose_by_first_byte);
+    RUN(references_and_recursion);
+    RUN(random_walks_end_valid);
+    return test_finish();
+}
