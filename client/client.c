@@ -391,8 +391,10 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     g->has_logprobs = p->logprobs != 0;
     g->logprobs = p->top_logprobs;
     g->has_format = p->format != LLMS_FORMAT_DEFAULT;
-    g->format = p->format == LLMS_FORMAT_JSON_OBJECT ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT
-                                                     : LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+    g->format = p->format == LLMS_FORMAT_JSON_OBJECT   ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT
+                : p->format == LLMS_FORMAT_JSON_SCHEMA ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA
+                                                       : LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+    g->json_schema = (char *)p->json_schema;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
@@ -414,7 +416,7 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
                   g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
                   g->has_seed || g->n_stop > 0 || g->has_speculation ||
                   g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0 ||
-                  g->has_logprobs || g->has_format;
+                  g->has_logprobs || g->has_format || g->json_schema;
     return LLMS_OK;
 }
 

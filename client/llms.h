@@ -124,8 +124,8 @@ typedef struct llms_logit_bias {
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
  * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
- * after speculation came with libllmsclient.so.3: an app built against an older llms.h
- * must be rebuilt, which the new soname makes the loader say.
+ * after speculation came with libllmsclient.so.3, json_schema with .so.4: an app built
+ * against an older llms.h must be rebuilt, which the new soname makes the loader say.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
@@ -162,6 +162,8 @@ typedef struct llms_params {
     int32_t top_logprobs;   /* with logprobs: this many of each step's likeliest tokens
                                beside it, 0..LLMS_LOGPROBS_MAX */
     int format;             /* enum llms_format; LLMS_FORMAT_DEFAULT: the context's */
+    const char *json_schema; /* with LLMS_FORMAT_JSON_SCHEMA (and only with it): the JSON
+                                Schema the reply must be an instance of, as text */
 } llms_params;
 
 /* What a reply must be (proto ResponseFormat). */
@@ -171,6 +173,10 @@ enum llms_format {
     LLMS_FORMAT_JSON_OBJECT = 2, /* JSON mode: one JSON object, sampled only from tokens
                                     that keep it a valid prefix; the reply ends as it
                                     closes (max_tokens may cut it short) */
+    LLMS_FORMAT_JSON_SCHEMA = 3, /* JSON mode, and an instance of llms_params.json_schema
+                                    (an object or an array; keys in the order of its
+                                    properties). A schema with a keyword the daemon cannot
+                                    enforce (pattern, ...) is LLMS_ERR_INVALID_ARGUMENT */
 };
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
@@ -189,7 +195,7 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0                  \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL            \
     }
 
 /* Sets every field of *p to unset. */

@@ -306,21 +306,27 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
     return 0;
 }
 
-/* ollama's "format" into p: "json" is JSON mode; a JSON schema would pass for being
- * honoured if the reply were only some object, so it is refused. 0, or -1 with msg. */
+/* ollama's "format" into p: "json" is JSON mode, an object the JSON Schema the reply
+ * follows (its text lives in body; the session refuses one the engine cannot enforce).
+ * 0, or -1 with msg. */
 static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
 {
     json_object *v;
     if (!json_object_object_get_ex(body, "format", &v) || jsonfield_asks_nothing(v))
         return 0;
+    if (json_object_is_type(v, json_type_object)) {
+        p->has_format = 1;
+        p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+        p->json_schema = (char *)json_object_to_json_string_ext(
+            v, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        return 0;
+    }
     if (json_object_is_type(v, json_type_string) && strcmp(json_object_get_string(v), "json") == 0) {
         p->has_format = 1;
         p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
         return 0;
     }
-    snprintf(msg, cap, "'format': only \"json\" is supported (JSON mode%s)",
-             json_object_is_type(v, json_type_object) ? ", without a schema: there is no "
-                                                        "schema-constrained decoding" : "");
+    snprintf(msg, cap, "'format': \"json\" or a JSON Schema object");
     return -1;
 }
 

@@ -652,12 +652,22 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
     return 1;
 }
 
+/* The JSON text of a schema object in body: json-c keeps it in the object, so it lives
+ * as long as body, as the request's other strings do. */
+static const char *schema_text(json_object *schema)
+{
+    return json_object_to_json_string_ext(schema, JSON_C_TO_STRING_PLAIN |
+                                                      JSON_C_TO_STRING_NOSLASHESCAPE);
+}
+
 /* OpenAI's response_format into p: {"type": "text"} (or null) is free text,
- * {"type": "json_object"} JSON mode; a schema (json_schema) would pass for being honoured
- * if the reply were only some object, so it is refused. 0, or -1 with msg. */
+ * {"type": "json_object"} JSON mode, {"type": "json_schema", "json_schema": {"schema":
+ * {...}}} JSON mode following the schema (name, description and strict are read past:
+ * the schema is always enforced); llama.cpp's {"type": "json_object", "schema": {...}}
+ * too. The session refuses a schema the engine cannot enforce. 0, or -1 with msg. */
 static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
 {
-    json_object *v, *type;
+    json_object *v, *type, *inner, *schema = NULL;
     if (!json_object_object_get_ex(body, "response_format", &v) ||
         json_object_is_type(v, json_type_null))
         return 0;
@@ -666,16 +676,34 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
                                json_object_is_type(type, json_type_string)
                            ? json_object_get_string(type)
                            : "";
-    if (strcmp(name, "text") == 0 || strcmp(name, "json_object") == 0) {
-        p->has_format = 1;
-        p->format = name[0] == 't' ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
-                                   : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
-        return 0;
+    if (strcmp(name, "json_schema") == 0) {
+        if (!json_object_object_get_ex(v, "json_schema", &inner) ||
+            !json_object_is_type(inner, json_type_object) ||
+            !json_object_object_get_ex(inner, "schema", &schema) ||
+            !json_object_is_type(schema, json_type_object)) {
+            snprintf(msg, cap, "'response_format.json_schema.schema': a JSON Schema object is "
+                               "required");
+            return -1;
+        }
+    } else if (strcmp(name, "json_object") == 0 && json_object_object_get_ex(v, "schema", &inner) &&
+               !json_object_is_type(inner, json_type_null)) {
+        if (!json_object_is_type(inner, json_type_object)) {
+            snprintf(msg, cap, "'response_format.schema': not a JSON Schema object");
+            return -1;
+        }
+        schema = inner;
+    } else if (strcmp(name, "text") != 0 && strcmp(name, "json_object") != 0) {
+        snprintf(msg, cap, "'response_format': the type is one of \"text\", \"json_object\" "
+                           "and \"json_schema\"");
+        return -1;
     }
-    snprintf(msg, cap, "'response_format': only {\"type\": \"text\"} and {\"type\": "
-                       "\"json_object\"} are supported%s",
-             strcmp(name, "json_schema") == 0 ? " (JSON mode without a schema)" : "");
-    return -1;
+    p->has_format = 1;
+    p->format = schema                      ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA
+                : strcmp(name, "text") == 0 ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
+                                            : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+    if (schema)
+        p->json_schema = (char *)schema_text(schema);
+    return 0;
 }
 
 /* Sampling fields of an OpenAI request into p (strings point into body). */

@@ -23,7 +23,8 @@ typedef struct merged_params {
     const Llms__GenerationParams *bias;  /* the layer whose logit_bias applies, or NULL */
     int logprobs;                        /* -1: none */
     unsigned speculate;
-    bool json;                           /* FORMAT_JSON_OBJECT */
+    bool json;                           /* FORMAT_JSON_OBJECT or _SCHEMA */
+    const char *json_schema;             /* FORMAT_JSON_SCHEMA's schema, else NULL */
 } merged_params;
 
 /* Sampling settings: the request's, else the context's defaults, else the config's; a
@@ -46,6 +47,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     m->stops = m->bias = NULL;
     m->logprobs = -1;
     m->json = false;
+    m->json_schema = NULL;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -75,8 +77,11 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             m->bias = p;
         if (p->has_logprobs)
             m->logprobs = p->logprobs;
-        if (p->has_format)
-            m->json = p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+        if (p->has_format) {
+            m->json = p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+            m->json_schema =
+                p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA ? p->json_schema : NULL;
+        }
     }
     m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
     m->speculate = spec_mode_of_params(cfg, layers, 2);
@@ -107,6 +112,7 @@ void gen_free(gen *g)
     logprobs_pb_free(&g->lp_chunk);
     spec_gen_free(g);
     sampler_free(g->smp);
+    jsonschema_free(g->schema);
     free(g);
 }
 
@@ -284,7 +290,16 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         /* the table of the model's token bytes is built once, by its first JSON reply */
         if (!gm->json_vocab && jsonmask_vocab_new(gm->tok, &gm->json_vocab, err))
             goto fail;
-        jsonmask_cursor_init(&g->json, gm->json_vocab);
+        /* the session compiled it once already: this fails only on a stored context's
+         * defaults from a version that took more, or out of memory */
+        if (mp.json_schema) {
+            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+            if (jsonschema_compile(mp.json_schema, strlen(mp.json_schema), &g->schema, err))
+                goto fail;
+            code = LLMS__ERROR_CODE__INTERNAL;
+        }
+        jsonmask_cursor_init_schema(&g->json, gm->json_vocab,
+                                    g->schema ? g->schema : jsonschema_any_object());
     }
     /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
     g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn

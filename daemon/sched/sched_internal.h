@@ -93,8 +93,9 @@ typedef struct gen {
     int logprobs;          /* alternatives reported beside each token; -1: no logprobs */
     logprob_step *lp;      /* (reply_cap) each reply token's, when logprobs >= 0 */
     logprobs_pb lp_chunk;  /* a streamed chunk's messages, kept between tokens */
-    jsonmask_cursor json;  /* JSON mode (FORMAT_JSON_OBJECT) when json.vocab is set: the
-                              reply so far, which only allowed tokens extend */
+    jsonmask_cursor json;  /* JSON mode (FORMAT_JSON_OBJECT, _SCHEMA) when json.vocab is
+                              set: the reply so far, which only allowed tokens extend */
+    jsonschema *schema;    /* FORMAT_JSON_SCHEMA's, compiled: the cursor follows it */
     stop_matcher stop;
     /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
     int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */

@@ -30,8 +30,8 @@ from the first of these that loads:
     run in place, or pip install -e), then of the checkout pip installed it from (pip
     records that folder beside the package, PEP 610 direct_url.json). A folder counts as
     a checkout when it has client/llms.h.
- 4. libllmsclient.so.3 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
- 5. libllmsclient.so.3 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+ 4. libllmsclient.so.4 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.4 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
 
 The current directory is never searched. When none loads, LibraryNotFoundError (an
 OSError) names every path tried and why it failed. library_path() says which was loaded.
@@ -117,6 +117,7 @@ class _Params(ctypes.Structure):
         ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
         ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32), ("format", ctypes.c_int),
+        ("json_schema", ctypes.c_char_p),
     ]
 
 
@@ -303,7 +304,7 @@ _KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ct
 
 # The ABI the Structures above describe: what `make install` installs and what the
 # dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
-_SONAME = "libllmsclient.so.3"
+_SONAME = "libllmsclient.so.4"
 # Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). Installed
 # through a DESTDIR, nothing may have run ldconfig yet, and the dynamic loader alone would
 # not find it under /usr/local/lib.
@@ -477,7 +478,8 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
     logprobs: N in [0, 20] puts each generated token's log-probability, with its step's N
     likeliest tokens, in last_result.logprobs. format: "json" (JSON mode: the reply is one
-    JSON object) or "text"."""
+    JSON object), "text", or a JSON Schema (a dict, or its JSON text) the reply must be
+    an instance of."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -499,10 +501,15 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.frequency_penalty = frequency_penalty
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
-    if format is not None:
+    keep = []
+    if isinstance(format, dict) or (isinstance(format, str) and format.lstrip().startswith("{")):
+        schema = _b(format if isinstance(format, str) else json.dumps(format))
+        p.format, p.json_schema = 3, schema
+        keep.append(schema)
+    elif format is not None:
         formats = {"text": 1, "json": 2}
         if format not in formats:
-            raise ValueError("format must be 'text' or 'json'")
+            raise ValueError("format must be 'text', 'json' or a JSON Schema")
         p.format = formats[format]
     if logprobs is not None:
         p.logprobs, p.top_logprobs = 1, _u32("logprobs", logprobs)
@@ -512,7 +519,6 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.max_tokens = max_tokens
     if seed is not None:
         p.has_seed, p.seed = 1, seed
-    keep = []
     if stop:
         stops = [stop] if isinstance(stop, str) else list(stop)
         arr = (ctypes.c_char_p * len(stops))(*[_b(s) for s in stops])

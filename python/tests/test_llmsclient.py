@@ -2,6 +2,7 @@
 which sets LLMS_SOCKET, LLMS_CLIENT_LIB and LLMS_CLI, the path of this build's llms).
 Standard library only."""
 import ctypes
+import json
 import math
 import os
 import shutil
@@ -108,6 +109,19 @@ class ClientTest(unittest.TestCase):
         self.assertIsInstance(self.c.complete("x", max_tokens=2, format="text"), str)
         with self.assertRaises(ValueError):
             self.c.complete("x", format="yaml")
+
+    def test_json_schema_format_reaches_the_daemon(self):
+        # as above, the test vocabulary cannot begin the object: the daemon compiled the
+        # schema (a bad one is INVALID_ARGUMENT naming the keyword) and tried
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+        for fmt in (schema, json.dumps(schema)):
+            with self.assertRaises(llmsclient.LlmsError) as e:
+                self.c.complete("x", max_tokens=4, format=fmt)
+            self.assertEqual(e.exception.status_name, "FAILED_PRECONDITION")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", max_tokens=4, format={"type": "string", "pattern": "a"})
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        self.assertIn("'pattern'", str(e.exception))
 
     def test_tokenize_and_detokenize(self):
         ids = self.c.tokenize("one two three")
@@ -782,8 +796,8 @@ class LibrarySearchTest(unittest.TestCase):
             self.skipTest("a libllmsclient is installed on this machine")
         self.assertTrue(out.startswith("True\n"), out)
         for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
-                      "/usr/local/lib/libllmsclient.so.3", "/usr/lib/libllmsclient.so.3",
-                      "\n  libllmsclient.so.3: "]:
+                      "/usr/local/lib/libllmsclient.so.4", "/usr/lib/libllmsclient.so.4",
+                      "\n  libllmsclient.so.4: "]:
             self.assertIn(tried, out)
         self.assertIn("LLMS_CLIENT_LIB", out)
         self.assertIn("make install", out)

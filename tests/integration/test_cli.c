@@ -97,6 +97,21 @@ static void ask_format_json_reaches_the_daemon(void)
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --max-tokens 2 --format text ask 'Hi'",
              llms_path, llmsd.sock);
     CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) == 0, "%s", err);
+    /* --schema FILE: the daemon compiles it (a keyword it cannot enforce is named), then
+     * JSON mode meets this vocabulary as above */
+    char schema[700];
+    proc_fmt(schema, sizeof schema, "%s/cli-schema.json", test_tmpdir());
+    proc_fmt(cmd, sizeof cmd, "printf '{\"type\":\"array\",\"uniqueItems\":true}' > '%s' && "
+             "'%s' --socket '%s' --max-tokens 4 ask --schema '%s' 'Hi'", schema, llms_path,
+             llmsd.sock, schema);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "'uniqueItems'"), "%s", err);
+    proc_fmt(cmd, sizeof cmd, "printf '{\"type\":\"array\"}' > '%s' && '%s' --socket '%s' "
+             "--max-tokens 4 ask --schema '%s' 'Hi'", schema, llms_path, llmsd.sock, schema);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "JSON mode"), "%s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' ask --schema '%s' --format json 'Hi'",
+             llms_path, llmsd.sock, schema);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "give one of them"), "%s",
+              err);
 }
 
 static void chat_resumes_and_ctx_commands(void)

@@ -3,9 +3,10 @@
  * /v1/completions, /v1/chat/completions (whole and streamed) and /v1/llmsd/rag of a real
  * llmsd serving the trained documentation model. Every reply that ends with
  * finish_reason "stop" is an object json-c parses, one cut by max_tokens says "length";
- * speculation (lookup) changes no reply; json_schema is refused as a 400 that names what
- * is supported; a JSON-mode RAG query is never answered by the QA bank's free-text
- * answer. Skips without ../shared/testdata.
+ * speculation (lookup) changes no reply; a json_schema reply (OpenAI's, llama.cpp's and
+ * ollama's shapes, and the native client's) is an instance of its schema, and what the
+ * daemon cannot enforce is a 400 naming the keyword; a JSON-mode RAG query is never
+ * answered by the QA bank's free-text answer. Skips without ../shared/testdata.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -232,24 +233,152 @@ static void speculation_keeps_the_replies(void)
     llms_close(admin);
 }
 
-static void json_schema_is_refused(void)
+/* The schema the schema tests ask for: the shape of a small service's settings. */
+#define SETTINGS_SCHEMA                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":24},"   \
+    "\"port\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":65535},\"debug\":{\"type\":"      \
+    "\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"web\",\"db\",\"cache\"]},"  \
+    "\"maxItems\":3}},\"required\":[\"name\",\"port\",\"debug\"]}"
+
+/* Whether text is an instance of SETTINGS_SCHEMA (checked here by hand, not by the
+ * daemon's compiler), keys in the schema's order. */
+static bool is_settings(const char *text)
+{
+    json_object *o = json_tokener_parse(text), *v;
+    bool ok = o && json_object_is_type(o, json_type_object);
+    static const char *const order[] = {"name", "port", "debug", "tags"};
+    int at = 0, n = 0;
+    json_object_object_foreach(ok ? o : NULL, key, val)
+    {
+        (void)val;
+        while (at < 4 && strcmp(order[at], key))
+            at++;
+        ok &= at < 4;
+        n++;
+    }
+    ok = ok && n >= 3 && json_object_object_get_ex(o, "name", &v) &&
+         json_object_is_type(v, json_type_string) && json_object_get_string_len(v) <= 24 &&
+         json_object_object_get_ex(o, "port", &v) && json_object_is_type(v, json_type_int) &&
+         json_object_get_int64(v) >= 1 && json_object_get_int64(v) <= 65535 &&
+         json_object_object_get_ex(o, "debug", &v) && json_object_is_type(v, json_type_boolean);
+    if (ok && json_object_object_get_ex(o, "tags", &v)) {
+        ok = json_object_is_type(v, json_type_array) && json_object_array_length(v) <= 3;
+        for (size_t i = 0; ok && i < json_object_array_length(v); i++) {
+            const char *t = json_object_get_string(json_object_array_get_idx(v, i));
+            ok = t && (!strcmp(t, "web") || !strcmp(t, "db") || !strcmp(t, "cache"));
+        }
+    }
+    json_object_put(o);
+    return ok;
+}
+
+/* OpenAI's json_schema response_format (and llama.cpp's json_object with a schema) on
+ * completions and chats, greedy and seeded: a reply that stops is an instance of the
+ * schema; one cut by max_tokens a prefix of it. */
+static void json_schema_replies_follow_it(void)
 {
     NEED_DAEMON();
     static const char *const formats[] = {
-        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{}}}",
-        "{\"type\":\"yaml\"}", "{}", "\"json_object\""};
-    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
-        char body[512];
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"settings\",\"strict\":true,"
+        "\"schema\":" SETTINGS_SCHEMA "}}",
+        "{\"type\":\"json_object\",\"schema\":" SETTINGS_SCHEMA "}",
+    };
+    static const char *const routes[][2] = {
+        {"/v1/completions", "\"prompt\":\"The service is described in config.json:\\n\""},
+        {"/v1/chat/completions",
+         "\"messages\":[{\"role\":\"user\",\"content\":\"Describe the web service.\"}]"},
+    };
+    int stopped = 0, runs = 0;
+    for (size_t r = 0; r < 2; r++)
+        for (int seed = 0; seed < 4; seed++) {
+            char body[2048];
+            snprintf(body, sizeof body, "{%s,\"max_tokens\":160,\"seed\":%d,%s"
+                     "\"response_format\":%s}", routes[r][1], seed,
+                     seed == 0 ? "\"temperature\":0," : "", formats[seed % 2]);
+            int st;
+            json_object *o = httpc_post_json(hsock, routes[r][0], body, &st);
+            const char *text = o ? httpc_jstr(o, r ? "choices.0.message.content"
+                                                   : "choices.0.text")
+                                 : NULL;
+            const char *finish = o ? httpc_jstr(o, "choices.0.finish_reason") : NULL;
+            CHECK_MSG(st == 200 && text && finish, "%s seed %d: status %d", routes[r][0], seed,
+                      st);
+            runs++;
+            if (!strcmp(finish, "stop")) {
+                stopped++;
+                CHECK_MSG(is_settings(text), "%s seed %d: '%s' is not an instance", routes[r][0],
+                          seed, text);
+            } else {
+                CHECK_MSG(!strcmp(finish, "length") && text[strspn(text, " \t\r\n")] == '{',
+                          "%s seed %d: %s '%s'", routes[r][0], seed, finish, text);
+            }
+            json_object_put(o);
+        }
+    printf("       %d of %d replies completed their instance\n", stopped, runs);
+    CHECK(stopped * 2 >= runs);
+}
+
+/* What cannot be enforced is refused as a 400 naming it; so is a malformed format. */
+static void json_schema_refusals(void)
+{
+    NEED_DAEMON();
+    static const struct {
+        const char *format, *says;
+    } cases[] = {
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
+         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x\"}}}}}",
+         "'pattern' at #/properties/a is not supported"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
+         "\"string\"}}}", "top-level value must be an object or an array"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\"}}", "json_schema.schema"},
+        {"{\"type\":\"json_object\",\"schema\":3}", "response_format.schema"},
+        {"{\"type\":\"yaml\"}", "json_schema"},
+        {"{}", "response_format"},
+        {"\"json_object\"", "response_format"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[1024];
         snprintf(body, sizeof body,
-                 "{\"prompt\":\"x\",\"max_tokens\":2,\"response_format\":%s}", formats[i]);
+                 "{\"prompt\":\"x\",\"max_tokens\":2,\"response_format\":%s}", cases[i].format);
         int st;
         json_object *o = httpc_post_json(hsock, "/v1/completions", body, &st);
         const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
-        CHECK_MSG(st == 400 && msg && strstr(msg, "response_format") &&
-                      strstr(msg, "json_object"),
-                  "%s: status %d, '%s'", formats[i], st, msg ? msg : "");
+        CHECK_MSG(st == 400 && msg && strstr(msg, cases[i].says), "%s: status %d, '%s'",
+                  cases[i].format, st, msg ? msg : "");
         json_object_put(o);
     }
+}
+
+/* ollama's format with a schema: /api/generate and /api/chat reply with an instance. */
+static void ollama_format_schema(void)
+{
+    NEED_DAEMON();
+    static const char *const reqs[][2] = {
+        {"/api/generate", "\"prompt\":\"The service is described in config.json:\\n\""},
+        {"/api/chat", "\"messages\":[{\"role\":\"user\",\"content\":\"Describe it.\"}]"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{\"model\":\"docs-lm-21M-F16\",%s,\"stream\":false,"
+                 "\"options\":{\"temperature\":0,\"num_predict\":200},\"format\":"
+                 SETTINGS_SCHEMA "}", reqs[i][1]);
+        int st;
+        json_object *o = httpc_post_json(hsock, reqs[i][0], body, &st);
+        const char *text = o ? httpc_jstr(o, i ? "message.content" : "response") : NULL;
+        const char *why = o ? httpc_jstr(o, "done_reason") : NULL;
+        CHECK_MSG(st == 200 && text && why, "%s: status %d", reqs[i][0], st);
+        CHECK_MSG(strcmp(why, "stop") || is_settings(text), "%s: '%s' is not an instance",
+                  reqs[i][0], text);
+        json_object_put(o);
+    }
+    int st;
+    json_object *o = httpc_post_json(hsock, "/api/generate",
+                                     "{\"model\":\"docs-lm-21M-F16\",\"prompt\":\"x\",\"format\":"
+                                     "{\"type\":\"object\",\"minProperties\":1}}", &st);
+    const char *msg = o ? httpc_jstr(o, "error") : NULL;
+    CHECK_MSG(st == 400 && msg && strstr(msg, "'minProperties'"), "status %d, '%s'", st,
+              msg ? msg : "");
+    json_object_put(o);
 }
 
 /* The QA bank keeps free-text answers: a JSON-mode query neither takes one nor leaves
@@ -333,6 +462,47 @@ static void native_client_asks_json_mode(void)
     llms_close(c);
 }
 
+/* llms_params.json_schema with LLMS_FORMAT_JSON_SCHEMA: the gateway's greedy reply, as a
+ * context's default too; a schema without the format is refused. */
+static void native_client_asks_a_schema(void)
+{
+    NEED_DAEMON();
+    int st;
+    json_object *o = httpc_post_json(
+        hsock, "/v1/completions",
+        "{\"prompt\":\"The service is described in config.json:\\n\",\"max_tokens\":160,"
+        "\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"s\",\"schema\":" SETTINGS_SCHEMA "}}}", &st);
+    CHECK(o && st == 200);
+    char *want = strdup(httpc_jstr(o, "choices.0.text"));
+    json_object_put(o);
+    llms_conn *c = proc_connect(&daemon_, "native-schema");
+    CHECK(c && want);
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 160;
+    p.format = LLMS_FORMAT_JSON_SCHEMA;
+    p.json_schema = SETTINGS_SCHEMA;
+    llms_result r = {0};
+    CHECK_EQ(llms_complete(c, "The service is described in config.json:\n", NULL, 0, &p, NULL,
+                           NULL, &r), LLMS_OK);
+    CHECK_MSG(!strcmp(r.text, want), "native '%s', gateway '%s'", r.text, want);
+    llms_result_free(&r);
+    /* a context's default: its calls follow the schema without asking */
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, NULL, &p, id), LLMS_OK);
+    CHECK_EQ(llms_call(c, id, "Describe the web service.", NULL, NULL, NULL, &r), LLMS_OK);
+    CHECK_MSG(r.stop_reason != LLMS_STOP_EOS || is_settings(r.text), "'%s'", r.text);
+    CHECK_MSG(r.text[strspn(r.text, " \t\r\n")] == '{', "reply %s", r.text);
+    llms_result_free(&r);
+    p.format = LLMS_FORMAT_JSON_OBJECT;
+    CHECK_EQ(llms_complete(c, "x", NULL, 0, &p, NULL, NULL, &r), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "json_schema is given without"), "%s",
+              llms_last_error(c));
+    free(want);
+    llms_close(c);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -343,9 +513,12 @@ int main(int argc, char **argv)
     RUN(greedy_is_a_json_prefix);
     RUN(streamed_json_equals_whole);
     RUN(speculation_keeps_the_replies);
-    RUN(json_schema_is_refused);
+    RUN(json_schema_replies_follow_it);
+    RUN(json_schema_refusals);
+    RUN(ollama_format_schema);
     RUN(rag_json_mode_skips_the_qa_bank);
     RUN(native_client_asks_json_mode);
+    RUN(native_client_asks_a_schema);
     if (daemon_up == 1)
         proc_stop(&daemon_, SIGTERM);
     free((char *)model_path);
