@@ -43,7 +43,8 @@
 /* A body's deadline grows with its size, as a native frame's: a MiB a second is far
  * below what any local client sends, however loaded the machine. */
 #define BODY_MS_PER_MIB 1000
-/* Request ids on a gateway connection: its Bind, then its one request. */
+/* Request ids on a gateway connection: its Bind, then its request (a generation's n
+ * choices: ID_WORK + i for choice i). */
 #define ID_BIND 1
 #define ID_WORK 2
 
@@ -213,7 +214,10 @@ static void hreq_free(hreq *hr)
     free(hr->prefix);
     free(hr->bias);
     free(hr->bias_ptrs);
-    json_object_put(hr->lp);
+    for (unsigned i = 0; i < hr->n_choices; i++) {
+        json_object_put(hr->choices[i].lp);
+        frame_free_response(hr->choices[i].result);
+    }
     free(hr);
 }
 
@@ -233,7 +237,7 @@ static size_t unread(const hreq *hr)
     return httpwire_unsent(hr->wc);
 }
 
-static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
+static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
 {
     if (!hr->stream)
         return;
@@ -245,8 +249,8 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
         return;
     }
     if (hr->cancel_sent || unread(hr) > CONNBUDGET_OUT_CAP) {
-        /* As for a native connection that does not read: the generation stops, and the
-         * final result (the whole text) fills in what was not streamed, from hr->sent.
+        /* As for a native connection that does not read: the generations stop, and each
+         * final result (the whole text) fills in what was not streamed, from its sent.
          * Chunks already on their way are dropped too, even once the client has read
          * again: sent after a gap, they would leave that offset behind the text shown. */
         if (!hr->cancel_sent) {
@@ -262,12 +266,12 @@ static void on_chunk(hreq *hr, const Llms__CallChunk *ch)
             ollama_stream_text(hr, ch->text, strlen(ch->text));
         return;
     }
-    openai_logprobs_add(hr, ch->logprobs, ch->n_logprobs);
-    hr->lp_seen += ch->n_logprobs;
+    openai_logprobs_add(hr, choice, ch->logprobs, ch->n_logprobs);
+    hr->choices[choice].lp_seen += ch->n_logprobs;
     /* a piece held back while it may begin a stop string is empty: no event, as OpenAI
      * sends no empty deltas (its tokens' logprobs go with the next) */
     if (ch->text[0])
-        openai_sse_text(hr, ch->text, strlen(ch->text), NULL);
+        openai_sse_text(hr, choice, ch->text, strlen(ch->text), NULL);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -389,17 +393,25 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
         finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
         return;
     }
+    /* the choice a generation's frame is of: its request id's place after ID_WORK */
+    bool generation = r->body_case == LLMS__RESPONSE__BODY_CHUNK ||
+                      r->body_case == LLMS__RESPONSE__BODY_RESULT;
+    uint64_t choice = r->id - ID_WORK;
     if (r->error) {
         finish_error(hr, r->error->code, r->error->message);
+    } else if (generation && (r->id < ID_WORK || choice >= hr->n_choices)) {
+        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "a reply of no request from the worker");
     } else if (r->body_case == LLMS__RESPONSE__BODY_BIND) {
         /* Bound: the request itself follows. */
     } else if (r->body_case == LLMS__RESPONSE__BODY_CHUNK) {
-        on_chunk(hr, r->chunk);
+        on_chunk(hr, (unsigned)choice, r->chunk);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
-        if (http_route_is_ollama(hr->route))
+        if (http_route_is_ollama(hr->route)) {
             ollama_on_result(hr, r->result);
-        else
-            openai_on_result(hr, r->result);
+        } else {
+            openai_on_result(hr, (unsigned)choice, r);
+            r = NULL; /* taken */
+        }
     } else if (r->body_case == LLMS__RESPONSE__BODY_RAG_RESULT) {
         openai_on_rag_result(hr, r->rag_result);
     } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
@@ -783,6 +795,7 @@ static hreq *hreq_new(http *h, httpwire_conn *wc, enum route r, const session *s
     snprintf(hr->model, sizeof hr->model, "%s", model ? model->name : "");
     hr->family = model ? model->family : CHAT_PLAIN;
     hr->ss = *ss;
+    hr->n_choices = 1;
     hr->ss.conn_id = HTTP_CONN_BIT | ++h->next_id;
     hr->created = (int64_t)time(NULL);
     uint64_t rnd = 0;

@@ -54,6 +54,21 @@ static inline bool http_route_is_ollama(enum route r)
 typedef struct token_entry token_entry;
 typedef struct gwconn gwconn;
 
+/* Choices one generation request may ask for (OpenAI's "n"): each is a native request of
+ * its own, queued and admitted as one more request of the app. */
+#define HTTP_CHOICES_MAX 16
+
+/* One choice of a generation: what of it has been streamed, and its final reply. */
+typedef struct gen_choice {
+    size_t sent;               /* bytes of its text already streamed */
+    json_object *lp;           /* logprobs received and not yet sent in an SSE event */
+    size_t lp_seen;            /* tokens whose logprobs came in streamed chunks */
+    size_t lp_chars;           /* characters of its text before the next token (a
+                                  completion's text_offset) */
+    Llms__Response *result;    /* its final reply, kept until every choice has one; NULL
+                                  while it runs */
+} gen_choice;
+
 typedef struct hreq {
     http *h;
     httpwire_conn *wc;
@@ -70,15 +85,14 @@ typedef struct hreq {
     const char *model_named;   /* the body's "model", or NULL: the route's default */
     char model[MODELS_NAME_MAX + 1]; /* the model the reply names */
     enum chat_family family;   /* its chat template (a chat is rendered with it) */
-    size_t sent;               /* bytes of reply text already streamed */
-    char *prefix;              /* the start of every SSE chunk ("data: {...,\"choices\":[{") */
+    char *prefix;              /* the start of every SSE chunk, up to its choice's index
+                                  ("data: {...,\"choices\":[{\"index\":") */
     Llms__TokenBias *bias;     /* (n_bias) the body's logit_bias, for the request's params */
     Llms__TokenBias **bias_ptrs; /* (n_bias) pointers to them, as protobuf-c wants */
     bool logprobs;             /* the body asked for them */
-    json_object *lp;           /* logprobs received and not yet sent in an SSE event */
-    size_t lp_seen;            /* tokens whose logprobs came in streamed chunks */
-    size_t lp_chars;           /* characters of the reply before the next token (a
-                                  completion's text_offset) */
+    unsigned n_choices;        /* the body's "n" (1 for every other route) */
+    unsigned n_ended;          /* choices whose final reply came */
+    gen_choice choices[HTTP_CHOICES_MAX];
     struct evbuffer *sse;
     char id[48];
     int64_t created;
@@ -178,17 +192,21 @@ void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
 /* Begins hr's SSE reply (headers; for a chat the assistant role). 0, or -1 out of memory. */
 int openai_sse_start(hreq *hr);
 
-/* Streams n bytes of text as one SSE chunk of hr, with the logprobs hr holds (taken);
- * finish: NULL, or the finish_reason that ends the stream. */
-void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish);
+/* Streams n bytes of text of choice i as one SSE chunk of hr, with the logprobs the
+ * choice holds (taken); finish: NULL, or the finish_reason that ends the choice. */
+void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const char *finish);
 
-/* Adds the logprobs of n more tokens to those hr holds for its next SSE event (nothing
- * when the body asked for none). */
-void openai_logprobs_add(hreq *hr, Llms__TokenLogprob *const *lps, size_t n);
+/* Adds the logprobs of n more tokens to those choice i holds for its next SSE event
+ * (nothing when the body asked for none). */
+void openai_logprobs_add(hreq *hr, unsigned i, Llms__TokenLogprob *const *lps, size_t n);
 
-/* hr's final answer from the worker's native reply: a completion or chat turn, a RAG
- * answer, embeddings, rerank scores. Each ends hr. */
-void openai_on_result(hreq *hr, const Llms__CallResult *res);
+/* The final reply of choice i of a completion or chat turn (r, a Response with a result,
+ * taken): kept, and streamed at once when hr streams; the last choice's ends hr with
+ * the answer of them all. */
+void openai_on_result(hreq *hr, unsigned i, Llms__Response *r);
+
+/* hr's final answer from the worker's native reply: a RAG answer, embeddings, rerank
+ * scores. Each ends hr. */
 void openai_on_rag_result(hreq *hr, const Llms__RagResult *res);
 void openai_on_embed(hreq *hr, const Llms__EmbedResponse *e);
 void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr);

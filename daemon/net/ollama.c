@@ -537,7 +537,7 @@ void ollama_stream_text(hreq *hr, const char *text, size_t n)
     evbuffer_add_printf(hr->sse, "%s\n", http_json_text(o));
     json_object_put(o);
     httpwire_stream_chunk(hr->wc, hr->sse);
-    hr->sent += n;
+    hr->choices[0].sent += n;
 }
 
 void ollama_on_result(hreq *hr, const Llms__CallResult *res)
@@ -550,7 +550,7 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     if (hr->stream) {
         ollama_stream_start(hr);
         /* text of chunks dropped for a slow reader, or none */
-        size_t from = hr->sent < len ? hr->sent : len;
+        size_t from = hr->choices[0].sent < len ? hr->choices[0].sent : len;
         if (from < len)
             ollama_stream_text(hr, res->text + from, len - from);
     }

@@ -16,6 +16,7 @@
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
+#include "proto/frame.h"
 
 /* ---- errors ---- */
 
@@ -233,34 +234,35 @@ static size_t piece_chars(const ProtobufCBinaryData *piece)
     return n;
 }
 
-void openai_logprobs_add(hreq *hr, Llms__TokenLogprob *const *lps, size_t n)
+void openai_logprobs_add(hreq *hr, unsigned i, Llms__TokenLogprob *const *lps, size_t n)
 {
     if (!hr->logprobs || n == 0)
         return;
     bool chat = hr->route == R_CHAT;
+    gen_choice *c = &hr->choices[i];
     json_object *content, *tokens, *token_lps, *tops, *offsets;
-    if (!hr->lp) {
+    if (!c->lp) {
         /* chat: {"content": [...], "refusal": null}; a completion: four parallel lists */
-        if (!(hr->lp = json_object_new_object()))
+        if (!(c->lp = json_object_new_object()))
             return;
         if (chat) {
-            json_object_object_add(hr->lp, "content", json_object_new_array());
-            json_object_object_add(hr->lp, "refusal", NULL);
+            json_object_object_add(c->lp, "content", json_object_new_array());
+            json_object_object_add(c->lp, "refusal", NULL);
         } else {
-            json_object_object_add(hr->lp, "tokens", json_object_new_array());
-            json_object_object_add(hr->lp, "token_logprobs", json_object_new_array());
-            json_object_object_add(hr->lp, "top_logprobs", json_object_new_array());
-            json_object_object_add(hr->lp, "text_offset", json_object_new_array());
+            json_object_object_add(c->lp, "tokens", json_object_new_array());
+            json_object_object_add(c->lp, "token_logprobs", json_object_new_array());
+            json_object_object_add(c->lp, "top_logprobs", json_object_new_array());
+            json_object_object_add(c->lp, "text_offset", json_object_new_array());
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        const Llms__TokenLogprob *t = lps[i];
+    for (size_t j = 0; j < n; j++) {
+        const Llms__TokenLogprob *t = lps[j];
         if (chat) {
             json_object *e = chat_token_entry(t), *top = json_object_new_array();
             for (size_t k = 0; k < t->n_top; k++)
                 json_object_array_add(top, chat_token_entry(t->top[k]));
             json_object_object_add(e, "top_logprobs", top);
-            if (json_object_object_get_ex(hr->lp, "content", &content))
+            if (json_object_object_get_ex(c->lp, "content", &content))
                 json_object_array_add(content, e);
             continue;
         }
@@ -273,30 +275,30 @@ void openai_logprobs_add(hreq *hr, Llms__TokenLogprob *const *lps, size_t n)
                 json_object_object_add(top, key, logprob_number(t->top[k]->logprob));
             json_object_put(s);
         }
-        if (json_object_object_get_ex(hr->lp, "tokens", &tokens) &&
-            json_object_object_get_ex(hr->lp, "token_logprobs", &token_lps) &&
-            json_object_object_get_ex(hr->lp, "top_logprobs", &tops) &&
-            json_object_object_get_ex(hr->lp, "text_offset", &offsets)) {
+        if (json_object_object_get_ex(c->lp, "tokens", &tokens) &&
+            json_object_object_get_ex(c->lp, "token_logprobs", &token_lps) &&
+            json_object_object_get_ex(c->lp, "top_logprobs", &tops) &&
+            json_object_object_get_ex(c->lp, "text_offset", &offsets)) {
             json_object_array_add(tokens, piece_string(&t->piece));
             json_object_array_add(token_lps, logprob_number(t->logprob));
             json_object_array_add(tops, top);
-            json_object_array_add(offsets, json_object_new_int64((int64_t)hr->lp_chars));
+            json_object_array_add(offsets, json_object_new_int64((int64_t)c->lp_chars));
         } else {
             json_object_put(top);
         }
-        hr->lp_chars += piece_chars(&t->piece);
+        c->lp_chars += piece_chars(&t->piece);
     }
 }
 
-/* The "logprobs" member of a choice: those hr holds (taken), or null. */
-static json_object *take_logprobs(hreq *hr)
+/* The "logprobs" member of choice i: those it holds (taken), or null. */
+static json_object *take_logprobs(hreq *hr, unsigned i)
 {
-    json_object *o = hr->lp;
-    hr->lp = NULL;
+    json_object *o = hr->choices[i].lp;
+    hr->choices[i].lp = NULL;
     return o;
 }
 
-/* Begins the SSE reply: headers, then for chat the assistant role. */
+/* Begins the SSE reply: headers, then for chat the assistant role of each choice. */
 int openai_sse_start(hreq *hr)
 {
     if (hr->started)
@@ -304,7 +306,7 @@ int openai_sse_start(hreq *hr)
     json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
     const char *s = o ? http_json_text(o) : NULL;
     size_t n = s ? strlen(s) : 0;
-    const char *tail = ",\"choices\":[{\"index\":0,";
+    const char *tail = ",\"choices\":[{\"index\":";
     hr->prefix = n ? malloc(6 + n + strlen(tail)) : NULL;
     if (!hr->prefix) {
         json_object_put(o);
@@ -319,19 +321,21 @@ int openai_sse_start(hreq *hr)
     http_count_status(hr->h, hr->route, 200);
     hr->started = true;
     if (is_chat(hr)) {
-        evbuffer_add_printf(hr->sse, "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                                     "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
-                            hr->prefix);
+        for (unsigned i = 0; i < hr->n_choices; i++)
+            evbuffer_add_printf(hr->sse, "%s%u,\"delta\":{\"role\":\"assistant\",\"content\":"
+                                         "\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                                hr->prefix, i);
         httpwire_stream_chunk(hr->wc, hr->sse);
     }
     return 0;
 }
 
-/* One SSE event with a piece of text and, at the end, the finish reason. */
-void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
+/* One SSE event of choice i with a piece of text and, at its end, the finish reason. */
+void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const char *finish)
 {
     struct evbuffer *b = hr->sse;
     evbuffer_add(b, hr->prefix, strlen(hr->prefix));
+    evbuffer_add_printf(b, "%u,", i);
     if (is_chat(hr)) {
         if (n || !finish) {
             evbuffer_add(b, "\"delta\":{\"content\":\"", 20);
@@ -345,7 +349,7 @@ void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
         add_escaped(b, text, n);
         evbuffer_add(b, "\"", 1);
     }
-    json_object *lp = take_logprobs(hr);
+    json_object *lp = take_logprobs(hr, i);
     evbuffer_add_printf(b, ",\"logprobs\":%s", lp ? http_json_text(lp) : "null");
     json_object_put(lp);
     if (finish)
@@ -353,7 +357,7 @@ void openai_sse_text(hreq *hr, const char *text, size_t n, const char *finish)
     else
         evbuffer_add_printf(b, ",\"finish_reason\":null}]}\n\n");
     httpwire_stream_chunk(hr->wc, b);
-    hr->sent += n;
+    hr->choices[i].sent += n;
 }
 
 static json_object *usage_obj(uint32_t prompt, uint32_t gen)
@@ -367,99 +371,174 @@ static json_object *usage_obj(uint32_t prompt, uint32_t gen)
     return u;
 }
 
-static json_object *llmsd_obj(const hreq *hr, const Llms__CallResult *res)
+/* The "llmsd" object of a generation whose choices have all ended: why each stopped (one
+ * choice: "stop_reason"; several: "stop_reasons" by index) and the times of the whole,
+ * each the longest of its choices' (they run side by side). */
+static json_object *llmsd_obj(const hreq *hr)
 {
     json_object *x = json_object_new_object();
     if (!x)
         return NULL;
-    json_object_object_add(x, "stop_reason", json_object_new_string(stop_name(res->stop_reason)));
-    json_object_object_add(x, "queue_ms", json_object_new_double(res->queue_ms));
-    json_object_object_add(x, "prefill_ms", json_object_new_double(res->prefill_ms));
-    json_object_object_add(x, "decode_ms", json_object_new_double(res->decode_ms));
+    const Llms__CallResult *first = hr->choices[0].result->result;
+    double queue_ms = 0, prefill_ms = 0, decode_ms = 0;
+    json_object *reasons = hr->n_choices > 1 ? json_object_new_array() : NULL;
+    for (unsigned i = 0; i < hr->n_choices; i++) {
+        const Llms__CallResult *res = hr->choices[i].result->result;
+        queue_ms = fmax(queue_ms, res->queue_ms);
+        prefill_ms = fmax(prefill_ms, res->prefill_ms);
+        decode_ms = fmax(decode_ms, res->decode_ms);
+        if (reasons)
+            json_object_array_add(reasons, json_object_new_string(stop_name(res->stop_reason)));
+    }
+    if (reasons)
+        json_object_object_add(x, "stop_reasons", reasons);
+    else
+        json_object_object_add(x, "stop_reason",
+                               json_object_new_string(stop_name(first->stop_reason)));
+    json_object_object_add(x, "queue_ms", json_object_new_double(queue_ms));
+    json_object_object_add(x, "prefill_ms", json_object_new_double(prefill_ms));
+    json_object_object_add(x, "decode_ms", json_object_new_double(decode_ms));
     if (hr->context_id) {
         json_object_object_add(x, "context", json_object_new_string(hr->context_id));
-        json_object_object_add(x, "context_tokens", json_object_new_int64(res->context_tokens));
+        json_object_object_add(x, "context_tokens", json_object_new_int64(first->context_tokens));
     }
     return x;
 }
 
-/* The final reply of a generation (a completion, a chat turn, a RAG answer): the last SSE
- * chunks, or the whole object; extra is its "llmsd" object (taken over, may be NULL);
- * lps the logprobs of every generated token (n_lps, when asked for). */
-static void reply_generation(hreq *hr, uint32_t prompt_tokens, uint32_t generated_tokens,
-                             Llms__StopReason stop, const char *text, json_object *extra,
-                             Llms__TokenLogprob *const *lps, size_t n_lps)
+/* How a choice ended: its whole text, why it stopped, the logprobs of its tokens. */
+typedef struct choice_end {
+    const char *text;
+    Llms__StopReason stop;
+    Llms__TokenLogprob *const *lps;
+    size_t n_lps;
+} choice_end;
+
+/* The last SSE event of choice i: the text (and logprobs) of chunks dropped for a slow
+ * reader, none otherwise, and its finish_reason. 0, or -1 after ending hr (out of
+ * memory). */
+static int stream_choice_end(hreq *hr, unsigned i, const choice_end *e)
 {
-    http *h = hr->h;
-    h->prompt_tokens += prompt_tokens;
-    h->completion_tokens += generated_tokens;
-    const char *fin = openai_finish_reason(stop);
-    if (hr->stream) {
-        if (openai_sse_start(hr)) {
-            openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-            return;
-        }
-        http_req_finish(hr);
-        size_t len = strlen(text);
-        /* Text of chunks dropped for a slow reader, or none; so for logprobs. */
-        size_t from = hr->sent < len ? hr->sent : len;
-        if (hr->lp_seen < n_lps)
-            openai_logprobs_add(hr, lps + hr->lp_seen, n_lps - hr->lp_seen);
-        openai_sse_text(hr, text + from, len - from, fin);
-        /* A RAG answer's outcome and passages come in this last chunk whether or not
-         * usage was asked for: they are what the route is for. */
-        if (hr->include_usage || hr->route == R_RAG) {
-            json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
-            if (o) {
-                json_object_object_add(o, "choices", json_object_new_array());
-                json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
-                json_object_object_add(o, "llmsd", extra);
-                extra = NULL;
-                evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
-                json_object_put(o);
-            }
-        }
-        json_object_put(extra);
-        evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
-        httpwire_stream_chunk(hr->wc, hr->sse);
-        httpwire_stream_end(hr->wc);
-        return;
+    if (openai_sse_start(hr)) {
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return -1;
     }
-    http_req_finish(hr);
+    const gen_choice *c = &hr->choices[i];
+    size_t len = strlen(e->text);
+    size_t from = c->sent < len ? c->sent : len;
+    if (c->lp_seen < e->n_lps)
+        openai_logprobs_add(hr, i, e->lps + c->lp_seen, e->n_lps - c->lp_seen);
+    openai_sse_text(hr, i, e->text + from, len - from, openai_finish_reason(e->stop));
+    return 0;
+}
+
+/* The end of a stream whose choices have all ended: the usage event, then [DONE]. */
+static void stream_end(hreq *hr, json_object *usage, json_object *extra)
+{
+    /* A RAG answer's outcome and passages come in this last event whether or not usage
+     * was asked for: they are what the route is for. */
+    if (hr->include_usage || hr->route == R_RAG) {
+        json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion.chunk" : "text_completion");
+        if (o) {
+            json_object_object_add(o, "choices", json_object_new_array());
+            json_object_object_add(o, "usage", usage);
+            json_object_object_add(o, "llmsd", extra);
+            usage = extra = NULL;
+            evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
+            json_object_put(o);
+        }
+    }
+    json_object_put(usage);
+    json_object_put(extra);
+    evbuffer_add_printf(hr->sse, "data: [DONE]\n\n");
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
+}
+
+/* The whole reply: its choices as ends say (hr->n_choices of them), usage and extra. */
+static void reply_whole(hreq *hr, const choice_end *ends, json_object *usage, json_object *extra)
+{
     json_object *o = gen_head(hr, is_chat(hr) ? "chat.completion" : "text_completion");
-    json_object *choices = json_object_new_array(), *c = json_object_new_object();
-    if (!o || !choices || !c) {
+    json_object *choices = json_object_new_array();
+    if (!o || !choices) {
         json_object_put(choices);
-        json_object_put(c);
         json_object_put(o);
+        json_object_put(usage);
         json_object_put(extra);
-        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+        openai_send_error(hr->h, hr->wc, hr->route, 500, "server_error", "internal_error",
                           "out of memory");
         return;
     }
-    json_object_object_add(c, "index", json_object_new_int(0));
-    if (is_chat(hr)) {
-        json_object *m = json_object_new_object();
-        json_object_object_add(m, "role", json_object_new_string("assistant"));
-        json_object_object_add(m, "content", json_object_new_string(text));
-        json_object_object_add(c, "message", m);
-    } else {
-        json_object_object_add(c, "text", json_object_new_string(text));
+    for (unsigned i = 0; i < hr->n_choices; i++) {
+        json_object *c = json_object_new_object();
+        if (!c)
+            continue;
+        json_object_object_add(c, "index", json_object_new_int((int)i));
+        if (is_chat(hr)) {
+            json_object *m = json_object_new_object();
+            json_object_object_add(m, "role", json_object_new_string("assistant"));
+            json_object_object_add(m, "content", json_object_new_string(ends[i].text));
+            json_object_object_add(c, "message", m);
+        } else {
+            json_object_object_add(c, "text", json_object_new_string(ends[i].text));
+        }
+        openai_logprobs_add(hr, i, ends[i].lps, ends[i].n_lps);
+        json_object_object_add(c, "logprobs", take_logprobs(hr, i));
+        json_object_object_add(c, "finish_reason",
+                               json_object_new_string(openai_finish_reason(ends[i].stop)));
+        json_object_array_add(choices, c);
     }
-    openai_logprobs_add(hr, lps, n_lps);
-    json_object_object_add(c, "logprobs", take_logprobs(hr));
-    json_object_object_add(c, "finish_reason", json_object_new_string(fin));
-    json_object_array_add(choices, c);
     json_object_object_add(o, "choices", choices);
-    json_object_object_add(o, "usage", usage_obj(prompt_tokens, generated_tokens));
+    json_object_object_add(o, "usage", usage);
     json_object_object_add(o, "llmsd", extra);
-    http_send_json(h, hr->wc, hr->route, 200, o);
+    http_send_json(hr->h, hr->wc, hr->route, 200, o);
 }
 
-void openai_on_result(hreq *hr, const Llms__CallResult *res)
+/* The final reply of a generation (a completion, a chat turn, a RAG answer) whose choices
+ * have all ended as ends say: a stream's end (each choice's last event has gone), or the
+ * whole object. Usage counts the prompt once and the choices' tokens together, as
+ * OpenAI's does; extra is its "llmsd" object (taken over, may be NULL). */
+static void reply_generation(hreq *hr, const choice_end *ends, uint32_t prompt_tokens,
+                             uint32_t generated_tokens, json_object *extra)
 {
-    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
-                     llmsd_obj(hr, res), res->logprobs, res->n_logprobs);
+    http_req_finish(hr);
+    json_object *usage = usage_obj(prompt_tokens, generated_tokens);
+    if (hr->stream)
+        stream_end(hr, usage, extra);
+    else
+        reply_whole(hr, ends, usage, extra);
+}
+
+static choice_end end_of(const Llms__CallResult *res)
+{
+    return (choice_end){res->text, res->stop_reason, res->logprobs, res->n_logprobs};
+}
+
+void openai_on_result(hreq *hr, unsigned i, Llms__Response *r)
+{
+    gen_choice *c = &hr->choices[i];
+    if (c->result) {
+        frame_free_response(r);
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "two results of one choice");
+        return;
+    }
+    c->result = r;
+    hr->n_ended++;
+    hr->h->prompt_tokens += r->result->prompt_tokens;
+    hr->h->completion_tokens += r->result->generated_tokens;
+    /* a stream ends each choice as it ends; the answer waits for them all */
+    choice_end ends[HTTP_CHOICES_MAX];
+    ends[i] = end_of(r->result);
+    if (hr->stream && stream_choice_end(hr, i, &ends[i]))
+        return;
+    if (hr->n_ended < hr->n_choices)
+        return;
+    uint32_t generated = 0;
+    for (unsigned k = 0; k < hr->n_choices; k++) {
+        ends[k] = end_of(hr->choices[k].result->result);
+        generated += hr->choices[k].result->result->generated_tokens;
+    }
+    reply_generation(hr, ends, hr->choices[0].result->result->prompt_tokens, generated,
+                     llmsd_obj(hr));
 }
 
 static const char *rag_outcome_name(Llms__RagOutcome o)
@@ -509,8 +588,14 @@ void openai_on_rag_result(hreq *hr, const Llms__RagResult *res)
         ps = NULL;
     }
     json_object_put(ps);
-    reply_generation(hr, res->prompt_tokens, res->generated_tokens, res->stop_reason, res->text,
-                     x, NULL, 0);
+    hr->h->prompt_tokens += res->prompt_tokens;
+    hr->h->completion_tokens += res->generated_tokens;
+    choice_end e = {res->text, res->stop_reason, NULL, 0};
+    if (hr->stream && stream_choice_end(hr, 0, &e)) {
+        json_object_put(x);
+        return;
+    }
+    reply_generation(hr, &e, res->prompt_tokens, res->generated_tokens, x);
 }
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -756,12 +841,6 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         p->has_speculation = 1;
         p->speculation = values[i];
     }
-    if ((rc = jsonfield_get(body, "n", "", json_type_int, &v, msg, cap)) < 0)
-        return -1;
-    if (rc && json_object_get_int64(v) != 1) {
-        snprintf(msg, cap, "'n' must be 1: one choice per request");
-        return -1;
-    }
     json_object *stop;
     if (!json_object_object_get_ex(body, "stop", &stop) || json_object_is_type(stop, json_type_null))
         return 0;
@@ -786,6 +865,43 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         }
         stops[p->n_stop++] = json_object_get_string(s);
     }
+    return 0;
+}
+
+/* OpenAI's "n" into hr: how many choices (independent generations of the prompt) the
+ * request asks for, 1..HTTP_CHOICES_MAX. Each choice is a request of the app's queue, so
+ * n beyond what the app (or its uid) may queue could never be served; a context's
+ * history takes one reply, and a RAG query has one answer. 0, or -1 with msg. */
+static int read_n(hreq *hr, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = jsonfield_get(hr->body, "n", "", json_type_int, &v, msg, cap);
+    if (rc <= 0)
+        return rc;
+    int64_t n = json_object_get_int64(v);
+    if (n < 1 || n > HTTP_CHOICES_MAX) {
+        snprintf(msg, cap, "'n' must be in [1, %d]", HTTP_CHOICES_MAX);
+        return -1;
+    }
+    if (n == 1)
+        return 0;
+    if (hr->context_id || hr->route == R_RAG) {
+        snprintf(msg, cap, "'n' must be 1 %s", hr->context_id
+                                                   ? "with 'llmsd.context': a context's history "
+                                                     "takes one reply"
+                                                   : "for a RAG query: it has one answer");
+        return -1;
+    }
+    const config *cfg = hr->h->cfg;
+    bool by_uid = cfg->max_queued_per_uid < cfg->max_queued_per_app;
+    int queue = by_uid ? cfg->max_queued_per_uid : cfg->max_queued_per_app;
+    if (n > queue) {
+        snprintf(msg, cap, "'n' is %lld, but each choice is a request of its own and %s may "
+                           "queue %d (%s)", (long long)n, by_uid ? "a uid" : "an app", queue,
+                 by_uid ? "max_queued_per_uid" : "max_queued_per_app");
+        return -1;
+    }
+    hr->n_choices = (unsigned)n;
     return 0;
 }
 
@@ -1011,6 +1127,20 @@ done:
     return out;
 }
 
+/* Submits r once per choice of hr: choice i as request r->id + i, and with a seed, seed
+ * + i, so that the whole reply is reproducible and its choices differ. Stops at a choice
+ * refused at once (hr is then answered, and those before it cancelled). */
+static void submit_choices(hreq *hr, Llms__Request *r, Llms__GenerationParams *gp)
+{
+    uint64_t first = r->id, seed = gp->seed;
+    for (unsigned i = 0; i < hr->n_choices && !hr->done; i++) {
+        r->id = first + i;
+        gp->seed = seed + i;
+        if (http_submit(hr, r))
+            return;
+    }
+}
+
 /* Builds and submits the native request of a generation route. */
 void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
@@ -1040,7 +1170,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
     if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
-        refuse_unhonoured(hr->body, msg, cap))
+        refuse_unhonoured(hr->body, msg, cap) || read_n(hr, msg, cap))
         goto bad;
     char *prompt = NULL;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
@@ -1109,7 +1239,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    http_submit(hr, r);
+    submit_choices(hr, r, &gp);
     free(prompt);
     return;
 bad:
@@ -1175,7 +1305,8 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
     if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap) ||
-        read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap))
+        read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
+        read_n(hr, msg, cap))
         goto bad;
     rq.params = &gp;
     if (hr->stream && !(hr->sse = evbuffer_new())) {

@@ -940,7 +940,7 @@ static void errors_are_openai_shaped(void)
     expect_error("POST", "/v1/chat/completions", NULL,
                  "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "invalid_argument", &ok);
     CHECK(ok);
-    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"n\":2}", 400, "invalid_argument", &ok);
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"n\":0}", 400, "invalid_argument", &ok);
     CHECK(ok);
     expect_error("POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"top_p\":3}", 400, "invalid_argument", &ok);
     CHECK(ok);
