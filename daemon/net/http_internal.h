@@ -189,7 +189,8 @@ void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *ms
  * event. */
 void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
 
-/* Begins hr's SSE reply (headers; for a chat the assistant role). 0, or -1 out of memory. */
+/* Begins hr's SSE reply (headers; for a chat the assistant role of each choice). 0, or -1
+ * out of memory. */
 int openai_sse_start(hreq *hr);
 
 /* Streams n bytes of text of choice i as one SSE chunk of hr, with the logprobs the
