@@ -1,0 +1,73 @@
+/*
+ * chattools.h — conversations with tools (function calling) in the formats of the chat
+ * families whose real templates define tool use, written by hand as chat.c writes the
+ * others. Each output equals what the model's own Jinja template renders (with Hugging
+ * Face's tojson, as transformers and llama.cpp's --jinja apply it):
+ *
+ *   chatml  Qwen2.5 / Qwen3: a system turn with a "# Tools" section listing the tools in
+ *           <tools></tools>; calls as "<tool_call>\n{"name": ..., "arguments": ...}\n
+ *           </tool_call>" in the assistant turn; results as "<tool_response>" blocks in
+ *           one user turn. With no system message Qwen3's form (no default persona:
+ *           chatml serves many models that are not Qwen) — Qwen2.5 would add "You are
+ *           Qwen, created by Alibaba Cloud...".
+ *   llama3  Llama 3.1 / 3.2 / 3.3: "Environment: ipython" and the dates in the system
+ *           turn, the tools (JSON indented by 4) in the first user turn, a call as the
+ *           assistant's whole turn {"name": ..., "parameters": ...} (one per message),
+ *           a result as an "ipython" turn holding the result as a JSON string (the
+ *           template's tojson of a string).
+ *
+ * JSON texts (tool definitions, arguments) come written already: JSON is the gateway's
+ * (daemon/net/toolcall.c), which writes them as tojson does for the family.
+ */
+#ifndef LLMS_CHATTOOLS_H
+#define LLMS_CHATTOOLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine/tok/chat.h"
+
+/* One call of an assistant message: the function's name and its arguments object as JSON
+ * text (one line, ", " and ": " between items, as tojson writes it). */
+struct chat_tool_call {
+    const char *name;
+    const char *arguments;
+};
+
+/* A message of a conversation with tools: role "system", "user", "assistant" or "tool";
+ * an assistant message may hold calls (its content then "" or text said before them); a
+ * tool message's content is a call's result. */
+struct chat_tool_message {
+    const char *role;
+    const char *content;
+    const struct chat_tool_call *calls;
+    int n_calls;
+};
+
+/* How a family's replies call tools: each call between open and close, its arguments
+ * under args_key; whole: the reply is one call, open being only its first character
+ * (llama3's bare {"name": ..., "parameters": ...}), close NULL. */
+struct chat_tool_syntax {
+    const char *open, *close, *args_key;
+    bool whole;
+};
+
+/* The family's tool syntax, or NULL when its templates define no tool use. */
+const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f);
+
+/* Spaces the family's template indents tool definitions with (0: one line). */
+int chat_tools_indent(enum chat_family f);
+
+/*
+ * Writes the prompt of msgs[0..n) with the tools' definitions (tools[0..n_tools), each the
+ * JSON text of {"type": "function", "function": {...}} as chat_tools_indent asks) like
+ * chat_apply (snprintf-style, the full length returned). date is llama3's "Today Date"
+ * ("26 Jul 2024"). -1 for a family without tool syntax, a NULL field, an unknown role, a
+ * call outside an assistant message, and where the template itself refuses: llama3 with
+ * more than one call in a message or no user message to hold the tools.
+ */
+int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, const char *date,
+                     const struct chat_tool_message *msgs, int n, bool add_generation_prompt,
+                     char *out, size_t cap);
+
+#endif
