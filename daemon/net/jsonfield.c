@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int jsonfield_get(json_object *o, const char *key, const char *where, json_type t,
                   json_object **out, char *msg, size_t cap)
@@ -84,4 +85,57 @@ int jsonfield_strings(json_object *in, const char ***texts, size_t *n)
     *texts = t;
     *n = count;
     return 0;
+}
+
+/* A message's content: a string, or text parts joined (into *owned, to free) with a
+ * newline between them once there is text, as llama.cpp's server joins them. */
+const char *jsonfield_message_content(json_object *m, char **owned, char *msg, size_t cap)
+{
+    json_object *c;
+    *owned = NULL;
+    if (!json_object_object_get_ex(m, "content", &c) || json_object_is_type(c, json_type_null))
+        return "";
+    if (json_object_is_type(c, json_type_string))
+        return json_object_get_string(c);
+    if (!json_object_is_type(c, json_type_array)) {
+        snprintf(msg, cap, "a message's 'content' must be a string or an array of parts");
+        return NULL;
+    }
+    size_t n = json_object_array_length(c), len = 0;
+    for (size_t pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_object *part = json_object_array_get_idx(c, i), *type, *text;
+            /* a JSON null is a NULL json_object: every value is type-checked first */
+            if (!json_object_is_type(part, json_type_object) ||
+                !json_object_object_get_ex(part, "type", &type) ||
+                !json_object_is_type(type, json_type_string) ||
+                strcmp(json_object_get_string(type), "text") != 0 ||
+                !json_object_object_get_ex(part, "text", &text) ||
+                !json_object_is_type(text, json_type_string)) {
+                free(*owned);
+                *owned = NULL;
+                snprintf(msg, cap, "only text content parts are supported");
+                return NULL;
+            }
+            size_t k = (size_t)json_object_get_string_len(text);
+            if (at > 0) {
+                if (pass)
+                    (*owned)[at] = '\n';
+                at++;
+            }
+            if (pass)
+                memcpy(*owned + at, json_object_get_string(text), k);
+            at += k;
+        }
+        if (!pass) {
+            len = at;
+            if (!(*owned = malloc(len + 1))) {
+                snprintf(msg, cap, "out of memory");
+                return NULL;
+            }
+        }
+    }
+    (*owned)[len] = '\0';
+    return *owned;
 }

@@ -32,4 +32,9 @@ bool jsonfield_asks_nothing(json_object *v);
  * of memory. */
 int jsonfield_strings(json_object *in, const char ***texts, size_t *n);
 
+/* A chat message's content: "" when absent or null, a string, or text parts joined (into
+ * *owned, to free) with a newline between them once there is text, as llama.cpp's server
+ * joins them. NULL with msg for anything else. */
+const char *jsonfield_message_content(json_object *m, char **owned, char *msg, size_t cap);
+
 #endif

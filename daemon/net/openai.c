@@ -1029,59 +1029,6 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
     return 0;
 }
 
-/* A message's content: a string, or text parts joined (into *owned, to free) with a
- * newline between them once there is text, as llama.cpp's server joins them. */
-static const char *message_content(json_object *m, char **owned, char *msg, size_t cap)
-{
-    json_object *c;
-    *owned = NULL;
-    if (!json_object_object_get_ex(m, "content", &c) || json_object_is_type(c, json_type_null))
-        return "";
-    if (json_object_is_type(c, json_type_string))
-        return json_object_get_string(c);
-    if (!json_object_is_type(c, json_type_array)) {
-        snprintf(msg, cap, "a message's 'content' must be a string or an array of parts");
-        return NULL;
-    }
-    size_t n = json_object_array_length(c), len = 0;
-    for (size_t pass = 0; pass < 2; pass++) {
-        size_t at = 0;
-        for (size_t i = 0; i < n; i++) {
-            json_object *part = json_object_array_get_idx(c, i), *type, *text;
-            /* a JSON null is a NULL json_object: every value is type-checked first */
-            if (!json_object_is_type(part, json_type_object) ||
-                !json_object_object_get_ex(part, "type", &type) ||
-                !json_object_is_type(type, json_type_string) ||
-                strcmp(json_object_get_string(type), "text") != 0 ||
-                !json_object_object_get_ex(part, "text", &text) ||
-                !json_object_is_type(text, json_type_string)) {
-                free(*owned);
-                *owned = NULL;
-                snprintf(msg, cap, "only text content parts are supported");
-                return NULL;
-            }
-            size_t k = (size_t)json_object_get_string_len(text);
-            if (at > 0) {
-                if (pass)
-                    (*owned)[at] = '\n';
-                at++;
-            }
-            if (pass)
-                memcpy(*owned + at, json_object_get_string(text), k);
-            at += k;
-        }
-        if (!pass) {
-            len = at;
-            if (!(*owned = malloc(len + 1))) {
-                snprintf(msg, cap, "out of memory");
-                return NULL;
-            }
-        }
-    }
-    (*owned)[len] = '\0';
-    return *owned;
-}
-
 char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs);
@@ -1110,7 +1057,7 @@ char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, 
             goto done;
         }
         cm[i].role = r;
-        if (!(cm[i].content = message_content(m, &owned[i], msg, cap)))
+        if (!(cm[i].content = jsonfield_message_content(m, &owned[i], msg, cap)))
             goto done;
     }
     int len = chat_apply(family, cm, (int)n, true, NULL, 0);
@@ -1194,7 +1141,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
                 goto bad;
             }
             char *owned;
-            const char *text = message_content(last, &owned, msg, cap);
+            const char *text = jsonfield_message_content(last, &owned, msg, cap);
             if (!text)
                 goto bad;
             prompt = owned ? owned : strdup(text);

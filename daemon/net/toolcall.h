@@ -1,0 +1,79 @@
+/*
+ * toolcall.h — tool calling on the gateway, for both API shapes: a request's "tools",
+ * "tool_choice" and "parallel_tool_calls" read, the conversation with its tools and
+ * tool messages rendered in the model's chat family (engine/tok/chattools.h, which the
+ * JSON written here feeds: each tool as the template's tojson writes it), and replies
+ * scanned for calls in the family's syntax, whole or piece by piece as they stream.
+ * A call that does not parse (bad JSON, an unknown function, no arguments object) stays
+ * text of the reply, as llama.cpp leaves it.
+ */
+#ifndef LLMS_TOOLCALL_H
+#define LLMS_TOOLCALL_H
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine/tok/chattools.h"
+
+/* A request's tools. */
+typedef struct toolcall_set {
+    enum chat_family family;
+    char **defs;          /* n tool definitions as the family's template writes them */
+    const char **names;   /* n function names (pointing into the request body) */
+    size_t n;
+    bool parse;           /* tool_choice "auto": replies are read for calls */
+    bool first_only;      /* parallel_tool_calls false: a reply's first call alone */
+} toolcall_set;
+
+/*
+ * Reads body's "tools" ([{"type": "function", "function": {"name", "description"?,
+ * "parameters"?}}], OpenAI's and ollama's shape), "tool_choice" and
+ * "parallel_tool_calls" for a model of family f into ts. 0 with ts->n == 0 when there
+ * are none (absent, null or empty); 0 with them read; -1 with msg naming the field for a
+ * malformed tool, a family without a tool format, or a tool_choice not supported.
+ * toolcall_set_free frees what it holds either way.
+ */
+int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char *msg, size_t cap);
+void toolcall_set_free(toolcall_set *ts);
+
+/* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
+ * "tool_calls", tool) rendered with ts's tools and the assistant opening; date is
+ * llama3's "Today Date". Fresh string, or NULL with msg. */
+char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
+                      size_t cap);
+
+/* A reply being scanned for calls. */
+typedef struct toolcall_scan toolcall_scan;
+
+/* What a piece of reply gives: text that can go out as content now (fresh, may be
+ * empty), and the calls found in it (each {"id", "name", "arguments": object}, taken
+ * by the caller; an empty array when none). */
+typedef struct toolcall_out {
+    char *content;
+    size_t content_len;
+    json_object *calls;
+} toolcall_out;
+
+/* A scan of a reply against ts, whose parse is set (ts is kept by the caller while the
+ * scan lives); NULL out of memory. */
+toolcall_scan *toolcall_scan_new(const toolcall_set *ts);
+void toolcall_scan_free(toolcall_scan *s);
+
+/* Bytes of reply fed so far. */
+size_t toolcall_scan_fed(const toolcall_scan *s);
+
+/* Calls found so far. */
+size_t toolcall_scan_calls(const toolcall_scan *s);
+
+/* Feeds n more bytes of the reply (end: the reply is over: what was held back as a
+ * possible call is decided, a call without its end being text) and fills out (free its
+ * parts with toolcall_out_free). Text that may begin a call is held back until it is
+ * decided. 0, or -1 out of memory. */
+int toolcall_scan_feed(toolcall_scan *s, const char *text, size_t n, bool end, toolcall_out *out);
+void toolcall_out_free(toolcall_out *out);
+
+/* A call's arguments as OpenAI's JSON string. Owned by call. */
+const char *toolcall_arguments_text(json_object *call);
+
+#endif

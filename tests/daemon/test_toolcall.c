@@ -1,0 +1,367 @@
+/*
+ * Tests of tool calling's JSON side (daemon/net/toolcall.h): tools read and refused,
+ * OpenAI's and ollama's messages rendered (each tool written as the template's tojson
+ * writes it: the expected prompt is Qwen2.5-7B-Instruct's own rendering), and replies
+ * scanned for calls, whole and piece by piece.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/net/toolcall.h"
+#include "tests/support/test.h"
+
+static const char WEATHER_TOOL[] =
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
+    "weather in a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
+    "\"string\",\"description\":\"the city\"},\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\","
+    "\"fahrenheit\"]}},\"required\":[\"city\"]}}}";
+
+/* Qwen-Qwen2.5-7B-Instruct.jinja of system, user, a get_weather call, its result, user */
+static const char CHATML_ONE_TOOL[] =
+    "<|im_start|>system\n"
+    "You are a helpful assistant.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"descripti"
+    "on\": \"Get the weather in a city\", \"parameters\": {\"type\": \"object\", \""
+    "properties\": {\"city\": {\"type\": \"string\", \"description\": \"the city\"}"
+    ", \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, "
+    "\"required\": [\"city\"]}}}\n"
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "What is the weather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c"
+    "elsius\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n"
+    "{\"temperature\": 22}\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>user\n"
+    "And in Rome?<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+/* tojson(indent=4) of the get_weather tool (Llama 3.x) */
+static const char WEATHER_INDENTED[] =
+    "{\n"
+    "    \"type\": \"function\",\n"
+    "    \"function\": {\n"
+    "        \"name\": \"get_weather\",\n"
+    "        \"description\": \"Get the weather in a city\",\n"
+    "        \"parameters\": {\n"
+    "            \"type\": \"object\",\n"
+    "            \"properties\": {\n"
+    "                \"city\": {\n"
+    "                    \"type\": \"string\",\n"
+    "                    \"description\": \"the city\"\n"
+    "                },\n"
+    "                \"unit\": {\n"
+    "                    \"type\": \"string\",\n"
+    "                    \"enum\": [\n"
+    "                        \"celsius\",\n"
+    "                        \"fahrenheit\"\n"
+    "                    ]\n"
+    "                }\n"
+    "            },\n"
+    "            \"required\": [\n"
+    "                \"city\"\n"
+    "            ]\n"
+    "        }\n"
+    "    }\n"
+    "}";
+
+/* Reads {"tools": [tool], extra...} for family f: 0 or -1, msg says why. */
+static int read_tools(enum chat_family f, const char *tool, const char *extra, toolcall_set *ts,
+                      char *msg, size_t cap)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"tools\":[%s]%s%s}", tool, extra[0] ? "," : "", extra);
+    json_object *o = json_tokener_parse(body);
+    msg[0] = '\0';
+    int rc = o ? toolcall_read(o, f, ts, msg, cap) : -2;
+    /* the names point into the body: the test only looks at the rest */
+    for (size_t i = 0; i < ts->n; i++)
+        ts->names[i] = "get_weather";
+    json_object_put(o);
+    return rc;
+}
+
+static void tools_are_written_as_tojson(void)
+{
+    toolcall_set ts;
+    char msg[256];
+    CHECK_EQ(read_tools(CHAT_LLAMA3, WEATHER_TOOL, "", &ts, msg, sizeof msg), 0);
+    CHECK_EQ(ts.n, 1);
+    CHECK_MSG(!strcmp(ts.defs[0], WEATHER_INDENTED), "%s", ts.defs[0]);
+    CHECK(ts.parse && !ts.first_only);
+    toolcall_set_free(&ts);
+}
+
+static void malformed_tools_and_choices_are_refused(void)
+{
+    static const struct {
+        enum chat_family family;
+        const char *tool, *extra, *says;
+    } bad[] = {
+        {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"parameters\":{}}}", "",
+         "tools[0].function.name"},
+        {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}",
+         "", "tools[0].function.parameters"},
+        {CHAT_CHATML, "{\"type\":\"retrieval\",\"function\":{\"name\":\"f\"}}", "",
+         "tools[0].type"},
+        {CHAT_CHATML, "\"f\"", "", "tools[0]"},
+        {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
+         "\"tool_choice\":\"required\"", "tool_choice 'required' is not supported yet"},
+        {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
+         "naming a function is not supported yet"},
+        {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
+         "\"tool_choice\":\"sometimes\"", "tool_choice"},
+        {CHAT_ZEPHYR, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "",
+         "no tool format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        toolcall_set ts;
+        char msg[256];
+        CHECK_EQ(read_tools(bad[i].family, bad[i].tool, bad[i].extra, &ts, msg, sizeof msg), -1);
+        CHECK_MSG(strstr(msg, bad[i].says), "%zu: %s", i, msg);
+        toolcall_set_free(&ts);
+    }
+}
+
+static void choice_none_and_one_call_are_read(void)
+{
+    toolcall_set ts;
+    char msg[256];
+    CHECK_EQ(read_tools(CHAT_CHATML, WEATHER_TOOL,
+                        "\"tool_choice\":\"none\",\"parallel_tool_calls\":false", &ts, msg,
+                        sizeof msg), 0);
+    CHECK(!ts.parse && ts.first_only && ts.n == 1);
+    toolcall_set_free(&ts);
+    /* no tools: nothing to do, whatever tool_choice "auto" says */
+    json_object *o = json_tokener_parse("{\"tools\":[],\"tool_choice\":\"auto\"}");
+    CHECK_EQ(toolcall_read(o, CHAT_ZEPHYR, &ts, msg, sizeof msg), 0);
+    CHECK_EQ(ts.n, 0);
+    toolcall_set_free(&ts);
+    json_object_put(o);
+}
+
+/* OpenAI's messages (arguments as a JSON string, null content) and ollama's (arguments
+ * as an object) render as the template does. */
+static void messages_render_as_the_template(void)
+{
+    static const char *const calls[] = {
+        "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":"
+        "{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\",\\\"unit\\\":"
+        "\\\"celsius\\\"}\"}}]",
+        "\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":"
+        "{\"city\":\"Paris\",\"unit\":\"celsius\"}}}]",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char body[4096];
+        snprintf(body, sizeof body,
+                 "{\"tools\":[%s],\"messages\":[{\"role\":\"system\",\"content\":\"You are a "
+                 "helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the weather in "
+                 "Paris?\"},{\"role\":\"assistant\",%s},{\"role\":\"tool\",\"tool_call_id\":"
+                 "\"call_1\",\"content\":\"{\\\"temperature\\\": 22}\"},{\"role\":\"user\","
+                 "\"content\":\"And in Rome?\"}]}",
+                 WEATHER_TOOL, calls[i]);
+        json_object *o = json_tokener_parse(body), *msgs;
+        CHECK(o && json_object_object_get_ex(o, "messages", &msgs));
+        toolcall_set ts;
+        char msg[256];
+        CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", msg, sizeof msg);
+        CHECK_MSG(got && !strcmp(got, CHATML_ONE_TOOL), "%s", got ? got : msg);
+        free(got);
+        toolcall_set_free(&ts);
+        json_object_put(o);
+    }
+}
+
+static void bad_messages_are_refused(void)
+{
+    static const struct {
+        const char *message, *says;
+    } bad[] = {
+        {"{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\","
+         "\"arguments\":\"{not json\"}}]}", "messages[0].tool_calls[0].function.arguments"},
+        {"{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":{}}}]}",
+         "messages[0].tool_calls[0].function.name"},
+        {"{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[{}]}", "messages[0].tool_calls"},
+        {"{\"role\":\"function\",\"content\":\"x\"}", "role 'function'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{\"tools\":[%s],\"messages\":[%s]}", WEATHER_TOOL,
+                 bad[i].message);
+        json_object *o = json_tokener_parse(body), *msgs;
+        CHECK(o && json_object_object_get_ex(o, "messages", &msgs));
+        toolcall_set ts;
+        char msg[256];
+        CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", msg, sizeof msg);
+        CHECK_MSG(!got && strstr(msg, bad[i].says), "%zu: %s", i, msg);
+        toolcall_set_free(&ts);
+        json_object_put(o);
+    }
+}
+
+/* ---- scanning ---- */
+
+typedef struct scanned {
+    char content[1024];
+    char calls[1024]; /* "name(arguments);" per call */
+    size_t n_calls;
+} scanned;
+
+/* Scans reply in pieces of step bytes (0: whole) for family f with tools get_weather and
+ * search. */
+static int scan(enum chat_family f, bool first_only, const char *reply, size_t step, scanned *out)
+{
+    static const char *names[] = {"get_weather", "search"};
+    toolcall_set ts = {.family = f, .names = names, .n = 2, .parse = true, .first_only = first_only};
+    toolcall_scan *s = toolcall_scan_new(&ts);
+    memset(out, 0, sizeof *out);
+    size_t len = strlen(reply), at = 0;
+    int rc = s ? 0 : -1;
+    while (rc == 0) {
+        size_t n = step == 0 || len - at < step ? len - at : step;
+        bool end = at + n == len;
+        toolcall_out o;
+        rc = toolcall_scan_feed(s, reply + at, n, end, &o);
+        if (rc == 0) {
+            strncat(out->content, o.content ? o.content : "", sizeof out->content - strlen(out->content) - 1);
+            for (size_t i = 0; i < json_object_array_length(o.calls); i++) {
+                json_object *c = json_object_array_get_idx(o.calls, i), *name, *id;
+                json_object_object_get_ex(c, "name", &name);
+                json_object_object_get_ex(c, "id", &id);
+                if (strncmp(json_object_get_string(id), "call_", 5) != 0 ||
+                    strlen(json_object_get_string(id)) != 29)
+                    rc = -1;
+                size_t k = strlen(out->calls);
+                snprintf(out->calls + k, sizeof out->calls - k, "%s(%s);",
+                         json_object_get_string(name), toolcall_arguments_text(c));
+                out->n_calls++;
+            }
+        }
+        toolcall_out_free(&o);
+        at += n;
+        if (end)
+            break;
+    }
+    if (s && rc == 0 && toolcall_scan_calls(s) != out->n_calls)
+        rc = -1;
+    toolcall_scan_free(s);
+    return rc;
+}
+
+static const struct {
+    enum chat_family family;
+    const char *reply, *content, *calls;
+} REPLIES[] = {
+    /* one call */
+    {CHAT_CHATML, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                  "</tool_call>", "", "get_weather({\"city\":\"Paris\"});"},
+    /* two calls */
+    {CHAT_CHATML, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                  "</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": "
+                  "\"a/b\", \"filters\": {\"n\": [1, 2]}}}\n</tool_call>", "",
+     "get_weather({\"city\":\"Paris\"});search({\"query\":\"a/b\",\"filters\":{\"n\":[1,2]}});"},
+    /* text, then a call */
+    {CHAT_CHATML, "Let me check.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>",
+     "Let me check.", "search({});"},
+    /* malformed JSON: the text stays */
+    {CHAT_CHATML, "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": }\n</tool_call>",
+     "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": }\n</tool_call>", ""},
+    /* a function that is not one of the tools */
+    {CHAT_CHATML, "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>",
+     "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>", ""},
+    /* cut at max_tokens before its end */
+    {CHAT_CHATML, "Sure <tool_call>\n{\"name\": \"search\", \"argu",
+     "Sure <tool_call>\n{\"name\": \"search\", \"argu", ""},
+    /* text only, with what looks like the start of a marker */
+    {CHAT_CHATML, "a < b <tool", "a < b <tool", ""},
+    /* a good call then a bad one */
+    {CHAT_CHATML, "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call> then "
+                  "<tool_call>{\"name\": 3}</tool_call>",
+     "then <tool_call>{\"name\": 3}</tool_call>", "search({});"},
+    /* llama3: the reply is the call */
+    {CHAT_LLAMA3, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", "",
+     "get_weather({\"city\":\"Rome\"});"},
+    {CHAT_LLAMA3, "It is {\"name\": \"get_weather\"}", "It is {\"name\": \"get_weather\"}", ""},
+    {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}} and more",
+     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}} and more", ""},
+    {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"ci", 
+     "{\"name\": \"get_weather\", \"parameters\": {\"ci", ""},
+};
+
+static void replies_are_scanned_whole_and_in_pieces(void)
+{
+    for (size_t i = 0; i < sizeof REPLIES / sizeof REPLIES[0]; i++)
+        for (size_t step = 0; step <= 7; step++) {
+            scanned got;
+            CHECK_EQ(scan(REPLIES[i].family, false, REPLIES[i].reply, step, &got), 0);
+            CHECK_MSG(!strcmp(got.content, REPLIES[i].content) && !strcmp(got.calls, REPLIES[i].calls),
+                      "%zu step %zu: content '%s' calls '%s'", i, step, got.content, got.calls);
+        }
+}
+
+static void parallel_false_keeps_the_first_call(void)
+{
+    scanned got;
+    CHECK_EQ(scan(CHAT_CHATML, true, REPLIES[1].reply, 3, &got), 0);
+    CHECK_MSG(!strcmp(got.calls, "get_weather({\"city\":\"Paris\"});") && !got.content[0], "%s|%s",
+              got.calls, got.content);
+}
+
+/* Streamed, text before a possible call goes out at once, and a call as soon as it
+ * closes. */
+static void text_streams_before_a_call(void)
+{
+    static const char *names[] = {"search"};
+    toolcall_set ts = {.family = CHAT_CHATML, .names = names, .n = 1, .parse = true};
+    toolcall_scan *s = toolcall_scan_new(&ts);
+    CHECK(s);
+    toolcall_out o;
+    CHECK_EQ(toolcall_scan_feed(s, "Hello there\n<tool", 17, false, &o), 0);
+    CHECK_MSG(o.content && !strcmp(o.content, "Hello there"), "%s", o.content);
+    toolcall_out_free(&o);
+    const char *rest = "_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>";
+    CHECK_EQ(toolcall_scan_feed(s, rest, strlen(rest), false, &o), 0);
+    CHECK_EQ(json_object_array_length(o.calls), 1);
+    CHECK(!o.content);
+    toolcall_out_free(&o);
+    CHECK_EQ(toolcall_scan_feed(s, "", 0, true, &o), 0);
+    CHECK(!o.content && json_object_array_length(o.calls) == 0);
+    toolcall_out_free(&o);
+    CHECK_EQ(toolcall_scan_fed(s), 17 + strlen(rest));
+    toolcall_scan_free(s);
+}
+
+int main(void)
+{
+    RUN(tools_are_written_as_tojson);
+    RUN(malformed_tools_and_choices_are_refused);
+    RUN(choice_none_and_one_call_are_read);
+    RUN(messages_render_as_the_template);
+    RUN(bad_messages_are_refused);
+    RUN(replies_are_scanned_whole_and_in_pieces);
+    RUN(parallel_false_keeps_the_first_call);
+    RUN(text_streams_before_a_call);
+    return test_finish();
+}
