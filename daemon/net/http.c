@@ -218,6 +218,8 @@ static void hreq_free(hreq *hr)
         json_object_put(hr->choices[i].lp);
         frame_free_response(hr->choices[i].result);
     }
+    toolcall_scan_free(hr->scan);
+    toolcall_set_free(&hr->tools);
     free(hr);
 }
 
@@ -271,7 +273,7 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
     /* a piece held back while it may begin a stop string is empty: no event, as OpenAI
      * sends no empty deltas (its tokens' logprobs go with the next) */
     if (ch->text[0])
-        openai_sse_text(hr, choice, ch->text, strlen(ch->text), NULL);
+        openai_sse_piece(hr, choice, ch->text, strlen(ch->text));
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,

@@ -15,6 +15,7 @@
 #include "daemon/net/http.h"
 #include "daemon/net/httpwire.h"
 #include "daemon/net/session.h"
+#include "daemon/net/toolcall.h"
 #include "daemon/net/uidtab.h"
 
 #define HREQ_BUCKETS 256
@@ -93,6 +94,9 @@ typedef struct hreq {
     unsigned n_choices;        /* the body's "n" (1 for every other route) */
     unsigned n_ended;          /* choices whose final reply came */
     gen_choice choices[HTTP_CHOICES_MAX];
+    toolcall_set tools;        /* a chat's tools (tools.n == 0: none) */
+    toolcall_scan *scan;       /* the reply read for calls (tool_choice "auto"; n is 1),
+                                  or NULL */
     struct evbuffer *sse;
     char id[48];
     int64_t created;
@@ -174,8 +178,9 @@ void openai_map_error(Llms__ErrorCode c, int *status, const char **type, const c
 const char *openai_finish_reason(Llms__StopReason r);
 
 /* The chat's messages (a JSON array of {role, content}) rendered with a model's template
- * and the assistant opening. Fresh string, or NULL with msg. */
-char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap);
+ * and the assistant opening; with hr's tools (toolcall.h) when it has some, and then
+ * hr->scan made when replies are read for calls. Fresh string, or NULL with msg. */
+char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap);
 
 /* Answers status with OpenAI's error object {"error": {message, type, param, code}}. */
 void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
@@ -200,6 +205,10 @@ void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const cha
 /* Adds the logprobs of n more tokens to those choice i holds for its next SSE event
  * (nothing when the body asked for none). */
 void openai_logprobs_add(hreq *hr, unsigned i, Llms__TokenLogprob *const *lps, size_t n);
+
+/* Streams a piece of choice i's reply: as openai_sse_text, or through hr's scan for
+ * tool calls (content as it is decided, each call as a tool_calls delta once whole). */
+void openai_sse_piece(hreq *hr, unsigned i, const char *text, size_t n);
 
 /* The final reply of choice i of a completion or chat turn (r, a Response with a result,
  * taken): kept, and streamed at once when hr streams; the last choice's ends hr with
@@ -253,7 +262,8 @@ void ollama_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 /* Begins hr's NDJSON reply (headers; its lines go out as they come). */
 void ollama_stream_start(hreq *hr);
 
-/* Streams n bytes of text as one line of hr. */
+/* Streams n bytes of text as one line of hr (through hr's scan for tool calls, when it
+ * has one: a call goes out in the line where it closes). */
 void ollama_stream_text(hreq *hr, const char *text, size_t n);
 
 /* hr's final answer from the worker's native reply; each ends hr. */

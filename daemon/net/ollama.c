@@ -279,15 +279,14 @@ void ollama_refuse_manage(http *h, httpwire_conn *wc)
 /* ---- reading requests ---- */
 
 /* The fields of a request (or of a chat message, where) that ask for what llmsd does not
- * produce, refused naming the field. 0, or -1 with msg. */
+ * produce, refused naming the field (a chat's tools and its messages' tool_calls are
+ * toolcall.c's; /api/generate's tools are refused apart). 0, or -1 with msg. */
 static int refuse_unproduced(json_object *o, const char *where, char *msg, size_t cap)
 {
     static const struct {
         const char *field, *why;
     } asks[] = {
         {"images", "images are not supported (no vision models)"},
-        {"tools", "tool calls are not supported"},
-        {"tool_calls", "tool calls are not supported"},
         {"template", "a request's own template is not supported (the model's chat template "
                      "renders it)"},
         {"suffix", "insertion (fill in the middle) is not supported"},
@@ -527,16 +526,59 @@ void ollama_stream_start(hreq *hr)
     hr->started = true;
 }
 
-void ollama_stream_text(hreq *hr, const char *text, size_t n)
+/* ollama's tool_calls of a message: [{"function": {"name", "arguments": object}}]. */
+static json_object *ollama_tool_calls(json_object *calls)
 {
-    json_object *o = line_head(hr);
+    json_object *list = json_object_new_array();
+    for (size_t i = 0; list && i < json_object_array_length(calls); i++) {
+        json_object *c = json_object_array_get_idx(calls, i), *e = json_object_new_object(),
+                    *fn = json_object_new_object(), *v;
+        if (!e || !fn) {
+            json_object_put(e);
+            json_object_put(fn);
+            continue;
+        }
+        if (json_object_object_get_ex(c, "name", &v))
+            json_object_object_add(fn, "name", json_object_get(v));
+        if (json_object_object_get_ex(c, "arguments", &v))
+            json_object_object_add(fn, "arguments", json_object_get(v));
+        json_object_object_add(e, "function", fn);
+        json_object_array_add(list, e);
+    }
+    return list;
+}
+
+/* One line of hr's stream: n bytes of text, the calls found with them (or NULL). */
+static void stream_line(hreq *hr, const char *text, size_t n, json_object *calls)
+{
+    json_object *o = line_head(hr), *m;
     if (!o)
         return;
     add_text(hr, o, text, n);
+    if (calls && json_object_array_length(calls) && json_object_object_get_ex(o, "message", &m))
+        json_object_object_add(m, "tool_calls", ollama_tool_calls(calls));
     json_object_object_add(o, "done", json_object_new_boolean(0));
     evbuffer_add_printf(hr->sse, "%s\n", http_json_text(o));
     json_object_put(o);
     httpwire_stream_chunk(hr->wc, hr->sse);
+}
+
+/* Feeds n bytes of reply (end: the last) to hr's scan and streams what it decides. */
+static void stream_scanned(hreq *hr, const char *text, size_t n, bool end)
+{
+    toolcall_out out;
+    if (toolcall_scan_feed(hr->scan, text, n, end, &out) == 0 &&
+        (out.content_len || json_object_array_length(out.calls)))
+        stream_line(hr, out.content ? out.content : "", out.content_len, out.calls);
+    toolcall_out_free(&out);
+}
+
+void ollama_stream_text(hreq *hr, const char *text, size_t n)
+{
+    if (hr->scan)
+        stream_scanned(hr, text, n, false);
+    else
+        stream_line(hr, text, n, NULL);
     hr->choices[0].sent += n;
 }
 
@@ -547,17 +589,32 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     h->completion_tokens += res->generated_tokens;
     http_req_finish(hr);
     size_t len = strlen(res->text);
+    toolcall_out out = {0};
     if (hr->stream) {
         ollama_stream_start(hr);
         /* text of chunks dropped for a slow reader, or none */
         size_t from = hr->choices[0].sent < len ? hr->choices[0].sent : len;
-        if (from < len)
+        if (hr->scan)
+            stream_scanned(hr, res->text + from, len - from, true);
+        else if (from < len)
             ollama_stream_text(hr, res->text + from, len - from);
+    } else if (hr->scan && toolcall_scan_feed(hr->scan, res->text, len, true, &out) < 0) {
+        toolcall_out_free(&out);
+        ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
     }
-    json_object *o = line_head(hr);
+    json_object *o = line_head(hr), *m;
     if (o) {
         /* streamed, the text has gone in the lines before: the last one has none */
-        add_text(hr, o, hr->stream ? "" : res->text, hr->stream ? 0 : len);
+        if (hr->stream)
+            add_text(hr, o, "", 0);
+        else if (hr->scan)
+            add_text(hr, o, out.content ? out.content : "", out.content_len);
+        else
+            add_text(hr, o, res->text, len);
+        if (out.calls && json_object_array_length(out.calls) &&
+            json_object_object_get_ex(o, "message", &m))
+            json_object_object_add(m, "tool_calls", ollama_tool_calls(out.calls));
         json_object_object_add(o, "done", json_object_new_boolean(1));
         json_object_object_add(o, "done_reason",
                                json_object_new_string(openai_finish_reason(res->stop_reason)));
@@ -570,6 +627,7 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
         json_object_object_add(o, "eval_count", json_object_new_int64(res->generated_tokens));
         json_object_object_add(o, "eval_duration", nanoseconds(res->decode_ms));
     }
+    toolcall_out_free(&out);
     if (!hr->stream) {
         http_send_json(h, hr->wc, hr->route, 200, o);
         return;
@@ -602,6 +660,12 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
         read_options(hr, &gp, stops, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap))
         goto bad;
+    if (!chat && json_object_object_get_ex(hr->body, "tools", &v) && !jsonfield_asks_nothing(v)) {
+        snprintf(msg, cap, "'tools': tool calls are for /api/chat");
+        goto bad;
+    }
+    if (chat && toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0)
+        goto bad;
     if (chat) {
         bool none;
         if (!(msgs = chat_messages(hr->body, &none, msg, cap)) && !none)
@@ -610,7 +674,7 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             answer_load(hr);
             return;
         }
-        if (!(rendered = openai_render_chat(hr->family, msgs, msg, cap)))
+        if (!(rendered = openai_render_chat(hr, msgs, msg, cap)))
             goto bad;
         stops[gp.n_stop++] = chat_stop_text(hr->family);
         cr.prompt = rendered;

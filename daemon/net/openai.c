@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
@@ -360,6 +361,71 @@ void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const cha
     hr->choices[i].sent += n;
 }
 
+/* A call as an entry of OpenAI's tool_calls (index >= 0: a streamed delta's). */
+static json_object *tool_call_entry(json_object *call, int index)
+{
+    json_object *e = json_object_new_object(), *fn = json_object_new_object(), *v;
+    if (!e || !fn) {
+        json_object_put(e);
+        json_object_put(fn);
+        return NULL;
+    }
+    if (index >= 0)
+        json_object_object_add(e, "index", json_object_new_int(index));
+    if (json_object_object_get_ex(call, "id", &v))
+        json_object_object_add(e, "id", json_object_get(v));
+    json_object_object_add(e, "type", json_object_new_string("function"));
+    if (json_object_object_get_ex(call, "name", &v))
+        json_object_object_add(fn, "name", json_object_get(v));
+    json_object_object_add(fn, "arguments", json_object_new_string(toolcall_arguments_text(call)));
+    json_object_object_add(e, "function", fn);
+    return e;
+}
+
+/* One SSE event whose delta holds the calls (the first of them the reply's first_index-th). */
+static void sse_tool_calls(hreq *hr, json_object *calls, size_t first_index)
+{
+    json_object *delta = json_object_new_object(), *list = json_object_new_array();
+    for (size_t i = 0; delta && list && i < json_object_array_length(calls); i++)
+        json_object_array_add(list, tool_call_entry(json_object_array_get_idx(calls, i),
+                                                    (int)(first_index + i)));
+    if (!delta || !list) {
+        json_object_put(delta);
+        json_object_put(list);
+        return;
+    }
+    json_object_object_add(delta, "tool_calls", list);
+    evbuffer_add_printf(hr->sse, "%s0,\"delta\":%s,\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                        hr->prefix, http_json_text(delta));
+    json_object_put(delta);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+}
+
+/* Feeds n bytes of reply (end: the last) to hr's scan and streams what it decides (a
+ * request with tools has one choice). -1 out of memory. */
+static int sse_scanned(hreq *hr, const char *text, size_t n, bool end)
+{
+    size_t before = toolcall_scan_calls(hr->scan);
+    toolcall_out out;
+    int rc = toolcall_scan_feed(hr->scan, text, n, end, &out);
+    if (rc == 0 && out.content_len)
+        openai_sse_text(hr, 0, out.content, out.content_len, NULL);
+    if (rc == 0 && json_object_array_length(out.calls))
+        sse_tool_calls(hr, out.calls, before);
+    toolcall_out_free(&out);
+    return rc;
+}
+
+void openai_sse_piece(hreq *hr, unsigned i, const char *text, size_t n)
+{
+    if (!hr->scan) {
+        openai_sse_text(hr, i, text, n, NULL);
+        return;
+    }
+    if (sse_scanned(hr, text, n, false) < 0)
+        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+}
+
 static json_object *usage_obj(uint32_t prompt, uint32_t gen)
 {
     json_object *u = json_object_new_object();
@@ -405,6 +471,39 @@ static json_object *llmsd_obj(const hreq *hr)
     return x;
 }
 
+/* A chat's reply as OpenAI's message: its text, or with tools read for calls the text
+ * around them (null when there is none) and "tool_calls", *fin then "tool_calls". NULL
+ * out of memory. */
+static json_object *chat_message(hreq *hr, const char *text, const char **fin)
+{
+    json_object *m = json_object_new_object();
+    toolcall_out out = {0};
+    if (!m || (hr->scan && toolcall_scan_feed(hr->scan, text, strlen(text), true, &out) < 0)) {
+        json_object_put(m);
+        toolcall_out_free(&out);
+        return NULL;
+    }
+    json_object_object_add(m, "role", json_object_new_string("assistant"));
+    size_t n_calls = out.calls ? json_object_array_length(out.calls) : 0;
+    if (!hr->scan)
+        json_object_object_add(m, "content", json_object_new_string(text));
+    else if (out.content_len || n_calls == 0)
+        json_object_object_add(m, "content",
+                               json_object_new_string_len(out.content ? out.content : "",
+                                                          (int)out.content_len));
+    else
+        json_object_object_add(m, "content", NULL);
+    if (n_calls) {
+        json_object *list = json_object_new_array();
+        for (size_t i = 0; list && i < n_calls; i++)
+            json_object_array_add(list, tool_call_entry(json_object_array_get_idx(out.calls, i), -1));
+        json_object_object_add(m, "tool_calls", list);
+        *fin = "tool_calls";
+    }
+    toolcall_out_free(&out);
+    return m;
+}
+
 /* How a choice ended: its whole text, why it stopped, the logprobs of its tokens. */
 typedef struct choice_end {
     const char *text;
@@ -427,7 +526,19 @@ static int stream_choice_end(hreq *hr, unsigned i, const choice_end *e)
     size_t from = c->sent < len ? c->sent : len;
     if (c->lp_seen < e->n_lps)
         openai_logprobs_add(hr, i, e->lps + c->lp_seen, e->n_lps - c->lp_seen);
-    openai_sse_text(hr, i, e->text + from, len - from, openai_finish_reason(e->stop));
+    const char *fin = openai_finish_reason(e->stop);
+    if (hr->scan) {
+        /* what the scan holds back is decided now; the finish event has no text */
+        from = toolcall_scan_fed(hr->scan) < len ? toolcall_scan_fed(hr->scan) : len;
+        if (sse_scanned(hr, e->text + from, len - from, true) < 0) {
+            openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            return -1;
+        }
+        from = len;
+        if (toolcall_scan_calls(hr->scan))
+            fin = "tool_calls";
+    }
+    openai_sse_text(hr, i, e->text + from, len - from, fin);
     return 0;
 }
 
@@ -473,18 +584,15 @@ static void reply_whole(hreq *hr, const choice_end *ends, json_object *usage, js
         if (!c)
             continue;
         json_object_object_add(c, "index", json_object_new_int((int)i));
+        const char *fin = openai_finish_reason(ends[i].stop);
         if (is_chat(hr)) {
-            json_object *m = json_object_new_object();
-            json_object_object_add(m, "role", json_object_new_string("assistant"));
-            json_object_object_add(m, "content", json_object_new_string(ends[i].text));
-            json_object_object_add(c, "message", m);
+            json_object_object_add(c, "message", chat_message(hr, ends[i].text, &fin));
         } else {
             json_object_object_add(c, "text", json_object_new_string(ends[i].text));
         }
         openai_logprobs_add(hr, i, ends[i].lps, ends[i].n_lps);
         json_object_object_add(c, "logprobs", take_logprobs(hr, i));
-        json_object_object_add(c, "finish_reason",
-                               json_object_new_string(openai_finish_reason(ends[i].stop)));
+        json_object_object_add(c, "finish_reason", json_object_new_string(fin));
         json_object_array_add(choices, c);
     }
     json_object_object_add(o, "choices", choices);
@@ -1002,20 +1110,21 @@ static int read_logprobs(hreq *hr, Llms__GenerationParams *p, char *msg, size_t 
 
 /* Fields of a completion or chat that ask for what llmsd does not produce are refused,
  * naming the field: a reply that left them out would pass for one that honoured them
- * (no tool_calls read as the model not calling). Their "off" values, which clients send
- * by default, pass. 0, or -1 with msg. */
-static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
+ * (a completion's tools, legacy functions: no tool_calls read as the model not calling).
+ * Their "off" values, which clients send by default, pass. 0, or -1 with msg. */
+static int refuse_unhonoured(json_object *body, bool chat, char *msg, size_t cap)
 {
     static const struct {
         const char *field, *why;
     } asks[] = {
-        {"tools", "tool calls are not supported"},
+        {"tools", "tool calls are for /v1/chat/completions"},
         {"functions", "function calls are not supported"},
         {"echo", "the prompt is not echoed"},
         {"suffix", "insertion (fill in the middle) is not supported"},
     };
     json_object *v;
-    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++)
+    /* a chat's tools are toolcall.c's to read */
+    for (size_t i = chat ? 1 : 0; i < sizeof asks / sizeof asks[0]; i++)
         if (json_object_object_get_ex(body, asks[i].field, &v) && !jsonfield_asks_nothing(v)) {
             snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
             return -1;
@@ -1029,8 +1138,39 @@ static int refuse_unhonoured(json_object *body, char *msg, size_t cap)
     return 0;
 }
 
-char *openai_render_chat(enum chat_family family, json_object *msgs, char *msg, size_t cap)
+/* Today as llama3's tool prompt writes it ("26 Jul 2024"), in English whatever the
+ * locale. */
+static void today(char out[16])
 {
+    static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                         "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    time_t t = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&t, &tm))
+        memset(&tm, 0, sizeof tm);
+    snprintf(out, 16, "%02d %s %04d", tm.tm_mday % 100, months[tm.tm_mon % 12],
+             (tm.tm_year + 1900) % 10000);
+}
+
+/* The messages with hr's tools; hr->scan made when replies are read for calls. */
+static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t cap)
+{
+    char date[16];
+    today(date);
+    char *out = toolcall_render(&hr->tools, msgs, date, msg, cap);
+    if (out && hr->tools.parse && !(hr->scan = toolcall_scan_new(&hr->tools))) {
+        free(out);
+        snprintf(msg, cap, "out of memory");
+        return NULL;
+    }
+    return out;
+}
+
+char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap)
+{
+    if (hr->tools.n > 0)
+        return render_with_tools(hr, msgs, msg, cap);
+    enum chat_family family = hr->family;
     size_t n = json_object_array_length(msgs);
     struct chat_message *cm = calloc(n ? n : 1, sizeof *cm);
     char **owned = calloc(n ? n : 1, sizeof *owned);
@@ -1117,8 +1257,19 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
     if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
-        refuse_unhonoured(hr->body, msg, cap) || read_n(hr, msg, cap))
+        refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
+        (chat && toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0))
         goto bad;
+    /* the calls of one reply are read as it streams: one choice at a time */
+    if (hr->tools.n > 0 && hr->n_choices > 1) {
+        snprintf(msg, cap, "'tools' with 'n' above 1 is not supported");
+        goto bad;
+    }
+    /* a context holds its conversation as text turns, with no place for tools */
+    if (hr->context_id && hr->tools.n > 0) {
+        snprintf(msg, cap, "'tools' cannot be used with 'llmsd.context'");
+        goto bad;
+    }
     char *prompt = NULL;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
@@ -1152,7 +1303,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             r->body_case = LLMS__REQUEST__BODY_CALL;
             r->call = &call;
         } else {
-            if (!(prompt = openai_render_chat(hr->family, msgs, msg, cap)))
+            if (!(prompt = openai_render_chat(hr, msgs, msg, cap)))
                 goto bad;
             stops[gp.n_stop++] = chat_stop_text(hr->family);
         }
