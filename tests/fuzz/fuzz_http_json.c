@@ -1,7 +1,8 @@
 /* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
  * that parse as JSON go through the sampling fields (read_params, read_logit_bias,
- * refuse_unhonoured), a chat's messages
- * rendered with a template family (openai_render_chat, message_content), and the last message
+ * refuse_unhonoured), a chat's tools (toolcall_read) and messages rendered with a
+ * template family (openai_render_chat, jsonfield_message_content), the prompt scanned
+ * for tool calls as if it were a reply (toolcall_scan_feed), and the last message
  * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port. Those
  * functions are static, so this file includes openai.c itself; a refusal must come with a
  * message, and nothing may crash or leak. */
@@ -41,25 +42,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(hr.bias);
         free(hr.bias_ptrs);
         msg[0] = '\0';
-        if (refuse_unhonoured(body, msg, sizeof msg) < 0 && !msg[0])
+        if (refuse_unhonoured(body, true, msg, sizeof msg) < 0 && !msg[0])
+            abort();
+        hr.family = family;
+        msg[0] = '\0';
+        if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0 && !msg[0])
             abort();
         json_object *msgs;
         msg[0] = '\0';
         if (jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, sizeof msg) == 1 &&
             json_object_array_length(msgs) > 0) {
-            char *prompt = openai_render_chat(family, msgs, msg, sizeof msg);
+            char *prompt = openai_render_chat(&hr, msgs, msg, sizeof msg);
             if (!prompt && !msg[0])
                 abort();
+            toolcall_out out;
+            if (prompt && hr.scan && toolcall_scan_feed(hr.scan, prompt, strlen(prompt), true, &out) == 0)
+                toolcall_out_free(&out);
             free(prompt);
             msg[0] = '\0';
             json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
             if (json_object_is_type(last, json_type_object)) {
                 char *owned;
-                if (!message_content(last, &owned, msg, sizeof msg) && !msg[0])
+                if (!jsonfield_message_content(last, &owned, msg, sizeof msg) && !msg[0])
                     abort();
                 free(owned);
             }
         }
+        toolcall_scan_free(hr.scan);
+        toolcall_set_free(&hr.tools);
     }
     json_object_put(body);
     return 0;
