@@ -261,6 +261,7 @@ static void refusals_name_the_field(void)
          "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}",
          "naming a function"},
         {"/v1/chat/completions", "\"llmsd\":{\"context\":\"abc\"}", "llmsd.context"},
+        {"/v1/chat/completions", "\"n\":2", "'tools' with 'n' above 1"},
     };
     char body[2048];
     int st;
