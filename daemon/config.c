@@ -194,7 +194,8 @@ static const key_def keys[] = {
     INT(kv_wait_ms, 0, INT_MAX, "30000",
         "how long a Call or Complete waits for running calls to leave room under "
         "`kv_budget_mb` before `RESOURCE_EXHAUSTED`; a call needing more than the whole "
-        "budget is refused at once (`INVALID_ARGUMENT`)"),
+        "budget is refused at once (`INVALID_ARGUMENT`). A call's logprobs count beside its KV "
+        "(with 20 alternatives a few KiB per token of max_tokens)"),
     CHOICE(kv_compress, "tolerance|int8|none", "tolerance",
            "chunk compression after a call: `tolerance` (K and V widths of 2-8 bits and V's "
            "layout per chunk and layer once the model's layers are calibrated, per chunk "

@@ -40,6 +40,8 @@ typedef struct genmodel {
     size_t kv_reserved;      /* KV bytes admission counted for the work running on it */
     jsonmask_vocab *json_vocab; /* every token's bytes, for JSON mode: built by its first
                                    JSON-mode generation (NULL before) */
+    size_t piece_max;        /* the longest token text a TokenLogprob carries (set by the
+                                scheduler at load): what a reply's logprobs may take */
 } genmodel;
 
 typedef struct genmodel_opts {

@@ -349,13 +349,29 @@ static genmodel *job_model(sched *s, const sched_job *j, const ctx_entry *c,
     return *code == LLMS__ERROR_CODE__OK ? genset_of_entry(s, me) : NULL;
 }
 
+/* What a Call's or Complete's log-probabilities may take, 0 when it asks for none: each
+ * reply token's step (a WINDOW context's reply goes on past its window, keeping every
+ * step), and the reply's messages and CallResult packed at its end. Counted in the KV
+ * budget, as they grow with max_tokens as the KV does. */
+static size_t logprobs_need(const genmodel *gm, const Llms__GenerationParams *const *layers,
+                            long max_tokens, long limit, bool window)
+{
+    int n_top = gen_logprobs_of_params(layers, 2);
+    if (n_top < 0)
+        return 0;
+    long steps = window || max_tokens < limit ? max_tokens : limit;
+    return (size_t)steps * logprobs_step_mem_bytes(n_top, gm->piece_max);
+}
+
 /* The most KV a Call or Complete on gm can hold: the context, the prompt (a token is at
  * least one byte, the template adds a few), the reply, at f16 (the heaviest precision),
  * or int8 for the full chunks when the policy compresses, and the draft model's KV when
- * it drafts; 0 for other work. */
+ * it drafts, with its logprobs' memory; 0 for other work. */
 size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
-                     const ctx_entry *c)
+                     const ctx_entry *c, size_t *logprobs)
 {
+    if (logprobs)
+        *logprobs = 0;
     const config *cfg = s->env.cfg;
     /* the params layers the generation will read: a Call's context defaults, the request's */
     const Llms__GenerationParams *layers[2] = {NULL, NULL}, *p = NULL;
@@ -400,7 +416,8 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
         return 0;
     }
     layers[1] = p;
-    tokens += gen_max_tokens_of_params(cfg, layers, 2);
+    long max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
+    tokens += max_tokens;
     tokens = tokens < limit ? tokens : limit;
     size_t chunks = (size_t)(tokens + KV_CHUNK_TOKENS - 1) / KV_CHUNK_TOKENS;
     kv_shape shape = model_kv_shape(gm->me->m);
@@ -416,6 +433,14 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
     if (s->drafter && gm == s->gm[0] && j != &s->pred_job &&
         (spec_mode_of_params(cfg, layers, 2) & SPEC_DRAFT))
         need += spec_drafter_kv_need(s->drafter, tokens);
+    if (j->req->body_case == LLMS__REQUEST__BODY_CALL ||
+        j->req->body_case == LLMS__REQUEST__BODY_COMPLETE) {
+        size_t lp = logprobs_need(gm, layers, max_tokens, limit,
+                                  c && c->overflow == CTX_OVERFLOW_WINDOW);
+        need += lp;
+        if (logprobs)
+            *logprobs = lp;
+    }
     return need;
 }
 
@@ -438,20 +463,25 @@ enum admit_kv_fit admit_kv_fit(const sched *s, const genmodel *gm, const sched_j
                                                                           : ADMIT_KV_WAIT;
 }
 
-/* Answers a job that cannot get its KV. */
+/* Answers a job that cannot get its KV (need bytes, logprobs of them its logprobs'). */
 static void kv_refuse(sched *s, const genmodel *gm, const sched_job *j, enum admit_kv_fit fit,
-                      size_t need)
+                      size_t need, size_t logprobs)
 {
     size_t budget = ctx_get_policy(gm->cm)->budget_bytes;
+    char of_logprobs[96] = "";
+    if (logprobs)
+        snprintf(of_logprobs, sizeof of_logprobs, " (%zu KiB of them for logprobs over max_tokens)",
+                 logprobs >> 10);
     if (fit == ADMIT_KV_NEVER)
         sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                           "this call may need %zu KiB of KV (the context, the prompt and "
-                          "max_tokens), more than kv_budget_mb allows (%zu KiB): lower "
-                          "max_tokens or raise kv_budget_mb", need >> 10, budget >> 10);
+                          "max_tokens)%s, more than kv_budget_mb allows (%zu KiB): lower "
+                          "max_tokens or raise kv_budget_mb", need >> 10, of_logprobs,
+                          budget >> 10);
     else
         sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                          "waited kv_wait_ms (%d ms) for %zu KiB of KV memory; running calls hold "
-                          "%zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10,
+                          "waited kv_wait_ms (%d ms) for %zu KiB of KV memory%s; running calls "
+                          "hold %zu of %zu KiB", s->env.cfg->kv_wait_ms, need >> 10, of_logprobs,
                           gm->kv_reserved >> 10, budget >> 10);
 }
 
@@ -472,13 +502,13 @@ void admit_pending(sched *s)
                 sched_job *j = *pp;
                 ctx_entry *c;
                 genmodel *gm = NULL;
-                size_t need = 0;
+                size_t need = 0, logprobs = 0;
                 enum admit_kv_fit fit = ADMIT_KV_WAIT;
                 Llms__ErrorCode code = LLMS__ERROR_CODE__OK;
                 char err[ERR_MAX];
                 if (job_can_start(s, j, &c)) {
                     gm = job_model(s, j, c, &code, err);
-                    need = gm ? admit_kv_need(s, gm, j, c) : 0;
+                    need = gm ? admit_kv_need(s, gm, j, c, &logprobs) : 0;
                     fit = gm ? admit_kv_fit(s, gm, j, need, now) : ADMIT_KV_FITS;
                     if (fit != ADMIT_KV_FITS && s->pred && gm == s->gm[0]) {
                         /* prediction never holds memory a real request waits for */
@@ -497,7 +527,7 @@ void admit_pending(sched *s)
                 if (!gm || fit != ADMIT_KV_FITS) {
                     a->n_queued--;
                     if (gm)
-                        kv_refuse(s, gm, j, fit, need);
+                        kv_refuse(s, gm, j, fit, need, logprobs);
                     else
                         sched_reply_error(s, j, code, "%s", err);
                     sched_job_free(j);

@@ -45,7 +45,6 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         .seed = SAMPLER_SEED_RANDOM,
     };
     m->stops = m->bias = NULL;
-    m->logprobs = -1;
     m->json = false;
     m->json_schema = NULL;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
@@ -75,8 +74,6 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             m->stops = p;
         if (p->n_logit_bias > 0)
             m->bias = p;
-        if (p->has_logprobs)
-            m->logprobs = p->logprobs;
         if (p->has_format) {
             m->json = p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
             m->json_schema =
@@ -84,7 +81,17 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         }
     }
     m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
+    m->logprobs = gen_logprobs_of_params(layers, 2);
     m->speculate = spec_mode_of_params(cfg, layers, 2);
+}
+
+int gen_logprobs_of_params(const Llms__GenerationParams *const *layers, int n)
+{
+    int logprobs = -1;
+    for (int i = 0; i < n; i++)
+        if (layers[i] && layers[i]->has_logprobs)
+            logprobs = layers[i]->logprobs;
+    return logprobs;
 }
 
 int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *const *layers,

@@ -177,6 +177,7 @@ static int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err
         return err_set(err, "out of memory");
     }
     ctx_set_write_notify(gm->cm, sched_writes_done, s);
+    gm->piece_max = logprobs_piece_max(gm->tok);
     for (app_state *a = s->apps; a; a = a->next)
         a->deficit[k] = 0;
     s->drr_next[k] = NULL;

@@ -179,7 +179,7 @@ static bool pred_start(sched *s)
         int64_t t0 = clock_mono_ns();
         pred_request(s, t);
         genmodel *gm = s->gm[0];
-        size_t need = admit_kv_need(s, gm, &s->pred_job, NULL);
+        size_t need = admit_kv_need(s, gm, &s->pred_job, NULL, NULL);
         work *w = admit_kv_fit(s, gm, &s->pred_job, need, t0) == ADMIT_KV_FITS
                       ? calloc(1, sizeof *w)
                       : NULL;

@@ -36,14 +36,13 @@ static void init_msg(Llms__TokenLogprob *m, int32_t token, float logprob)
     m->logprob = logprob;
 }
 
-/* Room for n_msgs messages: 0, or -1 out of memory (pb as it was). */
+/* Room for n_msgs messages, exactly (a stream packs the same count each token, a reply
+ * once), so that logprobs_step_mem_bytes holds: 0, or -1 out of memory (pb as it was). */
 static int reserve(logprobs_pb *pb, size_t n_msgs)
 {
     if (n_msgs <= pb->msgs_cap)
         return 0;
-    size_t cap = pb->msgs_cap ? pb->msgs_cap : 32;
-    while (cap < n_msgs)
-        cap *= 2;
+    size_t cap = n_msgs;
     Llms__TokenLogprob *msgs = realloc(pb->msgs, cap * sizeof *msgs);
     if (!msgs)
         return -1;
@@ -96,6 +95,39 @@ int logprobs_pack(const tokenizer *tok, const logprob_step *steps, size_t n, log
     pb->n_steps = n;
     pb->n_msgs = n_msgs;
     return 0;
+}
+
+size_t logprobs_piece_max(const tokenizer *tok)
+{
+    char piece[LOGPROBS_PIECE_MAX];
+    size_t longest = 0;
+    for (int32_t id = 0; id < tok_n_vocab(tok); id++) {
+        int n = tok_piece(tok, id, piece, sizeof piece);
+        size_t cut = n < 0 ? 0 : n > LOGPROBS_PIECE_MAX - 1 ? LOGPROBS_PIECE_MAX - 1 : (size_t)n;
+        longest = cut > longest ? cut : longest;
+    }
+    return longest;
+}
+
+/* A TokenLogprob as an element of a repeated field: its tag and length (2 bytes: a step
+ * with 20 alternatives of 255-byte texts is under 16 KiB), the token's tag and varint (an
+ * id >= 0: 5 bytes at most), the logprob's tag and fixed32, the piece's tag, length
+ * (2 bytes) and text. */
+#define LOGPROBS_MSG_WIRE_FIXED (1 + 2 + 1 + 5 + 1 + 4 + 1 + 2)
+
+size_t logprobs_step_wire_bytes(int n_top, size_t piece_max)
+{
+    return (size_t)(1 + n_top) * (LOGPROBS_MSG_WIRE_FIXED + piece_max);
+}
+
+size_t logprobs_step_mem_bytes(int n_top, size_t piece_max)
+{
+    /* a message, its pointer and its text's offset each; the texts' buffer grows by
+     * doubling, so up to twice their bytes */
+    size_t per_msg = sizeof(Llms__TokenLogprob) + sizeof(Llms__TokenLogprob *) +
+                     sizeof(size_t) + 2 * piece_max;
+    return sizeof(logprob_step) + (size_t)(1 + n_top) * per_msg +
+           logprobs_step_wire_bytes(n_top, piece_max);
 }
 
 void logprobs_pb_free(logprobs_pb *pb)

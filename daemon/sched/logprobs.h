@@ -29,4 +29,17 @@ int logprobs_pack(const tokenizer *tok, const logprob_step *steps, size_t n, log
 
 void logprobs_pb_free(logprobs_pb *pb);
 
+/* The longest token text of tok's vocabulary as a TokenLogprob carries it (cut as
+ * logprobs_pack cuts it): what the sizes below take for every token. */
+size_t logprobs_piece_max(const tokenizer *tok);
+
+/* The most bytes one step's messages add to a CallResult on the wire: the token and its
+ * n_top alternatives, each text at most piece_max bytes. */
+size_t logprobs_step_wire_bytes(int n_top, size_t piece_max);
+
+/* The most memory one step's log-probabilities take: its logprob_step, kept while the
+ * reply is generated, then its messages and texts (logprobs_pack of the whole reply)
+ * and its bytes of the packed CallResult at the reply's end. */
+size_t logprobs_step_mem_bytes(int n_top, size_t piece_max);
+
 #endif

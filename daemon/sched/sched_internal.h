@@ -277,8 +277,11 @@ int64_t admit_job_deadline(const sched_job *j);
  * a connection, or shutdown. Frees the job. */
 void admit_job(sched *s, sched_job *j);
 
-/* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold; 0 for other work. */
-size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j, const ctx_entry *c);
+/* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold, with what a Call's or
+ * Complete's logprobs may take (*logprobs, also counted in the result; logprobs may be
+ * NULL); 0 for other work. */
+size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j, const ctx_entry *c,
+                     size_t *logprobs);
 
 /* Whether need bytes of KV fit beside what gm's running work may reach. */
 enum admit_kv_fit admit_kv_fit(const sched *s, const genmodel *gm, const sched_job *j,
@@ -333,6 +336,10 @@ bool gen_flush(sched *s, work *w);
  * the config's. Admission's KV estimate reads it so too. */
 int gen_max_tokens_of_params(const config *cfg, const Llms__GenerationParams *const *layers,
                              int n);
+
+/* The alternatives beside each token that the last of n params layers setting logprobs
+ * asks for, -1 when none asks for logprobs (admission reads them so too). */
+int gen_logprobs_of_params(const Llms__GenerationParams *const *layers, int n);
 
 /* Whether the generation adds one decode row per step. */
 bool gen_decoding(const gen *g);
