@@ -143,7 +143,9 @@ static const key_def keys[] = {
     {KEY(max_frame_bytes), .type = KEY_U32, .min = 1024, .max = (double)UINT32_MAX,
      .def = "16777216",
      .help = "largest frame (4-byte length + protobuf message) accepted or sent, at least "
-             "1024; a bigger request is refused with an error and the connection closes"},
+             "1024; a bigger request is refused with an error and the connection closes; a "
+             "Call or Complete whose logprobs may not fit a reply is refused before it runs "
+             "(`INVALID_ARGUMENT`, saying how many tokens fit)"},
     INT(max_unbound_frame_bytes, 64, INT_MAX, "4096",
         "largest frame before Bind (a Bind is a few dozen bytes); a larger one is refused "
         "from its header"),

@@ -123,6 +123,33 @@ void gen_free(gen *g)
     free(g);
 }
 
+/* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
+ * token counts, timings, stop reason and window slides, at their widest. */
+#define RESULT_FIXED_BYTES 128
+
+/* Whether the CallResult of g's reply, with the logprobs it asks for, may outgrow
+ * max_frame_bytes: it would be answered with an error after all its compute, so it is
+ * refused before any (err says how many tokens fit). Every token counts at its widest:
+ * its text and its alternatives' as long as the vocabulary's longest, its text in the
+ * reply with every byte a U+FFFD. */
+static bool logprobs_outgrow_frame(const config *cfg, const gen *g, int n_turn,
+                                   char err[ERR_MAX])
+{
+    /* a WINDOW context's reply slides on to max_tokens; any other stops at the limit */
+    long room_left = (long)g->limit - g->n_base - n_turn;
+    long reply = g->window || g->max_gen < room_left ? g->max_gen : room_left;
+    size_t per_token = logprobs_step_wire_bytes(g->logprobs, g->gm->piece_max) +
+                       3 * g->gm->piece_max;
+    size_t room = cfg->max_frame_bytes - RESULT_FIXED_BYTES; /* max_frame_bytes >= 1024 */
+    if ((size_t)reply * per_token <= room)
+        return false;
+    err_set(err, "a reply of %ld tokens with %d logprobs alternatives each may take %zu bytes, "
+                 "more than max_frame_bytes (%u) holds: at most %zu tokens fit (max_tokens), "
+                 "or ask for fewer alternatives", reply, g->logprobs, (size_t)reply * per_token,
+            cfg->max_frame_bytes, room / per_token);
+    return true;
+}
+
 /* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
  * generation node, on the generate model gm (a Call's: its context's). NULL after
  * answering the job with an error (gg: after putting the error in gg, the job
@@ -260,6 +287,8 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                     "%d it keeps from the start of the context", n_turn, g->limit, sink);
         goto fail;
     }
+    if (g->logprobs >= 0 && logprobs_outgrow_frame(cfg, g, n_turn, err))
+        goto fail;
     const char *stops[STOP_MAX];
     int n_stops = 0;
     if (mp.stops) {

@@ -398,7 +398,8 @@ static json_object *streamed_logprobs(const char *body)
 /* logprobs as OpenAI gives them: a chat's content entries (token, logprob, bytes and
  * top_logprobs alternatives, most likely first), the same streamed, a completion's four
  * lists; greedy picks the likeliest token, so each token is its step's first alternative
- * and the tokens spell the reply. A RAG answer refuses them. 400 before: refused. */
+ * and the tokens spell the reply. A RAG answer refuses them, and a reply whose logprobs
+ * may not fit max_frame_bytes is refused before it is generated. 400 before: refused. */
 static void logprobs_chat_and_completion(void)
 {
     NEED(daemon_up, start_daemon());
@@ -523,6 +524,13 @@ static void logprobs_chat_and_completion(void)
          "\"top_logprobs\":21}", "top_logprobs"},
         {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs"},
         {"/v1/llmsd/rag", "{\"kb\":\"k\",\"question\":\"q\",\"logprobs\":true}", "RAG"},
+        /* the reply's logprobs may not fit max_frame_bytes (65536): refused before any
+         * compute, streamed or not, instead of failing after it */
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1000,"
+         "\"logprobs\":true,\"top_logprobs\":20}", "tokens fit (max_tokens)"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1000,\"logprobs\":20,"
+         "\"stream\":true}", "tokens fit (max_tokens)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         o = post(bad[i].path, bad[i].body, &st);

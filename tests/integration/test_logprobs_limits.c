@@ -1,8 +1,10 @@
 /*
  * test_logprobs_limits.c — what a reply's logprobs may take is checked before any
  * compute: their memory counts in kv_budget_mb beside the KV (a logprobs request whose
- * records do not fit is refused where the same request without them runs). A real
- * llmsd on stories260K.
+ * records do not fit is refused where the same request without them runs), and a
+ * reply whose logprobs may not fit max_frame_bytes is refused up front naming how many
+ * tokens do, instead of failing after its whole generation. A real llmsd on
+ * stories260K.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +14,9 @@
 #include "tests/integration/llmsd_proc.h"
 
 static char llmsd_path[1024];
+
+/* llama2.c's vocabulary (stories260K): </s> is id 2. Banned, a reply runs to max_tokens. */
+#define STORIES_EOS 2
 
 static const char *stories_or_skip_reason(char model[1024])
 {
@@ -81,11 +86,62 @@ static void logprobs_count_in_the_kv_budget(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* The number after "at most " in msg, -1 when there is none. */
+static long tokens_that_fit(const char *msg)
+{
+    const char *at = strstr(msg, "at most ");
+    return at ? strtol(at + strlen("at most "), NULL, 10) : -1;
+}
+
+/* Under max_frame_bytes = 65536, a Complete asking 20 alternatives over 400 tokens (its
+ * end of text banned, so the reply runs to max_tokens) is refused INVALID_ARGUMENT
+ * before any compute, the message naming max_frame_bytes and how many tokens fit; a
+ * reply of that many tokens with 20 alternatives comes back whole. Before: the reply
+ * was generated and then answered "reply of N bytes is larger than max_frame_bytes". */
+static void logprobs_beyond_the_frame_are_refused_up_front(void)
+{
+    char model[1024];
+    const char *skip = stories_or_skip_reason(model);
+    if (skip)
+        SKIP("%s", skip);
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "lp-frame", model, "max_frame_bytes = 65536\n") == 0,
+              "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "app");
+    CHECK(c);
+    const llms_logit_bias no_eos = {STORIES_EOS, -100};
+    llms_params p = greedy_logprobs(400, 20);
+    p.logit_bias = &no_eos;
+    p.n_logit_bias = 1;
+    llms_result r;
+    int rc = llms_complete(c, "Once upon a time", NULL, 0, &p, NULL, NULL, &r);
+    if (rc == LLMS_OK)
+        llms_result_free(&r);
+    CHECK_MSG(rc == LLMS_ERR_INVALID_ARGUMENT, "rc %d: %s", rc, llms_last_error(c));
+    const char *why = llms_last_error(c);
+    CHECK_MSG(strstr(why, "max_frame_bytes (65536)") && strstr(why, "logprobs") &&
+                  strstr(why, "max_tokens"),
+              "%s", why);
+    long fit = tokens_that_fit(why);
+    CHECK_MSG(fit > 0 && fit < 400, "%s", why);
+
+    p.max_tokens = (int32_t)fit;
+    CHECK_MSG(llms_complete(c, "Once upon a time", NULL, 0, &p, NULL, NULL, &r) == LLMS_OK,
+              "%s", llms_last_error(c));
+    CHECK_EQ(r.stop_reason, LLMS_STOP_MAX_TOKENS);
+    CHECK_EQ((long)r.n_logprobs, fit);
+    CHECK_EQ(r.logprobs[0].n_top, 20);
+    llms_result_free(&r);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     signal(SIGPIPE, SIG_IGN);
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
     RUN(logprobs_count_in_the_kv_budget);
+    RUN(logprobs_beyond_the_frame_are_refused_up_front);
     return test_finish();
 }
