@@ -97,7 +97,8 @@ static const key_def keys[] = {
 
     HEADING("Per-app limits (an app is a peer uid and the name it binds with)"),
     INT(max_contexts_per_app, 1, INT_MAX, "64",
-        "contexts an app may keep; creating one more answers `RESOURCE_EXHAUSTED`"),
+        "contexts an app may keep, damaged ones included (kept as they are until deleted); "
+        "creating one more answers `RESOURCE_EXHAUSTED`, saying how many are damaged"),
     INT(max_tokens_per_context, 0, 1 << 24, "0",
         "tokens per context (its window), 0 (or more than `n_ctx`) = `n_ctx`; what a call "
         "that would pass it does is the context's `overflow` policy"),

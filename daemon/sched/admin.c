@@ -181,22 +181,48 @@ static void handle_get_context(sched *s, const sched_job *j)
 
 /* ---- simple requests ---- */
 
+/* Contexts of uid (of its app app, or of all its apps when app is NULL), and how many of
+ * them are damaged. */
+static int count_contexts(sched *s, uint32_t uid, const char *app, int *damaged)
+{
+    int n = 0;
+    *damaged = 0;
+    for (const ctx_entry *c = genset_ctx_first(s); c; c = genset_ctx_next(s, c))
+        if (c->uid == uid && (!app || strcmp(c->app_name, app) == 0)) {
+            n++;
+            *damaged += c->damage != NULL;
+        }
+    return n;
+}
+
+/* Damaged contexts count in the limits: their rows and files stay as they are until
+ * deleted. A refusal says so, as those are the places the app can free. */
+static void refuse_over_contexts(sched *s, const sched_job *j, const char *who, int have,
+                                 const char *limit, int damaged)
+{
+    char of_them[200] = "";
+    if (damaged)
+        snprintf(of_them, sizeof of_them, "; %d of them damaged (their calls fail; `llms ctx "
+                 "ls` marks them): deleting one frees its place (`llms ctx rm ID`, or an "
+                 "admin's `llmsctl rm ID`)", damaged);
+    sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
+                      "%s has %d contexts, the limit (%s)%s", who, have, limit, of_them);
+}
+
 static void handle_create(sched *s, const sched_job *j)
 {
     Llms__CreateContextRequest *cr = j->req->create_context;
-    int have = genset_ctx_count_app(s, j->uid, j->app);
+    int damaged;
+    int have = count_contexts(s, j->uid, j->app, &damaged);
     if (have >= s->env.cfg->max_contexts_per_app) {
-        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                          "app has %d contexts, the limit (max_contexts_per_app)", have);
+        refuse_over_contexts(s, j, "app", have, "max_contexts_per_app", damaged);
         return;
     }
-    int of_uid = 0;
-    for (const ctx_entry *c = genset_ctx_first(s); c; c = genset_ctx_next(s, c))
-        of_uid += c->uid == j->uid;
+    int of_uid = count_contexts(s, j->uid, NULL, &damaged);
     if (of_uid >= s->env.cfg->max_contexts_per_uid) {
-        sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
-                          "uid %u has %d contexts over all its apps, the limit "
-                          "(max_contexts_per_uid)", j->uid, of_uid);
+        char who[48];
+        snprintf(who, sizeof who, "uid %u over all its apps", j->uid);
+        refuse_over_contexts(s, j, who, of_uid, "max_contexts_per_uid", damaged);
         return;
     }
     if (cr->defaults && cr->defaults->n_stop >= STOP_MAX) {

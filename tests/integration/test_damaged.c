@@ -339,6 +339,42 @@ static void admin_removes_a_damaged_context(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* A damaged context keeps its place under max_contexts_per_app (its rows and files stay
+ * until it is deleted), and the refusal says how many of the app's contexts are damaged
+ * and how to delete them; deleting the damaged one makes room. Before: the refusal said
+ * only "app has 2 contexts, the limit", leaving the app to guess that one it cannot use
+ * held a place. */
+static void damaged_contexts_count_and_say_so(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024], id[LLMS_ID_MAX], keep_id[LLMS_ID_MAX], new_id[LLMS_ID_MAX];
+    snprintf(model, sizeof model, "%s", stories);
+    llmsd_proc d;
+    CHECK_MSG(two_contexts_one_flipped(&d, "damaged-limit", model, "app", id, keep_id) == 0,
+              "setting up the damaged context failed");
+
+    CHECK_MSG(proc_start(&d, llmsd_path, "damaged-limit", model,
+                         CONF "max_contexts_per_app = 2\n") == 0,
+              "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "app");
+    CHECK(c);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, new_id), LLMS_ERR_RESOURCE_EXHAUSTED);
+    const char *why = llms_last_error(c);
+    CHECK_MSG(strstr(why, "max_contexts_per_app") && strstr(why, "1 of them damaged") &&
+                  strstr(why, "llms ctx rm") && strstr(why, "llmsctl rm"),
+              "%s", why);
+    CHECK_EQ(llms_context_delete(c, id), LLMS_OK);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, new_id), LLMS_OK);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, new_id), LLMS_ERR_RESOURCE_EXHAUSTED);
+    CHECK_MSG(!strstr(llms_last_error(c), "damaged"), "%s", llms_last_error(c));
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -347,5 +383,6 @@ int main(int argc, char **argv)
     RUN(hostile_row_damages_one_context);
     RUN(flipped_token_byte_is_damage);
     RUN(admin_removes_a_damaged_context);
+    RUN(damaged_contexts_count_and_say_so);
     return test_finish();
 }
