@@ -601,7 +601,7 @@ static int compile_union(builder *b, json_object *alts, const char *key, const c
     uint16_t node[JSONSCHEMA_PROPS_MAX];
     uint8_t seen = 0, kinds = 0;
     for (size_t i = 0; i < n; i++) {
-        char at[WHERE_MAX], idx[16];
+        char at[WHERE_MAX], idx[24];
         snprintf(idx, sizeof idx, "%zu", i);
         where_join(at, where, key);
         char at2[WHERE_MAX];
