@@ -665,7 +665,8 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'tools': tool calls are for /api/chat");
         goto bad;
     }
-    if (chat && toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0)
+    if (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+                 toolcall_constrain(&hr->tools, &gp, msg, cap) < 0))
         goto bad;
     if (chat) {
         bool none;

@@ -1258,7 +1258,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
-        (chat && toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0))
+        (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+                  toolcall_constrain(&hr->tools, &gp, msg, cap) < 0)))
         goto bad;
     /* the calls of one reply are read as it streams: one choice at a time */
     if (hr->tools.n > 0 && hr->n_choices > 1) {

@@ -118,26 +118,15 @@ static char *dump_text(json_object *v, int indent)
 
 /* ---- reading tools ---- */
 
-/* tool_choice values that force a call need the arguments decoded against the
- * function's schema, which decoding cannot do yet: refused, here alone. */
-static int refuse_forced_choice(json_object *choice, char *msg, size_t cap)
+/* "tool_choice" into ts: "auto" (the default) reads replies for calls; "none" keeps the
+ * tools in the prompt, as llama.cpp does, and leaves the reply text; "required" and a
+ * function (*named) force a call. */
+static int read_choice(json_object *body, toolcall_set *ts, const char **named, char *msg,
+                       size_t cap)
 {
-    if (json_object_is_type(choice, json_type_object)) {
-        snprintf(msg, cap, "'tool_choice' naming a function is not supported yet (it needs "
-                           "schema-constrained decoding)");
-        return -1;
-    }
-    snprintf(msg, cap, "tool_choice 'required' is not supported yet (it needs "
-                       "schema-constrained decoding)");
-    return -1;
-}
-
-/* "tool_choice" into ts->parse: "auto" (the default) reads replies for calls; "none"
- * keeps the tools in the prompt, as llama.cpp does, and leaves the reply text. */
-static int read_choice(json_object *body, toolcall_set *ts, char *msg, size_t cap)
-{
-    json_object *v;
+    json_object *v, *fn, *name;
     ts->parse = true;
+    *named = NULL;
     if (!json_object_object_get_ex(body, "tool_choice", &v) || json_object_is_type(v, json_type_null))
         return 0;
     const char *s = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
@@ -147,15 +136,74 @@ static int read_choice(json_object *body, toolcall_set *ts, char *msg, size_t ca
         ts->parse = false;
         return 0;
     }
-    if ((s && strcmp(s, "required") == 0) || json_object_is_type(v, json_type_object))
-        return refuse_forced_choice(v, msg, cap);
-    snprintf(msg, cap, "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+    if (s && strcmp(s, "required") == 0) {
+        ts->forced = true;
+        ts->forced_fn = TOOLCALL_ANY_FN;
+        return 0;
+    }
+    if (json_object_is_type(v, json_type_object) && json_object_object_get_ex(v, "function", &fn) &&
+        json_object_object_get_ex(fn, "name", &name) && json_object_is_type(name, json_type_string)) {
+        ts->forced = true;
+        *named = json_object_get_string(name);
+        return 0;
+    }
+    snprintf(msg, cap, "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": "
+                       "\"function\", \"function\": {\"name\": ...}}");
     return -1;
 }
 
+/* The forced call's schema (see toolcall_read) into ts->schema. 0, or -1 with msg. */
+static int forced_schema(toolcall_set *ts, char *msg, size_t cap)
+{
+    const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    bool one = ts->forced_fn >= 0 || ts->n == 1;
+    size_t fn = ts->forced_fn >= 0 ? (size_t)ts->forced_fn : 0;
+    json_object *schema = json_object_new_object(), *props = json_object_new_object();
+    json_object *names = json_object_new_array(), *name = json_object_new_object();
+    json_object *required = json_object_new_array();
+    json_object *args = one && ts->params[fn] ? json_object_get(ts->params[fn])
+                                              : json_object_new_object();
+    bool ok = schema && props && names && name && required && args;
+    for (size_t i = 0; ok && i < ts->n; i++)
+        if (!one || i == fn)
+            ok = json_object_array_add(names, json_object_new_string(ts->names[i])) == 0;
+    if (ok && !(one && ts->params[fn])) {
+        /* "required" among several functions: any object; a function without parameters:
+         * none (its arguments are {}) */
+        json_object_object_add(args, "type", json_object_new_string("object"));
+        if (one)
+            json_object_object_add(args, "properties", json_object_new_object());
+    }
+    if (ok) {
+        json_object_object_add(name, "enum", names);
+        json_object_object_add(props, "name", name);
+        json_object_object_add(props, syn->args_key, args);
+        json_object_array_add(required, json_object_new_string("name"));
+        json_object_array_add(required, json_object_new_string(syn->args_key));
+        json_object_object_add(schema, "type", json_object_new_string("object"));
+        json_object_object_add(schema, "properties", props);
+        json_object_object_add(schema, "required", required);
+        names = name = args = props = required = NULL;
+        ts->schema = strdup(json_object_to_json_string_ext(
+            schema, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
+        ok = ts->schema != NULL;
+    }
+    json_object_put(schema);
+    json_object_put(props);
+    json_object_put(names);
+    json_object_put(name);
+    json_object_put(required);
+    json_object_put(args);
+    if (!ok)
+        snprintf(msg, cap, "out of memory");
+    return ok ? 0 : -1;
+}
+
 /* tools[i]: {"type": "function", "function": {"name", "description"?, "parameters"?}};
- * its name in *name. 0, or -1 with msg naming the field. */
-static int check_tool(json_object *t, size_t i, const char **name, char *msg, size_t cap)
+ * its name in *name, its parameters schema in *params (NULL: none). 0, or -1 with msg
+ * naming the field. */
+static int check_tool(json_object *t, size_t i, const char **name, json_object **params,
+                      char *msg, size_t cap)
 {
     json_object *type, *fn, *v;
     if (!json_object_is_type(t, json_type_object)) {
@@ -183,6 +231,10 @@ static int check_tool(json_object *t, size_t i, const char **name, char *msg, si
         snprintf(msg, cap, "tools[%zu].function.parameters must be an object (a JSON schema)", i);
         return -1;
     }
+    *params = json_object_object_get_ex(fn, "parameters", &v) &&
+                      json_object_is_type(v, json_type_object) && json_object_object_length(v)
+                  ? v
+                  : NULL;
     if (json_object_object_get_ex(fn, "description", &v) && !json_object_is_type(v, json_type_null) &&
         !json_object_is_type(v, json_type_string)) {
         snprintf(msg, cap, "tools[%zu].function.description must be a string", i);
@@ -194,19 +246,25 @@ static int check_tool(json_object *t, size_t i, const char **name, char *msg, si
 int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char *msg, size_t cap)
 {
     json_object *tools, *v;
+    const char *named;
     memset(ts, 0, sizeof *ts);
     ts->family = f;
-    if (read_choice(body, ts, msg, cap) < 0)
+    if (read_choice(body, ts, &named, msg, cap) < 0)
         return -1;
     int rc = jsonfield_get(body, "parallel_tool_calls", "", json_type_boolean, &v, msg, cap);
     if (rc < 0)
         return -1;
     ts->first_only = rc == 1 && !json_object_get_boolean(v);
-    if ((rc = jsonfield_get(body, "tools", "", json_type_array, &tools, msg, cap)) <= 0)
+    if ((rc = jsonfield_get(body, "tools", "", json_type_array, &tools, msg, cap)) < 0)
         return rc;
-    size_t n = json_object_array_length(tools);
-    if (n == 0)
+    size_t n = rc ? json_object_array_length(tools) : 0;
+    if (n == 0) {
+        if (ts->forced) {
+            snprintf(msg, cap, "'tool_choice' forces a call, and there are no 'tools'");
+            return -1;
+        }
         return 0;
+    }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
                            "are supported with chatml and llama3 templates)", chat_family_name(f));
@@ -214,20 +272,45 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     ts->defs = calloc(n, sizeof *ts->defs);
     ts->names = calloc(n, sizeof *ts->names);
-    if (!ts->defs || !ts->names) {
+    ts->params = calloc(n, sizeof *ts->params);
+    if (named)
+        ts->forced_fn = TOOLCALL_ANY_FN; /* until the loop finds the function named */
+    if (!ts->defs || !ts->names || !ts->params) {
         snprintf(msg, cap, "out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
         json_object *t = json_object_array_get_idx(tools, i);
-        if (check_tool(t, i, &ts->names[i], msg, cap) < 0)
+        if (check_tool(t, i, &ts->names[i], &ts->params[i], msg, cap) < 0)
             return -1;
         if (!(ts->defs[i] = dump_text(t, chat_tools_indent(f)))) {
             snprintf(msg, cap, "out of memory");
             return -1;
         }
         ts->n = i + 1;
+        if (named && strcmp(named, ts->names[i]) == 0)
+            ts->forced_fn = (int)i;
     }
+    if (named && ts->forced_fn < 0) {
+        snprintf(msg, cap, "'tool_choice' names the function '%.64s', which is not in 'tools'",
+                 named);
+        return -1;
+    }
+    return ts->forced ? forced_schema(ts, msg, cap) : 0;
+}
+
+int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    if (!ts->forced)
+        return 0;
+    if (p->has_format && p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT) {
+        snprintf(msg, cap, "a forced 'tool_choice' and a JSON reply format: the call is the "
+                           "reply's format, give one of them");
+        return -1;
+    }
+    p->has_format = 1;
+    p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+    p->json_schema = ts->schema;
     return 0;
 }
 
@@ -237,10 +320,25 @@ void toolcall_set_free(toolcall_set *ts)
         free(ts->defs[i]);
     free(ts->defs);
     free(ts->names);
+    free(ts->params);
+    free(ts->schema);
     memset(ts, 0, sizeof *ts);
 }
 
 /* ---- rendering ---- */
+
+/* What a forced call's reply follows in the prompt, and what closes it after: the call's
+ * markers with the line breaks the templates put around its JSON (llama3's call is the
+ * bare object: none). */
+static const char *forced_opening(const toolcall_set *ts)
+{
+    return chat_tool_syntax(ts->family)->whole ? "" : "<tool_call>\n";
+}
+
+static const char *forced_closing(const toolcall_set *ts)
+{
+    return chat_tool_syntax(ts->family)->whole ? "" : "\n</tool_call>";
+}
 
 /* What a conversation's messages hold beside their JSON: content joined from parts,
  * calls and their arguments' text. */
@@ -397,6 +495,17 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         goto done;
     }
     chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, out, (size_t)len + 1);
+    if (ts->forced) {
+        const char *opening = forced_opening(ts);
+        char *with = realloc(out, (size_t)len + strlen(opening) + 1);
+        if (!with) {
+            snprintf(msg, cap, "out of memory");
+            free(out);
+            out = NULL;
+            goto done;
+        }
+        out = strcat(with, opening);
+    }
 done:
     if (r.owned && r.calls)
         rendering_free(&r);
@@ -420,14 +529,24 @@ struct toolcall_scan {
     size_t n_calls;
     bool after_call;     /* the last thing decided was a call: white space next is dropped */
     bool whole;          /* (syntax whole) the reply began as a call: held to its end */
+    size_t primed;       /* bytes of a forced call's opening before the reply's own */
 };
 
 toolcall_scan *toolcall_scan_new(const toolcall_set *ts)
 {
     toolcall_scan *s = calloc(1, sizeof *s);
-    if (s) {
-        s->ts = ts;
-        s->syn = chat_tool_syntax(ts->family);
+    if (!s)
+        return NULL;
+    s->ts = ts;
+    s->syn = chat_tool_syntax(ts->family);
+    if (ts->forced) {
+        const char *opening = forced_opening(ts);
+        s->primed = s->len = strlen(opening);
+        s->cap = s->len + 1;
+        if (!(s->text = strdup(opening))) {
+            free(s);
+            return NULL;
+        }
     }
     return s;
 }
@@ -441,7 +560,7 @@ void toolcall_scan_free(toolcall_scan *s)
 
 size_t toolcall_scan_fed(const toolcall_scan *s)
 {
-    return s->len;
+    return s->len - s->primed;
 }
 
 size_t toolcall_scan_calls(const toolcall_scan *s)
@@ -658,6 +777,42 @@ static int scan_whole(toolcall_scan *s, toolcall_out *out, bool end)
     return call ? keep_call(s, out, call) : add_content(s, out, s->text, s->len);
 }
 
+/* The reply of a forced call is over: its closing follows, so that the call is read as
+ * the family writes it (not counted as fed). */
+static int append_closing(toolcall_scan *s)
+{
+    const char *closing = forced_closing(s->ts);
+    size_t k = strlen(closing);
+    if (s->len + k + 1 > s->cap) {
+        char *t = realloc(s->text, s->len + k + 1);
+        if (!t)
+            return -1;
+        s->text = t;
+        s->cap = s->len + k + 1;
+    }
+    memcpy(s->text + s->len, closing, k + 1);
+    s->len += k;
+    s->primed += k;
+    return 0;
+}
+
+/* A forced call that did not parse (cut short by max_tokens) comes out as the reply's
+ * own text: without the opening the prompt ended with and the closing put after it. */
+static void strip_forced_markers(const toolcall_scan *s, toolcall_out *out)
+{
+    const char *open = forced_opening(s->ts), *close = forced_closing(s->ts);
+    size_t no = strlen(open), nc = strlen(close);
+    if (!out->content)
+        return;
+    if (out->content_len >= no && memcmp(out->content, open, no) == 0) {
+        memmove(out->content, out->content + no, out->content_len - no);
+        out->content_len -= no;
+    }
+    if (out->content_len >= nc && memcmp(out->content + out->content_len - nc, close, nc) == 0)
+        out->content_len -= nc;
+    out->content[out->content_len] = '\0';
+}
+
 int toolcall_scan_feed(toolcall_scan *s, const char *text, size_t n, bool end, toolcall_out *out)
 {
     memset(out, 0, sizeof *out);
@@ -674,5 +829,11 @@ int toolcall_scan_feed(toolcall_scan *s, const char *text, size_t n, bool end, t
     memcpy(s->text + s->len, text, n);
     s->len += n;
     s->text[s->len] = '\0';
-    return s->syn->whole ? scan_whole(s, out, end) : scan_marked(s, out, end);
+    bool forced_end = end && s->ts->forced;
+    if (forced_end && append_closing(s) < 0)
+        return -1;
+    int rc = s->syn->whole ? scan_whole(s, out, end) : scan_marked(s, out, end);
+    if (rc == 0 && forced_end)
+        strip_forced_markers(s, out);
+    return rc;
 }

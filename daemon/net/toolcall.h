@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include "engine/tok/chattools.h"
+#include "proto/llms.pb-c.h"
 
 /* A request's tools. */
 typedef struct toolcall_set {
@@ -22,24 +23,46 @@ typedef struct toolcall_set {
     char **defs;          /* n tool definitions as the family's template writes them */
     const char **names;   /* n function names (pointing into the request body) */
     size_t n;
-    bool parse;           /* tool_choice "auto": replies are read for calls */
+    json_object **params; /* n parameter schemas (into the request body), NULL for none */
+    bool parse;           /* tool_choice "auto", "required" or a function: replies are
+                             read for calls */
     bool first_only;      /* parallel_tool_calls false: a reply's first call alone */
+    bool forced;          /* tool_choice "required" or a function: the reply is one call */
+    int forced_fn;        /* with forced: the index of the function named, or
+                             TOOLCALL_ANY_FN ("required") */
+    char *schema;         /* forced: the JSON Schema of the call's object, which the reply
+                             is decoded against (FORMAT_JSON_SCHEMA) */
 } toolcall_set;
+
+/* toolcall_set.forced_fn of tool_choice "required": any of the functions. */
+#define TOOLCALL_ANY_FN (-1)
 
 /*
  * Reads body's "tools" ([{"type": "function", "function": {"name", "description"?,
  * "parameters"?}}], OpenAI's and ollama's shape), "tool_choice" and
  * "parallel_tool_calls" for a model of family f into ts. 0 with ts->n == 0 when there
  * are none (absent, null or empty); 0 with them read; -1 with msg naming the field for a
- * malformed tool, a family without a tool format, or a tool_choice not supported.
+ * malformed tool, a family without a tool format, or a tool_choice naming no tool.
  * toolcall_set_free frees what it holds either way.
+ *
+ * A forced tool_choice ("required", or {"type": "function", "function": {"name"}}) gets
+ * ts->schema: the call's object in the family's syntax ({"name", "arguments"} or llama3's
+ * "parameters"), its name one of the functions (or the one named), its arguments of that
+ * function's parameters schema (any object when "required" leaves several functions). The
+ * reply decoded against it is one call: the rendered prompt ends with the call's opening.
  */
 int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char *msg, size_t cap);
 void toolcall_set_free(toolcall_set *ts);
 
+/* A forced call's reply is decoded against ts->schema: sets p's format to it (p is the
+ * request's, read before; its strings then point into ts). Nothing for a free choice.
+ * 0, or -1 with msg when the request asks for another format too. */
+int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *msg, size_t cap);
+
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
- * "tool_calls", tool) rendered with ts's tools and the assistant opening; date is
- * llama3's "Today Date". Fresh string, or NULL with msg. */
+ * "tool_calls", tool) rendered with ts's tools and the assistant opening (with a forced
+ * tool_choice, the call's opening too: chatml's "<tool_call>\n"); date is llama3's "Today
+ * Date". Fresh string, or NULL with msg. */
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
                       size_t cap);
 
@@ -56,7 +79,8 @@ typedef struct toolcall_out {
 } toolcall_out;
 
 /* A scan of a reply against ts, whose parse is set (ts is kept by the caller while the
- * scan lives); NULL out of memory. */
+ * scan lives); NULL out of memory. With a forced tool_choice the reply is read as the
+ * call's body: the opening the prompt ended with comes before it, the closing after. */
 toolcall_scan *toolcall_scan_new(const toolcall_set *ts);
 void toolcall_scan_free(toolcall_scan *s);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/net/toolcall.h"
+#include "engine/model/jsonschema.h"
 #include "tests/support/test.h"
 
 static const char WEATHER_TOOL[] =
@@ -93,9 +94,11 @@ static int read_tools(enum chat_family f, const char *tool, const char *extra, t
     json_object *o = json_tokener_parse(body);
     msg[0] = '\0';
     int rc = o ? toolcall_read(o, f, ts, msg, cap) : -2;
-    /* the names point into the body: the test only looks at the rest */
-    for (size_t i = 0; i < ts->n; i++)
+    /* the names and parameters point into the body: the test only looks at the rest */
+    for (size_t i = 0; i < ts->n; i++) {
         ts->names[i] = "get_weather";
+        ts->params[i] = NULL;
+    }
     json_object_put(o);
     return rc;
 }
@@ -125,10 +128,10 @@ static void malformed_tools_and_choices_are_refused(void)
          "tools[0].type"},
         {CHAT_CHATML, "\"f\"", "", "tools[0]"},
         {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
-         "\"tool_choice\":\"required\"", "tool_choice 'required' is not supported yet"},
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}",
+         "names the function 'g', which is not in 'tools'"},
         {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
-         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
-         "naming a function is not supported yet"},
+         "\"tool_choice\":{\"type\":\"function\"}", "'tool_choice' must be"},
         {CHAT_CHATML, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}",
          "\"tool_choice\":\"sometimes\"", "tool_choice"},
         {CHAT_ZEPHYR, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "",
@@ -158,6 +161,79 @@ static void choice_none_and_one_call_are_read(void)
     CHECK_EQ(ts.n, 0);
     toolcall_set_free(&ts);
     json_object_put(o);
+}
+
+/* A forced tool_choice: the call's schema (the family's argument key, the function's
+ * parameters), which the engine compiles; a reply read as the call's body, whole, or cut
+ * short (then its own text, without the markers put around it). */
+static void forced_choice_builds_the_schema(void)
+{
+    static const struct {
+        enum chat_family family;
+        const char *args_key, *reply;
+    } fams[] = {
+        {CHAT_CHATML, "\"arguments\"", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"},
+        {CHAT_LLAMA3, "\"parameters\"", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}"},
+    };
+    for (size_t f = 0; f < 2; f++) {
+        json_object *body = json_tokener_parse(
+            "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+            "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+            "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"now\"}}],"
+            "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}");
+        toolcall_set ts;
+        char msg[256], err[ERR_MAX];
+        CHECK_EQ(toolcall_read(body, fams[f].family, &ts, msg, sizeof msg), 0);
+        CHECK(ts.forced && ts.forced_fn == 0);
+        CHECK_MSG(ts.schema && strstr(ts.schema, "{\"enum\":[\"get_weather\"]}") &&
+                      strstr(ts.schema, fams[f].args_key) && strstr(ts.schema, "\"city\""),
+                  "%s", ts.schema ? ts.schema : "(none)");
+        jsonschema *js = NULL;
+        CHECK_MSG(jsonschema_compile(ts.schema, strlen(ts.schema), &js, err) == 0, "%s", err);
+        jsonschema_free(js);
+        Llms__GenerationParams p = LLMS__GENERATION_PARAMS__INIT;
+        CHECK_EQ(toolcall_constrain(&ts, &p, msg, sizeof msg), 0);
+        CHECK(p.format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA && p.json_schema == ts.schema);
+        toolcall_scan *sc = toolcall_scan_new(&ts);
+        toolcall_out out;
+        const char *reply = fams[f].reply;
+        CHECK_EQ(toolcall_scan_feed(sc, reply, strlen(reply), true, &out), 0);
+        CHECK_EQ(json_object_array_length(out.calls), 1);
+        CHECK_EQ(out.content_len, 0);
+        CHECK_EQ(toolcall_scan_fed(sc), strlen(reply));
+        toolcall_out_free(&out);
+        toolcall_scan_free(sc);
+        /* cut short by max_tokens: the reply's own text */
+        sc = toolcall_scan_new(&ts);
+        CHECK_EQ(toolcall_scan_feed(sc, reply, 20, false, &out), 0);
+        CHECK_EQ(out.content_len, 0); /* held: it is the call */
+        toolcall_out_free(&out);
+        CHECK_EQ(toolcall_scan_feed(sc, "", 0, true, &out), 0);
+        CHECK_EQ(json_object_array_length(out.calls), 0);
+        CHECK_MSG(out.content_len == 20 && !memcmp(out.content, reply, 20), "'%.*s'",
+                  (int)out.content_len, out.content ? out.content : "");
+        toolcall_out_free(&out);
+        toolcall_scan_free(sc);
+        toolcall_set_free(&ts);
+        json_object_put(body);
+    }
+    /* "required" among two functions: any object as arguments; without tools: refused */
+    json_object *body = json_tokener_parse(
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":"
+        "\"function\",\"function\":{\"name\":\"b\"}}],\"tool_choice\":\"required\"}");
+    toolcall_set ts;
+    char msg[256];
+    CHECK_EQ(toolcall_read(body, CHAT_CHATML, &ts, msg, sizeof msg), 0);
+    CHECK(ts.forced && ts.forced_fn == TOOLCALL_ANY_FN);
+    CHECK_MSG(strstr(ts.schema, "{\"enum\":[\"a\",\"b\"]}") &&
+                  strstr(ts.schema, "\"arguments\":{\"type\":\"object\"}"), "%s", ts.schema);
+    toolcall_set_free(&ts);
+    json_object_put(body);
+    body = json_tokener_parse("{\"tool_choice\":\"required\"}");
+    CHECK_EQ(toolcall_read(body, CHAT_CHATML, &ts, msg, sizeof msg), -1);
+    CHECK_MSG(strstr(msg, "there are no 'tools'"), "%s", msg);
+    toolcall_set_free(&ts);
+    json_object_put(body);
 }
 
 /* OpenAI's messages (arguments as a JSON string, null content) and ollama's (arguments
@@ -358,6 +434,7 @@ int main(void)
     RUN(tools_are_written_as_tojson);
     RUN(malformed_tools_and_choices_are_refused);
     RUN(choice_none_and_one_call_are_read);
+    RUN(forced_choice_builds_the_schema);
     RUN(messages_render_as_the_template);
     RUN(bad_messages_are_refused);
     RUN(replies_are_scanned_whole_and_in_pieces);

@@ -22,11 +22,20 @@
 
 #define N_VOCAB 300
 #define CALL_TOKEN 3 /* the token that is a whole call of get_weather */
+#define FIRST_CHAR 4 /* tokens FIRST_CHAR.. are the printable ASCII characters, one each, so
+                        that the model can write any JSON (a forced call's) */
 
 /* SentencePiece writes a space as U+2581 */
 static const char CALL_PIECE[] =
     "<tool_call>\n{\"name\":\xe2\x96\x81\"get_weather\",\xe2\x96\x81\"arguments\":\xe2\x96\x81"
     "{\"city\":\xe2\x96\x81\"Paris\"}}\n</tool_call>";
+
+/* A tool whose arguments are bounded (an enum, an integer in 1..9): a forced call of it
+ * ends within a few tokens whatever a random model prefers. */
+static const char PICK_TOOL[] =
+    "{\"type\":\"function\",\"function\":{\"name\":\"pick_day\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"day\":{\"enum\":[\"mon\",\"tue\"]},\"hours\":{\"type\":"
+    "\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"day\",\"hours\"]}}}";
 
 static const char WEATHER_TOOL[] =
     "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
@@ -57,8 +66,14 @@ static int write_vocab(const char *path)
     float scores[N_VOCAB];
     int32_t types[N_VOCAB];
     for (int i = 0; i < N_VOCAB; i++) {
-        snprintf(names[i], sizeof names[i], i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>"
-                                                                              : "tok%d", i);
+        int ch = ' ' + i - FIRST_CHAR;
+        if (ch == ' ')
+            snprintf(names[i], sizeof names[i], "\xe2\x96\x81");
+        else if (i >= FIRST_CHAR && ch <= '~')
+            snprintf(names[i], sizeof names[i], "%c", ch);
+        else
+            snprintf(names[i], sizeof names[i], i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>"
+                                                                                : "tok%d", i);
         strs[i] = i == CALL_TOKEN ? CALL_PIECE : names[i];
         scores[i] = -(float)i;
         types[i] = i == 0 ? 2 : i < 3 ? 3 : 1;
@@ -250,16 +265,117 @@ static void ollama_chat_calls(void)
     json_object_put(o);
 }
 
+/* A forced tool_choice on /v1/chat/completions, whole and streamed: the reply is decoded
+ * against the function's schema, so even a random model's reply is one valid call. */
+static bool check_pick_arguments(const char *args)
+{
+    json_object *a = args ? json_tokener_parse(args) : NULL, *day, *hours;
+    bool ok = a && json_object_object_get_ex(a, "day", &day) &&
+              json_object_object_get_ex(a, "hours", &hours) &&
+              (!strcmp(json_object_get_string(day), "mon") ||
+               !strcmp(json_object_get_string(day), "tue")) &&
+              json_object_is_type(hours, json_type_int) && json_object_get_int(hours) >= 1 &&
+              json_object_get_int(hours) <= 9;
+    json_object_put(a);
+    return ok;
+}
+
+static void forced_choice_is_one_valid_call(void)
+{
+    NEED();
+    static const char *const choices[] = {
+        "{\"type\":\"function\",\"function\":{\"name\":\"pick_day\"}}", "\"required\""};
+    for (int c = 0; c < 2; c++)
+        for (int seed = 0; seed < 3; seed++) {
+            char body[4096];
+            /* "required" among several functions leaves the arguments any object: one tool */
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":"
+                     "[%s%s%s],\"tool_choice\":%s,\"max_tokens\":400,\"seed\":%d%s}",
+                     c == 0 ? WEATHER_TOOL : "", c == 0 ? "," : "", PICK_TOOL, choices[c], seed,
+                     seed == 0 ? ",\"temperature\":0" : "");
+            int st;
+            json_object *o = post("/v1/chat/completions", body, &st);
+            CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
+            CHECK_MSG(!strcmp(httpc_jstr(o, "choices.0.finish_reason"), "tool_calls"), "%s",
+                      json_object_to_json_string(o));
+            CHECK(!strcmp(httpc_jstr(o, "choices.0.message.tool_calls.0.function.name"),
+                          "pick_day"));
+            CHECK_MSG(check_pick_arguments(
+                          httpc_jstr(o, "choices.0.message.tool_calls.0.function.arguments")),
+                      "%s", json_object_to_json_string(o));
+            CHECK(!httpc_jstr(o, "choices.0.message.tool_calls.1.id"));
+            json_object_put(o);
+        }
+    /* streamed: one tool_calls delta, finish tool_calls */
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s],"
+             "\"tool_choice\":\"required\",\"max_tokens\":400,\"temperature\":0,\"stream\":true}",
+             PICK_TOOL);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    int calls = 0;
+    bool finished = false;
+    char *save;
+    for (char *line = strtok_r(r.body, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "data: {", 7) != 0)
+            continue;
+        json_object *o = json_tokener_parse(line + 6);
+        const char *c = httpc_jstr(o, "choices.0.delta.content");
+        CHECK_MSG(!c || !c[0], "content streamed beside a forced call: %s", c);
+        if (httpc_jstr(o, "choices.0.delta.tool_calls.0.function.name")) {
+            calls++;
+            CHECK(check_pick_arguments(httpc_jstr(o, "choices.0.delta.tool_calls.0.function.arguments")));
+        }
+        const char *f = httpc_jstr(o, "choices.0.finish_reason");
+        finished |= f && !strcmp(f, "tool_calls");
+        json_object_put(o);
+    }
+    httpc_reply_free(&r);
+    CHECK_EQ(calls, 1);
+    CHECK(finished);
+}
+
+/* ollama's /api/chat has no tool_choice of its own; llmsd reads OpenAI's there too, which
+ * shows its reply side: message.tool_calls with the arguments as an object. */
+static void ollama_forced_call_has_object_arguments(void)
+{
+    NEED();
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s],"
+             "\"tool_choice\":\"required\",\"stream\":false,\"options\":{\"num_predict\":400,"
+             "\"temperature\":0}}", PICK_TOOL);
+    int st;
+    json_object *o = post("/api/chat", body, &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
+    CHECK(!strcmp(httpc_jstr(o, "message.tool_calls.0.function.name"), "pick_day"));
+    json_object *calls = NULL, *msg = NULL, *fn = NULL, *args = NULL;
+    json_object_object_get_ex(o, "message", &msg);
+    json_object_object_get_ex(msg, "tool_calls", &calls);
+    json_object_object_get_ex(json_object_array_get_idx(calls, 0), "function", &fn);
+    json_object_object_get_ex(fn, "arguments", &args);
+    CHECK_MSG(json_object_is_type(args, json_type_object) &&
+                  check_pick_arguments(json_object_to_json_string(args)),
+              "%s", json_object_to_json_string(o));
+    json_object_put(o);
+}
+
 static void refusals_name_the_field(void)
 {
     NEED();
     static const struct {
         const char *path, *extra, *says;
     } bad[] = {
-        {"/v1/chat/completions", "\"tool_choice\":\"required\"", "tool_choice 'required'"},
         {"/v1/chat/completions",
-         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}",
-         "naming a function"},
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}",
+         "names the function 'get_time', which is not in 'tools'"},
+        {"/v1/chat/completions",
+         "\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}",
+         "a forced 'tool_choice' and a JSON reply format"},
+        {"/v1/chat/completions", "\"tool_choice\":\"always\"", "'tool_choice' must be"},
         {"/v1/chat/completions", "\"llmsd\":{\"context\":\"abc\"}", "llmsd.context"},
         {"/v1/chat/completions", "\"n\":2", "'tools' with 'n' above 1"},
     };
@@ -333,6 +449,8 @@ int main(int argc, char **argv)
     RUN(reply_calls_become_tool_calls);
     RUN(streamed_calls_are_deltas);
     RUN(ollama_chat_calls);
+    RUN(forced_choice_is_one_valid_call);
+    RUN(ollama_forced_call_has_object_arguments);
     RUN(refusals_name_the_field);
     RUN(daemon_exits_cleanly);
     return test_finish();
