@@ -11,19 +11,19 @@
 /* $ref targets compiled so far, at most. */
 #define REFS_MAX 256
 
-static const jsonschema_node any_node = {
-    .shape = JSONSCHEMA_TYPED,
-    .kinds = JSONSCHEMA_ANY_KIND,
-    .free_object = true,
-    .items = JSONSCHEMA_ANY,
-    .max_items = UINT32_MAX,
-    .max_length = UINT32_MAX,
-};
+/* Any value: every kind, any keys and items, no bounds. */
+#define ANY_NODE                                                                           \
+    {                                                                                      \
+        .shape = JSONSCHEMA_TYPED, .kinds = JSONSCHEMA_ANY_KIND, .free_object = true,       \
+        .items = JSONSCHEMA_ANY, .max_items = UINT32_MAX, .max_length = UINT32_MAX          \
+    }
+
+static const jsonschema_node any_node = ANY_NODE;
 
 const jsonschema *jsonschema_any_object(void)
 {
     static const jsonschema_node nodes[2] = {
-        any_node,
+        ANY_NODE,
         {.shape = JSONSCHEMA_TYPED,
          .kinds = JSONSCHEMA_OBJECT,
          .free_object = true,
@@ -544,9 +544,9 @@ static int compile_enum(builder *b, json_object *values, bool is_const, const ch
                         uint16_t id)
 {
     jsonschema *s = b->s;
-    size_t n = is_const ? 1 : json_object_array_length(values);
     if (!is_const && !json_object_is_type(values, json_type_array))
         return err_set(b->err, "json schema: 'enum' at %s is not a list", where);
+    size_t n = is_const ? 1 : json_object_array_length(values);
     if (n == 0 || n > JSONSCHEMA_ENUM_MAX)
         return err_set(b->err, "json schema: 'enum' at %s has %zu values (1..%d)", where, n,
                        JSONSCHEMA_ENUM_MAX);

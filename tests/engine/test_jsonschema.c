@@ -46,6 +46,8 @@ static void refusals_name_the_keyword(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}",
          "required 'b' at # is not among its properties"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[]}}}", "has 0 values"},
+        /* (json-c asserts on the length of what is not a list: the fuzzer found it) */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":\"x\"}}}", "is not a list"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[{\"x\":1}]}}}",
          "object or list in 'enum'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":true},\"additionalProperties\":true}",
