@@ -2,7 +2,8 @@
  * llms-run — one prompt through the engine, like llama.cpp's llama-cli.
  *
  *   llms-run -m MODEL.gguf -p "text" [-n 64] [--temp 0] [-t threads]   generate
- *                                                    (--json: one JSON object)
+ *                                                    (--json: one JSON object;
+ *                                                    --json-schema F: F's instance)
  *   llms-run -m VOCAB.gguf --tokenize  < text        token ids, no BOS/EOS added
  *   llms-run -m VOCAB.gguf --detokenize < ids        text of the ids
  *   llms-run -m MODEL.gguf --ids -p "1 450 4996"     prompt and output as token ids
@@ -24,6 +25,7 @@
 #include "engine/tok/chat.h"
 #include "engine/model/embed.h"
 #include "engine/model/jsonmask.h"
+#include "engine/model/jsonschema.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
@@ -54,6 +56,7 @@ typedef struct run_options {
     bool chat;
     bool ignore_eos;
     bool json;             /* JSON mode: the continuation is one JSON object */
+    const char *json_schema_file; /* --json-schema: ... an instance of this file's schema */
     bool plan;             /* print the prefill's memory plan and stop */
     int plan_tokens;       /* --prompt-tokens: plan for this length instead of a prompt */
     int prefill_budget_mb; /* 0: none */
@@ -88,6 +91,8 @@ static void usage(FILE *out)
             "      --json               JSON mode: only tokens that keep the continuation a\n"
             "                           prefix of one JSON object; it ends as the object closes\n"
             "                           (OpenAI's response_format json_object)\n"
+            "      --json-schema FILE   JSON mode, and an instance of the JSON Schema in FILE\n"
+            "                           (OpenAI's json_schema; engine/model/jsonschema.h)\n"
             "      --chat               wrap the prompt in the model's chat template\n"
             "      --system TEXT        system message for --chat\n"
             "      --chat-template NAME the template's family, not the file's (" CHAT_FAMILY_NAMES
@@ -248,6 +253,10 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (IS(NULL, "--json")) {
+            o->json = true;
+        } else if (IS(NULL, "--json-schema")) {
+            NEED_VALUE();
+            o->json_schema_file = v;
             o->json = true;
         } else if (IS(NULL, "--chat")) {
             o->chat = true;
@@ -554,6 +563,7 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     float *logits = NULL;
     sampler *smp = NULL;
     jsonmask_vocab *json_vocab = NULL;
+    jsonschema *schema = NULL;
     jsonmask_cursor json;
     sampler_constraint json_allowed = {json_allows, &json};
     stop_matcher stop;
@@ -594,12 +604,22 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         fprintf(stderr, "llms-run: --stop: %s\n", err);
         goto out;
     }
+    if (o->json_schema_file) {
+        size_t len;
+        char *text = readall_file(o->json_schema_file, &len, err);
+        int rc = text ? jsonschema_compile(text, len, &schema, err) : -1;
+        free(text);
+        if (rc) {
+            fprintf(stderr, "llms-run: --json-schema %s: %s\n", o->json_schema_file, err);
+            goto out;
+        }
+    }
     if (o->json) {
         if (jsonmask_vocab_new(tok, &json_vocab, err)) {
             fprintf(stderr, "llms-run: --json: %s\n", err);
             goto out;
         }
-        jsonmask_cursor_init(&json, json_vocab);
+        jsonmask_cursor_init_schema(&json, json_vocab, schema ? schema : jsonschema_any_object());
     }
     smp = sampler_new(n_vocab, &o->sampling, err);
     history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
@@ -674,6 +694,7 @@ out:
     free(prompt);
     sampler_free(smp);
     jsonmask_vocab_free(json_vocab);
+    jsonschema_free(schema);
     session_close(&s);
     return status;
 }

@@ -153,6 +153,44 @@ static void json_writes_an_object(void)
     CHECK_MSG(out[strspn(out, " \t\r\n")] == '{', "'%s'", out);
 }
 
+/* --json-schema FILE: the reply is an instance (an array of 2..3 integers in 1..9, which
+ * closes within the token budget whatever the model prefers); a schema the engine cannot
+ * enforce is an error naming the keyword. */
+static void json_schema_writes_an_instance(void)
+{
+    const char *docs = test_data_path("models/docs-lm-21M-F16.gguf");
+    if (!docs)
+        SKIP("../shared/testdata/models/docs-lm-21M-F16.gguf is absent");
+    char schema[1024], cmd[4096], out[8192];
+    snprintf(schema, sizeof schema, "%s/llms-run-schema.json", test_tmpdir());
+    FILE *f = fopen(schema, "w");
+    CHECK(f && fputs("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,"
+                     "\"maximum\":9},\"minItems\":2,\"maxItems\":3}", f) >= 0);
+    fclose(f);
+    for (int seed = 0; seed < 3; seed++) {
+        snprintf(cmd, sizeof cmd, "%s -m '%s' -p 'The numbers are\n' -n 200 --json-schema '%s' "
+                 "--seed %d 2>/dev/null", llms_run, docs, schema, seed);
+        CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+        json_object *o = json_tokener_parse(out);
+        size_t n = o && json_object_is_type(o, json_type_array) ? json_object_array_length(o) : 0;
+        bool ok = n >= 2 && n <= 3;
+        for (size_t i = 0; ok && i < n; i++) {
+            json_object *x = json_object_array_get_idx(o, i);
+            ok = json_object_is_type(x, json_type_int) && json_object_get_int(x) >= 1 &&
+                 json_object_get_int(x) <= 9;
+        }
+        CHECK_MSG(ok, "seed %d: '%s' is not an instance", seed, out);
+        json_object_put(o);
+    }
+    f = fopen(schema, "w");
+    CHECK(f && fputs("{\"type\":\"array\",\"uniqueItems\":true}", f) >= 0);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' -p x -n 4 --json-schema '%s' 2>&1", llms_run, docs,
+             schema);
+    CHECK(test_run_capture(cmd, out, sizeof out) != 0);
+    CHECK_MSG(strstr(out, "'uniqueItems'"), "%s", out);
+}
+
 /* --presence-penalty and --frequency-penalty reach the sampler: greedy text changes
  * (stories260K repeats itself within 40 tokens), and a value outside [-2, 2] is an error. */
 static void penalties_change_greedy_text(void)
@@ -346,6 +384,7 @@ int main(int argc, char **argv)
     RUN(sampling_is_reproducible_by_seed);
     RUN(penalties_change_greedy_text);
     RUN(json_writes_an_object);
+    RUN(json_schema_writes_an_instance);
     RUN(chat_template_overrides_the_files);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
