@@ -20,9 +20,12 @@
  *   fast_us       sampler_sample_allowed with the default sampling when the first draw is
  *                 allowed (the usual case), beside sampled_us, sampler_sample's;
  *   take_us       jsonmask_take (the state's next-byte set rebuilt).
- * One JSON object per vocabulary: medians and maxima over the states (the times of
- * mask_ms, fallback_ms and plain_ms the best of --rounds), build_ms the table, worst_state
- * the number of document tokens taken before the slowest mask.
+ * Two JSON objects per vocabulary, format "json_object" (any object: JSON mode) and
+ * "json_schema" (the document's schema below, which it is an instance of: structured
+ * output): medians and maxima over the states (the times of mask_ms, fallback_ms and
+ * plain_ms the best of --rounds), build_ms the table, worst_state the number of document
+ * tokens taken before the slowest mask; the json_schema line's mask_ratio and take_ratio
+ * are its mask_ms and take_us over the json_object line's, measured in the same run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@
 #include "bench/bench.h"
 #include "engine/gguf/gguf.h"
 #include "engine/model/jsonmask.h"
+#include "engine/model/jsonschema.h"
 #include "engine/model/sampler.h"
 #include "engine/tok/tokenizer.h"
 
@@ -44,6 +48,27 @@ static const char document[] =
     "\"stop\": [\"\\n\\n\", \"caf\xc3\xa9\"], \"speculate\": true, \"kv\": null, \"ratio\": "
     "-0.25}, \"notes\": \"A daemon that owns the model weights once for every app and keeps "
     "each app's contexts alive across calls, hours and restarts.\"}";
+
+/* The schema of the document, written as a service's settings would be (keys in the
+ * document's order, bounds, enums, an Optional). */
+static const char document_schema[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":64},"
+    "\"version\":{\"type\":\"string\"},\"models\":{\"type\":\"array\",\"minItems\":1,"
+    "\"items\":{\"type\":\"object\",\"properties\":{\"file\":{\"type\":\"string\"},\"roles\":"
+    "{\"type\":\"array\",\"items\":{\"enum\":[\"generate\",\"embed\",\"rerank\"]}},\"n_ctx\":"
+    "{\"type\":\"integer\",\"minimum\":1,\"maximum\":1048576},\"rope\":{\"type\":\"object\","
+    "\"properties\":{\"base\":{\"type\":\"number\"},\"scale\":{\"type\":\"number\"}}}},"
+    "\"required\":[\"file\",\"roles\"]}},\"limits\":{\"type\":\"object\",\"properties\":"
+    "{\"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"stop\":{\"type\":\"array\","
+    "\"items\":{\"type\":\"string\"},\"maxItems\":4},\"speculate\":{\"type\":\"boolean\"},"
+    "\"kv\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"null\"}]},\"ratio\":{\"type\":"
+    "\"number\"}},\"required\":[\"max_tokens\"]},\"notes\":{\"type\":\"string\",\"maxLength\":"
+    "400}},\"required\":[\"name\",\"version\",\"models\",\"limits\"]}";
+
+/* A format's medians, for the ratios of the next. */
+typedef struct format_result {
+    double mask_ms, take_us;
+} format_result;
 
 /* Writes GPT-2's vocabulary grown to BIG_VOCAB tokens (the added ones pairs of its own
  * tokens, as a larger byte-level BPE vocabulary's longer tokens are) into path. */
@@ -114,27 +139,13 @@ static bool cursor_allows(const void *ctx, int32_t token)
     return jsonmask_allows(ctx, token);
 }
 
-/* The stats of one vocabulary's run, printed as one line. */
-static int run_vocab(const char *name, const char *path, int rounds)
+/* One format's run over the document on vocabulary v, printed as one line: schema NULL
+ * for JSON mode (then *base is filled), else the ratios to *base. */
+static int run_format(const char *name, const tokenizer *tok, const jsonmask_vocab *v,
+                      double build_ms, const jsonschema *schema, int rounds, format_result *base)
 {
     char err[ERR_MAX];
-    gguf_file *g = gguf_open(path, err);
-    tokenizer *tok = NULL;
-    jsonmask_vocab *v = NULL;
-    if (!g || tok_load(g, &tok, err)) {
-        fprintf(stderr, "bench/jsonmask: %s: %s\n", path, err);
-        gguf_close(g);
-        return -1;
-    }
     int32_t n_vocab = tok_n_vocab(tok);
-    double t0 = bench_now_s();
-    if (jsonmask_vocab_new(tok, &v, err)) {
-        fprintf(stderr, "bench/jsonmask: %s\n", err);
-        tok_free(tok);
-        gguf_close(g);
-        return -1;
-    }
-    double build_ms = (bench_now_s() - t0) * 1e3;
     int32_t ids[1024];
     int n_ids = tok_encode(tok, document, strlen(document), false, false, ids, 1024);
     float *logits = malloc(sizeof *logits * (size_t)n_vocab);
@@ -158,7 +169,7 @@ static int run_vocab(const char *name, const char *path, int rounds)
     for (int32_t i = 0; i < n_vocab; i++)
         logits[i] = (float)bench_gauss(&rng);
     jsonmask_cursor c;
-    jsonmask_cursor_init(&c, v);
+    jsonmask_cursor_init_schema(&c, v, schema ? schema : jsonschema_any_object());
     sampler_constraint con = {cursor_allows, &c};
     long allowed_sum = 0;
     for (int k = 0; k < n_ids; k++) {
@@ -223,14 +234,22 @@ static int run_vocab(const char *name, const char *path, int rounds)
             mask_max = mask[k], worst = k;
         fallback_max = fallback[k] > fallback_max ? fallback[k] : fallback_max;
     }
-    printf("{\"bench\":\"jsonmask\",\"vocab\":\"%s\",\"n_vocab\":%d,\"states\":%d,"
-           "\"build_ms\":%.1f,\"mean_allowed\":%.0f,\"mask_ms\":%.3f,\"mask_ms_max\":%.3f,"
-           "\"fallback_ms\":%.3f,\"fallback_ms_max\":%.3f,\"plain_ms\":%.3f,\"fast_us\":%.2f,"
-           "\"sampled_us\":%.2f,\"take_us\":%.2f,\"worst_state\":%d}\n",
-           name, (int)n_vocab, n_ids, build_ms, (double)allowed_sum / n_ids,
-           bench_median(mask, n_ids), mask_max, bench_median(fallback, n_ids), fallback_max,
-           bench_median(plain, n_ids), bench_median(fast, n_ids), bench_median(sampled, n_ids),
-           bench_median(take, n_ids), worst);
+    double mask_med = bench_median(mask, n_ids), take_med = bench_median(take, n_ids);
+    printf("{\"bench\":\"jsonmask\",\"vocab\":\"%s\",\"format\":\"%s\",\"n_vocab\":%d,"
+           "\"states\":%d,\"build_ms\":%.1f,\"mean_allowed\":%.0f,\"mask_ms\":%.3f,"
+           "\"mask_ms_max\":%.3f,\"fallback_ms\":%.3f,\"fallback_ms_max\":%.3f,"
+           "\"plain_ms\":%.3f,\"fast_us\":%.2f,\"sampled_us\":%.2f,\"take_us\":%.2f,"
+           "\"worst_state\":%d",
+           name, schema ? "json_schema" : "json_object", (int)n_vocab, n_ids, build_ms,
+           (double)allowed_sum / n_ids, mask_med, mask_max, bench_median(fallback, n_ids),
+           fallback_max, bench_median(plain, n_ids), bench_median(fast, n_ids),
+           bench_median(sampled, n_ids), take_med, worst);
+    if (schema)
+        printf(",\"mask_ratio\":%.2f,\"take_ratio\":%.2f", mask_med / base->mask_ms,
+               take_med / base->take_us);
+    else
+        *base = (format_result){mask_med, take_med};
+    printf("}\n");
     fflush(stdout);
     rc = 0;
 out:
@@ -243,6 +262,33 @@ out:
     free(sampled);
     sampler_free(greedy);
     sampler_free(def);
+    return rc;
+}
+
+/* Both formats on the vocabulary of the file at path. */
+static int run_vocab(const char *name, const char *path, const jsonschema *schema, int rounds)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(path, err);
+    tokenizer *tok = NULL;
+    jsonmask_vocab *v = NULL;
+    if (!g || tok_load(g, &tok, err)) {
+        fprintf(stderr, "bench/jsonmask: %s: %s\n", path, err);
+        gguf_close(g);
+        return -1;
+    }
+    double t0 = bench_now_s();
+    int rc = -1;
+    if (jsonmask_vocab_new(tok, &v, err)) {
+        fprintf(stderr, "bench/jsonmask: %s\n", err);
+    } else {
+        double build_ms = (bench_now_s() - t0) * 1e3;
+        format_result base;
+        rc = run_format(name, tok, v, build_ms, NULL, rounds, &base) ||
+                     run_format(name, tok, v, build_ms, schema, rounds, &base)
+                 ? -1
+                 : 0;
+    }
     jsonmask_vocab_free(v);
     tok_free(tok);
     gguf_close(g);
@@ -271,13 +317,18 @@ int main(int argc, char **argv)
     char path[1024], err[ERR_MAX];
     int failures = 0;
     struct stat st;
+    jsonschema *schema;
+    if (jsonschema_compile(document_schema, strlen(document_schema), &schema, err)) {
+        fprintf(stderr, "bench/jsonmask: %s\n", err);
+        return 1;
+    }
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) {
         snprintf(path, sizeof path, "%s/%s", testdata, vocabs[i][1]);
         if (stat(path, &st) != 0) {
             fprintf(stderr, "bench/jsonmask: %s is absent: left out\n", path);
             continue;
         }
-        failures += run_vocab(vocabs[i][0], path, rounds) != 0;
+        failures += run_vocab(vocabs[i][0], path, schema, rounds) != 0;
     }
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", testdata);
     if (stat(path, &st) == 0) {
@@ -288,8 +339,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench/jsonmask: %s: %s\n", big, err);
             failures++;
         } else {
-            failures += run_vocab("gpt-2-grown-152k", big, rounds) != 0;
+            failures += run_vocab("gpt-2-grown-152k", big, schema, rounds) != 0;
         }
     }
+    jsonschema_free(schema);
     return failures ? 1 : 0;
 }

@@ -643,6 +643,7 @@ struct jsonmask_vocab {
     uint8_t *flags;   /* (n_vocab) TOKEN_* bits */
     uint8_t *key;     /* (n_vocab) the byte a token is first tested by: its first, or
                          after leading whitespace (TOKEN_WS_LED) its second */
+    uint16_t *chars;  /* (n_vocab) a TOKEN_STRING_PLAIN token's characters (to 65535) */
 };
 
 /* Whether a token stands for bytes of a reply: control, unknown and unused tokens are
@@ -665,6 +666,15 @@ static bool string_plain(const uint8_t *b, uint32_t n)
     return n > 0 && s.mode == M_STRING;
 }
 
+/* The characters of whole UTF-8 text: its bytes that are no continuation byte. */
+static uint16_t utf8_chars(const uint8_t *b, uint32_t n)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        k += (b[i] & 0xc0) != 0x80;
+    return k > UINT16_MAX ? UINT16_MAX : (uint16_t)k;
+}
+
 int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MAX])
 {
     int32_t n = tok_n_vocab(t);
@@ -672,7 +682,8 @@ int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MA
     *out = NULL;
     if (!v || !(v->start = malloc(sizeof *v->start * ((size_t)n + 1))) ||
         !(v->flags = calloc((size_t)n ? (size_t)n : 1, 1)) ||
-        !(v->key = calloc((size_t)n ? (size_t)n : 1, 1))) {
+        !(v->key = calloc((size_t)n ? (size_t)n : 1, 1)) ||
+        !(v->chars = calloc((size_t)n ? (size_t)n : 1, sizeof *v->chars))) {
         jsonmask_vocab_free(v);
         return err_set(err, "jsonmask: out of memory for a vocabulary of %d tokens", (int)n);
     }
@@ -700,9 +711,10 @@ int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MA
             tok_piece(t, i, (char *)v->bytes + v->start[i], (size_t)len + 1);
         bool ws_led = len > 1 && is_ws(b[0]);
         v->key[i] = len ? b[ws_led] : 0;
+        bool plain = string_plain(b, len);
         v->flags[i] = (uint8_t)((ws_led ? TOKEN_WS_LED : 0) | (tok_is_eog(t, i) ? TOKEN_EOG : 0) |
-                                (string_plain(b, len) ? TOKEN_STRING_PLAIN : 0) |
-                                (len ? 0 : TOKEN_NO_BYTES));
+                                (plain ? TOKEN_STRING_PLAIN : 0) | (len ? 0 : TOKEN_NO_BYTES));
+        v->chars[i] = plain ? utf8_chars(b, len) : 0;
     }
     *out = v;
     return 0;
@@ -716,6 +728,7 @@ void jsonmask_vocab_free(jsonmask_vocab *v)
     free(v->bytes);
     free(v->flags);
     free(v->key);
+    free(v->chars);
     free(v);
 }
 
@@ -737,6 +750,10 @@ static bool bit_set(const uint64_t *bits, uint8_t b)
 static void cursor_prepare(jsonmask_cursor *c)
 {
     memset(c->next_ok, 0, sizeof c->next_ok);
+    const jsonmask_state *st = &c->state;
+    c->string_room = st->mode == M_STRING && st->counted
+                         ? node_at(st, st->node)->max_length - st->str_len
+                         : UINT32_MAX;
     jsonmask_state after_ws = c->state;
     bool ws_ok = feed_byte(&after_ws, ' ');
     for (int b = 0; b < 256; b++) {
@@ -778,8 +795,8 @@ bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
         return false;
     /* inside a string most tokens are plain text, which leaves the state as it is (but
      * for the count of a length-bounded string's characters) */
-    if (c->state.mode == M_STRING && !c->state.counted && (f & TOKEN_STRING_PLAIN))
-        return true;
+    if (c->state.mode == M_STRING && (f & TOKEN_STRING_PLAIN))
+        return v->chars[token] <= c->string_room;
     uint32_t from = v->start[token];
     jsonmask_state s = c->state;
     return jsonmask_feed(&s, v->bytes + from, v->start[token + 1] - from);

@@ -109,6 +109,8 @@ typedef struct jsonmask_cursor {
     jsonmask_state state;
     uint64_t next_ok[2][4]; /* (2, 256 bits) bit b of [0]: the state takes byte b next;
                                of [1]: it takes a space, then b */
+    uint32_t string_room;   /* inside a length-bounded string: the characters it may still
+                               take (UINT32_MAX: no bound) */
 } jsonmask_cursor;
 
 /* A cursor at the start of a reply on vocabulary v: any JSON object. */

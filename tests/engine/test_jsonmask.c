@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/model/jsonmask.h"
+#include "engine/model/jsonschema.h"
 #include "engine/model/model.h"
 #include "engine/model/sampler.h"
 #include "tests/support/test.h"
@@ -504,16 +505,34 @@ static bool allowed_by_piece(const tokenizer *tok, const jsonmask_state *st, int
     return true;
 }
 
-/* Tokenizes a generated document (and an unfinished tail) and takes its tokens one by
- * one; before each, every token's verdict must be what feeding its piece byte by byte
- * says. */
+/* Takes the n tokens of ids one by one from c (at most 80); before each, every token's
+ * verdict must be what feeding its piece byte by byte says. */
+static void verdicts_match_pieces(const char *rel, loaded_vocab *lv, jsonmask_cursor *c,
+                                  const int32_t *ids, int n)
+{
+    int32_t n_vocab = tok_n_vocab(lv->tok);
+    for (int i = 0; i <= n && i < 80; i++) {
+        for (int32_t id = 0; id < n_vocab; id++) {
+            bool want = allowed_by_piece(lv->tok, &c->state, id);
+            CHECK_MSG(jsonmask_allows(c, id) == want, "%s: token %d after %d tokens: %d, "
+                      "its piece says %d", rel, id, i, !want, want);
+        }
+        if (i < n)
+            CHECK_MSG(jsonmask_take(c, ids[i]) == 0, "%s: token %d of the document refused",
+                      rel, i);
+    }
+    CHECK(!jsonmask_allows(c, -1) && !jsonmask_allows(c, n_vocab));
+}
+
+/* Tokenizes a generated document (and an unfinished tail) and checks every verdict along
+ * it; then a schema's instance (length-bounded strings, whose plain tokens are counted,
+ * keys, an enum, bounded integers). */
 static void mask_matches_pieces(const char *rel)
 {
     loaded_vocab lv;
     if (!vocab_open(rel, &lv))
         return;
-    int32_t n_vocab = tok_n_vocab(lv.tok);
-    CHECK(jsonmask_vocab_size(lv.v) == n_vocab);
+    CHECK(jsonmask_vocab_size(lv.v) == tok_n_vocab(lv.tok));
     uint64_t rng = 0x746f6b656e6d61u;
     test_random_seed(&rng);
     gen_buf g = {.rng = &rng};
@@ -525,17 +544,23 @@ static void mask_matches_pieces(const char *rel)
     CHECK(n > 0 && n <= 1024);
     jsonmask_cursor c;
     jsonmask_cursor_init(&c, lv.v);
-    for (int i = 0; i <= n && i < 80; i++) {
-        for (int32_t id = 0; id < n_vocab; id++) {
-            bool want = allowed_by_piece(lv.tok, &c.state, id);
-            CHECK_MSG(jsonmask_allows(&c, id) == want, "%s: token %d after %d tokens: %d, "
-                      "its piece says %d", rel, id, i, !want, want);
-        }
-        if (i < n)
-            CHECK_MSG(jsonmask_take(&c, ids[i]) == 0, "%s: token %d of the document refused",
-                      rel, i);
-    }
-    CHECK(!jsonmask_allows(&c, -1) && !jsonmask_allows(&c, n_vocab));
+    verdicts_match_pieces(rel, &lv, &c, ids, n);
+
+    static const char schema_text[] =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+        "\"n\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":200},"
+        "\"maxItems\":4},\"kind\":{\"enum\":[\"alpha\",\"beta\"]},\"note\":{\"type\":\"string\","
+        "\"minLength\":1,\"maxLength\":3}},\"required\":[\"name\",\"n\"]}";
+    static const char instance[] =
+        "{\"name\": \"caf\xc3\xa9 au lait\", \"n\": [3, 14, 159], \"kind\": \"beta\", \"note\": \"ab";
+    char err[ERR_MAX];
+    jsonschema *schema = NULL;
+    CHECK_MSG(jsonschema_compile(schema_text, strlen(schema_text), &schema, err) == 0, "%s", err);
+    n = tok_encode(lv.tok, instance, strlen(instance), false, false, ids, 1024);
+    CHECK(n > 0 && n <= 1024);
+    jsonmask_cursor_init_schema(&c, lv.v, schema);
+    verdicts_match_pieces(rel, &lv, &c, ids, n);
+    jsonschema_free(schema);
     vocab_close(&lv);
 }
 
