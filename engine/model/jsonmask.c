@@ -1,6 +1,7 @@
 /* jsonmask.c — the JSON recogniser and the token table (see jsonmask.h). */
 #include "engine/model/jsonmask.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,10 +344,95 @@ static bool int_digit(jsonmask_state *s, uint8_t c)
     return int_reachable(s, n, false);
 }
 
-/* Whether the number being read may take a fraction or an exponent. */
-static bool fraction_allowed(const jsonmask_state *s)
+static bool num_bounded(const jsonschema_node *n)
 {
-    return node_at(s, s->node)->kinds & JSONSCHEMA_NUMBER;
+    return n->has_nmin || n->has_nmax;
+}
+
+/* An interval of reals, each end in it or not. */
+typedef struct span {
+    double lo, hi;
+    bool lo_in, hi_in;
+} span;
+
+static bool spans_meet(span a, span b)
+{
+    double lo = a.lo > b.lo ? a.lo : b.lo, hi = a.hi < b.hi ? a.hi : b.hi;
+    bool lo_in = a.lo > b.lo ? a.lo_in : a.lo < b.lo ? b.lo_in : a.lo_in && b.lo_in;
+    bool hi_in = a.hi < b.hi ? a.hi_in : a.hi > b.hi ? b.hi_in : a.hi_in && b.hi_in;
+    return lo < hi || (lo == hi && lo_in && hi_in);
+}
+
+static span bounds_of(const jsonschema_node *n)
+{
+    return (span){n->has_nmin ? n->nmin : -INFINITY, n->has_nmax ? n->nmax : INFINITY,
+                  !n->nmin_excl, !n->nmax_excl};
+}
+
+/* Whether magnitudes in [a, b) (b_in: b too), with the number's sign, meet n's bounds.
+ * Where doubles cannot tell b from a (16 digits and more), the span is the point a: the
+ * spelling's value then rounds to it. */
+static bool magnitudes_meet(const jsonschema_node *n, bool neg, double a, double b, bool b_in)
+{
+    if (!(b > a)) {
+        b = a;
+        b_in = true;
+    }
+    span values = neg ? (span){-b, -a, b_in, true} : (span){a, b, true, b_in};
+    return spans_meet(values, bounds_of(n));
+}
+
+/* Whether the bounded number spelled so far (s->num_text: a sign, digits, a point, digits;
+ * no exponent) can still end within n's bounds, in at most JSONSCHEMA_NUMBER_CHARS
+ * characters (whole: as it is). Digits d appended to an integer part p give [p 10^k,
+ * (p + 1) 10^k) for k more digits (a fraction may follow); after the point with m
+ * digits, x to x + 10^-m. */
+static bool num_reachable(const jsonmask_state *s, const jsonschema_node *n, bool whole)
+{
+    char text[JSONSCHEMA_NUMBER_CHARS + 1];
+    memcpy(text, s->num_text, s->num_len);
+    text[s->num_len] = '\0';
+    bool neg = text[0] == '-';
+    const char *digits = text + neg;
+    if (!digits[0]) /* only the sign: a value below 0 (a bound at 0 takes no "-0") */
+        return spans_meet((span){-INFINITY, 0, false, false}, bounds_of(n));
+    double x = strtod(digits, NULL);
+    if (whole)
+        return magnitudes_meet(n, neg, x, x, true);
+    const char *dot = strchr(digits, '.');
+    if (dot) {
+        int m = (int)strlen(dot + 1);
+        return magnitudes_meet(n, neg, x, x + pow(10, -m), false);
+    }
+    if (digits[0] == '0') /* a leading 0 takes a fraction only */
+        return magnitudes_meet(n, neg, 0, 1, false);
+    int room = JSONSCHEMA_NUMBER_CHARS - s->num_len;
+    for (int k = 0; k <= room; k++) {
+        double scale = pow(10, k);
+        if (magnitudes_meet(n, neg, x * scale, (x + 1) * scale, false))
+            return true;
+    }
+    return false;
+}
+
+/* A byte of a number (sign, digit, point) that a bounded number keeps and checks. */
+static bool num_byte(jsonmask_state *s, uint8_t c)
+{
+    const jsonschema_node *n = node_at(s, s->node);
+    if (!num_bounded(n))
+        return true;
+    /* a sign or a point must leave room for a digit after it */
+    if (s->num_len + (c == '-' || c == '.' ? 2 : 1) > JSONSCHEMA_NUMBER_CHARS)
+        return false;
+    s->num_text[s->num_len++] = (char)c;
+    return num_reachable(s, n, false);
+}
+
+/* Whether the number being read may take a fraction (or, unbounded, an exponent). */
+static bool fraction_allowed(const jsonmask_state *s, uint8_t c)
+{
+    const jsonschema_node *n = node_at(s, s->node);
+    return (n->kinds & JSONSCHEMA_NUMBER) && (c == '.' || !num_bounded(n));
 }
 
 /* The first byte of a value (the top-level '{' or '[' included), read by s->node. */
@@ -381,8 +467,9 @@ static bool value_start(jsonmask_state *s, uint8_t c)
         s->mode = M_MINUS;
         s->neg = true;
         s->num = 0;
+        s->num_len = 0;
         uint64_t lo, hi;
-        return !int_bounded(n) || magnitude_range(n, true, &lo, &hi);
+        return (!int_bounded(n) || magnitude_range(n, true, &lo, &hi)) && num_byte(s, c);
     }
     case 't':
     case 'f':
@@ -395,7 +482,8 @@ static bool value_start(jsonmask_state *s, uint8_t c)
         s->mode = c == '0' ? M_ZERO : M_INT;
         s->neg = false;
         s->num = 0;
-        return int_digit(s, c);
+        s->num_len = 0;
+        return int_digit(s, c) && num_byte(s, c);
     }
 }
 
@@ -462,7 +550,8 @@ static bool string_step(jsonmask_state *s, uint8_t c)
 static bool number_end(jsonmask_state *s, uint8_t c)
 {
     const jsonschema_node *n = node_at(s, s->node);
-    if (int_bounded(n) && !int_reachable(s, n, true))
+    if ((int_bounded(n) && !int_reachable(s, n, true)) ||
+        (num_bounded(n) && !num_reachable(s, n, true)))
         return false;
     value_done(s); /* numbers are never the top-level value: a container takes c */
     if (is_ws(c)) {
@@ -546,27 +635,27 @@ static bool step(jsonmask_state *s, uint8_t c)
         if (!is_digit(c))
             return false;
         s->mode = c == '0' ? M_ZERO : M_INT;
-        return int_digit(s, c);
+        return int_digit(s, c) && num_byte(s, c);
     case M_ZERO:
     case M_INT:
         if (is_digit(c) && s->mode == M_INT)
-            return int_digit(s, c);
+            return int_digit(s, c) && num_byte(s, c);
         if (c == '.' || c == 'e' || c == 'E') {
             s->mode = c == '.' ? M_DOT : M_EXP;
-            return fraction_allowed(s);
+            return fraction_allowed(s, c) && (c != '.' || num_byte(s, c));
         }
         return number_end(s, c);
     case M_DOT:
         if (!is_digit(c))
             return false;
         s->mode = M_FRAC;
-        return true;
+        return num_byte(s, c);
     case M_FRAC:
         if (is_digit(c))
-            return true;
+            return num_byte(s, c);
         if (c == 'e' || c == 'E') {
             s->mode = M_EXP;
-            return true;
+            return fraction_allowed(s, c);
         }
         return number_end(s, c);
     case M_EXP:

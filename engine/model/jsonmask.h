@@ -67,6 +67,8 @@ typedef struct jsonmask_state {
     bool key;          /* the string being read is a free object's key */
     bool neg;          /* the number being read has a minus sign */
     bool counted;      /* the string being read has a length bound: its characters count */
+    uint8_t num_len;   /* a bounded number: the bytes of num_text */
+    char num_text[JSONSCHEMA_NUMBER_CHARS]; /* a bounded number's spelling so far */
     jsonmask_frame frame[JSONMASK_DEPTH_MAX]; /* (depth) the open containers, outermost first */
 } jsonmask_state;
 

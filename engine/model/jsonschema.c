@@ -312,6 +312,46 @@ static bool flag_set(json_object *sch, const char *key)
            json_object_get_boolean(f);
 }
 
+static bool read_double(json_object *sch, const char *key, double *v)
+{
+    json_object *c;
+    if (!json_object_object_get_ex(sch, key, &c) ||
+        !(json_object_is_type(c, json_type_int) || json_object_is_type(c, json_type_double)))
+        return false;
+    *v = json_object_get_double(c);
+    return isfinite(*v);
+}
+
+/* A number's bounds as they are (draft 6's exclusive numbers, draft 4's flags); of two
+ * lower (or upper) bounds the tighter. */
+static int compile_number_bounds(builder *b, json_object *sch, const char *where,
+                                 jsonschema_node *n)
+{
+    double x;
+    if (read_double(sch, "minimum", &x)) {
+        n->has_nmin = true;
+        n->nmin = x;
+        n->nmin_excl = flag_set(sch, "exclusiveMinimum");
+    }
+    if (read_double(sch, "exclusiveMinimum", &x) && (!n->has_nmin || x >= n->nmin)) {
+        n->has_nmin = n->nmin_excl = true;
+        n->nmin = x;
+    }
+    if (read_double(sch, "maximum", &x)) {
+        n->has_nmax = true;
+        n->nmax = x;
+        n->nmax_excl = flag_set(sch, "exclusiveMaximum");
+    }
+    if (read_double(sch, "exclusiveMaximum", &x) && (!n->has_nmax || x <= n->nmax)) {
+        n->has_nmax = n->nmax_excl = true;
+        n->nmax = x;
+    }
+    if (n->has_nmin && n->has_nmax &&
+        (n->nmin > n->nmax || (n->nmin == n->nmax && (n->nmin_excl || n->nmax_excl))))
+        return err_set(b->err, "json schema: no number at %s is within its bounds", where);
+    return 0;
+}
+
 /* minimum, maximum and their exclusive forms (draft 6's numbers, draft 4's booleans). */
 static int compile_bounds(builder *b, json_object *sch, const char *where, jsonschema_node *n)
 {
@@ -330,8 +370,7 @@ static int compile_bounds(builder *b, json_object *sch, const char *where, jsons
     if (!any || !(n->kinds & (JSONSCHEMA_NUMBER | JSONSCHEMA_INTEGER)))
         return 0;
     if (n->kinds & JSONSCHEMA_NUMBER)
-        return err_set(b->err, "json schema: bounds on a number at %s are not supported (an "
-                               "integer's are)", where);
+        return compile_number_bounds(b, sch, where, n);
     int64_t lo = INT64_MIN, hi = INT64_MAX, x;
     if (read_bound(sch, "minimum", ceil, &x))
         lo = flag_set(sch, "exclusiveMinimum") ? (x == INT64_MAX ? x : x + 1) : x;

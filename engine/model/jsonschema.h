@@ -14,8 +14,9 @@
  *     llama.cpp's grammar from a schema orders them);
  *   - array: items, minItems, maxItems;
  *   - string: minLength, maxLength (in characters; an escape is one);
- *   - integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers take none:
- *     refused);
+ *   - integer and number: minimum, maximum, exclusiveMinimum, exclusiveMaximum (a bounded
+ *     number is written without an exponent, in at most JSONSCHEMA_NUMBER_CHARS
+ *     characters, so that every prefix is checked against the bounds);
  *   - enum and const of strings, numbers, booleans and null, written as json-c writes
  *     them (a string with its quotes and minimal escapes);
  *   - anyOf / oneOf whose alternatives start with different bytes: their kinds differ
@@ -62,6 +63,8 @@ enum {
 #define JSONSCHEMA_NODES_MAX 4096
 /* Counts above this are taken as no bound (the recogniser counts items to it). */
 #define JSONSCHEMA_COUNT_MAX 65535u
+/* The longest spelling of a bounded number (sign, digits, point). */
+#define JSONSCHEMA_NUMBER_CHARS 23
 
 enum jsonschema_shape {
     JSONSCHEMA_TYPED, /* kinds, with the constraints of each */
@@ -74,6 +77,8 @@ typedef struct jsonschema_node {
     uint8_t kinds;        /* JSONSCHEMA_* kinds the value may be (an enum's: its values') */
     bool free_object;     /* object: any keys (each value of node `items`), no properties */
     bool has_min, has_max; /* integer bounds */
+    bool has_nmin, has_nmax; /* number bounds */
+    bool nmin_excl, nmax_excl; /* number bounds that exclude their value */
     uint16_t items;       /* array: each item's node; free object: each value's node */
     uint16_t n;           /* properties (closed object), spellings (enum), alternatives */
     uint32_t first;       /* the first of them in props, spellings or alts */
@@ -81,6 +86,7 @@ typedef struct jsonschema_node {
     uint32_t min_items, max_items;   /* array */
     uint32_t min_length, max_length; /* string, in characters */
     int64_t min, max;     /* integer, inclusive */
+    double nmin, nmax;    /* number (kinds with JSONSCHEMA_NUMBER) */
 } jsonschema_node;
 
 /* A byte string of the schema's text table: a key's spelling inside its quotes, or an

@@ -35,8 +35,8 @@ static void refusals_name_the_keyword(void)
          "'pattern' at #/properties/a is not supported"},
         {"{\"type\":\"string\"}", "top-level value must be an object or an array"},
         {"{\"enum\":[1,2]}", "top-level value"},
-        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":0}}}",
-         "bounds on a number"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":1,"
+         "\"exclusiveMaximum\":1}}}", "no number at #/properties/n is within its bounds"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},"
          "{\"type\":\"number\"}]}}}", "not told apart"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/missing\"}}}",
@@ -200,6 +200,25 @@ static void integers_keep_their_bounds(void)
                {"[-9223372036854775808,-9223372036854775807]", 1}, {"[-9223372036854775809", -1});
 }
 
+static void numbers_keep_their_bounds(void)
+{
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1}}",
+               {"[0,1,0.5,1.0,0.25,0.000]", 1}, {"[1.5", -1}, {"[1.", 0}, {"[2", -1},
+               {"[-", -1}, {"[0.5e3", -1}, {"[1.0001", -1}, {"[10", -1}, {"[0.99999", 0});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"number\",\"exclusiveMinimum\":0,"
+               "\"exclusiveMaximum\":1}}",
+               {"[0.5,0.999]", 1}, {"[0]", -1}, {"[0.0]", -1}, {"[0.", 0}, {"[1", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-2.5,"
+               "\"maximum\":-0.5}}",
+               {"[-1,-2.5,-0.5,-0.75]", 1}, {"[-3", -1}, {"[-0.4", -1}, {"[-0]", -1},
+               {"[-2.51", -1}, {"[1", -1});
+    /* a large lower bound: the digits it needs fit the spelling's room */
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":1e15}}",
+               {"[1000000000000000]", 1}, {"[2", 0}, {"[99999999999999]", -1});
+    /* unbounded numbers keep their exponents */
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"number\"}}", {"[1e300,-2.5E-3]", 1});
+}
+
 static void enums_and_consts(void)
 {
     CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":[\"red\",\"green\",\"re\","
@@ -292,6 +311,21 @@ static size_t utf8_chars(const char *s)
     return n;
 }
 
+/* v against bound k, keyword i of minimum, maximum, exclusiveMinimum, exclusiveMaximum:
+ * two integers as integers, else as doubles. */
+static bool number_within(json_object *v, json_object *k, int i)
+{
+    int c;
+    if (json_object_is_type(v, json_type_int) && json_object_is_type(k, json_type_int)) {
+        int64_t x = json_object_get_int64(v), b = json_object_get_int64(k);
+        c = (x > b) - (x < b);
+    } else {
+        double x = json_object_get_double(v), b = json_object_get_double(k);
+        c = (x > b) - (x < b);
+    }
+    return i == 0 ? c >= 0 : i == 1 ? c <= 0 : i == 2 ? c > 0 : c < 0;
+}
+
 static bool valid(json_object *v, json_object *sch, json_object *root)
 {
     json_object *k;
@@ -357,16 +391,13 @@ static bool valid(json_object *v, json_object *sch, json_object *root)
         if ((k = get(sch, "maxLength")) && n > (size_t)json_object_get_int64(k))
             return false;
     }
-    if (json_object_is_type(v, json_type_int)) {
-        int64_t x = json_object_get_int64(v);
-        if ((k = get(sch, "minimum")) && x < json_object_get_int64(k))
-            return false;
-        if ((k = get(sch, "maximum")) && x > json_object_get_int64(k))
-            return false;
-        if ((k = get(sch, "exclusiveMinimum")) && x <= json_object_get_int64(k))
-            return false;
-        if ((k = get(sch, "exclusiveMaximum")) && x >= json_object_get_int64(k))
-            return false;
+    if (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)) {
+        static const char *const keys[] = {"minimum", "maximum", "exclusiveMinimum",
+                                           "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++)
+            if ((k = get(sch, keys[i])) && !json_object_is_type(k, json_type_boolean) &&
+                !number_within(v, k, i))
+                return false;
     }
     return true;
 }
@@ -420,6 +451,10 @@ static const char *const walk_schemas[] = {
     "{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\\\"y\"},\"b\":{\"type\":"
     "[\"integer\",\"null\"],\"minimum\":1000,\"maximum\":1000000},\"c\":{\"type\":\"object\","
     "\"properties\":{},\"additionalProperties\":false},\"d\":true},\"required\":[\"b\",\"d\"]}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"p\":{\"type\":"
+    "\"number\",\"minimum\":0,\"maximum\":1},\"t\":{\"type\":\"number\",\"exclusiveMinimum\":"
+    "-40.5,\"exclusiveMaximum\":-2},\"big\":{\"type\":[\"number\",\"null\"],\"minimum\":1e6}},"
+    "\"required\":[\"p\",\"t\",\"big\"]}}",
     "{\"type\":\"object\"}",
 };
 
@@ -487,6 +522,7 @@ int main(void)
     RUN(arrays_count_their_items);
     RUN(strings_count_characters);
     RUN(integers_keep_their_bounds);
+    RUN(numbers_keep_their_bounds);
     RUN(enums_and_consts);
     RUN(unions_choose_by_first_byte);
     RUN(references_and_recursion);
