@@ -116,6 +116,43 @@ static char *dump_text(json_object *v, int indent)
     return s;
 }
 
+/* A tool as Mistral Nemo's template writes it: {"type": "function", "function": {...}}
+ * whatever the tool's own keys, then the function's keys in their order but "return",
+ * a string value between quotes as it is (the template does not escape it), any other
+ * as tojson. Fresh string, NULL out of memory. */
+static char *mistral_tool_text(json_object *tool)
+{
+    json_object *fn = json_object_object_get(tool, "function");
+    struct printbuf *pb = printbuf_new();
+    if (!pb)
+        return NULL;
+    printbuf_strappend(pb, "{\"type\": \"function\", \"function\": {");
+    bool first = true;
+    json_object_object_foreach(fn, key, val)
+    {
+        if (strcmp(key, "return") == 0)
+            continue;
+        sprintbuf(pb, "%s\"%s\": ", first ? "" : ", ", key);
+        if (json_object_is_type(val, json_type_string))
+            sprintbuf(pb, "\"%s\"", json_object_get_string(val));
+        else
+            dump(pb, val, 0, 0);
+        first = false;
+    }
+    printbuf_strappend(pb, "}}");
+    char *s = strndup(pb->buf, (size_t)pb->bpos);
+    printbuf_free(pb);
+    return s;
+}
+
+/* A tool's definition as the family's template writes it. Fresh string, NULL out of
+ * memory. */
+static char *tool_text(json_object *tool, enum chat_family f)
+{
+    return f == CHAT_MISTRAL_V3_TEKKEN ? mistral_tool_text(tool)
+                                       : dump_text(tool, chat_tools_indent(f));
+}
+
 /* ---- reading tools ---- */
 
 /* "tool_choice" into ts: "auto" (the default) reads replies for calls; "none" keeps the
@@ -267,7 +304,8 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
-                           "are supported with chatml and llama3 templates)", chat_family_name(f));
+                           "are supported with chatml, llama3 and Mistral Nemo's "
+                           "mistral-v3-tekken templates)", chat_family_name(f));
         return -1;
     }
     ts->defs = calloc(n, sizeof *ts->defs);
@@ -283,7 +321,7 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
         json_object *t = json_object_array_get_idx(tools, i);
         if (check_tool(t, i, &ts->names[i], &ts->params[i], msg, cap) < 0)
             return -1;
-        if (!(ts->defs[i] = dump_text(t, chat_tools_indent(f)))) {
+        if (!(ts->defs[i] = tool_text(t, f))) {
             snprintf(msg, cap, "out of memory");
             return -1;
         }
@@ -329,25 +367,35 @@ void toolcall_set_free(toolcall_set *ts)
 
 /* What a forced call's reply follows in the prompt, and what closes it after: the call's
  * markers with the line breaks the templates put around its JSON (llama3's call is the
- * bare object: none). */
+ * bare object: none; mistral's is the one item of the array of calls). */
 static const char *forced_opening(const toolcall_set *ts)
 {
-    return chat_tool_syntax(ts->family)->whole ? "" : "<tool_call>\n";
+    const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    return syn->whole ? "" : syn->array ? "[TOOL_CALLS][" : "<tool_call>\n";
 }
 
 static const char *forced_closing(const toolcall_set *ts)
 {
-    return chat_tool_syntax(ts->family)->whole ? "" : "\n</tool_call>";
+    const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    return syn->whole ? "" : syn->array ? "]" : "\n</tool_call>";
 }
 
+/* Mistral's call ids: 9 letters and digits. */
+#define CALL_ID_LEN 9
+typedef char call_id[CALL_ID_LEN + 1];
+
 /* What a conversation's messages hold beside their JSON: content joined from parts,
- * calls and their arguments' text. */
+ * calls, their arguments' text and ids. */
 typedef struct rendering {
     struct chat_tool_message *msgs;
     char **owned;                  /* per message: joined content parts */
     struct chat_tool_call **calls; /* per message */
     char **args;                   /* every call's arguments text */
+    call_id *ids;                  /* every call's id, as mistral takes it */
+    call_id *result_ids;           /* per message: a result's call id, as mistral takes it */
     size_t n_msgs, n_args;
+    size_t last_calls;             /* the first call of the last assistant message with calls */
+    size_t results;                /* the results since it */
 } rendering;
 
 static void rendering_free(rendering *r)
@@ -362,6 +410,31 @@ static void rendering_free(rendering *r)
     free(r->owned);
     free(r->calls);
     free(r->args);
+    free(r->ids);
+    free(r->result_ids);
+}
+
+static bool is_alnum(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* A call id as Mistral's template takes it: 9 letters and digits. OpenAI's ("call_" and
+ * 24 hex digits) and any other id become its last 9 letters and digits, '0's before
+ * fewer (vLLM keeps an id's last 9 characters), so that a call and the result naming it
+ * still agree; without any (ollama sends no ids) the call's position in the
+ * conversation, written in 9 digits. */
+static void mistral_call_id(json_object *id, size_t position, call_id out)
+{
+    const char *s = json_object_is_type(id, json_type_string) ? json_object_get_string(id) : "";
+    size_t k = CALL_ID_LEN;
+    memset(out, '0', CALL_ID_LEN);
+    out[CALL_ID_LEN] = '\0';
+    for (size_t i = strlen(s); i > 0 && k > 0; i--)
+        if (is_alnum(s[i - 1]))
+            out[--k] = s[i - 1];
+    if (k == CALL_ID_LEN)
+        snprintf(out, CALL_ID_LEN + 1, "%09zu", position % 1000000000);
 }
 
 /* A call's arguments: an object, or (OpenAI) a string holding one. Fresh object. */
@@ -390,6 +463,8 @@ static int read_calls(rendering *r, size_t i, json_object *list, char *msg, size
         return -1;
     }
     r->calls[i] = calls;
+    r->last_calls = r->n_args;
+    r->results = 0;
     for (size_t k = 0; k < n; k++) {
         json_object *c = json_object_array_get_idx(list, k), *fn, *name;
         if (!json_object_is_type(c, json_type_object) ||
@@ -411,8 +486,9 @@ static int read_calls(rendering *r, size_t i, json_object *list, char *msg, size
             snprintf(msg, cap, "out of memory");
             return -1;
         }
+        mistral_call_id(json_object_object_get(c, "id"), r->n_args, r->ids[r->n_args]);
+        calls[k] = (struct chat_tool_call){json_object_get_string(name), text, r->ids[r->n_args]};
         r->args[r->n_args++] = text;
-        calls[k] = (struct chat_tool_call){json_object_get_string(name), text};
     }
     r->msgs[i].calls = calls;
     r->msgs[i].n_calls = (int)n;
@@ -453,6 +529,12 @@ static int read_message(rendering *r, size_t i, json_object *m, char *msg, size_
     r->msgs[i].role = name;
     if (!(r->msgs[i].content = jsonfield_message_content(m, &r->owned[i], msg, cap)))
         return -1;
+    if (strcmp(name, "tool") == 0) {
+        /* without its call's id, a result answers the calls before it in order */
+        mistral_call_id(json_object_object_get(m, "tool_call_id"), r->last_calls + r->results++,
+                        r->result_ids[i]);
+        r->msgs[i].call_id = r->result_ids[i];
+    }
     if (!json_object_object_get_ex(m, "tool_calls", &calls) || jsonfield_asks_nothing(calls))
         return 0;
     if (strcmp(name, "assistant") != 0 || !json_object_is_type(calls, json_type_array)) {
@@ -460,6 +542,18 @@ static int read_message(rendering *r, size_t i, json_object *m, char *msg, size_
         return -1;
     }
     return read_calls(r, i, calls, msg, cap);
+}
+
+/* What the family's template asks of a conversation that chat_apply_tools refuses. */
+static const char *refusal_reason(enum chat_family f)
+{
+    if (f == CHAT_LLAMA3)
+        return " (one tool call per assistant message, a user message first after the system "
+               "one)";
+    if (f == CHAT_MISTRAL_V3_TEKKEN)
+        return " (after an optional first system message, user and assistant messages "
+               "alternate from a user one, tool calls and results aside)";
+    return "";
 }
 
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
@@ -471,10 +565,12 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         .owned = calloc(n ? n : 1, sizeof *r.owned),
         .calls = calloc(n ? n : 1, sizeof *r.calls),
         .args = calloc(n_calls ? n_calls : 1, sizeof *r.args),
+        .ids = calloc(n_calls ? n_calls : 1, sizeof *r.ids),
+        .result_ids = calloc(n ? n : 1, sizeof *r.result_ids),
         .n_msgs = n,
     };
     char *out = NULL;
-    if (!r.msgs || !r.owned || !r.calls || !r.args) {
+    if (!r.msgs || !r.owned || !r.calls || !r.args || !r.ids || !r.result_ids) {
         snprintf(msg, cap, "out of memory");
         goto done;
     }
@@ -486,8 +582,7 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
     if (len < 0) {
         snprintf(msg, cap, "the messages cannot be rendered with tools in the %s format%s",
                  chat_family_name(ts->family),
-                 ts->family == CHAT_LLAMA3 ? " (one tool call per assistant message, a user "
-                                             "message first after the system one)" : "");
+                 refusal_reason(ts->family));
         goto done;
     }
     if (!(out = malloc((size_t)len + 1))) {
@@ -514,6 +609,8 @@ done:
         free(r.owned);
         free(r.calls);
         free(r.args);
+        free(r.ids);
+        free(r.result_ids);
     }
     return out;
 }
@@ -647,42 +744,74 @@ static json_object *new_call_id(size_t counter)
     return json_object_new_string(id);
 }
 
-/* The call n bytes of JSON hold ({"name": known, args_key: object}), or NULL. */
-static json_object *parse_call(toolcall_scan *s, const char *p, size_t n)
+/* The call o is ({"name": known, args_key: object}; other keys, as mistral's "id", are
+ * left), or NULL. */
+static json_object *call_of(toolcall_scan *s, json_object *o, size_t counter)
 {
-    json_object *o = parse_exact(p, n), *name, *args;
+    json_object *name, *args;
     if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "name", &name) ||
         !json_object_is_type(name, json_type_string) ||
         !known_name(s->ts, json_object_get_string(name)) ||
         !json_object_object_get_ex(o, s->syn->args_key, &args) ||
-        !json_object_is_type(args, json_type_object)) {
-        json_object_put(o);
+        !json_object_is_type(args, json_type_object))
         return NULL;
-    }
     json_object *call = json_object_new_object();
     if (call) {
-        json_object_object_add(call, "id", new_call_id(s->n_calls));
+        json_object_object_add(call, "id", new_call_id(counter));
         json_object_object_add(call, "name", json_object_get(name));
         json_object_object_add(call, "arguments", json_object_get(args));
     }
-    json_object_put(o);
     return call;
 }
 
-/* Keeps call (found in the reply; NULL: none), dropping those after the first when
- * parallel_tool_calls is false. -1 out of memory. */
-static int keep_call(toolcall_scan *s, toolcall_out *out, json_object *call)
+/* The calls n bytes of JSON hold, as an array of calls: one call (chatml, llama3), or
+ * each item of mistral's array, all of them calls (else none is: the text stays). NULL
+ * when they are not. */
+static json_object *parse_calls(toolcall_scan *s, const char *p, size_t n)
 {
-    if (s->ts->first_only && s->n_calls > 0) {
-        json_object_put(call);
-    } else if (json_object_array_add(out->calls, call) < 0) {
-        json_object_put(call);
-        return -1;
-    } else {
-        s->n_calls++;
+    json_object *o = parse_exact(p, n), *calls = json_object_new_array();
+    bool ok = o && calls;
+    if (ok && s->syn->array) {
+        ok = json_object_is_type(o, json_type_array) && json_object_array_length(o) > 0;
+        for (size_t i = 0; ok && i < json_object_array_length(o); i++) {
+            json_object *call = call_of(s, json_object_array_get_idx(o, i), s->n_calls + i);
+            ok = call && json_object_array_add(calls, call) == 0;
+            if (!ok)
+                json_object_put(call);
+        }
+    } else if (ok) {
+        json_object *call = call_of(s, o, s->n_calls);
+        ok = call && json_object_array_add(calls, call) == 0;
+        if (!ok)
+            json_object_put(call);
     }
+    json_object_put(o);
+    if (!ok) {
+        json_object_put(calls);
+        return NULL;
+    }
+    return calls;
+}
+
+/* Keeps the calls found in the reply (taking them), dropping those after the first when
+ * parallel_tool_calls is false. -1 out of memory. */
+static int keep_calls(toolcall_scan *s, toolcall_out *out, json_object *calls)
+{
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_object_array_length(calls); i++) {
+        if (s->ts->first_only && s->n_calls > 0)
+            break;
+        json_object *call = json_object_get(json_object_array_get_idx(calls, i));
+        if (json_object_array_add(out->calls, call) < 0) {
+            json_object_put(call);
+            rc = -1;
+        } else {
+            s->n_calls++;
+        }
+    }
+    json_object_put(calls);
     s->after_call = true;
-    return 0;
+    return rc;
 }
 
 /* The bytes at the end of p[0..n) that may begin open (a part of it, and the white space
@@ -705,10 +834,36 @@ static const char *find_n(const char *hay, size_t n, const char *needle)
     return memmem(hay, n, needle, strlen(needle));
 }
 
-/* The reply between markers (chatml): calls taken as they close. */
+/* Where the calls' text that starts at body ends: chatml's close marker (*stop after
+ * it) or the end of mistral's JSON array (*stop there too). 1 found; 0 while there is
+ * none: not yet, or (array) no JSON array there at all, which the reply's end makes
+ * text; -1 out of memory. */
+static int calls_end(const toolcall_scan *s, size_t body, size_t *body_end, size_t *stop)
+{
+    if (!s->syn->array) {
+        const char *c = find_n(s->text + body, s->len - body, s->syn->close);
+        if (!c)
+            return 0;
+        *body_end = (size_t)(c - s->text);
+        *stop = *body_end + strlen(s->syn->close);
+        return 1;
+    }
+    json_tokener *tok = json_tokener_new();
+    if (!tok)
+        return -1;
+    json_object *o = json_tokener_parse_ex(tok, s->text + body, (int)(s->len - body));
+    bool done = json_object_is_type(o, json_type_array);
+    *body_end = *stop = body + (size_t)json_tokener_get_parse_end(tok);
+    json_object_put(o);
+    json_tokener_free(tok);
+    return done;
+}
+
+/* The reply between markers (chatml), or after one (mistral's array): calls taken as
+ * they close. */
 static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
 {
-    const char *open = s->syn->open, *close = s->syn->close;
+    const char *open = s->syn->open;
     for (;;) {
         const char *rest = s->text + s->done;
         size_t rl = s->len - s->done;
@@ -720,9 +875,11 @@ static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
             s->done += rl - hold;
             return 0;
         }
-        size_t at = (size_t)(o - rest), body = s->done + at + strlen(open);
-        const char *c = find_n(s->text + body, s->len - body, close);
-        if (!c) {
+        size_t at = (size_t)(o - rest), body = s->done + at + strlen(open), body_end, stop;
+        int found = calls_end(s, body, &body_end, &stop);
+        if (found < 0)
+            return -1;
+        if (!found) {
             /* a call not closed yet, or (at the end) never: its text is content */
             size_t upto = end ? rl : at;
             size_t pre = upto;
@@ -734,17 +891,16 @@ static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
             s->done += pre;
             return 0;
         }
-        size_t body_end = (size_t)(c - s->text), stop = body_end + strlen(close);
-        json_object *call = parse_call(s, s->text + body, body_end - body);
+        json_object *calls = parse_calls(s, s->text + body, body_end - body);
         /* white space before a call goes with it; a call that does not parse is text */
-        size_t pre = call ? at : stop - s->done;
-        while (call && pre > 0 && is_space(rest[pre - 1]))
+        size_t pre = calls ? at : stop - s->done;
+        while (calls && pre > 0 && is_space(rest[pre - 1]))
             pre--;
         if (add_content(s, out, rest, pre) < 0) {
-            json_object_put(call);
+            json_object_put(calls);
             return -1;
         }
-        if (call && keep_call(s, out, call) < 0)
+        if (calls && keep_calls(s, out, calls) < 0)
             return -1;
         s->done = stop;
     }
@@ -773,8 +929,8 @@ static int scan_whole(toolcall_scan *s, toolcall_out *out, bool end)
     if (!end)
         return 0;
     s->done = s->len;
-    json_object *call = parse_call(s, s->text, s->len);
-    return call ? keep_call(s, out, call) : add_content(s, out, s->text, s->len);
+    json_object *calls = parse_calls(s, s->text, s->len);
+    return calls ? keep_calls(s, out, calls) : add_content(s, out, s->text, s->len);
 }
 
 /* The reply of a forced call is over: its closing follows, so that the call is read as

@@ -1,4 +1,5 @@
-/* chattools.c — conversations with tools in the chatml and llama3 formats (chattools.h). */
+/* chattools.c — conversations with tools in the chatml, llama3 and mistral formats
+ * (chattools.h). */
 #include "engine/tok/chattools.h"
 
 #include <limits.h>
@@ -6,8 +7,10 @@
 #include <string.h>
 
 static const struct chat_tool_syntax chatml_syntax = {"<tool_call>", "</tool_call>", "arguments",
-                                                      false};
-static const struct chat_tool_syntax llama3_syntax = {"{", NULL, "parameters", true};
+                                                      false, false};
+static const struct chat_tool_syntax llama3_syntax = {"{", NULL, "parameters", true, false};
+static const struct chat_tool_syntax mistral_syntax = {"[TOOL_CALLS]", NULL, "arguments", false,
+                                                       true};
 
 const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
 {
@@ -16,6 +19,8 @@ const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
         return &chatml_syntax;
     case CHAT_LLAMA3:
         return &llama3_syntax;
+    case CHAT_MISTRAL_V3_TEKKEN: /* Mistral Nemo's template is detected as this one */
+        return &mistral_syntax;
     default:
         return NULL;
     }
@@ -235,6 +240,104 @@ static int apply_llama3(writer *w, const char *const *tools, int n_tools, const 
     return 0;
 }
 
+/* Mistral's call ids: 9 ASCII letters and digits (the template raises otherwise). */
+static bool is_mistral_id(const char *id)
+{
+    size_t n = 0;
+    for (; id && id[n]; n++)
+        if (!((id[n] >= '0' && id[n] <= '9') || (id[n] >= 'a' && id[n] <= 'z') ||
+              (id[n] >= 'A' && id[n] <= 'Z')))
+            return false;
+    return id && n == 9;
+}
+
+/* The template's check: after the optional system message, the messages other than tool
+ * results and calls go user, assistant, user, ... */
+static bool mistral_alternates(const struct chat_tool_message *msgs, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_role(&msgs[i], "tool") || msgs[i].n_calls > 0)
+            continue;
+        if (is_role(&msgs[i], "user") != (k % 2 == 0))
+            return false;
+        k++;
+    }
+    return true;
+}
+
+static void mistral_tools(writer *w, const char *const *tools, int n_tools)
+{
+    put(w, "[AVAILABLE_TOOLS][");
+    for (int t = 0; t < n_tools; t++) {
+        put(w, tools[t]);
+        put(w, t + 1 < n_tools ? ", " : "]");
+    }
+    put(w, "[/AVAILABLE_TOOLS]");
+}
+
+/* An assistant message's calls as one array, each the function's tojson with the id. */
+static int mistral_calls(writer *w, const struct chat_tool_message *m)
+{
+    put(w, "[TOOL_CALLS][");
+    for (int k = 0; k < m->n_calls; k++) {
+        if (!is_mistral_id(m->calls[k].id))
+            return -1;
+        put(w, "{\"name\": ");
+        put_json_string(w, m->calls[k].name);
+        put(w, ", \"arguments\": ");
+        put(w, m->calls[k].arguments);
+        put(w, ", \"id\": \"");
+        put(w, m->calls[k].id);
+        put(w, k + 1 < m->n_calls ? "\"}, " : "\"}]</s>");
+    }
+    return 0;
+}
+
+static int apply_mistral(writer *w, const char *const *tools, int n_tools,
+                         const struct chat_tool_message *msgs, int n)
+{
+    int first = n > 0 && is_role(&msgs[0], "system"), last_user = -1;
+    const char *system = first ? msgs[0].content : NULL;
+    if (!mistral_alternates(msgs + first, n - first))
+        return -1;
+    for (int i = first; i < n; i++)
+        if (is_role(&msgs[i], "user"))
+            last_user = i;
+    for (int i = first; i < n; i++) {
+        const struct chat_tool_message *m = &msgs[i];
+        if (is_role(m, "user")) {
+            if (i == last_user)
+                mistral_tools(w, tools, n_tools);
+            put(w, "[INST]");
+            /* the template's "loop.last": a system message goes into the turn that ends
+             * the conversation, and is lost when a result or a reply ends it */
+            if (system && i == n - 1) {
+                put(w, system);
+                put(w, "\n\n");
+            }
+            put(w, m->content);
+            put(w, "[/INST]");
+        } else if (m->n_calls > 0) {
+            if (mistral_calls(w, m) < 0)
+                return -1;
+        } else if (is_role(m, "assistant")) {
+            put(w, m->content);
+            put(w, "</s>");
+        } else if (is_role(m, "tool") && is_mistral_id(m->call_id)) {
+            /* the result as it is, not as a JSON string: the template's content|string */
+            put(w, "[TOOL_RESULTS]{\"content\": ");
+            put(w, m->content);
+            put(w, ", \"call_id\": \"");
+            put(w, m->call_id);
+            put(w, "\"}[/TOOL_RESULTS]");
+        } else {
+            return -1; /* a system message after the first, or a result without its id */
+        }
+    }
+    return 0;
+}
+
 int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, const char *date,
                      const struct chat_tool_message *msgs, int n, bool add_generation_prompt,
                      char *out, size_t cap)
@@ -249,8 +352,14 @@ int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, 
         if (!valid(&msgs[i]))
             return -1;
     writer w = {out, cap, 0};
-    int rc = f == CHAT_LLAMA3 ? apply_llama3(&w, tools, n_tools, date, msgs, n, add_generation_prompt)
-                              : apply_chatml(&w, tools, n_tools, msgs, n, add_generation_prompt);
+    int rc;
+    /* mistral's templates open the reply with the user's "[/INST]": no generation prompt */
+    if (f == CHAT_LLAMA3)
+        rc = apply_llama3(&w, tools, n_tools, date, msgs, n, add_generation_prompt);
+    else if (f == CHAT_MISTRAL_V3_TEKKEN)
+        rc = apply_mistral(&w, tools, n_tools, msgs, n);
+    else
+        rc = apply_chatml(&w, tools, n_tools, msgs, n, add_generation_prompt);
     if (cap > 0)
         out[w.len < cap ? w.len : cap - 1] = '\0';
     return rc < 0 || w.len > INT_MAX ? -1 : (int)w.len;

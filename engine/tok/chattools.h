@@ -15,6 +15,18 @@
  *           assistant's whole turn {"name": ..., "parameters": ...} (one per message),
  *           a result as an "ipython" turn holding the result as a JSON string (the
  *           template's tojson of a string).
+ *   mistral-v3-tekken  Mistral Nemo (Mistral-Nemo-Instruct-2407): the tools in
+ *           "[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]" before the last user turn, the
+ *           system message at the start of the last turn when the conversation ends with
+ *           a user message (dropped otherwise, as the template does); the calls of an
+ *           assistant message as one array "[TOOL_CALLS][{"name": ..., "arguments": ...,
+ *           "id": ...}, ...]</s>" (its text not written); a result as "[TOOL_RESULTS]
+ *           {"content": <the result as it is>, "call_id": ...}[/TOOL_RESULTS]". Ids are 9
+ *           letters and digits, as the template demands. Two quirks of the template are
+ *           not followed: it writes a call's function object with its keys in the
+ *           client's order (here name, then arguments, as mistral-common writes them),
+ *           and it compares messages by value to find the last user one (so it would also
+ *           put the tools before an earlier user message of the same text).
  *
  * JSON texts (tool definitions, arguments) come written already: JSON is the gateway's
  * (daemon/net/toolcall.c), which writes them as tojson does for the family.
@@ -27,29 +39,35 @@
 
 #include "engine/tok/chat.h"
 
-/* One call of an assistant message: the function's name and its arguments object as JSON
- * text (one line, ", " and ": " between items, as tojson writes it). */
+/* One call of an assistant message: the function's name, its arguments object as JSON
+ * text (one line, ", " and ": " between items, as tojson writes it) and its id (written
+ * by mistral only, which wants 9 ASCII letters and digits; NULL for the others). */
 struct chat_tool_call {
     const char *name;
     const char *arguments;
+    const char *id;
 };
 
 /* A message of a conversation with tools: role "system", "user", "assistant" or "tool";
  * an assistant message may hold calls (its content then "" or text said before them); a
- * tool message's content is a call's result. */
+ * tool message's content is a call's result, call_id the id of the call it answers
+ * (mistral's, as a call's id; NULL for the others). */
 struct chat_tool_message {
     const char *role;
     const char *content;
     const struct chat_tool_call *calls;
     int n_calls;
+    const char *call_id;
 };
 
 /* How a family's replies call tools: each call between open and close, its arguments
  * under args_key; whole: the reply is one call, open being only its first character
- * (llama3's bare {"name": ..., "parameters": ...}), close NULL. */
+ * (llama3's bare {"name": ..., "parameters": ...}), close NULL; array: open is followed
+ * by a JSON array of calls, which ends them (mistral's "[TOOL_CALLS][{...}, {...}]"),
+ * close NULL. */
 struct chat_tool_syntax {
     const char *open, *close, *args_key;
-    bool whole;
+    bool whole, array;
 };
 
 /* The family's tool syntax, or NULL when its templates define no tool use. */
@@ -60,11 +78,15 @@ int chat_tools_indent(enum chat_family f);
 
 /*
  * Writes the prompt of msgs[0..n) with the tools' definitions (tools[0..n_tools), each the
- * JSON text of {"type": "function", "function": {...}} as chat_tools_indent asks) like
+ * text of {"type": "function", "function": {...}} as the family's template writes it:
+ * tojson, indented as chat_tools_indent asks; mistral's strings unescaped) like
  * chat_apply (snprintf-style, the full length returned). date is llama3's "Today Date"
  * ("26 Jul 2024"). -1 for a family without tool syntax, a NULL field, an unknown role, a
  * call outside an assistant message, and where the template itself refuses: llama3 with
- * more than one call in a message or no user message to hold the tools.
+ * more than one call in a message or no user message to hold the tools; mistral with a
+ * call or result whose id is not 9 letters and digits, a system message that is not the
+ * first, or user and assistant messages that do not alternate from a user one (tool
+ * results and assistant messages with calls aside).
  */
 int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, const char *date,
                      const struct chat_tool_message *msgs, int n, bool add_generation_prompt,

@@ -1,8 +1,8 @@
 /*
  * Tests of tool calling's JSON side (daemon/net/toolcall.h): tools read and refused,
  * OpenAI's and ollama's messages rendered (each tool written as the template's tojson
- * writes it: the expected prompt is Qwen2.5-7B-Instruct's own rendering), and replies
- * scanned for calls, whole and piece by piece.
+ * writes it: the expected prompts are Qwen2.5-7B-Instruct's and Mistral-Nemo-Instruct-
+ * 2407's own renderings), and replies scanned for calls, whole and piece by piece.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +114,26 @@ static void tools_are_written_as_tojson(void)
     toolcall_set_free(&ts);
 }
 
+/* Mistral Nemo's template writes a tool itself: "type" and "function" whatever the tool
+ * holds, the function's keys but "return", strings unescaped (its rendering of this tool) */
+static void mistral_tools_are_written_as_its_template(void)
+{
+    static const char tool[] =
+        "{\"function\":{\"name\":\"now\",\"description\":\"Say \\\"hi\\\" \xc3\xa9\",\"return\":"
+        "{\"type\":\"string\"},\"parameters\":{\"type\":\"object\",\"properties\":{\"tz\":"
+        "{\"type\":\"string\",\"default\":\"UTC\"}}},\"strict\":true}}";
+    static const char want[] =
+        "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"Say \"hi\" "
+        "\xc3\xa9\", \"parameters\": {\"type\": \"object\", \"properties\": {\"tz\": {\"type\": "
+        "\"string\", \"default\": \"UTC\"}}}, \"strict\": true}}";
+    toolcall_set ts;
+    char msg[256];
+    CHECK_EQ(read_tools(CHAT_MISTRAL_V3_TEKKEN, tool, "", &ts, msg, sizeof msg), 0);
+    CHECK_EQ(ts.n, 1);
+    CHECK_MSG(!strcmp(ts.defs[0], want), "%s", ts.defs[0]);
+    toolcall_set_free(&ts);
+}
+
 static void malformed_tools_and_choices_are_refused(void)
 {
     static const struct {
@@ -174,8 +194,11 @@ static void forced_choice_builds_the_schema(void)
     } fams[] = {
         {CHAT_CHATML, "\"arguments\"", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"},
         {CHAT_LLAMA3, "\"parameters\"", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}"},
+        /* the prompt ends with "[TOOL_CALLS][": the reply is the array's one item */
+        {CHAT_MISTRAL_V3_TEKKEN, "\"arguments\"",
+         "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"},
     };
-    for (size_t f = 0; f < 2; f++) {
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         json_object *body = json_tokener_parse(
             "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
             "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
@@ -267,6 +290,87 @@ static void messages_render_as_the_template(void)
         toolcall_set_free(&ts);
         json_object_put(o);
     }
+}
+
+/* Mistral-Nemo-Instruct-2407.jinja of system, user, a get_weather call with the id %s, its
+ * result, a reply, user (the ids where %s stands: OpenAI's mapped to their last 9 letters
+ * and digits, none at all to the call's position) */
+static const char MISTRAL_CALL_RESULT[] =
+    "[INST]What is the weather in Paris?[/INST][TOOL_CALLS][{\"name\": \"get_weather\", "
+    "\"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}, \"id\": \"%s\"}]</s>"
+    "[TOOL_RESULTS]{\"content\": {\"temperature\": 22}, \"call_id\": \"%s\"}[/TOOL_RESULTS]"
+    "22 degrees.</s>[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name\": "
+    "\"get_weather\", \"description\": \"Get the weather in a city\", \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"the "
+    "city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, "
+    "\"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST]You are a helpful assistant.\n\n"
+    "And in Rome?[/INST]";
+
+/* Renders {"tools": [WEATHER_TOOL], "messages": [messages]} for Mistral Nemo: fresh, or
+ * NULL with msg. */
+static char *render_mistral(const char *messages, char *msg, size_t cap)
+{
+    char body[4096];
+    snprintf(body, sizeof body, "{\"tools\":[%s],\"messages\":[%s]}", WEATHER_TOOL, messages);
+    json_object *o = json_tokener_parse(body), *msgs = NULL;
+    json_object_object_get_ex(o, "messages", &msgs);
+    toolcall_set ts;
+    char *got = NULL;
+    if (toolcall_read(o, CHAT_MISTRAL_V3_TEKKEN, &ts, msg, cap) == 0 && msgs)
+        got = toolcall_render(&ts, msgs, "26 Jul 2024", msg, cap);
+    toolcall_set_free(&ts);
+    json_object_put(o);
+    return got;
+}
+
+static void mistral_messages_map_call_ids(void)
+{
+    static const struct {
+        const char *call_id, *result_id, *rendered_id;
+    } ids[] = {
+        {"\"id\":\"call_7f3abcDEF123\",", "\"tool_call_id\":\"call_7f3abcDEF123\",", "abcDEF123"},
+        {"\"id\":\"x1\",", "\"tool_call_id\":\"x1\",", "0000000x1"},
+        {"", "", "000000000"}, /* ollama's: no ids */
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        char messages[2048], want[2048], msg[256];
+        snprintf(messages, sizeof messages,
+                 "{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},{\"role\":"
+                 "\"user\",\"content\":\"What is the weather in Paris?\"},{\"role\":\"assistant\","
+                 "\"content\":null,\"tool_calls\":[{%s\"type\":\"function\",\"function\":{\"name\":"
+                 "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\",\\\"unit\\\":"
+                 "\\\"celsius\\\"}\"}}]},{\"role\":\"tool\",%s\"content\":\"{\\\"temperature\\\": "
+                 "22}\"},{\"role\":\"assistant\",\"content\":\"22 degrees.\"},{\"role\":\"user\","
+                 "\"content\":\"And in Rome?\"}",
+                 ids[i].call_id, ids[i].result_id);
+        snprintf(want, sizeof want, MISTRAL_CALL_RESULT, ids[i].rendered_id, ids[i].rendered_id);
+        char *got = render_mistral(messages, msg, sizeof msg);
+        CHECK_MSG(got && !strcmp(got, want), "%zu: %s", i, got ? got : msg);
+        free(got);
+    }
+    /* two calls without ids: the results answer them in order */
+    char msg[256];
+    char *got = render_mistral(
+        "{\"role\":\"user\",\"content\":\"Paris and Rome?\"},{\"role\":\"assistant\",\"content\":"
+        "\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":"
+        "\"Paris\"}}},{\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}}]},"
+        "{\"role\":\"tool\",\"content\":\"sunny\"},{\"role\":\"tool\",\"content\":\"rainy\"}",
+        msg, sizeof msg);
+    CHECK_MSG(got && strstr(got, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
+                                 "{\"city\": \"Paris\"}, \"id\": \"000000000\"}, {\"name\": "
+                                 "\"get_weather\", \"arguments\": {\"city\": \"Rome\"}, \"id\": "
+                                 "\"000000001\"}]</s>[TOOL_RESULTS]{\"content\": sunny, "
+                                 "\"call_id\": \"000000000\"}[/TOOL_RESULTS][TOOL_RESULTS]"
+                                 "{\"content\": rainy, \"call_id\": \"000000001\"}[/TOOL_RESULTS]"),
+              "%s", got ? got : msg);
+    free(got);
+    /* what the template refuses: a user message right after a result */
+    got = render_mistral(
+        "{\"role\":\"user\",\"content\":\"Paris?\"},{\"role\":\"assistant\",\"tool_calls\":"
+        "[{\"function\":{\"name\":\"get_weather\",\"arguments\":{}}}]},{\"role\":\"tool\","
+        "\"content\":\"sunny\"},{\"role\":\"user\",\"content\":\"Rome?\"}", msg, sizeof msg);
+    CHECK_MSG(!got && strstr(msg, "alternate"), "%s", got ? got : msg);
+    free(got);
 }
 
 static void bad_messages_are_refused(void)
@@ -382,6 +486,33 @@ static const struct {
     {CHAT_LLAMA3, "It is {\"name\": \"get_weather\"}", "It is {\"name\": \"get_weather\"}", ""},
     {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}} and more",
      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}} and more", ""},
+    /* mistral: an array of calls after [TOOL_CALLS] (the model may write the ids) */
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Paris\"}}]", "", "get_weather({\"city\":\"Paris\"});"},
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Paris\"}, \"id\": \"abcDEF123\"}, {\"name\": \"search\", "
+                             "\"arguments\": {\"query\": \"a]b\", \"filters\": {\"n\": [1, 2]}}}]",
+     "", "get_weather({\"city\":\"Paris\"});search({\"query\":\"a]b\",\"filters\":{\"n\":[1,2]}});"},
+    {CHAT_MISTRAL_V3_TEKKEN, "Let me check.\n[TOOL_CALLS][{\"name\": \"search\", \"arguments\": "
+                             "{}}]\n", "Let me check.", "search({});"},
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}}] then "
+                             "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"q\": 1}}]",
+     "then", "search({});search({\"q\":1});"},
+    /* malformed JSON, an unknown function among two, no array, an empty one: text */
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"q\": }}]",
+     "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"q\": }}]", ""},
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}}, {\"name\": "
+                             "\"rm\", \"arguments\": {}}] ok",
+     "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}}, {\"name\": \"rm\", \"arguments\": "
+     "{}}] ok", ""},
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS]{\"name\": \"search\", \"arguments\": {}}",
+     "[TOOL_CALLS]{\"name\": \"search\", \"arguments\": {}}", ""},
+    {CHAT_MISTRAL_V3_TEKKEN, "[TOOL_CALLS][]", "[TOOL_CALLS][]", ""},
+    /* cut at max_tokens before the array's end */
+    {CHAT_MISTRAL_V3_TEKKEN, "Sure [TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}}, {\"na",
+     "Sure [TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}}, {\"na", ""},
+    /* text only, with what looks like the start of a marker */
+    {CHAT_MISTRAL_V3_TEKKEN, "see [1] and [TOOL", "see [1] and [TOOL", ""},
     {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"ci", 
      "{\"name\": \"get_weather\", \"parameters\": {\"ci", ""},
 };
@@ -403,6 +534,13 @@ static void parallel_false_keeps_the_first_call(void)
     CHECK_EQ(scan(CHAT_CHATML, true, REPLIES[1].reply, 3, &got), 0);
     CHECK_MSG(!strcmp(got.calls, "get_weather({\"city\":\"Paris\"});") && !got.content[0], "%s|%s",
               got.calls, got.content);
+    /* mistral's two calls in one array */
+    for (size_t i = 0; i < sizeof REPLIES / sizeof REPLIES[0]; i++)
+        if (REPLIES[i].family == CHAT_MISTRAL_V3_TEKKEN && strstr(REPLIES[i].reply, "abcDEF123")) {
+            CHECK_EQ(scan(CHAT_MISTRAL_V3_TEKKEN, true, REPLIES[i].reply, 2, &got), 0);
+            CHECK_MSG(!strcmp(got.calls, "get_weather({\"city\":\"Paris\"});") && !got.content[0],
+                      "%s|%s", got.calls, got.content);
+        }
 }
 
 /* Streamed, text before a possible call goes out at once, and a call as soon as it
@@ -432,10 +570,12 @@ static void text_streams_before_a_call(void)
 int main(void)
 {
     RUN(tools_are_written_as_tojson);
+    RUN(mistral_tools_are_written_as_its_template);
     RUN(malformed_tools_and_choices_are_refused);
     RUN(choice_none_and_one_call_are_read);
     RUN(forced_choice_builds_the_schema);
     RUN(messages_render_as_the_template);
+    RUN(mistral_messages_map_call_ids);
     RUN(bad_messages_are_refused);
     RUN(replies_are_scanned_whole_and_in_pieces);
     RUN(parallel_false_keeps_the_first_call);

@@ -1,7 +1,8 @@
 /* Tests of conversations with tools (chattools.h). Expected prompts are what the models'
  * own Jinja templates render for the same conversation (Python's jinja2 with Hugging Face's
  * tojson, as transformers and llama.cpp's --jinja apply them): Qwen2.5-7B-Instruct and
- * Qwen3 for chatml, Llama 3.1 / 3.2 / 3.3 Instruct for llama3.
+ * Qwen3 for chatml, Llama 3.1 / 3.2 / 3.3 Instruct for llama3, Mistral-Nemo-Instruct-2407
+ * for mistral-v3-tekken (without the BOS it writes first, which the tokenizer adds).
  *
  * Conversation A: system, user, an assistant call of get_weather, its result, user.
  * Conversation B (chatml): user, an assistant's text and two calls, two results, an
@@ -332,36 +333,132 @@ static const char LLAMA3_TWO_TOOLS[] =
     "Thanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
     "\n";
 
+/* Mistral-Nemo-Instruct-2407.jinja of system, user with get_weather (the system message
+ * in the last user turn) */
+static const char MISTRAL_SYS_USER[] =
+    "[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name\": \"get_weat"
+    "her\", \"description\": \"Get the weather in a city\", \"parameters\": {\"type\":"
+    " \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \""
+    "the city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenhei"
+    "t\"]}}, \"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST]You are a helpful ass"
+    "istant.\n"
+    "\n"
+    "What is the weather in Paris?[/INST]";
+
+/* ... of conversation A with ids and a reply after the result (the template wants user
+ * and assistant to alternate): the tools before the last user turn */
+static const char MISTRAL_CALL_RESULT[] =
+    "[INST]What is the weather in Paris?[/INST][TOOL_CALLS][{\"name\": \"get_weathe"
+    "r\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}, \"id\": \"abcDE"
+    "F123\"}]</s>[TOOL_RESULTS]{\"content\": {\"temperature\": 22}, \"call_id\": \"abc"
+    "DEF123\"}[/TOOL_RESULTS]22 degrees.</s>[AVAILABLE_TOOLS][{\"type\": \"function\","
+    " \"function\": {\"name\": \"get_weather\", \"description\": \"Get the weather in "
+    "a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"ty"
+    "pe\": \"string\", \"description\": \"the city\"}, \"unit\": {\"type\": \"string\""
+    ", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\"]}}}][/AVAILA"
+    "BLE_TOOLS][INST]You are a helpful assistant.\n"
+    "\n"
+    "And in Rome?[/INST]";
+
+/* ... of conversation B with ids: two calls in one array, the message's text not written */
+static const char MISTRAL_TWO_CALLS[] =
+    "[INST]Weather in Paris and news about \"Rome\"?[/INST][TOOL_CALLS][{\"name\": "
+    "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"a00000001\"}, {\""
+    "name\": \"search\", \"arguments\": {\"query\": \"Rome\", \"filters\": {\"max_age_"
+    "days\": 2}, \"tags\": [\"news\", \"\xc3\xa9\"]}, \"id\": \"a00000002\"}]</s>[TOOL"
+    "_RESULTS]{\"content\": sunny, \"call_id\": \"a00000001\"}[/TOOL_RESULTS][TOOL_RES"
+    "ULTS]{\"content\": no news, \"call_id\": \"a00000002\"}[/TOOL_RESULTS]Sunny in Pa"
+    "ris, no news.</s>[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name"
+    "\": \"get_weather\", \"description\": \"Get the weather in a city\", \"parameters"
+    "\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"de"
+    "scription\": \"the city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius"
+    "\", \"fahrenheit\"]}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"fu"
+    "nction\": {\"name\": \"search\", \"description\": \"Search the web\", \"parameter"
+    "s\": {\"type\": \"object\", \"properties\": {\"query\": {\"type\": \"string\"}, \""
+    "filters\": {\"type\": \"object\", \"properties\": {\"site\": {\"type\": \"string\""
+    "}, \"max_age_days\": {\"type\": \"integer\"}}}, \"tags\": {\"type\": \"array\", \""
+    "items\": {\"type\": \"string\"}}}, \"required\": [\"query\"]}}}][/AVAILABLE_TOOLS"
+    "][INST]Thanks[/INST]";
+
+/* ... of system, user, a call, its result: the system message is lost (no user turn
+ * ends the conversation) */
+static const char MISTRAL_RESULT_LAST[] =
+    "[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name\": \"get_weat"
+    "her\", \"description\": \"Get the weather in a city\", \"parameters\": {\"type\":"
+    " \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \""
+    "the city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenhei"
+    "t\"]}}, \"required\": [\"city\"]}}}][/AVAILABLE_TOOLS][INST]Weather in Paris?[/IN"
+    "ST][TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"},"
+    " \"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS]{\"content\": sunny, \"call_id\": \"abc"
+    "DEF123\"}[/TOOL_RESULTS]";
+
 static const struct chat_tool_call WEATHER_PARIS_CELSIUS = {
-    "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}"};
+    "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}", NULL};
 static const struct chat_tool_call B_CALLS[] = {
-    {"get_weather", "{\"city\": \"Paris\"}"},
+    {"get_weather", "{\"city\": \"Paris\"}", NULL},
     {"search", "{\"query\": \"Rome\", \"filters\": {\"max_age_days\": 2}, \"tags\": [\"news\", "
-               "\"\xc3\xa9\"]}"},
+               "\"\xc3\xa9\"]}", NULL},
 };
 static const struct chat_tool_call SEARCH_PARIS = {
-    "search", "{\"query\": \"Paris weather\", \"filters\": {\"site\": \"a.b\"}}"};
+    "search", "{\"query\": \"Paris weather\", \"filters\": {\"site\": \"a.b\"}}", NULL};
 
 static const struct chat_tool_message CONV_A[] = {
-    {"system", "You are a helpful assistant.", NULL, 0},
-    {"user", "What is the weather in Paris?", NULL, 0},
-    {"assistant", "", &WEATHER_PARIS_CELSIUS, 1},
-    {"tool", "{\"temperature\": 22}", NULL, 0},
-    {"user", "And in Rome?", NULL, 0},
+    {"system", "You are a helpful assistant.", NULL, 0, NULL},
+    {"user", "What is the weather in Paris?", NULL, 0, NULL},
+    {"assistant", "", &WEATHER_PARIS_CELSIUS, 1, NULL},
+    {"tool", "{\"temperature\": 22}", NULL, 0, NULL},
+    {"user", "And in Rome?", NULL, 0, NULL},
 };
 static const struct chat_tool_message CONV_B[] = {
-    {"user", "Weather in Paris and news about \"Rome\"?", NULL, 0},
-    {"assistant", "Let me check.", B_CALLS, 2},
-    {"tool", "sunny", NULL, 0},
-    {"tool", "no news", NULL, 0},
-    {"assistant", "Sunny in Paris, no news.", NULL, 0},
-    {"user", "Thanks", NULL, 0},
+    {"user", "Weather in Paris and news about \"Rome\"?", NULL, 0, NULL},
+    {"assistant", "Let me check.", B_CALLS, 2, NULL},
+    {"tool", "sunny", NULL, 0, NULL},
+    {"tool", "no news", NULL, 0, NULL},
+    {"assistant", "Sunny in Paris, no news.", NULL, 0, NULL},
+    {"user", "Thanks", NULL, 0, NULL},
 };
 static const struct chat_tool_message CONV_L[] = {
-    {"user", "Weather in Paris?", NULL, 0},
-    {"assistant", "", &SEARCH_PARIS, 1},
-    {"tool", "sunny", NULL, 0},
-    {"user", "Thanks", NULL, 0},
+    {"user", "Weather in Paris?", NULL, 0, NULL},
+    {"assistant", "", &SEARCH_PARIS, 1, NULL},
+    {"tool", "sunny", NULL, 0, NULL},
+    {"user", "Thanks", NULL, 0, NULL},
+};
+
+/* Mistral's calls and results carry ids of 9 letters and digits */
+static const struct chat_tool_call M_WEATHER_PARIS_CELSIUS = {
+    "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}", "abcDEF123"};
+static const struct chat_tool_call M_WEATHER_PARIS = {"get_weather", "{\"city\": \"Paris\"}",
+                                                      "abcDEF123"};
+static const struct chat_tool_call M_B_CALLS[] = {
+    {"get_weather", "{\"city\": \"Paris\"}", "a00000001"},
+    {"search", "{\"query\": \"Rome\", \"filters\": {\"max_age_days\": 2}, \"tags\": [\"news\", "
+               "\"\xc3\xa9\"]}", "a00000002"},
+};
+static const struct chat_tool_message MCONV_SYS_USER[] = {
+    {"system", "You are a helpful assistant.", NULL, 0, NULL},
+    {"user", "What is the weather in Paris?", NULL, 0, NULL},
+};
+static const struct chat_tool_message MCONV_A[] = {
+    {"system", "You are a helpful assistant.", NULL, 0, NULL},
+    {"user", "What is the weather in Paris?", NULL, 0, NULL},
+    {"assistant", "", &M_WEATHER_PARIS_CELSIUS, 1, NULL},
+    {"tool", "{\"temperature\": 22}", NULL, 0, "abcDEF123"},
+    {"assistant", "22 degrees.", NULL, 0, NULL},
+    {"user", "And in Rome?", NULL, 0, NULL},
+};
+static const struct chat_tool_message MCONV_B[] = {
+    {"user", "Weather in Paris and news about \"Rome\"?", NULL, 0, NULL},
+    {"assistant", "Let me check.", M_B_CALLS, 2, NULL},
+    {"tool", "sunny", NULL, 0, "a00000001"},
+    {"tool", "no news", NULL, 0, "a00000002"},
+    {"assistant", "Sunny in Paris, no news.", NULL, 0, NULL},
+    {"user", "Thanks", NULL, 0, NULL},
+};
+static const struct chat_tool_message MCONV_RESULT_LAST[] = {
+    {"system", "Be brief.", NULL, 0, NULL},
+    {"user", "Weather in Paris?", NULL, 0, NULL},
+    {"assistant", "", &M_WEATHER_PARIS, 1, NULL},
+    {"tool", "sunny", NULL, 0, "abcDEF123"},
 };
 
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -379,6 +476,16 @@ static char *render(enum chat_family f, const char *const *tools, int n_tools, c
         return NULL;
     }
     return s;
+}
+
+/* Whether chat_apply_tools renders the conversation (rather than refusing it). */
+static bool renders(enum chat_family f, const char *const *tools, int n_tools,
+                    const struct chat_tool_message *msgs, int n)
+{
+    char *s = render(f, tools, n_tools, "x", msgs, n);
+    bool ok = s != NULL;
+    free(s);
+    return ok;
 }
 
 static void check_render(enum chat_family f, const char *const *tools, int n_tools,
@@ -409,6 +516,48 @@ static void llama3_matches_llama_3_x(void)
     check_render(CHAT_LLAMA3, two, 2, "03 Feb 2026", CONV_L, N(CONV_L), LLAMA3_TWO_TOOLS);
 }
 
+static void mistral_matches_nemo(void)
+{
+    const char *one[] = {WEATHER_LINE}, *two[] = {WEATHER_LINE, SEARCH_LINE};
+    const enum chat_family f = CHAT_MISTRAL_V3_TEKKEN;
+    check_render(f, one, 1, "x", MCONV_SYS_USER, N(MCONV_SYS_USER), MISTRAL_SYS_USER);
+    check_render(f, one, 1, "x", MCONV_A, N(MCONV_A), MISTRAL_CALL_RESULT);
+    check_render(f, two, 2, "x", MCONV_B, N(MCONV_B), MISTRAL_TWO_CALLS);
+    check_render(f, one, 1, "x", MCONV_RESULT_LAST, N(MCONV_RESULT_LAST), MISTRAL_RESULT_LAST);
+}
+
+/* Where Mistral Nemo's template raises an exception. */
+static void mistral_refusals(void)
+{
+    const char *one[] = {WEATHER_LINE};
+    const enum chat_family f = CHAT_MISTRAL_V3_TEKKEN;
+    struct chat_tool_call call = M_WEATHER_PARIS;
+    struct chat_tool_message m[5];
+    memcpy(m, MCONV_RESULT_LAST, sizeof MCONV_RESULT_LAST);
+    CHECK(renders(f, one, 1, m, 4));
+    /* "Tool call IDs should be alphanumeric strings with length 9!" */
+    static const char *const bad_ids[] = {"abcDEF12", "abcDEF1234", "call_abcd", NULL};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
+        m[3].call_id = bad_ids[i];
+        CHECK(!renders(f, one, 1, m, 4));
+        m[3].call_id = "abcDEF123";
+        call.id = bad_ids[i];
+        m[2].calls = &call;
+        CHECK(!renders(f, one, 1, m, 4));
+        m[2].calls = &M_WEATHER_PARIS;
+    }
+    /* "conversation roles must alternate": a user message right after a result */
+    m[4] = (struct chat_tool_message){"user", "And Rome?", NULL, 0, NULL};
+    CHECK(!renders(f, one, 1, m, 5));
+    /* "Only user and assistant roles are supported, with the exception of an initial
+     * optional system message" */
+    m[4] = (struct chat_tool_message){"assistant", "Sunny.", NULL, 0, NULL};
+    CHECK(renders(f, one, 1, m, 5));
+    m[1] = m[0];
+    m[0] = (struct chat_tool_message){"user", "Hi", NULL, 0, NULL};
+    CHECK(!renders(f, one, 1, m, 5));
+}
+
 /* What the templates themselves refuse, and families without a tool format. */
 static void refusals(void)
 {
@@ -418,14 +567,14 @@ static void refusals(void)
     /* no user message to hold the tools */
     CHECK(!render(CHAT_LLAMA3, one, 1, "26 Jul 2024", CONV_A, 1));
     for (int f = 0; f < CHAT_N_FAMILIES; f++) {
-        bool has = f == CHAT_CHATML || f == CHAT_LLAMA3;
+        bool has = f == CHAT_CHATML || f == CHAT_LLAMA3 || f == CHAT_MISTRAL_V3_TEKKEN;
         CHECK_EQ(chat_tool_syntax((enum chat_family)f) != NULL, has);
         if (!has)
             CHECK(!render((enum chat_family)f, one, 1, "26 Jul 2024", CONV_A, N(CONV_A)));
     }
-    struct chat_tool_message bad[] = {{"user", "hi", &SEARCH_PARIS, 1}};
+    struct chat_tool_message bad[] = {{"user", "hi", &SEARCH_PARIS, 1, NULL}};
     CHECK(!render(CHAT_CHATML, one, 1, "26 Jul 2024", bad, 1));
-    bad[0] = (struct chat_tool_message){"function", "hi", NULL, 0};
+    bad[0] = (struct chat_tool_message){"function", "hi", NULL, 0, NULL};
     CHECK(!render(CHAT_CHATML, one, 1, "26 Jul 2024", bad, 1));
 }
 
@@ -436,8 +585,12 @@ static void syntax_and_indent_per_family(void)
           !strcmp(s->args_key, "arguments") && !s->whole);
     s = chat_tool_syntax(CHAT_LLAMA3);
     CHECK(s && !strcmp(s->open, "{") && !s->close && !strcmp(s->args_key, "parameters") && s->whole);
+    s = chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN);
+    CHECK(s && !strcmp(s->open, "[TOOL_CALLS]") && !s->close && !strcmp(s->args_key, "arguments") &&
+          !s->whole && s->array);
     CHECK_EQ(chat_tools_indent(CHAT_CHATML), 0);
     CHECK_EQ(chat_tools_indent(CHAT_LLAMA3), 4);
+    CHECK_EQ(chat_tools_indent(CHAT_MISTRAL_V3_TEKKEN), 0);
 }
 
 /* A buffer too small gets what fits and the full length, as chat_apply. */
@@ -456,6 +609,8 @@ int main(void)
 {
     RUN(chatml_matches_qwen);
     RUN(llama3_matches_llama_3_x);
+    RUN(mistral_matches_nemo);
+    RUN(mistral_refusals);
     RUN(refusals);
     RUN(syntax_and_indent_per_family);
     RUN(small_buffer_is_sized);
