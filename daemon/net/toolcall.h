@@ -61,8 +61,11 @@ int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *
 
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
  * "tool_calls", tool) rendered with ts's tools and the assistant opening (with a forced
- * tool_choice, the call's opening too: chatml's "<tool_call>\n"); date is llama3's "Today
- * Date". Fresh string, or NULL with msg. */
+ * tool_choice, the call's opening too: chatml's "<tool_call>\n", mistral's
+ * "[TOOL_CALLS]["); date is llama3's "Today Date". Call ids become mistral's 9 letters
+ * and digits: an id's last 9, '0's before fewer; without one, the call's position in the
+ * conversation (a result without one answers the calls before it in order). Fresh
+ * string, or NULL with msg. */
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
                       size_t cap);
 
