@@ -14,6 +14,7 @@
 
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
+#include "engine/jsonesc.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
@@ -115,29 +116,16 @@ void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *ms
 
 /* ---- answers ---- */
 
+static void evbuffer_put(void *b, const char *bytes, size_t n)
+{
+    evbuffer_add(b, bytes, n);
+}
+
 /* Appends s as the inside of a JSON string. Streamed text is escaped here rather than
  * through json-c, which would build and free an object per token. */
 static void add_escaped(struct evbuffer *b, const char *s, size_t n)
 {
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        evbuffer_add(b, s + run, i - run);
-        char esc[8];
-        switch (c) {
-        case '"': strcpy(esc, "\\\""); break;
-        case '\\': strcpy(esc, "\\\\"); break;
-        case '\n': strcpy(esc, "\\n"); break;
-        case '\r': strcpy(esc, "\\r"); break;
-        case '\t': strcpy(esc, "\\t"); break;
-        default: snprintf(esc, sizeof esc, "\\u%04x", c); break;
-        }
-        evbuffer_add(b, esc, strlen(esc));
-        run = i + 1;
-    }
-    evbuffer_add(b, s + run, n - run);
+    jsonesc_write(s, n, evbuffer_put, b);
 }
 
 void openai_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)

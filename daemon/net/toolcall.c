@@ -11,34 +11,20 @@
 #include <sys/random.h>
 
 #include "daemon/net/jsonfield.h"
+#include "engine/jsonesc.h"
 
 /* ---- JSON as the templates' tojson writes it ---- */
+
+static void printbuf_put(void *pb, const char *b, size_t n)
+{
+    printbuf_memappend(pb, b, (int)n);
+}
 
 /* A string as Python's json.dumps(ensure_ascii=False) writes it. */
 static void dump_string(struct printbuf *pb, const char *s, size_t n)
 {
     printbuf_memappend(pb, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        printbuf_memappend(pb, s + run, (int)(i - run));
-        char esc[8];
-        switch (c) {
-        case '"': strcpy(esc, "\\\""); break;
-        case '\\': strcpy(esc, "\\\\"); break;
-        case '\n': strcpy(esc, "\\n"); break;
-        case '\r': strcpy(esc, "\\r"); break;
-        case '\t': strcpy(esc, "\\t"); break;
-        case '\b': strcpy(esc, "\\b"); break;
-        case '\f': strcpy(esc, "\\f"); break;
-        default: snprintf(esc, sizeof esc, "\\u%04x", c); break;
-        }
-        printbuf_memappend(pb, esc, (int)strlen(esc));
-        run = i + 1;
-    }
-    printbuf_memappend(pb, s + run, (int)(n - run));
+    jsonesc_write(s, n, printbuf_put, pb);
     printbuf_memappend(pb, "\"", 1);
 }
 

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/tok/textwriter.h"
+
 static const char *const family_names[] = {
     [CHAT_PLAIN] = "plain",
     [CHAT_CHATML] = "chatml",
@@ -154,43 +156,13 @@ const char *chat_stop_text(enum chat_family f)
     }
 }
 
-/* snprintf-style output: writes what fits, counts everything. */
-typedef struct writer {
-    char *out;
-    size_t cap;
-    size_t len;
-} writer;
-
-static void put_n(writer *w, const char *s, size_t n)
-{
-    if (w->len < w->cap) {
-        size_t room = w->cap - w->len;
-        memcpy(w->out + w->len, s, n < room ? n : room);
-    }
-    w->len += n;
-}
-
-static void put(writer *w, const char *s)
-{
-    put_n(w, s, strlen(s));
-}
-
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
-}
-
 /* Content with leading and trailing whitespace removed (trim=true) or as is. */
-static void put_content(writer *w, const char *s, bool trim)
+static void put_content(textwriter *w, const char *s, bool trim)
 {
-    size_t n = strlen(s);
-    if (trim) {
-        while (n > 0 && is_space(*s))
-            s++, n--;
-        while (n > 0 && is_space(s[n - 1]))
-            n--;
-    }
-    put_n(w, s, n);
+    if (trim)
+        textwriter_put_trimmed(w, s);
+    else
+        textwriter_put(w, s);
 }
 
 enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_BAD };
@@ -208,62 +180,62 @@ static enum role role_of(const struct chat_message *m)
     return ROLE_BAD;
 }
 
-static void apply_llama2(writer *w, enum chat_family f, const struct chat_message *msgs, int n)
+static void apply_llama2(textwriter *w, enum chat_family f, const struct chat_message *msgs, int n)
 {
     bool sys_block = f != CHAT_LLAMA2;
     bool bos_inside = f == CHAT_LLAMA2_SYS_BOS;
     bool strip = f == CHAT_LLAMA2_SYS_STRIP;
     bool in_turn = true; /* the first "[INST]" follows the BOS the tokenizer adds */
-    put(w, "[INST] ");
+    textwriter_put(w, "[INST] ");
     for (int i = 0; i < n; i++) {
         if (!in_turn) {
-            put(w, bos_inside ? "<s>[INST] " : "[INST] ");
+            textwriter_put(w, bos_inside ? "<s>[INST] " : "[INST] ");
             in_turn = true;
         }
         switch (role_of(&msgs[i])) {
         case ROLE_SYSTEM:
-            put(w, sys_block ? "<<SYS>>\n" : "");
+            textwriter_put(w, sys_block ? "<<SYS>>\n" : "");
             put_content(w, msgs[i].content, strip);
-            put(w, sys_block ? "\n<</SYS>>\n\n" : "\n");
+            textwriter_put(w, sys_block ? "\n<</SYS>>\n\n" : "\n");
             break;
         case ROLE_USER:
             put_content(w, msgs[i].content, strip);
-            put(w, " [/INST]");
+            textwriter_put(w, " [/INST]");
             break;
         default:
             put_content(w, msgs[i].content, strip);
-            put(w, "</s>");
+            textwriter_put(w, "</s>");
             in_turn = false;
         }
     }
 }
 
-static void apply_mistral(writer *w, enum chat_family f, const struct chat_message *msgs, int n)
+static void apply_mistral(textwriter *w, enum chat_family f, const struct chat_message *msgs, int n)
 {
     const char *lead = f == CHAT_MISTRAL_V1 ? " " : "";
     const char *trail = f == CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
     bool in_turn = false;
     for (int i = 0; i < n; i++) {
         if (!in_turn) {
-            put(w, lead);
-            put(w, "[INST]");
-            put(w, trail);
+            textwriter_put(w, lead);
+            textwriter_put(w, "[INST]");
+            textwriter_put(w, trail);
             in_turn = true;
         }
         switch (role_of(&msgs[i])) {
         case ROLE_SYSTEM:
-            put(w, msgs[i].content);
-            put(w, "\n\n");
+            textwriter_put(w, msgs[i].content);
+            textwriter_put(w, "\n\n");
             break;
         case ROLE_USER:
-            put(w, msgs[i].content);
-            put(w, lead);
-            put(w, "[/INST]");
+            textwriter_put(w, msgs[i].content);
+            textwriter_put(w, lead);
+            textwriter_put(w, "[/INST]");
             break;
         default:
-            put(w, trail);
+            textwriter_put(w, trail);
             put_content(w, msgs[i].content, f == CHAT_MISTRAL_V3);
-            put(w, "</s>");
+            textwriter_put(w, "</s>");
             in_turn = false;
         }
     }
@@ -308,18 +280,18 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                      "<|role_start|>assistant<|role_end|>", ""},
 };
 
-static void apply_turns(writer *w, const struct turn_format *tf, const struct chat_message *msgs,
+static void apply_turns(textwriter *w, const struct turn_format *tf, const struct chat_message *msgs,
                         int n, bool gen)
 {
     for (int i = 0; i < n; i++) {
         enum role r = role_of(&msgs[i]);
-        put(w, i > 0 ? tf->later : "");
-        put(w, tf->open[r]);
-        put(w, msgs[i].content);
-        put(w, tf->close[r]);
+        textwriter_put(w, i > 0 ? tf->later : "");
+        textwriter_put(w, tf->open[r]);
+        textwriter_put(w, msgs[i].content);
+        textwriter_put(w, tf->close[r]);
     }
     if (gen)
-        put(w, tf->gen);
+        textwriter_put(w, tf->gen);
 }
 
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
@@ -331,18 +303,18 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
         if (role_of(&msgs[i]) == ROLE_BAD)
             return -1;
 
-    writer w = {out, cap, 0};
+    textwriter w = {out, cap, 0};
     switch (f) {
     case CHAT_LLAMA3:
         for (int i = 0; i < n; i++) {
-            put(&w, "<|start_header_id|>");
-            put(&w, msgs[i].role);
-            put(&w, "<|end_header_id|>\n\n");
+            textwriter_put(&w, "<|start_header_id|>");
+            textwriter_put(&w, msgs[i].role);
+            textwriter_put(&w, "<|end_header_id|>\n\n");
             put_content(&w, msgs[i].content, true);
-            put(&w, "<|eot_id|>");
+            textwriter_put(&w, "<|eot_id|>");
         }
         if (add_generation_prompt)
-            put(&w, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+            textwriter_put(&w, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case CHAT_LLAMA2:
     case CHAT_LLAMA2_SYS:

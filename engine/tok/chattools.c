@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/jsonesc.h"
+#include "engine/tok/textwriter.h"
+
 static const struct chat_tool_syntax chatml_syntax = {"<tool_call>", "</tool_call>", "arguments",
                                                       false, false};
 static const struct chat_tool_syntax llama3_syntax = {"{", NULL, "parameters", true, false};
@@ -31,68 +34,17 @@ int chat_tools_indent(enum chat_family f)
     return f == CHAT_LLAMA3 ? 4 : 0;
 }
 
-/* snprintf-style output: writes what fits, counts everything (as chat.c's). */
-typedef struct writer {
-    char *out;
-    size_t cap;
-    size_t len;
-} writer;
-
-static void put_n(writer *w, const char *s, size_t n)
+static void put_bytes(void *w, const char *b, size_t n)
 {
-    if (w->len < w->cap) {
-        size_t room = w->cap - w->len;
-        memcpy(w->out + w->len, s, n < room ? n : room);
-    }
-    w->len += n;
-}
-
-static void put(writer *w, const char *s)
-{
-    put_n(w, s, strlen(s));
-}
-
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
-}
-
-/* Jinja's trim: leading and trailing white space removed. */
-static void put_trimmed(writer *w, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0 && is_space(*s))
-        s++, n--;
-    while (n > 0 && is_space(s[n - 1]))
-        n--;
-    put_n(w, s, n);
+    textwriter_put_n(w, b, n);
 }
 
 /* s as a JSON string, as Python's json.dumps(ensure_ascii=False) writes it. */
-static void put_json_string(writer *w, const char *s)
+static void put_json_string(textwriter *w, const char *s)
 {
-    put(w, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        switch (c) {
-        case '"': put(w, "\\\""); break;
-        case '\\': put(w, "\\\\"); break;
-        case '\n': put(w, "\\n"); break;
-        case '\r': put(w, "\\r"); break;
-        case '\t': put(w, "\\t"); break;
-        case '\b': put(w, "\\b"); break;
-        case '\f': put(w, "\\f"); break;
-        default:
-            if (c < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", c);
-                put(w, esc);
-            } else {
-                put_n(w, s, 1);
-            }
-        }
-    }
-    put(w, "\"");
+    textwriter_put(w, "\"");
+    jsonesc_write(s, strlen(s), put_bytes, w);
+    textwriter_put(w, "\"");
 }
 
 static bool is_role(const struct chat_tool_message *m, const char *role)
@@ -114,44 +66,44 @@ static bool valid(const struct chat_tool_message *m)
 }
 
 /* Qwen's system turn: the system message (if first), then the tools section. */
-static void chatml_tools_turn(writer *w, const char *system, const char *const *tools, int n_tools)
+static void chatml_tools_turn(textwriter *w, const char *system, const char *const *tools, int n_tools)
 {
-    put(w, "<|im_start|>system\n");
+    textwriter_put(w, "<|im_start|>system\n");
     if (system) {
-        put(w, system);
-        put(w, "\n\n");
+        textwriter_put(w, system);
+        textwriter_put(w, "\n\n");
     }
-    put(w, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    textwriter_put(w, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
            "You are provided with function signatures within <tools></tools> XML tags:\n"
            "<tools>");
     for (int i = 0; i < n_tools; i++) {
-        put(w, "\n");
-        put(w, tools[i]);
+        textwriter_put(w, "\n");
+        textwriter_put(w, tools[i]);
     }
-    put(w, "\n</tools>\n\nFor each function call, return a json object with function name "
+    textwriter_put(w, "\n</tools>\n\nFor each function call, return a json object with function name "
            "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
            "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
            "</tool_call><|im_end|>\n");
 }
 
-static void chatml_calls(writer *w, const struct chat_tool_message *m)
+static void chatml_calls(textwriter *w, const struct chat_tool_message *m)
 {
-    put(w, "<|im_start|>assistant");
+    textwriter_put(w, "<|im_start|>assistant");
     if (m->content[0]) {
-        put(w, "\n");
-        put(w, m->content);
+        textwriter_put(w, "\n");
+        textwriter_put(w, m->content);
     }
     for (int k = 0; k < m->n_calls; k++) {
-        put(w, "\n<tool_call>\n{\"name\": \"");
-        put(w, m->calls[k].name);
-        put(w, "\", \"arguments\": ");
-        put(w, m->calls[k].arguments);
-        put(w, "}\n</tool_call>");
+        textwriter_put(w, "\n<tool_call>\n{\"name\": \"");
+        textwriter_put(w, m->calls[k].name);
+        textwriter_put(w, "\", \"arguments\": ");
+        textwriter_put(w, m->calls[k].arguments);
+        textwriter_put(w, "}\n</tool_call>");
     }
-    put(w, "<|im_end|>\n");
+    textwriter_put(w, "<|im_end|>\n");
 }
 
-static int apply_chatml(writer *w, const char *const *tools, int n_tools,
+static int apply_chatml(textwriter *w, const char *const *tools, int n_tools,
                         const struct chat_tool_message *msgs, int n, bool gen)
 {
     int first = n > 0 && is_role(&msgs[0], "system");
@@ -161,59 +113,59 @@ static int apply_chatml(writer *w, const char *const *tools, int n_tools,
         if (is_role(m, "tool")) {
             /* consecutive results share one user turn */
             if (i == 0 || !is_role(&msgs[i - 1], "tool"))
-                put(w, "<|im_start|>user");
-            put(w, "\n<tool_response>\n");
-            put(w, m->content);
-            put(w, "\n</tool_response>");
+                textwriter_put(w, "<|im_start|>user");
+            textwriter_put(w, "\n<tool_response>\n");
+            textwriter_put(w, m->content);
+            textwriter_put(w, "\n</tool_response>");
             if (i == n - 1 || !is_role(&msgs[i + 1], "tool"))
-                put(w, "<|im_end|>\n");
+                textwriter_put(w, "<|im_end|>\n");
         } else if (m->n_calls > 0) {
             chatml_calls(w, m);
         } else {
-            put(w, "<|im_start|>");
-            put(w, m->role);
-            put(w, "\n");
-            put(w, m->content);
-            put(w, "<|im_end|>\n");
+            textwriter_put(w, "<|im_start|>");
+            textwriter_put(w, m->role);
+            textwriter_put(w, "\n");
+            textwriter_put(w, m->content);
+            textwriter_put(w, "<|im_end|>\n");
         }
     }
     if (gen)
-        put(w, "<|im_start|>assistant\n");
+        textwriter_put(w, "<|im_start|>assistant\n");
     return 0;
 }
 
-static void llama3_header(writer *w, const char *role)
+static void llama3_header(textwriter *w, const char *role)
 {
-    put(w, "<|start_header_id|>");
-    put(w, role);
-    put(w, "<|end_header_id|>\n\n");
+    textwriter_put(w, "<|start_header_id|>");
+    textwriter_put(w, role);
+    textwriter_put(w, "<|end_header_id|>\n\n");
 }
 
-static int apply_llama3(writer *w, const char *const *tools, int n_tools, const char *date,
+static int apply_llama3(textwriter *w, const char *const *tools, int n_tools, const char *date,
                         const struct chat_tool_message *msgs, int n, bool gen)
 {
     int i = 0;
     llama3_header(w, "system");
-    put(w, "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: ");
-    put(w, date);
-    put(w, "\n\n");
+    textwriter_put(w, "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: ");
+    textwriter_put(w, date);
+    textwriter_put(w, "\n\n");
     if (n > 0 && is_role(&msgs[0], "system"))
-        put_trimmed(w, msgs[i++].content);
-    put(w, "<|eot_id|>");
+        textwriter_put_trimmed(w, msgs[i++].content);
+    textwriter_put(w, "<|eot_id|>");
     /* the template puts the tools in the first message after the system one, a user's */
     if (i >= n || !is_role(&msgs[i], "user"))
         return -1;
     llama3_header(w, "user");
-    put(w, "Given the following functions, please respond with a JSON for a function call "
+    textwriter_put(w, "Given the following functions, please respond with a JSON for a function call "
            "with its proper arguments that best answers the given prompt.\n\n"
            "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
            "argument name and its value}.Do not use variables.\n\n");
     for (int t = 0; t < n_tools; t++) {
-        put(w, tools[t]);
-        put(w, "\n\n");
+        textwriter_put(w, tools[t]);
+        textwriter_put(w, "\n\n");
     }
-    put_trimmed(w, msgs[i++].content);
-    put(w, "<|eot_id|>");
+    textwriter_put_trimmed(w, msgs[i++].content);
+    textwriter_put(w, "<|eot_id|>");
     for (; i < n; i++) {
         const struct chat_tool_message *m = &msgs[i];
         if (is_role(m, "tool")) {
@@ -224,16 +176,16 @@ static int apply_llama3(writer *w, const char *const *tools, int n_tools, const 
             if (m->n_calls != 1)
                 return -1;
             llama3_header(w, "assistant");
-            put(w, "{\"name\": \"");
-            put(w, m->calls[0].name);
-            put(w, "\", \"parameters\": ");
-            put(w, m->calls[0].arguments);
-            put(w, "}");
+            textwriter_put(w, "{\"name\": \"");
+            textwriter_put(w, m->calls[0].name);
+            textwriter_put(w, "\", \"parameters\": ");
+            textwriter_put(w, m->calls[0].arguments);
+            textwriter_put(w, "}");
         } else {
             llama3_header(w, m->role);
-            put_trimmed(w, m->content);
+            textwriter_put_trimmed(w, m->content);
         }
-        put(w, "<|eot_id|>");
+        textwriter_put(w, "<|eot_id|>");
     }
     if (gen)
         llama3_header(w, "assistant");
@@ -266,35 +218,35 @@ static bool mistral_alternates(const struct chat_tool_message *msgs, int n)
     return true;
 }
 
-static void mistral_tools(writer *w, const char *const *tools, int n_tools)
+static void mistral_tools(textwriter *w, const char *const *tools, int n_tools)
 {
-    put(w, "[AVAILABLE_TOOLS][");
+    textwriter_put(w, "[AVAILABLE_TOOLS][");
     for (int t = 0; t < n_tools; t++) {
-        put(w, tools[t]);
-        put(w, t + 1 < n_tools ? ", " : "]");
+        textwriter_put(w, tools[t]);
+        textwriter_put(w, t + 1 < n_tools ? ", " : "]");
     }
-    put(w, "[/AVAILABLE_TOOLS]");
+    textwriter_put(w, "[/AVAILABLE_TOOLS]");
 }
 
 /* An assistant message's calls as one array, each the function's tojson with the id. */
-static int mistral_calls(writer *w, const struct chat_tool_message *m)
+static int mistral_calls(textwriter *w, const struct chat_tool_message *m)
 {
-    put(w, "[TOOL_CALLS][");
+    textwriter_put(w, "[TOOL_CALLS][");
     for (int k = 0; k < m->n_calls; k++) {
         if (!is_mistral_id(m->calls[k].id))
             return -1;
-        put(w, "{\"name\": ");
+        textwriter_put(w, "{\"name\": ");
         put_json_string(w, m->calls[k].name);
-        put(w, ", \"arguments\": ");
-        put(w, m->calls[k].arguments);
-        put(w, ", \"id\": \"");
-        put(w, m->calls[k].id);
-        put(w, k + 1 < m->n_calls ? "\"}, " : "\"}]</s>");
+        textwriter_put(w, ", \"arguments\": ");
+        textwriter_put(w, m->calls[k].arguments);
+        textwriter_put(w, ", \"id\": \"");
+        textwriter_put(w, m->calls[k].id);
+        textwriter_put(w, k + 1 < m->n_calls ? "\"}, " : "\"}]</s>");
     }
     return 0;
 }
 
-static int apply_mistral(writer *w, const char *const *tools, int n_tools,
+static int apply_mistral(textwriter *w, const char *const *tools, int n_tools,
                          const struct chat_tool_message *msgs, int n)
 {
     int first = n > 0 && is_role(&msgs[0], "system"), last_user = -1;
@@ -309,28 +261,28 @@ static int apply_mistral(writer *w, const char *const *tools, int n_tools,
         if (is_role(m, "user")) {
             if (i == last_user)
                 mistral_tools(w, tools, n_tools);
-            put(w, "[INST]");
+            textwriter_put(w, "[INST]");
             /* the template's "loop.last": a system message goes into the turn that ends
              * the conversation, and is lost when a result or a reply ends it */
             if (system && i == n - 1) {
-                put(w, system);
-                put(w, "\n\n");
+                textwriter_put(w, system);
+                textwriter_put(w, "\n\n");
             }
-            put(w, m->content);
-            put(w, "[/INST]");
+            textwriter_put(w, m->content);
+            textwriter_put(w, "[/INST]");
         } else if (m->n_calls > 0) {
             if (mistral_calls(w, m) < 0)
                 return -1;
         } else if (is_role(m, "assistant")) {
-            put(w, m->content);
-            put(w, "</s>");
+            textwriter_put(w, m->content);
+            textwriter_put(w, "</s>");
         } else if (is_role(m, "tool") && is_mistral_id(m->call_id)) {
             /* the result as it is, not as a JSON string: the template's content|string */
-            put(w, "[TOOL_RESULTS]{\"content\": ");
-            put(w, m->content);
-            put(w, ", \"call_id\": \"");
-            put(w, m->call_id);
-            put(w, "\"}[/TOOL_RESULTS]");
+            textwriter_put(w, "[TOOL_RESULTS]{\"content\": ");
+            textwriter_put(w, m->content);
+            textwriter_put(w, ", \"call_id\": \"");
+            textwriter_put(w, m->call_id);
+            textwriter_put(w, "\"}[/TOOL_RESULTS]");
         } else {
             return -1; /* a system message after the first, or a result without its id */
         }
@@ -351,7 +303,7 @@ int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, 
     for (int i = 0; i < n; i++)
         if (!valid(&msgs[i]))
             return -1;
-    writer w = {out, cap, 0};
+    textwriter w = {out, cap, 0};
     int rc;
     /* mistral's templates open the reply with the user's "[/INST]": no generation prompt */
     if (f == CHAT_LLAMA3)
