@@ -1,7 +1,7 @@
 /*
  * Tool calling through the gateway end to end (daemon/net/toolcall.h): a real llmsd of
  * this build serving a random-weight model whose chat template is chatml, on a vocabulary
- * written here: the synthetic one's, plus one token whose text is a whole Qwen-style tool
+ * of toolmodel.h: the synthetic one, with one token whose text is a whole Qwen-style tool
  * call. The request side is checked by the prompt the daemon builds (usage.prompt_tokens
  * equals /tokenize of the expected rendering); the reply side by making the model emit
  * the call token (logit_bias), so the tool_calls objects, finish reasons and streamed
@@ -13,36 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf/gguf.h"
-#include "engine/gguf/modelgen.h"
-#include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/toolmodel.h"
 #include "tests/support/test.h"
 
-#define N_VOCAB 300
-#define CALL_TOKEN 3 /* the token that is a whole call of get_weather */
-#define FIRST_CHAR 4 /* tokens FIRST_CHAR.. are the printable ASCII characters, one each, so
-                        that the model can write any JSON (a forced call's) */
-
-/* SentencePiece writes a space as U+2581 */
+/* The call token's text: a whole Qwen-style call */
 static const char CALL_PIECE[] =
-    "<tool_call>\n{\"name\":\xe2\x96\x81\"get_weather\",\xe2\x96\x81\"arguments\":\xe2\x96\x81"
-    "{\"city\":\xe2\x96\x81\"Paris\"}}\n</tool_call>";
+    "<tool_call>\n{\"name\":" TOOLMODEL_SP "\"get_weather\"," TOOLMODEL_SP "\"arguments\":"
+    TOOLMODEL_SP "{\"city\":" TOOLMODEL_SP "\"Paris\"}}\n</tool_call>";
 
-/* A tool whose arguments are bounded (an enum, an integer in 1..9): a forced call of it
- * ends within a few tokens whatever a random model prefers. */
-static const char PICK_TOOL[] =
-    "{\"type\":\"function\",\"function\":{\"name\":\"pick_day\",\"parameters\":{\"type\":"
-    "\"object\",\"properties\":{\"day\":{\"enum\":[\"mon\",\"tue\"]},\"hours\":{\"type\":"
-    "\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"day\",\"hours\"]}}}";
-
-static const char WEATHER_TOOL[] =
-    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
-    "weather in a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
-    "\"string\"}},\"required\":[\"city\"]}}}";
-
-/* Qwen2.5's rendering of system, user with WEATHER_TOOL (Qwen-Qwen2.5-7B-Instruct.jinja) */
+/* Qwen2.5's rendering of system, user with the weather tool (Qwen-Qwen2.5-7B-Instruct.jinja) */
 static const char WANT_PROMPT[] =
     "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist "
     "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
@@ -54,52 +35,13 @@ static const char WANT_PROMPT[] =
     "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
     "<|im_start|>assistant\n";
 
-static char llmsd_path[1024], vocab_path[1024], model_path[1024], hsock[700];
+static char llmsd_path[1024], model_path[1024], hsock[700];
 static llmsd_proc daemon_;
 static int daemon_up;
 
-/* The synthetic vocabulary with CALL_TOKEN's text the call. */
-static int write_vocab(const char *path)
-{
-    static char names[N_VOCAB][16];
-    const char *strs[N_VOCAB];
-    float scores[N_VOCAB];
-    int32_t types[N_VOCAB];
-    for (int i = 0; i < N_VOCAB; i++) {
-        int ch = ' ' + i - FIRST_CHAR;
-        if (ch == ' ')
-            snprintf(names[i], sizeof names[i], "\xe2\x96\x81");
-        else if (i >= FIRST_CHAR && ch <= '~')
-            snprintf(names[i], sizeof names[i], "%c", ch);
-        else
-            snprintf(names[i], sizeof names[i], i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>"
-                                                                                : "tok%d", i);
-        strs[i] = i == CALL_TOKEN ? CALL_PIECE : names[i];
-        scores[i] = -(float)i;
-        types[i] = i == 0 ? 2 : i < 3 ? 3 : 1;
-    }
-    char err[ERR_MAX];
-    gguf_writer *w = gguf_writer_new();
-    int rc = w && gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") == 0 &&
-                     gguf_writer_set_str_arr(w, "tokenizer.ggml.tokens", strs, N_VOCAB) == 0 &&
-                     gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, scores, N_VOCAB) == 0 &&
-                     gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, types, N_VOCAB) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2) == 0 &&
-                     gguf_writer_set_str(w, "tokenizer.chat_template", "{{ '<|im_start|>' }}") == 0 &&
-                     gguf_writer_write(w, path, err) == 0
-                 ? 0 : -1;
-    gguf_writer_free(w);
-    return rc;
-}
-
 static int start_daemon(void)
 {
-    char extra[1024];
-    proc_fmt(hsock, sizeof hsock, "%s/tools-h.sock", test_tmpdir());
-    proc_fmt(extra, sizeof extra, "http_socket = %s\nn_ctx = 2048\n", hsock);
-    return proc_start(&daemon_, llmsd_path, "tools", model_path, extra);
+    return toolmodel_start(&daemon_, llmsd_path, "tools", model_path, hsock, sizeof hsock);
 }
 
 #define NEED()                                                                 \
@@ -124,7 +66,7 @@ static void chat_body(char *out, size_t cap, const char *extra)
     snprintf(out, cap,
              "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
              "\"content\":\"Weather in Paris?\"}],\"tools\":[%s]%s%s}",
-             WEATHER_TOOL, extra[0] ? "," : "", extra);
+             toolmodel_weather_tool, extra[0] ? "," : "", extra);
 }
 
 /* The prompt the daemon builds is the template's: as many tokens as the expected text. */
@@ -247,7 +189,7 @@ static void ollama_chat_calls(void)
     char body[2048];
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"tools\":[%s],"
-             "\"stream\":false,\"options\":{\"num_predict\":1,\"temperature\":0}}", WEATHER_TOOL);
+             "\"stream\":false,\"options\":{\"num_predict\":1,\"temperature\":0}}", toolmodel_weather_tool);
     int st;
     /* ollama has no logit_bias: the call token is forced through the OpenAI route's
      * equivalent only; here the request side is checked, and the reply shape on a
@@ -259,7 +201,7 @@ static void ollama_chat_calls(void)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
              "\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\","
              "\"arguments\":{\"city\":\"Paris\"}}}]},{\"role\":\"tool\",\"content\":\"sunny\"}],"
-             "\"tools\":[%s],\"stream\":false,\"options\":{\"num_predict\":1}}", WEATHER_TOOL);
+             "\"tools\":[%s],\"stream\":false,\"options\":{\"num_predict\":1}}", toolmodel_weather_tool);
     o = post("/api/chat", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
     json_object_put(o);
@@ -292,7 +234,7 @@ static void forced_choice_is_one_valid_call(void)
             snprintf(body, sizeof body,
                      "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":"
                      "[%s%s%s],\"tool_choice\":%s,\"max_tokens\":400,\"seed\":%d%s}",
-                     c == 0 ? WEATHER_TOOL : "", c == 0 ? "," : "", PICK_TOOL, choices[c], seed,
+                     c == 0 ? toolmodel_weather_tool : "", c == 0 ? "," : "", toolmodel_pick_tool, choices[c], seed,
                      seed == 0 ? ",\"temperature\":0" : "");
             int st;
             json_object *o = post("/v1/chat/completions", body, &st);
@@ -312,7 +254,7 @@ static void forced_choice_is_one_valid_call(void)
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s],"
              "\"tool_choice\":\"required\",\"max_tokens\":400,\"temperature\":0,\"stream\":true}",
-             PICK_TOOL);
+             toolmodel_pick_tool);
     httpc_reply r;
     CHECK(httpc_do(hsock, 0, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
     CHECK_EQ(r.status, 200);
@@ -347,7 +289,7 @@ static void ollama_forced_call_has_object_arguments(void)
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s],"
              "\"tool_choice\":\"required\",\"stream\":false,\"options\":{\"num_predict\":400,"
-             "\"temperature\":0}}", PICK_TOOL);
+             "\"temperature\":0}}", toolmodel_pick_tool);
     int st;
     json_object *o = post("/api/chat", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
@@ -434,17 +376,7 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    proc_fmt(vocab_path, sizeof vocab_path, "%s/tools-vocab.gguf", test_tmpdir());
-    char err[ERR_MAX];
-    gguf_file *vocab = write_vocab(vocab_path) == 0 ? gguf_open(vocab_path, err) : NULL;
-    if (vocab) {
-        modelgen_params mp = {
-            .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-            .n_ctx = 2048, .type = QTYPE_F32, .seed = 9, .vocab = vocab, .n_threads = 1,
-        };
-        proc_generate_model(model_path, sizeof model_path, "tools.gguf", &mp);
-        gguf_close(vocab);
-    }
+    toolmodel_generate("tools", CALL_PIECE, "{{ '<|im_start|>' }}", model_path, sizeof model_path);
     RUN(prompt_is_the_templates);
     RUN(reply_calls_become_tool_calls);
     RUN(streamed_calls_are_deltas);

@@ -13,19 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf/gguf.h"
-#include "engine/gguf/modelgen.h"
-#include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/toolmodel.h"
 #include "tests/support/test.h"
 
-#define N_VOCAB 300
-#define CALL_TOKEN 3 /* the token that is a whole array of two calls of get_weather */
-#define FIRST_CHAR 4 /* tokens FIRST_CHAR.. are the printable ASCII characters, one each */
-
-/* SentencePiece writes a space as U+2581 */
-#define SP "\xe2\x96\x81"
+#define SP TOOLMODEL_SP
 static const char CALL_PIECE[] =
     "[TOOL_CALLS][{\"name\":" SP "\"get_weather\"," SP "\"arguments\":" SP "{\"city\":" SP
     "\"Paris\"}}," SP "{\"name\":" SP "\"get_weather\"," SP "\"arguments\":" SP "{\"city\":" SP
@@ -37,70 +30,20 @@ static const char NEMO_TEMPLATE[] =
     "            {{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + "
     "\"[/INST]\" }}";
 
-/* A tool whose arguments are bounded: a forced call of it ends within a few tokens */
-static const char PICK_TOOL[] =
-    "{\"type\":\"function\",\"function\":{\"name\":\"pick_day\",\"parameters\":{\"type\":"
-    "\"object\",\"properties\":{\"day\":{\"enum\":[\"mon\",\"tue\"]},\"hours\":{\"type\":"
-    "\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"day\",\"hours\"]}}}";
-
-static const char WEATHER_TOOL[] =
-    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
-    "weather in a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
-    "\"string\"}},\"required\":[\"city\"]}}}";
-
-/* Mistral-Nemo-Instruct-2407.jinja of system, user with WEATHER_TOOL (without its BOS) */
+/* Mistral-Nemo-Instruct-2407.jinja of system, user with the weather tool (without its BOS) */
 static const char WANT_PROMPT[] =
     "[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
     "\"description\": \"Get the weather in a city\", \"parameters\": {\"type\": \"object\", "
     "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]"
     "[/AVAILABLE_TOOLS][INST]Be brief.\n\nWeather in Paris?[/INST]";
 
-static char llmsd_path[1024], vocab_path[1024], model_path[1024], hsock[700];
+static char llmsd_path[1024], model_path[1024], hsock[700];
 static llmsd_proc daemon_;
 static int daemon_up;
 
-/* The synthetic vocabulary with CALL_TOKEN's text the calls. */
-static int write_vocab(const char *path)
-{
-    static char names[N_VOCAB][16];
-    const char *strs[N_VOCAB];
-    float scores[N_VOCAB];
-    int32_t types[N_VOCAB];
-    for (int i = 0; i < N_VOCAB; i++) {
-        int ch = ' ' + i - FIRST_CHAR;
-        if (ch == ' ')
-            snprintf(names[i], sizeof names[i], SP);
-        else if (i >= FIRST_CHAR && ch <= '~')
-            snprintf(names[i], sizeof names[i], "%c", ch);
-        else
-            snprintf(names[i], sizeof names[i], i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>"
-                                                                                : "tok%d", i);
-        strs[i] = i == CALL_TOKEN ? CALL_PIECE : names[i];
-        scores[i] = -(float)i;
-        types[i] = i == 0 ? 2 : i < 3 ? 3 : 1;
-    }
-    char err[ERR_MAX];
-    gguf_writer *w = gguf_writer_new();
-    int rc = w && gguf_writer_set_str(w, "tokenizer.ggml.model", "llama") == 0 &&
-                     gguf_writer_set_str_arr(w, "tokenizer.ggml.tokens", strs, N_VOCAB) == 0 &&
-                     gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, scores, N_VOCAB) == 0 &&
-                     gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, types, N_VOCAB) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) == 0 &&
-                     gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2) == 0 &&
-                     gguf_writer_set_str(w, "tokenizer.chat_template", NEMO_TEMPLATE) == 0 &&
-                     gguf_writer_write(w, path, err) == 0
-                 ? 0 : -1;
-    gguf_writer_free(w);
-    return rc;
-}
-
 static int start_daemon(void)
 {
-    char extra[1024];
-    proc_fmt(hsock, sizeof hsock, "%s/toolsm-h.sock", test_tmpdir());
-    proc_fmt(extra, sizeof extra, "http_socket = %s\nn_ctx = 2048\n", hsock);
-    return proc_start(&daemon_, llmsd_path, "toolsm", model_path, extra);
+    return toolmodel_start(&daemon_, llmsd_path, "toolsm", model_path, hsock, sizeof hsock);
 }
 
 #define NEED()                                                                 \
@@ -125,7 +68,7 @@ static void chat_body(char *out, size_t cap, const char *extra)
     snprintf(out, cap,
              "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
              "\"content\":\"Weather in Paris?\"}],\"tools\":[%s]%s%s}",
-             WEATHER_TOOL, extra[0] ? "," : "", extra);
+             toolmodel_weather_tool, extra[0] ? "," : "", extra);
 }
 
 /* The prompt the daemon builds is the template's: as many tokens as the expected text. */
@@ -226,7 +169,7 @@ static void history_is_rendered_or_refused(void)
              "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":"
              "\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
              "\"call_0123456789abcdef01234567\",\"content\":\"sunny\"}],\"tools\":[%s],"
-             "\"max_tokens\":1}", WEATHER_TOOL);
+             "\"max_tokens\":1}", toolmodel_weather_tool);
     int st;
     json_object *o = post("/v1/chat/completions", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
@@ -235,7 +178,7 @@ static void history_is_rendered_or_refused(void)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
              "\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\","
              "\"arguments\":{\"city\":\"Paris\"}}}]},{\"role\":\"tool\",\"content\":\"sunny\"}],"
-             "\"tools\":[%s],\"stream\":false,\"options\":{\"num_predict\":1}}", WEATHER_TOOL);
+             "\"tools\":[%s],\"stream\":false,\"options\":{\"num_predict\":1}}", toolmodel_weather_tool);
     o = post("/api/chat", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
     json_object_put(o);
@@ -244,7 +187,7 @@ static void history_is_rendered_or_refused(void)
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
              "\"tool_calls\":[{\"function\":{\"name\":\"get_weather\",\"arguments\":{}}}]},"
              "{\"role\":\"tool\",\"content\":\"sunny\"},{\"role\":\"user\",\"content\":\"Rome?\"}],"
-             "\"tools\":[%s],\"max_tokens\":1}", WEATHER_TOOL);
+             "\"tools\":[%s],\"max_tokens\":1}", toolmodel_weather_tool);
     o = post("/v1/chat/completions", body, &st);
     const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
     CHECK_MSG(st == 400 && msg && strstr(msg, "alternate"), "%d %s", st, msg ? msg : "");
@@ -276,7 +219,7 @@ static void forced_named_call_is_one_valid_call(void)
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s,%s],"
                  "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"pick_day\"}},"
                  "\"max_tokens\":400,\"seed\":%d%s}",
-                 WEATHER_TOOL, PICK_TOOL, seed, seed == 0 ? ",\"temperature\":0" : "");
+                 toolmodel_weather_tool, toolmodel_pick_tool, seed, seed == 0 ? ",\"temperature\":0" : "");
         int st;
         json_object *o = post("/v1/chat/completions", body, &st);
         CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
@@ -293,7 +236,7 @@ static void forced_named_call_is_one_valid_call(void)
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Which day?\"}],\"tools\":[%s],"
              "\"tool_choice\":\"required\",\"stream\":false,\"options\":{\"num_predict\":400,"
-             "\"temperature\":0}}", PICK_TOOL);
+             "\"temperature\":0}}", toolmodel_pick_tool);
     int st;
     json_object *o = post("/api/chat", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? json_object_to_json_string(o) : "");
@@ -325,17 +268,7 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    proc_fmt(vocab_path, sizeof vocab_path, "%s/toolsm-vocab.gguf", test_tmpdir());
-    char err[ERR_MAX];
-    gguf_file *vocab = write_vocab(vocab_path) == 0 ? gguf_open(vocab_path, err) : NULL;
-    if (vocab) {
-        modelgen_params mp = {
-            .arch = "llama", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128,
-            .n_ctx = 2048, .type = QTYPE_F32, .seed = 9, .vocab = vocab, .n_threads = 1,
-        };
-        proc_generate_model(model_path, sizeof model_path, "toolsm.gguf", &mp);
-        gguf_close(vocab);
-    }
+    toolmodel_generate("toolsm", CALL_PIECE, NEMO_TEMPLATE, model_path, sizeof model_path);
     RUN(prompt_is_the_templates);
     RUN(array_of_calls_becomes_tool_calls);
     RUN(history_is_rendered_or_refused);
