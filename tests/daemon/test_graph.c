@@ -207,11 +207,28 @@ static void test_refusals(void)
     lp.has_logprobs = 1;
     x.nodes[0].params = &lp;
     CHECK(refused(&x, "node 'ask': logprobs are given by Call and Complete"));
+    /* a reply schema the engine cannot enforce is refused at creation, not at each run */
+    simple(&x);
+    Llms__GenerationParams js = LLMS__GENERATION_PARAMS__INIT;
+    js.has_format = 1;
+    js.format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+    js.json_schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":\"x\"}}}";
+    x.nodes[0].params = &js;
+    CHECK(refused(&x, "node 'ask': json schema: 'pattern' at #/properties/a"));
+    js.json_schema = NULL;
+    CHECK(refused(&x, "node 'ask': format FORMAT_JSON_SCHEMA needs json_schema"));
+    js.format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+    js.json_schema = "{\"type\":\"object\"}";
+    CHECK(refused(&x, "node 'ask': json_schema is given without format FORMAT_JSON_SCHEMA"));
+    js.format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+    char err[ERR_MAX];
+    graph *ok = graph_compile(&x.d, &(graph_limits){.max_nodes = 8, .max_steps = 10}, err);
+    CHECK_MSG(ok, "%s", err);
+    graph_free(ok);
     simple(&x);
     for (int i = 0; i < 7; i++)
         def_gen(&x, "n", "b", "x");
     graph_limits small = {.max_nodes = 4, .max_steps = 10};
-    char err[ERR_MAX];
     CHECK(!graph_compile(&x.d, &small, err) && strstr(err, "graph_max_nodes"));
 }
 

@@ -10,6 +10,7 @@
  */
 #include <signal.h>
 #include <sqlite3.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,42 @@ static void generation_equals_complete(void)
     CHECK(cr.generated_tokens > 0);
     CHECK_EQ(r.timings[1].generated_tokens, cr.generated_tokens);
     llms_result_free(&cr);
+    llms_graph_result_free(&r);
+    llms_close(c);
+}
+
+/* A GraphRun's params may ask for a reply schema: its generation node answers with an
+ * instance (an array of 1..3 integers in 1..9, which closes within the budget whatever
+ * the model prefers). */
+static void graph_run_follows_a_schema(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, "schema");
+    CHECK(c);
+    CHECK_EQ(story_kb_make(c), 0);
+    llms_graph_var in[2] = {{"question", "How many fish did Tom see?"}, {"kb", "stories"}};
+    llms_params p = LLMS_PARAMS_INIT;
+    p.max_tokens = 300; /* 8 runs of at most 20 white space tokens, and 7 of structure */
+    p.format = LLMS_FORMAT_JSON_SCHEMA;
+    p.json_schema = "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,"
+                    "\"maximum\":9},\"minItems\":1,\"maxItems\":3}";
+    /* the node's stop strings (a blank line) would end a reply still in the white space
+     * JSON may begin with: the run's list replaces them */
+    const char *const stop[] = {"@@@"};
+    p.stop = stop;
+    p.n_stop = 1;
+    llms_graph_result r;
+    CHECK_EQ(llms_graph_run(c, "one-shot", in, 2, &p, NULL, NULL, &r), LLMS_OK);
+    json_object *o = json_tokener_parse(r.output);
+    size_t n = json_object_is_type(o, json_type_array) ? json_object_array_length(o) : 0;
+    bool ok = n >= 1 && n <= 3;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_object *x = json_object_array_get_idx(o, i);
+        ok = json_object_is_type(x, json_type_int) && json_object_get_int(x) >= 1 &&
+             json_object_get_int(x) <= 9;
+    }
+    CHECK_MSG(ok, "'%s' is not an instance", r.output);
+    json_object_put(o);
     llms_graph_result_free(&r);
     llms_close(c);
 }
@@ -503,6 +540,7 @@ int main(int argc, char **argv)
     stories = test_data_path("models/stories260K.gguf");
     RUN(builtin_templates);
     RUN(generation_equals_complete);
+    RUN(graph_run_follows_a_schema);
     RUN(kv_reuse_between_nodes);
     RUN(conditional_loop_and_cap);
     RUN(refusals_over_the_wire);
