@@ -318,6 +318,37 @@ static void json_schema_replies_follow_it(void)
     CHECK(stopped * 2 >= runs);
 }
 
+/* Lookup speculation verifies its drafts through the schema's constrained sampler: the
+ * same replies, greedy and seeded, as without it. */
+static void speculation_keeps_schema_replies(void)
+{
+    NEED_DAEMON();
+    for (int seed = 0; seed <= 3; seed++) {
+        char *text[2] = {NULL, NULL}, *finish[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            char body[2048];
+            snprintf(body, sizeof body,
+                     "{\"prompt\":\"The service is described in config.json:\\n\",\"max_tokens\":"
+                     "120,\"seed\":%d,\"speculation\":\"%s\"%s,\"response_format\":{\"type\":"
+                     "\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":" SETTINGS_SCHEMA
+                     "}}}", seed, k ? "lookup" : "off", seed == 0 ? ",\"temperature\":0" : "");
+            int st;
+            json_object *o = httpc_post_json(hsock, "/v1/completions", body, &st);
+            CHECK_MSG(o && st == 200, "seed %d: status %d", seed, st);
+            text[k] = strdup(httpc_jstr(o, "choices.0.text"));
+            finish[k] = strdup(httpc_jstr(o, "choices.0.finish_reason"));
+            json_object_put(o);
+        }
+        CHECK_MSG(!strcmp(text[0], text[1]) && !strcmp(finish[0], finish[1]),
+                  "seed %d: without speculation '%s' (%s), with '%s' (%s)", seed, text[0],
+                  finish[0], text[1], finish[1]);
+        for (int k = 0; k < 2; k++) {
+            free(text[k]);
+            free(finish[k]);
+        }
+    }
+}
+
 /* What cannot be enforced is refused as a 400 naming it; so is a malformed format. */
 static void json_schema_refusals(void)
 {
@@ -514,6 +545,7 @@ int main(int argc, char **argv)
     RUN(streamed_json_equals_whole);
     RUN(speculation_keeps_the_replies);
     RUN(json_schema_replies_follow_it);
+    RUN(speculation_keeps_schema_replies);
     RUN(json_schema_refusals);
     RUN(ollama_format_schema);
     RUN(rag_json_mode_skips_the_qa_bank);
