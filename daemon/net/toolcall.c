@@ -175,51 +175,66 @@ static int read_choice(json_object *body, toolcall_set *ts, const char **named, 
     return -1;
 }
 
-/* The forced call's schema (see toolcall_read) into ts->schema. 0, or -1 with msg. */
+/* The object of a call of function i in the family's syntax: {"name": its name,
+ * args_key: its parameters (none: {})}, both required. NULL out of memory. */
+static json_object *call_schema(const toolcall_set *ts, size_t i)
+{
+    const char *args_key = chat_tool_syntax(ts->family)->args_key;
+    json_object *call = json_object_new_object(), *props = json_object_new_object();
+    json_object *name = json_object_new_object(), *required = json_object_new_array();
+    json_object *args = ts->params[i] ? json_object_get(ts->params[i]) : json_object_new_object();
+    if (!call || !props || !name || !required || !args) {
+        json_object_put(call);
+        json_object_put(props);
+        json_object_put(name);
+        json_object_put(required);
+        json_object_put(args);
+        return NULL;
+    }
+    if (!ts->params[i]) {
+        json_object_object_add(args, "type", json_object_new_string("object"));
+        json_object_object_add(args, "properties", json_object_new_object());
+    }
+    json_object_object_add(name, "const", json_object_new_string(ts->names[i]));
+    json_object_object_add(props, "name", name);
+    json_object_object_add(props, args_key, args);
+    json_object_array_add(required, json_object_new_string("name"));
+    json_object_array_add(required, json_object_new_string(args_key));
+    json_object_object_add(call, "type", json_object_new_string("object"));
+    json_object_object_add(call, "properties", props);
+    json_object_object_add(call, "required", required);
+    return call;
+}
+
+/* The forced call's schema (see toolcall_read) into ts->schema: the call of the function
+ * named, or one of every function's calls (a tagged union: the name, written first,
+ * chooses whose parameters the arguments follow). 0, or -1 with msg. */
 static int forced_schema(toolcall_set *ts, char *msg, size_t cap)
 {
-    const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
-    bool one = ts->forced_fn >= 0 || ts->n == 1;
-    size_t fn = ts->forced_fn >= 0 ? (size_t)ts->forced_fn : 0;
-    json_object *schema = json_object_new_object(), *props = json_object_new_object();
-    json_object *names = json_object_new_array(), *name = json_object_new_object();
-    json_object *required = json_object_new_array();
-    json_object *args = one && ts->params[fn] ? json_object_get(ts->params[fn])
-                                              : json_object_new_object();
-    bool ok = schema && props && names && name && required && args;
-    for (size_t i = 0; ok && i < ts->n; i++)
-        if (!one || i == fn)
-            ok = json_object_array_add(names, json_object_new_string(ts->names[i])) == 0;
-    if (ok && !(one && ts->params[fn])) {
-        /* "required" among several functions: any object; a function without parameters:
-         * none (its arguments are {}) */
-        json_object_object_add(args, "type", json_object_new_string("object"));
-        if (one)
-            json_object_object_add(args, "properties", json_object_new_object());
+    json_object *schema = NULL;
+    if (ts->forced_fn >= 0 || ts->n == 1) {
+        schema = call_schema(ts, ts->forced_fn >= 0 ? (size_t)ts->forced_fn : 0);
+    } else if ((schema = json_object_new_object())) {
+        json_object *calls = json_object_new_array();
+        json_object_object_add(schema, "oneOf", calls);
+        for (size_t i = 0; calls && i < ts->n; i++)
+            if (json_object_array_add(calls, call_schema(ts, i)) < 0 ||
+                !json_object_array_get_idx(calls, i))
+                calls = NULL;
+        if (!calls) {
+            json_object_put(schema);
+            schema = NULL;
+        }
     }
-    if (ok) {
-        json_object_object_add(name, "enum", names);
-        json_object_object_add(props, "name", name);
-        json_object_object_add(props, syn->args_key, args);
-        json_object_array_add(required, json_object_new_string("name"));
-        json_object_array_add(required, json_object_new_string(syn->args_key));
-        json_object_object_add(schema, "type", json_object_new_string("object"));
-        json_object_object_add(schema, "properties", props);
-        json_object_object_add(schema, "required", required);
-        names = name = args = props = required = NULL;
+    if (schema)
         ts->schema = strdup(json_object_to_json_string_ext(
             schema, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
-        ok = ts->schema != NULL;
-    }
     json_object_put(schema);
-    json_object_put(props);
-    json_object_put(names);
-    json_object_put(name);
-    json_object_put(required);
-    json_object_put(args);
-    if (!ok)
+    if (!ts->schema) {
         snprintf(msg, cap, "out of memory");
-    return ok ? 0 : -1;
+        return -1;
+    }
+    return 0;
 }
 
 /* tools[i]: {"type": "function", "function": {"name", "description"?, "parameters"?}};

@@ -48,8 +48,9 @@ typedef struct toolcall_set {
  * A forced tool_choice ("required", or {"type": "function", "function": {"name"}}) gets
  * ts->schema: the call's object in the family's syntax ({"name", "arguments"} or llama3's
  * "parameters"), its name one of the functions (or the one named), its arguments of that
- * function's parameters schema (any object when "required" leaves several functions). The
- * reply decoded against it is one call: the rendered prompt ends with the call's opening.
+ * function's parameters schema (with "required" among several, one of their calls: the
+ * name, written first, chooses). The reply decoded against it is one call: the rendered
+ * prompt ends with the call's opening.
  */
 int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char *msg, size_t cap);
 void toolcall_set_free(toolcall_set *ts);

@@ -82,8 +82,32 @@ static jsonmask_frame *top(jsonmask_state *s)
     return &s->frame[s->depth - 1];
 }
 
+/* The tag of a tagged union's object is whole (an enum value: the first spelling of
+ * s->cand): the object goes on as the alternative that has that value, after its tag. */
+static void tag_chosen(jsonmask_state *s)
+{
+    const jsonschema *sc = s->schema;
+    jsonmask_frame *f = top(s);
+    const jsonschema_node *u = node_at(s, node_at(s, f->node)->items);
+    jsonschema_text got = sc->spellings[(uint32_t)s->cand];
+    for (uint16_t i = 0; i < u->n; i++) {
+        uint16_t alt = sc->alts[u->first + i];
+        const jsonschema_node *tag = node_at(s, sc->props[node_at(s, alt)->first].value);
+        for (uint16_t k = 0; k < tag->n; k++) {
+            jsonschema_text t = sc->spellings[tag->first + k];
+            if (t.len == got.len &&
+                memcmp(jsonschema_bytes(sc, t), jsonschema_bytes(sc, got), t.len) == 0) {
+                f->node = alt;
+                f->next = 1;
+                return;
+            }
+        }
+    }
+}
+
 /* A value ended: the container it is in takes ',' or its closer next (an array counts
- * it); the top-level value itself ending completes the text. */
+ * it; a tag head turns into the alternative its tag names); the top-level value itself
+ * ending completes the text. */
 static void value_done(jsonmask_state *s)
 {
     if (s->depth == 0) {
@@ -92,6 +116,8 @@ static void value_done(jsonmask_state *s)
     }
     if (in_array(s) && top(s)->next < JSONSCHEMA_COUNT_MAX)
         top(s)->next++;
+    else if (s->mode == M_ENUM && !in_array(s) && node_at(s, top(s)->node)->tag_head)
+        tag_chosen(s);
     s->mode = M_AFTER;
 }
 
@@ -452,6 +478,8 @@ static bool value_start(jsonmask_state *s, uint8_t c)
         s->pos = 0;
         return enum_narrow(s, c);
     }
+    if (n->shape == JSONSCHEMA_TAGGED)
+        s->node = n->items; /* its tag head until the tag is read */
     switch (c) {
     case '{':
         return open_container(s, false);

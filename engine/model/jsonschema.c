@@ -628,6 +628,80 @@ static uint8_t start_class(uint8_t kinds)
                                         : kinds;
 }
 
+/* Whether node id can be an alternative of a tagged union: a closed object, filled,
+ * whose first property is required and a const or enum of strings. */
+static bool taggable(builder *b, uint16_t id)
+{
+    const jsonschema *s = b->s;
+    const jsonschema_node *n = &s->nodes[id];
+    if (!b->done[id] || n->shape != JSONSCHEMA_TYPED || n->kinds != JSONSCHEMA_OBJECT ||
+        n->free_object || n->n == 0 || !(n->required & 1))
+        return false;
+    const jsonschema_node *tag = &s->nodes[s->props[n->first].value];
+    return tag->shape == JSONSCHEMA_ENUM && tag->kinds == JSONSCHEMA_STRING;
+}
+
+static bool texts_equal(const jsonschema *s, jsonschema_text a, jsonschema_text b)
+{
+    return a.len == b.len && memcmp(jsonschema_bytes(s, a), jsonschema_bytes(s, b), a.len) == 0;
+}
+
+/* The n objects of a union (objs) as one tagged union: its node in *out, its head (the
+ * tag property alone, of every alternative's tag values) beside it. */
+static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char *key,
+                          const char *where, uint16_t *out)
+{
+    jsonschema *s = b->s;
+    uint32_t n_tags = 0;
+    for (size_t i = 0; i < n; i++) {
+        const jsonschema_node *o = &s->nodes[objs[i]];
+        if (!taggable(b, objs[i]) ||
+            !texts_equal(s, s->props[o->first].name, s->props[s->nodes[objs[0]].first].name))
+            return err_set(b->err, "json schema: the objects of '%s' at %s are no tagged union "
+                                   "(each closed, its first property required, of one name in "
+                                   "all, a const or enum of strings)", key, where);
+        n_tags += s->nodes[s->props[o->first].value].n;
+    }
+    uint16_t tagged, head, tags;
+    if (new_node(b, where, &tagged) || new_node(b, where, &head) || new_node(b, where, &tags))
+        return -1;
+    if (grow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
+             n_tags) ||
+        grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, 1) ||
+        grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n))
+        return oom(b);
+    /* the head's tag: every alternative's values, sorted; none in two alternatives */
+    uint32_t first = s->n_spellings;
+    for (size_t i = 0; i < n; i++) {
+        const jsonschema_node *tag = &s->nodes[s->props[s->nodes[objs[i]].first].value];
+        for (uint16_t k = 0; k < tag->n; k++)
+            s->spellings[s->n_spellings++] = s->spellings[tag->first + k];
+    }
+    qsort_r(s->spellings + first, n_tags, sizeof *s->spellings, spelling_cmp, s);
+    for (uint32_t k = first + 1; k < first + n_tags; k++)
+        if (texts_equal(s, s->spellings[k - 1], s->spellings[k]))
+            return err_set(b->err, "json schema: two objects of '%s' at %s have one tag value",
+                           key, where);
+    s->nodes[tags] = (jsonschema_node){.shape = JSONSCHEMA_ENUM, .kinds = JSONSCHEMA_STRING,
+                                       .first = first, .n = (uint16_t)n_tags};
+    s->props[s->n_props] = (jsonschema_prop){s->props[s->nodes[objs[0]].first].name, tags};
+    jsonschema_node *h = &s->nodes[head];
+    h->kinds = JSONSCHEMA_OBJECT;
+    h->free_object = false;
+    h->tag_head = true;
+    h->items = tagged;
+    h->first = s->n_props++;
+    h->n = 1;
+    h->required = 1;
+    memcpy(s->alts + s->n_alts, objs, n * sizeof *objs);
+    s->nodes[tagged] = (jsonschema_node){.shape = JSONSCHEMA_TAGGED, .kinds = JSONSCHEMA_OBJECT,
+                                         .items = head, .first = s->n_alts, .n = (uint16_t)n};
+    s->n_alts += (uint32_t)n;
+    b->done[tagged] = b->done[head] = b->done[tags] = true;
+    *out = tagged;
+    return 0;
+}
+
 static int compile_union(builder *b, json_object *alts, const char *key, const char *where,
                          uint16_t id)
 {
@@ -636,38 +710,51 @@ static int compile_union(builder *b, json_object *alts, const char *key, const c
         json_object_array_length(alts) > JSONSCHEMA_PROPS_MAX)
         return err_set(b->err, "json schema: '%s' at %s is not a list of 1..%d schemas", key,
                        where, JSONSCHEMA_PROPS_MAX);
-    size_t n = json_object_array_length(alts);
-    uint16_t node[JSONSCHEMA_PROPS_MAX];
-    uint8_t seen = 0, kinds = 0;
+    size_t n = json_object_array_length(alts), n_node = 0, n_objs = 0;
+    uint16_t node[JSONSCHEMA_PROPS_MAX], objs[JSONSCHEMA_PROPS_MAX];
     for (size_t i = 0; i < n; i++) {
         char at[WHERE_MAX], idx[24];
         snprintf(idx, sizeof idx, "%zu", i);
         where_join(at, where, key);
         char at2[WHERE_MAX];
         where_join(at2, at, idx);
-        if (compile_node(b, json_object_array_get_idx(alts, i), at2, &node[i]))
+        uint16_t alt;
+        if (compile_node(b, json_object_array_get_idx(alts, i), at2, &alt))
             return -1;
-        uint8_t k = s->nodes[node[i]].kinds;
-        if (!b->done[node[i]] && k == JSONSCHEMA_ANY_KIND)
+        uint8_t k = s->nodes[alt].kinds;
+        if (!b->done[alt] && k == JSONSCHEMA_ANY_KIND)
             return err_set(b->err, "json schema: '%s' at %s leads back to itself", key, where);
+        if (k == JSONSCHEMA_OBJECT && s->nodes[alt].shape == JSONSCHEMA_TYPED)
+            objs[n_objs++] = alt;
+        else
+            node[n_node++] = alt;
+    }
+    /* several objects: one tagged union among the other alternatives */
+    if (n_objs > 1 && compile_tagged(b, objs, n_objs, key, where, &node[n_node++]))
+        return -1;
+    if (n_objs == 1)
+        node[n_node++] = objs[0];
+    uint8_t seen = 0, kinds = 0;
+    for (size_t i = 0; i < n_node; i++) {
+        uint8_t k = s->nodes[node[i]].kinds;
         if (start_class(k) & seen)
             return err_set(b->err, "json schema: the alternatives of '%s' at %s are not told "
                                    "apart by their first byte (two of one kind)", key, where);
         seen |= start_class(k);
         kinds |= k;
     }
-    if (n == 1)
+    if (n_node == 1)
         return copy_node(b, node[0], id, where);
-    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n))
+    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n_node))
         return oom(b);
-    memcpy(s->alts + s->n_alts, node, n * sizeof *node);
+    memcpy(s->alts + s->n_alts, node, n_node * sizeof *node);
     jsonschema_node *u = &s->nodes[id];
     *u = any_node;
     u->shape = JSONSCHEMA_UNION;
     u->kinds = kinds;
     u->first = s->n_alts;
-    u->n = (uint16_t)n;
-    s->n_alts += (uint32_t)n;
+    u->n = (uint16_t)n_node;
+    s->n_alts += (uint32_t)n_node;
     return 0;
 }
 
@@ -768,7 +855,7 @@ int jsonschema_compile(const char *text, size_t len, jsonschema **out, char err[
     }
     if (rc == 0) {
         const jsonschema_node *root = &s->nodes[s->root];
-        if (root->shape != JSONSCHEMA_TYPED ||
+        if (root->shape == JSONSCHEMA_ENUM ||
             (root->kinds & ~(JSONSCHEMA_OBJECT | JSONSCHEMA_ARRAY)) || !root->kinds)
             rc = err_set(err, "json schema: the top-level value must be an object or an array "
                               "(give its 'type')");

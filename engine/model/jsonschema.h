@@ -21,7 +21,10 @@
  *     them (a string with its quotes and minimal escapes);
  *   - anyOf / oneOf whose alternatives start with different bytes: their kinds differ
  *     (integer and number count as one); an enum's kinds are its values'. Optional[X]
- *     (X or null) is the usual case;
+ *     (X or null) is the usual case. Objects among them may be several when they are a
+ *     tagged union: each a closed object whose first property, required, has the same
+ *     name in all and a const or enum of strings no other alternative has (Pydantic's
+ *     discriminated unions, a tool call's name); the tag, written first, chooses;
  *   - allOf of one schema; $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
  *     (recursion included); true and {} (any value);
  *   - annotations are read past: title, description, default, examples, $schema, $id,
@@ -70,16 +73,21 @@ enum jsonschema_shape {
     JSONSCHEMA_TYPED, /* kinds, with the constraints of each */
     JSONSCHEMA_ENUM,  /* one of n spellings */
     JSONSCHEMA_UNION, /* one of n alternatives, chosen by the value's first byte */
+    JSONSCHEMA_TAGGED, /* one of n objects, chosen by their first property's value: read
+                          as `items` (a tag head) until the tag is whole */
 };
 
 typedef struct jsonschema_node {
     uint8_t shape;        /* enum jsonschema_shape */
     uint8_t kinds;        /* JSONSCHEMA_* kinds the value may be (an enum's: its values') */
     bool free_object;     /* object: any keys (each value of node `items`), no properties */
+    bool tag_head;        /* object: the tag property alone of the tagged union `items`,
+                             whose alternative the tag's value then names */
     bool has_min, has_max; /* integer bounds */
     bool has_nmin, has_nmax; /* number bounds */
     bool nmin_excl, nmax_excl; /* number bounds that exclude their value */
-    uint16_t items;       /* array: each item's node; free object: each value's node */
+    uint16_t items;       /* array: each item's node; free object: each value's node; tag
+                             head: its tagged union; tagged union: its tag head */
     uint16_t n;           /* properties (closed object), spellings (enum), alternatives */
     uint32_t first;       /* the first of them in props, spellings or alts */
     uint64_t required;    /* closed object: bit i: property i is required */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/net/toolcall.h"
+#include "engine/model/jsonmask.h"
 #include "engine/model/jsonschema.h"
 #include "tests/support/test.h"
 
@@ -208,7 +209,7 @@ static void forced_choice_builds_the_schema(void)
         char msg[256], err[ERR_MAX];
         CHECK_EQ(toolcall_read(body, fams[f].family, &ts, msg, sizeof msg), 0);
         CHECK(ts.forced && ts.forced_fn == 0);
-        CHECK_MSG(ts.schema && strstr(ts.schema, "{\"enum\":[\"get_weather\"]}") &&
+        CHECK_MSG(ts.schema && strstr(ts.schema, "{\"const\":\"get_weather\"}") &&
                       strstr(ts.schema, fams[f].args_key) && strstr(ts.schema, "\"city\""),
                   "%s", ts.schema ? ts.schema : "(none)");
         jsonschema *js = NULL;
@@ -240,16 +241,37 @@ static void forced_choice_builds_the_schema(void)
         toolcall_set_free(&ts);
         json_object_put(body);
     }
-    /* "required" among two functions: any object as arguments; without tools: refused */
+    /* "required" among two functions: one of their calls, the name choosing whose
+     * parameters the arguments follow (a tagged union); without tools: refused */
     json_object *body = json_tokener_parse(
-        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":"
-        "\"function\",\"function\":{\"name\":\"b\"}}],\"tool_choice\":\"required\"}");
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"b\"}}],\"tool_choice\":\"required\"}");
     toolcall_set ts;
-    char msg[256];
+    char msg[256], err[ERR_MAX];
     CHECK_EQ(toolcall_read(body, CHAT_CHATML, &ts, msg, sizeof msg), 0);
     CHECK(ts.forced && ts.forced_fn == TOOLCALL_ANY_FN);
-    CHECK_MSG(strstr(ts.schema, "{\"enum\":[\"a\",\"b\"]}") &&
-                  strstr(ts.schema, "\"arguments\":{\"type\":\"object\"}"), "%s", ts.schema);
+    jsonschema *js = NULL;
+    CHECK_MSG(jsonschema_compile(ts.schema, strlen(ts.schema), &js, err) == 0, "%s: %s",
+              ts.schema, err);
+    static const struct {
+        const char *reply;
+        bool valid;
+    } replies[] = {
+        {"{\"name\": \"a\", \"arguments\": {\"x\": 3}}", true},
+        {"{\"name\": \"b\", \"arguments\": {}}", true},
+        {"{\"name\": \"a\", \"arguments\": {}}", false},       /* a's x is required */
+        {"{\"name\": \"b\", \"arguments\": {\"x\": 3}}", false}, /* b takes none */
+        {"{\"name\": \"c\"", false},
+    };
+    for (size_t i = 0; js && i < sizeof replies / sizeof *replies; i++) {
+        jsonmask_state st;
+        jsonmask_init_schema(&st, js);
+        bool whole = jsonmask_feed(&st, replies[i].reply, strlen(replies[i].reply)) &&
+                     jsonmask_complete(&st);
+        CHECK_MSG(whole == replies[i].valid, "%s: %d", replies[i].reply, whole);
+    }
+    jsonschema_free(js);
     toolcall_set_free(&ts);
     json_object_put(body);
     body = json_tokener_parse("{\"tool_choice\":\"required\"}");

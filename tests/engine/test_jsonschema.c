@@ -41,6 +41,15 @@ static void refusals_name_the_keyword(void)
          "{\"type\":\"number\"}]}}}", "not told apart"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/missing\"}}}",
          "names nothing"},
+        {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},"
+         "\"required\":[\"t\"]},{\"type\":\"object\",\"properties\":{\"u\":{\"const\":\"b\"}},"
+         "\"required\":[\"u\"]}]}", "are no tagged union"},
+        {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"a\",\"b\"]}},"
+         "\"required\":[\"t\"]},{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"b\"}},"
+         "\"required\":[\"t\"]}]}", "have one tag value"},
+        {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}}},"
+         "{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"b\"}},\"required\":[\"t\"]}]}",
+         "are no tagged union"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"http://x/y\"}}}",
          "only references inside"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}",
@@ -244,6 +253,27 @@ static void unions_choose_by_first_byte(void)
                "\"array\",\"items\":{\"type\":\"number\"}},{\"type\":\"object\",\"properties\":"
                "{\"k\":{\"type\":\"integer\"}}}]}}",
                {"[\"a\",[1.5,-2e3],{\"k\":1},{}]", 1}, {"[\"c\"", -1}, {"[{\"j\"", -1});
+}
+
+/* Objects among alternatives: a tagged union, the tag (the first property) choosing. */
+static void tagged_unions_choose_by_their_tag(void)
+{
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"oneOf\":[{\"type\":\"object\",\"properties\":"
+               "{\"kind\":{\"const\":\"cat\"},\"meows\":{\"type\":\"integer\",\"minimum\":0}},"
+               "\"required\":[\"kind\",\"meows\"]},{\"type\":\"object\",\"properties\":{\"kind\":"
+               "{\"enum\":[\"dog\",\"wolf\"]},\"barks\":{\"type\":\"boolean\"}},\"required\":"
+               "[\"kind\"]},{\"type\":\"null\"}]}}",
+               {"[{\"kind\":\"cat\",\"meows\":3},{\"kind\":\"dog\",\"barks\":true},"
+                "{\"kind\" : \"wolf\"},null]", 1},
+               {"[{\"kind\":\"cat\",\"barks\"", -1}, {"[{\"kind\":\"dog\",\"meows\"", -1},
+               {"[{\"meows\"", -1}, {"[{\"kind\":\"cow\"", -1}, {"[{\"kind\":\"cat\"}]", -1},
+               {"[{}]", -1}, {"[{\"kind\":\"wolf\"}]", 1});
+    /* all alternatives objects: the union is the top-level value itself */
+    CHECK_DOCS("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"op\":{\"const\":\"add\"},"
+               "\"n\":{\"type\":\"integer\"}},\"required\":[\"op\",\"n\"]},{\"type\":\"object\","
+               "\"properties\":{\"op\":{\"const\":\"clear\"}},\"required\":[\"op\"]}]}",
+               {"{\"op\":\"add\",\"n\":2}", 1}, {"{\"op\":\"clear\"}", 1},
+               {"{\"op\":\"clear\",\"n\"", -1}, {"{\"op\":\"add\"}", -1});
 }
 
 static void references_and_recursion(void)
@@ -455,6 +485,12 @@ static const char *const walk_schemas[] = {
     "\"number\",\"minimum\":0,\"maximum\":1},\"t\":{\"type\":\"number\",\"exclusiveMinimum\":"
     "-40.5,\"exclusiveMaximum\":-2},\"big\":{\"type\":[\"number\",\"null\"],\"minimum\":1e6}},"
     "\"required\":[\"p\",\"t\",\"big\"]}}",
+    "{\"$defs\":{\"shape\":{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":"
+    "\"circle\"},\"r\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":10}},\"required\":"
+    "[\"kind\",\"r\"]},{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"group\",\"g\"]},"
+    "\"of\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/shape\"},\"maxItems\":2}},"
+    "\"required\":[\"kind\",\"of\"]},{\"type\":\"string\",\"maxLength\":2}]}},\"type\":\"array\","
+    "\"items\":{\"$ref\":\"#/$defs/shape\"}}",
     "{\"type\":\"object\"}",
 };
 
@@ -525,6 +561,7 @@ int main(void)
     RUN(numbers_keep_their_bounds);
     RUN(enums_and_consts);
     RUN(unions_choose_by_first_byte);
+    RUN(tagged_unions_choose_by_their_tag);
     RUN(references_and_recursion);
     RUN(random_walks_end_valid);
     return test_finish();
