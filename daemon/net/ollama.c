@@ -317,8 +317,7 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     if (json_object_is_type(v, json_type_object)) {
         p->has_format = 1;
         p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
-        p->json_schema = (char *)json_object_to_json_string_ext(
-            v, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        p->json_schema = (char *)http_json_text(v);
         return 0;
     }
     if (json_object_is_type(v, json_type_string) && strcmp(json_object_get_string(v), "json") == 0) {

@@ -833,14 +833,6 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
     return 1;
 }
 
-/* The JSON text of a schema object in body: json-c keeps it in the object, so it lives
- * as long as body, as the request's other strings do. */
-static const char *schema_text(json_object *schema)
-{
-    return json_object_to_json_string_ext(schema, JSON_C_TO_STRING_PLAIN |
-                                                      JSON_C_TO_STRING_NOSLASHESCAPE);
-}
-
 /* OpenAI's response_format into p: {"type": "text"} (or null) is free text,
  * {"type": "json_object"} JSON mode, {"type": "json_schema", "json_schema": {"schema":
  * {...}}} JSON mode following the schema (name, description and strict are read past:
@@ -882,8 +874,10 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     p->format = schema                      ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA
                 : strcmp(name, "text") == 0 ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
                                             : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+    /* json-c keeps the text in the object: it lives as long as body, as the request's
+     * other strings do */
     if (schema)
-        p->json_schema = (char *)schema_text(schema);
+        p->json_schema = (char *)http_json_text(schema);
     return 0;
 }
 
