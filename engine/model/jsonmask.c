@@ -93,15 +93,12 @@ static void tag_chosen(jsonmask_state *s)
     for (uint16_t i = 0; i < u->n; i++) {
         uint16_t alt = sc->alts[u->first + i];
         const jsonschema_node *tag = node_at(s, sc->props[node_at(s, alt)->first].value);
-        for (uint16_t k = 0; k < tag->n; k++) {
-            jsonschema_text t = sc->spellings[tag->first + k];
-            if (t.len == got.len &&
-                memcmp(jsonschema_bytes(sc, t), jsonschema_bytes(sc, got), t.len) == 0) {
+        for (uint16_t k = 0; k < tag->n; k++)
+            if (jsonschema_texts_equal(sc, sc->spellings[tag->first + k], got)) {
                 f->node = alt;
                 f->next = 1;
                 return;
             }
-        }
     }
 }
 

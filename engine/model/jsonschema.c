@@ -641,11 +641,6 @@ static bool taggable(builder *b, uint16_t id)
     return tag->shape == JSONSCHEMA_ENUM && tag->kinds == JSONSCHEMA_STRING;
 }
 
-static bool texts_equal(const jsonschema *s, jsonschema_text a, jsonschema_text b)
-{
-    return a.len == b.len && memcmp(jsonschema_bytes(s, a), jsonschema_bytes(s, b), a.len) == 0;
-}
-
 /* The n objects of a union (objs) as one tagged union: its node in *out, its head (the
  * tag property alone, of every alternative's tag values) beside it. */
 static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char *key,
@@ -655,8 +650,8 @@ static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char
     uint32_t n_tags = 0;
     for (size_t i = 0; i < n; i++) {
         const jsonschema_node *o = &s->nodes[objs[i]];
-        if (!taggable(b, objs[i]) ||
-            !texts_equal(s, s->props[o->first].name, s->props[s->nodes[objs[0]].first].name))
+        jsonschema_text tag_name = s->props[s->nodes[objs[0]].first].name;
+        if (!taggable(b, objs[i]) || !jsonschema_texts_equal(s, s->props[o->first].name, tag_name))
             return err_set(b->err, "json schema: the objects of '%s' at %s are no tagged union "
                                    "(each closed, its first property required, of one name in "
                                    "all, a const or enum of strings)", key, where);
@@ -679,7 +674,7 @@ static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char
     }
     qsort_r(s->spellings + first, n_tags, sizeof *s->spellings, spelling_cmp, s);
     for (uint32_t k = first + 1; k < first + n_tags; k++)
-        if (texts_equal(s, s->spellings[k - 1], s->spellings[k]))
+        if (jsonschema_texts_equal(s, s->spellings[k - 1], s->spellings[k]))
             return err_set(b->err, "json schema: two objects of '%s' at %s have one tag value",
                            key, where);
     s->nodes[tags] = (jsonschema_node){.shape = JSONSCHEMA_ENUM, .kinds = JSONSCHEMA_STRING,

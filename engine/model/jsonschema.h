@@ -41,6 +41,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/err.h"
 
@@ -136,6 +137,13 @@ void jsonschema_free(jsonschema *s);
 static inline const uint8_t *jsonschema_bytes(const jsonschema *s, jsonschema_text t)
 {
     return (const uint8_t *)s->text + t.off;
+}
+
+/* Whether a and b are the same bytes. */
+static inline bool jsonschema_texts_equal(const jsonschema *s, jsonschema_text a,
+                                          jsonschema_text b)
+{
+    return a.len == b.len && memcmp(jsonschema_bytes(s, a), jsonschema_bytes(s, b), a.len) == 0;
 }
 
 #endif
