@@ -7,8 +7,8 @@
  * are the settings' and llmsctl's. Errors are ollama's {"error": "..."}.
  *
  * What ollama does that llmsd does not is refused naming the field (images, a
- * template of the request's own, suffix, context tokens, a JSON schema as "format",
- * Mirostat and the other samplers llmsd lacks), as the OpenAI routes refuse theirs: a
+ * template of the request's own, suffix, context tokens, Mirostat and the other
+ * samplers llmsd lacks), as the OpenAI routes refuse theirs: a
  * reply that ignored them would pass for one that honoured them. What only concerns how
  * ollama runs its models (keep_alive, num_gpu, num_thread, ...) is read and ignored:
  * llmsd keeps its models loaded and runs them its own way. A chat's tools are
