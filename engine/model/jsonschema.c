@@ -126,7 +126,9 @@ static void where_join(char out[WHERE_MAX], const char *where, const char *key)
 
 static const char *const annotations[] = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment",
-    "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions", NULL,
+    "deprecated", "readOnly", "writeOnly", "format", "$defs", "definitions",
+    "discriminator", /* OpenAPI's, beside a tagged union: its propertyName is read there */
+    NULL,
 };
 
 static const char *const constraints[] = {
@@ -155,8 +157,9 @@ static int check_keywords(builder *b, json_object *sch, const char *where, const
             continue;
         if (!listed(constraints, key))
             return err_set(b->err, "json schema: '%s' at %s is not supported", key, where);
-        if (alone && strcmp(key, alone) &&
-            !(!strcmp(alone, "enum") && !strcmp(key, "type")))
+        bool typed_values = alone && (!strcmp(alone, "enum") || !strcmp(alone, "const")) &&
+                            !strcmp(key, "type");
+        if (alone && strcmp(key, alone) && !typed_values)
             return err_set(b->err, "json schema: '%s' beside '%s' at %s is not supported", key,
                            alone, where);
     }
@@ -579,10 +582,28 @@ static uint8_t kind_of_value(json_object *v)
     }
 }
 
-static int compile_enum(builder *b, json_object *values, bool is_const, const char *where,
+/* Whether v is of kinds; an integral double (3.0) is an integer, as JSON Schema reads it. */
+static bool value_of_kinds(json_object *v, uint8_t kinds)
+{
+    uint8_t k = kind_of_value(v);
+    if (k == JSONSCHEMA_NUMBER && (kinds & JSONSCHEMA_INTEGER)) {
+        double d = json_object_get_double(v);
+        return d == (double)(int64_t)d;
+    }
+    return (k & kinds) != 0;
+}
+
+/* Node id from an enum, or a const, of scalars; a 'type' beside it keeps only the values
+ * of that type (Pydantic writes a Literal as a const beside its type). */
+static int compile_enum(builder *b, json_object *sch, bool is_const, const char *where,
                         uint16_t id)
 {
     jsonschema *s = b->s;
+    json_object *values = json_object_object_get(sch, is_const ? "const" : "enum");
+    json_object *type;
+    uint8_t typed = JSONSCHEMA_ANY_KIND;
+    if (json_object_object_get_ex(sch, "type", &type) && kinds_of_type(b, type, where, &typed))
+        return -1;
     if (!is_const && !json_object_is_type(values, json_type_array))
         return err_set(b->err, "json schema: 'enum' at %s is not a list", where);
     size_t n = is_const ? 1 : json_object_array_length(values);
@@ -594,17 +615,24 @@ static int compile_enum(builder *b, json_object *values, bool is_const, const ch
         return oom(b);
     uint32_t first = s->n_spellings;
     uint8_t kinds = 0;
+    size_t n_typed = 0;
     for (size_t i = 0; i < n; i++) {
         json_object *v = is_const ? values : json_object_array_get_idx(values, i);
         uint8_t k = kind_of_value(v);
         if (!k)
             return err_set(b->err, "json schema: an object or list in 'enum' or 'const' at %s "
                                    "is not supported", where);
+        if (!value_of_kinds(v, typed))
+            continue;
         kinds |= k;
         const char *sp = spelling_of(v);
-        if (add_text(b, sp, strlen(sp), &s->spellings[first + i]))
+        if (add_text(b, sp, strlen(sp), &s->spellings[first + n_typed++]))
             return -1;
     }
+    if (n_typed == 0)
+        return err_set(b->err, "json schema: no value of '%s' at %s is of its 'type'",
+                       is_const ? "const" : "enum", where);
+    n = n_typed;
     qsort_r(s->spellings + first, n, sizeof *s->spellings, spelling_cmp, s);
     uint32_t kept = 1;
     for (size_t i = 1; i < n; i++)
@@ -628,34 +656,104 @@ static uint8_t start_class(uint8_t kinds)
                                         : kinds;
 }
 
-/* Whether node id can be an alternative of a tagged union: a closed object, filled,
- * whose first property is required and a const or enum of strings. */
-static bool taggable(builder *b, uint16_t id)
+/* The index of property `name` in node id if id can be an alternative of a tagged union
+ * on it: a closed object, filled, where `name` is required and a const or enum of strings;
+ * else -1. */
+static int tag_index(builder *b, uint16_t id, jsonschema_text name)
 {
     const jsonschema *s = b->s;
     const jsonschema_node *n = &s->nodes[id];
     if (!b->done[id] || n->shape != JSONSCHEMA_TYPED || n->kinds != JSONSCHEMA_OBJECT ||
-        n->free_object || n->n == 0 || !(n->required & 1))
-        return false;
-    const jsonschema_node *tag = &s->nodes[s->props[n->first].value];
-    return tag->shape == JSONSCHEMA_ENUM && tag->kinds == JSONSCHEMA_STRING;
+        n->free_object)
+        return -1;
+    for (int i = 0; i < n->n; i++) {
+        const jsonschema_prop *p = &s->props[n->first + (uint32_t)i];
+        if (!jsonschema_texts_equal(s, p->name, name))
+            continue;
+        const jsonschema_node *tag = &s->nodes[p->value];
+        bool ok = (n->required >> i & 1) && tag->shape == JSONSCHEMA_ENUM &&
+                  tag->kinds == JSONSCHEMA_STRING;
+        return ok ? i : -1;
+    }
+    return -1;
+}
+
+/* The tag's name, in *name: `named` (a discriminator's propertyName) when given, else the
+ * first property of objs[0] that every object can be tagged on. 1 found, 0 none, -1 error. */
+static int find_tag(builder *b, const uint16_t *objs, size_t n, const char *named,
+                    jsonschema_text *name)
+{
+    jsonschema *s = b->s;
+    const jsonschema_node *o = &s->nodes[objs[0]];
+    for (uint16_t c = 0; c < (named ? 1 : o->n); c++) {
+        if (named) {
+            json_object *key = json_object_new_string(named);
+            const char *spelled = key ? spelling_of(key) : NULL;
+            int rc = spelled ? add_text(b, spelled + 1, strlen(spelled) - 2, name) : oom(b);
+            json_object_put(key);
+            if (rc)
+                return -1;
+        } else {
+            *name = s->props[o->first + c].name;
+        }
+        size_t i = 0;
+        while (i < n && tag_index(b, objs[i], *name) >= 0)
+            i++;
+        if (i == n)
+            return 1;
+    }
+    return 0;
+}
+
+/* Object node *id with property `at` moved first (keys may come in any order, and the
+ * recogniser reads a tagged union's tag first): a new node, so that the original keeps
+ * its order wherever else it is used. */
+static int tag_first(builder *b, uint16_t *id, int at, const char *where)
+{
+    if (at == 0)
+        return 0;
+    jsonschema *s = b->s;
+    uint16_t copy;
+    if (new_node(b, where, &copy))
+        return -1;
+    jsonschema_node n = s->nodes[*id];
+    if (grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, n.n))
+        return oom(b);
+    jsonschema_prop *to = &s->props[s->n_props];
+    to[0] = s->props[n.first + (uint32_t)at];
+    for (int i = 0, k = 1; i < n.n; i++)
+        if (i != at)
+            to[k++] = s->props[n.first + (uint32_t)i];
+    uint64_t below = (UINT64_C(1) << at) - 1;
+    n.required = 1 | (n.required & below) << 1 | (n.required & ~below & ~(UINT64_C(1) << at));
+    n.first = s->n_props;
+    s->n_props += n.n;
+    s->nodes[copy] = n;
+    b->done[copy] = true;
+    *id = copy;
+    return 0;
 }
 
 /* The n objects of a union (objs) as one tagged union: its node in *out, its head (the
  * tag property alone, of every alternative's tag values) beside it. */
-static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char *key,
-                          const char *where, uint16_t *out)
+static int compile_tagged(builder *b, uint16_t *objs, size_t n, const char *named,
+                          const char *key, const char *where, uint16_t *out)
 {
     jsonschema *s = b->s;
+    jsonschema_text tag_name;
+    int found = find_tag(b, objs, n, named, &tag_name);
+    if (found < 0)
+        return -1;
+    if (!found)
+        return err_set(b->err, "json schema: the objects of '%s' at %s are no tagged union "
+                               "(each closed, with one property%s%s%s required in all, a const "
+                               "or enum of strings)", key, where, named ? " '" : "",
+                       named ? named : "", named ? "'" : "");
     uint32_t n_tags = 0;
     for (size_t i = 0; i < n; i++) {
-        const jsonschema_node *o = &s->nodes[objs[i]];
-        jsonschema_text tag_name = s->props[s->nodes[objs[0]].first].name;
-        if (!taggable(b, objs[i]) || !jsonschema_texts_equal(s, s->props[o->first].name, tag_name))
-            return err_set(b->err, "json schema: the objects of '%s' at %s are no tagged union "
-                                   "(each closed, its first property required, of one name in "
-                                   "all, a const or enum of strings)", key, where);
-        n_tags += s->nodes[s->props[o->first].value].n;
+        if (tag_first(b, &objs[i], tag_index(b, objs[i], tag_name), where))
+            return -1;
+        n_tags += s->nodes[s->props[s->nodes[objs[i]].first].value].n;
     }
     uint16_t tagged, head, tags;
     if (new_node(b, where, &tagged) || new_node(b, where, &head) || new_node(b, where, &tags))
@@ -697,10 +795,16 @@ static int compile_tagged(builder *b, const uint16_t *objs, size_t n, const char
     return 0;
 }
 
-static int compile_union(builder *b, json_object *alts, const char *key, const char *where,
+/* anyOf or oneOf (key) at sch; an OpenAPI discriminator beside it names the tag. */
+static int compile_union(builder *b, json_object *sch, const char *key, const char *where,
                          uint16_t id)
 {
     jsonschema *s = b->s;
+    json_object *alts = json_object_object_get(sch, key), *disc, *named = NULL;
+    if (json_object_object_get_ex(sch, "discriminator", &disc) &&
+        (!json_object_object_get_ex(disc, "propertyName", &named) ||
+         !json_object_is_type(named, json_type_string)))
+        return err_set(b->err, "json schema: 'discriminator' at %s has no propertyName", where);
     if (!json_object_is_type(alts, json_type_array) || json_object_array_length(alts) == 0 ||
         json_object_array_length(alts) > JSONSCHEMA_PROPS_MAX)
         return err_set(b->err, "json schema: '%s' at %s is not a list of 1..%d schemas", key,
@@ -725,7 +829,8 @@ static int compile_union(builder *b, json_object *alts, const char *key, const c
             node[n_node++] = alt;
     }
     /* several objects: one tagged union among the other alternatives */
-    if (n_objs > 1 && compile_tagged(b, objs, n_objs, key, where, &node[n_node++]))
+    if (n_objs > 1 && compile_tagged(b, objs, n_objs, named ? json_object_get_string(named) : NULL,
+                                     key, where, &node[n_node++]))
         return -1;
     if (n_objs == 1)
         node[n_node++] = objs[0];
@@ -788,9 +893,9 @@ static int compile_into(builder *b, json_object *sch, const char *where, uint16_
             rc = compile_node(b, json_object_array_get_idx(v, 0), at, &from) ||
                  copy_node(b, from, id, where);
         } else if (i <= 3) {
-            rc = compile_enum(b, v, i == 3, where, id);
+            rc = compile_enum(b, sch, i == 3, where, id);
         } else {
-            rc = compile_union(b, v, alone[i], where, id);
+            rc = compile_union(b, sch, alone[i], where, id);
         }
         if (rc)
             return -1;

@@ -18,18 +18,21 @@
  *     number is written without an exponent, in at most JSONSCHEMA_NUMBER_CHARS
  *     characters, so that every prefix is checked against the bounds);
  *   - enum and const of strings, numbers, booleans and null, written as json-c writes
- *     them (a string with its quotes and minimal escapes);
+ *     them (a string with its quotes and minimal escapes); a "type" beside them keeps
+ *     only the values of that type (Pydantic writes a Literal as a const beside its type);
  *   - anyOf / oneOf whose alternatives start with different bytes: their kinds differ
  *     (integer and number count as one); an enum's kinds are its values'. Optional[X]
  *     (X or null) is the usual case. Objects among them may be several when they are a
- *     tagged union: each a closed object whose first property, required, has the same
- *     name in all and a const or enum of strings no other alternative has (Pydantic's
- *     discriminated unions, a tool call's name); the tag, written first, chooses;
+ *     tagged union: each a closed object with one property, required in all, that is a
+ *     const or enum of strings no other alternative has (Pydantic's discriminated unions,
+ *     a tool call's name). That tag is the property an OpenAPI "discriminator" beside the
+ *     union names, else the first property of the first object that all can be tagged on;
+ *     it is written first, whatever its place in "properties", and chooses;
  *   - allOf of one schema; $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
  *     (recursion included); true and {} (any value);
  *   - annotations are read past: title, description, default, examples, $schema, $id,
- *     $comment, deprecated, readOnly, writeOnly, and format (an annotation in JSON
- *     Schema 2020-12: not asserted).
+ *     $comment, deprecated, readOnly, writeOnly, format (an annotation in JSON
+ *     Schema 2020-12: not asserted), and discriminator (read beside a tagged union).
  * The top-level value must be an object or an array, so that the reply's end is its
  * closing bracket.
  *

@@ -67,6 +67,15 @@ static void refusals_name_the_keyword(void)
          "\"maximum\":4}}}", "no integer"},
         {"{\"type\":\"object\",\"properties\":{\"a\":false}}", "no value is valid"},
         {"{\"type\":\"objet\"}", "'type' at # is not a type name"},
+        {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"},"
+         "\"u\":{\"const\":\"x\"}},\"required\":[\"t\",\"u\"]},{\"type\":\"object\","
+         "\"properties\":{\"t\":{\"const\":\"b\"}},\"required\":[\"t\"]}],"
+         "\"discriminator\":{\"propertyName\":\"u\"}}", "with one property 'u' required"},
+        {"{\"oneOf\":[{\"type\":\"object\"}],\"discriminator\":{}}", "has no propertyName"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":1,\"type\":\"string\"}}}",
+         "no value of 'const' at #/properties/a is of its 'type'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1],\"type\":\"strng\"}}}",
+         "'type' at #/properties/a is not a type name"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/properties/a\"}}}",
          "leads back to itself"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"allOf\":[{},{}]}}}",
@@ -238,6 +247,13 @@ static void enums_and_consts(void)
                {"{\"c\":false", -1}, {"{\"c\":2", -1});
     CHECK_DOCS("{\"type\":\"array\",\"items\":{\"const\":\"x/y\"}}", {"[\"x/y\",\"x/y\"]", 1},
                {"[\"x\\/y\"]", -1});
+    /* a type beside them, as Pydantic writes a Literal, keeps only the values of the type */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"x\",\"type\":"
+               "\"string\"},\"e\":{\"enum\":[\"a\",1,2.5,3.0,null],\"type\":[\"integer\","
+               "\"null\"]}},\"required\":[\"k\",\"e\"]}",
+               {"{\"k\":\"x\",\"e\":1}", 1}, {"{\"k\":\"x\",\"e\":null}", 1},
+               {"{\"k\":\"x\",\"e\":3.0}", 1}, {"{\"k\":\"x\",\"e\":\"", -1},
+               {"{\"k\":\"x\",\"e\":2", -1}, {"{\"k\":\"y", -1});
 }
 
 static void unions_choose_by_first_byte(void)
@@ -274,6 +290,34 @@ static void tagged_unions_choose_by_their_tag(void)
                "\"properties\":{\"op\":{\"const\":\"clear\"}},\"required\":[\"op\"]}]}",
                {"{\"op\":\"add\",\"n\":2}", 1}, {"{\"op\":\"clear\"}", 1},
                {"{\"op\":\"clear\",\"n\"", -1}, {"{\"op\":\"add\"}", -1});
+    /* Pydantic's discriminated union, as model_json_schema() writes it (the tag a const
+     * beside its type, an OpenAPI discriminator, the tag not first in Dog): the tag is
+     * written first, the other keys in their order; Dog stays as it is where used alone */
+    CHECK_DOCS("{\"$defs\":{\"Cat\":{\"properties\":{\"pet_type\":{\"const\":\"cat\","
+               "\"title\":\"Pet Type\",\"type\":\"string\"},\"meows\":{\"title\":\"Meows\","
+               "\"type\":\"integer\"}},\"required\":[\"pet_type\",\"meows\"],\"title\":\"Cat\","
+               "\"type\":\"object\"},\"Dog\":{\"properties\":{\"barks\":{\"title\":\"Barks\","
+               "\"type\":\"number\"},\"name\":{\"type\":\"string\"},\"pet_type\":{\"const\":"
+               "\"dog\",\"title\":\"Pet Type\",\"type\":\"string\"}},\"required\":[\"barks\","
+               "\"pet_type\"],\"title\":\"Dog\",\"type\":\"object\"}},\"properties\":{\"pet\":"
+               "{\"discriminator\":{\"mapping\":{\"cat\":\"#/$defs/Cat\",\"dog\":\"#/$defs/Dog\"},"
+               "\"propertyName\":\"pet_type\"},\"oneOf\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":"
+               "\"#/$defs/Dog\"}],\"title\":\"Pet\"},\"best\":{\"$ref\":\"#/$defs/Dog\"}},"
+               "\"required\":[\"pet\",\"best\"],\"title\":\"M\",\"type\":\"object\"}",
+               {"{\"pet\":{\"pet_type\":\"dog\",\"barks\":1.5,\"name\":\"x\"},\"best\":"
+                "{\"barks\":2,\"pet_type\":\"dog\"}}", 1},
+               {"{\"pet\":{\"pet_type\":\"dog\",\"barks\":1,\"pet_type\"", -1},
+               {"{\"pet\":{\"pet_type\":\"dog\",\"name\":\"x\"}", -1},
+               {"{\"pet\":{\"pet_type\":\"cat\",\"meows\":1},\"best\":{\"pet_type\"", -1},
+               {"{\"pet\":{\"barks\"", -1});
+    /* no discriminator and no common first property: the first property every object
+     * can be tagged on */
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"object\",\"properties\":"
+               "{\"x\":{\"type\":\"integer\"},\"t\":{\"const\":\"a\"}},\"required\":[\"x\","
+               "\"t\"]},{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[\"b\",\"c\"]},"
+               "\"y\":{\"type\":\"string\"}},\"required\":[\"t\"]}]}}",
+               {"[{\"t\":\"a\",\"x\":1},{\"t\":\"c\"},{\"t\":\"b\",\"y\":\"\"}]", 1},
+               {"[{\"t\":\"a\"}", -1}, {"[{\"x\"", -1});
 }
 
 static void references_and_recursion(void)
@@ -371,13 +415,14 @@ static bool valid(json_object *v, json_object *sch, json_object *root)
             n += valid(v, json_object_array_get_idx(k, i), root);
         return get(sch, "oneOf") ? n == 1 : n >= 1;
     }
-    if ((k = get(sch, "const")))
-        return json_object_equal(v, k);
-    if ((k = get(sch, "enum"))) {
-        for (size_t i = 0; i < json_object_array_length(k); i++)
-            if (json_object_equal(v, json_object_array_get_idx(k, i)))
-                return true;
+    if ((k = get(sch, "const")) && !json_object_equal(v, k))
         return false;
+    if ((k = get(sch, "enum"))) {
+        bool listed = false;
+        for (size_t i = 0; i < json_object_array_length(k); i++)
+            listed |= json_object_equal(v, json_object_array_get_idx(k, i));
+        if (!listed)
+            return false;
     }
     if ((k = get(sch, "type"))) {
         bool any = false;
@@ -491,6 +536,12 @@ static const char *const walk_schemas[] = {
     "\"of\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/shape\"},\"maxItems\":2}},"
     "\"required\":[\"kind\",\"of\"]},{\"type\":\"string\",\"maxLength\":2}]}},\"type\":\"array\","
     "\"items\":{\"$ref\":\"#/$defs/shape\"}}",
+    "{\"$defs\":{\"A\":{\"properties\":{\"n\":{\"enum\":[1,2.5,\"z\"],\"type\":\"integer\"},"
+    "\"t\":{\"const\":\"a\",\"type\":\"string\"}},\"required\":[\"n\",\"t\"],\"type\":"
+    "\"object\"},\"B\":{\"properties\":{\"t\":{\"enum\":[\"b\",\"bb\"],\"type\":\"string\"},"
+    "\"o\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"null\"}]}},\"required\":[\"t\"],"
+    "\"type\":\"object\"}},\"type\":\"array\",\"items\":{\"oneOf\":[{\"$ref\":\"#/$defs/A\"},"
+    "{\"$ref\":\"#/$defs/B\"}],\"discriminator\":{\"propertyName\":\"t\"}}}",
     "{\"type\":\"object\"}",
 };
 
