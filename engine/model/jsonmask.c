@@ -118,6 +118,12 @@ static void value_done(jsonmask_state *s)
     s->mode = M_AFTER;
 }
 
+/* The node of item i of array node n: a tuple's own, then `items`. */
+static uint16_t item_node(const jsonmask_state *s, const jsonschema_node *n, uint16_t i)
+{
+    return i < n->n_prefix ? s->schema->alts[n->prefix + i] : n->items;
+}
+
 static bool open_container(jsonmask_state *s, bool array)
 {
     if (s->depth == JSONMASK_DEPTH_MAX)
@@ -127,7 +133,7 @@ static bool open_container(jsonmask_state *s, bool array)
     s->depth++;
     s->mode = array ? M_ARR_FIRST : M_OBJ_FIRST;
     if (array)
-        s->node = node_at(s, s->node)->items;
+        s->node = item_node(s, node_at(s, s->node), 0);
     return true;
 }
 
@@ -614,7 +620,7 @@ static bool step(jsonmask_state *s, uint8_t c)
             return close_container(s, c);
         if (in_array(s)) {
             s->mode = M_VALUE;
-            s->node = node_at(s, top(s)->node)->items;
+            s->node = item_node(s, node_at(s, top(s)->node), top(s)->next);
             return top(s)->next < node_at(s, top(s)->node)->max_items;
         }
         s->mode = M_OBJ_KEY;

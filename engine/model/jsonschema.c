@@ -132,7 +132,8 @@ static const char *const annotations[] = {
 };
 
 static const char *const constraints[] = {
-    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "minItems", "maxItems",
     "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "enum", "const", "anyOf", "oneOf", "allOf", "$ref", NULL,
 };
@@ -481,6 +482,33 @@ static int compile_object(builder *b, json_object *sch, const char *where, uint1
     return 0;
 }
 
+/* A tuple's item schemas (list, at where/key) as nodes, alts[*first .. + *n). */
+static int compile_tuple(builder *b, json_object *list, const char *key, const char *where,
+                         uint32_t *first, uint16_t *n)
+{
+    size_t len = json_object_is_type(list, json_type_array) ? json_object_array_length(list) : 0;
+    if (len == 0 || len > JSONSCHEMA_PROPS_MAX)
+        return err_set(b->err, "json schema: '%s' at %s is not a list of 1..%d schemas", key,
+                       where, JSONSCHEMA_PROPS_MAX);
+    uint16_t node[JSONSCHEMA_PROPS_MAX];
+    char at[WHERE_MAX], at2[WHERE_MAX], idx[24];
+    where_join(at, where, key);
+    for (size_t i = 0; i < len; i++) {
+        snprintf(idx, sizeof idx, "%zu", i);
+        where_join(at2, at, idx);
+        if (compile_node(b, json_object_array_get_idx(list, i), at2, &node[i]))
+            return -1;
+    }
+    jsonschema *s = b->s;
+    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)len))
+        return oom(b);
+    memcpy(s->alts + s->n_alts, node, len * sizeof *node);
+    *first = s->n_alts;
+    *n = (uint16_t)len;
+    s->n_alts += (uint32_t)len;
+    return 0;
+}
+
 static int compile_array(builder *b, json_object *sch, const char *where, uint16_t id)
 {
     json_object *items;
@@ -492,20 +520,46 @@ static int compile_array(builder *b, json_object *sch, const char *where, uint16
                        JSONSCHEMA_COUNT_MAX);
     if (lo > hi)
         return err_set(b->err, "json schema: minItems above maxItems at %s", where);
-    uint16_t item = JSONSCHEMA_ANY;
-    if (json_object_object_get_ex(sch, "items", &items)) {
-        if (json_object_is_type(items, json_type_array))
-            return err_set(b->err, "json schema: 'items' as a list (a tuple) at %s is not "
-                                   "supported", where);
-        char at[WHERE_MAX];
-        where_join(at, where, "items");
-        if (compile_node(b, items, at, &item))
+    /* a tuple: prefixItems then items (2020-12), or items as a list then additionalItems
+     * (draft 7, where additionalItems without that list means nothing) */
+    json_object *prefix = NULL, *rest = NULL;
+    const char *prefix_key = "prefixItems", *rest_key = "items";
+    bool has_items = json_object_object_get_ex(sch, "items", &items);
+    if (json_object_object_get_ex(sch, "prefixItems", &prefix)) {
+        if (has_items && json_object_is_type(items, json_type_array))
+            return err_set(b->err, "json schema: 'items' as a list beside 'prefixItems' at %s",
+                           where);
+        rest = has_items ? items : NULL;
+    } else if (has_items && json_object_is_type(items, json_type_array)) {
+        prefix = items;
+        prefix_key = "items";
+        rest_key = "additionalItems";
+        json_object_object_get_ex(sch, rest_key, &rest);
+    } else {
+        rest = has_items ? items : NULL;
+    }
+    uint16_t n_prefix = 0, item = JSONSCHEMA_ANY;
+    uint32_t first = 0;
+    char at[WHERE_MAX];
+    if (prefix && compile_tuple(b, prefix, prefix_key, where, &first, &n_prefix))
+        return -1;
+    if (rest && json_object_is_type(rest, json_type_boolean) && !json_object_get_boolean(rest)) {
+        if (hi > n_prefix)
+            hi = n_prefix; /* nothing after the tuple's items */
+        if (lo > hi)
+            return err_set(b->err, "json schema: minItems at %s is above the %u items that "
+                                   "may be", where, n_prefix);
+    } else if (rest) {
+        where_join(at, where, rest_key);
+        if (compile_node(b, rest, at, &item))
             return -1;
     }
     jsonschema_node *n = &b->s->nodes[id];
     n->items = item;
     n->min_items = lo;
     n->max_items = hi;
+    n->prefix = first;
+    n->n_prefix = n_prefix;
     return 0;
 }
 
@@ -525,6 +579,7 @@ static int compile_typed(builder *b, json_object *sch, const char *where, uint16
             {"properties", JSONSCHEMA_OBJECT},      {"required", JSONSCHEMA_OBJECT},
             {"additionalProperties", JSONSCHEMA_OBJECT}, {"items", JSONSCHEMA_ARRAY},
             {"minItems", JSONSCHEMA_ARRAY},         {"maxItems", JSONSCHEMA_ARRAY},
+            {"prefixItems", JSONSCHEMA_ARRAY},
             {"minLength", JSONSCHEMA_STRING},       {"maxLength", JSONSCHEMA_STRING},
             {"minimum", JSONSCHEMA_INTEGER},        {"maximum", JSONSCHEMA_INTEGER},
             {"exclusiveMinimum", JSONSCHEMA_INTEGER}, {"exclusiveMaximum", JSONSCHEMA_INTEGER},

@@ -12,7 +12,8 @@
  *     any kind; a schema without properties: any keys, values of that schema). Keys come
  *     in the order of "properties"; a required one may not be skipped, others may (as
  *     llama.cpp's grammar from a schema orders them);
- *   - array: items, minItems, maxItems;
+ *   - array: items, minItems, maxItems; tuples: prefixItems, then items (a schema or
+ *     false), or as draft 7 wrote them, items as a list, then additionalItems;
  *   - string: minLength, maxLength (in characters; an escape is one);
  *   - integer and number: minimum, maximum, exclusiveMinimum, exclusiveMaximum (a bounded
  *     number is written without an exponent, in at most JSONSCHEMA_NUMBER_CHARS
@@ -96,6 +97,8 @@ typedef struct jsonschema_node {
     uint32_t first;       /* the first of them in props, spellings or alts */
     uint64_t required;    /* closed object: bit i: property i is required */
     uint32_t min_items, max_items;   /* array */
+    uint16_t n_prefix;    /* array: a tuple's first items, each of its own node, ... */
+    uint32_t prefix;      /* ... alts[prefix .. prefix + n_prefix); the rest are `items` */
     uint32_t min_length, max_length; /* string, in characters */
     int64_t min, max;     /* integer, inclusive */
     double nmin, nmax;    /* number (kinds with JSONSCHEMA_NUMBER) */
@@ -121,7 +124,7 @@ typedef struct jsonschema {
     uint32_t n_props;
     jsonschema_text *spellings; /* (n_spellings) each enum's values, sorted bytewise */
     uint32_t n_spellings;
-    uint16_t *alts;            /* (n_alts) each union's alternatives */
+    uint16_t *alts;            /* (n_alts) each union's alternatives, each tuple's items */
     uint32_t n_alts;
     char *text;                /* (n_text) the bytes jsonschema_text points into */
     uint32_t n_text;

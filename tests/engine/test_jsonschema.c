@@ -61,7 +61,14 @@ static void refusals_name_the_keyword(void)
          "object or list in 'enum'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":true},\"additionalProperties\":true}",
          "'additionalProperties' beside 'properties'"},
-        {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", "a tuple"},
+        {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":[{}]}",
+         "'items' as a list beside 'prefixItems' at #"},
+        {"{\"type\":\"array\",\"prefixItems\":{}}", "'prefixItems' at # is not a list"},
+        {"{\"type\":\"array\",\"prefixItems\":[]}", "'prefixItems' at # is not a list"},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"strin\"}]}",
+         "'type' at #/prefixItems/0 is not a type name"},
+        {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}",
+         "above the 1 items that may be"},
         {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems above maxItems"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5,"
          "\"maximum\":4}}}", "no integer"},
@@ -188,6 +195,32 @@ static void arrays_count_their_items(void)
                {"[ 1 , 2 , 3 ]", 1}, {"[1,2,3 ,", -1}, {"[\"a\"]", -1});
     CHECK_DOCS("{\"type\":\"array\",\"maxItems\":0}", {"[]", 1}, {"[1", -1});
     CHECK_DOCS("{\"type\":[\"array\",\"object\"]}", {"[{}]", 1}, {"{\"a\":[]}", 1});
+}
+
+/* Tuples: each first item its own schema, then `items` (or nothing after false). */
+static void tuples_type_each_item(void)
+{
+    /* Pydantic's Tuple[int, str] */
+    CHECK_DOCS("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":"
+               "\"string\"}],\"minItems\":2,\"maxItems\":2}",
+               {"[1,\"a\"]", 1}, {"[1, \"a\" ]", 1}, {"[\"a\"", -1}, {"[1,2", -1},
+               {"[1]", -1}, {"[1,\"a\",", -1}, {"[]", -1});
+    /* then items of a schema; fewer than the tuple's are valid without minItems */
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"t\":{\"prefixItems\":[{\"const\":"
+               "\"x\"},{\"type\":\"null\"}],\"items\":{\"type\":\"boolean\"}}},\"required\":"
+               "[\"t\"]}",
+               {"{\"t\":[\"x\",null,true,false]}", 1}, {"{\"t\":[]}", 1},
+               {"{\"t\":[\"x\"]}", 1}, {"{\"t\":[\"x\",null,null", -1},
+               {"{\"t\":[null", -1});
+    /* items false closes it; draft 7 writes the tuple as items and the rest as
+     * additionalItems */
+    CHECK_DOCS("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":false}",
+               {"[]", 1}, {"[7]", 1}, {"[7,", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"
+               "\"additionalItems\":{\"type\":\"null\"}}",
+               {"[\"a\",1,null,null]", 1}, {"[\"a\",1,2", -1}, {"[1", -1});
+    CHECK_DOCS("{\"type\":\"array\",\"items\":[{\"type\":\"string\"}],\"additionalItems\":false}",
+               {"[\"a\"]", 1}, {"[\"a\",", -1});
 }
 
 static void strings_count_characters(void)
@@ -450,14 +483,21 @@ static bool valid(json_object *v, json_object *sch, json_object *root)
     }
     if (json_object_is_type(v, json_type_array)) {
         size_t n = json_object_array_length(v);
-        json_object *items = get(sch, "items");
+        json_object *items = get(sch, "items"), *prefix = get(sch, "prefixItems");
+        if (json_object_is_type(items, json_type_array)) { /* draft 7's tuple */
+            prefix = items;
+            items = get(sch, "additionalItems");
+        }
+        size_t n_prefix = prefix ? json_object_array_length(prefix) : 0;
         if ((k = get(sch, "minItems")) && n < (size_t)json_object_get_int64(k))
             return false;
         if ((k = get(sch, "maxItems")) && n > (size_t)json_object_get_int64(k))
             return false;
-        for (size_t i = 0; items && i < n; i++)
-            if (!valid(json_object_array_get_idx(v, i), items, root))
+        for (size_t i = 0; i < n; i++) {
+            json_object *rule = i < n_prefix ? json_object_array_get_idx(prefix, i) : items;
+            if (rule && !valid(json_object_array_get_idx(v, i), rule, root))
                 return false;
+        }
     }
     if (json_object_is_type(v, json_type_string)) {
         size_t n = utf8_chars(json_object_get_string(v));
@@ -542,6 +582,10 @@ static const char *const walk_schemas[] = {
     "\"o\":{\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"null\"}]}},\"required\":[\"t\"],"
     "\"type\":\"object\"}},\"type\":\"array\",\"items\":{\"oneOf\":[{\"$ref\":\"#/$defs/A\"},"
     "{\"$ref\":\"#/$defs/B\"}],\"discriminator\":{\"propertyName\":\"t\"}}}",
+    "{\"type\":\"array\",\"maxItems\":3,\"items\":{\"type\":\"array\",\"prefixItems\":"
+    "[{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},{\"enum\":[\"a\",\"b\"]},"
+    "{\"type\":\"array\",\"items\":[{\"type\":\"boolean\"}],\"additionalItems\":false}],"
+    "\"items\":{\"type\":\"string\",\"maxLength\":3},\"minItems\":2}}",
     "{\"type\":\"object\"}",
 };
 
@@ -607,6 +651,7 @@ int main(void)
     RUN(annotations_are_taken);
     RUN(objects_follow_their_properties);
     RUN(arrays_count_their_items);
+    RUN(tuples_type_each_item);
     RUN(strings_count_characters);
     RUN(integers_keep_their_bounds);
     RUN(numbers_keep_their_bounds);
