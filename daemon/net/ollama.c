@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "daemon/net/http_internal.h"
@@ -96,18 +97,28 @@ static void bad_request(hreq *hr, const char *msg)
 /* ---- models ---- */
 
 /* The model of h's view that name means: a registry name, or one with ":latest" after it
- * (ollama's clients name models with a tag; a registry model has one version). */
+ * (ollama's clients name models with a tag; a registry model has one version). As ollama
+ * finds them, a name of other case means the one model it names but for case; with two
+ * such, only the exact name does. */
 static const models_view_entry *find_tagged(const http *h, const char *name)
 {
     size_t n = strlen(name), k = strlen(SUFFIX_LATEST);
-    if (n > k && strcmp(name + n - k, SUFFIX_LATEST) == 0)
+    if (n > k && strcasecmp(name + n - k, SUFFIX_LATEST) == 0)
         n -= k;
+    const models_view_entry *folded = NULL;
+    int n_folded = 0;
     for (size_t i = 0; i < h->view.n; i++) {
         const char *e = h->view.entries[i].name;
-        if (strlen(e) == n && memcmp(e, name, n) == 0)
+        if (strlen(e) != n)
+            continue;
+        if (memcmp(e, name, n) == 0)
             return &h->view.entries[i];
+        if (strncasecmp(e, name, n) == 0) {
+            folded = &h->view.entries[i];
+            n_folded++;
+        }
     }
-    return NULL;
+    return n_folded == 1 ? folded : NULL;
 }
 
 int ollama_request_model(http *h, httpwire_conn *wc, enum route r, json_object *body,

@@ -513,8 +513,11 @@ static void version_tags_ps_show(void)
         }
         json_object_put(o);
     }
+    /* names as ollama reads them: the tag optional, the case not telling (ollama run
+     * Llama3.1 finds llama3.1) */
     static const char *const shows[] = {"{\"model\":\"ol\"}", "{\"name\":\"ol:latest\"}",
-                                        "{\"model\":\"ol\",\"verbose\":true}"};
+                                        "{\"model\":\"ol\",\"verbose\":true}",
+                                        "{\"model\":\"OL:Latest\"}"};
     for (size_t i = 0; i < sizeof shows / sizeof *shows; i++) {
         o = post("/api/show", shows[i], &st);
         char ctx[32];
