@@ -10,6 +10,7 @@
 static const char *const family_names[] = {
     [CHAT_PLAIN] = "plain",
     [CHAT_CHATML] = "chatml",
+    [CHAT_HERMES] = "hermes",
     [CHAT_LLAMA3] = "llama3",
     [CHAT_LLAMA2] = "llama2",
     [CHAT_LLAMA2_SYS] = "llama2-sys",
@@ -33,14 +34,24 @@ static const char *const family_names[] = {
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
 _Static_assert(N_FAMILIES == CHAT_N_FAMILIES, "a family without a name");
 
-enum chat_family chat_detect_file(const gguf_file *g)
+/* chat_detect of the string under key (CHAT_PLAIN without one). */
+static enum chat_family detect_key(const gguf_file *g, const char *key)
 {
     gguf_str t;
-    if (!gguf_get_str(g, "tokenizer.chat_template", &t))
+    if (!gguf_get_str(g, key, &t))
         return CHAT_PLAIN;
     char *text = strndup(t.ptr, t.len);
     enum chat_family f = chat_detect(text);
     free(text);
+    return f;
+}
+
+enum chat_family chat_detect_file(const gguf_file *g)
+{
+    enum chat_family f = detect_key(g, "tokenizer.chat_template");
+    bool bare = f == CHAT_CHATML || gguf_find_key(g, "tokenizer.chat_template") < 0;
+    if (bare && detect_key(g, "tokenizer.chat_template.tool_use") == CHAT_HERMES)
+        return CHAT_HERMES;
     return f;
 }
 
@@ -106,7 +117,7 @@ enum chat_family chat_detect(const char *t)
         if (strcmp(t, family_names[f]) == 0)
             return (enum chat_family)f;
     if (strstr(t, "<|im_start|>"))
-        return CHAT_CHATML;
+        return strstr(t, "You are a function calling AI model.") ? CHAT_HERMES : CHAT_CHATML;
     if (strncmp(t, "mistral", 7) == 0 || strstr(t, "[INST]"))
         return detect_inst(t);
     /* the rest in llama.cpp's order, which matters where a template has two markers */
@@ -136,6 +147,7 @@ const char *chat_stop_text(enum chat_family f)
 {
     switch (f) {
     case CHAT_CHATML:
+    case CHAT_HERMES:
         return "<|im_end|>";
     case CHAT_LLAMA3:
         return "<|eot_id|>";
@@ -252,6 +264,10 @@ struct turn_format {
 static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
     [CHAT_PLAIN] = {{"System: ", "User: ", "Assistant: "}, {"\n", "\n", "\n"}, "Assistant:", ""},
     [CHAT_CHATML] = {{"<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"},
+                     {"<|im_end|>\n", "<|im_end|>\n", "<|im_end|>\n"},
+                     "<|im_start|>assistant\n", ""},
+    /* Hermes' default template, for chats without tools, is chatml */
+    [CHAT_HERMES] = {{"<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"},
                      {"<|im_end|>\n", "<|im_end|>\n", "<|im_end|>\n"},
                      "<|im_start|>assistant\n", ""},
     [CHAT_MISTRAL_V7] = {{"[SYSTEM_PROMPT] ", "[INST] ", " "},

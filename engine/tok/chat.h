@@ -22,6 +22,10 @@ enum chat_family {
     CHAT_PLAIN,
     /* "<|im_start|>role\ncontent<|im_end|>\n" (Qwen, SmolLM, OpenHermes...) */
     CHAT_CHATML,
+    /* chatml, from NousResearch's Hermes 2 Pro and Hermes 3, whose tool_use template
+     * writes tools and calls its own way (chattools.h); chats without tools are chatml,
+     * their default template */
+    CHAT_HERMES,
     /* "<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>", content trimmed */
     CHAT_LLAMA3,
     /* "[INST] user [/INST]assistant</s>"; a system message is put first in the turn */
@@ -79,11 +83,16 @@ enum chat_family {
  * "<|end_header_id|>" -> llama3, "<｜User｜>" -> deepseek3...), but for "<|user|>"
  * templates: one that ends a user message with eos_token or "</s>" is zephyr, another
  * with "<|assistant|>" falcon3 (llama.cpp takes TinyLlama's and Falcon3's templates for
- * GLM-Edge's). NULL or anything else gives CHAT_PLAIN.
+ * GLM-Edge's), and for Hermes' tool_use template: "<|im_start|>" with its system prompt's
+ * "You are a function calling AI model." is hermes. NULL or anything else gives
+ * CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
-/* chat_detect of a model file's tokenizer.chat_template (CHAT_PLAIN without one). */
+/* chat_detect of a model file's tokenizer.chat_template (CHAT_PLAIN without one); hermes
+ * too where that is chatml or absent and tokenizer.chat_template.tool_use is Hermes' (how
+ * llama.cpp's converter stores a model's named templates: Hermes' files hold their chatml
+ * "default" one as the template and "tool_use" beside it). */
 enum chat_family chat_detect_file(const gguf_file *g);
 
 /* Short name of a family ("chatml", "llama3", "llama2-sys", "mistral-v7", "plain"...). */
@@ -92,9 +101,9 @@ const char *chat_family_name(enum chat_family f);
 /* Every family's chat_family_name, in enum order, '|'-separated: the choices of a
  * setting that names one (test_chat holds the two to each other). */
 #define CHAT_FAMILY_NAMES                                                                    \
-    "plain|chatml|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|mistral-v1|"     \
-    "mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|vicuna|"    \
-    "vicuna-orca|deepseek|monarch|megrez"
+    "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
+    "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
+    "vicuna|vicuna-orca|deepseek|monarch|megrez"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -1,7 +1,9 @@
 /* Tests of chat template detection and formatting. Expected outputs are those of
  * llama.cpp's llm_chat_apply_template() for the same conversation. */
+#include <stdio.h>
 #include <string.h>
 
+#include "engine/gguf/gguf.h"
 #include "engine/tok/chat.h"
 #include "tests/support/test.h"
 
@@ -210,9 +212,39 @@ static const char MEGREZ[] =
     "'<|role_end|>' + message['content'] + '<|turn_end|>' }}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|role_start|>assistant<|role_end|>' }}{% endif %}";
 
+/* NousResearch/Hermes-2-Pro-Llama-3-8B's (and Hermes-3-Llama-3.1-8B's) tool_use
+ * template: its start (the rest lists the tools and writes chatml turns) */
+static const char HERMES_TOOL_USE[] =
+    "{%- macro json_to_python_type(json_spec) %}\n"
+    "{%- set basic_type_map = {\n"
+    "    \"string\": \"str\",\n"
+    "    \"number\": \"float\",\n"
+    "    \"integer\": \"int\",\n"
+    "    \"boolean\": \"bool\"\n"
+    "} %}\n"
+    "...\n"
+    "{%- endmacro %}\n"
+    "\n"
+    "\n"
+    "{{- bos_token }}\n"
+    "{{- '<|im_start|>system\n"
+    "' }}\n"
+    "{{- \"You are a function calling AI model. You are provided with function signatures "
+    "within <tools></tools> XML tags. You may call one or more functions to assist with the "
+    "user query. Don't make assumptions about what values to plug into functions. Here are "
+    "the available tools: <tools> \" }}\n";
+
+/* A chatml template as those models' default one (no tools) */
+static const char CHATML_DEFAULT[] =
+    "{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
 static void detects_real_templates(void)
 {
     CHECK_EQ(chat_detect(QWEN2), CHAT_CHATML);
+    CHECK_EQ(chat_detect(CHATML_DEFAULT), CHAT_CHATML);
+    CHECK_EQ(chat_detect(HERMES_TOOL_USE), CHAT_HERMES);
     CHECK_EQ(chat_detect(LLAMA3), CHAT_LLAMA3);
     CHECK_EQ(chat_detect(LLAMA2_CHAT), CHAT_LLAMA2_SYS_STRIP);
     CHECK_EQ(chat_detect(MISTRAL_OLD), CHAT_LLAMA2);
@@ -257,6 +289,48 @@ static void detects_more_llama_and_qwen_families(void)
     }
 }
 
+/* Writes a GGUF holding tokenizer.chat_template (unless NULL) and its tool_use variant
+ * (unless NULL), as llama.cpp's converter stores a model's named templates, and detects
+ * its family: its name, or NULL when the file could not be made. */
+static const char *file_family(const char *tmpl, const char *tool_use)
+{
+    char path[1024], err[ERR_MAX];
+    snprintf(path, sizeof path, "%s/chat-templates.gguf", test_tmpdir());
+    gguf_writer *w = gguf_writer_new();
+    bool ok = w && gguf_writer_set_str(w, "general.architecture", "llama") == 0 &&
+              (!tmpl || gguf_writer_set_str(w, "tokenizer.chat_template", tmpl) == 0) &&
+              (!tool_use ||
+               gguf_writer_set_str(w, "tokenizer.chat_template.tool_use", tool_use) == 0) &&
+              gguf_writer_write(w, path, err) == 0;
+    gguf_writer_free(w);
+    gguf_file *g = ok ? gguf_open(path, err) : NULL;
+    const char *name = g ? chat_family_name(chat_detect_file(g)) : NULL;
+    gguf_close(g);
+    return name;
+}
+
+/* Hermes' GGUF files hold chatml as their template and the tool_use one beside it. */
+static void detects_hermes_by_its_tool_use_template(void)
+{
+    static const struct {
+        const char *tmpl, *tool_use, *family;
+    } F[] = {
+        {CHATML_DEFAULT, HERMES_TOOL_USE, "hermes"},
+        {NULL, HERMES_TOOL_USE, "hermes"},
+        {HERMES_TOOL_USE, NULL, "hermes"},
+        {CHATML_DEFAULT, NULL, "chatml"},
+        /* a tool_use template beside another family's, or not Hermes', changes nothing */
+        {LLAMA3, HERMES_TOOL_USE, "llama3"},
+        {CHATML_DEFAULT, QWEN2, "chatml"},
+        {NULL, NULL, "plain"},
+    };
+    for (size_t i = 0; i < sizeof F / sizeof F[0]; i++) {
+        const char *got = file_family(F[i].tmpl, F[i].tool_use);
+        CHECK_MSG(got && !strcmp(got, F[i].family), "%zu: expected %s, detected %s", i,
+                  F[i].family, got ? got : "(no file)");
+    }
+}
+
 static void detects_family_names(void)
 {
     for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++)
@@ -288,6 +362,12 @@ static const struct {
     const char *expected;
 } CASES[] = {
     {CHAT_CHATML,
+     "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|"
+     "im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are "
+     "you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|"
+     ">user\nAnother question<|im_end|>\n<|im_start|>assistant\n"},
+    /* Hermes' default template is chatml */
+    {CHAT_HERMES,
      "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|"
      "im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are "
      "you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|"
@@ -454,6 +534,7 @@ static void unknown_role_and_bad_input_are_errors(void)
 static void stop_texts_per_family(void)
 {
     CHECK(strcmp(chat_stop_text(CHAT_CHATML), "<|im_end|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_HERMES), "<|im_end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_LLAMA3), "<|eot_id|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_LLAMA2_SYS), "</s>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_MISTRAL_V7), "</s>") == 0);
@@ -483,6 +564,7 @@ int main(void)
 {
     RUN(detects_real_templates);
     RUN(detects_more_llama_and_qwen_families);
+    RUN(detects_hermes_by_its_tool_use_template);
     RUN(detects_family_names);
     RUN(formats_match_llama_cpp);
     RUN(generation_prompt_is_optional);
