@@ -1,5 +1,5 @@
-/* chattools.c — conversations with tools in the chatml, llama3 and mistral formats
- * (chattools.h). */
+/* chattools.c — conversations with tools in the chatml, hermes, llama3 and mistral
+ * formats (chattools.h). */
 #include "engine/tok/chattools.h"
 
 #include <limits.h>
@@ -19,6 +19,7 @@ const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
 {
     switch (f) {
     case CHAT_CHATML:
+    case CHAT_HERMES: /* Hermes writes Qwen's calls (Qwen took them from Hermes) */
         return &chatml_syntax;
     case CHAT_LLAMA3:
         return &llama3_syntax;
@@ -86,10 +87,20 @@ static void chatml_tools_turn(textwriter *w, const char *system, const char *con
            "</tool_call><|im_end|>\n");
 }
 
-static void chatml_calls(textwriter *w, const struct chat_tool_message *m)
+static void chatml_turn(textwriter *w, const struct chat_tool_message *m)
+{
+    textwriter_put(w, "<|im_start|>");
+    textwriter_put(w, m->role);
+    textwriter_put(w, "\n");
+    textwriter_put(w, m->content);
+    textwriter_put(w, "<|im_end|>\n");
+}
+
+/* An assistant turn with calls; with_text (Qwen's): the text said before them first. */
+static void chatml_calls(textwriter *w, const struct chat_tool_message *m, bool with_text)
 {
     textwriter_put(w, "<|im_start|>assistant");
-    if (m->content[0]) {
+    if (with_text && m->content[0]) {
         textwriter_put(w, "\n");
         textwriter_put(w, m->content);
     }
@@ -120,13 +131,54 @@ static int apply_chatml(textwriter *w, const char *const *tools, int n_tools,
             if (i == n - 1 || !is_role(&msgs[i + 1], "tool"))
                 textwriter_put(w, "<|im_end|>\n");
         } else if (m->n_calls > 0) {
-            chatml_calls(w, m);
+            chatml_calls(w, m, true);
         } else {
-            textwriter_put(w, "<|im_start|>");
-            textwriter_put(w, m->role);
-            textwriter_put(w, "\n");
+            chatml_turn(w, m);
+        }
+    }
+    if (gen)
+        textwriter_put(w, "<|im_start|>assistant\n");
+    return 0;
+}
+
+/* Hermes' tool_use template: its system turn listing the tools (each its text as the
+ * template writes it, one after the other on their own lines) and the FunctionCall
+ * schema; the messages, the system message among them, as chatml turns but for an
+ * assistant's calls (its text not written) and results in "tool" turns, opened only after
+ * another message, whose "<|im_end|>" ends no line. */
+static int apply_hermes(textwriter *w, const char *const *tools, int n_tools,
+                        const struct chat_tool_message *msgs, int n, bool gen)
+{
+    textwriter_put(w, "<|im_start|>system\nYou are a function calling AI model. You are provided "
+           "with function signatures within <tools></tools> XML tags. You may call one or more "
+           "functions to assist with the user query. Don't make assumptions about what values "
+           "to plug into functions. Here are the available tools: <tools> ");
+    for (int t = 0; t < n_tools; t++) {
+        textwriter_put(w, t > 0 ? "\n" : "");
+        textwriter_put(w, tools[t]);
+    }
+    textwriter_put(w, " </tools>Use the following pydantic model json schema for each tool call "
+           "you will make: {\"properties\": {\"name\": {\"title\": \"Name\", \"type\": "
+           "\"string\"}, \"arguments\": {\"title\": \"Arguments\", \"type\": \"object\"}}, "
+           "\"required\": [\"name\", \"arguments\"], \"title\": \"FunctionCall\", \"type\": "
+           "\"object\"}}\nFor each function call return a json object with function name and "
+           "arguments within <tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+           "{\"name\": <function-name>, \"arguments\": <args-dict>}\n</tool_call><|im_end|>\n");
+    for (int i = 0; i < n; i++) {
+        const struct chat_tool_message *m = &msgs[i];
+        bool last = i == n - 1;
+        if (is_role(m, "tool")) {
+            if (i > 0 && !is_role(&msgs[i - 1], "tool"))
+                textwriter_put(w, "<|im_start|>tool\n");
+            textwriter_put(w, "<tool_response>\n");
             textwriter_put(w, m->content);
-            textwriter_put(w, "<|im_end|>\n");
+            textwriter_put(w, last ? "\n</tool_response>" : "\n</tool_response>\n");
+            if (last || !is_role(&msgs[i + 1], "tool"))
+                textwriter_put(w, "<|im_end|>");
+        } else if (m->n_calls > 0) {
+            chatml_calls(w, m, false);
+        } else {
+            chatml_turn(w, m);
         }
     }
     if (gen)
@@ -308,6 +360,8 @@ int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, 
     /* mistral's templates open the reply with the user's "[/INST]": no generation prompt */
     if (f == CHAT_LLAMA3)
         rc = apply_llama3(&w, tools, n_tools, date, msgs, n, add_generation_prompt);
+    else if (f == CHAT_HERMES)
+        rc = apply_hermes(&w, tools, n_tools, msgs, n, add_generation_prompt);
     else if (f == CHAT_MISTRAL_V3_TEKKEN)
         rc = apply_mistral(&w, tools, n_tools, msgs, n);
     else

@@ -10,6 +10,15 @@
  *           one user turn. With no system message Qwen3's form (no default persona:
  *           chatml serves many models that are not Qwen) — Qwen2.5 would add "You are
  *           Qwen, created by Alibaba Cloud...".
+ *   hermes  Hermes 2 Pro (Llama-3-8B) / Hermes 3 (Llama-3.1-8B), whose tool_use templates
+ *           are one text: a system turn "You are a function calling AI model..." listing
+ *           the tools after "<tools> " (each on its own line as the template writes it:
+ *           a Python-like signature and "Args:" doc as the description, the parameters
+ *           as tojson), then a pydantic FunctionCall schema and the call format; every
+ *           message after it as a chatml turn, the system message too; an assistant
+ *           message with calls as Qwen's without its text; results as "<tool_response>"
+ *           blocks in one "tool" turn, opened only after another message, its
+ *           "<|im_end|>" not followed by a line break (as the template writes them).
  *   llama3  Llama 3.1 / 3.2 / 3.3: "Environment: ipython" and the dates in the system
  *           turn, the tools (JSON indented by 4) in the first user turn, a call as the
  *           assistant's whole turn {"name": ..., "parameters": ...} (one per message),
@@ -29,7 +38,8 @@
  *           put the tools before an earlier user message of the same text).
  *
  * JSON texts (tool definitions, arguments) come written already: JSON is the gateway's
- * (daemon/net/toolcall.c), which writes them as tojson does for the family.
+ * (daemon/net/toolcall.c), which writes them as the family's template does (tojson, or
+ * mistral's and hermes' own loops over a tool).
  */
 #ifndef LLMS_CHATTOOLS_H
 #define LLMS_CHATTOOLS_H
@@ -79,8 +89,8 @@ int chat_tools_indent(enum chat_family f);
 /*
  * Writes the prompt of msgs[0..n) with the tools' definitions (tools[0..n_tools), each the
  * text of {"type": "function", "function": {...}} as the family's template writes it:
- * tojson, indented as chat_tools_indent asks; mistral's strings unescaped) like
- * chat_apply (snprintf-style, the full length returned). date is llama3's "Today Date"
+ * tojson, indented as chat_tools_indent asks; mistral's strings unescaped; hermes' the
+ * template's own line) like chat_apply (snprintf-style, the full length returned). date is llama3's "Today Date"
  * ("26 Jul 2024"). -1 for a family without tool syntax, a NULL field, an unknown role, a
  * call outside an assistant message, and where the template itself refuses: llama3 with
  * more than one call in a message or no user message to hold the tools; mistral with a

@@ -2,12 +2,14 @@
  * own Jinja templates render for the same conversation (Python's jinja2 with Hugging Face's
  * tojson, as transformers and llama.cpp's --jinja apply them): Qwen2.5-7B-Instruct and
  * Qwen3 for chatml, Llama 3.1 / 3.2 / 3.3 Instruct for llama3, Mistral-Nemo-Instruct-2407
- * for mistral-v3-tekken (without the BOS it writes first, which the tokenizer adds).
+ * for mistral-v3-tekken (without the BOS it writes first, which the tokenizer adds), the
+ * tool_use template of Hermes 2 Pro (Llama-3-8B) and Hermes 3 (Llama-3.1-8B), one text,
+ * for hermes.
  *
  * Conversation A: system, user, an assistant call of get_weather, its result, user.
  * Conversation B (chatml): user, an assistant's text and two calls, two results, an
  * assistant reply, user. Conversation L (llama3): user, a call of search with nested
- * arguments, its result, user. */
+ * arguments, its result, user. Conversation R (hermes): user, two calls, their results. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -392,6 +394,128 @@ static const char MISTRAL_RESULT_LAST[] =
     " \"id\": \"abcDEF123\"}]</s>[TOOL_RESULTS]{\"content\": sunny, \"call_id\": \"abc"
     "DEF123\"}[/TOOL_RESULTS]";
 
+/* The Hermes tool_use template's system turn before and after its tools. */
+#define HERMES_INTRO                                                                       \
+    "<|im_start|>system\n"                                                                 \
+    "You are a function calling AI model. You are provided with function signatures w"     \
+    "ithin <tools></tools> XML tags. You may call one or more functions to assist wit"     \
+    "h the user query. Don't make assumptions about what values to plug into function"     \
+    "s. Here are the available tools: <tools> "
+#define HERMES_OUTRO                                                                       \
+    " </tools>Use the following pydantic model json schema for each tool call you wil"     \
+    "l make: {\"properties\": {\"name\": {\"title\": \"Name\", \"type\": \"string\"},"     \
+    " \"arguments\": {\"title\": \"Arguments\", \"type\": \"object\"}}, \"required\":"     \
+    " [\"name\", \"arguments\"], \"title\": \"FunctionCall\", \"type\": \"object\"}}\n"    \
+    "For each function call return a json object with function name and arguments wit"     \
+    "hin <tool_call></tool_call> XML tags as follows:\n"                                   \
+    "<tool_call>\n"                                                                        \
+    "{\"name\": <function-name>, \"arguments\": <args-dict>}\n"                            \
+    "</tool_call><|im_end|>\n"
+
+/* The template's text of the get_weather tool: a Python-like signature and "Args:" doc
+ * as the description, the parameters as tojson, the outer object left open (as the
+ * template leaves it) */
+#define HERMES_WEATHER_TEXT                                                                \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description"     \
+    "\": \"get_weather(city: str, unit: str) - Get the weather in a city\n"                \
+    "\n"                                                                                   \
+    "    Args:\n"                                                                          \
+    "        city(str): the city        unit(str): \", \"parameters\": {\"type\": \"o"     \
+    "bject\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"th"     \
+    "e city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit"     \
+    "\"]}}, \"required\": [\"city\"]}}"
+
+/* ... of the search tool (an object and an array: "dict", "list[Union[]]") */
+#define HERMES_SEARCH_TEXT                                                                 \
+    "{\"type\": \"function\", \"function\": {\"name\": \"search\", \"description\": \""    \
+    "search(query: str, filters: dict, tags: list[Union[]]) - Search the web\n"            \
+    "\n"                                                                                   \
+    "    Args:\n"                                                                          \
+    "        query(str):         filters(dict):         tags(list[Union[]]): \", \"pa"     \
+    "rameters\": {\"type\": \"object\", \"properties\": {\"query\": {\"type\": \"stri"     \
+    "ng\"}, \"filters\": {\"type\": \"object\", \"properties\": {\"site\": {\"type\":"     \
+    " \"string\"}, \"max_age_days\": {\"type\": \"integer\"}}}, \"tags\": {\"type\": "     \
+    "\"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"query\"]}}"
+
+/* NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja (the same text as Hermes 3's) of
+ * conversation A, one tool: the system message a turn of its own after the tools' */
+static const char HERMES_ONE_TOOL[] =
+    HERMES_INTRO HERMES_WEATHER_TEXT HERMES_OUTRO
+    "<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "What is the weather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"cel"
+    "sius\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>tool\n"
+    "<tool_response>\n"
+    "{\"temperature\": 22}\n"
+    "</tool_response>\n"
+    "<|im_end|><|im_start|>user\n"
+    "And in Rome?<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+/* ... of conversation B, two tools (one a line each): the text said before the calls is
+ * not written, two results share a "tool" turn */
+static const char HERMES_TWO_TOOLS[] =
+    HERMES_INTRO HERMES_WEATHER_TEXT "\n" HERMES_SEARCH_TEXT HERMES_OUTRO
+    "<|im_start|>user\n"
+    "Weather in Paris and news about \"Rome\"?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>\n"
+    "<tool_call>\n"
+    "{\"name\": \"search\", \"arguments\": {\"query\": \"Rome\", \"filters\": {\"max_"
+    "age_days\": 2}, \"tags\": [\"news\", \"é\"]}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>tool\n"
+    "<tool_response>\n"
+    "sunny\n"
+    "</tool_response>\n"
+    "<tool_response>\n"
+    "no news\n"
+    "</tool_response>\n"
+    "<|im_end|><|im_start|>assistant\n"
+    "Sunny in Paris, no news.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Thanks<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+/* ... of conversation R without the generation prompt: the last result's turn ends
+ * without a line break */
+static const char HERMES_RESULTS_LAST[] =
+    HERMES_INTRO HERMES_WEATHER_TEXT HERMES_OUTRO
+    "<|im_start|>user\n"
+    "Weather in Paris and Rome?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>tool\n"
+    "<tool_response>\n"
+    "sunny\n"
+    "</tool_response>\n"
+    "<tool_response>\n"
+    "rainy\n"
+    "</tool_response><|im_end|>";
+
+/* ... of a result before anything else, then a user message, without the generation
+ * prompt: the template opens a "tool" turn only after another message */
+static const char HERMES_RESULT_FIRST[] =
+    HERMES_INTRO HERMES_WEATHER_TEXT HERMES_OUTRO
+    "<tool_response>\n"
+    "sunny\n"
+    "</tool_response>\n"
+    "<|im_end|><|im_start|>user\n"
+    "Thanks<|im_end|>\n";
+
 static const struct chat_tool_call WEATHER_PARIS_CELSIUS = {
     "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}", NULL};
 static const struct chat_tool_call B_CALLS[] = {
@@ -416,6 +540,16 @@ static const struct chat_tool_message CONV_B[] = {
     {"tool", "no news", NULL, 0, NULL},
     {"assistant", "Sunny in Paris, no news.", NULL, 0, NULL},
     {"user", "Thanks", NULL, 0, NULL},
+};
+static const struct chat_tool_call R_CALLS[] = {
+    {"get_weather", "{\"city\": \"Paris\"}", NULL},
+    {"get_weather", "{\"city\": \"Rome\"}", NULL},
+};
+static const struct chat_tool_message CONV_R[] = {
+    {"user", "Weather in Paris and Rome?", NULL, 0, NULL},
+    {"assistant", "", R_CALLS, 2, NULL},
+    {"tool", "sunny", NULL, 0, NULL},
+    {"tool", "rainy", NULL, 0, NULL},
 };
 static const struct chat_tool_message CONV_L[] = {
     {"user", "Weather in Paris?", NULL, 0, NULL},
@@ -463,19 +597,25 @@ static const struct chat_tool_message MCONV_RESULT_LAST[] = {
 
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* chat_apply_tools into a fresh string (NULL when it refuses). */
-static char *render(enum chat_family f, const char *const *tools, int n_tools, const char *date,
-                    const struct chat_tool_message *msgs, int n)
+/* chat_apply_tools into a fresh string (NULL when it refuses); gen: the generation prompt. */
+static char *render_gen(enum chat_family f, const char *const *tools, int n_tools,
+                        const char *date, const struct chat_tool_message *msgs, int n, bool gen)
 {
-    int len = chat_apply_tools(f, tools, n_tools, date, msgs, n, true, NULL, 0);
+    int len = chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, NULL, 0);
     if (len < 0)
         return NULL;
     char *s = malloc((size_t)len + 1);
-    if (s && chat_apply_tools(f, tools, n_tools, date, msgs, n, true, s, (size_t)len + 1) != len) {
+    if (s && chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, s, (size_t)len + 1) != len) {
         free(s);
         return NULL;
     }
     return s;
+}
+
+static char *render(enum chat_family f, const char *const *tools, int n_tools, const char *date,
+                    const struct chat_tool_message *msgs, int n)
+{
+    return render_gen(f, tools, n_tools, date, msgs, n, true);
 }
 
 /* Whether chat_apply_tools renders the conversation (rather than refusing it). */
@@ -488,11 +628,11 @@ static bool renders(enum chat_family f, const char *const *tools, int n_tools,
     return ok;
 }
 
-static void check_render(enum chat_family f, const char *const *tools, int n_tools,
-                         const char *date, const struct chat_tool_message *msgs, int n,
-                         const char *want)
+static void check_render_gen(enum chat_family f, const char *const *tools, int n_tools,
+                             const char *date, const struct chat_tool_message *msgs, int n,
+                             bool gen, const char *want)
 {
-    char *got = render(f, tools, n_tools, date, msgs, n);
+    char *got = render_gen(f, tools, n_tools, date, msgs, n, gen);
     CHECK_MSG(got, "%s refused", chat_family_name(f));
     size_t at = 0;
     while (got[at] && got[at] == want[at])
@@ -500,6 +640,13 @@ static void check_render(enum chat_family f, const char *const *tools, int n_too
     CHECK_MSG(strcmp(got, want) == 0, "%s differs at byte %zu: got '%.60s', want '%.60s'",
               chat_family_name(f), at, got + at, want + at);
     free(got);
+}
+
+static void check_render(enum chat_family f, const char *const *tools, int n_tools,
+                         const char *date, const struct chat_tool_message *msgs, int n,
+                         const char *want)
+{
+    check_render_gen(f, tools, n_tools, date, msgs, n, true, want);
 }
 
 static void chatml_matches_qwen(void)
@@ -524,6 +671,26 @@ static void mistral_matches_nemo(void)
     check_render(f, one, 1, "x", MCONV_A, N(MCONV_A), MISTRAL_CALL_RESULT);
     check_render(f, two, 2, "x", MCONV_B, N(MCONV_B), MISTRAL_TWO_CALLS);
     check_render(f, one, 1, "x", MCONV_RESULT_LAST, N(MCONV_RESULT_LAST), MISTRAL_RESULT_LAST);
+}
+
+static void hermes_matches_its_tool_use_template(void)
+{
+    const char *one[] = {HERMES_WEATHER_TEXT}, *two[] = {HERMES_WEATHER_TEXT, HERMES_SEARCH_TEXT};
+    const enum chat_family f = CHAT_HERMES;
+    check_render(f, one, 1, "x", CONV_A, N(CONV_A), HERMES_ONE_TOOL);
+    check_render(f, two, 2, "x", CONV_B, N(CONV_B), HERMES_TWO_TOOLS);
+    check_render_gen(f, one, 1, "x", CONV_R, N(CONV_R), false, HERMES_RESULTS_LAST);
+    /* the generation prompt right after the "<|im_end|>" */
+    char *with_gen = malloc(sizeof HERMES_RESULTS_LAST + 32);
+    CHECK(with_gen);
+    strcat(strcpy(with_gen, HERMES_RESULTS_LAST), "<|im_start|>assistant\n");
+    check_render_gen(f, one, 1, "x", CONV_R, N(CONV_R), true, with_gen);
+    free(with_gen);
+    const struct chat_tool_message result_first[] = {
+        {"tool", "sunny", NULL, 0, NULL},
+        {"user", "Thanks", NULL, 0, NULL},
+    };
+    check_render_gen(f, one, 1, "x", result_first, 2, false, HERMES_RESULT_FIRST);
 }
 
 /* Where Mistral Nemo's template raises an exception. */
@@ -567,7 +734,8 @@ static void refusals(void)
     /* no user message to hold the tools */
     CHECK(!render(CHAT_LLAMA3, one, 1, "26 Jul 2024", CONV_A, 1));
     for (int f = 0; f < CHAT_N_FAMILIES; f++) {
-        bool has = f == CHAT_CHATML || f == CHAT_LLAMA3 || f == CHAT_MISTRAL_V3_TEKKEN;
+        bool has = f == CHAT_CHATML || f == CHAT_HERMES || f == CHAT_LLAMA3 ||
+                   f == CHAT_MISTRAL_V3_TEKKEN;
         CHECK_EQ(chat_tool_syntax((enum chat_family)f) != NULL, has);
         if (!has)
             CHECK(!render((enum chat_family)f, one, 1, "26 Jul 2024", CONV_A, N(CONV_A)));
@@ -588,7 +756,10 @@ static void syntax_and_indent_per_family(void)
     s = chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN);
     CHECK(s && !strcmp(s->open, "[TOOL_CALLS]") && !s->close && !strcmp(s->args_key, "arguments") &&
           !s->whole && s->array);
+    /* Hermes' calls are Qwen's */
+    CHECK(chat_tool_syntax(CHAT_HERMES) == chat_tool_syntax(CHAT_CHATML));
     CHECK_EQ(chat_tools_indent(CHAT_CHATML), 0);
+    CHECK_EQ(chat_tools_indent(CHAT_HERMES), 0);
     CHECK_EQ(chat_tools_indent(CHAT_LLAMA3), 4);
     CHECK_EQ(chat_tools_indent(CHAT_MISTRAL_V3_TEKKEN), 0);
 }
@@ -610,6 +781,7 @@ int main(void)
     RUN(chatml_matches_qwen);
     RUN(llama3_matches_llama_3_x);
     RUN(mistral_matches_nemo);
+    RUN(hermes_matches_its_tool_use_template);
     RUN(mistral_refusals);
     RUN(refusals);
     RUN(syntax_and_indent_per_family);
