@@ -12,6 +12,7 @@
 
 #include "daemon/net/jsonfield.h"
 #include "engine/jsonesc.h"
+#include "engine/tok/textwriter.h"
 
 /* ---- JSON as the templates' tojson writes it ---- */
 
@@ -131,12 +132,208 @@ static char *mistral_tool_text(json_object *tool)
     return s;
 }
 
-/* A tool's definition as the family's template writes it. Fresh string, NULL out of
- * memory. */
-static char *tool_text(json_object *tool, enum chat_family f)
+/* ---- Hermes' tools ---- */
+
+static void put(struct printbuf *pb, const char *s)
 {
-    return f == CHAT_MISTRAL_V3_TEKKEN ? mistral_tool_text(tool)
-                                       : dump_text(tool, chat_tools_indent(f));
+    printbuf_memappend(pb, s, (int)strlen(s));
+}
+
+/* The Python type Hermes' template (its macro json_to_python_type) writes for a type
+ * name: "str", "float", "int", "bool", "list[Union[]]" (the macro loses an array's items:
+ * it asks the type of json_spec|items, an iterator), "dict". A name it does not know
+ * ("null", "any") it takes for a list of names, one letter each, and recurses until Python
+ * gives up: here "Any", its answer for a type it does not know. */
+static void hermes_named_type(struct printbuf *pb, const char *t)
+{
+    static const char *const names[][2] = {
+        {"string", "str"}, {"number", "float"}, {"integer", "int"}, {"boolean", "bool"},
+        {"array", "list[Union[]]"}, {"object", "dict"}, {"", "Union[]"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(t, names[i][0]) == 0) {
+            put(pb, names[i][1]);
+            return;
+        }
+    put(pb, "Any");
+}
+
+/* ... for a "type" value: a name's, "Union[...]" over a list of them (or an object's
+ * keys, which Jinja iterates), "Any" for JSON's other values. */
+static void hermes_type_name(struct printbuf *pb, json_object *t)
+{
+    bool first = true;
+    switch (json_object_get_type(t)) {
+    case json_type_string:
+        hermes_named_type(pb, json_object_get_string(t));
+        return;
+    case json_type_array:
+        put(pb, "Union[");
+        for (size_t i = 0; i < json_object_array_length(t); i++) {
+            put(pb, i ? "," : "");
+            hermes_type_name(pb, json_object_array_get_idx(t, i));
+        }
+        put(pb, "]");
+        return;
+    case json_type_object:
+        put(pb, "Union[");
+        json_object_object_foreach(t, key, val)
+        {
+            (void)val;
+            put(pb, first ? "" : ",");
+            hermes_named_type(pb, key);
+            first = false;
+        }
+        put(pb, "]");
+        return;
+    default:
+        put(pb, "Any");
+    }
+}
+
+/* The Python type of a schema: its "type"'s, "dict[str, ...]" for an object whose
+ * additionalProperties say what its values are; "Union[]" without a type (the macro
+ * iterates over the undefined value). */
+static void hermes_type(struct printbuf *pb, json_object *schema)
+{
+    json_object *t, *values;
+    if (!json_object_is_type(schema, json_type_object) ||
+        !json_object_object_get_ex(schema, "type", &t)) {
+        put(pb, "Union[]");
+    } else if (json_object_is_type(t, json_type_string) &&
+               strcmp(json_object_get_string(t), "object") == 0 &&
+               json_object_object_get_ex(schema, "additionalProperties", &values)) {
+        put(pb, "dict[str, ");
+        hermes_type(pb, values);
+        put(pb, "]");
+    } else {
+        hermes_type_name(pb, t);
+    }
+}
+
+/* The description of o (a property's or the return's schema): *s its text (NULL without
+ * one). 0, or -1 with msg naming field when it is not a string: the template would write
+ * a property's as Python's str() of the value, and raises on the return's. */
+static int hermes_description(json_object *o, const char *field, const char **s, char *msg,
+                              size_t cap)
+{
+    json_object *d;
+    *s = NULL;
+    if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "description", &d))
+        return 0;
+    if (!json_object_is_type(d, json_type_string)) {
+        snprintf(msg, cap, "%s.description must be a string", field);
+        return -1;
+    }
+    *s = json_object_get_string(d);
+    return 0;
+}
+
+/* A property's description as the template's "|trim" writes it. */
+static void put_trimmed(struct printbuf *pb, const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0 && textwriter_is_space(*s))
+        s++, n--;
+    while (n > 0 && textwriter_is_space(s[n - 1]))
+        n--;
+    printbuf_memappend(pb, s, (int)n);
+}
+
+/* A tool as Hermes' tool_use template writes it: {"type": "function", "function":
+ * {"name": ..., "description": "name(a: str, ...) -> R - description\n\n    Args:\n
+ *         a(str): its description...\n    Returns:\n        ...", "parameters": ...}
+ * (the outer object left open, as the template leaves it): the "Args:" lines one after
+ * the other, the names and descriptions as they are (quotes unescaped), the parameters as
+ * tojson, or {} without properties; " -> R" and "Returns:" from the function's "return"
+ * schema. A function without parameters or a description, on which the template raises,
+ * is written as one with {} and "". Fresh string, or NULL with msg (tools[i] named):
+ * properties that are not an object, or a description not a string. */
+static char *hermes_tool_text(json_object *tool, size_t i, char *msg, size_t cap)
+{
+    json_object *fn = json_object_object_get(tool, "function"), *params = NULL, *props = NULL;
+    json_object *ret = NULL, *d = json_object_object_get(fn, "description");
+    const char *name = json_object_get_string(json_object_object_get(fn, "name"));
+    const char *desc = d ? json_object_get_string(d) : "", *ret_desc = NULL;
+    char field[128];
+    bool has_return = json_object_object_get_ex(fn, "return", &ret);
+    if (json_object_object_get_ex(fn, "parameters", &params) &&
+        json_object_object_get_ex(params, "properties", &props) &&
+        !json_object_is_type(props, json_type_object)) {
+        snprintf(msg, cap, "tools[%zu].function.parameters.properties must be an object", i);
+        return NULL;
+    }
+    snprintf(field, sizeof field, "tools[%zu].function.return", i);
+    if (has_return && hermes_description(ret, field, &ret_desc, msg, cap) < 0)
+        return NULL;
+    struct printbuf *pb = printbuf_new();
+    if (!pb) {
+        snprintf(msg, cap, "out of memory");
+        return NULL;
+    }
+    sprintbuf(pb, "{\"type\": \"function\", \"function\": {\"name\": \"%s\", \"description\": \"%s(",
+              name, name);
+    bool first = true, bad = false;
+    if (props) {
+        json_object_object_foreach(props, key, val)
+        {
+            sprintbuf(pb, "%s%s: ", first ? "" : ", ", key);
+            hermes_type(pb, val);
+            first = false;
+        }
+    }
+    put(pb, ")");
+    if (has_return) {
+        put(pb, " -> ");
+        hermes_type(pb, ret);
+    }
+    sprintbuf(pb, " - %s\n\n", desc);
+    first = true;
+    if (props) {
+        json_object_object_foreach(props, pkey, pval)
+        {
+            const char *pd;
+            snprintf(field, sizeof field, "tools[%zu].function.parameters.properties.%.64s", i,
+                     pkey);
+            if ((bad = hermes_description(pval, field, &pd, msg, cap) < 0))
+                break;
+            sprintbuf(pb, "%s        %s(", first ? "    Args:\n" : "", pkey);
+            hermes_type(pb, pval);
+            put(pb, "): ");
+            put_trimmed(pb, pd ? pd : "");
+            first = false;
+        }
+    }
+    if (bad) {
+        printbuf_free(pb);
+        return NULL;
+    }
+    if (ret_desc)
+        sprintbuf(pb, "\n    Returns:\n        %s", ret_desc);
+    put(pb, "\", \"parameters\": ");
+    if (props && json_object_object_length(props) > 0)
+        dump(pb, params, 0, 0);
+    else
+        put(pb, "{}");
+    put(pb, "}");
+    char *s = strndup(pb->buf, (size_t)pb->bpos);
+    printbuf_free(pb);
+    if (!s)
+        snprintf(msg, cap, "out of memory");
+    return s;
+}
+
+/* A tool's definition (tools[i]) as the family's template writes it. Fresh string, or
+ * NULL with msg. */
+static char *tool_text(json_object *tool, enum chat_family f, size_t i, char *msg, size_t cap)
+{
+    if (f == CHAT_HERMES)
+        return hermes_tool_text(tool, i, msg, cap);
+    char *s = f == CHAT_MISTRAL_V3_TEKKEN ? mistral_tool_text(tool)
+                                          : dump_text(tool, chat_tools_indent(f));
+    if (!s)
+        snprintf(msg, cap, "out of memory");
+    return s;
 }
 
 /* ---- reading tools ---- */
@@ -305,7 +502,7 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
-                           "are supported with chatml, llama3 and Mistral Nemo's "
+                           "are supported with chatml, hermes, llama3 and Mistral Nemo's "
                            "mistral-v3-tekken templates)", chat_family_name(f));
         return -1;
     }
@@ -322,10 +519,8 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
         json_object *t = json_object_array_get_idx(tools, i);
         if (check_tool(t, i, &ts->names[i], &ts->params[i], msg, cap) < 0)
             return -1;
-        if (!(ts->defs[i] = tool_text(t, f))) {
-            snprintf(msg, cap, "out of memory");
+        if (!(ts->defs[i] = tool_text(t, f, i, msg, cap)))
             return -1;
-        }
         ts->n = i + 1;
         if (named && strcmp(named, ts->names[i]) == 0)
             ts->forced_fn = (int)i;

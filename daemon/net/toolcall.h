@@ -2,8 +2,9 @@
  * toolcall.h — tool calling on the gateway, for both API shapes: a request's "tools",
  * "tool_choice" and "parallel_tool_calls" read, the conversation with its tools and
  * tool messages rendered in the model's chat family (engine/tok/chattools.h, which the
- * JSON written here feeds: each tool as the template's tojson writes it), and replies
- * scanned for calls in the family's syntax, whole or piece by piece as they stream.
+ * JSON written here feeds: each tool as the template writes it, tojson or Mistral Nemo's
+ * and Hermes' own loops over its fields), and replies scanned for calls in the family's
+ * syntax, whole or piece by piece as they stream.
  * A call that does not parse (bad JSON, an unknown function, no arguments object) stays
  * text of the reply, as llama.cpp leaves it.
  */
@@ -42,7 +43,9 @@ typedef struct toolcall_set {
  * "parameters"?}}], OpenAI's and ollama's shape), "tool_choice" and
  * "parallel_tool_calls" for a model of family f into ts. 0 with ts->n == 0 when there
  * are none (absent, null or empty); 0 with them read; -1 with msg naming the field for a
- * malformed tool, a family without a tool format, or a tool_choice naming no tool.
+ * malformed tool (for hermes also properties that are no object and a property's or
+ * return's description that is no string, which its template cannot write), a family
+ * without a tool format, or a tool_choice naming no tool.
  * toolcall_set_free frees what it holds either way.
  *
  * A forced tool_choice ("required", or {"type": "function", "function": {"name"}}) gets

@@ -2,7 +2,8 @@
  * Tests of tool calling's JSON side (daemon/net/toolcall.h): tools read and refused,
  * OpenAI's and ollama's messages rendered (each tool written as the template's tojson
  * writes it: the expected prompts are Qwen2.5-7B-Instruct's and Mistral-Nemo-Instruct-
- * 2407's own renderings), and replies scanned for calls, whole and piece by piece.
+ * 2407's own renderings; Hermes' tools and prompts are its tool_use template's, Hermes 2
+ * Pro's and Hermes 3's one text), and replies scanned for calls, whole and piece by piece.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,48 @@ static const char WEATHER_INDENTED[] =
     "    }\n"
     "}";
 
+/* NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja of system, user, a get_weather call,
+ * its result, user */
+static const char HERMES_ONE_TOOL[] =
+    "<|im_start|>system\n"
+    "You are a function calling AI model. You are provided with function signatures w"
+    "ithin <tools></tools> XML tags. You may call one or more functions to assist wit"
+    "h the user query. Don't make assumptions about what values to plug into function"
+    "s. Here are the available tools: <tools> {\"type\": \"function\", \"function\": "
+    "{\"name\": \"get_weather\", \"description\": \"get_weather(city: str, unit: str)"
+    " - Get the weather in a city\n"
+    "\n"
+    "    Args:\n"
+    "        city(str): the city        unit(str): \", \"parameters\": {\"type\": \"o"
+    "bject\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"th"
+    "e city\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit"
+    "\"]}}, \"required\": [\"city\"]}} </tools>Use the following pydantic model json "
+    "schema for each tool call you will make: {\"properties\": {\"name\": {\"title\":"
+    " \"Name\", \"type\": \"string\"}, \"arguments\": {\"title\": \"Arguments\", \"ty"
+    "pe\": \"object\"}}, \"required\": [\"name\", \"arguments\"], \"title\": \"Functi"
+    "onCall\", \"type\": \"object\"}}\n"
+    "For each function call return a json object with function name and arguments wit"
+    "hin <tool_call></tool_call> XML tags as follows:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-dict>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+    "What is the weather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"cel"
+    "sius\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>tool\n"
+    "<tool_response>\n"
+    "{\"temperature\": 22}\n"
+    "</tool_response>\n"
+    "<|im_end|><|im_start|>user\n"
+    "And in Rome?<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
 /* Reads {"tools": [tool], extra...} for family f: 0 or -1, msg says why. */
 static int read_tools(enum chat_family f, const char *tool, const char *extra, toolcall_set *ts,
                       char *msg, size_t cap)
@@ -135,6 +178,96 @@ static void mistral_tools_are_written_as_its_template(void)
     toolcall_set_free(&ts);
 }
 
+/* A tool of many parameter kinds: nested objects, an array, an enum, optional ones, one
+ * without a type, a list of types, maps, a return, descriptions to trim or quote */
+static const char BOOK_TOOL[] =
+    "{\"type\":\"function\",\"function\":{\"name\":\"book_trip\",\"description\":\"Book a "
+    "\\\"trip\\\" \xe2\x80\x93 \xc3\xa9\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"destination\":{\"type\":\"string\",\"description\":\"  where to\\n \"},\"nights\":{"
+    "\"type\":\"integer\",\"description\":\"how many nights\",\"minimum\":1},\"travellers\":{"
+    "\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":"
+    "\"string\"},\"age\":{\"type\":\"integer\"}}},\"description\":\"who travels\"},\"class\":{"
+    "\"type\":\"string\",\"enum\":[\"economy\",\"business\"]},\"budget\":{\"type\":[\"number\","
+    "\"integer\"],\"description\":\"at most\"},\"extras\":{\"type\":\"object\","
+    "\"additionalProperties\":{\"type\":\"boolean\"},\"description\":\"options\"},\"tags\":{"
+    "\"type\":\"object\",\"additionalProperties\":false},\"notes\":{\"description\":\"free "
+    "text\"},\"flexible\":{\"type\":\"boolean\"},\"any\":{\"type\":null}},\"required\":["
+    "\"destination\",\"nights\"]},\"return\":{\"type\":\"string\",\"description\":\"the "
+    "booking reference\"}}}";
+
+/* The Hermes tool_use template's text of BOOK_TOOL: Python-like types (its
+ * json_to_python_type: an array's items are lost to "list[Union[]]", a map's values kept,
+ * no type "Union[]", a null one "Any"), each "Args:" line after the other, descriptions
+ * trimmed, the function's as it is (quotes unescaped) */
+static const char HERMES_BOOK[] =
+    "{\"type\": \"function\", \"function\": {\"name\": \"book_trip\", \"description\""
+    ": \"book_trip(destination: str, nights: int, travellers: list[Union[]], class: s"
+    "tr, budget: Union[float,int], extras: dict[str, bool], tags: dict[str, Union[]],"
+    " notes: Union[], flexible: bool, any: Any) -> str - Book a \"trip\" \xe2\x80\x93 \xc3\xa9\n"
+    "\n"
+    "    Args:\n"
+    "        destination(str): where to        nights(int): how many nights        tr"
+    "avellers(list[Union[]]): who travels        class(str):         budget(Union[flo"
+    "at,int]): at most        extras(dict[str, bool]): options        tags(dict[str, "
+    "Union[]]):         notes(Union[]): free text        flexible(bool):         any("
+    "Any): \n"
+    "    Returns:\n"
+    "        the booking reference\", \"parameters\": {\"type\": \"object\", \"proper"
+    "ties\": {\"destination\": {\"type\": \"string\", \"description\": \"  where to\\"
+    "n \"}, \"nights\": {\"type\": \"integer\", \"description\": \"how many nights\","
+    " \"minimum\": 1}, \"travellers\": {\"type\": \"array\", \"items\": {\"type\": \""
+    "object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\":"
+    " \"integer\"}}}, \"description\": \"who travels\"}, \"class\": {\"type\": \"stri"
+    "ng\", \"enum\": [\"economy\", \"business\"]}, \"budget\": {\"type\": [\"number\""
+    ", \"integer\"], \"description\": \"at most\"}, \"extras\": {\"type\": \"object\""
+    ", \"additionalProperties\": {\"type\": \"boolean\"}, \"description\": \"options\""
+    "}, \"tags\": {\"type\": \"object\", \"additionalProperties\": false}, \"notes\":"
+    " {\"description\": \"free text\"}, \"flexible\": {\"type\": \"boolean\"}, \"any\""
+    ": {\"type\": null}}, \"required\": [\"destination\", \"nights\"]}}";
+
+/* Hermes' tools are written as its template's loop writes them. A function without
+ * parameters or a description (the template raises on either) is written as one with
+ * "parameters": {} and "description": "" (the template's rendering of those), as is one
+ * whose parameters have no properties. */
+static void hermes_tools_are_written_as_its_template(void)
+{
+    static const struct {
+        const char *tool, *want;
+    } T[] = {
+        {BOOK_TOOL, HERMES_BOOK},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"now\"}}",
+         "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"now"
+         "() - \n\n\", \"parameters\": {}}"},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"description\":\"Ping\","
+         "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}",
+         "{\"type\": \"function\", \"function\": {\"name\": \"ping\", \"description\": \"ping"
+         "() - Ping\n\n\", \"parameters\": {}}"},
+        /* a type name the template does not know makes its json_to_python_type recurse
+         * until Python gives up (it takes the string for a list of types): "Any", the
+         * template's answer for a type it does not know */
+        {"{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\","
+         "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"string\","
+         "\"null\"]},\"b\":{\"type\":\"null\"}}}}}",
+         "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"f(a: "
+         "Union[str,Any], b: Any) - d\n\n    Args:\n        a(Union[str,Any]):         "
+         "b(Any): \", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type"
+         "\": [\"string\", \"null\"]}, \"b\": {\"type\": \"null\"}}}}"},
+    };
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
+        toolcall_set ts;
+        char msg[256];
+        CHECK_MSG(read_tools(CHAT_HERMES, T[i].tool, "", &ts, msg, sizeof msg) == 0, "%zu: %s",
+                  i, msg);
+        CHECK_EQ(ts.n, 1);
+        size_t at = 0;
+        while (ts.defs[0][at] && ts.defs[0][at] == T[i].want[at])
+            at++;
+        CHECK_MSG(!strcmp(ts.defs[0], T[i].want), "%zu differs at %zu: '%s'", i, at,
+                  ts.defs[0] + at);
+        toolcall_set_free(&ts);
+    }
+}
+
 static void malformed_tools_and_choices_are_refused(void)
 {
     static const struct {
@@ -157,6 +290,15 @@ static void malformed_tools_and_choices_are_refused(void)
          "\"tool_choice\":\"sometimes\"", "tool_choice"},
         {CHAT_ZEPHYR, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "",
          "no tool format"},
+        /* where Hermes' template raises: properties that are no object, a description
+         * that is no string (it would write Python's str() of it) */
+        {CHAT_HERMES, "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+         "{\"properties\":[1]}}}", "", "tools[0].function.parameters.properties"},
+        {CHAT_HERMES, "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+         "{\"properties\":{\"a\":{\"description\":3}}}}}", "",
+         "tools[0].function.parameters.properties.a.description"},
+        {CHAT_HERMES, "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"return\":"
+         "{\"description\":null}}}", "", "tools[0].function.return.description"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         toolcall_set ts;
@@ -198,6 +340,7 @@ static void forced_choice_builds_the_schema(void)
         /* the prompt ends with "[TOOL_CALLS][": the reply is the array's one item */
         {CHAT_MISTRAL_V3_TEKKEN, "\"arguments\"",
          "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"},
+        {CHAT_HERMES, "\"arguments\"", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"},
     };
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         json_object *body = json_tokener_parse(
@@ -308,6 +451,35 @@ static void messages_render_as_the_template(void)
         CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
         char *got = toolcall_render(&ts, msgs, "26 Jul 2024", msg, sizeof msg);
         CHECK_MSG(got && !strcmp(got, CHATML_ONE_TOOL), "%s", got ? got : msg);
+        free(got);
+        toolcall_set_free(&ts);
+        json_object_put(o);
+    }
+}
+
+/* OpenAI's messages render as Hermes' template does (arguments, a string, written as the
+ * object they hold); a forced call's prompt ends with its opening. */
+static void hermes_messages_render_as_its_template(void)
+{
+    for (int forced = 0; forced < 2; forced++) {
+        char body[4096];
+        snprintf(body, sizeof body,
+                 "{\"tools\":[%s],%s\"messages\":[{\"role\":\"system\",\"content\":\"You are a "
+                 "helpful assistant.\"},{\"role\":\"user\",\"content\":\"What is the weather in "
+                 "Paris?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+                 "\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                 "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\",\\\"unit\\\":\\\"celsius\\\"}\"}}]},"
+                 "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"{\\\"temperature"
+                 "\\\": 22}\"},{\"role\":\"user\",\"content\":\"And in Rome?\"}]}",
+                 WEATHER_TOOL, forced ? "\"tool_choice\":\"required\"," : "");
+        json_object *o = json_tokener_parse(body), *msgs;
+        CHECK(o && json_object_object_get_ex(o, "messages", &msgs));
+        toolcall_set ts;
+        char msg[256], want[sizeof HERMES_ONE_TOOL + 16];
+        CHECK_EQ(toolcall_read(o, CHAT_HERMES, &ts, msg, sizeof msg), 0);
+        snprintf(want, sizeof want, "%s%s", HERMES_ONE_TOOL, forced ? "<tool_call>\n" : "");
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", msg, sizeof msg);
+        CHECK_MSG(got && !strcmp(got, want), "%s", got ? got : msg);
         free(got);
         toolcall_set_free(&ts);
         json_object_put(o);
@@ -502,6 +674,10 @@ static const struct {
     {CHAT_CHATML, "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call> then "
                   "<tool_call>{\"name\": 3}</tool_call>",
      "then <tool_call>{\"name\": 3}</tool_call>", "search({});"},
+    /* hermes: Qwen's calls */
+    {CHAT_HERMES, "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                  "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": "
+                  "{}}\n</tool_call>", "Sure.", "get_weather({\"city\":\"Paris\"});search({});"},
     /* llama3: the reply is the call */
     {CHAT_LLAMA3, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", "",
      "get_weather({\"city\":\"Rome\"});"},
@@ -593,11 +769,13 @@ int main(void)
 {
     RUN(tools_are_written_as_tojson);
     RUN(mistral_tools_are_written_as_its_template);
+    RUN(hermes_tools_are_written_as_its_template);
     RUN(malformed_tools_and_choices_are_refused);
     RUN(choice_none_and_one_call_are_read);
     RUN(forced_choice_builds_the_schema);
     RUN(messages_render_as_the_template);
     RUN(mistral_messages_map_call_ids);
+    RUN(hermes_messages_render_as_its_template);
     RUN(bad_messages_are_refused);
     RUN(replies_are_scanned_whole_and_in_pieces);
     RUN(parallel_false_keeps_the_first_call);
