@@ -37,10 +37,11 @@ static const char toolmodel_pick_tool[] =
     "\"object\",\"properties\":{\"day\":{\"enum\":[\"mon\",\"tue\"]},\"hours\":{\"type\":"
     "\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"day\",\"hours\"]}}}";
 
-/* Writes the vocabulary, call_piece the call token's text, chat_template its template,
- * to path. 0 or -1. */
+/* Writes the vocabulary, call_piece the call token's text, chat_template its template
+ * and tool_use (unless NULL) its tool_use one (tokenizer.chat_template.tool_use, where
+ * llama.cpp's converter puts a model's template of that name), to path. 0 or -1. */
 static inline int toolmodel_write_vocab(const char *path, const char *call_piece,
-                                        const char *chat_template)
+                                        const char *chat_template, const char *tool_use)
 {
     static char names[TOOLMODEL_N_VOCAB][16];
     const char *strs[TOOLMODEL_N_VOCAB];
@@ -70,6 +71,8 @@ static inline int toolmodel_write_vocab(const char *path, const char *call_piece
                      gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1) == 0 &&
                      gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2) == 0 &&
                      gguf_writer_set_str(w, "tokenizer.chat_template", chat_template) == 0 &&
+                     (!tool_use ||
+                      gguf_writer_set_str(w, "tokenizer.chat_template.tool_use", tool_use) == 0) &&
                      gguf_writer_write(w, path, err) == 0
                  ? 0 : -1;
     gguf_writer_free(w);
@@ -79,11 +82,12 @@ static inline int toolmodel_write_vocab(const char *path, const char *call_piece
 /* Generates the model (a small llama on that vocabulary) named name into model_path; it
  * stays empty when that fails (the tests then skip). */
 static inline void toolmodel_generate(const char *name, const char *call_piece,
-                                      const char *chat_template, char *model_path, size_t cap)
+                                      const char *chat_template, const char *tool_use,
+                                      char *model_path, size_t cap)
 {
     char vocab_path[1024], err[ERR_MAX];
     proc_fmt(vocab_path, sizeof vocab_path, "%s/%s-vocab.gguf", test_tmpdir(), name);
-    gguf_file *vocab = toolmodel_write_vocab(vocab_path, call_piece, chat_template) == 0
+    gguf_file *vocab = toolmodel_write_vocab(vocab_path, call_piece, chat_template, tool_use) == 0
                            ? gguf_open(vocab_path, err)
                            : NULL;
     if (!vocab)
