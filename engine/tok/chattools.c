@@ -19,7 +19,7 @@ const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
 {
     switch (f) {
     case CHAT_CHATML:
-    case CHAT_HERMES: /* Hermes writes Qwen's calls (Qwen took them from Hermes) */
+    case CHAT_HERMES: /* the same calls: Qwen2.5 took Hermes' style */
         return &chatml_syntax;
     case CHAT_LLAMA3:
         return &llama3_syntax;
@@ -87,6 +87,7 @@ static void chatml_tools_turn(textwriter *w, const char *system, const char *con
            "</tool_call><|im_end|>\n");
 }
 
+/* A message without calls as a chatml turn. */
 static void chatml_turn(textwriter *w, const struct chat_tool_message *m)
 {
     textwriter_put(w, "<|im_start|>");
