@@ -68,7 +68,8 @@ static const key_def keys[] = {
            "the chat template of the default generate model (`model`): `auto` recognises "
            "the file's `tokenizer.chat_template` (a template llmsd does not know gives "
            "`plain`, \"User: ...\\nAssistant:\"), or a family by name, as llama.cpp's "
-           "`--chat-template` names them, for a file without a template or with a wrong one"),
+           "`--chat-template` names them (and `hermes`: chatml with Hermes 2 Pro's and 3's "
+           "tool format), for a file without a template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",
            "how the weights come into memory: `map` maps the file (pages shared with the page "
            "cache, reclaimable under memory pressure); `copy` reads them into private memory "
