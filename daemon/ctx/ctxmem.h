@@ -54,6 +54,9 @@ struct ctxmgr {
     kv_pool *pool;
     kv_pool *also;        /* another pool whose KV counts against the budget (the draft
                              model's, ctx_budget_also_counts), or NULL */
+    size_t (*shed)(void *arg, size_t bytes); /* KV outside the contexts reclaimed first
+                                                (ctx_set_shed), or NULL */
+    void *shed_arg;
     model_runner *runner;
     const model *m;
     kv_shape shape;

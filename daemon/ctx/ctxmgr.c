@@ -989,6 +989,12 @@ void ctx_budget_also_counts(ctxmgr *cm, kv_pool *pool)
     cm->also = pool;
 }
 
+void ctx_set_shed(ctxmgr *cm, size_t (*shed)(void *arg, size_t bytes), void *arg)
+{
+    cm->shed = shed;
+    cm->shed_arg = arg;
+}
+
 /* The resident KV the budget holds: the pool's and the other counted one's. */
 static size_t resident_bytes(const ctxmgr *cm)
 {
@@ -1020,6 +1026,12 @@ static bool reclaim_to(ctxmgr *cm, size_t target)
     trim_spares_to(cm, target);
     if (resident_bytes(cm) <= target)
         return true;
+    if (cm->shed) {
+        cm->shed(cm->shed_arg, resident_bytes(cm) - target);
+        trim_spares_to(cm, target);
+        if (resident_bytes(cm) <= target)
+            return true;
+    }
     size_t n = 0;
     for (ctx_entry *c = cm->head; c; c = c->next)
         if (!c->busy)

@@ -437,6 +437,12 @@ int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
  * spare buffers when cm's own are not enough. NULL stops it. */
 void ctx_budget_also_counts(ctxmgr *cm, kv_pool *pool);
 
+/* KV of cm's pool held outside every context that reclaiming gives up before any
+ * context's chunk (the scheduler's prompt cache: resumable prompts, worth less than an
+ * app's context): shed(arg, bytes) frees about that many bytes of it, and returns what it
+ * freed. NULL stops it. */
+void ctx_set_shed(ctxmgr *cm, size_t (*shed)(void *arg, size_t bytes), void *arg);
+
 /*
  * Under a KV budget that reclaiming cannot satisfy, a call may make its own KV smaller:
  * converts the full f16 chunks of seq (a busy context's or a Complete's) from chunk
