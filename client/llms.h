@@ -217,7 +217,8 @@ typedef struct llms_token_logprob {
 
 /* Outcome of a generation (proto CallResult). */
 typedef struct llms_result {
-    uint32_t prompt_tokens;    /* tokens evaluated for the prompt */
+    uint32_t prompt_tokens;    /* tokens of the prompt (a call's turn), those resumed from
+                                  the daemon's prompt cache included */
     uint32_t generated_tokens;
     uint32_t context_tokens;   /* context length after the call (0 for llms_complete) */
     double prefill_ms;

@@ -181,6 +181,13 @@ static const key_def keys[] = {
         "(LCTRU order: heaviest precision first, least recently used first), already on "
         "disk, for the next call to read or recompute; with several generate models each "
         "gets an equal share"),
+    INT(prompt_cache_mb, 0, INT_MAX, "256",
+        "KV of recent Complete prompts (the gateway's chat and completion requests) kept in "
+        "MiB, for the same app's next prompt on the same model that begins the same way to "
+        "resume instead of evaluating it again (a chat resends its whole conversation every "
+        "turn); least recently used first out; 0 = off. Held inside `kv_budget_mb`, not "
+        "beside it: running work that needs room under the budget takes it back first, "
+        "before any context's chunk; with several generate models each gets an equal share"),
     INT(prefill_budget_mb, 0, INT_MAX, "0",
         "working memory of a prefill step in MiB (activations, attention score blocks), "
         "0 = none: the runner's rows per step and score blocks are planned "

@@ -55,6 +55,7 @@ typedef struct config {
     char sched[8];                     /* "batched" or "serial" */
     uint32_t max_frame_bytes;
     int kv_budget_mb;                  /* resident KV cap; 0: no cap */
+    int prompt_cache_mb;               /* Complete prompts' KV kept for reuse; 0: off */
     int prefill_budget_mb;             /* prefill working memory; 0: none */
     int resident_small_mb;             /* weights resident by size, others stream; -1: all */
     int kv_wait_ms;                    /* longest wait of a call for KV under the cap */

@@ -565,6 +565,21 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
         }
         st->kv_spare_bytes += kv_pool_spare_bytes(gm->pool);
     }
+    st->has_prompt_cache_hits = st->has_prompt_cache_misses = 1;
+    st->has_prompt_cache_reused_tokens = st->has_prompt_cache_bytes = 1;
+    st->has_prompt_cache_entries = 1;
+    st->prompt_cache_hits = s->pcache_gone.hits;
+    st->prompt_cache_misses = s->pcache_gone.misses;
+    st->prompt_cache_reused_tokens = s->pcache_gone.reused_tokens;
+    for (int k = 0; k < SCHED_GEN_MAX; k++)
+        if (s->pcache[k]) {
+            pcache_stats ps = pcache_get_stats(s->pcache[k]);
+            st->prompt_cache_hits += ps.hits;
+            st->prompt_cache_misses += ps.misses;
+            st->prompt_cache_reused_tokens += ps.reused_tokens;
+            st->prompt_cache_bytes += ps.bytes;
+            st->prompt_cache_entries += (uint32_t)ps.entries;
+        }
     /* the draft model's KV counts with the default generate model's (all f16) */
     const kv_pool *draft = s->drafter ? spec_drafter_pool(s->drafter) : NULL;
     if (draft) {

@@ -123,6 +123,17 @@ void gen_free(gen *g)
     free(g);
 }
 
+/* The prompt cache a generation may resume from and be kept in: a Complete's (a graph
+ * node's prompt and idle-time prediction's are left alone) that does not draft with the
+ * draft model (whose own KV of the prompt the cache does not hold), on its model; NULL
+ * when none. */
+static pcache *gen_pcache(const sched *s, const gen *g, const sched_job *j, bool graph)
+{
+    if (g->c || g->rq || graph || j == &s->pred_job || g->drafter)
+        return NULL;
+    return s->pcache[genset_slot(s, g->gm)];
+}
+
 /* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
  * token counts, timings, stop reason and window slides, at their widest. */
 #define RESULT_FIXED_BYTES 128
@@ -360,6 +371,11 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         c->busy = true;
         c->last_used_ms = clock_wall_ms();
     }
+    /* the prompt resumes after the longest prefix the app's last prompts share with it */
+    pcache *pc = gen_pcache(s, g, j, gg != NULL);
+    if (pc)
+        g->n_cached = pcache_take(pc, j->uid, j->app, g->turn, g->n_turn, gm->step_tokens,
+                                  &g->own_seq);
     return g;
 fail:
     free(turn);
@@ -644,13 +660,15 @@ void gen_end(sched *s, work *w)
             sched_reply_error(s, w->job, code, "%s", err);
         } else {
             Llms__CallResult res = LLMS__CALL_RESULT__INIT;
-            res.prompt_tokens = (uint32_t)g->n_eval;
+            res.prompt_tokens = (uint32_t)(g->n_eval + g->n_cached);
             res.generated_tokens = (uint32_t)g->n_gen;
             res.context_tokens = g->c ? (uint32_t)g->c->n_tokens : 0;
             res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
             res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
             res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
             res.stop_reason = g->reason;
+            res.has_cached_tokens = g->n_cached > 0;
+            res.cached_tokens = (uint32_t)g->n_cached;
             res.has_window_slides = g->slides > 0;
             res.window_slides = (uint32_t)g->slides;
             res.text = g->shown ? g->shown : "";
@@ -676,6 +694,15 @@ void gen_end(sched *s, work *w)
         outq_wake(s->env.out);
         rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "", g->reason, g->n_gen);
     }
+    /* a whole reply's prompt KV is kept for the app's next prompt (not a cut-short one's:
+     * its end says the app may not come back to it) */
+    pcache *pc = gen_pcache(s, g, w->job, w->gw != NULL);
+    if (pc && !failed && (g->reason == LLMS__STOP_REASON__STOP_EOS ||
+                          g->reason == LLMS__STOP_REASON__STOP_STRING ||
+                          g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
+                          g->reason == LLMS__STOP_REASON__STOP_CONTEXT_FULL))
+        pcache_put(pc, w->job->uid, w->job->app, g->turn, g->n_turn, g->gm->step_tokens,
+                   &g->own_seq);
     if (!failed)
         reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
                        (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,

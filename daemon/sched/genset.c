@@ -138,6 +138,9 @@ static void genset_split_budget(sched *s)
             ctx_policy p = *ctx_get_policy(s->gm[k]->cm);
             p.budget_bytes = total / (size_t)n;
             ctx_set_policy(s->gm[k]->cm, &p);
+            if (s->pcache[k])
+                pcache_set_max(s->pcache[k], ((size_t)s->env.cfg->prompt_cache_mb << 20) /
+                                                 (size_t)n);
             ctx_enforce_budget(s->gm[k]->cm);
         }
 }
@@ -175,6 +178,14 @@ static int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err
     if (sched_step_room(s, gm->max_batch) < 0) {
         genmodel_free(gm);
         return err_set(err, "out of memory");
+    }
+    if (cfg->prompt_cache_mb > 0 && !s->serial) {
+        /* its share is set with the KV budget's (genset_split_budget) */
+        if (!(s->pcache[k] = pcache_new(gm->pool, 0))) {
+            genmodel_free(gm);
+            return err_set(err, "out of memory");
+        }
+        ctx_set_shed(gm->cm, pcache_shed, s->pcache[k]);
     }
     ctx_set_write_notify(gm->cm, sched_writes_done, s);
     gm->piece_max = logprobs_piece_max(gm->tok);
@@ -244,7 +255,17 @@ int genset_unload(sched *s, genmodel *gm, char err[ERR_MAX])
 {
     if (genset_unload_check(s, gm, err) < 0)
         return -1;
-    s->gm[genset_slot(s, gm)] = NULL;
+    int k = genset_slot(s, gm);
+    s->gm[k] = NULL;
+    /* its entries' chunks go back to the pool before the pool goes; its counts stay */
+    if (s->pcache[k]) {
+        pcache_stats ps = pcache_get_stats(s->pcache[k]);
+        s->pcache_gone.hits += ps.hits;
+        s->pcache_gone.misses += ps.misses;
+        s->pcache_gone.reused_tokens += ps.reused_tokens;
+    }
+    pcache_free(s->pcache[k]);
+    s->pcache[k] = NULL;
     genmodel_free(gm);
     genset_split_budget(s);
     return 0;

@@ -264,8 +264,14 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
         g->n_eval = g->n_hist - from;
     int n = g->n_hist - from < take ? g->n_hist - from : take;
     /* A RagQuery's prompt, from scratch or resumed after a cached prefix, is cut at the
-     * same places, so each row goes through the same kernels and the reuse stays exact. */
-    int slice_end = g->rq ? rag_slice_end(g->rq, from, g->gm->step_tokens) : from + n;
+     * same places, so each row goes through the same kernels and the reuse stays exact;
+     * a Complete's at multiples of step_tokens, where the prompt cache's entries end
+     * (promptcache.h), whether the cache is on or not (serial mode, which has none,
+     * evaluates prompts whole). */
+    int st = g->gm->step_tokens;
+    int slice_end = g->rq                    ? rag_slice_end(g->rq, from, st)
+                    : !g->c && !s->serial ? (from / st + 1) * st
+                                          : from + n;
     if (n > slice_end - from)
         n = slice_end - from;
     step_add_gen(s, n_seq, n_out, w, from, n);
@@ -677,8 +683,10 @@ void sched_free(sched *s)
     spec_drafter_free(s->drafter);
     kb_free(s->kb);
     semantic_free(s->sem);
-    for (int k = 0; k < SCHED_GEN_MAX; k++)
+    for (int k = 0; k < SCHED_GEN_MAX; k++) {
+        pcache_free(s->pcache[k]); /* before its pool */
         genmodel_free(s->gm[k]);
+    }
     free(s->positions);
     free(s->steps);
     free(s->step_seqs);

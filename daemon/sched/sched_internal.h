@@ -34,6 +34,7 @@
 #include "daemon/sched/sched.h"
 #include "daemon/net/reply.h"
 #include "daemon/sched/logprobs.h"
+#include "daemon/sched/promptcache.h"
 #include "daemon/sched/semantic.h"
 #include "daemon/sched/speculate.h"
 #include "engine/clock.h"
@@ -85,6 +86,7 @@ typedef struct gen {
     bool switched_in;      /* a Call's chunks are all resident and locked */
     bool prefilled;        /* the prompt is evaluated: one decode row per step */
     int n_eval;            /* tokens the prompt evaluation computed */
+    int n_cached;          /* a Complete's prompt tokens resumed from the prompt cache */
     const char *user_role;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
@@ -175,6 +177,10 @@ struct sched {
      * decoder embeddings, RagQuery, GraphRun and prediction run on it), NULL where none;
      * each has its runner, pool, contexts and share of kv_budget_mb. */
     genmodel *gm[SCHED_GEN_MAX];
+    /* Each one's prompt cache (promptcache.h), same slot; NULL when prompt_cache_mb is 0
+     * or sched is serial (its prompts are not sliced where the cache's entries end). */
+    pcache *pcache[SCHED_GEN_MAX];
+    pcache_stats pcache_gone; /* the counts of the caches of models unloaded since */
     int max_batch;         /* the largest of their runners' rows: the step arrays' size */
     semantic *sem;         /* Embed, Rerank, RerankCalibrate */
     kbm *kb;               /* knowledge bases */
