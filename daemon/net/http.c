@@ -308,7 +308,10 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
     metric(b, "llmsd_http_disconnects_total", "counter",
            "HTTP requests whose client left before the answer (cancelled)", (double)h->cancelled);
     metric(b, "llmsd_http_prompt_tokens_total", "counter",
-           "prompt tokens evaluated for HTTP completions", (double)h->prompt_tokens);
+           "prompt tokens of HTTP completions, cached ones included", (double)h->prompt_tokens);
+    metric(b, "llmsd_http_prompt_cached_tokens_total", "counter",
+           "prompt tokens of HTTP completions resumed from the prompt cache, not evaluated",
+           (double)h->cached_tokens);
     metric(b, "llmsd_http_completion_tokens_total", "counter",
            "tokens generated for HTTP completions", (double)h->completion_tokens);
     metric(b, "llmsd_http_embedding_tokens_total", "counter", "tokens embedded for HTTP requests",
@@ -330,6 +333,18 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
            (double)st->kv_budget_bytes);
     metric(b, "llmsd_kv_spare_bytes", "gauge", "KV buffers kept for reuse",
            (double)st->kv_spare_bytes);
+    metric(b, "llmsd_prompt_cache_hits_total", "counter",
+           "Completes that resumed a cached prompt's KV", (double)st->prompt_cache_hits);
+    metric(b, "llmsd_prompt_cache_misses_total", "counter",
+           "Completes that found no cached prompt to resume", (double)st->prompt_cache_misses);
+    metric(b, "llmsd_prompt_cache_reused_tokens_total", "counter",
+           "prompt tokens resumed from the prompt cache, not evaluated",
+           (double)st->prompt_cache_reused_tokens);
+    metric(b, "llmsd_prompt_cache_bytes", "gauge",
+           "KV bytes the prompt cache holds (inside the KV budget)",
+           (double)st->prompt_cache_bytes);
+    metric(b, "llmsd_prompt_cache_entries", "gauge", "prompts the prompt cache holds",
+           st->prompt_cache_entries);
     evbuffer_add_printf(b, "# HELP llmsd_kv_bytes resident KV bytes by precision\n"
                            "# TYPE llmsd_kv_bytes gauge\n"
                            "llmsd_kv_bytes{bits=\"16\"} %llu\nllmsd_kv_bytes{bits=\"8\"} %llu\n"

@@ -135,6 +135,7 @@ struct http {
     count counts[MAX_COUNTS];
     size_t n_counts;
     uint64_t prompt_tokens, completion_tokens, embed_tokens, cancelled;
+    uint64_t cached_tokens;  /* of prompt_tokens, those resumed from the prompt cache */
 };
 
 /* ---- http.c: answering, requests in flight, the registry's view ---- */

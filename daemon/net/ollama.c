@@ -597,6 +597,7 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
 {
     http *h = hr->h;
     h->prompt_tokens += res->prompt_tokens;
+    h->cached_tokens += res->has_cached_tokens ? res->cached_tokens : 0;
     h->completion_tokens += res->generated_tokens;
     http_req_finish(hr);
     size_t len = strlen(res->text);

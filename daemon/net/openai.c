@@ -414,14 +414,21 @@ void openai_sse_piece(hreq *hr, unsigned i, const char *text, size_t n)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
 }
 
-static json_object *usage_obj(uint32_t prompt, uint32_t gen)
+/* OpenAI's usage: cached counts the prompt tokens whose KV was reused rather than
+ * evaluated (the prompt cache's, a RAG answer's QKV tree's), in the shape OpenAI and vLLM
+ * give them. */
+static json_object *usage_obj(uint32_t prompt, uint32_t cached, uint32_t gen)
 {
-    json_object *u = json_object_new_object();
-    if (u) {
+    json_object *u = json_object_new_object(), *details = json_object_new_object();
+    if (u && details) {
         json_object_object_add(u, "prompt_tokens", json_object_new_int64(prompt));
         json_object_object_add(u, "completion_tokens", json_object_new_int64(gen));
         json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)prompt + gen));
+        json_object_object_add(details, "cached_tokens", json_object_new_int64(cached));
+        json_object_object_add(u, "prompt_tokens_details", details);
+        details = NULL;
     }
+    json_object_put(details);
     return u;
 }
 
@@ -594,10 +601,11 @@ static void reply_whole(hreq *hr, const choice_end *ends, json_object *usage, js
  * whole object. Usage counts the prompt once and the choices' tokens together, as
  * OpenAI's does; extra is its "llmsd" object (taken over, may be NULL). */
 static void reply_generation(hreq *hr, const choice_end *ends, uint32_t prompt_tokens,
-                             uint32_t generated_tokens, json_object *extra)
+                             uint32_t cached_tokens, uint32_t generated_tokens,
+                             json_object *extra)
 {
     http_req_finish(hr);
-    json_object *usage = usage_obj(prompt_tokens, generated_tokens);
+    json_object *usage = usage_obj(prompt_tokens, cached_tokens, generated_tokens);
     if (hr->stream)
         stream_end(hr, usage, extra);
     else
@@ -620,6 +628,7 @@ void openai_on_result(hreq *hr, unsigned i, Llms__Response *r)
     c->result = r;
     hr->n_ended++;
     hr->h->prompt_tokens += r->result->prompt_tokens;
+    hr->h->cached_tokens += r->result->has_cached_tokens ? r->result->cached_tokens : 0;
     hr->h->completion_tokens += r->result->generated_tokens;
     /* a stream ends each choice as it ends; the answer waits for them all */
     choice_end ends[HTTP_CHOICES_MAX];
@@ -633,7 +642,9 @@ void openai_on_result(hreq *hr, unsigned i, Llms__Response *r)
         ends[k] = end_of(hr->choices[k].result->result);
         generated += hr->choices[k].result->result->generated_tokens;
     }
-    reply_generation(hr, ends, hr->choices[0].result->result->prompt_tokens, generated,
+    const Llms__CallResult *first = hr->choices[0].result->result;
+    reply_generation(hr, ends, first->prompt_tokens,
+                     first->has_cached_tokens ? first->cached_tokens : 0, generated,
                      llmsd_obj(hr));
 }
 
@@ -691,7 +702,7 @@ void openai_on_rag_result(hreq *hr, const Llms__RagResult *res)
         json_object_put(x);
         return;
     }
-    reply_generation(hr, &e, res->prompt_tokens, res->generated_tokens, x);
+    reply_generation(hr, &e, res->prompt_tokens, res->reused_tokens, res->generated_tokens, x);
 }
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
