@@ -7,8 +7,8 @@
  * prompt_cache_mb = 0 never resumes; a cache with room for one prompt evicts the least
  * recently used and a small KV budget takes the cache back, the daemon answering
  * throughout; two identical requests at once both succeed with the same reply; clients
- * leaving mid-prefill and mid-decode leave the cache usable, and every daemon exits
- * clean (under ASan: nothing leaked). Skips without ../shared/testdata.
+ * leaving mid-prefill and mid-decode leave the cache usable; unloading a model frees its
+ * cache; every daemon exits clean (under ASan: nothing leaked). Skips without ../shared/testdata.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -126,10 +126,10 @@ static reply ask(int k, const char *app, const char *body)
     json_object *o = json_tokener_parse(h.body);
     httpc_reply_free(&h);
     const char *t = o ? httpc_jstr(o, "choices.0.message.content") : NULL;
-    json_object *lp = NULL;
-    if (o && json_object_object_get_ex(json_object_array_get_idx(
-                                            json_object_object_get(o, "choices"), 0),
-                                        "logprobs", &lp))
+    json_object *choices = NULL, *lp = NULL;
+    if (o && json_object_object_get_ex(o, "choices", &choices) &&
+        json_object_is_type(choices, json_type_array) &&
+        json_object_object_get_ex(json_object_array_get_idx(choices, 0), "logprobs", &lp))
         r.logprobs = strdup(json_object_to_json_string_ext(lp, JSON_C_TO_STRING_PLAIN));
     r.text = t ? strdup(t) : NULL;
     const char *p = o ? httpc_jstr(o, "usage.prompt_tokens") : NULL;
@@ -359,6 +359,36 @@ static void cancelled_requests_leave_the_cache_usable(void)
     reply_free(&off);
 }
 
+/* A generate model loaded at run time has its own cache; unloading it gives its entries'
+ * KV back with its pool (under ASan: no leak, no use after free), the default model's
+ * entries staying. */
+static void unloading_a_model_frees_its_entries(void)
+{
+    NEED(D_ON);
+    CHECK(make_turns());
+    const char *q8 = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    if (!q8)
+        SKIP("models/docs-lm-21M-Q8_0.gguf is not in the test data");
+    llms_conn *c = proc_connect(&daemons[D_ON], NULL);
+    CHECK(c);
+    CHECK_MSG(llms_model_load(c, "q8", q8, "generate") == LLMS_OK, "%s", llms_last_error(c));
+    double before = metric(D_ON, "llmsd_prompt_cache_entries");
+    char body[sizeof turn1 + 32];
+    snprintf(body, sizeof body, "{\"model\":\"q8\",%s", turn1 + 1);
+    reply r = ask(D_ON, "unloader", body);
+    CHECK_MSG(r.status == 200, "status %d", r.status);
+    CHECK_EQ(r.cached_tokens, 0);
+    reply_free(&r);
+    CHECK_EQ(metric(D_ON, "llmsd_prompt_cache_entries"), before + 1);
+    CHECK_MSG(llms_model_unload(c, "q8") == LLMS_OK, "%s", llms_last_error(c));
+    llms_close(c);
+    CHECK_EQ(metric(D_ON, "llmsd_prompt_cache_entries"), before);
+    reply again = ask(D_ON, NULL, turn2);
+    CHECK_EQ(again.status, 200);
+    CHECK(again.cached_tokens > 0);
+    reply_free(&again);
+}
+
 /* Every daemon exits clean (under ASan: nothing leaked, the cache's KV given back). */
 static void daemons_exit_clean(void)
 {
@@ -381,6 +411,7 @@ int main(int argc, char **argv)
     RUN(small_caches_evict);
     RUN(concurrent_requests_both_succeed);
     RUN(cancelled_requests_leave_the_cache_usable);
+    RUN(unloading_a_model_frees_its_entries);
     RUN(daemons_exit_clean);
     for (int k = 0; k < N_DAEMONS; k++)
         if (up[k] == 1)
