@@ -1,7 +1,7 @@
 /*
  * regex.h — a JSON Schema "pattern" (an ECMA-262 regular expression) compiled into a
  * deterministic automaton over the UTF-8 bytes of a string, so that a model writing the
- * string byte by byte is held to the pattern: one table load per byte, a state of 16 bits
+ * string byte by byte is held to the pattern: two loads per byte, a state of 16 bits
  * that is copied with the writer's, and no dead ends (from every state but REGEX_DEAD some
  * continuation is accepted, so a writer that follows the automaton can always finish).
  *
@@ -37,10 +37,10 @@ typedef struct regex_dfa regex_dfa;
 #define REGEX_DEAD 0
 
 /* The most states an automaton may have (REGEX_DEAD included), at every step of its
- * construction. A length bound multiplies the states of a pattern by the number of
- * characters still allowed, and a character outside ASCII takes a state per byte:
- * 16384 holds a pattern such as ^[^<>]*$ up to about 2000 characters, and one of ASCII
- * characters to about 16000. */
+ * construction. A length bound multiplies a pattern's states by the characters still
+ * allowed, and a character of several bytes needs states between its bytes (7 for any
+ * character, 9 for '.'): 16384 holds ^[^<>]*$ up to some 2000 characters, .{0,1000}, and
+ * ^[a-z]*$ up to some 16000 characters. */
 #define REGEX_STATES_MAX 16384
 
 /* The largest count a repeat ({n,m}) may name. */
@@ -56,7 +56,9 @@ typedef struct regex_dfa regex_dfa;
  *     without a \u escape, which the writer is not given).
  * Every state but REGEX_DEAD reaches an accepting one. 0 with *out; -1 with err naming
  * what is not supported or malformed (with its byte offset), invalid UTF-8, a language that
- * is empty within the lengths, or an automaton past REGEX_STATES_MAX states. */
+ * is empty within the lengths, a pattern longer than 256 KiB, or an automaton past
+ * REGEX_STATES_MAX states or too costly to build (the construction's steps and memory
+ * are bounded, so that a refusal comes in a fraction of a second). */
 int regex_compile(const char *pattern, size_t len, uint32_t min_chars, uint32_t max_chars,
                   regex_dfa **out, char err[ERR_MAX]);
 
