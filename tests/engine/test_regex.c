@@ -714,8 +714,8 @@ static void agrees_with_pcre2(void)
  * accepting states over all 256 bytes). */
 static void every_state_reaches_acceptance(void)
 {
-    static uint16_t seen[65536], order[65536];
-    static bool live[65536];
+    static uint16_t order[65536];
+    static bool seen[65536], live[65536];
     for (size_t i = 0; i < sizeof oracle_cases / sizeof *oracle_cases; i++) {
         const oracle_case *c = &oracle_cases[i];
         regex_dfa *d = compile_or_fail(c->pattern, c->min, c->max);
@@ -724,12 +724,12 @@ static void every_state_reaches_acceptance(void)
         memset(seen, 0, sizeof seen);
         size_t n = 0;
         order[n++] = regex_start(d);
-        seen[regex_start(d)] = 1;
+        seen[regex_start(d)] = true;
         for (size_t k = 0; k < n; k++)
             for (int b = 0; b < 256; b++) {
                 uint16_t t = regex_step(d, order[k], (uint8_t)b);
                 if (t != REGEX_DEAD && !seen[t]) {
-                    seen[t] = 1;
+                    seen[t] = true;
                     order[n++] = t;
                 }
             }
