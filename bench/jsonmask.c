@@ -20,12 +20,14 @@
  *   fast_us       sampler_sample_allowed with the default sampling when the first draw is
  *                 allowed (the usual case), beside sampled_us, sampler_sample's;
  *   take_us       jsonmask_take (the state's next-byte set rebuilt).
- * Two JSON objects per vocabulary, format "json_object" (any object: JSON mode) and
+ * Three JSON objects per vocabulary, format "json_object" (any object: JSON mode),
  * "json_schema" (the document's schema below, which it is an instance of: structured
- * output): medians and maxima over the states (the times of mask_ms, fallback_ms and
+ * output) and "json_schema_patterned" (the same with patterns on three of its strings,
+ * the longest among them: their plain tokens are fed byte by byte through the pattern's
+ * automaton): medians and maxima over the states (the times of mask_ms, fallback_ms and
  * plain_ms the best of --rounds), build_ms the table, worst_state the number of document
- * tokens taken before the slowest mask; the json_schema line's mask_ratio and take_ratio
- * are its mask_ms and take_us over the json_object line's, measured in the same run.
+ * tokens taken before the slowest mask; a schema line's mask_ratio and take_ratio are its
+ * mask_ms and take_us over the json_object line's, measured in the same run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,24 @@ static const char document_schema[] =
     "\"kv\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"null\"}]},\"ratio\":{\"type\":"
     "\"number\"}},\"required\":[\"max_tokens\"]},\"notes\":{\"type\":\"string\",\"maxLength\":"
     "400}},\"required\":[\"name\",\"version\",\"models\",\"limits\"]}";
+
+/* The schema again with patterns: a version's digits, a file's extension, and the
+ * notes free of angle brackets (the document's longest string). */
+static const char patterned_schema[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":64},"
+    "\"version\":{\"type\":\"string\",\"pattern\":\"^\\\\d+\\\\.\\\\d+\\\\.\\\\d+$\"},"
+    "\"models\":{\"type\":\"array\",\"minItems\":1,"
+    "\"items\":{\"type\":\"object\",\"properties\":{\"file\":{\"type\":\"string\","
+    "\"pattern\":\"\\\\.gguf$\"},\"roles\":"
+    "{\"type\":\"array\",\"items\":{\"enum\":[\"generate\",\"embed\",\"rerank\"]}},\"n_ctx\":"
+    "{\"type\":\"integer\",\"minimum\":1,\"maximum\":1048576},\"rope\":{\"type\":\"object\","
+    "\"properties\":{\"base\":{\"type\":\"number\"},\"scale\":{\"type\":\"number\"}}}},"
+    "\"required\":[\"file\",\"roles\"]}},\"limits\":{\"type\":\"object\",\"properties\":"
+    "{\"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"stop\":{\"type\":\"array\","
+    "\"items\":{\"type\":\"string\"},\"maxItems\":4},\"speculate\":{\"type\":\"boolean\"},"
+    "\"kv\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"null\"}]},\"ratio\":{\"type\":"
+    "\"number\"}},\"required\":[\"max_tokens\"]},\"notes\":{\"type\":\"string\",\"maxLength\":"
+    "400,\"pattern\":\"^[^<>]*$\"}},\"required\":[\"name\",\"version\",\"models\",\"limits\"]}";
 
 /* A format's medians, for the ratios of the next. */
 typedef struct format_result {
@@ -142,7 +162,8 @@ static bool cursor_allows(const void *ctx, int32_t token)
 /* One format's run over the document on vocabulary v, printed as one line: schema NULL
  * for JSON mode (then *base is filled), else the ratios to *base. */
 static int run_format(const char *name, const tokenizer *tok, const jsonmask_vocab *v,
-                      double build_ms, const jsonschema *schema, int rounds, format_result *base)
+                      double build_ms, const char *format, const jsonschema *schema,
+                      int rounds, format_result *base)
 {
     char err[ERR_MAX];
     int32_t n_vocab = tok_n_vocab(tok);
@@ -240,7 +261,7 @@ static int run_format(const char *name, const tokenizer *tok, const jsonmask_voc
            "\"mask_ms_max\":%.3f,\"fallback_ms\":%.3f,\"fallback_ms_max\":%.3f,"
            "\"plain_ms\":%.3f,\"fast_us\":%.2f,\"sampled_us\":%.2f,\"take_us\":%.2f,"
            "\"worst_state\":%d",
-           name, schema ? "json_schema" : "json_object", (int)n_vocab, n_ids, build_ms,
+           name, format, (int)n_vocab, n_ids, build_ms,
            (double)allowed_sum / n_ids, mask_med, mask_max, bench_median(fallback, n_ids),
            fallback_max, bench_median(plain, n_ids), bench_median(fast, n_ids),
            bench_median(sampled, n_ids), take_med, worst);
@@ -265,8 +286,9 @@ out:
     return rc;
 }
 
-/* Both formats on the vocabulary of the file at path. */
-static int run_vocab(const char *name, const char *path, const jsonschema *schema, int rounds)
+/* The three formats on the vocabulary of the file at path. */
+static int run_vocab(const char *name, const char *path, jsonschema *const schemas[2],
+                     int rounds)
 {
     char err[ERR_MAX];
     gguf_file *g = gguf_open(path, err);
@@ -284,8 +306,11 @@ static int run_vocab(const char *name, const char *path, const jsonschema *schem
     } else {
         double build_ms = (bench_now_s() - t0) * 1e3;
         format_result base;
-        rc = run_format(name, tok, v, build_ms, NULL, rounds, &base) ||
-                     run_format(name, tok, v, build_ms, schema, rounds, &base)
+        rc = run_format(name, tok, v, build_ms, "json_object", NULL, rounds, &base) ||
+                     run_format(name, tok, v, build_ms, "json_schema", schemas[0], rounds,
+                                &base) ||
+                     run_format(name, tok, v, build_ms, "json_schema_patterned", schemas[1],
+                                rounds, &base)
                  ? -1
                  : 0;
     }
@@ -317,9 +342,11 @@ int main(int argc, char **argv)
     char path[1024], err[ERR_MAX];
     int failures = 0;
     struct stat st;
-    jsonschema *schema;
-    if (jsonschema_compile(document_schema, strlen(document_schema), &schema, err)) {
+    jsonschema *schemas[2] = {NULL, NULL};
+    if (jsonschema_compile(document_schema, strlen(document_schema), &schemas[0], err) ||
+        jsonschema_compile(patterned_schema, strlen(patterned_schema), &schemas[1], err)) {
         fprintf(stderr, "bench/jsonmask: %s\n", err);
+        jsonschema_free(schemas[0]);
         return 1;
     }
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) {
@@ -328,7 +355,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench/jsonmask: %s is absent: left out\n", path);
             continue;
         }
-        failures += run_vocab(vocabs[i][0], path, schema, rounds) != 0;
+        failures += run_vocab(vocabs[i][0], path, schemas, rounds) != 0;
     }
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", testdata);
     if (stat(path, &st) == 0) {
@@ -339,9 +366,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench/jsonmask: %s: %s\n", big, err);
             failures++;
         } else {
-            failures += run_vocab("gpt-2-grown-152k", big, schema, rounds) != 0;
+            failures += run_vocab("gpt-2-grown-152k", big, schemas, rounds) != 0;
         }
     }
-    jsonschema_free(schema);
+    jsonschema_free(schemas[0]);
+    jsonschema_free(schemas[1]);
     return failures ? 1 : 0;
 }

@@ -72,6 +72,12 @@ static const jsonschema_node *node_at(const jsonmask_state *s, uint16_t id)
     return &s->schema->nodes[id];
 }
 
+/* The automaton of patterned string node n. */
+static const regex_dfa *pattern_of(const jsonmask_state *s, const jsonschema_node *n)
+{
+    return s->schema->patterns[n->pattern - 1];
+}
+
 static bool in_array(const jsonmask_state *s)
 {
     return (s->stack >> (s->depth - 1)) & 1u;
@@ -179,6 +185,7 @@ static bool key_start(jsonmask_state *s)
         s->mode = M_STRING;
         s->key = true;
         s->counted = false;
+        s->patterned = false;
         return true;
     }
     s->cand = key_candidates(n, f->next);
@@ -493,6 +500,9 @@ static bool value_start(jsonmask_state *s, uint8_t c)
         s->key = false;
         s->counted = n->min_length > 0 || n->max_length != UINT32_MAX;
         s->str_len = 0;
+        s->patterned = n->pattern != 0;
+        if (s->patterned)
+            s->re = regex_start(pattern_of(s, n));
         return true;
     case '-': {
         s->mode = M_MINUS;
@@ -550,6 +560,30 @@ static bool string_byte(jsonmask_state *s, uint8_t c)
     return true;
 }
 
+/* The escapes a string takes after '\', and the bytes they stand for (a patterned string
+ * is written without \u, so these are all it has). */
+static const char escapes[] = "\"\\/bfnrt", escaped_bytes[] = "\"\\/\b\f\n\r\t";
+
+/* Whether a patterned string's automaton takes any escape's byte now: else a '\' would
+ * lead nowhere. */
+static bool escape_allowed(const jsonmask_state *s)
+{
+    const regex_dfa *dfa = pattern_of(s, node_at(s, s->node));
+    for (const char *e = escaped_bytes; *e; e++)
+        if (regex_step(dfa, s->re, (uint8_t)*e) != REGEX_DEAD)
+            return true;
+    return false;
+}
+
+/* The decoded byte c of a string's text: a patterned string's automaton steps on it. */
+static bool pattern_byte(jsonmask_state *s, uint8_t c)
+{
+    if (!s->patterned)
+        return true;
+    s->re = regex_step(pattern_of(s, node_at(s, s->node)), s->re, c);
+    return s->re != REGEX_DEAD;
+}
+
 /* A byte inside a string, after its opening quote. A length-bounded string counts a
  * character at its first byte ('\' of an escape, a UTF-8 lead byte). */
 static bool string_step(jsonmask_state *s, uint8_t c)
@@ -562,6 +596,8 @@ static bool string_step(jsonmask_state *s, uint8_t c)
         }
         if (s->counted && s->str_len < node_at(s, s->node)->min_length)
             return false;
+        if (s->patterned && !regex_accepts(pattern_of(s, node_at(s, s->node)), s->re))
+            return false;
         value_done(s);
         return true;
     }
@@ -572,9 +608,9 @@ static bool string_step(jsonmask_state *s, uint8_t c)
     }
     if (c == '\\') {
         s->mode = M_ESCAPE;
-        return true;
+        return !s->patterned || escape_allowed(s);
     }
-    return string_byte(s, c);
+    return pattern_byte(s, c) && string_byte(s, c);
 }
 
 /* A number ended at c, which is then the byte after the value. */
@@ -628,16 +664,18 @@ static bool step(jsonmask_state *s, uint8_t c)
                top(s)->next < node_at(s, top(s)->node)->n;
     case M_STRING:
         return string_step(s, c);
-    case M_ESCAPE:
-        if (c == 'u') {
+    case M_ESCAPE: {
+        if (c == 'u' && !s->patterned) {
             s->mode = M_HEX;
             s->count = 4;
             return true;
         }
-        if (!strchr("\"\\/bfnrt", c) || c == '\0')
+        const char *e = c ? strchr(escapes, c) : NULL;
+        if (!e)
             return false;
         s->mode = M_STRING;
-        return true;
+        return pattern_byte(s, (uint8_t)escaped_bytes[e - escapes]);
+    }
     case M_HEX:
         if (!is_hex(c))
             return false;
@@ -645,7 +683,7 @@ static bool step(jsonmask_state *s, uint8_t c)
             s->mode = M_STRING;
         return true;
     case M_UTF8:
-        if (c < s->utf8_lo || c > s->utf8_hi)
+        if (c < s->utf8_lo || c > s->utf8_hi || !pattern_byte(s, c))
             return false;
         s->utf8_lo = 0x80;
         s->utf8_hi = 0xbf;
@@ -914,9 +952,18 @@ bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
     if (!bit_set(c->next_ok[f & TOKEN_WS_LED], v->key[token]))
         return false;
     /* inside a string most tokens are plain text, which leaves the state as it is (but
-     * for the count of a length-bounded string's characters) */
-    if (c->state.mode == M_STRING && (f & TOKEN_STRING_PLAIN))
-        return v->chars[token] <= c->string_room;
+     * for the count of a length-bounded string's characters, or a patterned string's
+     * automaton) */
+    if (c->state.mode == M_STRING && (f & TOKEN_STRING_PLAIN)) {
+        if (!c->state.patterned)
+            return v->chars[token] <= c->string_room;
+        /* a patterned string's automaton alone tells (its lengths are in it) */
+        const regex_dfa *dfa = pattern_of(&c->state, node_at(&c->state, c->state.node));
+        uint16_t re = c->state.re;
+        for (uint32_t i = v->start[token]; i < v->start[token + 1] && re != REGEX_DEAD; i++)
+            re = regex_step(dfa, re, v->bytes[i]);
+        return re != REGEX_DEAD;
+    }
     uint32_t from = v->start[token];
     jsonmask_state s = c->state;
     return jsonmask_feed(&s, v->bytes + from, v->start[token + 1] - from);

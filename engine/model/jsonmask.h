@@ -56,6 +56,7 @@ typedef struct jsonmask_state {
     uint32_t stack;    /* bit i: the container at depth i + 1 is an array (else object) */
     uint16_t node;     /* the schema node of the value expected next, or being read */
     uint16_t pos;      /* M_KEY, M_ENUM: the bytes of the spelling matched so far */
+    uint16_t re;       /* a patterned string: its automaton's state (regex.h) */
     uint8_t depth;     /* open containers, 0..JSONMASK_DEPTH_MAX */
     uint8_t mode;      /* what the next byte may be (jsonmask.c's enum mode) */
     uint8_t count;     /* the mode's counter: \u hex digits to come, a literal's next
@@ -67,6 +68,8 @@ typedef struct jsonmask_state {
     bool key;          /* the string being read is a free object's key */
     bool neg;          /* the number being read has a minus sign */
     bool counted;      /* the string being read has a length bound: its characters count */
+    bool patterned;    /* the string being read follows an automaton: its decoded bytes
+                          step it */
     uint8_t num_len;   /* a bounded number: the bytes of num_text */
     char num_text[JSONSCHEMA_NUMBER_CHARS]; /* a bounded number's spelling so far */
     jsonmask_frame frame[JSONMASK_DEPTH_MAX]; /* (depth) the open containers, outermost first */

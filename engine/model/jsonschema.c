@@ -43,7 +43,8 @@ typedef struct ref_entry {
 typedef struct builder {
     jsonschema *s;
     json_object *doc;
-    uint32_t cap_nodes, cap_props, cap_spellings, cap_alts, cap_text;
+    uint32_t cap_nodes, cap_props, cap_spellings, cap_alts, cap_text, cap_patterns;
+    size_t pattern_bytes; /* of every automaton so far */
     bool *done;       /* (cap_nodes) the node is filled (not a $ref target in progress) */
     ref_entry refs[REFS_MAX];
     int n_refs;
@@ -134,7 +135,8 @@ static const char *const annotations[] = {
 static const char *const constraints[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems",
-    "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum",
     "enum", "const", "anyOf", "oneOf", "allOf", "$ref", NULL,
 };
 
@@ -563,6 +565,70 @@ static int compile_array(builder *b, json_object *sch, const char *where, uint16
     return 0;
 }
 
+/* The formats asserted, as the patterns of what is valid (RFC 3339's date and time: a
+ * day the month has, 29 February in leap years only; no leap second). */
+#define FORMAT_DATE                                                                        \
+    "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)" \
+    "|02-(0[1-9]|1[0-9]|2[0-8]))|([0-9]{2}(0[48]|[2468][048]|[13579][26])|"                  \
+    "([02468][048]|[13579][26])00)-02-29)"
+#define FORMAT_TIME                                                                        \
+    "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define FORMAT_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+static const struct {
+    const char *name, *pattern;
+} formats[] = {
+    {"date", "^" FORMAT_DATE "$"},
+    {"time", "^" FORMAT_TIME "$"},
+    {"date-time", "^" FORMAT_DATE "T" FORMAT_TIME "$"},
+    {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+    {"ipv4", "^(" FORMAT_OCTET "\\.){3}" FORMAT_OCTET "$"},
+};
+
+/* A string's pattern, or its format if one asserted: node id's automaton, its lengths
+ * folded in (the recogniser then follows the automaton alone). */
+static int compile_pattern(builder *b, json_object *sch, const char *where, uint16_t id)
+{
+    json_object *v;
+    const char *pattern = NULL, *key = "pattern";
+    if (json_object_object_get_ex(sch, "pattern", &v)) {
+        if (!json_object_is_type(v, json_type_string))
+            return err_set(b->err, "json schema: 'pattern' at %s is not a string", where);
+        pattern = json_object_get_string(v);
+    }
+    if (json_object_object_get_ex(sch, "format", &v) && json_object_is_type(v, json_type_string))
+        for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+            if (strcmp(json_object_get_string(v), formats[i].name))
+                continue;
+            if (pattern)
+                return err_set(b->err, "json schema: 'format' %s beside 'pattern' at %s is not "
+                                       "supported", formats[i].name, where);
+            pattern = formats[i].pattern;
+            key = "format";
+        }
+    if (!pattern)
+        return 0;
+    jsonschema *s = b->s;
+    if (s->n_patterns == JSONSCHEMA_PATTERNS_MAX)
+        return err_set(b->err, "json schema: more than %d patterns and formats at %s",
+                       JSONSCHEMA_PATTERNS_MAX, where);
+    if (grow((void **)&s->patterns, &b->cap_patterns, s->n_patterns, sizeof *s->patterns, 1))
+        return oom(b);
+    jsonschema_node *n = &s->nodes[id];
+    char why[ERR_MAX];
+    regex_dfa *dfa;
+    if (regex_compile(pattern, strlen(pattern), n->min_length, n->max_length, &dfa, why))
+        return err_set(b->err, "json schema: '%s' at %s: %.160s", key, where, why);
+    s->patterns[s->n_patterns++] = dfa;
+    b->pattern_bytes += regex_bytes(dfa);
+    if (b->pattern_bytes > JSONSCHEMA_PATTERN_BYTES_MAX)
+        return err_set(b->err, "json schema: the automata of the patterns up to %s need more "
+                               "than %u MiB", where, JSONSCHEMA_PATTERN_BYTES_MAX >> 20);
+    n->pattern = (uint16_t)s->n_patterns;
+    n->min_length = 0; /* in the automaton */
+    n->max_length = UINT32_MAX;
+    return 0;
+}
+
 static int compile_typed(builder *b, json_object *sch, const char *where, uint16_t id)
 {
     json_object *type;
@@ -581,6 +647,7 @@ static int compile_typed(builder *b, json_object *sch, const char *where, uint16
             {"minItems", JSONSCHEMA_ARRAY},         {"maxItems", JSONSCHEMA_ARRAY},
             {"prefixItems", JSONSCHEMA_ARRAY},
             {"minLength", JSONSCHEMA_STRING},       {"maxLength", JSONSCHEMA_STRING},
+            {"pattern", JSONSCHEMA_STRING},
             {"minimum", JSONSCHEMA_INTEGER},        {"maximum", JSONSCHEMA_INTEGER},
             {"exclusiveMinimum", JSONSCHEMA_INTEGER}, {"exclusiveMaximum", JSONSCHEMA_INTEGER},
         };
@@ -601,6 +668,8 @@ static int compile_typed(builder *b, json_object *sch, const char *where, uint16
         return err_set(b->err, "json schema: no string at %s is within its lengths", where);
     n->min_length = lo;
     n->max_length = hi;
+    if ((kinds & JSONSCHEMA_STRING) && compile_pattern(b, sch, where, id))
+        return -1;
     if (compile_bounds(b, sch, where, n))
         return -1;
     if ((kinds & JSONSCHEMA_ARRAY) && compile_array(b, sch, where, id))
@@ -1034,5 +1103,8 @@ void jsonschema_free(jsonschema *s)
     free(s->spellings);
     free(s->alts);
     free(s->text);
+    for (uint32_t i = 0; i < s->n_patterns; i++)
+        regex_free(s->patterns[i]);
+    free(s->patterns);
     free(s);
 }

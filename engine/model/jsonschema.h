@@ -14,7 +14,13 @@
  *     llama.cpp's grammar from a schema orders them);
  *   - array: items, minItems, maxItems; tuples: prefixItems, then items (a schema or
  *     false), or as draft 7 wrote them, items as a list, then additionalItems;
- *   - string: minLength, maxLength (in characters; an escape is one);
+ *   - string: minLength, maxLength (in characters; an escape is one); pattern (an
+ *     ECMA-262 regular expression as regex.h takes it, unanchored unless ^ or $ says);
+ *     format "date", "time", "date-time" (RFC 3339; seconds 00-59, dates that exist,
+ *     29 February in leap years), "uuid" and "ipv4", each as the pattern of what is
+ *     valid (other formats are annotations: read past). A patterned string is written
+ *     without \u escapes: a character as itself (control characters b f n r t as their
+ *     short escapes);
  *   - integer and number: minimum, maximum, exclusiveMinimum, exclusiveMaximum (a bounded
  *     number is written without an exponent, in at most JSONSCHEMA_NUMBER_CHARS
  *     characters, so that every prefix is checked against the bounds);
@@ -32,8 +38,8 @@
  *   - allOf of one schema; $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
  *     (recursion included); true and {} (any value);
  *   - annotations are read past: title, description, default, examples, $schema, $id,
- *     $comment, deprecated, readOnly, writeOnly, format (an annotation in JSON
- *     Schema 2020-12: not asserted), and discriminator (read beside a tagged union).
+ *     $comment, deprecated, readOnly, writeOnly, format (but for the five above), and
+ *     discriminator (read beside a tagged union).
  * The top-level value must be an object or an array, so that the reply's end is its
  * closing bracket.
  *
@@ -48,6 +54,7 @@
 #include <string.h>
 
 #include "engine/err.h"
+#include "engine/model/regex.h"
 
 /* The kinds of JSON value a node may be; a value's first byte tells its kind. */
 enum {
@@ -69,6 +76,10 @@ enum {
 #define JSONSCHEMA_PROPS_MAX 64
 #define JSONSCHEMA_ENUM_MAX 4096
 #define JSONSCHEMA_NODES_MAX 4096
+/* Patterned strings of one schema, and their automata's memory together: a client's
+ * schema is compiled on the daemon's threads, so what it may cost is bounded. */
+#define JSONSCHEMA_PATTERNS_MAX 16
+#define JSONSCHEMA_PATTERN_BYTES_MAX (4u << 20)
 /* Counts above this are taken as no bound (the recogniser counts items to it). */
 #define JSONSCHEMA_COUNT_MAX 65535u
 /* The longest spelling of a bounded number (sign, digits, point). */
@@ -100,6 +111,8 @@ typedef struct jsonschema_node {
     uint16_t n_prefix;    /* array: a tuple's first items, each of its own node, ... */
     uint32_t prefix;      /* ... alts[prefix .. prefix + n_prefix); the rest are `items` */
     uint32_t min_length, max_length; /* string, in characters */
+    uint16_t pattern;     /* string: 1 + the index in patterns of the automaton its text
+                             follows (its pattern or format, its lengths folded in); 0: none */
     int64_t min, max;     /* integer, inclusive */
     double nmin, nmax;    /* number (kinds with JSONSCHEMA_NUMBER) */
 } jsonschema_node;
@@ -128,6 +141,8 @@ typedef struct jsonschema {
     uint32_t n_alts;
     char *text;                /* (n_text) the bytes jsonschema_text points into */
     uint32_t n_text;
+    regex_dfa **patterns;      /* (n_patterns) the automata of patterned strings */
+    uint32_t n_patterns;
 } jsonschema;
 
 /* The schema of JSON mode without one: any object. Static; never freed. */

@@ -1435,6 +1435,7 @@ out:
 /* ---- the result ---- */
 
 struct regex_dfa {
+    size_t bytes;       /* of this allocation */
     uint32_t n_classes;
     uint16_t start;
     uint8_t byte_class[256];
@@ -1467,9 +1468,11 @@ static int emit(const automaton *a, regex_dfa **out, char *err)
             merged[c] = k++;
         }
     }
-    regex_dfa *d = malloc(sizeof *d + (size_t)n * k * sizeof d->table[0] + n * sizeof(bool));
+    size_t bytes = sizeof(regex_dfa) + (size_t)n * k * sizeof(uint16_t) + n * sizeof(bool);
+    regex_dfa *d = malloc(bytes);
     if (!d)
         return oom(err);
+    d->bytes = bytes;
     d->n_classes = k;
     d->start = (uint16_t)a->start;
     for (int b = 0; b < 256; b++)
@@ -1544,4 +1547,9 @@ uint16_t regex_step(const regex_dfa *dfa, uint16_t state, uint8_t byte)
 bool regex_accepts(const regex_dfa *dfa, uint16_t state)
 {
     return dfa->accept[state];
+}
+
+size_t regex_bytes(const regex_dfa *dfa)
+{
+    return dfa->bytes;
 }

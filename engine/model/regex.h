@@ -75,4 +75,7 @@ uint16_t regex_step(const regex_dfa *dfa, uint16_t state, uint8_t byte);
 /* Whether the bytes that led to state are a whole accepted string. */
 bool regex_accepts(const regex_dfa *dfa, uint16_t state);
 
+/* The memory the automaton holds (its table), for a caller bounding many of them. */
+size_t regex_bytes(const regex_dfa *dfa);
+
 #endif

@@ -526,7 +526,7 @@ static void verdicts_match_pieces(const char *rel, loaded_vocab *lv, jsonmask_cu
 
 /* Tokenizes a generated document (and an unfinished tail) and checks every verdict along
  * it; then a schema's instance (length-bounded strings, whose plain tokens are counted,
- * keys, an enum, bounded integers). */
+ * keys, an enum, bounded integers, a pattern's and a format's strings). */
 static void mask_matches_pieces(const char *rel)
 {
     loaded_vocab lv;
@@ -549,10 +549,13 @@ static void mask_matches_pieces(const char *rel)
     static const char schema_text[] =
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
         "\"n\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":200},"
-        "\"maxItems\":4},\"kind\":{\"enum\":[\"alpha\",\"beta\"]},\"note\":{\"type\":\"string\","
-        "\"minLength\":1,\"maxLength\":3}},\"required\":[\"name\",\"n\"]}";
+        "\"maxItems\":4},\"kind\":{\"enum\":[\"alpha\",\"beta\"]},\"code\":{\"type\":\"string\","
+        "\"pattern\":\"^[a-z ]+-\\\\d{2}\\\\n?$\"},\"when\":{\"type\":\"string\",\"format\":"
+        "\"date\"},\"note\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":3}},"
+        "\"required\":[\"name\",\"n\"]}";
     static const char instance[] =
-        "{\"name\": \"caf\xc3\xa9 au lait\", \"n\": [3, 14, 159], \"kind\": \"beta\", \"note\": \"ab";
+        "{\"name\": \"caf\xc3\xa9 au lait\", \"n\": [3, 14, 159], \"kind\": \"beta\", \"code\": "
+        "\"the code-42\\n\", \"when\": \"2024-02-29\", \"note\": \"ab";
     char err[ERR_MAX];
     jsonschema *schema = NULL;
     CHECK_MSG(jsonschema_compile(schema_text, strlen(schema_text), &schema, err) == 0, "%s", err);

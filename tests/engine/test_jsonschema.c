@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "engine/model/jsonmask.h"
 #include "engine/model/jsonschema.h"
 #include "tests/support/test.h"
@@ -31,8 +34,16 @@ static void refusals_name_the_keyword(void)
     static const struct {
         const char *schema, *says;
     } cases[] = {
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
-         "'pattern' at #/properties/a is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=x)\"}}}",
+         "'pattern' at #/properties/a: "},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\","
+         "\"minLength\":2}}}", "'pattern' at #/properties/a: "},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":7}}}",
+         "'pattern' at #/properties/a is not a string"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"pattern\":\"x\",\"format\":\"date\"}}}",
+         "'format' date beside 'pattern'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"uniqueItems\":true}}}",
+         "'uniqueItems' at #/properties/a is not supported"},
         {"{\"type\":\"string\"}", "top-level value must be an object or an array"},
         {"{\"enum\":[1,2]}", "top-level value"},
         {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":1,"
@@ -221,6 +232,42 @@ static void tuples_type_each_item(void)
                {"[\"a\",1,null,null]", 1}, {"[\"a\",1,2", -1}, {"[1", -1});
     CHECK_DOCS("{\"type\":\"array\",\"items\":[{\"type\":\"string\"}],\"additionalItems\":false}",
                {"[\"a\"]", 1}, {"[\"a\",", -1});
+}
+
+/* A pattern (unanchored unless it says), with the lengths beside it, and the formats
+ * asserted: what the text decodes to is matched; \u escapes are not written. */
+static void patterns_and_formats(void)
+{
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":"
+               "\"^[A-Z]{3}-\\\\d{2,4}$\"},\"q\":{\"pattern\":\"a\\\"b|c/d\",\"maxLength\":4}},"
+               "\"required\":[\"code\"]}",
+               {"{\"code\":\"ABC-12\"}", 1}, {"{\"code\":\"ABC-1234\"}", 1},
+               {"{\"code\":\"ABC-1\"", -1}, {"{\"code\":\"ABC-12345", -1},
+               {"{\"code\":\"AB1", -1}, {"{\"code\":\"ABC-12\",\"q\":\"a\\\"b\"}", 1},
+               {"{\"code\":\"ABC-12\",\"q\":\"xa\\\"b\"}", 1},
+               {"{\"code\":\"ABC-12\",\"q\":\"c\\/d\"}", 1},
+               {"{\"code\":\"ABC-12\",\"q\":\"xc/dy\"", -1},
+               {"{\"code\":\"ABC-12\",\"q\":\"\\u0061", -1},
+               {"{\"code\":\"ABC-12\",\"q\":\"ab\"", -1});
+    /* a non-ASCII class, and a newline written as its escape */
+    CHECK_DOCS("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":"
+               "\"^[\u00e0-\u00ff]+(\\\\n\u20ac)?$\",\"minLength\":2}}",
+               {"[\"\u00e9\u00e8\"]", 1}, {"[\"\xc3\xa9\xc3\xa0\\n\xe2\x82\xac\"]", 1},
+               {"[\"\xc3\xa9\"]", -1}, {"[\"e", -1});
+    CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":"
+               "\"date\"},\"t\":{\"type\":\"string\",\"format\":\"date-time\"},\"u\":{\"type\":"
+               "\"string\",\"format\":\"uuid\"},\"ip\":{\"format\":\"ipv4\",\"type\":\"string\"},"
+               "\"url\":{\"type\":\"string\",\"format\":\"uri\"}}}",
+               {"{\"d\":\"2024-02-29\"}", 1}, {"{\"d\":\"2000-02-29\"}", 1},
+               {"{\"d\":\"2023-02-29", -1}, {"{\"d\":\"1900-02-29", -1},
+               {"{\"d\":\"2023-04-31", -1}, {"{\"d\":\"2023-12-31\"}", 1},
+               {"{\"d\":\"2023-1-", -1},
+               {"{\"t\":\"2023-12-31T23:59:59.5+01:00\"}", 1}, {"{\"t\":\"2023-12-31T24", -1},
+               {"{\"t\":\"2023-12-31T23:59:59\"", -1},
+               {"{\"u\":\"123e4567-e89b-12d3-a456-426614174000\"}", 1},
+               {"{\"u\":\"123e4567-e89b-12d3-a456-42661417400\"", -1},
+               {"{\"ip\":\"192.168.0.255\"}", 1}, {"{\"ip\":\"256", -1},
+               {"{\"url\":\"not checked\"}", 1});
 }
 
 static void strings_count_characters(void)
@@ -433,6 +480,62 @@ static bool number_within(json_object *v, json_object *k, int i)
     return i == 0 ? c >= 0 : i == 1 ? c <= 0 : i == 2 ? c > 0 : c < 0;
 }
 
+/* Whether PCRE2 finds pattern in text (JSON Schema's patterns are not anchored). */
+static bool pcre_search(const char *pattern, const char *text, size_t len)
+{
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &code, &at, NULL);
+    if (!re)
+        return false;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    bool found = md && pcre2_match(re, (PCRE2_SPTR)text, len, 0, 0, md, NULL) >= 0;
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return found;
+}
+
+/* The formats llmsd asserts, checked apart from its own patterns: a date by the calendar,
+ * the rest by PCRE2. Other formats are annotations. */
+static bool format_valid(const char *format, const char *text, size_t len)
+{
+    static const char time[] = "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?(Z|[+-]([01]\\d|2[0-3]):"
+                               "[0-5]\\d)$";
+    bool date = !strcmp(format, "date"), date_time = !strcmp(format, "date-time");
+    if (date || date_time) {
+        int y, m, d, end = 0;
+        if (len < 10 || sscanf(text, "%4d-%2d-%2d%n", &y, &m, &d, &end) != 3 || end != 10 ||
+            !pcre_search("^\\d{4}-\\d\\d-\\d\\d", text, 10))
+            return false;
+        static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        if (m < 1 || m > 12 || d < 1 || d > days[m - 1] + (m == 2 && leap))
+            return false;
+        if (date)
+            return len == 10;
+        char tpat[sizeof time + 2] = "^";
+        strcat(tpat, time);
+        return len > 11 && text[10] == 'T' && pcre_search(tpat, text + 11, len - 11);
+    }
+    if (!strcmp(format, "time")) {
+        char tpat[sizeof time + 2] = "^";
+        strcat(tpat, time);
+        return pcre_search(tpat, text, len);
+    }
+    if (!strcmp(format, "uuid"))
+        return pcre_search("^[[:xdigit:]]{8}(-[[:xdigit:]]{4}){3}-[[:xdigit:]]{12}$", text, len);
+    if (!strcmp(format, "ipv4")) {
+        unsigned a[4];
+        int end = 0;
+        if (sscanf(text, "%3u.%3u.%3u.%3u%n", &a[0], &a[1], &a[2], &a[3], &end) != 4 ||
+            (size_t)end != len || !pcre_search("^(0|[1-9]\\d*)(\\.(0|[1-9]\\d*)){3}$", text, len))
+            return false;
+        return a[0] < 256 && a[1] < 256 && a[2] < 256 && a[3] < 256;
+    }
+    return true;
+}
+
 static bool valid(json_object *v, json_object *sch, json_object *root)
 {
     json_object *k;
@@ -504,6 +607,12 @@ static bool valid(json_object *v, json_object *sch, json_object *root)
         if ((k = get(sch, "minLength")) && n < (size_t)json_object_get_int64(k))
             return false;
         if ((k = get(sch, "maxLength")) && n > (size_t)json_object_get_int64(k))
+            return false;
+        const char *text = json_object_get_string(v);
+        size_t len = (size_t)json_object_get_string_len(v);
+        if ((k = get(sch, "pattern")) && !pcre_search(json_object_get_string(k), text, len))
+            return false;
+        if ((k = get(sch, "format")) && !format_valid(json_object_get_string(k), text, len))
             return false;
     }
     if (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)) {
@@ -586,6 +695,13 @@ static const char *const walk_schemas[] = {
     "[{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},{\"enum\":[\"a\",\"b\"]},"
     "{\"type\":\"array\",\"items\":[{\"type\":\"boolean\"}],\"additionalItems\":false}],"
     "\"items\":{\"type\":\"string\",\"maxLength\":3},\"minItems\":2}}",
+    "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":"
+    "\"^([A-Z]{2,3}|x\\\\d*)-[a-c\\\"\u00e9\\\\n]{1,3}$\"},\"free\":{\"type\":\"string\",\"pattern\":"
+    "\"ab\",\"minLength\":3,\"maxLength\":5},\"when\":{\"type\":\"string\",\"format\":"
+    "\"date-time\"},\"d\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":"
+    "\"date\"},\"maxItems\":3},\"t\":{\"type\":[\"string\",\"null\"],\"format\":\"time\"},"
+    "\"u\":{\"type\":\"string\",\"format\":\"uuid\"},\"ip\":{\"type\":\"string\","
+    "\"format\":\"ipv4\"}},\"required\":[\"code\",\"free\",\"when\"]}",
     "{\"type\":\"object\"}",
 };
 
@@ -652,6 +768,7 @@ int main(void)
     RUN(objects_follow_their_properties);
     RUN(arrays_count_their_items);
     RUN(tuples_type_each_item);
+    RUN(patterns_and_formats);
     RUN(strings_count_characters);
     RUN(integers_keep_their_bounds);
     RUN(numbers_keep_their_bounds);

@@ -349,6 +349,50 @@ static void speculation_keeps_schema_replies(void)
     }
 }
 
+/* A pattern and a format hold the strings they constrain: every reply that stops has
+ * an id of three capitals, a dash and three digits, and a date that exists. */
+static void patterned_strings_follow_them(void)
+{
+    NEED_DAEMON();
+    int stopped = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        char body[2048];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Give the ticket.\"}],"
+                 "\"max_tokens\":60,\"seed\":%d,%s\"response_format\":{\"type\":\"json_schema\","
+                 "\"json_schema\":{\"name\":\"t\",\"schema\":{\"type\":\"object\",\"properties\":"
+                 "{\"id\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-\\\\d{3}$\"},\"day\":{\"type\":"
+                 "\"string\",\"format\":\"date\"}},\"required\":[\"id\",\"day\"]}}}}",
+                 seed, seed == 0 ? "\"temperature\":0," : "");
+        int st;
+        json_object *o = httpc_post_json(hsock, "/v1/chat/completions", body, &st);
+        const char *text = o ? httpc_jstr(o, "choices.0.message.content") : NULL;
+        const char *finish = o ? httpc_jstr(o, "choices.0.finish_reason") : NULL;
+        CHECK_MSG(st == 200 && text && finish, "seed %d: status %d", seed, st);
+        if (text && finish && !strcmp(finish, "stop")) {
+            stopped++;
+            json_object *r = json_tokener_parse(text), *id, *day;
+            char caps[4], digits[4];
+            int y, m, d, end = 0;
+            bool ok = r && json_object_object_get_ex(r, "id", &id) &&
+                      json_object_object_get_ex(r, "day", &day) &&
+                      json_object_get_string_len(id) == 7 &&
+                      sscanf(json_object_get_string(id), "%3[A-Z]-%3[0-9]", caps, digits) == 2 &&
+                      strlen(caps) == 3 && strlen(digits) == 3 &&
+                      json_object_get_string_len(day) == 10 &&
+                      sscanf(json_object_get_string(day), "%4d-%2d-%2d%n", &y, &m, &d, &end) == 3 &&
+                      end == 10 && m >= 1 && m <= 12 && d >= 1 &&
+                      d <= (m == 2 ? 28 + ((y % 4 == 0 && y % 100) || y % 400 == 0)
+                                   : 30 + ((m + m / 8) % 2));
+            CHECK_MSG(ok, "seed %d: '%s' breaks the pattern or the format", seed, text);
+            json_object_put(r);
+        }
+        json_object_put(o);
+    }
+    printf("       %d of 4 replies completed their instance\n", stopped);
+    CHECK(stopped >= 2);
+}
+
 /* What cannot be enforced is refused as a 400 naming it; so is a malformed format. */
 static void json_schema_refusals(void)
 {
@@ -357,8 +401,10 @@ static void json_schema_refusals(void)
         const char *format, *says;
     } cases[] = {
         {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
-         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x\"}}}}}",
-         "'pattern' at #/properties/a is not supported"},
+         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^(?!x)\"}}}}}",
+         "'pattern' at #/properties/a: "},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
+         "\"array\",\"uniqueItems\":true}}}", "'uniqueItems' at # is not supported"},
         {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
          "\"string\"}}}", "top-level value must be an object or an array"},
         {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\"}}", "json_schema.schema"},
@@ -546,6 +592,7 @@ int main(int argc, char **argv)
     RUN(speculation_keeps_the_replies);
     RUN(json_schema_replies_follow_it);
     RUN(speculation_keeps_schema_replies);
+    RUN(patterned_strings_follow_them);
     RUN(json_schema_refusals);
     RUN(ollama_format_schema);
     RUN(rag_json_mode_skips_the_qa_bank);
