@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arraygrow.h"
+
 #define WHERE_MAX 192
 /* $ref targets compiled so far, at most. */
 #define REFS_MAX 256
@@ -51,22 +53,6 @@ typedef struct builder {
     char *err;
 } builder;
 
-/* Grows an array to hold one more than n (n items of size bytes, capacity *cap). */
-static int grow(void **items, uint32_t *cap, uint32_t n, size_t size, uint32_t more)
-{
-    if (n + more <= *cap)
-        return 0;
-    uint32_t c = *cap ? *cap : 16;
-    while (c < n + more)
-        c *= 2;
-    void *p = realloc(*items, size * c);
-    if (!p)
-        return -1;
-    *items = p;
-    *cap = c;
-    return 0;
-}
-
 static int oom(builder *b)
 {
     return err_set(b->err, "json schema: out of memory");
@@ -79,7 +65,7 @@ static int new_node(builder *b, const char *where, uint16_t *id)
         return err_set(b->err, "json schema: more than %d schemas at %s", JSONSCHEMA_NODES_MAX,
                        where);
     uint32_t cap = b->cap_nodes;
-    if (grow((void **)&s->nodes, &b->cap_nodes, s->n_nodes, sizeof *s->nodes, 1))
+    if (arraygrow((void **)&s->nodes, &b->cap_nodes, s->n_nodes, sizeof *s->nodes, 1))
         return oom(b);
     if (b->cap_nodes != cap) {
         bool *d = realloc(b->done, b->cap_nodes * sizeof *d);
@@ -97,7 +83,7 @@ static int add_text(builder *b, const char *bytes, size_t len, jsonschema_text *
 {
     jsonschema *s = b->s;
     if (len > UINT32_MAX - s->n_text ||
-        grow((void **)&s->text, &b->cap_text, s->n_text, 1, (uint32_t)len))
+        arraygrow((void **)&s->text, &b->cap_text, s->n_text, 1, (uint32_t)len))
         return oom(b);
     memcpy(s->text + s->n_text, bytes, len);
     *t = (jsonschema_text){s->n_text, (uint32_t)len};
@@ -432,7 +418,7 @@ static int compile_object(builder *b, json_object *sch, const char *where, uint1
     if (n > JSONSCHEMA_PROPS_MAX)
         return err_set(b->err, "json schema: more than %d properties at %s",
                        JSONSCHEMA_PROPS_MAX, where);
-    if (grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, (uint32_t)n))
+    if (arraygrow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, (uint32_t)n))
         return oom(b);
     uint32_t first = s->n_props;
     s->n_props += (uint32_t)n;
@@ -502,7 +488,7 @@ static int compile_tuple(builder *b, json_object *list, const char *key, const c
             return -1;
     }
     jsonschema *s = b->s;
-    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)len))
+    if (arraygrow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)len))
         return oom(b);
     memcpy(s->alts + s->n_alts, node, len * sizeof *node);
     *first = s->n_alts;
@@ -611,7 +597,7 @@ static int compile_pattern(builder *b, json_object *sch, const char *where, uint
     if (s->n_patterns == JSONSCHEMA_PATTERNS_MAX)
         return err_set(b->err, "json schema: more than %d patterns and formats at %s",
                        JSONSCHEMA_PATTERNS_MAX, where);
-    if (grow((void **)&s->patterns, &b->cap_patterns, s->n_patterns, sizeof *s->patterns, 1))
+    if (arraygrow((void **)&s->patterns, &b->cap_patterns, s->n_patterns, sizeof *s->patterns, 1))
         return oom(b);
     jsonschema_node *n = &s->nodes[id];
     char why[ERR_MAX];
@@ -734,7 +720,7 @@ static int compile_enum(builder *b, json_object *sch, bool is_const, const char 
     if (n == 0 || n > JSONSCHEMA_ENUM_MAX)
         return err_set(b->err, "json schema: 'enum' at %s has %zu values (1..%d)", where, n,
                        JSONSCHEMA_ENUM_MAX);
-    if (grow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
+    if (arraygrow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
              (uint32_t)n))
         return oom(b);
     uint32_t first = s->n_spellings;
@@ -841,7 +827,7 @@ static int tag_first(builder *b, uint16_t *id, int at, const char *where)
     if (new_node(b, where, &copy))
         return -1;
     jsonschema_node n = s->nodes[*id];
-    if (grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, n.n))
+    if (arraygrow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, n.n))
         return oom(b);
     jsonschema_prop *to = &s->props[s->n_props];
     to[0] = s->props[n.first + (uint32_t)at];
@@ -882,10 +868,10 @@ static int compile_tagged(builder *b, uint16_t *objs, size_t n, const char *name
     uint16_t tagged, head, tags;
     if (new_node(b, where, &tagged) || new_node(b, where, &head) || new_node(b, where, &tags))
         return -1;
-    if (grow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
+    if (arraygrow((void **)&s->spellings, &b->cap_spellings, s->n_spellings, sizeof *s->spellings,
              n_tags) ||
-        grow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, 1) ||
-        grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n))
+        arraygrow((void **)&s->props, &b->cap_props, s->n_props, sizeof *s->props, 1) ||
+        arraygrow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n))
         return oom(b);
     /* the head's tag: every alternative's values, sorted; none in two alternatives */
     uint32_t first = s->n_spellings;
@@ -969,7 +955,7 @@ static int compile_union(builder *b, json_object *sch, const char *key, const ch
     }
     if (n_node == 1)
         return copy_node(b, node[0], id, where);
-    if (grow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n_node))
+    if (arraygrow((void **)&s->alts, &b->cap_alts, s->n_alts, sizeof *s->alts, (uint32_t)n_node))
         return oom(b);
     memcpy(s->alts + s->n_alts, node, n_node * sizeof *node);
     jsonschema_node *u = &s->nodes[id];

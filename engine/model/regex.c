@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arraygrow.h"
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #define CP_MAX 0x10FFFFu
@@ -54,22 +56,6 @@ static const range writable[] = {{0x08, 0x0A}, {0x0C, 0x0D}, {0x20, 0xD7FF}, {0x
 static int oom(char *err)
 {
     return err_set(err, "pattern: out of memory");
-}
-
-/* Makes room for `more` items after the n in *items (capacity *cap, items of size bytes). */
-static int grow(void **items, uint32_t *cap, uint32_t n, size_t size, uint32_t more)
-{
-    if (n + more <= *cap)
-        return 0;
-    uint32_t c = *cap ? *cap : 16;
-    while (c < n + more)
-        c *= 2;
-    void *p = realloc(*items, size * c);
-    if (!p)
-        return -1;
-    *items = p;
-    *cap = c;
-    return 0;
 }
 
 /* ---- parsing: the pattern into a tree ---- */
@@ -166,7 +152,7 @@ static int32_t utf8_next(parser *p)
 
 static int add_range(parser *p, uint32_t lo, uint32_t hi)
 {
-    if (grow((void **)&p->set, &p->cap_set, p->n_set, sizeof *p->set, 1))
+    if (arraygrow((void **)&p->set, &p->cap_set, p->n_set, sizeof *p->set, 1))
         return oom(p->err);
     p->set[p->n_set++] = (range){lo, hi};
     return 0;
@@ -190,7 +176,7 @@ static int add_ranges(parser *p, const range *r, size_t n, bool negate)
 static int new_node(parser *p, node n, uint32_t *id)
 {
     tree *t = p->t;
-    if (grow((void **)&t->nodes, &t->cap_nodes, t->n_nodes, sizeof *t->nodes, 1))
+    if (arraygrow((void **)&t->nodes, &t->cap_nodes, t->n_nodes, sizeof *t->nodes, 1))
         return oom(p->err);
     *id = t->n_nodes;
     t->nodes[t->n_nodes++] = n;
@@ -220,7 +206,7 @@ static int finish_set(parser *p, bool negate, uint32_t *id)
         }
     }
     p->n_set = 0;
-    if (grow((void **)&t->ranges, &t->cap_ranges, t->n_ranges, sizeof *t->ranges, n + 1))
+    if (arraygrow((void **)&t->ranges, &t->cap_ranges, t->n_ranges, sizeof *t->ranges, n + 1))
         return oom(p->err);
     uint32_t first = t->n_ranges, from = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -237,7 +223,7 @@ static int finish_set(parser *p, bool negate, uint32_t *id)
 
 static int push(parser *p, uint32_t id)
 {
-    if (grow((void **)&p->stack, &p->cap_stack, p->n_stack, sizeof *p->stack, 1))
+    if (arraygrow((void **)&p->stack, &p->cap_stack, p->n_stack, sizeof *p->stack, 1))
         return oom(p->err);
     p->stack[p->n_stack++] = id;
     return 0;
@@ -254,7 +240,7 @@ static int finish_list(parser *p, uint8_t kind, uint32_t base, uint32_t *id)
         *id = p->stack[base];
         return 0;
     }
-    if (grow((void **)&t->kids, &t->cap_kids, t->n_kids, sizeof *t->kids, n))
+    if (arraygrow((void **)&t->kids, &t->cap_kids, t->n_kids, sizeof *t->kids, n))
         return oom(p->err);
     if (n)
         memcpy(t->kids + t->n_kids, p->stack + base, n * sizeof *t->kids);
@@ -628,7 +614,7 @@ static int parse_disjunction(parser *p, bool top, uint32_t *id)
         if (parse_alternative(p, top, &alt, &start, &end))
             return -1;
         if (top) {
-            if (grow((void **)&t->branches, &t->cap_branches, t->n_branches,
+            if (arraygrow((void **)&t->branches, &t->cap_branches, t->n_branches,
                      sizeof *t->branches, 1))
                 return oom(p->err);
             t->branches[t->n_branches++] = (branch){alt, start, end};
@@ -689,7 +675,7 @@ static int nfa_add(nfa *m, nfa_state s, uint32_t *id)
     if (m->n == NFA_MAX)
         return err_set(m->err, "pattern: more than %u automaton states once its repeats are "
                                "expanded", NFA_MAX);
-    if (grow((void **)&m->states, &m->cap, m->n, sizeof *m->states, 1))
+    if (arraygrow((void **)&m->states, &m->cap, m->n, sizeof *m->states, 1))
         return oom(m->err);
     *id = m->n;
     m->states[m->n++] = s;
@@ -721,7 +707,7 @@ static int nfa_bytes(nfa *m, uint8_t lo, uint8_t hi, uint32_t out, uint32_t *id)
     }
     if (nfa_add(m, (nfa_state){.kind = NFA_BYTES, .lo = lo, .hi = hi, .out = out}, id))
         return -1;
-    if (grow((void **)&m->shared, &m->cap_shared, m->n_shared, sizeof *m->shared, 1))
+    if (arraygrow((void **)&m->shared, &m->cap_shared, m->n_shared, sizeof *m->shared, 1))
         return oom(m->err);
     m->shared[m->n_shared++] = *id;
     return 0;
@@ -983,7 +969,7 @@ static int too_complex(char *err)
 
 static int todo_push(subsets *d, uint32_t q)
 {
-    if (grow((void **)&d->todo, &d->cap_todo, d->n_todo, sizeof *d->todo, 1))
+    if (arraygrow((void **)&d->todo, &d->cap_todo, d->n_todo, sizeof *d->todo, 1))
         return oom(d->err);
     d->todo[d->n_todo++] = q;
     return 0;
@@ -1025,7 +1011,7 @@ static int subset_state(subsets *d, const uint32_t *seeds, uint32_t n_seeds, uin
         accept |= s->kind == NFA_MATCH;
         if (d->n_held == HELD_MAX)
             return too_complex(d->err);
-        if (grow((void **)&d->held, &d->cap_held, d->n_held, sizeof *d->held, 1))
+        if (arraygrow((void **)&d->held, &d->cap_held, d->n_held, sizeof *d->held, 1))
             return oom(d->err);
         d->held[d->n_held++] = q;
     }
@@ -1050,7 +1036,7 @@ static int subset_state(subsets *d, const uint32_t *seeds, uint32_t n_seeds, uin
         }
     }
     if (automaton_add(d->a, accept, "", d->err, id) ||
-        grow((void **)&d->off, &d->cap_off, *id + 1, sizeof *d->off, 1))
+        arraygrow((void **)&d->off, &d->cap_off, *id + 1, sizeof *d->off, 1))
         return -1;
     d->off[*id + 1] = d->n_held;
     d->slots[slot] = *id + 1;
@@ -1086,7 +1072,7 @@ static int determinise(const nfa *m, automaton *a, char *err)
     int rc = -1;
     d.slots = calloc(HASH_SLOTS, sizeof *d.slots);
     d.mark = calloc(m->n, sizeof *d.mark);
-    if (!d.slots || !d.mark || grow((void **)&d.off, &d.cap_off, 0, sizeof *d.off, 2)) {
+    if (!d.slots || !d.mark || arraygrow((void **)&d.off, &d.cap_off, 0, sizeof *d.off, 2)) {
         oom(err);
         goto out;
     }
@@ -1114,7 +1100,7 @@ static int determinise(const nfa *m, automaton *a, char *err)
             too_complex(err);
             goto out;
         }
-        if (grow((void **)&targets, &cap_targets, 0, sizeof *targets, total)) {
+        if (arraygrow((void **)&targets, &cap_targets, 0, sizeof *targets, total)) {
             oom(err);
             goto out;
         }
@@ -1380,7 +1366,7 @@ static int pair_state(counter *t, uint32_t d, uint32_t c, uint32_t *id)
     if (automaton_add(t->p, t->a->accept[d] && c >= t->min && c <= t->max, " within its lengths",
                       t->err, id))
         return -1;
-    if (grow((void **)&t->pairs, &t->cap, *id, sizeof *t->pairs, 1))
+    if (arraygrow((void **)&t->pairs, &t->cap, *id, sizeof *t->pairs, 1))
         return oom(t->err);
     t->pairs[*id] = (pair){d, c};
     t->slots[slot] = *id + 1;
