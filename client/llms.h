@@ -176,7 +176,7 @@ enum llms_format {
     LLMS_FORMAT_JSON_SCHEMA = 3, /* JSON mode, and an instance of llms_params.json_schema
                                     (an object or an array; keys in the order of its
                                     properties). A schema with a keyword the daemon cannot
-                                    enforce (pattern, ...) is LLMS_ERR_INVALID_ARGUMENT */
+                                    enforce (uniqueItems, ...) is LLMS_ERR_INVALID_ARGUMENT */
 };
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same

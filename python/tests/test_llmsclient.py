@@ -119,9 +119,9 @@ class ClientTest(unittest.TestCase):
                 self.c.complete("x", max_tokens=4, format=fmt)
             self.assertEqual(e.exception.status_name, "FAILED_PRECONDITION")
         with self.assertRaises(llmsclient.LlmsError) as e:
-            self.c.complete("x", max_tokens=4, format={"type": "string", "pattern": "a"})
+            self.c.complete("x", max_tokens=4, format={"type": "array", "uniqueItems": True})
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
-        self.assertIn("'pattern'", str(e.exception))
+        self.assertIn("'uniqueItems'", str(e.exception))
 
     def test_tokenize_and_detokenize(self):
         ids = self.c.tokenize("one two three")
