@@ -134,6 +134,14 @@ static pcache *gen_pcache(const sched *s, const gen *g, const sched_job *j, bool
     return s->pcache[genset_slot(s, g->gm)];
 }
 
+/* Room under the KV budget for a copy of a cached prompt (pcache_claim_fn): the
+ * generation would have made that KV itself, within what admission reserved for it. */
+static int claim_kv(void *cm, size_t bytes)
+{
+    char err[ERR_MAX];
+    return ctx_claim(cm, bytes, err) == 0 ? 0 : -1;
+}
+
 /* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
  * token counts, timings, stop reason and window slides, at their widest. */
 #define RESULT_FIXED_BYTES 128
@@ -375,7 +383,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     pcache *pc = gen_pcache(s, g, j, gg != NULL);
     if (pc)
         g->n_cached = pcache_take(pc, j->uid, j->app, g->turn, g->n_turn, gm->step_tokens,
-                                  &g->own_seq);
+                                  claim_kv, gm->cm, &g->own_seq);
     return g;
 fail:
     free(turn);

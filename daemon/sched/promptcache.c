@@ -2,9 +2,8 @@
  * promptcache.c — the KV of recent Complete prompts per owner, resumed by the same
  * owner's next prompt that begins the same way (promptcache.h).
  *
- * Entries sit in one list, most recently put first: an entry is used by being taken out
- * (and put back by the generation that resumed it, longer), so the order of the puts is
- * the order of use, and the tail is the least recently used. A cache holds a few entries
+ * Entries sit in one list, most recently used first (put, or taken: a copied entry goes
+ * back to the head), so the tail is the least recently used. A cache holds a few entries
  * per app at most (each put drops what it extends), so the scans stay short.
  */
 #include "daemon/sched/promptcache.h"
@@ -121,7 +120,7 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb)
 }
 
 int pcache_take(pcache *pc, uint32_t uid, const char *app, const int32_t *prompt, int n,
-                int align, kv_seq *seq)
+                int align, pcache_claim_fn claim, void *claim_arg, kv_seq *seq)
 {
     pcache_entry **best = NULL;
     int best_n = 0;
@@ -141,12 +140,23 @@ int pcache_take(pcache *pc, uint32_t uid, const char *app, const int32_t *prompt
         pc->stats.misses++;
         return 0;
     }
+    /* out of the list while the claim runs: shedding must not free it */
     pcache_entry *e = unlink_at(pc, best);
-    kv_seq_truncate(&e->seq, best_n);
+    char err[ERR_MAX];
     kv_seq_free(seq);
-    *seq = e->seq;
-    kv_seq_init(&e->seq, pc->pool);
-    entry_free(e);
+    if (claim && claim(claim_arg, kv_seq_prefix_bytes(&e->seq, best_n)) == 0 &&
+        kv_seq_copy_prefix(seq, &e->seq, best_n, err) == 0) {
+        e->next = pc->head;
+        pc->head = e;
+        pc->stats.bytes += e->bytes;
+        pc->stats.entries++;
+    } else {
+        kv_seq_free(seq); /* a copy cut short */
+        kv_seq_truncate(&e->seq, best_n);
+        *seq = e->seq;
+        kv_seq_init(&e->seq, pc->pool);
+        entry_free(e);
+    }
     pc->stats.hits++;
     pc->stats.reused_tokens += (uint64_t)best_n;
     return best_n;

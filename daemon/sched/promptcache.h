@@ -5,8 +5,8 @@
  *
  * One cache per generate model (its KV pool). An entry is one owner's (uid, app) prompt:
  * its token ids and a kv_seq holding exactly their KV, moved in from the generation that
- * computed it and moved out to the one that resumes it (never copied; an entry serves one
- * generation at a time). An entry is only ever given back to its own owner.
+ * computed it and copied to the ones that resume it while the budget has room (moved out
+ * when it has not). An entry is only ever given to its own owner.
  *
  * Exactness: an entry's length and a resumed prefix are multiples of align (the
  * scheduler's step_tokens, where a Complete's prompt slices end), so the resumed KV is
@@ -46,15 +46,22 @@ void pcache_free(pcache *pc);
 /* Changes the cap, evicting least recently used entries over it. */
 void pcache_set_max(pcache *pc, size_t max_bytes);
 
+/* Grants bytes of new KV under the budget the cache's pool is held to (the context
+ * manager's ctx_claim, which may shed this cache's other entries): 0, or -1 when there
+ * is no room. */
+typedef int (*pcache_claim_fn)(void *arg, size_t bytes);
+
 /*
  * The owner's (uid, app) entry sharing the longest usable prefix with prompt (n tokens):
  * usable is the common prefix cut down to a multiple of align and to at most n - 1 (a
  * token is left to evaluate, whose logits the reply starts from). When that is at least
- * align, the entry leaves the cache, its KV cut to the usable length moves into *seq
- * (empty, of the cache's pool) and the length is returned; else 0 and seq is untouched.
+ * align, *seq (empty, of the cache's pool) gets the KV of that prefix and its length is
+ * returned; else 0 and seq is untouched. The KV is copied when claim grants its bytes, so
+ * that the entry stays for the owner's other prompts running at the same time (requests
+ * sharing a system prompt); else the entry leaves the cache and its KV moves.
  */
 int pcache_take(pcache *pc, uint32_t uid, const char *app, const int32_t *prompt, int n,
-                int align, kv_seq *seq);
+                int align, pcache_claim_fn claim, void *claim_arg, kv_seq *seq);
 
 /*
  * Keeps seq's KV of the prompt tokens[0, n) (seq holds at least their n entries, more

@@ -8,6 +8,7 @@
  */
 #include "engine/kv/kv.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -855,10 +856,10 @@ int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX])
     return 0;
 }
 
-int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX])
+int kv_seq_copy_prefix(kv_seq *dst, const kv_seq *src, int n, char err[ERR_MAX])
 {
     kv_shape shape = kv_pool_shape(dst->pool);
-    for (int i = 0; i < src->n_chunks; i++) {
+    for (int i = 0, kept = 0; i < src->n_chunks && kept < n; i++) {
         const kv_chunk *c = src->chunks[i];
         if (!c)
             return err_set(err, "kv sequence: chunk %d to copy is not resident", i);
@@ -868,13 +869,31 @@ int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX])
         memcpy(d->data, c->data, kv_chunk_bytes(shape, c));
         memcpy(d->tokens, c->tokens, sizeof d->tokens);
         memcpy(d->positions, c->positions, sizeof d->positions);
-        d->n_tokens = c->n_tokens;
+        d->n_tokens = c->n_tokens < n - kept ? c->n_tokens : n - kept;
+        kept += d->n_tokens;
         if (kv_seq_push_chunk(dst, d, err) < 0) {
             kv_chunk_free(dst->pool, d);
             return -1;
         }
     }
     return 0;
+}
+
+int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX])
+{
+    return kv_seq_copy_prefix(dst, src, INT_MAX, err);
+}
+
+size_t kv_seq_prefix_bytes(const kv_seq *src, int n)
+{
+    kv_shape shape = kv_pool_shape(src->pool);
+    size_t bytes = 0;
+    for (int i = 0, kept = 0; i < src->n_chunks && kept < n; i++) {
+        const kv_chunk *c = src->chunks[i];
+        bytes += c ? kv_chunk_bytes(shape, c) : 0;
+        kept += kv_slot_tokens(c);
+    }
+    return bytes;
 }
 
 void kv_seq_truncate(kv_seq *seq, int n)

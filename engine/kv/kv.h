@@ -303,6 +303,13 @@ int kv_seq_push_chunk(kv_seq *seq, kv_chunk *chunk, char err[ERR_MAX]);
  * precisions; dst draws them from its pool. On failure dst may hold some of them. */
 int kv_seq_copy(kv_seq *dst, const kv_seq *src, char err[ERR_MAX]);
 
+/* The same for src's first n entries only (the chunks holding them, the last one cut
+ * to what it holds of them). */
+int kv_seq_copy_prefix(kv_seq *dst, const kv_seq *src, int n, char err[ERR_MAX]);
+
+/* The bytes kv_seq_copy_prefix(..., src, n, ...) draws from the pool. */
+size_t kv_seq_prefix_bytes(const kv_seq *src, int n);
+
 /* Drops entries after the first n (freeing chunks that become empty). A NULL slot
  * that the cut falls inside is dropped whole, with everything after it. */
 void kv_seq_truncate(kv_seq *seq, int n);

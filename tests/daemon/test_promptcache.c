@@ -3,7 +3,8 @@
  * model: the KV's values do not matter here, only which entries move where): a take
  * resumes the owner's longest usable prefix, aligned and leaving a token to evaluate,
  * never another owner's; a put replaces what it extends and yields to what extends it;
- * compressed chunks are not kept; the cap and the shed evict least recently used first;
+ * compressed chunks are not kept; a take copies while the budget grants the bytes; the
+ * cap and the shed evict least recently used first;
  * every chunk goes back to the pool.
  */
 #include <stdio.h>
@@ -59,27 +60,27 @@ static void take_resumes_the_owners_aligned_prefix(void)
     CHECK(pc);
     kv_seq s;
     kv_seq_init(&s, pool);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 200, ALIGN, &s), 0);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 200, ALIGN, NULL, NULL, &s), 0);
     CHECK_EQ(put(pc, 1, "a", 100), 0);
     CHECK_EQ(pcache_get_stats(pc).entries, 1);
     /* another app of the uid, another uid of the app: nothing */
-    CHECK_EQ(pcache_take(pc, 1, "b", prompt, 200, ALIGN, &s), 0);
-    CHECK_EQ(pcache_take(pc, 2, "a", prompt, 200, ALIGN, &s), 0);
+    CHECK_EQ(pcache_take(pc, 1, "b", prompt, 200, ALIGN, NULL, NULL, &s), 0);
+    CHECK_EQ(pcache_take(pc, 2, "a", prompt, 200, ALIGN, NULL, NULL, &s), 0);
     /* a prompt that differs at token 70: the 64 before */
     int32_t other[200];
     memcpy(other, prompt, sizeof other);
     other[70] = -5;
-    CHECK_EQ(pcache_take(pc, 1, "a", other, 200, ALIGN, &s), 64);
+    CHECK_EQ(pcache_take(pc, 1, "a", other, 200, ALIGN, NULL, NULL, &s), 64);
     CHECK_EQ(kv_seq_n_tokens(&s), 64);
     CHECK_EQ(pcache_get_stats(pc).entries, 0);
     kv_seq_free(&s);
     /* the prompt the entry holds exactly (96 aligned): a token is left to evaluate */
     CHECK_EQ(put(pc, 1, "a", 96), 0);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 96, ALIGN, &s), 64);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 96, ALIGN, NULL, NULL, &s), 64);
     kv_seq_free(&s);
     /* shorter than ALIGN shared: a miss, the entry stays */
     CHECK_EQ(put(pc, 1, "a", 96), 0);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 20, ALIGN, &s), 0);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 20, ALIGN, NULL, NULL, &s), 0);
     CHECK_EQ(pcache_get_stats(pc).entries, 1);
     pcache_stats st = pcache_get_stats(pc);
     CHECK_EQ(st.hits, 2);
@@ -102,7 +103,7 @@ static void put_replaces_what_it_extends(void)
     CHECK_EQ(pcache_get_stats(pc).entries, 2);
     kv_seq s;
     kv_seq_init(&s, pool);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 300, ALIGN, &s), 128);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 300, ALIGN, NULL, NULL, &s), 128);
     kv_seq_free(&s);
     pcache_free(pc);
     CHECK_EQ(kv_pool_n_used(pool), 0);
@@ -120,8 +121,57 @@ static void compressed_chunks_are_not_kept(void)
     pcache_put(pc, 1, "a", prompt, 100, ALIGN, &s);
     CHECK_EQ(s.n_chunks, 0);
     kv_seq_init(&s, pool);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 200, ALIGN, &s), 32);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 200, ALIGN, NULL, NULL, &s), 32);
     kv_seq_free(&s);
+    pcache_free(pc);
+    CHECK_EQ(kv_pool_n_used(pool), 0);
+}
+
+/* A claim that grants the bytes it is asked (recording them); refused when *granted is
+ * negative. */
+static int claim_counting(void *arg, size_t bytes)
+{
+    long *granted = arg;
+    if (*granted < 0)
+        return -1;
+    *granted += (long)bytes;
+    return 0;
+}
+
+/* With room under the budget a take copies: the entry stays for the owner's prompts
+ * running beside it, the copy holds the prefix's values, and a later put still replaces
+ * it; without room the entry moves out as before. */
+static void takes_copy_while_the_budget_has_room(void)
+{
+    pcache *pc = pcache_new(pool, 1 << 20);
+    CHECK(pc);
+    CHECK_EQ(put(pc, 1, "a", 100), 0); /* 96 kept: 6 chunks */
+    size_t held = pcache_get_stats(pc).bytes;
+    int used = kv_pool_n_used(pool);
+    long granted = 0;
+    kv_seq s[2];
+    for (int i = 0; i < 2; i++) {
+        kv_seq_init(&s[i], pool);
+        CHECK_EQ(pcache_take(pc, 1, "a", prompt, 80, ALIGN, claim_counting, &granted, &s[i]),
+                 64);
+        CHECK_EQ(kv_seq_n_tokens(&s[i]), 64);
+        CHECK_EQ(s[i].n_chunks, 4);
+        CHECK_EQ(s[i].chunks[3]->tokens[15], 64); /* token 64 at position 63 */
+    }
+    CHECK_EQ(pcache_get_stats(pc).entries, 1);
+    CHECK_EQ(pcache_get_stats(pc).bytes, held);
+    CHECK_EQ(kv_pool_n_used(pool), used + 8);
+    CHECK_EQ(granted, (long)(2 * kv_seq_prefix_bytes(&s[0], 64)));
+    for (int i = 0; i < 2; i++)
+        kv_seq_free(&s[i]);
+    /* no room: moved out, cut to the prefix */
+    granted = -1;
+    kv_seq_init(&s[0], pool);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 80, ALIGN, claim_counting, &granted, &s[0]), 64);
+    CHECK_EQ(pcache_get_stats(pc).entries, 0);
+    CHECK_EQ(kv_seq_n_tokens(&s[0]), 64);
+    kv_seq_free(&s[0]);
+    CHECK_EQ(pcache_get_stats(pc).hits, 3);
     pcache_free(pc);
     CHECK_EQ(kv_pool_n_used(pool), 0);
 }
@@ -139,10 +189,10 @@ static void cap_and_shed_evict_least_recent(void)
     CHECK_EQ(pcache_get_stats(pc).entries, 2);
     kv_seq s;
     kv_seq_init(&s, pool);
-    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 100, ALIGN, &s), 0);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 100, ALIGN, NULL, NULL, &s), 0);
     CHECK_EQ(pcache_shed(pc, 1), one); /* b, the least recent */
-    CHECK_EQ(pcache_take(pc, 1, "b", prompt, 100, ALIGN, &s), 0);
-    CHECK_EQ(pcache_take(pc, 1, "c", prompt, 100, ALIGN, &s), 64);
+    CHECK_EQ(pcache_take(pc, 1, "b", prompt, 100, ALIGN, NULL, NULL, &s), 0);
+    CHECK_EQ(pcache_take(pc, 1, "c", prompt, 100, ALIGN, NULL, NULL, &s), 64);
     kv_seq_free(&s);
     CHECK_EQ(pcache_shed(pc, 1 << 30), 0);
     pcache_set_max(pc, 0); /* off: nothing kept */
@@ -165,6 +215,7 @@ int main(void)
     RUN(take_resumes_the_owners_aligned_prefix);
     RUN(put_replaces_what_it_extends);
     RUN(compressed_chunks_are_not_kept);
+    RUN(takes_copy_while_the_budget_has_room);
     RUN(cap_and_shed_evict_least_recent);
     kv_pool_free(pool);
     return test_finish();
