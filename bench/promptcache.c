@@ -13,9 +13,15 @@
  * --runs (default 3) of the chat's wall time and of the prompt tokens evaluated
  * (prompt_tokens - usage.prompt_tokens_details.cached_tokens, summed over the turns);
  * then the ratios cache/off, and whether every reply was the same on both.
+ *
+ * Then the "shared" scenario: an app's requests that share a long system prompt (some
+ * 1200 tokens) at the same time, as a batch job asks many questions under one set of
+ * instructions. One request first, then SHARED_CLIENTS at once, each its own question;
+ * the same medians and ratios for the concurrent ones (their wall time together).
  */
 #include <fcntl.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +36,7 @@
 
 #define MAX_TURNS 16
 #define MAX_RUNS 15
+#define SHARED_CLIENTS 4
 
 enum { CACHE, OFF, N_SYSTEMS };
 static const char *const system_names[N_SYSTEMS] = {"cache", "off"};
@@ -233,6 +240,93 @@ static void chat_free(chat_result *r)
         free(r->replies[t]);
 }
 
+/* One request of the shared scenario: question q under the long system prompt. */
+typedef struct shared_ask {
+    const daemon_ *d;
+    const char *app;
+    int q;
+    long evaluated; /* -1: failed */
+    char *reply;
+} shared_ask;
+
+static void *shared_ask_run(void *arg)
+{
+    shared_ask *a = arg;
+    char system[8192] = "You answer questions about llmsd. What apps ask about:";
+    for (int t = 0; t < 8; t++) {
+        char text[1024];
+        user_message(text, sizeof text, t);
+        strncat(system, " ", sizeof system - strlen(system) - 1);
+        strncat(system, text, sizeof system - strlen(system) - 1);
+    }
+    char question[128];
+    snprintf(question, sizeof question, "In one sentence: what is question %d about?", a->q);
+    json_object *req = json_object_new_object(), *msgs = json_object_new_array();
+    const char *roles[2] = {"system", "user"}, *texts[2] = {system, question};
+    for (int i = 0; i < 2; i++) {
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "role", json_object_new_string(roles[i]));
+        json_object_object_add(m, "content", json_object_new_string(texts[i]));
+        json_object_array_add(msgs, m);
+    }
+    json_object_object_add(req, "messages", msgs);
+    json_object_object_add(req, "temperature", json_object_new_double(0));
+    json_object_object_add(req, "max_tokens", json_object_new_int(16));
+    json_object *o = post_chat(a->d->hsock, a->app,
+                               json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    json_object_put(req);
+    json_object *choices, *choice, *msg, *content, *usage, *pt, *det, *ct;
+    a->evaluated = -1;
+    if (o && json_object_object_get_ex(o, "choices", &choices) &&
+        (choice = json_object_array_get_idx(choices, 0)) &&
+        json_object_object_get_ex(choice, "message", &msg) &&
+        json_object_object_get_ex(msg, "content", &content) &&
+        json_object_object_get_ex(o, "usage", &usage) &&
+        json_object_object_get_ex(usage, "prompt_tokens", &pt) &&
+        json_object_object_get_ex(usage, "prompt_tokens_details", &det) &&
+        json_object_object_get_ex(det, "cached_tokens", &ct)) {
+        a->evaluated = (long)(json_object_get_int64(pt) - json_object_get_int64(ct));
+        a->reply = strdup(json_object_get_string(content));
+    } else {
+        fprintf(stderr, "promptcache: shared question %d failed: %s\n", a->q,
+                o ? json_object_to_json_string(o) : "no reply");
+    }
+    json_object_put(o);
+    return NULL;
+}
+
+/* The shared scenario on d as app: the first request, then SHARED_CLIENTS at once; their
+ * wall time and prompt tokens evaluated together, and their replies (the caller frees).
+ * 0, or -1 after a message. */
+static int shared(const daemon_ *d, const char *app, double *seconds, long *evaluated,
+                  char *replies[SHARED_CLIENTS])
+{
+    shared_ask first = {.d = d, .app = app, .q = 0};
+    shared_ask_run(&first);
+    free(first.reply);
+    if (first.evaluated < 0)
+        return -1;
+    shared_ask a[SHARED_CLIENTS];
+    pthread_t t[SHARED_CLIENTS];
+    double t0 = bench_now_s();
+    int started = 0;
+    for (int i = 0; i < SHARED_CLIENTS; i++) {
+        a[i] = (shared_ask){.d = d, .app = app, .q = i + 1};
+        started += pthread_create(&t[i], NULL, shared_ask_run, &a[i]) == 0;
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    *seconds = bench_now_s() - t0;
+    *evaluated = 0;
+    int rc = started == SHARED_CLIENTS ? 0 : -1;
+    for (int i = 0; i < SHARED_CLIENTS; i++) {
+        replies[i] = i < started ? a[i].reply : NULL;
+        rc |= i < started && a[i].evaluated >= 0 ? 0 : -1;
+        *evaluated += i < started && a[i].evaluated > 0 ? a[i].evaluated : 0;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int turns = 8, runs = 3, threads = 1;
@@ -299,6 +393,23 @@ int main(int argc, char **argv)
         for (int k = 0; k < N_SYSTEMS; k++)
             chat_free(&res[k]);
     }
+    double sh_secs[N_SYSTEMS][MAX_RUNS], sh_evald[N_SYSTEMS][MAX_RUNS];
+    bool sh_same = true;
+    for (int r = 0; r < runs && rc == 0; r++) {
+        char *replies[N_SYSTEMS][SHARED_CLIENTS] = {{NULL}};
+        char app[32];
+        snprintf(app, sizeof app, "shared%d", r);
+        for (int k = 0; k < N_SYSTEMS && rc == 0; k++) {
+            long e = 0;
+            rc = shared(&daemons[k], app, &sh_secs[k][r], &e, replies[k]);
+            sh_evald[k][r] = (double)e;
+        }
+        for (int i = 0; i < SHARED_CLIENTS; i++) {
+            sh_same &= rc == 0 && !strcmp(replies[CACHE][i], replies[OFF][i]);
+            for (int k = 0; k < N_SYSTEMS; k++)
+                free(replies[k][i]);
+        }
+    }
     stop_all();
     if (rc)
         return 1;
@@ -306,13 +417,26 @@ int main(int argc, char **argv)
     for (int k = 0; k < N_SYSTEMS; k++) {
         med_s[k] = bench_median(secs[k], runs);
         med_e[k] = bench_median(evald[k], runs);
-        printf("{\"bench\":\"promptcache\",\"system\":\"%s\",\"turns\":%d,\"runs\":%d,"
+        printf("{\"bench\":\"promptcache\",\"scenario\":\"chat\",\"system\":\"%s\","
+               "\"turns\":%d,\"runs\":%d,"
                "\"threads\":%d,\"prompt_tokens\":%ld,\"evaluated_tokens\":%.0f,"
                "\"seconds\":%.3f}\n",
                system_names[k], turns, runs, threads, prompt, med_e[k], med_s[k]);
     }
-    printf("{\"bench\":\"promptcache\",\"ratio\":\"cache/off\",\"seconds\":%.3f,"
+    printf("{\"bench\":\"promptcache\",\"scenario\":\"chat\",\"ratio\":\"cache/off\","
+           "\"seconds\":%.3f,"
            "\"evaluated_tokens\":%.3f,\"same_replies\":%s}\n",
            med_s[CACHE] / med_s[OFF], med_e[CACHE] / med_e[OFF], same ? "true" : "false");
+    for (int k = 0; k < N_SYSTEMS; k++) {
+        med_s[k] = bench_median(sh_secs[k], runs);
+        med_e[k] = bench_median(sh_evald[k], runs);
+        printf("{\"bench\":\"promptcache\",\"scenario\":\"shared\",\"system\":\"%s\","
+               "\"clients\":%d,\"runs\":%d,\"threads\":%d,\"evaluated_tokens\":%.0f,"
+               "\"seconds\":%.3f}\n",
+               system_names[k], SHARED_CLIENTS, runs, threads, med_e[k], med_s[k]);
+    }
+    printf("{\"bench\":\"promptcache\",\"scenario\":\"shared\",\"ratio\":\"cache/off\","
+           "\"seconds\":%.3f,\"evaluated_tokens\":%.3f,\"same_replies\":%s}\n",
+           med_s[CACHE] / med_s[OFF], med_e[CACHE] / med_e[OFF], sh_same ? "true" : "false");
     return 0;
 }
