@@ -174,6 +174,25 @@ static void user_message(char *out, size_t cap, int t)
              t + 1, topics[t % 8]);
 }
 
+/* A chat reply's text, prompt tokens and those resumed from the cache: false when o is
+ * no such reply. */
+static bool reply_fields(json_object *o, json_object **content, long *prompt, long *cached)
+{
+    json_object *choices, *choice, *msg, *usage, *pt, *det, *ct;
+    if (!o || !json_object_object_get_ex(o, "choices", &choices) ||
+        !(choice = json_object_array_get_idx(choices, 0)) ||
+        !json_object_object_get_ex(choice, "message", &msg) ||
+        !json_object_object_get_ex(msg, "content", content) ||
+        !json_object_object_get_ex(o, "usage", &usage) ||
+        !json_object_object_get_ex(usage, "prompt_tokens", &pt) ||
+        !json_object_object_get_ex(usage, "prompt_tokens_details", &det) ||
+        !json_object_object_get_ex(det, "cached_tokens", &ct))
+        return false;
+    *prompt = (long)json_object_get_int64(pt);
+    *cached = (long)json_object_get_int64(ct);
+    return true;
+}
+
 typedef struct chat_result {
     double seconds;
     long evaluated, prompt;
@@ -206,21 +225,15 @@ static int chat(const daemon_ *d, const char *app, int turns, chat_result *out)
         json_object *o = post_chat(d->hsock, app,
                                    json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
         json_object_put(req);
-        json_object *choices, *choice, *msg, *content, *usage, *pt, *det, *ct;
-        if (!o || !json_object_object_get_ex(o, "choices", &choices) ||
-            !(choice = json_object_array_get_idx(choices, 0)) ||
-            !json_object_object_get_ex(choice, "message", &msg) ||
-            !json_object_object_get_ex(msg, "content", &content) ||
-            !json_object_object_get_ex(o, "usage", &usage) ||
-            !json_object_object_get_ex(usage, "prompt_tokens", &pt) ||
-            !json_object_object_get_ex(usage, "prompt_tokens_details", &det) ||
-            !json_object_object_get_ex(det, "cached_tokens", &ct)) {
+        json_object *content;
+        long pt, ct;
+        if (!reply_fields(o, &content, &pt, &ct)) {
             fprintf(stderr, "promptcache: turn %d failed: %s\n", t + 1,
                     o ? json_object_to_json_string(o) : "no reply");
             rc = -1;
         } else {
-            out->prompt += json_object_get_int64(pt);
-            out->evaluated += json_object_get_int64(pt) - json_object_get_int64(ct);
+            out->prompt += pt;
+            out->evaluated += pt - ct;
             out->replies[t] = strdup(json_object_get_string(content));
             json_object *a = json_object_new_object();
             json_object_object_add(a, "role", json_object_new_string("assistant"));
@@ -275,17 +288,11 @@ static void *shared_ask_run(void *arg)
     json_object *o = post_chat(a->d->hsock, a->app,
                                json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
     json_object_put(req);
-    json_object *choices, *choice, *msg, *content, *usage, *pt, *det, *ct;
+    json_object *content;
+    long pt, ct;
     a->evaluated = -1;
-    if (o && json_object_object_get_ex(o, "choices", &choices) &&
-        (choice = json_object_array_get_idx(choices, 0)) &&
-        json_object_object_get_ex(choice, "message", &msg) &&
-        json_object_object_get_ex(msg, "content", &content) &&
-        json_object_object_get_ex(o, "usage", &usage) &&
-        json_object_object_get_ex(usage, "prompt_tokens", &pt) &&
-        json_object_object_get_ex(usage, "prompt_tokens_details", &det) &&
-        json_object_object_get_ex(det, "cached_tokens", &ct)) {
-        a->evaluated = (long)(json_object_get_int64(pt) - json_object_get_int64(ct));
+    if (reply_fields(o, &content, &pt, &ct)) {
+        a->evaluated = pt - ct;
         a->reply = strdup(json_object_get_string(content));
     } else {
         fprintf(stderr, "promptcache: shared question %d failed: %s\n", a->q,
