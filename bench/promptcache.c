@@ -19,17 +19,15 @@
  * instructions. One request first, then SHARED_CLIENTS at once, each its own question;
  * the same medians and ratios for the concurrent ones (their wall time together).
  */
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
@@ -50,56 +48,29 @@ static daemon_ daemons[N_SYSTEMS];
 
 static void stop_all(void)
 {
-    for (int k = 0; k < N_SYSTEMS; k++)
-        if (daemons[k].pid > 0) {
-            kill(daemons[k].pid, SIGTERM);
-            waitpid(daemons[k].pid, NULL, 0);
-            daemons[k].pid = 0;
-        }
+    for (int k = 0; k < N_SYSTEMS; k++) {
+        bench_llmsd_stop(daemons[k].pid);
+        daemons[k].pid = 0;
+    }
 }
 
+/* Starts d's daemon on model with the gateway on a socket, and extra settings. */
 static int start(daemon_ *d, const char *llmsd, const char *model, int threads,
                  const char *extra)
 {
-    char conf[700], log[700];
-    snprintf(d->sock, sizeof d->sock, "%s/s", d->dir);
-    snprintf(d->hsock, sizeof d->hsock, "%s/h", d->dir);
-    snprintf(conf, sizeof conf, "%s/llmsd.conf", d->dir);
-    snprintf(log, sizeof log, "%s/llmsd.log", d->dir);
-    mkdir(d->dir, 0755);
-    FILE *f = fopen(conf, "w");
-    if (!f)
+    char conf[1400], dir[sizeof d->dir]; /* (a copy: d's paths are written from it) */
+    memcpy(dir, d->dir, sizeof dir);
+    snprintf(d->hsock, sizeof d->hsock, "%s/h", dir);
+    snprintf(conf, sizeof conf, "model = %s\nthreads = %d\nn_ctx = 4096\nhttp_socket = %s\n"
+             "log_level = warn\n%s", model, threads, d->hsock, extra);
+    mkdir(dir, 0755);
+    d->pid = bench_llmsd_start("promptcache", llmsd, dir, conf, d->sock, sizeof d->sock);
+    if (d->pid < 0)
         return -1;
-    fprintf(f, "model = %s\nsocket = %s\nstate_dir = %s/state\nthreads = %d\nn_ctx = 4096\n"
-               "http_socket = %s\nlog_level = warn\n%s",
-            model, d->sock, d->dir, threads, d->hsock, extra);
-    fclose(f);
-    if ((d->pid = fork()) < 0)
-        return -1;
-    if (d->pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(llmsd, "llmsd", "-c", conf, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 3000; i++) {
-        llms_conn *c;
-        if (access(d->hsock, F_OK) == 0 && llms_connect(d->sock, &c, NULL) == LLMS_OK) {
-            llms_close(c);
-            return 0;
-        }
-        if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
-            fprintf(stderr, "promptcache: llmsd exited at startup (log: %s)\n", log);
-            d->pid = 0;
-            return -1;
-        }
+    /* the gateway's socket comes with the native one; wait for it all the same */
+    for (int i = 0; i < 250 && access(d->hsock, F_OK) != 0; i++)
         usleep(20000);
-    }
-    fprintf(stderr, "promptcache: llmsd did not open its sockets (log: %s)\n", log);
-    return -1;
+    return access(d->hsock, F_OK) == 0 ? 0 : -1;
 }
 
 /* POSTs body to the chat route on hsock as app: the reply's JSON, NULL on failure. */
