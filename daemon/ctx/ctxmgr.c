@@ -1080,6 +1080,12 @@ int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX])
     return CTX_E_BUDGET;
 }
 
+size_t ctx_budget_room(const ctxmgr *cm)
+{
+    size_t budget = cm->policy.budget_bytes, used = resident_bytes(cm);
+    return budget == 0 ? SIZE_MAX : used < budget ? budget - used : 0;
+}
+
 void ctx_enforce_budget(ctxmgr *cm)
 {
     if (cm->policy.budget_bytes)

@@ -431,6 +431,10 @@ void ctx_enforce_budget(ctxmgr *cm);
  * CTX_E_BUDGET when they cannot (with err). */
 int ctx_claim(ctxmgr *cm, size_t bytes, char err[ERR_MAX]);
 
+/* The bytes of KV that fit under the budget beside the resident ones without reclaiming
+ * anything (SIZE_MAX without a budget). */
+size_t ctx_budget_room(const ctxmgr *cm);
+
 /* The KV of pool (resident and spare buffers) counts against cm's budget from now on:
  * the draft model's, which lives apart from the generate model's but is part of the
  * same KV memory (kv_budget_mb). Reclaiming then makes room for both, and trims pool's

@@ -142,6 +142,22 @@ static int claim_kv(void *cm, size_t bytes)
     return ctx_claim(cm, bytes, err) == 0 ? 0 : -1;
 }
 
+/* Room for a copy kept only in case (pcache_claim_fn): what is free under the budget,
+ * never a context's chunk. */
+static int free_room(void *cm, size_t bytes)
+{
+    return ctx_budget_room(cm) >= bytes ? 0 : -1;
+}
+
+void gen_prompt_evaluated(sched *s, work *w)
+{
+    gen *g = w->g;
+    pcache *pc = gen_pcache(s, g, w->job, w->gw != NULL);
+    if (pc)
+        pcache_put_copy(pc, w->job->uid, w->job->app, g->turn, g->n_turn, g->gm->step_tokens,
+                        g->seq, free_room, g->gm->cm);
+}
+
 /* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
  * token counts, timings, stop reason and window slides, at their widest. */
 #define RESULT_FIXED_BYTES 128

@@ -186,19 +186,40 @@ static size_t seq_bytes(const kv_seq *seq)
     return bytes;
 }
 
+/* Whether one of the owner's entries holds the first keep tokens: it serves every prompt
+ * an entry of them would. */
+static bool held(const pcache *pc, uint32_t uid, const char *app, const int32_t *tokens,
+                 int keep)
+{
+    for (const pcache_entry *o = pc->head; o; o = o->next)
+        if (same_owner(o, uid, app) && o->n >= keep &&
+            common_prefix(o->tokens, o->n, tokens, keep) == keep)
+            return true;
+    return false;
+}
+
+void pcache_put_copy(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens, int n,
+                     int align, const kv_seq *seq, pcache_claim_fn claim, void *claim_arg)
+{
+    int keep = f16_prefix(seq, n) / align * align;
+    if (keep == 0 || pc->max_bytes == 0 || held(pc, uid, app, tokens, keep) ||
+        claim(claim_arg, kv_seq_prefix_bytes(seq, keep)) != 0)
+        return;
+    char err[ERR_MAX];
+    kv_seq copy;
+    kv_seq_init(&copy, pc->pool);
+    if (kv_seq_copy_prefix(&copy, seq, keep, err) == 0)
+        pcache_put(pc, uid, app, tokens, keep, align, &copy);
+    kv_seq_free(&copy);
+}
+
 void pcache_put(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens, int n,
                 int align, kv_seq *seq)
 {
     int keep = f16_prefix(seq, n) / align * align;
     pcache_entry *e = NULL;
-    if (keep > 0 && pc->max_bytes > 0) {
-        for (pcache_entry *o = pc->head; o; o = o->next)
-            if (same_owner(o, uid, app) && o->n >= keep &&
-                common_prefix(o->tokens, o->n, tokens, keep) == keep) {
-                keep = 0; /* an entry that extends it serves every prompt it would */
-                break;
-            }
-    }
+    if (keep > 0 && pc->max_bytes > 0 && held(pc, uid, app, tokens, keep))
+        keep = 0;
     if (keep > 0 && pc->max_bytes > 0 && (e = calloc(1, sizeof *e)) &&
         (e->tokens = malloc(sizeof *e->tokens * (size_t)keep))) {
         e->uid = uid;

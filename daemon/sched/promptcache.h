@@ -4,9 +4,10 @@
  * conversation every turn: without it a conversation of n turns prefills O(n²) tokens).
  *
  * One cache per generate model (its KV pool). An entry is one owner's (uid, app) prompt:
- * its token ids and a kv_seq holding exactly their KV, moved in from the generation that
- * computed it and copied to the ones that resume it while the budget has room (moved out
- * when it has not). An entry is only ever given to its own owner.
+ * its token ids and a kv_seq holding exactly their KV, copied in from the generation that
+ * computed it as soon as its prompt is evaluated (when the budget has the room free) or
+ * moved in when it ends, and copied to the ones that resume it while the budget has room
+ * (moved out when it has not). An entry is only ever given to its own owner.
  *
  * Exactness: an entry's length and a resumed prefix are multiples of align (the
  * scheduler's step_tokens, where a Complete's prompt slices end), so the resumed KV is
@@ -73,6 +74,15 @@ int pcache_take(pcache *pc, uint32_t uid, const char *app, const int32_t *prompt
  */
 void pcache_put(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens, int n,
                 int align, kv_seq *seq);
+
+/*
+ * Keeps a copy of seq's KV of the prompt tokens[0, n) as pcache_put keeps the KV itself,
+ * while the generation that holds seq goes on (its prompt evaluated, its reply to come):
+ * the owner's prompts that come meanwhile resume it. Nothing when the owner's entries
+ * already hold that prefix, claim refuses the bytes, or memory runs out.
+ */
+void pcache_put_copy(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens, int n,
+                     int align, const kv_seq *seq, pcache_claim_fn claim, void *claim_arg);
 
 /* Evicts least recently used entries until bytes are freed or none is left; returns the
  * bytes freed. arg is the cache (the shape of ctx_set_shed's hook). */

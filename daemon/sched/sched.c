@@ -224,6 +224,7 @@ static void step_collect(sched *s, int n_seq)
         if (!g->prefilled) {
             g->prefilled = true;
             g->t_first = clock_mono_ns();
+            gen_prompt_evaluated(s, w);
         }
         g->refill = false;
         if (g->n_draft && st->b.tokens == g->spec_rows)

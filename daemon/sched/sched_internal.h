@@ -357,6 +357,11 @@ int32_t gen_sample(gen *g, const float *logits);
 /* Takes the token sampled from logits. */
 void gen_take_token(sched *s, work *w, const float *logits);
 
+/* The prompt is evaluated (its first token comes next): a Complete's prompt KV goes into
+ * the prompt cache as a copy, for the app's prompts that come while the reply runs, when
+ * the KV budget has that room free (no context gives a chunk up for it). */
+void gen_prompt_evaluated(sched *s, work *w);
+
 /* A token came for g now: the step's longest gap between two tokens of one stream. */
 void gen_note_token_time(sched *s, gen *g);
 

@@ -3,8 +3,8 @@
  * model: the KV's values do not matter here, only which entries move where): a take
  * resumes the owner's longest usable prefix, aligned and leaving a token to evaluate,
  * never another owner's; a put replaces what it extends and yields to what extends it;
- * compressed chunks are not kept; a take copies while the budget grants the bytes; the
- * cap and the shed evict least recently used first;
+ * compressed chunks are not kept; a take copies while the budget grants the bytes, and so
+ * does a running generation's put; the cap and the shed evict least recently used first;
  * every chunk goes back to the pool.
  */
 #include <stdio.h>
@@ -176,6 +176,35 @@ static void takes_copy_while_the_budget_has_room(void)
     CHECK_EQ(kv_pool_n_used(pool), 0);
 }
 
+/* A running generation's prompt goes in as a copy: its own KV stays whole; a prefix the
+ * owner's entries hold already, or a refused claim, adds nothing. */
+static void put_copy_leaves_the_generation_its_kv(void)
+{
+    pcache *pc = pcache_new(pool, 1 << 20);
+    CHECK(pc);
+    kv_seq s;
+    CHECK_EQ(seq_of(&s, 100), 0);
+    long granted = -1;
+    pcache_put_copy(pc, 1, "a", prompt, 100, ALIGN, &s, claim_counting, &granted);
+    CHECK_EQ(pcache_get_stats(pc).entries, 0);
+    granted = 0;
+    pcache_put_copy(pc, 1, "a", prompt, 100, ALIGN, &s, claim_counting, &granted);
+    CHECK_EQ(kv_seq_n_tokens(&s), 100);
+    CHECK_EQ(pcache_get_stats(pc).entries, 1);
+    CHECK_EQ(granted, (long)kv_seq_prefix_bytes(&s, 96));
+    pcache_put_copy(pc, 1, "a", prompt, 80, ALIGN, &s, claim_counting, &granted);
+    CHECK_EQ(pcache_get_stats(pc).entries, 1); /* its 64 are held by the 96 */
+    /* the generation's end puts the same prompt: the copy already holds it */
+    pcache_put(pc, 1, "a", prompt, 100, ALIGN, &s);
+    CHECK_EQ(s.n_chunks, 0);
+    CHECK_EQ(pcache_get_stats(pc).entries, 1);
+    kv_seq_init(&s, pool);
+    CHECK_EQ(pcache_take(pc, 1, "a", prompt, 200, ALIGN, NULL, NULL, &s), 96);
+    kv_seq_free(&s);
+    pcache_free(pc);
+    CHECK_EQ(kv_pool_n_used(pool), 0);
+}
+
 static void cap_and_shed_evict_least_recent(void)
 {
     pcache *pc = pcache_new(pool, 1 << 20);
@@ -216,6 +245,7 @@ int main(void)
     RUN(put_replaces_what_it_extends);
     RUN(compressed_chunks_are_not_kept);
     RUN(takes_copy_while_the_budget_has_room);
+    RUN(put_copy_leaves_the_generation_its_kv);
     RUN(cap_and_shed_evict_least_recent);
     kv_pool_free(pool);
     return test_finish();

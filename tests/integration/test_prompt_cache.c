@@ -312,6 +312,61 @@ static void concurrent_requests_both_succeed(void)
     reply_free(&c[1].r);
 }
 
+/* A completion body of the first question as a raw prompt (no template, so no stop text),
+ * EOS barred: the reply runs to max_tokens. tail is added to the prompt. */
+static void running_body(char *out, size_t cap, const char *tail, int max_tokens, bool stream)
+{
+    snprintf(out, cap, "{\"prompt\":\"%s %s%s\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"logit_bias\":{\"2\":-100}%s}", system_text, first_question, tail, max_tokens,
+             stream ? ",\"stream\":true" : "");
+}
+
+/* (g) a reply still running shares its prompt: once its first token came, the app's next
+ * prompt that begins the same way resumes it (the prompt's KV is copied in when it is
+ * evaluated, not only when the reply ends). */
+static void a_running_reply_shares_its_prompt(void)
+{
+    NEED(D_ON);
+    char body[4096];
+    running_body(body, sizeof body, "", 400, true);
+    int fd = httpc_connect(hsocks[D_ON], 0);
+    CHECK(fd >= 0 && httpc_send(fd, "POST", "/v1/completions", "X-Llmsd-App: runner\r\n", body,
+                                strlen(body)) == 0);
+    static char buf[1 << 20]; /* the whole stream of 400 tokens */
+    size_t got = 0;
+    while (got + 1 < sizeof buf && !memmem(buf, got, "data: ", 6)) {
+        ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    CHECK_MSG(memmem(buf, got, "data: ", 6), "no token of the running reply came");
+    httpc_reply h;
+    running_body(body, sizeof body, " Answer briefly.", 4, false);
+    CHECK(httpc_do(hsocks[D_ON], 0, "POST", "/v1/completions", "X-Llmsd-App: runner\r\n", body,
+                   &h) == 0);
+    json_object *o = json_tokener_parse(h.body);
+    const char *c = o ? httpc_jstr(o, "usage.prompt_tokens_details.cached_tokens") : NULL;
+    CHECK_MSG(h.status == 200 && c && atoi(c) >= STEP_TOKENS, "status %d, cached %s", h.status,
+              c ? c : "none");
+    json_object_put(o);
+    httpc_reply_free(&h);
+    /* the first reply was still running: its end had not come */
+    for (ssize_t n; (n = recv(fd, buf + got, sizeof buf - 1 - got, MSG_DONTWAIT)) > 0;)
+        got += (size_t)n;
+    CHECK_MSG(!memmem(buf, got, "[DONE]", 6), "the first reply had ended (%zu bytes)", got);
+    while (got + 1 < sizeof buf && !memmem(buf, got, "[DONE]", 6)) {
+        ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    CHECK_MSG(strstr(buf, "\"finish_reason\":\"length\""), "the first reply did not run to "
+              "max_tokens");
+    close(fd);
+}
+
 /* Sends body streamed on a new connection and closes it once `after` bytes of the reply
  * came (0: at once, the prompt still being evaluated). */
 static bool leave_after(int k, const char *app, const char *body, size_t after)
@@ -413,6 +468,7 @@ int main(int argc, char **argv)
     RUN(small_caches_evict);
     RUN(concurrent_requests_both_succeed);
     RUN(cancelled_requests_leave_the_cache_usable);
+    RUN(a_running_reply_shares_its_prompt);
     RUN(unloading_a_model_frees_its_entries);
     RUN(daemons_exit_clean);
     for (int k = 0; k < N_DAEMONS; k++)
