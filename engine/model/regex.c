@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/arraygrow.h"
+#include "engine/tok/utf8.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -128,25 +129,17 @@ static bool hex_digits(const parser *p, size_t pos, int n, uint32_t *v)
 }
 
 /* The character encoded at p->pos (moving past it), or -1 if the bytes there are not
- * UTF-8 (overlong forms and surrogates included). */
+ * UTF-8 (utf8_seq's: overlong forms and surrogates included). */
 static int32_t utf8_next(parser *p)
 {
     const uint8_t *s = p->s + p->pos;
-    size_t left = p->len - p->pos;
-    uint32_t c = s[0], k = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
-                                     : c >= 0xF0 && c < 0xF5 ? 4 : 0;
-    if (!k || k > left)
+    int k = utf8_seq((const char *)s, p->len - p->pos);
+    if (k <= 0)
         return -1;
-    uint32_t cp = k == 1 ? c : c & (0x7Fu >> k);
-    for (uint32_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return -1;
+    uint32_t cp = k == 1 ? s[0] : s[0] & (0x7Fu >> k);
+    for (int i = 1; i < k; i++)
         cp = cp << 6 | (s[i] & 0x3Fu);
-    }
-    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > CP_MAX)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return -1;
-    p->pos += k;
+    p->pos += (size_t)k;
     return (int32_t)cp;
 }
 
@@ -713,19 +706,6 @@ static int nfa_bytes(nfa *m, uint8_t lo, uint8_t hi, uint32_t out, uint32_t *id)
     return 0;
 }
 
-static int utf8_encode(uint32_t cp, uint8_t *b)
-{
-    if (cp < 0x80) {
-        b[0] = (uint8_t)cp;
-        return 1;
-    }
-    int n = cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-    for (int i = n - 1; i > 0; i--, cp >>= 6)
-        b[i] = (uint8_t)(0x80 | (cp & 0x3F));
-    b[0] = (uint8_t)((0xF00u >> n) | cp);
-    return n;
-}
-
 /* Adds to *entry the byte sequences, each leading to next, of the characters lo..hi (no
  * surrogate among them). The range is split (as RE2 and Rust's utf8-ranges do) until
  * each part's characters have one length and their encodings are all the byte strings
@@ -764,12 +744,12 @@ static int utf8_paths(nfa *m, uint32_t lo, uint32_t hi, uint32_t next, uint32_t 
                 }
             }
         }
-        uint8_t a[4], b[4];
-        int n = utf8_encode(r.lo, a);
+        char a[4], b[4];
+        int n = (int)utf8_encode(r.lo, a);
         utf8_encode(r.hi, b);
         uint32_t s = next;
         for (int i = n; i-- > 0;)
-            if (nfa_bytes(m, a[i], b[i], s, &s))
+            if (nfa_bytes(m, (uint8_t)a[i], (uint8_t)b[i], s, &s))
                 return -1;
         if (nfa_either(m, s, *entry, entry))
             return -1;

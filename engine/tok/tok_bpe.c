@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/tok/tok_internal.h"
+#include "engine/tok/utf8.h"
 
 /* White space as llama.cpp's tables (Unicode's White_Space property) have it: RE_WS goes
  * inside a class, RE_S stands for \s and RE_NS for \S. PCRE2's \s would also match
@@ -250,7 +251,7 @@ int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         t->byte_char[b] = (uint16_t)(printable ? b : next++);
         t->char_byte[t->byte_char[b]] = (int16_t)b;
         char u[4];
-        t->byte_token[b] = tok_lookup(t, u, tok_utf8_encode(t->byte_char[b], u));
+        t->byte_token[b] = tok_lookup(t, u, utf8_encode(t->byte_char[b], u));
     }
     return load_merges(t, g, err);
 }
@@ -342,7 +343,7 @@ static int encode_word(const tokenizer *t, const unsigned char *w, size_t len, b
     if (t->ignore_merges) {
         size_t n = 0;
         for (size_t i = 0; i < len; i++)
-            n += tok_utf8_encode(t->byte_char[w[i]], s->mapped + n);
+            n += utf8_encode(t->byte_char[w[i]], s->mapped + n);
         int32_t id = tok_lookup(t, s->mapped, n);
         if (id >= 0) {
             tok_out_push(o, id);
@@ -383,7 +384,7 @@ static int encode_word(const tokenizer *t, const unsigned char *w, size_t len, b
         /* A byte whose character is not in the vocabulary: llama.cpp tries each byte
          * of the character's UTF-8 as a token of its own. */
         char u[4];
-        size_t n = tok_utf8_encode(t->byte_char[w[syms[i].off]], u);
+        size_t n = utf8_encode(t->byte_char[w[syms[i].off]], u);
         for (size_t j = 0; j < n; j++) {
             int32_t id = tok_lookup(t, u + j, 1);
             if (id >= 0)

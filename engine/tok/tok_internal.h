@@ -85,8 +85,6 @@ static inline size_t tok_utf8_len(unsigned char c)
 
 /* Decodes one code point at s[0..n); invalid sequences give 0xFFFD and length 1. */
 uint32_t tok_utf8_decode(const char *s, size_t n, size_t *used);
-/* Encodes cp into buf (4 bytes room) and returns the length. */
-size_t tok_utf8_encode(uint32_t cp, char *buf);
 
 /* Unicode tables (tok_ucd.c): simple lowercase, first code point of NFD. */
 uint32_t tok_ucd_lower(uint32_t cp);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/tok/tok_internal.h"
+#include "engine/tok/utf8.h"
 
 enum { C_OTHER, C_SPACE, C_CONTROL, C_SPLIT };
 
@@ -44,7 +45,7 @@ static int classify(const tokenizer *t, pcre2_match_data *md, uint32_t cp)
         return C_SPLIT; /* ASCII punctuation and symbols */
     }
     char u[4];
-    size_t n = tok_utf8_encode(cp, u);
+    size_t n = utf8_encode(cp, u);
     int rc = pcre2_match(t->wpm_class, (PCRE2_SPTR)u, n, 0, 0, md, NULL);
     if (rc <= 1)
         return C_OTHER;
@@ -98,7 +99,7 @@ int tok_wpm_encode(const tokenizer *t, const char *text, size_t len, tok_out *o)
         }
         if (c == C_SPACE || c == C_CONTROL)
             continue;
-        n += tok_utf8_encode(tok_ucd_lower(cp), word + n);
+        n += utf8_encode(tok_ucd_lower(cp), word + n);
         if (c == C_SPLIT) {
             encode_word(t, word, n, o);
             n = 3;

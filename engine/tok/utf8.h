@@ -11,6 +11,7 @@
 #define LLMS_UTF8_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* The bytes of the UTF-8 sequence starting at s (n bytes available): 1..4 for a
@@ -20,6 +21,10 @@ int utf8_seq(const char *s, size_t n);
 
 /* Whether s[0..n) is all valid UTF-8 (whole sequences only). */
 int utf8_valid(const char *s, size_t n);
+
+/* Encodes code point cp (at most U+10FFFF) into buf (4 bytes of room); returns the
+ * bytes written. */
+size_t utf8_encode(uint32_t cp, char *buf);
 
 /* A stream of bytes released as valid UTF-8: an unfinished sequence at the end of a
  * feed is held until the bytes that finish it (or show it invalid) arrive. A NUL byte
