@@ -47,6 +47,27 @@ static size_t stream_in_pieces(const char *text, size_t n, const size_t *sizes, 
     return o + got;
 }
 
+/* The encoder at each length's ends: the sequence utf8_seq reads back whole. */
+static void encodes_each_length(void)
+{
+    static const struct {
+        uint32_t cp;
+        size_t len;
+        const char *bytes;
+    } cases[] = {
+        {0x0, 1, "\x00"},           {0x7F, 1, "\x7f"},           {0x80, 2, "\xc2\x80"},
+        {0x7FF, 2, "\xdf\xbf"},     {0x800, 3, "\xe0\xa0\x80"}, {0xFFFF, 3, "\xef\xbf\xbf"},
+        {0x10000, 4, "\xf0\x90\x80\x80"}, {0x10FFFF, 4, "\xf4\x8f\xbf\xbf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[4];
+        size_t n = utf8_encode(cases[i].cp, buf);
+        CHECK_MSG(n == cases[i].len && !memcmp(buf, cases[i].bytes, n) &&
+                      utf8_seq(buf, n) == (int)n,
+                  "U+%04X: %zu bytes", (unsigned)cases[i].cp, n);
+    }
+}
+
 static void stream_holds_unfinished_characters(void)
 {
     const char text[] = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80!";
@@ -122,6 +143,7 @@ static void json_strings(void)
 int main(void)
 {
     RUN(sequences);
+    RUN(encodes_each_length);
     RUN(stream_holds_unfinished_characters);
     RUN(stream_replaces_invalid_bytes);
     RUN(stream_replaces_nul_bytes);
