@@ -71,6 +71,15 @@ static pcache_entry *unlink_at(pcache *pc, pcache_entry **pp)
     return e;
 }
 
+/* Links e first (the most recently used) and into the counts. */
+static void link_first(pcache *pc, pcache_entry *e)
+{
+    e->next = pc->head;
+    pc->head = e;
+    pc->stats.bytes += e->bytes;
+    pc->stats.entries++;
+}
+
 /* Frees the least recently used entry; its bytes, 0 when the cache is empty. */
 static size_t evict_last(pcache *pc)
 {
@@ -143,13 +152,9 @@ int pcache_take(pcache *pc, uint32_t uid, const char *app, const int32_t *prompt
     /* out of the list while the claim runs: shedding must not free it */
     pcache_entry *e = unlink_at(pc, best);
     char err[ERR_MAX];
-    kv_seq_free(seq);
     if (claim && claim(claim_arg, kv_seq_prefix_bytes(&e->seq, best_n)) == 0 &&
         kv_seq_copy_prefix(seq, &e->seq, best_n, err) == 0) {
-        e->next = pc->head;
-        pc->head = e;
-        pc->stats.bytes += e->bytes;
-        pc->stats.entries++;
+        link_first(pc, e);
     } else {
         kv_seq_free(seq); /* a copy cut short */
         kv_seq_truncate(&e->seq, best_n);
@@ -174,16 +179,6 @@ static int f16_prefix(const kv_seq *seq, int n)
         have += c->n_tokens;
     }
     return have < n ? have : n;
-}
-
-static size_t seq_bytes(const kv_seq *seq)
-{
-    kv_shape shape = kv_pool_shape(seq->pool);
-    size_t bytes = 0;
-    for (int i = 0; i < seq->n_chunks; i++)
-        if (seq->chunks[i])
-            bytes += kv_chunk_bytes(shape, seq->chunks[i]);
-    return bytes;
 }
 
 /* Whether one of the owner's entries holds the first keep tokens: it serves every prompt
@@ -218,9 +213,8 @@ void pcache_put(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens
 {
     int keep = f16_prefix(seq, n) / align * align;
     pcache_entry *e = NULL;
-    if (keep > 0 && pc->max_bytes > 0 && held(pc, uid, app, tokens, keep))
-        keep = 0;
-    if (keep > 0 && pc->max_bytes > 0 && (e = calloc(1, sizeof *e)) &&
+    if (keep > 0 && pc->max_bytes > 0 && !held(pc, uid, app, tokens, keep) &&
+        (e = calloc(1, sizeof *e)) &&
         (e->tokens = malloc(sizeof *e->tokens * (size_t)keep))) {
         e->uid = uid;
         snprintf(e->app, sizeof e->app, "%s", app);
@@ -229,7 +223,8 @@ void pcache_put(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens
         kv_seq_truncate(seq, keep);
         e->seq = *seq;
         kv_seq_init(seq, pc->pool);
-        e->bytes = seq_bytes(&e->seq) + sizeof *e->tokens * (size_t)keep + sizeof *e;
+        e->bytes = kv_seq_prefix_bytes(&e->seq, keep) + sizeof *e->tokens * (size_t)keep +
+                   sizeof *e;
         for (pcache_entry **pp = &pc->head; *pp;) {
             if (same_owner(*pp, uid, app) && (*pp)->n <= keep &&
                 common_prefix((*pp)->tokens, (*pp)->n, tokens, keep) == (*pp)->n)
@@ -237,10 +232,7 @@ void pcache_put(pcache *pc, uint32_t uid, const char *app, const int32_t *tokens
             else
                 pp = &(*pp)->next;
         }
-        e->next = pc->head;
-        pc->head = e;
-        pc->stats.bytes += e->bytes;
-        pc->stats.entries++;
+        link_first(pc, e);
         evict_over_cap(pc);
         return;
     }
