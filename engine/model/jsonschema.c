@@ -99,6 +99,18 @@ static const char *spelling_of(json_object *v)
                                                  JSON_C_TO_STRING_NOSLASHESCAPE);
 }
 
+/* A key's text as JSON spells it inside its quotes (a property's name, a tag's). */
+static int add_key_text(builder *b, const char *key, jsonschema_text *t)
+{
+    json_object *k = json_object_new_string(key);
+    if (!k)
+        return oom(b);
+    const char *spelled = spelling_of(k);
+    int rc = add_text(b, spelled + 1, strlen(spelled) - 2, t);
+    json_object_put(k);
+    return rc;
+}
+
 /* where + "/" + key, cut to WHERE_MAX - 1 bytes: a place for messages only. */
 static void where_join(char out[WHERE_MAX], const char *where, const char *key)
 {
@@ -428,15 +440,8 @@ static int compile_object(builder *b, json_object *sch, const char *where, uint1
     int i = 0;
     json_object_object_foreach(props, name, value_schema)
     {
-        json_object *key = json_object_new_string(name);
-        if (!key)
-            return oom(b);
-        const char *spelled = spelling_of(key);
-        size_t len = strlen(spelled);
         jsonschema_text t;
-        int rc = add_text(b, spelled + 1, len - 2, &t); /* inside the quotes */
-        json_object_put(key);
-        if (rc)
+        if (add_key_text(b, name, &t))
             return -1;
         char pat[WHERE_MAX];
         where_join(pat, where, "properties");
@@ -795,17 +800,11 @@ static int find_tag(builder *b, const uint16_t *objs, size_t n, const char *name
 {
     jsonschema *s = b->s;
     const jsonschema_node *o = &s->nodes[objs[0]];
+    if (named && add_key_text(b, named, name))
+        return -1;
     for (uint16_t c = 0; c < (named ? 1 : o->n); c++) {
-        if (named) {
-            json_object *key = json_object_new_string(named);
-            const char *spelled = key ? spelling_of(key) : NULL;
-            int rc = spelled ? add_text(b, spelled + 1, strlen(spelled) - 2, name) : oom(b);
-            json_object_put(key);
-            if (rc)
-                return -1;
-        } else {
+        if (!named)
             *name = s->props[o->first + c].name;
-        }
         size_t i = 0;
         while (i < n && tag_index(b, objs[i], *name) >= 0)
             i++;
