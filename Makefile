@@ -168,7 +168,7 @@ $(CLIENT_LIB): $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
 $(BUILD)/libllmsclient.so: $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
                            $(PROTO_SRC:%.c=$(BUILD)/%.o) client/llmsclient.map
 	$(SAY) LD $@
-	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.4 -Wl,--version-script,client/llmsclient.map \
+	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.5 -Wl,--version-script,client/llmsclient.map \
 	    $(LDFLAGS) $(filter %.o,$^) -lprotobuf-c -o $@
 
 $(BUILD)/llmsd: $(BUILD)/daemon/main.o $(ALL_LIBS)

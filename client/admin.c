@@ -145,6 +145,11 @@ enum llms_status llms_status_get(llms_conn *c, llms_daemon_status *out)
         .spec_draft_proposed = p->spec_draft_proposed,
         .spec_draft_accepted = p->spec_draft_accepted,
         .damaged_contexts = p->damaged_contexts,
+        .prompt_cache_hits = p->prompt_cache_hits,
+        .prompt_cache_misses = p->prompt_cache_misses,
+        .prompt_cache_reused_tokens = p->prompt_cache_reused_tokens,
+        .prompt_cache_bytes = p->prompt_cache_bytes,
+        .prompt_cache_entries = p->prompt_cache_entries,
     };
     cost_models_from(p->cost_models, &out->cost);
     frame_free_response(r);

@@ -546,6 +546,7 @@ enum llms_status client_stream(llms_conn *c, uint64_t id, llms_token_cb on_text,
                 .stop_reason = (enum llms_stop_reason)cr->stop_reason,
                 .text = strdup(cr->text),
                 .window_slides = cr->has_window_slides ? cr->window_slides : 0,
+                .cached_tokens = cr->has_cached_tokens ? cr->cached_tokens : 0,
             };
             if (!out->text || client_logprobs_from(cr, out)) {
                 llms_result_free(out);

@@ -124,8 +124,9 @@ typedef struct llms_logit_bias {
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
  * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
- * after speculation came with libllmsclient.so.3, json_schema with .so.4: an app built
- * against an older llms.h must be rebuilt, which the new soname makes the loader say.
+ * after speculation came with libllmsclient.so.3, json_schema with .so.4 (.so.5 grew
+ * llms_result and llms_daemon_status): an app built against an older llms.h must be
+ * rebuilt, which the new soname makes the loader say.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
@@ -230,6 +231,8 @@ typedef struct llms_result {
     llms_token_logprob *logprobs; /* (n_logprobs) one per generated token, when
                                      llms_params.logprobs asked; else NULL */
     size_t n_logprobs;
+    uint32_t cached_tokens;    /* llms_complete: prompt tokens resumed from the daemon's
+                                  prompt cache, not evaluated again (among prompt_tokens) */
 } llms_result;
 
 /* Frees what *r holds (not r itself) and zeroes it. NULL is fine. */
@@ -691,6 +694,12 @@ typedef struct llms_daemon_status {
     /* Contexts whose stored data is damaged, among n_contexts (their calls fail until
      * they are deleted; the daemon's log names each). */
     uint32_t damaged_contexts;
+    /* The prompt cache (prompt_cache_mb), every generate model's: Completes that resumed
+     * a kept prompt (hits) or found none (misses), the tokens they did not evaluate
+     * again, and what it holds now. */
+    uint64_t prompt_cache_hits, prompt_cache_misses, prompt_cache_reused_tokens;
+    uint64_t prompt_cache_bytes;
+    uint32_t prompt_cache_entries;
 } llms_daemon_status;
 
 /* Frees the strings in *s (not s itself). NULL is fine. */

@@ -229,6 +229,10 @@ static enum llms_status cmd_status(llms_conn *c)
                st.n_apps, st.n_contexts, st.n_resident_contexts, st.kv_bytes_resident,
                st.queued_requests, st.running_requests, st.rss_bytes);
         printf(",\"damaged_contexts\":%" PRIu32, st.damaged_contexts);
+        printf(",\"prompt_cache\":{\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
+               ",\"reused_tokens\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu32 "}",
+               st.prompt_cache_hits, st.prompt_cache_misses, st.prompt_cache_reused_tokens,
+               st.prompt_cache_bytes, st.prompt_cache_entries);
         printf(",\"kv_budget_bytes\":%" PRIu64 ",\"swap_bytes_written\":%" PRIu64
                ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
                ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
@@ -304,6 +308,10 @@ static enum llms_status cmd_status(llms_conn *c)
         if (st.damaged_contexts)
             printf("damaged contexts  %" PRIu32 " (their calls fail; `llmsctl contexts` lists "
                    "them, the log says why)\n", st.damaged_contexts);
+        printf("prompt cache      %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
+               " tokens not evaluated again; %" PRIu32 " prompts kept in %" PRIu64 " bytes\n",
+               st.prompt_cache_hits, st.prompt_cache_misses, st.prompt_cache_reused_tokens,
+               st.prompt_cache_entries, st.prompt_cache_bytes);
         printf("kv resident       f16 %" PRIu64 ", int8 %" PRIu64 ", int4 %" PRIu64
                ", int2 %" PRIu64 " bytes; %" PRIu64 " spare\n",
                st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes, st.kv_int2_bytes,

@@ -30,8 +30,8 @@ from the first of these that loads:
     run in place, or pip install -e), then of the checkout pip installed it from (pip
     records that folder beside the package, PEP 610 direct_url.json). A folder counts as
     a checkout when it has client/llms.h.
- 4. libllmsclient.so.4 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
- 5. libllmsclient.so.4 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+ 4. libllmsclient.so.5 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.5 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
 
 The current directory is never searched. When none loads, LibraryNotFoundError (an
 OSError) names every path tried and why it failed. library_path() says which was loaded.
@@ -75,8 +75,9 @@ KB_PHASES = ["split", "embed", "write"]
 
 RerankHit = namedtuple("RerankHit", "index score")
 # logprobs: None, or one TokenLogprob per generated token when a call asked (logprobs=N).
+# cached_tokens: a complete's prompt tokens resumed from the daemon's prompt cache.
 Result = namedtuple("Result", "text prompt_tokens generated_tokens context_tokens stop_reason "
-                              "logprobs", defaults=(None,))
+                              "logprobs cached_tokens", defaults=(None, 0))
 # A generated token's log-probability, and top: its step's N likeliest (token, logprob).
 TokenLogprob = namedtuple("TokenLogprob", "token logprob top")
 KbInfo = namedtuple("KbInfo", "name documents passages bytes passage_tokens overlap_tokens "
@@ -144,6 +145,7 @@ class _Result(ctypes.Structure):
         ("stop_reason", ctypes.c_int), ("text", ctypes.c_void_p),
         ("window_slides", ctypes.c_uint32),
         ("logprobs", ctypes.POINTER(_TokenLogprob)), ("n_logprobs", ctypes.c_size_t),
+        ("cached_tokens", ctypes.c_uint32),
     ]
 
 
@@ -304,7 +306,7 @@ _KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ct
 
 # The ABI the Structures above describe: what `make install` installs and what the
 # dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
-_SONAME = "libllmsclient.so.4"
+_SONAME = "libllmsclient.so.5"
 # Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). Installed
 # through a DESTDIR, nothing may have run ldconfig yet, and the dynamic loader alone would
 # not find it under /usr/local/lib.
@@ -569,7 +571,7 @@ def _result(r):
                             [(t.top_token[k], t.top_logprob[k]) for k in range(t.n_top)])
                for t in r.logprobs[:r.n_logprobs]]
     return Result(text, r.prompt_tokens, r.generated_tokens, r.context_tokens,
-                  _name(STOP_REASONS, r.stop_reason), lps)
+                  _name(STOP_REASONS, r.stop_reason), lps, r.cached_tokens)
 
 
 def _hits(hits, n):

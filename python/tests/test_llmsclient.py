@@ -123,6 +123,14 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
         self.assertIn("'uniqueItems'", str(e.exception))
 
+    def test_cached_tokens_come_with_the_result(self):
+        prompt = "one two three four five six seven eight nine ten " * 4
+        self.c.complete(prompt, max_tokens=1, temperature=0)
+        self.c.complete(prompt, max_tokens=1, temperature=0)
+        r = self.c.last_result
+        self.assertGreater(r.cached_tokens, 0)
+        self.assertLess(r.cached_tokens, r.prompt_tokens)
+
     def test_tokenize_and_detokenize(self):
         ids = self.c.tokenize("one two three")
         self.assertTrue(ids and all(isinstance(t, int) for t in ids))
@@ -796,8 +804,8 @@ class LibrarySearchTest(unittest.TestCase):
             self.skipTest("a libllmsclient is installed on this machine")
         self.assertTrue(out.startswith("True\n"), out)
         for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
-                      "/usr/local/lib/libllmsclient.so.4", "/usr/lib/libllmsclient.so.4",
-                      "\n  libllmsclient.so.4: "]:
+                      "/usr/local/lib/libllmsclient.so.5", "/usr/lib/libllmsclient.so.5",
+                      "\n  libllmsclient.so.5: "]:
             self.assertIn(tried, out)
         self.assertIn("LLMS_CLIENT_LIB", out)
         self.assertIn("make install", out)

@@ -446,6 +446,40 @@ static void unloading_a_model_frees_its_entries(void)
     reply_free(&again);
 }
 
+/* The native client sees the same: llms_complete's result counts the resumed tokens,
+ * and the daemon's status the cache's hits and what it holds. */
+static void native_client_sees_the_cache(void)
+{
+    NEED(D_ON);
+    llms_conn *c = proc_connect(&daemons[D_ON], "native");
+    CHECK(c);
+    char prompt[4096] = "";
+    for (int i = 0; i < 24; i++)
+        strcat(prompt, "The daemon keeps each app's prompt so that the next one resumes it. ");
+    llms_params p = LLMS_PARAMS_INIT;
+    p.temperature = 0;
+    p.max_tokens = 4;
+    llms_result first = {0}, second = {0};
+    CHECK_EQ(llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &first), LLMS_OK);
+    CHECK_EQ(llms_complete(c, prompt, NULL, 0, &p, NULL, NULL, &second), LLMS_OK);
+    CHECK_EQ(first.cached_tokens, 0);
+    CHECK_MSG(second.cached_tokens >= STEP_TOKENS && second.cached_tokens < second.prompt_tokens,
+              "cached %u of %u", second.cached_tokens, second.prompt_tokens);
+    CHECK_MSG(!strcmp(first.text, second.text), "'%s' vs '%s'", first.text, second.text);
+    llms_result_free(&first);
+    llms_result_free(&second);
+    llms_close(c);
+    llms_conn *admin = proc_connect(&daemons[D_ON], NULL);
+    llms_daemon_status st;
+    CHECK(admin && proc_status(admin, &st) == 0);
+    CHECK_EQ((double)st.prompt_cache_hits, metric(D_ON, "llmsd_prompt_cache_hits_total"));
+    CHECK(st.prompt_cache_hits >= 1 && st.prompt_cache_misses >= 1);
+    CHECK(st.prompt_cache_reused_tokens >= STEP_TOKENS);
+    CHECK(st.prompt_cache_entries >= 1 && st.prompt_cache_bytes > 0);
+    llms_daemon_status_free(&st);
+    llms_close(admin);
+}
+
 /* Every daemon exits clean (under ASan: nothing leaked, the cache's KV given back). */
 static void daemons_exit_clean(void)
 {
@@ -470,6 +504,7 @@ int main(int argc, char **argv)
     RUN(cancelled_requests_leave_the_cache_usable);
     RUN(a_running_reply_shares_its_prompt);
     RUN(unloading_a_model_frees_its_entries);
+    RUN(native_client_sees_the_cache);
     RUN(daemons_exit_clean);
     for (int k = 0; k < N_DAEMONS; k++)
         if (up[k] == 1)
