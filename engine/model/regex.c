@@ -707,49 +707,15 @@ static int nfa_bytes(nfa *m, uint8_t lo, uint8_t hi, uint32_t out, uint32_t *id)
 }
 
 /* Adds to *entry the byte sequences, each leading to next, of the characters lo..hi (no
- * surrogate among them). The range is split (as RE2 and Rust's utf8-ranges do) until
- * each part's characters have one length and their encodings are all the byte strings
- * between its ends' encodings, byte by byte: one NFA path of byte ranges each. */
+ * surrogate among them): one NFA path of byte ranges per part of utf8_ranges' split. */
 static int utf8_paths(nfa *m, uint32_t lo, uint32_t hi, uint32_t next, uint32_t *entry)
 {
-    static const uint32_t last_of_length[] = {0x7F, 0x7FF, 0xFFFF};
-    /* each split pushes one part and shortens the other; a part needs at most 3 splits by
-     * length and 2 per continuation byte */
-    range stack[16];
-    int top = 0;
-    stack[top++] = (range){lo, hi};
-    while (top) {
-        range r = stack[--top];
-        bool split = true;
-        while (split) {
-            split = false;
-            for (int i = 0; i < 3 && !split; i++)
-                if (r.lo <= last_of_length[i] && r.hi > last_of_length[i]) {
-                    stack[top++] = (range){last_of_length[i] + 1, r.hi};
-                    r.hi = last_of_length[i];
-                    split = true;
-                }
-            for (int i = 1; i < 4 && !split && r.hi >= 0x80; i++) {
-                uint32_t m6 = (1u << (6 * i)) - 1;
-                if ((r.lo & ~m6) == (r.hi & ~m6))
-                    continue;
-                if (r.lo & m6) {
-                    stack[top++] = (range){(r.lo | m6) + 1, r.hi};
-                    r.hi = r.lo | m6;
-                    split = true;
-                } else if ((r.hi & m6) != m6) {
-                    stack[top++] = (range){r.hi & ~m6, r.hi};
-                    r.hi = (r.hi & ~m6) - 1;
-                    split = true;
-                }
-            }
-        }
-        char a[4], b[4];
-        int n = (int)utf8_encode(r.lo, a);
-        utf8_encode(r.hi, b);
+    utf8_range parts[UTF8_RANGES_MAX];
+    int n = utf8_ranges(lo, hi, parts);
+    for (int k = 0; k < n; k++) {
         uint32_t s = next;
-        for (int i = n; i-- > 0;)
-            if (nfa_bytes(m, (uint8_t)a[i], (uint8_t)b[i], s, &s))
+        for (int i = parts[k].len; i-- > 0;)
+            if (nfa_bytes(m, parts[k].lo[i], parts[k].hi[i], s, &s))
                 return -1;
         if (nfa_either(m, s, *entry, entry))
             return -1;

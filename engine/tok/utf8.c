@@ -3,6 +3,7 @@
  */
 #include "engine/tok/utf8.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
@@ -63,6 +64,58 @@ size_t utf8_encode(uint32_t cp, char *buf)
     buf[2] = (char)(0x80 | (cp >> 6 & 0x3f));
     buf[3] = (char)(0x80 | (cp & 0x3f));
     return 4;
+}
+
+int utf8_ranges(uint32_t lo, uint32_t hi, utf8_range out[UTF8_RANGES_MAX])
+{
+    static const uint32_t last_of_length[] = {0x7F, 0x7FF, 0xFFFF};
+    /* each split pushes one part and shortens the other; every part becomes one output,
+     * so the parts waiting are fewer than the outputs */
+    struct {
+        uint32_t lo, hi;
+    } stack[UTF8_RANGES_MAX], r;
+    int top = 0, n = 0;
+    stack[top].lo = lo;
+    stack[top++].hi = hi;
+    while (top) {
+        r = stack[--top];
+        bool split = true;
+        while (split) {
+            split = false;
+            for (int i = 0; i < 3 && !split; i++)
+                if (r.lo <= last_of_length[i] && r.hi > last_of_length[i]) {
+                    stack[top].lo = last_of_length[i] + 1;
+                    stack[top++].hi = r.hi;
+                    r.hi = last_of_length[i];
+                    split = true;
+                }
+            for (int i = 1; i < 4 && !split && r.hi >= 0x80; i++) {
+                uint32_t m6 = (1u << (6 * i)) - 1;
+                if ((r.lo & ~m6) == (r.hi & ~m6))
+                    continue;
+                if (r.lo & m6) {
+                    stack[top].lo = (r.lo | m6) + 1;
+                    stack[top++].hi = r.hi;
+                    r.hi = r.lo | m6;
+                    split = true;
+                } else if ((r.hi & m6) != m6) {
+                    stack[top].lo = r.hi & ~m6;
+                    stack[top++].hi = r.hi;
+                    r.hi = (r.hi & ~m6) - 1;
+                    split = true;
+                }
+            }
+        }
+        char a[4], b[4];
+        utf8_range *o = &out[n++];
+        o->len = (uint8_t)utf8_encode(r.lo, a);
+        utf8_encode(r.hi, b);
+        for (int i = 0; i < o->len; i++) {
+            o->lo[i] = (uint8_t)a[i];
+            o->hi[i] = (uint8_t)b[i];
+        }
+    }
+    return n;
 }
 
 int utf8_valid(const char *s, size_t n)

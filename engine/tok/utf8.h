@@ -3,6 +3,9 @@
  * streamed as they are generated (a token may end inside a character, and a model may
  * produce bytes that are no UTF-8 at all), and JSON strings.
  *
+ * The byte ranges of a range of characters serve the automata that take text byte by
+ * byte (a JSON Schema pattern's, a grammar's).
+ *
  * Invalid bytes become U+FFFD (the replacement character), one per byte, as the
  * WHATWG decoder does; overlong forms, surrogates and code points past U+10FFFF are
  * invalid.
@@ -25,6 +28,24 @@ int utf8_valid(const char *s, size_t n);
 /* Encodes code point cp (at most U+10FFFF) into buf (4 bytes of room); returns the
  * bytes written. */
 size_t utf8_encode(uint32_t cp, char *buf);
+
+/* The most parts utf8_ranges splits a range of code points into: at most 1, 3, 5 and 7
+ * for the characters of 1, 2, 3 and 4 bytes. */
+#define UTF8_RANGES_MAX 16
+
+/* Byte strings of one length: those whose byte i lies in [lo[i], hi[i]] for each i. */
+typedef struct utf8_range {
+    uint8_t len;   /* 1..4 */
+    uint8_t lo[4]; /* (len) */
+    uint8_t hi[4]; /* (len) */
+} utf8_range;
+
+/* Splits the code points lo..hi (lo <= hi <= U+10FFFF, no surrogate among them) into
+ * byte ranges whose byte strings are exactly those characters' encodings, as RE2 and
+ * Rust's utf8-ranges split them: each part's characters have one length and their
+ * encodings are all the byte strings between its ends' encodings, byte by byte. The
+ * parts are disjoint. Writes them to out and returns how many. */
+int utf8_ranges(uint32_t lo, uint32_t hi, utf8_range out[UTF8_RANGES_MAX]);
 
 /* A stream of bytes released as valid UTF-8: an unfinished sequence at the end of a
  * feed is held until the bytes that finish it (or show it invalid) arrive. A NUL byte

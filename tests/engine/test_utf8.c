@@ -1,5 +1,5 @@
 /*
- * utf8: sequence validation, a stream that never splits a character or lets an invalid
+ * utf8: sequence validation, the byte ranges of a range of characters, a stream that never splits a character or lets an invalid
  * byte through whatever the piece boundaries, and JSON strings.
  */
 #include <stdio.h>
@@ -24,6 +24,72 @@ static void sequences(void)
     CHECK_EQ(utf8_seq("\xf4\x90\x80\x80", 4), 0);  /* past U+10FFFF */
     CHECK_EQ(utf8_seq("\xc3" "a", 2), 0);
     CHECK_EQ(utf8_seq("\xff", 1), 0);
+}
+
+/* Whether the encoding of cp lies in the byte ranges of one of the parts. */
+static int parts_holding(const utf8_range *parts, int n, uint32_t cp)
+{
+    char e[4];
+    int len = (int)utf8_encode(cp, e), found = 0;
+    for (int k = 0; k < n; k++) {
+        bool in = parts[k].len == len;
+        for (int i = 0; in && i < len; i++)
+            in = (uint8_t)e[i] >= parts[k].lo[i] && (uint8_t)e[i] <= parts[k].hi[i];
+        found += in;
+    }
+    return found;
+}
+
+/* The parts of a range hold as many byte strings as it has characters, each of its
+ * characters in exactly one part and the characters around it in none; the ends of every
+ * part are encodings of characters within the range. Every length boundary and 6-bit
+ * boundary, and random ranges. */
+static void ranges_split_into_byte_ranges(void)
+{
+    static const uint32_t edges[] = {0, 0x7F, 0x80, 0x7FF, 0x800, 0xFFF, 0x1000, 0xD7FF,
+                                     0xE000, 0xFFFF, 0x10000, 0x3FFFF, 0x40000, 0x10FFFF};
+    uint64_t rng = 0x7574663872616e67u;
+    test_random_seed(&rng);
+    for (int t = 0; t < 4000; t++) {
+        uint32_t lo, hi;
+        if (t < 196) {
+            lo = edges[t / 14], hi = edges[t % 14];
+        } else {
+            lo = (uint32_t)(test_random(&rng) % 0x110000);
+            hi = t % 2 ? lo + (uint32_t)(test_random(&rng) % 300) : (uint32_t)(test_random(&rng) % 0x110000);
+        }
+        if (lo > hi || hi > 0x10FFFF || (lo <= 0xDFFF && hi >= 0xD800))
+            continue;
+        utf8_range parts[UTF8_RANGES_MAX];
+        int n = utf8_ranges(lo, hi, parts);
+        CHECK(n >= 1 && n <= UTF8_RANGES_MAX);
+        uint64_t strings = 0;
+        for (int k = 0; k < n; k++) {
+            uint64_t m = 1;
+            for (int i = 0; i < parts[k].len; i++) {
+                CHECK(parts[k].lo[i] <= parts[k].hi[i]);
+                m *= (uint64_t)(parts[k].hi[i] - parts[k].lo[i] + 1);
+            }
+            strings += m;
+            for (int end = 0; end < 2; end++) {
+                const uint8_t *b = end ? parts[k].hi : parts[k].lo;
+                CHECK_EQ(utf8_seq((const char *)b, parts[k].len), parts[k].len);
+            }
+        }
+        CHECK_MSG(strings == (uint64_t)hi - lo + 1, "U+%X..U+%X: %llu byte strings", lo, hi,
+                  (unsigned long long)strings);
+        uint32_t probe[] = {lo, hi, lo + (hi - lo) / 2, lo + (hi - lo) / 3,
+                            lo + (uint32_t)(test_random(&rng) % (hi - lo + 1))};
+        for (size_t i = 0; i < sizeof probe / sizeof *probe; i++)
+            CHECK_MSG(parts_holding(parts, n, probe[i]) == 1, "U+%X in U+%X..U+%X", probe[i], lo, hi);
+        if (lo > 0 && lo - 1 != 0xDFFF)
+            CHECK_EQ(parts_holding(parts, n, lo - 1), 0);
+        if (hi < 0x10FFFF && hi + 1 != 0xD800)
+            CHECK_EQ(parts_holding(parts, n, hi + 1), 0);
+    }
+    /* four-byte characters with both ends inside a block at every level: 7 parts */
+    utf8_range parts[UTF8_RANGES_MAX];
+    CHECK_EQ(utf8_ranges(0x10041, 0x10FFBE, parts), 7);
 }
 
 /* Feeds text in pieces of the given sizes (cycled) and returns the whole output. */
@@ -144,6 +210,7 @@ int main(void)
 {
     RUN(sequences);
     RUN(encodes_each_length);
+    RUN(ranges_split_into_byte_ranges);
     RUN(stream_holds_unfinished_characters);
     RUN(stream_replaces_invalid_bytes);
     RUN(stream_replaces_nul_bytes);
