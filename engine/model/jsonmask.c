@@ -796,22 +796,12 @@ enum {
 
 struct jsonmask_vocab {
     int32_t n_vocab;
-    uint32_t *start;  /* (n_vocab + 1) token i's bytes are bytes[start[i], start[i + 1]) */
-    uint8_t *bytes;   /* (start[n_vocab] + 1) every token's bytes, back to back */
-    uint8_t *flags;   /* (n_vocab) TOKEN_* bits */
-    uint8_t *key;     /* (n_vocab) the byte a token is first tested by: its first, or
-                         after leading whitespace (TOKEN_WS_LED) its second */
-    uint16_t *chars;  /* (n_vocab) a TOKEN_STRING_PLAIN token's characters (to 65535) */
+    tok_pieces pieces; /* every token's bytes */
+    uint8_t *flags;    /* (n_vocab) TOKEN_* bits */
+    uint8_t *key;      /* (n_vocab) the byte a token is first tested by: its first, or
+                          after leading whitespace (TOKEN_WS_LED) its second */
+    uint16_t *chars;   /* (n_vocab) a TOKEN_STRING_PLAIN token's characters (to 65535) */
 };
-
-/* Whether a token stands for bytes of a reply: control, unknown and unused tokens are
- * markup, and an end-of-generation token ends the reply whatever its type. */
-static bool has_text(const tokenizer *t, int32_t id)
-{
-    enum tok_type type = tok_type(t, id);
-    return (type == TOK_TYPE_NORMAL || type == TOK_TYPE_BYTE || type == TOK_TYPE_USER_DEFINED) &&
-           !tok_is_eog(t, id);
-}
 
 static bool string_plain(const uint8_t *b, uint32_t n)
 {
@@ -838,35 +828,20 @@ int jsonmask_vocab_new(const tokenizer *t, jsonmask_vocab **out, char err[ERR_MA
     int32_t n = tok_n_vocab(t);
     jsonmask_vocab *v = calloc(1, sizeof *v);
     *out = NULL;
-    if (!v || !(v->start = malloc(sizeof *v->start * ((size_t)n + 1))) ||
-        !(v->flags = calloc((size_t)n ? (size_t)n : 1, 1)) ||
+    if (!v || !(v->flags = calloc((size_t)n ? (size_t)n : 1, 1)) ||
         !(v->key = calloc((size_t)n ? (size_t)n : 1, 1)) ||
         !(v->chars = calloc((size_t)n ? (size_t)n : 1, sizeof *v->chars))) {
         jsonmask_vocab_free(v);
         return err_set(err, "jsonmask: out of memory for a vocabulary of %d tokens", (int)n);
     }
-    v->n_vocab = n;
-    size_t total = 0;
-    for (int32_t i = 0; i < n; i++) {
-        v->start[i] = (uint32_t)total;
-        int len = has_text(t, i) ? tok_piece(t, i, NULL, 0) : 0;
-        total += len > 0 ? (size_t)len : 0;
-        if (total > UINT32_MAX) {
-            jsonmask_vocab_free(v);
-            return err_set(err, "jsonmask: the vocabulary's pieces pass 4 GiB");
-        }
-    }
-    v->start[n] = (uint32_t)total;
-    /* tok_piece writes a NUL after the piece: one byte more at the end */
-    if (!(v->bytes = malloc(total + 1))) {
+    if (tok_pieces_new(t, &v->pieces, err)) {
         jsonmask_vocab_free(v);
-        return err_set(err, "jsonmask: out of memory for %zu bytes of pieces", total);
+        return -1;
     }
+    v->n_vocab = n;
     for (int32_t i = 0; i < n; i++) {
-        uint32_t len = v->start[i + 1] - v->start[i];
-        const uint8_t *b = v->bytes + v->start[i];
-        if (len)
-            tok_piece(t, i, (char *)v->bytes + v->start[i], (size_t)len + 1);
+        uint32_t len = v->pieces.start[i + 1] - v->pieces.start[i];
+        const uint8_t *b = v->pieces.bytes + v->pieces.start[i];
         bool ws_led = len > 1 && is_ws(b[0]);
         v->key[i] = len ? b[ws_led] : 0;
         bool plain = string_plain(b, len);
@@ -882,8 +857,7 @@ void jsonmask_vocab_free(jsonmask_vocab *v)
 {
     if (!v)
         return;
-    free(v->start);
-    free(v->bytes);
+    tok_pieces_free(&v->pieces);
     free(v->flags);
     free(v->key);
     free(v->chars);
@@ -960,13 +934,13 @@ bool jsonmask_allows(const jsonmask_cursor *c, int32_t token)
         /* a patterned string's automaton alone tells (its lengths are in it) */
         const regex_dfa *dfa = pattern_of(&c->state, node_at(&c->state, c->state.node));
         uint16_t re = c->state.re;
-        for (uint32_t i = v->start[token]; i < v->start[token + 1] && re != REGEX_DEAD; i++)
-            re = regex_step(dfa, re, v->bytes[i]);
+        for (uint32_t i = v->pieces.start[token]; i < v->pieces.start[token + 1] && re != REGEX_DEAD; i++)
+            re = regex_step(dfa, re, v->pieces.bytes[i]);
         return re != REGEX_DEAD;
     }
-    uint32_t from = v->start[token];
+    uint32_t from = v->pieces.start[token];
     jsonmask_state s = c->state;
-    return jsonmask_feed(&s, v->bytes + from, v->start[token + 1] - from);
+    return jsonmask_feed(&s, v->pieces.bytes + from, v->pieces.start[token + 1] - from);
 }
 
 int jsonmask_take(jsonmask_cursor *c, int32_t token)
@@ -974,8 +948,8 @@ int jsonmask_take(jsonmask_cursor *c, int32_t token)
     if (!jsonmask_allows(c, token))
         return -1;
     const jsonmask_vocab *v = c->vocab;
-    uint32_t from = v->start[token], len = v->start[token + 1] - from;
-    jsonmask_feed(&c->state, v->bytes + from, len); /* allowed: it takes every byte */
+    uint32_t from = v->pieces.start[token], len = v->pieces.start[token + 1] - from;
+    jsonmask_feed(&c->state, v->pieces.bytes + from, len); /* allowed: it takes every byte */
     cursor_prepare(c);
     return 0;
 }

@@ -616,6 +616,53 @@ int tok_piece(const tokenizer *t, int32_t id, char *buf, size_t cap)
     return sink_end(&s);
 }
 
+/* Whether a token stands for bytes of a reply (tok_pieces). */
+static bool has_text(const tokenizer *t, int32_t id)
+{
+    enum tok_type type = tok_type(t, id);
+    return (type == TOK_TYPE_NORMAL || type == TOK_TYPE_BYTE || type == TOK_TYPE_USER_DEFINED) &&
+           !tok_is_eog(t, id);
+}
+
+int tok_pieces_new(const tokenizer *t, tok_pieces *out, char err[ERR_MAX])
+{
+    int32_t n = t->n_vocab;
+    memset(out, 0, sizeof *out);
+    if (!(out->start = malloc(sizeof *out->start * ((size_t)n + 1))))
+        return err_set(err, "tokenizer: out of memory for a vocabulary of %d tokens", (int)n);
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        out->start[i] = (uint32_t)total;
+        int len = has_text(t, i) ? tok_piece(t, i, NULL, 0) : 0;
+        total += len > 0 ? (size_t)len : 0;
+        if (total > UINT32_MAX) {
+            tok_pieces_free(out);
+            return err_set(err, "tokenizer: the vocabulary's pieces pass 4 GiB");
+        }
+    }
+    out->start[n] = (uint32_t)total;
+    /* tok_piece writes a NUL after the piece: one byte more at the end */
+    if (!(out->bytes = malloc(total + 1))) {
+        tok_pieces_free(out);
+        return err_set(err, "tokenizer: out of memory for %zu bytes of pieces", total);
+    }
+    out->bytes[total] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t len = out->start[i + 1] - out->start[i];
+        if (len)
+            tok_piece(t, i, (char *)out->bytes + out->start[i], (size_t)len + 1);
+    }
+    out->n_vocab = n;
+    return 0;
+}
+
+void tok_pieces_free(tok_pieces *p)
+{
+    free(p->start);
+    free(p->bytes);
+    memset(p, 0, sizeof *p);
+}
+
 int tok_decode(const tokenizer *t, const int32_t *ids, int n, bool remove_special,
                bool unparse_special, char *buf, size_t cap)
 {

@@ -91,6 +91,25 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_specia
  */
 int tok_piece(const tokenizer *t, int32_t id, char *buf, size_t cap);
 
+/* Every token's bytes as a reply shows them (tok_piece's), back to back: what the
+ * constraints on a reply's text (JSON mode, grammars) test tokens by. A token has bytes
+ * when it stands for text of a reply: a normal, byte or user-defined token that does not
+ * end generation. Control, unknown and unused tokens are markup and have none, and an
+ * end-of-generation token (tok_is_eog) ends the reply whatever its type, so it has none
+ * either. Immutable once built: it may be shared by any number of threads. */
+typedef struct tok_pieces {
+    int32_t n_vocab;
+    uint32_t *start; /* (n_vocab + 1) token i's bytes are bytes[start[i], start[i + 1]) */
+    uint8_t *bytes;  /* (start[n_vocab] + 1) every token's bytes, back to back, then a NUL */
+} tok_pieces;
+
+/* Builds t's table into *out. 0, or -1 with err when memory runs out (or the pieces pass
+ * 4 GiB); *out then holds nothing to free. */
+int tok_pieces_new(const tokenizer *t, tok_pieces *out, char err[ERR_MAX]);
+
+/* Frees the table's arrays (a zeroed one is fine). */
+void tok_pieces_free(tok_pieces *p);
+
 /*
  * Text of a token sequence: the pieces concatenated, except that
  *   - the space the SPM encoder prefixes (at the start, and after each special token)

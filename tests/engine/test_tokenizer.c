@@ -242,6 +242,42 @@ static void test_round_trip_bpe(void)
 
 /* ---- behaviour on the real vocabularies ---- */
 
+/* Every token's bytes in the table are its piece, for tokens of text; control, unknown,
+ * unused and end-of-generation tokens have none. */
+static void check_pieces(const char *name)
+{
+    const char *path = vocab_path(name);
+    if (!path)
+        SKIP("vocab/ggml-vocab-%s.gguf not found (set LLMS_TESTDATA)", name);
+    char err[ERR_MAX] = "", piece[512];
+    tokenizer *t = load_path(path, err);
+    CHECK_MSG(t, "load %s: %s", name, err);
+    tok_pieces p;
+    CHECK_MSG(tok_pieces_new(t, &p, err) == 0, "%s", err);
+    CHECK_EQ(p.n_vocab, tok_n_vocab(t));
+    int with_text = 0;
+    for (int32_t id = 0; id < p.n_vocab; id++) {
+        enum tok_type ty = tok_type(t, id);
+        bool text = (ty == TOK_TYPE_NORMAL || ty == TOK_TYPE_BYTE || ty == TOK_TYPE_USER_DEFINED) &&
+                    !tok_is_eog(t, id);
+        uint32_t len = p.start[id + 1] - p.start[id];
+        int n = tok_piece(t, id, piece, sizeof piece);
+        CHECK(n >= 0 && n < (int)sizeof piece);
+        CHECK_MSG(len == (text ? (uint32_t)n : 0), "%s: token %d has %u bytes", name, id, len);
+        CHECK(memcmp(p.bytes + p.start[id], piece, len) == 0);
+        with_text += len > 0;
+    }
+    CHECK(with_text > p.n_vocab / 2);
+    tok_pieces_free(&p);
+    tok_free(t);
+}
+
+static void test_pieces_table(void)
+{
+    check_pieces("llama-spm");
+    check_pieces("gpt-2");
+}
+
 static void test_spm_specials_and_bos(void)
 {
     char err[ERR_MAX] = "";
@@ -758,6 +794,7 @@ int main(void)
     RUN(test_vectors_wpm_bert);
     RUN(test_round_trip_spm);
     RUN(test_round_trip_bpe);
+    RUN(test_pieces_table);
     RUN(test_spm_specials_and_bos);
     RUN(test_bpe_specials);
     RUN(test_wpm_specials);
