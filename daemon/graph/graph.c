@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/model/jsonschema.h"
+#include "daemon/replyformat.h"
 
 #define GRAPH_MAX_INPUTS 32
 #define GRAPH_MAX_EDGES_PER_NODE 8
@@ -555,25 +555,13 @@ const Llms__GraphDef *graph_def(const graph *g)
     return g->def;
 }
 
-/* A generation node's reply schema goes with FORMAT_JSON_SCHEMA, and only with it, and
- * compiles: a graph whose node the engine cannot run is refused when it is created, not
- * at each run. */
-static int check_reply_schema(const Llms__GraphNode *n, char err[ERR_MAX])
+/* A generation node's reply format must be one the engine can run: a graph whose node
+ * it cannot is refused when it is created, not at each run. */
+static int check_reply_format(const Llms__GraphNode *n, char err[ERR_MAX])
 {
-    const Llms__GenerationParams *p = n->params;
-    bool wants = p->has_format && p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
-    if (!wants && !p->json_schema)
-        return 0;
-    if (!wants)
-        return err_set(err, "node '%s': json_schema is given without format FORMAT_JSON_SCHEMA",
-                       n->name);
-    if (!p->json_schema || !p->json_schema[0])
-        return err_set(err, "node '%s': format FORMAT_JSON_SCHEMA needs json_schema", n->name);
     char why[ERR_MAX];
-    jsonschema *schema;
-    if (jsonschema_compile(p->json_schema, strlen(p->json_schema), &schema, why))
+    if (replyformat_check(n->params, why))
         return err_set(err, "node '%s': %s", n->name, why);
-    jsonschema_free(schema);
     return 0;
 }
 
@@ -659,7 +647,7 @@ static int check_nodes(graph *g, const graph_limits *lim, char err[ERR_MAX])
             if (n->params && n->params->has_logprobs)
                 return err_set(err, "node '%s': logprobs are given by Call and Complete, not "
                                "by a graph's generation", n->name);
-            if (n->params && check_reply_schema(n, err))
+            if (n->params && check_reply_format(n, err))
                 return -1;
         } else if (n->kind == LLMS__GRAPH_NODE_KIND__GRAPH_RETRIEVE) {
             if (check_template(g, n->name, "kb", n->kb, err) ||

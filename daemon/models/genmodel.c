@@ -109,5 +109,6 @@ void genmodel_free(genmodel *g)
     model_runner_free(g->runner);
     tok_free(g->own_tok);
     jsonmask_vocab_free(g->json_vocab);
+    grammar_vocab_free(g->grammar_vocab);
     free(g);
 }

@@ -18,6 +18,7 @@
 #include "engine/tok/chat.h"
 #include "engine/err.h"
 #include "engine/kv/kv.h"
+#include "engine/model/grammar.h"
 #include "engine/model/jsonmask.h"
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
@@ -40,6 +41,8 @@ typedef struct genmodel {
     size_t kv_reserved;      /* KV bytes admission counted for the work running on it */
     jsonmask_vocab *json_vocab; /* every token's bytes, for JSON mode: built by its first
                                    JSON-mode generation (NULL before) */
+    grammar_vocab *grammar_vocab; /* the same for grammars: built by the first generation
+                                     with a grammar (NULL before) */
     size_t piece_max;        /* the longest token text a TokenLogprob carries (set by the
                                 scheduler at load): what a reply's logprobs may take */
 } genmodel;

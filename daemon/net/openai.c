@@ -848,10 +848,12 @@ static int positive_u32_field(json_object *o, const char *key, uint32_t *out, ch
  * {"type": "json_object"} JSON mode, {"type": "json_schema", "json_schema": {"schema":
  * {...}}} JSON mode following the schema (name, description and strict are read past:
  * the schema is always enforced); llama.cpp's {"type": "json_object", "schema": {...}}
- * too. The session refuses a schema the engine cannot enforce. 0, or -1 with msg. */
-static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
+ * too. *schema is the schema given, or NULL. 0, or -1 with msg. */
+static int read_response_format(json_object *body, Llms__GenerationParams *p,
+                                json_object **schema, char *msg, size_t cap)
 {
-    json_object *v, *type, *inner, *schema = NULL;
+    json_object *v, *type, *inner;
+    *schema = NULL;
     if (!json_object_object_get_ex(body, "response_format", &v) ||
         json_object_is_type(v, json_type_null))
         return 0;
@@ -863,8 +865,8 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     if (strcmp(name, "json_schema") == 0) {
         if (!json_object_object_get_ex(v, "json_schema", &inner) ||
             !json_object_is_type(inner, json_type_object) ||
-            !json_object_object_get_ex(inner, "schema", &schema) ||
-            !json_object_is_type(schema, json_type_object)) {
+            !json_object_object_get_ex(inner, "schema", schema) ||
+            !json_object_is_type(*schema, json_type_object)) {
             snprintf(msg, cap, "'response_format.json_schema.schema': a JSON Schema object is "
                                "required");
             return -1;
@@ -875,20 +877,60 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
             snprintf(msg, cap, "'response_format.schema': not a JSON Schema object");
             return -1;
         }
-        schema = inner;
+        *schema = inner;
     } else if (strcmp(name, "text") != 0 && strcmp(name, "json_object") != 0) {
         snprintf(msg, cap, "'response_format': the type is one of \"text\", \"json_object\" "
                            "and \"json_schema\"");
         return -1;
     }
     p->has_format = 1;
-    p->format = schema                      ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA
-                : strcmp(name, "text") == 0 ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
-                                            : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
-    /* json-c keeps the text in the object: it lives as long as body, as the request's
-     * other strings do */
-    if (schema)
+    p->format = strcmp(name, "text") == 0 ? LLMS__RESPONSE_FORMAT__FORMAT_TEXT
+                                          : LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT;
+    return 0;
+}
+
+/* The reply's format into p: response_format (above), or llama.cpp's own fields beside
+ * it, "json_schema" (a schema object) and "grammar" (GBNF text), one of the three at most
+ * (an empty grammar or a null is none). The session refuses a schema or grammar the
+ * engine cannot enforce. 0, or -1 with msg. */
+static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    json_object *schema, *v;
+    if (read_response_format(body, p, &schema, msg, cap))
+        return -1;
+    bool constrained = p->has_format && p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+    if (json_object_object_get_ex(body, "json_schema", &v) && !json_object_is_type(v, json_type_null)) {
+        if (!json_object_is_type(v, json_type_object)) {
+            snprintf(msg, cap, "'json_schema': not a JSON Schema object");
+            return -1;
+        }
+        if (constrained) {
+            snprintf(msg, cap, "'json_schema' and a JSON 'response_format': give one of them");
+            return -1;
+        }
+        schema = v;
+    }
+    int rc = jsonfield_get(body, "grammar", "", json_type_string, &v, msg, cap);
+    if (rc < 0)
+        return -1;
+    if (rc && json_object_get_string_len(v) > 0) {
+        if (constrained || schema) {
+            snprintf(msg, cap, "'grammar' and a JSON schema or JSON 'response_format': give one "
+                               "of them");
+            return -1;
+        }
+        p->has_format = 1;
+        p->format = LLMS__RESPONSE_FORMAT__FORMAT_GRAMMAR;
+        p->grammar = (char *)json_object_get_string(v);
+        return 0;
+    }
+    if (schema) {
+        p->has_format = 1;
+        p->format = LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
+        /* json-c keeps the text in the object: it lives as long as body, as the request's
+         * other strings do */
         p->json_schema = (char *)http_json_text(schema);
+    }
     return 0;
 }
 

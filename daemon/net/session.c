@@ -13,10 +13,10 @@
 
 #include "daemon/ctx/ctxmgr.h"
 #include "daemon/prompt.h"
+#include "daemon/replyformat.h"
 #include "daemon/reqlog.h"
 #include "daemon/net/reply.h"
 #include "daemon/net/tokreq.h"
-#include "engine/model/jsonschema.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 
@@ -151,31 +151,6 @@ static bool bad_context_id(const char *id, refusal *r)
 /* OpenAI takes up to 300 biased tokens; more would only grow every generation's sampler. */
 #define SESSION_LOGIT_BIAS_MAX 1024
 
-/* A schema is compiled by each generation that uses it: bounded, as prompts are. */
-#define SESSION_JSON_SCHEMA_MAX (64 * 1024)
-
-/* FORMAT_JSON_SCHEMA comes with a schema the engine can enforce, and a schema only with
- * it: compiled here once so that a bad one is refused before anything is queued. */
-static bool bad_json_schema(const Llms__GenerationParams *p, refusal *r)
-{
-    const Llms__ErrorCode inv = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-    bool wants = p->has_format && p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
-    if (!p->json_schema && !wants)
-        return false;
-    if (!wants)
-        return refuse_as(r, inv, "json_schema is given without format FORMAT_JSON_SCHEMA");
-    size_t n = p->json_schema ? strlen(p->json_schema) : 0;
-    if (n == 0 || n > SESSION_JSON_SCHEMA_MAX)
-        return refuse_as(r, inv, "format FORMAT_JSON_SCHEMA needs json_schema, 1..%d bytes "
-                                 "(it is %zu)", SESSION_JSON_SCHEMA_MAX, n);
-    char err[ERR_MAX];
-    jsonschema *schema;
-    if (jsonschema_compile(p->json_schema, n, &schema, err))
-        return refuse_as(r, inv, "%s", err);
-    jsonschema_free(schema);
-    return false;
-}
-
 /* Sampling settings that would make every call of a context fail or misbehave. */
 static bool bad_params(const Llms__GenerationParams *p, refusal *r)
 {
@@ -212,14 +187,9 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)
         return refuse_as(r, inv, "max_tokens must be at least 1");
-    /* protobuf-c keeps an enum value it does not know as it came */
-    if (p->has_format && p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT &&
-        p->format != LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT &&
-        p->format != LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA)
-        return refuse_as(r, inv, "format %d is none of FORMAT_TEXT (0), FORMAT_JSON_OBJECT (1) "
-                                 "and FORMAT_JSON_SCHEMA (2)", (int)p->format);
-    if (bad_json_schema(p, r))
-        return true;
+    char err[ERR_MAX];
+    if (replyformat_check(p, err))
+        return refuse_as(r, inv, "%s", err);
     /* One place of the matcher is the chat template's own end text. */
     if (p->n_stop >= STOP_MAX)
         return refuse_as(r, inv, "stop has %zu strings, at most %d", p->n_stop, STOP_MAX - 1);

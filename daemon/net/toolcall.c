@@ -538,8 +538,8 @@ int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *
     if (!ts->forced)
         return 0;
     if (p->has_format && p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT) {
-        snprintf(msg, cap, "a forced 'tool_choice' and a JSON reply format: the call is the "
-                           "reply's format, give one of them");
+        snprintf(msg, cap, "a forced 'tool_choice' and a JSON or grammar reply format: the "
+                           "call is the reply's format, give one of them");
         return -1;
     }
     p->has_format = 1;

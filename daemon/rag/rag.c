@@ -640,10 +640,10 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
 
 /* Starts a query of asker; a real one's errors and QA answer go to conn_id, a predicted
  * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute. */
-/* warm >= 0: a warm-up of that passage (asker ASK_PREFILL). json: the reply must be a
- * JSON object, which no QA entry's free text stands for. */
+/* warm >= 0: a warm-up of that passage (asker ASK_PREFILL). constrained: the reply must be
+ * JSON or a grammar's sentence, which no QA entry's free text stands for. */
 static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                        const Llms__Request *req, int max_tokens, bool json, kv_seq *seq,
+                        const Llms__Request *req, int max_tokens, bool constrained, kv_seq *seq,
                         enum asker asker, int64_t warm, bool *cached)
 {
     const config *cfg = r->env.cfg;
@@ -667,7 +667,7 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
     Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
     q->use_qa = !(rq->has_no_qa && rq->no_qa) && r->tau <= 1.0f && asker != ASK_PREFILL &&
-                !json;
+                !constrained;
     q->use_qkv = !(rq->has_no_qkv && rq->no_qkv) && cfg->qkv_cache_mb > 0;
     int found = kb_lookup(r->env.kb, uid, app, rq->kb, &q->kb, err);
     if (found <= 0) {
@@ -783,12 +783,13 @@ answered:
 }
 
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                     const Llms__Request *req, int max_tokens, bool json, kv_seq *seq,
+                     const Llms__Request *req, int max_tokens, bool constrained, kv_seq *seq,
                      int64_t queued_ns)
 {
     bool cached;
     (void)queued_ns;
-    return start(r, conn_id, uid, app, req, max_tokens, json, seq, ASK_REAL, -1, &cached);
+    return start(r, conn_id, uid, app, req, max_tokens, constrained, seq, ASK_REAL, -1,
+                 &cached);
 }
 
 rag_query *rag_begin_predicted(rag *r, uint32_t uid, const char *app, const Llms__Request *req,

@@ -74,10 +74,11 @@ void rag_free(rag *r);
  * (rag_prompt) and seq (empty, the generation's) holds the KV of the longest cached
  * prefix. queued_ns is when the request arrived (CLOCK_MONOTONIC). max_tokens is the
  * reply length the generation asks for: a QA entry answers only a query of its length.
- * json: the reply must be a JSON object (FORMAT_JSON_OBJECT); the QA bank's answers are
- * free text, so such a query neither reads nor fills it. */
+ * constrained: the reply must be JSON or a sentence of a grammar (any format but
+ * FORMAT_TEXT); the QA bank's answers are free text, so such a query neither reads nor
+ * fills it. */
 rag_query *rag_begin(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
-                     const Llms__Request *req, int max_tokens, bool json, kv_seq *seq,
+                     const Llms__Request *req, int max_tokens, bool constrained, kv_seq *seq,
                      int64_t queued_ns);
 
 /* Starts the predictor's task t (PREDICT_QUERY or PREDICT_WARM): req's RagQuery for app

@@ -25,6 +25,7 @@ typedef struct merged_params {
     unsigned speculate;
     bool json;                           /* FORMAT_JSON_OBJECT or _SCHEMA */
     const char *json_schema;             /* FORMAT_JSON_SCHEMA's schema, else NULL */
+    const char *grammar;                 /* FORMAT_GRAMMAR's grammar, else NULL */
 } merged_params;
 
 /* Sampling settings: the request's, else the context's defaults, else the config's; a
@@ -47,6 +48,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     m->stops = m->bias = NULL;
     m->json = false;
     m->json_schema = NULL;
+    m->grammar = NULL;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -75,9 +77,11 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         if (p->n_logit_bias > 0)
             m->bias = p;
         if (p->has_format) {
-            m->json = p->format != LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+            m->json = p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT ||
+                      p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
             m->json_schema =
                 p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA ? p->json_schema : NULL;
+            m->grammar = p->format == LLMS__RESPONSE_FORMAT__FORMAT_GRAMMAR ? p->grammar : NULL;
         }
     }
     m->max_tokens = gen_max_tokens_of_params(cfg, layers, 2);
@@ -120,6 +124,8 @@ void gen_free(gen *g)
     spec_gen_free(g);
     sampler_free(g->smp);
     jsonschema_free(g->schema);
+    grammar_cursor_free(g->gram);
+    grammar_free(g->grammar);
     free(g);
 }
 
@@ -244,7 +250,7 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                     ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, mp.max_tokens,
                                           &s->pred_task, g->seq, &cached)
                     : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, mp.max_tokens,
-                                mp.json, g->seq, j->queued_ns);
+                                mp.json || mp.grammar, g->seq, j->queued_ns);
         s->pred_cached = cached;
         if (!g->rq) {
             gen_free(g); /* answered: from the QA bank or with an error */
@@ -371,6 +377,17 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         }
         jsonmask_cursor_init_schema(&g->json, gm->json_vocab,
                                     g->schema ? g->schema : jsonschema_any_object());
+    }
+    if (mp.grammar) {
+        if (!gm->grammar_vocab && grammar_vocab_new(gm->tok, &gm->grammar_vocab, err))
+            goto fail;
+        /* compiled by the session once already: this fails as a schema may, above */
+        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        if (grammar_compile(mp.grammar, strlen(mp.grammar), &g->grammar, err))
+            goto fail;
+        code = LLMS__ERROR_CODE__INTERNAL;
+        if (grammar_cursor_new(g->grammar, gm->grammar_vocab, &g->gram, err))
+            goto fail;
     }
     /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
     g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn
@@ -538,11 +555,20 @@ static bool json_allows(const void *cursor, int32_t token)
     return jsonmask_allows(cursor, token);
 }
 
+static bool grammar_allows_token(const void *cursor, int32_t token)
+{
+    return grammar_allows(cursor, token);
+}
+
 int32_t gen_sample(gen *g, const float *logits)
 {
-    if (!g->json.vocab)
+    sampler_constraint allowed;
+    if (g->json.vocab)
+        allowed = (sampler_constraint){json_allows, &g->json};
+    else if (g->gram)
+        allowed = (sampler_constraint){grammar_allows_token, g->gram};
+    else
         return sampler_sample(g->smp, logits, g->hist, g->n_hist);
-    sampler_constraint allowed = {json_allows, &g->json};
     return sampler_sample_allowed(g->smp, logits, g->hist, g->n_hist, &allowed);
 }
 
@@ -560,6 +586,12 @@ bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
     if (g->json.vocab && jsonmask_take(&g->json, next) < 0) {
         work_fail(w, LLMS__ERROR_CODE__FAILED_PRECONDITION,
                   "JSON mode: no token of the model's vocabulary continues the reply as JSON");
+        return false;
+    }
+    if (g->gram && grammar_take(g->gram, next) < 0) {
+        work_fail(w, LLMS__ERROR_CODE__FAILED_PRECONDITION,
+                  "grammar: no token of the model's vocabulary continues the reply as a "
+                  "sentence of the grammar");
         return false;
     }
     if (next < 0 || tok_is_eog(g->gm->tok, next)) {
@@ -586,6 +618,8 @@ bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
         gen_finish(g, LLMS__STOP_REASON__STOP_STRING);
     else if (g->json.vocab && jsonmask_complete(&g->json.state))
         gen_finish(g, LLMS__STOP_REASON__STOP_EOS); /* the object closed: the reply ends */
+    else if (g->gram && grammar_finished(g->gram))
+        gen_finish(g, LLMS__STOP_REASON__STOP_EOS); /* nothing may follow: the reply ends */
     else if (g->n_gen >= g->max_gen)
         gen_finish(g, LLMS__STOP_REASON__STOP_MAX_TOKENS);
     else if (g->n_hist >= g->limit && !gen_slide(w, 1))

@@ -39,6 +39,7 @@
 #include "daemon/sched/speculate.h"
 #include "engine/clock.h"
 #include "engine/kv/kv.h"
+#include "engine/model/grammar.h"
 #include "engine/model/jsonmask.h"
 #include "engine/model/model.h"
 #include "engine/model/sampler.h"
@@ -98,6 +99,9 @@ typedef struct gen {
     jsonmask_cursor json;  /* JSON mode (FORMAT_JSON_OBJECT, _SCHEMA) when json.vocab is
                               set: the reply so far, which only allowed tokens extend */
     jsonschema *schema;    /* FORMAT_JSON_SCHEMA's, compiled: the cursor follows it */
+    grammar *grammar;      /* FORMAT_GRAMMAR's, compiled, else NULL */
+    grammar_cursor *gram;  /* the reply so far against grammar, which only allowed tokens
+                              extend (with grammar) */
     stop_matcher stop;
     /* Speculative decoding (speculate.h), when spec_rows is not NULL. */
     int32_t *spec_rows;    /* (1 + speculate_max) a step's rows: the last token, drafts */

@@ -225,6 +225,21 @@ static void test_refusals(void)
     graph *ok = graph_compile(&x.d, &(graph_limits){.max_nodes = 8, .max_steps = 10}, err);
     CHECK_MSG(ok, "%s", err);
     graph_free(ok);
+    /* a grammar likewise */
+    Llms__GenerationParams gb = LLMS__GENERATION_PARAMS__INIT;
+    gb.has_format = 1;
+    gb.format = LLMS__RESPONSE_FORMAT__FORMAT_GRAMMAR;
+    gb.grammar = "root ::= item\n";
+    x.nodes[0].params = &gb;
+    CHECK(refused(&x, "node 'ask': grammar: "));
+    CHECK(refused(&x, "'item'"));
+    gb.grammar = "root ::= \"yes\" | \"no\"\n";
+    ok = graph_compile(&x.d, &(graph_limits){.max_nodes = 8, .max_steps = 10}, err);
+    CHECK_MSG(ok, "%s", err);
+    graph_free(ok);
+    gb.format = LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
+    CHECK(refused(&x, "node 'ask': grammar is given without format FORMAT_GRAMMAR"));
+    x.nodes[0].params = &js;
     simple(&x);
     for (int i = 0; i < 7; i++)
         def_gen(&x, "n", "b", "x");

@@ -316,7 +316,7 @@ static void refusals_name_the_field(void)
          "names the function 'get_time', which is not in 'tools'"},
         {"/v1/chat/completions",
          "\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}",
-         "a forced 'tool_choice' and a JSON reply format"},
+         "a forced 'tool_choice' and a JSON or grammar reply format"},
         {"/v1/chat/completions", "\"tool_choice\":\"always\"", "'tool_choice' must be"},
         {"/v1/chat/completions", "\"llmsd\":{\"context\":\"abc\"}", "llmsd.context"},
         {"/v1/chat/completions", "\"n\":2", "'tools' with 'n' above 1"},
