@@ -393,8 +393,10 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     g->has_format = p->format != LLMS_FORMAT_DEFAULT;
     g->format = p->format == LLMS_FORMAT_JSON_OBJECT   ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT
                 : p->format == LLMS_FORMAT_JSON_SCHEMA ? LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA
+                : p->format == LLMS_FORMAT_GRAMMAR     ? LLMS__RESPONSE_FORMAT__FORMAT_GRAMMAR
                                                        : LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
     g->json_schema = (char *)p->json_schema;
+    g->grammar = (char *)p->grammar;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
@@ -416,7 +418,7 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
                   g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
                   g->has_seed || g->n_stop > 0 || g->has_speculation ||
                   g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0 ||
-                  g->has_logprobs || g->has_format || g->json_schema;
+                  g->has_logprobs || g->has_format || g->json_schema || g->grammar;
     return LLMS_OK;
 }
 

@@ -124,9 +124,9 @@ typedef struct llms_logit_bias {
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
  * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
- * after speculation came with libllmsclient.so.3, json_schema with .so.4 (.so.5 grew
- * llms_result and llms_daemon_status): an app built against an older llms.h must be
- * rebuilt, which the new soname makes the loader say.
+ * after speculation came with libllmsclient.so.3, json_schema with .so.4, grammar with
+ * .so.5: an app built against an older llms.h must be rebuilt, which the new soname
+ * makes the loader say.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
@@ -165,6 +165,8 @@ typedef struct llms_params {
     int format;             /* enum llms_format; LLMS_FORMAT_DEFAULT: the context's */
     const char *json_schema; /* with LLMS_FORMAT_JSON_SCHEMA (and only with it): the JSON
                                 Schema the reply must be an instance of, as text */
+    const char *grammar;     /* with LLMS_FORMAT_GRAMMAR (and only with it): the GBNF
+                                grammar (llama.cpp's) the reply must be a sentence of */
 } llms_params;
 
 /* What a reply must be (proto ResponseFormat). */
@@ -178,6 +180,10 @@ enum llms_format {
                                     (an object or an array; keys in the order of its
                                     properties). A schema with a keyword the daemon cannot
                                     enforce (uniqueItems, ...) is LLMS_ERR_INVALID_ARGUMENT */
+    LLMS_FORMAT_GRAMMAR = 4,     /* a sentence of llms_params.grammar, sampled only from
+                                    tokens that keep it a prefix of one; the reply ends
+                                    where nothing more may follow. A grammar that does not
+                                    compile is LLMS_ERR_INVALID_ARGUMENT naming the line */
 };
 
 /* Speculative decoding of a generation (proto Speculation): greedy output is the same
@@ -196,7 +202,7 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL            \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL, NULL      \
     }
 
 /* Sets every field of *p to unset. */

@@ -102,6 +102,8 @@ static void usage(void)
            "                        mode; it ends as the object closes)\n"
            "         --schema F     ask, chat: the reply is an instance of the JSON Schema\n"
            "                        in file F (an object or an array at the top)\n"
+           "         --grammar F    ask, chat: the reply is a sentence of the GBNF grammar\n"
+           "                        in file F (llama.cpp's; the start rule is root)\n"
            "         --system TEXT  ask, new chat, rag: the system prompt\n"
            "         --context ID   chat: go on with this conversation\n"
            "         --overflow window|refuse\n"
@@ -541,7 +543,7 @@ static int takes_value(const char *a)
         "-q", "--query", "-k", "--top-k", "--pooling", "--mode", "--threshold",
         "--precision", "--socket", "--app", "--context", "--system", "--temp",
         "--max-tokens", "--seed", "-f", "--file", "--overflow", "--model", "--speculate",
-        "--format", "--schema",
+        "--format", "--schema", "--grammar",
         "--embed-model"};
     for (size_t i = 0; i < sizeof with_value / sizeof with_value[0]; i++)
         if (!strcmp(a, with_value[i]))
@@ -570,7 +572,7 @@ static const char *option_commands(const char *a)
         return "kb";
     if (!strcmp(a, "--speculate"))
         return "graph ask chat rag";
-    if (!strcmp(a, "--format") || !strcmp(a, "--schema"))
+    if (!strcmp(a, "--format") || !strcmp(a, "--schema") || !strcmp(a, "--grammar"))
         return "ask chat";
     if (!strcmp(a, "--model"))
         return "ask chat embed rerank";
@@ -1065,7 +1067,10 @@ static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p,
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL, *app = NULL, *context = NULL, *system = NULL;
-    const char *query = NULL, *file = NULL, *schema_file = NULL;
+    const char *query = NULL, *file = NULL;
+    /* --schema or --grammar: the file, the option and the format it asks for */
+    const char *format_file = NULL, *format_option = NULL;
+    enum llms_format file_format = LLMS_FORMAT_DEFAULT;
     int json = 0, share_uid = 0;
     enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
     enum llms_pooling pooling = LLMS_POOLING_MODEL;
@@ -1142,8 +1147,12 @@ int main(int argc, char **argv)
             if (strcmp(v, "text") && strcmp(v, "json"))
                 bad_usage("--format: expected text or json, got '%s'", v);
             p.format = !strcmp(v, "json") ? LLMS_FORMAT_JSON_OBJECT : LLMS_FORMAT_TEXT;
-        } else if (!strcmp(a, "--schema")) {
-            schema_file = v;
+        } else if (!strcmp(a, "--schema") || !strcmp(a, "--grammar")) {
+            if (format_option && strcmp(format_option, a))
+                bad_usage("--schema and --grammar: give one of them");
+            format_file = v;
+            format_option = a;
+            file_format = !strcmp(a, "--schema") ? LLMS_FORMAT_JSON_SCHEMA : LLMS_FORMAT_GRAMMAR;
         } else if (!strcmp(a, "--mode")) {
             if (strcmp(v, "set") && strcmp(v, "ordered"))
                 bad_usage("--mode: expected set or ordered, got '%s'", v);
@@ -1208,24 +1217,27 @@ int main(int argc, char **argv)
                         : !strcmp(speculate_value, "draft") ? LLMS_SPECULATION_DRAFT
                         : !strcmp(speculate_value, "both")  ? LLMS_SPECULATION_BOTH
                                                             : LLMS_SPECULATION_OFF;
-    if (schema_file && p.format != LLMS_FORMAT_DEFAULT)
-        bad_usage("%s: --schema and --format: give one of them", pos[0]);
+    if (format_file && p.format != LLMS_FORMAT_DEFAULT)
+        bad_usage("%s: %s and --format: give one of them", pos[0], format_option);
     free(opts);
 
-    char *schema_owned = NULL;
-    if (schema_file) {
-        if (!(schema_owned = read_file(schema_file))) {
+    char *format_owned = NULL;
+    if (format_file) {
+        if (!(format_owned = read_file(format_file))) {
             free(pos);
             return 1;
         }
-        p.format = LLMS_FORMAT_JSON_SCHEMA;
-        p.json_schema = schema_owned;
+        p.format = file_format;
+        if (file_format == LLMS_FORMAT_JSON_SCHEMA)
+            p.json_schema = format_owned;
+        else
+            p.grammar = format_owned;
     }
     char *prompt_owned = NULL;
     const char *prompt = NULL;
     if (!strcmp(pos[0], "ask") && !(prompt = ask_prompt(npos == 2 ? pos[1] : NULL, file,
                                                         &prompt_owned))) {
-        free(schema_owned);
+        free(format_owned);
         free(pos);
         return 1;
     }
@@ -1235,7 +1247,7 @@ int main(int argc, char **argv)
     if (llms_connect(socket_path, &c, err) != LLMS_OK) {
         fprintf(stderr, "llms: %s\n", err);
         free(prompt_owned);
-        free(schema_owned);
+        free(format_owned);
         free(pos);
         return 1;
     }
@@ -1260,7 +1272,7 @@ int main(int argc, char **argv)
     }
     llms_close(c);
     free(prompt_owned);
-    free(schema_owned);
+    free(format_owned);
     free(pos);
     /* Output that could not be written (a full disk, a closed stdout) is a failure, as for
      * any Unix filter: a caller reading the status must not take a lost reply for one. */

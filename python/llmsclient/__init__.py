@@ -118,7 +118,7 @@ class _Params(ctypes.Structure):
         ("frequency_penalty", ctypes.c_float), ("presence_penalty", ctypes.c_float),
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
         ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32), ("format", ctypes.c_int),
-        ("json_schema", ctypes.c_char_p),
+        ("json_schema", ctypes.c_char_p), ("grammar", ctypes.c_char_p),
     ]
 
 
@@ -474,14 +474,15 @@ def _u32(name, v):
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
             frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None,
-            format=None):
+            format=None, grammar=None):
     """A llms_params with the given fields set, and what keeps its stop strings and
     biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
     None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
     logprobs: N in [0, 20] puts each generated token's log-probability, with its step's N
     likeliest tokens, in last_result.logprobs. format: "json" (JSON mode: the reply is one
     JSON object), "text", or a JSON Schema (a dict, or its JSON text) the reply must be
-    an instance of."""
+    an instance of. grammar: a GBNF grammar (llama.cpp's, start rule root) the reply must
+    be a sentence of, instead of a format."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -504,7 +505,13 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
     keep = []
-    if isinstance(format, dict) or (isinstance(format, str) and format.lstrip().startswith("{")):
+    if grammar:
+        if format is not None:
+            raise ValueError("give format= or grammar=, not both")
+        text = _b(grammar)
+        p.format, p.grammar = 4, text
+        keep.append(text)
+    elif isinstance(format, dict) or (isinstance(format, str) and format.lstrip().startswith("{")):
         schema = _b(format if isinstance(format, str) else json.dumps(format))
         p.format, p.json_schema = 3, schema
         keep.append(schema)

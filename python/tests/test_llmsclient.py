@@ -123,6 +123,18 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
         self.assertIn("'uniqueItems'", str(e.exception))
 
+    def test_grammar_reaches_the_daemon(self):
+        # the test vocabulary's tokens are "tokN": a grammar of them is followed
+        grammar = 'root ::= ("tok" [0-9]{1,5}){1,3}\n'
+        text = self.c.complete("one two three", max_tokens=3, temperature=0, grammar=grammar)
+        self.assertRegex(text, r"^(tok[0-9]{1,5}){1,3}$")
+        with self.assertRaises(llmsclient.LlmsError) as e:
+            self.c.complete("x", max_tokens=2, grammar="root ::= item\n")
+        self.assertEqual(e.exception.status_name, "INVALID_ARGUMENT")
+        self.assertIn("item", str(e.exception))
+        with self.assertRaises(ValueError):
+            self.c.complete("x", format="json", grammar=grammar)
+
     def test_cached_tokens_come_with_the_result(self):
         prompt = "one two three four five six seven eight nine ten " * 4
         self.c.complete(prompt, max_tokens=1, temperature=0)
