@@ -24,6 +24,7 @@
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
 #include "engine/model/embed.h"
+#include "engine/model/grammar.h"
 #include "engine/model/jsonmask.h"
 #include "engine/model/jsonschema.h"
 #include "engine/gguf/gguf.h"
@@ -57,6 +58,8 @@ typedef struct run_options {
     bool ignore_eos;
     bool json;             /* JSON mode: the continuation is one JSON object */
     const char *json_schema_file; /* --json-schema: ... an instance of this file's schema */
+    const char *grammar;          /* --grammar: the continuation is a sentence of this GBNF */
+    const char *grammar_file;     /* --grammar-file: ... of the GBNF in this file */
     bool plan;             /* print the prefill's memory plan and stop */
     int plan_tokens;       /* --prompt-tokens: plan for this length instead of a prompt */
     int prefill_budget_mb; /* 0: none */
@@ -93,6 +96,10 @@ static void usage(FILE *out)
             "                           (OpenAI's response_format json_object)\n"
             "      --json-schema FILE   JSON mode, and an instance of the JSON Schema in FILE\n"
             "                           (OpenAI's json_schema; engine/model/jsonschema.h)\n"
+            "      --grammar GBNF       only tokens that keep the continuation a prefix of a\n"
+            "                           sentence of the grammar (llama.cpp's GBNF, rule root;\n"
+            "                           engine/model/grammar.h); it ends where nothing may follow\n"
+            "      --grammar-file FILE  the same with the grammar in FILE\n"
             "      --chat               wrap the prompt in the model's chat template\n"
             "      --system TEXT        system message for --chat\n"
             "      --chat-template NAME the template's family, not the file's (" CHAT_FAMILY_NAMES
@@ -258,6 +265,12 @@ static int parse_args(int argc, char **argv, run_options *o)
             NEED_VALUE();
             o->json_schema_file = v;
             o->json = true;
+        } else if (IS(NULL, "--grammar")) {
+            NEED_VALUE();
+            o->grammar = v;
+        } else if (IS(NULL, "--grammar-file")) {
+            NEED_VALUE();
+            o->grammar_file = v;
         } else if (IS(NULL, "--chat")) {
             o->chat = true;
         } else if (IS(NULL, "--system")) {
@@ -305,6 +318,10 @@ static int parse_args(int argc, char **argv, run_options *o)
     }
     if (o->chat && o->ids) {
         fprintf(stderr, "llms-run: --chat and --ids cannot be combined\n");
+        return -1;
+    }
+    if ((o->grammar && o->grammar_file) || ((o->grammar || o->grammar_file) && o->json)) {
+        fprintf(stderr, "llms-run: one of --json, --json-schema, --grammar and --grammar-file\n");
         return -1;
     }
     if (o->chat_template && strcmp(chat_family_name(chat_detect(o->chat_template)),
@@ -554,6 +571,30 @@ static bool json_allows(const void *cursor, int32_t token)
     return jsonmask_allows(cursor, token);
 }
 
+static bool grammar_allows_token(const void *cursor, int32_t token)
+{
+    return grammar_allows(cursor, token);
+}
+
+/* --grammar or --grammar-file compiled into *out (NULL without either): 0, or -1 after
+ * saying why on stderr. */
+static int grammar_of_options(const run_options *o, grammar **out)
+{
+    char err[ERR_MAX];
+    size_t len = o->grammar ? strlen(o->grammar) : 0;
+    char *text = o->grammar_file ? readall_file(o->grammar_file, &len, err) : NULL;
+    *out = NULL;
+    if (!o->grammar && !o->grammar_file)
+        return 0;
+    int rc = o->grammar || text ? grammar_compile(o->grammar ? o->grammar : text, len, out, err)
+                                : -1;
+    free(text);
+    if (rc)
+        fprintf(stderr, "llms-run: %s%s: %s\n", o->grammar ? "--grammar" : "--grammar-file ",
+                o->grammar ? "" : o->grammar_file, err);
+    return rc;
+}
+
 static int run_generate(model *m, const tokenizer *tok, const run_options *o)
 {
     char err[ERR_MAX];
@@ -565,7 +606,11 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     jsonmask_vocab *json_vocab = NULL;
     jsonschema *schema = NULL;
     jsonmask_cursor json;
-    sampler_constraint json_allowed = {json_allows, &json};
+    grammar *gram = NULL;
+    grammar_vocab *gram_vocab = NULL;
+    grammar_cursor *gram_cursor = NULL;
+    sampler_constraint allowed = {json_allows, &json};
+    bool constrained = o->json;
     stop_matcher stop;
     engine_session s = {0};
 
@@ -621,6 +666,17 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         }
         jsonmask_cursor_init_schema(&json, json_vocab, schema ? schema : jsonschema_any_object());
     }
+    if (grammar_of_options(o, &gram))
+        goto out;
+    if (gram) {
+        if (grammar_vocab_new(tok, &gram_vocab, err) ||
+            grammar_cursor_new(gram, gram_vocab, &gram_cursor, err)) {
+            fprintf(stderr, "llms-run: --grammar: %s\n", err);
+            goto out;
+        }
+        allowed = (sampler_constraint){grammar_allows_token, gram_cursor};
+        constrained = true;
+    }
     smp = sampler_new(n_vocab, &o->sampling, err);
     history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
     positions = malloc(sizeof *positions * (size_t)n_prompt);
@@ -644,11 +700,16 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
     t0 = clock_mono_s();
     while (n_gen < o->n_predict) {
-        int32_t next = o->json ? sampler_sample_allowed(smp, logits, history, n_hist, &json_allowed)
-                               : sampler_sample(smp, logits, history, n_hist);
+        int32_t next = constrained ? sampler_sample_allowed(smp, logits, history, n_hist, &allowed)
+                                   : sampler_sample(smp, logits, history, n_hist);
         if (o->json && jsonmask_take(&json, next) < 0) {
             fprintf(stderr, "\nllms-run: --json: no token of the vocabulary continues the "
                             "JSON text\n");
+            goto out;
+        }
+        if (gram && grammar_take(gram_cursor, next) < 0) {
+            fprintf(stderr, "\nllms-run: --grammar: no token of the vocabulary continues a "
+                            "sentence of the grammar\n");
             goto out;
         }
         if (!o->ignore_eos && tok_is_eog(tok, next))
@@ -667,7 +728,8 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
             if (stop_hit(&stop) >= 0)
                 break;
         }
-        if (n_gen == o->n_predict || (o->json && jsonmask_complete(&json.state)))
+        if (n_gen == o->n_predict || (o->json && jsonmask_complete(&json.state)) ||
+            (gram && grammar_finished(gram_cursor)))
             break;
         int32_t pos = n_hist - 1;
         if (session_eval(&s, &next, 1, pos, positions, logits, err)) {
@@ -695,6 +757,9 @@ out:
     sampler_free(smp);
     jsonmask_vocab_free(json_vocab);
     jsonschema_free(schema);
+    grammar_cursor_free(gram_cursor);
+    grammar_vocab_free(gram_vocab);
+    grammar_free(gram);
     session_close(&s);
     return status;
 }

@@ -3,6 +3,7 @@
  * (release or sanitizer) as this test and check what it prints.
  */
 #include <json-c/json.h>
+#include <regex.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +190,43 @@ static void json_schema_writes_an_instance(void)
              schema);
     CHECK(test_run_capture(cmd, out, sizeof out) != 0);
     CHECK_MSG(strstr(out, "'uniqueItems'"), "%s", out);
+}
+
+/* --grammar and --grammar-file: the reply is a sentence of the grammar (a short list
+ * ending with '.', after which nothing may follow, so the reply ends there); a grammar
+ * that does not compile is an error naming the rule; one constraint at a time. */
+static void grammar_writes_a_sentence(void)
+{
+    const char *docs = test_data_path("models/docs-lm-21M-F16.gguf");
+    if (!docs)
+        SKIP("../shared/testdata/models/docs-lm-21M-F16.gguf is absent");
+    static const char gbnf[] = "root ::= \"Ports: \" port (\", \" port){0,2} \".\"\n"
+                               "port ::= [1-9] [0-9]{0,3}\n";
+    char file[1024], cmd[4096], out[8192];
+    snprintf(file, sizeof file, "%s/llms-run.gbnf", test_tmpdir());
+    FILE *f = fopen(file, "w");
+    CHECK(f && fputs(gbnf, f) >= 0);
+    fclose(f);
+    regex_t re;
+    CHECK(regcomp(&re, "^Ports: [1-9][0-9]{0,3}(, [1-9][0-9]{0,3}){0,2}\\.$",
+                  REG_EXTENDED | REG_NOSUB) == 0);
+    for (int seed = 0; seed < 3; seed++) {
+        snprintf(cmd, sizeof cmd, "%s -m '%s' -p 'The service listens on\n' -n 40 "
+                 "--grammar-file '%s' --seed %d 2>/dev/null", llms_run, docs, file, seed);
+        CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+        out[strcspn(out, "\n")] = '\0';
+        CHECK_MSG(regexec(&re, out, 0, NULL, 0) == 0, "seed %d: '%s' is not a sentence", seed,
+                  out);
+    }
+    regfree(&re);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' -p x -n 4 --grammar 'root ::= item' 2>&1", llms_run,
+             docs);
+    CHECK(test_run_capture(cmd, out, sizeof out) != 0);
+    CHECK_MSG(strstr(out, "'item'"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' -p x -n 4 --json --grammar-file '%s' 2>&1", llms_run,
+             docs, file);
+    CHECK(test_run_capture(cmd, out, sizeof out) != 0);
+    CHECK_MSG(strstr(out, "one of --json"), "%s", out);
 }
 
 /* --presence-penalty and --frequency-penalty reach the sampler: greedy text changes
@@ -385,6 +423,7 @@ int main(int argc, char **argv)
     RUN(penalties_change_greedy_text);
     RUN(json_writes_an_object);
     RUN(json_schema_writes_an_instance);
+    RUN(grammar_writes_a_sentence);
     RUN(chat_template_overrides_the_files);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
