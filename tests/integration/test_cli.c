@@ -5,6 +5,7 @@
  * terminal only) and its refusal of two files of one name, rag's exit status (a cut answer, an interrupted one) and closed standard
  * streams.
  */
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,30 @@ static void ask_format_json_reaches_the_daemon(void)
     CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "JSON mode"), "%s", err);
     proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' ask --schema '%s' --format json 'Hi'",
              llms_path, llmsd.sock, schema);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "give one of them"), "%s",
+              err);
+}
+
+/* --grammar FILE: the reply is a sentence of it (the test vocabulary's "tokN" tokens),
+ * a grammar that does not compile is named, and one reply format at a time. */
+static void ask_grammar_reaches_the_daemon(void)
+{
+    NEED_DAEMON();
+    char cmd[4096], out[4096], err[4096], gbnf[700];
+    proc_fmt(gbnf, sizeof gbnf, "%s/cli.gbnf", test_tmpdir());
+    proc_fmt(cmd, sizeof cmd, "printf 'root ::= (\"tok\" [0-9]{1,5}){1,3}\\n' > '%s' && "
+             "'%s' --socket '%s' --temp 0 --max-tokens 3 ask --grammar '%s' 'Hi'", gbnf,
+             llms_path, llmsd.sock, gbnf);
+    CHECK_MSG(run(cmd, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    regex_t re;
+    CHECK(regcomp(&re, "^(tok[0-9]{1,5}){1,3}\n$", REG_EXTENDED | REG_NOSUB) == 0);
+    CHECK_MSG(regexec(&re, out, 0, NULL, 0) == 0, "'%s'", out);
+    regfree(&re);
+    proc_fmt(cmd, sizeof cmd, "printf 'root ::= item\\n' > '%s' && '%s' --socket '%s' ask "
+             "--grammar '%s' 'Hi'", gbnf, llms_path, llmsd.sock, gbnf);
+    CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "'item'"), "%s", err);
+    proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' ask --grammar '%s' --schema '%s' 'Hi'",
+             llms_path, llmsd.sock, gbnf, gbnf);
     CHECK_MSG(run(cmd, NULL, 0, err, sizeof err) != 0 && strstr(err, "give one of them"), "%s",
               err);
 }
@@ -967,6 +992,7 @@ int main(int argc, char **argv)
     RUN(bad_values_name_the_option);
     RUN(ask_prints_an_answer);
     RUN(ask_format_json_reaches_the_daemon);
+    RUN(ask_grammar_reaches_the_daemon);
     RUN(ask_reads_stdin_and_files);
     RUN(empty_input_is_invalid_argument);
     RUN(stop_reasons_through_the_cli);
