@@ -1482,16 +1482,20 @@ void grammar_vocab_free(grammar_vocab *v)
 /* ---- cursors ---- */
 
 /* The states a cursor may learn before it starts afresh, and their stacks' words. */
-#define CACHE_STATES 1024
+#define CACHE_STATES 1024 /* below ROW_REFUSED */
 #define CACHE_WORDS (1u << 18)
 #define CACHE_SLOTS (2 * CACHE_STATES)
+/* A row's entries: the state after the byte plus 1, or these. */
+#define ROW_UNKNOWN 0       /* the row is not filled yet, or the state is not in the table */
+#define ROW_REFUSED 0xFFFFu /* the byte is refused (by the grammar, or for a bound) */
 
 /* A set of stacks the cursor has met. */
 typedef struct state {
     uint32_t off, used, n; /* its stacks: the cache's words[off, off + used), n of them */
     uint32_t key;          /* its stackset's hash and complete flag, mixed */
     bool complete;         /* an empty stack among them: a sentence ends here */
-    bool ready;            /* ok, bounded and its row are filled */
+    bool ready;            /* ok, bounded and its row are filled (else its row is all
+                              ROW_UNKNOWN) */
     bool bounded;          /* a byte its tops take is refused for a bound */
     uint64_t ok[4];        /* the bytes it takes */
 } state;
@@ -1504,8 +1508,8 @@ typedef struct scratch {
     uint32_t words_used;
     state *states;       /* (CACHE_STATES) */
     uint32_t n_states;
-    uint16_t *rows;      /* (CACHE_STATES * 256) the state after each byte, plus 1 (0: refused,
-                            or not in the table) */
+    uint16_t *rows;      /* (CACHE_STATES * 256) the state after each byte, plus 1, or
+                            ROW_UNKNOWN or ROW_REFUSED */
     uint32_t *index;     /* (CACHE_SLOTS) state + 1 by key (0: empty) */
     uint32_t tops[GRAMMAR_STACKS_MAX]; /* a state's distinct top sets, while its row fills */
     uint64_t classes[256][4];          /* the classes of bytes they tell apart */
@@ -1541,6 +1545,7 @@ static int32_t intern(scratch *s, const stackset *x)
                   .complete = x->complete};
     memcpy(s->words + s->words_used, x->w, sizeof *x->w * x->used);
     s->words_used += x->used;
+    memset(s->rows + (size_t)s->n_states * 256, ROW_UNKNOWN, sizeof *s->rows * 256);
     s->index[i] = ++s->n_states;
     return (int32_t)s->n_states - 1;
 }
@@ -1559,7 +1564,8 @@ static void prepare(const grammar *g, scratch *s, uint32_t k)
     uint16_t *row = s->rows + (size_t)k * 256;
     const uint32_t *w = s->words + st->off;
     uint32_t n_tops = 0, n_classes = 0;
-    memset(row, 0, sizeof *row * 256);
+    for (int b = 0; b < 256; b++)
+        row[b] = ROW_REFUSED;
     memset(st->ok, 0, sizeof st->ok);
     st->bounded = false;
     for (uint32_t at = 0; at < st->used; at += w[at] + 1) {
@@ -1604,8 +1610,8 @@ static void prepare(const grammar *g, scratch *s, uint32_t k)
         int32_t t = intern(s, &s->sets[0]);
         for (j = 0; j < 4; j++) {
             st->ok[j] |= cl[j];
-            for (uint64_t m = cl[j]; t >= 0 && m; m &= m - 1)
-                row[j * 64 + __builtin_ctzll(m)] = (uint16_t)(t + 1);
+            for (uint64_t m = cl[j]; m; m &= m - 1)
+                row[j * 64 + __builtin_ctzll(m)] = (uint16_t)(t >= 0 ? t + 1 : ROW_UNKNOWN);
         }
     }
     st->ready = true;
@@ -1618,14 +1624,15 @@ static bool walk(const grammar *g, scratch *s, uint32_t k, const uint8_t *b, siz
 {
     size_t i = 0;
     for (; i < n; i++) {
-        state *st = &s->states[k];
-        if (!st->ready)
-            prepare(g, s, k);
-        if (!(st->ok[b[i] >> 6] >> (b[i] & 63) & 1))
-            return false;
         uint16_t t = s->rows[(size_t)k * 256 + b[i]];
-        if (!t)
-            break;
+        if (t == ROW_UNKNOWN && !s->states[k].ready) {
+            prepare(g, s, k);
+            t = s->rows[(size_t)k * 256 + b[i]];
+        }
+        if (t == ROW_REFUSED)
+            return false;
+        if (t == ROW_UNKNOWN)
+            break; /* taken, to a state not in the table */
         k = t - 1u;
     }
     *end = k;
