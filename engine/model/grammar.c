@@ -1290,6 +1290,105 @@ static int check_finishing(parser *p, uint32_t root, const uint8_t *productive)
                    d);
 }
 
+static int key_order(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The length of the common prefix of alternatives alts[first + (uint32_t)k[m]] for m in
+ * [i, j), which begin alike: up to where two differ or one ends. */
+static uint32_t common_prefix(const parser *p, uint32_t first, const uint64_t *k, uint32_t i,
+                              uint32_t j)
+{
+    uint32_t a = p->alts[first + (uint32_t)k[i]], len = 1;
+    for (;; len++) {
+        uint32_t x = p->elems[a + len];
+        if (x == ELEM(E_END, 0))
+            return len;
+        for (uint32_t m = i + 1; m < j; m++)
+            if (p->elems[p->alts[first + (uint32_t)k[m]] + len] != x)
+                return len;
+    }
+}
+
+/* Merges the alternatives of rule r that begin with the same element: their common
+ * prefix, then a new rule whose alternatives are what follows it in each (they start
+ * inside the old ones: only the prefix is copied), merged in turn when left_factor comes
+ * to it. keys: scratch. Skipped when the rules or elements would pass their bounds: it
+ * only saves stacks. */
+static int factor_rule(parser *p, uint32_t r, uint64_t **keys, uint32_t *cap_keys)
+{
+    uint32_t n = p->rules[r].n_alts, first = p->rules[r].first_alt;
+    if (n < 2)
+        return 0;
+    if (arraygrow((void **)keys, cap_keys, 0, sizeof **keys, n))
+        return oom(p);
+    /* by first element (an empty alternative's is E_END, never merged), then in order */
+    uint64_t *k = *keys;
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = (uint64_t)p->elems[p->alts[first + i]] << 32 | i;
+    qsort(k, n, sizeof *k, key_order);
+    /* the groups: alternatives [i, j) of k alike; what merging them costs */
+    uint32_t groups = 0, merged = 0;
+    uint64_t elements = 0;
+    for (uint32_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && k[j] >> 32 == k[i] >> 32 && k[i] >> 32 != ELEM(E_END, 0);)
+            j++;
+        if (j > i + 1) {
+            groups++;
+            merged += j - i;
+            elements += common_prefix(p, first, k, i, j) + 2;
+        }
+    }
+    if (!groups || p->n_rules + groups > GRAMMAR_RULES_MAX ||
+        p->n_elems + elements > GRAMMAR_ELEMENTS_MAX)
+        return 0;
+    if (arraygrow((void **)&p->alts, &p->cap_alts, p->n_alts, sizeof *p->alts, 2 * n) ||
+        arraygrow((void **)&p->rules, &p->cap_rules, p->n_rules, sizeof *p->rules, groups) ||
+        arraygrow((void **)&p->elems, &p->cap_elems, p->n_elems, sizeof *p->elems,
+                  (uint32_t)elements))
+        return oom(p);
+    /* r's alternatives (one per group) first, then each new rule's */
+    uint32_t r_first = p->n_alts, n_r = 0;
+    p->n_alts += n - merged + groups;
+    for (uint32_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && k[j] >> 32 == k[i] >> 32 && k[i] >> 32 != ELEM(E_END, 0);)
+            j++;
+        uint32_t a = p->alts[first + (uint32_t)k[i]];
+        if (j == i + 1) {
+            p->alts[r_first + n_r++] = a;
+            continue;
+        }
+        uint32_t len = common_prefix(p, first, k, i, j), nr = p->n_rules++;
+        p->rules[nr] = (rule_info){.first_alt = p->n_alts, .n_alts = j - i, .at = p->rules[r].at,
+                                   .used_at = NONE, .kind = R_GROUP};
+        for (uint32_t m = i; m < j; m++)
+            p->alts[p->n_alts++] = p->alts[first + (uint32_t)k[m]] + len;
+        p->alts[r_first + n_r++] = p->n_elems;
+        memcpy(p->elems + p->n_elems, p->elems + a, sizeof *p->elems * len);
+        p->n_elems += len;
+        p->elems[p->n_elems++] = ELEM(E_REF, nr);
+        p->elems[p->n_elems++] = ELEM(E_END, 0);
+    }
+    p->rules[r].first_alt = r_first;
+    p->rules[r].n_alts = n_r;
+    return 0;
+}
+
+/* Left-factors every rule, the new ones too (see factor_rule): a list of a thousand words
+ * (a JSON Schema enum, keywords) then needs a stack per distinct next byte, not per word. */
+static int left_factor(parser *p)
+{
+    uint64_t *keys = NULL;
+    uint32_t cap = 0;
+    int rc = 0;
+    for (uint32_t r = 0; r < p->n_rules && !rc; r++)
+        rc = factor_rule(p, r, &keys, &cap);
+    free(keys);
+    return rc;
+}
+
 static void parser_free(parser *p)
 {
     free(p->elems);
@@ -1345,6 +1444,10 @@ static int build(parser *p, grammar *g)
         return -1;
     }
     free(flags);
+    /* after the checks, whose messages speak of the rules as written: merging keeps what
+     * they found (no rule begins with itself, every rule can finish) */
+    if (left_factor(p))
+        return -1;
     uint32_t start[] = {ELEM(E_REF, root), ELEM(E_END, 0)};
     if (arraygrow((void **)&p->elems, &p->cap_elems, p->n_elems, sizeof *p->elems, 2))
         return oom(p);

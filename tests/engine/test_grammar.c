@@ -598,6 +598,40 @@ static void bounds(void)
     free(t);
 }
 
+/* A list of a thousand words (llama.cpp's JSON Schema enums, keywords): alternatives that
+ * begin alike are read as one, so the list stays far within GRAMMAR_STACKS_MAX at its
+ * start and all along. */
+static void thousand_words(void)
+{
+    size_t cap = 64 * 1024, n = 0;
+    char *t = malloc(cap);
+    CHECK(t);
+    n += (size_t)snprintf(t + n, cap - n, "root ::= \"color: \" color \".\"\ncolor ::= ");
+    for (int i = 0; i < 1000; i++)
+        n += (size_t)snprintf(t + n, cap - n, "%s\"%s%d\"", i ? " | " : "",
+                              i % 3 == 0 ? "dark-" : i % 3 == 1 ? "deep-" : "", i * 7 % 1000);
+    grammar *g = compile_text(t, "a thousand words");
+    free(t);
+    CHECK(g);
+    CHECK_EQ(verdict(g, "color: dark-0.", 14), 1);
+    CHECK_EQ(verdict(g, "color: deep-7.", 14), 1);
+    CHECK_EQ(verdict(g, "color: 14.", 10), 1);
+    CHECK_EQ(verdict(g, "color: 1", 8), 0);
+    CHECK_EQ(refused_at(g, "color: dark-7.", 14), 13); /* 7 * 1 is deep- */
+    CHECK_EQ(refused_at(g, "color: dim", 10), 8);
+    grammar_cursor *c = cursor_of(g);
+    CHECK(c);
+    CHECK_EQ(grammar_feed(c, "color: ", 7), 0);
+    CHECK(!grammar_bounded(c));
+    for (const char *s = "deep-994."; *s; s++) {
+        CHECK_EQ(grammar_feed(c, s, 1), 0);
+        CHECK(!grammar_bounded(c));
+    }
+    CHECK(grammar_finished(c));
+    grammar_cursor_free(c);
+    grammar_free(g);
+}
+
 /* ---- random grammars against a matcher of their trees ---- */
 
 enum { N_CHARS, N_SEQ, N_ALT, N_REF, N_REP };
@@ -1383,6 +1417,7 @@ int main(void)
     RUN(classes);
     RUN(cursor_state);
     RUN(bounds);
+    RUN(thousand_words);
     RUN(random_grammars_match_their_trees);
     RUN(random_walks_never_dead_end);
     RUN(tokens_docs_vocab);
