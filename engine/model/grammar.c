@@ -516,9 +516,10 @@ static int elements_room(parser *p, uint32_t more)
 
 static int push(parser *p, level *lv, uint32_t e)
 {
-    if (elements_room(p, 1) ||
-        arraygrow((void **)&lv->e, &lv->cap, lv->n, sizeof *lv->e, 1))
-        return p->err[0] ? -1 : oom(p);
+    if (elements_room(p, 1))
+        return -1;
+    if (arraygrow((void **)&lv->e, &lv->cap, lv->n, sizeof *lv->e, 1))
+        return oom(p);
     lv->e[lv->n++] = e;
     p->pending++;
     return 0;
@@ -542,10 +543,11 @@ static void truncate_level(parser *p, level *lv, uint32_t n)
 /* Gives rule r the n_alts alternatives in e[0..n) (each ended by E_END). */
 static int define_rule(parser *p, uint32_t r, const uint32_t *e, uint32_t n, uint32_t n_alts)
 {
-    if (elements_room(p, n) ||
-        arraygrow((void **)&p->elems, &p->cap_elems, p->n_elems, sizeof *p->elems, n) ||
+    if (elements_room(p, n))
+        return -1;
+    if (arraygrow((void **)&p->elems, &p->cap_elems, p->n_elems, sizeof *p->elems, n) ||
         arraygrow((void **)&p->alts, &p->cap_alts, p->n_alts, sizeof *p->alts, n_alts))
-        return p->err[0] ? -1 : oom(p);
+        return oom(p);
     p->rules[r].first_alt = p->n_alts;
     p->rules[r].n_alts = n_alts;
     for (uint32_t i = 0; i < n; i++)
@@ -858,19 +860,18 @@ static int repeat(parser *p, level *lv, uint32_t min, uint32_t max, size_t at, c
     for (uint32_t i = 0; i < min; i++)
         if (push(p, lv, x))
             return -1;
-    if (max == NONE) {
+    /* R ::= x R | "" for no bound; else O(k) ::= x O(k - 1) | "", the first x | "" */
+    uint32_t prev = NONE, optional = max == NONE ? 1 : max - min;
+    for (uint32_t k = 0; k < optional; k++) {
+        uint32_t e[4], n = 0;
         if (new_rule(p, R_REPEAT, at, &r))
             return -1;
-        uint32_t e[] = {x, ELEM(E_REF, r), ELEM(E_END, 0), ELEM(E_END, 0)};
-        return define_rule(p, r, e, 4, 2) || push(p, lv, ELEM(E_REF, r)) ? -1 : 0;
-    }
-    uint32_t prev = NONE;
-    for (uint32_t k = min; k < max; k++) {
-        if (new_rule(p, R_REPEAT, at, &r))
-            return -1;
-        uint32_t e[] = {x, ELEM(E_REF, prev), ELEM(E_END, 0), ELEM(E_END, 0)};
-        if (prev == NONE ? define_rule(p, r, (uint32_t[]){x, ELEM(E_END, 0), ELEM(E_END, 0)}, 3, 2)
-                         : define_rule(p, r, e, 4, 2))
+        e[n++] = x;
+        if (max == NONE || prev != NONE)
+            e[n++] = ELEM(E_REF, max == NONE ? r : prev);
+        e[n++] = ELEM(E_END, 0);
+        e[n++] = ELEM(E_END, 0);
+        if (define_rule(p, r, e, n, 2))
             return -1;
         prev = r;
     }
