@@ -295,7 +295,7 @@ typedef struct rule_info {
 
 /* The alternatives being read at one depth of parentheses. */
 typedef struct level {
-    uint32_t *e;     /* (n) their elements, each alternative ended by E_END */
+    uint32_t *e;     /* (cap) their elements, each alternative ended by E_END: n in use */
     uint32_t n, cap;
     uint32_t n_alts; /* alternatives ended so far */
     uint32_t item;   /* where the last item of the sequence being read starts in e (NONE:
@@ -305,19 +305,20 @@ typedef struct level {
 /* A part of a class: byte strings of one length, the first byte in first, byte i + 1 in
  * [lo[i], hi[i]]. */
 typedef struct class_part {
-    uint8_t len;
-    uint8_t lo[3], hi[3];
-    uint64_t first[4];
+    uint8_t len;          /* 1..4 bytes */
+    uint8_t lo[3], hi[3]; /* (len - 1) the ranges of the bytes after the first */
+    uint64_t first[4];    /* (256 bits) the first bytes */
 } class_part;
 
+/* Code points lo..hi. */
 typedef struct cp_range {
     uint32_t lo, hi;
 } cp_range;
 
 typedef struct parser {
-    const char *text;
-    size_t len, pos;
-    char *err;
+    const char *text; /* (len) the grammar, valid UTF-8 without NUL bytes */
+    size_t len, pos;  /* pos: the next byte to read */
+    char *err;        /* (ERR_MAX) */
     uint32_t *elems; /* (n_elems) the finished rules' alternatives */
     uint32_t n_elems, cap_elems;
     uint32_t pending; /* elements in the levels, not yet in elems */
@@ -335,7 +336,8 @@ typedef struct parser {
     uint32_t n_ranges, cap_ranges;
     class_part *parts; /* (n_parts) its byte-level parts */
     uint32_t n_parts, cap_parts;
-    uint32_t any_item[8]; /* '.' once made: its elements (n_any_item of them) */
+    uint32_t any_item[8]; /* (n_any_item) '.' once made: its elements (a reference to its
+                             rule) */
     uint32_t n_any_item;
     level levels[GRAMMAR_NESTING_MAX + 1]; /* the rule and the groups being read, by depth */
     level class_level; /* a class's alternatives, when it makes a rule of its own */
