@@ -1,0 +1,928 @@
+/*
+ * llama.cpp's server's own API on the HTTP gateway (daemon/net/llamacpp.c) end to end: a
+ * real llmsd serving the trained documentation model of ../shared/testdata (skips
+ * without it), its gateway on a Unix socket and a TCP port with a bearer token.
+ * POST /completion (and /completions) gives exactly /v1/completions' greedy text for the
+ * same prompt; a prompt of token ids (or strings and ids mixed) is the prompt those ids
+ * are, with BOS only before text; n_predict, stop words, streaming (Server-Sent Events
+ * whose contents add up to the whole reply), n_probs, logit_bias, json_schema, the
+ * samplers list and the prompt cache (tokens_cached) as llama.cpp's server answers them;
+ * GET /props the daemon's defaults; what cannot be honoured is 400 naming the field,
+ * and every error is llama.cpp's {"error": {"code", "message", "type"}}.
+ */
+#include <grp.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tests/integration/httpc.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+#define TOKEN_USER "tok-llamacpp-0123456789"
+#define PROMPT "The gateway answers"
+
+static char llmsd_path[1024];
+static const char *model_path;
+static llmsd_proc daemon_;
+static int daemon_up;
+static char hsock[700];
+static int port;
+
+#define NEED_DAEMON()                                                          \
+    do {                                                                       \
+        if (!llmsd_path[0])                                                    \
+            SKIP("llmsd is not built in this tree");                           \
+        if (!model_path)                                                       \
+            SKIP("models/docs-lm-21M-F16.gguf is not in the test data");       \
+        if (!daemon_up)                                                        \
+            daemon_up = start_daemon() == 0 ? 1 : -1;                          \
+        CHECK_MSG(daemon_up == 1, "llmsd did not start");                      \
+    } while (0)
+
+/* Generation defaults of its own, so that /props shows the settings' and not built-in
+ * values by chance. */
+static int start_daemon(void)
+{
+    char tokens[700], extra[2048];
+    proc_fmt(tokens, sizeof tokens, "%s/lc-tokens", test_tmpdir());
+    FILE *f = fopen(tokens, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%s %u lcapp\n", TOKEN_USER, (unsigned)getuid());
+    fclose(f);
+    chmod(tokens, 0600);
+    port = httpc_free_port();
+    struct group *g = getgrgid(getgid());
+    proc_fmt(hsock, sizeof hsock, "%s/lc-h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra,
+             "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"
+             "threads = 2\nadmin_group = %s\ntemperature = 0.7\ntop_k = 30\ntop_p = 0.9\n"
+             "min_p = 0.02\nrepeat_penalty = 1.0\nrepeat_last_n = 48\nmax_tokens = 100\n",
+             hsock, port, tokens, g ? g->gr_name : "root");
+    return proc_start(&daemon_, llmsd_path, "lc", model_path, extra);
+}
+
+static json_object *post(const char *path, const char *body, int *status)
+{
+    return httpc_post_json(hsock, path, body, status);
+}
+
+static const char *json_text(json_object *o)
+{
+    return o ? json_object_to_json_string(o) : "(none)";
+}
+
+static int64_t jint(json_object *o, const char *path)
+{
+    const char *s = httpc_jstr(o, path);
+    return s ? strtoll(s, NULL, 10) : -1;
+}
+
+static double jnum(json_object *o, const char *path)
+{
+    const char *s = httpc_jstr(o, path);
+    return s ? strtod(s, NULL) : -1e300;
+}
+
+static bool jeq(json_object *o, const char *path, const char *want)
+{
+    const char *s = httpc_jstr(o, path);
+    return s && strcmp(s, want) == 0;
+}
+
+/* The member at a dotted path of o (as httpc_jstr finds it), or NULL. */
+static json_object *jget(json_object *o, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *save;
+    for (char *key = strtok_r(buf, ".", &save); key && o; key = strtok_r(NULL, ".", &save)) {
+        if (*key >= '0' && *key <= '9')
+            o = json_object_array_get_idx(o, (size_t)atoi(key));
+        else if (!json_object_object_get_ex(o, key, &o))
+            o = NULL;
+    }
+    return o;
+}
+
+/* POSTs a /completion body: its reply (status 200 and "content" checked), NULL after a
+ * failed check's message. */
+static json_object *complete(const char *body)
+{
+    int st;
+    json_object *o = post("/completion", body, &st);
+    if (st != 200 || !httpc_jstr(o, "content")) {
+        test_fail(__FILE__, __LINE__, "%s: %d %s", body, st, json_text(o));
+        json_object_put(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* /v1/completions' greedy text of prompt (malloc'd), its token counts in *prompt_tokens
+ * and *gen_tokens. */
+static char *openai_greedy(const char *prompt_json, int max_tokens, int *prompt_tokens,
+                           int *gen_tokens)
+{
+    char body[4096];
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0}",
+             prompt_json, max_tokens);
+    int st;
+    json_object *o = post("/v1/completions", body, &st);
+    const char *t = httpc_jstr(o, "choices.0.text");
+    char *text = st == 200 && t ? strdup(t) : NULL;
+    if (!text)
+        test_fail(__FILE__, __LINE__, "/v1/completions: %d %s", st, json_text(o));
+    *prompt_tokens = (int)jint(o, "usage.prompt_tokens");
+    *gen_tokens = (int)jint(o, "usage.completion_tokens");
+    json_object_put(o);
+    return text;
+}
+
+/* The ids /tokenize gives text (add_special: with BOS when the model adds one), as a
+ * JSON array's text (malloc'd); *n of them. */
+static char *tokenize(const char *text, bool add_special, int *n)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"content\":\"%s\",\"add_special\":%s}", text,
+             add_special ? "true" : "false");
+    int st;
+    json_object *o = post("/tokenize", body, &st), *toks = jget(o, "tokens");
+    char *ids = st == 200 && toks ? strdup(json_object_to_json_string_ext(toks,
+                                                                         JSON_C_TO_STRING_PLAIN))
+                                  : NULL;
+    *n = toks ? (int)json_object_array_length(toks) : -1;
+    if (!ids)
+        test_fail(__FILE__, __LINE__, "/tokenize: %d %s", st, json_text(o));
+    json_object_put(o);
+    return ids;
+}
+
+/* ---- SSE ---- */
+
+typedef struct events {
+    json_object *ev[1024];
+    size_t n;
+} events;
+
+static void events_free(events *e)
+{
+    for (size_t i = 0; i < e->n; i++)
+        json_object_put(e->ev[i]);
+    e->n = 0;
+}
+
+/* POSTs body to path and reads its Server-Sent Events (each "data: {...}"): the HTTP
+ * status, -1 when the reply is no event stream or an event no JSON object. */
+static int post_sse(const char *path, const char *body, events *e)
+{
+    httpc_reply r;
+    e->n = 0;
+    if (httpc_do(hsock, 0, "POST", path, NULL, body, &r))
+        return 0;
+    int status = r.status;
+    if (status == 200 && !strstr(r.head, "text/event-stream"))
+        status = -1;
+    char *save;
+    for (char *line = strtok_r(r.body, "\n", &save); line && status == 200;
+         line = strtok_r(NULL, "\n", &save)) {
+        json_object *o = strncmp(line, "data: ", 6) == 0 ? json_tokener_parse(line + 6) : NULL;
+        if (!json_object_is_type(o, json_type_object) || e->n == 1024) {
+            fprintf(stderr, "not an event of a JSON object: '%s'\n", line);
+            json_object_put(o);
+            status = -1;
+            break;
+        }
+        e->ev[e->n++] = o;
+    }
+    httpc_reply_free(&r);
+    return status;
+}
+
+/* ---- errors ---- */
+
+/* llama.cpp's error: the status, and {"error": {"code": status, "message" containing
+ * want, "type": type}}. */
+static void expect_error(const char *method, const char *path, const char *body, int status,
+                         const char *type, const char *want)
+{
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, method, path, NULL, body, &r) == 0);
+    json_object *o = json_tokener_parse(r.body);
+    const char *m = httpc_jstr(o, "error.message");
+    bool ok = r.status == status && jint(o, "error.code") == status &&
+              jeq(o, "error.type", type) && m && strstr(m, want);
+    CHECK_MSG(ok, "%s %s %.300s: %d %s (want %d %s '%s')", method, path, body ? body : "",
+              r.status, r.body, status, type, want);
+    json_object_put(o);
+    httpc_reply_free(&r);
+}
+
+/* ---- tests ---- */
+
+static void props_answers_the_defaults(void)
+{
+    NEED_DAEMON();
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/props", NULL, NULL, &r) == 0);
+    json_object *o = json_tokener_parse(r.body);
+    CHECK_MSG(r.status == 200 && o, "%d %s", r.status, r.body);
+    httpc_reply_free(&r);
+    CHECK_MSG(jint(o, "default_generation_settings.n_ctx") == 512 &&
+                  jint(o, "default_generation_settings.params.top_k") == 30 &&
+                  jnum(o, "default_generation_settings.params.temperature") > 0.69 &&
+                  jnum(o, "default_generation_settings.params.temperature") < 0.71 &&
+                  jnum(o, "default_generation_settings.params.top_p") > 0.89 &&
+                  jnum(o, "default_generation_settings.params.top_p") < 0.91 &&
+                  jnum(o, "default_generation_settings.params.min_p") > 0.019 &&
+                  jnum(o, "default_generation_settings.params.min_p") < 0.021 &&
+                  jnum(o, "default_generation_settings.params.repeat_penalty") == 1 &&
+                  jint(o, "default_generation_settings.params.repeat_last_n") == 48 &&
+                  jint(o, "default_generation_settings.params.n_predict") == 100 &&
+                  jint(o, "default_generation_settings.params.seed") == 4294967295 &&
+                  jget(o, "default_generation_settings.params.samplers") &&
+                  jget(o, "default_generation_settings.params.stop") &&
+                  jint(o, "total_slots") > 0 && httpc_jstr(o, "model_path") &&
+                  strstr(httpc_jstr(o, "model_path"), "docs-lm-21M-F16.gguf") &&
+                  jeq(o, "build_info", LLMS_VERSION) && httpc_jstr(o, "chat_template") &&
+                  httpc_jstr(o, "chat_template")[0],
+              "%s", json_text(o));
+    json_object_put(o);
+    /* HEAD too, as every GET route */
+    CHECK(httpc_do(hsock, 0, "HEAD", "/props", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+    /* changing them is refused, as llama.cpp's server does without --props */
+    expect_error("POST", "/props", "{\"n_ctx\":4}", 501, "not_supported_error", "--props");
+}
+
+/* The reply's shape and counts against /v1/completions' for the same prompt. */
+static void greedy_equals_openai(void)
+{
+    NEED_DAEMON();
+    int pt, gt;
+    char *want = openai_greedy("\"" PROMPT "\"", 16, &pt, &gt);
+    if (!want)
+        return;
+    static const char *const routes[] = {"/completion", "/completions"};
+    for (size_t i = 0; i < 2; i++) {
+        int st;
+        json_object *o = post(routes[i],
+                              "{\"prompt\":\"" PROMPT "\",\"n_predict\":16,\"temperature\":0,"
+                              "\"cache_prompt\":true,\"id_slot\":-1}", &st);
+        CHECK_MSG(st == 200 && jeq(o, "content", want), "%s: %d %s, want '%s'", routes[i], st,
+                  json_text(o), want);
+        const char *stop_type = httpc_jstr(o, "stop_type");
+        CHECK_MSG(jeq(o, "stop", "true") && jint(o, "id_slot") == 0 &&
+                      jint(o, "tokens_predicted") == gt && jint(o, "tokens_evaluated") == pt &&
+                      jeq(o, "prompt", PROMPT) && jeq(o, "truncated", "false") &&
+                      jeq(o, "has_new_line", strchr(want, '\n') ? "true" : "false") &&
+                      stop_type && (!strcmp(stop_type, gt == 16 ? "limit" : "eos")) &&
+                      jeq(o, "stopping_word", "") && jint(o, "tokens_cached") >= 0 &&
+                      httpc_jstr(o, "model") && httpc_jstr(o, "model")[0] &&
+                      jint(o, "generation_settings.n_predict") == 16 &&
+                      jnum(o, "generation_settings.temperature") == 0 &&
+                      jint(o, "generation_settings.top_k") == 30 &&
+                      jint(o, "timings.predicted_n") == gt &&
+                      jint(o, "timings.prompt_n") == pt - jint(o, "tokens_cached") &&
+                      jnum(o, "timings.predicted_ms") > 0 &&
+                      jnum(o, "timings.predicted_per_second") > 0 &&
+                      jget(o, "timings.prompt_ms") && jget(o, "timings.prompt_per_token_ms") &&
+                      jget(o, "timings.prompt_per_second") &&
+                      jget(o, "timings.predicted_per_token_ms"),
+                  "%s: %s", routes[i], json_text(o));
+        json_object_put(o);
+    }
+    free(want);
+}
+
+/* A prompt of token ids is those tokens, with no BOS added; one of strings and ids mixed
+ * gets BOS before its first string when it starts with one (llama.cpp's rule). */
+static void token_prompts_are_their_tokens(void)
+{
+    NEED_DAEMON();
+    int pt, gt, n_bos, n_plain, n_rest;
+    char *want = openai_greedy("\"" PROMPT "\"", 12, &pt, &gt);
+    char *with_bos = tokenize(PROMPT, true, &n_bos);
+    char *plain = tokenize(PROMPT, false, &n_plain);
+    char *rest = tokenize(" and more", false, &n_rest);
+    CHECK(want && with_bos && plain && rest);
+    CHECK_EQ(n_bos, pt);
+    char body[4096];
+    /* the text's own tokens, BOS included: the same reply */
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"n_predict\":12,\"temperature\":0}", with_bos);
+    json_object *o = complete(body);
+    CHECK(o);
+    CHECK_MSG(jeq(o, "content", want) && jint(o, "tokens_evaluated") == pt,
+              "%s: %s, want '%s'", body, json_text(o), want);
+    /* a token prompt has no "prompt" text to give back */
+    CHECK(!jget(o, "prompt"));
+    json_object_put(o);
+    /* one prompt in an array of one is that prompt */
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"n_predict\":12,\"temperature\":0}", with_bos);
+    CHECK((o = complete(body)));
+    CHECK_MSG(jeq(o, "content", want), "%s: %s", body, json_text(o));
+    json_object_put(o);
+    /* ids without BOS: none is added */
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"n_predict\":2,\"temperature\":0}", plain);
+    CHECK((o = complete(body)));
+    CHECK_MSG(jint(o, "tokens_evaluated") == n_plain, "%s: %s", body, json_text(o));
+    json_object_put(o);
+    /* mixed: the string's tokens (with BOS, as it comes first), then the ids */
+    snprintf(body, sizeof body, "{\"prompt\":[%.*s,%.*s],\"n_predict\":8,\"temperature\":0}",
+             (int)strlen(with_bos) - 2, with_bos + 1, (int)strlen(rest) - 2, rest + 1);
+    CHECK((o = complete(body)));
+    char *want_mixed = strdup(httpc_jstr(o, "content"));
+    CHECK_EQ(jint(o, "tokens_evaluated"), n_bos + n_rest);
+    json_object_put(o);
+    snprintf(body, sizeof body, "{\"prompt\":[\"" PROMPT "\",%.*s],\"n_predict\":8,"
+             "\"temperature\":0}", (int)strlen(rest) - 2, rest + 1);
+    CHECK((o = complete(body)));
+    CHECK_MSG(jeq(o, "content", want_mixed) && jint(o, "tokens_evaluated") == n_bos + n_rest,
+              "%s: %s, want '%s'", body, json_text(o), want_mixed);
+    json_object_put(o);
+    /* ids first: no BOS before the string that follows them */
+    snprintf(body, sizeof body, "{\"prompt\":[%.*s,\" and more\"],\"n_predict\":2}",
+             (int)strlen(plain) - 2, plain + 1);
+    CHECK((o = complete(body)));
+    CHECK_MSG(jint(o, "tokens_evaluated") == n_plain + n_rest, "%s: %s", body, json_text(o));
+    json_object_put(o);
+    free(want_mixed);
+    free(want);
+    free(with_bos);
+    free(plain);
+    free(rest);
+}
+
+/* n_predict limits the reply (stop_type "limit"); 0 evaluates the prompt and generates
+ * nothing; -1 runs until EOS or a full window. */
+static void n_predict_limits(void)
+{
+    NEED_DAEMON();
+    json_object *o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":3,\"temperature\":0}");
+    CHECK(o);
+    CHECK_MSG(jint(o, "tokens_predicted") == 3 && jeq(o, "stop_type", "limit") &&
+                  jint(o, "timings.predicted_n") == 3,
+              "%s", json_text(o));
+    json_object_put(o);
+    CHECK((o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":0}")));
+    CHECK_MSG(jeq(o, "content", "") && jint(o, "tokens_predicted") == 0 &&
+                  jint(o, "tokens_evaluated") > 0 && jeq(o, "stop_type", "limit") &&
+                  jint(o, "timings.predicted_n") == 0,
+              "%s", json_text(o));
+    json_object_put(o);
+    /* streamed too: no text, the last event says so */
+    events e;
+    CHECK_EQ(post_sse("/completion", "{\"prompt\":\"" PROMPT "\",\"n_predict\":0,\"stream\":true}",
+                      &e), 200);
+    CHECK_MSG(e.n == 1 && jeq(e.ev[0], "content", "") && jeq(e.ev[0], "stop", "true") &&
+                  jint(e.ev[0], "tokens_predicted") == 0,
+              "%zu events, last %s", e.n, e.n ? json_text(e.ev[e.n - 1]) : "");
+    events_free(&e);
+    CHECK((o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":-1,\"temperature\":0}")));
+    int64_t total = jint(o, "tokens_evaluated") + jint(o, "tokens_predicted");
+    CHECK_MSG(jeq(o, "stop_type", "eos") ||
+                  (jeq(o, "stop_type", "limit") && jeq(o, "truncated", "true") && total >= 511),
+              "%s", json_text(o));
+    CHECK_EQ(jint(o, "generation_settings.n_predict"), -1);
+    json_object_put(o);
+}
+
+/* A stop word ends the reply before it: stop_type "word", stopping_word the one that
+ * matched of several. */
+static void stop_words_stop(void)
+{
+    NEED_DAEMON();
+    int pt, gt;
+    char *full = openai_greedy("\"" PROMPT "\"", 24, &pt, &gt);
+    CHECK(full);
+    size_t at = 1;
+    while (full[at] && full[at + 1] &&
+           !(full[at] >= 'a' && full[at] <= 'z' && full[at + 1] >= 'a' && full[at + 1] <= 'z'))
+        at++;
+    if (!full[at] || !full[at + 1]) {
+        free(full);
+        SKIP("the greedy text has no two letters in a row to stop at");
+    }
+    char stop[3] = {full[at], full[at + 1], 0}, body[512];
+    snprintf(body, sizeof body, "{\"prompt\":\"" PROMPT "\",\"n_predict\":24,\"temperature\":0,"
+             "\"stop\":[\"qqzzx\",\"%s\"]}", stop);
+    json_object *o = complete(body);
+    CHECK(o);
+    size_t before = (size_t)(strstr(full, stop) - full);
+    const char *text = httpc_jstr(o, "content");
+    CHECK_MSG(strlen(text) == before && strncmp(text, full, before) == 0 &&
+                  jeq(o, "stop_type", "word") && jeq(o, "stopping_word", stop) &&
+                  jeq(o, "generation_settings.stop.1", stop),
+              "stop '%s': %s (full '%s')", stop, json_text(o), full);
+    json_object_put(o);
+    free(full);
+}
+
+/* Streamed: events of content with stop false, whose contents add up to the whole reply;
+ * the last has stop true, the counts and the timings. */
+static void streamed_equals_whole(void)
+{
+    NEED_DAEMON();
+    const char *fields = "\"prompt\":\"" PROMPT "\",\"n_predict\":20,\"temperature\":0";
+    char body[512];
+    snprintf(body, sizeof body, "{%s}", fields);
+    json_object *whole = complete(body);
+    CHECK(whole);
+    snprintf(body, sizeof body, "{%s,\"stream\":true}", fields);
+    events e;
+    CHECK_EQ(post_sse("/completion", body, &e), 200);
+    CHECK(e.n >= 2);
+    char got[8192] = "";
+    int64_t tokens = 0;
+    for (size_t i = 0; i + 1 < e.n; i++) {
+        const char *c = httpc_jstr(e.ev[i], "content");
+        json_object *toks = jget(e.ev[i], "tokens");
+        CHECK_MSG(c && jeq(e.ev[i], "stop", "false") && toks &&
+                      json_object_is_type(toks, json_type_array),
+                  "event %zu: %s", i, json_text(e.ev[i]));
+        tokens += (int64_t)json_object_array_length(toks);
+        CHECK_EQ(jint(e.ev[i], "tokens_predicted"), tokens);
+        if (strlen(got) + strlen(c) < sizeof got)
+            strcat(got, c);
+    }
+    json_object *last = e.ev[e.n - 1];
+    if (strlen(got) + strlen(httpc_jstr(last, "content")) < sizeof got)
+        strcat(got, httpc_jstr(last, "content"));
+    CHECK_MSG(jeq(whole, "content", got), "streamed '%s', whole %s", got, json_text(whole));
+    CHECK_MSG(jeq(last, "stop", "true") &&
+                  jint(last, "tokens_predicted") == jint(whole, "tokens_predicted") &&
+                  jint(last, "tokens_evaluated") == jint(whole, "tokens_evaluated") &&
+                  jeq(last, "stop_type", httpc_jstr(whole, "stop_type")) &&
+                  jint(last, "timings.predicted_n") == jint(whole, "tokens_predicted") &&
+                  jget(last, "timings.prompt_ms") && jget(last, "generation_settings"),
+              "last %s, whole %s", json_text(last), json_text(whole));
+    CHECK_EQ(tokens, jint(whole, "tokens_predicted"));
+    events_free(&e);
+    json_object_put(whole);
+}
+
+/* One entry of completion_probabilities (or of its top_logprobs: top). */
+static bool prob_entry_ok(json_object *p, bool top)
+{
+    json_object *bytes = jget(p, "bytes");
+    return jget(p, "id") && httpc_jstr(p, "token") && bytes &&
+           json_object_is_type(bytes, json_type_array) && jget(p, "logprob") &&
+           jnum(p, "logprob") <= 0 && (top || jget(p, "top_logprobs"));
+}
+
+/* n_probs: each generated token's id, text, bytes and log-probability with its step's
+ * n_probs likeliest tokens, the first of them the greedy choice; streamed with each
+ * event's tokens. */
+static void n_probs_give_probabilities(void)
+{
+    NEED_DAEMON();
+    const char *fields = "\"prompt\":\"" PROMPT "\",\"n_predict\":5,\"temperature\":0,"
+                         "\"n_probs\":3";
+    char body[512];
+    snprintf(body, sizeof body, "{%s}", fields);
+    json_object *o = complete(body);
+    CHECK(o);
+    json_object *probs = jget(o, "completion_probabilities");
+    CHECK_MSG(probs && json_object_array_length(probs) == (size_t)jint(o, "tokens_predicted"),
+              "%s", json_text(o));
+    char text[1024] = "";
+    for (size_t i = 0; i < json_object_array_length(probs); i++) {
+        json_object *p = json_object_array_get_idx(probs, i), *tops = jget(p, "top_logprobs");
+        CHECK_MSG(prob_entry_ok(p, false) && json_object_array_length(tops) == 3,
+                  "%zu: %s", i, json_text(p));
+        for (size_t k = 0; k < 3; k++)
+            CHECK_MSG(prob_entry_ok(json_object_array_get_idx(tops, k), true), "%zu.%zu: %s", i,
+                      k, json_text(p));
+        CHECK_MSG(jint(p, "id") == jint(tops, "0.id") && jnum(p, "logprob") == jnum(tops, "0.logprob"),
+                  "greedy token %zu is not the likeliest: %s", i, json_text(p));
+        strcat(text, httpc_jstr(p, "token"));
+    }
+    CHECK_MSG(jeq(o, "content", text), "tokens '%s', content %s", text, json_text(o));
+    json_object_put(o);
+    snprintf(body, sizeof body, "{%s,\"stream\":true}", fields);
+    events e;
+    CHECK_EQ(post_sse("/completion", body, &e), 200);
+    size_t n = 0;
+    for (size_t i = 0; i + 1 < e.n; i++) {
+        json_object *p = jget(e.ev[i], "completion_probabilities");
+        CHECK_MSG(p && json_object_array_length(p) == json_object_array_length(jget(e.ev[i], "tokens")),
+                  "event %zu: %s", i, json_text(e.ev[i]));
+        n += json_object_array_length(p);
+    }
+    CHECK_EQ((int64_t)n, jint(e.ev[e.n - 1], "tokens_predicted"));
+    events_free(&e);
+    /* beyond what llmsd gives, refused */
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"n_probs\":21}", 400,
+                 "invalid_request_error", "n_probs");
+}
+
+/* logit_bias in llama.cpp's forms: [[id, false]] bans the greedy first token, as
+ * {"id": false} does; [[id, bias]] and {"id": bias} are biases. */
+static void logit_bias_bans(void)
+{
+    NEED_DAEMON();
+    json_object *o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":1,\"temperature\":0,"
+                              "\"return_tokens\":true}");
+    CHECK(o);
+    int64_t first = jint(o, "tokens.0");
+    CHECK_MSG(first >= 0, "%s", json_text(o));
+    json_object_put(o);
+    static const char *const forms[] = {"[[%lld,false]]", "{\"%lld\":false}", "[[%lld,-100]]",
+                                        "{\"%lld\":-100}"};
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+        char bias[64], body[512];
+        snprintf(bias, sizeof bias, forms[i], (long long)first);
+        snprintf(body, sizeof body, "{\"prompt\":\"" PROMPT "\",\"n_predict\":1,"
+                 "\"temperature\":0,\"return_tokens\":true,\"logit_bias\":%s}", bias);
+        CHECK((o = complete(body)));
+        CHECK_MSG(jint(o, "tokens.0") >= 0 && jint(o, "tokens.0") != first, "%s: %s", bias,
+                  json_text(o));
+        json_object_put(o);
+    }
+    /* a text's tokens are not looked up */
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"logit_bias\":[[\"Hello\",-1]]}", 400,
+                 "invalid_request_error", "logit_bias");
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"logit_bias\":{\"Hello\":-1}}", 400,
+                 "invalid_request_error", "logit_bias");
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"logit_bias\":[[1,true]]}", 400,
+                 "invalid_request_error", "logit_bias");
+}
+
+/* json_schema: the reply is an instance of it; grammar is refused for now. */
+static void json_schema_is_followed(void)
+{
+    NEED_DAEMON();
+    json_object *o = complete(
+        "{\"prompt\":\"The settings are written as JSON:\\n\",\"n_predict\":96,"
+        "\"temperature\":0,\"json_schema\":{\"type\":\"object\",\"properties\":"
+        "{\"name\":{\"type\":\"string\",\"maxLength\":12},\"port\":{\"type\":\"integer\"}},"
+        "\"required\":[\"name\",\"port\"],\"additionalProperties\":false}}");
+    CHECK(o);
+    const char *text = httpc_jstr(o, "content");
+    if (jeq(o, "stop_type", "eos")) {
+        json_object *v = json_tokener_parse(text), *name, *p;
+        CHECK_MSG(json_object_is_type(v, json_type_object) &&
+                      json_object_object_get_ex(v, "name", &name) &&
+                      json_object_is_type(name, json_type_string) &&
+                      json_object_object_get_ex(v, "port", &p) &&
+                      json_object_is_type(p, json_type_int) && json_object_object_length(v) == 2,
+                  "'%s'", text);
+        json_object_put(v);
+    } else {
+        CHECK_MSG(text[strspn(text, " \t\r\n")] == '{', "%s", json_text(o));
+    }
+    json_object_put(o);
+    expect_error("POST", "/completion",
+                 "{\"prompt\":\"x\",\"json_schema\":{\"type\":\"object\",\"minProperties\":1}}",
+                 400, "invalid_request_error", "minProperties");
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"json_schema\":\"object\"}", 400,
+                 "invalid_request_error", "json_schema");
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\"}",
+                 400, "invalid_request_error", "grammar");
+}
+
+/* The samplers list: each of llmsd's that it leaves out is off, as llama.cpp leaves it
+ * out of the chain; top_k 1 alone makes any temperature greedy. */
+static void samplers_list_is_honoured(void)
+{
+    NEED_DAEMON();
+    int pt, gt;
+    char *want = openai_greedy("\"" PROMPT "\"", 10, &pt, &gt);
+    CHECK(want);
+    json_object *o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":10,\"temperature\":5,"
+                              "\"top_k\":1,\"seed\":3,\"samplers\":[\"top_k\",\"temperature\"]}");
+    CHECK(o);
+    CHECK_MSG(jeq(o, "content", want) && jeq(o, "generation_settings.samplers.0", "top_k") &&
+                  jeq(o, "generation_settings.samplers.1", "temperature") &&
+                  !jget(o, "generation_settings.samplers.2"),
+              "%s, greedy '%s'", json_text(o), want);
+    json_object_put(o);
+    /* the same as a string of their letters */
+    CHECK((o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":10,\"temperature\":5,"
+                        "\"top_k\":1,\"seed\":3,\"samplers\":\"kt\"}")));
+    CHECK_MSG(jeq(o, "content", want), "%s, greedy '%s'", json_text(o), want);
+    json_object_put(o);
+    free(want);
+}
+
+/* A long prompt asked twice: the second resumes a multiple of 64 of its tokens from the
+ * prompt cache. */
+static void prompt_cache_resumes(void)
+{
+    NEED_DAEMON();
+    char prompt[4096] = "";
+    for (int i = 0; i < 24; i++)
+        strcat(prompt, "The daemon serves models to local apps over a socket. ");
+    char body[4500];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"n_predict\":2,\"cache_prompt\":true}",
+             prompt);
+    json_object *a = complete(body), *b = a ? complete(body) : NULL;
+    CHECK(a && b);
+    int64_t cached = jint(b, "tokens_cached");
+    CHECK_MSG(jint(b, "tokens_evaluated") > 128 && cached >= 64 && cached % 64 == 0 &&
+                  jint(b, "timings.prompt_n") == jint(b, "tokens_evaluated") - cached,
+              "%s", json_text(b));
+    json_object_put(a);
+    json_object_put(b);
+}
+
+/* What llama.cpp's server sends by default, and llmsd's own /props settings sent back,
+ * are taken: fields of its own machinery read past, samplers off at their off values. */
+static void client_defaults_are_served(void)
+{
+    NEED_DAEMON();
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/props", NULL, NULL, &r) == 0);
+    json_object *props = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    json_object *params = jget(props, "default_generation_settings.params");
+    CHECK(params);
+    json_object *ours = json_tokener_parse(json_object_to_json_string(params));
+    json_object_put(props);
+    json_object_object_add(ours, "prompt", json_object_new_string(PROMPT));
+    json_object_object_add(ours, "n_predict", json_object_new_int(3));
+    json_object *o = complete(json_object_to_json_string(ours));
+    CHECK(o);
+    json_object_put(o);
+    json_object_put(ours);
+    /* llama.cpp's own defaults, as its /props shows them */
+    CHECK((o = complete(
+               "{\"prompt\":\"" PROMPT "\",\"n_predict\":3,\"seed\":4294967295,"
+               "\"temperature\":0.8,\"dynatemp_range\":0.0,\"dynatemp_exponent\":1.0,"
+               "\"top_k\":40,\"top_p\":0.95,\"min_p\":0.05,\"xtc_probability\":0.0,"
+               "\"xtc_threshold\":0.1,\"typical_p\":1.0,\"repeat_last_n\":64,"
+               "\"repeat_penalty\":1.0,\"presence_penalty\":0.0,\"frequency_penalty\":0.0,"
+               "\"dry_multiplier\":0.0,\"dry_base\":1.75,\"dry_allowed_length\":2,"
+               "\"dry_penalty_last_n\":-1,\"dry_sequence_breakers\":[\"\\n\",\":\",\"\\\"\",\"*\"],"
+               "\"mirostat\":0,\"mirostat_tau\":5.0,\"mirostat_eta\":0.1,\"stop\":[],"
+               "\"max_tokens\":-1,\"n_keep\":0,\"n_discard\":0,\"ignore_eos\":false,"
+               "\"stream\":false,\"n_probs\":0,\"min_keep\":0,\"grammar\":\"\","
+               "\"samplers\":[\"penalties\",\"dry\",\"top_k\",\"typ_p\",\"top_p\",\"min_p\","
+               "\"xtc\",\"temperature\"],\"speculative.n_max\":16,\"speculative.n_min\":5,"
+               "\"speculative.p_min\":0.9,\"timings_per_token\":false,"
+               "\"post_sampling_probs\":false,\"lora\":[],\"cache_prompt\":true,"
+               "\"id_slot\":-1,\"t_max_predict_ms\":0,\"n_indent\":0,\"tfs_z\":1.0,"
+               "\"top_n_sigma\":-1.0,\"logit_bias\":[],\"image_data\":[]}")));
+    CHECK_MSG(jint(o, "tokens_predicted") <= 3, "%s", json_text(o));
+    json_object_put(o);
+}
+
+/* response_fields picks the fields of the whole reply, a slash reaching into an object. */
+static void response_fields_pick(void)
+{
+    NEED_DAEMON();
+    json_object *o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":2,\"response_fields\":"
+                              "[\"content\",\"generation_settings/n_predict\",\"nope\"]}");
+    CHECK(o);
+    CHECK_MSG(json_object_object_length(o) == 2 &&
+                  jint(o, "generation_settings/n_predict") == 2,
+              "%s", json_text(o));
+    json_object_put(o);
+}
+
+/* Whatever cannot be honoured is refused naming the field; a bad body or a field of the
+ * wrong type is 400; all in llama.cpp's error shape. */
+static void refusals_name_the_field(void)
+{
+    NEED_DAEMON();
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"prompt\":\"x\",\"ignore_eos\":true}", "ignore_eos"},
+        {"{\"prompt\":\"x\",\"mirostat\":2}", "mirostat"},
+        {"{\"prompt\":\"x\",\"typical_p\":0.5}", "typical_p"},
+        {"{\"prompt\":\"x\",\"tfs_z\":0.9}", "tfs_z"},
+        {"{\"prompt\":\"x\",\"dry_multiplier\":0.8}", "dry_multiplier"},
+        {"{\"prompt\":\"x\",\"xtc_probability\":0.5}", "xtc_probability"},
+        {"{\"prompt\":\"x\",\"dynatemp_range\":0.5}", "dynatemp_range"},
+        {"{\"prompt\":\"x\",\"top_n_sigma\":1.5}", "top_n_sigma"},
+        {"{\"prompt\":\"x\",\"min_keep\":5}", "min_keep"},
+        {"{\"prompt\":\"x\",\"n_indent\":4}", "n_indent"},
+        {"{\"prompt\":\"x\",\"t_max_predict_ms\":100}", "t_max_predict_ms"},
+        {"{\"prompt\":\"x\",\"post_sampling_probs\":true}", "post_sampling_probs"},
+        {"{\"prompt\":\"x\",\"image_data\":[{\"data\":\"aGk=\",\"id\":1}]}", "image_data"},
+        {"{\"prompt\":\"x\",\"lora\":[{\"id\":0,\"scale\":0.5}]}", "lora"},
+        {"{\"prompt\":\"x\",\"samplers\":[\"temperature\",\"top_k\"]}", "samplers"},
+        {"{\"prompt\":\"x\",\"samplers\":[\"top_k\",\"top_k\"]}", "samplers"},
+        {"{\"prompt\":\"x\",\"samplers\":[\"infill\"]}", "samplers"},
+        {"{\"prompt\":\"x\",\"samplers\":[\"warp\"]}", "samplers"},
+        {"{\"prompt\":\"x\",\"samplers\":\"kz\"}", "samplers"},
+        {"{\"prompt\":\"x\",\"samplers\":5}", "samplers"},
+        {"{\"prompt\":[\"a\",\"b\"]}", "prompt"},
+        {"{\"prompt\":[[1,2],[3]]}", "prompt"},
+        {"{\"prompt\":[]}", "prompt"},
+        {"{\"prompt\":{\"text\":\"x\"}}", "prompt"},
+        {"{\"prompt\":[1,2.5]}", "prompt"},
+        {"{\"prompt\":[1,-2]}", "prompt"},
+        {"{\"prompt\":[1,true]}", "prompt"},
+        {"{\"n_predict\":2}", "prompt"},
+        {"{\"prompt\":\"x\",\"n_predict\":-2}", "n_predict"},
+        {"{\"prompt\":\"x\",\"n_predict\":1.5}", "n_predict"},
+        {"{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature"},
+        {"{\"prompt\":\"x\",\"top_k\":\"x\"}", "top_k"},
+        {"{\"prompt\":\"x\",\"repeat_last_n\":-2}", "repeat_last_n"},
+        {"{\"prompt\":\"x\",\"stream\":\"yes\"}", "stream"},
+        {"{\"prompt\":\"x\",\"cache_prompt\":\"yes\"}", "cache_prompt"},
+        {"{\"prompt\":\"x\",\"stop\":[1]}", "stop"},
+        {"{\"prompt\":\"x\",\"stop\":[\"a1\",\"b1\",\"c1\",\"d1\",\"e1\",\"f1\",\"g1\",\"h1\","
+         "\"i1\",\"j1\",\"k1\",\"l1\",\"m1\",\"n1\",\"o1\",\"p1\"]}", "'stop' has 16 strings"},
+        {"{\"prompt\":\"x\",\"logit_bias\":5}", "logit_bias"},
+        {"{\"prompt\":\"x\",\"response_fields\":\"content\"}", "response_fields"},
+        {"{\"prompt\":\"x\",\"n_probs\":-1}", "n_probs"},
+        {"[1]", "JSON object"},
+        {"{\"prompt\":[999999]}", "vocabulary"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        expect_error("POST", "/completion", cases[i].body, 400, "invalid_request_error",
+                     cases[i].want);
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"model\":\"nope\"}", 404,
+                 "not_found_error", "nope");
+    expect_error("GET", "/completion", NULL, 405, "invalid_request_error", "POST");
+    expect_error("PUT", "/props", NULL, 405, "invalid_request_error", "GET");
+    /* a prompt beyond the window: the worker's refusal, in llama.cpp's shape, streamed or
+     * not (the stream has not begun) */
+    char *big = malloc(30000);
+    CHECK(big);
+    for (int streamed = 0; streamed < 2; streamed++) {
+        strcpy(big, "{\"prompt\":\"");
+        for (int i = 0; i < 1500; i++)
+            strcat(big, "word ");
+        strcat(big, streamed ? "\",\"stream\":true}" : "\"}");
+        expect_error("POST", "/completion", big, 400, "invalid_request_error", "window");
+    }
+    free(big);
+}
+
+/* Over TCP the routes need the bearer token, as every other route; CORS as for them. */
+static void tcp_needs_a_token(void)
+{
+    NEED_DAEMON();
+    httpc_reply r;
+    CHECK(httpc_do(NULL, port, "GET", "/props", NULL, NULL, &r) == 0);
+    json_object *o = json_tokener_parse(r.body);
+    CHECK_MSG(r.status == 401 && jint(o, "error.code") == 401 &&
+                  jeq(o, "error.type", "authentication_error"),
+              "%d %s", r.status, r.body);
+    json_object_put(o);
+    httpc_reply_free(&r);
+    const char *body = "{\"prompt\":\"hi\",\"n_predict\":2}";
+    CHECK(httpc_do(NULL, port, "POST", "/completion", NULL, body, &r) == 0);
+    CHECK_EQ(r.status, 401);
+    httpc_reply_free(&r);
+    CHECK(httpc_do(NULL, port, "POST", "/completion",
+                   "Authorization: Bearer " TOKEN_USER "\r\nOrigin: http://localhost:8080\r\n",
+                   body, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.head, "Access-Control-Allow-Origin: *"));
+    httpc_reply_free(&r);
+    CHECK(httpc_do(hsock, 0, "OPTIONS", "/completion",
+                   "Origin: http://localhost:3000\r\nAccess-Control-Request-Headers: content-type\r\n",
+                   NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    CHECK(strstr(r.head, "Access-Control-Allow-Origin: *"));
+    httpc_reply_free(&r);
+    CHECK(httpc_do(hsock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
+    CHECK_MSG(r.status == 200 && strstr(r.body, "route=\"/completion\",code=\"200\"") &&
+                  strstr(r.body, "route=\"/props\",code=\"200\""),
+              "%d %.2000s", r.status, r.body);
+    httpc_reply_free(&r);
+}
+
+/* ---- random bodies (test_http_ollama.c's pattern, with llama.cpp's fields) ---- */
+
+static uint64_t body_rng = 0x9e3779b97f4a7c15u;
+
+static int body_pick(int n)
+{
+    return (int)(test_random(&body_rng) % (uint64_t)n);
+}
+
+static const char *random_key(void)
+{
+    static const char *const keys[] = {
+        "prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed",
+        "stop", "logit_bias", "n_probs", "stream", "cache_prompt", "ignore_eos", "grammar",
+        "json_schema", "model", "id_slot", "samplers", "mirostat", "typical_p",
+        "return_tokens", "response_fields", "post_sampling_probs", "n_keep", "min_keep"};
+    return keys[body_pick((int)(sizeof keys / sizeof *keys))];
+}
+
+static json_object *random_json(int depth)
+{
+    static const char *const words[] = {"", "top_k", "temperature", "kt", "x", "\xff\xfe",
+                                        "a\\u0000b", "content", "timings/prompt_n"};
+    static const double numbers[] = {0, 1, -1, -2, 0.5, 1e300, -1e300, 2147483648.0, 1e-300};
+    switch (body_pick(depth >= 3 ? 5 : 7)) {
+    case 0:
+        return NULL;
+    case 1:
+        return json_object_new_boolean(body_pick(2));
+    case 2:
+        return json_object_new_int64(body_pick(2) ? (int64_t)body_pick(40) - 8
+                                                  : body_pick(2) ? INT64_MAX : INT64_MIN);
+    case 3:
+        return json_object_new_double(numbers[body_pick((int)(sizeof numbers / sizeof *numbers))]);
+    case 4:
+        return json_object_new_string(words[body_pick((int)(sizeof words / sizeof *words))]);
+    case 5: {
+        json_object *a = json_object_new_array();
+        for (int i = body_pick(4); i > 0; i--)
+            json_object_array_add(a, random_json(depth + 1));
+        return a;
+    }
+    default: {
+        json_object *o = json_object_new_object();
+        for (int i = body_pick(6); i > 0; i--)
+            json_object_object_add(o, random_key(), random_json(depth + 1));
+        return o;
+    }
+    }
+}
+
+/* A valid body changed at random (fields set to any value or removed) or a random JSON
+ * value: the answer is below 500 (503 only while busy), and the daemon stays up. */
+static void random_bodies_never_crash(void)
+{
+    NEED_DAEMON();
+    test_random_seed(&body_rng);
+    int ok = 0, n = 300;
+    for (int i = 0; i < n; i++) {
+        json_object *body = body_pick(8) ? json_tokener_parse("{\"prompt\":\"Hi\",\"n_predict\":2}")
+                                         : random_json(1);
+        for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
+            if (body_pick(4) == 0)
+                json_object_object_del(body, random_key());
+            else
+                json_object_object_add(body, random_key(), random_json(1));
+        }
+        /* bounded generations keep the test short */
+        json_object *np;
+        if (json_object_is_type(body, json_type_object)) {
+            json_object_object_del(body, "max_tokens");
+            if (!json_object_object_get_ex(body, "n_predict", &np) ||
+                !json_object_is_type(np, json_type_int) || json_object_get_int64(np) > 4 ||
+                json_object_get_int64(np) == -1)
+                json_object_object_add(body, "n_predict", json_object_new_int(2));
+        }
+        const char *text = body ? json_object_to_json_string(body) : "null";
+        httpc_reply r;
+        int rc = httpc_do(hsock, 0, "POST", "/completion", NULL, text, &r);
+        CHECK_MSG(rc == 0, "%s: no answer", text);
+        CHECK_MSG(r.status >= 200 && (r.status < 500 || r.status == 503), "%s: %d %s", text,
+                  r.status, r.body);
+        ok += r.status == 200;
+        httpc_reply_free(&r);
+        json_object_put(body);
+    }
+    fprintf(stderr, "    %d random bodies: %d answered 200\n", n, ok);
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+}
+
+/* SIGTERM ends the daemon with status 0: under the sanitizers, nothing leaked or went
+ * wrong in it (its log says what did). */
+static void daemon_exits_cleanly(void)
+{
+    if (daemon_up != 1)
+        return;
+    daemon_up = 0;
+    int rc = proc_stop(&daemon_, SIGTERM);
+    if (rc != 0)
+        proc_print_log(&daemon_);
+    CHECK_EQ(rc, 0);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    const char *p = test_data_path("models/docs-lm-21M-F16.gguf");
+    model_path = p ? strdup(p) : NULL;
+    RUN(props_answers_the_defaults);
+    RUN(greedy_equals_openai);
+    RUN(token_prompts_are_their_tokens);
+    RUN(n_predict_limits);
+    RUN(stop_words_stop);
+    RUN(streamed_equals_whole);
+    RUN(n_probs_give_probabilities);
+    RUN(logit_bias_bans);
+    RUN(json_schema_is_followed);
+    RUN(samplers_list_is_honoured);
+    RUN(prompt_cache_resumes);
+    RUN(client_defaults_are_served);
+    RUN(response_fields_pick);
+    RUN(refusals_name_the_field);
+    RUN(tcp_needs_a_token);
+    RUN(random_bodies_never_crash);
+    RUN(daemon_exits_cleanly);
+    free((char *)model_path);
+    return test_finish();
+}
