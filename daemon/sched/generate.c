@@ -165,8 +165,8 @@ void gen_prompt_evaluated(sched *s, work *w)
 }
 
 /* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
- * token counts, timings, stop reason and window slides, at their widest. */
-#define RESULT_FIXED_BYTES 128
+ * token counts, timings, stop reason and string and window slides, at their widest. */
+#define RESULT_FIXED_BYTES (128 + STOP_MAX_LEN)
 
 /* Whether the CallResult of g's reply, with the logprobs it asks for, may outgrow
  * max_frame_bytes: it would be answered with an error after all its compute, so it is
@@ -730,6 +730,9 @@ void gen_end(sched *s, work *w)
             res.has_window_slides = g->slides > 0;
             res.window_slides = (uint32_t)g->slides;
             res.text = g->shown ? g->shown : "";
+            char stop_string[STOP_MAX_LEN + 1];
+            if (stop_hit_text(&g->stop, stop_string))
+                res.stop_string = stop_string;
             logprobs_pb lp = {0};
             bool lp_failed = g->lp && logprobs_pack(g->gm->tok, g->lp, (size_t)g->n_gen, &lp);
             res.n_logprobs = lp.n_steps;

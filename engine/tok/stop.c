@@ -38,6 +38,15 @@ int stop_hit(const stop_matcher *m)
     return m->hit;
 }
 
+size_t stop_hit_text(const stop_matcher *m, char out[STOP_MAX_LEN + 1])
+{
+    size_t n = m->hit >= 0 ? m->len[m->hit] : 0;
+    if (n)
+        memcpy(out, m->str[m->hit], n);
+    out[n] = '\0';
+    return n;
+}
+
 /* Byte i of the virtual text "held bytes, then the piece". */
 static char at(const stop_matcher *m, const char *piece, size_t i)
 {

@@ -60,4 +60,8 @@ size_t stop_flush(stop_matcher *m, char *out);
 /* Index of the stop string that completed, or -1 while none has. */
 int stop_hit(const stop_matcher *m);
 
+/* The stop string that completed, NUL-terminated in out; its length, 0 while none has
+ * (out is then ""). */
+size_t stop_hit_text(const stop_matcher *m, char out[STOP_MAX_LEN + 1]);
+
 #endif

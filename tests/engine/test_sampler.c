@@ -795,6 +795,10 @@ static void multiple_stop_strings_earliest_wins(void)
     CHECK(feed_all(&m, pieces, 3, text, true) >= 0);
     CHECK_MSG(strcmp(text, "one ## two ") == 0, "got '%s'", text);
     CHECK_EQ(stop_hit(&m), 1);
+    /* the one that matched, as text */
+    char hit[STOP_MAX_LEN + 1];
+    CHECK_EQ(stop_hit_text(&m, hit), 3);
+    CHECK(strcmp(hit, "###") == 0);
 
     /* two candidates in one piece: the one that starts first ends the text */
     stop_reset(&m);
@@ -818,6 +822,13 @@ static void multiple_stop_strings_earliest_wins(void)
     CHECK(feed_all(&m, abc, 3, text, true) >= 0);
     CHECK_MSG(strcmp(text, "a") == 0, "got '%s'", text);
     CHECK_EQ(stop_hit(&m), 1);
+    CHECK_EQ(stop_hit_text(&m, hit), 3);
+    CHECK(strcmp(hit, "bcY") == 0);
+    /* none matched: "" */
+    stop_reset(&m);
+    CHECK(feed_all(&m, abc, 1, text, true) >= 0);
+    CHECK_EQ(stop_hit_text(&m, hit), 0);
+    CHECK(hit[0] == '\0');
 }
 
 static void stop_init_rejects_bad_strings(void)
