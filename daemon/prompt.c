@@ -190,3 +190,42 @@ char *prompt_complete_text(enum chat_family family, const char *prompt, bool cha
     msgs[n++] = (struct chat_message){"user", prompt};
     return render(family, msgs, n, true, err);
 }
+
+int prompt_parts_tokens(const tokenizer *tok, Llms__PromptPart *const *parts, size_t n,
+                        int32_t **out, int *n_out, char err[ERR_MAX])
+{
+    int32_t *all = NULL;
+    int used = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Llms__PromptPart *p = parts[i];
+        int32_t *ids = p->tokens;
+        int k = (int)p->n_tokens;
+        if (p->text && prompt_tokenize(tok, p->text, strlen(p->text), i == 0, true, &ids, &k, err)) {
+            free(all);
+            return -1;
+        }
+        int32_t *grown = realloc(all, sizeof *all * (size_t)(used + k > 0 ? used + k : 1));
+        if (!grown) {
+            if (p->text)
+                free(ids);
+            free(all);
+            return err_set(err, "out of memory");
+        }
+        all = grown;
+        memcpy(all + used, ids, sizeof *ids * (size_t)k);
+        used += k;
+        if (p->text)
+            free(ids);
+    }
+    *out = all;
+    *n_out = used;
+    return 0;
+}
+
+size_t prompt_parts_weight(Llms__PromptPart *const *parts, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        w += (parts[i]->text ? strlen(parts[i]->text) : 0) + parts[i]->n_tokens;
+    return w;
+}

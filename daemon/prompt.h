@@ -26,6 +26,7 @@
 #include "engine/tok/chat.h"
 #include "engine/err.h"
 #include "engine/tok/tokenizer.h"
+#include "proto/llms.pb-c.h"
 
 /* Tokenizes len bytes of text into a fresh array (*out, free() it; *n tokens). */
 int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,
@@ -56,5 +57,15 @@ int prompt_sink_tokens(const tokenizer *tok, enum chat_family family, const char
  * [system_prompt?, prompt] rendered with the assistant opening. Fresh string. */
 char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,
                            const char *system_prompt, char err[ERR_MAX]);
+
+/* The tokens of a Complete's prompt_parts (n of them): each text part tokenized as a
+ * Complete's prompt is (special tokens parsed; BOS only when it is the first part), each
+ * token part as it is. Fresh array in *out (*n_out tokens). */
+int prompt_parts_tokens(const tokenizer *tok, Llms__PromptPart *const *parts, size_t n,
+                        int32_t **out, int *n_out, char err[ERR_MAX]);
+
+/* What n prompt_parts weigh: their text bytes and tokens together, the most tokens they
+ * can make (a token is at least one byte of text). */
+size_t prompt_parts_weight(Llms__PromptPart *const *parts, size_t n);
 
 #endif

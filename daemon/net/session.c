@@ -97,7 +97,8 @@ static const char *empty_input(const Llms__Request *req)
 {
     if (req->body_case == LLMS__REQUEST__BODY_CALL && !req->call->prompt[0])
         return "the prompt is empty";
-    if (req->body_case == LLMS__REQUEST__BODY_COMPLETE && !req->complete->prompt[0])
+    if (req->body_case == LLMS__REQUEST__BODY_COMPLETE && !req->complete->prompt[0] &&
+        req->complete->n_prompt_parts == 0)
         return "the prompt is empty";
     if (req->body_case == LLMS__REQUEST__BODY_RAG_QUERY && !req->rag_query->question[0])
         return "the question is empty";
@@ -223,6 +224,34 @@ static bool system_prompt_too_long(const session_env *env, const char *text, ref
                      "(max_tokens_per_context)", n, cfg->max_tokens_per_context);
 }
 
+/* A Complete's prompt_parts stand for its whole prompt (no text prompt, chat or system
+ * prompt beside them), each part text or token ids; their text and tokens together are
+ * bounded as a prompt's text is (a token is at least one byte of it). */
+static bool bad_prompt_parts(const config *cfg, const Llms__CompleteRequest *cr, refusal *r)
+{
+    const Llms__ErrorCode inv = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (cr->n_prompt_parts == 0)
+        return false;
+    if (cr->prompt[0] || (cr->has_chat && cr->chat) || cr->system_prompt)
+        return refuse_as(r, inv, "prompt_parts are the whole prompt: prompt must be empty, chat "
+                                 "false and system_prompt unset");
+    for (size_t i = 0; i < cr->n_prompt_parts; i++) {
+        const Llms__PromptPart *p = cr->prompt_parts[i];
+        if ((p->text && p->text[0]) == (p->n_tokens > 0))
+            return refuse_as(r, inv, "prompt_parts[%zu] must hold text or token ids, one of "
+                                     "them", i);
+        for (size_t k = 0; k < p->n_tokens; k++)
+            if (p->tokens[k] < 0)
+                return refuse_as(r, inv, "prompt_parts[%zu]: token id %d is negative", i,
+                                 p->tokens[k]);
+    }
+    size_t n = prompt_parts_weight(cr->prompt_parts, cr->n_prompt_parts);
+    if (n <= (size_t)cfg->max_text_bytes)
+        return false;
+    return refuse_as(r, inv, "prompt_parts hold %zu bytes of text and tokens, the limit is %d "
+                             "(max_text_bytes)", n, cfg->max_text_bytes);
+}
+
 /* A model name longer than any name is refused before it is looked up or echoed. */
 static bool bad_model_name(const char *name, refusal *r)
 {
@@ -277,7 +306,7 @@ static bool oversized(const session_env *env, const Llms__Request *req, refusal 
         return bad_model_name(req->complete->model, r) ||
                text_too_long(cfg, "prompt", req->complete->prompt, r) ||
                text_too_long(cfg, "system_prompt", req->complete->system_prompt, r) ||
-               bad_params(req->complete->params, r);
+               bad_prompt_parts(cfg, req->complete, r) || bad_params(req->complete->params, r);
     case LLMS__REQUEST__BODY_DELETE_CONTEXT:
         return bad_context_id(req->delete_context->context_id, r);
     case LLMS__REQUEST__BODY_GET_CONTEXT:

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/prompt.h"
 #include "daemon/sched/sched_internal.h"
 
 #define SCHED_TEMPLATE_TOKENS 64 /* tokens a chat template adds around a turn, at most */
@@ -385,7 +386,8 @@ size_t admit_kv_need(const sched *s, const genmodel *gm, const sched_job *j,
         const Llms__CompleteRequest *cr = j->req->complete;
         p = cr->params;
         tokens = (long)strlen(cr->prompt) + SCHED_TEMPLATE_TOKENS +
-                 (cr->system_prompt ? (long)strlen(cr->system_prompt) : 0);
+                 (cr->system_prompt ? (long)strlen(cr->system_prompt) : 0) +
+                 (long)prompt_parts_weight(cr->prompt_parts, cr->n_prompt_parts);
         limit = cfg->n_ctx;
     } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
         /* passages as long as the daemon's default; a knowledge base of longer ones may

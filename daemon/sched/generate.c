@@ -269,14 +269,30 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         const Llms__GenerationParams *node_p = gg ? gg->node_params : NULL;
         templated = gg ? gg->chat : cr->has_chat && cr->chat;
         req_p = gg ? gg->run_params : cr->params;
-        char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt, templated,
-                                          gg ? NULL : cr->system_prompt, err);
-        if (!text)
-            goto fail;
-        int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn, err);
-        free(text);
-        if (rc)
-            goto fail;
+        if (cr && cr->n_prompt_parts) {
+            for (size_t i = 0; i < cr->n_prompt_parts; i++)
+                for (size_t k = 0; k < cr->prompt_parts[i]->n_tokens; k++)
+                    if (cr->prompt_parts[i]->tokens[k] >= gm->n_vocab) {
+                        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+                        err_set(err, "prompt_parts[%zu]: token id %d is outside the model's "
+                                     "vocabulary of %d", i, cr->prompt_parts[i]->tokens[k],
+                                gm->n_vocab);
+                        goto fail;
+                    }
+            if (prompt_parts_tokens(gm->tok, cr->prompt_parts, cr->n_prompt_parts, &turn,
+                                    &n_turn, err))
+                goto fail;
+        } else {
+            char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt,
+                                              templated, gg ? NULL : cr->system_prompt, err);
+            if (!text)
+                goto fail;
+            int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn,
+                                     err);
+            free(text);
+            if (rc)
+                goto fail;
+        }
         kv_seq_init(&g->own_seq, gm->pool);
         g->seq = &g->own_seq;
         g->switched_in = true;
