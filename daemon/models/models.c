@@ -249,6 +249,7 @@ static void view_publish(models *r)
                 v->defaults |= bit;
         v->family = e->family;
         memcpy(v->arch, e->arch, sizeof v->arch);
+        memcpy(v->path, e->path, sizeof v->path);
         v->file_bytes = e->file_bytes;
         v->file_mtime = e->file_mtime;
         v->n_params = e->n_params;

@@ -93,6 +93,7 @@ typedef struct models_view_entry {
     enum chat_family family; /* a generate model's chat template (else CHAT_PLAIN) */
     /* What the file says of itself (models_entry's), for the gateway's model lists. */
     char arch[32];
+    char path[CONFIG_PATH_MAX]; /* its GGUF file, as the settings or llmsctl load named it */
     uint64_t file_bytes;
     int64_t file_mtime;
     uint64_t n_params;

@@ -39,6 +39,7 @@
 #include "storage/store.h"
 
 #define SCHED_APP_MAX 64 /* bytes of an app name */
+#define SCHED_MAX_ACTIVE 64 /* requests running at once: generations and tasks */
 
 enum sched_job_kind {
     SCHED_REQUEST,        /* req for the worker to answer */

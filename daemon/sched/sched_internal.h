@@ -46,7 +46,6 @@
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
 
-#define SCHED_MAX_ACTIVE 64   /* requests running at once: generations and tasks */
 #define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
 #define SCHED_GEN_MAX 8       /* generate models served at once */
 
