@@ -188,6 +188,16 @@ void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
+/* The reply's format of a generation's body into p: OpenAI's response_format
+ * ({"type": "text"} or null: free text, "json_object": JSON mode, "json_schema" with
+ * {"json_schema": {"schema": {...}}}: JSON mode following the schema, its name,
+ * description and strict read past as the schema is always enforced; llama.cpp's
+ * {"type": "json_object", "schema": {...}} too), or llama.cpp's top-level "json_schema"
+ * (a schema object) or "grammar" (GBNF text; "" or null is none): one of them at most.
+ * The schema's or grammar's text lives in body; the session refuses one the engine cannot
+ * enforce. 0, or -1 with msg. */
+int openai_read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap);
+
 /* Answers 400 invalid_request with msg. */
 void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
 

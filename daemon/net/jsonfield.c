@@ -54,6 +54,32 @@ int jsonfield_sampling_floats(json_object *o, const char *where, Llms__Generatio
     return 0;
 }
 
+int jsonfield_stops(json_object *o, const char *key, const char *where,
+                    Llms__GenerationParams *p, size_t max, char *msg, size_t cap)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    bool one = json_object_is_type(v, json_type_string);
+    bool list = json_object_is_type(v, json_type_array);
+    size_t n = one ? 1 : list ? json_object_array_length(v) : 0;
+    for (size_t i = 0; list && i < n; i++)
+        list = json_object_is_type(json_object_array_get_idx(v, i), json_type_string);
+    if (!one && !list) {
+        snprintf(msg, cap, "'%s%s' must be a string or an array of strings", where, key);
+        return -1;
+    }
+    if (n > max - p->n_stop) {
+        snprintf(msg, cap, "'%s%s' has %zu strings, at most %zu", where, key, n,
+                 max - p->n_stop);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        p->stop[p->n_stop++] =
+            (char *)json_object_get_string(one ? v : json_object_array_get_idx(v, i));
+    return 0;
+}
+
 bool jsonfield_asks_nothing(json_object *v)
 {
     return json_object_is_type(v, json_type_null) ||

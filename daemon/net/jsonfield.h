@@ -24,6 +24,12 @@ int jsonfield_get(json_object *o, const char *key, const char *where, json_type 
 int jsonfield_sampling_floats(json_object *o, const char *where, Llms__GenerationParams *p,
                               char *msg, size_t cap);
 
+/* The stop strings of o's field key (a string or an array of strings; absent or null:
+ * none) appended to p->stop, which has room for max of them (pointing into o). 0, or -1
+ * with msg naming where + key. Their lengths are the session's to check. */
+int jsonfield_stops(json_object *o, const char *key, const char *where,
+                    Llms__GenerationParams *p, size_t max, char *msg, size_t cap);
+
 /* Whether a value asks for nothing: null, false, an empty array, object or string. */
 bool jsonfield_asks_nothing(json_object *v);
 

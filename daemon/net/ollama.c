@@ -365,12 +365,12 @@ static int32_t clamp32(int64_t v)
     return v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
 }
 
-/* ollama's "options" into p (stop strings point into the body, at most max_stops). What
- * only concerns how ollama runs a model (num_gpu, num_thread, num_batch, use_mmap, ...)
- * and names it does not know are ignored, as ollama ignores unknown ones; samplers llmsd
- * does not have are refused unless off. 0, or -1 with msg. */
-static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **stops,
-                        size_t max_stops, char *msg, size_t cap)
+/* ollama's "options" into p (stop strings point into the body; p->stop has room for
+ * max_stops). What only concerns how ollama runs a model (num_gpu, num_thread, num_batch,
+ * use_mmap, ...) and names it does not know are ignored, as ollama ignores unknown ones;
+ * samplers llmsd does not have are refused unless off. 0, or -1 with msg. */
+static int read_options(const hreq *hr, Llms__GenerationParams *p, size_t max_stops,
+                        char *msg, size_t cap)
 {
     json_object *opts, *v;
     int64_t n = 0;
@@ -433,27 +433,7 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, const char **
             return -1;
         }
     }
-    if (!json_object_object_get_ex(opts, "stop", &v) || json_object_is_type(v, json_type_null))
-        return 0;
-    bool one = json_object_is_type(v, json_type_string);
-    size_t count = one ? 1 : json_object_is_type(v, json_type_array) ? json_object_array_length(v) : 0;
-    if (!one && !json_object_is_type(v, json_type_array)) {
-        snprintf(msg, cap, "'options.stop' must be an array of strings");
-        return -1;
-    }
-    if (count > max_stops) {
-        snprintf(msg, cap, "'options.stop' has %zu strings, at most %zu", count, max_stops);
-        return -1;
-    }
-    for (size_t i = 0; i < count; i++) {
-        json_object *s = one ? v : json_object_array_get_idx(v, i);
-        if (!json_object_is_type(s, json_type_string)) {
-            snprintf(msg, cap, "'options.stop' must be an array of strings");
-            return -1;
-        }
-        stops[p->n_stop++] = json_object_get_string(s);
-    }
-    return 0;
+    return jsonfield_stops(opts, "stop", "options.", p, max_stops, msg, cap);
 }
 
 /* The messages of a chat, checked for what llmsd does not produce; NULL with msg when
@@ -670,7 +650,7 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     /* The matcher keeps one place for the chat template's end text (session.c), and a
      * chat rendered here carries that end of turn as one more stop string. */
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
-        read_options(hr, &gp, stops, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap))
+        read_options(hr, &gp, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap))
         goto bad;
     if (!chat && json_object_object_get_ex(hr->body, "tools", &v) && !jsonfield_asks_nothing(v)) {
         snprintf(msg, cap, "'tools': tool calls are for /api/chat");

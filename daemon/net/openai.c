@@ -889,11 +889,7 @@ static int read_response_format(json_object *body, Llms__GenerationParams *p,
     return 0;
 }
 
-/* The reply's format into p: response_format (above), or llama.cpp's own fields beside
- * it, "json_schema" (a schema object) and "grammar" (GBNF text), one of the three at most
- * (an empty grammar or a null is none). The session refuses a schema or grammar the
- * engine cannot enforce. 0, or -1 with msg. */
-static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
+int openai_read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap)
 {
     json_object *schema, *v;
     if (read_response_format(body, p, &schema, msg, cap))
@@ -934,13 +930,15 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     return 0;
 }
 
-/* Sampling fields of an OpenAI request into p (strings point into body). */
-static int read_params(json_object *body, Llms__GenerationParams *p, const char **stops,
-                       size_t max_stops, char *msg, size_t cap)
+/* Sampling fields of an OpenAI request into p (strings point into body; p->stop has room
+ * for max_stops). */
+static int read_params(json_object *body, Llms__GenerationParams *p, size_t max_stops,
+                       char *msg, size_t cap)
 {
     json_object *v;
     int rc;
-    if (jsonfield_sampling_floats(body, "", p, msg, cap) < 0 || read_format(body, p, msg, cap) < 0)
+    if (jsonfield_sampling_floats(body, "", p, msg, cap) < 0 ||
+        openai_read_format(body, p, msg, cap) < 0)
         return -1;
     if ((rc = jsonfield_get(body, "top_k", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
@@ -984,31 +982,7 @@ static int read_params(json_object *body, Llms__GenerationParams *p, const char 
         p->has_speculation = 1;
         p->speculation = values[i];
     }
-    json_object *stop;
-    if (!json_object_object_get_ex(body, "stop", &stop) || json_object_is_type(stop, json_type_null))
-        return 0;
-    if (json_object_is_type(stop, json_type_string)) {
-        stops[p->n_stop++] = json_object_get_string(stop);
-        return 0;
-    }
-    if (!json_object_is_type(stop, json_type_array)) {
-        snprintf(msg, cap, "'stop' must be a string or an array of strings");
-        return -1;
-    }
-    size_t n = json_object_array_length(stop);
-    if (n > max_stops) {
-        snprintf(msg, cap, "'stop' has %zu strings, at most %zu", n, max_stops);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_object *s = json_object_array_get_idx(stop, i);
-        if (!json_object_is_type(s, json_type_string)) {
-            snprintf(msg, cap, "'stop' must be a string or an array of strings");
-            return -1;
-        }
-        stops[p->n_stop++] = json_object_get_string(s);
-    }
-    return 0;
+    return jsonfield_stops(body, "stop", "", p, max_stops, msg, cap);
 }
 
 /* OpenAI's "n" into hr: how many choices (independent generations of the prompt) the
@@ -1290,7 +1264,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     /* A rendered chat carries its template's end of turn as one more stop string. */
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
-    if (read_params(hr->body, &gp, stops, max_stops, msg, cap) ||
+    if (read_params(hr->body, &gp, max_stops, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
         (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
@@ -1438,7 +1412,7 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
-    if (read_params(hr->body, &gp, stops, STOP_MAX, msg, cap) ||
+    if (read_params(hr->body, &gp, STOP_MAX, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         read_n(hr, msg, cap))
         goto bad;

@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const char *stops[STOP_MAX];
         Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
         gp.stop = (char **)stops;
-        if (read_params(body, &gp, stops, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
+        if (read_params(body, &gp, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
             abort();
         for (size_t i = 0; i < gp.n_stop; i++)
             if (!stops[i])
