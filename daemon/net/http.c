@@ -52,7 +52,8 @@ static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
     "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
-    "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "other",
+    "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
+    "/props", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -111,8 +112,9 @@ void http_send_json(http *h, httpwire_conn *wc, enum route r, int status, json_o
     http_count_status(h, r, status);
 }
 
-/* Answers an error in the shape of route r's API: ollama's {"error": message}, else
- * OpenAI's object with type and code. */
+/* Answers an error in the shape of route r's API: ollama's {"error": message}, llama.cpp's
+ * {"error": {code, message, type}} (its type from the status), else OpenAI's object with
+ * type and code. */
 __attribute__((format(printf, 7, 8))) static void send_error(http *h, httpwire_conn *wc,
                                                              enum route r, int status,
                                                              const char *type, const char *code,
@@ -125,6 +127,8 @@ __attribute__((format(printf, 7, 8))) static void send_error(http *h, httpwire_c
     va_end(ap);
     if (http_route_is_ollama(r))
         ollama_send_error(h, wc, r, status, msg);
+    else if (http_route_is_llamacpp(r))
+        llamacpp_send_error(h, wc, r, status, msg);
     else
         openai_send_error(h, wc, r, status, type, code, "%s", msg);
 }
@@ -134,6 +138,8 @@ static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 {
     if (http_route_is_ollama(hr->route))
         ollama_finish_error(hr, code, msg);
+    else if (http_route_is_llamacpp(hr->route))
+        llamacpp_finish_error(hr, code, msg);
     else
         openai_finish_error(hr, code, msg);
 }
@@ -220,6 +226,7 @@ static void hreq_free(hreq *hr)
     }
     toolcall_scan_free(hr->scan);
     toolcall_set_free(&hr->tools);
+    free(hr->lc);
     free(hr);
 }
 
@@ -243,9 +250,11 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
 {
     if (!hr->stream)
         return;
-    bool ollama = http_route_is_ollama(hr->route);
+    bool ollama = http_route_is_ollama(hr->route), llamacpp = http_route_is_llamacpp(hr->route);
     if (ollama) {
         ollama_stream_start(hr);
+    } else if (llamacpp) {
+        llamacpp_stream_start(hr);
     } else if (openai_sse_start(hr)) {
         finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
@@ -266,6 +275,11 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
     if (ollama) {
         if (ch->text[0])
             ollama_stream_text(hr, ch->text, strlen(ch->text));
+        return;
+    }
+    /* llama.cpp's server sends an event for every token, with its text or none */
+    if (llamacpp) {
+        llamacpp_stream_chunk(hr, ch);
         return;
     }
     openai_logprobs_add(hr, choice, ch->logprobs, ch->n_logprobs);
@@ -425,6 +439,8 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
     } else if (r->body_case == LLMS__RESPONSE__BODY_RESULT) {
         if (http_route_is_ollama(hr->route)) {
             ollama_on_result(hr, r->result);
+        } else if (http_route_is_llamacpp(hr->route)) {
+            llamacpp_on_result(hr, r->result);
         } else {
             openai_on_result(hr, (unsigned)choice, r);
             r = NULL; /* taken */
@@ -565,6 +581,8 @@ static enum route route_of(const char *uri, size_t *len)
     *len = n;
     if (n == 7 && strncmp(uri, "/rerank", 7) == 0)
         return R_RERANK;
+    if (n == 12 && strncmp(uri, "/completions", 12) == 0)
+        return R_LLAMACPP_COMPLETION;
     static const char *const manage[] = {"/api/pull", "/api/push", "/api/create", "/api/copy",
                                          "/api/delete"};
     for (size_t i = 0; i < sizeof manage / sizeof manage[0]; i++)
@@ -875,6 +893,9 @@ static void hreq_start(hreq *hr)
     case R_OLLAMA_EMBEDDINGS:
         ollama_start_embed(hr, &rq, msg, sizeof msg);
         break;
+    case R_LLAMACPP_COMPLETION:
+        llamacpp_start_completion(hr, &rq, msg, sizeof msg);
+        break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;
         rq.status = &empty;
@@ -900,10 +921,14 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     const char *method = httpwire_method(wc);
     enum route r = route_of(uri, &plen);
     bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
-               r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS;
+               r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
+               r == R_LLAMACPP_PROPS;
     /* ollama's model management is refused whichever method it comes with (DELETE for
-     * /api/delete, POST for the others) */
-    const char *methods = get ? "GET, HEAD" : r == R_OLLAMA_MANAGE ? "POST, DELETE" : "POST";
+     * /api/delete, POST for the others); so is a change of llama.cpp's /props (POST) */
+    const char *methods = r == R_LLAMACPP_PROPS ? "GET, HEAD, POST"
+                          : get                 ? "GET, HEAD"
+                          : r == R_OLLAMA_MANAGE ? "POST, DELETE"
+                                                 : "POST";
     char msg[ERR_MAX + 128];
     /* Browser clients on other origins may read every answer, as OpenAI's API lets them:
      * that opens nothing to a page without a token, as no cookie or other credential a
@@ -929,12 +954,16 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         return false;
     }
     /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
-    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD")
-            : strcmp(method, "POST") && (r != R_OLLAMA_MANAGE || strcmp(method, "DELETE"))) {
+    bool post = strcmp(method, "POST") == 0;
+    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(r == R_LLAMACPP_PROPS && post)
+            : !post && (r != R_OLLAMA_MANAGE || strcmp(method, "DELETE"))) {
         httpwire_add_header(wc, "Allow", methods);
         send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
                    "%s takes %s", route_path[r],
-                   get ? "GET or HEAD" : r == R_OLLAMA_MANAGE ? "POST or DELETE" : "POST");
+                   r == R_LLAMACPP_PROPS ? "GET, HEAD or POST"
+                   : get                 ? "GET or HEAD"
+                   : r == R_OLLAMA_MANAGE ? "POST or DELETE"
+                                          : "POST");
         return false;
     }
     if (h->shutting || h->worker_done) {
@@ -991,6 +1020,13 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     }
     if (r == R_OLLAMA_MANAGE) {
         ollama_refuse_manage(h, wc);
+        return false;
+    }
+    if (r == R_LLAMACPP_PROPS) {
+        if (post)
+            llamacpp_refuse_props_change(h, wc);
+        else
+            llamacpp_send_props(h, wc);
         return false;
     }
     if (r == R_METRICS) {

@@ -3,7 +3,8 @@
  * connections and bodies, requests in flight, streaming, setup), openai.c (the JSON of
  * the OpenAI API: request bodies read into native requests, native answers written as
  * OpenAI's objects and Server-Sent Events), ollama.c (ollama's API: its JSON and NDJSON
- * streams) and tokroute.c. Not for any other file.
+ * streams), llamacpp.c (llama.cpp's server's own API) and tokroute.c. Not for any other
+ * file.
  */
 #ifndef LLMS_HTTP_INTERNAL_H
 #define LLMS_HTTP_INTERNAL_H
@@ -43,6 +44,9 @@ enum route {
     R_OLLAMA_EMBED,
     R_OLLAMA_EMBEDDINGS,
     R_OLLAMA_MANAGE,           /* pull, push, create, copy, delete: refused */
+    /* llama.cpp's server's own routes (llamacpp.c) */
+    R_LLAMACPP_COMPLETION,     /* /completion, and its alias /completions */
+    R_LLAMACPP_PROPS,
     R_OTHER,
 };
 
@@ -50,6 +54,12 @@ enum route {
 static inline bool http_route_is_ollama(enum route r)
 {
     return r >= R_OLLAMA_VERSION && r <= R_OLLAMA_MANAGE;
+}
+
+/* Whether r is one of llama.cpp's own routes, answered in its server's shapes. */
+static inline bool http_route_is_llamacpp(enum route r)
+{
+    return r == R_LLAMACPP_COMPLETION || r == R_LLAMACPP_PROPS;
 }
 
 typedef struct token_entry token_entry;
@@ -97,6 +107,8 @@ typedef struct hreq {
     toolcall_set tools;        /* a chat's tools (tools.n == 0: none) */
     toolcall_scan *scan;       /* the reply read for calls (tool_choice "auto"; n is 1),
                                   or NULL */
+    struct llamacpp_req *lc;   /* a llama.cpp /completion's own state (llamacpp.c; one
+                                  allocation), or NULL */
     struct evbuffer *sse;
     char id[48];
     int64_t created;
@@ -198,6 +210,13 @@ void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
  * enforce. 0, or -1 with msg. */
 int openai_read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap);
 
+/* A logit_bias key as a token id (decimal, 0..INT32_MAX) into *id; false when it is
+ * none. */
+bool openai_token_id(const char *key, int32_t *id);
+
+/* A token's bytes as a JSON array of numbers (logprobs' "bytes"). */
+json_object *openai_piece_bytes(const ProtobufCBinaryData *piece);
+
 /* Answers 400 invalid_request with msg. */
 void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
 
@@ -280,6 +299,33 @@ void ollama_stream_text(hreq *hr, const char *text, size_t n);
 /* hr's final answer from the worker's native reply; each ends hr. */
 void ollama_on_result(hreq *hr, const Llms__CallResult *res);
 void ollama_on_embed(hreq *hr, const Llms__EmbedResponse *e);
+
+/* ---- llamacpp.c: llama.cpp's server's own shapes ---- */
+
+/* Answers status with llama.cpp's error object {"error": {"code", "message", "type"}}. */
+void llamacpp_send_error(http *h, httpwire_conn *wc, enum route r, int status, const char *msg);
+
+/* As openai_finish_error, in llama.cpp's shapes (once the stream has begun, it ends with
+ * an "error: {...}" line, as llama.cpp's server ends one). */
+void llamacpp_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* Answers GET /props from h's settings and view of the registry. */
+void llamacpp_send_props(http *h, httpwire_conn *wc);
+
+/* Answers POST /props: refused, as llama.cpp's server refuses it without --props. */
+void llamacpp_refuse_props_change(http *h, httpwire_conn *wc);
+
+/* As openai_start_generate, for /completion. */
+void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Begins hr's SSE reply (headers; its events go out as they come). */
+void llamacpp_stream_start(hreq *hr);
+
+/* Streams a chunk of the reply as one event of hr. */
+void llamacpp_stream_chunk(hreq *hr, const Llms__CallChunk *ch);
+
+/* hr's final answer from the native reply; ends hr. */
+void llamacpp_on_result(hreq *hr, const Llms__CallResult *res);
 
 /* ---- tokroute.c: /tokenize and /detokenize (llama.cpp's server's shape) ---- */
 

@@ -187,7 +187,7 @@ static json_object *piece_string(const ProtobufCBinaryData *piece)
     return json_object_new_string_len(out, (int)len);
 }
 
-static json_object *piece_bytes(const ProtobufCBinaryData *piece)
+json_object *openai_piece_bytes(const ProtobufCBinaryData *piece)
 {
     json_object *a = json_object_new_array_ext((int)piece->len);
     for (size_t i = 0; a && i < piece->len; i++)
@@ -209,7 +209,7 @@ static json_object *chat_token_entry(const Llms__TokenLogprob *t)
     if (e) {
         json_object_object_add(e, "token", piece_string(&t->piece));
         json_object_object_add(e, "logprob", logprob_number(t->logprob));
-        json_object_object_add(e, "bytes", piece_bytes(&t->piece));
+        json_object_object_add(e, "bytes", openai_piece_bytes(&t->piece));
     }
     return e;
 }
@@ -1022,6 +1022,17 @@ static int read_n(hreq *hr, char *msg, size_t cap)
     return 0;
 }
 
+bool openai_token_id(const char *key, int32_t *id)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(key, &end, 10);
+    if (!key[0] || *end || errno || v < 0 || v > INT32_MAX)
+        return false;
+    *id = (int32_t)v;
+    return true;
+}
+
 /* OpenAI's logit_bias, {"token id": bias, ...}, into p (the entries live in hr). Ranges
  * are the session's to check, as for every request's params. 0, or -1 with msg. */
 static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
@@ -1041,18 +1052,15 @@ static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_
     }
     json_object_object_foreach(o, key, value)
     {
-        char *end;
-        errno = 0;
-        long id = strtol(key, &end, 10);
-        if (!key[0] || *end || errno || id < 0 || id > INT32_MAX ||
-            !(json_object_is_type(value, json_type_double) ||
-              json_object_is_type(value, json_type_int))) {
+        int32_t id;
+        if (!openai_token_id(key, &id) || !(json_object_is_type(value, json_type_double) ||
+                                            json_object_is_type(value, json_type_int))) {
             snprintf(msg, cap, "'logit_bias' maps token ids to numbers (\"%.32s\" is not one)",
                      key);
             return -1;
         }
         llms__token_bias__init(&hr->bias[i]);
-        hr->bias[i].token = (int32_t)id;
+        hr->bias[i].token = id;
         hr->bias[i].bias = (float)json_object_get_double(value);
         hr->bias_ptrs[i] = &hr->bias[i];
         i++;

@@ -1,0 +1,972 @@
+/*
+ * llamacpp.c — llama.cpp's server's own API on the gateway (http.h), for the scripts and
+ * tools written against llama-server rather than OpenAI's routes: POST /completion (and
+ * its alias /completions) becomes a native Complete of the raw prompt (a string, token
+ * ids, or strings and ids mixed: CompleteRequest.prompt_parts), answered whole or as
+ * Server-Sent Events in llama.cpp's shapes; GET /props shows the daemon's defaults.
+ * Errors are llama.cpp's {"error": {"code", "message", "type"}}.
+ *
+ * What only concerns how llama.cpp's server runs (id_slot, cache_prompt: llmsd's prompt
+ * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
+ * that fills it ends truncated; timings_per_token, the speculative settings, the
+ * parameters of samplers that are off) is read past. What would change the reply and
+ * cannot be honoured (ignore_eos, Mirostat, locally typical, tail-free, DRY, XTC, dynamic
+ * temperature, top-n-sigma, min_keep, n_indent, t_max_predict_ms, post-sampling
+ * probabilities, images, LoRA adapters, a GBNF grammar, a samplers order other than
+ * llmsd's, texts in logit_bias, several prompts) is refused naming the field, as the
+ * other routes refuse theirs: a reply that ignored them would pass for one that honoured
+ * them.
+ */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/net/http_internal.h"
+#include "daemon/net/jsonfield.h"
+#include "engine/model/logprob.h"
+#include "engine/tok/chat.h"
+#include "engine/tok/stop.h"
+#include "engine/tok/utf8.h"
+
+/* llama.cpp's seed of "pick one at random" (LLAMA_DEFAULT_SEED), which its /props shows
+ * and clients send back. */
+#define RANDOM_SEED 4294967295LL
+
+/* llmsd's samplers in the order its chain applies them (engine/model/sampler.h), as bits
+ * of a samplers list. */
+enum {
+    S_PENALTIES = 1 << 0,
+    S_TOP_K = 1 << 1,
+    S_TOP_P = 1 << 2,
+    S_MIN_P = 1 << 3,
+    S_TEMPERATURE = 1 << 4,
+    S_ALL = (1 << 5) - 1,
+};
+
+/* llama.cpp's sampler names and letters: llmsd's own (bit), those of samplers that are
+ * no-ops at the off values the request must then have (bit 0), and infill, which would
+ * change the distribution (refused). */
+static const struct {
+    const char *name;
+    char letter;
+    unsigned bit;
+    bool refused;
+} sampler_names[] = {
+    {"penalties", 'e', S_PENALTIES, false}, {"dry", 'd', 0, false},
+    {"top_n_sigma", 0, 0, false},           {"top_k", 'k', S_TOP_K, false},
+    {"typ_p", 'y', 0, false},               {"top_p", 'p', S_TOP_P, false},
+    {"min_p", 'm', S_MIN_P, false},         {"xtc", 'x', 0, false},
+    {"temperature", 't', S_TEMPERATURE, false}, {"infill", 'i', 0, true},
+};
+
+/* What a /completion asked that its answer repeats or shapes. Its pointers go into
+ * hr->body and hr->bias, which live as long as the request. */
+struct llamacpp_req {
+    Llms__GenerationParams gp;  /* as submitted: the answer's generation_settings */
+    char *stops[STOP_MAX];      /* gp.stop */
+    int64_t n_predict;          /* as asked (-1: until EOS or a full window) */
+    int n_probs;                /* completion_probabilities' alternatives; 0: none */
+    unsigned samplers;          /* S_ bits of the chain */
+    bool discard;               /* n_predict 0: the prompt is evaluated, nothing kept */
+    bool return_tokens;
+    const char *prompt;         /* a text prompt, which the answer repeats; NULL for ids */
+    size_t tokens_sent;         /* tokens whose stream events went out */
+};
+
+/* ---- errors ---- */
+
+/* llama.cpp's error type of an HTTP status (its server's names; 429, which it never
+ * answers, is OpenAI's). */
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 501: return "not_supported_error";
+    case 503: return "unavailable_error";
+    default: return status >= 400 && status < 500 ? "invalid_request_error" : "server_error";
+    }
+}
+
+/* {"code", "message", "type"}: the inside of llama.cpp's error object. */
+static json_object *error_obj(int status, const char *msg)
+{
+    json_object *e = json_object_new_object();
+    if (e) {
+        json_object_object_add(e, "code", json_object_new_int(status));
+        json_object_object_add(e, "message", json_object_new_string(msg));
+        json_object_object_add(e, "type", json_object_new_string(error_type(status)));
+    }
+    return e;
+}
+
+void llamacpp_send_error(http *h, httpwire_conn *wc, enum route r, int status, const char *msg)
+{
+    json_object *o = json_object_new_object(), *e = error_obj(status, msg);
+    if (o && e) {
+        json_object_object_add(o, "error", e);
+        e = NULL;
+    }
+    json_object_put(e);
+    http_send_json(h, wc, r, status, o);
+}
+
+void llamacpp_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+{
+    int status;
+    const char *type, *ecode;
+    openai_map_error(code, &status, &type, &ecode);
+    http_req_finish(hr);
+    if (!hr->started) {
+        llamacpp_send_error(hr->h, hr->wc, hr->route, status, msg);
+        return;
+    }
+    /* The stream has begun with 200: it ends with an "error:" line, as llama.cpp's
+     * server ends one. */
+    json_object *e = error_obj(status, msg);
+    evbuffer_add_printf(hr->sse, "error: %s\n\n", e ? http_json_text(e) : "{}");
+    json_object_put(e);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+    httpwire_stream_end(hr->wc);
+}
+
+/* ---- settings ---- */
+
+/* The samplers of bits as llama.cpp names them, in the chain's order. */
+static json_object *samplers_json(unsigned bits)
+{
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; a && i < sizeof sampler_names / sizeof *sampler_names; i++)
+        if (sampler_names[i].bit & bits)
+            json_object_array_add(a, json_object_new_string(sampler_names[i].name));
+    return a;
+}
+
+/* The settings a generation runs with, in llama.cpp's names: p's where it sets them,
+ * else the daemon's defaults (cfg); the samplers llmsd lacks at their off values.
+ * n_predict: as asked, or the default. */
+static json_object *settings_json(const config *cfg, const Llms__GenerationParams *p,
+                                  int64_t n_predict, int n_probs, bool stream, unsigned samplers)
+{
+    static const struct {
+        const char *name;
+        double off;
+    } absent[] = {{"typical_p", 1}, {"dry_multiplier", 0}, {"xtc_probability", 0},
+                  {"dynatemp_range", 0}};
+    json_object *o = json_object_new_object(), *stop = json_object_new_array(),
+                *bias = json_object_new_array();
+    if (!o || !stop || !bias) {
+        json_object_put(o);
+        json_object_put(stop);
+        json_object_put(bias);
+        return NULL;
+    }
+    int repeat_last_n = p->has_repeat_last_n ? p->repeat_last_n : cfg->repeat_last_n;
+    json_object_object_add(o, "n_predict", json_object_new_int64(n_predict));
+    json_object_object_add(o, "seed", json_object_new_int64(p->has_seed ? (int64_t)p->seed
+                                                                          : RANDOM_SEED));
+    json_object_object_add(o, "temperature", json_object_new_double(
+                                                 p->has_temperature ? p->temperature
+                                                                    : cfg->temperature));
+    json_object_object_add(o, "top_k", json_object_new_int(p->has_top_k ? p->top_k : cfg->top_k));
+    json_object_object_add(o, "top_p", json_object_new_double(p->has_top_p ? p->top_p
+                                                                           : cfg->top_p));
+    json_object_object_add(o, "min_p", json_object_new_double(p->has_min_p ? p->min_p
+                                                                           : cfg->min_p));
+    /* llmsd's -1 (the whole history) is at most the window, which llama.cpp shows */
+    json_object_object_add(o, "repeat_last_n",
+                           json_object_new_int(repeat_last_n < 0 ? cfg->n_ctx : repeat_last_n));
+    json_object_object_add(o, "repeat_penalty",
+                           json_object_new_double(p->has_repeat_penalty ? p->repeat_penalty
+                                                                        : cfg->repeat_penalty));
+    json_object_object_add(o, "presence_penalty",
+                           json_object_new_double(p->has_presence_penalty
+                                                      ? p->presence_penalty
+                                                      : cfg->presence_penalty));
+    json_object_object_add(o, "frequency_penalty",
+                           json_object_new_double(p->has_frequency_penalty
+                                                      ? p->frequency_penalty
+                                                      : cfg->frequency_penalty));
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
+        json_object_object_add(o, absent[i].name, json_object_new_double(absent[i].off));
+    json_object_object_add(o, "mirostat", json_object_new_int(0));
+    json_object_object_add(o, "min_keep", json_object_new_int(0));
+    for (size_t i = 0; i < p->n_stop; i++)
+        json_object_array_add(stop, json_object_new_string(p->stop[i]));
+    json_object_object_add(o, "stop", stop);
+    json_object_object_add(o, "max_tokens", json_object_new_int64(n_predict));
+    json_object_object_add(o, "ignore_eos", json_object_new_boolean(0));
+    json_object_object_add(o, "stream", json_object_new_boolean(stream));
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        json_object *e = json_object_new_array();
+        if (!e)
+            continue;
+        json_object_array_add(e, json_object_new_int(p->logit_bias[i]->token));
+        json_object_array_add(e, json_object_new_double(p->logit_bias[i]->bias));
+        json_object_array_add(bias, e);
+    }
+    json_object_object_add(o, "logit_bias", bias);
+    json_object_object_add(o, "n_probs", json_object_new_int(n_probs));
+    json_object_object_add(o, "grammar", json_object_new_string(""));
+    json_object_object_add(o, "samplers", samplers_json(samplers));
+    json_object_object_add(o, "post_sampling_probs", json_object_new_boolean(0));
+    return o;
+}
+
+void llamacpp_send_props(http *h, httpwire_conn *wc)
+{
+    const config *cfg = h->cfg;
+    const models_view_entry *e = http_view_default(h, MODELS_GENERATE);
+    Llms__GenerationParams none = LLMS__GENERATION_PARAMS__INIT;
+    json_object *o = json_object_new_object(), *dflt = json_object_new_object();
+    if (!o || !dflt) {
+        json_object_put(o);
+        json_object_put(dflt);
+        llamacpp_send_error(h, wc, R_LLAMACPP_PROPS, 500, "out of memory");
+        return;
+    }
+    json_object_object_add(dflt, "n_ctx", json_object_new_int(cfg->n_ctx));
+    json_object_object_add(dflt, "params",
+                           settings_json(cfg, &none, cfg->max_tokens, 0, false, S_ALL));
+    json_object_object_add(o, "default_generation_settings", dflt);
+    /* generations that run side by side, each a sequence of the batch */
+    json_object_object_add(o, "total_slots", json_object_new_int(SCHED_MAX_ACTIVE));
+    json_object_object_add(o, "model_path", json_object_new_string(e ? e->path : ""));
+    /* the chat template's family (chatml, llama3, ...), which renders the chat routes */
+    json_object_object_add(o, "chat_template",
+                           json_object_new_string(e ? chat_family_name(e->family) : ""));
+    json_object_object_add(o, "build_info", json_object_new_string(LLMS_VERSION));
+    http_send_json(h, wc, R_LLAMACPP_PROPS, 200, o);
+}
+
+void llamacpp_refuse_props_change(http *h, httpwire_conn *wc)
+{
+    llamacpp_send_error(h, wc, R_LLAMACPP_PROPS, 501,
+                        "This server does not support changing global properties (llama.cpp's "
+                        "--props): llmsd's settings are its configuration file's");
+}
+
+/* ---- reading requests ---- */
+
+/* Fields whose value off leaves the reply as llmsd makes it; any other is refused, naming
+ * the field. */
+enum off_when { OFF_EQ, OFF_AT_MOST, OFF_AT_LEAST, OFF_BELOW };
+
+static int refuse_samplers(json_object *body, char *msg, size_t cap)
+{
+    static const struct {
+        const char *field;
+        enum off_when when;
+        double off;
+        const char *why;
+    } numbers[] = {
+        {"mirostat", OFF_EQ, 0, "Mirostat sampling is not supported"},
+        {"typical_p", OFF_AT_LEAST, 1, "locally typical sampling is not supported"},
+        {"tfs_z", OFF_AT_LEAST, 1, "tail-free sampling is not supported"},
+        {"dry_multiplier", OFF_EQ, 0, "DRY sampling is not supported"},
+        {"xtc_probability", OFF_AT_MOST, 0, "XTC sampling is not supported"},
+        {"dynatemp_range", OFF_AT_MOST, 0, "dynamic temperature is not supported"},
+        {"top_n_sigma", OFF_BELOW, 0, "top-n-sigma sampling is not supported"},
+        /* top-p and min-p keep at least one token, as llama.cpp's do with 0 or 1 */
+        {"min_keep", OFF_AT_MOST, 1, "keeping more than one token in top-p and min-p is not "
+                                     "supported"},
+        {"n_indent", OFF_AT_MOST, 0, "stopping at a line's indentation is not supported"},
+        {"t_max_predict_ms", OFF_AT_MOST, 0, "a time limit on generation is not supported"},
+    };
+    static const struct {
+        const char *field, *why;
+    } asks[] = {
+        /* llama.cpp bans the EOS token; the gateway does not know its id */
+        {"ignore_eos", "generating past the end of text is not supported"},
+        {"post_sampling_probs", "probabilities after the samplers are not given (n_probs gives "
+                                "the model's own)"},
+        {"image_data", "images are not supported (no multimodal models)"},
+        {"lora", "LoRA adapters are not supported"},
+    };
+    json_object *v;
+    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {
+        int rc = jsonfield_get(body, numbers[i].field, "", json_type_double, &v, msg, cap);
+        if (rc <= 0) {
+            if (rc < 0)
+                return -1;
+            continue;
+        }
+        double x = json_object_get_double(v);
+        bool off = numbers[i].when == OFF_EQ        ? x == numbers[i].off
+                   : numbers[i].when == OFF_AT_MOST ? x <= numbers[i].off
+                   : numbers[i].when == OFF_AT_LEAST ? x >= numbers[i].off
+                                                     : x < numbers[i].off;
+        if (!off) {
+            snprintf(msg, cap, "'%s': %s", numbers[i].field, numbers[i].why);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < sizeof asks / sizeof *asks; i++)
+        if (json_object_object_get_ex(body, asks[i].field, &v) && !jsonfield_asks_nothing(v)) {
+            snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
+            return -1;
+        }
+    return 0;
+}
+
+/* The S_ bit of sampler i of a samplers list (its name, or its letter when letter), or
+ * -1 when it is none of llama.cpp's (msg says). */
+static int sampler_bit(json_object *list, size_t i, bool letter, char *msg, size_t cap)
+{
+    const char *name = NULL;
+    char c = 0;
+    if (letter) {
+        c = json_object_get_string(list)[i];
+    } else {
+        json_object *s = json_object_array_get_idx(list, i);
+        if (!json_object_is_type(s, json_type_string)) {
+            snprintf(msg, cap, "'samplers' is an array of sampler names, or a string of their "
+                               "letters");
+            return -1;
+        }
+        name = json_object_get_string(s);
+    }
+    for (size_t k = 0; k < sizeof sampler_names / sizeof *sampler_names; k++) {
+        if (letter ? c != sampler_names[k].letter || !c : strcmp(name, sampler_names[k].name))
+            continue;
+        if (sampler_names[k].refused) {
+            snprintf(msg, cap, "'samplers': the %s sampler is not supported",
+                     sampler_names[k].name);
+            return -1;
+        }
+        return (int)sampler_names[k].bit;
+    }
+    if (letter)
+        snprintf(msg, cap, "'samplers': '%c' is no sampler's letter", c);
+    else
+        snprintf(msg, cap, "'samplers': '%.32s' is no sampler's name", name);
+    return -1;
+}
+
+/* llama.cpp's samplers list (names, or a string of letters) into p: only the samplers it
+ * lists run, in its order, so each of llmsd's it leaves out is turned off. Those llmsd
+ * has must come in the order its chain applies them, each once (a sampler twice would
+ * apply twice); the ones it lacks may come anywhere, as they are off. 0, or -1 with msg. */
+static int read_samplers(json_object *body, Llms__GenerationParams *p, unsigned *bits,
+                         char *msg, size_t cap)
+{
+    json_object *v;
+    *bits = S_ALL;
+    if (!json_object_object_get_ex(body, "samplers", &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    bool letter = json_object_is_type(v, json_type_string);
+    if (!letter && !json_object_is_type(v, json_type_array)) {
+        snprintf(msg, cap, "'samplers' is an array of sampler names, or a string of their "
+                           "letters");
+        return -1;
+    }
+    size_t n = letter ? (size_t)json_object_get_string_len(v) : json_object_array_length(v);
+    *bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        int bit = sampler_bit(v, i, letter, msg, cap);
+        if (bit < 0)
+            return -1;
+        /* a later bit of the chain than every one listed so far */
+        if (bit && (unsigned)bit <= *bits) {
+            snprintf(msg, cap, "'samplers': llmsd applies penalties, top_k, top_p, min_p and "
+                               "temperature in that order, each once");
+            return -1;
+        }
+        *bits |= (unsigned)bit;
+    }
+    if (!(*bits & S_PENALTIES)) {
+        p->has_repeat_penalty = p->has_frequency_penalty = p->has_presence_penalty = 1;
+        p->repeat_penalty = 1, p->frequency_penalty = 0, p->presence_penalty = 0;
+    }
+    if (!(*bits & S_TOP_K))
+        p->has_top_k = 1, p->top_k = 0;
+    if (!(*bits & S_TOP_P))
+        p->has_top_p = 1, p->top_p = 1;
+    if (!(*bits & S_MIN_P))
+        p->has_min_p = 1, p->min_p = 0;
+    /* without it llama.cpp draws from the distribution as it is: temperature 1 */
+    if (!(*bits & S_TEMPERATURE))
+        p->has_temperature = 1, p->temperature = 1;
+    return 0;
+}
+
+/* One logit_bias entry (i) of token id: a number, or false, which bans the token (llmsd's
+ * ban is -100, as OpenAI's). 0, or -1 with msg. */
+static int bias_entry(hreq *hr, size_t i, int32_t id, json_object *v, char *msg, size_t cap)
+{
+    bool ban = json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v);
+    if (!ban && !json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int)) {
+        snprintf(msg, cap, "'logit_bias': token %d's bias is a number, or false to ban it", id);
+        return -1;
+    }
+    llms__token_bias__init(&hr->bias[i]);
+    hr->bias[i].token = id;
+    hr->bias[i].bias = ban ? -100.0f : (float)json_object_get_double(v);
+    hr->bias_ptrs[i] = &hr->bias[i];
+    return 0;
+}
+
+/* llama.cpp's logit_bias into p (entries in hr): [[token id, bias or false], ...], or
+ * OpenAI's {"token id": bias or false}. A text in place of a token id is refused: its
+ * tokens are not looked up here. Ranges are the session's to check. 0, or -1 with msg. */
+static int read_logit_bias(hreq *hr, Llms__GenerationParams *p, char *msg, size_t cap)
+{
+    static const char not_text[] = "'logit_bias': a text's tokens are not looked up: give "
+                                   "token ids (POST /tokenize gives them)";
+    json_object *o;
+    if (!json_object_object_get_ex(hr->body, "logit_bias", &o) || jsonfield_asks_nothing(o))
+        return 0;
+    bool list = json_object_is_type(o, json_type_array);
+    if (!list && !json_object_is_type(o, json_type_object)) {
+        snprintf(msg, cap, "'logit_bias' is [[token id, bias], ...] or {\"token id\": bias}");
+        return -1;
+    }
+    size_t n = list ? json_object_array_length(o) : (size_t)json_object_object_length(o);
+    hr->bias = calloc(n, sizeof *hr->bias);
+    hr->bias_ptrs = calloc(n, sizeof *hr->bias_ptrs);
+    if (!hr->bias || !hr->bias_ptrs) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    if (list) {
+        for (size_t i = 0; i < n; i++) {
+            json_object *e = json_object_array_get_idx(o, i), *id;
+            if (!json_object_is_type(e, json_type_array) || json_object_array_length(e) != 2) {
+                snprintf(msg, cap, "'logit_bias[%zu]' must be [token id, bias]", i);
+                return -1;
+            }
+            id = json_object_array_get_idx(e, 0);
+            if (json_object_is_type(id, json_type_string)) {
+                snprintf(msg, cap, "%s", not_text);
+                return -1;
+            }
+            int64_t t = json_object_get_int64(id);
+            if (!json_object_is_type(id, json_type_int) || t < 0 || t > INT32_MAX) {
+                snprintf(msg, cap, "'logit_bias[%zu]': a token id is an integer >= 0", i);
+                return -1;
+            }
+            if (bias_entry(hr, i, (int32_t)t, json_object_array_get_idx(e, 1), msg, cap))
+                return -1;
+        }
+    } else {
+        size_t i = 0;
+        json_object_object_foreach(o, key, value)
+        {
+            int32_t id;
+            if (!openai_token_id(key, &id)) {
+                snprintf(msg, cap, "%s (\"%.32s\" is no token id)", not_text, key);
+                return -1;
+            }
+            if (bias_entry(hr, i++, id, value, msg, cap))
+                return -1;
+        }
+    }
+    p->n_logit_bias = n;
+    p->logit_bias = hr->bias_ptrs;
+    return 0;
+}
+
+/* The sampling fields llama.cpp and llmsd share into p (stops into lc). 0, or -1 with
+ * msg. */
+static int read_params(hreq *hr, struct llamacpp_req *lc, char *msg, size_t cap)
+{
+    Llms__GenerationParams *p = &lc->gp;
+    json_object *body = hr->body, *v;
+    int rc;
+    if (jsonfield_sampling_floats(body, "", p, msg, cap) < 0)
+        return -1;
+    if ((rc = jsonfield_get(body, "top_k", "", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    /* llama.cpp's top_k <= 0 is off, the native 0 */
+    if (rc) {
+        int64_t k = json_object_get_int64(v);
+        p->has_top_k = 1, p->top_k = k < 0 ? 0 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
+    }
+    if ((rc = jsonfield_get(body, "repeat_last_n", "", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    /* llama.cpp's -1 is the window, the native -1 the whole history: the same */
+    if (rc && (json_object_get_int64(v) < -1 || json_object_get_int64(v) > INT32_MAX)) {
+        snprintf(msg, cap, "'repeat_last_n' must be -1 (the window) or more");
+        return -1;
+    }
+    if (rc)
+        p->has_repeat_last_n = 1, p->repeat_last_n = (int32_t)json_object_get_int64(v);
+    if ((rc = jsonfield_get(body, "seed", "", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    /* -1 and llama.cpp's default 4294967295 pick one at random, as leaving it out */
+    if (rc && json_object_get_int64(v) >= 0 && json_object_get_int64(v) != RANDOM_SEED)
+        p->has_seed = 1, p->seed = (uint64_t)json_object_get_int64(v);
+    /* llama.cpp takes OpenAI's max_tokens when n_predict is not given */
+    const char *key = json_object_object_get_ex(body, "n_predict", &v) &&
+                              !json_object_is_type(v, json_type_null)
+                          ? "n_predict" : "max_tokens";
+    if ((rc = jsonfield_get(body, key, "", json_type_int, &v, msg, cap)) < 0)
+        return -1;
+    lc->n_predict = rc ? json_object_get_int64(v) : hr->h->cfg->max_tokens;
+    if (lc->n_predict < -1) {
+        snprintf(msg, cap, "'%s' must be a count, -1 (until the end of text or a full window) "
+                           "or 0 (the prompt alone)", key);
+        return -1;
+    }
+    /* -1 ends as the window fills: a Complete's window does not slide. 0 evaluates the
+     * prompt (into the prompt cache, which is what clients send it for) and keeps none of
+     * the one token a generation makes at least. */
+    lc->discard = lc->n_predict == 0;
+    p->has_max_tokens = 1;
+    if (lc->n_predict < 0)
+        p->max_tokens = hr->h->cfg->n_ctx;
+    else
+        p->max_tokens = lc->discard                ? 1
+                        : lc->n_predict > INT32_MAX ? INT32_MAX
+                                                    : (int32_t)lc->n_predict;
+    /* one place of the matcher is a chat template's end text, which a raw prompt has not:
+     * all the others are the request's */
+    return jsonfield_stops(body, "stop", "", p, STOP_MAX - 1, msg, cap);
+}
+
+/* n_probs (else OpenAI's logprobs count, as llama.cpp takes it) and return_tokens into
+ * lc: both come from the native logprobs, which carry the reply's token ids. 0, or -1
+ * with msg. */
+static int read_probs(hreq *hr, struct llamacpp_req *lc, char *msg, size_t cap)
+{
+    json_object *v;
+    const char *key = json_object_object_get_ex(hr->body, "n_probs", &v) &&
+                              !json_object_is_type(v, json_type_null)
+                          ? "n_probs" : "logprobs";
+    int rc = jsonfield_get(hr->body, key, "", json_type_int, &v, msg, cap);
+    if (rc < 0)
+        return -1;
+    int64_t n = rc ? json_object_get_int64(v) : 0;
+    if (n < 0 || n > LOGPROB_TOP_MAX) {
+        snprintf(msg, cap, "'%s' must be in [0, %d]", key, LOGPROB_TOP_MAX);
+        return -1;
+    }
+    lc->n_probs = (int)n;
+    if ((rc = jsonfield_get(hr->body, "return_tokens", "", json_type_boolean, &v, msg, cap)) < 0)
+        return -1;
+    lc->return_tokens = rc && json_object_get_boolean(v);
+    if (lc->n_probs > 0 || lc->return_tokens)
+        lc->gp.has_logprobs = 1, lc->gp.logprobs = lc->n_probs;
+    return 0;
+}
+
+/* Fields of llama.cpp's own machinery, read past: their type is still checked. 0, or -1
+ * with msg. */
+static int check_read_past(json_object *body, char *msg, size_t cap)
+{
+    static const struct {
+        const char *field;
+        json_type type;
+    } fields[] = {
+        {"cache_prompt", json_type_boolean}, {"id_slot", json_type_int},
+        {"n_keep", json_type_int}, {"n_discard", json_type_int},
+        {"timings_per_token", json_type_boolean},
+    };
+    json_object *v, *names;
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (jsonfield_get(body, fields[i].field, "", fields[i].type, &v, msg, cap) < 0)
+            return -1;
+    int rc = jsonfield_get(body, "response_fields", "", json_type_array, &names, msg, cap);
+    if (rc < 0)
+        return -1;
+    for (size_t i = 0; rc && i < json_object_array_length(names); i++)
+        if (!json_object_is_type(json_object_array_get_idx(names, i), json_type_string)) {
+            snprintf(msg, cap, "'response_fields' must be an array of strings");
+            return -1;
+        }
+    return 0;
+}
+
+/* A prompt's token id at prompt[i] into *id: 0, or -1 with msg. */
+static int prompt_id(json_object *e, size_t i, int32_t *id, char *msg, size_t cap)
+{
+    int64_t t = json_object_get_int64(e);
+    if (t < 0 || t > INT32_MAX) {
+        snprintf(msg, cap, "'prompt[%zu]': a token id is an integer >= 0", i);
+        return -1;
+    }
+    *id = (int32_t)t;
+    return 0;
+}
+
+/*
+ * llama.cpp's prompt into cr: a string is the Complete's prompt; token ids, or strings
+ * and ids mixed, are its prompt_parts (each string a part, each run of ids one), whose
+ * arrays (*parts, *ptrs, *ids, to free once submitted) are made here. An array of one
+ * prompt is that prompt; several, which llama.cpp answers with several completions, are
+ * refused. 0, or -1 with msg.
+ */
+static int read_prompt(hreq *hr, Llms__CompleteRequest *cr, Llms__PromptPart **parts,
+                       Llms__PromptPart ***ptrs, int32_t **ids, char *msg, size_t cap)
+{
+    static const char shape[] = "'prompt' must be a string, an array of token ids, or an "
+                                "array of strings and token ids";
+    json_object *v;
+    if (!json_object_object_get_ex(hr->body, "prompt", &v) || json_object_is_type(v, json_type_null)) {
+        snprintf(msg, cap, "'prompt' is required");
+        return -1;
+    }
+    if (json_object_is_type(v, json_type_array) && json_object_array_length(v) == 1 &&
+        (json_object_is_type(json_object_array_get_idx(v, 0), json_type_string) ||
+         json_object_is_type(json_object_array_get_idx(v, 0), json_type_array)))
+        v = json_object_array_get_idx(v, 0);
+    if (json_object_is_type(v, json_type_string)) {
+        cr->prompt = (char *)json_object_get_string(v);
+        return 0;
+    }
+    if (!json_object_is_type(v, json_type_array)) {
+        snprintf(msg, cap, "%s", shape);
+        return -1;
+    }
+    size_t n = json_object_array_length(v), n_parts = 0, n_strings = 0;
+    if (n == 0) {
+        snprintf(msg, cap, "'prompt' is empty");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        bool text = json_object_is_type(e, json_type_string);
+        if (json_object_is_type(e, json_type_array)) {
+            snprintf(msg, cap, "'prompt': several prompts in one request are not supported: "
+                               "send one per request");
+            return -1;
+        }
+        if (!text && !json_object_is_type(e, json_type_int)) {
+            snprintf(msg, cap, "%s", shape);
+            return -1;
+        }
+        if (text && json_object_get_string_len(e) == 0) {
+            snprintf(msg, cap, "'prompt[%zu]' is an empty string", i);
+            return -1;
+        }
+        n_strings += text;
+        /* a part begins at each string and at each run of ids */
+        n_parts += text || i == 0 || json_object_is_type(json_object_array_get_idx(v, i - 1),
+                                                         json_type_string);
+    }
+    if (n_strings == n) {
+        snprintf(msg, cap, "'prompt': several prompts in one request are not supported: send "
+                           "one per request");
+        return -1;
+    }
+    *parts = calloc(n_parts, sizeof **parts);
+    *ptrs = calloc(n_parts, sizeof **ptrs);
+    *ids = malloc((n - n_strings) * sizeof **ids);
+    if (!*parts || !*ptrs || !*ids) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    Llms__PromptPart *part = NULL;
+    size_t k = 0, used = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        bool text = json_object_is_type(e, json_type_string);
+        if (text || !part || part->text) {
+            part = &(*parts)[k];
+            llms__prompt_part__init(part);
+            (*ptrs)[k++] = part;
+            if (!text)
+                part->tokens = *ids + used;
+        }
+        if (text)
+            part->text = (char *)json_object_get_string(e);
+        else if (prompt_id(e, i, &(*ids)[used++], msg, cap))
+            return -1;
+        else
+            part->n_tokens++;
+    }
+    cr->prompt = "";
+    cr->prompt_parts = *ptrs;
+    cr->n_prompt_parts = n_parts;
+    return 0;
+}
+
+void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    Llms__PromptPart *parts = NULL, **ptrs = NULL;
+    int32_t *ids = NULL;
+    json_object *v;
+    struct llamacpp_req *lc = hr->lc = calloc(1, sizeof *hr->lc);
+    if (!lc) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    llms__generation_params__init(&lc->gp);
+    lc->gp.stop = lc->stops;
+    int rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
+    if (rc < 0)
+        goto bad;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (read_prompt(hr, &cr, &parts, &ptrs, &ids, msg, cap) || read_params(hr, lc, msg, cap) ||
+        read_samplers(hr->body, &lc->gp, &lc->samplers, msg, cap) ||
+        read_logit_bias(hr, &lc->gp, msg, cap) || read_probs(hr, lc, msg, cap) ||
+        openai_read_format(hr->body, &lc->gp, msg, cap) ||
+        refuse_samplers(hr->body, msg, cap) || check_read_past(hr->body, msg, cap))
+        goto bad;
+    if (!cr.n_prompt_parts)
+        lc->prompt = cr.prompt;
+    cr.params = &lc->gp;
+    cr.model = (char *)hr->model_named;
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        free(parts);
+        free(ptrs);
+        free(ids);
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    r->body_case = LLMS__REQUEST__BODY_COMPLETE;
+    r->complete = &cr;
+    /* packed into a request of its own: the parts are not needed after */
+    http_submit(hr, r);
+    free(parts);
+    free(ptrs);
+    free(ids);
+    return;
+bad:
+    free(parts);
+    free(ptrs);
+    free(ids);
+    llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* ---- answers ---- */
+
+/* A token's text as llama.cpp gives it: a character cut at its end left out (a byte
+ * token alone is ""), bytes that are no character at all as U+FFFD, as JSON text is
+ * UTF-8; "bytes" gives them as they are. */
+static json_object *token_text(const ProtobufCBinaryData *piece)
+{
+    char out[UTF8_OUT_CAP(256) + 1];
+    size_t n = piece->len < 256 ? piece->len : 256;
+    utf8_stream u = {0};
+    size_t len = utf8_stream_feed(&u, (const char *)piece->data, n, out);
+    return json_object_new_string_len(out, (int)len);
+}
+
+/* A log-probability: llama.cpp writes the lowest float for a token the model gave no
+ * probability, as JSON has no infinity. */
+static json_object *logprob_number(float lp)
+{
+    return json_object_new_double(isfinite(lp) ? (double)lp : -3.40282347e38);
+}
+
+/* One token of completion_probabilities: {id, token, bytes, logprob} and, for a chosen
+ * token (not an alternative), top_logprobs. */
+static json_object *prob_entry(const Llms__TokenLogprob *t, bool chosen)
+{
+    json_object *e = json_object_new_object();
+    if (!e)
+        return NULL;
+    json_object_object_add(e, "id", json_object_new_int(t->token));
+    json_object_object_add(e, "token", token_text(&t->piece));
+    json_object_object_add(e, "bytes", openai_piece_bytes(&t->piece));
+    json_object_object_add(e, "logprob", logprob_number(t->logprob));
+    if (chosen) {
+        json_object *top = json_object_new_array();
+        for (size_t k = 0; top && k < t->n_top; k++)
+            json_object_array_add(top, prob_entry(t->top[k], false));
+        json_object_object_add(e, "top_logprobs", top);
+    }
+    return e;
+}
+
+/* completion_probabilities of n tokens into o (nothing when the request asked for
+ * none). */
+static void add_probs(const hreq *hr, json_object *o, Llms__TokenLogprob *const *lps, size_t n)
+{
+    if (hr->lc->n_probs == 0)
+        return;
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_object_array_add(a, prob_entry(lps[i], true));
+    json_object_object_add(o, "completion_probabilities", a);
+}
+
+void llamacpp_stream_start(hreq *hr)
+{
+    if (hr->started)
+        return;
+    httpwire_add_header(hr->wc, "Content-Type", "text/event-stream");
+    httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
+    httpwire_stream_start(hr->wc, 200);
+    http_count_status(hr->h, hr->route, 200);
+    hr->started = true;
+}
+
+/* Sends o (taken) as one event of hr's stream. */
+static void send_event(hreq *hr, json_object *o)
+{
+    if (!o)
+        return;
+    evbuffer_add_printf(hr->sse, "data: %s\n\n", http_json_text(o));
+    json_object_put(o);
+    httpwire_stream_chunk(hr->wc, hr->sse);
+}
+
+void llamacpp_stream_chunk(hreq *hr, const Llms__CallChunk *ch)
+{
+    struct llamacpp_req *lc = hr->lc;
+    gen_choice *c = &hr->choices[0];
+    /* n_predict 0 keeps nothing of the token made */
+    if (lc->discard)
+        return;
+    json_object *o = json_object_new_object(), *toks = json_object_new_array();
+    if (!o || !toks) {
+        json_object_put(o);
+        json_object_put(toks);
+        return;
+    }
+    for (size_t i = 0; i < ch->n_tokens; i++)
+        json_object_array_add(toks, json_object_new_int(ch->tokens[i]));
+    lc->tokens_sent += ch->n_tokens;
+    json_object_object_add(o, "index", json_object_new_int(0));
+    json_object_object_add(o, "content", json_object_new_string(ch->text));
+    json_object_object_add(o, "tokens", toks);
+    json_object_object_add(o, "stop", json_object_new_boolean(0));
+    json_object_object_add(o, "id_slot", json_object_new_int(0));
+    json_object_object_add(o, "tokens_predicted", json_object_new_int64((int64_t)lc->tokens_sent));
+    add_probs(hr, o, ch->logprobs, ch->n_logprobs);
+    c->sent += strlen(ch->text);
+    c->lp_seen += ch->n_logprobs;
+    send_event(hr, o);
+}
+
+/* llama.cpp's stop_type: why the reply ended, "none" for what it has no word for (the
+ * daemon shutting down; a slow reader's reply cancelled). */
+static const char *stop_type(Llms__StopReason r)
+{
+    switch (r) {
+    case LLMS__STOP_REASON__STOP_EOS: return "eos";
+    case LLMS__STOP_REASON__STOP_STRING: return "word";
+    case LLMS__STOP_REASON__STOP_MAX_TOKENS:
+    case LLMS__STOP_REASON__STOP_CONTEXT_FULL: return "limit";
+    default: return "none";
+    }
+}
+
+/* llama.cpp's timings: the prompt's tokens evaluated (those resumed from the prompt cache
+ * were not) and the tokens generated, their times and rates. */
+static json_object *timings_obj(uint32_t prompt_n, double prompt_ms, uint32_t predicted_n,
+                                double predicted_ms)
+{
+    json_object *t = json_object_new_object();
+    if (!t)
+        return NULL;
+    json_object_object_add(t, "prompt_n", json_object_new_int64(prompt_n));
+    json_object_object_add(t, "prompt_ms", json_object_new_double(prompt_ms));
+    json_object_object_add(t, "prompt_per_token_ms",
+                           json_object_new_double(prompt_n ? prompt_ms / prompt_n : 0));
+    json_object_object_add(t, "prompt_per_second",
+                           json_object_new_double(prompt_ms > 0 ? 1e3 * prompt_n / prompt_ms : 0));
+    json_object_object_add(t, "predicted_n", json_object_new_int64(predicted_n));
+    json_object_object_add(t, "predicted_ms", json_object_new_double(predicted_ms));
+    json_object_object_add(t, "predicted_per_token_ms",
+                           json_object_new_double(predicted_n ? predicted_ms / predicted_n : 0));
+    json_object_object_add(t, "predicted_per_second",
+                           json_object_new_double(predicted_ms > 0 ? 1e3 * predicted_n /
+                                                                         predicted_ms
+                                                                   : 0));
+    return t;
+}
+
+/* The fields of o that response_fields names (a slash reaches into an object, the value
+ * then named by the whole path), as llama.cpp picks them; o itself when it names none.
+ * Takes o. */
+static json_object *pick_fields(json_object *body, json_object *o)
+{
+    json_object *names;
+    if (!o || !json_object_object_get_ex(body, "response_fields", &names) ||
+        !json_object_is_type(names, json_type_array) || json_object_array_length(names) == 0)
+        return o;
+    json_object *picked = json_object_new_object();
+    for (size_t i = 0; picked && i < json_object_array_length(names); i++) {
+        const char *path = json_object_get_string(json_object_array_get_idx(names, i));
+        json_object *at = o;
+        for (const char *k = path; at && k;) {
+            const char *slash = strchr(k, '/');
+            size_t len = slash ? (size_t)(slash - k) : strlen(k);
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)(len < sizeof key ? len : sizeof key - 1), k);
+            if (!json_object_is_type(at, json_type_object) ||
+                !json_object_object_get_ex(at, key, &at))
+                at = NULL;
+            k = slash ? slash + 1 : NULL;
+        }
+        if (at)
+            json_object_object_add(picked, path, json_object_get(at));
+    }
+    json_object_put(o);
+    return picked;
+}
+
+void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
+{
+    http *h = hr->h;
+    struct llamacpp_req *lc = hr->lc;
+    gen_choice *c = &hr->choices[0];
+    uint32_t cached = res->has_cached_tokens ? res->cached_tokens : 0;
+    uint32_t generated = lc->discard ? 0 : res->generated_tokens;
+    const char *text = lc->discard ? "" : res->text;
+    h->prompt_tokens += res->prompt_tokens;
+    h->cached_tokens += cached;
+    h->completion_tokens += res->generated_tokens;
+    http_req_finish(hr);
+    /* streamed, the text went in the events before: what a slow reader's dropped events
+     * held comes in the last */
+    size_t len = strlen(text), from = 0;
+    if (hr->stream)
+        from = c->sent < len ? c->sent : len;
+    json_object *o = json_object_new_object(), *toks = json_object_new_array();
+    if (!o || !toks) {
+        json_object_put(o);
+        json_object_put(toks);
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    for (size_t i = 0; lc->return_tokens && !hr->stream && !lc->discard && i < res->n_logprobs; i++)
+        json_object_array_add(toks, json_object_new_int(res->logprobs[i]->token));
+    json_object_object_add(o, "index", json_object_new_int(0));
+    json_object_object_add(o, "content", json_object_new_string(text + from));
+    json_object_object_add(o, "tokens", toks);
+    json_object_object_add(o, "id_slot", json_object_new_int(0));
+    json_object_object_add(o, "stop", json_object_new_boolean(1));
+    json_object_object_add(o, "model", json_object_new_string(hr->model));
+    json_object_object_add(o, "tokens_predicted", json_object_new_int64(generated));
+    json_object_object_add(o, "tokens_evaluated", json_object_new_int64(res->prompt_tokens));
+    json_object_object_add(o, "generation_settings",
+                           settings_json(h->cfg, &lc->gp, lc->n_predict, lc->n_probs,
+                                         hr->stream, lc->samplers));
+    if (lc->prompt)
+        json_object_object_add(o, "prompt", json_object_new_string(lc->prompt));
+    json_object_object_add(o, "has_new_line", json_object_new_boolean(strchr(text, '\n') != NULL));
+    json_object_object_add(o, "truncated", json_object_new_boolean(
+                                               res->stop_reason ==
+                                               LLMS__STOP_REASON__STOP_CONTEXT_FULL));
+    json_object_object_add(o, "stop_type",
+                           json_object_new_string(lc->discard ? "limit" : stop_type(res->stop_reason)));
+    json_object_object_add(o, "stopping_word",
+                           json_object_new_string(res->stop_reason ==
+                                                          LLMS__STOP_REASON__STOP_STRING &&
+                                                          res->stop_string
+                                                      ? res->stop_string
+                                                      : ""));
+    json_object_object_add(o, "tokens_cached", json_object_new_int64(cached));
+    json_object_object_add(o, "timings",
+                           timings_obj(res->prompt_tokens - cached, res->prefill_ms, generated,
+                                       lc->discard ? 0 : res->decode_ms));
+    size_t lp_from = hr->stream ? c->lp_seen : 0;
+    if (!lc->discard && lp_from < res->n_logprobs)
+        add_probs(hr, o, res->logprobs + lp_from, res->n_logprobs - lp_from);
+    if (!hr->stream) {
+        http_send_json(h, hr->wc, hr->route, 200, pick_fields(hr->body, o));
+        return;
+    }
+    llamacpp_stream_start(hr);
+    send_event(hr, o);
+    httpwire_stream_end(hr->wc);
+}
