@@ -1,8 +1,8 @@
 /*
  * jsonfield.h — reading the fields of a gateway request body (json-c): the type a field
- * must have, the values clients send when they mean "none", and a list of texts. Both
- * API shapes (openai.c, ollama.c) read their bodies with these, so that a field is
- * refused in the same words whichever route it came to.
+ * must have, the values clients send when they mean "none", a list of texts, the stop
+ * strings. Every API shape (openai.c, ollama.c, llamacpp.c) reads its bodies with these,
+ * so that a field is refused in the same words whichever route it came to.
  */
 #ifndef LLMS_JSONFIELD_H
 #define LLMS_JSONFIELD_H
