@@ -200,7 +200,8 @@ int prompt_parts_tokens(const tokenizer *tok, Llms__PromptPart *const *parts, si
         const Llms__PromptPart *p = parts[i];
         int32_t *ids = p->tokens;
         int k = (int)p->n_tokens;
-        if (p->text && prompt_tokenize(tok, p->text, strlen(p->text), i == 0, true, &ids, &k, err)) {
+        if (p->text &&
+            prompt_tokenize(tok, p->text, strlen(p->text), i == 0, true, &ids, &k, err)) {
             free(all);
             return -1;
         }

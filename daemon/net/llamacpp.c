@@ -399,7 +399,8 @@ static int read_samplers(json_object *body, Llms__GenerationParams *p, unsigned 
 static int bias_entry(hreq *hr, size_t i, int32_t id, json_object *v, char *msg, size_t cap)
 {
     bool ban = json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v);
-    if (!ban && !json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int)) {
+    if (!ban && !json_object_is_type(v, json_type_double) &&
+        !json_object_is_type(v, json_type_int)) {
         snprintf(msg, cap, "'logit_bias': token %d's bias is a number, or false to ban it", id);
         return -1;
     }
@@ -606,7 +607,8 @@ static int read_prompt(hreq *hr, Llms__CompleteRequest *cr, Llms__PromptPart **p
     static const char shape[] = "'prompt' must be a string, an array of token ids, or an "
                                 "array of strings and token ids";
     json_object *v;
-    if (!json_object_object_get_ex(hr->body, "prompt", &v) || json_object_is_type(v, json_type_null)) {
+    if (!json_object_object_get_ex(hr->body, "prompt", &v) ||
+        json_object_is_type(v, json_type_null)) {
         snprintf(msg, cap, "'prompt' is required");
         return -1;
     }
@@ -912,6 +914,9 @@ void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
     uint32_t cached = res->has_cached_tokens ? res->cached_tokens : 0;
     uint32_t generated = lc->discard ? 0 : res->generated_tokens;
     const char *text = lc->discard ? "" : res->text;
+    bool full = res->stop_reason == LLMS__STOP_REASON__STOP_CONTEXT_FULL;
+    const char *word = res->stop_reason == LLMS__STOP_REASON__STOP_STRING && res->stop_string
+                           ? res->stop_string : "";
     h->prompt_tokens += res->prompt_tokens;
     h->cached_tokens += cached;
     h->completion_tokens += res->generated_tokens;
@@ -928,7 +933,9 @@ void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
         llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    for (size_t i = 0; lc->return_tokens && !hr->stream && !lc->discard && i < res->n_logprobs; i++)
+    /* streamed, the ids went in the events before */
+    for (size_t i = 0; lc->return_tokens && !hr->stream && !lc->discard && i < res->n_logprobs;
+         i++)
         json_object_array_add(toks, json_object_new_int(res->logprobs[i]->token));
     json_object_object_add(o, "index", json_object_new_int(0));
     json_object_object_add(o, "content", json_object_new_string(text + from));
@@ -944,17 +951,11 @@ void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
     if (lc->prompt)
         json_object_object_add(o, "prompt", json_object_new_string(lc->prompt));
     json_object_object_add(o, "has_new_line", json_object_new_boolean(strchr(text, '\n') != NULL));
-    json_object_object_add(o, "truncated", json_object_new_boolean(
-                                               res->stop_reason ==
-                                               LLMS__STOP_REASON__STOP_CONTEXT_FULL));
-    json_object_object_add(o, "stop_type",
-                           json_object_new_string(lc->discard ? "limit" : stop_type(res->stop_reason)));
-    json_object_object_add(o, "stopping_word",
-                           json_object_new_string(res->stop_reason ==
-                                                          LLMS__STOP_REASON__STOP_STRING &&
-                                                          res->stop_string
-                                                      ? res->stop_string
-                                                      : ""));
+    json_object_object_add(o, "truncated", json_object_new_boolean(full));
+    /* n_predict 0 is reached before any token is kept */
+    const char *why = lc->discard ? "limit" : stop_type(res->stop_reason);
+    json_object_object_add(o, "stop_type", json_object_new_string(why));
+    json_object_object_add(o, "stopping_word", json_object_new_string(lc->discard ? "" : word));
     json_object_object_add(o, "tokens_cached", json_object_new_int64(cached));
     json_object_object_add(o, "timings",
                            timings_obj(res->prompt_tokens - cached, res->prefill_ms, generated,
