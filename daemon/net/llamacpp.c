@@ -12,8 +12,8 @@
  * parameters of samplers that are off) is read past. What would change the reply and
  * cannot be honoured (ignore_eos, Mirostat, locally typical, tail-free, DRY, XTC, dynamic
  * temperature, top-n-sigma, min_keep, n_indent, t_max_predict_ms, post-sampling
- * probabilities, images, LoRA adapters, a GBNF grammar, a samplers order other than
- * llmsd's, texts in logit_bias, several prompts) is refused naming the field, as the
+ * probabilities, images, LoRA adapters, a samplers order other than llmsd's, texts in
+ * logit_bias, several prompts) is refused naming the field, as the
  * other routes refuse theirs: a reply that ignored them would pass for one that honoured
  * them.
  */

@@ -12,6 +12,7 @@
  */
 #include <grp.h>
 #include <json-c/json.h>
+#include <regex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -553,7 +554,8 @@ static void logit_bias_bans(void)
                  "invalid_request_error", "logit_bias");
 }
 
-/* json_schema: the reply is an instance of it; grammar is refused for now. */
+/* json_schema: the reply is an instance of it; grammar: a sentence of it (the reply
+ * ends where nothing may follow); not both. */
 static void json_schema_is_followed(void)
 {
     NEED_DAEMON();
@@ -582,8 +584,21 @@ static void json_schema_is_followed(void)
                  400, "invalid_request_error", "minProperties");
     expect_error("POST", "/completion", "{\"prompt\":\"x\",\"json_schema\":\"object\"}", 400,
                  "invalid_request_error", "json_schema");
-    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\"}",
-                 400, "invalid_request_error", "grammar");
+    o = complete("{\"prompt\":\"The service listens on\",\"n_predict\":16,\"temperature\":0,"
+                 "\"grammar\":\"root ::= \\\" port \\\" [1-9] [0-9]{0,3} \\\".\\\"\"}");
+    CHECK(o);
+    text = httpc_jstr(o, "content");
+    regex_t re;
+    CHECK(regcomp(&re, "^ port [1-9][0-9]{0,3}\\.$", REG_EXTENDED | REG_NOSUB) == 0);
+    CHECK_MSG(text && regexec(&re, text, 0, NULL, 0) == 0 && jeq(o, "stop_type", "eos"), "%s",
+              json_text(o));
+    regfree(&re);
+    json_object_put(o);
+    expect_error("POST", "/completion", "{\"prompt\":\"x\",\"grammar\":\"root ::= item\"}",
+                 400, "invalid_request_error", "'item'");
+    expect_error("POST", "/completion",
+                 "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"json_schema\":{}}",
+                 400, "invalid_request_error", "give one of them");
 }
 
 /* The samplers list: each of llmsd's that it leaves out is off, as llama.cpp leaves it
