@@ -195,9 +195,9 @@ static inline json_object *httpc_post_json(const char *unix_path, const char *pa
     return o;
 }
 
-/* The value at a dotted path of o ("choices.0.message.content": keys, and array indexes
- * as numbers) as a string; NULL when absent. */
-static inline const char *httpc_jstr(json_object *o, const char *path)
+/* The member at a dotted path of o ("choices.0.message.content": keys, and array indexes
+ * as numbers); NULL when absent. */
+static inline json_object *httpc_jget(json_object *o, const char *path)
 {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
@@ -208,6 +208,13 @@ static inline const char *httpc_jstr(json_object *o, const char *path)
         else if (!json_object_object_get_ex(o, key, &o))
             o = NULL;
     }
+    return o;
+}
+
+/* The value at a dotted path of o (httpc_jget's) as a string; NULL when absent. */
+static inline const char *httpc_jstr(json_object *o, const char *path)
+{
+    o = httpc_jget(o, path);
     return o ? json_object_get_string(o) : NULL;
 }
 

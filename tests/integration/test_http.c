@@ -22,6 +22,7 @@
 #include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/randjson.h"
 #include "tests/support/test.h"
 
 #define TOKEN_USER "tok-user-0123456789"
@@ -354,24 +355,9 @@ static void native_params_carry_penalties_and_bias(void)
     llms_close(c);
 }
 
-/* The object at a dotted path of o (as httpc_jstr walks it), or NULL. */
-static json_object *jget(json_object *o, const char *path)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    char *save;
-    for (char *key = strtok_r(buf, ".", &save); key && o; key = strtok_r(NULL, ".", &save)) {
-        if (*key >= '0' && *key <= '9')
-            o = json_object_array_get_idx(o, (size_t)atoi(key));
-        else if (!json_object_object_get_ex(o, key, &o))
-            o = NULL;
-    }
-    return o;
-}
-
 static double jnum(json_object *o, const char *path)
 {
-    return json_object_get_double(jget(o, path));
+    return json_object_get_double(httpc_jget(o, path));
 }
 
 /* Every logprobs.content entry of a streamed chat's events, in order (a new array). */
@@ -386,7 +372,7 @@ static json_object *streamed_logprobs(const char *body)
         if (strncmp(line, "data: {", 7) != 0)
             continue;
         json_object *ev = json_tokener_parse(line + 6);
-        json_object *content = jget(ev, "choices.0.logprobs.content");
+        json_object *content = httpc_jget(ev, "choices.0.logprobs.content");
         for (size_t i = 0; content && i < json_object_array_length(content); i++)
             json_object_array_add(all, json_object_get(json_object_array_get_idx(content, i)));
         json_object_put(ev);
@@ -410,14 +396,14 @@ static void logprobs_chat_and_completion(void)
     int st;
     json_object *o = post("/v1/chat/completions", body, &st);
     CHECK_MSG(o && st == 200, "%d %s", st, o ? httpc_jstr(o, "error.message") : "");
-    json_object *content = jget(o, "choices.0.logprobs.content");
+    json_object *content = httpc_jget(o, "choices.0.logprobs.content");
     CHECK(content && json_object_is_type(content, json_type_array));
     size_t n = json_object_array_length(content);
     CHECK_EQ((int)n, atoi(httpc_jstr(o, "usage.completion_tokens")));
     char spelled[512] = "";
     for (size_t i = 0; i < n; i++) {
         json_object *e = json_object_array_get_idx(content, i);
-        json_object *top = jget(e, "top_logprobs");
+        json_object *top = httpc_jget(e, "top_logprobs");
         CHECK_EQ(json_object_array_length(top), 3);
         double lp = jnum(e, "logprob");
         CHECK_MSG(lp <= 0 && lp > -50, "%g", lp);
@@ -426,7 +412,7 @@ static void logprobs_chat_and_completion(void)
                   httpc_jstr(e, "token"), lp, httpc_jstr(top, "0.token"), jnum(top, "0.logprob"));
         CHECK(jnum(top, "0.logprob") >= jnum(top, "1.logprob") &&
               jnum(top, "1.logprob") >= jnum(top, "2.logprob"));
-        CHECK_EQ(json_object_array_length(jget(e, "bytes")), strlen(httpc_jstr(e, "token")));
+        CHECK_EQ(json_object_array_length(httpc_jget(e, "bytes")), strlen(httpc_jstr(e, "token")));
         strncat(spelled, httpc_jstr(e, "token"), sizeof spelled - strlen(spelled) - 1);
     }
     CHECK_MSG(!strcmp(spelled, httpc_jstr(o, "choices.0.message.content")), "'%s' vs '%s'",
@@ -450,25 +436,25 @@ static void logprobs_chat_and_completion(void)
     o = post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                                      "\"max_tokens\":2}", &st);
     CHECK(o && st == 200);
-    CHECK(jget(o, "choices.0") && !jget(o, "choices.0.logprobs"));
+    CHECK(httpc_jget(o, "choices.0") && !httpc_jget(o, "choices.0.logprobs"));
     json_object_put(o);
 
     o = post("/v1/completions", "{\"prompt\":\"one two\",\"max_tokens\":5,\"temperature\":0,"
                                 "\"logprobs\":2}", &st);
     CHECK(o && st == 200);
-    json_object *lp = jget(o, "choices.0.logprobs");
-    n = json_object_array_length(jget(lp, "tokens"));
+    json_object *lp = httpc_jget(o, "choices.0.logprobs");
+    n = json_object_array_length(httpc_jget(lp, "tokens"));
     CHECK(n > 0);
-    CHECK_EQ(json_object_array_length(jget(lp, "token_logprobs")), n);
-    CHECK_EQ(json_object_array_length(jget(lp, "top_logprobs")), n);
-    CHECK_EQ(json_object_array_length(jget(lp, "text_offset")), n);
+    CHECK_EQ(json_object_array_length(httpc_jget(lp, "token_logprobs")), n);
+    CHECK_EQ(json_object_array_length(httpc_jget(lp, "top_logprobs")), n);
+    CHECK_EQ(json_object_array_length(httpc_jget(lp, "text_offset")), n);
     size_t offset = 0;
     for (size_t i = 0; i < n; i++) {
         char path[64];
         snprintf(path, sizeof path, "top_logprobs.%zu", i);
-        CHECK(json_object_object_length(jget(lp, path)) <= 2);
+        CHECK(json_object_object_length(httpc_jget(lp, path)) <= 2);
         snprintf(path, sizeof path, "text_offset.%zu", i);
-        CHECK_EQ((size_t)json_object_get_int(jget(lp, path)), offset);
+        CHECK_EQ((size_t)json_object_get_int(httpc_jget(lp, path)), offset);
         snprintf(path, sizeof path, "tokens.%zu", i);
         offset += strlen(httpc_jstr(lp, path));
     }
@@ -503,8 +489,8 @@ static void logprobs_chat_and_completion(void)
         spec[i] = post("/v1/completions", body, &st);
         CHECK(spec[i] && st == 200);
     }
-    json_object *a = jget(spec[0], "choices.0.logprobs.token_logprobs");
-    json_object *b = jget(spec[1], "choices.0.logprobs.token_logprobs");
+    json_object *a = httpc_jget(spec[0], "choices.0.logprobs.token_logprobs");
+    json_object *b = httpc_jget(spec[1], "choices.0.logprobs.token_logprobs");
     CHECK(a && b && json_object_array_length(a) == json_object_array_length(b));
     for (size_t i = 0; a && b && i < json_object_array_length(a); i++) {
         double x = json_object_get_double(json_object_array_get_idx(a, i));
@@ -1097,61 +1083,18 @@ static void malformed_input_never_crashes(void)
 
 /* ---- random bodies ---- */
 
-/* xorshift64: the same bodies on every run, unless LLMS_RANDOM_SEED names others */
-static uint64_t body_rng = 0x2545f4914f6cdd1du;
-
-static int body_pick(int n)
-{
-    return (int)(test_random(&body_rng) % (uint64_t)n);
-}
-
-/* A field name of some route's requests. */
-static const char *random_key(void)
-{
-    static const char *const keys[] = {
-        "model", "prompt", "messages", "role", "content", "type", "text", "stop", "stream",
-        "stream_options", "include_usage", "temperature", "top_p", "min_p", "top_k", "seed",
-        "n", "max_tokens", "max_completion_tokens", "repeat_penalty", "llmsd", "context",
-        "input", "encoding_format", "query", "documents", "top_n", "return_documents", "kb",
-        "question", "retrieval", "system", "no_qa", "no_qkv"};
-    return keys[body_pick((int)(sizeof keys / sizeof *keys))];
-}
-
-/* A JSON value of a random type: null, booleans, integers and numbers at the edges,
- * strings (of the names the routes know, or bytes), arrays and objects of the request
- * fields, nested up to depth 3. */
-static json_object *random_json(int depth)
-{
-    static const char *const words[] = {"", "user", "system", "assistant", "developer",
-                                        "text", "base64", "float", "rrf", "bm25", "http",
-                                        "kb1", "\xff\xfe", "a\\u0000b"};
-    static const double numbers[] = {0, 1, -1, 0.5, 1e300, -1e300, 2147483648.0, 1e-300};
-    switch (body_pick(depth >= 3 ? 5 : 7)) {
-    case 0:
-        return NULL;
-    case 1:
-        return json_object_new_boolean(body_pick(2));
-    case 2:
-        return json_object_new_int64(body_pick(2) ? (int64_t)body_pick(40) - 8
-                                                  : body_pick(2) ? INT64_MAX : INT64_MIN);
-    case 3:
-        return json_object_new_double(numbers[body_pick((int)(sizeof numbers / sizeof *numbers))]);
-    case 4:
-        return json_object_new_string(words[body_pick((int)(sizeof words / sizeof *words))]);
-    case 5: {
-        json_object *a = json_object_new_array();
-        for (int i = body_pick(4); i > 0; i--)
-            json_object_array_add(a, random_json(depth + 1));
-        return a;
-    }
-    default: {
-        json_object *o = json_object_new_object();
-        for (int i = body_pick(6); i > 0; i--)
-            json_object_object_add(o, random_key(), random_json(depth + 1));
-        return o;
-    }
-    }
-}
+/* field names of the routes' requests, and strings of their values */
+static const char *const body_keys[] = {
+    "model", "prompt", "messages", "role", "content", "type", "text", "stop", "stream",
+    "stream_options", "include_usage", "temperature", "top_p", "min_p", "top_k", "seed", "n",
+    "max_tokens", "max_completion_tokens", "repeat_penalty", "llmsd", "context", "input",
+    "encoding_format", "query", "documents", "top_n", "return_documents", "kb", "question",
+    "retrieval", "system", "no_qa", "no_qkv"};
+static const char *const body_words[] = {
+    "", "user", "system", "assistant", "developer", "text", "base64", "float", "rrf", "bm25",
+    "http", "kb1", "\xff\xfe", "a\\u0000b"};
+static randjson body_gen = {0x2545f4914f6cdd1du, body_keys, sizeof body_keys / sizeof *body_keys,
+                            body_words, sizeof body_words / sizeof *body_words};
 
 /* Every route gets its valid body changed at random (fields set to values of any type,
  * in the body or in its first message, or removed) or, one time in eight, a random JSON
@@ -1160,7 +1103,7 @@ static json_object *random_json(int depth)
 static void random_bodies_never_crash(void)
 {
     NEED(daemon_up, start_daemon());
-    test_random_seed(&body_rng);
+    test_random_seed(&body_gen.rng);
     static const char *const paths[] = {"/v1/completions", "/v1/chat/completions",
                                         "/v1/embeddings", "/v1/rerank", "/v1/llmsd/rag",
                                         "/tokenize", "/detokenize"};
@@ -1172,18 +1115,21 @@ static void random_bodies_never_crash(void)
         "{\"content\":\"Hi there\",\"add_special\":true}", "{\"tokens\":[1,2,3]}"};
     int ok = 0, n = 600;
     for (int i = 0; i < n; i++) {
-        int route = body_pick(7);
-        json_object *body = body_pick(8) ? json_tokener_parse(valid[route]) : random_json(1);
-        for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
+        int route = randjson_pick(&body_gen, 7);
+        json_object *body = randjson_pick(&body_gen, 8) ? json_tokener_parse(valid[route])
+                                                        : randjson_value(&body_gen, 1);
+        for (int k = randjson_pick(&body_gen, 4);
+             k > 0 && json_object_is_type(body, json_type_object); k--) {
             json_object *into = body, *msgs;
-            if (body_pick(3) == 0 && json_object_object_get_ex(body, "messages", &msgs) &&
+            if (randjson_pick(&body_gen, 3) == 0 &&
+                json_object_object_get_ex(body, "messages", &msgs) &&
                 json_object_is_type(msgs, json_type_array) &&
                 json_object_is_type(json_object_array_get_idx(msgs, 0), json_type_object))
                 into = json_object_array_get_idx(msgs, 0);
-            if (body_pick(4) == 0)
-                json_object_object_del(into, random_key());
+            if (randjson_pick(&body_gen, 4) == 0)
+                json_object_object_del(into, randjson_key(&body_gen));
             else
-                json_object_object_add(into, random_key(), random_json(1));
+                json_object_object_add(into, randjson_key(&body_gen), randjson_value(&body_gen, 1));
         }
         /* bounded generations keep the test short (the window bounds the rest) */
         json_object *mt;

@@ -21,6 +21,7 @@
 
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/randjson.h"
 #include "tests/support/test.h"
 
 #define TOKEN_USER "tok-llamacpp-0123456789"
@@ -95,21 +96,6 @@ static bool jeq(json_object *o, const char *path, const char *want)
     return s && strcmp(s, want) == 0;
 }
 
-/* The member at a dotted path of o (as httpc_jstr finds it), or NULL. */
-static json_object *jget(json_object *o, const char *path)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    char *save;
-    for (char *key = strtok_r(buf, ".", &save); key && o; key = strtok_r(NULL, ".", &save)) {
-        if (*key >= '0' && *key <= '9')
-            o = json_object_array_get_idx(o, (size_t)atoi(key));
-        else if (!json_object_object_get_ex(o, key, &o))
-            o = NULL;
-    }
-    return o;
-}
-
 /* POSTs a /completion body: its reply (status 200 and "content" checked), NULL after a
  * failed check's message. */
 static json_object *complete(const char *body)
@@ -152,7 +138,7 @@ static char *tokenize(const char *text, bool add_special, int *n)
     snprintf(body, sizeof body, "{\"content\":\"%s\",\"add_special\":%s}", text,
              add_special ? "true" : "false");
     int st;
-    json_object *o = post("/tokenize", body, &st), *toks = jget(o, "tokens");
+    json_object *o = post("/tokenize", body, &st), *toks = httpc_jget(o, "tokens");
     char *ids = st == 200 && toks ? strdup(json_object_to_json_string_ext(toks,
                                                                          JSON_C_TO_STRING_PLAIN))
                                   : NULL;
@@ -245,8 +231,8 @@ static void props_answers_the_defaults(void)
                   jint(o, "default_generation_settings.params.repeat_last_n") == 48 &&
                   jint(o, "default_generation_settings.params.n_predict") == 100 &&
                   jint(o, "default_generation_settings.params.seed") == 4294967295 &&
-                  jget(o, "default_generation_settings.params.samplers") &&
-                  jget(o, "default_generation_settings.params.stop") &&
+                  httpc_jget(o, "default_generation_settings.params.samplers") &&
+                  httpc_jget(o, "default_generation_settings.params.stop") &&
                   jint(o, "total_slots") > 0 && httpc_jstr(o, "model_path") &&
                   strstr(httpc_jstr(o, "model_path"), "docs-lm-21M-F16.gguf") &&
                   jeq(o, "build_info", LLMS_VERSION) && httpc_jstr(o, "chat_template") &&
@@ -292,9 +278,10 @@ static void greedy_equals_openai(void)
                       jint(o, "timings.prompt_n") == pt - jint(o, "tokens_cached") &&
                       jnum(o, "timings.predicted_ms") > 0 &&
                       jnum(o, "timings.predicted_per_second") > 0 &&
-                      jget(o, "timings.prompt_ms") && jget(o, "timings.prompt_per_token_ms") &&
-                      jget(o, "timings.prompt_per_second") &&
-                      jget(o, "timings.predicted_per_token_ms"),
+                      httpc_jget(o, "timings.prompt_ms") &&
+                      httpc_jget(o, "timings.prompt_per_token_ms") &&
+                      httpc_jget(o, "timings.prompt_per_second") &&
+                      httpc_jget(o, "timings.predicted_per_token_ms"),
                   "%s: %s", routes[i], json_text(o));
         json_object_put(o);
     }
@@ -321,7 +308,7 @@ static void token_prompts_are_their_tokens(void)
     CHECK_MSG(jeq(o, "content", want) && jint(o, "tokens_evaluated") == pt,
               "%s: %s, want '%s'", body, json_text(o), want);
     /* a token prompt has no "prompt" text to give back */
-    CHECK(!jget(o, "prompt"));
+    CHECK(!httpc_jget(o, "prompt"));
     json_object_put(o);
     /* one prompt in an array of one is that prompt */
     snprintf(body, sizeof body, "{\"prompt\":[%s],\"n_predict\":12,\"temperature\":0}", with_bos);
@@ -442,7 +429,7 @@ static void streamed_equals_whole(void)
     int64_t tokens = 0;
     for (size_t i = 0; i + 1 < e.n; i++) {
         const char *c = httpc_jstr(e.ev[i], "content");
-        json_object *toks = jget(e.ev[i], "tokens");
+        json_object *toks = httpc_jget(e.ev[i], "tokens");
         CHECK_MSG(c && jeq(e.ev[i], "stop", "false") && toks &&
                       json_object_is_type(toks, json_type_array),
                   "event %zu: %s", i, json_text(e.ev[i]));
@@ -460,7 +447,7 @@ static void streamed_equals_whole(void)
                   jint(last, "tokens_evaluated") == jint(whole, "tokens_evaluated") &&
                   jeq(last, "stop_type", httpc_jstr(whole, "stop_type")) &&
                   jint(last, "timings.predicted_n") == jint(whole, "tokens_predicted") &&
-                  jget(last, "timings.prompt_ms") && jget(last, "generation_settings"),
+                  httpc_jget(last, "timings.prompt_ms") && httpc_jget(last, "generation_settings"),
               "last %s, whole %s", json_text(last), json_text(whole));
     CHECK_EQ(tokens, jint(whole, "tokens_predicted"));
     events_free(&e);
@@ -470,10 +457,10 @@ static void streamed_equals_whole(void)
 /* One entry of completion_probabilities (or of its top_logprobs: top). */
 static bool prob_entry_ok(json_object *p, bool top)
 {
-    json_object *bytes = jget(p, "bytes");
-    return jget(p, "id") && httpc_jstr(p, "token") && bytes &&
-           json_object_is_type(bytes, json_type_array) && jget(p, "logprob") &&
-           jnum(p, "logprob") <= 0 && (top || jget(p, "top_logprobs"));
+    json_object *bytes = httpc_jget(p, "bytes");
+    return httpc_jget(p, "id") && httpc_jstr(p, "token") && bytes &&
+           json_object_is_type(bytes, json_type_array) && httpc_jget(p, "logprob") &&
+           jnum(p, "logprob") <= 0 && (top || httpc_jget(p, "top_logprobs"));
 }
 
 /* n_probs: each generated token's id, text, bytes and log-probability with its step's
@@ -488,12 +475,12 @@ static void n_probs_give_probabilities(void)
     snprintf(body, sizeof body, "{%s}", fields);
     json_object *o = complete(body);
     CHECK(o);
-    json_object *probs = jget(o, "completion_probabilities");
+    json_object *probs = httpc_jget(o, "completion_probabilities");
     CHECK_MSG(probs && json_object_array_length(probs) == (size_t)jint(o, "tokens_predicted"),
               "%s", json_text(o));
     char text[1024] = "";
     for (size_t i = 0; i < json_object_array_length(probs); i++) {
-        json_object *p = json_object_array_get_idx(probs, i), *tops = jget(p, "top_logprobs");
+        json_object *p = json_object_array_get_idx(probs, i), *tops = httpc_jget(p, "top_logprobs");
         CHECK_MSG(prob_entry_ok(p, false) && json_object_array_length(tops) == 3,
                   "%zu: %s", i, json_text(p));
         for (size_t k = 0; k < 3; k++)
@@ -510,8 +497,9 @@ static void n_probs_give_probabilities(void)
     CHECK_EQ(post_sse("/completion", body, &e), 200);
     size_t n = 0;
     for (size_t i = 0; i + 1 < e.n; i++) {
-        json_object *p = jget(e.ev[i], "completion_probabilities");
-        CHECK_MSG(p && json_object_array_length(p) == json_object_array_length(jget(e.ev[i], "tokens")),
+        json_object *p = httpc_jget(e.ev[i], "completion_probabilities");
+        json_object *tokens = httpc_jget(e.ev[i], "tokens");
+        CHECK_MSG(p && json_object_array_length(p) == json_object_array_length(tokens),
                   "event %zu: %s", i, json_text(e.ev[i]));
         n += json_object_array_length(p);
     }
@@ -614,7 +602,7 @@ static void samplers_list_is_honoured(void)
     CHECK(o);
     CHECK_MSG(jeq(o, "content", want) && jeq(o, "generation_settings.samplers.0", "top_k") &&
                   jeq(o, "generation_settings.samplers.1", "temperature") &&
-                  !jget(o, "generation_settings.samplers.2"),
+                  !httpc_jget(o, "generation_settings.samplers.2"),
               "%s, greedy '%s'", json_text(o), want);
     json_object_put(o);
     /* the same as a string of their letters */
@@ -655,7 +643,7 @@ static void client_defaults_are_served(void)
     CHECK(httpc_do(hsock, 0, "GET", "/props", NULL, NULL, &r) == 0);
     json_object *props = json_tokener_parse(r.body);
     httpc_reply_free(&r);
-    json_object *params = jget(props, "default_generation_settings.params");
+    json_object *params = httpc_jget(props, "default_generation_settings.params");
     CHECK(params);
     json_object *ours = json_tokener_parse(json_object_to_json_string(params));
     json_object_put(props);
@@ -808,73 +796,38 @@ static void tcp_needs_a_token(void)
     httpc_reply_free(&r);
 }
 
-/* ---- random bodies (test_http_ollama.c's pattern, with llama.cpp's fields) ---- */
+/* ---- random bodies (test_http.c's pattern, with llama.cpp's fields) ---- */
 
-static uint64_t body_rng = 0x9e3779b97f4a7c15u;
-
-static int body_pick(int n)
-{
-    return (int)(test_random(&body_rng) % (uint64_t)n);
-}
-
-static const char *random_key(void)
-{
-    static const char *const keys[] = {
-        "prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed",
-        "stop", "logit_bias", "n_probs", "stream", "cache_prompt", "ignore_eos", "grammar",
-        "json_schema", "model", "id_slot", "samplers", "mirostat", "typical_p",
-        "return_tokens", "response_fields", "post_sampling_probs", "n_keep", "min_keep"};
-    return keys[body_pick((int)(sizeof keys / sizeof *keys))];
-}
-
-static json_object *random_json(int depth)
-{
-    static const char *const words[] = {"", "top_k", "temperature", "kt", "x", "\xff\xfe",
-                                        "a\\u0000b", "content", "timings/prompt_n"};
-    static const double numbers[] = {0, 1, -1, -2, 0.5, 1e300, -1e300, 2147483648.0, 1e-300};
-    switch (body_pick(depth >= 3 ? 5 : 7)) {
-    case 0:
-        return NULL;
-    case 1:
-        return json_object_new_boolean(body_pick(2));
-    case 2:
-        return json_object_new_int64(body_pick(2) ? (int64_t)body_pick(40) - 8
-                                                  : body_pick(2) ? INT64_MAX : INT64_MIN);
-    case 3:
-        return json_object_new_double(numbers[body_pick((int)(sizeof numbers / sizeof *numbers))]);
-    case 4:
-        return json_object_new_string(words[body_pick((int)(sizeof words / sizeof *words))]);
-    case 5: {
-        json_object *a = json_object_new_array();
-        for (int i = body_pick(4); i > 0; i--)
-            json_object_array_add(a, random_json(depth + 1));
-        return a;
-    }
-    default: {
-        json_object *o = json_object_new_object();
-        for (int i = body_pick(6); i > 0; i--)
-            json_object_object_add(o, random_key(), random_json(depth + 1));
-        return o;
-    }
-    }
-}
+/* field names of the routes' requests, and strings of their values */
+static const char *const body_keys[] = {
+    "prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop",
+    "logit_bias", "n_probs", "stream", "cache_prompt", "ignore_eos", "grammar", "json_schema",
+    "model", "id_slot", "samplers", "mirostat", "typical_p", "return_tokens", "response_fields",
+    "post_sampling_probs", "n_keep", "min_keep"};
+static const char *const body_words[] = {
+    "", "top_k", "temperature", "kt", "x", "\xff\xfe", "a\\u0000b", "content",
+    "timings/prompt_n"};
+static randjson body_gen = {0x9e3779b97f4a7c15u, body_keys, sizeof body_keys / sizeof *body_keys,
+                            body_words, sizeof body_words / sizeof *body_words};
 
 /* A valid body changed at random (fields set to any value or removed) or a random JSON
  * value: the answer is below 500 (503 only while busy), and the daemon stays up. */
 static void random_bodies_never_crash(void)
 {
     NEED_DAEMON();
-    test_random_seed(&body_rng);
+    test_random_seed(&body_gen.rng);
     int ok = 0, n = 300;
     for (int i = 0; i < n; i++) {
-        json_object *body = body_pick(8) ? json_tokener_parse("{\"prompt\":\"Hi\",\"n_predict\":2}")
-                                         : random_json(1);
-        for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
-            if (body_pick(4) == 0)
-                json_object_object_del(body, random_key());
+        json_object *body = randjson_pick(&body_gen, 8)
+                                ? json_tokener_parse("{\"prompt\":\"Hi\",\"n_predict\":2}")
+                                : randjson_value(&body_gen, 1);
+        for (int k = randjson_pick(&body_gen, 4);
+             k > 0 && json_object_is_type(body, json_type_object); k--) {
+            if (randjson_pick(&body_gen, 4) == 0)
+                json_object_object_del(body, randjson_key(&body_gen));
             else
-                json_object_object_add(body, random_key(), random_json(1));
+                json_object_object_add(body, randjson_key(&body_gen), randjson_value(&body_gen, 1));
         }
         /* bounded generations keep the test short */
         json_object *np;

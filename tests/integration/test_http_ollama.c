@@ -24,6 +24,7 @@
 #include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/integration/randjson.h"
 #include "tests/support/test.h"
 
 #define TOKEN_USER "tok-ollama-0123456789"
@@ -889,56 +890,18 @@ static void malformed_bodies_never_crash(void)
 
 /* ---- random bodies (test_http.c's pattern, with ollama's fields) ---- */
 
-static uint64_t body_rng = 0x9e3779b97f4a7c15u;
-
-static int body_pick(int n)
-{
-    return (int)(test_random(&body_rng) % (uint64_t)n);
-}
-
-static const char *random_key(void)
-{
-    static const char *const keys[] = {
-        "model", "name", "prompt", "system", "raw", "format", "options", "stream",
-        "keep_alive", "context", "images", "suffix", "template", "messages", "role", "content",
-        "tools", "tool_calls", "input", "truncate", "dimensions", "temperature", "top_k",
-        "top_p", "min_p", "num_predict", "stop", "seed", "repeat_penalty", "repeat_last_n",
-        "presence_penalty", "frequency_penalty", "num_ctx", "mirostat", "typical_p"};
-    return keys[body_pick((int)(sizeof keys / sizeof *keys))];
-}
-
-static json_object *random_json(int depth)
-{
-    static const char *const words[] = {"", "user", "system", "assistant", "tool", "json",
-                                        "ol", "ol:latest", "slow", "5m", "\xff\xfe",
-                                        "a\\u0000b"};
-    static const double numbers[] = {0, 1, -1, -2, 0.5, 1e300, -1e300, 2147483648.0, 1e-300};
-    switch (body_pick(depth >= 3 ? 5 : 7)) {
-    case 0:
-        return NULL;
-    case 1:
-        return json_object_new_boolean(body_pick(2));
-    case 2:
-        return json_object_new_int64(body_pick(2) ? (int64_t)body_pick(40) - 8
-                                                  : body_pick(2) ? INT64_MAX : INT64_MIN);
-    case 3:
-        return json_object_new_double(numbers[body_pick((int)(sizeof numbers / sizeof *numbers))]);
-    case 4:
-        return json_object_new_string(words[body_pick((int)(sizeof words / sizeof *words))]);
-    case 5: {
-        json_object *a = json_object_new_array();
-        for (int i = body_pick(4); i > 0; i--)
-            json_object_array_add(a, random_json(depth + 1));
-        return a;
-    }
-    default: {
-        json_object *o = json_object_new_object();
-        for (int i = body_pick(6); i > 0; i--)
-            json_object_object_add(o, random_key(), random_json(depth + 1));
-        return o;
-    }
-    }
-}
+/* field names of the routes' requests, and strings of their values */
+static const char *const body_keys[] = {
+    "model", "name", "prompt", "system", "raw", "format", "options", "stream", "keep_alive",
+    "context", "images", "suffix", "template", "messages", "role", "content", "tools",
+    "tool_calls", "input", "truncate", "dimensions", "temperature", "top_k", "top_p", "min_p",
+    "num_predict", "stop", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty", "num_ctx", "mirostat", "typical_p"};
+static const char *const body_words[] = {
+    "", "user", "system", "assistant", "tool", "json", "ol", "ol:latest", "slow", "5m",
+    "\xff\xfe", "a\\u0000b"};
+static randjson body_gen = {0x9e3779b97f4a7c15u, body_keys, sizeof body_keys / sizeof *body_keys,
+                            body_words, sizeof body_words / sizeof *body_words};
 
 /* Each route's valid body changed at random (fields of the body, of its options or of
  * its first message set to any value or removed) or a random JSON value: the answer is
@@ -946,7 +909,7 @@ static json_object *random_json(int depth)
 static void random_bodies_never_crash(void)
 {
     NEED(daemon_up, start_daemon());
-    test_random_seed(&body_rng);
+    test_random_seed(&body_gen.rng);
     static const char *const paths[] = {"/api/generate", "/api/chat", "/api/embed",
                                         "/api/embeddings", "/api/show"};
     static const char *const valid[] = {
@@ -957,11 +920,13 @@ static void random_bodies_never_crash(void)
         "{\"model\":\"ol\"}"};
     int ok = 0, n = 500;
     for (int i = 0; i < n; i++) {
-        int route = body_pick(5);
-        json_object *body = body_pick(8) ? json_tokener_parse(valid[route]) : random_json(1);
-        for (int k = body_pick(4); k > 0 && json_object_is_type(body, json_type_object); k--) {
+        int route = randjson_pick(&body_gen, 5);
+        json_object *body = randjson_pick(&body_gen, 8) ? json_tokener_parse(valid[route])
+                                                        : randjson_value(&body_gen, 1);
+        for (int k = randjson_pick(&body_gen, 4);
+             k > 0 && json_object_is_type(body, json_type_object); k--) {
             json_object *into = body, *inner;
-            int where = body_pick(3);
+            int where = randjson_pick(&body_gen, 3);
             if (where == 1 && json_object_object_get_ex(body, "messages", &inner) &&
                 json_object_is_type(inner, json_type_array) &&
                 json_object_is_type(json_object_array_get_idx(inner, 0), json_type_object))
@@ -969,10 +934,10 @@ static void random_bodies_never_crash(void)
             if (where == 2 && json_object_object_get_ex(body, "options", &inner) &&
                 json_object_is_type(inner, json_type_object))
                 into = inner;
-            if (body_pick(4) == 0)
-                json_object_object_del(into, random_key());
+            if (randjson_pick(&body_gen, 4) == 0)
+                json_object_object_del(into, randjson_key(&body_gen));
             else
-                json_object_object_add(into, random_key(), random_json(1));
+                json_object_object_add(into, randjson_key(&body_gen), randjson_value(&body_gen, 1));
         }
         /* bounded generations keep the test short: a small num_predict, or none */
         json_object *opts, *np;
