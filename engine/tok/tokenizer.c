@@ -179,6 +179,16 @@ static int read_flag(const gguf_file *g, const char *key, bool *flag, char err[E
     return 0;
 }
 
+/* The flagged tokens in id order, so that a sampler can ban them without a scan of the
+ * vocabulary (load_specials flags at most TOK_EOG_MAX). */
+static void list_eog_tokens(tokenizer *t)
+{
+    t->n_eog = 0;
+    for (int32_t e = 0; e < t->n_vocab && t->n_eog < TOK_EOG_MAX; e++)
+        if (t->flags[e] & TOK_FLAG_EOG)
+            t->eog[t->n_eog++] = e;
+}
+
 static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 {
     int32_t *id = t->special_id;
@@ -236,7 +246,8 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     if (t->model == TOK_MODEL_WPM && t->add_sep && id[TOK_SPECIAL_SEP] < 0)
         return err_set(err, "the tokenizer adds SEP but has no SEP token");
 
-    /* Tokens that end a turn in common chat formats, as llama.cpp recognises them. */
+    /* Tokens that end a turn in common chat formats, as llama.cpp recognises them (at
+     * most TOK_EOG_MAX with the three roles below). */
     static const char *eog_texts[] = {
         "<|eot_id|>",
         "<|im_end|>",
@@ -252,6 +263,8 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         ("<\xef\xbd\x9c" /* split: \x9c would swallow the 'e' that follows */
          "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
     };
+    _Static_assert(sizeof eog_texts / sizeof *eog_texts + 3 <= TOK_EOG_MAX,
+                   "the texts and the roles EOS, EOT and EOM fit tok_eog_tokens' list");
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t e = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
         if (e < 0 || (t->types[e] != TOK_TYPE_CONTROL && t->types[e] != TOK_TYPE_USER_DEFINED))
@@ -265,6 +278,7 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     for (int w = TOK_SPECIAL_EOS; w <= TOK_SPECIAL_EOM; w++)
         if (id[w] >= 0)
             t->flags[id[w]] |= TOK_FLAG_EOG;
+    list_eog_tokens(t);
     return 0;
 }
 
@@ -732,6 +746,12 @@ bool tok_add_eos(const tokenizer *t)
 bool tok_is_eog(const tokenizer *t, int32_t id)
 {
     return id >= 0 && id < t->n_vocab && (t->flags[id] & TOK_FLAG_EOG);
+}
+
+int tok_eog_tokens(const tokenizer *t, const int32_t **ids)
+{
+    *ids = t->eog;
+    return t->n_eog;
 }
 
 enum tok_type tok_type(const tokenizer *t, int32_t id)

@@ -142,6 +142,14 @@ bool tok_add_eos(const tokenizer *t);
  * ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", ...). */
 bool tok_is_eog(const tokenizer *t, int32_t id);
 
+/* The end-of-generation tokens, at most (the roles EOS, EOT and EOM, and the known texts
+ * above). */
+#define TOK_EOG_MAX 16
+
+/* Every token tok_is_eog says yes to, in *ids (the tokenizer's; at most TOK_EOG_MAX):
+ * their count. What a sampler bans to generate past the end (llama.cpp's ignore_eos). */
+int tok_eog_tokens(const tokenizer *t, const int32_t **ids);
+
 /* Type of a token, TOK_TYPE_INVALID for an id outside the vocabulary. */
 enum tok_type tok_type(const tokenizer *t, int32_t id);
 

@@ -278,6 +278,17 @@ static void test_pieces_table(void)
     check_pieces("gpt-2");
 }
 
+/* tok_eog_tokens lists exactly the tokens tok_is_eog says yes to, in id order. */
+static bool eog_list_matches(const tokenizer *t)
+{
+    const int32_t *ids;
+    int n = tok_eog_tokens(t, &ids), k = 0;
+    for (int32_t id = 0; id < tok_n_vocab(t); id++)
+        if (tok_is_eog(t, id) && (k >= n || ids[k++] != id))
+            return false;
+    return k == n && n > 0;
+}
+
 static void test_spm_specials_and_bos(void)
 {
     char err[ERR_MAX] = "";
@@ -344,6 +355,7 @@ static void test_spm_specials_and_bos(void)
     CHECK(strcmp(tok_token_text(t, 2, &len), "</s>") == 0 && len == 4);
     CHECK(tok_token_text(t, -1, NULL) == NULL);
     CHECK(tok_is_eog(t, 2) && !tok_is_eog(t, 1) && !tok_is_eog(t, 15043));
+    CHECK(eog_list_matches(t));
     CHECK_EQ(tok_type(t, 0), TOK_TYPE_UNKNOWN);
     CHECK_EQ(tok_type(t, 1), TOK_TYPE_CONTROL);
     CHECK_EQ(tok_type(t, 15043), TOK_TYPE_NORMAL);
@@ -369,6 +381,7 @@ static void test_bpe_specials(void)
     CHECK_EQ(tok_bos(t), 50256);
     CHECK(!tok_add_bos(t)); /* llama.cpp's default for GPT-2 style vocabularies */
     CHECK(tok_is_eog(t, 50256));
+    CHECK(eog_list_matches(t));
 
     int n = enc(t, "Hello<|endoftext|> world", false, true, ids, 64);
     int32_t w1[] = {15496, 50256, 995};
@@ -702,6 +715,7 @@ static void test_bpe_small(void)
     CHECK_MSG(ids_eq(ids, n, w1, 3), "got%s", ids_str(ids, n));
     CHECK(tok_is_eog(t, 6));
     CHECK_EQ(tok_special(t, TOK_SPECIAL_EOT), 6);
+    CHECK(eog_list_matches(t));
     /* 'c' has no byte-level token: it is dropped, like llama.cpp does. */
     n = enc(t, "acb", false, false, ids, 32);
     int32_t w2[] = {0, 1};
