@@ -397,6 +397,8 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
                                                        : LLMS__RESPONSE_FORMAT__FORMAT_TEXT;
     g->json_schema = (char *)p->json_schema;
     g->grammar = (char *)p->grammar;
+    g->has_ignore_eos = p->ignore_eos != 0;
+    g->ignore_eos = p->ignore_eos != 0;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
@@ -418,7 +420,8 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
                   g->has_repeat_penalty || g->has_repeat_last_n || g->has_max_tokens ||
                   g->has_seed || g->n_stop > 0 || g->has_speculation ||
                   g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0 ||
-                  g->has_logprobs || g->has_format || g->json_schema || g->grammar;
+                  g->has_logprobs || g->has_format || g->json_schema || g->grammar ||
+                  g->has_ignore_eos;
     return LLMS_OK;
 }
 

@@ -124,8 +124,8 @@ typedef struct llms_logit_bias {
  * Generation settings. Unset fields take the context's defaults, then the daemon's.
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
  * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
- * after speculation came with libllmsclient.so.3, json_schema with .so.4, grammar with
- * .so.5: an app built against an older llms.h must be rebuilt, which the new soname
+ * after speculation came with libllmsclient.so.3, json_schema with .so.4, grammar and
+ * ignore_eos with .so.5: an app built against an older llms.h must be rebuilt, which the new soname
  * makes the loader say.
  */
 typedef struct llms_params {
@@ -167,6 +167,9 @@ typedef struct llms_params {
                                 Schema the reply must be an instance of, as text */
     const char *grammar;     /* with LLMS_FORMAT_GRAMMAR (and only with it): the GBNF
                                 grammar (llama.cpp's) the reply must be a sentence of */
+    int ignore_eos;          /* nonzero: the model's end-of-generation tokens are never
+                                sampled, so the reply runs to max_tokens, a stop string or
+                                a full window (llama.cpp's and vLLM's ignore_eos) */
 } llms_params;
 
 /* What a reply must be (proto ResponseFormat). */
@@ -202,7 +205,7 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL, NULL      \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL, NULL, 0   \
     }
 
 /* Sets every field of *p to unset. */

@@ -10,7 +10,7 @@
  * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
  * that fills it ends truncated; timings_per_token, the speculative settings, the
  * parameters of samplers that are off) is read past. What would change the reply and
- * cannot be honoured (ignore_eos, Mirostat, locally typical, tail-free, DRY, XTC, dynamic
+ * cannot be honoured (Mirostat, locally typical, tail-free, DRY, XTC, dynamic
  * temperature, top-n-sigma, min_keep, n_indent, t_max_predict_ms, post-sampling
  * probabilities, images, LoRA adapters, a samplers order other than llmsd's, texts in
  * logit_bias, several prompts) is refused naming the field, as the
@@ -199,7 +199,7 @@ static json_object *settings_json(const config *cfg, const Llms__GenerationParam
         json_object_array_add(stop, json_object_new_string(p->stop[i]));
     json_object_object_add(o, "stop", stop);
     json_object_object_add(o, "max_tokens", json_object_new_int64(n_predict));
-    json_object_object_add(o, "ignore_eos", json_object_new_boolean(0));
+    json_object_object_add(o, "ignore_eos", json_object_new_boolean(p->ignore_eos));
     json_object_object_add(o, "stream", json_object_new_boolean(stream));
     for (size_t i = 0; i < p->n_logit_bias; i++) {
         json_object *e = json_object_new_array();
@@ -211,7 +211,7 @@ static json_object *settings_json(const config *cfg, const Llms__GenerationParam
     }
     json_object_object_add(o, "logit_bias", bias);
     json_object_object_add(o, "n_probs", json_object_new_int(n_probs));
-    json_object_object_add(o, "grammar", json_object_new_string(""));
+    json_object_object_add(o, "grammar", json_object_new_string(p->grammar ? p->grammar : ""));
     json_object_object_add(o, "samplers", samplers_json(samplers));
     json_object_object_add(o, "post_sampling_probs", json_object_new_boolean(0));
     return o;
@@ -280,8 +280,6 @@ static int refuse_samplers(json_object *body, char *msg, size_t cap)
     static const struct {
         const char *field, *why;
     } asks[] = {
-        /* llama.cpp bans the EOS token; the gateway does not know its id */
-        {"ignore_eos", "generating past the end of text is not supported"},
         {"post_sampling_probs", "probabilities after the samplers are not given (n_probs gives "
                                 "the model's own)"},
         {"image_data", "images are not supported (no multimodal models)"},
@@ -487,6 +485,10 @@ static int read_params(hreq *hr, struct llamacpp_req *lc, char *msg, size_t cap)
         int64_t k = json_object_get_int64(v);
         p->has_top_k = 1, p->top_k = k < 0 ? 0 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
     }
+    if ((rc = jsonfield_get(body, "ignore_eos", "", json_type_boolean, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_ignore_eos = 1, p->ignore_eos = json_object_get_boolean(v);
     if ((rc = jsonfield_get(body, "repeat_last_n", "", json_type_int, &v, msg, cap)) < 0)
         return -1;
     /* llama.cpp's -1 is the window, the native -1 the whole history: the same */

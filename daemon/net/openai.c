@@ -946,6 +946,11 @@ static int read_params(json_object *body, Llms__GenerationParams *p, size_t max_
         int64_t k = json_object_get_int64(v);
         p->has_top_k = 1, p->top_k = k < 0 ? -1 : k > INT32_MAX ? INT32_MAX : (int32_t)k;
     }
+    /* vLLM's and llama.cpp's extension: generate past the end of text */
+    if ((rc = jsonfield_get(body, "ignore_eos", "", json_type_boolean, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        p->has_ignore_eos = 1, p->ignore_eos = json_object_get_boolean(v);
     /* OpenAI's newer name wins when it is set; a null one is absent, as every field. */
     json_object *mct;
     const char *mt = json_object_object_get_ex(body, "max_completion_tokens", &mct) &&

@@ -4,6 +4,7 @@
  * text it releases past the stop strings, a WINDOW context's slide, a Call's switch-in,
  * and its end (the turn persisted, the result answered).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef struct merged_params {
     bool json;                           /* FORMAT_JSON_OBJECT or _SCHEMA */
     const char *json_schema;             /* FORMAT_JSON_SCHEMA's schema, else NULL */
     const char *grammar;                 /* FORMAT_GRAMMAR's grammar, else NULL */
+    bool ignore_eos;                     /* end-of-generation tokens are banned */
 } merged_params;
 
 /* Sampling settings: the request's, else the context's defaults, else the config's; a
@@ -49,6 +51,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
     m->json = false;
     m->json_schema = NULL;
     m->grammar = NULL;
+    m->ignore_eos = false;
     const Llms__GenerationParams *layers[2] = {ctx_p, req_p};
     for (int i = 0; i < 2; i++) {
         const Llms__GenerationParams *p = layers[i];
@@ -76,6 +79,8 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             m->stops = p;
         if (p->n_logit_bias > 0)
             m->bias = p;
+        if (p->has_ignore_eos)
+            m->ignore_eos = p->ignore_eos;
         if (p->has_format) {
             m->json = p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_OBJECT ||
                       p->format == LLMS__RESPONSE_FORMAT__FORMAT_JSON_SCHEMA;
@@ -362,16 +367,22 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         stops[n_stops++] = chat_stop_text(gm->family);
     if (stop_init(&g->stop, stops, n_stops, err))
         goto fail;
-    if (mp.bias) {
-        if (!(bias = malloc(sizeof *bias * mp.bias->n_logit_bias))) {
+    /* the layer's logit_bias, then ignore_eos' bans */
+    const int32_t *eog = NULL;
+    size_t n_user = mp.bias ? mp.bias->n_logit_bias : 0;
+    size_t n_eog = mp.ignore_eos ? (size_t)tok_eog_tokens(gm->tok, &eog) : 0;
+    if (n_user + n_eog > 0) {
+        if (!(bias = malloc(sizeof *bias * (n_user + n_eog)))) {
             code = LLMS__ERROR_CODE__INTERNAL;
             err_set(err, "out of memory");
             goto fail;
         }
-        for (size_t i = 0; i < mp.bias->n_logit_bias; i++)
+        for (size_t i = 0; i < n_user; i++)
             bias[i] = (sampler_bias){mp.bias->logit_bias[i]->token, mp.bias->logit_bias[i]->bias};
+        for (size_t i = 0; i < n_eog; i++)
+            bias[n_user + i] = (sampler_bias){eog[i], -INFINITY};
         mp.sp.bias = bias;
-        mp.sp.n_bias = (int)mp.bias->n_logit_bias;
+        mp.sp.n_bias = (int)(n_user + n_eog);
     }
     /* the sampler keeps a copy of the biases */
     g->smp = sampler_new(gm->n_vocab, &mp.sp, err);

@@ -119,6 +119,7 @@ class _Params(ctypes.Structure):
         ("logit_bias", ctypes.c_void_p), ("n_logit_bias", ctypes.c_size_t),
         ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32), ("format", ctypes.c_int),
         ("json_schema", ctypes.c_char_p), ("grammar", ctypes.c_char_p),
+        ("ignore_eos", ctypes.c_int),
     ]
 
 
@@ -474,7 +475,7 @@ def _u32(name, v):
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
             frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None,
-            format=None, grammar=None):
+            format=None, grammar=None, ignore_eos=None):
     """A llms_params with the given fields set, and what keeps its stop strings and
     biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
     None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
@@ -482,7 +483,9 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     likeliest tokens, in last_result.logprobs. format: "json" (JSON mode: the reply is one
     JSON object), "text", or a JSON Schema (a dict, or its JSON text) the reply must be
     an instance of. grammar: a GBNF grammar (llama.cpp's, start rule root) the reply must
-    be a sentence of, instead of a format."""
+    be a sentence of, instead of a format. ignore_eos=True: the model's end-of-generation
+    tokens are never sampled (the reply runs to max_tokens, a stop string or a full
+    window)."""
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -522,6 +525,8 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
         p.format = formats[format]
     if logprobs is not None:
         p.logprobs, p.top_logprobs = 1, _u32("logprobs", logprobs)
+    if ignore_eos:
+        p.ignore_eos = 1
     if top_k is not None:
         p.top_k = top_k
     if max_tokens is not None:

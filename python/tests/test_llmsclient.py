@@ -135,6 +135,16 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.c.complete("x", format="json", grammar=grammar)
 
+    def test_ignore_eos_runs_to_max_tokens(self):
+        # the end of text all but forced: a reply ends at once, unless ignore_eos bans it
+        eos = self.c.tokenize("</s>", parse_special=True)
+        self.assertEqual(len(eos), 1)
+        self.c.complete("one two three", max_tokens=4, logit_bias={eos[0]: 100})
+        self.assertEqual(self.c.last_result.generated_tokens, 0)
+        self.c.complete("one two three", max_tokens=4, logit_bias={eos[0]: 100},
+                        ignore_eos=True)
+        self.assertEqual(self.c.last_result.generated_tokens, 4)
+
     def test_cached_tokens_come_with_the_result(self):
         prompt = "one two three four five six seven eight nine ten " * 4
         self.c.complete(prompt, max_tokens=1, temperature=0)

@@ -380,6 +380,38 @@ static void n_predict_limits(void)
     json_object_put(o);
 }
 
+/* ignore_eos: with the end-of-text token all but forced (the docs model's EOS is id 2),
+ * a reply ends at once; with ignore_eos it runs to its limit, on llama.cpp's route and on
+ * OpenAI's (vLLM's field). */
+static void ignore_eos_runs_to_the_limit(void)
+{
+    NEED_DAEMON();
+    json_object *o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":8,"
+                              "\"logit_bias\":[[2,100]]}");
+    CHECK(o);
+    CHECK_MSG(jeq(o, "stop_type", "eos") && jint(o, "tokens_predicted") == 0 &&
+                  jeq(o, "generation_settings.ignore_eos", "false"),
+              "%s", json_text(o));
+    json_object_put(o);
+    CHECK((o = complete("{\"prompt\":\"" PROMPT "\",\"n_predict\":8,"
+                        "\"logit_bias\":[[2,100]],\"ignore_eos\":true}")));
+    CHECK_MSG(jeq(o, "stop_type", "limit") && jint(o, "tokens_predicted") == 8 &&
+                  jeq(o, "generation_settings.ignore_eos", "true"),
+              "%s", json_text(o));
+    json_object_put(o);
+    int st;
+    for (int ignore = 0; ignore < 2; ignore++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":8,"
+                 "\"logit_bias\":{\"2\":100},\"ignore_eos\":%s}", ignore ? "true" : "false");
+        CHECK((o = post("/v1/completions", body, &st)) && st == 200);
+        CHECK_MSG(jeq(o, "choices.0.finish_reason", ignore ? "length" : "stop") &&
+                      jint(o, "usage.completion_tokens") == (ignore ? 8 : 0),
+                  "%s", json_text(o));
+        json_object_put(o);
+    }
+}
+
 /* A stop word ends the reply before it: stop_type "word", stopping_word the one that
  * matched of several. */
 static void stop_words_stop(void)
@@ -696,7 +728,7 @@ static void refusals_name_the_field(void)
     static const struct {
         const char *body, *want;
     } cases[] = {
-        {"{\"prompt\":\"x\",\"ignore_eos\":true}", "ignore_eos"},
+        {"{\"prompt\":\"x\",\"ignore_eos\":1}", "ignore_eos"},
         {"{\"prompt\":\"x\",\"mirostat\":2}", "mirostat"},
         {"{\"prompt\":\"x\",\"typical_p\":0.5}", "typical_p"},
         {"{\"prompt\":\"x\",\"tfs_z\":0.9}", "tfs_z"},
@@ -878,6 +910,7 @@ int main(int argc, char **argv)
     RUN(greedy_equals_openai);
     RUN(token_prompts_are_their_tokens);
     RUN(n_predict_limits);
+    RUN(ignore_eos_runs_to_the_limit);
     RUN(stop_words_stop);
     RUN(streamed_equals_whole);
     RUN(n_probs_give_probabilities);
