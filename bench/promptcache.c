@@ -17,7 +17,9 @@
  * Then the "shared" scenario: an app's requests that share a long system prompt (some
  * 1200 tokens) at the same time, as a batch job asks many questions under one set of
  * instructions. One request first, then SHARED_CLIENTS at once, each its own question;
- * the same medians and ratios for the concurrent ones (their wall time together).
+ * the same medians and ratios for the concurrent ones (their wall time together). Then
+ * the "burst" scenario: the same SHARED_CLIENTS requests at once with none before them
+ * (the first to be evaluated leads, the others wait for it and resume its prompt).
  */
 #include <json-c/json.h>
 #include <pthread.h>
@@ -273,16 +275,17 @@ static void *shared_ask_run(void *arg)
     return NULL;
 }
 
-/* The shared scenario on d as app: the first request, then SHARED_CLIENTS at once; their
- * wall time and prompt tokens evaluated together, and their replies (the caller frees).
- * 0, or -1 after a message. */
-static int shared(const daemon_ *d, const char *app, double *seconds, long *evaluated,
-                  char *replies[SHARED_CLIENTS])
+/* The shared scenario on d as app: the first request (unless burst), then SHARED_CLIENTS
+ * at once; their wall time and prompt tokens evaluated together, and their replies (the
+ * caller frees). 0, or -1 after a message. */
+static int shared(const daemon_ *d, const char *app, bool burst, double *seconds,
+                  long *evaluated, char *replies[SHARED_CLIENTS])
 {
     shared_ask first = {.d = d, .app = app, .q = 0};
-    shared_ask_run(&first);
+    if (!burst)
+        shared_ask_run(&first);
     free(first.reply);
-    if (first.evaluated < 0)
+    if (!burst && first.evaluated < 0)
         return -1;
     shared_ask a[SHARED_CLIENTS];
     pthread_t t[SHARED_CLIENTS];
@@ -303,6 +306,46 @@ static int shared(const daemon_ *d, const char *app, double *seconds, long *eval
         *evaluated += i < started && a[i].evaluated > 0 ? a[i].evaluated : 0;
     }
     return rc;
+}
+
+/* The shared (or burst) scenario on both daemons, --runs times: its JSON lines. 0, or -1
+ * after a message. */
+static int shared_scenario(bool burst, int runs, int threads)
+{
+    const char *name = burst ? "burst" : "shared";
+    double sh_secs[N_SYSTEMS][MAX_RUNS], sh_evald[N_SYSTEMS][MAX_RUNS];
+    bool sh_same = true;
+    int rc = 0;
+    for (int r = 0; r < runs && rc == 0; r++) {
+        char *replies[N_SYSTEMS][SHARED_CLIENTS] = {{NULL}};
+        char app[32];
+        snprintf(app, sizeof app, "%s%d", name, r);
+        for (int k = 0; k < N_SYSTEMS && rc == 0; k++) {
+            long e = 0;
+            rc = shared(&daemons[k], app, burst, &sh_secs[k][r], &e, replies[k]);
+            sh_evald[k][r] = (double)e;
+        }
+        for (int i = 0; i < SHARED_CLIENTS; i++) {
+            sh_same &= rc == 0 && !strcmp(replies[CACHE][i], replies[OFF][i]);
+            for (int k = 0; k < N_SYSTEMS; k++)
+                free(replies[k][i]);
+        }
+    }
+    if (rc)
+        return -1;
+    double med_s[N_SYSTEMS], med_e[N_SYSTEMS];
+    for (int k = 0; k < N_SYSTEMS; k++) {
+        med_s[k] = bench_median(sh_secs[k], runs);
+        med_e[k] = bench_median(sh_evald[k], runs);
+        printf("{\"bench\":\"promptcache\",\"scenario\":\"%s\",\"system\":\"%s\","
+               "\"clients\":%d,\"runs\":%d,\"threads\":%d,\"evaluated_tokens\":%.0f,"
+               "\"seconds\":%.3f}\n",
+               name, system_names[k], SHARED_CLIENTS, runs, threads, med_e[k], med_s[k]);
+    }
+    printf("{\"bench\":\"promptcache\",\"scenario\":\"%s\",\"ratio\":\"cache/off\","
+           "\"seconds\":%.3f,\"evaluated_tokens\":%.3f,\"same_replies\":%s}\n",
+           name, med_s[CACHE] / med_s[OFF], med_e[CACHE] / med_e[OFF], sh_same ? "true" : "false");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -371,26 +414,10 @@ int main(int argc, char **argv)
         for (int k = 0; k < N_SYSTEMS; k++)
             chat_free(&res[k]);
     }
-    double sh_secs[N_SYSTEMS][MAX_RUNS], sh_evald[N_SYSTEMS][MAX_RUNS];
-    bool sh_same = true;
-    for (int r = 0; r < runs && rc == 0; r++) {
-        char *replies[N_SYSTEMS][SHARED_CLIENTS] = {{NULL}};
-        char app[32];
-        snprintf(app, sizeof app, "shared%d", r);
-        for (int k = 0; k < N_SYSTEMS && rc == 0; k++) {
-            long e = 0;
-            rc = shared(&daemons[k], app, &sh_secs[k][r], &e, replies[k]);
-            sh_evald[k][r] = (double)e;
-        }
-        for (int i = 0; i < SHARED_CLIENTS; i++) {
-            sh_same &= rc == 0 && !strcmp(replies[CACHE][i], replies[OFF][i]);
-            for (int k = 0; k < N_SYSTEMS; k++)
-                free(replies[k][i]);
-        }
-    }
-    stop_all();
-    if (rc)
+    if (rc) {
+        stop_all();
         return 1;
+    }
     double med_s[N_SYSTEMS], med_e[N_SYSTEMS];
     for (int k = 0; k < N_SYSTEMS; k++) {
         med_s[k] = bench_median(secs[k], runs);
@@ -405,16 +432,8 @@ int main(int argc, char **argv)
            "\"seconds\":%.3f,"
            "\"evaluated_tokens\":%.3f,\"same_replies\":%s}\n",
            med_s[CACHE] / med_s[OFF], med_e[CACHE] / med_e[OFF], same ? "true" : "false");
-    for (int k = 0; k < N_SYSTEMS; k++) {
-        med_s[k] = bench_median(sh_secs[k], runs);
-        med_e[k] = bench_median(sh_evald[k], runs);
-        printf("{\"bench\":\"promptcache\",\"scenario\":\"shared\",\"system\":\"%s\","
-               "\"clients\":%d,\"runs\":%d,\"threads\":%d,\"evaluated_tokens\":%.0f,"
-               "\"seconds\":%.3f}\n",
-               system_names[k], SHARED_CLIENTS, runs, threads, med_e[k], med_s[k]);
-    }
-    printf("{\"bench\":\"promptcache\",\"scenario\":\"shared\",\"ratio\":\"cache/off\","
-           "\"seconds\":%.3f,\"evaluated_tokens\":%.3f,\"same_replies\":%s}\n",
-           med_s[CACHE] / med_s[OFF], med_e[CACHE] / med_e[OFF], sh_same ? "true" : "false");
-    return 0;
+    for (int burst = 0; burst < 2 && rc == 0; burst++)
+        rc = shared_scenario(burst, runs, threads);
+    stop_all();
+    return rc ? 1 : 0;
 }

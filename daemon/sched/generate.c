@@ -169,6 +169,41 @@ void gen_prompt_evaluated(sched *s, work *w)
                         g->seq, free_room, g->gm->cm);
 }
 
+/* Whether l, before w among the active work, is a Complete of w's app and model that
+ * evaluates a prompt beginning as w's does, and will keep it in the prompt cache. */
+static bool evaluates_the_same_start(const sched *s, const work *l, const work *w)
+{
+    const gen *lg = l->g, *g = w->g;
+    int n = g->gm->step_tokens;
+    return lg && l->gm == w->gm && !lg->prefilled && !lg->done && lg->n_turn >= n &&
+           l->job->uid == w->job->uid && strcmp(l->job->app, w->job->app) == 0 &&
+           gen_pcache(s, lg, l->job, l->gw != NULL) &&
+           memcmp(lg->turn, g->turn, sizeof *g->turn * (size_t)n) == 0;
+}
+
+bool gen_waits_for_shared_prompt(const sched *s, work *w)
+{
+    gen *g = w->g;
+    if (g->prefilled || g->n_turn < g->gm->step_tokens || kv_seq_n_tokens(g->seq) > 0 ||
+        !gen_pcache(s, g, w->job, w->gw != NULL))
+        return false;
+    /* only earlier work leads: no two wait for each other */
+    for (int i = 0; i < s->n_active && s->active[i] != w; i++)
+        if (evaluates_the_same_start(s, s->active[i], w))
+            return g->waited = true;
+    return false;
+}
+
+void gen_resume_after_wait(sched *s, work *w)
+{
+    gen *g = w->g;
+    g->waited = false;
+    pcache *pc = gen_pcache(s, g, w->job, w->gw != NULL);
+    if (pc && kv_seq_n_tokens(g->seq) == 0)
+        g->n_cached = pcache_take(pc, w->job->uid, w->job->app, g->turn, g->n_turn,
+                                  g->gm->step_tokens, claim_kv, g->gm->cm, &g->own_seq);
+}
+
 /* A CallResult's bytes besides its text and logprobs: the Response's id and tags, the
  * token counts, timings, stop reason and string and window slides, at their widest. */
 #define RESULT_FIXED_BYTES (128 + STOP_MAX_LEN)

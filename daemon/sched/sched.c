@@ -260,6 +260,8 @@ static int step_add_long(sched *s, int *n_seq, int *n_out, work *w, int take)
         work_fail(w, g->err_code, err);
         return 0;
     }
+    if (g->waited)
+        gen_resume_after_wait(s, w);
     int from = kv_seq_n_tokens(g->seq);
     if (!g->prefilled && g->n_eval == 0)
         g->n_eval = g->n_hist - from;
@@ -306,7 +308,7 @@ static void step_share_long_work(sched *s, genmodel *gm, int *n_seq, int *n_out,
         for (int i = 0; i < s->n_active && budget > 0; i++) {
             work *w = s->active[i];
             if (w->app != a || w->gm != gm || work_over(w, 0) || !work_is_long(w) ||
-                (w->g && w->g->done))
+                (w->g && (w->g->done || gen_waits_for_shared_prompt(s, w))))
                 continue;
             if (!has) {
                 has = true;

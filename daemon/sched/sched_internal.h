@@ -85,6 +85,8 @@ typedef struct gen {
                               work) before the next decode row */
     bool switched_in;      /* a Call's chunks are all resident and locked */
     bool prefilled;        /* the prompt is evaluated: one decode row per step */
+    bool waited;           /* held back while an earlier prompt of its app that begins
+                              the same was evaluated (gen_waits_for_shared_prompt) */
     int n_eval;            /* tokens the prompt evaluation computed */
     int n_cached;          /* a Complete's prompt tokens resumed from the prompt cache */
     const char *user_role;
@@ -364,6 +366,18 @@ void gen_take_token(sched *s, work *w, const float *logits);
  * the prompt cache as a copy, for the app's prompts that come while the reply runs, when
  * the KV budget has that room free (no context gives a chunk up for it). */
 void gen_prompt_evaluated(sched *s, work *w);
+
+/* Whether w, a Complete whose prompt is not evaluated and that holds no KV yet, waits
+ * this step for an earlier Complete of its app on its model whose prompt begins with the
+ * same step_tokens tokens and is being evaluated: that one's KV goes into the prompt
+ * cache once evaluated, and w resumes from it (gen_resume_after_wait) rather than
+ * evaluating the same rows beside it, as n choices of one prompt, or a burst of requests
+ * under one system prompt, would. */
+bool gen_waits_for_shared_prompt(const sched *s, work *w);
+
+/* Before w's prompt rows, when it waited: what the prompt cache now holds of its prompt
+ * (nothing, when the earlier prompt failed or its copy found no room). */
+void gen_resume_after_wait(sched *s, work *w);
 
 /* A token came for g now: the step's longest gap between two tokens of one stream. */
 void gen_note_token_time(sched *s, gen *g);

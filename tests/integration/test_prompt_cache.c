@@ -480,6 +480,47 @@ static void native_client_sees_the_cache(void)
     llms_close(admin);
 }
 
+/* The choices' texts of a whole reply to body (app "choices"), joined by newlines. */
+static char *choices_of(int k, const char *body)
+{
+    httpc_reply h;
+    if (httpc_do(hsocks[k], 0, "POST", "/v1/chat/completions", "X-Llmsd-App: choices\r\n", body,
+                 &h))
+        return NULL;
+    json_object *o = h.status == 200 ? json_tokener_parse(h.body) : NULL, *choices;
+    httpc_reply_free(&h);
+    char *all = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&all, &len);
+    if (f && o && json_object_object_get_ex(o, "choices", &choices))
+        for (size_t i = 0; i < json_object_array_length(choices); i++)
+            fprintf(f, "%s\n", httpc_jstr(json_object_array_get_idx(choices, i), "message.content"));
+    if (f)
+        fclose(f);
+    json_object_put(o);
+    return all;
+}
+
+/* (g) n choices of one prompt evaluate it once: the others wait for its evaluation and
+ * resume from the prompt cache, and the replies are those of a daemon without the cache. */
+static void n_choices_share_one_prompt(void)
+{
+    NEED(D_ON);
+    NEED(D_OFF);
+    CHECK(make_turns());
+    char body[sizeof turn1 + 64];
+    snprintf(body, sizeof body, "%.*s,\"n\":4,\"seed\":7}", (int)strlen(turn1) - 1, turn1);
+    double before = metric(D_ON, "llmsd_prompt_cache_reused_tokens_total");
+    char *on = choices_of(D_ON, body), *off = choices_of(D_OFF, body);
+    double reused = metric(D_ON, "llmsd_prompt_cache_reused_tokens_total") - before;
+    CHECK_MSG(on && off && !strcmp(on, off), "choices with the cache:\n%s\nwithout:\n%s",
+              on ? on : "(none)", off ? off : "(none)");
+    CHECK_MSG(reused >= 3 * STEP_TOKENS, "the choices resumed %.0f tokens", reused);
+    printf("# 4 choices: %.0f prompt tokens resumed by the 3 that waited\n", reused);
+    free(on);
+    free(off);
+}
+
 /* Every daemon exits clean (under ASan: nothing leaked, the cache's KV given back). */
 static void daemons_exit_clean(void)
 {
@@ -505,6 +546,7 @@ int main(int argc, char **argv)
     RUN(a_running_reply_shares_its_prompt);
     RUN(unloading_a_model_frees_its_entries);
     RUN(native_client_sees_the_cache);
+    RUN(n_choices_share_one_prompt);
     RUN(daemons_exit_clean);
     for (int k = 0; k < N_DAEMONS; k++)
         if (up[k] == 1)
