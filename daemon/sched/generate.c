@@ -170,15 +170,19 @@ void gen_prompt_evaluated(sched *s, work *w)
 }
 
 /* Whether l, before w among the active work, is a Complete of w's app and model that
- * evaluates a prompt beginning as w's does, and will keep it in the prompt cache. */
+ * evaluates a prompt beginning as w's does, and will keep it in the prompt cache. The
+ * tokens they share must be at least step_tokens and half of each prompt: waiting for
+ * a long prompt to reuse a short start of it would delay w more than it saves. */
 static bool evaluates_the_same_start(const sched *s, const work *l, const work *w)
 {
     const gen *lg = l->g, *g = w->g;
-    int n = g->gm->step_tokens;
-    return lg && l->gm == w->gm && !lg->prefilled && !lg->done && lg->n_turn >= n &&
-           l->job->uid == w->job->uid && strcmp(l->job->app, w->job->app) == 0 &&
-           gen_pcache(s, lg, l->job, l->gw != NULL) &&
-           memcmp(lg->turn, g->turn, sizeof *g->turn * (size_t)n) == 0;
+    if (!lg || l->gm != w->gm || lg->prefilled || lg->done || l->job->uid != w->job->uid ||
+        strcmp(l->job->app, w->job->app) != 0 || !gen_pcache(s, lg, l->job, l->gw != NULL))
+        return false;
+    int n = lg->n_turn < g->n_turn ? lg->n_turn : g->n_turn, shared = 0;
+    while (shared < n && lg->turn[shared] == g->turn[shared])
+        shared++;
+    return shared >= g->gm->step_tokens && 2 * shared >= g->n_turn && 2 * shared >= lg->n_turn;
 }
 
 bool gen_waits_for_shared_prompt(const sched *s, work *w)

@@ -368,11 +368,11 @@ void gen_take_token(sched *s, work *w, const float *logits);
 void gen_prompt_evaluated(sched *s, work *w);
 
 /* Whether w, a Complete whose prompt is not evaluated and that holds no KV yet, waits
- * this step for an earlier Complete of its app on its model whose prompt begins with the
- * same step_tokens tokens and is being evaluated: that one's KV goes into the prompt
- * cache once evaluated, and w resumes from it (gen_resume_after_wait) rather than
- * evaluating the same rows beside it, as n choices of one prompt, or a burst of requests
- * under one system prompt, would. */
+ * this step for an earlier Complete of its app on its model that is being evaluated and
+ * whose prompt shares its start with w's (at least step_tokens tokens, and half of each
+ * prompt): that one's KV goes into the prompt cache once evaluated, and w resumes from it
+ * (gen_resume_after_wait) rather than evaluating the same rows beside it, as n choices
+ * of one prompt, or a burst of requests under one system prompt, would. */
 bool gen_waits_for_shared_prompt(const sched *s, work *w);
 
 /* Before w's prompt rows, when it waited: what the prompt cache now holds of its prompt
