@@ -579,8 +579,11 @@ static enum route route_of(const char *uri, size_t *len)
 {
     size_t n = strcspn(uri, "?#");
     *len = n;
-    if (n == 7 && strncmp(uri, "/rerank", 7) == 0)
-        return R_RERANK;
+    /* llama.cpp's server's names of the rerank route */
+    static const char *const rerank[] = {"/rerank", "/reranking", "/v1/reranking"};
+    for (size_t i = 0; i < sizeof rerank / sizeof rerank[0]; i++)
+        if (strlen(rerank[i]) == n && strncmp(uri, rerank[i], n) == 0)
+            return R_RERANK;
     if (n == 12 && strncmp(uri, "/completions", 12) == 0)
         return R_LLAMACPP_COMPLETION;
     static const char *const manage[] = {"/api/pull", "/api/push", "/api/create", "/api/copy",

@@ -3,10 +3,11 @@
  * socket (http_socket) and/or a loopback TCP port (http_listen), JSON through json-c.
  *
  * Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
- * POST /v1/embeddings, POST /v1/rerank (also /rerank), GET /health, GET /metrics; and
- * ollama's API (ollama.c): GET /api/version, /api/tags, /api/ps, POST /api/show,
- * /api/generate, /api/chat, /api/embed, /api/embeddings, with its error shape; its model
- * management (/api/pull, push, create, copy, delete) is refused.
+ * POST /v1/embeddings, POST /v1/rerank (also llama.cpp's /rerank, /reranking and
+ * /v1/reranking), GET /health, GET /metrics; and ollama's API (ollama.c): GET /api/version,
+ * /api/tags, /api/ps, POST /api/show, /api/generate, /api/chat, /api/embed,
+ * /api/embeddings, with its error shape; its model management (/api/pull, push, create,
+ * copy, delete) is refused.
  *
  * Every request becomes the native Request a client would send (Complete, Call, Embed,
  * Rerank, Status) on a connection of its own whose id has HTTP_CONN_BIT set: it binds

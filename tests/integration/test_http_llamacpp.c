@@ -793,6 +793,28 @@ static void refusals_name_the_field(void)
     free(big);
 }
 
+/* llama.cpp's four names of its rerank route (/rerank, /reranking, /v1/rerank,
+ * /v1/reranking) are one route: the same results for the same body. */
+static void rerank_aliases_are_one_route(void)
+{
+    NEED_DAEMON();
+    const char *body = "{\"query\":\"the gateway\",\"documents\":[\"The gateway answers "
+                       "HTTP.\",\"Contexts keep their KV.\",\"a cat\"],\"top_n\":2}";
+    int st;
+    json_object *want = post("/v1/rerank", body, &st);
+    CHECK_MSG(st == 200 && httpc_jget(want, "results.1.relevance_score"), "%d %s", st,
+              json_text(want));
+    static const char *const aliases[] = {"/rerank", "/reranking", "/v1/reranking"};
+    for (size_t i = 0; i < sizeof aliases / sizeof *aliases; i++) {
+        json_object *o = post(aliases[i], body, &st);
+        CHECK_MSG(st == 200 && json_object_equal(httpc_jget(o, "results"),
+                                                 httpc_jget(want, "results")),
+                  "%s: %d %s, /v1/rerank %s", aliases[i], st, json_text(o), json_text(want));
+        json_object_put(o);
+    }
+    json_object_put(want);
+}
+
 /* Over TCP the routes need the bearer token, as every other route; CORS as for them. */
 static void tcp_needs_a_token(void)
 {
@@ -921,6 +943,7 @@ int main(int argc, char **argv)
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
     RUN(refusals_name_the_field);
+    RUN(rerank_aliases_are_one_route);
     RUN(tcp_needs_a_token);
     RUN(random_bodies_never_crash);
     RUN(daemon_exits_cleanly);
