@@ -53,7 +53,7 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
     "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
-    "/props", "other",
+    "/props", "/slots", "/slots/{id_slot}", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -594,6 +594,8 @@ static enum route route_of(const char *uri, size_t *len)
     /* /v1/models/{id}: one model, the rest of the path its name */
     if (n > 11 && strncmp(uri, "/v1/models/", 11) == 0)
         return R_MODELS;
+    if (n > 7 && strncmp(uri, "/slots/", 7) == 0)
+        return R_LLAMACPP_SLOTS_ACTION;
     for (int r = 0; r < R_OTHER; r++)
         if (strlen(route_path[r]) == n && strncmp(uri, route_path[r], n) == 0)
             return (enum route)r;
@@ -925,7 +927,7 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     enum route r = route_of(uri, &plen);
     bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
                r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
-               r == R_LLAMACPP_PROPS;
+               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_SLOTS;
     /* ollama's model management is refused whichever method it comes with (DELETE for
      * /api/delete, POST for the others); so is a change of llama.cpp's /props (POST) */
     const char *methods = r == R_LLAMACPP_PROPS ? "GET, HEAD, POST"
@@ -1030,6 +1032,10 @@ static bool gw_head(void *arg, httpwire_conn *wc)
             llamacpp_refuse_props_change(h, wc);
         else
             llamacpp_send_props(h, wc);
+        return false;
+    }
+    if (r == R_LLAMACPP_SLOTS || r == R_LLAMACPP_SLOTS_ACTION) {
+        llamacpp_refuse_slots(h, wc, r);
         return false;
     }
     if (r == R_METRICS) {

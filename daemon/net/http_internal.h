@@ -44,9 +44,12 @@ enum route {
     R_OLLAMA_EMBED,
     R_OLLAMA_EMBEDDINGS,
     R_OLLAMA_MANAGE,           /* pull, push, create, copy, delete: refused */
-    /* llama.cpp's server's own routes (llamacpp.c) */
+    /* llama.cpp's server's own routes (llamacpp.c), R_LLAMACPP_COMPLETION to
+     * R_LLAMACPP_SLOTS_ACTION */
     R_LLAMACPP_COMPLETION,     /* /completion, and its alias /completions */
     R_LLAMACPP_PROPS,
+    R_LLAMACPP_SLOTS,          /* GET /slots: refused */
+    R_LLAMACPP_SLOTS_ACTION,   /* POST /slots/{id_slot}?action=...: refused */
     R_OTHER,
 };
 
@@ -59,7 +62,7 @@ static inline bool http_route_is_ollama(enum route r)
 /* Whether r is one of llama.cpp's own routes, answered in its server's shapes. */
 static inline bool http_route_is_llamacpp(enum route r)
 {
-    return r == R_LLAMACPP_COMPLETION || r == R_LLAMACPP_PROPS;
+    return r >= R_LLAMACPP_COMPLETION && r <= R_LLAMACPP_SLOTS_ACTION;
 }
 
 typedef struct token_entry token_entry;
@@ -314,6 +317,10 @@ void llamacpp_send_props(http *h, httpwire_conn *wc);
 
 /* Answers POST /props: refused, as llama.cpp's server refuses it without --props. */
 void llamacpp_refuse_props_change(http *h, httpwire_conn *wc);
+
+/* Answers GET /slots or POST /slots/{id_slot} (r): refused, as llama.cpp's server refuses
+ * them without --slots and --slot-save-path. */
+void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r);
 
 /* As openai_start_generate, for /completion. */
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);

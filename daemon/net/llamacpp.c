@@ -3,8 +3,10 @@
  * tools written against llama-server rather than OpenAI's routes: POST /completion (and
  * its alias /completions) becomes a native Complete of the raw prompt (a string, token
  * ids, or strings and ids mixed: CompleteRequest.prompt_parts), answered whole or as
- * Server-Sent Events in llama.cpp's shapes; GET /props shows the daemon's defaults.
- * Errors are llama.cpp's {"error": {"code", "message", "type"}}.
+ * Server-Sent Events in llama.cpp's shapes; GET /props shows the daemon's defaults;
+ * /slots (GET, and POST /slots/{id_slot}'s actions) is refused 501 as llama.cpp's server
+ * refuses it unless started with --slots (--slot-save-path). Errors are llama.cpp's
+ * {"error": {"code", "message", "type"}}.
  *
  * What only concerns how llama.cpp's server runs (id_slot, cache_prompt: llmsd's prompt
  * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
@@ -248,6 +250,20 @@ void llamacpp_refuse_props_change(http *h, httpwire_conn *wc)
     llamacpp_send_error(h, wc, R_LLAMACPP_PROPS, 501,
                         "This server does not support changing global properties (llama.cpp's "
                         "--props): llmsd's settings are its configuration file's");
+}
+
+/* llmsd has no slots to show, save or restore: a generation is one sequence of a batch
+ * while it runs, and the prompt cache is kept per app, not per slot. */
+void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r)
+{
+    llamacpp_send_error(h, wc, r, 501,
+                        r == R_LLAMACPP_SLOTS
+                            ? "This server does not support slots endpoint (llama.cpp's "
+                              "--slots): llmsd's generations have no slots; /props' "
+                              "total_slots counts those that run side by side"
+                            : "This server does not support slots action (llama.cpp's "
+                              "--slot-save-path): llmsd's prompt cache is kept per app and "
+                              "resumed by itself");
 }
 
 /* ---- reading requests ---- */

@@ -793,6 +793,26 @@ static void refusals_name_the_field(void)
     free(big);
 }
 
+/* /slots is refused as llama.cpp's server refuses it without --slots (and its save,
+ * restore and erase actions without --slot-save-path): 501 not_supported_error. */
+static void slots_are_refused(void)
+{
+    NEED_DAEMON();
+    expect_error("GET", "/slots", NULL, 501, "not_supported_error", "slots endpoint");
+    expect_error("GET", "/slots?fail_on_no_slot=1", NULL, 501, "not_supported_error",
+                 "slots endpoint");
+    expect_error("POST", "/slots/0?action=save", "{\"filename\":\"a.bin\"}", 501,
+                 "not_supported_error", "slots action");
+    expect_error("POST", "/slots/1?action=erase", NULL, 501, "not_supported_error",
+                 "slots action");
+    expect_error("POST", "/slots", NULL, 405, "invalid_request_error", "GET");
+    expect_error("GET", "/slots/0", NULL, 405, "invalid_request_error", "POST");
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "HEAD", "/slots", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 501);
+    httpc_reply_free(&r);
+}
+
 /* llama.cpp's four names of its rerank route (/rerank, /reranking, /v1/rerank,
  * /v1/reranking) are one route: the same results for the same body. */
 static void rerank_aliases_are_one_route(void)
@@ -820,13 +840,16 @@ static void tcp_needs_a_token(void)
 {
     NEED_DAEMON();
     httpc_reply r;
-    CHECK(httpc_do(NULL, port, "GET", "/props", NULL, NULL, &r) == 0);
-    json_object *o = json_tokener_parse(r.body);
-    CHECK_MSG(r.status == 401 && jint(o, "error.code") == 401 &&
-                  jeq(o, "error.type", "authentication_error"),
-              "%d %s", r.status, r.body);
-    json_object_put(o);
-    httpc_reply_free(&r);
+    static const char *const gets[] = {"/props", "/slots"};
+    for (size_t i = 0; i < sizeof gets / sizeof *gets; i++) {
+        CHECK(httpc_do(NULL, port, "GET", gets[i], NULL, NULL, &r) == 0);
+        json_object *o = json_tokener_parse(r.body);
+        CHECK_MSG(r.status == 401 && jint(o, "error.code") == 401 &&
+                      jeq(o, "error.type", "authentication_error"),
+                  "%s: %d %s", gets[i], r.status, r.body);
+        json_object_put(o);
+        httpc_reply_free(&r);
+    }
     const char *body = "{\"prompt\":\"hi\",\"n_predict\":2}";
     CHECK(httpc_do(NULL, port, "POST", "/completion", NULL, body, &r) == 0);
     CHECK_EQ(r.status, 401);
@@ -845,7 +868,8 @@ static void tcp_needs_a_token(void)
     httpc_reply_free(&r);
     CHECK(httpc_do(hsock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
     CHECK_MSG(r.status == 200 && strstr(r.body, "route=\"/completion\",code=\"200\"") &&
-                  strstr(r.body, "route=\"/props\",code=\"200\""),
+                  strstr(r.body, "route=\"/props\",code=\"200\"") &&
+                  strstr(r.body, "route=\"/slots\",code=\"501\""),
               "%d %.2000s", r.status, r.body);
     httpc_reply_free(&r);
 }
@@ -943,6 +967,7 @@ int main(int argc, char **argv)
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
     RUN(refusals_name_the_field);
+    RUN(slots_are_refused);
     RUN(rerank_aliases_are_one_route);
     RUN(tcp_needs_a_token);
     RUN(random_bodies_never_crash);
