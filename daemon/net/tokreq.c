@@ -14,6 +14,35 @@ const char *tokreq_model(const Llms__Request *req)
                                                           : req->detokenize->model;
 }
 
+/* The bytes of each of a's n tokens (tok_piece's: what llama.cpp's server shows as a
+ * token's piece) into a->pieces, pointing into one buffer (a->text). 0, or -1 with err. */
+static int build_pieces(const tokenizer *tok, tokreq_answer *a, int n, char err[ERR_MAX])
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int len = tok_piece(tok, a->ids[i], NULL, 0);
+        if (len < 0)
+            return err_set(err, "token %d is outside the vocabulary", a->ids[i]);
+        total += (size_t)len;
+    }
+    a->pieces = calloc(n ? (size_t)n : 1, sizeof *a->pieces);
+    a->text = malloc(total + 1);
+    if (!a->pieces || !a->text)
+        return err_set(err, "out of memory");
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        /* each piece's NUL lands where the next one begins, the last one's in the spare
+         * byte */
+        int len = tok_piece(tok, a->ids[i], a->text + at, total + 1 - at);
+        a->pieces[i].data = (uint8_t *)a->text + at;
+        a->pieces[i].len = (size_t)len;
+        at += (size_t)len;
+    }
+    a->tokenize.pieces = a->pieces;
+    a->tokenize.n_pieces = (size_t)n;
+    return 0;
+}
+
 static Llms__ErrorCode build_tokenize(const tokenizer *tok, const Llms__TokenizeRequest *t,
                                       tokreq_answer *a, char err[ERR_MAX])
 {
@@ -24,6 +53,8 @@ static Llms__ErrorCode build_tokenize(const tokenizer *tok, const Llms__Tokenize
     llms__tokenize_response__init(&a->tokenize);
     a->tokenize.n_tokens = (size_t)n;
     a->tokenize.tokens = a->ids;
+    if (t->has_with_pieces && t->with_pieces && build_pieces(tok, a, n, err))
+        return LLMS__ERROR_CODE__INTERNAL;
     a->r.body_case = LLMS__RESPONSE__BODY_TOKENIZE;
     a->r.tokenize = &a->tokenize;
     return LLMS__ERROR_CODE__OK;
@@ -74,5 +105,6 @@ Llms__ErrorCode tokreq_answer_build(const tokenizer *tok, const Llms__Request *r
 void tokreq_answer_free(tokreq_answer *a)
 {
     free(a->ids);
+    free(a->pieces);
     free(a->text);
 }

@@ -17,7 +17,8 @@ typedef struct tokreq_answer {
     Llms__TokenizeResponse tokenize;
     Llms__DetokenizeResponse detokenize;
     int32_t *ids;                  /* (tokenize.n_tokens) */
-    char *text;
+    ProtobufCBinaryData *pieces;   /* (tokenize.n_pieces) into text, when asked */
+    char *text;                    /* a Detokenize's text, or the pieces' bytes */
 } tokreq_answer;
 
 /* Builds the answer of req (a Tokenize or a Detokenize) with tok; a text that would not

@@ -5,12 +5,15 @@
  * tokenizer.
  *
  *   /tokenize   {"content" | "prompt": text, "add_special" | "add_special_tokens": bool,
- *                "parse_special": bool, "model": name}  -> {"tokens": [...], "count": n}
+ *                "parse_special": bool, "with_pieces": bool, "model": name}
+ *                                                       -> {"tokens": [...], "count": n}
  *   /detokenize {"tokens": [...], "model": name}          -> {"content": text}
  *
  * add_special defaults to false, as llama.cpp's; vLLM's default of true is not kept, as
- * one default has to win. with_pieces (the text of each token) is refused: a native
- * Tokenize does not give it.
+ * one default has to win. with_pieces makes each token {"id", "piece"}, as llama.cpp's
+ * server gives it: the token's text (a control token's as written, "<s>"), or the array
+ * of its byte values when they are no whole UTF-8 (a byte token of a character cut in
+ * several), which a JSON string cannot carry.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,16 +53,14 @@ static void start_tokenize(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     int with_pieces = parse_special < 0 ? -1 : read_flag(hr->body, "with_pieces", NULL, msg, cap);
     if (add_special < 0 || parse_special < 0 || with_pieces < 0)
         goto bad;
-    if (with_pieces) {
-        snprintf(msg, cap, "'with_pieces' is not supported: /detokenize gives a token's text");
-        goto bad;
-    }
     Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;
     t.text = (char *)json_object_get_string(text);
     t.has_add_special = 1;
     t.add_special = add_special;
     t.has_parse_special = 1;
     t.parse_special = parse_special;
+    t.has_with_pieces = 1;
+    t.with_pieces = with_pieces;
     t.model = (char *)hr->model_named;
     r->body_case = LLMS__REQUEST__BODY_TOKENIZE;
     r->tokenize = &t;
@@ -112,20 +113,56 @@ void tokroute_start(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         start_detokenize(hr, r, msg, cap);
 }
 
+/* A token of with_pieces: {"id", "piece"}, the piece a string when its bytes are whole
+ * UTF-8, else the array of their values. NULL out of memory. */
+static json_object *token_with_piece(int32_t id, const ProtobufCBinaryData *piece)
+{
+    json_object *e = json_object_new_object(), *p;
+    if (!e)
+        return NULL;
+    if (utf8_valid((const char *)piece->data, piece->len))
+        p = json_object_new_string_len((const char *)piece->data, (int)piece->len);
+    else
+        p = openai_piece_bytes(piece);
+    if (!p) {
+        json_object_put(e);
+        return NULL;
+    }
+    json_object_object_add(e, "id", json_object_new_int(id));
+    json_object_object_add(e, "piece", p);
+    return e;
+}
+
 void tokroute_on_tokenize(hreq *hr, const Llms__TokenizeResponse *t)
 {
     http *h = hr->h;
     http_req_finish(hr);
+    /* the body was read at the start: with_pieces is a boolean, null or absent */
+    json_object *v;
+    bool pieces = json_object_object_get_ex(hr->body, "with_pieces", &v) &&
+                  json_object_get_boolean(v);
+    if (pieces && t->n_pieces != t->n_tokens) {
+        openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
+                          "the tokenizer gave %zu pieces for %zu tokens", t->n_pieces,
+                          t->n_tokens);
+        return;
+    }
     json_object *o = json_object_new_object(), *tokens = json_object_new_array_ext((int)t->n_tokens);
-    if (!o || !tokens) {
+    bool ok = o && tokens;
+    for (size_t i = 0; ok && i < t->n_tokens; i++) {
+        json_object *e = pieces ? token_with_piece(t->tokens[i], &t->pieces[i])
+                                : json_object_new_int(t->tokens[i]);
+        ok = e && json_object_array_add(tokens, e) == 0;
+        if (!ok)
+            json_object_put(e);
+    }
+    if (!ok) {
         json_object_put(o);
         json_object_put(tokens);
         openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
                           "out of memory");
         return;
     }
-    for (size_t i = 0; i < t->n_tokens; i++)
-        json_object_array_add(tokens, json_object_new_int(t->tokens[i]));
     json_object_object_add(o, "tokens", tokens);
     json_object_object_add(o, "count", json_object_new_int64((int64_t)t->n_tokens));
     http_send_json(h, hr->wc, hr->route, 200, o);

@@ -572,7 +572,7 @@ static void tokenize_and_detokenize_routes(void)
         const char *path, *body, *says;
     } bad[] = {
         {"/tokenize", "{}", "content"},
-        {"/tokenize", "{\"content\":\"a\",\"with_pieces\":true}", "with_pieces"},
+        {"/tokenize", "{\"content\":\"a\",\"with_pieces\":\"yes\"}", "with_pieces"},
         {"/tokenize", "{\"content\":\"a\",\"add_special\":1}", "add_special"},
         {"/detokenize", "{\"tokens\":[1,-2]}", "tokens[1]"},
         {"/detokenize", "{\"tokens\":[1,300]}", "vocabulary"},

@@ -793,6 +793,95 @@ static void refusals_name_the_field(void)
     free(big);
 }
 
+/* The bytes of /tokenize's pieces (strings, or arrays of byte values) back to back into
+ * out (cap bytes, NUL-terminated), from token from on: their length, or -1 when a token
+ * is no {id, piece} object. */
+static int pieces_bytes(json_object *toks, size_t from, char *out, size_t cap)
+{
+    size_t len = 0;
+    for (size_t i = from; i < json_object_array_length(toks); i++) {
+        json_object *t = json_object_array_get_idx(toks, i), *p = httpc_jget(t, "piece");
+        if (!httpc_jget(t, "id") || !p)
+            return -1;
+        if (json_object_is_type(p, json_type_string)) {
+            size_t n = (size_t)json_object_get_string_len(p);
+            if (len + n >= cap)
+                return -1;
+            memcpy(out + len, json_object_get_string(p), n);
+            len += n;
+            continue;
+        }
+        for (size_t k = 0; json_object_is_type(p, json_type_array) &&
+                           k < json_object_array_length(p) && len + 1 < cap; k++)
+            out[len++] = (char)json_object_get_int(json_object_array_get_idx(p, k));
+    }
+    out[len] = '\0';
+    return (int)len;
+}
+
+/* with_pieces: each token as {id, piece}, its text as llama.cpp's server gives it (a
+ * control token's as written, "<s>"), or its bytes as an array of numbers when they are
+ * no whole UTF-8 (a character cut into byte tokens); the same through the worker (a
+ * model named). */
+static void tokenize_gives_pieces(void)
+{
+    NEED_DAEMON();
+    int n, st;
+    char *ids = tokenize(PROMPT, true, &n);
+    CHECK(ids);
+    json_object *want = json_tokener_parse(ids);
+    free(ids);
+    json_object *o = post("/tokenize", "{\"content\":\"" PROMPT "\",\"add_special\":true,"
+                                       "\"with_pieces\":true}", &st),
+                *toks = httpc_jget(o, "tokens");
+    CHECK_MSG(st == 200 && toks && json_object_array_length(toks) == (size_t)n &&
+                  jint(o, "count") == n,
+              "%d %s", st, json_text(o));
+    for (int i = 0; i < n; i++)
+        CHECK_MSG(jint(json_object_array_get_idx(toks, (size_t)i), "id") ==
+                      json_object_get_int(json_object_array_get_idx(want, (size_t)i)),
+                  "token %d: %s, ids %s", i, json_text(o), json_text(want));
+    json_object_put(want);
+    /* BOS as its text; the rest the prompt with the tokenizer's leading space */
+    char text[512];
+    const char *bos = httpc_jstr(toks, "0.piece");
+    CHECK_MSG(bos && bos[0] == '<' && pieces_bytes(toks, 1, text, sizeof text) > 0 &&
+                  strcmp(text, " " PROMPT) == 0,
+              "%s", json_text(o));
+    json_object_put(o);
+    /* the same through the worker, which answers a Tokenize that names a model */
+    json_object *named = post("/tokenize", "{\"content\":\"" PROMPT "\",\"add_special\":true,"
+                                           "\"with_pieces\":true,\"model\":\"docs-lm-21M-F16\"}",
+                              &st);
+    o = post("/tokenize", "{\"content\":\"" PROMPT "\",\"add_special\":true,"
+                          "\"with_pieces\":true}", &st);
+    CHECK_MSG(st == 200 && json_object_equal(named, o), "%s, default %s", json_text(named),
+              json_text(o));
+    json_object_put(named);
+    json_object_put(o);
+    /* a character the vocabulary has no token for comes as its bytes' tokens: no whole
+     * UTF-8 alone, each an array of its byte values */
+    o = post("/tokenize", "{\"content\":\"a \\ud83e\\udd99\",\"with_pieces\":true}", &st);
+    toks = httpc_jget(o, "tokens");
+    size_t arrays = 0;
+    for (size_t i = 0; toks && i < json_object_array_length(toks); i++)
+        arrays += json_object_is_type(httpc_jget(json_object_array_get_idx(toks, i), "piece"),
+                                      json_type_array);
+    CHECK_MSG(st == 200 && toks && pieces_bytes(toks, 0, text, sizeof text) > 0 &&
+                  strcmp(text, " a \xf0\x9f\xa6\x99") == 0 && arrays >= 2,
+              "%d %s", st, json_text(o));
+    json_object_put(o);
+    /* without it, ids */
+    o = post("/tokenize", "{\"content\":\"x\",\"with_pieces\":false}", &st);
+    CHECK_MSG(st == 200 && json_object_is_type(httpc_jget(o, "tokens.0"), json_type_int),
+              "%d %s", st, json_text(o));
+    json_object_put(o);
+    o = post("/tokenize", "{\"content\":\"x\",\"with_pieces\":1}", &st);
+    CHECK_MSG(st == 400 && strstr(httpc_jstr(o, "error.message"), "with_pieces"), "%d %s", st,
+              json_text(o));
+    json_object_put(o);
+}
+
 /* /slots is refused as llama.cpp's server refuses it without --slots (and its save,
  * restore and erase actions without --slot-save-path): 501 not_supported_error. */
 static void slots_are_refused(void)
@@ -967,6 +1056,7 @@ int main(int argc, char **argv)
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
     RUN(refusals_name_the_field);
+    RUN(tokenize_gives_pieces);
     RUN(slots_are_refused);
     RUN(rerank_aliases_are_one_route);
     RUN(tcp_needs_a_token);
