@@ -53,7 +53,7 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
     "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
-    "/props", "/slots", "/slots/{id_slot}", "other",
+    "/props", "/embedding", "/slots", "/slots/{id_slot}", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -133,8 +133,7 @@ __attribute__((format(printf, 7, 8))) static void send_error(http *h, httpwire_c
         openai_send_error(h, wc, r, status, type, code, "%s", msg);
 }
 
-/* Ends hr with a native error in the shape of its route's API. */
-static void finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
+void http_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 {
     if (http_route_is_ollama(hr->route))
         ollama_finish_error(hr, code, msg);
@@ -256,7 +255,7 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
     } else if (llamacpp) {
         llamacpp_stream_start(hr);
     } else if (openai_sse_start(hr)) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (hr->cancel_sent || unread(hr) > CONNBUDGET_OUT_CAP) {
@@ -421,7 +420,7 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
                             ? frame_unpack_response(frame + FRAME_HEADER_BYTES, len - FRAME_HEADER_BYTES)
                             : NULL;
     if (!r) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "undecodable reply from the worker");
         return;
     }
     /* the choice a generation's frame is of: its request id's place after ID_WORK */
@@ -429,9 +428,9 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
                       r->body_case == LLMS__RESPONSE__BODY_RESULT;
     uint64_t choice = r->id - ID_WORK;
     if (r->error) {
-        finish_error(hr, r->error->code, r->error->message);
+        http_finish_error(hr, r->error->code, r->error->message);
     } else if (generation && (r->id < ID_WORK || choice >= hr->n_choices)) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "a reply of no request from the worker");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "a reply of no request from the worker");
     } else if (r->body_case == LLMS__RESPONSE__BODY_BIND) {
         /* Bound: the request itself follows. */
     } else if (r->body_case == LLMS__RESPONSE__BODY_CHUNK) {
@@ -450,6 +449,8 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
     } else if (r->body_case == LLMS__RESPONSE__BODY_EMBED) {
         if (http_route_is_ollama(hr->route))
             ollama_on_embed(hr, r->embed);
+        else if (http_route_is_llamacpp(hr->route))
+            llamacpp_on_embedding(hr, r->embed);
         else
             openai_on_embed(hr, r->embed);
     } else if (r->body_case == LLMS__RESPONSE__BODY_RERANK) {
@@ -461,7 +462,7 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
     } else if (r->body_case == LLMS__RESPONSE__BODY_STATUS) {
         on_status(hr, r->status);
     } else {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "unexpected reply from the worker");
     }
     frame_free_response(r);
 }
@@ -503,7 +504,7 @@ int http_submit(hreq *hr, const Llms__Request *r)
         free(buf);
     }
     if (!req) {
-        finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return -1;
     }
     session_handle(&hr->h->senv, &hr->ss, hr, req);
@@ -586,6 +587,8 @@ static enum route route_of(const char *uri, size_t *len)
             return R_RERANK;
     if (n == 12 && strncmp(uri, "/completions", 12) == 0)
         return R_LLAMACPP_COMPLETION;
+    if (n == 11 && strncmp(uri, "/embeddings", 11) == 0)
+        return R_LLAMACPP_EMBEDDING;
     static const char *const manage[] = {"/api/pull", "/api/push", "/api/create", "/api/copy",
                                          "/api/delete"};
     for (size_t i = 0; i < sizeof manage / sizeof manage[0]; i++)
@@ -623,9 +626,11 @@ const models_view_entry *http_view_default(const http *h, unsigned role)
 /* The role a route's requests need of their model. */
 static unsigned route_role(enum route r)
 {
-    return r == R_EMBEDDINGS || r == R_OLLAMA_EMBED || r == R_OLLAMA_EMBEDDINGS ? MODELS_EMBED
-           : r == R_RERANK                                                      ? MODELS_RERANK
-                                                                                : MODELS_GENERATE;
+    return r == R_EMBEDDINGS || r == R_OLLAMA_EMBED || r == R_OLLAMA_EMBEDDINGS ||
+                   r == R_LLAMACPP_EMBEDDING
+               ? MODELS_EMBED
+           : r == R_RERANK ? MODELS_RERANK
+                           : MODELS_GENERATE;
 }
 
 /* The model a request of route r runs on: *e, the one body's "model" names (*named),
@@ -900,6 +905,9 @@ static void hreq_start(hreq *hr)
         break;
     case R_LLAMACPP_COMPLETION:
         llamacpp_start_completion(hr, &rq, msg, sizeof msg);
+        break;
+    case R_LLAMACPP_EMBEDDING:
+        llamacpp_start_embedding(hr, &rq, msg, sizeof msg);
         break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;
@@ -1434,7 +1442,7 @@ void http_worker_done(http *h)
     for (int b = 0; b < HREQ_BUCKETS; b++)
         while (h->buckets[b]) {
             hreq *hr = h->buckets[b];
-            finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
+            http_finish_error(hr, LLMS__ERROR_CODE__UNAVAILABLE, "the daemon is shutting down");
             hreq_free(hr);
         }
 }

@@ -48,6 +48,7 @@ enum route {
      * R_LLAMACPP_SLOTS_ACTION */
     R_LLAMACPP_COMPLETION,     /* /completion, and its alias /completions */
     R_LLAMACPP_PROPS,
+    R_LLAMACPP_EMBEDDING,      /* /embedding, and its alias /embeddings */
     R_LLAMACPP_SLOTS,          /* GET /slots: refused */
     R_LLAMACPP_SLOTS_ACTION,   /* POST /slots/{id_slot}?action=...: refused */
     R_OTHER,
@@ -158,6 +159,10 @@ struct http {
 /* o as compact JSON text, owned by o. */
 const char *http_json_text(json_object *o);
 
+/* Ends hr with a native error in the shape of its route's API (openai_finish_error,
+ * ollama_finish_error or llamacpp_finish_error). */
+void http_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
 /* Counts one answer of route r with status for /metrics. */
 void http_count_status(http *h, enum route r, int status);
 
@@ -262,6 +267,13 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 
+/* Submits hr's native Embed of in's texts (a string or a non-empty array of strings) on
+ * hr's model, which field of the body held: what openai_start_embed sends, for the other
+ * APIs' embedding routes too. A refusal (400 naming field) is in the shape of hr's route,
+ * and ends hr. */
+void openai_submit_embed(hreq *hr, Llms__Request *r, json_object *in, const char *field,
+                         char *msg, size_t cap);
+
 /* ---- ollama.c: ollama's shapes ---- */
 
 /* Answers status with ollama's error object {"error": msg}. */
@@ -325,14 +337,18 @@ void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r);
 /* As openai_start_generate, for /completion. */
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);
 
+/* As openai_start_embed, for /embedding (and /embeddings). */
+void llamacpp_start_embedding(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
 /* Begins hr's SSE reply (headers; its events go out as they come). */
 void llamacpp_stream_start(hreq *hr);
 
 /* Streams a chunk of the reply as one event of hr. */
 void llamacpp_stream_chunk(hreq *hr, const Llms__CallChunk *ch);
 
-/* hr's final answer from the native reply; ends hr. */
+/* hr's final answer from the native reply: a completion, embeddings. Each ends hr. */
 void llamacpp_on_result(hreq *hr, const Llms__CallResult *res);
+void llamacpp_on_embedding(hreq *hr, const Llms__EmbedResponse *e);
 
 /* ---- tokroute.c: /tokenize and /detokenize (llama.cpp's server's shape) ---- */
 

@@ -3,7 +3,9 @@
  * tools written against llama-server rather than OpenAI's routes: POST /completion (and
  * its alias /completions) becomes a native Complete of the raw prompt (a string, token
  * ids, or strings and ids mixed: CompleteRequest.prompt_parts), answered whole or as
- * Server-Sent Events in llama.cpp's shapes; GET /props shows the daemon's defaults;
+ * Server-Sent Events in llama.cpp's shapes; POST /embedding (and /embeddings) gives the
+ * native Embed's vectors, as /v1/embeddings sends it, in llama.cpp's own shape; GET /props
+ * shows the daemon's defaults;
  * /slots (GET, and POST /slots/{id_slot}'s actions) is refused 501 as llama.cpp's server
  * refuses it unless started with --slots (--slot-save-path). Errors are llama.cpp's
  * {"error": {"code", "message", "type"}}.
@@ -754,6 +756,32 @@ bad:
     llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
+/* llama.cpp's /embedding: its "content" (or OpenAI's "input", which its server reads
+ * first), a text or texts, embedded as /v1/embeddings embeds them. */
+void llamacpp_start_embedding(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    json_object *in, *v;
+    int rc = jsonfield_get(hr->body, "encoding_format", "", json_type_string, &v, msg, cap);
+    if (rc < 0)
+        goto bad;
+    /* checked as llama.cpp's server checks it, which then answers this route with numbers
+     * whichever was asked: its base64 is for /v1/embeddings */
+    if (rc && strcmp(json_object_get_string(v), "float") &&
+        strcmp(json_object_get_string(v), "base64")) {
+        snprintf(msg, cap, "'encoding_format' must be float or base64");
+        goto bad;
+    }
+    const char *field = json_object_object_get_ex(hr->body, "input", &in) ? "input" : "content";
+    if (!json_object_object_get_ex(hr->body, field, &in)) {
+        snprintf(msg, cap, "'content' (or 'input') is required");
+        goto bad;
+    }
+    openai_submit_embed(hr, r, in, field, msg, cap);
+    return;
+bad:
+    llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
 /* ---- answers ---- */
 
 /* A token's text as llama.cpp gives it: a character cut at its end left out (a byte
@@ -988,4 +1016,38 @@ void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
     llamacpp_stream_start(hr);
     send_event(hr, o);
     httpwire_stream_end(hr->wc);
+}
+
+/* llama.cpp's shape of a pooled model's embeddings: [{"index", "embedding": [vector]}],
+ * each text's one vector pooled and L2-normalised (llmsd always pools, so never the
+ * per-token vectors llama.cpp's server gives with --pooling none). */
+void llamacpp_on_embedding(hreq *hr, const Llms__EmbedResponse *e)
+{
+    http *h = hr->h;
+    http_req_finish(hr);
+    for (size_t i = 0; i < e->n_n_tokens; i++)
+        h->embed_tokens += e->n_tokens[i];
+    json_object *a = json_object_new_array_ext((int)e->n_vectors);
+    bool ok = a != NULL;
+    for (size_t i = 0; ok && i < e->n_vectors; i++) {
+        json_object *item = json_object_new_object(), *one = json_object_new_array_ext(1),
+                    *v = http_vector_json(e->vectors[i]);
+        ok = item && one && v;
+        if (!ok) {
+            json_object_put(item);
+            json_object_put(one);
+            json_object_put(v);
+            break;
+        }
+        json_object_array_add(one, v);
+        json_object_object_add(item, "index", json_object_new_int((int)i));
+        json_object_object_add(item, "embedding", one);
+        json_object_array_add(a, item);
+    }
+    if (!ok) {
+        json_object_put(a);
+        llamacpp_send_error(h, hr->wc, hr->route, 500, "out of memory");
+        return;
+    }
+    http_send_json(h, hr->wc, hr->route, 200, a);
 }

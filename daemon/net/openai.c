@@ -1462,18 +1462,28 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'input' is required");
         goto bad;
     }
+    openai_submit_embed(hr, r, in, "input", msg, cap);
+    return;
+bad:
+    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+void openai_submit_embed(hreq *hr, Llms__Request *r, json_object *in, const char *field,
+                         char *msg, size_t cap)
+{
     const char **texts;
     size_t n;
-    rc = jsonfield_strings(in, &texts, &n);
+    int rc = jsonfield_strings(in, &texts, &n);
     if (rc == -2) {
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (rc < 0 || n == 0) {
         free(texts);
-        snprintf(msg, cap, "'input' must be a string or a non-empty array of strings (token "
-                           "arrays are not supported)");
-        goto bad;
+        snprintf(msg, cap, "'%s' must be a string or a non-empty array of strings (token "
+                           "arrays are not supported)", field);
+        http_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+        return;
     }
     Llms__EmbedRequest e = LLMS__EMBED_REQUEST__INIT;
     e.texts = (char **)texts;
@@ -1483,9 +1493,6 @@ void openai_start_embed(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     r->embed = &e;
     http_submit(hr, r);
     free(texts);
-    return;
-bad:
-    openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)

@@ -29,6 +29,7 @@
 
 static char llmsd_path[1024];
 static const char *model_path;
+static const char *embed_path; /* docs-embed-5M, the daemon's embed model; NULL: absent */
 static llmsd_proc daemon_;
 static int daemon_up;
 static char hsock[700];
@@ -49,7 +50,7 @@ static int port;
  * values by chance. */
 static int start_daemon(void)
 {
-    char tokens[700], extra[2048];
+    char tokens[700], extra[2048], embed[1100] = "";
     proc_fmt(tokens, sizeof tokens, "%s/lc-tokens", test_tmpdir());
     FILE *f = fopen(tokens, "w");
     if (!f)
@@ -60,11 +61,13 @@ static int start_daemon(void)
     port = httpc_free_port();
     struct group *g = getgrgid(getgid());
     proc_fmt(hsock, sizeof hsock, "%s/lc-h.sock", test_tmpdir());
+    if (embed_path)
+        proc_fmt(embed, sizeof embed, "embed_model = %s\n", embed_path);
     proc_fmt(extra, sizeof extra,
              "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"
              "threads = 2\nadmin_group = %s\ntemperature = 0.7\ntop_k = 30\ntop_p = 0.9\n"
-             "min_p = 0.02\nrepeat_penalty = 1.0\nrepeat_last_n = 48\nmax_tokens = 100\n",
-             hsock, port, tokens, g ? g->gr_name : "root");
+             "min_p = 0.02\nrepeat_penalty = 1.0\nrepeat_last_n = 48\nmax_tokens = 100\n%s",
+             hsock, port, tokens, g ? g->gr_name : "root", embed);
     return proc_start(&daemon_, llmsd_path, "lc", model_path, extra);
 }
 
@@ -793,6 +796,69 @@ static void refusals_name_the_field(void)
     free(big);
 }
 
+/* /embedding and /embeddings, llama.cpp's own shape: one {"index", "embedding": [[...]]}
+ * per text, its one vector the pooled, normalised one /v1/embeddings gives for the same
+ * text on the daemon's embed model; "content" or "input", a string or strings. */
+static void embedding_equals_openai(void)
+{
+    NEED_DAEMON();
+    if (!embed_path)
+        SKIP("models/docs-embed-5M-F16.gguf is not in the test data");
+    int st;
+    json_object *want = post("/v1/embeddings", "{\"input\":[\"The gateway answers\","
+                                               "\"Contexts keep their KV.\"]}", &st);
+    CHECK_MSG(st == 200 && httpc_jget(want, "data.1.embedding") &&
+                  jeq(want, "model", "docs-embed-5M-F16"),
+              "%d %s", st, json_text(want));
+    static const struct {
+        const char *path, *body;
+        size_t first, n; /* the texts of /v1/embeddings' answer it has */
+    } cases[] = {
+        {"/embedding", "{\"content\":[\"The gateway answers\",\"Contexts keep their KV.\"]}",
+         0, 2},
+        {"/embeddings", "{\"content\":\"Contexts keep their KV.\"}", 1, 1},
+        {"/embedding", "{\"input\":\"The gateway answers\"}", 0, 1},
+        {"/embeddings", "{\"input\":[\"Contexts keep their KV.\"],\"encoding_format\":\"float\","
+                        "\"model\":\"docs-embed-5M-F16\"}", 1, 1},
+        /* as llama.cpp's server answers it: numbers whatever the format asked */
+        {"/embedding", "{\"content\":\"The gateway answers\",\"encoding_format\":\"base64\"}",
+         0, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_object *o = post(cases[i].path, cases[i].body, &st);
+        bool ok = st == 200 && json_object_is_type(o, json_type_array) &&
+                  json_object_array_length(o) == cases[i].n;
+        for (size_t k = 0; ok && k < cases[i].n; k++) {
+            json_object *e = json_object_array_get_idx(o, k), *emb = httpc_jget(e, "embedding");
+            char at[64];
+            snprintf(at, sizeof at, "data.%zu.embedding", cases[i].first + k);
+            ok = jint(e, "index") == (int64_t)k && json_object_is_type(emb, json_type_array) &&
+                 json_object_array_length(emb) == 1 &&
+                 json_object_equal(json_object_array_get_idx(emb, 0), httpc_jget(want, at));
+        }
+        CHECK_MSG(ok, "%s %s: %d %.300s", cases[i].path, cases[i].body, st, json_text(o));
+        json_object_put(o);
+    }
+    json_object_put(want);
+    static const struct {
+        const char *body, *want;
+    } bad[] = {
+        {"{}", "content"},
+        {"{\"content\":[]}", "content"},
+        {"{\"content\":5}", "content"},
+        {"{\"content\":[1,2]}", "content"},
+        {"{\"input\":[\"a\",[1]]}", "input"},
+        {"{\"content\":\"a\",\"encoding_format\":\"hex\"}", "encoding_format"},
+        {"{\"content\":\"a\",\"model\":\"docs-lm-21M-F16\"}", "embed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        expect_error("POST", "/embedding", bad[i].body, 400, "invalid_request_error",
+                     bad[i].want);
+    expect_error("POST", "/embeddings", "{\"content\":\"a\",\"model\":\"nope\"}", 404,
+                 "not_found_error", "nope");
+    expect_error("GET", "/embedding", NULL, 405, "invalid_request_error", "POST");
+}
+
 /* The bytes of /tokenize's pieces (strings, or arrays of byte values) back to back into
  * out (cap bytes, NUL-terminated), from token from on: their length, or -1 when a token
  * is no {id, piece} object. */
@@ -1041,6 +1107,8 @@ int main(int argc, char **argv)
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
     const char *p = test_data_path("models/docs-lm-21M-F16.gguf");
     model_path = p ? strdup(p) : NULL;
+    p = test_data_path("models/docs-embed-5M-F16.gguf");
+    embed_path = p ? strdup(p) : NULL;
     RUN(props_answers_the_defaults);
     RUN(greedy_equals_openai);
     RUN(token_prompts_are_their_tokens);
@@ -1056,6 +1124,7 @@ int main(int argc, char **argv)
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
     RUN(refusals_name_the_field);
+    RUN(embedding_equals_openai);
     RUN(tokenize_gives_pieces);
     RUN(slots_are_refused);
     RUN(rerank_aliases_are_one_route);
@@ -1063,5 +1132,6 @@ int main(int argc, char **argv)
     RUN(random_bodies_never_crash);
     RUN(daemon_exits_cleanly);
     free((char *)model_path);
+    free((char *)embed_path);
     return test_finish();
 }
