@@ -53,7 +53,7 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
     "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
-    "/props", "/embedding", "/slots", "/slots/{id_slot}", "other",
+    "/props", "/embedding", "/apply-template", "/slots", "/slots/{id_slot}", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -908,6 +908,9 @@ static void hreq_start(hreq *hr)
         break;
     case R_LLAMACPP_EMBEDDING:
         llamacpp_start_embedding(hr, &rq, msg, sizeof msg);
+        break;
+    case R_LLAMACPP_APPLY_TEMPLATE:
+        llamacpp_apply_template(hr, msg, sizeof msg);
         break;
     default:
         rq.body_case = LLMS__REQUEST__BODY_STATUS;

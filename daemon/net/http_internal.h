@@ -49,6 +49,7 @@ enum route {
     R_LLAMACPP_COMPLETION,     /* /completion, and its alias /completions */
     R_LLAMACPP_PROPS,
     R_LLAMACPP_EMBEDDING,      /* /embedding, and its alias /embeddings */
+    R_LLAMACPP_APPLY_TEMPLATE,
     R_LLAMACPP_SLOTS,          /* GET /slots: refused */
     R_LLAMACPP_SLOTS_ACTION,   /* POST /slots/{id_slot}?action=...: refused */
     R_OTHER,
@@ -203,6 +204,10 @@ const char *openai_finish_reason(Llms__StopReason r);
  * hr->scan made when replies are read for calls. Fresh string, or NULL with msg. */
 char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap);
 
+/* A chat body's "messages" into *msgs (owned by body): 0, or -1 with msg when they are no
+ * non-empty array. */
+int openai_chat_messages(json_object *body, json_object **msgs, char *msg, size_t cap);
+
 /* Answers status with OpenAI's error object {"error": {message, type, param, code}}. */
 void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
                        const char *type, const char *code, const char *fmt, ...)
@@ -336,6 +341,10 @@ void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r);
 
 /* As openai_start_generate, for /completion. */
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Answers POST /apply-template: hr's messages and tools rendered into the prompt
+ * /v1/chat/completions would evaluate for them on hr's model. Ends hr. */
+void llamacpp_apply_template(hreq *hr, char *msg, size_t cap);
 
 /* As openai_start_embed, for /embedding (and /embeddings). */
 void llamacpp_start_embedding(hreq *hr, Llms__Request *r, char *msg, size_t cap);

@@ -3,12 +3,13 @@
  * tools written against llama-server rather than OpenAI's routes: POST /completion (and
  * its alias /completions) becomes a native Complete of the raw prompt (a string, token
  * ids, or strings and ids mixed: CompleteRequest.prompt_parts), answered whole or as
- * Server-Sent Events in llama.cpp's shapes; POST /embedding (and /embeddings) gives the
- * native Embed's vectors, as /v1/embeddings sends it, in llama.cpp's own shape; GET /props
- * shows the daemon's defaults;
- * /slots (GET, and POST /slots/{id_slot}'s actions) is refused 501 as llama.cpp's server
- * refuses it unless started with --slots (--slot-save-path). Errors are llama.cpp's
- * {"error": {"code", "message", "type"}}.
+ * Server-Sent Events in llama.cpp's shapes; POST /apply-template gives the prompt the
+ * chat route renders (openai.c's rendering, answered on the loop); POST /embedding (and
+ * /embeddings) gives the native Embed's vectors, as /v1/embeddings sends it, in
+ * llama.cpp's own shape; GET /props shows the daemon's defaults; /slots (GET, and POST
+ * /slots/{id_slot}'s actions) is refused 501 as llama.cpp's server refuses it unless
+ * started with --slots (--slot-save-path). Errors are llama.cpp's {"error": {"code",
+ * "message", "type"}}.
  *
  * What only concerns how llama.cpp's server runs (id_slot, cache_prompt: llmsd's prompt
  * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
@@ -754,6 +755,31 @@ bad:
     free(ptrs);
     free(ids);
     llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+}
+
+/* The chat route's own reading of messages and tools and its own rendering, so that the
+ * prompt is the very text it would evaluate; nothing else of the body shapes a prompt. */
+void llamacpp_apply_template(hreq *hr, char *msg, size_t cap)
+{
+    json_object *msgs;
+    char *prompt = NULL;
+    if (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+        openai_chat_messages(hr->body, &msgs, msg, cap) ||
+        !(prompt = openai_render_chat(hr, msgs, msg, cap))) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+        return;
+    }
+    http_req_finish(hr);
+    json_object *o = json_object_new_object(), *p = json_object_new_string(prompt);
+    free(prompt);
+    if (!o || !p) {
+        json_object_put(o);
+        json_object_put(p);
+        llamacpp_send_error(hr->h, hr->wc, hr->route, 500, "out of memory");
+        return;
+    }
+    json_object_object_add(o, "prompt", p);
+    http_send_json(hr->h, hr->wc, hr->route, 200, o);
 }
 
 /* llama.cpp's /embedding: its "content" (or OpenAI's "input", which its server reads

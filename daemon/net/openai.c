@@ -1236,6 +1236,16 @@ done:
     return out;
 }
 
+int openai_chat_messages(json_object *body, json_object **msgs, char *msg, size_t cap)
+{
+    if (jsonfield_get(body, "messages", "", json_type_array, msgs, msg, cap) != 1 ||
+        json_object_array_length(*msgs) == 0) {
+        snprintf(msg, cap, "'messages' must be a non-empty array");
+        return -1;
+    }
+    return 0;
+}
+
 /* Submits r once per choice of hr: choice i as request r->id + i, and with a seed, seed
  * + i, so that the whole reply is reproducible and its choices differ. Stops at a choice
  * refused at once (hr is then answered, and those before it cancelled). */
@@ -1298,11 +1308,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
     if (chat) {
         json_object *msgs;
-        if (jsonfield_get(hr->body, "messages", "", json_type_array, &msgs, msg, cap) != 1 ||
-            json_object_array_length(msgs) == 0) {
-            snprintf(msg, cap, "'messages' must be a non-empty array");
+        if (openai_chat_messages(hr->body, &msgs, msg, cap))
             goto bad;
-        }
         if (hr->context_id) {
             /* The context holds the conversation: the turn is the last user message. */
             json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);

@@ -47,7 +47,8 @@ static int port;
     } while (0)
 
 /* Generation defaults of its own, so that /props shows the settings' and not built-in
- * values by chance. */
+ * values by chance; chatml for the model, which has no template of its own, so that
+ * chats render with tools. */
 static int start_daemon(void)
 {
     char tokens[700], extra[2048], embed[1100] = "";
@@ -65,7 +66,8 @@ static int start_daemon(void)
         proc_fmt(embed, sizeof embed, "embed_model = %s\n", embed_path);
     proc_fmt(extra, sizeof extra,
              "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"
-             "threads = 2\nadmin_group = %s\ntemperature = 0.7\ntop_k = 30\ntop_p = 0.9\n"
+             "threads = 2\nadmin_group = %s\nchat_template = chatml\ntemperature = 0.7\n"
+             "top_k = 30\ntop_p = 0.9\n"
              "min_p = 0.02\nrepeat_penalty = 1.0\nrepeat_last_n = 48\nmax_tokens = 100\n%s",
              hsock, port, tokens, g ? g->gr_name : "root", embed);
     return proc_start(&daemon_, llmsd_path, "lc", model_path, extra);
@@ -796,6 +798,157 @@ static void refusals_name_the_field(void)
     free(big);
 }
 
+/* /apply-template's prompt for fields (the body's, without braces), malloc'd; NULL after a
+ * failed check's message. */
+static char *apply_template(const char *fields)
+{
+    char body[4096];
+    snprintf(body, sizeof body, "{%s}", fields);
+    int st;
+    json_object *o = post("/apply-template", body, &st);
+    const char *p = httpc_jstr(o, "prompt");
+    char *prompt = st == 200 && p && json_object_object_length(o) == 1 ? strdup(p) : NULL;
+    if (!prompt)
+        test_fail(__FILE__, __LINE__, "/apply-template %s: %d %s", body, st, json_text(o));
+    json_object_put(o);
+    return prompt;
+}
+
+/* The tokens a Complete evaluates for text (BOS added, special tokens parsed): -1 after a
+ * failed check's message. */
+static int prompt_tokens(const char *text)
+{
+    json_object *b = json_object_new_object();
+    json_object_object_add(b, "content", json_object_new_string(text));
+    json_object_object_add(b, "add_special", json_object_new_boolean(1));
+    json_object_object_add(b, "parse_special", json_object_new_boolean(1));
+    int st;
+    json_object *o = post("/tokenize", json_object_to_json_string(b), &st);
+    int n = st == 200 ? (int)jint(o, "count") : -1;
+    if (n < 0)
+        test_fail(__FILE__, __LINE__, "/tokenize: %d %s", st, json_text(o));
+    json_object_put(o);
+    json_object_put(b);
+    return n;
+}
+
+/* /v1/chat/completions' usage.prompt_tokens for fields: -1 after a failed check's
+ * message. */
+static int chat_prompt_tokens(const char *fields)
+{
+    char body[4096];
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":1}", fields);
+    int st;
+    json_object *o = post("/v1/chat/completions", body, &st);
+    int n = st == 200 ? (int)jint(o, "usage.prompt_tokens") : -1;
+    if (n < 0)
+        test_fail(__FILE__, __LINE__, "/v1/chat/completions %s: %d %s", body, st, json_text(o));
+    json_object_put(o);
+    return n;
+}
+
+#define TOOLS                                                                              \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"   \
+    "\"The weather of a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"    \
+    "{\"type\":\"string\"}},\"required\":[\"city\"]}}}]"
+
+/* /apply-template renders the messages (and tools) as /v1/chat/completions does: the
+ * very prompt it evaluates, assistant opening included, on the model named or the
+ * default; its tokens are the chat's usage.prompt_tokens, and /completion of it
+ * evaluates as many. */
+static void apply_template_is_the_chat_prompt(void)
+{
+    NEED_DAEMON();
+    static const struct {
+        const char *fields, *ends; /* the body, how its prompt ends */
+    } cases[] = {
+        {"\"messages\":[{\"role\":\"system\",\"content\":\"You answer briefly.\"},"
+         "{\"role\":\"user\",\"content\":\"What does the gateway answer?\"}]",
+         "<|im_start|>assistant\n"},
+        {"\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"},"
+         "{\"type\":\"text\",\"text\":\"there\"}]},{\"role\":\"assistant\",\"content\":"
+         "\"Hello.\"},{\"role\":\"developer\",\"content\":\"Be kind.\"},{\"role\":\"user\","
+         "\"content\":\"And then?\"}]",
+         "<|im_start|>assistant\n"},
+        {"\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]," TOOLS,
+         "<|im_start|>assistant\n"},
+        {"\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":"
+         "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+         "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+         "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}]," TOOLS,
+         "<|im_start|>assistant\n"},
+        /* a forced call: the prompt ends with its opening */
+        {"\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]," TOOLS
+         ",\"tool_choice\":\"required\"",
+         "<tool_call>\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *prompt = apply_template(cases[i].fields);
+        if (!prompt)
+            continue;
+        size_t len = strlen(prompt), end = strlen(cases[i].ends);
+        CHECK_MSG(len > end && strcmp(prompt + len - end, cases[i].ends) == 0 &&
+                      (!strstr(cases[i].fields, "tools") || strstr(prompt, "get_weather")),
+                  "%s: '%s'", cases[i].fields, prompt);
+        int n = prompt_tokens(prompt), want = chat_prompt_tokens(cases[i].fields);
+        CHECK_MSG(n > 0 && n == want, "%s: %d tokens, the chat's %d ('%s')", cases[i].fields,
+                  n, want, prompt);
+        /* sent to /completion as it is, it is the chat's prompt */
+        json_object *b = json_object_new_object();
+        json_object_object_add(b, "prompt", json_object_new_string(prompt));
+        json_object_object_add(b, "n_predict", json_object_new_int(0));
+        json_object *o = complete(json_object_to_json_string(b));
+        CHECK_MSG(o && jint(o, "tokens_evaluated") == want, "%s: %s, the chat's %d",
+                  cases[i].fields, json_text(o), want);
+        json_object_put(o);
+        json_object_put(b);
+        /* the model named: the same */
+        char fields[4096];
+        snprintf(fields, sizeof fields, "%s,\"model\":\"docs-lm-21M-F16\"", cases[i].fields);
+        char *named = apply_template(fields);
+        CHECK_MSG(named && strcmp(named, prompt) == 0, "'%s' vs '%s'", named, prompt);
+        free(named);
+        free(prompt);
+    }
+}
+
+/* /apply-template refuses what the chat route refuses of messages and tools, with its
+ * status and message, in llama.cpp's error shape. */
+static void apply_template_refuses_as_the_chat(void)
+{
+    NEED_DAEMON();
+    static const char *const bodies[] = {
+        "{}",
+        "{\"messages\":[]}",
+        "{\"messages\":\"hi\"}",
+        "{\"messages\":[5]}",
+        "{\"messages\":[{\"content\":\"x\"}]}",
+        "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+        "\"image_url\":{\"url\":\"x\"}}]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+        "\"function\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," TOOLS ",\"tool_choice\":"
+        "{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"model\":\"nope\"}",
+        "[1]",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        int st, want_st;
+        json_object *want = post("/v1/chat/completions", bodies[i], &want_st),
+                    *o = post("/apply-template", bodies[i], &st);
+        const char *m = httpc_jstr(o, "error.message"), *wm = httpc_jstr(want, "error.message");
+        CHECK_MSG(want_st >= 400 && st == want_st && jint(o, "error.code") == st && m && wm &&
+                      strcmp(m, wm) == 0,
+                  "%s: %d %s, the chat's %d %s", bodies[i], st, json_text(o), want_st,
+                  json_text(want));
+        json_object_put(o);
+        json_object_put(want);
+    }
+    expect_error("GET", "/apply-template", NULL, 405, "invalid_request_error", "POST");
+}
+
 /* /embedding and /embeddings, llama.cpp's own shape: one {"index", "embedding": [[...]]}
  * per text, its one vector the pooled, normalised one /v1/embeddings gives for the same
  * text on the daemon's embed model; "content" or "input", a string or strings. */
@@ -1124,6 +1277,8 @@ int main(int argc, char **argv)
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
     RUN(refusals_name_the_field);
+    RUN(apply_template_is_the_chat_prompt);
+    RUN(apply_template_refuses_as_the_chat);
     RUN(embedding_equals_openai);
     RUN(tokenize_gives_pieces);
     RUN(slots_are_refused);
