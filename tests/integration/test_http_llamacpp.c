@@ -8,7 +8,12 @@
  * whose contents add up to the whole reply), n_probs, logit_bias, json_schema, the
  * samplers list and the prompt cache (tokens_cached) as llama.cpp's server answers them;
  * GET /props the daemon's defaults; what cannot be honoured is 400 naming the field,
- * and every error is llama.cpp's {"error": {"code", "message", "type"}}.
+ * and every error is llama.cpp's {"error": {"code", "message", "type"}}. The routes its
+ * users' scripts call next: POST /apply-template renders the prompt /v1/chat/completions
+ * evaluates (chatml, set for the model, with tools), /embedding and /embeddings give
+ * /v1/embeddings' vectors in llama.cpp's shape (docs-embed-5M as the embed model),
+ * /reranking and /v1/reranking are /v1/rerank, /tokenize's with_pieces gives each
+ * token's text or bytes, and /slots is refused 501 as llama.cpp refuses it.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -1174,10 +1179,33 @@ static void tcp_needs_a_token(void)
     CHECK_EQ(r.status, 200);
     CHECK(strstr(r.head, "Access-Control-Allow-Origin: *"));
     httpc_reply_free(&r);
+    /* the other POST routes alike */
+    static const struct {
+        const char *path, *body;
+    } posts[] = {
+        {"/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"},
+        {"/embedding", "{\"content\":\"hi\"}"},
+        {"/embeddings", "{\"content\":[\"hi\"]}"},
+        {"/reranking", "{\"query\":\"hi\",\"documents\":[\"a\"]}"},
+        {"/tokenize", "{\"content\":\"hi\",\"with_pieces\":true}"},
+    };
+    for (size_t i = 0; i < sizeof posts / sizeof *posts; i++) {
+        CHECK(httpc_do(NULL, port, "POST", posts[i].path, NULL, posts[i].body, &r) == 0);
+        CHECK_MSG(r.status == 401, "%s: %d %s", posts[i].path, r.status, r.body);
+        httpc_reply_free(&r);
+        CHECK(httpc_do(NULL, port, "POST", posts[i].path,
+                       "Authorization: Bearer " TOKEN_USER "\r\nOrigin: http://localhost:8080\r\n",
+                       posts[i].body, &r) == 0);
+        CHECK_MSG(r.status == 200 && strstr(r.head, "Access-Control-Allow-Origin: *"),
+                  "%s: %d %s", posts[i].path, r.status, r.body);
+        httpc_reply_free(&r);
+    }
     CHECK(httpc_do(hsock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
     CHECK_MSG(r.status == 200 && strstr(r.body, "route=\"/completion\",code=\"200\"") &&
                   strstr(r.body, "route=\"/props\",code=\"200\"") &&
-                  strstr(r.body, "route=\"/slots\",code=\"501\""),
+                  strstr(r.body, "route=\"/slots\",code=\"501\"") &&
+                  strstr(r.body, "route=\"/apply-template\",code=\"200\"") &&
+                  strstr(r.body, "route=\"/embedding\",code=\"200\""),
               "%d %.2000s", r.status, r.body);
     httpc_reply_free(&r);
 }
@@ -1241,6 +1269,69 @@ static void random_bodies_never_crash(void)
     httpc_reply_free(&r);
 }
 
+/* field names and words of /apply-template's, /embedding's and /tokenize's bodies */
+static const char *const other_keys[] = {
+    "messages", "role", "content", "tools", "tool_choice", "type", "function", "name",
+    "parameters", "tool_calls", "input", "encoding_format", "with_pieces", "add_special",
+    "parse_special", "model", "text"};
+static const char *const other_words[] = {
+    "", "user", "system", "assistant", "tool", "function", "required", "none", "auto", "text",
+    "float", "base64", "docs-lm-21M-F16", "docs-embed-5M-F16", "\xff\xfe", "<s>",
+    "a\\u0000b"};
+static randjson other_gen = {0x2545f4914f6cdd1du, other_keys,
+                             sizeof other_keys / sizeof *other_keys, other_words,
+                             sizeof other_words / sizeof *other_words};
+
+/* The same for the other routes: valid bodies changed at random, or random values. */
+static void random_bodies_on_the_other_routes(void)
+{
+    NEED_DAEMON();
+    static const struct {
+        const char *path, *body;
+    } routes[] = {
+        {"/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]," TOOLS "}"},
+        {"/embedding", "{\"content\":[\"Hi\",\"there\"]}"},
+        {"/tokenize", "{\"content\":\"Hi \\u00e1\",\"with_pieces\":true}"},
+    };
+    test_random_seed(&other_gen.rng);
+    for (size_t k = 0; k < sizeof routes / sizeof *routes; k++) {
+        int ok = 0, n = 150;
+        for (int i = 0; i < n; i++) {
+            json_object *body = randjson_pick(&other_gen, 8) ? json_tokener_parse(routes[k].body)
+                                                             : randjson_value(&other_gen, 1);
+            for (int m = randjson_pick(&other_gen, 4);
+                 m > 0 && json_object_is_type(body, json_type_object); m--) {
+                json_object *into = body, *msgs;
+                /* the first message's fields too, where a chat's shape is read */
+                if (json_object_object_get_ex(body, "messages", &msgs) &&
+                    json_object_is_type(msgs, json_type_array) &&
+                    json_object_is_type(json_object_array_get_idx(msgs, 0), json_type_object) &&
+                    randjson_pick(&other_gen, 2))
+                    into = json_object_array_get_idx(msgs, 0);
+                if (randjson_pick(&other_gen, 4) == 0)
+                    json_object_object_del(into, randjson_key(&other_gen));
+                else
+                    json_object_object_add(into, randjson_key(&other_gen),
+                                           randjson_value(&other_gen, 1));
+            }
+            const char *text = body ? json_object_to_json_string(body) : "null";
+            httpc_reply r;
+            CHECK_MSG(httpc_do(hsock, 0, "POST", routes[k].path, NULL, text, &r) == 0,
+                      "%s %s: no answer", routes[k].path, text);
+            CHECK_MSG(r.status >= 200 && (r.status < 500 || r.status == 503), "%s %s: %d %s",
+                      routes[k].path, text, r.status, r.body);
+            ok += r.status == 200;
+            httpc_reply_free(&r);
+            json_object_put(body);
+        }
+        fprintf(stderr, "    %s: %d random bodies, %d answered 200\n", routes[k].path, n, ok);
+    }
+    httpc_reply r;
+    CHECK(httpc_do(hsock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+}
+
 /* SIGTERM ends the daemon with status 0: under the sanitizers, nothing leaked or went
  * wrong in it (its log says what did). */
 static void daemon_exits_cleanly(void)
@@ -1285,6 +1376,7 @@ int main(int argc, char **argv)
     RUN(rerank_aliases_are_one_route);
     RUN(tcp_needs_a_token);
     RUN(random_bodies_never_crash);
+    RUN(random_bodies_on_the_other_routes);
     RUN(daemon_exits_cleanly);
     free((char *)model_path);
     free((char *)embed_path);
