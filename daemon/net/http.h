@@ -8,8 +8,8 @@
  * /api/tags, /api/ps, POST /api/show, /api/generate, /api/chat, /api/embed,
  * /api/embeddings, with its error shape; its model management (/api/pull, push, create,
  * copy, delete) is refused; and llama.cpp's server's own (llamacpp.c, tokroute.c): POST
- * /completion, /apply-template, /embedding, /tokenize, /detokenize, GET /props, with its
- * error shape (but /tokenize's and /detokenize's, OpenAI's); /slots is refused.
+ * /completion (/completions), /apply-template, /embedding (/embeddings), GET /props, with
+ * its error shape, and /tokenize and /detokenize, with OpenAI's; /slots is refused.
  *
  * Every request becomes the native Request a client would send (Complete, Call, Embed,
  * Rerank, Status) on a connection of its own whose id has HTTP_CONN_BIT set: it binds

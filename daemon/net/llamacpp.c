@@ -758,12 +758,21 @@ bad:
 }
 
 /* The chat route's own reading of messages and tools and its own rendering, so that the
- * prompt is the very text it would evaluate; nothing else of the body shapes a prompt. */
+ * prompt is the very text it would evaluate; nothing else of the body shapes a prompt but
+ * llmsd's context, whose turn is rendered against its history, which is the worker's. */
 void llamacpp_apply_template(hreq *hr, char *msg, size_t cap)
 {
-    json_object *msgs;
+    json_object *msgs, *ext, *context;
     char *prompt = NULL;
-    if (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+    int rc = jsonfield_get(hr->body, "llmsd", "", json_type_object, &ext, msg, cap);
+    if (rc == 1)
+        rc = jsonfield_get(ext, "context", "", json_type_string, &context, msg, cap);
+    if (rc == 1) {
+        snprintf(msg, cap, "'llmsd.context': a context's turn is rendered against its "
+                           "history, not here");
+        rc = -1;
+    }
+    if (rc < 0 || toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
         openai_chat_messages(hr->body, &msgs, msg, cap) ||
         !(prompt = openai_render_chat(hr, msgs, msg, cap))) {
         llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);

@@ -951,6 +951,10 @@ static void apply_template_refuses_as_the_chat(void)
         json_object_put(o);
         json_object_put(want);
     }
+    /* a context's turn is rendered against its history, which only the worker has */
+    expect_error("POST", "/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                 "\"x\"}],\"llmsd\":{\"context\":\"c1\"}}", 400, "invalid_request_error",
+                 "llmsd.context");
     expect_error("GET", "/apply-template", NULL, 405, "invalid_request_error", "POST");
 }
 
