@@ -230,6 +230,12 @@ bool openai_token_id(const char *key, int32_t *id);
 /* A token's bytes as a JSON array of numbers (logprobs' "bytes"). */
 json_object *openai_piece_bytes(const ProtobufCBinaryData *piece);
 
+/* A token's text as a JSON string (its first 256 bytes): bytes that are no character at
+ * all as U+FFFD, since JSON text is UTF-8, and a character cut at its end as U+FFFD too
+ * when cut_end_kept (OpenAI's), else left out (llama.cpp's: a byte token alone is "");
+ * the "bytes" beside it give them as they are. */
+json_object *openai_piece_text(const ProtobufCBinaryData *piece, bool cut_end_kept);
+
 /* Answers 400 invalid_request with msg. */
 void openai_bad_request(http *h, httpwire_conn *wc, enum route r, const char *msg);
 

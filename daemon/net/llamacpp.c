@@ -33,7 +33,6 @@
 #include "engine/model/logprob.h"
 #include "engine/tok/chat.h"
 #include "engine/tok/stop.h"
-#include "engine/tok/utf8.h"
 
 /* llama.cpp's seed of "pick one at random" (LLAMA_DEFAULT_SEED), which its /props shows
  * and clients send back. */
@@ -819,18 +818,6 @@ bad:
 
 /* ---- answers ---- */
 
-/* A token's text as llama.cpp gives it: a character cut at its end left out (a byte
- * token alone is ""), bytes that are no character at all as U+FFFD, as JSON text is
- * UTF-8; "bytes" gives them as they are. */
-static json_object *token_text(const ProtobufCBinaryData *piece)
-{
-    char out[UTF8_OUT_CAP(256) + 1];
-    size_t n = piece->len < 256 ? piece->len : 256;
-    utf8_stream u = {0};
-    size_t len = utf8_stream_feed(&u, (const char *)piece->data, n, out);
-    return json_object_new_string_len(out, (int)len);
-}
-
 /* A log-probability: llama.cpp writes the lowest float for a token the model gave no
  * probability, as JSON has no infinity. */
 static json_object *logprob_number(float lp)
@@ -846,7 +833,7 @@ static json_object *prob_entry(const Llms__TokenLogprob *t, bool chosen)
     if (!e)
         return NULL;
     json_object_object_add(e, "id", json_object_new_int(t->token));
-    json_object_object_add(e, "token", token_text(&t->piece));
+    json_object_object_add(e, "token", openai_piece_text(&t->piece, false));
     json_object_object_add(e, "bytes", openai_piece_bytes(&t->piece));
     json_object_object_add(e, "logprob", logprob_number(t->logprob));
     if (chosen) {

@@ -175,16 +175,21 @@ static bool is_chat(const hreq *hr)
 
 /* ---- logprobs ---- */
 
-/* A token's text as a JSON string: bytes that are no whole character (a byte token) as
- * U+FFFD, since JSON text is UTF-8; "bytes" gives them as they are. */
-static json_object *piece_string(const ProtobufCBinaryData *piece)
+json_object *openai_piece_text(const ProtobufCBinaryData *piece, bool cut_end_kept)
 {
     char out[UTF8_OUT_CAP(256) + 1];
     size_t n = piece->len < 256 ? piece->len : 256;
     utf8_stream u = {0};
     size_t len = utf8_stream_feed(&u, (const char *)piece->data, n, out);
-    len += utf8_stream_flush(&u, out + len);
+    if (cut_end_kept)
+        len += utf8_stream_flush(&u, out + len);
     return json_object_new_string_len(out, (int)len);
+}
+
+/* A token's text as OpenAI gives it: a character cut at its end as U+FFFD. */
+static json_object *piece_string(const ProtobufCBinaryData *piece)
+{
+    return openai_piece_text(piece, true);
 }
 
 json_object *openai_piece_bytes(const ProtobufCBinaryData *piece)
