@@ -581,17 +581,21 @@ static bool grammar_allows_token(const void *cursor, int32_t token)
 static int grammar_of_options(const run_options *o, grammar **out)
 {
     char err[ERR_MAX];
-    size_t len = o->grammar ? strlen(o->grammar) : 0;
-    char *text = o->grammar_file ? readall_file(o->grammar_file, &len, err) : NULL;
     *out = NULL;
-    if (!o->grammar && !o->grammar_file)
+    if (o->grammar) {
+        if (grammar_compile(o->grammar, strlen(o->grammar), out, err) == 0)
+            return 0;
+        fprintf(stderr, "llms-run: --grammar: %s\n", err);
+        return -1;
+    }
+    if (!o->grammar_file)
         return 0;
-    int rc = o->grammar || text ? grammar_compile(o->grammar ? o->grammar : text, len, out, err)
-                                : -1;
+    size_t len;
+    char *text = readall_file(o->grammar_file, &len, err);
+    int rc = text ? grammar_compile(text, len, out, err) : -1;
     free(text);
     if (rc)
-        fprintf(stderr, "llms-run: %s%s: %s\n", o->grammar ? "--grammar" : "--grammar-file ",
-                o->grammar ? "" : o->grammar_file, err);
+        fprintf(stderr, "llms-run: --grammar-file %s: %s\n", o->grammar_file, err);
     return rc;
 }
 
