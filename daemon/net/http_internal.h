@@ -223,6 +223,14 @@ void openai_send_error(http *h, httpwire_conn *wc, enum route r, int status,
  * enforce. 0, or -1 with msg. */
 int openai_read_format(json_object *body, Llms__GenerationParams *p, char *msg, size_t cap);
 
+/* Appends n bytes of text to b as the inside of a JSON string: streamed text is escaped
+ * so rather than through json-c, which would build and free an object per token. */
+void openai_add_escaped(struct evbuffer *b, const char *s, size_t n);
+
+/* The "llmsd" object of a generation whose choices have all ended (their results kept in
+ * hr->choices): why each stopped and the times of the whole. NULL out of memory. */
+json_object *openai_llmsd_obj(const hreq *hr);
+
 /* A logit_bias key as a token id (decimal, 0..INT32_MAX) into *id; false when it is
  * none. */
 bool openai_token_id(const char *key, int32_t *id);

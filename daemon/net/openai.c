@@ -121,9 +121,7 @@ static void evbuffer_put(void *b, const char *bytes, size_t n)
     evbuffer_add(b, bytes, n);
 }
 
-/* Appends s as the inside of a JSON string. Streamed text is escaped here rather than
- * through json-c, which would build and free an object per token. */
-static void add_escaped(struct evbuffer *b, const char *s, size_t n)
+void openai_add_escaped(struct evbuffer *b, const char *s, size_t n)
 {
     jsonesc_write(s, n, evbuffer_put, b);
 }
@@ -333,14 +331,14 @@ void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const cha
     if (is_chat(hr)) {
         if (n || !finish) {
             evbuffer_add(b, "\"delta\":{\"content\":\"", 20);
-            add_escaped(b, text, n);
+            openai_add_escaped(b, text, n);
             evbuffer_add(b, "\"}", 2);
         } else {
             evbuffer_add(b, "\"delta\":{}", 10);
         }
     } else {
         evbuffer_add(b, "\"text\":\"", 8);
-        add_escaped(b, text, n);
+        openai_add_escaped(b, text, n);
         evbuffer_add(b, "\"", 1);
     }
     json_object *lp = take_logprobs(hr, i);
@@ -437,10 +435,10 @@ static json_object *usage_obj(uint32_t prompt, uint32_t cached, uint32_t gen)
     return u;
 }
 
-/* The "llmsd" object of a generation whose choices have all ended: why each stopped (one
- * choice: "stop_reason"; several: "stop_reasons" by index) and the times of the whole,
- * each the longest of its choices' (they run side by side). */
-static json_object *llmsd_obj(const hreq *hr)
+/* The "llmsd" object: why each choice stopped (one choice: "stop_reason"; several:
+ * "stop_reasons" by index) and the times of the whole, each the longest of its choices'
+ * (they run side by side). */
+json_object *openai_llmsd_obj(const hreq *hr)
 {
     json_object *x = json_object_new_object();
     if (!x)
@@ -650,7 +648,7 @@ void openai_on_result(hreq *hr, unsigned i, Llms__Response *r)
     const Llms__CallResult *first = hr->choices[0].result->result;
     reply_generation(hr, ends, first->prompt_tokens,
                      first->has_cached_tokens ? first->cached_tokens : 0, generated,
-                     llmsd_obj(hr));
+                     openai_llmsd_obj(hr));
 }
 
 static const char *rag_outcome_name(Llms__RagOutcome o)
