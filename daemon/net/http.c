@@ -50,7 +50,7 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/tokenize", "/detokenize", "/health", "/", "/metrics",
+    "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health", "/", "/metrics",
     "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
     "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
     "/props", "/embedding", "/apply-template", "/slots", "/slots/{id_slot}", "other",
@@ -139,6 +139,8 @@ void http_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
         ollama_finish_error(hr, code, msg);
     else if (http_route_is_llamacpp(hr->route))
         llamacpp_finish_error(hr, code, msg);
+    else if (hr->route == R_RESPONSES)
+        responses_finish_error(hr, code, msg);
     else
         openai_finish_error(hr, code, msg);
 }
@@ -226,6 +228,7 @@ static void hreq_free(hreq *hr)
     toolcall_scan_free(hr->scan);
     toolcall_set_free(&hr->tools);
     free(hr->lc);
+    responses_req_free(hr->rs);
     free(hr);
 }
 
@@ -250,11 +253,12 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
     if (!hr->stream)
         return;
     bool ollama = http_route_is_ollama(hr->route), llamacpp = http_route_is_llamacpp(hr->route);
+    bool responses = hr->route == R_RESPONSES;
     if (ollama) {
         ollama_stream_start(hr);
     } else if (llamacpp) {
         llamacpp_stream_start(hr);
-    } else if (openai_sse_start(hr)) {
+    } else if (responses ? responses_sse_start(hr) : openai_sse_start(hr)) {
         http_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
@@ -279,6 +283,12 @@ static void on_chunk(hreq *hr, unsigned choice, const Llms__CallChunk *ch)
     /* llama.cpp's server sends an event for every token, with its text or none */
     if (llamacpp) {
         llamacpp_stream_chunk(hr, ch);
+        return;
+    }
+    /* the Responses API streams no logprobs; a piece held back is no event, as below */
+    if (responses) {
+        if (ch->text[0])
+            responses_sse_piece(hr, ch->text, strlen(ch->text));
         return;
     }
     openai_logprobs_add(hr, choice, ch->logprobs, ch->n_logprobs);
@@ -440,6 +450,9 @@ static void hreq_frame(hreq *hr, const uint8_t *frame, size_t len)
             ollama_on_result(hr, r->result);
         } else if (http_route_is_llamacpp(hr->route)) {
             llamacpp_on_result(hr, r->result);
+        } else if (hr->route == R_RESPONSES) {
+            responses_on_result(hr, r);
+            r = NULL; /* taken */
         } else {
             openai_on_result(hr, (unsigned)choice, r);
             r = NULL; /* taken */
@@ -846,8 +859,10 @@ static hreq *hreq_new(http *h, httpwire_conn *wc, enum route r, const session *s
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != sizeof rnd)
         rnd = h->next_id * 0x9e3779b97f4a7c15ull;
-    snprintf(hr->id, sizeof hr->id, "%s-%016llx",
-             r == R_CHAT ? "chatcmpl" : r == R_COMPLETIONS ? "cmpl" : r == R_RAG ? "rag" : "req",
+    /* OpenAI's Responses ids are "resp_" and hex digits */
+    snprintf(hr->id, sizeof hr->id, "%s%016llx",
+             r == R_CHAT ? "chatcmpl-" : r == R_COMPLETIONS ? "cmpl-" : r == R_RAG ? "rag-"
+             : r == R_RESPONSES ? "resp_" : "req-",
              (unsigned long long)rnd);
     hreq **b = hreq_bucket(h, hr->ss.conn_id);
     hr->next = *b;
@@ -890,6 +905,9 @@ static void hreq_start(hreq *hr)
         break;
     case R_RAG:
         openai_start_rag(hr, &rq, msg, sizeof msg);
+        break;
+    case R_RESPONSES:
+        responses_start(hr, &rq, msg, sizeof msg);
         break;
     case R_TOKENIZE:
     case R_DETOKENIZE:

@@ -2,9 +2,9 @@
  * http_internal.h — what the gateway's files share: http.c (routes, identity,
  * connections and bodies, requests in flight, streaming, setup), openai.c (the JSON of
  * the OpenAI API: request bodies read into native requests, native answers written as
- * OpenAI's objects and Server-Sent Events), ollama.c (ollama's API: its JSON and NDJSON
- * streams), llamacpp.c (llama.cpp's server's own API) and tokroute.c. Not for any other
- * file.
+ * OpenAI's objects and Server-Sent Events), responses.c (OpenAI's Responses API on the
+ * chat route's machinery), ollama.c (ollama's API: its JSON and NDJSON streams),
+ * llamacpp.c (llama.cpp's server's own API) and tokroute.c. Not for any other file.
  */
 #ifndef LLMS_HTTP_INTERNAL_H
 #define LLMS_HTTP_INTERNAL_H
@@ -29,6 +29,7 @@ enum route {
     R_EMBEDDINGS,
     R_RERANK,
     R_RAG,
+    R_RESPONSES,               /* OpenAI's Responses API (responses.c) */
     R_TOKENIZE,
     R_DETOKENIZE,
     R_HEALTH,
@@ -114,6 +115,8 @@ typedef struct hreq {
                                   or NULL */
     struct llamacpp_req *lc;   /* a llama.cpp /completion's own state (llamacpp.c; one
                                   allocation), or NULL */
+    struct responses_req *rs;  /* a /v1/responses request's own state (responses.c), or
+                                  NULL */
     struct evbuffer *sse;
     char id[48];
     int64_t created;
@@ -292,6 +295,39 @@ void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap);
  * and ends hr. */
 void openai_submit_embed(hreq *hr, Llms__Request *r, json_object *in, const char *field,
                          char *msg, size_t cap);
+
+/* ---- responses.c: OpenAI's Responses API ---- */
+
+/* A Responses body (POST /v1/responses) as the chat completion body it asks for, fresh in
+ * *chat: input and instructions as messages (function_call and function_call_output
+ * items as assistant tool_calls and tool messages), the flat function tools and
+ * tool_choice in the chat's shape, text.format as response_format, max_output_tokens as
+ * max_tokens, the chat's sampling fields as they are. 0; -1 with msg naming the field for
+ * what cannot be served (a stored response or conversation, a hosted tool, an image);
+ * -2 out of memory. */
+int responses_chat_body(json_object *req, json_object **chat, char *msg, size_t cap);
+
+/* As openai_start_generate, for /v1/responses: hr's body read as responses_chat_body
+ * turns it into a chat, which runs as /v1/chat/completions runs it. */
+void responses_start(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Begins hr's event stream (headers, response.created, response.in_progress). 0, or -1
+ * out of memory. */
+int responses_sse_start(hreq *hr);
+
+/* Streams a piece of the reply: text deltas of its message item, or through hr's scan for
+ * tool calls, each call as a function_call item once whole. */
+void responses_sse_piece(hreq *hr, const char *text, size_t n);
+
+/* hr's final reply (r, a Response with a result, taken): the response object, or the end
+ * of its stream. Ends hr. */
+void responses_on_result(hreq *hr, Llms__Response *r);
+
+/* As openai_finish_error; once the stream has begun its last event is response.failed. */
+void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* Frees hr->rs (NULL: nothing). */
+void responses_req_free(struct responses_req *rs);
 
 /* ---- ollama.c: ollama's shapes ---- */
 

@@ -1270,7 +1270,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
     gp.stop = (char **)stops;
-    bool chat = hr->route == R_CHAT;
+    /* a Responses request comes as the chat it asks for (responses_chat_body) */
+    bool chat = hr->route == R_CHAT || hr->route == R_RESPONSES;
     int rc;
     if ((rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap)) < 0)
         goto bad;

@@ -1,0 +1,842 @@
+/*
+ * OpenAI's Responses API (POST /v1/responses, daemon/net/responses.c) end to end: a real
+ * llmsd of this build serving the trained documentation model of ../shared/testdata, and
+ * the random-weight chatml model of toolmodel.h for tool calls. A response is checked
+ * against /v1/chat/completions on the same daemon, which it is built on: the same greedy
+ * text and token counts for the same conversation (a string input, an array of items,
+ * instructions as the system message), max_output_tokens as status "incomplete", the
+ * streamed events (their names, order and sequence numbers) adding up to the whole
+ * response, text.format as response_format, function_call items out and
+ * function_call / function_call_output items in as the chat's tool calls and tool
+ * messages (the same prompt tokens). What cannot be served is 400 naming it, and random
+ * bodies are never answered 5xx. The documentation model's tests skip without the test
+ * data.
+ */
+#include <grp.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/integration/httpc.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/integration/randjson.h"
+#include "tests/integration/toolmodel.h"
+#include "tests/support/test.h"
+
+static char llmsd_path[1024];
+static const char *docs_path; /* the trained documentation model, NULL without test data */
+static llmsd_proc docs_daemon;
+static int docs_up;
+static char docs_sock[700];
+
+#define NEED_DOCS()                                                            \
+    do {                                                                       \
+        if (!llmsd_path[0])                                                    \
+            SKIP("llmsd is not built in this tree");                           \
+        if (!docs_path)                                                        \
+            SKIP("models/docs-lm-21M-F16.gguf is not in the test data "        \
+                 "(../shared/testdata)");                                      \
+        if (!docs_up)                                                          \
+            docs_up = start_docs() == 0 ? 1 : -1;                              \
+        CHECK_MSG(docs_up == 1, "llmsd did not start");                        \
+    } while (0)
+
+static int start_docs(void)
+{
+    char extra[1024];
+    struct group *g = getgrgid(getgid());
+    proc_fmt(docs_sock, sizeof docs_sock, "%s/resp-h.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra, "http_socket = %s\nthreads = 2\nn_ctx = 1024\n"
+             "step_tokens = 16\nadmin_group = %s\n", docs_sock, g ? g->gr_name : "root");
+    return proc_start(&docs_daemon, llmsd_path, "resp", docs_path, extra);
+}
+
+static json_object *post(const char *path, const char *body, int *status)
+{
+    return httpc_post_json(docs_sock, path, body, status);
+}
+
+static const char *json_text(json_object *o)
+{
+    return o ? json_object_to_json_string(o) : "(none)";
+}
+
+/* The text of a response's message item (its one output_text part), NULL when none. */
+static const char *message_text(json_object *resp)
+{
+    json_object *out = httpc_jget(resp, "output");
+    for (size_t i = 0; out && i < json_object_array_length(out); i++) {
+        json_object *item = json_object_array_get_idx(out, i);
+        const char *type = httpc_jstr(item, "type");
+        if (type && !strcmp(type, "message"))
+            return httpc_jstr(item, "content.0.text");
+    }
+    return NULL;
+}
+
+static bool str_is(json_object *o, const char *path, const char *want)
+{
+    const char *s = httpc_jstr(o, path);
+    return s && !strcmp(s, want);
+}
+
+/* A response and a chat completion of the same conversation agree: the message's text,
+ * the token counts, and the status for the finish reason. */
+static void check_same_as_chat(json_object *resp, json_object *chat)
+{
+    const char *text = message_text(resp), *want = httpc_jstr(chat, "choices.0.message.content");
+    CHECK_MSG(text && want && !strcmp(text, want), "response '%s', chat '%s'", text ? text : "",
+              want ? want : "");
+    CHECK_EQ(atoi(httpc_jstr(resp, "usage.input_tokens")),
+             atoi(httpc_jstr(chat, "usage.prompt_tokens")));
+    CHECK_EQ(atoi(httpc_jstr(resp, "usage.output_tokens")),
+             atoi(httpc_jstr(chat, "usage.completion_tokens")));
+    CHECK_EQ(atoi(httpc_jstr(resp, "usage.total_tokens")),
+             atoi(httpc_jstr(chat, "usage.total_tokens")));
+    bool length = str_is(chat, "choices.0.finish_reason", "length");
+    CHECK_MSG(str_is(resp, "status", length ? "incomplete" : "completed"), "%s vs %s",
+              httpc_jstr(resp, "status"), httpc_jstr(chat, "choices.0.finish_reason"));
+}
+
+/* The same conversation three ways (a string, items, instructions) and their chats. */
+static void text_equals_chat(void)
+{
+    NEED_DOCS();
+    static const struct {
+        const char *resp, *chat;
+    } pairs[] = {
+        {"\"input\":\"How do I start the daemon?\"",
+         "\"messages\":[{\"role\":\"user\",\"content\":\"How do I start the daemon?\"}]"},
+        {"\"instructions\":\"Answer from the manual.\",\"input\":[{\"role\":\"user\","
+         "\"content\":[{\"type\":\"input_text\",\"text\":\"What is a context?\"}]}]",
+         "\"messages\":[{\"role\":\"system\",\"content\":\"Answer from the manual.\"},{\"role\":"
+         "\"user\",\"content\":\"What is a context?\"}]"},
+        {"\"input\":[{\"type\":\"message\",\"role\":\"developer\",\"content\":\"Be brief.\"},"
+         "{\"role\":\"user\",\"content\":\"What is llmsd?\"},{\"type\":\"message\",\"role\":"
+         "\"assistant\",\"id\":\"msg_1\",\"status\":\"completed\",\"content\":[{\"type\":"
+         "\"output_text\",\"text\":\"A daemon.\",\"annotations\":[]}]},{\"role\":\"user\","
+         "\"content\":[{\"type\":\"input_text\",\"text\":\"Which one?\"},{\"type\":"
+         "\"input_text\",\"text\":\"Say more.\"}]}]",
+         "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+         "\"content\":\"What is llmsd?\"},{\"role\":\"assistant\",\"content\":\"A daemon.\"},"
+         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Which one?\"},{\"type\":"
+         "\"text\",\"text\":\"Say more.\"}]}]"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char body[2048];
+        int st;
+        snprintf(body, sizeof body, "{%s,\"temperature\":0,\"max_output_tokens\":40}",
+                 pairs[i].resp);
+        json_object *resp = post("/v1/responses", body, &st);
+        CHECK_MSG(resp && st == 200, "%zu: %d %s", i, st, json_text(resp));
+        snprintf(body, sizeof body, "{%s,\"temperature\":0,\"max_tokens\":40}", pairs[i].chat);
+        json_object *chat = post("/v1/chat/completions", body, &st);
+        CHECK_MSG(chat && st == 200, "%zu: %d %s", i, st, json_text(chat));
+        check_same_as_chat(resp, chat);
+        json_object_put(chat);
+        json_object_put(resp);
+    }
+}
+
+/* Instructions long enough that their prompt passes step_tokens (16): the prompt cache
+ * keeps it. */
+#define LONG_INSTRUCTIONS "You answer questions about llmsd from its manual, briefly and plainly."
+
+/* The response object has what the SDKs' types require, the request's settings echoed. */
+static void response_object_shape(void)
+{
+    NEED_DOCS();
+    int st;
+    json_object *o = post("/v1/responses",
+                          "{\"model\":\"docs-lm-21M-F16\",\"input\":\"What is a context?\",\"instructions\":"
+                          "\"" LONG_INSTRUCTIONS "\",\"temperature\":0,\"top_p\":0.5,\"max_output_tokens\":"
+                          "8,\"metadata\":{\"k\":\"v\"},\"user\":\"u1\",\"store\":false,"
+                          "\"truncation\":\"disabled\",\"seed\":3,\"frobnicate\":[1]}", &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+    const char *id = httpc_jstr(o, "id");
+    CHECK_MSG(id && !strncmp(id, "resp_", 5), "%s", json_text(o));
+    CHECK(str_is(o, "object", "response"));
+    CHECK(json_object_is_type(httpc_jget(o, "created_at"), json_type_int));
+    CHECK(str_is(o, "model", "docs-lm-21M-F16"));
+    CHECK(str_is(o, "instructions", LONG_INSTRUCTIONS));
+    CHECK_EQ(atoi(httpc_jstr(o, "max_output_tokens")), 8);
+    CHECK(json_object_get_double(httpc_jget(o, "temperature")) == 0);
+    CHECK(json_object_get_double(httpc_jget(o, "top_p")) == 0.5);
+    CHECK(str_is(o, "tool_choice", "auto"));
+    CHECK(json_object_is_type(httpc_jget(o, "tools"), json_type_array) &&
+          json_object_array_length(httpc_jget(o, "tools")) == 0);
+    CHECK(json_object_get_boolean(httpc_jget(o, "parallel_tool_calls")));
+    CHECK(str_is(o, "text.format.type", "text"));
+    CHECK(str_is(o, "metadata.k", "v"));
+    CHECK(str_is(o, "user", "u1"));
+    CHECK(str_is(o, "truncation", "disabled"));
+    CHECK(json_object_object_get_ex(o, "error", NULL) && !httpc_jget(o, "error"));
+    CHECK(json_object_object_get_ex(o, "previous_response_id", NULL) &&
+          !httpc_jget(o, "previous_response_id"));
+    /* 8 tokens of a documentation answer: cut short */
+    CHECK(str_is(o, "status", "incomplete"));
+    CHECK(str_is(o, "incomplete_details.reason", "max_output_tokens"));
+    CHECK_EQ(json_object_array_length(httpc_jget(o, "output")), 1);
+    CHECK(str_is(o, "output.0.type", "message"));
+    CHECK(httpc_jstr(o, "output.0.id") && !strncmp(httpc_jstr(o, "output.0.id"), "msg_", 4));
+    CHECK(str_is(o, "output.0.role", "assistant"));
+    CHECK(str_is(o, "output.0.status", "incomplete"));
+    CHECK(str_is(o, "output.0.content.0.type", "output_text"));
+    CHECK(json_object_is_type(httpc_jget(o, "output.0.content.0.annotations"), json_type_array));
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.output_tokens")), 8);
+    CHECK(httpc_jget(o, "usage.input_tokens_details.cached_tokens"));
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.output_tokens_details.reasoning_tokens")), 0);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.total_tokens")),
+             atoi(httpc_jstr(o, "usage.input_tokens")) + 8);
+    json_object_put(o);
+    /* the same conversation again: its prompt is resumed from the prompt cache */
+    o = post("/v1/responses", "{\"input\":\"What is a context?\",\"instructions\":\""
+                              LONG_INSTRUCTIONS "\",\"temperature\":0,\"max_output_tokens\":8}", &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+    CHECK_MSG(atoi(httpc_jstr(o, "usage.input_tokens_details.cached_tokens")) > 0, "%s",
+              json_text(o));
+    json_object_put(o);
+}
+
+/* One event of a Responses stream: its "event:" name and its data. */
+typedef struct sse_event {
+    char name[64];
+    json_object *data;
+} sse_event;
+
+/* The events of a stream body (at most cap); -1 after a failed CHECK's message when an
+ * event is not one "event:" line and one "data:" line of JSON ending at a blank line. */
+static int parse_events(char *body, sse_event *ev, int cap)
+{
+    int n = 0;
+    char *p = body;
+    while (*p) {
+        char *end = strstr(p, "\n\n");
+        if (!end || n == cap) {
+            test_fail(__FILE__, __LINE__, "event %d: no blank line or too many: '%.200s'", n, p);
+            return -1;
+        }
+        *end = '\0';
+        char *nl = strchr(p, '\n');
+        if (strncmp(p, "event: ", 7) || !nl || strncmp(nl + 1, "data: ", 6) ||
+            strchr(nl + 1, '\n') || (size_t)(nl - p - 7) >= sizeof ev[n].name) {
+            test_fail(__FILE__, __LINE__, "event %d is not 'event:' and 'data:': '%.300s'", n, p);
+            return -1;
+        }
+        snprintf(ev[n].name, sizeof ev[n].name, "%.*s", (int)(nl - p - 7), p + 7);
+        if (!(ev[n].data = json_tokener_parse(nl + 7))) {
+            test_fail(__FILE__, __LINE__, "event %d's data is no JSON: '%.300s'", n, nl + 7);
+            return -1;
+        }
+        n++;
+        p = end + 2;
+    }
+    return n;
+}
+
+static void free_events(sse_event *ev, int n)
+{
+    for (int i = 0; i < n; i++)
+        json_object_put(ev[i].data);
+}
+
+#define MAX_EVENTS 512
+
+/* Streams body on sock; the events (*n of them) after checking what every stream has: each
+ * event's type is its name, sequence numbers count from 0, and the stream opens with
+ * response.created and response.in_progress and ends with response.completed or
+ * response.incomplete, whose response is the final one. NULL after a failed CHECK. */
+static sse_event *stream(const char *sock, const char *body, int *n)
+{
+    httpc_reply r;
+    *n = 0;
+    if (httpc_do(sock, 0, "POST", "/v1/responses", NULL, body, &r) != 0 || r.status != 200) {
+        test_fail(__FILE__, __LINE__, "status %d: %s", r.status, r.body ? r.body : "");
+        httpc_reply_free(&r);
+        return NULL;
+    }
+    bool sse = strcasestr(r.head, "Content-Type: text/event-stream") != NULL;
+    bool done_sentinel = strstr(r.body, "[DONE]") != NULL;
+    sse_event *ev = calloc(MAX_EVENTS, sizeof *ev);
+    int k = ev ? parse_events(r.body, ev, MAX_EVENTS) : -1;
+    httpc_reply_free(&r);
+    bool ok = k >= 4 && sse && !done_sentinel;
+    for (int i = 0; ok && i < k; i++)
+        ok = str_is(ev[i].data, "type", ev[i].name) &&
+             json_object_is_type(httpc_jget(ev[i].data, "sequence_number"), json_type_int) &&
+             atoi(httpc_jstr(ev[i].data, "sequence_number")) == i;
+    ok = ok && !strcmp(ev[0].name, "response.created") &&
+         !strcmp(ev[1].name, "response.in_progress") &&
+         str_is(ev[0].data, "response.status", "in_progress") &&
+         (!strcmp(ev[k - 1].name, "response.completed") ||
+          !strcmp(ev[k - 1].name, "response.incomplete"));
+    if (!ok) {
+        test_fail(__FILE__, __LINE__, "%d events (sse %d, [DONE] %d) not in order: first %s, "
+                  "last %s", k, sse, done_sentinel, k > 0 ? ev[0].name : "",
+                  k > 0 ? ev[k - 1].name : "");
+        if (ev && k > 0)
+            free_events(ev, k);
+        free(ev);
+        return NULL;
+    }
+    *n = k;
+    return ev;
+}
+
+/* Streamed: created, in_progress, the message's item and part added, its text deltas, the
+ * text, part and item done, then completed or incomplete; the deltas add up to the whole
+ * response's text, which the last event's response holds too. */
+static void streamed_equals_whole(void)
+{
+    NEED_DOCS();
+    static const char *const fields[] = {
+        "\"input\":\"How do I start the daemon?\",\"temperature\":0,\"max_output_tokens\":30",
+        "\"input\":\"Hi\",\"instructions\":\"Answer in one word.\",\"temperature\":0,"
+        "\"max_output_tokens\":200",
+    };
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+        char body[1024];
+        int st, n;
+        snprintf(body, sizeof body, "{%s}", fields[f]);
+        json_object *whole = post("/v1/responses", body, &st);
+        CHECK_MSG(whole && st == 200, "%d %s", st, json_text(whole));
+        snprintf(body, sizeof body, "{%s,\"stream\":true}", fields[f]);
+        sse_event *ev = stream(docs_sock, body, &n);
+        CHECK(ev);
+        static const char *const order[] = {
+            "response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added"};
+        bool ok = n >= 9;
+        for (int i = 0; ok && i < 4; i++)
+            ok = !strcmp(ev[i].name, order[i]);
+        ok = ok && str_is(ev[2].data, "item.type", "message") &&
+             str_is(ev[2].data, "item.status", "in_progress") &&
+             str_is(ev[3].data, "part.type", "output_text") && str_is(ev[3].data, "part.text", "");
+        const char *item_id = ok ? httpc_jstr(ev[2].data, "item.id") : NULL;
+        char text[8192] = "";
+        int i = 4;
+        for (; ok && !strcmp(ev[i].name, "response.output_text.delta"); i++) {
+            ok = str_is(ev[i].data, "item_id", item_id) &&
+                 atoi(httpc_jstr(ev[i].data, "output_index")) == 0 &&
+                 atoi(httpc_jstr(ev[i].data, "content_index")) == 0;
+            strncat(text, httpc_jstr(ev[i].data, "delta"), sizeof text - strlen(text) - 1);
+        }
+        const char *want = message_text(whole);
+        CHECK_MSG(ok && i + 4 == n && want, "%d events, %d deltas", n, i - 4);
+        CHECK_MSG(!strcmp(text, want), "streamed '%s', whole '%s'", text, want);
+        CHECK(!strcmp(ev[i].name, "response.output_text.done") && str_is(ev[i].data, "text", want));
+        CHECK(!strcmp(ev[i + 1].name, "response.content_part.done") &&
+              str_is(ev[i + 1].data, "part.text", want));
+        CHECK(!strcmp(ev[i + 2].name, "response.output_item.done") &&
+              str_is(ev[i + 2].data, "item.id", item_id) &&
+              str_is(ev[i + 2].data, "item.content.0.text", want));
+        json_object *last = httpc_jget(ev[n - 1].data, "response");
+        CHECK(!strcmp(ev[n - 1].name, str_is(whole, "status", "completed") ? "response.completed"
+                                                                            : "response.incomplete"));
+        CHECK(str_is(last, "status", httpc_jstr(whole, "status")));
+        CHECK(str_is(last, "id", httpc_jstr(ev[0].data, "response.id")));
+        CHECK(str_is(last, "output.0.id", item_id));
+        CHECK_MSG(!strcmp(message_text(last), want), "%s", json_text(last));
+        CHECK_EQ(atoi(httpc_jstr(last, "usage.output_tokens")),
+                 atoi(httpc_jstr(whole, "usage.output_tokens")));
+        CHECK_EQ(atoi(httpc_jstr(last, "usage.input_tokens")),
+                 atoi(httpc_jstr(whole, "usage.input_tokens")));
+        free_events(ev, n);
+        free(ev);
+        json_object_put(whole);
+    }
+}
+
+/* The schema the structured output test asks for (test_http_json.c's). */
+#define SETTINGS_SCHEMA                                                                    \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":24},"   \
+    "\"port\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":65535},\"debug\":{\"type\":"      \
+    "\"boolean\"}},\"required\":[\"name\",\"port\",\"debug\"],\"additionalProperties\":false}"
+
+/* text.format json_schema is the chat's response_format json_schema: the same greedy
+ * reply, and every reply that completes is an instance; json_object is JSON mode. */
+static void text_format_is_response_format(void)
+{
+    NEED_DOCS();
+    int completed = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        char body[2048];
+        int st;
+        snprintf(body, sizeof body,
+                 "{\"input\":\"Describe the web service.\",\"max_output_tokens\":120,\"seed\":%d%s,"
+                 "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"settings\","
+                 "\"strict\":true,\"schema\":" SETTINGS_SCHEMA "}}}",
+                 seed, seed == 0 ? ",\"temperature\":0" : "");
+        json_object *o = post("/v1/responses", body, &st);
+        CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+        CHECK(str_is(o, "text.format.type", "json_schema") &&
+              str_is(o, "text.format.name", "settings"));
+        const char *text = message_text(o);
+        CHECK(text);
+        if (str_is(o, "status", "completed")) {
+            completed++;
+            json_object *v = json_tokener_parse(text), *x;
+            CHECK_MSG(v && json_object_object_get_ex(v, "name", &x) &&
+                          json_object_is_type(x, json_type_string) &&
+                          json_object_object_get_ex(v, "port", &x) &&
+                          json_object_is_type(x, json_type_int) &&
+                          json_object_object_get_ex(v, "debug", &x) &&
+                          json_object_is_type(x, json_type_boolean),
+                      "seed %d: '%s' is not an instance", seed, text);
+            json_object_put(v);
+        } else {
+            CHECK_MSG(text[strspn(text, " \t\r\n")] == '{', "seed %d: '%s'", seed, text);
+        }
+        if (seed == 0) {
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Describe the web service.\"}],"
+                     "\"max_tokens\":120,\"seed\":0,\"temperature\":0,\"response_format\":{\"type\":"
+                     "\"json_schema\",\"json_schema\":{\"name\":\"settings\",\"schema\":"
+                     SETTINGS_SCHEMA "}}}");
+            json_object *chat = post("/v1/chat/completions", body, &st);
+            CHECK(chat && st == 200);
+            check_same_as_chat(o, chat);
+            json_object_put(chat);
+        }
+        json_object_put(o);
+    }
+    CHECK_MSG(completed >= 2, "%d of 4 replies completed their instance", completed);
+    int st;
+    json_object *o = post("/v1/responses",
+                          "{\"input\":\"Show the settings of config.json.\",\"max_output_tokens\":"
+                          "60,\"temperature\":0,\"text\":{\"format\":{\"type\":\"json_object\"}}}",
+                          &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+    const char *text = message_text(o);
+    CHECK_MSG(text && text[strspn(text, " \t\r\n")] == '{', "%s", json_text(o));
+    json_object_put(o);
+}
+
+/* What cannot be served as sent is 400 in OpenAI's error shape, naming it. */
+static void refusals_are_400(void)
+{
+    NEED_DOCS();
+    static const struct {
+        const char *body, *says;
+    } bad[] = {
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_123\"}", "previous_response_id"},
+        {"{\"input\":\"x\",\"conversation\":\"conv_123\"}", "conversation"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "web_search"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"file_search\",\"vector_store_ids\":[]}]}",
+         "file_search"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", "tools[0].name"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":3}]}",
+         "tools[0].parameters"},
+        {"{\"input\":\"x\",\"tool_choice\":{\"type\":\"file_search\"}}", "tool_choice"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":"
+         "\"http://x/y.png\"}]}]}", "input_image"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_file\",\"file_id\":"
+         "\"f\"}]}]}", "input_file"},
+        {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_1\"}]}", "item_reference"},
+        {"{\"input\":[{\"type\":\"message\",\"content\":\"x\"}]}", "input[0]"},
+        {"{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input[0]"},
+        {"{\"input\":[\"x\"]}", "input[0]"},
+        {"{\"input\":[]}", "input"},
+        {"{\"instructions\":\"x\"}", "input"},
+        {"{\"input\":7}", "input"},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]}",
+         "tools"},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\"}]}",
+         "input[0].arguments"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"s\"}}}",
+         "text.format.schema"},
+        {"{\"input\":\"x\",\"background\":true}", "background"},
+        {"{\"input\":\"x\",\"truncation\":\"sometimes\"}", "truncation"},
+        {"{\"input\":\"x\",\"store\":\"yes\"}", "store"},
+        {"{\"input\":\"x\",\"metadata\":{\"k\":1}}", "metadata"},
+        {"{\"input\":\"x\",\"instructions\":5}", "instructions"},
+        {"{\"input\":\"x\",\"max_output_tokens\":\"9\"}", "max_output_tokens"},
+        {"{\"input\":\"x\",\"include\":[\"message.output_text.logprobs\"]}", "logprobs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int st;
+        json_object *o = post("/v1/responses", bad[i].body, &st);
+        const char *msg = o ? httpc_jstr(o, "error.message") : NULL;
+        CHECK_MSG(st == 400 && msg && strstr(msg, bad[i].says) &&
+                      str_is(o, "error.type", "invalid_request_error"),
+                  "%s: %d %s", bad[i].body, st, json_text(o));
+        json_object_put(o);
+    }
+    /* what OpenAI lets a client send that asks for nothing passes */
+    static const char *const fine[] = {
+        "{\"input\":\"x\",\"max_output_tokens\":1,\"previous_response_id\":null,\"store\":true,"
+        "\"truncation\":\"auto\",\"background\":false,\"tools\":[],\"include\":[],\"reasoning\":"
+        "{\"effort\":null},\"service_tier\":\"auto\",\"parallel_tool_calls\":false}",
+        "{\"input\":\"x\",\"max_output_tokens\":1,\"text\":{\"format\":{\"type\":\"text\"}},"
+        "\"tool_choice\":\"none\",\"metadata\":null,\"include\":[\"reasoning.encrypted_content\"]}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        int st;
+        json_object *o = post("/v1/responses", fine[i], &st);
+        CHECK_MSG(o && st == 200, "%s: %d %s", fine[i], st, json_text(o));
+        json_object_put(o);
+    }
+    /* a model the daemon does not serve, as on every OpenAI route */
+    int st;
+    json_object *o = post("/v1/responses", "{\"model\":\"gpt-x\",\"input\":\"x\"}", &st);
+    CHECK_MSG(st == 404 && str_is(o, "error.code", "model_not_found"), "%d %s", st, json_text(o));
+    json_object_put(o);
+}
+
+/* field names of Responses requests, and strings of their values */
+static const char *const body_keys[] = {
+    "model", "input", "instructions", "role", "content", "type", "text", "format", "schema",
+    "name", "strict", "tools", "tool_choice", "parameters", "description", "call_id",
+    "arguments", "output", "max_output_tokens", "temperature", "top_p", "stream", "metadata",
+    "store", "truncation", "previous_response_id", "parallel_tool_calls", "user", "include",
+    "seed", "id", "status", "annotations", "background"};
+static const char *const body_words[] = {
+    "", "user", "assistant", "system", "developer", "message", "function_call",
+    "function_call_output", "input_text", "output_text", "input_image", "function",
+    "json_schema", "json_object", "text", "auto", "none", "required", "disabled", "resp",
+    "\xff\xfe", "{\"a\":1}"};
+static randjson body_gen = {0x9e3779b97f4a7c15u, body_keys, sizeof body_keys / sizeof *body_keys,
+                            body_words, sizeof body_words / sizeof *body_words};
+
+/* Valid bodies changed at random (fields set to values of any type, in the body or in its
+ * first input item, or removed), and random JSON values one time in eight: never 5xx
+ * (503 only while busy), and the daemon stays up. */
+static void random_bodies_never_5xx(void)
+{
+    NEED_DOCS();
+    test_random_seed(&body_gen.rng);
+    static const char *const valid[] = {
+        "{\"input\":\"Hi\",\"max_output_tokens\":2}",
+        "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Hi\"}]}],"
+        "\"instructions\":\"x\",\"max_output_tokens\":2,\"stream\":true}",
+        "{\"input\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"type\":\"function_call\",\"call_id\":"
+        "\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":"
+        "\"c1\",\"output\":\"ok\"}],\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{}}}],\"max_output_tokens\":2}",
+        "{\"input\":\"Hi\",\"max_output_tokens\":2,\"text\":{\"format\":{\"type\":\"json_schema\","
+        "\"name\":\"s\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+        "\"integer\"}}}}}}",
+    };
+    int ok = 0, n = 400;
+    for (int i = 0; i < n; i++) {
+        json_object *body = randjson_pick(&body_gen, 8)
+                                ? json_tokener_parse(valid[randjson_pick(&body_gen, 4)])
+                                : randjson_value(&body_gen, 1);
+        for (int k = randjson_pick(&body_gen, 4);
+             k > 0 && json_object_is_type(body, json_type_object); k--) {
+            json_object *into = body, *items;
+            if (randjson_pick(&body_gen, 2) == 0 &&
+                json_object_object_get_ex(body, "input", &items) &&
+                json_object_is_type(items, json_type_array) &&
+                json_object_is_type(json_object_array_get_idx(items, 0), json_type_object))
+                into = json_object_array_get_idx(items, randjson_pick(
+                                                             &body_gen, (int)json_object_array_length(items)));
+            if (!json_object_is_type(into, json_type_object))
+                into = body;
+            if (randjson_pick(&body_gen, 4) == 0)
+                json_object_object_del(into, randjson_key(&body_gen));
+            else
+                json_object_object_add(into, randjson_key(&body_gen), randjson_value(&body_gen, 1));
+        }
+        /* bounded generations keep the test short (the window bounds the rest) */
+        json_object *mt;
+        if (json_object_is_type(body, json_type_object) &&
+            (!json_object_object_get_ex(body, "max_output_tokens", &mt) ||
+             !json_object_is_type(mt, json_type_int) || json_object_get_int64(mt) > 4 ||
+             json_object_get_int64(mt) < 1))
+            json_object_object_add(body, "max_output_tokens", json_object_new_int(4));
+        const char *text = body ? json_object_to_json_string(body) : "null";
+        httpc_reply r;
+        int rc = httpc_do(docs_sock, 0, "POST", "/v1/responses", NULL, text, &r);
+        CHECK_MSG(rc == 0, "%s: no answer", text);
+        CHECK_MSG(r.status >= 200 && (r.status < 500 || r.status == 503), "%s: %d %s", text,
+                  r.status, r.body);
+        ok += r.status == 200;
+        httpc_reply_free(&r);
+        json_object_put(body);
+    }
+    fprintf(stderr, "    %d random bodies: %d answered 200\n", n, ok);
+    CHECK(ok > 0);
+    httpc_reply r;
+    CHECK(httpc_do(docs_sock, 0, "GET", "/health", NULL, NULL, &r) == 0);
+    CHECK_EQ(r.status, 200);
+    httpc_reply_free(&r);
+}
+
+/* /metrics counts the route's answers under its path. */
+static void metrics_name_the_route(void)
+{
+    NEED_DOCS();
+    httpc_reply r;
+    CHECK(httpc_do(docs_sock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
+    CHECK_MSG(r.status == 200 &&
+                  strstr(r.body, "llmsd_http_requests_total{route=\"/v1/responses\",code=\"200\"}") &&
+                  strstr(r.body, "llmsd_http_requests_total{route=\"/v1/responses\",code=\"400\"}"),
+              "%d %.2000s", r.status, r.body);
+    httpc_reply_free(&r);
+}
+
+/* ---- tools, on toolmodel.h's chatml model ---- */
+
+/* The call token's text: a whole Qwen-style call (test_http_tools.c's) */
+static const char CALL_PIECE[] =
+    "<tool_call>\n{\"name\":" TOOLMODEL_SP "\"get_weather\"," TOOLMODEL_SP "\"arguments\":"
+    TOOLMODEL_SP "{\"city\":" TOOLMODEL_SP "\"Paris\"}}\n</tool_call>";
+
+/* The tools of toolmodel.h in the Responses' flat shape */
+static const char WEATHER_TOOL[] =
+    "{\"type\":\"function\",\"name\":\"get_weather\",\"description\":\"Get the weather in a "
+    "city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+    "\"required\":[\"city\"]},\"strict\":false}";
+static const char PICK_TOOL[] =
+    "{\"type\":\"function\",\"name\":\"pick_day\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"day\":{\"enum\":[\"mon\",\"tue\"]},\"hours\":{\"type\":\"integer\","
+    "\"minimum\":1,\"maximum\":9}},\"required\":[\"day\",\"hours\"]}}";
+
+static char tool_model[1024], tool_sock[700];
+static llmsd_proc tool_daemon;
+static int tool_up;
+
+#define NEED_TOOLS()                                                           \
+    do {                                                                       \
+        if (!llmsd_path[0])                                                    \
+            SKIP("llmsd is not built in this tree");                           \
+        if (!tool_model[0])                                                    \
+            SKIP("no model could be generated");                               \
+        if (!tool_up)                                                          \
+            tool_up = toolmodel_start(&tool_daemon, llmsd_path, "resptools",   \
+                                      tool_model, tool_sock, sizeof tool_sock) \
+                              == 0 ? 1 : -1;                                   \
+        CHECK_MSG(tool_up == 1, "llmsd did not start");                        \
+    } while (0)
+
+static json_object *tool_post(const char *path, const char *body, int *status)
+{
+    return httpc_post_json(tool_sock, path, body, status);
+}
+
+/* A function_call item as the reply of calls gives it. */
+static bool is_weather_call(json_object *item)
+{
+    const char *id = httpc_jstr(item, "id"), *call_id = httpc_jstr(item, "call_id");
+    return str_is(item, "type", "function_call") && id && !strncmp(id, "fc_", 3) && call_id &&
+           !strncmp(call_id, "call_", 5) && str_is(item, "name", "get_weather") &&
+           str_is(item, "arguments", "{\"city\":\"Paris\"}") && str_is(item, "status", "completed");
+}
+
+/* The model emits the call token: function_call items, no message; the prompt is the
+ * chat route's with the same tools (as many tokens). */
+static void function_calls_are_items(void)
+{
+    NEED_TOOLS();
+    char body[4096];
+    int st;
+    snprintf(body, sizeof body,
+             "{\"instructions\":\"Be brief.\",\"input\":\"Weather in Paris?\",\"tools\":[%s],"
+             "\"max_output_tokens\":2,\"temperature\":0,\"logit_bias\":{\"3\":100}}", WEATHER_TOOL);
+    json_object *o = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+    CHECK_MSG(str_is(o, "status", "completed"), "%s", json_text(o));
+    json_object *out = httpc_jget(o, "output");
+    CHECK_MSG(json_object_array_length(out) == 2, "%s", json_text(o));
+    CHECK_MSG(is_weather_call(json_object_array_get_idx(out, 0)) &&
+                  is_weather_call(json_object_array_get_idx(out, 1)), "%s", json_text(o));
+    CHECK(strcmp(httpc_jstr(o, "output.0.call_id"), httpc_jstr(o, "output.1.call_id")) != 0);
+    CHECK(strcmp(httpc_jstr(o, "output.0.id"), httpc_jstr(o, "output.1.id")) != 0);
+    /* the tools are echoed as sent */
+    CHECK(str_is(o, "tools.0.name", "get_weather") && str_is(o, "tools.0.type", "function"));
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+             "\"content\":\"Weather in Paris?\"}],\"tools\":[%s],\"max_tokens\":2,"
+             "\"temperature\":0,\"logit_bias\":{\"3\":100}}", toolmodel_weather_tool);
+    json_object *chat = tool_post("/v1/chat/completions", body, &st);
+    CHECK(chat && st == 200);
+    CHECK_EQ(atoi(httpc_jstr(o, "usage.input_tokens")), atoi(httpc_jstr(chat, "usage.prompt_tokens")));
+    json_object_put(chat);
+    json_object_put(o);
+
+    /* parallel_tool_calls false: the first call alone; tool_choice none: the text */
+    snprintf(body, sizeof body,
+             "{\"input\":\"Weather in Paris?\",\"tools\":[%s],\"max_output_tokens\":2,"
+             "\"temperature\":0,\"logit_bias\":{\"3\":100},\"parallel_tool_calls\":false}",
+             WEATHER_TOOL);
+    o = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(o && st == 200 && json_object_array_length(httpc_jget(o, "output")) == 1 &&
+                  is_weather_call(httpc_jget(o, "output.0")), "%d %s", st, json_text(o));
+    CHECK(!json_object_get_boolean(httpc_jget(o, "parallel_tool_calls")));
+    json_object_put(o);
+    snprintf(body, sizeof body,
+             "{\"input\":\"Weather in Paris?\",\"tools\":[%s],\"max_output_tokens\":1,"
+             "\"temperature\":0,\"logit_bias\":{\"3\":100},\"tool_choice\":\"none\"}", WEATHER_TOOL);
+    o = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(o && st == 200 && message_text(o) && strstr(message_text(o), "<tool_call>") &&
+                  str_is(o, "status", "incomplete"), "%d %s", st, json_text(o));
+    json_object_put(o);
+}
+
+/* The second turn: the call and its output as items are the chat's assistant tool_calls
+ * and tool message (the same prompt, as many tokens). */
+static void second_turn_has_the_output(void)
+{
+    NEED_TOOLS();
+    char body[4096];
+    int st;
+    snprintf(body, sizeof body,
+             "{\"input\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"type\":"
+             "\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_abc\",\"name\":\"get_weather\","
+             "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\",\"status\":\"completed\"},{\"type\":"
+             "\"function_call_output\",\"call_id\":\"call_abc\",\"output\":\"sunny\"}],"
+             "\"tools\":[%s],\"max_output_tokens\":4,\"temperature\":0}", WEATHER_TOOL);
+    json_object *o = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":"
+             "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_abc\",\"type\":"
+             "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":"
+             "\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_abc\","
+             "\"content\":\"sunny\"}],\"tools\":[%s],\"max_tokens\":4,\"temperature\":0}",
+             toolmodel_weather_tool);
+    json_object *chat = tool_post("/v1/chat/completions", body, &st);
+    CHECK_MSG(chat && st == 200, "%d %s", st, json_text(chat));
+    check_same_as_chat(o, chat);
+    json_object_put(chat);
+    json_object_put(o);
+}
+
+/* Streamed calls: each an output item added, its arguments' delta and done, the item
+ * done; the last event's response has them all. */
+static void streamed_calls_are_items(void)
+{
+    NEED_TOOLS();
+    char body[4096];
+    int n;
+    snprintf(body, sizeof body,
+             "{\"input\":\"Weather in Paris?\",\"tools\":[%s],\"max_output_tokens\":2,"
+             "\"temperature\":0,\"logit_bias\":{\"3\":100},\"stream\":true}", WEATHER_TOOL);
+    sse_event *ev = stream(tool_sock, body, &n);
+    CHECK(ev);
+    static const char *const per_call[] = {
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done"};
+    bool ok = n == 2 + 2 * 4 + 1;
+    for (int c = 0; ok && c < 2; c++) {
+        sse_event *e = ev + 2 + 4 * c;
+        for (int k = 0; ok && k < 4; k++)
+            ok = !strcmp(e[k].name, per_call[k]) &&
+                 atoi(httpc_jstr(e[k].data, "output_index")) == c;
+        const char *id = ok ? httpc_jstr(e[0].data, "item.id") : NULL;
+        ok = ok && str_is(e[0].data, "item.type", "function_call") &&
+             str_is(e[0].data, "item.arguments", "") &&
+             str_is(e[1].data, "item_id", id) && str_is(e[2].data, "item_id", id) &&
+             str_is(e[1].data, "delta", "{\"city\":\"Paris\"}") &&
+             str_is(e[2].data, "arguments", "{\"city\":\"Paris\"}") &&
+             is_weather_call(httpc_jget(e[3].data, "item")) &&
+             str_is(httpc_jget(httpc_jget(ev[n - 1].data, "response.output"), c == 0 ? "0" : "1"),
+                    "id", id);
+    }
+    CHECK_MSG(ok, "%d events: %s ... %s", n, ev[2].name, json_text(ev[n - 1].data));
+    CHECK(!strcmp(ev[n - 1].name, "response.completed"));
+    free_events(ev, n);
+    free(ev);
+}
+
+/* A forced tool_choice ({"type": "function", "name"}, or "required"): one call, decoded
+ * against the function's parameters, whole and streamed. */
+static bool pick_arguments_valid(const char *args)
+{
+    json_object *a = args ? json_tokener_parse(args) : NULL, *day, *hours;
+    bool ok = a && json_object_object_get_ex(a, "day", &day) &&
+              json_object_object_get_ex(a, "hours", &hours) &&
+              (!strcmp(json_object_get_string(day), "mon") ||
+               !strcmp(json_object_get_string(day), "tue")) &&
+              json_object_is_type(hours, json_type_int) && json_object_get_int(hours) >= 1 &&
+              json_object_get_int(hours) <= 9;
+    json_object_put(a);
+    return ok;
+}
+
+static void forced_choice_is_one_call(void)
+{
+    NEED_TOOLS();
+    static const char *const choices[] = {"{\"type\":\"function\",\"name\":\"pick_day\"}",
+                                          "\"required\""};
+    for (int c = 0; c < 2; c++) {
+        char body[4096];
+        int st;
+        snprintf(body, sizeof body,
+                 "{\"input\":\"Which day?\",\"tools\":[%s%s%s],\"tool_choice\":%s,"
+                 "\"max_output_tokens\":400,\"temperature\":0}",
+                 c == 0 ? WEATHER_TOOL : "", c == 0 ? "," : "", PICK_TOOL, choices[c]);
+        json_object *o = tool_post("/v1/responses", body, &st);
+        CHECK_MSG(o && st == 200, "%d %s", st, json_text(o));
+        CHECK_MSG(str_is(o, "status", "completed") &&
+                      json_object_array_length(httpc_jget(o, "output")) == 1 &&
+                      str_is(o, "output.0.type", "function_call") &&
+                      str_is(o, "output.0.name", "pick_day") &&
+                      pick_arguments_valid(httpc_jstr(o, "output.0.arguments")),
+                  "%s", json_text(o));
+        if (c == 0)
+            CHECK(str_is(o, "tool_choice.type", "function") && str_is(o, "tool_choice.name", "pick_day"));
+        json_object_put(o);
+    }
+    char body[4096];
+    int n;
+    snprintf(body, sizeof body,
+             "{\"input\":\"Which day?\",\"tools\":[%s],\"tool_choice\":\"required\","
+             "\"max_output_tokens\":400,\"temperature\":0,\"stream\":true}", PICK_TOOL);
+    sse_event *ev = stream(tool_sock, body, &n);
+    CHECK(ev);
+    int calls = 0, texts = 0;
+    for (int i = 0; i < n; i++) {
+        calls += !strcmp(ev[i].name, "response.function_call_arguments.done") &&
+                 pick_arguments_valid(httpc_jstr(ev[i].data, "arguments"));
+        texts += !strcmp(ev[i].name, "response.output_text.delta");
+    }
+    CHECK_MSG(calls == 1 && texts == 0, "%d calls, %d text deltas", calls, texts);
+    free_events(ev, n);
+    free(ev);
+}
+
+/* Under the sanitizers a leak or an error shows as a daemon's exit status. */
+static void daemons_exit_cleanly(void)
+{
+    if (docs_up != 1 && tool_up != 1)
+        SKIP("no daemon ran");
+    llmsd_proc *d[2] = {docs_up == 1 ? &docs_daemon : NULL, tool_up == 1 ? &tool_daemon : NULL};
+    docs_up = tool_up = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!d[i])
+            continue;
+        int rc = proc_stop(d[i], SIGTERM);
+        if (rc != 0)
+            proc_print_log(d[i]);
+        CHECK_EQ(rc, 0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    const char *p = test_data_path("models/docs-lm-21M-F16.gguf");
+    docs_path = p ? strdup(p) : NULL;
+    toolmodel_generate("resptools", CALL_PIECE, "{{ '<|im_start|>' }}", NULL, tool_model,
+                       sizeof tool_model);
+    RUN(text_equals_chat);
+    RUN(response_object_shape);
+    RUN(streamed_equals_whole);
+    RUN(text_format_is_response_format);
+    RUN(refusals_are_400);
+    RUN(random_bodies_never_5xx);
+    RUN(metrics_name_the_route);
+    RUN(function_calls_are_items);
+    RUN(second_turn_has_the_output);
+    RUN(streamed_calls_are_items);
+    RUN(forced_choice_is_one_call);
+    RUN(daemons_exit_cleanly);
+    free((char *)docs_path);
+    return test_finish();
+}
