@@ -3,12 +3,65 @@
  * refuse_unhonoured), a chat's tools (toolcall_read) and messages rendered with a
  * template family (openai_render_chat, jsonfield_message_content), the prompt scanned
  * for tool calls as if it were a reply (toolcall_scan_feed), and the last message
- * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port. Those
- * functions are static, so this file includes openai.c itself; a refusal must come with a
- * message, and nothing may crash or leak. */
+ * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port;
+ * then read as a Responses body (responses_chat_body), and the chat made of it read the
+ * same way. openai.c's functions are static, so this file includes openai.c itself; a
+ * refusal must come with a message, and nothing may crash or leak. */
 #include "daemon/net/openai.c" /* IWYU pragma: keep */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* body (an object) read as /v1/chat/completions reads it, for a model of family. */
+static void read_chat(json_object *body, enum chat_family family)
+{
+    char msg[256] = "";
+    const char *stops[STOP_MAX];
+    Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    gp.stop = (char **)stops;
+    if (read_params(body, &gp, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
+        abort();
+    for (size_t i = 0; i < gp.n_stop; i++)
+        if (!stops[i])
+            abort();
+    hreq hr = {.body = body};
+    msg[0] = '\0';
+    if (read_logit_bias(&hr, &gp, msg, sizeof msg) < 0 && !msg[0])
+        abort();
+    for (size_t i = 0; i < gp.n_logit_bias; i++)
+        if (gp.logit_bias[i]->token < 0)
+            abort();
+    free(hr.bias);
+    free(hr.bias_ptrs);
+    msg[0] = '\0';
+    if (refuse_unhonoured(body, true, msg, sizeof msg) < 0 && !msg[0])
+        abort();
+    hr.family = family;
+    msg[0] = '\0';
+    if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0 && !msg[0])
+        abort();
+    json_object *msgs;
+    msg[0] = '\0';
+    if (jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, sizeof msg) == 1 &&
+        json_object_array_length(msgs) > 0) {
+        char *prompt = openai_render_chat(&hr, msgs, msg, sizeof msg);
+        if (!prompt && !msg[0])
+            abort();
+        toolcall_out out;
+        if (prompt && hr.scan && toolcall_scan_feed(hr.scan, prompt, strlen(prompt), true, &out) == 0)
+            toolcall_out_free(&out);
+        free(prompt);
+        msg[0] = '\0';
+        json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
+        if (json_object_is_type(last, json_type_object)) {
+            char *owned;
+            if (!jsonfield_message_content(last, &owned, msg, sizeof msg) && !msg[0])
+                abort();
+            free(owned);
+        }
+    }
+    toolcall_scan_free(hr.scan);
+    toolcall_set_free(&hr.tools);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -22,54 +75,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_tokener_free(tok);
     if (!body)
         return 0;
-    char msg[256] = "";
     if (json_object_is_type(body, json_type_object)) {
-        const char *stops[STOP_MAX];
-        Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
-        gp.stop = (char **)stops;
-        if (read_params(body, &gp, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
+        read_chat(body, family);
+        char msg[256] = "";
+        json_object *chat;
+        int rc = responses_chat_body(body, &chat, msg, sizeof msg);
+        if (rc == -1 && !msg[0])
             abort();
-        for (size_t i = 0; i < gp.n_stop; i++)
-            if (!stops[i])
-                abort();
-        hreq hr = {.body = body};
-        msg[0] = '\0';
-        if (read_logit_bias(&hr, &gp, msg, sizeof msg) < 0 && !msg[0])
-            abort();
-        for (size_t i = 0; i < gp.n_logit_bias; i++)
-            if (gp.logit_bias[i]->token < 0)
-                abort();
-        free(hr.bias);
-        free(hr.bias_ptrs);
-        msg[0] = '\0';
-        if (refuse_unhonoured(body, true, msg, sizeof msg) < 0 && !msg[0])
-            abort();
-        hr.family = family;
-        msg[0] = '\0';
-        if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0 && !msg[0])
-            abort();
-        json_object *msgs;
-        msg[0] = '\0';
-        if (jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, sizeof msg) == 1 &&
-            json_object_array_length(msgs) > 0) {
-            char *prompt = openai_render_chat(&hr, msgs, msg, sizeof msg);
-            if (!prompt && !msg[0])
-                abort();
-            toolcall_out out;
-            if (prompt && hr.scan && toolcall_scan_feed(hr.scan, prompt, strlen(prompt), true, &out) == 0)
-                toolcall_out_free(&out);
-            free(prompt);
-            msg[0] = '\0';
-            json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
-            if (json_object_is_type(last, json_type_object)) {
-                char *owned;
-                if (!jsonfield_message_content(last, &owned, msg, sizeof msg) && !msg[0])
-                    abort();
-                free(owned);
-            }
+        if (rc == 0) {
+            read_chat(chat, family);
+            json_object_put(chat);
         }
-        toolcall_scan_free(hr.scan);
-        toolcall_set_free(&hr.tools);
     }
     json_object_put(body);
     return 0;
