@@ -44,6 +44,55 @@ for await (const chunk of stream) {
 check('chat stream', streamed === text && usage && usage.completion_tokens === chat.usage.completion_tokens,
       `${JSON.stringify(streamed)} vs ${JSON.stringify(text)}`);
 
+// The Responses API: the same conversation as the chat above, as instructions and input.
+const resp = await client.responses.create({
+  model, instructions: 'Be brief.', input: 'hello', max_output_tokens: 12, temperature: 0,
+});
+check('responses', resp.object === 'response' && resp.id.startsWith('resp_') &&
+      resp.output_text === text && resp.output[0].type === 'message' &&
+      resp.usage.output_tokens === chat.usage.completion_tokens &&
+      resp.usage.input_tokens === chat.usage.prompt_tokens &&
+      resp.status === (chat.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed'),
+      JSON.stringify(resp));
+
+// Streamed: the SDK's own events, then its helper that assembles the final response.
+const events = await client.responses.create({
+  model, instructions: 'Be brief.', input: 'hello', max_output_tokens: 12, temperature: 0,
+  stream: true,
+});
+let deltas = '';
+let last = null;
+let seq = -1;
+let ordered = true;
+for await (const event of events) {
+  ordered &&= event.sequence_number === seq + 1;
+  seq = event.sequence_number;
+  if (event.type === 'response.output_text.delta') deltas += event.delta;
+  last = event;
+}
+check('responses stream', ordered && deltas === text && last &&
+      ['response.completed', 'response.incomplete'].includes(last.type) &&
+      last.response.output[0].content[0].text === text,
+      `${JSON.stringify(deltas)} vs ${JSON.stringify(text)}, last ${last && last.type}`);
+const helper = client.responses.stream({
+  model, instructions: 'Be brief.', input: 'hello', max_output_tokens: 12, temperature: 0,
+});
+let helped = '';
+helper.on('response.output_text.delta', (e) => { helped += e.delta; });
+const final = await helper.finalResponse();
+// (this SDK's helper leaves output_text out of its final response: the item holds the text)
+const finalText = final.output[0].content[0].text;
+check('responses stream helper', helped === text && finalText === text && final.id.startsWith('resp_'),
+      `${JSON.stringify(helped)} ${JSON.stringify(finalText)} vs ${JSON.stringify(text)}`);
+
+try {
+  await client.responses.create({ model, input: 'hello', previous_response_id: 'resp_0' });
+  check('responses previous_response_id', false, 'no error');
+} catch (e) {
+  check('responses previous_response_id', e instanceof OpenAI.BadRequestError && e.status === 400 &&
+        e.message.includes('previous_response_id'), `${e.status} ${e.message}`);
+}
+
 const comp = await client.completions.create({ model, prompt: 'one two', max_tokens: 5, temperature: 0 });
 check('completions', typeof comp.choices[0].text === 'string' && comp.usage.completion_tokens > 0,
       JSON.stringify(comp));
