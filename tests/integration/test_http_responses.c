@@ -8,9 +8,9 @@
  * streamed events (their names, order and sequence numbers) adding up to the whole
  * response, text.format as response_format, function_call items out and
  * function_call / function_call_output items in as the chat's tool calls and tool
- * messages (the same prompt tokens). What cannot be served is 400 naming it, and random
- * bodies are never answered 5xx. The documentation model's tests skip without the test
- * data.
+ * messages (the same prompt tokens), a failure after the stream began as response.failed.
+ * What cannot be served is 400 naming it, and random bodies are never answered 5xx. The
+ * documentation model's tests skip without the test data.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -806,6 +806,46 @@ static void forced_choice_is_one_call(void)
     free(ev);
 }
 
+/* A failure once the stream has begun ends it with response.failed, its response holding
+ * the error and the items streamed so far: here JSON mode finds no token of the tool
+ * model's ASCII vocabulary to go on with the schema's "\u00e9" (written unescaped) after
+ * the reply's first tokens. Whole, the same request is an HTTP error. */
+static void failure_after_start_is_response_failed(void)
+{
+    NEED_TOOLS();
+    static const char body[] =
+        "{\"input\":\"Say it.\",\"max_output_tokens\":50,\"temperature\":0,\"text\":{"
+        "\"format\":{\"type\":\"json_schema\",\"name\":\"e\",\"schema\":{\"type\":"
+        "\"object\",\"properties\":{\"a\":{\"enum\":[\"\\u00e9\"]}},\"required\":[\"a\"]}}}%s}";
+    char b[1024];
+    httpc_reply r;
+    snprintf(b, sizeof b, body, ",\"stream\":true");
+    CHECK(httpc_do(tool_sock, 0, "POST", "/v1/responses", NULL, b, &r) == 0);
+    CHECK_MSG(r.status == 200, "%d %s", r.status, r.body);
+    sse_event *ev = calloc(MAX_EVENTS, sizeof *ev);
+    int n = ev ? parse_events(r.body, ev, MAX_EVENTS) : -1;
+    httpc_reply_free(&r);
+    bool ok = n >= 4 && !strcmp(ev[0].name, "response.created");
+    for (int i = 0; ok && i < n; i++)
+        ok = atoi(httpc_jstr(ev[i].data, "sequence_number")) == i;
+    json_object *last = ok ? httpc_jget(ev[n - 1].data, "response") : NULL;
+    CHECK_MSG(ok && !strcmp(ev[n - 1].name, "response.failed") &&
+                  str_is(last, "status", "failed") && str_is(last, "error.code", "server_error") &&
+                  httpc_jstr(last, "error.message") &&
+                  strstr(httpc_jstr(last, "error.message"), "JSON"),
+              "%d events, last %s: %s", n, n > 0 ? ev[n - 1].name : "",
+              n > 0 ? json_text(ev[n - 1].data) : "");
+    if (n > 0)
+        free_events(ev, n);
+    free(ev);
+    snprintf(b, sizeof b, body, "");
+    int st;
+    json_object *o = tool_post("/v1/responses", b, &st);
+    CHECK_MSG(st == 409 && str_is(o, "error.type", "invalid_request_error"), "%d %s", st,
+              json_text(o));
+    json_object_put(o);
+}
+
 /* Under the sanitizers a leak or an error shows as a daemon's exit status. */
 static void daemons_exit_cleanly(void)
 {
@@ -842,6 +882,7 @@ int main(int argc, char **argv)
     RUN(second_turn_has_the_output);
     RUN(streamed_calls_are_items);
     RUN(forced_choice_is_one_call);
+    RUN(failure_after_start_is_response_failed);
     RUN(daemons_exit_cleanly);
     free((char *)docs_path);
     return test_finish();
