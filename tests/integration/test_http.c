@@ -1048,9 +1048,13 @@ static void malformed_input_never_crashes(void)
         /* JSON nulls where a string is read (tests/fuzz/fuzz_http_json found the first) */
         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":null}]}]}",
         "{\"messages\":[{\"role\":null,\"content\":\"x\"}],\"llmsd\":{\"context\":\"c\"}}",
+        /* Responses' input items with nulls where strings are read */
+        "{\"input\":[null,{\"role\":\"user\",\"content\":[{\"type\":null}]}]}",
+        "{\"input\":[{\"type\":\"function_call\",\"call_id\":null,\"arguments\":null}],"
+        "\"tools\":[{\"type\":\"function\",\"name\":null}],\"tool_choice\":{\"type\":null}}",
     };
     const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-                           "/v1/rerank", "/tokenize", "/detokenize"};
+                           "/v1/rerank", "/tokenize", "/detokenize", "/v1/responses"};
     for (size_t p = 0; p < sizeof paths / sizeof *paths; p++)
         for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
             httpc_reply r;
