@@ -50,10 +50,11 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health", "/", "/metrics",
-    "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate", "/api/chat",
-    "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)", "/completion",
-    "/props", "/embedding", "/apply-template", "/slots", "/slots/{id_slot}", "other",
+    "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health",
+    "/", "/metrics", "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate",
+    "/api/chat", "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)",
+    "/completion", "/props", "/embedding", "/apply-template", "/slots", "/slots/{id_slot}",
+    "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
