@@ -50,7 +50,7 @@ struct tokenizer {
     int32_t *specials;
     int32_t n_specials;
 
-    int32_t special_id[TOK_SPECIAL_MASK + 1];
+    int32_t special_id[TOK_SPECIAL_COUNT];
     int32_t eog[TOK_EOG_MAX]; /* (n_eog) the tokens flagged TOK_FLAG_EOG, each once */
     int n_eog;
     bool add_bos, add_eos, add_sep, add_space_prefix, ignore_merges;

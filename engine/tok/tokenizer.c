@@ -192,7 +192,7 @@ static void list_eog_tokens(tokenizer *t)
 static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 {
     int32_t *id = t->special_id;
-    for (int i = 0; i <= TOK_SPECIAL_MASK; i++)
+    for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
         id[i] = -1;
     switch (t->model) {
     case TOK_MODEL_SPM:
@@ -208,7 +208,7 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         t->add_bos = true, t->add_sep = true;
         break;
     }
-    for (int i = 0; i <= TOK_SPECIAL_MASK; i++)
+    for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
         if (id[i] >= t->n_vocab)
             id[i] = -1;
 
@@ -226,6 +226,16 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         {"tokenizer.ggml.separator_token_id", TOK_SPECIAL_SEP},
         {"tokenizer.ggml.padding_token_id", TOK_SPECIAL_PAD},
         {"tokenizer.ggml.mask_token_id", TOK_SPECIAL_MASK},
+        {"tokenizer.ggml.fim_pre_token_id", TOK_SPECIAL_FIM_PRE},
+        {"tokenizer.ggml.fim_suf_token_id", TOK_SPECIAL_FIM_SUF},
+        {"tokenizer.ggml.fim_mid_token_id", TOK_SPECIAL_FIM_MID},
+        {"tokenizer.ggml.fim_pad_token_id", TOK_SPECIAL_FIM_PAD},
+        {"tokenizer.ggml.fim_rep_token_id", TOK_SPECIAL_FIM_REP},
+        {"tokenizer.ggml.fim_sep_token_id", TOK_SPECIAL_FIM_SEP},
+        /* older files' names, which llama.cpp reads after the ones above */
+        {"tokenizer.ggml.prefix_token_id", TOK_SPECIAL_FIM_PRE},
+        {"tokenizer.ggml.suffix_token_id", TOK_SPECIAL_FIM_SUF},
+        {"tokenizer.ggml.middle_token_id", TOK_SPECIAL_FIM_MID},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (read_id(t, g, keys[i].key, &id[keys[i].which], err) < 0)
@@ -246,8 +256,38 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     if (t->model == TOK_MODEL_WPM && t->add_sep && id[TOK_SPECIAL_SEP] < 0)
         return err_set(err, "the tokenizer adds SEP but has no SEP token");
 
+    /* Fill-in-the-middle tokens no key names: the spellings llama.cpp looks for. It takes
+     * a token of any type so spelled and makes it a control token; here, as for the
+     * end-of-turn texts below, only a control or user-defined token is taken, so that a
+     * normal token that reads "<PAD>" stays text and ends nothing. */
+    static const struct {
+        enum tok_special which;
+        const char *text[4];
+    } fim_texts[] = {
+        /* DeepSeek's are split where a hex escape would swallow the letter after it */
+        {TOK_SPECIAL_FIM_PRE,
+         {"<|fim_prefix|>", "<fim-prefix>",
+          "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>"}},
+        {TOK_SPECIAL_FIM_SUF,
+         {"<|fim_suffix|>", "<fim-suffix>",
+          "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>"}},
+        {TOK_SPECIAL_FIM_MID,
+         {"<|fim_middle|>", "<fim-middle>",
+          "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>"}},
+        {TOK_SPECIAL_FIM_PAD, {"<|fim_pad|>", "<fim-pad>", "<PAD>"}},
+        {TOK_SPECIAL_FIM_REP, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"}},
+        {TOK_SPECIAL_FIM_SEP, {"<|file_sep|>"}},
+    };
+    for (size_t i = 0; i < sizeof fim_texts / sizeof *fim_texts; i++)
+        for (size_t k = 0; id[fim_texts[i].which] < 0 && k < 4 && fim_texts[i].text[k]; k++) {
+            const char *s = fim_texts[i].text[k];
+            int32_t e = tok_lookup(t, s, strlen(s));
+            if (e >= 0 && (t->types[e] == TOK_TYPE_CONTROL || t->types[e] == TOK_TYPE_USER_DEFINED))
+                id[fim_texts[i].which] = e;
+        }
+
     /* Tokens that end a turn in common chat formats, as llama.cpp recognises them (at
-     * most TOK_EOG_MAX with the three roles below). */
+     * most TOK_EOG_MAX with the six roles below). */
     static const char *eog_texts[] = {
         "<|eot_id|>",
         "<|im_end|>",
@@ -263,8 +303,9 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         ("<\xef\xbd\x9c" /* split: \x9c would swallow the 'e' that follows */
          "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
     };
-    _Static_assert(sizeof eog_texts / sizeof *eog_texts + 3 <= TOK_EOG_MAX,
-                   "the texts and the roles EOS, EOT and EOM fit tok_eog_tokens' list");
+    _Static_assert(sizeof eog_texts / sizeof *eog_texts + 6 <= TOK_EOG_MAX,
+                   "the texts and the roles EOS, EOT, EOM, FIM_PAD, FIM_REP and FIM_SEP fit "
+                   "tok_eog_tokens' list");
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t e = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
         if (e < 0 || (t->types[e] != TOK_TYPE_CONTROL && t->types[e] != TOK_TYPE_USER_DEFINED))
@@ -275,9 +316,14 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         if (id[TOK_SPECIAL_EOM] < 0 && strcmp(eog_texts[i], "<|eom_id|>") == 0)
             id[TOK_SPECIAL_EOM] = e;
     }
-    for (int w = TOK_SPECIAL_EOS; w <= TOK_SPECIAL_EOM; w++)
-        if (id[w] >= 0)
-            t->flags[id[w]] |= TOK_FLAG_EOG;
+    /* llama.cpp ends generation at FIM_PAD, FIM_REP and FIM_SEP too: a model that fills
+     * a hole writes one of them when it would go on to another file */
+    static const enum tok_special eog_roles[] = {TOK_SPECIAL_EOS,     TOK_SPECIAL_EOT,
+                                                 TOK_SPECIAL_EOM,     TOK_SPECIAL_FIM_PAD,
+                                                 TOK_SPECIAL_FIM_REP, TOK_SPECIAL_FIM_SEP};
+    for (size_t i = 0; i < sizeof eog_roles / sizeof *eog_roles; i++)
+        if (id[eog_roles[i]] >= 0)
+            t->flags[id[eog_roles[i]]] |= TOK_FLAG_EOG;
     list_eog_tokens(t);
     return 0;
 }
@@ -720,7 +766,7 @@ int32_t tok_n_vocab(const tokenizer *t)
 
 int32_t tok_special(const tokenizer *t, enum tok_special which)
 {
-    return (unsigned)which <= TOK_SPECIAL_MASK ? t->special_id[which] : -1;
+    return (unsigned)which < TOK_SPECIAL_COUNT ? t->special_id[which] : -1;
 }
 
 int32_t tok_bos(const tokenizer *t)

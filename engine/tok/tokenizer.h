@@ -39,7 +39,11 @@ enum tok_type {
     TOK_TYPE_BYTE = 6,
 };
 
-/* Special token roles for tok_special(). */
+/* Special token roles for tok_special(). The fill-in-the-middle roles are found as
+ * llama.cpp finds them: the tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id keys,
+ * then the older tokenizer.ggml.{prefix,suffix,middle}_token_id (read after them, so
+ * they win), else a control or user-defined token of a spelling llama.cpp knows
+ * ("<|fim_prefix|>" of Qwen, "<fim-prefix>", DeepSeek's, "<PRE>", ...). */
 enum tok_special {
     TOK_SPECIAL_BOS,
     TOK_SPECIAL_EOS,
@@ -50,6 +54,13 @@ enum tok_special {
     TOK_SPECIAL_PAD,
     TOK_SPECIAL_CLS,
     TOK_SPECIAL_MASK,
+    TOK_SPECIAL_FIM_PRE, /* before the code that comes before the hole */
+    TOK_SPECIAL_FIM_SUF, /* before the code that comes after it */
+    TOK_SPECIAL_FIM_MID, /* after both: what follows fills the hole */
+    TOK_SPECIAL_FIM_PAD, /* ends generation */
+    TOK_SPECIAL_FIM_REP, /* before a repository's name (repo-level context); ends generation */
+    TOK_SPECIAL_FIM_SEP, /* before each file of repo-level context; ends generation */
+    TOK_SPECIAL_COUNT,
 };
 
 /*
@@ -138,13 +149,14 @@ int32_t tok_eos(const tokenizer *t);
 bool tok_add_bos(const tokenizer *t);
 bool tok_add_eos(const tokenizer *t);
 
-/* End of generation: EOS, EOT, EOM, or a control token known to end a turn
- * ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", ...). */
+/* End of generation: EOS, EOT, EOM, FIM_PAD, FIM_REP, FIM_SEP (as llama.cpp adds them),
+ * or a control token known to end a turn ("<|eot_id|>", "<|im_end|>", "<|end|>",
+ * "<end_of_turn>", "<|endoftext|>", ...). */
 bool tok_is_eog(const tokenizer *t, int32_t id);
 
-/* The end-of-generation tokens, at most (the roles EOS, EOT and EOM, and the known texts
- * above). */
-#define TOK_EOG_MAX 16
+/* The end-of-generation tokens, at most (the roles EOS, EOT, EOM and the three FIM ones,
+ * and the known texts above). */
+#define TOK_EOG_MAX 18
 
 /* Every token tok_is_eog says yes to, in *ids (the tokenizer's; at most TOK_EOG_MAX):
  * their count. What a sampler bans to generate past the end (llama.cpp's ignore_eos). */

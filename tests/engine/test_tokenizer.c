@@ -723,6 +723,97 @@ static void test_bpe_small(void)
     tok_free(t);
 }
 
+/* Fill-in-the-middle tokens as llama.cpp's vocabulary loading finds them: the
+ * tokenizer.ggml.fim_*_token_id keys, the older prefix/suffix/middle keys (read after
+ * them, so they win), else a control or user-defined token of a known spelling; FIM_PAD,
+ * FIM_REP and FIM_SEP end generation, as llama.cpp adds them to its end-of-generation
+ * tokens. */
+static void test_fim_tokens(void)
+{
+    static const enum tok_special fim[] = {TOK_SPECIAL_FIM_PRE, TOK_SPECIAL_FIM_SUF,
+                                           TOK_SPECIAL_FIM_MID, TOK_SPECIAL_FIM_PAD,
+                                           TOK_SPECIAL_FIM_REP, TOK_SPECIAL_FIM_SEP};
+    char err[ERR_MAX] = "";
+    /* none: no key, no known spelling */
+    tokenizer *t = finish(vocab_writer("llama", spm_vocab, 17), "fim-none", err);
+    CHECK_MSG(t, "%s", err);
+    for (size_t i = 0; i < sizeof fim / sizeof *fim; i++)
+        CHECK_EQ(tok_special(t, fim[i]), -1);
+    tok_free(t);
+
+    /* the keys, pointing at tokens of any type */
+    gguf_writer *w = vocab_writer("llama", spm_vocab, 17);
+    static const char *const keys[] = {"fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep",
+                                       "fim_sep"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "tokenizer.ggml.%s_token_id", keys[i]);
+        gguf_writer_set_u32(w, key, 10 + (uint32_t)i);
+    }
+    t = finish(w, "fim-keys", err);
+    CHECK_MSG(t, "%s", err);
+    for (size_t i = 0; i < sizeof fim / sizeof *fim; i++)
+        CHECK_EQ(tok_special(t, fim[i]), 10 + (int)i);
+    CHECK(!tok_is_eog(t, 10) && !tok_is_eog(t, 11) && !tok_is_eog(t, 12));
+    CHECK(tok_is_eog(t, 13) && tok_is_eog(t, 14) && tok_is_eog(t, 15) && tok_is_eog(t, 2));
+    CHECK(eog_list_matches(t));
+    tok_free(t);
+
+    /* the older keys, which llama.cpp reads after the new ones */
+    w = vocab_writer("llama", spm_vocab, 17);
+    gguf_writer_set_u32(w, "tokenizer.ggml.fim_pre_token_id", 10);
+    gguf_writer_set_u32(w, "tokenizer.ggml.prefix_token_id", 13);
+    gguf_writer_set_u32(w, "tokenizer.ggml.suffix_token_id", 14);
+    gguf_writer_set_u32(w, "tokenizer.ggml.middle_token_id", 15);
+    t = finish(w, "fim-old-keys", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_PRE), 13);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_SUF), 14);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_MID), 15);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_PAD), -1);
+    CHECK(!tok_is_eog(t, 13));
+    tok_free(t);
+
+    /* Qwen's spellings, as control tokens; a key wins over a spelling */
+    static const vtok qwen[] = {
+        {"<unk>", 0, 2},          {"<s>", 0, 3},           {"</s>", 0, 3},
+        {"a", 0, 1},              {"<|fim_prefix|>", 0, 3}, {"<|fim_suffix|>", 0, 3},
+        {"<|fim_middle|>", 0, 3}, {"<|fim_pad|>", 0, 3},    {"<|repo_name|>", 0, 3},
+        {"<|file_sep|>", 0, 3},   {"<fim-prefix>", 0, 4},
+    };
+    t = finish(vocab_writer("llama", qwen, 11), "fim-qwen", err);
+    CHECK_MSG(t, "%s", err);
+    for (size_t i = 0; i < sizeof fim / sizeof *fim; i++)
+        CHECK_EQ(tok_special(t, fim[i]), 4 + (int)i);
+    CHECK(tok_is_eog(t, 7) && tok_is_eog(t, 8) && tok_is_eog(t, 9) && !tok_is_eog(t, 4));
+    CHECK(eog_list_matches(t));
+    tok_free(t);
+    w = vocab_writer("llama", qwen, 11);
+    gguf_writer_set_u32(w, "tokenizer.ggml.fim_pre_token_id", 10);
+    t = finish(w, "fim-qwen-key", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_PRE), 10);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_SUF), 5);
+    tok_free(t);
+
+    /* CodeLlama's short spellings are taken as control tokens only: a normal token that
+     * happens to read "<PRE>" is text of the vocabulary */
+    static const vtok short_names[] = {
+        {"<unk>", 0, 2}, {"<s>", 0, 3},   {"</s>", 0, 3},   {"<PRE>", 0, 3},
+        {"<SUF>", 0, 3}, {"<MID>", 0, 4}, {"<PAD>", 0, 1}, {"<REPO>", 0, 3},
+    };
+    t = finish(vocab_writer("llama", short_names, 8), "fim-short", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_PRE), 3);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_SUF), 4);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_MID), 5);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_PAD), -1);
+    CHECK(!tok_is_eog(t, 6));
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_REP), 7);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_FIM_SEP), -1);
+    tok_free(t);
+}
+
 /* ---- malformed metadata ---- */
 
 static void expect_error(gguf_writer *w, const char *name, const char *needle)
@@ -772,6 +863,10 @@ static void test_bad_metadata(void)
     expect_error(w, "bos-range", "bos_token_id");
 
     w = vocab_writer("llama", v, 4);
+    gguf_writer_set_u32(w, "tokenizer.ggml.fim_mid_token_id", 4);
+    expect_error(w, "fim-range", "fim_mid_token_id");
+
+    w = vocab_writer("llama", v, 4);
     gguf_writer_set_str(w, "tokenizer.ggml.eos_token_id", "2");
     expect_error(w, "eos-type", "eos_token_id");
 
@@ -816,6 +911,7 @@ int main(void)
     RUN(test_pre_tokenizer_ids);
     RUN(test_spm_merge_order);
     RUN(test_bpe_small);
+    RUN(test_fim_tokens);
     RUN(test_bad_metadata);
     return test_finish();
 }
