@@ -10,7 +10,9 @@
  *   /detokenize {"tokens": [...], "model": name}          -> {"content": text}
  *
  * add_special defaults to false, as llama.cpp's; vLLM's default of true is not kept, as
- * one default has to win. with_pieces makes each token {"id", "piece"}, as llama.cpp's
+ * one default has to win. parse_special defaults to true, as llama.cpp's server reads
+ * special tokens ("<|im_end|>") in the text unless told not to: a prompt is counted as
+ * /completion evaluates it. with_pieces makes each token {"id", "piece"}, as llama.cpp's
  * server gives it: the token's text (a control token's as written, "<s>"), or the array
  * of its byte values when they are no whole UTF-8 (a byte token of a character cut in
  * several), which a JSON string cannot carry.
@@ -21,16 +23,17 @@
 #include "daemon/net/http_internal.h"
 #include "engine/tok/utf8.h"
 
-/* The boolean field a or else b of body: 1 set true, 0 false or absent, -1 not a
- * boolean (msg filled). */
-static int read_flag(json_object *body, const char *a, const char *b, char *msg, size_t cap)
+/* The boolean field a or else b of body: 1 true, 0 false, dflt when absent (or null), -1
+ * not a boolean (msg filled). */
+static int read_flag(json_object *body, const char *a, const char *b, int dflt, char *msg,
+                     size_t cap)
 {
     json_object *v;
     const char *name = a;
     if (!json_object_object_get_ex(body, a, &v) || json_object_is_type(v, json_type_null)) {
         name = b;
         if (!b || !json_object_object_get_ex(body, b, &v) || json_object_is_type(v, json_type_null))
-            return 0;
+            return dflt;
     }
     if (!json_object_is_type(v, json_type_boolean)) {
         snprintf(msg, cap, "'%s' must be true or false", name);
@@ -48,9 +51,11 @@ static void start_tokenize(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'content' (or 'prompt') must be a string");
         goto bad;
     }
-    int add_special = read_flag(hr->body, "add_special", "add_special_tokens", msg, cap);
-    int parse_special = add_special < 0 ? -1 : read_flag(hr->body, "parse_special", NULL, msg, cap);
-    int with_pieces = parse_special < 0 ? -1 : read_flag(hr->body, "with_pieces", NULL, msg, cap);
+    int add_special = read_flag(hr->body, "add_special", "add_special_tokens", 0, msg, cap);
+    int parse_special =
+        add_special < 0 ? -1 : read_flag(hr->body, "parse_special", NULL, 1, msg, cap);
+    int with_pieces =
+        parse_special < 0 ? -1 : read_flag(hr->body, "with_pieces", NULL, 0, msg, cap);
     if (add_special < 0 || parse_special < 0 || with_pieces < 0)
         goto bad;
     Llms__TokenizeRequest t = LLMS__TOKENIZE_REQUEST__INIT;

@@ -559,6 +559,24 @@ static void tokenize_and_detokenize_routes(void)
     CHECK_EQ(llms_tokenize(c, "one two three", 0, 0, &bare, &n_bare), LLMS_OK);
     CHECK_EQ(atoi(httpc_jstr(o, "count")), (int)n_bare);
     json_object_put(o);
+    /* special tokens are read in the text unless parse_special says false, as llama.cpp's
+     * server reads them: "</s>" is the EOS token, or the text of its characters */
+    int32_t *eos, *chars;
+    size_t n_eos, n_chars;
+    CHECK_EQ(llms_tokenize(c, "</s>", 0, 1, &eos, &n_eos), LLMS_OK);
+    CHECK_EQ(llms_tokenize(c, "</s>", 0, 0, &chars, &n_chars), LLMS_OK);
+    CHECK(n_eos == 1 && n_chars > 1);
+    o = post("/tokenize", "{\"content\":\"</s>\"}", &st);
+    CHECK_MSG(st == 200 && atoi(httpc_jstr(o, "count")) == 1 &&
+                  atoi(httpc_jstr(o, "tokens.0")) == eos[0],
+              "%d %s", st, json_object_to_json_string(o));
+    json_object_put(o);
+    o = post("/tokenize", "{\"content\":\"</s>\",\"parse_special\":false}", &st);
+    CHECK_MSG(st == 200 && atoi(httpc_jstr(o, "count")) == (int)n_chars, "%d %s", st,
+              json_object_to_json_string(o));
+    json_object_put(o);
+    free(eos);
+    free(chars);
 
     char *text;
     CHECK_EQ(llms_detokenize(c, want, n_want, &text), LLMS_OK);
