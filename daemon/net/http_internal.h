@@ -94,6 +94,7 @@ typedef struct hreq {
     enum route route;
     json_object *body;         /* the parsed request, kept for the texts it holds */
     bool stream, include_usage, base64, return_documents;
+    bool tei;                  /* a rerank in TEI's form ("texts"), answered in its shape */
     uint32_t dimensions;       /* an embedding request's "dimensions", or 0: none asked */
     bool started;              /* the SSE reply (headers and chunks) has begun */
     bool done;                 /* answered (or gone): only freeing is left */

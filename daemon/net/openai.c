@@ -795,31 +795,41 @@ static const char *document_text(json_object *docs, size_t i)
     return json_object_get_string(d);
 }
 
+/* The answer in Jina's shape ({"results": [{index, relevance_score, document?}]}), or in
+ * TEI's for a request in its form ([{index, score, text?}]); either way best first. */
 void openai_on_rerank(hreq *hr, const Llms__RerankResponse *rr)
 {
     http *h = hr->h;
     http_req_finish(hr);
-    json_object *o = json_object_new_object(), *results = json_object_new_array(), *docs = NULL;
-    if (!o || !results) {
+    json_object *o = hr->tei ? NULL : json_object_new_object(), *results = json_object_new_array(),
+                *docs = NULL;
+    if ((!o && !hr->tei) || !results) {
         json_object_put(o);
         json_object_put(results);
         openai_send_error(h, hr->wc, hr->route, 500, "server_error", "internal_error",
                           "out of memory");
         return;
     }
-    json_object_object_get_ex(hr->body, "documents", &docs);
+    json_object_object_get_ex(hr->body, hr->tei ? "texts" : "documents", &docs);
     for (size_t i = 0; i < rr->n_hits; i++) {
         json_object *item = json_object_new_object();
         float s = rr->hits[i]->score;
+        const char *text = docs ? document_text(docs, rr->hits[i]->index) : NULL;
         json_object_object_add(item, "index", json_object_new_int((int)rr->hits[i]->index));
-        json_object_object_add(item, "relevance_score", isnan(s) ? NULL : json_object_new_double(s));
-        if (hr->return_documents && docs) {
+        json_object_object_add(item, hr->tei ? "score" : "relevance_score",
+                               isnan(s) ? NULL : json_object_new_double(s));
+        if (hr->return_documents && text && hr->tei) {
+            json_object_object_add(item, "text", json_object_new_string(text));
+        } else if (hr->return_documents && text) {
             json_object *d = json_object_new_object();
-            json_object_object_add(d, "text",
-                                   json_object_new_string(document_text(docs, rr->hits[i]->index)));
+            json_object_object_add(d, "text", json_object_new_string(text));
             json_object_object_add(item, "document", d);
         }
         json_object_array_add(results, item);
+    }
+    if (hr->tei) {
+        http_send_json(h, hr->wc, hr->route, 200, results);
+        return;
     }
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "model", json_object_new_string(hr->model));
@@ -1506,17 +1516,28 @@ void openai_submit_embed(hreq *hr, Llms__Request *r, json_object *in, const char
     free(texts);
 }
 
+/* Jina's form ("documents", "return_documents"), or TEI's, which llama.cpp's rerank
+ * route takes too ("texts", "return_text"; raw_scores, the scores before the sigmoid,
+ * refused as they are never given). */
 void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     json_object *q, *docs, *v;
     int rc;
+    hr->tei = json_object_object_get_ex(hr->body, "texts", &v) &&
+              !json_object_is_type(v, json_type_null);
+    const char *field = hr->tei ? "texts" : "documents";
     if (jsonfield_get(hr->body, "query", "", json_type_string, &q, msg, cap) != 1) {
         snprintf(msg, cap, "'query' must be a string");
         goto bad;
     }
-    if (jsonfield_get(hr->body, "documents", "", json_type_array, &docs, msg, cap) != 1 ||
+    if (hr->tei && json_object_object_get_ex(hr->body, "documents", &v) &&
+        !json_object_is_type(v, json_type_null)) {
+        snprintf(msg, cap, "'texts' (TEI's form) and 'documents' (Jina's) both given: give one");
+        goto bad;
+    }
+    if (jsonfield_get(hr->body, field, "", json_type_array, &docs, msg, cap) != 1 ||
         json_object_array_length(docs) == 0) {
-        snprintf(msg, cap, "'documents' must be a non-empty array");
+        snprintf(msg, cap, "'%s' must be a non-empty array", field);
         goto bad;
     }
     size_t n = json_object_array_length(docs);
@@ -1529,9 +1550,19 @@ void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         snprintf(msg, cap, "'top_n' must be at least 1");
         goto bad;
     }
-    if ((rc = jsonfield_get(hr->body, "return_documents", "", json_type_boolean, &v, msg, cap)) < 0)
+    if ((rc = jsonfield_get(hr->body, hr->tei ? "return_text" : "return_documents", "",
+                            json_type_boolean, &v, msg, cap)) < 0)
         goto bad;
     hr->return_documents = rc && json_object_get_boolean(v);
+    if (hr->tei) {
+        if ((rc = jsonfield_get(hr->body, "raw_scores", "", json_type_boolean, &v, msg, cap)) < 0)
+            goto bad;
+        if (rc && json_object_get_boolean(v)) {
+            snprintf(msg, cap, "'raw_scores': the scores are relevance in [0, 1], never the "
+                               "raw scores before it");
+            goto bad;
+        }
+    }
     const char **texts = malloc(n * sizeof *texts);
     if (!texts) {
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
@@ -1539,11 +1570,14 @@ void openai_start_rerank(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     for (size_t i = 0; i < n; i++) {
         json_object *d = json_object_array_get_idx(docs, i), *t;
-        if (json_object_is_type(d, json_type_object) && json_object_object_get_ex(d, "text", &t))
+        if (!hr->tei && json_object_is_type(d, json_type_object) &&
+            json_object_object_get_ex(d, "text", &t))
             d = t;
         if (!json_object_is_type(d, json_type_string)) {
             free(texts);
-            snprintf(msg, cap, "documents[%zu] must be a string or {\"text\": string}", i);
+            snprintf(msg, cap, hr->tei ? "texts[%zu] must be a string"
+                                       : "documents[%zu] must be a string or {\"text\": string}",
+                     i);
             goto bad;
         }
         texts[i] = json_object_get_string(d);

@@ -12,8 +12,9 @@
  * users' scripts call next: POST /apply-template renders the prompt /v1/chat/completions
  * evaluates (chatml, set for the model, with tools), /embedding and /embeddings give
  * /v1/embeddings' vectors in llama.cpp's shape (docs-embed-5M as the embed model),
- * /reranking and /v1/reranking are /v1/rerank, /tokenize's with_pieces gives each
- * token's text or bytes, and /slots is refused 501 as llama.cpp refuses it.
+ * /reranking and /v1/reranking are /v1/rerank (which takes TEI's "texts" too, answered
+ * in TEI's shape), /tokenize's with_pieces gives each token's text or bytes, and /slots
+ * is refused 501 as llama.cpp refuses it.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -1152,6 +1153,66 @@ static void rerank_aliases_are_one_route(void)
     json_object_put(want);
 }
 
+/* The rerank route takes TEI's form too, as llama.cpp's does: "texts" for "documents",
+ * answered with TEI's array of {index, score} best first (each text with return_text),
+ * the scores those of the Jina form. */
+static void rerank_takes_the_tei_form(void)
+{
+    NEED_DAEMON();
+    static const char *const texts[] = {"The gateway answers HTTP.", "Contexts keep their KV.",
+                                        "a cat"};
+    int st;
+    json_object *want = post("/rerank", "{\"query\":\"the gateway\",\"documents\":[\"The "
+                                        "gateway answers HTTP.\",\"Contexts keep their "
+                                        "KV.\",\"a cat\"]}", &st);
+    CHECK_MSG(st == 200 && httpc_jget(want, "results.2"), "%d %s", st, json_text(want));
+    for (int text = 0; text < 2; text++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"query\":\"the gateway\",\"texts\":[\"%s\",\"%s\","
+                                    "\"%s\"]%s}", texts[0], texts[1], texts[2],
+                 text ? ",\"return_text\":true" : "");
+        json_object *o = post("/reranking", body, &st);
+        CHECK_MSG(st == 200 && json_object_is_type(o, json_type_array) &&
+                      json_object_array_length(o) == 3,
+                  "%d %s", st, json_text(o));
+        for (size_t i = 0; i < 3; i++) {
+            json_object *e = json_object_array_get_idx(o, i);
+            char idx[32], score[48], jina[48];
+            snprintf(idx, sizeof idx, "%zu.index", i);
+            snprintf(score, sizeof score, "%zu.score", i);
+            snprintf(jina, sizeof jina, "results.%zu.index", i);
+            CHECK_MSG(jint(o, idx) == jint(want, jina), "%s vs %s", json_text(o),
+                      json_text(want));
+            snprintf(jina, sizeof jina, "results.%zu.relevance_score", i);
+            CHECK_NEAR(jnum(o, score), jnum(want, jina), 1e-6);
+            CHECK(i == 0 || jnum(o, score) <= jnum(json_object_array_get_idx(o, i - 1), "score"));
+            json_object *t;
+            bool has = json_object_object_get_ex(e, "text", &t);
+            CHECK_EQ(has, text);
+            CHECK(!has || strcmp(json_object_get_string(t), texts[jint(o, idx)]) == 0);
+            CHECK_EQ(json_object_object_length(e), 2 + text);
+        }
+        json_object_put(o);
+    }
+    json_object_put(want);
+    static const struct {
+        const char *body, *says;
+    } bad[] = {
+        {"{\"query\":\"q\",\"texts\":[\"a\",1]}", "texts[1]"},
+        {"{\"query\":\"q\",\"texts\":[]}", "texts"},
+        {"{\"query\":\"q\",\"texts\":[\"a\"],\"documents\":[\"a\"]}", "texts"},
+        {"{\"query\":\"q\",\"texts\":[\"a\"],\"return_text\":1}", "return_text"},
+        {"{\"query\":\"q\",\"texts\":[\"a\"],\"raw_scores\":true}", "raw_scores"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_object *o = post("/rerank", bad[i].body, &st);
+        const char *msg = httpc_jstr(o, "error.message");
+        CHECK_MSG(st == 400 && msg && strstr(msg, bad[i].says), "%s: %d %s", bad[i].body, st,
+                  json_text(o));
+        json_object_put(o);
+    }
+}
+
 /* Over TCP the routes need the bearer token, as every other route; CORS as for them. */
 static void tcp_needs_a_token(void)
 {
@@ -1378,6 +1439,7 @@ int main(int argc, char **argv)
     RUN(tokenize_gives_pieces);
     RUN(slots_are_refused);
     RUN(rerank_aliases_are_one_route);
+    RUN(rerank_takes_the_tei_form);
     RUN(tcp_needs_a_token);
     RUN(random_bodies_never_crash);
     RUN(random_bodies_on_the_other_routes);
