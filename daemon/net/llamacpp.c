@@ -707,53 +707,70 @@ static int read_prompt(hreq *hr, Llms__CompleteRequest *cr, Llms__PromptPart **p
     return 0;
 }
 
+/* hr's llama.cpp state (hr->lc), made empty. 0, or -1 after answering (out of memory). */
+static int new_req(hreq *hr)
+{
+    struct llamacpp_req *lc = hr->lc = calloc(1, sizeof *hr->lc);
+    if (!lc) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return -1;
+    }
+    llms__generation_params__init(&lc->gp);
+    lc->gp.stop = lc->stops;
+    return 0;
+}
+
+/* What /completion and /infill read alike, all but the prompt: stream, the generation
+ * fields into hr->lc, and cr's params and model. 0, or -1 with msg. */
+static int read_generation(hreq *hr, Llms__CompleteRequest *cr, char *msg, size_t cap)
+{
+    json_object *v;
+    struct llamacpp_req *lc = hr->lc;
+    int rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
+    if (rc < 0)
+        return -1;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (read_params(hr, lc, msg, cap) ||
+        read_samplers(hr->body, &lc->gp, &lc->samplers, msg, cap) ||
+        read_logit_bias(hr, &lc->gp, msg, cap) || read_probs(hr, lc, msg, cap) ||
+        openai_read_format(hr->body, &lc->gp, msg, cap) ||
+        refuse_samplers(hr->body, msg, cap) || check_read_past(hr->body, msg, cap))
+        return -1;
+    cr->params = &lc->gp;
+    cr->model = (char *)hr->model_named;
+    return 0;
+}
+
+/* Submits cr, read whole, as hr's native Complete (packed into a request of its own: what
+ * cr points to is not needed after). */
+static void submit_complete(hreq *hr, Llms__Request *r, Llms__CompleteRequest *cr)
+{
+    if (hr->stream && !(hr->sse = evbuffer_new())) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+        return;
+    }
+    r->body_case = LLMS__REQUEST__BODY_COMPLETE;
+    r->complete = cr;
+    http_submit(hr, r);
+}
+
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
     Llms__PromptPart *parts = NULL, **ptrs = NULL;
     int32_t *ids = NULL;
-    json_object *v;
-    struct llamacpp_req *lc = hr->lc = calloc(1, sizeof *hr->lc);
-    if (!lc) {
-        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    if (new_req(hr))
         return;
+    if (read_prompt(hr, &cr, &parts, &ptrs, &ids, msg, cap) || read_generation(hr, &cr, msg, cap)) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    } else {
+        if (!cr.n_prompt_parts)
+            hr->lc->prompt = cr.prompt;
+        submit_complete(hr, r, &cr);
     }
-    llms__generation_params__init(&lc->gp);
-    lc->gp.stop = lc->stops;
-    int rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap);
-    if (rc < 0)
-        goto bad;
-    hr->stream = rc && json_object_get_boolean(v);
-    if (read_prompt(hr, &cr, &parts, &ptrs, &ids, msg, cap) || read_params(hr, lc, msg, cap) ||
-        read_samplers(hr->body, &lc->gp, &lc->samplers, msg, cap) ||
-        read_logit_bias(hr, &lc->gp, msg, cap) || read_probs(hr, lc, msg, cap) ||
-        openai_read_format(hr->body, &lc->gp, msg, cap) ||
-        refuse_samplers(hr->body, msg, cap) || check_read_past(hr->body, msg, cap))
-        goto bad;
-    if (!cr.n_prompt_parts)
-        lc->prompt = cr.prompt;
-    cr.params = &lc->gp;
-    cr.model = (char *)hr->model_named;
-    if (hr->stream && !(hr->sse = evbuffer_new())) {
-        free(parts);
-        free(ptrs);
-        free(ids);
-        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return;
-    }
-    r->body_case = LLMS__REQUEST__BODY_COMPLETE;
-    r->complete = &cr;
-    /* packed into a request of its own: the parts are not needed after */
-    http_submit(hr, r);
     free(parts);
     free(ptrs);
     free(ids);
-    return;
-bad:
-    free(parts);
-    free(ptrs);
-    free(ids);
-    llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
 }
 
 /* The chat route's own reading of messages and tools and its own rendering, so that the
