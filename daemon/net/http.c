@@ -53,8 +53,8 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health",
     "/", "/metrics", "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate",
     "/api/chat", "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)",
-    "/completion", "/props", "/embedding", "/apply-template", "/slots", "/slots/{id_slot}",
-    "other",
+    "/completion", "/infill", "/props", "/embedding", "/apply-template", "/slots",
+    "/slots/{id_slot}", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -228,7 +228,7 @@ static void hreq_free(hreq *hr)
     }
     toolcall_scan_free(hr->scan);
     toolcall_set_free(&hr->tools);
-    free(hr->lc);
+    llamacpp_req_free(hr->lc);
     responses_req_free(hr->rs);
     free(hr);
 }
@@ -650,9 +650,10 @@ static unsigned route_role(enum route r)
 /* The model a request of route r runs on: *e, the one body's "model" names (*named),
  * else the route's default (*named NULL; *e NULL when no model has the role, which the
  * worker answers). 0, or -1 after answering: 404 model_not_found for a name the registry
- * does not hold (naming those it holds), 400 for a RAG query on another model than the
- * default generate model (retrieval runs on that one only). A model that lacks the
- * route's role is the worker's to refuse, as for a native request. */
+ * does not hold (naming those it holds), 400 for a RAG query or an infill on another
+ * model than the default generate model (retrieval runs on that one only; an infill's
+ * prompt is laid out with its tokenizer, the one the gateway holds). A model that lacks
+ * the route's role is the worker's to refuse, as for a native request. */
 static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *body,
                          const char **named, const models_view_entry **e)
 {
@@ -678,10 +679,10 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                        names);
             return -1;
         }
-        if (r == R_RAG && *e != dflt) {
+        if ((r == R_RAG || r == R_LLAMACPP_INFILL) && *e != dflt) {
             send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
                        "%s runs on the default generate model '%s', not '%s'",
-                       route_path[R_RAG], dflt ? dflt->name : "", (*e)->name);
+                       route_path[r], dflt ? dflt->name : "", (*e)->name);
             return -1;
         }
         *named = name;
@@ -924,6 +925,9 @@ static void hreq_start(hreq *hr)
         break;
     case R_LLAMACPP_COMPLETION:
         llamacpp_start_completion(hr, &rq, msg, sizeof msg);
+        break;
+    case R_LLAMACPP_INFILL:
+        llamacpp_start_infill(hr, &rq, msg, sizeof msg);
         break;
     case R_LLAMACPP_EMBEDDING:
         llamacpp_start_embedding(hr, &rq, msg, sizeof msg);

@@ -48,6 +48,7 @@ enum route {
     /* llama.cpp's server's own routes (llamacpp.c), R_LLAMACPP_COMPLETION to
      * R_LLAMACPP_SLOTS_ACTION */
     R_LLAMACPP_COMPLETION,     /* /completion, and its alias /completions */
+    R_LLAMACPP_INFILL,
     R_LLAMACPP_PROPS,
     R_LLAMACPP_EMBEDDING,      /* /embedding, and its alias /embeddings */
     R_LLAMACPP_APPLY_TEMPLATE,
@@ -114,8 +115,8 @@ typedef struct hreq {
     toolcall_set tools;        /* a chat's tools (tools.n == 0: none) */
     toolcall_scan *scan;       /* the reply read for calls (tool_choice "auto"; n is 1),
                                   or NULL */
-    struct llamacpp_req *lc;   /* a llama.cpp /completion's own state (llamacpp.c; one
-                                  allocation), or NULL */
+    struct llamacpp_req *lc;   /* a llama.cpp /completion's or /infill's own state
+                                  (llamacpp.c; llamacpp_req_free), or NULL */
     struct responses_req *rs;  /* a /v1/responses request's own state (responses.c), or
                                   NULL */
     struct evbuffer *sse;
@@ -392,6 +393,15 @@ void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r);
 
 /* As openai_start_generate, for /completion. */
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* As openai_start_generate, for /infill: the fill-in-the-middle prompt (daemon/infill.h)
+ * of the default generate model, whose tokenizer the gateway holds, as a Complete of its
+ * token ids; a model without the FIM tokens is refused 501, as llama.cpp's server refuses
+ * it. */
+void llamacpp_start_infill(hreq *hr, Llms__Request *r, char *msg, size_t cap);
+
+/* Frees hr->lc (NULL is fine). */
+void llamacpp_req_free(struct llamacpp_req *lc);
 
 /* Answers POST /apply-template: hr's messages and tools rendered into the prompt
  * /v1/chat/completions would evaluate for them on hr's model. Ends hr. */

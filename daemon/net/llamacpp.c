@@ -3,13 +3,15 @@
  * tools written against llama-server rather than OpenAI's routes: POST /completion (and
  * its alias /completions) becomes a native Complete of the raw prompt (a string, token
  * ids, or strings and ids mixed: CompleteRequest.prompt_parts), answered whole or as
- * Server-Sent Events in llama.cpp's shapes; POST /apply-template gives the prompt the
- * chat route renders (openai.c's rendering, answered on the loop); POST /embedding (and
- * /embeddings) gives the native Embed's vectors, as /v1/embeddings sends it, in
- * llama.cpp's own shape; GET /props shows the daemon's defaults; /slots (GET, and POST
- * /slots/{id_slot}'s actions) is refused 501 as llama.cpp's server refuses it unless
- * started with --slots (--slot-save-path). Errors are llama.cpp's {"error": {"code",
- * "message", "type"}}.
+ * Server-Sent Events in llama.cpp's shapes; POST /infill lays out a fill-in-the-middle
+ * prompt (daemon/infill.h) with the default generate model's tokenizer, which the
+ * gateway holds, and runs its token ids as /completion runs them, with the same fields
+ * and answers; POST /apply-template gives the prompt the chat route renders (openai.c's
+ * rendering, answered on the loop); POST /embedding (and /embeddings) gives the native
+ * Embed's vectors, as /v1/embeddings sends it, in llama.cpp's own shape; GET /props
+ * shows the daemon's defaults; /slots (GET, and POST /slots/{id_slot}'s actions) is
+ * refused 501 as llama.cpp's server refuses it unless started with --slots
+ * (--slot-save-path). Errors are llama.cpp's {"error": {"code", "message", "type"}}.
  *
  * What only concerns how llama.cpp's server runs (id_slot, cache_prompt: llmsd's prompt
  * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
@@ -28,11 +30,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/infill.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/chat.h"
 #include "engine/tok/stop.h"
+#include "engine/tok/utf8.h"
 
 /* llama.cpp's seed of "pick one at random" (LLAMA_DEFAULT_SEED), which its /props shows
  * and clients send back. */
@@ -76,6 +80,7 @@ struct llamacpp_req {
     bool discard;               /* n_predict 0: the prompt is evaluated, nothing kept */
     bool return_tokens;
     const char *prompt;         /* a text prompt, which the answer repeats; NULL for ids */
+    char *infill_prompt;        /* an infill's prompt as text (owned; prompt points to it) */
     size_t tokens_sent;         /* tokens whose stream events went out */
 };
 
@@ -771,6 +776,146 @@ void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap
     free(parts);
     free(ptrs);
     free(ids);
+}
+
+/* llama.cpp's /infill fields into p (the chunks in *extra, to free): input_prefix and
+ * input_suffix (strings, required), prompt (a string, optional), input_extra (an array of
+ * {"filename"?, "text"}, optional), in llama.cpp's order and words where it has them;
+ * their texts together at most max_text_bytes, as a prompt's text, since the loop
+ * tokenizes them. 0, or -1 with msg. */
+static int read_infill(hreq *hr, infill_parts *p, infill_chunk **extra, char *msg, size_t cap)
+{
+    static const char chunk_shape[] = "\"input_extra\" must be an array of {\"filename\": "
+                                      "string, \"text\": string}";
+    json_object *body = hr->body, *v, *arr;
+    size_t bytes = 0;
+    p->prompt = "";
+    if (json_object_object_get_ex(body, "prompt", &v) && !json_object_is_type(v, json_type_null)) {
+        if (!json_object_is_type(v, json_type_string)) {
+            snprintf(msg, cap, "\"prompt\" must be a string");
+            return -1;
+        }
+        p->prompt = json_object_get_string(v);
+    }
+    const char *const names[] = {"input_prefix", "input_suffix"};
+    const char **texts[] = {&p->prefix, &p->suffix};
+    for (size_t i = 0; i < 2; i++) {
+        if (!json_object_object_get_ex(body, names[i], &v)) {
+            snprintf(msg, cap, "\"%s\" is required", names[i]);
+            return -1;
+        }
+        /* llama.cpp takes token ids mixed with strings here too; editor plugins send
+         * text, and only text is taken */
+        if (!json_object_is_type(v, json_type_string)) {
+            snprintf(msg, cap, "\"%s\" must be a string", names[i]);
+            return -1;
+        }
+        *texts[i] = json_object_get_string(v);
+    }
+    size_t n = 0;
+    if (json_object_object_get_ex(body, "input_extra", &arr) &&
+        !json_object_is_type(arr, json_type_null)) {
+        if (!json_object_is_type(arr, json_type_array)) {
+            snprintf(msg, cap, "%s", chunk_shape);
+            return -1;
+        }
+        n = json_object_array_length(arr);
+    }
+    if (!(*extra = calloc(n ? n : 1, sizeof **extra))) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *c = json_object_array_get_idx(arr, i), *text, *name;
+        if (!json_object_is_type(c, json_type_object) ||
+            !json_object_object_get_ex(c, "text", &text) ||
+            !json_object_is_type(text, json_type_string)) {
+            snprintf(msg, cap, "extra_context chunk must contain a \"text\" field with a string "
+                               "value (input_extra[%zu])", i);
+            return -1;
+        }
+        bool named = json_object_object_get_ex(c, "filename", &name);
+        if (named && !json_object_is_type(name, json_type_string)) {
+            snprintf(msg, cap, "extra_context chunk's \"filename\" field must be a string "
+                               "(input_extra[%zu])", i);
+            return -1;
+        }
+        (*extra)[i].text = json_object_get_string(text);
+        (*extra)[i].filename = named ? json_object_get_string(name) : NULL;
+        bytes += strlen((*extra)[i].text) + (named ? strlen((*extra)[i].filename) : 0);
+    }
+    p->extra = *extra;
+    p->n_extra = n;
+    bytes += strlen(p->prefix) + strlen(p->suffix) + strlen(p->prompt);
+    if (bytes > (size_t)hr->h->cfg->max_text_bytes) {
+        snprintf(msg, cap, "the infill's texts (input_prefix, input_suffix, prompt and "
+                           "input_extra) are %zu bytes, the limit is %d (max_text_bytes)",
+                 bytes, hr->h->cfg->max_text_bytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* The text of n tokens (the tokenizer's own) as llama.cpp's server gives a prompt back
+ * (special tokens as written), whole UTF-8: a cut prefix may begin inside a character.
+ * Fresh string, or NULL out of memory. */
+static char *prompt_text(const tokenizer *tok, const int32_t *ids, int n)
+{
+    int need = tok_decode(tok, ids, n, false, true, NULL, 0);
+    char *raw = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    char *text = raw ? malloc(UTF8_OUT_CAP(need) + 1) : NULL;
+    if (text) {
+        tok_decode(tok, ids, n, false, true, raw, (size_t)need + 1);
+        utf8_stream u = {0};
+        size_t len = utf8_stream_feed(&u, raw, (size_t)need, text);
+        len += utf8_stream_flush(&u, text + len);
+        text[len] = '\0';
+    }
+    free(raw);
+    return text;
+}
+
+void llamacpp_start_infill(hreq *hr, Llms__Request *r, char *msg, size_t cap)
+{
+    const tokenizer *tok = hr->h->senv.tok;
+    Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    Llms__PromptPart part = LLMS__PROMPT_PART__INIT, *ptr = &part;
+    infill_parts p = {0};
+    infill_chunk *extra = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    char err[ERR_MAX];
+    /* the model first: llama.cpp's server refuses an infill on it before reading the body */
+    if (!infill_supported(tok, msg, cap)) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__UNIMPLEMENTED, msg);
+        return;
+    }
+    if (new_req(hr))
+        return;
+    if (read_infill(hr, &p, &extra, msg, cap) || read_generation(hr, &cr, msg, cap)) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);
+    } else if (infill_tokens(tok, &p, hr->h->cfg->n_ctx, hr->lc->n_predict, &ids, &n, err)) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, err);
+    } else if (!(hr->lc->prompt = hr->lc->infill_prompt = prompt_text(tok, ids, n))) {
+        llamacpp_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+    } else {
+        part.tokens = ids;
+        part.n_tokens = (size_t)n;
+        cr.prompt = "";
+        cr.prompt_parts = &ptr;
+        cr.n_prompt_parts = 1;
+        submit_complete(hr, r, &cr);
+    }
+    free(ids);
+    free(extra);
+}
+
+void llamacpp_req_free(struct llamacpp_req *lc)
+{
+    if (!lc)
+        return;
+    free(lc->infill_prompt);
+    free(lc);
 }
 
 /* The chat route's own reading of messages and tools and its own rendering, so that the

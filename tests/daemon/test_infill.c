@@ -26,7 +26,7 @@ static tokenizer *vocab(const char *name, bool fim, bool repo, bool add_bos)
                                             "<|fim_middle|>", "<|fim_pad|>",
                                             "<|repo_name|>",  "<|file_sep|>"};
     static const char *const first[] = {"<unk>", "<s>", "</s>"};
-    static char names[N_VOCAB][8];
+    static char names[N_VOCAB][16];
     const char *texts[N_VOCAB];
     float scores[N_VOCAB] = {0};
     int32_t types[N_VOCAB];

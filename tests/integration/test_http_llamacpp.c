@@ -14,7 +14,8 @@
  * /v1/embeddings' vectors in llama.cpp's shape (docs-embed-5M as the embed model),
  * /reranking and /v1/reranking are /v1/rerank (which takes TEI's "texts" too, answered
  * in TEI's shape), /tokenize's with_pieces gives each token's text or bytes, and /slots
- * is refused 501 as llama.cpp refuses it.
+ * is refused 501 as llama.cpp refuses it, as is /infill on this model, which has no
+ * fill-in-the-middle tokens (test_http_infill serves one that has).
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -1153,6 +1154,20 @@ static void rerank_aliases_are_one_route(void)
     json_object_put(want);
 }
 
+/* /infill needs the model's fill-in-the-middle tokens, which the documentation model
+ * lacks: refused 501 as llama.cpp's server refuses it, whatever the body (the model is
+ * checked first). test_http_infill has a model that has them. */
+static void infill_needs_fim_tokens(void)
+{
+    NEED_DAEMON();
+    static const char *const bodies[] = {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\"}",
+                                         "{\"input_extra\":7}"};
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++)
+        expect_error("POST", "/infill", bodies[i], 501, "not_supported_error",
+                     "Infill is not supported by this model: prefix token is missing. suffix "
+                     "token is missing. middle token is missing.");
+}
+
 /* The rerank route takes TEI's form too, as llama.cpp's does: "texts" for "documents",
  * answered with TEI's array of {index, score} best first (each text with return_text),
  * the scores those of the Jina form. */
@@ -1438,6 +1453,7 @@ int main(int argc, char **argv)
     RUN(embedding_equals_openai);
     RUN(tokenize_gives_pieces);
     RUN(slots_are_refused);
+    RUN(infill_needs_fim_tokens);
     RUN(rerank_aliases_are_one_route);
     RUN(rerank_takes_the_tei_form);
     RUN(tcp_needs_a_token);
