@@ -696,6 +696,98 @@ static void constrained_is_reproducible_and_cheap_when_allowed(void)
     sampler_free(s);
 }
 
+/* ---- the chain with every newer step off ---- */
+
+/* FNV-1a over the tokens of a run. */
+static uint64_t hash_tokens(uint64_t h, int32_t t)
+{
+    for (int i = 0; i < 4; i++) {
+        h ^= (uint64_t)((uint32_t)t >> (8 * i) & 0xff);
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* A constraint allowing the ids divisible by 3 or 7. */
+static bool sparse_allows(const void *ctx, int32_t token)
+{
+    (void)ctx;
+    return token % 3 == 0 || token % 7 == 0;
+}
+
+/* 300 steps of s over pseudo-random logits (each step's own) and a history that grows
+ * by the drawn tokens, hashed; constrained with sparse_allows when con. */
+static uint64_t run_hash(sampler *s, int n, bool con)
+{
+    static float l[32000];
+    static int32_t hist[400];
+    int n_hist = 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    sampler_constraint c = {sparse_allows, NULL};
+    for (int step = 0; step < 300; step++) {
+        fill_logits(l, n, 1000u + (uint32_t)step, 6.0f);
+        int32_t t = con ? sampler_sample_allowed(s, l, hist, n_hist, &c)
+                        : sampler_sample(s, l, hist, n_hist);
+        h = hash_tokens(h, t);
+        hist[n_hist++] = t < 0 ? 0 : t;
+    }
+    return h;
+}
+
+/* With the newer steps (typical, XTC, DRY, Mirostat, dynamic temperature, top-n-sigma,
+ * min_keep, an order of one's own) at their off values, every draw is the one the chain
+ * made before they were added: these hashes were taken from that chain, for defaults,
+ * greedy with penalties, top-p alone (a vocabulary of 32000: the growing selections),
+ * top-k with min-p and biases, and constrained draws. */
+static void all_off_is_the_chain_as_before(void)
+{
+    sampler_bias b[3] = {{5, 2.5f}, {17, -INFINITY}, {2999, 1.0f}};
+    struct {
+        const char *name;
+        int n;
+        bool con;
+        uint64_t want;
+    } cases[] = {
+        {"defaults", 3000, false, 0xc034c97ce1132429ull},
+        {"greedy and penalties", 3000, false, 0x0bb1cc6f97f7bd0dull},
+        {"top-p alone", 32000, false, 0x35f08fe72933fb1eull},
+        {"top-k, min-p, biases", 3000, false, 0xed2e1e7564907f97ull},
+        {"constrained defaults", 3000, true, 0xd298d9f423e32b5eull},
+        {"constrained greedy", 3000, true, 0xbbe78da29515b423ull},
+    };
+    uint64_t got[sizeof cases / sizeof *cases];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sampler_params p = sampler_params_default();
+        p.seed = 77 + i;
+        if (i == 1 || i == 5) {
+            p.temperature = 0.0f;
+            p.repeat_penalty = 1.3f;
+            p.frequency_penalty = 0.5f;
+            p.presence_penalty = 0.2f;
+            p.repeat_last_n = 32;
+        } else if (i == 2) {
+            p.temperature = 1.2f;
+            p.top_k = 0;
+            p.top_p = 0.9f;
+            p.min_p = 0.0f;
+        } else if (i == 3) {
+            p.temperature = 0.7f;
+            p.top_k = 100;
+            p.min_p = 0.1f;
+            p.bias = b;
+            p.n_bias = 3;
+        }
+        char err[ERR_MAX];
+        sampler *s = sampler_new(cases[i].n, &p, err);
+        CHECK_MSG(s, "%s", err);
+        got[i] = run_hash(s, cases[i].n, cases[i].con);
+        sampler_free(s);
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK_MSG(got[i] == cases[i].want, "%s: hash 0x%016llx", cases[i].name,
+                  (unsigned long long)got[i]);
+}
+
 /* ---- stop strings ---- */
 
 /* Feeds pieces through the matcher and collects the emitted text (NUL-terminated). */
@@ -883,6 +975,7 @@ int main(void)
     RUN(greedy_takes_the_best_allowed_token);
     RUN(sampling_is_conditioned_on_the_allowed_tokens);
     RUN(constrained_is_reproducible_and_cheap_when_allowed);
+    RUN(all_off_is_the_chain_as_before);
     RUN(stop_string_split_across_pieces);
     RUN(false_prefix_is_released);
     RUN(held_tail_is_flushed_at_the_end);
