@@ -168,7 +168,8 @@ typedef struct bench_ctx {
 static int sample_text(bench_ctx *b, uint64_t seed, char err[ERR_MAX])
 {
     sampler_params sp = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-                         .repeat_penalty = 1.0f, .repeat_last_n = 0, .seed = seed};
+                         .repeat_penalty = 1.0f, .repeat_last_n = 0, .typical_p = 1.0f,
+                         .seed = seed};
     sampler *s = sampler_new(b->n_vocab, &sp, err);
     if (!s)
         return -1;

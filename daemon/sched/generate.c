@@ -45,6 +45,7 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         .frequency_penalty = cfg->frequency_penalty,
         .presence_penalty = cfg->presence_penalty,
         .repeat_last_n = cfg->repeat_last_n,
+        .typical_p = 1.0f,
         .seed = SAMPLER_SEED_RANDOM,
     };
     m->stops = m->bias = NULL;

@@ -249,7 +249,8 @@ static void sample_prefix(model *m, model_runner *r, kv_pool *pool, uint64_t see
     const model_hparams *hp = model_hparams_of(m);
     int nv = hp->n_vocab, n_layer = hp->n_layer;
     static float received[TOL_PREFIX];
-    sampler_params sp = {.temperature = 1, .top_p = 1, .repeat_penalty = 1, .seed = seed};
+    sampler_params sp = {.temperature = 1, .top_p = 1, .repeat_penalty = 1, .typical_p = 1,
+                         .seed = seed};
     sampler *smp = sampler_new(nv, &sp, err);
     CHECK(smp);
     kv_seq s;
