@@ -1,6 +1,7 @@
 /* drybreak.c — DRY's sequence breakers as tokens (see drybreak.h). */
 #include "engine/model/drybreak.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,43 +54,39 @@ static int token_text(const tokenizer *tok, int32_t id, char **buf, size_t *cap)
     return n < 0 ? 0 : n; /* an id of the vocabulary always decodes */
 }
 
-/* Breaker t (len bytes)'s sequences over the vocabulary into s; text a buffer for the
- * tokens' texts. */
-static int breaker_seqs(const tokenizer *tok, const char *t, size_t len, seqs *s, char **text,
-                        size_t *text_cap, char *err)
-{
-    /* the tokens of t's rest after its first r bytes, made when a token ends with those */
+/* One breaker: its text (cut), and the tokens of its rest after its first r bytes, made
+ * when a token ends with those. */
+typedef struct breaker {
+    const char *text;
+    size_t len;
+    bool made[DRYBREAK_TEXT_MAX];
     sampler_breaker rest[DRYBREAK_TEXT_MAX];
-    bool made[DRYBREAK_TEXT_MAX] = {false};
-    int32_t n_vocab = tok_n_vocab(tok);
-    for (int32_t id = 0; id < n_vocab; id++) {
-        int n = token_text(tok, id, text, text_cap);
-        if (n < 0)
-            return err_set(err, "DRY sequence breakers: out of memory");
-        if (memmem(*text, (size_t)n, t, len)) {
-            if (push(s, id, NULL))
-                return err_set(err, "DRY sequence breakers: out of memory");
+} breaker;
+
+/* Breaker b's sequences headed by token id, whose text is text[0..n), into s. */
+static int token_seqs(const tokenizer *tok, int32_t id, const char *text, size_t n, breaker *b,
+                      seqs *s, char *err)
+{
+    if (memmem(text, n, b->text, b->len))
+        return push(s, id, NULL) ? err_set(err, "DRY sequence breakers: out of memory") : 0;
+    /* each end of the text shorter than the breaker that the breaker starts with */
+    for (size_t r = 1; r < b->len && r <= n; r++) {
+        if (memcmp(text + n - r, b->text, r) != 0)
             continue;
+        if (!b->made[r]) {
+            int32_t ids[SAMPLER_BREAKER_TAIL_MAX];
+            int k = tok_encode(tok, b->text + r, b->len - r, false, false, ids,
+                               SAMPLER_BREAKER_TAIL_MAX);
+            if (k < 0)
+                return err_set(err, "DRY sequence breakers: the tokenizer failed on '%.*s'",
+                               (int)(b->len - r), b->text + r);
+            b->rest[r] = (sampler_breaker){.n_tail = k < SAMPLER_BREAKER_TAIL_MAX
+                                                         ? k : SAMPLER_BREAKER_TAIL_MAX};
+            memcpy(b->rest[r].tail, ids, sizeof *ids * (size_t)b->rest[r].n_tail);
+            b->made[r] = true;
         }
-        /* each end of the text shorter than t that t starts with */
-        for (size_t r = 1; r < len && r <= (size_t)n; r++) {
-            if (memcmp(*text + n - r, t, r) != 0)
-                continue;
-            if (!made[r]) {
-                int32_t ids[SAMPLER_BREAKER_TAIL_MAX];
-                int k = tok_encode(tok, t + r, len - r, false, false, ids,
-                                   SAMPLER_BREAKER_TAIL_MAX);
-                if (k < 0)
-                    return err_set(err, "DRY sequence breakers: the tokenizer failed on "
-                                        "'%.*s'", (int)(len - r), t + r);
-                rest[r] = (sampler_breaker){.n_tail = k < SAMPLER_BREAKER_TAIL_MAX
-                                                          ? k : SAMPLER_BREAKER_TAIL_MAX};
-                memcpy(rest[r].tail, ids, sizeof *ids * (size_t)rest[r].n_tail);
-                made[r] = true;
-            }
-            if (push(s, id, &rest[r]))
-                return err_set(err, "DRY sequence breakers: out of memory");
-        }
+        if (push(s, id, &b->rest[r]))
+            return err_set(err, "DRY sequence breakers: out of memory");
     }
     return 0;
 }
@@ -100,19 +97,32 @@ int drybreak_tokens(const tokenizer *tok, const char *const *texts, int n,
     seqs s = {0};
     char *text = NULL;
     size_t text_cap = 0;
+    int n_brk = 0, rc = 0;
     *out = NULL;
     *n_out = 0;
+    breaker *brk = calloc(n > 0 ? (size_t)n : 1, sizeof *brk);
+    if (!brk)
+        return err_set(err, "DRY sequence breakers: out of memory");
     for (int i = 0; i < n; i++) {
         size_t len = strlen(texts[i]);
-        if (len > DRYBREAK_TEXT_MAX)
-            len = DRYBREAK_TEXT_MAX;
-        if (len > 0 && breaker_seqs(tok, texts[i], len, &s, &text, &text_cap, err)) {
-            free(s.b);
-            free(text);
-            return -1;
-        }
+        if (len > 0)
+            brk[n_brk++] = (breaker){.text = texts[i],
+                                     .len = len < DRYBREAK_TEXT_MAX ? len : DRYBREAK_TEXT_MAX};
+    }
+    /* each token's text once, for every breaker */
+    for (int32_t id = 0; n_brk > 0 && id < tok_n_vocab(tok) && rc == 0; id++) {
+        int k = token_text(tok, id, &text, &text_cap);
+        if (k < 0)
+            rc = err_set(err, "DRY sequence breakers: out of memory");
+        for (int b = 0; b < n_brk && rc == 0; b++)
+            rc = token_seqs(tok, id, text, (size_t)k, &brk[b], &s, err);
     }
     free(text);
+    free(brk);
+    if (rc) {
+        free(s.b);
+        return -1;
+    }
     /* each sequence once: several breakers may give a token the same one */
     if (s.n > 0)
         qsort(s.b, s.n, sizeof *s.b, seq_cmp);
