@@ -110,5 +110,6 @@ void genmodel_free(genmodel *g)
     tok_free(g->own_tok);
     jsonmask_vocab_free(g->json_vocab);
     grammar_vocab_free(g->grammar_vocab);
+    free(g->dry_default);
     free(g);
 }

@@ -22,6 +22,7 @@
 #include "engine/model/jsonmask.h"
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
+#include "engine/model/sampler.h"
 #include "engine/tok/tokenizer.h"
 #include "storage/store.h"
 
@@ -43,6 +44,10 @@ typedef struct genmodel {
                                    JSON-mode generation (NULL before) */
     grammar_vocab *grammar_vocab; /* the same for grammars: built by the first generation
                                      with a grammar (NULL before) */
+    sampler_breaker *dry_default; /* llama.cpp's DRY breakers as token sequences: built by
+                                     the first generation with DRY and no breakers of its
+                                     own (NULL before; drybreak.h) */
+    int n_dry_default;
     size_t piece_max;        /* the longest token text a TokenLogprob carries (set by the
                                 scheduler at load): what a reply's logprobs may take */
 } genmodel;

@@ -13,16 +13,15 @@
  * refused 501 as llama.cpp's server refuses it unless started with --slots
  * (--slot-save-path). Errors are llama.cpp's {"error": {"code", "message", "type"}}.
  *
- * What only concerns how llama.cpp's server runs (id_slot, cache_prompt: llmsd's prompt
- * cache is always on; n_keep and n_discard: a Complete's window never shifts, a reply
- * that fills it ends truncated; timings_per_token, the speculative settings, the
- * parameters of samplers that are off) is read past. What would change the reply and
- * cannot be honoured (Mirostat, locally typical, tail-free, DRY, XTC, dynamic
- * temperature, top-n-sigma, min_keep, n_indent, t_max_predict_ms, post-sampling
- * probabilities, images, LoRA adapters, a samplers order other than llmsd's, texts in
- * logit_bias, several prompts) is refused naming the field, as the
- * other routes refuse theirs: a reply that ignored them would pass for one that honoured
- * them.
+ * Its samplers are llmsd's (engine/model/sampler.h), their fields and the samplers order
+ * read by llamaparams.c. What only concerns how llama.cpp's server runs (id_slot,
+ * cache_prompt: llmsd's prompt cache is always on; n_keep and n_discard: a Complete's
+ * window never shifts, a reply that fills it ends truncated; timings_per_token, the
+ * speculative settings) is read past. What would change the reply and cannot be honoured
+ * (tail-free sampling, which llama.cpp has removed too, n_indent, t_max_predict_ms,
+ * post-sampling probabilities, images, LoRA adapters, the infill sampler, texts in
+ * logit_bias, several prompts) is refused naming the field, as the other routes refuse
+ * theirs: a reply that ignored them would pass for one that honoured them.
  */
 #include <json-c/json.h>
 #include <math.h>
@@ -33,7 +32,9 @@
 #include "daemon/infill.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
+#include "daemon/net/llamaparams.h"
 #include "engine/model/logprob.h"
+#include "engine/model/sampler.h"
 #include "engine/tok/chat.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
@@ -42,41 +43,14 @@
  * and clients send back. */
 #define RANDOM_SEED 4294967295LL
 
-/* llmsd's samplers in the order its chain applies them (engine/model/sampler.h), as bits
- * of a samplers list. */
-enum {
-    S_PENALTIES = 1 << 0,
-    S_TOP_K = 1 << 1,
-    S_TOP_P = 1 << 2,
-    S_MIN_P = 1 << 3,
-    S_TEMPERATURE = 1 << 4,
-    S_ALL = (1 << 5) - 1,
-};
-
-/* llama.cpp's sampler names and letters: llmsd's own (bit), those of samplers that are
- * no-ops at the off values the request must then have (bit 0), and infill, which would
- * change the distribution (refused). */
-static const struct {
-    const char *name;
-    char letter;
-    unsigned bit;
-    bool refused;
-} sampler_names[] = {
-    {"penalties", 'e', S_PENALTIES, false}, {"dry", 'd', 0, false},
-    {"top_n_sigma", 0, 0, false},           {"top_k", 'k', S_TOP_K, false},
-    {"typ_p", 'y', 0, false},               {"top_p", 'p', S_TOP_P, false},
-    {"min_p", 'm', S_MIN_P, false},         {"xtc", 'x', 0, false},
-    {"temperature", 't', S_TEMPERATURE, false}, {"infill", 'i', 0, true},
-};
-
 /* What a /completion asked that its answer repeats or shapes. Its pointers go into
  * hr->body and hr->bias, which live as long as the request. */
 struct llamacpp_req {
     Llms__GenerationParams gp;  /* as submitted: the answer's generation_settings */
     char *stops[STOP_MAX];      /* gp.stop */
+    llamaparams_lists lists;    /* gp's DRY breakers and samplers order */
     int64_t n_predict;          /* as asked (-1: until EOS or a full window) */
     int n_probs;                /* completion_probabilities' alternatives; 0: none */
-    unsigned samplers;          /* S_ bits of the chain */
     bool discard;               /* n_predict 0: the prompt is evaluated, nothing kept */
     bool return_tokens;
     const char *prompt;         /* a text prompt, which the answer repeats; NULL for ids */
@@ -145,27 +119,77 @@ void llamacpp_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 
 /* ---- settings ---- */
 
-/* The samplers of bits as llama.cpp names them, in the chain's order. */
-static json_object *samplers_json(unsigned bits)
+/* The samplers of p's chain as llama.cpp names them, in its order (every one when p
+ * gives none). */
+static json_object *samplers_json(const Llms__GenerationParams *p)
 {
     json_object *a = json_object_new_array();
-    for (size_t i = 0; a && i < sizeof sampler_names / sizeof *sampler_names; i++)
-        if (sampler_names[i].bit & bits)
-            json_object_array_add(a, json_object_new_string(sampler_names[i].name));
+    size_t n = p->n_samplers ? p->n_samplers : LLAMAPARAMS_STEPS;
+    for (size_t i = 0; a && i < n; i++)
+        json_object_array_add(a, json_object_new_string(llamaparams_step_name(
+                                     p->n_samplers ? p->samplers[i] : (Llms__SamplerStep)i)));
     return a;
 }
 
-/* The settings a generation runs with, in llama.cpp's names: p's where it sets them,
- * else the daemon's defaults (cfg); the samplers llmsd lacks at their off values.
- * n_predict: as asked, or the default. */
-static json_object *settings_json(const config *cfg, const Llms__GenerationParams *p,
-                                  int64_t n_predict, int n_probs, bool stream, unsigned samplers)
+/* DRY's breakers of p, llama.cpp's when it gives none. */
+static json_object *breakers_json(const Llms__GenerationParams *p)
 {
-    static const struct {
+    json_object *a = json_object_new_array();
+    size_t n = p->n_dry_sequence_breakers ? p->n_dry_sequence_breakers : DRYBREAK_N_DEFAULT;
+    for (size_t i = 0; a && i < n; i++)
+        json_object_array_add(a, json_object_new_string(p->n_dry_sequence_breakers
+                                                            ? p->dry_sequence_breakers[i]
+                                                            : drybreak_default[i]));
+    return a;
+}
+
+/* llama.cpp's other samplers' settings of p into o, in llama.cpp's names: p's where it
+ * sets them, else llama.cpp's (the daemon has no settings of its own for them). */
+static void newer_settings_json(json_object *o, const config *cfg,
+                                const Llms__GenerationParams *p)
+{
+    sampler_params d = sampler_params_default();
+    const struct {
         const char *name;
-        double off;
-    } absent[] = {{"typical_p", 1}, {"dry_multiplier", 0}, {"xtc_probability", 0},
-                  {"dynatemp_range", 0}};
+        bool has;
+        double value, dflt;
+    } numbers[] = {
+        {"typical_p", p->has_typical_p, p->typical_p, d.typical_p},
+        {"top_n_sigma", p->has_top_n_sigma, p->top_n_sigma, d.top_n_sigma},
+        {"xtc_probability", p->has_xtc_probability, p->xtc_probability, d.xtc_probability},
+        {"xtc_threshold", p->has_xtc_threshold, p->xtc_threshold, d.xtc_threshold},
+        {"dynatemp_range", p->has_dynatemp_range, p->dynatemp_range, d.dynatemp_range},
+        {"dynatemp_exponent", p->has_dynatemp_exponent, p->dynatemp_exponent,
+         d.dynatemp_exponent},
+        {"dry_multiplier", p->has_dry_multiplier, p->dry_multiplier, d.dry_multiplier},
+        {"dry_base", p->has_dry_base, p->dry_base, d.dry_base},
+        {"mirostat_tau", p->has_mirostat_tau, p->mirostat_tau, d.mirostat_tau},
+        {"mirostat_eta", p->has_mirostat_eta, p->mirostat_eta, d.mirostat_eta},
+    };
+    for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++)
+        json_object_object_add(o, numbers[i].name,
+                               json_object_new_double(numbers[i].has ? numbers[i].value
+                                                                     : numbers[i].dflt));
+    int dry_last_n = p->has_dry_penalty_last_n ? p->dry_penalty_last_n : d.dry_penalty_last_n;
+    json_object_object_add(o, "min_keep", json_object_new_int(p->has_min_keep ? p->min_keep
+                                                                                : d.min_keep));
+    json_object_object_add(o, "dry_allowed_length",
+                           json_object_new_int(p->has_dry_allowed_length ? p->dry_allowed_length
+                                                                         : d.dry_allowed_length));
+    /* -1 is the window, which llama.cpp shows */
+    json_object_object_add(o, "dry_penalty_last_n",
+                           json_object_new_int(dry_last_n < 0 ? cfg->n_ctx : dry_last_n));
+    json_object_object_add(o, "dry_sequence_breakers", breakers_json(p));
+    json_object_object_add(o, "mirostat", json_object_new_int(p->has_mirostat ? p->mirostat
+                                                                                : d.mirostat));
+}
+
+/* The settings a generation runs with, in llama.cpp's names: p's where it sets them,
+ * else the daemon's defaults (cfg), else llama.cpp's. n_predict: as asked, or the
+ * default. */
+static json_object *settings_json(const config *cfg, const Llms__GenerationParams *p,
+                                  int64_t n_predict, int n_probs, bool stream)
+{
     json_object *o = json_object_new_object(), *stop = json_object_new_array(),
                 *bias = json_object_new_array();
     if (!o || !stop || !bias) {
@@ -200,10 +224,7 @@ static json_object *settings_json(const config *cfg, const Llms__GenerationParam
                            json_object_new_double(p->has_frequency_penalty
                                                       ? p->frequency_penalty
                                                       : cfg->frequency_penalty));
-    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
-        json_object_object_add(o, absent[i].name, json_object_new_double(absent[i].off));
-    json_object_object_add(o, "mirostat", json_object_new_int(0));
-    json_object_object_add(o, "min_keep", json_object_new_int(0));
+    newer_settings_json(o, cfg, p);
     for (size_t i = 0; i < p->n_stop; i++)
         json_object_array_add(stop, json_object_new_string(p->stop[i]));
     json_object_object_add(o, "stop", stop);
@@ -221,7 +242,7 @@ static json_object *settings_json(const config *cfg, const Llms__GenerationParam
     json_object_object_add(o, "logit_bias", bias);
     json_object_object_add(o, "n_probs", json_object_new_int(n_probs));
     json_object_object_add(o, "grammar", json_object_new_string(p->grammar ? p->grammar : ""));
-    json_object_object_add(o, "samplers", samplers_json(samplers));
+    json_object_object_add(o, "samplers", samplers_json(p));
     json_object_object_add(o, "post_sampling_probs", json_object_new_boolean(0));
     return o;
 }
@@ -240,7 +261,7 @@ void llamacpp_send_props(http *h, httpwire_conn *wc)
     }
     json_object_object_add(dflt, "n_ctx", json_object_new_int(cfg->n_ctx));
     json_object_object_add(dflt, "params",
-                           settings_json(cfg, &none, cfg->max_tokens, 0, false, S_ALL));
+                           settings_json(cfg, &none, cfg->max_tokens, 0, false));
     json_object_object_add(o, "default_generation_settings", dflt);
     /* generations that run side by side, each a sequence of the batch */
     json_object_object_add(o, "total_slots", json_object_new_int(SCHED_MAX_ACTIVE));
@@ -277,7 +298,7 @@ void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r)
 
 /* Fields whose value off leaves the reply as llmsd makes it; any other is refused, naming
  * the field. */
-enum off_when { OFF_EQ, OFF_AT_MOST, OFF_AT_LEAST, OFF_BELOW };
+enum off_when { OFF_AT_MOST, OFF_AT_LEAST };
 
 static int refuse_samplers(json_object *body, char *msg, size_t cap)
 {
@@ -287,16 +308,8 @@ static int refuse_samplers(json_object *body, char *msg, size_t cap)
         double off;
         const char *why;
     } numbers[] = {
-        {"mirostat", OFF_EQ, 0, "Mirostat sampling is not supported"},
-        {"typical_p", OFF_AT_LEAST, 1, "locally typical sampling is not supported"},
-        {"tfs_z", OFF_AT_LEAST, 1, "tail-free sampling is not supported"},
-        {"dry_multiplier", OFF_EQ, 0, "DRY sampling is not supported"},
-        {"xtc_probability", OFF_AT_MOST, 0, "XTC sampling is not supported"},
-        {"dynatemp_range", OFF_AT_MOST, 0, "dynamic temperature is not supported"},
-        {"top_n_sigma", OFF_BELOW, 0, "top-n-sigma sampling is not supported"},
-        /* top-p and min-p keep at least one token, as llama.cpp's do with 0 or 1 */
-        {"min_keep", OFF_AT_MOST, 1, "keeping more than one token in top-p and min-p is not "
-                                     "supported"},
+        {"tfs_z", OFF_AT_LEAST, 1, "tail-free sampling is not supported (llama.cpp has "
+                                   "removed it)"},
         {"n_indent", OFF_AT_MOST, 0, "stopping at a line's indentation is not supported"},
         {"t_max_predict_ms", OFF_AT_MOST, 0, "a time limit on generation is not supported"},
     };
@@ -317,10 +330,7 @@ static int refuse_samplers(json_object *body, char *msg, size_t cap)
             continue;
         }
         double x = json_object_get_double(v);
-        bool off = numbers[i].when == OFF_EQ        ? x == numbers[i].off
-                   : numbers[i].when == OFF_AT_MOST ? x <= numbers[i].off
-                   : numbers[i].when == OFF_AT_LEAST ? x >= numbers[i].off
-                                                     : x < numbers[i].off;
+        bool off = numbers[i].when == OFF_AT_MOST ? x <= numbers[i].off : x >= numbers[i].off;
         if (!off) {
             snprintf(msg, cap, "'%s': %s", numbers[i].field, numbers[i].why);
             return -1;
@@ -331,87 +341,6 @@ static int refuse_samplers(json_object *body, char *msg, size_t cap)
             snprintf(msg, cap, "'%s': %s", asks[i].field, asks[i].why);
             return -1;
         }
-    return 0;
-}
-
-/* The S_ bit of sampler i of a samplers list (its name, or its letter when letter), or
- * -1 when it is none of llama.cpp's (msg says). */
-static int sampler_bit(json_object *list, size_t i, bool letter, char *msg, size_t cap)
-{
-    const char *name = NULL;
-    char c = 0;
-    if (letter) {
-        c = json_object_get_string(list)[i];
-    } else {
-        json_object *s = json_object_array_get_idx(list, i);
-        if (!json_object_is_type(s, json_type_string)) {
-            snprintf(msg, cap, "'samplers' is an array of sampler names, or a string of their "
-                               "letters");
-            return -1;
-        }
-        name = json_object_get_string(s);
-    }
-    for (size_t k = 0; k < sizeof sampler_names / sizeof *sampler_names; k++) {
-        if (letter ? c != sampler_names[k].letter || !c : strcmp(name, sampler_names[k].name))
-            continue;
-        if (sampler_names[k].refused) {
-            snprintf(msg, cap, "'samplers': the %s sampler is not supported",
-                     sampler_names[k].name);
-            return -1;
-        }
-        return (int)sampler_names[k].bit;
-    }
-    if (letter)
-        snprintf(msg, cap, "'samplers': '%c' is no sampler's letter", c);
-    else
-        snprintf(msg, cap, "'samplers': '%.32s' is no sampler's name", name);
-    return -1;
-}
-
-/* llama.cpp's samplers list (names, or a string of letters) into p: only the samplers it
- * lists run, in its order, so each of llmsd's it leaves out is turned off. Those llmsd
- * has must come in the order its chain applies them, each once (a sampler twice would
- * apply twice); the ones it lacks may come anywhere, as they are off. 0, or -1 with msg. */
-static int read_samplers(json_object *body, Llms__GenerationParams *p, unsigned *bits,
-                         char *msg, size_t cap)
-{
-    json_object *v;
-    *bits = S_ALL;
-    if (!json_object_object_get_ex(body, "samplers", &v) || json_object_is_type(v, json_type_null))
-        return 0;
-    bool letter = json_object_is_type(v, json_type_string);
-    if (!letter && !json_object_is_type(v, json_type_array)) {
-        snprintf(msg, cap, "'samplers' is an array of sampler names, or a string of their "
-                           "letters");
-        return -1;
-    }
-    size_t n = letter ? (size_t)json_object_get_string_len(v) : json_object_array_length(v);
-    *bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        int bit = sampler_bit(v, i, letter, msg, cap);
-        if (bit < 0)
-            return -1;
-        /* a later bit of the chain than every one listed so far */
-        if (bit && (unsigned)bit <= *bits) {
-            snprintf(msg, cap, "'samplers': llmsd applies penalties, top_k, top_p, min_p and "
-                               "temperature in that order, each once");
-            return -1;
-        }
-        *bits |= (unsigned)bit;
-    }
-    if (!(*bits & S_PENALTIES)) {
-        p->has_repeat_penalty = p->has_frequency_penalty = p->has_presence_penalty = 1;
-        p->repeat_penalty = 1, p->frequency_penalty = 0, p->presence_penalty = 0;
-    }
-    if (!(*bits & S_TOP_K))
-        p->has_top_k = 1, p->top_k = 0;
-    if (!(*bits & S_TOP_P))
-        p->has_top_p = 1, p->top_p = 1;
-    if (!(*bits & S_MIN_P))
-        p->has_min_p = 1, p->min_p = 0;
-    /* without it llama.cpp draws from the distribution as it is: temperature 1 */
-    if (!(*bits & S_TEMPERATURE))
-        p->has_temperature = 1, p->temperature = 1;
     return 0;
 }
 
@@ -736,7 +665,7 @@ static int read_generation(hreq *hr, Llms__CompleteRequest *cr, char *msg, size_
         return -1;
     hr->stream = rc && json_object_get_boolean(v);
     if (read_params(hr, lc, msg, cap) ||
-        read_samplers(hr->body, &lc->gp, &lc->samplers, msg, cap) ||
+        llamaparams_read(hr->body, &lc->gp, &lc->lists, msg, cap) ||
         read_logit_bias(hr, &lc->gp, msg, cap) || read_probs(hr, lc, msg, cap) ||
         openai_read_format(hr->body, &lc->gp, msg, cap) ||
         refuse_samplers(hr->body, msg, cap) || check_read_past(hr->body, msg, cap))
@@ -1177,7 +1106,7 @@ void llamacpp_on_result(hreq *hr, const Llms__CallResult *res)
     json_object_object_add(o, "tokens_evaluated", json_object_new_int64(res->prompt_tokens));
     json_object_object_add(o, "generation_settings",
                            settings_json(h->cfg, &lc->gp, lc->n_predict, lc->n_probs,
-                                         hr->stream, lc->samplers));
+                                         hr->stream));
     if (lc->prompt)
         json_object_object_add(o, "prompt", json_object_new_string(lc->prompt));
     json_object_object_add(o, "has_new_line", json_object_new_boolean(strchr(text, '\n') != NULL));

@@ -7,8 +7,8 @@
  * are the settings' and llmsctl's. Errors are ollama's {"error": "..."}.
  *
  * What ollama does that llmsd does not is refused naming the field (images, a
- * template of the request's own, suffix, context tokens, Mirostat and the other
- * samplers llmsd lacks), as the OpenAI routes refuse theirs: a
+ * template of the request's own, suffix, context tokens, tail-free sampling, which
+ * llama.cpp has removed), as the OpenAI routes refuse theirs: a
  * reply that ignored them would pass for one that honoured them. What only concerns how
  * ollama runs its models (keep_alive, num_gpu, num_thread, ...) is read and ignored:
  * llmsd keeps its models loaded and runs them its own way. A chat's tools are
@@ -365,10 +365,41 @@ static int32_t clamp32(int64_t v)
     return v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
 }
 
+/* A number option into *value, with *has set: 1 read, 0 absent, -1 (msg). */
+static int float_option(json_object *opts, const char *key, protobuf_c_boolean *has,
+                        float *value, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc = jsonfield_get(opts, key, "options.", json_type_double, &v, msg, cap);
+    if (rc == 1)
+        *has = 1, *value = (float)json_object_get_double(v);
+    return rc;
+}
+
+/* ollama's options of llama.cpp's other samplers into p: mirostat (0, 1, 2),
+ * mirostat_tau, mirostat_eta and typical_p (above 1, llama.cpp's off, is 1). Ranges are
+ * the session's to check. 0, or -1 with msg. */
+static int read_sampler_options(json_object *opts, Llms__GenerationParams *p, char *msg,
+                                size_t cap)
+{
+    int64_t n;
+    int rc = int_option(opts, "mirostat", &n, msg, cap);
+    if (rc < 0 ||
+        float_option(opts, "mirostat_tau", &p->has_mirostat_tau, &p->mirostat_tau, msg, cap) < 0 ||
+        float_option(opts, "mirostat_eta", &p->has_mirostat_eta, &p->mirostat_eta, msg, cap) < 0 ||
+        float_option(opts, "typical_p", &p->has_typical_p, &p->typical_p, msg, cap) < 0)
+        return -1;
+    if (rc)
+        p->has_mirostat = 1, p->mirostat = clamp32(n);
+    if (p->has_typical_p && p->typical_p > 1)
+        p->typical_p = 1;
+    return 0;
+}
+
 /* ollama's "options" into p (stop strings point into the body; p->stop has room for
  * max_stops). What only concerns how ollama runs a model (num_gpu, num_thread, num_batch,
  * use_mmap, ...) and names it does not know are ignored, as ollama ignores unknown ones;
- * samplers llmsd does not have are refused unless off. 0, or -1 with msg. */
+ * tail-free sampling is refused unless off. 0, or -1 with msg. */
 static int read_options(const hreq *hr, Llms__GenerationParams *p, size_t max_stops,
                         char *msg, size_t cap)
 {
@@ -416,22 +447,15 @@ static int read_options(const hreq *hr, Llms__GenerationParams *p, size_t max_st
      * request (Continue: 32768 by default). A prompt beyond the window is refused as ever. */
     if (int_option(opts, "num_ctx", &n, msg, cap) < 0)
         return -1;
-    static const struct {
-        const char *key;
-        double off;
-        const char *why;
-    } samplers[] = {
-        {"mirostat", 0, "Mirostat sampling is not supported"},
-        {"typical_p", 1, "locally typical sampling is not supported"},
-        {"tfs_z", 1, "tail-free sampling is not supported"},
-    };
-    for (size_t i = 0; i < sizeof samplers / sizeof samplers[0]; i++) {
-        if ((rc = jsonfield_get(opts, samplers[i].key, "options.", json_type_double, &v, msg, cap)) < 0)
-            return -1;
-        if (rc && json_object_get_double(v) != samplers[i].off) {
-            snprintf(msg, cap, "'options.%s': %s", samplers[i].key, samplers[i].why);
-            return -1;
-        }
+    if (read_sampler_options(opts, p, msg, cap) < 0)
+        return -1;
+    /* llama.cpp has removed tail-free sampling: only its off value passes */
+    if ((rc = jsonfield_get(opts, "tfs_z", "options.", json_type_double, &v, msg, cap)) < 0)
+        return -1;
+    if (rc && json_object_get_double(v) != 1) {
+        snprintf(msg, cap, "'options.tfs_z': tail-free sampling is not supported (llama.cpp "
+                           "has removed it; 1 is off)");
+        return -1;
     }
     return jsonfield_stops(opts, "stop", "options.", p, max_stops, msg, cap);
 }

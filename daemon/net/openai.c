@@ -14,6 +14,7 @@
 
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
+#include "daemon/net/llamaparams.h"
 #include "engine/jsonesc.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
@@ -944,13 +945,15 @@ int openai_read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
 }
 
 /* Sampling fields of an OpenAI request into p (strings point into body; p->stop has room
- * for max_stops). */
+ * for max_stops), with llama.cpp's beyond OpenAI's, which its server takes on these
+ * routes too (their lists into *lists). */
 static int read_params(json_object *body, Llms__GenerationParams *p, size_t max_stops,
-                       char *msg, size_t cap)
+                       llamaparams_lists *lists, char *msg, size_t cap)
 {
     json_object *v;
     int rc;
     if (jsonfield_sampling_floats(body, "", p, msg, cap) < 0 ||
+        llamaparams_read(body, p, lists, msg, cap) < 0 ||
         openai_read_format(body, p, msg, cap) < 0)
         return -1;
     if ((rc = jsonfield_get(body, "top_k", "", json_type_int, &v, msg, cap)) < 0)
@@ -1279,6 +1282,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     json_object *v, *x;
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    llamaparams_lists lists;
     gp.stop = (char **)stops;
     /* a Responses request comes as the chat it asks for (responses_chat_body) */
     bool chat = hr->route == R_CHAT || hr->route == R_RESPONSES;
@@ -1301,7 +1305,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     /* A rendered chat carries its template's end of turn as one more stop string. */
     size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
-    if (read_params(hr->body, &gp, max_stops, msg, cap) ||
+    if (read_params(hr->body, &gp, max_stops, &lists, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
         (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
@@ -1397,6 +1401,7 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     json_object *v;
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    llamaparams_lists lists;
     gp.stop = (char **)stops;
     Llms__RagQueryRequest rq = LLMS__RAG_QUERY_REQUEST__INIT;
     int rc;
@@ -1446,7 +1451,7 @@ void openai_start_rag(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     if (rc)
         rq.has_share_system_uid = 1, rq.share_system_uid = json_object_get_boolean(v);
-    if (read_params(hr->body, &gp, STOP_MAX, msg, cap) ||
+    if (read_params(hr->body, &gp, STOP_MAX, &lists, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         read_n(hr, msg, cap))
         goto bad;

@@ -17,6 +17,7 @@
 #include "daemon/reqlog.h"
 #include "daemon/net/reply.h"
 #include "daemon/net/tokreq.h"
+#include "engine/model/drybreak.h"
 #include "engine/model/logprob.h"
 #include "engine/tok/stop.h"
 
@@ -152,6 +153,58 @@ static bool bad_context_id(const char *id, refusal *r)
 /* OpenAI takes up to 300 biased tokens; more would only grow every generation's sampler. */
 #define SESSION_LOGIT_BIAS_MAX 1024
 
+static bool finite_in(float x, float lo, float hi)
+{
+    return isfinite(x) && x >= lo && x <= hi;
+}
+
+/* llama.cpp's other samplers' settings out of their ranges (engine/model/sampler.h). */
+static bool bad_newer_samplers(const Llms__GenerationParams *p, refusal *r)
+{
+    const Llms__ErrorCode inv = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (p->has_min_keep && p->min_keep < 0)
+        return refuse_as(r, inv, "min_keep must be >= 0");
+    if (p->has_typical_p && !(p->typical_p > 0 && p->typical_p <= 1))
+        return refuse_as(r, inv, "typical_p must be in (0, 1] (1: off)");
+    if (p->has_top_n_sigma && !isfinite(p->top_n_sigma))
+        return refuse_as(r, inv, "top_n_sigma must be a number (<= 0: off)");
+    if (p->has_xtc_probability && !finite_in(p->xtc_probability, 0, 1))
+        return refuse_as(r, inv, "xtc_probability must be in [0, 1] (0: off)");
+    if (p->has_xtc_threshold && !finite_in(p->xtc_threshold, 0, 1))
+        return refuse_as(r, inv, "xtc_threshold must be in [0, 1] (above 0.5: off)");
+    if (p->has_dynatemp_range && !finite_in(p->dynatemp_range, 0, 100))
+        return refuse_as(r, inv, "dynatemp_range must be in [0, 100] (0: off)");
+    if (p->has_dynatemp_exponent && !finite_in(p->dynatemp_exponent, 0, 100))
+        return refuse_as(r, inv, "dynatemp_exponent must be in [0, 100]");
+    if (p->has_dry_multiplier && !finite_in(p->dry_multiplier, 0, 100))
+        return refuse_as(r, inv, "dry_multiplier must be in [0, 100] (0: off)");
+    if (p->has_dry_base && !finite_in(p->dry_base, 1, 100))
+        return refuse_as(r, inv, "dry_base must be in [1, 100]");
+    if (p->has_dry_allowed_length && p->dry_allowed_length < 0)
+        return refuse_as(r, inv, "dry_allowed_length must be >= 0");
+    if (p->has_dry_penalty_last_n && p->dry_penalty_last_n < -1)
+        return refuse_as(r, inv, "dry_penalty_last_n must be >= -1 (-1: the window, 0: off)");
+    if (p->n_dry_sequence_breakers > DRYBREAK_MAX)
+        return refuse_as(r, inv, "dry_sequence_breakers has %zu strings, at most %d",
+                         p->n_dry_sequence_breakers, DRYBREAK_MAX);
+    if (p->has_mirostat && (p->mirostat < 0 || p->mirostat > 2))
+        return refuse_as(r, inv, "mirostat must be 0 (off), 1 or 2");
+    if (p->has_mirostat_tau && !finite_in(p->mirostat_tau, 0, 100))
+        return refuse_as(r, inv, "mirostat_tau must be in [0, 100] (bits of surprise)");
+    if (p->has_mirostat_eta && !finite_in(p->mirostat_eta, 0, 1))
+        return refuse_as(r, inv, "mirostat_eta must be in [0, 1] (the learning rate)");
+    unsigned seen = 0;
+    for (size_t i = 0; i < p->n_samplers; i++) {
+        unsigned step = (unsigned)p->samplers[i];
+        if (step > LLMS__SAMPLER_STEP__SAMPLER_TEMPERATURE)
+            return refuse_as(r, inv, "samplers[%zu] is no sampler", i);
+        if (seen & 1u << step)
+            return refuse_as(r, inv, "samplers names a sampler twice: each runs once");
+        seen |= 1u << step;
+    }
+    return false;
+}
+
 /* Sampling settings that would make every call of a context fail or misbehave. */
 static bool bad_params(const Llms__GenerationParams *p, refusal *r)
 {
@@ -188,6 +241,8 @@ static bool bad_params(const Llms__GenerationParams *p, refusal *r)
         return refuse_as(r, inv, "repeat_last_n must be >= -1 (-1: the whole history)");
     if (p->has_max_tokens && p->max_tokens < 1)
         return refuse_as(r, inv, "max_tokens must be at least 1");
+    if (bad_newer_samplers(p, r))
+        return true;
     char err[ERR_MAX];
     if (replyformat_check(p, err))
         return refuse_as(r, inv, "%s", err);

@@ -13,6 +13,7 @@
 #include "daemon/reqlog.h"
 #include "daemon/sched/sched_internal.h"
 #include "daemon/textbuf.h"
+#include "engine/model/drybreak.h"
 
 #define PIECE_MAX 256
 
@@ -22,6 +23,7 @@ typedef struct merged_params {
     int max_tokens;
     const Llms__GenerationParams *stops; /* the layer whose stop strings apply, or NULL */
     const Llms__GenerationParams *bias;  /* the layer whose logit_bias applies, or NULL */
+    const Llms__GenerationParams *breakers; /* the layer whose DRY breakers apply, or NULL */
     int logprobs;                        /* -1: none */
     unsigned speculate;
     bool json;                           /* FORMAT_JSON_OBJECT or _SCHEMA */
@@ -30,8 +32,60 @@ typedef struct merged_params {
     bool ignore_eos;                     /* end-of-generation tokens are banned */
 } merged_params;
 
+/* llama.cpp's other samplers' settings of layer p into sp (the samplers order a list
+ * that comes whole from the last layer that has one). */
+static void merge_newer_samplers(const Llms__GenerationParams *p, sampler_params *sp)
+{
+    if (p->has_min_keep)
+        sp->min_keep = p->min_keep;
+    if (p->has_typical_p)
+        sp->typical_p = p->typical_p;
+    if (p->has_top_n_sigma)
+        sp->top_n_sigma = p->top_n_sigma;
+    if (p->has_xtc_probability)
+        sp->xtc_probability = p->xtc_probability;
+    if (p->has_xtc_threshold)
+        sp->xtc_threshold = p->xtc_threshold;
+    if (p->has_dynatemp_range)
+        sp->dynatemp_range = p->dynatemp_range;
+    if (p->has_dynatemp_exponent)
+        sp->dynatemp_exponent = p->dynatemp_exponent;
+    if (p->has_dry_multiplier)
+        sp->dry_multiplier = p->dry_multiplier;
+    if (p->has_dry_base)
+        sp->dry_base = p->dry_base;
+    if (p->has_dry_allowed_length)
+        sp->dry_allowed_length = p->dry_allowed_length;
+    if (p->has_dry_penalty_last_n)
+        sp->dry_penalty_last_n = p->dry_penalty_last_n;
+    if (p->has_mirostat)
+        sp->mirostat = p->mirostat;
+    if (p->has_mirostat_tau)
+        sp->mirostat_tau = p->mirostat_tau;
+    if (p->has_mirostat_eta)
+        sp->mirostat_eta = p->mirostat_eta;
+    static const enum sampler_step step_of[] = {
+        [LLMS__SAMPLER_STEP__SAMPLER_PENALTIES] = SAMPLER_PENALTIES,
+        [LLMS__SAMPLER_STEP__SAMPLER_DRY] = SAMPLER_DRY,
+        [LLMS__SAMPLER_STEP__SAMPLER_TOP_N_SIGMA] = SAMPLER_TOP_N_SIGMA,
+        [LLMS__SAMPLER_STEP__SAMPLER_TOP_K] = SAMPLER_TOP_K,
+        [LLMS__SAMPLER_STEP__SAMPLER_TYPICAL] = SAMPLER_TYPICAL,
+        [LLMS__SAMPLER_STEP__SAMPLER_TOP_P] = SAMPLER_TOP_P,
+        [LLMS__SAMPLER_STEP__SAMPLER_MIN_P] = SAMPLER_MIN_P,
+        [LLMS__SAMPLER_STEP__SAMPLER_XTC] = SAMPLER_XTC,
+        [LLMS__SAMPLER_STEP__SAMPLER_TEMPERATURE] = SAMPLER_TEMPERATURE,
+    };
+    if (p->n_samplers > 0) {
+        /* the session took each step once: at most SAMPLER_STEPS of them */
+        sp->n_order = (int)p->n_samplers;
+        for (size_t i = 0; i < p->n_samplers; i++)
+            sp->order[i] = step_of[p->samplers[i]];
+    }
+}
+
 /* Sampling settings: the request's, else the context's defaults, else the config's; a
- * list (stop strings, logit_bias) comes whole from the last layer that has one. */
+ * list (stop strings, logit_bias, DRY's breakers, the samplers order) comes whole from
+ * the last layer that has one. */
 static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
                          const Llms__GenerationParams *req_p, merged_params *m)
 {
@@ -45,10 +99,20 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         .frequency_penalty = cfg->frequency_penalty,
         .presence_penalty = cfg->presence_penalty,
         .repeat_last_n = cfg->repeat_last_n,
-        .typical_p = 1.0f,
         .seed = SAMPLER_SEED_RANDOM,
     };
-    m->stops = m->bias = NULL;
+    /* llama.cpp's other samplers have no settings of the daemon's: llama.cpp's numbers */
+    sampler_params dflt = sampler_params_default();
+    sp->typical_p = dflt.typical_p;
+    sp->top_n_sigma = dflt.top_n_sigma;
+    sp->xtc_threshold = dflt.xtc_threshold;
+    sp->dynatemp_exponent = dflt.dynatemp_exponent;
+    sp->dry_base = dflt.dry_base;
+    sp->dry_allowed_length = dflt.dry_allowed_length;
+    sp->dry_penalty_last_n = dflt.dry_penalty_last_n;
+    sp->mirostat_tau = dflt.mirostat_tau;
+    sp->mirostat_eta = dflt.mirostat_eta;
+    m->stops = m->bias = m->breakers = NULL;
     m->json = false;
     m->json_schema = NULL;
     m->grammar = NULL;
@@ -76,6 +140,9 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
             sp->repeat_last_n = p->repeat_last_n;
         if (p->has_seed)
             sp->seed = p->seed;
+        merge_newer_samplers(p, sp);
+        if (p->n_dry_sequence_breakers > 0)
+            m->breakers = p;
         if (p->n_stop > 0)
             m->stops = p;
         if (p->n_logit_bias > 0)
@@ -234,6 +301,32 @@ static bool logprobs_outgrow_frame(const config *cfg, const gen *g, int n_turn,
                  "or ask for fewer alternatives", reply, g->logprobs, (size_t)reply * per_token,
             cfg->max_frame_bytes, room / per_token);
     return true;
+}
+
+/* DRY's sequence breakers of mp as token sequences of gm's vocabulary, into mp->sp: a
+ * layer's own into *out (to free once the sampler has its copy), llama.cpp's the model's
+ * (made once); none when DRY is off. 0, or -1 with err. */
+static int dry_breakers(genmodel *gm, merged_params *mp, sampler_breaker **out,
+                        char err[ERR_MAX])
+{
+    sampler_params *sp = &mp->sp;
+    const Llms__GenerationParams *b = mp->breakers;
+    *out = NULL;
+    if (sp->dry_multiplier == 0.0f || sp->dry_penalty_last_n == 0 || sp->mirostat)
+        return 0;
+    if (!b) {
+        if (!gm->dry_default && drybreak_tokens(gm->tok, drybreak_default, DRYBREAK_N_DEFAULT,
+                                                &gm->dry_default, &gm->n_dry_default, err))
+            return -1;
+        sp->dry_breakers = gm->dry_default;
+        sp->n_dry_breakers = gm->n_dry_default;
+        return 0;
+    }
+    if (drybreak_tokens(gm->tok, (const char *const *)b->dry_sequence_breakers,
+                        (int)b->n_dry_sequence_breakers, out, &sp->n_dry_breakers, err))
+        return -1;
+    sp->dry_breakers = *out;
+    return 0;
 }
 
 /* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
@@ -424,9 +517,18 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         mp.sp.bias = bias;
         mp.sp.n_bias = (int)(n_user + n_eog);
     }
-    /* the sampler keeps a copy of the biases */
+    /* DRY looks back at most over the window */
+    sampler_breaker *brk = NULL;
+    mp.sp.n_ctx = g->limit;
+    if (dry_breakers(gm, &mp, &brk, err)) {
+        free(bias);
+        code = LLMS__ERROR_CODE__INTERNAL;
+        goto fail;
+    }
+    /* the sampler keeps a copy of the biases and breakers */
     g->smp = sampler_new(gm->n_vocab, &mp.sp, err);
     free(bias);
+    free(brk);
     if (!g->smp)
         goto fail;
     code = LLMS__ERROR_CODE__INTERNAL;

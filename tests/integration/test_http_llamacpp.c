@@ -6,7 +6,10 @@
  * same prompt; a prompt of token ids (or strings and ids mixed) is the prompt those ids
  * are, with BOS only before text; n_predict, stop words, streaming (Server-Sent Events
  * whose contents add up to the whole reply), n_probs, logit_bias, json_schema, the
- * samplers list and the prompt cache (tokens_cached) as llama.cpp's server answers them;
+ * samplers list (any order), DRY (which breaks the loop greedy decoding falls into),
+ * Mirostat, locally typical, XTC, top-n-sigma and dynamic temperature (each changes a
+ * seeded reply; on the OpenAI routes too) and the prompt cache (tokens_cached) as
+ * llama.cpp's server answers them;
  * GET /props the daemon's defaults; what cannot be honoured is 400 naming the field,
  * and every error is llama.cpp's {"error": {"code", "message", "type"}}. The routes its
  * users' scripts call next: POST /apply-template renders the prompt /v1/chat/completions
@@ -657,6 +660,127 @@ static void samplers_list_is_honoured(void)
     free(want);
 }
 
+/* The longest stretch of token ids that comes twice in toks, the second after the end of
+ * the first. */
+static int longest_repeat(json_object *toks)
+{
+    int n = (int)json_object_array_length(toks), best = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            int k = 0;
+            while (j + k < n && i + k < j &&
+                   json_object_get_int(json_object_array_get_idx(toks, i + k)) ==
+                       json_object_get_int(json_object_array_get_idx(toks, j + k)))
+                k++;
+            best = k > best ? k : best;
+        }
+    return best;
+}
+
+/* Greedy decoding of PROMPT falls into a loop (a sentence of 40 tokens said again); DRY
+ * with llama.cpp's settings (multiplier 0.8, its defaults for the rest) leaves no stretch
+ * of more than 15 tokens repeated, and /v1/completions, which reads llama.cpp's fields
+ * too, gives the same reply with it. */
+static void dry_stops_a_repetition_loop(void)
+{
+    NEED_DAEMON();
+    const char *fmt = "{\"prompt\":\"" PROMPT "\",\"n_predict\":120,\"temperature\":0,"
+                      "\"return_tokens\":true%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, "");
+    json_object *plain = complete(body);
+    snprintf(body, sizeof body, fmt, ",\"dry_multiplier\":0.8");
+    json_object *dry = complete(body);
+    CHECK(plain && dry);
+    int loop = longest_repeat(httpc_jget(plain, "tokens"));
+    int cut = longest_repeat(httpc_jget(dry, "tokens"));
+    CHECK_MSG(loop >= 30, "greedy repeats at most %d tokens: %s", loop, json_text(plain));
+    CHECK_MSG(cut <= 15, "with DRY %d tokens repeat: %s", cut, json_text(dry));
+    CHECK_MSG(jnum(dry, "generation_settings.dry_multiplier") > 0.79 &&
+                  jnum(dry, "generation_settings.dry_base") == 1.75 &&
+                  jint(dry, "generation_settings.dry_allowed_length") == 2 &&
+                  jint(dry, "generation_settings.dry_penalty_last_n") == 512 &&
+                  jeq(dry, "generation_settings.dry_sequence_breakers.1", ":"),
+              "%s", json_text(dry));
+    int st;
+    json_object *o = post("/v1/completions", "{\"prompt\":\"" PROMPT "\",\"max_tokens\":120,"
+                                             "\"temperature\":0,\"dry_multiplier\":0.8}", &st);
+    CHECK_MSG(st == 200 && jeq(o, "choices.0.text", httpc_jstr(dry, "content")), "%d %s", st,
+              json_text(o));
+    json_object_put(o);
+    /* breakers of one's own are shown back */
+    snprintf(body, sizeof body, fmt,
+             ",\"dry_multiplier\":0.8,\"dry_sequence_breakers\":[\"gateway\",\".\"]");
+    CHECK((o = complete(body)));
+    CHECK_MSG(jeq(o, "generation_settings.dry_sequence_breakers.0", "gateway") &&
+                  !httpc_jget(o, "generation_settings.dry_sequence_breakers.2"),
+              "%s", json_text(o));
+    json_object_put(o);
+    json_object_put(plain);
+    json_object_put(dry);
+}
+
+/* Mirostat (v1, v2), locally typical, XTC, top-n-sigma, dynamic temperature, min_keep
+ * and an order of one's own are taken, shown in generation_settings, and change the reply
+ * against the same seed without them; on /v1/chat/completions too. */
+static void newer_samplers_change_the_reply(void)
+{
+    NEED_DAEMON();
+    const char *fmt = "{\"prompt\":\"" PROMPT "\",\"n_predict\":40,\"temperature\":1,"
+                      "\"top_k\":0,\"top_p\":1,\"min_p\":0,\"seed\":5%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, "");
+    json_object *base = complete(body);
+    CHECK(base);
+    static const struct {
+        const char *fields, *shown, *value;
+    } cases[] = {
+        {",\"mirostat\":2,\"mirostat_tau\":3", "mirostat", "2"},
+        {",\"mirostat\":1", "mirostat", "1"},
+        {",\"typical_p\":0.5", "typical_p", "0.5"},
+        {",\"xtc_probability\":1,\"xtc_threshold\":0.1", "xtc_probability", "1.0"},
+        {",\"top_n_sigma\":1", "top_n_sigma", "1.0"},
+        {",\"dynatemp_range\":0.8,\"dynatemp_exponent\":2", "dynatemp_exponent", "2.0"},
+        {",\"min_p\":0.9,\"min_keep\":3", "min_keep", "3"},
+        {",\"top_k\":3,\"temperature\":3,\"samplers\":[\"temperature\",\"top_k\",\"penalties\"]",
+         "samplers.0", "temperature"},
+        {",\"top_k\":3,\"temperature\":3,\"samplers\":\"tk\"", "samplers.1", "top_k"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(body, sizeof body, fmt, cases[i].fields);
+        json_object *o = complete(body);
+        CHECK(o);
+        char path[96];
+        snprintf(path, sizeof path, "generation_settings.%s", cases[i].shown);
+        CHECK_MSG(!jeq(o, "content", httpc_jstr(base, "content")) &&
+                      jeq(o, path, cases[i].value),
+                  "%s: %s, without them '%s'", cases[i].fields, json_text(o),
+                  httpc_jstr(base, "content"));
+        json_object_put(o);
+    }
+    /* an order without the temperature draws at temperature 1, as llama.cpp's does */
+    snprintf(body, sizeof body, fmt, ",\"temperature\":0,\"samplers\":[\"top_k\"]");
+    json_object *o = complete(body);
+    CHECK(o);
+    CHECK_MSG(jeq(o, "content", httpc_jstr(base, "content")), "%s", json_text(o));
+    json_object_put(o);
+    json_object_put(base);
+    /* the chat route reads them too: Mirostat changes its reply */
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"What does the gateway "
+                       "answer?\"}],\"max_tokens\":24,\"seed\":3,\"temperature\":1%s}";
+    int st;
+    snprintf(body, sizeof body, chat, "");
+    json_object *a = post("/v1/chat/completions", body, &st);
+    CHECK_EQ(st, 200);
+    snprintf(body, sizeof body, chat, ",\"mirostat\":2,\"mirostat_tau\":2");
+    json_object *b = post("/v1/chat/completions", body, &st);
+    CHECK_EQ(st, 200);
+    CHECK_MSG(!jeq(a, "choices.0.message.content", httpc_jstr(b, "choices.0.message.content")),
+              "%s", json_text(b));
+    json_object_put(a);
+    json_object_put(b);
+}
+
 /* A long prompt asked twice: the second resumes a multiple of 64 of its tokens from the
  * prompt cache. */
 static void prompt_cache_resumes(void)
@@ -741,20 +865,28 @@ static void refusals_name_the_field(void)
         const char *body, *want;
     } cases[] = {
         {"{\"prompt\":\"x\",\"ignore_eos\":1}", "ignore_eos"},
-        {"{\"prompt\":\"x\",\"mirostat\":2}", "mirostat"},
-        {"{\"prompt\":\"x\",\"typical_p\":0.5}", "typical_p"},
         {"{\"prompt\":\"x\",\"tfs_z\":0.9}", "tfs_z"},
-        {"{\"prompt\":\"x\",\"dry_multiplier\":0.8}", "dry_multiplier"},
-        {"{\"prompt\":\"x\",\"xtc_probability\":0.5}", "xtc_probability"},
-        {"{\"prompt\":\"x\",\"dynatemp_range\":0.5}", "dynatemp_range"},
-        {"{\"prompt\":\"x\",\"top_n_sigma\":1.5}", "top_n_sigma"},
-        {"{\"prompt\":\"x\",\"min_keep\":5}", "min_keep"},
+        {"{\"prompt\":\"x\",\"mirostat\":3}", "mirostat"},
+        {"{\"prompt\":\"x\",\"mirostat\":2,\"mirostat_tau\":-1}", "mirostat_tau"},
+        {"{\"prompt\":\"x\",\"mirostat_eta\":1.5}", "mirostat_eta"},
+        {"{\"prompt\":\"x\",\"mirostat\":\"v2\"}", "mirostat"},
+        {"{\"prompt\":\"x\",\"typical_p\":0}", "typical_p"},
+        {"{\"prompt\":\"x\",\"dry_multiplier\":-0.8}", "dry_multiplier"},
+        {"{\"prompt\":\"x\",\"dry_base\":1000}", "dry_base"},
+        {"{\"prompt\":\"x\",\"dry_allowed_length\":-1}", "dry_allowed_length"},
+        {"{\"prompt\":\"x\",\"dry_penalty_last_n\":-2}", "dry_penalty_last_n"},
+        {"{\"prompt\":\"x\",\"dry_sequence_breakers\":[]}", "dry_sequence_breakers"},
+        {"{\"prompt\":\"x\",\"dry_sequence_breakers\":[1]}", "dry_sequence_breakers"},
+        {"{\"prompt\":\"x\",\"xtc_threshold\":1.5}", "xtc_threshold"},
+        {"{\"prompt\":\"x\",\"dynatemp_exponent\":-1}", "dynatemp_exponent"},
+        {"{\"prompt\":\"x\",\"top_n_sigma\":\"wide\"}", "top_n_sigma"},
+        {"{\"prompt\":\"x\",\"min_keep\":-1}", "min_keep"},
+        {"{\"prompt\":\"x\",\"min_keep\":2.5}", "min_keep"},
         {"{\"prompt\":\"x\",\"n_indent\":4}", "n_indent"},
         {"{\"prompt\":\"x\",\"t_max_predict_ms\":100}", "t_max_predict_ms"},
         {"{\"prompt\":\"x\",\"post_sampling_probs\":true}", "post_sampling_probs"},
         {"{\"prompt\":\"x\",\"image_data\":[{\"data\":\"aGk=\",\"id\":1}]}", "image_data"},
         {"{\"prompt\":\"x\",\"lora\":[{\"id\":0,\"scale\":0.5}]}", "lora"},
-        {"{\"prompt\":\"x\",\"samplers\":[\"temperature\",\"top_k\"]}", "samplers"},
         {"{\"prompt\":\"x\",\"samplers\":[\"top_k\",\"top_k\"]}", "samplers"},
         {"{\"prompt\":\"x\",\"samplers\":[\"infill\"]}", "samplers"},
         {"{\"prompt\":\"x\",\"samplers\":[\"warp\"]}", "samplers"},
@@ -1298,10 +1430,13 @@ static const char *const body_keys[] = {
     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop",
     "logit_bias", "n_probs", "stream", "cache_prompt", "ignore_eos", "grammar", "json_schema",
     "model", "id_slot", "samplers", "mirostat", "typical_p", "return_tokens", "response_fields",
-    "post_sampling_probs", "n_keep", "min_keep"};
+    "post_sampling_probs", "n_keep", "min_keep", "mirostat_tau", "mirostat_eta",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "dynatemp_range",
+    "dynatemp_exponent", "top_n_sigma"};
 static const char *const body_words[] = {
     "", "top_k", "temperature", "kt", "x", "\xff\xfe", "a\\u0000b", "content",
-    "timings/prompt_n"};
+    "timings/prompt_n", "dry", "\n", "edkt"};
 static randjson body_gen = {0x9e3779b97f4a7c15u, body_keys, sizeof body_keys / sizeof *body_keys,
                             body_words, sizeof body_words / sizeof *body_words};
 
@@ -1444,6 +1579,8 @@ int main(int argc, char **argv)
     RUN(logit_bias_bans);
     RUN(json_schema_is_followed);
     RUN(samplers_list_is_honoured);
+    RUN(dry_stops_a_repetition_loop);
+    RUN(newer_samplers_change_the_reply);
     RUN(prompt_cache_resumes);
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);

@@ -8,8 +8,9 @@
  * shapes; errors are ollama's {"error": "..."} with its statuses (404 for an unknown
  * model, 400 for what is not produced or a bad option, model management refused); the
  * same token, CORS, /metrics and disconnect handling as the OpenAI routes; random and
- * malformed bodies never give a 5xx. JSON mode ("format": "json") runs on the trained
- * documentation model of ../shared/testdata, and skips without it.
+ * malformed bodies never give a 5xx. JSON mode ("format": "json") and the options of
+ * Mirostat and locally typical sampling run on the trained documentation model of
+ * ../shared/testdata, and skip without it.
  */
 #include <ctype.h>
 #include <grp.h>
@@ -595,7 +596,8 @@ static void errors_are_ollama_shaped(void)
          "]}}", 400, "'options.stop' has 15 strings"},
         {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"stop\":[" STOPS_15 ",\"p1\"]}}",
          400, "'options.stop' has 16 strings"},
-        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":2}}", 400, "mirostat"},
+        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":7}}", 400, "mirostat"},
+        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"tfs_z\":0.95}}", 400, "tfs_z"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":{\"type\":\"object\",\"minProperties\":1}}",
          400, "'minProperties'"},
         {"/api/generate", "{\"prompt\":\"x\",\"format\":\"yaml\"}", 400, "format"},
@@ -765,6 +767,57 @@ static void format_json_gives_an_object(void)
     CHECK_MSG(stopped > 0, "no reply of 6 closed its object");
 }
 
+/* A Modelfile's Mirostat and typical_p (ollama's options) are taken on the trained
+ * documentation model and change a seeded reply; tfs_z is refused but at its off value 1,
+ * and out-of-range values are 400. */
+static void mirostat_and_typical_are_taken(void)
+{
+    if (!docs_path)
+        SKIP("models/docs-lm-21M-F16.gguf is not in the test data");
+    NEED(docs_up, start_docs());
+    const char *fmt = "{\"prompt\":\"The daemon reads its settings\",\"raw\":true,"
+                      "\"stream\":false,\"options\":{\"num_predict\":32,\"seed\":7,"
+                      "\"temperature\":1,\"top_k\":0,\"top_p\":1,\"min_p\":0%s}}";
+    char body[512];
+    int st;
+    snprintf(body, sizeof body, fmt, "");
+    json_object *base = httpc_post_json(docs_sock, "/api/generate", body, &st);
+    CHECK_MSG(st == 200 && httpc_jstr(base, "response"), "%d %s", st, json_text(base));
+    static const char *const options[] = {
+        ",\"mirostat\":2,\"mirostat_tau\":3.0,\"mirostat_eta\":0.1",
+        ",\"mirostat\":1.0,\"mirostat_tau\":4",
+        ",\"typical_p\":0.5",
+        ",\"mirostat\":0,\"typical_p\":0.4,\"tfs_z\":1",
+    };
+    for (size_t i = 0; i < sizeof options / sizeof *options; i++) {
+        snprintf(body, sizeof body, fmt, options[i]);
+        json_object *o = httpc_post_json(docs_sock, "/api/generate", body, &st);
+        CHECK_MSG(st == 200 && httpc_jstr(o, "response") &&
+                      !jeq(o, "response", httpc_jstr(base, "response")),
+                  "%s: %d %s, without them '%s'", options[i], st, json_text(o),
+                  httpc_jstr(base, "response"));
+        json_object_put(o);
+    }
+    json_object_put(base);
+    static const struct {
+        const char *options, *want;
+    } bad[] = {
+        {",\"mirostat\":3", "mirostat"},
+        {",\"mirostat\":2,\"mirostat_tau\":-1", "mirostat_tau"},
+        {",\"mirostat_eta\":\"fast\"", "mirostat_eta"},
+        {",\"typical_p\":0", "typical_p"},
+        {",\"tfs_z\":0.9", "tfs_z"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, fmt, bad[i].options);
+        httpc_reply r;
+        CHECK(httpc_do(docs_sock, 0, "POST", "/api/generate", NULL, body, &r) == 0);
+        CHECK_MSG(r.status == 400 && strstr(r.body, bad[i].want), "%s: %d %s", bad[i].options,
+                  r.status, r.body);
+        httpc_reply_free(&r);
+    }
+}
+
 /* Over TCP the ollama routes need the bearer token, as every other route. */
 static void tcp_needs_a_token(void)
 {
@@ -896,7 +949,8 @@ static const char *const body_keys[] = {
     "context", "images", "suffix", "template", "messages", "role", "content", "tools",
     "tool_calls", "input", "truncate", "dimensions", "temperature", "top_k", "top_p", "min_p",
     "num_predict", "stop", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
-    "frequency_penalty", "num_ctx", "mirostat", "typical_p"};
+    "frequency_penalty", "num_ctx", "mirostat", "typical_p", "mirostat_tau", "mirostat_eta",
+    "tfs_z"};
 static const char *const body_words[] = {
     "", "user", "system", "assistant", "tool", "json", "ol", "ol:latest", "slow", "5m",
     "\xff\xfe", "a\\u0000b"};
@@ -1014,6 +1068,7 @@ int main(int argc, char **argv)
     RUN(negative_top_k_is_off);
     RUN(num_predict_fills_the_window);
     RUN(format_json_gives_an_object);
+    RUN(mirostat_and_typical_are_taken);
     RUN(tcp_needs_a_token);
     RUN(cors_and_metrics);
     RUN(disconnect_cancels_generation);
