@@ -163,12 +163,13 @@ $(CLIENT_LIB): $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
 
 # The shared client library carries the protocol code so apps link only -lllmsclient;
 # client/llmsclient.map keeps its exports to llms.h's API.
-# Soname 2: llms_params, llms_rerank_options, llms_context_info and llms_daemon_status
-# grew fields (registry model names, window and cost-model figures).
+# Its soname changes with the layout of a struct apps allocate (client/README.md says
+# which grew when; 6: llms_params' llama.cpp samplers), and it depends on the Makefile,
+# which holds the soname: a library linked under the old one would be kept.
 $(BUILD)/libllmsclient.so: $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(BUILD)/proto/llms.pb-c.o \
-                           $(PROTO_SRC:%.c=$(BUILD)/%.o) client/llmsclient.map
+                           $(PROTO_SRC:%.c=$(BUILD)/%.o) client/llmsclient.map Makefile
 	$(SAY) LD $@
-	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.5 -Wl,--version-script,client/llmsclient.map \
+	$(Q)$(CC) -shared -Wl,-soname,libllmsclient.so.6 -Wl,--version-script,client/llmsclient.map \
 	    $(LDFLAGS) $(filter %.o,$^) -lprotobuf-c -o $@
 
 $(BUILD)/llmsd: $(BUILD)/daemon/main.o $(ALL_LIBS)

@@ -351,6 +351,80 @@ void llms_params_init(llms_params *p)
     *p = (llms_params)LLMS_PARAMS_INIT;
 }
 
+/* p's samplers order (llama.cpp's letters) into pb->order: the count, or -1 for a letter
+ * of no sampler or one named twice (each runs once). */
+static int samplers_of_letters(const char *letters, client_params_pb *pb)
+{
+    static const char steps[] = "edskypmxt"; /* in the order of SamplerStep */
+    int n = 0;
+    unsigned seen = 0;
+    for (const char *l = letters; *l; l++) {
+        const char *at = strchr(steps, *l);
+        if (!at || n == (int)(sizeof pb->order / sizeof *pb->order) ||
+            (seen & 1u << (at - steps)))
+            return -1;
+        seen |= 1u << (at - steps);
+        pb->order[n++] = (Llms__SamplerStep)(at - steps);
+    }
+    return n;
+}
+
+/* llama.cpp's other samplers of p into pb (pb->any_set when one is set). */
+static enum llms_status pack_newer_samplers(llms_conn *c, const llms_params *p,
+                                            client_params_pb *pb)
+{
+    Llms__GenerationParams *g = &pb->g;
+    if (p->n_dry_sequence_breakers > 0 && !p->dry_sequence_breakers)
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                           "n_dry_sequence_breakers is %zu and dry_sequence_breakers NULL",
+                           p->n_dry_sequence_breakers);
+    int n_order = p->samplers ? samplers_of_letters(p->samplers, pb) : 0;
+    if (n_order < 0)
+        return client_fail(c, LLMS_ERR_INVALID_ARGUMENT,
+                           "samplers '%.32s': llama.cpp's letters (edskypmxt), each once",
+                           p->samplers);
+    const struct {
+        protobuf_c_boolean *has;
+        float *to, from;
+    } floats[] = {
+        {&g->has_typical_p, &g->typical_p, p->typical_p},
+        {&g->has_top_n_sigma, &g->top_n_sigma, p->top_n_sigma},
+        {&g->has_xtc_probability, &g->xtc_probability, p->xtc_probability},
+        {&g->has_xtc_threshold, &g->xtc_threshold, p->xtc_threshold},
+        {&g->has_dynatemp_range, &g->dynatemp_range, p->dynatemp_range},
+        {&g->has_dynatemp_exponent, &g->dynatemp_exponent, p->dynatemp_exponent},
+        {&g->has_dry_multiplier, &g->dry_multiplier, p->dry_multiplier},
+        {&g->has_dry_base, &g->dry_base, p->dry_base},
+        {&g->has_mirostat_tau, &g->mirostat_tau, p->mirostat_tau},
+        {&g->has_mirostat_eta, &g->mirostat_eta, p->mirostat_eta},
+    };
+    const struct {
+        protobuf_c_boolean *has;
+        int32_t *to, from;
+    } ints[] = {
+        {&g->has_min_keep, &g->min_keep, p->min_keep},
+        {&g->has_dry_allowed_length, &g->dry_allowed_length, p->dry_allowed_length},
+        {&g->has_dry_penalty_last_n, &g->dry_penalty_last_n, p->dry_penalty_last_n},
+        {&g->has_mirostat, &g->mirostat, p->mirostat},
+    };
+    for (size_t i = 0; i < sizeof floats / sizeof *floats; i++) {
+        *floats[i].has = !isnan(floats[i].from);
+        *floats[i].to = floats[i].from;
+        pb->any_set |= *floats[i].has;
+    }
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        *ints[i].has = ints[i].from != LLMS_UNSET;
+        *ints[i].to = ints[i].from;
+        pb->any_set |= *ints[i].has;
+    }
+    g->n_dry_sequence_breakers = p->n_dry_sequence_breakers;
+    g->dry_sequence_breakers = (char **)p->dry_sequence_breakers; /* only read while packing */
+    g->n_samplers = (size_t)n_order;
+    g->samplers = pb->order;
+    pb->any_set |= g->n_dry_sequence_breakers > 0 || g->n_samplers > 0;
+    return LLMS_OK;
+}
+
 enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_params_pb *pb)
 {
     *pb = (client_params_pb){0};
@@ -399,6 +473,9 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
     g->grammar = (char *)p->grammar;
     g->has_ignore_eos = p->ignore_eos != 0;
     g->ignore_eos = p->ignore_eos != 0;
+    enum llms_status st = pack_newer_samplers(c, p, pb);
+    if (st != LLMS_OK)
+        return st;
     if (p->n_logit_bias > 0) {
         pb->bias = calloc(p->n_logit_bias, sizeof *pb->bias);
         pb->bias_ptrs = calloc(p->n_logit_bias, sizeof *pb->bias_ptrs);
@@ -421,7 +498,7 @@ enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_p
                   g->has_seed || g->n_stop > 0 || g->has_speculation ||
                   g->has_frequency_penalty || g->has_presence_penalty || g->n_logit_bias > 0 ||
                   g->has_logprobs || g->has_format || g->json_schema || g->grammar ||
-                  g->has_ignore_eos;
+                  g->has_ignore_eos || pb->any_set;
     return LLMS_OK;
 }
 

@@ -68,12 +68,13 @@ typedef struct client_params_pb {
     Llms__GenerationParams g;
     Llms__TokenBias *bias;       /* (n_logit_bias) */
     Llms__TokenBias **bias_ptrs; /* (n_logit_bias) into bias */
+    Llms__SamplerStep order[LLMS__SAMPLER_STEP__SAMPLER_TEMPERATURE + 1]; /* g.samplers */
     int any_set;                 /* whether g sets anything */
 } client_params_pb;
 
 /* Packs p (NULL: nothing set) into pb, which client_params_pb_free releases: INVALID_ARGUMENT
- * for a logit_bias count without its array, INTERNAL out of memory (pb then holds
- * nothing). */
+ * for a logit_bias or breakers count without its array, or samplers that are no string of
+ * llama.cpp's letters each once; INTERNAL out of memory (pb then holds nothing). */
 enum llms_status client_params_pack(llms_conn *c, const llms_params *p, client_params_pb *pb);
 
 /* &pb->g when the pack sets anything, else NULL (the request's field stays unset). */

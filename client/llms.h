@@ -125,8 +125,9 @@ typedef struct llms_logit_bias {
  * Start from llms_params_init() (or LLMS_PARAMS_INIT), which leaves everything unset,
  * and set what you need. Floats are unset when NaN, ints when LLMS_UNSET. The fields
  * after speculation came with libllmsclient.so.3, json_schema with .so.4, grammar and
- * ignore_eos with .so.5: an app built against an older llms.h must be rebuilt, which the new soname
- * makes the loader say.
+ * ignore_eos with .so.5, those after ignore_eos (llama.cpp's other samplers) with .so.6:
+ * an app built against an older llms.h must be rebuilt, which the new soname makes the
+ * loader say.
  */
 typedef struct llms_params {
     float temperature;      /* <= 0: greedy */
@@ -170,6 +171,33 @@ typedef struct llms_params {
     int ignore_eos;          /* nonzero: the model's end-of-generation tokens are never
                                 sampled, so the reply runs to max_tokens, a stop string or
                                 a full window (llama.cpp's and vLLM's ignore_eos) */
+    /* llama.cpp's other samplers, under its server's names (unset: off, with llama.cpp's
+       numbers for their settings; the README's "The engine" says what each does) */
+    int32_t min_keep;        /* top-p, min-p, typical and XTC keep this many; 0: one */
+    float typical_p;         /* locally typical sampling, (0, 1]; 1: off */
+    float top_n_sigma;       /* keep logits within n standard deviations of the best;
+                                <= 0: off */
+    float xtc_probability;   /* XTC: how often the top choices go, [0, 1]; 0: off */
+    float xtc_threshold;     /* [0, 1]: the probability of a top choice; above 0.5: off */
+    float dynatemp_range;    /* dynamic temperature: temperature +- this by the entropy,
+                                [0, 100]; 0: off */
+    float dynatemp_exponent; /* [0, 100] */
+    float dry_multiplier;    /* DRY (a token extending a repetition loses multiplier *
+                                base ^ (length - allowed)), [0, 100]; 0: off */
+    float dry_base;          /* [1, 100] */
+    int32_t dry_allowed_length;  /* >= 0 */
+    int32_t dry_penalty_last_n;  /* tokens looked back at; -1: the window; 0: off */
+    const char *const *dry_sequence_breakers; /* (n_dry_sequence_breakers, at most 64) texts
+                                                 a repetition is not followed back past;
+                                                 none: llama.cpp's "\n" ":" "\"" "*" */
+    size_t n_dry_sequence_breakers;
+    int32_t mirostat;        /* Mirostat in place of the chain: 0 off, 1 or 2 */
+    float mirostat_tau;      /* the surprise it aims at, in bits, [0, 100] */
+    float mirostat_eta;      /* its learning rate, [0, 1] */
+    const char *samplers;    /* the samplers that run, in this order, as llama.cpp's letters
+                                (e penalties, d DRY, s top-n-sigma, k top-k, y typical, p
+                                top-p, m min-p, x XTC, t temperature), each once; NULL: all,
+                                in that order. Set, it replaces the context's. */
 } llms_params;
 
 /* What a reply must be (proto ResponseFormat). */
@@ -205,7 +233,11 @@ enum llms_speculation {
     {                                                                                 \
         __builtin_nanf(""), LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""),       \
             __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, 0, 0, NULL, 0, 0, NULL, 0,     \
-            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL, NULL, 0   \
+            __builtin_nanf(""), __builtin_nanf(""), NULL, 0, 0, 0, 0, NULL, NULL, 0,  \
+            LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""), __builtin_nanf(""),   \
+            __builtin_nanf(""), __builtin_nanf(""), __builtin_nanf(""),               \
+            __builtin_nanf(""), __builtin_nanf(""), LLMS_UNSET, LLMS_UNSET, NULL, 0,   \
+            LLMS_UNSET, __builtin_nanf(""), __builtin_nanf(""), NULL                   \
     }
 
 /* Sets every field of *p to unset. */

@@ -30,8 +30,8 @@ for p in llms llmsctl llms-run mkmodel; do
 done
 
 # The shared library goes under its soname with the development link beside it.
-install -m 0755 "$build/libllmsclient.so" "$root/lib/libllmsclient.so.5"
-ln -sf libllmsclient.so.5 "$root/lib/libllmsclient.so"
+install -m 0755 "$build/libllmsclient.so" "$root/lib/libllmsclient.so.6"
+ln -sf libllmsclient.so.6 "$root/lib/libllmsclient.so"
 # Installed into the running system (no DESTDIR), the dynamic loader finds the library
 # outside /lib and /usr/lib (PREFIX /usr/local) only through its cache: an app linked
 # with -lllmsclient would not start until something ran ldconfig. Into a DESTDIR, the

@@ -30,8 +30,8 @@ from the first of these that loads:
     run in place, or pip install -e), then of the checkout pip installed it from (pip
     records that folder beside the package, PEP 610 direct_url.json). A folder counts as
     a checkout when it has client/llms.h.
- 4. libllmsclient.so.5 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
- 5. libllmsclient.so.5 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
+ 4. libllmsclient.so.6 in /usr/local/lib and /usr/lib (make install: PREFIX/lib).
+ 5. libllmsclient.so.6 through the dynamic loader ($LD_LIBRARY_PATH, ld.so.cache).
 
 The current directory is never searched. When none loads, LibraryNotFoundError (an
 OSError) names every path tried and why it failed. library_path() says which was loaded.
@@ -120,6 +120,16 @@ class _Params(ctypes.Structure):
         ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int32), ("format", ctypes.c_int),
         ("json_schema", ctypes.c_char_p), ("grammar", ctypes.c_char_p),
         ("ignore_eos", ctypes.c_int),
+        ("min_keep", ctypes.c_int32), ("typical_p", ctypes.c_float),
+        ("top_n_sigma", ctypes.c_float), ("xtc_probability", ctypes.c_float),
+        ("xtc_threshold", ctypes.c_float), ("dynatemp_range", ctypes.c_float),
+        ("dynatemp_exponent", ctypes.c_float), ("dry_multiplier", ctypes.c_float),
+        ("dry_base", ctypes.c_float), ("dry_allowed_length", ctypes.c_int32),
+        ("dry_penalty_last_n", ctypes.c_int32),
+        ("dry_sequence_breakers", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_dry_sequence_breakers", ctypes.c_size_t), ("mirostat", ctypes.c_int32),
+        ("mirostat_tau", ctypes.c_float), ("mirostat_eta", ctypes.c_float),
+        ("samplers", ctypes.c_char_p),
     ]
 
 
@@ -307,7 +317,7 @@ _KB_PROGRESS_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_KbProgress), ct
 
 # The ABI the Structures above describe: what `make install` installs and what the
 # dynamic loader is asked for. An unversioned libllmsclient.so there may be another ABI.
-_SONAME = "libllmsclient.so.5"
+_SONAME = "libllmsclient.so.6"
 # Where `make install` puts it (PREFIX/lib; PREFIX is /usr/local unless set). Installed
 # through a DESTDIR, nothing may have run ldconfig yet, and the dynamic loader alone would
 # not find it under /usr/local/lib.
@@ -472,10 +482,45 @@ def _u32(name, v):
     return v
 
 
+# llama.cpp's other samplers: the number keywords _params passes on as they are
+_NEWER_FLOATS = ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                 "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base",
+                 "mirostat_tau", "mirostat_eta")
+_NEWER_INTS = ("min_keep", "dry_allowed_length", "dry_penalty_last_n", "mirostat")
+# llama.cpp's names of its samplers and their letters, as samplers= takes them
+_SAMPLER_LETTERS = {"penalties": "e", "dry": "d", "top_n_sigma": "s", "top_k": "k",
+                    "typ_p": "y", "top_p": "p", "min_p": "m", "xtc": "x", "temperature": "t"}
+
+
+def _newer_samplers(p, keep, samplers, dry_sequence_breakers, numbers):
+    """llama.cpp's other samplers into p (what must stay alive into keep)."""
+    for name, value in numbers.items():
+        if value is not None:
+            setattr(p, name, value)
+    if dry_sequence_breakers is not None:
+        texts = [dry_sequence_breakers] if isinstance(dry_sequence_breakers, str) \
+            else list(dry_sequence_breakers)
+        arr = (ctypes.c_char_p * len(texts))(*[_b(t) for t in texts])
+        p.dry_sequence_breakers = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+        p.n_dry_sequence_breakers = len(texts)
+        keep.append(arr)
+    if samplers is not None:
+        if not isinstance(samplers, str):
+            unknown = [n for n in samplers if n not in _SAMPLER_LETTERS]
+            if unknown:
+                raise ValueError("samplers: %r is none of llama.cpp's (%s)"
+                                 % (unknown[0], ", ".join(_SAMPLER_LETTERS)))
+            samplers = "".join(_SAMPLER_LETTERS[n] for n in samplers)
+        text = _b(samplers)
+        p.samplers = text
+        keep.append(text)
+
+
 def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=None,
             repeat_penalty=None, seed=None, stop=None, model=None, speculation=None,
             frequency_penalty=None, presence_penalty=None, logit_bias=None, logprobs=None,
-            format=None, grammar=None, ignore_eos=None):
+            format=None, grammar=None, ignore_eos=None, samplers=None,
+            dry_sequence_breakers=None, **newer):
     """A llms_params with the given fields set, and what keeps its stop strings and
     biases alive. speculation: "off", "lookup", "draft" or "both" (speculative decoding;
     None: the daemon's). logit_bias: {token id: bias in [-100, 100]}, as OpenAI's.
@@ -485,7 +530,15 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     an instance of. grammar: a GBNF grammar (llama.cpp's, start rule root) the reply must
     be a sentence of, instead of a format. ignore_eos=True: the model's end-of-generation
     tokens are never sampled (the reply runs to max_tokens, a stop string or a full
-    window)."""
+    window). llama.cpp's other samplers under its server's names: min_keep, typical_p,
+    top_n_sigma, xtc_probability, xtc_threshold, dynatemp_range, dynatemp_exponent,
+    dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+    dry_sequence_breakers (a list of texts), mirostat (0, 1, 2), mirostat_tau,
+    mirostat_eta; samplers: the order of the chain, llama.cpp's names (["top_k",
+    "temperature"]) or letters ("kt")."""
+    unknown = set(newer) - set(_NEWER_FLOATS) - set(_NEWER_INTS)
+    if unknown:
+        raise TypeError("unexpected keyword argument %r" % sorted(unknown)[0])
     p = _Params()
     _api().llms_params_init(ctypes.byref(p))
     if speculation is not None:
@@ -508,6 +561,7 @@ def _params(max_tokens=None, temperature=None, top_p=None, top_k=None, min_p=Non
     if presence_penalty is not None:
         p.presence_penalty = presence_penalty
     keep = []
+    _newer_samplers(p, keep, samplers, dry_sequence_breakers, newer)
     if grammar:
         if format is not None:
             raise ValueError("give format= or grammar=, not both")

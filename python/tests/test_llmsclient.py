@@ -145,6 +145,31 @@ class ClientTest(unittest.TestCase):
                         ignore_eos=True)
         self.assertEqual(self.c.last_result.generated_tokens, 4)
 
+    def test_llama_cpp_samplers_reach_the_sampler(self):
+        # each is sent, checked and applied: it changes a seeded reply
+        base = dict(max_tokens=16, temperature=1, top_k=0, top_p=1, min_p=0, seed=11)
+        plain = self.c.complete("one two three", **base)
+        for newer in (dict(mirostat=2, mirostat_tau=3.0, mirostat_eta=0.2),
+                      dict(mirostat=1),
+                      dict(typical_p=0.3, min_keep=2),
+                      dict(xtc_probability=1.0, xtc_threshold=0.0),
+                      dict(top_n_sigma=0.5),
+                      dict(dynatemp_range=0.9, dynatemp_exponent=2.0),
+                      dict(dry_multiplier=2.0, dry_base=3.0, dry_allowed_length=0,
+                           dry_penalty_last_n=-1, dry_sequence_breakers=["tok1"]),
+                      dict(temperature=5, samplers="tp"),
+                      dict(temperature=5, samplers=["temperature", "top_p"])):
+            self.assertNotEqual(self.c.complete("one two three", **dict(base, **newer)),
+                                plain, newer)
+        # out of their ranges: the daemon's refusal; a sampler twice: the library's
+        self.assertEqual(status_of(self, self.c.complete, "x", mirostat=3), "INVALID_ARGUMENT")
+        self.assertEqual(status_of(self, self.c.complete, "x", typical_p=0.0), "INVALID_ARGUMENT")
+        self.assertEqual(status_of(self, self.c.complete, "x", samplers="kk"), "INVALID_ARGUMENT")
+        with self.assertRaises(ValueError):
+            self.c.complete("x", samplers=["top_k", "nucleus"])
+        with self.assertRaises(TypeError):
+            self.c.complete("x", mirostat_lr=0.1)
+
     def test_cached_tokens_come_with_the_result(self):
         prompt = "one two three four five six seven eight nine ten " * 4
         self.c.complete(prompt, max_tokens=1, temperature=0)
@@ -826,8 +851,8 @@ class LibrarySearchTest(unittest.TestCase):
             self.skipTest("a libllmsclient is installed on this machine")
         self.assertTrue(out.startswith("True\n"), out)
         for tried in [os.path.join(site, "llmsclient", "libllmsclient.so"),
-                      "/usr/local/lib/libllmsclient.so.5", "/usr/lib/libllmsclient.so.5",
-                      "\n  libllmsclient.so.5: "]:
+                      "/usr/local/lib/libllmsclient.so.6", "/usr/lib/libllmsclient.so.6",
+                      "\n  libllmsclient.so.6: "]:
             self.assertIn(tried, out)
         self.assertIn("LLMS_CLIENT_LIB", out)
         self.assertIn("make install", out)

@@ -29,6 +29,11 @@ static int n_seen;
 static uint64_t cancelled_id;
 static float seen_temperature;
 static int seen_has_top_k;
+/* llama.cpp's other samplers of the last CreateContext's defaults */
+static int seen_mirostat = -1, seen_has_dry_multiplier, seen_order[4];
+static float seen_typical_p;
+static size_t seen_n_breakers, seen_n_order;
+static char seen_breaker[16];
 static Llms__RerankRequest seen_rerank;  /* scalar fields of the last Rerank */
 static int seen_pooling;
 static int seen_kb_progress;             /* KbAddRequest.progress; -1 unset */
@@ -143,8 +148,18 @@ static int serve_one(int fd, Llms__Request *q)
     case LLMS__REQUEST__BODY_CREATE_CONTEXT: {
         send_ok(fd, 9999); /* a frame for an id the client never used */
         if (q->create_context->defaults) {
-            seen_temperature = q->create_context->defaults->temperature;
-            seen_has_top_k = q->create_context->defaults->has_top_k;
+            const Llms__GenerationParams *d = q->create_context->defaults;
+            seen_temperature = d->temperature;
+            seen_has_top_k = d->has_top_k;
+            seen_mirostat = d->has_mirostat ? d->mirostat : -1;
+            seen_typical_p = d->has_typical_p ? d->typical_p : -1;
+            seen_has_dry_multiplier = d->has_dry_multiplier;
+            seen_n_breakers = d->n_dry_sequence_breakers;
+            snprintf(seen_breaker, sizeof seen_breaker, "%s",
+                     d->n_dry_sequence_breakers ? d->dry_sequence_breakers[1] : "");
+            seen_n_order = d->n_samplers;
+            for (size_t i = 0; i < d->n_samplers && i < 4; i++)
+                seen_order[i] = d->samplers[i];
         }
         Llms__CreateContextResponse cc = LLMS__CREATE_CONTEXT_RESPONSE__INIT;
         cc.context_id = "ctx-0123456789abcdef";
@@ -406,9 +421,25 @@ static void stream_and_errors(void)
     llms_params p;
     llms_params_init(&p);
     p.temperature = 0.25f;
+    /* llama.cpp's other samplers go as set; the samplers' letters become the steps */
+    const char *breakers[] = {"\n", "User:"};
+    p.mirostat = 2;
+    p.typical_p = 0.5f;
+    p.dry_sequence_breakers = breakers;
+    p.n_dry_sequence_breakers = 2;
+    p.samplers = "ekt";
     char id[LLMS_ID_MAX];
     CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_OK);
     CHECK(strcmp(id, "ctx-0123456789abcdef") == 0);
+    p.samplers = "ekk";
+    CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "samplers"), "%s", llms_last_error(c));
+    p.samplers = "kz";
+    CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_ERR_INVALID_ARGUMENT);
+    p.samplers = NULL;
+    p.dry_sequence_breakers = NULL;
+    CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(llms_last_error(c), "dry_sequence_breakers"), "%s", llms_last_error(c));
 
     struct collect col = {0};
     llms_result res;
@@ -450,6 +481,15 @@ static void stream_and_errors(void)
 
     CHECK_NEAR(seen_temperature, 0.25, 1e-6);
     CHECK(!seen_has_top_k); /* unset fields stay off the wire */
+    CHECK_EQ(seen_mirostat, 2);
+    CHECK_NEAR(seen_typical_p, 0.5, 0);
+    CHECK(!seen_has_dry_multiplier);
+    CHECK_EQ(seen_n_breakers, 2);
+    CHECK(strcmp(seen_breaker, "User:") == 0);
+    CHECK_EQ(seen_n_order, 3);
+    CHECK(seen_order[0] == LLMS__SAMPLER_STEP__SAMPLER_PENALTIES &&
+          seen_order[1] == LLMS__SAMPLER_STEP__SAMPLER_TOP_K &&
+          seen_order[2] == LLMS__SAMPLER_STEP__SAMPLER_TEMPERATURE);
     for (int i = 1; i < n_seen; i++)
         CHECK_MSG(seen_ids[i] > seen_ids[i - 1], "request ids must increase");
 }

@@ -111,7 +111,7 @@ static void installed_tree(void)
     NEED_INSTALL();
     static const char *const exe[] = {PREFIX "/sbin/llmsd", PREFIX "/bin/llms",
                                       PREFIX "/bin/llmsctl", PREFIX "/bin/llms-run",
-                                      PREFIX "/bin/mkmodel", PREFIX "/lib/libllmsclient.so.5"};
+                                      PREFIX "/bin/mkmodel", PREFIX "/lib/libllmsclient.so.6"};
     for (size_t i = 0; i < sizeof exe / sizeof exe[0]; i++) {
         long m = file_mode(exe[i]);
         CHECK_MSG(m >= 0 && S_ISREG(m) && (m & 0111), "%s missing or not executable", exe[i]);
@@ -131,7 +131,7 @@ static void installed_tree(void)
     ssize_t n = readlink(at(PREFIX "/lib/libllmsclient.so"), target, sizeof target - 1);
     CHECK(n > 0);
     target[n] = '\0';
-    CHECK(strcmp(target, "libllmsclient.so.5") == 0);
+    CHECK(strcmp(target, "libllmsclient.so.6") == 0);
 
     CHECK(file_contains(PREFIX "/lib/systemd/system/llmsd.service",
                         "ExecStart=" PREFIX "/sbin/llmsd --config /etc/llmsd/llmsd.conf"));
@@ -173,13 +173,13 @@ static void shared_library_exports_only_the_api(void)
         SKIP("nm is not installed");
     char cmd[4096], out[8192];
     fmt(cmd, sizeof cmd, "nm -D --defined-only '%s' | awk '{ print $3 }' | sort",
-        at(PREFIX "/lib/libllmsclient.so.5"));
+        at(PREFIX "/lib/libllmsclient.so.6"));
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(strstr(out, "llms_connect\n") && strstr(out, "llms_call\n"), "exports: %.500s",
               out);
     fmt(cmd, sizeof cmd,
         "nm -D --defined-only '%s' | awk '{ print $3 }' | grep -v '^llms_[a-z]' | head -n 20",
-        at(PREFIX "/lib/libllmsclient.so.5"));
+        at(PREFIX "/lib/libllmsclient.so.6"));
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(out[0] == '\0', "exported beyond the API:\n%s", out);
 }
@@ -219,7 +219,7 @@ static void static_library_exports_only_the_api(void)
         "nm -g --defined-only '%s' | awk 'NF == 3 { print $3 }' | sort >'%s/static.syms' && "
         "nm -D --defined-only '%s' | awk '{ print $3 }' | sort >'%s/shared.syms' && "
         "diff '%s/static.syms' '%s/shared.syms' | head -n 20",
-        lib, test_tmpdir(), at(PREFIX "/lib/libllmsclient.so.5"), test_tmpdir(), test_tmpdir(),
+        lib, test_tmpdir(), at(PREFIX "/lib/libllmsclient.so.6"), test_tmpdir(), test_tmpdir(),
         test_tmpdir());
     CHECK_EQ(run_capture(cmd, out, sizeof out), 0);
     CHECK_MSG(out[0] == '\0', "static (<) and shared (>) APIs differ:\n%s", out);
