@@ -23,6 +23,7 @@
 #include "engine/clock.h"
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
+#include "engine/model/drybreak.h"
 #include "engine/model/embed.h"
 #include "engine/model/grammar.h"
 #include "engine/model/jsonmask.h"
@@ -66,6 +67,9 @@ typedef struct run_options {
     int resident_small_mb; /* -1: every weight stays mapped in (no streaming) */
     gguf_load load;
     sampler_params sampling;
+    const char *dry_breakers[DRYBREAK_MAX]; /* --dry-sequence-breaker: DRY's own breakers */
+    int n_dry_breakers;                     /* 0: llama.cpp's, unless dry_none */
+    bool dry_none;                          /* --dry-sequence-breaker none: no breakers */
 } run_options;
 
 static void usage(FILE *out)
@@ -89,6 +93,29 @@ static void usage(FILE *out)
             "                           OpenAI's, in [-2, 2] (default 0 = off)\n"
             "      --repeat-last-n N    (default 64)\n"
             "  -s, --seed N             sampling seed (default random)\n"
+            "      --min-keep N         top-p, min-p, typical and XTC keep at least N (default 0)\n"
+            "      --typical P          locally typical sampling (default 1.0 = off)\n"
+            "      --top-nsigma N       keep logits within N standard deviations of the best\n"
+            "                           (default -1 = off)\n"
+            "      --xtc-probability P, --xtc-threshold T\n"
+            "                           XTC: with probability P drop the tokens above T but the\n"
+            "                           least likely of them (default 0 = off, 0.1)\n"
+            "      --dynatemp-range R, --dynatemp-exp E\n"
+            "                           dynamic temperature: temp +- R by the entropy^E\n"
+            "                           (default 0 = off, 1)\n"
+            "      --dry-multiplier M, --dry-base B, --dry-allowed-length N,\n"
+            "      --dry-penalty-last-n N\n"
+            "                           DRY: a token extending a repetition loses M * B ^\n"
+            "                           (length - N) (default 0 = off, 1.75, 2, -1 = context)\n"
+            "      --dry-sequence-breaker TEXT  a DRY breaker (repeatable; replaces\n"
+            "                           llama.cpp's \\n : \" *; 'none': none)\n"
+            "      --mirostat N         Mirostat 1 or 2 in place of the samplers (default 0)\n"
+            "      --mirostat-lr E, --mirostat-ent T  its learning rate and target surprise\n"
+            "                           (default 0.1, 5.0)\n"
+            "      --samplers 'a;b;...' the samplers that run, in order, by llama.cpp's names\n"
+            "                           (penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;\n"
+            "                           xtc;temperature, the default)\n"
+            "      --sampling-seq LETTERS  the same by letters (default edskypmxt)\n"
             "      --stop TEXT          stop when TEXT is generated (repeatable)\n"
             "      --ignore-eos         keep generating past end-of-generation tokens\n"
             "      --json               JSON mode: only tokens that keep the continuation a\n"
@@ -148,6 +175,57 @@ static int parse_float(const char *flag, const char *s, float *out)
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* llama.cpp's names of its samplers (its tools take the second spellings too) and
+ * letters, by step. */
+static const struct {
+    const char *name, *alt1, *alt2;
+    char letter;
+    enum sampler_step step;
+} sampler_names[] = {
+    {"penalties", NULL, NULL, 'e', SAMPLER_PENALTIES},
+    {"dry", NULL, NULL, 'd', SAMPLER_DRY},
+    {"top_n_sigma", "top-n-sigma", NULL, 's', SAMPLER_TOP_N_SIGMA},
+    {"top_k", "top-k", NULL, 'k', SAMPLER_TOP_K},
+    {"typ_p", "typical", "typical-p", 'y', SAMPLER_TYPICAL},
+    {"top_p", "top-p", "nucleus", 'p', SAMPLER_TOP_P},
+    {"min_p", "min-p", NULL, 'm', SAMPLER_MIN_P},
+    {"xtc", NULL, NULL, 'x', SAMPLER_XTC},
+    {"temperature", "temp", NULL, 't', SAMPLER_TEMPERATURE},
+};
+
+/* The step of a sampler's name (names) or letter: 0.., or -1. */
+static int step_of(const char *name, size_t len, char letter)
+{
+    for (size_t i = 0; i < sizeof sampler_names / sizeof *sampler_names; i++) {
+        const char *n[3] = {sampler_names[i].name, sampler_names[i].alt1, sampler_names[i].alt2};
+        for (int k = 0; k < 3 && name; k++)
+            if (n[k] && strlen(n[k]) == len && strncmp(n[k], name, len) == 0)
+                return (int)sampler_names[i].step;
+        if (!name && letter == sampler_names[i].letter)
+            return (int)sampler_names[i].step;
+    }
+    return -1;
+}
+
+/* --samplers (names separated by ';') or --sampling-seq (letters) into p's order; the
+ * sampler checks each comes once. 0, or -1 after saying why. */
+static int parse_order(const char *flag, const char *v, bool letters, sampler_params *p)
+{
+    p->n_order = 0;
+    for (const char *at = v; *at;) {
+        size_t len = letters ? 1 : strcspn(at, ";");
+        int step = letters ? step_of(NULL, 0, *at) : step_of(at, len, 0);
+        if (step < 0 || p->n_order == SAMPLER_STEPS) {
+            fprintf(stderr, "llms-run: %s: '%.*s' is %s\n", flag, (int)len, at,
+                    step < 0 ? "no sampler of llama.cpp's" : "one sampler too many");
+            return -1;
+        }
+        p->order[p->n_order++] = (enum sampler_step)step;
+        at += len + (!letters && at[len] == ';');
+    }
     return 0;
 }
 
@@ -230,6 +308,61 @@ static int parse_args(int argc, char **argv, run_options *o)
         } else if (IS(NULL, "--repeat-last-n")) {
             NEED_VALUE();
             rc = parse_int(a, v, -1, &o->sampling.repeat_last_n);
+        } else if (IS(NULL, "--min-keep")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->sampling.min_keep);
+        } else if (IS(NULL, "--typical")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.typical_p);
+        } else if (IS(NULL, "--top-nsigma")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.top_n_sigma);
+        } else if (IS(NULL, "--xtc-probability")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.xtc_probability);
+        } else if (IS(NULL, "--xtc-threshold")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.xtc_threshold);
+        } else if (IS(NULL, "--dynatemp-range")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.dynatemp_range);
+        } else if (IS(NULL, "--dynatemp-exp")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.dynatemp_exponent);
+        } else if (IS(NULL, "--dry-multiplier")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.dry_multiplier);
+        } else if (IS(NULL, "--dry-base")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.dry_base);
+        } else if (IS(NULL, "--dry-allowed-length")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->sampling.dry_allowed_length);
+        } else if (IS(NULL, "--dry-penalty-last-n")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, -1, &o->sampling.dry_penalty_last_n);
+        } else if (IS(NULL, "--dry-sequence-breaker")) {
+            NEED_VALUE();
+            if (strcmp(v, "none") == 0) {
+                o->dry_none = true;
+            } else if (o->n_dry_breakers == DRYBREAK_MAX) {
+                fprintf(stderr, "llms-run: at most %d --dry-sequence-breaker\n", DRYBREAK_MAX);
+                return -1;
+            } else {
+                o->dry_breakers[o->n_dry_breakers++] = v;
+            }
+        } else if (IS(NULL, "--mirostat")) {
+            NEED_VALUE();
+            rc = parse_int(a, v, 0, &o->sampling.mirostat);
+        } else if (IS(NULL, "--mirostat-lr")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.mirostat_eta);
+        } else if (IS(NULL, "--mirostat-ent")) {
+            NEED_VALUE();
+            rc = parse_float(a, v, &o->sampling.mirostat_tau);
+        } else if (IS(NULL, "--samplers") || IS(NULL, "--sampling-seq")) {
+            NEED_VALUE();
+            rc = parse_order(a, v, IS(NULL, "--sampling-seq"), &o->sampling);
         } else if (IS("-s", "--seed")) {
             int seed;
             NEED_VALUE();
@@ -599,6 +732,30 @@ static int grammar_of_options(const run_options *o, grammar **out)
     return rc;
 }
 
+/* The sampler of the options, DRY's breakers (llama.cpp's unless given) made from the
+ * vocabulary, DRY looking back over at most n_ctx: 0, or -1 after saying why. */
+static int sampler_of_options(const run_options *o, const tokenizer *tok, int n_vocab, int n_ctx,
+                              sampler **out)
+{
+    char err[ERR_MAX];
+    sampler_params p = o->sampling;
+    sampler_breaker *brk = NULL;
+    p.n_ctx = n_ctx;
+    if (p.dry_multiplier != 0.0f && p.dry_penalty_last_n != 0 && !p.mirostat && !o->dry_none &&
+        drybreak_tokens(tok, o->n_dry_breakers ? o->dry_breakers : drybreak_default,
+                        o->n_dry_breakers ? o->n_dry_breakers : DRYBREAK_N_DEFAULT, &brk,
+                        &p.n_dry_breakers, err)) {
+        fprintf(stderr, "llms-run: %s\n", err);
+        return -1;
+    }
+    p.dry_breakers = brk;
+    *out = sampler_new(n_vocab, &p, err);
+    free(brk);
+    if (!*out)
+        fprintf(stderr, "llms-run: %s\n", err);
+    return *out ? 0 : -1;
+}
+
 static int run_generate(model *m, const tokenizer *tok, const run_options *o)
 {
     char err[ERR_MAX];
@@ -681,12 +838,13 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
         allowed = (sampler_constraint){grammar_allows_token, gram_cursor};
         constrained = true;
     }
-    smp = sampler_new(n_vocab, &o->sampling, err);
+    if (sampler_of_options(o, tok, n_vocab, session_n_ctx(m, o), &smp))
+        goto out;
     history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
     positions = malloc(sizeof *positions * (size_t)n_prompt);
     logits = malloc(sizeof *logits * (size_t)n_vocab);
-    if (!smp || !history || !positions || !logits) {
-        fprintf(stderr, "llms-run: %s\n", smp ? "out of memory" : err);
+    if (!history || !positions || !logits) {
+        fprintf(stderr, "llms-run: out of memory\n");
         goto out;
     }
     memcpy(history, prompt, sizeof *prompt * (size_t)n_prompt);

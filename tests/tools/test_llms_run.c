@@ -248,6 +248,77 @@ static void penalties_change_greedy_text(void)
     CHECK_MSG(strstr(pen, "frequency_penalty"), "%s", pen);
 }
 
+/* The longest run of bytes that text holds twice, the second after the end of the first. */
+static int longest_repeat(const char *text)
+{
+    int n = (int)strlen(text), best = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            int k = 0;
+            while (j + k < n && i + k < j && text[i + k] == text[j + k])
+                k++;
+            best = k > best ? k : best;
+        }
+    return best;
+}
+
+/* llama.cpp's samplers under its tools' flags: DRY breaks the loop greedy decoding falls
+ * into on the documentation model (a sentence said again), each of the others changes a
+ * seeded text, and a value out of range is an error naming it. */
+static void newer_samplers_reach_the_sampler(void)
+{
+    const char *docs = test_data_path("models/docs-lm-21M-F16.gguf");
+    if (!docs)
+        SKIP("../shared/testdata/models/docs-lm-21M-F16.gguf is absent");
+    char cmd[4096], plain[8192], got[8192];
+    const char *greedy = "%s -m '%s' -p 'The gateway answers' -n 120 --temp 0 %s 2>/dev/null";
+    snprintf(cmd, sizeof cmd, greedy, llms_run, docs, "");
+    CHECK_EQ(test_run_capture(cmd, plain, sizeof plain), 0);
+    snprintf(cmd, sizeof cmd, greedy, llms_run, docs, "--dry-multiplier 0.8");
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
+    int loop = longest_repeat(plain), cut = longest_repeat(got);
+    CHECK_MSG(loop >= 100 && cut <= 60, "%d bytes repeat without DRY, %d with: '%s'", loop, cut,
+              got);
+    const char *seeded = "%s -m '%s' -p 'The gateway answers' -n 32 --temp 1 --top-k 0 "
+                         "--top-p 1 --min-p 0 --seed 3 %s 2>&1";
+    snprintf(cmd, sizeof cmd, seeded, llms_run, docs, "");
+    CHECK_EQ(test_run_capture(cmd, plain, sizeof plain), 0);
+    plain[strcspn(plain, "\n")] = '\0';
+    static const char *const flags[] = {
+        "--mirostat 2 --mirostat-ent 3 --mirostat-lr 0.2",
+        "--mirostat 1",
+        "--typical 0.5 --min-keep 2",
+        "--xtc-probability 1 --xtc-threshold 0.05",
+        "--top-nsigma 1",
+        "--dynatemp-range 0.8 --dynatemp-exp 2",
+        "--dry-multiplier 3 --dry-base 2 --dry-allowed-length 0 --dry-penalty-last-n 16 "
+        "--dry-sequence-breaker none",
+        "--dry-multiplier 3 --dry-allowed-length 0 --dry-sequence-breaker the",
+        "--temp 4 --top-k 3 --sampling-seq tk",
+        "--temp 4 --top-k 3 --samplers 'temperature;top_k'",
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        snprintf(cmd, sizeof cmd, seeded, llms_run, docs, flags[i]);
+        CHECK_MSG(test_run_capture(cmd, got, sizeof got) == 0, "%s: %s", flags[i], got);
+        got[strcspn(got, "\n")] = '\0';
+        CHECK_MSG(strcmp(got, plain) != 0, "%s: the same text: '%s'", flags[i], got);
+    }
+    static const struct {
+        const char *flags, *want;
+    } bad[] = {
+        {"--mirostat 3", "mirostat"}, {"--typical 1.5", "typical_p"},
+        {"--xtc-probability 2", "xtc_probability"}, {"--dry-base 0.5 --dry-multiplier 1",
+                                                     "dry_base"},
+        {"--dynatemp-range -1", "dynatemp_range"}, {"--sampling-seq kq", "--sampling-seq"},
+        {"--samplers 'top_k;warp'", "--samplers"}, {"--sampling-seq tt", "order"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, seeded, llms_run, docs, bad[i].flags);
+        CHECK_MSG(test_run_capture(cmd, got, sizeof got) != 0 && strstr(got, bad[i].want),
+                  "%s: %s", bad[i].flags, got);
+    }
+}
+
 /* --chat-template names the family in place of the file's (stories260K has none, so
  * plain): the chat prompt is then the chatml text, as the same text given raw shows;
  * an unknown name is a usage error listing the names. */
@@ -421,6 +492,7 @@ int main(int argc, char **argv)
     RUN(greedy_generation_is_deterministic_across_threads_and_loads);
     RUN(sampling_is_reproducible_by_seed);
     RUN(penalties_change_greedy_text);
+    RUN(newer_samplers_reach_the_sampler);
     RUN(json_writes_an_object);
     RUN(json_schema_writes_an_instance);
     RUN(grammar_writes_a_sentence);
