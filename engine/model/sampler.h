@@ -21,7 +21,10 @@
  * token of probability 0 as the least typical, where llama.cpp's entropy becomes NaN;
  * probabilities and Mirostat's estimates are computed in double precision from logit
  * differences; and the random numbers are the sampler's own stream, so no seed gives
- * llama.cpp's text. The numbers of the steps are llama.cpp's; sampler.c says each one.
+ * llama.cpp's text. Where llama.cpp changed, llmsd follows the later one: typical keeps
+ * at least one token with min_keep 0 (the February 2025 one kept them all), and
+ * top-n-sigma has its place in the chain, <= 0 off (it had replaced the chain). The
+ * numbers of the steps are llama.cpp's; sampler.c says each one.
  *
  * A sampler owns scratch sized for the vocabulary (and DRY's window) when it is created;
  * sampling never allocates. One sampler serves one generation stream at a time (no
