@@ -554,7 +554,9 @@ static void sampled_alike(const char *name, const char *model, const char *extra
 
 /* A seeded sampled completion is the same text however often it is asked for, with
  * speculation on as with it off: the drafts (and whether the measured gate lets a step
- * have them) change only how many tokens a step takes, not which. */
+ * have them) change only how many tokens a step takes, not which. So too with the
+ * samplers that keep state or look at the history (Mirostat's mu, XTC's random numbers,
+ * DRY, locally typical): each token is sampled as plain decoding samples it. */
 static void seeded_sample_same_text(void)
 {
     const char *m = test_data_path("models/stories260K.gguf");
@@ -566,22 +568,33 @@ static void seeded_sample_same_text(void)
     CHECK_MSG(start(&d, "seeded", m, NULL) == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, "spec");
     CHECK(c);
-    char *plain = NULL;
-    for (int run = 0; c && run < 4; run++) {
-        llms_params p = greedy(200, run ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF);
-        p.temperature = 0.7f;
-        p.has_seed = 1;
-        p.seed = 42;
-        llms_result r;
-        CHECK_EQ(llms_complete(c, PROMPTS[1], NULL, 0, &p, NULL, NULL, &r), LLMS_OK);
-        if (run == 0)
-            plain = strdup(r.text);
-        else
-            CHECK_MSG(plain && !strcmp(plain, r.text), "run %d:\n plain '%s'\n spec  '%s'", run,
-                      plain ? plain : "", r.text);
-        llms_result_free(&r);
+    for (int sampler = 0; sampler < 5; sampler++) {
+        char *plain = NULL;
+        for (int run = 0; c && run < 4; run++) {
+            llms_params p = greedy(200, run ? LLMS_SPECULATION_LOOKUP : LLMS_SPECULATION_OFF);
+            p.temperature = 0.7f;
+            p.has_seed = 1;
+            p.seed = 42;
+            if (sampler == 1)
+                p.mirostat = 2, p.mirostat_tau = 3.0f;
+            else if (sampler == 2)
+                p.xtc_probability = 0.5f, p.xtc_threshold = 0.1f;
+            else if (sampler == 3)
+                p.dry_multiplier = 0.8f;
+            else if (sampler == 4)
+                p.typical_p = 0.9f;
+            llms_result r;
+            CHECK_EQ(llms_complete(c, PROMPTS[1], NULL, 0, &p, NULL, NULL, &r), LLMS_OK);
+            if (run == 0)
+                plain = strdup(r.text);
+            else
+                CHECK_MSG(plain && !strcmp(plain, r.text),
+                          "sampler %d, run %d:\n plain '%s'\n spec  '%s'", sampler, run,
+                          plain ? plain : "", r.text);
+            llms_result_free(&r);
+        }
+        free(plain);
     }
-    free(plain);
     llms_daemon_status st;
     CHECK(c && proc_status(c, &st) == 0);
     CHECK_MSG(st.spec_lookup_accepted > 0, "no draft was accepted");
