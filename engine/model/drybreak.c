@@ -95,14 +95,17 @@ int drybreak_tokens(const tokenizer *tok, const char *const *texts, int n,
                     sampler_breaker **out, int *n_out, char err[ERR_MAX])
 {
     seqs s = {0};
-    char *text = NULL;
-    size_t text_cap = 0;
+    size_t text_cap = 256;
     int n_brk = 0, rc = 0;
     *out = NULL;
     *n_out = 0;
+    char *text = malloc(text_cap);
     breaker *brk = calloc(n > 0 ? (size_t)n : 1, sizeof *brk);
-    if (!brk)
+    if (!text || !brk) {
+        free(text);
+        free(brk);
         return err_set(err, "DRY sequence breakers: out of memory");
+    }
     for (int i = 0; i < n; i++) {
         size_t len = strlen(texts[i]);
         if (len > 0)

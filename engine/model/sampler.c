@@ -713,6 +713,8 @@ static void step_top_n_sigma(sampler *s, chain *ch)
         if (c[i].logit != -INFINITY)
             acc += (c[i].logit - mean) * (c[i].logit - mean);
     double cut = max - s->p.top_n_sigma * sqrt(acc / finite);
+    if (isnan(cut))
+        return; /* an infinite logit: no spread to measure */
     int kept = 0;
     for (int i = 0; i < ch->n; i++)
         if (c[i].logit >= cut)

@@ -45,7 +45,7 @@ static bool holds(const sampler_breaker *seqs, int n, int32_t head, const int32_
 {
     for (int i = 0; i < n; i++)
         if (seqs[i].head == head && seqs[i].n_tail == n_tail &&
-            memcmp(seqs[i].tail, tail, sizeof *tail * (size_t)n_tail) == 0)
+            (n_tail == 0 || memcmp(seqs[i].tail, tail, sizeof *tail * (size_t)n_tail) == 0))
             return true;
     return false;
 }
