@@ -40,11 +40,15 @@ void responses_req_free(struct responses_req *rs)
 /* ---- the request as a chat ---- */
 
 /* Fields of the body the chat route takes under the same names: OpenAI's sampling fields,
- * and the chat's own (seed, top_k, ...) as llama.cpp's and vLLM's Responses take them. */
+ * and the chat's own (seed, top_k, llama.cpp's samplers, ...) as llama.cpp's and vLLM's
+ * Responses take them. */
 static const char *const chat_fields[] = {
     "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p",
     "repeat_penalty", "frequency_penalty", "presence_penalty", "stop", "logit_bias",
-    "ignore_eos", "speculation",
+    "ignore_eos", "speculation", "min_keep", "typical_p", "top_n_sigma", "xtc_probability",
+    "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base",
+    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",
+    "mirostat_tau", "mirostat_eta", "samplers",
 };
 
 /* The member key of o when it is there and not null (JSON's null asks for nothing, as for

@@ -140,6 +140,43 @@ static void text_equals_chat(void)
     }
 }
 
+/* llama.cpp's samplers, which the chat route takes as extra fields, reach the chat a
+ * Responses body asks for: a seeded sample under each equals the chat's, and a value out
+ * of range is refused as the chat refuses it. */
+static void llamacpp_samplers_reach_the_chat(void)
+{
+    NEED_DOCS();
+    static const char *const samplers[] = {
+        "\"mirostat\":2,\"mirostat_tau\":3,\"mirostat_eta\":0.2",
+        "\"typical_p\":0.5,\"min_keep\":2",
+        "\"xtc_probability\":1,\"xtc_threshold\":0.05",
+        "\"dry_multiplier\":0.8,\"dry_base\":1.5,\"dry_allowed_length\":1,"
+        "\"dry_penalty_last_n\":32,\"dry_sequence_breakers\":[\".\"]",
+        "\"dynatemp_range\":0.5,\"dynatemp_exponent\":2,\"top_n_sigma\":1.5",
+        "\"samplers\":[\"top_k\",\"temperature\"],\"top_k\":5",
+    };
+    for (size_t i = 0; i < sizeof samplers / sizeof samplers[0]; i++) {
+        char body[1024];
+        int st;
+        snprintf(body, sizeof body, "{\"input\":\"What is a context?\",\"seed\":5,"
+                 "\"temperature\":0.9,\"max_output_tokens\":24,%s}", samplers[i]);
+        json_object *resp = post("/v1/responses", body, &st);
+        CHECK_MSG(resp && st == 200, "%s: %d %s", samplers[i], st, json_text(resp));
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":"
+                 "\"What is a context?\"}],\"seed\":5,\"temperature\":0.9,\"max_tokens\":24,"
+                 "%s}", samplers[i]);
+        json_object *chat = post("/v1/chat/completions", body, &st);
+        CHECK_MSG(chat && st == 200, "%s: %d %s", samplers[i], st, json_text(chat));
+        check_same_as_chat(resp, chat);
+        json_object_put(chat);
+        json_object_put(resp);
+    }
+    int st;
+    json_object *o = post("/v1/responses", "{\"input\":\"hi\",\"mirostat\":7}", &st);
+    CHECK_MSG(st == 400 && strstr(json_text(o), "mirostat"), "%d %s", st, json_text(o));
+    json_object_put(o);
+}
+
 /* Instructions long enough that their prompt passes step_tokens (16): the prompt cache
  * keeps it. */
 #define LONG_INSTRUCTIONS "You answer questions about llmsd from its manual, briefly and plainly."
@@ -873,6 +910,7 @@ int main(int argc, char **argv)
                        sizeof tool_model);
     RUN(text_equals_chat);
     RUN(response_object_shape);
+    RUN(llamacpp_samplers_reach_the_chat);
     RUN(streamed_equals_whole);
     RUN(text_format_is_response_format);
     RUN(refusals_are_400);
