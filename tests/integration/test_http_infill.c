@@ -425,7 +425,7 @@ static void refusals_name_the_field(void)
         {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\",\"input_extra\":[{\"text\":\"t\","
          "\"filename\":2}]}",
          400, "\"filename\" field must be a string"},
-        {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\",\"mirostat\":2}", 400, "mirostat"},
+        {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\",\"tfs_z\":0.5}", 400, "tfs_z"},
         {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\",\"n_predict\":-2}", 400, "n_predict"},
         {"{\"input_prefix\":\"a\",\"input_suffix\":\"b\",\"model\":\"nonesuch\"}", 404,
          "nonesuch"},
