@@ -152,3 +152,25 @@ out:
     free(all.ids);
     return rc;
 }
+
+int infill_bare_tokens(const tokenizer *tok, const char *prefix, const char *suffix,
+                       int32_t **out, int *n, char err[ERR_MAX])
+{
+    toks all = {0};
+    if ((tok_add_bos(tok) && push(&all, tok_bos(tok), err)) ||
+        push(&all, tok_special(tok, TOK_SPECIAL_FIM_PRE), err) ||
+        push_text(&all, tok, prefix, strlen(prefix), false, err) ||
+        push(&all, tok_special(tok, TOK_SPECIAL_FIM_SUF), err) ||
+        push_text(&all, tok, suffix, strlen(suffix), false, err) ||
+        push(&all, tok_special(tok, TOK_SPECIAL_FIM_MID), err)) {
+        free(all.ids);
+        return -1;
+    }
+    if (all.n > INT32_MAX) {
+        free(all.ids);
+        return err_set(err, "the prompt is %u tokens", all.n);
+    }
+    *out = all.ids;
+    *n = (int)all.n;
+    return 0;
+}

@@ -57,4 +57,15 @@ bool infill_supported(const tokenizer *tok, char *msg, size_t cap);
 int infill_tokens(const tokenizer *tok, const infill_parts *p, int n_ctx, int64_t n_predict,
                   int32_t **out, int *n, char err[ERR_MAX]);
 
+/*
+ * The tokens of a fill-in-the-middle prompt as ollama's templates of code models write
+ * it (/api/generate's "suffix": qwen2.5-coder's "<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>
+ * {{ .Suffix }}<|fim_middle|>"): BOS when the tokenizer adds one, FIM_PRE prefix FIM_SUF
+ * suffix FIM_MID, the texts tokenized without special tokens, nothing cut (a prompt past
+ * the window is a Complete's to refuse). Into a fresh array (*out, free() it; *n
+ * tokens); tok must have the tokens infill_supported asks for. 0, or -1 with err.
+ */
+int infill_bare_tokens(const tokenizer *tok, const char *prefix, const char *suffix,
+                       int32_t **out, int *n, char err[ERR_MAX]);
+
 #endif

@@ -4,11 +4,12 @@
  * as NDJSON lines, ollama's default, or answered whole), /api/embed and /api/embeddings
  * native Embeds; /api/version, /api/tags, /api/ps and /api/show are answered from the
  * registry's view; model management (/api/pull and the rest) is refused, as the models
- * are the settings' and llmsctl's. Errors are ollama's {"error": "..."}.
+ * are the settings' and llmsctl's; a suffix fills in the middle (daemon/infill.h).
+ * Errors are ollama's {"error": "..."}.
  *
  * What ollama does that llmsd does not is refused naming the field (images, a
- * template of the request's own, suffix, context tokens, tail-free sampling, which
- * llama.cpp has removed), as the OpenAI routes refuse theirs: a
+ * template of the request's own, context tokens, tail-free sampling, which llama.cpp has
+ * removed), as the OpenAI routes refuse theirs: a
  * reply that ignored them would pass for one that honoured them. What only concerns how
  * ollama runs its models (keep_alive, num_gpu, num_thread, ...) is read and ignored:
  * llmsd keeps its models loaded and runs them its own way. A chat's tools are
@@ -21,6 +22,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "daemon/infill.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/tok/chat.h"
@@ -292,7 +294,8 @@ void ollama_refuse_manage(http *h, httpwire_conn *wc)
 
 /* The fields of a request (or of a chat message, where) that ask for what llmsd does not
  * produce, refused naming the field (a chat's tools and its messages' tool_calls are
- * toolcall.c's; /api/generate's tools are refused apart). 0, or -1 with msg. */
+ * toolcall.c's; /api/generate's tools are refused apart, its suffix is
+ * fill_in_the_middle's). 0, or -1 with msg. */
 static int refuse_unproduced(json_object *o, const char *where, char *msg, size_t cap)
 {
     static const struct {
@@ -301,7 +304,6 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
         {"images", "images are not supported (no vision models)"},
         {"template", "a request's own template is not supported (the model's chat template "
                      "renders it)"},
-        {"suffix", "insertion (fill in the middle) is not supported"},
         /* ollama answers a model that cannot think the same way; a reply without its
          * "thinking" would pass for one that had none */
         {"think", "thinking is not separated from the reply"},
@@ -657,12 +659,44 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     httpwire_stream_end(hr->wc);
 }
 
+/* /api/generate's prompt and suffix as the fill-in-the-middle prompt ollama's templates
+ * of code models write (daemon/infill.h), laid out with the tokenizer the gateway holds:
+ * the default generate model's, so the request must run on that one. Into part (its
+ * tokens fresh: free them). 0, or -1 with msg: a model without FIM tokens "does not
+ * support insert", as ollama says it. */
+static int fill_in_the_middle(hreq *hr, const char *prompt, const char *suffix,
+                              Llms__PromptPart *part, char *msg, size_t cap)
+{
+    const models_view_entry *dflt = http_view_default(hr->h, MODELS_GENERATE);
+    const tokenizer *tok = hr->h->senv.tok;
+    char err[ERR_MAX], why[128];
+    if (!dflt || strcmp(dflt->name, hr->model) != 0) {
+        snprintf(msg, cap, "'suffix' runs on the default generate model '%s', not '%s'",
+                 dflt ? dflt->name : "", reply_model(hr));
+        return -1;
+    }
+    if (!tok || !infill_supported(tok, why, sizeof why)) {
+        snprintf(msg, cap, "'suffix': %s does not support insert", reply_model(hr));
+        return -1;
+    }
+    int32_t *ids;
+    int n;
+    if (infill_bare_tokens(tok, prompt, suffix, &ids, &n, err)) {
+        snprintf(msg, cap, "%s", err);
+        return -1;
+    }
+    part->tokens = ids;
+    part->n_tokens = (size_t)n;
+    return 0;
+}
+
 void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     bool chat = hr->route == R_OLLAMA_CHAT;
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
+    Llms__PromptPart part = LLMS__PROMPT_PART__INIT, *part_ptr = &part;
     json_object *v, *msgs = NULL;
     char *rendered = NULL;
     gp.stop = (char **)stops;
@@ -696,12 +730,16 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         stops[gp.n_stop++] = chat_stop_text(hr->family);
         cr.prompt = rendered;
     } else {
-        const char *prompt = "", *system = NULL;
+        const char *prompt = "", *system = NULL, *suffix = NULL;
         bool raw = false;
         if ((rc = jsonfield_get(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
             goto bad;
         if (rc)
             prompt = json_object_get_string(v);
+        if ((rc = jsonfield_get(hr->body, "suffix", "", json_type_string, &v, msg, cap)) < 0)
+            goto bad;
+        if (rc && json_object_get_string_len(v))
+            suffix = json_object_get_string(v);
         if ((rc = jsonfield_get(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
             goto bad;
         if (rc && json_object_get_string_len(v))
@@ -713,28 +751,46 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             snprintf(msg, cap, "'system' goes through the chat template, which 'raw' leaves out");
             goto bad;
         }
+        /* ollama's templates of code models write a suffix's prompt without the system
+         * message, and a raw prompt without the suffix: neither would be honoured */
+        if (suffix && (raw || system)) {
+            snprintf(msg, cap, "'%s': a prompt with a suffix is the model's fill-in-the-middle "
+                     "prompt, which has no place for it", raw ? "raw" : "system");
+            goto bad;
+        }
         /* an empty prompt is ollama's "load the model" call, a system prompt or not */
         if (!prompt[0]) {
             answer_load(hr);
             return;
         }
-        /* not raw: the prompt is the user's turn, through the model's chat template */
-        cr.prompt = (char *)prompt;
-        cr.system_prompt = (char *)system;
-        cr.has_chat = 1;
-        cr.chat = !raw;
+        if (suffix) {
+            if (fill_in_the_middle(hr, prompt, suffix, &part, msg, cap))
+                goto bad;
+            cr.prompt = "";
+            cr.prompt_parts = &part_ptr;
+            cr.n_prompt_parts = 1;
+        } else {
+            /* not raw: the prompt is the user's turn, through the model's chat template */
+            cr.prompt = (char *)prompt;
+            cr.system_prompt = (char *)system;
+            cr.has_chat = 1;
+            cr.chat = !raw;
+        }
     }
     cr.params = &gp;
     cr.model = hr->model[0] ? hr->model : NULL;
     if (hr->stream && !(hr->sse = evbuffer_new())) {
         free(rendered);
+        free(part.tokens);
         ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     r->body_case = LLMS__REQUEST__BODY_COMPLETE;
     r->complete = &cr;
+    /* packed into a request of its own: the prompt's tokens are not needed after */
     http_submit(hr, r);
     free(rendered);
+    free(part.tokens);
     return;
 bad:
     bad_request(hr, msg);

@@ -12,7 +12,9 @@
  * token ids the test lays out (greedy text and n_probs' log-probabilities alike); then
  * the budget's cut of a long prefix, suffix and extra context, streaming, FIM_SEP
  * ending a reply, the refusals (400, llama.cpp's shape), the model's name, and random
- * bodies (never a 5xx). The model without FIM tokens (501) is test_http_llamacpp's.
+ * bodies (never a 5xx); ollama's /api/generate with a suffix, laid out as ollama's
+ * templates of code models write it. The model without FIM tokens (501) is
+ * test_http_llamacpp's (ollama's 400 test_http_ollama's).
  */
 #include <json-c/json.h>
 #include <signal.h>
@@ -394,6 +396,55 @@ static void file_separator_ends_the_reply(void)
     json_object_put(o);
 }
 
+/* ollama's /api/generate with a suffix fills in the middle as ollama's templates of code
+ * models write it (qwen2.5-coder's: FIM_PRE prompt FIM_SUF suffix FIM_MID, nothing of
+ * llama.cpp's repo-level lines, nothing cut): the reply is /completion's for those ids
+ * (greedy); "raw" and "system", which such a prompt leaves out, are refused, and the
+ * default generate model is the one whose tokenizer the gateway holds. */
+static void ollama_suffix_is_fill_in_the_middle(void)
+{
+    NEED();
+    ids want = {.n = 0};
+    add(&want, BOS), add(&want, PRE), add_text(&want, "def f(x):\n");
+    add(&want, SUF), add_text(&want, "    return y\n"), add(&want, MID);
+    int st;
+    json_object *o = post("/api/generate",
+                          "{\"model\":\"fim\",\"prompt\":\"def f(x):\\n\",\"suffix\":"
+                          "\"    return y\\n\",\"stream\":false,\"options\":{\"temperature\":0,"
+                          "\"num_predict\":12}}", &st);
+    CHECK_MSG(st == 200 && httpc_jstr(o, "response"), "%d %s", st, json_text(o));
+    CHECK_MSG(jint(o, "prompt_eval_count") == want.n, "%d tokens, want %d: %s",
+              (int)jint(o, "prompt_eval_count"), want.n, json_text(o));
+    char body[4096];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < want.n; i++)
+        at += (size_t)snprintf(body + at, sizeof body - at, "%s%d", i ? "," : "", want.v[i]);
+    snprintf(body + at, sizeof body - at, "],\"n_predict\":12,\"temperature\":0}");
+    json_object *ref = post("/completion", body, &st);
+    CHECK_MSG(st == 200 && jeq(o, "response", httpc_jstr(ref, "content")),
+              "/api/generate %s\n/completion %s", json_text(o), json_text(ref));
+    json_object_put(ref);
+    json_object_put(o);
+    static const struct {
+        const char *body;
+        int status;
+        const char *says;
+    } bad[] = {
+        {"{\"model\":\"fim\",\"prompt\":\"a\",\"suffix\":\"b\",\"raw\":true}", 400, "raw"},
+        {"{\"model\":\"fim\",\"prompt\":\"a\",\"suffix\":\"b\",\"system\":\"s\"}", 400,
+         "system"},
+        {"{\"model\":\"fim\",\"prompt\":\"a\",\"suffix\":1}", 400, "suffix"},
+        {"{\"model\":\"second\",\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "default"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o = post("/api/generate", bad[i].body, &st);
+        const char *err = httpc_jstr(o, "error");
+        CHECK_MSG(st == bad[i].status && err && strstr(err, bad[i].says), "%s: %d %s",
+                  bad[i].body, st, json_text(o));
+        json_object_put(o);
+    }
+}
+
 /* What is no infill is refused 400 in llama.cpp's error shape, naming the field; a model
  * that is not served is 404, another generate model than the default 400. */
 static void refusals_name_the_field(void)
@@ -545,6 +596,7 @@ int main(int argc, char **argv)
     RUN(long_prefix_and_suffix_are_cut);
     RUN(streamed_equals_whole);
     RUN(file_separator_ends_the_reply);
+    RUN(ollama_suffix_is_fill_in_the_middle);
     RUN(refusals_name_the_field);
     RUN(random_bodies_never_5xx);
     RUN(daemon_exits_cleanly);

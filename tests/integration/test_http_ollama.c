@@ -580,7 +580,7 @@ static void errors_are_ollama_shaped(void)
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}",
          400, "tools"},
         {"/api/generate", "{\"prompt\":\"x\",\"template\":\"{{ .Prompt }}\"}", 400, "template"},
-        {"/api/generate", "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix"},
+        {"/api/generate", "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "does not support insert"},
         {"/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"think\":true}",
          400, "think"},
         {"/api/generate", "{\"prompt\":\"x\",\"context\":[1,2,3]}", 400, "context"},
