@@ -412,6 +412,9 @@ static enum llms_status pack_newer_samplers(llms_conn *c, const llms_params *p,
         *floats[i].to = floats[i].from;
         pb->any_set |= *floats[i].has;
     }
+    /* 0, which neither takes, is a zeroed struct's (llms.h): unset, not refused */
+    g->has_typical_p &= p->typical_p != 0;
+    g->has_dry_base &= p->dry_base != 0;
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
         *ints[i].has = ints[i].from != LLMS_UNSET;
         *ints[i].to = ints[i].from;

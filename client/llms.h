@@ -174,7 +174,8 @@ typedef struct llms_params {
     /* llama.cpp's other samplers, under its server's names (unset: off, with llama.cpp's
        numbers for their settings; the README's "The engine" says what each does) */
     int32_t min_keep;        /* top-p, min-p, typical and XTC keep this many; 0: one */
-    float typical_p;         /* locally typical sampling, (0, 1]; 1: off */
+    float typical_p;         /* locally typical sampling, (0, 1]; 1 (or 0, a zeroed
+                                struct's): off */
     float top_n_sigma;       /* keep logits within n standard deviations of the best;
                                 <= 0: off */
     float xtc_probability;   /* XTC: how often the top choices go, [0, 1]; 0: off */
@@ -184,7 +185,7 @@ typedef struct llms_params {
     float dynatemp_exponent; /* [0, 100] */
     float dry_multiplier;    /* DRY (a token extending a repetition loses multiplier *
                                 base ^ (length - allowed)), [0, 100]; 0: off */
-    float dry_base;          /* [1, 100] */
+    float dry_base;          /* [1, 100]; 0 (a zeroed struct's): llama.cpp's 1.75 */
     int32_t dry_allowed_length;  /* >= 0 */
     int32_t dry_penalty_last_n;  /* tokens looked back at; -1: the window; 0: off */
     const char *const *dry_sequence_breakers; /* (n_dry_sequence_breakers, at most 64) texts

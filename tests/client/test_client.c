@@ -32,6 +32,8 @@ static int seen_has_top_k;
 /* llama.cpp's other samplers of the last CreateContext's defaults */
 static int seen_mirostat = -1, seen_has_dry_multiplier, seen_order[4];
 static float seen_typical_p;
+/* the defaults of a context made with a zeroed llms_params (system prompt "zeroed") */
+static int zeroed_seen, zeroed_has_newer;
 static size_t seen_n_breakers, seen_n_order;
 static char seen_breaker[16];
 static Llms__RerankRequest seen_rerank;  /* scalar fields of the last Rerank */
@@ -147,7 +149,12 @@ static int serve_one(int fd, Llms__Request *q)
     }
     case LLMS__REQUEST__BODY_CREATE_CONTEXT: {
         send_ok(fd, 9999); /* a frame for an id the client never used */
-        if (q->create_context->defaults) {
+        const char *sys = q->create_context->system_prompt;
+        if (sys && !strcmp(sys, "zeroed")) {
+            const Llms__GenerationParams *d = q->create_context->defaults;
+            zeroed_seen = 1;
+            zeroed_has_newer = d && (d->has_typical_p || d->has_dry_base);
+        } else if (q->create_context->defaults) {
             const Llms__GenerationParams *d = q->create_context->defaults;
             seen_temperature = d->temperature;
             seen_has_top_k = d->has_top_k;
@@ -440,6 +447,13 @@ static void stream_and_errors(void)
     p.dry_sequence_breakers = NULL;
     CHECK_EQ(llms_context_create(c, "sys", &p, id), LLMS_ERR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(llms_last_error(c), "dry_sequence_breakers"), "%s", llms_last_error(c));
+    /* A zeroed struct, as apps built before .so.6 wrote one ({.temperature = 0, ...}),
+     * leaves llama.cpp's samplers off: its typical_p and dry_base of 0, which no sampler
+     * takes, are not sent, so the daemon does not refuse them. */
+    llms_params zero;
+    memset(&zero, 0, sizeof zero);
+    CHECK_EQ(llms_context_create(c, "zeroed", &zero, id), LLMS_OK);
+    CHECK(zeroed_seen && !zeroed_has_newer);
 
     struct collect col = {0};
     llms_result res;
