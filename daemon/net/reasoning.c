@@ -1,0 +1,152 @@
+/* reasoning.c — a reply's reasoning told apart from its content (reasoning.h). */
+#include "daemon/net/reasoning.h"
+
+#include <string.h>
+
+/* The close marker, with the line break before it that goes with it. */
+#define CLOSE_NL "\n" REASONING_CLOSE
+
+void reasoning_init(reasoning_split *s, bool opened)
+{
+    memset(s, 0, sizeof *s);
+    s->state = opened ? REASONING_LEAD : REASONING_AT_START;
+}
+
+size_t reasoning_fed(const reasoning_split *s)
+{
+    return s->fed;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/*
+ * One feed reads the bytes held back before it (copied to s->out) and then the piece, as
+ * one run V: position p < n_out is s->out[p], the others the piece's p - n_out.
+ */
+typedef struct run {
+    reasoning_split *s;
+    const char *text;
+    size_t n_out, len;
+    reasoning_span *spans;
+    int n_spans;
+} run;
+
+static char at(const run *r, size_t p)
+{
+    return p < r->n_out ? r->s->out[p] : r->text[p - r->n_out];
+}
+
+/* V[a..b) as a span or two (the held bytes' part, the piece's part). */
+static void give(run *r, bool reasoning, size_t a, size_t b)
+{
+    if (a < r->n_out && a < b) {
+        size_t e = b < r->n_out ? b : r->n_out;
+        r->spans[r->n_spans++] = (reasoning_span){reasoning, r->s->out + a, e - a};
+        a = e;
+    }
+    if (a < b)
+        r->spans[r->n_spans++] = (reasoning_span){reasoning, r->text + (a - r->n_out), b - a};
+}
+
+/* Whether V[a..b) begins marker (is a prefix of it, the whole of it included). */
+static bool begins(const run *r, size_t a, size_t b, const char *marker)
+{
+    size_t m = strlen(marker);
+    if (b - a > m)
+        return false;
+    for (size_t p = a; p < b; p++)
+        if (at(r, p) != marker[p - a])
+            return false;
+    return true;
+}
+
+static bool is_marker(const run *r, size_t a, size_t b, const char *marker)
+{
+    return b - a == strlen(marker) && begins(r, a, b, marker);
+}
+
+/* Whether V[a..b) may still grow into the close marker (a proper prefix of it, with or
+ * without the line break). */
+static bool may_close(const run *r, size_t a, size_t b)
+{
+    return (b - a < strlen(CLOSE_NL) && begins(r, a, b, CLOSE_NL)) ||
+           (b - a < strlen(REASONING_CLOSE) && begins(r, a, b, REASONING_CLOSE));
+}
+
+int reasoning_feed(reasoning_split *s, const char *text, size_t n, bool end,
+                   reasoning_span *spans)
+{
+    memcpy(s->out, s->held, s->n_held);
+    run r = {s, text, s->n_held, s->n_held + n, spans, 0};
+    s->n_held = 0;
+    s->fed += n;
+    /* V[from..held) is decided and not given yet, V[held..p) held back */
+    size_t from = 0, held = 0;
+    for (size_t p = 0; p < r.len; p++) {
+        char c = at(&r, p);
+        switch (s->state) {
+        case REASONING_AT_START:
+            if (!begins(&r, 0, p + 1, REASONING_OPEN)) {
+                s->state = REASONING_CONTENT;
+                break;
+            }
+            if (p + 1 == strlen(REASONING_OPEN)) {
+                s->state = REASONING_LEAD;
+                from = held = p + 1;
+            }
+            continue;
+        case REASONING_LEAD:
+        case REASONING_AFTER:
+            if (is_space(c)) {
+                from = held = p + 1;
+                continue;
+            }
+            s->state = s->state == REASONING_LEAD ? REASONING_IN : REASONING_CONTENT;
+            break;
+        default:
+            break;
+        }
+        if (s->state == REASONING_CONTENT)
+            break;
+        /* REASONING_IN: V[held..p] the bytes that may be the close marker */
+        if (is_marker(&r, held, p + 1, REASONING_CLOSE) || is_marker(&r, held, p + 1, CLOSE_NL)) {
+            give(&r, true, from, held);
+            s->state = REASONING_AFTER;
+            from = held = p + 1;
+            continue;
+        }
+        while (held <= p && !may_close(&r, held, p + 1))
+            held++;
+    }
+    if (s->state == REASONING_CONTENT) {
+        give(&r, false, from, r.len);
+        return r.n_spans;
+    }
+    if (end) {
+        /* a block never closed is reasoning to the end; a reply that only began as
+         * "<think>" is content */
+        give(&r, s->state != REASONING_AT_START, from, r.len);
+        return r.n_spans;
+    }
+    give(&r, true, from, held);
+    for (size_t p = held; p < r.len; p++)
+        s->held[s->n_held++] = at(&r, p);
+    return r.n_spans;
+}
+
+void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_span *reasoning,
+                          reasoning_span *content)
+{
+    reasoning_split s;
+    reasoning_span spans[REASONING_SPANS];
+    reasoning_init(&s, opened);
+    int k = reasoning_feed(&s, text, n, true, spans);
+    *reasoning = (reasoning_span){true, text, 0};
+    *content = (reasoning_span){false, text, 0};
+    /* nothing was held before: each kind is one run of text */
+    for (int i = 0; i < k; i++)
+        *(spans[i].reasoning ? reasoning : content) = spans[i];
+}
