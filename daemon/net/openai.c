@@ -1195,7 +1195,7 @@ static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t ca
 {
     char date[16];
     today(date);
-    char *out = toolcall_render(&hr->tools, msgs, date, msg, cap);
+    char *out = toolcall_render(&hr->tools, msgs, date, true, msg, cap);
     if (out && hr->tools.parse && !(hr->scan = toolcall_scan_new(&hr->tools))) {
         free(out);
         snprintf(msg, cap, "out of memory");

@@ -502,8 +502,8 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
-                           "are supported with chatml, hermes, llama3 and Mistral Nemo's "
-                           "mistral-v3-tekken templates)", chat_family_name(f));
+                           "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3 "
+                           "and Mistral Nemo's mistral-v3-tekken templates)", chat_family_name(f));
         return -1;
     }
     ts->defs = calloc(n, sizeof *ts->defs);
@@ -752,8 +752,8 @@ static const char *refusal_reason(enum chat_family f)
     return "";
 }
 
-char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
-                      size_t cap)
+char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date,
+                      bool enable_thinking, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs), n_calls = count_calls(msgs);
     rendering r = {
@@ -774,7 +774,8 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         if (read_message(&r, i, json_object_array_get_idx(msgs, i), msg, cap) < 0)
             goto done;
     const char *const *defs = (const char *const *)ts->defs;
-    int len = chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, NULL, 0);
+    int len = chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true,
+                               enable_thinking, NULL, 0);
     if (len < 0) {
         snprintf(msg, cap, "the messages cannot be rendered with tools in the %s format%s",
                  chat_family_name(ts->family),
@@ -785,7 +786,8 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         snprintf(msg, cap, "out of memory");
         goto done;
     }
-    chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, out, (size_t)len + 1);
+    chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, enable_thinking,
+                     out, (size_t)len + 1);
     if (ts->forced) {
         const char *opening = forced_opening(ts);
         char *with = realloc(out, (size_t)len + strlen(opening) + 1);

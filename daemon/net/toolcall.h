@@ -66,12 +66,13 @@ int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
  * "tool_calls", tool) rendered with ts's tools and the assistant opening (with a forced
  * tool_choice, the call's opening too: chatml's "<tool_call>\n", mistral's
- * "[TOOL_CALLS]["); date is llama3's "Today Date". Call ids become mistral's 9 letters
+ * "[TOOL_CALLS]["); date is llama3's "Today Date", enable_thinking the template's switch
+ * (chat_apply_think). Call ids become mistral's 9 letters
  * and digits: an id's last 9, '0's before fewer; without one, the call's position in the
  * conversation (a result without one answers the calls before it in order). Fresh
  * string, or NULL with msg. */
-char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date, char *msg,
-                      size_t cap);
+char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date,
+                      bool enable_thinking, char *msg, size_t cap);
 
 /* A reply being scanned for calls. */
 typedef struct toolcall_scan toolcall_scan;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/tok/chatthink.h"
 #include "engine/tok/textwriter.h"
 
 static const char *const family_names[] = {
@@ -29,6 +30,8 @@ static const char *const family_names[] = {
     [CHAT_DEEPSEEK] = "deepseek",
     [CHAT_MONARCH] = "monarch",
     [CHAT_MEGREZ] = "megrez",
+    [CHAT_QWEN3] = "qwen3",
+    [CHAT_QWEN3_THINKING] = "qwen3-thinking",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -116,8 +119,17 @@ enum chat_family chat_detect(const char *t)
     for (int f = 0; f < N_FAMILIES; f++)
         if (strcmp(t, family_names[f]) == 0)
             return (enum chat_family)f;
-    if (strstr(t, "<|im_start|>"))
-        return strstr(t, "You are a function calling AI model.") ? CHAT_HERMES : CHAT_CHATML;
+    if (strstr(t, "<|im_start|>")) {
+        if (strstr(t, "You are a function calling AI model."))
+            return CHAT_HERMES;
+        if (!strstr(t, "</think>"))
+            return CHAT_CHATML;
+        /* the opening as a Jinja string writes it ('\n') or with a real line break */
+        return strstr(t, "<|im_start|>assistant\\n<think>") ||
+                       strstr(t, "<|im_start|>assistant\n<think>")
+                   ? CHAT_QWEN3_THINKING
+                   : CHAT_QWEN3;
+    }
     if (strncmp(t, "mistral", 7) == 0 || strstr(t, "[INST]"))
         return detect_inst(t);
     /* the rest in llama.cpp's order, which matters where a template has two markers */
@@ -148,6 +160,8 @@ const char *chat_stop_text(enum chat_family f)
     switch (f) {
     case CHAT_CHATML:
     case CHAT_HERMES:
+    case CHAT_QWEN3:
+    case CHAT_QWEN3_THINKING:
         return "<|im_end|>";
     case CHAT_LLAMA3:
         return "<|eot_id|>";
@@ -166,6 +180,52 @@ const char *chat_stop_text(enum chat_family f)
     default:
         return "</s>";
     }
+}
+
+enum chat_think chat_thinking(enum chat_family f)
+{
+    switch (f) {
+    case CHAT_QWEN3:
+    case CHAT_DEEPSEEK3:
+        return CHAT_THINK_REPLY;
+    case CHAT_QWEN3_THINKING:
+        return CHAT_THINK_OPENED;
+    default:
+        return CHAT_THINK_NONE;
+    }
+}
+
+/* The last occurrence of needle in hay[0..n), or NULL. */
+static const char *last_in(const char *hay, size_t n, const char *needle)
+{
+    const char *found = NULL;
+    for (const char *p = hay; (p = memmem(p, n - (size_t)(p - hay), needle, strlen(needle)));
+         p++)
+        found = p;
+    return found;
+}
+
+bool chat_think_parts(const char *content, const char **reasoning, size_t *n_reasoning,
+                      const char **answer)
+{
+    static const char open[] = "<think>", close[] = "</think>";
+    const char *first = strstr(content, close);
+    *reasoning = content;
+    *n_reasoning = 0;
+    *answer = content;
+    if (!first)
+        return false;
+    *answer = last_in(content, strlen(content), close) + sizeof close - 1;
+    const char *r = last_in(content, (size_t)(first - content), open);
+    r = r ? r + sizeof open - 1 : content;
+    const char *e = first;
+    while (r < e && *r == '\n')
+        r++;
+    while (e > r && e[-1] == '\n')
+        e--;
+    *reasoning = r;
+    *n_reasoning = (size_t)(e - r);
+    return true;
 }
 
 /* Content with leading and trailing whitespace removed (trim=true) or as is. */
@@ -259,6 +319,8 @@ static void apply_mistral(textwriter *w, enum chat_family f, const struct chat_m
  * every message but the first (monarch's "<s>": the tokenizer adds the first). */
 struct turn_format {
     const char *open[3], *close[3], *gen, *later;
+    bool answer_only; /* an assistant message is written without its reasoning: what
+                         follows its last "</think>" (the R1 distills' template) */
 };
 
 static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
@@ -277,7 +339,7 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
     [CHAT_FALCON3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
                       {"\n", "\n", "\n"}, "<|assistant|>\n", ""},
     [CHAT_DEEPSEEK3] = {{"", "<｜User｜>", "<｜Assistant｜>"},
-                        {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", ""},
+                        {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", "", true},
     /* OpenChat's own template writes "GPT4 Correct System: "; llama.cpp follows the
      * authors' advice of a bare system message */
     [CHAT_OPENCHAT] = {{"", "GPT4 Correct User: ", "GPT4 Correct Assistant: "},
@@ -301,17 +363,59 @@ static void apply_turns(textwriter *w, const struct turn_format *tf, const struc
 {
     for (int i = 0; i < n; i++) {
         enum role r = role_of(&msgs[i]);
+        const char *reasoning, *text = msgs[i].content;
+        size_t n_reasoning;
+        if (tf->answer_only && r == ROLE_ASSISTANT)
+            chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &text);
         textwriter_put(w, i > 0 ? tf->later : "");
         textwriter_put(w, tf->open[r]);
-        textwriter_put(w, msgs[i].content);
+        textwriter_put(w, text);
         textwriter_put(w, tf->close[r]);
     }
     if (gen)
         textwriter_put(w, tf->gen);
 }
 
+/* Qwen3's template (chat.h): the first system message, then each message as a chatml
+ * turn but assistant ones, written as chatthink_put_reply says. */
+static void apply_qwen3(textwriter *w, enum chat_family f, const struct chat_message *msgs,
+                        int n, bool gen, bool enable_thinking)
+{
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (chatthink_is_query(msgs[i].role, msgs[i].content)) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        if (role_of(&msgs[i]) == ROLE_ASSISTANT) {
+            chatthink_put_reply(w, msgs[i].content, i > last_query, i == n - 1);
+            textwriter_put(w, "<|im_end|>\n");
+            continue;
+        }
+        textwriter_put(w, "<|im_start|>");
+        textwriter_put(w, msgs[i].role);
+        textwriter_put(w, "\n");
+        textwriter_put(w, msgs[i].content);
+        textwriter_put(w, "<|im_end|>\n");
+    }
+    if (!gen)
+        return;
+    textwriter_put(w, "<|im_start|>assistant\n");
+    if (f == CHAT_QWEN3_THINKING)
+        textwriter_put(w, "<think>\n");
+    else if (!enable_thinking)
+        textwriter_put(w, "<think>\n\n</think>\n\n");
+}
+
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap)
+{
+    return chat_apply_think(f, msgs, n, add_generation_prompt, true, out, cap);
+}
+
+int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
+                     bool add_generation_prompt, bool enable_thinking, char *out, size_t cap)
 {
     if ((int)f < 0 || (int)f >= N_FAMILIES || n < 0 || (n > 0 && !msgs) || (cap > 0 && !out))
         return -1;
@@ -342,6 +446,10 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
     case CHAT_MISTRAL_V3:
     case CHAT_MISTRAL_V3_TEKKEN:
         apply_mistral(&w, f, msgs, n);
+        break;
+    case CHAT_QWEN3:
+    case CHAT_QWEN3_THINKING:
+        apply_qwen3(&w, f, msgs, n, add_generation_prompt, enable_thinking);
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt);

@@ -55,7 +55,9 @@ enum chat_family {
     /* "sys\n\n<｜User｜>user<｜Assistant｜>assistant<｜end▁of▁sentence｜>"
      * (DeepSeek-R1-Distill-Llama/Qwen). Their template writes the system message without
      * "\n\n" and opens the reply with "<think>\n"; llama.cpp's format, kept here, does
-     * neither, and the model writes "<think>" itself */
+     * neither, and the model writes "<think>" itself. As their template, and unlike
+     * llama.cpp's format, an earlier reply is written without its reasoning (what follows
+     * its last "</think>") */
     CHAT_DEEPSEEK3,
     /* "GPT4 Correct User: user<|end_of_turn|>GPT4 Correct Assistant: ..." (OpenChat 3.5,
      * Starling) */
@@ -71,10 +73,21 @@ enum chat_family {
     CHAT_MONARCH,
     /* "<|role_start|>role<|role_end|>content<|turn_end|>" (Megrez-3B-Instruct) */
     CHAT_MEGREZ,
+    /* chatml as Qwen3's template writes it (the hybrid thinking models): an earlier
+     * reply's reasoning ("<think>...</think>" before its answer) dropped from the history,
+     * an assistant message after the last user query written with its block
+     * ('<think>\n' + reasoning + '\n</think>\n\n' + answer); with enable_thinking false
+     * the generation prompt closes an empty block ("<think>\n\n</think>\n\n") */
+    CHAT_QWEN3,
+    /* qwen3 whose generation prompt opens the block, "<|im_start|>assistant\n<think>\n",
+     * whatever enable_thinking says (Qwen3's Thinking-2507 models, QwQ-32B, whose own
+     * template differs only in dropping every earlier reply's reasoning and in writing its
+     * tools' system turn with two more line breaks when there is no system message) */
+    CHAT_QWEN3_THINKING,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_MEGREZ + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_QWEN3_THINKING + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -84,8 +97,10 @@ enum chat_family {
  * templates: one that ends a user message with eos_token or "</s>" is zephyr, another
  * with "<|assistant|>" falcon3 (llama.cpp takes TinyLlama's and Falcon3's templates for
  * GLM-Edge's), and for Hermes' tool_use template: "<|im_start|>" with its system prompt's
- * "You are a function calling AI model." is hermes. NULL or anything else gives
- * CHAT_PLAIN.
+ * "You are a function calling AI model." is hermes, and "<|im_start|>" with the think
+ * markers ("</think>", which Qwen3's and QwQ's templates split earlier replies at) is
+ * qwen3, or qwen3-thinking where the generation prompt opens the block
+ * ('<|im_start|>assistant\n<think>'). NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
@@ -103,7 +118,7 @@ const char *chat_family_name(enum chat_family f);
 #define CHAT_FAMILY_NAMES                                                                    \
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
-    "vicuna|vicuna-orca|deepseek|monarch|megrez"
+    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -121,6 +136,35 @@ struct chat_message {
  */
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap);
+
+/* chat_apply with the templates' enable_thinking (chat_apply's is true, their default):
+ * false makes qwen3's generation prompt close an empty block, so that the model answers
+ * without thinking; the other families' templates have no such switch and ignore it. */
+int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
+                     bool add_generation_prompt, bool enable_thinking, char *out, size_t cap);
+
+/* How a family's replies carry reasoning: "<think>...</think>" before the answer, which
+ * the gateway tells apart from it (daemon/net/reasoning.h). */
+enum chat_think {
+    CHAT_THINK_NONE,   /* its templates have no think markers: a reply is all answer */
+    CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3) */
+    CHAT_THINK_OPENED, /* the generation prompt opened it: a reply begins inside it
+                          (qwen3-thinking) */
+};
+
+/* The families whose templates have the think markers, as chat_detect found them in the
+ * template's text; CHAT_THINK_NONE for the others and for an unknown family. */
+enum chat_think chat_thinking(enum chat_family f);
+
+/*
+ * An assistant message's text as the thinking templates read it back (Qwen3's and the R1
+ * distills'): when it holds "</think>", *answer is what follows its last one (nothing
+ * stripped) and the reasoning (*reasoning, *n_reasoning bytes) what precedes its first,
+ * after the last "<think>" before that, line breaks stripped at both ends; true then.
+ * Otherwise false, *answer the whole text and no reasoning.
+ */
+bool chat_think_parts(const char *content, const char **reasoning, size_t *n_reasoning,
+                      const char **answer);
 
 /*
  * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>",

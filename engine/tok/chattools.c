@@ -1,5 +1,5 @@
-/* chattools.c — conversations with tools in the chatml, hermes, llama3 and mistral
- * formats (chattools.h). */
+/* chattools.c — conversations with tools in the chatml (Qwen2.5's and Qwen3's), hermes,
+ * llama3 and mistral formats (chattools.h). */
 #include "engine/tok/chattools.h"
 
 #include <limits.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/jsonesc.h"
+#include "engine/tok/chatthink.h"
 #include "engine/tok/textwriter.h"
 
 static const struct chat_tool_syntax chatml_syntax = {"<tool_call>", "</tool_call>", "arguments",
@@ -20,6 +21,8 @@ const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
     switch (f) {
     case CHAT_CHATML:
     case CHAT_HERMES: /* the same calls: Qwen2.5 took Hermes' style */
+    case CHAT_QWEN3:
+    case CHAT_QWEN3_THINKING:
         return &chatml_syntax;
     case CHAT_LLAMA3:
         return &llama3_syntax;
@@ -97,16 +100,13 @@ static void chatml_turn(textwriter *w, const struct chat_tool_message *m)
     textwriter_put(w, "<|im_end|>\n");
 }
 
-/* An assistant turn with calls; with_text (Qwen's): the text said before them first. */
-static void chatml_calls(textwriter *w, const struct chat_tool_message *m, bool with_text)
+/* The calls of an assistant turn, each after a line break but a first one right after
+ * the opening (Qwen3's template: after its empty content), and the end of the turn. */
+static void chatml_call_list(textwriter *w, const struct chat_tool_message *m, bool first_break)
 {
-    textwriter_put(w, "<|im_start|>assistant");
-    if (with_text && m->content[0]) {
-        textwriter_put(w, "\n");
-        textwriter_put(w, m->content);
-    }
     for (int k = 0; k < m->n_calls; k++) {
-        textwriter_put(w, "\n<tool_call>\n{\"name\": \"");
+        textwriter_put(w, k > 0 || first_break ? "\n" : "");
+        textwriter_put(w, "<tool_call>\n{\"name\": \"");
         textwriter_put(w, m->calls[k].name);
         textwriter_put(w, "\", \"arguments\": ");
         textwriter_put(w, m->calls[k].arguments);
@@ -115,10 +115,31 @@ static void chatml_calls(textwriter *w, const struct chat_tool_message *m, bool 
     textwriter_put(w, "<|im_end|>\n");
 }
 
-static int apply_chatml(textwriter *w, const char *const *tools, int n_tools,
-                        const struct chat_tool_message *msgs, int n, bool gen)
+/* An assistant turn with calls; with_text (Qwen's): the text said before them first. */
+static void chatml_calls(textwriter *w, const struct chat_tool_message *m, bool with_text)
 {
-    int first = n > 0 && is_role(&msgs[0], "system");
+    textwriter_put(w, "<|im_start|>assistant");
+    if (with_text && m->content[0]) {
+        textwriter_put(w, "\n");
+        textwriter_put(w, m->content);
+    }
+    chatml_call_list(w, m, true);
+}
+
+/* Qwen2.5's template, or Qwen3's (f qwen3 or qwen3-thinking: an assistant message as
+ * chatthink_put_reply writes it, its calls after it, and the generation prompt as
+ * chat_apply_think writes it). */
+static int apply_chatml(textwriter *w, enum chat_family f, const char *const *tools, int n_tools,
+                        const struct chat_tool_message *msgs, int n, bool gen,
+                        bool enable_thinking)
+{
+    bool qwen3 = f == CHAT_QWEN3 || f == CHAT_QWEN3_THINKING;
+    int first = n > 0 && is_role(&msgs[0], "system"), last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (chatthink_is_query(msgs[i].role, msgs[i].content)) {
+            last_query = i;
+            break;
+        }
     chatml_tools_turn(w, first ? msgs[0].content : NULL, tools, n_tools);
     for (int i = first; i < n; i++) {
         const struct chat_tool_message *m = &msgs[i];
@@ -131,14 +152,22 @@ static int apply_chatml(textwriter *w, const char *const *tools, int n_tools,
             textwriter_put(w, "\n</tool_response>");
             if (i == n - 1 || !is_role(&msgs[i + 1], "tool"))
                 textwriter_put(w, "<|im_end|>\n");
+        } else if (qwen3 && is_role(m, "assistant")) {
+            bool content = chatthink_put_reply(w, m->content, i > last_query, i == n - 1);
+            chatml_call_list(w, m, content);
         } else if (m->n_calls > 0) {
             chatml_calls(w, m, true);
         } else {
             chatml_turn(w, m);
         }
     }
-    if (gen)
-        textwriter_put(w, "<|im_start|>assistant\n");
+    if (!gen)
+        return 0;
+    textwriter_put(w, "<|im_start|>assistant\n");
+    if (f == CHAT_QWEN3_THINKING)
+        textwriter_put(w, "<think>\n");
+    else if (f == CHAT_QWEN3 && !enable_thinking)
+        textwriter_put(w, "<think>\n\n</think>\n\n");
     return 0;
 }
 
@@ -345,7 +374,7 @@ static int apply_mistral(textwriter *w, const char *const *tools, int n_tools,
 
 int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, const char *date,
                      const struct chat_tool_message *msgs, int n, bool add_generation_prompt,
-                     char *out, size_t cap)
+                     bool enable_thinking, char *out, size_t cap)
 {
     if (!chat_tool_syntax(f) || n_tools < 0 || (n_tools > 0 && !tools) || !date || n < 0 ||
         (n > 0 && !msgs) || (cap > 0 && !out))
@@ -366,7 +395,8 @@ int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, 
     else if (f == CHAT_MISTRAL_V3_TEKKEN)
         rc = apply_mistral(&w, tools, n_tools, msgs, n);
     else
-        rc = apply_chatml(&w, tools, n_tools, msgs, n, add_generation_prompt);
+        rc = apply_chatml(&w, f, tools, n_tools, msgs, n, add_generation_prompt,
+                          enable_thinking);
     if (cap > 0)
         out[w.len < cap ? w.len : cap - 1] = '\0';
     return rc < 0 || w.len > INT_MAX ? -1 : (int)w.len;

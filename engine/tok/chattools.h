@@ -10,6 +10,10 @@
  *           one user turn. With no system message Qwen3's form (no default persona:
  *           chatml serves many models that are not Qwen) — Qwen2.5 would add "You are
  *           Qwen, created by Alibaba Cloud...".
+ *   qwen3, qwen3-thinking  the same, with Qwen3's reading of an assistant message's
+ *           reasoning and its generation prompt (chat.h): a message before the last query
+ *           written without its reasoning, one after it (a call of the current turn) with
+ *           its block, its calls right after the block when it has no other text.
  *   hermes  Hermes 2 Pro (Llama-3-8B) / Hermes 3 (Llama-3.1-8B), whose tool_use templates
  *           are one text: a system turn "You are a function calling AI model..." listing
  *           the tools after "<tools> " (each on its own line as the template writes it:
@@ -90,7 +94,8 @@ int chat_tools_indent(enum chat_family f);
  * Writes the prompt of msgs[0..n) with the tools' definitions (tools[0..n_tools), each the
  * text of {"type": "function", "function": {...}} as the family's template writes it:
  * tojson, indented as chat_tools_indent asks; mistral's strings unescaped; hermes' the
- * template's own line) like chat_apply (snprintf-style, the full length returned). date is llama3's "Today Date"
+ * template's own line) like chat_apply_think (snprintf-style, the full length returned;
+ * enable_thinking as there). date is llama3's "Today Date"
  * ("26 Jul 2024"). -1 for a family without tool syntax, a NULL field, an unknown role, a
  * call outside an assistant message, and where the template itself refuses: llama3 with
  * more than one call in a message or no user message to hold the tools; mistral with a
@@ -100,6 +105,6 @@ int chat_tools_indent(enum chat_family f);
  */
 int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, const char *date,
                      const struct chat_tool_message *msgs, int n, bool add_generation_prompt,
-                     char *out, size_t cap);
+                     bool enable_thinking, char *out, size_t cap);
 
 #endif

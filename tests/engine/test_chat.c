@@ -240,6 +240,50 @@ static const char CHATML_DEFAULT[] =
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
     "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/* Qwen/Qwen3-8B (the hybrid thinking models): its history and generation prompt */
+static const char QWEN3[] =
+    "{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n"
+    "        {%- set content = message.content %}\n"
+    "        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is defined and message.reasoning_content is not "
+    "none %}\n"
+    "            {%- set reasoning_content = message.reasoning_content %}\n"
+    "        {%- else %}\n"
+    "            {%- if '</think>' in message.content %}\n"
+    "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "                {%- set reasoning_content = message.content.split('</think>')[0]"
+    ".rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
+    "            {%- endif %}\n"
+    "        {%- endif %}\n"
+    "        {%- if loop.index0 > ns.last_query_index %}\n"
+    "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + "
+    "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+    "            {%- else %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "            {%- endif %}\n"
+    "        {%- else %}\n"
+    "            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "        {%- endif %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}";
+
+/* Qwen/QwQ-32B: the generation prompt opens the block (Qwen3-*-Thinking-2507 as well) */
+static const char QWQ[] =
+    "{%- elif message.role == \"assistant\" and not message.tool_calls %}\n"
+    "        {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n<think>\\n' }}\n"
+    "{%- endif %}\n";
+
 static void detects_real_templates(void)
 {
     CHECK_EQ(chat_detect(QWEN2), CHAT_CHATML);
@@ -270,6 +314,8 @@ static void detects_more_llama_and_qwen_families(void)
         {DEEPSEEK_CODER, "deepseek"},    {VICUNA, "vicuna"},
         {VICUNA_ORCA, "vicuna-orca"},    {MONARCH, "monarch"},
         {MEGREZ, "megrez"},
+        /* chatml with the think markers */
+        {QWEN3, "qwen3"},                {QWQ, "qwen3-thinking"},
         /* "<|user|>" templates of other architectures stay plain: Phi-3's, GLM-Edge's
          * (THUDM/glm-edge-1.5b-chat), StableLM zephyr's "<|endoftext|>" written as text */
         {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>'}}",
@@ -408,6 +454,12 @@ static const struct {
      "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi "
      "there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another "
      "question[/INST]"},
+    /* Qwen3's template: the same for a conversation without reasoning */
+    {CHAT_QWEN3,
+     "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|"
+     "im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are "
+     "you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|"
+     ">user\nAnother question<|im_end|>\n<|im_start|>assistant\n"},
     /* llama.cpp's "zephyr" with "</s>" for its "<|endoftext|>" (chat.h) */
     {CHAT_ZEPHYR,
      "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n"
@@ -531,6 +583,147 @@ static void unknown_role_and_bad_input_are_errors(void)
     CHECK_EQ(chat_apply(CHAT_CHATML, CONV, 1, true, NULL, 10), -1);
 }
 
+/* Which families' replies carry reasoning, and where it begins. */
+static void thinking_families(void)
+{
+    CHECK_EQ(chat_thinking(CHAT_QWEN3), CHAT_THINK_REPLY);
+    CHECK_EQ(chat_thinking(CHAT_DEEPSEEK3), CHAT_THINK_REPLY);
+    CHECK_EQ(chat_thinking(CHAT_QWEN3_THINKING), CHAT_THINK_OPENED);
+    CHECK_EQ(chat_thinking(CHAT_CHATML), CHAT_THINK_NONE);
+    CHECK_EQ(chat_thinking(CHAT_LLAMA3), CHAT_THINK_NONE);
+    CHECK_EQ(chat_thinking((enum chat_family)99), CHAT_THINK_NONE);
+    /* Qwen2.5's chatml has no think markers; Hermes' neither */
+    CHECK_EQ(chat_detect(QWEN2), CHAT_CHATML);
+    CHECK_EQ(chat_detect(QWEN3), CHAT_QWEN3);
+    CHECK_EQ(chat_detect(QWQ), CHAT_QWEN3_THINKING);
+    CHECK_EQ(chat_detect(R1_DISTILL), CHAT_DEEPSEEK3);
+    /* the opening written with a real line break in the template's string */
+    CHECK_EQ(chat_detect("{{ '<|im_start|>assistant\n<think>\n' }}{# </think> #}"),
+             CHAT_QWEN3_THINKING);
+}
+
+/* An assistant message's reasoning and answer as the thinking templates split it. */
+static void think_parts(void)
+{
+    const char *r, *a;
+    size_t n;
+    CHECK(chat_think_parts("<think>\nx\n</think>\n\nHi", &r, &n, &a));
+    CHECK(n == 1 && *r == 'x' && !strcmp(a, "\n\nHi"));
+    /* the reasoning: before the first close, after the last open before it, its line
+     * breaks stripped; the answer: after the last close (Qwen3's split('</think>')) */
+    CHECK(chat_think_parts("\n<think>a<think>\nb\n\n</think>c</think>d", &r, &n, &a));
+    CHECK(n == 1 && *r == 'b' && !strcmp(a, "d"));
+    CHECK(chat_think_parts("no open</think>d", &r, &n, &a));
+    CHECK(n == 7 && !strncmp(r, "no open", 7) && !strcmp(a, "d"));
+    CHECK(!chat_think_parts("<think>unclosed", &r, &n, &a));
+    CHECK(n == 0 && !strcmp(a, "<think>unclosed"));
+}
+
+/* Qwen3's template, rendered by hand from its text (QWEN3 above) for:
+ *   system "You are a helpful assistant", user "Hello",
+ *   assistant "<think>\nGreet back.\n</think>\n\nHi there", user "Who are you".
+ * The assistant message comes before the last user message (loop.index0 <=
+ * ns.last_query_index): its content is message.content.split('</think>')[-1]
+ * .lstrip('\n'), "Hi there", written after '<|im_start|>assistant\n' with no block. The
+ * generation prompt is '<|im_start|>assistant\n', and with enable_thinking false
+ * '<think>\n\n</think>\n\n' after it. */
+static void qwen3_drops_earlier_reasoning(void)
+{
+    static const struct chat_message conv[] = {
+        {"system", "You are a helpful assistant"},
+        {"user", "Hello"},
+        {"assistant", "<think>\nGreet back.\n</think>\n\nHi there"},
+        {"user", "Who are you"},
+    };
+    static const char want[] =
+        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello"
+        "<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are "
+        "you<|im_end|>\n<|im_start|>assistant\n";
+    char out[1024], no_think[1024];
+    CHECK_EQ(chat_apply(CHAT_QWEN3, conv, 4, true, out, sizeof out), (int)strlen(want));
+    CHECK_MSG(!strcmp(out, want), "%s", out);
+    /* enable_thinking true is the template's default */
+    CHECK_EQ(chat_apply_think(CHAT_QWEN3, conv, 4, true, true, out, sizeof out), (int)strlen(want));
+    CHECK(!strcmp(out, want));
+    snprintf(no_think, sizeof no_think, "%s<think>\n\n</think>\n\n", want);
+    CHECK_EQ(chat_apply_think(CHAT_QWEN3, conv, 4, true, false, out, sizeof out),
+             (int)strlen(no_think));
+    CHECK_MSG(!strcmp(out, no_think), "%s", out);
+    /* only the generation prompt reads it */
+    CHECK(chat_apply_think(CHAT_QWEN3, conv, 4, false, false, out, sizeof out) > 0);
+    CHECK(!strcmp(out, "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>"
+                       "user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n"
+                       "<|im_start|>user\nWho are you<|im_end|>\n"));
+    /* the families whose templates have no switch ignore it */
+    CHECK(chat_apply_think(CHAT_CHATML, conv + 3, 1, true, false, out, sizeof out) > 0);
+    CHECK(!strcmp(out, "<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+/* An assistant message after the last user one (loop.index0 > ns.last_query_index) keeps
+ * its reasoning: written '<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' +
+ * content.lstrip('\n') when it is the last message or has reasoning, else as it is. A
+ * user message that is a tool response ("<tool_response>...</tool_response>") is no
+ * query. Qwen3's template by hand, no generation prompt. */
+static void qwen3_keeps_reasoning_after_the_last_query(void)
+{
+    static const struct {
+        struct chat_message m[4];
+        int n;
+        const char *want;
+    } C[] = {
+        {{{"user", "Hi"}, {"assistant", "<think>\nhmm\n</think>\n\nHello"}}, 2,
+         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\n"
+         "Hello<|im_end|>\n"},
+        /* the last message without reasoning: an empty block all the same */
+        {{{"user", "Hi"}, {"assistant", "Hello"}}, 2,
+         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+         "Hello<|im_end|>\n"},
+        /* not the last, no reasoning: as it is; the last, with reasoning */
+        {{{"user", "Hi"}, {"assistant", "\nA"}, {"assistant", "<think>r</think>\n\nB"}}, 3,
+         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n\nA<|im_end|>\n"
+         "<|im_start|>assistant\n<think>\nr\n</think>\n\nB<|im_end|>\n"},
+        {{{"user", "Hi"}, {"assistant", "<think>r</think>A"},
+          {"user", "<tool_response>\n7\n</tool_response>"}, {"assistant", "B"}}, 4,
+         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA"
+         "<|im_end|>\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n"
+         "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n"},
+        /* no user message at all: none is after the last query */
+        {{{"system", "S"}, {"assistant", "<think>r</think>\nA"}}, 2,
+         "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"},
+    };
+    char out[1024];
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        int len = chat_apply(CHAT_QWEN3, C[i].m, C[i].n, false, out, sizeof out);
+        CHECK_MSG(len == (int)strlen(C[i].want) && !strcmp(out, C[i].want),
+                  "%zu: got\n%s\n---- expected\n%s", i, out, C[i].want);
+    }
+}
+
+/* QwQ's and Qwen3 Thinking's generation prompt opens the block, whatever enable_thinking
+ * says (their templates have no switch); the R1 distills' template drops an earlier
+ * reply's reasoning too (content.split('</think>')[-1], nothing stripped after it). */
+static void opened_and_r1_templates(void)
+{
+    static const struct chat_message conv[] = {
+        {"user", "Hello"},
+        {"assistant", "<think>\nGreet back.\n</think>\n\nHi there"},
+        {"user", "Who are you"},
+    };
+    static const char want_qwq[] =
+        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n"
+        "<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    char out[1024];
+    for (int think = 0; think < 2; think++) {
+        CHECK(chat_apply_think(CHAT_QWEN3_THINKING, conv, 3, true, think, out, sizeof out) > 0);
+        CHECK_MSG(!strcmp(out, want_qwq), "%s", out);
+    }
+    CHECK(chat_apply(CHAT_DEEPSEEK3, conv, 3, true, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "<｜User｜>Hello<｜Assistant｜>\n\nHi there<｜end▁of▁sentence｜>"
+                           "<｜User｜>Who are you<｜Assistant｜>"), "%s", out);
+    CHECK_EQ(strcmp(chat_stop_text(CHAT_QWEN3), "<|im_end|>"), 0);
+    CHECK_EQ(strcmp(chat_stop_text(CHAT_QWEN3_THINKING), "<|im_end|>"), 0);
+}
+
 static void stop_texts_per_family(void)
 {
     CHECK(strcmp(chat_stop_text(CHAT_CHATML), "<|im_end|>") == 0);
@@ -570,6 +763,11 @@ int main(void)
     RUN(generation_prompt_is_optional);
     RUN(buffer_too_small_is_truncated_and_sized);
     RUN(unknown_role_and_bad_input_are_errors);
+    RUN(thinking_families);
+    RUN(think_parts);
+    RUN(qwen3_drops_earlier_reasoning);
+    RUN(qwen3_keeps_reasoning_after_the_last_query);
+    RUN(opened_and_r1_templates);
     RUN(stop_texts_per_family);
     return test_finish();
 }

@@ -10,6 +10,7 @@
  * Conversation B (chatml): user, an assistant's text and two calls, two results, an
  * assistant reply, user. Conversation L (llama3): user, a call of search with nested
  * arguments, its result, user. Conversation R (hermes): user, two calls, their results. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -601,11 +602,12 @@ static const struct chat_tool_message MCONV_RESULT_LAST[] = {
 static char *render_gen(enum chat_family f, const char *const *tools, int n_tools,
                         const char *date, const struct chat_tool_message *msgs, int n, bool gen)
 {
-    int len = chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, NULL, 0);
+    int len = chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, true, NULL, 0);
     if (len < 0)
         return NULL;
     char *s = malloc((size_t)len + 1);
-    if (s && chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, s, (size_t)len + 1) != len) {
+    if (s && chat_apply_tools(f, tools, n_tools, date, msgs, n, gen, true, s, (size_t)len + 1) !=
+                 len) {
         free(s);
         return NULL;
     }
@@ -654,6 +656,88 @@ static void chatml_matches_qwen(void)
     const char *one[] = {WEATHER_LINE}, *two[] = {WEATHER_LINE, SEARCH_LINE};
     check_render(CHAT_CHATML, one, 1, "26 Jul 2024", CONV_A, N(CONV_A), CHATML_ONE_TOOL);
     check_render(CHAT_CHATML, two, 2, "26 Jul 2024", CONV_B, N(CONV_B), CHATML_TWO_TOOLS);
+}
+
+/* Qwen3's template (its text: tests/engine/test_chat.c's QWEN3 and the tools part of
+ * Qwen-Qwen3-0.6B.jinja) by hand. Without reasoning it writes conversations A and B as
+ * Qwen2.5 does but for the persona (chatml's). Conversation T: user, an assistant call of
+ * get_weather with reasoning before it, its result. The call comes after the last query
+ * (the user message) and has reasoning: '<|im_start|>assistant\n<think>\n' + reasoning +
+ * '\n</think>\n\n' + content ("" after the split), then the call without a line break
+ * before it (content is empty); the result in a user turn; the generation prompt, with
+ * enable_thinking false '<think>\n\n</think>\n\n' after it. */
+static const struct chat_tool_call WEATHER_PARIS = {"get_weather", "{\"city\": \"Paris\"}", NULL};
+static const struct chat_tool_message CONV_T[] = {
+    {"user", "What is the weather in Paris?", NULL, 0, NULL},
+    {"assistant", "<think>\nI should call the tool.\n</think>\n\n", &WEATHER_PARIS, 1, NULL},
+    {"tool", "sunny", NULL, 0, NULL},
+};
+static const char QWEN3_T[] =
+    "<|im_start|>system\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"descripti"
+    "on\": \"Get the weather in a city\", \"parameters\": {\"type\": \"object\", \""
+    "properties\": {\"city\": {\"type\": \"string\", \"description\": \"the city\"}"
+    ", \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, "
+    "\"required\": [\"city\"]}}}\n"
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "What is the weather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<think>\n"
+    "I should call the tool.\n"
+    "</think>\n"
+    "\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n"
+    "sunny\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+static void qwen3_matches_its_template(void)
+{
+    const char *one[] = {WEATHER_LINE}, *two[] = {WEATHER_LINE, SEARCH_LINE};
+    check_render(CHAT_QWEN3, one, 1, "x", CONV_A, N(CONV_A), CHATML_ONE_TOOL);
+    check_render(CHAT_QWEN3, two, 2, "x", CONV_B, N(CONV_B), CHATML_TWO_TOOLS);
+    check_render(CHAT_QWEN3, one, 1, "x", CONV_T, N(CONV_T), QWEN3_T);
+    char want[2048], got[2048];
+    snprintf(want, sizeof want, "%s<think>\n\n</think>\n\n", QWEN3_T);
+    CHECK_EQ(chat_apply_tools(CHAT_QWEN3, one, 1, "x", CONV_T, N(CONV_T), true, false, got,
+                              sizeof got), (int)strlen(want));
+    CHECK_MSG(!strcmp(got, want), "%s", got);
+    /* text after the block comes before the call, a line break between them */
+    struct chat_tool_message t[3];
+    memcpy(t, CONV_T, sizeof t);
+    t[1].content = "<think>r</think>\n\nLet me check.";
+    CHECK(chat_apply_tools(CHAT_QWEN3, one, 1, "x", t, 3, false, true, got, sizeof got) > 0);
+    CHECK_MSG(strstr(got, "<|im_start|>assistant\n<think>\nr\n</think>\n\nLet me check.\n"
+                          "<tool_call>\n{\"name\""), "%s", got);
+    /* an earlier turn's call (before the last query) drops its reasoning */
+    struct chat_tool_message u[4];
+    memcpy(u, CONV_T, sizeof CONV_T);
+    u[3] = (struct chat_tool_message){"user", "Thanks", NULL, 0, NULL};
+    CHECK(chat_apply_tools(CHAT_QWEN3, one, 1, "x", u, 4, true, true, got, sizeof got) > 0);
+    CHECK_MSG(strstr(got, "<|im_start|>assistant\n<tool_call>\n{\"name\"") &&
+                  !strstr(got, "I should"), "%s", got);
+    /* the thinking models' generation prompt opens the block */
+    CHECK(chat_apply_tools(CHAT_QWEN3_THINKING, one, 1, "x", CONV_T, N(CONV_T), true, false,
+                           got, sizeof got) > 0);
+    snprintf(want, sizeof want, "%s<think>\n", QWEN3_T);
+    CHECK_MSG(!strcmp(got, want), "%s", got);
 }
 
 static void llama3_matches_llama_3_x(void)
@@ -735,7 +819,7 @@ static void refusals(void)
     CHECK(!render(CHAT_LLAMA3, one, 1, "26 Jul 2024", CONV_A, 1));
     for (int f = 0; f < CHAT_N_FAMILIES; f++) {
         bool has = f == CHAT_CHATML || f == CHAT_HERMES || f == CHAT_LLAMA3 ||
-                   f == CHAT_MISTRAL_V3_TEKKEN;
+                   f == CHAT_MISTRAL_V3_TEKKEN || f == CHAT_QWEN3 || f == CHAT_QWEN3_THINKING;
         CHECK_EQ(chat_tool_syntax((enum chat_family)f) != NULL, has);
         if (!has)
             CHECK(!render((enum chat_family)f, one, 1, "26 Jul 2024", CONV_A, N(CONV_A)));
@@ -756,8 +840,10 @@ static void syntax_and_indent_per_family(void)
     s = chat_tool_syntax(CHAT_MISTRAL_V3_TEKKEN);
     CHECK(s && !strcmp(s->open, "[TOOL_CALLS]") && !s->close && !strcmp(s->args_key, "arguments") &&
           !s->whole && s->array);
-    /* Hermes' calls are Qwen's */
+    /* Hermes' calls are Qwen's, and Qwen3's */
     CHECK(chat_tool_syntax(CHAT_HERMES) == chat_tool_syntax(CHAT_CHATML));
+    CHECK(chat_tool_syntax(CHAT_QWEN3) == chat_tool_syntax(CHAT_CHATML));
+    CHECK(chat_tool_syntax(CHAT_QWEN3_THINKING) == chat_tool_syntax(CHAT_CHATML));
     CHECK_EQ(chat_tools_indent(CHAT_CHATML), 0);
     CHECK_EQ(chat_tools_indent(CHAT_HERMES), 0);
     CHECK_EQ(chat_tools_indent(CHAT_LLAMA3), 4);
@@ -769,7 +855,7 @@ static void small_buffer_is_sized(void)
 {
     const char *one[] = {WEATHER_LINE};
     char small[16];
-    int len = chat_apply_tools(CHAT_CHATML, one, 1, "x", CONV_A, N(CONV_A), true, small,
+    int len = chat_apply_tools(CHAT_CHATML, one, 1, "x", CONV_A, N(CONV_A), true, true, small,
                                sizeof small);
     CHECK_EQ(len, (int)strlen(CHATML_ONE_TOOL));
     CHECK_EQ(strlen(small), sizeof small - 1);
@@ -779,6 +865,7 @@ static void small_buffer_is_sized(void)
 int main(void)
 {
     RUN(chatml_matches_qwen);
+    RUN(qwen3_matches_its_template);
     RUN(llama3_matches_llama_3_x);
     RUN(mistral_matches_nemo);
     RUN(hermes_matches_its_tool_use_template);
