@@ -24,19 +24,26 @@ int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add
     return 0;
 }
 
-/* chat_apply into a fresh string. */
-static char *render(enum chat_family f, const struct chat_message *msgs, int n, bool gen,
-                    char err[ERR_MAX])
+/* chat_apply_think into a fresh string. */
+static char *render_think(enum chat_family f, const struct chat_message *msgs, int n, bool gen,
+                          bool enable_thinking, char err[ERR_MAX])
 {
-    int need = chat_apply(f, msgs, n, gen, NULL, 0);
+    int need = chat_apply_think(f, msgs, n, gen, enable_thinking, NULL, 0);
     char *s = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (!s) {
         err_set(err, need < 0 ? "the chat template cannot render the conversation"
                               : "out of memory");
         return NULL;
     }
-    chat_apply(f, msgs, n, gen, s, (size_t)need + 1);
+    chat_apply_think(f, msgs, n, gen, enable_thinking, s, (size_t)need + 1);
     return s;
+}
+
+/* chat_apply into a fresh string. */
+static char *render(enum chat_family f, const struct chat_message *msgs, int n, bool gen,
+                    char err[ERR_MAX])
+{
+    return render_think(f, msgs, n, gen, true, err);
 }
 
 /* When G does not continue the rendering full (held is its first hl bytes), what follows
@@ -175,7 +182,7 @@ int prompt_sink_tokens(const tokenizer *tok, enum chat_family family, const char
 }
 
 char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,
-                           const char *system_prompt, char err[ERR_MAX])
+                           const char *system_prompt, bool enable_thinking, char err[ERR_MAX])
 {
     if (!chat) {
         char *s = strdup(prompt);
@@ -188,7 +195,7 @@ char *prompt_complete_text(enum chat_family family, const char *prompt, bool cha
     if (system_prompt)
         msgs[n++] = (struct chat_message){"system", system_prompt};
     msgs[n++] = (struct chat_message){"user", prompt};
-    return render(family, msgs, n, true, err);
+    return render_think(family, msgs, n, true, enable_thinking, err);
 }
 
 int prompt_parts_tokens(const tokenizer *tok, Llms__PromptPart *const *parts, size_t n,

@@ -54,9 +54,10 @@ int prompt_sink_tokens(const tokenizer *tok, enum chat_family family, const char
                        int at_least);
 
 /* The prompt text of a stateless Complete: the prompt, or with chat the conversation
- * [system_prompt?, prompt] rendered with the assistant opening. Fresh string. */
+ * [system_prompt?, prompt] rendered with the assistant opening (and the template's
+ * enable_thinking). Fresh string. */
 char *prompt_complete_text(enum chat_family family, const char *prompt, bool chat,
-                           const char *system_prompt, char err[ERR_MAX]);
+                           const char *system_prompt, bool enable_thinking, char err[ERR_MAX]);
 
 /* The tokens of a Complete's prompt_parts (n of them): each text part tokenized as a
  * Complete's prompt is (special tokens parsed; BOS only when it is the first part), each

@@ -463,7 +463,8 @@ static int node_keys(rag *r, rag_query *q, char err[ERR_MAX])
 static int build_prompt(rag *r, rag_query *q, char *const *texts, char err[ERR_MAX])
 {
     const char *sys = q->rq->system_prompt ? q->rq->system_prompt : r->env.cfg->rag_system_prompt;
-    char *rendered = prompt_complete_text(r->env.family, RAG_MARK, true, sys[0] ? sys : NULL, err);
+    char *rendered = prompt_complete_text(r->env.family, RAG_MARK, true, sys[0] ? sys : NULL, true,
+                                          err);
     if (!rendered)
         return -1;
     char *mark = strstr(rendered, RAG_MARK);

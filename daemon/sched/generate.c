@@ -421,8 +421,10 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
                                     &n_turn, err))
                 goto fail;
         } else {
+            bool thinking = !cr || !cr->has_enable_thinking || cr->enable_thinking;
             char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt,
-                                              templated, gg ? NULL : cr->system_prompt, err);
+                                              templated, gg ? NULL : cr->system_prompt, thinking,
+                                              err);
             if (!text)
                 goto fail;
             int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn,
