@@ -906,8 +906,8 @@ int main(int argc, char **argv)
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
     const char *p = test_data_path("models/docs-lm-21M-F16.gguf");
     docs_path = p ? strdup(p) : NULL;
-    toolmodel_generate("resptools", CALL_PIECE, "{{ '<|im_start|>' }}", NULL, tool_model,
-                       sizeof tool_model);
+    toolmodel_generate("resptools", CALL_PIECE, "{{ '<|im_start|>' }}", NULL, NULL, 0,
+                       tool_model, sizeof tool_model);
     RUN(text_equals_chat);
     RUN(response_object_shape);
     RUN(llamacpp_samplers_reach_the_chat);

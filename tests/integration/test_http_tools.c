@@ -376,7 +376,7 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    toolmodel_generate("tools", CALL_PIECE, "{{ '<|im_start|>' }}", NULL, model_path,
+    toolmodel_generate("tools", CALL_PIECE, "{{ '<|im_start|>' }}", NULL, NULL, 0, model_path,
                        sizeof model_path);
     RUN(prompt_is_the_templates);
     RUN(reply_calls_become_tool_calls);

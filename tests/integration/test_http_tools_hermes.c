@@ -287,8 +287,8 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    toolmodel_generate("toolsh", CALL_PIECE, CHATML_TEMPLATE, TOOL_USE_TEMPLATE, model_path,
-                       sizeof model_path);
+    toolmodel_generate("toolsh", CALL_PIECE, CHATML_TEMPLATE, TOOL_USE_TEMPLATE, NULL, 0,
+                       model_path, sizeof model_path);
     RUN(prompt_is_the_templates);
     RUN(reply_calls_become_tool_calls);
     RUN(history_is_the_templates);

@@ -268,7 +268,7 @@ int main(int argc, char **argv)
 {
     (void)argc;
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
-    toolmodel_generate("toolsm", CALL_PIECE, NEMO_TEMPLATE, NULL, model_path,
+    toolmodel_generate("toolsm", CALL_PIECE, NEMO_TEMPLATE, NULL, NULL, 0, model_path,
                        sizeof model_path);
     RUN(prompt_is_the_templates);
     RUN(array_of_calls_becomes_tool_calls);

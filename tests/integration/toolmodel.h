@@ -1,8 +1,8 @@
 /*
  * toolmodel.h — the random-weight model the tool-calling tests serve: a synthetic
  * vocabulary (specials, one token whose text is a whole reply of calls, the printable
- * ASCII characters one each so that any JSON can be written, "tokN" fillers) with the
- * chat template of the family under test, and the tools the tests send.
+ * ASCII characters one each so that any JSON can be written, a test's own tokens, "tokN"
+ * fillers) with the chat template of the family under test, and the tools the tests send.
  *
  * Header-only (static inline), as llmsd_proc.h: the Makefile links tests only with
  * tests/support, and this is for the integration tests alone.
@@ -25,6 +25,16 @@
 /* SentencePiece writes a space as U+2581 */
 #define TOOLMODEL_SP "\xe2\x96\x81"
 
+/* A test's own tokens come after the characters: from this id on. */
+#define TOOLMODEL_FIRST_EXTRA (TOOLMODEL_FIRST_CHAR + '~' - ' ' + 1)
+
+/* A token of a test's own: its text (a space as TOOLMODEL_SP) and GGUF token type (1
+ * normal, 3 control, 4 user-defined). */
+typedef struct toolmodel_token {
+    const char *text;
+    int32_t type;
+} toolmodel_token;
+
 static const char toolmodel_weather_tool[] =
     "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Get the "
     "weather in a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
@@ -39,9 +49,11 @@ static const char toolmodel_pick_tool[] =
 
 /* Writes the vocabulary, call_piece the call token's text, chat_template its template
  * and tool_use (unless NULL) its tool_use one (tokenizer.chat_template.tool_use, where
- * llama.cpp's converter puts a model's template of that name), to path. 0 or -1. */
+ * llama.cpp's converter puts a model's template of that name), extra[0..n_extra) from
+ * TOOLMODEL_FIRST_EXTRA on, to path. 0 or -1. */
 static inline int toolmodel_write_vocab(const char *path, const char *call_piece,
-                                        const char *chat_template, const char *tool_use)
+                                        const char *chat_template, const char *tool_use,
+                                        const toolmodel_token *extra, int n_extra)
 {
     static char names[TOOLMODEL_N_VOCAB][16];
     const char *strs[TOOLMODEL_N_VOCAB];
@@ -59,6 +71,10 @@ static inline int toolmodel_write_vocab(const char *path, const char *call_piece
         strs[i] = i == TOOLMODEL_CALL_TOKEN ? call_piece : names[i];
         scores[i] = -(float)i;
         types[i] = i == 0 ? 2 : i < 3 ? 3 : 1;
+        if (i >= TOOLMODEL_FIRST_EXTRA && i < TOOLMODEL_FIRST_EXTRA + n_extra) {
+            strs[i] = extra[i - TOOLMODEL_FIRST_EXTRA].text;
+            types[i] = extra[i - TOOLMODEL_FIRST_EXTRA].type;
+        }
     }
     char err[ERR_MAX];
     gguf_writer *w = gguf_writer_new();
@@ -79,15 +95,18 @@ static inline int toolmodel_write_vocab(const char *path, const char *call_piece
     return rc;
 }
 
-/* Generates the model (a small llama on that vocabulary) named name into model_path; it
- * stays empty when that fails (the tests then skip). */
+/* Generates the model (a small llama on that vocabulary, with extra[0..n_extra) as
+ * toolmodel_write_vocab puts them) named name into model_path; it stays empty when that
+ * fails (the tests then skip). */
 static inline void toolmodel_generate(const char *name, const char *call_piece,
                                       const char *chat_template, const char *tool_use,
+                                      const toolmodel_token *extra, int n_extra,
                                       char *model_path, size_t cap)
 {
     char vocab_path[1024], err[ERR_MAX];
     proc_fmt(vocab_path, sizeof vocab_path, "%s/%s-vocab.gguf", test_tmpdir(), name);
-    gguf_file *vocab = toolmodel_write_vocab(vocab_path, call_piece, chat_template, tool_use) == 0
+    gguf_file *vocab = toolmodel_write_vocab(vocab_path, call_piece, chat_template, tool_use,
+                                             extra, n_extra) == 0
                            ? gguf_open(vocab_path, err)
                            : NULL;
     if (!vocab)
