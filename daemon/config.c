@@ -69,7 +69,9 @@ static const key_def keys[] = {
            "the file's `tokenizer.chat_template` (a template llmsd does not know gives "
            "`plain`, \"User: ...\\nAssistant:\"), or a family by name, as llama.cpp's "
            "`--chat-template` names them (and `hermes`: chatml with Hermes 2 Pro's and 3's "
-           "tool format), for a file without a template or with a wrong one"),
+           "tool format; `qwen3` and `qwen3-thinking`: chatml as Qwen3's template writes "
+           "it, earlier replies without their reasoning, the second opening the model's "
+           "reasoning itself), for a file without a template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",
            "how the weights come into memory: `map` maps the file (pages shared with the page "
            "cache, reclaimable under memory pressure); `copy` reads them into private memory "
@@ -341,6 +343,14 @@ static const key_def keys[] = {
         "TCP connections of the gateway that have not sent a request with a valid token "
         "yet, every peer together (one more: 429 and closed); they count in "
         "`max_connections` too"),
+    CHOICE(reasoning_format, "auto|deepseek|none", "auto",
+           "a reasoning model's thinking (`<think>...</think>` before the answer, from a "
+           "model whose chat template has those markers: Qwen3, QwQ, the DeepSeek-R1 "
+           "distills), as llama.cpp's `--reasoning-format` names it: `auto` or `deepseek` "
+           "give it apart from the answer (OpenAI's routes as `reasoning_content`, the "
+           "Responses API as a reasoning item, ollama's as `thinking`), `none` leaves it in "
+           "the answer's text; a request's own `reasoning_format` (ollama: `think`) "
+           "chooses otherwise"),
 
     HEADING("Knowledge bases and RAG"),
     INT(kb_passage_tokens, 8, 4096, "64",

@@ -15,6 +15,7 @@
 #include "daemon/net/connbudget.h"
 #include "daemon/net/http.h"
 #include "daemon/net/httpwire.h"
+#include "daemon/net/reasoning.h"
 #include "daemon/net/session.h"
 #include "daemon/net/toolcall.h"
 #include "daemon/net/uidtab.h"
@@ -85,6 +86,7 @@ typedef struct gen_choice {
                                   completion's text_offset) */
     Llms__Response *result;    /* its final reply, kept until every choice has one; NULL
                                   while it runs */
+    reasoning_split split;     /* (hreq.reasoning) its reasoning told apart as it streams */
 } gen_choice;
 
 typedef struct hreq {
@@ -112,6 +114,10 @@ typedef struct hreq {
     unsigned n_choices;        /* the body's "n" (1 for every other route) */
     unsigned n_ended;          /* choices whose final reply came */
     gen_choice choices[HTTP_CHOICES_MAX];
+    bool no_thinking;          /* chat_template_kwargs.enable_thinking false (ollama's think
+                                  false): rendered with the template's switch off */
+    bool reasoning;            /* a chat's reply on a thinking model: its reasoning told
+                                  apart from its content (reasoning.h) */
     toolcall_set tools;        /* a chat's tools (tools.n == 0: none) */
     toolcall_scan *scan;       /* the reply read for calls (tool_choice "auto"; n is 1),
                                   or NULL */
@@ -205,9 +211,26 @@ void openai_map_error(Llms__ErrorCode c, int *status, const char **type, const c
 const char *openai_finish_reason(Llms__StopReason r);
 
 /* The chat's messages (a JSON array of {role, content}) rendered with a model's template
- * and the assistant opening; with hr's tools (toolcall.h) when it has some, and then
- * hr->scan made when replies are read for calls. Fresh string, or NULL with msg. */
+ * and the assistant opening (its enable_thinking off with hr->no_thinking); with hr's
+ * tools (toolcall.h) when it has some, and then hr->scan made when replies are read for
+ * calls. Fresh string, or NULL with msg. */
 char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap);
+
+/* A chat body's "chat_template_kwargs" ({"enable_thinking": bool}, vLLM's and
+ * llama.cpp's; other keys, which only other templates read, are read past) and llama.cpp's
+ * "reasoning_format" ("auto" or "deepseek": reasoning apart, "none": left in the text;
+ * absent: the daemon's setting) into hr->no_thinking and hr->reasoning (for a model whose
+ * template has the think markers). 0, or -1 with msg. */
+int openai_read_thinking(hreq *hr, char *msg, size_t cap);
+
+/* Starts the split of each of hr's choices (when hr->reasoning), once its tools are read:
+ * a forced call's reply is the call, split by nothing. */
+void openai_split_start(hreq *hr);
+
+/* A whole reply told apart as hr asks: *reasoning (none unless hr->reasoning) and
+ * *content, runs of text. */
+void openai_split_whole(const hreq *hr, const char *text, reasoning_span *reasoning,
+                        reasoning_span *content);
 
 /* A chat body's "messages" into *msgs (owned by body): 0, or -1 with msg when they are no
  * non-empty array. */

@@ -847,9 +847,10 @@ void llamacpp_req_free(struct llamacpp_req *lc)
     free(lc);
 }
 
-/* The chat route's own reading of messages and tools and its own rendering, so that the
- * prompt is the very text it would evaluate; nothing else of the body shapes a prompt but
- * llmsd's context, whose turn is rendered against its history, which is the worker's. */
+/* The chat route's own reading of messages, tools and chat_template_kwargs and its own
+ * rendering, so that the prompt is the very text it would evaluate; nothing else of the
+ * body shapes a prompt but llmsd's context, whose turn is rendered against its history,
+ * which is the worker's. */
 void llamacpp_apply_template(hreq *hr, char *msg, size_t cap)
 {
     json_object *msgs, *ext, *context;
@@ -862,7 +863,8 @@ void llamacpp_apply_template(hreq *hr, char *msg, size_t cap)
                            "history, not here");
         rc = -1;
     }
-    if (rc < 0 || toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+    if (rc < 0 || openai_read_thinking(hr, msg, cap) < 0 ||
+        toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
         openai_chat_messages(hr->body, &msgs, msg, cap) ||
         !(prompt = openai_render_chat(hr, msgs, msg, cap))) {
         llamacpp_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);

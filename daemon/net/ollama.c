@@ -13,7 +13,8 @@
  * reply that ignored them would pass for one that honoured them. What only concerns how
  * ollama runs its models (keep_alive, num_gpu, num_thread, ...) is read and ignored:
  * llmsd keeps its models loaded and runs them its own way. A chat's tools are
- * toolcall.c's, as on the OpenAI route.
+ * toolcall.c's, as on the OpenAI route. A thinking model's reasoning comes apart as
+ * "thinking" (reasoning.h) unless think is false, as current ollama gives it.
  */
 #include <json-c/json.h>
 #include <stdio.h>
@@ -268,6 +269,8 @@ void ollama_send_show(http *h, httpwire_conn *wc, const models_view_entry *e)
     }
     if (e->roles & MODELS_EMBED)
         json_object_array_add(caps, json_object_new_string("embedding"));
+    if ((e->roles & MODELS_GENERATE) && chat_thinking(e->family) != CHAT_THINK_NONE)
+        json_object_array_add(caps, json_object_new_string("thinking"));
     rfc3339(e->file_mtime, -1, when);
     /* no Modelfile or parameters of ollama's: the settings and llmsctl configure llmsd */
     json_object_object_add(o, "modelfile", json_object_new_string(""));
@@ -304,9 +307,6 @@ static int refuse_unproduced(json_object *o, const char *where, char *msg, size_
         {"images", "images are not supported (no vision models)"},
         {"template", "a request's own template is not supported (the model's chat template "
                      "renders it)"},
-        /* ollama answers a model that cannot think the same way; a reply without its
-         * "thinking" would pass for one that had none */
-        {"think", "thinking is not separated from the reply"},
         {"context", "context tokens are not returned or taken: send the conversation to "
                     "/api/chat"},
     };
@@ -340,6 +340,38 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
     }
     snprintf(msg, cap, "'format': \"json\" or a JSON Schema object");
     return -1;
+}
+
+/* ollama's "think" into hr, as current ollama reads it: absent (or null), a thinking model
+ * (one whose template has the think markers) thinks and its reasoning comes apart, unless
+ * the daemon's reasoning_format is none; true asks for that (400 for a model that does not
+ * think, in ollama's words), false renders the template's switch off and leaves the
+ * reply's text whole; a level ("high") is gpt-oss's alone. A forced tool call is split by
+ * nothing. 0, or -1 with msg. */
+static int read_think(hreq *hr, char *msg, size_t cap)
+{
+    json_object *v;
+    bool thinks = chat_thinking(hr->family) != CHAT_THINK_NONE;
+    hr->reasoning = thinks && strcmp(hr->h->cfg->reasoning_format, "none");
+    if (!json_object_object_get_ex(hr->body, "think", &v) || json_object_is_type(v, json_type_null))
+        return 0;
+    if (json_object_is_type(v, json_type_string)) {
+        snprintf(msg, cap, "think value \"%.32s\" is not supported for this model",
+                 json_object_get_string(v));
+        return -1;
+    }
+    if (!json_object_is_type(v, json_type_boolean)) {
+        snprintf(msg, cap, "'think' must be true or false");
+        return -1;
+    }
+    bool think = json_object_get_boolean(v);
+    if (think && !thinks) {
+        snprintf(msg, cap, "\"%.200s\" does not support thinking", reply_model(hr));
+        return -1;
+    }
+    hr->reasoning = think;
+    hr->no_thinking = !think;
+    return 0;
 }
 
 /* An options integer. ollama reads every option number as a float64 and takes an
@@ -518,6 +550,16 @@ static void add_text(const hreq *hr, json_object *o, const char *text, size_t n)
     json_object_object_add(o, "message", m);
 }
 
+/* n bytes of reasoning into o: a chat's message's "thinking" (after add_text made the
+ * message), a generation's "thinking". */
+static void add_thinking(const hreq *hr, json_object *o, const char *text, size_t n)
+{
+    json_object *m = o;
+    if (hr->route == R_OLLAMA_CHAT && !json_object_object_get_ex(o, "message", &m))
+        return;
+    json_object_object_add(m, "thinking", json_object_new_string_len(text, (int)n));
+}
+
 /* ollama's answer to a "load the model" call (an empty prompt, no messages): done, with
  * nothing generated. Not streamed, as ollama answers it. */
 static void answer_load(hreq *hr)
@@ -565,13 +607,16 @@ static json_object *ollama_tool_calls(json_object *calls)
     return list;
 }
 
-/* One line of hr's stream: n bytes of text, the calls found with them (or NULL). */
-static void stream_line(hreq *hr, const char *text, size_t n, json_object *calls)
+/* One line of hr's stream: n bytes of text, the calls found with them (or NULL), or
+ * (thinking) n bytes of reasoning with no text. */
+static void stream_line(hreq *hr, const char *text, size_t n, json_object *calls, bool thinking)
 {
     json_object *o = line_head(hr), *m;
     if (!o)
         return;
-    add_text(hr, o, text, n);
+    add_text(hr, o, thinking ? "" : text, thinking ? 0 : n);
+    if (thinking)
+        add_thinking(hr, o, text, n);
     if (calls && json_object_array_length(calls) && json_object_object_get_ex(o, "message", &m))
         json_object_object_add(m, "tool_calls", ollama_tool_calls(calls));
     json_object_object_add(o, "done", json_object_new_boolean(0));
@@ -586,16 +631,43 @@ static void stream_scanned(hreq *hr, const char *text, size_t n, bool end)
     toolcall_out out;
     if (toolcall_scan_feed(hr->scan, text, n, end, &out) == 0 &&
         (out.content_len || json_object_array_length(out.calls)))
-        stream_line(hr, out.content ? out.content : "", out.content_len, out.calls);
+        stream_line(hr, out.content ? out.content : "", out.content_len, out.calls, false);
     toolcall_out_free(&out);
+}
+
+/* Streams n bytes of the reply's content (end: its last ones), through hr's scan when it
+ * has one. */
+static void stream_content(hreq *hr, const char *text, size_t n, bool end)
+{
+    if (hr->scan)
+        stream_scanned(hr, text, n, end);
+    else if (n)
+        stream_line(hr, text, n, NULL, false);
+}
+
+/* Streams n bytes of the reply (end: its last ones): through its split when its reasoning
+ * comes apart, lines of thinking and then of content. */
+static void stream_reply(hreq *hr, const char *text, size_t n, bool end)
+{
+    if (!hr->reasoning) {
+        stream_content(hr, text, n, end);
+        return;
+    }
+    reasoning_span sp[REASONING_SPANS];
+    int k = reasoning_feed(&hr->choices[0].split, text, n, end, sp);
+    for (int j = 0; j < k; j++) {
+        if (sp[j].reasoning)
+            stream_line(hr, sp[j].text, sp[j].n, NULL, true);
+        else
+            stream_content(hr, sp[j].text, sp[j].n, false);
+    }
+    if (end)
+        stream_content(hr, "", 0, true);
 }
 
 void ollama_stream_text(hreq *hr, const char *text, size_t n)
 {
-    if (hr->scan)
-        stream_scanned(hr, text, n, false);
-    else
-        stream_line(hr, text, n, NULL);
+    stream_reply(hr, text, n, false);
     hr->choices[0].sent += n;
 }
 
@@ -608,18 +680,20 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     http_req_finish(hr);
     size_t len = strlen(res->text);
     toolcall_out out = {0};
+    reasoning_span r = {true, res->text, 0}, c = {false, res->text, len};
     if (hr->stream) {
         ollama_stream_start(hr);
-        /* text of chunks dropped for a slow reader, or none */
-        size_t from = hr->choices[0].sent < len ? hr->choices[0].sent : len;
-        if (hr->scan)
-            stream_scanned(hr, res->text + from, len - from, true);
-        else if (from < len)
-            ollama_stream_text(hr, res->text + from, len - from);
-    } else if (hr->scan && toolcall_scan_feed(hr->scan, res->text, len, true, &out) < 0) {
-        toolcall_out_free(&out);
-        ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return;
+        /* text of chunks dropped for a slow reader (or none), and what was held back */
+        size_t sent = hr->reasoning ? reasoning_fed(&hr->choices[0].split) : hr->choices[0].sent;
+        size_t from = sent < len ? sent : len;
+        stream_reply(hr, res->text + from, len - from, true);
+    } else {
+        openai_split_whole(hr, res->text, &r, &c);
+        if (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0) {
+            toolcall_out_free(&out);
+            ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            return;
+        }
     }
     json_object *o = line_head(hr), *m;
     if (o) {
@@ -629,7 +703,9 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
         else if (hr->scan)
             add_text(hr, o, out.content ? out.content : "", out.content_len);
         else
-            add_text(hr, o, res->text, len);
+            add_text(hr, o, c.text, c.n);
+        if (r.n)
+            add_thinking(hr, o, r.text, r.n);
         if (out.calls && json_object_array_length(out.calls) &&
             json_object_object_get_ex(o, "message", &m))
             json_object_object_add(m, "tool_calls", ollama_tool_calls(out.calls));
@@ -708,7 +784,8 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     /* The matcher keeps one place for the chat template's end text (session.c), and a
      * chat rendered here carries that end of turn as one more stop string. */
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
-        read_options(hr, &gp, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap))
+        read_options(hr, &gp, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap) ||
+        read_think(hr, msg, cap))
         goto bad;
     if (!chat && json_object_object_get_ex(hr->body, "tools", &v) && !jsonfield_asks_nothing(v)) {
         snprintf(msg, cap, "'tools': tool calls are for /api/chat");
@@ -717,6 +794,7 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
                  toolcall_constrain(&hr->tools, &gp, msg, cap) < 0))
         goto bad;
+    openai_split_start(hr);
     if (chat) {
         bool none;
         if (!(msgs = chat_messages(hr->body, &none, msg, cap)) && !none)
@@ -769,12 +847,17 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             cr.prompt = "";
             cr.prompt_parts = &part_ptr;
             cr.n_prompt_parts = 1;
+            hr->reasoning = false; /* a fill in the middle is code, not a chat's reply */
         } else {
-            /* not raw: the prompt is the user's turn, through the model's chat template */
+            /* not raw: the prompt is the user's turn, through the model's chat template;
+             * raw, it is no chat, and its text is left whole */
             cr.prompt = (char *)prompt;
             cr.system_prompt = (char *)system;
             cr.has_chat = 1;
             cr.chat = !raw;
+            cr.has_enable_thinking = hr->no_thinking && !raw;
+            cr.enable_thinking = !hr->no_thinking;
+            hr->reasoning &= !raw;
         }
     }
     cr.params = &gp;

@@ -323,15 +323,17 @@ int openai_sse_start(hreq *hr)
     return 0;
 }
 
-/* One SSE event of choice i with a piece of text and, at its end, the finish reason. */
-void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const char *finish)
+/* One SSE event of choice i with a piece of text under key ("content", or a chat's
+ * "reasoning_content") and, at its end, the finish reason. */
+static void sse_delta(hreq *hr, unsigned i, const char *key, const char *text, size_t n,
+                      const char *finish)
 {
     struct evbuffer *b = hr->sse;
     evbuffer_add(b, hr->prefix, strlen(hr->prefix));
     evbuffer_add_printf(b, "%u,", i);
     if (is_chat(hr)) {
         if (n || !finish) {
-            evbuffer_add(b, "\"delta\":{\"content\":\"", 20);
+            evbuffer_add_printf(b, "\"delta\":{\"%s\":\"", key);
             openai_add_escaped(b, text, n);
             evbuffer_add(b, "\"}", 2);
         } else {
@@ -350,6 +352,11 @@ void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const cha
     else
         evbuffer_add_printf(b, ",\"finish_reason\":null}]}\n\n");
     httpwire_stream_chunk(hr->wc, b);
+}
+
+void openai_sse_text(hreq *hr, unsigned i, const char *text, size_t n, const char *finish)
+{
+    sse_delta(hr, i, "content", text, n, finish);
     hr->choices[i].sent += n;
 }
 
@@ -408,13 +415,31 @@ static int sse_scanned(hreq *hr, const char *text, size_t n, bool end)
     return rc;
 }
 
+/* Feeds n bytes of choice i's reply (end: the last) to its split: the reasoning goes out
+ * as reasoning_content deltas, the content as ever (through the scan, when there is one,
+ * which decides what it held back once the reply is over). -1 out of memory. */
+static int sse_reasoned(hreq *hr, unsigned i, const char *text, size_t n, bool end)
+{
+    reasoning_span sp[REASONING_SPANS];
+    int k = reasoning_feed(&hr->choices[i].split, text, n, end, sp);
+    for (int j = 0; j < k; j++) {
+        if (sp[j].reasoning)
+            sse_delta(hr, i, "reasoning_content", sp[j].text, sp[j].n, NULL);
+        else if (!hr->scan)
+            openai_sse_text(hr, i, sp[j].text, sp[j].n, NULL);
+        else if (sse_scanned(hr, sp[j].text, sp[j].n, false) < 0)
+            return -1;
+    }
+    return end && hr->scan ? sse_scanned(hr, "", 0, true) : 0;
+}
+
 void openai_sse_piece(hreq *hr, unsigned i, const char *text, size_t n)
 {
-    if (!hr->scan) {
+    if (!hr->scan && !hr->reasoning) {
         openai_sse_text(hr, i, text, n, NULL);
         return;
     }
-    if (sse_scanned(hr, text, n, false) < 0)
+    if ((hr->reasoning ? sse_reasoned(hr, i, text, n, false) : sse_scanned(hr, text, n, false)) < 0)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
 }
 
@@ -471,13 +496,16 @@ json_object *openai_llmsd_obj(const hreq *hr)
 }
 
 /* A chat's reply as OpenAI's message: its text, or with tools read for calls the text
- * around them (null when there is none) and "tool_calls", *fin then "tool_calls". NULL
- * out of memory. */
+ * around them (null when there is none) and "tool_calls", *fin then "tool_calls"; a
+ * thinking model's reasoning apart as "reasoning_content" (none when it has none), its
+ * calls read in the content alone. NULL out of memory. */
 static json_object *chat_message(hreq *hr, const char *text, const char **fin)
 {
     json_object *m = json_object_new_object();
     toolcall_out out = {0};
-    if (!m || (hr->scan && toolcall_scan_feed(hr->scan, text, strlen(text), true, &out) < 0)) {
+    reasoning_span r, c;
+    openai_split_whole(hr, text, &r, &c);
+    if (!m || (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0)) {
         json_object_put(m);
         toolcall_out_free(&out);
         return NULL;
@@ -485,13 +513,16 @@ static json_object *chat_message(hreq *hr, const char *text, const char **fin)
     json_object_object_add(m, "role", json_object_new_string("assistant"));
     size_t n_calls = out.calls ? json_object_array_length(out.calls) : 0;
     if (!hr->scan)
-        json_object_object_add(m, "content", json_object_new_string(text));
+        json_object_object_add(m, "content", json_object_new_string_len(c.text, (int)c.n));
     else if (out.content_len || n_calls == 0)
         json_object_object_add(m, "content",
                                json_object_new_string_len(out.content ? out.content : "",
                                                           (int)out.content_len));
     else
         json_object_object_add(m, "content", NULL);
+    if (r.n)
+        json_object_object_add(m, "reasoning_content",
+                               json_object_new_string_len(r.text, (int)r.n));
     if (n_calls) {
         json_object *list = json_object_new_array();
         for (size_t i = 0; list && i < n_calls; i++)
@@ -526,7 +557,19 @@ static int stream_choice_end(hreq *hr, unsigned i, const choice_end *e)
     if (c->lp_seen < e->n_lps)
         openai_logprobs_add(hr, i, e->lps + c->lp_seen, e->n_lps - c->lp_seen);
     const char *fin = openai_finish_reason(e->stop);
-    if (hr->scan) {
+    if (hr->reasoning) {
+        /* what the split and the scan hold back is decided now; the finish event has no
+         * text */
+        size_t fed = reasoning_fed(&c->split);
+        from = fed < len ? fed : len;
+        if (sse_reasoned(hr, i, e->text + from, len - from, true) < 0) {
+            openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
+            return -1;
+        }
+        from = len;
+        if (hr->scan && toolcall_scan_calls(hr->scan))
+            fin = "tool_calls";
+    } else if (hr->scan) {
         /* what the scan holds back is decided now; the finish event has no text */
         from = toolcall_scan_fed(hr->scan) < len ? toolcall_scan_fed(hr->scan) : len;
         if (sse_scanned(hr, e->text + from, len - from, true) < 0) {
@@ -1195,7 +1238,7 @@ static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t ca
 {
     char date[16];
     today(date);
-    char *out = toolcall_render(&hr->tools, msgs, date, true, msg, cap);
+    char *out = toolcall_render(&hr->tools, msgs, date, !hr->no_thinking, msg, cap);
     if (out && hr->tools.parse && !(hr->scan = toolcall_scan_new(&hr->tools))) {
         free(out);
         snprintf(msg, cap, "out of memory");
@@ -1238,12 +1281,13 @@ char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap)
         if (!(cm[i].content = jsonfield_message_content(m, &owned[i], msg, cap)))
             goto done;
     }
-    int len = chat_apply(family, cm, (int)n, true, NULL, 0);
+    bool thinking = !hr->no_thinking;
+    int len = chat_apply_think(family, cm, (int)n, true, thinking, NULL, 0);
     if (len < 0 || !(out = malloc((size_t)len + 1))) {
         snprintf(msg, cap, len < 0 ? "the messages cannot be rendered" : "out of memory");
         goto done;
     }
-    chat_apply(family, cm, (int)n, true, out, (size_t)len + 1);
+    chat_apply_think(family, cm, (int)n, true, thinking, out, (size_t)len + 1);
 done:
     for (size_t i = 0; owned && i < n; i++)
         free(owned[i]);
@@ -1260,6 +1304,47 @@ int openai_chat_messages(json_object *body, json_object **msgs, char *msg, size_
         return -1;
     }
     return 0;
+}
+
+int openai_read_thinking(hreq *hr, char *msg, size_t cap)
+{
+    json_object *kw, *v;
+    int rc = jsonfield_get(hr->body, "chat_template_kwargs", "", json_type_object, &kw, msg, cap);
+    if (rc == 1)
+        rc = jsonfield_get(kw, "enable_thinking", "chat_template_kwargs.", json_type_boolean, &v,
+                           msg, cap);
+    if (rc < 0)
+        return -1;
+    hr->no_thinking = rc == 1 && !json_object_get_boolean(v);
+    if ((rc = jsonfield_get(hr->body, "reasoning_format", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    const char *format = rc ? json_object_get_string(v) : hr->h->cfg->reasoning_format;
+    /* deepseek-legacy (the text kept whole and the reasoning apart too) is not given */
+    if (strcmp(format, "auto") && strcmp(format, "deepseek") && strcmp(format, "none")) {
+        snprintf(msg, cap, "'reasoning_format' must be \"auto\", \"deepseek\" or \"none\"");
+        return -1;
+    }
+    hr->reasoning = strcmp(format, "none") && chat_thinking(hr->family) != CHAT_THINK_NONE;
+    return 0;
+}
+
+void openai_split_start(hreq *hr)
+{
+    hr->reasoning &= !hr->tools.forced;
+    for (unsigned i = 0; hr->reasoning && i < hr->n_choices; i++)
+        reasoning_init(&hr->choices[i].split, chat_thinking(hr->family) == CHAT_THINK_OPENED);
+}
+
+void openai_split_whole(const hreq *hr, const char *text, reasoning_span *reasoning,
+                        reasoning_span *content)
+{
+    if (hr->reasoning) {
+        reasoning_split_text(chat_thinking(hr->family) == CHAT_THINK_OPENED, text, strlen(text),
+                             reasoning, content);
+        return;
+    }
+    *reasoning = (reasoning_span){true, text, 0};
+    *content = (reasoning_span){false, text, strlen(text)};
 }
 
 /* Submits r once per choice of hr: choice i as request r->id + i, and with a seed, seed
@@ -1308,17 +1393,25 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     if (read_params(hr->body, &gp, max_stops, &lists, msg, cap) ||
         read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
         refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
-        (chat && (toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+        (chat && (openai_read_thinking(hr, msg, cap) < 0 ||
+                  toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
                   toolcall_constrain(&hr->tools, &gp, msg, cap) < 0)))
         goto bad;
+    openai_split_start(hr);
     /* the calls of one reply are read as it streams: one choice at a time */
     if (hr->tools.n > 0 && hr->n_choices > 1) {
         snprintf(msg, cap, "'tools' with 'n' above 1 is not supported");
         goto bad;
     }
-    /* a context holds its conversation as text turns, with no place for tools */
+    /* a context holds its conversation as text turns, with no place for tools; its turns
+     * are rendered by the worker against its history, with the template's defaults */
     if (hr->context_id && hr->tools.n > 0) {
         snprintf(msg, cap, "'tools' cannot be used with 'llmsd.context'");
+        goto bad;
+    }
+    if (hr->context_id && hr->no_thinking) {
+        snprintf(msg, cap, "'chat_template_kwargs.enable_thinking' false cannot be used with "
+                           "'llmsd.context'");
         goto bad;
     }
     char *prompt = NULL;

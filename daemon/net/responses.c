@@ -24,6 +24,9 @@ struct responses_req {
     json_object *output;   /* the output items streamed so far, in their order */
     int msg_index;         /* the message item's place in output; -1 before its first text */
     struct evbuffer *text; /* the message item's text streamed so far */
+    int rs_index;          /* the reasoning item's place in output; -1 before its first text */
+    bool rs_done;          /* the reasoning item is done */
+    struct evbuffer *reasoning; /* its text streamed so far */
 };
 
 void responses_req_free(struct responses_req *rs)
@@ -34,6 +37,8 @@ void responses_req_free(struct responses_req *rs)
     json_object_put(rs->output);
     if (rs->text)
         evbuffer_free(rs->text);
+    if (rs->reasoning)
+        evbuffer_free(rs->reasoning);
     free(rs);
 }
 
@@ -45,10 +50,11 @@ void responses_req_free(struct responses_req *rs)
 static const char *const chat_fields[] = {
     "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p",
     "repeat_penalty", "frequency_penalty", "presence_penalty", "stop", "logit_bias",
-    "ignore_eos", "speculation", "min_keep", "typical_p", "top_n_sigma", "xtc_probability",
-    "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "dry_multiplier", "dry_base",
-    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",
-    "mirostat_tau", "mirostat_eta", "samplers",
+    "ignore_eos", "speculation", "chat_template_kwargs", "reasoning_format", "min_keep",
+    "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dynatemp_range",
+    "dynatemp_exponent", "dry_multiplier", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "dry_sequence_breakers", "mirostat", "mirostat_tau", "mirostat_eta",
+    "samplers",
 };
 
 /* The member key of o when it is there and not null (JSON's null asks for nothing, as for
@@ -278,6 +284,10 @@ static int read_input(json_object *req, json_object *chat, bool tools, char *msg
             return -1;
         }
         bool call = !strcmp(type, "function_call"), output = !strcmp(type, "function_call_output");
+        /* an earlier reply's reasoning, sent back as clients keep a conversation: the
+         * thinking models' templates leave it out of the history */
+        if (!strcmp(type, "reasoning"))
+            continue;
         if (!strcmp(type, "message"))
             rc = add_message(msgs, item, i, msg, cap);
         else if (call)
@@ -289,7 +299,8 @@ static int read_input(json_object *req, json_object *chat, bool tools, char *msg
                                         "llmsd keeps none: send the item itself", i);
         else
             rc = -1, snprintf(msg, cap, "input[%zu]: items of type '%.32s' are not supported "
-                                        "(message, function_call, function_call_output)", i, type);
+                                        "(message, function_call, function_call_output, "
+                                        "reasoning)", i, type);
         if (rc)
             return rc;
         if ((call || output) && !tools) {
@@ -484,8 +495,8 @@ static int check_fields(json_object *req, char *msg, size_t cap)
             return -1;
         }
     }
-    /* what include asks for belongs to items llmsd never makes (reasoning, searches,
-     * images) but the text's logprobs */
+    /* what include asks for belongs to what llmsd never makes (encrypted reasoning,
+     * searches, images) but the text's logprobs */
     if ((rc = jsonfield_get(req, "include", "", json_type_array, &v, msg, cap)) < 0)
         return -1;
     for (size_t i = 0; rc && i < json_object_array_length(v); i++) {
@@ -539,7 +550,7 @@ void responses_start(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    hr->rs->msg_index = -1;
+    hr->rs->msg_index = hr->rs->rs_index = -1;
     int rc = responses_chat_body(hr->body, &chat, msg, cap);
     if (rc) {
         openai_finish_error(hr, rc == -2 ? LLMS__ERROR_CODE__INTERNAL
@@ -632,9 +643,42 @@ static json_object *call_item(json_object *call, bool done)
     return item;
 }
 
+/* The reasoning item's id: the response's hex digits after "rs_". */
+static void reasoning_id(const hreq *hr, char out[64])
+{
+    snprintf(out, 64, "rs_%s", hr->id + strlen("resp_"));
+}
+
+/* The reasoning item (the SDK's ResponseReasoningItem: no summary, as llmsd makes none):
+ * n bytes of the model's reasoning as its one reasoning_text part, as newer SDKs and vLLM
+ * give it, or (text NULL) none yet. */
+static json_object *reasoning_item(const hreq *hr, const char *text, size_t n, const char *status)
+{
+    char id[64];
+    json_object *r = json_object_new_object(), *content = json_object_new_array(), *part = NULL;
+    if (!r || !content || (text && !(part = json_object_new_object()))) {
+        json_object_put(r);
+        json_object_put(content);
+        return NULL;
+    }
+    reasoning_id(hr, id);
+    json_object_object_add(r, "type", json_object_new_string("reasoning"));
+    json_object_object_add(r, "id", json_object_new_string(id));
+    json_object_object_add(r, "summary", json_object_new_array());
+    if (part) {
+        json_object_object_add(part, "type", json_object_new_string("reasoning_text"));
+        json_object_object_add(part, "text", json_object_new_string_len(text, (int)n));
+        json_object_array_add(content, part);
+    }
+    json_object_object_add(r, "content", content);
+    json_object_object_add(r, "status", json_object_new_string(status));
+    return r;
+}
+
 /* OpenAI's usage of a response: cached_tokens are the prompt tokens resumed from the
- * prompt cache, as the chat's; no reasoning is done. */
-static json_object *usage_obj(const Llms__CallResult *res)
+ * prompt cache, as the chat's; reasoning_tokens only when it is exactly 0 (reasoned: the
+ * reply had reasoning, whose tokens are not counted apart, and are not guessed at). */
+static json_object *usage_obj(const Llms__CallResult *res, bool reasoned)
 {
     json_object *u = json_object_new_object(), *in = json_object_new_object();
     json_object *out = json_object_new_object();
@@ -649,7 +693,8 @@ static json_object *usage_obj(const Llms__CallResult *res)
                            json_object_new_int64(res->has_cached_tokens ? res->cached_tokens : 0));
     json_object_object_add(u, "input_tokens_details", in);
     json_object_object_add(u, "output_tokens", json_object_new_int64(res->generated_tokens));
-    json_object_object_add(out, "reasoning_tokens", json_object_new_int64(0));
+    if (!reasoned)
+        json_object_object_add(out, "reasoning_tokens", json_object_new_int64(0));
     json_object_object_add(u, "output_tokens_details", out);
     int64_t total = (int64_t)res->prompt_tokens + res->generated_tokens;
     json_object_object_add(u, "total_tokens", json_object_new_int64(total));
@@ -731,13 +776,17 @@ static json_object *response_obj(const hreq *hr, const char *status, const char 
     return o;
 }
 
-/* The whole response of a reply: its text as the message item (unless it is all calls)
- * and each call as a function_call item. */
+/* The whole response of a reply: its reasoning as a reasoning item, its text as the
+ * message item (unless it is all calls or all reasoning) and each call as a function_call
+ * item. */
 static void reply_whole(hreq *hr, const Llms__CallResult *res)
 {
-    const char *text = res->text, *why;
-    size_t len = strlen(text);
+    const char *why;
     toolcall_out out = {0};
+    reasoning_span r, c;
+    openai_split_whole(hr, res->text, &r, &c);
+    const char *text = c.text;
+    size_t len = c.n;
     json_object *output = json_object_new_array();
     if (!output || (hr->scan && toolcall_scan_feed(hr->scan, text, len, true, &out) < 0)) {
         json_object_put(output);
@@ -752,12 +801,16 @@ static void reply_whole(hreq *hr, const Llms__CallResult *res)
     }
     size_t n_calls = out.calls ? json_object_array_length(out.calls) : 0;
     const char *status = status_of(res->stop_reason, n_calls > 0, &why);
-    if (len || !n_calls)
+    /* the reasoning is done once something follows it, as a stream closes it then */
+    if (r.n)
+        json_object_array_add(output, reasoning_item(hr, r.text, r.n,
+                                                     len || n_calls ? "completed" : status));
+    if (len || (!n_calls && !r.n))
         json_object_array_add(output, message_item(hr, text, len, status));
     for (size_t i = 0; i < n_calls; i++)
         json_object_array_add(output, call_item(json_object_array_get_idx(out.calls, i), true));
     toolcall_out_free(&out);
-    json_object *o = response_obj(hr, status, why, output, usage_obj(res), NULL);
+    json_object *o = response_obj(hr, status, why, output, usage_obj(res, r.n > 0), NULL);
     if (o)
         json_object_object_add(o, "llmsd", openai_llmsd_obj(hr));
     http_send_json(hr->h, hr->wc, hr->route, 200, o);
@@ -806,7 +859,8 @@ int responses_sse_start(hreq *hr)
     if (hr->started)
         return 0;
     struct responses_req *rs = hr->rs;
-    if (!(rs->output = json_object_new_array()) || !(rs->text = evbuffer_new()))
+    if (!(rs->output = json_object_new_array()) || !(rs->text = evbuffer_new()) ||
+        !(rs->reasoning = evbuffer_new()))
         return -1;
     httpwire_add_header(hr->wc, "Content-Type", "text/event-stream");
     httpwire_add_header(hr->wc, "Cache-Control", "no-cache");
@@ -861,6 +915,53 @@ static void text_delta(hreq *hr, const char *text, size_t n)
     evbuffer_add(rs->text, text, n);
 }
 
+/* n bytes of reasoning as one response.reasoning.delta event (its item begins with the
+ * first), as the SDK's ResponseReasoningDeltaEvent has it. */
+static void reasoning_delta(hreq *hr, const char *text, size_t n)
+{
+    struct responses_req *rs = hr->rs;
+    char id[64];
+    reasoning_id(hr, id);
+    if (rs->rs_index < 0) {
+        rs->rs_index = (int)json_object_array_length(rs->output);
+        json_object *item = reasoning_item(hr, NULL, 0, "in_progress");
+        json_object_array_add(rs->output, item);
+        event_put(hr, "response.output_item.added",
+                  members("output_index", json_object_new_int(rs->rs_index), "item",
+                          json_object_get(item), NULL));
+    }
+    event_open(hr, "response.reasoning.delta");
+    evbuffer_add_printf(hr->sse, ",\"item_id\":\"%s\",\"output_index\":%d,\"content_index\":0,"
+                                 "\"delta\":\"", id, rs->rs_index);
+    openai_add_escaped(hr->sse, text, n);
+    evbuffer_add(hr->sse, "\"}\n\n", 4);
+    evbuffer_add(rs->reasoning, text, n);
+}
+
+/* The reasoning item ends (when it began and is not done yet) with the text it streamed:
+ * response.reasoning.done, then the item done with its status. */
+static void close_reasoning(hreq *hr, const char *status)
+{
+    struct responses_req *rs = hr->rs;
+    if (rs->rs_index < 0 || rs->rs_done)
+        return;
+    rs->rs_done = true;
+    char id[64];
+    reasoning_id(hr, id);
+    size_t n = evbuffer_get_length(rs->reasoning);
+    const char *text = n ? (const char *)evbuffer_pullup(rs->reasoning, -1) : "";
+    n = text ? n : 0;
+    event_put(hr, "response.reasoning.done",
+              members("item_id", json_object_new_string(id), "output_index",
+                      json_object_new_int(rs->rs_index), "content_index", json_object_new_int(0),
+                      "text", json_object_new_string_len(text ? text : "", (int)n), NULL));
+    json_object *item = reasoning_item(hr, text ? text : "", n, status);
+    json_object_array_put_idx(rs->output, (size_t)rs->rs_index, item);
+    event_put(hr, "response.output_item.done",
+              members("output_index", json_object_new_int(rs->rs_index), "item",
+                      json_object_get(item), NULL));
+}
+
 /* A call, whole: its item added, its arguments in one delta, then done. */
 static void stream_call(hreq *hr, json_object *call)
 {
@@ -887,9 +988,9 @@ static void stream_call(hreq *hr, json_object *call)
                       NULL));
 }
 
-/* Streams n bytes of the reply (end: its last ones): text deltas, or through hr's scan the
- * text as it is decided and each call once whole. -1 out of memory. */
-static int stream_reply(hreq *hr, const char *text, size_t n, bool end)
+/* Streams n bytes of the reply's content (end: its last ones): text deltas, or through
+ * hr's scan the text as it is decided and each call once whole. -1 out of memory. */
+static int stream_content(hreq *hr, const char *text, size_t n, bool end)
 {
     if (!hr->scan) {
         if (n)
@@ -905,6 +1006,27 @@ static int stream_reply(hreq *hr, const char *text, size_t n, bool end)
         stream_call(hr, json_object_array_get_idx(out.calls, i));
     toolcall_out_free(&out);
     return rc;
+}
+
+/* Streams n bytes of the reply (end: its last ones): through its split when it is told
+ * apart, the reasoning item's deltas and then, the item done, the content. -1 out of
+ * memory. */
+static int stream_reply(hreq *hr, const char *text, size_t n, bool end)
+{
+    if (!hr->reasoning)
+        return stream_content(hr, text, n, end);
+    reasoning_span sp[REASONING_SPANS];
+    int k = reasoning_feed(&hr->choices[0].split, text, n, end, sp);
+    for (int j = 0; j < k; j++) {
+        if (sp[j].reasoning) {
+            reasoning_delta(hr, sp[j].text, sp[j].n);
+            continue;
+        }
+        close_reasoning(hr, "completed");
+        if (stream_content(hr, sp[j].text, sp[j].n, false) < 0)
+            return -1;
+    }
+    return end ? stream_content(hr, "", 0, true) : 0;
 }
 
 void responses_sse_piece(hreq *hr, const char *text, size_t n)
@@ -935,13 +1057,16 @@ static void close_message(hreq *hr, const char *status)
 }
 
 /* The stream's end: the rest of the reply (what chunks dropped for a slow reader left out,
- * what the scan held back), the message item closed (an empty one when the reply had
- * nothing at all), then response.completed or response.incomplete. */
+ * what the split and the scan held back), the reasoning item and the message item closed
+ * (an empty message when the reply had nothing at all), then response.completed or
+ * response.incomplete. */
 static void stream_end(hreq *hr, const Llms__CallResult *res)
 {
     struct responses_req *rs = hr->rs;
     size_t len = strlen(res->text);
-    size_t fed = hr->scan ? toolcall_scan_fed(hr->scan) : hr->choices[0].sent;
+    size_t fed = hr->reasoning ? reasoning_fed(&hr->choices[0].split)
+                 : hr->scan    ? toolcall_scan_fed(hr->scan)
+                               : hr->choices[0].sent;
     size_t from = fed < len ? fed : len;
     if (stream_reply(hr, res->text + from, len - from, true) < 0) {
         responses_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
@@ -950,12 +1075,13 @@ static void stream_end(hreq *hr, const Llms__CallResult *res)
     const char *why;
     const char *status = status_of(res->stop_reason, hr->scan && toolcall_scan_calls(hr->scan),
                                    &why);
+    close_reasoning(hr, status);
     if (rs->msg_index < 0 && json_object_array_length(rs->output) == 0)
         open_message(hr);
     if (rs->msg_index >= 0)
         close_message(hr, status);
-    json_object *o = response_obj(hr, status, why, json_object_get(rs->output), usage_obj(res),
-                                  NULL);
+    json_object *o = response_obj(hr, status, why, json_object_get(rs->output),
+                                  usage_obj(res, rs->rs_index >= 0), NULL);
     if (o)
         json_object_object_add(o, "llmsd", openai_llmsd_obj(hr));
     event_put(hr, strcmp(status, "completed") ? "response.incomplete" : "response.completed",

@@ -1,8 +1,10 @@
 /* libFuzzer target for the HTTP gateway's reading of OpenAI request bodies: any bytes
  * that parse as JSON go through the sampling fields (read_params, read_logit_bias,
  * refuse_unhonoured), a chat's tools (toolcall_read) and messages rendered with a
- * template family (openai_render_chat, jsonfield_message_content), the prompt scanned
- * for tool calls as if it were a reply (toolcall_scan_feed), and the last message
+ * template family (openai_render_chat, jsonfield_message_content) with its
+ * chat_template_kwargs and reasoning_format (openai_read_thinking), the prompt scanned
+ * for tool calls and split into reasoning and content as if it were a reply
+ * (toolcall_scan_feed, openai_split_whole), and the last message
  * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port;
  * then read as a Responses body (responses_chat_body), and the chat made of it read the
  * same way. openai.c's functions are static, so this file includes openai.c itself; a
@@ -23,7 +25,9 @@ static void read_chat(json_object *body, enum chat_family family)
     for (size_t i = 0; i < gp.n_stop; i++)
         if (!stops[i])
             abort();
-    hreq hr = {.body = body};
+    static config cfg = {.reasoning_format = "auto"};
+    static http h = {.cfg = &cfg};
+    hreq hr = {.body = body, .h = &h};
     msg[0] = '\0';
     if (read_logit_bias(&hr, &gp, msg, sizeof msg) < 0 && !msg[0])
         abort();
@@ -37,6 +41,9 @@ static void read_chat(json_object *body, enum chat_family family)
         abort();
     hr.family = family;
     msg[0] = '\0';
+    if (openai_read_thinking(&hr, msg, sizeof msg) < 0 && !msg[0])
+        abort();
+    msg[0] = '\0';
     if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0 && !msg[0])
         abort();
     json_object *msgs;
@@ -49,6 +56,11 @@ static void read_chat(json_object *body, enum chat_family family)
         toolcall_out out;
         if (prompt && hr.scan && toolcall_scan_feed(hr.scan, prompt, strlen(prompt), true, &out) == 0)
             toolcall_out_free(&out);
+        reasoning_span r, c;
+        if (prompt)
+            openai_split_whole(&hr, prompt, &r, &c);
+        if (prompt && (r.n + c.n > strlen(prompt) || (!hr.reasoning && r.n)))
+            abort();
         free(prompt);
         msg[0] = '\0';
         json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
