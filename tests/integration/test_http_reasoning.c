@@ -13,7 +13,9 @@
  * ollama's (which has no grammar or logit_bias) included. A GBNF grammar, with the
  * marker tokens banned or not (logit_bias) and several seeds, makes other replies whose
  * markers come as whole tokens or character by character, so the split is exercised
- * piece by piece as the daemon streams them.
+ * piece by piece as the daemon streams them. The official openai npm client
+ * (tests/integration/openai_reasoning.mjs, as test_http_clients installs it) reads the
+ * answers too.
  */
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/integration/httpc.h"
@@ -72,9 +75,11 @@ static const char QWEN3_TEMPLATE[] =
     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"      \
     "</tool_call>"
 
+#define TOKEN "reasoning-test-token-42"
+
 static char llmsd_path[1024], model_path[1024], plain_path[1024], hsock[700];
 static llmsd_proc daemon_;
-static int daemon_up;
+static int daemon_up, port;
 
 #define NEED()                                                                 \
     do {                                                                       \
@@ -87,13 +92,25 @@ static int daemon_up;
         CHECK_MSG(daemon_up == 1, "llmsd did not start");                      \
     } while (0)
 
-/* The thinking model as the default, and a chatml one without the markers ("plain"). */
+/* The thinking model as the default, and a chatml one without the markers ("plain"); the
+ * gateway on TCP too, for the npm client. */
 static int start_daemon(void)
 {
-    char extra[2048];
+    char extra[4096], tokens[700];
+    proc_fmt(tokens, sizeof tokens, "%s/tokens", test_tmpdir());
+    FILE *f = fopen(tokens, "w");
+    if (!f || (port = httpc_free_port()) < 0) {
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    fprintf(f, "%s %u app\n", TOKEN, (unsigned)getuid());
+    fclose(f);
+    chmod(tokens, 0600);
     proc_fmt(hsock, sizeof hsock, "%s/reasoning-h.sock", test_tmpdir());
-    proc_fmt(extra, sizeof extra, "http_socket = %s\nn_ctx = 2048\nmodel.plain = %s\n", hsock,
-             plain_path);
+    proc_fmt(extra, sizeof extra,
+             "http_socket = %s\nhttp_listen = 127.0.0.1:%d\nhttp_tokens_file = %s\n"
+             "n_ctx = 2048\nmodel.plain = %s\n", hsock, port, tokens, plain_path);
     return proc_start(&daemon_, llmsd_path, "reasoning", model_path, extra);
 }
 
@@ -795,6 +812,36 @@ static void completion_routes_are_not_split(void)
     json_object_put(o);
 }
 
+/* The official openai npm client (installed as test_http_clients installs it, into
+ * BUILD/npm-openai) reads reasoning_content and the Responses reasoning item, whole and
+ * streamed, its stream helper building the response from the events. */
+static void openai_npm_client_reads_the_reasoning(void)
+{
+    char cmd[4096], out[8192], dir[1100];
+    if (test_run_capture("command -v node >/dev/null && command -v npm >/dev/null", out,
+                         sizeof out) != 0)
+        SKIP("node/npm are not installed: the openai npm client test cannot run");
+    NEED();
+    const char *script = "tests/integration/openai_reasoning.mjs";
+    if (access(script, R_OK) != 0)
+        SKIP("%s is not here (run from the source tree)", script);
+    /* BUILD/tests/integration/../../llmsd */
+    proc_fmt(dir, sizeof dir, "%.*s/npm-openai", (int)(strlen(llmsd_path) - 7), llmsd_path);
+    proc_fmt(cmd, sizeof cmd, "test -f '%s/node_modules/openai/package.json' || (mkdir -p '%s' "
+             "&& cd '%s' && timeout 300 npm install --no-audit --no-fund --loglevel=error "
+             "openai@4 >npm-install.log 2>&1)", dir, dir, dir);
+    if (test_run_capture(cmd, out, sizeof out) != 0)
+        SKIP("npm install openai failed (no registry?): see %s/npm-install.log", dir);
+    proc_fmt(cmd, sizeof cmd,
+             "cp '%s' '%s/openai_reasoning.mjs' && cd '%s' && LLMSD_URL=http://127.0.0.1:%d/v1 "
+             "LLMSD_TOKEN=" TOKEN " LLMSD_MODEL=reasoning timeout 120 node openai_reasoning.mjs "
+             "2>&1", script, dir, dir, port);
+    int rc = test_run_capture(cmd, out, sizeof out);
+    fputs(out, stdout);
+    CHECK_MSG(rc == 0, "the openai client test failed (status %d)", rc);
+    CHECK(strstr(out, "ok responses stream"));
+}
+
 /* Mutated bodies with the reasoning fields on every route that reads them: never a 5xx
  * but 503. */
 static void random_bodies_never_5xx(void)
@@ -922,6 +969,7 @@ int main(int argc, char **argv)
     RUN(responses_reasoning_item);
     RUN(ollama_think);
     RUN(completion_routes_are_not_split);
+    RUN(openai_npm_client_reads_the_reasoning);
     RUN(random_bodies_never_5xx);
     RUN(daemon_exits_cleanly);
     RUN(daemon_setting_none);
