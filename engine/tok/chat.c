@@ -319,8 +319,6 @@ static void apply_mistral(textwriter *w, enum chat_family f, const struct chat_m
  * every message but the first (monarch's "<s>": the tokenizer adds the first). */
 struct turn_format {
     const char *open[3], *close[3], *gen, *later;
-    bool answer_only; /* an assistant message is written without its reasoning: what
-                         follows its last "</think>" (the R1 distills' template) */
 };
 
 static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
@@ -339,7 +337,7 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
     [CHAT_FALCON3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
                       {"\n", "\n", "\n"}, "<|assistant|>\n", ""},
     [CHAT_DEEPSEEK3] = {{"", "<｜User｜>", "<｜Assistant｜>"},
-                        {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", "", true},
+                        {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", ""},
     /* OpenChat's own template writes "GPT4 Correct System: "; llama.cpp follows the
      * authors' advice of a bare system message */
     [CHAT_OPENCHAT] = {{"", "GPT4 Correct User: ", "GPT4 Correct Assistant: "},
@@ -358,14 +356,16 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                      "<|role_start|>assistant<|role_end|>", ""},
 };
 
+/* answer_only: an assistant message is written without its reasoning, what follows its
+ * last "</think>" (the R1 distills' template). */
 static void apply_turns(textwriter *w, const struct turn_format *tf, const struct chat_message *msgs,
-                        int n, bool gen)
+                        int n, bool gen, bool answer_only)
 {
     for (int i = 0; i < n; i++) {
         enum role r = role_of(&msgs[i]);
         const char *reasoning, *text = msgs[i].content;
         size_t n_reasoning;
-        if (tf->answer_only && r == ROLE_ASSISTANT)
+        if (answer_only && r == ROLE_ASSISTANT)
             chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &text);
         textwriter_put(w, i > 0 ? tf->later : "");
         textwriter_put(w, tf->open[r]);
@@ -452,7 +452,7 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         apply_qwen3(&w, f, msgs, n, add_generation_prompt, enable_thinking);
         break;
     default: /* the families turn_formats writes */
-        apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt);
+        apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);
         break;
     }
     if (cap > 0)
