@@ -163,7 +163,7 @@ class ClientTest(unittest.TestCase):
                                 plain, newer)
         # out of their ranges: the daemon's refusal; a sampler twice: the library's
         self.assertEqual(status_of(self, self.c.complete, "x", mirostat=3), "INVALID_ARGUMENT")
-        self.assertEqual(status_of(self, self.c.complete, "x", typical_p=0.0), "INVALID_ARGUMENT")
+        self.assertEqual(status_of(self, self.c.complete, "x", typical_p=1.5), "INVALID_ARGUMENT")
         self.assertEqual(status_of(self, self.c.complete, "x", samplers="kk"), "INVALID_ARGUMENT")
         with self.assertRaises(ValueError):
             self.c.complete("x", samplers=["top_k", "nucleus"])
