@@ -584,3 +584,65 @@ void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, f
 {
     ops_matmul_n(pool, 1, &w, x, n_tok, &y, scratch);
 }
+
+/* Rows of W per work unit of ops_matmul_add: a unit's rows in f32 and their dot products,
+ * OPS_ADD_UNIT_ROWS * (cols + 1) floats, fit a thread's tile of ops_matmul's scratch
+ * (OPS_TILE_ROWS * cols floats). */
+#define OPS_ADD_UNIT_ROWS (OPS_TILE_ROWS / 2)
+
+typedef struct ops_add_job {
+    const ops_matrix *w;
+    const float *x;  /* (n_tok, w->cols) */
+    int n_tok;
+    float scale;
+    float *y;        /* n_tok rows ldy apart */
+    size_t ldy;
+    char *scratch;
+    size_t tile_stride;
+    int n_units;
+    _Atomic int next_unit;
+} ops_add_job;
+
+static void ops_add_job_run(void *p, int ith, int nth)
+{
+    ops_add_job *j = p;
+    const ops_matrix *w = j->w;
+    int cols = w->cols;
+    float *tile = (float *)(j->scratch + (size_t)ith * j->tile_stride); /* (unit, cols) */
+    float *dots = tile + (size_t)OPS_ADD_UNIT_ROWS * cols;              /* (unit) */
+    int u;
+    (void)nth;
+    while ((u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed)) < j->n_units) {
+        int r0 = u * OPS_ADD_UNIT_ROWS;
+        int n = w->rows - r0 < OPS_ADD_UNIT_ROWS ? w->rows - r0 : OPS_ADD_UNIT_ROWS;
+        for (int r = 0; r < n; r++)
+            quant_dequantize_row(w->type, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                                 tile + (size_t)r * cols, cols);
+        if (j->n_tok > OPS_DOT_MAX_TOK_FLOAT) {
+            blas_sgemm(true, j->n_tok, n, cols, j->scale, j->x, cols, tile, cols, 1.0f,
+                       j->y + r0, (int)j->ldy);
+            continue;
+        }
+        for (int t = 0; t < j->n_tok; t++) {
+            quant_dot_rows(QTYPE_F32, tile, (size_t)cols * sizeof(float), n, j->x + (size_t)t * cols,
+                           cols, dots);
+            float *yt = j->y + (size_t)t * j->ldy + r0;
+            for (int r = 0; r < n; r++)
+                yt[r] += j->scale * dots[r];
+        }
+    }
+}
+
+void ops_matmul_add(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float scale,
+                    float *y, size_t ldy, void *scratch)
+{
+    ops_add_job j = {.w = w, .x = x, .n_tok = n_tok, .scale = scale, .y = y, .ldy = ldy,
+                     .scratch = scratch,
+                     .tile_stride = ops_align((size_t)OPS_ADD_UNIT_ROWS * (w->cols + 1) * sizeof(float)),
+                     .n_units = (w->rows + OPS_ADD_UNIT_ROWS - 1) / OPS_ADD_UNIT_ROWS};
+    atomic_store_explicit(&j.next_unit, 0, memory_order_relaxed);
+    if (j.n_units == 1)
+        ops_add_job_run(&j, 0, 1);
+    else
+        tp_run(pool, ops_add_job_run, &j);
+}

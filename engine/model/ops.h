@@ -146,6 +146,17 @@ void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, f
 void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const float *x,
                   int n_tok, float *const *y, void *scratch);
 
+/*
+ * y += scale * x W^T for a batch: x (n_tok, w->cols) f32, y n_tok rows ldy floats apart,
+ * of which the first w->rows are added to. The B product of a LoRA adapter (W its lora_b,
+ * x the lora_a product, rank-wide): W's rows are dequantized to f32, so any computable type
+ * adds the same f32 products. Up to 16 tokens each result is a per-row f32 dot product, the
+ * same bits at every token count (batched rows get their solo results); above that sgemm
+ * adds into y. w must not be repacked. scratch as ops_matmul's for (n_tok, w->cols).
+ */
+void ops_matmul_add(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float scale,
+                    float *y, size_t ldy, void *scratch);
+
 /* Loads OpenBLAS (blas_init) and settles the CPU feature checks, before any pool thread
  * reads them. Call it before starting threads. -1 with err when OpenBLAS cannot load. */
 int ops_init(char err[ERR_MAX]);

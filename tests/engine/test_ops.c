@@ -346,6 +346,80 @@ static void test_matmul_repacked(void)
     tp_free(pool);
 }
 
+/* y += scale x W^T (a LoRA adapter's B product: rank-wide rows) for each adapter type, rank
+ * widths down to 3 (F32), y strided, against double products with the dequantized weights;
+ * up to 16 tokens a row's result has the same bits at every token count (per-row f32 dot
+ * products), above that sgemm adds into y. */
+static void test_matmul_add(void)
+{
+    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0};
+    const int ranks[] = {3, 8, 32, 64};
+    enum { ROWS = 300, LDY = 310, MAXT = 40, MAXR = 64 };
+    char err[ERR_MAX];
+    tp_pool *pool = tp_new(2, err);
+    CHECK(pool);
+    CHECK(ops_init(err) == 0);
+    float *wf = malloc(ROWS * MAXR * sizeof(float)), *deq = malloc(MAXR * sizeof(float));
+    float *x = malloc(MAXT * MAXR * sizeof(float)), *y0 = malloc(MAXT * LDY * sizeof(float));
+    float *y = malloc(MAXT * LDY * sizeof(float)), *y1 = malloc(LDY * sizeof(float));
+    double *ref = malloc(MAXT * ROWS * sizeof(double));
+    char *w = malloc(ROWS * quant_row_bytes(QTYPE_F32, MAXR));
+    void *scratch = aligned_alloc(64, ops_matmul_scratch_bytes(MAXT, MAXR, 2));
+    unsigned s = 7;
+    const float scale = 0.75f;
+    for (int i = 0; i < ROWS * MAXR; i++)
+        wf[i] = frand(&s) * 0.1f;
+    for (int i = 0; i < MAXT * MAXR; i++)
+        x[i] = frand(&s);
+    for (int i = 0; i < MAXT * LDY; i++)
+        y0[i] = frand(&s);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ri = 0; ri < sizeof ranks / sizeof ranks[0]; ri++) {
+            uint32_t t = types[ti];
+            int cols = ranks[ri];
+            size_t rb = quant_row_bytes(t, cols);
+            if (rb == 0) /* Q8_0 rows are blocks of 32 */
+                continue;
+            for (int r = 0; r < ROWS; r++) {
+                quant_quantize_row(t, wf + r * MAXR, w + r * rb, cols);
+                quant_dequantize_row(t, w + r * rb, deq, cols);
+                for (int n = 0; n < MAXT; n++) {
+                    double e = 0;
+                    for (int c = 0; c < cols; c++)
+                        e += (double)deq[c] * x[n * cols + c];
+                    ref[n * ROWS + r] = y0[n * LDY + r] + scale * e;
+                }
+            }
+            ops_matrix m = {.type = t, .data = w, .rows = ROWS, .cols = cols, .row_bytes = rb};
+            int ntoks[] = {1, 5, 16, 17, MAXT};
+            for (int k = 0; k < 5; k++) {
+                int nt = ntoks[k];
+                memcpy(y, y0, MAXT * LDY * sizeof(float));
+                ops_matmul_add(pool, &m, x, nt, scale, y, LDY, scratch);
+                for (int n = 0; n < MAXT; n++)
+                    for (int r = 0; r < LDY; r++) {
+                        size_t i = (size_t)n * LDY + r;
+                        if (n >= nt || r >= ROWS)
+                            CHECK_MSG(y[i] == y0[i], "%s rank %d n=%d: token %d col %d touched",
+                                      quant_traits_of(t)->name, cols, nt, n, r);
+                        else
+                            CHECK_MSG(fabs(y[i] - ref[n * ROWS + r]) <= 1e-5,
+                                      "%s rank %d n=%d token %d row %d: %g vs %g",
+                                      quant_traits_of(t)->name, cols, nt, n, r, y[i],
+                                      ref[n * ROWS + r]);
+                    }
+                if (k == 0)
+                    memcpy(y1, y, LDY * sizeof(float));
+                else if (nt <= 16)
+                    CHECK_MSG(memcmp(y, y1, ROWS * sizeof(float)) == 0,
+                              "%s rank %d: token 0 differs with %d tokens",
+                              quant_traits_of(t)->name, cols, nt);
+            }
+        }
+    free(wf), free(deq), free(x), free(y0), free(y), free(y1), free(ref), free(w), free(scratch);
+    tp_free(pool);
+}
+
 int main(void)
 {
     RUN(test_rmsnorm_softmax_silu);
@@ -355,5 +429,6 @@ int main(void)
     RUN(test_attention_kernels);
     RUN(test_matmul);
     RUN(test_matmul_repacked);
+    RUN(test_matmul_add);
     return test_finish();
 }
