@@ -9,6 +9,9 @@
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
  *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
+ *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
+ *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
+ *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
  *   mkmodel --help | --version
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
@@ -16,8 +19,16 @@
  * again, the rest (norms, biases) is copied, metadata too. bench/kvquant uses an F32 copy
  * of a Q8_0 model to measure KV compression without the activation rounding that Q8_0
  * matrix products add (8-bit activations: any change of the inputs flips some roundings).
+ * With --lora / --lora-scaled it merges LoRA adapters into the matrices first, as
+ * llama.cpp's llama-export-lora does (W + s B A, in double), so that an adapter served
+ * unmerged can be checked against a plain model.
+ *
+ * --lora-of writes a random LoRA adapter of BASE in llama.cpp's format (modelgen.h); the
+ * targets default to every matrix of the layers (PEFT's all-linear), type f16, alpha the
+ * rank (scale 1).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,10 +65,17 @@ static void usage(FILE *out)
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
+            "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
+            "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
+            "               [--type f32|f16|bf16|q8_0] [--seed S] [--threads N]\n"
+            "               [--targets q,k,v,o,gate,up,down,output,token_embd]\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
-            "of VOCAB.gguf, or (--from) IN.gguf's model with its matrices converted to the\n"
-            "type. Progress goes to stderr when it is a terminal.\n");
+            "of VOCAB.gguf; (--from) IN.gguf's model with its matrices converted to the\n"
+            "type, LoRA adapters merged into them first (as llama-export-lora); or\n"
+            "(--lora-of) a random LoRA adapter of BASE.gguf in llama.cpp's format (targets:\n"
+            "the layers' matrices, type f16, alpha the rank unless given). Progress goes to\n"
+            "stderr when it is a terminal.\n");
 }
 
 /* A mistake on the command line: what is wrong, and where help is. */
@@ -89,76 +107,60 @@ static void show_progress(int done, int total, void *user)
     fprintf(stderr, "\rmkmodel: tensor %d of %d%s", done, total, done == total ? "\n" : "");
 }
 
-/* Writes in's model to out with every matrix whose rows are whole blocks of type
- * converted to it. 0, or -1 with err set. */
-static int convert_model(const char *in, const char *out, uint32_t type, char err[ERR_MAX])
+/* The --targets list: names of enum modelgen_lora_target bits. */
+static unsigned targets_arg(const char *v)
 {
-    gguf_file *g = gguf_open(in, err);
-    if (!g)
-        return -1;
-    gguf_writer *w = gguf_writer_new();
-    int64_t n_tensors = gguf_n_tensors(g);
-    void **bufs = calloc((size_t)n_tensors + 1, sizeof *bufs);
-    float *row = NULL;
-    int rc = -1;
-    if (!w || !bufs) {
-        snprintf(err, ERR_MAX, "out of memory");
-        goto out;
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } names[] = {
+        {"q", MODELGEN_LORA_Q},         {"k", MODELGEN_LORA_K},
+        {"v", MODELGEN_LORA_V},         {"o", MODELGEN_LORA_O},
+        {"gate", MODELGEN_LORA_GATE},   {"up", MODELGEN_LORA_UP},
+        {"down", MODELGEN_LORA_DOWN},   {"output", MODELGEN_LORA_OUTPUT},
+        {"token_embd", MODELGEN_LORA_TOKEN_EMBD},
+    };
+    unsigned bits = 0;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ",");
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (strlen(names[i].name) == len && strncmp(p, names[i].name, len) == 0)
+                bit = names[i].bit;
+        if (!bit)
+            bad_usage("--targets: '%.*s' is none of q, k, v, o, gate, up, down, output, token_embd",
+                      (int)len, p);
+        bits |= bit;
+        p += len + (p[len] == ',');
     }
-    for (int64_t i = 0; i < gguf_n_kv(g); i++)
-        if (gguf_writer_copy_kv(w, g, i) < 0) {
-            snprintf(err, ERR_MAX, "copying metadata: out of memory");
-            goto out;
-        }
-    int block = quant_traits_of(type)->block_size;
-    for (int64_t i = 0; i < n_tensors; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        int64_t n = t->ne[0], rows = 1;
-        for (uint32_t d = 1; d < t->n_dims; d++)
-            rows *= t->ne[d];
-        const void *data = t->data;
-        uint32_t to = t->type;
-        if (t->n_dims >= 2 && n % block == 0 && t->type != type) {
-            if (!quant_traits_of(t->type)->computable) {
-                snprintf(err, ERR_MAX, "%s: type %u cannot be read", name, t->type);
-                goto out;
-            }
-            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(type, n);
-            float *grown = realloc(row, sizeof *row * (size_t)n);
-            bufs[i] = malloc(out_rb * (size_t)rows);
-            if (!grown || !bufs[i]) {
-                row = grown ? grown : row;
-                snprintf(err, ERR_MAX, "%s: out of memory", name);
-                goto out;
-            }
-            row = grown;
-            for (int64_t r = 0; r < rows; r++) {
-                quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
-                quant_quantize_row(type, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
-            }
-            data = bufs[i], to = type;
-        }
-        if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
-            snprintf(err, ERR_MAX, "%s: out of memory", name);
-            goto out;
-        }
-    }
-    rc = gguf_writer_write(w, out, err);
-out:
-    for (int64_t i = 0; bufs && i < n_tensors; i++)
-        free(bufs[i]);
-    free(bufs), free(row);
-    gguf_writer_free(w);
-    gguf_close(g);
-    return rc;
+    if (!bits)
+        bad_usage("--targets: empty");
+    return bits;
 }
+
+static float float_arg(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        bad_usage("%s: '%s' is not a number", opt, s);
+    return v;
+}
+
+/* Adapters merged by --from, as llama-export-lora takes them. */
+#define MKMODEL_LORA_MAX 16
 
 int main(int argc, char **argv)
 {
     modelgen_params p = {.arch = NULL, .n_head_kv = 0, .seed = 1};
-    const char *out = NULL, *vocab = NULL, *type = NULL, *from = NULL;
+    const char *out = NULL, *vocab = NULL, *type = NULL, *from = NULL, *lora_of = NULL;
+    const char *lora[MKMODEL_LORA_MAX];
+    float lora_scale[MKMODEL_LORA_MAX];
+    int n_lora = 0, rank = 0;
+    float alpha = NAN;
+    unsigned targets = MODELGEN_LORA_LAYERS;
+    bool rank_given = false, targets_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--tied")) {
@@ -176,7 +178,26 @@ int main(int argc, char **argv)
         if (i + 1 >= argc)
             bad_usage("%s needs a value", a);
         const char *v = argv[++i];
-        if (!strcmp(a, "-o"))
+        if (!strcmp(a, "--lora") || !strcmp(a, "--lora-scaled")) {
+            if (n_lora == MKMODEL_LORA_MAX)
+                bad_usage("%s: at most %d adapters", a, MKMODEL_LORA_MAX);
+            lora[n_lora] = v;
+            lora_scale[n_lora] = 1.0f;
+            if (!strcmp(a, "--lora-scaled")) {
+                if (i + 1 >= argc)
+                    bad_usage("--lora-scaled needs a file and a scale");
+                lora_scale[n_lora] = float_arg(a, argv[++i]);
+            }
+            n_lora++;
+        } else if (!strcmp(a, "--lora-of"))
+            lora_of = v;
+        else if (!strcmp(a, "--rank"))
+            rank = int_arg(a, v), rank_given = true;
+        else if (!strcmp(a, "--alpha"))
+            alpha = float_arg(a, v);
+        else if (!strcmp(a, "--targets"))
+            targets = targets_arg(v), targets_given = true;
+        else if (!strcmp(a, "-o"))
             out = v;
         else if (!strcmp(a, "--arch"))
             p.arch = v;
@@ -221,10 +242,20 @@ int main(int argc, char **argv)
         else
             bad_usage("unknown option '%s'", a);
     }
+    if (lora_of && (!out || from || p.arch || vocab || n_lora))
+        bad_usage("--lora-of takes -o, --rank and the adapter's options, and no model shape");
+    if (lora_of && !rank_given)
+        bad_usage("--lora-of needs --rank");
+    if (!lora_of && (rank_given || !isnan(alpha) || targets_given))
+        bad_usage("--rank, --alpha and --targets are --lora-of's");
+    if (n_lora && !from)
+        bad_usage("--lora and --lora-scaled merge adapters into --from's model");
     if (from && (!out || !type || p.arch || vocab))
         bad_usage("--from takes -o and --type, and no model shape");
-    if (!from && (!out || !p.arch || !type || !vocab))
+    if (!from && !lora_of && (!out || !p.arch || !type || !vocab))
         bad_usage("-o, --arch, --type and --vocab are required");
+    if (lora_of && !type)
+        type = "f16";
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
     bool encoder = p.arch && (!strcmp(p.arch, "bert") || !strcmp(p.arch, "nomic-bert"));
@@ -240,11 +271,31 @@ int main(int argc, char **argv)
     if (!found)
         bad_usage("--type: unknown type '%s'", type);
     char err[ERR_MAX];
-    if (from) {
+    if (from || lora_of) {
         if (p.k_m_mix)
-            bad_usage("--from: '%s' is a mix; give one type", type);
-        if (convert_model(from, out, p.type, err) < 0) {
+            bad_usage("%s: '%s' is a mix; give one type", from ? "--from" : "--lora-of", type);
+    }
+    if (from) {
+        if (modelgen_convert(from, out, p.type, n_lora, lora, lora_scale, err) < 0) {
             fprintf(stderr, "mkmodel: %s: %s\n", from, err);
+            unlink(out);
+            return 1;
+        }
+        return 0;
+    }
+    if (lora_of) {
+        gguf_file *base = gguf_open(lora_of, err);
+        if (!base) {
+            fprintf(stderr, "mkmodel: %s: %s\n", lora_of, err);
+            return 1;
+        }
+        modelgen_lora_params lp = {.base = base, .rank = rank,
+                                   .alpha = isnan(alpha) ? (float)rank : alpha, .type = p.type,
+                                   .targets = targets, .seed = p.seed, .n_threads = p.n_threads};
+        int rc = modelgen_write_lora(&lp, out, err);
+        gguf_close(base);
+        if (rc < 0) {
+            fprintf(stderr, "mkmodel: %s: %s\n", lora_of, err);
             unlink(out);
             return 1;
         }

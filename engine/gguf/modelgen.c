@@ -415,3 +415,369 @@ out:
     gguf_writer_free(w);
     return rc;
 }
+
+/* ---- LoRA adapters ---- */
+
+/* The matrices of a decoder layer an adapter may adapt, by target bit. */
+static const struct {
+    unsigned bit;
+    const char *name;
+} modelgen_lora_layer[] = {
+    {MODELGEN_LORA_Q, "attn_q.weight"},      {MODELGEN_LORA_K, "attn_k.weight"},
+    {MODELGEN_LORA_V, "attn_v.weight"},      {MODELGEN_LORA_O, "attn_output.weight"},
+    {MODELGEN_LORA_GATE, "ffn_gate.weight"}, {MODELGEN_LORA_UP, "ffn_up.weight"},
+    {MODELGEN_LORA_DOWN, "ffn_down.weight"},
+};
+#define MODELGEN_LORA_PER_LAYER (int)(sizeof modelgen_lora_layer / sizeof modelgen_lora_layer[0])
+
+/* Appends the pair of base tensor name (ne [in, out]) to ts: a with a_std, b with b_std,
+ * lora_a of ne (a0, a1) and lora_b of ne (b0, b1). -1 + err when a row is not whole
+ * blocks of type. */
+static int modelgen_lora_pair(modelgen_tensor *ts, int *n, const char *name, uint32_t type,
+                              int64_t a0, int64_t a1, float a_std, int64_t b0, int64_t b1,
+                              float b_std, char err[ERR_MAX])
+{
+    if (quant_row_bytes(type, a0) == 0 || quant_row_bytes(type, b0) == 0)
+        return err_set(err, "%s: rows of %lld and %lld elements are not whole blocks of %s "
+                            "(the rank must be a multiple of its block size %d)", name,
+                       (long long)a0, (long long)b0, quant_traits_of(type)->name,
+                       quant_traits_of(type)->block_size);
+    char nm[64]; /* base names are at most blk.4095.ffn_gate.weight */
+    snprintf(nm, sizeof nm, "%.56s.lora_a", name);
+    modelgen_add(ts, n, nm, 2, a0, a1, type, a_std, 0.0f);
+    snprintf(nm, sizeof nm, "%.56s.lora_b", name);
+    modelgen_add(ts, n, nm, 2, b0, b1, type, b_std, 0.0f);
+    return 0;
+}
+
+int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char err[ERR_MAX])
+{
+    gguf_str a;
+    char arch[16], key[96];
+    if (!gguf_get_str(p->base, "general.architecture", &a) ||
+        !(gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3")))
+        return err_set(err, "the base is no llama, qwen2 or qwen3 decoder");
+    snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.ptr);
+    const quant_traits *tr = quant_traits_of(p->type);
+    if (!tr || !tr->computable)
+        return err_set(err, "adapter type %u is not supported", p->type);
+    if (p->rank < 1 || p->rank > 65536)
+        return err_set(err, "rank %d is not in 1..65536", p->rank);
+    if (!isfinite(p->alpha))
+        return err_set(err, "alpha is not a number");
+    if (!(p->targets & (MODELGEN_LORA_LAYERS | MODELGEN_LORA_OUTPUT | MODELGEN_LORA_TOKEN_EMBD)))
+        return err_set(err, "no matrix to adapt");
+    int64_t n_layer;
+    snprintf(key, sizeof key, "%s.block_count", arch);
+    if (!gguf_get_i64(p->base, key, &n_layer) || n_layer < 1 || n_layer > 4096)
+        return err_set(err, "the base has no %s in 1..4096", key);
+
+    int max_t = 2 * (2 + (int)n_layer * MODELGEN_LORA_PER_LAYER), n_t = 0, rc = -1;
+    modelgen_tensor *ts = calloc((size_t)max_t, sizeof *ts);
+    gguf_writer *w = gguf_writer_new();
+    if (!ts || !w) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    /* B's scale: s B (A x) about 0.2 per element at scale 1 (A x has unit elements) */
+    float factor = p->alpha != 0.0f ? p->alpha / (float)p->rank : 1.0f, r = (float)p->rank;
+    float b_std = 0.2f / sqrtf(r) / fabsf(factor);
+    for (int64_t l = -1; l < n_layer; l++) {
+        for (int k = 0; k < (l < 0 ? 2 : MODELGEN_LORA_PER_LAYER); k++) {
+            char name[64];
+            unsigned bit;
+            if (l < 0) {
+                bit = k == 0 ? MODELGEN_LORA_TOKEN_EMBD : MODELGEN_LORA_OUTPUT;
+                snprintf(name, sizeof name, "%s", k == 0 ? "token_embd.weight" : "output.weight");
+            } else {
+                bit = modelgen_lora_layer[k].bit;
+                snprintf(name, sizeof name, "blk.%lld.%s", (long long)l, modelgen_lora_layer[k].name);
+            }
+            if (!(p->targets & bit))
+                continue;
+            const gguf_tensor *bt = gguf_find_tensor(p->base, name);
+            if (!bt) {
+                err_set(err, "the base has no tensor '%s'%s", name,
+                        bit == MODELGEN_LORA_OUTPUT ? " (it ties its output to token_embd)" : "");
+                goto out;
+            }
+            if (bt->n_dims != 2) {
+                err_set(err, "base tensor '%s' is not a matrix", name);
+                goto out;
+            }
+            int64_t in = bt->ne[0], outs = bt->ne[1];
+            int prc = bit == MODELGEN_LORA_TOKEN_EMBD
+                          /* flipped: a row of A per token, B maps it to the embedding */
+                          ? modelgen_lora_pair(ts, &n_t, name, p->type, r, outs, 1.0f, r, in,
+                                               b_std / sqrtf((float)in), err)
+                          : modelgen_lora_pair(ts, &n_t, name, p->type, in, r,
+                                               1.0f / sqrtf((float)in), r, outs, b_std, err);
+            if (prc < 0)
+                goto out;
+        }
+    }
+    if (gguf_writer_set_str(w, "general.architecture", arch) < 0 ||
+        gguf_writer_set_str(w, "general.type", "adapter") < 0 ||
+        gguf_writer_set_str(w, "general.name", "random LoRA adapter (mkmodel)") < 0 ||
+        gguf_writer_set_str(w, "adapter.type", "lora") < 0 ||
+        gguf_writer_set_f32(w, "adapter.lora.alpha", p->alpha) < 0) {
+        err_set(err, "cannot set metadata");
+        goto out;
+    }
+    modelgen_params gp = {.seed = p->seed, .n_threads = p->n_threads};
+    rc = modelgen_emit(&gp, w, ts, n_t, path, err);
+out:
+    free(ts);
+    gguf_writer_free(w);
+    return rc;
+}
+
+/* One adapter being merged (modelgen_convert). */
+typedef struct modelgen_merge {
+    const char *path;
+    gguf_file *g;
+    float scale;   /* the user's */
+    float alpha;   /* adapter.lora.alpha; 0: none */
+} modelgen_merge;
+
+static int modelgen_merge_open(modelgen_merge *a, const gguf_file *in, char err[ERR_MAX])
+{
+    char why[ERR_MAX];
+    gguf_str s, arch;
+    if (!(a->g = gguf_open(a->path, why)))
+        return err_set(err, "%s: %s", a->path, why);
+    if (!gguf_get_str(a->g, "general.type", &s) || !gguf_str_eq(s, "adapter"))
+        return err_set(err, "%s: not an adapter (general.type is not 'adapter')", a->path);
+    if (!gguf_get_str(a->g, "adapter.type", &s) || !gguf_str_eq(s, "lora"))
+        return err_set(err, "%s: adapter.type is not 'lora'", a->path);
+    if (!gguf_get_str(a->g, "general.architecture", &s) ||
+        !gguf_get_str(in, "general.architecture", &arch) || s.len != arch.len ||
+        memcmp(s.ptr, arch.ptr, s.len) != 0)
+        return err_set(err, "%s: its architecture is not the model's", a->path);
+    a->alpha = 0.0f;
+    if (gguf_find_key(a->g, "adapter.lora.alpha") >= 0 &&
+        (!gguf_get_f32(a->g, "adapter.lora.alpha", &a->alpha) || !isfinite(a->alpha)))
+        return err_set(err, "%s: adapter.lora.alpha is not a number", a->path);
+    /* a tensor merged into nothing would be part of the adapter silently dropped */
+    for (int64_t k = 0; k < gguf_n_tensors(a->g); k++) {
+        gguf_str n = gguf_tensor_at(a->g, k)->name;
+        bool pair = n.len > 7 && (memcmp(n.ptr + n.len - 7, ".lora_a", 7) == 0 ||
+                                  memcmp(n.ptr + n.len - 7, ".lora_b", 7) == 0);
+        char base[160];
+        snprintf(base, sizeof base, "%.*s", (int)(pair && n.len < sizeof base ? n.len - 7 : 0),
+                 n.ptr);
+        if (!pair || !gguf_find_tensor(in, base))
+            return err_set(err, "%s: tensor '%.*s' adapts no matrix of the model", a->path,
+                           (int)(n.len > 96 ? 96 : n.len), n.ptr);
+    }
+    return 0;
+}
+
+/* A tensor of an adapter as an f32 matrix of ne[1] rows of ne[0]; NULL + err. */
+static float *modelgen_merge_matrix(const modelgen_merge *a, const gguf_tensor *t,
+                                    char err[ERR_MAX])
+{
+    const quant_traits *tr = quant_traits_of(t->type);
+    size_t rb = quant_row_bytes(t->type, t->ne[0]);
+    if (t->n_dims != 2 || !tr || !tr->computable || rb == 0 || t->bytes < rb * (size_t)t->ne[1]) {
+        err_set(err, "%s: tensor '%.*s' is not a matrix of a computable type", a->path,
+                (int)t->name.len, t->name.ptr);
+        return NULL;
+    }
+    float *m = malloc((size_t)t->ne[0] * (size_t)t->ne[1] * sizeof *m);
+    if (!m) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    for (int64_t r = 0; r < t->ne[1]; r++)
+        quant_dequantize_row(t->type, (const char *)t->data + (size_t)r * rb,
+                             m + (size_t)r * t->ne[0], t->ne[0]);
+    return m;
+}
+
+/* Adds s B A of adapter a's pair for name (if it has one) to w, the base matrix of rows
+ * rows of cols, in double: acc (cols) holds one row. 0, or -1 + err. */
+static int modelgen_merge_pair(modelgen_merge *a, const char *name, int64_t rows, int64_t cols,
+                               double *w, char err[ERR_MAX])
+{
+    char an[160], bn[160];
+    snprintf(an, sizeof an, "%s.lora_a", name);
+    snprintf(bn, sizeof bn, "%s.lora_b", name);
+    const gguf_tensor *ta = gguf_find_tensor(a->g, an), *tb = gguf_find_tensor(a->g, bn);
+    if (!ta && !tb)
+        return 0;
+    if (!ta || !tb)
+        return err_set(err, "%s: '%s' has only one of lora_a and lora_b", a->path, name);
+    bool embd = strcmp(name, "token_embd.weight") == 0;
+    int64_t rank = tb->ne[0];
+    bool fits = embd ? ta->ne[0] == rank && ta->ne[1] == rows && tb->ne[1] == cols
+                     : ta->ne[0] == cols && ta->ne[1] == rank && tb->ne[1] == rows;
+    if (!fits)
+        return err_set(err, "%s: the shapes of '%s' (lora_a [%lld, %lld], lora_b [%lld, %lld]) "
+                            "do not fit the model's [%lld, %lld]", a->path, name,
+                       (long long)ta->ne[0], (long long)ta->ne[1], (long long)tb->ne[0],
+                       (long long)tb->ne[1], (long long)cols, (long long)rows);
+    float *A = modelgen_merge_matrix(a, ta, err), *B = A ? modelgen_merge_matrix(a, tb, err) : NULL;
+    if (!B) {
+        free(A);
+        return -1;
+    }
+    double s = (double)a->scale * (a->alpha != 0.0f ? (double)a->alpha / (double)rank : 1.0);
+    for (int64_t o = 0; o < rows; o++) {
+        double *wo = w + (size_t)o * cols;
+        if (embd) { /* row o is token o: A's row o (rank) through B (cols rows of rank) */
+            for (int64_t d = 0; d < cols; d++) {
+                double e = 0;
+                for (int64_t k = 0; k < rank; k++)
+                    e += (double)A[(size_t)o * rank + k] * B[(size_t)d * rank + k];
+                wo[d] += s * e;
+            }
+            continue;
+        }
+        for (int64_t k = 0; k < rank; k++) {
+            double b = s * B[(size_t)o * rank + k];
+            const float *ak = A + (size_t)k * cols;
+            for (int64_t c = 0; c < cols; c++)
+                wo[c] += b * ak[c];
+        }
+    }
+    free(A);
+    free(B);
+    return 0;
+}
+
+/* The base matrix t (rows of ne[0]) with every adapter's pair added, rounded to type (or
+ * F32 when its rows are not whole blocks of type) into *dst (malloc'd); *dst_type set. */
+static int modelgen_merge_tensor(const gguf_tensor *t, const char *name, modelgen_merge *ad,
+                                 int n_ad, uint32_t type, void **dst, uint32_t *dst_type,
+                                 char err[ERR_MAX])
+{
+    int64_t cols = t->ne[0], rows = t->ne[1];
+    size_t in_rb = quant_row_bytes(t->type, cols);
+    const quant_traits *tr = quant_traits_of(t->type);
+    if (t->n_dims != 2 || !tr || !tr->computable || in_rb == 0)
+        return err_set(err, "%s: adapted, but not a matrix of a computable type", name);
+    double *w = malloc((size_t)rows * (size_t)cols * sizeof *w);
+    float *row = malloc((size_t)cols * sizeof *row);
+    int rc = -1;
+    if (!w || !row) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        quant_dequantize_row(t->type, (const char *)t->data + (size_t)r * in_rb, row, cols);
+        for (int64_t c = 0; c < cols; c++)
+            w[(size_t)r * cols + c] = row[c];
+    }
+    for (int i = 0; i < n_ad; i++)
+        if (modelgen_merge_pair(&ad[i], name, rows, cols, w, err) < 0)
+            goto out;
+    *dst_type = quant_row_bytes(type, cols) ? type : QTYPE_F32;
+    size_t out_rb = quant_row_bytes(*dst_type, cols);
+    if (!(*dst = malloc(out_rb * (size_t)rows))) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++)
+            row[c] = (float)w[(size_t)r * cols + c];
+        quant_quantize_row(*dst_type, row, (char *)*dst + (size_t)r * out_rb, cols);
+    }
+    rc = 0;
+out:
+    free(w);
+    free(row);
+    return rc;
+}
+
+/* Whether any adapter has a tensor of name's pair. */
+static bool modelgen_adapted(const modelgen_merge *ad, int n_ad, const char *name)
+{
+    char an[160], bn[160];
+    snprintf(an, sizeof an, "%s.lora_a", name);
+    snprintf(bn, sizeof bn, "%s.lora_b", name);
+    for (int i = 0; i < n_ad; i++)
+        if (gguf_find_tensor(ad[i].g, an) || gguf_find_tensor(ad[i].g, bn))
+            return true;
+    return false;
+}
+
+int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
+                     const char *const *lora, const float *scales, char err[ERR_MAX])
+{
+    const quant_traits *tt = quant_traits_of(type);
+    if (!tt || !tt->computable)
+        return err_set(err, "type %u is not supported", type);
+    gguf_file *g = gguf_open(in, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    int64_t n_tensors = gguf_n_tensors(g);
+    void **bufs = calloc((size_t)n_tensors + 1, sizeof *bufs);
+    modelgen_merge *ad = calloc((size_t)n_lora + 1, sizeof *ad);
+    float *row = NULL;
+    int rc = -1;
+    if (!w || !bufs || !ad) {
+        err_set(err, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n_lora; i++) {
+        ad[i].path = lora[i];
+        ad[i].scale = scales[i];
+        if (modelgen_merge_open(&ad[i], g, err) < 0)
+            goto out;
+    }
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        if (gguf_writer_copy_kv(w, g, i) < 0) {
+            err_set(err, "copying metadata: out of memory");
+            goto out;
+        }
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        int64_t n = t->ne[0], rows = 1;
+        for (uint32_t d = 1; d < t->n_dims; d++)
+            rows *= t->ne[d];
+        const void *data = t->data;
+        uint32_t to = t->type;
+        if (modelgen_adapted(ad, n_lora, name)) {
+            if (modelgen_merge_tensor(t, name, ad, n_lora, type, &bufs[i], &to, err) < 0)
+                goto out;
+            data = bufs[i];
+        } else if (t->n_dims >= 2 && quant_row_bytes(type, n) && t->type != type) {
+            if (!quant_traits_of(t->type) || !quant_traits_of(t->type)->computable) {
+                err_set(err, "%s: type %u cannot be read", name, t->type);
+                goto out;
+            }
+            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(type, n);
+            float *grown = realloc(row, sizeof *row * (size_t)n);
+            bufs[i] = malloc(out_rb * (size_t)rows);
+            if (!grown || !bufs[i]) {
+                row = grown ? grown : row;
+                err_set(err, "%s: out of memory", name);
+                goto out;
+            }
+            row = grown;
+            for (int64_t r = 0; r < rows; r++) {
+                quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
+                quant_quantize_row(type, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
+            }
+            data = bufs[i], to = type;
+        }
+        if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
+            err_set(err, "%s: out of memory", name);
+            goto out;
+        }
+    }
+    rc = gguf_writer_write(w, out, err);
+out:
+    for (int64_t i = 0; bufs && i < n_tensors; i++)
+        free(bufs[i]);
+    for (int i = 0; ad && i < n_lora; i++)
+        gguf_close(ad[i].g);
+    free(bufs), free(row), free(ad);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}

@@ -52,4 +52,57 @@ typedef struct modelgen_params {
 /* Writes the model to path. 0, or -1 with err. */
 int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]);
 
+/* The base matrices a LoRA adapter adapts (modelgen_lora_params.targets). */
+enum modelgen_lora_target {
+    MODELGEN_LORA_Q = 1,
+    MODELGEN_LORA_K = 2,
+    MODELGEN_LORA_V = 4,
+    MODELGEN_LORA_O = 8,
+    MODELGEN_LORA_GATE = 16,
+    MODELGEN_LORA_UP = 32,
+    MODELGEN_LORA_DOWN = 64,
+    MODELGEN_LORA_OUTPUT = 128,     /* output.weight (a base that ties it has none) */
+    MODELGEN_LORA_TOKEN_EMBD = 256, /* token_embd.weight */
+};
+/* PEFT's "all-linear" of a decoder layer: attention and feed-forward. */
+#define MODELGEN_LORA_LAYERS 127
+
+typedef struct modelgen_lora_params {
+    const gguf_file *base; /* the model it adapts: a llama, qwen2 or qwen3 decoder */
+    int rank;
+    float alpha;           /* adapter.lora.alpha (0: the scale is the user's alone) */
+    uint32_t type;         /* of lora_a and lora_b: computable, rank and the adapted
+                              matrices' widths whole blocks of it */
+    unsigned targets;      /* enum modelgen_lora_target bits: those the base has */
+    uint64_t seed;
+    int n_threads;         /* <= 0: online CPUs */
+} modelgen_lora_params;
+
+/*
+ * Writes a random LoRA adapter of base in llama.cpp's format (convert_lora_to_gguf.py's):
+ * general.type "adapter", general.architecture the base's, adapter.type "lora",
+ * adapter.lora.alpha, and for each adapted matrix W of ne [in, out] the tensors
+ * "<W>.lora_a" of ne [in, rank] and "<W>.lora_b" of ne [rank, out], so that the adapted
+ * product is W x + s B (A x) with s = scale * alpha / rank (scale * 1 when alpha is 0);
+ * the token embedding's pair is flipped, as llama.cpp reads it: lora_a [rank, n_vocab]
+ * (a row per token) and lora_b [rank, dim]. A has unit-scale products; B is scaled so that
+ * at scale 1 each adapted product moves by about a fifth of modelgen's own weights'
+ * scale: the adapted model answers differently and still works. Deterministic in the
+ * seed. 0, or -1 with err.
+ */
+int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char err[ERR_MAX]);
+
+/*
+ * Writes in's model to out with every matrix whose rows are whole blocks of type
+ * converted to it (dequantized, quantized again), norms, biases and metadata copied, as
+ * llama.cpp's llama-quantize does; with n_lora adapters (files in modelgen_write_lora's
+ * format, lora[i] at scale scales[i]) merged into the matrices they adapt first, as
+ * llama-export-lora does: W + sum of s B A computed in double from the dequantized
+ * weights, then rounded to type. An adapter of another architecture, with a pair
+ * missing, a shape that does not fit its matrix or a tensor of no matrix of in's is an
+ * error. 0, or -1 with err.
+ */
+int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
+                     const char *const *lora, const float *scales, char err[ERR_MAX]);
+
 #endif

@@ -1,7 +1,9 @@
 /*
- * test_mkmodel.c — mkmodel --from: converting a model file's weights to another type.
+ * test_mkmodel.c — mkmodel --from: converting a model file's weights to another type, with
+ * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format.
  */
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,149 @@ static void bad_conversions_are_refused(void)
     CHECK(left == NULL);
 }
 
+/* Element (row, col) of a 2-D tensor as f32. */
+static float elem(const gguf_tensor *t, int64_t row, int64_t col)
+{
+    float buf[4096];
+    quant_dequantize_row_scalar(t->type,
+                                (const uint8_t *)t->data + row * quant_row_bytes(t->type, t->ne[0]),
+                                buf, t->ne[0]);
+    return buf[col];
+}
+
+static const gguf_tensor *tensor(const gguf_file *g, const char *name)
+{
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        printf("       no tensor %s\n", name);
+    return t;
+}
+
+/* --lora-of writes llama.cpp's adapter format: its metadata, a pair per adapted matrix
+ * with A [in, rank] and B [rank, out] (the token embedding's flipped: A [rank, n_vocab],
+ * B [rank, dim]), alpha the rank unless given, deterministic in the seed. */
+static void lora_of_writes_llama_cpp_adapters(void)
+{
+    char args[4096], err[1024], a[1100], b[1100];
+    snprintf(a, sizeof a, "%s/a.gguf", test_tmpdir());
+    snprintf(b, sizeof b, "%s/b.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 8 --targets q,v,down,output,token_embd",
+             a, q8_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 32 --alpha 4 --type q8_0 --seed 9",
+             b, q8_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    char e[ERR_MAX];
+    gguf_file *ga = gguf_open(a, e), *gb = gguf_open(b, e);
+    CHECK_MSG(ga && gb, "%s", e);
+    gguf_str s;
+    float alpha;
+    CHECK(gguf_get_str(ga, "general.type", &s) && gguf_str_eq(s, "adapter"));
+    CHECK(gguf_get_str(ga, "general.architecture", &s) && gguf_str_eq(s, "llama"));
+    CHECK(gguf_get_str(ga, "adapter.type", &s) && gguf_str_eq(s, "lora"));
+    CHECK(gguf_get_f32(ga, "adapter.lora.alpha", &alpha) && alpha == 8.0f);
+    CHECK(gguf_get_f32(gb, "adapter.lora.alpha", &alpha) && alpha == 4.0f);
+    CHECK_EQ(gguf_n_tensors(ga), 2 * (2 * 3 + 2));
+    CHECK_EQ(gguf_n_tensors(gb), 2 * 2 * 7);
+    const gguf_tensor *qa = tensor(ga, "blk.1.attn_q.weight.lora_a"),
+                      *qb = tensor(ga, "blk.1.attn_q.weight.lora_b"),
+                      *da = tensor(ga, "blk.0.ffn_down.weight.lora_a"),
+                      *ea = tensor(ga, "token_embd.weight.lora_a"),
+                      *eb = tensor(ga, "token_embd.weight.lora_b"),
+                      *kb = tensor(gb, "blk.0.attn_k.weight.lora_b");
+    CHECK(qa && qb && da && ea && eb && kb);
+    CHECK(qa->ne[0] == 64 && qa->ne[1] == 8 && qb->ne[0] == 8 && qb->ne[1] == 64);
+    CHECK(da->ne[0] == 128 && da->ne[1] == 8);
+    CHECK(ea->ne[0] == 8 && ea->ne[1] == 300 && eb->ne[0] == 8 && eb->ne[1] == 64);
+    CHECK(qa->type == QTYPE_F16 && kb->type == QTYPE_Q8_0 && kb->ne[0] == 32 && kb->ne[1] == 32);
+    CHECK(!gguf_find_tensor(ga, "blk.0.attn_k.weight.lora_a"));
+    gguf_close(ga), gguf_close(gb);
+}
+
+/* --from with --lora-scaled merges W + scale * alpha / rank * B A (the token embedding's
+ * W + s A B^T, row per token) in double, converting what it does not adapt as before. */
+static void from_merges_adapters(void)
+{
+    char args[4096], err[1024], a[1100], m[1100];
+    snprintf(a, sizeof a, "%s/ma.gguf", test_tmpdir());
+    snprintf(m, sizeof m, "%s/merged.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 4 --alpha 6 --type f32 "
+             "--targets q,token_embd", a, q8_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    snprintf(args, sizeof args, "-o '%s' --from '%s' --type f32 --lora-scaled '%s' -0.5", m,
+             q8_path, a);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    char e[ERR_MAX];
+    gguf_file *ga = gguf_open(a, e), *gm = gguf_open(m, e), *gq = gguf_open(q8_path, e);
+    CHECK_MSG(ga && gm && gq, "%s", e);
+    double s = -0.5 * 6 / 4;
+    const gguf_tensor *w = tensor(gq, "blk.1.attn_q.weight"), *wm = tensor(gm, "blk.1.attn_q.weight"),
+                      *A = tensor(ga, "blk.1.attn_q.weight.lora_a"),
+                      *B = tensor(ga, "blk.1.attn_q.weight.lora_b");
+    CHECK(w && wm && A && B && wm->type == QTYPE_F32);
+    int rows[] = {0, 17, 63}, cols[] = {0, 5, 63};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            double d = 0;
+            for (int k = 0; k < 4; k++)
+                d += (double)elem(B, rows[i], k) * elem(A, k, cols[j]);
+            CHECK_NEAR(elem(wm, rows[i], cols[j]), elem(w, rows[i], cols[j]) + s * d, 1e-6);
+        }
+    const gguf_tensor *e0 = tensor(gq, "token_embd.weight"), *em = tensor(gm, "token_embd.weight"),
+                      *EA = tensor(ga, "token_embd.weight.lora_a"),
+                      *EB = tensor(ga, "token_embd.weight.lora_b");
+    CHECK(e0 && em && EA && EB);
+    int toks[] = {0, 123, 299};
+    for (int i = 0; i < 3; i++) {
+        double d = 0;
+        for (int k = 0; k < 4; k++)
+            d += (double)elem(EA, toks[i], k) * elem(EB, 7, k);
+        CHECK_NEAR(elem(em, toks[i], 7), elem(e0, toks[i], 7) + s * d, 1e-6);
+    }
+    const gguf_tensor *k0 = tensor(gq, "blk.1.attn_k.weight"), *km = tensor(gm, "blk.1.attn_k.weight");
+    CHECK(k0 && km && km->type == QTYPE_F32 && elem(km, 3, 9) == elem(k0, 3, 9));
+    gguf_close(ga), gguf_close(gm), gguf_close(gq);
+}
+
+/* Adapters that do not fit, and options out of place, are refused with a message. */
+static void bad_adapters_are_refused(void)
+{
+    char args[4096], err[1024], out[1100], qwen[1100], qa[1100];
+    snprintf(out, sizeof out, "%s/never.gguf", test_tmpdir());
+    snprintf(qwen, sizeof qwen, "%s/qwen.gguf", test_tmpdir());
+    snprintf(qa, sizeof qa, "%s/qa.gguf", test_tmpdir());
+    modelgen_params mp = {.arch = "qwen2", .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+                          .n_ff = 128, .n_ctx = 256, .type = QTYPE_F16, .seed = 3,
+                          .n_vocab = 300, .n_threads = 1};
+    char e[ERR_MAX];
+    CHECK_MSG(modelgen_write(&mp, qwen, e) == 0, "%s", e);
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 8", qa, qwen);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    /* a qwen2 adapter merged into a llama model */
+    snprintf(args, sizeof args, "-o '%s' --from '%s' --type f32 --lora '%s'", out, q8_path, qa);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 1);
+    CHECK_MSG(strstr(err, "architecture"), "%s", err);
+    /* a model given as an adapter */
+    snprintf(args, sizeof args, "-o '%s' --from '%s' --type f32 --lora '%s'", out, q8_path, qwen);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 1);
+    CHECK_MSG(strstr(err, "not an adapter"), "%s", err);
+    /* a rank that is no whole Q8_0 block */
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 8 --type q8_0", out, q8_path);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 1);
+    CHECK_MSG(strstr(err, "block size 32"), "%s", err);
+    /* options out of place */
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s'", out, q8_path);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    snprintf(args, sizeof args, "-o '%s' --from '%s' --type f32 --rank 4", out, q8_path);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    snprintf(args, sizeof args, "-o '%s' --lora '%s' --arch llama --type f32", out, qa);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 4 --targets q,x", out, q8_path);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    FILE *left = fopen(out, "r");
+    CHECK(left == NULL);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -105,5 +250,8 @@ int main(int argc, char **argv)
     }
     RUN(q8_0_to_f32_and_back);
     RUN(bad_conversions_are_refused);
+    RUN(lora_of_writes_llama_cpp_adapters);
+    RUN(from_merges_adapters);
+    RUN(bad_adapters_are_refused);
     return test_finish();
 }
