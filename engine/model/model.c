@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "engine/quant/blas.h"
+#include "engine/model/lora.h"
 #include "engine/model/ops.h"
 #include "engine/quant/quant.h"
 #include "engine/threadpool.h"
@@ -63,6 +64,13 @@ struct model {
     void *repacked;          /* (repacked_bytes) private copy of the repacked matrices, or NULL */
     size_t repacked_bytes;
     size_t repack_given_back; /* bytes of copied weights' pages the copy replaced */
+    /* A view with adapters (model_with_loras): the model whose matrices it reads (it has
+     * none of its own: tok_embd, output and layers are the base's), else NULL. */
+    const model *base;
+    int n_lora;
+    const lora *lora[MODEL_LORA_MAX];
+    float lora_scale[MODEL_LORA_MAX]; /* the user's, times each pair's factor when applied */
+    int lora_rank;           /* the largest rank of its adapters' pairs */
 };
 
 /* ---- loading ---- */
@@ -429,6 +437,8 @@ static bool model_repackable(const ops_matrix *w)
 
 int model_repack_weights(model *m, char err[ERR_MAX])
 {
+    if (m->base)
+        return err_set(err, "a model with adapters reads its base's weights: repack the base");
     if (m->repacked)
         return 0;
     ops_matrix **w = malloc((1 + 7 * (size_t)m->hp.n_layer) * sizeof *w);
@@ -494,6 +504,61 @@ void model_free(model *m)
     free(m);
 }
 
+model *model_with_loras(const model *base, int n, const lora *const *adapters,
+                        const float *scales, char err[ERR_MAX])
+{
+    if (base->base) {
+        err_set(err, "the model already has adapters: give model_with_loras the model loaded "
+                     "from the file, with all of them");
+        return NULL;
+    }
+    if (n < 0 || n > MODEL_LORA_MAX) {
+        err_set(err, "%d adapters: a model takes at most %d adapters", n, MODEL_LORA_MAX);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(scales[i])) {
+            err_set(err, "the scale of adapter %d is not a number", i);
+            return NULL;
+        }
+        if (lora_base(adapters[i]) != base) {
+            err_set(err, "adapter %d was checked against another base model", i);
+            return NULL;
+        }
+    }
+    model *v = calloc(1, sizeof *v);
+    if (!v) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    /* what a view reads of its own: the base's, fixed once loaded (not its matrices, which
+     * model_repack_weights may replace later: those are read from base) */
+    v->hp = base->hp;
+    v->g = base->g;
+    v->output_norm = base->output_norm;
+    v->rope_freqs = base->rope_freqs;
+    v->mapped = base->mapped;
+    v->base = base;
+    v->n_lora = n;
+    for (int i = 0; i < n; i++) {
+        v->lora[i] = adapters[i];
+        v->lora_scale[i] = scales[i];
+        if (lora_max_rank(adapters[i]) > v->lora_rank)
+            v->lora_rank = lora_max_rank(adapters[i]);
+    }
+    return v;
+}
+
+const model *model_base(const model *m)
+{
+    return m->base ? m->base : m;
+}
+
+int model_n_loras(const model *m)
+{
+    return m->n_lora;
+}
+
 const model_hparams *model_hparams_of(const model *m)
 {
     return &m->hp;
@@ -546,7 +611,8 @@ typedef struct model_frag {
 } model_frag;
 
 struct model_runner {
-    const model *m;
+    const model *m; /* the model it runs: with a view's adapters (model_with_loras) */
+    const model *w; /* whose matrices it reads: model_base(m) */
     tp_pool *pool;
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
     bool aborted;              /* the last model_forward_rows stopped at *abort */
@@ -593,6 +659,9 @@ struct model_runner {
     int *item_rows;        /* (max_batch) rows whose attention runs per (row, KV head) */
     float **out_dst;       /* (max_batch) where each out row's logits go */
     float *logits_stage;   /* (min(max_batch, MODEL_LOGITS_STAGE), n_vocab) */
+    int32_t *row_tok;      /* (max_batch) token of each row, for the embedding's adapters */
+    float *lora_t;         /* (3, max_batch, m->lora_rank) A products of up to three
+                              matrices (their rows of rank floats), for the adapters */
 };
 
 static size_t model_align(size_t n)
@@ -644,6 +713,7 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         return NULL;
     }
     r->m = m;
+    r->w = model_base(m);
     r->max_batch = max_batch;
     r->max_kv = max_kv;
     r->attn_rows = attn_rows;
@@ -659,20 +729,23 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     if ((int)q_dim > max_cols)
         max_cols = (int)q_dim;
+    if (m->lora_rank > max_cols) /* a B product's input is rank wide */
+        max_cols = m->lora_rank;
     size_t every[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
-        B * sizeof(float *), stage * hp->n_vocab * 4,
+        B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
+        3 * B * (size_t)m->lora_rank * 4,
     };
     void **every_ptrs[] = {
         (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
         (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
         (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
         (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
-        (void **)&r->logits_stage,
+        (void **)&r->logits_stage, (void **)&r->row_tok, (void **)&r->lora_t,
     };
     size_t attn[] = {
         B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4, B * q_dim * 4,
@@ -805,6 +878,7 @@ static model_residency model_assign_residency(const model *m, model_frag *f, int
 
 model_residency model_weight_residency(const model *m, size_t resident_bytes)
 {
+    m = model_base(m);
     model_frag *f = malloc((2 + 7 * (size_t)m->hp.n_layer) * sizeof *f);
     if (!f) /* everything counted as streamed from one window: the pessimistic bound */
         return (model_residency){.streamed = SIZE_MAX / 4, .layer_max = SIZE_MAX / 4};
@@ -821,16 +895,16 @@ int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err
     r->n_frags = 0;
     if (resident_bytes == SIZE_MAX)
         return 0;
-    if (!r->m->mapped)
+    if (!r->w->mapped)
         return err_set(err, "weight streaming needs mapped weights (they were copied)");
-    if (r->m->repacked)
+    if (r->w->repacked)
         return err_set(err, "weight streaming needs the weights as the file stores them "
                             "(they were repacked)");
-    model_frag *f = malloc((2 + 7 * (size_t)r->m->hp.n_layer) * sizeof *f);
+    model_frag *f = malloc((2 + 7 * (size_t)r->w->hp.n_layer) * sizeof *f);
     if (!f)
         return err_set(err, "out of memory");
-    int n = model_list_frags(r->m, f);
-    model_assign_residency(r->m, f, n, resident_bytes);
+    int n = model_list_frags(r->w, f);
+    model_assign_residency(r->w, f, n, resident_bytes);
     r->frags = f;
     r->n_frags = n;
     return 0;
@@ -1213,6 +1287,61 @@ static void model_run(model_runner *r, tp_fn fn, model_step *s)
         tp_run(r->pool, fn, s);
 }
 
+/* ---- adapters ---- */
+
+/*
+ * Adds every adapter's delta of the matrices of slots (up to 3, sharing the input x, n
+ * rows) to their products ys (n rows of each matrix's rows): s B (A x), the A products of
+ * an adapter's matrices in one dispatch into r->lora_t, then each B product added into
+ * its y. An adapter at scale 0 is skipped, so its view's outputs are its base's.
+ */
+static void model_lora_add(model_runner *r, int n_mat, const int *slots, const float *x, int n,
+                           float *const *ys)
+{
+    const model *m = r->m;
+    for (int i = 0; i < m->n_lora; i++) {
+        if (m->lora_scale[i] == 0.0f)
+            continue;
+        const ops_matrix *a[3];
+        const lora_pair *p[3];
+        float *t[3], *y[3];
+        int k = 0;
+        for (int j = 0; j < n_mat; j++) {
+            const lora_pair *lp = lora_pair_at(m->lora[i], slots[j]);
+            if (!lp)
+                continue;
+            p[k] = lp;
+            a[k] = &lp->a;
+            t[k] = r->lora_t + (size_t)k * r->max_batch * m->lora_rank;
+            y[k++] = ys[j];
+        }
+        if (k == 0)
+            continue;
+        ops_matmul_n(r->pool, k, a, x, n, t, r->mm_scratch);
+        for (int j = 0; j < k; j++)
+            ops_matmul_add(r->pool, &p[j]->b, t[j], n, m->lora_scale[i] * p[j]->factor, y[j],
+                           (size_t)p[j]->b.rows, r->mm_scratch);
+    }
+}
+
+/* The token embedding's adapters over the n stacked rows of r->x: each row's token's row
+ * of A (rank), through B, added to the row. */
+static void model_lora_embed(model_runner *r, int n)
+{
+    const model *m = r->m;
+    for (int i = 0; i < m->n_lora; i++) {
+        const lora_pair *p = lora_pair_at(m->lora[i], LORA_SLOT_TOKEN_EMBD);
+        if (!p || m->lora_scale[i] == 0.0f)
+            continue;
+        int rank = p->a.cols;
+        for (int t = 0; t < n; t++)
+            quant_dequantize_row(p->a.type, (const char *)p->a.data + (size_t)r->row_tok[t] * p->a.row_bytes,
+                                 r->lora_t + (size_t)t * rank, rank);
+        ops_matmul_add(r->pool, &p->b, r->lora_t, n, m->lora_scale[i] * p->factor, r->x,
+                       (size_t)m->hp.dim, r->mm_scratch);
+    }
+}
+
 /* Copies the residual rows of the part's out rows in this step into dst (n_out, dim). */
 static void model_save_rows(const model_runner *r, const model_part *pt, float *dst)
 {
@@ -1227,20 +1356,22 @@ static void model_save_rows(const model_runner *r, const model_part *pt, float *
  * buffer, MODEL_LOGITS_STAGE rows per product. */
 static void model_logits(model_runner *r, int n)
 {
-    const model *m = r->m;
-    int nv = m->hp.n_vocab, dim = m->hp.dim;
+    const model *w = r->w;
+    int nv = w->hp.n_vocab, dim = w->hp.dim, out_slot = LORA_SLOT_OUTPUT;
     bool contiguous = true;
     for (int i = 1; i < n && contiguous; i++)
         contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
     if (contiguous) {
-        ops_matmul(r->pool, &m->output, r->xn, n, r->out_dst[0], r->mm_scratch);
+        ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
+        model_lora_add(r, 1, &out_slot, r->xn, n, &r->out_dst[0]);
         return;
     }
     int stage = r->max_batch < MODEL_LOGITS_STAGE ? r->max_batch : MODEL_LOGITS_STAGE;
     for (int i = 0; i < n; i += stage) {
         int g = n - i < stage ? n - i : stage;
-        ops_matmul(r->pool, &m->output, r->xn + (size_t)i * dim, g, r->logits_stage,
+        ops_matmul(r->pool, &w->output, r->xn + (size_t)i * dim, g, r->logits_stage,
                    r->mm_scratch);
+        model_lora_add(r, 1, &out_slot, r->xn + (size_t)i * dim, g, &r->logits_stage);
         for (int j = 0; j < g; j++)
             memcpy(r->out_dst[i + j], r->logits_stage + (size_t)j * nv, (size_t)nv * sizeof(float));
     }
@@ -1250,7 +1381,7 @@ static void model_logits(model_runner *r, int n)
  * whose rows fit in max_batch: appends their entries and evaluates all rows stacked. */
 static void model_forward_rows(model_runner *r, int n_parts)
 {
-    const model *m = r->m;
+    const model *m = r->m, *w = r->w;
     const model_hparams *hp = &m->hp;
     int dim = hp->dim;
     model_part *parts = r->parts;
@@ -1268,9 +1399,10 @@ static void model_forward_rows(model_runner *r, int n_parts)
             pt->o1++;
         for (int t = pt->t0; t < pt->t0 + pt->n; t++, n++) {
             int32_t tok = b->tokens[t];
-            quant_dequantize_row(m->tok_embd.type,
-                                 (const char *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes,
+            quant_dequantize_row(w->tok_embd.type,
+                                 (const char *)w->tok_embd.data + (size_t)tok * w->tok_embd.row_bytes,
                                  r->x + (size_t)n * dim, dim);
+            r->row_tok[n] = tok;
             ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
                             hp->rope_base, &hp->rope_scaling, m->rope_freqs);
             r->row_part[n] = i;
@@ -1280,9 +1412,11 @@ static void model_forward_rows(model_runner *r, int n_parts)
                 r->item_rows[n_items++] = n;
         }
         pt->n_kv = kv_seq_n_tokens(pt->seq);
-        if (b->hidden)
-            model_save_rows(r, pt, b->hidden);
     }
+    model_lora_embed(r, n);
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i].b->hidden)
+            model_save_rows(r, &parts[i], parts[i].b->hidden);
 
     /* decode rows would fault every streamed weight back in per token: only prefill streams */
     bool stream = r->n_frags > 0 && n >= MODEL_STREAM_MIN_ROWS;
@@ -1297,7 +1431,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
             r->aborted = true;
             return;
         }
-        const model_layer *L = &m->layers[l];
+        const model_layer *L = &w->layers[l];
         s.L = L;
         s.layer = l;
         if (stream && l + 1 < hp->n_layer)
@@ -1308,6 +1442,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+        const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K), LORA_SLOT(l, LORA_V)};
+        model_lora_add(r, 3, qkv_slots, r->xn, n, qkv_out);
         /* before the new entries are written: they may go into an existing chunk */
         for (int i = 0; i < n_parts; i++)
             if (parts[i].b->layer_ready && parts[i].t0 == 0)
@@ -1315,6 +1451,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_run(r, model_qkv_job, &s);
         model_attention(r, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
+        const int o_slot = LORA_SLOT(l, LORA_O);
+        model_lora_add(r, 1, &o_slot, r->att, n, &r->proj);
         ops_add(r->x, r->proj, n * dim);
 
         s.norm_w = L->ffn_norm;
@@ -1322,8 +1460,12 @@ static void model_forward_rows(model_runner *r, int n_parts)
         const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
         float *gate_up_out[] = {r->gate, r->up};
         ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+        const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
+        model_lora_add(r, 2, gate_up_slots, r->xn, n, gate_up_out);
         model_run(r, model_ffn_act_job, &s);
         ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
+        const int down_slot = LORA_SLOT(l, LORA_DOWN);
+        model_lora_add(r, 1, &down_slot, r->gate, n, &r->proj);
         ops_add(r->x, r->proj, n * dim);
 
         for (int i = 0; i < n_parts; i++)

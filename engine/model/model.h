@@ -49,6 +49,7 @@ typedef struct model_hparams {
 } model_hparams;
 
 typedef struct model model;
+typedef struct lora lora; /* engine/model/lora.h */
 
 /* One layer's small per-head tensors, applied to q, k and v after their matrix products
  * (NULL when the architecture has none). */
@@ -104,7 +105,9 @@ const gguf_tensor *model_gguf_tensor(const gguf_file *g, const char *name, int n
  * model_repacked_bytes of private memory. A repacked
  * model's weights cannot stream (model_runner_stream_weights refuses): streaming runners
  * read the file's layout. Does nothing on other CPUs, with LLMS_NO_SIMD or
- * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had.
+ * LLMS_NO_AVX512, or when called again. -1 + err when the memory cannot be had, or for
+ * a model with adapters (repack its base: the view reads the base's matrices as they are
+ * when it runs).
  */
 int model_repack_weights(model *m, char err[ERR_MAX]);
 /* Private memory repacking added: the copy less the copied weights' pages it gave back
@@ -113,6 +116,36 @@ size_t model_repacked_bytes(const model *m);
 
 /* Frees the model (and closes the file when model_load opened it). NULL is allowed. */
 void model_free(model *m);
+
+/*
+ * LoRA adapters (engine/model/lora.h), applied unmerged.
+ *
+ * A model with adapters is a view of a model loaded from a file: it reads that model's
+ * weights, which stay as they are and are shared by every view of them, and its forward
+ * adds each adapter's delta to the products of the matrices it adapts, y = W x + sum of
+ * s_i B_i (A_i x) with s_i = scales[i] * alpha_i / rank (llama.cpp's scale), the token
+ * embedding's rows too. An adapter at scale 0 is not computed, so such a view gives its
+ * base's outputs bit for bit. Runners, KV pools and everything else take a view as a
+ * model; a runner of one holds the adapters' scratch (rows of the largest rank) besides
+ * the base's. The A products of the matrices that share an input run in one dispatch
+ * with the usual kernels (8-bit activations for a Q8_0 adapter, as llama.cpp's); the B
+ * products add f32 dot products into the base's (ops_matmul_add), so that with at most
+ * 16 stacked rows a sequence's outputs are its solo ones bit for bit, as without
+ * adapters.
+ *
+ * base: a model loaded from a file, which must outlive the view, as must the adapters,
+ * each checked against it (lora_load); 0..MODEL_LORA_MAX adapters, scales finite. NULL
+ * + err otherwise.
+ */
+#define MODEL_LORA_MAX 8
+model *model_with_loras(const model *base, int n, const lora *const *adapters,
+                        const float *scales, char err[ERR_MAX]);
+
+/* The model whose weights m reads: its base when it has adapters, else m itself. */
+const model *model_base(const model *m);
+
+/* The adapters of a model made by model_with_loras (0 for others). */
+int model_n_loras(const model *m);
 
 const model_hparams *model_hparams_of(const model *m);
 
