@@ -613,6 +613,12 @@ typedef struct model_frag {
 struct model_runner {
     const model *m; /* the model it runs: with a view's adapters (model_with_loras) */
     const model *w; /* whose matrices it reads: model_base(m) */
+    /* A runner of model_runner_new_shared: the runner whose pool and scratch it uses (the
+     * pointers below are that runner's, but lora_t and, when it needs a larger one,
+     * mm_scratch, which are in own), else NULL. */
+    const model_runner *owner;
+    void *own;
+    size_t own_bytes;
     tp_pool *pool;
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
     bool aborted;              /* the last model_forward_rows stopped at *abort */
@@ -653,6 +659,7 @@ struct model_runner {
     kv_chunk **slot_chunk; /* (max_batch) where each row's K/V go */
     int *slot_index;       /* (max_batch) */
     void *mm_scratch;      /* ops_matmul scratch */
+    size_t mm_bytes;
     model_part *parts;     /* (max_batch) the sequences of the step; each has >= 1 row */
     int *row_part;         /* (max_batch) index into parts of each row */
     int32_t *row_pos;      /* (max_batch) position of each row */
@@ -735,7 +742,7 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
-        ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+        r->mm_bytes = ops_matmul_scratch_bytes(max_batch, max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
         3 * B * (size_t)m->lora_rank * 4,
@@ -780,18 +787,65 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     return r;
 }
 
+model_runner *model_runner_new_shared(const model *m, model_runner *owner, char err[ERR_MAX])
+{
+    if (model_base(m) != owner->w || owner->owner) {
+        err_set(err, "runner: a shared runner's model reads the weights of its owner's, and "
+                     "its owner owns its scratch");
+        return NULL;
+    }
+    model_runner *r = malloc(sizeof *r);
+    if (!r) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    *r = *owner;
+    r->m = m;
+    r->owner = owner;
+    r->abort = NULL;
+    r->aborted = false;
+    r->frags = NULL;
+    r->n_frags = 0;
+    r->mem = NULL;
+    r->mem_bytes = 0;
+    pthread_mutex_init(&r->recv_lock, NULL);
+    /* its adapters' A products, and ops_matmul's scratch when a B product's rank-wide
+     * input is wider than the owner's sized it for */
+    const model_hparams *hp = &m->hp;
+    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
+    max_cols = hp->n_head * hp->head_dim > max_cols ? hp->n_head * hp->head_dim : max_cols;
+    max_cols = m->lora_rank > max_cols ? m->lora_rank : max_cols;
+    size_t t_bytes = model_align(3 * (size_t)r->max_batch * (size_t)m->lora_rank * sizeof(float));
+    size_t mm = ops_matmul_scratch_bytes(r->max_batch, max_cols, tp_n_threads(r->pool));
+    r->own_bytes = t_bytes + (mm > owner->mm_bytes ? model_align(mm) : 0);
+    r->own = r->own_bytes ? aligned_alloc(64, r->own_bytes) : NULL;
+    if (r->own_bytes && !r->own) {
+        err_set(err, "runner: out of memory for %zu bytes of scratch", r->own_bytes);
+        model_runner_free(r);
+        return NULL;
+    }
+    r->lora_t = r->own;
+    if (mm > owner->mm_bytes) {
+        r->mm_scratch = (char *)r->own + t_bytes;
+        r->mm_bytes = mm;
+    }
+    return r;
+}
+
 size_t model_runner_scratch_bytes(const model_runner *r)
 {
-    return r->mem_bytes;
+    return r->mem_bytes + r->own_bytes;
 }
 
 void model_runner_free(model_runner *r)
 {
     if (!r)
         return;
-    tp_free(r->pool);
+    if (!r->owner)
+        tp_free(r->pool);
     pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
+    free(r->own);
     free(r->frags);
     free(r);
 }

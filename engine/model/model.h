@@ -199,7 +199,20 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
                                     char err[ERR_MAX]);
 void model_runner_free(model_runner *r);
 
-/* Bytes of scratch the runner allocated (its working memory, KV and weights apart). */
+/*
+ * A runner for m that uses owner's thread pool and scratch: runners of a base and of its
+ * views with adapters (model_with_loras) cost one runner's working memory, not one each,
+ * when one thread runs them one at a time (as the daemon's worker runs its generate
+ * models), never two at once. It has owner's sizes (max_batch, max_kv, attention rows);
+ * its own memory is its adapters' A products (3 * max_batch * rank floats). m must read
+ * owner's model's weights (model_base(m) == model_base of owner's model), owner must not
+ * be a shared runner itself and must outlive it. Setting the pool to background work
+ * (model_runner_set_background) sets it for both. NULL + err.
+ */
+model_runner *model_runner_new_shared(const model *m, model_runner *owner, char err[ERR_MAX]);
+
+/* Bytes of scratch the runner allocated (its working memory, KV and weights apart; a
+ * shared runner's own, not its owner's). */
 size_t model_runner_scratch_bytes(const model_runner *r);
 
 /*

@@ -375,6 +375,74 @@ static void batched_equals_alone(void)
     model_free(m);
 }
 
+/* Runners of a base and of two views of it sharing the base's runner's scratch, used in
+ * turns, give what runners of their own give, bit for bit, and add only the adapters'
+ * scratch. */
+static void shared_runners(void)
+{
+    char err[ERR_MAX];
+    const char *base = tmp_path("hbase.gguf"), *ads[2] = {tmp_path("h1.gguf"), tmp_path("h2.gguf")};
+    CHECK(gen_base(base, "llama", QTYPE_F32, false, 64) == 0);
+    CHECK(gen_lora(base, ads[0], 8, 16.0f, QTYPE_F16, ALL_TARGETS, 21) == 0);
+    CHECK(gen_lora(base, ads[1], 64, 64.0f, QTYPE_F32, MODELGEN_LORA_LAYERS, 22) == 0);
+    model *m = model_load(base, err);
+    CHECK_MSG(m, "%s", err);
+    lora *l[2];
+    model *v[3] = {m, NULL, NULL};
+    float scale = 1.0f;
+    for (int i = 0; i < 2; i++) {
+        l[i] = lora_load(m, ads[i], err);
+        CHECK_MSG(l[i], "%s", err);
+        v[i + 1] = model_with_loras(m, 1, (const lora *const *)&l[i], &scale, err);
+        CHECK_MSG(v[i + 1], "%s", err);
+    }
+    model_runner *own[3], *shared[3];
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(pool);
+    for (int i = 0; i < 3; i++) {
+        own[i] = model_runner_new(v[i], 2, 64, 256, err);
+        CHECK_MSG(own[i], "%s", err);
+    }
+    shared[0] = own[0];
+    for (int i = 1; i < 3; i++) {
+        shared[i] = model_runner_new_shared(v[i], shared[0], err);
+        CHECK_MSG(shared[i], "%s", err);
+        CHECK(model_runner_scratch_bytes(shared[i]) < model_runner_scratch_bytes(own[0]) / 4);
+    }
+    CHECK(!model_runner_new_shared(v[1], shared[1], err));
+    kv_seq a[3], b[3];
+    static float la[3][N_ROWS][300], lb[3][N_ROWS][300];
+    for (int i = 0; i < 3; i++)
+        kv_seq_init(&a[i], pool), kv_seq_init(&b[i], pool);
+    /* prompts then decode rows, the three models in turns on each side */
+    for (int step = 0; step <= N_DECODE; step++)
+        for (int i = 0; i < 3; i++) {
+            int n = step == 0 ? N_PROMPT : 1, p0 = step == 0 ? 0 : N_PROMPT + step - 1;
+            int32_t tok[N_PROMPT], pos[N_PROMPT], rows[N_PROMPT];
+            for (int j = 0; j < n; j++)
+                tok[j] = tok_at(p0 + j), pos[j] = p0 + j, rows[j] = j;
+            model_batch bt = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
+                              .out_rows = rows, .logits = la[i][p0]};
+            CHECK_MSG(model_forward(own[i], &a[i], &bt, err) == 0, "%s", err);
+            bt.logits = lb[i][p0];
+            CHECK_MSG(model_forward(shared[i], &b[i], &bt, err) == 0, "%s", err);
+        }
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(memcmp(la[i], lb[i], sizeof la[i]) == 0, "model %d differs shared", i);
+    CHECK(memcmp(la[1], la[2], sizeof la[1]) != 0 && memcmp(la[0], la[1], sizeof la[0]) != 0);
+    for (int i = 0; i < 3; i++)
+        kv_seq_free(&a[i]), kv_seq_free(&b[i]);
+    for (int i = 1; i < 3; i++) {
+        model_runner_free(shared[i]);
+        model_runner_free(own[i]);
+        model_free(v[i]);
+        lora_free(l[i - 1]);
+    }
+    model_runner_free(own[0]);
+    kv_pool_free(pool);
+    model_free(m);
+}
+
 /* ---- refusals ---- */
 
 typedef struct fake_tensor {
@@ -636,6 +704,7 @@ int main(void)
     RUN(scale_zero_is_the_base);
     RUN(q8_0_base_delta);
     RUN(batched_equals_alone);
+    RUN(shared_runners);
     RUN(bad_adapters_are_refused);
     RUN(bad_views_are_refused);
     RUN(forward_never_allocates);
