@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,6 +447,18 @@ static const key_def keys[] = {
     "most " MACRO_LIT(CONFIG_MODELS_MAX) "; a path with blanks needs ROLES after it. One "   \
     "model generates; requests name a model or get their kind's default"
 
+/* The other special key: "lora.NAME = BASE ADAPTER.gguf[:SCALE] ...", after model.NAME. */
+#define LORA_PREFIX "lora."
+#define LORA_LINE_KEY "lora.NAME"
+#define LORA_LINE_HELP                                                                       \
+    "`BASE ADAPTER.gguf[:SCALE] ...`: a generate model named NAME made of the registry "      \
+    "model BASE's weights (mapped once, shared) and LoRA adapters in llama.cpp's format, "  \
+    "each at its scale (default 1; its alpha / rank applies too), up to "                     \
+    MACRO_LIT(CONFIG_LORA_ADAPTERS_MAX) " blank-separated (paths without blanks; a path "   \
+    "ending in `:NUMBER` needs a scale after it); requests name it as any model "            \
+    "(daemon/README.md, \"LoRA adapters\"); repeatable, at most "                          \
+    MACRO_LIT(CONFIG_LORAS_MAX)
+
 static bool followed_by_model_lines(const key_def *k)
 {
     return strcmp(k->name, "model") == 0;
@@ -485,7 +498,101 @@ int config_known(const char *key)
 {
     return find_key(key) != NULL ||
            (strncmp(key, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0 &&
-            model_name_ok(key + strlen(MODEL_PREFIX)));
+            model_name_ok(key + strlen(MODEL_PREFIX))) ||
+           (strncmp(key, LORA_PREFIX, strlen(LORA_PREFIX)) == 0 &&
+            model_name_ok(key + strlen(LORA_PREFIX)));
+}
+
+int config_lora_next(const char **p, char path[CONFIG_PATH_MAX], float *scale, char err[ERR_MAX])
+{
+    const char *s = *p;
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = 0;
+    while (s[n] && !isspace((unsigned char)s[n]))
+        n++;
+    *p = s + n;
+    if (n == 0)
+        return 0;
+    *scale = 1.0f;
+    /* WORD:NUMBER is a file and its scale; a ':' followed by anything else is the path's */
+    const char *colon = memrchr(s, ':', n);
+    size_t path_len = n;
+    if (colon && colon > s && colon + 1 < s + n) {
+        char num[64], *end;
+        size_t len = (size_t)(s + n - colon - 1);
+        snprintf(num, sizeof num, "%.*s", (int)(len < sizeof num ? len : sizeof num - 1), colon + 1);
+        errno = 0;
+        float v = strtof(num, &end);
+        bool numeric = len < sizeof num && end != num && *end == '\0';
+        /* a word that reads as a number but is none to use ("inf", "1e99") is a mistake */
+        if (numeric && (errno || !isfinite(v)))
+            return err_set(err, "adapter '%.*s': scale '%s' is not a finite number",
+                           (int)(n > 200 ? 200 : n), s, num);
+        if (numeric) {
+            *scale = v;
+            path_len = (size_t)(colon - s);
+        }
+    }
+    if (path_len >= CONFIG_PATH_MAX)
+        return err_set(err, "adapter path longer than %d bytes", CONFIG_PATH_MAX - 1);
+    memcpy(path, s, path_len);
+    path[path_len] = '\0';
+    return 1;
+}
+
+/* "lora.NAME = BASE ADAPTER[:SCALE] ...": the base's name, then the adapters as written,
+ * each checked (config_lora_next). */
+static int set_lora_line(config *c, const char *key, const char *value, char err[ERR_MAX])
+{
+    const char *name = key + strlen(LORA_PREFIX);
+    char why[ERR_MAX], path[CONFIG_PATH_MAX];
+    if (!model_name_ok(name))
+        return err_set(err, "%.80s: a model name is 1..%d bytes of [A-Za-z0-9._-]", key,
+                       MODELS_NAME_MAX);
+    while (isspace((unsigned char)*value))
+        value++;
+    size_t base_len = 0;
+    while (value[base_len] && !isspace((unsigned char)value[base_len]))
+        base_len++;
+    char base[MODELS_NAME_MAX + 2];
+    snprintf(base, sizeof base, "%.*s", (int)(base_len < sizeof base ? base_len : sizeof base - 1),
+             value);
+    if (base_len == 0 || base_len > MODELS_NAME_MAX || !model_name_ok(base))
+        return err_set(err, "%s: '%.*s' is no base model name (1..%d bytes of [A-Za-z0-9._-], "
+                            "then the adapters)", key, (int)(base_len > 60 ? 60 : base_len),
+                       value, MODELS_NAME_MAX);
+    const char *adapters = value + base_len;
+    while (isspace((unsigned char)*adapters))
+        adapters++;
+    size_t len = strlen(adapters);
+    while (len > 0 && isspace((unsigned char)adapters[len - 1]))
+        len--;
+    if (len >= CONFIG_PATH_MAX)
+        return err_set(err, "%s: the adapters are longer than %d bytes", key, CONFIG_PATH_MAX - 1);
+    int n = 0, rc;
+    float scale;
+    for (const char *p = adapters; (rc = config_lora_next(&p, path, &scale, why)) == 1;)
+        if (++n > CONFIG_LORA_ADAPTERS_MAX)
+            return err_set(err, "%s: at most %d adapters", key, CONFIG_LORA_ADAPTERS_MAX);
+    if (rc < 0)
+        return err_set(err, "%s: %s", key, why);
+    if (n == 0)
+        return err_set(err, "%s: no adapter after the base model '%s' (lora.NAME = BASE "
+                            "ADAPTER.gguf[:SCALE] ...)", key, base);
+    int i = 0;
+    while (i < c->n_loras && strcmp(c->loras[i].name, name) != 0)
+        i++;
+    if (i == CONFIG_LORAS_MAX)
+        return err_set(err, "%s: more than %d lora.NAME lines", key, CONFIG_LORAS_MAX);
+    config_lora *l = &c->loras[i];
+    strcpy(l->name, name);
+    strcpy(l->base, base);
+    memcpy(l->adapters, adapters, len);
+    l->adapters[len] = '\0';
+    if (i == c->n_loras)
+        c->n_loras++;
+    return 0;
 }
 
 /* "model.NAME = PATH [ROLES]": the path is the value up to its last blank when the
@@ -547,6 +654,8 @@ int config_set(config *c, const char *key, const char *value, char err[ERR_MAX])
 {
     if (strncmp(key, MODEL_PREFIX, strlen(MODEL_PREFIX)) == 0)
         return set_model_line(c, key, value, err);
+    if (strncmp(key, LORA_PREFIX, strlen(LORA_PREFIX)) == 0)
+        return set_lora_line(c, key, value, err);
     const key_def *k = find_key(key);
     if (!k)
         return err_set(err, "unknown key '%.80s'", key);
@@ -703,8 +812,10 @@ void config_print_keys(FILE *out)
             continue;
         }
         print_key_line(out, k->name, k->help, k->def);
-        if (followed_by_model_lines(k))
+        if (followed_by_model_lines(k)) {
             print_key_line(out, MODEL_LINE_KEY, MODEL_LINE_HELP, NULL);
+            print_key_line(out, LORA_LINE_KEY, LORA_LINE_HELP, NULL);
+        }
     }
 }
 
@@ -744,8 +855,10 @@ static void print_markdown(FILE *out)
             continue;
         }
         markdown_row(out, k->name, k->def, k->help);
-        if (followed_by_model_lines(k))
+        if (followed_by_model_lines(k)) {
             markdown_row(out, MODEL_LINE_KEY, NULL, MODEL_LINE_HELP);
+            markdown_row(out, LORA_LINE_KEY, NULL, LORA_LINE_HELP);
+        }
     }
     fputs(CONFIG_DOC_END "\n", out);
 }
@@ -826,6 +939,11 @@ static void print_conf(FILE *out)
             put_comment(out, "`" MODEL_LINE_KEY "` = " MODEL_LINE_HELP, true);
             fputs("#" MODEL_PREFIX "minilm = /var/lib/llmsd/all-MiniLM-L6-v2-f16.gguf embed\n"
                   "#" MODEL_PREFIX "bge-rr = /var/lib/llmsd/bge-reranker-base-f16.gguf rerank\n",
+                  out);
+            fputc('\n', out);
+            put_comment(out, "`" LORA_LINE_KEY "` = " LORA_LINE_HELP, true);
+            fputs("#" LORA_PREFIX "sql = model /var/lib/llmsd/sql-lora-f16.gguf\n"
+                  "#" LORA_PREFIX "terse = model /var/lib/llmsd/style-lora-f16.gguf:0.5\n",
                   out);
         }
     }

@@ -33,11 +33,25 @@ typedef struct config_model {
     char roles[32];
 } config_model;
 
+#define CONFIG_LORAS_MAX 16          /* lora.NAME lines */
+#define CONFIG_LORA_ADAPTERS_MAX 8   /* adapters of one (engine/model/model.h's MODEL_LORA_MAX) */
+
+/* A "lora.NAME = BASE ADAPTER.gguf[:SCALE] ..." line: a generate model NAME made of the
+ * registry model BASE's weights and LoRA adapter files, each at its scale (1 when not
+ * given), blank-separated (config_lora_next reads them). */
+typedef struct config_lora {
+    char name[MODELS_NAME_MAX + 1];
+    char base[MODELS_NAME_MAX + 1];
+    char adapters[CONFIG_PATH_MAX];
+} config_lora;
+
 typedef struct config {
     char model[CONFIG_PATH_MAX];       /* the generate model's GGUF file (or a model.NAME
                                           line with the generate role) */
     config_model models[CONFIG_MODELS_MAX]; /* model.NAME lines, in order */
     int n_models;
+    config_lora loras[CONFIG_LORAS_MAX]; /* lora.NAME lines, in order */
+    int n_loras;
     char socket[CONFIG_SOCKET_MAX];    /* Unix socket path (unless systemd passes one) */
     char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
     char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf/gguf.h */
@@ -167,9 +181,15 @@ typedef struct config {
 int config_defaults(config *c, char err[ERR_MAX]);
 
 /* Sets one key from its text value. -1 with err naming the key for an unknown key or
- * a bad value. "model.NAME" keys add (or, for a NAME already given, replace) a model of
- * the registry. */
+ * a bad value. "model.NAME" and "lora.NAME" keys add (or, for a NAME already given,
+ * replace) a model of the registry. */
 int config_set(config *c, const char *key, const char *value, char err[ERR_MAX]);
+
+/* The next adapter of a lora line's adapters (or any text in their form): *p moves past
+ * it; path gets the file, scale the number after its last ':' when that is one (else the
+ * whole word is the path, scale 1). 1 when one was read, 0 when none is left, -1 + err
+ * for a path too long or a scale that is no finite number. */
+int config_lora_next(const char **p, char path[CONFIG_PATH_MAX], float *scale, char err[ERR_MAX]);
 
 /* Whether key is a known setting (for telling flags from mistakes). */
 int config_known(const char *key);

@@ -197,6 +197,50 @@ static void model_lines(void)
     CHECK_EQ(config_check(&c, err), 0);
 }
 
+/* lora.NAME lines: a base model's name and adapter files with their scales; what is
+ * refused. */
+static void lora_lines(void)
+{
+    config c;
+    char err[ERR_MAX], path[CONFIG_PATH_MAX];
+    float scale;
+    CHECK_MSG(config_defaults(&c, err) == 0, "%s", err);
+    CHECK(config_known("lora.sql-tuned") && !config_known("lora.") && !config_known("lora.a/b"));
+    CHECK_EQ(config_set(&c, "lora.sql", "docs /m/sql.gguf", err), 0);
+    CHECK_EQ(config_set(&c, "lora.mix", " docs  /m/a.gguf:0.5\t/m/b:c.gguf:-1e-1 /m/c:d.gguf ", err),
+             0);
+    CHECK_EQ(c.n_loras, 2);
+    CHECK(strcmp(c.loras[0].name, "sql") == 0 && strcmp(c.loras[0].base, "docs") == 0);
+    const char *p = c.loras[1].adapters;
+    CHECK_EQ(config_lora_next(&p, path, &scale, err), 1);
+    CHECK(strcmp(path, "/m/a.gguf") == 0 && scale == 0.5f);
+    CHECK_EQ(config_lora_next(&p, path, &scale, err), 1);
+    CHECK(strcmp(path, "/m/b:c.gguf") == 0 && scale == -0.1f);
+    CHECK_EQ(config_lora_next(&p, path, &scale, err), 1);
+    CHECK(strcmp(path, "/m/c:d.gguf") == 0 && scale == 1.0f);
+    CHECK_EQ(config_lora_next(&p, path, &scale, err), 0);
+    /* a name given again replaces its line */
+    CHECK_EQ(config_set(&c, "lora.sql", "docs /m/sql2.gguf:2", err), 0);
+    CHECK_EQ(c.n_loras, 2);
+    CHECK(strcmp(c.loras[0].adapters, "/m/sql2.gguf:2") == 0);
+    /* refused: no adapter, a bad base name, a scale that is no number, too many */
+    CHECK(config_set(&c, "lora.x", "docs", err) < 0);
+    CHECK_MSG(strstr(err, "lora.x") && strstr(err, "no adapter"), "%s", err);
+    CHECK(config_set(&c, "lora.x", "do/cs /m/a.gguf", err) < 0);
+    CHECK_MSG(strstr(err, "base model name"), "%s", err);
+    CHECK(config_set(&c, "lora.x", "docs /m/a.gguf:inf", err) < 0);
+    CHECK_MSG(strstr(err, "scale 'inf' is not a finite number"), "%s", err);
+    CHECK(config_set(&c, "lora.x", "docs a b c d e f g h i", err) < 0);
+    CHECK_MSG(strstr(err, "at most 8 adapters"), "%s", err);
+    CHECK(config_set(&c, "lora.a b", "docs /m/a.gguf", err) < 0);
+    char key[128];
+    for (int i = c.n_loras; i < CONFIG_LORAS_MAX; i++) {
+        snprintf(key, sizeof key, "lora.l%d", i);
+        CHECK_EQ(config_set(&c, key, "docs /m/x.gguf", err), 0);
+    }
+    CHECK(config_set(&c, "lora.one-more", "docs /m/x.gguf", err) < 0);
+}
+
 /* The repository's root (where daemon/config.c is): the working directory (tests/run.sh
  * runs there), else found above the test program (build/tests/daemon or
  * build/asan/tests/daemon). "" when neither has it. */
@@ -347,7 +391,8 @@ static void sample_conf_sets_the_defaults(void)
     CHECK(memcmp(&want, &have, sizeof want) == 0);
 }
 
-/* --help shows each key with its default, model.NAME after model, and the groups. */
+/* --help shows each key with its default, model.NAME and lora.NAME after model, and the
+ * groups. */
 static void help_lists_keys_with_defaults(void)
 {
     char *text = NULL;
@@ -359,7 +404,8 @@ static void help_lists_keys_with_defaults(void)
     int ok = strstr(text, "  --kv_budget_mb") && strstr(text, "(default 1024)\n") &&
              strstr(text, "(default 0660)\n") && strstr(text, "\nConnections:\n") &&
              strstr(text, "  --model.NAME") &&
-             strstr(text, "  --model ") < strstr(text, "  --model.NAME") && !strchr(text, '`');
+             strstr(text, "  --model ") < strstr(text, "  --model.NAME") &&
+             strstr(text, "  --model.NAME") < strstr(text, "  --lora.NAME") && !strchr(text, '`');
     free(text);
     CHECK(ok);
 }
@@ -375,6 +421,7 @@ int main(int argc, char **argv)
     RUN(set_single_keys);
     RUN(semantic_keys);
     RUN(model_lines);
+    RUN(lora_lines);
     RUN(readme_table_is_current);
     RUN(sample_conf_is_current);
     RUN(sample_conf_sets_the_defaults);
