@@ -386,6 +386,24 @@ enum llms_status llms_model_load(llms_conn *c, const char *name, const char *pat
     return client_unary_ok(c, &req);
 }
 
+enum llms_status llms_model_load_lora(llms_conn *c, const char *name, const char *base,
+                                      const char *adapters)
+{
+    enum llms_status s;
+    if ((s = client_check_str(c, name, "name")) != LLMS_OK ||
+        (s = client_check_str(c, base, "base")) != LLMS_OK ||
+        (s = client_check_str(c, adapters, "adapters")) != LLMS_OK)
+        return s;
+    Llms__LoadModelRequest lm = LLMS__LOAD_MODEL_REQUEST__INIT;
+    lm.name = (char *)name;
+    lm.path = (char *)base;
+    lm.lora = (char *)adapters;
+    Llms__Request req = LLMS__REQUEST__INIT;
+    req.body_case = LLMS__REQUEST__BODY_LOAD_MODEL;
+    req.load_model = &lm;
+    return client_unary_ok(c, &req);
+}
+
 enum llms_status llms_model_unload(llms_conn *c, const char *name)
 {
     enum llms_status s = client_check_str(c, name, "name");

@@ -557,6 +557,15 @@ enum llms_status llms_list_models(llms_conn *conn, llms_model_info **out, size_t
 enum llms_status llms_model_load(llms_conn *conn, const char *name, const char *path,
                                  const char *roles);
 
+/* Admin: an adapter model (llmsd.conf's lora.NAME lines): name generates with the weights
+ * of the generate model base (mapped once, shared) and LoRA adapter files in llama.cpp's
+ * format, adapters as a lora.NAME line writes them, "FILE[:SCALE] ..." (scale 1 when not
+ * given). It gets its own KV and contexts. NOT_FOUND for no model base;
+ * INVALID_ARGUMENT for an adapter that does not load or fit the base (the message names
+ * the file and what is wrong); FAILED_PRECONDITION for a name in use. */
+enum llms_status llms_model_load_lora(llms_conn *conn, const char *name, const char *base,
+                                      const char *adapters);
+
 /* Admin: forgets model name. FAILED_PRECONDITION while requests use it (retry after
  * they end), for a generate model that has contexts (the message names them) and for
  * the default generate model; NOT_FOUND for an unknown name. */

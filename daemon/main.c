@@ -309,8 +309,9 @@ int main(int argc, char **argv)
         /* an embed model's pooling, so a wrong pooling_type shows before its vectors do */
         int pool = e->m ? model_hparams_of(e->m)->pooling_type : -1;
         static const char *const pool_names[] = {"none", "mean", "cls", "last", "rank"};
-        fprintf(stderr, "llmsd: model '%s': %s (%s %s)%s%s%s%s\n", e->name, e->path, e->arch,
-                models_type_name(e->type),
+        fprintf(stderr, "llmsd: model '%s': %s%s%s (%s %s)%s%s%s%s\n", e->name,
+                e->base ? e->base->name : e->path, e->base ? " with the adapters " : "",
+                e->base ? e->lora_spec : "", e->arch, models_type_name(e->type),
                 e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "",
                 e->roles & MODELS_DRAFT ? ", drafts" : "",
                 (e->roles & ~e->fallback & MODELS_EMBED) ? ", embeds, pooling " : "",

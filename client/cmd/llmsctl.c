@@ -63,6 +63,10 @@ static void usage(void)
            "                   map a GGUF file as model NAME (ROLES: generate, embed,\n"
            "                   rerank, comma-separated; default by the file's kind: an\n"
            "                   encoder embeds, a decoder or a cross-encoder reranks)\n"
+           "  load-lora NAME BASE ADAPTER.gguf[:SCALE]...\n"
+           "                   an adapter model NAME: the generate model BASE's weights\n"
+           "                   with LoRA adapters (llama.cpp's format), each at its scale\n"
+           "                   (default 1), as an llmsd.conf lora.NAME line\n"
            "  unload NAME      forget a model (refused while requests use it)\n"
            "\n"
            "options: --socket PATH  daemon socket (default $LLMS_SOCKET or %s)\n"
@@ -765,6 +769,20 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
     return LLMS_OK;
 }
 
+/* load-lora NAME BASE ADAPTER...: the adapters joined as a lora.NAME line writes them. */
+static enum llms_status cmd_load_lora(llms_conn *c, char **pos)
+{
+    char adapters[4096];
+    size_t n = 0;
+    for (int i = 3; pos[i]; i++) {
+        int w = snprintf(adapters + n, sizeof adapters - n, "%s%s", n ? " " : "", pos[i]);
+        if (w < 0 || (size_t)w >= sizeof adapters - n)
+            bad_usage("load-lora: the adapters are longer than %zu bytes", sizeof adapters - 1);
+        n += (size_t)w;
+    }
+    return cmd_ok(c, llms_model_load_lora(c, pos[1], pos[2], adapters));
+}
+
 /* Runs a command main has checked. */
 static enum llms_status run(llms_conn *c, char **pos)
 {
@@ -791,6 +809,8 @@ static enum llms_status run(llms_conn *c, char **pos)
         return cmd_models(c);
     if (!strcmp(cmd, "load"))
         return cmd_ok(c, llms_model_load(c, pos[1], pos[2], pos[3]));
+    if (!strcmp(cmd, "load-lora"))
+        return cmd_load_lora(c, pos);
     if (!strcmp(cmd, "unload"))
         return cmd_ok(c, llms_model_unload(c, pos[1]));
     if (!strcmp(cmd, "cache"))
@@ -819,6 +839,11 @@ static void check_command(char **pos, int npos)
     if (!strcmp(pos[0], "load")) {
         if (npos < 3 || npos > 4)
             bad_usage("load needs NAME PATH [ROLES]");
+        return;
+    }
+    if (!strcmp(pos[0], "load-lora")) {
+        if (npos < 4)
+            bad_usage("load-lora needs NAME BASE ADAPTER.gguf[:SCALE]...");
         return;
     }
     if (!strcmp(pos[0], "unload")) {

@@ -50,10 +50,31 @@ static int plan_runner(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
     return 0;
 }
 
+/* An adapter model's runner, logits and tokenizer: its base's (o->share), its runner's
+ * steps as many rows. */
+static int share_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
+{
+    const genmodel *b = o->share;
+    g->tok = b->tok;
+    g->family = g->me->family;
+    g->n_vocab = b->n_vocab;
+    g->step_tokens = b->step_tokens;
+    g->max_batch = b->max_batch;
+    g->logits = b->logits;
+    if (!(g->runner = model_runner_new_shared(g->me->m, b->runner, err)) ||
+        !(g->pool = kv_pool_new(model_kv_shape(g->me->m), 0, err)))
+        return -1;
+    g->cm = ctx_open_owned(o->st, g->pool, g->runner, g->me->m, o->policy, o->owns, o->owns_arg,
+                           err);
+    return g->cm ? 0 : -1;
+}
+
 static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
 {
     const config *cfg = o->cfg;
     const model *m = g->me->m;
+    if (o->share)
+        return share_parts(g, o, err);
     if (o->tok) {
         g->tok = o->tok;
     } else {
@@ -76,7 +97,7 @@ static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
         return -1;
     /* one out row per running request, and the draft rows speculation may add */
     size_t out_rows = (size_t)o->max_active + (size_t)o->cfg->speculate_rows;
-    if (!(g->logits = malloc(sizeof *g->logits * (size_t)g->n_vocab * out_rows)))
+    if (!(g->logits = g->own_logits = malloc(sizeof *g->logits * (size_t)g->n_vocab * out_rows)))
         return err_set(err, "out of memory");
     g->cm = ctx_open_owned(o->st, g->pool, g->runner, m, o->policy, o->owns, o->owns_arg, err);
     return g->cm ? 0 : -1;
@@ -104,7 +125,7 @@ void genmodel_free(genmodel *g)
     if (!g)
         return;
     ctx_close(g->cm);
-    free(g->logits);
+    free(g->own_logits);
     kv_pool_free(g->pool);
     model_runner_free(g->runner);
     tok_free(g->own_tok);

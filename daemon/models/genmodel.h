@@ -38,7 +38,9 @@ typedef struct genmodel {
     int step_tokens;         /* rows of long work per step (the plan may lower the setting) */
     int n_vocab;
     float *logits;           /* (max_active + speculate_rows, n_vocab) the out rows of a
-                                step: one per request, and speculation's draft rows */
+                                step: one per request, and speculation's draft rows (an
+                                adapter model's are its base's: steps run one at a time) */
+    float *own_logits;       /* logits when it allocated them, else NULL */
     size_t kv_reserved;      /* KV bytes admission counted for the work running on it */
     jsonmask_vocab *json_vocab; /* every token's bytes, for JSON mode: built by its first
                                    JSON-mode generation (NULL before) */
@@ -61,11 +63,17 @@ typedef struct genmodel_opts {
     const ctx_policy *policy;   /* its budget_bytes is this model's share */
     ctx_owns_fn owns;           /* which stored contexts are this model's */
     void *owns_arg;
+    /* An adapter model's base (me->base), running: its runner's pool and scratch, its
+     * logits and tokenizer serve this model too (engine/model/model.h,
+     * model_runner_new_shared: the worker runs one model's forward at a time), so an
+     * adapter model costs its adapters' scratch, not a runner's; NULL otherwise. */
+    const struct genmodel *share;
 } genmodel_opts;
 
-/* Builds the runner (planned when prefill_budget_mb or resident_small_mb is set), the
- * pool and the context manager of me, a model of the registry with the generate role.
- * NULL + err (naming the model) on failure. */
+/* Builds the runner (planned when prefill_budget_mb or resident_small_mb is set; an
+ * adapter model's on its base's, o->share), the pool and the context manager of me, a
+ * model of the registry with the generate role. NULL + err (naming the model) on
+ * failure. */
 genmodel *genmodel_open(models_entry *me, const genmodel_opts *o, char err[ERR_MAX]);
 
 /* NULL is allowed. Closes the context manager (its writes flushed) and frees the rest;

@@ -144,14 +144,15 @@ models_entry *models_find(models *r, const char *name)
     return find_name(r, name);
 }
 
-/* The entry whose file is path's file (same device and inode), if any. */
+/* The entry whose file is path's file (same device and inode), if any; an adapter
+ * model's path is an adapter's, which several may share. */
 static models_entry *find_file(const models *r, const char *path)
 {
     struct stat a, b;
     if (stat(path, &a) != 0)
         return NULL;
     for (models_entry *e = r->head; e; e = e->next)
-        if (stat(e->path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        if (!e->base && stat(e->path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
             return e;
     return NULL;
 }
@@ -254,6 +255,8 @@ static void view_publish(models *r)
         v->file_mtime = e->file_mtime;
         v->n_params = e->n_params;
         memcpy(v->quant, e->quant, sizeof v->quant);
+        snprintf(v->base, sizeof v->base, "%s", e->base ? e->base->name : "");
+        memcpy(v->lora_spec, e->lora_spec, sizeof v->lora_spec);
     }
     r->view_n = n;
     r->view_version++;
@@ -445,7 +448,9 @@ static void entry_free(models_entry *e)
     bert_runner_free(e->enc_r);
     tok_free(e->embed_tok);
     bert_free(e->enc);
-    model_free(e->m);
+    model_free(e->m); /* an adapter model's view goes before its adapters */
+    for (int i = 0; i < e->n_lora; i++)
+        lora_free(e->lora[i]);
     free(e);
 }
 
@@ -469,12 +474,41 @@ static int open_decoder_apart(models_entry *e, int threads, char err[ERR_MAX])
     return 0;
 }
 
+/* An adapter model's adapters, each checked against its base's model, and the view of
+ * that model with them. */
+static int open_lora(models_entry *e, char err[ERR_MAX])
+{
+    char path[CONFIG_PATH_MAX], why[ERR_MAX];
+    float scales[CONFIG_LORA_ADAPTERS_MAX], scale;
+    _Static_assert(CONFIG_LORA_ADAPTERS_MAX <= MODEL_LORA_MAX, "a model takes every adapter");
+    const char *p = e->lora_spec;
+    int rc;
+    while ((rc = config_lora_next(&p, path, &scale, why)) == 1) {
+        if (e->n_lora == CONFIG_LORA_ADAPTERS_MAX)
+            return err_set(err, "model '%s': at most %d adapters", e->name,
+                           CONFIG_LORA_ADAPTERS_MAX);
+        if (!(e->lora[e->n_lora] = lora_load(e->base->m, path, why)))
+            return err_set(err, "model '%s' (adapters of '%s'): %s", e->name, e->base->name, why);
+        scales[e->n_lora++] = scale;
+    }
+    if (rc < 0)
+        return err_set(err, "model '%s': %s", e->name, why);
+    if (!(e->m = model_with_loras(e->base->m, e->n_lora, (const lora *const *)e->lora, scales,
+                                  why)))
+        return err_set(err, "model '%s': %s", e->name, why);
+    e->family = e->base->family; /* at load time; models_open sets it again after the
+                                    chat_template setting */
+    return 0;
+}
+
 /* Opens what e's roles need now (the reranker waits for its first call); apart: e
  * embeds on its own runner (models_embeds_apart). */
 static int entry_open(models_entry *e, int threads, gguf_load load, bool repack, bool apart,
                       char err[ERR_MAX])
 {
     char why[ERR_MAX];
+    if (e->base)
+        return open_lora(e, err);
     if ((e->roles & MODELS_GENERATE) || apart) {
         if (!(e->m = model_load_as(e->path, load, why)) ||
             ((e->roles & MODELS_GENERATE) && repack && model_repack_weights(e->m, why) < 0))
@@ -511,6 +545,62 @@ static models_entry *entry_new(const char *name, const char *path, char err[ERR_
     strcpy(e->name, name);
     strcpy(e->path, path);
     if (probe(e, err) < 0) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* An adapter model's entry, not yet open: base's weights and the adapters of a lora line
+ * (their files must exist). NULL + err. */
+static models_entry *lora_entry_new(const char *name, models_entry *base, const char *adapters,
+                                    char err[ERR_MAX])
+{
+    if (base->type != MODELS_DECODER || !(base->roles & MODELS_GENERATE)) {
+        err_set(err, "model '%s' does not generate: an adapter model's base is a generate "
+                     "model", base->name);
+        return NULL;
+    }
+    if (base->base) {
+        err_set(err, "model '%s' is an adapter model itself: give its base and all the "
+                     "adapters", base->name);
+        return NULL;
+    }
+    models_entry *e = calloc(1, sizeof *e);
+    if (!e) {
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    if (strlen(name) > MODELS_NAME_MAX || strlen(adapters) >= sizeof e->lora_spec) {
+        free(e);
+        err_set(err, "model name or adapters too long");
+        return NULL;
+    }
+    strcpy(e->name, name);
+    strcpy(e->lora_spec, adapters);
+    e->base = base;
+    e->type = MODELS_DECODER;
+    e->roles = MODELS_GENERATE;
+    memcpy(e->arch, base->arch, sizeof e->arch);
+    memcpy(e->quant, base->quant, sizeof e->quant);
+    e->n_params = base->n_params;
+    char path[CONFIG_PATH_MAX], why[ERR_MAX];
+    float scale;
+    int n = 0, rc;
+    for (const char *p = adapters; (rc = config_lora_next(&p, path, &scale, why)) == 1; n++) {
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            err_set(err, "%s: %s", path, strerror(errno));
+            free(e);
+            return NULL;
+        }
+        if (n == 0)
+            strcpy(e->path, path);
+        e->file_bytes += (uint64_t)st.st_size;
+        e->file_mtime = (int64_t)st.st_mtime > e->file_mtime ? (int64_t)st.st_mtime : e->file_mtime;
+    }
+    if (rc < 0 || n == 0) {
+        err_set(err, "%s", rc < 0 ? why : "no adapter given");
         free(e);
         return NULL;
     }
@@ -602,6 +692,27 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
             goto fail;
         }
     }
+    /* adapter models last: their bases are known, and opened before them */
+    for (int i = 0; i < cfg->n_loras; i++) {
+        const config_lora *cl = &cfg->loras[i];
+        models_entry *e, *base = find_name(r, cl->base);
+        char names[512];
+        if (find_name(r, cl->name)) {
+            err_set(err, "lora.%s: the name is taken by another model", cl->name);
+            goto fail;
+        }
+        if (!base) {
+            list_names(r, names, sizeof names);
+            err_set(err, "lora.%s: no model '%s' to be its base (models: %s)", cl->name,
+                    cl->base, names);
+            goto fail;
+        }
+        if (!(e = lora_entry_new(cl->name, base, cl->adapters, why))) {
+            err_set(err, "lora.%s: %s", cl->name, why);
+            goto fail;
+        }
+        append(r, e);
+    }
     if (!models_generate(r)) {
         err_set(err, "no generate model: set model = PATH or give a model.NAME line the "
                      "generate role");
@@ -614,6 +725,10 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
     models_entry *named = cfg->model[0] ? find_file(r, cfg->model) : NULL;
     if (named && strcmp(cfg->chat_template, "auto") != 0)
         named->family = chat_detect(cfg->chat_template);
+    /* an adapter model chats as its base (a fine-tune keeps its base's template) */
+    for (models_entry *e = r->head; e; e = e->next)
+        if (e->base)
+            e->family = e->base->family;
     if (view_reserve(r, count_entries(r)) < 0) {
         err_set(err, "out of memory");
         goto fail;
@@ -689,6 +804,42 @@ Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsig
     return LLMS__ERROR_CODE__OK;
 }
 
+Llms__ErrorCode models_load_lora(models *r, const char *name, const char *base,
+                                 const char *adapters, char err[ERR_MAX])
+{
+    char why[ERR_MAX], names[512];
+    if (!models_name_ok(name)) {
+        err_set(err, "a model name is 1..%d bytes of [A-Za-z0-9._-]", MODELS_NAME_MAX);
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    models_entry *e = find_name(r, name), *b = models_name_ok(base) ? find_name(r, base) : NULL;
+    if (e) {
+        err_set(err, "model '%s' is loaded already", name);
+        return LLMS__ERROR_CODE__FAILED_PRECONDITION;
+    }
+    if (!b) {
+        list_names(r, names, sizeof names);
+        err_set(err, "no model '%.64s' to be the base of '%s' (models: %s)", base, name, names);
+        return LLMS__ERROR_CODE__NOT_FOUND;
+    }
+    if (!(e = lora_entry_new(name, b, adapters, why))) {
+        err_set(err, "model '%s': %s", name, why);
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (open_lora(e, err) < 0) {
+        entry_free(e);
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (view_reserve(r, count_entries(r) + 1) < 0) {
+        entry_free(e);
+        err_set(err, "out of memory");
+        return LLMS__ERROR_CODE__INTERNAL;
+    }
+    append(r, e);
+    view_publish(r);
+    return LLMS__ERROR_CODE__OK;
+}
+
 Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
 {
     models_entry **pp = &r->head;
@@ -715,6 +866,12 @@ Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX])
                 e->running, e->running == 1 ? "" : "s");
         return LLMS__ERROR_CODE__FAILED_PRECONDITION;
     }
+    for (const models_entry *a = r->head; a; a = a->next)
+        if (a->base == e) {
+            err_set(err, "model '%s' is the base of adapter model '%s': unload that first",
+                    name, a->name);
+            return LLMS__ERROR_CODE__FAILED_PRECONDITION;
+        }
     *pp = e->next;
     entry_free(e);
     view_publish(r);
@@ -755,6 +912,14 @@ static uint64_t file_resident(const char *path)
 
 uint64_t models_resident_bytes(const models_entry *e)
 {
+    if (e->base) {
+        char path[CONFIG_PATH_MAX], why[ERR_MAX];
+        float scale;
+        uint64_t n = 0;
+        for (const char *p = e->lora_spec; config_lora_next(&p, path, &scale, why) == 1;)
+            n += file_resident(path);
+        return n;
+    }
     uint64_t repacked = e->m ? model_repacked_bytes(e->m) : 0;
     if (e->copied) {
         const gguf_file *g = model_gguf(e->m);

@@ -21,6 +21,13 @@
  * cache pages). Only the worker thread touches a registry after models_open returns,
  * except through models_view_update, which any thread may call: the event loop (the
  * HTTP gateway) learns the models' names, roles and chat templates from it.
+ *
+ * An adapter model (lora.NAME lines, models_load_lora) generates with a generate model's
+ * weights and LoRA adapters (engine/model/lora.h): its m is a view of the base's model
+ * (model_with_loras), so the base's file is mapped once for all its adapter models, and
+ * each costs its adapters' bytes. It has its own contexts, KV and prompt cache, as any
+ * generate model (their KV is not the base's: the weights differ). Its base cannot be
+ * unloaded while it is loaded.
  */
 #ifndef LLMS_MODELS_H
 #define LLMS_MODELS_H
@@ -34,6 +41,7 @@
 #include "engine/err.h"
 #include "engine/gguf/gguf.h"
 #include "engine/model/embed.h"
+#include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/encoder/rerank.h"
 #include "engine/tok/tokenizer.h"
@@ -80,6 +88,13 @@ typedef struct models_entry {
     bool rr_busy;                   /* a rerank or calibration task holds rr */
     uint64_t rr_peak_bytes;         /* memory its last call held */
     int running;                    /* tasks using it (an unload waits for none) */
+    /* An adapter model: the generate model whose weights m reads (a view of its m), its
+     * adapters, and the adapters as written ("FILE[:SCALE] ...", config_lora_next);
+     * NULL, 0 and "" for a model of its own file. path is its first adapter's file. */
+    struct models_entry *base;
+    lora *lora[CONFIG_LORA_ADAPTERS_MAX];
+    int n_lora;
+    char lora_spec[CONFIG_PATH_MAX];
     struct models_entry *next;
 } models_entry;
 
@@ -98,6 +113,9 @@ typedef struct models_view_entry {
     int64_t file_mtime;
     uint64_t n_params;
     char quant[12];
+    /* An adapter model's base and adapters as written ("FILE[:SCALE] ..."); "" for others. */
+    char base[MODELS_NAME_MAX + 1];
+    char lora_spec[CONFIG_PATH_MAX];
 } models_view_entry;
 
 /* A copy of the registry's names and roles that a thread other than the worker keeps
@@ -116,10 +134,11 @@ typedef struct models_view {
  * role and is not the default generate model (which embeds in the scheduler's steps). */
 bool models_embeds_apart(const models *r, const models_entry *e);
 
-/* Opens every model of the settings (model, embed_model, rerank_model, model.NAME lines)
- * with load as the generate model's gguf_load. NULL + err naming the model when a file
- * cannot be opened, is not of a kind its roles need, two names clash, or the settings
- * name no generate model. */
+/* Opens every model of the settings (model, embed_model, rerank_model, model.NAME and
+ * lora.NAME lines) with load as the generate model's gguf_load. NULL + err naming the
+ * model when a file cannot be opened, is not of a kind its roles need, an adapter does
+ * not fit its base (engine/model/lora.h says what is refused), two names clash, or the
+ * settings name no generate model. */
 models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX]);
 
 /* NULL is allowed. Frees every model; no task may hold one. */
@@ -152,9 +171,19 @@ bool models_is_default(const models *r, const models_entry *e, enum models_role 
 Llms__ErrorCode models_load(models *r, const char *name, const char *path, unsigned roles,
                             char err[ERR_MAX]);
 
+/* Adds an adapter model at run time: name generates with the generate model base's
+ * weights and the adapters (a lora.NAME line's "FILE[:SCALE] ..."). OK, or the code of
+ * the error in err: INVALID_ARGUMENT for a bad name, an adapter that does not load or fit
+ * base (the file and what is wrong are named), a base that does not generate;
+ * NOT_FOUND for no model base; FAILED_PRECONDITION for a name in use; INTERNAL when
+ * memory runs out. The caller (the scheduler) builds its runner and contexts. */
+Llms__ErrorCode models_load_lora(models *r, const char *name, const char *base,
+                                 const char *adapters, char err[ERR_MAX]);
+
 /* Removes a model. NOT_FOUND for an unknown name; FAILED_PRECONDITION for the default
- * generate model and while a task uses it (e->running: the caller retries after it
- * ends). Another generate model's runner and contexts are the caller's to free first. */
+ * generate model, the base of a loaded adapter model, and while a task uses it
+ * (e->running: the caller retries after it ends). Another generate model's runner and
+ * contexts are the caller's to free first. */
 Llms__ErrorCode models_unload(models *r, const char *name, char err[ERR_MAX]);
 
 /* Brings v up to the registry as it is now (every models_open, models_load and
@@ -177,7 +206,8 @@ int models_parse_roles(const char *s, unsigned *roles, char err[ERR_MAX]);
 bool models_name_ok(const char *name);
 
 /* Bytes of e's file in memory now (page cache pages of the mapping, or the copy), plus
- * the private memory its repacked weights added (model_repacked_bytes). */
+ * the private memory its repacked weights added (model_repacked_bytes); an adapter
+ * model's: its adapter files' (its base's weights are its base's). */
 uint64_t models_resident_bytes(const models_entry *e);
 
 /* Bytes of its runners' working memory that the registry holds (encoder runner, the

@@ -1710,8 +1710,26 @@ static json_object *role_array(unsigned roles)
     return a;
 }
 
+/* An adapter model's adapters as [{"path", "scale"}, ...] (its lora_spec read again). */
+static json_object *adapters_array(const models_view_entry *e)
+{
+    json_object *a = json_object_new_array();
+    char path[CONFIG_PATH_MAX], err[ERR_MAX];
+    float scale;
+    for (const char *p = e->lora_spec; a && config_lora_next(&p, path, &scale, err) == 1;) {
+        json_object *o = json_object_new_object();
+        if (!o)
+            break;
+        json_object_object_add(o, "path", json_object_new_string(path));
+        json_object_object_add(o, "scale", json_object_new_double(scale));
+        json_object_array_add(a, o);
+    }
+    return a;
+}
+
 /* A model in OpenAI's shape, with its roles and the roles it is the default for in
- * "llmsd"; NULL when out of memory. */
+ * "llmsd"; an adapter model's base as vLLM lists a LoRA module's ("parent"), and its
+ * adapters in "llmsd"; NULL when out of memory. */
 static json_object *model_obj(const models_view_entry *e)
 {
     json_object *m = json_object_new_object(), *x = json_object_new_object();
@@ -1726,6 +1744,10 @@ static json_object *model_obj(const models_view_entry *e)
     json_object_object_add(m, "owned_by", json_object_new_string("llmsd"));
     json_object_object_add(x, "roles", role_array(e->roles));
     json_object_object_add(x, "default_for", role_array(e->defaults));
+    if (e->base[0]) {
+        json_object_object_add(m, "parent", json_object_new_string(e->base));
+        json_object_object_add(x, "adapters", adapters_array(e));
+    }
     json_object_object_add(m, "llmsd", x);
     return m;
 }

@@ -329,6 +329,9 @@ static bool bad_load(const Llms__LoadModelRequest *q, refusal *r)
     if (q->n_roles > 3)
         return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                          "%zu roles, there are 3 (generate, embed, rerank)", q->n_roles);
+    if (q->lora && (!q->lora[0] || strlen(q->lora) >= CONFIG_PATH_MAX))
+        return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                         "adapters are %zu bytes, 1..%d", strlen(q->lora), CONFIG_PATH_MAX - 1);
     for (size_t i = 0; i < q->n_roles; i++)
         if (strlen(q->roles[i]) > 16)
             return refuse_as(r, LLMS__ERROR_CODE__INVALID_ARGUMENT,

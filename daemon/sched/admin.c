@@ -708,12 +708,18 @@ static void handle_load_model(sched *s, const sched_job *j)
         }
         roles |= one;
     }
-    if ((roles & MODELS_GENERATE) && genset_count(s) == SCHED_GEN_MAX) {
+    if (q->lora && roles & ~MODELS_GENERATE) {
+        sched_reply_error(s, j, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+                          "load: an adapter model generates, and has no other role");
+        return;
+    }
+    if ((q->lora || (roles & MODELS_GENERATE)) && genset_count(s) == SCHED_GEN_MAX) {
         sched_reply_error(s, j, LLMS__ERROR_CODE__RESOURCE_EXHAUSTED,
                           "load: llmsd serves at most %d generate models", SCHED_GEN_MAX);
         return;
     }
-    Llms__ErrorCode code = models_load(s->env.reg, q->name, q->path, roles, err);
+    Llms__ErrorCode code = q->lora ? models_load_lora(s->env.reg, q->name, q->path, q->lora, err)
+                                   : models_load(s->env.reg, q->name, q->path, roles, err);
     if (code != LLMS__ERROR_CODE__OK) {
         sched_reply_error(s, j, code, "load: %s", err);
         return;
@@ -726,7 +732,8 @@ static void handle_load_model(sched *s, const sched_job *j)
         return;
     }
     if (reqlog_enabled(REQLOG_INFO))
-        fprintf(stderr, "llmsd: info: model '%s' loaded from %s\n", q->name, q->path);
+        fprintf(stderr, "llmsd: info: model '%s' loaded from %s%s%s\n", q->name, q->path,
+                q->lora ? " with the adapters " : "", q->lora ? q->lora : "");
     sched_reply_ok(s, j);
 }
 

@@ -171,7 +171,10 @@ static int genset_add(sched *s, models_entry *me, const tokenizer *tok, char err
         .switch_mode = CTX_SWITCH_PLAN,
     };
     ctx_owner owner = {s, me};
-    genmodel_opts o = {cfg, s->env.st, SCHED_MAX_ACTIVE, tok, &policy, ctx_owner_owns, &owner};
+    genmodel_opts o = {cfg, s->env.st, SCHED_MAX_ACTIVE, tok, &policy, ctx_owner_owns, &owner,
+                       me->base ? genset_of_entry(s, me->base) : NULL};
+    if (me->base && !o.share)
+        return err_set(err, "model '%s': its base '%s' does not run", me->name, me->base->name);
     genmodel *gm = genmodel_open(me, &o, err);
     if (!gm)
         return -1;

@@ -47,7 +47,7 @@
 #include "engine/tok/utf8.h"
 
 #define SCHED_STATS 4096      /* steps remembered for the status (the last minute's) */
-#define SCHED_GEN_MAX 8       /* generate models served at once */
+#define SCHED_GEN_MAX 32      /* generate models served at once (adapter models too) */
 
 typedef struct app_state {
     uint32_t uid;
