@@ -30,6 +30,7 @@
 #include "engine/model/jsonschema.h"
 #include "engine/gguf/gguf.h"
 #include "engine/kv/kv.h"
+#include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
 #include "engine/model/sampler.h"
@@ -70,6 +71,9 @@ typedef struct run_options {
     const char *dry_breakers[DRYBREAK_MAX]; /* --dry-sequence-breaker: DRY's own breakers */
     int n_dry_breakers;                     /* 0: llama.cpp's, unless dry_none */
     bool dry_none;                          /* --dry-sequence-breaker none: no breakers */
+    const char *lora[MODEL_LORA_MAX];       /* --lora, --lora-scaled: adapter files */
+    float lora_scale[MODEL_LORA_MAX];
+    int n_lora;
 } run_options;
 
 static void usage(FILE *out)
@@ -82,6 +86,9 @@ static void usage(FILE *out)
             "  -t, --threads N          threads (default: online cores)\n"
             "  -c, --ctx-size N         context size in tokens (default: model's, at most 4096)\n"
             "  -b, --batch-size N       prefill batch size (default 512)\n"
+            "      --lora FILE          apply a LoRA adapter (llama.cpp's GGUF format) at scale 1,\n"
+            "                           unmerged (repeatable: they stack)\n"
+            "      --lora-scaled FILE S the same at scale S\n"
             "      --mmap               map the weights, shared with the page cache (default)\n"
             "      --no-mmap            read them into private memory on huge pages\n"
             "      --temp T             temperature, 0 = greedy (default 0.8)\n"
@@ -375,6 +382,22 @@ static int parse_args(int argc, char **argv, run_options *o)
                 return -1;
             }
             o->stop[o->n_stop++] = v;
+        } else if (IS(NULL, "--lora") || IS(NULL, "--lora-scaled")) {
+            NEED_VALUE();
+            if (o->n_lora == MODEL_LORA_MAX) {
+                fprintf(stderr, "llms-run: at most %d adapters\n", MODEL_LORA_MAX);
+                return -1;
+            }
+            o->lora[o->n_lora] = v;
+            o->lora_scale[o->n_lora] = 1.0f;
+            if (IS(NULL, "--lora-scaled")) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "llms-run: --lora-scaled needs a file and a scale\n");
+                    return -1;
+                }
+                rc = parse_float(a, argv[++i], &o->lora_scale[o->n_lora]);
+            }
+            o->n_lora++;
         } else if (IS(NULL, "--mmap")) {
             o->load = GGUF_LOAD_MAP;
         } else if (IS(NULL, "--no-mmap")) {
@@ -1226,14 +1249,26 @@ int main(int argc, char **argv)
             return run_embed_bert(o.model_path, &o);
     }
 
-    model *m = model_load_as(o.model_path, o.load, err);
-    if (!m) {
+    model *base = model_load_as(o.model_path, o.load, err), *m = base;
+    lora *adapters[MODEL_LORA_MAX] = {0};
+    if (!base) {
         fprintf(stderr, "llms-run: %s: %s\n", o.model_path, err);
         return 1;
     }
-    if (tok_load(model_gguf(m), &tok, err)) {
-        fprintf(stderr, "llms-run: %s: tokenizer: %s\n", o.model_path, err);
-        model_free(m);
+    /* adapters: a view of the base that adds their deltas, unmerged */
+    for (int i = 0; i < o.n_lora && m; i++)
+        if (!(adapters[i] = lora_load(base, o.lora[i], err)))
+            m = NULL;
+    if (m && o.n_lora &&
+        !(m = model_with_loras(base, o.n_lora, (const lora *const *)adapters, o.lora_scale, err)))
+        m = NULL;
+    if (!m || tok_load(model_gguf(m), &tok, err)) {
+        fprintf(stderr, "llms-run: %s%s\n", m ? "tokenizer: " : "", err);
+        if (m != base)
+            model_free(m);
+        for (int i = 0; i < o.n_lora; i++)
+            lora_free(adapters[i]);
+        model_free(base);
         return 1;
     }
     if (o.plan)
@@ -1245,6 +1280,10 @@ int main(int argc, char **argv)
     else
         status = run_generate(m, tok, &o);
     tok_free(tok);
-    model_free(m);
+    if (m != base)
+        model_free(m);
+    for (int i = 0; i < o.n_lora; i++)
+        lora_free(adapters[i]);
+    model_free(base);
     return status;
 }

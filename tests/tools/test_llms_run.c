@@ -477,6 +477,72 @@ static void embed_on_nomic_bert_is_the_engines_vector(void)
     bert_free(m);
 }
 
+/* --lora and --lora-scaled (llama.cpp's flags): greedy ids through an adapter equal the
+ * merged model's (mkmodel --from --lora-scaled), two stacked equal both merged, scale 0
+ * is the base's, and an adapter of another model fails naming what does not fit. */
+static void lora_flags_apply_adapters(void)
+{
+    if (!stories())
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char a[1100], b[1100], m1[1100], m2[1100], other[1100], bad[1100], err[ERR_MAX];
+    snprintf(a, sizeof a, "%s/a.gguf", test_tmpdir());
+    snprintf(b, sizeof b, "%s/b.gguf", test_tmpdir());
+    snprintf(m1, sizeof m1, "%s/m1.gguf", test_tmpdir());
+    snprintf(m2, sizeof m2, "%s/m2.gguf", test_tmpdir());
+    snprintf(other, sizeof other, "%s/other.gguf", test_tmpdir());
+    snprintf(bad, sizeof bad, "%s/bad.gguf", test_tmpdir());
+    gguf_file *g = gguf_open(stories(), err);
+    CHECK_MSG(g, "%s", err);
+    modelgen_lora_params lp = {.base = g, .rank = 4, .alpha = 8, .type = QTYPE_F16,
+                               .targets = MODELGEN_LORA_LAYERS | MODELGEN_LORA_OUTPUT,
+                               .seed = 1, .n_threads = 1};
+    int rc = modelgen_write_lora(&lp, a, err);
+    lp.seed = 2, lp.targets = MODELGEN_LORA_Q | MODELGEN_LORA_V;
+    rc = rc < 0 ? rc : modelgen_write_lora(&lp, b, err);
+    gguf_close(g);
+    CHECK_MSG(rc == 0, "%s", err);
+    const char *ab[2] = {a, b};
+    float s1 = 1.5f, s2[2] = {1.5f, -2.0f};
+    CHECK_MSG(modelgen_convert(stories(), m1, QTYPE_F32, 1, ab, &s1, err) == 0, "%s", err);
+    CHECK_MSG(modelgen_convert(stories(), m2, QTYPE_F32, 2, ab, s2, err) == 0, "%s", err);
+    char cmd[6000], got[4096], want[4096], base[4096];
+    const char *run = "--ids -p 1 -n 32 --temp 0 -t 2 2>/dev/null";
+    snprintf(cmd, sizeof cmd, "%s -m '%s' %s", llms_run, stories(), run);
+    CHECK_EQ(test_run_capture(cmd, base, sizeof base), 0);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --lora-scaled '%s' 1.5 %s", llms_run, stories(), a, run);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' %s", llms_run, m1, run);
+    CHECK_EQ(test_run_capture(cmd, want, sizeof want), 0);
+    CHECK_MSG(strcmp(got, want) == 0 && strcmp(got, base) != 0,
+              "adapter '%s', merged '%s', base '%s'", got, want, base);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --lora-scaled '%s' 1.5 --lora-scaled '%s' -2 %s",
+             llms_run, stories(), a, b, run);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' %s", llms_run, m2, run);
+    CHECK_EQ(test_run_capture(cmd, want, sizeof want), 0);
+    CHECK_MSG(strcmp(got, want) == 0, "adapters '%s', merged '%s'", got, want);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --lora-scaled '%s' 0 %s", llms_run, stories(), a, run);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 0);
+    CHECK_MSG(strcmp(got, base) == 0, "scale 0 '%s', base '%s'", got, base);
+
+    modelgen_params mp = {.arch = "llama", .dim = 32, .n_layer = 5, .n_head = 4,
+                          .n_head_kv = 4, .n_ff = 64, .n_ctx = 128, .type = QTYPE_F32,
+                          .seed = 3, .n_vocab = 512, .n_threads = 1};
+    CHECK_MSG(modelgen_write(&mp, other, err) == 0, "%s", err);
+    CHECK((g = gguf_open(other, err)) != NULL);
+    lp.base = g;
+    rc = modelgen_write_lora(&lp, bad, err);
+    gguf_close(g);
+    CHECK_MSG(rc == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --lora '%s' -p 1 2>&1", llms_run, stories(), bad);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 1);
+    CHECK_MSG(strstr(got, bad) && strstr(got, "blk.0.attn_q.weight: lora_a has shape [32, 4]"),
+              "%s", got);
+    snprintf(cmd, sizeof cmd, "%s -m '%s' --lora-scaled '%s' 2>&1", llms_run, stories(), a);
+    CHECK_EQ(test_run_capture(cmd, got, sizeof got), 2);
+    CHECK_MSG(strstr(got, "--lora-scaled needs a file and a scale"), "%s", got);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -499,6 +565,7 @@ int main(int argc, char **argv)
     RUN(chat_template_overrides_the_files);
     RUN(perplexity_prints_llama_style_figure);
     RUN(bad_arguments_fail_with_a_message);
+    RUN(lora_flags_apply_adapters);
     RUN(embed_prints_a_unit_vector);
     RUN(embed_on_nomic_bert_is_the_engines_vector);
     return test_finish();
