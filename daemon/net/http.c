@@ -53,8 +53,8 @@ static const char *const route_path[] = {
     "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health",
     "/", "/metrics", "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate",
     "/api/chat", "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)",
-    "/completion", "/infill", "/props", "/embedding", "/apply-template", "/slots",
-    "/slots/{id_slot}", "other",
+    "/completion", "/infill", "/props", "/embedding", "/apply-template", "/lora-adapters",
+    "/slots", "/slots/{id_slot}", "other",
 };
 
 /* Tokens are kept as digests only: a lookup hashes the presented token and compares
@@ -647,9 +647,139 @@ static unsigned route_role(enum route r)
                            : MODELS_GENERATE;
 }
 
+/* The id of an adapter file among llamacpp_lora_each's. */
+typedef struct lora_find {
+    const char *path;
+    int id;
+} lora_find;
+
+static bool lora_find_fn(void *arg, int id, const char *path)
+{
+    lora_find *f = arg;
+    if (strcmp(path, f->path) != 0)
+        return true;
+    f->id = id;
+    return false;
+}
+
+/* Whether the adapter model e applies exactly the adapters of want (n_ids scales by
+ * llamacpp_lora_each's ids) that are not 0, at those scales. */
+static bool lora_matches(const http *h, const models_view_entry *e, const float *want,
+                         int n_ids, int n_nonzero)
+{
+    char path[CONFIG_PATH_MAX], err[ERR_MAX];
+    float scale;
+    int n = 0;
+    for (const char *p = e->lora_spec; config_lora_next(&p, path, &scale, err) == 1; n++) {
+        lora_find f = {path, -1};
+        llamacpp_lora_each(h, lora_find_fn, &f);
+        if (f.id < 0 || f.id >= n_ids || want[f.id] != scale)
+            return false;
+    }
+    return n == n_nonzero;
+}
+
+/* Reads a request's "lora" (n objects) into want (n_ids scales by llamacpp_lora_each's
+ * ids, zeroed) and finds the adapter model of its adapters of a nonzero scale at those
+ * scales (*found; the default generate model when there are none). 0, or -1 after
+ * answering 400. */
+static int lora_pick(http *h, httpwire_conn *wc, enum route r, json_object *lora, size_t n,
+                     float *want, int n_ids, const models_view_entry **found)
+{
+    const models_view_entry *dflt = http_view_default(h, MODELS_GENERATE);
+    for (size_t i = 0; i < n; i++) {
+        json_object *o = json_object_array_get_idx(lora, i), *id, *scale;
+        bool has_id = json_object_object_get_ex(o, "id", &id) &&
+                      json_object_is_type(id, json_type_int);
+        int64_t k = has_id ? json_object_get_int64(id) : -1;
+        if (k < 0 || k >= n_ids) {
+            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                       "invalid adapter id (lora[%zu]; /lora-adapters lists %d)", i, n_ids);
+            return -1;
+        }
+        double s = json_object_object_get_ex(o, "scale", &scale) ? json_object_get_double(scale)
+                                                                 : 0.0;
+        if (!isfinite(s)) {
+            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                       "lora[%zu].scale is not a number", i);
+            return -1;
+        }
+        want[k] = (float)s;
+    }
+    int n_nonzero = 0;
+    for (int k = 0; k < n_ids; k++)
+        n_nonzero += want[k] != 0.0f;
+    *found = dflt;
+    for (size_t i = 0; n_nonzero && i < h->view.n; i++) {
+        const models_view_entry *v = &h->view.entries[i];
+        if (dflt && strcmp(v->base, dflt->name) == 0 && lora_matches(h, v, want, n_ids, n_nonzero))
+            *found = v;
+    }
+    if (*found == dflt && n_nonzero) {
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                   "no adapter model applies these adapters at these scales: llmsd serves "
+                   "each set of adapters as a model of its own (lora.NAME lines in "
+                   "llmsd.conf, llmsctl load-lora; GET /lora-adapters says which models "
+                   "apply each adapter at which scale)");
+        return -1;
+    }
+    return 0;
+}
+
+/* llama.cpp's per-request "lora", [{"id", "scale"}, ...] over the adapters
+ * /lora-adapters lists (an adapter not listed at scale 0, as llama.cpp reads it): llmsd
+ * serves each set of adapters at its scales as a model of its own, so the request runs
+ * on the adapter model over the default generate model that applies exactly the
+ * adapters of a nonzero scale at those scales (none: the default generate model), which
+ * becomes the body's "model". 0, or -1 after answering 400: not an array of objects, an
+ * id /lora-adapters does not list (llama.cpp's "invalid adapter id"), no adapter model
+ * of that set, or a "model" naming another. */
+static int request_lora(http *h, httpwire_conn *wc, enum route r, json_object *body,
+                        json_object *lora, const char **named, const models_view_entry **e)
+{
+    const models_view_entry *dflt = http_view_default(h, MODELS_GENERATE), *found = NULL;
+    bool ok = json_object_is_type(lora, json_type_array);
+    size_t n = ok ? json_object_array_length(lora) : 0;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = json_object_is_type(json_object_array_get_idx(lora, i), json_type_object);
+    if (!ok) {
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                   "'lora' must be an array of objects with 'id' and 'scale' fields");
+        return -1;
+    }
+    int n_ids = llamacpp_lora_each(h, NULL, NULL);
+    float *want = calloc((size_t)n_ids + 1, sizeof *want);
+    if (!want) {
+        send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+        return -1;
+    }
+    int rc = lora_pick(h, wc, r, lora, n, want, n_ids, &found);
+    free(want);
+    if (rc < 0)
+        return -1;
+    if (*named && found && strcmp(*named, found->name) != 0) {
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                   "'lora' picks model '%s' (adapters over the default generate model), "
+                   "but 'model' names '%.64s'", found->name, *named);
+        return -1;
+    }
+    if (found && found != dflt) {
+        json_object *name = json_object_new_string(found->name);
+        if (!name) {
+            send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
+            return -1;
+        }
+        json_object_object_add(body, "model", name);
+        *named = json_object_get_string(name);
+    }
+    *e = found;
+    return 0;
+}
+
 /* The model a request of route r runs on: *e, the one body's "model" names (*named),
  * else the route's default (*named NULL; *e NULL when no model has the role, which the
- * worker answers). 0, or -1 after answering: 404 model_not_found for a name the registry
+ * worker answers); for a generation, llama.cpp's "lora" may name an adapter model
+ * (request_lora). 0, or -1 after answering: 404 model_not_found for a name the registry
  * does not hold (naming those it holds), 400 for a RAG query or an infill on another
  * model than the default generate model (retrieval runs on that one only; an infill's
  * prompt is laid out with its tokenizer, the one the gateway holds). A model that lacks
@@ -679,13 +809,18 @@ static int request_model(http *h, httpwire_conn *wc, enum route r, json_object *
                        names);
             return -1;
         }
-        if ((r == R_RAG || r == R_LLAMACPP_INFILL) && *e != dflt) {
-            send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
-                       "%s runs on the default generate model '%s', not '%s'",
-                       route_path[r], dflt ? dflt->name : "", (*e)->name);
-            return -1;
-        }
         *named = name;
+    }
+    json_object *lora;
+    if (route_role(r) == MODELS_GENERATE && json_object_object_get_ex(body, "lora", &lora) &&
+        !json_object_is_type(lora, json_type_null) &&
+        request_lora(h, wc, r, body, lora, named, e) < 0)
+        return -1;
+    if ((r == R_RAG || r == R_LLAMACPP_INFILL) && *named && *e != dflt) {
+        send_error(h, wc, r, 400, "invalid_request_error", "invalid_argument",
+                   "%s runs on the default generate model '%s', not '%s'", route_path[r],
+                   dflt ? dflt->name : "", (*e)->name);
+        return -1;
     }
     return 0;
 }
@@ -961,10 +1096,12 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     enum route r = route_of(uri, &plen);
     bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
                r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
-               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_SLOTS;
+               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS || r == R_LLAMACPP_SLOTS;
+    /* a GET route that a POST changes in llama.cpp's server: llmsd refuses the change */
+    bool get_post = r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS;
     /* ollama's model management is refused whichever method it comes with (DELETE for
      * /api/delete, POST for the others); so is a change of llama.cpp's /props (POST) */
-    const char *methods = r == R_LLAMACPP_PROPS ? "GET, HEAD, POST"
+    const char *methods = get_post ? "GET, HEAD, POST"
                           : get                 ? "GET, HEAD"
                           : r == R_OLLAMA_MANAGE ? "POST, DELETE"
                                                  : "POST";
@@ -994,12 +1131,12 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     }
     /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
     bool post = strcmp(method, "POST") == 0;
-    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(r == R_LLAMACPP_PROPS && post)
+    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(get_post && post)
             : !post && (r != R_OLLAMA_MANAGE || strcmp(method, "DELETE"))) {
         httpwire_add_header(wc, "Allow", methods);
         send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
                    "%s takes %s", route_path[r],
-                   r == R_LLAMACPP_PROPS ? "GET, HEAD or POST"
+                   get_post ? "GET, HEAD or POST"
                    : get                 ? "GET or HEAD"
                    : r == R_OLLAMA_MANAGE ? "POST or DELETE"
                                           : "POST");
@@ -1066,6 +1203,13 @@ static bool gw_head(void *arg, httpwire_conn *wc)
             llamacpp_refuse_props_change(h, wc);
         else
             llamacpp_send_props(h, wc);
+        return false;
+    }
+    if (r == R_LLAMACPP_LORA_ADAPTERS) {
+        if (post)
+            llamacpp_refuse_lora_change(h, wc);
+        else
+            llamacpp_send_lora_adapters(h, wc);
         return false;
     }
     if (r == R_LLAMACPP_SLOTS || r == R_LLAMACPP_SLOTS_ACTION) {

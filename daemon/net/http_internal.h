@@ -53,6 +53,7 @@ enum route {
     R_LLAMACPP_PROPS,
     R_LLAMACPP_EMBEDDING,      /* /embedding, and its alias /embeddings */
     R_LLAMACPP_APPLY_TEMPLATE,
+    R_LLAMACPP_LORA_ADAPTERS,  /* GET /lora-adapters; POST (global scales) refused */
     R_LLAMACPP_SLOTS,          /* GET /slots: refused */
     R_LLAMACPP_SLOTS_ACTION,   /* POST /slots/{id_slot}?action=...: refused */
     R_OTHER,
@@ -413,6 +414,20 @@ void llamacpp_refuse_props_change(http *h, httpwire_conn *wc);
 /* Answers GET /slots or POST /slots/{id_slot} (r): refused, as llama.cpp's server refuses
  * them without --slots and --slot-save-path. */
 void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r);
+
+/* llama.cpp's LoRA adapters of the default generate model, by id: here the adapter files
+ * of the adapter models over it (daemon/models/models.h), each once, in registry order.
+ * fn(arg, id, path) for each until it returns false; returns how many there are. */
+int llamacpp_lora_each(const http *h, bool (*fn)(void *arg, int id, const char *path),
+                       void *arg);
+
+/* GET /lora-adapters: [{"id", "path", "scale"}] as llama-server lists its adapters, the
+ * scale a request without "lora" applies on the default generate model (0: a set of
+ * adapters is a model of its own), and in "llmsd" the adapter models applying it. */
+void llamacpp_send_lora_adapters(http *h, httpwire_conn *wc);
+
+/* POST /lora-adapters (llama-server's global scales): refused 501. */
+void llamacpp_refuse_lora_change(http *h, httpwire_conn *wc);
 
 /* As openai_start_generate, for /completion. */
 void llamacpp_start_completion(hreq *hr, Llms__Request *r, char *msg, size_t cap);

@@ -280,6 +280,115 @@ void llamacpp_refuse_props_change(http *h, httpwire_conn *wc)
                         "--props): llmsd's settings are its configuration file's");
 }
 
+/* Whether path is among the adapters of the adapter models over base that come before
+ * the one of entry i that starts at start. */
+static bool lora_seen(const http *h, const char *base, size_t i, const char *start,
+                      const char *path)
+{
+    char seen[CONFIG_PATH_MAX], err[ERR_MAX];
+    float scale;
+    for (size_t j = 0; j <= i; j++) {
+        const models_view_entry *o = &h->view.entries[j];
+        if (strcmp(o->base, base) != 0)
+            continue;
+        for (const char *q = o->lora_spec;
+             (j < i || q < start) && config_lora_next(&q, seen, &scale, err) == 1;)
+            if (strcmp(seen, path) == 0)
+                return true;
+    }
+    return false;
+}
+
+int llamacpp_lora_each(const http *h, bool (*fn)(void *arg, int id, const char *path),
+                       void *arg)
+{
+    const models_view_entry *dflt = http_view_default(h, MODELS_GENERATE);
+    char path[CONFIG_PATH_MAX], err[ERR_MAX];
+    float scale;
+    int n = 0;
+    for (size_t i = 0; dflt && i < h->view.n; i++) {
+        const models_view_entry *e = &h->view.entries[i];
+        if (strcmp(e->base, dflt->name) != 0)
+            continue;
+        const char *p = e->lora_spec, *start = p;
+        for (; config_lora_next(&p, path, &scale, err) == 1; start = p) {
+            if (lora_seen(h, dflt->name, i, start, path))
+                continue;
+            if (fn && !fn(arg, n, path))
+                return n + 1;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* /lora-adapters' list being made: an adapter's entry, with the adapter models applying
+ * it; failed when memory ran out. */
+typedef struct lora_list {
+    const http *h;
+    json_object *a;
+    bool failed;
+} lora_list;
+
+static bool lora_list_fn(void *arg, int id, const char *path)
+{
+    lora_list *l = arg;
+    const models_view_entry *dflt = http_view_default(l->h, MODELS_GENERATE);
+    json_object *o = json_object_new_object(), *x = json_object_new_object(),
+                *models = json_object_new_array();
+    char p[CONFIG_PATH_MAX], err[ERR_MAX];
+    float scale;
+    l->failed = !o || !x || !models;
+    for (size_t i = 0; !l->failed && i < l->h->view.n; i++) {
+        const models_view_entry *e = &l->h->view.entries[i];
+        if (strcmp(e->base, dflt->name) != 0)
+            continue;
+        for (const char *q = e->lora_spec; !l->failed && config_lora_next(&q, p, &scale, err) == 1;) {
+            if (strcmp(p, path) != 0)
+                continue;
+            json_object *m = json_object_new_object();
+            l->failed = !m;
+            if (!m)
+                break;
+            json_object_object_add(m, "model", json_object_new_string(e->name));
+            json_object_object_add(m, "scale", json_object_new_double(scale));
+            json_object_array_add(models, m);
+        }
+    }
+    if (l->failed) {
+        json_object_put(o), json_object_put(x), json_object_put(models);
+        return false;
+    }
+    json_object_object_add(o, "id", json_object_new_int(id));
+    json_object_object_add(o, "path", json_object_new_string(path));
+    json_object_object_add(o, "scale", json_object_new_double(0.0));
+    json_object_object_add(x, "models", models);
+    json_object_object_add(o, "llmsd", x);
+    json_object_array_add(l->a, o);
+    return true;
+}
+
+void llamacpp_send_lora_adapters(http *h, httpwire_conn *wc)
+{
+    lora_list l = {h, json_object_new_array(), false};
+    if (l.a)
+        llamacpp_lora_each(h, lora_list_fn, &l);
+    if (!l.a || l.failed) {
+        json_object_put(l.a);
+        llamacpp_send_error(h, wc, R_LLAMACPP_LORA_ADAPTERS, 500, "out of memory");
+        return;
+    }
+    http_send_json(h, wc, R_LLAMACPP_LORA_ADAPTERS, 200, l.a);
+}
+
+void llamacpp_refuse_lora_change(http *h, httpwire_conn *wc)
+{
+    llamacpp_send_error(h, wc, R_LLAMACPP_LORA_ADAPTERS, 501,
+                        "This server does not support setting global LoRA scales: llmsd serves "
+                        "each set of adapters at its scales as a model of its own (name it, or "
+                        "pick it with a request's 'lora')");
+}
+
 /* llmsd has no slots to show, save or restore: a generation is one sequence of a batch
  * while it runs, and the prompt cache is kept per app, not per slot. */
 void llamacpp_refuse_slots(http *h, httpwire_conn *wc, enum route r)
@@ -319,7 +428,6 @@ static int refuse_samplers(json_object *body, char *msg, size_t cap)
         {"post_sampling_probs", "probabilities after the samplers are not given (n_probs gives "
                                 "the model's own)"},
         {"image_data", "images are not supported (no multimodal models)"},
-        {"lora", "LoRA adapters are not supported"},
     };
     json_object *v;
     for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++) {

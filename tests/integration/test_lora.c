@@ -5,7 +5,8 @@
  * each adapter what the adapter's merged model (modelgen_convert: W + s B A in F32, as
  * llama-export-lora) answers served as an ordinary model, greedy, on the native protocol
  * and on every HTTP route that names a model (OpenAI's /v1/completions, ollama's
- * /api/generate, llama.cpp's /completion); the base answers as it does alone; requests
+ * /api/generate, llama.cpp's /completion, and llama.cpp's per-request "lora" with the
+ * ids of GET /lora-adapters); the base answers as it does alone; requests
  * on the base and both adapters at once answer as alone; contexts belong to their
  * adapter model; an adapter that does not fit the base is refused at load (at run time,
  * with the file and what is wrong, the other models serving on; in llmsd.conf, llmsd
@@ -218,6 +219,80 @@ static void every_route_names_the_adapter(void)
                   scale && json_object_get_double(scale) == 1.5,
               "%s", o ? json_object_to_json_string(o) : "(none)");
     json_object_put(o);
+}
+
+/* llama-server's GET /lora-adapters lists the adapter files of the default model's
+ * adapter models by id (scale 0: what a request without "lora" applies), and the models
+ * applying each; a request's "lora" ([{"id", "scale"}], as newer llama.cpp takes it) runs
+ * on the adapter model of exactly those adapters at those scales, on /completion and
+ * OpenAI's /v1/completions alike; a set no model applies, an unknown id or a malformed
+ * field is refused 400, and POST /lora-adapters (global scales) 501. */
+static void llamacpp_lora_field(void)
+{
+    NEED_REFS();
+    httpc_reply r;
+    CHECK(httpc_do(lora_http, 0, "GET", "/lora-adapters", NULL, NULL, &r) == 0 && r.status == 200);
+    json_object *o = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    CHECK_MSG(o && json_object_is_type(o, json_type_array) && json_object_array_length(o) == 2,
+              "%s", o ? json_object_to_json_string(o) : "(none)");
+    const char *p0 = httpc_jstr(o, "0.path"), *p1 = httpc_jstr(o, "1.path"),
+               *m1 = httpc_jstr(o, "1.llmsd.models.0.model");
+    CHECK(p0 && p1 && m1 && strcmp(p0, ad_a) == 0 && strcmp(p1, ad_b) == 0 && strcmp(m1, "tb") == 0);
+    CHECK(httpc_jget(o, "1.id") && json_object_get_int(httpc_jget(o, "1.id")) == 1);
+    CHECK(json_object_get_double(httpc_jget(o, "0.scale")) == 0.0);
+    CHECK(json_object_get_double(httpc_jget(o, "1.llmsd.models.0.scale")) == 1.5);
+    json_object_put(o);
+
+    const char *routes[2] = {"/completion", "/v1/completions"};
+    const char *fields[2] = {"content", "choices.0.text"};
+    const char *lora[3] = {"[{\"id\":0,\"scale\":1}]", "[{\"id\":0,\"scale\":0},{\"id\":1,\"scale\":1.5}]",
+                           "[]"};
+    const int model[3] = {1, 2, 0};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) {
+            char body[1024];
+            snprintf(body, sizeof body,
+                     "{\"prompt\":\"%s\",\"%s\":%d,\"temperature\":0,\"lora\":%s}", PROMPTS[0],
+                     k ? "max_tokens" : "n_predict", N_TOKENS, lora[j]);
+            int status;
+            json_object *a = httpc_post_json(lora_http, routes[k], body, &status);
+            const char *t = httpc_jstr(a, fields[k]);
+            char *want = route_text(lora_http, k ? 0 : 2, NAMES[model[j]]);
+            CHECK_MSG(status == 200 && t && want && strcmp(t, want) == 0,
+                      "%s lora %s: %d %s, %s's '%s'", routes[k], lora[j], status,
+                      a ? json_object_to_json_string(a) : "(none)", NAMES[model[j]],
+                      want ? want : "(none)");
+            free(want);
+            json_object_put(a);
+        }
+    const char *bad_lora[4][2] = {
+        {"[{\"id\":1,\"scale\":0.5}]", "no adapter model applies these adapters"},
+        {"[{\"id\":0,\"scale\":1},{\"id\":1,\"scale\":1.5}]", "no adapter model"},
+        {"[{\"id\":7,\"scale\":1}]", "invalid adapter id"},
+        {"{\"id\":0}", "'lora' must be an array of objects with 'id' and 'scale' fields"},
+    };
+    for (int j = 0; j < 4; j++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"n_predict\":2,\"lora\":%s}", bad_lora[j][0]);
+        int status;
+        json_object *a = httpc_post_json(lora_http, "/completion", body, &status);
+        const char *msg = httpc_jstr(a, "error.message");
+        CHECK_MSG(status == 400 && msg && strstr(msg, bad_lora[j][1]), "lora %s: %d %s",
+                  bad_lora[j][0], status, a ? json_object_to_json_string(a) : "(none)");
+        json_object_put(a);
+    }
+    /* a model named beside it must be the one it picks */
+    int status;
+    json_object *a = httpc_post_json(lora_http, "/completion",
+                                     "{\"prompt\":\"x\",\"n_predict\":2,\"model\":\"tb\","
+                                     "\"lora\":[{\"id\":0,\"scale\":1}]}", &status);
+    CHECK_MSG(status == 400 && strstr(httpc_jstr(a, "error.message"), "'lora' picks model 'ta'"),
+              "%d %s", status, a ? json_object_to_json_string(a) : "(none)");
+    json_object_put(a);
+    CHECK(httpc_do(lora_http, 0, "POST", "/lora-adapters", NULL, "[]", &r) == 0);
+    CHECK_EQ(r.status, 501);
+    httpc_reply_free(&r);
 }
 
 typedef struct stream {
@@ -474,6 +549,7 @@ int main(int argc, char **argv)
     RUN(references);
     RUN(adapters_answer_as_merged_models);
     RUN(every_route_names_the_adapter);
+    RUN(llamacpp_lora_field);
     RUN(concurrent_requests_answer_as_alone);
     RUN(contexts_and_cache_belong_to_the_adapter);
     RUN(bad_adapter_refused_at_load);
