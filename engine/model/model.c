@@ -1343,6 +1343,17 @@ static void model_run(model_runner *r, tp_fn fn, model_step *s)
 
 /* ---- adapters ---- */
 
+/* Multiply-adds below which an adapter's product runs on the calling thread: waking the
+ * pool costs more than it saves (decode with a rank-8 adapter ran at 0.78 of the base's
+ * speed with every product dispatched, on a machine whose cores other processes took
+ * too). */
+#define MODEL_LORA_INLINE_MACS (1L << 19)
+
+static tp_pool *model_lora_pool(const model_runner *r, long macs)
+{
+    return macs <= MODEL_LORA_INLINE_MACS ? NULL : r->pool;
+}
+
 /*
  * Adds every adapter's delta of the matrices of slots (up to 3, sharing the input x, n
  * rows) to their products ys (n rows of each matrix's rows): s B (A x), the A products of
@@ -1371,9 +1382,13 @@ static void model_lora_add(model_runner *r, int n_mat, const int *slots, const f
         }
         if (k == 0)
             continue;
-        ops_matmul_n(r->pool, k, a, x, n, t, r->mm_scratch);
+        long macs = 0;
         for (int j = 0; j < k; j++)
-            ops_matmul_add(r->pool, &p[j]->b, t[j], n, m->lora_scale[i] * p[j]->factor, y[j],
+            macs += (long)a[j]->rows * a[j]->cols;
+        ops_matmul_n(model_lora_pool(r, macs * n), k, a, x, n, t, r->mm_scratch);
+        for (int j = 0; j < k; j++)
+            ops_matmul_add(model_lora_pool(r, (long)n * p[j]->b.rows * p[j]->b.cols), &p[j]->b,
+                           t[j], n, m->lora_scale[i] * p[j]->factor, y[j],
                            (size_t)p[j]->b.rows, r->mm_scratch);
     }
 }
@@ -1391,8 +1406,8 @@ static void model_lora_embed(model_runner *r, int n)
         for (int t = 0; t < n; t++)
             quant_dequantize_row(p->a.type, (const char *)p->a.data + (size_t)r->row_tok[t] * p->a.row_bytes,
                                  r->lora_t + (size_t)t * rank, rank);
-        ops_matmul_add(r->pool, &p->b, r->lora_t, n, m->lora_scale[i] * p->factor, r->x,
-                       (size_t)m->hp.dim, r->mm_scratch);
+        ops_matmul_add(model_lora_pool(r, (long)n * p->b.rows * rank), &p->b, r->lora_t, n,
+                       m->lora_scale[i] * p->factor, r->x, (size_t)m->hp.dim, r->mm_scratch);
     }
 }
 

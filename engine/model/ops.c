@@ -476,6 +476,15 @@ static bool ops_avx512_gemm(int n_mat, const ops_matrix *const *w, int n_tok)
 }
 #endif
 
+/* A job on the pool's threads, or on the calling thread alone when pool is NULL. */
+static void ops_run(tp_pool *pool, tp_fn fn, void *arg)
+{
+    if (pool)
+        tp_run(pool, fn, arg);
+    else
+        fn(arg, 0, 1);
+}
+
 static void ops_set_units(ops_matmul_job *j, int unit_rows)
 {
     j->unit_rows = unit_rows;
@@ -500,7 +509,7 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             return;
         }
     }
-    int nth = tp_n_threads(pool);
+    int nth = pool ? tp_n_threads(pool) : 1;
 #if defined(__x86_64__)
     if (ops_avx512_gemm(n_mat, w, n_tok)) {
         /* the panels first, then (but for F16's FMA kernel) the activations in bf16 */
@@ -514,9 +523,9 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
             for (int i = 0; i < n_mat; i++)
                 j.y[i] = y[i] + (size_t)t0 * w[i]->rows;
             if (!j.f16_fma)
-                tp_run(pool, ops_bf16_convert_job, &j);
+                ops_run(pool, ops_bf16_convert_job, &j);
             ops_set_units(&j, GEMM_AVX512_UNIT_ROWS);
-            tp_run(pool, ops_gemm_job, &j);
+            ops_run(pool, ops_gemm_job, &j);
         }
         return;
     }
@@ -542,7 +551,7 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     if (n_tok > (act_type == QTYPE_F32 ? OPS_DOT_MAX_TOK_FLOAT : OPS_DOT_MAX_TOK)) {
         j.tile_stride = ops_align((size_t)OPS_TILE_ROWS * w[0]->cols * sizeof(float));
         ops_set_units(&j, OPS_TILE_ROWS);
-        tp_run(pool, ops_sgemm_job, &j);
+        ops_run(pool, ops_sgemm_job, &j);
         return;
     }
     j.act_type = act_type;
@@ -562,7 +571,7 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
         if (n_tok == 1)
             ops_prepare_job(&j, 0, 1);
         else
-            tp_run(pool, ops_prepare_job, &j);
+            ops_run(pool, ops_prepare_job, &j);
         if (packed_bytes && plain) {
             quant_pack_activations(act_type, j.act, j.act_stride, n_tok, w[0]->cols, packed);
             j.packed = packed;
@@ -576,7 +585,7 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
     long unit = rows / (8L * nth);
     unit = (unit + OPS_DOT_BLOCK - 1) / OPS_DOT_BLOCK * OPS_DOT_BLOCK;
     ops_set_units(&j, unit < OPS_DOT_BLOCK ? OPS_DOT_BLOCK : (int)unit);
-    tp_run(pool, ops_dot_job, &j);
+    ops_run(pool, ops_dot_job, &j);
 }
 
 void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
@@ -600,6 +609,10 @@ typedef struct ops_add_job {
     char *scratch;
     size_t tile_stride;
     int n_units;
+    /* F32 and F16 rows (no longer than the F16 kernel takes f32 activations for) are read
+     * in place by their own dot kernels, f32 products of the same values: decode's rank-8
+     * rows cost their conversion's calls otherwise. Other types are dequantized first. */
+    bool in_place;
     _Atomic int next_unit;
 } ops_add_job;
 
@@ -615,17 +628,22 @@ static void ops_add_job_run(void *p, int ith, int nth)
     while ((u = atomic_fetch_add_explicit(&j->next_unit, 1, memory_order_relaxed)) < j->n_units) {
         int r0 = u * OPS_ADD_UNIT_ROWS;
         int n = w->rows - r0 < OPS_ADD_UNIT_ROWS ? w->rows - r0 : OPS_ADD_UNIT_ROWS;
-        for (int r = 0; r < n; r++)
-            quant_dequantize_row(w->type, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
-                                 tile + (size_t)r * cols, cols);
+        const char *rows = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (!j->in_place)
+            for (int r = 0; r < n; r++)
+                quant_dequantize_row(w->type, rows + (size_t)r * w->row_bytes,
+                                     tile + (size_t)r * cols, cols);
         if (j->n_tok > OPS_DOT_MAX_TOK_FLOAT) {
             blas_sgemm(true, j->n_tok, n, cols, j->scale, j->x, cols, tile, cols, 1.0f,
                        j->y + r0, (int)j->ldy);
             continue;
         }
         for (int t = 0; t < j->n_tok; t++) {
-            quant_dot_rows(QTYPE_F32, tile, (size_t)cols * sizeof(float), n, j->x + (size_t)t * cols,
-                           cols, dots);
+            if (j->in_place)
+                quant_dot_rows(w->type, rows, w->row_bytes, n, j->x + (size_t)t * cols, cols, dots);
+            else
+                quant_dot_rows(QTYPE_F32, tile, (size_t)cols * sizeof(float), n,
+                               j->x + (size_t)t * cols, cols, dots);
             float *yt = j->y + (size_t)t * j->ldy + r0;
             for (int r = 0; r < n; r++)
                 yt[r] += j->scale * dots[r];
@@ -639,10 +657,10 @@ void ops_matmul_add(tp_pool *pool, const ops_matrix *w, const float *x, int n_to
     ops_add_job j = {.w = w, .x = x, .n_tok = n_tok, .scale = scale, .y = y, .ldy = ldy,
                      .scratch = scratch,
                      .tile_stride = ops_align((size_t)OPS_ADD_UNIT_ROWS * (w->cols + 1) * sizeof(float)),
-                     .n_units = (w->rows + OPS_ADD_UNIT_ROWS - 1) / OPS_ADD_UNIT_ROWS};
+                     .n_units = (w->rows + OPS_ADD_UNIT_ROWS - 1) / OPS_ADD_UNIT_ROWS,
+                     .in_place = n_tok <= OPS_DOT_MAX_TOK_FLOAT &&
+                                 (w->type == QTYPE_F32 ||
+                                  (w->type == QTYPE_F16 && !quant_f16_rounds_activation(w->cols)))};
     atomic_store_explicit(&j.next_unit, 0, memory_order_relaxed);
-    if (j.n_units == 1)
-        ops_add_job_run(&j, 0, 1);
-    else
-        tp_run(pool, ops_add_job_run, &j);
+    ops_run(j.n_units == 1 ? NULL : pool, ops_add_job_run, &j);
 }

@@ -127,7 +127,10 @@ void ops_matrix_repack(const ops_matrix *w, void *dst, ops_matrix *out);
 size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads);
 
 /*
- * y = x W^T for a batch: x (n_tok, w->cols) f32, y (n_tok, w->rows) f32. Small batches
+ * y = x W^T for a batch: x (n_tok, w->cols) f32, y (n_tok, w->rows) f32. pool NULL runs
+ * it on the calling thread alone (the same results: a row's product never depends on
+ * which thread computes it), for products too small to be worth waking the pool's
+ * threads (a LoRA adapter's at decode). Small batches
  * use the quantized dot-product kernels (activations converted once, rows split over
  * threads); large batches the packed integer kernel (Q8_0 on AVX-512 VNNI), the AVX-512
  * GEMM (gemm_avx512.h: F16; BF16, Q4_0 and K-quants with AVX-512 BF16, activations and
@@ -139,7 +142,8 @@ size_t ops_matmul_scratch_bytes(int max_tok, int max_cols, int n_threads);
 void ops_matmul(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float *y,
                 void *scratch);
 
-/* Up to OPS_MATMUL_MAX matrices applied to the same x in one dispatch: y[i] = x w[i]^T
+/* Up to OPS_MATMUL_MAX matrices applied to the same x in one dispatch (pool NULL: on the
+ * calling thread): y[i] = x w[i]^T
  * (q, k and v; gate and up). The input is converted once and the threads share out the
  * rows of all of them, which saves dispatches and balances small matrices. */
 #define OPS_MATMUL_MAX 4
@@ -149,10 +153,11 @@ void ops_matmul_n(tp_pool *pool, int n_mat, const ops_matrix *const *w, const fl
 /*
  * y += scale * x W^T for a batch: x (n_tok, w->cols) f32, y n_tok rows ldy floats apart,
  * of which the first w->rows are added to. The B product of a LoRA adapter (W its lora_b,
- * x the lora_a product, rank-wide): W's rows are dequantized to f32, so any computable type
- * adds the same f32 products. Up to 16 tokens each result is a per-row f32 dot product, the
- * same bits at every token count (batched rows get their solo results); above that sgemm
- * adds into y. w must not be repacked. scratch as ops_matmul's for (n_tok, w->cols).
+ * x the lora_a product, rank-wide): every type adds f32 products of W's values and x (F32
+ * and F16 rows read by their dot kernels in place, others dequantized to f32 first). Up to
+ * 16 tokens each result is a per-row dot product, the same bits at every token count
+ * (batched rows get their solo results); above that sgemm adds into y. w must not be repacked. scratch as ops_matmul's for (n_tok, w->cols);
+ * pool NULL: on the calling thread.
  */
 void ops_matmul_add(tp_pool *pool, const ops_matrix *w, const float *x, int n_tok, float scale,
                     float *y, size_t ldy, void *scratch);
