@@ -24,10 +24,10 @@
  * shared machine moves both figures of a run together).
  *
  * "mixed": one decode stream on each of the base and two rank-8 adapter models, a step
- * being three forwards of one row (what llmsd's steps do: one batched forward per model)
- * against one forward of three rows of the base alone (what one forward of the three
- * would cost without the adapters' deltas, vLLM's punica way): the time a batch shared
- * across adapter models could save.
+ * being three forwards of one row (one forward per model), one forward of the three rows
+ * each with its model's adapters (model_batch.model: the base's weights read once, vLLM's
+ * multi-LoRA batching), and, for reference, one forward of three rows of the base alone
+ * (the same without the adapters' deltas); the modes alternate which goes first.
  *
  * "memory" (a child process per line, weights mapped, not repacked): VmRSS after the base
  * has run a forward, then after N views with an adapter each (rank 8: N = 1, 2, 4, 8;
@@ -246,8 +246,9 @@ out:
     return rc;
 }
 
-/* "mixed": a decode stream on each of the base and two rank-8 adapter models, each step
- * three forwards of one row, against one forward of three rows of the base. 0, or -1. */
+/* "mixed": a decode stream on each of the base and two rank-8 adapter models: each step
+ * three forwards of one row, one mixed forward of three rows, or three rows of the base
+ * alone. 0, or -1. */
 static int bench_mixed(const char *base_path, const options *o)
 {
     char err[ERR_MAX];
@@ -258,17 +259,19 @@ static int bench_mixed(const char *base_path, const options *o)
         return -1;
     }
     int nv = model_hparams_of(base)->n_vocab, rc = -1, n_steps = o->n_gen;
-    model *v[2] = {0};
+    model *v[3] = {base, NULL, NULL};
     lora *l[2][MODEL_LORA_MAX] = {{0}};
     model_runner *r[3] = {0};
     kv_pool *pool = kv_pool_new(model_kv_shape(base), 0, err);
     float *logits = malloc(sizeof *logits * 3 * (size_t)nv);
     kv_seq seq[3];
-    static double sep[MAX_RUNS], one[MAX_RUNS], ratio[MAX_RUNS];
+    enum { SEPARATE, MIXED, BASE, N_MODES };
+    static double tok_s[N_MODES][MAX_RUNS], ratio[N_MODES][MAX_RUNS];
     for (int i = 0; i < 3; i++)
         kv_seq_init(&seq[i], pool);
     if (!pool || !logits ||
-        !(r[0] = model_runner_new(base, o->n_threads, 16, n_steps + 2, err)))
+        !(r[0] = model_runner_new(base, o->n_threads, 16, n_steps + 2, err)) ||
+        model_runner_reserve_lora(r[0], 8, err) < 0)
         goto out;
     for (int i = 0; i < 2; i++) {
         /* adapter i alone: the rank-8 files 0 and 1 */
@@ -276,13 +279,13 @@ static int bench_mixed(const char *base_path, const options *o)
         float one_scale = 1.0f;
         if (ensure_adapter(base_path, 8, i, path, sizeof path) < 0 ||
             !(l[i][0] = lora_load(base, path, err)) ||
-            !(v[i] = model_with_loras(base, 1, (const lora *const *)l[i], &one_scale, err)) ||
-            !(r[i + 1] = model_runner_new_shared(v[i], r[0], err)))
+            !(v[i + 1] = model_with_loras(base, 1, (const lora *const *)l[i], &one_scale, err)) ||
+            !(r[i + 1] = model_runner_new_shared(v[i + 1], r[0], err)))
             goto out;
     }
     for (int run = 0; run < o->n_runs; run++) {
-        for (int k = 0; k < 2; k++) {
-            bool separate = (k + run) % 2 == 0;
+        for (int k = 0; k < N_MODES; k++) {
+            int mode = (k + run) % N_MODES;
             for (int i = 0; i < 3; i++)
                 kv_seq_truncate(&seq[i], 0);
             double t0 = bench_now_s();
@@ -294,24 +297,28 @@ static int bench_mixed(const char *base_path, const options *o)
                     tok[i] = (int32_t)((step * 31 + i * 7) % (nv - 3)) + 3, pos[i] = step;
                     b[i] = (model_batch){.n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
                                          .n_out = 1, .out_rows = &row,
-                                         .logits = logits + (size_t)i * nv};
+                                         .logits = logits + (size_t)i * nv,
+                                         .model = mode == MIXED ? v[i] : NULL};
                 }
-                for (int i = 0; separate && i < 3; i++)
+                for (int i = 0; mode == SEPARATE && i < 3; i++)
                     if (model_forward(r[i], seqs[i], &b[i], err) < 0)
                         goto out;
-                if (!separate && model_forward_batch(r[0], 3, seqs, b, err) < 0)
+                if (mode != SEPARATE && model_forward_batch(r[0], 3, seqs, b, err) < 0)
                     goto out;
             }
-            (separate ? sep : one)[run] = 3.0 * n_steps / (bench_now_s() - t0);
+            tok_s[mode][run] = 3.0 * n_steps / (bench_now_s() - t0);
         }
-        ratio[run] = sep[run] / one[run];
+        for (int mode = 0; mode < N_MODES; mode++)
+            ratio[mode][run] = tok_s[mode][run] / tok_s[SEPARATE][run];
     }
     printf("{\"bench\":\"lora_mixed\",\"model\":\"%s\",\"threads\":%d,\"runs\":%d,"
            "\"streams\":3,\"rank\":8,\"steps\":%d,\"separate_forwards_tok_s\":%.2f,"
-           "\"one_base_forward_tok_s\":%.2f,\"separate_over_one\":%.3f}\n",
+           "\"mixed_forward_tok_s\":%.2f,\"base_forward_tok_s\":%.2f,"
+           "\"mixed_over_separate\":%.3f,\"base_over_separate\":%.3f}\n",
            base_path, model_runner_n_threads(r[0]), o->n_runs, n_steps,
-           bench_median(sep, o->n_runs), bench_median(one, o->n_runs),
-           bench_median(ratio, o->n_runs));
+           bench_median(tok_s[SEPARATE], o->n_runs), bench_median(tok_s[MIXED], o->n_runs),
+           bench_median(tok_s[BASE], o->n_runs), bench_median(ratio[MIXED], o->n_runs),
+           bench_median(ratio[BASE], o->n_runs));
     fflush(stdout);
     rc = 0;
 out:
@@ -319,11 +326,10 @@ out:
         fprintf(stderr, "lora: mixed: %s\n", err);
     for (int i = 0; i < 3; i++)
         kv_seq_free(&seq[i]);
-    for (int i = 2; i >= 1; i--)
+    for (int i = 2; i >= 0; i--)
         model_runner_free(r[i]);
-    model_runner_free(r[0]);
     for (int i = 0; i < 2; i++) {
-        model_free(v[i]);
+        model_free(v[i + 1]);
         lora_free(l[i][0]);
     }
     kv_pool_free(pool);

@@ -591,6 +591,7 @@ kv_shape model_kv_shape(const model *m)
 typedef struct model_part {
     kv_seq *seq;
     const model_batch *b;
+    const model *m; /* the model its rows run as: b->model, or the runner's */
     int t0, n, r0;
     int o0, o1;     /* its out rows in this step: b->out_rows[o0 .. o1) */
     int n_before;   /* entries of seq before the forward */
@@ -614,10 +615,11 @@ struct model_runner {
     const model *m; /* the model it runs: with a view's adapters (model_with_loras) */
     const model *w; /* whose matrices it reads: model_base(m) */
     /* A runner of model_runner_new_shared: the runner whose pool and scratch it uses (the
-     * pointers below are that runner's, but lora_t and, when it needs a larger one,
-     * mm_scratch, which are in own), else NULL. */
+     * pointers below are that runner's, but lora_t and mm_scratch when they are own_t and
+     * own_mm), else NULL. */
     const model_runner *owner;
-    void *own;
+    float *own_t;   /* lora_t when model_runner_reserve_lora made it, else NULL */
+    void *own_mm;   /* mm_scratch when model_runner_reserve_lora needed a larger one */
     size_t own_bytes;
     tp_pool *pool;
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
@@ -667,8 +669,10 @@ struct model_runner {
     float **out_dst;       /* (max_batch) where each out row's logits go */
     float *logits_stage;   /* (min(max_batch, MODEL_LOGITS_STAGE), n_vocab) */
     int32_t *row_tok;      /* (max_batch) token of each row, for the embedding's adapters */
-    float *lora_t;         /* (3, max_batch, m->lora_rank) A products of up to three
-                              matrices (their rows of rank floats), for the adapters */
+    const model **out_model; /* (max_batch) the model each out row runs as */
+    float *lora_t;         /* (3, max_batch, lora_cap) A products of up to three matrices
+                              (their rows of rank floats), for the adapters */
+    int lora_cap;          /* the largest rank lora_t holds (model_runner_reserve_lora) */
 };
 
 static size_t model_align(size_t n)
@@ -745,14 +749,15 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         r->mm_bytes = ops_matmul_scratch_bytes(max_batch, max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
-        3 * B * (size_t)m->lora_rank * 4,
+        B * sizeof(const model *), 3 * B * (size_t)m->lora_rank * 4,
     };
     void **every_ptrs[] = {
         (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
         (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
         (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
         (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
-        (void **)&r->logits_stage, (void **)&r->row_tok, (void **)&r->lora_t,
+        (void **)&r->logits_stage, (void **)&r->row_tok, (void **)&r->out_model,
+        (void **)&r->lora_t,
     };
     size_t attn[] = {
         B * q_dim * 4, B * kv_dim * 4, B * kv_dim * 4, B * q_dim * 4,
@@ -782,6 +787,7 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     model_layout(r->mem + n_every, attn_ptrs, attn, N_OF(attn));
     model_layout(r->mem + n_every, mlp_ptrs, mlp, N_OF(mlp));
 #undef N_OF
+    r->lora_cap = m->lora_rank;
     /* non-empty chunks hold >= 1 entry; empty ones are at most the reserve's tail */
     r->max_chunks = max_kv + max_batch / KV_CHUNK_TOKENS + 2;
     return r;
@@ -809,27 +815,49 @@ model_runner *model_runner_new_shared(const model *m, model_runner *owner, char 
     r->mem = NULL;
     r->mem_bytes = 0;
     pthread_mutex_init(&r->recv_lock, NULL);
-    /* its adapters' A products, and ops_matmul's scratch when a B product's rank-wide
-     * input is wider than the owner's sized it for */
-    const model_hparams *hp = &m->hp;
-    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
-    max_cols = hp->n_head * hp->head_dim > max_cols ? hp->n_head * hp->head_dim : max_cols;
-    max_cols = m->lora_rank > max_cols ? m->lora_rank : max_cols;
-    size_t t_bytes = model_align(3 * (size_t)r->max_batch * (size_t)m->lora_rank * sizeof(float));
-    size_t mm = ops_matmul_scratch_bytes(r->max_batch, max_cols, tp_n_threads(r->pool));
-    r->own_bytes = t_bytes + (mm > owner->mm_bytes ? model_align(mm) : 0);
-    r->own = r->own_bytes ? aligned_alloc(64, r->own_bytes) : NULL;
-    if (r->own_bytes && !r->own) {
-        err_set(err, "runner: out of memory for %zu bytes of scratch", r->own_bytes);
+    r->own_t = NULL;
+    r->own_mm = NULL;
+    r->own_bytes = 0;
+    r->lora_t = NULL;
+    r->lora_cap = 0;
+    if (model_runner_reserve_lora(r, m->lora_rank, err) < 0) {
         model_runner_free(r);
         return NULL;
     }
-    r->lora_t = r->own;
-    if (mm > owner->mm_bytes) {
-        r->mm_scratch = (char *)r->own + t_bytes;
+    return r;
+}
+
+int model_runner_reserve_lora(model_runner *r, int rank, char err[ERR_MAX])
+{
+    if (rank <= r->lora_cap)
+        return 0;
+    if (rank > LORA_MAX_RANK)
+        return err_set(err, "runner: rank %d above %d", rank, LORA_MAX_RANK);
+    /* the A products; ops_matmul's scratch too when a B product's rank-wide input is
+     * wider than the one it has was sized for */
+    const model_hparams *hp = &r->m->hp;
+    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
+    max_cols = hp->n_head * hp->head_dim > max_cols ? hp->n_head * hp->head_dim : max_cols;
+    max_cols = rank > max_cols ? rank : max_cols;
+    size_t t_bytes = model_align(3 * (size_t)r->max_batch * (size_t)rank * sizeof(float));
+    size_t mm = model_align(ops_matmul_scratch_bytes(r->max_batch, max_cols, tp_n_threads(r->pool)));
+    float *t = aligned_alloc(64, t_bytes);
+    void *mm_new = mm > r->mm_bytes ? aligned_alloc(64, mm) : NULL;
+    if (!t || (mm > r->mm_bytes && !mm_new)) {
+        free(t);
+        free(mm_new);
+        return err_set(err, "runner: out of memory for the adapters' scratch (rank %d)", rank);
+    }
+    if (mm_new) {
+        free(r->own_mm);
+        r->own_mm = r->mm_scratch = mm_new;
         r->mm_bytes = mm;
     }
-    return r;
+    free(r->own_t);
+    r->own_t = r->lora_t = t;
+    r->lora_cap = rank;
+    r->own_bytes = t_bytes + (r->own_mm ? r->mm_bytes : 0);
+    return 0;
 }
 
 size_t model_runner_scratch_bytes(const model_runner *r)
@@ -845,7 +873,8 @@ void model_runner_free(model_runner *r)
         tp_free(r->pool);
     pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
-    free(r->own);
+    free(r->own_t);
+    free(r->own_mm);
     free(r->frags);
     free(r);
 }
@@ -1355,15 +1384,15 @@ static tp_pool *model_lora_pool(const model_runner *r, long macs)
 }
 
 /*
- * Adds every adapter's delta of the matrices of slots (up to 3, sharing the input x, n
- * rows) to their products ys (n rows of each matrix's rows): s B (A x), the A products of
- * an adapter's matrices in one dispatch into r->lora_t, then each B product added into
- * its y. An adapter at scale 0 is skipped, so its view's outputs are its base's.
+ * Adds the deltas of m's adapters for the matrices of slots (up to 3, sharing the input
+ * x) to their products ys, over rows [r0, r0 + n) of both (x rows of the matrices' input
+ * width, ys rows of each one's output width): s B (A x), the A products of an adapter's
+ * matrices in one dispatch into r->lora_t, then each B product added into its y. An
+ * adapter at scale 0 is skipped, so its view's outputs are its base's.
  */
-static void model_lora_add(model_runner *r, int n_mat, const int *slots, const float *x, int n,
-                           float *const *ys)
+static void model_lora_apply(model_runner *r, const model *m, int n_mat, const int *slots,
+                             const float *x, int r0, int n, float *const *ys)
 {
-    const model *m = r->m;
     for (int i = 0; i < m->n_lora; i++) {
         if (m->lora_scale[i] == 0.0f)
             continue;
@@ -1377,15 +1406,16 @@ static void model_lora_add(model_runner *r, int n_mat, const int *slots, const f
                 continue;
             p[k] = lp;
             a[k] = &lp->a;
-            t[k] = r->lora_t + (size_t)k * r->max_batch * m->lora_rank;
-            y[k++] = ys[j];
+            t[k] = r->lora_t + (size_t)k * r->max_batch * r->lora_cap;
+            y[k++] = ys[j] + (size_t)r0 * lp->b.rows;
         }
         if (k == 0)
             continue;
         long macs = 0;
         for (int j = 0; j < k; j++)
             macs += (long)a[j]->rows * a[j]->cols;
-        ops_matmul_n(model_lora_pool(r, macs * n), k, a, x, n, t, r->mm_scratch);
+        ops_matmul_n(model_lora_pool(r, macs * n), k, a, x + (size_t)r0 * a[0]->cols, n, t,
+                     r->mm_scratch);
         for (int j = 0; j < k; j++)
             ops_matmul_add(model_lora_pool(r, (long)n * p[j]->b.rows * p[j]->b.cols), &p[j]->b,
                            t[j], n, m->lora_scale[i] * p[j]->factor, y[j],
@@ -1393,21 +1423,67 @@ static void model_lora_add(model_runner *r, int n_mat, const int *slots, const f
     }
 }
 
-/* The token embedding's adapters over the n stacked rows of r->x: each row's token's row
- * of A (rank), through B, added to the row. */
-static void model_lora_embed(model_runner *r, int n)
+/* The end of the run of parts from i on that run as one model (parts[i].m). */
+static int model_run_end(const model_part *parts, int n_parts, int i)
 {
-    const model *m = r->m;
-    for (int i = 0; i < m->n_lora; i++) {
-        const lora_pair *p = lora_pair_at(m->lora[i], LORA_SLOT_TOKEN_EMBD);
-        if (!p || m->lora_scale[i] == 0.0f)
-            continue;
-        int rank = p->a.cols;
-        for (int t = 0; t < n; t++)
-            quant_dequantize_row(p->a.type, (const char *)p->a.data + (size_t)r->row_tok[t] * p->a.row_bytes,
-                                 r->lora_t + (size_t)t * rank, rank);
-        ops_matmul_add(model_lora_pool(r, (long)n * p->b.rows * rank), &p->b, r->lora_t, n,
-                       m->lora_scale[i] * p->factor, r->x, (size_t)m->hp.dim, r->mm_scratch);
+    int j = i + 1;
+    while (j < n_parts && parts[j].m == parts[i].m)
+        j++;
+    return j;
+}
+
+/* model_lora_apply over the step's rows, each run of parts with its own model's
+ * adapters. */
+static void model_lora_add(model_runner *r, int n_parts, int n_mat, const int *slots,
+                           const float *x, float *const *ys)
+{
+    const model_part *parts = r->parts;
+    for (int i = 0, j; i < n_parts; i = j) {
+        j = model_run_end(parts, n_parts, i);
+        int r0 = parts[i].r0;
+        model_lora_apply(r, parts[i].m, n_mat, slots, x, r0, parts[j - 1].r0 + parts[j - 1].n - r0,
+                         ys);
+    }
+}
+
+/* The token embedding's adapters over the step's rows of r->x, each run of parts with its
+ * own model's: each row's token's row of A (rank), through B, added to the row. */
+static void model_lora_embed(model_runner *r, int n_parts)
+{
+    const model_part *parts = r->parts;
+    int dim = r->m->hp.dim;
+    for (int i0 = 0, i1; i0 < n_parts; i0 = i1) {
+        i1 = model_run_end(parts, n_parts, i0);
+        const model *m = parts[i0].m;
+        int r0 = parts[i0].r0, n = parts[i1 - 1].r0 + parts[i1 - 1].n - r0;
+        for (int i = 0; i < m->n_lora; i++) {
+            const lora_pair *p = lora_pair_at(m->lora[i], LORA_SLOT_TOKEN_EMBD);
+            if (!p || m->lora_scale[i] == 0.0f)
+                continue;
+            int rank = p->a.cols;
+            for (int t = 0; t < n; t++)
+                quant_dequantize_row(p->a.type,
+                                     (const char *)p->a.data + (size_t)r->row_tok[r0 + t] * p->a.row_bytes,
+                                     r->lora_t + (size_t)t * rank, rank);
+            ops_matmul_add(model_lora_pool(r, (long)n * p->b.rows * rank), &p->b, r->lora_t, n,
+                           m->lora_scale[i] * p->factor, r->x + (size_t)r0 * dim, (size_t)dim,
+                           r->mm_scratch);
+        }
+    }
+}
+
+/* The output matrix's adapters over logit rows [i0, i0 + n) of r->xn into y (their
+ * logits, n_vocab apart), each run of rows of one model (r->out_model) with its own. */
+static void model_lora_logits(model_runner *r, int i0, int n, float *y)
+{
+    const int out_slot = LORA_SLOT_OUTPUT;
+    int nv = r->m->hp.n_vocab;
+    for (int i = i0, j; i < i0 + n; i = j) {
+        for (j = i + 1; j < i0 + n && r->out_model[j] == r->out_model[i]; j++)
+            ;
+        float *yi = y + (size_t)(i - i0) * nv;
+        model_lora_apply(r, r->out_model[i], 1, &out_slot, r->xn + (size_t)i * r->m->hp.dim, 0,
+                         j - i, &yi);
     }
 }
 
@@ -1426,13 +1502,13 @@ static void model_save_rows(const model_runner *r, const model_part *pt, float *
 static void model_logits(model_runner *r, int n)
 {
     const model *w = r->w;
-    int nv = w->hp.n_vocab, dim = w->hp.dim, out_slot = LORA_SLOT_OUTPUT;
+    int nv = w->hp.n_vocab, dim = w->hp.dim;
     bool contiguous = true;
     for (int i = 1; i < n && contiguous; i++)
         contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
     if (contiguous) {
         ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
-        model_lora_add(r, 1, &out_slot, r->xn, n, &r->out_dst[0]);
+        model_lora_logits(r, 0, n, r->out_dst[0]);
         return;
     }
     int stage = r->max_batch < MODEL_LOGITS_STAGE ? r->max_batch : MODEL_LOGITS_STAGE;
@@ -1440,7 +1516,7 @@ static void model_logits(model_runner *r, int n)
         int g = n - i < stage ? n - i : stage;
         ops_matmul(r->pool, &w->output, r->xn + (size_t)i * dim, g, r->logits_stage,
                    r->mm_scratch);
-        model_lora_add(r, 1, &out_slot, r->xn + (size_t)i * dim, g, &r->logits_stage);
+        model_lora_logits(r, i, g, r->logits_stage);
         for (int j = 0; j < g; j++)
             memcpy(r->out_dst[i + j], r->logits_stage + (size_t)j * nv, (size_t)nv * sizeof(float));
     }
@@ -1482,7 +1558,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         }
         pt->n_kv = kv_seq_n_tokens(pt->seq);
     }
-    model_lora_embed(r, n);
+    model_lora_embed(r, n_parts);
     for (int i = 0; i < n_parts; i++)
         if (parts[i].b->hidden)
             model_save_rows(r, &parts[i], parts[i].b->hidden);
@@ -1512,7 +1588,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         float *qkv_out[] = {r->q, r->k, r->v};
         ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
         const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K), LORA_SLOT(l, LORA_V)};
-        model_lora_add(r, 3, qkv_slots, r->xn, n, qkv_out);
+        model_lora_add(r, n_parts, 3, qkv_slots, r->xn, qkv_out);
         /* before the new entries are written: they may go into an existing chunk */
         for (int i = 0; i < n_parts; i++)
             if (parts[i].b->layer_ready && parts[i].t0 == 0)
@@ -1521,7 +1597,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_attention(r, &s);
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         const int o_slot = LORA_SLOT(l, LORA_O);
-        model_lora_add(r, 1, &o_slot, r->att, n, &r->proj);
+        model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
         ops_add(r->x, r->proj, n * dim);
 
         s.norm_w = L->ffn_norm;
@@ -1530,11 +1606,11 @@ static void model_forward_rows(model_runner *r, int n_parts)
         float *gate_up_out[] = {r->gate, r->up};
         ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
         const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
-        model_lora_add(r, 2, gate_up_slots, r->xn, n, gate_up_out);
+        model_lora_add(r, n_parts, 2, gate_up_slots, r->xn, gate_up_out);
         model_run(r, model_ffn_act_job, &s);
         ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
         const int down_slot = LORA_SLOT(l, LORA_DOWN);
-        model_lora_add(r, 1, &down_slot, r->gate, n, &r->proj);
+        model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
         ops_add(r->x, r->proj, n * dim);
 
         for (int i = 0; i < n_parts; i++)
@@ -1558,6 +1634,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
                         r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim, m->output_norm,
                         dim, hp->norm_eps);
             r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
+            r->out_model[n_logits] = pt->m;
         }
     }
     if (n_logits > 0) {
@@ -1579,6 +1656,11 @@ static int model_check_batch(const model_runner *r, const kv_seq *seq, const mod
         return err_set(err, "%s: no sequence", what);
     if (!b->tokens || !b->positions)
         return err_set(err, "%s: tokens or positions missing", what);
+    if (b->model && model_base(b->model) != r->w)
+        return err_set(err, "%s: its model reads other weights than the runner's", what);
+    if (b->model && b->model->lora_rank > r->lora_cap)
+        return err_set(err, "%s: its adapters' rank %d is above the runner's room for %d "
+                            "(model_runner_reserve_lora)", what, b->model->lora_rank, r->lora_cap);
     kv_shape want = model_kv_shape(r->m), have = kv_pool_shape(seq->pool);
     if (want.n_layer != have.n_layer || want.n_head_kv != have.n_head_kv ||
         want.head_dim != have.head_dim)
@@ -1676,7 +1758,9 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
     for (int i = 0; i < n_seq; i++) {
         kv_seq *seq = seqs[i];
         int n = batches[i].n_tokens, n_before = kv_seq_n_tokens(seq), rc = 0;
-        parts[i] = (model_part){.seq = seq, .b = &batches[i], .n_before = n_before,
+        parts[i] = (model_part){.seq = seq, .b = &batches[i],
+                                .m = batches[i].model ? batches[i].model : r->m,
+                                .n_before = n_before,
                                 .n_kv_total = n_before + n};
         model_name_batch(what, sizeof what, n_seq, i);
         if (n_before + n > r->max_kv)

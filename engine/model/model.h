@@ -211,6 +211,11 @@ void model_runner_free(model_runner *r);
  */
 model_runner *model_runner_new_shared(const model *m, model_runner *owner, char err[ERR_MAX]);
 
+/* Room in r for batches of models whose adapters have ranks up to rank
+ * (model_batch.model): the A products' scratch grows to it (a no-op when it holds as
+ * much). Not while a forward runs. -1 + err when memory runs out. */
+int model_runner_reserve_lora(model_runner *r, int rank, char err[ERR_MAX]);
+
 /* Bytes of scratch the runner allocated (its working memory, KV and weights apart; a
  * shared runner's own, not its owner's). */
 size_t model_runner_scratch_bytes(const model_runner *r);
@@ -294,6 +299,14 @@ typedef struct model_batch {
      * there), so its data must be complete when the forward starts. */
     void (*layer_ready)(void *arg, int layer);
     void *layer_ready_arg;
+
+    /* The model these rows run as, NULL: the runner's. Another view of the runner's
+     * model's base (model_with_loras), or that base: one model_forward_batch then stacks
+     * the rows of a base and of its adapter models, every weight matrix read once for
+     * all of them and each row's delta its own model's adapters' (vLLM's multi-LoRA
+     * batching). The runner must have room for its adapters' rank
+     * (model_runner_reserve_lora). */
+    const model *model;
 } model_batch;
 
 /*

@@ -443,6 +443,112 @@ static void shared_runners(void)
     model_free(m);
 }
 
+/* One forward stacking the rows of a base and of two views of it (model_batch.model, on
+ * the base's runner with room for their ranks) gives each sequence what its model gives
+ * alone: bit for bit with decode rows (at most 16), within f32 rounding with prompt
+ * slices; a batch of a model of other weights, or of a rank the runner has no room for,
+ * is refused. */
+static void mixed_batch(void)
+{
+    char err[ERR_MAX];
+    const char *base = tmp_path("xbase.gguf"), *other = tmp_path("xother.gguf"),
+               *ads[2] = {tmp_path("x1.gguf"), tmp_path("x2.gguf")};
+    CHECK(gen_base(base, "llama", QTYPE_F16, false, 64) == 0);
+    CHECK(gen_base(other, "llama", QTYPE_F16, false, 64) == 0);
+    CHECK(gen_lora(base, ads[0], 8, 16.0f, QTYPE_F16, ALL_TARGETS, 31) == 0);
+    CHECK(gen_lora(base, ads[1], 16, 16.0f, QTYPE_F32, MODELGEN_LORA_LAYERS, 32) == 0);
+    model *m = model_load(base, err), *mo = model_load(other, err);
+    CHECK_MSG(m && mo, "%s", err);
+    lora *l[2];
+    model *v[3] = {m, NULL, NULL};
+    float scales[2] = {1.0f, -0.75f};
+    for (int i = 0; i < 2; i++) {
+        l[i] = lora_load(m, ads[i], err);
+        CHECK_MSG(l[i], "%s", err);
+        v[i + 1] = model_with_loras(m, 1, (const lora *const *)&l[i], &scales[i], err);
+        CHECK_MSG(v[i + 1], "%s", err);
+    }
+    model_runner *alone[3], *r = model_runner_new(m, 2, 64, 256, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    for (int i = 0; i < 3; i++) {
+        alone[i] = model_runner_new(v[i], 2, 64, 256, err);
+        CHECK_MSG(alone[i], "%s", err);
+    }
+    enum { NP = 9 };
+    kv_seq a[3], b[3];
+    kv_seq *sb[3] = {&b[0], &b[1], &b[2]};
+    static float la[3][NP][300], lb[3][NP][300];
+    int32_t tok[3][NP], pos[3][NP], rows[NP];
+    model_batch ba[3];
+    for (int j = 0; j < NP; j++)
+        rows[j] = j;
+    for (int i = 0; i < 3; i++) {
+        kv_seq_init(&a[i], pool);
+        kv_seq_init(&b[i], pool);
+        for (int j = 0; j < NP; j++)
+            tok[i][j] = tok_at(i * 5 + j), pos[i][j] = j;
+        ba[i] = (model_batch){.n_tokens = NP, .tokens = tok[i], .positions = pos[i], .n_out = NP,
+                              .out_rows = rows, .logits = &la[i][0][0]};
+        CHECK_MSG(model_forward(alone[i], &a[i], &ba[i], err) == 0, "%s", err);
+        CHECK_MSG(model_forward(alone[i], &b[i], &ba[i], err) == 0, "%s", err);
+        ba[i].model = i ? v[i] : NULL;
+    }
+    /* the views' rank (16) needs room in the base's runner */
+    int32_t t1 = 5, p1 = NP, o1 = 0;
+    model_batch one = {.n_tokens = 1, .tokens = &t1, .positions = &p1, .n_out = 1,
+                       .out_rows = &o1, .logits = la[0][0], .model = v[2]};
+    CHECK(model_forward(r, &b[2], &one, err) < 0);
+    CHECK_MSG(strstr(err, "model_runner_reserve_lora"), "%s", err);
+    CHECK_MSG(model_runner_reserve_lora(r, 16, err) == 0, "%s", err);
+    one.model = mo;
+    CHECK(model_forward(r, &b[2], &one, err) < 0);
+    CHECK_MSG(strstr(err, "other weights"), "%s", err);
+    for (int step = 0; step < 3; step++) {
+        int32_t t[3], p[3], o = 0;
+        model_batch d[3];
+        for (int i = 0; i < 3; i++) {
+            t[i] = tok_at(100 + step * 3 + i), p[i] = NP + step;
+            d[i] = (model_batch){.n_tokens = 1, .tokens = &t[i], .positions = &p[i], .n_out = 1,
+                                 .out_rows = &o, .logits = la[i][0]};
+            CHECK_MSG(model_forward(alone[i], &a[i], &d[i], err) == 0, "%s", err);
+            d[i].logits = lb[i][0];
+            d[i].model = i ? v[i] : NULL;
+        }
+        CHECK_MSG(model_forward_batch(r, 3, sb, d, err) == 0, "%s", err);
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(memcmp(la[i][0], lb[i][0], sizeof la[i][0]) == 0,
+                      "step %d model %d differs in the mixed batch", step, i);
+    }
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < NP; j++)
+            tok[i][j] = tok_at(i * 11 + j + 40), pos[i][j] = NP + 3 + j;
+        ba[i].logits = &la[i][0][0];
+        ba[i].model = NULL;
+        CHECK_MSG(model_forward(alone[i], &a[i], &ba[i], err) == 0, "%s", err);
+        ba[i].logits = &lb[i][0][0];
+        ba[i].model = i ? v[i] : NULL;
+    }
+    CHECK_MSG(model_forward_batch(r, 3, sb, ba, err) == 0, "%s", err);
+    for (int i = 0; i < 3; i++) {
+        double d = rel_diff(&lb[i][0][0], &la[i][0][0], NP * 300);
+        CHECK_MSG(d <= TOL_F32, "model %d: %g", i, d);
+    }
+    CHECK(memcmp(la[0], la[1], sizeof la[0]) != 0 && memcmp(la[1], la[2], sizeof la[1]) != 0);
+    for (int i = 0; i < 3; i++) {
+        kv_seq_free(&a[i]), kv_seq_free(&b[i]);
+        model_runner_free(alone[i]);
+    }
+    model_runner_free(r);
+    kv_pool_free(pool);
+    for (int i = 0; i < 2; i++) {
+        model_free(v[i + 1]);
+        lora_free(l[i]);
+    }
+    model_free(m);
+    model_free(mo);
+}
+
 /* ---- refusals ---- */
 
 typedef struct fake_tensor {
@@ -705,6 +811,7 @@ int main(void)
     RUN(q8_0_base_delta);
     RUN(batched_equals_alone);
     RUN(shared_runners);
+    RUN(mixed_batch);
     RUN(bad_adapters_are_refused);
     RUN(bad_views_are_refused);
     RUN(forward_never_allocates);
