@@ -61,7 +61,13 @@ static int share_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
     g->step_tokens = b->step_tokens;
     g->max_batch = b->max_batch;
     g->logits = b->logits;
-    if (!(g->runner = model_runner_new_shared(g->me->m, b->runner, err)) ||
+    /* the base's runner runs this model's rows too in steps shared with the base
+     * (daemon/sched/sched.c, run_step_shared): room for its adapters there */
+    int rank = 0;
+    for (int i = 0; i < g->me->n_lora; i++)
+        rank = lora_max_rank(g->me->lora[i]) > rank ? lora_max_rank(g->me->lora[i]) : rank;
+    if (model_runner_reserve_lora(b->runner, rank, err) < 0 ||
+        !(g->runner = model_runner_new_shared(g->me->m, b->runner, err)) ||
         !(g->pool = kv_pool_new(model_kv_shape(g->me->m), 0, err)))
         return -1;
     g->cm = ctx_open_owned(o->st, g->pool, g->runner, g->me->m, o->policy, o->owns, o->owns_arg,

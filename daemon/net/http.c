@@ -376,6 +376,9 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
                         (unsigned long long)st->kv_f16_bytes, (unsigned long long)st->kv_int8_bytes,
                         (unsigned long long)st->kv_int4_bytes, (unsigned long long)st->kv_int2_bytes);
     metric(b, "llmsd_sched_steps_total", "counter", "scheduler steps", (double)st->sched_steps);
+    metric(b, "llmsd_sched_shared_steps_total", "counter",
+           "scheduler steps that ran a base and its adapter models in one forward",
+           (double)st->sched_shared_steps);
     metric(b, "llmsd_sched_step_mean_ms", "gauge", "mean step time over the last minute",
            st->sched_step_mean_ms);
     metric(b, "llmsd_sched_rows_per_step", "gauge", "mean rows per step over the last minute",

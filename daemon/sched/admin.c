@@ -348,6 +348,8 @@ static void sched_status(sched *s, Llms__StatusResponse *st)
                 break;
             }
     st->sched_steps = s->n_steps;
+    st->has_sched_shared_steps = true;
+    st->sched_shared_steps = s->shared_steps;
     int64_t since = clock_mono_ns() - SCHED_STATS_NS;
     double ms = 0, rows = 0, stall = 0;
     int n = 0;

@@ -120,29 +120,29 @@ static void step_add_drafts(sched *s, int *n_seq, int *n_out, work *w, int k)
         st->b.attn_received = g->c->attn;
 }
 
-/* The KV the step's generations append. */
-static size_t step_append_bytes(const sched *s, int n_seq)
+/* The KV the generations of the step's sequences [from, to) append. */
+static size_t step_append_bytes(const sched *s, int from, int to)
 {
     size_t total = 0;
-    for (int i = 0; i < n_seq; i++)
+    for (int i = from; i < to; i++)
         if (s->steps[i].w->g)
             total += ctx_append_bytes(s->steps[i].seq, s->steps[i].b.n_tokens);
     return total;
 }
 
-/* Claims KV memory under the budget for every generation's rows of the step, all
- * together; when that does not fit, the step's generations keep the full chunks they
- * made in int8 (ctx_squeeze: a long prompt's KV then exceeds the budget's f16 worth
- * while its prefill goes on), and when it still does not fit, one by one in step order,
- * failing those that do not fit. */
-static void step_claim(sched *s, genmodel *gm, int n_seq)
+/* Claims KV memory under gm's budget for every generation's rows of the step's
+ * sequences [from, to) (gm's), all together; when that does not fit, the step's
+ * generations keep the full chunks they made in int8 (ctx_squeeze: a long prompt's KV
+ * then exceeds the budget's f16 worth while its prefill goes on), and when it still does
+ * not fit, one by one in step order, failing those that do not fit. */
+static void step_claim(sched *s, genmodel *gm, int from, int to)
 {
     char err[ERR_MAX];
-    size_t total = step_append_bytes(s, n_seq);
+    size_t total = step_append_bytes(s, from, to);
     if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
         return;
     size_t freed = 0;
-    for (int i = 0; i < n_seq; i++) {
+    for (int i = from; i < to; i++) {
         const gen *g = s->steps[i].w->g;
         if (g)
             freed += ctx_squeeze(gm->cm, g->seq,
@@ -150,12 +150,12 @@ static void step_claim(sched *s, genmodel *gm, int n_seq)
                                                               : 0);
     }
     if (freed) {
-        total = step_append_bytes(s, n_seq);
+        total = step_append_bytes(s, from, to);
         if (total == 0 || ctx_claim(gm->cm, total, err) == 0)
             return;
     }
     size_t claimed = 0;
-    for (int i = 0; i < n_seq; i++) {
+    for (int i = from; i < to; i++) {
         step_seq *st = &s->steps[i];
         if (!st->w->g)
             continue;
@@ -409,7 +409,7 @@ static void run_step_on(sched *s, genmodel *gm)
     }
     int decode_seqs = n_seq;
     step_share_long_work(s, gm, &n_seq, &n_out, gm->step_tokens);
-    step_claim(s, gm, n_seq);
+    step_claim(s, gm, 0, n_seq);
     step_forward(s, gm, n_seq);
     step_collect(s, n_seq);
     if (n_seq) {
@@ -426,13 +426,82 @@ static void run_step_on(sched *s, genmodel *gm)
     }
 }
 
+/* Whether gm has decode rows this step, and nothing else: every generation running on
+ * it decodes without drafts, and no long work waits there. */
+static bool step_decode_only(const sched *s, const genmodel *gm, bool *decodes)
+{
+    *decodes = false;
+    for (int i = 0; i < s->n_active; i++) {
+        const work *w = s->active[i];
+        if (w->gm != gm || work_over(w, 0))
+            continue;
+        if (work_is_long(w) || (w->g && w->g->spec_rows))
+            return false;
+        *decodes |= step_decodes(w, gm);
+    }
+    return true;
+}
+
+/*
+ * One step for a base and its adapter models (daemon/models/models.h), when at least two
+ * of them decode and none has other work: every decode row of all of them in one
+ * forward on the base's runner, each row run as its own model (model_batch.model: its
+ * adapters' deltas), so the base's weights are read once for all of them, as vLLM
+ * batches requests of many adapters; each model's KV claimed under its own budget.
+ * False, with nothing done, otherwise: the models then step one after another (prompts,
+ * speculation and long work keep each model's own step).
+ */
+static bool run_step_shared(sched *s, genmodel *base)
+{
+    genmodel *members[SCHED_GEN_MAX];
+    int n_members = 0;
+    for (int k = 0; k < SCHED_GEN_MAX; k++) {
+        genmodel *gm = s->gm[k];
+        bool decodes;
+        if (!gm || (gm != base && gm->me->base != base->me))
+            continue;
+        if (!step_decode_only(s, gm, &decodes))
+            return false;
+        if (decodes)
+            members[n_members++] = gm;
+    }
+    if (n_members < 2)
+        return false;
+    int64_t t0 = clock_mono_ns();
+    int n_seq = 0, n_out = 0;
+    for (int m = 0; m < n_members; m++) {
+        int from = n_seq;
+        for (int i = 0; i < s->n_active; i++) {
+            work *w = s->active[i];
+            if (!step_decodes(w, members[m]))
+                continue;
+            step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
+            s->steps[n_seq - 1].b.model = members[m]->me->m;
+        }
+        step_claim(s, members[m], from, n_seq);
+    }
+    step_forward(s, base, n_seq);
+    step_collect(s, n_seq);
+    step_record(s, t0, step_rows(s, n_seq));
+    s->shared_steps++;
+    return true;
+}
+
 /* One step on every generate model that has work: each its own batched forward (its
- * weights, its KV), the models one after another. */
+ * weights, its KV), the models one after another; a base and its adapter models that
+ * only decode share one (run_step_shared). */
 static void run_step(sched *s)
 {
-    for (int k = 0; k < SCHED_GEN_MAX; k++)
-        if (s->gm[k])
-            run_step_on(s, s->gm[k]);
+    for (int k = 0; k < SCHED_GEN_MAX; k++) {
+        genmodel *gm = s->gm[k];
+        /* adapter models step with their base */
+        if (!gm || gm->me->base || run_step_shared(s, gm))
+            continue;
+        run_step_on(s, gm);
+        for (int j = 0; j < SCHED_GEN_MAX; j++)
+            if (s->gm[j] && s->gm[j]->me->base == gm->me)
+                run_step_on(s, s->gm[j]);
+    }
 }
 
 int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
@@ -443,7 +512,7 @@ int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
         step_add_gen(s, &n_seq, &n_out, w, w->g->n_hist - 1, 1);
     else
         step_add_long(s, &n_seq, &n_out, w, take);
-    step_claim(s, w->gm, n_seq);
+    step_claim(s, w->gm, 0, n_seq);
     /* idle-time work on one thread: a core stays free for a request that arrives, and
      * the pool's adaptation keeps what real steps taught it (with the cores all its own,
      * idle-time work made it share the real steps' jobs again, 5-6% slower on

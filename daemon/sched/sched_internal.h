@@ -234,6 +234,7 @@ struct sched {
 
     step_stat stats[SCHED_STATS]; /* ring */
     uint64_t n_steps;
+    uint64_t shared_steps; /* of them, run_step_shared's */
     double step_stall_ms;  /* longest token gap seen in the step running */
     spec_stats spec;       /* graph runs' speculation, summed */
     spec_drafter *drafter;   /* draft_model's, NULL when none */

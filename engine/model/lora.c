@@ -117,6 +117,12 @@ static int lora_check_pair(lora *l, int slot, const gguf_tensor *a, const gguf_t
                             "(a rank of 1.." LORA_MAX_RANK_TEXT ")", name, (long long)a->ne[0], (long long)a->ne[1],
                        embd ? "token embedding" : "matrix", embd ? "[rank, " : "[",
                        (long long)(embd ? out : in), embd ? "]" : ", rank]");
+    /* a delta of rank above its matrix's smaller side is no more than that side: refused,
+     * so that the runner's scratch, as wide as the widest matrix, holds every rank */
+    int64_t side = in < out ? in : out;
+    if (rank > side)
+        return err_set(err, "%s: rank %lld is above the %s's smaller side %lld", name,
+                       (long long)rank, embd ? "token embedding" : "matrix", (long long)side);
     int64_t b_out = embd ? in : out;
     if (b->n_dims != 2 || b->ne[0] != rank || b->ne[1] != b_out)
         return err_set(err, "%s: lora_b has shape [%lld, %lld]; the base's %s needs [%lld, %lld]",

@@ -18,8 +18,8 @@
  * merged model would change its output too, which llama.cpp does not apply either).
  * Refused, each with what is wrong: a file that is no adapter, of another architecture,
  * of another adapter type, a tensor that is no .lora_a or .lora_b, a pair missing a half,
- * a matrix the base does not have, a shape that does not fit it, a type the engine does
- * not compute, and norm weights (which llama.cpp reads past: the model would not be the
+ * a matrix the base does not have, a shape that does not fit it, a rank above the
+ * matrix's smaller side, a type the engine does not compute, and norm weights (which llama.cpp reads past: the model would not be the
  * one trained).
  */
 #ifndef LLMS_LORA_H

@@ -615,11 +615,9 @@ struct model_runner {
     const model *m; /* the model it runs: with a view's adapters (model_with_loras) */
     const model *w; /* whose matrices it reads: model_base(m) */
     /* A runner of model_runner_new_shared: the runner whose pool and scratch it uses (the
-     * pointers below are that runner's, but lora_t and mm_scratch when they are own_t and
-     * own_mm), else NULL. */
+     * pointers below are that runner's, but lora_t when it is own_t), else NULL. */
     const model_runner *owner;
     float *own_t;   /* lora_t when model_runner_reserve_lora made it, else NULL */
-    void *own_mm;   /* mm_scratch when model_runner_reserve_lora needed a larger one */
     size_t own_bytes;
     tp_pool *pool;
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
@@ -660,8 +658,8 @@ struct model_runner {
     pthread_mutex_t recv_lock; /* serializes adding per-thread sums into a batch's */
     kv_chunk **slot_chunk; /* (max_batch) where each row's K/V go */
     int *slot_index;       /* (max_batch) */
-    void *mm_scratch;      /* ops_matmul scratch */
-    size_t mm_bytes;
+    void *mm_scratch;      /* ops_matmul scratch (wide enough for adapters' products: a
+                              rank is at most its matrix's smaller side, lora.h) */
     model_part *parts;     /* (max_batch) the sequences of the step; each has >= 1 row */
     int *row_part;         /* (max_batch) index into parts of each row */
     int32_t *row_pos;      /* (max_batch) position of each row */
@@ -740,13 +738,11 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
     if ((int)q_dim > max_cols)
         max_cols = (int)q_dim;
-    if (m->lora_rank > max_cols) /* a B product's input is rank wide */
-        max_cols = m->lora_rank;
     size_t every[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
-        r->mm_bytes = ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+        ops_matmul_scratch_bytes(max_batch, max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
         B * sizeof(const model *), 3 * B * (size_t)m->lora_rank * 4,
@@ -816,7 +812,6 @@ model_runner *model_runner_new_shared(const model *m, model_runner *owner, char 
     r->mem_bytes = 0;
     pthread_mutex_init(&r->recv_lock, NULL);
     r->own_t = NULL;
-    r->own_mm = NULL;
     r->own_bytes = 0;
     r->lora_t = NULL;
     r->lora_cap = 0;
@@ -833,30 +828,14 @@ int model_runner_reserve_lora(model_runner *r, int rank, char err[ERR_MAX])
         return 0;
     if (rank > LORA_MAX_RANK)
         return err_set(err, "runner: rank %d above %d", rank, LORA_MAX_RANK);
-    /* the A products; ops_matmul's scratch too when a B product's rank-wide input is
-     * wider than the one it has was sized for */
-    const model_hparams *hp = &r->m->hp;
-    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
-    max_cols = hp->n_head * hp->head_dim > max_cols ? hp->n_head * hp->head_dim : max_cols;
-    max_cols = rank > max_cols ? rank : max_cols;
-    size_t t_bytes = model_align(3 * (size_t)r->max_batch * (size_t)rank * sizeof(float));
-    size_t mm = model_align(ops_matmul_scratch_bytes(r->max_batch, max_cols, tp_n_threads(r->pool)));
-    float *t = aligned_alloc(64, t_bytes);
-    void *mm_new = mm > r->mm_bytes ? aligned_alloc(64, mm) : NULL;
-    if (!t || (mm > r->mm_bytes && !mm_new)) {
-        free(t);
-        free(mm_new);
+    size_t bytes = model_align(3 * (size_t)r->max_batch * (size_t)rank * sizeof(float));
+    float *t = aligned_alloc(64, bytes);
+    if (!t)
         return err_set(err, "runner: out of memory for the adapters' scratch (rank %d)", rank);
-    }
-    if (mm_new) {
-        free(r->own_mm);
-        r->own_mm = r->mm_scratch = mm_new;
-        r->mm_bytes = mm;
-    }
     free(r->own_t);
     r->own_t = r->lora_t = t;
+    r->own_bytes = bytes;
     r->lora_cap = rank;
-    r->own_bytes = t_bytes + (r->own_mm ? r->mm_bytes : 0);
     return 0;
 }
 
@@ -874,7 +853,6 @@ void model_runner_free(model_runner *r)
     pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
     free(r->own_t);
-    free(r->own_mm);
     free(r->frags);
     free(r);
 }

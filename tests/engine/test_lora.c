@@ -384,7 +384,7 @@ static void shared_runners(void)
     const char *base = tmp_path("hbase.gguf"), *ads[2] = {tmp_path("h1.gguf"), tmp_path("h2.gguf")};
     CHECK(gen_base(base, "llama", QTYPE_F32, false, 64) == 0);
     CHECK(gen_lora(base, ads[0], 8, 16.0f, QTYPE_F16, ALL_TARGETS, 21) == 0);
-    CHECK(gen_lora(base, ads[1], 64, 64.0f, QTYPE_F32, MODELGEN_LORA_LAYERS, 22) == 0);
+    CHECK(gen_lora(base, ads[1], 32, 32.0f, QTYPE_F32, MODELGEN_LORA_LAYERS, 22) == 0);
     model *m = model_load(base, err);
     CHECK_MSG(m, "%s", err);
     lora *l[2];
@@ -619,6 +619,9 @@ static void bad_adapters_are_refused(void)
     /* made for a model of another width: dim 96 */
     CHECK(gen_lora(other, f, 8, 8.0f, QTYPE_F16, MODELGEN_LORA_LAYERS, 1) == 0);
     REFUSED(f, "blk.0.attn_q.weight: lora_a has shape [96, 8]; the base's matrix needs [64, rank]");
+    /* a rank above a matrix's smaller side (attn_k: 32 rows) */
+    CHECK(gen_lora(base, f, 48, 8.0f, QTYPE_F16, MODELGEN_LORA_LAYERS, 1) == 0);
+    REFUSED(f, "blk.0.attn_k.weight: rank 48 is above the matrix's smaller side 32");
     /* of another architecture */
     CHECK(gen_lora(qwen, f, 8, 8.0f, QTYPE_F16, MODELGEN_LORA_LAYERS, 1) == 0);
     REFUSED(f, "adapter of a qwen2 model; the base is llama");

@@ -309,10 +309,27 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
-/* The base and both adapters, both prompts, all at once (twice): each answers as alone. */
+/* llmsd_sched_shared_steps_total of the adapter daemon's /metrics; -1 when absent. */
+static long shared_steps(void)
+{
+    httpc_reply r;
+    long n = -1;
+    if (httpc_do(lora_http, 0, "GET", "/metrics", NULL, NULL, &r) == 0 && r.status == 200) {
+        const char *at = strstr(r.body, "\nllmsd_sched_shared_steps_total ");
+        if (at)
+            n = strtol(at + strlen("\nllmsd_sched_shared_steps_total "), NULL, 10);
+    }
+    httpc_reply_free(&r);
+    return n;
+}
+
+/* The base and both adapters, both prompts, all at once (twice): each answers as alone,
+ * the steps where they all decode running them in one forward (run_step_shared). */
 static void concurrent_requests_answer_as_alone(void)
 {
     NEED_REFS();
+    long shared_before = shared_steps();
+    CHECK(shared_before >= 0);
     for (int round = 0; round < 2; round++) {
         stream st[N_MODELS * N_PROMPTS];
         pthread_t th[N_MODELS * N_PROMPTS];
@@ -330,6 +347,10 @@ static void concurrent_requests_answer_as_alone(void)
             free(s->got);
         }
     }
+    long shared = shared_steps() - shared_before;
+    fprintf(stderr, "       %ld steps ran the base and its adapter models in one forward\n",
+            shared);
+    CHECK(shared > 0);
 }
 
 /* A context made on an adapter model is that model's and answers as the merged model's
