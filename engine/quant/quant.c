@@ -32,7 +32,7 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_Q8_0] = {"Q8_0", 32, 34, true},
     [QTYPE_Q8_1] = {"Q8_1", 32, 36, false},
     [QTYPE_Q2_K] = {"Q2_K", 256, 84, false},
-    [QTYPE_Q3_K] = {"Q3_K", 256, 110, false},
+    [QTYPE_Q3_K] = {"Q3_K", 256, 110, true},
     [QTYPE_Q4_K] = {"Q4_K", 256, 144, true},
     [QTYPE_Q5_K] = {"Q5_K", 256, 176, true},
     [QTYPE_Q6_K] = {"Q6_K", 256, 210, true},
@@ -285,6 +285,31 @@ static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
     }
 }
 
+/* Element 128 h + 32 j + l of a Q3_K or Q2_K super-block: its 2 low bits. */
+static inline int q2_bits(const uint8_t qs[64], int e)
+{
+    int h = e / 128, j = e % 128 / 32, l = e % 32;
+    return (qs[32 * h + l] >> (2 * j)) & 3;
+}
+
+/* Element e of a Q3_K super-block as the signed value q - 4, in [-4, 3]. */
+static inline int q3_value(const qblock_q3_k *b, int e)
+{
+    int h = e / 128, j = e % 128 / 32, l = e % 32;
+    return q2_bits(b->qs, e) + 4 * ((b->hmask[l] >> (4 * h + j)) & 1) - 4;
+}
+
+static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
+        float d = qb_f16_to_f32(b[i].d);
+        int8_t sc[16];
+        qb_q3_k_scales(b[i].scales, sc);
+        for (int e = 0; e < QB_256; e++)
+            y[e] = d * (float)(sc[e / 16] * q3_value(&b[i], e));
+    }
+}
+
 static void dequant_q8_k(const qblock_q8_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QB_256)
@@ -320,6 +345,9 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         break;
     case QTYPE_Q6_K:
         dequant_q6_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        dequant_q3_k(src, dst, n / QB_256);
         break;
     case QTYPE_Q8_K:
         dequant_q8_k(src, dst, n / QB_256);
@@ -513,28 +541,28 @@ static void quantize_q5_k(const float *x, qblock_q5_k *b, int64_t nb)
     }
 }
 
-/* Fits x[0..16) ≈ scale * q with integers q in [-32, 31]: tries spacings that map the
- * largest-magnitude value near -32, refits the scale by least squares for each rounding,
- * and keeps the one with the smallest squared error. */
-static float fit_scale_q6(const float *x)
+/* Fits x[0..n) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings that map
+ * the largest-magnitude value near -nneg (the one extra negative step), refits the scale
+ * by least squares for each rounding, and keeps the one with the smallest squared error. */
+static float fit_scale_sym(const float *x, int n, int nneg)
 {
-    float mx = signed_absmax(x, 16), best = 0;
+    float mx = signed_absmax(x, n), best = 0;
     if (mx == 0)
         return 0;
     double best_err = INFINITY;
     for (int k = -9; k <= 9; k++) {
-        float iscale = -(32.0f + 0.1f * (float)k) / mx;
+        float iscale = -((float)nneg + 0.1f * (float)k) / mx;
         double sqq = 0, sqx = 0;
-        for (int i = 0; i < 16; i++) {
-            double q = round_clamp(x[i] * iscale, -32, 31);
+        for (int i = 0; i < n; i++) {
+            double q = round_clamp(x[i] * iscale, -nneg, nneg - 1);
             sqq += q * q;
             sqx += q * x[i];
         }
         if (sqq == 0)
             continue;
         double a = sqx / sqq, err = 0;
-        for (int i = 0; i < 16; i++) {
-            double e = a * round_clamp(x[i] * iscale, -32, 31) - x[i];
+        for (int i = 0; i < n; i++) {
+            double e = a * round_clamp(x[i] * iscale, -nneg, nneg - 1) - x[i];
             err += e * e;
         }
         if (err < best_err) {
@@ -551,7 +579,7 @@ static void quantize_q6_k(const float *x, qblock_q6_k *b, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += QB_256) {
         float sc[16];
         for (int j = 0; j < 16; j++)
-            sc[j] = fit_scale_q6(x + 16 * j);
+            sc[j] = fit_scale_sym(x + 16 * j, 16, 32);
         float mx = signed_absmax(sc, 16);
         /* The largest-magnitude scale maps to -128, the one extra negative step of int8. */
         b[i].d = quant_f32_to_f16(mx / -128.0f);
@@ -572,6 +600,39 @@ static void quantize_q6_k(const float *x, qblock_q6_k *b, int64_t nb)
                 qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
             }
         }
+    }
+}
+
+/* Q3_K: each sub-block's scale fitted alone, the largest-magnitude one mapped to -32 (the
+ * extra negative step of the 6-bit scales) by the f16 super-block factor, then the values
+ * rounded with the scales as stored. */
+static void quantize_q3_k(const float *x, qblock_q3_k *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[16];
+        for (int j = 0; j < 16; j++)
+            sc[j] = fit_scale_sym(x + 16 * j, 16, 4);
+        b[i].d = quant_f32_to_f16(signed_absmax(sc, 16) / -32.0f);
+        float d = qb_f16_to_f32(b[i].d);
+        uint8_t ls[16];
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int l = d != 0 ? round_clamp(sc[j] / d, -32, 31) : 0;
+            ls[j] = (uint8_t)(l + 32);
+            float s = d * (float)l, is = s != 0 ? 1.0f / s : 0.0f;
+            for (int k = 0; k < 16; k++) {
+                int e = 16 * j + k, h = e / 128, g = e % 128 / 32, p = e % 32;
+                int q = round_clamp(x[e] * is, -4, 3) + 4;
+                b[i].qs[32 * h + p] |= (uint8_t)((q & 3) << (2 * g));
+                b[i].hmask[p] |= (uint8_t)((q >> 2) << (4 * h + g));
+            }
+        }
+        for (int k = 0; k < 8; k++)
+            b[i].scales[k] = (uint8_t)((ls[k] & 0xF) | ((ls[k + 8] & 0xF) << 4));
+        for (int k = 0; k < 4; k++)
+            b[i].scales[8 + k] = (uint8_t)((ls[k] >> 4) | ((ls[k + 4] >> 4) << 2) |
+                                           ((ls[k + 8] >> 4) << 4) | ((ls[k + 12] >> 4) << 6));
     }
 }
 
@@ -620,6 +681,9 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_Q6_K:
         quantize_q6_k(src, dst, n / QB_256);
         break;
+    case QTYPE_Q3_K:
+        quantize_q3_k(src, dst, n / QB_256);
+        break;
     case QTYPE_Q8_K:
         quantize_q8_k(src, dst, n / QB_256);
         break;
@@ -636,6 +700,7 @@ uint32_t quant_dot_activation_type(uint32_t t)
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
         return QTYPE_Q8_0;
+    case QTYPE_Q3_K:
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
     case QTYPE_Q6_K:
@@ -762,6 +827,26 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
     return sum;
 }
 
+/* Q3_K: per sub-block of 16 the sum of (q - 4) a, as sum q a - 4 * bsum, scaled by sc - 32
+ * in integers. */
+static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t sc[16];
+        qb_q3_k_scales(x[i].scales, sc);
+        int32_t sumi = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++)
+                s += q3_value(&x[i], 16 * k + l) * y[i].qs[16 * k + l];
+            sumi += sc[k] * s;
+        }
+        sum += qb_f16_to_f32(x[i].d) * y[i].d * (float)sumi;
+    }
+    return sum;
+}
+
 float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, int64_t n)
 {
     const float *a = activation;
@@ -789,6 +874,8 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_q5_k(weights, activation, n / QB_256);
     case QTYPE_Q6_K:
         return dot_q6_k(weights, activation, n / QB_256);
+    case QTYPE_Q3_K:
+        return dot_q3_k(weights, activation, n / QB_256);
     default:
         return 0;
     }

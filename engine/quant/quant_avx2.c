@@ -265,8 +265,8 @@ static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
 
 /* A shuffle picking 16-bit element 2k of each 128-bit lane's scales for the low lane and
  * element 2k+1 for the high lane: the scales of the two 16-element halves of a 32-value
- * Q6_K run. */
-INLINE __m256i q6_scale_pick(int k)
+ * Q6_K or Q3_K run. */
+INLINE __m256i sub16_scale_pick(int k)
 {
     short lo = (short)(((4 * k + 1) << 8) | (4 * k)), hi = (short)(((4 * k + 3) << 8) | (4 * k + 2));
     return _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
@@ -302,7 +302,45 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
 #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], load256(a + 32 * k));
-                __m256i s = _mm256_shuffle_epi8(sc, q6_scale_pick(k));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(k));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
+/* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in
+ * element order, the + 4 taken off through bsums, the int8 scales (sc - 32) applied by
+ * madd: the integers of the scalar kernel. */
+static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t sc8[16];
+        qb_q3_k_scales(x[i].scales, sc8);
+        __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc8));
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
+        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+        __m256i hm = load256(x[i].hmask);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i v = load256(x[i].qs + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(sc8 + 8 * h))));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                /* bits move within 16-bit lanes; the masks keep each byte's own */
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+                __m256i p = _mm256_maddubs_epi16(q, load256(a + 32 * j));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(j));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
@@ -460,6 +498,10 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
         for (; r < n_rows; r++)
             out[r] = dot_q6_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
         break;
+    case QTYPE_Q3_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q3_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
     default:
         for (; r < n_rows; r++)
             out[r] = 0;
@@ -595,6 +637,28 @@ static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi32(3), one = _mm256_set1_epi32(1), k4 = _mm256_set1_epi32(4);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        int8_t sc[16];
+        qb_q3_k_scales(b[i].scales, sc);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++, y += 32)
+#pragma GCC unroll 4
+                for (int l = 0; l < 32; l += 8) {
+                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].qs + 32 * h + l), 2 * j), m3);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].hmask + l), 4 * h + j), one);
+                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 2)), k4);
+                    /* sc * q in integers first, as the scalar code, so the f32 product rounds alike */
+                    __m256i sq = _mm256_mullo_epi32(q, _mm256_set1_epi32(sc[8 * h + 2 * j + l / 16]));
+                    store8(y + l, sq, d, zero);
+                }
+    }
+}
+
 /* y[0..32) = d * q for 32 signed bytes at q. */
 INLINE void store_i8_32(float *y, const int8_t *q, __m256 d)
 {
@@ -656,6 +720,9 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         break;
     case QTYPE_Q6_K:
         dequant_q6_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        dequant_q3_k(src, dst, n / QB_256);
         break;
     default:
         quant_dequantize_row_scalar(t, src, dst, n);

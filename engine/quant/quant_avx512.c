@@ -497,10 +497,61 @@ INLINE void multi_q5_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * the scalar kernel's, and the lanes' sums those of the madd-and-add kernel before it, so
  * results are bit for bit what they were; from L2 it reads 31.8 GB/s where that one (which
  * also prefetched the next row) read 29.0, on one thread.
+ * Q3_K the same way (three: a constant after inlining): its values q - 4 unpacked as q
+ * (0..7; two bits of qs and one of hmask), the + 4 off through the sums, its 6-bit
+ * scales (sc - 32) in the place of Q6_K's int8 ones.
  */
-INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t as, int64_t nb,
-                       float *out, size_t os)
+/* Q6_K's values of a super-block, 64 a register in element order, and its scales. */
+INLINE void q6_k_unpack(const qblock_q6_k *x, __m512i q[4], __m256i *sc16)
 {
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    /* qh's bits for a register's two halves moved to bits 4-5: <<4 and <<2 (low nibbles),
+     * >>0 and >>2 (high nibbles) */
+    const __m512i lo_shift = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i hi_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x->scales));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        /* low nibbles of ql are elements 0-63 of the half, high nibbles 64-127; their
+         * top two bits sit in qh at bits 0-1 / 2-3 (low) and 4-5 / 6-7 (high) */
+        __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
+        __m512i hb = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qh + 32 * h)));
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                   _mm512_and_si512(_mm512_sllv_epi16(hb, lo_shift), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(hb, hi_shift), m30));
+    }
+}
+
+/* Q3_K's values q (0..7) of a super-block, 64 a register in element order: register g
+ * holds runs 2 g and 2 g + 1 of 32 (run 4 h + j: bits 2 j of qs[32 h ..], bit 4 h + j of
+ * hmask), one in each half; and its scales less 32. */
+INLINE void q3_k_unpack(const qblock_q3_k *x, __m512i q[4], __m256i *sc16)
+{
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    int8_t sc8[16];
+    qb_q3_k_scales(x->scales, sc8);
+    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc8));
+    __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x->hmask));
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        int h = g / 2, j = 2 * (g % 2); /* runs 4 h + j and 4 h + j + 1 */
+        __m512i v = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h)));
+        __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
+                                           _mm256_set1_epi16((short)(2 * j + 2)), 1);
+        __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h + j))),
+                                         _mm256_set1_epi8((char)(1 << (4 * h + j + 1))), 1);
+        __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m3);
+        q[g] = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, bit), lo, four);
+    }
+}
+
+INLINE void multi_k_sym(int three, int na, const uint8_t *row, const uint8_t *act, size_t as,
+                        int64_t nb, float *out, size_t os)
+{
+    const size_t bb = three ? sizeof(qblock_q3_k) : sizeof(qblock_q6_k);
     const qblock_q8_k *y[MA];
     __m512 acc[MA];
 #pragma GCC unroll 8
@@ -508,27 +559,21 @@ INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t 
         y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
         acc[a] = _mm512_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    /* qh's bits for a register's two halves moved to bits 4-5: <<4 and <<2 (low nibbles),
-     * >>0 and >>2 (high nibbles) */
-    const __m512i lo_shift = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i hi_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     for (int64_t i = 0; i < nb; i++) {
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[i].scales));
-        __m512i s16 = _mm512_castsi256_si512(sc16);
+        const uint8_t *blk = row + (size_t)i * bb;
         __m512i q[4], sc[4];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            /* low nibbles of ql are elements 0-63 of the half, high nibbles 64-127; their
-             * top two bits sit in qh at bits 0-1 / 2-3 (low) and 4-5 / 6-7 (high) */
-            __m512i l = _mm512_loadu_si512(x[i].ql + 64 * h);
-            __m512i hb = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(const void *)(x[i].qh + 32 * h)));
-            q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                       _mm512_and_si512(_mm512_sllv_epi16(hb, lo_shift), m30));
-            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi16(hb, hi_shift), m30));
+        __m256i sc16;
+        float dw;
+        if (three) {
+            const qblock_q3_k *x = (const qblock_q3_k *)(const void *)blk;
+            q3_k_unpack(x, q, &sc16);
+            dw = _cvtsh_ss(x->d);
+        } else {
+            const qblock_q6_k *x = (const qblock_q6_k *)(const void *)blk;
+            q6_k_unpack(x, q, &sc16);
+            dw = _cvtsh_ss(x->d);
         }
+        __m512i s16 = _mm512_castsi256_si512(sc16);
         /* word w of register g's maddubs products belongs to sub-block 4 g + w / 8 */
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
@@ -539,12 +584,12 @@ INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t 
                 1);
             sc[g] = _mm512_permutexvar_epi16(idx, s16);
         }
-        float dw = _cvtsh_ss(x[i].d);
 #pragma GCC unroll 8
         for (int a = 0; a < na; a++) {
             __m256i bs = _mm256_loadu_si256(
                 (const __m256i *)(const void *)((const uint8_t *)&y[a][i] + offsetof(qblock_q8_k, bsums)));
-            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+            /* the offset (32 or 4) times each sub-block's scale and activation sum */
+            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), three ? 2 : 5);
             __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
@@ -563,7 +608,14 @@ INLINE void multi_q6_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        multi_q6_k(na, (const qblock_q6_k *)(const void *)(w + (size_t)r * rb), act, as, nb, out + r, os);
+        multi_k_sym(0, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+INLINE void multi_q3_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_k_sym(1, na, w + (size_t)r * rb, act, as, nb, out + r, os);
 }
 
 /*
@@ -1170,6 +1222,9 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q6_K:
         FOR_GROUPS(multi_q6_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q3_K:
+        FOR_GROUPS(multi_q3_k_rows, n / QB_256);
         return 1;
     case QTYPE_F32:
     case QTYPE_F16:

@@ -58,6 +58,16 @@ typedef struct __attribute__((packed)) {
     uint16_t d; /* f16 */
 } qblock_q6_k;
 
+/* 16 sub-blocks of 16: x = d * (sc[j] - 32) * (q - 4), q 3 bits: the low 2 of element
+ * 128 h + 32 j + l at bits 2 j of qs[32 h + l], the third at bit 4 h + j of hmask[l];
+ * sc 6 bits, see qb_q3_k_scales. */
+typedef struct __attribute__((packed)) {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d; /* f16 */
+} qblock_q3_k;
+
 /* Activations for the K-quant dot products: x = d * qs[i], bsums[j] = sum of qs[16 j ..]. */
 typedef struct __attribute__((packed)) {
     float d;
@@ -70,6 +80,7 @@ _Static_assert(sizeof(qblock_q4_0) == 18, "Q4_0 block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
+_Static_assert(sizeof(qblock_q3_k) == 110, "Q3_K block");
 _Static_assert(sizeof(qblock_q8_k) == 292, "Q8_K block");
 
 /* Element i of a row of 16-bit or 32-bit values at any address (rows of F16/BF16/F32
@@ -135,6 +146,26 @@ static inline void qb_unpack_k_scales(const uint8_t s[12], uint64_t *sc, uint64_
     uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
     *sc = (uint64_t)sc_hi << 32 | sc_lo;
     *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+/* The 16 6-bit scales of a Q3_K super-block, less 32 (so in [-32, 31]), into sc. Sub-block
+ * k keeps its low 4 bits in byte k % 8 (the low nibble for k < 8, the high one after) and
+ * its top 2 in byte 8 + k % 4, at bits 2 (k / 4). */
+static inline void qb_q3_k_scales(const uint8_t s[12], int8_t sc[16])
+{
+    uint32_t lo[2], hi;
+    memcpy(lo, s, 8);
+    memcpy(&hi, s + 8, 4);
+    uint32_t w[4] = {
+        (lo[0] & 0x0f0f0f0fu) | ((hi << 4) & 0x30303030u),
+        (lo[1] & 0x0f0f0f0fu) | ((hi << 2) & 0x30303030u),
+        ((lo[0] >> 4) & 0x0f0f0f0fu) | (hi & 0x30303030u),
+        ((lo[1] >> 4) & 0x0f0f0f0fu) | ((hi >> 2) & 0x30303030u),
+    };
+    uint8_t u[16];
+    memcpy(u, w, 16);
+    for (int k = 0; k < 16; k++)
+        sc[k] = (int8_t)(u[k] - 32);
 }
 
 /* Byte j of a value from qb_unpack_k_scales. */
