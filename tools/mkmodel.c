@@ -3,17 +3,20 @@
  *
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C
- *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
+ *           --type f32|f16|bf16|q8_0|q4_0|q3_k|q4_k|q5_k|q6_k
+ *                  |q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
- *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
+ *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *   mkmodel --help | --version
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
- * again, the rest (norms, biases) is copied, metadata too. bench/kvquant uses an F32 copy
+ * again, the rest (norms, biases) is copied, metadata too. A mix (q3_k_m ...) gives each
+ * matrix the type llama-quantize gives it (modelgen_mix_type), its fallbacks for rows
+ * that are not whole super-blocks included. bench/kvquant uses an F32 copy
  * of a Q8_0 model to measure KV compression without the activation rounding that Q8_0
  * matrix products add (8-bit activations: any change of the inputs flips some roundings).
  */
@@ -32,13 +35,17 @@
 static const struct {
     const char *name;
     uint32_t type;
-    bool k_m_mix;
+    modelgen_mix mix;
 } TYPES[] = {
-    {"f32", QTYPE_F32, false},   {"f16", QTYPE_F16, false},   {"bf16", QTYPE_BF16, false},
-    {"q8_0", QTYPE_Q8_0, false}, {"q4_0", QTYPE_Q4_0, false}, {"q4_k", QTYPE_Q4_K, false},
-    {"q5_k", QTYPE_Q5_K, false}, {"q6_k", QTYPE_Q6_K, false},
-    /* llama.cpp's Q4_K_M and Q5_K_M: some tensors in Q6_K (modelgen.h) */
-    {"q4_k_m", QTYPE_Q4_K, true}, {"q5_k_m", QTYPE_Q5_K, true},
+    {"f32", QTYPE_F32, MODELGEN_MIX_NONE},   {"f16", QTYPE_F16, MODELGEN_MIX_NONE},
+    {"bf16", QTYPE_BF16, MODELGEN_MIX_NONE}, {"q8_0", QTYPE_Q8_0, MODELGEN_MIX_NONE},
+    {"q4_0", QTYPE_Q4_0, MODELGEN_MIX_NONE}, {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
+    {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
+    {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},
+    /* llama.cpp's mixes: some tensors in other types (modelgen.h) */
+    {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S}, {"q3_k_m", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_M},
+    {"q3_k_l", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_L}, {"q4_k_m", QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M},
+    {"q5_k_m", QTYPE_Q5_K, MODELGEN_MIX_Q5_K_M},
 };
 
 static void usage(FILE *out)
@@ -47,17 +54,19 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
             "               --heads H\n"
             "               --kv-heads KH --ffn F --ctx C\n"
-            "               --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m\n"
+            "               --type f32|f16|bf16|q8_0|q4_0|q3_k|q4_k|q5_k|q6_k\n"
+            "                      |q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
-            "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
+            "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
             "of VOCAB.gguf, or (--from) IN.gguf's model with its matrices converted to the\n"
-            "type. Progress goes to stderr when it is a terminal.\n");
+            "type (a mix, such as q3_k_m: to the types llama.cpp's llama-quantize gives\n"
+            "each). Progress goes to stderr when it is a terminal.\n");
 }
 
 /* A mistake on the command line: what is wrong, and where help is. */
@@ -89,9 +98,23 @@ static void show_progress(int done, int total, void *user)
     fprintf(stderr, "\rmkmodel: tensor %d of %d%s", done, total, done == total ? "\n" : "");
 }
 
+/* The value of the u32 key "{arch}.suffix" of g, or 0 where there is none. */
+static uint32_t arch_u32(const gguf_file *g, const char *suffix)
+{
+    gguf_str arch;
+    char key[160];
+    uint32_t v = 0;
+    if (gguf_get_str(g, "general.architecture", &arch) && arch.len < 100) {
+        snprintf(key, sizeof key, "%.*s.%s", (int)arch.len, arch.ptr, suffix);
+        gguf_get_u32(g, key, &v);
+    }
+    return v;
+}
+
 /* Writes in's model to out with every matrix whose rows are whole blocks of type
- * converted to it. 0, or -1 with err set. */
-static int convert_model(const char *in, const char *out, uint32_t type, char err[ERR_MAX])
+ * converted to it, or with a mix to the type the mix gives it. 0, or -1 with err set. */
+static int convert_model(const char *in, const char *out, uint32_t type, modelgen_mix mix,
+                         char err[ERR_MAX])
 {
     gguf_file *g = gguf_open(in, err);
     if (!g)
@@ -111,6 +134,10 @@ static int convert_model(const char *in, const char *out, uint32_t type, char er
             goto out;
         }
     int block = quant_traits_of(type)->block_size;
+    int n_layer = (int)arch_u32(g, "block_count");
+    uint32_t heads = arch_u32(g, "attention.head_count"), kv = arch_u32(g, "attention.head_count_kv");
+    int n_gqa = heads && kv ? (int)(heads / kv) : 1;
+    bool has_output = gguf_find_tensor(g, "output.weight") != NULL;
     for (int64_t i = 0; i < n_tensors; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
@@ -120,12 +147,19 @@ static int convert_model(const char *in, const char *out, uint32_t type, char er
             rows *= t->ne[d];
         const void *data = t->data;
         uint32_t to = t->type;
-        if (t->n_dims >= 2 && n % block == 0 && t->type != type) {
+        if (t->n_dims >= 2 && (mix != MODELGEN_MIX_NONE || n % block == 0))
+            to = modelgen_mix_type(mix, type, name, n, n_layer, n_gqa, has_output);
+        if (to != t->type) {
             if (!quant_traits_of(t->type)->computable) {
                 snprintf(err, ERR_MAX, "%s: type %u cannot be read", name, t->type);
                 goto out;
             }
-            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(type, n);
+            if (!quant_traits_of(to)->computable) {
+                snprintf(err, ERR_MAX, "%s: type %s cannot be written", name,
+                         quant_traits_of(to)->name);
+                goto out;
+            }
+            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(to, n);
             float *grown = realloc(row, sizeof *row * (size_t)n);
             bufs[i] = malloc(out_rb * (size_t)rows);
             if (!grown || !bufs[i]) {
@@ -136,9 +170,9 @@ static int convert_model(const char *in, const char *out, uint32_t type, char er
             row = grown;
             for (int64_t r = 0; r < rows; r++) {
                 quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
-                quant_quantize_row(type, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
+                quant_quantize_row(to, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
             }
-            data = bufs[i], to = type;
+            data = bufs[i];
         }
         if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
             snprintf(err, ERR_MAX, "%s: out of memory", name);
@@ -234,16 +268,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {
             p.type = TYPES[i].type;
-            p.k_m_mix = TYPES[i].k_m_mix;
+            p.mix = TYPES[i].mix;
             found = true;
         }
     if (!found)
         bad_usage("--type: unknown type '%s'", type);
     char err[ERR_MAX];
     if (from) {
-        if (p.k_m_mix)
-            bad_usage("--from: '%s' is a mix; give one type", type);
-        if (convert_model(from, out, p.type, err) < 0) {
+        if (convert_model(from, out, p.type, p.mix, err) < 0) {
             fprintf(stderr, "mkmodel: %s: %s\n", from, err);
             unlink(out);
             return 1;
