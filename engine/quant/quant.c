@@ -31,7 +31,7 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_Q5_1] = {"Q5_1", 32, 24, false},
     [QTYPE_Q8_0] = {"Q8_0", 32, 34, true},
     [QTYPE_Q8_1] = {"Q8_1", 32, 36, false},
-    [QTYPE_Q2_K] = {"Q2_K", 256, 84, false},
+    [QTYPE_Q2_K] = {"Q2_K", 256, 84, true},
     [QTYPE_Q3_K] = {"Q3_K", 256, 110, true},
     [QTYPE_Q4_K] = {"Q4_K", 256, 144, true},
     [QTYPE_Q5_K] = {"Q5_K", 256, 176, true},
@@ -310,6 +310,18 @@ static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q2_k(const qblock_q2_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
+        float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)(b[i].scales[k] & 0xF), ml = dmin * (float)(b[i].scales[k] >> 4);
+            for (int l = 0; l < 16; l++)
+                y[16 * k + l] = dl * (float)q2_bits(b[i].qs, 16 * k + l) - ml;
+        }
+    }
+}
+
 static void dequant_q8_k(const qblock_q8_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QB_256)
@@ -348,6 +360,9 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         break;
     case QTYPE_Q3_K:
         dequant_q3_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        dequant_q2_k(src, dst, n / QB_256);
         break;
     case QTYPE_Q8_K:
         dequant_q8_k(src, dst, n / QB_256);
@@ -636,6 +651,35 @@ static void quantize_q3_k(const float *x, qblock_q3_k *b, int64_t nb)
     }
 }
 
+/* Q2_K: each sub-block's scale and min fitted as Q4_K's, both quantized to 4 bits against
+ * f16 super-block factors, then the values rounded with them as stored. */
+static void quantize_q2_k(const float *x, qblock_q2_k *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[16], mn[16], max_sc = 0, max_mn = 0;
+        for (int j = 0; j < 16; j++) {
+            fit_scale_min(x + 16 * j, 16, 3, &sc[j], &mn[j]);
+            max_sc = fmaxf(max_sc, sc[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        b[i].d = quant_f32_to_f16(max_sc / 15.0f);
+        b[i].dmin = quant_f32_to_f16(max_mn / 15.0f);
+        float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int ls = d > 0 ? round_clamp(sc[j] / d, 0, 15) : 0;
+            int lm = dmin > 0 ? round_clamp(mn[j] / dmin, 0, 15) : 0;
+            b[i].scales[j] = (uint8_t)(ls | (lm << 4));
+            float s = d * (float)ls, m = dmin * (float)lm, is = s > 0 ? 1.0f / s : 0.0f;
+            for (int k = 0; k < 16; k++) {
+                int e = 16 * j + k, h = e / 128, g = e % 128 / 32, p = e % 32;
+                int q = round_clamp((x[e] + m) * is, 0, 3);
+                b[i].qs[32 * h + p] |= (uint8_t)(q << (2 * g));
+            }
+        }
+    }
+}
+
 static void quantize_q8_k(const float *x, qblock_q8_k *b, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += QB_256) {
@@ -684,6 +728,9 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_Q3_K:
         quantize_q3_k(src, dst, n / QB_256);
         break;
+    case QTYPE_Q2_K:
+        quantize_q2_k(src, dst, n / QB_256);
+        break;
     case QTYPE_Q8_K:
         quantize_q8_k(src, dst, n / QB_256);
         break;
@@ -700,6 +747,7 @@ uint32_t quant_dot_activation_type(uint32_t t)
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
         return QTYPE_Q8_0;
+    case QTYPE_Q2_K:
     case QTYPE_Q3_K:
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
@@ -847,6 +895,24 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
     return sum;
 }
 
+/* Q2_K: sum d sc q a - dmin m a per sub-block of 16, the min term through bsums. */
+static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0, summ = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++)
+                s += q2_bits(x[i].qs, 16 * k + l) * y[i].qs[16 * k + l];
+            sumi += (x[i].scales[k] & 0xF) * s;
+            summ += (x[i].scales[k] >> 4) * y[i].bsums[k];
+        }
+        sum += y[i].d * (qb_f16_to_f32(x[i].d) * (float)sumi - qb_f16_to_f32(x[i].dmin) * (float)summ);
+    }
+    return sum;
+}
+
 float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, int64_t n)
 {
     const float *a = activation;
@@ -876,6 +942,8 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_q6_k(weights, activation, n / QB_256);
     case QTYPE_Q3_K:
         return dot_q3_k(weights, activation, n / QB_256);
+    case QTYPE_Q2_K:
+        return dot_q2_k(weights, activation, n / QB_256);
     default:
         return 0;
     }

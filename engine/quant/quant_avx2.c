@@ -350,6 +350,41 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
     return hsum(acc);
 }
 
+/* Q2_K as Q3_K without the third bit and the offset: the scales (low nibbles) applied by
+ * madd, the mins (high nibbles) times the activation's sums of 16 in their own f32
+ * accumulator, as Q4_K's. */
+static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i m3 = _mm256_set1_epi8(0x03);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m128i s8 = load128(x[i].scales);
+        __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+        __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i v = load256(x[i].qs + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i sc = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+                __m256i p = _mm256_maddubs_epi16(q, load256(a + 32 * j));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(j));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
 /*
  * Several activation rows at once (batched decode): each weight block is loaded, and
  * its signs taken, once for MA activations. Every (row, activation) pair keeps its own
@@ -501,6 +536,10 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
     case QTYPE_Q3_K:
         for (; r < n_rows; r++)
             out[r] = dot_q3_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q2_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
         break;
     default:
         for (; r < n_rows; r++)
@@ -659,6 +698,26 @@ static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q2_k(const qblock_q2_k *b, float *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi32(3);
+    for (int64_t i = 0; i < nb; i++) {
+        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++, y += 32)
+#pragma GCC unroll 4
+                for (int l = 0; l < 32; l += 8) {
+                    int k = 8 * h + 2 * j + l / 16;
+                    /* d sc q is exact in f32, so the fused subtraction rounds as the
+                     * scalar one */
+                    __m256 dl = _mm256_set1_ps(d * (float)(b[i].scales[k] & 0xF));
+                    __m256 ml = _mm256_set1_ps(dmin * (float)(b[i].scales[k] >> 4));
+                    store8(y + l, _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].qs + 32 * h + l), 2 * j), m3),
+                           dl, ml);
+                }
+    }
+}
+
 /* y[0..32) = d * q for 32 signed bytes at q. */
 INLINE void store_i8_32(float *y, const int8_t *q, __m256 d)
 {
@@ -723,6 +782,9 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         break;
     case QTYPE_Q3_K:
         dequant_q3_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        dequant_q2_k(src, dst, n / QB_256);
         break;
     default:
         quant_dequantize_row_scalar(t, src, dst, n);

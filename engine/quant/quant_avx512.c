@@ -497,10 +497,12 @@ INLINE void multi_q5_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * the scalar kernel's, and the lanes' sums those of the madd-and-add kernel before it, so
  * results are bit for bit what they were; from L2 it reads 31.8 GB/s where that one (which
  * also prefetched the next row) read 29.0, on one thread.
- * Q3_K the same way (three: a constant after inlining): its values q - 4 unpacked as q
- * (0..7; two bits of qs and one of hmask), the + 4 off through the sums, its 6-bit
- * scales (sc - 32) in the place of Q6_K's int8 ones.
+ * Q3_K the same way: its values q - 4 unpacked as q (0..7; two bits of qs and one of
+ * hmask), the + 4 off through the sums, its 6-bit scales (sc - 32) in the place of Q6_K's
+ * int8 ones. Q2_K too: its values (0..3) as they are, its 4-bit scales, and its 4-bit
+ * mins times the activation's sums in an f32 accumulator of their own, as Q4_K's.
  */
+enum k16_kind { K16_Q6, K16_Q3, K16_Q2 }; /* a constant after inlining */
 /* Q6_K's values of a super-block, 64 a register in element order, and its scales. */
 INLINE void q6_k_unpack(const qblock_q6_k *x, __m512i q[4], __m256i *sc16)
 {
@@ -548,23 +550,51 @@ INLINE void q3_k_unpack(const qblock_q3_k *x, __m512i q[4], __m256i *sc16)
     }
 }
 
-INLINE void multi_k_sym(int three, int na, const uint8_t *row, const uint8_t *act, size_t as,
-                        int64_t nb, float *out, size_t os)
+/* Q2_K's values (0..3) of a super-block, 64 a register in element order as Q3_K's, and
+ * its scales and mins. */
+INLINE void q2_k_unpack(const qblock_q2_k *x, __m512i q[4], __m256i *sc16, __m256i *m16)
 {
-    const size_t bb = three ? sizeof(qblock_q3_k) : sizeof(qblock_q6_k);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)x->scales);
+    *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, _mm_set1_epi8(0xF)));
+    *m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF)));
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        int h = g / 2, j = 2 * (g % 2);
+        __m512i v = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h)));
+        __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
+                                           _mm256_set1_epi16((short)(2 * j + 2)), 1);
+        q[g] = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m3);
+    }
+}
+
+INLINE void multi_k16(enum k16_kind kind, int na, const uint8_t *row, const uint8_t *act,
+                        size_t as, int64_t nb, float *out, size_t os)
+{
+    const size_t bb = kind == K16_Q2   ? sizeof(qblock_q2_k)
+                      : kind == K16_Q3 ? sizeof(qblock_q3_k)
+                                     : sizeof(qblock_q6_k);
     const qblock_q8_k *y[MA];
     __m512 acc[MA];
+    __m256 accm[MA];
 #pragma GCC unroll 8
     for (int a = 0; a < na; a++) {
         y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
         acc[a] = _mm512_setzero_ps();
+        accm[a] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = row + (size_t)i * bb;
         __m512i q[4], sc[4];
-        __m256i sc16;
-        float dw;
-        if (three) {
+        __m256i sc16, m16 = _mm256_setzero_si256();
+        float dw, dmin = 0;
+        if (kind == K16_Q2) {
+            const qblock_q2_k *x = (const qblock_q2_k *)(const void *)blk;
+            q2_k_unpack(x, q, &sc16, &m16);
+            dw = _cvtsh_ss(x->d);
+            dmin = _cvtsh_ss(x->dmin);
+        } else if (kind == K16_Q3) {
             const qblock_q3_k *x = (const qblock_q3_k *)(const void *)blk;
             q3_k_unpack(x, q, &sc16);
             dw = _cvtsh_ss(x->d);
@@ -588,9 +618,16 @@ INLINE void multi_k_sym(int three, int na, const uint8_t *row, const uint8_t *ac
         for (int a = 0; a < na; a++) {
             __m256i bs = _mm256_loadu_si256(
                 (const __m256i *)(const void *)((const uint8_t *)&y[a][i] + offsetof(qblock_q8_k, bsums)));
-            /* the offset (32 or 4) times each sub-block's scale and activation sum */
-            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), three ? 2 : 5);
-            __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+            /* the offset (32 or 4) times each sub-block's scale and activation sum; Q2_K's
+             * mins times those sums */
+            __m512i sumi = _mm512_setzero_si512();
+            if (kind == K16_Q2) {
+                accm[a] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y[a][i].d),
+                                          _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm[a]);
+            } else {
+                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), kind == K16_Q3 ? 2 : 5);
+                sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+            }
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 __m512i p = _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(y[a][i].qs + 64 * g));
@@ -600,22 +637,36 @@ INLINE void multi_k_sym(int three, int na, const uint8_t *row, const uint8_t *ac
         }
     }
 #pragma GCC unroll 8
-    for (int a = 0; a < na; a++)
-        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+    for (int a = 0; a < na; a++) {
+        float m = 0;
+        if (kind == K16_Q2) {
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(accm[a]), _mm256_extractf128_ps(accm[a], 1));
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            m = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+        }
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]) - m;
+    }
 }
 
 INLINE void multi_q6_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        multi_k_sym(0, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+        multi_k16(K16_Q6, na, w + (size_t)r * rb, act, as, nb, out + r, os);
 }
 
 INLINE void multi_q3_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        multi_k_sym(1, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+        multi_k16(K16_Q3, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+INLINE void multi_q2_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_k16(K16_Q2, na, w + (size_t)r * rb, act, as, nb, out + r, os);
 }
 
 /*
@@ -1225,6 +1276,9 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q3_K:
         FOR_GROUPS(multi_q3_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q2_K:
+        FOR_GROUPS(multi_q2_k_rows, n / QB_256);
         return 1;
     case QTYPE_F32:
     case QTYPE_F16:

@@ -68,6 +68,16 @@ typedef struct __attribute__((packed)) {
     uint16_t d; /* f16 */
 } qblock_q3_k;
 
+/* 16 sub-blocks of 16: x = d * sc[j] * q - dmin * m[j], sc and m the low and high
+ * nibbles of scales[j], q 2 bits as Q3_K's low ones (element 128 h + 32 j + l at bits 2 j
+ * of qs[32 h + l]). */
+typedef struct __attribute__((packed)) {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
+} qblock_q2_k;
+
 /* Activations for the K-quant dot products: x = d * qs[i], bsums[j] = sum of qs[16 j ..]. */
 typedef struct __attribute__((packed)) {
     float d;
@@ -81,6 +91,7 @@ _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
 _Static_assert(sizeof(qblock_q3_k) == 110, "Q3_K block");
+_Static_assert(sizeof(qblock_q2_k) == 84, "Q2_K block");
 _Static_assert(sizeof(qblock_q8_k) == 292, "Q8_K block");
 
 /* Element i of a row of 16-bit or 32-bit values at any address (rows of F16/BF16/F32
