@@ -173,6 +173,14 @@ static void mixes_choose_llama_cpp_types(void)
         {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.5.attn_qkv.weight", 2, true, QTYPE_Q5_K},
         {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "blk.21.ffn_down.weight", 2, true, QTYPE_Q6_K},
         {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "blk.5.attn_qkv.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_v.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_v.weight", 4, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.ffn_down.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_output.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.ffn_up.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_k.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "token_embd.weight", 2, true, QTYPE_Q2_K},
         {MODELGEN_MIX_NONE, QTYPE_Q4_K, "output.weight", 2, true, QTYPE_Q4_K},
         {MODELGEN_MIX_NONE, QTYPE_Q3_K, "blk.0.attn_v.weight", 2, true, QTYPE_Q3_K},
     };
@@ -197,6 +205,8 @@ static void mixes_fall_back_where_rows_are_not_whole_blocks(void)
         uint32_t want;
     } cases[] = {
         {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.ffn_up.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.attn_v.weight", 288, QTYPE_IQ4_NL},
         {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_output.weight", 288, QTYPE_Q5_0},
         {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.5.ffn_down.weight", 288, QTYPE_Q5_1},
         {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.0.attn_v.weight", 288, QTYPE_Q8_0},
