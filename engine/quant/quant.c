@@ -26,9 +26,9 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_F32] = {"F32", 1, 4, true},
     [QTYPE_F16] = {"F16", 1, 2, true},
     [QTYPE_Q4_0] = {"Q4_0", 32, 18, true},
-    [QTYPE_Q4_1] = {"Q4_1", 32, 20, false},
-    [QTYPE_Q5_0] = {"Q5_0", 32, 22, false},
-    [QTYPE_Q5_1] = {"Q5_1", 32, 24, false},
+    [QTYPE_Q4_1] = {"Q4_1", 32, 20, true},
+    [QTYPE_Q5_0] = {"Q5_0", 32, 22, true},
+    [QTYPE_Q5_1] = {"Q5_1", 32, 24, true},
     [QTYPE_Q8_0] = {"Q8_0", 32, 34, true},
     [QTYPE_Q8_1] = {"Q8_1", 32, 36, false},
     [QTYPE_Q2_K] = {"Q2_K", 256, 84, true},
@@ -225,6 +225,33 @@ static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q4_1(const qblock_q4_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d), m = qb_f16_to_f32(b[i].m);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_nibble(b[i].qs, j) + m;
+    }
+}
+
+static void dequant_q5_0(const qblock_q5_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)(qb_q5(b[i].qh, b[i].qs, j) - 16);
+    }
+}
+
+static void dequant_q5_1(const qblock_q5_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d), m = qb_f16_to_f32(b[i].m);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_q5(b[i].qh, b[i].qs, j) + m;
+    }
+}
+
 static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
@@ -349,6 +376,15 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
     case QTYPE_Q4_0:
         dequant_q4_0(src, dst, n / QB_32);
         break;
+    case QTYPE_Q4_1:
+        dequant_q4_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        dequant_q5_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        dequant_q5_1(src, dst, n / QB_32);
+        break;
     case QTYPE_Q4_K:
         dequant_q4_k(src, dst, n / QB_256);
         break;
@@ -439,19 +475,22 @@ static void quantize_q4_0(const float *x, qblock_q4_0 *b, int64_t nb)
 }
 
 /*
- * Fits x[0..n) ≈ scale * q - min with integers q in [0, nmax], scale >= 0 and min >= 0
- * (the K-quant sub-block model: its offset never exceeds zero). Tries grid spacings
- * around (max - min) / nmax; for each, rounds, then solves least squares for scale and
- * offset given those q, and keeps the pair with the smallest squared error.
+ * Fits x[0..n) ≈ scale * q - min with integers q in [0, nmax] and scale >= 0; with
+ * min_positive also min >= 0 (the K-quant sub-block model: its offset never exceeds
+ * zero), without it any min (Q4_1, Q5_1). Tries grid spacings around (max - min) / nmax;
+ * for each, rounds, then solves least squares for scale and offset given those q, and
+ * keeps the pair with the smallest squared error.
  */
-static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *min)
+static void fit_scale_min(const float *x, int n, int nmax, bool min_positive, float *scale,
+                          float *min)
 {
     float lo = x[0], hi = x[0];
     for (int i = 1; i < n; i++) {
         lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
     }
-    lo = fminf(lo, 0.0f);
+    if (min_positive)
+        lo = fminf(lo, 0.0f);
     *scale = (hi - lo) / (float)nmax;
     *min = -lo;
     if (!(hi > lo))
@@ -471,7 +510,7 @@ static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *
         if (den <= 0)
             continue;
         double a = (n * sqx - sq * sx) / den, b = (sx - a * sq) / n;
-        if (b > 0) {
+        if (min_positive && b > 0) {
             b = 0;
             a = sqx / sqq;
         }
@@ -490,6 +529,56 @@ static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *
     }
 }
 
+/* Q4_1 and Q5_1 (nmax 15 or 31): x ≈ d * q + m with any m, the values rounded with d and
+ * m as stored; q[32] gets them. */
+static void quantize_affine32(const float *x, int nmax, uint16_t *d_out, uint16_t *m_out,
+                              uint8_t q[QB_32])
+{
+    float scale, min;
+    fit_scale_min(x, QB_32, nmax, false, &scale, &min);
+    *d_out = quant_f32_to_f16(scale);
+    *m_out = quant_f32_to_f16(-min);
+    float d = qb_f16_to_f32(*d_out), m = qb_f16_to_f32(*m_out), id = d > 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QB_32; j++)
+        q[j] = (uint8_t)round_clamp((x[j] - m) * id, 0, nmax);
+}
+
+static void quantize_q4_1(const float *x, qblock_q4_1 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        uint16_t d, m;
+        quantize_affine32(x, 15, &d, &m, q);
+        b[i].d = d;
+        b[i].m = m;
+        for (int j = 0; j < 16; j++)
+            b[i].qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+    }
+}
+
+/* The nibbles and fifth bits of 32 5-bit values. */
+static void pack_q5(const uint8_t q[QB_32], uint8_t qh[4], uint8_t qs[16])
+{
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    for (int j = 0; j < QB_32; j++)
+        h |= (uint32_t)(q[j] >> 4) << j;
+    memcpy(qh, &h, 4);
+}
+
+static void quantize_q5_1(const float *x, qblock_q5_1 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        uint16_t d, m;
+        quantize_affine32(x, 31, &d, &m, q);
+        b[i].d = d;
+        b[i].m = m;
+        pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
 /*
  * The shared part of Q4_K and Q5_K: per-sub-block scale and min, quantized to 6 bits
  * against f16 super-block factors, then the values q[256] in [0, nmax] re-rounded with
@@ -500,7 +589,7 @@ static void quantize_k_affine(const float *x, int nmax, uint16_t *d_out, uint16_
 {
     float sc[8], mn[8], max_sc = 0, max_mn = 0;
     for (int j = 0; j < 8; j++) {
-        fit_scale_min(x + 32 * j, 32, nmax, &sc[j], &mn[j]);
+        fit_scale_min(x + 32 * j, 32, nmax, true, &sc[j], &mn[j]);
         max_sc = fmaxf(max_sc, sc[j]);
         max_mn = fmaxf(max_mn, mn[j]);
     }
@@ -618,6 +707,19 @@ static void quantize_q6_k(const float *x, qblock_q6_k *b, int64_t nb)
     }
 }
 
+/* Q5_0: a least-squares scale for q in [-16, 15], the values rounded with it as stored. */
+static void quantize_q5_0(const float *x, qblock_q5_0 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        b[i].d = quant_f32_to_f16(fit_scale_sym(x, QB_32, 16));
+        float d = qb_f16_to_f32(b[i].d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < QB_32; j++)
+            q[j] = (uint8_t)(round_clamp(x[j] * id, -16, 15) + 16);
+        pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
 /* Q3_K: each sub-block's scale fitted alone, the largest-magnitude one mapped to -32 (the
  * extra negative step of the 6-bit scales) by the f16 super-block factor, then the values
  * rounded with the scales as stored. */
@@ -658,7 +760,7 @@ static void quantize_q2_k(const float *x, qblock_q2_k *b, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += QB_256) {
         float sc[16], mn[16], max_sc = 0, max_mn = 0;
         for (int j = 0; j < 16; j++) {
-            fit_scale_min(x + 16 * j, 16, 3, &sc[j], &mn[j]);
+            fit_scale_min(x + 16 * j, 16, 3, true, &sc[j], &mn[j]);
             max_sc = fmaxf(max_sc, sc[j]);
             max_mn = fmaxf(max_mn, mn[j]);
         }
@@ -716,6 +818,15 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_Q4_0:
         quantize_q4_0(src, dst, n / QB_32);
         break;
+    case QTYPE_Q4_1:
+        quantize_q4_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        quantize_q5_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        quantize_q5_1(src, dst, n / QB_32);
+        break;
     case QTYPE_Q4_K:
         quantize_q4_k(src, dst, n / QB_256);
         break;
@@ -746,6 +857,9 @@ uint32_t quant_dot_activation_type(uint32_t t)
     switch (t) {
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_0:
+    case QTYPE_Q5_1:
         return QTYPE_Q8_0;
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
@@ -788,6 +902,41 @@ static float dot_q4_0(const qblock_q4_0 *x, const qblock_q8_0 *y, int64_t nb)
         int s = 0;
         for (int j = 0; j < 16; j++)
             s += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+/* Q4_1 / Q5_1 (five: 5-bit values): d q a + m a per element, the second through the sum
+ * of the block's activation quants; llama.cpp takes that sum as Q8_1 keeps it, d_a times
+ * it rounded to f16, where this has the exact integer. */
+static float dot_affine32(int five, const void *x, size_t bytes, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *b = (const uint8_t *)x + (size_t)i * bytes;
+        const qblock_q5_1 *x5 = (const void *)b;
+        const qblock_q4_1 *x4 = (const void *)b;
+        int s = 0, sa = 0;
+        for (int j = 0; j < QB_32; j++) {
+            int q = five ? qb_q5(x5->qh, x5->qs, j) : qb_nibble(x4->qs, j);
+            s += q * y[i].qs[j];
+            sa += y[i].qs[j];
+        }
+        /* d and m are where both structs keep them */
+        float da = qb_f16_to_f32(y[i].d);
+        sum += qb_f16_to_f32(x4->d) * da * (float)s + qb_f16_to_f32(x4->m) * da * (float)sa;
+    }
+    return sum;
+}
+
+static float dot_q5_0(const qblock_q5_0 *x, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int s = 0;
+        for (int j = 0; j < QB_32; j++)
+            s += (qb_q5(x[i].qh, x[i].qs, j) - 16) * y[i].qs[j];
         sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
     }
     return sum;
@@ -934,6 +1083,12 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_q8_0(weights, activation, n / QB_32);
     case QTYPE_Q4_0:
         return dot_q4_0(weights, activation, n / QB_32);
+    case QTYPE_Q4_1:
+        return dot_affine32(0, weights, sizeof(qblock_q4_1), activation, n / QB_32);
+    case QTYPE_Q5_0:
+        return dot_q5_0(weights, activation, n / QB_32);
+    case QTYPE_Q5_1:
+        return dot_affine32(1, weights, sizeof(qblock_q5_1), activation, n / QB_32);
     case QTYPE_Q4_K:
         return dot_q4_k(weights, activation, n / QB_256);
     case QTYPE_Q5_K:

@@ -60,6 +60,24 @@ INLINE __m256i unpack_q4_0(const uint8_t *qs)
     return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
+/* 32 bytes, byte j 0xFF where bit j of the 32-bit h is set. */
+INLINE __m256i bits_to_bytes(uint32_t h)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* The 32 values (0..31) of a Q5_0 / Q5_1 block, in element order. */
+INLINE __m256i unpack_q5(const uint8_t *qh, const uint8_t *qs)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return _mm256_or_si256(unpack_q4_0(qs), _mm256_and_si256(bits_to_bytes(h), _mm256_set1_epi8(16)));
+}
+
 /*
  * Multi-row kernels take nr (1..NR, a constant after inlining) rows that share each
  * activation load. The arithmetic of a row is the same for every nr, so a row's result
@@ -312,6 +330,44 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
     return hsum(acc);
 }
 
+/*
+ * Q4_1, Q5_0 and Q5_1 (kind, a constant after inlining) on Q8_0 activations, one row at a
+ * time: a block's values unsigned in element order (Q5_0's as q, its - 16 taken off
+ * through the activation's sum), maddubs and madd to 8 exact int32 sums of four products,
+ * and Q4_1/Q5_1's m times those of the activation in an f32 accumulator of their own.
+ */
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 };
+
+INLINE float dot_legacy(enum legacy_kind kind, const uint8_t *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
+                                            : sizeof(qblock_q5_1);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += bb) {
+        __m256i u, a = load256(y[i].qs);
+        if (kind == LEGACY_Q4_1)
+            u = unpack_q4_0(((const qblock_q4_1 *)(const void *)x)->qs);
+        else /* qh, then the 16 bytes of nibbles that end the block */
+            u = unpack_q5(x + bb - 20, x + bb - 16);
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones16);
+        __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+        uint16_t dh; /* first in every struct */
+        memcpy(&dh, x, sizeof dh);
+        float da = _cvtsh_ss(y[i].d), dw = _cvtsh_ss(dh);
+        if (kind == LEGACY_Q5_0) {
+            p = _mm256_sub_epi32(p, _mm256_slli_epi32(sa, 4));
+        } else {
+            uint16_t m; /* after d in both structs */
+            memcpy(&m, x + 2, sizeof m);
+            accm = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(m) * da), _mm256_cvtepi32_ps(sa), accm);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc);
+    }
+    return hsum(acc) + hsum(accm);
+}
+
 /* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in
  * element order, the + 4 taken off through bsums, the int8 scales (sc - 32) applied by
  * madd: the integers of the scalar kernel. */
@@ -521,6 +577,18 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
                 rows_float(QTYPE_BF16, 1, x, row_bytes, activation, n, out + r);
         }
         break;
+    case QTYPE_Q4_1:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q4_1, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q5_0, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q5_1, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
     case QTYPE_Q4_K:
         for (; r < n_rows; r++)
             out[r] = dot_q4_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
@@ -577,6 +645,45 @@ static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
             __m256i v = zx8(b[i].qs + k);
             store8(y + k, _mm256_sub_epi32(_mm256_and_si256(v, m4), k8), d, zero);
             store8(y + 16 + k, _mm256_sub_epi32(_mm256_srli_epi32(v, 4), k8), d, zero);
+        }
+    }
+}
+
+/* Q4_1 and Q5_1: d * q + m, Q5_0: d * (q - 16). The product of d and an integer below
+ * 2^5 is exact in f32, so the fused form rounds once where the scalar one does, and zeros
+ * keep the scalar code's signs. */
+INLINE void dequant_legacy(enum legacy_kind kind, const uint8_t *x, float *y, int64_t nb)
+{
+    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
+                                            : sizeof(qblock_q5_1);
+    const __m256i m4 = _mm256_set1_epi32(0xF), b4 = _mm256_set1_epi32(0x10);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t i = 0; i < nb; i++, x += bb, y += QB_32) {
+        uint16_t dh, mh = 0;
+        uint32_t h = 0;
+        memcpy(&dh, x, sizeof dh);
+        if (kind != LEGACY_Q5_0)
+            memcpy(&mh, x + 2, sizeof mh);
+        if (kind != LEGACY_Q4_1)
+            memcpy(&h, x + (kind == LEGACY_Q5_0 ? 2 : 4), sizeof h);
+        const uint8_t *qs = x + bb - 16;
+        __m256 vd = _mm256_set1_ps(_cvtsh_ss(dh));
+        __m256 vm = _mm256_set1_ps(kind == LEGACY_Q5_0 ? 0.0f : -_cvtsh_ss(mh));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i v = zx8(qs + k), lo = _mm256_and_si256(v, m4), hi = _mm256_srli_epi32(v, 4);
+            if (kind != LEGACY_Q4_1) { /* bit j of h to bit 4 of element j */
+                __m256i hl = _mm256_srlv_epi32(_mm256_set1_epi32((int)(h >> k)), lane);
+                __m256i hh = _mm256_srlv_epi32(_mm256_set1_epi32((int)(h >> (16 + k))), lane);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(hl, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32(hh, 4), b4));
+            }
+            if (kind == LEGACY_Q5_0) {
+                lo = _mm256_sub_epi32(lo, b4);
+                hi = _mm256_sub_epi32(hi, b4);
+            }
+            store8(y + k, lo, vd, vm);
+            store8(y + 16 + k, hi, vd, vm);
         }
     }
 }
@@ -761,6 +868,15 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
     }
     case QTYPE_Q4_0:
         dequant_q4_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q4_1:
+        dequant_legacy(LEGACY_Q4_1, src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        dequant_legacy(LEGACY_Q5_0, src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        dequant_legacy(LEGACY_Q5_1, src, dst, n / QB_32);
         break;
     case QTYPE_Q8_K: {
         const qblock_q8_k *b = src;

@@ -331,6 +331,133 @@ INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 }
 
 /*
+ * Q4_1, Q5_0 and Q5_1 (kind, a constant after inlining), two blocks a step as Q8_0's
+ * decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16) into a half
+ * of a register in element order (Q5_0/Q5_1's fifth bits added as 16 under a mask made of
+ * the two qh words), and vpdpbusd multiplies them with the activation's signed quants as
+ * stored, starting each lane at -16 times the sum of its four activation quants for
+ * Q5_0: every lane holds an exact integer sum, scaled per block in f32. Q4_1/Q5_1 add m
+ * times each lane's activation sum in an f32 accumulator of their own (llama.cpp reads
+ * that sum from Q8_1 activations, rounded to f16; here it is the exact integer). One
+ * weight row at a time, as the other decode kernels read; the activations' side (quants,
+ * lane sums, scales) is made once per call where it fits a stack buffer.
+ */
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 };
+#define LEGACY_ACT_MAX_N 8192 /* activation elements a call prepares on its stack */
+
+typedef struct legacy_act_pair {
+    __m512i q;    /* (64) the quants of blocks i and i + 1 */
+    __m512i sum4; /* (16) the sum of each lane's four quants */
+    __m512 d;     /* (16) the blocks' scales, each over its 8 lanes */
+} legacy_act_pair;
+
+INLINE legacy_act_pair legacy_act_pair_at(const qblock_q8_0 *y, int64_t i, int64_t nb)
+{
+    legacy_act_pair p;
+    p.q = load_pair(y, i, nb);
+    p.sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), p.q);
+    p.d = scale_pair(y, i, nb);
+    return p;
+}
+
+/* The f16 at p0 over lanes 0-7 and the one at p1 (0 where p1 is NULL) over lanes 8-15. */
+INLINE __m512 f16_pair(const uint8_t *p0, const uint8_t *p1)
+{
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, p0, 2);
+    if (p1)
+        memcpy(&h1, p1, 2);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
+                                                   _mm_set1_epi16((short)h1), 1));
+}
+
+/* The 32 nibbles at qs in element order: low nibbles, then high ones. */
+INLINE __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
+                         const qblock_q8_0 *const *y, const legacy_act_pair *pa,
+                         size_t pa_stride, int64_t nb, float *out, size_t os)
+{
+    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
+                                            : sizeof(qblock_q5_1);
+    __m512 acc[MA], accm[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        acc[a] = accm[a] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i += 2) {
+        const uint8_t *x0 = row + (size_t)i * bb, *x1 = i + 1 < nb ? x0 + bb : NULL;
+        /* d first in every struct, m after it; qh the 4 bytes before the nibbles */
+        __m256i hi = x1 ? nibbles32(x1 + bb - 16) : _mm256_setzero_si256();
+        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x0 + bb - 16)), hi, 1);
+        if (kind != LEGACY_Q4_1) {
+            uint32_t h0, h1 = 0;
+            memcpy(&h0, x0 + bb - 20, 4);
+            if (x1)
+                memcpy(&h1, x1 + bb - 20, 4);
+            u = _mm512_mask_add_epi8(u, (__mmask64)h1 << 32 | h0, u, _mm512_set1_epi8(16));
+        }
+        __m512 dw = f16_pair(x0, x1), mw = _mm512_setzero_ps();
+        if (kind != LEGACY_Q5_0)
+            mw = f16_pair(x0 + 2, x1 ? x1 + 2 : NULL);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            legacy_act_pair p = pa ? pa[(size_t)a * pa_stride + (size_t)i / 2] : legacy_act_pair_at(y[a], i, nb);
+            __m512i start = kind == LEGACY_Q5_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(p.sum4, 4))
+                                                : _mm512_setzero_si512();
+            __m512i s = _mm512_dpbusd_epi32(start, u, p.q);
+            acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, p.d), _mm512_cvtepi32_ps(s), acc[a]);
+            if (kind != LEGACY_Q5_0)
+                accm[a] = _mm512_fmadd_ps(_mm512_mul_ps(mw, p.d), _mm512_cvtepi32_ps(p.sum4), accm[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]) + _mm512_reduce_add_ps(accm[a]);
+}
+
+INLINE void multi_legacy_rows(enum legacy_kind kind, int na, const uint8_t *w, size_t rb,
+                              int64_t n_rows, const uint8_t *act, size_t as, int64_t nb,
+                              float *out, size_t os)
+{
+    enum { STRIDE = LEGACY_ACT_MAX_N / 64 };
+    const qblock_q8_0 *y[MA];
+    legacy_act_pair pa[MA * STRIDE];
+    bool buffered = nb * QB_32 <= LEGACY_ACT_MAX_N;
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_0 *)(const void *)(act + (size_t)a * as);
+        for (int64_t i = 0; buffered && i < nb; i += 2)
+            pa[(size_t)a * STRIDE + (size_t)i / 2] = legacy_act_pair_at(y[a], i, nb);
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_legacy(kind, na, w + (size_t)r * rb, y, buffered ? pa : NULL, STRIDE, nb, out + r, os);
+}
+
+INLINE void multi_q4_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q4_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_q5_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q5_0, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_q5_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q5_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+/*
  * Q4_K and Q5_K (five: a constant after inlining): one weight row at a time. A 64-byte
  * load of qs covers groups g and g + 1, so its low nibbles are the activation's chunks
  * (of 32 elements) 2 g and 2 g + 2 and its high nibbles chunks 2 g + 1 and 2 g + 3: a
@@ -1264,6 +1391,15 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q4_0:
         FOR_GROUPS(multi_q4_0_rows, n / QB_32);
+        return 1;
+    case QTYPE_Q4_1:
+        FOR_GROUPS(multi_q4_1_rows, n / QB_32);
+        return 1;
+    case QTYPE_Q5_0:
+        FOR_GROUPS(multi_q5_0_rows, n / QB_32);
+        return 1;
+    case QTYPE_Q5_1:
+        FOR_GROUPS(multi_q5_1_rows, n / QB_32);
         return 1;
     case QTYPE_Q4_K:
         FOR_GROUPS(multi_q4_k_rows, n / QB_256);

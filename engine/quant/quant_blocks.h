@@ -29,6 +29,29 @@ typedef struct __attribute__((packed)) {
     uint8_t qs[16];
 } qblock_q4_0;
 
+/* x = d * nibble + m, the nibbles as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t m; /* f16 */
+    uint8_t qs[16];
+} qblock_q4_1;
+
+/* x = d * (q - 16), q 5 bits: a nibble as Q4_0's plus 16 times bit j of qh (a
+ * little-endian uint32) for element j. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qh[4];
+    uint8_t qs[16];
+} qblock_q5_0;
+
+/* x = d * q + m, q 5 bits as Q5_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t m; /* f16 */
+    uint8_t qh[4];
+    uint8_t qs[16];
+} qblock_q5_1;
+
 /* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
  * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
  * and element 64 g + 32 + l in its high nibble. */
@@ -87,6 +110,9 @@ typedef struct __attribute__((packed)) {
 
 _Static_assert(sizeof(qblock_q8_0) == 34, "Q8_0 block");
 _Static_assert(sizeof(qblock_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(qblock_q4_1) == 20, "Q4_1 block");
+_Static_assert(sizeof(qblock_q5_0) == 22, "Q5_0 block");
+_Static_assert(sizeof(qblock_q5_1) == 24, "Q5_1 block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
@@ -157,6 +183,21 @@ static inline void qb_unpack_k_scales(const uint8_t s[12], uint64_t *sc, uint64_
     uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
     *sc = (uint64_t)sc_hi << 32 | sc_lo;
     *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+/* Element j (0..31) of a 32-element block's nibbles (Q4_0, Q4_1, Q5_0, Q5_1): the low
+ * nibble of qs[j] for j < 16, the high one of qs[j - 16] after. */
+static inline int qb_nibble(const uint8_t qs[16], int j)
+{
+    return j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+}
+
+/* Element j of a Q5_0 / Q5_1 block: its nibble plus 16 times bit j of qh. */
+static inline int qb_q5(const uint8_t qh[4], const uint8_t qs[16], int j)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return qb_nibble(qs, j) | (int)((h >> j) & 1) << 4;
 }
 
 /* The 16 6-bit scales of a Q3_K super-block, less 32 (so in [-32, 31]), into sc. Sub-block

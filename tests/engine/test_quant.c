@@ -62,7 +62,8 @@ static float bits_f32(uint32_t x)
     return f;
 }
 
-static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
+static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
+                                     QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
 #define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
 
@@ -193,6 +194,61 @@ static void q4_0_layout(void)
     for (int j = 0; j < 16; j++) {
         CHECK(y[j] == 2.0f * (float)((b[2 + j] & 0xF) - 8));
         CHECK(y[j + 16] == 2.0f * (float)((b[2 + j] >> 4) - 8));
+    }
+}
+
+/* x = d * q + m, q the nibbles as Q4_0's (element j < 16 low in qs[j], j + 16 high). */
+static void q4_1_layout(void)
+{
+    uint8_t b[20];
+    put16(b, 0x3400);     /* d = 0.25 */
+    put16(b + 2, 0xbc00); /* m = -1 */
+    for (int j = 0; j < 16; j++)
+        b[4 + j] = (uint8_t)(j * 23 + 9);
+    b[5] = 0xF0;
+    float y[32];
+    quant_dequantize_row(QTYPE_Q4_1, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK(y[j] == 0.25f * (float)(b[4 + j] & 0xF) - 1.0f);
+        CHECK(y[j + 16] == 0.25f * (float)(b[4 + j] >> 4) - 1.0f);
+    }
+}
+
+/* x = d * (q - 16), q a nibble as Q4_0's plus 16 times bit j of the little-endian
+ * 32-bit qh for element j (0..31). */
+static void q5_0_layout(void)
+{
+    uint8_t b[22];
+    put16(b, 0x4000); /* d = 2 */
+    const uint8_t qh[4] = {0xA5, 0x0F, 0xF0, 0x81};
+    memcpy(b + 2, qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[6 + j] = (uint8_t)(j * 37 + 1);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q5_0, b, y, 32);
+    for (int e = 0; e < 32; e++) {
+        int nib = e < 16 ? b[6 + e] & 0xF : b[6 + e - 16] >> 4;
+        int q = nib + 16 * ((qh[e / 8] >> (e % 8)) & 1);
+        CHECK_MSG(y[e] == 2.0f * (float)(q - 16), "element %d: %g", e, (double)y[e]);
+    }
+}
+
+/* x = d * q + m, q 5 bits as Q5_0's. */
+static void q5_1_layout(void)
+{
+    uint8_t b[24];
+    put16(b, 0x3800);     /* d = 0.5 */
+    put16(b + 2, 0x4200); /* m = 3 */
+    const uint8_t qh[4] = {0x3C, 0xFF, 0x00, 0x96};
+    memcpy(b + 4, qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[8 + j] = (uint8_t)(j * 59 + 4);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q5_1, b, y, 32);
+    for (int e = 0; e < 32; e++) {
+        int nib = e < 16 ? b[8 + e] & 0xF : b[8 + e - 16] >> 4;
+        int q = nib + 16 * ((qh[e / 8] >> (e % 8)) & 1);
+        CHECK_MSG(y[e] == 0.5f * (float)q + 3.0f, "element %d: %g", e, (double)y[e]);
     }
 }
 
@@ -339,8 +395,8 @@ static void float_rows_layout(void)
 /* Root-mean-square error of quantize -> dequantize on N(0, 1) data, relative to the
  * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
  * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017, Q3_K 0.144,
- * Q2_K 0.271; llama.cpp's reference quantizer reaches Q3_K 0.151 and Q2_K 0.296 on such
- * rows). */
+ * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034; llama.cpp's reference quantizer reaches
+ * Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043 and Q5_1 0.038 on such rows). */
 static void quantize_error_is_bounded(void)
 {
     static const struct {
@@ -349,7 +405,8 @@ static void quantize_error_is_bounded(void)
     } cases[] = {
         {QTYPE_F32, 0},     {QTYPE_F16, 3e-4},  {QTYPE_BF16, 2.2e-3}, {QTYPE_Q8_0, 0.007},
         {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
-        {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35},
+        {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35}, {QTYPE_Q4_1, 0.092},
+        {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
@@ -377,8 +434,9 @@ static void quantize_error_is_bounded(void)
  * and a block with a single spike come back close. */
 static void quantize_degenerate_blocks(void)
 {
-    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q2_K, QTYPE_Q3_K,
-                                     QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
+                                     QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
     float x[256], y[256];
     uint8_t q[512];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -546,7 +604,8 @@ static void bf16_rounded_reference(const dot_case *c, float *ref)
  * the unquantized data (within the weight and activation quantization error). */
 static void dot_matches_dequantized_rows(void)
 {
-    static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.45, 0.25, 0.12, 0.06, 0.03};
+    static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.13, 0.07, 0.07,
+                                       0.45, 0.25, 0.12, 0.06, 0.03};
     for (size_t k = 0; k < N_DOT_TYPES; k++) {
         uint32_t t = dot_types[k];
         const char *name = quant_traits_of(t)->name;
@@ -619,8 +678,9 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
 {
     if (!have_avx2())
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
-    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q2_K, QTYPE_Q3_K,
-                                     QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
+                                     QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
+                                     QTYPE_Q5_K, QTYPE_Q6_K};
     enum { N = 1024 };
     uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
     float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
@@ -640,8 +700,8 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
                     put16(w + b + 82, 0x2400);
                 } else {
                     put16(w + b, 0x2400);
-                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K)
-                        put16(w + b + 2, 0x2400);
+                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K || t == QTYPE_Q4_1 || t == QTYPE_Q5_1)
+                        put16(w + b + 2, 0x2400); /* dmin, m */
                 }
             }
             for (int i = 0; i < N; i++)
@@ -964,8 +1024,9 @@ static void simd_dequantize_matches_scalar(void)
     if (!have_avx2())
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
     static const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
-                                     QTYPE_Q4_0, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
-                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+                                     QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
+                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
+                                     QTYPE_Q6_K, QTYPE_Q8_K};
     enum { N = 4096 };
     float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
     uint8_t *q = malloc(N * 4);
@@ -1007,6 +1068,10 @@ static void activation_types(void)
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q6_K), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q3_K), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q2_K), QTYPE_Q8_K);
+    /* the legacy types' sums of activation quants come from the Q8_0 blocks themselves */
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_1), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_0), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_1), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_BF16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F32), QTYPE_F32);
@@ -1079,6 +1144,9 @@ int main(void)
     RUN(bf16_conversions);
     RUN(q8_0_layout);
     RUN(q4_0_layout);
+    RUN(q4_1_layout);
+    RUN(q5_0_layout);
+    RUN(q5_1_layout);
     RUN(q4_k_layout);
     RUN(q5_k_layout);
     RUN(q6_k_layout);
