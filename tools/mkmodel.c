@@ -3,7 +3,7 @@
  *
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C
- *           --type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|q5_k|q6_k
+ *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
  *                  |q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
@@ -39,13 +39,15 @@ static const struct {
 } TYPES[] = {
     {"f32", QTYPE_F32, MODELGEN_MIX_NONE},   {"f16", QTYPE_F16, MODELGEN_MIX_NONE},
     {"bf16", QTYPE_BF16, MODELGEN_MIX_NONE}, {"q8_0", QTYPE_Q8_0, MODELGEN_MIX_NONE},
-    {"q4_0", QTYPE_Q4_0, MODELGEN_MIX_NONE}, {"q2_k", QTYPE_Q2_K, MODELGEN_MIX_NONE},
-    {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
+    {"q4_0", QTYPE_Q4_0, MODELGEN_MIX_NONE}, {"q4_1", QTYPE_Q4_1, MODELGEN_MIX_NONE},
+    {"q5_0", QTYPE_Q5_0, MODELGEN_MIX_NONE}, {"q5_1", QTYPE_Q5_1, MODELGEN_MIX_NONE},
+    {"q2_k", QTYPE_Q2_K, MODELGEN_MIX_NONE}, {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
     {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
     {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},
     /* llama.cpp's mixes: some tensors in other types (modelgen.h); q2_k_mix is what
      * llama-quantize calls Q2_K, q2_k every matrix in Q2_K */
-    {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S}, {"q3_k_m", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_M},
+    {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S},
+    {"q3_k_m", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_M},
     {"q3_k_l", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_L}, {"q4_k_m", QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M},
     {"q5_k_m", QTYPE_Q5_K, MODELGEN_MIX_Q5_K_M},
 };
@@ -56,7 +58,7 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
             "               --heads H\n"
             "               --kv-heads KH --ffn F --ctx C\n"
-            "               --type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|q5_k|q6_k\n"
+            "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
