@@ -139,7 +139,8 @@ static int convert_model(const char *in, const char *out, uint32_t type, modelge
         }
     int block = quant_traits_of(type)->block_size;
     int n_layer = (int)arch_u32(g, "block_count");
-    uint32_t heads = arch_u32(g, "attention.head_count"), kv = arch_u32(g, "attention.head_count_kv");
+    uint32_t heads = arch_u32(g, "attention.head_count");
+    uint32_t kv = arch_u32(g, "attention.head_count_kv");
     int n_gqa = heads && kv ? (int)(heads / kv) : 1;
     bool has_output = gguf_find_tensor(g, "output.weight") != NULL;
     for (int64_t i = 0; i < n_tensors; i++) {

@@ -53,7 +53,8 @@ static void modelgen_rows_job(void *p, int ith, int nth)
     long b, e;
     tp_split(rows, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
-        uint64_t state = modelgen_hash(j->seed ^ modelgen_hash(((uint64_t)j->index << 32) | (uint64_t)r));
+        uint64_t state =
+            modelgen_hash(j->seed ^ modelgen_hash(((uint64_t)j->index << 32) | (uint64_t)r));
         for (int64_t c = 0; c < cols; c++) {
             state = modelgen_hash(state);
             float u = (float)((state >> 40) * (1.0 / (double)(1ull << 24))); /* [0, 1) */
@@ -180,7 +181,8 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
     int layer = 0;
     sscanf(name, "blk.%d.", &layer);
     bool q3m = mix == MODELGEN_MIX_Q3_K_M, q3l = mix == MODELGEN_MIX_Q3_K_L;
-    bool q2 = mix == MODELGEN_MIX_Q2_K, km = mix == MODELGEN_MIX_Q4_K_M || mix == MODELGEN_MIX_Q5_K_M;
+    bool q2 = mix == MODELGEN_MIX_Q2_K;
+    bool km = mix == MODELGEN_MIX_Q4_K_M || mix == MODELGEN_MIX_Q5_K_M;
     uint32_t t = type;
     if (!strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"))) {
         const quant_traits *tr = quant_traits_of(type);
