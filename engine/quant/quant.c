@@ -41,10 +41,10 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_IQ2_XS] = {"IQ2_XS", 256, 74, false},
     [QTYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, false},
     [QTYPE_IQ1_S] = {"IQ1_S", 256, 50, false},
-    [QTYPE_IQ4_NL] = {"IQ4_NL", 32, 18, false},
+    [QTYPE_IQ4_NL] = {"IQ4_NL", 32, 18, true},
     [QTYPE_IQ3_S] = {"IQ3_S", 256, 110, false},
     [QTYPE_IQ2_S] = {"IQ2_S", 256, 82, false},
-    [QTYPE_IQ4_XS] = {"IQ4_XS", 256, 136, false},
+    [QTYPE_IQ4_XS] = {"IQ4_XS", 256, 136, true},
     [QTYPE_I8] = {"I8", 1, 1, false},
     [QTYPE_I16] = {"I16", 1, 2, false},
     [QTYPE_I32] = {"I32", 1, 4, false},
@@ -252,6 +252,27 @@ static void dequant_q5_1(const qblock_q5_1 *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_iq4_grid[qb_nibble(b[i].qs, j)];
+    }
+}
+
+static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int k = 0; k < 8; k++, y += 32) {
+            int ls = qb_iq4_xs_scale(&b[i], k);
+            for (int j = 0; j < 32; j++)
+                y[j] = d * (float)(ls * qb_iq4_grid[qb_nibble(b[i].qs + 16 * k, j)]);
+        }
+    }
+}
+
 static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
@@ -384,6 +405,12 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         break;
     case QTYPE_Q5_1:
         dequant_q5_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        dequant_iq4_xs(src, dst, n / QB_256);
         break;
     case QTYPE_Q4_K:
         dequant_q4_k(src, dst, n / QB_256);
@@ -720,6 +747,102 @@ static void quantize_q5_0(const float *x, qblock_q5_0 *b, int64_t nb)
     }
 }
 
+/* The grid index nearest v (the grid is sorted). */
+static int iq4_nearest(float v)
+{
+    int k = 0;
+    while (k < 15 && v > 0.5f * (float)(qb_iq4_grid[k] + qb_iq4_grid[k + 1]))
+        k++;
+    return k;
+}
+
+/*
+ * Fits x[0..n) ≈ scale * grid[idx] on the non-linear grid: tries spacings that map the
+ * largest-magnitude value near either end of the grid (-127 or 113, so either sign of
+ * the scale), picks each value's nearest grid point, refits the scale by least squares
+ * for those points, and keeps the fit with the smallest squared error. idx gets the
+ * points of the fit kept.
+ */
+static float fit_scale_iq4(const float *x, int n, uint8_t *idx)
+{
+    float mx = signed_absmax(x, n), best = 0;
+    memset(idx, 8, (size_t)n); /* grid value 1: what a zero scale leaves */
+    if (mx == 0)
+        return 0;
+    double best_err = INFINITY;
+    uint8_t cur[QB_32];
+    for (int end = 0; end < 2; end++)
+        for (int k = -8; k <= 8; k++) {
+            float g = (float)(end ? qb_iq4_grid[15] : qb_iq4_grid[0]) + (float)k;
+            float is = g / mx;
+            double sqq = 0, sqx = 0;
+            for (int i = 0; i < n; i++) {
+                cur[i] = (uint8_t)iq4_nearest(x[i] * is);
+                double q = qb_iq4_grid[cur[i]];
+                sqq += q * q;
+                sqx += q * x[i];
+            }
+            double a = sqx / sqq, err = 0;
+            for (int i = 0; i < n; i++) {
+                double e = a * qb_iq4_grid[cur[i]] - x[i];
+                err += e * e;
+            }
+            if (err < best_err) {
+                best_err = err;
+                best = (float)a;
+                memcpy(idx, cur, (size_t)n);
+            }
+        }
+    return best;
+}
+
+/* The nibbles of 32 grid indices, as Q4_0 packs them. */
+static void pack_nibbles(const uint8_t q[QB_32], uint8_t qs[16])
+{
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
+/* IQ4_NL: the block's scale fitted on the grid, then each value's nearest grid point for
+ * the scale as stored. */
+static void quantize_iq4_nl(const float *x, qblock_iq4_nl *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        b[i].d = quant_f32_to_f16(fit_scale_iq4(x, QB_32, q));
+        float d = qb_f16_to_f32(b[i].d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < QB_32; j++)
+            q[j] = (uint8_t)iq4_nearest(x[j] * id);
+        pack_nibbles(q, b[i].qs);
+    }
+}
+
+/* IQ4_XS: each sub-block's scale fitted on the grid, the largest-magnitude one mapped to
+ * -32 (the extra negative step of the 6-bit scales) by the f16 super-block factor, then
+ * each value's nearest grid point for its scale as stored. */
+static void quantize_iq4_xs(const float *x, qblock_iq4_xs *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[8];
+        for (int k = 0; k < 8; k++)
+            sc[k] = fit_scale_iq4(x + 32 * k, 32, q);
+        b[i].d = quant_f32_to_f16(signed_absmax(sc, 8) / -32.0f);
+        float d = qb_f16_to_f32(b[i].d);
+        b[i].scales_h = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int k = 0; k < 8; k++) {
+            int l = d != 0 ? round_clamp(sc[k] / d, -32, 31) : 0, ls = l + 32;
+            b[i].scales_l[k / 2] |= (uint8_t)((ls & 0xF) << (4 * (k % 2)));
+            b[i].scales_h |= (uint16_t)((ls >> 4) << (2 * k));
+            float s = d * (float)l, is = s != 0 ? 1.0f / s : 0.0f;
+            for (int j = 0; j < 32; j++)
+                q[j] = (uint8_t)iq4_nearest(x[32 * k + j] * is);
+            pack_nibbles(q, b[i].qs + 16 * k);
+        }
+    }
+}
+
 /* Q3_K: each sub-block's scale fitted alone, the largest-magnitude one mapped to -32 (the
  * extra negative step of the 6-bit scales) by the f16 super-block factor, then the values
  * rounded with the scales as stored. */
@@ -827,6 +950,12 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_Q5_1:
         quantize_q5_1(src, dst, n / QB_32);
         break;
+    case QTYPE_IQ4_NL:
+        quantize_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        quantize_iq4_xs(src, dst, n / QB_256);
+        break;
     case QTYPE_Q4_K:
         quantize_q4_k(src, dst, n / QB_256);
         break;
@@ -860,12 +989,14 @@ uint32_t quant_dot_activation_type(uint32_t t)
     case QTYPE_Q4_1:
     case QTYPE_Q5_0:
     case QTYPE_Q5_1:
+    case QTYPE_IQ4_NL:
         return QTYPE_Q8_0;
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
     case QTYPE_Q6_K:
+    case QTYPE_IQ4_XS:
         return QTYPE_Q8_K;
     default:
         return QTYPE_F32;
@@ -938,6 +1069,34 @@ static float dot_q5_0(const qblock_q5_0 *x, const qblock_q8_0 *y, int64_t nb)
         for (int j = 0; j < QB_32; j++)
             s += (qb_q5(x[i].qh, x[i].qs, j) - 16) * y[i].qs[j];
         sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int s = 0;
+        for (int j = 0; j < QB_32; j++)
+            s += qb_iq4_grid[qb_nibble(x[i].qs, j)] * y[i].qs[j];
+        sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0;
+        for (int k = 0; k < 8; k++) {
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++)
+                s += qb_iq4_grid[qb_nibble(x[i].qs + 16 * k, j)] * y[i].qs[32 * k + j];
+            sumi += qb_iq4_xs_scale(&x[i], k) * s;
+        }
+        sum += qb_f16_to_f32(x[i].d) * y[i].d * (float)sumi;
     }
     return sum;
 }
@@ -1057,7 +1216,8 @@ static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
             sumi += (x[i].scales[k] & 0xF) * s;
             summ += (x[i].scales[k] >> 4) * y[i].bsums[k];
         }
-        sum += y[i].d * (qb_f16_to_f32(x[i].d) * (float)sumi - qb_f16_to_f32(x[i].dmin) * (float)summ);
+        float d = qb_f16_to_f32(x[i].d), dmin = qb_f16_to_f32(x[i].dmin);
+        sum += y[i].d * (d * (float)sumi - dmin * (float)summ);
     }
     return sum;
 }
@@ -1089,6 +1249,10 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_q5_0(weights, activation, n / QB_32);
     case QTYPE_Q5_1:
         return dot_affine32(1, weights, sizeof(qblock_q5_1), activation, n / QB_32);
+    case QTYPE_IQ4_NL:
+        return dot_iq4_nl(weights, activation, n / QB_32);
+    case QTYPE_IQ4_XS:
+        return dot_iq4_xs(weights, activation, n / QB_256);
     case QTYPE_Q4_K:
         return dot_q4_k(weights, activation, n / QB_256);
     case QTYPE_Q5_K:

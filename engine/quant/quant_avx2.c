@@ -75,7 +75,8 @@ INLINE __m256i unpack_q5(const uint8_t *qh, const uint8_t *qs)
 {
     uint32_t h;
     memcpy(&h, qh, 4);
-    return _mm256_or_si256(unpack_q4_0(qs), _mm256_and_si256(bits_to_bytes(h), _mm256_set1_epi8(16)));
+    __m256i fifth = _mm256_and_si256(bits_to_bytes(h), _mm256_set1_epi8(16));
+    return _mm256_or_si256(unpack_q4_0(qs), fifth);
 }
 
 /*
@@ -368,6 +369,49 @@ INLINE float dot_legacy(enum legacy_kind kind, const uint8_t *x, const qblock_q8
     return hsum(acc) + hsum(accm);
 }
 
+/* The grid's 16 values in both 128-bit lanes, for a byte shuffle to look nibbles up in. */
+INLINE __m256i iq4_grid_lanes(void)
+{
+    return _mm256_broadcastsi128_si256(load128(qb_iq4_grid));
+}
+
+/* IQ4_NL: the nibbles looked up in the grid (signed values, |v| <= 127), then as Q8_0's
+ * weights: exact int32 sums of four products, scaled per block. */
+static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const __m256i grid = iq4_grid_lanes();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i w = _mm256_shuffle_epi8(grid, unpack_q4_0(x[i].qs));
+        __m256 p = _mm256_cvtepi32_ps(dot_i8x32(w, load256(y[i].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+/* IQ4_XS: each sub-block of 32 as IQ4_NL's block, its products' pair sums (at most
+ * 2 * 127 * 127, so no saturation) scaled by its 6-bit scale in madd: the scalar kernel's
+ * integers. */
+static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i grid = iq4_grid_lanes();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m256i w = _mm256_shuffle_epi8(grid, unpack_q4_0(x[i].qs + 16 * k));
+            __m256i a = load256(y[i].qs + 32 * k);
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+            __m256i sc = _mm256_set1_epi16((short)qb_iq4_xs_scale(&x[i], k));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
 /* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in
  * element order, the + 4 taken off through bsums, the int8 scales (sc - 32) applied by
  * madd: the integers of the scalar kernel. */
@@ -589,6 +633,14 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
         for (; r < n_rows; r++)
             out[r] = dot_legacy(LEGACY_Q5_1, w + (size_t)r * row_bytes, activation, n / QB_32);
         break;
+    case QTYPE_IQ4_NL:
+        for (; r < n_rows; r++)
+            out[r] = dot_iq4_nl((const void *)(w + (size_t)r * row_bytes), activation, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        for (; r < n_rows; r++)
+            out[r] = dot_iq4_xs((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
     case QTYPE_Q4_K:
         for (; r < n_rows; r++)
             out[r] = dot_q4_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
@@ -684,6 +736,50 @@ INLINE void dequant_legacy(enum legacy_kind kind, const uint8_t *x, float *y, in
             }
             store8(y + k, lo, vd, vm);
             store8(y + 16 + k, hi, vd, vm);
+        }
+    }
+}
+
+/* 16 nibbles of IQ4_NL / IQ4_XS, elements k .. k + 7 (low) and k + 16 .. (high), as their
+ * grid values times s, in int32: the integers the scalar code multiplies d by. */
+INLINE void iq4_values8(const uint8_t *qs, int k, int s, __m256i *lo, __m256i *hi)
+{
+    const __m128i grid = load128(qb_iq4_grid), m4 = _mm_set1_epi8(0xF);
+    __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)(qs + k));
+    __m128i gl = _mm_shuffle_epi8(grid, _mm_and_si128(v, m4));
+    __m128i gh = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    *lo = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(gl), _mm256_set1_epi32(s));
+    *hi = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(gh), _mm256_set1_epi32(s));
+}
+
+/* IQ4_NL (a scale of 1) and IQ4_XS: d times the integers, as the scalar code rounds it. */
+static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i lo, hi;
+            iq4_values8(b[i].qs, k, 1, &lo, &hi);
+            store8(y + k, lo, d, zero);
+            store8(y + 16 + k, hi, d, zero);
+        }
+    }
+}
+
+static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int sb = 0; sb < 8; sb++, y += 32) {
+            int s = qb_iq4_xs_scale(&b[i], sb);
+            for (int k = 0; k < 16; k += 8) {
+                __m256i lo, hi;
+                iq4_values8(b[i].qs + 16 * sb, k, s, &lo, &hi);
+                store8(y + k, lo, d, zero);
+                store8(y + 16 + k, hi, d, zero);
+            }
         }
     }
 }
@@ -795,11 +891,13 @@ static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
             for (int j = 0; j < 4; j++, y += 32)
 #pragma GCC unroll 4
                 for (int l = 0; l < 32; l += 8) {
-                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].qs + 32 * h + l), 2 * j), m3);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].hmask + l), 4 * h + j), one);
+                    __m256i v = zx8(b[i].qs + 32 * h + l), hb = zx8(b[i].hmask + l);
+                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(hb, 4 * h + j), one);
                     __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 2)), k4);
-                    /* sc * q in integers first, as the scalar code, so the f32 product rounds alike */
-                    __m256i sq = _mm256_mullo_epi32(q, _mm256_set1_epi32(sc[8 * h + 2 * j + l / 16]));
+                    /* sc * q in integers first, as the scalar code: the product rounds alike */
+                    __m256i s = _mm256_set1_epi32(sc[8 * h + 2 * j + l / 16]);
+                    __m256i sq = _mm256_mullo_epi32(q, s);
                     store8(y + l, sq, d, zero);
                 }
     }
@@ -819,8 +917,8 @@ static void dequant_q2_k(const qblock_q2_k *b, float *y, int64_t nb)
                      * scalar one */
                     __m256 dl = _mm256_set1_ps(d * (float)(b[i].scales[k] & 0xF));
                     __m256 ml = _mm256_set1_ps(dmin * (float)(b[i].scales[k] >> 4));
-                    store8(y + l, _mm256_and_si256(_mm256_srli_epi32(zx8(b[i].qs + 32 * h + l), 2 * j), m3),
-                           dl, ml);
+                    __m256i v = zx8(b[i].qs + 32 * h + l);
+                    store8(y + l, _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3), dl, ml);
                 }
     }
 }
@@ -877,6 +975,12 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         break;
     case QTYPE_Q5_1:
         dequant_legacy(LEGACY_Q5_1, src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        dequant_iq4_xs(src, dst, n / QB_256);
         break;
     case QTYPE_Q8_K: {
         const qblock_q8_k *b = src;

@@ -331,18 +331,19 @@ INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 }
 
 /*
- * Q4_1, Q5_0 and Q5_1 (kind, a constant after inlining), two blocks a step as Q8_0's
- * decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16) into a half
- * of a register in element order (Q5_0/Q5_1's fifth bits added as 16 under a mask made of
- * the two qh words), and vpdpbusd multiplies them with the activation's signed quants as
- * stored, starting each lane at -16 times the sum of its four activation quants for
- * Q5_0: every lane holds an exact integer sum, scaled per block in f32. Q4_1/Q5_1 add m
+ * Q4_1, Q5_0, Q5_1 and IQ4_NL (kind, a constant after inlining), two blocks a step as
+ * Q8_0's decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16,
+ * IQ4_NL's grid values as value + 128) into a half of a register in element order
+ * (Q5_0/Q5_1's fifth bits added as 16 under a mask made of the two qh words), and
+ * vpdpbusd multiplies them with the activation's signed quants as stored, starting each
+ * lane at -16 (-128) times the sum of its four activation quants for Q5_0 (IQ4_NL): every
+ * lane holds an exact integer sum, scaled per block in f32. Q4_1/Q5_1 add m
  * times each lane's activation sum in an f32 accumulator of their own (llama.cpp reads
  * that sum from Q8_1 activations, rounded to f16; here it is the exact integer). One
  * weight row at a time, as the other decode kernels read; the activations' side (quants,
  * lane sums, scales) is made once per call where it fits a stack buffer.
  */
-enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 };
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1, LEGACY_IQ4_NL };
 #define LEGACY_ACT_MAX_N 8192 /* activation elements a call prepares on its stack */
 
 typedef struct legacy_act_pair {
@@ -367,8 +368,9 @@ INLINE __m512 f16_pair(const uint8_t *p0, const uint8_t *p1)
     memcpy(&h0, p0, 2);
     if (p1)
         memcpy(&h1, p1, 2);
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
-                                                   _mm_set1_epi16((short)h1), 1));
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
+                                        _mm_set1_epi16((short)h1), 1);
+    return _mm512_cvtph_ps(h);
 }
 
 /* The 32 nibbles at qs in element order: low nibbles, then high ones. */
@@ -383,9 +385,13 @@ INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
                          const qblock_q8_0 *const *y, const legacy_act_pair *pa,
                          size_t pa_stride, int64_t nb, float *out, size_t os)
 {
-    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
-                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
-                                            : sizeof(qblock_q5_1);
+    const size_t bb = kind == LEGACY_Q4_1     ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0   ? sizeof(qblock_q5_0)
+                      : kind == LEGACY_Q5_1   ? sizeof(qblock_q5_1)
+                                              : sizeof(qblock_iq4_nl);
+    const bool has_min = kind == LEGACY_Q4_1 || kind == LEGACY_Q5_1;
+    const __m512i grid =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qb_iq4_grid));
     __m512 acc[MA], accm[MA];
 #pragma GCC unroll 8
     for (int a = 0; a < na; a++)
@@ -395,25 +401,31 @@ INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
         /* d first in every struct, m after it; qh the 4 bytes before the nibbles */
         __m256i hi = x1 ? nibbles32(x1 + bb - 16) : _mm256_setzero_si256();
         __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x0 + bb - 16)), hi, 1);
-        if (kind != LEGACY_Q4_1) {
+        if (kind == LEGACY_Q5_0 || kind == LEGACY_Q5_1) {
             uint32_t h0, h1 = 0;
             memcpy(&h0, x0 + bb - 20, 4);
             if (x1)
                 memcpy(&h1, x1 + bb - 20, 4);
             u = _mm512_mask_add_epi8(u, (__mmask64)h1 << 32 | h0, u, _mm512_set1_epi8(16));
         }
+        if (kind == LEGACY_IQ4_NL)
+            u = _mm512_xor_si512(_mm512_shuffle_epi8(grid, u), _mm512_set1_epi8((char)0x80));
         __m512 dw = f16_pair(x0, x1), mw = _mm512_setzero_ps();
-        if (kind != LEGACY_Q5_0)
+        if (has_min)
             mw = f16_pair(x0 + 2, x1 ? x1 + 2 : NULL);
 #pragma GCC unroll 8
         for (int a = 0; a < na; a++) {
-            legacy_act_pair p = pa ? pa[(size_t)a * pa_stride + (size_t)i / 2] : legacy_act_pair_at(y[a], i, nb);
-            __m512i start = kind == LEGACY_Q5_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(p.sum4, 4))
-                                                : _mm512_setzero_si512();
+            legacy_act_pair p = pa ? pa[(size_t)a * pa_stride + (size_t)i / 2]
+                                   : legacy_act_pair_at(y[a], i, nb);
+            __m512i start = _mm512_setzero_si512();
+            if (!has_min)
+                start = _mm512_sub_epi32(start,
+                                         _mm512_slli_epi32(p.sum4, kind == LEGACY_Q5_0 ? 4 : 7));
             __m512i s = _mm512_dpbusd_epi32(start, u, p.q);
             acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, p.d), _mm512_cvtepi32_ps(s), acc[a]);
-            if (kind != LEGACY_Q5_0)
-                accm[a] = _mm512_fmadd_ps(_mm512_mul_ps(mw, p.d), _mm512_cvtepi32_ps(p.sum4), accm[a]);
+            if (has_min)
+                accm[a] = _mm512_fmadd_ps(_mm512_mul_ps(mw, p.d), _mm512_cvtepi32_ps(p.sum4),
+                                          accm[a]);
         }
     }
 #pragma GCC unroll 8
@@ -436,7 +448,8 @@ INLINE void multi_legacy_rows(enum legacy_kind kind, int na, const uint8_t *w, s
             pa[(size_t)a * STRIDE + (size_t)i / 2] = legacy_act_pair_at(y[a], i, nb);
     }
     for (int64_t r = 0; r < n_rows; r++)
-        multi_legacy(kind, na, w + (size_t)r * rb, y, buffered ? pa : NULL, STRIDE, nb, out + r, os);
+        multi_legacy(kind, na, w + (size_t)r * rb, y, buffered ? pa : NULL, STRIDE, nb, out + r,
+                     os);
 }
 
 INLINE void multi_q4_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
@@ -455,6 +468,88 @@ INLINE void multi_q5_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     multi_legacy_rows(LEGACY_Q5_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_iq4_nl_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                              const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_IQ4_NL, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+/*
+ * IQ4_XS on Q8_K activations, one weight row at a time: a register holds two sub-blocks
+ * of 32 (their grid values + 128, unsigned, in element order), vpdpbusd multiplies them
+ * with the activation's quants from a start of -128 times each lane's four activation
+ * quants (made once per call where they fit a stack buffer), and each lane, an exact sum
+ * of four products, is multiplied by its sub-block's 6-bit scale in integers: the
+ * scalar kernel's integers per super-block, scaled in f32.
+ */
+#define IQ4_XS_ACT_MAX_N 8192 /* activation elements whose starts a call keeps on its stack */
+
+INLINE __m512i iq4_xs_corr(const qblock_q8_k *y, int g)
+{
+    __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1),
+                                       _mm512_loadu_si512(y->qs + 64 * g));
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, 7));
+}
+
+INLINE void multi_iq4_xs(int na, const uint8_t *row, const qblock_q8_k *const *y,
+                         const __m512i *corr, size_t corr_stride, int64_t nb, float *out, size_t os)
+{
+    const __m512i grid =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qb_iq4_grid));
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        acc[a] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const qblock_iq4_xs *x = (const qblock_iq4_xs *)(const void *)(row + (size_t)i * sizeof *x);
+        __m512i u[4], sc[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x->qs + 32 * g)),
+                                           nibbles32(x->qs + 32 * g + 16), 1);
+            u[g] = _mm512_xor_si512(_mm512_shuffle_epi8(grid, v), bias);
+            sc[g] = _mm512_inserti64x4(_mm512_set1_epi32(qb_iq4_xs_scale(x, 2 * g)),
+                                       _mm256_set1_epi32(qb_iq4_xs_scale(x, 2 * g + 1)), 1);
+        }
+        float dw = _cvtsh_ss(x->d);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i c = corr ? corr[(size_t)a * corr_stride + 4 * (size_t)i + g]
+                                 : iq4_xs_corr(&y[a][i], g);
+                __m512i s = _mm512_dpbusd_epi32(c, u[g], _mm512_loadu_si512(y[a][i].qs + 64 * g));
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(s, sc[g]));
+            }
+            __m512 d = _mm512_set1_ps(dw * y[a][i].d);
+            acc[a] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+}
+
+INLINE void multi_iq4_xs_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                              const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    enum { STRIDE = IQ4_XS_ACT_MAX_N / 64 };
+    const qblock_q8_k *y[MA];
+    __m512i corr[MA * STRIDE];
+    bool buffered = nb * 4 <= STRIDE;
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
+        for (int64_t i = 0; buffered && i < nb; i++)
+            for (int g = 0; g < 4; g++)
+                corr[(size_t)a * STRIDE + 4 * (size_t)i + g] = iq4_xs_corr(&y[a][i], g);
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_iq4_xs(na, w + (size_t)r * rb, y, buffered ? corr : NULL, STRIDE, nb, out + r, os);
 }
 
 /*
@@ -662,7 +757,8 @@ INLINE void q3_k_unpack(const qblock_q3_k *x, __m512i q[4], __m256i *sc16)
     int8_t sc8[16];
     qb_q3_k_scales(x->scales, sc8);
     *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc8));
-    __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x->hmask));
+    __m512i hm =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x->hmask));
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         int h = g / 2, j = 2 * (g % 2); /* runs 4 h + j and 4 h + j + 1 */
@@ -752,7 +848,8 @@ INLINE void multi_k16(enum k16_kind kind, int na, const uint8_t *row, const uint
                 accm[a] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y[a][i].d),
                                           _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm[a]);
             } else {
-                __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), kind == K16_Q3 ? 2 : 5);
+                __m256i corr =
+                    _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), kind == K16_Q3 ? 2 : 5);
                 sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
             }
 #pragma GCC unroll 4
@@ -1400,6 +1497,12 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q5_1:
         FOR_GROUPS(multi_q5_1_rows, n / QB_32);
+        return 1;
+    case QTYPE_IQ4_NL:
+        FOR_GROUPS(multi_iq4_nl_rows, n / QB_32);
+        return 1;
+    case QTYPE_IQ4_XS:
+        FOR_GROUPS(multi_iq4_xs_rows, n / QB_256);
         return 1;
     case QTYPE_Q4_K:
         FOR_GROUPS(multi_q4_k_rows, n / QB_256);

@@ -52,6 +52,26 @@ typedef struct __attribute__((packed)) {
     uint8_t qs[16];
 } qblock_q5_1;
 
+/* x = d * qb_iq4_grid[nibble], the nibbles as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[16];
+} qblock_iq4_nl;
+
+/* 8 sub-blocks of 32: x = d * (ls - 32) * qb_iq4_grid[nibble], ls 6 bits: the low 4 of
+ * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
+ * scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t scales_h;
+    uint8_t scales_l[4];
+    uint8_t qs[128];
+} qblock_iq4_xs;
+
+/* The non-linear grid of IQ4_NL and IQ4_XS: a nibble's value, denser near zero. */
+static const int8_t qb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                       1,    13,   25,  38,  53,  69,  89,  113};
+
 /* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
  * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
  * and element 64 g + 32 + l in its high nibble. */
@@ -113,6 +133,8 @@ _Static_assert(sizeof(qblock_q4_0) == 18, "Q4_0 block");
 _Static_assert(sizeof(qblock_q4_1) == 20, "Q4_1 block");
 _Static_assert(sizeof(qblock_q5_0) == 22, "Q5_0 block");
 _Static_assert(sizeof(qblock_q5_1) == 24, "Q5_1 block");
+_Static_assert(sizeof(qblock_iq4_nl) == 18, "IQ4_NL block");
+_Static_assert(sizeof(qblock_iq4_xs) == 136, "IQ4_XS block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
@@ -198,6 +220,13 @@ static inline int qb_q5(const uint8_t qh[4], const uint8_t qs[16], int j)
     uint32_t h;
     memcpy(&h, qh, 4);
     return qb_nibble(qs, j) | (int)((h >> j) & 1) << 4;
+}
+
+/* Sub-block k's 6-bit scale of an IQ4_XS super-block, less 32. */
+static inline int qb_iq4_xs_scale(const qblock_iq4_xs *b, int k)
+{
+    int lo = (b->scales_l[k / 2] >> (4 * (k % 2))) & 0xF, hi = (b->scales_h >> (2 * k)) & 3;
+    return (lo | hi << 4) - 32;
 }
 
 /* The 16 6-bit scales of a Q3_K super-block, less 32 (so in [-32, 31]), into sc. Sub-block

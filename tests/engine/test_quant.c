@@ -64,7 +64,8 @@ static float bits_f32(uint32_t x)
 
 static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
-                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
 #define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
 
 static bool have_avx2(void)
@@ -252,6 +253,49 @@ static void q5_1_layout(void)
     }
 }
 
+/* The 16 values of IQ4_NL's and IQ4_XS's non-linear grid, indexed by a nibble. */
+static const int iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+/* x = d * grid[nibble], the nibbles as Q4_0's. */
+static void iq4_nl_layout(void)
+{
+    uint8_t b[18];
+    put16(b, 0xb400); /* d = -0.25 */
+    for (int j = 0; j < 16; j++)
+        b[2 + j] = (uint8_t)(j * 17 + 0x0F * (j & 1)); /* every nibble, both halves */
+    float y[32];
+    quant_dequantize_row(QTYPE_IQ4_NL, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK_MSG(y[j] == -0.25f * (float)iq4_grid[b[2 + j] & 0xF], "element %d: %g", j, (double)y[j]);
+        CHECK_MSG(y[j + 16] == -0.25f * (float)iq4_grid[b[2 + j] >> 4], "element %d: %g", j + 16,
+                  (double)y[j + 16]);
+    }
+}
+
+/* 8 sub-blocks of 32: x = d * (ls - 32) * grid[nibble], ls 6 bits: the low 4 of
+ * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
+ * the little-endian scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
+static void iq4_xs_layout(void)
+{
+    uint8_t b[136];
+    put16(b, 0x3400);     /* d = 0.25 */
+    put16(b + 2, 0xC71B); /* scales_h */
+    const uint8_t sl[4] = {0x0F, 0xF0, 0x5A, 0x00};
+    memcpy(b + 4, sl, 4);
+    for (int k = 0; k < 128; k++)
+        b[8 + k] = (uint8_t)(k * 73 + 5);
+    float y[256];
+    quant_dequantize_row(QTYPE_IQ4_XS, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int k = e / 32, j = e % 32;
+        int ls = ((sl[k / 2] >> (4 * (k % 2))) & 0xF) | (((0xC71B >> (2 * k)) & 3) << 4);
+        int nib = j < 16 ? b[8 + 16 * k + j] & 0xF : b[8 + 16 * k + j - 16] >> 4;
+        float want = 0.25f * (float)((ls - 32) * iq4_grid[nib]);
+        CHECK_MSG(y[e] == want, "element %d: %g, want %g", e, (double)y[e], (double)want);
+    }
+}
+
 /* Packed 6-bit scales and mins with every bit position in use, and what they decode to. */
 static const uint8_t k_scales[12] = {0x41, 0x82, 0xC3, 0x04, 0x45, 0x86,
                                      0xC7, 0x08, 0x21, 0x43, 0x65, 0x87};
@@ -395,8 +439,9 @@ static void float_rows_layout(void)
 /* Root-mean-square error of quantize -> dequantize on N(0, 1) data, relative to the
  * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
  * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017, Q3_K 0.144,
- * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034; llama.cpp's reference quantizer reaches
- * Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043 and Q5_1 0.038 on such rows). */
+ * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034, IQ4_NL 0.074, IQ4_XS 0.075; llama.cpp's
+ * reference quantizer reaches Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043, Q5_1 0.038,
+ * IQ4_NL 0.076 and IQ4_XS 0.077 on such rows). */
 static void quantize_error_is_bounded(void)
 {
     static const struct {
@@ -406,7 +451,7 @@ static void quantize_error_is_bounded(void)
         {QTYPE_F32, 0},     {QTYPE_F16, 3e-4},  {QTYPE_BF16, 2.2e-3}, {QTYPE_Q8_0, 0.007},
         {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
         {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35}, {QTYPE_Q4_1, 0.092},
-        {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045},
+        {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045}, {QTYPE_IQ4_NL, 0.096}, {QTYPE_IQ4_XS, 0.097},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
@@ -436,7 +481,8 @@ static void quantize_degenerate_blocks(void)
 {
     static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
                                      QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
-                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
+                                     QTYPE_Q8_K};
     float x[256], y[256];
     uint8_t q[512];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -605,7 +651,7 @@ static void bf16_rounded_reference(const dot_case *c, float *ref)
 static void dot_matches_dequantized_rows(void)
 {
     static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.13, 0.07, 0.07,
-                                       0.45, 0.25, 0.12, 0.06, 0.03};
+                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13};
     for (size_t k = 0; k < N_DOT_TYPES; k++) {
         uint32_t t = dot_types[k];
         const char *name = quant_traits_of(t)->name;
@@ -680,7 +726,7 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
     static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
                                      QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
-                                     QTYPE_Q5_K, QTYPE_Q6_K};
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
     enum { N = 1024 };
     uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
     float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
@@ -1026,7 +1072,7 @@ static void simd_dequantize_matches_scalar(void)
     static const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
-                                     QTYPE_Q6_K, QTYPE_Q8_K};
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q8_K};
     enum { N = 4096 };
     float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
     uint8_t *q = malloc(N * 4);
@@ -1072,6 +1118,8 @@ static void activation_types(void)
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_1), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_0), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_1), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_NL), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_XS), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_BF16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F32), QTYPE_F32);
@@ -1152,6 +1200,8 @@ int main(void)
     RUN(q6_k_layout);
     RUN(q3_k_layout);
     RUN(q2_k_layout);
+    RUN(iq4_nl_layout);
+    RUN(iq4_xs_layout);
     RUN(float_rows_layout);
     RUN(quantize_error_is_bounded);
     RUN(quantize_degenerate_blocks);
