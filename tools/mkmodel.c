@@ -4,7 +4,8 @@
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
- *                  |q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
+ *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
+ *                  |iq4_nl_mix|iq4_xs_mix
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
@@ -43,13 +44,16 @@ static const struct {
     {"q5_0", QTYPE_Q5_0, MODELGEN_MIX_NONE}, {"q5_1", QTYPE_Q5_1, MODELGEN_MIX_NONE},
     {"q2_k", QTYPE_Q2_K, MODELGEN_MIX_NONE}, {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
     {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
-    {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},
+    {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},   {"iq4_nl", QTYPE_IQ4_NL, MODELGEN_MIX_NONE},
+    {"iq4_xs", QTYPE_IQ4_XS, MODELGEN_MIX_NONE},
     /* llama.cpp's mixes: some tensors in other types (modelgen.h); q2_k_mix is what
-     * llama-quantize calls Q2_K, q2_k every matrix in Q2_K */
+     * llama-quantize calls Q2_K, q2_k every matrix in Q2_K (and so for IQ4_NL, IQ4_XS) */
     {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S},
     {"q3_k_m", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_M},
     {"q3_k_l", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_L}, {"q4_k_m", QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M},
     {"q5_k_m", QTYPE_Q5_K, MODELGEN_MIX_Q5_K_M},
+    {"iq4_nl_mix", QTYPE_IQ4_NL, MODELGEN_MIX_IQ4_NL},
+    {"iq4_xs_mix", QTYPE_IQ4_XS, MODELGEN_MIX_IQ4_XS},
 };
 
 static void usage(FILE *out)
@@ -59,7 +63,8 @@ static void usage(FILE *out)
             "               --heads H\n"
             "               --kv-heads KH --ffn F --ctx C\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
-            "                      |q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
+            "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
+            "                      |iq4_nl_mix|iq4_xs_mix\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
@@ -70,7 +75,8 @@ static void usage(FILE *out)
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
             "of VOCAB.gguf, or (--from) IN.gguf's model with its matrices converted to the\n"
             "type (a mix, such as q3_k_m: to the types llama.cpp's llama-quantize gives\n"
-            "each; q2_k_mix is its Q2_K). Progress goes to stderr when it is a terminal.\n");
+            "each; q2_k_mix is its Q2_K, iq4_nl_mix its IQ4_NL...). Progress goes to\n"
+            "stderr when it is a terminal.\n");
 }
 
 /* A mistake on the command line: what is wrong, and where help is. */

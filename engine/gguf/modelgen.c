@@ -182,6 +182,7 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
     sscanf(name, "blk.%d.", &layer);
     bool q3m = mix == MODELGEN_MIX_Q3_K_M, q3l = mix == MODELGEN_MIX_Q3_K_L;
     bool q2 = mix == MODELGEN_MIX_Q2_K;
+    bool iq4 = mix == MODELGEN_MIX_IQ4_NL || mix == MODELGEN_MIX_IQ4_XS;
     bool km = mix == MODELGEN_MIX_Q4_K_M || mix == MODELGEN_MIX_Q5_K_M;
     uint32_t t = type;
     if (!strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"))) {
@@ -192,7 +193,7 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
             t = n_gqa >= 4 ? QTYPE_Q4_K : QTYPE_Q3_K;
         else if (q3m)
             t = layer < 2 ? QTYPE_Q5_K : QTYPE_Q4_K;
-        else if (q3l)
+        else if (q3l || (iq4 && n_gqa >= 4))
             t = QTYPE_Q5_K;
         else if (km && modelgen_more_bits(layer, n_layer))
             t = QTYPE_Q6_K;
@@ -201,7 +202,7 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
             t = QTYPE_Q3_K;
         else if (q3m)
             t = layer < n_layer / 16 ? QTYPE_Q5_K : QTYPE_Q4_K;
-        else if (q3l)
+        else if (q3l || (iq4 && layer < n_layer / 8))
             t = QTYPE_Q5_K;
         else if (km && modelgen_more_bits(layer, n_layer))
             t = QTYPE_Q6_K;
@@ -218,6 +219,7 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
     switch (t) {
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
+    case QTYPE_IQ4_XS:
         t = QTYPE_IQ4_NL;
         break;
     case QTYPE_Q4_K:

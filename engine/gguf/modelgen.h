@@ -24,16 +24,19 @@ typedef enum modelgen_mix {
     MODELGEN_MIX_Q3_K_L,
     MODELGEN_MIX_Q4_K_M,
     MODELGEN_MIX_Q5_K_M,
+    MODELGEN_MIX_IQ4_NL,
+    MODELGEN_MIX_IQ4_XS,
 } modelgen_mix;
 
 /*
  * The type llama-quantize gives the matrix called name (GGUF's tensor names), of rows of
  * cols elements, under mix with type its file type's default (Q3_K for the Q3_K mixes):
  * its rules for the output (token_embd where has_output is false), attn_v, attn_output,
- * attn_qkv and ffn_down by layer (the layer in the name, of n_layer) and, for Q2_K's
- * attn_v, by n_gqa (attention heads per KV head); then its fallbacks for rows that are not
- * whole blocks of that type (Q2_K/Q3_K -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
- * F16 where the fallback's blocks do not fit either). MODELGEN_MIX_NONE: type.
+ * attn_qkv and ffn_down by layer (the layer in the name, of n_layer) and, for the attn_v
+ * of Q2_K and the IQ4 mixes, by n_gqa (attention heads per KV head), as without an
+ * importance matrix; then its fallbacks for rows that are not whole blocks of that type
+ * (Q2_K/Q3_K/IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 where the
+ * fallback's blocks do not fit either). MODELGEN_MIX_NONE: type.
  */
 uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, int64_t cols,
                            int n_layer, int n_gqa, bool has_output);

@@ -169,9 +169,8 @@ static void test_all_archs_and_types(void)
 }
 
 /* llama.cpp's mixes of a model whose rows are not whole super-blocks (dim 96, ffn 160, as
- * small real models have): llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0, and IQ4_NL
- * where the engine has it) sit beside the K-quants in one file, which loads and runs as
- * the reference forward does. */
+ * small real models have): llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0, IQ4_NL) sit
+ * beside the K-quants in one file, which loads and runs as the reference forward does. */
 static void test_mixes_with_fallbacks(void)
 {
     static const struct {
@@ -181,6 +180,8 @@ static void test_mixes_with_fallbacks(void)
     } mixes[] = {
         {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "Q4_K_M"},
         {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "Q5_K_M"},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "Q3_K_M"},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "Q2_K"},
     };
     for (size_t i = 0; i < sizeof mixes / sizeof *mixes; i++) {
         modelgen_params p = small_params("llama", mixes[i].type);
@@ -194,8 +195,8 @@ static void test_mixes_with_fallbacks(void)
         for (int64_t t = 0; t < gguf_n_tensors(g); t++)
             seen[gguf_tensor_at(g, t)->type] = true;
         gguf_close(g);
-        CHECK_MSG(seen[QTYPE_Q8_0] && (seen[QTYPE_Q5_0] || seen[QTYPE_Q5_1]),
-                  "%s: no fallback types", mixes[i].name);
+        bool fallback = seen[QTYPE_Q5_0] || seen[QTYPE_Q5_1] || seen[QTYPE_IQ4_NL];
+        CHECK_MSG(seen[QTYPE_Q8_0] && fallback, "%s: no fallback types", mixes[i].name);
         double d1 = check_model(path, 512, 2), d2 = check_model(path, 8, 1);
         printf("  %s with fallbacks: max |logit diff| %.4g (prefill) %.4g (dot)\n",
                mixes[i].name, d1, d2);

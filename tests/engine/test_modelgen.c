@@ -181,6 +181,12 @@ static void mixes_choose_llama_cpp_types(void)
         {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_k.weight", 2, true, QTYPE_Q2_K},
         {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "output.weight", 2, true, QTYPE_Q6_K},
         {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "token_embd.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.3.attn_v.weight", 2, true, QTYPE_IQ4_XS},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.3.attn_v.weight", 4, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.1.ffn_down.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.3.ffn_down.weight", 2, true, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.3.attn_output.weight", 2, true, QTYPE_IQ4_NL},
         {MODELGEN_MIX_NONE, QTYPE_Q4_K, "output.weight", 2, true, QTYPE_Q4_K},
         {MODELGEN_MIX_NONE, QTYPE_Q3_K, "blk.0.attn_v.weight", 2, true, QTYPE_Q3_K},
     };
@@ -193,7 +199,7 @@ static void mixes_choose_llama_cpp_types(void)
 }
 
 /* Rows that are not whole super-blocks take llama-quantize's fallbacks: Q4_K -> Q5_0,
- * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> IQ4_NL, and F16 where no 32-element block fits
+ * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL, and F16 where no 32-element block fits
  * either; the output of such a model is Q8_0. Whole rows keep their type. */
 static void mixes_fall_back_where_rows_are_not_whole_blocks(void)
 {
@@ -207,6 +213,7 @@ static void mixes_fall_back_where_rows_are_not_whole_blocks(void)
         {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 288, QTYPE_IQ4_NL},
         {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.ffn_up.weight", 288, QTYPE_IQ4_NL},
         {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.attn_v.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.5.ffn_up.weight", 288, QTYPE_IQ4_NL},
         {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_output.weight", 288, QTYPE_Q5_0},
         {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.5.ffn_down.weight", 288, QTYPE_Q5_1},
         {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.0.attn_v.weight", 288, QTYPE_Q8_0},
