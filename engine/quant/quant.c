@@ -570,6 +570,13 @@ static void quantize_affine32(const float *x, int nmax, uint16_t *d_out, uint16_
         q[j] = (uint8_t)round_clamp((x[j] - m) * id, 0, nmax);
 }
 
+/* The nibbles of 32 values below 16, as Q4_0 packs them. */
+static void pack_nibbles(const uint8_t q[QB_32], uint8_t qs[16])
+{
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
 static void quantize_q4_1(const float *x, qblock_q4_1 *b, int64_t nb)
 {
     uint8_t q[QB_32];
@@ -578,8 +585,7 @@ static void quantize_q4_1(const float *x, qblock_q4_1 *b, int64_t nb)
         quantize_affine32(x, 15, &d, &m, q);
         b[i].d = d;
         b[i].m = m;
-        for (int j = 0; j < 16; j++)
-            b[i].qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+        pack_nibbles(q, b[i].qs);
     }
 }
 
@@ -757,50 +763,40 @@ static int iq4_nearest(float v)
 }
 
 /*
- * Fits x[0..n) ≈ scale * grid[idx] on the non-linear grid: tries spacings that map the
- * largest-magnitude value near either end of the grid (-127 or 113, so either sign of
- * the scale), picks each value's nearest grid point, refits the scale by least squares
- * for those points, and keeps the fit with the smallest squared error. idx gets the
- * points of the fit kept.
+ * Fits x[0..n) (n <= 32) ≈ scale * grid value on the non-linear grid: tries spacings that
+ * map the largest-magnitude value near either end of the grid (-127 or 113, so either
+ * sign of the scale), picks each value's nearest grid point, refits the scale by least
+ * squares for those points, and keeps the fit with the smallest squared error.
  */
-static float fit_scale_iq4(const float *x, int n, uint8_t *idx)
+static float fit_scale_iq4(const float *x, int n)
 {
     float mx = signed_absmax(x, n), best = 0;
-    memset(idx, 8, (size_t)n); /* grid value 1: what a zero scale leaves */
     if (mx == 0)
         return 0;
     double best_err = INFINITY;
-    uint8_t cur[QB_32];
+    uint8_t idx[QB_32];
     for (int end = 0; end < 2; end++)
         for (int k = -8; k <= 8; k++) {
             float g = (float)(end ? qb_iq4_grid[15] : qb_iq4_grid[0]) + (float)k;
             float is = g / mx;
             double sqq = 0, sqx = 0;
             for (int i = 0; i < n; i++) {
-                cur[i] = (uint8_t)iq4_nearest(x[i] * is);
-                double q = qb_iq4_grid[cur[i]];
+                idx[i] = (uint8_t)iq4_nearest(x[i] * is);
+                double q = qb_iq4_grid[idx[i]];
                 sqq += q * q;
                 sqx += q * x[i];
             }
-            double a = sqx / sqq, err = 0;
+            double a = sqx / sqq, err = 0; /* the grid has no 0: sqq > 0 */
             for (int i = 0; i < n; i++) {
-                double e = a * qb_iq4_grid[cur[i]] - x[i];
+                double e = a * qb_iq4_grid[idx[i]] - x[i];
                 err += e * e;
             }
             if (err < best_err) {
                 best_err = err;
                 best = (float)a;
-                memcpy(idx, cur, (size_t)n);
             }
         }
     return best;
-}
-
-/* The nibbles of 32 grid indices, as Q4_0 packs them. */
-static void pack_nibbles(const uint8_t q[QB_32], uint8_t qs[16])
-{
-    for (int j = 0; j < 16; j++)
-        qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
 }
 
 /* IQ4_NL: the block's scale fitted on the grid, then each value's nearest grid point for
@@ -809,7 +805,7 @@ static void quantize_iq4_nl(const float *x, qblock_iq4_nl *b, int64_t nb)
 {
     uint8_t q[QB_32];
     for (int64_t i = 0; i < nb; i++, x += QB_32) {
-        b[i].d = quant_f32_to_f16(fit_scale_iq4(x, QB_32, q));
+        b[i].d = quant_f32_to_f16(fit_scale_iq4(x, QB_32));
         float d = qb_f16_to_f32(b[i].d), id = d != 0 ? 1.0f / d : 0.0f;
         for (int j = 0; j < QB_32; j++)
             q[j] = (uint8_t)iq4_nearest(x[j] * id);
@@ -826,7 +822,7 @@ static void quantize_iq4_xs(const float *x, qblock_iq4_xs *b, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += QB_256) {
         float sc[8];
         for (int k = 0; k < 8; k++)
-            sc[k] = fit_scale_iq4(x + 32 * k, 32, q);
+            sc[k] = fit_scale_iq4(x + 32 * k, 32);
         b[i].d = quant_f32_to_f16(signed_absmax(sc, 8) / -32.0f);
         float d = qb_f16_to_f32(b[i].d);
         b[i].scales_h = 0;
@@ -1041,8 +1037,9 @@ static float dot_q4_0(const qblock_q4_0 *x, const qblock_q8_0 *y, int64_t nb)
 /* Q4_1 / Q5_1 (five: 5-bit values): d q a + m a per element, the second through the sum
  * of the block's activation quants; llama.cpp takes that sum as Q8_1 keeps it, d_a times
  * it rounded to f16, where this has the exact integer. */
-static float dot_affine32(int five, const void *x, size_t bytes, const qblock_q8_0 *y, int64_t nb)
+static float dot_affine32(int five, const void *x, const qblock_q8_0 *y, int64_t nb)
 {
+    const size_t bytes = five ? sizeof(qblock_q5_1) : sizeof(qblock_q4_1);
     float sum = 0;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *b = (const uint8_t *)x + (size_t)i * bytes;
@@ -1244,11 +1241,11 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
     case QTYPE_Q4_0:
         return dot_q4_0(weights, activation, n / QB_32);
     case QTYPE_Q4_1:
-        return dot_affine32(0, weights, sizeof(qblock_q4_1), activation, n / QB_32);
+        return dot_affine32(0, weights, activation, n / QB_32);
     case QTYPE_Q5_0:
         return dot_q5_0(weights, activation, n / QB_32);
     case QTYPE_Q5_1:
-        return dot_affine32(1, weights, sizeof(qblock_q5_1), activation, n / QB_32);
+        return dot_affine32(1, weights, activation, n / QB_32);
     case QTYPE_IQ4_NL:
         return dot_iq4_nl(weights, activation, n / QB_32);
     case QTYPE_IQ4_XS:
