@@ -466,11 +466,14 @@ static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
         __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
         accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm);
         __m256i sumi = _mm256_setzero_si256();
+        /* the scales of each half's 8 sub-blocks in both lanes */
+        const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                _mm256_permute2x128_si256(sc16, sc16, 0x11)};
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;
-            __m256i sc = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
+            __m256i sc = sch[h];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
