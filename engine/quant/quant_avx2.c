@@ -17,6 +17,7 @@
 
 #include "engine/quant/quant.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_x86.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -420,9 +421,11 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
     const __m256i m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        int8_t sc8[16];
-        qb_q3_k_scales(x[i].scales, sc8);
-        __m256i sc16 = _mm256_cvtepi8_epi16(load128(sc8));
+        __m128i sc8 = qx_q3_k_scales(x[i].scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* each half's 8 scales in both lanes */
+        const __m256i sch[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
+                                _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)))};
         __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
         __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
         sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
@@ -431,8 +434,7 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;
-            __m256i sc = _mm256_broadcastsi128_si256(
-                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(sc8 + 8 * h))));
+            __m256i sc = sch[h];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 /* bits move within 16-bit lanes; the masks keep each byte's own */
@@ -889,7 +891,7 @@ static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++) {
         __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
         int8_t sc[16];
-        qb_q3_k_scales(b[i].scales, sc);
+        _mm_storeu_si128((__m128i *)(void *)sc, qx_q3_k_scales(b[i].scales));
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < 4; j++, y += 32)
 #pragma GCC unroll 4

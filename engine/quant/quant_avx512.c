@@ -23,6 +23,7 @@
 
 #include "engine/quant/quant.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_x86.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -754,9 +755,7 @@ INLINE void q6_k_unpack(const qblock_q6_k *x, __m512i q[4], __m256i *sc16)
 INLINE void q3_k_unpack(const qblock_q3_k *x, __m512i q[4], __m256i *sc16)
 {
     const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    int8_t sc8[16];
-    qb_q3_k_scales(x->scales, sc8);
-    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc8));
+    *sc16 = _mm256_cvtepi8_epi16(qx_q3_k_scales(x->scales));
     __m512i hm =
         _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x->hmask));
 #pragma GCC unroll 4
