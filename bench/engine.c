@@ -6,7 +6,8 @@
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
- * in Q8_0, F16, BF16, Q4_K_M and Q6_K (the types of issue 11's target) — generating the
+ * in Q8_0, F16, BF16, Q4_K_M and Q6_K (the types of issue 11's target), and the low-bit
+ * mixes phones and edge boxes run, Q3_K_M and Q2_K (mkmodel's q2_k_mix) — generating the
  * files with build/mkmodel into build/bench-models/ on first use.
  *
  * --llama-bench PATH names a llama.cpp llama-bench built elsewhere (never part of this
@@ -479,7 +480,8 @@ int main(int argc, char **argv)
     }
 
     if (n_models == 0) {
-        static const char *const types[] = {"q8_0", "f16", "bf16", "q4_k_m", "q6_k"};
+        static const char *const types[] = {"q8_0", "f16",    "bf16",    "q4_k_m",
+                                            "q6_k", "q3_k_m", "q2_k_mix"};
         enum { N_TYPES = sizeof types / sizeof types[0] };
         static char paths[N_TYPES][256];
         for (int i = 0; i < N_TYPES; i++) {

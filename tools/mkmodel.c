@@ -3,12 +3,14 @@
  *
  *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
  *           --kv-heads KH --ffn F --ctx C
- *           --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m
+ *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
+ *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
+ *                  |iq4_nl_mix|iq4_xs_mix
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
- *   mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k
+ *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
  *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
@@ -16,7 +18,9 @@
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
- * again, the rest (norms, biases) is copied, metadata too. bench/kvquant uses an F32 copy
+ * again, the rest (norms, biases) is copied, metadata too. A mix (q3_k_m ...) gives each
+ * matrix the type llama-quantize gives it (modelgen_mix_type), its fallbacks for rows
+ * that are not whole super-blocks included. bench/kvquant uses an F32 copy
  * of a Q8_0 model to measure KV compression without the activation rounding that Q8_0
  * matrix products add (8-bit activations: any change of the inputs flips some roundings).
  * With --lora / --lora-scaled it merges LoRA adapters into the matrices first, as
@@ -43,13 +47,24 @@
 static const struct {
     const char *name;
     uint32_t type;
-    bool k_m_mix;
+    modelgen_mix mix;
 } TYPES[] = {
-    {"f32", QTYPE_F32, false},   {"f16", QTYPE_F16, false},   {"bf16", QTYPE_BF16, false},
-    {"q8_0", QTYPE_Q8_0, false}, {"q4_0", QTYPE_Q4_0, false}, {"q4_k", QTYPE_Q4_K, false},
-    {"q5_k", QTYPE_Q5_K, false}, {"q6_k", QTYPE_Q6_K, false},
-    /* llama.cpp's Q4_K_M and Q5_K_M: some tensors in Q6_K (modelgen.h) */
-    {"q4_k_m", QTYPE_Q4_K, true}, {"q5_k_m", QTYPE_Q5_K, true},
+    {"f32", QTYPE_F32, MODELGEN_MIX_NONE},   {"f16", QTYPE_F16, MODELGEN_MIX_NONE},
+    {"bf16", QTYPE_BF16, MODELGEN_MIX_NONE}, {"q8_0", QTYPE_Q8_0, MODELGEN_MIX_NONE},
+    {"q4_0", QTYPE_Q4_0, MODELGEN_MIX_NONE}, {"q4_1", QTYPE_Q4_1, MODELGEN_MIX_NONE},
+    {"q5_0", QTYPE_Q5_0, MODELGEN_MIX_NONE}, {"q5_1", QTYPE_Q5_1, MODELGEN_MIX_NONE},
+    {"q2_k", QTYPE_Q2_K, MODELGEN_MIX_NONE}, {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
+    {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
+    {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},   {"iq4_nl", QTYPE_IQ4_NL, MODELGEN_MIX_NONE},
+    {"iq4_xs", QTYPE_IQ4_XS, MODELGEN_MIX_NONE},
+    /* llama.cpp's mixes: some tensors in other types (modelgen.h); q2_k_mix is what
+     * llama-quantize calls Q2_K, q2_k every matrix in Q2_K (and so for IQ4_NL, IQ4_XS) */
+    {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S},
+    {"q3_k_m", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_M},
+    {"q3_k_l", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_L}, {"q4_k_m", QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M},
+    {"q5_k_m", QTYPE_Q5_K, MODELGEN_MIX_Q5_K_M},
+    {"iq4_nl_mix", QTYPE_IQ4_NL, MODELGEN_MIX_IQ4_NL},
+    {"iq4_xs_mix", QTYPE_IQ4_XS, MODELGEN_MIX_IQ4_XS},
 };
 
 static void usage(FILE *out)
@@ -58,13 +73,15 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
             "               --heads H\n"
             "               --kv-heads KH --ffn F --ctx C\n"
-            "               --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|q4_k_m|q5_k_m\n"
+            "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
+            "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
+            "                      |iq4_nl_mix|iq4_xs_mix\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
-            "       mkmodel -o OUT.gguf --from IN.gguf --type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k\n"
+            "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
             "               [--type f32|f16|bf16|q8_0] [--seed S] [--threads N]\n"
@@ -72,9 +89,11 @@ static void usage(FILE *out)
             "       mkmodel --help | --version\n"
             "Writes a model of random weights (deterministic in the seed) on the vocabulary\n"
             "of VOCAB.gguf; (--from) IN.gguf's model with its matrices converted to the\n"
-            "type, LoRA adapters merged into them first (as llama-export-lora); or\n"
-            "(--lora-of) a random LoRA adapter of BASE.gguf in llama.cpp's format (targets:\n"
-            "the layers' matrices, type f16, alpha the rank unless given). Progress goes to\n"
+            "type (a mix, such as q3_k_m: to the types llama.cpp's llama-quantize gives\n"
+            "each; q2_k_mix is its Q2_K, iq4_nl_mix its IQ4_NL...), LoRA adapters merged\n"
+            "into them first (as llama-export-lora); or (--lora-of) a random LoRA adapter\n"
+            "of BASE.gguf in llama.cpp's format (targets: the layers' matrices, type f16,\n"
+            "alpha the rank unless given). Progress goes to\n"
             "stderr when it is a terminal.\n");
 }
 
@@ -265,18 +284,16 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {
             p.type = TYPES[i].type;
-            p.k_m_mix = TYPES[i].k_m_mix;
+            p.mix = TYPES[i].mix;
             found = true;
         }
     if (!found)
         bad_usage("--type: unknown type '%s'", type);
     char err[ERR_MAX];
-    if (from || lora_of) {
-        if (p.k_m_mix)
-            bad_usage("%s: '%s' is a mix; give one type", from ? "--from" : "--lora-of", type);
-    }
+    if (lora_of && p.mix != MODELGEN_MIX_NONE)
+        bad_usage("--lora-of: '%s' is a mix; give one type", type);
     if (from) {
-        if (modelgen_convert(from, out, p.type, n_lora, lora, lora_scale, err) < 0) {
+        if (modelgen_convert(from, out, p.type, p.mix, n_lora, lora, lora_scale, err) < 0) {
             fprintf(stderr, "mkmodel: %s: %s\n", from, err);
             unlink(out);
             return 1;

@@ -25,7 +25,7 @@ typedef struct modelgen_tensor {
     void *data;
 } modelgen_tensor;
 
-static uint64_t modelgen_mix(uint64_t x)
+static uint64_t modelgen_hash(uint64_t x)
 {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -53,9 +53,10 @@ static void modelgen_rows_job(void *p, int ith, int nth)
     long b, e;
     tp_split(rows, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
-        uint64_t state = modelgen_mix(j->seed ^ modelgen_mix(((uint64_t)j->index << 32) | (uint64_t)r));
+        uint64_t state =
+            modelgen_hash(j->seed ^ modelgen_hash(((uint64_t)j->index << 32) | (uint64_t)r));
         for (int64_t c = 0; c < cols; c++) {
-            state = modelgen_mix(state);
+            state = modelgen_hash(state);
             float u = (float)((state >> 40) * (1.0 / (double)(1ull << 24))); /* [0, 1) */
             buf[c] = t->mean + a * (2.0f * u - 1.0f);
         }
@@ -165,6 +166,101 @@ out:
     return rc;
 }
 
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third
+ * between get the wider type. */
+static bool modelgen_more_bits(int layer, int n_layer)
+{
+    return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, int64_t cols,
+                           int n_layer, int n_gqa, bool has_output)
+{
+    if (mix == MODELGEN_MIX_NONE)
+        return type;
+    int layer = 0;
+    sscanf(name, "blk.%d.", &layer);
+    bool q3m = mix == MODELGEN_MIX_Q3_K_M, q3l = mix == MODELGEN_MIX_Q3_K_L;
+    bool q2 = mix == MODELGEN_MIX_Q2_K;
+    bool iq4 = mix == MODELGEN_MIX_IQ4_NL || mix == MODELGEN_MIX_IQ4_XS;
+    bool km = mix == MODELGEN_MIX_Q4_K_M || mix == MODELGEN_MIX_Q5_K_M;
+    uint32_t t = type;
+    if (!strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"))) {
+        const quant_traits *tr = quant_traits_of(type);
+        t = cols % tr->block_size ? QTYPE_Q8_0 : type != QTYPE_Q8_0 ? QTYPE_Q6_K : type;
+    } else if (strstr(name, "attn_v.weight")) {
+        if (q2)
+            t = n_gqa >= 4 ? QTYPE_Q4_K : QTYPE_Q3_K;
+        else if (q3m)
+            t = layer < 2 ? QTYPE_Q5_K : QTYPE_Q4_K;
+        else if (q3l || (iq4 && n_gqa >= 4))
+            t = QTYPE_Q5_K;
+        else if (km && modelgen_more_bits(layer, n_layer))
+            t = QTYPE_Q6_K;
+    } else if (strstr(name, "ffn_down")) {
+        if (q2)
+            t = QTYPE_Q3_K;
+        else if (q3m)
+            t = layer < n_layer / 16 ? QTYPE_Q5_K : QTYPE_Q4_K;
+        else if (q3l || (iq4 && layer < n_layer / 8))
+            t = QTYPE_Q5_K;
+        else if (km && modelgen_more_bits(layer, n_layer))
+            t = QTYPE_Q6_K;
+    } else if (strstr(name, "attn_output.weight")) {
+        t = q2 ? QTYPE_Q3_K : q3m ? QTYPE_Q4_K : q3l ? QTYPE_Q5_K : t;
+    } else if (strstr(name, "attn_qkv.weight")) {
+        t = q3m || q3l                      ? QTYPE_Q4_K
+            : mix == MODELGEN_MIX_Q4_K_M    ? QTYPE_Q5_K
+            : mix == MODELGEN_MIX_Q5_K_M    ? QTYPE_Q6_K
+                                            : t;
+    }
+    if (cols % quant_traits_of(t)->block_size == 0)
+        return t;
+    switch (t) {
+    case QTYPE_Q2_K:
+    case QTYPE_Q3_K:
+    case QTYPE_IQ4_XS:
+        t = QTYPE_IQ4_NL;
+        break;
+    case QTYPE_Q4_K:
+        t = QTYPE_Q5_0;
+        break;
+    case QTYPE_Q5_K:
+        t = QTYPE_Q5_1;
+        break;
+    case QTYPE_Q6_K:
+        t = QTYPE_Q8_0;
+        break;
+    default:
+        break;
+    }
+    return cols % quant_traits_of(t)->block_size ? QTYPE_F16 : t;
+}
+
+/* Gives each matrix of ts its type under the mix and checks that the engine can write
+ * and multiply it. */
+static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int n_t,
+                              char err[ERR_MAX])
+{
+    bool has_output = false;
+    for (int i = 0; i < n_t; i++)
+        has_output |= !strcmp(ts[i].name, "output.weight");
+    for (int i = 0; i < n_t; i++) {
+        modelgen_tensor *t = &ts[i];
+        if (t->n_dims != 2)
+            continue;
+        t->type = modelgen_mix_type(p->mix, p->type, t->name, t->ne[0], p->n_layer,
+                                    p->n_head / p->n_head_kv, has_output);
+        const quant_traits *tr = quant_traits_of(t->type);
+        if (!tr->computable)
+            return err_set(err, "%s: type %s is not supported", t->name, tr->name);
+        if (t->ne[0] % tr->block_size)
+            return err_set(err, "%s: row length %lld is not a multiple of %s's block size %d",
+                           t->name, (long long)t->ne[0], tr->name, tr->block_size);
+    }
+    return 0;
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
@@ -188,13 +284,6 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
     if (hd <= 0 || hd % 2)
         return err_set(err, "head dimension %d must be positive and even", hd);
-    int64_t cols[] = {p->dim, p->n_ff, (int64_t)p->n_head * hd};
-    for (int i = 0; i < 3; i++)
-        if (quant_row_bytes(p->type, cols[i]) == 0 ||
-            (p->k_m_mix && quant_row_bytes(QTYPE_Q6_K, cols[i]) == 0))
-            return err_set(err, "row length %lld is not a multiple of %s's block size %d",
-                           (long long)cols[i], p->k_m_mix ? "the mix" : tr->name,
-                           p->k_m_mix && tr->block_size < 256 ? 256 : tr->block_size);
     return 0;
 }
 
@@ -289,7 +378,7 @@ static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_v
         modelgen_add(ts, &n_t, "cls.output.weight", 2, d, 1, p->type, s_dim, 0.0f);
         modelgen_add(ts, &n_t, "cls.output.bias", 1, 1, 1, 0, 0.1f, 0.0f);
     }
-    int rc = modelgen_emit(p, w, ts, n_t, path, err);
+    int rc = modelgen_set_types(p, ts, n_t, err) < 0 ? -1 : modelgen_emit(p, w, ts, n_t, path, err);
     free(ts);
     return rc;
 }
@@ -369,25 +458,18 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     } while (0)
     float s_dim = 1.0f / sqrtf((float)p->dim), s_q = 1.0f / sqrtf((float)q_dim),
           s_ff = 1.0f / sqrtf((float)p->n_ff);
-/* the last tensor added takes the mix's wider type */
-#define MORE_BITS() (p->k_m_mix ? (void)(ts[n_t - 1].type = QTYPE_Q6_K) : (void)0)
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
     if (!p->tie_output) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
-        MORE_BITS();
     }
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
-        int e = p->n_layer / 8;
-        bool more = l < e || l >= 7 * p->n_layer / 8 || (l - e) % 3 == 2;
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
         ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
-        if (more)
-            MORE_BITS();
         if (qwen2) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -402,14 +484,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-        if (more)
-            MORE_BITS();
 #undef N
     }
-#undef MORE_BITS
 #undef ADD
 
-    rc = modelgen_emit(p, w, ts, n_t, path, err);
+    if (modelgen_set_types(p, ts, n_t, err) == 0)
+        rc = modelgen_emit(p, w, ts, n_t, path, err);
 out:
     free(ts);
     gguf_writer_free(w);
@@ -702,8 +782,22 @@ static bool modelgen_adapted(const modelgen_merge *ad, int n_ad, const char *nam
     return false;
 }
 
-int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
-                     const char *const *lora, const float *scales, char err[ERR_MAX])
+/* The value of the u32 key "{arch}.suffix" of g, or 0 where there is none. */
+static uint32_t arch_u32(const gguf_file *g, const char *suffix)
+{
+    gguf_str arch;
+    char key[160];
+    uint32_t v = 0;
+    if (gguf_get_str(g, "general.architecture", &arch) && arch.len < 100) {
+        snprintf(key, sizeof key, "%.*s.%s", (int)arch.len, arch.ptr, suffix);
+        gguf_get_u32(g, key, &v);
+    }
+    return v;
+}
+
+int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mix mix,
+                     int n_lora, const char *const *lora, const float *scales,
+                     char err[ERR_MAX])
 {
     const quant_traits *tt = quant_traits_of(type);
     if (!tt || !tt->computable)
@@ -732,6 +826,11 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
             err_set(err, "copying metadata: out of memory");
             goto out;
         }
+    int n_layer = (int)arch_u32(g, "block_count");
+    uint32_t heads = arch_u32(g, "attention.head_count");
+    uint32_t kv = arch_u32(g, "attention.head_count_kv");
+    int n_gqa = heads && kv ? (int)(heads / kv) : 1;
+    bool has_output = gguf_find_tensor(g, "output.weight") != NULL;
     for (int64_t i = 0; i < n_tensors; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
@@ -740,17 +839,25 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
         for (uint32_t d = 1; d < t->n_dims; d++)
             rows *= t->ne[d];
         const void *data = t->data;
-        uint32_t to = t->type;
+        uint32_t to = t->type, want = t->type;
+        /* a mix's type per matrix, its fallbacks for rows of no whole super-block included */
+        if (t->n_dims >= 2 && (mix != MODELGEN_MIX_NONE || n % tt->block_size == 0))
+            want = modelgen_mix_type(mix, type, name, n, n_layer, n_gqa, has_output);
         if (modelgen_adapted(ad, n_lora, name)) {
-            if (modelgen_merge_tensor(t, name, ad, n_lora, type, &bufs[i], &to, err) < 0)
+            if (modelgen_merge_tensor(t, name, ad, n_lora, want != t->type ? want : type,
+                                      &bufs[i], &to, err) < 0)
                 goto out;
             data = bufs[i];
-        } else if (t->n_dims >= 2 && quant_row_bytes(type, n) && t->type != type) {
+        } else if (want != t->type) {
             if (!quant_traits_of(t->type) || !quant_traits_of(t->type)->computable) {
                 err_set(err, "%s: type %u cannot be read", name, t->type);
                 goto out;
             }
-            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(type, n);
+            if (!quant_traits_of(want)->computable) {
+                err_set(err, "%s: type %s cannot be written", name, quant_traits_of(want)->name);
+                goto out;
+            }
+            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(want, n);
             float *grown = realloc(row, sizeof *row * (size_t)n);
             bufs[i] = malloc(out_rb * (size_t)rows);
             if (!grown || !bufs[i]) {
@@ -761,9 +868,9 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
             row = grown;
             for (int64_t r = 0; r < rows; r++) {
                 quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
-                quant_quantize_row(type, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
+                quant_quantize_row(want, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
             }
-            data = bufs[i], to = type;
+            data = bufs[i], to = want;
         }
         if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
             err_set(err, "%s: out of memory", name);

@@ -14,6 +14,33 @@
 #include "engine/err.h"
 #include "engine/gguf/gguf.h"
 
+/* llama.cpp's quantization mixes (llama-quantize's file types): a type for most matrices
+ * and, for some, another (modelgen_mix_type). */
+typedef enum modelgen_mix {
+    MODELGEN_MIX_NONE, /* every matrix in the one type (llama-quantize --pure) */
+    MODELGEN_MIX_Q2_K,
+    MODELGEN_MIX_Q3_K_S,
+    MODELGEN_MIX_Q3_K_M,
+    MODELGEN_MIX_Q3_K_L,
+    MODELGEN_MIX_Q4_K_M,
+    MODELGEN_MIX_Q5_K_M,
+    MODELGEN_MIX_IQ4_NL,
+    MODELGEN_MIX_IQ4_XS,
+} modelgen_mix;
+
+/*
+ * The type llama-quantize gives the matrix called name (GGUF's tensor names), of rows of
+ * cols elements, under mix with type its file type's default (Q3_K for the Q3_K mixes):
+ * its rules for the output (token_embd where has_output is false), attn_v, attn_output,
+ * attn_qkv and ffn_down by layer (the layer in the name, of n_layer) and, for the attn_v
+ * of Q2_K and the IQ4 mixes, by n_gqa (attention heads per KV head), as without an
+ * importance matrix; then its fallbacks for rows that are not whole blocks of that type
+ * (Q2_K/Q3_K/IQ4_XS -> IQ4_NL, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 where the
+ * fallback's blocks do not fit either). MODELGEN_MIX_NONE: type.
+ */
+uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, int64_t cols,
+                           int n_layer, int n_gqa, bool has_output);
+
 typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "bert" or "nomic-bert" (the encoders: n_head_kv must equal
      * n_head) */
@@ -25,11 +52,10 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    uint32_t type;      /* enum qtype of the matrices; must be computable */
-    /* The "_M" mix of llama.cpp's quantize (Q4_K_M is type Q4_K with it): output.weight,
-     * and attn_v and ffn_down of the first and last eighth of the layers and of every
-     * third layer between, are Q6_K instead. An untied output only. */
-    bool k_m_mix;
+    uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
+    /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with
+     * MODELGEN_MIX_Q4_K_M); each must be computable. */
+    modelgen_mix mix;
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
     /* {arch}.pooling_type, llama.cpp's numbers. Encoders: 1 mean, 2 cls, bert also 4 rank,
@@ -94,15 +120,17 @@ int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char er
 
 /*
  * Writes in's model to out with every matrix whose rows are whole blocks of type
- * converted to it (dequantized, quantized again), norms, biases and metadata copied, as
- * llama.cpp's llama-quantize does; with n_lora adapters (files in modelgen_write_lora's
+ * converted to it (dequantized, quantized again), or with a mix to the type
+ * modelgen_mix_type gives it, norms, biases and metadata copied, as llama.cpp's
+ * llama-quantize does; with n_lora adapters (files in modelgen_write_lora's
  * format, lora[i] at scale scales[i]) merged into the matrices they adapt first, as
  * llama-export-lora does: W + sum of s B A computed in double from the dequantized
  * weights, then rounded to type. An adapter of another architecture, with a pair
  * missing, a shape that does not fit its matrix or a tensor of no matrix of in's is an
  * error. 0, or -1 with err.
  */
-int modelgen_convert(const char *in, const char *out, uint32_t type, int n_lora,
-                     const char *const *lora, const float *scales, char err[ERR_MAX]);
+int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mix mix,
+                     int n_lora, const char *const *lora, const float *scales,
+                     char err[ERR_MAX]);
 
 #endif

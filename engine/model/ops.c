@@ -448,8 +448,8 @@ static void ops_gemm_job(void *p, int ith, int nth)
 
 /* Whether the AVX-512 GEMM takes this product (more rows than the dot kernels take, which
  * for quantized weights means more than batched decode has): all
- * weights F16, or all BF16 or quantized without a packed kernel of their own (Q4_0, the
- * K-quants) where the CPU has AVX-512 BF16. The latter have the BF16 decode kernel's
+ * weights F16, or all BF16 or quantized without a packed kernel of their own (every
+ * quantized type but Q8_0) where the CPU has AVX-512 BF16. The latter have the BF16 decode kernel's
  * numerics, activations rounded to bf16, and quantized weights are rounded to bf16 after
  * dequantization (2^-9 of each at most, where their quantization moved them by 2^-5 to
  * 2^-8 of their block's range); 1.4-2x the speed of sgemm on dequantized tiles. F16

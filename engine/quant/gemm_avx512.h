@@ -32,8 +32,8 @@ void gemm_avx512_bf16_convert(const float *x, size_t x_stride, int n_tok, int co
                               uint16_t *xb, size_t xb_stride);
 
 /* Whether gemm_avx512_bf16_rows takes weights of type t in rows of cols elements: BF16
- * or F16 (rounded to bf16 like a quantized type) with cols even, or a quantized type
- * whose blocks tile 256 columns (Q8_0, Q4_0 and the K-quants). */
+ * or F16 (rounded to bf16 like a quantized type) with cols even, or a computable
+ * quantized type whose blocks tile 256 columns (blocks of 32 or 256 elements). */
 bool gemm_avx512_bf16_takes(uint32_t t, int cols);
 
 /* y[t * ldy + r] = sum over k of xb[t * xb_stride + k] * w_r[k] for the n_rows

@@ -26,13 +26,13 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_F32] = {"F32", 1, 4, true},
     [QTYPE_F16] = {"F16", 1, 2, true},
     [QTYPE_Q4_0] = {"Q4_0", 32, 18, true},
-    [QTYPE_Q4_1] = {"Q4_1", 32, 20, false},
-    [QTYPE_Q5_0] = {"Q5_0", 32, 22, false},
-    [QTYPE_Q5_1] = {"Q5_1", 32, 24, false},
+    [QTYPE_Q4_1] = {"Q4_1", 32, 20, true},
+    [QTYPE_Q5_0] = {"Q5_0", 32, 22, true},
+    [QTYPE_Q5_1] = {"Q5_1", 32, 24, true},
     [QTYPE_Q8_0] = {"Q8_0", 32, 34, true},
     [QTYPE_Q8_1] = {"Q8_1", 32, 36, false},
-    [QTYPE_Q2_K] = {"Q2_K", 256, 84, false},
-    [QTYPE_Q3_K] = {"Q3_K", 256, 110, false},
+    [QTYPE_Q2_K] = {"Q2_K", 256, 84, true},
+    [QTYPE_Q3_K] = {"Q3_K", 256, 110, true},
     [QTYPE_Q4_K] = {"Q4_K", 256, 144, true},
     [QTYPE_Q5_K] = {"Q5_K", 256, 176, true},
     [QTYPE_Q6_K] = {"Q6_K", 256, 210, true},
@@ -41,10 +41,10 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_IQ2_XS] = {"IQ2_XS", 256, 74, false},
     [QTYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, false},
     [QTYPE_IQ1_S] = {"IQ1_S", 256, 50, false},
-    [QTYPE_IQ4_NL] = {"IQ4_NL", 32, 18, false},
+    [QTYPE_IQ4_NL] = {"IQ4_NL", 32, 18, true},
     [QTYPE_IQ3_S] = {"IQ3_S", 256, 110, false},
     [QTYPE_IQ2_S] = {"IQ2_S", 256, 82, false},
-    [QTYPE_IQ4_XS] = {"IQ4_XS", 256, 136, false},
+    [QTYPE_IQ4_XS] = {"IQ4_XS", 256, 136, true},
     [QTYPE_I8] = {"I8", 1, 1, false},
     [QTYPE_I16] = {"I16", 1, 2, false},
     [QTYPE_I32] = {"I32", 1, 4, false},
@@ -225,6 +225,54 @@ static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q4_1(const qblock_q4_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d), m = qb_f16_to_f32(b[i].m);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_nibble(b[i].qs, j) + m;
+    }
+}
+
+static void dequant_q5_0(const qblock_q5_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)(qb_q5(b[i].qh, b[i].qs, j) - 16);
+    }
+}
+
+static void dequant_q5_1(const qblock_q5_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d), m = qb_f16_to_f32(b[i].m);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_q5(b[i].qh, b[i].qs, j) + m;
+    }
+}
+
+static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_iq4_grid[qb_nibble(b[i].qs, j)];
+    }
+}
+
+static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        float d = qb_f16_to_f32(b[i].d);
+        for (int k = 0; k < 8; k++, y += 32) {
+            int ls = qb_iq4_xs_scale(&b[i], k);
+            for (int j = 0; j < 32; j++)
+                y[j] = d * (float)(ls * qb_iq4_grid[qb_nibble(b[i].qs + 16 * k, j)]);
+        }
+    }
+}
+
 static void dequant_q4_k(const qblock_q4_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
@@ -285,6 +333,43 @@ static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
     }
 }
 
+/* Element 128 h + 32 j + l of a Q3_K or Q2_K super-block: its 2 low bits. */
+static inline int q2_bits(const uint8_t qs[64], int e)
+{
+    int h = e / 128, j = e % 128 / 32, l = e % 32;
+    return (qs[32 * h + l] >> (2 * j)) & 3;
+}
+
+/* Element e of a Q3_K super-block as the signed value q - 4, in [-4, 3]. */
+static inline int q3_value(const qblock_q3_k *b, int e)
+{
+    int h = e / 128, j = e % 128 / 32, l = e % 32;
+    return q2_bits(b->qs, e) + 4 * ((b->hmask[l] >> (4 * h + j)) & 1) - 4;
+}
+
+static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
+        float d = qb_f16_to_f32(b[i].d);
+        int8_t sc[16];
+        qb_q3_k_scales(b[i].scales, sc);
+        for (int e = 0; e < QB_256; e++)
+            y[e] = d * (float)(sc[e / 16] * q3_value(&b[i], e));
+    }
+}
+
+static void dequant_q2_k(const qblock_q2_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_256) {
+        float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
+        for (int k = 0; k < 16; k++) {
+            float dl = d * (float)(b[i].scales[k] & 0xF), ml = dmin * (float)(b[i].scales[k] >> 4);
+            for (int l = 0; l < 16; l++)
+                y[16 * k + l] = dl * (float)q2_bits(b[i].qs, 16 * k + l) - ml;
+        }
+    }
+}
+
 static void dequant_q8_k(const qblock_q8_k *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QB_256)
@@ -312,6 +397,21 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
     case QTYPE_Q4_0:
         dequant_q4_0(src, dst, n / QB_32);
         break;
+    case QTYPE_Q4_1:
+        dequant_q4_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        dequant_q5_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        dequant_q5_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        dequant_iq4_xs(src, dst, n / QB_256);
+        break;
     case QTYPE_Q4_K:
         dequant_q4_k(src, dst, n / QB_256);
         break;
@@ -320,6 +420,12 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         break;
     case QTYPE_Q6_K:
         dequant_q6_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        dequant_q3_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        dequant_q2_k(src, dst, n / QB_256);
         break;
     case QTYPE_Q8_K:
         dequant_q8_k(src, dst, n / QB_256);
@@ -396,19 +502,22 @@ static void quantize_q4_0(const float *x, qblock_q4_0 *b, int64_t nb)
 }
 
 /*
- * Fits x[0..n) ≈ scale * q - min with integers q in [0, nmax], scale >= 0 and min >= 0
- * (the K-quant sub-block model: its offset never exceeds zero). Tries grid spacings
- * around (max - min) / nmax; for each, rounds, then solves least squares for scale and
- * offset given those q, and keeps the pair with the smallest squared error.
+ * Fits x[0..n) ≈ scale * q - min with integers q in [0, nmax] and scale >= 0; with
+ * min_positive also min >= 0 (the K-quant sub-block model: its offset never exceeds
+ * zero), without it any min (Q4_1, Q5_1). Tries grid spacings around (max - min) / nmax;
+ * for each, rounds, then solves least squares for scale and offset given those q, and
+ * keeps the pair with the smallest squared error.
  */
-static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *min)
+static void fit_scale_min(const float *x, int n, int nmax, bool min_positive, float *scale,
+                          float *min)
 {
     float lo = x[0], hi = x[0];
     for (int i = 1; i < n; i++) {
         lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
     }
-    lo = fminf(lo, 0.0f);
+    if (min_positive)
+        lo = fminf(lo, 0.0f);
     *scale = (hi - lo) / (float)nmax;
     *min = -lo;
     if (!(hi > lo))
@@ -428,7 +537,7 @@ static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *
         if (den <= 0)
             continue;
         double a = (n * sqx - sq * sx) / den, b = (sx - a * sq) / n;
-        if (b > 0) {
+        if (min_positive && b > 0) {
             b = 0;
             a = sqx / sqq;
         }
@@ -447,6 +556,62 @@ static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *
     }
 }
 
+/* Q4_1 and Q5_1 (nmax 15 or 31): x ≈ d * q + m with any m, the values rounded with d and
+ * m as stored; q[32] gets them. */
+static void quantize_affine32(const float *x, int nmax, uint16_t *d_out, uint16_t *m_out,
+                              uint8_t q[QB_32])
+{
+    float scale, min;
+    fit_scale_min(x, QB_32, nmax, false, &scale, &min);
+    *d_out = quant_f32_to_f16(scale);
+    *m_out = quant_f32_to_f16(-min);
+    float d = qb_f16_to_f32(*d_out), m = qb_f16_to_f32(*m_out), id = d > 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QB_32; j++)
+        q[j] = (uint8_t)round_clamp((x[j] - m) * id, 0, nmax);
+}
+
+/* The nibbles of 32 values below 16, as Q4_0 packs them. */
+static void pack_nibbles(const uint8_t q[QB_32], uint8_t qs[16])
+{
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
+static void quantize_q4_1(const float *x, qblock_q4_1 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        uint16_t d, m;
+        quantize_affine32(x, 15, &d, &m, q);
+        b[i].d = d;
+        b[i].m = m;
+        pack_nibbles(q, b[i].qs);
+    }
+}
+
+/* The nibbles and fifth bits of 32 5-bit values. */
+static void pack_q5(const uint8_t q[QB_32], uint8_t qh[4], uint8_t qs[16])
+{
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    for (int j = 0; j < QB_32; j++)
+        h |= (uint32_t)(q[j] >> 4) << j;
+    memcpy(qh, &h, 4);
+}
+
+static void quantize_q5_1(const float *x, qblock_q5_1 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        uint16_t d, m;
+        quantize_affine32(x, 31, &d, &m, q);
+        b[i].d = d;
+        b[i].m = m;
+        pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
 /*
  * The shared part of Q4_K and Q5_K: per-sub-block scale and min, quantized to 6 bits
  * against f16 super-block factors, then the values q[256] in [0, nmax] re-rounded with
@@ -457,7 +622,7 @@ static void quantize_k_affine(const float *x, int nmax, uint16_t *d_out, uint16_
 {
     float sc[8], mn[8], max_sc = 0, max_mn = 0;
     for (int j = 0; j < 8; j++) {
-        fit_scale_min(x + 32 * j, 32, nmax, &sc[j], &mn[j]);
+        fit_scale_min(x + 32 * j, 32, nmax, true, &sc[j], &mn[j]);
         max_sc = fmaxf(max_sc, sc[j]);
         max_mn = fmaxf(max_mn, mn[j]);
     }
@@ -513,28 +678,28 @@ static void quantize_q5_k(const float *x, qblock_q5_k *b, int64_t nb)
     }
 }
 
-/* Fits x[0..16) ≈ scale * q with integers q in [-32, 31]: tries spacings that map the
- * largest-magnitude value near -32, refits the scale by least squares for each rounding,
- * and keeps the one with the smallest squared error. */
-static float fit_scale_q6(const float *x)
+/* Fits x[0..n) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings that map
+ * the largest-magnitude value near -nneg (the one extra negative step), refits the scale
+ * by least squares for each rounding, and keeps the one with the smallest squared error. */
+static float fit_scale_sym(const float *x, int n, int nneg)
 {
-    float mx = signed_absmax(x, 16), best = 0;
+    float mx = signed_absmax(x, n), best = 0;
     if (mx == 0)
         return 0;
     double best_err = INFINITY;
     for (int k = -9; k <= 9; k++) {
-        float iscale = -(32.0f + 0.1f * (float)k) / mx;
+        float iscale = -((float)nneg + 0.1f * (float)k) / mx;
         double sqq = 0, sqx = 0;
-        for (int i = 0; i < 16; i++) {
-            double q = round_clamp(x[i] * iscale, -32, 31);
+        for (int i = 0; i < n; i++) {
+            double q = round_clamp(x[i] * iscale, -nneg, nneg - 1);
             sqq += q * q;
             sqx += q * x[i];
         }
         if (sqq == 0)
             continue;
         double a = sqx / sqq, err = 0;
-        for (int i = 0; i < 16; i++) {
-            double e = a * round_clamp(x[i] * iscale, -32, 31) - x[i];
+        for (int i = 0; i < n; i++) {
+            double e = a * round_clamp(x[i] * iscale, -nneg, nneg - 1) - x[i];
             err += e * e;
         }
         if (err < best_err) {
@@ -551,7 +716,7 @@ static void quantize_q6_k(const float *x, qblock_q6_k *b, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += QB_256) {
         float sc[16];
         for (int j = 0; j < 16; j++)
-            sc[j] = fit_scale_q6(x + 16 * j);
+            sc[j] = fit_scale_sym(x + 16 * j, 16, 32);
         float mx = signed_absmax(sc, 16);
         /* The largest-magnitude scale maps to -128, the one extra negative step of int8. */
         b[i].d = quant_f32_to_f16(mx / -128.0f);
@@ -570,6 +735,167 @@ static void quantize_q6_k(const float *x, qblock_q6_k *b, int64_t nb)
                 ql[l] = (uint8_t)((q1 & 0xF) | ((q3 & 0xF) << 4));
                 ql[l + 32] = (uint8_t)((q2 & 0xF) | ((q4 & 0xF) << 4));
                 qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+            }
+        }
+    }
+}
+
+/* Q5_0: a least-squares scale for q in [-16, 15], the values rounded with it as stored. */
+static void quantize_q5_0(const float *x, qblock_q5_0 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        b[i].d = quant_f32_to_f16(fit_scale_sym(x, QB_32, 16));
+        float d = qb_f16_to_f32(b[i].d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < QB_32; j++)
+            q[j] = (uint8_t)(round_clamp(x[j] * id, -16, 15) + 16);
+        pack_q5(q, b[i].qh, b[i].qs);
+    }
+}
+
+/* The grid index nearest v (the grid is sorted). */
+static int iq4_nearest(float v)
+{
+    int k = 0;
+    while (k < 15 && v > 0.5f * (float)(qb_iq4_grid[k] + qb_iq4_grid[k + 1]))
+        k++;
+    return k;
+}
+
+/*
+ * Fits x[0..n) (n <= 32) ≈ scale * grid value on the non-linear grid: tries spacings that
+ * map the largest-magnitude value near either end of the grid (-127 or 113, so either
+ * sign of the scale), picks each value's nearest grid point, refits the scale by least
+ * squares for those points, and keeps the fit with the smallest squared error.
+ */
+static float fit_scale_iq4(const float *x, int n)
+{
+    float mx = signed_absmax(x, n), best = 0;
+    if (mx == 0)
+        return 0;
+    double best_err = INFINITY;
+    uint8_t idx[QB_32];
+    for (int end = 0; end < 2; end++)
+        for (int k = -8; k <= 8; k++) {
+            float g = (float)(end ? qb_iq4_grid[15] : qb_iq4_grid[0]) + (float)k;
+            float is = g / mx;
+            double sqq = 0, sqx = 0;
+            for (int i = 0; i < n; i++) {
+                idx[i] = (uint8_t)iq4_nearest(x[i] * is);
+                double q = qb_iq4_grid[idx[i]];
+                sqq += q * q;
+                sqx += q * x[i];
+            }
+            double a = sqx / sqq, err = 0; /* the grid has no 0: sqq > 0 */
+            for (int i = 0; i < n; i++) {
+                double e = a * qb_iq4_grid[idx[i]] - x[i];
+                err += e * e;
+            }
+            if (err < best_err) {
+                best_err = err;
+                best = (float)a;
+            }
+        }
+    return best;
+}
+
+/* IQ4_NL: the block's scale fitted on the grid, then each value's nearest grid point for
+ * the scale as stored. */
+static void quantize_iq4_nl(const float *x, qblock_iq4_nl *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        b[i].d = quant_f32_to_f16(fit_scale_iq4(x, QB_32));
+        float d = qb_f16_to_f32(b[i].d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int j = 0; j < QB_32; j++)
+            q[j] = (uint8_t)iq4_nearest(x[j] * id);
+        pack_nibbles(q, b[i].qs);
+    }
+}
+
+/* IQ4_XS: each sub-block's scale fitted on the grid, the largest-magnitude one mapped to
+ * -32 (the extra negative step of the 6-bit scales) by the f16 super-block factor, then
+ * each value's nearest grid point for its scale as stored. */
+static void quantize_iq4_xs(const float *x, qblock_iq4_xs *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[8];
+        for (int k = 0; k < 8; k++)
+            sc[k] = fit_scale_iq4(x + 32 * k, 32);
+        b[i].d = quant_f32_to_f16(signed_absmax(sc, 8) / -32.0f);
+        float d = qb_f16_to_f32(b[i].d);
+        b[i].scales_h = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int k = 0; k < 8; k++) {
+            int l = d != 0 ? round_clamp(sc[k] / d, -32, 31) : 0, ls = l + 32;
+            b[i].scales_l[k / 2] |= (uint8_t)((ls & 0xF) << (4 * (k % 2)));
+            b[i].scales_h |= (uint16_t)((ls >> 4) << (2 * k));
+            float s = d * (float)l, is = s != 0 ? 1.0f / s : 0.0f;
+            for (int j = 0; j < 32; j++)
+                q[j] = (uint8_t)iq4_nearest(x[32 * k + j] * is);
+            pack_nibbles(q, b[i].qs + 16 * k);
+        }
+    }
+}
+
+/* Q3_K: each sub-block's scale fitted alone, the largest-magnitude one mapped to -32 (the
+ * extra negative step of the 6-bit scales) by the f16 super-block factor, then the values
+ * rounded with the scales as stored. */
+static void quantize_q3_k(const float *x, qblock_q3_k *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[16];
+        for (int j = 0; j < 16; j++)
+            sc[j] = fit_scale_sym(x + 16 * j, 16, 4);
+        b[i].d = quant_f32_to_f16(signed_absmax(sc, 16) / -32.0f);
+        float d = qb_f16_to_f32(b[i].d);
+        uint8_t ls[16];
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int l = d != 0 ? round_clamp(sc[j] / d, -32, 31) : 0;
+            ls[j] = (uint8_t)(l + 32);
+            float s = d * (float)l, is = s != 0 ? 1.0f / s : 0.0f;
+            for (int k = 0; k < 16; k++) {
+                int e = 16 * j + k, h = e / 128, g = e % 128 / 32, p = e % 32;
+                int q = round_clamp(x[e] * is, -4, 3) + 4;
+                b[i].qs[32 * h + p] |= (uint8_t)((q & 3) << (2 * g));
+                b[i].hmask[p] |= (uint8_t)((q >> 2) << (4 * h + g));
+            }
+        }
+        for (int k = 0; k < 8; k++)
+            b[i].scales[k] = (uint8_t)((ls[k] & 0xF) | ((ls[k + 8] & 0xF) << 4));
+        for (int k = 0; k < 4; k++)
+            b[i].scales[8 + k] = (uint8_t)((ls[k] >> 4) | ((ls[k + 4] >> 4) << 2) |
+                                           ((ls[k + 8] >> 4) << 4) | ((ls[k + 12] >> 4) << 6));
+    }
+}
+
+/* Q2_K: each sub-block's scale and min fitted as Q4_K's, both quantized to 4 bits against
+ * f16 super-block factors, then the values rounded with them as stored. */
+static void quantize_q2_k(const float *x, qblock_q2_k *b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QB_256) {
+        float sc[16], mn[16], max_sc = 0, max_mn = 0;
+        for (int j = 0; j < 16; j++) {
+            fit_scale_min(x + 16 * j, 16, 3, true, &sc[j], &mn[j]);
+            max_sc = fmaxf(max_sc, sc[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        b[i].d = quant_f32_to_f16(max_sc / 15.0f);
+        b[i].dmin = quant_f32_to_f16(max_mn / 15.0f);
+        float d = qb_f16_to_f32(b[i].d), dmin = qb_f16_to_f32(b[i].dmin);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int ls = d > 0 ? round_clamp(sc[j] / d, 0, 15) : 0;
+            int lm = dmin > 0 ? round_clamp(mn[j] / dmin, 0, 15) : 0;
+            b[i].scales[j] = (uint8_t)(ls | (lm << 4));
+            float s = d * (float)ls, m = dmin * (float)lm, is = s > 0 ? 1.0f / s : 0.0f;
+            for (int k = 0; k < 16; k++) {
+                int e = 16 * j + k, h = e / 128, g = e % 128 / 32, p = e % 32;
+                int q = round_clamp((x[e] + m) * is, 0, 3);
+                b[i].qs[32 * h + p] |= (uint8_t)(q << (2 * g));
             }
         }
     }
@@ -611,6 +937,21 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_Q4_0:
         quantize_q4_0(src, dst, n / QB_32);
         break;
+    case QTYPE_Q4_1:
+        quantize_q4_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        quantize_q5_0(src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        quantize_q5_1(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        quantize_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        quantize_iq4_xs(src, dst, n / QB_256);
+        break;
     case QTYPE_Q4_K:
         quantize_q4_k(src, dst, n / QB_256);
         break;
@@ -619,6 +960,12 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
         break;
     case QTYPE_Q6_K:
         quantize_q6_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        quantize_q3_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        quantize_q2_k(src, dst, n / QB_256);
         break;
     case QTYPE_Q8_K:
         quantize_q8_k(src, dst, n / QB_256);
@@ -635,10 +982,17 @@ uint32_t quant_dot_activation_type(uint32_t t)
     switch (t) {
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_0:
+    case QTYPE_Q5_1:
+    case QTYPE_IQ4_NL:
         return QTYPE_Q8_0;
+    case QTYPE_Q2_K:
+    case QTYPE_Q3_K:
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
     case QTYPE_Q6_K:
+    case QTYPE_IQ4_XS:
         return QTYPE_Q8_K;
     default:
         return QTYPE_F32;
@@ -676,6 +1030,70 @@ static float dot_q4_0(const qblock_q4_0 *x, const qblock_q8_0 *y, int64_t nb)
         for (int j = 0; j < 16; j++)
             s += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
         sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+/* Q4_1 / Q5_1 (five: 5-bit values): d q a + m a per element, the second through the sum
+ * of the block's activation quants; llama.cpp takes that sum as Q8_1 keeps it, d_a times
+ * it rounded to f16, where this has the exact integer. */
+static float dot_affine32(int five, const void *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const size_t bytes = five ? sizeof(qblock_q5_1) : sizeof(qblock_q4_1);
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *b = (const uint8_t *)x + (size_t)i * bytes;
+        const qblock_q5_1 *x5 = (const void *)b;
+        const qblock_q4_1 *x4 = (const void *)b;
+        int s = 0, sa = 0;
+        for (int j = 0; j < QB_32; j++) {
+            int q = five ? qb_q5(x5->qh, x5->qs, j) : qb_nibble(x4->qs, j);
+            s += q * y[i].qs[j];
+            sa += y[i].qs[j];
+        }
+        /* d and m are where both structs keep them */
+        float da = qb_f16_to_f32(y[i].d);
+        sum += qb_f16_to_f32(x4->d) * da * (float)s + qb_f16_to_f32(x4->m) * da * (float)sa;
+    }
+    return sum;
+}
+
+static float dot_q5_0(const qblock_q5_0 *x, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int s = 0;
+        for (int j = 0; j < QB_32; j++)
+            s += (qb_q5(x[i].qh, x[i].qs, j) - 16) * y[i].qs[j];
+        sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int s = 0;
+        for (int j = 0; j < QB_32; j++)
+            s += qb_iq4_grid[qb_nibble(x[i].qs, j)] * y[i].qs[j];
+        sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0;
+        for (int k = 0; k < 8; k++) {
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++)
+                s += qb_iq4_grid[qb_nibble(x[i].qs + 16 * k, j)] * y[i].qs[32 * k + j];
+            sumi += qb_iq4_xs_scale(&x[i], k) * s;
+        }
+        sum += qb_f16_to_f32(x[i].d) * y[i].d * (float)sumi;
     }
     return sum;
 }
@@ -762,6 +1180,45 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
     return sum;
 }
 
+/* Q3_K: per sub-block of 16 the sum of (q - 4) a, as sum q a - 4 * bsum, scaled by sc - 32
+ * in integers. */
+static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t sc[16];
+        qb_q3_k_scales(x[i].scales, sc);
+        int32_t sumi = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++)
+                s += q3_value(&x[i], 16 * k + l) * y[i].qs[16 * k + l];
+            sumi += sc[k] * s;
+        }
+        sum += qb_f16_to_f32(x[i].d) * y[i].d * (float)sumi;
+    }
+    return sum;
+}
+
+/* Q2_K: sum d sc q a - dmin m a per sub-block of 16, the min term through bsums. */
+static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sumi = 0, summ = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++)
+                s += q2_bits(x[i].qs, 16 * k + l) * y[i].qs[16 * k + l];
+            sumi += (x[i].scales[k] & 0xF) * s;
+            summ += (x[i].scales[k] >> 4) * y[i].bsums[k];
+        }
+        float d = qb_f16_to_f32(x[i].d), dmin = qb_f16_to_f32(x[i].dmin);
+        sum += y[i].d * (d * (float)sumi - dmin * (float)summ);
+    }
+    return sum;
+}
+
 float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, int64_t n)
 {
     const float *a = activation;
@@ -783,12 +1240,26 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_q8_0(weights, activation, n / QB_32);
     case QTYPE_Q4_0:
         return dot_q4_0(weights, activation, n / QB_32);
+    case QTYPE_Q4_1:
+        return dot_affine32(0, weights, activation, n / QB_32);
+    case QTYPE_Q5_0:
+        return dot_q5_0(weights, activation, n / QB_32);
+    case QTYPE_Q5_1:
+        return dot_affine32(1, weights, activation, n / QB_32);
+    case QTYPE_IQ4_NL:
+        return dot_iq4_nl(weights, activation, n / QB_32);
+    case QTYPE_IQ4_XS:
+        return dot_iq4_xs(weights, activation, n / QB_256);
     case QTYPE_Q4_K:
         return dot_q4_k(weights, activation, n / QB_256);
     case QTYPE_Q5_K:
         return dot_q5_k(weights, activation, n / QB_256);
     case QTYPE_Q6_K:
         return dot_q6_k(weights, activation, n / QB_256);
+    case QTYPE_Q3_K:
+        return dot_q3_k(weights, activation, n / QB_256);
+    case QTYPE_Q2_K:
+        return dot_q2_k(weights, activation, n / QB_256);
     default:
         return 0;
     }

@@ -81,15 +81,17 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
 
 /* Packs n f32 values into type t with the exact GGUF block layout (a reference
  * quantizer: round to nearest even; Q8_0 and Q4_0 scales as llama.cpp's reference code
- * chooses them, K-quant scales and mins by a least-squares search of this module's own,
- * so the bytes may differ from llama.cpp's while any GGUF reader decodes them alike).
- * Also accepts QTYPE_Q8_K. Used by the model generator and the tests. */
+ * chooses them, the other types' scales and mins (and IQ4's grid points) by least-squares
+ * searches of this module's own, so the bytes may differ from llama.cpp's while any GGUF
+ * reader decodes them alike). Also accepts QTYPE_Q8_K. Used by the model generator and
+ * the tests. */
 void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 
 /* ---- dot products (the inner loop of every matrix product) ---- */
 
-/* The activation format the dot product of weight type t consumes: Q8_0 for Q8_0 and
- * Q4_0, Q8_K for Q4_K/Q5_K/Q6_K, F32 for F32/F16/BF16. */
+/* The activation format the dot product of weight type t consumes: Q8_0 for the types of
+ * 32-element blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), Q8_K for those of 256-element
+ * super-blocks (Q2_K .. Q6_K, IQ4_XS), F32 for F32/F16/BF16. */
 uint32_t quant_dot_activation_type(uint32_t t);
 
 /* Converts an f32 activation row of n elements into act_type (quant_row_bytes(act_type, n)
@@ -115,10 +117,10 @@ void quant_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n
  * row_bytes apart and n_act activation rows act_stride bytes apart (each prepared by
  * quant_prepare_activation): the form batched decode uses, one activation row per
  * stream. Kernels load and unpack each weight block once for several activations.
- * Each result is bit-identical to quant_dot, except with n_act > 1 on Q8_0 and the
- * K-quants when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are the
- * same but the f32 additions are ordered differently, and each result still does not
- * depend on n_rows, n_act or the positions of its row and activation in them. */
+ * Each result is bit-identical to quant_dot, except with n_act > 1 on the quantized
+ * types when the CPU has AVX-512 (F/BW/DQ/VL/VNNI): there the per-block integer sums are
+ * the same but the f32 additions may be ordered differently, and each result still does
+ * not depend on n_rows, n_act or the positions of its row and activation in them. */
 void quant_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                           const void *act, size_t act_stride, int n_act, int64_t n,
                           float *out, size_t out_stride);

@@ -17,6 +17,7 @@
 
 #include "engine/quant/quant.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_x86.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -58,6 +59,25 @@ INLINE __m256i unpack_q4_0(const uint8_t *qs)
     __m128i b = load128(qs);
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
     return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+/* 32 bytes, byte j 0xFF where bit j of the 32-bit h is set. */
+INLINE __m256i bits_to_bytes(uint32_t h)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* The 32 values (0..31) of a Q5_0 / Q5_1 block, in element order. */
+INLINE __m256i unpack_q5(const uint8_t *qh, const uint8_t *qs)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    __m256i fifth = _mm256_and_si256(bits_to_bytes(h), _mm256_set1_epi8(16));
+    return _mm256_or_si256(unpack_q4_0(qs), fifth);
 }
 
 /*
@@ -265,8 +285,8 @@ static float dot_q5_k(const qblock_q5_k *x, const qblock_q8_k *y, int64_t nb)
 
 /* A shuffle picking 16-bit element 2k of each 128-bit lane's scales for the low lane and
  * element 2k+1 for the high lane: the scales of the two 16-element halves of a 32-value
- * Q6_K run. */
-INLINE __m256i q6_scale_pick(int k)
+ * Q6_K or Q3_K run. */
+INLINE __m256i sub16_scale_pick(int k)
 {
     short lo = (short)(((4 * k + 1) << 8) | (4 * k)), hi = (short)(((4 * k + 3) << 8) | (4 * k + 2));
     return _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
@@ -302,7 +322,7 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
 #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], load256(a + 32 * k));
-                __m256i s = _mm256_shuffle_epi8(sc, q6_scale_pick(k));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(k));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
@@ -310,6 +330,164 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum(acc);
+}
+
+/*
+ * Q4_1, Q5_0 and Q5_1 (kind, a constant after inlining) on Q8_0 activations, one row at a
+ * time: a block's values unsigned in element order (Q5_0's as q, its - 16 taken off
+ * through the activation's sum), maddubs and madd to 8 exact int32 sums of four products,
+ * and Q4_1/Q5_1's m times those of the activation in an f32 accumulator of their own.
+ */
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 };
+
+INLINE float dot_legacy(enum legacy_kind kind, const uint8_t *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
+                                            : sizeof(qblock_q5_1);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, x += bb) {
+        __m256i u, a = load256(y[i].qs);
+        if (kind == LEGACY_Q4_1)
+            u = unpack_q4_0(((const qblock_q4_1 *)(const void *)x)->qs);
+        else /* qh, then the 16 bytes of nibbles that end the block */
+            u = unpack_q5(x + bb - 20, x + bb - 16);
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones16);
+        __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16);
+        uint16_t dh; /* first in every struct */
+        memcpy(&dh, x, sizeof dh);
+        float da = _cvtsh_ss(y[i].d), dw = _cvtsh_ss(dh);
+        if (kind == LEGACY_Q5_0) {
+            p = _mm256_sub_epi32(p, _mm256_slli_epi32(sa, 4));
+        } else {
+            uint16_t m; /* after d in both structs */
+            memcpy(&m, x + 2, sizeof m);
+            accm = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(m) * da), _mm256_cvtepi32_ps(sa), accm);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc);
+    }
+    return hsum(acc) + hsum(accm);
+}
+
+/* The grid's 16 values in both 128-bit lanes, for a byte shuffle to look nibbles up in. */
+INLINE __m256i iq4_grid_lanes(void)
+{
+    return _mm256_broadcastsi128_si256(load128(qb_iq4_grid));
+}
+
+/* IQ4_NL: the nibbles looked up in the grid (signed values, |v| <= 127), then as Q8_0's
+ * weights: exact int32 sums of four products, scaled per block. */
+static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const __m256i grid = iq4_grid_lanes();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i w = _mm256_shuffle_epi8(grid, unpack_q4_0(x[i].qs));
+        __m256 p = _mm256_cvtepi32_ps(dot_i8x32(w, load256(y[i].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
+/* IQ4_XS: each sub-block of 32 as IQ4_NL's block, its products' pair sums (at most
+ * 2 * 127 * 127, so no saturation) scaled by its 6-bit scale in madd: the scalar kernel's
+ * integers. */
+static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i grid = iq4_grid_lanes();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m256i w = _mm256_shuffle_epi8(grid, unpack_q4_0(x[i].qs + 16 * k));
+            __m256i a = load256(y[i].qs + 32 * k);
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+            __m256i sc = _mm256_set1_epi16((short)qb_iq4_xs_scale(&x[i], k));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
+/* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in
+ * element order, the + 4 taken off through bsums, the int8 scales (sc - 32) applied by
+ * madd: the integers of the scalar kernel. */
+static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m128i sc8 = qx_q3_k_scales(x[i].scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* each half's 8 scales in both lanes */
+        const __m256i sch[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8)),
+                                _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)))};
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
+        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+        __m256i hm = load256(x[i].hmask);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i v = load256(x[i].qs + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i sc = sch[h];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                /* bits move within 16-bit lanes; the masks keep each byte's own */
+                __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+                __m256i p = _mm256_maddubs_epi16(q, load256(a + 32 * j));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(j));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
+/* Q2_K as Q3_K without the third bit and the offset: the scales (low nibbles) applied by
+ * madd, the mins (high nibbles) times the activation's sums of 16 in their own f32
+ * accumulator, as Q4_K's. */
+static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
+{
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i m3 = _mm256_set1_epi8(0x03);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m128i s8 = load128(x[i].scales);
+        __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+        __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
+        __m256 dmin = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].dmin));
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm);
+        __m256i sumi = _mm256_setzero_si256();
+        /* the scales of each half's 8 sub-blocks in both lanes */
+        const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                _mm256_permute2x128_si256(sc16, sc16, 0x11)};
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i v = load256(x[i].qs + 32 * h);
+            const int8_t *a = y[i].qs + 128 * h;
+            __m256i sc = sch[h];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+                __m256i p = _mm256_maddubs_epi16(q, load256(a + 32 * j));
+                __m256i s = _mm256_shuffle_epi8(sc, sub16_scale_pick(j));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256 d = _mm256_set1_ps(y[i].d * _cvtsh_ss(x[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(accm);
 }
 
 /*
@@ -448,6 +626,26 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
                 rows_float(QTYPE_BF16, 1, x, row_bytes, activation, n, out + r);
         }
         break;
+    case QTYPE_Q4_1:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q4_1, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q5_0, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        for (; r < n_rows; r++)
+            out[r] = dot_legacy(LEGACY_Q5_1, w + (size_t)r * row_bytes, activation, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        for (; r < n_rows; r++)
+            out[r] = dot_iq4_nl((const void *)(w + (size_t)r * row_bytes), activation, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        for (; r < n_rows; r++)
+            out[r] = dot_iq4_xs((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
     case QTYPE_Q4_K:
         for (; r < n_rows; r++)
             out[r] = dot_q4_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
@@ -459,6 +657,14 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
     case QTYPE_Q6_K:
         for (; r < n_rows; r++)
             out[r] = dot_q6_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q3_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        for (; r < n_rows; r++)
+            out[r] = dot_q2_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
         break;
     default:
         for (; r < n_rows; r++)
@@ -496,6 +702,89 @@ static void dequant_q4_0(const qblock_q4_0 *b, float *y, int64_t nb)
             __m256i v = zx8(b[i].qs + k);
             store8(y + k, _mm256_sub_epi32(_mm256_and_si256(v, m4), k8), d, zero);
             store8(y + 16 + k, _mm256_sub_epi32(_mm256_srli_epi32(v, 4), k8), d, zero);
+        }
+    }
+}
+
+/* Q4_1 and Q5_1: d * q + m, Q5_0: d * (q - 16). The product of d and an integer below
+ * 2^5 is exact in f32, so the fused form rounds once where the scalar one does, and zeros
+ * keep the scalar code's signs. */
+INLINE void dequant_legacy(enum legacy_kind kind, const uint8_t *x, float *y, int64_t nb)
+{
+    const size_t bb = kind == LEGACY_Q4_1   ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0 ? sizeof(qblock_q5_0)
+                                            : sizeof(qblock_q5_1);
+    const __m256i m4 = _mm256_set1_epi32(0xF), b4 = _mm256_set1_epi32(0x10);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t i = 0; i < nb; i++, x += bb, y += QB_32) {
+        uint16_t dh, mh = 0;
+        uint32_t h = 0;
+        memcpy(&dh, x, sizeof dh);
+        if (kind != LEGACY_Q5_0)
+            memcpy(&mh, x + 2, sizeof mh);
+        if (kind != LEGACY_Q4_1)
+            memcpy(&h, x + (kind == LEGACY_Q5_0 ? 2 : 4), sizeof h);
+        const uint8_t *qs = x + bb - 16;
+        __m256 vd = _mm256_set1_ps(_cvtsh_ss(dh));
+        __m256 vm = _mm256_set1_ps(kind == LEGACY_Q5_0 ? 0.0f : -_cvtsh_ss(mh));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i v = zx8(qs + k), lo = _mm256_and_si256(v, m4), hi = _mm256_srli_epi32(v, 4);
+            if (kind != LEGACY_Q4_1) { /* bit j of h to bit 4 of element j */
+                __m256i hl = _mm256_srlv_epi32(_mm256_set1_epi32((int)(h >> k)), lane);
+                __m256i hh = _mm256_srlv_epi32(_mm256_set1_epi32((int)(h >> (16 + k))), lane);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(hl, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32(hh, 4), b4));
+            }
+            if (kind == LEGACY_Q5_0) {
+                lo = _mm256_sub_epi32(lo, b4);
+                hi = _mm256_sub_epi32(hi, b4);
+            }
+            store8(y + k, lo, vd, vm);
+            store8(y + 16 + k, hi, vd, vm);
+        }
+    }
+}
+
+/* 16 nibbles of IQ4_NL / IQ4_XS, elements k .. k + 7 (low) and k + 16 .. (high), as their
+ * grid values times s, in int32: the integers the scalar code multiplies d by. */
+INLINE void iq4_values8(const uint8_t *qs, int k, int s, __m256i *lo, __m256i *hi)
+{
+    const __m128i grid = load128(qb_iq4_grid), m4 = _mm_set1_epi8(0xF);
+    __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)(qs + k));
+    __m128i gl = _mm_shuffle_epi8(grid, _mm_and_si128(v, m4));
+    __m128i gh = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    *lo = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(gl), _mm256_set1_epi32(s));
+    *hi = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(gh), _mm256_set1_epi32(s));
+}
+
+/* IQ4_NL (a scale of 1) and IQ4_XS: d times the integers, as the scalar code rounds it. */
+static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i lo, hi;
+            iq4_values8(b[i].qs, k, 1, &lo, &hi);
+            store8(y + k, lo, d, zero);
+            store8(y + 16 + k, hi, d, zero);
+        }
+    }
+}
+
+static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        for (int sb = 0; sb < 8; sb++, y += 32) {
+            int s = qb_iq4_xs_scale(&b[i], sb);
+            for (int k = 0; k < 16; k += 8) {
+                __m256i lo, hi;
+                iq4_values8(b[i].qs + 16 * sb, k, s, &lo, &hi);
+                store8(y + k, lo, d, zero);
+                store8(y + 16 + k, hi, d, zero);
+            }
         }
     }
 }
@@ -595,6 +884,50 @@ static void dequant_q6_k(const qblock_q6_k *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_q3_k(const qblock_q3_k *b, float *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi32(3), one = _mm256_set1_epi32(1), k4 = _mm256_set1_epi32(4);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)(void *)sc, qx_q3_k_scales(b[i].scales));
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++, y += 32)
+#pragma GCC unroll 4
+                for (int l = 0; l < 32; l += 8) {
+                    __m256i v = zx8(b[i].qs + 32 * h + l), hb = zx8(b[i].hmask + l);
+                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(hb, 4 * h + j), one);
+                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 2)), k4);
+                    /* sc * q in integers first, as the scalar code: the product rounds alike */
+                    __m256i s = _mm256_set1_epi32(sc[8 * h + 2 * j + l / 16]);
+                    __m256i sq = _mm256_mullo_epi32(q, s);
+                    store8(y + l, sq, d, zero);
+                }
+    }
+}
+
+static void dequant_q2_k(const qblock_q2_k *b, float *y, int64_t nb)
+{
+    const __m256i m3 = _mm256_set1_epi32(3);
+    for (int64_t i = 0; i < nb; i++) {
+        float d = _cvtsh_ss(b[i].d), dmin = _cvtsh_ss(b[i].dmin);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++, y += 32)
+#pragma GCC unroll 4
+                for (int l = 0; l < 32; l += 8) {
+                    int k = 8 * h + 2 * j + l / 16;
+                    /* d sc q is exact in f32, so the fused subtraction rounds as the
+                     * scalar one */
+                    __m256 dl = _mm256_set1_ps(d * (float)(b[i].scales[k] & 0xF));
+                    __m256 ml = _mm256_set1_ps(dmin * (float)(b[i].scales[k] >> 4));
+                    __m256i v = zx8(b[i].qs + 32 * h + l);
+                    store8(y + l, _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3), dl, ml);
+                }
+    }
+}
+
 /* y[0..32) = d * q for 32 signed bytes at q. */
 INLINE void store_i8_32(float *y, const int8_t *q, __m256 d)
 {
@@ -639,6 +972,21 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
     case QTYPE_Q4_0:
         dequant_q4_0(src, dst, n / QB_32);
         break;
+    case QTYPE_Q4_1:
+        dequant_legacy(LEGACY_Q4_1, src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_0:
+        dequant_legacy(LEGACY_Q5_0, src, dst, n / QB_32);
+        break;
+    case QTYPE_Q5_1:
+        dequant_legacy(LEGACY_Q5_1, src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_NL:
+        dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_IQ4_XS:
+        dequant_iq4_xs(src, dst, n / QB_256);
+        break;
     case QTYPE_Q8_K: {
         const qblock_q8_k *b = src;
         for (int64_t k = 0; k < n / QB_256; k++) {
@@ -656,6 +1004,12 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         break;
     case QTYPE_Q6_K:
         dequant_q6_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q3_K:
+        dequant_q3_k(src, dst, n / QB_256);
+        break;
+    case QTYPE_Q2_K:
+        dequant_q2_k(src, dst, n / QB_256);
         break;
     default:
         quant_dequantize_row_scalar(t, src, dst, n);

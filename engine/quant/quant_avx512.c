@@ -23,6 +23,7 @@
 
 #include "engine/quant/quant.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_x86.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -331,6 +332,228 @@ INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 }
 
 /*
+ * Q4_1, Q5_0, Q5_1 and IQ4_NL (kind, a constant after inlining), two blocks a step as
+ * Q8_0's decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16,
+ * IQ4_NL's grid values as value + 128) into a half of a register in element order
+ * (Q5_0/Q5_1's fifth bits added as 16 under a mask made of the two qh words), and
+ * vpdpbusd multiplies them with the activation's signed quants as stored, starting each
+ * lane at -16 (-128) times the sum of its four activation quants for Q5_0 (IQ4_NL): every
+ * lane holds an exact integer sum, scaled per block in f32. Q4_1/Q5_1 add m
+ * times each lane's activation sum in an f32 accumulator of their own (llama.cpp reads
+ * that sum from Q8_1 activations, rounded to f16; here it is the exact integer). One
+ * weight row at a time, as the other decode kernels read; the activations' side (quants,
+ * lane sums, scales) is made once per call where it fits a stack buffer.
+ */
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1, LEGACY_IQ4_NL };
+#define LEGACY_ACT_MAX_N 8192 /* activation elements a call prepares on its stack */
+
+typedef struct legacy_act_pair {
+    __m512i q;    /* (64) the quants of blocks i and i + 1 */
+    __m512i sum4; /* (16) the sum of each lane's four quants */
+    __m512 d;     /* (16) the blocks' scales, each over its 8 lanes */
+} legacy_act_pair;
+
+INLINE legacy_act_pair legacy_act_pair_at(const qblock_q8_0 *y, int64_t i, int64_t nb)
+{
+    legacy_act_pair p;
+    p.q = load_pair(y, i, nb);
+    p.sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), p.q);
+    p.d = scale_pair(y, i, nb);
+    return p;
+}
+
+/* The f16 at p0 over lanes 0-7 and the one at p1 (0 where p1 is NULL) over lanes 8-15. */
+INLINE __m512 f16_pair(const uint8_t *p0, const uint8_t *p1)
+{
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, p0, 2);
+    if (p1)
+        memcpy(&h1, p1, 2);
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
+                                        _mm_set1_epi16((short)h1), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* The 32 nibbles at qs in element order: low nibbles, then high ones. */
+INLINE __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+}
+
+INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
+                         const qblock_q8_0 *const *y, const legacy_act_pair *pa,
+                         size_t pa_stride, int64_t nb, float *out, size_t os)
+{
+    const size_t bb = kind == LEGACY_Q4_1     ? sizeof(qblock_q4_1)
+                      : kind == LEGACY_Q5_0   ? sizeof(qblock_q5_0)
+                      : kind == LEGACY_Q5_1   ? sizeof(qblock_q5_1)
+                                              : sizeof(qblock_iq4_nl);
+    const bool has_min = kind == LEGACY_Q4_1 || kind == LEGACY_Q5_1;
+    const __m512i grid =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qb_iq4_grid));
+    __m512 acc[MA], accm[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        acc[a] = accm[a] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i += 2) {
+        const uint8_t *x0 = row + (size_t)i * bb, *x1 = i + 1 < nb ? x0 + bb : NULL;
+        /* d first in every struct, m after it; qh the 4 bytes before the nibbles */
+        __m256i hi = x1 ? nibbles32(x1 + bb - 16) : _mm256_setzero_si256();
+        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x0 + bb - 16)), hi, 1);
+        if (kind == LEGACY_Q5_0 || kind == LEGACY_Q5_1) {
+            uint32_t h0, h1 = 0;
+            memcpy(&h0, x0 + bb - 20, 4);
+            if (x1)
+                memcpy(&h1, x1 + bb - 20, 4);
+            u = _mm512_mask_add_epi8(u, (__mmask64)h1 << 32 | h0, u, _mm512_set1_epi8(16));
+        }
+        if (kind == LEGACY_IQ4_NL)
+            u = _mm512_xor_si512(_mm512_shuffle_epi8(grid, u), _mm512_set1_epi8((char)0x80));
+        __m512 dw = f16_pair(x0, x1), mw = _mm512_setzero_ps();
+        if (has_min)
+            mw = f16_pair(x0 + 2, x1 ? x1 + 2 : NULL);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            legacy_act_pair p = pa ? pa[(size_t)a * pa_stride + (size_t)i / 2]
+                                   : legacy_act_pair_at(y[a], i, nb);
+            __m512i start = _mm512_setzero_si512();
+            if (!has_min)
+                start = _mm512_sub_epi32(start,
+                                         _mm512_slli_epi32(p.sum4, kind == LEGACY_Q5_0 ? 4 : 7));
+            __m512i s = _mm512_dpbusd_epi32(start, u, p.q);
+            acc[a] = _mm512_fmadd_ps(_mm512_mul_ps(dw, p.d), _mm512_cvtepi32_ps(s), acc[a]);
+            if (has_min)
+                accm[a] = _mm512_fmadd_ps(_mm512_mul_ps(mw, p.d), _mm512_cvtepi32_ps(p.sum4),
+                                          accm[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]) + _mm512_reduce_add_ps(accm[a]);
+}
+
+INLINE void multi_legacy_rows(enum legacy_kind kind, int na, const uint8_t *w, size_t rb,
+                              int64_t n_rows, const uint8_t *act, size_t as, int64_t nb,
+                              float *out, size_t os)
+{
+    enum { STRIDE = LEGACY_ACT_MAX_N / 64 };
+    const qblock_q8_0 *y[MA];
+    legacy_act_pair pa[MA * STRIDE];
+    bool buffered = nb * QB_32 <= LEGACY_ACT_MAX_N;
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_0 *)(const void *)(act + (size_t)a * as);
+        for (int64_t i = 0; buffered && i < nb; i += 2)
+            pa[(size_t)a * STRIDE + (size_t)i / 2] = legacy_act_pair_at(y[a], i, nb);
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_legacy(kind, na, w + (size_t)r * rb, y, buffered ? pa : NULL, STRIDE, nb, out + r,
+                     os);
+}
+
+INLINE void multi_q4_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q4_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_q5_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q5_0, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_q5_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_Q5_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_iq4_nl_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                              const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_IQ4_NL, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+/*
+ * IQ4_XS on Q8_K activations, one weight row at a time: a register holds two sub-blocks
+ * of 32 (their grid values + 128, unsigned, in element order), vpdpbusd multiplies them
+ * with the activation's quants from a start of -128 times each lane's four activation
+ * quants (made once per call where they fit a stack buffer), and each lane, an exact sum
+ * of four products, is multiplied by its sub-block's 6-bit scale in integers: the
+ * scalar kernel's integers per super-block, scaled in f32.
+ */
+#define IQ4_XS_ACT_MAX_N 8192 /* activation elements whose starts a call keeps on its stack */
+
+INLINE __m512i iq4_xs_corr(const qblock_q8_k *y, int g)
+{
+    __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1),
+                                       _mm512_loadu_si512(y->qs + 64 * g));
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, 7));
+}
+
+INLINE void multi_iq4_xs(int na, const uint8_t *row, const qblock_q8_k *const *y,
+                         const __m512i *corr, size_t corr_stride, int64_t nb, float *out, size_t os)
+{
+    const __m512i grid =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qb_iq4_grid));
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        acc[a] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const qblock_iq4_xs *x = (const qblock_iq4_xs *)(const void *)(row + (size_t)i * sizeof *x);
+        __m512i u[4], sc[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x->qs + 32 * g)),
+                                           nibbles32(x->qs + 32 * g + 16), 1);
+            u[g] = _mm512_xor_si512(_mm512_shuffle_epi8(grid, v), bias);
+            sc[g] = _mm512_inserti64x4(_mm512_set1_epi32(qb_iq4_xs_scale(x, 2 * g)),
+                                       _mm256_set1_epi32(qb_iq4_xs_scale(x, 2 * g + 1)), 1);
+        }
+        float dw = _cvtsh_ss(x->d);
+#pragma GCC unroll 8
+        for (int a = 0; a < na; a++) {
+            __m512i sumi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i c = corr ? corr[(size_t)a * corr_stride + 4 * (size_t)i + g]
+                                 : iq4_xs_corr(&y[a][i], g);
+                __m512i s = _mm512_dpbusd_epi32(c, u[g], _mm512_loadu_si512(y[a][i].qs + 64 * g));
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(s, sc[g]));
+            }
+            __m512 d = _mm512_set1_ps(dw * y[a][i].d);
+            acc[a] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[a]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+}
+
+INLINE void multi_iq4_xs_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                              const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    enum { STRIDE = IQ4_XS_ACT_MAX_N / 64 };
+    const qblock_q8_k *y[MA];
+    __m512i corr[MA * STRIDE];
+    bool buffered = nb * 4 <= STRIDE;
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
+        for (int64_t i = 0; buffered && i < nb; i++)
+            for (int g = 0; g < 4; g++)
+                corr[(size_t)a * STRIDE + 4 * (size_t)i + g] = iq4_xs_corr(&y[a][i], g);
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_iq4_xs(na, w + (size_t)r * rb, y, buffered ? corr : NULL, STRIDE, nb, out + r, os);
+}
+
+/*
  * Q4_K and Q5_K (five: a constant after inlining): one weight row at a time. A 64-byte
  * load of qs covers groups g and g + 1, so its low nibbles are the activation's chunks
  * (of 32 elements) 2 g and 2 g + 2 and its high nibbles chunks 2 g + 1 and 2 g + 3: a
@@ -497,38 +720,112 @@ INLINE void multi_q5_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * the scalar kernel's, and the lanes' sums those of the madd-and-add kernel before it, so
  * results are bit for bit what they were; from L2 it reads 31.8 GB/s where that one (which
  * also prefetched the next row) read 29.0, on one thread.
+ * Q3_K the same way: its values q - 4 unpacked as q (0..7; two bits of qs and one of
+ * hmask), the + 4 off through the sums, its 6-bit scales (sc - 32) in the place of Q6_K's
+ * int8 ones. Q2_K too: its values (0..3) as they are, its 4-bit scales, and its 4-bit
+ * mins times the activation's sums in an f32 accumulator of their own, as Q4_K's.
  */
-INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t as, int64_t nb,
-                       float *out, size_t os)
+enum k16_kind { K16_Q6, K16_Q3, K16_Q2 }; /* a constant after inlining */
+/* Q6_K's values of a super-block, 64 a register in element order, and its scales. */
+INLINE void q6_k_unpack(const qblock_q6_k *x, __m512i q[4], __m256i *sc16)
 {
-    const qblock_q8_k *y[MA];
-    __m512 acc[MA];
-#pragma GCC unroll 8
-    for (int a = 0; a < na; a++) {
-        y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
-        acc[a] = _mm512_setzero_ps();
-    }
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
     /* qh's bits for a register's two halves moved to bits 4-5: <<4 and <<2 (low nibbles),
      * >>0 and >>2 (high nibbles) */
     const __m512i lo_shift = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i hi_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    for (int64_t i = 0; i < nb; i++) {
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[i].scales));
-        __m512i s16 = _mm512_castsi256_si512(sc16);
-        __m512i q[4], sc[4];
+    *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x->scales));
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            /* low nibbles of ql are elements 0-63 of the half, high nibbles 64-127; their
-             * top two bits sit in qh at bits 0-1 / 2-3 (low) and 4-5 / 6-7 (high) */
-            __m512i l = _mm512_loadu_si512(x[i].ql + 64 * h);
-            __m512i hb = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(const void *)(x[i].qh + 32 * h)));
-            q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                       _mm512_and_si512(_mm512_sllv_epi16(hb, lo_shift), m30));
-            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi16(hb, hi_shift), m30));
+    for (int h = 0; h < 2; h++) {
+        /* low nibbles of ql are elements 0-63 of the half, high nibbles 64-127; their
+         * top two bits sit in qh at bits 0-1 / 2-3 (low) and 4-5 / 6-7 (high) */
+        __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
+        __m512i hb = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qh + 32 * h)));
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                   _mm512_and_si512(_mm512_sllv_epi16(hb, lo_shift), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(hb, hi_shift), m30));
+    }
+}
+
+/* Q3_K's values q (0..7) of a super-block, 64 a register in element order: register g
+ * holds runs 2 g and 2 g + 1 of 32 (run 4 h + j: bits 2 j of qs[32 h ..], bit 4 h + j of
+ * hmask), one in each half; and its scales less 32. */
+INLINE void q3_k_unpack(const qblock_q3_k *x, __m512i q[4], __m256i *sc16)
+{
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    *sc16 = _mm256_cvtepi8_epi16(qx_q3_k_scales(x->scales));
+    __m512i hm =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)x->hmask));
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        int h = g / 2, j = 2 * (g % 2); /* runs 4 h + j and 4 h + j + 1 */
+        __m512i v = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h)));
+        __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
+                                           _mm256_set1_epi16((short)(2 * j + 2)), 1);
+        __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h + j))),
+                                         _mm256_set1_epi8((char)(1 << (4 * h + j + 1))), 1);
+        __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m3);
+        q[g] = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hm, bit), lo, four);
+    }
+}
+
+/* Q2_K's values (0..3) of a super-block, 64 a register in element order as Q3_K's, and
+ * its scales and mins. */
+INLINE void q2_k_unpack(const qblock_q2_k *x, __m512i q[4], __m256i *sc16, __m256i *m16)
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m128i s8 = _mm_loadu_si128((const __m128i *)(const void *)x->scales);
+    *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, _mm_set1_epi8(0xF)));
+    *m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF)));
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        int h = g / 2, j = 2 * (g % 2);
+        __m512i v = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h)));
+        __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
+                                           _mm256_set1_epi16((short)(2 * j + 2)), 1);
+        q[g] = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m3);
+    }
+}
+
+INLINE void multi_k16(enum k16_kind kind, int na, const uint8_t *row, const uint8_t *act,
+                        size_t as, int64_t nb, float *out, size_t os)
+{
+    const size_t bb = kind == K16_Q2   ? sizeof(qblock_q2_k)
+                      : kind == K16_Q3 ? sizeof(qblock_q3_k)
+                                     : sizeof(qblock_q6_k);
+    const qblock_q8_k *y[MA];
+    __m512 acc[MA];
+    __m256 accm[MA];
+#pragma GCC unroll 8
+    for (int a = 0; a < na; a++) {
+        y[a] = (const qblock_q8_k *)(const void *)(act + (size_t)a * as);
+        acc[a] = _mm512_setzero_ps();
+        accm[a] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = row + (size_t)i * bb;
+        __m512i q[4], sc[4];
+        __m256i sc16, m16 = _mm256_setzero_si256();
+        float dw, dmin = 0;
+        if (kind == K16_Q2) {
+            const qblock_q2_k *x = (const qblock_q2_k *)(const void *)blk;
+            q2_k_unpack(x, q, &sc16, &m16);
+            dw = _cvtsh_ss(x->d);
+            dmin = _cvtsh_ss(x->dmin);
+        } else if (kind == K16_Q3) {
+            const qblock_q3_k *x = (const qblock_q3_k *)(const void *)blk;
+            q3_k_unpack(x, q, &sc16);
+            dw = _cvtsh_ss(x->d);
+        } else {
+            const qblock_q6_k *x = (const qblock_q6_k *)(const void *)blk;
+            q6_k_unpack(x, q, &sc16);
+            dw = _cvtsh_ss(x->d);
         }
+        __m512i s16 = _mm512_castsi256_si512(sc16);
         /* word w of register g's maddubs products belongs to sub-block 4 g + w / 8 */
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
@@ -539,13 +836,21 @@ INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t 
                 1);
             sc[g] = _mm512_permutexvar_epi16(idx, s16);
         }
-        float dw = _cvtsh_ss(x[i].d);
 #pragma GCC unroll 8
         for (int a = 0; a < na; a++) {
             __m256i bs = _mm256_loadu_si256(
                 (const __m256i *)(const void *)((const uint8_t *)&y[a][i] + offsetof(qblock_q8_k, bsums)));
-            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
-            __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+            /* the offset (32 or 4) times each sub-block's scale and activation sum; Q2_K's
+             * mins times those sums */
+            __m512i sumi = _mm512_setzero_si512();
+            if (kind == K16_Q2) {
+                accm[a] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * y[a][i].d),
+                                          _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm[a]);
+            } else {
+                __m256i corr =
+                    _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), kind == K16_Q3 ? 2 : 5);
+                sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), corr));
+            }
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 __m512i p = _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(y[a][i].qs + 64 * g));
@@ -555,15 +860,36 @@ INLINE void multi_q6_k(int na, const qblock_q6_k *x, const uint8_t *act, size_t 
         }
     }
 #pragma GCC unroll 8
-    for (int a = 0; a < na; a++)
-        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]);
+    for (int a = 0; a < na; a++) {
+        float m = 0;
+        if (kind == K16_Q2) {
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(accm[a]), _mm256_extractf128_ps(accm[a], 1));
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            m = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+        }
+        out[(size_t)a * os] = _mm512_reduce_add_ps(acc[a]) - m;
+    }
 }
 
 INLINE void multi_q6_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        multi_q6_k(na, (const qblock_q6_k *)(const void *)(w + (size_t)r * rb), act, as, nb, out + r, os);
+        multi_k16(K16_Q6, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+INLINE void multi_q3_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_k16(K16_Q3, na, w + (size_t)r * rb, act, as, nb, out + r, os);
+}
+
+INLINE void multi_q2_k_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                            const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        multi_k16(K16_Q2, na, w + (size_t)r * rb, act, as, nb, out + r, os);
 }
 
 /*
@@ -1162,6 +1488,21 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
     case QTYPE_Q4_0:
         FOR_GROUPS(multi_q4_0_rows, n / QB_32);
         return 1;
+    case QTYPE_Q4_1:
+        FOR_GROUPS(multi_q4_1_rows, n / QB_32);
+        return 1;
+    case QTYPE_Q5_0:
+        FOR_GROUPS(multi_q5_0_rows, n / QB_32);
+        return 1;
+    case QTYPE_Q5_1:
+        FOR_GROUPS(multi_q5_1_rows, n / QB_32);
+        return 1;
+    case QTYPE_IQ4_NL:
+        FOR_GROUPS(multi_iq4_nl_rows, n / QB_32);
+        return 1;
+    case QTYPE_IQ4_XS:
+        FOR_GROUPS(multi_iq4_xs_rows, n / QB_256);
+        return 1;
     case QTYPE_Q4_K:
         FOR_GROUPS(multi_q4_k_rows, n / QB_256);
         return 1;
@@ -1170,6 +1511,12 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_Q6_K:
         FOR_GROUPS(multi_q6_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q3_K:
+        FOR_GROUPS(multi_q3_k_rows, n / QB_256);
+        return 1;
+    case QTYPE_Q2_K:
+        FOR_GROUPS(multi_q2_k_rows, n / QB_256);
         return 1;
     case QTYPE_F32:
     case QTYPE_F16:

@@ -29,6 +29,49 @@ typedef struct __attribute__((packed)) {
     uint8_t qs[16];
 } qblock_q4_0;
 
+/* x = d * nibble + m, the nibbles as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t m; /* f16 */
+    uint8_t qs[16];
+} qblock_q4_1;
+
+/* x = d * (q - 16), q 5 bits: a nibble as Q4_0's plus 16 times bit j of qh (a
+ * little-endian uint32) for element j. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qh[4];
+    uint8_t qs[16];
+} qblock_q5_0;
+
+/* x = d * q + m, q 5 bits as Q5_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t m; /* f16 */
+    uint8_t qh[4];
+    uint8_t qs[16];
+} qblock_q5_1;
+
+/* x = d * qb_iq4_grid[nibble], the nibbles as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[16];
+} qblock_iq4_nl;
+
+/* 8 sub-blocks of 32: x = d * (ls - 32) * qb_iq4_grid[nibble], ls 6 bits: the low 4 of
+ * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
+ * scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint16_t scales_h;
+    uint8_t scales_l[4];
+    uint8_t qs[128];
+} qblock_iq4_xs;
+
+/* The non-linear grid of IQ4_NL and IQ4_XS: a nibble's value, denser near zero. */
+static const int8_t qb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                       1,    13,   25,  38,  53,  69,  89,  113};
+
 /* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
  * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
  * and element 64 g + 32 + l in its high nibble. */
@@ -58,6 +101,26 @@ typedef struct __attribute__((packed)) {
     uint16_t d; /* f16 */
 } qblock_q6_k;
 
+/* 16 sub-blocks of 16: x = d * (sc[j] - 32) * (q - 4), q 3 bits: the low 2 of element
+ * 128 h + 32 j + l at bits 2 j of qs[32 h + l], the third at bit 4 h + j of hmask[l];
+ * sc 6 bits, see qb_q3_k_scales. */
+typedef struct __attribute__((packed)) {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d; /* f16 */
+} qblock_q3_k;
+
+/* 16 sub-blocks of 16: x = d * sc[j] * q - dmin * m[j], sc and m the low and high
+ * nibbles of scales[j], q 2 bits as Q3_K's low ones (element 128 h + 32 j + l at bits 2 j
+ * of qs[32 h + l]). */
+typedef struct __attribute__((packed)) {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
+} qblock_q2_k;
+
 /* Activations for the K-quant dot products: x = d * qs[i], bsums[j] = sum of qs[16 j ..]. */
 typedef struct __attribute__((packed)) {
     float d;
@@ -67,9 +130,16 @@ typedef struct __attribute__((packed)) {
 
 _Static_assert(sizeof(qblock_q8_0) == 34, "Q8_0 block");
 _Static_assert(sizeof(qblock_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(qblock_q4_1) == 20, "Q4_1 block");
+_Static_assert(sizeof(qblock_q5_0) == 22, "Q5_0 block");
+_Static_assert(sizeof(qblock_q5_1) == 24, "Q5_1 block");
+_Static_assert(sizeof(qblock_iq4_nl) == 18, "IQ4_NL block");
+_Static_assert(sizeof(qblock_iq4_xs) == 136, "IQ4_XS block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");
+_Static_assert(sizeof(qblock_q3_k) == 110, "Q3_K block");
+_Static_assert(sizeof(qblock_q2_k) == 84, "Q2_K block");
 _Static_assert(sizeof(qblock_q8_k) == 292, "Q8_K block");
 
 /* Element i of a row of 16-bit or 32-bit values at any address (rows of F16/BF16/F32
@@ -135,6 +205,48 @@ static inline void qb_unpack_k_scales(const uint8_t s[12], uint64_t *sc, uint64_
     uint32_t m_hi = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
     *sc = (uint64_t)sc_hi << 32 | sc_lo;
     *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+/* Element j (0..31) of a 32-element block's nibbles (Q4_0, Q4_1, Q5_0, Q5_1): the low
+ * nibble of qs[j] for j < 16, the high one of qs[j - 16] after. */
+static inline int qb_nibble(const uint8_t qs[16], int j)
+{
+    return j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+}
+
+/* Element j of a Q5_0 / Q5_1 block: its nibble plus 16 times bit j of qh. */
+static inline int qb_q5(const uint8_t qh[4], const uint8_t qs[16], int j)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return qb_nibble(qs, j) | (int)((h >> j) & 1) << 4;
+}
+
+/* Sub-block k's 6-bit scale of an IQ4_XS super-block, less 32. */
+static inline int qb_iq4_xs_scale(const qblock_iq4_xs *b, int k)
+{
+    int lo = (b->scales_l[k / 2] >> (4 * (k % 2))) & 0xF, hi = (b->scales_h >> (2 * k)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* The 16 6-bit scales of a Q3_K super-block, less 32 (so in [-32, 31]), into sc. Sub-block
+ * k keeps its low 4 bits in byte k % 8 (the low nibble for k < 8, the high one after) and
+ * its top 2 in byte 8 + k % 4, at bits 2 (k / 4). */
+static inline void qb_q3_k_scales(const uint8_t s[12], int8_t sc[16])
+{
+    uint32_t lo[2], hi;
+    memcpy(lo, s, 8);
+    memcpy(&hi, s + 8, 4);
+    uint32_t w[4] = {
+        (lo[0] & 0x0f0f0f0fu) | ((hi << 4) & 0x30303030u),
+        (lo[1] & 0x0f0f0f0fu) | ((hi << 2) & 0x30303030u),
+        ((lo[0] >> 4) & 0x0f0f0f0fu) | (hi & 0x30303030u),
+        ((lo[1] >> 4) & 0x0f0f0f0fu) | ((hi >> 2) & 0x30303030u),
+    };
+    uint8_t u[16];
+    memcpy(u, w, 16);
+    for (int k = 0; k < 16; k++)
+        sc[k] = (int8_t)(u[k] - 32);
 }
 
 /* Byte j of a value from qb_unpack_k_scales. */

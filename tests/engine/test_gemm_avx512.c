@@ -213,7 +213,9 @@ static void test_quantized(void)
     if (!have_bf16())
         return;
     /* F16 as prefill takes it with LLMS_F16_AS_BF16 */
-    const uint32_t types[] = {QTYPE_F16, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    const uint32_t types[] = {QTYPE_F16,  QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
+                              QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
+                              QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
     enum { ROWS = 40, TOK = 11, COLS = 768 };
     float *wf = malloc(ROWS * COLS * sizeof(float)), *x = malloc(TOK * COLS * sizeof(float));
     float *deq = malloc(COLS * sizeof(float)), *y = malloc(TOK * ROWS * sizeof(float));

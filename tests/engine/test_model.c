@@ -30,8 +30,9 @@
 #define TOL_KV_INT8 0.06
 #define TOL_KV_INT4 0.8
 
-static const uint32_t TYPES[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
-                                 QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+static const uint32_t TYPES[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
+                                 QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K,
+                                 QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
 static const char *ARCHS[] = {"llama", "qwen2", "qwen3"};
 
 static modelgen_params small_params(const char *arch, uint32_t type)
@@ -165,6 +166,42 @@ static void test_all_archs_and_types(void)
             CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", ARCHS[a],
                       quant_traits_of(TYPES[t])->name, d1, d2, tol);
         }
+}
+
+/* llama.cpp's mixes of a model whose rows are not whole super-blocks (dim 96, ffn 160, as
+ * small real models have): llama-quantize's fallbacks (Q5_0, Q5_1, Q8_0, IQ4_NL) sit
+ * beside the K-quants in one file, which loads and runs as the reference forward does. */
+static void test_mixes_with_fallbacks(void)
+{
+    static const struct {
+        modelgen_mix mix;
+        uint32_t type;
+        const char *name;
+    } mixes[] = {
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "Q4_K_M"},
+        {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "Q5_K_M"},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "Q3_K_M"},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "Q2_K"},
+    };
+    for (size_t i = 0; i < sizeof mixes / sizeof *mixes; i++) {
+        modelgen_params p = small_params("llama", mixes[i].type);
+        p.dim = 96, p.n_ff = 160, p.n_head = 4, p.n_head_kv = 2, p.mix = mixes[i].mix;
+        const char *path = gen(&p, "mix");
+        CHECK(path);
+        char err[ERR_MAX];
+        gguf_file *g = gguf_open(path, err);
+        CHECK_MSG(g, "%s", err);
+        bool seen[QTYPE_COUNT] = {false};
+        for (int64_t t = 0; t < gguf_n_tensors(g); t++)
+            seen[gguf_tensor_at(g, t)->type] = true;
+        gguf_close(g);
+        bool fallback = seen[QTYPE_Q5_0] || seen[QTYPE_Q5_1] || seen[QTYPE_IQ4_NL];
+        CHECK_MSG(seen[QTYPE_Q8_0] && fallback, "%s: no fallback types", mixes[i].name);
+        double d1 = check_model(path, 512, 2), d2 = check_model(path, 8, 1);
+        printf("  %s with fallbacks: max |logit diff| %.4g (prefill) %.4g (dot)\n",
+               mixes[i].name, d1, d2);
+        CHECK_MSG(d1 <= TOL_QUANT && d2 <= TOL_QUANT, "%s: %g %g", mixes[i].name, d1, d2);
+    }
 }
 
 static void test_gqa_mqa_mha_and_tied(void)
@@ -865,6 +902,7 @@ int main(void)
 {
     RUN(test_metadata);
     RUN(test_all_archs_and_types);
+    RUN(test_mixes_with_fallbacks);
     RUN(test_gqa_mqa_mha_and_tied);
     RUN(test_threads_identical);
     RUN(test_hidden_and_attention);

@@ -97,7 +97,7 @@ static void k_m_mix_widens_the_tensors_llama_cpp_widens(void)
     char err[ERR_MAX], path[512];
     modelgen_params p = {
         .arch = "llama", .dim = 256, .n_layer = 22, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-        .n_ctx = 64, .type = QTYPE_Q4_K, .k_m_mix = true, .seed = 3, .n_vocab = 300,
+        .n_ctx = 64, .type = QTYPE_Q4_K, .mix = MODELGEN_MIX_Q4_K_M, .seed = 3, .n_vocab = 300,
         .n_threads = 2,
     };
     snprintf(path, sizeof path, "%s/q4_k_m.gguf", test_tmpdir());
@@ -129,6 +129,138 @@ static void k_m_mix_widens_the_tensors_llama_cpp_widens(void)
     ok = ok && out && out->type == QTYPE_Q6_K && emb && emb->type == QTYPE_Q4_K;
     gguf_close(g);
     CHECK_MSG(ok, "unexpected tensor types");
+}
+
+/* llama-quantize's choices, per mix, for a 22-layer model (TinyLlama's count) whose
+ * attention has 2 heads a KV head, rows whole super-blocks: the tensors a mix gives
+ * another type than its own, and those it leaves. */
+static void mixes_choose_llama_cpp_types(void)
+{
+    static const struct {
+        modelgen_mix mix;
+        uint32_t type;
+        const char *name;
+        int n_gqa;
+        bool has_output;
+        uint32_t want;
+    } cases[] = {
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.0.attn_v.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.1.attn_v.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.2.attn_v.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.0.ffn_down.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.1.ffn_down.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.21.ffn_down.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_output.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_k.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.ffn_up.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.ffn_gate.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_qkv.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "token_embd.weight", 2, true, QTYPE_Q3_K},
+        /* no output.weight: the embedding is the output, and gets its type */
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "token_embd.weight", 2, false, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.9.attn_v.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.9.ffn_down.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.9.attn_output.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.9.ffn_up.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_S, QTYPE_Q3_K, "blk.0.attn_v.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_S, QTYPE_Q3_K, "blk.0.ffn_down.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_S, QTYPE_Q3_K, "blk.0.attn_output.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q3_K_S, QTYPE_Q3_K, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.4.attn_v.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.5.attn_v.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.5.attn_qkv.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "blk.21.ffn_down.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q5_K_M, QTYPE_Q5_K, "blk.5.attn_qkv.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_v.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_v.weight", 4, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.ffn_down.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_output.weight", 2, true, QTYPE_Q3_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.ffn_up.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.3.attn_k.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "token_embd.weight", 2, true, QTYPE_Q2_K},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.3.attn_v.weight", 2, true, QTYPE_IQ4_XS},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.3.attn_v.weight", 4, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.1.ffn_down.weight", 2, true, QTYPE_Q5_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.3.ffn_down.weight", 2, true, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "output.weight", 2, true, QTYPE_Q6_K},
+        {MODELGEN_MIX_IQ4_NL, QTYPE_IQ4_NL, "blk.3.attn_output.weight", 2, true, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_NONE, QTYPE_Q4_K, "output.weight", 2, true, QTYPE_Q4_K},
+        {MODELGEN_MIX_NONE, QTYPE_Q3_K, "blk.0.attn_v.weight", 2, true, QTYPE_Q3_K},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint32_t got = modelgen_mix_type(cases[i].mix, cases[i].type, cases[i].name, 2048, 22,
+                                         cases[i].n_gqa, cases[i].has_output);
+        CHECK_MSG(got == cases[i].want, "case %zu, %s: %s, want %s", i, cases[i].name,
+                  quant_traits_of(got)->name, quant_traits_of(cases[i].want)->name);
+    }
+}
+
+/* Rows that are not whole super-blocks take llama-quantize's fallbacks: Q4_K -> Q5_0,
+ * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL, and F16 where no 32-element block fits
+ * either; the output of such a model is Q8_0. Whole rows keep their type. */
+static void mixes_fall_back_where_rows_are_not_whole_blocks(void)
+{
+    static const struct {
+        modelgen_mix mix;
+        uint32_t type;
+        const char *name;
+        int64_t cols;
+        uint32_t want;
+    } cases[] = {
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.ffn_up.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_Q2_K, QTYPE_Q2_K, "blk.5.attn_v.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_IQ4_XS, QTYPE_IQ4_XS, "blk.5.ffn_up.weight", 288, QTYPE_IQ4_NL},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_output.weight", 288, QTYPE_Q5_0},
+        {MODELGEN_MIX_Q3_K_L, QTYPE_Q3_K, "blk.5.ffn_down.weight", 288, QTYPE_Q5_1},
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.0.attn_v.weight", 288, QTYPE_Q8_0},
+        {MODELGEN_MIX_Q4_K_M, QTYPE_Q4_K, "blk.5.attn_q.weight", 288, QTYPE_Q5_0},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "output.weight", 288, QTYPE_Q8_0},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 40, QTYPE_F16},
+        {MODELGEN_MIX_Q3_K_M, QTYPE_Q3_K, "blk.5.attn_q.weight", 1280, QTYPE_Q3_K},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint32_t got = modelgen_mix_type(cases[i].mix, cases[i].type, cases[i].name,
+                                         cases[i].cols, 22, 2, true);
+        CHECK_MSG(got == cases[i].want, "case %zu, %s of %lld: %s, want %s", i, cases[i].name,
+                  (long long)cases[i].cols, quant_traits_of(got)->name,
+                  quant_traits_of(cases[i].want)->name);
+    }
+}
+
+/* The generator writes each matrix in the type the mix gives it (Q3_K_M over 22 layers,
+ * the output tied: the embedding in Q6_K). */
+static void generator_writes_the_mix(void)
+{
+    char err[ERR_MAX], path[512];
+    modelgen_params p = {
+        .arch = "llama", .dim = 256, .n_layer = 22, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+        .n_ctx = 64, .type = QTYPE_Q3_K, .mix = MODELGEN_MIX_Q3_K_M, .seed = 3, .n_vocab = 300,
+        .n_threads = 2, .tie_output = true,
+    };
+    snprintf(path, sizeof path, "%s/q3_k_m.gguf", test_tmpdir());
+    CHECK_MSG(modelgen_write(&p, path, err) == 0, "%s", err);
+    gguf_file *g = gguf_open(path, err);
+    CHECK_MSG(g != NULL, "%s", err);
+    int checked = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        if (t->n_dims != 2)
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        uint32_t want = modelgen_mix_type(p.mix, p.type, name, t->ne[0], p.n_layer, 2, false);
+        CHECK_MSG(t->type == want, "%s: %s, want %s", name, quant_traits_of(t->type)->name,
+                  quant_traits_of(want)->name);
+        checked++;
+    }
+    CHECK_EQ(checked, 1 + 7 * p.n_layer);
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    CHECK(emb && emb->type == QTYPE_Q6_K);
+    gguf_close(g);
 }
 
 static void bad_parameters_are_refused(void)
@@ -181,6 +313,9 @@ int main(void)
     RUN(same_seed_gives_identical_files_whatever_the_threads);
     RUN(written_model_has_the_requested_shape);
     RUN(k_m_mix_widens_the_tensors_llama_cpp_widens);
+    RUN(mixes_choose_llama_cpp_types);
+    RUN(mixes_fall_back_where_rows_are_not_whole_blocks);
+    RUN(generator_writes_the_mix);
     RUN(bad_parameters_are_refused);
     return test_finish();
 }

@@ -212,8 +212,9 @@ static void test_attention_kernels(void)
  * kernel) and fused, against double products with the dequantized weights. */
 static void test_matmul(void)
 {
-    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
-                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
+                              QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K,
+                              QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
     enum { ROWS = 300, COLS = 512, MAXT = 72 };
     char err[ERR_MAX];
     tp_pool *pool = tp_new(2, err);

@@ -62,8 +62,10 @@ static float bits_f32(uint32_t x)
     return f;
 }
 
-static const uint32_t dot_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
-                                     QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
+                                     QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
+                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
 #define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
 
 static bool have_avx2(void)
@@ -196,6 +198,104 @@ static void q4_0_layout(void)
     }
 }
 
+/* x = d * q + m, q the nibbles as Q4_0's (element j < 16 low in qs[j], j + 16 high). */
+static void q4_1_layout(void)
+{
+    uint8_t b[20];
+    put16(b, 0x3400);     /* d = 0.25 */
+    put16(b + 2, 0xbc00); /* m = -1 */
+    for (int j = 0; j < 16; j++)
+        b[4 + j] = (uint8_t)(j * 23 + 9);
+    b[5] = 0xF0;
+    float y[32];
+    quant_dequantize_row(QTYPE_Q4_1, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK(y[j] == 0.25f * (float)(b[4 + j] & 0xF) - 1.0f);
+        CHECK(y[j + 16] == 0.25f * (float)(b[4 + j] >> 4) - 1.0f);
+    }
+}
+
+/* x = d * (q - 16), q a nibble as Q4_0's plus 16 times bit j of the little-endian
+ * 32-bit qh for element j (0..31). */
+static void q5_0_layout(void)
+{
+    uint8_t b[22];
+    put16(b, 0x4000); /* d = 2 */
+    const uint8_t qh[4] = {0xA5, 0x0F, 0xF0, 0x81};
+    memcpy(b + 2, qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[6 + j] = (uint8_t)(j * 37 + 1);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q5_0, b, y, 32);
+    for (int e = 0; e < 32; e++) {
+        int nib = e < 16 ? b[6 + e] & 0xF : b[6 + e - 16] >> 4;
+        int q = nib + 16 * ((qh[e / 8] >> (e % 8)) & 1);
+        CHECK_MSG(y[e] == 2.0f * (float)(q - 16), "element %d: %g", e, (double)y[e]);
+    }
+}
+
+/* x = d * q + m, q 5 bits as Q5_0's. */
+static void q5_1_layout(void)
+{
+    uint8_t b[24];
+    put16(b, 0x3800);     /* d = 0.5 */
+    put16(b + 2, 0x4200); /* m = 3 */
+    const uint8_t qh[4] = {0x3C, 0xFF, 0x00, 0x96};
+    memcpy(b + 4, qh, 4);
+    for (int j = 0; j < 16; j++)
+        b[8 + j] = (uint8_t)(j * 59 + 4);
+    float y[32];
+    quant_dequantize_row(QTYPE_Q5_1, b, y, 32);
+    for (int e = 0; e < 32; e++) {
+        int nib = e < 16 ? b[8 + e] & 0xF : b[8 + e - 16] >> 4;
+        int q = nib + 16 * ((qh[e / 8] >> (e % 8)) & 1);
+        CHECK_MSG(y[e] == 0.5f * (float)q + 3.0f, "element %d: %g", e, (double)y[e]);
+    }
+}
+
+/* The 16 values of IQ4_NL's and IQ4_XS's non-linear grid, indexed by a nibble. */
+static const int iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+/* x = d * grid[nibble], the nibbles as Q4_0's. */
+static void iq4_nl_layout(void)
+{
+    uint8_t b[18];
+    put16(b, 0xb400); /* d = -0.25 */
+    for (int j = 0; j < 16; j++)
+        b[2 + j] = (uint8_t)(j * 17 + 0x0F * (j & 1)); /* every nibble, both halves */
+    float y[32];
+    quant_dequantize_row(QTYPE_IQ4_NL, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK_MSG(y[j] == -0.25f * (float)iq4_grid[b[2 + j] & 0xF], "element %d: %g", j, (double)y[j]);
+        CHECK_MSG(y[j + 16] == -0.25f * (float)iq4_grid[b[2 + j] >> 4], "element %d: %g", j + 16,
+                  (double)y[j + 16]);
+    }
+}
+
+/* 8 sub-blocks of 32: x = d * (ls - 32) * grid[nibble], ls 6 bits: the low 4 of
+ * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
+ * the little-endian scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
+static void iq4_xs_layout(void)
+{
+    uint8_t b[136];
+    put16(b, 0x3400);     /* d = 0.25 */
+    put16(b + 2, 0xC71B); /* scales_h */
+    const uint8_t sl[4] = {0x0F, 0xF0, 0x5A, 0x00};
+    memcpy(b + 4, sl, 4);
+    for (int k = 0; k < 128; k++)
+        b[8 + k] = (uint8_t)(k * 73 + 5);
+    float y[256];
+    quant_dequantize_row(QTYPE_IQ4_XS, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int k = e / 32, j = e % 32;
+        int ls = ((sl[k / 2] >> (4 * (k % 2))) & 0xF) | (((0xC71B >> (2 * k)) & 3) << 4);
+        int nib = j < 16 ? b[8 + 16 * k + j] & 0xF : b[8 + 16 * k + j - 16] >> 4;
+        float want = 0.25f * (float)((ls - 32) * iq4_grid[nib]);
+        CHECK_MSG(y[e] == want, "element %d: %g, want %g", e, (double)y[e], (double)want);
+    }
+}
+
 /* Packed 6-bit scales and mins with every bit position in use, and what they decode to. */
 static const uint8_t k_scales[12] = {0x41, 0x82, 0xC3, 0x04, 0x45, 0x86,
                                      0xC7, 0x08, 0x21, 0x43, 0x65, 0x87};
@@ -266,6 +366,56 @@ static void q6_k_layout(void)
     }
 }
 
+/* 16 sub-blocks of 16: x = d * (sc - 32) * q, q = the 2 low bits in qs (element
+ * 128 h + 32 j + l at bits 2 j of qs[32 h + l]) plus 4 when bit 4 h + j of hmask[l] is
+ * set, less 4; sc 6 bits, the low 4 of sub-block k in byte k % 8 (the high nibble from
+ * k = 8 on), the top 2 in byte 8 + k % 4 (bits 2 (k / 4)). */
+static void q3_k_layout(void)
+{
+    uint8_t b[110];
+    const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+    for (int k = 0; k < 96; k++)
+        b[k] = (uint8_t)(k * 29 + 7);
+    static const uint8_t sc[12] = {0x10, 0x2f, 0xf3, 0x84, 0x0c, 0xfb, 0xe6, 0x59,
+                                   0x18, 0xe4, 0x36, 0xc9};
+    memcpy(b + 96, sc, 12);
+    put16(b + 108, 0x3400); /* d = 0.25, at the end of the block */
+    float y[256];
+    quant_dequantize_row(QTYPE_Q3_K, b, y, 256);
+    int seen_lo = 0, seen_hi = 0;
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, j = e % 128 / 32, l = e % 32, k = e / 16;
+        int q = ((qs[32 * h + l] >> (2 * j)) & 3) + 4 * ((hm[l] >> (4 * h + j)) & 1) - 4;
+        int scale = ((s[k % 8] >> (4 * (k / 8))) & 0xF) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4);
+        seen_lo |= scale == 0, seen_hi |= scale == 63;
+        float want = 0.25f * (float)((scale - 32) * q);
+        CHECK_MSG(y[e] == want, "element %d: %g, want %g", e, (double)y[e], (double)want);
+    }
+    CHECK(seen_lo && seen_hi); /* the scale bytes reach both ends of the 6-bit range */
+}
+
+/* 16 sub-blocks of 16: x = d * sc * q - dmin * m, sc and m the low and high nibbles of
+ * scales[k], q 2 bits (element 128 h + 32 j + l at bits 2 j of qs[32 h + l]); d and dmin
+ * after the quants. */
+static void q2_k_layout(void)
+{
+    uint8_t b[84];
+    const uint8_t *sc = b, *qs = b + 16;
+    for (int k = 0; k < 80; k++)
+        b[k] = (uint8_t)(k * 53 + 17);
+    b[3] = 0xF0, b[9] = 0x0F; /* nibbles at both ends */
+    put16(b + 80, 0x3400); /* d = 0.25 */
+    put16(b + 82, 0x3800); /* dmin = 0.5 */
+    float y[256];
+    quant_dequantize_row(QTYPE_Q2_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, j = e % 128 / 32, l = e % 32, k = e / 16;
+        int q = (qs[32 * h + l] >> (2 * j)) & 3;
+        float want = 0.25f * (float)((sc[k] & 0xF) * q) - 0.5f * (float)(sc[k] >> 4);
+        CHECK_MSG(y[e] == want, "element %d: %g, want %g", e, (double)y[e], (double)want);
+    }
+}
+
 static void float_rows_layout(void)
 {
     uint8_t b[8];
@@ -288,7 +438,10 @@ static void float_rows_layout(void)
 
 /* Root-mean-square error of quantize -> dequantize on N(0, 1) data, relative to the
  * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
- * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017). */
+ * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017, Q3_K 0.144,
+ * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034, IQ4_NL 0.074, IQ4_XS 0.075; llama.cpp's
+ * reference quantizer reaches Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043, Q5_1 0.038,
+ * IQ4_NL 0.076 and IQ4_XS 0.077 on such rows). */
 static void quantize_error_is_bounded(void)
 {
     static const struct {
@@ -297,7 +450,8 @@ static void quantize_error_is_bounded(void)
     } cases[] = {
         {QTYPE_F32, 0},     {QTYPE_F16, 3e-4},  {QTYPE_BF16, 2.2e-3}, {QTYPE_Q8_0, 0.007},
         {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
-        {QTYPE_Q6_K, 0.023},
+        {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35}, {QTYPE_Q4_1, 0.092},
+        {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045}, {QTYPE_IQ4_NL, 0.096}, {QTYPE_IQ4_XS, 0.097},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
@@ -325,7 +479,10 @@ static void quantize_error_is_bounded(void)
  * and a block with a single spike come back close. */
 static void quantize_degenerate_blocks(void)
 {
-    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
+                                     QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
+                                     QTYPE_Q8_K};
     float x[256], y[256];
     uint8_t q[512];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -493,7 +650,8 @@ static void bf16_rounded_reference(const dot_case *c, float *ref)
  * the unquantized data (within the weight and activation quantization error). */
 static void dot_matches_dequantized_rows(void)
 {
-    static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.12, 0.06, 0.03};
+    static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.13, 0.07, 0.07,
+                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13};
     for (size_t k = 0; k < N_DOT_TYPES; k++) {
         uint32_t t = dot_types[k];
         const char *name = quant_traits_of(t)->name;
@@ -566,7 +724,9 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
 {
     if (!have_avx2())
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
-    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
+                                     QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
     enum { N = 1024 };
     uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
     float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
@@ -579,12 +739,15 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
             for (size_t i = 0; i < bytes; i++)
                 w[i] = (uint8_t)rng_u32();
             for (size_t b = 0; b < bytes; b += tr->block_bytes) {
-                if (t == QTYPE_Q6_K) {
-                    put16(w + b + 208, 0x2400);
+                if (t == QTYPE_Q6_K || t == QTYPE_Q3_K) {
+                    put16(w + b + tr->block_bytes - 2, 0x2400); /* d last */
+                } else if (t == QTYPE_Q2_K) {
+                    put16(w + b + 80, 0x2400);
+                    put16(w + b + 82, 0x2400);
                 } else {
                     put16(w + b, 0x2400);
-                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K)
-                        put16(w + b + 2, 0x2400);
+                    if (t == QTYPE_Q4_K || t == QTYPE_Q5_K || t == QTYPE_Q4_1 || t == QTYPE_Q5_1)
+                        put16(w + b + 2, 0x2400); /* dmin, m */
                 }
             }
             for (int i = 0; i < N; i++)
@@ -906,8 +1069,10 @@ static void simd_dequantize_matches_scalar(void)
 {
     if (!have_avx2())
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
-    static const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
-                                     QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_Q8_K};
+    static const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
+                                     QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
+                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q8_K};
     enum { N = 4096 };
     float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
     uint8_t *q = malloc(N * 4);
@@ -947,6 +1112,14 @@ static void activation_types(void)
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_K), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_K), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q6_K), QTYPE_Q8_K);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q3_K), QTYPE_Q8_K);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q2_K), QTYPE_Q8_K);
+    /* the legacy types' sums of activation quants come from the Q8_0 blocks themselves */
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q4_1), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_0), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_1), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_NL), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_XS), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_BF16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F32), QTYPE_F32);
@@ -1019,9 +1192,16 @@ int main(void)
     RUN(bf16_conversions);
     RUN(q8_0_layout);
     RUN(q4_0_layout);
+    RUN(q4_1_layout);
+    RUN(q5_0_layout);
+    RUN(q5_1_layout);
     RUN(q4_k_layout);
     RUN(q5_k_layout);
     RUN(q6_k_layout);
+    RUN(q3_k_layout);
+    RUN(q2_k_layout);
+    RUN(iq4_nl_layout);
+    RUN(iq4_xs_layout);
     RUN(float_rows_layout);
     RUN(quantize_error_is_bounded);
     RUN(quantize_degenerate_blocks);
