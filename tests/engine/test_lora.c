@@ -669,10 +669,10 @@ static void bad_adapters_are_refused(void)
     CHECK(write_fake(f, "llama", "adapter", "lora", t, 2) == 0);
     REFUSED(f, "blk.1.ffn_up.weight: lora_b has shape [4, 128]; the base's matrix needs [8, 128]");
     /* a type the engine does not compute */
-    t[0] = (fake_tensor){"blk.1.ffn_up.weight.lora_a", QTYPE_Q4_1, 64, 32};
+    t[0] = (fake_tensor){"blk.1.ffn_up.weight.lora_a", QTYPE_Q8_1, 64, 32};
     t[1] = (fake_tensor){"blk.1.ffn_up.weight.lora_b", QTYPE_F16, 32, 128};
     CHECK(write_fake(f, "llama", "adapter", "lora", t, 2) == 0);
-    REFUSED(f, "tensor 'blk.1.ffn_up.weight.lora_a': type Q4_1 is not supported");
+    REFUSED(f, "tensor 'blk.1.ffn_up.weight.lora_a': type Q8_1 is not supported");
     /* a matrix the base does not have, a tensor of no pair, a norm */
     t[0] = (fake_tensor){"blk.7.ffn_up.weight.lora_a", QTYPE_F16, 64, 8};
     t[1] = (fake_tensor){"blk.7.ffn_up.weight.lora_b", QTYPE_F16, 8, 128};
