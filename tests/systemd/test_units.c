@@ -450,11 +450,16 @@ static void example_config_matches_daemon(void)
     int n_keys = 0;
     while (fgets(line, sizeof line, f)) {
         char key[64];
-        if (sscanf(line, " --%63[a-z_]", key) != 1)
+        if (sscanf(line, " --%63[a-zA-Z_.]", key) != 1)
             continue;
         n_keys++;
         char cmd[2048], out[64];
-        fmt(cmd, sizeof cmd, "grep -q '^%s = ' '%s'", key, path);
+        /* a key of lines (model.NAME, lora.NAME) is documented by commented examples */
+        char *named = strstr(key, ".NAME");
+        if (named)
+            named[1] = '\0';
+        fmt(cmd, sizeof cmd, named ? "grep -q '^#\\?%s[a-z]' '%s'" : "grep -q '^%s = ' '%s'",
+            key, path);
         if (run_capture(cmd, out, sizeof out) != 0) {
             fclose(f);
             CHECK_MSG(0, "llmsd.conf does not set key '%s'", key);
