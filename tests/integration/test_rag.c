@@ -773,8 +773,9 @@ static void kb_add_cut_while_writing(void)
     llms_close(c);
 
     /* kill -9 while writing: staged rows are left, nothing of them visible (tried again,
-     * as above, when the add ended before the kill: the daemon is started again and the
-     * old text put back) */
+     * as above, when the add ended before the kill: the daemon is started again, the old
+     * text put back, and the replaced versions' rows are awaited gone, so that the count
+     * below sees only what the last kill staged) */
     added = LLMS_OK;
     for (int attempt = 0; attempt < 4 && added == LLMS_OK; attempt++) {
         if (attempt > 0) {
@@ -783,6 +784,7 @@ static void kb_add_cut_while_writing(void)
             CHECK((c = proc_connect(&d, "cut")) != NULL);
             CHECK_EQ(llms_kb_add(c, "big", &old, 1, &old_passages), LLMS_OK);
             llms_close(c);
+            CHECK(hidden_rows_gone(&d));
         }
         CHECK((c = proc_connect(&d, "cut")) != NULL);
         w = (ingest_watch){.at_mid_write = kill_now, .kill_pid = d.pid};
