@@ -4,7 +4,7 @@
  * as NDJSON lines, ollama's default, or answered whole), /api/embed and /api/embeddings
  * native Embeds; /api/version, /api/tags, /api/ps and /api/show are answered from the
  * registry's view; model management (/api/pull and the rest) is refused, as the models
- * are the settings' and llmsctl's; a suffix fills in the middle (daemon/infill.h).
+ * are the settings' and llmsctl's; a suffix fills in the middle (daemon/net/fimreq.h).
  * Errors are ollama's {"error": "..."}.
  *
  * What ollama does that llmsd does not is refused naming the field (images, a
@@ -23,7 +23,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "daemon/infill.h"
+#include "daemon/net/fimreq.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/tok/chat.h"
@@ -735,37 +735,6 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     httpwire_stream_end(hr->wc);
 }
 
-/* /api/generate's prompt and suffix as the fill-in-the-middle prompt ollama's templates
- * of code models write (daemon/infill.h), laid out with the tokenizer the gateway holds:
- * the default generate model's, so the request must run on that one. Into part (its
- * tokens fresh: free them). 0, or -1 with msg: a model without FIM tokens "does not
- * support insert", as ollama says it. */
-static int fill_in_the_middle(hreq *hr, const char *prompt, const char *suffix,
-                              Llms__PromptPart *part, char *msg, size_t cap)
-{
-    const models_view_entry *dflt = http_view_default(hr->h, MODELS_GENERATE);
-    const tokenizer *tok = hr->h->senv.tok;
-    char err[ERR_MAX], why[128];
-    if (!dflt || strcmp(dflt->name, hr->model) != 0) {
-        snprintf(msg, cap, "'suffix' runs on the default generate model '%s', not '%s'",
-                 dflt ? dflt->name : "", reply_model(hr));
-        return -1;
-    }
-    if (!tok || !infill_supported(tok, why, sizeof why)) {
-        snprintf(msg, cap, "'suffix': %s does not support insert", reply_model(hr));
-        return -1;
-    }
-    int32_t *ids;
-    int n;
-    if (infill_bare_tokens(tok, prompt, suffix, &ids, &n, err)) {
-        snprintf(msg, cap, "%s", err);
-        return -1;
-    }
-    part->tokens = ids;
-    part->n_tokens = (size_t)n;
-    return 0;
-}
-
 void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     bool chat = hr->route == R_OLLAMA_CHAT;
@@ -842,7 +811,7 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             return;
         }
         if (suffix) {
-            if (fill_in_the_middle(hr, prompt, suffix, &part, msg, cap))
+            if (fimreq_prompt_part(hr, prompt, suffix, &part, msg, cap))
                 goto bad;
             cr.prompt = "";
             cr.prompt_parts = &part_ptr;

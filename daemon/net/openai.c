@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/net/fimreq.h"
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "daemon/net/llamaparams.h"
@@ -1201,7 +1202,6 @@ static int refuse_unhonoured(json_object *body, bool chat, char *msg, size_t cap
         {"tools", "tool calls are for /v1/chat/completions"},
         {"functions", "function calls are not supported"},
         {"echo", "the prompt is not echoed"},
-        {"suffix", "insertion (fill in the middle) is not supported"},
     };
     json_object *v;
     /* a chat's tools are toolcall.c's to read */
@@ -1415,6 +1415,7 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         goto bad;
     }
     char *prompt = NULL;
+    Llms__PromptPart fim = LLMS__PROMPT_PART__INIT, *fim_ptr = &fim;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
     Llms__CallRequest call = LLMS__CALL_REQUEST__INIT;
     if (chat) {
@@ -1461,13 +1462,26 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             goto bad;
         }
         prompt = strdup(json_object_get_string(p));
+        /* the legacy insert: the text between the prompt and the suffix */
+        json_object *suffix;
+        int has_suffix = jsonfield_get(hr->body, "suffix", "", json_type_string, &suffix, msg,
+                                       cap);
+        if (has_suffix < 0 ||
+            (has_suffix && json_object_get_string_len(suffix) &&
+             fimreq_prompt_part(hr, json_object_get_string(p), json_object_get_string(suffix),
+                                &fim, msg, cap))) {
+            free(prompt);
+            goto bad;
+        }
     }
     if (!prompt) {
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     if (r->body_case != LLMS__REQUEST__BODY_CALL) {
-        cr.prompt = prompt;
+        cr.prompt = fim.tokens ? "" : prompt;
+        cr.prompt_parts = fim.tokens ? &fim_ptr : NULL;
+        cr.n_prompt_parts = fim.tokens ? 1 : 0;
         cr.params = &gp;
         cr.model = (char *)hr->model_named;
         r->body_case = LLMS__REQUEST__BODY_COMPLETE;
@@ -1475,11 +1489,13 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     }
     if (hr->stream && !(hr->sse = evbuffer_new())) {
         free(prompt);
+        free(fim.tokens);
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
     submit_choices(hr, r, &gp);
     free(prompt);
+    free(fim.tokens);
     return;
 bad:
     openai_finish_error(hr, LLMS__ERROR_CODE__INVALID_ARGUMENT, msg);

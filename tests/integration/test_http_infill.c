@@ -445,6 +445,49 @@ static void ollama_suffix_is_fill_in_the_middle(void)
     }
 }
 
+/* OpenAI's /v1/completions with a suffix (the legacy insert) is the same bare
+ * fill-in-the-middle prompt as ollama's: the prompt count is the ids laid out here, the
+ * text /completion's for those ids (greedy); a suffix on another model than the default,
+ * or one that is not a string, is refused naming it. */
+static void openai_suffix_is_fill_in_the_middle(void)
+{
+    NEED();
+    ids want = {.n = 0};
+    add(&want, BOS), add(&want, PRE), add_text(&want, "x = [");
+    add(&want, SUF), add_text(&want, "]\nprint(x)\n"), add(&want, MID);
+    int st;
+    json_object *o = post("/v1/completions",
+                          "{\"model\":\"fim\",\"prompt\":\"x = [\",\"suffix\":\"]\\nprint(x)\\n\","
+                          "\"max_tokens\":10,\"temperature\":0}", &st);
+    CHECK_MSG(st == 200 && httpc_jstr(o, "choices.0.text"), "%d %s", st, json_text(o));
+    CHECK_MSG(jint(o, "usage.prompt_tokens") == want.n, "%d tokens, want %d: %s",
+              (int)jint(o, "usage.prompt_tokens"), want.n, json_text(o));
+    char body[4096];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < want.n; i++)
+        at += (size_t)snprintf(body + at, sizeof body - at, "%s%d", i ? "," : "", want.v[i]);
+    snprintf(body + at, sizeof body - at, "],\"n_predict\":10,\"temperature\":0}");
+    json_object *ref = post("/completion", body, &st);
+    CHECK_MSG(st == 200 && jeq(o, "choices.0.text", httpc_jstr(ref, "content")),
+              "/v1/completions %s\n/completion %s", json_text(o), json_text(ref));
+    json_object_put(ref);
+    json_object_put(o);
+    static const struct {
+        const char *body, *says;
+    } bad[] = {
+        {"{\"model\":\"fim\",\"prompt\":\"a\",\"suffix\":1}", "suffix"},
+        {"{\"model\":\"fim\",\"prompt\":[1,2],\"suffix\":\"b\"}", "prompt"},
+        {"{\"model\":\"second\",\"prompt\":\"a\",\"suffix\":\"b\"}", "default"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o = post("/v1/completions", bad[i].body, &st);
+        const char *err = httpc_jstr(o, "error.message");
+        CHECK_MSG(st == 400 && err && strstr(err, bad[i].says), "%s: %d %s", bad[i].body, st,
+                  json_text(o));
+        json_object_put(o);
+    }
+}
+
 /* What is no infill is refused 400 in llama.cpp's error shape, naming the field; a model
  * that is not served is 404, another generate model than the default 400. */
 static void refusals_name_the_field(void)
@@ -597,6 +640,7 @@ int main(int argc, char **argv)
     RUN(streamed_equals_whole);
     RUN(file_separator_ends_the_reply);
     RUN(ollama_suffix_is_fill_in_the_middle);
+    RUN(openai_suffix_is_fill_in_the_middle);
     RUN(refusals_name_the_field);
     RUN(random_bodies_never_5xx);
     RUN(daemon_exits_cleanly);
