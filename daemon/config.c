@@ -239,6 +239,38 @@ static const key_def keys[] = {
         "(OpenAI's), in [-2, 2]; 0 = off"),
     INT(repeat_last_n, -1, INT_MAX, "64",
         "how many recent tokens the penalties look at, -1 = the whole history"),
+    INT(min_keep, 0, INT_MAX, "0",
+        "the fewest tokens top-p, min-p, locally typical sampling and XTC may keep"),
+    FLT(typical_p, FLT_MIN, 1, "1.0",
+        "locally typical sampling: keep the tokens nearest the expected surprise until "
+        "their probabilities add up to p, in (0, 1]; 1 = off"),
+    FLT(top_n_sigma, -1, 100, "-1",
+        "keep the tokens whose logit is within n standard deviations of the largest; "
+        "<= 0 = off"),
+    FLT(xtc_probability, 0, 1, "0",
+        "XTC (exclude top choices): the chance per token of dropping every likely token "
+        "but the least likely of them, in [0, 1]; 0 = off"),
+    FLT(xtc_threshold, 0, 1, "0.1",
+        "XTC: the probability from which a token is a top choice; above 0.5 = off"),
+    FLT(dynatemp_range, 0, 100, "0",
+        "dynamic temperature: the temperature within +- this range by the entropy of the "
+        "token's distribution, in [0, 100]; 0 = off"),
+    FLT(dynatemp_exponent, 0, 100, "1.0",
+        "dynamic temperature: the exponent on the normalised entropy"),
+    FLT(dry_multiplier, 0, 100, "0",
+        "DRY (don't repeat yourself): the penalty on a token that would extend a sequence "
+        "already in the context, in [0, 100]; 0 = off"),
+    FLT(dry_base, 1, 100, "1.75",
+        "DRY: the penalty grows by this factor per token of the repeated sequence"),
+    INT(dry_allowed_length, 0, INT_MAX, "2",
+        "DRY: repeated sequences this long go unpenalised"),
+    INT(dry_penalty_last_n, -1, INT_MAX, "-1",
+        "DRY: how many recent tokens are searched for repeats, -1 = the window, 0 = off"),
+    INT(mirostat, 0, 2, "0",
+        "Mirostat in place of the sampler chain (top-k, top-p and the others): 0 = off, "
+        "1 or 2 (its version)"),
+    FLT(mirostat_tau, 0, 100, "5.0", "Mirostat: the target surprise, in bits"),
+    FLT(mirostat_eta, 0, 1, "0.1", "Mirostat: the learning rate"),
     INT(max_tokens, 1, 1 << 24, "256",
         "tokens generated per call at most, unless the call asks for another number"),
 

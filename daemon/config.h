@@ -88,6 +88,21 @@ typedef struct config {
     float frequency_penalty;
     float presence_penalty;
     int repeat_last_n;
+    /* llama.cpp's other samplers (engine/model/sampler.h has what each does) */
+    int min_keep;
+    float typical_p;
+    float top_n_sigma;
+    float xtc_probability;
+    float xtc_threshold;
+    float dynatemp_range;
+    float dynatemp_exponent;
+    float dry_multiplier;
+    float dry_base;
+    int dry_allowed_length;
+    int dry_penalty_last_n;
+    int mirostat;
+    float mirostat_tau;
+    float mirostat_eta;
     int max_tokens;
     /* Speculative decoding (daemon/sched/speculate.h). */
     char speculate[8];                 /* "off", "lookup", "draft" or "both" */

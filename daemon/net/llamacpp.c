@@ -144,44 +144,44 @@ static json_object *breakers_json(const Llms__GenerationParams *p)
 }
 
 /* llama.cpp's other samplers' settings of p into o, in llama.cpp's names: p's where it
- * sets them, else llama.cpp's (the daemon has no settings of its own for them). */
+ * sets them, else the daemon's (cfg). */
 static void newer_settings_json(json_object *o, const config *cfg,
                                 const Llms__GenerationParams *p)
 {
-    sampler_params d = sampler_params_default();
     const struct {
         const char *name;
         bool has;
         double value, dflt;
     } numbers[] = {
-        {"typical_p", p->has_typical_p, p->typical_p, d.typical_p},
-        {"top_n_sigma", p->has_top_n_sigma, p->top_n_sigma, d.top_n_sigma},
-        {"xtc_probability", p->has_xtc_probability, p->xtc_probability, d.xtc_probability},
-        {"xtc_threshold", p->has_xtc_threshold, p->xtc_threshold, d.xtc_threshold},
-        {"dynatemp_range", p->has_dynatemp_range, p->dynatemp_range, d.dynatemp_range},
+        {"typical_p", p->has_typical_p, p->typical_p, cfg->typical_p},
+        {"top_n_sigma", p->has_top_n_sigma, p->top_n_sigma, cfg->top_n_sigma},
+        {"xtc_probability", p->has_xtc_probability, p->xtc_probability, cfg->xtc_probability},
+        {"xtc_threshold", p->has_xtc_threshold, p->xtc_threshold, cfg->xtc_threshold},
+        {"dynatemp_range", p->has_dynatemp_range, p->dynatemp_range, cfg->dynatemp_range},
         {"dynatemp_exponent", p->has_dynatemp_exponent, p->dynatemp_exponent,
-         d.dynatemp_exponent},
-        {"dry_multiplier", p->has_dry_multiplier, p->dry_multiplier, d.dry_multiplier},
-        {"dry_base", p->has_dry_base, p->dry_base, d.dry_base},
-        {"mirostat_tau", p->has_mirostat_tau, p->mirostat_tau, d.mirostat_tau},
-        {"mirostat_eta", p->has_mirostat_eta, p->mirostat_eta, d.mirostat_eta},
+         cfg->dynatemp_exponent},
+        {"dry_multiplier", p->has_dry_multiplier, p->dry_multiplier, cfg->dry_multiplier},
+        {"dry_base", p->has_dry_base, p->dry_base, cfg->dry_base},
+        {"mirostat_tau", p->has_mirostat_tau, p->mirostat_tau, cfg->mirostat_tau},
+        {"mirostat_eta", p->has_mirostat_eta, p->mirostat_eta, cfg->mirostat_eta},
     };
     for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++)
         json_object_object_add(o, numbers[i].name,
                                json_object_new_double(numbers[i].has ? numbers[i].value
                                                                      : numbers[i].dflt));
-    int dry_last_n = p->has_dry_penalty_last_n ? p->dry_penalty_last_n : d.dry_penalty_last_n;
-    json_object_object_add(o, "min_keep", json_object_new_int(p->has_min_keep ? p->min_keep
-                                                                                : d.min_keep));
+    int dry_last_n = p->has_dry_penalty_last_n ? p->dry_penalty_last_n : cfg->dry_penalty_last_n;
+    json_object_object_add(o, "min_keep",
+                           json_object_new_int(p->has_min_keep ? p->min_keep : cfg->min_keep));
     json_object_object_add(o, "dry_allowed_length",
-                           json_object_new_int(p->has_dry_allowed_length ? p->dry_allowed_length
-                                                                         : d.dry_allowed_length));
+                           json_object_new_int(p->has_dry_allowed_length
+                                                   ? p->dry_allowed_length
+                                                   : cfg->dry_allowed_length));
     /* -1 is the window, which llama.cpp shows */
     json_object_object_add(o, "dry_penalty_last_n",
                            json_object_new_int(dry_last_n < 0 ? cfg->n_ctx : dry_last_n));
     json_object_object_add(o, "dry_sequence_breakers", breakers_json(p));
-    json_object_object_add(o, "mirostat", json_object_new_int(p->has_mirostat ? p->mirostat
-                                                                                : d.mirostat));
+    json_object_object_add(o, "mirostat",
+                           json_object_new_int(p->has_mirostat ? p->mirostat : cfg->mirostat));
 }
 
 /* The settings a generation runs with, in llama.cpp's names: p's where it sets them,

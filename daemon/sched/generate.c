@@ -99,19 +99,22 @@ static void merge_params(const config *cfg, const Llms__GenerationParams *ctx_p,
         .frequency_penalty = cfg->frequency_penalty,
         .presence_penalty = cfg->presence_penalty,
         .repeat_last_n = cfg->repeat_last_n,
+        .min_keep = cfg->min_keep,
+        .typical_p = cfg->typical_p,
+        .top_n_sigma = cfg->top_n_sigma,
+        .xtc_probability = cfg->xtc_probability,
+        .xtc_threshold = cfg->xtc_threshold,
+        .dynatemp_range = cfg->dynatemp_range,
+        .dynatemp_exponent = cfg->dynatemp_exponent,
+        .dry_multiplier = cfg->dry_multiplier,
+        .dry_base = cfg->dry_base,
+        .dry_allowed_length = cfg->dry_allowed_length,
+        .dry_penalty_last_n = cfg->dry_penalty_last_n,
+        .mirostat = cfg->mirostat,
+        .mirostat_tau = cfg->mirostat_tau,
+        .mirostat_eta = cfg->mirostat_eta,
         .seed = SAMPLER_SEED_RANDOM,
     };
-    /* llama.cpp's other samplers have no settings of the daemon's: llama.cpp's numbers */
-    sampler_params dflt = sampler_params_default();
-    sp->typical_p = dflt.typical_p;
-    sp->top_n_sigma = dflt.top_n_sigma;
-    sp->xtc_threshold = dflt.xtc_threshold;
-    sp->dynatemp_exponent = dflt.dynatemp_exponent;
-    sp->dry_base = dflt.dry_base;
-    sp->dry_allowed_length = dflt.dry_allowed_length;
-    sp->dry_penalty_last_n = dflt.dry_penalty_last_n;
-    sp->mirostat_tau = dflt.mirostat_tau;
-    sp->mirostat_eta = dflt.mirostat_eta;
     m->stops = m->bias = m->breakers = NULL;
     m->json = false;
     m->json_schema = NULL;

@@ -22,6 +22,7 @@
  */
 #include <grp.h>
 #include <json-c/json.h>
+#include <math.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -779,6 +780,84 @@ static void newer_samplers_change_the_reply(void)
               "%s", json_text(b));
     json_object_put(a);
     json_object_put(b);
+}
+
+/* llama.cpp's samplers have settings of the daemon's, as llama-server's flags set them:
+ * a daemon whose llmsd.conf sets them draws what a request setting them draws on the
+ * first daemon (same model, seed and prompt), /props shows them, and a request's own
+ * values win. */
+static void newer_samplers_have_settings(void)
+{
+    NEED_DAEMON();
+    static const char chain[] = ",\"typical_p\":0.6,\"xtc_probability\":1,\"xtc_threshold\":0.15,"
+                                "\"dry_multiplier\":0.8,\"dry_base\":2,\"dry_allowed_length\":3,"
+                                "\"dry_penalty_last_n\":64,\"dynatemp_range\":0.5,"
+                                "\"dynatemp_exponent\":2,\"min_keep\":2,\"top_n_sigma\":2";
+    llmsd_proc d;
+    char extra[1400], sock[700];
+    proc_fmt(sock, sizeof sock, "%s/lc-set.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra,
+             "http_socket = %s\nthreads = 2\nchat_template = chatml\ntemperature = 0.7\n"
+             "top_k = 30\ntop_p = 0.9\nmin_p = 0.02\nrepeat_last_n = 48\nmax_tokens = 100\n"
+             "typical_p = 0.6\nxtc_probability = 1\nxtc_threshold = 0.15\n"
+             "dry_multiplier = 0.8\ndry_base = 2\ndry_allowed_length = 3\n"
+             "dry_penalty_last_n = 64\ndynatemp_range = 0.5\ndynatemp_exponent = 2\n"
+             "min_keep = 2\ntop_n_sigma = 2\nmirostat = 2\nmirostat_tau = 3\n"
+             "mirostat_eta = 0.2\n", sock);
+    CHECK(proc_start(&d, llmsd_path, "lc-set", model_path, extra) == 0);
+    const char *fmt = "{\"prompt\":\"" PROMPT "\",\"n_predict\":32,\"temperature\":1,"
+                      "\"seed\":11%s}";
+    static const struct {
+        const char *set, *asked;
+    } pairs[] = {
+        /* the settings' Mirostat against a request's */
+        {"", ",\"mirostat\":2,\"mirostat_tau\":3,\"mirostat_eta\":0.2"},
+        /* Mirostat off by the request: the settings' chain against a request's */
+        {",\"mirostat\":0", chain},
+        /* a request's own values win over every setting */
+        {",\"mirostat\":0,\"typical_p\":1,\"xtc_probability\":0,\"dry_multiplier\":0,"
+         "\"dynatemp_range\":0,\"min_keep\":0,\"top_n_sigma\":-1", ""},
+    };
+    char body[1024];
+    snprintf(body, sizeof body, fmt, "");
+    json_object *plain = complete(body);
+    CHECK(plain);
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        int st;
+        snprintf(body, sizeof body, fmt, pairs[i].set);
+        json_object *set = httpc_post_json(sock, "/completion", body, &st);
+        CHECK_MSG(st == 200 && httpc_jstr(set, "content"), "%d %s", st, json_text(set));
+        snprintf(body, sizeof body, fmt, pairs[i].asked);
+        json_object *asked = complete(body);
+        CHECK(asked);
+        bool want_plain = !pairs[i].asked[0];
+        CHECK_MSG(jeq(set, "content", httpc_jstr(asked, "content")) &&
+                      want_plain == jeq(set, "content", httpc_jstr(plain, "content")),
+                  "pair %zu: set '%s', asked '%s', plain '%s'", i, httpc_jstr(set, "content"),
+                  httpc_jstr(asked, "content"), httpc_jstr(plain, "content"));
+        json_object_put(set);
+        json_object_put(asked);
+    }
+    json_object_put(plain);
+    httpc_reply r;
+    CHECK(httpc_do(sock, 0, "GET", "/props", NULL, NULL, &r) == 0);
+    json_object *o = json_tokener_parse(r.body);
+    httpc_reply_free(&r);
+    const char *g = "default_generation_settings.params.";
+    char path[128];
+#define SETTING(name) (snprintf(path, sizeof path, "%s%s", g, name), jnum(o, path))
+    CHECK_MSG(SETTING("mirostat") == 2 && SETTING("mirostat_tau") == 3 &&
+                  fabs(SETTING("mirostat_eta") - 0.2) < 1e-6 &&
+                  fabs(SETTING("typical_p") - 0.6) < 1e-6 && SETTING("xtc_probability") == 1 &&
+                  fabs(SETTING("xtc_threshold") - 0.15) < 1e-6 &&
+                  fabs(SETTING("dry_multiplier") - 0.8) < 1e-6 && SETTING("dry_base") == 2 &&
+                  SETTING("dry_allowed_length") == 3 && SETTING("dry_penalty_last_n") == 64 &&
+                  SETTING("dynatemp_range") == 0.5 && SETTING("dynatemp_exponent") == 2 &&
+                  SETTING("min_keep") == 2 && SETTING("top_n_sigma") == 2,
+              "%s", json_text(o));
+#undef SETTING
+    json_object_put(o);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
 /* A long prompt asked twice: the second resumes a multiple of 64 of its tokens from the
@@ -1581,6 +1660,7 @@ int main(int argc, char **argv)
     RUN(samplers_list_is_honoured);
     RUN(dry_stops_a_repetition_loop);
     RUN(newer_samplers_change_the_reply);
+    RUN(newer_samplers_have_settings);
     RUN(prompt_cache_resumes);
     RUN(client_defaults_are_served);
     RUN(response_fields_pick);
