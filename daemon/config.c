@@ -376,6 +376,11 @@ static const key_def keys[] = {
         "TCP connections of the gateway that have not sent a request with a valid token "
         "yet, every peer together (one more: 429 and closed); they count in "
         "`max_connections` too"),
+    INT(responses_store_bytes, 0, INT_MAX, "33554432",
+        "bytes of the Responses API's stored responses (`store`, `previous_response_id`, "
+        "`GET`/`DELETE /v1/responses/{id}`), every uid together, in the gateway's memory: "
+        "the oldest go first to make room, one response may take at most half, and none "
+        "survives a restart; 0: nothing is stored (`store` is false in every response)"),
     CHOICE(reasoning_format, "auto|deepseek|none", "auto",
            "a reasoning model's thinking (`<think>...</think>` before the answer, from a "
            "model whose chat template has those markers: Qwen3, QwQ, the DeepSeek-R1 "

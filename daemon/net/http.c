@@ -50,7 +50,8 @@
 
 static const char *const route_path[] = {
     "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-    "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/tokenize", "/detokenize", "/health",
+    "/v1/rerank", "/v1/llmsd/rag", "/v1/responses", "/v1/responses/{id}",
+    "/v1/responses/{id}/input_items", "/tokenize", "/detokenize", "/health",
     "/", "/metrics", "/api/version", "/api/tags", "/api/ps", "/api/show", "/api/generate",
     "/api/chat", "/api/embed", "/api/embeddings", "/api/(pull|push|create|copy|delete)",
     "/completion", "/infill", "/props", "/embedding", "/apply-template", "/lora-adapters",
@@ -340,6 +341,12 @@ static void on_status(hreq *hr, const Llms__StatusResponse *st)
            "tokens generated for HTTP completions", (double)h->completion_tokens);
     metric(b, "llmsd_http_embedding_tokens_total", "counter", "tokens embedded for HTTP requests",
            (double)h->embed_tokens);
+    metric(b, "llmsd_http_responses_stored", "gauge",
+           "Responses API responses stored (responses_store_bytes)",
+           (double)respstore_count(h->store));
+    metric(b, "llmsd_http_responses_stored_bytes", "gauge",
+           "bytes the stored responses take of responses_store_bytes",
+           (double)respstore_bytes(h->store));
     metric(b, "llmsd_uptime_seconds", "gauge", "time since the daemon started",
            (double)st->uptime_ms / 1000);
     metric(b, "llmsd_model_bytes", "gauge", "bytes of the model file", (double)st->model_bytes);
@@ -616,6 +623,15 @@ static enum route route_of(const char *uri, size_t *len)
         return R_MODELS;
     if (n > 7 && strncmp(uri, "/slots/", 7) == 0)
         return R_LLAMACPP_SLOTS_ACTION;
+    /* /v1/responses/{id} and /v1/responses/{id}/input_items: the id checked once the
+     * caller is known */
+    if (n > 14 && strncmp(uri, "/v1/responses/", 14) == 0) {
+        const char *slash = memchr(uri + 14, '/', n - 14);
+        if (!slash)
+            return R_RESPONSE;
+        return (size_t)(uri + n - slash) == 12 && strncmp(slash, "/input_items", 12) == 0
+                   ? R_RESPONSE_ITEMS : R_OTHER;
+    }
     for (int r = 0; r < R_OTHER; r++)
         if (strlen(route_path[r]) == n && strncmp(uri, route_path[r], n) == 0)
             return (enum route)r;
@@ -1099,12 +1115,16 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     enum route r = route_of(uri, &plen);
     bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
                r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
-               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS || r == R_LLAMACPP_SLOTS;
+               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS || r == R_LLAMACPP_SLOTS ||
+               r == R_RESPONSE || r == R_RESPONSE_ITEMS;
     /* a GET route that a POST changes in llama.cpp's server: llmsd refuses the change */
     bool get_post = r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS;
+    /* a stored response is read or deleted */
+    bool get_delete = r == R_RESPONSE;
     /* ollama's model management is refused whichever method it comes with (DELETE for
      * /api/delete, POST for the others); so is a change of llama.cpp's /props (POST) */
-    const char *methods = get_post ? "GET, HEAD, POST"
+    const char *methods = get_post              ? "GET, HEAD, POST"
+                          : get_delete          ? "GET, HEAD, DELETE"
                           : get                 ? "GET, HEAD"
                           : r == R_OLLAMA_MANAGE ? "POST, DELETE"
                                                  : "POST";
@@ -1133,13 +1153,15 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         return false;
     }
     /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
-    bool post = strcmp(method, "POST") == 0;
-    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(get_post && post)
-            : !post && (r != R_OLLAMA_MANAGE || strcmp(method, "DELETE"))) {
+    bool post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
+    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(get_post && post) &&
+                  !(get_delete && del)
+            : !post && (r != R_OLLAMA_MANAGE || !del)) {
         httpwire_add_header(wc, "Allow", methods);
         send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
                    "%s takes %s", route_path[r],
-                   get_post ? "GET, HEAD or POST"
+                   get_post              ? "GET, HEAD or POST"
+                   : get_delete          ? "GET, HEAD or DELETE"
                    : get                 ? "GET or HEAD"
                    : r == R_OLLAMA_MANAGE ? "POST or DELETE"
                                           : "POST");
@@ -1191,6 +1213,10 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         size_t base = strlen(route_path[R_MODELS]); /* "/v1/models", then "/{id}" or none */
         openai_send_models(h, wc, plen > base ? uri + base + 1 : NULL,
                            plen > base ? plen - base - 1 : 0);
+        return false;
+    }
+    if (r == R_RESPONSE || r == R_RESPONSE_ITEMS) {
+        responses_send_stored(h, wc, r, uri, plen, del, ss.uid);
         return false;
     }
     if (r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS) {
@@ -1586,6 +1612,10 @@ http *http_new(struct event_base *base, const config *cfg, const session_env *se
         .idle_timeout_ms = IDLE_MS,
         .accept_retry_ms = LISTEN_ACCEPT_RETRY_MS,
     };
+    if (!(h->store = respstore_new((size_t)cfg->responses_store_bytes))) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
     httpwire_hooks hooks = {gw_open, gw_head, gw_body, gw_close};
     if (!(h->wire = httpwire_new(base, &wcfg, &hooks, h))) {
         err_set(err, "out of memory");
@@ -1636,5 +1666,6 @@ void http_free(http *h)
     free(h->tokens);
     models_view_free(&h->view);
     uidtab_free(&h->body_bytes_per_uid);
+    respstore_free(h->store);
     free(h);
 }

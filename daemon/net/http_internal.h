@@ -16,6 +16,7 @@
 #include "daemon/net/http.h"
 #include "daemon/net/httpwire.h"
 #include "daemon/net/reasoning.h"
+#include "daemon/net/respstore.h"
 #include "daemon/net/session.h"
 #include "daemon/net/toolcall.h"
 #include "daemon/net/uidtab.h"
@@ -31,6 +32,8 @@ enum route {
     R_RERANK,
     R_RAG,
     R_RESPONSES,               /* OpenAI's Responses API (responses.c) */
+    R_RESPONSE,                /* GET and DELETE /v1/responses/{id}: a stored response */
+    R_RESPONSE_ITEMS,          /* GET /v1/responses/{id}/input_items */
     R_TOKENIZE,
     R_DETOKENIZE,
     R_HEALTH,
@@ -165,6 +168,7 @@ struct http {
     size_t n_counts;
     uint64_t prompt_tokens, completion_tokens, embed_tokens, cancelled;
     uint64_t cached_tokens;  /* of prompt_tokens, those resumed from the prompt cache */
+    respstore *store;          /* owned: the Responses API's stored responses */
 };
 
 /* ---- http.c: answering, requests in flight, the registry's view ---- */
@@ -325,13 +329,20 @@ void openai_submit_embed(hreq *hr, Llms__Request *r, json_object *in, const char
 /* ---- responses.c: OpenAI's Responses API ---- */
 
 /* A Responses body (POST /v1/responses) as the chat completion body it asks for, fresh in
- * *chat: input and instructions as messages (function_call and function_call_output
+ * *chat: the items of prior (a stored conversation's, or NULL: none), then input, and
+ * instructions as messages (function_call and function_call_output
  * items as assistant tool_calls and tool messages), the flat function tools and
  * tool_choice in the chat's shape, text.format as response_format, max_output_tokens as
  * max_tokens, the chat's sampling fields as they are. 0; -1 with msg naming the field for
  * what cannot be served (a stored response or conversation, a hosted tool, an image);
  * -2 out of memory. */
-int responses_chat_body(json_object *req, json_object **chat, char *msg, size_t cap);
+int responses_chat_body(json_object *req, json_object *prior, json_object **chat, char *msg,
+                        size_t cap);
+
+/* Answers route r (R_RESPONSE: GET, or DELETE when del; R_RESPONSE_ITEMS) for uid from
+ * h's store: uri (its path plen bytes, then the query) names the response. */
+void responses_send_stored(http *h, httpwire_conn *wc, enum route r, const char *uri,
+                           size_t plen, bool del, uid_t uid);
 
 /* As openai_start_generate, for /v1/responses: hr's body read as responses_chat_body
  * turns it into a chat, which runs as /v1/chat/completions runs it. */

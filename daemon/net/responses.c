@@ -3,9 +3,10 @@
  * a request body is turned into the chat completion it asks for (responses_chat_body),
  * which openai.c reads and runs as /v1/chat/completions runs it (template, sampling,
  * tools, formats, prompt cache); the reply comes back as a response object with output
- * items, or as the Responses' named Server-Sent Events. llmsd keeps no responses, so
- * what refers to a stored one (previous_response_id, a conversation, item references,
- * background runs) is refused.
+ * items, or as the Responses' named Server-Sent Events. A finished response is stored
+ * (respstore.h) unless the body says store false: previous_response_id continues its
+ * conversation, and GET, DELETE and input_items read it. What refers to a conversation,
+ * an item reference or a background run is refused.
  */
 #include <json-c/json.h>
 #include <stdarg.h>
@@ -27,6 +28,10 @@ struct responses_req {
     int rs_index;          /* the reasoning item's place in output; -1 before its first text */
     bool rs_done;          /* the reasoning item is done */
     struct evbuffer *reasoning; /* its text streamed so far */
+    bool store;            /* the response is stored once it ends */
+    const char *previous;  /* the body's previous_response_id (in request), or NULL */
+    json_object *items;    /* (store) the input items stored with it: the previous
+                              response's, then this body's input, each with an id */
 };
 
 void responses_req_free(struct responses_req *rs)
@@ -35,6 +40,7 @@ void responses_req_free(struct responses_req *rs)
         return;
     json_object_put(rs->request);
     json_object_put(rs->output);
+    json_object_put(rs->items);
     if (rs->text)
         evbuffer_free(rs->text);
     if (rs->reasoning)
@@ -230,48 +236,14 @@ static int add_call_output(json_object *msgs, json_object *item, size_t i, char 
     return json_object_array_add(msgs, m) ? -2 : 0;
 }
 
-/* "instructions" and "input" as the chat's messages, into chat. tools: whether the body
- * has any, which the template needs to write calls and their results. */
-static int read_input(json_object *req, json_object *chat, bool tools, char *msg, size_t cap)
+/* items (input items, already checked to be an array) as the chat's messages, appended
+ * to msgs. tools: whether the body has any, which the template needs to write calls and
+ * their results. */
+static int read_items(json_object *msgs, json_object *items, bool tools, char *msg, size_t cap)
 {
-    json_object *in, *v;
-    int rc = jsonfield_get(req, "instructions", "", json_type_string, &v, msg, cap);
-    if (rc < 0)
-        return -1;
-    json_object *msgs = json_object_new_array();
-    if (!msgs)
-        return -2;
-    json_object_object_add(chat, "messages", msgs);
-    /* the system (or developer) message first, as OpenAI puts it */
-    if (rc) {
-        json_object *m = json_object_new_object();
-        if (!m || json_object_array_add(msgs, m)) {
-            json_object_put(m);
-            return -2;
-        }
-        json_object_object_add(m, "role", json_object_new_string("system"));
-        json_object_object_add(m, "content", json_object_get(v));
-    }
-    if (!(in = given(req, "input"))) {
-        snprintf(msg, cap, "'input' is required (a string, or an array of items)");
-        return -1;
-    }
-    if (json_object_is_type(in, json_type_string)) {
-        json_object *m = json_object_new_object();
-        if (!m || json_object_array_add(msgs, m)) {
-            json_object_put(m);
-            return -2;
-        }
-        json_object_object_add(m, "role", json_object_new_string("user"));
-        json_object_object_add(m, "content", json_object_get(in));
-        return 0;
-    }
-    if (!json_object_is_type(in, json_type_array) || json_object_array_length(in) == 0) {
-        snprintf(msg, cap, "'input' must be a string or a non-empty array of items");
-        return -1;
-    }
-    for (size_t i = 0; i < json_object_array_length(in); i++) {
-        json_object *item = json_object_array_get_idx(in, i);
+    for (size_t i = 0; i < json_object_array_length(items); i++) {
+        json_object *item = json_object_array_get_idx(items, i);
+        int rc;
         if (!json_object_is_type(item, json_type_object)) {
             snprintf(msg, cap, "input[%zu] must be an object (a message or a function call item)",
                      i);
@@ -295,8 +267,9 @@ static int read_input(json_object *req, json_object *chat, bool tools, char *msg
         else if (output)
             rc = add_call_output(msgs, item, i, msg, cap);
         else if (!strcmp(type, "item_reference"))
-            rc = -1, snprintf(msg, cap, "input[%zu]: item_reference names a stored item, and "
-                                        "llmsd keeps none: send the item itself", i);
+            rc = -1, snprintf(msg, cap, "input[%zu]: item_reference is not supported: send the "
+                                        "item itself, or continue a stored response with "
+                                        "previous_response_id", i);
         else
             rc = -1, snprintf(msg, cap, "input[%zu]: items of type '%.32s' are not supported "
                                         "(message, function_call, function_call_output, "
@@ -310,6 +283,57 @@ static int read_input(json_object *req, json_object *chat, bool tools, char *msg
         }
     }
     return 0;
+}
+
+/* "instructions", then prior's items (a stored conversation's, or NULL) and "input" as
+ * the chat's messages, into chat. tools: whether the body has any. */
+static int read_input(json_object *req, json_object *prior, json_object *chat, bool tools,
+                      char *msg, size_t cap)
+{
+    json_object *in, *v;
+    int rc = jsonfield_get(req, "instructions", "", json_type_string, &v, msg, cap);
+    if (rc < 0)
+        return -1;
+    json_object *msgs = json_object_new_array();
+    if (!msgs)
+        return -2;
+    json_object_object_add(chat, "messages", msgs);
+    /* the system (or developer) message first, as OpenAI puts it */
+    if (rc) {
+        json_object *m = json_object_new_object();
+        if (!m || json_object_array_add(msgs, m)) {
+            json_object_put(m);
+            return -2;
+        }
+        json_object_object_add(m, "role", json_object_new_string("system"));
+        json_object_object_add(m, "content", json_object_get(v));
+    }
+    if (prior && (rc = read_items(msgs, prior, tools, msg, cap))) {
+        /* the stored items passed once: what fails now is what this request lacks */
+        char why[256];
+        snprintf(why, sizeof why, "%s", msg);
+        snprintf(msg, cap, "the previous response's conversation: %s", why);
+        return rc;
+    }
+    if (!(in = given(req, "input"))) {
+        snprintf(msg, cap, "'input' is required (a string, or an array of items)");
+        return -1;
+    }
+    if (json_object_is_type(in, json_type_string)) {
+        json_object *m = json_object_new_object();
+        if (!m || json_object_array_add(msgs, m)) {
+            json_object_put(m);
+            return -2;
+        }
+        json_object_object_add(m, "role", json_object_new_string("user"));
+        json_object_object_add(m, "content", json_object_get(in));
+        return 0;
+    }
+    if (!json_object_is_type(in, json_type_array) || json_object_array_length(in) == 0) {
+        snprintf(msg, cap, "'input' must be a string or a non-empty array of items");
+        return -1;
+    }
+    return read_items(msgs, in, tools, msg, cap);
 }
 
 /* "tools" in the Responses' flat shape ({type, name, description, parameters, strict}) as
@@ -453,22 +477,29 @@ static int read_text_format(json_object *req, json_object *chat, char *msg, size
  * past. Their "off" values pass. */
 static int check_fields(json_object *req, char *msg, size_t cap)
 {
-    static const char *const stored[] = {"previous_response_id", "conversation"};
     json_object *v;
-    for (size_t i = 0; i < sizeof stored / sizeof stored[0]; i++)
-        if (given(req, stored[i])) {
-            snprintf(msg, cap, "'%s': llmsd keeps no responses or conversations; send the whole "
-                               "conversation as 'input'", stored[i]);
-            return -1;
-        }
-    int rc = jsonfield_get(req, "background", "", json_type_boolean, &v, msg, cap);
+    if (given(req, "conversation")) {
+        snprintf(msg, cap, "'conversation': llmsd keeps no conversations; continue a stored "
+                           "response with 'previous_response_id', or send the whole "
+                           "conversation as 'input'");
+        return -1;
+    }
+    int rc = jsonfield_get(req, "previous_response_id", "", json_type_string, &v, msg, cap);
+    if (rc < 0)
+        return -1;
+    if (rc && !respstore_id_valid(json_object_get_string(v),
+                                  (size_t)json_object_get_string_len(v))) {
+        snprintf(msg, cap, "'previous_response_id' is no response id (\"resp_\" and letters, "
+                           "digits, '_' or '-', %d characters at most)", RESPSTORE_ID_MAX);
+        return -1;
+    }
+    rc = jsonfield_get(req, "background", "", json_type_boolean, &v, msg, cap);
     if (rc < 0)
         return -1;
     if (rc && json_object_get_boolean(v)) {
         snprintf(msg, cap, "'background': llmsd keeps no responses to fetch later; ask without it");
         return -1;
     }
-    /* nothing is stored whatever store says */
     if (jsonfield_get(req, "store", "", json_type_boolean, &v, msg, cap) < 0 ||
         jsonfield_get(req, "user", "", json_type_string, &v, msg, cap) < 0 ||
         jsonfield_get(req, "max_output_tokens", "", json_type_int, &v, msg, cap) < 0)
@@ -514,7 +545,8 @@ static int check_fields(json_object *req, char *msg, size_t cap)
     return 0;
 }
 
-int responses_chat_body(json_object *req, json_object **chat, char *msg, size_t cap)
+int responses_chat_body(json_object *req, json_object *prior, json_object **chat, char *msg,
+                        size_t cap)
 {
     json_object *v;
     size_t n_tools;
@@ -525,7 +557,7 @@ int responses_chat_body(json_object *req, json_object **chat, char *msg, size_t 
     if (!rc)
         rc = read_tools(req, *chat, &n_tools, msg, cap);
     if (!rc)
-        rc = read_input(req, *chat, n_tools > 0, msg, cap);
+        rc = read_input(req, prior, *chat, n_tools > 0, msg, cap);
     if (!rc)
         rc = read_tool_choice(req, *chat, msg, cap);
     if (!rc)
@@ -543,24 +575,137 @@ int responses_chat_body(json_object *req, json_object **chat, char *msg, size_t 
     return 0;
 }
 
+/* The conversation of uid's stored response id, fresh in *items: its input items, then
+ * its output items, as the next turn continues it. 0; 1 when uid has no response id; -2
+ * out of memory. */
+static int stored_conversation(http *h, uid_t uid, const char *id, json_object **items)
+{
+    respstore_entry e;
+    *items = NULL;
+    if (!respstore_get(h->store, uid, id, &e))
+        return 1;
+    json_object *in = json_tokener_parse(e.items), *resp = json_tokener_parse(e.response);
+    json_object *out = given(resp, "output");
+    int rc = json_object_is_type(in, json_type_array) && json_object_is_type(out, json_type_array)
+                 ? 0 : -2;
+    for (size_t i = 0; rc == 0 && i < json_object_array_length(out); i++)
+        if (json_object_array_add(in, json_object_get(json_object_array_get_idx(out, i))))
+            rc = -2;
+    json_object_put(resp);
+    if (rc)
+        json_object_put(in);
+    else
+        *items = in;
+    return rc;
+}
+
+/* The id prefix OpenAI gives an item of type. */
+static const char *item_prefix(const char *type)
+{
+    return !strcmp(type, "message")                ? "msg_"
+           : !strcmp(type, "function_call")        ? "fc_"
+           : !strcmp(type, "function_call_output") ? "fco_"
+           : !strcmp(type, "reasoning")            ? "rs_"
+                                                   : "item_";
+}
+
+/* The input items to store with hr's response: prior's (the previous response's
+ * conversation, or NULL), then the body's input (a string as a user message of one
+ * input_text part, as OpenAI lists it; an item without a type as a message), each item
+ * whose id is not a string of up to RESPSTORE_ID_MAX bytes given one of the response's
+ * hex digits and its place in the input. NULL out of memory. */
+static json_object *input_items(const hreq *hr, json_object *prior)
+{
+    json_object *items = json_object_new_array(), *in = given(hr->rs->request, "input");
+    const char *hex = hr->id + strlen("resp_");
+    char id[RESPSTORE_ID_MAX + 1];
+    for (size_t i = 0; items && prior && i < json_object_array_length(prior); i++)
+        if (json_object_array_add(items, json_object_get(json_object_array_get_idx(prior, i))))
+            goto oom;
+    if (!items)
+        return NULL;
+    if (json_object_is_type(in, json_type_string)) {
+        json_object *m = json_object_new_object(), *content = json_object_new_array();
+        json_object *part = json_object_new_object();
+        if (!m || !content || !part || json_object_array_add(items, m)) {
+            json_object_put(m);
+            json_object_put(content);
+            json_object_put(part);
+            goto oom;
+        }
+        snprintf(id, sizeof id, "msg_%s_0", hex);
+        json_object_object_add(m, "id", json_object_new_string(id));
+        json_object_object_add(m, "type", json_object_new_string("message"));
+        json_object_object_add(m, "role", json_object_new_string("user"));
+        json_object_object_add(part, "type", json_object_new_string("input_text"));
+        json_object_object_add(part, "text", json_object_get(in));
+        json_object_array_add(content, part);
+        json_object_object_add(m, "content", content);
+        return items;
+    }
+    for (size_t i = 0; i < json_object_array_length(in); i++) {
+        json_object *item = json_object_array_get_idx(in, i), *copy = json_object_new_object();
+        if (!copy || json_object_array_add(items, copy)) {
+            json_object_put(copy);
+            goto oom;
+        }
+        json_object_object_foreach(item, key, val)
+            json_object_object_add(copy, key, json_object_get(val));
+        const char *type = given(item, "type") ? string_member(item, "type") : NULL;
+        if (!type)
+            json_object_object_add(copy, "type", json_object_new_string(type = "message"));
+        const char *have = string_member(item, "id");
+        if (!have || !have[0] || strlen(have) > RESPSTORE_ID_MAX) {
+            snprintf(id, sizeof id, "%s%s_%zu", item_prefix(type), hex, i);
+            json_object_object_add(copy, "id", json_object_new_string(id));
+        }
+    }
+    return items;
+oom:
+    json_object_put(items);
+    return NULL;
+}
+
 void responses_start(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
-    json_object *chat;
-    if (!(hr->rs = calloc(1, sizeof *hr->rs))) {
+    json_object *chat, *prior = NULL, *v;
+    struct responses_req *rs = hr->rs = calloc(1, sizeof *hr->rs);
+    if (!rs) {
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
-    hr->rs->msg_index = hr->rs->rs_index = -1;
-    int rc = responses_chat_body(hr->body, &chat, msg, cap);
+    rs->msg_index = rs->rs_index = -1;
+    /* an id that is none is refused 400 with the other fields */
+    const char *prev = string_member(hr->body, "previous_response_id");
+    int rc = prev && respstore_id_valid(prev, strlen(prev))
+                 ? stored_conversation(hr->h, hr->ss.uid, prev, &prior) : 0;
+    if (rc == 1) {
+        http_req_finish(hr);
+        openai_send_error(hr->h, hr->wc, hr->route, 404, "invalid_request_error",
+                          "previous_response_not_found",
+                          "Previous response with id '%s' not found.", prev);
+        return;
+    }
+    if (rc == 0)
+        rc = responses_chat_body(hr->body, prior, &chat, msg, cap);
     if (rc) {
+        json_object_put(prior);
         openai_finish_error(hr, rc == -2 ? LLMS__ERROR_CODE__INTERNAL
                                          : LLMS__ERROR_CODE__INVALID_ARGUMENT,
                             rc == -2 ? "out of memory" : msg);
         return;
     }
     /* the body as sent is the answer's to echo; model_named still points into it */
-    hr->rs->request = hr->body;
+    rs->request = hr->body;
     hr->body = chat;
+    rs->previous = prev;
+    rs->store = respstore_on(hr->h->store) &&
+                (!json_object_object_get_ex(rs->request, "store", &v) || !v ||
+                 json_object_get_boolean(v));
+    /* out of memory, the response is not stored, which its store field says */
+    if (rs->store && !(rs->items = input_items(hr, prior)))
+        rs->store = false;
+    json_object_put(prior);
     openai_start_generate(hr, r, msg, cap);
 }
 
@@ -751,7 +896,9 @@ static json_object *response_obj(const hreq *hr, const char *status, const char 
     json_object_object_add(o, "output", output ? output : json_object_new_array());
     json_object_object_add(o, "parallel_tool_calls",
                            echo(hr, "parallel_tool_calls", json_object_new_boolean(1)));
-    json_object_object_add(o, "previous_response_id", NULL);
+    json_object_object_add(o, "previous_response_id",
+                           hr->rs->previous ? json_object_new_string(hr->rs->previous) : NULL);
+    json_object_object_add(o, "store", json_object_new_boolean(hr->rs->store));
     json_object_object_add(o, "temperature",
                            echo(hr, "temperature", float_number(cfg->temperature)));
     if ((text = json_object_new_object())) {
@@ -774,6 +921,25 @@ static json_object *response_obj(const hreq *hr, const char *status, const char 
     if (string_member(hr->rs->request, "user"))
         json_object_object_add(o, "user", echo(hr, "user", NULL));
     return o;
+}
+
+/* Stores o (hr's final response object, NULL out of memory) when hr is to be stored, with
+ * the input items it answered; one the store does not take (over half its budget, or
+ * out of memory) says store false. */
+static void keep(hreq *hr, json_object *o)
+{
+    struct responses_req *rs = hr->rs;
+    const int flags = JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE;
+    size_t n_items, n;
+    if (!o || !rs->store)
+        return;
+    const char *items = json_object_to_json_string_length(rs->items, flags, &n_items);
+    const char *text = json_object_to_json_string_length(o, flags, &n);
+    if (!items || !text ||
+        respstore_put(hr->h->store, hr->ss.uid, hr->id, text, n, items, n_items)) {
+        rs->store = false;
+        json_object_object_add(o, "store", json_object_new_boolean(0));
+    }
 }
 
 /* The whole response of a reply: its reasoning as a reasoning item, its text as the
@@ -813,6 +979,7 @@ static void reply_whole(hreq *hr, const Llms__CallResult *res)
     json_object *o = response_obj(hr, status, why, output, usage_obj(res, r.n > 0), NULL);
     if (o)
         json_object_object_add(o, "llmsd", openai_llmsd_obj(hr));
+    keep(hr, o);
     http_send_json(hr->h, hr->wc, hr->route, 200, o);
 }
 
@@ -1084,6 +1251,7 @@ static void stream_end(hreq *hr, const Llms__CallResult *res)
                                   usage_obj(res, rs->rs_index >= 0), NULL);
     if (o)
         json_object_object_add(o, "llmsd", openai_llmsd_obj(hr));
+    keep(hr, o);
     event_put(hr, strcmp(status, "completed") ? "response.incomplete" : "response.completed",
               members("response", o, NULL));
     httpwire_stream_chunk(hr->wc, hr->sse);
@@ -1135,8 +1303,9 @@ void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
         return;
     }
     /* The stream has begun with 200: the response fails in its last event, with the
-     * items streamed so far. */
+     * items streamed so far; a failed response is not stored. */
     http_req_finish(hr);
+    hr->rs->store = false;
     json_object *e = members("code", json_object_new_string(error_code(code)), "message",
                              json_object_new_string(msg), NULL);
     event_put(hr, "response.failed",
@@ -1144,4 +1313,139 @@ void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
                                                NULL, e), NULL));
     httpwire_stream_chunk(hr->wc, hr->sse);
     httpwire_stream_end(hr->wc);
+}
+
+/* ---- stored responses: GET, DELETE, input_items ---- */
+
+/* The value of key in query (a URI's text after '?'), *n bytes; NULL when absent. */
+static const char *query_value(const char *query, const char *key, size_t *n)
+{
+    size_t k = strlen(key);
+    for (const char *p = query; *p && *p != '#';) {
+        size_t len = strcspn(p, "&#");
+        if (len > k && !strncmp(p, key, k) && p[k] == '=') {
+            *n = len - k - 1;
+            return p + k + 1;
+        }
+        p += len + (p[len] == '&');
+    }
+    return NULL;
+}
+
+/* Answers 400 for a query parameter of input_items. */
+static void bad_param(http *h, httpwire_conn *wc, const char *what)
+{
+    openai_send_error(h, wc, R_RESPONSE_ITEMS, 400, "invalid_request_error", "invalid_request",
+                      "%s", what);
+}
+
+/* The page of items input_items asks for (query: limit 1..100, default 20; order asc or
+ * desc, the default; after: the id of the item the page follows) as OpenAI's list. */
+static void send_items(http *h, httpwire_conn *wc, json_object *items, const char *query)
+{
+    size_t n, total = json_object_array_length(items);
+    const char *v;
+    long limit = 20;
+    bool desc = true;
+    if ((v = query_value(query, "limit", &n))) {
+        char digits[8];
+        snprintf(digits, sizeof digits, "%.*s", (int)(n < 7 ? n : 7), v);
+        limit = n && n < 7 && strspn(digits, "0123456789") == n ? strtol(digits, NULL, 10) : 0;
+        if (limit < 1 || limit > 100) {
+            bad_param(h, wc, "'limit' must be an integer from 1 to 100");
+            return;
+        }
+    }
+    if ((v = query_value(query, "order", &n))) {
+        if ((n != 3 || strncmp(v, "asc", 3)) && (n != 4 || strncmp(v, "desc", 4))) {
+            bad_param(h, wc, "'order' must be \"asc\" or \"desc\"");
+            return;
+        }
+        desc = n == 4;
+    }
+    size_t from = 0; /* the first item of the page, counted in the list's order */
+    if ((v = query_value(query, "after", &n))) {
+        for (from = 0; from < total; from++) {
+            json_object *item = json_object_array_get_idx(items, desc ? total - 1 - from : from);
+            const char *id = string_member(item, "id");
+            if (id && strlen(id) == n && !strncmp(id, v, n))
+                break;
+        }
+        if (from == total) {
+            char m[160];
+            snprintf(m, sizeof m, "'after': no input item '%.*s' in this response",
+                     (int)(n < 80 ? n : 80), v);
+            bad_param(h, wc, m);
+            return;
+        }
+        from++;
+    }
+    size_t count = total - from < (size_t)limit ? total - from : (size_t)limit;
+    json_object *o = json_object_new_object(), *data = json_object_new_array_ext((int)count);
+    if (!o || !data) {
+        json_object_put(o);
+        json_object_put(data);
+        http_send_json(h, wc, R_RESPONSE_ITEMS, 500, NULL);
+        return;
+    }
+    for (size_t i = from; i < from + count; i++)
+        json_object_array_add(data, json_object_get(json_object_array_get_idx(
+                                        items, desc ? total - 1 - i : i)));
+    json_object *first = count ? given(json_object_array_get_idx(data, 0), "id") : NULL;
+    json_object *last = count ? given(json_object_array_get_idx(data, count - 1), "id") : NULL;
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "data", data);
+    json_object_object_add(o, "first_id", json_object_get(first));
+    json_object_object_add(o, "last_id", json_object_get(last));
+    json_object_object_add(o, "has_more", json_object_new_boolean(from + count < total));
+    http_send_json(h, wc, R_RESPONSE_ITEMS, 200, o);
+}
+
+void responses_send_stored(http *h, httpwire_conn *wc, enum route r, const char *uri,
+                           size_t plen, bool del, uid_t uid)
+{
+    static const char base[] = "/v1/responses/", items[] = "/input_items";
+    const char *id = uri + strlen(base);
+    size_t n = plen - strlen(base) - (r == R_RESPONSE_ITEMS ? strlen(items) : 0);
+    char key[RESPSTORE_ID_MAX + 1];
+    respstore_entry e;
+    if (!respstore_id_valid(id, n)) {
+        openai_send_error(h, wc, r, 400, "invalid_request_error", "invalid_request",
+                          "'%.*s' is no response id (\"resp_\" and letters, digits, '_' or '-', "
+                          "%d characters at most)", (int)(n < 80 ? n : 80), id, RESPSTORE_ID_MAX);
+        return;
+    }
+    memcpy(key, id, n);
+    key[n] = '\0';
+    /* another uid's response is not there for this one: the same answer as for none */
+    if (!respstore_get(h->store, uid, key, &e)) {
+        openai_send_error(h, wc, r, 404, "invalid_request_error", "not_found",
+                          "Response with id '%s' not found.", key);
+        return;
+    }
+    if (r == R_RESPONSE && del) {
+        respstore_delete(h->store, uid, key);
+        json_object *o = json_object_new_object();
+        if (o) {
+            json_object_object_add(o, "id", json_object_new_string(key));
+            json_object_object_add(o, "object", json_object_new_string("response"));
+            json_object_object_add(o, "deleted", json_object_new_boolean(1));
+        }
+        http_send_json(h, wc, r, 200, o);
+        return;
+    }
+    if (r == R_RESPONSE) {
+        httpwire_add_header(wc, "Content-Type", "application/json");
+        httpwire_reply(wc, 200, e.response, e.response_len);
+        http_count_status(h, r, 200);
+        return;
+    }
+    json_object *list = json_tokener_parse(e.items);
+    if (!json_object_is_type(list, json_type_array)) {
+        json_object_put(list);
+        http_send_json(h, wc, r, 500, NULL);
+        return;
+    }
+    send_items(h, wc, list, uri[plen] == '?' ? uri + plen + 1 : "");
+    json_object_put(list);
 }

@@ -91,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         read_chat(body, family);
         char msg[256] = "";
         json_object *chat;
-        int rc = responses_chat_body(body, &chat, msg, sizeof msg);
+        int rc = responses_chat_body(body, NULL, &chat, msg, sizeof msg);
         if (rc == -1 && !msg[0])
             abort();
         if (rc == 0) {

@@ -85,12 +85,36 @@ const finalText = final.output[0].content[0].text;
 check('responses stream helper', helped === text && finalText === text && final.id.startsWith('resp_'),
       `${JSON.stringify(helped)} ${JSON.stringify(finalText)} vs ${JSON.stringify(text)}`);
 
+// Stored responses: the next turn continues the first by previous_response_id (its
+// conversation and the new input), retrieve gives the first back, its input items list
+// the conversation newest first, and once deleted it is gone for both.
+const next = await client.responses.create({
+  model, instructions: 'Be brief.', input: 'and then?', previous_response_id: resp.id,
+  max_output_tokens: 12, temperature: 0,
+});
+check('responses previous_response_id', next.previous_response_id === resp.id && next.store === true &&
+      next.usage.input_tokens > resp.usage.input_tokens, JSON.stringify(next));
+const got = await client.responses.retrieve(resp.id);
+check('responses retrieve', got.id === resp.id && got.output[0].content[0].text === text,
+      JSON.stringify(got));
+const items = await client.responses.inputItems.list(next.id);
+check('responses input_items', items.data.length === 3 && items.data[0].content[0].text === 'and then?' &&
+      items.data[1].id === resp.output[0].id && items.data.every((item) => item.id),
+      JSON.stringify(items.data));
+const deleteResponse = client.responses.delete ?? client.responses.del;
+await deleteResponse.call(client.responses, resp.id);
 try {
-  await client.responses.create({ model, input: 'hello', previous_response_id: 'resp_0' });
-  check('responses previous_response_id', false, 'no error');
+  await client.responses.retrieve(resp.id);
+  check('responses delete', false, 'retrieved after delete');
 } catch (e) {
-  check('responses previous_response_id', e instanceof OpenAI.BadRequestError && e.status === 400 &&
-        e.message.includes('previous_response_id'), `${e.status} ${e.message}`);
+  check('responses delete', e instanceof OpenAI.NotFoundError && e.status === 404, `${e.status} ${e.message}`);
+}
+try {
+  await client.responses.create({ model, input: 'hello', previous_response_id: resp.id });
+  check('responses previous_response_id deleted', false, 'no error');
+} catch (e) {
+  check('responses previous_response_id deleted', e instanceof OpenAI.NotFoundError && e.status === 404 &&
+        e.message.includes(resp.id), `${e.status} ${e.message}`);
 }
 
 const comp = await client.completions.create({ model, prompt: 'one two', max_tokens: 5, temperature: 0 });

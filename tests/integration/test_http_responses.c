@@ -9,8 +9,12 @@
  * response, text.format as response_format, function_call items out and
  * function_call / function_call_output items in as the chat's tool calls and tool
  * messages (the same prompt tokens), a failure after the stream began as response.failed.
- * What cannot be served is 400 naming it, and random bodies are never answered 5xx. The
- * documentation model's tests skip without the test data.
+ * Stored responses: a conversation chained by previous_response_id is the same
+ * conversation sent whole (and resumes the prompt cache), GET gives what the POST gave,
+ * input_items pages through the conversation, DELETE and store false leave nothing,
+ * another uid (a token of its own on TCP) finds nothing, a small store evicts the
+ * oldest. What cannot be served is 400 naming it, and random bodies, ids and paths are
+ * never answered 5xx. The documentation model's tests skip without the test data.
  */
 #include <grp.h>
 #include <json-c/json.h>
@@ -18,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
@@ -43,13 +48,29 @@ static char docs_sock[700];
         CHECK_MSG(docs_up == 1, "llmsd did not start");                        \
     } while (0)
 
+/* Bearer tokens of the docs daemon's TCP gateway: the test's own uid, and another uid,
+ * whose stored responses are its own. */
+#define TOKEN_MINE "resp-token-mine-0123456789"
+#define TOKEN_OTHER "resp-token-other-0123456789"
+static int docs_port;
+
 static int start_docs(void)
 {
-    char extra[1024];
+    char extra[2048], tokens[700];
     struct group *g = getgrgid(getgid());
+    proc_fmt(tokens, sizeof tokens, "%s/resp-tokens", test_tmpdir());
+    FILE *f = fopen(tokens, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%s %u mine\n%s %u other\n", TOKEN_MINE, (unsigned)getuid(), TOKEN_OTHER,
+            (unsigned)getuid() + 1);
+    fclose(f);
+    chmod(tokens, 0600);
+    docs_port = httpc_free_port();
     proc_fmt(docs_sock, sizeof docs_sock, "%s/resp-h.sock", test_tmpdir());
     proc_fmt(extra, sizeof extra, "http_socket = %s\nthreads = 2\nn_ctx = 1024\n"
-             "step_tokens = 16\nadmin_group = %s\n", docs_sock, g ? g->gr_name : "root");
+             "step_tokens = 16\nadmin_group = %s\nhttp_listen = 127.0.0.1:%d\n"
+             "http_tokens_file = %s\n", docs_sock, g ? g->gr_name : "root", docs_port, tokens);
     return proc_start(&docs_daemon, llmsd_path, "resp", docs_path, extra);
 }
 
@@ -213,6 +234,8 @@ static void response_object_shape(void)
     CHECK(json_object_object_get_ex(o, "error", NULL) && !httpc_jget(o, "error"));
     CHECK(json_object_object_get_ex(o, "previous_response_id", NULL) &&
           !httpc_jget(o, "previous_response_id"));
+    CHECK(json_object_is_type(httpc_jget(o, "store"), json_type_boolean) &&
+          !json_object_get_boolean(httpc_jget(o, "store")));
     /* 8 tokens of a documentation answer: cut short */
     CHECK(str_is(o, "status", "incomplete"));
     CHECK(str_is(o, "incomplete_details.reason", "max_output_tokens"));
@@ -460,7 +483,8 @@ static void refusals_are_400(void)
     static const struct {
         const char *body, *says;
     } bad[] = {
-        {"{\"input\":\"x\",\"previous_response_id\":\"resp_123\"}", "previous_response_id"},
+        {"{\"input\":\"x\",\"previous_response_id\":7}", "previous_response_id"},
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_a/b\"}", "previous_response_id"},
         {"{\"input\":\"x\",\"conversation\":\"conv_123\"}", "conversation"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "web_search"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"file_search\",\"vector_store_ids\":[]}]}",
@@ -536,7 +560,7 @@ static const char *const body_words[] = {
     "", "user", "assistant", "system", "developer", "message", "function_call",
     "function_call_output", "input_text", "output_text", "input_image", "function",
     "json_schema", "json_object", "text", "auto", "none", "required", "disabled", "resp",
-    "\xff\xfe", "{\"a\":1}"};
+    "\xff\xfe", "{\"a\":1}", "resp_00000000000000aa"};
 static randjson body_gen = {0x9e3779b97f4a7c15u, body_keys, sizeof body_keys / sizeof *body_keys,
                             body_words, sizeof body_words / sizeof *body_words};
 
@@ -616,6 +640,436 @@ static void metrics_name_the_route(void)
                   strstr(r.body, "{route=\"/v1/responses\",code=\"400\"}"),
               "%d %.2000s", r.status, r.body);
     httpc_reply_free(&r);
+}
+
+/* ---- stored responses (previous_response_id, GET, DELETE, input_items) ---- */
+
+/* A request on the docs daemon: over its Unix socket (token NULL), or its TCP port as
+ * the token's uid; the reply's JSON (NULL when none or not JSON), its status in *status. */
+static json_object *call(const char *token, const char *method, const char *path,
+                         const char *body, int *status)
+{
+    httpc_reply r;
+    char auth[128];
+    *status = 0;
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", token ? token : "");
+    if (httpc_do(token ? NULL : docs_sock, token ? docs_port : 0, method, path,
+                 token ? auth : NULL, body, &r))
+        return NULL;
+    *status = r.status;
+    json_object *o = r.body ? json_tokener_parse(r.body) : NULL;
+    httpc_reply_free(&r);
+    return o;
+}
+
+/* The settings of every turn of the stored conversations: the instructions long enough
+ * for the prompt cache to keep the prompt. */
+#define TURN_FIELDS                                                                        \
+    "\"instructions\":\"" LONG_INSTRUCTIONS "\",\"temperature\":0,\"max_output_tokens\":16"
+
+/* One turn of a conversation: input (a JSON value) after the stored response prev (NULL:
+ * none), as token's uid (NULL: the Unix socket's), streamed or whole; its response, or
+ * NULL with *status its status (after a failed CHECK when the stream failed). */
+static json_object *turn(const char *token, const char *prev, const char *input, bool streamed,
+                         int *status)
+{
+    char body[8192], prevf[160] = "";
+    if (prev)
+        snprintf(prevf, sizeof prevf, ",\"previous_response_id\":\"%s\"", prev);
+    snprintf(body, sizeof body, "{\"input\":%s,%s%s%s}", input, TURN_FIELDS, prevf,
+             streamed ? ",\"stream\":true" : "");
+    if (!streamed) {
+        json_object *o = call(token, "POST", "/v1/responses", body, status);
+        if (*status == 200)
+            return o;
+        json_object_put(o);
+        return NULL;
+    }
+    int n;
+    sse_event *ev = stream(docs_sock, body, &n);
+    *status = ev ? 200 : 0;
+    if (!ev)
+        return NULL;
+    json_object *o = json_object_get(httpc_jget(ev[n - 1].data, "response"));
+    free_events(ev, n);
+    free(ev);
+    return o;
+}
+
+/* An error reply is OpenAI's 404 of a response that is not there (or not the caller's):
+ * its message names the id. */
+static bool is_not_found(json_object *o, int status, const char *id)
+{
+    const char *msg = httpc_jstr(o, "error.message");
+    return status == 404 && str_is(o, "error.type", "invalid_request_error") && msg &&
+           strstr(msg, id) && strstr(msg, "not found");
+}
+
+/* Three turns chained by previous_response_id (the second streamed) give the replies of
+ * the same conversation sent whole: its items as the input, the earlier replies' output
+ * items among them; each chained turn resumes the prompt cache, names the response it
+ * follows and is stored. GET gives each as its POST (or last event) gave it. */
+static void chain_equals_whole_conversation(void)
+{
+    NEED_DOCS();
+    static const char *const inputs[] = {"\"What is llmsd?\"", "\"How do I start it?\"",
+                                         "\"What is a context?\""};
+    json_object *r[3] = {NULL, NULL, NULL};
+    char whole[8192] = "[";
+    for (int t = 0; t < 3; t++) {
+        int st;
+        r[t] = turn(NULL, t ? httpc_jstr(r[t - 1], "id") : NULL, inputs[t], t == 1, &st);
+        CHECK_MSG(r[t], "turn %d: %d", t, st);
+        CHECK_MSG(json_object_get_boolean(httpc_jget(r[t], "store")), "%s", json_text(r[t]));
+        if (t) {
+            CHECK_MSG(str_is(r[t], "previous_response_id", httpc_jstr(r[t - 1], "id")), "%s",
+                      json_text(r[t]));
+            CHECK_MSG(atoi(httpc_jstr(r[t], "usage.input_tokens_details.cached_tokens")) > 0,
+                      "turn %d: %s", t, json_text(r[t]));
+        }
+        /* the whole conversation as a client keeps it: its inputs and the replies' items */
+        snprintf(whole + strlen(whole), sizeof whole - strlen(whole),
+                 "%s{\"role\":\"user\",\"content\":%s}", t ? "," : "", inputs[t]);
+        json_object *out = httpc_jget(r[t], "output");
+        for (size_t i = 0; t < 2 && i < json_object_array_length(out); i++)
+            snprintf(whole + strlen(whole), sizeof whole - strlen(whole), ",%s",
+                     json_object_to_json_string(json_object_array_get_idx(out, i)));
+    }
+    strcat(whole, "]");
+    int st;
+    json_object *w = turn(NULL, NULL, whole, false, &st);
+    CHECK_MSG(w, "%d", st);
+    const char *a = message_text(r[2]), *b = message_text(w);
+    CHECK_MSG(a && b && !strcmp(a, b), "chained '%s', whole '%s'", a ? a : "", b ? b : "");
+    CHECK_EQ(atoi(httpc_jstr(r[2], "usage.input_tokens")),
+             atoi(httpc_jstr(w, "usage.input_tokens")));
+    CHECK_EQ(atoi(httpc_jstr(r[2], "usage.output_tokens")),
+             atoi(httpc_jstr(w, "usage.output_tokens")));
+    for (int t = 0; t < 3; t++) {
+        char path[160];
+        snprintf(path, sizeof path, "/v1/responses/%s", httpc_jstr(r[t], "id"));
+        json_object *g = call(NULL, "GET", path, NULL, &st);
+        CHECK_MSG(st == 200 && json_object_equal(g, r[t]), "turn %d: %d %s, posted %s", t, st,
+                  json_text(g), json_text(r[t]));
+        json_object_put(g);
+    }
+    json_object_put(w);
+    for (int t = 0; t < 3; t++)
+        json_object_put(r[t]);
+}
+
+/* The ids of a list's items, in its order, joined with spaces into out. */
+static void list_ids(json_object *list, char *out, size_t cap)
+{
+    json_object *data = httpc_jget(list, "data");
+    out[0] = '\0';
+    for (size_t i = 0; i < json_object_array_length(data); i++) {
+        const char *id = httpc_jstr(json_object_array_get_idx(data, i), "id");
+        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? " " : "", id ? id : "(none)");
+    }
+}
+
+/* input_items lists a chained response's input (the earlier turns' inputs and outputs,
+ * then its own input), each item with an id, newest first unless order=asc; limit and
+ * after page through it, has_more telling whether a page is the last. */
+static void input_items_page(void)
+{
+    NEED_DOCS();
+    int st;
+    json_object *r1 = turn(NULL, NULL, "\"What is a model?\"", false, &st);
+    CHECK_MSG(r1, "%d", st);
+    json_object *r2 = turn(NULL, httpc_jstr(r1, "id"),
+                           "[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":"
+                           "\"And a token?\"}]}]", false, &st);
+    CHECK_MSG(r2, "%d", st);
+    char path[256], all[2048], want[2048];
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?order=asc&limit=100",
+             httpc_jstr(r2, "id"));
+    json_object *l = call(NULL, "GET", path, NULL, &st);
+    CHECK_MSG(st == 200 && str_is(l, "object", "list") &&
+                  !json_object_get_boolean(httpc_jget(l, "has_more")), "%d %s", st,
+              json_text(l));
+    json_object *data = httpc_jget(l, "data");
+    size_t n = json_object_array_length(data);
+    size_t n_out = json_object_array_length(httpc_jget(r1, "output"));
+    CHECK_MSG(n == 2 + n_out, "%zu items, %zu outputs: %s", n, n_out, json_text(l));
+    CHECK(str_is(l, "data.0.role", "user") && str_is(l, "data.0.type", "message") &&
+          str_is(l, "data.0.content.0.text", "What is a model?"));
+    CHECK(str_is(l, "data.1.id", httpc_jstr(r1, "output.0.id")));
+    CHECK(str_is(json_object_array_get_idx(data, n - 1), "content.0.text", "And a token?"));
+    CHECK(str_is(l, "first_id", httpc_jstr(l, "data.0.id")));
+    CHECK(str_is(l, "last_id", httpc_jstr(json_object_array_get_idx(data, n - 1), "id")));
+    list_ids(l, all, sizeof all);
+    for (size_t i = 0; i < n; i++)
+        CHECK(httpc_jstr(json_object_array_get_idx(data, i), "id"));
+    json_object_put(l);
+    /* the default order is newest first, 20 at most */
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items", httpc_jstr(r2, "id"));
+    l = call(NULL, "GET", path, NULL, &st);
+    CHECK_MSG(st == 200 && json_object_array_length(httpc_jget(l, "data")) == n, "%s",
+              json_text(l));
+    CHECK(str_is(l, "data.0.content.0.text", "And a token?"));
+    json_object_put(l);
+    /* one at a time, each page after the last one's last_id */
+    for (int desc = 0; desc < 2; desc++) {
+        char after[128] = "", got[2048] = "";
+        for (size_t page = 0; page < n; page++) {
+            snprintf(path, sizeof path, "/v1/responses/%s/input_items?limit=1&order=%s%s%s",
+                     httpc_jstr(r2, "id"), desc ? "desc" : "asc", after[0] ? "&after=" : "",
+                     after);
+            l = call(NULL, "GET", path, NULL, &st);
+            CHECK_MSG(st == 200 && json_object_array_length(httpc_jget(l, "data")) == 1 &&
+                          json_object_get_boolean(httpc_jget(l, "has_more")) == (page + 1 < n),
+                      "page %zu: %d %s", page, st, json_text(l));
+            snprintf(after, sizeof after, "%s", httpc_jstr(l, "last_id"));
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", page ? " " : "",
+                     after);
+            json_object_put(l);
+        }
+        if (!desc) {
+            CHECK_MSG(!strcmp(got, all), "paged '%s', whole '%s'", got, all);
+            continue;
+        }
+        /* newest first: the whole list backwards */
+        want[0] = '\0';
+        char copy[2048], *ids[64];
+        size_t k = 0;
+        snprintf(copy, sizeof copy, "%s", all);
+        for (char *s, *t = strtok_r(copy, " ", &s); t && k < 64; t = strtok_r(NULL, " ", &s))
+            ids[k++] = t;
+        for (size_t i = k; i-- > 0;)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s",
+                     i + 1 < k ? " " : "", ids[i]);
+        CHECK_MSG(!strcmp(got, want), "paged '%s', want '%s'", got, want);
+    }
+    static const char *const bad[] = {"limit=0", "limit=101", "limit=x", "order=sideways",
+                                      "after=no_such_item"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(path, sizeof path, "/v1/responses/%s/input_items?%s", httpc_jstr(r2, "id"),
+                 bad[i]);
+        l = call(NULL, "GET", path, NULL, &st);
+        CHECK_MSG(st == 400 && str_is(l, "error.type", "invalid_request_error"), "%s: %d %s",
+                  bad[i], st, json_text(l));
+        json_object_put(l);
+    }
+    json_object_put(r1);
+    json_object_put(r2);
+}
+
+/* DELETE answers OpenAI's deletion object; the response is gone then for GET, DELETE,
+ * input_items and previous_response_id alike. */
+static void deleted_is_gone(void)
+{
+    NEED_DOCS();
+    int st;
+    json_object *r = turn(NULL, NULL, "\"What is a model?\"", false, &st);
+    CHECK_MSG(r, "%d", st);
+    const char *id = httpc_jstr(r, "id");
+    char path[256];
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    json_object *d = call(NULL, "DELETE", path, NULL, &st);
+    CHECK_MSG(st == 200 && str_is(d, "id", id) && str_is(d, "object", "response") &&
+                  json_object_get_boolean(httpc_jget(d, "deleted")), "%d %s", st, json_text(d));
+    json_object_put(d);
+    d = call(NULL, "GET", path, NULL, &st);
+    CHECK_MSG(is_not_found(d, st, id), "%d %s", st, json_text(d));
+    json_object_put(d);
+    d = call(NULL, "DELETE", path, NULL, &st);
+    CHECK_MSG(is_not_found(d, st, id), "%d %s", st, json_text(d));
+    json_object_put(d);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items", id);
+    d = call(NULL, "GET", path, NULL, &st);
+    CHECK_MSG(is_not_found(d, st, id), "%d %s", st, json_text(d));
+    json_object_put(d);
+    char body[256], want[160];
+    snprintf(body, sizeof body, "{\"input\":\"x\",\"previous_response_id\":\"%s\"}", id);
+    d = post("/v1/responses", body, &st);
+    snprintf(want, sizeof want, "Previous response with id '%s' not found.", id);
+    CHECK_MSG(st == 404 && str_is(d, "error.message", want) &&
+                  str_is(d, "error.type", "invalid_request_error"), "%d %s", st, json_text(d));
+    json_object_put(d);
+    json_object_put(r);
+}
+
+/* store false keeps nothing: the reply says so and GET does not find it. */
+static void store_false_is_not_kept(void)
+{
+    NEED_DOCS();
+    int st;
+    json_object *r = post("/v1/responses", "{\"input\":\"Hi\",\"store\":false,"
+                          "\"max_output_tokens\":2}", &st);
+    CHECK_MSG(st == 200 && !json_object_get_boolean(httpc_jget(r, "store")), "%d %s", st,
+              json_text(r));
+    char path[256];
+    snprintf(path, sizeof path, "/v1/responses/%s", httpc_jstr(r, "id"));
+    json_object *g = call(NULL, "GET", path, NULL, &st);
+    CHECK_MSG(is_not_found(g, st, httpc_jstr(r, "id")), "%d %s", st, json_text(g));
+    json_object_put(g);
+    json_object_put(r);
+}
+
+/* A stored response is its creator's uid's: another uid (a token of another uid on TCP)
+ * gets for GET, DELETE, input_items and previous_response_id the 404 of an id never
+ * made, the same reply but for the id; the creator still has it after. */
+static void other_uid_sees_nothing(void)
+{
+    NEED_DOCS();
+    int st;
+    json_object *r = turn(TOKEN_MINE, NULL, "\"What is a model?\"", false, &st);
+    CHECK_MSG(r, "%d", st);
+    const char *id = httpc_jstr(r, "id");
+    static const char unknown[] = "resp_00000000000000aa";
+    for (int k = 0; k < 4; k++) {
+        json_object *o[2];
+        int s[2];
+        for (int u = 0; u < 2; u++) {
+            const char *which = u ? unknown : id;
+            char path[256], body[256];
+            snprintf(path, sizeof path, "/v1/responses/%s%s", which,
+                     k == 2 ? "/input_items" : "");
+            snprintf(body, sizeof body, "{\"input\":\"x\",\"previous_response_id\":\"%s\"}",
+                     which);
+            o[u] = k == 3 ? call(TOKEN_OTHER, "POST", "/v1/responses", body, &s[u])
+                          : call(TOKEN_OTHER, k == 1 ? "DELETE" : "GET", path, NULL, &s[u]);
+            CHECK_MSG(s[u] == 404, "%d: %d %s", k, s[u], json_text(o[u]));
+        }
+        /* the same answer but for the id it names */
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s", json_text(o[0]));
+        snprintf(b, sizeof b, "%s", json_text(o[1]));
+        char *at = strstr(a, id);
+        CHECK_MSG(at && strlen(id) == strlen(unknown), "%s", a);
+        memcpy(at, unknown, strlen(unknown));
+        CHECK_MSG(!strcmp(a, b), "%d: '%s' and '%s'", k, a, b);
+        json_object_put(o[0]);
+        json_object_put(o[1]);
+    }
+    char path[256];
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    json_object *g = call(TOKEN_MINE, "GET", path, NULL, &st);
+    CHECK_MSG(st == 200 && json_object_equal(g, r), "%d %s", st, json_text(g));
+    json_object_put(g);
+    json_object *next = turn(TOKEN_MINE, id, "\"And a token?\"", false, &st);
+    CHECK_MSG(next, "%d", st);
+    json_object_put(next);
+    json_object_put(r);
+}
+
+/* Ids are checked before they are looked up, methods are the route's, and random ids
+ * and paths are never answered 5xx. */
+static void stored_routes_refuse_cleanly(void)
+{
+    NEED_DOCS();
+    static const struct {
+        const char *method, *path;
+        int status;
+    } cases[] = {
+        {"POST", "/v1/responses/resp_0123", 405},
+        {"PUT", "/v1/responses/resp_0123", 405},
+        {"DELETE", "/v1/responses/resp_0123/input_items", 405},
+        {"GET", "/v1/responses/resp_0123%2F..", 400},
+        {"GET", "/v1/responses/x_0123", 400},
+        {"GET", "/v1/responses/resp_"
+                "0123456789012345678901234567890123456789012345678901234567890123456789", 400},
+        {"GET", "/v1/responses/resp_0123/other", 404},
+        {"GET", "/v1/responses/resp_0123", 404},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        httpc_reply r;
+        CHECK(httpc_do(docs_sock, 0, cases[i].method, cases[i].path, NULL, NULL, &r) == 0);
+        json_object *o = json_tokener_parse(r.body);
+        CHECK_MSG(r.status == cases[i].status && httpc_jstr(o, "error.message"), "%s %s: %d %s",
+                  cases[i].method, cases[i].path, r.status, r.body);
+        json_object_put(o);
+        httpc_reply_free(&r);
+    }
+    uint64_t rng;
+    test_random_seed(&rng);
+    static const char chars[] = "resp_ABCxyz019-/%.?&=~!$";
+    for (int i = 0; i < 300; i++) {
+        char path[160] = "/v1/responses/";
+        size_t n = strlen(path), len = test_random(&rng) % 80;
+        for (size_t k = 0; k < len; k++)
+            path[n++] = chars[test_random(&rng) % (sizeof chars - 1)];
+        path[n] = '\0';
+        static const char *const methods[] = {"GET", "DELETE", "POST"};
+        const char *m = methods[test_random(&rng) % 3];
+        httpc_reply r;
+        CHECK_MSG(httpc_do(docs_sock, 0, m, path, NULL, NULL, &r) == 0, "%s %s: no answer", m,
+                  path);
+        CHECK_MSG(r.status >= 200 && r.status < 500, "%s %s: %d %s", m, path, r.status, r.body);
+        httpc_reply_free(&r);
+    }
+}
+
+/* /metrics gives the store's responses and bytes. */
+static void metrics_count_the_store(void)
+{
+    NEED_DOCS();
+    httpc_reply r;
+    CHECK(httpc_do(docs_sock, 0, "GET", "/metrics", NULL, NULL, &r) == 0);
+    const char *n = strstr(r.body, "\nllmsd_http_responses_stored ");
+    const char *b = strstr(r.body, "\nllmsd_http_responses_stored_bytes ");
+    CHECK_MSG(r.status == 200 && n && b && atof(n + 29) > 0 && atof(b + 35) > 0, "%d %.3000s",
+              r.status, r.body);
+    httpc_reply_free(&r);
+}
+
+/* A daemon of a small responses_store_bytes keeps the newest responses: the oldest go
+ * first, and one larger than the store keeps allows is answered with store false. */
+static void small_store_evicts_the_oldest(void)
+{
+    NEED_DOCS();
+    llmsd_proc d;
+    char extra[1024], sock[700];
+    proc_fmt(sock, sizeof sock, "%s/resp-small.sock", test_tmpdir());
+    proc_fmt(extra, sizeof extra, "http_socket = %s\nthreads = 2\nn_ctx = 1024\n"
+             "responses_store_bytes = 16384\n", sock);
+    CHECK(proc_start(&d, llmsd_path, "resp-small", docs_path, extra) == 0);
+    char ids[24][64];
+    int st;
+    for (int i = 0; i < 24; i++) {
+        json_object *o = httpc_post_json(sock, "/v1/responses",
+                                         "{\"input\":\"Hi\",\"max_output_tokens\":2}", &st);
+        CHECK_MSG(st == 200 && json_object_get_boolean(httpc_jget(o, "store")), "%d %s", st,
+                  json_text(o));
+        snprintf(ids[i], sizeof ids[i], "%s", httpc_jstr(o, "id"));
+        json_object_put(o);
+    }
+    /* kept: the newest ones, in a row up to the last */
+    int kept = 0;
+    for (int i = 23; i >= 0; i--) {
+        char path[160];
+        snprintf(path, sizeof path, "/v1/responses/%s", ids[i]);
+        httpc_reply r;
+        CHECK(httpc_do(sock, 0, "GET", path, NULL, NULL, &r) == 0);
+        bool found = r.status == 200;
+        httpc_reply_free(&r);
+        CHECK_MSG(!found || kept == 23 - i, "response %d of 24 kept, a newer one gone", i);
+        kept += found;
+    }
+    CHECK_MSG(kept >= 2 && kept < 24, "%d of 24 kept", kept);
+    /* metadata of 16 strings of 512 bytes: more than half the store, what one response
+     * may take of it */
+    char body[16384] = "{\"input\":\"Hi\",\"max_output_tokens\":1,\"metadata\":{";
+    for (int k = 0; k < 16; k++) {
+        size_t n = strlen(body);
+        n += (size_t)snprintf(body + n, sizeof body - n, "%s\"k%d\":\"", k ? "," : "", k);
+        memset(body + n, 'a' + k, 512);
+        snprintf(body + n + 512, sizeof body - n - 512, "\"");
+    }
+    strcat(body, "}}");
+    json_object *o = httpc_post_json(sock, "/v1/responses", body, &st);
+    CHECK_MSG(st == 200 && !json_object_get_boolean(httpc_jget(o, "store")), "%d %.300s", st,
+              json_text(o));
+    char path[160];
+    snprintf(path, sizeof path, "/v1/responses/%s", httpc_jstr(o, "id"));
+    json_object_put(o);
+    httpc_reply r;
+    CHECK(httpc_do(sock, 0, "GET", path, NULL, NULL, &r) == 0);
+    CHECK_MSG(r.status == 404, "%d %s", r.status, r.body);
+    httpc_reply_free(&r);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
 /* ---- tools, on toolmodel.h's chatml model ---- */
@@ -916,6 +1370,14 @@ int main(int argc, char **argv)
     RUN(refusals_are_400);
     RUN(random_bodies_never_5xx);
     RUN(metrics_name_the_route);
+    RUN(chain_equals_whole_conversation);
+    RUN(input_items_page);
+    RUN(deleted_is_gone);
+    RUN(store_false_is_not_kept);
+    RUN(other_uid_sees_nothing);
+    RUN(stored_routes_refuse_cleanly);
+    RUN(metrics_count_the_store);
+    RUN(small_store_evicts_the_oldest);
     RUN(function_calls_are_items);
     RUN(second_turn_has_the_output);
     RUN(streamed_calls_are_items);
