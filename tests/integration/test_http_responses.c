@@ -1202,6 +1202,54 @@ static void second_turn_has_the_output(void)
     json_object_put(o);
 }
 
+/* The Agents SDK's loop: the calls of a stored response answered by previous_response_id
+ * with function_call_output items alone are the same conversation as the call, its
+ * items and their outputs sent whole (the same prompt and reply). */
+static void chained_call_outputs_equal_whole(void)
+{
+    NEED_TOOLS();
+    char body[8192], outputs[1024] = "", whole[8192];
+    int st;
+    snprintf(body, sizeof body,
+             "{\"input\":\"Weather in Paris?\",\"tools\":[%s],\"max_output_tokens\":2,"
+             "\"temperature\":0,\"logit_bias\":{\"3\":100}}", WEATHER_TOOL);
+    json_object *r1 = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(r1 && st == 200 && is_weather_call(httpc_jget(r1, "output.0")), "%d %s", st,
+              json_text(r1));
+    json_object *out = httpc_jget(r1, "output");
+    for (size_t i = 0; i < json_object_array_length(out); i++)
+        snprintf(outputs + strlen(outputs), sizeof outputs - strlen(outputs),
+                 "%s{\"type\":\"function_call_output\",\"call_id\":\"%s\",\"output\":"
+                 "\"sunny\"}", i ? "," : "",
+                 httpc_jstr(json_object_array_get_idx(out, i), "call_id"));
+    snprintf(body, sizeof body,
+             "{\"previous_response_id\":\"%s\",\"input\":[%s],\"tools\":[%s],"
+             "\"max_output_tokens\":4,\"temperature\":0}", httpc_jstr(r1, "id"), outputs,
+             WEATHER_TOOL);
+    json_object *r2 = tool_post("/v1/responses", body, &st);
+    CHECK_MSG(r2 && st == 200, "%d %s", st, json_text(r2));
+    /* the whole conversation: the user's message, the call items, their outputs */
+    const char *items = json_object_to_json_string_ext(out, JSON_C_TO_STRING_PLAIN);
+    snprintf(whole, sizeof whole,
+             "{\"input\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},%.*s,%s],"
+             "\"tools\":[%s],\"max_output_tokens\":4,\"temperature\":0}",
+             (int)strlen(items) - 2, items + 1, outputs, WEATHER_TOOL);
+    json_object *w = tool_post("/v1/responses", whole, &st);
+    CHECK_MSG(w && st == 200, "%d %s", st, json_text(w));
+    CHECK_EQ(atoi(httpc_jstr(r2, "usage.input_tokens")),
+             atoi(httpc_jstr(w, "usage.input_tokens")));
+    CHECK_EQ(atoi(httpc_jstr(r2, "usage.output_tokens")),
+             atoi(httpc_jstr(w, "usage.output_tokens")));
+    CHECK_MSG(json_object_equal(httpc_jget(r2, "output.0.content"),
+                                httpc_jget(w, "output.0.content")) &&
+                  str_is(r2, "output.0.type", httpc_jstr(w, "output.0.type")),
+              "chained %s, whole %s", json_text(httpc_jget(r2, "output")),
+              json_text(httpc_jget(w, "output")));
+    json_object_put(w);
+    json_object_put(r2);
+    json_object_put(r1);
+}
+
 /* Streamed calls: each an output item added, its arguments' delta and done, the item
  * done; the last event's response has them all. */
 static void streamed_calls_are_items(void)
@@ -1380,6 +1428,7 @@ int main(int argc, char **argv)
     RUN(small_store_evicts_the_oldest);
     RUN(function_calls_are_items);
     RUN(second_turn_has_the_output);
+    RUN(chained_call_outputs_equal_whole);
     RUN(streamed_calls_are_items);
     RUN(forced_choice_is_one_call);
     RUN(failure_after_start_is_response_failed);
