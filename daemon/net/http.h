@@ -4,7 +4,9 @@
  *
  * Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
  * POST /v1/embeddings, POST /v1/rerank (also llama.cpp's /rerank, /reranking and
- * /v1/reranking), GET /health, GET /metrics; and ollama's API (ollama.c): GET /api/version,
+ * /v1/reranking), POST /v1/responses with GET and DELETE /v1/responses/{id} and GET
+ * /v1/responses/{id}/input_items (stored responses, answered on the loop from its
+ * respstore.h, each its uid's alone), GET /health, GET /metrics; and ollama's API (ollama.c): GET /api/version,
  * /api/tags, /api/ps, POST /api/show, /api/generate, /api/chat, /api/embed,
  * /api/embeddings, with its error shape; its model management (/api/pull, push, create,
  * copy, delete) is refused; and llama.cpp's server's own (llamacpp.c, tokroute.c): POST
