@@ -264,9 +264,12 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
+    bool phi3 = !strcmp(p->arch, "phi3");
     if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
-        strcmp(p->arch, "qwen3") != 0 && !bert)
+        strcmp(p->arch, "qwen3") != 0 && !phi3 && strcmp(p->arch, "granite") != 0 && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
+    if (!phi3 && (p->rope_orig_ctx || p->sliding_window))
+        return err_set(err, "rope factors and a sliding window are phi3's");
     if (bert && (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
         return err_set(err, "%s has as many KV heads as heads and head_dim = dim / heads",
                        p->arch);
@@ -284,6 +287,11 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
     if (hd <= 0 || hd % 2)
         return err_set(err, "head dimension %d must be positive and even", hd);
+    if (p->rope_dims < 0 || p->rope_dims % 2 || p->rope_dims > hd)
+        return err_set(err, "rotary dimensions %d must be even and at most the head dimension %d",
+                       p->rope_dims, hd);
+    if (p->rope_orig_ctx < 0 || p->rope_orig_ctx > p->n_ctx || p->sliding_window < 0)
+        return err_set(err, "the original context must be in [0, n_ctx], the window >= 0");
     return 0;
 }
 
@@ -390,6 +398,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
     int64_t q_dim = (int64_t)p->n_head * hd, kv_dim = (int64_t)p->n_head_kv * hd;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0, qwen3 = strcmp(p->arch, "qwen3") == 0;
+    bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
+    int rope_dims = p->rope_dims ? p->rope_dims : hd;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -429,7 +439,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
-        gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd) < 0 ||
+        gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), qwen2 || qwen3 ? 1000000.0f : 10000.0f) < 0 ||
         gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen2 || qwen3 ? 1e-6f : 1e-5f) < 0 ||
         (p->pooling_type &&
@@ -437,9 +447,29 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         err_set(err, "cannot set metadata");
         goto out;
     }
+    /* phi3 as convert_hf_to_gguf.py's Phi3MiniModel writes it; granite with Granite 3.x's
+     * multipliers (the 2B's) */
+    int orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx;
+    double scale = (double)p->n_ctx / orig_ctx;
+    float attn_factor = scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig_ctx)) : 1.0f;
+    if ((phi3 &&
+         (gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                              (uint32_t)orig_ctx) < 0 ||
+          gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)p->sliding_window) < 0 ||
+          (p->rope_orig_ctx &&
+           gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), attn_factor) < 0))) ||
+        (granite &&
+         (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
+          gguf_writer_set_f32(w, KEY("attention.scale"), 0.015625f) < 0 ||
+          gguf_writer_set_f32(w, KEY("logit_scale"), 8.0f) < 0))) {
+        err_set(err, "cannot set metadata");
+        goto out;
+    }
 #undef KEY
 
-    int max_t = 3 + p->n_layer * 14;
+    int max_t = 5 + p->n_layer * 14;
     ts = calloc((size_t)max_t, sizeof *ts);
     if (!ts) {
         err_set(err, "out of memory");
@@ -463,13 +493,22 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     if (!p->tie_output) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
+    /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
+    if (p->rope_orig_ctx) {
+        ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
+        ADD("rope_factors_short.weight", 1, rope_dims / 2, 1, 0.1f, 1.2f);
+    }
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
-        ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
-        ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
+        if (phi3) {
+            ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
+        } else {
+            ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
+            ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
+            ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
+        }
         if (qwen2) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -481,8 +520,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
         ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
-        ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+        if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
+            ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
+        } else {
+            ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+            ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+        }
         ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
 #undef N
     }

@@ -42,8 +42,10 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
                            int n_layer, int n_gqa, bool has_output);
 
 typedef struct modelgen_params {
-    /* "llama", "qwen2", "qwen3", "bert" or "nomic-bert" (the encoders: n_head_kv must equal
-     * n_head) */
+    /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
+     * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
+     * embedding, residual, attention and logit scales), "bert" or "nomic-bert" (the
+     * encoders: n_head_kv must equal n_head) */
     const char *arch;
     int dim;
     int n_layer;
@@ -58,6 +60,13 @@ typedef struct modelgen_params {
     modelgen_mix mix;
     uint64_t seed;
     bool tie_output;    /* write no output.weight (the output reuses token_embd) */
+    int rope_dims;      /* rope.dimension_count, even, <= head_dim (0: head_dim) */
+    /* phi3: > 0 writes LongRoPE as Phi-3-mini-128k has it: random rope_factors_long and
+     * rope_factors_short (rope_dims/2 each), rope.scaling.original_context_length and
+     * rope.scaling.attn_factor as convert_hf_to_gguf.py computes it (from n_ctx / this);
+     * 0: no factors, the original context n_ctx */
+    int rope_orig_ctx;
+    int sliding_window; /* phi3: attention.sliding_window (0: none, as Phi-4's files) */
     /* {arch}.pooling_type, llama.cpp's numbers. Encoders: 1 mean, 2 cls, bert also 4 rank,
      * which writes the cross-encoder head (cls dim x dim, cls.output 1 x dim). Decoders
      * (an embedding model such as Qwen3-Embedding): written as given when not 0, unchecked,
