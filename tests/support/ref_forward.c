@@ -19,9 +19,15 @@ typedef struct ref_layer {
 } ref_layer;
 
 struct ref_model {
-    int arch; /* 0 llama, 1 qwen2, 2 qwen3 */
+    int arch; /* 0 llama, 1 qwen2, 2 qwen3, 3 phi3, 4 granite */
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
+    int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     double rope_base, eps;
+    double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
+    bool use_long;
+    double attention_factor;     /* LongRoPE: multiplies cos and sin */
+    /* granite's multipliers (1, 1/sqrt(head_dim), 1 and 1 for the others) */
+    double embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling;
     bool kv_f16;
     double *embd, *out, *out_norm;
     ref_layer *layers;
@@ -63,14 +69,42 @@ static double ref_f32(const gguf_file *g, const char *arch, const char *key, dou
     return gguf_get_f32(g, k, &v) ? v : dflt;
 }
 
+/* Phi3Attention's qkv_proj output is q, k, v in that order; Phi3MLP's gate_up_proj is
+ * chunked into gate, then up: copied apart into the layer's own matrices. */
+static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double *gate_up)
+{
+    size_t d = (size_t)m->dim, qd = (size_t)m->n_head * m->head_dim,
+           kvd = (size_t)m->n_kv_head * m->head_dim, ff = (size_t)m->n_ff;
+    if (qkv) {
+        L->wq = malloc(qd * d * sizeof(double));
+        L->wk = malloc(kvd * d * sizeof(double));
+        L->wv = malloc(kvd * d * sizeof(double));
+        memcpy(L->wq, qkv, qd * d * sizeof(double));
+        memcpy(L->wk, qkv + qd * d, kvd * d * sizeof(double));
+        memcpy(L->wv, qkv + (qd + kvd) * d, kvd * d * sizeof(double));
+    }
+    if (gate_up) {
+        L->gate = malloc(ff * d * sizeof(double));
+        L->up = malloc(ff * d * sizeof(double));
+        memcpy(L->gate, gate_up, ff * d * sizeof(double));
+        memcpy(L->up, gate_up + ff * d, ff * d * sizeof(double));
+    }
+    free(qkv);
+    free(gate_up);
+}
+
 ref_model *ref_model_load(const gguf_file *g)
 {
     gguf_str a;
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
-    const char *arch = gguf_str_eq(a, "llama") ? "llama" : gguf_str_eq(a, "qwen2") ? "qwen2" : "qwen3";
-    m->arch = gguf_str_eq(a, "llama") ? 0 : gguf_str_eq(a, "qwen2") ? 1 : 2;
+    static const char *const names[] = {"llama", "qwen2", "qwen3", "phi3", "granite"};
+    m->arch = 2;
+    for (int i = 0; i < 5; i++)
+        if (gguf_str_eq(a, names[i]))
+            m->arch = i;
+    const char *arch = names[m->arch];
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -79,6 +113,20 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_ff = ref_u32(g, arch, "feed_forward_length", 0);
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
     m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
+    m->rotary_dim = ref_u32(g, arch, "rope.dimension_count", m->head_dim);
+    bool granite = m->arch == 4;
+    m->embedding_multiplier = granite ? ref_f32(g, arch, "embedding_scale", 0) : 1.0;
+    m->attention_multiplier = granite ? ref_f32(g, arch, "attention.scale", 0)
+                                      : 1.0 / sqrt((double)m->head_dim);
+    m->residual_multiplier = granite ? ref_f32(g, arch, "residual_scale", 0) : 1.0;
+    m->logits_scaling = granite ? ref_f32(g, arch, "logit_scale", 0) : 1.0;
+    /* Phi3's _compute_longrope_parameters: factor = max / original positions */
+    m->long_factor = ref_tensor(g, "rope_factors_long.weight", m->rotary_dim / 2);
+    m->short_factor = ref_tensor(g, "rope_factors_short.weight", m->rotary_dim / 2);
+    double orig = ref_u32(g, arch, "rope.scaling.original_context_length", 0);
+    double factor = orig > 0 ? ref_u32(g, arch, "context_length", 0) / orig : 1.0;
+    m->attention_factor = ref_f32(g, arch, "rope.scaling.attn_factor",
+                                  factor > 1.0 ? sqrt(1 + log(factor) / log(orig)) : 1.0);
     const gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
     m->n_vocab = e ? (int)e->ne[1] : 0;
     m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
@@ -94,14 +142,18 @@ ref_model *ref_model_load(const gguf_file *g)
         L->wq = T("attn_q.weight");
         L->wk = T("attn_k.weight");
         L->wv = T("attn_v.weight");
+        if (m->arch == 3)
+            ref_split_phi3(m, L, T("attn_qkv.weight"), T("ffn_up.weight"));
         L->wo = T("attn_output.weight");
         L->bq = T("attn_q.bias");
         L->bk = T("attn_k.bias");
         L->bv = T("attn_v.bias");
         L->q_norm = T("attn_q_norm.weight");
         L->k_norm = T("attn_k_norm.weight");
-        L->gate = T("ffn_gate.weight");
-        L->up = T("ffn_up.weight");
+        if (m->arch != 3) {
+            L->gate = T("ffn_gate.weight");
+            L->up = T("ffn_up.weight");
+        }
         L->down = T("ffn_down.weight");
 #undef T
         if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !L->gate || !L->up || !L->down) {
@@ -128,11 +180,18 @@ void ref_model_free(ref_model *m)
             free(all[i]);
     }
     free(m->layers);
+    free(m->long_factor);
+    free(m->short_factor);
     if (m->out != m->embd)
         free(m->out);
     free(m->embd);
     free(m->out_norm);
     free(m);
+}
+
+void ref_model_longrope_long(ref_model *m, bool on)
+{
+    m->use_long = on;
 }
 
 void ref_model_round_kv_f16(ref_model *m, bool on)
@@ -171,17 +230,25 @@ static void ref_matvec(double *y, const double *w, const double *x, const double
     }
 }
 
+/* rotate_half over the first rotary_dim of each head (the rest passes, as Phi3's
+ * partial rotary); inv_freq divided by LongRoPE's ext_factors, cos and sin times its
+ * attention_factor. llama and granite GGUF files hold q/k permuted by the converter, so
+ * that HF's halves are interleaved pairs there. */
 static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
 {
-    int hd = m->head_dim;
+    int hd = m->head_dim, rd = m->rotary_dim;
+    bool interleaved = m->arch == 0 || m->arch == 4;
+    const double *ext = m->use_long ? m->long_factor : m->short_factor;
     for (int h = 0; h < n_heads; h++) {
         double *v = x + h * hd;
-        for (int i = 0; i < hd / 2; i++) {
-            double ang = pos * pow(m->rope_base, -2.0 * i / hd);
-            int a = m->arch == 0 ? 2 * i : i, b = m->arch == 0 ? 2 * i + 1 : i + hd / 2;
+        for (int i = 0; i < rd / 2; i++) {
+            double inv_freq = 1.0 / ((ext ? ext[i] : 1.0) * pow(m->rope_base, 2.0 * i / rd));
+            double ang = pos * inv_freq;
+            double c = cos(ang) * m->attention_factor, s = sin(ang) * m->attention_factor;
+            int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + rd / 2;
             double x0 = v[a], x1 = v[b];
-            v[a] = x0 * cos(ang) - x1 * sin(ang);
-            v[b] = x0 * sin(ang) + x1 * cos(ang);
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
         }
     }
 }
@@ -202,7 +269,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *p = malloc((size_t)n * sizeof(double));
 
     for (int t = 0; t < n; t++)
-        memcpy(x + (size_t)t * dim, m->embd + (size_t)tokens[t] * dim, dim * sizeof(double));
+        for (int i = 0; i < dim; i++)
+            x[(size_t)t * dim + i] = m->embd[(size_t)tokens[t] * dim + i] * m->embedding_multiplier;
     if (hidden)
         memcpy(hidden, x, (size_t)n * dim * sizeof(double));
 
@@ -238,7 +306,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                     double s = 0;
                     for (int i = 0; i < hd; i++)
                         s += q[(size_t)t * qd + h * hd + i] * k[(size_t)j * kvd + kh * hd + i];
-                    p[j] = s / sqrt((double)hd);
+                    p[j] = s * m->attention_multiplier;
                     if (p[j] > max)
                         max = p[j];
                 }
@@ -259,7 +327,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             /* the residual of token t is not read again by this layer's attention */
             ref_matvec(tmp, L->wo, o, NULL, dim, qd);
             for (int i = 0; i < dim; i++)
-                x[(size_t)t * dim + i] += tmp[i];
+                x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
         for (int t = 0; t < n; t++) {
             ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
@@ -269,7 +337,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 g[i] = g[i] / (1 + exp(-g[i])) * u[i];
             ref_matvec(tmp, L->down, g, NULL, dim, m->n_ff);
             for (int i = 0; i < dim; i++)
-                x[(size_t)t * dim + i] += tmp[i];
+                x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
         if (hidden)
             memcpy(hidden + (size_t)(l + 1) * n * dim, x, (size_t)n * dim * sizeof(double));
@@ -277,6 +345,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int t = 0; t < n; t++) {
         ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
+        for (int i = 0; i < m->n_vocab; i++)
+            logits[(size_t)t * m->n_vocab + i] /= m->logits_scaling;
     }
     free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(g), free(u), free(p);
 }

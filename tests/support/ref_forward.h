@@ -1,7 +1,8 @@
 /*
- * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 GGUF models,
- * in double precision from dequantized weights, written independently of
- * engine/model/model.c so the optimized forward can be checked against it.
+ * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
+ * GGUF models, in double precision from dequantized weights, written independently of
+ * engine/model/model.c (phi3 and granite from Hugging Face's Phi3 and Granite modeling
+ * code) so the optimized forward can be checked against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H
@@ -17,6 +18,10 @@ typedef struct ref_model ref_model;
 ref_model *ref_model_load(const gguf_file *g);
 void ref_model_free(ref_model *m);
 int ref_model_n_vocab(const ref_model *m);
+
+/* phi3 with LongRoPE factors: rotates by the long factors (on) or the short ones (off, the
+ * default). */
+void ref_model_longrope_long(ref_model *m, bool on);
 
 /* Rounds every K and V to half precision before attention, as a KV cache stored in f16
  * does; lets a test separate that rounding from other differences. Off by default. */
