@@ -567,8 +567,8 @@ static void bert_qkv_job(void *p, int ith, int nth)
         }
         if (hp->arch == BERT_ARCH_NOMIC) {
             const float *cs = s->r->rope + (size_t)s->r->row_pos[t] * hp->head_dim;
-            ops_rope(q, hp->n_head, hp->head_dim, cs, OPS_ROPE_HALVES);
-            ops_rope(k, hp->n_head, hp->head_dim, cs, OPS_ROPE_HALVES);
+            ops_rope(q, hp->n_head, hp->head_dim, hp->head_dim, cs, OPS_ROPE_HALVES);
+            ops_rope(k, hp->n_head, hp->head_dim, hp->head_dim, cs, OPS_ROPE_HALVES);
         }
     }
 }

@@ -442,9 +442,16 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
+    if (rr->hp.arch != MODEL_ARCH_LLAMA && rr->hp.arch != MODEL_ARCH_QWEN2 &&
+        rr->hp.arch != MODEL_ARCH_QWEN3) {
+        model_free(m);
+        err_set(err, "a decoder reranker is a llama, qwen2 or qwen3 model (its own forward "
+                     "computes those)");
+        goto fail;
+    }
     rr->max_len = rr->hp.n_ctx < RR_MAX_TOKENS ? rr->hp.n_ctx : RR_MAX_TOKENS;
     const float *rope_freqs = model_rope_freqs(m);
-    size_t freqs_bytes = sizeof *rr->rope_freqs * (size_t)(rr->hp.head_dim / 2);
+    size_t freqs_bytes = sizeof *rr->rope_freqs * (size_t)(rr->hp.rope_dims / 2);
     if (rope_freqs && (rr->rope_freqs = malloc(freqs_bytes)))
         memcpy(rr->rope_freqs, rope_freqs, freqs_bytes);
     model_free(m);
@@ -894,7 +901,7 @@ static int rr_alloc_scratch(rr_run *s, char err[ERR_MAX])
         off += (sizes[i] + 63) & ~(size_t)63;
     }
     for (int p = 0; p < s->max_len; p++)
-        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->head_dim, hp->rope_base,
+        ops_rope_angles(s->rope + (size_t)p * hp->head_dim, p, hp->rope_dims, hp->rope_base,
                         &hp->rope_scaling, rr->rope_freqs);
     return 0;
 }

@@ -167,6 +167,16 @@ static int lora_check_kind(lora *l, char err[ERR_MAX])
     return 0;
 }
 
+/* Whether s contains needle. */
+static bool lora_has(gguf_str s, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t i = 0; i + n <= s.len; i++)
+        if (memcmp(s.ptr + i, needle, n) == 0)
+            return true;
+    return false;
+}
+
 /* Every tensor: a half of a pair of a base matrix; then every pair whole and fitting. */
 static int lora_check_tensors(lora *l, char err[ERR_MAX])
 {
@@ -191,6 +201,16 @@ static int lora_check_tensors(lora *l, char err[ERR_MAX])
         }
         if (!a && !b) {
             err_set(err, "tensor '%.*s' is no .lora_a or .lora_b of a base matrix", shown,
+                    t->name.ptr);
+            goto out;
+        }
+        /* phi3's attn_qkv and ffn_up hold q, k, v and gate, up in one matrix each, which
+         * the forward reads as views: a delta of the whole would need splitting too */
+        bool phi3 = model_hparams_of(l->base)->arch == MODEL_ARCH_PHI3;
+        if (lora_has(t->name, ".attn_qkv.weight.") ||
+            (phi3 && lora_has(t->name, ".ffn_up.weight."))) {
+            err_set(err, "%.*s: an adapter of a fused matrix (q, k, v or gate, up in one) is "
+                         "not supported", (int)(t->name.len - 7 > 96 ? 96 : t->name.len - 7),
                     t->name.ptr);
             goto out;
         }

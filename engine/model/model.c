@@ -1,5 +1,6 @@
 /*
- * model.c — loading a llama / qwen2 / qwen3 model from GGUF and its forward pass.
+ * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite model from GGUF and its
+ * forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -39,6 +40,8 @@ typedef struct model_layer {
     const float *attn_norm; /* (dim) */
     const float *ffn_norm;  /* (dim) */
     model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
+    /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
+     * rows (gate first): these are views of their rows, so the forward is the same */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
@@ -50,12 +53,15 @@ typedef struct model_layer {
 
 struct model {
     model_hparams hp;
+    int n_ctx_train;         /* {arch}.context_length (hp.n_ctx may be a window's) */
     gguf_file *owned;        /* the file when model_load opened it */
     const gguf_file *g;
     ops_matrix tok_embd;     /* (n_vocab, dim) */
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
-    const float *rope_freqs; /* (head_dim/2) RoPE frequency divisors, or NULL */
+    const float *rope_freqs; /* (rope_dims/2) RoPE frequency divisors, or NULL */
+    const float *rope_long;  /* (rope_dims/2) LongRoPE divisors beyond rope_orig_ctx, or NULL */
+    const float *rope_short; /* (rope_dims/2) LongRoPE divisors within it, or NULL */
     model_layer *layers;     /* (n_layer) */
     float *vecs;             /* every 1-D tensor converted to f32, back to back */
     size_t vecs_used;
@@ -81,6 +87,8 @@ static const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_LLAMA: return "llama";
     case MODEL_ARCH_QWEN2: return "qwen2";
     case MODEL_ARCH_QWEN3: return "qwen3";
+    case MODEL_ARCH_PHI3: return "phi3";
+    case MODEL_ARCH_GRANITE: return "granite";
     }
     return "?";
 }
@@ -161,7 +169,7 @@ static int model_read_rope_scale(const gguf_file *g, const char *arch, const mod
         if (gguf_find_key(g, key) >= 0 &&
             (!gguf_get_f32(g, key, &ext_factor) || !(ext_factor >= 0.0f && ext_factor <= 1.0f)))
             return err_set(err, "metadata key '%s' is not a number in [0, 1]", key);
-        *out = ops_rope_yarn(hp->head_dim, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
+        *out = ops_rope_yarn(hp->rope_dims, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
                              ext_factor, attn_factor);
         return 0;
     } else {
@@ -192,6 +200,43 @@ static int model_read_pooling_type(const gguf_file *g, const char *arch, int *ou
     return 0;
 }
 
+/* An error naming {arch}.suffix when the file has no such key: one llama.cpp requires of
+ * the architecture (a default would answer as another model). */
+static int model_require(const gguf_file *g, const char *arch, const char *suffix,
+                         char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_find_key(g, key) < 0 ? err_set(err, "missing metadata key '%s'", key) : 0;
+}
+
+/* phi3.attention.sliding_window (0: none, as converted Phi-4 files say). Files converted
+ * before the key existed get llama.cpp's defaults: 2047 for Phi-3-mini/medium-4k, none
+ * for the 128k models (their windows are at least their context); others are refused,
+ * as llama.cpp refuses them. Window masking is not computed here: a window shorter than
+ * the trained context caps n_ctx to it, which keeps every answer exact. */
+static int model_read_window(const gguf_file *g, model_hparams *hp, char err[ERR_MAX])
+{
+    const char *key = "phi3.attention.sliding_window";
+    int64_t v;
+    if (gguf_find_key(g, key) < 0) {
+        bool deep = hp->n_layer == 32 || hp->n_layer == 40;
+        if (deep && hp->n_ctx == 4096)
+            v = 2047;
+        else if (deep && hp->n_ctx == 131072)
+            v = 0;
+        else
+            return err_set(err, "missing metadata key '%s'", key);
+    } else if (!gguf_get_i64(g, key, &v) || v < 0 || v > MODEL_MAX_DIM) {
+        return err_set(err, "metadata key '%s' is not an integer in [0, %d]", key,
+                       MODEL_MAX_DIM);
+    }
+    hp->sliding_window = (int)v;
+    if (hp->sliding_window > 0 && hp->sliding_window < hp->n_ctx)
+        hp->n_ctx = hp->sliding_window;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -204,11 +249,16 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         hp->arch = MODEL_ARCH_QWEN2;
     else if (gguf_str_eq(a, "qwen3"))
         hp->arch = MODEL_ARCH_QWEN3;
+    else if (gguf_str_eq(a, "phi3"))
+        hp->arch = MODEL_ARCH_PHI3;
+    else if (gguf_str_eq(a, "granite"))
+        hp->arch = MODEL_ARCH_GRANITE;
     else
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
     const char *arch = model_arch_name(hp->arch);
-    hp->rope_style = hp->arch == MODEL_ARCH_LLAMA ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
+    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
+    hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
 
     if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
         model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
@@ -224,12 +274,14 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (value_length != hp->head_dim)
         return err_set(err, "attention.value_length %d differs from key_length %d", value_length,
                        hp->head_dim);
-    int rope_dims;
-    if (model_get_dim(m->g, arch, "rope.dimension_count", hp->head_dim, &rope_dims, err) < 0)
+    if (model_get_dim(m->g, arch, "rope.dimension_count", hp->head_dim, &hp->rope_dims, err) < 0)
         return -1;
-    if (rope_dims != hp->head_dim)
-        return err_set(err, "rope.dimension_count %d differs from head dimension %d (partial "
-                            "rotary embedding is not supported)", rope_dims, hp->head_dim);
+    if (hp->rope_dims > hp->head_dim || hp->rope_dims % 2 != 0)
+        return err_set(err, "%s.rope.dimension_count %d is odd or above the head dimension %d",
+                       arch, hp->rope_dims, hp->head_dim);
+    if (model_get_dim(m->g, arch, "rope.scaling.original_context_length", hp->n_ctx,
+                      &hp->rope_orig_ctx, err) < 0)
+        return -1;
     if (hp->n_layer > 4096)
         return err_set(err, "block_count %d out of range", hp->n_layer);
     if (hp->n_head % hp->n_head_kv != 0)
@@ -245,6 +297,24 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
                         &hp->norm_eps, err) < 0 ||
         model_read_rope_scale(m->g, arch, hp, &hp->rope_scaling, err) < 0)
+        return -1;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
+    if ((hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GRANITE) &&
+        model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
+        return -1;
+    m->n_ctx_train = hp->n_ctx;
+    if (hp->arch == MODEL_ARCH_PHI3 && model_read_window(m->g, hp, err) < 0)
+        return -1;
+    if (hp->arch == MODEL_ARCH_GRANITE &&
+        (model_require(m->g, arch, "embedding_scale", err) < 0 ||
+         model_require(m->g, arch, "residual_scale", err) < 0 ||
+         model_require(m->g, arch, "attention.scale", err) < 0 ||
+         model_require(m->g, arch, "logit_scale", err) < 0 ||
+         model_get_float(m->g, arch, "embedding_scale", 1.0f, &hp->embd_scale, err) < 0 ||
+         model_get_float(m->g, arch, "residual_scale", 1.0f, &hp->residual_scale, err) < 0 ||
+         model_get_float(m->g, arch, "attention.scale", 1.0f, &hp->attn_scale, err) < 0 ||
+         model_get_float(m->g, arch, "logit_scale", 1.0f, &hp->logit_scale, err) < 0))
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -313,6 +383,58 @@ static int model_vector(model *m, const char *name, int64_t n, const float **out
     return 0;
 }
 
+/* A fused matrix of rows rows (what they are, for the message) of dim columns. */
+static int model_fused(const model *m, const char *name, int64_t rows, const char *what,
+                       ops_matrix *out, char err[ERR_MAX])
+{
+    const gguf_tensor *t = gguf_find_tensor(m->g, name);
+    if (t && (t->n_dims != 2 || t->ne[0] != m->hp.dim || t->ne[1] != rows))
+        return err_set(err, "tensor '%s': shape [%lld, %lld] (%u dims), expected [%d, %lld]: "
+                            "its rows must add up to %s", name, (long long)t->ne[0],
+                       (long long)t->ne[1], t->n_dims, m->hp.dim, (long long)rows, what);
+    return model_matrix(m, name, rows, m->hp.dim, out, err);
+}
+
+/* Rows [r0, r0 + n) of w, as a matrix of their own (a view: no copy). */
+static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
+{
+    ops_matrix v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.rows = (int)n;
+    return v;
+}
+
+/* LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): rope_factors_long.weight and
+ * rope_factors_short.weight, both or neither, divide each pair's frequency; which of them
+ * is the runner's choice. Their attention factor multiplies cos and sin: the file's
+ * rope.scaling.attn_factor, else sqrt(1 + ln s / ln orig) for s = n_ctx / orig as
+ * Hugging Face's Phi3 computes it (1 when s <= 1). */
+static int model_read_longrope(model *m, char err[ERR_MAX])
+{
+    model_hparams *hp = &m->hp;
+    bool has_long = gguf_find_tensor(m->g, "rope_factors_long.weight") != NULL;
+    bool has_short = gguf_find_tensor(m->g, "rope_factors_short.weight") != NULL;
+    if (!has_long && !has_short)
+        return 0;
+    if (has_long != has_short)
+        return err_set(err, "tensor 'rope_factors_%s.weight' is missing (LongRoPE has long and "
+                            "short factors)", has_long ? "short" : "long");
+    if (m->rope_freqs)
+        return err_set(err, "tensor 'rope_freqs.weight' beside LongRoPE's factors: one kind "
+                            "of frequency factors, not both");
+    if (hp->rope_scaling.freq_scale != 1.0f || hp->rope_scaling.ext_factor != 0.0f)
+        return err_set(err, "LongRoPE factors beside rope scaling of another kind");
+    if (model_vector(m, "rope_factors_long.weight", hp->rope_dims / 2, &m->rope_long, err) < 0 ||
+        model_vector(m, "rope_factors_short.weight", hp->rope_dims / 2, &m->rope_short, err) < 0)
+        return -1;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", model_arch_name(hp->arch));
+    double s = (double)m->n_ctx_train / hp->rope_orig_ctx;
+    if (gguf_find_key(m->g, key) < 0 && s > 1.0 && hp->rope_orig_ctx > 1)
+        hp->rope_scaling.mscale = (float)sqrt(1.0 + log(s) / log((double)hp->rope_orig_ctx));
+    return 0;
+}
+
 static int model_load_tensors(model *m, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -328,7 +450,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
-    m->vecs_cap = (size_t)hp->dim + (size_t)hp->head_dim / 2 +
+    m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -340,7 +462,9 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     /* Llama 3.1 and later: each dimension pair's RoPE frequency is divided by its factor,
      * as llama.cpp's rope_factors do; ignored, every position rotated as in another model. */
     if (gguf_find_tensor(m->g, "rope_freqs.weight") &&
-        model_vector(m, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs, err) < 0)
+        model_vector(m, "rope_freqs.weight", hp->rope_dims / 2, &m->rope_freqs, err) < 0)
+        return -1;
+    if (model_read_longrope(m, err) < 0)
         return -1;
     if (gguf_find_tensor(m->g, "output.weight")) {
         if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
@@ -350,19 +474,35 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     }
 
     bool qwen2 = hp->arch == MODEL_ARCH_QWEN2, qwen3 = hp->arch == MODEL_ARCH_QWEN3;
+    bool fused = hp->arch == MODEL_ARCH_PHI3;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
         char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
         if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
             model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
-            model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
-            model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
-            model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0 ||
-            model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim, &L->w_gate, err) < 0 ||
-            model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim, &L->w_up, err) < 0 ||
             model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+            return -1;
+        if (fused) {
+            ops_matrix qkv, gate_up;
+            if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
+                            "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv,
+                            err) < 0 ||
+                model_fused(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff,
+                            "2 * feed_forward_length (gate, up)", &gate_up, err) < 0)
+                return -1;
+            L->wq = model_rows(&qkv, 0, q_dim);
+            L->wk = model_rows(&qkv, q_dim, kv_dim);
+            L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+            L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
+            L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
+        } else if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
+                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
+                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
+                   model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim, &L->w_gate,
+                                err) < 0 ||
+                   model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim, &L->w_up, err) < 0)
             return -1;
         if (qwen2 &&
             (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
@@ -537,6 +677,8 @@ model *model_with_loras(const model *base, int n, const lora *const *adapters,
     v->g = base->g;
     v->output_norm = base->output_norm;
     v->rope_freqs = base->rope_freqs;
+    v->rope_long = base->rope_long;
+    v->rope_short = base->rope_short;
     v->mapped = base->mapped;
     v->base = base;
     v->n_lora = n;
@@ -625,6 +767,10 @@ struct model_runner {
     int max_batch;
     int max_kv;
     int attn_rows;   /* query rows per batched-attention block */
+    /* (rope_dims/2) RoPE frequency divisors of its positions: the file's rope_freqs, or
+     * LongRoPE's long or short factors by max_kv (as llama.cpp chooses them by its
+     * context), or NULL */
+    const float *rope_freqs;
     size_t mem_bytes;
     char *mem; /* one allocation holding every buffer below; the attention buffers (q, k,
                   v, att, scores, kv_f32, blk_scores, blk_f32, received) and gate/up
@@ -711,6 +857,11 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         err_set(err, "runner: max_batch %d or max_kv %d too large", max_batch, max_kv);
         return NULL;
     }
+    if (hp->sliding_window > 0 && max_kv > hp->n_ctx) {
+        err_set(err, "runner: a context of %d is above the model's sliding window of %d "
+                     "(window masking is not computed)", max_kv, hp->n_ctx);
+        return NULL;
+    }
     model_runner *r = calloc(1, sizeof *r);
     if (!r) {
         err_set(err, "out of memory");
@@ -726,6 +877,9 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     r->max_batch = max_batch;
     r->max_kv = max_kv;
     r->attn_rows = attn_rows;
+    r->rope_freqs = m->rope_freqs;
+    if (m->rope_long)
+        r->rope_freqs = max_kv > hp->rope_orig_ctx ? m->rope_long : m->rope_short;
     r->pool = tp_new(opts->n_threads, err);
     if (!r->pool) {
         model_runner_free(r);
@@ -1041,8 +1195,8 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         for (int h = 0; h < hp->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
     }
-    ops_rope(q, hp->n_head, hd, cs, style);
-    ops_rope(k, hp->n_head_kv, hd, cs, style);
+    ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
+    ops_rope(k, hp->n_head_kv, hd, hp->rope_dims, cs, style);
 }
 
 /* q/k/v finishing, then K/V of each row into its chunk slot. */
@@ -1167,7 +1321,7 @@ static void model_attn_job(void *p, int ith, int nth)
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     kv_shape shape = model_kv_shape(r->m);
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = hp->attn_scale;
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
     float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
@@ -1259,7 +1413,7 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
     const model_batch *b = pt->b;
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = hp->attn_scale;
     const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     const int32_t *positions = r->row_pos + pt->r0;
     float *sc = r->blk_scores + (size_t)ith * r->attn_rows * r->max_kv;
@@ -1484,9 +1638,13 @@ static void model_logits(model_runner *r, int n)
     bool contiguous = true;
     for (int i = 1; i < n && contiguous; i++)
         contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
+    /* granite divides its logits by logit_scale (times the reciprocal, as llama.cpp) */
+    float inv = 1.0f / r->m->hp.logit_scale;
     if (contiguous) {
         ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
         model_lora_logits(r, 0, n, r->out_dst[0]);
+        if (inv != 1.0f)
+            ops_scale(r->out_dst[0], inv, (size_t)n * nv);
         return;
     }
     int stage = r->max_batch < MODEL_LOGITS_STAGE ? r->max_batch : MODEL_LOGITS_STAGE;
@@ -1495,9 +1653,19 @@ static void model_logits(model_runner *r, int n)
         ops_matmul(r->pool, &w->output, r->xn + (size_t)i * dim, g, r->logits_stage,
                    r->mm_scratch);
         model_lora_logits(r, i, g, r->logits_stage);
+        if (inv != 1.0f)
+            ops_scale(r->logits_stage, inv, (size_t)g * nv);
         for (int j = 0; j < g; j++)
             memcpy(r->out_dst[i + j], r->logits_stage + (size_t)j * nv, (size_t)nv * sizeof(float));
     }
+}
+
+/* x += scale * y (n): granite scales each sublayer's output; others add it as it is. */
+static void model_residual(float *x, float *y, float scale, int n)
+{
+    if (scale != 1.0f)
+        ops_scale(y, scale, (size_t)n);
+    ops_add(x, y, n);
 }
 
 /* One step over r->parts[0 .. n_parts), whose seq, b, t0, n, n_kv_total are set and
@@ -1526,8 +1694,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
                                  (const char *)w->tok_embd.data + (size_t)tok * w->tok_embd.row_bytes,
                                  r->x + (size_t)n * dim, dim);
             r->row_tok[n] = tok;
-            ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->head_dim,
-                            hp->rope_base, &hp->rope_scaling, m->rope_freqs);
+            ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->rope_dims,
+                            hp->rope_base, &hp->rope_scaling, r->rope_freqs);
             r->row_part[n] = i;
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);
@@ -1537,6 +1705,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         pt->n_kv = kv_seq_n_tokens(pt->seq);
     }
     model_lora_embed(r, n_parts);
+    if (hp->embd_scale != 1.0f)
+        ops_scale(r->x, hp->embd_scale, (size_t)n * dim);
     for (int i = 0; i < n_parts; i++)
         if (parts[i].b->hidden)
             model_save_rows(r, &parts[i], parts[i].b->hidden);
@@ -1576,7 +1746,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         const int o_slot = LORA_SLOT(l, LORA_O);
         model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
-        ops_add(r->x, r->proj, n * dim);
+        model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         s.norm_w = L->ffn_norm;
         model_run(r, model_norm_job, &s);
@@ -1589,7 +1759,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
         const int down_slot = LORA_SLOT(l, LORA_DOWN);
         model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
-        ops_add(r->x, r->proj, n * dim);
+        model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         for (int i = 0; i < n_parts; i++)
             if (parts[i].b->hidden)

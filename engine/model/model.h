@@ -2,7 +2,10 @@
  * model.h — a decoder-only transformer loaded from GGUF, and its forward pass.
  *
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
- * (per-head RMSNorm of q and k). Weights are used in place from the file mapping.
+ * (per-head RMSNorm of q and k), "phi3" (Phi-3, Phi-3.5, Phi-4-mini: fused attn_qkv and
+ * gate/up matrices read as views, partial rotary, LongRoPE factors; a sliding window caps
+ * n_ctx), "granite" (llama with scaled embeddings, residuals, attention and logits).
+ * Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -21,12 +24,18 @@
 #include "engine/kv/kv.h"
 #include "engine/model/ops.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+enum model_arch {
+    MODEL_ARCH_LLAMA,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+    MODEL_ARCH_PHI3,
+    MODEL_ARCH_GRANITE,
+};
 
 /* How RoPE pairs up dimensions within a head. */
 enum model_rope_style {
     MODEL_ROPE_INTERLEAVED, /* llama: rotates (x[2i], x[2i+1]) */
-    MODEL_ROPE_HALVES,      /* neox / qwen: rotates (x[i], x[i + head_dim/2]) */
+    MODEL_ROPE_HALVES,      /* neox / qwen / phi3: rotates (x[i], x[i + rope_dims/2]) */
 };
 
 typedef struct model_hparams {
@@ -39,9 +48,23 @@ typedef struct model_hparams {
     int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
     int head_dim;   /* attention.key_length */
     int n_ff;       /* feed-forward hidden size */
-    int n_ctx;      /* context length the model was trained for */
+    int n_ctx;      /* context length the model was trained for; phi3 with a sliding
+                       window shorter than it: the window (see sliding_window) */
+    int rope_dims;  /* {arch}.rope.dimension_count: the first rope_dims of each head are
+                       rotated, the rest pass through (Phi-4-mini: 96 of 128) */
+    int rope_orig_ctx; /* {arch}.rope.scaling.original_context_length (n_ctx when absent):
+                          LongRoPE's long factors apply to runners of a longer context */
     float rope_base;
-    ops_rope_scaling rope_scaling; /* {arch}.rope.scaling.*: none, linear or yarn */
+    ops_rope_scaling rope_scaling; /* {arch}.rope.scaling.*: none, linear or yarn; mscale
+                                      is LongRoPE's attention factor too */
+    /* phi3: {arch}.attention.sliding_window, 0 when it has none (Phi-4). Window masking
+     * is not computed: a window shorter than the trained context caps n_ctx to it, so
+     * that no token ever has more than the window behind it and every answer is exact. */
+    int sliding_window;
+    float attn_scale;     /* scores' scale: granite's attention.scale, else 1/sqrt(head_dim) */
+    float embd_scale;     /* granite: embedding_scale, else 1 */
+    float residual_scale; /* granite: each sublayer's output times it, else 1 */
+    float logit_scale;    /* granite: logits divided by it, else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
@@ -149,8 +172,9 @@ int model_n_loras(const model *m);
 
 const model_hparams *model_hparams_of(const model *m);
 
-/* The file's RoPE frequency divisors, rope_freqs.weight (head_dim/2; Llama 3.1 and
- * later), or NULL when it has none; they live as long as m. */
+/* The file's RoPE frequency divisors, rope_freqs.weight (rope_dims/2; Llama 3.1 and
+ * later), or NULL when it has none; they live as long as m. LongRoPE's factors are the
+ * runner's choice (model_runner_new): not these. */
 const float *model_rope_freqs(const model *m);
 
 /* The file the model was loaded from (tokenizer metadata lives there too). */
@@ -173,6 +197,9 @@ kv_shape model_kv_shape(const model *m);
 typedef struct model_runner model_runner;
 
 /* n_threads <= 0: online CPUs. max_batch <= 0: 512. max_kv <= 0: the model's n_ctx.
+ * A model with a sliding window (phi3) refuses a max_kv above its n_ctx (the window).
+ * LongRoPE (rope_factors_long/short.weight): the long factors when max_kv is above
+ * rope_orig_ctx, the short ones otherwise, as llama.cpp chooses by its context size.
  * Makes OpenBLAS single-threaded for the whole process (the runner's pool splits the
  * work instead). */
 model_runner *model_runner_new(const model *m, int n_threads, int max_batch, int max_kv,

@@ -98,6 +98,12 @@ void ops_add(float *y, const float *x, int n)
         y[i] += x[i];
 }
 
+void ops_scale(float *x, float s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
 void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,
                        int n, float eps)
 {
@@ -178,9 +184,10 @@ void ops_rope_angles(float *cs, int pos, int head_dim, float base,
     }
 }
 
-void ops_rope(float *x, int n_head, int head_dim, const float *cs, enum ops_rope_style style)
+void ops_rope(float *x, int n_head, int head_dim, int rope_dims, const float *cs,
+              enum ops_rope_style style)
 {
-    int half = head_dim / 2;
+    int half = rope_dims / 2;
     for (int h = 0; h < n_head; h++) {
         float *v = x + (size_t)h * head_dim;
         for (int i = 0; i < half; i++) {

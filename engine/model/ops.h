@@ -24,6 +24,9 @@ void ops_silu_mul(float *g, const float *u, int n);
 /* y[i] += x[i]. */
 void ops_add(float *y, const float *x, int n);
 
+/* x[i] *= s. */
+void ops_scale(float *x, float s, size_t n);
+
 /* x = LayerNorm(x + a + c) * w + b over n elements (BERT's post-norm residual and its
  * embedding sum). */
 void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,
@@ -74,8 +77,12 @@ void ops_rope_angles(float *cs, int pos, int head_dim, float base,
                      const ops_rope_scaling *scaling,
                      const float *freq_factors); /* cs: (head_dim/2, 2) */
 
-/* Rotates each of the n_head heads of x (n_head, head_dim) by the angles of cs. */
-void ops_rope(float *x, int n_head, int head_dim, const float *cs, enum ops_rope_style style);
+/* Rotates the first rope_dims (even, <= head_dim) dimensions of each of the n_head heads of
+ * x (n_head, head_dim) by the angles of cs (ops_rope_angles of rope_dims), pairing them
+ * within those dimensions (halves: x[i] with x[i + rope_dims/2]); the rest pass through,
+ * as in partially rotary models (Phi-4-mini). */
+void ops_rope(float *x, int n_head, int head_dim, int rope_dims, const float *cs,
+              enum ops_rope_style style);
 
 /* ---- half-float rows (KV cache) ---- */
 

@@ -122,8 +122,8 @@ static void test_rope_styles(void)
     }
     for (int i = 0; i < 2 * HD; i++)
         a[i] = b[i] = (float)(i + 1);
-    ops_rope(a, 2, HD, cs, OPS_ROPE_INTERLEAVED);
-    ops_rope(b, 2, HD, cs, OPS_ROPE_HALVES);
+    ops_rope(a, 2, HD, HD, cs, OPS_ROPE_INTERLEAVED);
+    ops_rope(b, 2, HD, HD, cs, OPS_ROPE_HALVES);
     for (int h = 0; h < 2; h++)
         for (int i = 0; i < HD / 2; i++) {
             double c = cs[2 * i], s = cs[2 * i + 1];
@@ -139,7 +139,7 @@ static void test_rope_styles(void)
     /* position 0 is the identity */
     ops_rope_angles(cs, 0, HD, 10000.0f, NULL, NULL);
     float c[HD] = {1, 2, 3, 4, 5, 6, 7, 8};
-    ops_rope(c, 1, HD, cs, OPS_ROPE_HALVES);
+    ops_rope(c, 1, HD, HD, cs, OPS_ROPE_HALVES);
     CHECK(c[0] == 1 && c[7] == 8);
 }
 
