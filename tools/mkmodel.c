@@ -1,8 +1,8 @@
 /*
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
- *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
- *           --kv-heads KH --ffn F --ctx C
+ *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|phi3|granite|bert|nomic-bert --dim D
+ *           --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
  *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *                  |iq4_nl_mix|iq4_xs_mix
@@ -10,6 +10,9 @@
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
+ *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N)
+ *           [--rope-orig-ctx N] [--sliding-window N]   (phi3: LongRoPE factors for an
+ *                                        original context N < C; attention.sliding_window)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
@@ -70,9 +73,8 @@ static const struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
-            "               --heads H\n"
-            "               --kv-heads KH --ffn F --ctx C\n"
+            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|phi3|granite|bert|nomic-bert\n"
+            "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"
@@ -81,6 +83,10 @@ static void usage(FILE *out)
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
+            "               [--rope-dims N]  (decoders: rotate N of each head's dimensions)\n"
+            "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
+            "               original context N; the long ones apply above it)\n"
+            "               [--sliding-window N]  (phi3's attention.sliding_window; 0 none)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -234,6 +240,12 @@ int main(int argc, char **argv)
             p.n_ctx = int_arg(a, v);
         else if (!strcmp(a, "--head-dim"))
             p.head_dim = int_arg(a, v);
+        else if (!strcmp(a, "--rope-dims"))
+            p.rope_dims = int_arg(a, v);
+        else if (!strcmp(a, "--rope-orig-ctx"))
+            p.rope_orig_ctx = int_arg(a, v);
+        else if (!strcmp(a, "--sliding-window"))
+            p.sliding_window = int_arg(a, v);
         else if (!strcmp(a, "--threads"))
             p.n_threads = int_arg(a, v);
         else if (!strcmp(a, "--seed")) {

@@ -1,6 +1,7 @@
 /*
  * test_mkmodel.c — mkmodel --from: converting a model file's weights to another type, with
- * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format.
+ * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format;
+ * mkmodel --arch phi3 / granite: their keys and tensors as llama.cpp reads them.
  */
 #include <libgen.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 
 #include "engine/gguf/gguf.h"
 #include "engine/gguf/modelgen.h"
+#include "engine/model/model.h"
 #include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
@@ -314,6 +316,63 @@ static void mixes_keep_docs_lm_perplexity(void)
     }
 }
 
+/* phi3 with partial rotary, LongRoPE, a window and the output tied; granite: the keys
+ * llama.cpp requires, the tensors it reads, and a model that loads as written. */
+static void phi3_and_granite(void)
+{
+    char args[4096], err[1024], out[1100], e[ERR_MAX];
+    snprintf(out, sizeof out, "%s/phi3.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --arch phi3 --dim 64 --layers 2 --heads 4 "
+             "--kv-heads 2 --ffn 96 --ctx 256 --type f16 --vocab '%s' --rope-dims 12 "
+             "--rope-orig-ctx 64 --sliding-window 200 --tied", out, q8_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    gguf_file *g = gguf_open(out, e);
+    CHECK_MSG(g, "%s", e);
+    const char *present[] = {"blk.1.attn_qkv.weight", "blk.1.ffn_up.weight",
+                             "rope_factors_long.weight", "rope_factors_short.weight"};
+    for (size_t i = 0; i < sizeof present / sizeof *present; i++)
+        CHECK_MSG(gguf_find_tensor(g, present[i]), "%s missing", present[i]);
+    CHECK(!gguf_find_tensor(g, "output.weight") && !gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+    CHECK_EQ(gguf_find_tensor(g, "blk.0.ffn_up.weight")->ne[1], 192);
+    CHECK_EQ(gguf_find_tensor(g, "rope_factors_long.weight")->ne[0], 6);
+    uint32_t v = 0;
+    CHECK(gguf_get_u32(g, "phi3.attention.sliding_window", &v) && v == 200);
+    CHECK(gguf_get_u32(g, "phi3.rope.scaling.original_context_length", &v) && v == 64);
+    float f = 0;
+    CHECK(gguf_get_f32(g, "phi3.rope.scaling.attn_factor", &f));
+    CHECK_NEAR(f, sqrt(1 + log(4.0) / log(64.0)), 1e-6);
+    model *m = model_from_gguf(g, e);
+    CHECK_MSG(m, "%s", e);
+    const model_hparams *hp = model_hparams_of(m);
+    CHECK(hp->arch == MODEL_ARCH_PHI3 && hp->rope_dims == 12 && hp->n_ctx == 200 &&
+          hp->n_ff == 96);
+    model_free(m);
+    gguf_close(g);
+
+    snprintf(out, sizeof out, "%s/granite.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --arch granite --dim 64 --layers 2 --heads 4 "
+             "--kv-heads 2 --ffn 96 --ctx 256 --type q8_0 --vocab '%s'", out, q8_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    g = gguf_open(out, e);
+    CHECK_MSG(g, "%s", e);
+    const char *keys[] = {"granite.embedding_scale", "granite.residual_scale",
+                          "granite.attention.scale", "granite.logit_scale"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        CHECK_MSG(gguf_get_f32(g, keys[i], &f) && f > 0, "%s", keys[i]);
+    m = model_from_gguf(g, e);
+    CHECK_MSG(m, "%s", e);
+    CHECK_EQ(model_hparams_of(m)->arch, MODEL_ARCH_GRANITE);
+    model_free(m);
+    gguf_close(g);
+
+    /* LongRoPE and windows are phi3's */
+    snprintf(args, sizeof args, "-o '%s' --arch granite --dim 64 --layers 2 --heads 4 "
+             "--kv-heads 2 --ffn 96 --ctx 256 --type f32 --vocab '%s' --sliding-window 8", out,
+             q8_path);
+    CHECK(mkmodel(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "phi3"), "%s", err);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -340,5 +399,6 @@ int main(int argc, char **argv)
     RUN(from_merges_adapters);
     RUN(bad_adapters_are_refused);
     RUN(mixes_keep_docs_lm_perplexity);
+    RUN(phi3_and_granite);
     return test_finish();
 }
