@@ -32,6 +32,9 @@ static const char *const family_names[] = {
     [CHAT_MEGREZ] = "megrez",
     [CHAT_QWEN3] = "qwen3",
     [CHAT_QWEN3_THINKING] = "qwen3-thinking",
+    [CHAT_PHI3] = "phi3",
+    [CHAT_PHI4] = "phi4",
+    [CHAT_GRANITE] = "granite",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -120,6 +123,8 @@ enum chat_family chat_detect(const char *t)
         if (strcmp(t, family_names[f]) == 0)
             return (enum chat_family)f;
     if (strstr(t, "<|im_start|>")) {
+        if (strstr(t, "<|im_sep|>"))
+            return CHAT_PHI4;
         if (strstr(t, "You are a function calling AI model."))
             return CHAT_HERMES;
         if (!strstr(t, "</think>"))
@@ -133,6 +138,8 @@ enum chat_family chat_detect(const char *t)
     if (strncmp(t, "mistral", 7) == 0 || strstr(t, "[INST]"))
         return detect_inst(t);
     /* the rest in llama.cpp's order, which matters where a template has two markers */
+    if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>"))
+        return CHAT_PHI3;
     const char *user = strstr(t, "<|user|>");
     enum chat_family f = user ? detect_user_tag(t, user) : CHAT_PLAIN;
     if (f != CHAT_PLAIN)
@@ -152,6 +159,8 @@ enum chat_family chat_detect(const char *t)
         return CHAT_DEEPSEEK3;
     if (strstr(t, "<|role_start|>"))
         return CHAT_MEGREZ;
+    if (strstr(t, "<|start_of_role|>"))
+        return CHAT_GRANITE;
     return CHAT_PLAIN;
 }
 
@@ -175,6 +184,12 @@ const char *chat_stop_text(enum chat_family f)
         return "<|EOT|>";
     case CHAT_MEGREZ:
         return "<|turn_end|>";
+    case CHAT_PHI3:
+        return "<|end|>";
+    case CHAT_PHI4:
+        return "<|im_end|>";
+    case CHAT_GRANITE:
+        return "<|end_of_text|>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -354,6 +369,17 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                       "<|role_start|>assistant<|role_end|>"},
                      {"<|turn_end|>", "<|turn_end|>", "<|turn_end|>"},
                      "<|role_start|>assistant<|role_end|>", ""},
+    [CHAT_PHI3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
+                   {"<|end|>\n", "<|end|>\n", "<|end|>\n"}, "<|assistant|>\n", ""},
+    [CHAT_PHI4] = {{"<|im_start|>system<|im_sep|>", "<|im_start|>user<|im_sep|>",
+                    "<|im_start|>assistant<|im_sep|>"},
+                   {"<|im_end|>", "<|im_end|>", "<|im_end|>"}, "<|im_start|>assistant<|im_sep|>",
+                   ""},
+    [CHAT_GRANITE] = {{"<|start_of_role|>system<|end_of_role|>",
+                       "<|start_of_role|>user<|end_of_role|>",
+                       "<|start_of_role|>assistant<|end_of_role|>"},
+                      {"<|end_of_text|>\n", "<|end_of_text|>\n", "<|end_of_text|>\n"},
+                      "<|start_of_role|>assistant<|end_of_role|>", ""},
 };
 
 /* answer_only: an assistant message is written without its reasoning, what follows its

@@ -84,16 +84,27 @@ enum chat_family {
      * template differs only in dropping every earlier reply's reasoning and in writing its
      * tools' system turn with two more line breaks when there is no system message) */
     CHAT_QWEN3_THINKING,
+    /* "<|role|>\ncontent<|end|>\n" (Phi-3, Phi-3.5, and Phi-4-mini, whose own template
+     * writes no line breaks; llama.cpp's phi3 format, kept here, does) */
+    CHAT_PHI3,
+    /* "<|im_start|>role<|im_sep|>content<|im_end|>" (Phi-4) */
+    CHAT_PHI4,
+    /* "<|start_of_role|>role<|end_of_role|>content<|end_of_text|>\n" (Granite 3); the
+     * generation prompt is "<|start_of_role|>assistant<|end_of_role|>" as Granite's
+     * template writes it, where llama.cpp's format adds a line break */
+    CHAT_GRANITE,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_QWEN3_THINKING + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GRANITE + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
  * text of tokenizer.chat_template, recognised like llama.cpp does ("<|im_start|>" ->
  * chatml, "[INST]" -> the llama2/mistral variants, "<|start_header_id|>" with
- * "<|end_header_id|>" -> llama3, "<｜User｜>" -> deepseek3...), but for "<|user|>"
+ * "<|end_header_id|>" -> llama3, "<｜User｜>" -> deepseek3, "<|im_start|>" with
+ * "<|im_sep|>" -> phi4, "<|assistant|>" with "<|end|>" -> phi3, "<|start_of_role|>" ->
+ * granite...), but for "<|user|>"
  * templates: one that ends a user message with eos_token or "</s>" is zephyr, another
  * with "<|assistant|>" falcon3 (llama.cpp takes TinyLlama's and Falcon3's templates for
  * GLM-Edge's), and for Hermes' tool_use template: "<|im_start|>" with its system prompt's
@@ -118,7 +129,7 @@ const char *chat_family_name(enum chat_family f);
 #define CHAT_FAMILY_NAMES                                                                    \
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
-    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking"
+    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -284,6 +284,62 @@ static const char QWQ[] =
     "    {{- '<|im_start|>assistant\\n<think>\\n' }}\n"
     "{%- endif %}\n";
 
+/* microsoft/Phi-3-mini-4k-instruct (and Phi-3.5-mini's, the same markers) */
+static const char PHI3[] =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
+/* microsoft/Phi-4-mini-instruct: Phi-3's markers, no line breaks, a tools turn */
+static const char PHI4_MINI[] =
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message "
+    "and message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + "
+    "message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else "
+    "%}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}{% "
+    "endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}"
+    "{% endif %}";
+
+/* microsoft/phi-4 */
+static const char PHI4[] =
+    "{% for message in messages %}{% if (message['role'] == 'system') %}"
+    "{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+    "(message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] + "
+    "'<|im_end|>'}}{% elif (message['role'] == 'assistant') %}{{'<|im_start|>assistant"
+    "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}";
+
+/* ibm-granite/granite-3.1-2b-instruct, its message loop */
+static const char GRANITE[] =
+    "{%- for message in loop_messages %}\n    {{- '<|start_of_role|>' + message['role'] + "
+    "'<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}\n    {%- if "
+    "loop.last and add_generation_prompt %}\n        {{- '<|start_of_role|>assistant' }}\n"
+    "            {%- if controls %}\n                {{- ' ' + controls | tojson()}}\n"
+    "            {%- endif %}\n        {{- '<|end_of_role|>' }}\n    {%- endif %}\n"
+    "{%- endfor %}";
+
+/* Phi-3, Phi-4-mini, Phi-4 and Granite 3, whose models llmsd runs: by name, so that this
+ * test also runs against a chat.c without them. */
+static void detects_phi_and_granite(void)
+{
+    static const struct {
+        const char *tmpl, *family;
+    } D[] = {
+        {PHI3, "phi3"},
+        {PHI4_MINI, "phi3"},
+        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>'}}",
+         "phi3"},
+        {PHI4, "phi4"},
+        {GRANITE, "granite"},
+    };
+    for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
+        const char *got = chat_family_name(chat_detect(D[i].tmpl));
+        CHECK_MSG(strcmp(got, D[i].family) == 0, "%zu: expected %s, detected %s", i,
+                  D[i].family, got);
+    }
+}
+
 static void detects_real_templates(void)
 {
     CHECK_EQ(chat_detect(QWEN2), CHAT_CHATML);
@@ -316,10 +372,8 @@ static void detects_more_llama_and_qwen_families(void)
         {MEGREZ, "megrez"},
         /* chatml with the think markers */
         {QWEN3, "qwen3"},                {QWQ, "qwen3-thinking"},
-        /* "<|user|>" templates of other architectures stay plain: Phi-3's, GLM-Edge's
+        /* "<|user|>" templates of other architectures stay plain: GLM-Edge's
          * (THUDM/glm-edge-1.5b-chat), StableLM zephyr's "<|endoftext|>" written as text */
-        {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>'}}",
-         "plain"},
         {"{% for item in messages %}{% if item['role'] == 'system' %}<|system|>\n{{ "
          "item['content'] }}{% elif item['role'] == 'user' %}<|user|>\n{{ item['content'] "
          "}}{% elif item['role'] == 'assistant' %}<|assistant|>\n{{ item['content'] }}{% "
@@ -504,6 +558,26 @@ static const struct {
      "are you<|turn_end|><|role_start|>assistant<|role_end|>   I am an assistant   "
      "<|turn_end|><|role_start|>user<|role_end|>Another "
      "question<|turn_end|><|role_start|>assistant<|role_end|>"},
+    {CHAT_PHI3,
+     "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n"
+     "<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n"
+     "   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n"},
+    {CHAT_PHI4,
+     "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|><|im_start|>user"
+     "<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|>"
+     "<|im_start|>user<|im_sep|>Who are you<|im_end|><|im_start|>assistant<|im_sep|>"
+     "   I am an assistant   <|im_end|><|im_start|>user<|im_sep|>Another question"
+     "<|im_end|><|im_start|>assistant<|im_sep|>"},
+    /* llama.cpp's granite ends the generation prompt with a line break, which Granite's
+     * template does not write (chat.h) */
+    {CHAT_GRANITE,
+     "<|start_of_role|>system<|end_of_role|>You are a helpful assistant<|end_of_text|>\n"
+     "<|start_of_role|>user<|end_of_role|>Hello<|end_of_text|>\n"
+     "<|start_of_role|>assistant<|end_of_role|>Hi there<|end_of_text|>\n"
+     "<|start_of_role|>user<|end_of_role|>Who are you<|end_of_text|>\n"
+     "<|start_of_role|>assistant<|end_of_role|>   I am an assistant   <|end_of_text|>\n"
+     "<|start_of_role|>user<|end_of_role|>Another question<|end_of_text|>\n"
+     "<|start_of_role|>assistant<|end_of_role|>"},
     {CHAT_PLAIN,
      "System: You are a helpful assistant\nUser: Hello\nAssistant: Hi there\nUser: Who are "
      "you\nAssistant:    I am an assistant   \nUser: Another question\nAssistant:"},
@@ -741,6 +815,9 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_DEEPSEEK), "<|EOT|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_MONARCH), "</s>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_MEGREZ), "<|turn_end|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_PHI3), "<|end|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_PHI4), "<|im_end|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_GRANITE), "<|end_of_text|>") == 0);
     /* every family's turn end is in what it writes after an assistant message, or is
      * plain's next label */
     const struct chat_message reply[] = {{"user", "q"}, {"assistant", "a"}};
@@ -757,6 +834,7 @@ int main(void)
 {
     RUN(detects_real_templates);
     RUN(detects_more_llama_and_qwen_families);
+    RUN(detects_phi_and_granite);
     RUN(detects_hermes_by_its_tool_use_template);
     RUN(detects_family_names);
     RUN(formats_match_llama_cpp);
