@@ -179,6 +179,12 @@ static void resolve(config *cfg, const model_hparams *hp)
 {
     if (cfg->n_ctx == 0)
         cfg->n_ctx = hp->n_ctx < 4096 ? hp->n_ctx : 4096;
+    /* a window is not computed (model.h): the context stays within it, every answer exact */
+    if (hp->sliding_window > 0 && cfg->n_ctx > hp->n_ctx) {
+        fprintf(stderr, "llmsd: warning: n_ctx %d capped to the model's sliding window %d\n",
+                cfg->n_ctx, hp->n_ctx);
+        cfg->n_ctx = hp->n_ctx;
+    }
     if (cfg->n_ctx > hp->n_ctx)
         fprintf(stderr, "llmsd: warning: n_ctx %d exceeds the model's trained %d\n", cfg->n_ctx,
                 hp->n_ctx);

@@ -81,7 +81,7 @@ struct model {
 
 /* ---- loading ---- */
 
-static const char *model_arch_name(enum model_arch a)
+const char *model_arch_name(enum model_arch a)
 {
     switch (a) {
     case MODEL_ARCH_LLAMA: return "llama";

@@ -71,6 +71,9 @@ typedef struct model_hparams {
                          file has none (a plain generator) */
 } model_hparams;
 
+/* general.architecture of an architecture ("llama", "phi3"...). */
+const char *model_arch_name(enum model_arch a);
+
 typedef struct model model;
 typedef struct lora lora; /* engine/model/lora.h */
 

@@ -86,6 +86,37 @@ static void ask_prints_an_answer(void)
     CHECK_MSG(out[0] == '\0', "ask left contexts: %s", out);
 }
 
+/* llmsd serves a phi3 model as Phi-4-mini is made (partial rotary, LongRoPE factors, the
+ * output tied; a window shorter than its context, which caps it) and a granite one: an
+ * answer comes back through llms ask. */
+static void serves_phi3_and_granite(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    const char *archs[] = {"phi3", "granite"};
+    for (int a = 0; a < 2; a++) {
+        bool phi3 = a == 0;
+        modelgen_params mp = {
+            .arch = archs[a], .dim = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+            .n_ff = 128, .n_ctx = 512, .type = QTYPE_F32, .seed = 5, .n_vocab = 300,
+            .n_threads = 1, .tie_output = true, .rope_dims = phi3 ? 12 : 0,
+            .rope_orig_ctx = phi3 ? 128 : 0, .sliding_window = phi3 ? 256 : 0,
+        };
+        char path[1024], cmd[4096], out[4096], err[4096];
+        proc_generate_model(path, sizeof path, phi3 ? "phi3.gguf" : "granite.gguf", &mp);
+        llmsd_proc d;
+        CHECK_MSG(proc_start(&d, llmsd_path, archs[a], path, "max_tokens = 8\n") == 0,
+                  "llmsd did not start with a %s model", archs[a]);
+        proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --temp 0 --max-tokens 5 ask 'Hello there'",
+                 llms_path, d.sock);
+        int rc = run(cmd, out, sizeof out, err, sizeof err);
+        CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+        CHECK_MSG(rc == 0, "%s: llms ask failed: %s", archs[a], err);
+        size_t n = strlen(out);
+        CHECK_MSG(n > 1 && out[n - 1] == '\n', "%s: answer '%s'", archs[a], out);
+    }
+}
+
 /* --format json reaches the daemon: the test model's vocabulary ("tokN") has no token
  * that begins a JSON object, and the daemon says so. */
 static void ask_format_json_reaches_the_daemon(void)
@@ -991,6 +1022,7 @@ int main(int argc, char **argv)
     RUN(help_and_version);
     RUN(bad_values_name_the_option);
     RUN(ask_prints_an_answer);
+    RUN(serves_phi3_and_granite);
     RUN(ask_format_json_reaches_the_daemon);
     RUN(ask_grammar_reaches_the_daemon);
     RUN(ask_reads_stdin_and_files);
