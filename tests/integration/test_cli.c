@@ -110,10 +110,18 @@ static void serves_phi3_and_granite(void)
         proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --temp 0 --max-tokens 5 ask 'Hello there'",
                  llms_path, d.sock);
         int rc = run(cmd, out, sizeof out, err, sizeof err);
+        size_t n = strlen(out);
+        char status[4096] = "", want[64];
+        proc_fmt(cmd, sizeof cmd, "'%s' --socket '%s' --json status", llmsctl_path, d.sock);
+        int rc_status = run(cmd, status, sizeof status, NULL, 0);
         CHECK_EQ(proc_stop(&d, SIGTERM), 0);
         CHECK_MSG(rc == 0, "%s: llms ask failed: %s", archs[a], err);
-        size_t n = strlen(out);
         CHECK_MSG(n > 1 && out[n - 1] == '\n', "%s: answer '%s'", archs[a], out);
+        /* the window (256) caps the configured 512 */
+        proc_fmt(want, sizeof want, "\"model_arch\":\"%s\"", archs[a]);
+        CHECK_MSG(rc_status == 0 && strstr(status, want), "status: %s", status);
+        CHECK_MSG(strstr(status, phi3 ? "\"n_ctx\":256" : "\"n_ctx\":512"), "status: %s",
+                  status);
     }
 }
 
