@@ -141,6 +141,14 @@ static void test_rope_styles(void)
     float c[HD] = {1, 2, 3, 4, 5, 6, 7, 8};
     ops_rope(c, 1, HD, HD, cs, OPS_ROPE_HALVES);
     CHECK(c[0] == 1 && c[7] == 8);
+    /* partial rotary: the first 4 of 8 dimensions rotate as a head of 4 (halves: pairs
+     * (0, 2), (1, 3)); the last 4 pass */
+    float p[HD] = {1, 2, 3, 4, 5, 6, 7, 8}, w[4] = {1, 2, 3, 4};
+    ops_rope_angles(cs, 3, 4, 10000.0f, NULL, NULL);
+    ops_rope(p, 1, HD, 4, cs, OPS_ROPE_HALVES);
+    ops_rope(w, 1, 4, 4, cs, OPS_ROPE_HALVES);
+    CHECK(memcmp(p, w, sizeof w) == 0 && p[4] == 5 && p[5] == 6 && p[6] == 7 && p[7] == 8);
+    CHECK(p[0] != 1);
 }
 
 static void test_attention_kernels(void)
