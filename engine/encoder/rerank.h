@@ -89,7 +89,7 @@ void rerank_result_free(rerank_result *r);
 
 typedef struct reranker reranker;
 
-/* Opens a llama / qwen2 / qwen3 GGUF as a reranker. With options->stream_weights the
+/* Opens a llama / qwen2 / qwen3 GGUF as a reranker (other decoders are refused). With options->stream_weights the
  * weight matrices are not mapped: only metadata, the tokenizer and small tensors are
  * kept, and layers are read on demand. A bert cross-encoder (a classification head,
  * engine/encoder/bert.h) is opened too: it scores sigmoid(head) of the [CLS] row after each

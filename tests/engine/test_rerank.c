@@ -502,6 +502,10 @@ static void test_bad_inputs(void)
 {
     char err[ERR_MAX];
     CHECK(!rerank_open("/nonexistent/model.gguf", NULL, err));
+    /* its own forward computes llama, qwen2 and qwen3 only */
+    CHECK(!rerank_open(gen_model("phi3", 2, 51), NULL, err));
+    CHECK_MSG(strstr(err, "llama, qwen2 or qwen3"), "%s", err);
+    CHECK(!rerank_open(gen_model("granite", 2, 51), NULL, err));
     const char *path = gen_model("llama", 2, 51);
     CHECK(path);
     rerank_options o = opts(3, 0.2f, true);
