@@ -19,8 +19,9 @@ static void read_chat(json_object *body, enum chat_family family)
     char msg[256] = "";
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
+    llamaparams_lists lists;
     gp.stop = (char **)stops;
-    if (read_params(body, &gp, STOP_MAX - 1, msg, sizeof msg) < 0 && !msg[0])
+    if (read_params(body, &gp, STOP_MAX - 1, &lists, msg, sizeof msg) < 0 && !msg[0])
         abort();
     for (size_t i = 0; i < gp.n_stop; i++)
         if (!stops[i])
