@@ -42,8 +42,8 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
                            int n_layer, int n_gqa, bool has_output);
 
 typedef struct modelgen_params {
-    /* "llama", "qwen2", "qwen3", "bert" or "nomic-bert" (the encoders: n_head_kv must equal
-     * n_head) */
+    /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "bert" or "nomic-bert" (the
+     * encoders: n_head_kv must equal n_head) */
     const char *arch;
     int dim;
     int n_layer;
@@ -52,6 +52,15 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
+    /* Mixture of experts (qwen2moe and qwen3moe need it; llama with it is Mixtral):
+     * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
+     * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
+     * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
+     * have unit scale: tokens spread over the experts. */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe); 0: n_ff */
+    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with
      * MODELGEN_MIX_Q4_K_M); each must be computable. */
@@ -94,7 +103,8 @@ enum modelgen_lora_target {
 #define MODELGEN_LORA_LAYERS 127
 
 typedef struct modelgen_lora_params {
-    const gguf_file *base; /* the model it adapts: a llama, qwen2 or qwen3 decoder */
+    const gguf_file *base; /* the model it adapts: a llama, qwen2, qwen3, qwen2moe or
+                              qwen3moe decoder (with experts: no feed-forward targets) */
     int rank;
     float alpha;           /* adapter.lora.alpha (0: the scale is the user's alone) */
     uint32_t type;         /* of lora_a and lora_b: computable, rank and the adapted
