@@ -2,7 +2,9 @@
  * model.h — a decoder-only transformer loaded from GGUF, and its forward pass.
  *
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
- * (per-head RMSNorm of q and k). Weights are used in place from the file mapping.
+ * (per-head RMSNorm of q and k), and their mixtures of experts: "qwen2moe" (qwen2's
+ * attention, a sigmoid-gated shared expert), "qwen3moe" (qwen3's attention) and "llama"
+ * with {arch}.expert_count (Mixtral). Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -21,7 +23,13 @@
 #include "engine/kv/kv.h"
 #include "engine/model/ops.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+enum model_arch {
+    MODEL_ARCH_LLAMA,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+    MODEL_ARCH_QWEN2MOE,
+    MODEL_ARCH_QWEN3MOE,
+};
 
 /* How RoPE pairs up dimensions within a head. */
 enum model_rope_style {
@@ -38,7 +46,15 @@ typedef struct model_hparams {
     int n_head;
     int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
     int head_dim;   /* attention.key_length */
-    int n_ff;       /* feed-forward hidden size */
+    int n_ff;       /* feed-forward hidden size (with experts: the widest of an expert's
+                       and the shared expert's, what the runner's scratch holds) */
+    /* Mixture of experts: each token's feed-forward is the weighted sum of the
+     * n_expert_used experts its router ranks first, of n_expert (0: a dense model). */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;      /* an expert's hidden size */
+    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe), 0 when none */
+    bool expert_norm;  /* the chosen experts' weights are renormalised to sum to 1 */
     int n_ctx;      /* context length the model was trained for */
     float rope_base;
     ops_rope_scaling rope_scaling; /* {arch}.rope.scaling.*: none, linear or yarn */

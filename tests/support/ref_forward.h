@@ -1,5 +1,6 @@
 /*
- * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 GGUF models,
+ * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 GGUF models
+ * (and their mixtures of experts: qwen2moe, qwen3moe, llama with experts),
  * in double precision from dequantized weights, written independently of
  * engine/model/model.c so the optimized forward can be checked against it.
  */
@@ -21,6 +22,11 @@ int ref_model_n_vocab(const ref_model *m);
 /* Rounds every K and V to half precision before attention, as a KV cache stored in f16
  * does; lets a test separate that rounding from other differences. Off by default. */
 void ref_model_round_kv_f16(ref_model *m, bool on);
+
+/* With experts: from the next ref_forward on, the experts each token chose in each layer,
+ * in the order of their probabilities, into routes (n_layer, n, expert_used_count); NULL
+ * stops it. */
+void ref_model_record_routes(ref_model *m, int *routes);
 
 /*
  * Runs n tokens at the given positions with full causal attention over the list: token
