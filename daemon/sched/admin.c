@@ -593,7 +593,7 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
 
 static void handle_status(sched *s, const sched_job *j)
 {
-    static const char *arch[] = {"llama", "qwen2", "qwen3"};
+    static const char *arch[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
     st.version = LLMS_VERSION;
