@@ -579,6 +579,66 @@ static void test_lora(void)
     model_free(m);
 }
 
+/* ---- no allocation per token ---- */
+
+/* test_moe is linked with --wrap=malloc,calloc,realloc (the Makefile), as test_lora is,
+ * so that every allocation of the engine is counted here. */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+static _Atomic long n_allocs;
+
+void *__wrap_malloc(size_t n)
+{
+    n_allocs++;
+    return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    n_allocs++;
+    return __real_calloc(n, size);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    n_allocs++;
+    return __real_realloc(p, n);
+}
+
+/* Decode steps and a short prompt of a qwen2moe model (experts and the shared expert),
+ * within chunks the sequence has, allocate nothing: routing has its scratch. */
+static void forward_never_allocates(void)
+{
+    modelgen_params p = moe_params("qwen2moe", QTYPE_F16);
+    const char *path = gen(&p, "alloc");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    model_runner *r = model_runner_new(m, 2, 64, 256, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    static float logits[8 * 260];
+    int32_t tok[8], pos[8];
+    test_tokens(8, p.n_vocab, 5, tok, pos);
+    CHECK(forward_all(r, &seq, 1, tok, pos, logits) == 0); /* the sequence's first chunk */
+    CHECK_MSG(n_allocs > 0, "allocations are not counted (the Makefile's --wrap)");
+    long before = n_allocs;
+    for (int i = 1; i < 6; i++)
+        CHECK(forward_all(r, &seq, 1, tok + i, pos + i, logits) == 0);
+    for (int i = 0; i < 8; i++)
+        pos[i] = 6 + i;
+    CHECK(forward_all(r, &seq, 8, tok, pos, logits) == 0);
+    CHECK_MSG(n_allocs == before, "%ld allocations", n_allocs - before);
+    kv_seq_free(&seq);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+}
+
 int main(void)
 {
     RUN(test_against_reference);
@@ -588,5 +648,6 @@ int main(void)
     RUN(test_one_expert_is_dense);
     RUN(test_bad_files_refused);
     RUN(test_lora);
+    RUN(forward_never_allocates);
     return test_finish();
 }
