@@ -54,11 +54,11 @@ static const char *gen(const modelgen_params *p, const char *name)
     return path;
 }
 
-/* Logits of every row of one batch at pos against seq into out (n, n_vocab). */
+/* Logits of every row of one batch at pos against seq into out (n, n_vocab), n <= 128. */
 static int forward_all(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
                        const int32_t *pos, float *out)
 {
-    int32_t rows[64];
+    int32_t rows[128];
     for (int i = 0; i < n; i++)
         rows[i] = i;
     model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
@@ -579,6 +579,65 @@ static void test_lora(void)
     model_free(m);
 }
 
+/* Logits of N tokens (one prefill of N - 4, then 4 decodes) of m into out (N, n_vocab),
+ * its weights streamed when stream (every matrix a streamed fragment). */
+static int run_tokens(const model *m, bool stream, int n, const int32_t *tok,
+                      const int32_t *pos, float *out)
+{
+    char err[ERR_MAX];
+    int nv = model_hparams_of(m)->n_vocab, rc = 0;
+    model_runner *r = model_runner_new(m, 2, 128, 0, err);
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    if (!pool || (stream && model_runner_stream_weights(r, 0, err) < 0)) {
+        fprintf(stderr, "%s\n", err);
+        model_runner_free(r);
+        return -1;
+    }
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    rc |= forward_all(r, &seq, n - 4, tok, pos, out);
+    for (int t = n - 4; t < n; t++)
+        rc |= forward_all(r, &seq, 1, tok + t, pos + t, out + (size_t)t * nv);
+    kv_seq_free(&seq);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    return rc;
+}
+
+/* Q8_0 weights repacked (the attention's and the output's; the experts are read as the
+ * file stores them) give the logits of the file's layout, up to the f32 order of the
+ * repacked kernel's sums; streamed weights (the merged experts one fragment each, a
+ * prefill of 64 rows or more) give them bit for bit. */
+static void test_repacked_and_streamed(void)
+{
+    modelgen_params p = moe_params("qwen3moe", QTYPE_Q8_0);
+    const char *path = gen(&p, "repack");
+    CHECK(path);
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    int nv = model_hparams_of(m)->n_vocab;
+    enum { N = 72 };
+    int32_t tok[N], pos[N];
+    test_tokens(N, nv, 6, tok, pos);
+    float *plain = malloc((size_t)N * nv * sizeof(float));
+    float *other = malloc((size_t)N * nv * sizeof(float));
+    CHECK(run_tokens(m, false, N, tok, pos, plain) == 0);
+    CHECK(run_tokens(m, true, N, tok, pos, other) == 0);
+    CHECK_MSG(memcmp(plain, other, (size_t)N * nv * sizeof(float)) == 0,
+              "streamed weights changed the logits");
+    CHECK_MSG(model_repack_weights(m, err) == 0, "%s", err);
+    CHECK(run_tokens(m, false, N, tok, pos, other) == 0);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)N * nv; i++)
+        worst = fmax(worst, fabs(plain[i] - other[i]));
+    printf("  repacked (%zu bytes): max |logit diff| %.3g\n", model_repacked_bytes(m), worst);
+    CHECK_MSG(worst <= 1e-3, "repacked: %g", worst);
+    free(plain);
+    free(other);
+    model_free(m);
+}
+
 /* ---- no allocation per token ---- */
 
 /* test_moe is linked with --wrap=malloc,calloc,realloc (the Makefile), as test_lora is,
@@ -648,6 +707,7 @@ int main(void)
     RUN(test_one_expert_is_dense);
     RUN(test_bad_files_refused);
     RUN(test_lora);
+    RUN(test_repacked_and_streamed);
     RUN(forward_never_allocates);
     return test_finish();
 }
