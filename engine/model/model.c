@@ -244,8 +244,8 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
     int dflt = hp->arch == MODEL_ARCH_LLAMA ? hp->n_ff : hp->n_ff / hp->n_expert_used;
     if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
                       &hp->n_ff_exp, err) < 0 ||
-        (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length", hp->n_ff,
-                                   &hp->n_ff_shexp, err) < 0))
+        (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
+                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0))
         return -1;
     hp->expert_norm = !qwen2moe;
     hp->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
@@ -272,11 +272,13 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
     const char *arch = model_arch_name(hp->arch);
+    /* their experts' sizes have keys of their own: feed_forward_length is only a default */
+    bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE;
     hp->rope_style = hp->arch == MODEL_ARCH_LLAMA ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
 
     if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
         model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
-        model_get_dim(m->g, arch, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(m->g, arch, "feed_forward_length", qwen_moe ? 0 : -1, &hp->n_ff, err) < 0 ||
         model_get_dim(m->g, arch, "attention.head_count", -1, &hp->n_head, err) < 0 ||
         model_get_dim(m->g, arch, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err) < 0 ||
         model_get_dim(m->g, arch, "attention.key_length", hp->dim / hp->n_head, &hp->head_dim, err) < 0 ||

@@ -326,6 +326,7 @@ static void test_batched_equals_alone(void)
 typedef struct rewrite_edit {
     const char *key;        /* an integer key given the value u32, or NULL */
     uint32_t u32;
+    const char *drop_keys[2]; /* keys left out, or NULL */
     const char *drop;       /* a tensor left out, or NULL */
     const char *shrink;     /* a 3-D tensor given one expert fewer, or NULL */
     const char *split;      /* "blk.N." whose merged experts go one tensor each, or NULL */
@@ -359,6 +360,9 @@ static int rewrite(const char *src, const char *dst, const rewrite_edit *e)
         gguf_str k = gguf_key(g, i);
         char key[128];
         snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+        if ((e->drop_keys[0] && !strcmp(key, e->drop_keys[0])) ||
+            (e->drop_keys[1] && !strcmp(key, e->drop_keys[1])))
+            continue;
         int rc;
         if (e->key && !strcmp(key, e->key))
             rc = gguf_writer_set_u32(w, key, e->u32);
@@ -488,6 +492,22 @@ static void test_bad_files_refused(void)
                   "'blk.1.ffn_down_exps.weight' is missing");
     check_refused(src, &(rewrite_edit){.key = "qwen3moe.expert_count", .u32 = 0},
                   "expert_count");
+    /* feed_forward_length is only a default of the experts' sizes: without it a qwen3moe
+     * file loads, a qwen2moe one needs its shared expert's size */
+    char dst[512], err[ERR_MAX];
+    snprintf(dst, sizeof dst, "%s/no-ff.gguf", test_tmpdir());
+    CHECK(rewrite(src, dst, &(rewrite_edit){.drop_keys = {"qwen3moe.feed_forward_length"}}) == 0);
+    model *m = model_load(dst, err);
+    CHECK_MSG(m && model_hparams_of(m)->n_ff_exp == p.n_ff_exp, "%s", err);
+    model_free(m);
+    p = moe_params("qwen2moe", QTYPE_F16);
+    path = gen(&p, "shexp");
+    CHECK(path);
+    snprintf(src, sizeof src, "%s", path);
+    check_refused(src,
+                  &(rewrite_edit){.drop_keys = {"qwen2moe.feed_forward_length",
+                                                "qwen2moe.expert_shared_feed_forward_length"}},
+                  "'qwen2moe.expert_shared_feed_forward_length'");
     /* an older Mixtral conversion: one tensor per expert */
     p = moe_params("llama", QTYPE_F16);
     path = gen(&p, "mixtral");
