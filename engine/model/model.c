@@ -1530,13 +1530,17 @@ static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *
     ops_softmax(p, hp->n_expert);
     float sum = 0.0f;
     for (int j = 0; j < k; j++) {
-        int best = 0;
-        for (int e = 1; e < hp->n_expert; e++)
-            best = p[e] > p[best] ? e : best;
+        /* a chosen expert's probability becomes -inf, which no probability is (NaN ones
+         * from a broken file included), so that no expert is chosen twice: the scratch
+         * holds each row once per expert */
+        int best = -1;
+        for (int e = 0; e < hp->n_expert; e++)
+            if (p[e] != -INFINITY && (best < 0 || p[e] > p[best]))
+                best = e;
         sel[j] = best;
         w[j] = p[best];
         sum += p[best];
-        p[best] = -1.0f; /* below every probability: not chosen twice */
+        p[best] = -INFINITY;
     }
     for (int j = 0; hp->expert_norm && j < k; j++)
         w[j] /= sum;

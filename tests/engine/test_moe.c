@@ -331,6 +331,7 @@ typedef struct rewrite_edit {
     const char *shrink;     /* a 3-D tensor given one expert fewer, or NULL */
     const char *split;      /* "blk.N." whose merged experts go one tensor each, or NULL */
     bool to_dense;          /* qwen3moe of one expert as qwen3, its expert as the dense FFN */
+    const char *nan;        /* an F32 tensor whose every value becomes NaN, or NULL */
 } rewrite_edit;
 
 /* The name a tensor has in the rewritten file, into buf; false: left out. */
@@ -386,11 +387,19 @@ static int rewrite(const char *src, const char *dst, const rewrite_edit *e)
         if (rc < 0)
             return -1;
     }
+    float *nans = NULL;
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128];
         if (!rewrite_name(e, t->name, name, sizeof name))
             continue;
+        const void *data = t->data;
+        if (e->nan && !strcmp(name, e->nan) && t->type == QTYPE_F32 && !nans) {
+            nans = malloc(t->bytes);
+            for (size_t j = 0; j < t->bytes / sizeof(float); j++)
+                nans[j] = NAN;
+            data = nans;
+        }
         int64_t ne[GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
         uint32_t n_dims = t->n_dims;
         if (e->shrink && !strcmp(name, e->shrink))
@@ -410,13 +419,44 @@ static int rewrite(const char *src, const char *dst, const rewrite_edit *e)
             }
             continue;
         }
-        if (gguf_writer_add_tensor(w, name, t->type, n_dims, ne, t->data) < 0)
+        if (gguf_writer_add_tensor(w, name, t->type, n_dims, ne, data) < 0)
             return -1;
     }
     int rc = gguf_writer_write(w, dst, err);
+    free(nans);
     gguf_writer_free(w);
     gguf_close(g);
     return rc;
+}
+
+/* A router of NaN weights (a broken file) still routes every row of a full batch, and
+ * the forward ends. */
+static void test_nan_router(void)
+{
+    modelgen_params p = moe_params("qwen3moe", QTYPE_F16);
+    const char *path = gen(&p, "nan");
+    CHECK(path);
+    char src[512], dst[512], err[ERR_MAX];
+    snprintf(src, sizeof src, "%s", path);
+    snprintf(dst, sizeof dst, "%s/nan-router.gguf", test_tmpdir());
+    CHECK(rewrite(src, dst, &(rewrite_edit){.nan = "blk.0.ffn_gate_inp.weight"}) == 0);
+    model *m = model_load(dst, err);
+    CHECK_MSG(m, "%s", err);
+    enum { N = 16 };
+    model_runner *r = model_runner_new(m, 2, N, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    int32_t tok[N], pos[N];
+    test_tokens(N, p.n_vocab, 7, tok, pos);
+    float *out = malloc((size_t)N * p.n_vocab * sizeof(float));
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    CHECK(forward_all(r, &seq, N, tok, pos, out) == 0);
+    kv_seq_free(&seq);
+    free(out);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
 }
 
 /* A model of one expert, used by every token with weight 1, is the dense model of that
@@ -726,6 +766,7 @@ int main(void)
     RUN(test_batched_equals_alone);
     RUN(test_one_expert_is_dense);
     RUN(test_bad_files_refused);
+    RUN(test_nan_router);
     RUN(test_lora);
     RUN(test_repacked_and_streamed);
     RUN(forward_never_allocates);
