@@ -528,7 +528,7 @@ typedef struct llms_model_info {
     char *name;
     char *path;
     char *arch;             /* general.architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe,
-                               bert */
+                               olmoe, bert */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */
     uint64_t file_bytes;
     char *roles;            /* "generate,embed,rerank,draft" or a part of it */

@@ -593,7 +593,8 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
 
 static void handle_status(sched *s, const sched_job *j)
 {
-    static const char *arch[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
+    static const char *arch[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe",
+                                 "olmoe"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
     st.version = LLMS_VERSION;

@@ -265,20 +265,26 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
-    bool qwen_moe = !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
+    bool olmoe = !strcmp(p->arch, "olmoe");
+    bool moe = olmoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
     if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
-        strcmp(p->arch, "qwen3") != 0 && !qwen_moe && !bert)
+        strcmp(p->arch, "qwen3") != 0 && !moe && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
-    if (qwen_moe && p->n_expert <= 0)
+    if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);
-    if (p->n_expert && strcmp(p->arch, "llama") != 0 && !qwen_moe)
-        return err_set(err, "%s has no experts (llama, qwen2moe and qwen3moe have)", p->arch);
+    if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
+        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe and olmoe have)",
+                       p->arch);
+    /* llama.cpp's olmoe has q and k norms of dim elements */
+    if (olmoe &&
+        (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
+        return err_set(err, "olmoe has as many KV heads as heads and head_dim = dim / heads");
     if (p->n_expert < 0 || p->n_expert_used < 0 || p->n_ff_exp < 0 || p->n_ff_shexp < 0 ||
         p->n_expert_used > p->n_expert || (p->n_expert && !p->n_expert_used))
         return err_set(err, "experts used (%d) must be from 1 to the experts (%d)",
                        p->n_expert_used, p->n_expert);
-    if (!strcmp(p->arch, "llama") && p->n_ff_exp && p->n_ff_exp != p->n_ff)
-        return err_set(err, "llama's experts have the feed-forward length (n_ff)");
+    if ((!strcmp(p->arch, "llama") || olmoe) && p->n_ff_exp && p->n_ff_exp != p->n_ff)
+        return err_set(err, "%s's experts have the feed-forward length (n_ff)", p->arch);
     /* llama.cpp's qwen2moe has attn_q and attn_output of dim x dim */
     if (!strcmp(p->arch, "qwen2moe") && p->head_dim && p->head_dim * p->n_head != p->dim)
         return err_set(err, "qwen2moe has head_dim = dim / heads");
@@ -407,6 +413,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
+    bool olmoe = strcmp(p->arch, "olmoe") == 0;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
 
@@ -511,6 +518,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         if (qwen3) {
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
+        }
+        if (olmoe) {
+            ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
+            ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
         ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);

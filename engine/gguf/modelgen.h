@@ -42,8 +42,8 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
                            int n_layer, int n_gqa, bool has_output);
 
 typedef struct modelgen_params {
-    /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "bert" or "nomic-bert" (the
-     * encoders: n_head_kv must equal n_head) */
+    /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe", "bert" or "nomic-bert"
+     * (the encoders and olmoe: n_head_kv must equal n_head) */
     const char *arch;
     int dim;
     int n_layer;
@@ -52,14 +52,15 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    /* Mixture of experts (qwen2moe and qwen3moe need it; llama with it is Mixtral):
+    /* Mixture of experts (qwen2moe, qwen3moe and olmoe need it; llama with it is Mixtral):
      * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
      * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
      * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
      * have unit scale: tokens spread over the experts. */
     int n_expert;
     int n_expert_used;
-    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe); 0: n_ff */
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe; llama's and olmoe's
+                           are n_ff); 0: n_ff */
     int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with

@@ -99,6 +99,7 @@ static const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_QWEN3: return "qwen3";
     case MODEL_ARCH_QWEN2MOE: return "qwen2moe";
     case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
+    case MODEL_ARCH_OLMOE: return "olmoe";
     }
     return "?";
 }
@@ -214,11 +215,12 @@ static int model_read_pooling_type(const gguf_file *g, const char *arch, int *ou
  * The experts' keys, as llama.cpp reads them: {arch}.expert_count and expert_used_count
  * (qwen2moe and qwen3moe always have them; a llama file with them is Mixtral), an
  * expert's hidden size expert_feed_forward_length (default feed_forward_length for
- * llama, where it is the experts', else feed_forward_length / expert_used_count), the
- * shared expert's expert_shared_feed_forward_length (qwen2moe; default
- * feed_forward_length). Routing as each model's published code: softmax over every
- * expert then the k most probable, renormalised to sum 1 for qwen3moe (norm_topk_prob)
- * and Mixtral (its top-k then softmax over the chosen is the same), not for qwen2moe.
+ * llama and olmoe, where it is the experts', else feed_forward_length /
+ * expert_used_count), the shared expert's expert_shared_feed_forward_length (qwen2moe;
+ * default feed_forward_length). Routing as each model's published code: softmax over
+ * every expert then the k most probable, renormalised to sum 1 for qwen3moe
+ * (norm_topk_prob) and Mixtral (its top-k then softmax over the chosen is the same), not
+ * for qwen2moe and olmoe.
  */
 static int model_read_experts(const gguf_file *g, const char *arch, model_hparams *hp,
                               char err[ERR_MAX])
@@ -241,13 +243,14 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
     if (hp->n_expert_used > hp->n_expert)
         return err_set(err, "metadata key '%s.expert_used_count' is %d, more than the %d "
                             "experts of %s", arch, hp->n_expert_used, hp->n_expert, key);
-    int dflt = hp->arch == MODEL_ARCH_LLAMA ? hp->n_ff : hp->n_ff / hp->n_expert_used;
+    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE;
+    int dflt = own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
     if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
                       &hp->n_ff_exp, err) < 0 ||
         (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
                                    hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0))
         return -1;
-    hp->expert_norm = !qwen2moe;
+    hp->expert_norm = !qwen2moe && hp->arch != MODEL_ARCH_OLMOE;
     hp->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
     return 0;
 }
@@ -268,6 +271,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         hp->arch = MODEL_ARCH_QWEN2MOE;
     else if (gguf_str_eq(a, "qwen3moe"))
         hp->arch = MODEL_ARCH_QWEN3MOE;
+    else if (gguf_str_eq(a, "olmoe"))
+        hp->arch = MODEL_ARCH_OLMOE;
     else
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
@@ -516,6 +521,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (qwen3 &&
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
+            return -1;
+        /* in the space of qwen2's biases, which olmoe has not */
+        if (hp->arch == MODEL_ARCH_OLMOE &&
+            (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
+             model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
 #undef NAME
     }
@@ -1205,6 +1215,10 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         ops_add(q, x->bq, q_dim);
         ops_add(k, x->bk, kv_dim);
         ops_add(v, x->bv, kv_dim);
+    }
+    if (x->q_norm_all) {
+        ops_rmsnorm(q, q, x->q_norm_all, q_dim, hp->norm_eps);
+        ops_rmsnorm(k, k, x->k_norm_all, kv_dim, hp->norm_eps);
     }
     if (x->q_norm) {
         for (int h = 0; h < hp->n_head; h++)

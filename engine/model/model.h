@@ -3,8 +3,8 @@
  *
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
  * (per-head RMSNorm of q and k), and their mixtures of experts: "qwen2moe" (qwen2's
- * attention, a sigmoid-gated shared expert), "qwen3moe" (qwen3's attention) and "llama"
- * with {arch}.expert_count (Mixtral). Weights are used in place from the file mapping.
+ * attention, a sigmoid-gated shared expert), "qwen3moe" (qwen3's attention), "llama"
+ * with {arch}.expert_count (Mixtral) and "olmoe" (RMSNorm of all of q and of all of k). Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -29,6 +29,7 @@ enum model_arch {
     MODEL_ARCH_QWEN3,
     MODEL_ARCH_QWEN2MOE,
     MODEL_ARCH_QWEN3MOE,
+    MODEL_ARCH_OLMOE,
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -75,6 +76,8 @@ typedef struct model_qkv_extras {
     const float *bv;     /* (n_head_kv * head_dim), qwen2 */
     const float *q_norm; /* (head_dim), qwen3 */
     const float *k_norm; /* (head_dim), qwen3 */
+    const float *q_norm_all; /* (n_head * head_dim), olmoe: one RMSNorm over all of q */
+    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,

@@ -30,15 +30,17 @@
 #define TOL_FLOAT 0.02
 #define TOL_QUANT 0.2
 
-static const char *ARCHS[] = {"qwen3moe", "qwen2moe", "llama"};
+static const char *ARCHS[] = {"qwen3moe", "qwen2moe", "llama", "olmoe"};
 
 static modelgen_params moe_params(const char *arch, uint32_t type)
 {
-    bool llama = !strcmp(arch, "llama");
+    /* llama's and olmoe's experts are feed_forward_length wide; olmoe has no GQA */
+    bool own_ff = !strcmp(arch, "llama") || !strcmp(arch, "olmoe");
     return (modelgen_params){.arch = arch, .dim = 256, .n_layer = 2, .n_head = 4,
-                             .n_head_kv = 2, .n_ff = llama ? 256 : 512, .n_ctx = 128,
+                             .n_head_kv = strcmp(arch, "olmoe") ? 2 : 4,
+                             .n_ff = own_ff ? 256 : 512, .n_ctx = 128,
                              .type = type, .seed = 7, .n_vocab = 260, .n_threads = 1,
-                             .n_expert = 8, .n_expert_used = 2, .n_ff_exp = llama ? 0 : 256,
+                             .n_expert = 8, .n_expert_used = 2, .n_ff_exp = own_ff ? 0 : 256,
                              .n_ff_shexp = 384};
 }
 

@@ -1,10 +1,11 @@
 /*
  * ref_forward.c — the textbook transformer, loops and doubles, no tricks. Mixtures of
  * experts as Hugging Face transformers' modeling code computes them (Qwen2MoeSparseMoeBlock,
- * Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock): routing_weights = softmax(router(x)),
- * the top-k, divided by their sum where norm_topk_prob (Qwen3-MoE, Mixtral), the sum of
- * routing_weight * expert(x), plus Qwen2-MoE's sigmoid(shared_expert_gate(x)) *
- * shared_expert(x).
+ * Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock): routing_weights =
+ * softmax(router(x)), the top-k, divided by their sum where norm_topk_prob (Qwen3-MoE,
+ * Mixtral; not Qwen2-MoE, OLMoE), the sum of routing_weight * expert(x), plus Qwen2-MoE's
+ * sigmoid(shared_expert_gate(x)) * shared_expert(x). OLMoE's attention normalizes all of
+ * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
  */
 #include "tests/support/ref_forward.h"
 
@@ -21,7 +22,7 @@ typedef struct ref_layer {
     double *attn_norm, *ffn_norm;     /* (dim) */
     double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
     double *bq, *bk, *bv;             /* or NULL */
-    double *q_norm, *k_norm;          /* (head_dim) or NULL */
+    double *q_norm, *k_norm;          /* (head_dim), OLMoE's (q_dim) (kv_dim), or NULL */
     double *gate, *up, *down;         /* dense, or qwen2moe's shared expert */
     double *router;                   /* (n_expert, dim) or NULL */
     double *gate_exps, *up_exps;      /* (n_expert, n_ff_exp, dim) */
@@ -34,6 +35,7 @@ struct ref_model {
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
     bool norm_topk_prob;
+    bool olmoe; /* OlmoeAttention: q_norm and k_norm over the whole projections */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     bool kv_f16;
@@ -83,13 +85,15 @@ ref_model *ref_model_load(const gguf_file *g)
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe",
+                                        "olmoe"};
     const char *arch = "qwen3";
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (gguf_str_eq(a, archs[i]))
             arch = archs[i];
     m->arch = !strcmp(arch, "llama") ? 0 : !strncmp(arch, "qwen2", 5) ? 1 : 2;
     bool qwen2moe = !strcmp(arch, "qwen2moe");
+    m->olmoe = !strcmp(arch, "olmoe");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -100,7 +104,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
     m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
     m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff) : 0;
-    m->norm_topk_prob = !qwen2moe;
+    m->norm_topk_prob = !qwen2moe && !m->olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
         return NULL;
@@ -330,7 +334,11 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
-            if (L->q_norm) {
+            if (L->q_norm && m->olmoe) {
+                double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
+                ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
+                ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
+            } else if (L->q_norm) {
                 for (int h = 0; h < m->n_head; h++)
                     ref_rmsnorm(q + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, L->q_norm, hd, m->eps);
                 for (int h = 0; h < m->n_kv_head; h++)
