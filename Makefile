@@ -197,6 +197,8 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_SUPPORT_OBJ) $(ALL_LIBS)
 $(BUILD)/tests/engine/test_sampler: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 # test_lora counts them too: a forward with adapters makes none.
 $(BUILD)/tests/engine/test_lora: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+# test_moe too: routing a step's rows to their experts makes none.
+$(BUILD)/tests/engine/test_moe: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 # Test programs start these programs of their own build, so they are built with them.
 tests: $(TEST_BIN) $(TOOL_BIN) $(DAEMON_BIN) $(CLIENT_CMD) $(CLIENT_SO)

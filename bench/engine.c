@@ -2,13 +2,21 @@
  * bench/engine — prefill and decode speed of the engine, and its peak memory.
  *
  *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [--load copy|map|both]
- *                      [--llama-bench PATH] [MODEL.gguf ...]
+ *                      [--llama-bench PATH] [--moe] [MODEL.gguf ...]
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
  * in Q8_0, F16, BF16, Q4_K_M and Q6_K (the types of issue 11's target), and the low-bit
  * mixes phones and edge boxes run, Q3_K_M and Q2_K (mkmodel's q2_k_mix) — generating the
  * files with build/mkmodel into build/bench-models/ on first use.
+ *
+ * --moe benchmarks a mixture of experts instead: 4 layers of a Qwen1.5-MoE-A2.7B-shaped
+ * qwen2moe (dim 2048, 16 heads, 60 experts of FFN 1408 of which 4 are used, a shared expert
+ * of FFN 5632, the llama-spm vocabulary) in Q4_K_M, made the same way (its 24 layers take
+ * mkmodel 40 minutes on two cores; a layer's time is the same in both). A token's decode
+ * reads only its experts' weights: for such a model the bandwidth figures count the
+ * weights one token reads (active_weight_mb: every matrix but the experts', and
+ * expert_used_count / expert_count of theirs), not the file.
  *
  * --llama-bench PATH names a llama.cpp llama-bench built elsewhere (never part of this
  * repository): each of our runs is paired with one llama-bench run on the same file and
@@ -147,6 +155,29 @@ static int run_llama_bench(const char *path, const bench_options *o, llama_run *
     return 0;
 }
 
+
+/* Bytes of weights one decode step reads, as the bandwidth figures count them: a dense
+ * model's file; of a mixture of experts every tensor but the token embedding (a token
+ * reads a row of it, unless the output is tied to it) and expert_used_count /
+ * expert_count of the merged experts'. */
+static double model_active_bytes(const model *m, double file_bytes)
+{
+    const model_hparams *hp = model_hparams_of(m);
+    if (!hp->n_expert)
+        return file_bytes;
+    const gguf_file *g = model_gguf(m);
+    double bytes = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        bool experts = t->n_dims == 3;
+        bool embd = t->name.len == 17 && !memcmp(t->name.ptr, "token_embd.weight", 17) &&
+                    gguf_find_tensor(g, "output.weight");
+        if (!embd)
+            bytes += experts ? (double)t->bytes * hp->n_expert_used / hp->n_expert
+                             : (double)t->bytes;
+    }
+    return bytes;
+}
 
 /* The dominant weight type: that of the first layer's attention query. */
 static const char *model_weight_type(const model *m)
@@ -341,6 +372,7 @@ static int bench_model(const char *path, const bench_options *o)
     const double rss_mb = ru.ru_maxrss / 1024.0;
     const double model_mb = st.st_size / mib, kv_mb = kv_bytes / mib;
     const char *type = model_weight_type(m);
+    const double active = model_active_bytes(m, (double)st.st_size);
     double prefill_med = bench_median(prefill, o->n_runs), decode_med = bench_median(decode, o->n_runs);
 
     printf("{\"bench\":\"engine\",\"model\":\"%s\",\"type\":\"%s\",\"load\":\"%s\","
@@ -350,14 +382,17 @@ static int bench_model(const char *path, const bench_options *o)
            path, type, o->load == GGUF_LOAD_COPY ? "copy" : "map", blas_core_name(), hp->dim,
            hp->n_layer, model_runner_n_threads(r), o->n_runs, o->n_prompt, o->n_gen, prefill_med,
            decode_med, rss_mb, model_mb, kv_mb, rss_mb / (model_mb + kv_mb));
+    if (hp->n_expert)
+        printf(",\"experts\":%d,\"experts_used\":%d,\"active_weight_mb\":%.1f", hp->n_expert,
+               hp->n_expert_used, active / mib);
     int n_shares = 0;
     for (int run = 0; run < o->n_runs; run++)
         if (read_gb_s[run] > 0)
-            share[n_shares++] = decode[run] * (double)st.st_size / 1e9 / read_gb_s[run];
+            share[n_shares++] = decode[run] * active / 1e9 / read_gb_s[run];
     if (n_shares > 0)
         printf(",\"decode_read_gb_s\":%.1f,\"machine_read_gb_s\":%.1f,"
                "\"decode_share_of_read\":%.3f",
-               decode_med * (double)st.st_size / 1e9, bench_median(read_gb_s, o->n_runs),
+               decode_med * active / 1e9, bench_median(read_gb_s, o->n_runs),
                bench_median(share, n_shares));
     if (o->llama_bench) {
         double tp = bench_median(their_prefill, o->n_runs), td = bench_median(their_decode, o->n_runs);
@@ -369,7 +404,7 @@ static int bench_model(const char *path, const bench_options *o)
         n_shares = 0;
         for (int run = 0; run < o->n_runs; run++)
             if (read_gb_s[run] > 0)
-                share[n_shares++] = their_decode[run] * (double)st.st_size / 1e9 / read_gb_s[run];
+                share[n_shares++] = their_decode[run] * active / 1e9 / read_gb_s[run];
         if (n_shares > 0)
             printf(",\"llamacpp_decode_share_of_read\":%.3f", bench_median(share, n_shares));
     }
@@ -389,11 +424,13 @@ out:
     return status;
 }
 
-/* Makes build/bench-models/tinyllama-TYPE.gguf with mkmodel unless it exists. */
-static int ensure_reference_model(const char *type, char *path, size_t cap)
+/* Makes build/bench-models/tinyllama-TYPE.gguf (moe: qwen2moe-a2.7b-4l-TYPE.gguf) with
+ * mkmodel unless it exists. */
+static int ensure_reference_model(const char *type, bool moe, char *path, size_t cap)
 {
     const char *vocab = "../shared/testdata/vocab/ggml-vocab-llama-spm.gguf";
-    snprintf(path, cap, "build/bench-models/tinyllama-%s.gguf", type);
+    snprintf(path, cap, "build/bench-models/%s-%s.gguf", moe ? "qwen2moe-a2.7b-4l" : "tinyllama",
+             type);
     if (access(path, R_OK) == 0)
         return 0;
     if (access(vocab, R_OK) != 0) {
@@ -405,10 +442,16 @@ static int ensure_reference_model(const char *type, char *path, size_t cap)
         return -1;
     }
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "build/mkmodel -o %s --arch llama --dim 2048 --layers 22 --heads 32 "
-             "--kv-heads 4 --ffn 5632 --ctx 2048 --type %s --vocab %s --seed 1",
-             path, type, vocab);
+    if (moe)
+        snprintf(cmd, sizeof cmd,
+                 "build/mkmodel -o %s --arch qwen2moe --dim 2048 --layers 4 --heads 16 "
+                 "--kv-heads 16 --ffn 5632 --experts 60 --experts-used 4 --expert-ffn 1408 "
+                 "--shared-ffn 5632 --ctx 2048 --type %s --vocab %s --seed 1", path, type, vocab);
+    else
+        snprintf(cmd, sizeof cmd,
+                 "build/mkmodel -o %s --arch llama --dim 2048 --layers 22 --heads 32 "
+                 "--kv-heads 4 --ffn 5632 --ctx 2048 --type %s --vocab %s --seed 1",
+                 path, type, vocab);
     fprintf(stderr, "engine: generating %s\n", path);
     if (system(cmd) != 0) {
         fprintf(stderr, "engine: mkmodel failed: %s\n", cmd);
@@ -451,7 +494,7 @@ int main(int argc, char **argv)
     bench_options o = {.n_threads = 2, .n_runs = 3, .n_prompt = 512, .n_gen = 64};
     const char *models[64];
     int n_models = 0, failures = 0;
-    bool load_copy = true, load_map = true;
+    bool load_copy = true, load_map = true, moe = false;
 
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
@@ -469,9 +512,11 @@ int main(int argc, char **argv)
             load_copy = strcmp(v, "map") != 0, load_map = strcmp(v, "copy") != 0, i++;
         else if (!strcmp(argv[i], "--llama-bench") && *v)
             o.llama_bench = v, i++;
+        else if (!strcmp(argv[i], "--moe"))
+            moe = true;
         else if (argv[i][0] == '-' || n_models == 64)
             rc = -1, fprintf(stderr, "usage: engine [-t N] [-r N] [--prompt N] [--gen N] "
-                                     "[--load copy|map|both] [--llama-bench PATH] "
+                                     "[--load copy|map|both] [--llama-bench PATH] [--moe] "
                                      "[MODEL.gguf ...]\n");
         else
             models[n_models++] = argv[i];
@@ -479,13 +524,18 @@ int main(int argc, char **argv)
             return 2;
     }
 
-    if (n_models == 0) {
+    if (n_models == 0 && moe) {
+        static char path[256];
+        if (ensure_reference_model("q4_k_m", true, path, sizeof path))
+            return 1;
+        models[n_models++] = path;
+    } else if (n_models == 0) {
         static const char *const types[] = {"q8_0", "f16",    "bf16",    "q4_k_m",
                                             "q6_k", "q3_k_m", "q2_k_mix"};
         enum { N_TYPES = sizeof types / sizeof types[0] };
         static char paths[N_TYPES][256];
         for (int i = 0; i < N_TYPES; i++) {
-            if (ensure_reference_model(types[i], paths[i], sizeof paths[i]))
+            if (ensure_reference_model(types[i], false, paths[i], sizeof paths[i]))
                 return 1;
             models[n_models++] = paths[i];
         }

@@ -1,8 +1,10 @@
 /*
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
- *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|phi3|granite|bert|nomic-bert --dim D
- *           --layers L --heads H --kv-heads KH --ffn F --ctx C
+ *   mkmodel -o OUT.gguf
+ *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|bert|nomic-bert
+ *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
+ *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
  *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *                  |iq4_nl_mix|iq4_xs_mix
@@ -18,6 +20,11 @@
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
  *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
  *   mkmodel --help | --version
+ *
+ * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe and olmoe
+ * need it; llama with it is Mixtral; llama's and olmoe's experts are of --ffn):
+ * --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe; default --ffn), --shared-ffn qwen2moe's shared expert's
+ * (default --ffn).
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
@@ -73,8 +80,14 @@ static const struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|phi3|granite|bert|nomic-bert\n"
+            "usage: mkmodel -o OUT.gguf\n"
+            "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
+            "                      bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
+            "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
+            "               (experts: qwen2moe, qwen3moe and olmoe need them, llama with\n"
+            "               them is Mixtral; an expert's hidden size and qwen2moe's shared\n"
+            "               expert's default to --ffn, llama's and olmoe's are --ffn)\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"
@@ -238,6 +251,14 @@ int main(int argc, char **argv)
             p.n_ff = int_arg(a, v);
         else if (!strcmp(a, "--ctx"))
             p.n_ctx = int_arg(a, v);
+        else if (!strcmp(a, "--experts"))
+            p.n_expert = int_arg(a, v);
+        else if (!strcmp(a, "--experts-used"))
+            p.n_expert_used = int_arg(a, v);
+        else if (!strcmp(a, "--expert-ffn"))
+            p.n_ff_exp = int_arg(a, v);
+        else if (!strcmp(a, "--shared-ffn"))
+            p.n_ff_shexp = int_arg(a, v);
         else if (!strcmp(a, "--head-dim"))
             p.head_dim = int_arg(a, v);
         else if (!strcmp(a, "--rope-dims"))

@@ -19,7 +19,7 @@ typedef struct modelgen_tensor {
     char name[64];
     uint32_t type;
     uint32_t n_dims;
-    int64_t ne[2];   /* cols, rows */
+    int64_t ne[3];   /* cols, rows, matrices (3-D: the experts) */
     float std;       /* of the random part */
     float mean;      /* added to every element (1 for norm weights) */
     void *data;
@@ -45,7 +45,7 @@ static void modelgen_rows_job(void *p, int ith, int nth)
 {
     modelgen_job *j = p;
     modelgen_tensor *t = j->t;
-    int64_t cols = t->ne[0], rows = t->n_dims == 1 ? 1 : t->ne[1];
+    int64_t cols = t->ne[0], rows = t->n_dims == 1 ? 1 : t->ne[1] * (t->n_dims == 3 ? t->ne[2] : 1);
     size_t row_bytes = quant_row_bytes(t->type, cols);
     float *buf = j->row_buf + (size_t)ith * j->max_cols;
     /* uniform on [-a, a] has standard deviation a / sqrt(3) */
@@ -142,7 +142,7 @@ static int modelgen_emit(const modelgen_params *p, gguf_writer *w, modelgen_tens
     }
     for (int i = 0; i < n_t; i++) {
         modelgen_tensor *t = &ts[i];
-        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
+        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1] * (t->n_dims == 3 ? t->ne[2] : 1);
         t->data = malloc(quant_row_bytes(t->type, t->ne[0]) * (size_t)rows);
         if (!t->data) {
             err_set(err, "out of memory for tensor '%s'", t->name);
@@ -247,7 +247,8 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
         has_output |= !strcmp(ts[i].name, "output.weight");
     for (int i = 0; i < n_t; i++) {
         modelgen_tensor *t = &ts[i];
-        if (t->n_dims != 2)
+        /* llama-quantize keeps routers in F32 */
+        if (t->n_dims == 1 || strstr(t->name, "ffn_gate_inp"))
             continue;
         t->type = modelgen_mix_type(p->mix, p->type, t->name, t->ne[0], p->n_layer,
                                     p->n_head / p->n_head_kv, has_output);
@@ -265,11 +266,32 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool phi3 = !strcmp(p->arch, "phi3");
+    bool olmoe = !strcmp(p->arch, "olmoe");
+    bool moe = olmoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
     if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
-        strcmp(p->arch, "qwen3") != 0 && !phi3 && strcmp(p->arch, "granite") != 0 && !bert)
+        strcmp(p->arch, "qwen3") != 0 && !phi3 && strcmp(p->arch, "granite") != 0 && !moe &&
+        !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
     if (!phi3 && (p->rope_orig_ctx || p->sliding_window))
         return err_set(err, "rope factors and a sliding window are phi3's");
+    if (moe && p->n_expert <= 0)
+        return err_set(err, "%s needs experts", p->arch);
+    if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
+        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe and olmoe have)",
+                       p->arch);
+    /* llama.cpp's olmoe has q and k norms of dim elements */
+    if (olmoe &&
+        (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
+        return err_set(err, "olmoe has as many KV heads as heads and head_dim = dim / heads");
+    if (p->n_expert < 0 || p->n_expert_used < 0 || p->n_ff_exp < 0 || p->n_ff_shexp < 0 ||
+        p->n_expert_used > p->n_expert || (p->n_expert && !p->n_expert_used))
+        return err_set(err, "experts used (%d) must be from 1 to the experts (%d)",
+                       p->n_expert_used, p->n_expert);
+    if ((!strcmp(p->arch, "llama") || olmoe) && p->n_ff_exp && p->n_ff_exp != p->n_ff)
+        return err_set(err, "%s's experts have the feed-forward length (n_ff)", p->arch);
+    /* llama.cpp's qwen2moe has attn_q and attn_output of dim x dim */
+    if (!strcmp(p->arch, "qwen2moe") && p->head_dim && p->head_dim * p->n_head != p->dim)
+        return err_set(err, "qwen2moe has head_dim = dim / heads");
     if (bert && (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
         return err_set(err, "%s has as many KV heads as heads and head_dim = dim / heads",
                        p->arch);
@@ -397,9 +419,14 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         return -1;
     int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
     int64_t q_dim = (int64_t)p->n_head * hd, kv_dim = (int64_t)p->n_head_kv * hd;
-    bool qwen2 = strcmp(p->arch, "qwen2") == 0, qwen3 = strcmp(p->arch, "qwen3") == 0;
+    bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
+    bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
+    bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
+    bool olmoe = strcmp(p->arch, "olmoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
     int rope_dims = p->rope_dims ? p->rope_dims : hd;
+    int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
+    int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -443,7 +470,14 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_f32(w, KEY("rope.freq_base"), qwen2 || qwen3 ? 1000000.0f : 10000.0f) < 0 ||
         gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen2 || qwen3 ? 1e-6f : 1e-5f) < 0 ||
         (p->pooling_type &&
-         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0)) {
+         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
+        (p->n_expert &&
+         (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
+          gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
+        ((qwen2moe || qwen3moe) &&
+         gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
+        (qwen2moe && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                         (uint32_t)ff_shexp) < 0)) {
         err_set(err, "cannot set metadata");
         goto out;
     }
@@ -469,7 +503,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     }
 #undef KEY
 
-    int max_t = 5 + p->n_layer * 14;
+    int max_t = 5 + p->n_layer * 20;
     ts = calloc((size_t)max_t, sizeof *ts);
     if (!ts) {
         err_set(err, "out of memory");
@@ -483,8 +517,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         t_->type = (dims) == 1 ? QTYPE_F32 : p->type;                                  \
         t_->ne[0] = c;                                                                 \
         t_->ne[1] = r;                                                                 \
+        t_->ne[2] = 1;                                                                 \
         t_->std = sd;                                                                  \
         t_->mean = mu;                                                                 \
+    } while (0)
+    /* n_expert matrices of (r, c) in one tensor */
+#define ADD_EXPERTS(nm, c, r, sd)                                                      \
+    do {                                                                               \
+        ADD(nm, 3, c, r, sd, 0.0f);                                                    \
+        ts[n_t - 1].ne[2] = p->n_expert;                                               \
     } while (0)
     float s_dim = 1.0f / sqrtf((float)p->dim), s_q = 1.0f / sqrtf((float)q_dim),
           s_ff = 1.0f / sqrtf((float)p->n_ff);
@@ -518,17 +559,38 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
+        if (olmoe) {
+            ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
+            ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
+        }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
         ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
-        } else {
+            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            continue;
+        }
+        if (!p->n_expert) {
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            continue;
         }
-        ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        ADD(N("ffn_gate_inp.weight"), 2, p->dim, p->n_expert, s_dim, 0.0f);
+        ts[n_t - 1].type = QTYPE_F32;
+        ADD_EXPERTS(N("ffn_gate_exps.weight"), p->dim, ff_exp, s_dim);
+        ADD_EXPERTS(N("ffn_up_exps.weight"), p->dim, ff_exp, s_dim);
+        ADD_EXPERTS(N("ffn_down_exps.weight"), ff_exp, p->dim, 1.0f / sqrtf((float)ff_exp));
+        if (qwen2moe) {
+            ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
+            ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
+            ADD(N("ffn_up_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
+            ADD(N("ffn_down_shexp.weight"), 2, ff_shexp, p->dim, 1.0f / sqrtf((float)ff_shexp),
+                0.0f);
+        }
 #undef N
     }
+#undef ADD_EXPERTS
 #undef ADD
 
     if (modelgen_set_types(p, ts, n_t, err) == 0)
@@ -578,8 +640,9 @@ int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char er
     gguf_str a;
     char arch[16], key[96];
     if (!gguf_get_str(p->base, "general.architecture", &a) ||
-        !(gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3")))
-        return err_set(err, "the base is no llama, qwen2 or qwen3 decoder");
+        !(gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3") ||
+          gguf_str_eq(a, "qwen2moe") || gguf_str_eq(a, "qwen3moe")))
+        return err_set(err, "the base is no llama, qwen2, qwen3, qwen2moe or qwen3moe decoder");
     snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.ptr);
     const quant_traits *tr = quant_traits_of(p->type);
     if (!tr || !tr->computable)
@@ -883,8 +946,10 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
             rows *= t->ne[d];
         const void *data = t->data;
         uint32_t to = t->type, want = t->type;
-        /* a mix's type per matrix, its fallbacks for rows of no whole super-block included */
-        if (t->n_dims >= 2 && (mix != MODELGEN_MIX_NONE || n % tt->block_size == 0))
+        /* a mix's type per matrix, its fallbacks for rows of no whole super-block included;
+         * routers stay as they are, as llama-quantize keeps them */
+        if (t->n_dims >= 2 && !strstr(name, "ffn_gate_inp") &&
+            (mix != MODELGEN_MIX_NONE || n % tt->block_size == 0))
             want = modelgen_mix_type(mix, type, name, n, n_layer, n_gqa, has_output);
         if (modelgen_adapted(ad, n_lora, name)) {
             if (modelgen_merge_tensor(t, name, ad, n_lora, want != t->type ? want : type,

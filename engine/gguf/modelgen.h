@@ -44,8 +44,8 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
 typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
      * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
-     * embedding, residual, attention and logit scales), "bert" or "nomic-bert" (the
-     * encoders: n_head_kv must equal n_head) */
+     * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
+     * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head) */
     const char *arch;
     int dim;
     int n_layer;
@@ -54,6 +54,16 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
+    /* Mixture of experts (qwen2moe, qwen3moe and olmoe need it; llama with it is Mixtral):
+     * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
+     * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
+     * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
+     * have unit scale: tokens spread over the experts. */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe; llama's and olmoe's
+                           are n_ff); 0: n_ff */
+    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with
      * MODELGEN_MIX_Q4_K_M); each must be computable. */
@@ -103,7 +113,8 @@ enum modelgen_lora_target {
 #define MODELGEN_LORA_LAYERS 127
 
 typedef struct modelgen_lora_params {
-    const gguf_file *base; /* the model it adapts: a llama, qwen2 or qwen3 decoder */
+    const gguf_file *base; /* the model it adapts: a llama, qwen2, qwen3, qwen2moe or
+                              qwen3moe decoder (with experts: no feed-forward targets) */
     int rank;
     float alpha;           /* adapter.lora.alpha (0: the scale is the user's alone) */
     uint32_t type;         /* of lora_a and lora_b: computable, rank and the adapted

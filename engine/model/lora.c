@@ -31,6 +31,20 @@ static const char *const lora_kind_names[LORA_PER_LAYER] = {
     [LORA_DOWN] = "ffn_down.weight",
 };
 
+/* Whether name is a pair's half of an expert tensor (ffn_gate_inp, ffn_*_exps, the
+ * shared expert's ffn_*_shexp). */
+static bool lora_names_experts(gguf_str name)
+{
+    static const char *const parts[] = {".ffn_gate_inp", "_exps.weight", "_shexp.weight"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        size_t n = strlen(parts[i]);
+        for (size_t j = 0; j + n <= name.len; j++)
+            if (memcmp(name.ptr + j, parts[i], n) == 0)
+                return true;
+    }
+    return false;
+}
+
 /* The slot of a base matrix's name (n bytes), or -1 when it is none the forward computes. */
 static int lora_slot_of(const char *name, size_t n, int n_layer)
 {
@@ -212,6 +226,12 @@ static int lora_check_tensors(lora *l, char err[ERR_MAX])
             err_set(err, "%.*s: an adapter of a fused matrix (q, k, v or gate, up in one) is "
                          "not supported", (int)(t->name.len - 7 > 96 ? 96 : t->name.len - 7),
                     t->name.ptr);
+            goto out;
+        }
+        if (lora_names_experts(t->name)) {
+            err_set(err, "tensor '%.*s': the adapter adapts a mixture of experts' router or "
+                         "experts, which llmsd does not apply (adapters of attention and "
+                         "dense matrices are)", shown, t->name.ptr);
             goto out;
         }
         int slot = lora_slot_of(t->name.ptr, t->name.len - 7, n_layer);

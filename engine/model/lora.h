@@ -20,8 +20,9 @@
  * of another adapter type, a tensor that is no .lora_a or .lora_b, a pair missing a half,
  * a matrix the base does not have, a shape that does not fit it, a rank above the
  * matrix's smaller side, a type the engine does not compute, norm weights (which llama.cpp reads past: the model would not be the
- * one trained), and a fused matrix (attn_qkv; phi3's ffn_up, gate and up in one), which
- * the forward reads as views of its rows.
+ * one trained), a fused matrix (attn_qkv; phi3's ffn_up, gate and up in one), which
+ * the forward reads as views of its rows, and a mixture of experts' router, experts or
+ * shared expert (the adapter of its attention is applied).
  */
 #ifndef LLMS_LORA_H
 #define LLMS_LORA_H

@@ -1,6 +1,6 @@
 /*
- * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite model from GGUF and its
- * forward pass.
+ * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite model (or a mixture of
+ * experts of llama, qwen2 or qwen3) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -36,6 +36,12 @@
 /* Largest dimension accepted from a file: keeps every size product far from overflow. */
 #define MODEL_MAX_DIM (1 << 20)
 
+/* Most experts a layer may have (the largest published models have 256). */
+#define MODEL_MAX_EXPERTS 1024
+
+/* Weight matrices of one layer a forward multiplies with (model_layer_matrices). */
+#define MODEL_LAYER_MATRICES 11
+
 typedef struct model_layer {
     const float *attn_norm; /* (dim) */
     const float *ffn_norm;  /* (dim) */
@@ -46,9 +52,18 @@ typedef struct model_layer {
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wo;          /* (dim, n_head * head_dim) */
-    ops_matrix w_gate;      /* (n_ff, dim) */
-    ops_matrix w_up;        /* (n_ff, dim) */
-    ops_matrix w_down;      /* (dim, n_ff) */
+    /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, qwen2moe's
+     * shared expert (n_ff_shexp in place of n_ff), else absent (data NULL). */
+    ops_matrix w_gate;
+    ops_matrix w_up;
+    ops_matrix w_down;
+    /* Mixture of experts (n_expert > 0). The merged tensors are one matrix of all the
+     * experts' rows, each expert's back to back (model_expert takes one out). */
+    ops_matrix router;      /* (n_expert, dim) ffn_gate_inp */
+    ops_matrix gate_exps;   /* (n_expert * n_ff_exp, dim) */
+    ops_matrix up_exps;     /* (n_expert * n_ff_exp, dim) */
+    ops_matrix down_exps;   /* (n_expert * dim, n_ff_exp) */
+    const float *shexp_gate; /* (dim) the shared expert's sigmoid gate (qwen2moe), or NULL */
 } model_layer;
 
 struct model {
@@ -89,6 +104,9 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_ARCH_QWEN3: return "qwen3";
     case MODEL_ARCH_PHI3: return "phi3";
     case MODEL_ARCH_GRANITE: return "granite";
+    case MODEL_ARCH_QWEN2MOE: return "qwen2moe";
+    case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
+    case MODEL_ARCH_OLMOE: return "olmoe";
     }
     return "?";
 }
@@ -237,6 +255,51 @@ static int model_read_window(const gguf_file *g, model_hparams *hp, char err[ERR
     return 0;
 }
 
+/*
+ * The experts' keys, as llama.cpp reads them: {arch}.expert_count and expert_used_count
+ * (qwen2moe and qwen3moe always have them; a llama file with them is Mixtral), an
+ * expert's hidden size expert_feed_forward_length (default feed_forward_length for
+ * llama and olmoe, where it is the experts', else feed_forward_length /
+ * expert_used_count), the shared expert's expert_shared_feed_forward_length (qwen2moe;
+ * default feed_forward_length). Routing as each model's published code: softmax over
+ * every expert then the k most probable, renormalised to sum 1 for qwen3moe
+ * (norm_topk_prob) and Mixtral (its top-k then softmax over the chosen is the same), not
+ * for qwen2moe and olmoe.
+ */
+static int model_read_experts(const gguf_file *g, const char *arch, model_hparams *hp,
+                              char err[ERR_MAX])
+{
+    bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE;
+    if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN2MOE &&
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    int64_t count;
+    if (hp->arch == MODEL_ARCH_LLAMA &&
+        (gguf_find_key(g, key) < 0 || (gguf_get_i64(g, key, &count) && count == 0)))
+        return 0;
+    if (model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
+        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0)
+        return -1;
+    if (hp->n_expert > MODEL_MAX_EXPERTS)
+        return err_set(err, "metadata key '%s' is %d, above %d", key, hp->n_expert,
+                       MODEL_MAX_EXPERTS);
+    if (hp->n_expert_used > hp->n_expert)
+        return err_set(err, "metadata key '%s.expert_used_count' is %d, more than the %d "
+                            "experts of %s", arch, hp->n_expert_used, hp->n_expert, key);
+    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE;
+    int dflt = own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
+    if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
+                      &hp->n_ff_exp, err) < 0 ||
+        (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
+                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0))
+        return -1;
+    hp->expert_norm = !qwen2moe && hp->arch != MODEL_ARCH_OLMOE;
+    hp->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -253,16 +316,24 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         hp->arch = MODEL_ARCH_PHI3;
     else if (gguf_str_eq(a, "granite"))
         hp->arch = MODEL_ARCH_GRANITE;
+    else if (gguf_str_eq(a, "qwen2moe"))
+        hp->arch = MODEL_ARCH_QWEN2MOE;
+    else if (gguf_str_eq(a, "qwen3moe"))
+        hp->arch = MODEL_ARCH_QWEN3MOE;
+    else if (gguf_str_eq(a, "olmoe"))
+        hp->arch = MODEL_ARCH_OLMOE;
     else
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
     const char *arch = model_arch_name(hp->arch);
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
+    /* their experts' sizes have keys of their own: feed_forward_length is only a default */
+    bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE;
 
     if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
         model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
-        model_get_dim(m->g, arch, "feed_forward_length", -1, &hp->n_ff, err) < 0 ||
+        model_get_dim(m->g, arch, "feed_forward_length", qwen_moe ? 0 : -1, &hp->n_ff, err) < 0 ||
         model_get_dim(m->g, arch, "attention.head_count", -1, &hp->n_head, err) < 0 ||
         model_get_dim(m->g, arch, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err) < 0 ||
         model_get_dim(m->g, arch, "attention.key_length", hp->dim / hp->n_head, &hp->head_dim, err) < 0 ||
@@ -296,7 +367,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (model_get_float(m->g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err) < 0 ||
         model_get_float(m->g, arch, "attention.layer_norm_rms_epsilon", eps_default,
                         &hp->norm_eps, err) < 0 ||
-        model_read_rope_scale(m->g, arch, hp, &hp->rope_scaling, err) < 0)
+        model_read_rope_scale(m->g, arch, hp, &hp->rope_scaling, err) < 0 ||
+        model_read_experts(m->g, arch, hp, err) < 0)
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
@@ -364,6 +436,77 @@ static int model_matrix(const model *m, const char *name, int64_t rows, int64_t 
         return -1;
     *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)rows, .cols = (int)cols,
                         .row_bytes = quant_row_bytes(t->type, cols)};
+    return 0;
+}
+
+static int model_vector(model *m, const char *name, int64_t n, const float **out,
+                        char err[ERR_MAX]);
+
+/* The merged tensor name of n_expert matrices of (rows, cols), ne [cols, rows, n_expert]
+ * as llama.cpp's converter writes it, as one matrix of n_expert * rows rows. */
+static int model_experts(const model *m, const char *name, int64_t rows, int64_t cols,
+                         ops_matrix *out, char err[ERR_MAX])
+{
+    int64_t n = m->hp.n_expert;
+    const gguf_tensor *t = gguf_find_tensor(m->g, name);
+    if (!t)
+        return err_set(err, "tensor '%s' is missing", name);
+    const quant_traits *tr = quant_traits_of(t->type);
+    if (!tr || !tr->computable)
+        return err_set(err, "tensor '%s': type %s is not supported", name,
+                       tr ? tr->name : "unknown");
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n || t->ne[3] != 1)
+        return err_set(err, "tensor '%s': shape [%lld, %lld, %lld] (%u dims), expected [%lld, "
+                            "%lld, %lld] (%lld experts)", name, (long long)t->ne[0],
+                       (long long)t->ne[1], (long long)t->ne[2], t->n_dims, (long long)cols,
+                       (long long)rows, (long long)n, (long long)n);
+    size_t row = quant_row_bytes(t->type, cols);
+    if (row == 0 || t->bytes < row * (size_t)(rows * n))
+        return err_set(err, "tensor '%s': %zu bytes do not hold %lld rows of %lld %s elements",
+                       name, t->bytes, (long long)(rows * n), (long long)cols, tr->name);
+    *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)(rows * n),
+                        .cols = (int)cols, .row_bytes = row};
+    return 0;
+}
+
+/* Expert e's matrix of rows rows out of a merged tensor's (model_experts). */
+static ops_matrix model_expert(const ops_matrix *w, int e, int rows)
+{
+    ops_matrix x = *w;
+    x.data = (const char *)w->data + (size_t)e * rows * w->row_bytes;
+    x.rows = rows;
+    return x;
+}
+
+/* A layer's feed-forward with experts: the router, the merged experts and qwen2moe's
+ * shared expert. Mixtral files of an older converter (one tensor per expert) are
+ * refused: they would need a copy of every expert to be merged. */
+static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (hp->arch == MODEL_ARCH_LLAMA && !gguf_find_tensor(m->g, NAME("ffn_gate_exps.weight")) &&
+        gguf_find_tensor(m->g, NAME("ffn_gate.0.weight")))
+        return err_set(err, "tensor '%s': experts stored one tensor each (an older Mixtral "
+                            "conversion) are not supported; convert the model again with "
+                            "llama.cpp's convert_hf_to_gguf.py (merged ffn_*_exps tensors)", name);
+    if (model_matrix(m, NAME("ffn_gate_inp.weight"), hp->n_expert, hp->dim, &L->router, err) < 0 ||
+        model_experts(m, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->dim, &L->gate_exps,
+                      err) < 0 ||
+        model_experts(m, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->dim, &L->up_exps, err) < 0 ||
+        model_experts(m, NAME("ffn_down_exps.weight"), hp->dim, hp->n_ff_exp, &L->down_exps,
+                      err) < 0)
+        return -1;
+    if (hp->n_ff_shexp &&
+        (model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0 ||
+         model_matrix(m, NAME("ffn_gate_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_gate,
+                      err) < 0 ||
+         model_matrix(m, NAME("ffn_up_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_up, err) < 0 ||
+         model_matrix(m, NAME("ffn_down_shexp.weight"), hp->dim, hp->n_ff_shexp, &L->w_down,
+                      err) < 0))
+        return -1;
+#undef NAME
     return 0;
 }
 
@@ -451,7 +594,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return -1;
 
     m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
-                  (size_t)hp->n_layer * (2 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
+                  (size_t)hp->n_layer * (3 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
@@ -473,7 +616,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         m->output = m->tok_embd;
     }
 
-    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2, qwen3 = hp->arch == MODEL_ARCH_QWEN3;
+    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE;
+    bool qwen3 = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
@@ -481,8 +625,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
         if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
             model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
-            model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0 ||
-            model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+            model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
         if (fused) {
             ops_matrix qkv, gate_up;
@@ -490,7 +633,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                             "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv,
                             err) < 0 ||
                 model_fused(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff,
-                            "2 * feed_forward_length (gate, up)", &gate_up, err) < 0)
+                            "2 * feed_forward_length (gate, up)", &gate_up, err) < 0 ||
+                model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
                 return -1;
             L->wq = model_rows(&qkv, 0, q_dim);
             L->wk = model_rows(&qkv, q_dim, kv_dim);
@@ -500,9 +644,13 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         } else if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
                    model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
                    model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
-                   model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim, &L->w_gate,
-                                err) < 0 ||
-                   model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim, &L->w_up, err) < 0)
+                   (hp->n_expert ? model_load_experts(m, L, l, err) < 0
+                                 : model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim,
+                                                &L->w_gate, err) < 0 ||
+                                       model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
+                                                    &L->w_up, err) < 0 ||
+                                       model_matrix(m, NAME("ffn_down.weight"), hp->dim,
+                                                    hp->n_ff, &L->w_down, err) < 0))
             return -1;
         if (qwen2 &&
             (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
@@ -512,6 +660,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (qwen3 &&
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
+            return -1;
+        /* in the space of qwen2's biases, which olmoe has not */
+        if (hp->arch == MODEL_ARCH_OLMOE &&
+            (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
+             model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
 #undef NAME
     }
@@ -553,18 +706,31 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
     return m;
 }
 
+/* The weight matrices of layer L that it has into w (at most MODEL_LAYER_MATRICES), the
+ * merged experts' only when `experts`; how many. */
+static int model_layer_matrices(model_layer *L, bool experts, ops_matrix **w)
+{
+    ops_matrix *all[] = {&L->wq,     &L->wk,        &L->wv,      &L->wo,
+                         &L->w_gate, &L->w_up,      &L->w_down,  &L->router,
+                         &L->gate_exps, &L->up_exps, &L->down_exps};
+    size_t n_all = sizeof all / sizeof all[0] - (experts ? 0 : 3); /* the merged experts last */
+    int k = 0;
+    for (size_t i = 0; i < n_all; i++)
+        if (all[i]->data)
+            w[k++] = all[i];
+    return k;
+}
+
 /* Every weight matrix m multiplies with (the token embedding is read by rows: when the
- * file ties the output matrix to it, the output is a matrix of its own here); *n set. */
+ * file ties the output matrix to it, the output is a matrix of its own here) but the
+ * merged experts, whose experts are taken out of the file's layout (model_expert); *n
+ * set. */
 static ops_matrix **model_matrices(model *m, ops_matrix **w, int *n)
 {
     int k = 0;
     w[k++] = &m->output;
-    for (int l = 0; l < m->hp.n_layer; l++) {
-        model_layer *L = &m->layers[l];
-        ops_matrix *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
-            w[k++] = lw[i];
-    }
+    for (int l = 0; l < m->hp.n_layer; l++)
+        k += model_layer_matrices(&m->layers[l], false, w + k);
     *n = k;
     return w;
 }
@@ -581,7 +747,7 @@ int model_repack_weights(model *m, char err[ERR_MAX])
         return err_set(err, "a model with adapters reads its base's weights: repack the base");
     if (m->repacked)
         return 0;
-    ops_matrix **w = malloc((1 + 7 * (size_t)m->hp.n_layer) * sizeof *w);
+    ops_matrix **w = malloc((1 + MODEL_LAYER_MATRICES * (size_t)m->hp.n_layer) * sizeof *w);
     if (!w)
         return err_set(err, "out of memory");
     int n;
@@ -773,8 +939,9 @@ struct model_runner {
     const float *rope_freqs;
     size_t mem_bytes;
     char *mem; /* one allocation holding every buffer below; the attention buffers (q, k,
-                  v, att, scores, kv_f32, blk_scores, blk_f32, received) and gate/up
-                  overlap, as they are never live together */
+                  v, att, scores, kv_f32, blk_scores, blk_f32, received) and the
+                  feed-forward's (gate, up and the experts') overlap, as they are never
+                  live together */
     model_frag *frags; /* (n_frags) every weight matrix, when streaming */
     int n_frags;
 
@@ -789,6 +956,13 @@ struct model_runner {
     float *proj;   /* (max_batch, dim) output of attn_output / ffn_down */
     float *gate;   /* (max_batch, n_ff) */
     float *up;     /* (max_batch, n_ff) */
+    /* mixture of experts (n_expert > 0; empty otherwise) */
+    float *ex_in;      /* (max_batch, dim) the normalized rows routed to one expert */
+    float *ex_out;     /* (max_batch, dim) an expert's (or the shared expert's) output */
+    float *router;     /* (max_batch, n_expert) router logits, then probabilities */
+    int32_t *sel;      /* (max_batch, n_expert_used) each row's experts, first ranked first */
+    float *sel_w;      /* (max_batch, n_expert_used) their weights */
+    int32_t *ex_rows;  /* (max_batch * n_expert_used) the entries of sel of one expert */
     float *rope;   /* (max_batch, head_dim) cos/sin pairs of each row's position */
     float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
     /* batched attention (a sequence with at least MODEL_ATTN_GEMM_MIN rows in the step) */
@@ -920,8 +1094,13 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         (void **)&r->kv_f32, (void **)&r->blk_scores, (void **)&r->blk_f32,
         (void **)&r->received,
     };
-    size_t mlp[] = {B * hp->n_ff * 4, B * hp->n_ff * 4};
-    void **mlp_ptrs[] = {(void **)&r->gate, (void **)&r->up};
+    size_t moe = hp->n_expert > 0, K = (size_t)hp->n_expert_used;
+    size_t mlp[] = {B * hp->n_ff * 4, B * hp->n_ff * 4, moe * B * hp->dim * 4,
+                    moe * B * hp->dim * 4, B * hp->n_expert * 4, B * K * 4, B * K * 4,
+                    B * K * 4};
+    void **mlp_ptrs[] = {(void **)&r->gate, (void **)&r->up, (void **)&r->ex_in,
+                         (void **)&r->ex_out, (void **)&r->router, (void **)&r->sel,
+                         (void **)&r->sel_w, (void **)&r->ex_rows};
 #define N_OF(a) (sizeof a / sizeof a[0])
     size_t n_every = model_layout(NULL, every_ptrs, every, N_OF(every));
     size_t n_attn = model_layout(NULL, attn_ptrs, attn, N_OF(attn));
@@ -1038,8 +1217,9 @@ int model_runner_max_kv(const model_runner *r)
 
 /* ---- weight residency ---- */
 
-/* Every weight matrix of m into f (2 + 7 n_layer entries; the tied output is not listed
- * twice); returns how many. */
+/* Every weight matrix of m into f (MODEL_N_FRAGS entries; the tied output is not listed
+ * twice, merged experts are one fragment each); returns how many. */
+#define MODEL_N_FRAGS(m) (2 + MODEL_LAYER_MATRICES * (size_t)(m)->hp.n_layer)
 static int model_list_frags(const model *m, model_frag *f)
 {
     int n = 0;
@@ -1047,9 +1227,9 @@ static int model_list_frags(const model *m, model_frag *f)
     if (m->output.data != m->tok_embd.data)
         f[n++] = (model_frag){m->output.data, (size_t)m->output.rows * m->output.row_bytes, -1, false};
     for (int l = 0; l < m->hp.n_layer; l++) {
-        const model_layer *L = &m->layers[l];
-        const ops_matrix *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        ops_matrix *w[MODEL_LAYER_MATRICES];
+        int k = model_layer_matrices(&m->layers[l], true, w);
+        for (int i = 0; i < k; i++)
             f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
     }
     return n;
@@ -1094,7 +1274,7 @@ static model_residency model_assign_residency(const model *m, model_frag *f, int
 model_residency model_weight_residency(const model *m, size_t resident_bytes)
 {
     m = model_base(m);
-    model_frag *f = malloc((2 + 7 * (size_t)m->hp.n_layer) * sizeof *f);
+    model_frag *f = malloc(MODEL_N_FRAGS(m) * sizeof *f);
     if (!f) /* everything counted as streamed from one window: the pessimistic bound */
         return (model_residency){.streamed = SIZE_MAX / 4, .layer_max = SIZE_MAX / 4};
     int n = model_list_frags(m, f);
@@ -1115,7 +1295,7 @@ int model_runner_stream_weights(model_runner *r, size_t resident_bytes, char err
     if (r->w->repacked)
         return err_set(err, "weight streaming needs the weights as the file stores them "
                             "(they were repacked)");
-    model_frag *f = malloc((2 + 7 * (size_t)r->w->hp.n_layer) * sizeof *f);
+    model_frag *f = malloc(MODEL_N_FRAGS(r->w) * sizeof *f);
     if (!f)
         return err_set(err, "out of memory");
     int n = model_list_frags(r->w, f);
@@ -1188,6 +1368,10 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         ops_add(q, x->bq, q_dim);
         ops_add(k, x->bk, kv_dim);
         ops_add(v, x->bv, kv_dim);
+    }
+    if (x->q_norm_all) {
+        ops_rmsnorm(q, q, x->q_norm_all, q_dim, hp->norm_eps);
+        ops_rmsnorm(k, k, x->k_norm_all, kv_dim, hp->norm_eps);
     }
     if (x->q_norm) {
         for (int h = 0; h < hp->n_head; h++)
@@ -1502,6 +1686,96 @@ static void model_run(model_runner *r, tp_fn fn, model_step *s)
         tp_run(r->pool, fn, s);
 }
 
+/* ---- mixture of experts ---- */
+
+/* A row's experts from its router logits p (n_expert, made probabilities here): the
+ * n_expert_used most probable (the lower index first on ties) into sel, first ranked
+ * first, and their probabilities into w, renormalised where the model says so. */
+static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *w)
+{
+    int k = hp->n_expert_used;
+    ops_softmax(p, hp->n_expert);
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        /* a chosen expert's probability becomes -inf, which no probability is (NaN ones
+         * from a broken file included), so that no expert is chosen twice: the scratch
+         * holds each row once per expert */
+        int best = -1;
+        for (int e = 0; e < hp->n_expert; e++)
+            if (p[e] != -INFINITY && (best < 0 || p[e] > p[best]))
+                best = e;
+        sel[j] = best;
+        w[j] = p[best];
+        sum += p[best];
+        p[best] = -INFINITY;
+    }
+    for (int j = 0; hp->expert_norm && j < k; j++)
+        w[j] /= sum;
+}
+
+/*
+ * The feed-forward of a layer with experts over the step's n normalized rows r->xn into
+ * r->proj: each row routed (model_route), then expert by expert the rows routed to it
+ * gathered into one block, so that each expert's matrices are read once for all of
+ * them, and w * down(silu(gate x) * up x) added into their rows; then qwen2moe's shared
+ * expert over every row, scaled by sigmoid(shexp_gate . x). A row's terms are added in
+ * the order of its experts' indices whatever other rows the step holds, so a sequence
+ * batched with others gets its solo sums.
+ */
+static void model_moe(model_runner *r, const model_layer *L, int n)
+{
+    const model_hparams *hp = &r->m->hp;
+    int dim = hp->dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
+    ops_matmul(r->pool, &L->router, r->xn, n, r->router, r->mm_scratch);
+    for (int t = 0; t < n; t++)
+        model_route(hp, r->router + (size_t)t * hp->n_expert, r->sel + (size_t)t * k,
+                    r->sel_w + (size_t)t * k);
+    memset(r->proj, 0, (size_t)n * dim * sizeof(float));
+    for (int e = 0; e < hp->n_expert; e++) {
+        int c = 0;
+        for (int i = 0; i < n * k; i++)
+            if (r->sel[i] == e)
+                r->ex_rows[c++] = i;
+        if (c == 0)
+            continue;
+        for (int i = 0; i < c; i++)
+            memcpy(r->ex_in + (size_t)i * dim, r->xn + (size_t)(r->ex_rows[i] / k) * dim,
+                   (size_t)dim * sizeof(float));
+        ops_matrix gate = model_expert(&L->gate_exps, e, ff), up = model_expert(&L->up_exps, e, ff);
+        ops_matrix down = model_expert(&L->down_exps, e, dim);
+        const ops_matrix *gate_up[] = {&gate, &up};
+        float *gate_up_out[] = {r->gate, r->up};
+        ops_matmul_n(r->pool, 2, gate_up, r->ex_in, c, gate_up_out, r->mm_scratch);
+        for (int i = 0; i < c; i++)
+            ops_silu_mul(r->gate + (size_t)i * ff, r->up + (size_t)i * ff, ff);
+        ops_matmul(r->pool, &down, r->gate, c, r->ex_out, r->mm_scratch);
+        for (int i = 0; i < c; i++) {
+            float w = r->sel_w[r->ex_rows[i]], *y = r->proj + (size_t)(r->ex_rows[i] / k) * dim;
+            const float *o = r->ex_out + (size_t)i * dim;
+            for (int j = 0; j < dim; j++)
+                y[j] += w * o[j];
+        }
+    }
+    if (!L->shexp_gate)
+        return;
+    int fs = hp->n_ff_shexp;
+    const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+    float *gate_up_out[] = {r->gate, r->up};
+    ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+    for (int t = 0; t < n; t++)
+        ops_silu_mul(r->gate + (size_t)t * fs, r->up + (size_t)t * fs, fs);
+    ops_matmul(r->pool, &L->w_down, r->gate, n, r->ex_out, r->mm_scratch);
+    for (int t = 0; t < n; t++) {
+        const float *x = r->xn + (size_t)t * dim, *o = r->ex_out + (size_t)t * dim;
+        float dot = 0.0f, *y = r->proj + (size_t)t * dim;
+        for (int j = 0; j < dim; j++)
+            dot += L->shexp_gate[j] * x[j];
+        float g = 1.0f / (1.0f + expf(-dot));
+        for (int j = 0; j < dim; j++)
+            y[j] += g * o[j];
+    }
+}
+
 /* ---- adapters ---- */
 
 /* Multiply-adds below which an adapter's product runs on the calling thread: waking the
@@ -1750,15 +2024,19 @@ static void model_forward_rows(model_runner *r, int n_parts)
 
         s.norm_w = L->ffn_norm;
         model_run(r, model_norm_job, &s);
-        const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
-        float *gate_up_out[] = {r->gate, r->up};
-        ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
-        const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
-        model_lora_add(r, n_parts, 2, gate_up_slots, r->xn, gate_up_out);
-        model_run(r, model_ffn_act_job, &s);
-        ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
-        const int down_slot = LORA_SLOT(l, LORA_DOWN);
-        model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+        if (hp->n_expert) {
+            model_moe(r, L, n);
+        } else {
+            const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+            float *gate_up_out[] = {r->gate, r->up};
+            ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+            const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
+            model_lora_add(r, n_parts, 2, gate_up_slots, r->xn, gate_up_out);
+            model_run(r, model_ffn_act_job, &s);
+            ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
+            const int down_slot = LORA_SLOT(l, LORA_DOWN);
+            model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+        }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         for (int i = 0; i < n_parts; i++)

@@ -4,8 +4,10 @@
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
  * (per-head RMSNorm of q and k), "phi3" (Phi-3, Phi-3.5, Phi-4-mini: fused attn_qkv and
  * gate/up matrices read as views, partial rotary, LongRoPE factors; a sliding window caps
- * n_ctx), "granite" (llama with scaled embeddings, residuals, attention and logits).
- * Weights are used in place from the file mapping.
+ * n_ctx), "granite" (llama with scaled embeddings, residuals, attention and logits), and
+ * mixtures of experts: "qwen2moe" (qwen2's attention, a sigmoid-gated shared expert),
+ * "qwen3moe" (qwen3's attention), "llama" with {arch}.expert_count (Mixtral) and "olmoe"
+ * (RMSNorm of all of q and of all of k). Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -30,6 +32,9 @@ enum model_arch {
     MODEL_ARCH_QWEN3,
     MODEL_ARCH_PHI3,
     MODEL_ARCH_GRANITE,
+    MODEL_ARCH_QWEN2MOE,
+    MODEL_ARCH_QWEN3MOE,
+    MODEL_ARCH_OLMOE,
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -47,7 +52,15 @@ typedef struct model_hparams {
     int n_head;
     int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
     int head_dim;   /* attention.key_length */
-    int n_ff;       /* feed-forward hidden size */
+    int n_ff;       /* feed-forward hidden size (with experts: the widest of an expert's
+                       and the shared expert's, what the runner's scratch holds) */
+    /* Mixture of experts: each token's feed-forward is the weighted sum of the
+     * n_expert_used experts its router ranks first, of n_expert (0: a dense model). */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;      /* an expert's hidden size */
+    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe), 0 when none */
+    bool expert_norm;  /* the chosen experts' weights are renormalised to sum to 1 */
     int n_ctx;      /* context length the model was trained for; phi3 with a sliding
                        window shorter than it: the window (see sliding_window) */
     int rope_dims;  /* {arch}.rope.dimension_count: the first rope_dims of each head are
@@ -85,6 +98,8 @@ typedef struct model_qkv_extras {
     const float *bv;     /* (n_head_kv * head_dim), qwen2 */
     const float *q_norm; /* (head_dim), qwen3 */
     const float *k_norm; /* (head_dim), qwen3 */
+    const float *q_norm_all; /* (n_head * head_dim), olmoe: one RMSNorm over all of q */
+    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,

@@ -51,7 +51,11 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
     size_t scores = rows < PREFILL_GEMM_MIN ? per_row : blk;
     size_t recv = T * C * F, dec = T * KV_CHUNK_TOKENS * hd * F;
     e.attn = 2 * q + 2 * k + per_row + 2 * kf + blk + dec + recv;
+    /* with experts also the rows of one expert in and out, the router's logits and each
+     * row's choices */
     e.mlp = 2 * R * hp->n_ff * F;
+    if (hp->n_expert)
+        e.mlp += 2 * x + R * (size_t)(hp->n_expert + 3 * hp->n_expert_used) * F;
     e.working = e.every + (e.attn > e.mlp ? e.attn : e.mlp);
 
     /* a layer's K/V of these rows, in the precision the sequence keeps them */
@@ -106,7 +110,10 @@ double prefill_cost(const model_hparams *hp, int n_prompt, int n_past, int rows,
 {
     double n = n_prompt, past = n_past, hd = hp->head_dim, L = hp->n_layer;
     double q_dim = (double)hp->n_head * hd, kv_dim = (double)hp->n_head_kv * hd;
-    double layer = 2 * hp->dim * q_dim + 2 * hp->dim * kv_dim + 3.0 * hp->dim * hp->n_ff;
+    /* a prefill's rows reach every expert */
+    double ffn = 3.0 * hp->dim *
+                 (hp->n_expert ? (double)hp->n_expert * hp->n_ff_exp + hp->n_ff_shexp : hp->n_ff);
+    double layer = 2 * hp->dim * q_dim + 2 * hp->dim * kv_dim + ffn;
     double steps = ceil(n / rows);
     /* the K/V a step sees, on average over the steps: the history and half the prompt */
     double ctx = past + n / 2 + rows / 2.0;

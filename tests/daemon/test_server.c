@@ -909,6 +909,40 @@ static void restart_keeps_contexts(void)
     close(fd);
 }
 
+/* llmsd serves a mixture of experts (qwen3moe) as any model: a daemon of its own, on a
+ * state directory of its own, streams a call's tokens. Runs last: the daemon it leaves
+ * is the one main stops. */
+static void serves_a_mixture_of_experts(void)
+{
+    CHECK_EQ(stop_daemon(), 0);
+    snprintf(model_path, sizeof model_path, "%s/moe.gguf", test_tmpdir());
+    snprintf(state_dir, sizeof state_dir, "%s/state-moe", test_tmpdir());
+    modelgen_params p = {
+        .arch = "qwen3moe", .dim = 32, .n_layer = 2, .n_head = 2, .n_head_kv = 1, .n_ff = 64,
+        .n_ctx = 256, .type = QTYPE_F32, .seed = 7, .n_vocab = 300, .n_threads = 1,
+        .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 32,
+    };
+    char err[ERR_MAX];
+    CHECK_MSG(modelgen_write(&p, model_path, err) == 0, "modelgen: %s", err);
+    if (start_daemon() != 0) {
+        show_log();
+        CHECK_MSG(false, "llmsd did not start on a qwen3moe model");
+    }
+    int fd = open_app("experts");
+    CHECK(fd >= 0);
+    char id[33];
+    CHECK_EQ(create_context(fd, "be brief", id), 0);
+    call_out out;
+    CHECK_EQ(do_call(fd, 90, id, "tok10 tok11 tok12", &out), 0);
+    Llms__Response *f = out.final;
+    CHECK_MSG(f && !f->error && f->body_case == LLMS__RESPONSE__BODY_RESULT, "error: %s",
+              f && f->error ? f->error->message : "?");
+    CHECK(f->result->generated_tokens >= 1 && f->result->generated_tokens <= 8);
+    CHECK_EQ(out.n_chunks, f->result->generated_tokens);
+    frame_free_response(f);
+    close(fd);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -944,6 +978,7 @@ int main(int argc, char **argv)
     RUN(restart_keeps_contexts);
     RUN(kill9_keeps_finished_turns);
     RUN(sd_notify_protocol);
+    RUN(serves_a_mixture_of_experts);
     int st = stop_daemon();
     if (st != 0) {
         test_fail(__FILE__, __LINE__, "llmsd exited with %d on SIGTERM", st);

@@ -1,5 +1,11 @@
 /*
- * ref_forward.c — the textbook transformer, loops and doubles, no tricks.
+ * ref_forward.c — the textbook transformer, loops and doubles, no tricks. Mixtures of
+ * experts as Hugging Face transformers' modeling code computes them (Qwen2MoeSparseMoeBlock,
+ * Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock): routing_weights =
+ * softmax(router(x)), the top-k, divided by their sum where norm_topk_prob (Qwen3-MoE,
+ * Mixtral; not Qwen2-MoE, OLMoE), the sum of routing_weight * expert(x), plus Qwen2-MoE's
+ * sigmoid(shared_expert_gate(x)) * shared_expert(x). OLMoE's attention normalizes all of
+ * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
  */
 #include "tests/support/ref_forward.h"
 
@@ -10,18 +16,28 @@
 
 #include "engine/quant/quant.h"
 
+#define REF_MAX_EXPERTS 1024
+
 typedef struct ref_layer {
     double *attn_norm, *ffn_norm;     /* (dim) */
     double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
     double *bq, *bk, *bv;             /* or NULL */
-    double *q_norm, *k_norm;          /* (head_dim) or NULL */
-    double *gate, *up, *down;
+    double *q_norm, *k_norm;          /* (head_dim), OLMoE's (q_dim) (kv_dim), or NULL */
+    double *gate, *up, *down;         /* dense, or qwen2moe's shared expert */
+    double *router;                   /* (n_expert, dim) or NULL */
+    double *gate_exps, *up_exps;      /* (n_expert, n_ff_exp, dim) */
+    double *down_exps;                /* (n_expert, dim, n_ff_exp) */
+    double *shexp_gate;               /* (dim) or NULL */
 } ref_layer;
 
 struct ref_model {
     int arch; /* 0 llama, 1 qwen2, 2 qwen3, 3 phi3, 4 granite */
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
+    int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
+    bool norm_topk_prob;
+    bool olmoe; /* OlmoeAttention: q_norm and k_norm over the whole projections */
+    int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
     bool use_long;
@@ -99,18 +115,36 @@ ref_model *ref_model_load(const gguf_file *g)
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
-    static const char *const names[] = {"llama", "qwen2", "qwen3", "phi3", "granite"};
+    static const char *const names[] = {"llama", "qwen2",    "qwen3",    "phi3",
+                                        "granite", "qwen2moe", "qwen3moe", "olmoe"};
+    const char *arch = "qwen3";
+    for (int i = 0; i < 8; i++)
+        if (gguf_str_eq(a, names[i]))
+            arch = names[i];
+    /* the mixtures of experts compute their attention as their dense family does */
     m->arch = 2;
     for (int i = 0; i < 5; i++)
-        if (gguf_str_eq(a, names[i]))
+        if (!strcmp(arch, names[i]))
             m->arch = i;
-    const char *arch = names[m->arch];
+    if (!strcmp(arch, "qwen2moe"))
+        m->arch = 1;
+    bool qwen2moe = !strcmp(arch, "qwen2moe");
+    m->olmoe = !strcmp(arch, "olmoe");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
     m->n_kv_head = ref_u32(g, arch, "attention.head_count_kv", m->n_head);
     m->head_dim = ref_u32(g, arch, "attention.key_length", m->dim / m->n_head);
     m->n_ff = ref_u32(g, arch, "feed_forward_length", 0);
+    m->n_expert = ref_u32(g, arch, "expert_count", 0);
+    m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
+    m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
+    m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff) : 0;
+    m->norm_topk_prob = !qwen2moe && !m->olmoe;
+    if (m->n_expert > REF_MAX_EXPERTS) {
+        free(m);
+        return NULL;
+    }
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
     m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
     m->rotary_dim = ref_u32(g, arch, "rope.dimension_count", m->head_dim);
@@ -150,13 +184,29 @@ ref_model *ref_model_load(const gguf_file *g)
         L->bv = T("attn_v.bias");
         L->q_norm = T("attn_q_norm.weight");
         L->k_norm = T("attn_k_norm.weight");
-        if (m->arch != 3) {
-            L->gate = T("ffn_gate.weight");
-            L->up = T("ffn_up.weight");
+        if (m->n_expert) {
+            L->router = T("ffn_gate_inp.weight");
+            L->gate_exps = T("ffn_gate_exps.weight");
+            L->up_exps = T("ffn_up_exps.weight");
+            L->down_exps = T("ffn_down_exps.weight");
+            if (qwen2moe) {
+                L->shexp_gate = T("ffn_gate_inp_shexp.weight");
+                L->gate = T("ffn_gate_shexp.weight");
+                L->up = T("ffn_up_shexp.weight");
+                L->down = T("ffn_down_shexp.weight");
+            }
+        } else {
+            if (m->arch != 3) {
+                L->gate = T("ffn_gate.weight");
+                L->up = T("ffn_up.weight");
+            }
+            L->down = T("ffn_down.weight");
         }
-        L->down = T("ffn_down.weight");
 #undef T
-        if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !L->gate || !L->up || !L->down) {
+        bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
+                                     (!qwen2moe || (L->shexp_gate && L->gate && L->up && L->down))
+                               : L->gate && L->up && L->down;
+        if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
         }
@@ -174,8 +224,10 @@ void ref_model_free(ref_model *m)
         return;
     for (int l = 0; m->layers && l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
-        double *all[] = {L->attn_norm, L->ffn_norm, L->wq, L->wk, L->wv, L->wo, L->bq,
-                         L->bk, L->bv, L->q_norm, L->k_norm, L->gate, L->up, L->down};
+        double *all[] = {L->attn_norm, L->ffn_norm, L->wq,        L->wk,      L->wv,
+                         L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
+                         L->k_norm,    L->gate,     L->up,        L->down,    L->router,
+                         L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -192,6 +244,11 @@ void ref_model_free(ref_model *m)
 void ref_model_longrope_long(ref_model *m, bool on)
 {
     m->use_long = on;
+}
+
+void ref_model_record_routes(ref_model *m, int *routes)
+{
+    m->routes = routes;
 }
 
 void ref_model_round_kv_f16(ref_model *m, bool on)
@@ -253,6 +310,68 @@ static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
     }
 }
 
+/* y (dim) = SwiGLU feed-forward of xn (dim) by gate, up (ff, dim) and down (dim, ff); g
+ * and u hold ff doubles. */
+static void ref_mlp(const ref_model *m, double *y, const double *xn, const double *gate,
+                    const double *up, const double *down, int ff, double *g, double *u)
+{
+    ref_matvec(g, gate, xn, NULL, ff, m->dim);
+    ref_matvec(u, up, xn, NULL, ff, m->dim);
+    for (int i = 0; i < ff; i++)
+        g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    ref_matvec(y, down, g, NULL, m->dim, ff);
+}
+
+/* y (dim) = the sparse MoE block of xn (dim) as the Hugging Face models compute it;
+ * tmp holds dim doubles, g and u max(n_ff_exp, n_ff_shexp). */
+static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const double *xn,
+                    double *tmp, double *g, double *u, int *route)
+{
+    int dim = m->dim, ne = m->n_expert, ff = m->n_ff_exp;
+    double prob[REF_MAX_EXPERTS];
+    bool chosen[REF_MAX_EXPERTS] = {false};
+    ref_matvec(prob, L->router, xn, NULL, ne, dim);
+    double max = -INFINITY, sum = 0;
+    for (int e = 0; e < ne; e++)
+        max = prob[e] > max ? prob[e] : max;
+    for (int e = 0; e < ne; e++)
+        sum += prob[e] = exp(prob[e] - max);
+    for (int e = 0; e < ne; e++)
+        prob[e] /= sum;
+    double top_sum = 0;
+    for (int j = 0; j < m->n_expert_used; j++) {
+        int best = -1;
+        for (int e = 0; e < ne; e++)
+            if (!chosen[e] && (best < 0 || prob[e] > prob[best]))
+                best = e;
+        chosen[best] = true;
+        top_sum += prob[best];
+        if (route)
+            route[j] = best;
+    }
+    for (int i = 0; i < dim; i++)
+        y[i] = 0;
+    for (int e = 0; e < ne; e++) {
+        if (!chosen[e])
+            continue;
+        double w = m->norm_topk_prob ? prob[e] / top_sum : prob[e];
+        size_t in = (size_t)ff * dim;
+        ref_mlp(m, tmp, xn, L->gate_exps + e * in, L->up_exps + e * in, L->down_exps + e * in, ff,
+                g, u);
+        for (int i = 0; i < dim; i++)
+            y[i] += w * tmp[i];
+    }
+    if (!L->shexp_gate)
+        return;
+    ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff_shexp, g, u);
+    double s = 0;
+    for (int i = 0; i < dim; i++)
+        s += L->shexp_gate[i] * xn[i];
+    s = 1 / (1 + exp(-s));
+    for (int i = 0; i < dim; i++)
+        y[i] += s * tmp[i];
+}
+
 void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t *positions,
                  double *logits, double *hidden, double *attn)
 {
@@ -263,9 +382,13 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *k = malloc((size_t)n * kvd * sizeof(double));
     double *v = malloc((size_t)n * kvd * sizeof(double));
     double *o = malloc((size_t)qd * sizeof(double));
-    double *tmp = malloc((size_t)(dim > m->n_ff ? dim : m->n_ff) * sizeof(double));
-    double *g = malloc((size_t)m->n_ff * sizeof(double));
-    double *u = malloc((size_t)m->n_ff * sizeof(double));
+    int ff = m->n_ff;
+    if (m->n_expert)
+        ff = m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp;
+    double *tmp = malloc((size_t)(dim > ff ? dim : ff) * sizeof(double));
+    double *tmp2 = malloc((size_t)dim * sizeof(double));
+    double *g = malloc((size_t)ff * sizeof(double));
+    double *u = malloc((size_t)ff * sizeof(double));
     double *p = malloc((size_t)n * sizeof(double));
 
     for (int t = 0; t < n; t++)
@@ -281,7 +404,11 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
-            if (L->q_norm) {
+            if (L->q_norm && m->olmoe) {
+                double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
+                ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
+                ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
+            } else if (L->q_norm) {
                 for (int h = 0; h < m->n_head; h++)
                     ref_rmsnorm(q + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, L->q_norm, hd, m->eps);
                 for (int h = 0; h < m->n_kv_head; h++)
@@ -331,11 +458,11 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         }
         for (int t = 0; t < n; t++) {
             ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
-            ref_matvec(g, L->gate, xn, NULL, m->n_ff, dim);
-            ref_matvec(u, L->up, xn, NULL, m->n_ff, dim);
-            for (int i = 0; i < m->n_ff; i++)
-                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
-            ref_matvec(tmp, L->down, g, NULL, dim, m->n_ff);
+            if (m->n_expert)
+                ref_moe(m, L, tmp, xn, tmp2, g, u,
+                        m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL);
+            else
+                ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff, g, u);
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
@@ -348,5 +475,6 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         for (int i = 0; i < m->n_vocab; i++)
             logits[(size_t)t * m->n_vocab + i] /= m->logits_scaling;
     }
-    free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(g), free(u), free(p);
+    free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(tmp2), free(g), free(u);
+    free(p);
 }

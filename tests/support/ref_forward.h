@@ -1,8 +1,9 @@
 /*
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
- * GGUF models, in double precision from dequantized weights, written independently of
- * engine/model/model.c (phi3 and granite from Hugging Face's Phi3 and Granite modeling
- * code) so the optimized forward can be checked against it.
+ * GGUF models (and the mixtures of experts: qwen2moe, qwen3moe, llama with experts,
+ * olmoe), in double precision from dequantized weights, written independently of
+ * engine/model/model.c (phi3, granite and the mixtures from Hugging Face's modeling code)
+ * so the optimized forward can be checked against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H
@@ -26,6 +27,11 @@ void ref_model_longrope_long(ref_model *m, bool on);
 /* Rounds every K and V to half precision before attention, as a KV cache stored in f16
  * does; lets a test separate that rounding from other differences. Off by default. */
 void ref_model_round_kv_f16(ref_model *m, bool on);
+
+/* With experts: from the next ref_forward on, the experts each token chose in each layer,
+ * in the order of their probabilities, into routes (n_layer, n, expert_used_count); NULL
+ * stops it. */
+void ref_model_record_routes(ref_model *m, int *routes);
 
 /*
  * Runs n tokens at the given positions with full causal attention over the list: token

@@ -2,6 +2,7 @@
  * test_mkmodel.c — mkmodel --from: converting a model file's weights to another type, with
  * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format;
  * mkmodel --arch phi3 / granite: their keys and tensors as llama.cpp reads them.
+ * mkmodel --experts: mixtures of experts in llama.cpp's layout.
  */
 #include <libgen.h>
 #include <math.h>
@@ -373,6 +374,63 @@ static void phi3_and_granite(void)
     CHECK_MSG(strstr(err, "phi3"), "%s", err);
 }
 
+/* --experts writes every key and tensor llama.cpp's loader reads for qwen3moe (its
+ * router F32, the merged experts 3-D, in the mix's types), the engine loads it, --from
+ * keeps that layout, and wrong expert counts are refused. */
+static void experts_in_llama_cpp_layout(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab)
+        SKIP("test data vocab/ggml-vocab-llama-spm.gguf is absent");
+    char args[4096], err[1024], path[1100], f32[1100];
+    snprintf(path, sizeof path, "%s/moe.gguf", test_tmpdir());
+    snprintf(f32, sizeof f32, "%s/moe-f32.gguf", test_tmpdir());
+    const char *shape = "--dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --ctx 256";
+    snprintf(args, sizeof args, "-o '%s' --arch qwen3moe %s --experts 8 --experts-used 2 "
+             "--expert-ffn 256 --type q4_k_m --vocab '%s'", path, shape, vocab);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    snprintf(args, sizeof args, "-o '%s' --from '%s' --type f32", f32, path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    const char *files[] = {path, f32};
+    for (int f = 0; f < 2; f++) {
+        char e[ERR_MAX];
+        gguf_file *g = gguf_open(files[f], e);
+        CHECK_MSG(g, "%s", e);
+        uint32_t n = 0, used = 0, ff = 0;
+        CHECK(gguf_get_u32(g, "qwen3moe.expert_count", &n) && n == 8);
+        CHECK(gguf_get_u32(g, "qwen3moe.expert_used_count", &used) && used == 2);
+        CHECK(gguf_get_u32(g, "qwen3moe.expert_feed_forward_length", &ff) && ff == 256);
+        const gguf_tensor *router = gguf_find_tensor(g, "blk.1.ffn_gate_inp.weight");
+        CHECK(router && router->type == QTYPE_F32 && router->ne[0] == 256 && router->ne[1] == 8);
+        const gguf_tensor *down = gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+        CHECK(down && down->n_dims == 3 && down->ne[0] == 256 && down->ne[1] == 256 &&
+              down->ne[2] == 8);
+        CHECK_MSG(down->type == (f ? QTYPE_F32 : QTYPE_Q6_K) || down->type == QTYPE_Q4_K,
+                  "ffn_down_exps is %s", quant_traits_of(down->type)->name);
+        CHECK(gguf_find_tensor(g, "blk.0.ffn_up_exps.weight") &&
+              gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight") &&
+              !gguf_find_tensor(g, "blk.0.ffn_up.weight"));
+        model *m = model_from_gguf(g, e);
+        CHECK_MSG(m, "%s", e);
+        CHECK(model_hparams_of(m)->n_expert == 8 && model_hparams_of(m)->n_expert_used == 2);
+        model_free(m);
+        gguf_close(g);
+    }
+    static const struct {
+        const char *arch, *experts, *says;
+    } bad[] = {
+        {"qwen3moe", "", "needs experts"},
+        {"qwen2", "--experts 4 --experts-used 2", "has no experts"},
+        {"qwen2moe", "--experts 4 --experts-used 5", "experts used (5)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "-o '%s/bad.gguf' --arch %s %s %s --type f16 --vocab '%s'",
+                 test_tmpdir(), bad[i].arch, shape, bad[i].experts, vocab);
+        CHECK_EQ(mkmodel(args, err, sizeof err), 1);
+        CHECK_MSG(strstr(err, bad[i].says), "%s: %s", bad[i].arch, err);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -400,5 +458,6 @@ int main(int argc, char **argv)
     RUN(bad_adapters_are_refused);
     RUN(mixes_keep_docs_lm_perplexity);
     RUN(phi3_and_granite);
+    RUN(experts_in_llama_cpp_layout);
     return test_finish();
 }
