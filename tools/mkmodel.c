@@ -1,8 +1,8 @@
 /*
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
- *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L --heads H
- *           --kv-heads KH --ffn F --ctx C
+ *   mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|gemma|gemma2|gemma3|bert|nomic-bert
+ *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
  *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *                  |iq4_nl_mix|iq4_xs_mix
@@ -10,6 +10,11 @@
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
+ *           [--sliding-window W]   (gemma2/gemma3: attention.sliding_window; default
+ *                                   4096 / 1024)
+ *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
+ *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
+ *                                   have 8, applied to the global layers)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
@@ -70,9 +75,8 @@ static const struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|bert|nomic-bert --dim D --layers L\n"
-            "               --heads H\n"
-            "               --kv-heads KH --ffn F --ctx C\n"
+            "usage: mkmodel -o OUT.gguf --arch llama|qwen2|qwen3|gemma|gemma2|gemma3|bert|nomic-bert\n"
+            "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"
@@ -81,6 +85,9 @@ static void usage(FILE *out)
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
+            "               [--sliding-window W]  (gemma2/gemma3; default 4096 / 1024)\n"
+            "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
+            "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -256,6 +263,14 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--vocab"))
             vocab = v;
+        else if (!strcmp(a, "--sliding-window"))
+            p.sliding_window = int_arg(a, v);
+        else if (!strcmp(a, "--attn-softcap"))
+            p.attn_softcap = float_arg(a, v);
+        else if (!strcmp(a, "--final-softcap"))
+            p.final_softcap = float_arg(a, v);
+        else if (!strcmp(a, "--rope-linear"))
+            p.rope_linear = float_arg(a, v);
         else if (!strcmp(a, "--from"))
             from = v;
         else

@@ -593,12 +593,11 @@ static void status_memory(sched *s, Llms__StatusResponse *st)
 
 static void handle_status(sched *s, const sched_job *j)
 {
-    static const char *arch[] = {"llama", "qwen2", "qwen3"};
     const model_hparams *hp = model_hparams_of(s->env.m);
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
     st.version = LLMS_VERSION;
     st.model_path = models_generate(s->env.reg)->path;
-    st.model_arch = (char *)arch[hp->arch];
+    st.model_arch = (char *)model_arch_name(hp->arch);
     const gguf_file *gf = model_gguf(s->env.m);
     for (int64_t i = 0; i < gguf_n_tensors(gf); i++)
         st.model_bytes += gguf_tensor_at(gf, i)->bytes;

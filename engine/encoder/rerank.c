@@ -442,6 +442,15 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
+    if (rr->hp.arch != MODEL_ARCH_LLAMA && rr->hp.arch != MODEL_ARCH_QWEN2 &&
+        rr->hp.arch != MODEL_ARCH_QWEN3) {
+        /* the reranker's own forward has no embedding scale, GeGLU, post norms, soft-caps
+         * nor windows */
+        err_set(err, "%s: reranking with a %s model is not supported (llama, qwen2 and qwen3 "
+                     "decoders rerank)", model_path, model_arch_name(rr->hp.arch));
+        model_free(m);
+        goto fail;
+    }
     rr->max_len = rr->hp.n_ctx < RR_MAX_TOKENS ? rr->hp.n_ctx : RR_MAX_TOKENS;
     const float *rope_freqs = model_rope_freqs(m);
     size_t freqs_bytes = sizeof *rr->rope_freqs * (size_t)(rr->hp.head_dim / 2);

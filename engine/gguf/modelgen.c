@@ -261,12 +261,25 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
     return 0;
 }
 
+/* The decoder architectures modelgen writes (engine/model's, which this layer does not
+ * include). */
+static bool modelgen_decoder_arch(const char *name, size_t len)
+{
+    static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0)
+            return true;
+    return false;
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
-    if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
-        strcmp(p->arch, "qwen3") != 0 && !bert)
+    if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
+    if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
+        !(p->rope_linear >= 0))
+        return err_set(err, "sliding window, soft-caps and rope factor must not be negative");
     if (bert && (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
         return err_set(err, "%s has as many KV heads as heads and head_dim = dim / heads",
                        p->arch);
@@ -390,6 +403,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
     int64_t q_dim = (int64_t)p->n_head * hd, kv_dim = (int64_t)p->n_head_kv * hd;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0, qwen3 = strcmp(p->arch, "qwen3") == 0;
+    bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
+    bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
+    /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
+     * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
+    float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
+    float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -430,16 +449,27 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hd) < 0 ||
-        gguf_writer_set_f32(w, KEY("rope.freq_base"), qwen2 || qwen3 ? 1000000.0f : 10000.0f) < 0 ||
-        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen2 || qwen3 ? 1e-6f : 1e-5f) < 0 ||
+        gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
         (p->pooling_type &&
-         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0)) {
+         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
+        ((gemma2 || gemma3) &&
+         gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                             (uint32_t)(p->sliding_window ? p->sliding_window
+                                                          : gemma2 ? 4096 : 1024)) < 0) ||
+        (gemma2 && (gguf_writer_set_f32(w, KEY("attn_logit_softcapping"),
+                                        p->attn_softcap > 0 ? p->attn_softcap : 50.0f) < 0 ||
+                    gguf_writer_set_f32(w, KEY("final_logit_softcapping"),
+                                        p->final_softcap > 0 ? p->final_softcap : 30.0f) < 0)) ||
+        (p->rope_linear > 0 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0))) {
         err_set(err, "cannot set metadata");
         goto out;
     }
 #undef KEY
 
-    int max_t = 3 + p->n_layer * 14;
+    int max_t = 3 + p->n_layer * 16;
     ts = calloc((size_t)max_t, sizeof *ts);
     if (!ts) {
         err_set(err, "out of memory");
@@ -460,7 +490,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (!p->tie_output) {
+    if (!p->tie_output && !gemma) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
     for (int l = 0; l < p->n_layer; l++) {
@@ -475,15 +505,19 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
         }
-        if (qwen3) {
+        if (qwen3 || gemma3) {
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
+        if (gemma2 || gemma3)
+            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
         ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        if (gemma2 || gemma3)
+            ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
 #undef N
     }
 #undef ADD
@@ -535,8 +569,9 @@ int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char er
     gguf_str a;
     char arch[16], key[96];
     if (!gguf_get_str(p->base, "general.architecture", &a) ||
-        !(gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3")))
-        return err_set(err, "the base is no llama, qwen2 or qwen3 decoder");
+        !modelgen_decoder_arch(a.ptr, a.len))
+        return err_set(err, "the base is no llama, qwen2, qwen3, gemma, gemma2 or gemma3 "
+                            "decoder");
     snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.ptr);
     const quant_traits *tr = quant_traits_of(p->type);
     if (!tr || !tr->computable)

@@ -2,7 +2,15 @@
  * model.h — a decoder-only transformer loaded from GGUF, and its forward pass.
  *
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
- * (per-head RMSNorm of q and k). Weights are used in place from the file mapping.
+ * (per-head RMSNorm of q and k), and Google's "gemma", "gemma2" and "gemma3" in llama.cpp's
+ * layout (convert_hf_to_gguf.py has added 1 to every norm weight already, so their RMSNorms
+ * are the plain x * w): the token embedding scaled by sqrt(dim), GeGLU (gelu, tanh form, of
+ * gate times up), NEOX RoPE, the output tied to the embedding; gemma2 and gemma3 add norms
+ * of each sublayer's output before its residual add (post_attention_norm, post_ffw_norm)
+ * and sliding-window attention on some layers (model_layer_window); gemma2 soft-caps the
+ * attention scores and the logits (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k
+ * norms and RoPE of base 10000, unscaled, on its sliding layers. Weights are used in
+ * place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -21,7 +29,27 @@
 #include "engine/kv/kv.h"
 #include "engine/model/ops.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+enum model_arch {
+    MODEL_ARCH_LLAMA,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+    MODEL_ARCH_GEMMA,
+    MODEL_ARCH_GEMMA2,
+    MODEL_ARCH_GEMMA3,
+};
+
+/* general.architecture's name of a ("llama", "gemma2", ...). */
+const char *model_arch_name(enum model_arch a);
+
+/* The architecture called name[0..len) (general.architecture), or -1 for one this engine's
+ * decoder does not run. */
+int model_arch_from_name(const char *name, size_t len);
+
+/* The feed-forward activation of gate, multiplied by up. */
+enum model_ffn_act {
+    MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
+    MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
+};
 
 /* How RoPE pairs up dimensions within a head. */
 enum model_rope_style {
@@ -46,7 +74,30 @@ typedef struct model_hparams {
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
                          file has none (a plain generator) */
+
+    /* What the Gemma family adds; the other architectures have the neutral values (scale
+     * 1 / sqrt(head_dim), embedding scale 1, no caps, no window, SwiGLU, no post norms). */
+    float attn_scale;    /* multiplies q.k before the softmax (and the cap). llama.cpp's
+                            rule for gemma2/gemma3: 1 / sqrt(dim / n_head) for the 27B
+                            models (46 and 62 layers: HF's query_pre_attn_scalar is
+                            dim / n_head there), 1 / sqrt(head_dim) for every other shape */
+    float embd_scale;    /* multiplies the token embedding's rows: sqrt(dim) for gemma */
+    float attn_softcap;  /* scores = cap * tanh(scores / cap) before the mask; 0: none */
+    float final_softcap; /* logits = cap * tanh(logits / cap); 0: none */
+    int swa_window;      /* sliding window: a sliding layer's row at position p attends to
+                            the entries at positions p - swa_window < q <= p; 0: none */
+    int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
+                            2, the even layers; gemma3: 6, all but every sixth) */
+    bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
+    float rope_base_swa;
+    enum model_ffn_act ffn_act;
+    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output */
 } model_hparams;
+
+/* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
+ * sequence) for the others and for every layer of a model without one. The KV of every
+ * entry is kept whatever the window: it only bounds what attention reads. */
+int model_layer_window(const model_hparams *hp, int layer);
 
 typedef struct model model;
 typedef struct lora lora; /* engine/model/lora.h */
@@ -275,8 +326,9 @@ typedef struct model_batch {
     const int32_t *out_rows;  /* (n_out) */
 
     float *logits;            /* (n_out, n_vocab), or NULL */
-    /* Residual stream of the out rows: hidden[0] is the token embedding, hidden[l + 1]
-     * the output of layer l (the last one before the final norm). */
+    /* Residual stream of the out rows: hidden[0] is the token embedding (times
+     * embd_scale), hidden[l + 1] the output of layer l (the last one before the final
+     * norm). */
     float *hidden;            /* (n_layer + 1, n_out, dim), or NULL */
     /* Residual stream of the out rows after the last layer (before the final norm):
      * hidden's last slot without the others. */

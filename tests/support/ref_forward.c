@@ -1,5 +1,18 @@
 /*
  * ref_forward.c — the textbook transformer, loops and doubles, no tricks.
+ *
+ * The Gemma family follows HF transformers' modeling_gemma / modeling_gemma2 /
+ * modeling_gemma3 (Gemma3ForCausalLM), with the GGUF's norm weights (the converter's +1
+ * added): hidden = embedding * sqrt(hidden_size); per layer
+ *     h = x + post_attention_layernorm(attn(input_layernorm(x)))
+ *     x = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
+ * (gemma: no post norms), mlp = down(gelu_tanh(gate) * up), attention scores times
+ * query_pre_attn_scalar^-0.5 (head_dim, but dim / n_head for the 27B models: 46 layers
+ * gemma2, 62 gemma3), then (gemma2) tanh soft-capping, the causal mask and, on sliding
+ * layers (gemma2: even layers; gemma3: layer i with (i + 1) % 6 != 0), the window
+ * q_pos - W < k_pos; gemma3 normalizes q and k per head and rotates sliding layers with
+ * rope_local_base_freq 10000 and global ones with rope_theta and its linear scaling;
+ * gemma2's logits are soft-capped at the end.
  */
 #include "tests/support/ref_forward.h"
 
@@ -15,13 +28,21 @@ typedef struct ref_layer {
     double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
     double *bq, *bk, *bv;             /* or NULL */
     double *q_norm, *k_norm;          /* (head_dim) or NULL */
+    double *post_attn, *post_ffn;     /* (dim) or NULL */
     double *gate, *up, *down;
 } ref_layer;
 
+enum { REF_LLAMA, REF_QWEN2, REF_QWEN3, REF_GEMMA, REF_GEMMA2, REF_GEMMA3 };
+
 struct ref_model {
-    int arch; /* 0 llama, 1 qwen2, 2 qwen3 */
+    int arch; /* REF_* */
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
     double rope_base, eps;
+    /* Gemma */
+    double attn_cap, final_cap; /* 0: none */
+    double query_scale;         /* the scores' factor */
+    int window, pattern;        /* 0: none; sliding layers: l % pattern < pattern - 1 */
+    double rope_factor;         /* gemma3's global layers: positions / factor */
     bool kv_f16;
     double *embd, *out, *out_norm;
     ref_layer *layers;
@@ -68,9 +89,16 @@ ref_model *ref_model_load(const gguf_file *g)
     gguf_str a;
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
+    static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"};
+    int ai = -1;
+    for (int i = 0; i < 6; i++)
+        if (gguf_str_eq(a, names[i]))
+            ai = i;
+    if (ai < 0)
+        return NULL;
     ref_model *m = calloc(1, sizeof *m);
-    const char *arch = gguf_str_eq(a, "llama") ? "llama" : gguf_str_eq(a, "qwen2") ? "qwen2" : "qwen3";
-    m->arch = gguf_str_eq(a, "llama") ? 0 : gguf_str_eq(a, "qwen2") ? 1 : 2;
+    const char *arch = names[ai];
+    m->arch = ai;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -79,6 +107,25 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_ff = ref_u32(g, arch, "feed_forward_length", 0);
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
     m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
+    m->query_scale = 1.0 / sqrt((double)m->head_dim);
+    m->rope_factor = 1.0;
+    if (m->arch == REF_GEMMA2 || m->arch == REF_GEMMA3) {
+        bool big = m->n_layer == (m->arch == REF_GEMMA2 ? 46 : 62);
+        m->query_scale = 1.0 / sqrt(big ? (double)(m->dim / m->n_head) : (double)m->head_dim);
+        m->window = ref_u32(g, arch, "attention.sliding_window", m->arch == REF_GEMMA2 ? 4096 : 0);
+        m->pattern = m->arch == REF_GEMMA2 ? 2 : 6;
+    }
+    if (m->arch == REF_GEMMA2) {
+        m->attn_cap = ref_f32(g, arch, "attn_logit_softcapping", 50.0);
+        m->final_cap = ref_f32(g, arch, "final_logit_softcapping", 30.0);
+    }
+    if (m->arch == REF_GEMMA3) {
+        char k[128];
+        gguf_str st;
+        snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+        if (gguf_get_str(g, k, &st) && gguf_str_eq(st, "linear"))
+            m->rope_factor = ref_f32(g, arch, "rope.scaling.factor", 1.0);
+    }
     const gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
     m->n_vocab = e ? (int)e->ne[1] : 0;
     m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
@@ -100,6 +147,8 @@ ref_model *ref_model_load(const gguf_file *g)
         L->bv = T("attn_v.bias");
         L->q_norm = T("attn_q_norm.weight");
         L->k_norm = T("attn_k_norm.weight");
+        L->post_attn = T("post_attention_norm.weight");
+        L->post_ffn = T("post_ffw_norm.weight");
         L->gate = T("ffn_gate.weight");
         L->up = T("ffn_up.weight");
         L->down = T("ffn_down.weight");
@@ -123,7 +172,8 @@ void ref_model_free(ref_model *m)
     for (int l = 0; m->layers && l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
         double *all[] = {L->attn_norm, L->ffn_norm, L->wq, L->wk, L->wv, L->wo, L->bq,
-                         L->bk, L->bv, L->q_norm, L->k_norm, L->gate, L->up, L->down};
+                         L->bk, L->bv, L->q_norm, L->k_norm, L->gate, L->up, L->down,
+                         L->post_attn, L->post_ffn};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -171,14 +221,25 @@ static void ref_matvec(double *y, const double *w, const double *x, const double
     }
 }
 
-static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
+/* Whether layer l attends through the sliding window. */
+static bool ref_sliding(const ref_model *m, int l)
+{
+    return m->window > 0 && l % m->pattern < m->pattern - 1;
+}
+
+/* RoPE of layer l: gemma3's sliding layers base 10000 unscaled, its global ones the
+ * file's base with positions divided by the linear factor (HF's "linear" rope_type). */
+static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
 {
     int hd = m->head_dim;
+    bool local = m->arch == REF_GEMMA3 && ref_sliding(m, l);
+    double base = local ? 10000.0 : m->rope_base, p = local ? pos : pos / m->rope_factor;
     for (int h = 0; h < n_heads; h++) {
         double *v = x + h * hd;
         for (int i = 0; i < hd / 2; i++) {
-            double ang = pos * pow(m->rope_base, -2.0 * i / hd);
-            int a = m->arch == 0 ? 2 * i : i, b = m->arch == 0 ? 2 * i + 1 : i + hd / 2;
+            double ang = p * pow(base, -2.0 * i / hd);
+            int a = m->arch == REF_LLAMA ? 2 * i : i;
+            int b = m->arch == REF_LLAMA ? 2 * i + 1 : i + hd / 2;
             double x0 = v[a], x1 = v[b];
             v[a] = x0 * cos(ang) - x1 * sin(ang);
             v[b] = x0 * sin(ang) + x1 * cos(ang);
@@ -201,8 +262,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *u = malloc((size_t)m->n_ff * sizeof(double));
     double *p = malloc((size_t)n * sizeof(double));
 
+    bool gemma = m->arch >= REF_GEMMA;
     for (int t = 0; t < n; t++)
-        memcpy(x + (size_t)t * dim, m->embd + (size_t)tokens[t] * dim, dim * sizeof(double));
+        for (int i = 0; i < dim; i++)
+            x[(size_t)t * dim + i] = m->embd[(size_t)tokens[t] * dim + i] * (gemma ? sqrt((double)dim) : 1.0);
     if (hidden)
         memcpy(hidden, x, (size_t)n * dim * sizeof(double));
 
@@ -219,8 +282,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 for (int h = 0; h < m->n_kv_head; h++)
                     ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
             }
-            ref_rope(m, q + (size_t)t * qd, m->n_head, positions[t]);
-            ref_rope(m, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
+            ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
             for (int i = 0; m->kv_f16 && i < kvd; i++) {
                 k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
                 v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
@@ -231,14 +294,17 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 int kh = h / (m->n_head / m->n_kv_head);
                 double max = -INFINITY, sum = 0;
                 for (int j = 0; j < n; j++) {
-                    if (positions[j] > positions[t]) {
+                    if (positions[j] > positions[t] ||
+                        (ref_sliding(m, l) && positions[t] - positions[j] >= m->window)) {
                         p[j] = -INFINITY;
                         continue;
                     }
                     double s = 0;
                     for (int i = 0; i < hd; i++)
                         s += q[(size_t)t * qd + h * hd + i] * k[(size_t)j * kvd + kh * hd + i];
-                    p[j] = s / sqrt((double)hd);
+                    p[j] = s * m->query_scale;
+                    if (m->attn_cap > 0)
+                        p[j] = m->attn_cap * tanh(p[j] / m->attn_cap);
                     if (p[j] > max)
                         max = p[j];
                 }
@@ -258,6 +324,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             }
             /* the residual of token t is not read again by this layer's attention */
             ref_matvec(tmp, L->wo, o, NULL, dim, qd);
+            if (L->post_attn)
+                ref_rmsnorm(tmp, tmp, L->post_attn, dim, m->eps);
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i];
         }
@@ -266,8 +334,11 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             ref_matvec(g, L->gate, xn, NULL, m->n_ff, dim);
             ref_matvec(u, L->up, xn, NULL, m->n_ff, dim);
             for (int i = 0; i < m->n_ff; i++)
-                g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+                g[i] = gemma ? 0.5 * g[i] * (1 + tanh(sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i]
+                             : g[i] / (1 + exp(-g[i])) * u[i];
             ref_matvec(tmp, L->down, g, NULL, dim, m->n_ff);
+            if (L->post_ffn)
+                ref_rmsnorm(tmp, tmp, L->post_ffn, dim, m->eps);
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i];
         }
@@ -277,6 +348,9 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int t = 0; t < n; t++) {
         ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
+        for (int v = 0; m->final_cap > 0 && v < m->n_vocab; v++)
+            logits[(size_t)t * m->n_vocab + v] =
+                m->final_cap * tanh(logits[(size_t)t * m->n_vocab + v] / m->final_cap);
     }
     free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(g), free(u), free(p);
 }
