@@ -60,7 +60,8 @@ typedef struct key_def {
 static const key_def keys[] = {
     HEADING("The daemon"),
     NODEF(model, "/var/lib/llmsd/model.gguf",
-          "the default generate model's GGUF file (a llama, qwen2 or qwen3 model), required "
+          "the default generate model's GGUF file (a llama, qwen2, qwen3, gemma, gemma2 or "
+          "gemma3 model), required "
           "unless a `model.NAME` line has the `generate` role; its registry name is the file "
           "name without `.gguf`. The service runs with `ProtectHome=yes`: keep it outside "
           "/home (e.g. in /var/lib/llmsd or /usr/local/share)"),
