@@ -527,7 +527,8 @@ enum llms_status llms_embed_model(llms_conn *conn, const char *model, const char
 typedef struct llms_model_info {
     char *name;
     char *path;
-    char *arch;             /* general.architecture: llama, qwen2, qwen3, bert */
+    char *arch;             /* general.architecture: llama, qwen2, qwen3, gemma,
+                               gemma2, gemma3, bert, nomic-bert */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */
     uint64_t file_bytes;
     char *roles;            /* "generate,embed,rerank,draft" or a part of it */
