@@ -535,6 +535,16 @@ static void test_bad_inputs(void)
     rerank_result_free(&res);
     rerank_close(rr);
     free_docs(&d);
+    /* the reranker's own forward does not compute the Gemma family: refused, named */
+    const char *gemmas[] = {"gemma", "gemma2", "gemma3"};
+    for (int i = 0; i < 3; i++) {
+        path = gen_model(gemmas[i], 2, 51);
+        CHECK(path);
+        err[0] = '\0';
+        o = opts(3, 0.2f, true);
+        CHECK(!rerank_open(path, &o, err));
+        CHECK_MSG(strstr(err, "not supported") && strstr(err, gemmas[i]), "%s", err);
+    }
 }
 
 /* Text in, with the default prompt, on a model with a real vocabulary. */
