@@ -23,6 +23,7 @@
 #include "engine/model/model.h"
 #include "engine/model/prefill.h"
 #include "engine/quant/quant.h"
+#include "tests/support/model_check.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
 
@@ -65,17 +66,6 @@ static int32_t tok_at(int i)
     return (int32_t)((i * 37 + 11) % N_VOCAB);
 }
 
-/* max |a - b| over n (1e9 for a NaN). */
-static double max_abs(const float *a, const double *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs(a[i] - b[i]);
-        d = isnan(e) ? 1e9 : e > d ? e : d;
-    }
-    return d;
-}
-
 /* max |a - b| over n relative to the largest |a| (at least 1). */
 static double max_rel(const float *a, const float *b, size_t n)
 {
@@ -88,83 +78,10 @@ static double max_rel(const float *a, const float *b, size_t n)
     return d / scale;
 }
 
-/* Runs n tokens with logits for every row against seq; max |diff| against ref rows. */
-static double run_vs_ref(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
-                         const int32_t *pos, const double *ref)
-{
-    int32_t rows[64];
-    for (int i = 0; i < n; i++)
-        rows[i] = i;
-    float *logits = malloc((size_t)n * N_VOCAB * sizeof(float));
-    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
-                     .out_rows = rows, .logits = logits};
-    char err[ERR_MAX];
-    double d = 1e9;
-    if (model_forward(r, seq, &b, err) == 0)
-        d = max_abs(logits, ref, (size_t)n * N_VOCAB);
-    else
-        fprintf(stderr, "forward: %s\n", err);
-    free(logits);
-    return d;
-}
-
 /* A prefill of 40 (past the window 5 times), 6 decodes, then a fresh sequence with gapped
  * and out-of-order batches (positions 0..7, 30..37, then 12..15 after them): the window
- * and the mask are by position. max |logit diff| against the reference. */
-static double check_model(const char *path, int max_batch, int n_threads)
-{
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(path, err);
-    model *m = g ? model_from_gguf(g, err) : NULL;
-    ref_model *rm = g ? ref_model_load(g) : NULL;
-    if (!m || !rm) {
-        fprintf(stderr, "load: %s\n", err);
-        return 1e9;
-    }
-    model_runner *r = model_runner_new(m, n_threads, max_batch, 0, err);
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    kv_seq seq;
-    kv_seq_init(&seq, pool);
-    enum { P = 40, N = 46 };
-    int32_t tok[N], pos[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i), pos[i] = i;
-    double *ref = malloc((size_t)N * N_VOCAB * sizeof(double));
-    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
-    double worst = run_vs_ref(r, &seq, P, tok, pos, ref);
-    for (int i = P; i < N; i++) {
-        double d = run_vs_ref(r, &seq, 1, tok + i, pos + i, ref + (size_t)i * N_VOCAB);
-        worst = d > worst ? d : worst;
-    }
-    kv_seq_free(&seq);
-
-    kv_seq_init(&seq, pool);
-    int32_t at[20], ap[20];
-    for (int i = 0; i < 8; i++)
-        at[i] = tok[i], ap[i] = i, at[8 + i] = tok[8 + i], ap[8 + i] = 30 + i;
-    for (int i = 0; i < 4; i++)
-        at[16 + i] = tok[16 + i], ap[16 + i] = 12 + i;
-    ref_forward(rm, 16, at, ap, ref, NULL, NULL);
-    double d = run_vs_ref(r, &seq, 8, at, ap, ref);
-    worst = d > worst ? d : worst;
-    d = run_vs_ref(r, &seq, 8, at + 8, ap + 8, ref + (size_t)8 * N_VOCAB);
-    worst = d > worst ? d : worst;
-    int32_t ct[12], cp[12];
-    memcpy(ct, at, 8 * sizeof *ct), memcpy(cp, ap, 8 * sizeof *cp);
-    memcpy(ct + 8, at + 16, 4 * sizeof *ct), memcpy(cp + 8, ap + 16, 4 * sizeof *cp);
-    ref_forward(rm, 12, ct, cp, ref, NULL, NULL);
-    d = run_vs_ref(r, &seq, 4, ct + 8, cp + 8, ref + (size_t)8 * N_VOCAB);
-    worst = d > worst ? d : worst;
-
-    kv_seq_free(&seq);
-    kv_pool_free(pool);
-    free(ref);
-    model_runner_free(r);
-    model_free(m);
-    ref_model_free(rm);
-    gguf_close(g);
-    return worst;
-}
+ * and the mask are by position. */
+static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
 
 /* ---- hyper-parameters ---- */
 
@@ -247,7 +164,7 @@ static void test_logits_vs_reference(void)
             double tol = types[t] == QTYPE_F32 || types[t] == QTYPE_F16 ? TOL_FLOAT : TOL_QUANT;
             /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
              * attention in sub-batches */
-            double d1 = check_model(path, 512, 2), d2 = check_model(path, 8, 1);
+            double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
             printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n", ARCHS[a],
                    quant_traits_of(types[t])->name, d1, d2);
             CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", ARCHS[a],
@@ -570,52 +487,6 @@ static void test_partitioned_prefill(void)
 
 /* ---- compressed KV ---- */
 
-/* A prefill of P, every chunk converted to prec, then 4 decodes (per-row attention over
- * decoded blocks) and a 20-row batch (sgemm over f32 K/V); max |logit diff| against the
- * reference's exact KV. */
-static double compressed_error(model *m, const ref_model *rm, enum kv_precision prec)
-{
-    enum { P = 40, N = 64 };
-    char err[ERR_MAX];
-    int32_t tok[N], pos[N], rows[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i * 29 + 5), pos[i] = i, rows[i] = i;
-    double *ref = malloc((size_t)N * N_VOCAB * sizeof(double));
-    float *logits = malloc((size_t)N * N_VOCAB * sizeof(float));
-    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
-    model_runner *r = model_runner_new(m, 2, 0, 0, err);
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    kv_seq s;
-    kv_seq_init(&s, pool);
-    double worst = 1e9;
-    model_batch b = {.n_tokens = P, .tokens = tok, .positions = pos};
-    if (model_forward(r, &s, &b, err) < 0)
-        goto out;
-    for (int c = 0; c < s.n_chunks; c++)
-        if (kv_chunk_convert(pool, s.chunks[c], prec, err) < 0)
-            goto out;
-    worst = 0;
-    for (int t = P; t < N; t += t < P + 4 ? 1 : 20) {
-        int n = t < P + 4 ? 1 : 20;
-        model_batch d = {.n_tokens = n, .tokens = tok + t, .positions = pos + t, .n_out = n,
-                         .out_rows = rows, .logits = logits};
-        if (model_forward(r, &s, &d, err) < 0) {
-            worst = 1e9;
-            goto out;
-        }
-        worst = fmax(worst, max_abs(logits, ref + (size_t)t * N_VOCAB, (size_t)n * N_VOCAB));
-    }
-out:
-    if (worst >= 1e9)
-        fprintf(stderr, "compressed forward: %s\n", err);
-    kv_seq_free(&s);
-    kv_pool_free(pool);
-    model_runner_free(r);
-    free(ref);
-    free(logits);
-    return worst;
-}
-
 static void test_compressed_kv(void)
 {
     char err[ERR_MAX];
@@ -625,8 +496,8 @@ static void test_compressed_kv(void)
         CHECK_MSG(m, "%s", err);
         ref_model *rm = ref_model_load(model_gguf(m));
         CHECK(rm);
-        double e8 = compressed_error(m, rm, KV_INT8), e4 = compressed_error(m, rm, KV_INT4);
-        double e16 = compressed_error(m, rm, KV_F16);
+        double e8 = model_check_compressed(m, rm, KV_INT8), e4 = model_check_compressed(m, rm, KV_INT4);
+        double e16 = model_check_compressed(m, rm, KV_F16);
         printf("  %s: max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", ARCHS[k],
                e16, e8, e4);
         CHECK(e16 <= TOL_FLOAT);
