@@ -82,7 +82,8 @@ else
    A generated llama-shaped model on the llama SentencePiece vocabulary. Its weights are
    RANDOM, so its answers are noise: this demo shows the service (socket, apps,
    contexts, streaming, persistence), not a language model. For real answers give any
-   llama or qwen2/qwen3 GGUF file:   make run MODEL=/path/to/model.gguf
+   llama, qwen2/qwen3 or gemma/gemma2/gemma3 GGUF file:
+   make run MODEL=/path/to/model.gguf
 MSG
 fi
 
