@@ -828,8 +828,8 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     };
     void **every_ptrs[] = {
         (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
-        (void **)&r->rope_swa, (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
-        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
+        (void **)&r->rope_swa, (void **)&r->kv_pos, (void **)&r->chunk_base,
+        (void **)&r->slot_chunk, (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
         (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
         (void **)&r->logits_stage, (void **)&r->row_tok, (void **)&r->out_model,
         (void **)&r->lora_t,
@@ -1096,8 +1096,8 @@ typedef struct model_step {
     int window;              /* this layer's sliding window (model_layer_window), 0: none */
 } model_step;
 
-/* The lowest position a row at pos sees through a layer's window (0: no window): every
- * position for none, so that a model without one masks exactly as before. */
+/* The lowest position a row at pos sees through a layer's window of `window` positions;
+ * with none (0) every position, so that a model without one masks exactly as before. */
 static inline int32_t model_window_lo(int32_t pos, int window)
 {
     return window > 0 ? pos - window + 1 : INT32_MIN;
