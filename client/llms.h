@@ -527,8 +527,9 @@ enum llms_status llms_embed_model(llms_conn *conn, const char *model, const char
 typedef struct llms_model_info {
     char *name;
     char *path;
-    char *arch;             /* general.architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe,
-                               olmoe, bert */
+    char *arch;             /* general.architecture: llama, qwen2, qwen3, phi3, granite,
+                               qwen2moe, qwen3moe, olmoe, gemma, gemma2, gemma3, bert,
+                               nomic-bert */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */
     uint64_t file_bytes;
     char *roles;            /* "generate,embed,rerank,draft" or a part of it */

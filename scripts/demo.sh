@@ -53,7 +53,7 @@ elif [ -f "$docs_lm" ] && [ -f "$docs_embed" ] && [ -f "$pairs" ]; then
    A 21M-parameter model trained on Debian's technical documentation: it continues
    documentation prose; it is not tuned to chat, so it writes about your words rather
    than answering them. The 5M embedding model beside it retrieves passages for RAG.
-   For a chat model give any llama or qwen2/qwen3 GGUF file:
+   For a chat model give any llama, qwen2/qwen3 or gemma/gemma2/gemma3 GGUF file:
    make run MODEL=/path/to/model.gguf
 MSG
 elif [ -f "$stories" ]; then
@@ -64,8 +64,8 @@ elif [ -f "$stories" ]; then
     cat <<MSG
 == model: $model
    A tiny model (656K parameters) trained on children's stories: it continues stories,
-   it does not answer questions. For a chat model give any llama or qwen2/qwen3 GGUF
-   file:   make run MODEL=/path/to/model.gguf
+   it does not answer questions. For a chat model give any llama, qwen2/qwen3 or
+   gemma/gemma2/gemma3 GGUF file:   make run MODEL=/path/to/model.gguf
 MSG
 else
     vocab=$data/vocab/ggml-vocab-llama-spm.gguf
@@ -82,7 +82,8 @@ else
    A generated llama-shaped model on the llama SentencePiece vocabulary. Its weights are
    RANDOM, so its answers are noise: this demo shows the service (socket, apps,
    contexts, streaming, persistence), not a language model. For real answers give any
-   llama or qwen2/qwen3 GGUF file:   make run MODEL=/path/to/model.gguf
+   llama, qwen2/qwen3 or gemma/gemma2/gemma3 GGUF file:
+   make run MODEL=/path/to/model.gguf
 MSG
 fi
 

@@ -2,7 +2,8 @@
  * mkmodel — writes a random-weight model GGUF on a real vocabulary.
  *
  *   mkmodel -o OUT.gguf
- *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|bert|nomic-bert
+ *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
+ *                  |bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
@@ -13,8 +14,12 @@
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
  *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N)
- *           [--rope-orig-ctx N] [--sliding-window N]   (phi3: LongRoPE factors for an
- *                                        original context N < C; attention.sliding_window)
+ *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
+ *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
+ *                                   gemma2/gemma3's, default 4096 / 1024)
+ *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
+ *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
+ *                                   have 8, applied to the global layers)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
@@ -82,7 +87,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
-            "                      bert|nomic-bert\n"
+            "                      gemma|gemma2|gemma3|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
             "               (experts: qwen2moe, qwen3moe and olmoe need them, llama with\n"
@@ -99,7 +104,10 @@ static void usage(FILE *out)
             "               [--rope-dims N]  (decoders: rotate N of each head's dimensions)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
-            "               [--sliding-window N]  (phi3's attention.sliding_window; 0 none)\n"
+            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3:\n"
+            "               default 4096 / 1024)\n"
+            "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
+            "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -289,6 +297,12 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--vocab"))
             vocab = v;
+        else if (!strcmp(a, "--attn-softcap"))
+            p.attn_softcap = float_arg(a, v);
+        else if (!strcmp(a, "--final-softcap"))
+            p.final_softcap = float_arg(a, v);
+        else if (!strcmp(a, "--rope-linear"))
+            p.rope_linear = float_arg(a, v);
         else if (!strcmp(a, "--from"))
             from = v;
         else

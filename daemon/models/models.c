@@ -395,15 +395,12 @@ static int probe(models_entry *e, char err[ERR_MAX])
             e->type = gguf_str_eq(a, "bert") && gguf_find_tensor(g, "cls.output.weight")
                           ? MODELS_CROSS_ENCODER
                           : MODELS_ENCODER;
-        else if (gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3") ||
-                 gguf_str_eq(a, "phi3") || gguf_str_eq(a, "granite") ||
-                 gguf_str_eq(a, "qwen2moe") || gguf_str_eq(a, "qwen3moe") ||
-                 gguf_str_eq(a, "olmoe"))
+        else if (model_arch_from_name(a.ptr, a.len) >= 0)
             e->type = MODELS_DECODER;
         else
             rc = err_set(err, "%s: architecture '%s' is none this llmsd serves (llama, qwen2, "
-                              "qwen3, phi3, granite, qwen2moe, qwen3moe, olmoe, bert, "
-                              "nomic-bert)", e->path, e->arch);
+                              "qwen3, phi3, granite, qwen2moe, qwen3moe, olmoe, gemma, gemma2, "
+                              "gemma3, bert, nomic-bert)", e->path, e->arch);
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)
         rc = err_set(err, "%s: %s", e->path, why);

@@ -442,11 +442,13 @@ reranker *rerank_open(const char *model_path, const rerank_options *options, cha
     if (!m)
         goto fail;
     rr->hp = *model_hparams_of(m);
-    if (rr->hp.arch != MODEL_ARCH_LLAMA && rr->hp.arch != MODEL_ARCH_QWEN2 &&
-        rr->hp.arch != MODEL_ARCH_QWEN3) {
+    if ((rr->hp.arch != MODEL_ARCH_LLAMA && rr->hp.arch != MODEL_ARCH_QWEN2 &&
+         rr->hp.arch != MODEL_ARCH_QWEN3) || rr->hp.n_expert) {
+        /* the reranker's own forward has no embedding scale, GeGLU, post norms, soft-caps,
+         * windows, fused matrices, Granite's scales nor experts */
+        err_set(err, "%s: reranking with a %s model is not supported (llama, qwen2 and qwen3 "
+                     "decoders rerank)", model_path, model_arch_name(rr->hp.arch));
         model_free(m);
-        err_set(err, "a decoder reranker is a llama, qwen2 or qwen3 model (its own forward "
-                     "computes those)");
         goto fail;
     }
     rr->max_len = rr->hp.n_ctx < RR_MAX_TOKENS ? rr->hp.n_ctx : RR_MAX_TOKENS;

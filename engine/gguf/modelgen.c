@@ -262,18 +262,51 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
     return 0;
 }
 
+/* The decoder architectures modelgen writes (engine/model's, which this layer does not
+ * include). */
+static bool modelgen_name_in(const char *const *names, size_t n, const char *name, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0)
+            return true;
+    return false;
+}
+
+static bool modelgen_decoder_arch(const char *name, size_t len)
+{
+    static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
+                                        "granite",  "qwen2moe", "qwen3moe", "olmoe",
+                                        "gemma",    "gemma2",   "gemma3"};
+    return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
+}
+
+/* The bases modelgen_write_lora writes adapters for: decoders whose layer matrices are the
+ * separate q, k, v, o, gate, up and down it adapts (phi3's are fused); granite and olmoe
+ * are left out because no test writes adapters of them. */
+static bool modelgen_lora_base_arch(const char *name, size_t len)
+{
+    static const char *const names[] = {"llama", "qwen2",  "qwen3",  "qwen2moe",
+                                        "qwen3moe", "gemma", "gemma2", "gemma3"};
+    return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool phi3 = !strcmp(p->arch, "phi3");
     bool olmoe = !strcmp(p->arch, "olmoe");
     bool moe = olmoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
-    if (strcmp(p->arch, "llama") != 0 && strcmp(p->arch, "qwen2") != 0 &&
-        strcmp(p->arch, "qwen3") != 0 && !phi3 && strcmp(p->arch, "granite") != 0 && !moe &&
-        !bert)
+    /* gemma's window is ignored (it has none), as its tests write one for the family */
+    bool windowed = phi3 || !strncmp(p->arch, "gemma", 5);
+    if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
-    if (!phi3 && (p->rope_orig_ctx || p->sliding_window))
-        return err_set(err, "rope factors and a sliding window are phi3's");
+    if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
+        !(p->rope_linear >= 0))
+        return err_set(err, "sliding window, soft-caps and rope factor must not be negative");
+    if (!phi3 && p->rope_orig_ctx)
+        return err_set(err, "rope factors (LongRoPE) are phi3's");
+    if (!windowed && p->sliding_window)
+        return err_set(err, "a sliding window is phi3's and the Gemma family's");
     if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);
     if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
@@ -424,9 +457,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
+    bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
+    bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     int rope_dims = p->rope_dims ? p->rope_dims : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+    /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
+     * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
+    float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
+    float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -467,8 +506,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
-        gguf_writer_set_f32(w, KEY("rope.freq_base"), qwen2 || qwen3 ? 1000000.0f : 10000.0f) < 0 ||
-        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), qwen2 || qwen3 ? 1e-6f : 1e-5f) < 0 ||
+        gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
         (p->n_expert &&
@@ -477,7 +516,18 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ((qwen2moe || qwen3moe) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
         (qwen2moe && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
-                                         (uint32_t)ff_shexp) < 0)) {
+                                         (uint32_t)ff_shexp) < 0) ||
+        ((gemma2 || gemma3) &&
+         gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                             (uint32_t)(p->sliding_window ? p->sliding_window
+                                                          : gemma2 ? 4096 : 1024)) < 0) ||
+        (gemma2 && (gguf_writer_set_f32(w, KEY("attn_logit_softcapping"),
+                                        p->attn_softcap > 0 ? p->attn_softcap : 50.0f) < 0 ||
+                    gguf_writer_set_f32(w, KEY("final_logit_softcapping"),
+                                        p->final_softcap > 0 ? p->final_softcap : 30.0f) < 0)) ||
+        (p->rope_linear > 0 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0))) {
         err_set(err, "cannot set metadata");
         goto out;
     }
@@ -531,7 +581,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (!p->tie_output) {
+    if (!p->tie_output && !gemma) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
@@ -555,7 +605,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
         }
-        if (qwen3) {
+        if (qwen3 || gemma3) {
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
@@ -564,6 +614,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
+        if (gemma2 || gemma3)
+            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
@@ -574,6 +626,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            if (gemma2 || gemma3)
+                ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }
         ADD(N("ffn_gate_inp.weight"), 2, p->dim, p->n_expert, s_dim, 0.0f);
@@ -640,9 +694,9 @@ int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char er
     gguf_str a;
     char arch[16], key[96];
     if (!gguf_get_str(p->base, "general.architecture", &a) ||
-        !(gguf_str_eq(a, "llama") || gguf_str_eq(a, "qwen2") || gguf_str_eq(a, "qwen3") ||
-          gguf_str_eq(a, "qwen2moe") || gguf_str_eq(a, "qwen3moe")))
-        return err_set(err, "the base is no llama, qwen2, qwen3, qwen2moe or qwen3moe decoder");
+        !modelgen_lora_base_arch(a.ptr, a.len))
+        return err_set(err, "the base is no llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, "
+                            "gemma2 or gemma3 decoder");
     snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.ptr);
     const quant_traits *tr = quant_traits_of(p->type);
     if (!tr || !tr->computable)

@@ -45,7 +45,15 @@ typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
      * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
      * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
-     * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head) */
+     * "gemma", "gemma2", "gemma3", "bert" or "nomic-bert" (the encoders and olmoe:
+     * n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
+     * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
+     * (llama.cpp reads the token embedding as the output and refuses a file with one, so
+     * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head
+     * attn_q_norm / attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head,
+     * where the query scale of gemma2/gemma3 is the same under both of llama.cpp's rules
+     * (model.h, attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46
+     * layers only (it aborts on another depth), and no gemma3. */
     const char *arch;
     int dim;
     int n_layer;
@@ -76,12 +84,21 @@ typedef struct modelgen_params {
      * rope.scaling.attn_factor as convert_hf_to_gguf.py computes it (from n_ctx / this);
      * 0: no factors, the original context n_ctx */
     int rope_orig_ctx;
-    int sliding_window; /* phi3: attention.sliding_window (0: none, as Phi-4's files) */
     /* {arch}.pooling_type, llama.cpp's numbers. Encoders: 1 mean, 2 cls, bert also 4 rank,
      * which writes the cross-encoder head (cls dim x dim, cls.output 1 x dim). Decoders
      * (an embedding model such as Qwen3-Embedding): written as given when not 0, unchecked,
      * so that a test can write a value llmsd must refuse. */
     int pooling_type;
+    /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
+     * gemma2 / gemma3: 0 writes the family's (4096 for gemma2, 1024 for gemma3, as Gemma 2
+     * and Gemma 3 4B+ have it); other architectures have none. */
+    int sliding_window;
+    /* gemma2: {arch}.attn_logit_softcapping and final_logit_softcapping, 0: Gemma 2's 50
+     * and 30. */
+    float attn_softcap, final_softcap;
+    /* {arch}.rope.scaling.type "linear" with this factor (gemma3's 4B+ have 8, which
+     * llama.cpp applies to the global layers alone); 0: no scaling keys. */
+    float rope_linear;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
      * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */

@@ -15,7 +15,9 @@
  *
  * Adaptable matrices: attention q, k, v and output, feed-forward gate, up and down, the
  * output matrix and the token embedding (not when the base ties its output to it: the
- * merged model would change its output too, which llama.cpp does not apply either).
+ * merged model would change its output too, which llama.cpp does not apply either; so
+ * never on Gemma, which always ties it). Any decoder architecture of model.h, Gemma's
+ * included (tests/engine/test_lora.c: gemma_adapters).
  * Refused, each with what is wrong: a file that is no adapter, of another architecture,
  * of another adapter type, a tensor that is no .lora_a or .lora_b, a pair missing a half,
  * a matrix the base does not have, a shape that does not fit it, a rank above the

@@ -1,6 +1,6 @@
 /*
- * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite model (or a mixture of
- * experts of llama, qwen2 or qwen3) from GGUF and its forward pass.
+ * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3
+ * model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -45,6 +45,8 @@
 typedef struct model_layer {
     const float *attn_norm; /* (dim) */
     const float *ffn_norm;  /* (dim) */
+    const float *attn_post_norm; /* (dim) gemma2/gemma3: of the attention's output, or NULL */
+    const float *ffn_post_norm;  /* (dim) gemma2/gemma3: of the feed-forward's output, or NULL */
     model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
      * rows (gate first): these are views of their rows, so the forward is the same */
@@ -96,19 +98,34 @@ struct model {
 
 /* ---- loading ---- */
 
+static const char *const model_arch_names[] = {
+    [MODEL_ARCH_LLAMA] = "llama",       [MODEL_ARCH_QWEN2] = "qwen2",
+    [MODEL_ARCH_QWEN3] = "qwen3",       [MODEL_ARCH_PHI3] = "phi3",
+    [MODEL_ARCH_GRANITE] = "granite",   [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
+    [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
+    [MODEL_ARCH_GEMMA] = "gemma",       [MODEL_ARCH_GEMMA2] = "gemma2",
+    [MODEL_ARCH_GEMMA3] = "gemma3",
+};
+
 const char *model_arch_name(enum model_arch a)
 {
-    switch (a) {
-    case MODEL_ARCH_LLAMA: return "llama";
-    case MODEL_ARCH_QWEN2: return "qwen2";
-    case MODEL_ARCH_QWEN3: return "qwen3";
-    case MODEL_ARCH_PHI3: return "phi3";
-    case MODEL_ARCH_GRANITE: return "granite";
-    case MODEL_ARCH_QWEN2MOE: return "qwen2moe";
-    case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
-    case MODEL_ARCH_OLMOE: return "olmoe";
-    }
-    return "?";
+    return (unsigned)a < sizeof model_arch_names / sizeof *model_arch_names ? model_arch_names[a]
+                                                                           : "?";
+}
+
+int model_arch_from_name(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof model_arch_names / sizeof *model_arch_names; i++)
+        if (strlen(model_arch_names[i]) == len && memcmp(model_arch_names[i], name, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+int model_layer_window(const model_hparams *hp, int layer)
+{
+    if (hp->swa_window <= 0 || layer % hp->swa_pattern >= hp->swa_pattern - 1)
+        return 0;
+    return hp->swa_window;
 }
 
 int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
@@ -300,31 +317,66 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
     return 0;
 }
 
+/*
+ * The Gemma family's hyper-parameters, as llama.cpp reads them (llama-model.cpp's
+ * load_hparams):
+ *   - every one: embedding rows times sqrt(dim) (in f32, as llama.cpp's ggml_scale; HF
+ *     rounds the factor to the weights' dtype), GeGLU, NEOX RoPE, query scale 1/sqrt(head_dim);
+ *   - gemma2: post norms; sliding window {arch}.attention.sliding_window (4096 when absent)
+ *     on the even layers; soft-caps attn_logit_softcapping (50 when absent) and
+ *     final_logit_softcapping (30 when absent);
+ *   - gemma3: post norms, per-head q/k norms (tensors); the window (required) on every layer
+ *     but each sixth, whose RoPE is base 10000 unscaled while the others (global) take
+ *     rope.freq_base and the file's rope scaling; no soft-caps (a final_logit_softcapping
+ *     key, as later llama.cpp reads, is honoured);
+ *   - the query scale of gemma2/gemma3's 27B (46 / 62 layers) is 1/sqrt(dim / n_head),
+ *     HF's query_pre_attn_scalar there (144 and 168, where head_dim is 128); every other
+ *     shape takes 1/sqrt(head_dim), as llama.cpp (whose model type is the layer count)
+ *     does: no key in the file says which, so a file of another depth built with the 27B's
+ *     scalar would be scaled as the others are.
+ */
+static int model_read_gemma(const gguf_file *g, const char *arch, model_hparams *hp,
+                            char err[ERR_MAX])
+{
+    enum model_arch a = hp->arch;
+    if (a != MODEL_ARCH_GEMMA && a != MODEL_ARCH_GEMMA2 && a != MODEL_ARCH_GEMMA3)
+        return 0;
+    hp->embd_scale = sqrtf((float)hp->dim);
+    hp->ffn_act = MODEL_FFN_GELU_TANH;
+    if (a == MODEL_ARCH_GEMMA)
+        return 0;
+    hp->post_norms = true;
+    int n_27b = a == MODEL_ARCH_GEMMA2 ? 46 : 62;
+    if (hp->n_layer == n_27b)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->dim / hp->n_head));
+    if (a == MODEL_ARCH_GEMMA2) {
+        hp->swa_pattern = 2;
+        if (model_get_dim(g, arch, "attention.sliding_window", 4096, &hp->swa_window, err) < 0 ||
+            model_get_float(g, arch, "attn_logit_softcapping", 50.0f, &hp->attn_softcap, err) < 0 ||
+            model_get_float(g, arch, "final_logit_softcapping", 30.0f, &hp->final_softcap, err) < 0)
+            return -1;
+        return 0;
+    }
+    hp->swa_pattern = 6;
+    hp->rope_swa = true;
+    hp->rope_base_swa = 10000.0f;
+    if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+        model_get_float(g, arch, "final_logit_softcapping", 0.0f, &hp->final_softcap, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
     gguf_str a;
     if (!gguf_get_str(m->g, "general.architecture", &a))
         return err_set(err, "missing metadata key 'general.architecture'");
-    if (gguf_str_eq(a, "llama"))
-        hp->arch = MODEL_ARCH_LLAMA;
-    else if (gguf_str_eq(a, "qwen2"))
-        hp->arch = MODEL_ARCH_QWEN2;
-    else if (gguf_str_eq(a, "qwen3"))
-        hp->arch = MODEL_ARCH_QWEN3;
-    else if (gguf_str_eq(a, "phi3"))
-        hp->arch = MODEL_ARCH_PHI3;
-    else if (gguf_str_eq(a, "granite"))
-        hp->arch = MODEL_ARCH_GRANITE;
-    else if (gguf_str_eq(a, "qwen2moe"))
-        hp->arch = MODEL_ARCH_QWEN2MOE;
-    else if (gguf_str_eq(a, "qwen3moe"))
-        hp->arch = MODEL_ARCH_QWEN3MOE;
-    else if (gguf_str_eq(a, "olmoe"))
-        hp->arch = MODEL_ARCH_OLMOE;
-    else
+    int ai = model_arch_from_name(a.ptr, a.len);
+    if (ai < 0)
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
+    hp->arch = (enum model_arch)ai;
     const char *arch = model_arch_name(hp->arch);
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
@@ -387,6 +439,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
          model_get_float(m->g, arch, "residual_scale", 1.0f, &hp->residual_scale, err) < 0 ||
          model_get_float(m->g, arch, "attention.scale", 1.0f, &hp->attn_scale, err) < 0 ||
          model_get_float(m->g, arch, "logit_scale", 1.0f, &hp->logit_scale, err) < 0))
+        return -1;
+    hp->ffn_act = MODEL_FFN_SILU;
+    if (model_read_gemma(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -594,7 +649,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return -1;
 
     m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
-                  (size_t)hp->n_layer * (3 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
+                  (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
@@ -617,7 +672,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     }
 
     bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE;
-    bool qwen3 = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE;
+    bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
+                   hp->arch == MODEL_ARCH_GEMMA3;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
@@ -657,7 +713,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
              model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
              model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
             return -1;
-        if (qwen3 &&
+        if (qk_norm &&
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
             return -1;
@@ -665,6 +721,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_OLMOE &&
             (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
+            return -1;
+        if (hp->post_norms &&
+            (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
+                          err) < 0 ||
+             model_vector(m, NAME("post_ffw_norm.weight"), hp->dim, &L->ffn_post_norm, err) < 0))
             return -1;
 #undef NAME
     }
@@ -964,6 +1025,8 @@ struct model_runner {
     float *sel_w;      /* (max_batch, n_expert_used) their weights */
     int32_t *ex_rows;  /* (max_batch * n_expert_used) the entries of sel of one expert */
     float *rope;   /* (max_batch, head_dim) cos/sin pairs of each row's position */
+    float *rope_swa; /* (max_batch, head_dim) the same for the sliding layers when their RoPE
+                        differs (hparams.rope_swa), else unused (no bytes) */
     float *scores; /* (n_threads, n_head / n_head_kv, max_kv) attention scores */
     /* batched attention (a sequence with at least MODEL_ATTN_GEMM_MIN rows in the step) */
     float *kv_f32;     /* (2, max_kv, head_dim) K then V of one layer and KV head, as f32 */
@@ -1068,6 +1131,7 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         max_cols = (int)q_dim;
     size_t every[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
+        hp->rope_swa ? B * hp->head_dim * 4 : 0,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
         ops_matmul_scratch_bytes(max_batch, max_cols, nt),
@@ -1077,8 +1141,9 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     };
     void **every_ptrs[] = {
         (void **)&r->x, (void **)&r->xn, (void **)&r->proj, (void **)&r->rope,
-        (void **)&r->kv_pos, (void **)&r->chunk_base, (void **)&r->slot_chunk,
-        (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts, (void **)&r->row_part,
+        (void **)&r->rope_swa, (void **)&r->kv_pos, (void **)&r->chunk_base,
+        (void **)&r->slot_chunk, (void **)&r->slot_index, &r->mm_scratch, (void **)&r->parts,
+        (void **)&r->row_part,
         (void **)&r->row_pos, (void **)&r->item_rows, (void **)&r->out_dst,
         (void **)&r->logits_stage, (void **)&r->row_tok, (void **)&r->out_model,
         (void **)&r->lora_t,
@@ -1346,7 +1411,17 @@ typedef struct model_step {
     const model_part *part;  /* batched attention: the sequence being processed */
     int kv_head;             /* batched attention: the KV head being processed */
     int n_kv;                /* batched attention: entries in r->kv_pos */
+    int c0;                  /* batched attention: the part's first chunk any row may see */
+    const float *rope;       /* this layer's cos/sin pairs: r->rope or r->rope_swa */
+    int window;              /* this layer's sliding window (model_layer_window), 0: none */
 } model_step;
+
+/* The lowest position a row at pos sees through a layer's window of `window` positions;
+ * with none (0) every position, so that a model without one masks exactly as before. */
+static inline int32_t model_window_lo(int32_t pos, int window)
+{
+    return window > 0 ? pos - window + 1 : INT32_MIN;
+}
 
 static void model_norm_job(void *p, int ith, int nth)
 {
@@ -1396,7 +1471,7 @@ static void model_qkv_job(void *p, int ith, int nth)
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
-        model_qkv_finish(hp, &L->extras, r->rope + t * hd, q, k, v);
+        model_qkv_finish(hp, &L->extras, s->rope + t * hd, q, k, v);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {
@@ -1406,19 +1481,22 @@ static void model_qkv_job(void *p, int ith, int nth)
     }
 }
 
-/* scores over one chunk's K block: read in place when f16, decoded into buf otherwise. */
+/* scores over one chunk's K block: read in place when f16, decoded into buf otherwise;
+ * soft-capped when cap > 0. */
 static void model_chunk_scores(const kv_chunk *ch, kv_shape shape, int layer, int head,
-                               const float *q, int group, float scale, float *scores,
-                               size_t stride, float *buf)
+                               const float *q, int group, float scale, float cap,
+                               float *scores, size_t stride, float *buf)
 {
     int hd = shape.head_dim;
     if (ch->precision == KV_F16) {
         ops_attn_scores(q, group, kv_chunk_k_f16(ch, shape, layer, head), ch->n_tokens, hd,
                         scale, scores, stride);
-        return;
+    } else {
+        kv_chunk_read_f32(ch, shape, layer, head, buf, NULL);
+        ops_attn_scores_f32(q, group, buf, ch->n_tokens, hd, scale, scores, stride);
     }
-    kv_chunk_read_f32(ch, shape, layer, head, buf, NULL);
-    ops_attn_scores_f32(q, group, buf, ch->n_tokens, hd, scale, scores, stride);
+    for (int g = 0; cap > 0 && g < group; g++)
+        ops_softcap(scores + g * stride, ch->n_tokens, cap);
 }
 
 /* out += p V over one chunk's V block, read like model_chunk_scores. */
@@ -1476,9 +1554,10 @@ static void model_recv_flush(model_runner *r, model_recv *a)
     a->part = NULL;
 }
 
-/* Adds the attention rows p (n_rows, n) stride apart of the part's sequence to the sums. */
+/* Adds the attention rows p (n_rows, n) stride apart of the part's sequence to the sums
+ * of entries [j0, j0 + n). */
 static void model_recv_add(model_runner *r, model_recv *a, const model_part *part,
-                           const float *p, int n_rows, size_t stride, int n)
+                           const float *p, int n_rows, size_t stride, int j0, int n)
 {
     if (!part->b->attn_received)
         return;
@@ -1488,15 +1567,16 @@ static void model_recv_add(model_runner *r, model_recv *a, const model_part *par
         a->part = part;
     }
     for (int g = 0; g < n_rows; g++)
-        ops_add(a->acc, p + g * stride, n);
+        ops_add(a->acc + j0, p + g * stride, n);
 }
 
 /*
  * One (row, KV head) pair per item, over the rows of every sequence taking this path:
  * the `group` query heads sharing that KV head are done together so each K/V row is
- * converted once. Scores of every entry of the row's sequence, masked by position,
- * softmax per head, then the probability-weighted sum of V rows. Compressed chunks are
- * decoded to f32 once per pass (scores, then values).
+ * converted once. Scores of every entry of the row's sequence, masked by position (and
+ * by the layer's window: a chunk holding nothing the row sees is not read), softmax per
+ * head, then the probability-weighted sum of V rows. Compressed chunks are decoded to f32
+ * once per pass (scores, then values).
  */
 static void model_attn_job(void *p, int ith, int nth)
 {
@@ -1505,7 +1585,7 @@ static void model_attn_job(void *p, int ith, int nth)
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     kv_shape shape = model_kv_shape(r->m);
-    float scale = hp->attn_scale;
+    float scale = hp->attn_scale, cap = hp->attn_softcap;
     size_t stride = (size_t)r->max_kv;
     float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
     float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
@@ -1519,7 +1599,7 @@ static void model_attn_job(void *p, int ith, int nth)
         const kv_seq *seq = part->seq;
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
         float *out = r->att + ((size_t)t * hp->n_head + h0) * hd;     /* (group, hd) */
-        int32_t pos = r->row_pos[t];
+        int32_t pos = r->row_pos[t], lo = model_window_lo(pos, s->window);
         for (int c = 0; c < MODEL_KV_PREFETCH; c++)
             model_prefetch_block(seq, c, shape, s->layer, kvh, false);
 
@@ -1529,12 +1609,12 @@ static void model_attn_job(void *p, int ith, int nth)
             model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, false);
             int visible = 0;
             for (int i = 0; i < ch->n_tokens; i++)
-                visible += ch->positions[i] <= pos;
+                visible += ch->positions[i] <= pos && ch->positions[i] >= lo;
             if (visible)
-                model_chunk_scores(ch, shape, s->layer, kvh, q, group, scale, scores + n_kv,
-                                   stride, buf);
+                model_chunk_scores(ch, shape, s->layer, kvh, q, group, scale, cap,
+                                   scores + n_kv, stride, buf);
             for (int i = 0; i < ch->n_tokens; i++)
-                if (ch->positions[i] > pos)
+                if (ch->positions[i] > pos || ch->positions[i] < lo)
                     for (int g = 0; g < group; g++)
                         scores[g * stride + n_kv + i] = -INFINITY;
             n_kv += ch->n_tokens;
@@ -1550,12 +1630,12 @@ static void model_attn_job(void *p, int ith, int nth)
             model_prefetch_block(seq, c + MODEL_KV_PREFETCH, shape, s->layer, kvh, true);
             bool visible = false;
             for (int i = 0; i < ch->n_tokens && !visible; i++)
-                visible = ch->positions[i] <= pos;
+                visible = ch->positions[i] <= pos && ch->positions[i] >= lo;
             if (visible)
                 model_chunk_accum(ch, shape, s->layer, kvh, out, group, scores + j, stride, buf);
             j += ch->n_tokens;
         }
-        model_recv_add(r, &recv, part, scores, group, stride, n_kv);
+        model_recv_add(r, &recv, part, scores, group, stride, 0, n_kv);
         const model_batch *b = part->b;
         if (b->attn)
             for (int g = 0; g < group; g++) {
@@ -1568,7 +1648,8 @@ static void model_attn_job(void *p, int ith, int nth)
 }
 
 /* Batched attention, step 1: K and V of KV head s->kv_head of this layer, every entry of
- * s->part's sequence, into r->kv_f32; chunks are split over threads. */
+ * s->part's sequence from chunk s->c0 on (the ones before are outside every row's window),
+ * into r->kv_f32; chunks are split over threads. */
 static void model_kv_f32_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -1578,8 +1659,8 @@ static void model_kv_f32_job(void *p, int ith, int nth)
     kv_shape shape = model_kv_shape(r->m);
     float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     long b, e;
-    tp_split(seq->n_chunks, ith, nth, &b, &e);
-    for (long c = b; c < e; c++) {
+    tp_split(seq->n_chunks - s->c0, ith, nth, &b, &e);
+    for (long c = s->c0 + b; c < s->c0 + e; c++) {
         const kv_chunk *ch = seq->chunks[c];
         size_t base = (size_t)r->chunk_base[c] * hd;
         kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf + base);
@@ -1587,8 +1668,9 @@ static void model_kv_f32_job(void *p, int ith, int nth)
 }
 
 /* Batched attention, step 2: one item is (query head of the group, block of the part's
- * rows): scores = Q K^T with sgemm over the entries up to the last one any row of the
- * block may see, mask by position, softmax, then P V with sgemm. */
+ * rows): scores = Q K^T with sgemm over the entries from the first to the last one any
+ * row of the block may see (the first is 0 without a window), mask by position and
+ * window, softmax, then P V with sgemm over the same entries. */
 static void model_attn_gemm_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -1597,7 +1679,7 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
     const model_batch *b = pt->b;
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
-    float scale = hp->attn_scale;
+    float scale = hp->attn_scale, cap = hp->attn_softcap;
     const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
     const int32_t *positions = r->row_pos + pt->r0;
     float *sc = r->blk_scores + (size_t)ith * r->attn_rows * r->max_kv;
@@ -1610,29 +1692,41 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
         int h = s->kv_head * group + (int)(item % group);
         int t0 = (int)(item / group) * blk;
         int nt = pt->n - t0 < blk ? pt->n - t0 : blk;
-        int32_t max_pos = 0;
-        for (int t = t0; t < t0 + nt; t++)
+        int32_t max_pos = 0, min_pos = INT32_MAX;
+        for (int t = t0; t < t0 + nt; t++) {
             max_pos = positions[t] > max_pos ? positions[t] : max_pos;
-        int nv = s->n_kv;
+            min_pos = positions[t] < min_pos ? positions[t] : min_pos;
+        }
+        int nv = s->n_kv, j0 = 0;
         while (nv > 0 && r->kv_pos[nv - 1] > max_pos)
             nv--;
-        /* every row sees its own entry, so nv >= 1 */
+        /* entries before the block's lowest window bound are seen by none of its rows;
+         * they lie past the part's first chunk s->c0, which kv_f32 holds from on */
+        int32_t block_lo = model_window_lo(min_pos, s->window);
+        while (j0 < nv && r->kv_pos[j0] < block_lo)
+            j0++;
+        /* every row sees its own entry, so j0 < nv */
+        int w = nv - j0;
         size_t row0 = (size_t)(pt->r0 + t0) * ld_q + (size_t)h * hd;
-        blas_sgemm(true, nt, nv, hd, scale, r->q + row0, ld_q, kf, hd, 0.0f, sc, r->max_kv);
+        blas_sgemm(true, nt, w, hd, scale, r->q + row0, ld_q, kf + (size_t)j0 * hd, hd, 0.0f,
+                   sc + j0, r->max_kv);
         for (int t = 0; t < nt; t++) {
             float *row = sc + (size_t)t * r->max_kv;
-            int32_t pos = positions[t0 + t];
-            for (int j = 0; j < nv; j++)
-                if (r->kv_pos[j] > pos)
+            int32_t pos = positions[t0 + t], lo = model_window_lo(pos, s->window);
+            if (cap > 0)
+                ops_softcap(row + j0, w, cap);
+            for (int j = j0; j < nv; j++)
+                if (r->kv_pos[j] > pos || r->kv_pos[j] < lo)
                     row[j] = -INFINITY;
-            ops_softmax(row, nv);
-            model_recv_add(r, &recv, pt, row, 1, 0, nv);
+            ops_softmax(row + j0, w);
+            model_recv_add(r, &recv, pt, row + j0, 1, 0, j0, w);
             if (b->attn)
                 memcpy(b->attn + (((size_t)s->layer * hp->n_head + h) * b->n_tokens + pt->t0 +
-                                  t0 + t) * pt->n_kv_total,
-                       row, (size_t)nv * sizeof(float));
+                                  t0 + t) * pt->n_kv_total + j0,
+                       row + j0, (size_t)w * sizeof(float));
         }
-        blas_sgemm(false, nt, hd, nv, 1.0f, sc, r->max_kv, vf, hd, 0.0f, r->att + row0, ld_q);
+        blas_sgemm(false, nt, hd, w, 1.0f, sc + j0, r->max_kv, vf + (size_t)j0 * hd, hd, 0.0f,
+                   r->att + row0, ld_q);
     }
     model_recv_flush(r, &recv);
 }
@@ -1649,15 +1743,26 @@ static void model_attention(model_runner *r, model_step *s)
         const model_part *pt = &s->parts[i];
         if (pt->n < MODEL_ATTN_GEMM_MIN)
             continue;
-        int j = 0;
+        /* the lowest window bound of the part's rows: a run of leading chunks wholly below
+         * it is seen by no row, and is not decoded */
+        int32_t min_pos = INT32_MAX;
+        for (int t = 0; t < pt->n; t++)
+            min_pos = r->row_pos[pt->r0 + t] < min_pos ? r->row_pos[pt->r0 + t] : min_pos;
+        int32_t part_lo = model_window_lo(min_pos, s->window);
+        int j = 0, c0 = 0;
+        bool below = true;
         for (int c = 0; c < pt->seq->n_chunks; c++) {
             const kv_chunk *ch = pt->seq->chunks[c];
             r->chunk_base[c] = j;
-            for (int e = 0; e < ch->n_tokens; e++)
+            for (int e = 0; e < ch->n_tokens; e++) {
+                below = below && ch->positions[e] < part_lo;
                 r->kv_pos[j++] = ch->positions[e];
+            }
+            c0 = below ? c + 1 : c0;
         }
         s->part = pt;
         s->n_kv = j;
+        s->c0 = c0;
         for (int h = 0; h < r->m->hp.n_head_kv; h++) {
             s->kv_head = h;
             tp_run(r->pool, model_kv_f32_job, s);
@@ -1671,10 +1776,39 @@ static void model_ffn_act_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     int n_ff = s->r->m->hp.n_ff;
+    bool gelu = s->r->m->hp.ffn_act == MODEL_FFN_GELU_TANH;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        if (gelu)
+            ops_gelu_tanh_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
+        else
+            ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
+    }
+}
+
+/* Gemma2/gemma3: r->proj's rows (a sublayer's output) through the RMSNorm s->norm_w, in
+ * place, before the residual add. */
+static void model_post_norm_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    int dim = s->r->m->hp.dim;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++)
-        ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
+        ops_rmsnorm(s->r->proj + t * dim, s->r->proj + t * dim, s->norm_w, dim,
+                    s->r->m->hp.norm_eps);
+}
+
+/* Gemma2: the logit rows r->out_dst[0 .. s->n) soft-capped. */
+static void model_softcap_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    const model_hparams *hp = &s->r->m->hp;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long i = b; i < e; i++)
+        ops_softcap(s->r->out_dst[i], hp->n_vocab, hp->final_softcap);
 }
 
 static void model_run(model_runner *r, tp_fn fn, model_step *s)
@@ -1970,6 +2104,11 @@ static void model_forward_rows(model_runner *r, int n_parts)
             r->row_tok[n] = tok;
             ops_rope_angles(r->rope + (size_t)n * hp->head_dim, b->positions[t], hp->rope_dims,
                             hp->rope_base, &hp->rope_scaling, r->rope_freqs);
+            if (hp->rope_swa) {
+                const ops_rope_scaling unscaled = OPS_ROPE_UNSCALED;
+                ops_rope_angles(r->rope_swa + (size_t)n * hp->head_dim, b->positions[t],
+                                hp->rope_dims, hp->rope_base_swa, &unscaled, NULL);
+            }
             r->row_part[n] = i;
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);
@@ -1979,6 +2118,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         pt->n_kv = kv_seq_n_tokens(pt->seq);
     }
     model_lora_embed(r, n_parts);
+    /* granite, gemma: after the adapters' rows, as llama.cpp scales the embedding it
+     * looked up */
     if (hp->embd_scale != 1.0f)
         ops_scale(r->x, hp->embd_scale, (size_t)n * dim);
     for (int i = 0; i < n_parts; i++)
@@ -2001,6 +2142,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         const model_layer *L = &w->layers[l];
         s.L = L;
         s.layer = l;
+        s.window = model_layer_window(hp, l);
+        s.rope = hp->rope_swa && s.window > 0 ? r->rope_swa : r->rope;
         if (stream && l + 1 < hp->n_layer)
             model_advise_layer(r, l + 1, false);
 
@@ -2020,6 +2163,10 @@ static void model_forward_rows(model_runner *r, int n_parts)
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         const int o_slot = LORA_SLOT(l, LORA_O);
         model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
+        if (L->attn_post_norm) {
+            s.norm_w = L->attn_post_norm;
+            model_run(r, model_post_norm_job, &s);
+        }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         s.norm_w = L->ffn_norm;
@@ -2036,6 +2183,10 @@ static void model_forward_rows(model_runner *r, int n_parts)
             ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
             const int down_slot = LORA_SLOT(l, LORA_DOWN);
             model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+        }
+        if (L->ffn_post_norm) {
+            s.norm_w = L->ffn_post_norm;
+            model_run(r, model_post_norm_job, &s);
         }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
@@ -2069,6 +2220,10 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_logits(r, n_logits);
         if (stream)
             model_advise_layer(r, -1, true);
+        if (hp->final_softcap > 0) {
+            s.n = n_logits;
+            model_run(r, model_softcap_job, &s);
+        }
     }
 }
 

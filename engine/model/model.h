@@ -4,10 +4,18 @@
  * Architectures (general.architecture): "llama", "qwen2" (q/k/v biases), "qwen3"
  * (per-head RMSNorm of q and k), "phi3" (Phi-3, Phi-3.5, Phi-4-mini: fused attn_qkv and
  * gate/up matrices read as views, partial rotary, LongRoPE factors; a sliding window caps
- * n_ctx), "granite" (llama with scaled embeddings, residuals, attention and logits), and
+ * n_ctx), "granite" (llama with scaled embeddings, residuals, attention and logits),
  * mixtures of experts: "qwen2moe" (qwen2's attention, a sigmoid-gated shared expert),
  * "qwen3moe" (qwen3's attention), "llama" with {arch}.expert_count (Mixtral) and "olmoe"
- * (RMSNorm of all of q and of all of k). Weights are used in place from the file mapping.
+ * (RMSNorm of all of q and of all of k), and Google's "gemma", "gemma2" and "gemma3" in
+ * llama.cpp's layout (convert_hf_to_gguf.py has added 1 to every norm weight already, so
+ * their RMSNorms are the plain x * w): the token embedding scaled by sqrt(dim), GeGLU
+ * (gelu, tanh form, of gate times up), NEOX RoPE, the output tied to the embedding; gemma2
+ * and gemma3 add norms of each sublayer's output before its residual add
+ * (post_attention_norm, post_ffw_norm) and sliding-window attention on some layers
+ * (model_layer_window); gemma2 soft-caps the attention scores and the logits
+ * (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k norms and RoPE of base 10000,
+ * unscaled, on its sliding layers. Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -35,6 +43,22 @@ enum model_arch {
     MODEL_ARCH_QWEN2MOE,
     MODEL_ARCH_QWEN3MOE,
     MODEL_ARCH_OLMOE,
+    MODEL_ARCH_GEMMA,
+    MODEL_ARCH_GEMMA2,
+    MODEL_ARCH_GEMMA3,
+};
+
+/* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
+const char *model_arch_name(enum model_arch a);
+
+/* The architecture called name[0..len) (general.architecture), or -1 for one this engine's
+ * decoder does not run. */
+int model_arch_from_name(const char *name, size_t len);
+
+/* The feed-forward activation of gate, multiplied by up. */
+enum model_ffn_act {
+    MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
+    MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -74,18 +98,39 @@ typedef struct model_hparams {
      * is not computed: a window shorter than the trained context caps n_ctx to it, so
      * that no token ever has more than the window behind it and every answer is exact. */
     int sliding_window;
-    float attn_scale;     /* scores' scale: granite's attention.scale, else 1/sqrt(head_dim) */
-    float embd_scale;     /* granite: embedding_scale, else 1 */
     float residual_scale; /* granite: each sublayer's output times it, else 1 */
     float logit_scale;    /* granite: logits divided by it, else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
                          file has none (a plain generator) */
+
+    /* What granite and the Gemma family add; the other architectures have the neutral
+     * values (scale 1 / sqrt(head_dim), embedding scale 1, no caps, no window, SwiGLU, no
+     * post norms). */
+    float attn_scale;    /* multiplies q.k before the softmax (and the cap): granite's
+                            attention.scale; llama.cpp's rule for gemma2/gemma3:
+                            1 / sqrt(dim / n_head) for the 27B models (46 and 62 layers:
+                            HF's query_pre_attn_scalar is dim / n_head there),
+                            1 / sqrt(head_dim) for every other shape and architecture */
+    float embd_scale;    /* multiplies the token embedding's rows: granite's
+                            embedding_scale, sqrt(dim) for gemma, else 1 */
+    float attn_softcap;  /* scores = cap * tanh(scores / cap) before the mask; 0: none */
+    float final_softcap; /* logits = cap * tanh(logits / cap); 0: none */
+    int swa_window;      /* sliding window: a sliding layer's row at position p attends to
+                            the entries at positions p - swa_window < q <= p; 0: none */
+    int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
+                            2, the even layers; gemma3: 6, all but every sixth) */
+    bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
+    float rope_base_swa;
+    enum model_ffn_act ffn_act;
+    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output */
 } model_hparams;
 
-/* general.architecture of an architecture ("llama", "phi3"...). */
-const char *model_arch_name(enum model_arch a);
+/* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
+ * sequence) for the others and for every layer of a model without one. The KV of every
+ * entry is kept whatever the window: it only bounds what attention reads. */
+int model_layer_window(const model_hparams *hp, int layer);
 
 typedef struct model model;
 typedef struct lora lora; /* engine/model/lora.h */
@@ -320,8 +365,9 @@ typedef struct model_batch {
     const int32_t *out_rows;  /* (n_out) */
 
     float *logits;            /* (n_out, n_vocab), or NULL */
-    /* Residual stream of the out rows: hidden[0] is the token embedding, hidden[l + 1]
-     * the output of layer l (the last one before the final norm). */
+    /* Residual stream of the out rows: hidden[0] is the token embedding (times
+     * embd_scale), hidden[l + 1] the output of layer l (the last one before the final
+     * norm). */
     float *hidden;            /* (n_layer + 1, n_out, dim), or NULL */
     /* Residual stream of the out rows after the last layer (before the final norm):
      * hidden's last slot without the others. */

@@ -92,6 +92,30 @@ void ops_silu_mul(float *g, const float *u, int n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void ops_gelu_tanh_mul(float *g, const float *u, int n)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_gelu_tanh_mul(g, u, n);
+        return;
+    }
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+void ops_softcap(float *x, int n, float cap)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_softcap(x, n, cap);
+        return;
+    }
+    float inv = 1.0f / cap;
+    for (int i = 0; i < n; i++)
+        x[i] = cap * tanhf(x[i] * inv);
+}
+
 void ops_add(float *y, const float *x, int n)
 {
     for (int i = 0; i < n; i++)

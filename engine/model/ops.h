@@ -21,6 +21,16 @@ void ops_softmax(float *x, int n);
 /* g[i] = silu(g[i]) * u[i] (SwiGLU). */
 void ops_silu_mul(float *g, const float *u, int n);
 
+/* g[i] = gelu(g[i]) * u[i] (GeGLU) with gelu's tanh approximation, 0.5 x (1 + tanh(
+ * sqrt(2/pi) (x + 0.044715 x^3))), as Gemma computes it (HF's gelu_pytorch_tanh); the AVX2
+ * kernel evaluates it as x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), the same function,
+ * within 1e-6 relative. */
+void ops_gelu_tanh_mul(float *g, const float *u, int n);
+
+/* x[i] = cap * tanh(x[i] / cap) (Gemma 2's soft-capping of attention scores and logits);
+ * the AVX2 kernel within 1e-6 of cap. */
+void ops_softcap(float *x, int n, float cap);
+
 /* y[i] += x[i]. */
 void ops_add(float *y, const float *x, int n);
 

@@ -41,8 +41,9 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
 
     size_t x = R * hp->dim * F; /* the residual, the normalized input, a projection */
     size_t mm = ops_matmul_scratch_bytes(rows, max_cols, n_threads);
-    e.every = 3 * x + R * hd * F + 2 * C * sizeof(int32_t) + R * PREFILL_ROW_BOOK + mm +
-              stage * hp->n_vocab * F;
+    /* the rows' RoPE pairs, twice where sliding layers rotate otherwise (gemma3) */
+    e.every = 3 * x + (hp->rope_swa ? 2 : 1) * R * hd * F + 2 * C * sizeof(int32_t) +
+              R * PREFILL_ROW_BOOK + mm + stage * hp->n_vocab * F;
 
     size_t q = R * q_dim * F, k = R * kv_dim * F;
     size_t kf = C * hd * F; /* one KV head's K (or V) as f32 */

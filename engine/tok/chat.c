@@ -35,6 +35,7 @@ static const char *const family_names[] = {
     [CHAT_PHI3] = "phi3",
     [CHAT_PHI4] = "phi4",
     [CHAT_GRANITE] = "granite",
+    [CHAT_GEMMA] = "gemma",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -146,6 +147,8 @@ enum chat_family chat_detect(const char *t)
         return f;
     if (strstr(t, "bos_token + message['role']"))
         return CHAT_MONARCH;
+    if (strstr(t, "<start_of_turn>"))
+        return CHAT_GEMMA;
     if (strstr(t, "GPT4 Correct "))
         return CHAT_OPENCHAT;
     if (strstr(t, "USER: ") && strstr(t, "ASSISTANT: "))
@@ -190,6 +193,8 @@ const char *chat_stop_text(enum chat_family f)
         return "<|im_end|>";
     case CHAT_GRANITE:
         return "<|end_of_text|>";
+    case CHAT_GEMMA:
+        return "<end_of_turn>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -434,6 +439,35 @@ static void apply_qwen3(textwriter *w, enum chat_family f, const struct chat_mes
         textwriter_put(w, "<think>\n\n</think>\n\n");
 }
 
+/* Gemma's turns, as llama.cpp's LLM_CHAT_TEMPLATE_GEMMA writes them: a system message is
+ * held (trimmed; a later one replaces it) until the next turn that is not the model's,
+ * which it opens with "\n\n" after it. */
+static void apply_gemma(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    const char *sys = NULL;
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_SYSTEM) {
+            sys = msgs[i].content;
+            continue;
+        }
+        textwriter_put(w, "<start_of_turn>");
+        textwriter_put(w, r == ROLE_ASSISTANT ? "model" : msgs[i].role);
+        textwriter_put(w, "\n");
+        if (sys && r != ROLE_ASSISTANT) {
+            size_t before = w->len;
+            textwriter_put_trimmed(w, sys);
+            if (w->len > before) /* an empty one is no prompt (llama.cpp's check) */
+                textwriter_put(w, "\n\n");
+            sys = NULL;
+        }
+        textwriter_put_trimmed(w, msgs[i].content);
+        textwriter_put(w, "<end_of_turn>\n");
+    }
+    if (gen)
+        textwriter_put(w, "<start_of_turn>model\n");
+}
+
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap)
 {
@@ -476,6 +510,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
     case CHAT_QWEN3:
     case CHAT_QWEN3_THINKING:
         apply_qwen3(&w, f, msgs, n, add_generation_prompt, enable_thinking);
+        break;
+    case CHAT_GEMMA:
+        apply_gemma(&w, msgs, n, add_generation_prompt);
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);

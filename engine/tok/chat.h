@@ -93,10 +93,16 @@ enum chat_family {
      * generation prompt is "<|start_of_role|>assistant<|end_of_role|>" as Granite's
      * template writes it, where llama.cpp's format adds a line break */
     CHAT_GRANITE,
+    /* "<start_of_turn>user\ncontent<end_of_turn>\n<start_of_turn>model\n..." (Gemma,
+     * CodeGemma, Gemma 2, Gemma 3): the assistant's role is "model", every content
+     * trimmed; Gemma has no system turn, so a system message's content (trimmed) and
+     * "\n\n" open the next user turn, as Gemma 3's template and llama.cpp's format do
+     * (Gemma 2's template refuses one) */
+    CHAT_GEMMA,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_GRANITE + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GEMMA + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -111,7 +117,8 @@ enum chat_family {
  * "You are a function calling AI model." is hermes, and "<|im_start|>" with the think
  * markers ("</think>", which Qwen3's and QwQ's templates split earlier replies at) is
  * qwen3, or qwen3-thinking where the generation prompt opens the block
- * ('<|im_start|>assistant\n<think>'). NULL or anything else gives CHAT_PLAIN.
+ * ('<|im_start|>assistant\n<think>'); "<start_of_turn>" is gemma. NULL or anything else
+ * gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
@@ -129,7 +136,7 @@ const char *chat_family_name(enum chat_family f);
 #define CHAT_FAMILY_NAMES                                                                    \
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
-    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite"
+    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -1,11 +1,40 @@
 /* Tests of chat template detection and formatting. Expected outputs are those of
  * llama.cpp's llm_chat_apply_template() for the same conversation. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/gguf/gguf.h"
 #include "engine/tok/chat.h"
+#include "engine/tok/tokenizer.h"
+#include "tests/support/gemma_vocab.h"
 #include "tests/support/test.h"
+
+/* google/gemma-7b-it (llama.cpp's test-chat-template.cpp) */
+static const char GEMMA_7B[] =
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') "
+    "}}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') "
+    "%}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ "
+    "'<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' "
+    "}}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
+
+/* google/gemma-3-4b-it (its text part: the system message opens the first user turn) */
+static const char GEMMA3[] =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if "
+    "messages[0]['content'] is string -%}\n        {%- set first_user_prefix = "
+    "messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n        {%- set "
+    "first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif "
+    "-%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set "
+    "first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif "
+    "-%}\n{%- for message in loop_messages -%}\n    {%- if (message['role'] == 'assistant') "
+    "-%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n        {%- set role = "
+    "message['role'] -%}\n    {%- endif -%}\n    {{ '<start_of_turn>' + role + '\n' + "
+    "(first_user_prefix if loop.first else \"\") }}\n    {%- if message['content'] is string "
+    "-%}\n        {{ message['content'] | trim }}\n    {%- endif -%}\n    {{ "
+    "'<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
+    "{{'<start_of_turn>model\n'}}\n{%- endif -%}\n";
 
 /* Distinctive parts of real tokenizer.chat_template values. */
 static const char QWEN2[] =
@@ -370,6 +399,9 @@ static void detects_more_llama_and_qwen_families(void)
         {DEEPSEEK_CODER, "deepseek"},    {VICUNA, "vicuna"},
         {VICUNA_ORCA, "vicuna-orca"},    {MONARCH, "monarch"},
         {MEGREZ, "megrez"},
+        /* Gemma, Gemma 2 (the test vocabulary's copy of its template), Gemma 3 */
+        {GEMMA_7B, "gemma"},             {GEMMA_VOCAB_TEMPLATE, "gemma"},
+        {GEMMA3, "gemma"},
         /* chatml with the think markers */
         {QWEN3, "qwen3"},                {QWQ, "qwen3-thinking"},
         /* "<|user|>" templates of other architectures stay plain: GLM-Edge's
@@ -578,6 +610,12 @@ static const struct {
      "<|start_of_role|>assistant<|end_of_role|>   I am an assistant   <|end_of_text|>\n"
      "<|start_of_role|>user<|end_of_role|>Another question<|end_of_text|>\n"
      "<|start_of_role|>assistant<|end_of_role|>"},
+    /* llama.cpp's test-chat-template.cpp, google/gemma-7b-it */
+    {CHAT_GEMMA,
+     "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>"
+     "model\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n"
+     "<start_of_turn>model\nI am an assistant<end_of_turn>\n<start_of_turn>user\nAnother "
+     "question<end_of_turn>\n<start_of_turn>model\n"},
     {CHAT_PLAIN,
      "System: You are a helpful assistant\nUser: Hello\nAssistant: Hi there\nUser: Who are "
      "you\nAssistant:    I am an assistant   \nUser: Another question\nAssistant:"},
@@ -818,6 +856,8 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_PHI3), "<|end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_PHI4), "<|im_end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_GRANITE), "<|end_of_text|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_GEMMA), "<end_of_turn>") == 0);
+    CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
     /* every family's turn end is in what it writes after an assistant message, or is
      * plain's next label */
     const struct chat_message reply[] = {{"user", "q"}, {"assistant", "a"}};
@@ -828,6 +868,81 @@ static void stop_texts_per_family(void)
         CHECK_MSG(f == CHAT_PLAIN || f == CHAT_FALCON3 || strstr(out, end), "%s: %s not in %s",
                   chat_family_name(f), end, out);
     }
+}
+
+/* Gemma has no system turn: the system message (trimmed) opens the next user turn, waits
+ * past a model turn, a later one replaces an unused one, an empty one writes nothing; as
+ * llama.cpp's format. */
+static void gemma_system_messages(void)
+{
+    char out[512];
+    const struct chat_message late[] = {{"user", "a"}, {"system", " first "}, {"system", "second"},
+                                        {"assistant", "b"}, {"user", " c "}};
+    CHECK(chat_apply(CHAT_GEMMA, late, 5, false, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>model\nb"
+                           "<end_of_turn>\n<start_of_turn>user\nsecond\n\nc<end_of_turn>\n"),
+              "%s", out);
+    const struct chat_message empty[] = {{"system", "  "}, {"user", "hi"}};
+    CHECK(chat_apply(CHAT_GEMMA, empty, 2, true, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"),
+              "%s", out);
+    const struct chat_message only[] = {{"system", "s"}};
+    CHECK(chat_apply(CHAT_GEMMA, only, 1, true, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "<start_of_turn>model\n"), "%s", out);
+}
+
+/* Gemma's tokenizer conventions on llmsd's tokenizer (a vocabulary made as Gemma's is:
+ * tests/support/gemma_vocab.h): the file's template is the gemma family; its prompt
+ * encodes to BOS, then "<start_of_turn>" and "<end_of_turn>" as the one control token
+ * each (with parse_special, as the daemon encodes a rendered chat), text after them
+ * without the space SPM would prefix (add_space_prefix false), and decodes back to the
+ * prompt; "<end_of_turn>" ends generation. Without parse_special the markers are text. */
+static void gemma_prompt_tokenizes(void)
+{
+    const char *src = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!src) {
+        SKIP("no shared test data (vocab/ggml-vocab-llama-spm.gguf)");
+        return;
+    }
+    char path[512], err[ERR_MAX];
+    snprintf(path, sizeof path, "%s/gemma-vocab.gguf", test_tmpdir());
+    CHECK_MSG(gemma_vocab_write(src, path, err) == 0, "%s", err);
+    gguf_file *g = gguf_open(path, err);
+    CHECK_MSG(g, "%s", err);
+    tokenizer *t = NULL;
+    CHECK_MSG(tok_load(g, &t, err) == 0, "%s", err);
+    CHECK_EQ(chat_detect_file(g), CHAT_GEMMA);
+    gguf_close(g);
+    int32_t n_vocab = tok_n_vocab(t), sot = n_vocab - 2, eot = n_vocab - 1;
+    const struct chat_message conv[] = {{"system", "Be brief."}, {"user", "Hello there"},
+                                        {"assistant", "Hi"}, {"user", "Who are you?"}};
+    char prompt[512];
+    CHECK(chat_apply(CHAT_GEMMA, conv, 4, true, prompt, sizeof prompt) > 0);
+    int32_t ids[256];
+    int n = tok_encode(t, prompt, strlen(prompt), true, true, ids, 256);
+    CHECK(n > 8 && n < 256);
+    CHECK_EQ(ids[0], tok_bos(t));
+    CHECK_EQ(ids[1], sot);
+    int n_sot = 0, n_eot = 0;
+    for (int i = 0; i < n; i++) {
+        n_sot += ids[i] == sot;
+        n_eot += ids[i] == eot;
+    }
+    CHECK_EQ(n_sot, 4);
+    CHECK_EQ(n_eot, 3);
+    /* "user" right after the marker: no space prefixed */
+    char piece[64];
+    CHECK(tok_piece(t, ids[2], piece, sizeof piece) > 0);
+    CHECK_MSG(piece[0] != ' ', "'%s'", piece);
+    char back[512];
+    CHECK_EQ(tok_decode(t, ids, n, true, true, back, sizeof back), (int)strlen(prompt));
+    CHECK_MSG(!strcmp(back, prompt), "%s", back);
+    CHECK(tok_is_eog(t, eot));
+    CHECK(!tok_is_eog(t, sot));
+    int m = tok_encode(t, prompt, strlen(prompt), true, false, ids, 256);
+    for (int i = 0; i < m && m > 0; i++)
+        CHECK(ids[i] != sot && ids[i] != eot);
+    tok_free(t);
 }
 
 int main(void)
@@ -847,5 +962,7 @@ int main(void)
     RUN(qwen3_keeps_reasoning_after_the_last_query);
     RUN(opened_and_r1_templates);
     RUN(stop_texts_per_family);
+    RUN(gemma_system_messages);
+    RUN(gemma_prompt_tokenizes);
     return test_finish();
 }

@@ -209,6 +209,47 @@ static void adapter_equals_merged_model(void)
     free(a), free(b);
 }
 
+/* Gemma: adapters of the layers' matrices (PEFT's all-linear; the delta hooks are the
+ * same) on gemma, gemma2 and gemma3 bases whose sliding window (8) is shorter than the
+ * rows, against the merged models. The token embedding, to which Gemma always ties its
+ * output, takes no adapter (as for any tied base), nor do its post norms (norm weights). */
+static const char *load_error(const model *m, const char *path);
+
+static void gemma_adapters(void)
+{
+    const char *archs[] = {"gemma", "gemma2", "gemma3"};
+    float *a = logits_buf(), *b = logits_buf();
+    char err[ERR_MAX];
+    CHECK(a && b);
+    for (int i = 0; i < 3; i++) {
+        const char *base = tmp_path("gbase.gguf"), *ad = tmp_path("ga.gguf"), *mg = tmp_path("gm.gguf");
+        modelgen_params p = {.arch = archs[i], .dim = 64, .n_layer = i == 2 ? 7 : 3, .n_head = 4,
+                             .n_head_kv = 2, .n_ff = 128, .n_ctx = 256, .type = QTYPE_F32,
+                             .seed = 11, .n_vocab = 300, .n_threads = 2, .sliding_window = 8,
+                             .attn_softcap = 3.0f, .final_softcap = 4.0f};
+        CHECK_MSG(modelgen_write(&p, base, err) == 0, "%s", err);
+        float scale = 0.7f;
+        CHECK(gen_lora(base, ad, 8, 16.0f, QTYPE_F16, MODELGEN_LORA_LAYERS, 3) == 0);
+        CHECK(merge(base, mg, 1, &ad, &scale) == 0);
+        CHECK(run_adapted(base, 1, &ad, &scale, a) == 0);
+        CHECK(run_file(mg, b) == 0);
+        double d = rel_diff(a, b, (size_t)N_ROWS * 300);
+        printf("       %s: max relative difference %.2g\n", archs[i], d);
+        CHECK_MSG(d <= TOL_F32, "%s: %g", archs[i], d);
+        CHECK(run_file(base, b) == 0);
+        CHECK(rel_diff(a, b, (size_t)N_ROWS * 300) > 0.01);
+        /* the tied token embedding: refused, naming it */
+        CHECK(gen_lora(base, ad, 8, 8.0f, QTYPE_F16, MODELGEN_LORA_TOKEN_EMBD, 1) == 0);
+        model *m = model_load(base, err);
+        CHECK_MSG(m, "%s", err);
+        const char *e = load_error(m, ad);
+        CHECK_MSG(strstr(e, "token_embd.weight: the base ties its output to the token embedding"),
+                  "%s", e);
+        model_free(m);
+    }
+    free(a), free(b);
+}
+
 /* Adapters stored F16, BF16 and Q8_0 (rank 32, Q8_0's block) against their merged models. */
 static void adapter_types(void)
 {
@@ -808,6 +849,7 @@ static void forward_never_allocates(void)
 int main(void)
 {
     RUN(adapter_equals_merged_model);
+    RUN(gemma_adapters);
     RUN(adapter_types);
     RUN(stacked_adapters);
     RUN(scale_zero_is_the_base);

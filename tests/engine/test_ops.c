@@ -86,6 +86,38 @@ static void test_gelu_bias(void)
 
 /* LayerNorm of a sum with a large common offset (a post-norm residual stream's mean) and
  * a length with a scalar tail. */
+/* Gemma's GeGLU (gelu's tanh form) and soft-cap against double tanh over wide ranges; the
+ * odd lengths run the scalar tails too. Soft-capping keeps -inf (a masked score) at -cap
+ * and large scores within the cap. */
+static void test_gelu_tanh_and_softcap(void)
+{
+    enum { N = 24001 };
+    float *g = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N), *x0 = malloc(sizeof(float) * N);
+    unsigned s = 3;
+    for (int i = 0; i < N; i++) {
+        g[i] = x0[i] = -12.0f + 24.0f * (float)i / N;
+        u[i] = frand(&s);
+    }
+    ops_gelu_tanh_mul(g, u, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double x = x0[i], want = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+        worst = fmax(worst, fabs(g[i] - want) / (fabs(x * u[i]) + 1e-30));
+    }
+    CHECK_MSG(worst < 1e-6, "gelu: %g relative to |x u|", worst);
+    for (int i = 0; i < N; i++)
+        x0[i] = g[i] = -300.0f + 600.0f * (float)i / N;
+    g[5] = -INFINITY, g[6] = INFINITY;
+    ops_softcap(g, N, 30.0f);
+    worst = 0;
+    for (int i = 0; i < N; i++)
+        if (i != 5 && i != 6)
+            worst = fmax(worst, fabs(g[i] - 30.0 * tanh(x0[i] / 30.0)));
+    CHECK_MSG(worst < 30 * 1e-6, "softcap: %g", worst);
+    CHECK(g[5] == -30.0f && g[6] == 30.0f);
+    free(g), free(u), free(x0);
+}
+
 static void test_add_layernorm(void)
 {
     enum { N = 389 };
@@ -433,6 +465,7 @@ int main(void)
 {
     RUN(test_rmsnorm_softmax_silu);
     RUN(test_gelu_bias);
+    RUN(test_gelu_tanh_and_softcap);
     RUN(test_add_layernorm);
     RUN(test_rope_styles);
     RUN(test_attention_kernels);

@@ -504,7 +504,7 @@ static void test_bad_inputs(void)
     CHECK(!rerank_open("/nonexistent/model.gguf", NULL, err));
     /* its own forward computes llama, qwen2 and qwen3 only */
     CHECK(!rerank_open(gen_model("phi3", 2, 51), NULL, err));
-    CHECK_MSG(strstr(err, "llama, qwen2 or qwen3"), "%s", err);
+    CHECK_MSG(strstr(err, "not supported") && strstr(err, "phi3"), "%s", err);
     CHECK(!rerank_open(gen_model("granite", 2, 51), NULL, err));
     const char *path = gen_model("llama", 2, 51);
     CHECK(path);
@@ -539,6 +539,16 @@ static void test_bad_inputs(void)
     rerank_result_free(&res);
     rerank_close(rr);
     free_docs(&d);
+    /* the reranker's own forward does not compute the Gemma family: refused, named */
+    const char *gemmas[] = {"gemma", "gemma2", "gemma3"};
+    for (int i = 0; i < 3; i++) {
+        path = gen_model(gemmas[i], 2, 51);
+        CHECK(path);
+        err[0] = '\0';
+        o = opts(3, 0.2f, true);
+        CHECK(!rerank_open(path, &o, err));
+        CHECK_MSG(strstr(err, "not supported") && strstr(err, gemmas[i]), "%s", err);
+    }
 }
 
 /* Text in, with the default prompt, on a model with a real vocabulary. */

@@ -6,6 +6,19 @@
  * Mixtral; not Qwen2-MoE, OLMoE), the sum of routing_weight * expert(x), plus Qwen2-MoE's
  * sigmoid(shared_expert_gate(x)) * shared_expert(x). OLMoE's attention normalizes all of
  * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
+ *
+ * The Gemma family follows HF transformers' modeling_gemma / modeling_gemma2 /
+ * modeling_gemma3 (Gemma3ForCausalLM), with the GGUF's norm weights (the converter's +1
+ * added): hidden = embedding * sqrt(hidden_size); per layer
+ *     h = x + post_attention_layernorm(attn(input_layernorm(x)))
+ *     x = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
+ * (gemma: no post norms), mlp = down(gelu_tanh(gate) * up), attention scores times
+ * query_pre_attn_scalar^-0.5 (head_dim, but dim / n_head for the 27B models: 46 layers
+ * gemma2, 62 gemma3), then (gemma2) tanh soft-capping, the causal mask and, on sliding
+ * layers (gemma2: even layers; gemma3: layer i with (i + 1) % 6 != 0), the window
+ * q_pos - W < k_pos; gemma3 normalizes q and k per head and rotates sliding layers with
+ * rope_local_base_freq 10000 and global ones with rope_theta and its linear scaling;
+ * gemma2's logits are soft-capped at the end.
  */
 #include "tests/support/ref_forward.h"
 
@@ -28,10 +41,16 @@ typedef struct ref_layer {
     double *gate_exps, *up_exps;      /* (n_expert, n_ff_exp, dim) */
     double *down_exps;                /* (n_expert, dim, n_ff_exp) */
     double *shexp_gate;               /* (dim) or NULL */
+    double *post_attn, *post_ffn;     /* (dim) or NULL (gemma2, gemma3) */
 } ref_layer;
 
+/* the architectures whose attention and feed-forward differ; a mixture of experts is its
+ * dense family's */
+enum { REF_LLAMA, REF_QWEN2, REF_QWEN3, REF_PHI3, REF_GRANITE, REF_GEMMA, REF_GEMMA2,
+       REF_GEMMA3 };
+
 struct ref_model {
-    int arch; /* 0 llama, 1 qwen2, 2 qwen3, 3 phi3, 4 granite */
+    int arch; /* REF_* */
     int dim, n_layer, n_head, n_kv_head, head_dim, n_ff, n_vocab;
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
@@ -44,6 +63,10 @@ struct ref_model {
     double attention_factor;     /* LongRoPE: multiplies cos and sin */
     /* granite's multipliers (1, 1/sqrt(head_dim), 1 and 1 for the others) */
     double embedding_multiplier, attention_multiplier, residual_multiplier, logits_scaling;
+    /* Gemma (and the neutral values for the others) */
+    double attn_cap, final_cap; /* 0: none */
+    int window, pattern;        /* 0: none; sliding layers: l % pattern < pattern - 1 */
+    double rope_factor;         /* gemma3's global layers: positions / factor */
     bool kv_f16;
     double *embd, *out, *out_norm;
     ref_layer *layers;
@@ -114,20 +137,19 @@ ref_model *ref_model_load(const gguf_file *g)
     gguf_str a;
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
-    ref_model *m = calloc(1, sizeof *m);
-    static const char *const names[] = {"llama", "qwen2",    "qwen3",    "phi3",
-                                        "granite", "qwen2moe", "qwen3moe", "olmoe"};
-    const char *arch = "qwen3";
-    for (int i = 0; i < 8; i++)
+    static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
+                                        "granite", "gemma",   "gemma2",   "gemma3",
+                                        "qwen2moe", "qwen3moe", "olmoe"};
+    int ai = -1;
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
-            arch = names[i];
+            ai = i;
+    if (ai < 0)
+        return NULL;
+    ref_model *m = calloc(1, sizeof *m);
+    const char *arch = names[ai];
     /* the mixtures of experts compute their attention as their dense family does */
-    m->arch = 2;
-    for (int i = 0; i < 5; i++)
-        if (!strcmp(arch, names[i]))
-            m->arch = i;
-    if (!strcmp(arch, "qwen2moe"))
-        m->arch = 1;
+    m->arch = ai <= REF_GEMMA3 ? ai : !strcmp(arch, "qwen2moe") ? REF_QWEN2 : REF_QWEN3;
     bool qwen2moe = !strcmp(arch, "qwen2moe");
     m->olmoe = !strcmp(arch, "olmoe");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
@@ -161,6 +183,27 @@ ref_model *ref_model_load(const gguf_file *g)
     double factor = orig > 0 ? ref_u32(g, arch, "context_length", 0) / orig : 1.0;
     m->attention_factor = ref_f32(g, arch, "rope.scaling.attn_factor",
                                   factor > 1.0 ? sqrt(1 + log(factor) / log(orig)) : 1.0);
+    m->rope_factor = 1.0;
+    if (m->arch >= REF_GEMMA)
+        m->embedding_multiplier = sqrt((double)m->dim);
+    if (m->arch == REF_GEMMA2 || m->arch == REF_GEMMA3) {
+        bool big = m->n_layer == (m->arch == REF_GEMMA2 ? 46 : 62);
+        m->attention_multiplier =
+            1.0 / sqrt(big ? (double)(m->dim / m->n_head) : (double)m->head_dim);
+        m->window = ref_u32(g, arch, "attention.sliding_window", m->arch == REF_GEMMA2 ? 4096 : 0);
+        m->pattern = m->arch == REF_GEMMA2 ? 2 : 6;
+    }
+    if (m->arch == REF_GEMMA2) {
+        m->attn_cap = ref_f32(g, arch, "attn_logit_softcapping", 50.0);
+        m->final_cap = ref_f32(g, arch, "final_logit_softcapping", 30.0);
+    }
+    if (m->arch == REF_GEMMA3) {
+        char k[128];
+        gguf_str st;
+        snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+        if (gguf_get_str(g, k, &st) && gguf_str_eq(st, "linear"))
+            m->rope_factor = ref_f32(g, arch, "rope.scaling.factor", 1.0);
+    }
     const gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
     m->n_vocab = e ? (int)e->ne[1] : 0;
     m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
@@ -176,7 +219,7 @@ ref_model *ref_model_load(const gguf_file *g)
         L->wq = T("attn_q.weight");
         L->wk = T("attn_k.weight");
         L->wv = T("attn_v.weight");
-        if (m->arch == 3)
+        if (m->arch == REF_PHI3)
             ref_split_phi3(m, L, T("attn_qkv.weight"), T("ffn_up.weight"));
         L->wo = T("attn_output.weight");
         L->bq = T("attn_q.bias");
@@ -184,6 +227,8 @@ ref_model *ref_model_load(const gguf_file *g)
         L->bv = T("attn_v.bias");
         L->q_norm = T("attn_q_norm.weight");
         L->k_norm = T("attn_k_norm.weight");
+        L->post_attn = T("post_attention_norm.weight");
+        L->post_ffn = T("post_ffw_norm.weight");
         if (m->n_expert) {
             L->router = T("ffn_gate_inp.weight");
             L->gate_exps = T("ffn_gate_exps.weight");
@@ -196,7 +241,7 @@ ref_model *ref_model_load(const gguf_file *g)
                 L->down = T("ffn_down_shexp.weight");
             }
         } else {
-            if (m->arch != 3) {
+            if (m->arch != REF_PHI3) {
                 L->gate = T("ffn_gate.weight");
                 L->up = T("ffn_up.weight");
             }
@@ -227,7 +272,8 @@ void ref_model_free(ref_model *m)
         double *all[] = {L->attn_norm, L->ffn_norm, L->wq,        L->wk,      L->wv,
                          L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
-                         L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate};
+                         L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
+                         L->post_ffn};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -287,20 +333,30 @@ static void ref_matvec(double *y, const double *w, const double *x, const double
     }
 }
 
+/* Whether layer l attends through the sliding window. */
+static bool ref_sliding(const ref_model *m, int l)
+{
+    return m->window > 0 && l % m->pattern < m->pattern - 1;
+}
+
 /* rotate_half over the first rotary_dim of each head (the rest passes, as Phi3's
  * partial rotary); inv_freq divided by LongRoPE's ext_factors, cos and sin times its
  * attention_factor. llama and granite GGUF files hold q/k permuted by the converter, so
  * that HF's halves are interleaved pairs there. */
-static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
+static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
 {
     int hd = m->head_dim, rd = m->rotary_dim;
-    bool interleaved = m->arch == 0 || m->arch == 4;
+    bool interleaved = m->arch == REF_LLAMA || m->arch == REF_GRANITE;
     const double *ext = m->use_long ? m->long_factor : m->short_factor;
+    /* gemma3's sliding layers: base 10000 unscaled; its global ones the file's base with
+     * positions divided by the linear factor (HF's "linear" rope_type) */
+    bool local = m->arch == REF_GEMMA3 && ref_sliding(m, l);
+    double base = local ? 10000.0 : m->rope_base, p = local ? pos : pos / m->rope_factor;
     for (int h = 0; h < n_heads; h++) {
         double *v = x + h * hd;
         for (int i = 0; i < rd / 2; i++) {
-            double inv_freq = 1.0 / ((ext ? ext[i] : 1.0) * pow(m->rope_base, 2.0 * i / rd));
-            double ang = pos * inv_freq;
+            double inv_freq = 1.0 / ((ext ? ext[i] : 1.0) * pow(base, 2.0 * i / rd));
+            double ang = p * inv_freq;
             double c = cos(ang) * m->attention_factor, s = sin(ang) * m->attention_factor;
             int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + rd / 2;
             double x0 = v[a], x1 = v[b];
@@ -310,15 +366,18 @@ static void ref_rope(const ref_model *m, double *x, int n_heads, int pos)
     }
 }
 
-/* y (dim) = SwiGLU feed-forward of xn (dim) by gate, up (ff, dim) and down (dim, ff); g
- * and u hold ff doubles. */
+/* y (dim) = the gated feed-forward of xn (dim) by gate, up (ff, dim) and down (dim, ff):
+ * SwiGLU, or GeGLU (gelu's tanh form) for Gemma; g and u hold ff doubles. */
 static void ref_mlp(const ref_model *m, double *y, const double *xn, const double *gate,
                     const double *up, const double *down, int ff, double *g, double *u)
 {
     ref_matvec(g, gate, xn, NULL, ff, m->dim);
     ref_matvec(u, up, xn, NULL, ff, m->dim);
+    bool gelu = m->arch >= REF_GEMMA;
     for (int i = 0; i < ff; i++)
-        g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+        g[i] = gelu ? 0.5 * g[i] * (1 + tanh(sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                          * u[i]
+                    : g[i] / (1 + exp(-g[i])) * u[i];
     ref_matvec(y, down, g, NULL, m->dim, ff);
 }
 
@@ -414,8 +473,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 for (int h = 0; h < m->n_kv_head; h++)
                     ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
             }
-            ref_rope(m, q + (size_t)t * qd, m->n_head, positions[t]);
-            ref_rope(m, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
+            ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
             for (int i = 0; m->kv_f16 && i < kvd; i++) {
                 k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
                 v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
@@ -426,7 +485,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 int kh = h / (m->n_head / m->n_kv_head);
                 double max = -INFINITY, sum = 0;
                 for (int j = 0; j < n; j++) {
-                    if (positions[j] > positions[t]) {
+                    if (positions[j] > positions[t] ||
+                        (ref_sliding(m, l) && positions[t] - positions[j] >= m->window)) {
                         p[j] = -INFINITY;
                         continue;
                     }
@@ -434,6 +494,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                     for (int i = 0; i < hd; i++)
                         s += q[(size_t)t * qd + h * hd + i] * k[(size_t)j * kvd + kh * hd + i];
                     p[j] = s * m->attention_multiplier;
+                    if (m->attn_cap > 0)
+                        p[j] = m->attn_cap * tanh(p[j] / m->attn_cap);
                     if (p[j] > max)
                         max = p[j];
                 }
@@ -453,6 +515,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             }
             /* the residual of token t is not read again by this layer's attention */
             ref_matvec(tmp, L->wo, o, NULL, dim, qd);
+            if (L->post_attn)
+                ref_rmsnorm(tmp, tmp, L->post_attn, dim, m->eps);
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
@@ -463,6 +527,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                         m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL);
             else
                 ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff, g, u);
+            if (L->post_ffn)
+                ref_rmsnorm(tmp, tmp, L->post_ffn, dim, m->eps);
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
@@ -472,8 +538,12 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int t = 0; t < n; t++) {
         ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
-        for (int i = 0; i < m->n_vocab; i++)
-            logits[(size_t)t * m->n_vocab + i] /= m->logits_scaling;
+        for (int i = 0; i < m->n_vocab; i++) {
+            double *z = &logits[(size_t)t * m->n_vocab + i];
+            *z /= m->logits_scaling;
+            if (m->final_cap > 0)
+                *z = m->final_cap * tanh(*z / m->final_cap);
+        }
     }
     free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(tmp2), free(g), free(u);
     free(p);

@@ -431,6 +431,57 @@ static void experts_in_llama_cpp_layout(void)
     }
 }
 
+/* --arch gemma / gemma2 / gemma3 write what llama.cpp reads (its LLM_ARCH_GEMMA* tensors
+ * and keys): no output.weight (llama.cpp reads the token embedding as the output and
+ * refuses an unused tensor), post norms and (gemma3) q/k norms per layer, the sliding
+ * window, gemma2's soft-caps, gemma3's rope scaling, as the options give them. */
+static void gemma_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) {
+        SKIP("no vocab/ggml-vocab-llama-spm.gguf in the test data");
+        return;
+    }
+    static const char *const archs[] = {"gemma", "gemma2", "gemma3"};
+    for (int a = 0; a < 3; a++) {
+        char out[1100], args[4096], err[1024], e[ERR_MAX], key[96];
+        snprintf(out, sizeof out, "%s/%s.gguf", test_tmpdir(), archs[a]);
+        snprintf(args, sizeof args,
+                 "-o '%s' --arch %s --dim 64 --layers 7 --heads 4 --kv-heads 2 --ffn 128 "
+                 "--ctx 256 --type q8_0 --vocab '%s' %s", out, archs[a], vocab,
+                 a == 1   ? "--sliding-window 32 --attn-softcap 20 --final-softcap 10"
+                 : a == 2 ? "--sliding-window 512 --rope-linear 8"
+                          : "");
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        gguf_file *g = gguf_open(out, e);
+        CHECK_MSG(g, "%s", e);
+        gguf_str s;
+        uint32_t u;
+        float f;
+        CHECK(gguf_get_str(g, "general.architecture", &s) && gguf_str_eq(s, archs[a]));
+        CHECK(gguf_find_tensor(g, "token_embd.weight") && !gguf_find_tensor(g, "output.weight"));
+        for (int l = 0; l < 7; l++) {
+            const char *per[] = {"post_attention_norm", "post_ffw_norm", "attn_q_norm", "attn_k_norm"};
+            for (int k = 0; k < 4; k++) {
+                snprintf(key, sizeof key, "blk.%d.%s.weight", l, per[k]);
+                bool want = k < 2 ? a > 0 : a == 2;
+                CHECK_MSG((gguf_find_tensor(g, key) != NULL) == want, "%s: %s", archs[a], key);
+            }
+        }
+        snprintf(key, sizeof key, "%s.attention.sliding_window", archs[a]);
+        CHECK(a == 0 ? gguf_find_key(g, key) < 0 : gguf_get_u32(g, key, &u) && u == (a == 1 ? 32u : 512u));
+        snprintf(key, sizeof key, "%s.attn_logit_softcapping", archs[a]);
+        CHECK(a == 1 ? gguf_get_f32(g, key, &f) && f == 20.0f : gguf_find_key(g, key) < 0);
+        snprintf(key, sizeof key, "%s.final_logit_softcapping", archs[a]);
+        CHECK(a == 1 ? gguf_get_f32(g, key, &f) && f == 10.0f : gguf_find_key(g, key) < 0);
+        snprintf(key, sizeof key, "%s.rope.scaling.type", archs[a]);
+        CHECK(a == 2 ? gguf_get_str(g, key, &s) && gguf_str_eq(s, "linear") : gguf_find_key(g, key) < 0);
+        snprintf(key, sizeof key, "%s.rope.freq_base", archs[a]);
+        CHECK(gguf_get_f32(g, key, &f) && f == (a == 2 ? 1e6f : 1e4f));
+        gguf_close(g);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -459,5 +510,6 @@ int main(int argc, char **argv)
     RUN(mixes_keep_docs_lm_perplexity);
     RUN(phi3_and_granite);
     RUN(experts_in_llama_cpp_layout);
+    RUN(gemma_files);
     return test_finish();
 }

@@ -1,0 +1,152 @@
+/*
+ * model_check.c — a model file's forward pass against the reference (model_check.h).
+ */
+#include "tests/support/model_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Runs the batch with logits for every row; max |diff| against ref rows (n, n_vocab). */
+static double run_and_compare(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
+                              const int32_t *pos, const double *ref, int n_vocab)
+{
+    int32_t rows[64];
+    for (int i = 0; i < n; i++)
+        rows[i] = i;
+    float *logits = malloc((size_t)n * n_vocab * sizeof(float));
+    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = n,
+                     .out_rows = rows, .logits = logits};
+    char err[ERR_MAX];
+    double maxd = 1e9;
+    if (model_forward(r, seq, &b, err) == 0) {
+        maxd = 0;
+        for (size_t i = 0; i < (size_t)n * n_vocab; i++) {
+            double d = fabs(logits[i] - ref[i]);
+            if (!(d <= maxd))
+                maxd = isnan(d) ? 1e9 : d;
+        }
+    } else {
+        fprintf(stderr, "forward: %s\n", err);
+    }
+    free(logits);
+    return maxd;
+}
+
+double model_check_file(const char *path, int max_batch, int n_threads,
+                        const model_check_plan *plan)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(path, err);
+    model *m = g ? model_from_gguf(g, err) : NULL;
+    ref_model *rm = g ? ref_model_load(g) : NULL;
+    if (!m || !rm) {
+        fprintf(stderr, "load: %s\n", err);
+        model_free(m);
+        ref_model_free(rm);
+        gguf_close(g);
+        return 1e9;
+    }
+    int nv = model_hparams_of(m)->n_vocab, P = plan->n_prefill, N = plan->n_total;
+    model_runner *r = model_runner_new(m, n_threads, max_batch, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    int32_t tok[64], pos[64];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)((i * 37 + 11) % nv);
+        pos[i] = i;
+    }
+    double *ref = malloc((size_t)N * nv * sizeof(double));
+    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
+    double worst = run_and_compare(r, &seq, P, tok, pos, ref, nv);
+    for (int i = P; i < N; i++) {
+        double d = run_and_compare(r, &seq, 1, tok + i, pos + i, ref + (size_t)i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    kv_seq_free(&seq);
+
+    /* A: positions 0..7; B: gap_b.. (sees A); C: gap_c.. (sees A only, added after B) */
+    kv_seq_init(&seq, pool);
+    int32_t at[20], ap[20];
+    for (int i = 0; i < 8; i++)
+        at[i] = tok[i], ap[i] = i;
+    for (int i = 0; i < 8; i++)
+        at[8 + i] = tok[8 + i], ap[8 + i] = plan->gap_b + i;
+    for (int i = 0; i < 4; i++)
+        at[16 + i] = tok[16 + i], ap[16 + i] = plan->gap_c + i;
+    ref_forward(rm, 16, at, ap, ref, NULL, NULL); /* A + B */
+    double d = run_and_compare(r, &seq, 8, at, ap, ref, nv);
+    worst = d > worst ? d : worst;
+    d = run_and_compare(r, &seq, 8, at + 8, ap + 8, ref + (size_t)8 * nv, nv);
+    worst = d > worst ? d : worst;
+    int32_t ct[12], cp[12];
+    memcpy(ct, at, 8 * sizeof *ct), memcpy(cp, ap, 8 * sizeof *cp);
+    memcpy(ct + 8, at + 16, 4 * sizeof *ct), memcpy(cp + 8, ap + 16, 4 * sizeof *cp);
+    ref_forward(rm, 12, ct, cp, ref, NULL, NULL); /* A + C */
+    d = run_and_compare(r, &seq, 4, ct + 8, cp + 8, ref + (size_t)8 * nv, nv);
+    worst = d > worst ? d : worst;
+    if (kv_seq_n_tokens(&seq) != 20)
+        worst = 1e9;
+
+    kv_seq_free(&seq);
+    kv_pool_free(pool);
+    free(ref);
+    model_runner_free(r);
+    model_free(m);
+    ref_model_free(rm);
+    gguf_close(g);
+    return worst;
+}
+
+double model_check_compressed(model *m, const ref_model *rm, enum kv_precision prec)
+{
+    enum { P = 40, N = 64 };
+    char err[ERR_MAX];
+    int nv = model_hparams_of(m)->n_vocab;
+    int32_t tok[N], pos[N], rows[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 29 + 5) % nv), pos[i] = i, rows[i] = i;
+    double *ref = malloc((size_t)N * nv * sizeof(double));
+    float *logits = malloc((size_t)N * nv * sizeof(float));
+    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
+    model_runner *r = model_runner_new(m, 2, 0, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    double worst = 1e9;
+    model_batch b = {.n_tokens = P, .tokens = tok, .positions = pos};
+    if (model_forward(r, &s, &b, err) < 0)
+        goto out;
+    for (int c = 0; c < s.n_chunks; c++)
+        if (kv_chunk_convert(pool, s.chunks[c], prec, err) < 0)
+            goto out;
+    worst = 0;
+    for (int t = P; t < N; t += t < P + 4 ? 1 : 20) {
+        int n = t < P + 4 ? 1 : 20;
+        model_batch d = {.n_tokens = n, .tokens = tok + t, .positions = pos + t, .n_out = n,
+                         .out_rows = rows, .logits = logits};
+        if (model_forward(r, &s, &d, err) < 0) {
+            worst = 1e9;
+            goto out;
+        }
+        for (size_t i = 0; i < (size_t)n * nv; i++) {
+            double e = fabs(logits[i] - ref[(size_t)t * nv + i]);
+            worst = e > worst || isnan(e) ? e : worst;
+        }
+    }
+    /* the compressed chunks stay compressed; the partial one took the new entries in f16 */
+    if (s.chunks[0]->precision != prec || s.chunks[2]->precision != KV_F16 ||
+        kv_seq_n_tokens(&s) != N)
+        worst = 1e9;
+out:
+    if (worst >= 1e9)
+        fprintf(stderr, "compressed forward: %s\n", err);
+    kv_seq_free(&s);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    free(ref);
+    free(logits);
+    return worst;
+}

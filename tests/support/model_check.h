@@ -1,0 +1,34 @@
+/*
+ * model_check.h — a decoder model file's forward pass against the double reference
+ * (ref_forward.h), as the model tests run it (test_model.c, test_gemma.c): on a 260-token
+ * vocabulary or larger, tokens (i * 37 + 11) % n_vocab.
+ */
+#ifndef LLMS_TEST_MODEL_CHECK_H
+#define LLMS_TEST_MODEL_CHECK_H
+
+#include "engine/kv/kv.h"
+#include "engine/model/model.h"
+#include "tests/support/ref_forward.h"
+
+/* What model_check_file runs: a prefill of n_prefill tokens at 0.., single-token decodes
+ * up to n_total; then a fresh sequence with gapped and out-of-order batches: 8 tokens at
+ * 0..7, the next 8 at gap_b.., then 4 more at gap_c.. (between the two runs, added after
+ * them: they see the first run only). */
+typedef struct model_check_plan {
+    int n_prefill, n_total; /* n_total <= 64, n_prefill >= 20 */
+    int gap_b, gap_c;       /* gap_c >= 8, gap_c + 4 <= gap_b */
+} model_check_plan;
+
+/* Max |logit diff| of the plan against the reference, on a runner of max_batch rows and
+ * n_threads threads (1e9 on an engine error, which is printed). */
+double model_check_file(const char *path, int max_batch, int n_threads,
+                        const model_check_plan *plan);
+
+/* Prefills 40 tokens (f16 KV), converts every chunk to prec, then runs 4 single-token
+ * decodes (attention on decoded blocks) and a 20-token batch (sgemm attention on f32);
+ * max |logit diff| against the reference, whose KV is exact (1e9 on an engine error, or
+ * when the chunks are not as the forward leaves them: the full ones still prec, the
+ * partial one back in f16). */
+double model_check_compressed(model *m, const ref_model *rm, enum kv_precision prec);
+
+#endif
