@@ -24,6 +24,7 @@
 #include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/quant/quant.h"
+#include "tests/support/model_check.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
 
@@ -73,17 +74,6 @@ static int forward_all(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
     return 0;
 }
 
-static double max_diff(const float *a, const double *ref, size_t n)
-{
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(a[i] - ref[i]);
-        if (!(d <= worst))
-            worst = isnan(d) ? 1e9 : d;
-    }
-    return worst;
-}
-
 static void test_tokens(int n, int nv, int salt, int32_t *tok, int32_t *pos)
 {
     for (int i = 0; i < n; i++) {
@@ -96,55 +86,9 @@ static void test_tokens(int n, int nv, int salt, int32_t *tok, int32_t *pos)
  * against the reference: the max |logit diff|. */
 static double check_model(const char *path, int max_batch, int n_threads)
 {
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(path, err);
-    model *m = g ? model_from_gguf(g, err) : NULL;
-    ref_model *rm = g ? ref_model_load(g) : NULL;
-    if (!m || !rm) {
-        fprintf(stderr, "load: %s\n", err);
-        return 1e9;
-    }
-    int nv = model_hparams_of(m)->n_vocab;
-    model_runner *r = model_runner_new(m, n_threads, max_batch, 0, err);
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    kv_seq seq;
-    kv_seq_init(&seq, pool);
-    enum { N = 24 };
-    int32_t tok[N], pos[N];
-    test_tokens(N, nv, 0, tok, pos);
-    double *ref = malloc((size_t)N * nv * sizeof(double));
-    float *out = malloc((size_t)N * nv * sizeof(float));
-    ref_forward(rm, N, tok, pos, ref, NULL, NULL);
-    double worst = forward_all(r, &seq, 20, tok, pos, out) < 0
-                       ? 1e9 : max_diff(out, ref, 20 * (size_t)nv);
-    for (int i = 20; i < N; i++) {
-        double d = forward_all(r, &seq, 1, tok + i, pos + i, out) < 0
-                       ? 1e9 : max_diff(out, ref + (size_t)i * nv, (size_t)nv);
-        worst = d > worst ? d : worst;
-    }
-    kv_seq_free(&seq);
-
-    /* A: positions 0..7, then B: 20..27 (sees A) */
-    kv_seq_init(&seq, pool);
-    int32_t at[16], ap[16];
-    for (int i = 0; i < 16; i++)
-        at[i] = tok[i], ap[i] = i < 8 ? i : 12 + i;
-    ref_forward(rm, 16, at, ap, ref, NULL, NULL);
-    double d = forward_all(r, &seq, 8, at, ap, out) < 0 ? 1e9 : max_diff(out, ref, 8 * (size_t)nv);
-    worst = d > worst ? d : worst;
-    d = forward_all(r, &seq, 8, at + 8, ap + 8, out) < 0
-            ? 1e9 : max_diff(out, ref + (size_t)8 * nv, 8 * (size_t)nv);
-    worst = d > worst ? d : worst;
-
-    kv_seq_free(&seq);
-    kv_pool_free(pool);
-    free(ref);
-    free(out);
-    model_runner_free(r);
-    model_free(m);
-    ref_model_free(rm);
-    gguf_close(g);
-    return worst;
+    static const model_check_plan plan = {.n_prefill = 20, .n_total = 24, .gap_b = 20,
+                                          .gap_c = 12};
+    return model_check_file(path, max_batch, n_threads, &plan);
 }
 
 static void test_against_reference(void)
