@@ -1,7 +1,7 @@
 /*
  * model_check.h — a decoder model file's forward pass against the double reference
- * (ref_forward.h), as the model tests run it (test_model.c, test_gemma.c): on a 260-token
- * vocabulary or larger, tokens (i * 37 + 11) % n_vocab.
+ * (ref_forward.h), as the model tests run it (test_model.c, test_gemma.c, test_moe.c): on
+ * a 260-token vocabulary or larger, tokens (i * 37 + 11) % n_vocab.
  */
 #ifndef LLMS_TEST_MODEL_CHECK_H
 #define LLMS_TEST_MODEL_CHECK_H
