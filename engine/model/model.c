@@ -60,7 +60,7 @@ typedef struct model_layer {
     ops_matrix w_up;
     ops_matrix w_down;
     /* Mixture of experts (n_expert > 0). The merged tensors are one matrix of all the
-     * experts' rows, each expert's back to back (model_expert takes one out). */
+     * experts' rows, each expert's back to back (model_rows takes one out). */
     ops_matrix router;      /* (n_expert, dim) ffn_gate_inp */
     ops_matrix gate_exps;   /* (n_expert * n_ff_exp, dim) */
     ops_matrix up_exps;     /* (n_expert * n_ff_exp, dim) */
@@ -524,13 +524,14 @@ static int model_experts(const model *m, const char *name, int64_t rows, int64_t
     return 0;
 }
 
-/* Expert e's matrix of rows rows out of a merged tensor's (model_experts). */
-static ops_matrix model_expert(const ops_matrix *w, int e, int rows)
+/* Rows [r0, r0 + n) of w, as a matrix of their own (a view: no copy): one of
+ * phi3's fused matrices, or expert e's of a merged tensor (rows e * n ..). */
+static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
 {
-    ops_matrix x = *w;
-    x.data = (const char *)w->data + (size_t)e * rows * w->row_bytes;
-    x.rows = rows;
-    return x;
+    ops_matrix v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.rows = (int)n;
+    return v;
 }
 
 /* A layer's feed-forward with experts: the router, the merged experts and qwen2moe's
@@ -591,15 +592,6 @@ static int model_fused(const model *m, const char *name, int64_t rows, const cha
                             "its rows must add up to %s", name, (long long)t->ne[0],
                        (long long)t->ne[1], t->n_dims, m->hp.dim, (long long)rows, what);
     return model_matrix(m, name, rows, m->hp.dim, out, err);
-}
-
-/* Rows [r0, r0 + n) of w, as a matrix of their own (a view: no copy). */
-static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
-{
-    ops_matrix v = *w;
-    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
-    v.rows = (int)n;
-    return v;
 }
 
 /* LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): rope_factors_long.weight and
@@ -784,7 +776,7 @@ static int model_layer_matrices(model_layer *L, bool experts, ops_matrix **w)
 
 /* Every weight matrix m multiplies with (the token embedding is read by rows: when the
  * file ties the output matrix to it, the output is a matrix of its own here) but the
- * merged experts, whose experts are taken out of the file's layout (model_expert); *n
+ * merged experts, whose experts are taken out of the file's layout (model_rows); *n
  * set. */
 static ops_matrix **model_matrices(model *m, ops_matrix **w, int *n)
 {
@@ -1875,8 +1867,9 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
         for (int i = 0; i < c; i++)
             memcpy(r->ex_in + (size_t)i * dim, r->xn + (size_t)(r->ex_rows[i] / k) * dim,
                    (size_t)dim * sizeof(float));
-        ops_matrix gate = model_expert(&L->gate_exps, e, ff), up = model_expert(&L->up_exps, e, ff);
-        ops_matrix down = model_expert(&L->down_exps, e, dim);
+        ops_matrix gate = model_rows(&L->gate_exps, (int64_t)e * ff, ff);
+        ops_matrix up = model_rows(&L->up_exps, (int64_t)e * ff, ff);
+        ops_matrix down = model_rows(&L->down_exps, (int64_t)e * dim, dim);
         const ops_matrix *gate_up[] = {&gate, &up};
         float *gate_up_out[] = {r->gate, r->up};
         ops_matmul_n(r->pool, 2, gate_up, r->ex_in, c, gate_up_out, r->mm_scratch);
