@@ -380,9 +380,16 @@ static const key_def keys[] = {
         "`max_connections` too"),
     INT(responses_store_bytes, 0, INT_MAX, "33554432",
         "bytes of the Responses API's stored responses (`store`, `previous_response_id`, "
-        "`GET`/`DELETE /v1/responses/{id}`), every uid together, in the gateway's memory: "
-        "the oldest go first to make room, one response may take at most half, and none "
-        "survives a restart; 0: nothing is stored (`store` is false in every response)"),
+        "`GET`/`DELETE /v1/responses/{id}`), every uid together, in the gateway's memory "
+        "and (`responses_store = disk`) the state directory alike: the oldest go first to "
+        "make room, one response may take at most half; 0: nothing is stored (`store` is "
+        "false in every response)"),
+    CHOICE(responses_store, "disk|memory", "disk",
+           "where stored responses are kept besides the gateway's memory: `disk` writes each "
+           "to the state directory's catalog too (by the worker, not the event loop), so "
+           "that they survive a restart (read back when llmsd starts, within "
+           "`responses_store_bytes`); `memory` keeps them in memory only, none surviving a "
+           "restart, and deletes those an earlier `disk` left when llmsd starts"),
     CHOICE(reasoning_format, "auto|deepseek|none", "auto",
            "a reasoning model's thinking (`<think>...</think>` before the answer, from a "
            "model whose chat template has those markers: Qwen3, QwQ, the DeepSeek-R1 "

@@ -151,6 +151,8 @@ typedef struct config {
     int http_max_body_buffered_bytes_per_uid; /* the same, one uid's */
     int http_max_unauthenticated_connections; /* TCP connections with no valid token yet */
     int responses_store_bytes;         /* stored responses (daemon/net/respstore.h); 0: off */
+    char responses_store[8];           /* "disk" (also in the store, read back at start:
+                                          daemon/respload.h) or "memory" */
     char reasoning_format[12];         /* "auto", "deepseek" (a reply's reasoning apart) or
                                           "none" (left in its text): daemon/net/reasoning.h */
     /* Knowledge bases and RAG (daemon/rag/kb.h, daemon/rag/rag.h). */

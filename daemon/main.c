@@ -16,6 +16,7 @@
 #include "daemon/notify.h"
 #include "daemon/net/outq.h"
 #include "daemon/reqlog.h"
+#include "daemon/respload.h"
 #include "daemon/sched/sched.h"
 #include "daemon/net/server.h"
 #include "engine/tok/chat.h"
@@ -281,6 +282,8 @@ int main(int argc, char **argv)
         }
         server_set_http(ls.srv, gw);
         ls.gw = gw;
+        /* before the worker owns the store and before the loop answers a request */
+        respload(st, http_respstore(gw), &cfg);
     }
     /* the signals belong to the loop before the sockets listen: a stop sent as soon as a
      * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default

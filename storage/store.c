@@ -257,6 +257,19 @@ static const char *const store_migrations[] = {
     ("ALTER TABLE turns ADD COLUMN crc INTEGER NOT NULL DEFAULT 0;"
      "ALTER TABLE contexts ADD COLUMN crc INTEGER NOT NULL DEFAULT 0;"
      STORE_SEAL_TURNS STORE_SEAL_CONTEXTS),
+
+    /* The Responses API's stored responses (storage/responses.h): seq is the order they
+     * were stored in, which a budget evicts from; crc is STORE_RESPONSE_CRC of the row. */
+    "CREATE TABLE responses ("
+    "  seq INTEGER PRIMARY KEY,"
+    "  id TEXT NOT NULL UNIQUE,"
+    "  uid INTEGER NOT NULL,"
+    "  created INTEGER NOT NULL,"
+    "  previous TEXT,"
+    "  response BLOB NOT NULL,"
+    "  items BLOB NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  crc INTEGER NOT NULL);",
 };
 
 /* The tail of migration 11, after store_kb_migrate_11. */

@@ -43,6 +43,9 @@ int store_exec_sql(store *s, const char *sql, char *err);
                           slides)                                                          \
     "llmsd_crc(" id ", " uid ", " app ", " prompt ", " params ", " model ", " overflow ", "   \
     sink ", " dropped ", " slides ")"
+/* A stored response's (storage/responses.h) covers every column but seq and crc. */
+#define STORE_RESPONSE_CRC(id, uid, created, previous, response, items, bytes)             \
+    "llmsd_crc(" id ", " uid ", " created ", " previous ", " response ", " items ", " bytes ")"
 /* The uid and name of the app of app_id (an SQL expression). */
 #define STORE_APP_UID(app_id) "(SELECT apps.uid FROM apps WHERE apps.id = " app_id ")"
 #define STORE_APP_NAME(app_id) "(SELECT apps.name FROM apps WHERE apps.id = " app_id ")"

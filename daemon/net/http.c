@@ -239,6 +239,8 @@ static void hreq_free(hreq *hr)
 static void hreq_gone(hreq *hr)
 {
     hr->h->cancelled++;
+    if (hr->route == R_RESPONSES)
+        responses_gone(hr);
     hreq_free(hr);
 }
 
@@ -1632,6 +1634,11 @@ http *http_new(struct event_base *base, const config *cfg, const session_env *se
 fail:
     http_free(h);
     return NULL;
+}
+
+respstore *http_respstore(http *h)
+{
+    return h->store;
 }
 
 void http_shutdown(http *h)

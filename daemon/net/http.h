@@ -59,6 +59,7 @@
 #include "daemon/config.h"
 #include "daemon/models/models.h"
 #include "daemon/net/connbudget.h"
+#include "daemon/net/respstore.h"
 #include "daemon/net/session.h"
 #include "daemon/sched/sched.h"
 #include "engine/tok/chat.h"
@@ -78,6 +79,9 @@ typedef struct http http;
  * http_allow_remote is 0), or the tokens file is unreadable or malformed. */
 http *http_new(struct event_base *base, const config *cfg, const session_env *senv,
                connbudget *budget, models *reg, char err[ERR_MAX]);
+
+/* The gateway's stored responses, for daemon/respload.h to fill before the loop runs. */
+respstore *http_respstore(http *h);
 
 /* A Response frame (header and body; not taken) from the worker for connection id
  * conn_id; droppable: a streamed chunk. Frames for requests already gone are dropped. */

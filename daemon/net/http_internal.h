@@ -360,8 +360,13 @@ void responses_sse_piece(hreq *hr, const char *text, size_t n);
  * of its stream. Ends hr. */
 void responses_on_result(hreq *hr, Llms__Response *r);
 
-/* As openai_finish_error; once the stream has begun its last event is response.failed. */
+/* As openai_finish_error; once the stream has begun its last event is response.failed,
+ * and the failed response is stored (unless store is false). */
 void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg);
+
+/* hr's client left before its result: a stream that has begun is stored (unless store is
+ * false) as an incomplete response ("cancelled") with the items it streamed. */
+void responses_gone(hreq *hr);
 
 /* Frees hr->rs (NULL: nothing). */
 void responses_req_free(struct responses_req *rs);

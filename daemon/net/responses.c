@@ -3,10 +3,12 @@
  * a request body is turned into the chat completion it asks for (responses_chat_body),
  * which openai.c reads and runs as /v1/chat/completions runs it (template, sampling,
  * tools, formats, prompt cache); the reply comes back as a response object with output
- * items, or as the Responses' named Server-Sent Events. A finished response is stored
- * (respstore.h) unless the body says store false: previous_response_id continues its
- * conversation, and GET, DELETE and input_items read it. What refers to a conversation,
- * an item reference or a background run is refused.
+ * items, or as the Responses' named Server-Sent Events. A response is stored
+ * (respstore.h, and through the worker in the store) unless the body says store false,
+ * whether it completed, is incomplete (cut short, or a stream whose client left) or
+ * failed once its stream began: previous_response_id continues its conversation, and
+ * GET, DELETE and input_items read it. What refers to a conversation, an item reference
+ * or a background run is refused.
  */
 #include <json-c/json.h>
 #include <stdarg.h>
@@ -16,6 +18,8 @@
 
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
+#include "daemon/reqlog.h"
+#include "daemon/sched/sched.h"
 #include "proto/frame.h"
 
 /* A request's own state: the body as sent, and what its stream has sent. */
@@ -923,9 +927,25 @@ static json_object *response_obj(const hreq *hr, const char *status, const char 
     return o;
 }
 
-/* Stores o (hr's final response object, NULL out of memory) when hr is to be stored, with
- * the input items it answered; one the store does not take (over half its budget, or
- * out of memory) says store false. */
+/* Hands a change of the stored responses to the worker, which makes it in the store too
+ * (responses_store = disk); one that cannot be handed over (out of memory) is made in
+ * memory alone, with a warning. */
+static void persist(http *h, enum sched_job_kind kind, const store_response *r)
+{
+    if (strcmp(h->cfg->responses_store, "disk"))
+        return;
+    sched_job *j = sched_response_job(kind, r);
+    if (j)
+        sched_submit(h->senv.sch, j);
+    else if (reqlog_enabled(REQLOG_WARN))
+        fprintf(stderr, "llmsd: warn: stored response %s: out of memory (%s)\n", r->id,
+                kind == SCHED_RESPONSE_PUT ? "kept in memory only, not after a restart"
+                                           : "deleted in memory, back after a restart");
+}
+
+/* Stores o (hr's last response object, NULL out of memory) when hr is to be stored, with
+ * the input items it answered, whatever its status; one the store does not take (over
+ * half its budget, or out of memory) says store false. */
 static void keep(hreq *hr, json_object *o)
 {
     struct responses_req *rs = hr->rs;
@@ -939,7 +959,13 @@ static void keep(hreq *hr, json_object *o)
         respstore_put(hr->h->store, hr->ss.uid, hr->id, text, n, items, n_items)) {
         rs->store = false;
         json_object_object_add(o, "store", json_object_new_boolean(0));
+        return;
     }
+    store_response r = {.id = hr->id, .uid = hr->ss.uid, .created = hr->created,
+                        .previous = rs->previous, .response = text, .response_len = n,
+                        .items = items, .items_len = n_items,
+                        .bytes = (int64_t)respstore_bytes_of(n, n_items)};
+    persist(hr->h, SCHED_RESPONSE_PUT, &r);
 }
 
 /* The whole response of a reply: its reasoning as a reasoning item, its text as the
@@ -1296,6 +1322,29 @@ static const char *error_code(Llms__ErrorCode code)
     }
 }
 
+/* The output items of a stream that ends before its result (failed, or its client
+ * gone): the reasoning and message items as far as they streamed, with status; a new
+ * reference to rs->output. */
+static json_object *output_so_far(hreq *hr, const char *status)
+{
+    struct responses_req *rs = hr->rs;
+    const char *text;
+    size_t n;
+    if (rs->rs_index >= 0 && !rs->rs_done) {
+        n = evbuffer_get_length(rs->reasoning);
+        text = n ? (const char *)evbuffer_pullup(rs->reasoning, -1) : "";
+        json_object_array_put_idx(rs->output, (size_t)rs->rs_index,
+                                  reasoning_item(hr, text ? text : "", text ? n : 0, status));
+    }
+    if (rs->msg_index >= 0) {
+        n = evbuffer_get_length(rs->text);
+        text = n ? (const char *)evbuffer_pullup(rs->text, -1) : "";
+        json_object_array_put_idx(rs->output, (size_t)rs->msg_index,
+                                  message_item(hr, text ? text : "", text ? n : 0, status));
+    }
+    return json_object_get(rs->output);
+}
+
 void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
 {
     if (!hr->started) {
@@ -1303,16 +1352,26 @@ void responses_finish_error(hreq *hr, Llms__ErrorCode code, const char *msg)
         return;
     }
     /* The stream has begun with 200: the response fails in its last event, with the
-     * items streamed so far; a failed response is not stored. */
+     * items streamed so far, and is stored so, as OpenAI keeps a failed response. */
     http_req_finish(hr);
-    hr->rs->store = false;
     json_object *e = members("code", json_object_new_string(error_code(code)), "message",
                              json_object_new_string(msg), NULL);
-    event_put(hr, "response.failed",
-              members("response", response_obj(hr, "failed", NULL, json_object_get(hr->rs->output),
-                                               NULL, e), NULL));
+    json_object *o = response_obj(hr, "failed", NULL, output_so_far(hr, "incomplete"), NULL, e);
+    keep(hr, o);
+    event_put(hr, "response.failed", members("response", o, NULL));
     httpwire_stream_chunk(hr->wc, hr->sse);
     httpwire_stream_end(hr->wc);
+}
+
+void responses_gone(hreq *hr)
+{
+    if (!hr->rs || !hr->rs->store || !hr->started)
+        return;
+    json_object *o = response_obj(hr, "incomplete", openai_finish_reason(
+                                      LLMS__STOP_REASON__STOP_CANCELLED),
+                                  output_so_far(hr, "incomplete"), NULL, NULL);
+    keep(hr, o);
+    json_object_put(o);
 }
 
 /* ---- stored responses: GET, DELETE, input_items ---- */
@@ -1425,6 +1484,7 @@ void responses_send_stored(http *h, httpwire_conn *wc, enum route r, const char 
     }
     if (r == R_RESPONSE && del) {
         respstore_delete(h->store, uid, key);
+        persist(h, SCHED_RESPONSE_DELETE, &(store_response){.id = key, .uid = uid});
         json_object *o = json_object_new_object();
         if (o) {
             json_object_object_add(o, "id", json_object_new_string(key));

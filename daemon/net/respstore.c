@@ -1,8 +1,6 @@
 /*
  * respstore.c — stored responses (respstore.h): a hash of ids over entries that are also
- * one list from the oldest to the newest, which eviction takes from the front. An
- * entry's bytes are its texts, its id and its own struct, so that the budget bounds the
- * memory the store takes, not only the JSON.
+ * one list from the oldest to the newest, which eviction takes from the front.
  */
 #include "daemon/net/respstore.h"
 
@@ -91,6 +89,11 @@ bool respstore_id_valid(const char *id, size_t n)
     return true;
 }
 
+size_t respstore_bytes_of(size_t response_len, size_t items_len)
+{
+    return sizeof(rs_entry) + response_len + items_len + 2;
+}
+
 /* The entry of id, whoever's; NULL when none. */
 static rs_entry *find(const respstore *s, const char *id)
 {
@@ -149,7 +152,7 @@ int respstore_put(respstore *s, uid_t uid, const char *id, const char *response,
     size_t id_len = strlen(id);
     if (!respstore_id_valid(id, id_len))
         return -1;
-    size_t bytes = sizeof(rs_entry) + response_len + items_len + 2;
+    size_t bytes = respstore_bytes_of(response_len, items_len);
     if (!s->budget || bytes > s->budget / 2)
         return -1;
     rs_entry *e = calloc(1, sizeof *e);

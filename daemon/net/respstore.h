@@ -2,7 +2,9 @@
  * respstore.h — the Responses API's stored responses (OpenAI's store: true), kept by the
  * event loop in memory: each response object and the input items it answered (the whole
  * conversation up to it), as JSON text, under the uid that made it. A byte budget bounds
- * them all, the oldest evicted first; nothing survives a restart (as vLLM's store).
+ * them all, the oldest evicted first. The memory is what the gateway answers from; with
+ * responses_store = disk the worker keeps a copy in the store under the same budget
+ * (responses.c hands it each change), which daemon/respload.h reads back at start.
  */
 #ifndef LLMS_RESPSTORE_H
 #define LLMS_RESPSTORE_H
@@ -35,6 +37,10 @@ bool respstore_on(const respstore *s);
 /* Whether id (n bytes) may name a stored response: "resp_" and then 1 to
  * RESPSTORE_ID_MAX - 5 ASCII letters, digits, '_' or '-'. */
 bool respstore_id_valid(const char *id, size_t n);
+
+/* What a response of these lengths takes of the budget: its texts and the entry that
+ * holds them, so that the budget bounds the memory the store takes, not only the JSON. */
+size_t respstore_bytes_of(size_t response_len, size_t items_len);
 
 /* Keeps id's response of uid: the texts are copied. The oldest responses go to make room
  * (a response of id already there is replaced). 0; -1 when it would take more than half

@@ -312,6 +312,10 @@ void admit_job(sched *s, sched_job *j)
         for (int i = 0; i < s->n_active; i++)
             s->active[i]->cancelled = true;
         break;
+    case SCHED_RESPONSE_PUT:
+    case SCHED_RESPONSE_DELETE:
+        respsave_run(s, j);
+        break;
     }
     sched_job_free(j);
 }

@@ -78,6 +78,7 @@ void sched_job_free(sched_job *j)
     if (j) {
         if (j->req)
             llms__request__free_unpacked(j->req, NULL);
+        free(j->resp);
         free(j);
     }
 }
@@ -744,9 +745,13 @@ void sched_free(sched *s)
     for (int i = 0; i < s->n_active; i++)
         work_free(s->active[i]);
     admit_free(s);
+    /* the responses that ended while the worker stopped are written now that the store
+     * is this thread's */
     sched_job *j = s->in_head;
     while (j) {
         sched_job *next = j->next;
+        if (j->resp)
+            respsave_run(s, j);
         sched_job_free(j);
         j = next;
     }

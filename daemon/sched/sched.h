@@ -36,6 +36,7 @@
 #include "engine/model/model.h"
 #include "engine/tok/tokenizer.h"
 #include "proto/llms.pb-c.h"
+#include "storage/responses.h"
 #include "storage/store.h"
 
 #define SCHED_APP_MAX 64 /* bytes of an app name */
@@ -47,6 +48,9 @@ enum sched_job_kind {
     SCHED_CLOSED,         /* the connection is gone: drop its requests, no replies */
     SCHED_CANCEL_STREAMS, /* the client does not read: cancel its generations */
     SCHED_SHUTDOWN,       /* cancel everything, persist, push the end marker, exit */
+    SCHED_RESPONSE_PUT,   /* write resp, a stored response of the Responses API, to the
+                             store (responses_store = disk) */
+    SCHED_RESPONSE_DELETE, /* delete resp->id of uid from the store */
 };
 
 typedef struct sched_job {
@@ -56,6 +60,8 @@ typedef struct sched_job {
     char app[SCHED_APP_MAX + 1]; /* "" when the connection is not bound */
     bool admin;
     Llms__Request *req;          /* SCHED_REQUEST: owned by the job */
+    store_response *resp;        /* SCHED_RESPONSE_*: owned by the job, its texts with it
+                                    (sched_response_job) */
     int64_t queued_ns;           /* CLOCK_MONOTONIC when submitted */
     struct sched_job *next;
 } sched_job;
@@ -82,6 +88,13 @@ int sched_start(sched *s, char err[ERR_MAX]);
 
 /* A job of the given kind for a connection (NULL when memory runs out). */
 sched_job *sched_job_new(enum sched_job_kind kind, uint64_t conn_id);
+
+/* A SCHED_RESPONSE_PUT or _DELETE job of r (its strings and texts copied; the uid is
+ * r->uid); NULL when memory runs out. The worker writes puts under the budget of
+ * responses_store_bytes, evicting the oldest, as the gateway's memory does. Jobs the
+ * worker has not taken when it exits (responses that ended during the shutdown) are
+ * written by sched_free. */
+sched_job *sched_response_job(enum sched_job_kind kind, const store_response *r);
 
 /* Hands a job to the worker (which frees it). */
 void sched_submit(sched *s, sched_job *j);

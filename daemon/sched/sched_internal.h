@@ -14,6 +14,7 @@
  *               prediction
  *   genset.c    the generate models served and lookups over all their contexts
  *   admin.c     the requests answered at once: contexts, status, models
+ *   respsave.c  the Responses API's stored responses written to the store
  * Everything runs on the worker thread, except where a field says "under lock".
  */
 #ifndef LLMS_SCHED_INTERNAL_H
@@ -286,7 +287,7 @@ void admit_app_reclaim(sched *s, app_state *a);
 int64_t admit_job_deadline(const sched_job *j);
 
 /* One job of the inbox: a request queued (when it uses the engine) or answered, news of
- * a connection, or shutdown. Frees the job. */
+ * a connection, a stored response to write or delete, or shutdown. Frees the job. */
 void admit_job(sched *s, sched_job *j);
 
 /* The most KV a Call, Complete, RagQuery or GraphRun on gm may hold, with what a Call's or
@@ -307,6 +308,12 @@ void admit_reap(sched *s);
 
 /* Frees the queued jobs, unanswered, and the apps' records (sched_free). */
 void admit_free(sched *s);
+
+/* ---- respsave.c ---- */
+
+/* Writes (SCHED_RESPONSE_PUT) or deletes (SCHED_RESPONSE_DELETE) j's stored response in
+ * the store; a failure is logged. */
+void respsave_run(sched *s, const sched_job *j);
 
 /* ---- work.c ---- */
 

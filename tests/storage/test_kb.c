@@ -728,8 +728,12 @@ static void qkv_evict_shared_parents(void)
     store_close(s);
 }
 
+/* Version 15's tables, without the stored responses. */
+#define SCHEMA_15_RESPONSES "DROP TABLE responses;"
+
 /* Version 14's turns and contexts, without checksums. */
 #define SCHEMA_14_ROWS                                                                    \
+    SCHEMA_15_RESPONSES                                                                   \
     "ALTER TABLE turns DROP COLUMN crc;"                                                  \
     "ALTER TABLE contexts DROP COLUMN crc;"
 

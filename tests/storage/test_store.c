@@ -947,7 +947,8 @@ static void migration_15_checksums(void)
     char err[ERR_MAX] = "";
     const char *dir = fresh_dir("migrate-15");
     CHECK_EQ(two_contexts(dir), 0);
-    CHECK_EQ(raw_exec(dir, "ALTER TABLE turns DROP COLUMN crc;"
+    CHECK_EQ(raw_exec(dir, "DROP TABLE responses;"
+                           "ALTER TABLE turns DROP COLUMN crc;"
                            "ALTER TABLE contexts DROP COLUMN crc;"
                            "PRAGMA user_version = 14;", false), 0);
     store *s = store_open(dir, err);
