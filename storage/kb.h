@@ -289,11 +289,12 @@ int store_qkv_evict_owner(store *s, const store_owner *o, int64_t max_bytes,
 int store_qkv_stats(store *s, const store_owner *filter, int64_t *n, int64_t *bytes,
                     char err[ERR_MAX]);
 
-/* Groups cache writes (QA bank, QKV tree) into one transaction committed without
- * waiting for the disk (synchronous = NORMAL for it: a killed process loses none of it,
- * a power loss may lose the last such transactions, the catalog stays consistent either
- * way). A cache is rebuilt by the queries that follow, so its writes need not cost a
- * flush each. Ended by store_cache_commit, or store_kb_rollback then store_cache_end. */
+/* Groups cache writes (QA bank, QKV tree; also stored responses, responses.h) into one
+ * transaction committed without waiting for the disk (synchronous = NORMAL for it: a
+ * killed process loses none of it, a power loss may lose the last such transactions, the
+ * catalog stays consistent either way). A cache is rebuilt by the queries that follow,
+ * so its writes need not cost a flush each. Ended by store_cache_commit, or
+ * store_kb_rollback then store_cache_end. */
 int store_cache_begin(store *s, char err[ERR_MAX]);
 int store_cache_commit(store *s, char err[ERR_MAX]);
 void store_cache_end(store *s);
