@@ -7,7 +7,7 @@
  * reply as before it; another uid (a token of its own on TCP) still finds nothing of this
  * one's, and this one nothing of the other's; what DELETE removed, before or after a
  * restart, stays gone. A stream whose client left is stored incomplete, one that failed
- * after it began failed, and both come back so. A record damaged on disk is skipped with
+ * after it began failed, one the shutdown cut incomplete, and all come back so. A record damaged on disk is skipped with
  * a warning (the daemon starts, the other responses are there); responses_store = memory
  * keeps none across a restart and deletes those on disk.
  */
@@ -244,9 +244,10 @@ static json_object *get_when_there(const char *id)
     return NULL;
 }
 
-/* Streams a long greedy reply and closes the connection once response.created came: its
- * id into id (cap bytes); 0, or -1. */
-static int abandon_stream(char *id, size_t cap)
+/* Streams a long greedy reply and reads until response.created came: the connection,
+ * whose next bytes are the events after it, and the response's id into id (cap bytes);
+ * -1 when that failed. */
+static int open_stream(char *id, size_t cap)
 {
     static const char body[] = "{\"input\":\"Tell me everything.\",\"stream\":true,"
                                "\"temperature\":0,\"max_output_tokens\":1900,"
@@ -271,12 +272,13 @@ static int abandon_stream(char *id, size_t cap)
         if (at && !strchr(at + 6, '"'))
             at = NULL;
     }
-    close(fd);
-    if (!at)
+    if (!at) {
+        close(fd);
         return -1;
+    }
     at += 6;
     snprintf(id, cap, "%.*s", (int)(strchr(at, '"') - at), at);
-    return 0;
+    return fd;
 }
 
 static void abandoned_and_failed_streams_are_kept(void)
@@ -284,7 +286,9 @@ static void abandoned_and_failed_streams_are_kept(void)
     NEED();
     CHECK(start("streams", NULL) == 0);
     char id[128];
-    CHECK(abandon_stream(id, sizeof id) == 0);
+    int fd = open_stream(id, sizeof id);
+    CHECK(fd >= 0);
+    close(fd);
     json_object *gone = get_when_there(id);
     CHECK_MSG(gone, "%s never stored", id);
     CHECK_MSG(str_is(gone, "status", "incomplete") &&
@@ -329,6 +333,40 @@ static void abandoned_and_failed_streams_are_kept(void)
     json_object_put(g);
     json_object_put(gone);
     json_object_put(failed);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* A stream the daemon's shutdown cuts ends incomplete ("shutdown"), and is stored for the
+ * next start, whether the worker or, once it left, sched_free writes it. */
+static void stream_cut_by_shutdown_is_kept(void)
+{
+    NEED();
+    CHECK(start("shutdown", NULL) == 0);
+    char id[128];
+    int fd = open_stream(id, sizeof id);
+    CHECK(fd >= 0);
+    kill(d.pid, SIGTERM);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t got;
+    while (buf && len + 1 < cap && (got = recv(fd, buf + len, cap - len - 1, 0)) > 0)
+        len += (size_t)got;
+    close(fd);
+    if (buf)
+        buf[len] = '\0';
+    bool incomplete = buf && strstr(buf, "event: response.incomplete");
+    CHECK_MSG(incomplete, "the stream ended: %.300s",
+              buf && len > 300 ? buf + len - 300 : buf ? buf : "");
+    free(buf);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+    CHECK(start("shutdown", NULL) == 0);
+    char path[160];
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    int st;
+    json_object *g = call(NULL, "GET", path, NULL, &st, NULL);
+    CHECK_MSG(st == 200 && str_is(g, "status", "incomplete") &&
+                  str_is(g, "incomplete_details.reason", "shutdown"), "%d %s", st, json_text(g));
+    json_object_put(g);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
@@ -435,6 +473,7 @@ int main(int argc, char **argv)
                        model_path, sizeof model_path);
     RUN(responses_survive_restarts);
     RUN(abandoned_and_failed_streams_are_kept);
+    RUN(stream_cut_by_shutdown_is_kept);
     RUN(damaged_record_is_skipped);
     RUN(memory_mode_keeps_none);
     return test_finish();
