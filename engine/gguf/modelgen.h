@@ -68,15 +68,15 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    /* Mixture of experts (qwen2moe, qwen3moe and olmoe need it; llama with it is Mixtral):
-     * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
+    /* Mixture of experts (qwen2moe, qwen3moe, olmoe and gpt-oss need it; llama with it is
+     * Mixtral): n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
      * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
      * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
      * have unit scale: tokens spread over the experts. */
     int n_expert;
     int n_expert_used;
-    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe; llama's and olmoe's
-                           are n_ff); 0: n_ff */
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; llama's
+                           and olmoe's are n_ff); 0: n_ff */
     int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     bool mxfp4_experts; /* ffn_{gate,up,down}_exps in MXFP4, as gpt-oss's files have them
