@@ -311,7 +311,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
         return err_set(err, "rope factors (LongRoPE) are phi3's");
     if (!windowed && p->sliding_window)
         return err_set(err, "a sliding window is phi3's, the Gemma family's and gpt-oss's");
-    if (p->mxfp4_experts && (!p->n_expert || p->dim % 32 || (p->n_ff_exp ? p->n_ff_exp : p->n_ff) % 32))
+    int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
+    if (p->mxfp4_experts && (!p->n_expert || p->dim % 32 || ff_exp % 32))
         return err_set(err, "MXFP4 experts need experts whose rows are whole blocks of 32");
     if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);

@@ -1939,10 +1939,10 @@ static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *
  * r->proj: each row routed (model_route, on the router's logits plus gpt-oss's bias), then
  * expert by expert the rows routed to it gathered into one block, so that each expert's
  * matrices are read once for all of them, and w * down(silu(gate x) * up x) added into
- * their rows (gpt-oss: each product plus its expert's bias, and ops_swiglu_oai for silu); then qwen2moe's shared
- * expert over every row, scaled by sigmoid(shexp_gate . x). A row's terms are added in
- * the order of its experts' indices whatever other rows the step holds, so a sequence
- * batched with others gets its solo sums.
+ * their rows (gpt-oss: each product plus its expert's bias, and ops_swiglu_oai for silu);
+ * then qwen2moe's shared expert over every row, scaled by sigmoid(shexp_gate . x). A
+ * row's terms are added in the order of its experts' indices whatever other rows the step
+ * holds, so a sequence batched with others gets its solo sums.
  */
 static void model_moe(model_runner *r, const model_layer *L, int n)
 {

@@ -84,8 +84,8 @@ typedef struct ops_rope_scaling {
  * frequency, one rotating fewer than beta_slow times is divided by factor, linear in between;
  * the ramp's ends are those fractional pair indices floored and ceiled (kept as they are
  * when !truncate: Hugging Face's rope_scaling "truncate": false, which gpt-oss sets as
- * OpenAI's own code computes it), clamped to [0, head_dim - 1]. cos and sin are multiplied by attn_factor * (1 + 0.1 ln factor), the last
- * term only when ext_factor is not 0. */
+ * OpenAI's own code computes it), clamped to [0, head_dim - 1]. cos and sin are multiplied
+ * by attn_factor * (1 + 0.1 ln factor), the last term only when ext_factor is not 0. */
 ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_ctx,
                                float beta_fast, float beta_slow, float ext_factor,
                                float attn_factor, bool truncate);
