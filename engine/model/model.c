@@ -382,7 +382,11 @@ static int model_read_gemma(const gguf_file *g, const char *arch, model_hparams 
  * gpt-oss's hyper-parameters, as llama.cpp reads them and Hugging Face's GptOssConfig
  * defines them: attention.sliding_window (required; 128 in the published models) on the
  * layers HF's layer_types make "sliding_attention", the even ones (swa_pattern 2, as
- * llama.cpp's); attention.layer_norm_rms_epsilon required; the experts' clamped SwiGLU,
+ * llama.cpp's; its optional attention.sliding_window_pattern, a period, is read too, the
+ * per-layer array form is refused); a rope.freq_base_swa other than rope.freq_base (which
+ * llama.cpp would apply to the sliding layers, YaRN-scaled) is refused, as this engine's
+ * other base for sliding layers is gemma3's unscaled one;
+ * attention.layer_norm_rms_epsilon required; the experts' clamped SwiGLU,
  * whose constants (alpha 1.702, limit 7) no key carries (llama.cpp and HF hard-code them).
  * The query scale is 1/sqrt(head_dim) and RoPE NEOX's halves, as for the others; YaRN's
  * ramp is not truncated (model_read_rope_scale).
@@ -392,11 +396,17 @@ static int model_read_gptoss(const gguf_file *g, const char *arch, model_hparams
 {
     if (hp->arch != MODEL_ARCH_GPTOSS)
         return 0;
-    hp->swa_pattern = 2;
     hp->ffn_act = MODEL_FFN_SWIGLU_OAI;
+    float base_swa;
     if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
-        model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0)
+        model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+        model_get_dim(g, arch, "attention.sliding_window_pattern", 2, &hp->swa_pattern, err) < 0 ||
+        model_get_float(g, arch, "rope.freq_base_swa", hp->rope_base, &base_swa, err) < 0)
         return -1;
+    if (base_swa != hp->rope_base)
+        return err_set(err, "metadata key '%s.rope.freq_base_swa' is %g, not rope.freq_base's "
+                            "%g: a RoPE base of the sliding layers' own is not supported",
+                       arch, (double)base_swa, (double)hp->rope_base);
     return 0;
 }
 

@@ -115,6 +115,37 @@ static int rewrite(const char *src, const char *dst, const char *drop_tensor,
     return rc;
 }
 
+/* Copies src into dst with one more metadata key: key = u (kind 'u'), f ('f') or the
+ * array {u, u} of uint32 ('a'). */
+static int with_key(const char *src, const char *dst, const char *key, char kind, uint32_t u,
+                    float f)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        gguf_writer_copy_kv(w, g, i);
+    uint32_t arr[2] = {u, u};
+    if (kind == 'u')
+        gguf_writer_set_u32(w, key, u);
+    else if (kind == 'f')
+        gguf_writer_set_f32(w, key, f);
+    else
+        gguf_writer_set_arr(w, key, GGUF_UINT32, arr, 2);
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+    }
+    int rc = gguf_writer_write(w, dst, err);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
 /* A prefill of 40 (past the window 5 times), 6 decodes, then a fresh sequence with gapped
  * and out-of-order batches (positions 0..7, 30..37, then 12..15 after them). */
 static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
@@ -153,6 +184,33 @@ static void test_metadata(void)
     CHECK_NEAR(hp->rope_scaling.ramp_high, hi, 1e-5);
     CHECK(hp->rope_scaling.ramp_low != floorf(hp->rope_scaling.ramp_low));
     CHECK_NEAR(hp->rope_scaling.mscale, 1 + 0.1 * log(32.0), 1e-6);
+    model_free(m);
+
+    /* newer llama.cpp's optional keys: a window period (3: layers 0 and 1 slide, 2 not);
+     * its per-layer array form and a sliding layers' RoPE base of their own are refused */
+    char dst[512];
+    snprintf(dst, sizeof dst, "%s/keyed.gguf", test_tmpdir());
+    p.n_layer = 4;
+    const char *src = gen(&p, "meta4");
+    CHECK(with_key(src, dst, "gpt-oss.attention.sliding_window_pattern", 'u', 3, 0) == 0);
+    m = model_load(dst, err);
+    CHECK_MSG(m, "%s", err);
+    for (int l = 0; m && l < 4; l++)
+        CHECK_MSG(model_layer_window(model_hparams_of(m), l) == (l % 3 < 2 ? W_SMALL : 0),
+                  "layer %d", l);
+    model_free(m);
+    CHECK(with_key(src, dst, "gpt-oss.attention.sliding_window_pattern", 'a', 2, 0) == 0);
+    m = model_load(dst, err);
+    CHECK_MSG(!m && strstr(err, "gpt-oss.attention.sliding_window_pattern"), "%s",
+              m ? "loaded" : err);
+    model_free(m);
+    CHECK(with_key(src, dst, "gpt-oss.rope.freq_base_swa", 'f', 0, 10000.0f) == 0);
+    m = model_load(dst, err);
+    CHECK_MSG(!m && strstr(err, "gpt-oss.rope.freq_base_swa"), "%s", m ? "loaded" : err);
+    model_free(m);
+    CHECK(with_key(src, dst, "gpt-oss.rope.freq_base_swa", 'f', 0, 150000.0f) == 0);
+    m = model_load(dst, err);
+    CHECK_MSG(m, "%s", err);
     model_free(m);
 }
 
