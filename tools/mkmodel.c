@@ -3,11 +3,12 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |bert|nomic-bert
+ *                  |gpt-oss|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
- *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
+ *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
+ *            [--expert-type mxfp4|type]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
- *                  |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
+ *                  |iq4_nl|iq4_xs|mxfp4|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
  *                  |iq4_nl_mix|iq4_xs_mix
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
@@ -16,7 +17,7 @@
  *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
- *                                   gemma2/gemma3's, default 4096 / 1024)
+ *                                   gemma2/gemma3's/gpt-oss's, default 4096 / 1024 / 128)
  *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
  *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
  *                                   have 8, applied to the global layers)
@@ -28,8 +29,10 @@
  *
  * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe and olmoe
  * need it; llama with it is Mixtral; llama's and olmoe's experts are of --ffn):
- * --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe; default --ffn), --shared-ffn qwen2moe's shared expert's
- * (default --ffn).
+ * --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; default --ffn),
+ * --shared-ffn qwen2moe's shared expert's (default --ffn). gpt-oss needs experts too, and
+ * writes them in MXFP4 as its published files have them (--expert-type mxfp4, its
+ * default; --expert-type type writes them in --type, as the other architectures do).
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
@@ -71,7 +74,7 @@ static const struct {
     {"q2_k", QTYPE_Q2_K, MODELGEN_MIX_NONE}, {"q3_k", QTYPE_Q3_K, MODELGEN_MIX_NONE},
     {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
     {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},   {"iq4_nl", QTYPE_IQ4_NL, MODELGEN_MIX_NONE},
-    {"iq4_xs", QTYPE_IQ4_XS, MODELGEN_MIX_NONE},
+    {"iq4_xs", QTYPE_IQ4_XS, MODELGEN_MIX_NONE}, {"mxfp4", QTYPE_MXFP4, MODELGEN_MIX_NONE},
     /* llama.cpp's mixes: some tensors in other types (modelgen.h); q2_k_mix is what
      * llama-quantize calls Q2_K, q2_k every matrix in Q2_K (and so for IQ4_NL, IQ4_XS) */
     {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S},
@@ -87,14 +90,16 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
-            "                      gemma|gemma2|gemma3|bert|nomic-bert\n"
+            "                      gemma|gemma2|gemma3|gpt-oss|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
-            "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
-            "               (experts: qwen2moe, qwen3moe and olmoe need them, llama with\n"
-            "               them is Mixtral; an expert's hidden size and qwen2moe's shared\n"
-            "               expert's default to --ffn, llama's and olmoe's are --ffn)\n"
+            "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
+            "                [--expert-type mxfp4|type]]\n"
+            "               (experts: qwen2moe, qwen3moe, olmoe and gpt-oss need them, llama\n"
+            "               with them is Mixtral; an expert's hidden size and qwen2moe's\n"
+            "               shared expert's default to --ffn, llama's and olmoe's are --ffn;\n"
+            "               the experts' type: gpt-oss's default mxfp4, the others' --type)\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
-            "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
+            "                      |iq4_nl|iq4_xs|mxfp4|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
@@ -104,8 +109,8 @@ static void usage(FILE *out)
             "               [--rope-dims N]  (decoders: rotate N of each head's dimensions)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
-            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3:\n"
-            "               default 4096 / 1024)\n"
+            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss:\n"
+            "               default 4096 / 1024 / 128)\n"
             "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
             "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
@@ -201,6 +206,7 @@ int main(int argc, char **argv)
 {
     modelgen_params p = {.arch = NULL, .n_head_kv = 0, .seed = 1};
     const char *out = NULL, *vocab = NULL, *type = NULL, *from = NULL, *lora_of = NULL;
+    const char *expert_type = NULL;
     const char *lora[MKMODEL_LORA_MAX];
     float lora_scale[MKMODEL_LORA_MAX];
     int n_lora = 0, rank = 0;
@@ -267,6 +273,11 @@ int main(int argc, char **argv)
             p.n_ff_exp = int_arg(a, v);
         else if (!strcmp(a, "--shared-ffn"))
             p.n_ff_shexp = int_arg(a, v);
+        else if (!strcmp(a, "--expert-type")) {
+            if (strcmp(v, "mxfp4") != 0 && strcmp(v, "type") != 0)
+                bad_usage("--expert-type: '%s' is not mxfp4 or type", v);
+            expert_type = v;
+        }
         else if (!strcmp(a, "--head-dim"))
             p.head_dim = int_arg(a, v);
         else if (!strcmp(a, "--rope-dims"))
@@ -324,6 +335,10 @@ int main(int argc, char **argv)
         type = "f16";
     if (!p.n_head_kv)
         p.n_head_kv = p.n_head;
+    if (expert_type && !p.n_expert)
+        bad_usage("--expert-type is the experts' (--experts)");
+    p.mxfp4_experts = expert_type ? !strcmp(expert_type, "mxfp4")
+                                  : p.arch && !strcmp(p.arch, "gpt-oss");
     bool encoder = p.arch && (!strcmp(p.arch, "bert") || !strcmp(p.arch, "nomic-bert"));
     if (!p.pooling_type && encoder)
         p.pooling_type = !strcmp(p.arch, "nomic-bert") ? 1 : 2;

@@ -247,11 +247,14 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
         has_output |= !strcmp(ts[i].name, "output.weight");
     for (int i = 0; i < n_t; i++) {
         modelgen_tensor *t = &ts[i];
-        /* llama-quantize keeps routers in F32 */
-        if (t->n_dims == 1 || strstr(t->name, "ffn_gate_inp"))
+        /* llama-quantize keeps routers in F32, and biases (gpt-oss's experts' are 2-D) */
+        if (t->n_dims == 1 || strstr(t->name, "ffn_gate_inp") || strstr(t->name, ".bias"))
             continue;
-        t->type = modelgen_mix_type(p->mix, p->type, t->name, t->ne[0], p->n_layer,
-                                    p->n_head / p->n_head_kv, has_output);
+        if (p->mxfp4_experts && strstr(t->name, "_exps.weight"))
+            t->type = QTYPE_MXFP4;
+        else
+            t->type = modelgen_mix_type(p->mix, p->type, t->name, t->ne[0], p->n_layer,
+                                        p->n_head / p->n_head_kv, has_output);
         const quant_traits *tr = quant_traits_of(t->type);
         if (!tr->computable)
             return err_set(err, "%s: type %s is not supported", t->name, tr->name);
@@ -276,7 +279,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
 {
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
-                                        "gemma",    "gemma2",   "gemma3"};
+                                        "gemma",    "gemma2",   "gemma3", "gpt-oss"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -295,9 +298,10 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool phi3 = !strcmp(p->arch, "phi3");
     bool olmoe = !strcmp(p->arch, "olmoe");
-    bool moe = olmoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
+    bool gptoss = !strcmp(p->arch, "gpt-oss");
+    bool moe = olmoe || gptoss || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
-    bool windowed = phi3 || !strncmp(p->arch, "gemma", 5);
+    bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5);
     if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
     if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
@@ -306,11 +310,15 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     if (!phi3 && p->rope_orig_ctx)
         return err_set(err, "rope factors (LongRoPE) are phi3's");
     if (!windowed && p->sliding_window)
-        return err_set(err, "a sliding window is phi3's and the Gemma family's");
+        return err_set(err, "a sliding window is phi3's, the Gemma family's and gpt-oss's");
+    int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
+    if (p->mxfp4_experts && (!p->n_expert || p->dim % 32 || ff_exp % 32))
+        return err_set(err, "MXFP4 experts need experts whose rows are whole blocks of 32");
     if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);
     if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
-        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe and olmoe have)",
+        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe, olmoe and gpt-oss "
+                            "have)",
                        p->arch);
     /* llama.cpp's olmoe has q and k norms of dim elements */
     if (olmoe &&
@@ -459,12 +467,13 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
+    bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
     int rope_dims = p->rope_dims ? p->rope_dims : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
-    float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
+    float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : gptoss ? 150000.0f : 10000.0f;
     float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
@@ -513,7 +522,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         (p->n_expert &&
          (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
           gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
-        ((qwen2moe || qwen3moe) &&
+        ((qwen2moe || qwen3moe || gptoss) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
         (qwen2moe && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
                                          (uint32_t)ff_shexp) < 0) ||
@@ -543,6 +552,14 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
                               (uint32_t)p->sliding_window) < 0 ||
           (p->rope_orig_ctx &&
            gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), attn_factor) < 0))) ||
+        (gptoss &&
+         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)(p->sliding_window ? p->sliding_window : 128)) < 0 ||
+          gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), 32.0f) < 0 ||
+          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 4096) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
         (granite &&
          (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
@@ -600,7 +617,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2) {
+        if (qwen2 || gptoss) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -614,9 +631,18 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
+        if (gptoss) {
+            /* sinks of about e^1 times one entry's weight: a share of the attention that
+             * shows in the logits */
+            ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+            ADD(N("attn_sinks.weight"), 1, p->n_head, 1, 1.0f, 1.0f);
+            /* the feed-forward's norm, named after HF's post_attention_layernorm */
+            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        }
         if (gemma2 || gemma3)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (!gptoss)
+            ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
@@ -635,6 +661,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD_EXPERTS(N("ffn_gate_exps.weight"), p->dim, ff_exp, s_dim);
         ADD_EXPERTS(N("ffn_up_exps.weight"), p->dim, ff_exp, s_dim);
         ADD_EXPERTS(N("ffn_down_exps.weight"), ff_exp, p->dim, 1.0f / sqrtf((float)ff_exp));
+        if (gptoss) { /* F32, 2-D ones one row per expert (modelgen_set_types keeps them) */
+            ADD(N("ffn_gate_inp.bias"), 1, p->n_expert, 1, 0.5f, 0.0f);
+            ADD(N("ffn_gate_exps.bias"), 2, ff_exp, p->n_expert, 0.1f, 0.0f);
+            ts[n_t - 1].type = QTYPE_F32;
+            ADD(N("ffn_up_exps.bias"), 2, ff_exp, p->n_expert, 0.1f, 0.0f);
+            ts[n_t - 1].type = QTYPE_F32;
+            ADD(N("ffn_down_exps.bias"), 2, p->dim, p->n_expert, 0.1f, 0.0f);
+            ts[n_t - 1].type = QTYPE_F32;
+        }
         if (qwen2moe) {
             ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
             ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);

@@ -53,7 +53,13 @@ typedef struct modelgen_params {
      * attn_q_norm / attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head,
      * where the query scale of gemma2/gemma3 is the same under both of llama.cpp's rules
      * (model.h, attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46
-     * layers only (it aborts on another depth), and no gemma3. */
+     * layers only (it aborts on another depth), and no gemma3. "gpt-oss" as llama.cpp's
+     * converter writes gpt-oss-20b/120b: experts (required) with biases (router's, and the
+     * 2-D per-expert ones of gate, up and down, in F32), q/k/v/o biases, attn_sinks (one
+     * per head), attn_norm and post_attention_norm (the feed-forward's), output.weight,
+     * rope.freq_base 150000 and YaRN (factor 32 over an original context of 4096, betas 32
+     * and 1), expert_feed_forward_length and attention.sliding_window (below, 128 when 0;
+     * llama.cpp slides the even layers). */
     const char *arch;
     int dim;
     int n_layer;
@@ -62,17 +68,19 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    /* Mixture of experts (qwen2moe, qwen3moe and olmoe need it; llama with it is Mixtral):
-     * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
+    /* Mixture of experts (qwen2moe, qwen3moe, olmoe and gpt-oss need it; llama with it is
+     * Mixtral): n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
      * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
      * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
      * have unit scale: tokens spread over the experts. */
     int n_expert;
     int n_expert_used;
-    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe; llama's and olmoe's
-                           are n_ff); 0: n_ff */
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; llama's
+                           and olmoe's are n_ff); 0: n_ff */
     int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
+    bool mxfp4_experts; /* ffn_{gate,up,down}_exps in MXFP4, as gpt-oss's files have them
+                           (rows must be whole blocks of 32); the other matrices in type */
     /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with
      * MODELGEN_MIX_Q4_K_M); each must be computable. */
     modelgen_mix mix;
@@ -90,8 +98,9 @@ typedef struct modelgen_params {
      * so that a test can write a value llmsd must refuse. */
     int pooling_type;
     /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
-     * gemma2 / gemma3: 0 writes the family's (4096 for gemma2, 1024 for gemma3, as Gemma 2
-     * and Gemma 3 4B+ have it); other architectures have none. */
+     * gemma2 / gemma3 / gpt-oss: 0 writes the family's (4096 for gemma2, 1024 for gemma3,
+     * as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss); other architectures have
+     * none. */
     int sliding_window;
     /* gemma2: {arch}.attn_logit_softcapping and final_logit_softcapping, 0: Gemma 2's 50
      * and 30. */

@@ -1,6 +1,7 @@
 /*
- * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3
- * model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its forward pass.
+ * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
+ * gpt-oss model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its
+ * forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -66,6 +67,13 @@ typedef struct model_layer {
     ops_matrix up_exps;     /* (n_expert * n_ff_exp, dim) */
     ops_matrix down_exps;   /* (n_expert * dim, n_ff_exp) */
     const float *shexp_gate; /* (dim) the shared expert's sigmoid gate (qwen2moe), or NULL */
+    /* gpt-oss (NULL for the others): attention sinks, the output's and the experts' biases */
+    const float *attn_sinks; /* (n_head) one logit per head in its softmax's denominator */
+    const float *bo;         /* (dim) attn_output.bias */
+    const float *router_b;   /* (n_expert) ffn_gate_inp.bias */
+    const float *gate_exps_b; /* (n_expert, n_ff_exp) */
+    const float *up_exps_b;   /* (n_expert, n_ff_exp) */
+    const float *down_exps_b; /* (n_expert, dim) */
 } model_layer;
 
 struct model {
@@ -104,7 +112,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_GRANITE] = "granite",   [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
     [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
     [MODEL_ARCH_GEMMA] = "gemma",       [MODEL_ARCH_GEMMA2] = "gemma2",
-    [MODEL_ARCH_GEMMA3] = "gemma3",
+    [MODEL_ARCH_GEMMA3] = "gemma3",    [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -204,8 +212,10 @@ static int model_read_rope_scale(const gguf_file *g, const char *arch, const mod
         if (gguf_find_key(g, key) >= 0 &&
             (!gguf_get_f32(g, key, &ext_factor) || !(ext_factor >= 0.0f && ext_factor <= 1.0f)))
             return err_set(err, "metadata key '%s' is not a number in [0, 1]", key);
+        /* gpt-oss: Hugging Face's config says "truncate": false, as OpenAI's own code
+         * computes the ramp (llama.cpp truncates for every model) */
         *out = ops_rope_yarn(hp->rope_dims, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
-                             ext_factor, attn_factor);
+                             ext_factor, attn_factor, hp->arch != MODEL_ARCH_GPTOSS);
         return 0;
     } else {
         return err_set(err, "rope scaling '%.*s' is not supported (none, linear and yarn are)",
@@ -280,15 +290,17 @@ static int model_read_window(const gguf_file *g, model_hparams *hp, char err[ERR
  * expert_used_count), the shared expert's expert_shared_feed_forward_length (qwen2moe;
  * default feed_forward_length). Routing as each model's published code: softmax over
  * every expert then the k most probable, renormalised to sum 1 for qwen3moe
- * (norm_topk_prob) and Mixtral (its top-k then softmax over the chosen is the same), not
- * for qwen2moe and olmoe.
+ * (norm_topk_prob), Mixtral and gpt-oss (their top-k then softmax over the chosen is the
+ * same), not for qwen2moe and olmoe. gpt-oss requires expert_feed_forward_length, as
+ * llama.cpp does.
  */
 static int model_read_experts(const gguf_file *g, const char *arch, model_hparams *hp,
                               char err[ERR_MAX])
 {
     bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE;
+    bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN2MOE &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE)
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE && !gptoss)
         return 0;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
@@ -306,7 +318,7 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
         return err_set(err, "metadata key '%s.expert_used_count' is %d, more than the %d "
                             "experts of %s", arch, hp->n_expert_used, hp->n_expert, key);
     bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE;
-    int dflt = own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
+    int dflt = gptoss ? -1 : own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
     if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
                       &hp->n_ff_exp, err) < 0 ||
         (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
@@ -366,6 +378,38 @@ static int model_read_gemma(const gguf_file *g, const char *arch, model_hparams 
     return 0;
 }
 
+/*
+ * gpt-oss's hyper-parameters, as llama.cpp reads them and Hugging Face's GptOssConfig
+ * defines them: attention.sliding_window (required; 128 in the published models) on the
+ * layers HF's layer_types make "sliding_attention", the even ones (swa_pattern 2, as
+ * llama.cpp's; its optional attention.sliding_window_pattern, a period, is read too, the
+ * per-layer array form is refused); a rope.freq_base_swa other than rope.freq_base (which
+ * llama.cpp would apply to the sliding layers, YaRN-scaled) is refused, as this engine's
+ * other base for sliding layers is gemma3's unscaled one;
+ * attention.layer_norm_rms_epsilon required; the experts' clamped SwiGLU,
+ * whose constants (alpha 1.702, limit 7) no key carries (llama.cpp and HF hard-code them).
+ * The query scale is 1/sqrt(head_dim) and RoPE NEOX's halves, as for the others; YaRN's
+ * ramp is not truncated (model_read_rope_scale).
+ */
+static int model_read_gptoss(const gguf_file *g, const char *arch, model_hparams *hp,
+                             char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_GPTOSS)
+        return 0;
+    hp->ffn_act = MODEL_FFN_SWIGLU_OAI;
+    float base_swa;
+    if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+        model_get_dim(g, arch, "attention.sliding_window_pattern", 2, &hp->swa_pattern, err) < 0 ||
+        model_get_float(g, arch, "rope.freq_base_swa", hp->rope_base, &base_swa, err) < 0)
+        return -1;
+    if (base_swa != hp->rope_base)
+        return err_set(err, "metadata key '%s.rope.freq_base_swa' is %g, not rope.freq_base's "
+                            "%g: a RoPE base of the sliding layers' own is not supported",
+                       arch, (double)base_swa, (double)hp->rope_base);
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -381,7 +425,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
-    bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE;
+    bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
+                    hp->arch == MODEL_ARCH_GPTOSS;
 
     if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
         model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
@@ -441,7 +486,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
          model_get_float(m->g, arch, "logit_scale", 1.0f, &hp->logit_scale, err) < 0))
         return -1;
     hp->ffn_act = MODEL_FFN_SILU;
-    if (model_read_gemma(m->g, arch, hp, err) < 0)
+    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -582,6 +627,57 @@ static int model_vector(model *m, const char *name, int64_t n, const float **out
     return 0;
 }
 
+/* A small 2-D tensor of rows x cols (ne [cols, rows]), converted to f32 into m->vecs:
+ * gpt-oss's per-expert biases. */
+static int model_table(model *m, const char *name, int64_t rows, int64_t cols, const float **out,
+                       char err[ERR_MAX])
+{
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, 2, cols, rows, err);
+    if (!t)
+        return -1;
+    size_t n = (size_t)(rows * cols);
+    if (m->vecs_used + n > m->vecs_cap)
+        return err_set(err, "tensor '%s': internal vector space exhausted", name);
+    float *dst = m->vecs + m->vecs_used;
+    quant_dequantize_row(t->type, t->data, dst, (int64_t)n);
+    m->vecs_used += n;
+    *out = dst;
+    return 0;
+}
+
+/* The f32 values gpt-oss's small tensors take beyond the others' (model_load_gptoss). */
+static size_t model_gptoss_vecs(const model_hparams *hp)
+{
+    if (hp->arch != MODEL_ARCH_GPTOSS)
+        return 0;
+    size_t per_layer = (size_t)hp->n_head + (size_t)hp->dim + (size_t)hp->n_expert +
+                       (size_t)hp->n_expert * (2 * (size_t)hp->n_ff_exp + (size_t)hp->dim);
+    return per_layer * (size_t)hp->n_layer;
+}
+
+/* gpt-oss's tensors of layer l beyond llama's with experts (its q/k/v biases are qwen2's):
+ * the attention sinks (attn_sinks.weight, one per head: a file without them would be
+ * another model), the attention output's bias, the router's bias and each expert's
+ * gate, up and down biases (2-D, one row per expert). */
+static int model_load_gptoss(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (model_vector(m, NAME("attn_sinks.weight"), hp->n_head, &L->attn_sinks, err) < 0 ||
+        model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
+        model_vector(m, NAME("ffn_gate_inp.bias"), hp->n_expert, &L->router_b, err) < 0 ||
+        model_table(m, NAME("ffn_gate_exps.bias"), hp->n_expert, hp->n_ff_exp, &L->gate_exps_b,
+                    err) < 0 ||
+        model_table(m, NAME("ffn_up_exps.bias"), hp->n_expert, hp->n_ff_exp, &L->up_exps_b,
+                    err) < 0 ||
+        model_table(m, NAME("ffn_down_exps.bias"), hp->n_expert, hp->dim, &L->down_exps_b,
+                    err) < 0)
+        return -1;
+#undef NAME
+    return 0;
+}
+
 /* A fused matrix of rows rows (what they are, for the message) of dim columns. */
 static int model_fused(const model *m, const char *name, int64_t rows, const char *what,
                        ops_matrix *out, char err[ERR_MAX])
@@ -641,7 +737,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return -1;
 
     m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
-                  (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
+                  (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
+                  model_gptoss_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
@@ -663,7 +760,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         m->output = m->tok_embd;
     }
 
-    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE;
+    bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
+    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE || gptoss;
     bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
                    hp->arch == MODEL_ARCH_GEMMA3;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
@@ -672,7 +770,10 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
         if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
-            model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
+            /* gpt-oss's converter names the feed-forward's norm after HF's
+             * post_attention_layernorm */
+            model_vector(m, gptoss ? NAME("post_attention_norm.weight") : NAME("ffn_norm.weight"),
+                         hp->dim, &L->ffn_norm, err) < 0 ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
         if (fused) {
@@ -713,6 +814,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_OLMOE &&
             (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
+            return -1;
+        if (gptoss && model_load_gptoss(m, L, l, err) < 0)
             return -1;
         if (hp->post_norms &&
             (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
@@ -1613,8 +1716,9 @@ static void model_attn_job(void *p, int ith, int nth)
         }
         for (int c = 0; c < MODEL_KV_PREFETCH; c++)
             model_prefetch_block(seq, c, shape, s->layer, kvh, true);
+        const float *sinks = s->L->attn_sinks;
         for (int g = 0; g < group; g++)
-            ops_softmax(scores + g * stride, n_kv);
+            ops_softmax_sink(scores + g * stride, n_kv, sinks ? sinks[h0 + g] : -INFINITY);
         memset(out, 0, (size_t)group * hd * sizeof(float));
         int j = 0;
         for (int c = 0; c < seq->n_chunks; c++) {
@@ -1683,6 +1787,7 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
            n_blocks * group) {
         int h = s->kv_head * group + (int)(item % group);
         int t0 = (int)(item / group) * blk;
+        float sink = s->L->attn_sinks ? s->L->attn_sinks[h] : -INFINITY;
         int nt = pt->n - t0 < blk ? pt->n - t0 : blk;
         int32_t max_pos = 0, min_pos = INT32_MAX;
         for (int t = t0; t < t0 + nt; t++) {
@@ -1710,7 +1815,7 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
             for (int j = j0; j < nv; j++)
                 if (r->kv_pos[j] > pos || r->kv_pos[j] < lo)
                     row[j] = -INFINITY;
-            ops_softmax(row + j0, w);
+            ops_softmax_sink(row + j0, w, sink);
             model_recv_add(r, &recv, pt, row + j0, 1, 0, j0, w);
             if (b->attn)
                 memcpy(b->attn + (((size_t)s->layer * hp->n_head + h) * b->n_tokens + pt->t0 +
@@ -1841,18 +1946,21 @@ static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *
 
 /*
  * The feed-forward of a layer with experts over the step's n normalized rows r->xn into
- * r->proj: each row routed (model_route), then expert by expert the rows routed to it
- * gathered into one block, so that each expert's matrices are read once for all of
- * them, and w * down(silu(gate x) * up x) added into their rows; then qwen2moe's shared
- * expert over every row, scaled by sigmoid(shexp_gate . x). A row's terms are added in
- * the order of its experts' indices whatever other rows the step holds, so a sequence
- * batched with others gets its solo sums.
+ * r->proj: each row routed (model_route, on the router's logits plus gpt-oss's bias), then
+ * expert by expert the rows routed to it gathered into one block, so that each expert's
+ * matrices are read once for all of them, and w * down(silu(gate x) * up x) added into
+ * their rows (gpt-oss: each product plus its expert's bias, and ops_swiglu_oai for silu);
+ * then qwen2moe's shared expert over every row, scaled by sigmoid(shexp_gate . x). A
+ * row's terms are added in the order of its experts' indices whatever other rows the step
+ * holds, so a sequence batched with others gets its solo sums.
  */
 static void model_moe(model_runner *r, const model_layer *L, int n)
 {
     const model_hparams *hp = &r->m->hp;
     int dim = hp->dim, k = hp->n_expert_used, ff = hp->n_ff_exp;
     ops_matmul(r->pool, &L->router, r->xn, n, r->router, r->mm_scratch);
+    for (int t = 0; L->router_b && t < n; t++)
+        ops_add(r->router + (size_t)t * hp->n_expert, L->router_b, hp->n_expert);
     for (int t = 0; t < n; t++)
         model_route(hp, r->router + (size_t)t * hp->n_expert, r->sel + (size_t)t * k,
                     r->sel_w + (size_t)t * k);
@@ -1873,9 +1981,20 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
         const ops_matrix *gate_up[] = {&gate, &up};
         float *gate_up_out[] = {r->gate, r->up};
         ops_matmul_n(r->pool, 2, gate_up, r->ex_in, c, gate_up_out, r->mm_scratch);
-        for (int i = 0; i < c; i++)
-            ops_silu_mul(r->gate + (size_t)i * ff, r->up + (size_t)i * ff, ff);
+        for (int i = 0; i < c; i++) {
+            float *g = r->gate + (size_t)i * ff, *u = r->up + (size_t)i * ff;
+            if (L->gate_exps_b) {
+                ops_add(g, L->gate_exps_b + (size_t)e * ff, ff);
+                ops_add(u, L->up_exps_b + (size_t)e * ff, ff);
+            }
+            if (hp->ffn_act == MODEL_FFN_SWIGLU_OAI)
+                ops_swiglu_oai(g, u, ff);
+            else
+                ops_silu_mul(g, u, ff);
+        }
         ops_matmul(r->pool, &down, r->gate, c, r->ex_out, r->mm_scratch);
+        for (int i = 0; L->down_exps_b && i < c; i++)
+            ops_add(r->ex_out + (size_t)i * dim, L->down_exps_b + (size_t)e * dim, dim);
         for (int i = 0; i < c; i++) {
             float w = r->sel_w[r->ex_rows[i]], *y = r->proj + (size_t)(r->ex_rows[i] / k) * dim;
             const float *o = r->ex_out + (size_t)i * dim;
@@ -2156,6 +2275,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
         const int o_slot = LORA_SLOT(l, LORA_O);
         model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
+        for (int t = 0; L->bo && t < n; t++)
+            ops_add(r->proj + (size_t)t * dim, L->bo, dim);
         if (L->attn_post_norm) {
             s.norm_w = L->attn_post_norm;
             model_run(r, model_post_norm_job, &s);

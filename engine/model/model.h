@@ -15,7 +15,11 @@
  * (post_attention_norm, post_ffw_norm) and sliding-window attention on some layers
  * (model_layer_window); gemma2 soft-caps the attention scores and the logits
  * (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k norms and RoPE of base 10000,
- * unscaled, on its sliding layers. Weights are used in place from the file mapping.
+ * unscaled, on its sliding layers; OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's
+ * layout): q/k/v/o with biases, NEOX RoPE with YaRN, attention sinks (one learned logit
+ * per head in every softmax's denominator), a sliding window on the even layers, and
+ * experts with biases (router included) and OpenAI's clamped SwiGLU, routed by softmax over
+ * the top k of the router's logits. Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -46,6 +50,7 @@ enum model_arch {
     MODEL_ARCH_GEMMA,
     MODEL_ARCH_GEMMA2,
     MODEL_ARCH_GEMMA3,
+    MODEL_ARCH_GPTOSS,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -59,6 +64,7 @@ int model_arch_from_name(const char *name, size_t len);
 enum model_ffn_act {
     MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
+    MODEL_FFN_SWIGLU_OAI, /* gpt-oss's experts: ops_swiglu_oai, clamped at 7 */
 };
 
 /* How RoPE pairs up dimensions within a head. */

@@ -63,11 +63,16 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
 
 void ops_softmax(float *x, int n)
 {
+    ops_softmax_sink(x, n, -INFINITY);
+}
+
+void ops_softmax_sink(float *x, int n, float sink)
+{
     if (ops_have_avx2()) {
-        ops_avx2_softmax(x, n);
+        ops_avx2_softmax_sink(x, n, sink);
         return;
     }
-    float max = -INFINITY;
+    float max = sink;
     for (int i = 0; i < n; i++)
         if (x[i] > max)
             max = x[i];
@@ -77,6 +82,8 @@ void ops_softmax(float *x, int n)
         x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - max);
         sum += x[i];
     }
+    if (sink != -INFINITY)
+        sum += expf(sink - max);
     float inv = 1.0f / sum;
     for (int i = 0; i < n; i++)
         x[i] *= inv;
@@ -90,6 +97,16 @@ void ops_silu_mul(float *g, const float *u, int n)
     }
     for (int i = 0; i < n; i++)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void ops_swiglu_oai(float *g, const float *u, int n)
+{
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int i = 0; i < n; i++) {
+        float a = g[i] < limit ? g[i] : limit;
+        float b = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        g[i] = a / (1.0f + expf(-alpha * a)) * (b + 1.0f);
+    }
 }
 
 void ops_gelu_tanh_mul(float *g, const float *u, int n)
@@ -164,14 +181,16 @@ void ops_gelu_bias(float *x, const float *b, int n)
 
 ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_ctx,
                                float beta_fast, float beta_slow, float ext_factor,
-                               float attn_factor)
+                               float attn_factor, bool truncate)
 {
     /* The fractional pair index whose wavelength fits orig_ctx / beta times: solves
      * orig_ctx / (2*pi*base^(2i/head_dim)) = beta for i. */
     double lo = head_dim * log(orig_ctx / (beta_fast * 2.0 * M_PI)) / (2.0 * log(base));
     double hi = head_dim * log(orig_ctx / (beta_slow * 2.0 * M_PI)) / (2.0 * log(base));
-    lo = floor(lo);
-    hi = ceil(hi);
+    if (truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
     ops_rope_scaling s = {
         .freq_scale = 1.0f / factor,
         .ext_factor = ext_factor,

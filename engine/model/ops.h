@@ -18,8 +18,18 @@ void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* In-place softmax over n elements. */
 void ops_softmax(float *x, int n);
 
+/* In-place softmax over the n elements and one more logit, sink, whose probability is
+ * dropped: x[i] = e^x[i] / (sum of e^x[j] + e^sink), each shifted by the largest of them
+ * all (gpt-oss's attention sinks: a logit per head that takes a share of the attention and
+ * gives no value). sink = -INFINITY is ops_softmax, bit for bit. */
+void ops_softmax_sink(float *x, int n, float sink);
+
 /* g[i] = silu(g[i]) * u[i] (SwiGLU). */
 void ops_silu_mul(float *g, const float *u, int n);
+
+/* gpt-oss's clamped SwiGLU (OpenAI's, llama.cpp's swiglu_oai): with a = min(g[i], 7) and
+ * b = clamp(u[i], -7, 7), g[i] = a * sigmoid(1.702 a) * (b + 1). */
+void ops_swiglu_oai(float *g, const float *u, int n);
 
 /* g[i] = gelu(g[i]) * u[i] (GeGLU) with gelu's tanh approximation, 0.5 x (1 + tanh(
  * sqrt(2/pi) (x + 0.044715 x^3))), as Gemma computes it (HF's gelu_pytorch_tanh); the AVX2
@@ -72,12 +82,13 @@ typedef struct ops_rope_scaling {
 /* YaRN (Peng et al. 2023) as llama.cpp computes it: pair i of wavelength
  * 2*pi*base^(2i/head_dim) rotating more than beta_fast times over orig_ctx positions keeps its
  * frequency, one rotating fewer than beta_slow times is divided by factor, linear in between;
- * the ramp's ends are those fractional pair indices floored and ceiled, clamped to
- * [0, head_dim - 1]. cos and sin are multiplied by attn_factor * (1 + 0.1 ln factor), the last
- * term only when ext_factor is not 0. */
+ * the ramp's ends are those fractional pair indices floored and ceiled (kept as they are
+ * when !truncate: Hugging Face's rope_scaling "truncate": false, which gpt-oss sets as
+ * OpenAI's own code computes it), clamped to [0, head_dim - 1]. cos and sin are multiplied
+ * by attn_factor * (1 + 0.1 ln factor), the last term only when ext_factor is not 0. */
 ops_rope_scaling ops_rope_yarn(int head_dim, float base, float factor, int orig_ctx,
                                float beta_fast, float beta_slow, float ext_factor,
-                               float attn_factor);
+                               float attn_factor, bool truncate);
 
 /* cs = mscale * (cos, sin) of pair i's angle for i < head_dim/2: theta = pos *
  * base^(-2i/head_dim) / freq_factors[i], then freq_scale * theta * (1 - w) + theta * w with w

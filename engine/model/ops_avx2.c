@@ -179,9 +179,9 @@ static __m256 ops_avx2_exp_neg(__m256 x)
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-void ops_avx2_softmax(float *x, int n)
+void ops_avx2_softmax_sink(float *x, int n, float sink)
 {
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = _mm256_set1_ps(sink);
     int i = 0;
     for (; i + 8 <= n; i += 8)
         vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
@@ -203,6 +203,8 @@ void ops_avx2_softmax(float *x, int n)
         x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - max);
         sum += x[i];
     }
+    if (sink != -INFINITY)
+        sum += expf(sink - max);
     __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (i = 0; i + 8 <= n; i += 8)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));

@@ -16,7 +16,7 @@ void ops_avx2_attn_scores_f32(const float *q, int n_q, const float *k, int n_k, 
                               float scale, float *scores, size_t stride);
 void ops_avx2_attn_accum_f32(float *out, int n_q, const float *p, size_t stride, const float *v,
                              int n_k, int d);
-void ops_avx2_softmax(float *x, int n);
+void ops_avx2_softmax_sink(float *x, int n, float sink);
 void ops_avx2_silu_mul(float *g, const float *u, int n);
 void ops_avx2_gelu_tanh_mul(float *g, const float *u, int n);
 void ops_avx2_softcap(float *x, int n, float cap);

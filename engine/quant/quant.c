@@ -54,6 +54,7 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_BF16] = {"BF16", 1, 2, true},
     [QTYPE_TQ1_0] = {"TQ1_0", 256, 54, false},
     [QTYPE_TQ2_0] = {"TQ2_0", 256, 66, false},
+    [QTYPE_MXFP4] = {"MXFP4", 32, 17, true},
 };
 
 const quant_traits *quant_traits_of(uint32_t t)
@@ -261,6 +262,15 @@ static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
     }
 }
 
+static void dequant_mxfp4(const qblock_mxfp4 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        float d = qb_e8m0_half(b[i].e);
+        for (int j = 0; j < QB_32; j++)
+            y[j] = d * (float)qb_mxfp4_grid[qb_nibble(b[i].qs, j)];
+    }
+}
+
 static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++) {
@@ -408,6 +418,9 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         break;
     case QTYPE_IQ4_NL:
         dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_MXFP4:
+        dequant_mxfp4(src, dst, n / QB_32);
         break;
     case QTYPE_IQ4_XS:
         dequant_iq4_xs(src, dst, n / QB_256);
@@ -813,6 +826,37 @@ static void quantize_iq4_nl(const float *x, qblock_iq4_nl *b, int64_t nb)
     }
 }
 
+/* MXFP4, as llama.cpp's reference quantizer and the OCP MX spec choose: the shared
+ * exponent floor(log2(absmax)) - 2 (E2M1's largest exponent), so that absmax / scale lies
+ * in [4, 8) and values past 6 times the scale saturate to 6; each element the nearest of
+ * the grid's values times the half scale, the lowest code on ties (so +0, never -0). The
+ * exponent is kept within E8M0's finite range [0, 254]. */
+static void quantize_mxfp4(const float *x, qblock_mxfp4 *b, int64_t nb)
+{
+    uint8_t q[QB_32];
+    for (int64_t i = 0; i < nb; i++, x += QB_32) {
+        float amax = 0.0f;
+        for (int j = 0; j < QB_32; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        int e = amax > 0.0f ? (int)floorf(log2f(amax)) - 2 + 127 : 0;
+        b[i].e = (uint8_t)(e < 0 ? 0 : e > 254 ? 254 : e);
+        float d = qb_e8m0_half(b[i].e);
+        for (int j = 0; j < QB_32; j++) {
+            int best = 0;
+            float best_err = fabsf((float)qb_mxfp4_grid[0] * d - x[j]);
+            for (int k = 1; k < 16; k++) {
+                float err = fabsf((float)qb_mxfp4_grid[k] * d - x[j]);
+                if (err < best_err) {
+                    best = k;
+                    best_err = err;
+                }
+            }
+            q[j] = (uint8_t)best;
+        }
+        pack_nibbles(q, b[i].qs);
+    }
+}
+
 /* IQ4_XS: each sub-block's scale fitted on the grid, the largest-magnitude one mapped to
  * -32 (the extra negative step of the 6-bit scales) by the f16 super-block factor, then
  * each value's nearest grid point for its scale as stored. */
@@ -949,6 +993,9 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
     case QTYPE_IQ4_NL:
         quantize_iq4_nl(src, dst, n / QB_32);
         break;
+    case QTYPE_MXFP4:
+        quantize_mxfp4(src, dst, n / QB_32);
+        break;
     case QTYPE_IQ4_XS:
         quantize_iq4_xs(src, dst, n / QB_256);
         break;
@@ -986,6 +1033,7 @@ uint32_t quant_dot_activation_type(uint32_t t)
     case QTYPE_Q5_0:
     case QTYPE_Q5_1:
     case QTYPE_IQ4_NL:
+    case QTYPE_MXFP4:
         return QTYPE_Q8_0;
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
@@ -1078,6 +1126,20 @@ static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb
         for (int j = 0; j < QB_32; j++)
             s += qb_iq4_grid[qb_nibble(x[i].qs, j)] * y[i].qs[j];
         sum += qb_f16_to_f32(x[i].d) * qb_f16_to_f32(y[i].d) * (float)s;
+    }
+    return sum;
+}
+
+/* MXFP4 as llama.cpp's vec_dot: the integers of twice the E2M1 values, times half the
+ * block's scale. */
+static float dot_mxfp4(const qblock_mxfp4 *x, const qblock_q8_0 *y, int64_t nb)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int s = 0;
+        for (int j = 0; j < QB_32; j++)
+            s += qb_mxfp4_grid[qb_nibble(x[i].qs, j)] * y[i].qs[j];
+        sum += qb_e8m0_half(x[i].e) * qb_f16_to_f32(y[i].d) * (float)s;
     }
     return sum;
 }
@@ -1248,6 +1310,8 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
         return dot_affine32(1, weights, activation, n / QB_32);
     case QTYPE_IQ4_NL:
         return dot_iq4_nl(weights, activation, n / QB_32);
+    case QTYPE_MXFP4:
+        return dot_mxfp4(weights, activation, n / QB_32);
     case QTYPE_IQ4_XS:
         return dot_iq4_xs(weights, activation, n / QB_256);
     case QTYPE_Q4_K:

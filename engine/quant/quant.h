@@ -45,7 +45,8 @@ enum qtype {
     QTYPE_BF16 = 30,
     QTYPE_TQ1_0 = 34,
     QTYPE_TQ2_0 = 35,
-    QTYPE_COUNT = 36 /* one past the largest id; not every id below it exists */
+    QTYPE_MXFP4 = 39,
+    QTYPE_COUNT = 40 /* one past the largest id; not every id below it exists */
 };
 
 /* Size facts of a type. */
@@ -80,9 +81,11 @@ void quant_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_t n);
 
 /* Packs n f32 values into type t with the exact GGUF block layout (a reference
- * quantizer: round to nearest even; Q8_0 and Q4_0 scales as llama.cpp's reference code
- * chooses them, the other types' scales and mins (and IQ4's grid points) by least-squares
- * searches of this module's own, so the bytes may differ from llama.cpp's while any GGUF
+ * quantizer: round to nearest even; Q8_0 and Q4_0 scales and MXFP4's shared exponent
+ * (floor(log2(absmax)) - 2, the OCP MX rule) as llama.cpp's reference code chooses them,
+ * MXFP4's elements the nearest of its values (the lower code on ties), the other types'
+ * scales and mins (and IQ4's grid points) by least-squares searches of this module's
+ * own, so the bytes may differ from llama.cpp's while any GGUF
  * reader decodes them alike). Also accepts QTYPE_Q8_K. Used by the model generator and
  * the tests. */
 void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
@@ -90,8 +93,8 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 /* ---- dot products (the inner loop of every matrix product) ---- */
 
 /* The activation format the dot product of weight type t consumes: Q8_0 for the types of
- * 32-element blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), Q8_K for those of 256-element
- * super-blocks (Q2_K .. Q6_K, IQ4_XS), F32 for F32/F16/BF16. */
+ * 32-element blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), Q8_K for those of
+ * 256-element super-blocks (Q2_K .. Q6_K, IQ4_XS), F32 for F32/F16/BF16. */
 uint32_t quant_dot_activation_type(uint32_t t);
 
 /* Converts an f32 activation row of n elements into act_type (quant_row_bytes(act_type, n)

@@ -390,6 +390,20 @@ static float dot_iq4_nl(const qblock_iq4_nl *x, const qblock_q8_0 *y, int64_t nb
     return hsum(acc);
 }
 
+/* MXFP4: as IQ4_NL, on the grid of twice the E2M1 values, scaled by half the block's
+ * E8M0 scale: the scalar kernel's integers. */
+static float dot_mxfp4(const qblock_mxfp4 *x, const qblock_q8_0 *y, int64_t nb)
+{
+    const __m256i grid = _mm256_broadcastsi128_si256(load128(qb_mxfp4_grid));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i w = _mm256_shuffle_epi8(grid, unpack_q4_0(x[i].qs));
+        __m256 p = _mm256_cvtepi32_ps(dot_i8x32(w, load256(y[i].qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(qb_e8m0_half(x[i].e) * _cvtsh_ss(y[i].d)), p, acc);
+    }
+    return hsum(acc);
+}
+
 /* IQ4_XS: each sub-block of 32 as IQ4_NL's block, its products' pair sums (at most
  * 2 * 127 * 127, so no saturation) scaled by its 6-bit scale in madd: the scalar kernel's
  * integers. */
@@ -642,6 +656,10 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
         for (; r < n_rows; r++)
             out[r] = dot_iq4_nl((const void *)(w + (size_t)r * row_bytes), activation, n / QB_32);
         break;
+    case QTYPE_MXFP4:
+        for (; r < n_rows; r++)
+            out[r] = dot_mxfp4((const void *)(w + (size_t)r * row_bytes), activation, n / QB_32);
+        break;
     case QTYPE_IQ4_XS:
         for (; r < n_rows; r++)
             out[r] = dot_iq4_xs((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
@@ -745,11 +763,13 @@ INLINE void dequant_legacy(enum legacy_kind kind, const uint8_t *x, float *y, in
     }
 }
 
-/* 16 nibbles of IQ4_NL / IQ4_XS, elements k .. k + 7 (low) and k + 16 .. (high), as their
- * grid values times s, in int32: the integers the scalar code multiplies d by. */
-INLINE void iq4_values8(const uint8_t *qs, int k, int s, __m256i *lo, __m256i *hi)
+/* 16 nibbles of IQ4_NL / IQ4_XS (MXFP4: of its grid), elements k .. k + 7 (low) and
+ * k + 16 .. (high), as their grid_values times s, in int32: the integers the scalar code
+ * multiplies d by. */
+INLINE void iq4_values8(const int8_t grid_values[16], const uint8_t *qs, int k, int s,
+                        __m256i *lo, __m256i *hi)
 {
-    const __m128i grid = load128(qb_iq4_grid), m4 = _mm_set1_epi8(0xF);
+    const __m128i grid = load128(grid_values), m4 = _mm_set1_epi8(0xF);
     __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)(qs + k));
     __m128i gl = _mm_shuffle_epi8(grid, _mm_and_si128(v, m4));
     __m128i gh = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
@@ -765,7 +785,22 @@ static void dequant_iq4_nl(const qblock_iq4_nl *b, float *y, int64_t nb)
         __m256 d = _mm256_set1_ps(_cvtsh_ss(b[i].d));
         for (int k = 0; k < 16; k += 8) {
             __m256i lo, hi;
-            iq4_values8(b[i].qs, k, 1, &lo, &hi);
+            iq4_values8(qb_iq4_grid, b[i].qs, k, 1, &lo, &hi);
+            store8(y + k, lo, d, zero);
+            store8(y + 16 + k, hi, d, zero);
+        }
+    }
+}
+
+/* MXFP4: half the scale times twice the E2M1 values, exact as the scalar product. */
+static void dequant_mxfp4(const qblock_mxfp4 *b, float *y, int64_t nb)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, y += QB_32) {
+        __m256 d = _mm256_set1_ps(qb_e8m0_half(b[i].e));
+        for (int k = 0; k < 16; k += 8) {
+            __m256i lo, hi;
+            iq4_values8(qb_mxfp4_grid, b[i].qs, k, 1, &lo, &hi);
             store8(y + k, lo, d, zero);
             store8(y + 16 + k, hi, d, zero);
         }
@@ -781,7 +816,7 @@ static void dequant_iq4_xs(const qblock_iq4_xs *b, float *y, int64_t nb)
             int s = qb_iq4_xs_scale(&b[i], sb);
             for (int k = 0; k < 16; k += 8) {
                 __m256i lo, hi;
-                iq4_values8(b[i].qs + 16 * sb, k, s, &lo, &hi);
+                iq4_values8(qb_iq4_grid, b[i].qs + 16 * sb, k, s, &lo, &hi);
                 store8(y + k, lo, d, zero);
                 store8(y + 16 + k, hi, d, zero);
             }
@@ -983,6 +1018,9 @@ void quant_avx2_dequantize_row(uint32_t t, const void *src, float *dst, int64_t 
         break;
     case QTYPE_IQ4_NL:
         dequant_iq4_nl(src, dst, n / QB_32);
+        break;
+    case QTYPE_MXFP4:
+        dequant_mxfp4(src, dst, n / QB_32);
         break;
     case QTYPE_IQ4_XS:
         dequant_iq4_xs(src, dst, n / QB_256);

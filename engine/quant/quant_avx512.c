@@ -332,19 +332,20 @@ INLINE void multi_q4_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
 }
 
 /*
- * Q4_1, Q5_0, Q5_1 and IQ4_NL (kind, a constant after inlining), two blocks a step as
- * Q8_0's decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16,
- * IQ4_NL's grid values as value + 128) into a half of a register in element order
- * (Q5_0/Q5_1's fifth bits added as 16 under a mask made of the two qh words), and
+ * Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 (kind, a constant after inlining), two blocks a step
+ * as Q8_0's decode: each block's 32 values unpacked unsigned (Q5_0's as q = value + 16,
+ * IQ4_NL's and MXFP4's grid values as value + 128) into a half of a register in element
+ * order (Q5_0/Q5_1's fifth bits added as 16 under a mask made of the two qh words), and
  * vpdpbusd multiplies them with the activation's signed quants as stored, starting each
- * lane at -16 (-128) times the sum of its four activation quants for Q5_0 (IQ4_NL): every
- * lane holds an exact integer sum, scaled per block in f32. Q4_1/Q5_1 add m
+ * lane at -16 (-128) times the sum of its four activation quants for Q5_0 (IQ4_NL,
+ * MXFP4): every lane holds an exact integer sum, scaled per block in f32 (MXFP4: by half
+ * its E8M0 scale). Q4_1/Q5_1 add m
  * times each lane's activation sum in an f32 accumulator of their own (llama.cpp reads
  * that sum from Q8_1 activations, rounded to f16; here it is the exact integer). One
  * weight row at a time, as the other decode kernels read; the activations' side (quants,
  * lane sums, scales) is made once per call where it fits a stack buffer.
  */
-enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1, LEGACY_IQ4_NL };
+enum legacy_kind { LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1, LEGACY_IQ4_NL, LEGACY_MXFP4 };
 #define LEGACY_ACT_MAX_N 8192 /* activation elements a call prepares on its stack */
 
 typedef struct legacy_act_pair {
@@ -374,6 +375,15 @@ INLINE __m512 f16_pair(const uint8_t *p0, const uint8_t *p1)
     return _mm512_cvtph_ps(h);
 }
 
+/* Half the E8M0 scale at p0 over lanes 0-7 and the one at p1 (0 where p1 is NULL) over
+ * lanes 8-15. */
+INLINE __m512 e8m0_half_pair(const uint8_t *p0, const uint8_t *p1)
+{
+    __m256 lo = _mm256_set1_ps(qb_e8m0_half(*p0));
+    __m256 hi = p1 ? _mm256_set1_ps(qb_e8m0_half(*p1)) : _mm256_setzero_ps();
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
 /* The 32 nibbles at qs in element order: low nibbles, then high ones. */
 INLINE __m256i nibbles32(const uint8_t *qs)
 {
@@ -389,17 +399,19 @@ INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
     const size_t bb = kind == LEGACY_Q4_1     ? sizeof(qblock_q4_1)
                       : kind == LEGACY_Q5_0   ? sizeof(qblock_q5_0)
                       : kind == LEGACY_Q5_1   ? sizeof(qblock_q5_1)
+                      : kind == LEGACY_MXFP4  ? sizeof(qblock_mxfp4)
                                               : sizeof(qblock_iq4_nl);
     const bool has_min = kind == LEGACY_Q4_1 || kind == LEGACY_Q5_1;
-    const __m512i grid =
-        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qb_iq4_grid));
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128(
+        (const __m128i *)(const void *)(kind == LEGACY_MXFP4 ? qb_mxfp4_grid : qb_iq4_grid)));
     __m512 acc[MA], accm[MA];
 #pragma GCC unroll 8
     for (int a = 0; a < na; a++)
         acc[a] = accm[a] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i += 2) {
         const uint8_t *x0 = row + (size_t)i * bb, *x1 = i + 1 < nb ? x0 + bb : NULL;
-        /* d first in every struct, m after it; qh the 4 bytes before the nibbles */
+        /* d first in every struct (MXFP4's e), m after it; qh the 4 bytes before the
+         * nibbles */
         __m256i hi = x1 ? nibbles32(x1 + bb - 16) : _mm256_setzero_si256();
         __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(x0 + bb - 16)), hi, 1);
         if (kind == LEGACY_Q5_0 || kind == LEGACY_Q5_1) {
@@ -409,9 +421,10 @@ INLINE void multi_legacy(enum legacy_kind kind, int na, const uint8_t *row,
                 memcpy(&h1, x1 + bb - 20, 4);
             u = _mm512_mask_add_epi8(u, (__mmask64)h1 << 32 | h0, u, _mm512_set1_epi8(16));
         }
-        if (kind == LEGACY_IQ4_NL)
+        if (kind == LEGACY_IQ4_NL || kind == LEGACY_MXFP4)
             u = _mm512_xor_si512(_mm512_shuffle_epi8(grid, u), _mm512_set1_epi8((char)0x80));
-        __m512 dw = f16_pair(x0, x1), mw = _mm512_setzero_ps();
+        __m512 dw = kind == LEGACY_MXFP4 ? e8m0_half_pair(x0, x1) : f16_pair(x0, x1);
+        __m512 mw = _mm512_setzero_ps();
         if (has_min)
             mw = f16_pair(x0 + 2, x1 ? x1 + 2 : NULL);
 #pragma GCC unroll 8
@@ -469,6 +482,12 @@ INLINE void multi_q5_1_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
 {
     multi_legacy_rows(LEGACY_Q5_1, na, w, rb, n_rows, act, as, nb, out, os);
+}
+
+INLINE void multi_mxfp4_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
+                             const uint8_t *act, size_t as, int64_t nb, float *out, size_t os)
+{
+    multi_legacy_rows(LEGACY_MXFP4, na, w, rb, n_rows, act, as, nb, out, os);
 }
 
 INLINE void multi_iq4_nl_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
@@ -1492,6 +1511,9 @@ int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_byte
         return 1;
     case QTYPE_IQ4_NL:
         FOR_GROUPS(multi_iq4_nl_rows, n / QB_32);
+        return 1;
+    case QTYPE_MXFP4:
+        FOR_GROUPS(multi_mxfp4_rows, n / QB_32);
         return 1;
     case QTYPE_IQ4_XS:
         FOR_GROUPS(multi_iq4_xs_rows, n / QB_256);

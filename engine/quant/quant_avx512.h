@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* quant_dot_rows_multi for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS and the K-quants'
- * weights (and F32/F16/BF16 with one activation); returns 0 without writing anything for
+/* quant_dot_rows_multi for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS and the
+ * K-quants' weights (and F32/F16/BF16 with one activation); returns 0 without writing anything for
  * the others. Each (row, activation) result is the same whatever n_rows, n_act (1
  * included) and the position of the row or activation in them. */
 int quant_avx512_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,

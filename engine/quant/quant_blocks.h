@@ -58,6 +58,15 @@ typedef struct __attribute__((packed)) {
     uint8_t qs[16];
 } qblock_iq4_nl;
 
+/* MXFP4 (OCP Microscaling, FP4 elements): x = 2^(e - 127) * E2M1(nibble), E2M1 of bit 3
+ * the sign and bits 0-2 the magnitude {0, 0.5, 1, 1.5, 2, 3, 4, 6}; the nibbles as Q4_0's.
+ * Kept as llama.cpp keeps it: twice the E2M1 values as integers (qb_mxfp4_grid) times
+ * half the scale (qb_e8m0_half), so that a block's dot product is integers as IQ4_NL's. */
+typedef struct __attribute__((packed)) {
+    uint8_t e; /* E8M0: the shared exponent + 127 */
+    uint8_t qs[16];
+} qblock_mxfp4;
+
 /* 8 sub-blocks of 32: x = d * (ls - 32) * qb_iq4_grid[nibble], ls 6 bits: the low 4 of
  * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
  * scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
@@ -71,6 +80,19 @@ typedef struct __attribute__((packed)) {
 /* The non-linear grid of IQ4_NL and IQ4_XS: a nibble's value, denser near zero. */
 static const int8_t qb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Twice the E2M1 value of each nibble (-0 is 0). */
+static const int8_t qb_mxfp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half of E8M0 e's scale, 2^(e - 128), exactly (2^-128 and 2^-127 are subnormal); e = 255,
+ * NaN to the spec, is 2^127 as llama.cpp reads it. */
+static inline float qb_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
  * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
@@ -135,6 +157,7 @@ _Static_assert(sizeof(qblock_q5_0) == 22, "Q5_0 block");
 _Static_assert(sizeof(qblock_q5_1) == 24, "Q5_1 block");
 _Static_assert(sizeof(qblock_iq4_nl) == 18, "IQ4_NL block");
 _Static_assert(sizeof(qblock_iq4_xs) == 136, "IQ4_XS block");
+_Static_assert(sizeof(qblock_mxfp4) == 17, "MXFP4 block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");

@@ -189,6 +189,42 @@ static void list_eog_tokens(tokenizer *t)
             t->eog[t->n_eog++] = e;
 }
 
+/* The id of the control or user-defined token spelled text, or -1. */
+static int32_t markup_token(const tokenizer *t, const char *text)
+{
+    int32_t e = tok_lookup(t, text, strlen(text));
+    return e >= 0 && (t->types[e] == TOK_TYPE_CONTROL || t->types[e] == TOK_TYPE_USER_DEFINED)
+               ? e
+               : -1;
+}
+
+/*
+ * gpt-oss's harmony format (o200k_harmony), as llama.cpp's vocabulary loading treats it:
+ * where "<|return|>" and "<|call|>" end generation beside "<|end|>", "<|end|>" ends a
+ * message and not the reply (the analysis channel's message ends with it, and the final
+ * channel's follows), so it is no end of generation; it and the markup between messages
+ * ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>") become user-defined tokens,
+ * which a reply's text shows, so that the reply's channels can be told apart. Taken after
+ * every end-of-generation token is flagged, as llama.cpp takes "<|end|>" off its list
+ * (the special ids stay: EOT may still name "<|end|>", as llama.cpp's does). Other
+ * vocabularies are left as they are.
+ */
+static void harmony_markup(tokenizer *t)
+{
+    int32_t ret = markup_token(t, "<|return|>"), call = markup_token(t, "<|call|>");
+    int32_t end = markup_token(t, "<|end|>");
+    if (ret < 0 || call < 0 || end < 0)
+        return;
+    t->flags[end] &= (uint8_t)~TOK_FLAG_EOG;
+    static const char *const shown[] = {"<|end|>", "<|start|>", "<|channel|>", "<|message|>",
+                                        "<|constrain|>"};
+    for (size_t i = 0; i < sizeof shown / sizeof *shown; i++) {
+        int32_t e = markup_token(t, shown[i]);
+        if (e >= 0)
+            t->types[e] = TOK_TYPE_USER_DEFINED;
+    }
+}
+
 static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
 {
     int32_t *id = t->special_id;
@@ -324,6 +360,7 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     for (size_t i = 0; i < sizeof eog_roles / sizeof *eog_roles; i++)
         if (id[eog_roles[i]] >= 0)
             t->flags[id[eog_roles[i]]] |= TOK_FLAG_EOG;
+    harmony_markup(t);
     list_eog_tokens(t);
     return 0;
 }

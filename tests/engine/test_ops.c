@@ -64,6 +64,51 @@ static void test_rmsnorm_softmax_silu(void)
     }
 }
 
+/* gpt-oss's parts: the softmax with a sink (its share in the denominator only; -inf is
+ * ops_softmax bit for bit, on both the vector path and the tail; a sink above every score
+ * shifts by the sink), and the clamped SwiGLU against its formula over both clamps. */
+static void test_sink_softmax_and_swiglu_oai(void)
+{
+    unsigned s = 7;
+    float row[37], plain[37], keep[37];
+    for (int i = 0; i < 37; i++)
+        row[i] = plain[i] = keep[i] = i % 7 == 0 ? -INFINITY : frand(&s) * 20;
+    ops_softmax(plain, 37);
+    ops_softmax_sink(row, 37, -INFINITY);
+    CHECK(memcmp(row, plain, sizeof row) == 0);
+    const float sinks[] = {0.5f, 40.0f};
+    for (int k = 0; k < 2; k++) {
+        memcpy(row, keep, sizeof row);
+        ops_softmax_sink(row, 37, sinks[k]);
+        double mx = sinks[k], z = 0, total = 0;
+        for (int i = 0; i < 37; i++)
+            mx = keep[i] > mx ? keep[i] : mx;
+        for (int i = 0; i < 37; i++)
+            z += keep[i] == -INFINITY ? 0 : exp(keep[i] - mx);
+        z += exp(sinks[k] - mx);
+        for (int i = 0; i < 37; i++) {
+            double want = keep[i] == -INFINITY ? 0 : exp(keep[i] - mx) / z;
+            CHECK_MSG(fabs(row[i] - want) <= 1e-5 * want + 1e-12, "sink %g: %d %g %g",
+                      (double)sinks[k], i, (double)row[i], want);
+            total += row[i];
+        }
+        CHECK_NEAR(total, 1 - exp(sinks[k] - mx) / z, 1e-5);
+    }
+    float g[21], u[21];
+    for (int i = 0; i < 21; i++) {
+        g[i] = (float)(i - 10) * 1.1f; /* -11 .. 11: past the clamp at 7 */
+        u[i] = (float)(10 - i) * 0.9f;
+    }
+    float g0[21];
+    memcpy(g0, g, sizeof g);
+    ops_swiglu_oai(g, u, 21);
+    for (int i = 0; i < 21; i++) {
+        double a = g0[i] < 7 ? g0[i] : 7, b = u[i] < -7 ? -7 : u[i] > 7 ? 7 : u[i];
+        double want = a / (1 + exp(-1.702 * a)) * (b + 1);
+        CHECK_NEAR(g[i], want, 1e-5 * fabs(want) + 1e-6);
+    }
+}
+
 /* GELU against double erfc (1 + erf cancels for negative u) over [-12, 12]: 2.4e-7 at
  * most, about an f32 ulp at the largest error's |u| ~ 4 (the libm erff form is 4.5e-7
  * off). The odd length runs the scalar tail too. */
@@ -464,6 +509,7 @@ static void test_matmul_add(void)
 int main(void)
 {
     RUN(test_rmsnorm_softmax_silu);
+    RUN(test_sink_softmax_and_swiglu_oai);
     RUN(test_gelu_bias);
     RUN(test_gelu_tanh_and_softcap);
     RUN(test_add_layernorm);

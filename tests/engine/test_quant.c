@@ -65,7 +65,7 @@ static float bits_f32(uint32_t x)
 static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
-                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4};
 #define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
 
 static bool have_avx2(void)
@@ -273,6 +273,54 @@ static void iq4_nl_layout(void)
     }
 }
 
+/* MXFP4 as the OCP MX spec and ggml lay it out: byte 0 the E8M0 exponent e (scale
+ * 2^(e - 127)), then 16 bytes of E2M1 codes, element j < 16 the low nibble of byte 1 + j
+ * and j + 16 its high nibble; a code's bit 3 is its sign, bits 0-2 index the magnitudes
+ * {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Written from the spec's table, not the kernels' grid. */
+static void mxfp4_layout(void)
+{
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    static const uint8_t exps[] = {127, 130, 120, 1, 0, 200};
+    for (size_t c = 0; c < sizeof exps; c++) {
+        uint8_t b[17];
+        b[0] = exps[c];
+        for (int j = 0; j < 16; j++)
+            b[1 + j] = (uint8_t)(j | (15 - j) << 4); /* every code, in both halves */
+        float y[32], ys[32];
+        quant_dequantize_row(QTYPE_MXFP4, b, y, 32);
+        quant_dequantize_row_scalar(QTYPE_MXFP4, b, ys, 32);
+        double scale = ldexp(1.0, exps[c] - 127);
+        for (int e = 0; e < 32; e++) {
+            int code = e < 16 ? b[1 + e] & 0xF : b[1 + e - 16] >> 4;
+            double want = (code & 8 ? -1 : 1) * e2m1[code & 7] * scale;
+            CHECK_MSG((double)y[e] == want && y[e] == ys[e], "e %d element %d: %g, want %g",
+                      exps[c], e, (double)y[e], want);
+        }
+    }
+    /* the quantizer: exponent floor(log2(absmax)) - 2 (absmax 5 -> 2^0, so 5 takes the
+     * nearer of 4 and 6 on a tie: the lower code, 4), values past 6 times the scale
+     * saturate, halfway cases go to the lower code, zeros to +0 */
+    float x[32] = {5.0f, -5.0f, 0.25f, 0.75f, -1.25f, 2.5f, 3.4f, 0.0f, -0.0f, 0.1f};
+    for (int j = 10; j < 32; j++)
+        x[j] = (float)(j % 5) * 0.5f - 1.0f;
+    uint8_t q[17];
+    quant_quantize_row(QTYPE_MXFP4, x, q, 32);
+    CHECK_EQ(q[0], 127);
+    float y[32];
+    quant_dequantize_row(QTYPE_MXFP4, q, y, 32);
+    const float want[10] = {4.0f, -4.0f, 0.0f, 0.5f, -1.0f, 2.0f, 3.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < 10; j++)
+        CHECK_MSG(y[j] == want[j] && !signbit(y[j]) == !signbit(want[j]), "x %g -> %g, want %g",
+                  (double)x[j], (double)y[j], (double)want[j]);
+    for (int j = 10; j < 32; j++)
+        CHECK_MSG(y[j] == x[j], "x %g -> %g", (double)x[j], (double)y[j]);
+    x[0] = 100.0f; /* 2^6: exponent 4, scale 16: 100 -> 96 (6 * 16), -5 -> -8 */
+    quant_quantize_row(QTYPE_MXFP4, x, q, 32);
+    quant_dequantize_row(QTYPE_MXFP4, q, y, 32);
+    CHECK_EQ(q[0], 131);
+    CHECK(y[0] == 96.0f && y[1] == -8.0f);
+}
+
 /* 8 sub-blocks of 32: x = d * (ls - 32) * grid[nibble], ls 6 bits: the low 4 of
  * sub-block k in scales_l[k / 2] (the high nibble for odd k), the top 2 at bits 2 k of
  * the little-endian scales_h; sub-block k's nibbles in qs[16 k ..] as Q4_0's. */
@@ -439,7 +487,8 @@ static void float_rows_layout(void)
 /* Root-mean-square error of quantize -> dequantize on N(0, 1) data, relative to the
  * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
  * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017, Q3_K 0.144,
- * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034, IQ4_NL 0.074, IQ4_XS 0.075; llama.cpp's
+ * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034, IQ4_NL 0.074, IQ4_XS 0.075, MXFP4 0.115
+ * (llama.cpp's own rule, which MXFP4 follows); llama.cpp's
  * reference quantizer reaches Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043, Q5_1 0.038,
  * IQ4_NL 0.076 and IQ4_XS 0.077 on such rows). */
 static void quantize_error_is_bounded(void)
@@ -452,6 +501,7 @@ static void quantize_error_is_bounded(void)
         {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
         {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35}, {QTYPE_Q4_1, 0.092},
         {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045}, {QTYPE_IQ4_NL, 0.096}, {QTYPE_IQ4_XS, 0.097},
+        {QTYPE_MXFP4, 0.15},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
@@ -482,7 +532,7 @@ static void quantize_degenerate_blocks(void)
     static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
                                      QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
                                      QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
-                                     QTYPE_Q8_K};
+                                     QTYPE_MXFP4, QTYPE_Q8_K};
     float x[256], y[256];
     uint8_t q[512];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -503,7 +553,9 @@ static void quantize_degenerate_blocks(void)
         x[100] = 5.0f;
         quant_quantize_row(t, x, q, 256);
         quant_dequantize_row(t, q, y, 256);
-        CHECK_MSG(fabsf(y[100] - 5.0f) <= 0.05f, "%s spike: %g", name, (double)y[100]);
+        /* MXFP4's grid has no 5: it lies halfway between E2M1's 4 and 6 at scale 1 */
+        float spike_tol = t == QTYPE_MXFP4 ? 1.0f : 0.05f;
+        CHECK_MSG(fabsf(y[100] - 5.0f) <= spike_tol, "%s spike: %g", name, (double)y[100]);
         CHECK_MSG(fabsf(y[101]) <= 0.05f, "%s next to spike: %g", name, (double)y[101]);
     }
 }
@@ -651,7 +703,7 @@ static void bf16_rounded_reference(const dot_case *c, float *ref)
 static void dot_matches_dequantized_rows(void)
 {
     static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.13, 0.07, 0.07,
-                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13};
+                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13, 0.2};
     for (size_t k = 0; k < N_DOT_TYPES; k++) {
         uint32_t t = dot_types[k];
         const char *name = quant_traits_of(t)->name;
@@ -726,7 +778,8 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
     static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
                                      QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
-                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
+                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
+                                     QTYPE_MXFP4};
     enum { N = 1024 };
     uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
     float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
@@ -744,6 +797,8 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
                 } else if (t == QTYPE_Q2_K) {
                     put16(w + b + 80, 0x2400);
                     put16(w + b + 82, 0x2400);
+                } else if (t == QTYPE_MXFP4) {
+                    w[b] = 121; /* 2^-6 */
                 } else {
                     put16(w + b, 0x2400);
                     if (t == QTYPE_Q4_K || t == QTYPE_Q5_K || t == QTYPE_Q4_1 || t == QTYPE_Q5_1)
@@ -1072,7 +1127,8 @@ static void simd_dequantize_matches_scalar(void)
     static const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
-                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q8_K};
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4,
+                                     QTYPE_Q8_K};
     enum { N = 4096 };
     float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
     uint8_t *q = malloc(N * 4);
@@ -1119,6 +1175,7 @@ static void activation_types(void)
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_0), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_Q5_1), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_NL), QTYPE_Q8_0);
+    CHECK_EQ(quant_dot_activation_type(QTYPE_MXFP4), QTYPE_Q8_0);
     CHECK_EQ(quant_dot_activation_type(QTYPE_IQ4_XS), QTYPE_Q8_K);
     CHECK_EQ(quant_dot_activation_type(QTYPE_F16), QTYPE_F32);
     CHECK_EQ(quant_dot_activation_type(QTYPE_BF16), QTYPE_F32);
@@ -1202,6 +1259,7 @@ int main(void)
     RUN(q2_k_layout);
     RUN(iq4_nl_layout);
     RUN(iq4_xs_layout);
+    RUN(mxfp4_layout);
     RUN(float_rows_layout);
     RUN(quantize_error_is_bounded);
     RUN(quantize_degenerate_blocks);

@@ -723,6 +723,44 @@ static void test_bpe_small(void)
     tok_free(t);
 }
 
+/* gpt-oss's harmony vocabulary: "<|return|>" and "<|call|>" end generation and "<|end|>",
+ * which ends a message, does not; it and the markup between messages are shown in a
+ * reply's text (user-defined), as llama.cpp loads them. A vocabulary with "<|end|>" but
+ * no "<|return|>" keeps it as an end of generation (phi3's). */
+static void test_harmony_tokens(void)
+{
+    static const vtok v[] = {{"a", 0, 1},           {"b", 0, 1},           {"<|return|>", 0, 3},
+                             {"<|call|>", 0, 3},    {"<|end|>", 0, 3},     {"<|start|>", 0, 3},
+                             {"<|channel|>", 0, 3}, {"<|message|>", 0, 3}, {"<|constrain|>", 0, 3},
+                             {"<|endoftext|>", 0, 3}, {"ab", 0, 1}};
+    char err[ERR_MAX] = "";
+    static const char *merges[] = {"a b"};
+    gguf_writer *w = vocab_writer("gpt2", v, 11);
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 1);
+    tokenizer *t = finish(w, "harmony", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK(tok_is_eog(t, 2) && tok_is_eog(t, 3) && tok_is_eog(t, 9));
+    CHECK(!tok_is_eog(t, 4) && !tok_is_eog(t, 5) && !tok_is_eog(t, 6));
+    CHECK(eog_list_matches(t));
+    int32_t ids[] = {5, 6, 0, 7, 1, 4, 2};
+    char buf[128];
+    int n = tok_decode(t, ids, 7, false, false, buf, sizeof buf);
+    CHECK_MSG(n > 0 && !strcmp(buf, "<|start|><|channel|>a<|message|>b<|end|>"), "%s", buf);
+    tok_free(t);
+
+    static const vtok phi[] = {{"a", 0, 1}, {"<|end|>", 0, 3}, {"<|endoftext|>", 0, 3},
+                               {"b", 0, 1}, {"ab", 0, 1}};
+    w = vocab_writer("gpt2", phi, 5);
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 1);
+    t = finish(w, "harmony-not", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK(tok_is_eog(t, 1));
+    int32_t one[] = {0, 1};
+    n = tok_decode(t, one, 2, false, false, buf, sizeof buf);
+    CHECK_MSG(n == 1 && !strcmp(buf, "a"), "%s", buf);
+    tok_free(t);
+}
+
 /* Fill-in-the-middle tokens as llama.cpp's vocabulary loading finds them: the
  * tokenizer.ggml.fim_*_token_id keys, the older prefix/suffix/middle keys (read after
  * them, so they win), else a control or user-defined token of a known spelling; FIM_PAD,
@@ -911,6 +949,7 @@ int main(void)
     RUN(test_pre_tokenizer_ids);
     RUN(test_spm_merge_order);
     RUN(test_bpe_small);
+    RUN(test_harmony_tokens);
     RUN(test_fim_tokens);
     RUN(test_bad_metadata);
     return test_finish();

@@ -19,6 +19,17 @@
  * q_pos - W < k_pos; gemma3 normalizes q and k per head and rotates sliding layers with
  * rope_local_base_freq 10000 and global ones with rope_theta and its linear scaling;
  * gemma2's logits are soft-capped at the end.
+ *
+ * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
+ * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
+ * (the GGUF's attn_norm and post_attention_norm); q/k/v with biases, rotated by
+ * _compute_yarn_parameters' inv_freq ("truncate": false: the ramp's ends as computed)
+ * with cos and sin times 0.1 ln(factor) + 1; eager_attention_forward's sinks: each head's
+ * scores, masked (causal, and the window on the even layers, layer_types beginning with
+ * "sliding_attention"), joined by its sink logit, shifted by their max, softmaxed, the
+ * sink's column dropped; GptOssTopKRouter: logits W x + b, the top k, softmax over those
+ * k; GptOssExperts: gate and up (each + bias), gate clamped above at 7, up to [-7, 7],
+ * (up + 1) * gate * sigmoid(1.702 gate), then down + bias, weighted by the router's scores.
  */
 #include "tests/support/ref_forward.h"
 
@@ -42,6 +53,12 @@ typedef struct ref_layer {
     double *down_exps;                /* (n_expert, dim, n_ff_exp) */
     double *shexp_gate;               /* (dim) or NULL */
     double *post_attn, *post_ffn;     /* (dim) or NULL (gemma2, gemma3) */
+    /* gpt-oss, else NULL */
+    double *sinks;                    /* (n_head) */
+    double *bo;                       /* (dim) o_proj's bias */
+    double *router_b;                 /* (n_expert) */
+    double *gate_b, *up_b;            /* (n_expert, n_ff_exp) */
+    double *down_b;                   /* (n_expert, dim) */
 } ref_layer;
 
 /* the architectures whose attention and feed-forward differ; a mixture of experts is its
@@ -67,6 +84,8 @@ struct ref_model {
     double attn_cap, final_cap; /* 0: none */
     int window, pattern;        /* 0: none; sliding layers: l % pattern < pattern - 1 */
     double rope_factor;         /* gemma3's global layers: positions / factor */
+    bool gptoss;
+    double *yarn_inv_freq;       /* gpt-oss: (rotary_dim / 2) YaRN's, or NULL */
     bool kv_f16;
     double *embd, *out, *out_norm;
     ref_layer *layers;
@@ -132,6 +151,45 @@ static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double
     free(gate_up);
 }
 
+/* gpt-oss's config from the GGUF: the window on the even layers (HF's layer_types alternate
+ * from "sliding_attention"), and YaRN's inv_freq and attention factor as HF's
+ * _compute_yarn_parameters computes them with truncate false. -1 when the file lacks
+ * them. */
+static int ref_gptoss_load(const gguf_file *g, const char *arch, ref_model *m)
+{
+    m->window = ref_u32(g, arch, "attention.sliding_window", 0);
+    m->pattern = 2;
+    char k[128];
+    gguf_str st;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    if (m->window <= 0 || !gguf_get_str(g, k, &st) || !gguf_str_eq(st, "yarn"))
+        return -1;
+    double factor = ref_f32(g, arch, "rope.scaling.factor", 1.0);
+    double orig = ref_u32(g, arch, "rope.scaling.original_context_length", 0);
+    double beta_fast = ref_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.0);
+    double beta_slow = ref_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.0);
+    int dim = m->rotary_dim;
+    double base = m->rope_base;
+    /* find_correction_dim: the dimension whose wavelength fits orig num_rotations times */
+    double low = dim * log(orig / (beta_fast * 2 * M_PI)) / (2 * log(base));
+    double high = dim * log(orig / (beta_slow * 2 * M_PI)) / (2 * log(base));
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (high == low)
+        high += 0.001;
+    m->yarn_inv_freq = malloc((size_t)(dim / 2) * sizeof(double));
+    for (int i = 0; i < dim / 2; i++) {
+        double pos_freq = pow(base, 2.0 * i / dim);
+        double ramp = (i - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double extrapolation = 1 - ramp;
+        m->yarn_inv_freq[i] = 1.0 / (factor * pos_freq) * (1 - extrapolation) +
+                              1.0 / pos_freq * extrapolation;
+    }
+    m->attention_factor = 0.1 * log(factor) + 1.0;
+    return 0;
+}
+
 ref_model *ref_model_load(const gguf_file *g)
 {
     gguf_str a;
@@ -139,7 +197,7 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
-                                        "qwen2moe", "qwen3moe", "olmoe"};
+                                        "qwen2moe", "qwen3moe", "olmoe",  "gpt-oss"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -152,6 +210,10 @@ ref_model *ref_model_load(const gguf_file *g)
     m->arch = ai <= REF_GEMMA3 ? ai : !strcmp(arch, "qwen2moe") ? REF_QWEN2 : REF_QWEN3;
     bool qwen2moe = !strcmp(arch, "qwen2moe");
     m->olmoe = !strcmp(arch, "olmoe");
+    /* gpt-oss's attention is qwen2's (biases, halves) with its own parts (ref_gptoss_*) */
+    m->gptoss = !strcmp(arch, "gpt-oss");
+    if (m->gptoss)
+        m->arch = REF_QWEN2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -197,6 +259,10 @@ ref_model *ref_model_load(const gguf_file *g)
         m->attn_cap = ref_f32(g, arch, "attn_logit_softcapping", 50.0);
         m->final_cap = ref_f32(g, arch, "final_logit_softcapping", 30.0);
     }
+    if (m->gptoss && ref_gptoss_load(g, arch, m) < 0) {
+        ref_model_free(m);
+        return NULL;
+    }
     if (m->arch == REF_GEMMA3) {
         char k[128];
         gguf_str st;
@@ -229,6 +295,21 @@ ref_model *ref_model_load(const gguf_file *g)
         L->k_norm = T("attn_k_norm.weight");
         L->post_attn = T("post_attention_norm.weight");
         L->post_ffn = T("post_ffw_norm.weight");
+        if (m->gptoss) { /* its post_attention_norm is the feed-forward's input norm */
+            L->ffn_norm = L->post_attn;
+            L->post_attn = NULL;
+            L->sinks = T("attn_sinks.weight");
+            L->bo = T("attn_output.bias");
+            L->router_b = T("ffn_gate_inp.bias");
+            L->gate_b = T("ffn_gate_exps.bias");
+            L->up_b = T("ffn_up_exps.bias");
+            L->down_b = T("ffn_down_exps.bias");
+            if (!L->sinks || !L->bo || !L->router_b || !L->gate_b || !L->up_b || !L->down_b ||
+                !L->ffn_norm) {
+                ref_model_free(m);
+                return NULL;
+            }
+        }
         if (m->n_expert) {
             L->router = T("ffn_gate_inp.weight");
             L->gate_exps = T("ffn_gate_exps.weight");
@@ -273,11 +354,13 @@ void ref_model_free(ref_model *m)
                          L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
                          L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
-                         L->post_ffn};
+                         L->post_ffn,  L->sinks,    L->bo,        L->router_b, L->gate_b,
+                         L->up_b,      L->down_b};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
     free(m->layers);
+    free(m->yarn_inv_freq);
     free(m->long_factor);
     free(m->short_factor);
     if (m->out != m->embd)
@@ -355,7 +438,8 @@ static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
     for (int h = 0; h < n_heads; h++) {
         double *v = x + h * hd;
         for (int i = 0; i < rd / 2; i++) {
-            double inv_freq = 1.0 / ((ext ? ext[i] : 1.0) * pow(base, 2.0 * i / rd));
+            double inv_freq = m->yarn_inv_freq ? m->yarn_inv_freq[i]
+                                               : 1.0 / ((ext ? ext[i] : 1.0) * pow(base, 2.0 * i / rd));
             double ang = p * inv_freq;
             double c = cos(ang) * m->attention_factor, s = sin(ang) * m->attention_factor;
             int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + rd / 2;
@@ -379,6 +463,49 @@ static void ref_mlp(const ref_model *m, double *y, const double *xn, const doubl
                           * u[i]
                     : g[i] / (1 + exp(-g[i])) * u[i];
     ref_matvec(y, down, g, NULL, m->dim, ff);
+}
+
+/* y (dim) = GptOssMLP of xn (dim): GptOssTopKRouter, then GptOssExperts; g and u hold
+ * n_ff_exp doubles, tmp dim. */
+static void ref_gptoss_moe(const ref_model *m, const ref_layer *L, double *y, const double *xn,
+                           double *tmp, double *g, double *u, int *route)
+{
+    int dim = m->dim, ne = m->n_expert, ff = m->n_ff_exp, k = m->n_expert_used;
+    double logit[REF_MAX_EXPERTS], top[REF_MAX_EXPERTS];
+    int idx[REF_MAX_EXPERTS];
+    bool chosen[REF_MAX_EXPERTS] = {false};
+    ref_matvec(logit, L->router, xn, L->router_b, ne, dim);
+    for (int j = 0; j < k; j++) { /* torch.topk: descending */
+        int best = -1;
+        for (int e = 0; e < ne; e++)
+            if (!chosen[e] && (best < 0 || logit[e] > logit[best]))
+                best = e;
+        chosen[best] = true;
+        idx[j] = best;
+        top[j] = logit[best];
+        if (route)
+            route[j] = best;
+    }
+    double sum = 0, max = top[0];
+    for (int j = 0; j < k; j++)
+        sum += top[j] = exp(top[j] - max);
+    for (int i = 0; i < dim; i++)
+        y[i] = 0;
+    const double alpha = 1.702, limit = 7.0;
+    for (int j = 0; j < k; j++) {
+        int e = idx[j];
+        size_t in = (size_t)ff * dim;
+        ref_matvec(g, L->gate_exps + e * in, xn, L->gate_b + (size_t)e * ff, ff, dim);
+        ref_matvec(u, L->up_exps + e * in, xn, L->up_b + (size_t)e * ff, ff, dim);
+        for (int i = 0; i < ff; i++) {
+            double gate = g[i] < limit ? g[i] : limit;
+            double up = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+            g[i] = (up + 1) * (gate / (1 + exp(-gate * alpha)));
+        }
+        ref_matvec(tmp, L->down_exps + e * in, g, L->down_b + (size_t)e * dim, dim, ff);
+        for (int i = 0; i < dim; i++)
+            y[i] += top[j] / sum * tmp[i];
+    }
 }
 
 /* y (dim) = the sparse MoE block of xn (dim) as the Hugging Face models compute it;
@@ -483,7 +610,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         for (int t = 0; t < n; t++) {
             for (int h = 0; h < m->n_head; h++) {
                 int kh = h / (m->n_head / m->n_kv_head);
-                double max = -INFINITY, sum = 0;
+                /* gpt-oss: the sink joins the logits (max and sum), its column dropped */
+                double max = L->sinks ? L->sinks[h] : -INFINITY, sum = 0;
                 for (int j = 0; j < n; j++) {
                     if (positions[j] > positions[t] ||
                         (ref_sliding(m, l) && positions[t] - positions[j] >= m->window)) {
@@ -503,6 +631,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                     p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - max);
                     sum += p[j];
                 }
+                if (L->sinks)
+                    sum += exp(L->sinks[h] - max);
                 for (int i = 0; i < hd; i++)
                     o[h * hd + i] = 0;
                 for (int j = 0; j < n; j++) {
@@ -514,7 +644,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                     memcpy(attn + (((size_t)l * m->n_head + h) * n + t) * n, p, (size_t)n * sizeof(double));
             }
             /* the residual of token t is not read again by this layer's attention */
-            ref_matvec(tmp, L->wo, o, NULL, dim, qd);
+            ref_matvec(tmp, L->wo, o, L->bo, dim, qd);
             if (L->post_attn)
                 ref_rmsnorm(tmp, tmp, L->post_attn, dim, m->eps);
             for (int i = 0; i < dim; i++)
@@ -522,9 +652,11 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         }
         for (int t = 0; t < n; t++) {
             ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
-            if (m->n_expert)
-                ref_moe(m, L, tmp, xn, tmp2, g, u,
-                        m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL);
+            int *route = m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL;
+            if (m->gptoss)
+                ref_gptoss_moe(m, L, tmp, xn, tmp2, g, u, route);
+            else if (m->n_expert)
+                ref_moe(m, L, tmp, xn, tmp2, g, u, route);
             else
                 ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff, g, u);
             if (L->post_ffn)

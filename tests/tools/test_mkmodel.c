@@ -2,7 +2,8 @@
  * test_mkmodel.c — mkmodel --from: converting a model file's weights to another type, with
  * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format;
  * mkmodel --arch phi3 / granite: their keys and tensors as llama.cpp reads them.
- * mkmodel --experts: mixtures of experts in llama.cpp's layout.
+ * mkmodel --experts: mixtures of experts in llama.cpp's layout; --arch gpt-oss: its experts
+ * in MXFP4 (or --type), its biases, sinks and keys.
  */
 #include <libgen.h>
 #include <math.h>
@@ -482,6 +483,55 @@ static void gemma_files(void)
     }
 }
 
+/* --arch gpt-oss writes what llama.cpp reads (its LLM_ARCH_OPENAI_MOE tensors and keys):
+ * the experts in MXFP4 unless --expert-type type, their biases F32 and 2-D (a row per
+ * expert), the router's bias, attn_sinks (a logit per head), q/k/v/o biases,
+ * post_attention_norm and no ffn_norm, YaRN and the window; a file llmsd loads.
+ * --expert-type without experts is refused. */
+static void gptoss_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-gpt-2.gguf");
+    if (!vocab)
+        SKIP("test data vocab/ggml-vocab-gpt-2.gguf is absent");
+    const char *shape = "--dim 64 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --ffn 64 "
+                        "--ctx 256 --experts 4 --experts-used 2";
+    for (int k = 0; k < 2; k++) {
+        char out[1100], args[4096], err[1024], e[ERR_MAX];
+        snprintf(out, sizeof out, "%s/gpt-oss-%d.gguf", test_tmpdir(), k);
+        snprintf(args, sizeof args, "-o '%s' --arch gpt-oss %s %s --type q8_0 --vocab '%s'", out,
+                 shape, k ? "--expert-type type" : "", vocab);
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        gguf_file *g = gguf_open(out, e);
+        CHECK_MSG(g, "%s", e);
+        const gguf_tensor *t = gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+        CHECK(t && t->type == (k ? QTYPE_Q8_0 : QTYPE_MXFP4) && t->ne[2] == 4);
+        t = gguf_find_tensor(g, "blk.1.ffn_gate_exps.bias");
+        CHECK(t && t->type == QTYPE_F32 && t->n_dims == 2 && t->ne[0] == 64 && t->ne[1] == 4);
+        t = gguf_find_tensor(g, "blk.0.attn_sinks.weight");
+        CHECK(t && t->type == QTYPE_F32 && t->ne[0] == 4);
+        t = gguf_find_tensor(g, "blk.0.attn_q.weight");
+        CHECK(t && t->type == QTYPE_Q8_0 && t->ne[1] == 128);
+        CHECK(gguf_find_tensor(g, "blk.0.ffn_gate_inp.bias") &&
+              gguf_find_tensor(g, "blk.0.attn_output.bias") &&
+              gguf_find_tensor(g, "blk.0.post_attention_norm.weight") &&
+              !gguf_find_tensor(g, "blk.0.ffn_norm.weight") && gguf_find_tensor(g, "output.weight"));
+        gguf_str s;
+        uint32_t u;
+        CHECK(gguf_get_str(g, "gpt-oss.rope.scaling.type", &s) && gguf_str_eq(s, "yarn"));
+        CHECK(gguf_get_u32(g, "gpt-oss.attention.sliding_window", &u) && u == 128);
+        model *m = model_from_gguf(g, e);
+        CHECK_MSG(m, "%s", e);
+        CHECK(model_hparams_of(m)->arch == MODEL_ARCH_GPTOSS);
+        model_free(m);
+        gguf_close(g);
+    }
+    char args[4096], err[1024];
+    snprintf(args, sizeof args, "-o '%s/bad.gguf' --arch qwen2 --dim 64 --layers 2 --heads 4 "
+             "--ffn 64 --ctx 256 --expert-type mxfp4 --type f16 --vocab '%s'", test_tmpdir(), vocab);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    CHECK_MSG(strstr(err, "--expert-type"), "%s", err);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -511,5 +561,6 @@ int main(int argc, char **argv)
     RUN(phi3_and_granite);
     RUN(experts_in_llama_cpp_layout);
     RUN(gemma_files);
+    RUN(gptoss_files);
     return test_finish();
 }
