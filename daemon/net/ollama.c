@@ -27,6 +27,7 @@
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/tok/chat.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/stop.h"
 
 #define SUFFIX_LATEST ":latest"
@@ -346,7 +347,8 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
  * (one whose template has the think markers) thinks and its reasoning comes apart, unless
  * the daemon's reasoning_format is none; true asks for that (400 for a model that does not
  * think, in ollama's words), false renders the template's switch off and leaves the
- * reply's text whole; a level ("high") is gpt-oss's alone. A forced tool call is split by
+ * reply's text whole; a level ("low", "medium", "high") is gpt-oss's alone, its reasoning
+ * effort, and gpt-oss reads past true and false. A forced tool call is split by
  * nothing. 0, or -1 with msg. */
 static int read_think(hreq *hr, char *msg, size_t cap)
 {
@@ -355,10 +357,19 @@ static int read_think(hreq *hr, char *msg, size_t cap)
     hr->reasoning = thinks && strcmp(hr->h->cfg->reasoning_format, "none");
     if (!json_object_object_get_ex(hr->body, "think", &v) || json_object_is_type(v, json_type_null))
         return 0;
-    if (json_object_is_type(v, json_type_string)) {
+    bool harmony = chat_thinking(hr->family) == CHAT_THINK_HARMONY;
+    if (json_object_is_type(v, json_type_string) &&
+        !(harmony && chat_harmony_effort_valid(json_object_get_string(v)))) {
         snprintf(msg, cap, "think value \"%.32s\" is not supported for this model",
                  json_object_get_string(v));
         return -1;
+    }
+    /* gpt-oss thinks at a level, its reasoning apart; it cannot not think, and ollama
+     * reads past true and false for it */
+    if (harmony) {
+        if (json_object_is_type(v, json_type_string))
+            hr->effort = json_object_get_string(v);
+        return 0;
     }
     if (!json_object_is_type(v, json_type_boolean)) {
         snprintf(msg, cap, "'think' must be true or false");
@@ -645,6 +656,17 @@ static void stream_content(hreq *hr, const char *text, size_t n, bool end)
         stream_line(hr, text, n, NULL, false);
 }
 
+/* A run of the split: a line of thinking, or content. */
+static int stream_run(void *arg, bool reasoning, const char *text, size_t n)
+{
+    hreq *hr = arg;
+    if (reasoning)
+        stream_line(hr, text, n, NULL, true);
+    else
+        stream_content(hr, text, n, false);
+    return 0;
+}
+
 /* Streams n bytes of the reply (end: its last ones): through its split when its reasoning
  * comes apart, lines of thinking and then of content. */
 static void stream_reply(hreq *hr, const char *text, size_t n, bool end)
@@ -653,14 +675,7 @@ static void stream_reply(hreq *hr, const char *text, size_t n, bool end)
         stream_content(hr, text, n, end);
         return;
     }
-    reasoning_span sp[REASONING_SPANS];
-    int k = reasoning_feed(&hr->choices[0].split, text, n, end, sp);
-    for (int j = 0; j < k; j++) {
-        if (sp[j].reasoning)
-            stream_line(hr, sp[j].text, sp[j].n, NULL, true);
-        else
-            stream_content(hr, sp[j].text, sp[j].n, false);
-    }
+    reasoning_feed_each(&hr->choices[0].split, text, n, end, stream_run, hr);
     if (end)
         stream_content(hr, "", 0, true);
 }
@@ -688,8 +703,8 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
         size_t from = sent < len ? sent : len;
         stream_reply(hr, res->text + from, len - from, true);
     } else {
-        openai_split_whole(hr, res->text, &r, &c);
-        if (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0) {
+        if (openai_split_whole(hr, res->text, &r, &c) < 0 ||
+            (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0)) {
             toolcall_out_free(&out);
             ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
             return;

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "daemon/net/harmonytools.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/jsonesc.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/textwriter.h"
 
 /* ---- JSON as the templates' tojson writes it ---- */
@@ -330,6 +332,7 @@ static char *tool_text(json_object *tool, enum chat_family f, size_t i, char *ms
     if (f == CHAT_HERMES)
         return hermes_tool_text(tool, i, msg, cap);
     char *s = f == CHAT_MISTRAL_V3_TEKKEN ? mistral_tool_text(tool)
+              : f == CHAT_GPT_OSS         ? harmonytools_text(tool)
                                           : dump_text(tool, chat_tools_indent(f));
     if (!s)
         snprintf(msg, cap, "out of memory");
@@ -486,6 +489,13 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     ts->family = f;
     if (read_choice(body, ts, &named, msg, cap) < 0)
         return -1;
+    /* a forced call's reply is decoded as chatml's call object after its opening, which
+     * the harmony format has no place for */
+    if (ts->forced && f == CHAT_GPT_OSS) {
+        snprintf(msg, cap, "'tool_choice': gpt-oss's harmony format has no forced call; send "
+                           "\"auto\" (or \"none\")");
+        return -1;
+    }
     int rc = jsonfield_get(body, "parallel_tool_calls", "", json_type_boolean, &v, msg, cap);
     if (rc < 0)
         return -1;
@@ -502,8 +512,8 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
-                           "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3 "
-                           "and Mistral Nemo's mistral-v3-tekken templates)", chat_family_name(f));
+                           "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3, "
+                           "gpt-oss and Mistral Nemo's mistral-v3-tekken templates)", chat_family_name(f));
         return -1;
     }
     ts->defs = calloc(n, sizeof *ts->defs);
@@ -589,6 +599,8 @@ typedef struct rendering {
     char **args;                   /* every call's arguments text */
     call_id *ids;                  /* every call's id, as mistral takes it */
     call_id *result_ids;           /* per message: a result's call id, as mistral takes it */
+    const char **reasoning;        /* per message: an assistant's reasoning sent back
+                                      ("reasoning_content", ollama's "thinking"), or NULL */
     size_t n_msgs, n_args;
     size_t last_calls;             /* the first call of the last assistant message with calls */
     size_t results;                /* the results since it */
@@ -608,6 +620,7 @@ static void rendering_free(rendering *r)
     free(r->args);
     free(r->ids);
     free(r->result_ids);
+    free(r->reasoning);
 }
 
 static bool is_alnum(char c)
@@ -725,6 +738,13 @@ static int read_message(rendering *r, size_t i, json_object *m, char *msg, size_
     r->msgs[i].role = name;
     if (!(r->msgs[i].content = jsonfield_message_content(m, &r->owned[i], msg, cap)))
         return -1;
+    json_object *thought;
+    if (strcmp(name, "assistant") == 0 &&
+        ((json_object_object_get_ex(m, "reasoning_content", &thought) &&
+          json_object_is_type(thought, json_type_string)) ||
+         (json_object_object_get_ex(m, "thinking", &thought) &&
+          json_object_is_type(thought, json_type_string))))
+        r->reasoning[i] = json_object_get_string(thought);
     if (strcmp(name, "tool") == 0) {
         /* without its call's id, a result answers the calls before it in order */
         mistral_call_id(json_object_object_get(m, "tool_call_id"), r->last_calls + r->results++,
@@ -749,11 +769,29 @@ static const char *refusal_reason(enum chat_family f)
     if (f == CHAT_MISTRAL_V3_TEKKEN)
         return " (after an optional first system message, user and assistant messages "
                "alternate from a user one, tool calls and results aside)";
+    if (f == CHAT_GPT_OSS)
+        return " (a tool result after an assistant message with a call, and no assistant "
+               "message with both text and reasoning besides its call, nor harmony's channel "
+               "markup)";
     return "";
 }
 
+/* The messages read into r with ts's tools in the family's format (chat_apply_tools, or
+ * gpt-oss's with effort and the messages' reasoning), like snprintf. */
+static int render_into(const toolcall_set *ts, const rendering *r, const char *date,
+                       bool enable_thinking, const char *effort, char *out, size_t cap)
+{
+    const char *const *defs = (const char *const *)ts->defs;
+    if (ts->family == CHAT_GPT_OSS) {
+        struct chat_harmony_opts o = {date, effort, r->reasoning};
+        return chat_harmony_apply(&o, defs, (int)ts->n, r->msgs, (int)r->n_msgs, true, out, cap);
+    }
+    return chat_apply_tools(ts->family, defs, (int)ts->n, date, r->msgs, (int)r->n_msgs, true,
+                            enable_thinking, out, cap);
+}
+
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date,
-                      bool enable_thinking, char *msg, size_t cap)
+                      bool enable_thinking, const char *effort, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs), n_calls = count_calls(msgs);
     rendering r = {
@@ -763,19 +801,18 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         .args = calloc(n_calls ? n_calls : 1, sizeof *r.args),
         .ids = calloc(n_calls ? n_calls : 1, sizeof *r.ids),
         .result_ids = calloc(n ? n : 1, sizeof *r.result_ids),
+        .reasoning = calloc(n ? n : 1, sizeof *r.reasoning),
         .n_msgs = n,
     };
     char *out = NULL;
-    if (!r.msgs || !r.owned || !r.calls || !r.args || !r.ids || !r.result_ids) {
+    if (!r.msgs || !r.owned || !r.calls || !r.args || !r.ids || !r.result_ids || !r.reasoning) {
         snprintf(msg, cap, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++)
         if (read_message(&r, i, json_object_array_get_idx(msgs, i), msg, cap) < 0)
             goto done;
-    const char *const *defs = (const char *const *)ts->defs;
-    int len = chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true,
-                               enable_thinking, NULL, 0);
+    int len = render_into(ts, &r, date, enable_thinking, effort, NULL, 0);
     if (len < 0) {
         snprintf(msg, cap, "the messages cannot be rendered with tools in the %s format%s",
                  chat_family_name(ts->family),
@@ -786,8 +823,7 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         snprintf(msg, cap, "out of memory");
         goto done;
     }
-    chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, enable_thinking,
-                     out, (size_t)len + 1);
+    render_into(ts, &r, date, enable_thinking, effort, out, (size_t)len + 1);
     if (ts->forced) {
         const char *opening = forced_opening(ts);
         char *with = realloc(out, (size_t)len + strlen(opening) + 1);
@@ -809,6 +845,7 @@ done:
         free(r.args);
         free(r.ids);
         free(r.result_ids);
+        free(r.reasoning);
     }
     return out;
 }

@@ -306,9 +306,15 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     _Static_assert(sizeof eog_texts / sizeof *eog_texts + 6 <= TOK_EOG_MAX,
                    "the texts and the roles EOS, EOT, EOM, FIM_PAD, FIM_REP and FIM_SEP fit "
                    "tok_eog_tokens' list");
+    /* gpt-oss's "<|end|>" closes a message that another follows in the same reply (its
+     * reasoning, then its answer): where "<|return|>" and "<|call|>" end the reply, as in
+     * llama.cpp, it does not end generation */
+    bool harmony = tok_lookup(t, "<|return|>", 10) >= 0 && tok_lookup(t, "<|call|>", 8) >= 0;
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         int32_t e = tok_lookup(t, eog_texts[i], strlen(eog_texts[i]));
         if (e < 0 || (t->types[e] != TOK_TYPE_CONTROL && t->types[e] != TOK_TYPE_USER_DEFINED))
+            continue;
+        if (harmony && strcmp(eog_texts[i], "<|end|>") == 0)
             continue;
         t->flags[e] |= TOK_FLAG_EOG;
         if (id[TOK_SPECIAL_EOT] < 0 && strcmp(eog_texts[i], "<|eom_id|>") != 0)

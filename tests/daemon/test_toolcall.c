@@ -449,7 +449,7 @@ static void messages_render_as_the_template(void)
         toolcall_set ts;
         char msg[256];
         CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(got && !strcmp(got, CHATML_ONE_TOOL), "%s", got ? got : msg);
         free(got);
         toolcall_set_free(&ts);
@@ -478,7 +478,7 @@ static void hermes_messages_render_as_its_template(void)
         char msg[256], want[sizeof HERMES_ONE_TOOL + 16];
         CHECK_EQ(toolcall_read(o, CHAT_HERMES, &ts, msg, sizeof msg), 0);
         snprintf(want, sizeof want, "%s%s", HERMES_ONE_TOOL, forced ? "<tool_call>\n" : "");
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(got && !strcmp(got, want), "%s", got ? got : msg);
         free(got);
         toolcall_set_free(&ts);
@@ -511,7 +511,7 @@ static char *render_mistral(const char *messages, char *msg, size_t cap)
     toolcall_set ts;
     char *got = NULL;
     if (toolcall_read(o, CHAT_MISTRAL_V3_TEKKEN, &ts, msg, cap) == 0 && msgs)
-        got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, cap);
+        got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, cap);
     toolcall_set_free(&ts);
     json_object_put(o);
     return got;
@@ -588,7 +588,7 @@ static void bad_messages_are_refused(void)
         toolcall_set ts;
         char msg[256];
         CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(!got && strstr(msg, bad[i].says), "%zu: %s", i, msg);
         toolcall_set_free(&ts);
         json_object_put(o);
