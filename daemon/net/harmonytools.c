@@ -116,7 +116,8 @@ static bool is_required(json_object *required, const char *name)
                        i < json_object_array_length(required);
          i++) {
         json_object *r = json_object_array_get_idx(required, i);
-        if (json_object_is_type(r, json_type_string) && strcmp(json_object_get_string(r), name) == 0)
+        if (json_object_is_type(r, json_type_string) &&
+            strcmp(json_object_get_string(r), name) == 0)
             return true;
     }
     return false;

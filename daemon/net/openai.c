@@ -417,9 +417,6 @@ static int sse_scanned(hreq *hr, const char *text, size_t n, bool end)
     return rc;
 }
 
-/* Feeds n bytes of choice i's reply (end: the last) to its split: the reasoning goes out
- * as reasoning_content deltas, the content as ever (through the scan, when there is one,
- * which decides what it held back once the reply is over). -1 out of memory. */
 /* A choice's run of reasoning or content, for the split. */
 typedef struct sse_choice {
     hreq *hr;
@@ -438,6 +435,9 @@ static int sse_run(void *arg, bool reasoning, const char *text, size_t n)
     return 0;
 }
 
+/* Feeds n bytes of choice i's reply (end: the last) to its split: the reasoning goes out
+ * as reasoning_content deltas, the content as ever (through the scan, when there is one,
+ * which decides what it held back once the reply is over). -1 out of memory. */
 static int sse_reasoned(hreq *hr, unsigned i, const char *text, size_t n, bool end)
 {
     sse_choice c = {hr, i};

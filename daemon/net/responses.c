@@ -576,7 +576,8 @@ int responses_chat_body(json_object *req, json_object *prior, json_object **chat
     json_object *effort;
     if (json_object_object_get_ex(req, "reasoning", &v) &&
         json_object_is_type(v, json_type_object) &&
-        json_object_object_get_ex(v, "effort", &effort) && !json_object_is_type(effort, json_type_null))
+        json_object_object_get_ex(v, "effort", &effort) &&
+        !json_object_is_type(effort, json_type_null))
         json_object_object_add(*chat, "reasoning_effort", json_object_get(effort));
     return 0;
 }

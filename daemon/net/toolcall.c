@@ -513,7 +513,8 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
                            "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3, "
-                           "gpt-oss and Mistral Nemo's mistral-v3-tekken templates)", chat_family_name(f));
+                           "gpt-oss and Mistral Nemo's mistral-v3-tekken templates)",
+                 chat_family_name(f));
         return -1;
     }
     ts->defs = calloc(n, sizeof *ts->defs);

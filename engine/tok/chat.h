@@ -201,7 +201,8 @@ bool chat_think_parts(const char *content, const char **reasoning, size_t *n_rea
 /*
  * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>",
  * "<|end_of_turn|>", "<|EOT|>", gpt-oss's "<|return|>"...; "\nUser:" for plain), for use
- * as a stop string when the tokenizer does not mark the corresponding token as end-of-generation. Never NULL.
+ * as a stop string when the tokenizer does not mark the corresponding token as
+ * end-of-generation. Never NULL.
  */
 const char *chat_stop_text(enum chat_family f);
 

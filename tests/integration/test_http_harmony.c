@@ -523,36 +523,40 @@ static void responses_reasoning_item(void)
               "reasoning '%s' content '%s'", sp.reasoning, sp.content);
 }
 
-/* ollama's chat: thinking and content, whole and streamed, at any think */
+/* ollama's chat and generate: thinking and content, whole and streamed, at any think */
 static void ollama_thinking(void)
 {
     NEED();
     static const char *const thinks[] = {"", ",\"think\":true", ",\"think\":false",
                                          ",\"think\":\"low\""};
-    for (int t = 0; t < 4; t++)
-        for (int stream = 0; stream < 2; stream++) {
-            char body[1024];
-            snprintf(body, sizeof body, "{\"messages\":[" USER_Q "]%s,\"stream\":%s}", thinks[t],
-                     stream ? "true" : "false");
-            httpc_reply r;
-            CHECK(httpc_do(hsock, 0, "POST", "/api/chat", NULL, body, &r) == 0);
-            CHECK_MSG(r.status == 200, "%s: %d %s", body, r.status, r.body);
-            split sp;
-            memset(&sp, 0, sizeof sp);
-            char *save;
-            for (char *line = strtok_r(r.body, "\n", &save); line;
-                 line = strtok_r(NULL, "\n", &save)) {
-                json_object *o = json_tokener_parse(line);
-                append(&sp, sp.reasoning, httpc_jstr(o, "message.thinking"));
-                append(&sp, sp.content, httpc_jstr(o, "message.content"));
-                sp.done |= httpc_jget(o, "done") && json_object_get_boolean(httpc_jget(o, "done"));
-                json_object_put(o);
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 4; t++)
+            for (int stream = 0; stream < 2; stream++) {
+                char body[1024];
+                snprintf(body, sizeof body, "{%s%s,\"stream\":%s}",
+                         p ? "\"prompt\":\"What is 2 + 2?\"" : "\"messages\":[" USER_Q "]",
+                         thinks[t], stream ? "true" : "false");
+                httpc_reply r;
+                CHECK(httpc_do(hsock, 0, "POST", p ? "/api/generate" : "/api/chat", NULL, body,
+                               &r) == 0);
+                CHECK_MSG(r.status == 200, "%s: %d %s", body, r.status, r.body);
+                split sp;
+                memset(&sp, 0, sizeof sp);
+                char *save;
+                for (char *line = strtok_r(r.body, "\n", &save); line;
+                     line = strtok_r(NULL, "\n", &save)) {
+                    json_object *o = json_tokener_parse(line);
+                    append(&sp, sp.reasoning, httpc_jstr(o, p ? "thinking" : "message.thinking"));
+                    append(&sp, sp.content, httpc_jstr(o, p ? "response" : "message.content"));
+                    sp.done |= httpc_jget(o, "done") &&
+                               json_object_get_boolean(httpc_jget(o, "done"));
+                    json_object_put(o);
+                }
+                httpc_reply_free(&r);
+                CHECK_MSG(!strcmp(sp.reasoning, "Think it.") &&
+                              !strcmp(sp.content, "The answer.") && !sp.markup && sp.done,
+                          "%s: thinking '%s' content '%s'", body, sp.reasoning, sp.content);
             }
-            httpc_reply_free(&r);
-            CHECK_MSG(!strcmp(sp.reasoning, "Think it.") && !strcmp(sp.content, "The answer.") &&
-                          !sp.markup && sp.done,
-                      "%s: thinking '%s' content '%s'", body, sp.reasoning, sp.content);
-        }
 }
 
 /* Under the sanitizers a leak or an error shows as the daemon's exit status. */
