@@ -16,10 +16,11 @@ static const char *const enders[] = {"<|end|>", "<|return|>", "<|call|>"};
 static const char *const openings[] = {"<|start|>", "<|channel|>", " to=", "to="};
 #define N_OPENINGS (sizeof openings / sizeof openings[0])
 
-void harmony_init(harmony_split *s)
+void harmony_init(harmony_split *s, bool calls)
 {
     memset(s, 0, sizeof *s);
     s->state = HARMONY_HEADER;
+    s->calls = calls;
 }
 
 /* Whether a[0..n) and b (a C string) agree on their common length. */
@@ -59,7 +60,7 @@ static void open_body(harmony_split *s)
     bool named = name && *name;
     for (const char *p = name; named && *p; p++)
         named = is_name_char(*p);
-    if (named) {
+    if (named && s->calls) {
         s->body = HARMONY_CALL;
         snprintf(s->call_open, sizeof s->call_open,
                  "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);

@@ -16,10 +16,11 @@
  *
  * A body ends at "<|end|>", "<|return|>" or "<|call|>" (the last two end generation and
  * are not in the reply's text, as the tokenizer makes them end-of-generation tokens) or
- * with the reply. A call goes out as content in the chatml syntax the gateway's tool scan
- * reads ("<tool_call>\n{\"name\": \"NAME\", \"arguments\": " + the body + "}\n
- * </tool_call>", daemon/net/toolcall.h), so that calls reach every route as other
- * families' do. A reply that does not begin as a header (the model writing plain text)
+ * with the reply. Where the request reads calls, a call goes out as content in the
+ * chatml syntax the gateway's tool scan reads ("<tool_call>\n{\"name\": \"NAME\",
+ * \"arguments\": " + the body + "}\n</tool_call>", daemon/net/toolcall.h), so that calls
+ * reach every route as other families' do; elsewhere (no tools, tool_choice "none") its
+ * body is content as it is. A reply that does not begin as a header (the model writing plain text)
  * is content as it is, and so is everything from a header longer than HARMONY_HEADER_MAX
  * on; the markup itself never goes out.
  *
@@ -56,6 +57,7 @@ enum harmony_state {
 typedef struct harmony_split {
     enum harmony_state state;
     enum harmony_body body;
+    bool calls;                      /* calls go out in chatml's syntax */
     char header[HARMONY_HEADER_MAX]; /* (n_header) the header read so far */
     size_t n_header;
     char held[HARMONY_HOLD_MAX + 1]; /* (n_held) body bytes that may begin an end marker */
@@ -68,8 +70,9 @@ typedef struct harmony_split {
  * 0, or -1 to stop the feed (out of memory). */
 typedef int (*harmony_emit)(void *arg, bool reasoning, const char *text, size_t n);
 
-/* Starts s on a reply. */
-void harmony_init(harmony_split *s);
+/* Starts s on a reply; calls: a call's message goes out as a call in chatml's syntax
+ * (the request's tools are read for calls), otherwise as content. */
+void harmony_init(harmony_split *s, bool calls);
 
 /* Feeds the next n bytes of the reply (end: the reply is over, and what was held back is
  * decided), giving what they decide to emit in order. 0, or -1 when emit stopped it. */

@@ -1249,6 +1249,12 @@ static void today(enum chat_family f, char out[16])
                  (tm.tm_year + 1900) % 10000);
 }
 
+/* Whether hr's replies are read for calls (a scan is made for them). */
+static bool reads_calls(const hreq *hr)
+{
+    return hr->tools.parse && hr->tools.n > 0;
+}
+
 /* The messages with hr's tools (for gpt-oss, with none too: its prompt has the effort and
  * the replies' reasoning); hr->scan made when replies are read for calls. */
 static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t cap)
@@ -1256,8 +1262,7 @@ static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t ca
     char date[16];
     today(hr->tools.family, date);
     char *out = toolcall_render(&hr->tools, msgs, date, !hr->no_thinking, hr->effort, msg, cap);
-    if (out && hr->tools.parse && hr->tools.n > 0 &&
-        !(hr->scan = toolcall_scan_new(&hr->tools))) {
+    if (out && reads_calls(hr) && !(hr->scan = toolcall_scan_new(&hr->tools))) {
         free(out);
         snprintf(msg, cap, "out of memory");
         return NULL;
@@ -1367,7 +1372,7 @@ void openai_split_start(hreq *hr)
 {
     hr->reasoning &= !hr->tools.forced;
     for (unsigned i = 0; hr->reasoning && i < hr->n_choices; i++)
-        reasoning_start(&hr->choices[i].split, chat_thinking(hr->family));
+        reasoning_start(&hr->choices[i].split, chat_thinking(hr->family), reads_calls(hr));
 }
 
 int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
@@ -1376,7 +1381,8 @@ int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
     if (hr->reasoning && chat_thinking(hr->family) == CHAT_THINK_HARMONY) {
         free(hr->whole_split);
         hr->whole_split = NULL;
-        return reasoning_split_harmony(text, strlen(text), &hr->whole_split, reasoning, content);
+        return reasoning_split_harmony(text, strlen(text), reads_calls(hr),
+                                       &hr->whole_split, reasoning, content);
     }
     if (hr->reasoning) {
         reasoning_split_text(chat_thinking(hr->family) == CHAT_THINK_OPENED, text, strlen(text),

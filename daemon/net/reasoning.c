@@ -13,11 +13,11 @@ void reasoning_init(reasoning_split *s, bool opened)
     s->state = opened ? REASONING_LEAD : REASONING_AT_START;
 }
 
-void reasoning_start(reasoning_split *s, enum chat_think kind)
+void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls)
 {
     reasoning_init(s, kind == CHAT_THINK_OPENED);
     if ((s->harmony = kind == CHAT_THINK_HARMONY))
-        harmony_init(&s->h);
+        harmony_init(&s->h, calls);
 }
 
 size_t reasoning_fed(const reasoning_split *s)
@@ -189,18 +189,18 @@ static int whole_put(void *arg, bool reasoning, const char *text, size_t n)
     return 0;
 }
 
-int reasoning_split_harmony(const char *text, size_t n, char **owned, reasoning_span *reasoning,
-                            reasoning_span *content)
+int reasoning_split_harmony(const char *text, size_t n, bool calls, char **owned,
+                            reasoning_span *reasoning, reasoning_span *content)
 {
     harmony_split h;
     whole w = {0};
-    harmony_init(&h);
+    harmony_init(&h, calls);
     harmony_feed(&h, text, n, true, whole_put, &w);
     /* the reasoning first, then the content */
     w = (whole){malloc(w.n[0] + w.n[1] + 1), {0, 0}, w.n[1]};
     if (!w.buf)
         return -1;
-    harmony_init(&h);
+    harmony_init(&h, calls);
     harmony_feed(&h, text, n, true, whole_put, &w);
     w.buf[w.n[1] + w.n[0]] = '\0';
     *owned = w.buf;

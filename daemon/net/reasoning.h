@@ -69,8 +69,9 @@ void reasoning_init(reasoning_split *s, bool opened);
 
 /* Starts s on a reply of a family whose reasoning chat_thinking says how to tell:
  * reasoning_init's think markers (opened for CHAT_THINK_OPENED), or gpt-oss's channels
- * (CHAT_THINK_HARMONY: daemon/net/harmony.h, whose calls come out in the content). */
-void reasoning_start(reasoning_split *s, enum chat_think kind);
+ * (CHAT_THINK_HARMONY: daemon/net/harmony.h, whose calls come out in the content, in
+ * chatml's syntax where calls is set). */
+void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls);
 
 /*
  * Feeds the next n bytes of the reply (end: the reply is over, and what was held back is
@@ -94,10 +95,10 @@ size_t reasoning_fed(const reasoning_split *s);
 void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_span *reasoning,
                           reasoning_span *content);
 
-/* A whole gpt-oss reply (n bytes) told apart: its reasoning and its content (calls in
- * chatml's syntax) each one run of *owned, a fresh buffer the caller frees. 0, or -1 out
- * of memory. */
-int reasoning_split_harmony(const char *text, size_t n, char **owned, reasoning_span *reasoning,
-                            reasoning_span *content);
+/* A whole gpt-oss reply (n bytes) told apart: its reasoning and its content (calls as
+ * harmony_init's calls says) each one run of *owned, a fresh buffer the caller frees. 0,
+ * or -1 out of memory. */
+int reasoning_split_harmony(const char *text, size_t n, bool calls, char **owned,
+                            reasoning_span *reasoning, reasoning_span *content);
 
 #endif

@@ -91,7 +91,7 @@ static got feed_cut(const char *reply, const size_t *cuts, int n_cuts)
     harmony_split s;
     got g = {0};
     size_t len = strlen(reply), from = 0;
-    harmony_init(&s);
+    harmony_init(&s, true);
     for (int i = 0; i <= n_cuts; i++) {
         size_t to = i < n_cuts ? cuts[i] : len;
         g.bad |= harmony_feed(&s, reply + from, to - from, i == n_cuts, add, &g) != 0;
@@ -151,7 +151,7 @@ static void holds_back_only_what_may_be_markup(void)
 {
     harmony_split s;
     got g = {0};
-    harmony_init(&s);
+    harmony_init(&s, true);
     harmony_feed(&s, "<|channel|>analysis<|message|>", 30, false, add, &g);
     CHECK_EQ(g.nr + g.nc, 0u);
     harmony_feed(&s, "Think <|e", 9, false, add, &g);
@@ -161,7 +161,7 @@ static void holds_back_only_what_may_be_markup(void)
     harmony_feed(&s, "<|end|><|start|>assistant<|channel|>final<|message|>A", 53, false, add, &g);
     CHECK_STR(g.content, "A");
     /* a call's opening goes out with its header, its arguments as they come */
-    harmony_init(&s);
+    harmony_init(&s, true);
     g = (got){0};
     harmony_feed(&s, "<|channel|>commentary to=functions.f json<|message|>{\"a\"", 56, false,
                  add, &g);
@@ -169,7 +169,7 @@ static void holds_back_only_what_may_be_markup(void)
     harmony_feed(&s, "", 0, true, add, &g);
     CHECK_STR(g.content, CALL("f", "{\"a\"") );
     /* a header longer than any is not one: raw content from there */
-    harmony_init(&s);
+    harmony_init(&s, true);
     g = (got){0};
     char long_header[HARMONY_HEADER_MAX + 20];
     memset(long_header, 'x', sizeof long_header);
@@ -185,29 +185,34 @@ static void reasoning_split_of_harmony(void)
                                 "<|channel|>final<|message|>c";
     reasoning_split s;
     got g = {0};
-    reasoning_start(&s, CHAT_THINK_HARMONY);
+    reasoning_start(&s, CHAT_THINK_HARMONY, true);
     CHECK_EQ(reasoning_feed_each(&s, reply, 40, false, add, &g), 0);
     CHECK_EQ(reasoning_feed_each(&s, reply + 40, sizeof reply - 41, true, add, &g), 0);
     CHECK_STR(g.reasoning, "r");
     CHECK_STR(g.content, "c");
     CHECK_EQ(reasoning_fed(&s), sizeof reply - 1);
     /* the think markers' split through the same call */
-    reasoning_start(&s, CHAT_THINK_REPLY);
+    reasoning_start(&s, CHAT_THINK_REPLY, false);
     g = (got){0};
     CHECK_EQ(reasoning_feed_each(&s, "<think>a</think>b", 17, true, add, &g), 0);
     CHECK_STR(g.reasoning, "a");
     CHECK_STR(g.content, "b");
     char *owned = NULL;
     reasoning_span r, c;
-    CHECK_EQ(reasoning_split_harmony(reply, sizeof reply - 1, &owned, &r, &c), 0);
+    CHECK_EQ(reasoning_split_harmony(reply, sizeof reply - 1, true, &owned, &r, &c), 0);
     CHECK(r.n == 1 && r.text[0] == 'r' && c.n == 1 && c.text[0] == 'c');
     free(owned);
     static const char call[] = "<|channel|>analysis<|message|>think<|end|><|start|>assistant"
                                " to=functions.get_weather<|channel|>commentary json<|message|>"
                                "{\"city\":\"Paris\"}";
-    CHECK_EQ(reasoning_split_harmony(call, sizeof call - 1, &owned, &r, &c), 0);
+    CHECK_EQ(reasoning_split_harmony(call, sizeof call - 1, true, &owned, &r, &c), 0);
     CHECK(r.n == 5 && memcmp(r.text, "think", 5) == 0);
     CHECK_STR(c.text, CALL("get_weather", "{\"city\":\"Paris\"}"));
+    free(owned);
+    /* calls not read (no tools, tool_choice "none"): the call's body is content */
+    CHECK_EQ(reasoning_split_harmony(call, sizeof call - 1, false, &owned, &r, &c), 0);
+    CHECK(r.n == 5 && memcmp(r.text, "think", 5) == 0);
+    CHECK_STR(c.text, "{\"city\":\"Paris\"}");
     free(owned);
 }
 

@@ -16,7 +16,8 @@
  * reasoning "Think it.", content "The answer." on the chat, Responses and ollama routes,
  * whole and streamed, no markup in any delta; "<|end|>" does not end it. A GBNF grammar
  * makes replies with a call in both of harmony's spellings, its control tokens whole or
- * spelled out character by character (logit_bias), read as tool_calls.
+ * spelled out character by character (logit_bias), read as tool_calls (and with
+ * tool_choice "none" its arguments as the content).
  */
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -484,6 +485,22 @@ static void calls_in_both_spellings(void)
                           "%s", sp.calls ? json_object_to_json_string(sp.calls) : "no calls");
                 json_object_put(sp.calls);
             }
+        /* tool_choice "none": no calls read, the call's body is content */
+        for (int stream = 0; stream < 2; stream++) {
+            char body[4096];
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
+                     "\"max_tokens\":200,\"stream\":%s,\"grammar\":%s,\"tools\":[%s],"
+                     "\"tool_choice\":\"none\"}",
+                     stream ? "true" : "false", g, toolmodel_weather_tool);
+            split sp;
+            chat(body, stream, &sp);
+            CHECK_MSG(!strcmp(sp.reasoning, "I call it.") &&
+                          !strcmp(sp.content, "{\"city\":\"Paris\"}") && !sp.calls &&
+                          !strcmp(sp.finish, "stop"),
+                      "spelling %zu stream %d: reasoning '%s' content '%s' finish %s", v, stream,
+                      sp.reasoning, sp.content, sp.finish);
+        }
         free(g);
     }
 }
