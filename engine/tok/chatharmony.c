@@ -12,6 +12,28 @@ bool chat_harmony_effort_valid(const char *s)
     return s && (strcmp(s, "low") == 0 || strcmp(s, "medium") == 0 || strcmp(s, "high") == 0);
 }
 
+void chat_harmony_answer(const char *reply, const char **answer, size_t *n)
+{
+    static const char final[] = "<|channel|>final<|message|>";
+    static const char *const enders[] = {"<|end|>", "<|return|>", "<|call|>"};
+    const char *body = NULL;
+    for (const char *p = reply; (p = strstr(p, final)); p += strlen(final))
+        body = p + strlen(final);
+    if (!body) {
+        *answer = reply;
+        *n = strstr(reply, "<|message|>") ? 0 : strlen(reply);
+        return;
+    }
+    size_t len = strlen(body);
+    for (size_t k = 0; k < sizeof enders / sizeof enders[0]; k++) {
+        const char *e = strstr(body, enders[k]);
+        if (e && (size_t)(e - body) < len)
+            len = (size_t)(e - body);
+    }
+    *answer = body;
+    *n = len;
+}
+
 static bool is_role(const struct chat_tool_message *m, const char *role)
 {
     return strcmp(m->role, role) == 0;

@@ -48,6 +48,15 @@ struct chat_harmony_opts {
 /* Whether s is one of CHAT_HARMONY_EFFORTS. */
 bool chat_harmony_effort_valid(const char *s);
 
+/* The answer of a reply as the model wrote it after the prompt's "<|start|>assistant"
+ * ("<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>
+ * ANSWER"), as the template takes a reply back: the body of its last final-channel
+ * message, up to the "<|end|>", "<|return|>" or "<|call|>" that ends it or the text's end,
+ * in *answer (*n bytes, pointing into reply). A reply without "<|message|>" (the model
+ * writing plain text) is its own answer; one with messages but no final one (cut while
+ * thinking) has an empty answer. */
+void chat_harmony_answer(const char *reply, const char **answer, size_t *n);
+
 /*
  * Writes the prompt of msgs[0..n) (roles "system", "developer", "user", "assistant",
  * "tool"; a call's arguments as chattools.h's, tojson's one line) with tools[0..n_tools),

@@ -427,6 +427,43 @@ static void chat_reasoning_and_content(void)
     }
 }
 
+/* A context's turns (llmsd.context): the first is the template's whole prompt with the
+ * context's system prompt as its developer instructions, each later one adds only the
+ * reply's closing, the user's turn and the assistant's opening (the system turn is not
+ * written again), the reply's reasoning kept where the model wrote it. */
+static void context_turns_continue_the_conversation(void)
+{
+    NEED();
+    llms_conn *c = proc_connect(&daemon_, LLMS_DEFAULT_APP);
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    CHECK_EQ(llms_context_create(c, "Be brief.", NULL, id), LLMS_OK);
+    char sys[512], first[1024], body[512];
+    system_turn(sys, sizeof sys, "medium", false);
+    snprintf(first, sizeof first,
+             "%s<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>" USER_TURN
+             "<|start|>assistant", sys);
+    int bos = token_count(""), want = token_count(first) + REPLY_TOKENS;
+    int more = token_count("<|end|>" USER_TURN "<|start|>assistant") - bos + REPLY_TOKENS;
+    snprintf(body, sizeof body,
+             "{\"messages\":[" USER_Q "],\"max_tokens\":32,\"llmsd\":{\"context\":\"%s\"}}",
+             id);
+    for (int turn = 0; turn < 3; turn++, want += more) {
+        int st;
+        json_object *o = post("/v1/chat/completions", body, &st);
+        split sp;
+        CHECK_MSG(st == 200 && gather_chat(o, &sp), "turn %d: %d", turn, st);
+        CHECK_MSG(!strcmp(sp.reasoning, "Think it.") && !strcmp(sp.content, "The answer.") &&
+                      !sp.markup,
+                  "turn %d: reasoning '%s' content '%s'", turn, sp.reasoning, sp.content);
+        CHECK_MSG(num(o, "llmsd.context_tokens") == want, "turn %d: %d tokens, want %d", turn,
+                  num(o, "llmsd.context_tokens"), want);
+        json_object_put(o);
+    }
+    CHECK_EQ(llms_context_delete(c, id), LLMS_OK);
+    llms_close(c);
+}
+
 /* text as a GBNF grammar of that one sentence, as a JSON string. */
 static char *grammar_json(const char *text)
 {
@@ -602,6 +639,7 @@ int main(int argc, char **argv)
         model_path[0] = '\0';
     RUN(prompts_as_the_template_writes_them);
     RUN(chat_reasoning_and_content);
+    RUN(context_turns_continue_the_conversation);
     RUN(calls_in_both_spellings);
     RUN(responses_reasoning_item);
     RUN(ollama_thinking);
