@@ -750,6 +750,41 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     httpwire_stream_end(hr->wc);
 }
 
+/* A message of role and text, appended to msgs (one whose strings ran out of memory is
+ * refused by the rendering). -1 out of memory. */
+static int add_message(json_object *msgs, const char *role, const char *text)
+{
+    json_object *m = json_object_new_object();
+    if (!m)
+        return -1;
+    json_object_object_add(m, "role", json_object_new_string(role));
+    json_object_object_add(m, "content", json_object_new_string(text));
+    if (json_object_array_add(msgs, m) < 0) {
+        json_object_put(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* A generate's prompt (after its system message, when there is one) as gpt-oss's chat
+ * renders the conversation, at hr's effort. Fresh string, or NULL with msg. */
+static char *generate_harmony(hreq *hr, const char *system, const char *prompt, char *msg,
+                              size_t cap)
+{
+    json_object *msgs = json_object_new_array();
+    if (!msgs || (system && add_message(msgs, "system", system) < 0) ||
+        add_message(msgs, "user", prompt) < 0) {
+        json_object_put(msgs);
+        snprintf(msg, cap, "out of memory");
+        return NULL;
+    }
+    /* a generate reads no tools: the set is empty, of the model's family */
+    hr->tools.family = hr->family;
+    char *out = openai_render_chat(hr, msgs, msg, cap);
+    json_object_put(msgs);
+    return out;
+}
+
 void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     bool chat = hr->route == R_OLLAMA_CHAT;
@@ -767,8 +802,9 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     hr->stream = rc == 0 || json_object_get_boolean(v);
     /* The matcher keeps one place for the chat template's end text (session.c), and a
      * chat rendered here carries that end of turn as one more stop string. */
+    bool rendered_here = chat || hr->family == CHAT_GPT_OSS;
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
-        read_options(hr, &gp, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap) ||
+        read_options(hr, &gp, STOP_MAX - 1 - (rendered_here ? 1 : 0), msg, cap) ||
         read_think(hr, msg, cap))
         goto bad;
     if (!chat && json_object_object_get_ex(hr->body, "tools", &v) && !jsonfield_asks_nothing(v)) {
@@ -832,6 +868,13 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             cr.prompt_parts = &part_ptr;
             cr.n_prompt_parts = 1;
             hr->reasoning = false; /* a fill in the middle is code, not a chat's reply */
+        } else if (!raw && hr->family == CHAT_GPT_OSS) {
+            /* gpt-oss's prompt holds the think level, its reasoning effort, which the
+             * worker's rendering has no place for: rendered here, as /api/chat is */
+            if (!(rendered = generate_harmony(hr, system, prompt, msg, cap)))
+                goto bad;
+            stops[gp.n_stop++] = chat_stop_text(hr->family);
+            cr.prompt = rendered;
         } else {
             /* not raw: the prompt is the user's turn, through the model's chat template;
              * raw, it is no chat, and its text is left whole */

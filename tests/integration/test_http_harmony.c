@@ -295,6 +295,14 @@ static void prompts_as_the_template_writes_them(void)
          "\"options\":{\"num_predict\":1}}", "high", "prompt_eval_count"},
         {"/api/chat", "{\"messages\":[" USER_Q "],\"stream\":false,\"think\":false,"
          "\"options\":{\"num_predict\":1}}", "medium", "prompt_eval_count"},
+        {"/api/generate", "{\"prompt\":\"What is 2 + 2?\",\"stream\":false,\"think\":\"low\","
+         "\"options\":{\"num_predict\":1}}", "low", "prompt_eval_count"},
+        {"/api/generate", "{\"prompt\":\"What is 2 + 2?\",\"stream\":false,\"think\":"
+         "\"medium\",\"options\":{\"num_predict\":1}}", "medium", "prompt_eval_count"},
+        {"/api/generate", "{\"prompt\":\"What is 2 + 2?\",\"stream\":false,\"think\":\"high\","
+         "\"options\":{\"num_predict\":1}}", "high", "prompt_eval_count"},
+        {"/api/generate", "{\"prompt\":\"What is 2 + 2?\",\"stream\":false,\"think\":true,"
+         "\"options\":{\"num_predict\":1}}", "medium", "prompt_eval_count"},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         system_turn(sys, sizeof sys, routes[i].effort, false);
