@@ -981,13 +981,14 @@ static json_object *new_call_id(size_t counter)
 }
 
 /* The call o is ({"name": known, args_key: object}; other keys, as mistral's "id", are
- * left), or NULL. */
+ * left), or NULL. gpt-oss's calls are of any name: its header's recipient is markup the
+ * reply cannot hold as text, and llama.cpp's server reads it as a call of that name. */
 static json_object *call_of(toolcall_scan *s, json_object *o, size_t counter)
 {
     json_object *name, *args;
     if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "name", &name) ||
         !json_object_is_type(name, json_type_string) ||
-        !known_name(s->ts, json_object_get_string(name)) ||
+        !(s->ts->family == CHAT_GPT_OSS || known_name(s->ts, json_object_get_string(name))) ||
         !json_object_object_get_ex(o, s->syn->args_key, &args) ||
         !json_object_is_type(args, json_type_object))
         return NULL;
@@ -1095,6 +1096,21 @@ static int calls_end(const toolcall_scan *s, size_t body, size_t *body_end, size
     return done;
 }
 
+/* A gpt-oss call that is no call (its arguments no JSON object), p[0..n) between the
+ * markers as daemon/net/harmony.h wrote it, {"name": "NAME", "arguments": BODY}: BODY,
+ * in p[*from..*from + *len), the content it is, as with tool_choice "none". */
+static void harmony_body(const char *p, size_t n, size_t *from, size_t *len)
+{
+    static const char key[] = "\"arguments\": ";
+    const char *a = memmem(p, n, key, strlen(key));
+    size_t at = a ? (size_t)(a - p) + strlen(key) : n, end = n;
+    /* the wrapper's own closing brace, after the body */
+    while (end > at && p[end - 1] != '}')
+        end--;
+    *from = at;
+    *len = end > at ? end - 1 - at : 0;
+}
+
 /* The reply between markers (chatml), or after one (mistral's array): calls taken as
  * they close. */
 static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
@@ -1128,11 +1144,16 @@ static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
             return 0;
         }
         json_object *calls = parse_calls(s, s->text + body, body_end - body);
-        /* white space before a call goes with it; a call that does not parse is text */
-        size_t pre = calls ? at : stop - s->done;
+        /* white space before a call goes with it; a call that does not parse is text, but
+         * gpt-oss's, whose markers are the gateway's own: its body alone */
+        bool bare = !calls && s->ts->family == CHAT_GPT_OSS;
+        size_t pre = calls || bare ? at : stop - s->done, from, len;
         while (calls && pre > 0 && is_space(rest[pre - 1]))
             pre--;
-        if (add_content(s, out, rest, pre) < 0) {
+        if (bare)
+            harmony_body(s->text + body, body_end - body, &from, &len);
+        if (add_content(s, out, rest, pre) < 0 ||
+            (bare && add_content(s, out, s->text + body + from, len) < 0)) {
             json_object_put(calls);
             return -1;
         }

@@ -713,6 +713,14 @@ static const struct {
     {CHAT_MISTRAL_V3_TEKKEN, "see [1] and [TOOL", "see [1] and [TOOL", ""},
     {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"ci", 
      "{\"name\": \"get_weather\", \"parameters\": {\"ci", ""},
+    /* gpt-oss's calls, as daemon/net/harmony.h writes them: a function outside the tools
+     * is a call still (llama.cpp's reading); a body that is no JSON object is content */
+    {CHAT_GPT_OSS, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n"
+                   "</tool_call>", "", "get_time({\"tz\":\"UTC\"});"},
+    {CHAT_GPT_OSS, "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: "
+                   "Paris}}\n</tool_call>", "Checking.{city: Paris}", ""},
+    {CHAT_GPT_OSS, "<tool_call>\n{\"name\": \"search\", \"arguments\": \"x\"}\n</tool_call>",
+     "\"x\"", ""},
 };
 
 static void replies_are_scanned_whole_and_in_pieces(void)

@@ -346,7 +346,7 @@ static void append(split *sp, char *to, const char *s)
 {
     if (!s)
         return;
-    sp->markup |= strstr(s, "<|") != NULL;
+    sp->markup |= strstr(s, "<|") || strstr(s, "tool_call>");
     strncat(to, s, 1023 - strlen(to));
 }
 
@@ -550,6 +550,47 @@ static void calls_in_both_spellings(void)
     }
 }
 
+/* A call of a function the request has no tool for is a call still, named as the model
+ * named it (as llama.cpp's server reads gpt-oss's calls); a call whose body is no JSON
+ * object is its body as content. Neither lets the gateway's own call markup out. */
+static void calls_outside_the_tools(void)
+{
+    NEED();
+    static const struct {
+        const char *reply, *name, *content;
+    } cases[] = {
+        {"<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\":\"UTC\"}",
+         "get_time", ""},
+        {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{city: Paris}",
+         NULL, "{city: Paris}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *g = grammar_json(cases[i].reply);
+        for (int stream = 0; stream < 2; stream++) {
+            char body[4096];
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Time?\"}],"
+                     "\"max_tokens\":200,\"stream\":%s,\"grammar\":%s,\"tools\":[%s]}",
+                     stream ? "true" : "false", g, toolmodel_weather_tool);
+            split sp;
+            chat(body, stream, &sp);
+            CHECK_MSG(!sp.markup && !strcmp(sp.content, cases[i].content),
+                      "case %zu stream %d: content '%s'", i, stream, sp.content);
+            if (cases[i].name)
+                CHECK_MSG(sp.calls && json_object_array_length(sp.calls) == 1 &&
+                              is(sp.calls, "0.function.name", cases[i].name) &&
+                              !strcmp(sp.finish, "tool_calls"),
+                          "case %zu stream %d: %s", i, stream,
+                          sp.calls ? json_object_to_json_string(sp.calls) : "no calls");
+            else
+                CHECK_MSG(!sp.calls && !strcmp(sp.finish, "stop"), "case %zu stream %d: %s", i,
+                          stream, sp.finish);
+            json_object_put(sp.calls);
+        }
+        free(g);
+    }
+}
+
 static void responses_reasoning_item(void)
 {
     NEED();
@@ -649,6 +690,7 @@ int main(int argc, char **argv)
     RUN(chat_reasoning_and_content);
     RUN(context_turns_continue_the_conversation);
     RUN(calls_in_both_spellings);
+    RUN(calls_outside_the_tools);
     RUN(responses_reasoning_item);
     RUN(ollama_thinking);
     RUN(daemon_exits_cleanly);
