@@ -303,6 +303,30 @@ static void vocabulary(void)
     }
 }
 
+/* A reply as the model wrote it, taken back by its answer. */
+static void answers(void)
+{
+    static const struct {
+        const char *reply, *answer;
+    } cases[] = {
+        {"<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>"
+         "Four.", "Four."},
+        {"<|channel|>final<|message|>Four.<|return|>", "Four."},
+        {"<|channel|>final<|message|>One.<|end|><|start|>assistant<|channel|>final<|message|>"
+         "Two.<|end|>", "Two."},
+        {"<|channel|>analysis<|message|>Still thinking", ""},
+        {"Plain text.", "Plain text."},
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *a;
+        size_t n;
+        chat_harmony_answer(cases[i].reply, &a, &n);
+        CHECK_MSG(n == strlen(cases[i].answer) && !memcmp(a, cases[i].answer, n), "%zu: '%.*s'",
+                  i, (int)n, a);
+    }
+}
+
 int main(void)
 {
     RUN(plain_chat);
@@ -314,5 +338,6 @@ int main(void)
     RUN(refusals);
     RUN(family);
     RUN(vocabulary);
+    RUN(answers);
     return test_finish();
 }
