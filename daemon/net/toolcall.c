@@ -406,13 +406,42 @@ static json_object *call_schema(const toolcall_set *ts, size_t i)
     return call;
 }
 
+/* gpt-oss's call of the function named (ts->forced_fn): its header after the prompt's
+ * "<|start|>assistant", as the model writes a call, and its opening as harmony.h gives it
+ * to the scan; the schema, its arguments'. 0, or -1 out of memory. */
+static int harmony_forced(toolcall_set *ts, json_object **schema)
+{
+    const char *name = ts->names[ts->forced_fn];
+    json_object *args = ts->params[ts->forced_fn], *quoted = json_object_new_string(name);
+    *schema = args ? json_object_get(args) : json_object_new_object();
+    if (!args && *schema) {
+        json_object_object_add(*schema, "type", json_object_new_string("object"));
+        json_object_object_add(*schema, "properties", json_object_new_object());
+    }
+    const char *q = quoted ? json_object_to_json_string_ext(quoted, JSON_C_TO_STRING_PLAIN |
+                                                                        JSON_C_TO_STRING_NOSLASHESCAPE)
+                           : NULL;
+    if (q && asprintf(&ts->header, "<|channel|>commentary to=functions.%s <|constrain|>json"
+                                   "<|message|>", name) < 0)
+        ts->header = NULL;
+    if (q && asprintf(&ts->call_open, "<tool_call>\n{\"name\": %s, \"arguments\": ", q) < 0)
+        ts->call_open = NULL;
+    json_object_put(quoted);
+    return *schema && ts->header && ts->call_open ? 0 : -1;
+}
+
 /* The forced call's schema (see toolcall_read) into ts->schema: the call of the function
  * named, or one of every function's calls (a tagged union: the name, written first,
  * chooses whose parameters the arguments follow). 0, or -1 with msg. */
 static int forced_schema(toolcall_set *ts, char *msg, size_t cap)
 {
     json_object *schema = NULL;
-    if (ts->forced_fn >= 0 || ts->n == 1) {
+    if (ts->family == CHAT_GPT_OSS) {
+        if (harmony_forced(ts, &schema) < 0) {
+            json_object_put(schema);
+            schema = NULL;
+        }
+    } else if (ts->forced_fn >= 0 || ts->n == 1) {
         schema = call_schema(ts, ts->forced_fn >= 0 ? (size_t)ts->forced_fn : 0);
     } else if ((schema = json_object_new_object())) {
         json_object *calls = json_object_new_array();
@@ -489,11 +518,13 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     ts->family = f;
     if (read_choice(body, ts, &named, msg, cap) < 0)
         return -1;
-    /* a forced call's reply is decoded as chatml's call object after its opening, which
-     * the harmony format has no place for */
-    if (ts->forced && f == CHAT_GPT_OSS) {
-        snprintf(msg, cap, "'tool_choice': gpt-oss's harmony format has no forced call; send "
-                           "\"auto\" (or \"none\")");
+    /* a call of any function is gpt-oss's header naming it, then its arguments: the
+     * header is no JSON, which the reply's schema could constrain */
+    if (ts->forced && !named && f == CHAT_GPT_OSS) {
+        snprintf(msg, cap, "'tool_choice': \"required\" is not supported for gpt-oss, whose "
+                           "call names its function in a header the reply writes; name the "
+                           "function ({\"type\": \"function\", \"function\": {\"name\": "
+                           "...}}) or send \"auto\"");
         return -1;
     }
     int rc = jsonfield_get(body, "parallel_tool_calls", "", json_type_boolean, &v, msg, cap);
@@ -567,24 +598,39 @@ void toolcall_set_free(toolcall_set *ts)
     free(ts->names);
     free(ts->params);
     free(ts->schema);
+    free(ts->header);
+    free(ts->call_open);
     memset(ts, 0, sizeof *ts);
 }
 
 /* ---- rendering ---- */
 
-/* What a forced call's reply follows in the prompt, and what closes it after: the call's
+/* What a forced call's reply follows in the scan, and what closes it after: the call's
  * markers with the line breaks the templates put around its JSON (llama3's call is the
- * bare object: none; mistral's is the one item of the array of calls). */
+ * bare object: none; mistral's is the one item of the array of calls); gpt-oss's reply,
+ * the arguments alone, goes between the call's opening and closing as harmony.h writes
+ * them. */
 static const char *forced_opening(const toolcall_set *ts)
 {
     const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    if (ts->family == CHAT_GPT_OSS)
+        return ts->call_open;
     return syn->whole ? "" : syn->array ? "[TOOL_CALLS][" : "<tool_call>\n";
 }
 
 static const char *forced_closing(const toolcall_set *ts)
 {
     const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    if (ts->family == CHAT_GPT_OSS)
+        return "}\n</tool_call>";
     return syn->whole ? "" : syn->array ? "]" : "\n</tool_call>";
+}
+
+/* What a forced call's reply follows in the prompt: the scan's opening, but gpt-oss's
+ * call header. */
+static const char *forced_prompt_opening(const toolcall_set *ts)
+{
+    return ts->family == CHAT_GPT_OSS ? ts->header : forced_opening(ts);
 }
 
 /* Mistral's call ids: 9 letters and digits. */
@@ -826,7 +872,7 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
     }
     render_into(ts, &r, date, enable_thinking, effort, out, (size_t)len + 1);
     if (ts->forced) {
-        const char *opening = forced_opening(ts);
+        const char *opening = forced_prompt_opening(ts);
         char *with = realloc(out, (size_t)len + strlen(opening) + 1);
         if (!with) {
             snprintf(msg, cap, "out of memory");

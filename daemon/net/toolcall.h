@@ -32,7 +32,11 @@ typedef struct toolcall_set {
     int forced_fn;        /* with forced: the index of the function named, or
                              TOOLCALL_ANY_FN ("required") */
     char *schema;         /* forced: the JSON Schema of the call's object, which the reply
-                             is decoded against (FORMAT_JSON_SCHEMA) */
+                             is decoded against (FORMAT_JSON_SCHEMA); gpt-oss's: of the
+                             function's arguments */
+    char *header;         /* forced gpt-oss: the call's header the prompt ends with */
+    char *call_open;      /* forced gpt-oss: the call's opening in chatml's syntax, which
+                             the scan reads before the reply (daemon/net/harmony.h's) */
 } toolcall_set;
 
 /* toolcall_set.forced_fn of tool_choice "required": any of the functions. */
@@ -45,7 +49,9 @@ typedef struct toolcall_set {
  * are none (absent, null or empty); 0 with them read; -1 with msg naming the field for a
  * malformed tool (for hermes also properties that are no object and a property's or
  * return's description that is no string, which its template cannot write), a family
- * without a tool format, a tool_choice naming no tool, or a forced one for gpt-oss.
+ * without a tool format, a tool_choice naming no tool, or "required" for gpt-oss (its
+ * call of any function is a header the reply writes, which a JSON Schema cannot
+ * constrain; a named one is the header the prompt ends with, the reply the arguments).
  * toolcall_set_free frees what it holds either way.
  *
  * A forced tool_choice ("required", or {"type": "function", "function": {"name"}}) gets

@@ -4,7 +4,7 @@
  * what its render_tool_namespace and render_typescript_type macros write, with Jinja's
  * trim_blocks and lstrip_blocks, written out by hand), and OpenAI's and ollama's
  * messages (calls, results, reasoning sent back) rendered through toolcall.h for the
- * gpt-oss family; its forced tool_choice refused.
+ * gpt-oss family; a named tool_choice as the call's header, "required" refused.
  */
 #include <json-c/json.h>
 #include <stdio.h>
@@ -124,7 +124,8 @@ static void messages_render_as_its_template(void)
     }
 }
 
-/* Refused: a forced call (the format has no place for chatml's), a result before a call */
+/* Refused: "required" (a call of any function is a header the reply writes, which a JSON
+ * Schema cannot constrain), a result before a call */
 static void refusals(void)
 {
     json_object *o = json_tokener_parse("{\"tool_choice\":\"required\",\"tools\":[{\"type\":"
@@ -146,10 +147,70 @@ static void refusals(void)
     json_object_put(o);
 }
 
+/* A named tool_choice: the prompt ends with the call's header, the reply (decoded against
+ * the function's parameters) is its arguments alone, read as the call; a reply cut short
+ * is its own text. */
+static void named_choice_ends_the_prompt_with_the_call(void)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+             "\"get_weather\"}},\"tools\":[%s],\"messages\":[{\"role\":\"user\","
+             "\"content\":\"Weather in Paris?\"}]}",
+             TOOLS[0].tool);
+    json_object *o = json_tokener_parse(body), *msgs;
+    CHECK(o && json_object_object_get_ex(o, "messages", &msgs));
+    toolcall_set ts;
+    char msg[256];
+    CHECK_EQ(toolcall_read(o, CHAT_GPT_OSS, &ts, msg, sizeof msg), 0);
+    const char *tail = "<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant"
+                       "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                       "<|message|>";
+    char *got = toolcall_render(&ts, msgs, "2025-08-05", true, NULL, msg, sizeof msg);
+    CHECK_MSG(got && strlen(got) > strlen(tail) && !strcmp(got + strlen(got) - strlen(tail), tail),
+              "%s", got ? got : msg);
+    free(got);
+    /* the reply's schema: the function's parameters */
+    json_object *schema = json_tokener_parse(ts.schema), *params;
+    CHECK(json_object_object_get_ex(json_object_object_get(json_object_array_get_idx(
+                                        json_object_object_get(o, "tools"), 0), "function"),
+                                    "parameters", &params));
+    CHECK_MSG(schema && json_object_equal(schema, params), "%s", ts.schema);
+    json_object_put(schema);
+    static const struct {
+        const char *reply, *content, *args;
+    } replies[] = {
+        {"{\"city\": \"Paris\"}", "", "{\"city\":\"Paris\"}"},
+        {"{\"city\": \"Par", "{\"city\": \"Par", NULL},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        toolcall_scan *s = toolcall_scan_new(&ts);
+        toolcall_out out;
+        CHECK(s && toolcall_scan_feed(s, replies[i].reply, strlen(replies[i].reply), true,
+                                      &out) == 0);
+        json_object *call = json_object_array_get_idx(out.calls, 0);
+        CHECK_MSG(!strcmp(out.content ? out.content : "", replies[i].content), "%zu: '%s'", i,
+                  out.content);
+        if (replies[i].args)
+            CHECK_MSG(json_object_array_length(out.calls) == 1 &&
+                          !strcmp(json_object_get_string(json_object_object_get(call, "name")),
+                                  "get_weather") &&
+                          !strcmp(toolcall_arguments_text(call), replies[i].args),
+                      "%zu: %s", i, json_object_to_json_string(out.calls));
+        else
+            CHECK_EQ(json_object_array_length(out.calls), 0);
+        toolcall_out_free(&out);
+        toolcall_scan_free(s);
+    }
+    toolcall_set_free(&ts);
+    json_object_put(o);
+}
+
 int main(void)
 {
     RUN(tools_as_typescript);
     RUN(messages_render_as_its_template);
     RUN(refusals);
+    RUN(named_choice_ends_the_prompt_with_the_call);
     return test_finish();
 }

@@ -17,7 +17,10 @@
  * whole and streamed, no markup in any delta; "<|end|>" does not end it. A GBNF grammar
  * makes replies with a call in both of harmony's spellings, its control tokens whole or
  * spelled out character by character (logit_bias), read as tool_calls (and with
- * tool_choice "none" its arguments as the content).
+ * tool_choice "none" its arguments as the content), a call of a function outside the
+ * tools read as a call, one whose body is no JSON its body as content; a named
+ * tool_choice ends the prompt with the call's header. A context's turns add only what
+ * the template writes after the last reply; /api/generate's think level is the prompt's.
  */
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -405,7 +408,8 @@ static void chat(const char *body, bool stream, split *sp)
     } else {
         json_object *o = json_tokener_parse(r.body);
         CHECK(gather_chat(o, sp));
-        CHECK_MSG(num(o, "usage.completion_tokens") == REPLY_TOKENS || strstr(body, "grammar"),
+        CHECK_MSG(num(o, "usage.completion_tokens") == REPLY_TOKENS || strstr(body, "grammar") ||
+                      strstr(body, "tool_choice\":{"),
                   "%s", r.body);
         json_object_put(o);
     }
@@ -591,6 +595,52 @@ static void calls_outside_the_tools(void)
     }
 }
 
+/* A named tool_choice: the prompt ends with the call's header (/apply-template's prompt,
+ * which the route evaluates), and the reply, decoded against the function's parameters,
+ * is the call's arguments: a call of it, whole and streamed. */
+static void named_choice_is_the_call(void)
+{
+    NEED();
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Pick a day.\"}],\"tools\":[%s],"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"pick_day\"}}}",
+             toolmodel_pick_tool);
+    char *prompt = apply_template(body);
+    const char *header = "<|start|>assistant<|channel|>commentary to=functions.pick_day "
+                         "<|constrain|>json<|message|>";
+    CHECK_MSG(prompt && strlen(prompt) > strlen(header) &&
+                  !strcmp(prompt + strlen(prompt) - strlen(header), header),
+              "%s", prompt ? prompt : "");
+    int n_prompt = prompt ? token_count(prompt) : -1;
+    free(prompt);
+    for (int stream = 0; stream < 2; stream++) {
+        char req[4096];
+        snprintf(req, sizeof req, "%.*s,\"max_tokens\":64,\"stream\":%s}",
+                 (int)strlen(body) - 1, body, stream ? "true" : "false");
+        if (!stream) {
+            int st;
+            json_object *o = post("/v1/chat/completions", req, &st);
+            CHECK_MSG(st == 200 && num(o, "usage.prompt_tokens") == n_prompt, "%d: %d, want %d",
+                      st, num(o, "usage.prompt_tokens"), n_prompt);
+            json_object_put(o);
+        }
+        split sp;
+        chat(req, stream, &sp);
+        json_object *args = sp.calls ? json_tokener_parse(httpc_jstr(sp.calls, "0.function.arguments"))
+                                     : NULL;
+        const char *day = args ? httpc_jstr(args, "day") : NULL;
+        CHECK_MSG(sp.calls && json_object_array_length(sp.calls) == 1 &&
+                      is(sp.calls, "0.function.name", "pick_day") && day &&
+                      (!strcmp(day, "mon") || !strcmp(day, "tue")) && !sp.content[0] &&
+                      !sp.markup && !strcmp(sp.finish, "tool_calls"),
+                  "stream %d: content '%s' finish %s calls %s", stream, sp.content, sp.finish,
+                  sp.calls ? json_object_to_json_string(sp.calls) : "none");
+        json_object_put(args);
+        json_object_put(sp.calls);
+    }
+}
+
 static void responses_reasoning_item(void)
 {
     NEED();
@@ -691,6 +741,7 @@ int main(int argc, char **argv)
     RUN(context_turns_continue_the_conversation);
     RUN(calls_in_both_spellings);
     RUN(calls_outside_the_tools);
+    RUN(named_choice_is_the_call);
     RUN(responses_reasoning_item);
     RUN(ollama_thinking);
     RUN(daemon_exits_cleanly);
