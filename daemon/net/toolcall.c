@@ -418,9 +418,8 @@ static int harmony_forced(toolcall_set *ts, json_object **schema)
         json_object_object_add(*schema, "type", json_object_new_string("object"));
         json_object_object_add(*schema, "properties", json_object_new_object());
     }
-    const char *q = quoted ? json_object_to_json_string_ext(quoted, JSON_C_TO_STRING_PLAIN |
-                                                                        JSON_C_TO_STRING_NOSLASHESCAPE)
-                           : NULL;
+    int plain = JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE;
+    const char *q = quoted ? json_object_to_json_string_ext(quoted, plain) : NULL;
     if (q && asprintf(&ts->header, "<|channel|>commentary to=functions.%s <|constrain|>json"
                                    "<|message|>", name) < 0)
         ts->header = NULL;

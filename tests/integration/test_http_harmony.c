@@ -627,8 +627,8 @@ static void named_choice_is_the_call(void)
         }
         split sp;
         chat(req, stream, &sp);
-        json_object *args = sp.calls ? json_tokener_parse(httpc_jstr(sp.calls, "0.function.arguments"))
-                                     : NULL;
+        const char *text = sp.calls ? httpc_jstr(sp.calls, "0.function.arguments") : NULL;
+        json_object *args = text ? json_tokener_parse(text) : NULL;
         const char *day = args ? httpc_jstr(args, "day") : NULL;
         CHECK_MSG(sp.calls && json_object_array_length(sp.calls) == 1 &&
                       is(sp.calls, "0.function.name", "pick_day") && day &&
