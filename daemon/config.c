@@ -74,7 +74,8 @@ static const key_def keys[] = {
            "`--chat-template` names them (and `hermes`: chatml with Hermes 2 Pro's and 3's "
            "tool format; `qwen3` and `qwen3-thinking`: chatml as Qwen3's template writes "
            "it, earlier replies without their reasoning, the second opening the model's "
-           "reasoning itself), for a file without a template or with a wrong one"),
+           "reasoning itself; `gpt-oss`: OpenAI's harmony format), for a file without a "
+           "template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",
            "how the weights come into memory: `map` maps the file (pages shared with the page "
            "cache, reclaimable under memory pressure); `copy` reads them into private memory "

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/tok/chatharmony.h"
+
 int prompt_tokenize(const tokenizer *tok, const char *text, size_t len, bool add_special,
                     bool parse_special, int32_t **out, int *n, char err[ERR_MAX])
 {
@@ -65,11 +67,64 @@ static char *after_reply(const char *full, size_t hl, const char *reply, const c
     return strdup(rest);
 }
 
+/* After gpt-oss's reply, whose G does not continue the rendering (it holds the reply's
+ * reasoning, which the template drops from earlier replies): the context keeps what the
+ * model wrote, so the reply's last message is closed ("<|end|>", unless G ended one) and
+ * what follows the reply's final message in the rendering (tail, from the reply on)
+ * comes after it. NULL when the rendering does not hold the reply's answer there. */
+static char *after_harmony_reply(const char *tail, const char *answer, const char *g)
+{
+    static const char final[] = "<|channel|>final<|message|>", end[] = "<|end|>";
+    static const char *const enders[] = {"<|end|>", "<|return|>", "<|call|>"};
+    size_t fl = strlen(final), al = strlen(answer), el = strlen(end), gl = strlen(g);
+    if (strncmp(tail, final, fl) != 0 || strncmp(tail + fl, answer, al) != 0 ||
+        strncmp(tail + fl + al, end, el) != 0)
+        return NULL;
+    bool closed = false;
+    for (size_t k = 0; k < sizeof enders / sizeof enders[0]; k++) {
+        size_t kl = strlen(enders[k]);
+        closed |= gl >= kl && strcmp(g + gl - kl, enders[k]) == 0;
+    }
+    const char *rest = tail + fl + al + (closed ? el : 0);
+    return strdup(rest);
+}
+
+/* The history's messages as the template takes them (msgs[0..c->n_msgs), each pointing
+ * into c or *owned): gpt-oss's replies, which the context holds as the model wrote them,
+ * by their answer alone (chat_harmony_answer). -1 out of memory. */
+static int history_messages(enum chat_family family, const ctx_entry *c,
+                            struct chat_message *msgs, char ***owned)
+{
+    *owned = NULL;
+    if (family == CHAT_GPT_OSS && !(*owned = calloc((size_t)c->n_msgs + 1, sizeof **owned)))
+        return -1;
+    for (int i = 0; i < c->n_msgs; i++) {
+        msgs[i] = (struct chat_message){c->msgs[i].role, c->msgs[i].text};
+        if (family != CHAT_GPT_OSS || strcmp(c->msgs[i].role, "assistant") != 0)
+            continue;
+        const char *answer;
+        size_t n;
+        chat_harmony_answer(c->msgs[i].text, &answer, &n);
+        if (!((*owned)[i] = strndup(answer, n)))
+            return -1;
+        msgs[i].content = (*owned)[i];
+    }
+    return 0;
+}
+
+static void free_owned(char **owned, int n)
+{
+    for (int i = 0; owned && i < n; i++)
+        free(owned[i]);
+    free(owned);
+}
+
 char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *generated,
                        const char *prompt, char err[ERR_MAX])
 {
     int n_max = c->n_msgs + 2, n = 0;
     struct chat_message *msgs = malloc(sizeof *msgs * (size_t)n_max);
+    char **owned = NULL;
     if (!msgs) {
         err_set(err, "out of memory");
         return NULL;
@@ -78,10 +133,15 @@ char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *
     if (c->system_prompt)
         msgs[n++] = (struct chat_message){"system", c->system_prompt};
     int n_fixed = n;
-    for (int i = 0; i < c->n_msgs; i++) {
-        has_raw |= strcmp(c->msgs[i].role, "raw") == 0;
-        msgs[n++] = (struct chat_message){c->msgs[i].role, c->msgs[i].text};
+    if (history_messages(family, c, msgs + n, &owned) < 0) {
+        free_owned(owned, c->n_msgs);
+        free(msgs);
+        err_set(err, "out of memory");
+        return NULL;
     }
+    for (int i = 0; i < c->n_msgs; i++)
+        has_raw |= strcmp(c->msgs[i].role, "raw") == 0;
+    n += c->n_msgs;
     char *out = NULL;
     if (c->n_tokens == 0 && c->n_msgs == 0) {
         msgs[n++] = (struct chat_message){"user", prompt};
@@ -92,10 +152,11 @@ char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *
         char *full = held ? render(family, msgs, n, true, err) : NULL;
         const char *g = generated ? generated : "";
         size_t hl = held ? strlen(held) : 0, gl = strlen(g);
+        const char *reply = msgs[n - 2].content;
         if (full && strncmp(full, held, hl) == 0)
-            out = strncmp(full + hl, g, gl) == 0
-                      ? strdup(full + hl + gl)
-                      : after_reply(full, hl, c->msgs[c->n_msgs - 1].text, g);
+            out = strncmp(full + hl, g, gl) == 0 ? strdup(full + hl + gl)
+                  : family == CHAT_GPT_OSS       ? after_harmony_reply(full + hl, reply, g)
+                                                 : after_reply(full, hl, reply, g);
         free(held);
         free(full);
     }
@@ -103,6 +164,7 @@ char *prompt_turn_text(enum chat_family family, const ctx_entry *c, const char *
         msgs[n_fixed] = (struct chat_message){"user", prompt};
         out = render(family, msgs + n_fixed, 1, true, err);
     }
+    free_owned(owned, c->n_msgs);
     free(msgs);
     return out;
 }

@@ -14,6 +14,15 @@
  * reply's end of turn is not lost. Otherwise (templates that trim or rewrite earlier
  * messages, raw text in the history) the new user message is rendered alone and
  * appended.
+ *
+ * gpt-oss's replies are held as the model wrote them, its reasoning's analysis message
+ * and its final one; its template takes an earlier reply back as its answer alone,
+ * dropping the reasoning. A reply without reasoning continues the rendering as above.
+ * One with reasoning is in the context's tokens already (a context only grows): the turn
+ * closes G's last message with "<|end|>" and adds what follows the reply in F, so the
+ * context differs from the template's rendering of the whole conversation only by that
+ * earlier reasoning, where llama.cpp's server would evaluate the rendering again from
+ * the reply's start.
  */
 #ifndef LLMS_PROMPT_H
 #define LLMS_PROMPT_H

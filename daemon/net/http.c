@@ -229,6 +229,7 @@ static void hreq_free(hreq *hr)
     }
     toolcall_scan_free(hr->scan);
     toolcall_set_free(&hr->tools);
+    free(hr->whole_split);
     llamacpp_req_free(hr->lc);
     responses_req_free(hr->rs);
     free(hr);

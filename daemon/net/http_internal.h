@@ -122,6 +122,9 @@ typedef struct hreq {
                                   false): rendered with the template's switch off */
     bool reasoning;            /* a chat's reply on a thinking model: its reasoning told
                                   apart from its content (reasoning.h) */
+    const char *effort;        /* gpt-oss's reasoning effort (into body), NULL: medium */
+    char *whole_split;         /* a whole gpt-oss reply's reasoning and content
+                                  (openai_split_whole), or NULL */
     toolcall_set tools;        /* a chat's tools (tools.n == 0: none) */
     toolcall_scan *scan;       /* the reply read for calls (tool_choice "auto"; n is 1),
                                   or NULL */
@@ -222,10 +225,12 @@ const char *openai_finish_reason(Llms__StopReason r);
 char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap);
 
 /* A chat body's "chat_template_kwargs" ({"enable_thinking": bool}, vLLM's and
- * llama.cpp's; other keys, which only other templates read, are read past) and llama.cpp's
- * "reasoning_format" ("auto" or "deepseek": reasoning apart, "none": left in the text;
- * absent: the daemon's setting) into hr->no_thinking and hr->reasoning (for a model whose
- * template has the think markers). 0, or -1 with msg. */
+ * llama.cpp's, and {"reasoning_effort": ...}; other keys, which only other templates
+ * read, are read past), OpenAI's "reasoning_effort" and llama.cpp's "reasoning_format"
+ * ("auto" or "deepseek": reasoning apart, "none": left in the text; absent: the daemon's
+ * setting) into hr->no_thinking, hr->effort (gpt-oss's: "low", "medium" or "high"; other
+ * templates have none and read past it) and hr->reasoning (for a model whose template has
+ * the think markers, or gpt-oss). 0, or -1 with msg. */
 int openai_read_thinking(hreq *hr, char *msg, size_t cap);
 
 /* Starts the split of each of hr's choices (when hr->reasoning), once its tools are read:
@@ -233,9 +238,10 @@ int openai_read_thinking(hreq *hr, char *msg, size_t cap);
 void openai_split_start(hreq *hr);
 
 /* A whole reply told apart as hr asks: *reasoning (none unless hr->reasoning) and
- * *content, runs of text. */
-void openai_split_whole(const hreq *hr, const char *text, reasoning_span *reasoning,
-                        reasoning_span *content);
+ * *content, runs of text (for gpt-oss in hr->whole_split, its calls in chatml's syntax
+ * for hr's scan). -1 out of memory. */
+int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
+                       reasoning_span *content);
 
 /* A chat body's "messages" into *msgs (owned by body): 0, or -1 with msg when they are no
  * non-empty array. */

@@ -27,6 +27,7 @@
 #include "daemon/net/http_internal.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/tok/chat.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/stop.h"
 
 #define SUFFIX_LATEST ":latest"
@@ -346,7 +347,8 @@ static int read_format(json_object *body, Llms__GenerationParams *p, char *msg, 
  * (one whose template has the think markers) thinks and its reasoning comes apart, unless
  * the daemon's reasoning_format is none; true asks for that (400 for a model that does not
  * think, in ollama's words), false renders the template's switch off and leaves the
- * reply's text whole; a level ("high") is gpt-oss's alone. A forced tool call is split by
+ * reply's text whole; a level ("low", "medium", "high") is gpt-oss's alone, its reasoning
+ * effort, and gpt-oss reads past true and false. A forced tool call is split by
  * nothing. 0, or -1 with msg. */
 static int read_think(hreq *hr, char *msg, size_t cap)
 {
@@ -355,10 +357,19 @@ static int read_think(hreq *hr, char *msg, size_t cap)
     hr->reasoning = thinks && strcmp(hr->h->cfg->reasoning_format, "none");
     if (!json_object_object_get_ex(hr->body, "think", &v) || json_object_is_type(v, json_type_null))
         return 0;
-    if (json_object_is_type(v, json_type_string)) {
+    bool harmony = chat_thinking(hr->family) == CHAT_THINK_HARMONY;
+    if (json_object_is_type(v, json_type_string) &&
+        !(harmony && chat_harmony_effort_valid(json_object_get_string(v)))) {
         snprintf(msg, cap, "think value \"%.32s\" is not supported for this model",
                  json_object_get_string(v));
         return -1;
+    }
+    /* gpt-oss thinks at a level, its reasoning apart; it cannot not think, and ollama
+     * reads past true and false for it */
+    if (harmony) {
+        if (json_object_is_type(v, json_type_string))
+            hr->effort = json_object_get_string(v);
+        return 0;
     }
     if (!json_object_is_type(v, json_type_boolean)) {
         snprintf(msg, cap, "'think' must be true or false");
@@ -645,6 +656,17 @@ static void stream_content(hreq *hr, const char *text, size_t n, bool end)
         stream_line(hr, text, n, NULL, false);
 }
 
+/* A run of the split: a line of thinking, or content. */
+static int stream_run(void *arg, bool reasoning, const char *text, size_t n)
+{
+    hreq *hr = arg;
+    if (reasoning)
+        stream_line(hr, text, n, NULL, true);
+    else
+        stream_content(hr, text, n, false);
+    return 0;
+}
+
 /* Streams n bytes of the reply (end: its last ones): through its split when its reasoning
  * comes apart, lines of thinking and then of content. */
 static void stream_reply(hreq *hr, const char *text, size_t n, bool end)
@@ -653,14 +675,7 @@ static void stream_reply(hreq *hr, const char *text, size_t n, bool end)
         stream_content(hr, text, n, end);
         return;
     }
-    reasoning_span sp[REASONING_SPANS];
-    int k = reasoning_feed(&hr->choices[0].split, text, n, end, sp);
-    for (int j = 0; j < k; j++) {
-        if (sp[j].reasoning)
-            stream_line(hr, sp[j].text, sp[j].n, NULL, true);
-        else
-            stream_content(hr, sp[j].text, sp[j].n, false);
-    }
+    reasoning_feed_each(&hr->choices[0].split, text, n, end, stream_run, hr);
     if (end)
         stream_content(hr, "", 0, true);
 }
@@ -688,8 +703,8 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
         size_t from = sent < len ? sent : len;
         stream_reply(hr, res->text + from, len - from, true);
     } else {
-        openai_split_whole(hr, res->text, &r, &c);
-        if (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0) {
+        if (openai_split_whole(hr, res->text, &r, &c) < 0 ||
+            (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0)) {
             toolcall_out_free(&out);
             ollama_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
             return;
@@ -735,6 +750,41 @@ void ollama_on_result(hreq *hr, const Llms__CallResult *res)
     httpwire_stream_end(hr->wc);
 }
 
+/* A message of role and text, appended to msgs (one whose strings ran out of memory is
+ * refused by the rendering). -1 out of memory. */
+static int add_message(json_object *msgs, const char *role, const char *text)
+{
+    json_object *m = json_object_new_object();
+    if (!m)
+        return -1;
+    json_object_object_add(m, "role", json_object_new_string(role));
+    json_object_object_add(m, "content", json_object_new_string(text));
+    if (json_object_array_add(msgs, m) < 0) {
+        json_object_put(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* A generate's prompt (after its system message, when there is one) as gpt-oss's chat
+ * renders the conversation, at hr's effort. Fresh string, or NULL with msg. */
+static char *generate_harmony(hreq *hr, const char *system, const char *prompt, char *msg,
+                              size_t cap)
+{
+    json_object *msgs = json_object_new_array();
+    if (!msgs || (system && add_message(msgs, "system", system) < 0) ||
+        add_message(msgs, "user", prompt) < 0) {
+        json_object_put(msgs);
+        snprintf(msg, cap, "out of memory");
+        return NULL;
+    }
+    /* a generate reads no tools: the set is empty, of the model's family */
+    hr->tools.family = hr->family;
+    char *out = openai_render_chat(hr, msgs, msg, cap);
+    json_object_put(msgs);
+    return out;
+}
+
 void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     bool chat = hr->route == R_OLLAMA_CHAT;
@@ -752,8 +802,9 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
     hr->stream = rc == 0 || json_object_get_boolean(v);
     /* The matcher keeps one place for the chat template's end text (session.c), and a
      * chat rendered here carries that end of turn as one more stop string. */
+    bool rendered_here = chat || hr->family == CHAT_GPT_OSS;
     if (refuse_unproduced(hr->body, "", msg, cap) || read_format(hr->body, &gp, msg, cap) ||
-        read_options(hr, &gp, STOP_MAX - 1 - (chat ? 1 : 0), msg, cap) ||
+        read_options(hr, &gp, STOP_MAX - 1 - (rendered_here ? 1 : 0), msg, cap) ||
         read_think(hr, msg, cap))
         goto bad;
     if (!chat && json_object_object_get_ex(hr->body, "tools", &v) && !jsonfield_asks_nothing(v)) {
@@ -817,6 +868,13 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
             cr.prompt_parts = &part_ptr;
             cr.n_prompt_parts = 1;
             hr->reasoning = false; /* a fill in the middle is code, not a chat's reply */
+        } else if (!raw && hr->family == CHAT_GPT_OSS) {
+            /* gpt-oss's prompt holds the think level, its reasoning effort, which the
+             * worker's rendering has no place for: rendered here, as /api/chat is */
+            if (!(rendered = generate_harmony(hr, system, prompt, msg, cap)))
+                goto bad;
+            stops[gp.n_stop++] = chat_stop_text(hr->family);
+            cr.prompt = rendered;
         } else {
             /* not raw: the prompt is the user's turn, through the model's chat template;
              * raw, it is no chat, and its text is left whole */

@@ -18,6 +18,7 @@
 #include "daemon/net/llamaparams.h"
 #include "engine/jsonesc.h"
 #include "engine/model/logprob.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/stop.h"
 #include "engine/tok/utf8.h"
 #include "proto/frame.h"
@@ -416,21 +417,32 @@ static int sse_scanned(hreq *hr, const char *text, size_t n, bool end)
     return rc;
 }
 
+/* A choice's run of reasoning or content, for the split. */
+typedef struct sse_choice {
+    hreq *hr;
+    unsigned i;
+} sse_choice;
+
+static int sse_run(void *arg, bool reasoning, const char *text, size_t n)
+{
+    sse_choice *c = arg;
+    if (reasoning)
+        sse_delta(c->hr, c->i, "reasoning_content", text, n, NULL);
+    else if (!c->hr->scan)
+        openai_sse_text(c->hr, c->i, text, n, NULL);
+    else
+        return sse_scanned(c->hr, text, n, false);
+    return 0;
+}
+
 /* Feeds n bytes of choice i's reply (end: the last) to its split: the reasoning goes out
  * as reasoning_content deltas, the content as ever (through the scan, when there is one,
  * which decides what it held back once the reply is over). -1 out of memory. */
 static int sse_reasoned(hreq *hr, unsigned i, const char *text, size_t n, bool end)
 {
-    reasoning_span sp[REASONING_SPANS];
-    int k = reasoning_feed(&hr->choices[i].split, text, n, end, sp);
-    for (int j = 0; j < k; j++) {
-        if (sp[j].reasoning)
-            sse_delta(hr, i, "reasoning_content", sp[j].text, sp[j].n, NULL);
-        else if (!hr->scan)
-            openai_sse_text(hr, i, sp[j].text, sp[j].n, NULL);
-        else if (sse_scanned(hr, sp[j].text, sp[j].n, false) < 0)
-            return -1;
-    }
+    sse_choice c = {hr, i};
+    if (reasoning_feed_each(&hr->choices[i].split, text, n, end, sse_run, &c) < 0)
+        return -1;
     return end && hr->scan ? sse_scanned(hr, "", 0, true) : 0;
 }
 
@@ -505,8 +517,8 @@ static json_object *chat_message(hreq *hr, const char *text, const char **fin)
     json_object *m = json_object_new_object();
     toolcall_out out = {0};
     reasoning_span r, c;
-    openai_split_whole(hr, text, &r, &c);
-    if (!m || (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0)) {
+    if (!m || openai_split_whole(hr, text, &r, &c) < 0 ||
+        (hr->scan && toolcall_scan_feed(hr->scan, c.text, c.n, true, &out) < 0)) {
         json_object_put(m);
         toolcall_out_free(&out);
         return NULL;
@@ -1219,9 +1231,9 @@ static int refuse_unhonoured(json_object *body, bool chat, char *msg, size_t cap
     return 0;
 }
 
-/* Today as llama3's tool prompt writes it ("26 Jul 2024"), in English whatever the
- * locale. */
-static void today(char out[16])
+/* Today as the family's tool prompt writes it: llama3's "26 Jul 2024", in English
+ * whatever the locale; gpt-oss's "2024-07-26". */
+static void today(enum chat_family f, char out[16])
 {
     static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
@@ -1229,17 +1241,28 @@ static void today(char out[16])
     struct tm tm;
     if (!localtime_r(&t, &tm))
         memset(&tm, 0, sizeof tm);
-    snprintf(out, 16, "%02d %s %04d", tm.tm_mday % 100, months[tm.tm_mon % 12],
-             (tm.tm_year + 1900) % 10000);
+    if (f == CHAT_GPT_OSS)
+        snprintf(out, 16, "%04d-%02d-%02d", (tm.tm_year + 1900) % 10000, (tm.tm_mon + 1) % 100,
+                 tm.tm_mday % 100);
+    else
+        snprintf(out, 16, "%02d %s %04d", tm.tm_mday % 100, months[tm.tm_mon % 12],
+                 (tm.tm_year + 1900) % 10000);
 }
 
-/* The messages with hr's tools; hr->scan made when replies are read for calls. */
+/* Whether hr's replies are read for calls (a scan is made for them). */
+static bool reads_calls(const hreq *hr)
+{
+    return hr->tools.parse && hr->tools.n > 0;
+}
+
+/* The messages with hr's tools (for gpt-oss, with none too: its prompt has the effort and
+ * the replies' reasoning); hr->scan made when replies are read for calls. */
 static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t cap)
 {
     char date[16];
-    today(date);
-    char *out = toolcall_render(&hr->tools, msgs, date, !hr->no_thinking, msg, cap);
-    if (out && hr->tools.parse && !(hr->scan = toolcall_scan_new(&hr->tools))) {
+    today(hr->tools.family, date);
+    char *out = toolcall_render(&hr->tools, msgs, date, !hr->no_thinking, hr->effort, msg, cap);
+    if (out && reads_calls(hr) && !(hr->scan = toolcall_scan_new(&hr->tools))) {
         free(out);
         snprintf(msg, cap, "out of memory");
         return NULL;
@@ -1249,7 +1272,7 @@ static char *render_with_tools(hreq *hr, json_object *msgs, char *msg, size_t ca
 
 char *openai_render_chat(hreq *hr, json_object *msgs, char *msg, size_t cap)
 {
-    if (hr->tools.n > 0)
+    if (hr->tools.n > 0 || hr->family == CHAT_GPT_OSS)
         return render_with_tools(hr, msgs, msg, cap);
     enum chat_family family = hr->family;
     size_t n = json_object_array_length(msgs);
@@ -1310,12 +1333,29 @@ int openai_read_thinking(hreq *hr, char *msg, size_t cap)
 {
     json_object *kw, *v;
     int rc = jsonfield_get(hr->body, "chat_template_kwargs", "", json_type_object, &kw, msg, cap);
+    json_object *effort = NULL;
+    if (rc == 1 && jsonfield_get(kw, "reasoning_effort", "chat_template_kwargs.",
+                                 json_type_string, &effort, msg, cap) < 0)
+        return -1;
     if (rc == 1)
         rc = jsonfield_get(kw, "enable_thinking", "chat_template_kwargs.", json_type_boolean, &v,
                            msg, cap);
     if (rc < 0)
         return -1;
     hr->no_thinking = rc == 1 && !json_object_get_boolean(v);
+    /* OpenAI's field, or llama.cpp's template argument */
+    if ((rc = jsonfield_get(hr->body, "reasoning_effort", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc == 1)
+        effort = v;
+    if (effort && hr->family == CHAT_GPT_OSS) {
+        hr->effort = json_object_get_string(effort);
+        if (!chat_harmony_effort_valid(hr->effort)) {
+            snprintf(msg, cap, "'reasoning_effort' must be \"low\", \"medium\" or \"high\" for "
+                               "gpt-oss");
+            return -1;
+        }
+    }
     if ((rc = jsonfield_get(hr->body, "reasoning_format", "", json_type_string, &v, msg, cap)) < 0)
         return -1;
     const char *format = rc ? json_object_get_string(v) : hr->h->cfg->reasoning_format;
@@ -1332,19 +1372,26 @@ void openai_split_start(hreq *hr)
 {
     hr->reasoning &= !hr->tools.forced;
     for (unsigned i = 0; hr->reasoning && i < hr->n_choices; i++)
-        reasoning_init(&hr->choices[i].split, chat_thinking(hr->family) == CHAT_THINK_OPENED);
+        reasoning_start(&hr->choices[i].split, chat_thinking(hr->family), reads_calls(hr));
 }
 
-void openai_split_whole(const hreq *hr, const char *text, reasoning_span *reasoning,
-                        reasoning_span *content)
+int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
+                       reasoning_span *content)
 {
+    if (hr->reasoning && chat_thinking(hr->family) == CHAT_THINK_HARMONY) {
+        free(hr->whole_split);
+        hr->whole_split = NULL;
+        return reasoning_split_harmony(text, strlen(text), reads_calls(hr),
+                                       &hr->whole_split, reasoning, content);
+    }
     if (hr->reasoning) {
         reasoning_split_text(chat_thinking(hr->family) == CHAT_THINK_OPENED, text, strlen(text),
                              reasoning, content);
-        return;
+        return 0;
     }
     *reasoning = (reasoning_span){true, text, 0};
     *content = (reasoning_span){false, text, strlen(text)};
+    return 0;
 }
 
 /* Submits r once per choice of hr: choice i as request r->id + i, and with a seed, seed

@@ -1,6 +1,7 @@
 /* reasoning.c — a reply's reasoning told apart from its content (reasoning.h). */
 #include "daemon/net/reasoning.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The close marker, with the line break before it that goes with it. */
@@ -12,9 +13,16 @@ void reasoning_init(reasoning_split *s, bool opened)
     s->state = opened ? REASONING_LEAD : REASONING_AT_START;
 }
 
+void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls)
+{
+    reasoning_init(s, kind == CHAT_THINK_OPENED);
+    if ((s->harmony = kind == CHAT_THINK_HARMONY))
+        harmony_init(&s->h, calls);
+}
+
 size_t reasoning_fed(const reasoning_split *s)
 {
-    return s->fed;
+    return s->harmony ? s->h.fed : s->fed;
 }
 
 static bool is_space(char c)
@@ -149,4 +157,54 @@ void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_spa
     /* nothing was held before: each kind is one run of text */
     for (int i = 0; i < k; i++)
         *(spans[i].reasoning ? reasoning : content) = spans[i];
+}
+
+int reasoning_feed_each(reasoning_split *s, const char *text, size_t n, bool end,
+                        harmony_emit emit, void *arg)
+{
+    if (s->harmony)
+        return harmony_feed(&s->h, text, n, end, emit, arg);
+    reasoning_span spans[REASONING_SPANS];
+    int k = reasoning_feed(s, text, n, end, spans);
+    for (int i = 0; i < k; i++)
+        if (emit(arg, spans[i].reasoning, spans[i].text, spans[i].n) < 0)
+            return -1;
+    return 0;
+}
+
+/* A whole reply's reasoning and content, measured (buf NULL) or written after each
+ * other into buf. */
+typedef struct whole {
+    char *buf;
+    size_t n[2]; /* bytes of content [0] and reasoning [1] so far */
+    size_t at_reasoning;
+} whole;
+
+static int whole_put(void *arg, bool reasoning, const char *text, size_t n)
+{
+    whole *w = arg;
+    if (w->buf)
+        memcpy(w->buf + (reasoning ? w->n[1] : w->at_reasoning + w->n[0]), text, n);
+    w->n[reasoning] += n;
+    return 0;
+}
+
+int reasoning_split_harmony(const char *text, size_t n, bool calls, char **owned,
+                            reasoning_span *reasoning, reasoning_span *content)
+{
+    harmony_split h;
+    whole w = {0};
+    harmony_init(&h, calls);
+    harmony_feed(&h, text, n, true, whole_put, &w);
+    /* the reasoning first, then the content */
+    w = (whole){malloc(w.n[0] + w.n[1] + 1), {0, 0}, w.n[1]};
+    if (!w.buf)
+        return -1;
+    harmony_init(&h, calls);
+    harmony_feed(&h, text, n, true, whole_put, &w);
+    w.buf[w.n[1] + w.n[0]] = '\0';
+    *owned = w.buf;
+    *reasoning = (reasoning_span){true, w.buf, w.n[1]};
+    *content = (reasoning_span){false, w.buf + w.n[1], w.n[0]};
+    return 0;
 }

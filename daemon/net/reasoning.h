@@ -26,6 +26,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "daemon/net/harmony.h"
+#include "engine/tok/chat.h"
+
 #define REASONING_OPEN "<think>"
 #define REASONING_CLOSE "</think>"
 
@@ -50,6 +53,8 @@ typedef struct reasoning_split {
     char out[REASONING_HOLD_MAX];  /* held bytes given out by the last feed, which its
                                       spans may point into */
     size_t fed;                    /* bytes of reply fed so far */
+    bool harmony;                  /* a gpt-oss reply, told apart by h instead */
+    harmony_split h;
 } reasoning_split;
 
 /* A run of the reply's text: reasoning or content. */
@@ -62,14 +67,25 @@ typedef struct reasoning_span {
 /* Starts s on a reply; opened: the prompt ended inside a block the template opened. */
 void reasoning_init(reasoning_split *s, bool opened);
 
+/* Starts s on a reply of a family whose reasoning chat_thinking says how to tell:
+ * reasoning_init's think markers (opened for CHAT_THINK_OPENED), or gpt-oss's channels
+ * (CHAT_THINK_HARMONY: daemon/net/harmony.h, whose calls come out in the content, in
+ * chatml's syntax where calls is set). */
+void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls);
+
 /*
  * Feeds the next n bytes of the reply (end: the reply is over, and what was held back is
  * decided) into spans (room for REASONING_SPANS): the reasoning and content they decide,
  * in order, none empty. Returns how many. The spans are valid until the next feed and
- * as long as text is.
+ * as long as text is. For a split of think markers only (reasoning_init's).
  */
 int reasoning_feed(reasoning_split *s, const char *text, size_t n, bool end,
                    reasoning_span *spans);
+
+/* The same for any split, giving each run to emit (harmony.h's; text valid for the call
+ * alone) in order. 0, or -1 when emit stopped it. */
+int reasoning_feed_each(reasoning_split *s, const char *text, size_t n, bool end,
+                        harmony_emit emit, void *arg);
 
 /* Bytes of reply fed so far. */
 size_t reasoning_fed(const reasoning_split *s);
@@ -78,5 +94,11 @@ size_t reasoning_fed(const reasoning_split *s);
  * n 0 when there is none). */
 void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_span *reasoning,
                           reasoning_span *content);
+
+/* A whole gpt-oss reply (n bytes) told apart: its reasoning and its content (calls as
+ * harmony_init's calls says) each one run of *owned, a fresh buffer the caller frees. 0,
+ * or -1 out of memory. */
+int reasoning_split_harmony(const char *text, size_t n, bool calls, char **owned,
+                            reasoning_span *reasoning, reasoning_span *content);
 
 #endif

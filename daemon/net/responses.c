@@ -576,6 +576,13 @@ int responses_chat_body(json_object *req, json_object *prior, json_object **chat
             json_object_object_add(*chat, chat_fields[i], json_object_get(v));
     if (json_object_object_get_ex(req, "max_output_tokens", &v))
         json_object_object_add(*chat, "max_tokens", json_object_get(v));
+    /* "reasoning": {"effort": ...}, the chat's reasoning_effort (gpt-oss's) */
+    json_object *effort;
+    if (json_object_object_get_ex(req, "reasoning", &v) &&
+        json_object_is_type(v, json_type_object) &&
+        json_object_object_get_ex(v, "effort", &effort) &&
+        !json_object_is_type(effort, json_type_null))
+        json_object_object_add(*chat, "reasoning_effort", json_object_get(effort));
     return 0;
 }
 
@@ -976,11 +983,12 @@ static void reply_whole(hreq *hr, const Llms__CallResult *res)
     const char *why;
     toolcall_out out = {0};
     reasoning_span r, c;
-    openai_split_whole(hr, res->text, &r, &c);
+    int split = openai_split_whole(hr, res->text, &r, &c);
     const char *text = c.text;
     size_t len = c.n;
     json_object *output = json_object_new_array();
-    if (!output || (hr->scan && toolcall_scan_feed(hr->scan, text, len, true, &out) < 0)) {
+    if (!output || split < 0 ||
+        (hr->scan && toolcall_scan_feed(hr->scan, text, len, true, &out) < 0)) {
         json_object_put(output);
         toolcall_out_free(&out);
         openai_send_error(hr->h, hr->wc, hr->route, 500, "server_error", "internal_error",
@@ -1201,6 +1209,18 @@ static int stream_content(hreq *hr, const char *text, size_t n, bool end)
     return rc;
 }
 
+/* A run of the split: the reasoning item's delta, or (the item done) content. */
+static int stream_run(void *arg, bool reasoning, const char *text, size_t n)
+{
+    hreq *hr = arg;
+    if (reasoning) {
+        reasoning_delta(hr, text, n);
+        return 0;
+    }
+    close_reasoning(hr, "completed");
+    return stream_content(hr, text, n, false);
+}
+
 /* Streams n bytes of the reply (end: its last ones): through its split when it is told
  * apart, the reasoning item's deltas and then, the item done, the content. -1 out of
  * memory. */
@@ -1208,17 +1228,8 @@ static int stream_reply(hreq *hr, const char *text, size_t n, bool end)
 {
     if (!hr->reasoning)
         return stream_content(hr, text, n, end);
-    reasoning_span sp[REASONING_SPANS];
-    int k = reasoning_feed(&hr->choices[0].split, text, n, end, sp);
-    for (int j = 0; j < k; j++) {
-        if (sp[j].reasoning) {
-            reasoning_delta(hr, sp[j].text, sp[j].n);
-            continue;
-        }
-        close_reasoning(hr, "completed");
-        if (stream_content(hr, sp[j].text, sp[j].n, false) < 0)
-            return -1;
-    }
+    if (reasoning_feed_each(&hr->choices[0].split, text, n, end, stream_run, hr) < 0)
+        return -1;
     return end ? stream_content(hr, "", 0, true) : 0;
 }
 

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "daemon/net/harmonytools.h"
 #include "daemon/net/jsonfield.h"
 #include "engine/jsonesc.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/textwriter.h"
 
 /* ---- JSON as the templates' tojson writes it ---- */
@@ -330,6 +332,7 @@ static char *tool_text(json_object *tool, enum chat_family f, size_t i, char *ms
     if (f == CHAT_HERMES)
         return hermes_tool_text(tool, i, msg, cap);
     char *s = f == CHAT_MISTRAL_V3_TEKKEN ? mistral_tool_text(tool)
+              : f == CHAT_GPT_OSS         ? harmonytools_text(tool)
                                           : dump_text(tool, chat_tools_indent(f));
     if (!s)
         snprintf(msg, cap, "out of memory");
@@ -403,13 +406,41 @@ static json_object *call_schema(const toolcall_set *ts, size_t i)
     return call;
 }
 
+/* gpt-oss's call of the function named (ts->forced_fn): its header after the prompt's
+ * "<|start|>assistant", as the model writes a call, and its opening as harmony.h gives it
+ * to the scan; the schema, its arguments'. 0, or -1 out of memory. */
+static int harmony_forced(toolcall_set *ts, json_object **schema)
+{
+    const char *name = ts->names[ts->forced_fn];
+    json_object *args = ts->params[ts->forced_fn], *quoted = json_object_new_string(name);
+    *schema = args ? json_object_get(args) : json_object_new_object();
+    if (!args && *schema) {
+        json_object_object_add(*schema, "type", json_object_new_string("object"));
+        json_object_object_add(*schema, "properties", json_object_new_object());
+    }
+    int plain = JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE;
+    const char *q = quoted ? json_object_to_json_string_ext(quoted, plain) : NULL;
+    if (q && asprintf(&ts->header, "<|channel|>commentary to=functions.%s <|constrain|>json"
+                                   "<|message|>", name) < 0)
+        ts->header = NULL;
+    if (q && asprintf(&ts->call_open, "<tool_call>\n{\"name\": %s, \"arguments\": ", q) < 0)
+        ts->call_open = NULL;
+    json_object_put(quoted);
+    return *schema && ts->header && ts->call_open ? 0 : -1;
+}
+
 /* The forced call's schema (see toolcall_read) into ts->schema: the call of the function
  * named, or one of every function's calls (a tagged union: the name, written first,
  * chooses whose parameters the arguments follow). 0, or -1 with msg. */
 static int forced_schema(toolcall_set *ts, char *msg, size_t cap)
 {
     json_object *schema = NULL;
-    if (ts->forced_fn >= 0 || ts->n == 1) {
+    if (ts->family == CHAT_GPT_OSS) {
+        if (harmony_forced(ts, &schema) < 0) {
+            json_object_put(schema);
+            schema = NULL;
+        }
+    } else if (ts->forced_fn >= 0 || ts->n == 1) {
         schema = call_schema(ts, ts->forced_fn >= 0 ? (size_t)ts->forced_fn : 0);
     } else if ((schema = json_object_new_object())) {
         json_object *calls = json_object_new_array();
@@ -486,6 +517,15 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     ts->family = f;
     if (read_choice(body, ts, &named, msg, cap) < 0)
         return -1;
+    /* a call of any function is gpt-oss's header naming it, then its arguments: the
+     * header is no JSON, which the reply's schema could constrain */
+    if (ts->forced && !named && f == CHAT_GPT_OSS) {
+        snprintf(msg, cap, "'tool_choice': \"required\" is not supported for gpt-oss, whose "
+                           "call names its function in a header the reply writes; name the "
+                           "function ({\"type\": \"function\", \"function\": {\"name\": "
+                           "...}}) or send \"auto\"");
+        return -1;
+    }
     int rc = jsonfield_get(body, "parallel_tool_calls", "", json_type_boolean, &v, msg, cap);
     if (rc < 0)
         return -1;
@@ -502,8 +542,9 @@ int toolcall_read(json_object *body, enum chat_family f, toolcall_set *ts, char 
     }
     if (!chat_tool_syntax(f)) {
         snprintf(msg, cap, "'tools': the model's chat template (%s) has no tool format (tools "
-                           "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3 "
-                           "and Mistral Nemo's mistral-v3-tekken templates)", chat_family_name(f));
+                           "are supported with chatml, qwen3, qwen3-thinking, hermes, llama3, "
+                           "gpt-oss and Mistral Nemo's mistral-v3-tekken templates)",
+                 chat_family_name(f));
         return -1;
     }
     ts->defs = calloc(n, sizeof *ts->defs);
@@ -556,24 +597,39 @@ void toolcall_set_free(toolcall_set *ts)
     free(ts->names);
     free(ts->params);
     free(ts->schema);
+    free(ts->header);
+    free(ts->call_open);
     memset(ts, 0, sizeof *ts);
 }
 
 /* ---- rendering ---- */
 
-/* What a forced call's reply follows in the prompt, and what closes it after: the call's
+/* What a forced call's reply follows in the scan, and what closes it after: the call's
  * markers with the line breaks the templates put around its JSON (llama3's call is the
- * bare object: none; mistral's is the one item of the array of calls). */
+ * bare object: none; mistral's is the one item of the array of calls); gpt-oss's reply,
+ * the arguments alone, goes between the call's opening and closing as harmony.h writes
+ * them. */
 static const char *forced_opening(const toolcall_set *ts)
 {
     const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    if (ts->family == CHAT_GPT_OSS)
+        return ts->call_open;
     return syn->whole ? "" : syn->array ? "[TOOL_CALLS][" : "<tool_call>\n";
 }
 
 static const char *forced_closing(const toolcall_set *ts)
 {
     const struct chat_tool_syntax *syn = chat_tool_syntax(ts->family);
+    if (ts->family == CHAT_GPT_OSS)
+        return "}\n</tool_call>";
     return syn->whole ? "" : syn->array ? "]" : "\n</tool_call>";
+}
+
+/* What a forced call's reply follows in the prompt: the scan's opening, but gpt-oss's
+ * call header. */
+static const char *forced_prompt_opening(const toolcall_set *ts)
+{
+    return ts->family == CHAT_GPT_OSS ? ts->header : forced_opening(ts);
 }
 
 /* Mistral's call ids: 9 letters and digits. */
@@ -589,6 +645,8 @@ typedef struct rendering {
     char **args;                   /* every call's arguments text */
     call_id *ids;                  /* every call's id, as mistral takes it */
     call_id *result_ids;           /* per message: a result's call id, as mistral takes it */
+    const char **reasoning;        /* per message: an assistant's reasoning sent back
+                                      ("reasoning_content", ollama's "thinking"), or NULL */
     size_t n_msgs, n_args;
     size_t last_calls;             /* the first call of the last assistant message with calls */
     size_t results;                /* the results since it */
@@ -608,6 +666,7 @@ static void rendering_free(rendering *r)
     free(r->args);
     free(r->ids);
     free(r->result_ids);
+    free(r->reasoning);
 }
 
 static bool is_alnum(char c)
@@ -725,6 +784,13 @@ static int read_message(rendering *r, size_t i, json_object *m, char *msg, size_
     r->msgs[i].role = name;
     if (!(r->msgs[i].content = jsonfield_message_content(m, &r->owned[i], msg, cap)))
         return -1;
+    json_object *thought;
+    if (strcmp(name, "assistant") == 0 &&
+        ((json_object_object_get_ex(m, "reasoning_content", &thought) &&
+          json_object_is_type(thought, json_type_string)) ||
+         (json_object_object_get_ex(m, "thinking", &thought) &&
+          json_object_is_type(thought, json_type_string))))
+        r->reasoning[i] = json_object_get_string(thought);
     if (strcmp(name, "tool") == 0) {
         /* without its call's id, a result answers the calls before it in order */
         mistral_call_id(json_object_object_get(m, "tool_call_id"), r->last_calls + r->results++,
@@ -749,11 +815,29 @@ static const char *refusal_reason(enum chat_family f)
     if (f == CHAT_MISTRAL_V3_TEKKEN)
         return " (after an optional first system message, user and assistant messages "
                "alternate from a user one, tool calls and results aside)";
+    if (f == CHAT_GPT_OSS)
+        return " (a tool result after an assistant message with a call, and no assistant "
+               "message with both text and reasoning besides its call, nor harmony's channel "
+               "markup)";
     return "";
 }
 
+/* The messages read into r with ts's tools in the family's format (chat_apply_tools, or
+ * gpt-oss's with effort and the messages' reasoning), like snprintf. */
+static int render_into(const toolcall_set *ts, const rendering *r, const char *date,
+                       bool enable_thinking, const char *effort, char *out, size_t cap)
+{
+    const char *const *defs = (const char *const *)ts->defs;
+    if (ts->family == CHAT_GPT_OSS) {
+        struct chat_harmony_opts o = {date, effort, r->reasoning};
+        return chat_harmony_apply(&o, defs, (int)ts->n, r->msgs, (int)r->n_msgs, true, out, cap);
+    }
+    return chat_apply_tools(ts->family, defs, (int)ts->n, date, r->msgs, (int)r->n_msgs, true,
+                            enable_thinking, out, cap);
+}
+
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date,
-                      bool enable_thinking, char *msg, size_t cap)
+                      bool enable_thinking, const char *effort, char *msg, size_t cap)
 {
     size_t n = json_object_array_length(msgs), n_calls = count_calls(msgs);
     rendering r = {
@@ -763,19 +847,18 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         .args = calloc(n_calls ? n_calls : 1, sizeof *r.args),
         .ids = calloc(n_calls ? n_calls : 1, sizeof *r.ids),
         .result_ids = calloc(n ? n : 1, sizeof *r.result_ids),
+        .reasoning = calloc(n ? n : 1, sizeof *r.reasoning),
         .n_msgs = n,
     };
     char *out = NULL;
-    if (!r.msgs || !r.owned || !r.calls || !r.args || !r.ids || !r.result_ids) {
+    if (!r.msgs || !r.owned || !r.calls || !r.args || !r.ids || !r.result_ids || !r.reasoning) {
         snprintf(msg, cap, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++)
         if (read_message(&r, i, json_object_array_get_idx(msgs, i), msg, cap) < 0)
             goto done;
-    const char *const *defs = (const char *const *)ts->defs;
-    int len = chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true,
-                               enable_thinking, NULL, 0);
+    int len = render_into(ts, &r, date, enable_thinking, effort, NULL, 0);
     if (len < 0) {
         snprintf(msg, cap, "the messages cannot be rendered with tools in the %s format%s",
                  chat_family_name(ts->family),
@@ -786,10 +869,9 @@ char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *dat
         snprintf(msg, cap, "out of memory");
         goto done;
     }
-    chat_apply_tools(ts->family, defs, (int)ts->n, date, r.msgs, (int)n, true, enable_thinking,
-                     out, (size_t)len + 1);
+    render_into(ts, &r, date, enable_thinking, effort, out, (size_t)len + 1);
     if (ts->forced) {
-        const char *opening = forced_opening(ts);
+        const char *opening = forced_prompt_opening(ts);
         char *with = realloc(out, (size_t)len + strlen(opening) + 1);
         if (!with) {
             snprintf(msg, cap, "out of memory");
@@ -809,6 +891,7 @@ done:
         free(r.args);
         free(r.ids);
         free(r.result_ids);
+        free(r.reasoning);
     }
     return out;
 }
@@ -943,13 +1026,14 @@ static json_object *new_call_id(size_t counter)
 }
 
 /* The call o is ({"name": known, args_key: object}; other keys, as mistral's "id", are
- * left), or NULL. */
+ * left), or NULL. gpt-oss's calls are of any name: its header's recipient is markup the
+ * reply cannot hold as text, and llama.cpp's server reads it as a call of that name. */
 static json_object *call_of(toolcall_scan *s, json_object *o, size_t counter)
 {
     json_object *name, *args;
     if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "name", &name) ||
         !json_object_is_type(name, json_type_string) ||
-        !known_name(s->ts, json_object_get_string(name)) ||
+        !(s->ts->family == CHAT_GPT_OSS || known_name(s->ts, json_object_get_string(name))) ||
         !json_object_object_get_ex(o, s->syn->args_key, &args) ||
         !json_object_is_type(args, json_type_object))
         return NULL;
@@ -1057,6 +1141,21 @@ static int calls_end(const toolcall_scan *s, size_t body, size_t *body_end, size
     return done;
 }
 
+/* A gpt-oss call that is no call (its arguments no JSON object), p[0..n) between the
+ * markers as daemon/net/harmony.h wrote it, {"name": "NAME", "arguments": BODY}: BODY,
+ * in p[*from..*from + *len), the content it is, as with tool_choice "none". */
+static void harmony_body(const char *p, size_t n, size_t *from, size_t *len)
+{
+    static const char key[] = "\"arguments\": ";
+    const char *a = memmem(p, n, key, strlen(key));
+    size_t at = a ? (size_t)(a - p) + strlen(key) : n, end = n;
+    /* the wrapper's own closing brace, after the body */
+    while (end > at && p[end - 1] != '}')
+        end--;
+    *from = at;
+    *len = end > at ? end - 1 - at : 0;
+}
+
 /* The reply between markers (chatml), or after one (mistral's array): calls taken as
  * they close. */
 static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
@@ -1090,11 +1189,16 @@ static int scan_marked(toolcall_scan *s, toolcall_out *out, bool end)
             return 0;
         }
         json_object *calls = parse_calls(s, s->text + body, body_end - body);
-        /* white space before a call goes with it; a call that does not parse is text */
-        size_t pre = calls ? at : stop - s->done;
+        /* white space before a call goes with it; a call that does not parse is text, but
+         * gpt-oss's, whose markers are the gateway's own: its body alone */
+        bool bare = !calls && s->ts->family == CHAT_GPT_OSS;
+        size_t pre = calls || bare ? at : stop - s->done, from, len;
         while (calls && pre > 0 && is_space(rest[pre - 1]))
             pre--;
-        if (add_content(s, out, rest, pre) < 0) {
+        if (bare)
+            harmony_body(s->text + body, body_end - body, &from, &len);
+        if (add_content(s, out, rest, pre) < 0 ||
+            (bare && add_content(s, out, s->text + body + from, len) < 0)) {
             json_object_put(calls);
             return -1;
         }

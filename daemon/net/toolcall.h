@@ -32,7 +32,11 @@ typedef struct toolcall_set {
     int forced_fn;        /* with forced: the index of the function named, or
                              TOOLCALL_ANY_FN ("required") */
     char *schema;         /* forced: the JSON Schema of the call's object, which the reply
-                             is decoded against (FORMAT_JSON_SCHEMA) */
+                             is decoded against (FORMAT_JSON_SCHEMA); gpt-oss's: of the
+                             function's arguments */
+    char *header;         /* forced gpt-oss: the call's header the prompt ends with */
+    char *call_open;      /* forced gpt-oss: the call's opening in chatml's syntax, which
+                             the scan reads before the reply (daemon/net/harmony.h's) */
 } toolcall_set;
 
 /* toolcall_set.forced_fn of tool_choice "required": any of the functions. */
@@ -45,7 +49,9 @@ typedef struct toolcall_set {
  * are none (absent, null or empty); 0 with them read; -1 with msg naming the field for a
  * malformed tool (for hermes also properties that are no object and a property's or
  * return's description that is no string, which its template cannot write), a family
- * without a tool format, or a tool_choice naming no tool.
+ * without a tool format, a tool_choice naming no tool, or "required" for gpt-oss (its
+ * call of any function is a header the reply writes, which a JSON Schema cannot
+ * constrain; a named one is the header the prompt ends with, the reply the arguments).
  * toolcall_set_free frees what it holds either way.
  *
  * A forced tool_choice ("required", or {"type": "function", "function": {"name"}}) gets
@@ -66,13 +72,15 @@ int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
  * "tool_calls", tool) rendered with ts's tools and the assistant opening (with a forced
  * tool_choice, the call's opening too: chatml's "<tool_call>\n", mistral's
- * "[TOOL_CALLS]["); date is llama3's "Today Date", enable_thinking the template's switch
- * (chat_apply_think). Call ids become mistral's 9 letters
+ * "[TOOL_CALLS]["); date is llama3's "Today Date" (gpt-oss's "Current date",
+ * YYYY-MM-DD), enable_thinking the template's switch (chat_apply_think), effort
+ * gpt-oss's reasoning effort (NULL: medium; engine/tok/chatharmony.h, which also gets an
+ * assistant message's "reasoning_content" or ollama's "thinking"). Call ids become mistral's 9 letters
  * and digits: an id's last 9, '0's before fewer; without one, the call's position in the
  * conversation (a result without one answers the calls before it in order). Fresh
  * string, or NULL with msg. */
 char *toolcall_render(const toolcall_set *ts, json_object *msgs, const char *date,
-                      bool enable_thinking, char *msg, size_t cap);
+                      bool enable_thinking, const char *effort, char *msg, size_t cap);
 
 /* A reply being scanned for calls. */
 typedef struct toolcall_scan toolcall_scan;

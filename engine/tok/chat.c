@@ -2,9 +2,12 @@
 #include "engine/tok/chat.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/chatthink.h"
 #include "engine/tok/textwriter.h"
 
@@ -36,6 +39,7 @@ static const char *const family_names[] = {
     [CHAT_PHI4] = "phi4",
     [CHAT_GRANITE] = "granite",
     [CHAT_GEMMA] = "gemma",
+    [CHAT_GPT_OSS] = "gpt-oss",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -53,12 +57,35 @@ static enum chat_family detect_key(const gguf_file *g, const char *key)
     return f;
 }
 
+/* Whether the vocabulary holds every one of harmony's control tokens. */
+static bool has_harmony_tokens(const gguf_file *g)
+{
+    static const char *const needed[] = {"<|start|>", "<|channel|>", "<|message|>",
+                                         "<|end|>",   "<|return|>",  "<|call|>"};
+    enum gguf_value_type type;
+    uint64_t n;
+    unsigned found = 0;
+    if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &type, &n) || type != GGUF_STRING)
+        return false;
+    for (uint64_t i = 0; i < n; i++) {
+        gguf_str t;
+        if (!gguf_arr_str(g, "tokenizer.ggml.tokens", i, &t) || t.len < 5 || t.ptr[0] != '<')
+            continue;
+        for (unsigned k = 0; k < sizeof needed / sizeof needed[0]; k++)
+            if (gguf_str_eq(t, needed[k]))
+                found |= 1u << k;
+    }
+    return found == (1u << (sizeof needed / sizeof needed[0])) - 1;
+}
+
 enum chat_family chat_detect_file(const gguf_file *g)
 {
     enum chat_family f = detect_key(g, "tokenizer.chat_template");
     bool bare = f == CHAT_CHATML || gguf_find_key(g, "tokenizer.chat_template") < 0;
     if (bare && detect_key(g, "tokenizer.chat_template.tool_use") == CHAT_HERMES)
         return CHAT_HERMES;
+    if (f == CHAT_PLAIN && has_harmony_tokens(g))
+        return CHAT_GPT_OSS;
     return f;
 }
 
@@ -123,6 +150,8 @@ enum chat_family chat_detect(const char *t)
     for (int f = 0; f < N_FAMILIES; f++)
         if (strcmp(t, family_names[f]) == 0)
             return (enum chat_family)f;
+    if (strstr(t, "<|start|>") && strstr(t, "<|channel|>") && strstr(t, "<|message|>"))
+        return CHAT_GPT_OSS;
     if (strstr(t, "<|im_start|>")) {
         if (strstr(t, "<|im_sep|>"))
             return CHAT_PHI4;
@@ -195,6 +224,8 @@ const char *chat_stop_text(enum chat_family f)
         return "<|end_of_text|>";
     case CHAT_GEMMA:
         return "<end_of_turn>";
+    case CHAT_GPT_OSS:
+        return "<|return|>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -210,6 +241,8 @@ enum chat_think chat_thinking(enum chat_family f)
         return CHAT_THINK_REPLY;
     case CHAT_QWEN3_THINKING:
         return CHAT_THINK_OPENED;
+    case CHAT_GPT_OSS:
+        return CHAT_THINK_HARMONY;
     default:
         return CHAT_THINK_NONE;
     }
@@ -468,6 +501,27 @@ static void apply_gemma(textwriter *w, const struct chat_message *msgs, int n, b
         textwriter_put(w, "<start_of_turn>model\n");
 }
 
+/* gpt-oss's prompt of plain messages: today's date, the default effort, no tools. */
+static int apply_gpt_oss(const struct chat_message *msgs, int n, bool gen, char *out, size_t cap)
+{
+    struct chat_tool_message *tm = calloc(n > 0 ? (size_t)n : 1, sizeof *tm);
+    if (!tm)
+        return -1;
+    for (int i = 0; i < n; i++)
+        tm[i] = (struct chat_tool_message){msgs[i].role, msgs[i].content, NULL, 0, NULL};
+    char date[16];
+    time_t now = time(NULL);
+    struct tm day;
+    if (!localtime_r(&now, &day))
+        memset(&day, 0, sizeof day);
+    snprintf(date, sizeof date, "%04d-%02d-%02d", (day.tm_year + 1900) % 10000,
+             (day.tm_mon + 1) % 100, day.tm_mday % 100);
+    struct chat_harmony_opts o = {date, NULL, NULL};
+    int rc = chat_harmony_apply(&o, NULL, 0, tm, n, gen, out, cap);
+    free(tm);
+    return rc;
+}
+
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap)
 {
@@ -483,6 +537,8 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         if (role_of(&msgs[i]) == ROLE_BAD)
             return -1;
 
+    if (f == CHAT_GPT_OSS)
+        return apply_gpt_oss(msgs, n, add_generation_prompt, out, cap);
     textwriter w = {out, cap, 0};
     switch (f) {
     case CHAT_LLAMA3:

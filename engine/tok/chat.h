@@ -99,10 +99,16 @@ enum chat_family {
      * "\n\n" open the next user turn, as Gemma 3's template and llama.cpp's format do
      * (Gemma 2's template refuses one) */
     CHAT_GEMMA,
+    /* OpenAI's harmony format (gpt-oss): "<|start|>role<|message|>content<|end|>", a
+     * system turn of the model's identity, dates and reasoning effort, the system message
+     * as a developer turn's instructions, replies in channels (analysis: the reasoning;
+     * final: the answer; commentary: tool calls), written as chatharmony.h says; the
+     * generation prompt is "<|start|>assistant", the model writing the channel itself */
+    CHAT_GPT_OSS,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_GEMMA + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GPT_OSS + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -117,15 +123,17 @@ enum chat_family {
  * "You are a function calling AI model." is hermes, and "<|im_start|>" with the think
  * markers ("</think>", which Qwen3's and QwQ's templates split earlier replies at) is
  * qwen3, or qwen3-thinking where the generation prompt opens the block
- * ('<|im_start|>assistant\n<think>'); "<start_of_turn>" is gemma. NULL or anything else
- * gives CHAT_PLAIN.
+ * ('<|im_start|>assistant\n<think>'); "<start_of_turn>" is gemma; "<|start|>" with
+ * "<|channel|>" and "<|message|>" is gpt-oss. NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
 /* chat_detect of a model file's tokenizer.chat_template (CHAT_PLAIN without one); hermes
  * too where that is chatml or absent and tokenizer.chat_template.tool_use is Hermes' (how
  * llama.cpp's converter stores a model's named templates: Hermes' files hold their chatml
- * "default" one as the template and "tool_use" beside it). */
+ * "default" one as the template and "tool_use" beside it); gpt-oss where there is no
+ * known template and the vocabulary holds harmony's control tokens ("<|start|>",
+ * "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"). */
 enum chat_family chat_detect_file(const gguf_file *g);
 
 /* Short name of a family ("chatml", "llama3", "llama2-sys", "mistral-v7", "plain"...). */
@@ -136,7 +144,8 @@ const char *chat_family_name(enum chat_family f);
 #define CHAT_FAMILY_NAMES                                                                    \
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
-    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma"
+    "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
+    "gpt-oss"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -157,7 +166,9 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
 
 /* chat_apply with the templates' enable_thinking (chat_apply's is true, their default):
  * false makes qwen3's generation prompt close an empty block, so that the model answers
- * without thinking; the other families' templates have no such switch and ignore it. */
+ * without thinking; the other families' templates have no such switch and ignore it.
+ * gpt-oss is written with today's date (local time, as the template's strftime_now) and
+ * the default reasoning effort (chatharmony.h writes it with others). */
 int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
                      bool add_generation_prompt, bool enable_thinking, char *out, size_t cap);
 
@@ -168,10 +179,13 @@ enum chat_think {
     CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3) */
     CHAT_THINK_OPENED, /* the generation prompt opened it: a reply begins inside it
                           (qwen3-thinking) */
+    CHAT_THINK_HARMONY, /* no think markers: a reply's analysis channel is its reasoning,
+                           its final channel the answer (gpt-oss) */
 };
 
 /* The families whose templates have the think markers, as chat_detect found them in the
- * template's text; CHAT_THINK_NONE for the others and for an unknown family. */
+ * template's text, and gpt-oss; CHAT_THINK_NONE for the others and for an unknown
+ * family. */
 enum chat_think chat_thinking(enum chat_family f);
 
 /*
@@ -186,8 +200,9 @@ bool chat_think_parts(const char *content, const char **reasoning, size_t *n_rea
 
 /*
  * Text that ends an assistant turn in this family ("<|im_end|>", "<|eot_id|>", "</s>",
- * "<|end_of_turn|>", "<|EOT|>"...; "\nUser:" for plain), for use as a stop string when
- * the tokenizer does not mark the corresponding token as end-of-generation. Never NULL.
+ * "<|end_of_turn|>", "<|EOT|>", gpt-oss's "<|return|>"...; "\nUser:" for plain), for use
+ * as a stop string when the tokenizer does not mark the corresponding token as
+ * end-of-generation. Never NULL.
  */
 const char *chat_stop_text(enum chat_family f);
 

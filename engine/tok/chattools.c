@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/jsonesc.h"
+#include "engine/tok/chatharmony.h"
 #include "engine/tok/chatthink.h"
 #include "engine/tok/textwriter.h"
 
@@ -23,6 +24,9 @@ const struct chat_tool_syntax *chat_tool_syntax(enum chat_family f)
     case CHAT_HERMES: /* the same calls: Qwen2.5 took Hermes' style */
     case CHAT_QWEN3:
     case CHAT_QWEN3_THINKING:
+    /* gpt-oss's calls are channels of their own, which the gateway's reading of its
+     * replies (daemon/net/harmony.h) gives in this syntax */
+    case CHAT_GPT_OSS:
         return &chatml_syntax;
     case CHAT_LLAMA3:
         return &llama3_syntax;
@@ -376,6 +380,10 @@ int chat_apply_tools(enum chat_family f, const char *const *tools, int n_tools, 
                      const struct chat_tool_message *msgs, int n, bool add_generation_prompt,
                      bool enable_thinking, char *out, size_t cap)
 {
+    if (f == CHAT_GPT_OSS) {
+        struct chat_harmony_opts o = {date, NULL, NULL};
+        return chat_harmony_apply(&o, tools, n_tools, msgs, n, add_generation_prompt, out, cap);
+    }
     if (!chat_tool_syntax(f) || n_tools < 0 || (n_tools > 0 && !tools) || !date || n < 0 ||
         (n > 0 && !msgs) || (cap > 0 && !out))
         return -1;

@@ -41,6 +41,10 @@
  *           and it compares messages by value to find the last user one (so it would also
  *           put the tools before an earlier user message of the same text).
  *
+ *   gpt-oss  chatharmony.h's harmony prompt (date its "Current date", YYYY-MM-DD; the
+ *           default reasoning effort), each tool the TypeScript-like type its template
+ *           writes.
+ *
  * JSON texts (tool definitions, arguments) come written already: JSON is the gateway's
  * (daemon/net/toolcall.c), which writes them as the family's template does (tojson, or
  * mistral's and hermes' own loops over a tool).

@@ -92,11 +92,48 @@ static void rewriting_templates_fall_back(void)
     CHECK(text_is(CHAT_CHATML, &c, "reply", "Q", "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"));
 }
 
+/* gpt-oss: replies held as the model wrote them, reasoning and all; the template takes
+ * their answers back and drops the reasoning, which the context keeps. */
+static void harmony_replies_extend_the_context(void)
+{
+#define OSS_REPLY(think, answer)                                                            \
+    "<|channel|>analysis<|message|>" think "<|end|><|start|>assistant<|channel|>final"     \
+    "<|message|>" answer
+    ctx_entry c;
+    ctx_msg m[] = {{"user", "Hi", 3}, {"assistant", OSS_REPLY("Greet.", "Hello!"), 9}};
+    make_ctx(&c, "Be brief.", m, 2);
+    const char *turn = "<|start|>user<|message|>More<|end|><|start|>assistant";
+    char want[256];
+    snprintf(want, sizeof want, "<|end|>%s", turn);
+    CHECK(text_is(CHAT_GPT_OSS, &c, OSS_REPLY("Greet.", "Hello!"), "More", want));
+    /* a reply whose last message is closed already ("<|end|>" is no end of generation) */
+    CHECK(text_is(CHAT_GPT_OSS, &c, OSS_REPLY("Greet.", "Hello!") "<|end|>", "More", turn));
+    /* without reasoning the reply continues the rendering */
+    ctx_msg f[] = {{"user", "Hi", 3}, {"assistant", "<|channel|>final<|message|>Hello!", 4}};
+    make_ctx(&c, "Be brief.", f, 2);
+    CHECK(text_is(CHAT_GPT_OSS, &c, f[1].text, "More", want));
+    /* later turns: the earlier replies are taken back by their answers, so the whole
+     * conversation still renders and the system turn is not written again */
+    ctx_msg m3[] = {{"user", "Hi", 3},
+                    {"assistant", OSS_REPLY("Greet.", "Hello!"), 9},
+                    {"user", "More", 3},
+                    {"assistant", OSS_REPLY("Count.", "Two."), 9}};
+    make_ctx(&c, "Be brief.", m3, 4);
+    CHECK(text_is(CHAT_GPT_OSS, &c, m3[3].text, "Last",
+                  "<|end|><|start|>user<|message|>Last<|end|><|start|>assistant"));
+    /* a reply cut while thinking: closed, an empty answer */
+    ctx_msg t[] = {{"user", "Hi", 3}, {"assistant", "<|channel|>analysis<|message|>Hm", 4}};
+    make_ctx(&c, NULL, t, 2);
+    CHECK(text_is(CHAT_GPT_OSS, &c, t[1].text, "More", want));
+#undef OSS_REPLY
+}
+
 int main(void)
 {
     RUN(first_turn_is_whole_rendering);
     RUN(later_turn_extends_the_context);
     RUN(turn_end_after_a_spaced_reply);
     RUN(rewriting_templates_fall_back);
+    RUN(harmony_replies_extend_the_context);
     return test_finish();
 }

@@ -449,7 +449,7 @@ static void messages_render_as_the_template(void)
         toolcall_set ts;
         char msg[256];
         CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(got && !strcmp(got, CHATML_ONE_TOOL), "%s", got ? got : msg);
         free(got);
         toolcall_set_free(&ts);
@@ -478,7 +478,7 @@ static void hermes_messages_render_as_its_template(void)
         char msg[256], want[sizeof HERMES_ONE_TOOL + 16];
         CHECK_EQ(toolcall_read(o, CHAT_HERMES, &ts, msg, sizeof msg), 0);
         snprintf(want, sizeof want, "%s%s", HERMES_ONE_TOOL, forced ? "<tool_call>\n" : "");
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(got && !strcmp(got, want), "%s", got ? got : msg);
         free(got);
         toolcall_set_free(&ts);
@@ -511,7 +511,7 @@ static char *render_mistral(const char *messages, char *msg, size_t cap)
     toolcall_set ts;
     char *got = NULL;
     if (toolcall_read(o, CHAT_MISTRAL_V3_TEKKEN, &ts, msg, cap) == 0 && msgs)
-        got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, cap);
+        got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, cap);
     toolcall_set_free(&ts);
     json_object_put(o);
     return got;
@@ -588,7 +588,7 @@ static void bad_messages_are_refused(void)
         toolcall_set ts;
         char msg[256];
         CHECK_EQ(toolcall_read(o, CHAT_CHATML, &ts, msg, sizeof msg), 0);
-        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, msg, sizeof msg);
+        char *got = toolcall_render(&ts, msgs, "26 Jul 2024", true, NULL, msg, sizeof msg);
         CHECK_MSG(!got && strstr(msg, bad[i].says), "%zu: %s", i, msg);
         toolcall_set_free(&ts);
         json_object_put(o);
@@ -713,6 +713,14 @@ static const struct {
     {CHAT_MISTRAL_V3_TEKKEN, "see [1] and [TOOL", "see [1] and [TOOL", ""},
     {CHAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"ci", 
      "{\"name\": \"get_weather\", \"parameters\": {\"ci", ""},
+    /* gpt-oss's calls, as daemon/net/harmony.h writes them: a function outside the tools
+     * is a call still (llama.cpp's reading); a body that is no JSON object is content */
+    {CHAT_GPT_OSS, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n"
+                   "</tool_call>", "", "get_time({\"tz\":\"UTC\"});"},
+    {CHAT_GPT_OSS, "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: "
+                   "Paris}}\n</tool_call>", "Checking.{city: Paris}", ""},
+    {CHAT_GPT_OSS, "<tool_call>\n{\"name\": \"search\", \"arguments\": \"x\"}\n</tool_call>",
+     "\"x\"", ""},
 };
 
 static void replies_are_scanned_whole_and_in_pieces(void)

@@ -861,7 +861,7 @@ static void stop_texts_per_family(void)
     /* every family's turn end is in what it writes after an assistant message, or is
      * plain's next label */
     const struct chat_message reply[] = {{"user", "q"}, {"assistant", "a"}};
-    char out[256];
+    char out[512]; /* gpt-oss's system turn is long */
     for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++) {
         CHECK(chat_apply(f, reply, 2, false, out, sizeof out) > 0);
         const char *end = chat_stop_text(f);

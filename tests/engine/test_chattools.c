@@ -819,7 +819,8 @@ static void refusals(void)
     CHECK(!render(CHAT_LLAMA3, one, 1, "26 Jul 2024", CONV_A, 1));
     for (int f = 0; f < CHAT_N_FAMILIES; f++) {
         bool has = f == CHAT_CHATML || f == CHAT_HERMES || f == CHAT_LLAMA3 ||
-                   f == CHAT_MISTRAL_V3_TEKKEN || f == CHAT_QWEN3 || f == CHAT_QWEN3_THINKING;
+                   f == CHAT_MISTRAL_V3_TEKKEN || f == CHAT_QWEN3 || f == CHAT_QWEN3_THINKING ||
+                   f == CHAT_GPT_OSS;
         CHECK_EQ(chat_tool_syntax((enum chat_family)f) != NULL, has);
         if (!has)
             CHECK(!render((enum chat_family)f, one, 1, "26 Jul 2024", CONV_A, N(CONV_A)));
