@@ -276,7 +276,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
 {
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
-                                        "gemma",    "gemma2",   "gemma3"};
+                                        "gemma",    "gemma2",   "gemma3",   "olmo2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -455,7 +455,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
-    bool olmoe = strcmp(p->arch, "olmoe") == 0;
+    bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
@@ -466,6 +466,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
     float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
+    /* OLMo 2's rope_theta and rms_norm_eps */
+    if (olmo2)
+        rope_base = 500000.0f, eps = 1e-6f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -592,7 +595,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (!olmo2) /* OLMo 2 normalizes its sublayers' outputs, not their inputs */
+            ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (phi3) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
         } else {
@@ -609,14 +613,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
-        if (olmoe) {
+        if (olmoe || olmo2) {
             ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
-        if (gemma2 || gemma3)
+        if (gemma2 || gemma3 || olmo2)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (!olmo2)
+            ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
@@ -626,7 +631,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            if (gemma2 || gemma3)
+            if (gemma2 || gemma3 || olmo2)
                 ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }

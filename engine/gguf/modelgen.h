@@ -45,8 +45,10 @@ typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
      * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
      * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
-     * "gemma", "gemma2", "gemma3", "bert" or "nomic-bert" (the encoders and olmoe:
-     * n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
+     * "gemma", "gemma2", "gemma3", "olmo2" (OLMo 2: post_attention_norm and post_ffw_norm,
+     * no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and k, OLMo 2's
+     * RoPE base 500000), "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must
+     * equal n_head). The Gemma family as llama.cpp's converter
      * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
      * (llama.cpp reads the token embedding as the output and refuses a file with one, so
      * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head

@@ -1,6 +1,7 @@
 /*
- * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3
- * model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its forward pass.
+ * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
+ * olmo2 model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its forward
+ * pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -43,11 +44,11 @@
 #define MODEL_LAYER_MATRICES 11
 
 typedef struct model_layer {
-    const float *attn_norm; /* (dim) */
-    const float *ffn_norm;  /* (dim) */
-    const float *attn_post_norm; /* (dim) gemma2/gemma3: of the attention's output, or NULL */
-    const float *ffn_post_norm;  /* (dim) gemma2/gemma3: of the feed-forward's output, or NULL */
-    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
+    const float *attn_norm; /* (dim), or NULL (olmo2) */
+    const float *ffn_norm;  /* (dim), or NULL (olmo2) */
+    const float *attn_post_norm; /* (dim) gemma2/gemma3/olmo2: of the attention's output, or NULL */
+    const float *ffn_post_norm;  /* (dim) gemma2/gemma3/olmo2: of the feed-forward's output, or NULL */
+    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3, olmoe, olmo2) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
      * rows (gate first): these are views of their rows, so the forward is the same */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
@@ -105,6 +106,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
     [MODEL_ARCH_GEMMA] = "gemma",       [MODEL_ARCH_GEMMA2] = "gemma2",
     [MODEL_ARCH_GEMMA3] = "gemma3",
+    [MODEL_ARCH_OLMO2] = "olmo2",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -366,6 +368,23 @@ static int model_read_gemma(const gguf_file *g, const char *arch, model_hparams 
     return 0;
 }
 
+/*
+ * OLMo 2 (olmo2), as llama.cpp reads it and HF's Olmo2DecoderLayer computes it: neither
+ * sublayer normalizes its input; each one's output goes through an RMSNorm
+ * (post_attention_norm, post_ffw_norm) before its residual add; q and k are normalized
+ * whole (olmoe's q/k norms, tensors) before NEOX RoPE. The epsilon is required, as
+ * llama.cpp requires it.
+ */
+static int model_read_olmo2(const gguf_file *g, const char *arch, model_hparams *hp,
+                            char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_OLMO2)
+        return 0;
+    hp->pre_norms = false;
+    hp->post_norms = true;
+    return model_require(g, arch, "attention.layer_norm_rms_epsilon", err);
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -441,7 +460,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
          model_get_float(m->g, arch, "logit_scale", 1.0f, &hp->logit_scale, err) < 0))
         return -1;
     hp->ffn_act = MODEL_FFN_SILU;
-    if (model_read_gemma(m->g, arch, hp, err) < 0)
+    hp->pre_norms = true;
+    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_olmo2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -671,8 +691,9 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         model_layer *L = &m->layers[l];
         char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
-        if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
-            model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0 ||
+        if ((hp->pre_norms &&
+             (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
+              model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0)) ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
         if (fused) {
@@ -709,8 +730,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
             return -1;
-        /* in the space of qwen2's biases, which olmoe has not */
-        if (hp->arch == MODEL_ARCH_OLMOE &&
+        /* in the space of qwen2's biases, which olmoe and olmo2 have not */
+        if ((hp->arch == MODEL_ARCH_OLMOE || hp->arch == MODEL_ARCH_OLMO2) &&
             (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
@@ -1415,12 +1436,18 @@ static inline int32_t model_window_lo(int32_t pos, int window)
     return window > 0 ? pos - window + 1 : INT32_MIN;
 }
 
+/* xn = RMSNorm(x) by s->norm_w, or x as it is without one (olmo2's sublayers read the
+ * residual stream unnormalized). */
 static void model_norm_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     int dim = s->r->m->hp.dim;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
+    if (!s->norm_w) {
+        memcpy(s->r->xn + b * dim, s->r->x + b * dim, (size_t)(e - b) * dim * sizeof(float));
+        return;
+    }
     for (long t = b; t < e; t++)
         ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
 }
@@ -1779,7 +1806,7 @@ static void model_ffn_act_job(void *p, int ith, int nth)
     }
 }
 
-/* Gemma2/gemma3: r->proj's rows (a sublayer's output) through the RMSNorm s->norm_w, in
+/* Gemma2/gemma3/olmo2: r->proj's rows (a sublayer's output) through the RMSNorm s->norm_w, in
  * place, before the residual add. */
 static void model_post_norm_job(void *p, int ith, int nth)
 {

@@ -15,7 +15,9 @@
  * (post_attention_norm, post_ffw_norm) and sliding-window attention on some layers
  * (model_layer_window); gemma2 soft-caps the attention scores and the logits
  * (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k norms and RoPE of base 10000,
- * unscaled, on its sliding layers. Weights are used in place from the file mapping.
+ * unscaled, on its sliding layers; "olmo2" (OLMo 2: no norm before either sublayer, an
+ * RMSNorm of each sublayer's output before its residual add, olmoe's RMSNorm of all of q
+ * and of all of k). Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -46,6 +48,7 @@ enum model_arch {
     MODEL_ARCH_GEMMA,
     MODEL_ARCH_GEMMA2,
     MODEL_ARCH_GEMMA3,
+    MODEL_ARCH_OLMO2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -107,7 +110,7 @@ typedef struct model_hparams {
 
     /* What granite and the Gemma family add; the other architectures have the neutral
      * values (scale 1 / sqrt(head_dim), embedding scale 1, no caps, no window, SwiGLU, no
-     * post norms). */
+     * post norms, pre norms); so does olmo2 but for its norms. */
     float attn_scale;    /* multiplies q.k before the softmax (and the cap): granite's
                             attention.scale; llama.cpp's rule for gemma2/gemma3:
                             1 / sqrt(dim / n_head) for the 27B models (46 and 62 layers:
@@ -124,7 +127,10 @@ typedef struct model_hparams {
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
     float rope_base_swa;
     enum model_ffn_act ffn_act;
-    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output */
+    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
+                            (gemma2, gemma3, olmo2) */
+    bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,
+                            whose sublayers read the residual stream as it is */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
@@ -143,8 +149,8 @@ typedef struct model_qkv_extras {
     const float *bv;     /* (n_head_kv * head_dim), qwen2 */
     const float *q_norm; /* (head_dim), qwen3 */
     const float *k_norm; /* (head_dim), qwen3 */
-    const float *q_norm_all; /* (n_head * head_dim), olmoe: one RMSNorm over all of q */
-    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe */
+    const float *q_norm_all; /* (n_head * head_dim), olmoe, olmo2: one RMSNorm over all of q */
+    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe, olmo2 */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,

@@ -55,7 +55,9 @@ struct ref_model {
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
     bool norm_topk_prob;
-    bool olmoe; /* OlmoeAttention: q_norm and k_norm over the whole projections */
+    bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
+                           projections */
+    bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -139,7 +141,7 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
-                                        "qwen2moe", "qwen3moe", "olmoe"};
+                                        "qwen2moe", "qwen3moe", "olmoe",  "olmo2"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -148,10 +150,12 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
     const char *arch = names[ai];
-    /* the mixtures of experts compute their attention as their dense family does */
+    /* the mixtures of experts compute their attention as their dense family does; OLMo's
+     * RoPE is rotate_half's, its feed-forward SwiGLU, as qwen's */
     m->arch = ai <= REF_GEMMA3 ? ai : !strcmp(arch, "qwen2moe") ? REF_QWEN2 : REF_QWEN3;
-    bool qwen2moe = !strcmp(arch, "qwen2moe");
-    m->olmoe = !strcmp(arch, "olmoe");
+    bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
+    m->olmo2 = !strcmp(arch, "olmo2");
+    m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -162,7 +166,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
     m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
     m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff) : 0;
-    m->norm_topk_prob = !qwen2moe && !m->olmoe;
+    m->norm_topk_prob = !qwen2moe && !olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
         return NULL;
@@ -251,7 +255,9 @@ ref_model *ref_model_load(const gguf_file *g)
         bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
                                      (!qwen2moe || (L->shexp_gate && L->gate && L->up && L->down))
                                : L->gate && L->up && L->down;
-        if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
+        /* OLMo 2's post norms are computed where the file has them, as Gemma's */
+        bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
+        if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
         }
@@ -459,11 +465,14 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int l = 0; l < m->n_layer; l++) {
         const ref_layer *L = &m->layers[l];
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * dim, L->attn_norm, dim, m->eps);
+            if (m->olmo2)
+                memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
+            else
+                ref_rmsnorm(xn, x + (size_t)t * dim, L->attn_norm, dim, m->eps);
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
-            if (L->q_norm && m->olmoe) {
+            if (L->q_norm && m->qk_norm_whole) {
                 double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
                 ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
                 ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
@@ -521,7 +530,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
+            if (m->olmo2)
+                memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
+            else
+                ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
             if (m->n_expert)
                 ref_moe(m, L, tmp, xn, tmp2, g, u,
                         m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL);

@@ -482,6 +482,47 @@ static void gemma_files(void)
     }
 }
 
+/* The smaller architectures (--arch olmo2) write what llama.cpp's loader reads of them, and
+ * what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms. */
+static void small_arch_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) {
+        SKIP("no vocab/ggml-vocab-llama-spm.gguf in the test data");
+        return;
+    }
+    const struct {
+        const char *arch, *has[3], *lacks[2];
+    } cases[] = {
+        {"olmo2", {"blk.2.post_attention_norm.weight", "blk.2.post_ffw_norm.weight",
+                   "blk.2.attn_q_norm.weight"},
+         {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char out[1100], args[4096], err[1024], e[ERR_MAX];
+        snprintf(out, sizeof out, "%s/%s.gguf", test_tmpdir(), cases[c].arch);
+        snprintf(args, sizeof args,
+                 "-o '%s' --arch %s --dim 64 --layers 4 --heads 4 --ffn 128 --ctx 256 "
+                 "--type q8_0 --vocab '%s'", out, cases[c].arch, vocab);
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        gguf_file *g = gguf_open(out, e);
+        CHECK_MSG(g, "%s", e);
+        gguf_str s;
+        CHECK(gguf_get_str(g, "general.architecture", &s) && gguf_str_eq(s, cases[c].arch));
+        for (int i = 0; i < 3 && cases[c].has[i]; i++)
+            CHECK_MSG(gguf_find_tensor(g, cases[c].has[i]), "%s: %s", cases[c].arch,
+                      cases[c].has[i]);
+        for (int i = 0; i < 2 && cases[c].lacks[i]; i++)
+            CHECK_MSG(!gguf_find_tensor(g, cases[c].lacks[i]), "%s: %s", cases[c].arch,
+                      cases[c].lacks[i]);
+        model *m = model_from_gguf(g, e);
+        CHECK_MSG(m && !strcmp(model_arch_name(model_hparams_of(m)->arch), cases[c].arch),
+                  "%s: %s", cases[c].arch, e);
+        model_free(m);
+        gguf_close(g);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -511,5 +552,6 @@ int main(int argc, char **argv)
     RUN(phi3_and_granite);
     RUN(experts_in_llama_cpp_layout);
     RUN(gemma_files);
+    RUN(small_arch_files);
     return test_finish();
 }
