@@ -3,7 +3,7 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|bert|nomic-bert
+ *                  |olmo2|granitemoe|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
@@ -26,10 +26,11 @@
  *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
  *   mkmodel --help | --version
  *
- * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe and olmoe
- * need it; llama with it is Mixtral; llama's and olmoe's experts are of --ffn):
- * --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe; default --ffn), --shared-ffn qwen2moe's shared expert's
- * (default --ffn).
+ * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe, olmoe and
+ * granitemoe need it; llama with it is Mixtral; llama's, olmoe's and granitemoe's experts
+ * are of --ffn): --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe; default
+ * --ffn), --shared-ffn qwen2moe's shared expert's (default --ffn), or granitemoe's (Granite
+ * MoE Shared; none without it).
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
@@ -87,12 +88,14 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
-            "                      gemma|gemma2|gemma3|olmo2|bert|nomic-bert\n"
+            "                      gemma|gemma2|gemma3|olmo2|granitemoe|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
-            "               (experts: qwen2moe, qwen3moe and olmoe need them, llama with\n"
-            "               them is Mixtral; an expert's hidden size and qwen2moe's shared\n"
-            "               expert's default to --ffn, llama's and olmoe's are --ffn)\n"
+            "               (experts: qwen2moe, qwen3moe, olmoe and granitemoe need them,\n"
+            "               llama with them is Mixtral; an expert's hidden size and\n"
+            "               qwen2moe's shared expert's default to --ffn, llama's, olmoe's\n"
+            "               and granitemoe's are --ffn; granitemoe has a shared expert\n"
+            "               only with --shared-ffn)\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |iq4_nl|iq4_xs|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"

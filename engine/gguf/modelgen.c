@@ -276,7 +276,8 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
 {
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
-                                        "gemma",    "gemma2",   "gemma3",   "olmo2"};
+                                        "gemma",    "gemma2",   "gemma3",   "olmo2",
+                                        "granitemoe"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -294,8 +295,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool phi3 = !strcmp(p->arch, "phi3");
-    bool olmoe = !strcmp(p->arch, "olmoe");
-    bool moe = olmoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
+    bool olmoe = !strcmp(p->arch, "olmoe"), granitemoe = !strcmp(p->arch, "granitemoe");
+    bool moe = olmoe || granitemoe || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
     bool windowed = phi3 || !strncmp(p->arch, "gemma", 5);
     if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
@@ -310,8 +311,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);
     if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
-        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe and olmoe have)",
-                       p->arch);
+        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe, olmoe and "
+                            "granitemoe have)", p->arch);
     /* llama.cpp's olmoe has q and k norms of dim elements */
     if (olmoe &&
         (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
@@ -320,7 +321,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
         p->n_expert_used > p->n_expert || (p->n_expert && !p->n_expert_used))
         return err_set(err, "experts used (%d) must be from 1 to the experts (%d)",
                        p->n_expert_used, p->n_expert);
-    if ((!strcmp(p->arch, "llama") || olmoe) && p->n_ff_exp && p->n_ff_exp != p->n_ff)
+    if ((!strcmp(p->arch, "llama") || olmoe || granitemoe) && p->n_ff_exp &&
+        p->n_ff_exp != p->n_ff)
         return err_set(err, "%s's experts have the feed-forward length (n_ff)", p->arch);
     /* llama.cpp's qwen2moe has attn_q and attn_output of dim x dim */
     if (!strcmp(p->arch, "qwen2moe") && p->head_dim && p->head_dim * p->n_head != p->dim)
@@ -456,12 +458,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
-    bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
+    bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
+    bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0 || granitemoe;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     int rope_dims = p->rope_dims ? p->rope_dims : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+    /* Granite MoE Shared's shared expert only when asked for */
+    bool shexp = qwen2moe || (granitemoe && p->n_ff_shexp > 0);
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
@@ -518,8 +523,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
         ((qwen2moe || qwen3moe) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
-        (qwen2moe && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
-                                         (uint32_t)ff_shexp) < 0) ||
+        (shexp && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                      (uint32_t)ff_shexp) < 0) ||
         ((gemma2 || gemma3) &&
          gguf_writer_set_u32(w, KEY("attention.sliding_window"),
                              (uint32_t)(p->sliding_window ? p->sliding_window
@@ -640,8 +645,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD_EXPERTS(N("ffn_gate_exps.weight"), p->dim, ff_exp, s_dim);
         ADD_EXPERTS(N("ffn_up_exps.weight"), p->dim, ff_exp, s_dim);
         ADD_EXPERTS(N("ffn_down_exps.weight"), ff_exp, p->dim, 1.0f / sqrtf((float)ff_exp));
-        if (qwen2moe) {
+        if (qwen2moe)
             ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
+        if (shexp) {
             ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
             ADD(N("ffn_up_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
             ADD(N("ffn_down_shexp.weight"), 2, ff_shexp, p->dim, 1.0f / sqrtf((float)ff_shexp),

@@ -47,8 +47,10 @@ typedef struct modelgen_params {
      * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
      * "gemma", "gemma2", "gemma3", "olmo2" (OLMo 2: post_attention_norm and post_ffw_norm,
      * no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and k, OLMo 2's
-     * RoPE base 500000), "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must
-     * equal n_head). The Gemma family as llama.cpp's converter
+     * RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff in Mixtral's
+     * layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as later
+     * llama.cpp converts it), "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv
+     * must equal n_head). The Gemma family as llama.cpp's converter
      * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
      * (llama.cpp reads the token embedding as the output and refuses a file with one, so
      * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head
@@ -64,7 +66,8 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    /* Mixture of experts (qwen2moe, qwen3moe and olmoe need it; llama with it is Mixtral):
+    /* Mixture of experts (qwen2moe, qwen3moe, olmoe and granitemoe need it; llama with it
+     * is Mixtral):
      * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
      * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
      * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
@@ -73,7 +76,8 @@ typedef struct modelgen_params {
     int n_expert_used;
     int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe; llama's and olmoe's
                            are n_ff); 0: n_ff */
-    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
+    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size, 0: n_ff; granitemoe's,
+                           0: none */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     /* The types of the matrices are modelgen_mix_type's (Q4_K_M is type Q4_K with
      * MODELGEN_MIX_Q4_K_M); each must be computable. */

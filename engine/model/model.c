@@ -55,8 +55,9 @@ typedef struct model_layer {
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wo;          /* (dim, n_head * head_dim) */
-    /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, qwen2moe's
-     * shared expert (n_ff_shexp in place of n_ff), else absent (data NULL). */
+    /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, the shared
+     * expert (qwen2moe's, granitemoe's; n_ff_shexp in place of n_ff), else absent (data
+     * NULL). */
     ops_matrix w_gate;
     ops_matrix w_up;
     ops_matrix w_down;
@@ -107,6 +108,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_GEMMA] = "gemma",       [MODEL_ARCH_GEMMA2] = "gemma2",
     [MODEL_ARCH_GEMMA3] = "gemma3",
     [MODEL_ARCH_OLMO2] = "olmo2",
+    [MODEL_ARCH_GRANITEMOE] = "granitemoe",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -280,17 +282,18 @@ static int model_read_window(const gguf_file *g, model_hparams *hp, char err[ERR
  * expert's hidden size expert_feed_forward_length (default feed_forward_length for
  * llama and olmoe, where it is the experts', else feed_forward_length /
  * expert_used_count), the shared expert's expert_shared_feed_forward_length (qwen2moe;
- * default feed_forward_length). Routing as each model's published code: softmax over
- * every expert then the k most probable, renormalised to sum 1 for qwen3moe
- * (norm_topk_prob) and Mixtral (its top-k then softmax over the chosen is the same), not
- * for qwen2moe and olmoe.
+ * default feed_forward_length; granitemoe's, Granite MoE Shared's ungated shared expert,
+ * as later llama.cpp reads it: 0 when absent, no shared expert). Routing as each model's
+ * published code: softmax over every expert then the k most probable, renormalised to sum
+ * 1 for qwen3moe (norm_topk_prob), Mixtral and granitemoe (their top-k then softmax over
+ * the chosen is the same), not for qwen2moe and olmoe.
  */
 static int model_read_experts(const gguf_file *g, const char *arch, model_hparams *hp,
                               char err[ERR_MAX])
 {
-    bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE;
+    bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE, granite = hp->arch == MODEL_ARCH_GRANITEMOE;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN2MOE &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE)
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE && !granite)
         return 0;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
@@ -307,12 +310,14 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
     if (hp->n_expert_used > hp->n_expert)
         return err_set(err, "metadata key '%s.expert_used_count' is %d, more than the %d "
                             "experts of %s", arch, hp->n_expert_used, hp->n_expert, key);
-    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE;
+    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE || granite;
     int dflt = own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
     if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
                       &hp->n_ff_exp, err) < 0 ||
         (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
-                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0))
+                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0) ||
+        (granite && model_get_dim(g, arch, "expert_shared_feed_forward_length", 0,
+                                  &hp->n_ff_shexp, err) < 0))
         return -1;
     hp->expert_norm = !qwen2moe && hp->arch != MODEL_ARCH_OLMOE;
     hp->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
@@ -397,7 +402,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
                        a.ptr);
     hp->arch = (enum model_arch)ai;
     const char *arch = model_arch_name(hp->arch);
-    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
+    bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
+    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE;
@@ -443,13 +449,13 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
-    if ((hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GRANITE) &&
+    if ((hp->arch == MODEL_ARCH_PHI3 || granite) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     m->n_ctx_train = hp->n_ctx;
     if (hp->arch == MODEL_ARCH_PHI3 && model_read_window(m->g, hp, err) < 0)
         return -1;
-    if (hp->arch == MODEL_ARCH_GRANITE &&
+    if (granite &&
         (model_require(m->g, arch, "embedding_scale", err) < 0 ||
          model_require(m->g, arch, "residual_scale", err) < 0 ||
          model_require(m->g, arch, "attention.scale", err) < 0 ||
@@ -554,8 +560,8 @@ static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
     return v;
 }
 
-/* A layer's feed-forward with experts: the router, the merged experts and qwen2moe's
- * shared expert. Mixtral files of an older converter (one tensor per expert) are
+/* A layer's feed-forward with experts: the router, the merged experts and the shared
+ * expert (qwen2moe's, Granite MoE Shared's). Mixtral files of an older converter (one tensor per expert) are
  * refused: they would need a copy of every expert to be merged. */
 static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX])
 {
@@ -574,8 +580,10 @@ static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX]
         model_experts(m, NAME("ffn_down_exps.weight"), hp->dim, hp->n_ff_exp, &L->down_exps,
                       err) < 0)
         return -1;
+    /* qwen2moe's shared expert has a gate of its own, granitemoe's none */
     if (hp->n_ff_shexp &&
-        (model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0 ||
+        ((hp->arch == MODEL_ARCH_QWEN2MOE &&
+          model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0) ||
          model_matrix(m, NAME("ffn_gate_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_gate,
                       err) < 0 ||
          model_matrix(m, NAME("ffn_up_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_up, err) < 0 ||
@@ -1870,8 +1878,9 @@ static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *
  * The feed-forward of a layer with experts over the step's n normalized rows r->xn into
  * r->proj: each row routed (model_route), then expert by expert the rows routed to it
  * gathered into one block, so that each expert's matrices are read once for all of
- * them, and w * down(silu(gate x) * up x) added into their rows; then qwen2moe's shared
- * expert over every row, scaled by sigmoid(shexp_gate . x). A row's terms are added in
+ * them, and w * down(silu(gate x) * up x) added into their rows; then the shared expert
+ * over every row, scaled by sigmoid(shexp_gate . x) (qwen2moe) or added as it is
+ * (granitemoe). A row's terms are added in
  * the order of its experts' indices whatever other rows the step holds, so a sequence
  * batched with others gets its solo sums.
  */
@@ -1910,7 +1919,7 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
                 y[j] += w * o[j];
         }
     }
-    if (!L->shexp_gate)
+    if (!hp->n_ff_shexp)
         return;
     int fs = hp->n_ff_shexp;
     const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
@@ -1922,9 +1931,9 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
     for (int t = 0; t < n; t++) {
         const float *x = r->xn + (size_t)t * dim, *o = r->ex_out + (size_t)t * dim;
         float dot = 0.0f, *y = r->proj + (size_t)t * dim;
-        for (int j = 0; j < dim; j++)
+        for (int j = 0; L->shexp_gate && j < dim; j++)
             dot += L->shexp_gate[j] * x[j];
-        float g = 1.0f / (1.0f + expf(-dot));
+        float g = L->shexp_gate ? 1.0f / (1.0f + expf(-dot)) : 1.0f;
         for (int j = 0; j < dim; j++)
             y[j] += g * o[j];
     }

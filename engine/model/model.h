@@ -17,7 +17,9 @@
  * (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k norms and RoPE of base 10000,
  * unscaled, on its sliding layers; "olmo2" (OLMo 2: no norm before either sublayer, an
  * RMSNorm of each sublayer's output before its residual add, olmoe's RMSNorm of all of q
- * and of all of k). Weights are used in place from the file mapping.
+ * and of all of k); "granitemoe" (Granite 3.x MoE: granite's scales, its experts in
+ * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one).
+ * Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -49,6 +51,7 @@ enum model_arch {
     MODEL_ARCH_GEMMA2,
     MODEL_ARCH_GEMMA3,
     MODEL_ARCH_OLMO2,
+    MODEL_ARCH_GRANITEMOE,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -86,7 +89,7 @@ typedef struct model_hparams {
     int n_expert;
     int n_expert_used;
     int n_ff_exp;      /* an expert's hidden size */
-    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe), 0 when none */
+    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe, granitemoe), 0 when none */
     bool expert_norm;  /* the chosen experts' weights are renormalised to sum to 1 */
     int n_ctx;      /* context length the model was trained for; phi3 with a sliding
                        window shorter than it: the window (see sliding_window) */
@@ -101,8 +104,8 @@ typedef struct model_hparams {
      * is not computed: a window shorter than the trained context caps n_ctx to it, so
      * that no token ever has more than the window behind it and every answer is exact. */
     int sliding_window;
-    float residual_scale; /* granite: each sublayer's output times it, else 1 */
-    float logit_scale;    /* granite: logits divided by it, else 1 */
+    float residual_scale; /* granite, granitemoe: each sublayer's output times it, else 1 */
+    float logit_scale;    /* granite, granitemoe: logits divided by it, else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the

@@ -4,7 +4,10 @@
  * Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock): routing_weights =
  * softmax(router(x)), the top-k, divided by their sum where norm_topk_prob (Qwen3-MoE,
  * Mixtral; not Qwen2-MoE, OLMoE), the sum of routing_weight * expert(x), plus Qwen2-MoE's
- * sigmoid(shared_expert_gate(x)) * shared_expert(x). OLMoE's attention normalizes all of
+ * sigmoid(shared_expert_gate(x)) * shared_expert(x). GraniteMoE (GraniteMoeMoE,
+ * GraniteMoeTopKGating) takes the top-k router logits and a softmax over those alone, with
+ * granite's multipliers around it; GraniteMoeShared adds its shared_mlp(x), ungated.
+ * OLMoE's attention normalizes all of
  * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
  *
  * The Gemma family follows HF transformers' modeling_gemma / modeling_gemma2 /
@@ -141,7 +144,8 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
-                                        "qwen2moe", "qwen3moe", "olmoe",  "olmo2"};
+                                        "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
+                                        "granitemoe"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -152,8 +156,12 @@ ref_model *ref_model_load(const gguf_file *g)
     const char *arch = names[ai];
     /* the mixtures of experts compute their attention as their dense family does; OLMo's
      * RoPE is rotate_half's, its feed-forward SwiGLU, as qwen's */
-    m->arch = ai <= REF_GEMMA3 ? ai : !strcmp(arch, "qwen2moe") ? REF_QWEN2 : REF_QWEN3;
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
+    bool granitemoe = !strcmp(arch, "granitemoe");
+    m->arch = ai <= REF_GEMMA3 ? ai
+              : granitemoe     ? REF_GRANITE
+              : qwen2moe       ? REF_QWEN2
+                               : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
     m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
@@ -165,7 +173,9 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_expert = ref_u32(g, arch, "expert_count", 0);
     m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
     m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
-    m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff) : 0;
+    m->n_ff_shexp = qwen2moe     ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff)
+                    : granitemoe ? ref_u32(g, arch, "expert_shared_feed_forward_length", 0)
+                                 : 0;
     m->norm_topk_prob = !qwen2moe && !olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
@@ -174,7 +184,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
     m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
     m->rotary_dim = ref_u32(g, arch, "rope.dimension_count", m->head_dim);
-    bool granite = m->arch == 4;
+    bool granite = m->arch == REF_GRANITE;
     m->embedding_multiplier = granite ? ref_f32(g, arch, "embedding_scale", 0) : 1.0;
     m->attention_multiplier = granite ? ref_f32(g, arch, "attention.scale", 0)
                                       : 1.0 / sqrt((double)m->head_dim);
@@ -238,8 +248,9 @@ ref_model *ref_model_load(const gguf_file *g)
             L->gate_exps = T("ffn_gate_exps.weight");
             L->up_exps = T("ffn_up_exps.weight");
             L->down_exps = T("ffn_down_exps.weight");
-            if (qwen2moe) {
+            if (qwen2moe)
                 L->shexp_gate = T("ffn_gate_inp_shexp.weight");
+            if (m->n_ff_shexp) {
                 L->gate = T("ffn_gate_shexp.weight");
                 L->up = T("ffn_up_shexp.weight");
                 L->down = T("ffn_down_shexp.weight");
@@ -253,7 +264,8 @@ ref_model *ref_model_load(const gguf_file *g)
         }
 #undef T
         bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
-                                     (!qwen2moe || (L->shexp_gate && L->gate && L->up && L->down))
+                                     (!qwen2moe || L->shexp_gate) &&
+                                     (!m->n_ff_shexp || (L->gate && L->up && L->down))
                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
         bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
@@ -426,13 +438,13 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
         for (int i = 0; i < dim; i++)
             y[i] += w * tmp[i];
     }
-    if (!L->shexp_gate)
+    if (!m->n_ff_shexp)
         return;
     ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff_shexp, g, u);
     double s = 0;
-    for (int i = 0; i < dim; i++)
+    for (int i = 0; L->shexp_gate && i < dim; i++)
         s += L->shexp_gate[i] * xn[i];
-    s = 1 / (1 + exp(-s));
+    s = L->shexp_gate ? 1 / (1 + exp(-s)) : 1.0;
     for (int i = 0; i < dim; i++)
         y[i] += s * tmp[i];
 }

@@ -482,8 +482,9 @@ static void gemma_files(void)
     }
 }
 
-/* The smaller architectures (--arch olmo2) write what llama.cpp's loader reads of them, and
- * what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms. */
+/* The smaller architectures (--arch olmo2, granitemoe) write what llama.cpp's loader reads
+ * of them, and what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms;
+ * Granite MoE's router and merged experts, its shared expert with --shared-ffn alone. */
 static void small_arch_files(void)
 {
     const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -492,18 +493,25 @@ static void small_arch_files(void)
         return;
     }
     const struct {
-        const char *arch, *has[3], *lacks[2];
+        const char *arch, *extra, *has[3], *lacks[2];
     } cases[] = {
-        {"olmo2", {"blk.2.post_attention_norm.weight", "blk.2.post_ffw_norm.weight",
-                   "blk.2.attn_q_norm.weight"},
+        {"olmo2", "", {"blk.2.post_attention_norm.weight", "blk.2.post_ffw_norm.weight",
+                       "blk.2.attn_q_norm.weight"},
          {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
+        {"granitemoe", "--experts 4 --experts-used 2",
+         {"blk.3.ffn_gate_inp.weight", "blk.3.ffn_up_exps.weight", "blk.0.attn_norm.weight"},
+         {"blk.0.ffn_up_shexp.weight", "blk.0.ffn_gate.weight"}},
+        {"granitemoe", "--experts 4 --experts-used 2 --shared-ffn 64",
+         {"blk.3.ffn_down_exps.weight", "blk.3.ffn_gate_shexp.weight",
+          "blk.1.ffn_down_shexp.weight"},
+         {"blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_down.weight"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
         snprintf(out, sizeof out, "%s/%s.gguf", test_tmpdir(), cases[c].arch);
         snprintf(args, sizeof args,
                  "-o '%s' --arch %s --dim 64 --layers 4 --heads 4 --ffn 128 --ctx 256 "
-                 "--type q8_0 --vocab '%s'", out, cases[c].arch, vocab);
+                 "--type q8_0 --vocab '%s' %s", out, cases[c].arch, vocab, cases[c].extra);
         CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
         gguf_file *g = gguf_open(out, e);
         CHECK_MSG(g, "%s", e);
