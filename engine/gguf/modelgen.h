@@ -49,8 +49,9 @@ typedef struct modelgen_params {
      * no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and k, OLMo 2's
      * RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff in Mixtral's
      * layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as later
-     * llama.cpp converts it), "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv
-     * must equal n_head). The Gemma family as llama.cpp's converter
+     * llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no tensor's
+     * or key's: llama.cpp and llmsd know them by the architecture), "bert" or
+     * "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
      * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
      * (llama.cpp reads the token embedding as the output and refuses a file with one, so
      * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head

@@ -46,8 +46,10 @@
 typedef struct model_layer {
     const float *attn_norm; /* (dim), or NULL (olmo2) */
     const float *ffn_norm;  /* (dim), or NULL (olmo2) */
-    const float *attn_post_norm; /* (dim) gemma2/gemma3/olmo2: of the attention's output, or NULL */
-    const float *ffn_post_norm;  /* (dim) gemma2/gemma3/olmo2: of the feed-forward's output, or NULL */
+    /* (dim) of the attention's and of the feed-forward's output (gemma2, gemma3, olmo2),
+     * or NULL */
+    const float *attn_post_norm;
+    const float *ffn_post_norm;
     model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3, olmoe, olmo2) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
      * rows (gate first): these are views of their rows, so the forward is the same */
@@ -109,6 +111,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_GEMMA3] = "gemma3",
     [MODEL_ARCH_OLMO2] = "olmo2",
     [MODEL_ARCH_GRANITEMOE] = "granitemoe",
+    [MODEL_ARCH_SMOLLM3] = "smollm3",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -130,6 +133,11 @@ int model_layer_window(const model_hparams *hp, int layer)
     if (hp->swa_window <= 0 || layer % hp->swa_pattern >= hp->swa_pattern - 1)
         return 0;
     return hp->swa_window;
+}
+
+bool model_layer_rotates(const model_hparams *hp, int layer)
+{
+    return hp->nope_step <= 0 || (layer + 1) % hp->nope_step != 0;
 }
 
 int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
@@ -403,7 +411,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->arch = (enum model_arch)ai;
     const char *arch = model_arch_name(hp->arch);
     bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
-    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite;
+    /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
+     * interleaved pairs */
+    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE;
@@ -449,9 +459,13 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
-    if ((hp->arch == MODEL_ARCH_PHI3 || granite) &&
+    if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
+    /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
+     * llama.cpp fixes at 4 with no key to read */
+    if (hp->arch == MODEL_ARCH_SMOLLM3)
+        hp->nope_step = 4;
     m->n_ctx_train = hp->n_ctx;
     if (hp->arch == MODEL_ARCH_PHI3 && model_read_window(m->g, hp, err) < 0)
         return -1;
@@ -1433,7 +1447,8 @@ typedef struct model_step {
     int kv_head;             /* batched attention: the KV head being processed */
     int n_kv;                /* batched attention: entries in r->kv_pos */
     int c0;                  /* batched attention: the part's first chunk any row may see */
-    const float *rope;       /* this layer's cos/sin pairs: r->rope or r->rope_swa */
+    const float *rope;       /* this layer's cos/sin pairs: r->rope or r->rope_swa; NULL
+                                where it does not rotate (smollm3's NoPE layers) */
     int window;              /* this layer's sliding window (model_layer_window), 0: none */
 } model_step;
 
@@ -1481,6 +1496,8 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         for (int h = 0; h < hp->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
     }
+    if (!cs)
+        return;
     ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
     ops_rope(k, hp->n_head_kv, hd, hp->rope_dims, cs, style);
 }
@@ -1498,7 +1515,7 @@ static void model_qkv_job(void *p, int ith, int nth)
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
-        model_qkv_finish(hp, &L->extras, s->rope + t * hd, q, k, v);
+        model_qkv_finish(hp, &L->extras, s->rope ? s->rope + t * hd : NULL, q, k, v);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {
@@ -2172,7 +2189,9 @@ static void model_forward_rows(model_runner *r, int n_parts)
         s.L = L;
         s.layer = l;
         s.window = model_layer_window(hp, l);
-        s.rope = hp->rope_swa && s.window > 0 ? r->rope_swa : r->rope;
+        s.rope = !model_layer_rotates(hp, l)      ? NULL
+                 : hp->rope_swa && s.window > 0 ? r->rope_swa
+                                                : r->rope;
         if (stream && l + 1 < hp->n_layer)
             model_advise_layer(r, l + 1, false);
 

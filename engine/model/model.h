@@ -18,7 +18,8 @@
  * unscaled, on its sliding layers; "olmo2" (OLMo 2: no norm before either sublayer, an
  * RMSNorm of each sublayer's output before its residual add, olmoe's RMSNorm of all of q
  * and of all of k); "granitemoe" (Granite 3.x MoE: granite's scales, its experts in
- * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one).
+ * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one);
+ * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates).
  * Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
@@ -52,6 +53,7 @@ enum model_arch {
     MODEL_ARCH_GEMMA3,
     MODEL_ARCH_OLMO2,
     MODEL_ARCH_GRANITEMOE,
+    MODEL_ARCH_SMOLLM3,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -128,6 +130,8 @@ typedef struct model_hparams {
     int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
                             2, the even layers; gemma3: 6, all but every sixth) */
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
+    int nope_step;       /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0
+                            (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
     float rope_base_swa;
     enum model_ffn_act ffn_act;
     bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
@@ -140,6 +144,9 @@ typedef struct model_hparams {
  * sequence) for the others and for every layer of a model without one. The KV of every
  * entry is kept whatever the window: it only bounds what attention reads. */
 int model_layer_window(const model_hparams *hp, int layer);
+
+/* Whether layer l rotates q and k (RoPE): every layer but smollm3's NoPE ones. */
+bool model_layer_rotates(const model_hparams *hp, int layer);
 
 typedef struct model model;
 typedef struct lora lora; /* engine/model/lora.h */
@@ -158,7 +165,8 @@ typedef struct model_qkv_extras {
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
  * per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs of the
- * token's position (ops_rope_angles). Shared by every forward pass over these layers. */
+ * token's position (ops_rope_angles), or none when cs is NULL (a layer that does not
+ * rotate, model_layer_rotates). Shared by every forward pass over these layers. */
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
                       float *q, float *k, float *v);
 

@@ -3,7 +3,8 @@
  * double-precision reference (tests/support/ref_forward.c, written from Hugging Face's
  * modeling code): olmo2 (OLMo 2: norms of the sublayers' outputs, none of their inputs,
  * q/k norms over the whole projections), granitemoe (Granite 3.x MoE: granite's scales
- * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too).
+ * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too),
+ * smollm3 (SmolLM3: llama with no RoPE on every fourth layer).
  *
  * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
  * For each: the hyper-parameters the loader reads; logits against the reference on every
@@ -68,6 +69,9 @@ static const arch_case CASES[] = {
                "blk.*.ffn_down_shexp.weight"},
       .drop_key = "granitemoe.expert_shared_feed_forward_length"},
      {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}},
+    /* the same file as llama's rotates every layer */
+    {"smollm3", "smollm3", 0, 0, 0, "NoPE layer", {.rename = "llama"},
+     {"blk.3.attn_k.weight", "output_norm.weight", NULL}},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -226,6 +230,17 @@ static void test_metadata(void)
         CHECK_EQ(hp->n_ff_shexp, c == 1 ? 0 : 192);
         model_free(m);
     }
+    /* smollm3: llama's interleaved RoPE, but not on layer 3 (of 0..3) */
+    m = load_case(&CASES[3], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_SMOLLM3);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_INTERLEAVED);
+    CHECK_EQ(hp->nope_step, 4);
+    for (int l = 0; l < hp->n_layer; l++)
+        CHECK_MSG(model_layer_rotates(hp, l) == (l != 3), "layer %d", l);
+    CHECK_NEAR(hp->rope_base, 5e6, 1);
+    model_free(m);
 }
 
 /* ---- the forward against the reference ---- */

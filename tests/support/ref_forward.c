@@ -7,8 +7,8 @@
  * sigmoid(shared_expert_gate(x)) * shared_expert(x). GraniteMoE (GraniteMoeMoE,
  * GraniteMoeTopKGating) takes the top-k router logits and a softmax over those alone, with
  * granite's multipliers around it; GraniteMoeShared adds its shared_mlp(x), ungated.
- * OLMoE's attention normalizes all of
- * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
+ * OLMoE's attention normalizes all of q and all of k (OlmoeAttention's q_norm, k_norm)
+ * before RoPE.
  *
  * The Gemma family follows HF transformers' modeling_gemma / modeling_gemma2 /
  * modeling_gemma3 (Gemma3ForCausalLM), with the GGUF's norm weights (the converter's +1
@@ -22,6 +22,17 @@
  * q_pos - W < k_pos; gemma3 normalizes q and k per head and rotates sliding layers with
  * rope_local_base_freq 10000 and global ones with rope_theta and its linear scaling;
  * gemma2's logits are soft-capped at the end.
+ *
+ * OLMo 2 follows modeling_olmo2 (Olmo2DecoderLayer, Olmo2Attention): no norm of a
+ * sublayer's input,
+ *     h = x + post_attention_layernorm(attn(x))
+ *     x = h + post_feedforward_layernorm(mlp(h))
+ * with q_norm over all of q_proj(x) and k_norm over all of k_proj(x), then rotate_half
+ * RoPE.
+ *
+ * SmolLM3 (modeling_smollm3) is llama's layer whose attention rotates q and k only where
+ * config.no_rope_layers[layer_idx] is 1: by default (no_rope_layer_interval 4) every
+ * layer but those with (layer_idx + 1) % 4 == 0.
  */
 #include "tests/support/ref_forward.h"
 
@@ -61,6 +72,7 @@ struct ref_model {
     bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
                            projections */
     bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
+    int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -145,7 +157,7 @@ ref_model *ref_model_load(const gguf_file *g)
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
-                                        "granitemoe"};
+                                        "granitemoe", "smollm3"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -158,11 +170,14 @@ ref_model *ref_model_load(const gguf_file *g)
      * RoPE is rotate_half's, its feed-forward SwiGLU, as qwen's */
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
-    m->arch = ai <= REF_GEMMA3 ? ai
-              : granitemoe     ? REF_GRANITE
+    m->arch = ai <= REF_GEMMA3              ? ai
+              : granitemoe                  ? REF_GRANITE
+              : !strcmp(arch, "smollm3")    ? REF_LLAMA
               : qwen2moe       ? REF_QWEN2
                                : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
+    /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
+    m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
     m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
@@ -494,8 +509,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 for (int h = 0; h < m->n_kv_head; h++)
                     ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
             }
-            ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
-            ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            if (!m->no_rope_interval || (l + 1) % m->no_rope_interval != 0) {
+                ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
+                ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            }
             for (int i = 0; m->kv_f16 && i < kvd; i++) {
                 k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
                 v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
