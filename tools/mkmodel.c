@@ -3,7 +3,7 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|granitemoe|smollm3|bert|nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
@@ -88,8 +88,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
-            "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|bert|\n"
-            "                      nomic-bert\n"
+            "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
+            "                      bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
             "               (experts: qwen2moe, qwen3moe, olmoe and granitemoe need them,\n"

@@ -277,7 +277,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
-                                        "granitemoe", "smollm3"};
+                                        "granitemoe", "smollm3", "exaone"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -471,11 +471,13 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : 10000.0f;
     float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
-    /* OLMo 2's and SmolLM3's rope_theta and rms_norm_eps */
+    /* OLMo 2's and SmolLM3's rope_theta and rms_norm_eps, EXAONE's layer_norm_epsilon */
     if (olmo2)
         rope_base = 500000.0f, eps = 1e-6f;
     if (!strcmp(p->arch, "smollm3"))
         rope_base = 5000000.0f, eps = 1e-6f;
+    if (!strcmp(p->arch, "exaone")) /* EXAONE 3.5's */
+        rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;

@@ -50,7 +50,8 @@ typedef struct modelgen_params {
      * RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff in Mixtral's
      * layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as later
      * llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no tensor's
-     * or key's: llama.cpp and llmsd know them by the architecture), "bert" or
+     * or key's: llama.cpp and llmsd know them by the architecture), "exaone" (llama's
+     * tensors, computed with NEOX RoPE: its converter does not permute q and k), "bert" or
      * "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
      * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
      * (llama.cpp reads the token embedding as the output and refuses a file with one, so

@@ -112,6 +112,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_OLMO2] = "olmo2",
     [MODEL_ARCH_GRANITEMOE] = "granitemoe",
     [MODEL_ARCH_SMOLLM3] = "smollm3",
+    [MODEL_ARCH_EXAONE] = "exaone",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -459,7 +460,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
-    if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3) &&
+    /* the epsilon llama.cpp requires of them */
+    if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
+         hp->arch == MODEL_ARCH_EXAONE) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which

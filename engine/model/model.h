@@ -19,7 +19,8 @@
  * RMSNorm of each sublayer's output before its residual add, olmoe's RMSNorm of all of q
  * and of all of k); "granitemoe" (Granite 3.x MoE: granite's scales, its experts in
  * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one);
- * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates).
+ * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
+ * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE).
  * Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
@@ -54,6 +55,7 @@ enum model_arch {
     MODEL_ARCH_OLMO2,
     MODEL_ARCH_GRANITEMOE,
     MODEL_ARCH_SMOLLM3,
+    MODEL_ARCH_EXAONE,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */

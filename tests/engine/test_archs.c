@@ -4,7 +4,8 @@
  * modeling code): olmo2 (OLMo 2: norms of the sublayers' outputs, none of their inputs,
  * q/k norms over the whole projections), granitemoe (Granite 3.x MoE: granite's scales
  * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too),
- * smollm3 (SmolLM3: llama with no RoPE on every fourth layer).
+ * smollm3 (SmolLM3: llama with no RoPE on every fourth layer), exaone (EXAONE 3.5: llama
+ * with NEOX RoPE).
  *
  * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
  * For each: the hyper-parameters the loader reads; logits against the reference on every
@@ -72,6 +73,9 @@ static const arch_case CASES[] = {
     /* the same file as llama's rotates every layer */
     {"smollm3", "smollm3", 0, 0, 0, "NoPE layer", {.rename = "llama"},
      {"blk.3.attn_k.weight", "output_norm.weight", NULL}},
+    /* the same file as llama's rotates interleaved pairs */
+    {"exaone", "exaone", 0, 0, 0, "NEOX RoPE", {.rename = "llama"},
+     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -240,6 +244,16 @@ static void test_metadata(void)
     for (int l = 0; l < hp->n_layer; l++)
         CHECK_MSG(model_layer_rotates(hp, l) == (l != 3), "layer %d", l);
     CHECK_NEAR(hp->rope_base, 5e6, 1);
+    model_free(m);
+    /* exaone: NEOX RoPE, llama's norms, EXAONE 3.5's base and epsilon */
+    m = load_case(&CASES[4], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_EXAONE);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK(hp->pre_norms && !hp->post_norms && hp->nope_step == 0);
+    CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+    CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
     model_free(m);
 }
 

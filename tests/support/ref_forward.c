@@ -33,6 +33,10 @@
  * SmolLM3 (modeling_smollm3) is llama's layer whose attention rotates q and k only where
  * config.no_rope_layers[layer_idx] is 1: by default (no_rope_layer_interval 4) every
  * layer but those with (layer_idx + 1) % 4 == 0.
+ *
+ * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
+ * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
+ * into interleaved pairs, as it does llama's), computed here as qwen's.
  */
 #include "tests/support/ref_forward.h"
 
@@ -157,7 +161,7 @@ ref_model *ref_model_load(const gguf_file *g)
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
-                                        "granitemoe", "smollm3"};
+                                        "granitemoe", "smollm3", "exaone"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -167,7 +171,7 @@ ref_model *ref_model_load(const gguf_file *g)
     ref_model *m = calloc(1, sizeof *m);
     const char *arch = names[ai];
     /* the mixtures of experts compute their attention as their dense family does; OLMo's
-     * RoPE is rotate_half's, its feed-forward SwiGLU, as qwen's */
+     * and EXAONE's RoPE is rotate_half's, their feed-forward SwiGLU, as qwen's */
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
     m->arch = ai <= REF_GEMMA3              ? ai

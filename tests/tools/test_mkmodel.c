@@ -482,7 +482,7 @@ static void gemma_files(void)
     }
 }
 
-/* The smaller architectures (--arch olmo2, granitemoe, smollm3) write what llama.cpp's loader reads
+/* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone) write what llama.cpp's loader reads
  * of them, and what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms;
  * Granite MoE's router and merged experts, its shared expert with --shared-ffn alone. */
 static void small_arch_files(void)
@@ -505,8 +505,11 @@ static void small_arch_files(void)
          {"blk.3.ffn_down_exps.weight", "blk.3.ffn_gate_shexp.weight",
           "blk.1.ffn_down_shexp.weight"},
          {"blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_down.weight"}},
-        {"smollm3", "", {"blk.3.attn_q.weight", "blk.3.attn_norm.weight", "blk.3.ffn_gate.weight"},
+        {"smollm3", "",
+         {"blk.3.attn_q.weight", "blk.3.attn_norm.weight", "blk.3.ffn_gate.weight"},
          {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"}},
+        {"exaone", "", {"blk.1.attn_k.weight", "blk.1.ffn_norm.weight", "output.weight"},
+         {"blk.0.attn_qkv.weight", "blk.0.attn_q.bias"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
