@@ -415,6 +415,15 @@ static void detects_more_llama_and_qwen_families(void)
         {"{{ '<|user|>\n' + message['content'] + '<|endoftext|>' + '\n' }}{% elif %}"
          "<|assistant|>",
          "plain"},
+        /* allenai/OLMo-2-1124-7B-Instruct's (Tulu's): Falcon 3's template with a BOS */
+        {"{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ "
+         "'<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ "
+         "'<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' "
+         "%}{% if not loop.last %}{{ '<|assistant|>\n'  + message['content'] + eos_token + "
+         "'\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}{% endif "
+         "%}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% "
+         "endif %}{% endfor %}",
+         "falcon3"},
         /* LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct */
         {"{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
          "{{ '[|system|][|endofturn|]\n' }}{% endif %}{{ '[|' + message['role'] + '|]' + "
