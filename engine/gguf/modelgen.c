@@ -459,7 +459,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
-    bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0 || granitemoe;
+    bool phi3 = strcmp(p->arch, "phi3") == 0;
+    bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     int rope_dims = p->rope_dims ? p->rope_dims : hd;

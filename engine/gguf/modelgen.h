@@ -43,23 +43,24 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
 
 typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
-     * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
-     * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
-     * "gemma", "gemma2", "gemma3", "olmo2" (OLMo 2: post_attention_norm and post_ffw_norm,
-     * no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and k, OLMo 2's
-     * RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff in Mixtral's
-     * layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as later
-     * llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no tensor's
-     * or key's: llama.cpp and llmsd know them by the architecture), "exaone" (llama's
-     * tensors, computed with NEOX RoPE: its converter does not permute q and k), "bert" or
-     * "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
-     * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
-     * (llama.cpp reads the token embedding as the output and refuses a file with one, so
-     * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head
-     * attn_q_norm / attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head,
-     * where the query scale of gemma2/gemma3 is the same under both of llama.cpp's rules
-     * (model.h, attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46
-     * layers only (it aborts on another depth), and no gemma3. */
+     * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite
+     * 3's embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe",
+     * "olmoe", "gemma", "gemma2", "gemma3", "olmo2" (OLMo 2: post_attention_norm and
+     * post_ffw_norm, no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and
+     * k, OLMo 2's RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff
+     * in Mixtral's layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as
+     * later llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no
+     * tensor's or key's: llama.cpp and llmsd know them by the architecture), "exaone"
+     * (llama's tensors, computed with NEOX RoPE: its converter does not permute q and k),
+     * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
+     * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
+     * converter's +1 already added), no output.weight (llama.cpp reads the token
+     * embedding as the output and refuses a file with one, so tie_output is implied),
+     * post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head attn_q_norm /
+     * attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head, where the
+     * query scale of gemma2/gemma3 is the same under both of llama.cpp's rules (model.h,
+     * attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46 layers only
+     * (it aborts on another depth), and no gemma3. */
     const char *arch;
     int dim;
     int n_layer;

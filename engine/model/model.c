@@ -1,7 +1,7 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * olmo2 model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its forward
- * pass.
+ * olmo2 / smollm3 / exaone model (or a mixture of experts of llama, qwen2, qwen3, olmoe or
+ * granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -578,8 +578,8 @@ static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
 }
 
 /* A layer's feed-forward with experts: the router, the merged experts and the shared
- * expert (qwen2moe's, Granite MoE Shared's). Mixtral files of an older converter (one tensor per expert) are
- * refused: they would need a copy of every expert to be merged. */
+ * expert (qwen2moe's, Granite MoE Shared's). Mixtral files of an older converter (one
+ * tensor per expert) are refused: they would need a copy of every expert to be merged. */
 static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
