@@ -40,13 +40,15 @@
 #define N_VOCAB 260
 
 /* A file rewritten from another: an architecture renamed (its keys with it), tensors
- * and a key left out, one number key replaced. */
+ * and a key left out, one number key replaced, a 1-D tensor cut short. */
 typedef struct arch_edit {
     const char *rename;    /* the new general.architecture, or NULL */
     const char *drop[4];   /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
     const char *drop_key;  /* a key left out, or NULL */
     const char *f32_key;   /* a key set to f32_value, or NULL */
     float f32_value;
+    const char *cut;       /* a 1-D tensor written with its first cut_to elements, or NULL */
+    int64_t cut_to;
 } arch_edit;
 
 typedef struct arch_case {
@@ -160,8 +162,11 @@ static int rewrite(const char *src, const char *dst, const arch_edit *e)
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        int64_t ne[GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (e->cut && !strcmp(name, e->cut) && t->n_dims == 1 && e->cut_to < ne[0])
+            ne[0] = e->cut_to;
         if (!dropped(e, name))
-            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data);
     }
     if (rc == 0)
         rc = gguf_writer_write(w, dst, err);
@@ -500,8 +505,8 @@ static void test_partitioned_prefill(void)
 
 /* ---- refusals ---- */
 
-/* A file without a tensor its architecture needs is refused, naming it; so is each
- * mutated file that takes tensors away. */
+/* A file without a tensor its architecture needs is refused, naming it; so is an olmo2
+ * file whose q norm is one head's (as qwen3's is), naming its shape. */
 static void test_missing_parts_refused(void)
 {
     char err[ERR_MAX], dst[512];
@@ -520,6 +525,15 @@ static void test_missing_parts_refused(void)
                       CASES[c].label, err);
         }
     }
+    modelgen_params p = arch_params(&CASES[0], QTYPE_F16);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    arch_edit e = {.cut = "blk.2.attn_q_norm.weight", .cut_to = p.dim / p.n_head};
+    CHECK(rewrite(src, dst, &e) == 0);
+    err[0] = '\0';
+    CHECK(model_load(dst, err) == NULL);
+    printf("  olmo2: refused: %s\n", err);
+    CHECK_MSG(strstr(err, "blk.2.attn_q_norm.weight") && strstr(err, "shape"), "%s", err);
 }
 
 int main(void)
