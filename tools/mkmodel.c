@@ -3,7 +3,7 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|granitemoe|smollm3|exaone|bert|nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|stablelm|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
@@ -13,7 +13,8 @@
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
- *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N)
+ *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N; stablelm's
+ *                             default is a quarter of the head)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
  *                                   gemma2/gemma3's, default 4096 / 1024)
@@ -89,7 +90,7 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
-            "                      bert|nomic-bert\n"
+            "                      stablelm|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]]\n"
             "               (experts: qwen2moe, qwen3moe, olmoe and granitemoe need them,\n"
@@ -105,7 +106,8 @@ static void usage(FILE *out)
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
-            "               [--rope-dims N]  (decoders: rotate N of each head's dimensions)\n"
+            "               [--rope-dims N]  (decoders: rotate N of each head's dimensions;\n"
+            "               stablelm's default is a quarter of them)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
             "               [--sliding-window W]  (phi3: default none; gemma2/gemma3:\n"

@@ -277,7 +277,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
-                                        "granitemoe", "smollm3", "exaone"};
+                                        "granitemoe", "smollm3", "exaone", "stablelm"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -458,12 +458,14 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
+    bool stablelm = strcmp(p->arch, "stablelm") == 0;
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0;
     bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
-    int rope_dims = p->rope_dims ? p->rope_dims : hd;
+    /* StableLM's partial_rotary_factor 0.25 */
+    int rope_dims = p->rope_dims ? p->rope_dims : stablelm ? (hd / 4 + 1) / 2 * 2 : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
@@ -520,7 +522,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
+        gguf_writer_set_f32(w, stablelm ? KEY("attention.layer_norm_epsilon")
+                                        : KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
         (p->n_expert &&
@@ -594,6 +597,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
+    if (stablelm) /* its LayerNorms have biases */
+        ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
     if (!p->tie_output && !gemma) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
@@ -607,6 +612,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         if (!olmo2) /* OLMo 2 normalizes its sublayers' outputs, not their inputs */
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (stablelm)
+            ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
         } else {
@@ -614,7 +621,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2) {
+        if (qwen2 || stablelm) { /* StableLM 2 1.6B's q/k/v biases */
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -632,6 +639,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (!olmo2)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (stablelm)
+            ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);

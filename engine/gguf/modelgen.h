@@ -52,7 +52,8 @@ typedef struct modelgen_params {
      * later llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no
      * tensor's or key's: llama.cpp and llmsd know them by the architecture), "exaone"
      * (llama's tensors, computed with NEOX RoPE: its converter does not permute q and k),
-     * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
+     * "stablelm" (StableLM 2 1.6B's layout: LayerNorms with biases, q/k/v biases, a
+     * quarter of each head rotated unless rope_dims says otherwise), "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
      * converter's +1 already added), no output.weight (llama.cpp reads the token
      * embedding as the output and refuses a file with one, so tie_output is implied),

@@ -46,6 +46,8 @@
 typedef struct model_layer {
     const float *attn_norm; /* (dim), or NULL (olmo2) */
     const float *ffn_norm;  /* (dim), or NULL (olmo2) */
+    const float *attn_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
+    const float *ffn_norm_b;  /* (dim) LayerNorm's bias (stablelm), or NULL */
     /* (dim) of the attention's and of the feed-forward's output (gemma2, gemma3, olmo2),
      * or NULL */
     const float *attn_post_norm;
@@ -80,6 +82,7 @@ struct model {
     ops_matrix tok_embd;     /* (n_vocab, dim) */
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
+    const float *output_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
     const float *rope_freqs; /* (rope_dims/2) RoPE frequency divisors, or NULL */
     const float *rope_long;  /* (rope_dims/2) LongRoPE divisors beyond rope_orig_ctx, or NULL */
     const float *rope_short; /* (rope_dims/2) LongRoPE divisors within it, or NULL */
@@ -113,6 +116,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_GRANITEMOE] = "granitemoe",
     [MODEL_ARCH_SMOLLM3] = "smollm3",
     [MODEL_ARCH_EXAONE] = "exaone",
+    [MODEL_ARCH_STABLELM] = "stablelm",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -399,6 +403,25 @@ static int model_read_olmo2(const gguf_file *g, const char *arch, model_hparams 
     return model_require(g, arch, "attention.layer_norm_rms_epsilon", err);
 }
 
+/*
+ * StableLM (stablelm: StableLM-3B-4E1T, StableLM 2 1.6B/3B, Zephyr's), as llama.cpp reads
+ * it and HF's StableLmForCausalLM computes it: LayerNorms with biases before each sublayer
+ * and at the output, epsilon attention.layer_norm_epsilon (required, as llama.cpp
+ * requires it), NEOX RoPE over rope.dimension_count of each head (partial_rotary_factor
+ * 0.25 in the published models).
+ */
+static int model_read_stablelm(const gguf_file *g, const char *arch, model_hparams *hp,
+                               char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_STABLELM)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -484,7 +507,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return -1;
     hp->ffn_act = MODEL_FFN_SILU;
     hp->pre_norms = true;
-    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_olmo2(m->g, arch, hp, err) < 0)
+    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_olmo2(m->g, arch, hp, err) < 0 ||
+        model_read_stablelm(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -685,14 +709,16 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
-    m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
+    m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
 
-    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0)
+    bool layer_norm = hp->norm == MODEL_NORM_LAYER;
+    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0 ||
+        (layer_norm && model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
         return -1;
     /* Llama 3.1 and later: each dimension pair's RoPE frequency is divided by its factor,
      * as llama.cpp's rope_factors do; ignored, every position rotated as in another model. */
@@ -719,8 +745,16 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if ((hp->pre_norms &&
              (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
               model_vector(m, NAME("ffn_norm.weight"), hp->dim, &L->ffn_norm, err) < 0)) ||
+            (layer_norm &&
+             (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
+              model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0)) ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
+        /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
+         * which the line above requires), llama.cpp's optional tensors; not computed here */
+        if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
+            return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
+                                "supported", name);
         if (fused) {
             ops_matrix qkv, gate_up;
             if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
@@ -746,7 +780,12 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                                        model_matrix(m, NAME("ffn_down.weight"), hp->dim,
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
-        if (qwen2 &&
+        /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
+        bool biases = qwen2 || (hp->arch == MODEL_ARCH_STABLELM &&
+                                (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
+                                 gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
+                                 gguf_find_tensor(m->g, NAME("attn_v.bias"))));
+        if (biases &&
             (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
              model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
              model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
@@ -941,6 +980,7 @@ model *model_with_loras(const model *base, int n, const lora *const *adapters,
     v->hp = base->hp;
     v->g = base->g;
     v->output_norm = base->output_norm;
+    v->output_norm_b = base->output_norm_b;
     v->rope_freqs = base->rope_freqs;
     v->rope_long = base->rope_long;
     v->rope_short = base->rope_short;
@@ -981,9 +1021,19 @@ const gguf_file *model_gguf(const model *m)
     return m->g;
 }
 
+/* y = the norm of x (dim) by w and, for a LayerNorm, b: the model's kind (hp->norm). */
+static void model_norm_row(const model_hparams *hp, float *y, const float *x, const float *w,
+                           const float *b)
+{
+    if (hp->norm == MODEL_NORM_LAYER)
+        ops_layernorm(y, x, w, b, hp->dim, hp->norm_eps);
+    else
+        ops_rmsnorm(y, x, w, hp->dim, hp->norm_eps);
+}
+
 void model_output_norm(const model *m, const float *x, float *y)
 {
-    ops_rmsnorm(y, x, m->output_norm, m->hp.dim, m->hp.norm_eps);
+    model_norm_row(&m->hp, y, x, m->output_norm, m->output_norm_b);
 }
 
 kv_shape model_kv_shape(const model *m)
@@ -1444,6 +1494,7 @@ typedef struct model_step {
     int n_parts;
     int n_item_rows;         /* rows in r->item_rows */
     const float *norm_w;     /* model_norm_job: (dim) */
+    const float *norm_b;     /* model_norm_job: (dim) a LayerNorm's bias, or NULL */
     /* attention items are claimed one by one: with causal masking later tokens cost more */
     _Atomic long next_item;
     const model_part *part;  /* batched attention: the sequence being processed */
@@ -1462,8 +1513,8 @@ static inline int32_t model_window_lo(int32_t pos, int window)
     return window > 0 ? pos - window + 1 : INT32_MIN;
 }
 
-/* xn = RMSNorm(x) by s->norm_w, or x as it is without one (olmo2's sublayers read the
- * residual stream unnormalized). */
+/* xn = the norm of x by s->norm_w (and s->norm_b: a LayerNorm's), or x as it is without
+ * one (olmo2's sublayers read the residual stream unnormalized). */
 static void model_norm_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -1475,7 +1526,8 @@ static void model_norm_job(void *p, int ith, int nth)
         return;
     }
     for (long t = b; t < e; t++)
-        ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
+        model_norm_row(&s->r->m->hp, s->r->xn + t * dim, s->r->x + t * dim, s->norm_w,
+                       s->norm_b);
 }
 
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
@@ -2199,6 +2251,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
             model_advise_layer(r, l + 1, false);
 
         s.norm_w = L->attn_norm;
+        s.norm_b = L->attn_norm_b;
         model_run(r, model_norm_job, &s);
         const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[] = {r->q, r->k, r->v};
@@ -2221,6 +2274,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         s.norm_w = L->ffn_norm;
+        s.norm_b = L->ffn_norm_b;
         model_run(r, model_norm_job, &s);
         if (hp->n_expert) {
             model_moe(r, L, n);
@@ -2258,9 +2312,9 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (!b->logits)
             continue;
         for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
-            ops_rmsnorm(r->xn + (size_t)n_logits * dim,
-                        r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim, m->output_norm,
-                        dim, hp->norm_eps);
+            model_norm_row(hp, r->xn + (size_t)n_logits * dim,
+                           r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim,
+                           m->output_norm, m->output_norm_b);
             r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
             r->out_model[n_logits] = pt->m;
         }

@@ -20,7 +20,9 @@
  * and of all of k); "granitemoe" (Granite 3.x MoE: granite's scales, its experts in
  * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one);
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
- * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE).
+ * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
+ * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
+ * them).
  * Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
@@ -56,6 +58,7 @@ enum model_arch {
     MODEL_ARCH_GRANITEMOE,
     MODEL_ARCH_SMOLLM3,
     MODEL_ARCH_EXAONE,
+    MODEL_ARCH_STABLELM,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -69,6 +72,12 @@ int model_arch_from_name(const char *name, size_t len);
 enum model_ffn_act {
     MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
+};
+
+/* The sublayers' and the output's norm. */
+enum model_norm {
+    MODEL_NORM_RMS,   /* x / rms(x) * w */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -136,6 +145,8 @@ typedef struct model_hparams {
                             (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
     float rope_base_swa;
     enum model_ffn_act ffn_act;
+    enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
+                             attention.layer_norm_epsilon for MODEL_NORM_LAYER */
     bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
                             (gemma2, gemma3, olmo2) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,

@@ -5,7 +5,8 @@
  * q/k norms over the whole projections), granitemoe (Granite 3.x MoE: granite's scales
  * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too),
  * smollm3 (SmolLM3: llama with no RoPE on every fourth layer), exaone (EXAONE 3.5: llama
- * with NEOX RoPE).
+ * with NEOX RoPE), stablelm (StableLM 2 1.6B: LayerNorms with biases, a quarter of each
+ * head rotated, q/k/v biases).
  *
  * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
  * For each: the hyper-parameters the loader reads; logits against the reference on every
@@ -78,6 +79,9 @@ static const arch_case CASES[] = {
     /* the same file as llama's rotates interleaved pairs */
     {"exaone", "exaone", 0, 0, 0, "NEOX RoPE", {.rename = "llama"},
      {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}},
+    /* the same file as qwen2's has RMSNorms (its biases and LayerNorms' unread) */
+    {"stablelm", "stablelm", 0, 0, 0, "LayerNorms", {.rename = "qwen2"},
+     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -258,6 +262,16 @@ static void test_metadata(void)
     CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
     CHECK(hp->pre_norms && !hp->post_norms && hp->nope_step == 0);
     CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+    CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+    model_free(m);
+    /* stablelm: LayerNorm, NEOX RoPE over a quarter of each head (8 of 32) */
+    m = load_case(&CASES[5], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_STABLELM);
+    CHECK_EQ(hp->norm, MODEL_NORM_LAYER);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK_EQ(hp->rope_dims, 8);
     CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
     model_free(m);
 }

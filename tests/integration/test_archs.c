@@ -1,6 +1,6 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
- * shared expert, smollm3, exaone): a random-weight model of each (modelgen, 4 layers, F32)
+ * shared expert, smollm3, exaone, stablelm): a random-weight model of each (modelgen, 4 layers, F32)
  * on the test data's llama SPM vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
  * runners-up of the engine's own greedy decode in this process (a prompt of 24, 12 tokens
@@ -193,6 +193,11 @@ static void serves_exaone(void)
     serves(p);
 }
 
+static void serves_stablelm(void)
+{
+    serves(small("stablelm"));
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -205,5 +210,6 @@ int main(int argc, char **argv)
     RUN(serves_granitemoe);
     RUN(serves_smollm3);
     RUN(serves_exaone);
+    RUN(serves_stablelm);
     return test_finish();
 }

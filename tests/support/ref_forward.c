@@ -34,6 +34,11 @@
  * config.no_rope_layers[layer_idx] is 1: by default (no_rope_layer_interval 4) every
  * layer but those with (layer_idx + 1) % 4 == 0.
  *
+ * StableLM (modeling_stablelm: StableLmDecoderLayer without use_parallel_residual or
+ * qk_layernorm) is llama's layer with nn.LayerNorm (with bias, eps layer_norm_eps) for
+ * every norm, q/k/v biases where use_qkv_bias, and rotate_half RoPE over the first
+ * partial_rotary_factor of each head, computed here as qwen2's.
+ *
  * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
@@ -51,6 +56,7 @@
 
 typedef struct ref_layer {
     double *attn_norm, *ffn_norm;     /* (dim) */
+    double *attn_norm_b, *ffn_norm_b; /* (dim) StableLM's LayerNorm biases, or NULL */
     double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
     double *bq, *bk, *bv;             /* or NULL */
     double *q_norm, *k_norm;          /* (head_dim), OLMoE's (q_dim) (kv_dim), or NULL */
@@ -77,6 +83,7 @@ struct ref_model {
                            projections */
     bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
+    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -90,6 +97,7 @@ struct ref_model {
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool kv_f16;
     double *embd, *out, *out_norm;
+    double *out_norm_b; /* (dim) StableLM's, or NULL */
     ref_layer *layers;
 };
 
@@ -161,7 +169,7 @@ ref_model *ref_model_load(const gguf_file *g)
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
-                                        "granitemoe", "smollm3", "exaone"};
+                                        "granitemoe", "smollm3", "exaone", "stablelm"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -170,18 +178,19 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
     const char *arch = names[ai];
-    /* the mixtures of experts compute their attention as their dense family does; OLMo's
-     * and EXAONE's RoPE is rotate_half's, their feed-forward SwiGLU, as qwen's */
+    /* the mixtures of experts compute their attention as their dense family does; OLMo's,
+     * EXAONE's and StableLM's RoPE is rotate_half's, their feed-forward SwiGLU, as qwen's */
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
-    m->arch = ai <= REF_GEMMA3              ? ai
-              : granitemoe                  ? REF_GRANITE
-              : !strcmp(arch, "smollm3")    ? REF_LLAMA
-              : qwen2moe       ? REF_QWEN2
-                               : REF_QWEN3;
+    m->arch = ai <= REF_GEMMA3                              ? ai
+              : granitemoe                                  ? REF_GRANITE
+              : !strcmp(arch, "smollm3")                    ? REF_LLAMA
+              : qwen2moe || !strcmp(arch, "stablelm")       ? REF_QWEN2
+                                                            : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
+    m->layer_norm = !strcmp(arch, "stablelm");
     m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
@@ -201,7 +210,9 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     }
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
-    m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
+    m->eps = m->layer_norm ? ref_f32(g, arch, "attention.layer_norm_epsilon", 1e-5)
+                           : ref_f32(g, arch, "attention.layer_norm_rms_epsilon",
+                                     m->arch ? 1e-6 : 1e-5);
     m->rotary_dim = ref_u32(g, arch, "rope.dimension_count", m->head_dim);
     bool granite = m->arch == REF_GRANITE;
     m->embedding_multiplier = granite ? ref_f32(g, arch, "embedding_scale", 0) : 1.0;
@@ -242,6 +253,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
     m->out = gguf_find_tensor(g, "output.weight") ? ref_tensor(g, "output.weight", -1) : m->embd;
     m->out_norm = ref_tensor(g, "output_norm.weight", m->dim);
+    m->out_norm_b = ref_tensor(g, "output_norm.bias", m->dim);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     for (int l = 0; l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
@@ -249,6 +261,8 @@ ref_model *ref_model_load(const gguf_file *g)
 #define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), ref_tensor(g, n, -1))
         L->attn_norm = T("attn_norm.weight");
         L->ffn_norm = T("ffn_norm.weight");
+        L->attn_norm_b = T("attn_norm.bias");
+        L->ffn_norm_b = T("ffn_norm.bias");
         L->wq = T("attn_q.weight");
         L->wk = T("attn_k.weight");
         L->wv = T("attn_v.weight");
@@ -288,12 +302,13 @@ ref_model *ref_model_load(const gguf_file *g)
                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
         bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
+        norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
         if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
         }
     }
-    if (!m->embd || !m->out || !m->out_norm) {
+    if (!m->embd || !m->out || !m->out_norm || (m->layer_norm && !m->out_norm_b)) {
         ref_model_free(m);
         return NULL;
     }
@@ -310,7 +325,7 @@ void ref_model_free(ref_model *m)
                          L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
                          L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
-                         L->post_ffn};
+                         L->post_ffn,  L->attn_norm_b, L->ffn_norm_b};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -321,6 +336,7 @@ void ref_model_free(ref_model *m)
         free(m->out);
     free(m->embd);
     free(m->out_norm);
+    free(m->out_norm_b);
     free(m);
 }
 
@@ -357,6 +373,33 @@ static void ref_rmsnorm(double *y, const double *x, const double *w, int n, doub
     double s = 1.0 / sqrt(ss / n + eps);
     for (int i = 0; i < n; i++)
         y[i] = x[i] * s * w[i];
+}
+
+/* StableLmDecoderLayer's input_layernorm, post_attention_layernorm and the final norm:
+ * torch's nn.LayerNorm, (x - mean) / sqrt(var + eps) * w + b (biased variance). */
+static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int n,
+                          double eps)
+{
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    double s = 1.0 / sqrt(var / n + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = (x[i] - mean) * s * w[i] + b[i];
+}
+
+/* The model's norm of a sublayer's input or of the output: LayerNorm (StableLM) or
+ * RMSNorm. */
+static void ref_norm(const ref_model *m, double *y, const double *x, const double *w,
+                     const double *b)
+{
+    if (m->layer_norm)
+        ref_layernorm(y, x, w, b, m->dim, m->eps);
+    else
+        ref_rmsnorm(y, x, w, m->dim, m->eps);
 }
 
 /* y (rows) = W (rows, cols) x (cols) [+ b] */
@@ -499,7 +542,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             if (m->olmo2)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else
-                ref_rmsnorm(xn, x + (size_t)t * dim, L->attn_norm, dim, m->eps);
+                ref_norm(m, xn, x + (size_t)t * dim, L->attn_norm, L->attn_norm_b);
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
@@ -566,7 +609,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             if (m->olmo2)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else
-                ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
+                ref_norm(m, xn, x + (size_t)t * dim, L->ffn_norm, L->ffn_norm_b);
             if (m->n_expert)
                 ref_moe(m, L, tmp, xn, tmp2, g, u,
                         m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL);
@@ -581,7 +624,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             memcpy(hidden + (size_t)(l + 1) * n * dim, x, (size_t)n * dim * sizeof(double));
     }
     for (int t = 0; t < n; t++) {
-        ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
+        ref_norm(m, xn, x + (size_t)t * dim, m->out_norm, m->out_norm_b);
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
         for (int i = 0; i < m->n_vocab; i++) {
             double *z = &logits[(size_t)t * m->n_vocab + i];

@@ -482,7 +482,7 @@ static void gemma_files(void)
     }
 }
 
-/* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone) write what llama.cpp's loader reads
+/* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone, stablelm) write what llama.cpp's loader reads
  * of them, and what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms;
  * Granite MoE's router and merged experts, its shared expert with --shared-ffn alone. */
 static void small_arch_files(void)
@@ -510,6 +510,8 @@ static void small_arch_files(void)
          {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"}},
         {"exaone", "", {"blk.1.attn_k.weight", "blk.1.ffn_norm.weight", "output.weight"},
          {"blk.0.attn_qkv.weight", "blk.0.attn_q.bias"}},
+        {"stablelm", "", {"output_norm.bias", "blk.3.ffn_norm.bias", "blk.3.attn_v.bias"},
+         {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
