@@ -50,6 +50,7 @@ typedef struct arch_edit {
     float f32_value;
     const char *cut;       /* a 1-D tensor written with its first cut_to elements, or NULL */
     int64_t cut_to;
+    const char *copy_from, *copy_to; /* a tensor written once more under another name */
 } arch_edit;
 
 typedef struct arch_case {
@@ -171,6 +172,8 @@ static int rewrite(const char *src, const char *dst, const arch_edit *e)
             ne[0] = e->cut_to;
         if (!dropped(e, name))
             rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data);
+        if (rc == 0 && e->copy_from && !strcmp(name, e->copy_from))
+            rc = gguf_writer_add_tensor(w, e->copy_to, t->type, t->n_dims, ne, t->data);
     }
     if (rc == 0)
         rc = gguf_writer_write(w, dst, err);
@@ -520,7 +523,8 @@ static void test_partitioned_prefill(void)
 /* ---- refusals ---- */
 
 /* A file without a tensor its architecture needs is refused, naming it; so is an olmo2
- * file whose q norm is one head's (as qwen3's is), naming its shape. */
+ * file whose q norm is one head's (as qwen3's is), naming its shape, and a stablelm file
+ * with StableLM 2 12B's q norms. */
 static void test_missing_parts_refused(void)
 {
     char err[ERR_MAX], dst[512];
@@ -548,6 +552,14 @@ static void test_missing_parts_refused(void)
     CHECK(model_load(dst, err) == NULL);
     printf("  olmo2: refused: %s\n", err);
     CHECK_MSG(strstr(err, "blk.2.attn_q_norm.weight") && strstr(err, "shape"), "%s", err);
+    p = arch_params(&CASES[5], QTYPE_F16);
+    src = gen(&p, "whole");
+    CHECK(src);
+    e = (arch_edit){.copy_from = "blk.1.attn_norm.weight", .copy_to = "blk.1.attn_q_norm.weight"};
+    CHECK(rewrite(src, dst, &e) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    printf("  stablelm: refused: %s\n", err);
+    CHECK_MSG(strstr(err, "blk.1.attn_q_norm.weight") && strstr(err, "not supported"), "%s", err);
 }
 
 int main(void)
