@@ -22,8 +22,7 @@
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
  * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
- * them).
- * Weights are used in place from the file mapping.
+ * them). Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
