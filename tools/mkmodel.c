@@ -3,7 +3,7 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |gpt-oss|bert|nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|stablelm|gpt-oss|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -14,7 +14,8 @@
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
- *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N)
+ *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N; stablelm's
+ *                             default is a quarter of the head)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
  *                                   gemma2/gemma3's/gpt-oss's, default 4096 / 1024 / 128)
@@ -27,12 +28,13 @@
  *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
  *   mkmodel --help | --version
  *
- * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe and olmoe
- * need it; llama with it is Mixtral; llama's and olmoe's experts are of --ffn):
- * --expert-ffn is an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; default --ffn),
- * --shared-ffn qwen2moe's shared expert's (default --ffn). gpt-oss needs experts too, and
- * writes them in MXFP4 as its published files have them (--expert-type mxfp4, its
- * default; --expert-type type writes them in --type, as the other architectures do).
+ * --experts makes a mixture of experts in llama.cpp's layout (qwen2moe, qwen3moe, olmoe,
+ * granitemoe and gpt-oss need it; llama with it is Mixtral; llama's, olmoe's and
+ * granitemoe's experts are of --ffn): --expert-ffn is an expert's hidden size (qwen2moe,
+ * qwen3moe, gpt-oss; default --ffn), --shared-ffn qwen2moe's shared expert's (default
+ * --ffn), or granitemoe's (Granite MoE Shared; none without it). gpt-oss writes its
+ * experts in MXFP4 as its published files have them (--expert-type mxfp4, its default;
+ * --expert-type type writes them in --type, as the other architectures do).
  *
  * --from converts a model file's weights to another type, as llama.cpp's llama-quantize
  * does: every matrix whose rows are whole blocks of the type is dequantized and quantized
@@ -90,14 +92,17 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
-            "                      gemma|gemma2|gemma3|gpt-oss|bert|nomic-bert\n"
+            "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
+            "                      stablelm|gpt-oss|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
-            "               (experts: qwen2moe, qwen3moe, olmoe and gpt-oss need them, llama\n"
-            "               with them is Mixtral; an expert's hidden size and qwen2moe's\n"
-            "               shared expert's default to --ffn, llama's and olmoe's are --ffn;\n"
-            "               the experts' type: gpt-oss's default mxfp4, the others' --type)\n"
+            "               (experts: qwen2moe, qwen3moe, olmoe, granitemoe and gpt-oss need\n"
+            "               them, llama with them is Mixtral; an expert's hidden size and\n"
+            "               qwen2moe's shared expert's default to --ffn, llama's, olmoe's\n"
+            "               and granitemoe's are --ffn; granitemoe has a shared expert\n"
+            "               only with --shared-ffn; the experts' type: gpt-oss's default\n"
+            "               mxfp4, the others' --type)\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
             "                      |iq4_nl|iq4_xs|mxfp4|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
             "                      |iq4_nl_mix|iq4_xs_mix\n"
@@ -106,7 +111,8 @@ static void usage(FILE *out)
             "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
-            "               [--rope-dims N]  (decoders: rotate N of each head's dimensions)\n"
+            "               [--rope-dims N]  (decoders: rotate N of each head's dimensions;\n"
+            "               stablelm's default is a quarter of them)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
             "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss:\n"

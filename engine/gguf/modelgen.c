@@ -279,7 +279,9 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
 {
     static const char *const names[] = {"llama",    "qwen2",    "qwen3", "phi3",
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
-                                        "gemma",    "gemma2",   "gemma3", "gpt-oss"};
+                                        "gemma",    "gemma2",   "gemma3",   "olmo2",
+                                        "granitemoe", "smollm3", "exaone", "stablelm",
+                                        "gpt-oss"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -297,9 +299,10 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool phi3 = !strcmp(p->arch, "phi3");
-    bool olmoe = !strcmp(p->arch, "olmoe");
+    bool olmoe = !strcmp(p->arch, "olmoe"), granitemoe = !strcmp(p->arch, "granitemoe");
     bool gptoss = !strcmp(p->arch, "gpt-oss");
-    bool moe = olmoe || gptoss || !strcmp(p->arch, "qwen2moe") || !strcmp(p->arch, "qwen3moe");
+    bool moe = olmoe || granitemoe || gptoss || !strcmp(p->arch, "qwen2moe") ||
+               !strcmp(p->arch, "qwen3moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
     bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5);
     if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
@@ -317,9 +320,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     if (moe && p->n_expert <= 0)
         return err_set(err, "%s needs experts", p->arch);
     if (p->n_expert && strcmp(p->arch, "llama") != 0 && !moe)
-        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe, olmoe and gpt-oss "
-                            "have)",
-                       p->arch);
+        return err_set(err, "%s has no experts (llama, qwen2moe, qwen3moe, olmoe, granitemoe "
+                            "and gpt-oss have)", p->arch);
     /* llama.cpp's olmoe has q and k norms of dim elements */
     if (olmoe &&
         (p->n_head_kv != p->n_head || (p->head_dim && p->head_dim * p->n_head != p->dim)))
@@ -328,7 +330,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
         p->n_expert_used > p->n_expert || (p->n_expert && !p->n_expert_used))
         return err_set(err, "experts used (%d) must be from 1 to the experts (%d)",
                        p->n_expert_used, p->n_expert);
-    if ((!strcmp(p->arch, "llama") || olmoe) && p->n_ff_exp && p->n_ff_exp != p->n_ff)
+    if ((!strcmp(p->arch, "llama") || olmoe || granitemoe) && p->n_ff_exp &&
+        p->n_ff_exp != p->n_ff)
         return err_set(err, "%s's experts have the feed-forward length (n_ff)", p->arch);
     /* llama.cpp's qwen2moe has attn_q and attn_output of dim x dim */
     if (!strcmp(p->arch, "qwen2moe") && p->head_dim && p->head_dim * p->n_head != p->dim)
@@ -463,18 +466,31 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
-    bool olmoe = strcmp(p->arch, "olmoe") == 0;
-    bool phi3 = strcmp(p->arch, "phi3") == 0, granite = strcmp(p->arch, "granite") == 0;
+    bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
+    bool stablelm = strcmp(p->arch, "stablelm") == 0;
+    bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
+    bool phi3 = strcmp(p->arch, "phi3") == 0;
+    bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
-    int rope_dims = p->rope_dims ? p->rope_dims : hd;
+    /* StableLM's partial_rotary_factor 0.25 */
+    int rope_dims = p->rope_dims ? p->rope_dims : stablelm ? (hd / 4 + 1) / 2 * 2 : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+    /* Granite MoE Shared's shared expert only when asked for */
+    bool shexp = qwen2moe || (granitemoe && p->n_ff_shexp > 0);
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : gptoss ? 150000.0f : 10000.0f;
     float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
+    /* OLMo 2's and SmolLM3's rope_theta and rms_norm_eps, EXAONE's layer_norm_epsilon */
+    if (olmo2)
+        rope_base = 500000.0f, eps = 1e-6f;
+    if (!strcmp(p->arch, "smollm3"))
+        rope_base = 5000000.0f, eps = 1e-6f;
+    if (!strcmp(p->arch, "exaone")) /* EXAONE 3.5's */
+        rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -516,7 +532,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
+        gguf_writer_set_f32(w, stablelm ? KEY("attention.layer_norm_epsilon")
+                                        : KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
         (p->n_expert &&
@@ -524,8 +541,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
         ((qwen2moe || qwen3moe || gptoss) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
-        (qwen2moe && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
-                                         (uint32_t)ff_shexp) < 0) ||
+        (shexp && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                      (uint32_t)ff_shexp) < 0) ||
         ((gemma2 || gemma3) &&
          gguf_writer_set_u32(w, KEY("attention.sliding_window"),
                              (uint32_t)(p->sliding_window ? p->sliding_window
@@ -598,6 +615,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
+    if (stablelm) /* its LayerNorms have biases */
+        ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
     if (!p->tie_output && !gemma) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
@@ -609,7 +628,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (!olmo2) /* OLMo 2 normalizes its sublayers' outputs, not their inputs */
+            ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (stablelm)
+            ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
         } else {
@@ -617,7 +639,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2 || gptoss) {
+        if (qwen2 || gptoss || stablelm) { /* StableLM 2 1.6B's q/k/v biases */
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -626,7 +648,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
-        if (olmoe) {
+        if (olmoe || olmo2) {
             ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
@@ -639,10 +661,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             /* the feed-forward's norm, named after HF's post_attention_layernorm */
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         }
-        if (gemma2 || gemma3)
+        if (gemma2 || gemma3 || olmo2)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (!gptoss)
+        if (!olmo2 && !gptoss)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        if (stablelm)
+            ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
@@ -652,7 +676,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            if (gemma2 || gemma3)
+            if (gemma2 || gemma3 || olmo2)
                 ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }
@@ -670,8 +694,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("ffn_down_exps.bias"), 2, p->dim, p->n_expert, 0.1f, 0.0f);
             ts[n_t - 1].type = QTYPE_F32;
         }
-        if (qwen2moe) {
+        if (qwen2moe)
             ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
+        if (shexp) {
             ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
             ADD(N("ffn_up_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
             ADD(N("ffn_down_shexp.weight"), 2, ff_shexp, p->dim, 1.0f / sqrtf((float)ff_shexp),

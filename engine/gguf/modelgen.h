@@ -43,20 +43,29 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
 
 typedef struct modelgen_params {
     /* "llama", "qwen2", "qwen3", "phi3" (fused attn_qkv and gate/up ffn_up, as
-     * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite 3's
-     * embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe", "olmoe",
-     * "gemma", "gemma2", "gemma3", "bert" or "nomic-bert" (the encoders and olmoe:
-     * n_head_kv must equal n_head). The Gemma family as llama.cpp's converter
-     * writes it: norm weights near 1 (the converter's +1 already added), no output.weight
-     * (llama.cpp reads the token embedding as the output and refuses a file with one, so
-     * tie_output is implied), post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head
-     * attn_q_norm / attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head,
-     * where the query scale of gemma2/gemma3 is the same under both of llama.cpp's rules
-     * (model.h, attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46
-     * layers only (it aborts on another depth), and no gemma3. "gpt-oss" as llama.cpp's
-     * converter writes gpt-oss-20b/120b: experts (required) with biases (router's, and the
-     * 2-D per-expert ones of gate, up and down, in F32), q/k/v/o biases, attn_sinks (one
-     * per head), attn_norm and post_attention_norm (the feed-forward's), output.weight,
+     * convert_hf_to_gguf.py writes Phi-3 and Phi-4-mini), "granite" (llama with Granite
+     * 3's embedding, residual, attention and logit scales), "qwen2moe", "qwen3moe",
+     * "olmoe", "gemma", "gemma2", "gemma3", "olmo2" (OLMo 2: post_attention_norm and
+     * post_ffw_norm, no attn_norm or ffn_norm, attn_q_norm / attn_k_norm of all of q and
+     * k, OLMo 2's RoPE base 500000), "granitemoe" (granite's scales and experts of n_ff
+     * in Mixtral's layout; with n_ff_shexp, Granite MoE Shared's ungated shared expert as
+     * later llama.cpp converts it), "smollm3" (llama's tensors; its NoPE layers are no
+     * tensor's or key's: llama.cpp and llmsd know them by the architecture), "exaone"
+     * (llama's tensors, computed with NEOX RoPE: its converter does not permute q and k),
+     * "stablelm" (StableLM 2 1.6B's layout: LayerNorms with biases, q/k/v biases, a
+     * quarter of each head rotated unless rope_dims says otherwise), "gpt-oss" (below),
+     * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
+     * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
+     * converter's +1 already added), no output.weight (llama.cpp reads the token
+     * embedding as the output and refuses a file with one, so tie_output is implied),
+     * post_attention_norm / post_ffw_norm (gemma2, gemma3), per-head attn_q_norm /
+     * attn_k_norm (gemma3), and the keys below. head_dim 0 gives dim / n_head, where the
+     * query scale of gemma2/gemma3 is the same under both of llama.cpp's rules (model.h,
+     * attn_scale). The 2025-02 llama.cpp runs gemma2 files of 26, 42 or 46 layers only
+     * (it aborts on another depth), and no gemma3. "gpt-oss" as llama.cpp's converter
+     * writes gpt-oss-20b/120b: experts (required) with biases (router's, and the 2-D
+     * per-expert ones of gate, up and down, in F32), q/k/v/o biases, attn_sinks (one per
+     * head), attn_norm and post_attention_norm (the feed-forward's), output.weight,
      * rope.freq_base 150000 and YaRN (factor 32 over an original context of 4096, betas 32
      * and 1), expert_feed_forward_length and attention.sliding_window (below, 128 when 0;
      * llama.cpp slides the even layers). */
@@ -68,16 +77,18 @@ typedef struct modelgen_params {
     int head_dim;       /* 0: dim / n_head */
     int n_ff;
     int n_ctx;
-    /* Mixture of experts (qwen2moe, qwen3moe, olmoe and gpt-oss need it; llama with it is
-     * Mixtral): n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
+    /* Mixture of experts (qwen2moe, qwen3moe, olmoe, granitemoe and gpt-oss need it; llama
+     * with it is Mixtral):
+     * n_expert experts of which each token uses n_expert_used, in llama.cpp's merged
      * tensors (ffn_gate_inp in F32, as llama-quantize keeps it; ffn_{gate,up,down}_exps
      * of ne [in, out, n_expert]). The router's weights are scaled so that its logits
      * have unit scale: tokens spread over the experts. */
     int n_expert;
     int n_expert_used;
-    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; llama's
-                           and olmoe's are n_ff); 0: n_ff */
-    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size; 0: n_ff */
+    int n_ff_exp;       /* an expert's hidden size (qwen2moe, qwen3moe, gpt-oss; llama's,
+                           olmoe's and granitemoe's are n_ff); 0: n_ff */
+    int n_ff_shexp;     /* qwen2moe's shared expert's hidden size, 0: n_ff; granitemoe's,
+                           0: none */
     uint32_t type;      /* enum qtype of the matrices, or with a mix its default */
     bool mxfp4_experts; /* ffn_{gate,up,down}_exps in MXFP4, as gpt-oss's files have them
                            (rows must be whole blocks of 32); the other matrices in type */

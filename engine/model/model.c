@@ -1,7 +1,7 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * gpt-oss model (or a mixture of experts of llama, qwen2 or qwen3) from GGUF and its
- * forward pass.
+ * olmo2 / smollm3 / exaone / stablelm / gpt-oss model (or a mixture of experts of llama,
+ * qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -44,19 +44,24 @@
 #define MODEL_LAYER_MATRICES 11
 
 typedef struct model_layer {
-    const float *attn_norm; /* (dim) */
-    const float *ffn_norm;  /* (dim) */
-    const float *attn_post_norm; /* (dim) gemma2/gemma3: of the attention's output, or NULL */
-    const float *ffn_post_norm;  /* (dim) gemma2/gemma3: of the feed-forward's output, or NULL */
-    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
+    const float *attn_norm; /* (dim), or NULL (olmo2) */
+    const float *ffn_norm;  /* (dim), or NULL (olmo2) */
+    const float *attn_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
+    const float *ffn_norm_b;  /* (dim) LayerNorm's bias (stablelm), or NULL */
+    /* (dim) of the attention's and of the feed-forward's output (gemma2, gemma3, olmo2),
+     * or NULL */
+    const float *attn_post_norm;
+    const float *ffn_post_norm;
+    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3, olmoe, olmo2) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
      * rows (gate first): these are views of their rows, so the forward is the same */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wo;          /* (dim, n_head * head_dim) */
-    /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, qwen2moe's
-     * shared expert (n_ff_shexp in place of n_ff), else absent (data NULL). */
+    /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, the shared
+     * expert (qwen2moe's, granitemoe's; n_ff_shexp in place of n_ff), else absent (data
+     * NULL). */
     ops_matrix w_gate;
     ops_matrix w_up;
     ops_matrix w_down;
@@ -84,6 +89,7 @@ struct model {
     ops_matrix tok_embd;     /* (n_vocab, dim) */
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
+    const float *output_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
     const float *rope_freqs; /* (rope_dims/2) RoPE frequency divisors, or NULL */
     const float *rope_long;  /* (rope_dims/2) LongRoPE divisors beyond rope_orig_ctx, or NULL */
     const float *rope_short; /* (rope_dims/2) LongRoPE divisors within it, or NULL */
@@ -112,7 +118,13 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_GRANITE] = "granite",   [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
     [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
     [MODEL_ARCH_GEMMA] = "gemma",       [MODEL_ARCH_GEMMA2] = "gemma2",
-    [MODEL_ARCH_GEMMA3] = "gemma3",    [MODEL_ARCH_GPTOSS] = "gpt-oss",
+    [MODEL_ARCH_GEMMA3] = "gemma3",
+    [MODEL_ARCH_OLMO2] = "olmo2",
+    [MODEL_ARCH_GRANITEMOE] = "granitemoe",
+    [MODEL_ARCH_SMOLLM3] = "smollm3",
+    [MODEL_ARCH_EXAONE] = "exaone",
+    [MODEL_ARCH_STABLELM] = "stablelm",
+    [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
 const char *model_arch_name(enum model_arch a)
@@ -134,6 +146,11 @@ int model_layer_window(const model_hparams *hp, int layer)
     if (hp->swa_window <= 0 || layer % hp->swa_pattern >= hp->swa_pattern - 1)
         return 0;
     return hp->swa_window;
+}
+
+bool model_layer_rotates(const model_hparams *hp, int layer)
+{
+    return hp->nope_step <= 0 || (layer + 1) % hp->nope_step != 0;
 }
 
 int model_get_dim(const gguf_file *g, const char *arch, const char *suffix, int dflt,
@@ -288,19 +305,20 @@ static int model_read_window(const gguf_file *g, model_hparams *hp, char err[ERR
  * expert's hidden size expert_feed_forward_length (default feed_forward_length for
  * llama and olmoe, where it is the experts', else feed_forward_length /
  * expert_used_count), the shared expert's expert_shared_feed_forward_length (qwen2moe;
- * default feed_forward_length). Routing as each model's published code: softmax over
- * every expert then the k most probable, renormalised to sum 1 for qwen3moe
- * (norm_topk_prob), Mixtral and gpt-oss (their top-k then softmax over the chosen is the
- * same), not for qwen2moe and olmoe. gpt-oss requires expert_feed_forward_length, as
- * llama.cpp does.
+ * default feed_forward_length; granitemoe's, Granite MoE Shared's ungated shared expert,
+ * as later llama.cpp reads it: 0 when absent, no shared expert). Routing as each model's
+ * published code: softmax over every expert then the k most probable, renormalised to sum
+ * 1 for qwen3moe (norm_topk_prob), Mixtral, granitemoe and gpt-oss (their top-k then
+ * softmax over the chosen is the same), not for qwen2moe and olmoe. gpt-oss requires
+ * expert_feed_forward_length, as llama.cpp does.
  */
 static int model_read_experts(const gguf_file *g, const char *arch, model_hparams *hp,
                               char err[ERR_MAX])
 {
-    bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE;
+    bool qwen2moe = hp->arch == MODEL_ARCH_QWEN2MOE, granite = hp->arch == MODEL_ARCH_GRANITEMOE;
     bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
     if (hp->arch != MODEL_ARCH_LLAMA && hp->arch != MODEL_ARCH_QWEN2MOE &&
-        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE && !gptoss)
+        hp->arch != MODEL_ARCH_QWEN3MOE && hp->arch != MODEL_ARCH_OLMOE && !granite && !gptoss)
         return 0;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
@@ -317,12 +335,14 @@ static int model_read_experts(const gguf_file *g, const char *arch, model_hparam
     if (hp->n_expert_used > hp->n_expert)
         return err_set(err, "metadata key '%s.expert_used_count' is %d, more than the %d "
                             "experts of %s", arch, hp->n_expert_used, hp->n_expert, key);
-    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE;
+    bool own_ff = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_OLMOE || granite;
     int dflt = gptoss ? -1 : own_ff ? hp->n_ff : hp->n_ff / hp->n_expert_used;
     if (model_get_dim(g, arch, "expert_feed_forward_length", dflt > 0 ? dflt : -1,
                       &hp->n_ff_exp, err) < 0 ||
         (qwen2moe && model_get_dim(g, arch, "expert_shared_feed_forward_length",
-                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0))
+                                   hp->n_ff > 0 ? hp->n_ff : -1, &hp->n_ff_shexp, err) < 0) ||
+        (granite && model_get_dim(g, arch, "expert_shared_feed_forward_length", 0,
+                                  &hp->n_ff_shexp, err) < 0))
         return -1;
     hp->expert_norm = !qwen2moe && hp->arch != MODEL_ARCH_OLMOE;
     hp->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
@@ -410,6 +430,42 @@ static int model_read_gptoss(const gguf_file *g, const char *arch, model_hparams
     return 0;
 }
 
+/*
+ * OLMo 2 (olmo2), as llama.cpp reads it and HF's Olmo2DecoderLayer computes it: neither
+ * sublayer normalizes its input; each one's output goes through an RMSNorm
+ * (post_attention_norm, post_ffw_norm) before its residual add; q and k are normalized
+ * whole (olmoe's q/k norms, tensors) before NEOX RoPE. The epsilon is required, as
+ * llama.cpp requires it.
+ */
+static int model_read_olmo2(const gguf_file *g, const char *arch, model_hparams *hp,
+                            char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_OLMO2)
+        return 0;
+    hp->pre_norms = false;
+    hp->post_norms = true;
+    return model_require(g, arch, "attention.layer_norm_rms_epsilon", err);
+}
+
+/*
+ * StableLM (stablelm: StableLM-3B-4E1T, StableLM 2 1.6B/3B, Zephyr's), as llama.cpp reads
+ * it and HF's StableLmForCausalLM computes it: LayerNorms with biases before each sublayer
+ * and at the output, epsilon attention.layer_norm_epsilon (required, as llama.cpp
+ * requires it), NEOX RoPE over rope.dimension_count of each head (partial_rotary_factor
+ * 0.25 in the published models).
+ */
+static int model_read_stablelm(const gguf_file *g, const char *arch, model_hparams *hp,
+                               char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_STABLELM)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -422,7 +478,10 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
                        a.ptr);
     hp->arch = (enum model_arch)ai;
     const char *arch = model_arch_name(hp->arch);
-    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || hp->arch == MODEL_ARCH_GRANITE;
+    bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
+    /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
+     * interleaved pairs */
+    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -469,13 +528,19 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return -1;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
-    if ((hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GRANITE) &&
+    /* the epsilon llama.cpp requires of them */
+    if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
+         hp->arch == MODEL_ARCH_EXAONE) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
+    /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
+     * llama.cpp fixes at 4 with no key to read */
+    if (hp->arch == MODEL_ARCH_SMOLLM3)
+        hp->nope_step = 4;
     m->n_ctx_train = hp->n_ctx;
     if (hp->arch == MODEL_ARCH_PHI3 && model_read_window(m->g, hp, err) < 0)
         return -1;
-    if (hp->arch == MODEL_ARCH_GRANITE &&
+    if (granite &&
         (model_require(m->g, arch, "embedding_scale", err) < 0 ||
          model_require(m->g, arch, "residual_scale", err) < 0 ||
          model_require(m->g, arch, "attention.scale", err) < 0 ||
@@ -486,7 +551,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
          model_get_float(m->g, arch, "logit_scale", 1.0f, &hp->logit_scale, err) < 0))
         return -1;
     hp->ffn_act = MODEL_FFN_SILU;
-    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0)
+    hp->pre_norms = true;
+    if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
+        model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -579,9 +646,9 @@ static ops_matrix model_rows(const ops_matrix *w, int64_t r0, int64_t n)
     return v;
 }
 
-/* A layer's feed-forward with experts: the router, the merged experts and qwen2moe's
- * shared expert. Mixtral files of an older converter (one tensor per expert) are
- * refused: they would need a copy of every expert to be merged. */
+/* A layer's feed-forward with experts: the router, the merged experts and the shared
+ * expert (qwen2moe's, Granite MoE Shared's). Mixtral files of an older converter (one
+ * tensor per expert) are refused: they would need a copy of every expert to be merged. */
 static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -599,8 +666,10 @@ static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX]
         model_experts(m, NAME("ffn_down_exps.weight"), hp->dim, hp->n_ff_exp, &L->down_exps,
                       err) < 0)
         return -1;
+    /* qwen2moe's shared expert has a gate of its own, granitemoe's none */
     if (hp->n_ff_shexp &&
-        (model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0 ||
+        ((hp->arch == MODEL_ARCH_QWEN2MOE &&
+          model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0) ||
          model_matrix(m, NAME("ffn_gate_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_gate,
                       err) < 0 ||
          model_matrix(m, NAME("ffn_up_shexp.weight"), hp->n_ff_shexp, hp->dim, &L->w_up, err) < 0 ||
@@ -736,7 +805,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
-    m->vecs_cap = (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
+    m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
                   model_gptoss_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
@@ -744,7 +813,9 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
 
-    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0)
+    bool layer_norm = hp->norm == MODEL_NORM_LAYER;
+    if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0 ||
+        (layer_norm && model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
         return -1;
     /* Llama 3.1 and later: each dimension pair's RoPE frequency is divided by its factor,
      * as llama.cpp's rope_factors do; ignored, every position rotated as in another model. */
@@ -769,13 +840,23 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         model_layer *L = &m->layers[l];
         char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
-        if (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
-            /* gpt-oss's converter names the feed-forward's norm after HF's
-             * post_attention_layernorm */
-            model_vector(m, gptoss ? NAME("post_attention_norm.weight") : NAME("ffn_norm.weight"),
-                         hp->dim, &L->ffn_norm, err) < 0 ||
+        if ((hp->pre_norms &&
+             (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
+              /* gpt-oss's converter names the feed-forward's norm after HF's
+               * post_attention_layernorm */
+              model_vector(m, gptoss ? NAME("post_attention_norm.weight")
+                                     : NAME("ffn_norm.weight"),
+                           hp->dim, &L->ffn_norm, err) < 0)) ||
+            (layer_norm &&
+             (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
+              model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0)) ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
+        /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
+         * which the line above requires), llama.cpp's optional tensors; not computed here */
+        if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
+            return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
+                                "supported", name);
         if (fused) {
             ops_matrix qkv, gate_up;
             if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
@@ -801,7 +882,12 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                                        model_matrix(m, NAME("ffn_down.weight"), hp->dim,
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
-        if (qwen2 &&
+        /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
+        bool biases = qwen2 || (hp->arch == MODEL_ARCH_STABLELM &&
+                                (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
+                                 gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
+                                 gguf_find_tensor(m->g, NAME("attn_v.bias"))));
+        if (biases &&
             (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
              model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
              model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
@@ -810,8 +896,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
             return -1;
-        /* in the space of qwen2's biases, which olmoe has not */
-        if (hp->arch == MODEL_ARCH_OLMOE &&
+        /* in the space of qwen2's biases, which olmoe and olmo2 have not */
+        if ((hp->arch == MODEL_ARCH_OLMOE || hp->arch == MODEL_ARCH_OLMO2) &&
             (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
@@ -998,6 +1084,7 @@ model *model_with_loras(const model *base, int n, const lora *const *adapters,
     v->hp = base->hp;
     v->g = base->g;
     v->output_norm = base->output_norm;
+    v->output_norm_b = base->output_norm_b;
     v->rope_freqs = base->rope_freqs;
     v->rope_long = base->rope_long;
     v->rope_short = base->rope_short;
@@ -1038,9 +1125,19 @@ const gguf_file *model_gguf(const model *m)
     return m->g;
 }
 
+/* y = the norm of x (dim) by w and, for a LayerNorm, b: the model's kind (hp->norm). */
+static void model_norm_row(const model_hparams *hp, float *y, const float *x, const float *w,
+                           const float *b)
+{
+    if (hp->norm == MODEL_NORM_LAYER)
+        ops_layernorm(y, x, w, b, hp->dim, hp->norm_eps);
+    else
+        ops_rmsnorm(y, x, w, hp->dim, hp->norm_eps);
+}
+
 void model_output_norm(const model *m, const float *x, float *y)
 {
-    ops_rmsnorm(y, x, m->output_norm, m->hp.dim, m->hp.norm_eps);
+    model_norm_row(&m->hp, y, x, m->output_norm, m->output_norm_b);
 }
 
 kv_shape model_kv_shape(const model *m)
@@ -1501,13 +1598,15 @@ typedef struct model_step {
     int n_parts;
     int n_item_rows;         /* rows in r->item_rows */
     const float *norm_w;     /* model_norm_job: (dim) */
+    const float *norm_b;     /* model_norm_job: (dim) a LayerNorm's bias, or NULL */
     /* attention items are claimed one by one: with causal masking later tokens cost more */
     _Atomic long next_item;
     const model_part *part;  /* batched attention: the sequence being processed */
     int kv_head;             /* batched attention: the KV head being processed */
     int n_kv;                /* batched attention: entries in r->kv_pos */
     int c0;                  /* batched attention: the part's first chunk any row may see */
-    const float *rope;       /* this layer's cos/sin pairs: r->rope or r->rope_swa */
+    const float *rope;       /* this layer's cos/sin pairs: r->rope or r->rope_swa; NULL
+                                where it does not rotate (smollm3's NoPE layers) */
     int window;              /* this layer's sliding window (model_layer_window), 0: none */
 } model_step;
 
@@ -1518,14 +1617,21 @@ static inline int32_t model_window_lo(int32_t pos, int window)
     return window > 0 ? pos - window + 1 : INT32_MIN;
 }
 
+/* xn = the norm of x by s->norm_w (and s->norm_b: a LayerNorm's), or x as it is without
+ * one (olmo2's sublayers read the residual stream unnormalized). */
 static void model_norm_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     int dim = s->r->m->hp.dim;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
+    if (!s->norm_w) {
+        memcpy(s->r->xn + b * dim, s->r->x + b * dim, (size_t)(e - b) * dim * sizeof(float));
+        return;
+    }
     for (long t = b; t < e; t++)
-        ops_rmsnorm(s->r->xn + t * dim, s->r->x + t * dim, s->norm_w, dim, s->r->m->hp.norm_eps);
+        model_norm_row(&s->r->m->hp, s->r->xn + t * dim, s->r->x + t * dim, s->norm_w,
+                       s->norm_b);
 }
 
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
@@ -1549,6 +1655,8 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         for (int h = 0; h < hp->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
     }
+    if (!cs)
+        return;
     ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
     ops_rope(k, hp->n_head_kv, hd, hp->rope_dims, cs, style);
 }
@@ -1566,7 +1674,7 @@ static void model_qkv_job(void *p, int ith, int nth)
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
-        model_qkv_finish(hp, &L->extras, s->rope + t * hd, q, k, v);
+        model_qkv_finish(hp, &L->extras, s->rope ? s->rope + t * hd : NULL, q, k, v);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {
@@ -1884,7 +1992,7 @@ static void model_ffn_act_job(void *p, int ith, int nth)
     }
 }
 
-/* Gemma2/gemma3: r->proj's rows (a sublayer's output) through the RMSNorm s->norm_w, in
+/* Gemma2/gemma3/olmo2: r->proj's rows (a sublayer's output) through the RMSNorm s->norm_w, in
  * place, before the residual add. */
 static void model_post_norm_job(void *p, int ith, int nth)
 {
@@ -1950,9 +2058,10 @@ static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *
  * expert by expert the rows routed to it gathered into one block, so that each expert's
  * matrices are read once for all of them, and w * down(silu(gate x) * up x) added into
  * their rows (gpt-oss: each product plus its expert's bias, and ops_swiglu_oai for silu);
- * then qwen2moe's shared expert over every row, scaled by sigmoid(shexp_gate . x). A
- * row's terms are added in the order of its experts' indices whatever other rows the step
- * holds, so a sequence batched with others gets its solo sums.
+ * then the shared expert over every row, scaled by sigmoid(shexp_gate . x) (qwen2moe) or
+ * added as it is (granitemoe). A row's terms are added in the order of its experts'
+ * indices whatever other rows the step holds, so a sequence batched with others gets its
+ * solo sums.
  */
 static void model_moe(model_runner *r, const model_layer *L, int n)
 {
@@ -2002,7 +2111,7 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
                 y[j] += w * o[j];
         }
     }
-    if (!L->shexp_gate)
+    if (!hp->n_ff_shexp)
         return;
     int fs = hp->n_ff_shexp;
     const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
@@ -2014,9 +2123,9 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
     for (int t = 0; t < n; t++) {
         const float *x = r->xn + (size_t)t * dim, *o = r->ex_out + (size_t)t * dim;
         float dot = 0.0f, *y = r->proj + (size_t)t * dim;
-        for (int j = 0; j < dim; j++)
+        for (int j = 0; L->shexp_gate && j < dim; j++)
             dot += L->shexp_gate[j] * x[j];
-        float g = 1.0f / (1.0f + expf(-dot));
+        float g = L->shexp_gate ? 1.0f / (1.0f + expf(-dot)) : 1.0f;
         for (int j = 0; j < dim; j++)
             y[j] += g * o[j];
     }
@@ -2255,11 +2364,14 @@ static void model_forward_rows(model_runner *r, int n_parts)
         s.L = L;
         s.layer = l;
         s.window = model_layer_window(hp, l);
-        s.rope = hp->rope_swa && s.window > 0 ? r->rope_swa : r->rope;
+        s.rope = !model_layer_rotates(hp, l)      ? NULL
+                 : hp->rope_swa && s.window > 0 ? r->rope_swa
+                                                : r->rope;
         if (stream && l + 1 < hp->n_layer)
             model_advise_layer(r, l + 1, false);
 
         s.norm_w = L->attn_norm;
+        s.norm_b = L->attn_norm_b;
         model_run(r, model_norm_job, &s);
         const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[] = {r->q, r->k, r->v};
@@ -2284,6 +2396,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
         s.norm_w = L->ffn_norm;
+        s.norm_b = L->ffn_norm_b;
         model_run(r, model_norm_job, &s);
         if (hp->n_expert) {
             model_moe(r, L, n);
@@ -2321,9 +2434,9 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (!b->logits)
             continue;
         for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
-            ops_rmsnorm(r->xn + (size_t)n_logits * dim,
-                        r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim, m->output_norm,
-                        dim, hp->norm_eps);
+            model_norm_row(hp, r->xn + (size_t)n_logits * dim,
+                           r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim,
+                           m->output_norm, m->output_norm_b);
             r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
             r->out_model[n_logits] = pt->m;
         }

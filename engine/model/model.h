@@ -15,11 +15,18 @@
  * (post_attention_norm, post_ffw_norm) and sliding-window attention on some layers
  * (model_layer_window); gemma2 soft-caps the attention scores and the logits
  * (cap * tanh(x / cap)); gemma3 has qwen3's per-head q/k norms and RoPE of base 10000,
- * unscaled, on its sliding layers; OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's
- * layout): q/k/v/o with biases, NEOX RoPE with YaRN, attention sinks (one learned logit
- * per head in every softmax's denominator), a sliding window on the even layers, and
- * experts with biases (router included) and OpenAI's clamped SwiGLU, routed by softmax over
- * the top k of the router's logits. Weights are used in place from the file mapping.
+ * unscaled, on its sliding layers; "olmo2" (OLMo 2: no norm before either sublayer, an
+ * RMSNorm of each sublayer's output before its residual add, olmoe's RMSNorm of all of q
+ * and of all of k); "granitemoe" (Granite 3.x MoE: granite's scales, its experts in
+ * Mixtral's layout, Granite MoE Shared's ungated shared expert when the file has one);
+ * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
+ * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
+ * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
+ * them); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
+ * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
+ * denominator), a sliding window on the even layers, and experts with biases (router
+ * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
+ * logits. Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -51,6 +58,11 @@ enum model_arch {
     MODEL_ARCH_GEMMA2,
     MODEL_ARCH_GEMMA3,
     MODEL_ARCH_GPTOSS,
+    MODEL_ARCH_OLMO2,
+    MODEL_ARCH_GRANITEMOE,
+    MODEL_ARCH_SMOLLM3,
+    MODEL_ARCH_EXAONE,
+    MODEL_ARCH_STABLELM,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -65,6 +77,12 @@ enum model_ffn_act {
     MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
     MODEL_FFN_SWIGLU_OAI, /* gpt-oss's experts: ops_swiglu_oai, clamped at 7 */
+};
+
+/* The sublayers' and the output's norm. */
+enum model_norm {
+    MODEL_NORM_RMS,   /* x / rms(x) * w */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -89,7 +107,7 @@ typedef struct model_hparams {
     int n_expert;
     int n_expert_used;
     int n_ff_exp;      /* an expert's hidden size */
-    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe), 0 when none */
+    int n_ff_shexp;    /* the shared expert's hidden size (qwen2moe, granitemoe), 0 when none */
     bool expert_norm;  /* the chosen experts' weights are renormalised to sum to 1 */
     int n_ctx;      /* context length the model was trained for; phi3 with a sliding
                        window shorter than it: the window (see sliding_window) */
@@ -104,8 +122,8 @@ typedef struct model_hparams {
      * is not computed: a window shorter than the trained context caps n_ctx to it, so
      * that no token ever has more than the window behind it and every answer is exact. */
     int sliding_window;
-    float residual_scale; /* granite: each sublayer's output times it, else 1 */
-    float logit_scale;    /* granite: logits divided by it, else 1 */
+    float residual_scale; /* granite, granitemoe: each sublayer's output times it, else 1 */
+    float logit_scale;    /* granite, granitemoe: logits divided by it, else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
@@ -113,7 +131,7 @@ typedef struct model_hparams {
 
     /* What granite and the Gemma family add; the other architectures have the neutral
      * values (scale 1 / sqrt(head_dim), embedding scale 1, no caps, no window, SwiGLU, no
-     * post norms). */
+     * post norms, pre norms); so does olmo2 but for its norms. */
     float attn_scale;    /* multiplies q.k before the softmax (and the cap): granite's
                             attention.scale; llama.cpp's rule for gemma2/gemma3:
                             1 / sqrt(dim / n_head) for the 27B models (46 and 62 layers:
@@ -128,15 +146,25 @@ typedef struct model_hparams {
     int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
                             2, the even layers; gemma3: 6, all but every sixth) */
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
+    int nope_step;       /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0
+                            (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
     float rope_base_swa;
     enum model_ffn_act ffn_act;
-    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output */
+    enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
+                             attention.layer_norm_epsilon for MODEL_NORM_LAYER */
+    bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
+                            (gemma2, gemma3, olmo2) */
+    bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,
+                            whose sublayers read the residual stream as it is */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
  * sequence) for the others and for every layer of a model without one. The KV of every
  * entry is kept whatever the window: it only bounds what attention reads. */
 int model_layer_window(const model_hparams *hp, int layer);
+
+/* Whether layer l rotates q and k (RoPE): every layer but smollm3's NoPE ones. */
+bool model_layer_rotates(const model_hparams *hp, int layer);
 
 typedef struct model model;
 typedef struct lora lora; /* engine/model/lora.h */
@@ -149,13 +177,14 @@ typedef struct model_qkv_extras {
     const float *bv;     /* (n_head_kv * head_dim), qwen2 */
     const float *q_norm; /* (head_dim), qwen3 */
     const float *k_norm; /* (head_dim), qwen3 */
-    const float *q_norm_all; /* (n_head * head_dim), olmoe: one RMSNorm over all of q */
-    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe */
+    const float *q_norm_all; /* (n_head * head_dim), olmoe, olmo2: one RMSNorm over all of q */
+    const float *k_norm_all; /* (n_head_kv * head_dim), olmoe, olmo2 */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
  * per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs of the
- * token's position (ops_rope_angles). Shared by every forward pass over these layers. */
+ * token's position (ops_rope_angles), or none when cs is NULL (a layer that does not
+ * rotate, model_layer_rotates). Shared by every forward pass over these layers. */
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
                       float *q, float *k, float *v);
 

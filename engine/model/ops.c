@@ -145,6 +145,21 @@ void ops_scale(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+void ops_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps)
+{
+    /* mean and variance in double, as ops_add_layernorm's: the residual stream's sums of
+     * squares lose digits in sequential f32 */
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    float s = (float)(1.0 / sqrt(var / n + eps)), mu = (float)mean;
+    for (int i = 0; i < n; i++)
+        y[i] = (x[i] - mu) * s * w[i] + b[i];
+}
+
 void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,
                        int n, float eps)
 {

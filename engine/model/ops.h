@@ -15,6 +15,10 @@
 /* y = x / rms(x) * w over n elements (y may be x). */
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
+/* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n elements (y may be x): a pre-norm
+ * LayerNorm with bias (StableLM). */
+void ops_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps);
+
 /* In-place softmax over n elements. */
 void ops_softmax(float *x, int n);
 

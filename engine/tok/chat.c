@@ -39,6 +39,8 @@ static const char *const family_names[] = {
     [CHAT_PHI4] = "phi4",
     [CHAT_GRANITE] = "granite",
     [CHAT_GEMMA] = "gemma",
+    [CHAT_EXAONE3] = "exaone3",
+    [CHAT_SMOLLM3] = "smollm3",
     [CHAT_GPT_OSS] = "gpt-oss",
 };
 
@@ -153,6 +155,8 @@ enum chat_family chat_detect(const char *t)
     if (strstr(t, "<|start|>") && strstr(t, "<|channel|>") && strstr(t, "<|message|>"))
         return CHAT_GPT_OSS;
     if (strstr(t, "<|im_start|>")) {
+        if (strstr(t, "Reasoning Mode") && strstr(t, "/no_think"))
+            return CHAT_SMOLLM3;
         if (strstr(t, "<|im_sep|>"))
             return CHAT_PHI4;
         if (strstr(t, "You are a function calling AI model."))
@@ -193,6 +197,8 @@ enum chat_family chat_detect(const char *t)
         return CHAT_MEGREZ;
     if (strstr(t, "<|start_of_role|>"))
         return CHAT_GRANITE;
+    if (strstr(t, "[|system|]") && strstr(t, "[|assistant|]") && strstr(t, "[|endofturn|]"))
+        return CHAT_EXAONE3;
     return CHAT_PLAIN;
 }
 
@@ -203,7 +209,10 @@ const char *chat_stop_text(enum chat_family f)
     case CHAT_HERMES:
     case CHAT_QWEN3:
     case CHAT_QWEN3_THINKING:
+    case CHAT_SMOLLM3:
         return "<|im_end|>";
+    case CHAT_EXAONE3:
+        return "[|endofturn|]";
     case CHAT_LLAMA3:
         return "<|eot_id|>";
     case CHAT_FALCON3:
@@ -238,6 +247,7 @@ enum chat_think chat_thinking(enum chat_family f)
     switch (f) {
     case CHAT_QWEN3:
     case CHAT_DEEPSEEK3:
+    case CHAT_SMOLLM3:
         return CHAT_THINK_REPLY;
     case CHAT_QWEN3_THINKING:
         return CHAT_THINK_OPENED;
@@ -522,6 +532,122 @@ static int apply_gpt_oss(const struct chat_message *msgs, int n, bool gen, char 
     return rc;
 }
 
+/* EXAONE 3's turns, as llama.cpp's LLM_CHAT_TEMPLATE_EXAONE_3 writes them. */
+static void apply_exaone3(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    static const char *const open[] = {"[|system|]", "[|user|]", "[|assistant|]"};
+    static const char *const close[] = {"[|endofturn|]\n", "\n", "[|endofturn|]\n"};
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        textwriter_put(w, open[r]);
+        textwriter_put_trimmed(w, msgs[i].content);
+        textwriter_put(w, close[r]);
+    }
+    if (gen)
+        textwriter_put(w, "[|assistant|]");
+}
+
+/* SmolLM3's custom instructions for its "/think" mode when the system message gives none
+ * (its template's text). */
+static const char smollm3_think_default[] =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an "
+    "assistant involves thoroughly exploring questions through a systematic thinking process "
+    "before providing the final precise and accurate solutions. This requires engaging in a "
+    "comprehensive cycle of analysis, summarizing, exploration, reassessment, reflection, "
+    "backtracking, and iteration to develop well-considered thinking process. Please "
+    "structure your response into two main sections: Thought and Solution using the "
+    "specified format: <think> Thought section </think> Solution section. In the Thought "
+    "section, detail your reasoning process in steps. Each step should include detailed "
+    "considerations such as analysing questions, summarizing relevant findings, "
+    "brainstorming new ideas, verifying the accuracy of the current steps, refining any "
+    "errors, and revisiting previous steps. In the Solution section, based on various "
+    "attempts, explorations, and reflections from the Thought section, systematically "
+    "present the final solution that you deem correct. The Solution section should be "
+    "logical, accurate, and concise and detail necessary steps needed to reach the "
+    "conclusion.";
+
+/* s with every `cut` removed in place (Python's str.replace(cut, "")). */
+static void cut_all(char *s, const char *cut)
+{
+    size_t n = strlen(cut);
+    char *p;
+    while ((p = strstr(s, cut)))
+        memmove(p, p + n, strlen(p + n) + 1);
+}
+
+/* s without trailing whitespace (Python's rstrip()), in place. */
+static void rstrip(char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0 && strchr(" \t\n\r\v\f", s[n - 1]))
+        s[--n] = '\0';
+}
+
+/* SmolLM3's template (chat.h): -1 when the system message's copy cannot be had. */
+static int apply_smollm3(textwriter *w, const struct chat_message *msgs, int n, bool gen,
+                         bool enable_thinking)
+{
+    const char *sys = n > 0 && role_of(&msgs[0]) == ROLE_SYSTEM ? msgs[0].content : NULL;
+    bool think = enable_thinking;
+    char *custom = NULL;
+    if (sys) {
+        if (strstr(sys, "/no_think"))
+            think = false;
+        else if (strstr(sys, "/think"))
+            think = true;
+        /* the template's system_message.replace("/no_think", "").replace("/think", "") */
+        custom = strdup(sys);
+        if (!custom)
+            return -1;
+        cut_all(custom, "/no_think");
+        cut_all(custom, "/think");
+        rstrip(custom);
+    }
+    textwriter_put(w, "<|im_start|>system\n");
+    if (sys && strstr(sys, "/system_override")) {
+        cut_all(custom, "/system_override");
+        rstrip(custom);
+        textwriter_put(w, custom);
+        textwriter_put(w, "<|im_end|>\n");
+    } else {
+        /* the template's strftime_now("%d %B %Y"): the local date */
+        char today[64] = "";
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm))
+            strftime(today, sizeof today, "%d %B %Y", &tm);
+        textwriter_put(w, "## Metadata\n\nKnowledge Cutoff Date: June 2025\nToday Date: ");
+        textwriter_put(w, today);
+        textwriter_put(w, think ? "\nReasoning Mode: /think\n\n" : "\nReasoning Mode: /no_think\n\n");
+        textwriter_put(w, "## Custom Instructions\n\n");
+        textwriter_put(w, custom && custom[0] ? custom
+                          : think ? smollm3_think_default
+                                  : "You are a helpful AI assistant named SmolLM, trained by "
+                                    "Hugging Face.");
+        textwriter_put(w, "\n\n");
+    }
+    free(custom);
+    /* the loop writes user and assistant messages; system ones are the block's alone */
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_SYSTEM)
+            continue;
+        textwriter_put(w, r == ROLE_USER ? "<|im_start|>user\n" : "<|im_start|>assistant\n");
+        const char *text = msgs[i].content;
+        if (r == ROLE_ASSISTANT) {
+            textwriter_put(w, think ? "" : "<think>\n\n</think>\n");
+            while (*text == '\n') /* content.lstrip("\n") */
+                text++;
+        }
+        textwriter_put(w, text);
+        textwriter_put(w, "<|im_end|>\n");
+    }
+    if (gen)
+        textwriter_put(w, think ? "<|im_start|>assistant\n"
+                                : "<|im_start|>assistant\n<think>\n\n</think>\n");
+    return 0;
+}
+
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap)
 {
@@ -569,6 +695,13 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_GEMMA:
         apply_gemma(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_EXAONE3:
+        apply_exaone3(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_SMOLLM3:
+        if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)
+            return -1;
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);

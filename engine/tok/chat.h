@@ -99,6 +99,20 @@ enum chat_family {
      * "\n\n" open the next user turn, as Gemma 3's template and llama.cpp's format do
      * (Gemma 2's template refuses one) */
     CHAT_GEMMA,
+    /* "[|system|]content[|endofturn|]\n[|user|]content\n[|assistant|]content[|endofturn|]\n"
+     * (EXAONE 3.0, 3.5), every content trimmed, as llama.cpp's exaone3 format (EXAONE
+     * 3.5's own template writes an empty system turn before a first message of another
+     * role, and trims nothing) */
+    CHAT_EXAONE3,
+    /* SmolLM3's template (chatml turns): a system block of metadata (the knowledge cutoff,
+     * today's date, "Reasoning Mode: /think" or "/no_think") and the custom instructions,
+     * the system message's or the template's default for the mode, never closed by
+     * "<|im_end|>" (as the template writes it without tools); "/think" or "/no_think" in
+     * the system message sets the mode, enable_thinking otherwise; "/system_override"
+     * makes the system message the whole block. In "/no_think" mode every assistant turn
+     * and the generation prompt start with an empty block "<think>\n\n</think>\n".
+     * llama.cpp has no such format: its chatml would drop the mode and the date */
+    CHAT_SMOLLM3,
     /* OpenAI's harmony format (gpt-oss): "<|start|>role<|message|>content<|end|>", a
      * system turn of the model's identity, dates and reasoning effort, the system message
      * as a developer turn's instructions, replies in channels (analysis: the reasoning;
@@ -123,8 +137,10 @@ enum chat_family {
  * "You are a function calling AI model." is hermes, and "<|im_start|>" with the think
  * markers ("</think>", which Qwen3's and QwQ's templates split earlier replies at) is
  * qwen3, or qwen3-thinking where the generation prompt opens the block
- * ('<|im_start|>assistant\n<think>'); "<start_of_turn>" is gemma; "<|start|>" with
- * "<|channel|>" and "<|message|>" is gpt-oss. NULL or anything else gives CHAT_PLAIN.
+ * ('<|im_start|>assistant\n<think>'), but SmolLM3's ("<|im_start|>" with its "Reasoning
+ * Mode" line) smollm3; "<start_of_turn>" is gemma; "[|system|]", "[|assistant|]" and
+ * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss.
+ * NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
 
@@ -145,7 +161,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "gpt-oss"
+    "exaone3|smollm3|gpt-oss"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -159,16 +175,17 @@ struct chat_message {
  * appends the opening of an assistant turn where the family has one (the llama2 and
  * mistral families end a user turn with it already and ignore it, as llama.cpp does).
  * Returns -1 for an unknown family, a NULL message field, a role other than the three
- * above, n < 0, or a result longer than INT_MAX.
+ * above, n < 0, a result longer than INT_MAX, or no memory for smollm3's system text.
  */
 int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap);
 
 /* chat_apply with the templates' enable_thinking (chat_apply's is true, their default):
  * false makes qwen3's generation prompt close an empty block, so that the model answers
- * without thinking; the other families' templates have no such switch and ignore it.
- * gpt-oss is written with today's date (local time, as the template's strftime_now) and
- * the default reasoning effort (chatharmony.h writes it with others). */
+ * without thinking, and smollm3's mode "/no_think" (unless its system message says
+ * "/think"); the other families' templates have no such switch and ignore it. gpt-oss is
+ * written with today's date (local time, as the template's strftime_now) and the default
+ * reasoning effort (chatharmony.h writes it with others). */
 int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
                      bool add_generation_prompt, bool enable_thinking, char *out, size_t cap);
 
@@ -176,7 +193,7 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
  * the gateway tells apart from it (daemon/net/reasoning.h). */
 enum chat_think {
     CHAT_THINK_NONE,   /* its templates have no think markers: a reply is all answer */
-    CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3) */
+    CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3, smollm3) */
     CHAT_THINK_OPENED, /* the generation prompt opened it: a reply begins inside it
                           (qwen3-thinking) */
     CHAT_THINK_HARMONY, /* no think markers: a reply's analysis channel is its reasoning,

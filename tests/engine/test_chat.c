@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/gguf/gguf.h"
 #include "engine/tok/chat.h"
@@ -414,6 +415,31 @@ static void detects_more_llama_and_qwen_families(void)
         {"{{ '<|user|>\n' + message['content'] + '<|endoftext|>' + '\n' }}{% elif %}"
          "<|assistant|>",
          "plain"},
+        /* allenai/OLMo-2-1124-7B-Instruct's (Tulu's): Falcon 3's template with a BOS */
+        {"{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ "
+         "'<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ "
+         "'<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' "
+         "%}{% if not loop.last %}{{ '<|assistant|>\n'  + message['content'] + eos_token + "
+         "'\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}{% endif "
+         "%}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% "
+         "endif %}{% endfor %}",
+         "falcon3"},
+        /* LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct */
+        {"{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+         "{{ '[|system|][|endofturn|]\n' }}{% endif %}{{ '[|' + message['role'] + '|]' + "
+         "message['content'] }}{% if message['role'] == 'user' %}{{ '\n' }}{% else %}{{ "
+         "'[|endofturn|]\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+         "'[|assistant|]' }}{% endif %}",
+         "exaone3"},
+        /* HuggingFaceTB/SmolLM3-3B's, its lines that name the mode (chatml with the think
+         * markers otherwise: qwen3's) */
+        {"{%- if enable_thinking -%}\n{%- set reasoning_mode = \"/think\" -%}\n{%- else -%}\n"
+         "{%- set reasoning_mode = \"/no_think\" -%}\n{%- endif -%}\n"
+         "{{- \"<|im_start|>system\\n\" -}}\n"
+         "{{- \"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}\n"
+         "{{ \"<|im_start|>assistant\\n\" + \"<think>\\n\\n</think>\\n\" + "
+         "content.lstrip(\"\\n\") + \"<|im_end|>\\n\" }}",
+         "smollm3"},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
         const char *got = chat_family_name(chat_detect(D[i].tmpl));
@@ -619,6 +645,11 @@ static const struct {
     {CHAT_PLAIN,
      "System: You are a helpful assistant\nUser: Hello\nAssistant: Hi there\nUser: Who are "
      "you\nAssistant:    I am an assistant   \nUser: Another question\nAssistant:"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_EXAONE_3: every content trimmed */
+    {CHAT_EXAONE3,
+     "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n"
+     "[|assistant|]Hi there[|endofturn|]\n[|user|]Who are you\n"
+     "[|assistant|]I am an assistant[|endofturn|]\n[|user|]Another question\n[|assistant|]"},
 };
 
 static void formats_match_llama_cpp(void)
@@ -857,11 +888,15 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_PHI4), "<|im_end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_GRANITE), "<|end_of_text|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_GEMMA), "<end_of_turn>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_EXAONE3), "[|endofturn|]") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_SMOLLM3), "<|im_end|>") == 0);
     CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
+    CHECK_EQ(chat_thinking(CHAT_EXAONE3), CHAT_THINK_NONE);
+    CHECK_EQ(chat_thinking(CHAT_SMOLLM3), CHAT_THINK_REPLY);
     /* every family's turn end is in what it writes after an assistant message, or is
-     * plain's next label */
+     * plain's next label (smollm3's system block holds a long default text) */
     const struct chat_message reply[] = {{"user", "q"}, {"assistant", "a"}};
-    char out[512]; /* gpt-oss's system turn is long */
+    char out[4096];
     for (int f = CHAT_PLAIN; f < CHAT_N_FAMILIES; f++) {
         CHECK(chat_apply(f, reply, 2, false, out, sizeof out) > 0);
         const char *end = chat_stop_text(f);
@@ -873,6 +908,61 @@ static void stop_texts_per_family(void)
 /* Gemma has no system turn: the system message (trimmed) opens the next user turn, waits
  * past a model turn, a later one replaces an unused one, an empty one writes nothing; as
  * llama.cpp's format. */
+/* SmolLM3's template (HuggingFaceTB/SmolLM3-3B's tokenizer_config.json) without tools:
+ * today's date, the mode from enable_thinking or the system message's flag, the default
+ * instructions of each mode, "/system_override", the unclosed system block, the empty
+ * think block of "/no_think" turns, assistant contents' leading line breaks dropped. */
+static void smollm3_template(void)
+{
+    char today[64], head[256], out[4096], want[4096];
+    time_t now = time(NULL);
+    struct tm tm;
+    CHECK(localtime_r(&now, &tm));
+    strftime(today, sizeof today, "%d %B %Y", &tm);
+    const char *no_think_default =
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face.\n\n";
+    const struct chat_message conv[] = {{"system", "Be brief. /no_think"},
+                                        {"user", "Hello"},
+                                        {"assistant", "\n\nHi there"},
+                                        {"user", "Who are you"}};
+    snprintf(head, sizeof head,
+             "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\n"
+             "Today Date: %s\nReasoning Mode: %%s\n\n## Custom Instructions\n\n", today);
+    /* the system message's "/no_think" wins over enable_thinking, and is cut out of it */
+    int n = chat_apply_think(CHAT_SMOLLM3, conv, 4, true, true, out, sizeof out);
+    char fmt[1024];
+    snprintf(fmt, sizeof fmt, "%s%%s", head);
+    snprintf(want, sizeof want, fmt, "/no_think",
+             "Be brief.\n\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+             "<think>\n\n</think>\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n"
+             "<|im_start|>assistant\n<think>\n\n</think>\n");
+    CHECK_MSG(n == (int)strlen(want) && !strcmp(out, want), "got\n%s\nwanted\n%s", out, want);
+    /* no system message: enable_thinking's mode and its default instructions */
+    n = chat_apply_think(CHAT_SMOLLM3, conv + 1, 3, true, false, out, sizeof out);
+    snprintf(want, sizeof want, fmt, "/no_think", no_think_default);
+    CHECK_MSG(n > 0 && !strncmp(out, want, strlen(want)), "%s", out);
+    n = chat_apply(CHAT_SMOLLM3, conv + 1, 3, true, out, sizeof out);
+    snprintf(want, sizeof want, fmt, "/think",
+             "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role");
+    CHECK_MSG(n > 0 && !strncmp(out, want, strlen(want)), "%s", out);
+    const char *tail = "the conclusion.\n\n<|im_start|>user\nHello<|im_end|>\n"
+                       "<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\n"
+                       "Who are you<|im_end|>\n<|im_start|>assistant\n";
+    CHECK_MSG(n > (int)strlen(tail) && !strcmp(out + n - strlen(tail), tail), "%s", out);
+    /* "/think" in the system message against enable_thinking false */
+    const struct chat_message think[] = {{"system", "/think  "}, {"user", "Hi"}};
+    n = chat_apply_think(CHAT_SMOLLM3, think, 2, true, false, out, sizeof out);
+    CHECK(n > 0 && strstr(out, "Reasoning Mode: /think\n") && strstr(out, "Your role") &&
+          !strstr(out, "<think>\n\n</think>"));
+    /* "/system_override": the system message is the block, closed */
+    const struct chat_message over[] = {{"system", "Only this. /system_override /no_think"},
+                                        {"user", "Hi"}};
+    n = chat_apply_think(CHAT_SMOLLM3, over, 2, true, true, out, sizeof out);
+    const char *want_over = "<|im_start|>system\nOnly this.<|im_end|>\n<|im_start|>user\nHi"
+                            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n";
+    CHECK_MSG(n == (int)strlen(want_over) && !strcmp(out, want_over), "%s", out);
+}
+
 static void gemma_system_messages(void)
 {
     char out[512];
@@ -962,6 +1052,7 @@ int main(void)
     RUN(qwen3_keeps_reasoning_after_the_last_query);
     RUN(opened_and_r1_templates);
     RUN(stop_texts_per_family);
+    RUN(smollm3_template);
     RUN(gemma_system_messages);
     RUN(gemma_prompt_tokenizes);
     return test_finish();

@@ -187,6 +187,32 @@ static void test_add_layernorm(void)
         CHECK_NEAR(x[i], (v[i] - mean) * inv * w[i] + b[i], 2e-5);
 }
 
+/* StableLM's pre-norm LayerNorm: x (shifted far from 0, as a residual stream drifts) is
+ * left as it is, y is the double computation's. */
+static void test_layernorm(void)
+{
+    enum { N = 300 };
+    float x[N], y[N], w[N], b[N];
+    double mean = 0, var = 0;
+    for (int i = 0; i < N; i++) {
+        x[i] = 40.0f + (float)sin(i * 0.7) * 3.0f;
+        w[i] = 1.0f + 0.01f * (float)(i % 7);
+        b[i] = 0.1f * (float)(i % 5) - 0.2f;
+        mean += x[i];
+    }
+    mean /= N;
+    for (int i = 0; i < N; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    double inv = 1 / sqrt(var / N + 1e-5);
+    ops_layernorm(y, x, w, b, N, 1e-5f);
+    for (int i = 0; i < N; i++) {
+        CHECK_NEAR(x[i], 40.0f + (float)sin(i * 0.7) * 3.0f, 0);
+        CHECK_NEAR(y[i], (x[i] - mean) * inv * w[i] + b[i], 2e-5);
+    }
+    ops_layernorm(x, x, w, b, N, 1e-5f); /* in place */
+    CHECK(memcmp(x, y, sizeof x) == 0);
+}
+
 static void test_rope_styles(void)
 {
     enum { HD = 8 };
@@ -513,6 +539,7 @@ int main(void)
     RUN(test_gelu_bias);
     RUN(test_gelu_tanh_and_softcap);
     RUN(test_add_layernorm);
+    RUN(test_layernorm);
     RUN(test_rope_styles);
     RUN(test_attention_kernels);
     RUN(test_matmul);

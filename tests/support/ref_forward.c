@@ -4,8 +4,11 @@
  * Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock): routing_weights =
  * softmax(router(x)), the top-k, divided by their sum where norm_topk_prob (Qwen3-MoE,
  * Mixtral; not Qwen2-MoE, OLMoE), the sum of routing_weight * expert(x), plus Qwen2-MoE's
- * sigmoid(shared_expert_gate(x)) * shared_expert(x). OLMoE's attention normalizes all of
- * q and all of k (OlmoeAttention's q_norm, k_norm) before RoPE.
+ * sigmoid(shared_expert_gate(x)) * shared_expert(x). GraniteMoE (GraniteMoeMoE,
+ * GraniteMoeTopKGating) takes the top-k router logits and a softmax over those alone, with
+ * granite's multipliers around it; GraniteMoeShared adds its shared_mlp(x), ungated.
+ * OLMoE's attention normalizes all of q and all of k (OlmoeAttention's q_norm, k_norm)
+ * before RoPE.
  *
  * The Gemma family follows HF transformers' modeling_gemma / modeling_gemma2 /
  * modeling_gemma3 (Gemma3ForCausalLM), with the GGUF's norm weights (the converter's +1
@@ -19,6 +22,26 @@
  * q_pos - W < k_pos; gemma3 normalizes q and k per head and rotates sliding layers with
  * rope_local_base_freq 10000 and global ones with rope_theta and its linear scaling;
  * gemma2's logits are soft-capped at the end.
+ *
+ * OLMo 2 follows modeling_olmo2 (Olmo2DecoderLayer, Olmo2Attention): no norm of a
+ * sublayer's input,
+ *     h = x + post_attention_layernorm(attn(x))
+ *     x = h + post_feedforward_layernorm(mlp(h))
+ * with q_norm over all of q_proj(x) and k_norm over all of k_proj(x), then rotate_half
+ * RoPE.
+ *
+ * SmolLM3 (modeling_smollm3) is llama's layer whose attention rotates q and k only where
+ * config.no_rope_layers[layer_idx] is 1: by default (no_rope_layer_interval 4) every
+ * layer but those with (layer_idx + 1) % 4 == 0.
+ *
+ * StableLM (modeling_stablelm: StableLmDecoderLayer without use_parallel_residual or
+ * qk_layernorm) is llama's layer with nn.LayerNorm (with bias, eps layer_norm_eps) for
+ * every norm, q/k/v biases where use_qkv_bias, and rotate_half RoPE over the first
+ * partial_rotary_factor of each head, computed here as qwen2's.
+ *
+ * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
+ * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
+ * into interleaved pairs, as it does llama's), computed here as qwen's.
  *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
@@ -44,6 +67,7 @@
 
 typedef struct ref_layer {
     double *attn_norm, *ffn_norm;     /* (dim) */
+    double *attn_norm_b, *ffn_norm_b; /* (dim) StableLM's LayerNorm biases, or NULL */
     double *wq, *wk, *wv, *wo;        /* (out, in) row-major */
     double *bq, *bk, *bv;             /* or NULL */
     double *q_norm, *k_norm;          /* (head_dim), OLMoE's (q_dim) (kv_dim), or NULL */
@@ -72,7 +96,11 @@ struct ref_model {
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
     bool norm_topk_prob;
-    bool olmoe; /* OlmoeAttention: q_norm and k_norm over the whole projections */
+    bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
+                           projections */
+    bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
+    int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
+    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -88,6 +116,7 @@ struct ref_model {
     double *yarn_inv_freq;       /* gpt-oss: (rotary_dim / 2) YaRN's, or NULL */
     bool kv_f16;
     double *embd, *out, *out_norm;
+    double *out_norm_b; /* (dim) StableLM's, or NULL */
     ref_layer *layers;
 };
 
@@ -197,7 +226,9 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
-                                        "qwen2moe", "qwen3moe", "olmoe",  "gpt-oss"};
+                                        "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
+                                        "granitemoe", "smollm3", "exaone", "stablelm",
+                                        "gpt-oss"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -206,14 +237,22 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     ref_model *m = calloc(1, sizeof *m);
     const char *arch = names[ai];
-    /* the mixtures of experts compute their attention as their dense family does */
-    m->arch = ai <= REF_GEMMA3 ? ai : !strcmp(arch, "qwen2moe") ? REF_QWEN2 : REF_QWEN3;
-    bool qwen2moe = !strcmp(arch, "qwen2moe");
-    m->olmoe = !strcmp(arch, "olmoe");
-    /* gpt-oss's attention is qwen2's (biases, halves) with its own parts (ref_gptoss_*) */
+    /* the mixtures of experts compute their attention as their dense family does; OLMo's,
+     * EXAONE's and StableLM's RoPE is rotate_half's, their feed-forward SwiGLU, as qwen's;
+     * gpt-oss's attention is qwen2's (biases, halves) with its own parts (ref_gptoss_*) */
+    bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
+    bool granitemoe = !strcmp(arch, "granitemoe");
     m->gptoss = !strcmp(arch, "gpt-oss");
-    if (m->gptoss)
-        m->arch = REF_QWEN2;
+    m->arch = ai <= REF_GEMMA3                                     ? ai
+              : granitemoe                                         ? REF_GRANITE
+              : !strcmp(arch, "smollm3")                           ? REF_LLAMA
+              : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
+                                                                   : REF_QWEN3;
+    m->olmo2 = !strcmp(arch, "olmo2");
+    /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
+    m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
+    m->layer_norm = !strcmp(arch, "stablelm");
+    m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -223,16 +262,20 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_expert = ref_u32(g, arch, "expert_count", 0);
     m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
     m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
-    m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff) : 0;
-    m->norm_topk_prob = !qwen2moe && !m->olmoe;
+    m->n_ff_shexp = qwen2moe     ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff)
+                    : granitemoe ? ref_u32(g, arch, "expert_shared_feed_forward_length", 0)
+                                 : 0;
+    m->norm_topk_prob = !qwen2moe && !olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
         return NULL;
     }
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
-    m->eps = ref_f32(g, arch, "attention.layer_norm_rms_epsilon", m->arch ? 1e-6 : 1e-5);
+    m->eps = m->layer_norm ? ref_f32(g, arch, "attention.layer_norm_epsilon", 1e-5)
+                           : ref_f32(g, arch, "attention.layer_norm_rms_epsilon",
+                                     m->arch ? 1e-6 : 1e-5);
     m->rotary_dim = ref_u32(g, arch, "rope.dimension_count", m->head_dim);
-    bool granite = m->arch == 4;
+    bool granite = m->arch == REF_GRANITE;
     m->embedding_multiplier = granite ? ref_f32(g, arch, "embedding_scale", 0) : 1.0;
     m->attention_multiplier = granite ? ref_f32(g, arch, "attention.scale", 0)
                                       : 1.0 / sqrt((double)m->head_dim);
@@ -275,6 +318,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->embd = ref_tensor(g, "token_embd.weight", (int64_t)m->dim * m->n_vocab);
     m->out = gguf_find_tensor(g, "output.weight") ? ref_tensor(g, "output.weight", -1) : m->embd;
     m->out_norm = ref_tensor(g, "output_norm.weight", m->dim);
+    m->out_norm_b = ref_tensor(g, "output_norm.bias", m->dim);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     for (int l = 0; l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
@@ -282,6 +326,8 @@ ref_model *ref_model_load(const gguf_file *g)
 #define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), ref_tensor(g, n, -1))
         L->attn_norm = T("attn_norm.weight");
         L->ffn_norm = T("ffn_norm.weight");
+        L->attn_norm_b = T("attn_norm.bias");
+        L->ffn_norm_b = T("ffn_norm.bias");
         L->wq = T("attn_q.weight");
         L->wk = T("attn_k.weight");
         L->wv = T("attn_v.weight");
@@ -315,8 +361,9 @@ ref_model *ref_model_load(const gguf_file *g)
             L->gate_exps = T("ffn_gate_exps.weight");
             L->up_exps = T("ffn_up_exps.weight");
             L->down_exps = T("ffn_down_exps.weight");
-            if (qwen2moe) {
+            if (qwen2moe)
                 L->shexp_gate = T("ffn_gate_inp_shexp.weight");
+            if (m->n_ff_shexp) {
                 L->gate = T("ffn_gate_shexp.weight");
                 L->up = T("ffn_up_shexp.weight");
                 L->down = T("ffn_down_shexp.weight");
@@ -330,14 +377,18 @@ ref_model *ref_model_load(const gguf_file *g)
         }
 #undef T
         bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
-                                     (!qwen2moe || (L->shexp_gate && L->gate && L->up && L->down))
+                                     (!qwen2moe || L->shexp_gate) &&
+                                     (!m->n_ff_shexp || (L->gate && L->up && L->down))
                                : L->gate && L->up && L->down;
-        if (!L->attn_norm || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
+        /* OLMo 2's post norms are computed where the file has them, as Gemma's */
+        bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
+        norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
+        if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
         }
     }
-    if (!m->embd || !m->out || !m->out_norm) {
+    if (!m->embd || !m->out || !m->out_norm || (m->layer_norm && !m->out_norm_b)) {
         ref_model_free(m);
         return NULL;
     }
@@ -354,8 +405,8 @@ void ref_model_free(ref_model *m)
                          L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
                          L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
-                         L->post_ffn,  L->sinks,    L->bo,        L->router_b, L->gate_b,
-                         L->up_b,      L->down_b};
+                         L->post_ffn,  L->attn_norm_b, L->ffn_norm_b, L->sinks, L->bo,
+                         L->router_b,  L->gate_b,   L->up_b,      L->down_b};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -367,6 +418,7 @@ void ref_model_free(ref_model *m)
         free(m->out);
     free(m->embd);
     free(m->out_norm);
+    free(m->out_norm_b);
     free(m);
 }
 
@@ -403,6 +455,33 @@ static void ref_rmsnorm(double *y, const double *x, const double *w, int n, doub
     double s = 1.0 / sqrt(ss / n + eps);
     for (int i = 0; i < n; i++)
         y[i] = x[i] * s * w[i];
+}
+
+/* StableLmDecoderLayer's input_layernorm, post_attention_layernorm and the final norm:
+ * torch's nn.LayerNorm, (x - mean) / sqrt(var + eps) * w + b (biased variance). */
+static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int n,
+                          double eps)
+{
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    double s = 1.0 / sqrt(var / n + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = (x[i] - mean) * s * w[i] + b[i];
+}
+
+/* The model's norm of a sublayer's input or of the output: LayerNorm (StableLM) or
+ * RMSNorm. */
+static void ref_norm(const ref_model *m, double *y, const double *x, const double *w,
+                     const double *b)
+{
+    if (m->layer_norm)
+        ref_layernorm(y, x, w, b, m->dim, m->eps);
+    else
+        ref_rmsnorm(y, x, w, m->dim, m->eps);
 }
 
 /* y (rows) = W (rows, cols) x (cols) [+ b] */
@@ -547,13 +626,13 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
         for (int i = 0; i < dim; i++)
             y[i] += w * tmp[i];
     }
-    if (!L->shexp_gate)
+    if (!m->n_ff_shexp)
         return;
     ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff_shexp, g, u);
     double s = 0;
-    for (int i = 0; i < dim; i++)
+    for (int i = 0; L->shexp_gate && i < dim; i++)
         s += L->shexp_gate[i] * xn[i];
-    s = 1 / (1 + exp(-s));
+    s = L->shexp_gate ? 1 / (1 + exp(-s)) : 1.0;
     for (int i = 0; i < dim; i++)
         y[i] += s * tmp[i];
 }
@@ -586,11 +665,14 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int l = 0; l < m->n_layer; l++) {
         const ref_layer *L = &m->layers[l];
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * dim, L->attn_norm, dim, m->eps);
+            if (m->olmo2)
+                memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
+            else
+                ref_norm(m, xn, x + (size_t)t * dim, L->attn_norm, L->attn_norm_b);
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
-            if (L->q_norm && m->olmoe) {
+            if (L->q_norm && m->qk_norm_whole) {
                 double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
                 ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
                 ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
@@ -600,8 +682,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 for (int h = 0; h < m->n_kv_head; h++)
                     ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
             }
-            ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
-            ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            if (!m->no_rope_interval || (l + 1) % m->no_rope_interval != 0) {
+                ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
+                ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
+            }
             for (int i = 0; m->kv_f16 && i < kvd; i++) {
                 k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
                 v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);
@@ -651,7 +735,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
         for (int t = 0; t < n; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * dim, L->ffn_norm, dim, m->eps);
+            if (m->olmo2)
+                memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
+            else
+                ref_norm(m, xn, x + (size_t)t * dim, L->ffn_norm, L->ffn_norm_b);
             int *route = m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL;
             if (m->gptoss)
                 ref_gptoss_moe(m, L, tmp, xn, tmp2, g, u, route);
@@ -668,7 +755,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             memcpy(hidden + (size_t)(l + 1) * n * dim, x, (size_t)n * dim * sizeof(double));
     }
     for (int t = 0; t < n; t++) {
-        ref_rmsnorm(xn, x + (size_t)t * dim, m->out_norm, dim, m->eps);
+        ref_norm(m, xn, x + (size_t)t * dim, m->out_norm, m->out_norm_b);
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
         for (int i = 0; i < m->n_vocab; i++) {
             double *z = &logits[(size_t)t * m->n_vocab + i];

@@ -1,9 +1,10 @@
 /*
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
- * / gemma / gemma2 / gemma3 GGUF models (and the mixtures of experts: qwen2moe, qwen3moe,
- * llama with experts, olmoe, gpt-oss), in double precision from dequantized weights, written
- * independently of engine/model/model.c (phi3, granite, Gemma and the mixtures from
- * Hugging Face's modeling code) so the optimized forward can be checked against it.
+ * / gemma / gemma2 / gemma3 / olmo2 GGUF models (and the mixtures of experts: qwen2moe,
+ * qwen3moe, llama with experts, olmoe, granitemoe, gpt-oss), in double precision from
+ * dequantized weights, written independently of engine/model/model.c (phi3, granite,
+ * Gemma, OLMo 2, gpt-oss and the mixtures from Hugging Face's modeling code) so the
+ * optimized forward can be checked against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H

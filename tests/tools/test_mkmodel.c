@@ -532,6 +532,63 @@ static void gptoss_files(void)
     CHECK_MSG(strstr(err, "--expert-type"), "%s", err);
 }
 
+/* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone, stablelm) write
+ * what llama.cpp's loader reads of them, and what llmsd loads: OLMo 2's post norms and
+ * whole q/k norms, no input norms; Granite MoE's router and merged experts, its shared
+ * expert with --shared-ffn alone. */
+static void small_arch_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) {
+        SKIP("no vocab/ggml-vocab-llama-spm.gguf in the test data");
+        return;
+    }
+    const struct {
+        const char *arch, *extra, *has[3], *lacks[2];
+    } cases[] = {
+        {"olmo2", "", {"blk.2.post_attention_norm.weight", "blk.2.post_ffw_norm.weight",
+                       "blk.2.attn_q_norm.weight"},
+         {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
+        {"granitemoe", "--experts 4 --experts-used 2",
+         {"blk.3.ffn_gate_inp.weight", "blk.3.ffn_up_exps.weight", "blk.0.attn_norm.weight"},
+         {"blk.0.ffn_up_shexp.weight", "blk.0.ffn_gate.weight"}},
+        {"granitemoe", "--experts 4 --experts-used 2 --shared-ffn 64",
+         {"blk.3.ffn_down_exps.weight", "blk.3.ffn_gate_shexp.weight",
+          "blk.1.ffn_down_shexp.weight"},
+         {"blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_down.weight"}},
+        {"smollm3", "",
+         {"blk.3.attn_q.weight", "blk.3.attn_norm.weight", "blk.3.ffn_gate.weight"},
+         {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"}},
+        {"exaone", "", {"blk.1.attn_k.weight", "blk.1.ffn_norm.weight", "output.weight"},
+         {"blk.0.attn_qkv.weight", "blk.0.attn_q.bias"}},
+        {"stablelm", "", {"output_norm.bias", "blk.3.ffn_norm.bias", "blk.3.attn_v.bias"},
+         {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char out[1100], args[4096], err[1024], e[ERR_MAX];
+        snprintf(out, sizeof out, "%s/%s.gguf", test_tmpdir(), cases[c].arch);
+        snprintf(args, sizeof args,
+                 "-o '%s' --arch %s --dim 64 --layers 4 --heads 4 --ffn 128 --ctx 256 "
+                 "--type q8_0 --vocab '%s' %s", out, cases[c].arch, vocab, cases[c].extra);
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        gguf_file *g = gguf_open(out, e);
+        CHECK_MSG(g, "%s", e);
+        gguf_str s;
+        CHECK(gguf_get_str(g, "general.architecture", &s) && gguf_str_eq(s, cases[c].arch));
+        for (int i = 0; i < 3 && cases[c].has[i]; i++)
+            CHECK_MSG(gguf_find_tensor(g, cases[c].has[i]), "%s: %s", cases[c].arch,
+                      cases[c].has[i]);
+        for (int i = 0; i < 2 && cases[c].lacks[i]; i++)
+            CHECK_MSG(!gguf_find_tensor(g, cases[c].lacks[i]), "%s: %s", cases[c].arch,
+                      cases[c].lacks[i]);
+        model *m = model_from_gguf(g, e);
+        CHECK_MSG(m && !strcmp(model_arch_name(model_hparams_of(m)->arch), cases[c].arch),
+                  "%s: %s", cases[c].arch, e);
+        model_free(m);
+        gguf_close(g);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -562,5 +619,6 @@ int main(int argc, char **argv)
     RUN(experts_in_llama_cpp_layout);
     RUN(gemma_files);
     RUN(gptoss_files);
+    RUN(small_arch_files);
     return test_finish();
 }

@@ -1,0 +1,575 @@
+/*
+ * The smaller architectures of llama.cpp's layout in the decoder engine, each against the
+ * double-precision reference (tests/support/ref_forward.c, written from Hugging Face's
+ * modeling code): olmo2 (OLMo 2: norms of the sublayers' outputs, none of their inputs,
+ * q/k norms over the whole projections), granitemoe (Granite 3.x MoE: granite's scales
+ * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too),
+ * smollm3 (SmolLM3: llama with no RoPE on every fourth layer), exaone (EXAONE 3.5: llama
+ * with NEOX RoPE), stablelm (StableLM 2 1.6B: LayerNorms with biases, a quarter of each
+ * head rotated, q/k/v biases).
+ *
+ * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
+ * For each: the hyper-parameters the loader reads; logits against the reference on every
+ * attention path (a 40-row prefill on sgemm, sub-batches of 8 on per-row attention,
+ * gapped and out-of-order batches) in float and 8-bit weights; a mutation of the file
+ * that removes what the architecture adds moves the reference past the tolerance (so the
+ * comparison would catch an engine that ignored it); a prefill equals the same tokens
+ * decoded one by one; sequences stacked in one step equal each alone, bit for bit; the
+ * partitioned long-prompt prefill (score blocks, row slices) equals one whole step; a file
+ * without a tensor the architecture needs is refused, naming it. Tolerances are
+ * test_model.c's: TOL_FLOAT for f32/f16 weights, TOL_QUANT for Q8_0's 8-bit activations,
+ * TOL_PART (relative) between two paths of the engine. Q8_0's mixtures use every expert,
+ * as test_moe's: the activations' rounding may flip a near-tied router choice that the
+ * reference makes the other way.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/model.h"
+#include "engine/quant/quant.h"
+#include "tests/support/model_check.h"
+#include "tests/support/ref_forward.h"
+#include "tests/support/test.h"
+
+#define TOL_FLOAT 0.02
+#define TOL_QUANT 0.2
+#define TOL_PART 1e-3
+#define N_VOCAB 260
+
+/* A file rewritten from another: an architecture renamed (its keys with it), tensors
+ * and a key left out, one number key replaced, a 1-D tensor cut short. */
+typedef struct arch_edit {
+    const char *rename;    /* the new general.architecture, or NULL */
+    const char *drop[4];   /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
+    const char *drop_key;  /* a key left out, or NULL */
+    const char *f32_key;   /* a key set to f32_value, or NULL */
+    float f32_value;
+    const char *cut;       /* a 1-D tensor written with its first cut_to elements, or NULL */
+    int64_t cut_to;
+    const char *copy_from, *copy_to; /* a tensor written once more under another name */
+} arch_edit;
+
+typedef struct arch_case {
+    const char *arch;
+    const char *label;     /* the case's name */
+    int n_expert, n_expert_used, n_ff_shexp; /* modelgen's (0: a dense model) */
+    const char *what;      /* what the mutation takes away */
+    arch_edit mutation;    /* the same weights without the architecture's own part */
+    const char *needed[3]; /* tensors a file must have, NULL-ended */
+} arch_case;
+
+static const arch_case CASES[] = {
+    {"olmo2", "olmo2", 0, 0, 0, "post norms",
+     {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}},
+     {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}},
+    {"granitemoe", "granitemoe", 8, 2, 0, "residual scale",
+     {.f32_key = "granitemoe.residual_scale", .f32_value = 1.0f},
+     {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}},
+    {"granitemoe", "granitemoe shared", 8, 2, 192, "shared expert",
+     {.drop = {"blk.*.ffn_gate_shexp.weight", "blk.*.ffn_up_shexp.weight",
+               "blk.*.ffn_down_shexp.weight"},
+      .drop_key = "granitemoe.expert_shared_feed_forward_length"},
+     {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}},
+    /* the same file as llama's rotates every layer */
+    {"smollm3", "smollm3", 0, 0, 0, "NoPE layer", {.rename = "llama"},
+     {"blk.3.attn_k.weight", "output_norm.weight", NULL}},
+    /* the same file as llama's rotates interleaved pairs */
+    {"exaone", "exaone", 0, 0, 0, "NEOX RoPE", {.rename = "llama"},
+     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}},
+    /* the same file as qwen2's has RMSNorms (its biases and LayerNorms' unread) */
+    {"stablelm", "stablelm", 0, 0, 0, "LayerNorms", {.rename = "qwen2"},
+     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}},
+};
+#define N_CASES (int)(sizeof CASES / sizeof *CASES)
+
+static modelgen_params arch_params(const arch_case *c, uint32_t type)
+{
+    return (modelgen_params){.arch = c->arch, .dim = 128, .n_layer = 4, .n_head = 4,
+                             .n_head_kv = 4, .n_ff = 256, .n_ctx = 512, .type = type,
+                             .seed = 11, .n_vocab = N_VOCAB, .n_threads = 1,
+                             .n_expert = c->n_expert, .n_expert_used = c->n_expert_used,
+                             .n_ff_shexp = c->n_ff_shexp};
+}
+
+static const char *gen(const modelgen_params *p, const char *name)
+{
+    static char path[4][512];
+    static int k;
+    char *out = path[k++ % 4];
+    snprintf(out, sizeof path[0], "%s/%s-%s.gguf", test_tmpdir(), p->arch, name);
+    char err[ERR_MAX];
+    if (modelgen_write(p, out, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        return NULL;
+    }
+    return out;
+}
+
+/* Whether tensor name is one of e's to drop. */
+static bool dropped(const arch_edit *e, const char *name)
+{
+    for (int i = 0; i < 4 && e->drop[i]; i++) {
+        const char *d = e->drop[i];
+        if (!strncmp(d, "blk.*.", 6)) {
+            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
+            if (dot && !strcmp(dot + 1, d + 6))
+                return true;
+        } else if (!strcmp(name, d)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static int rewrite(const char *src, const char *dst, const arch_edit *e)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_str a;
+    if (!gguf_get_str(g, "general.architecture", &a)) {
+        gguf_close(g);
+        return -1;
+    }
+    gguf_writer *w = gguf_writer_new();
+    int rc = 0;
+    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
+        gguf_str k = gguf_key(g, i);
+        char key[160];
+        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+        uint32_t u;
+        float f;
+        if (e->drop_key && !strcmp(key, e->drop_key)) {
+            continue;
+        } else if (e->rename && !strcmp(key, "general.architecture")) {
+            rc = gguf_writer_set_str(w, key, e->rename);
+        } else if (e->rename && k.len > a.len && !memcmp(key, a.ptr, a.len) && key[a.len] == '.') {
+            char renamed[160];
+            snprintf(renamed, sizeof renamed, "%s%s", e->rename, key + a.len);
+            if (gguf_kv_type(g, i) == GGUF_UINT32 && gguf_get_u32(g, key, &u))
+                rc = gguf_writer_set_u32(w, renamed, u);
+            else if (gguf_kv_type(g, i) == GGUF_FLOAT32 && gguf_get_f32(g, key, &f))
+                rc = gguf_writer_set_f32(w, renamed, f);
+            else
+                rc = -1;
+        } else if (e->f32_key && !strcmp(key, e->f32_key)) {
+            rc = gguf_writer_set_f32(w, key, e->f32_value);
+        } else {
+            rc = gguf_writer_copy_kv(w, g, i);
+        }
+    }
+    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        int64_t ne[GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (e->cut && !strcmp(name, e->cut) && t->n_dims == 1 && e->cut_to < ne[0])
+            ne[0] = e->cut_to;
+        if (!dropped(e, name))
+            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data);
+        if (rc == 0 && e->copy_from && !strcmp(name, e->copy_from))
+            rc = gguf_writer_add_tensor(w, e->copy_to, t->type, t->n_dims, ne, t->data);
+    }
+    if (rc == 0)
+        rc = gguf_writer_write(w, dst, err);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
+static int32_t tok_at(int i)
+{
+    return (int32_t)((i * 37 + 11) % N_VOCAB);
+}
+
+/* max |a - b| over n relative to the largest |a| (at least 1). */
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, scale = 1;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        d = isnan(e) ? 1e9 : e > d ? e : d;
+        scale = fabs(a[i]) > scale ? fabs(a[i]) : scale;
+    }
+    return d / scale;
+}
+
+/* A prefill of 40, 6 decodes, then a fresh sequence with gapped and out-of-order batches
+ * (positions 0..7, 30..37, then 12..15 after them). */
+static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
+
+/* ---- hyper-parameters ---- */
+
+/* The case's model as the loader reads it, or NULL (the reason printed). */
+static model *load_case(const arch_case *c, const char *name)
+{
+    char err[ERR_MAX] = "modelgen";
+    modelgen_params p = arch_params(c, QTYPE_F32);
+    const char *path = gen(&p, name);
+    model *m = path ? model_load(path, err) : NULL;
+    if (!m)
+        fprintf(stderr, "%s: %s\n", c->label, err);
+    return m;
+}
+
+static void test_metadata(void)
+{
+    model *m = load_case(&CASES[0], "meta");
+    CHECK(m);
+    const model_hparams *hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_OLMO2);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK(!hp->pre_norms && hp->post_norms);
+    CHECK_NEAR(hp->rope_base, 500000.0, 1e-3);
+    CHECK_NEAR(hp->norm_eps, 1e-6, 1e-12);
+    model_free(m);
+    /* granitemoe: granite's scales (modelgen's Granite 3 values), the experts of
+     * feed_forward_length, renormalised top-k; a shared expert only with its key */
+    for (int c = 1; c <= 2; c++) {
+        m = load_case(&CASES[c], "meta");
+        CHECK(m);
+        hp = model_hparams_of(m);
+        CHECK_EQ(hp->arch, (int)MODEL_ARCH_GRANITEMOE);
+        CHECK_EQ(hp->rope_style, MODEL_ROPE_INTERLEAVED);
+        CHECK(hp->pre_norms && !hp->post_norms);
+        CHECK_NEAR(hp->embd_scale, 12.0, 1e-6);
+        CHECK_NEAR(hp->residual_scale, 0.22, 1e-6);
+        CHECK_NEAR(hp->attn_scale, 0.015625, 1e-9);
+        CHECK_NEAR(hp->logit_scale, 8.0, 1e-6);
+        CHECK(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->expert_norm);
+        CHECK_EQ(hp->n_ff_exp, 256);
+        CHECK_EQ(hp->n_ff_shexp, c == 1 ? 0 : 192);
+        model_free(m);
+    }
+    /* smollm3: llama's interleaved RoPE, but not on layer 3 (of 0..3) */
+    m = load_case(&CASES[3], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_SMOLLM3);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_INTERLEAVED);
+    CHECK_EQ(hp->nope_step, 4);
+    for (int l = 0; l < hp->n_layer; l++)
+        CHECK_MSG(model_layer_rotates(hp, l) == (l != 3), "layer %d", l);
+    CHECK_NEAR(hp->rope_base, 5e6, 1);
+    model_free(m);
+    /* exaone: NEOX RoPE, llama's norms, EXAONE 3.5's base and epsilon */
+    m = load_case(&CASES[4], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_EXAONE);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK(hp->pre_norms && !hp->post_norms && hp->nope_step == 0);
+    CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+    CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+    model_free(m);
+    /* stablelm: LayerNorm, NEOX RoPE over a quarter of each head (8 of 32) */
+    m = load_case(&CASES[5], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_STABLELM);
+    CHECK_EQ(hp->norm, MODEL_NORM_LAYER);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK_EQ(hp->rope_dims, 8);
+    CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+    model_free(m);
+}
+
+/* ---- the forward against the reference ---- */
+
+static void test_logits_vs_reference(void)
+{
+    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
+    for (int c = 0; c < N_CASES; c++)
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+            modelgen_params p = arch_params(&CASES[c], types[t]);
+            if (types[t] == QTYPE_Q8_0)
+                p.n_expert_used = p.n_expert;
+            const char *path = gen(&p, "ref");
+            CHECK(path);
+            bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
+            double tol = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds)
+                             ? TOL_FLOAT : TOL_QUANT;
+            /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
+             * attention in sub-batches */
+            double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
+            printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n", CASES[c].label,
+                   quant_traits_of(types[t])->name, d1, d2);
+            CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", CASES[c].label,
+                      quant_traits_of(types[t])->name, d1, d2, tol);
+        }
+}
+
+/* The reference of each case's mutated file (the same weights without what the
+ * architecture adds) is more than 5 float tolerances from the original's: a forward that
+ * skipped that part would fail the comparison above. (Granite's logits are divided by its
+ * logit scale, 8 here, and each sublayer's output multiplied by 0.22: its parts move
+ * them less than the others'.) */
+static void test_arch_parts_matter(void)
+{
+    enum { N = 40 };
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i), pos[i] = i;
+    double *with = malloc(sizeof(double) * N * N_VOCAB);
+    double *without = malloc(sizeof(double) * N * N_VOCAB);
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/mutated.gguf", test_tmpdir());
+    for (int c = 0; c < N_CASES; c++) {
+        modelgen_params p = arch_params(&CASES[c], QTYPE_F32);
+        const char *src = gen(&p, "whole");
+        CHECK(src && rewrite(src, dst, &CASES[c].mutation) == 0);
+        gguf_file *gp = gguf_open(src, err), *gq = gguf_open(dst, err);
+        CHECK(gp && gq);
+        ref_model *rp = ref_model_load(gp), *rq = ref_model_load(gq);
+        CHECK(rp && rq);
+        ref_forward(rp, N, tok, pos, with, NULL, NULL);
+        ref_forward(rq, N, tok, pos, without, NULL, NULL);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
+            d = fmax(d, fabs(with[i] - without[i]));
+        printf("  %s without its %s: the reference moves by %.3g\n", CASES[c].label,
+               CASES[c].what, d);
+        CHECK_MSG(d > 5 * TOL_FLOAT, "%s %s: %g", CASES[c].label, CASES[c].what, d);
+        ref_model_free(rp), ref_model_free(rq);
+        gguf_close(gp), gguf_close(gq);
+    }
+    free(with), free(without);
+}
+
+/* ---- the engine's paths against each other ---- */
+
+/* Logits of n tokens run as one batch into out (n, N_VOCAB), or one token at a time when
+ * one_by_one. */
+static int run_tokens(model_runner *r, kv_pool *pool, int n, const int32_t *tok,
+                      const int32_t *pos, bool one_by_one, float *out)
+{
+    char err[ERR_MAX];
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    int32_t rows[64];
+    for (int i = 0; i < n; i++)
+        rows[i] = i;
+    int rc = 0;
+    for (int t = 0; t < n && rc == 0; t += one_by_one ? 1 : n) {
+        int k = one_by_one ? 1 : n;
+        model_batch b = {.n_tokens = k, .tokens = tok + t, .positions = pos + t, .n_out = k,
+                         .out_rows = rows, .logits = out + (size_t)t * N_VOCAB};
+        rc = model_forward(r, &s, &b, err);
+    }
+    if (rc < 0)
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&s);
+    return rc;
+}
+
+/* A prefill of 48 tokens gives the logits of 48 single-token decodes (sgemm attention over
+ * f32 K/V against per-row attention over f16 blocks: rounding apart). */
+static void test_prefill_equals_decode(void)
+{
+    enum { N = 48 };
+    char err[ERR_MAX];
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i * 3 + 1), pos[i] = i;
+    float *a = malloc(sizeof(float) * N * N_VOCAB), *b = malloc(sizeof(float) * N * N_VOCAB);
+    for (int c = 0; c < N_CASES; c++) {
+        modelgen_params p = arch_params(&CASES[c], QTYPE_F32);
+        model *m = model_load(gen(&p, "pd"), err);
+        CHECK_MSG(m, "%s", err);
+        model_runner *r = model_runner_new(m, 2, 0, 0, err);
+        kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+        CHECK(r && pool);
+        CHECK(run_tokens(r, pool, N, tok, pos, false, a) == 0);
+        CHECK(run_tokens(r, pool, N, tok, pos, true, b) == 0);
+        double d = max_rel(a, b, (size_t)N * N_VOCAB);
+        printf("  %s: prefill vs decode %.2g\n", CASES[c].label, d);
+        CHECK(d <= TOL_PART);
+        kv_pool_free(pool);
+        model_runner_free(r);
+        model_free(m);
+    }
+    free(a), free(b);
+}
+
+/* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
+ * give each one's logits alone, bit for bit (f32 weights: per-row dot kernels, per-row
+ * attention, as alone). */
+static void test_batched_equals_alone(void)
+{
+    char err[ERR_MAX];
+    for (int c = 0; c < N_CASES; c++) {
+        modelgen_params p = arch_params(&CASES[c], QTYPE_F32);
+        model *m = model_load(gen(&p, "bat"), err);
+        CHECK_MSG(m, "%s", err);
+        model_runner *r = model_runner_new(m, 2, 64, 128, err);
+        kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+        CHECK(r && pool);
+        const int hist[3] = {30, 45, 12}, step[3] = {1, 1, 5};
+        int32_t tok[3][64], pos[3][64];
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < 64; i++)
+                tok[s][i] = tok_at(i * (s + 2) + s), pos[s][i] = i;
+        float *alone = malloc(sizeof(float) * 7 * N_VOCAB);
+        float *stacked = malloc(sizeof(float) * 7 * N_VOCAB);
+        int32_t rows[5] = {0, 1, 2, 3, 4};
+        kv_seq seq[2][3];
+        for (int v = 0; v < 2; v++)
+            for (int s = 0; s < 3; s++) {
+                kv_seq_init(&seq[v][s], pool);
+                model_batch h = {.n_tokens = hist[s], .tokens = tok[s], .positions = pos[s]};
+                CHECK(model_forward(r, &seq[v][s], &h, err) == 0);
+            }
+        model_batch bs[3];
+        int off = 0;
+        for (int s = 0; s < 3; s++) {
+            bs[s] = (model_batch){.n_tokens = step[s], .tokens = tok[s] + hist[s],
+                                  .positions = pos[s] + hist[s], .n_out = step[s],
+                                  .out_rows = rows, .logits = alone + (size_t)off * N_VOCAB};
+            CHECK(model_forward(r, &seq[0][s], &bs[s], err) == 0);
+            bs[s].logits = stacked + (size_t)off * N_VOCAB;
+            off += step[s];
+        }
+        kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
+        CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
+        CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%s: %g",
+                  CASES[c].label, max_rel(alone, stacked, (size_t)7 * N_VOCAB));
+        for (int v = 0; v < 2; v++)
+            for (int s = 0; s < 3; s++)
+                kv_seq_free(&seq[v][s]);
+        free(alone), free(stacked);
+        kv_pool_free(pool);
+        model_runner_free(r);
+        model_free(m);
+    }
+}
+
+/* A prompt of N_PROMPT after a history of N_HIST through the runner `part` and through
+ * one unpartitioned step: max relative difference of the out rows' logits and last hidden
+ * rows. */
+#define N_HIST 48
+#define N_PROMPT 120
+static double partitioned_diff(const model *m, model_runner *whole, model_runner *part)
+{
+    char err[ERR_MAX];
+    int n = N_HIST + N_PROMPT, dim = model_hparams_of(m)->dim;
+    int32_t tok[N_HIST + N_PROMPT], pos[N_HIST + N_PROMPT], outs[] = {0, 37, 90, N_PROMPT - 1};
+    for (int i = 0; i < n; i++)
+        tok[i] = tok_at(i * 5 + 2), pos[i] = i;
+    enum { N_OUT = 4 };
+    float *lw = malloc(sizeof(float) * N_OUT * N_VOCAB * 2), *lp = lw + N_OUT * N_VOCAB;
+    float *hw = malloc(sizeof(float) * N_OUT * dim * 2), *hpart = hw + N_OUT * dim;
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq a, b;
+    kv_seq_init(&a, pool);
+    kv_seq_init(&b, pool);
+    double d = 1e9;
+    model_batch hist = {.n_tokens = N_HIST, .tokens = tok, .positions = pos};
+    model_batch bw = {.n_tokens = N_PROMPT, .tokens = tok + N_HIST, .positions = pos + N_HIST,
+                      .n_out = N_OUT, .out_rows = outs, .logits = lw, .hidden_last = hw};
+    model_batch bp = bw;
+    bp.logits = lp, bp.hidden_last = hpart;
+    if (model_forward(whole, &a, &hist, err) == 0 && model_forward(whole, &b, &hist, err) == 0 &&
+        model_forward(whole, &a, &bw, err) == 0 && model_forward(part, &b, &bp, err) == 0)
+        d = fmax(max_rel(lw, lp, (size_t)N_OUT * N_VOCAB), max_rel(hw, hpart, (size_t)N_OUT * dim));
+    else
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&a);
+    kv_seq_free(&b);
+    kv_pool_free(pool);
+    free(lw), free(hw);
+    return d;
+}
+
+/* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
+ * K/V appended before the next; slices under 16 rows take the per-row path) give the
+ * unpartitioned logits and hidden rows. */
+static void test_partitioned_prefill(void)
+{
+    char err[ERR_MAX];
+    const struct {
+        int rows, attn_rows;
+    } cases[] = {{N_PROMPT, 4}, {N_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
+    double worst = 0;
+    for (int c = 0; c < N_CASES; c++) {
+        modelgen_params p = arch_params(&CASES[c], QTYPE_F32);
+        model *m = model_load(gen(&p, "part"), err);
+        CHECK_MSG(m, "%s", err);
+        model_runner_opts wo = {.n_threads = 2, .max_batch = N_PROMPT,
+                                .max_kv = N_HIST + N_PROMPT, .attn_rows = N_PROMPT};
+        model_runner *whole = model_runner_new_opts(m, &wo, err);
+        CHECK(whole);
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            model_runner_opts po = {.n_threads = 2, .max_batch = cases[k].rows,
+                                    .max_kv = N_HIST + N_PROMPT, .attn_rows = cases[k].attn_rows};
+            model_runner *part = model_runner_new_opts(m, &po, err);
+            CHECK(part);
+            double d = partitioned_diff(m, whole, part);
+            CHECK_MSG(d <= TOL_PART, "%s rows %d blocks %d: %g", CASES[c].label, cases[k].rows,
+                      cases[k].attn_rows, d);
+            worst = fmax(worst, d);
+            model_runner_free(part);
+        }
+        model_runner_free(whole);
+        model_free(m);
+    }
+    printf("  partitioned vs whole: %.2g\n", worst);
+}
+
+/* ---- refusals ---- */
+
+/* A file without a tensor its architecture needs is refused, naming it; so is an olmo2
+ * file whose q norm is one head's (as qwen3's is), naming its shape, and a stablelm file
+ * with StableLM 2 12B's q norms. */
+static void test_missing_parts_refused(void)
+{
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/broken.gguf", test_tmpdir());
+    for (int c = 0; c < N_CASES; c++) {
+        modelgen_params p = arch_params(&CASES[c], QTYPE_F16);
+        const char *src = gen(&p, "whole");
+        CHECK(src);
+        for (int i = 0; CASES[c].needed[i]; i++) {
+            arch_edit e = {.drop = {CASES[c].needed[i]}};
+            CHECK(rewrite(src, dst, &e) == 0);
+            err[0] = '\0';
+            CHECK(model_load(dst, err) == NULL);
+            printf("  %s: refused: %s\n", CASES[c].label, err);
+            CHECK_MSG(strstr(err, CASES[c].needed[i]) && strstr(err, "missing"), "%s: %s",
+                      CASES[c].label, err);
+        }
+    }
+    modelgen_params p = arch_params(&CASES[0], QTYPE_F16);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    arch_edit e = {.cut = "blk.2.attn_q_norm.weight", .cut_to = p.dim / p.n_head};
+    CHECK(rewrite(src, dst, &e) == 0);
+    err[0] = '\0';
+    CHECK(model_load(dst, err) == NULL);
+    printf("  olmo2: refused: %s\n", err);
+    CHECK_MSG(strstr(err, "blk.2.attn_q_norm.weight") && strstr(err, "shape"), "%s", err);
+    p = arch_params(&CASES[5], QTYPE_F16);
+    src = gen(&p, "whole");
+    CHECK(src);
+    e = (arch_edit){.copy_from = "blk.1.attn_norm.weight", .copy_to = "blk.1.attn_q_norm.weight"};
+    CHECK(rewrite(src, dst, &e) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    printf("  stablelm: refused: %s\n", err);
+    CHECK_MSG(strstr(err, "blk.1.attn_q_norm.weight") && strstr(err, "not supported"), "%s", err);
+}
+
+int main(void)
+{
+    RUN(test_metadata);
+    RUN(test_logits_vs_reference);
+    RUN(test_arch_parts_matter);
+    RUN(test_prefill_equals_decode);
+    RUN(test_batched_equals_alone);
+    RUN(test_partitioned_prefill);
+    RUN(test_missing_parts_refused);
+    return test_finish();
+}

@@ -1,0 +1,215 @@
+/*
+ * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
+ * shared expert, smollm3, exaone, stablelm): a random-weight model of each (modelgen, 4 layers, F32)
+ * on the test data's llama SPM vocabulary; the daemon reports the architecture and
+ * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
+ * runners-up of the engine's own greedy decode in this process (a prompt of 24, 12 tokens
+ * decoded: smollm3's NoPE layer and granitemoe's experts on the daemon's prefill and
+ * decode paths both). Skips without the vocabulary.
+ */
+#include <grp.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/llms.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/model.h"
+#include "engine/quant/quant.h"
+#include "tests/integration/httpc.h"
+#include "tests/integration/llmsd_proc.h"
+#include "tests/support/test.h"
+
+#define N_PROMPT 24
+#define N_GEN 12
+
+static char llmsd_path[1024], vocab_path[1024];
+
+static int32_t prompt_id(int i)
+{
+    return i == 0 ? 1 /* the SPM vocabulary's BOS */ : (int32_t)(100 + (i * 7919) % 31000);
+}
+
+/* The engine's greedy continuation of prompt in this process (the model at path): the
+ * prompt in one forward, then one token at a time; each chosen token's log-probability
+ * into lp and the runner-up's id into second. */
+static int engine_greedy(const char *path, const int32_t *prompt, int32_t *out, float *lp,
+                         int32_t *second)
+{
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    int nv = model_hparams_of(m)->n_vocab, rc = -1;
+    model_runner *r = model_runner_new(m, 1, 0, 256, err);
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    float *logits = malloc((size_t)nv * sizeof(float));
+    int32_t pos[N_PROMPT], last = N_PROMPT - 1;
+    kv_seq s;
+    if (!pool || !logits)
+        goto out;
+    kv_seq_init(&s, pool);
+    for (int i = 0; i < N_PROMPT; i++)
+        pos[i] = i;
+    model_batch b = {.n_tokens = N_PROMPT, .tokens = prompt, .positions = pos, .n_out = 1,
+                     .out_rows = &last, .logits = logits};
+    rc = model_forward(r, &s, &b, err);
+    for (int k = 0; k < N_GEN && rc == 0; k++) {
+        int32_t best = 0, p = N_PROMPT + k, row = 0, sec = -1;
+        for (int v = 1; v < nv; v++)
+            best = logits[v] > logits[best] ? v : best;
+        double z = 0;
+        for (int v = 0; v < nv; v++) {
+            z += exp((double)logits[v] - logits[best]);
+            if (v != best && (sec < 0 || logits[v] > logits[sec]))
+                sec = v;
+        }
+        out[k] = best;
+        lp[k] = (float)-log(z);
+        second[k] = sec;
+        model_batch one = {.n_tokens = 1, .tokens = &best, .positions = &p, .n_out = 1,
+                           .out_rows = &row, .logits = logits};
+        if (k + 1 < N_GEN)
+            rc = model_forward(r, &s, &one, err);
+    }
+    if (rc < 0)
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&s);
+out:
+    free(logits);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    return rc;
+}
+
+/* Starts llmsd on a model of arch (p's other fields), checks that it names the
+ * architecture and that its greedy /completion is the engine's. */
+static void serves(modelgen_params p)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    if (!vocab_path[0])
+        SKIP("no vocab/ggml-vocab-llama-spm.gguf in the test data (LLMS_TESTDATA)");
+    char err[ERR_MAX], model_path[1024], name[64], http_sock[1100], extra[2000];
+    gguf_file *v = gguf_open(vocab_path, err);
+    CHECK_MSG(v, "%s", err);
+    p.vocab = v;
+    snprintf(name, sizeof name, "%s.gguf", p.arch);
+    proc_generate_model(model_path, sizeof model_path, name, &p);
+    gguf_close(v);
+    CHECK(model_path[0]);
+    int32_t prompt[N_PROMPT], want[N_GEN], second[N_GEN];
+    float lp[N_GEN];
+    for (int i = 0; i < N_PROMPT; i++)
+        prompt[i] = prompt_id(i);
+    CHECK(engine_greedy(model_path, prompt, want, lp, second) == 0);
+
+    llmsd_proc d;
+    proc_fmt(http_sock, sizeof http_sock, "%s/%s-h.sock", test_tmpdir(), p.arch);
+    struct group *g = getgrgid(getgid());
+    proc_fmt(extra, sizeof extra, "kv_compress = none\nadmin_group = %s\nhttp_socket = %s\n",
+             g ? g->gr_name : "root", http_sock);
+    CHECK_MSG(proc_start(&d, llmsd_path, p.arch, model_path, extra) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, NULL);
+    llms_daemon_status st;
+    bool named = c && proc_status(c, &st) == 0;
+    if (named) {
+        named = st.model_arch && !strcmp(st.model_arch, p.arch);
+        printf("  %s: llmsd reports '%s'\n", p.arch, st.model_arch ? st.model_arch : "(none)");
+        llms_daemon_status_free(&st);
+    }
+    llms_close(c);
+
+    char body[2048];
+    size_t len = (size_t)snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < N_PROMPT; i++)
+        len += (size_t)snprintf(body + len, sizeof body - len, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(body + len, sizeof body - len,
+             "],\"n_predict\":%d,\"temperature\":0,\"return_tokens\":true,\"n_probs\":2}",
+             N_GEN);
+    int status;
+    json_object *o = httpc_post_json(http_sock, "/completion", body, &status);
+    json_object *toks = httpc_jget(o, "tokens");
+    bool same = status == 200 && toks && json_object_is_type(toks, json_type_array) &&
+                json_object_array_length(toks) == N_GEN;
+    double dlp = 0;
+    for (int k = 0; same && k < N_GEN; k++) {
+        char path[64];
+        snprintf(path, sizeof path, "completion_probabilities.%d.logprob", k);
+        json_object *l = httpc_jget(o, path);
+        snprintf(path, sizeof path, "completion_probabilities.%d.top_logprobs.1.id", k);
+        json_object *s2 = httpc_jget(o, path);
+        same = json_object_get_int(json_object_array_get_idx(toks, (size_t)k)) == want[k] && l &&
+               s2 && json_object_get_int(s2) == second[k];
+        if (l)
+            dlp = fmax(dlp, fabs(json_object_get_double(l) - lp[k]));
+    }
+    printf("  %s: %s the engine's %d tokens, max |log-probability diff| %.2g\n", p.arch,
+           same ? "llmsd gives" : "llmsd does not give", N_GEN, dlp);
+    char reply[512];
+    snprintf(reply, sizeof reply, "%.500s", o ? json_object_to_json_string(o) : "(none)");
+    json_object_put(o);
+    int stopped = proc_stop(&d, SIGTERM);
+    CHECK_MSG(named, "%s: llmsd does not name the architecture", p.arch);
+    CHECK_MSG(same && dlp < 1e-3, "%s: %d %s", p.arch, status, reply);
+    CHECK_MSG(stopped == 0, "%s: llmsd did not exit cleanly", p.arch);
+}
+
+static modelgen_params small(const char *arch)
+{
+    return (modelgen_params){.arch = arch, .dim = 128, .n_layer = 4, .n_head = 4,
+                             .n_head_kv = 4, .n_ff = 256, .n_ctx = 512, .type = QTYPE_F32,
+                             .seed = 3, .n_threads = 2};
+}
+
+static void serves_olmo2(void)
+{
+    serves(small("olmo2"));
+}
+
+static void serves_granitemoe(void)
+{
+    modelgen_params p = small("granitemoe");
+    p.n_expert = 8, p.n_expert_used = 2, p.n_ff_shexp = 128;
+    serves(p);
+}
+
+static void serves_smollm3(void)
+{
+    serves(small("smollm3"));
+}
+
+static void serves_exaone(void)
+{
+    modelgen_params p = small("exaone");
+    p.n_head_kv = 2;
+    serves(p);
+}
+
+static void serves_stablelm(void)
+{
+    serves(small("stablelm"));
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    signal(SIGPIPE, SIG_IGN);
+    proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (vocab)
+        proc_fmt(vocab_path, sizeof vocab_path, "%s", vocab);
+    RUN(serves_olmo2);
+    RUN(serves_granitemoe);
+    RUN(serves_smollm3);
+    RUN(serves_exaone);
+    RUN(serves_stablelm);
+    return test_finish();
+}
