@@ -448,42 +448,8 @@ static void test_batched_equals_alone(void)
     }
 }
 
-/* A prompt of N_PROMPT after a history of N_HIST through the runner `part` and through
- * one unpartitioned step: max relative difference of the out rows' logits and last hidden
- * rows. */
-#define N_HIST 48
-#define N_PROMPT 120
-static double partitioned_diff(const model *m, model_runner *whole, model_runner *part)
-{
-    char err[ERR_MAX];
-    int n = N_HIST + N_PROMPT, dim = model_hparams_of(m)->dim;
-    int32_t tok[N_HIST + N_PROMPT], pos[N_HIST + N_PROMPT], outs[] = {0, 37, 90, N_PROMPT - 1};
-    for (int i = 0; i < n; i++)
-        tok[i] = tok_at(i * 5 + 2), pos[i] = i;
-    enum { N_OUT = 4 };
-    float *lw = malloc(sizeof(float) * N_OUT * N_VOCAB * 2), *lp = lw + N_OUT * N_VOCAB;
-    float *hw = malloc(sizeof(float) * N_OUT * dim * 2), *hpart = hw + N_OUT * dim;
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    kv_seq a, b;
-    kv_seq_init(&a, pool);
-    kv_seq_init(&b, pool);
-    double d = 1e9;
-    model_batch hist = {.n_tokens = N_HIST, .tokens = tok, .positions = pos};
-    model_batch bw = {.n_tokens = N_PROMPT, .tokens = tok + N_HIST, .positions = pos + N_HIST,
-                      .n_out = N_OUT, .out_rows = outs, .logits = lw, .hidden_last = hw};
-    model_batch bp = bw;
-    bp.logits = lp, bp.hidden_last = hpart;
-    if (model_forward(whole, &a, &hist, err) == 0 && model_forward(whole, &b, &hist, err) == 0 &&
-        model_forward(whole, &a, &bw, err) == 0 && model_forward(part, &b, &bp, err) == 0)
-        d = fmax(max_rel(lw, lp, (size_t)N_OUT * N_VOCAB), max_rel(hw, hpart, (size_t)N_OUT * dim));
-    else
-        fprintf(stderr, "forward: %s\n", err);
-    kv_seq_free(&a);
-    kv_seq_free(&b);
-    kv_pool_free(pool);
-    free(lw), free(hw);
-    return d;
-}
+#define N_HIST MODEL_CHECK_HIST
+#define N_PROMPT MODEL_CHECK_PROMPT
 
 /* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
  * K/V appended before the next; slices under 16 rows take the per-row path) give the
@@ -508,7 +474,7 @@ static void test_partitioned_prefill(void)
                                     .max_kv = N_HIST + N_PROMPT, .attn_rows = cases[k].attn_rows};
             model_runner *part = model_runner_new_opts(m, &po, err);
             CHECK(part);
-            double d = partitioned_diff(m, whole, part);
+            double d = model_check_partitioned(m, whole, part, KV_F16);
             CHECK_MSG(d <= TOL_PART, "%s rows %d blocks %d: %g", CASES[c].label, cases[k].rows,
                       cases[k].attn_rows, d);
             worst = fmax(worst, d);

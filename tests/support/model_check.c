@@ -150,3 +150,54 @@ out:
     free(logits);
     return worst;
 }
+
+/* max |a - b| over the largest |a| (at least 1), for logits and hidden rows alike */
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, scale = 1;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        d = isnan(e) ? 1e9 : e > d ? e : d;
+        scale = fabs(a[i]) > scale ? fabs(a[i]) : scale;
+    }
+    return d / scale;
+}
+
+double model_check_partitioned(const model *m, model_runner *whole, model_runner *part,
+                               enum kv_precision hist_p)
+{
+    enum { N_HIST = MODEL_CHECK_HIST, N_PROMPT = MODEL_CHECK_PROMPT, N_OUT = 4 };
+    char err[ERR_MAX];
+    int n = N_HIST + N_PROMPT, dim = model_hparams_of(m)->dim;
+    int n_vocab = model_hparams_of(m)->n_vocab;
+    int32_t tok[N_HIST + N_PROMPT], pos[N_HIST + N_PROMPT], outs[] = {0, 37, 90, N_PROMPT - 1};
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)(((i * 5 + 2) * 37 + 11) % n_vocab), pos[i] = i;
+    float *lw = malloc(sizeof(float) * N_OUT * n_vocab * 2), *lp = lw + N_OUT * n_vocab;
+    float *hw = malloc(sizeof(float) * N_OUT * dim * 2), *hpart = hw + N_OUT * dim;
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    kv_seq a, b;
+    kv_seq_init(&a, pool);
+    kv_seq_init(&b, pool);
+    double d = 1e9;
+    model_batch hist = {.n_tokens = N_HIST, .tokens = tok, .positions = pos};
+    bool ok = model_forward(whole, &a, &hist, err) == 0 && model_forward(whole, &b, &hist, err) == 0;
+    for (int i = 0; ok && hist_p != KV_F16 && i < a.n_chunks; i++)
+        if (a.chunks[i]->n_tokens == KV_CHUNK_TOKENS)
+            ok = kv_chunk_convert(pool, a.chunks[i], hist_p, err) == 0 &&
+                 kv_chunk_convert(pool, b.chunks[i], hist_p, err) == 0;
+    model_batch bw = {.n_tokens = N_PROMPT, .tokens = tok + N_HIST, .positions = pos + N_HIST,
+                      .n_out = N_OUT, .out_rows = outs, .logits = lw, .hidden_last = hw};
+    model_batch bp = bw;
+    bp.logits = lp, bp.hidden_last = hpart;
+    ok = ok && model_forward(whole, &a, &bw, err) == 0 && model_forward(part, &b, &bp, err) == 0;
+    if (ok)
+        d = fmax(max_rel(lw, lp, (size_t)N_OUT * n_vocab), max_rel(hw, hpart, (size_t)N_OUT * dim));
+    else
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&a);
+    kv_seq_free(&b);
+    kv_pool_free(pool);
+    free(lw), free(hw);
+    return d;
+}

@@ -31,4 +31,14 @@ double model_check_file(const char *path, int max_batch, int n_threads,
  * partial one back in f16). */
 double model_check_compressed(model *m, const ref_model *rm, enum kv_precision prec);
 
+/* The partitioned prefill's check: a prompt of MODEL_CHECK_PROMPT tokens after a history
+ * of MODEL_CHECK_HIST (its full chunks converted to hist_p) through the runner `part` and
+ * through one unpartitioned step of `whole` (runners of m with room for both): the max
+ * relative difference (over the largest magnitude, at least 1) of four out rows' logits
+ * and last hidden rows; 1e9 on an engine error, which is printed. */
+#define MODEL_CHECK_HIST 48
+#define MODEL_CHECK_PROMPT 120
+double model_check_partitioned(const model *m, model_runner *whole, model_runner *part,
+                               enum kv_precision hist_p);
+
 #endif
