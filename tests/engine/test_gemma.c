@@ -66,18 +66,6 @@ static int32_t tok_at(int i)
     return (int32_t)((i * 37 + 11) % N_VOCAB);
 }
 
-/* max |a - b| over n relative to the largest |a| (at least 1). */
-static double max_rel(const float *a, const float *b, size_t n)
-{
-    double d = 0, scale = 1;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - b[i]);
-        d = isnan(e) ? 1e9 : e > d ? e : d;
-        scale = fabs(a[i]) > scale ? fabs(a[i]) : scale;
-    }
-    return d / scale;
-}
-
 /* A prefill of 40 (past the window 5 times), 6 decodes, then a fresh sequence with gapped
  * and out-of-order batches (positions 0..7, 30..37, then 12..15 after them): the window
  * and the mask are by position. */
@@ -267,30 +255,6 @@ static void test_attention_probabilities(void)
     }
 }
 
-/* Logits of n tokens run as one batch into out (n, N_VOCAB), or one token at a time when
- * one_by_one. */
-static int run_tokens(model_runner *r, kv_pool *pool, int n, const int32_t *tok,
-                      const int32_t *pos, bool one_by_one, float *out)
-{
-    char err[ERR_MAX];
-    kv_seq s;
-    kv_seq_init(&s, pool);
-    int32_t rows[64];
-    for (int i = 0; i < n; i++)
-        rows[i] = i;
-    int rc = 0;
-    for (int t = 0; t < n && rc == 0; t += one_by_one ? 1 : n) {
-        int k = one_by_one ? 1 : n;
-        model_batch b = {.n_tokens = k, .tokens = tok + t, .positions = pos + t, .n_out = k,
-                         .out_rows = rows, .logits = out + (size_t)t * N_VOCAB};
-        rc = model_forward(r, &s, &b, err);
-    }
-    if (rc < 0)
-        fprintf(stderr, "forward: %s\n", err);
-    kv_seq_free(&s);
-    return rc;
-}
-
 /* A prefill of 48 tokens gives the logits of 48 single-token decodes (sgemm attention over
  * f32 K/V against per-row attention over f16 blocks: rounding apart). */
 static void test_prefill_equals_decode(void)
@@ -307,9 +271,9 @@ static void test_prefill_equals_decode(void)
         CHECK_MSG(m, "%s", err);
         model_runner *r = model_runner_new(m, 2, 0, 0, err);
         kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-        CHECK(run_tokens(r, pool, N, tok, pos, false, a) == 0);
-        CHECK(run_tokens(r, pool, N, tok, pos, true, b) == 0);
-        double d = max_rel(a, b, (size_t)N * N_VOCAB);
+        CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, false, a) == 0);
+        CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, true, b) == 0);
+        double d = model_check_max_rel(a, b, (size_t)N * N_VOCAB);
         printf("  %s: prefill vs decode %.2g\n", ARCHS[k], d);
         CHECK(d <= TOL_PART);
         kv_pool_free(pool);
@@ -358,7 +322,7 @@ static void test_batched_equals_alone(void)
         kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
         CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
         CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%s: %g", ARCHS[k],
-                  max_rel(alone, stacked, (size_t)7 * N_VOCAB));
+                  model_check_max_rel(alone, stacked, (size_t)7 * N_VOCAB));
         for (int v = 0; v < 2; v++)
             for (int s = 0; s < 3; s++)
                 kv_seq_free(&seq[v][s]);
@@ -565,7 +529,7 @@ static void test_final_softcap_bounds(void)
     model_runner *r = model_runner_new(m, 2, 0, 0, err);
     kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
     for (int one = 0; one < 2; one++) {
-        CHECK(run_tokens(r, pool, N, tok, pos, one, l) == 0);
+        CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, one, l) == 0);
         float mx = 0;
         for (int i = 0; i < N * N_VOCAB; i++)
             mx = fmaxf(mx, fabsf(l[i]));

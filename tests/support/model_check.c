@@ -151,8 +151,7 @@ out:
     return worst;
 }
 
-/* max |a - b| over the largest |a| (at least 1), for logits and hidden rows alike */
-static double max_rel(const float *a, const float *b, size_t n)
+double model_check_max_rel(const float *a, const float *b, size_t n)
 {
     double d = 0, scale = 1;
     for (size_t i = 0; i < n; i++) {
@@ -192,7 +191,8 @@ double model_check_partitioned(const model *m, model_runner *whole, model_runner
     bp.logits = lp, bp.hidden_last = hpart;
     ok = ok && model_forward(whole, &a, &bw, err) == 0 && model_forward(part, &b, &bp, err) == 0;
     if (ok)
-        d = fmax(max_rel(lw, lp, (size_t)N_OUT * n_vocab), max_rel(hw, hpart, (size_t)N_OUT * dim));
+        d = fmax(model_check_max_rel(lw, lp, (size_t)N_OUT * n_vocab),
+                 model_check_max_rel(hw, hpart, (size_t)N_OUT * dim));
     else
         fprintf(stderr, "forward: %s\n", err);
     kv_seq_free(&a);
@@ -200,4 +200,26 @@ double model_check_partitioned(const model *m, model_runner *whole, model_runner
     kv_pool_free(pool);
     free(lw), free(hw);
     return d;
+}
+
+int model_check_run(model_runner *r, kv_pool *pool, int n_vocab, int n, const int32_t *tok,
+                    const int32_t *pos, bool one_by_one, float *out)
+{
+    char err[ERR_MAX];
+    kv_seq s;
+    kv_seq_init(&s, pool);
+    int32_t rows[64];
+    for (int i = 0; i < n; i++)
+        rows[i] = i;
+    int rc = 0;
+    for (int t = 0; t < n && rc == 0; t += one_by_one ? 1 : n) {
+        int k = one_by_one ? 1 : n;
+        model_batch b = {.n_tokens = k, .tokens = tok + t, .positions = pos + t, .n_out = k,
+                         .out_rows = rows, .logits = out + (size_t)t * n_vocab};
+        rc = model_forward(r, &s, &b, err);
+    }
+    if (rc < 0)
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&s);
+    return rc;
 }

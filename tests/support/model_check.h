@@ -31,6 +31,15 @@ double model_check_file(const char *path, int max_batch, int n_threads,
  * partial one back in f16). */
 double model_check_compressed(model *m, const ref_model *rm, enum kv_precision prec);
 
+/* max |a - b| over the largest |a| (at least 1); 1e9 where a difference is NaN. */
+double model_check_max_rel(const float *a, const float *b, size_t n);
+
+/* Logits of n tokens (n <= 64) at pos on a fresh sequence of pool, run as one batch, or one
+ * token at a time when one_by_one, into out (n, n_vocab); -1 on an engine error, which is
+ * printed. */
+int model_check_run(model_runner *r, kv_pool *pool, int n_vocab, int n, const int32_t *tok,
+                    const int32_t *pos, bool one_by_one, float *out);
+
 /* The partitioned prefill's check: a prompt of MODEL_CHECK_PROMPT tokens after a history
  * of MODEL_CHECK_HIST (its full chunks converted to hist_p) through the runner `part` and
  * through one unpartitioned step of `whole` (runners of m with room for both): the max
