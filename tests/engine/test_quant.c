@@ -825,6 +825,29 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
     free(af);
 }
 
+/* Every E8M0 exponent, the subnormal halves (e 0, 1) and e 255 included, scales an MXFP4
+ * block in the SIMD kernels exactly as in the scalar one: one non-zero weight, in a block
+ * of a whole step and in the tail, makes each kernel's sum a single product. */
+static void simd_mxfp4_scales_match_scalar(void)
+{
+    enum { NB = 5, N = NB * 32 };
+    uint8_t w[NB * 17], act[NB * 34];
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = 1.0f;
+    quant_prepare_activation(quant_dot_activation_type(QTYPE_MXFP4), x, act, N);
+    for (int blk = 2; blk < NB; blk += 2)
+        for (int e = 0; e < 256; e++) {
+            memset(w, 0, sizeof w);
+            w[blk * 17] = (uint8_t)e;
+            w[blk * 17 + 1 + 3] = 0x07; /* element 3: code 7, 6 times the scale */
+            float got = quant_dot(QTYPE_MXFP4, w, act, N);
+            float ref = quant_dot_scalar(QTYPE_MXFP4, w, act, N);
+            CHECK_MSG(memcmp(&got, &ref, sizeof got) == 0, "block %d e %d: simd %g scalar %g",
+                      blk, e, (double)got, (double)ref);
+        }
+}
+
 /* quant_dot_rows gives each row exactly what quant_dot gives it, whatever the row's
  * position in the groups the kernel works on; bytes between rows are never read (they
  * hold NaN patterns that would show). */
@@ -1269,6 +1292,7 @@ int main(void)
     RUN(dot_matches_dequantized_rows);
     RUN(simd_dot_matches_scalar);
     RUN(simd_dot_matches_scalar_on_random_blocks);
+    RUN(simd_mxfp4_scales_match_scalar);
     RUN(dot_rows_equal_single_dots);
     RUN(dot_rows_multi_match_single_dots);
     RUN(f16_long_rows_round_activation);
