@@ -193,7 +193,7 @@ INLINE void multi_q8_0_rows(int na, const uint8_t *w, size_t rb, int64_t n_rows,
  * vpshufb from a 16-entry table, each lane starts at -128 times its activation sum, and
  * the lanes' scales are half the blocks' E8M0 scales, made exactly as qb_e8m0_half makes
  * them. From DRAM on one thread it read 11.6 GB/s as the two-blocks-a-step kernel of
- * Q4_1 .. IQ4_NL below and reads 18.2 here (quant_dot, 4096 columns, median of 3 runs).
+ * Q4_1 .. IQ4_NL below and reads 18.0 here (quant_dot, 4096 columns, median of 5 runs).
  */
 typedef struct q4_0_act_group {
     __m512i q[2];    /* (2, 64) quants 0-15, then 16-31, of blocks i .. i + 3 */
