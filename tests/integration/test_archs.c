@@ -22,6 +22,7 @@
 #include "engine/quant/quant.h"
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
+#include "tests/support/model_check.h"
 #include "tests/support/test.h"
 
 #define N_PROMPT 24
@@ -32,61 +33,6 @@ static char llmsd_path[1024], vocab_path[1024];
 static int32_t prompt_id(int i)
 {
     return i == 0 ? 1 /* the SPM vocabulary's BOS */ : (int32_t)(100 + (i * 7919) % 31000);
-}
-
-/* The engine's greedy continuation of prompt in this process (the model at path): the
- * prompt in one forward, then one token at a time; each chosen token's log-probability
- * into lp and the runner-up's id into second. */
-static int engine_greedy(const char *path, const int32_t *prompt, int32_t *out, float *lp,
-                         int32_t *second)
-{
-    char err[ERR_MAX];
-    model *m = model_load(path, err);
-    if (!m) {
-        fprintf(stderr, "%s\n", err);
-        return -1;
-    }
-    int nv = model_hparams_of(m)->n_vocab, rc = -1;
-    model_runner *r = model_runner_new(m, 1, 0, 256, err);
-    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
-    float *logits = malloc((size_t)nv * sizeof(float));
-    int32_t pos[N_PROMPT], last = N_PROMPT - 1;
-    kv_seq s;
-    if (!pool || !logits)
-        goto out;
-    kv_seq_init(&s, pool);
-    for (int i = 0; i < N_PROMPT; i++)
-        pos[i] = i;
-    model_batch b = {.n_tokens = N_PROMPT, .tokens = prompt, .positions = pos, .n_out = 1,
-                     .out_rows = &last, .logits = logits};
-    rc = model_forward(r, &s, &b, err);
-    for (int k = 0; k < N_GEN && rc == 0; k++) {
-        int32_t best = 0, p = N_PROMPT + k, row = 0, sec = -1;
-        for (int v = 1; v < nv; v++)
-            best = logits[v] > logits[best] ? v : best;
-        double z = 0;
-        for (int v = 0; v < nv; v++) {
-            z += exp((double)logits[v] - logits[best]);
-            if (v != best && (sec < 0 || logits[v] > logits[sec]))
-                sec = v;
-        }
-        out[k] = best;
-        lp[k] = (float)-log(z);
-        second[k] = sec;
-        model_batch one = {.n_tokens = 1, .tokens = &best, .positions = &p, .n_out = 1,
-                           .out_rows = &row, .logits = logits};
-        if (k + 1 < N_GEN)
-            rc = model_forward(r, &s, &one, err);
-    }
-    if (rc < 0)
-        fprintf(stderr, "forward: %s\n", err);
-    kv_seq_free(&s);
-out:
-    free(logits);
-    kv_pool_free(pool);
-    model_runner_free(r);
-    model_free(m);
-    return rc;
 }
 
 /* Starts llmsd on a model of arch (p's other fields), checks that it names the
@@ -109,7 +55,7 @@ static void serves(modelgen_params p)
     float lp[N_GEN];
     for (int i = 0; i < N_PROMPT; i++)
         prompt[i] = prompt_id(i);
-    CHECK(engine_greedy(model_path, prompt, want, lp, second) == 0);
+    CHECK(model_check_greedy(model_path, prompt, N_PROMPT, want, lp, second, N_GEN) == 0);
 
     llmsd_proc d;
     proc_fmt(http_sock, sizeof http_sock, "%s/%s-h.sock", test_tmpdir(), p.arch);

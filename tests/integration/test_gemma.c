@@ -27,6 +27,7 @@
 #include "tests/integration/httpc.h"
 #include "tests/integration/llmsd_proc.h"
 #include "tests/support/gemma_vocab.h"
+#include "tests/support/model_check.h"
 #include "tests/support/test.h"
 
 #define N_PROMPT 40
@@ -70,62 +71,6 @@ static void status_names_gemma2(void)
     llms_close(c);
 }
 
-/* The engine's greedy continuation of ids in this process (the model at path): the prompt
- * in one forward, then one token at a time; each chosen token's log-probability into lp
- * and the runner-up's id into second. */
-static int engine_greedy(const char *path, const int32_t *prompt, int n, int32_t *out,
-                         float *lp, int32_t *second, int n_out)
-{
-    char err[ERR_MAX];
-    model *m = model_load(path, err);
-    if (!m) {
-        fprintf(stderr, "%s\n", err);
-        return -1;
-    }
-    int nv = model_hparams_of(m)->n_vocab, rc = -1;
-    model_runner *r = model_runner_new(m, 1, 0, 256, err);
-    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
-    float *logits = malloc((size_t)nv * sizeof(float));
-    int32_t pos[N_PROMPT + 1], tok[N_PROMPT + 1], last;
-    kv_seq s;
-    if (!pool || !logits)
-        goto out;
-    kv_seq_init(&s, pool);
-    for (int i = 0; i < n; i++)
-        tok[i] = prompt[i], pos[i] = i;
-    last = n - 1;
-    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos, .n_out = 1,
-                     .out_rows = &last, .logits = logits};
-    rc = model_forward(r, &s, &b, err);
-    for (int k = 0; k < n_out && rc == 0; k++) {
-        int32_t best = 0, p = n + k, row = 0, sec = -1;
-        for (int v = 1; v < nv; v++)
-            best = logits[v] > logits[best] ? v : best;
-        double z = 0;
-        for (int v = 0; v < nv; v++) {
-            z += exp((double)logits[v] - logits[best]);
-            if (v != best && (sec < 0 || logits[v] > logits[sec]))
-                sec = v;
-        }
-        out[k] = best;
-        lp[k] = (float)-log(z);
-        second[k] = sec;
-        model_batch one = {.n_tokens = 1, .tokens = &best, .positions = &p, .n_out = 1,
-                           .out_rows = &row, .logits = logits};
-        if (k + 1 < n_out)
-            rc = model_forward(r, &s, &one, err);
-    }
-    if (rc < 0)
-        fprintf(stderr, "forward: %s\n", err);
-    kv_seq_free(&s);
-out:
-    free(logits);
-    kv_pool_free(pool);
-    model_runner_free(r);
-    model_free(m);
-    return rc;
-}
-
 /* llama.cpp's /completion on BOS and 39 prompt ids, greedy, its tokens and their
  * probabilities returned: the ids, log-probabilities and runners-up this process's engine
  * gives (random tied-embedding models mostly copy their input, so the probabilities carry
@@ -138,8 +83,8 @@ static void completion_is_the_engine_greedy(void)
     prompt[0] = 1; /* the SPM vocabulary's BOS */
     for (int i = 1; i < N_PROMPT; i++)
         prompt[i] = prompt_id(i);
-    CHECK(engine_greedy(model_path, prompt, N_PROMPT, want, lp, second, N_GEN) == 0);
-    CHECK(engine_greedy(wide_path, prompt, N_PROMPT, wide, wide_lp, wide_second, N_GEN) == 0);
+    CHECK(model_check_greedy(model_path, prompt, N_PROMPT, want, lp, second, N_GEN) == 0);
+    CHECK(model_check_greedy(wide_path, prompt, N_PROMPT, wide, wide_lp, wide_second, N_GEN) == 0);
     char body[4096];
     size_t len = (size_t)snprintf(body, sizeof body, "{\"prompt\":[");
     for (int i = 0; i < N_PROMPT; i++)

@@ -223,3 +223,66 @@ int model_check_run(model_runner *r, kv_pool *pool, int n_vocab, int n, const in
     kv_seq_free(&s);
     return rc;
 }
+
+int model_check_greedy(const char *path, const int32_t *prompt, int n, int32_t *out, float *lp,
+                       int32_t *second, int n_out)
+{
+    char err[ERR_MAX];
+    if (n < 1 || n + n_out > MODEL_CHECK_GREEDY_MAX)
+        return -1;
+    model *m = model_load(path, err);
+    if (!m) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    int nv = model_hparams_of(m)->n_vocab, rc = -1;
+    /* as the daemon loads it: its Q8_0 matrices repacked where the CPU has the kernels
+     * (their products are the scalar kernel's bits; the others' differ in the order of
+     * f32 additions, which flips the roundings of some 8-bit activations downstream) */
+    if (model_repack_weights(m, err) < 0) {
+        fprintf(stderr, "%s\n", err);
+        model_free(m);
+        return -1;
+    }
+    model_runner *r = model_runner_new(m, 1, 0, 256, err);
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    float *logits = malloc((size_t)nv * sizeof(float));
+    int32_t pos[MODEL_CHECK_GREEDY_MAX], last;
+    kv_seq s;
+    if (!pool || !logits)
+        goto out;
+    kv_seq_init(&s, pool);
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
+    last = n - 1;
+    model_batch b = {.n_tokens = n, .tokens = prompt, .positions = pos, .n_out = 1,
+                     .out_rows = &last, .logits = logits};
+    rc = model_forward(r, &s, &b, err);
+    for (int k = 0; k < n_out && rc == 0; k++) {
+        int32_t best = 0, p = n + k, row = 0, sec = -1;
+        for (int v = 1; v < nv; v++)
+            best = logits[v] > logits[best] ? v : best;
+        double z = 0;
+        for (int v = 0; v < nv; v++) {
+            z += exp((double)logits[v] - logits[best]);
+            if (v != best && (sec < 0 || logits[v] > logits[sec]))
+                sec = v;
+        }
+        out[k] = best;
+        lp[k] = (float)-log(z);
+        second[k] = sec;
+        model_batch one = {.n_tokens = 1, .tokens = &best, .positions = &p, .n_out = 1,
+                           .out_rows = &row, .logits = logits};
+        if (k + 1 < n_out)
+            rc = model_forward(r, &s, &one, err);
+    }
+    if (rc < 0)
+        fprintf(stderr, "forward: %s\n", err);
+    kv_seq_free(&s);
+out:
+    free(logits);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    return rc;
+}

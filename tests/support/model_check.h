@@ -50,4 +50,14 @@ int model_check_run(model_runner *r, kv_pool *pool, int n_vocab, int n, const in
 double model_check_partitioned(const model *m, model_runner *whole, model_runner *part,
                                enum kv_precision hist_p);
 
+/* The engine's greedy continuation of prompt (n ids) in this process, the model at path
+ * loaded as llmsd loads it (its Q8_0 matrices repacked where the CPU has the kernels, so
+ * that its products are the daemon's bits): the prompt in one forward, then one token at
+ * a time; n_out chosen ids into out, each one's log-probability into lp and the
+ * runner-up's id into second. 0, or -1 on an error (printed), n < 1 or
+ * n + n_out > MODEL_CHECK_GREEDY_MAX. */
+#define MODEL_CHECK_GREEDY_MAX 256
+int model_check_greedy(const char *path, const int32_t *prompt, int n, int32_t *out, float *lp,
+                       int32_t *second, int n_out);
+
 #endif
