@@ -101,95 +101,6 @@ static int daemon_up;
         CHECK_MSG(daemon_up == 1, "llmsd did not start");                      \
     } while (0)
 
-/* count floats of a tensor: read, changed by edit, written back. */
-static int rewrite(int fd, size_t at, size_t count, void (*edit)(float *, size_t, void *),
-                   void *arg)
-{
-    float *v = malloc(count * sizeof *v);
-    int rc = v && pread(fd, v, count * sizeof *v, (off_t)at) == (ssize_t)(count * sizeof *v)
-                 ? 0 : -1;
-    if (rc == 0) {
-        edit(v, count, arg);
-        rc = pwrite(fd, v, count * sizeof *v, (off_t)at) == (ssize_t)(count * sizeof *v) ? 0 : -1;
-    }
-    free(v);
-    return rc;
-}
-
-static void set_zero(float *v, size_t n, void *arg)
-{
-    (void)arg;
-    memset(v, 0, n * sizeof *v);
-}
-
-static void set_one(float *v, size_t n, void *arg)
-{
-    (void)arg;
-    for (size_t i = 0; i < n; i++)
-        v[i] = 1;
-}
-
-/* token_embd and output are dim x n_vocab, a token's row after another */
-static void chain_embeddings(float *v, size_t n, void *arg)
-{
-    size_t dim = *(size_t *)arg;
-    (void)n;
-    for (int k = 0; k < N_CHAIN; k++)
-        for (size_t d = 0; d < dim; d++)
-            v[(size_t)CHAIN[k][0] * dim + d] = d == (size_t)k ? 1 : 0;
-}
-
-static void chain_output(float *v, size_t n, void *arg)
-{
-    size_t dim = *(size_t *)arg;
-    for (int k = 0; k < N_CHAIN; k++) {
-        for (size_t row = 0; row < n / dim; row++)
-            v[row * dim + (size_t)k] = 0;
-        v[(size_t)CHAIN[k][1] * dim + (size_t)k] = 4;
-    }
-}
-
-/* Makes the model at path write the chain (the comment at the top). 0 or -1. */
-static int make_chain(const char *path)
-{
-    char err[ERR_MAX], name[64];
-    gguf_file *g = gguf_open(path, err);
-    if (!g)
-        return -1;
-    struct {
-        size_t at, count;
-        void (*edit)(float *, size_t, void *);
-    } parts[16];
-    int n = 0, rc = 0;
-    size_t base = gguf_data_offset(g), dim = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(g) && n < 16; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        void (*edit)(float *, size_t, void *) =
-            strstr(name, "attn_output") || strstr(name, "ffn_down") ? set_zero
-            : !strcmp(name, "output_norm.weight")                   ? set_one
-            : !strcmp(name, "token_embd.weight")                    ? chain_embeddings
-            : !strcmp(name, "output.weight")                        ? chain_output
-                                                                    : NULL;
-        if (!edit)
-            continue;
-        rc |= t->type != QTYPE_F32 ? -1 : 0;
-        if (edit == chain_output)
-            dim = (size_t)t->ne[0];
-        parts[n].at = base + t->offset;
-        parts[n].count = t->bytes / sizeof(float);
-        parts[n++].edit = edit;
-    }
-    gguf_close(g);
-    int fd = open(path, O_RDWR);
-    rc |= fd < 0 || dim == 0 ? -1 : 0;
-    for (int i = 0; rc == 0 && i < n; i++)
-        rc = rewrite(fd, parts[i].at, parts[i].count, parts[i].edit, &dim);
-    if (fd >= 0)
-        close(fd);
-    return rc;
-}
-
 static json_object *post(const char *path, const char *body, int *status)
 {
     return httpc_post_json(hsock, path, body, status);
@@ -734,7 +645,7 @@ int main(int argc, char **argv)
     proc_find_llmsd(argv[0], llmsd_path, sizeof llmsd_path);
     toolmodel_generate("harmony", "tok3", GPT_OSS_TEMPLATE, NULL, EXTRA, N_EXTRA, model_path,
                        sizeof model_path);
-    if (model_path[0] && make_chain(model_path) != 0)
+    if (model_path[0] && toolmodel_make_chain(model_path, CHAIN, N_CHAIN) != 0)
         model_path[0] = '\0';
     RUN(prompts_as_the_template_writes_them);
     RUN(chat_reasoning_and_content);

@@ -10,7 +10,11 @@
 #ifndef LLMS_TESTS_TOOLMODEL_H
 #define LLMS_TESTS_TOOLMODEL_H
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "engine/gguf/gguf.h"
 #include "engine/gguf/modelgen.h"
@@ -130,6 +134,105 @@ static inline int toolmodel_start(llmsd_proc *p, const char *llmsd_path, const c
     proc_fmt(hsock, cap, "%s/%s-h.sock", test_tmpdir(), name);
     proc_fmt(extra, sizeof extra, "http_socket = %s\nn_ctx = 2048\n", hsock);
     return proc_start(p, llmsd_path, name, model_path, extra);
+}
+
+/* What toolmodel_make_chain's edits read: the model's dim and the chain. */
+typedef struct toolmodel_chain {
+    size_t dim;
+    const int (*pairs)[2];
+    int n;
+} toolmodel_chain;
+
+/* count floats of a tensor at byte at of fd: read, changed by edit, written back. */
+static inline int toolmodel_rewrite(int fd, size_t at, size_t count,
+                                    void (*edit)(float *, size_t, const toolmodel_chain *),
+                                    const toolmodel_chain *c)
+{
+    float *v = malloc(count * sizeof *v);
+    int rc = v && pread(fd, v, count * sizeof *v, (off_t)at) == (ssize_t)(count * sizeof *v)
+                 ? 0 : -1;
+    if (rc == 0) {
+        edit(v, count, c);
+        rc = pwrite(fd, v, count * sizeof *v, (off_t)at) == (ssize_t)(count * sizeof *v) ? 0 : -1;
+    }
+    free(v);
+    return rc;
+}
+
+static inline void toolmodel_set_zero(float *v, size_t n, const toolmodel_chain *c)
+{
+    (void)c;
+    memset(v, 0, n * sizeof *v);
+}
+
+static inline void toolmodel_set_one(float *v, size_t n, const toolmodel_chain *c)
+{
+    (void)c;
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+}
+
+/* token_embd and output are dim x n_vocab, a token's row after another */
+static inline void toolmodel_chain_embeddings(float *v, size_t n, const toolmodel_chain *c)
+{
+    (void)n;
+    for (int k = 0; k < c->n; k++)
+        for (size_t d = 0; d < c->dim; d++)
+            v[(size_t)c->pairs[k][0] * c->dim + d] = d == (size_t)k ? 1 : 0;
+}
+
+static inline void toolmodel_chain_output(float *v, size_t n, const toolmodel_chain *c)
+{
+    for (int k = 0; k < c->n; k++) {
+        for (size_t row = 0; row < n / c->dim; row++)
+            v[row * c->dim + (size_t)k] = 0;
+        v[(size_t)c->pairs[k][1] * c->dim + (size_t)k] = 4;
+    }
+}
+
+/* Makes the F32 model at path write pairs[k][1] after pairs[k][0], whatever came before
+ * (n_pairs <= dim): attention and feed-forward outputs zeroed, so that a token's
+ * embedding reaches the output alone, k-th pair's first token embedded as unit vector k,
+ * which the output maps to its second. 0 or -1. */
+static inline int toolmodel_make_chain(const char *path, const int (*pairs)[2], int n_pairs)
+{
+    char err[ERR_MAX], name[64];
+    gguf_file *g = gguf_open(path, err);
+    if (!g)
+        return -1;
+    struct {
+        size_t at, count;
+        void (*edit)(float *, size_t, const toolmodel_chain *);
+    } parts[16];
+    int n = 0, rc = 0;
+    size_t base = gguf_data_offset(g);
+    toolmodel_chain c = {0, pairs, n_pairs};
+    for (int64_t i = 0; i < gguf_n_tensors(g) && n < 16; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        void (*edit)(float *, size_t, const toolmodel_chain *) =
+            strstr(name, "attn_output") || strstr(name, "ffn_down") ? toolmodel_set_zero
+            : !strcmp(name, "output_norm.weight")                   ? toolmodel_set_one
+            : !strcmp(name, "token_embd.weight")                    ? toolmodel_chain_embeddings
+            : !strcmp(name, "output.weight")                        ? toolmodel_chain_output
+                                                                    : NULL;
+        if (!edit)
+            continue;
+        rc |= t->type != QTYPE_F32 ? -1 : 0;
+        if (edit == toolmodel_chain_output)
+            c.dim = (size_t)t->ne[0];
+        parts[n].at = base + t->offset;
+        parts[n].count = t->bytes / sizeof(float);
+        parts[n++].edit = edit;
+    }
+    gguf_close(g);
+    int fd = open(path, O_RDWR);
+    rc |= fd < 0 || c.dim == 0 ? -1 : 0;
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = toolmodel_rewrite(fd, parts[i].at, parts[i].count, parts[i].edit, &c);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 #endif
