@@ -53,13 +53,8 @@ static const char *reasoning_of(const struct chat_harmony_opts *o, int i)
 
 static bool valid(const struct chat_harmony_opts *o, const struct chat_tool_message *m, int i)
 {
-    if (!m->role || !m->content || m->n_calls < 0 || (m->n_calls > 0 && !m->calls))
+    if (!chat_tool_message_well_formed(m))
         return false;
-    if (m->n_calls > 0 && !is_role(m, "assistant"))
-        return false;
-    for (int k = 0; k < m->n_calls; k++)
-        if (!m->calls[k].name || !m->calls[k].arguments)
-            return false;
     if (is_role(m, "assistant")) {
         const char *r = reasoning_of(o, i);
         if (has_channel_markup(m->content) || has_channel_markup(r))

@@ -60,7 +60,7 @@ static bool is_role(const struct chat_tool_message *m, const char *role)
     return strcmp(m->role, role) == 0;
 }
 
-static bool valid(const struct chat_tool_message *m)
+bool chat_tool_message_well_formed(const struct chat_tool_message *m)
 {
     if (!m->role || !m->content || m->n_calls < 0 || (m->n_calls > 0 && !m->calls))
         return false;
@@ -69,8 +69,14 @@ static bool valid(const struct chat_tool_message *m)
     for (int k = 0; k < m->n_calls; k++)
         if (!m->calls[k].name || !m->calls[k].arguments)
             return false;
-    return is_role(m, "system") || is_role(m, "user") || is_role(m, "assistant") ||
-           is_role(m, "tool");
+    return true;
+}
+
+static bool valid(const struct chat_tool_message *m)
+{
+    return chat_tool_message_well_formed(m) &&
+           (is_role(m, "system") || is_role(m, "user") || is_role(m, "assistant") ||
+            is_role(m, "tool"));
 }
 
 /* Qwen's system turn: the system message (if first), then the tools section. */

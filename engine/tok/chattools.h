@@ -78,6 +78,10 @@ struct chat_tool_message {
     const char *call_id;
 };
 
+/* Whether m's fields are all there: role and content not NULL, calls (each with a name
+ * and arguments) only on an assistant message. Which roles a family takes is its own. */
+bool chat_tool_message_well_formed(const struct chat_tool_message *m);
+
 /* How a family's replies call tools: each call between open and close, its arguments
  * under args_key; whole: the reply is one call, open being only its first character
  * (llama3's bare {"name": ..., "parameters": ...}), close NULL; array: open is followed
