@@ -147,8 +147,8 @@ void ops_scale(float *x, float s, size_t n)
 
 void ops_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps)
 {
-    /* mean and variance in double, as ops_add_layernorm's: the residual stream's sums of
-     * squares lose digits in sequential f32 */
+    /* mean and variance in double: a residual stream grows with depth and sequential f32
+     * sums of its squares lose digits */
     double mean = 0, var = 0;
     for (int i = 0; i < n; i++)
         mean += x[i];
@@ -167,19 +167,9 @@ void ops_add_layernorm(float *x, const float *a, const float *c, const float *w,
         ops_avx2_add_layernorm(x, a, c, w, b, n, eps);
         return;
     }
-    /* mean and variance in double: a post-norm residual stream grows with depth and
-     * sequential f32 sums of its squares lose digits */
-    double mean = 0, var = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         x[i] += a[i] + c[i];
-        mean += x[i];
-    }
-    mean /= n;
-    for (int i = 0; i < n; i++)
-        var += (x[i] - mean) * (x[i] - mean);
-    float s = (float)(1.0 / sqrt(var / n + eps)), mu = (float)mean;
-    for (int i = 0; i < n; i++)
-        x[i] = (x[i] - mu) * s * w[i] + b[i];
+    ops_layernorm(x, x, w, b, n, eps);
 }
 
 void ops_gelu_bias(float *x, const float *b, int n)
