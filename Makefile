@@ -9,6 +9,9 @@
 #   make settings-docs  regenerate the settings' documentation from daemon/config.c
 #   make bench      build the benchmarks
 #   make V=1        show the compiler and linker commands (default: one line per file)
+#   make CUDA=1     the same with the CUDA backend (engine/cuda/*.cu, nvcc, sm_90), into
+#                   build/cuda unless BUILD says otherwise; CUDA_HOME (/usr/local/cuda)
+#                   names the toolkit
 #
 # Sources are found by convention, so adding a file (or a subsystem folder one level
 # down) needs no Makefile edit:
@@ -37,6 +40,10 @@ MAKEFLAGS += --no-builtin-rules
 VERSION  := 0.1.0
 
 CC       ?= cc
+CUDA     ?= 0
+ifeq ($(CUDA),1)
+BUILD    ?= build/cuda
+endif
 BUILD    ?= build
 OPT      ?= -O2
 SANITIZE ?=
@@ -61,11 +68,24 @@ $(error build packages missing ($(strip $(DEPS_MISSING))): run 'make deps' (scri
 endif
 endif
 
+# The CUDA backend: with CUDA=1 its kernels (engine/cuda/*.cu) replace engine/cuda/none.c,
+# which answers every call with "built without CUDA". The runtime is linked statically
+# (a binary then runs on any driver new enough for the toolkit); cuBLAS is the toolkit's
+# shared library, found through the rpath.
+ifeq ($(CUDA),1)
+CUDA_HOME   ?= /usr/local/cuda
+NVCC        ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH   ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+CUDA_CFLAGS := -DLLMS_CUDA -isystem $(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static \
+               -ldl -lrt -lstdc++
+endif
+
 CFLAGS  := -std=gnu11 -Wall -Wextra -Werror $(OPT) -g -pthread -fPIC \
            -D_GNU_SOURCE -DLLMS_VERSION='"$(VERSION)"' -I. -I$(BUILD) $(DEPS_CFLAGS) \
-           $(SANITIZE) $(EXTRA_CFLAGS)
+           $(CUDA_CFLAGS) $(SANITIZE) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread -Wl,--as-needed $(SANITIZE)
-LDLIBS  := $(DEPS_LIBS) -lm
+LDLIBS  := $(DEPS_LIBS) $(CUDA_LIBS) -lm
 
 # Quiet by default: a line per file; V=1 prints the commands themselves.
 ifeq ($(V),1)
@@ -82,6 +102,12 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx51
 
 ENGINE_SRC  := $(wildcard engine/*.c engine/*/*.c)
 ENGINE_LIB  := $(BUILD)/libengine.a
+
+ifeq ($(CUDA),1)
+CUDA_SRC    := $(wildcard engine/cuda/*.cu)
+ENGINE_SRC  := $(filter-out engine/cuda/none.c,$(ENGINE_SRC))
+ENGINE_OBJ_CU := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+endif
 
 PROTO_GEN_C := $(BUILD)/proto/llms.pb-c.c
 PROTO_GEN_H := $(BUILD)/proto/llms.pb-c.h
@@ -137,7 +163,14 @@ $(BUILD)/%.o: %.c | $(PROTO_GEN_H)
 	$(SAY) CC $<
 	$(Q)$(CC) $(CFLAGS) $(if $(findstring _avx2,$<),$(AVX2_FLAGS))$(if $(findstring _avx512,$<), $(AVX512_FLAGS)) -MMD -MP -c $< -o $@
 
-$(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/%.o)
+# nvcc compiles as C++17 with the host compiler's warnings as errors, as for C.
+$(BUILD)/%.o: %.cu | $(PROTO_GEN_H)
+	@mkdir -p $(dir $@)
+	$(SAY) NVCC $<
+	$(Q)$(NVCC) -std=c++17 -O3 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+	    -Werror all-warnings -DLLMS_CUDA -D_GNU_SOURCE -I. -I$(BUILD) -MMD -MP -c $< -o $@
+
+$(ENGINE_LIB): $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(ENGINE_OBJ_CU)
 $(PROTO_LIB): $(BUILD)/proto/llms.pb-c.o $(PROTO_SRC:%.c=$(BUILD)/%.o)
 $(STORAGE_LIB): $(STORAGE_SRC:%.c=$(BUILD)/%.o)
 $(DAEMON_LIB): $(DAEMON_SRC:%.c=$(BUILD)/%.o)

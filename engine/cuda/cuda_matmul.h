@@ -1,0 +1,56 @@
+/*
+ * cuda_matmul.h — products with weight matrices kept on the GPU in their GGUF types.
+ *
+ * A matrix is uploaded as the file stores it (n_out rows of n_in elements, each row its
+ * type's blocks) and is never expanded to a float copy for decode: the matrix-vector
+ * kernels read each block once and dequantize it in registers for every activation row
+ * of the call. Prefill's wide products dequantize one matrix at a time into an f16
+ * scratch for cuBLAS (cuda_dequantize_f16). Internal to engine/cuda; C linkage so that
+ * tests written in C can call it.
+ */
+#ifndef LLMS_CUDA_MATMUL_H
+#define LLMS_CUDA_MATMUL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Activation rows one cuda_matvec call takes at most. */
+#define CUDA_MATVEC_MAX_COLS 8
+
+typedef struct cuda_weight {
+    uint32_t type;     /* GGUF type: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K */
+    int64_t n_in;      /* elements per row (ne0), a multiple of the type's block */
+    int64_t n_out;     /* rows (ne1) */
+    size_t row_bytes;  /* quant_row_bytes(type, n_in) */
+    const void *data;  /* device memory: (n_out, row_bytes) as in the file */
+} cuda_weight;
+
+/* Whether the kernels compute weights of GGUF type t. */
+bool cuda_matmul_type_supported(uint32_t type);
+
+/*
+ * y (n_cols, n_out) = x (n_cols, n_in) . W^T, or y += that when accumulate: each output
+ * the dot product of a weight row with an activation row, in f32, for 1 <= n_cols <=
+ * CUDA_MATVEC_MAX_COLS. x and y are device memory, rows contiguous (x's stride n_in, y's
+ * n_out), and must not overlap. Enqueued on stream; returns the launch's error
+ * (cudaSuccess, or cudaErrorInvalidValue for an unsupported type or n_cols).
+ */
+cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
+                        bool accumulate, cudaStream_t stream);
+
+/* dst (n_out, n_in) f16 (IEEE binary16 bits, device memory): W dequantized, for a GEMM.
+ * Enqueued on stream; the launch's error. */
+cudaError_t cuda_dequantize_f16(const cuda_weight *w, uint16_t *dst, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
