@@ -68,8 +68,9 @@ $(error build packages missing ($(strip $(DEPS_MISSING))): run 'make deps' (scri
 endif
 endif
 
-# The CUDA backend: with CUDA=1 its kernels (engine/cuda/*.cu) replace engine/cuda/none.c,
-# which answers every call with "built without CUDA". The runtime is linked statically
+# The CUDA backend: with CUDA=1 its kernels (engine/cuda/*.cu) and host code
+# (engine/cuda/cuda_*.c) replace engine/cuda/none.c, which answers every call with "built
+# without CUDA". The runtime is linked statically
 # (a binary then runs on any driver new enough for the toolkit); cuBLAS is the toolkit's
 # shared library, found through the rpath.
 ifeq ($(CUDA),1)
@@ -107,6 +108,8 @@ ifeq ($(CUDA),1)
 CUDA_SRC    := $(wildcard engine/cuda/*.cu)
 ENGINE_SRC  := $(filter-out engine/cuda/none.c,$(ENGINE_SRC))
 ENGINE_OBJ_CU := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+else
+ENGINE_SRC  := $(filter-out engine/cuda/cuda_%.c,$(ENGINE_SRC))
 endif
 
 PROTO_GEN_C := $(BUILD)/proto/llms.pb-c.c

@@ -2,7 +2,7 @@
  * bench/engine — prefill and decode speed of the engine, and its peak memory.
  *
  *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [--load copy|map|both]
- *                      [--llama-bench PATH] [--moe] [MODEL.gguf ...]
+ *                      [--llama-bench PATH] [--moe] [--device cpu|cuda[:N]] [MODEL.gguf ...]
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
@@ -36,6 +36,18 @@
  * over runs, its share of the bandwidth measured next to it (with --llama-bench, llama.cpp's
  * decode gets the same share, against the read measured in its run's pair).
  *
+ * --device cuda runs the models on a GPU (engine/cuda, a make CUDA=1 build) instead; with
+ * no model given, TinyLlama's shape in F16, Q8_0 and Q4_K_M and a Llama-3-8B-shaped llama
+ * (dim 4096, 32 layers, 32 heads, 8 KV heads, FFN 14336; the llama-spm vocabulary, as
+ * every file here) in Q4_K_M and Q8_0. Each run is a prefill of --prompt tokens (one
+ * step, the greedy id of the last row back), then greedy decodes of --gen tokens by
+ * batches of 1, 8, 32 and 64 sequences from one token each (llama-bench's tg), every
+ * step one forward of all of them with only the ids crossing the bus. The device's read
+ * bandwidth is measured in the same process (cuda_read_bandwidth); each line reports
+ * the decode's share of the bound that bandwidth sets (weight bytes / bandwidth per
+ * step), the prefill's effective TFLOP/s (2 x weights x tokens / time) and, for wider
+ * batches, the speed-up over batch 1. One JSON object per model and batch.
+ *
  * Prints one JSON object per model and load mode with the median of the runs. --load
  * picks how the weights come into memory (engine/gguf/gguf.h): mapped from the file (map, the
  * default of llms-run, llmsd and llama.cpp) or read into huge pages (copy, --no-mmap).
@@ -55,6 +67,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "engine/cuda/cuda.h"
 #include "engine/quant/blas.h"
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
@@ -69,6 +82,7 @@ typedef struct bench_options {
     int n_gen;
     gguf_load load;
     const char *llama_bench; /* llama.cpp's llama-bench, or NULL */
+    int device;              /* -1: the CPU, else the GPU's index */
 } bench_options;
 
 /* One llama-bench run: prompt and generation tokens/s (0 when not measured). */
@@ -424,13 +438,139 @@ out:
     return status;
 }
 
+#define CUDA_BATCHES 4
+static const int cuda_batches[CUDA_BATCHES] = {1, 8, 32, 64};
+
+/* n_seq sequences each decode n_gen greedy tokens from one token, all in one step each;
+ * 0 or -1 + err. */
+static int cuda_decode_batch(cuda_model *cm, cuda_seq **seqs, int n_seq, int n_gen,
+                             int n_vocab, char err[ERR_MAX])
+{
+    int32_t tok[64], pos[64], row = 0;
+    model_batch b[64];
+    for (int i = 0; i < n_seq; i++) {
+        cuda_seq_truncate(seqs[i], 0);
+        tok[i] = 3 + (i * 7919) % (n_vocab - 3);
+    }
+    for (int step = 0; step < n_gen; step++) {
+        for (int i = 0; i < n_seq; i++) {
+            pos[i] = step;
+            b[i] = (model_batch){.n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
+                                 .n_out = 1, .out_rows = &row};
+        }
+        if (cuda_forward_batch(cm, n_seq, seqs, b, tok, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int bench_model_cuda(const char *path, const bench_options *o)
+{
+    char err[ERR_MAX];
+    int status = 1, max_seq = cuda_batches[CUDA_BATCHES - 1];
+    model *m = model_load(path, err);
+    cuda_model *cm = NULL;
+    cuda_seq *seqs[64] = {0};
+    int32_t *tokens = NULL, *positions = NULL;
+    double gb_s = 0;
+    if (!m || cuda_read_bandwidth(o->device, &gb_s, err) < 0 ||
+        !(cm = cuda_model_new(m, o->device, o->n_prompt > max_seq ? o->n_prompt : max_seq,
+                              o->n_prompt + o->n_gen, err))) {
+        fprintf(stderr, "engine: %s: %s\n", path, err);
+        goto out;
+    }
+    const model_hparams *hp = model_hparams_of(m);
+    for (int i = 0; i < max_seq; i++)
+        if (!(seqs[i] = cuda_seq_new(cm, err))) {
+            fprintf(stderr, "engine: %s: %s\n", path, err);
+            goto out;
+        }
+    tokens = malloc(sizeof *tokens * (size_t)o->n_prompt);
+    positions = malloc(sizeof *positions * (size_t)o->n_prompt);
+    if (!tokens || !positions)
+        goto out;
+    srand(1234);
+    for (int i = 0; i < o->n_prompt; i++) {
+        tokens[i] = 3 + rand() % (hp->n_vocab - 3);
+        positions[i] = i;
+    }
+    double prefill[MAX_RUNS], decode[CUDA_BATCHES][MAX_RUNS];
+    /* one run's worth first: cuBLAS picks its kernels and the clocks rise */
+    for (int run = -1; run < o->n_runs; run++) {
+        int32_t last = o->n_prompt - 1, id;
+        model_batch b = {.n_tokens = o->n_prompt, .tokens = tokens, .positions = positions,
+                         .n_out = 1, .out_rows = &last};
+        cuda_seq_truncate(seqs[0], 0);
+        double t0 = bench_now_s();
+        if (cuda_forward_batch(cm, 1, seqs, &b, &id, err) < 0) {
+            fprintf(stderr, "engine: prefill: %s\n", err);
+            goto out;
+        }
+        if (run >= 0)
+            prefill[run] = o->n_prompt / (bench_now_s() - t0);
+        for (int k = 0; k < CUDA_BATCHES; k++) {
+            t0 = bench_now_s();
+            if (cuda_decode_batch(cm, seqs, cuda_batches[k], o->n_gen, hp->n_vocab, err) < 0) {
+                fprintf(stderr, "engine: decode: %s\n", err);
+                goto out;
+            }
+            if (run >= 0)
+                decode[k][run] = (double)cuda_batches[k] * o->n_gen / (bench_now_s() - t0);
+        }
+    }
+    /* every matrix's weights, what one decode step reads: the embedding only when the
+     * output is tied to it (its rows are looked up on the host otherwise) */
+    double weight_bytes = (double)cuda_model_weight_bytes(cm);
+    double params = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        model_layer_tensors t;
+        model_layer_tensors_of(m, l, &t);
+        const ops_matrix *w[] = {&t.wq, &t.wk, &t.wv, &t.wo, &t.w_gate, &t.w_up, &t.w_down};
+        for (int i = 0; i < 7; i++)
+            params += (double)w[i]->rows * w[i]->cols;
+    }
+    params += (double)hp->n_vocab * hp->dim;
+    double prefill_med = bench_median(prefill, o->n_runs);
+    double dec1 = 0;
+    for (int k = 0; k < CUDA_BATCHES; k++) {
+        double dec = bench_median(decode[k], o->n_runs);
+        if (k == 0)
+            dec1 = dec;
+        printf("{\"bench\":\"engine\",\"device\":\"cuda\",\"gpu\":\"%s\",\"model\":\"%s\","
+               "\"type\":\"%s\",\"dim\":%d,\"layers\":%d,\"runs\":%d,\"weight_mb\":%.1f,"
+               "\"device_read_gb_s\":%.0f,\"batch\":%d,\"gen_tokens\":%d,"
+               "\"decode_tok_s\":%.1f",
+               cuda_model_device_name(cm), path, model_weight_type(m), hp->dim, hp->n_layer,
+               o->n_runs, weight_bytes / 1048576.0, gb_s, cuda_batches[k], o->n_gen, dec);
+        if (k == 0)
+            printf(",\"bound_tok_s\":%.1f,\"decode_share_of_bound\":%.3f,\"prompt_tokens\":%d,"
+                   "\"prefill_tok_s\":%.1f,\"prefill_tflop_s\":%.1f",
+                   gb_s * 1e9 / weight_bytes, dec * weight_bytes / (gb_s * 1e9), o->n_prompt,
+                   prefill_med, 2 * params * prefill_med / 1e12);
+        else
+            printf(",\"speedup_over_batch1\":%.2f", dec / dec1);
+        printf("}\n");
+    }
+    fflush(stdout);
+    status = 0;
+out:
+    for (int i = 0; i < max_seq; i++)
+        cuda_seq_free(seqs[i]);
+    free(tokens);
+    free(positions);
+    cuda_model_free(cm);
+    model_free(m);
+    return status;
+}
+
 /* Makes build/bench-models/tinyllama-TYPE.gguf (moe: qwen2moe-a2.7b-4l-TYPE.gguf) with
  * mkmodel unless it exists. */
-static int ensure_reference_model(const char *type, bool moe, char *path, size_t cap)
+static int ensure_reference_model(const char *type, bool moe, bool llama8b, char *path,
+                                  size_t cap)
 {
     const char *vocab = "../shared/testdata/vocab/ggml-vocab-llama-spm.gguf";
-    snprintf(path, cap, "build/bench-models/%s-%s.gguf", moe ? "qwen2moe-a2.7b-4l" : "tinyllama",
-             type);
+    snprintf(path, cap, "build/bench-models/%s-%s.gguf",
+             moe ? "qwen2moe-a2.7b-4l" : llama8b ? "llama8b" : "tinyllama", type);
     if (access(path, R_OK) == 0)
         return 0;
     if (access(vocab, R_OK) != 0) {
@@ -442,7 +582,12 @@ static int ensure_reference_model(const char *type, bool moe, char *path, size_t
         return -1;
     }
     char cmd[1024];
-    if (moe)
+    if (llama8b)
+        snprintf(cmd, sizeof cmd,
+                 "build/mkmodel -o %s --arch llama --dim 4096 --layers 32 --heads 32 "
+                 "--kv-heads 8 --ffn 14336 --ctx 8192 --type %s --vocab %s --seed 1",
+                 path, type, vocab);
+    else if (moe)
         snprintf(cmd, sizeof cmd,
                  "build/mkmodel -o %s --arch qwen2moe --dim 2048 --layers 4 --heads 16 "
                  "--kv-heads 16 --ffn 5632 --experts 60 --experts-used 4 --expert-ffn 1408 "
@@ -470,7 +615,7 @@ static int bench_in_child(const char *path, const bench_options *o)
         return -1;
     }
     if (pid == 0)
-        _exit(bench_model(path, o));
+        _exit(o->device >= 0 ? bench_model_cuda(path, o) : bench_model(path, o));
     int wstatus;
     if (waitpid(pid, &wstatus, 0) < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
         return -1;
@@ -491,7 +636,7 @@ static int parse_count(const char *flag, const char *s, int min, int max, int *o
 
 int main(int argc, char **argv)
 {
-    bench_options o = {.n_threads = 2, .n_runs = 3, .n_prompt = 512, .n_gen = 64};
+    bench_options o = {.n_threads = 2, .n_runs = 3, .n_prompt = 512, .n_gen = 64, .device = -1};
     const char *models[64];
     int n_models = 0, failures = 0;
     bool load_copy = true, load_map = true, moe = false;
@@ -514,9 +659,16 @@ int main(int argc, char **argv)
             o.llama_bench = v, i++;
         else if (!strcmp(argv[i], "--moe"))
             moe = true;
+        else if (!strcmp(argv[i], "--device") && *v) {
+            char err[ERR_MAX];
+            if (cuda_parse_device(v, &o.device, err) < 0)
+                rc = -1, fprintf(stderr, "engine: %s\n", err);
+            i++;
+        }
         else if (argv[i][0] == '-' || n_models == 64)
             rc = -1, fprintf(stderr, "usage: engine [-t N] [-r N] [--prompt N] [--gen N] "
                                      "[--load copy|map|both] [--llama-bench PATH] [--moe] "
+                                     "[--device cpu|cuda[:N]] "
                                      "[MODEL.gguf ...]\n");
         else
             models[n_models++] = argv[i];
@@ -526,21 +678,32 @@ int main(int argc, char **argv)
 
     if (n_models == 0 && moe) {
         static char path[256];
-        if (ensure_reference_model("q4_k_m", true, path, sizeof path))
+        if (ensure_reference_model("q4_k_m", true, false, path, sizeof path))
             return 1;
         models[n_models++] = path;
+    } else if (n_models == 0 && o.device >= 0) {
+        static const char *const types[] = {"f16", "q8_0", "q4_k_m", "q4_k_m", "q8_0"};
+        static char paths[5][256];
+        for (int i = 0; i < 5; i++) {
+            if (ensure_reference_model(types[i], false, i >= 3, paths[i], sizeof paths[i]))
+                return 1;
+            models[n_models++] = paths[i];
+        }
     } else if (n_models == 0) {
         static const char *const types[] = {"q8_0", "f16",    "bf16",    "q4_k_m",
                                             "q6_k", "q3_k_m", "q2_k_mix"};
         enum { N_TYPES = sizeof types / sizeof types[0] };
         static char paths[N_TYPES][256];
         for (int i = 0; i < N_TYPES; i++) {
-            if (ensure_reference_model(types[i], false, paths[i], sizeof paths[i]))
+            if (ensure_reference_model(types[i], false, false, paths[i], sizeof paths[i]))
                 return 1;
             models[n_models++] = paths[i];
         }
     }
-    for (int i = 0; i < n_models; i++) {
+    for (int i = 0; i < n_models && o.device >= 0; i++)
+        if (bench_in_child(models[i], &o))
+            failures++;
+    for (int i = 0; i < n_models && o.device < 0; i++) {
         o.load = GGUF_LOAD_COPY;
         if (load_copy && bench_in_child(models[i], &o))
             failures++;

@@ -1135,6 +1135,38 @@ static void model_norm_row(const model_hparams *hp, float *y, const float *x, co
         ops_rmsnorm(y, x, w, hp->dim, hp->norm_eps);
 }
 
+void model_layer_tensors_of(const model *m, int layer, model_layer_tensors *out)
+{
+    const model_layer *L = &model_base(m)->layers[layer];
+    *out = (model_layer_tensors){
+        .attn_norm = L->attn_norm,
+        .ffn_norm = L->ffn_norm,
+        .extras = L->extras,
+        .wq = L->wq,
+        .wk = L->wk,
+        .wv = L->wv,
+        .wo = L->wo,
+        .w_gate = L->w_gate,
+        .w_up = L->w_up,
+        .w_down = L->w_down,
+    };
+}
+
+const ops_matrix *model_token_embedding(const model *m)
+{
+    return &model_base(m)->tok_embd;
+}
+
+const ops_matrix *model_output_matrix(const model *m)
+{
+    return &model_base(m)->output;
+}
+
+const float *model_output_norm_weight(const model *m)
+{
+    return model_base(m)->output_norm;
+}
+
 void model_output_norm(const model *m, const float *x, float *y)
 {
     model_norm_row(&m->hp, y, x, m->output_norm, m->output_norm_b);

@@ -283,6 +283,32 @@ const gguf_file *model_gguf(const model *m);
  * scores taken from model_batch.hidden. */
 void model_output_norm(const model *m, const float *x, float *y);
 
+/* The tensors one layer's forward reads, as the file stores them (matrices in their GGUF
+ * types, ops_matrix.repacked set where model_repack_weights changed their layout), for a
+ * backend that keeps its own copy of the weights (engine/cuda). Shapes as in a dense
+ * llama layer; w_gate/w_up/w_down have data NULL in a model with experts. */
+typedef struct model_layer_tensors {
+    const float *attn_norm;  /* (dim), NULL for olmo2 */
+    const float *ffn_norm;   /* (dim), NULL for olmo2 */
+    model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3) */
+    ops_matrix wq;           /* (n_head * head_dim, dim) */
+    ops_matrix wk;           /* (n_head_kv * head_dim, dim) */
+    ops_matrix wv;           /* (n_head_kv * head_dim, dim) */
+    ops_matrix wo;           /* (dim, n_head * head_dim) */
+    ops_matrix w_gate;       /* (n_ff, dim) */
+    ops_matrix w_up;         /* (n_ff, dim) */
+    ops_matrix w_down;       /* (dim, n_ff) */
+} model_layer_tensors;
+
+/* Layer `layer` (< n_layer) of m's base. */
+void model_layer_tensors_of(const model *m, int layer, model_layer_tensors *out);
+
+/* The token embedding (n_vocab, dim), the output matrix (n_vocab, dim: the embedding
+ * itself when the file ties them) and the output norm's weight (dim) of m's base. */
+const ops_matrix *model_token_embedding(const model *m);
+const ops_matrix *model_output_matrix(const model *m);
+const float *model_output_norm_weight(const model *m);
+
 /* The shape of this model's KV chunks, for kv_pool_new. */
 kv_shape model_kv_shape(const model *m);
 

@@ -1,0 +1,414 @@
+/*
+ * cuda_ops.cu — the forward pass's kernels other than weight products (cuda_ops.h).
+ *
+ * Element-wise kernels take one thread per element; reductions over a row (norms, the
+ * greedy pick) one block per row. Attention is one block per (row, head): its warps take
+ * tiles of 32 entries in turn, each lane scoring one entry of the tile against q with
+ * 16-byte loads of its K row, then an online softmax over the tile and the tile's V rows
+ * added in with the lanes across head_dim; the warps' partial sums are merged at the end.
+ * Decode has few rows, so the warps of a block, not the rows, are what fill the GPU.
+ */
+#include "engine/cuda/cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#define CUDA_ATTN_WARPS 8
+
+static inline unsigned cuda_blocks(size_t n, unsigned threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+__device__ static inline float cuda_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ static inline float cuda_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The sum of v over a block of blockDim.x (a multiple of 32, at most 1024) threads, in
+ * every thread. */
+__device__ static float cuda_block_sum(float v)
+{
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = cuda_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? part[lane] : 0.0f;
+    return cuda_warp_sum(v);
+}
+
+__global__ static void cuda_rmsnorm_kernel(const float *x, const float *w, float *y, int dim,
+                                           float eps)
+{
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = cuda_block_sum(ss);
+    float scale = rsqrtf(ss / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = xr[i] * scale * w[i];
+}
+
+cudaError_t cuda_rmsnorm(const float *x, const float *w, float *y, int n, int dim, float eps,
+                         cudaStream_t s)
+{
+    cuda_rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, y, dim, eps);
+    return cudaGetLastError();
+}
+
+/* One warp per vector. */
+__global__ static void cuda_head_rmsnorm_kernel(float *x, const float *w, int n_vec, int hd,
+                                                float eps)
+{
+    int vec = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (vec >= n_vec)
+        return;
+    float *xv = x + (size_t)vec * hd;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32)
+        ss += xv[i] * xv[i];
+    ss = cuda_warp_sum(ss);
+    float scale = rsqrtf(ss / hd + eps);
+    for (int i = lane; i < hd; i += 32)
+        xv[i] = xv[i] * scale * w[i];
+}
+
+cudaError_t cuda_head_rmsnorm(float *x, const float *w, int n_vec, int hd, float eps,
+                              cudaStream_t s)
+{
+    cuda_head_rmsnorm_kernel<<<cuda_blocks((size_t)n_vec, 8), 256, 0, s>>>(x, w, n_vec, hd,
+                                                                          eps);
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_add_bias_kernel(float *x, const float *b, size_t n, int dim)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += b[i % dim];
+}
+
+cudaError_t cuda_add_bias(float *x, const float *b, int n, int dim, cudaStream_t s)
+{
+    size_t total = (size_t)n * dim;
+    cuda_add_bias_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(x, b, total, dim);
+    return cudaGetLastError();
+}
+
+/* One thread per (row, head, pair). */
+__global__ static void cuda_rope_kernel(float *x, const float *cs, int n, int n_head, int hd,
+                                        int rope_dims, bool interleaved)
+{
+    int half = rope_dims / 2;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * n_head * half)
+        return;
+    int pair = (int)(i % half);
+    size_t head = i / half;
+    int row = (int)(head / n_head);
+    float c = cs[((size_t)row * half + pair) * 2], sn = cs[((size_t)row * half + pair) * 2 + 1];
+    float *xh = x + head * hd;
+    int a = interleaved ? 2 * pair : pair, b = interleaved ? 2 * pair + 1 : pair + half;
+    float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * c - x1 * sn;
+    xh[b] = x0 * sn + x1 * c;
+}
+
+cudaError_t cuda_rope(float *x, const float *cs, int n, int n_head, int hd, int rope_dims,
+                      bool interleaved, cudaStream_t s)
+{
+    size_t total = (size_t)n * n_head * (rope_dims / 2);
+    cuda_rope_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(x, cs, n, n_head, hd, rope_dims,
+                                                            interleaved);
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_kv_append_kernel(const float *k, const float *v,
+                                             const cuda_row *rows, int n, int kv_dim,
+                                             size_t layer_off, bool first_layer)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * kv_dim)
+        return;
+    int r = (int)(i / kv_dim), e = (int)(i % kv_dim);
+    const cuda_row row = rows[r];
+    size_t dst = layer_off + (size_t)row.slot * kv_dim + e;
+    row.k[dst] = __half_as_ushort(__float2half_rn(k[i]));
+    row.v[dst] = __half_as_ushort(__float2half_rn(v[i]));
+    if (first_layer && e == 0)
+        row.pos[row.slot] = row.q_pos;
+}
+
+cudaError_t cuda_kv_append(const float *k, const float *v, const cuda_row *rows, int n,
+                           int kv_dim, size_t layer_off, bool first_layer, cudaStream_t s)
+{
+    size_t total = (size_t)n * kv_dim;
+    cuda_kv_append_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(k, v, rows, n, kv_dim,
+                                                                 layer_off, first_layer);
+    return cudaGetLastError();
+}
+
+/*
+ * Block (head, row) of CUDA_ATTN_WARPS warps. NI = ceil(hd / 32): each lane holds
+ * dimensions lane + 32 i of the output. The scaled q sits in shared memory, read by
+ * every lane at once (a broadcast).
+ */
+template <int NI>
+__global__ static void cuda_attention_kernel(const float *q, const cuda_row *rows, int n_head,
+                                             int n_head_kv, int hd, size_t layer_off,
+                                             float scale, float *out)
+{
+    __shared__ float qs[CUDA_ATTN_MAX_HEAD_DIM];
+    __shared__ float warp_m[CUDA_ATTN_WARPS], warp_l[CUDA_ATTN_WARPS];
+    __shared__ float warp_acc[CUDA_ATTN_WARPS][NI * 32];
+
+    const int h = blockIdx.x, r = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const cuda_row row = rows[r];
+    const int kv_dim = n_head_kv * hd;
+    const int kvh = h / (n_head / n_head_kv);
+    const __half *K = (const __half *)row.k + layer_off + (size_t)kvh * hd;
+    const __half *V = (const __half *)row.v + layer_off + (size_t)kvh * hd;
+    const float *qr = q + ((size_t)r * n_head + h) * hd;
+
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+        qs[d] = qr[d] * scale;
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f, acc[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++)
+        acc[i] = 0.0f;
+
+    const int n_tiles = (row.n_kv + 31) / 32;
+    for (int tile = warp; tile < n_tiles; tile += CUDA_ATTN_WARPS) {
+        int j0 = tile * 32, j = j0 + lane;
+        float score = -INFINITY;
+        if (j < row.n_kv && row.pos[j] <= row.q_pos) {
+            const uint4 *kj = (const uint4 *)(K + (size_t)j * kv_dim);
+            float dot = 0.0f;
+            for (int c = 0; c < hd / 8; c++) {
+                uint4 u = kj[c];
+                const __half2 *h2 = (const __half2 *)&u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = __half22float2(h2[e]);
+                    dot += qs[c * 8 + 2 * e] * f.x + qs[c * 8 + 2 * e + 1] * f.y;
+                }
+            }
+            score = dot;
+        }
+        float tile_max = cuda_warp_max(score);
+        if (tile_max == -INFINITY)
+            continue;
+        float m_new = fmaxf(m, tile_max);
+        float corr = expf(m - m_new);
+        float p = score == -INFINITY ? 0.0f : expf(score - m_new);
+        l = l * corr + cuda_warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            acc[i] *= corr;
+        for (int jj = 0; jj < 32; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+            if (pj == 0.0f)
+                continue;
+            const __half *vj = V + (size_t)(j0 + jj) * kv_dim;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                int d = lane + 32 * i;
+                if (d < hd)
+                    acc[i] += pj * __half2float(vj[d]);
+            }
+        }
+        m = m_new;
+    }
+
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++)
+        warp_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+
+    float m_all = -INFINITY;
+    for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+        m_all = fmaxf(m_all, warp_m[w]);
+    float l_all = 0.0f;
+    for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+        if (warp_l[w] > 0.0f)
+            l_all += warp_l[w] * expf(warp_m[w] - m_all);
+    float *o = out + ((size_t)r * n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+            if (warp_l[w] > 0.0f)
+                sum += warp_acc[w][d] * expf(warp_m[w] - m_all);
+        o[d] = sum / l_all;
+    }
+}
+
+cudaError_t cuda_attention(const float *q, const cuda_row *rows, int n, int n_head,
+                           int n_head_kv, int hd, size_t layer_off, float scale, float *out,
+                           cudaStream_t s)
+{
+    if (hd <= 0 || hd % 8 || hd > CUDA_ATTN_MAX_HEAD_DIM || n_head % n_head_kv)
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)n_head, (unsigned)n), block(32 * CUDA_ATTN_WARPS);
+    switch ((hd + 31) / 32) {
+    case 1:
+        cuda_attention_kernel<1><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv, hd,
+                                                        layer_off, scale, out);
+        break;
+    case 2:
+        cuda_attention_kernel<2><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv, hd,
+                                                        layer_off, scale, out);
+        break;
+    case 3:
+        cuda_attention_kernel<3><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv, hd,
+                                                        layer_off, scale, out);
+        break;
+    case 4:
+        cuda_attention_kernel<4><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv, hd,
+                                                        layer_off, scale, out);
+        break;
+    default:
+        cuda_attention_kernel<8><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv, hd,
+                                                        layer_off, scale, out);
+        break;
+    }
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_swiglu_kernel(float *gate, const float *up, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+cudaError_t cuda_swiglu(float *gate, const float *up, size_t n, cudaStream_t s)
+{
+    cuda_swiglu_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>(gate, up, n);
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_f32_to_half_kernel(const float *src, uint16_t *dst, size_t n,
+                                               bool bf16)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        dst[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(src[i]))
+                      : __half_as_ushort(__float2half_rn(src[i]));
+}
+
+cudaError_t cuda_f32_to_half(const float *src, uint16_t *dst, size_t n, bool bf16,
+                             cudaStream_t s)
+{
+    cuda_f32_to_half_kernel<<<cuda_blocks(n, 256), 256, 0, s>>>(src, dst, n, bf16);
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_gather_rows_kernel(const float *src, const int32_t *idx,
+                                               int n_idx, int dim, float *dst)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n_idx * dim)
+        return;
+    size_t r = i / dim;
+    dst[i] = src[(size_t)idx[r] * dim + i % dim];
+}
+
+cudaError_t cuda_gather_rows(const float *src, const int32_t *idx, int n_idx, int dim,
+                             float *dst, cudaStream_t s)
+{
+    size_t total = (size_t)n_idx * dim;
+    cuda_gather_rows_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(src, idx, n_idx, dim, dst);
+    return cudaGetLastError();
+}
+
+__global__ static void cuda_argmax_kernel(const float *x, int n_cols, int32_t *out)
+{
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const float *xr = x + (size_t)blockIdx.x * n_cols;
+    float v = -INFINITY;
+    int idx = 0;
+    for (int i = threadIdx.x; i < n_cols; i += blockDim.x)
+        if (xr[i] > v) {
+            v = xr[i];
+            idx = i;
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx)) {
+            v = ov;
+            idx = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        best_v[warp] = v;
+        best_i[warp] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (best_v[w] > v || (best_v[w] == v && best_i[w] < idx)) {
+                v = best_v[w];
+                idx = best_i[w];
+            }
+        out[blockIdx.x] = idx;
+    }
+}
+
+cudaError_t cuda_argmax(const float *x, int n, int n_cols, int32_t *out, cudaStream_t s)
+{
+    cuda_argmax_kernel<<<n, 256, 0, s>>>(x, n_cols, out);
+    return cudaGetLastError();
+}
+
+/* A grid-stride loop, four independent 16-byte loads in flight per thread. */
+__global__ static void cuda_read_all_kernel(const uint4 *src, size_t n, unsigned long long *sink)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+        acc ^= a.x ^ a.w ^ b.y ^ b.z ^ c.x ^ c.w ^ d.y ^ d.z;
+    }
+    for (; i < n; i += stride)
+        acc ^= src[i].x;
+    if (acc == 0x9e3779b9u)
+        atomicAdd(sink, 1ull);
+}
+
+cudaError_t cuda_read_all(const void *src, size_t n16, unsigned long long *sink,
+                          cudaStream_t s)
+{
+    int device = 0, n_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device);
+    cuda_read_all_kernel<<<n_sm * 8, 512, 0, s>>>((const uint4 *)src, n16, sink);
+    return cudaGetLastError();
+}
